@@ -1,0 +1,73 @@
+"""app_toolkit: serve ordinary FastAPI routers as a scalable service on Ray."""
+
+from app_toolkit import testing
+from app_toolkit.api import (
+    delete,
+    get_app_handle,
+    get_deployment_handle,
+    run,
+    shutdown,
+    start,
+    status,
+)
+from app_toolkit.config import DeploymentConfig, HTTPOptions, RayActorOptions
+from app_toolkit.dependencies import Depends
+from app_toolkit.deployment import Application, Deployment, deployment
+from app_toolkit.exceptions import (
+    AppToolkitError,
+    BackPressureError,
+    ConfigError,
+    DeployError,
+    DeploymentCallError,
+    ReplicaUnavailableError,
+    RequestTimeoutError,
+)
+from app_toolkit.handle import DeploymentHandle, DeploymentResponse
+from app_toolkit.ingress import App, ingress
+from app_toolkit.status import (
+    ApplicationStatus,
+    ApplicationStatusInfo,
+    DeploymentStatus,
+    DeploymentStatusInfo,
+    ReplicaState,
+    ReplicaStatusInfo,
+    ServeStatus,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "App",
+    "AppToolkitError",
+    "Application",
+    "ApplicationStatus",
+    "ApplicationStatusInfo",
+    "BackPressureError",
+    "ConfigError",
+    "Depends",
+    "DeployError",
+    "Deployment",
+    "DeploymentCallError",
+    "DeploymentConfig",
+    "DeploymentHandle",
+    "DeploymentResponse",
+    "DeploymentStatus",
+    "DeploymentStatusInfo",
+    "HTTPOptions",
+    "RayActorOptions",
+    "ReplicaState",
+    "ReplicaStatusInfo",
+    "ReplicaUnavailableError",
+    "RequestTimeoutError",
+    "ServeStatus",
+    "delete",
+    "deployment",
+    "get_app_handle",
+    "get_deployment_handle",
+    "ingress",
+    "run",
+    "shutdown",
+    "start",
+    "status",
+    "testing",
+]

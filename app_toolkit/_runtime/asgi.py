@@ -1,0 +1,217 @@
+"""Running an ASGI app inside a replica: lifespan, and one HTTP request at a time."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import logging
+from typing import Any, Awaitable, Callable, MutableMapping
+
+from app_toolkit._runtime.channel import Kind, ResponseSink
+from app_toolkit._runtime.messages import HTTPRequest, HTTPResponse, HTTPResponseStart
+from app_toolkit.exceptions import DeployError
+
+logger = logging.getLogger("app_toolkit.replica")
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+ASGIApp = Callable[[Scope, Callable[[], Awaitable[Message]], Callable[[Message], Awaitable[None]]], Awaitable[None]]
+
+_ASGI = {"version": "3.0", "spec_version": "2.3"}
+
+
+def internal_error_body(request_id: str) -> bytes:
+    """The generic 500 body: no traceback, just the id to find it in the replica log."""
+    return json.dumps({"detail": "Internal Server Error", "request_id": request_id}).encode()
+
+
+def internal_error(request_id: str) -> HTTPResponse:
+    body = internal_error_body(request_id)
+    return HTTPResponse(
+        500,
+        [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+        body,
+    )
+
+
+class Lifespan:
+    """Drives the ASGI lifespan protocol for one replica.
+
+    Apps that do not speak lifespan (they raise on the scope) are served without it, as
+    uvicorn's ``lifespan="auto"`` does.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+        self.state: dict[str, Any] = {}
+        self._events: asyncio.Queue[Message] = asyncio.Queue()
+        self._started = asyncio.Event()
+        self._stopped = asyncio.Event()
+        self._failure: str | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._supported = True
+
+    async def startup(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+        await self._events.put({"type": "lifespan.startup"})
+        waiter = asyncio.ensure_future(self._started.wait())
+        await asyncio.wait({waiter, self._task}, return_when=asyncio.FIRST_COMPLETED)
+        waiter.cancel()
+        if self._failure is not None:
+            raise DeployError(f"Lifespan startup failed: {self._failure}")
+
+    async def shutdown(self, timeout_s: float) -> None:
+        if self._task is None or self._task.done() or not self._supported:
+            return
+        await self._events.put({"type": "lifespan.shutdown"})
+        try:
+            await asyncio.wait_for(self._stopped.wait(), timeout_s)
+        except asyncio.TimeoutError:
+            logger.warning("Lifespan shutdown did not finish in %.1f s", timeout_s)
+            self._task.cancel()
+
+    async def _run(self) -> None:
+        scope = {"type": "lifespan", "asgi": _ASGI, "state": self.state}
+        try:
+            await self.app(scope, self._events.get, self._send)
+        except BaseException as exc:  # noqa: BLE001 - reported as a deploy failure
+            if isinstance(exc, asyncio.CancelledError):
+                raise
+            if not self._started.is_set() and self._failure is None:
+                if _is_unsupported(exc):
+                    self._supported = False
+                    self._started.set()
+                    return
+                self._failure = _last_line(f"{type(exc).__name__}: {exc}")
+                self._started.set()
+            elif self._failure is None:
+                logger.exception("Lifespan raised after startup")
+        finally:
+            self._stopped.set()
+
+    async def _send(self, message: Message) -> None:
+        kind = message["type"]
+        if kind == "lifespan.startup.complete":
+            self._started.set()
+        elif kind == "lifespan.startup.failed":
+            self._failure = _last_line(str(message.get("message", "")) or "startup failed")
+            self._started.set()
+        elif kind in ("lifespan.shutdown.complete", "lifespan.shutdown.failed"):
+            if kind.endswith("failed"):
+                logger.error("Lifespan shutdown failed: %s", message.get("message", ""))
+            self._stopped.set()
+
+
+def _is_unsupported(exc: BaseException) -> bool:
+    text = str(exc).lower()
+    return "lifespan" in text or isinstance(exc, (KeyError, AssertionError, NotImplementedError))
+
+
+def _last_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1].strip() if lines else text
+
+
+async def serve_http(
+    app: ASGIApp, request: HTTPRequest, lifespan_state: dict[str, Any], sink: ResponseSink
+) -> None:
+    """Run one request through ``app``; write one RESPONSE frame, or START/BODY…/END."""
+    scope = dict(request.scope)
+    scope["state"] = dict(lifespan_state)
+    finished = asyncio.Event()
+    body_sent = False
+    status = 500
+    headers: list[tuple[bytes, bytes]] = []
+    started = False  # the response head went out as its own frame
+    complete = False
+
+    async def receive() -> Message:
+        nonlocal body_sent
+        if not body_sent:
+            body_sent = True
+            return {"type": "http.request", "body": request.body, "more_body": False}
+        await finished.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(message: Message) -> None:
+        nonlocal status, headers, started, complete
+        kind = message["type"]
+        if kind == "http.response.start":
+            status = int(message["status"])
+            headers = [(bytes(k), bytes(v)) for k, v in message.get("headers", [])]
+        elif kind == "http.response.body":
+            if complete:
+                return
+            body = message.get("body", b"")
+            more = message.get("more_body", False)
+            if not started and not more:
+                complete = True
+                finished.set()
+                sink.send(Kind.RESPONSE, HTTPResponse(status, headers, bytes(body)))
+                return
+            if not started:
+                started = True
+                sink.send(Kind.START, HTTPResponseStart(status, headers))
+            if body:
+                sink.send(Kind.BODY, body)
+                await sink.drain()
+            if not more:
+                complete = True
+                finished.set()
+                sink.send(Kind.END, None)
+
+    try:
+        await app(scope, receive, send)
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        logger.exception("Request %s failed", request.request_id)
+        if not started and not complete:
+            complete = True
+            sink.send(Kind.RESPONSE, internal_error(request.request_id))
+        elif started and not complete:
+            # The head is out; end the stream so the caller is not left waiting.
+            complete = True
+            sink.send(Kind.END, None)
+    finally:
+        finished.set()
+    if not complete:
+        logger.error("Request %s: the app returned without a complete response", request.request_id)
+        sink.send(Kind.END if started else Kind.RESPONSE, None if started else internal_error(request.request_id))
+
+
+def request_app(target: Callable[..., Any]) -> ASGIApp:
+    """Serve a plain deployment's ``__call__(request)`` over HTTP (Ray Serve's basic form).
+
+    It gets a Starlette ``Request``; a returned ``Response`` is sent as is, ``str`` as
+    text, ``bytes`` as octets, anything else as JSON.
+    """
+    from fastapi.encoders import jsonable_encoder
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse, PlainTextResponse, Response
+
+    is_async = inspect.iscoroutinefunction(target) or inspect.iscoroutinefunction(
+        getattr(target, "__call__", None)
+    )
+
+    async def app(scope: Scope, receive: Callable[[], Awaitable[Message]],
+                  send: Callable[[Message], Awaitable[None]]) -> None:
+        if scope["type"] != "http":
+            raise NotImplementedError(f"{scope['type']} is not served by a plain deployment")
+        request = Request(scope, receive)
+        if is_async:
+            result = await target(request)
+        else:
+            result = await asyncio.to_thread(target, request)
+        if isinstance(result, Response):
+            response = result
+        elif isinstance(result, str):
+            response = PlainTextResponse(result)
+        elif isinstance(result, (bytes, bytearray)):
+            response = Response(bytes(result), media_type="application/octet-stream")
+        else:
+            response = JSONResponse(jsonable_encoder(result))
+        await response(scope, receive, send)
+
+    return app

@@ -1,0 +1,364 @@
+"""The request data plane: length-prefixed frames over one persistent TCP connection.
+
+Each replica listens on its own port; each caller process keeps one connection per
+replica and multiplexes requests over it by request number. One frame each way carries
+a unary request (ARCHITECTURE.md §5); streamed bodies are one frame per chunk.
+
+Frame: ``!IQB`` header (payload length, request number, kind) then the payload. The first
+frame on a connection must be HELLO carrying the replica's token, which the controller
+publishes to callers over Ray, so a stray process on the host cannot drive a replica.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import hmac
+import logging
+import pickle
+import struct
+from enum import IntEnum
+from typing import Any, Callable, Protocol
+
+from app_toolkit.exceptions import ReplicaUnavailableError
+
+logger = logging.getLogger("app_toolkit.channel")
+
+HEADER = struct.Struct("!IQB")
+_MAX_FRAME = 1 << 31
+_HIGH_WATER = 4 << 20
+_PICKLE_PROTOCOL = 5
+
+Dumps = Callable[[Any], bytes]
+
+
+class Kind(IntEnum):
+    """What a frame carries."""
+
+    HELLO = 1
+    HTTP = 2
+    CALL = 3
+    CANCEL = 4
+    RESPONSE = 10
+    START = 11
+    BODY = 12
+    END = 13
+    RESULT = 14
+    FAILURE = 15
+    REJECTED = 16
+    LOST = 99  # never on the wire: the connection dropped
+
+
+def _plain_dumps(value: Any) -> bytes:
+    return pickle.dumps(value, _PICKLE_PROTOCOL)
+
+
+def encode(kind: Kind, message: Any, dumps: Dumps) -> bytes:
+    """Serialize one message for its frame kind."""
+    if kind is Kind.BODY:
+        return bytes(message)
+    if kind in (Kind.END, Kind.REJECTED, Kind.CANCEL):
+        return b""
+    if kind in (Kind.CALL, Kind.RESULT):
+        return dumps(message)
+    return _plain_dumps(message)
+
+
+def decode(kind: Kind, payload: bytes) -> Any:
+    """Inverse of :func:`encode`."""
+    if kind is Kind.BODY:
+        return payload
+    if not payload:
+        return None
+    return pickle.loads(payload)
+
+
+class FrameProtocol(asyncio.Protocol):
+    """Splits the byte stream into frames and hands each to ``on_frame``."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self._buffer = bytearray()
+        self._paused = False
+        self._drain_waiters: list[asyncio.Future[None]] = []
+        self.closed = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # uvloop's transports (Ray's async actors run on uvloop) are not asyncio.Transport
+        # subclasses, but have the same interface.
+        self.transport = transport  # type: ignore[assignment]
+        transport.set_write_buffer_limits(high=_HIGH_WATER)  # type: ignore[attr-defined]
+
+    def on_frame(self, kind: Kind, number: int, payload: bytes) -> None:
+        raise NotImplementedError
+
+    def on_lost(self) -> None:
+        """Called once when the connection closes."""
+
+    def data_received(self, data: bytes) -> None:
+        buffer = self._buffer
+        buffer += data
+        offset = 0
+        size = len(buffer)
+        frames = []
+        while size - offset >= HEADER.size:
+            length, number, kind = HEADER.unpack_from(buffer, offset)
+            end = offset + HEADER.size + length
+            if end > size:
+                break
+            frames.append((kind, number, bytes(buffer[offset + HEADER.size : end])))
+            offset = end
+        if offset:
+            del buffer[:offset]
+        for kind, number, payload in frames:
+            try:
+                self.on_frame(Kind(kind), number, payload)
+            except Exception:
+                logger.exception("Dropping a malformed frame; closing the connection")
+                self.close()
+                return
+
+    def send(self, kind: Kind, number: int, payload: bytes) -> None:
+        if self.closed or self.transport is None:
+            return
+        if len(payload) >= _MAX_FRAME:
+            raise ValueError(f"Message of {len(payload)} bytes is larger than a frame (2 GiB)")
+        header = HEADER.pack(len(payload), number, kind)
+        if len(payload) < 65536:
+            self.transport.write(header + payload)
+        else:
+            self.transport.write(header)
+            self.transport.write(payload)
+
+    async def drain(self) -> None:
+        if self._paused and not self.closed:
+            waiter = asyncio.get_running_loop().create_future()
+            self._drain_waiters.append(waiter)
+            await waiter
+
+    def pause_writing(self) -> None:
+        self._paused = True
+
+    def resume_writing(self) -> None:
+        self._paused = False
+        self._wake_drainers()
+
+    def _wake_drainers(self) -> None:
+        waiters, self._drain_waiters = self._drain_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        self._wake_drainers()
+        self.on_lost()
+
+    def close(self) -> None:
+        if self.transport is not None and not self.closed:
+            self.transport.close()
+
+
+# ---------------------------------------------------------------------------- server side
+
+
+class ResponseSink(Protocol):
+    """Where a replica writes the frames of one response."""
+
+    def send(self, kind: Kind, message: Any) -> None: ...
+
+    async def drain(self) -> None: ...
+
+
+class RequestHandler(Protocol):
+    """The replica side: serves one request, writing its answer into ``sink``."""
+
+    def admit(self) -> bool: ...
+
+    async def serve(self, kind: Kind, message: Any, sink: ResponseSink) -> None: ...
+
+
+class _ServerSink:
+    __slots__ = ("_conn", "_number")
+
+    def __init__(self, conn: _ServerConnection, number: int) -> None:
+        self._conn = conn
+        self._number = number
+
+    def send(self, kind: Kind, message: Any) -> None:
+        self._conn.send(kind, self._number, encode(kind, message, self._conn.dumps))
+
+    async def drain(self) -> None:
+        await self._conn.drain()
+
+
+class _ServerConnection(FrameProtocol):
+    def __init__(self, handler: RequestHandler, token: bytes, dumps: Dumps) -> None:
+        super().__init__()
+        self.handler = handler
+        self.token = token
+        self.dumps = dumps
+        self.authenticated = False
+        self.tasks: dict[int, asyncio.Task[None]] = {}
+
+    def on_frame(self, kind: Kind, number: int, payload: bytes) -> None:
+        if not self.authenticated:
+            if kind is Kind.HELLO and hmac.compare_digest(payload, self.token):
+                self.authenticated = True
+            else:
+                logger.warning("Closing a data-plane connection that sent no valid token")
+                self.close()
+            return
+        if kind is Kind.CANCEL:
+            task = self.tasks.get(number)
+            if task is not None:
+                task.cancel()
+            return
+        if not self.handler.admit():
+            self.send(Kind.REJECTED, number, b"")
+            return
+        message = decode(kind, payload)
+        task = asyncio.get_running_loop().create_task(
+            self.handler.serve(kind, message, _ServerSink(self, number))
+        )
+        self.tasks[number] = task
+        task.add_done_callback(lambda _t, n=number: self.tasks.pop(n, None))
+
+    def on_lost(self) -> None:
+        for task in list(self.tasks.values()):
+            task.cancel()
+
+
+async def start_server(
+    handler: RequestHandler, host: str, token: bytes, dumps: Dumps = _plain_dumps
+) -> tuple[asyncio.Server, int]:
+    """Listen on a free port of ``host``; returns the server and the port."""
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(
+        lambda: _ServerConnection(handler, token, dumps), host=host, port=0
+    )
+    port = server.sockets[0].getsockname()[1]
+    return server, int(port)
+
+
+# ---------------------------------------------------------------------------- client side
+
+
+_TERMINAL = frozenset({Kind.RESPONSE, Kind.END, Kind.RESULT, Kind.FAILURE, Kind.REJECTED, Kind.LOST})
+
+
+class Exchange:
+    """One request in flight: the frames that come back for it, in order."""
+
+    __slots__ = ("_items", "_waiter", "_cancel", "finished")
+
+    def __init__(self, cancel: Callable[[], None]) -> None:
+        self._items: collections.deque[tuple[Kind, Any]] = collections.deque()
+        self._waiter: asyncio.Future[None] | None = None
+        self._cancel = cancel
+        self.finished = False
+
+    def push(self, kind: Kind, message: Any) -> None:
+        if kind in _TERMINAL:
+            self.finished = True
+        self._items.append((kind, message))
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def recv(self) -> tuple[Kind, Any]:
+        while not self._items:
+            self._waiter = asyncio.get_running_loop().create_future()
+            try:
+                await self._waiter
+            finally:
+                self._waiter = None
+        return self._items.popleft()
+
+    def cancel(self) -> None:
+        """Ask the replica to cancel this request (no-op once it finished)."""
+        if not self.finished:
+            self.finished = True
+            self._cancel()
+
+
+class _ClientConnection(FrameProtocol):
+    def __init__(self) -> None:
+        super().__init__()
+        self.pending: dict[int, Exchange] = {}
+
+    def on_frame(self, kind: Kind, number: int, payload: bytes) -> None:
+        exchange = self.pending.get(number)
+        if exchange is None:
+            return
+        if kind in _TERMINAL:
+            del self.pending[number]
+        exchange.push(kind, decode(kind, payload))
+
+    def on_lost(self) -> None:
+        pending, self.pending = self.pending, {}
+        for exchange in pending.values():
+            exchange.push(Kind.LOST, None)
+
+
+class ChannelClient:
+    """The caller's connection to one replica, opened on first use."""
+
+    def __init__(self, host: str, port: int, token: bytes, dumps: Dumps = _plain_dumps) -> None:
+        self.host = host
+        self.port = port
+        self.token = token
+        self.dumps = dumps
+        self._conn: _ClientConnection | None = None
+        self._connecting: asyncio.Future[_ClientConnection] | None = None
+        self._next = 0
+
+    async def _connection(self) -> _ClientConnection:
+        conn = self._conn
+        if conn is not None and not conn.closed:
+            return conn
+        if self._connecting is None:
+            self._connecting = asyncio.ensure_future(self._connect())
+        try:
+            return await asyncio.shield(self._connecting)
+        finally:
+            if self._connecting is not None and self._connecting.done():
+                self._connecting = None
+
+    async def _connect(self) -> _ClientConnection:
+        loop = asyncio.get_running_loop()
+        try:
+            _transport, conn = await loop.create_connection(
+                _ClientConnection, self.host, self.port
+            )
+        except OSError as exc:
+            raise ReplicaUnavailableError(
+                f"Cannot reach replica at {self.host}:{self.port}: {exc}"
+            ) from None
+        conn.send(Kind.HELLO, 0, self.token)
+        self._conn = conn
+        return conn
+
+    async def open(self, kind: Kind, message: Any) -> Exchange:
+        """Send one request; raises ReplicaUnavailableError if it could not be sent."""
+        conn = await self._connection()
+        if conn.closed:
+            raise ReplicaUnavailableError(f"Connection to {self.host}:{self.port} closed")
+        self._next += 1
+        number = self._next
+        payload = encode(kind, message, self.dumps)
+
+        def cancel() -> None:
+            if conn.pending.pop(number, None) is not None:
+                conn.send(Kind.CANCEL, number, b"")
+
+        exchange = Exchange(cancel)
+        conn.pending[number] = exchange
+        conn.send(kind, number, payload)
+        await conn.drain()
+        return exchange
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None

@@ -1,0 +1,364 @@
+"""The controller: desired state → reconcile loop → replicas, tables for callers.
+
+Backend-independent (the Ray actor and the local backend wrap a ``ControllerCore``). A
+deploy is acknowledged only after the desired state is checkpointed. The loop catches,
+logs and continues; it never dies on an error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import pickle
+import secrets
+from dataclasses import dataclass, field
+from typing import Any
+
+from app_toolkit._runtime.backend import Backend
+from app_toolkit._runtime.longpoll import ROUTES_KEY, LongPollHost, replicas_key
+from app_toolkit._runtime.messages import AppSpec, DeploymentID, DeploymentSpec, ReplicaInfo, RouteInfo
+from app_toolkit.exceptions import ConfigError, ReplicaUnavailableError
+from app_toolkit.status import (
+    ApplicationStatus,
+    ApplicationStatusInfo,
+    DeploymentStatus,
+    DeploymentStatusInfo,
+    ReplicaState,
+    ReplicaStatusInfo,
+    ServeStatus,
+)
+
+logger = logging.getLogger("app_toolkit.controller")
+
+MAX_START_FAILURES = 3
+HEALTH_FAILURE_THRESHOLD = 3
+_LOOP_PERIOD_S = 0.1
+
+
+@dataclass
+class _Replica:
+    replica_id: str
+    version: str
+    state: ReplicaState = ReplicaState.STARTING
+    info: ReplicaInfo | None = None
+    handle: Any = None
+    stop_requested: bool = False
+    next_health_check: float = 0.0
+    checking: bool = False
+    health_failures: int = 0
+
+
+@dataclass
+class _Deployment:
+    spec: DeploymentSpec
+    replicas: dict[str, _Replica] = field(default_factory=dict)
+    start_failures: int = 0
+    message: str = ""
+    failed: bool = False
+    deleting: bool = False
+
+
+class ControllerCore:
+    """Holds desired and actual state and drives one toward the other."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.backend = backend
+        self.apps: dict[str, AppSpec] = {}
+        self.deployments: dict[DeploymentID, _Deployment] = {}
+        self.longpoll = LongPollHost()
+        self.proxies: dict[str, str] = {}
+        self._wake = asyncio.Event()
+        self._loop_task: asyncio.Task[None] | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        data = await self.backend.load_checkpoint()
+        if data:
+            for spec in pickle.loads(data).values():
+                self._adopt(spec)
+            logger.info("Restored %d application(s) from the checkpoint", len(self.apps))
+        self._publish_routes()
+        self._loop_task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._loop_task is not None:
+            self._loop_task.cancel()
+        for task in list(self._tasks):
+            task.cancel()
+
+    # ------------------------------------------------------------------ API
+
+    async def deploy_app(self, spec: AppSpec) -> None:
+        """Record the new desired state, checkpoint it, then acknowledge."""
+        if spec.route_prefix is not None:
+            for other in self.apps.values():
+                if other.name != spec.name and other.route_prefix == spec.route_prefix:
+                    raise ConfigError(
+                        f"route_prefix {spec.route_prefix!r} is already used by application "
+                        f"{other.name!r}; choose another prefix or delete {other.name!r} first"
+                    )
+        previous = self.apps.get(spec.name)
+        self._adopt(spec)
+        if previous is not None:
+            kept = {d.id for d in spec.deployments}
+            for old in previous.deployments:
+                if old.id not in kept:
+                    self._retire(old.id)
+        await self._checkpoint()
+        self._publish_routes()
+        self._wake.set()
+
+    async def delete_app(self, name: str) -> None:
+        app = self.apps.pop(name, None)
+        if app is None:
+            return
+        await self._checkpoint()
+        for spec in app.deployments:
+            self._retire(spec.id)
+        self._publish_routes()
+        self._wake.set()
+
+    def app_exists(self, name: str) -> bool:
+        return name in self.apps or any(d.app == name for d in self.deployments)
+
+    async def listen(self, known: dict[str, int], timeout_s: float) -> dict[str, tuple[int, Any]]:
+        return await self.longpoll.listen(known, timeout_s)
+
+    def status(self) -> ServeStatus:
+        apps = {}
+        for name, app in self.apps.items():
+            deployments = {
+                spec.id.name: self._deployment_status(self.deployments[spec.id])
+                for spec in app.deployments
+                if spec.id in self.deployments
+            }
+            apps[name] = ApplicationStatusInfo(
+                name=name,
+                status=_app_status(deployments.values()),
+                message="; ".join(
+                    f"{d.name}: {d.message}" for d in deployments.values() if d.message
+                ),
+                route_prefix=app.route_prefix,
+                ingress=app.ingress,
+                deployments=deployments,
+            )
+        deleting = {d.app for d in self.deployments if d.app not in self.apps}
+        for name in deleting:
+            apps[name] = ApplicationStatusInfo(name, ApplicationStatus.DELETING, "", None, "")
+        return ServeStatus(applications=apps, proxies=dict(self.proxies))
+
+    # ------------------------------------------------------------------ desired state
+
+    def _adopt(self, spec: AppSpec) -> None:
+        self.apps[spec.name] = spec
+        for dep in spec.deployments:
+            state = self.deployments.get(dep.id)
+            if state is None or state.deleting:
+                replicas = state.replicas if state is not None else {}
+                self.deployments[dep.id] = _Deployment(dep, replicas)
+            elif state.spec != dep:
+                if state.spec.code_version != dep.code_version:
+                    state.start_failures, state.failed, state.message = 0, False, ""
+                state.spec = dep
+            self._publish_replicas(dep.id)
+
+    def _retire(self, deployment: DeploymentID) -> None:
+        state = self.deployments.get(deployment)
+        if state is not None:
+            state.deleting = True
+            self.longpoll.publish(replicas_key(deployment), None)
+
+    async def _checkpoint(self) -> None:
+        await self.backend.save_checkpoint(pickle.dumps(self.apps))
+
+    # ------------------------------------------------------------------ reconcile
+
+    async def _run(self) -> None:
+        while True:
+            try:
+                self._reconcile()
+            except Exception:
+                logger.exception("Reconcile step failed; retrying")
+            try:
+                await asyncio.wait_for(self._wake.wait(), _LOOP_PERIOD_S)
+            except asyncio.TimeoutError:
+                pass
+            self._wake.clear()
+
+    def _reconcile(self) -> None:
+        now = asyncio.get_running_loop().time()
+        for deployment_id, state in list(self.deployments.items()):
+            if state.deleting:
+                for replica in list(state.replicas.values()):
+                    self._stop(state, replica)
+                if not state.replicas:
+                    del self.deployments[deployment_id]
+                continue
+            self._scale(state)
+            self._check_health(state, now)
+
+    def _scale(self, state: _Deployment) -> None:
+        target = state.spec.config.num_replicas
+        version = state.spec.code_version
+        current = [r for r in state.replicas.values() if r.version == version and not r.stop_requested]
+        outdated = [r for r in state.replicas.values() if r.version != version and not r.stop_requested]
+        if len(current) < target and not state.failed:
+            for _ in range(target - len(current)):
+                self._launch(state)
+        elif len(current) > target:
+            current.sort(key=lambda r: r.state is ReplicaState.RUNNING)
+            for replica in current[: len(current) - target]:
+                self._stop(state, replica)
+        running = sum(1 for r in current if r.state is ReplicaState.RUNNING)
+        if running >= target and not state.failed:
+            # Only once the new version is fully up do the old replicas go (a failed
+            # rollout keeps them serving).
+            for replica in outdated:
+                self._stop(state, replica)
+
+    def _launch(self, state: _Deployment) -> None:
+        spec = state.spec
+        replica_id = f"{spec.id.app}.{spec.id.name}.{secrets.token_hex(3)}"
+        replica = _Replica(replica_id, spec.code_version)
+        state.replicas[replica_id] = replica
+        self._spawn(self._start_replica(state, replica, spec))
+
+    async def _start_replica(self, state: _Deployment, replica: _Replica, spec: DeploymentSpec) -> None:
+        try:
+            info, handle = await self.backend.start_replica(replica.replica_id, spec)
+        except Exception as exc:
+            state.replicas.pop(replica.replica_id, None)
+            if spec.code_version == state.spec.code_version:
+                state.start_failures += 1
+                state.message = f"Replica failed to start: {exc}"
+                if state.start_failures >= MAX_START_FAILURES:
+                    state.failed = True
+                    logger.error("%s failed to deploy: %s", spec.id, exc)
+            self._wake.set()
+            return
+        replica.info, replica.handle = info, handle
+        if replica.stop_requested:
+            await self.backend.stop_replica(handle, graceful=False)
+            state.replicas.pop(replica.replica_id, None)
+            return
+        replica.state = ReplicaState.RUNNING
+        replica.next_health_check = asyncio.get_running_loop().time() + spec.config.health_check_period_s
+        state.message = ""
+        self._publish_replicas(spec.id)
+        self._wake.set()
+
+    def _stop(self, state: _Deployment, replica: _Replica) -> None:
+        if replica.stop_requested:
+            return
+        replica.stop_requested = True
+        if replica.state is ReplicaState.STARTING:
+            return  # _start_replica stops it when its start finishes
+        replica.state = ReplicaState.STOPPING
+        self._publish_replicas(state.spec.id)
+        self._spawn(self._stop_replica(state, replica))
+
+    async def _stop_replica(self, state: _Deployment, replica: _Replica) -> None:
+        try:
+            await self.backend.stop_replica(replica.handle, graceful=True)
+        finally:
+            state.replicas.pop(replica.replica_id, None)
+            self._wake.set()
+
+    def _check_health(self, state: _Deployment, now: float) -> None:
+        config = state.spec.config
+        for replica in list(state.replicas.values()):
+            if replica.state is not ReplicaState.RUNNING or replica.checking:
+                continue
+            if replica.next_health_check > now:
+                continue
+            replica.checking = True
+            self._spawn(self._health_check(state, replica, config.health_check_timeout_s))
+
+    async def _health_check(self, state: _Deployment, replica: _Replica, timeout_s: float) -> None:
+        try:
+            await self.backend.check_health(replica.handle, timeout_s)
+            replica.health_failures = 0
+        except ReplicaUnavailableError as exc:
+            logger.warning("Replica %s is gone (%s); replacing it", replica.replica_id, exc)
+            replica.health_failures = HEALTH_FAILURE_THRESHOLD
+        except Exception as exc:
+            replica.health_failures += 1
+            logger.warning("Health check of %s failed: %s", replica.replica_id, exc)
+        finally:
+            replica.checking = False
+            loop = asyncio.get_running_loop()
+            replica.next_health_check = loop.time() + state.spec.config.health_check_period_s
+        if replica.health_failures >= HEALTH_FAILURE_THRESHOLD and not replica.stop_requested:
+            self._stop(state, replica)
+            self._wake.set()
+
+    # ------------------------------------------------------------------ tables
+
+    def _publish_replicas(self, deployment: DeploymentID) -> None:
+        state = self.deployments.get(deployment)
+        if state is None or state.deleting:
+            return
+        infos = tuple(
+            sorted(
+                (
+                    r.info
+                    for r in state.replicas.values()
+                    if r.state is ReplicaState.RUNNING and r.info is not None and not r.stop_requested
+                ),
+                key=lambda info: info.replica_id,
+            )
+        )
+        self.longpoll.publish(replicas_key(deployment), (infos, state.spec.config.max_queued_requests))
+
+    def _publish_routes(self) -> None:
+        routes = tuple(
+            sorted(
+                (
+                    RouteInfo(app.route_prefix, app.name, DeploymentID(app.name, app.ingress))
+                    for app in self.apps.values()
+                    if app.route_prefix is not None
+                ),
+                key=lambda route: route.route_prefix,
+            )
+        )
+        self.longpoll.publish(ROUTES_KEY, routes)
+
+    def _deployment_status(self, state: _Deployment) -> DeploymentStatusInfo:
+        version = state.spec.code_version
+        running = sum(
+            1
+            for r in state.replicas.values()
+            if r.version == version and r.state is ReplicaState.RUNNING and not r.stop_requested
+        )
+        outdated = any(r.version != version for r in state.replicas.values())
+        if state.failed:
+            status = DeploymentStatus.DEPLOY_FAILED
+        elif running >= state.spec.config.num_replicas and not outdated:
+            status = DeploymentStatus.HEALTHY
+        else:
+            status = DeploymentStatus.UPDATING
+        return DeploymentStatusInfo(
+            name=state.spec.id.name,
+            status=status,
+            message=state.message,
+            target_replicas=state.spec.config.num_replicas,
+            replicas=[
+                ReplicaStatusInfo(r.replica_id, r.state, r.version) for r in state.replicas.values()
+            ],
+        )
+
+    def _spawn(self, coroutine: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+
+def _app_status(deployments: Any) -> ApplicationStatus:
+    statuses = [d.status for d in deployments]
+    if any(s is DeploymentStatus.DEPLOY_FAILED for s in statuses):
+        return ApplicationStatus.DEPLOY_FAILED
+    if statuses and all(s is DeploymentStatus.HEALTHY for s in statuses):
+        return ApplicationStatus.RUNNING
+    return ApplicationStatus.DEPLOYING

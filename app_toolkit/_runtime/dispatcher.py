@@ -1,0 +1,191 @@
+"""The caller-side queue of one deployment: wait for a free replica, send, retry.
+
+Queue #1 of ARCHITECTURE.md §3. Requests wait here (bounded by ``max_queued_requests``)
+until the chooser finds a replica with a free slot; a request refused by a replica or not
+delivered because the replica is gone is retried on another, since it never started.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+from dataclasses import dataclass
+from typing import Any, Callable, Protocol, Sequence
+
+from app_toolkit._runtime.channel import Exchange, Kind
+from app_toolkit._runtime.messages import DeploymentID, ReplicaInfo
+from app_toolkit._runtime.router import ReplicaChooser, queue_is_full
+from app_toolkit.exceptions import BackPressureError, ReplicaUnavailableError
+
+logger = logging.getLogger("app_toolkit.router")
+
+_MAX_DELIVERY_FAILURES = 3
+
+
+class ReplicaClient(Protocol):
+    """A caller's way to one replica (a channel connection, or an in-process call)."""
+
+    async def open(self, kind: Kind, message: Any) -> Exchange: ...
+
+    def close(self) -> None: ...
+
+
+Connect = Callable[[ReplicaInfo], ReplicaClient]
+
+
+@dataclass
+class Reply:
+    """The first frame of an accepted request, the exchange for the rest, and its slot."""
+
+    kind: Kind
+    message: Any
+    exchange: Exchange
+    replica_id: str
+    _release: Callable[[str], None]
+    _released: bool = False
+
+    def release(self) -> None:
+        """Give the replica slot back; call once the response has been fully read."""
+        if not self._released:
+            self._released = True
+            self._release(self.replica_id)
+
+
+class Dispatcher:
+    """Routes one caller's requests for one deployment."""
+
+    def __init__(self, deployment: DeploymentID, connect: Connect) -> None:
+        self.deployment = deployment
+        self._connect = connect
+        self._chooser = ReplicaChooser()
+        self._clients: dict[str, ReplicaClient] = {}
+        self._waiters: collections.deque[asyncio.Future[ReplicaInfo]] = collections.deque()
+        # Unknown until the first table arrives: queue meanwhile rather than reject.
+        self.max_queued_requests = -1
+        self._closed_reason: str | None = None
+        self._wake_handle: asyncio.TimerHandle | None = None
+
+    # ------------------------------------------------------------------ table updates
+
+    def update(self, replicas: Sequence[ReplicaInfo], max_queued_requests: int) -> None:
+        """Adopt the controller's newest replica table for this deployment."""
+        self._closed_reason = None
+        self.max_queued_requests = max_queued_requests
+        self._chooser.set_replicas(replicas)
+        live = {info.replica_id for info in replicas}
+        for replica_id in list(self._clients):
+            if replica_id not in live:
+                self._clients.pop(replica_id).close()
+        self._wake()
+
+    def close(self, reason: str) -> None:
+        """The deployment is gone: fail everything that waits for it."""
+        self._closed_reason = reason
+        self._chooser.set_replicas([])
+        for client in self._clients.values():
+            client.close()
+        self._clients.clear()
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            if not waiter.done():
+                waiter.set_exception(ReplicaUnavailableError(reason))
+
+    @property
+    def queued(self) -> int:
+        return sum(1 for waiter in self._waiters if not waiter.done())
+
+    @property
+    def in_flight(self) -> int:
+        return sum(self._chooser.in_flight(r) for r in self._chooser.replica_ids)
+
+    # ------------------------------------------------------------------ requests
+
+    async def send(self, kind: Kind, message: Any) -> Reply:
+        """Deliver one request and wait for its first frame (or raise)."""
+        failures = 0
+        while True:
+            info = await self._acquire()
+            client = self._clients.get(info.replica_id)
+            if client is None:
+                client = self._clients[info.replica_id] = self._connect(info)
+            try:
+                exchange = await client.open(kind, message)
+            except ReplicaUnavailableError:
+                self._lost(info.replica_id)
+                failures += 1
+                if failures >= _MAX_DELIVERY_FAILURES:
+                    raise
+                continue
+            except BaseException:
+                self._release(info.replica_id)
+                raise
+            try:
+                first_kind, first = await exchange.recv()
+            except BaseException:
+                exchange.cancel()
+                self._release(info.replica_id)
+                raise
+            if first_kind is Kind.REJECTED:
+                self._release(info.replica_id)
+                self._schedule_wake(self._chooser.rejected(info.replica_id, _now()))
+                continue
+            if first_kind is Kind.LOST:
+                self._lost(info.replica_id)
+                raise ReplicaUnavailableError(
+                    f"Replica {info.replica_id} of {self.deployment} was lost while serving the request"
+                )
+            self._chooser.succeeded(info.replica_id)
+            return Reply(first_kind, first, exchange, info.replica_id, self._release)
+
+    async def _acquire(self) -> ReplicaInfo:
+        if self._closed_reason is not None:
+            raise ReplicaUnavailableError(self._closed_reason)
+        if not self._waiters:
+            choice = self._chooser.choose(_now())
+            if choice is not None:
+                self._chooser.acquire(choice.replica_id)
+                return choice
+        if queue_is_full(self.queued, self.max_queued_requests):
+            raise BackPressureError(str(self.deployment), self.max_queued_requests)
+        waiter: asyncio.Future[ReplicaInfo] = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        try:
+            return await waiter
+        except asyncio.CancelledError:
+            if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
+                self._release(waiter.result().replica_id)
+            raise
+
+    def _release(self, replica_id: str) -> None:
+        self._chooser.release(replica_id)
+        self._wake()
+
+    def _lost(self, replica_id: str) -> None:
+        self._chooser.remove(replica_id)
+        client = self._clients.pop(replica_id, None)
+        if client is not None:
+            client.close()
+        self._wake()
+
+    def _wake(self) -> None:
+        now = _now()
+        while self._waiters:
+            if self._waiters[0].done():
+                self._waiters.popleft()
+                continue
+            choice = self._chooser.choose(now)
+            if choice is None:
+                return
+            waiter = self._waiters.popleft()
+            self._chooser.acquire(choice.replica_id)
+            waiter.set_result(choice)
+
+    def _schedule_wake(self, delay_s: float) -> None:
+        if self._wake_handle is not None and not self._wake_handle.cancelled():
+            self._wake_handle.cancel()
+        self._wake_handle = asyncio.get_running_loop().call_later(delay_s, self._wake)
+
+
+def _now() -> float:
+    return asyncio.get_running_loop().time()

@@ -1,0 +1,195 @@
+"""The local backend: controller, replicas and proxy as asyncio objects in this process.
+
+Same controller, replica, dispatcher and proxy code as on Ray, on one background event
+loop; only the transport differs (an in-process call instead of the channel). For tests,
+debugging with pdb and quick starts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+import uuid
+from typing import Any
+
+import uvicorn
+
+from app_toolkit._runtime.channel import Exchange, Kind
+from app_toolkit._runtime.controller import ControllerCore
+from app_toolkit._runtime.dispatcher import ReplicaClient
+from app_toolkit._runtime.messages import AppSpec, DeploymentSpec, ReplicaInfo
+from app_toolkit._runtime.proxy import Proxy
+from app_toolkit._runtime.replica import ReplicaCore
+from app_toolkit._runtime.session import BackgroundLoop, Session
+from app_toolkit.exceptions import ReplicaUnavailableError
+from app_toolkit.status import ServeStatus
+
+
+def _dumps(value: Any) -> bytes:
+    return pickle.dumps(value, 5)
+
+
+class LocalBackend:
+    """Starts replicas as ``ReplicaCore`` objects on the current loop."""
+
+    def __init__(self) -> None:
+        self.objects: dict[bytes, Any] = {}
+        self.cores: dict[str, ReplicaCore] = {}
+        self._checkpoint: bytes | None = None
+
+    def store(self, value: Any) -> bytes:
+        """Local "serialization": keep the object, hand out a key."""
+        key = uuid.uuid4().bytes
+        self.objects[key] = value
+        return key
+
+    async def start_replica(self, replica_id: str, spec: DeploymentSpec) -> tuple[ReplicaInfo, Any]:
+        core = ReplicaCore(
+            replica_id, spec.id, spec.config, self.objects[spec.definition],
+            self.objects[spec.init_args], _dumps,
+        )
+        await core.start()
+        self.cores[replica_id] = core
+        info = ReplicaInfo(replica_id, spec.id, "local", 0, b"", spec.config.max_ongoing_requests)
+        return info, core
+
+    async def stop_replica(self, handle: Any, graceful: bool) -> None:
+        core: ReplicaCore = handle
+        if graceful:
+            await core.drain()
+        self.cores.pop(core.replica_id, None)
+
+    async def check_health(self, handle: Any, timeout_s: float) -> None:
+        core: ReplicaCore = handle
+        if core.replica_id not in self.cores:
+            raise ReplicaUnavailableError(f"Replica {core.replica_id} was stopped")
+        await asyncio.wait_for(core.check_health(), timeout_s)
+
+    async def save_checkpoint(self, data: bytes) -> None:
+        self._checkpoint = data
+
+    async def load_checkpoint(self) -> bytes | None:
+        return self._checkpoint
+
+
+class _LocalSink:
+    __slots__ = ("_exchange",)
+
+    def __init__(self, exchange: Exchange) -> None:
+        self._exchange = exchange
+
+    def send(self, kind: Kind, message: Any) -> None:
+        self._exchange.push(kind, bytes(message) if kind is Kind.BODY else message)
+
+    async def drain(self) -> None:
+        await asyncio.sleep(0)
+
+
+class LocalReplicaClient:
+    """Calls a replica core directly, with the channel's admission and cancel semantics."""
+
+    def __init__(self, backend: LocalBackend, replica_id: str) -> None:
+        self._backend = backend
+        self._replica_id = replica_id
+
+    async def open(self, kind: Kind, message: Any) -> Exchange:
+        core = self._backend.cores.get(self._replica_id)
+        if core is None:
+            raise ReplicaUnavailableError(f"Replica {self._replica_id} is not running")
+        tasks: list[asyncio.Task[None]] = []
+        exchange = Exchange(lambda: [task.cancel() for task in tasks] and None)
+        if not core.admit():
+            exchange.push(Kind.REJECTED, None)
+            return exchange
+        tasks.append(asyncio.get_running_loop().create_task(core.serve(kind, message, _LocalSink(exchange))))
+        return exchange
+
+    def close(self) -> None:
+        pass
+
+
+class LocalSession(Session):
+    """Everything on one background event loop of this process."""
+
+    backend_name = "local"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._loop = BackgroundLoop("app-toolkit-local")
+        self.backend = LocalBackend()
+        self.core = ControllerCore(self.backend)
+        self._loop.run(self.core.start())
+        self.proxy: Proxy = self._loop.run(self._make_proxy())
+        self._server: uvicorn.Server | None = None
+        self._server_task: asyncio.Task[None] | None = None
+
+    async def _make_proxy(self) -> Proxy:
+        return Proxy(self.subscriber())
+
+    def home_loop(self) -> asyncio.AbstractEventLoop:
+        return self._loop.loop
+
+    def run_blocking(self, coroutine: Any, timeout_s: float | None = None) -> Any:
+        return self._loop.run(coroutine, timeout_s)
+
+    def replica_client(self, info: ReplicaInfo) -> ReplicaClient:
+        return LocalReplicaClient(self.backend, info.replica_id)
+
+    async def listen(self, known: dict[str, int], timeout_s: float) -> dict[str, tuple[int, Any]]:
+        return await self.core.listen(known, timeout_s)
+
+    def serialize(self, value: Any) -> bytes:
+        return self.backend.store(value)
+
+    def deploy(self, spec: AppSpec) -> None:
+        self._loop.run(self.core.deploy_app(spec))
+
+    def delete(self, name: str) -> None:
+        self._loop.run(self.core.delete_app(name))
+
+    def status(self) -> ServeStatus:
+        async def read() -> ServeStatus:
+            return self.core.status()
+
+        return self._loop.run(read())  # type: ignore[no-any-return]
+
+    def app_gone(self, name: str) -> bool:
+        async def read() -> bool:
+            return not self.core.app_exists(name)
+
+        return self._loop.run(read())  # type: ignore[no-any-return]
+
+    def start_http(self, host: str, port: int) -> int:
+        """Serve the proxy with uvicorn on this session's loop; returns the bound port."""
+
+        async def start() -> int:
+            config = uvicorn.Config(self.proxy, host=host, port=port, lifespan="off",
+                                    log_level="warning", access_log=False)
+            self._server = uvicorn.Server(config)
+            self._server_task = asyncio.get_running_loop().create_task(self._server.serve())
+            while not self._server.started:
+                if self._server_task.done():
+                    self._server_task.result()
+                    raise OSError(f"Could not listen on {host}:{port}")
+                await asyncio.sleep(0.01)
+            sockets = self._server.servers[0].sockets
+            return int(sockets[0].getsockname()[1])
+
+        return self._loop.run(start())  # type: ignore[no-any-return]
+
+    def shutdown(self) -> None:
+        async def stop() -> None:
+            for name in list(self.core.apps):
+                await self.core.delete_app(name)
+            deadline = asyncio.get_running_loop().time() + 30
+            while self.core.deployments and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(0.02)
+            if self._server is not None:
+                self._server.should_exit = True
+                if self._server_task is not None:
+                    await asyncio.wait({self._server_task}, timeout=5)
+            self.subscriber().close()
+            await self.core.stop()
+
+        self._loop.run(stop())
+        self._loop.stop()

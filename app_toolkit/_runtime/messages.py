@@ -1,0 +1,119 @@
+"""Typed messages passed between controller, proxy, handles and replicas."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from app_toolkit.config import DeploymentConfig
+
+Headers = list[tuple[bytes, bytes]]
+
+
+@dataclass(frozen=True, slots=True)
+class DeploymentID:
+    """Names one deployment inside one application."""
+
+    app: str
+    name: str
+
+    def __str__(self) -> str:
+        return f"{self.app}/{self.name}"
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaInfo:
+    """What a caller needs to reach one running replica."""
+
+    replica_id: str
+    deployment: DeploymentID
+    host: str
+    port: int
+    token: bytes
+    max_ongoing_requests: int
+
+
+@dataclass(frozen=True, slots=True)
+class RouteInfo:
+    """One HTTP route prefix and the ingress deployment behind it."""
+
+    route_prefix: str
+    app: str
+    ingress: DeploymentID
+
+
+@dataclass(frozen=True, slots=True)
+class DeploymentSpec:
+    """The desired state of one deployment, as the controller stores it.
+
+    ``definition`` and ``init_args`` are serialized by the backend so the controller never
+    imports user code.
+    """
+
+    id: DeploymentID
+    definition: bytes
+    init_args: bytes
+    config: DeploymentConfig
+    is_asgi: bool
+    code_version: str
+
+
+@dataclass(frozen=True, slots=True)
+class AppSpec:
+    """The desired state of one application."""
+
+    name: str
+    route_prefix: str | None
+    ingress: str
+    deployments: tuple[DeploymentSpec, ...]
+
+    def deployment(self, name: str) -> DeploymentSpec:
+        for spec in self.deployments:
+            if spec.id.name == name:
+                return spec
+        raise KeyError(name)
+
+
+@dataclass(frozen=True, slots=True)
+class HTTPRequest:
+    """An HTTP request as the proxy forwards it: the ASGI scope and the whole body."""
+
+    request_id: str
+    scope: dict[str, Any]
+    body: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class HTTPResponse:
+    """A complete (non-streamed) HTTP response: one frame back."""
+
+    status: int
+    headers: Headers
+    body: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class HTTPResponseStart:
+    """The head of a streamed response; body chunks follow as raw frames."""
+
+    status: int
+    headers: Headers
+
+
+@dataclass(frozen=True, slots=True)
+class MethodCall:
+    """A handle call: method name and arguments."""
+
+    request_id: str
+    method: str
+    args: tuple[Any, ...]
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class CallFailure:
+    """A deployment method raised; ``exception`` is the pickled original when possible."""
+
+    type_name: str
+    message: str
+    exception: bytes | None

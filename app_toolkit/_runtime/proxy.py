@@ -1,0 +1,179 @@
+"""The HTTP proxy: an ASGI app that routes each request to an application's ingress.
+
+Longest ``route_prefix`` wins; an unknown path is 404. The proxy honours or creates
+``x-request-id`` and returns it. Overload is 503 with ``Retry-After``; a replica lost
+mid-request is 503 too. The path is kept whole and the prefix becomes ``root_path``, so
+the app's own routes, ``/docs`` and ``/openapi.json`` work under its prefix.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from typing import Any, Awaitable, Callable, MutableMapping
+
+from app_toolkit._runtime.channel import Kind
+from app_toolkit._runtime.longpoll import ROUTES_KEY
+from app_toolkit._runtime.messages import HTTPRequest, HTTPResponse, HTTPResponseStart, RouteInfo
+from app_toolkit._runtime.subscriber import TableSubscriber
+from app_toolkit.exceptions import BackPressureError, ReplicaUnavailableError
+
+logger = logging.getLogger("app_toolkit.proxy")
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
+Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
+
+REQUEST_ID_HEADER = b"x-request-id"
+RETRY_AFTER_S = 1
+_FORWARDED_KEYS = ("type", "http_version", "method", "scheme", "path", "raw_path",
+                   "query_string", "headers", "client", "server")
+
+
+def match_route(routes: list[RouteInfo], path: str) -> RouteInfo | None:
+    """Longest prefix wins; a prefix matches itself and paths below it."""
+    for route in routes:  # sorted longest first
+        prefix = route.route_prefix
+        if prefix == "/" or path == prefix or path.startswith(prefix + "/"):
+            return route
+    return None
+
+
+class Proxy:
+    """The ASGI application the proxy's uvicorn serves."""
+
+    def __init__(self, subscriber: TableSubscriber) -> None:
+        self.subscriber = subscriber
+        self.routes: list[RouteInfo] = []
+        self.ready = subscriber.watch(ROUTES_KEY, self._set_routes)
+
+    def _set_routes(self, value: Any, _version: int) -> None:
+        routes = list(value or ())
+        routes.sort(key=lambda route: len(route.route_prefix), reverse=True)
+        self.routes = routes
+        for route in routes:
+            self.subscriber.dispatcher(route.ingress)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            await self._http(scope, receive, send)
+        elif kind == "websocket":
+            await send({"type": "websocket.close", "code": 1003})
+        elif kind == "lifespan":
+            await _lifespan(receive, send)
+
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path: str = scope["path"]
+        request_id = _request_id(scope)
+        if path.startswith("/-/"):
+            await self._builtin(path, request_id, send)
+            return
+        route = match_route(self.routes, path)
+        if route is None:
+            await _json(send, 404, {"detail": "Not Found", "request_id": request_id}, request_id)
+            return
+        body = await _read_body(receive)
+        if body is None:
+            return  # the client went away before sending its body
+        forwarded = {key: scope[key] for key in _FORWARDED_KEYS if key in scope}
+        forwarded["root_path"] = scope.get("root_path", "") + (
+            "" if route.route_prefix == "/" else route.route_prefix
+        )
+        if not _has_header(scope, REQUEST_ID_HEADER):
+            forwarded["headers"] = [*scope["headers"], (REQUEST_ID_HEADER, request_id.encode())]
+        dispatcher = self.subscriber.dispatcher(route.ingress)
+        try:
+            reply = await dispatcher.send(Kind.HTTP, HTTPRequest(request_id, forwarded, body))
+        except BackPressureError:
+            await _json(send, 503, {"detail": "Service Unavailable: too many requests queued",
+                                    "request_id": request_id}, request_id,
+                        [(b"retry-after", str(RETRY_AFTER_S).encode())])
+            return
+        except ReplicaUnavailableError as exc:
+            logger.warning("Request %s: %s", request_id, exc)
+            await _json(send, 503, {"detail": "Service Unavailable: no replica could serve the request",
+                                    "request_id": request_id}, request_id,
+                        [(b"retry-after", str(RETRY_AFTER_S).encode())])
+            return
+        try:
+            if reply.kind is Kind.RESPONSE:
+                response: HTTPResponse = reply.message
+                await send({"type": "http.response.start", "status": response.status,
+                            "headers": _with_id(response.headers, request_id)})
+                await send({"type": "http.response.body", "body": response.body})
+                return
+            start: HTTPResponseStart = reply.message
+            await send({"type": "http.response.start", "status": start.status,
+                        "headers": _with_id(start.headers, request_id)})
+            while True:
+                frame_kind, chunk = await reply.exchange.recv()
+                if frame_kind is Kind.BODY:
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                    continue
+                if frame_kind is Kind.LOST:
+                    logger.warning("Request %s: replica lost mid-stream", request_id)
+                    raise ReplicaUnavailableError("replica lost mid-stream")
+                await send({"type": "http.response.body", "body": b""})
+                return
+        finally:
+            reply.exchange.cancel()
+            reply.release()
+
+    async def _builtin(self, path: str, request_id: str, send: Send) -> None:
+        if path == "/-/healthz":
+            await _json(send, 200, {"status": "ok"}, request_id)
+        elif path == "/-/routes":
+            await _json(send, 200, {r.route_prefix: r.app for r in self.routes}, request_id)
+        else:
+            await _json(send, 404, {"detail": "Not Found", "request_id": request_id}, request_id)
+
+
+def _request_id(scope: Scope) -> str:
+    for key, value in scope["headers"]:
+        if key == REQUEST_ID_HEADER:
+            text: str = value.decode("latin-1")
+            if 0 < len(text) <= 200:
+                return text
+    return uuid.uuid4().hex
+
+
+def _has_header(scope: Scope, name: bytes) -> bool:
+    return any(key == name for key, _ in scope["headers"])
+
+
+def _with_id(headers: list[tuple[bytes, bytes]], request_id: str) -> list[tuple[bytes, bytes]]:
+    if any(key.lower() == REQUEST_ID_HEADER for key, _ in headers):
+        return headers
+    return [*headers, (REQUEST_ID_HEADER, request_id.encode())]
+
+
+async def _read_body(receive: Receive) -> bytes | None:
+    chunks = []
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return None
+        chunks.append(message.get("body", b""))
+        if not message.get("more_body", False):
+            return b"".join(chunks)
+
+
+async def _json(send: Send, status: int, content: Any, request_id: str,
+                extra: list[tuple[bytes, bytes]] | None = None) -> None:
+    body = json.dumps(content).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+               (REQUEST_ID_HEADER, request_id.encode()), *(extra or [])]
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _lifespan(receive: Receive, send: Send) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "lifespan.startup":
+            await send({"type": "lifespan.startup.complete"})
+        elif message["type"] == "lifespan.shutdown":
+            await send({"type": "lifespan.shutdown.complete"})
+            return

@@ -1,0 +1,376 @@
+"""The Ray backend: the only module that imports ``ray``.
+
+Ray is the control plane and the engine: the controller, proxy and replicas are Ray
+actors (placement, resources, restarts), desired state lives in Ray's GCS key-value store,
+control calls are actor calls. Requests travel over the channel (``channel.py``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import logging
+import os
+import pickle
+import secrets
+import threading
+from typing import Any
+
+import ray
+import uvicorn
+from ray import cloudpickle
+from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+from ray.experimental import internal_kv
+from starlette.datastructures import State
+
+from app_toolkit._runtime.channel import ChannelClient, start_server
+from app_toolkit._runtime.controller import ControllerCore
+from app_toolkit._runtime.dispatcher import ReplicaClient
+from app_toolkit._runtime.messages import AppSpec, DeploymentID, DeploymentSpec, ReplicaInfo
+from app_toolkit._runtime.proxy import Proxy
+from app_toolkit._runtime.replica import ReplicaCore
+from app_toolkit._runtime.session import Session
+from app_toolkit.config import DeploymentConfig, HTTPOptions
+from app_toolkit.exceptions import ConfigError, DeployError, ReplicaUnavailableError
+from app_toolkit.status import ServeStatus
+
+NAMESPACE = "app_toolkit"
+CONTROLLER_NAME = "app_toolkit_controller"
+_CHECKPOINT_KEY = b"app_toolkit/desired_state"
+_LOCK_TYPES = (type(threading.Lock()), type(threading.RLock()))
+logger = logging.getLogger("app_toolkit.ray")
+
+
+# ------------------------------------------------------------------------------- codec
+
+
+class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]
+    """cloudpickle, plus fresh locks and Starlette ``State`` (FastAPI apps hold both)."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        if type(obj) in _LOCK_TYPES:
+            return (type(obj) is _LOCK_TYPES[0] and threading.Lock or threading.RLock, ())
+        if type(obj) is State:
+            return (State, (dict(obj._state),))
+        return super().reducer_override(obj)
+
+
+def dumps(value: Any) -> bytes:
+    """Serialize user code and data (by value where it is not importable)."""
+    buffer = io.BytesIO()
+    try:
+        _Pickler(buffer, protocol=5).dump(value)
+    except Exception as exc:
+        raise ConfigError(
+            f"Cannot serialize {type(value).__name__} to send it to replicas: {exc}. Keep "
+            "deployment arguments picklable (plain data, handles, importable objects)."
+        ) from None
+    return buffer.getvalue()
+
+
+def _node_address() -> str:
+    """The address this Ray node was started with (127.0.0.1 on the embedded cluster).
+
+    Not ``ray.util.get_node_ip_address()``: that returns the machine's routable address
+    even when the node itself listens on loopback only.
+    """
+    node_id = ray.get_runtime_context().get_node_id()
+    for node in ray.nodes():
+        if node["NodeID"] == node_id:
+            return str(node["NodeManagerAddress"])
+    raise RuntimeError(f"This Ray node ({node_id}) is not in the cluster's node table")
+
+
+def _configure_worker_logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+
+
+# ------------------------------------------------------------------------------- actors
+
+
+@ray.remote(num_cpus=0, max_concurrency=10_000)
+class ReplicaActor:
+    """Hosts one ``ReplicaCore`` and its channel server."""
+
+    def __init__(self, replica_id: str, deployment: DeploymentID, config: DeploymentConfig,
+                 definition: bytes, init_args: bytes) -> None:
+        _configure_worker_logging()
+        self._args = (replica_id, deployment, config, definition, init_args)
+        self._core: ReplicaCore | None = None
+        self._server: asyncio.Server | None = None
+
+    async def initialize(self) -> ReplicaInfo:
+        replica_id, deployment, config, definition, init_args = self._args
+        core = ReplicaCore(replica_id, deployment, config, pickle.loads(definition),
+                           pickle.loads(init_args), dumps)
+        await core.start()
+        token = secrets.token_bytes(16)
+        host = _node_address()
+        self._server, port = await start_server(core, host, token, dumps)
+        self._core = core
+        return ReplicaInfo(replica_id, deployment, host, port, token, config.max_ongoing_requests)
+
+    async def check_health(self) -> None:
+        assert self._core is not None
+        await self._core.check_health()
+
+    async def drain(self) -> None:
+        if self._core is not None:
+            await self._core.drain()
+        if self._server is not None:
+            self._server.close()
+
+
+@ray.remote(num_cpus=0, max_concurrency=10_000)
+class ProxyActor:
+    """Runs the proxy ASGI app under uvicorn on this node."""
+
+    def __init__(self, host: str, port: int) -> None:
+        _configure_worker_logging()
+        self._host, self._port = host, port
+        self._server: uvicorn.Server | None = None
+
+    async def ready(self) -> int:
+        if self._server is None:
+            session = RaySession.attach()
+            proxy = Proxy(session.subscriber())
+            config = uvicorn.Config(proxy, host=self._host, port=self._port, lifespan="off",
+                                    log_level="warning", access_log=False)
+            self._server = uvicorn.Server(config)
+            task = asyncio.get_running_loop().create_task(self._server.serve())
+            while not self._server.started:
+                if task.done():
+                    raise OSError(f"The proxy could not listen on {self._host}:{self._port}; "
+                                  "is the port in use? Pick another with --port.")
+                await asyncio.sleep(0.01)
+        return int(self._server.servers[0].sockets[0].getsockname()[1])
+
+    async def stop(self) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+
+
+class _RayReplicas:
+    """The controller's Backend on Ray."""
+
+    async def start_replica(self, replica_id: str, spec: DeploymentSpec) -> tuple[ReplicaInfo, Any]:
+        options = spec.config.ray_actor_options
+        actor_options: dict[str, Any] = {
+            "name": f"app_toolkit_replica:{replica_id}", "namespace": NAMESPACE,
+            "lifetime": "detached", "num_cpus": options.num_cpus, "num_gpus": options.num_gpus,
+            "resources": options.resources,
+        }
+        if options.memory is not None:
+            actor_options["memory"] = options.memory
+        if options.runtime_env is not None:
+            actor_options["runtime_env"] = options.runtime_env
+        actor = ReplicaActor.options(**actor_options).remote(
+            replica_id, spec.id, spec.config, spec.definition, spec.init_args)
+        try:
+            return await actor.initialize.remote(), actor
+        except RayTaskError as exc:
+            ray.kill(actor, no_restart=True)
+            cause = exc.cause if exc.cause is not None else exc
+            raise DeployError(str(cause)) from None
+        except RayActorError as exc:
+            ray.kill(actor, no_restart=True)
+            raise DeployError(f"Replica process died while starting: {exc}") from None
+
+    async def stop_replica(self, handle: Any, graceful: bool) -> None:
+        if graceful:
+            try:
+                await handle.drain.remote()
+            except Exception as exc:  # a dead replica needs no draining
+                logger.info("Draining a replica failed: %s", exc)
+        ray.kill(handle, no_restart=True)
+
+    async def check_health(self, handle: Any, timeout_s: float) -> None:
+        try:
+            await asyncio.wait_for(handle.check_health.remote(), timeout_s)
+        except RayActorError as exc:
+            raise ReplicaUnavailableError(str(exc)) from None
+        except RayTaskError as exc:
+            raise RuntimeError(str(exc.cause or exc)) from None
+
+    async def save_checkpoint(self, data: bytes) -> None:
+        internal_kv._internal_kv_put(_CHECKPOINT_KEY, data, overwrite=True, namespace=NAMESPACE)
+
+    async def load_checkpoint(self) -> bytes | None:
+        data = internal_kv._internal_kv_get(_CHECKPOINT_KEY, namespace=NAMESPACE)
+        return data if data else None
+
+
+@ray.remote(num_cpus=0, max_concurrency=10_000)
+class ControllerActor:
+    """The named, detached controller: wraps ``ControllerCore``."""
+
+    def __init__(self, http: HTTPOptions) -> None:
+        _configure_worker_logging()
+        self.http = http
+        self.core = ControllerCore(_RayReplicas())
+        self._started = False
+        self._start_lock: asyncio.Lock | None = None
+        self._proxy: Any = None
+
+    async def ready(self) -> int:
+        """Start the loop and the proxy once; returns the proxy's port."""
+        if self._start_lock is None:
+            self._start_lock = asyncio.Lock()
+        async with self._start_lock:
+            if not self._started:
+                await self.core.start()
+                node = ray.get_runtime_context().get_node_id()
+                self._proxy = ProxyActor.options(
+                    name=f"app_toolkit_proxy:{node}", namespace=NAMESPACE, lifetime="detached",
+                    get_if_exists=True,
+                    scheduling_strategy=ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(node, soft=False),
+                ).remote(self.http.host, self.http.port)
+                try:
+                    port = await self._proxy.ready.remote()
+                except RayTaskError as exc:
+                    raise ConfigError(str(exc.cause or exc)) from None
+                self.core.proxies[node] = f"http://{self.http.host}:{port}"
+                self._port = port
+                self._started = True
+        return self._port
+
+    def http_options(self) -> HTTPOptions:
+        return self.http
+
+    async def deploy_app(self, spec: AppSpec) -> None:
+        await self.core.deploy_app(spec)
+
+    async def delete_app(self, name: str) -> None:
+        await self.core.delete_app(name)
+
+    def app_exists(self, name: str) -> bool:
+        return self.core.app_exists(name)
+
+    def status(self) -> ServeStatus:
+        return self.core.status()
+
+    async def listen(self, known: dict[str, int], timeout_s: float) -> dict[str, tuple[int, Any]]:
+        return await self.core.listen(known, timeout_s)
+
+    async def shutdown(self) -> None:
+        for name in list(self.core.apps):
+            await self.core.delete_app(name)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 60
+        while self.core.deployments and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        await self.core.backend.save_checkpoint(b"")
+        if self._proxy is not None:
+            await self._proxy.stop.remote()
+            ray.kill(self._proxy, no_restart=True)
+        await self.core.stop()
+
+
+# ------------------------------------------------------------------------------- session
+
+
+def init_ray(address: str | None) -> None:
+    """Join ``address`` (or RAY_ADDRESS), or start an embedded single-node cluster."""
+    if ray.is_initialized():
+        return
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    kwargs: dict[str, Any] = {"include_dashboard": False, "logging_level": logging.WARNING,
+                              "configure_logging": False}
+    if address is None:
+        kwargs["_node_ip_address"] = "127.0.0.1"
+    ray.init(address=address, **kwargs)
+
+
+class RaySession(Session):
+    """Talks to the controller actor; data over channel connections."""
+
+    backend_name = "ray"
+
+    def __init__(self, controller: Any) -> None:
+        super().__init__()
+        self.controller = controller
+
+    @classmethod
+    def attach(cls) -> RaySession:
+        """In a Ray worker: the process-wide session (the controller must exist)."""
+        from app_toolkit._runtime.session import current_session, set_current_session
+
+        session = current_session(create=False)
+        if session is None:
+            session = cls(ray.get_actor(CONTROLLER_NAME, namespace=NAMESPACE))
+            set_current_session(session)
+        return session  # type: ignore[return-value]
+
+    @classmethod
+    def for_process(cls) -> RaySession:
+        """Inside an actor (a replica using a handle): attach without blocking calls;
+        in a driver: join or start Ray and the controller."""
+        if ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None:
+            return cls(ray.get_actor(CONTROLLER_NAME, namespace=NAMESPACE))
+        return cls.connect()
+
+    @classmethod
+    def connect(cls, address: str | None = None, http: HTTPOptions | None = None) -> RaySession:
+        """Join or start Ray, then find or start the controller and its proxy."""
+        init_ray(address)
+        controller = ControllerActor.options(
+            name=CONTROLLER_NAME, namespace=NAMESPACE, lifetime="detached", max_restarts=-1,
+            get_if_exists=True,
+        ).remote(http or HTTPOptions())
+        running = ray.get(controller.http_options.remote())
+        if http is not None and running != http:
+            raise ConfigError(
+                f"The toolkit already runs with HTTP options {running.model_dump()}; shut it down "
+                f"first (app-toolkit shutdown) to use {http.model_dump()}"
+            )
+        ray.get(controller.ready.remote())
+        return cls(controller)
+
+    @classmethod
+    def find(cls, address: str | None = None) -> RaySession | None:
+        """The running toolkit on the cluster, or None (never starts anything)."""
+        if not ray.is_initialized():
+            if address is None and not os.environ.get("RAY_ADDRESS"):
+                return None
+            init_ray(address)
+        try:
+            controller = ray.get_actor(CONTROLLER_NAME, namespace=NAMESPACE)
+        except ValueError:
+            return None
+        return cls(controller)
+
+    def replica_client(self, info: ReplicaInfo) -> ReplicaClient:
+        return ChannelClient(info.host, info.port, info.token, dumps)
+
+    async def listen(self, known: dict[str, int], timeout_s: float) -> dict[str, tuple[int, Any]]:
+        return await self.controller.listen.remote(known, timeout_s)  # type: ignore[no-any-return]
+
+    def serialize(self, value: Any) -> bytes:
+        return dumps(value)
+
+    def deploy(self, spec: AppSpec) -> None:
+        try:
+            ray.get(self.controller.deploy_app.remote(spec))
+        except RayTaskError as exc:
+            raise (exc.cause or exc) from None
+
+    def delete(self, name: str) -> None:
+        ray.get(self.controller.delete_app.remote(name))
+
+    def app_gone(self, name: str) -> bool:
+        return not ray.get(self.controller.app_exists.remote(name))
+
+    def status(self) -> ServeStatus:
+        return ray.get(self.controller.status.remote())  # type: ignore[no-any-return]
+
+    def proxy_url(self) -> str:
+        return next(iter(self.status().proxies.values()), "")
+
+    def shutdown(self) -> None:
+        try:
+            ray.get(self.controller.shutdown.remote(), timeout=120)
+        except GetTimeoutError:
+            logger.warning("The controller did not finish shutting down in 120 s")
+        ray.kill(self.controller, no_restart=True)
+        self.close_subscribers()

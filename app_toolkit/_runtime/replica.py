@@ -1,0 +1,238 @@
+"""The replica: hosts one user class instance, function or ASGI app and serves requests.
+
+Backend-independent: the Ray actor and the local backend both wrap a ``ReplicaCore``.
+It never runs more than ``max_ongoing_requests`` at once: ``admit()`` refuses beyond that
+and the caller's router retries elsewhere (requests wait in the caller's queue).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import logging
+import pickle
+from typing import Any, Callable
+
+from app_toolkit._runtime import request_context
+from app_toolkit._runtime.asgi import (
+    ASGIApp,
+    Lifespan,
+    internal_error_body,
+    request_app,
+    serve_http,
+)
+from app_toolkit._runtime.channel import Dumps, Kind, ResponseSink
+from app_toolkit._runtime.messages import (
+    CallFailure,
+    DeploymentID,
+    HTTPRequest,
+    MethodCall,
+)
+from app_toolkit.config import DeploymentConfig
+from app_toolkit.exceptions import BackPressureError, DeployError, ReplicaUnavailableError
+
+logger = logging.getLogger("app_toolkit.replica")
+
+ASGI_APP_ATTR = "__app_toolkit_asgi_app__"
+
+
+class ReplicaCore:
+    """One replica's serving logic, independent of how it is hosted."""
+
+    def __init__(
+        self,
+        replica_id: str,
+        deployment: DeploymentID,
+        config: DeploymentConfig,
+        definition: Any,
+        init_args: tuple[tuple[Any, ...], dict[str, Any]],
+        dumps: Dumps,
+    ) -> None:
+        self.replica_id = replica_id
+        self.deployment = deployment
+        self.config = config
+        self._definition = definition
+        self._init_args = init_args
+        self._dumps = dumps
+        self.ongoing = 0
+        self.draining = False
+        self.instance: Any = None
+        self.asgi_app: ASGIApp | None = None
+        self._lifespan: Lifespan | None = None
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        """Build the user object, run lifespan startup and apply ``user_config``."""
+        args, kwargs = self._init_args
+        definition = self._definition
+        request_context.app_name.set(self.deployment.app)
+        try:
+            if inspect.isclass(definition):
+                self.instance = definition(*args, **kwargs)
+                app = getattr(definition, ASGI_APP_ATTR, None)
+                if app is not None:
+                    self.asgi_app = app
+            else:
+                self.instance = definition
+        except Exception as exc:
+            logger.exception("Constructor of %s failed", self.deployment)
+            raise DeployError(f"{type(exc).__name__}: {exc}") from None
+        if self.asgi_app is not None:
+            install_error_handler(self.asgi_app)
+            self._lifespan = Lifespan(self.asgi_app)
+            token = request_context.replica_instance.set(self.instance)
+            try:
+                await self._lifespan.startup()
+            finally:
+                request_context.replica_instance.reset(token)
+        if self.config.user_config is not None:
+            await self.reconfigure(self.config.user_config)
+
+    async def reconfigure(self, user_config: Any) -> None:
+        method = getattr(self.instance, "reconfigure", None)
+        if method is None:
+            raise DeployError(
+                f"{self.deployment} got a user_config but defines no reconfigure(self, config) method"
+            )
+        await _call_maybe_async(method, user_config)
+
+    async def check_health(self) -> None:
+        """Raises if the user's ``check_health`` does; proves the event loop responds."""
+        method = getattr(self.instance, "check_health", None)
+        if method is not None:
+            await _call_maybe_async(method)
+
+    async def drain(self) -> None:
+        """Refuse new work, wait for in-flight requests, then run lifespan shutdown."""
+        self.draining = True
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.config.graceful_shutdown_timeout_s
+        while self.ongoing and loop.time() < deadline:
+            try:
+                await asyncio.wait_for(
+                    self._idle.wait(),
+                    min(self.config.graceful_shutdown_wait_loop_s, max(deadline - loop.time(), 0)),
+                )
+            except asyncio.TimeoutError:
+                continue
+        if self.ongoing:
+            logger.warning("%s stopping with %d requests still running", self.replica_id, self.ongoing)
+        if self._lifespan is not None:
+            await self._lifespan.shutdown(timeout_s=max(self.config.graceful_shutdown_timeout_s, 1.0))
+
+    # ------------------------------------------------------------------ requests
+
+    def admit(self) -> bool:
+        if self.draining or self.ongoing >= self.config.max_ongoing_requests:
+            return False
+        self.ongoing += 1
+        self._idle.clear()
+        return True
+
+    async def serve(self, kind: Kind, message: Any, sink: ResponseSink) -> None:
+        """Serve one admitted request (``admit()`` returned True for it)."""
+        try:
+            if kind is Kind.HTTP:
+                await self._serve_http(message, sink)
+            elif kind is Kind.CALL:
+                await self._serve_call(message, sink)
+            else:
+                raise ValueError(f"Unexpected request kind {kind!r}")
+        finally:
+            self.ongoing -= 1
+            if self.ongoing == 0:
+                self._idle.set()
+
+    async def _serve_http(self, request: HTTPRequest, sink: ResponseSink) -> None:
+        if self.asgi_app is None:
+            self.asgi_app = request_app(self._method("__call__"))
+        rid = request_context.request_id.set(request.request_id)
+        inst = request_context.replica_instance.set(self.instance)
+        request_context.app_name.set(self.deployment.app)
+        try:
+            state = self._lifespan.state if self._lifespan is not None else {}
+            await serve_http(self.asgi_app, request, state, sink)
+        finally:
+            request_context.replica_instance.reset(inst)
+            request_context.request_id.reset(rid)
+
+    async def _serve_call(self, call: MethodCall, sink: ResponseSink) -> None:
+        rid = request_context.request_id.set(call.request_id)
+        request_context.app_name.set(self.deployment.app)
+        try:
+            method = self._method(call.method)
+            result = await _call_maybe_async(method, *call.args, **call.kwargs)
+            if inspect.isgenerator(result) or inspect.isasyncgen(result):
+                raise TypeError(
+                    f"{self.deployment}.{call.method} returned a generator; streaming handle "
+                    "calls are not supported yet"
+                )
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            logger.exception("Request %s: %s.%s raised", call.request_id, self.deployment, call.method)
+            sink.send(Kind.FAILURE, self._failure(exc))
+            return
+        finally:
+            request_context.request_id.reset(rid)
+        sink.send(Kind.RESULT, result)
+
+    def _method(self, name: str) -> Callable[..., Any]:
+        target = self.instance
+        if name == "__call__" and not inspect.isclass(self._definition):
+            return target  # type: ignore[no-any-return]
+        if name.startswith("_") and name != "__call__":
+            raise AttributeError(f"{self.deployment} does not expose private method {name!r}")
+        method = getattr(target, name, None)
+        if method is None or not callable(method):
+            raise AttributeError(f"{self.deployment} has no method {name!r}")
+        return method  # type: ignore[no-any-return]
+
+    def _failure(self, exc: Exception) -> CallFailure:
+        blob: bytes | None
+        try:
+            blob = self._dumps(exc)
+            pickle.loads(blob)
+        except Exception:
+            blob = None
+        return CallFailure(type(exc).__name__, str(exc), blob)
+
+
+async def _call_maybe_async(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    if inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(
+        getattr(function, "__call__", None)
+    ):
+        return await function(*args, **kwargs)
+    # Sync user code runs in a thread so it never blocks the replica's event loop.
+    return await asyncio.to_thread(function, *args, **kwargs)
+
+
+def install_error_handler(app: Any) -> None:
+    """Give Starlette/FastAPI apps our generic 500 body unless they chose their own."""
+    try:
+        from starlette.applications import Starlette
+        from starlette.requests import Request
+        from starlette.responses import Response
+    except ImportError:  # pragma: no cover - starlette is a dependency
+        return
+    if not isinstance(app, Starlette):
+        return
+
+    async def internal_error(request: Request, exc: Exception) -> Response:
+        rid = request.headers.get("x-request-id", "")
+        return Response(internal_error_body(rid), 500, media_type="application/json")
+
+    async def unavailable(request: Request, exc: Exception) -> Response:
+        rid = request.headers.get("x-request-id", "")
+        body = json.dumps({"detail": "Service Unavailable", "request_id": rid}).encode()
+        return Response(body, 503, media_type="application/json", headers={"retry-after": "1"})
+
+    handlers = app.exception_handlers
+    if Exception not in handlers and 500 not in handlers:
+        handlers[Exception] = internal_error
+    handlers.setdefault(BackPressureError, unavailable)
+    handlers.setdefault(ReplicaUnavailableError, unavailable)

@@ -1,0 +1,15 @@
+"""Per-request context that crosses from the replica into user code."""
+
+from __future__ import annotations
+
+from contextvars import ContextVar
+from typing import Any
+
+#: The id of the request being served; downstream handle calls carry it on.
+request_id: ContextVar[str] = ContextVar("app_toolkit_request_id", default="")
+
+#: The user-class instance of the replica serving this request (for ``@ingress`` classes).
+replica_instance: ContextVar[Any] = ContextVar("app_toolkit_replica_instance", default=None)
+
+#: The application the current replica belongs to (for handles to its sibling deployments).
+app_name: ContextVar[str] = ContextVar("app_toolkit_app_name", default="")

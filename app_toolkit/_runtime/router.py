@@ -1,0 +1,102 @@
+"""Replica choice: power of two choices on the caller's own in-flight counts.
+
+Pure: no I/O, no clock of its own (callers pass ``now``), no ray, no fastapi. The caller
+counts what it sent to each replica; no probe RPC is made per request. A replica that
+turned a request away (full because of other callers, or draining) is skipped for a short,
+growing back-off.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Iterable
+
+from app_toolkit._runtime.messages import ReplicaInfo
+
+_BACKOFF_START_S = 0.002
+_BACKOFF_MAX_S = 0.1
+
+
+@dataclass
+class _Replica:
+    info: ReplicaInfo
+    in_flight: int = 0
+    blocked_until: float = 0.0
+    backoff_s: float = 0.0
+
+
+class ReplicaChooser:
+    """Tracks the replicas of one deployment as one caller sees them."""
+
+    def __init__(self, rng: random.Random | None = None) -> None:
+        self._replicas: dict[str, _Replica] = {}
+        self._rng = rng or random.Random()
+
+    def set_replicas(self, infos: Iterable[ReplicaInfo]) -> None:
+        """Adopt a new replica table; counts of replicas that stay are kept."""
+        fresh: dict[str, _Replica] = {}
+        for info in infos:
+            known = self._replicas.get(info.replica_id)
+            if known is not None:
+                known.info = info
+                fresh[info.replica_id] = known
+            else:
+                fresh[info.replica_id] = _Replica(info)
+        self._replicas = fresh
+
+    def remove(self, replica_id: str) -> None:
+        """Forget a replica that cannot be reached (until a table brings it back)."""
+        self._replicas.pop(replica_id, None)
+
+    @property
+    def replica_ids(self) -> list[str]:
+        return list(self._replicas)
+
+    def in_flight(self, replica_id: str) -> int:
+        replica = self._replicas.get(replica_id)
+        return replica.in_flight if replica else 0
+
+    def choose(self, now: float) -> ReplicaInfo | None:
+        """Pick a replica with a free slot, or None if every replica is busy or blocked."""
+        free = [
+            r
+            for r in self._replicas.values()
+            if r.in_flight < r.info.max_ongoing_requests and r.blocked_until <= now
+        ]
+        if not free:
+            return None
+        if len(free) == 1:
+            return free[0].info
+        first, second = self._rng.sample(free, 2)
+        return (first if first.in_flight <= second.in_flight else second).info
+
+    def acquire(self, replica_id: str) -> None:
+        replica = self._replicas.get(replica_id)
+        if replica is not None:
+            replica.in_flight += 1
+
+    def release(self, replica_id: str) -> None:
+        replica = self._replicas.get(replica_id)
+        if replica is not None and replica.in_flight > 0:
+            replica.in_flight -= 1
+
+    def succeeded(self, replica_id: str) -> None:
+        """The replica accepted a request: reset its back-off."""
+        replica = self._replicas.get(replica_id)
+        if replica is not None:
+            replica.backoff_s = 0.0
+
+    def rejected(self, replica_id: str, now: float) -> float:
+        """The replica turned a request away; returns how long it is skipped."""
+        replica = self._replicas.get(replica_id)
+        if replica is None:
+            return 0.0
+        replica.backoff_s = min(max(replica.backoff_s * 2, _BACKOFF_START_S), _BACKOFF_MAX_S)
+        replica.blocked_until = now + replica.backoff_s
+        return replica.backoff_s
+
+
+def queue_is_full(waiting: int, max_queued_requests: int) -> bool:
+    """Whether one more request would exceed the caller-side queue bound (-1: no bound)."""
+    return max_queued_requests >= 0 and waiting >= max_queued_requests

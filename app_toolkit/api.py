@@ -1,0 +1,228 @@
+"""Deploying and managing applications: ``run``, ``delete``, ``status``, ``shutdown``…
+
+Ray Serve's names and meanings; ``backend="local"`` runs the same parts in this process.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import time
+from typing import Any
+
+from app_toolkit._runtime import request_context
+from app_toolkit._runtime.backend import resolve_backend_name
+from app_toolkit._runtime.messages import AppSpec, DeploymentID, DeploymentSpec
+from app_toolkit._runtime.replica import ASGI_APP_ATTR
+from app_toolkit._runtime.session import Session, current_session, set_current_session
+from app_toolkit.config import HTTPOptions, parse_application_options, parse_http_options
+from app_toolkit.deployment import Application
+from app_toolkit.exceptions import ConfigError, DeployError
+from app_toolkit.handle import DeploymentHandle
+from app_toolkit.status import ApplicationStatus, ServeStatus
+
+logger = logging.getLogger("app_toolkit")
+
+_UNSET: Any = object()
+_POLL_S = 0.05
+
+
+def start(
+    *,
+    http_options: HTTPOptions | dict[str, Any] | None = None,
+    backend: str = "auto",
+    address: str | None = None,
+) -> Session:
+    """Start (or join) the toolkit: controller and HTTP proxy.
+
+    ``backend="ray"`` joins ``address`` (``"auto"``, ``ray://…``, or RAY_ADDRESS) or starts
+    an embedded local Ray; ``backend="local"`` runs everything in this process.
+    """
+    http = _http_options(http_options)
+    name = resolve_backend_name(backend)
+    session = current_session(create=False)
+    if session is not None:
+        if session.backend_name != name:
+            raise ConfigError(
+                f"The {session.backend_name!r} backend is already running in this process; "
+                "call shutdown() before starting another backend"
+            )
+        return session
+    if name == "local":
+        from app_toolkit._runtime.local_backend import LocalSession
+
+        local = LocalSession()
+        local.start_http(http.host, http.port)
+        session = local
+    else:
+        from app_toolkit._runtime.ray_backend import RaySession
+
+        session = RaySession.connect(address, http)
+    set_current_session(session)
+    return session
+
+
+def run(
+    target: Application,
+    *,
+    name: str | None = None,
+    route_prefix: str | None = _UNSET,
+    blocking: bool = False,
+    backend: str = "auto",
+    _local_testing_mode: bool = False,
+) -> DeploymentHandle:
+    """Deploy ``target`` as an application and wait until it is running.
+
+    Returns a handle to its ingress deployment. Redeploying an app of the same name
+    updates it in place. Raises DeployError with the replica's message if it fails.
+    """
+    if not isinstance(target, Application):
+        raise ConfigError(
+            f"run() takes an application such as MyDeployment.bind() or App(router), "
+            f"got {type(target).__name__}"
+        )
+    app_name = name or target.default_name or "default"
+    if route_prefix is _UNSET:
+        route_prefix = target.default_route_prefix if target.default_route_prefix else "/"
+    options = parse_application_options(app_name, route_prefix)
+    session = start(backend="local" if _local_testing_mode else backend)
+    spec = build_app(target, options.name, options.route_prefix, session)
+    session.deploy(spec)
+    wait_for_application(session, options.name)
+    handle = DeploymentHandle(spec.ingress, options.name)
+    if blocking:
+        _block_until_interrupted(session)
+    return handle
+
+
+def build_app(target: Application, name: str, route_prefix: str | None, session: Session) -> AppSpec:
+    """Walk the bound graph; bound deployments in arguments become handles."""
+    specs: dict[str, DeploymentSpec] = {}
+    names: dict[int, str] = {}
+
+    def visit(node: Application) -> str:
+        if id(node) in names:
+            return names[id(node)]
+        deployment = node.deployment
+        if deployment.name in specs or deployment.name in names.values():
+            raise ConfigError(
+                f"Application {name!r} has two deployments named {deployment.name!r}; give one "
+                f"another name with .options(name=...)"
+            )
+        names[id(node)] = deployment.name
+        args = tuple(replace(arg) for arg in node.args)
+        kwargs = {key: replace(value) for key, value in node.kwargs.items()}
+        definition = session.serialize(deployment.func_or_class)
+        init_args = session.serialize((args, kwargs))
+        config = deployment.config
+        version = hashlib.sha256(
+            definition + init_args
+            + config.model_dump_json(exclude={"num_replicas", "max_queued_requests"}).encode()
+        ).hexdigest()[:16]
+        specs[deployment.name] = DeploymentSpec(
+            id=DeploymentID(name, deployment.name),
+            definition=definition,
+            init_args=init_args,
+            config=config,
+            is_asgi=hasattr(deployment.func_or_class, ASGI_APP_ATTR),
+            code_version=version,
+        )
+        return deployment.name
+
+    def replace(value: Any) -> Any:
+        if isinstance(value, Application):
+            return DeploymentHandle(visit(value), name)
+        if isinstance(value, (list, tuple)):
+            return type(value)(replace(item) for item in value)
+        if isinstance(value, dict):
+            return {key: replace(item) for key, item in value.items()}
+        return value
+
+    ingress = visit(target)
+    return AppSpec(name, route_prefix, ingress, tuple(specs.values()))
+
+
+def wait_for_application(session: Session, name: str) -> None:
+    """Block until ``name`` runs; raise DeployError with its message if it fails."""
+    last_report = time.monotonic()
+    while True:
+        app = session.status().applications.get(name)
+        if app is not None and app.status is ApplicationStatus.RUNNING:
+            return
+        if app is not None and app.status is ApplicationStatus.DEPLOY_FAILED:
+            raise DeployError(f"Application {name!r} failed to deploy: {app.message}")
+        if time.monotonic() - last_report > 30:
+            last_report = time.monotonic()
+            logger.warning("Application %r is still deploying: %s", name, app.message if app else "")
+        time.sleep(_POLL_S)
+
+
+def delete(name: str, _blocking: bool = True) -> None:
+    """Delete an application: its routes 404 at once and its replicas stop."""
+    session = current_session()
+    assert session is not None
+    session.delete(name)
+    while _blocking and not session.app_gone(name):
+        time.sleep(_POLL_S)
+
+
+def status() -> ServeStatus:
+    """Applications → deployments → replicas, with their states."""
+    session = current_session()
+    assert session is not None
+    return session.status()
+
+
+def shutdown() -> None:
+    """Stop every application, the proxy and the controller."""
+    session = current_session(create=False)
+    if session is None:
+        from app_toolkit._runtime.ray_backend import RaySession
+
+        session = RaySession.find()
+        if session is None:
+            return
+    session.shutdown()
+    set_current_session(None)
+
+
+def get_app_handle(name: str) -> DeploymentHandle:
+    """A handle to the ingress deployment of a running application."""
+    app = status().applications.get(name)
+    if app is None:
+        raise ConfigError(f"No application named {name!r} is running; run() it first")
+    return DeploymentHandle(app.ingress, name)
+
+
+def get_deployment_handle(deployment_name: str, app_name: str | None = None) -> DeploymentHandle:
+    """A handle to one deployment of a running application.
+
+    ``app_name`` defaults to the caller's own application inside a replica, else "default".
+    """
+    app_name = app_name or request_context.app_name.get() or "default"
+    app = status().applications.get(app_name)
+    if app is None:
+        raise ConfigError(f"No application named {app_name!r} is running; run() it first")
+    if deployment_name not in app.deployments:
+        known = ", ".join(sorted(app.deployments)) or "none"
+        raise ConfigError(
+            f"Application {app_name!r} has no deployment {deployment_name!r} (it has: {known})"
+        )
+    return DeploymentHandle(deployment_name, app_name)
+
+
+def _http_options(value: HTTPOptions | dict[str, Any] | None) -> HTTPOptions:
+    if value is None:
+        return HTTPOptions()
+    if isinstance(value, HTTPOptions):
+        return value
+    return parse_http_options(value)
+
+
+def _block_until_interrupted(session: Session) -> None:
+    try:
+        while True:
+            time.sleep(1)
+    except KeyboardInterrupt:
+        logger.info("Shutting down")
+        shutdown()

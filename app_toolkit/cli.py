@@ -1,0 +1,122 @@
+"""The ``app-toolkit`` command: run, status, shutdown."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+from typing import Any
+
+import click
+
+from app_toolkit import api
+from app_toolkit.config import parse_http_options
+from app_toolkit.deployment import Application, Deployment
+from app_toolkit.exceptions import AppToolkitError, ConfigError
+from app_toolkit.import_path import import_attr
+
+
+def _as_application(value: Any, path: str, name: str | None) -> Application:
+    from fastapi import APIRouter, FastAPI
+
+    from app_toolkit.ingress import App
+
+    if isinstance(value, Application):
+        return value
+    if isinstance(value, (FastAPI, APIRouter)):
+        return App(value, name=name or "default")
+    if isinstance(value, Deployment):
+        raise ConfigError(f'"{path}" is a deployment; point at an application such as '
+                          f"{value.name}.bind() (assign it to a variable and use that)")
+    raise ConfigError(f'"{path}" is a {type(value).__name__}; expected an application '
+                      "(App(router) or Deployment.bind()), a FastAPI app or an APIRouter")
+
+
+def _fail(exc: Exception) -> None:
+    click.echo(f"Error: {exc}", err=True)
+    sys.exit(1)
+
+
+@click.group()
+def main() -> None:
+    """Serve FastAPI routers as a scalable service on Ray."""
+
+
+@main.command()
+@click.argument("import_path")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Interface the proxy binds.")
+@click.option("--port", default=8000, show_default=True, type=int, help="Port of the proxy.")
+@click.option("--address", default=None, help='Ray cluster to join ("auto"); default: start a local one.')
+@click.option("--local", "local", is_flag=True, help="Run everything in this process (no Ray).")
+@click.option("--name", default=None, help="Application name (default: the app's own, or 'default').")
+@click.option("--route-prefix", default=None, help="URL prefix of the app (default: the app's own, or '/').")
+def run(import_path: str, host: str, port: int, address: str | None, local: bool,
+        name: str | None, route_prefix: str | None) -> None:
+    """Deploy IMPORT_PATH (module:attribute) and serve it until Ctrl-C."""
+    try:
+        http = parse_http_options({"host": host, "port": port})
+        cwd = os.getcwd()
+        # Ray worker processes import the user's module too: let them find it here.
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (cwd, os.environ.get("PYTHONPATH")) if p)
+        target = _as_application(import_attr(import_path), import_path, name)
+        session = api.start(http_options=http, backend="local" if local else "auto", address=address)
+        kwargs: dict[str, Any] = {"name": name}
+        if route_prefix is not None:
+            kwargs["route_prefix"] = route_prefix
+        api.run(target, **kwargs)
+        url = next(iter(session.status().proxies.values()), f"http://{host}:{port}")
+        app_name = name or target.default_name or "default"
+        prefix = session.status().applications[app_name].route_prefix or "/"
+    except AppToolkitError as exc:
+        _fail(exc)
+        return
+    click.echo(f"app-toolkit: serving {import_path} at {url.rstrip('/')}{prefix if prefix != '/' else '/'}"
+               " (Ctrl-C to stop)")
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        while not stop.wait(0.5):
+            pass
+    except KeyboardInterrupt:
+        pass
+    click.echo("app-toolkit: shutting down")
+    api.shutdown()
+
+
+@main.command()
+@click.option("--address", default="auto", show_default=True, help="Ray cluster to inspect.")
+def status(address: str) -> None:
+    """Print applications, deployments and replicas as JSON."""
+    from app_toolkit._runtime.ray_backend import RaySession
+
+    try:
+        session = RaySession.find(address)
+    except Exception as exc:  # ray.init failing to find a cluster
+        _fail(ConfigError(f"No Ray cluster at {address!r}: {exc}"))
+        return
+    if session is None:
+        _fail(ConfigError("app_toolkit is not running on this cluster"))
+        return
+    click.echo(json.dumps(session.status().to_dict(), indent=2))
+
+
+@main.command()
+@click.option("--address", default="auto", show_default=True, help="Ray cluster to act on.")
+def shutdown(address: str) -> None:
+    """Stop every application, the proxy and the controller."""
+    from app_toolkit._runtime.ray_backend import RaySession
+
+    try:
+        session = RaySession.find(address)
+    except Exception as exc:
+        _fail(ConfigError(f"No Ray cluster at {address!r}: {exc}"))
+        return
+    if session is None:
+        click.echo("app_toolkit is not running; nothing to stop")
+        return
+    session.shutdown()
+    click.echo("app_toolkit stopped")
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,153 @@
+"""One pydantic schema per option: defaults, bounds and descriptions live here only.
+
+Decorator keyword arguments, ``.options()`` and CLI flags are all validated by these
+models, and every failure becomes a :class:`~app_toolkit.exceptions.ConfigError` whose
+message names the option, the bad value and the allowed range.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any, Mapping
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from app_toolkit.exceptions import ConfigError
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]+$")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+
+class RayActorOptions(_Strict):
+    """Resources each replica actor reserves on the Ray cluster."""
+
+    num_cpus: float = Field(
+        0.0,
+        ge=0,
+        description="Logical CPUs reserved per replica. Defaults to 0 so that I/O-bound "
+        "replicas never block scheduling on small machines; set it for CPU-heavy work.",
+    )
+    num_gpus: float = Field(0.0, ge=0, description="GPUs per replica; fractions share a GPU.")
+    memory: int | None = Field(None, ge=0, description="Bytes of memory reserved per replica.")
+    resources: dict[str, float] = Field(
+        default_factory=dict, description="Custom Ray resources per replica."
+    )
+    runtime_env: dict[str, Any] | None = Field(
+        None, description="Ray runtime environment for the replica processes."
+    )
+
+
+class DeploymentConfig(_Strict):
+    """Options of one deployment (Ray Serve's names and meanings)."""
+
+    num_replicas: int = Field(1, ge=0, le=10_000, description="Replicas to run.")
+    max_ongoing_requests: int = Field(
+        100,
+        ge=1,
+        description="Requests one replica runs at once; further requests wait in the "
+        "caller-side queue, never on the replica.",
+    )
+    max_queued_requests: int = Field(
+        1000,
+        ge=-1,
+        description="Requests each caller (proxy or handle) may queue for this deployment "
+        "while every replica is busy; beyond it callers get 503 / BackPressureError. "
+        "-1 means unbounded.",
+    )
+    user_config: Any = Field(
+        None, description="JSON-like value passed to the replica's reconfigure() method."
+    )
+    health_check_period_s: float = Field(
+        10.0, gt=0, description="Seconds between health checks of each replica."
+    )
+    health_check_timeout_s: float = Field(
+        30.0, gt=0, description="Seconds a health check may take before it counts as failed."
+    )
+    graceful_shutdown_wait_loop_s: float = Field(
+        2.0, gt=0, description="Seconds between checks for in-flight work while draining."
+    )
+    graceful_shutdown_timeout_s: float = Field(
+        20.0, ge=0, description="Seconds a draining replica may finish in-flight work."
+    )
+    ray_actor_options: RayActorOptions = Field(
+        default_factory=RayActorOptions, description="Ray resources of each replica."
+    )
+
+
+class HTTPOptions(_Strict):
+    """Where the HTTP proxy listens."""
+
+    host: str = Field("127.0.0.1", min_length=1, description="Interface the proxy binds.")
+    port: int = Field(8000, ge=0, le=65535, description="TCP port; 0 picks a free one.")
+
+
+class ApplicationOptions(_Strict):
+    """How one application is exposed."""
+
+    name: str = Field("default", description="Unique application name.")
+    route_prefix: str | None = Field(
+        "/", description="URL prefix of the app's routes; None serves no HTTP."
+    )
+
+    @field_validator("name")
+    @classmethod
+    def _check_name(cls, value: str) -> str:
+        if not _NAME_RE.match(value):
+            raise ValueError(
+                "use letters, digits, '_', '-' or '.' only (it appears in URLs and logs)"
+            )
+        return value
+
+    @field_validator("route_prefix")
+    @classmethod
+    def _check_prefix(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        if not value.startswith("/"):
+            raise ValueError(f"must start with '/', e.g. '/{value}'")
+        if len(value) > 1 and value.endswith("/"):
+            raise ValueError(f"must not end with '/', e.g. {value.rstrip('/')!r}")
+        if "{" in value or "}" in value:
+            raise ValueError("must be a fixed path without '{parameters}'")
+        return value
+
+
+def _explain(error: ValidationError, where: str) -> str:
+    lines = []
+    for item in error.errors():
+        field = ".".join(str(part) for part in item["loc"]) or "value"
+        if item["type"] == "extra_forbidden":
+            lines.append(f"unknown option {field!r}")
+            continue
+        message = item["msg"]
+        if message.startswith("Value error, "):
+            message = message[len("Value error, ") :]
+        lines.append(f"{field} {message}, got {item.get('input')!r}")
+    return f"Invalid {where}: " + "; ".join(lines)
+
+
+def parse_deployment_config(options: Mapping[str, Any], where: str) -> DeploymentConfig:
+    """Validate deployment options, raising ConfigError with a readable message."""
+    try:
+        return DeploymentConfig.model_validate(dict(options))
+    except ValidationError as exc:
+        raise ConfigError(_explain(exc, where)) from None
+
+
+def parse_http_options(options: Mapping[str, Any]) -> HTTPOptions:
+    """Validate proxy options."""
+    try:
+        return HTTPOptions.model_validate(dict(options))
+    except ValidationError as exc:
+        raise ConfigError(_explain(exc, "HTTP options")) from None
+
+
+def parse_application_options(name: str, route_prefix: str | None) -> ApplicationOptions:
+    """Validate an application's name and route prefix."""
+    try:
+        return ApplicationOptions(name=name, route_prefix=route_prefix)
+    except ValidationError as exc:
+        raise ConfigError(_explain(exc, f"application {name!r}")) from None

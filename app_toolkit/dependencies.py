@@ -1,0 +1,85 @@
+"""``Depends(Deployment)``: a route parameter that receives a handle to a deployment.
+
+``App(router)`` finds these dependencies in its routes and deploys the deployments they
+name as part of the application, so routes in an ordinary ``APIRouter`` can use them::
+
+    @router.post("/embed")
+    async def embed(text: str, embedder: tk.DeploymentHandle = tk.Depends(Embedder)):
+        return {"vector": await embedder.embed.remote(text)}
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import fastapi
+from fastapi.routing import APIRoute, APIWebSocketRoute
+
+from app_toolkit._runtime import request_context
+from app_toolkit.deployment import Application, Deployment
+from app_toolkit.exceptions import ConfigError
+from app_toolkit.handle import DeploymentHandle
+
+_APPLICATION_ATTR = "__app_toolkit_application__"
+
+
+def Depends(target: Deployment | Application) -> Any:  # noqa: N802 - mirrors fastapi.Depends
+    """A FastAPI dependency that yields a :class:`DeploymentHandle` to ``target``.
+
+    Pass a deployment (bound with no arguments) or a bound application
+    (``Greeter.bind("Hello")``); bind once at module level and reuse the result.
+    """
+    if isinstance(target, Deployment):
+        application = getattr(target, "_default_application", None)
+        if application is None:
+            application = target.bind()
+            target._default_application = application  # type: ignore[attr-defined]
+    elif isinstance(target, Application):
+        application = target
+    else:
+        raise ConfigError(
+            f"tk.Depends() takes a deployment or a bound deployment, got {type(target).__name__}; "
+            "for ordinary dependencies use fastapi.Depends"
+        )
+    deployment_name = application.deployment.name
+
+    async def deployment_handle() -> DeploymentHandle:
+        app_name = request_context.app_name.get()
+        if not app_name:
+            raise RuntimeError("tk.Depends() handles are available only inside a replica")
+        return DeploymentHandle(deployment_name, app_name)
+
+    setattr(deployment_handle, _APPLICATION_ATTR, application)
+    return fastapi.Depends(deployment_handle)
+
+
+def discover(app: Any) -> list[Application]:
+    """The bound deployments that the routes of ``app`` depend on, once each."""
+    found: dict[int, Application] = {}
+
+    def walk(dependant: Any) -> None:
+        for sub in getattr(dependant, "dependencies", ()):
+            application = getattr(sub.call, _APPLICATION_ATTR, None)
+            if application is not None:
+                found.setdefault(id(application), application)
+            walk(sub)
+
+    for route in api_routes(getattr(getattr(app, "router", None), "routes", ())):
+        walk(route.dependant)
+    return list(found.values())
+
+
+def api_routes(routes: Any) -> list[APIRoute | APIWebSocketRoute]:
+    """Every FastAPI route, including those of included routers.
+
+    Newer FastAPI keeps an included router as one lazy entry that holds the original
+    router (``original_router``); older versions copy its routes in.
+    """
+    found: list[APIRoute | APIWebSocketRoute] = []
+    for route in routes:
+        if isinstance(route, (APIRoute, APIWebSocketRoute)):
+            found.append(route)
+        inner = getattr(route, "original_router", None)
+        if inner is not None:
+            found.extend(api_routes(inner.routes))
+    return found

@@ -1,0 +1,99 @@
+"""``@deployment``, ``.options()``, ``.bind()``: declaring what runs in replicas."""
+
+from __future__ import annotations
+
+import inspect
+from typing import Any, Callable, TypeVar, overload
+
+from app_toolkit.config import DeploymentConfig, parse_deployment_config
+from app_toolkit.exceptions import ConfigError
+
+T = TypeVar("T")
+
+
+class Deployment:
+    """A class or function that runs in replicas, with its options.
+
+    Create one with :func:`deployment`; bind constructor arguments with :meth:`bind` to get
+    an :class:`Application` that ``run()`` deploys.
+    """
+
+    def __init__(self, func_or_class: Any, name: str, options: dict[str, Any]) -> None:
+        self.func_or_class = func_or_class
+        self.name = name
+        self._options = dict(options)
+        self.config: DeploymentConfig = parse_deployment_config(options, f"options of deployment {name!r}")
+
+    def options(self, *, name: str | None = None, **options: Any) -> Deployment:
+        """A copy with some options changed (the others are kept)."""
+        return Deployment(self.func_or_class, name or self.name, {**self._options, **options})
+
+    def bind(self, *args: Any, **kwargs: Any) -> Application:
+        """Fix constructor arguments; other bound deployments become handles."""
+        if not inspect.isclass(self.func_or_class) and (args or kwargs):
+            raise ConfigError(
+                f"Deployment {self.name!r} is a function; it takes no constructor arguments, "
+                "so call .bind() without arguments"
+            )
+        return Application(self, args, kwargs)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        raise ConfigError(
+            f"Deployment {self.name!r} cannot be called directly; use "
+            f"{self.name}.bind(...) and run() it, then call it through its handle"
+        )
+
+    def __repr__(self) -> str:
+        return f"Deployment(name={self.name!r})"
+
+
+class Application:
+    """A deployment with bound arguments: the root of a deployable graph."""
+
+    def __init__(
+        self,
+        deployment: Deployment,
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        *,
+        name: str | None = None,
+        route_prefix: str | None = None,
+    ) -> None:
+        self.deployment = deployment
+        self.args = args
+        self.kwargs = kwargs
+        #: Defaults for ``run()`` (set by ``App``); ``run()`` arguments override them.
+        self.default_name = name
+        self.default_route_prefix = route_prefix
+
+    def __repr__(self) -> str:
+        return f"Application({self.deployment.name!r})"
+
+
+@overload
+def deployment(_func_or_class: T, /) -> Deployment: ...
+
+
+@overload
+def deployment(*, name: str | None = None, **options: Any) -> Callable[[Any], Deployment]: ...
+
+
+def deployment(
+    _func_or_class: Any = None, /, *, name: str | None = None, **options: Any
+) -> Deployment | Callable[[Any], Deployment]:
+    """Turn a class or function into a deployment.
+
+    Use bare (``@deployment``) or with options (``@deployment(num_replicas=2)``). Options
+    are validated at once; see :class:`~app_toolkit.config.DeploymentConfig`.
+    """
+
+    def wrap(target: Any) -> Deployment:
+        if isinstance(target, Deployment):
+            raise ConfigError("@deployment was applied twice; use .options(...) to change options")
+        if not (inspect.isclass(target) or callable(target)):
+            raise ConfigError(f"@deployment needs a class or function, got {type(target).__name__}")
+        return Deployment(target, name or getattr(target, "__name__", "deployment"), options)
+
+    if _func_or_class is not None:
+        return wrap(_func_or_class)
+    return wrap

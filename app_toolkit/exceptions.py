@@ -1,0 +1,70 @@
+"""Exceptions raised by app_toolkit.
+
+The tree::
+
+    AppToolkitError
+    ├── ConfigError            bad option, bad import path, bad route prefix
+    ├── DeployError            a deploy failed (constructor or lifespan startup raised)
+    ├── BackPressureError      the caller-side queue is full (HTTP: 503 + Retry-After)
+    ├── ReplicaUnavailableError  the replica was lost while serving a request (HTTP: 503)
+    ├── RequestTimeoutError    ``result(timeout_s=...)`` ran out
+    └── DeploymentCallError    a deployment method raised an exception that could not
+                               be sent back as itself (not picklable)
+
+Every exception keeps its arguments through pickling so it survives crossing processes.
+"""
+
+from __future__ import annotations
+
+
+class AppToolkitError(Exception):
+    """Base class of every error this package raises on purpose."""
+
+
+class ConfigError(AppToolkitError, ValueError):
+    """An option, import path or route prefix is invalid; the message says how to fix it."""
+
+
+class DeployError(AppToolkitError):
+    """An application failed to deploy; the message carries the replica's error."""
+
+
+class BackPressureError(AppToolkitError):
+    """The caller-side queue of a deployment is full.
+
+    Over HTTP this becomes ``503 Service Unavailable`` with a ``Retry-After`` header.
+    """
+
+    def __init__(self, deployment: str = "", max_queued_requests: int = 0) -> None:
+        super().__init__(deployment, max_queued_requests)
+        self.deployment = deployment
+        self.max_queued_requests = max_queued_requests
+
+    def __str__(self) -> str:
+        return (
+            f"Deployment {self.deployment!r} has {self.max_queued_requests} requests "
+            "queued already (max_queued_requests); retry later or raise the limit."
+        )
+
+
+class ReplicaUnavailableError(AppToolkitError):
+    """The replica serving a request went away before answering."""
+
+
+class RequestTimeoutError(AppToolkitError, TimeoutError):
+    """A handle call did not finish within its ``timeout_s``."""
+
+
+class DeploymentCallError(AppToolkitError):
+    """A deployment method raised an exception that could not be pickled back.
+
+    The original type name and message are kept in ``args``.
+    """
+
+    def __init__(self, type_name: str, message: str) -> None:
+        super().__init__(type_name, message)
+        self.type_name = type_name
+        self.message = message
+
+    def __str__(self) -> str:
+        return f"{self.type_name}: {self.message}"

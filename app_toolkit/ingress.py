@@ -1,0 +1,158 @@
+"""HTTP ingress: ``App`` (routers → an application) and ``@ingress`` (Ray Serve style)."""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import typing
+from typing import Any, Callable, Sequence
+
+from fastapi import APIRouter, Depends, FastAPI
+from fastapi.routing import APIRoute
+
+from app_toolkit._runtime import request_context
+from app_toolkit._runtime.replica import ASGI_APP_ATTR
+from app_toolkit.config import parse_application_options
+from app_toolkit.dependencies import discover
+from app_toolkit.deployment import Application, Deployment, deployment
+from app_toolkit.exceptions import ConfigError
+
+
+def ingress(app: Any) -> Callable[[type], type]:
+    """Serve ``app`` (a FastAPI app, APIRouter or any ASGI app) from a deployment class.
+
+    Routes declared on the class's own methods (``@app.get("/")`` above ``def root(self)``)
+    receive the replica's instance as ``self``. Place it under ``@deployment``.
+    """
+    asgi = _as_asgi(app, title="app_toolkit")
+
+    def decorate(cls: type) -> type:
+        if isinstance(cls, Deployment):
+            raise ConfigError("Put @ingress(app) below @deployment, directly on the class")
+        if not inspect.isclass(cls):
+            raise ConfigError(f"@ingress decorates a class, got {type(cls).__name__}")
+        if isinstance(asgi, FastAPI):
+            _bind_methods(asgi, cls)
+        setattr(cls, ASGI_APP_ATTR, asgi)
+        return cls
+
+    return decorate
+
+
+class App(Application):
+    """An application whose ingress serves ordinary FastAPI routes.
+
+    ``App(router, name="demo")`` mounts one ``APIRouter`` (or several, or a whole
+    ``FastAPI`` app) in an ingress deployment; deployment options (``num_replicas=2``,
+    ``max_ongoing_requests=...``) apply to that ingress.
+    """
+
+    def __init__(
+        self,
+        routes: FastAPI | APIRouter | Sequence[APIRouter],
+        *,
+        name: str = "default",
+        route_prefix: str | None = "/",
+        **deployment_options: Any,
+    ) -> None:
+        parse_application_options(name, route_prefix)
+        asgi = _as_asgi(routes, title=name)
+        ingress_class = type(
+            "Ingress", (), {"__doc__": f"HTTP ingress of {name!r}.", "__init__": _keep_handles}
+        )
+        setattr(ingress_class, ASGI_APP_ATTR, asgi)
+        # Deployments named by tk.Depends() in the routes join the application; the ingress
+        # receives their handles, which keeps them in the graph that run() deploys.
+        super().__init__(
+            deployment(name="Ingress", **deployment_options)(ingress_class),
+            tuple(discover(asgi)),
+            {},
+            name=name,
+            route_prefix=route_prefix,
+        )
+
+    @property
+    def asgi_app(self) -> Any:
+        """The FastAPI app the ingress serves (e.g. to add middleware before running)."""
+        return getattr(self.deployment.func_or_class, ASGI_APP_ATTR)
+
+
+def _keep_handles(self: Any, *handles: Any) -> None:
+    self.handles = handles
+
+
+def _as_asgi(routes: Any, title: str) -> Any:
+    if isinstance(routes, APIRouter):
+        routes = [routes]
+    if isinstance(routes, (list, tuple)):
+        if not routes or not all(isinstance(r, APIRouter) for r in routes):
+            raise ConfigError("Pass a FastAPI app, an APIRouter or a list of APIRouters")
+        app = FastAPI(title=title)
+        for router in routes:
+            app.include_router(router)
+        return app
+    if not callable(routes):
+        raise ConfigError(
+            f"Expected a FastAPI app, an APIRouter or an ASGI callable, got {type(routes).__name__}"
+        )
+    return routes
+
+
+async def _current_instance() -> Any:
+    instance = request_context.replica_instance.get()
+    if instance is None:
+        raise RuntimeError("This route is a method of an @ingress class; it runs only in a replica")
+    return instance
+
+
+def _bind_methods(app: FastAPI, cls: type) -> None:
+    """Rebuild routes whose endpoint is a method of ``cls`` so ``self`` is injected."""
+    for index, route in enumerate(app.router.routes):
+        if not isinstance(route, APIRoute):
+            continue
+        endpoint = route.endpoint
+        if cls.__dict__.get(getattr(endpoint, "__name__", "")) is not endpoint:
+            continue
+        app.router.routes[index] = _copy_route(route, _self_injected(endpoint))
+    app.openapi_schema = None
+
+
+def _self_injected(method: Callable[..., Any]) -> Callable[..., Any]:
+    hints = typing.get_type_hints(method, include_extras=True)
+    signature = inspect.signature(method)
+    parameters = []
+    for position, parameter in enumerate(signature.parameters.values()):
+        annotation = hints.get(parameter.name, parameter.annotation)
+        if position == 0:
+            parameter = parameter.replace(default=Depends(_current_instance), annotation=Any)
+        else:
+            parameter = parameter.replace(annotation=annotation)
+        parameters.append(parameter.replace(kind=inspect.Parameter.KEYWORD_ONLY))
+    returns = hints.get("return", signature.return_annotation)
+
+    if inspect.iscoroutinefunction(method):
+
+        @functools.wraps(method)
+        async def endpoint(**kwargs: Any) -> Any:
+            return await method(**kwargs)
+
+    else:
+
+        @functools.wraps(method)
+        def endpoint(**kwargs: Any) -> Any:
+            return method(**kwargs)
+
+    endpoint.__signature__ = signature.replace(  # type: ignore[attr-defined]
+        parameters=parameters, return_annotation=returns
+    )
+    return endpoint
+
+
+def _copy_route(route: APIRoute, endpoint: Callable[..., Any]) -> APIRoute:
+    accepted = inspect.signature(APIRoute.__init__).parameters
+    settings = {
+        name: getattr(route, name)
+        for name in accepted
+        if name not in ("self", "path", "endpoint") and hasattr(route, name)
+    }
+    return APIRoute(route.path, endpoint, **settings)

@@ -1,0 +1,236 @@
+"""Apps the behaviour tests deploy (importable by Ray workers)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+from contextlib import asynccontextmanager
+from typing import Any, AsyncIterator
+
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+
+import app_toolkit as tk
+
+# ----------------------------------------------------------------- an ordinary router
+
+
+class Item(BaseModel):
+    name: str
+    price: float
+
+
+class TeapotError(Exception):
+    pass
+
+
+def common_tag(tag: str = "none") -> str:
+    return tag.upper()
+
+
+router = APIRouter()
+
+
+@router.get("/items/{item_id}")
+async def read_item(item_id: int, tag: str = Depends(common_tag)) -> dict[str, Any]:
+    return {"item_id": item_id, "tag": tag}
+
+
+@router.post("/items")
+def create_item(item: Item) -> Item:
+    return item
+
+
+@router.get("/boom")
+async def boom() -> None:
+    raise RuntimeError("secret internals")
+
+
+@router.get("/forbidden")
+async def forbidden() -> None:
+    raise HTTPException(status_code=403, detail="no entry")
+
+
+@router.get("/teapot")
+async def teapot() -> None:
+    raise TeapotError()
+
+
+@router.get("/state")
+async def state(request: Request) -> dict[str, Any]:
+    return {
+        "replica": request.state.replica_token,
+        "middleware": request.state.seen_by_middleware,
+        "request_id": request.headers.get("x-request-id"),
+        "root_path": request.scope.get("root_path"),
+    }
+
+
+@router.get("/sleep")
+async def sleep(seconds: float = 1.0) -> dict[str, float]:
+    await asyncio.sleep(seconds)
+    return {"slept": seconds}
+
+
+@asynccontextmanager
+async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
+    # Runs once per replica: a token that tells the replicas apart.
+    yield {"replica_token": f"{os.getpid()}-{uuid.uuid4().hex[:6]}"}
+
+
+def make_fastapi() -> FastAPI:
+    app = FastAPI(lifespan=lifespan)
+    app.include_router(router)
+
+    @app.middleware("http")
+    async def mark(request: Request, call_next: Any) -> Any:
+        request.state.seen_by_middleware = True
+        response = await call_next(request)
+        response.headers["x-middleware"] = "yes"
+        return response
+
+    @app.exception_handler(TeapotError)
+    async def teapot_handler(request: Request, exc: TeapotError) -> JSONResponse:
+        return JSONResponse({"detail": "I am a teapot"}, status_code=418)
+
+    return app
+
+
+def make_app(**options: Any) -> tk.App:
+    return tk.App(make_fastapi(), **options)
+
+
+# ----------------------------------------------------------------- failing startup
+
+
+@asynccontextmanager
+async def failing_lifespan(app: FastAPI) -> AsyncIterator[None]:
+    raise RuntimeError("database unreachable")
+    yield
+
+
+def make_failing_app() -> tk.App:
+    return tk.App(FastAPI(lifespan=failing_lifespan))
+
+
+@tk.deployment
+class BrokenConstructor:
+    def __init__(self) -> None:
+        raise ValueError("model file missing")
+
+    def __call__(self, request: Request) -> str:
+        return "never"
+
+
+# ----------------------------------------------------------------- composition
+
+
+class Overdrawn(Exception):
+    """A user exception that crosses the handle boundary as itself."""
+
+
+@tk.deployment(num_replicas=2)
+class Counter:
+    def __init__(self, start: int) -> None:
+        self.start = start
+        self.token = uuid.uuid4().hex[:6]
+
+    async def add(self, x: int) -> int:
+        return self.start + x
+
+    def sync_double(self, x: int) -> int:
+        return 2 * x
+
+    async def withdraw(self, amount: int) -> int:
+        raise Overdrawn(f"cannot withdraw {amount}")
+
+    async def who(self) -> str:
+        return self.token
+
+
+@tk.deployment
+def shout(text: str) -> str:
+    return text.upper() + "!"
+
+
+front_api = FastAPI()
+
+
+@tk.deployment
+@tk.ingress(front_api)
+class Front:
+    def __init__(self, counter: tk.DeploymentHandle, shouter: tk.DeploymentHandle) -> None:
+        self.counter = counter
+        self.shouter = shouter
+
+    @front_api.get("/add/{x}")
+    async def add(self, x: int) -> dict[str, int]:
+        return {"result": await self.counter.add.remote(x)}
+
+    @front_api.get("/shout/{text}")
+    async def shout(self, text: str) -> dict[str, str]:
+        return {"result": await self.shouter.remote(text)}
+
+    @front_api.get("/chain/{x}")
+    async def chain(self, x: int) -> dict[str, int]:
+        # A response passed as an argument is resolved before the second call.
+        first = self.counter.add.remote(x)
+        return {"result": await self.counter.sync_double.remote(first)}
+
+    @front_api.get("/withdraw")
+    async def withdraw(self) -> dict[str, str]:
+        try:
+            await self.counter.withdraw.remote(5)
+        except Overdrawn as exc:
+            return {"error": str(exc)}
+        return {"error": ""}
+
+
+def make_composed() -> tk.Application:
+    return Front.bind(Counter.bind(100), shout.bind())
+
+
+# ----------------------------------------------------------------- tk.Depends + user_config
+
+
+@tk.deployment(user_config={"greeting": "hi"})
+class Configured:
+    def __init__(self) -> None:
+        self.greeting = "unset"
+
+    def reconfigure(self, config: dict[str, str]) -> None:
+        self.greeting = config["greeting"]
+
+    async def greet(self, name: str) -> str:
+        return f"{self.greeting} {name}"
+
+
+configured = Configured.bind()
+depends_router = APIRouter()
+
+
+@depends_router.get("/greet/{name}")
+async def greet(name: str, greeter: tk.DeploymentHandle = tk.Depends(configured)) -> dict[str, str]:
+    return {"message": await greeter.greet.remote(name)}
+
+
+def make_depends_app() -> tk.App:
+    return tk.App(depends_router)
+
+
+# ----------------------------------------------------------------- plain __call__ ingress
+
+
+# --8<-- [start:plain]
+@tk.deployment
+class Plain:
+    async def __call__(self, request: Request) -> dict[str, str]:
+        return {"path": request.url.path, "who": request.query_params.get("who", "")}
+
+
+@tk.deployment
+def plain_text(request: Request) -> str:
+    return "plain " + request.query_params.get("who", "")
+# --8<-- [end:plain]

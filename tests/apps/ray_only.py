@@ -1,0 +1,24 @@
+"""Apps for Ray-only tests (they use the ray API inside replicas)."""
+
+from __future__ import annotations
+
+import os
+
+import ray
+
+import app_toolkit as tk
+
+
+@tk.deployment(ray_actor_options={"num_cpus": 0.5, "resources": {"test_accelerator": 0.5}})
+class Resourced:
+    def assigned(self) -> dict[str, float]:
+        return dict(ray.get_runtime_context().get_assigned_resources())
+
+
+@tk.deployment(num_replicas=2, health_check_period_s=0.5, health_check_timeout_s=2)
+class Pid:
+    def __call__(self) -> int:
+        return os.getpid()
+
+    def identity(self) -> tuple[str, int]:
+        return str(ray.get_runtime_context().get_actor_name()), os.getpid()

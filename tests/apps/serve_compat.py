@@ -1,0 +1,41 @@
+"""A program written against Ray Serve's API, with only the import changed.
+
+Original first line: ``from ray import serve``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from fastapi import FastAPI
+
+import app_toolkit as serve
+from app_toolkit import DeploymentHandle
+
+app = FastAPI()
+
+
+@serve.deployment(ray_actor_options={"num_cpus": 0})
+class Doubler:
+    def double(self, x: int) -> int:
+        return 2 * x
+
+
+# --8<-- [start:ingress]
+@serve.deployment
+@serve.ingress(app)
+class Api:
+    def __init__(self, doubler: DeploymentHandle) -> None:
+        self.doubler = doubler
+
+    @app.get("/double/{x}")
+    async def double(self, x: int) -> int:
+        return await self.doubler.double.remote(x)
+# --8<-- [end:ingress]
+
+
+@serve.deployment(max_ongoing_requests=1, max_queued_requests=1)
+class Slow:
+    async def __call__(self, seconds: float) -> str:
+        await asyncio.sleep(seconds)
+        return "done"

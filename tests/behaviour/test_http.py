@@ -1,0 +1,140 @@
+"""FastAPI behaves as under plain uvicorn, through the proxy, on both backends."""
+
+from __future__ import annotations
+
+import asyncio
+
+import app_toolkit as tk
+from tests.apps import basic
+from tests.conftest import Toolkit
+
+
+def test_routes_validation_and_errors(toolkit: Toolkit) -> None:
+    toolkit.run(basic.make_app(), route_prefix="/shop")
+    with toolkit.client() as client:
+        ok = client.get("/shop/items/7", params={"tag": "new"})
+        assert ok.status_code == 200
+        assert ok.json() == {"item_id": 7, "tag": "NEW"}
+        assert ok.headers["x-middleware"] == "yes"
+
+        created = client.post("/shop/items", json={"name": "pen", "price": 1.5})
+        assert created.json() == {"name": "pen", "price": 1.5}
+
+        invalid = client.post("/shop/items", json={"name": "pen"})
+        assert invalid.status_code == 422
+        assert invalid.json()["detail"][0]["loc"] == ["body", "price"]
+        assert client.get("/shop/items/not-a-number").status_code == 422
+
+        assert client.get("/shop/forbidden").json() == {"detail": "no entry"}
+        assert client.get("/shop/forbidden").status_code == 403
+        teapot = client.get("/shop/teapot")
+        assert (teapot.status_code, teapot.json()) == (418, {"detail": "I am a teapot"})
+
+        assert client.get("/shop/no-such-route").status_code == 404
+        outside = client.get("/elsewhere")
+        assert outside.status_code == 404
+        assert outside.json()["request_id"] == outside.headers["x-request-id"]
+
+
+def test_user_exception_is_generic_500_and_replica_keeps_serving(toolkit: Toolkit) -> None:
+    toolkit.run(basic.make_app(), route_prefix="/err")
+    with toolkit.client() as client:
+        failed = client.get("/err/boom")
+        assert failed.status_code == 500
+        body = failed.json()
+        assert body == {"detail": "Internal Server Error", "request_id": failed.headers["x-request-id"]}
+        assert "secret internals" not in failed.text and "Traceback" not in failed.text
+        assert client.get("/err/items/1").status_code == 200
+
+
+def test_request_id_is_honoured_or_created(toolkit: Toolkit) -> None:
+    toolkit.run(basic.make_app(), route_prefix="/rid")
+    with toolkit.client() as client:
+        given = client.get("/rid/state", headers={"x-request-id": "req-42"})
+        assert given.headers["x-request-id"] == "req-42"
+        assert given.json()["request_id"] == "req-42"
+        made = client.get("/rid/state")
+        assert len(made.headers["x-request-id"]) == 32
+        assert made.json()["request_id"] == made.headers["x-request-id"]
+
+
+def test_lifespan_state_and_request_state_on_every_replica(toolkit: Toolkit) -> None:
+    toolkit.run(basic.make_app(num_replicas=2), route_prefix="/life")
+    with toolkit.client() as client:
+        seen = set()
+        for _ in range(60):
+            data = client.get("/life/state").json()
+            assert data["middleware"] is True
+            assert data["root_path"] == "/life"
+            seen.add(data["replica"])
+            if len(seen) == 2:
+                break
+    # Each replica ran the lifespan once (its own token) and both received traffic.
+    assert len(seen) == 2
+
+
+def test_openapi_and_docs_under_route_prefix(toolkit: Toolkit) -> None:
+    toolkit.run(basic.make_app(), route_prefix="/api/v1")
+    with toolkit.client() as client:
+        schema = client.get("/api/v1/openapi.json")
+        assert schema.status_code == 200
+        assert "/items/{item_id}" in schema.json()["paths"]
+        docs = client.get("/api/v1/docs")
+        assert docs.status_code == 200
+        assert "/api/v1/openapi.json" in docs.text
+
+
+def test_longest_route_prefix_wins(toolkit: Toolkit) -> None:
+    root_name, nested_name = toolkit.name(), toolkit.name()
+    toolkit.run(basic.Plain.bind(), name=root_name, route_prefix="/")
+    toolkit.run(basic.make_app(), name=nested_name, route_prefix="/shop")
+    with toolkit.client() as client:
+        assert client.get("/shop/items/1").json()["item_id"] == 1
+        # "/shopping" is not below "/shop": it belongs to the root app.
+        assert client.get("/shopping").json() == {"path": "/shopping", "who": ""}
+        assert client.get("/anything/else").json()["path"] == "/anything/else"
+        routes = client.get("/-/routes").json()
+        assert routes["/"] == root_name and routes["/shop"] == nested_name
+        assert client.get("/-/healthz").json() == {"status": "ok"}
+
+
+def test_plain_deployments_serve_http(toolkit: Toolkit) -> None:
+    toolkit.run(basic.Plain.bind(), route_prefix="/plain")
+    toolkit.run(basic.plain_text.bind(), route_prefix="/text")
+    with toolkit.client() as client:
+        assert client.get("/plain/x", params={"who": "me"}).json() == {"path": "/plain/x", "who": "me"}
+        text = client.get("/text", params={"who": "you"})
+        assert text.text == "plain you"
+        assert text.headers["content-type"].startswith("text/plain")
+
+
+def test_backpressure_gives_503_with_retry_after(toolkit: Toolkit) -> None:
+    toolkit.run(
+        basic.make_app(max_ongoing_requests=1, max_queued_requests=1), route_prefix="/bp"
+    )
+
+    async def burst() -> list[int]:
+        async with toolkit.async_client() as client:
+            first = asyncio.ensure_future(client.get("/bp/sleep", params={"seconds": 1.5}))
+            await asyncio.sleep(0.3)  # let the first request occupy the only slot
+            second = asyncio.ensure_future(client.get("/bp/sleep", params={"seconds": 0}))
+            await asyncio.sleep(0.3)  # and the second take the only queue place
+            third = await client.get("/bp/sleep", params={"seconds": 0})
+            assert third.headers["retry-after"] == "1"
+            assert third.json()["request_id"] == third.headers["x-request-id"]
+            return [(await first).status_code, (await second).status_code, third.status_code]
+
+    assert asyncio.run(burst()) == [200, 200, 503]
+
+
+def test_delete_makes_routes_404(toolkit: Toolkit) -> None:
+    name = toolkit.name()
+    toolkit.run(basic.make_app(num_replicas=2), name=name, route_prefix="/gone")
+    app_status = tk.status().applications[name]
+    assert app_status.status is tk.ApplicationStatus.RUNNING
+    assert app_status.deployments["Ingress"].replica_states == {"RUNNING": 2}
+    with toolkit.client() as client:
+        assert client.get("/gone/items/1").status_code == 200
+        tk.delete(name)
+        assert client.get("/gone/items/1").status_code == 404
+    assert name not in tk.status().applications

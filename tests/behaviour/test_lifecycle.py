@@ -1,0 +1,46 @@
+"""Deploy failures are reported with their message; other apps keep serving."""
+
+from __future__ import annotations
+
+import pytest
+
+import app_toolkit as tk
+from tests.apps import basic
+from tests.conftest import Toolkit
+
+
+def test_failing_lifespan_fails_the_deploy_with_its_message(toolkit: Toolkit) -> None:
+    healthy = toolkit.name()
+    toolkit.run(basic.make_app(), name=healthy, route_prefix="/healthy")
+    broken = toolkit.name()
+    with pytest.raises(tk.DeployError, match="database unreachable"):
+        toolkit.run(basic.make_failing_app(), name=broken, route_prefix="/broken")
+    app = tk.status().applications[broken]
+    assert app.status is tk.ApplicationStatus.DEPLOY_FAILED
+    assert "database unreachable" in app.deployments["Ingress"].message
+    with toolkit.client() as client:
+        assert client.get("/healthy/items/3").status_code == 200
+
+
+def test_failing_constructor_fails_the_deploy(toolkit: Toolkit) -> None:
+    with pytest.raises(tk.DeployError, match="ValueError: model file missing"):
+        toolkit.run(basic.BrokenConstructor.bind(), route_prefix="/ctor")
+
+
+def test_redeploy_replaces_replicas_with_the_new_version(toolkit: Toolkit) -> None:
+    name = toolkit.name()
+    toolkit.run(basic.make_app(), name=name, route_prefix="/v")
+    before = {r.replica_id for r in tk.status().applications[name].deployments["Ingress"].replicas}
+    toolkit.run(basic.make_app(num_replicas=1, max_ongoing_requests=7), name=name, route_prefix="/v")
+    after = tk.status().applications[name].deployments["Ingress"]
+    assert after.status is tk.DeploymentStatus.HEALTHY
+    assert {r.replica_id for r in after.replicas}.isdisjoint(before)
+    with toolkit.client() as client:
+        assert client.get("/v/items/2").status_code == 200
+
+
+def test_route_prefix_conflict_is_an_error(toolkit: Toolkit) -> None:
+    first = toolkit.name()
+    toolkit.run(basic.make_app(), name=first, route_prefix="/same")
+    with pytest.raises(tk.ConfigError, match=f"already used by application '{first}'"):
+        toolkit.run(basic.make_app(), name=toolkit.name(), route_prefix="/same")

@@ -1,0 +1,133 @@
+"""Shared fixtures: one toolkit per backend per test session, real HTTP on 127.0.0.1.
+
+Behaviour tests take the ``toolkit`` fixture and run on both backends. Tests are ordered
+so every local-backend test runs before the Ray ones: each backend starts once.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import uuid
+from pathlib import Path
+from typing import Any, Iterator
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+# Ray worker processes import test apps (tests.apps.*) and examples by module path.
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.pop("RAY_ADDRESS", None)
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+import app_toolkit as tk  # noqa: E402
+from app_toolkit._runtime.session import current_session  # noqa: E402
+
+#: Custom Ray resource of the test cluster, to check ray_actor_options reach Ray.
+TEST_RESOURCE = "test_accelerator"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class Toolkit:
+    """The running toolkit of one backend, and the apps one test deployed on it."""
+
+    def __init__(self, backend: str, port: int) -> None:
+        self.backend = backend
+        self.url = f"http://127.0.0.1:{port}"
+        self._apps: list[str] = []
+
+    def name(self) -> str:
+        return "t" + uuid.uuid4().hex[:8]
+
+    def run(self, app: tk.Application, *, name: str | None = None, **kwargs: Any) -> tk.DeploymentHandle:
+        name = name or self.name()
+        self._apps.append(name)
+        return tk.run(app, name=name, backend=self.backend, **kwargs)
+
+    def client(self, **kwargs: Any) -> httpx.Client:
+        return httpx.Client(base_url=self.url, timeout=30, **kwargs)
+
+    def async_client(self, **kwargs: Any) -> httpx.AsyncClient:
+        return httpx.AsyncClient(base_url=self.url, timeout=30, **kwargs)
+
+    def cleanup(self) -> None:
+        for name in self._apps:
+            if name in tk.status().applications:
+                tk.delete(name)
+        self._apps.clear()
+
+
+_ports: dict[str, int] = {}
+
+
+def _ensure_backend(backend: str) -> Toolkit:
+    session = current_session(create=False)
+    if session is not None and session.backend_name != backend:
+        tk.shutdown()
+        session = None
+    port = _ports.setdefault(backend, free_port())
+    if session is None:
+        if backend == "ray":
+            _init_test_ray()
+        tk.start(backend=backend, http_options={"host": "127.0.0.1", "port": port})
+    return Toolkit(backend, port)
+
+
+def _init_test_ray() -> None:
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(include_dashboard=False, _node_ip_address="127.0.0.1", num_cpus=2,
+                 resources={TEST_RESOURCE: 2}, logging_level="WARNING")
+
+
+@pytest.fixture(params=["local", "ray"])
+def toolkit(request: pytest.FixtureRequest) -> Iterator[Toolkit]:
+    """The toolkit on each backend; apps a test deploys are deleted after it."""
+    kit = _ensure_backend(request.param)
+    try:
+        yield kit
+    finally:
+        kit.cleanup()
+
+
+@pytest.fixture
+def ray_toolkit() -> Iterator[Toolkit]:
+    """The toolkit on Ray only (actor death, CLI against the cluster, resources)."""
+    kit = _ensure_backend("ray")
+    try:
+        yield kit
+    finally:
+        kit.cleanup()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    def uses_ray(item: pytest.Item) -> bool:
+        callspec = getattr(item, "callspec", None)
+        if callspec is not None and callspec.params.get("toolkit") == "ray":
+            return True
+        return "ray_toolkit" in getattr(item, "fixturenames", ())
+
+    items.sort(key=uses_ray)
+    for item in items:
+        if uses_ray(item):
+            item.add_marker(pytest.mark.ray)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if current_session(create=False) is not None:
+        tk.shutdown()
+    if "ray" in sys.modules:
+        import ray
+
+        if ray.is_initialized():
+            ray.shutdown()

@@ -1,0 +1,77 @@
+"""The app-toolkit command, in a real subprocess."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import ray
+
+from tests.apps import basic
+from tests.conftest import ROOT, Toolkit, free_port
+
+CLI = [sys.executable, "-m", "app_toolkit.cli"]
+
+
+def cli_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("RAY_ADDRESS", None)
+    return env
+
+
+def test_run_serves_the_demo_and_stops_on_ctrl_c(tmp_path: Path) -> None:
+    port = free_port()
+    log = (tmp_path / "cli.log").open("w+")
+    process = subprocess.Popen([*CLI, "run", "examples.demo:app", "--port", str(port)],
+                               cwd=ROOT, env=cli_env(), stdout=log, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and process.poll() is None:
+            log.seek(0)
+            if "serving examples.demo:app at" in log.read():
+                break
+            time.sleep(0.2)
+        log.seek(0)
+        output = log.read()
+        assert f"at http://127.0.0.1:{port}/" in output, output
+        response = httpx.get(f"http://127.0.0.1:{port}/hello/cli", timeout=30)
+        assert response.json() == {"message": "Hello, cli!"}
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=120) == 0
+        log.seek(0)
+        assert "shutting down" in log.read()
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        log.close()
+
+
+def test_bad_import_paths_fail_with_a_fix() -> None:
+    bad = subprocess.run([*CLI, "run", "examples.demo"], cwd=ROOT, env=cli_env(),
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 1
+    assert 'must look like "module:attribute"' in bad.stderr
+    missing = subprocess.run([*CLI, "run", "examples.demo:Greeter"], cwd=ROOT, env=cli_env(),
+                             capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 1
+    assert "is a deployment; point at an application such as Greeter.bind()" in missing.stderr
+
+
+def test_status_reports_the_running_apps(ray_toolkit: Toolkit) -> None:
+    name = ray_toolkit.name()
+    ray_toolkit.run(basic.make_app(), name=name, route_prefix="/cli-status")
+    address = ray.get_runtime_context().gcs_address
+    result = subprocess.run([*CLI, "status", "--address", address], cwd=ROOT, env=cli_env(),
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    app = data["applications"][name]
+    assert app["status"] == "RUNNING" and app["route_prefix"] == "/cli-status"
+    assert app["deployments"]["Ingress"]["replica_states"] == {"RUNNING": 1}

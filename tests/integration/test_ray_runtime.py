@@ -1,0 +1,127 @@
+"""Behaviour that exists only on Ray: resources, actor death, checkpoints, shutdown."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import time
+
+import pytest
+import ray
+
+import app_toolkit as tk
+from app_toolkit._runtime.ray_backend import NAMESPACE, _CHECKPOINT_KEY
+from tests.apps import ray_only, serve_compat
+from tests.conftest import TEST_RESOURCE, Toolkit
+
+
+def wait_until(condition, timeout_s: float = 30.0, what: str = "condition"):  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def test_ray_actor_options_reach_ray(ray_toolkit: Toolkit) -> None:
+    name = ray_toolkit.name()
+    handle = ray_toolkit.run(ray_only.Resourced.bind(), name=name, route_prefix=None)
+    assigned = handle.assigned.remote().result(timeout_s=30)
+    assert assigned["CPU"] == 0.5
+    assert assigned[TEST_RESOURCE] == 0.5
+
+
+def test_deploy_is_checkpointed_in_gcs(ray_toolkit: Toolkit) -> None:
+    name = ray_toolkit.name()
+    ray_toolkit.run(ray_only.Pid.bind(), name=name, route_prefix=None)
+    stored = ray.experimental.internal_kv._internal_kv_get(_CHECKPOINT_KEY, namespace=NAMESPACE)
+    assert name in pickle.loads(stored)
+
+
+def _kill_one_replica(handle: tk.DeploymentHandle) -> str:
+    replicas = wait_until(
+        lambda: len(found := {handle.identity.remote().result(timeout_s=10) for _ in range(20)}) == 2
+        and found,
+        what="both replicas answering",
+    )
+    victim, pid = sorted(replicas)[0]
+    ray.kill(ray.get_actor(victim, namespace=NAMESPACE), no_restart=True)
+
+    def exited() -> bool:
+        # ray.kill returns before the process is gone; until it is, a request sent to
+        # it may really start (and then fail with ReplicaUnavailableError / 503).
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        return False
+
+    wait_until(exited, what="the killed replica's process to exit")
+    return victim.split(":", 1)[1]
+
+
+def test_requests_not_started_avoid_a_dead_replica(ray_toolkit: Toolkit) -> None:
+    # A long health-check period keeps the dead replica in every routing table, so
+    # each caller must find out for itself (connection refused) and go elsewhere.
+    name = ray_toolkit.name()
+    handle = ray_toolkit.run(ray_only.Pid.options(health_check_period_s=60).bind(), name=name,
+                             route_prefix=None)
+    _kill_one_replica(handle)
+    results = {handle.remote().result(timeout_s=10) for _ in range(30)}
+    assert len(results) == 1  # every request served, all by the survivor
+
+
+def test_a_dead_replica_is_replaced(ray_toolkit: Toolkit) -> None:
+    name = ray_toolkit.name()
+    handle = ray_toolkit.run(ray_only.Pid.bind(), name=name, route_prefix=None)
+    victim = _kill_one_replica(handle)
+
+    def replaced() -> bool:
+        deployment = tk.status().applications[name].deployments["Pid"]
+        ids = {replica.replica_id for replica in deployment.replicas}
+        return deployment.replica_states == {"RUNNING": 2} and victim not in ids
+
+    wait_until(replaced, what="a replacement replica")
+    assert {handle.remote().result(timeout_s=10) for _ in range(20)}
+
+
+def test_a_ray_serve_program_runs_unchanged(ray_toolkit: Toolkit) -> None:
+    serve = serve_compat.serve
+    name = ray_toolkit.name()
+    ray_toolkit._apps.append(name)
+    handle = serve.run(serve_compat.Api.bind(serve_compat.Doubler.bind()), name=name, route_prefix="/compat")
+    assert isinstance(handle, serve.DeploymentHandle)
+    with ray_toolkit.client() as client:
+        assert client.get("/compat/double/21").json() == 42
+    assert serve.status().applications[name].status == "RUNNING"
+    assert serve.get_deployment_handle("Doubler", name).double.remote(4).result() == 8
+
+    slow_name = ray_toolkit.name()
+    ray_toolkit._apps.append(slow_name)
+    slow = serve.run(serve_compat.Slow.bind(), name=slow_name, route_prefix=None)
+    assert slow.remote(0).result() == "done"  # the caller now knows the replica table
+    responses = [slow.remote(1.0) for _ in range(3)]
+    outcomes = []
+    for response in responses:
+        try:
+            outcomes.append(response.result(timeout_s=30))
+        except serve.BackPressureError:
+            outcomes.append("backpressure")
+    assert sorted(outcomes) == ["backpressure", "done", "done"]
+
+    serve.delete(name)
+    assert name not in serve.status().applications
+
+
+def test_shutdown_stops_everything(ray_toolkit: Toolkit) -> None:
+    import httpx
+
+    ray_toolkit.run(ray_only.Pid.bind(), route_prefix="/pid")
+    ray_toolkit._apps.clear()
+    tk.shutdown()
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(ray_toolkit.url + "/-/healthz", timeout=5)
+    actors = [a for a in ray.util.list_named_actors(all_namespaces=True) if a["namespace"] == NAMESPACE]
+    assert actors == []

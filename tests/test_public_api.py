@@ -1,0 +1,45 @@
+"""The public surface is exactly what __all__ says, sorted, and every name exists."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import app_toolkit as tk
+
+EXPECTED = [
+    "App", "AppToolkitError", "Application", "ApplicationStatus", "ApplicationStatusInfo",
+    "BackPressureError", "ConfigError", "Depends", "DeployError", "Deployment",
+    "DeploymentCallError", "DeploymentConfig", "DeploymentHandle", "DeploymentResponse",
+    "DeploymentStatus", "DeploymentStatusInfo", "HTTPOptions", "RayActorOptions", "ReplicaState",
+    "ReplicaStatusInfo", "ReplicaUnavailableError", "RequestTimeoutError", "ServeStatus", "delete",
+    "deployment", "get_app_handle", "get_deployment_handle", "ingress", "run", "shutdown", "start",
+    "status", "testing",
+]
+
+
+def test_all_is_sorted_and_complete() -> None:
+    assert tk.__all__ == sorted(tk.__all__, key=lambda name: (name[0].islower(), name))
+    assert tk.__all__ == EXPECTED
+    for name in tk.__all__:
+        assert getattr(tk, name) is not None
+    public = {name for name in vars(tk) if not name.startswith("_")}
+    assert public - set(tk.__all__) <= {
+        "api", "config", "deployment", "exceptions", "handle", "ingress", "status", "dependencies",
+        "import_path", "_runtime",
+    }
+
+
+def test_importing_never_imports_ray_serve_and_stays_light() -> None:
+    code = "import sys, app_toolkit; print('ray.serve' in sys.modules, 'ray' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False"]
+
+
+def test_exceptions_survive_pickling() -> None:
+    import pickle
+
+    for exc in (tk.BackPressureError("app/d", 3), tk.DeploymentCallError("KeyError", "x"),
+                tk.DeployError("boom"), tk.ConfigError("bad")):
+        clone = pickle.loads(pickle.dumps(exc))
+        assert type(clone) is type(exc) and str(clone) == str(exc)

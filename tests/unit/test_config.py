@@ -1,0 +1,90 @@
+"""One schema validates every option, with errors that say how to fix them."""
+
+from __future__ import annotations
+
+import pytest
+
+import app_toolkit as tk
+from app_toolkit.config import parse_application_options, parse_http_options
+from app_toolkit.import_path import import_attr
+
+
+def test_defaults_are_finite() -> None:
+    config = tk.DeploymentConfig()
+    assert config.num_replicas == 1
+    assert config.max_ongoing_requests >= 1
+    assert config.max_queued_requests > 0
+
+
+@pytest.mark.parametrize(
+    ("options", "message"),
+    [
+        ({"max_ongoing_requests": 0}, "max_ongoing_requests Input should be greater than or equal to 1, got 0"),
+        ({"num_replicas": -1}, "num_replicas Input should be greater than or equal to 0, got -1"),
+        ({"max_queued_requests": -2}, "max_queued_requests .* got -2"),
+        ({"health_check_period_s": 0}, "health_check_period_s .* got 0"),
+        ({"ray_actor_options": {"num_gpus": -0.5}}, "ray_actor_options.num_gpus .* got -0.5"),
+        ({"ray_actor_options": {"gpus": 1}}, "unknown option 'ray_actor_options.gpus'"),
+        ({"num_replica": 2}, "unknown option 'num_replica'"),
+    ],
+)
+def test_bad_options_fail_fast_with_the_option_named(options: dict, message: str) -> None:
+    with pytest.raises(tk.ConfigError, match=message):
+
+        @tk.deployment(**options)
+        class Model:
+            pass
+
+
+def test_options_merge_and_validate() -> None:
+    @tk.deployment(num_replicas=2, ray_actor_options={"num_gpus": 0.5, "memory": 1024})
+    class Model:
+        pass
+
+    changed = Model.options(max_ongoing_requests=3, name="Other")
+    assert (changed.name, changed.config.num_replicas, changed.config.max_ongoing_requests) == ("Other", 2, 3)
+    assert changed.config.ray_actor_options.num_gpus == 0.5
+    assert Model.config.max_ongoing_requests == 100
+    with pytest.raises(tk.ConfigError, match="max_ongoing_requests"):
+        Model.options(max_ongoing_requests="many")
+
+
+def test_deployments_cannot_be_called_or_decorated_twice() -> None:
+    @tk.deployment
+    def f() -> int:
+        return 1
+
+    with pytest.raises(tk.ConfigError, match=r"use f.bind\(...\)"):
+        f()
+    with pytest.raises(tk.ConfigError, match="applied twice"):
+        tk.deployment(f)
+    with pytest.raises(tk.ConfigError, match="takes no constructor arguments"):
+        f.bind(1)
+
+
+@pytest.mark.parametrize(
+    ("prefix", "message"),
+    [("api", "must start with '/'"), ("/api/", "must not end with '/'"), ("/{x}", "fixed path")],
+)
+def test_route_prefix_rules(prefix: str, message: str) -> None:
+    with pytest.raises(tk.ConfigError, match=message):
+        parse_application_options("app", prefix)
+    assert parse_application_options("app", None).route_prefix is None
+
+
+def test_http_options_and_app_names() -> None:
+    assert parse_http_options({"port": 0}).port == 0
+    with pytest.raises(tk.ConfigError, match="port"):
+        parse_http_options({"port": 70000})
+    with pytest.raises(tk.ConfigError, match="letters, digits"):
+        parse_application_options("my app", "/")
+
+
+def test_import_paths_say_what_they_must_look_like() -> None:
+    with pytest.raises(tk.ConfigError, match='must look like "module:attribute"'):
+        import_attr("examples.demo")
+    with pytest.raises(tk.ConfigError, match='Could not import module "no_such_module_xyz"'):
+        import_attr("no_such_module_xyz:app")
+    with pytest.raises(tk.ConfigError, match='has no attribute "nope"'):
+        import_attr("examples.demo:nope")
+    assert isinstance(import_attr("examples.demo:app"), tk.Application)

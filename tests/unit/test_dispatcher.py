@@ -1,0 +1,138 @@
+"""The caller-side queue: bound, wake-up order, retries, cancellation (fake replicas)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Callable
+
+import pytest
+
+from app_toolkit._runtime.channel import Exchange, Kind
+from app_toolkit._runtime.dispatcher import Dispatcher
+from app_toolkit._runtime.messages import DeploymentID, ReplicaInfo
+from app_toolkit.exceptions import BackPressureError, ReplicaUnavailableError
+
+pytestmark = pytest.mark.anyio
+
+DEP = DeploymentID("app", "d")
+
+
+def info(replica_id: str, capacity: int = 1) -> ReplicaInfo:
+    return ReplicaInfo(replica_id, DEP, "127.0.0.1", 1, b"t", capacity)
+
+
+class FakeReplica:
+    """Answers each request with what ``behaviour`` says; records what it received."""
+
+    def __init__(self, replica_id: str, behaviour: Callable[[Exchange, Any], None]) -> None:
+        self.replica_id = replica_id
+        self.behaviour = behaviour
+        self.received: list[Any] = []
+        self.cancelled = 0
+
+    async def open(self, kind: Kind, message: Any) -> Exchange:
+        def cancel() -> None:
+            self.cancelled += 1
+
+        exchange = Exchange(cancel)
+        self.received.append(message)
+        self.behaviour(exchange, message)
+        return exchange
+
+    def close(self) -> None:
+        pass
+
+
+def answer(exchange: Exchange, message: Any) -> None:
+    exchange.push(Kind.RESULT, f"done {message}")
+
+
+def make(replicas: dict[str, FakeReplica], max_queued: int, capacity: int = 1) -> Dispatcher:
+    dispatcher = Dispatcher(DEP, lambda i: replicas[i.replica_id])
+    dispatcher.update([info(name, capacity) for name in replicas], max_queued)
+    return dispatcher
+
+
+async def test_queue_is_bounded_and_drains_in_order() -> None:
+    # The slot stays taken until the reply is released, so later requests queue.
+    replica = FakeReplica("a", answer)
+    dispatcher = make({"a": replica}, max_queued=2)
+    running = await dispatcher.send(Kind.CALL, 0)
+    waiting = [asyncio.ensure_future(dispatcher.send(Kind.CALL, n)) for n in (1, 2)]
+    await asyncio.sleep(0)
+    assert dispatcher.queued == 2
+    with pytest.raises(BackPressureError, match="max_queued_requests"):
+        await dispatcher.send(Kind.CALL, 3)
+    running.release()
+    first = await waiting[0]
+    assert first.message == "done 1"
+    first.release()
+    assert (await waiting[1]).message == "done 2"
+    assert replica.received == [0, 1, 2]
+
+
+async def test_cancelled_waiter_never_reaches_a_replica() -> None:
+    replica = FakeReplica("a", answer)
+    dispatcher = make({"a": replica}, max_queued=5)
+    running = await dispatcher.send(Kind.CALL, "first")
+    queued = asyncio.ensure_future(dispatcher.send(Kind.CALL, "second"))
+    await asyncio.sleep(0)
+    queued.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await queued
+    running.release()
+    await asyncio.sleep(0)
+    assert replica.received == ["first"]
+    assert dispatcher.in_flight == 0
+
+
+async def test_rejected_request_is_retried_on_another_replica() -> None:
+    full = FakeReplica("a", lambda exchange, _: exchange.push(Kind.REJECTED, None))
+    free = FakeReplica("b", answer)
+    dispatcher = make({"a": full, "b": free}, max_queued=5)
+    for n in range(10):
+        reply = await dispatcher.send(Kind.CALL, n)
+        assert reply.message == f"done {n}"
+        reply.release()
+    assert len(free.received) == 10
+    assert len(full.received) <= 2  # skipped after it refused
+
+
+async def test_unreachable_replica_is_dropped_and_request_retried() -> None:
+    class Unreachable(FakeReplica):
+        async def open(self, kind: Kind, message: Any) -> Exchange:
+            raise ReplicaUnavailableError("connection refused")
+
+    dead = Unreachable("a", answer)
+    alive = FakeReplica("b", answer)
+    dispatcher = make({"a": dead, "b": alive}, max_queued=5)
+    for n in range(6):
+        (await dispatcher.send(Kind.CALL, n)).release()
+    assert len(alive.received) == 6
+
+
+async def test_lost_after_sending_is_an_error_not_a_retry() -> None:
+    lost = FakeReplica("a", lambda exchange, _: exchange.push(Kind.LOST, None))
+    dispatcher = make({"a": lost}, max_queued=5)
+    with pytest.raises(ReplicaUnavailableError, match="lost while serving"):
+        await dispatcher.send(Kind.CALL, "x")
+    assert len(lost.received) == 1
+
+
+async def test_requests_wait_for_the_first_replica_then_run() -> None:
+    dispatcher = Dispatcher(DEP, lambda i: replica)
+    replica = FakeReplica("a", answer)
+    pending = asyncio.ensure_future(dispatcher.send(Kind.CALL, "early"))
+    await asyncio.sleep(0.01)
+    assert not pending.done()
+    dispatcher.update([info("a")], max_queued_requests=5)
+    assert (await pending).message == "done early"
+
+
+async def test_closing_fails_waiters_instead_of_hanging() -> None:
+    dispatcher = Dispatcher(DEP, lambda i: FakeReplica("a", answer))
+    pending = asyncio.ensure_future(dispatcher.send(Kind.CALL, "x"))
+    await asyncio.sleep(0)
+    dispatcher.close("Deployment app/d was deleted")
+    with pytest.raises(ReplicaUnavailableError, match="was deleted"):
+        await pending
