@@ -1,0 +1,198 @@
+"""HTTP overhead of app_toolkit against bare uvicorn, same route code, side by side.
+
+Starts ``uvicorn benchmarks.bench_app:fastapi_app`` (one process) and
+``app-toolkit run benchmarks.bench_app:app`` (embedded local Ray: proxy actor + replica
+actor), then loads both with wrk on 127.0.0.1, alternating, and prints per scenario
+req/s, p50 and p99 latency and the toolkit/uvicorn ratios (medians over rounds).
+
+    python benchmarks/http_overhead.py [--duration 10] [--rounds 2] [--replicas 1]
+
+Needs ``wrk`` (``make bench`` installs it). Ray Serve is not compared here: it is not
+a dependency; its figures on these machines are quoted in docs/benchmarks.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+DONE_HOOK = """
+done = function(summary, latency, requests)
+  local e = summary.errors
+  io.write(string.format(
+    "JSON {\\"requests\\": %d, \\"duration_us\\": %d, \\"p50_us\\": %d, \\"p99_us\\": %d, \\"errors\\": %d, \\"non2xx\\": %d}\\n",
+    summary.requests, summary.duration, latency:percentile(50), latency:percentile(99),
+    e.connect + e.read + e.write + e.timeout, e.status))
+end
+"""
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    path: str
+    connections: int
+    method: str = "GET"
+    body_bytes: int = 0
+
+
+SCENARIOS = [
+    Scenario("GET small JSON, c=1", "/small", 1),
+    Scenario("GET small JSON, c=32", "/small", 32),
+    Scenario("POST 1 KiB JSON echo, c=32", "/echo", 32, "POST", 1024),
+    Scenario("GET sleep(10 ms), c=128", "/sleep", 128),
+    Scenario("POST 1 MiB, c=8", "/upload", 8, "POST", 1 << 20),
+]
+
+
+@dataclass
+class Result:
+    rps: float
+    p50_ms: float
+    p99_ms: float
+    failures: int
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_ready(url: str, process: subprocess.Popen[bytes], timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"server exited with {process.returncode} before serving {url}")
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"{url} not ready after {timeout_s} s")
+
+
+def lua_script(scenario: Scenario, folder: Path) -> Path:
+    lines = [f'wrk.method = "{scenario.method}"']
+    if scenario.body_bytes:
+        if scenario.path == "/echo":
+            filler = "x" * (scenario.body_bytes - len('{"data": ""}'))
+            body = json.dumps({"data": filler})
+        else:
+            body = "x" * scenario.body_bytes
+        body_file = folder / f"{scenario.path.strip('/')}.body"
+        body_file.write_text(body)
+        lines += [
+            f'local f = io.open("{body_file}", "rb")',
+            "wrk.body = f:read('*all')",
+            "f:close()",
+            'wrk.headers["Content-Type"] = "application/json"',
+        ]
+    script = folder / f"{scenario.path.strip('/')}.lua"
+    script.write_text("\n".join(lines) + "\n" + DONE_HOOK)
+    return script
+
+
+def run_wrk(base: str, scenario: Scenario, script: Path, duration_s: int) -> Result:
+    command = ["wrk", "-t1", f"-c{scenario.connections}", f"-d{duration_s}s", "--timeout", "10s",
+               "-s", str(script), base + scenario.path]
+    output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
+    line = next(line for line in output.splitlines() if line.startswith("JSON "))
+    data = json.loads(line[5:])
+    return Result(
+        rps=data["requests"] / (data["duration_us"] / 1e6),
+        p50_ms=data["p50_us"] / 1000,
+        p99_ms=data["p99_us"] / 1000,
+        failures=data["errors"] + data["non2xx"],
+    )
+
+
+def median(results: list[Result]) -> Result:
+    return Result(
+        rps=statistics.median(r.rps for r in results),
+        p50_ms=statistics.median(r.p50_ms for r in results),
+        p99_ms=statistics.median(r.p99_ms for r in results),
+        failures=sum(r.failures for r in results),
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--duration", type=int, default=10, help="seconds per wrk run")
+    parser.add_argument("--rounds", type=int, default=2, help="runs per server and scenario")
+    parser.add_argument("--replicas", type=int, choices=(1, 2), default=1, help="ingress replicas")
+    parser.add_argument("--only", default="", help="run scenarios whose name contains this")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args()
+    if shutil.which("wrk") is None:
+        sys.exit("wrk is not installed: run `make bench` (it installs it) or `apt-get install wrk`")
+
+    env = dict(os.environ, PYTHONPATH=str(ROOT), RAY_USAGE_STATS_ENABLED="0")
+    env.pop("RAY_ADDRESS", None)
+    uvicorn_port, toolkit_port = free_port(), free_port()
+    servers = {
+        "uvicorn": subprocess.Popen(
+            [str(BIN / "uvicorn"), "benchmarks.bench_app:fastapi_app", "--host", "127.0.0.1",
+             "--port", str(uvicorn_port), "--log-level", "warning", "--no-access-log"],
+            cwd=ROOT, env=env),
+        "toolkit": subprocess.Popen(
+            [str(BIN / "app-toolkit"), "run", f"benchmarks.bench_app:{'app2' if args.replicas == 2 else 'app'}",
+             "--port", str(toolkit_port)],
+            cwd=ROOT, env=env, stdout=subprocess.DEVNULL),
+    }
+    bases = {"uvicorn": f"http://127.0.0.1:{uvicorn_port}", "toolkit": f"http://127.0.0.1:{toolkit_port}"}
+    rows = []
+    try:
+        for name, process in servers.items():
+            wait_ready(bases[name] + "/small", process, timeout_s=180)
+        with tempfile.TemporaryDirectory() as folder:
+            for scenario in SCENARIOS:
+                if args.only and args.only not in scenario.name:
+                    continue
+                script = lua_script(scenario, Path(folder))
+                runs: dict[str, list[Result]] = {"uvicorn": [], "toolkit": []}
+                for name in runs:  # warm up both
+                    run_wrk(bases[name], scenario, script, 2)
+                for _ in range(args.rounds):
+                    for name in runs:
+                        runs[name].append(run_wrk(bases[name], scenario, script, args.duration))
+                bare, ours = median(runs["uvicorn"]), median(runs["toolkit"])
+                rows.append((scenario, bare, ours))
+                print(f"{scenario.name:28} uvicorn {bare.rps:8.0f} req/s p50 {bare.p50_ms:6.2f} ms "
+                      f"p99 {bare.p99_ms:7.2f} ms | toolkit {ours.rps:8.0f} req/s p50 {ours.p50_ms:6.2f} ms "
+                      f"p99 {ours.p99_ms:7.2f} ms | ratio {ours.rps / bare.rps:4.2f}x, "
+                      f"p50 {ours.p50_ms - bare.p50_ms:+.2f} ms, failures {bare.failures}/{ours.failures}",
+                      flush=True)
+    finally:
+        servers["toolkit"].send_signal(signal.SIGINT)
+        servers["uvicorn"].terminate()
+        for process in servers.values():
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+    if args.json:
+        args.json.write_text(json.dumps([
+            {"scenario": s.name, "uvicorn": vars(b), "toolkit": vars(o), "ratio": o.rps / b.rps}
+            for s, b, o in rows], indent=2))
+
+
+if __name__ == "__main__":
+    main()
