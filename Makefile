@@ -17,6 +17,7 @@ run: $(STAMP)
 	$(VENV)/bin/app-toolkit run examples.demo:app
 
 test: $(STAMP)
+	$(VENV)/bin/mypy
 	$(PY) -m pytest
 	$(VENV)/bin/mkdocs build --strict --site-dir .site
 

@@ -92,7 +92,7 @@ def deployment(
             raise ConfigError("@deployment was applied twice; use .options(...) to change options")
         if not (inspect.isclass(target) or callable(target)):
             raise ConfigError(f"@deployment needs a class or function, got {type(target).__name__}")
-        return Deployment(target, name or getattr(target, "__name__", "deployment"), options)
+        return Deployment(target, name or str(getattr(target, "__name__", "deployment")), options)
 
     if _func_or_class is not None:
         return wrap(_func_or_class)

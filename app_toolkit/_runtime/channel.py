@@ -20,6 +20,7 @@ import struct
 from enum import IntEnum
 from typing import Any, Callable, Protocol
 
+from app_toolkit._runtime.messages import HTTPRequest, HTTPResponse
 from app_toolkit.exceptions import ReplicaUnavailableError
 
 logger = logging.getLogger("app_toolkit.channel")
@@ -53,21 +54,41 @@ def _plain_dumps(value: Any) -> bytes:
     return pickle.dumps(value, _PICKLE_PROTOCOL)
 
 
-def encode(kind: Kind, message: Any, dumps: Dumps) -> bytes:
-    """Serialize one message for its frame kind."""
+_HEAD_LENGTH = struct.Struct("!I")
+
+
+def encode(kind: Kind, message: Any, dumps: Dumps) -> list[bytes]:
+    """Serialize one message for its frame kind, as the parts of one frame.
+
+    HTTP requests and complete responses travel as a small pickled head followed by the
+    raw body, so a large body is never copied into a pickle.
+    """
     if kind is Kind.BODY:
-        return bytes(message)
+        return [bytes(message)]
     if kind in (Kind.END, Kind.REJECTED, Kind.CANCEL):
-        return b""
+        return []
+    if kind is Kind.HTTP:
+        head = _plain_dumps((message.request_id, message.scope))
+        return [_HEAD_LENGTH.pack(len(head)) + head, message.body]
+    if kind is Kind.RESPONSE:
+        head = _plain_dumps((message.status, message.headers))
+        return [_HEAD_LENGTH.pack(len(head)) + head, message.body]
     if kind in (Kind.CALL, Kind.RESULT):
-        return dumps(message)
-    return _plain_dumps(message)
+        return [dumps(message)]
+    return [_plain_dumps(message)]
 
 
-def decode(kind: Kind, payload: bytes) -> Any:
-    """Inverse of :func:`encode`."""
+def decode(kind: Kind, payload: memoryview) -> Any:
+    """Inverse of :func:`encode`; copies what it keeps out of ``payload``."""
     if kind is Kind.BODY:
-        return payload
+        return payload.tobytes()
+    if kind is Kind.HTTP or kind is Kind.RESPONSE:
+        (length,) = _HEAD_LENGTH.unpack_from(payload)
+        head = pickle.loads(payload[4 : 4 + length])
+        body = payload[4 + length :].tobytes()
+        if kind is Kind.HTTP:
+            return HTTPRequest(head[0], head[1], body)
+        return HTTPResponse(head[0], head[1], body)
     if not payload:
         return None
     return pickle.loads(payload)
@@ -89,7 +110,7 @@ class FrameProtocol(asyncio.Protocol):
         self.transport = transport  # type: ignore[assignment]
         transport.set_write_buffer_limits(high=_HIGH_WATER)  # type: ignore[attr-defined]
 
-    def on_frame(self, kind: Kind, number: int, payload: bytes) -> None:
+    def on_frame(self, kind: Kind, number: int, payload: memoryview) -> None:
         raise NotImplementedError
 
     def on_lost(self) -> None:
@@ -98,37 +119,37 @@ class FrameProtocol(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         buffer = self._buffer
         buffer += data
-        offset = 0
         size = len(buffer)
-        frames = []
-        while size - offset >= HEADER.size:
-            length, number, kind = HEADER.unpack_from(buffer, offset)
-            end = offset + HEADER.size + length
-            if end > size:
-                break
-            frames.append((kind, number, bytes(buffer[offset + HEADER.size : end])))
-            offset = end
+        offset = 0
+        # Frames are handed over as views into the buffer, valid only during on_frame:
+        # decode() copies what it keeps, so a large body is copied once, not three times.
+        with memoryview(buffer) as view:
+            while size - offset >= HEADER.size:
+                length, number, kind = HEADER.unpack_from(view, offset)
+                end = offset + HEADER.size + length
+                if end > size:
+                    break
+                try:
+                    self.on_frame(Kind(kind), number, view[offset + HEADER.size : end])
+                except Exception:
+                    logger.exception("Dropping a malformed frame; closing the connection")
+                    self.close()
+                    return
+                offset = end
         if offset:
             del buffer[:offset]
-        for kind, number, payload in frames:
-            try:
-                self.on_frame(Kind(kind), number, payload)
-            except Exception:
-                logger.exception("Dropping a malformed frame; closing the connection")
-                self.close()
-                return
 
-    def send(self, kind: Kind, number: int, payload: bytes) -> None:
+    def send(self, kind: Kind, number: int, parts: list[bytes]) -> None:
         if self.closed or self.transport is None:
             return
-        if len(payload) >= _MAX_FRAME:
-            raise ValueError(f"Message of {len(payload)} bytes is larger than a frame (2 GiB)")
-        header = HEADER.pack(len(payload), number, kind)
-        if len(payload) < 65536:
-            self.transport.write(header + payload)
+        length = sum(len(part) for part in parts)
+        if length >= _MAX_FRAME:
+            raise ValueError(f"Message of {length} bytes is larger than a frame (2 GiB)")
+        header = HEADER.pack(length, number, kind)
+        if length < 65536:
+            self.transport.write(header + b"".join(parts))
         else:
-            self.transport.write(header)
-            self.transport.write(payload)
+            self.transport.writelines([header, *parts])
 
     async def drain(self) -> None:
         if self._paused and not self.closed:
@@ -201,7 +222,7 @@ class _ServerConnection(FrameProtocol):
         self.authenticated = False
         self.tasks: dict[int, asyncio.Task[None]] = {}
 
-    def on_frame(self, kind: Kind, number: int, payload: bytes) -> None:
+    def on_frame(self, kind: Kind, number: int, payload: memoryview) -> None:
         if not self.authenticated:
             if kind is Kind.HELLO and hmac.compare_digest(payload, self.token):
                 self.authenticated = True
@@ -215,14 +236,18 @@ class _ServerConnection(FrameProtocol):
                 task.cancel()
             return
         if not self.handler.admit():
-            self.send(Kind.REJECTED, number, b"")
+            self.send(Kind.REJECTED, number, [])
             return
         message = decode(kind, payload)
         task = asyncio.get_running_loop().create_task(
             self.handler.serve(kind, message, _ServerSink(self, number))
         )
         self.tasks[number] = task
-        task.add_done_callback(lambda _t, n=number: self.tasks.pop(n, None))
+
+        def forget(_task: asyncio.Task[None]) -> None:
+            self.tasks.pop(number, None)
+
+        task.add_done_callback(forget)
 
     def on_lost(self) -> None:
         for task in list(self.tasks.values()):
@@ -287,7 +312,7 @@ class _ClientConnection(FrameProtocol):
         super().__init__()
         self.pending: dict[int, Exchange] = {}
 
-    def on_frame(self, kind: Kind, number: int, payload: bytes) -> None:
+    def on_frame(self, kind: Kind, number: int, payload: memoryview) -> None:
         exchange = self.pending.get(number)
         if exchange is None:
             return
@@ -335,7 +360,7 @@ class ChannelClient:
             raise ReplicaUnavailableError(
                 f"Cannot reach replica at {self.host}:{self.port}: {exc}"
             ) from None
-        conn.send(Kind.HELLO, 0, self.token)
+        conn.send(Kind.HELLO, 0, [self.token])
         self._conn = conn
         return conn
 
@@ -346,15 +371,15 @@ class ChannelClient:
             raise ReplicaUnavailableError(f"Connection to {self.host}:{self.port} closed")
         self._next += 1
         number = self._next
-        payload = encode(kind, message, self.dumps)
+        parts = encode(kind, message, self.dumps)
 
         def cancel() -> None:
             if conn.pending.pop(number, None) is not None:
-                conn.send(Kind.CANCEL, number, b"")
+                conn.send(Kind.CANCEL, number, [])
 
         exchange = Exchange(cancel)
         conn.pending[number] = exchange
-        conn.send(kind, number, payload)
+        conn.send(kind, number, parts)
         await conn.drain()
         return exchange
 

@@ -60,6 +60,10 @@ class Dispatcher:
         self._connect = connect
         self._chooser = ReplicaChooser()
         self._clients: dict[str, ReplicaClient] = {}
+        # Requests in flight per replica, and clients of replicas that left the table but
+        # still finish requests (a draining replica): closed after their last reply.
+        self._active: dict[str, int] = {}
+        self._retiring: dict[str, ReplicaClient] = {}
         self._waiters: collections.deque[asyncio.Future[ReplicaInfo]] = collections.deque()
         # Unknown until the first table arrives: queue meanwhile rather than reject.
         self.max_queued_requests = -1
@@ -76,16 +80,15 @@ class Dispatcher:
         live = {info.replica_id for info in replicas}
         for replica_id in list(self._clients):
             if replica_id not in live:
-                self._clients.pop(replica_id).close()
+                self._retire(replica_id)
         self._wake()
 
     def close(self, reason: str) -> None:
         """The deployment is gone: fail everything that waits for it."""
         self._closed_reason = reason
         self._chooser.set_replicas([])
-        for client in self._clients.values():
-            client.close()
-        self._clients.clear()
+        for replica_id in list(self._clients):
+            self._retire(replica_id)
         while self._waiters:
             waiter = self._waiters.popleft()
             if not waiter.done():
@@ -109,10 +112,12 @@ class Dispatcher:
             client = self._clients.get(info.replica_id)
             if client is None:
                 client = self._clients[info.replica_id] = self._connect(info)
+            self._active[info.replica_id] = self._active.get(info.replica_id, 0) + 1
             try:
                 exchange = await client.open(kind, message)
             except ReplicaUnavailableError:
                 self._lost(info.replica_id)
+                self._release(info.replica_id)
                 failures += 1
                 if failures >= _MAX_DELIVERY_FAILURES:
                     raise
@@ -132,6 +137,7 @@ class Dispatcher:
                 continue
             if first_kind is Kind.LOST:
                 self._lost(info.replica_id)
+                self._release(info.replica_id)
                 raise ReplicaUnavailableError(
                     f"Replica {info.replica_id} of {self.deployment} was lost while serving the request"
                 )
@@ -159,7 +165,25 @@ class Dispatcher:
 
     def _release(self, replica_id: str) -> None:
         self._chooser.release(replica_id)
+        active = self._active.get(replica_id, 0) - 1
+        if active > 0:
+            self._active[replica_id] = active
+        else:
+            self._active.pop(replica_id, None)
+            retired = self._retiring.pop(replica_id, None)
+            if retired is not None:
+                retired.close()
         self._wake()
+
+    def _retire(self, replica_id: str) -> None:
+        """The replica left the table: close its connection once nothing uses it."""
+        client = self._clients.pop(replica_id, None)
+        if client is None:
+            return
+        if self._active.get(replica_id, 0) > 0:
+            self._retiring[replica_id] = client
+        else:
+            client.close()
 
     def _lost(self, replica_id: str) -> None:
         self._chooser.remove(replica_id)

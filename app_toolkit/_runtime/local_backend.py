@@ -97,7 +97,12 @@ class LocalReplicaClient:
         if core is None:
             raise ReplicaUnavailableError(f"Replica {self._replica_id} is not running")
         tasks: list[asyncio.Task[None]] = []
-        exchange = Exchange(lambda: [task.cancel() for task in tasks] and None)
+
+        def cancel() -> None:
+            for task in tasks:
+                task.cancel()
+
+        exchange = Exchange(cancel)
         if not core.admit():
             exchange.push(Kind.REJECTED, None)
             return exchange
@@ -151,13 +156,13 @@ class LocalSession(Session):
         async def read() -> ServeStatus:
             return self.core.status()
 
-        return self._loop.run(read())  # type: ignore[no-any-return]
+        return self._loop.run(read())
 
     def app_gone(self, name: str) -> bool:
         async def read() -> bool:
             return not self.core.app_exists(name)
 
-        return self._loop.run(read())  # type: ignore[no-any-return]
+        return self._loop.run(read())
 
     def start_http(self, host: str, port: int) -> int:
         """Serve the proxy with uvicorn on this session's loop; returns the bound port."""
@@ -175,7 +180,7 @@ class LocalSession(Session):
             sockets = self._server.servers[0].sockets
             return int(sockets[0].getsockname()[1])
 
-        return self._loop.run(start())  # type: ignore[no-any-return]
+        return self._loop.run(start())
 
     def shutdown(self) -> None:
         async def stop() -> None:

@@ -44,22 +44,24 @@ logger = logging.getLogger("app_toolkit.ray")
 # ------------------------------------------------------------------------------- codec
 
 
-class _Pickler(cloudpickle.Pickler):  # type: ignore[misc]
+class _Pickler(cloudpickle.Pickler):
     """cloudpickle, plus fresh locks and Starlette ``State`` (FastAPI apps hold both)."""
 
     def reducer_override(self, obj: Any) -> Any:
-        if type(obj) in _LOCK_TYPES:
-            return (type(obj) is _LOCK_TYPES[0] and threading.Lock or threading.RLock, ())
+        if type(obj) is _LOCK_TYPES[0]:
+            return (threading.Lock, ())
+        if type(obj) is _LOCK_TYPES[1]:
+            return (threading.RLock, ())
         if type(obj) is State:
             return (State, (dict(obj._state),))
-        return super().reducer_override(obj)
+        return super().reducer_override(obj)  # type: ignore[no-untyped-call]
 
 
 def dumps(value: Any) -> bytes:
     """Serialize user code and data (by value where it is not importable)."""
     buffer = io.BytesIO()
     try:
-        _Pickler(buffer, protocol=5).dump(value)
+        _Pickler(buffer, protocol=5).dump(value)  # type: ignore[no-untyped-call]
     except Exception as exc:
         raise ConfigError(
             f"Cannot serialize {type(value).__name__} to send it to replicas: {exc}. Keep "
@@ -75,7 +77,7 @@ def _node_address() -> str:
     even when the node itself listens on loopback only.
     """
     node_id = ray.get_runtime_context().get_node_id()
-    for node in ray.nodes():
+    for node in ray.nodes():  # type: ignore[no-untyped-call]
         if node["NodeID"] == node_id:
             return str(node["NodeManagerAddress"])
     raise RuntimeError(f"This Ray node ({node_id}) is not in the cluster's node table")
@@ -87,8 +89,15 @@ def _configure_worker_logging() -> None:
 
 # ------------------------------------------------------------------------------- actors
 
+#: Every toolkit actor: no CPU reserved (control and I/O), many concurrent calls.
+_ACTOR_DEFAULTS: dict[str, Any] = {"num_cpus": 0, "max_concurrency": 10_000}
 
-@ray.remote(num_cpus=0, max_concurrency=10_000)
+
+def _remote(cls: type, **options: Any) -> Any:
+    """``cls`` as a Ray actor class with the toolkit's defaults and ``options``."""
+    return ray.remote(cls).options(**{**_ACTOR_DEFAULTS, **options})
+
+
 class ReplicaActor:
     """Hosts one ``ReplicaCore`` and its channel server."""
 
@@ -121,7 +130,6 @@ class ReplicaActor:
             self._server.close()
 
 
-@ray.remote(num_cpus=0, max_concurrency=10_000)
 class ProxyActor:
     """Runs the proxy ASGI app under uvicorn on this node."""
 
@@ -164,7 +172,7 @@ class _RayReplicas:
             actor_options["memory"] = options.memory
         if options.runtime_env is not None:
             actor_options["runtime_env"] = options.runtime_env
-        actor = ReplicaActor.options(**actor_options).remote(
+        actor = _remote(ReplicaActor, **actor_options).remote(
             replica_id, spec.id, spec.config, spec.definition, spec.init_args)
         try:
             return await actor.initialize.remote(), actor
@@ -200,7 +208,6 @@ class _RayReplicas:
         return data if data else None
 
 
-@ray.remote(num_cpus=0, max_concurrency=10_000)
 class ControllerActor:
     """The named, detached controller: wraps ``ControllerCore``."""
 
@@ -220,8 +227,8 @@ class ControllerActor:
             if not self._started:
                 await self.core.start()
                 node = ray.get_runtime_context().get_node_id()
-                self._proxy = ProxyActor.options(
-                    name=f"app_toolkit_proxy:{node}", namespace=NAMESPACE, lifetime="detached",
+                self._proxy = _remote(
+                    ProxyActor, name=f"app_toolkit_proxy:{node}", namespace=NAMESPACE, lifetime="detached",
                     get_if_exists=True,
                     scheduling_strategy=ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(node, soft=False),
                 ).remote(self.http.host, self.http.port)
@@ -230,7 +237,7 @@ class ControllerActor:
                 except RayTaskError as exc:
                     raise ConfigError(str(exc.cause or exc)) from None
                 self.core.proxies[node] = f"http://{self.http.host}:{port}"
-                self._port = port
+                self._port = int(port)
                 self._started = True
         return self._port
 
@@ -314,8 +321,8 @@ class RaySession(Session):
     def connect(cls, address: str | None = None, http: HTTPOptions | None = None) -> RaySession:
         """Join or start Ray, then find or start the controller and its proxy."""
         init_ray(address)
-        controller = ControllerActor.options(
-            name=CONTROLLER_NAME, namespace=NAMESPACE, lifetime="detached", max_restarts=-1,
+        controller = _remote(
+            ControllerActor, name=CONTROLLER_NAME, namespace=NAMESPACE, lifetime="detached", max_restarts=-1,
             get_if_exists=True,
         ).remote(http or HTTPOptions())
         running = ray.get(controller.http_options.remote())

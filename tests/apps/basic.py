@@ -6,6 +6,7 @@ import asyncio
 import os
 import uuid
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any, AsyncIterator
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
@@ -69,7 +70,9 @@ async def state(request: Request) -> dict[str, Any]:
 
 
 @router.get("/sleep")
-async def sleep(seconds: float = 1.0) -> dict[str, float]:
+async def sleep(seconds: float = 1.0, marker: str = "") -> dict[str, float]:
+    if marker:  # lets a test see that the request is running (replicas share the disk)
+        Path(marker).touch()
     await asyncio.sleep(seconds)
     return {"slept": seconds}
 

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import threading
+import time
+from pathlib import Path
+
+import httpx
 import pytest
 
 import app_toolkit as tk
@@ -44,3 +49,28 @@ def test_route_prefix_conflict_is_an_error(toolkit: Toolkit) -> None:
     toolkit.run(basic.make_app(), name=first, route_prefix="/same")
     with pytest.raises(tk.ConfigError, match=f"already used by application '{first}'"):
         toolkit.run(basic.make_app(), name=toolkit.name(), route_prefix="/same")
+
+
+def test_delete_drains_requests_in_flight(toolkit: Toolkit, tmp_path: Path) -> None:
+    name = toolkit.name()
+    toolkit.run(basic.make_app(), name=name, route_prefix="/drain")
+    started = tmp_path / "started"
+    results: list[int] = []
+
+    def slow_request() -> None:
+        response = httpx.get(toolkit.url + "/drain/sleep", timeout=30,
+                             params={"seconds": 1.5, "marker": str(started)})
+        results.append(response.status_code)
+
+    worker = threading.Thread(target=slow_request)
+    worker.start()
+    deadline = time.monotonic() + 20
+    while not started.exists():
+        assert time.monotonic() < deadline, "the request never started"
+        time.sleep(0.02)
+    # Delete while the request runs: the replica finishes it before stopping.
+    tk.delete(name)
+    worker.join(timeout=30)
+    assert results == [200]
+    with toolkit.client() as client:
+        assert client.get("/drain/items/1").status_code == 404

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from app_toolkit._runtime.channel import ChannelClient, Kind, ResponseSink, start_server
-from app_toolkit._runtime.messages import HTTPResponse
+from app_toolkit._runtime.messages import HTTPRequest, HTTPResponse, HTTPResponseStart
 from app_toolkit.exceptions import ReplicaUnavailableError
 
 pytestmark = pytest.mark.anyio
@@ -28,24 +28,28 @@ class Handler:
         self.running += 1
         return True
 
-    async def serve(self, kind: Kind, message: Any, sink: ResponseSink) -> None:
+    async def serve(self, kind: Kind, message: HTTPRequest, sink: ResponseSink) -> None:
         try:
-            if message == "stream":
-                sink.send(Kind.START, "head")
+            if message.body == b"stream":
+                sink.send(Kind.START, HTTPResponseStart(200, []))
                 for chunk in (b"a", b"b" * 200_000, b"c"):
                     sink.send(Kind.BODY, chunk)
                     await sink.drain()
                 sink.send(Kind.END, None)
-            elif message == "hang":
+            elif message.body == b"hang":
                 try:
                     await asyncio.sleep(60)
                 except asyncio.CancelledError:
                     self.cancelled.set()
                     raise
             else:
-                sink.send(Kind.RESPONSE, HTTPResponse(200, [(b"k", b"v")], message))
+                sink.send(Kind.RESPONSE, HTTPResponse(200, [(b"k", b"v")], message.body))
         finally:
             self.running -= 1
+
+
+def request(body: bytes) -> HTTPRequest:
+    return HTTPRequest("rid", {"type": "http", "path": "/"}, body)
 
 
 async def serve(handler: Handler) -> tuple[asyncio.Server, ChannelClient]:
@@ -57,7 +61,7 @@ async def test_unary_requests_are_multiplexed_on_one_connection() -> None:
     server, client = await serve(Handler())
     try:
         bodies = [b"x" * n for n in (0, 10, 70_000, 2_000_000)]
-        exchanges = [await client.open(Kind.HTTP, body) for body in bodies]
+        exchanges = [await client.open(Kind.HTTP, request(body)) for body in bodies]
         for body, exchange in zip(bodies, exchanges):
             kind, response = await exchange.recv()
             assert kind is Kind.RESPONSE and response.body == body
@@ -70,7 +74,7 @@ async def test_unary_requests_are_multiplexed_on_one_connection() -> None:
 async def test_streamed_response_arrives_in_order() -> None:
     server, client = await serve(Handler())
     try:
-        exchange = await client.open(Kind.HTTP, "stream")
+        exchange = await client.open(Kind.HTTP, request(b"stream"))
         frames = [await exchange.recv() for _ in range(5)]
         assert [kind for kind, _ in frames] == [Kind.START, Kind.BODY, Kind.BODY, Kind.BODY, Kind.END]
         assert b"".join(chunk for kind, chunk in frames if kind is Kind.BODY) == b"a" + b"b" * 200_000 + b"c"
@@ -83,7 +87,7 @@ async def test_cancel_reaches_the_server_task() -> None:
     handler = Handler()
     server, client = await serve(handler)
     try:
-        exchange = await client.open(Kind.HTTP, "hang")
+        exchange = await client.open(Kind.HTTP, request(b"hang"))
         await asyncio.sleep(0.05)
         exchange.cancel()
         await asyncio.wait_for(handler.cancelled.wait(), 5)
@@ -95,7 +99,7 @@ async def test_cancel_reaches_the_server_task() -> None:
 async def test_full_server_rejects() -> None:
     server, client = await serve(Handler(capacity=0))
     try:
-        exchange = await client.open(Kind.HTTP, b"x")
+        exchange = await client.open(Kind.HTTP, request(b"x"))
         assert (await exchange.recv())[0] is Kind.REJECTED
     finally:
         client.close()
@@ -106,7 +110,7 @@ async def test_wrong_token_is_refused() -> None:
     server, port = await start_server(Handler(), "127.0.0.1", TOKEN)
     client = ChannelClient("127.0.0.1", port, b"wrong-token-0000")
     try:
-        exchange = await client.open(Kind.HTTP, b"x")
+        exchange = await client.open(Kind.HTTP, request(b"x"))
         kind, _ = await asyncio.wait_for(exchange.recv(), 5)
         assert kind is Kind.LOST
     finally:
@@ -116,7 +120,7 @@ async def test_wrong_token_is_refused() -> None:
 
 async def test_connection_loss_ends_pending_requests() -> None:
     server, client = await serve(Handler())
-    exchange = await client.open(Kind.HTTP, "hang")
+    exchange = await client.open(Kind.HTTP, request(b"hang"))
     await asyncio.sleep(0.05)
     # The connection drops (replica process killed): the caller is told, not left hanging.
     client._conn.transport.abort()  # type: ignore[union-attr]
@@ -132,4 +136,4 @@ async def test_unreachable_replica_raises() -> None:
     await server.wait_closed()
     client = ChannelClient("127.0.0.1", port, TOKEN)
     with pytest.raises(ReplicaUnavailableError, match="Cannot reach replica"):
-        await client.open(Kind.HTTP, b"x")
+        await client.open(Kind.HTTP, request(b"x"))

@@ -29,6 +29,7 @@ class FakeReplica:
         self.behaviour = behaviour
         self.received: list[Any] = []
         self.cancelled = 0
+        self.closed = False
 
     async def open(self, kind: Kind, message: Any) -> Exchange:
         def cancel() -> None:
@@ -40,7 +41,7 @@ class FakeReplica:
         return exchange
 
     def close(self) -> None:
-        pass
+        self.closed = True
 
 
 def answer(exchange: Exchange, message: Any) -> None:
@@ -136,3 +137,13 @@ async def test_closing_fails_waiters_instead_of_hanging() -> None:
     dispatcher.close("Deployment app/d was deleted")
     with pytest.raises(ReplicaUnavailableError, match="was deleted"):
         await pending
+
+
+async def test_a_replica_leaving_the_table_keeps_its_connection_until_replies_end() -> None:
+    leaving = FakeReplica("a", answer)
+    dispatcher = make({"a": leaving}, max_queued=5)
+    in_flight = await dispatcher.send(Kind.CALL, "long")
+    dispatcher.close("Deployment app/d was deleted")  # e.g. the app is being deleted
+    assert not leaving.closed  # the draining replica still owes this reply
+    in_flight.release()
+    assert leaving.closed
