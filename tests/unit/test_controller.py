@@ -1,0 +1,185 @@
+"""The controller's reconcile logic against a fake backend (no Ray, no sockets)."""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+from typing import Any, Callable
+
+import pytest
+
+from app_toolkit._runtime.controller import MAX_START_FAILURES, ControllerCore
+from app_toolkit._runtime.longpoll import ROUTES_KEY, replicas_key
+from app_toolkit._runtime.messages import AppSpec, DeploymentID, DeploymentSpec, ReplicaInfo
+from app_toolkit.config import DeploymentConfig
+from app_toolkit.exceptions import ConfigError, DeployError, ReplicaUnavailableError
+from app_toolkit.status import ApplicationStatus, DeploymentStatus
+
+pytestmark = pytest.mark.anyio
+
+
+class FakeBackend:
+    def __init__(self) -> None:
+        self.running: dict[str, str] = {}  # replica id -> code version
+        self.started = 0
+        self.fail_versions: set[str] = set()
+        self.unhealthy: set[str] = set()
+        self.checkpoints: list[bytes] = []
+        self.on_checkpoint: Callable[[], None] = lambda: None
+
+    async def start_replica(self, replica_id: str, spec: DeploymentSpec) -> tuple[ReplicaInfo, Any]:
+        await asyncio.sleep(0)
+        self.started += 1
+        if spec.code_version in self.fail_versions:
+            raise DeployError(f"ValueError: version {spec.code_version} is broken")
+        self.running[replica_id] = spec.code_version
+        info = ReplicaInfo(replica_id, spec.id, "127.0.0.1", 1, b"t", spec.config.max_ongoing_requests)
+        return info, replica_id
+
+    async def stop_replica(self, handle: Any, graceful: bool) -> None:
+        self.running.pop(handle, None)
+
+    async def check_health(self, handle: Any, timeout_s: float) -> None:
+        if handle in self.unhealthy:
+            raise ReplicaUnavailableError("gone")
+
+    async def save_checkpoint(self, data: bytes) -> None:
+        self.on_checkpoint()
+        self.checkpoints.append(data)
+
+    async def load_checkpoint(self) -> bytes | None:
+        return self.checkpoints[-1] if self.checkpoints else None
+
+
+def app(name: str = "a", version: str = "v1", replicas: int = 2, prefix: str | None = "/a",
+        **options: Any) -> AppSpec:
+    config = DeploymentConfig(num_replicas=replicas, health_check_period_s=0.01, **options)
+    spec = DeploymentSpec(DeploymentID(name, "D"), b"def", b"args", config, True, version)
+    return AppSpec(name, prefix, "D", (spec,))
+
+
+async def until(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while not condition():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached"
+        await asyncio.sleep(0.005)
+
+
+async def started(backend: FakeBackend) -> ControllerCore:
+    core = ControllerCore(backend)
+    await core.start()
+    return core
+
+
+async def test_deploy_checkpoints_before_acknowledging_then_reaches_running() -> None:
+    backend = FakeBackend()
+    core = await started(backend)
+    seen_apps: list[list[str]] = []
+    backend.on_checkpoint = lambda: seen_apps.append(list(core.apps))
+    await core.deploy_app(app())
+    assert seen_apps == [["a"]] and "a" in pickle.loads(backend.checkpoints[-1])
+    await until(lambda: core.status().applications["a"].status is ApplicationStatus.RUNNING)
+    table, max_queued = core.longpoll.get(replicas_key(DeploymentID("a", "D")))
+    assert len(table) == 2 and max_queued == 1000
+    assert [r.route_prefix for r in core.longpoll.get(ROUTES_KEY)] == ["/a"]
+    await core.stop()
+
+
+async def test_failing_starts_are_retried_then_deploy_failed_with_the_message() -> None:
+    backend = FakeBackend()
+    backend.fail_versions.add("bad")
+    core = await started(backend)
+    await core.deploy_app(app(version="bad"))
+    await until(lambda: core.status().applications["a"].status is ApplicationStatus.DEPLOY_FAILED)
+    deployment = core.status().applications["a"].deployments["D"]
+    assert "version bad is broken" in deployment.message
+    attempts = backend.started
+    # Starts run two at a time (2 replicas), so one more may already be under way when
+    # the last allowed failure lands; after that, nothing more is tried.
+    assert MAX_START_FAILURES <= attempts <= MAX_START_FAILURES + 1
+    for _ in range(20):
+        await asyncio.sleep(0.005)
+    assert backend.started == attempts
+    await core.stop()
+
+
+async def test_new_version_replaces_old_only_once_it_runs() -> None:
+    backend = FakeBackend()
+    core = await started(backend)
+    await core.deploy_app(app(version="v1"))
+    await until(lambda: sorted(backend.running.values()) == ["v1", "v1"])
+    await core.deploy_app(app(version="v2"))
+    await until(lambda: sorted(backend.running.values()) == ["v2", "v2"])
+    assert core.status().applications["a"].deployments["D"].status is DeploymentStatus.HEALTHY
+    await core.stop()
+
+
+async def test_failed_rollout_keeps_the_old_replicas_serving() -> None:
+    backend = FakeBackend()
+    core = await started(backend)
+    await core.deploy_app(app(version="v1"))
+    await until(lambda: len(backend.running) == 2)
+    backend.fail_versions.add("v2")
+    await core.deploy_app(app(version="v2"))
+    await until(lambda: core.status().applications["a"].status is ApplicationStatus.DEPLOY_FAILED)
+    assert sorted(backend.running.values()) == ["v1", "v1"]
+    table, _ = core.longpoll.get(replicas_key(DeploymentID("a", "D")))
+    assert len(table) == 2
+    await core.stop()
+
+
+async def test_dead_replica_is_replaced_and_scaling_follows_num_replicas() -> None:
+    backend = FakeBackend()
+    core = await started(backend)
+    await core.deploy_app(app(replicas=2))
+    await until(lambda: len(backend.running) == 2)
+    victim = sorted(backend.running)[0]
+    backend.unhealthy.add(victim)
+    await until(lambda: victim not in backend.running and len(backend.running) == 2)
+    await core.deploy_app(app(replicas=3))  # same version: scale out, no restart
+    await until(lambda: len(backend.running) == 3)
+    assert backend.started == 4
+    await core.stop()
+
+
+async def test_delete_stops_replicas_and_closes_tables() -> None:
+    backend = FakeBackend()
+    core = await started(backend)
+    await core.deploy_app(app())
+    await until(lambda: len(backend.running) == 2)
+    await core.delete_app("a")
+    assert core.longpoll.get(ROUTES_KEY) == ()
+    assert core.longpoll.get(replicas_key(DeploymentID("a", "D"))) is None
+    await until(lambda: not backend.running and not core.app_exists("a"))
+    await core.stop()
+
+
+async def test_route_prefix_conflicts_and_restart_from_checkpoint() -> None:
+    backend = FakeBackend()
+    core = await started(backend)
+    await core.deploy_app(app("a", prefix="/x"))
+    with pytest.raises(ConfigError, match="already used by application 'a'"):
+        await core.deploy_app(app("b", prefix="/x"))
+    await core.stop()
+    restarted = await started(backend)  # a new controller reads the checkpoint
+    assert list(restarted.apps) == ["a"]
+    await restarted.stop()
+
+
+async def test_the_loop_survives_a_failing_step() -> None:
+    backend = FakeBackend()
+    core = await started(backend)
+    original = core._scale
+    calls = 0
+
+    def flaky(state: Any) -> None:
+        nonlocal calls
+        calls += 1
+        if calls <= 2:
+            raise RuntimeError("bug in a step")
+        original(state)
+
+    core._scale = flaky  # type: ignore[method-assign]
+    await core.deploy_app(app())
+    await until(lambda: len(backend.running) == 2)
+    await core.stop()
