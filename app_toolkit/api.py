@@ -35,6 +35,7 @@ def start(
 ) -> Session:
     """Start (or join) the toolkit: controller and HTTP proxy.
 
+    ``backend="auto"`` uses the backend already running in this process, else Ray.
     ``backend="ray"`` joins ``address`` (``"auto"``, ``ray://…``, or RAY_ADDRESS) or starts
     an embedded local Ray; ``backend="local"`` runs everything in this process.
     """
@@ -42,7 +43,8 @@ def start(
     name = resolve_backend_name(backend)
     session = current_session(create=False)
     if session is not None:
-        if session.backend_name != name:
+        # "auto" means whatever already runs in this process; a named backend must match.
+        if backend != "auto" and session.backend_name != name:
             raise ConfigError(
                 f"The {session.backend_name!r} backend is already running in this process; "
                 "call shutdown() before starting another backend"

@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 import ray
 
 from tests.apps import basic
@@ -25,10 +26,12 @@ def cli_env() -> dict[str, str]:
     return env
 
 
-def test_run_serves_the_demo_and_stops_on_ctrl_c(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("extra", "stop"), [([], signal.SIGINT), (["--local"], signal.SIGTERM)],
+                         ids=["ray-ctrl-c", "local-sigterm"])
+def test_run_serves_the_demo_and_stops_cleanly(tmp_path: Path, extra: list[str], stop: int) -> None:
     port = free_port()
     log = (tmp_path / "cli.log").open("w+")
-    process = subprocess.Popen([*CLI, "run", "examples.demo:app", "--port", str(port)],
+    process = subprocess.Popen([*CLI, "run", "examples.demo:app", "--port", str(port), *extra],
                                cwd=ROOT, env=cli_env(), stdout=log, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.monotonic() + 120
@@ -42,7 +45,7 @@ def test_run_serves_the_demo_and_stops_on_ctrl_c(tmp_path: Path) -> None:
         assert f"at http://127.0.0.1:{port}/" in output, output
         response = httpx.get(f"http://127.0.0.1:{port}/hello/cli", timeout=30)
         assert response.json() == {"message": "Hello, cli!"}
-        process.send_signal(signal.SIGINT)
+        process.send_signal(stop)
         assert process.wait(timeout=120) == 0
         log.seek(0)
         assert "shutting down" in log.read()
