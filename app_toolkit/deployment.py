@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import inspect
+import logging
 from typing import Any, Callable, TypeVar, overload
 
 from app_toolkit.config import DeploymentConfig, parse_deployment_config
 from app_toolkit.exceptions import ConfigError
 
 T = TypeVar("T")
+logger = logging.getLogger("app_toolkit")
 
 
 class Deployment:
@@ -23,6 +25,7 @@ class Deployment:
         self.name = name
         self._options = dict(options)
         self.config: DeploymentConfig = parse_deployment_config(options, f"options of deployment {name!r}")
+        _warn_about_unfillable_batches(func_or_class, name, self.config)
 
     def options(self, *, name: str | None = None, **options: Any) -> Deployment:
         """A copy with some options changed (the others are kept)."""
@@ -45,6 +48,21 @@ class Deployment:
 
     def __repr__(self) -> str:
         return f"Deployment(name={self.name!r})"
+
+
+def _warn_about_unfillable_batches(target: Any, name: str, config: DeploymentConfig) -> None:
+    if not inspect.isclass(target):
+        return
+    from app_toolkit.batching import batched_methods
+
+    for method, batch in batched_methods(target).items():
+        wanted = batch.max_batch_size * batch.max_concurrent_batches
+        if wanted > config.max_ongoing_requests:
+            logger.warning(
+                "%s.%s: max_batch_size * max_concurrent_batches = %d but max_ongoing_requests "
+                "is %d, so its batches can never fill; raise max_ongoing_requests to at least %d",
+                name, method, wanted, config.max_ongoing_requests, wanted,
+            )
 
 
 class Application:

@@ -101,6 +101,14 @@ def toolkit(request: pytest.FixtureRequest) -> Iterator[Toolkit]:
 
 
 @pytest.fixture
+def no_backend() -> Iterator[None]:
+    """For tests that bring their own backend (TestClient): stop the shared one first."""
+    if current_session(create=False) is not None:
+        tk.shutdown()
+    yield
+
+
+@pytest.fixture
 def ray_toolkit() -> Iterator[Toolkit]:
     """The toolkit on Ray only (actor death, CLI against the cluster, resources)."""
     kit = _ensure_backend("ray")

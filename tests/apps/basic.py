@@ -237,3 +237,17 @@ class Plain:
 def plain_text(request: Request) -> str:
     return "plain " + request.query_params.get("who", "")
 # --8<-- [end:plain]
+
+
+# ----------------------------------------------------------------- batching
+
+
+@tk.deployment(max_ongoing_requests=32, user_config={"max_batch_size": 8})
+class BatchedSquare:
+    def reconfigure(self, config: dict[str, int]) -> None:
+        self.square.set_max_batch_size(config["max_batch_size"])
+
+    @tk.batch(max_batch_size=4, batch_wait_timeout_s=0.05)
+    async def square(self, xs: list[int]) -> list[Any]:
+        return [ValueError(f"{x} is negative") if x < 0 else {"square": x * x, "batch": len(xs)}
+                for x in xs]

@@ -1,0 +1,463 @@
+"""``@batch``: callers pass one item, the function gets a list (queue #3 of the design).
+
+A batch runs when it is full (``max_batch_size``) or when ``batch_wait_timeout_s`` has
+passed since its first item, so a lone request waits at most that long. Up to
+``max_concurrent_batches`` batches of one replica run at once; while all run, new items
+keep collecting. Each caller gets its own result: an exception instance in its slot fails
+only that caller, an exception raised by the function fails the whole batch, and the
+batcher keeps going either way. A caller that is cancelled before its batch starts is
+removed from it and never cancels anyone else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import functools
+import inspect
+import logging
+from dataclasses import dataclass, field
+from typing import (
+    Any,
+    AsyncIterator,
+    Awaitable,
+    Callable,
+    Coroutine,
+    Generic,
+    Protocol,
+    TypeVar,
+    overload,
+)
+
+from app_toolkit import metrics
+from app_toolkit.config import BatchConfig, parse_batch_config
+from app_toolkit.exceptions import ConfigError
+
+logger = logging.getLogger("app_toolkit.batching")
+
+T = TypeVar("T")
+R = TypeVar("R")
+S = TypeVar("S")
+T_contra = TypeVar("T_contra", contravariant=True)
+R_co = TypeVar("R_co", covariant=True)
+
+# ----------------------------------------------------------------------------- pure queue
+
+
+@dataclass(eq=False)
+class Pending:
+    """One caller's item waiting for (or inside) a batch."""
+
+    value: Any
+    enqueued_at: float
+    size: int = 1
+    started: bool = False
+    cancelled: bool = False
+    future: asyncio.Future[Any] | None = None
+    stream: asyncio.Queue[tuple[str, Any]] | None = None
+    batch_task: asyncio.Task[None] | None = None
+    finished: bool = False
+
+
+@dataclass
+class BatchQueue:
+    """When to flush and what to take; no I/O and no clock of its own (callers pass now)."""
+
+    max_batch_size: int
+    batch_wait_timeout_s: float
+    items: collections.deque[Pending] = field(default_factory=collections.deque)
+
+    def add(self, pending: Pending) -> None:
+        self.items.append(pending)
+
+    def remove(self, pending: Pending) -> None:
+        try:
+            self.items.remove(pending)
+        except ValueError:
+            pass
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def flush_at(self) -> float | None:
+        """When the oldest item's wait runs out (None if empty)."""
+        if not self.items:
+            return None
+        return self.items[0].enqueued_at + self.batch_wait_timeout_s
+
+    def is_full(self) -> bool:
+        return sum(item.size for item in self.items) >= self.max_batch_size
+
+    def ready(self, now: float) -> bool:
+        flush_at = self.flush_at()
+        return flush_at is not None and (self.is_full() or now >= flush_at)
+
+    def take(self) -> list[Pending]:
+        """The next batch: oldest first, within max_batch_size (an oversized item goes alone)."""
+        batch: list[Pending] = []
+        total = 0
+        while self.items:
+            size = self.items[0].size
+            if batch and total + size > self.max_batch_size:
+                break
+            batch.append(self.items.popleft())
+            total += size
+        return batch
+
+
+# ----------------------------------------------------------------------------- runner
+
+
+class _Batcher:
+    """Runs batches of one function for one instance on one event loop."""
+
+    def __init__(self, call: Callable[[list[Any]], Any], streaming: bool, config: BatchConfig,
+                 size_fn: Callable[[Any], int] | None, name: str) -> None:
+        self.loop = asyncio.get_running_loop()
+        self._call = call
+        self._streaming = streaming
+        self._size_fn = size_fn
+        self.queue = BatchQueue(config.max_batch_size, config.batch_wait_timeout_s)
+        self._slots = asyncio.Semaphore(config.max_concurrent_batches)
+        self._wake = asyncio.Event()
+        self._batch_size = metrics.histogram("app_toolkit_batch_size", metrics.SIZE_BUCKETS, function=name)
+        self._batch_wait = metrics.histogram("app_toolkit_batch_wait_seconds", metrics.SECONDS_BUCKETS,
+                                             function=name)
+        self._runner = self.loop.create_task(self._run())
+
+    def _enqueue(self, value: Any, pending: Pending) -> Pending:
+        if self._size_fn is not None:
+            pending.size = int(self._size_fn(value))
+            if pending.size < 1:
+                raise ValueError(f"batch_size_fn must return >= 1, got {pending.size}")
+        self.queue.add(pending)
+        self._wake.set()
+        return pending
+
+    async def call(self, value: Any) -> Any:
+        pending = self._enqueue(value, Pending(value, self.loop.time(), future=self.loop.create_future()))
+        assert pending.future is not None
+        try:
+            return await pending.future
+        except asyncio.CancelledError:
+            self._leave(pending)
+            raise
+
+    async def stream(self, value: Any) -> AsyncIterator[Any]:
+        pending = self._enqueue(value, Pending(value, self.loop.time(), stream=asyncio.Queue()))
+        assert pending.stream is not None
+        try:
+            while True:
+                kind, item = await pending.stream.get()
+                if kind == "end":
+                    return
+                if kind == "error":
+                    raise item
+                yield item
+        finally:
+            self._leave(pending)
+
+    def _leave(self, pending: Pending) -> None:
+        """The caller is gone: drop its item, or its share of a running batch."""
+        pending.cancelled = True
+        if not pending.started:
+            self.queue.remove(pending)
+
+    async def _run(self) -> None:
+        while True:
+            now = self.loop.time()
+            flush_at = self.queue.flush_at()
+            if flush_at is None or not self.queue.ready(now):
+                timeout = None if flush_at is None else max(flush_at - now, 0.0)
+                try:
+                    await asyncio.wait_for(self._wake.wait(), timeout)
+                except asyncio.TimeoutError:
+                    pass
+                self._wake.clear()
+                continue
+            await self._slots.acquire()
+            batch = [p for p in self.queue.take() if not p.cancelled]
+            if not batch:
+                self._slots.release()
+                continue
+            self._batch_size.observe(sum(p.size for p in batch))
+            self._batch_wait.observe(self.loop.time() - batch[0].enqueued_at)
+            task = self.loop.create_task(self._execute(batch))
+            task.add_done_callback(lambda _t: self._slots.release())
+
+    async def _execute(self, batch: list[Pending]) -> None:
+        for pending in batch:
+            pending.started = True
+        values = [pending.value for pending in batch]
+        try:
+            if self._streaming:
+                await self._execute_stream(batch, values)
+            else:
+                results = await self._call(values)
+                _check_results(results, len(batch))
+                for pending, result in zip(batch, results):
+                    _settle(pending, result)
+        except Exception as exc:  # the whole batch failed: every caller gets the error
+            logger.warning("A batch of %d failed: %s", len(batch), exc)
+            for pending in batch:
+                _fail(pending, exc)
+        finally:
+            for pending in batch:
+                _end(pending)
+
+    async def _execute_stream(self, batch: list[Pending], values: list[Any]) -> None:
+        generator = self._call(values)
+        try:
+            async for results in generator:
+                _check_results(results, len(batch))
+                for pending, result in zip(batch, results):
+                    if pending.finished or pending.cancelled:
+                        continue
+                    if result is StopIteration or isinstance(result, StopIteration):
+                        _end(pending)  # this caller's stream is over; the others go on
+                    elif isinstance(result, BaseException):
+                        _fail(pending, result)
+                    else:
+                        assert pending.stream is not None
+                        pending.stream.put_nowait(("item", result))
+                if all(p.finished or p.cancelled for p in batch):
+                    break
+        finally:
+            await generator.aclose()
+
+
+def _check_results(results: Any, expected: int) -> None:
+    if not isinstance(results, (list, tuple)) or len(results) != expected:
+        got = f"{len(results)} results" if isinstance(results, (list, tuple)) else type(results).__name__
+        raise TypeError(
+            f"A @batch function must return (or yield) a list with one result per input: "
+            f"got {got} for a batch of {expected}"
+        )
+
+
+def _settle(pending: Pending, result: Any) -> None:
+    if isinstance(result, BaseException):
+        _fail(pending, result)
+    elif pending.future is not None and not pending.future.done():
+        pending.future.set_result(result)
+
+
+def _fail(pending: Pending, error: BaseException) -> None:
+    if pending.finished:
+        return
+    if pending.future is not None and not pending.future.done():
+        pending.future.set_exception(error)
+    if pending.stream is not None:
+        pending.stream.put_nowait(("error", error))
+        pending.finished = True
+
+
+def _end(pending: Pending) -> None:
+    if pending.stream is not None and not pending.finished:
+        pending.stream.put_nowait(("end", None))
+    pending.finished = True
+    if pending.future is not None and not pending.future.done():
+        pending.future.set_exception(RuntimeError("The batch ended without a result for this item"))
+
+
+# ----------------------------------------------------------------------------- public API
+
+
+class BatchedCallable(Protocol[T_contra, R_co]):
+    """What callers see: one item in, one result out (awaitable)."""
+
+    def __call__(self, item: T_contra, /) -> Coroutine[Any, Any, R_co]: ...
+
+    def set_max_batch_size(self, value: int) -> None: ...
+
+    def set_batch_wait_timeout_s(self, value: float) -> None: ...
+
+
+class BatchedStream(Protocol[T_contra, R_co]):
+    """What callers see of a streaming batch: one item in, its own stream out."""
+
+    def __call__(self, item: T_contra, /) -> AsyncIterator[R_co]: ...
+
+    def set_max_batch_size(self, value: int) -> None: ...
+
+    def set_batch_wait_timeout_s(self, value: float) -> None: ...
+
+
+class _Bound:
+    """The batched function bound to one instance (or to none, for plain functions)."""
+
+    def __init__(self, batched: _Batched[Any, Any, Any], instance: Any) -> None:
+        self._batched = batched
+        self._instance = instance
+        self.config = batched.config
+        self._state: _Batcher | None = None
+        functools.update_wrapper(self, batched.function)
+
+    def _batcher(self) -> _Batcher:
+        loop = asyncio.get_running_loop()
+        if self._state is None or self._state.loop is not loop:
+            function = self._batched.function
+            call = function if self._instance is None else functools.partial(function, self._instance)
+            self._state = _Batcher(call, self._batched.streaming, self.config,
+                                   self._batched.size_fn, self._batched.__qualname__)
+        return self._state
+
+    async def __call__(self, item: Any) -> Any:
+        # A real coroutine function, so callers (and replicas) can tell it is async.
+        return await self._batcher().call(item)
+
+    def set_max_batch_size(self, value: int) -> None:
+        """Change the batch size limit of this replica at run time."""
+        self.config = parse_batch_config({**self.config.model_dump(), "max_batch_size": value},
+                                         f"@batch options of {self._batched.__qualname__}")
+        if self._state is not None:
+            self._state.queue.max_batch_size = value
+            self._state._wake.set()
+
+    def set_batch_wait_timeout_s(self, value: float) -> None:
+        """Change the batch wait timeout of this replica at run time."""
+        self.config = parse_batch_config({**self.config.model_dump(), "batch_wait_timeout_s": value},
+                                         f"@batch options of {self._batched.__qualname__}")
+        if self._state is not None:
+            self._state.queue.batch_wait_timeout_s = value
+            self._state._wake.set()
+
+
+class _BoundStream(_Bound):
+    """A batched async generator bound to one instance: each call is its own stream."""
+
+    def __call__(self, item: Any) -> Any:
+        return self._stream(item)
+
+    async def _stream(self, item: Any) -> AsyncIterator[Any]:
+        async for value in self._batcher().stream(item):
+            yield value
+
+
+class _Batched(Generic[S, T, R]):
+    """The decorated function: a descriptor giving each instance its own batcher."""
+
+    def __init__(self, function: Callable[..., Any], config: BatchConfig,
+                 size_fn: Callable[[Any], int] | None) -> None:
+        self.function = function
+        self.config = config
+        self.size_fn = size_fn
+        self.streaming = inspect.isasyncgenfunction(function)
+        if not (self.streaming or inspect.iscoroutinefunction(function)):
+            raise ConfigError(
+                f"@batch needs an async function (async def ...), got {function.__qualname__}; "
+                "a batch runs while other requests keep arriving on the event loop"
+            )
+        parameters = list(inspect.signature(function).parameters)
+        self.is_method = bool(parameters) and parameters[0] == "self"
+        self.__qualname__ = function.__qualname__
+        self._attribute = f"__app_toolkit_batch_{function.__name__}"
+        self._unbound: _Bound | None = None
+        functools.update_wrapper(self, function)
+
+    @overload
+    def __get__(self, instance: None, owner: Any) -> _Batched[S, T, R]: ...
+
+    @overload
+    def __get__(self, instance: S, owner: Any) -> BatchedCallable[T, R]: ...
+
+    def __get__(self, instance: Any, owner: Any = None) -> Any:
+        if instance is None:
+            return self
+        bound = instance.__dict__.get(self._attribute)
+        if bound is None:
+            bound = (_BoundStream if self.streaming else _Bound)(self, instance)
+            instance.__dict__[self._attribute] = bound
+        return bound
+
+    def _function(self) -> _Bound:
+        if self.is_method:
+            raise TypeError(f"{self.__qualname__} is a batched method; call it on an instance")
+        if self._unbound is None:
+            self._unbound = (_BoundStream if self.streaming else _Bound)(self, None)
+        return self._unbound
+
+    def __call__(self, item: Any) -> Any:
+        return self._function()(item)
+
+    def set_max_batch_size(self, value: int) -> None:
+        """Change the batch size limit of a batched function at run time."""
+        self._function().set_max_batch_size(value)
+
+    def set_batch_wait_timeout_s(self, value: float) -> None:
+        """Change the batch wait timeout of a batched function at run time."""
+        self._function().set_batch_wait_timeout_s(value)
+
+
+class _BatchedStreamMethod(_Batched[S, T, R]):
+    """Typing view of a batched async-generator method."""
+
+    @overload  # type: ignore[override]
+    def __get__(self, instance: None, owner: Any) -> _BatchedStreamMethod[S, T, R]: ...
+
+    @overload
+    def __get__(self, instance: S, owner: Any) -> BatchedStream[T, R]: ...
+
+    def __get__(self, instance: Any, owner: Any = None) -> Any:
+        return super().__get__(instance, owner)
+
+
+class _Decorator:
+    def __init__(self, config: BatchConfig, size_fn: Callable[[Any], int] | None) -> None:
+        self._config = config
+        self._size_fn = size_fn
+
+    @overload
+    def __call__(self, function: Callable[[list[T]], AsyncIterator[list[R]]], /) -> BatchedStream[T, R]: ...
+
+    @overload
+    def __call__(self, function: Callable[[list[T]], Awaitable[list[R]]], /) -> BatchedCallable[T, R]: ...
+
+    @overload
+    def __call__(
+        self, function: Callable[[S, list[T]], AsyncIterator[list[R]]], /
+    ) -> _BatchedStreamMethod[S, T, R]: ...
+
+    @overload
+    def __call__(self, function: Callable[[S, list[T]], Awaitable[list[R]]], /) -> _Batched[S, T, R]: ...
+
+    def __call__(self, function: Callable[..., Any], /) -> Any:
+        if inspect.isasyncgenfunction(function):
+            return _BatchedStreamMethod(function, self._config, self._size_fn)
+        return _Batched(function, self._config, self._size_fn)
+
+
+def batch(
+    *,
+    max_batch_size: int = 10,
+    batch_wait_timeout_s: float = 0.01,
+    max_concurrent_batches: int = 1,
+    batch_size_fn: Callable[[Any], int] | None = None,
+) -> _Decorator:
+    """Group concurrent calls of an async method or function into batches.
+
+    The function takes a list of items and returns (or, as an async generator, yields)
+    a list with one result per item; callers pass one item and get one result::
+
+        @tk.batch(max_batch_size=32, batch_wait_timeout_s=0.005)
+        async def embed(self, texts: list[str]) -> list[list[float]]: ...
+
+        vector = await self.embed("hello")      # mypy: list[float]
+
+    ``batch_size_fn(item)`` gives an item's size when items differ (e.g. tokens); a batch
+    then holds up to ``max_batch_size`` units. Change limits at run time with
+    ``self.embed.set_max_batch_size(n)`` / ``set_batch_wait_timeout_s(t)``.
+    """
+    config = parse_batch_config(
+        {"max_batch_size": max_batch_size, "batch_wait_timeout_s": batch_wait_timeout_s,
+         "max_concurrent_batches": max_concurrent_batches},
+        "@batch options",
+    )
+    if batch_size_fn is not None and not callable(batch_size_fn):
+        raise ConfigError("batch_size_fn must be a function of one item returning its size")
+    return _Decorator(config, batch_size_fn)
+
+
+def batched_methods(cls: type) -> dict[str, BatchConfig]:
+    """The ``@batch`` methods of a class and their options (for start-up checks)."""
+    return {name: value.config for name, value in vars(cls).items() if isinstance(value, _Batched)}

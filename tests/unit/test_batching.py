@@ -1,0 +1,205 @@
+"""@batch: grouping, flushing, isolation, cancellation, streaming, tuning, metrics."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, AsyncIterator
+
+import pytest
+
+import app_toolkit as tk
+from app_toolkit import metrics
+from app_toolkit.batching import BatchQueue, Pending
+
+pytestmark = pytest.mark.anyio
+
+
+# ----------------------------------------------------------------- the pure queue (fake clock)
+
+
+def test_queue_flushes_when_full_or_when_the_first_item_waited_long_enough() -> None:
+    queue = BatchQueue(max_batch_size=3, batch_wait_timeout_s=0.5)
+    assert queue.flush_at() is None and not queue.ready(100.0)
+    queue.add(Pending("a", enqueued_at=10.0))
+    queue.add(Pending("b", enqueued_at=10.3))
+    assert queue.flush_at() == 10.5
+    assert not queue.ready(10.4)
+    assert queue.ready(10.5)
+    queue.add(Pending("c", enqueued_at=10.4))
+    assert queue.ready(10.41)  # full
+    assert [p.value for p in queue.take()] == ["a", "b", "c"]
+
+
+def test_take_respects_sizes_and_lets_an_oversized_item_go_alone() -> None:
+    queue = BatchQueue(max_batch_size=10, batch_wait_timeout_s=0)
+    for value, size in (("a", 4), ("b", 5), ("c", 3), ("huge", 50), ("d", 1)):
+        queue.add(Pending(value, 0.0, size=size))
+    assert [p.value for p in queue.take()] == ["a", "b"]
+    assert [p.value for p in queue.take()] == ["c"]
+    assert [p.value for p in queue.take()] == ["huge"]
+    assert [p.value for p in queue.take()] == ["d"]
+
+
+# ----------------------------------------------------------------- behaviour on a real loop
+
+
+class Model:
+    def __init__(self) -> None:
+        self.batches: list[list[Any]] = []
+        self.gate: asyncio.Event | None = None
+
+    @tk.batch(max_batch_size=4, batch_wait_timeout_s=0.05)
+    async def double(self, items: list[int]) -> list[Any]:
+        self.batches.append(list(items))
+        if self.gate is not None:
+            await self.gate.wait()
+        return [ValueError(f"bad {i}") if i < 0 else 2 * i for i in items]
+
+    @tk.batch(max_batch_size=8, batch_wait_timeout_s=0.01)
+    async def broken(self, items: list[int]) -> list[int]:
+        if 13 in items:
+            raise RuntimeError("the device fell over")
+        return items[:-1]  # one result short
+
+    @tk.batch(max_batch_size=4, batch_wait_timeout_s=0.02)
+    async def count_up(self, limits: list[int]) -> AsyncIterator[list[Any]]:
+        for step in range(max(limits)):
+            yield [step if step < limit else StopIteration for limit in limits]
+
+
+async def test_concurrent_calls_are_grouped_and_each_gets_its_own_result() -> None:
+    model = Model()
+    results = await asyncio.gather(*(model.double(i) for i in range(10)))
+    assert results == [2 * i for i in range(10)]
+    assert [len(b) for b in model.batches] == [4, 4, 2]
+
+
+async def test_a_lone_call_waits_at_most_the_timeout() -> None:
+    model = Model()
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    assert await model.double(21) == 42
+    assert model.batches == [[21]]
+    assert loop.time() - start < 0.05 + 1.0  # flushed by the timeout, not by more items
+
+
+async def test_an_exception_in_one_slot_fails_only_that_caller() -> None:
+    model = Model()
+    outcomes = await asyncio.gather(model.double(1), model.double(-1), model.double(3),
+                                    return_exceptions=True)
+    assert outcomes[0] == 2 and outcomes[2] == 6
+    assert isinstance(outcomes[1], ValueError) and str(outcomes[1]) == "bad -1"
+
+
+async def test_a_failing_batch_fails_its_callers_and_the_batcher_goes_on() -> None:
+    model = Model()
+    outcomes = await asyncio.gather(model.broken(13), model.broken(1), return_exceptions=True)
+    assert all(isinstance(o, RuntimeError) and "fell over" in str(o) for o in outcomes)
+    with pytest.raises(TypeError, match="one result per input: got 1 results for a batch of 2"):
+        await asyncio.gather(model.broken(1), model.broken(2))
+    assert await model.double(5) == 10  # other batchers unaffected
+
+
+async def test_a_cancelled_caller_leaves_a_waiting_batch_and_cancels_no_one() -> None:
+    model = Model()
+    model.gate = asyncio.Event()
+    first = asyncio.ensure_future(model.double(1))  # runs alone and blocks on the gate
+    await asyncio.sleep(0.1)
+    waiting = [asyncio.ensure_future(model.double(i)) for i in (2, 3, 4)]
+    await asyncio.sleep(0)
+    waiting[1].cancel()  # leaves before its batch starts
+    await asyncio.sleep(0.01)
+    model.gate.set()
+    assert await first == 2
+    assert await waiting[0] == 4 and await waiting[2] == 8
+    assert waiting[1].cancelled()
+    assert model.batches == [[1], [2, 4]]
+
+
+async def test_cancelling_a_caller_inside_a_running_batch_spares_the_others() -> None:
+    model = Model()
+    model.gate = asyncio.Event()
+    calls = [asyncio.ensure_future(model.double(i)) for i in (1, 2, 3)]
+    await asyncio.sleep(0.1)  # the batch is running, blocked on the gate
+    calls[0].cancel()
+    await asyncio.sleep(0)
+    model.gate.set()
+    assert [await calls[1], await calls[2]] == [4, 6]
+
+
+async def test_streaming_batches_give_each_caller_its_own_stream() -> None:
+    model = Model()
+
+    async def collect(limit: int) -> list[int]:
+        return [value async for value in model.count_up(limit)]
+
+    streams = await asyncio.gather(collect(1), collect(3), collect(2))
+    assert streams == [[0], [0, 1, 2], [0, 1]]
+
+
+async def test_batch_limits_change_at_run_time() -> None:
+    model = Model()
+    model.double.set_max_batch_size(2)
+    model.double.set_batch_wait_timeout_s(0.001)
+    await asyncio.gather(*(model.double(i) for i in range(6)))
+    assert [len(b) for b in model.batches] == [2, 2, 2]
+    with pytest.raises(tk.ConfigError, match="max_batch_size"):
+        model.double.set_max_batch_size(0)
+
+
+async def test_batch_sizes_and_waits_are_recorded() -> None:
+    @tk.batch(max_batch_size=5, batch_wait_timeout_s=0.01)
+    async def identity_for_metrics(items: list[int]) -> list[int]:
+        return items
+
+    await asyncio.gather(*(identity_for_metrics(i) for i in range(5)))
+    recorded = {(m["name"], m["labels"]["function"]): m for m in metrics.snapshot()}
+    sizes = recorded[("app_toolkit_batch_size", identity_for_metrics.__qualname__)]
+    assert sizes["count"] == 1 and sizes["mean"] == 5
+    waits = recorded[("app_toolkit_batch_wait_seconds", identity_for_metrics.__qualname__)]
+    assert waits["count"] == 1 and 0 <= waits["mean"] < 1
+
+
+def test_bad_batch_declarations_fail_fast(caplog: pytest.LogCaptureFixture) -> None:
+    with pytest.raises(tk.ConfigError, match="needs an async function"):
+
+        @tk.batch()
+        def sync_batch(items: list[int]) -> list[int]:
+            return items
+
+    with pytest.raises(tk.ConfigError, match="max_batch_size Input should be greater than or equal to 1"):
+        tk.batch(max_batch_size=0)
+
+    class Big:
+        @tk.batch(max_batch_size=64, max_concurrent_batches=2)
+        async def run(self, items: list[int]) -> list[int]:
+            return items
+
+    with caplog.at_level(logging.WARNING, logger="app_toolkit"):
+        tk.deployment(max_ongoing_requests=100)(Big)
+    assert "can never fill; raise max_ongoing_requests to at least 128" in caplog.text
+
+
+def test_mypy_sees_one_item_in_one_result_out(tmp_path: Any) -> None:
+    from mypy import api
+
+    sample = tmp_path / "typed_batch.py"
+    sample.write_text(
+        "import app_toolkit as tk\n"
+        "class Embedder:\n"
+        "    @tk.batch(max_batch_size=8)\n"
+        "    async def embed(self, texts: list[str]) -> list[list[float]]:\n"
+        "        return [[0.0] for _ in texts]\n"
+        "@tk.batch()\n"
+        "async def lengths(texts: list[str]) -> list[int]:\n"
+        "    return [len(t) for t in texts]\n"
+        "async def main(e: Embedder) -> None:\n"
+        "    reveal_type(await e.embed('x'))\n"
+        "    reveal_type(await lengths('x'))\n"
+        "    await e.embed(3)\n"
+    )
+    out, _, _ = api.run(["--strict", "--no-incremental", "--follow-imports=silent", str(sample)])
+    assert 'Revealed type is "list[float]"' in out, out
+    assert 'Revealed type is "int"' in out, out
+    assert 'Argument 1 to "__call__" of "BatchedCallable" has incompatible type "int"; expected "str"' in out, out
