@@ -95,9 +95,11 @@ def lua_script(scenario: Scenario, folder: Path) -> Path:
         if scenario.path == "/echo":
             filler = "x" * (scenario.body_bytes - len('{"data": ""}'))
             body = json.dumps({"data": filler})
+        elif scenario.path.startswith("/embed"):
+            body = json.dumps({"text": "batching turns many small requests into one pass " * 2})
         else:
             body = "x" * scenario.body_bytes
-        body_file = folder / f"{scenario.path.strip('/')}.body"
+        body_file = folder / f"{scenario.path.strip('/').replace('/', '_')}.body"
         body_file.write_text(body)
         lines += [
             f'local f = io.open("{body_file}", "rb")',
@@ -105,7 +107,7 @@ def lua_script(scenario: Scenario, folder: Path) -> Path:
             "f:close()",
             'wrk.headers["Content-Type"] = "application/json"',
         ]
-    script = folder / f"{scenario.path.strip('/')}.lua"
+    script = folder / f"{scenario.path.strip('/').replace('/', '_')}.lua"
     script.write_text("\n".join(lines) + "\n" + DONE_HOOK)
     return script
 

@@ -282,6 +282,10 @@ def init_ray(address: str | None) -> None:
         return
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     address = address or os.environ.get("RAY_ADDRESS") or None
+    if address is None:
+        # Ray runs workers at nice 15 by default; on a small machine serving replicas then
+        # lose the CPU to everything else. The embedded cluster runs them at normal priority.
+        os.environ.setdefault("RAY_worker_niceness", "0")
     kwargs: dict[str, Any] = {"include_dashboard": False, "logging_level": logging.WARNING,
                               "configure_logging": False}
     if address is None:

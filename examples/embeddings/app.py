@@ -24,7 +24,10 @@ import app_toolkit as tk
 
 
 # --8<-- [start:embedder]
-@tk.deployment(max_ongoing_requests=64, user_config={"max_batch_size": 32})
+# Reserve the CPUs the model computes on: Ray gives an actor as many OpenMP/torch threads
+# as CPUs it reserves (one if it reserves none).
+@tk.deployment(max_ongoing_requests=64, user_config={"max_batch_size": 32},
+               ray_actor_options={"num_cpus": 1})
 class Embedder:
     """Loads the model once per replica; embeds batches of texts."""
 
