@@ -8,6 +8,7 @@ the app's own routes, ``/docs`` and ``/openapi.json`` work under its prefix.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import uuid
@@ -83,9 +84,37 @@ class Proxy:
         )
         if not _has_header(scope, REQUEST_ID_HEADER):
             forwarded["headers"] = [*scope["headers"], (REQUEST_ID_HEADER, request_id.encode())]
+        timeout_s = _timeout(scope)
+        if isinstance(timeout_s, str):
+            await _json(send, 400, {"detail": timeout_s, "request_id": request_id}, request_id)
+            return
+        # Watch for the client going away: the request is then cancelled wherever it is
+        # (dropped from the queue, or cancelled on the replica).
+        state = _RequestState(asyncio.current_task())
+        watcher = asyncio.ensure_future(_watch_disconnect(receive, state))
+        try:
+            async with asyncio.timeout(timeout_s):
+                await self._forward(route, HTTPRequest(request_id, forwarded, body), send, state)
+        except asyncio.CancelledError:
+            if not state.disconnected:
+                raise
+            if state.task is not None:
+                state.task.uncancel()  # we asked for this cancellation; it is handled
+            logger.info("Request %s: client disconnected (499)", request_id)
+        except TimeoutError:
+            logger.info("Request %s: deadline of %s s passed (504)", request_id, timeout_s)
+            if not state.started:
+                await _json(send, 504, {"detail": "Gateway Timeout: the request took longer than "
+                                        f"{timeout_s} s", "request_id": request_id}, request_id)
+        finally:
+            state.finished = True
+            watcher.cancel()
+
+    async def _forward(self, route: RouteInfo, request: HTTPRequest, send: Send, state: _RequestState) -> None:
+        request_id = request.request_id
         dispatcher = self.subscriber.dispatcher(route.ingress)
         try:
-            reply = await dispatcher.send(Kind.HTTP, HTTPRequest(request_id, forwarded, body))
+            reply = await dispatcher.send(Kind.HTTP, request)
         except BackPressureError:
             await _json(send, 503, {"detail": "Service Unavailable: too many requests queued",
                                     "request_id": request_id}, request_id,
@@ -100,11 +129,13 @@ class Proxy:
         try:
             if reply.kind is Kind.RESPONSE:
                 response: HTTPResponse = reply.message
+                state.started = state.finished = True
                 await send({"type": "http.response.start", "status": response.status,
                             "headers": _with_id(response.headers, request_id)})
                 await send({"type": "http.response.body", "body": response.body})
                 return
             start: HTTPResponseStart = reply.message
+            state.started = True
             await send({"type": "http.response.start", "status": start.status,
                         "headers": _with_id(start.headers, request_id)})
             while True:
@@ -115,6 +146,7 @@ class Proxy:
                 if frame_kind is Kind.LOST:
                     logger.warning("Request %s: replica lost mid-stream", request_id)
                     raise ReplicaUnavailableError("replica lost mid-stream")
+                state.finished = True
                 await send({"type": "http.response.body", "body": b""})
                 return
         finally:
@@ -128,6 +160,48 @@ class Proxy:
             await _json(send, 200, {r.route_prefix: r.app for r in self.routes}, request_id)
         else:
             await _json(send, 404, {"detail": "Not Found", "request_id": request_id}, request_id)
+
+
+class _RequestState:
+    """What the proxy knows about one request while it is forwarded."""
+
+    __slots__ = ("task", "started", "finished", "disconnected")
+
+    def __init__(self, task: asyncio.Task[Any] | None) -> None:
+        self.task = task
+        self.started = False  # the response head went to the client
+        self.finished = False  # the whole response went to the client
+        self.disconnected = False
+
+
+async def _watch_disconnect(receive: Receive, state: _RequestState) -> None:
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            break
+    # Servers also report "disconnect" once the response is complete; that is not a
+    # client going away.
+    if not state.finished and state.task is not None:
+        state.disconnected = True
+        state.task.cancel()
+
+
+TIMEOUT_HEADER = b"x-request-timeout-seconds"
+
+
+def _timeout(scope: Scope) -> float | None | str:
+    """The request's deadline from its header: seconds, None, or an error message."""
+    for key, value in scope["headers"]:
+        if key == TIMEOUT_HEADER:
+            try:
+                seconds = float(value)
+            except ValueError:
+                seconds = -1.0
+            if not 0 < seconds <= 86_400:
+                return ("x-request-timeout-seconds must be a number of seconds between 0 and "
+                        f"86400, got {value.decode('latin-1')!r}")
+            return seconds
+    return None
 
 
 def _request_id(scope: Scope) -> str:

@@ -70,10 +70,16 @@ async def state(request: Request) -> dict[str, Any]:
 
 
 @router.get("/sleep")
-async def sleep(seconds: float = 1.0, marker: str = "") -> dict[str, float]:
-    if marker:  # lets a test see that the request is running (replicas share the disk)
+async def sleep(seconds: float = 1.0, marker: str = "", cancelled: str = "") -> dict[str, float]:
+    # Marker files let a test see the request start / be cancelled (replicas share the disk).
+    if marker:
         Path(marker).touch()
-    await asyncio.sleep(seconds)
+    try:
+        await asyncio.sleep(seconds)
+    except asyncio.CancelledError:
+        if cancelled:
+            Path(cancelled).touch()
+        raise
     return {"slept": seconds}
 
 

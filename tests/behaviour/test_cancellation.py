@@ -1,0 +1,67 @@
+"""Client disconnects and deadlines cancel the work wherever it is (both backends)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.apps import basic
+from tests.conftest import Toolkit
+
+
+def wait_for_file(path: Path, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        assert time.monotonic() < deadline, f"{path.name} never appeared"
+        time.sleep(0.02)
+
+
+def test_disconnect_cancels_the_running_handler(toolkit: Toolkit, tmp_path: Path) -> None:
+    toolkit.run(basic.make_app(), route_prefix="/dc")
+    started, cancelled = tmp_path / "started", tmp_path / "cancelled"
+    params = {"seconds": 30, "marker": str(started), "cancelled": str(cancelled)}
+    with pytest.raises(httpx.ReadTimeout):
+        # The client gives up after 1 s and closes the connection.
+        httpx.get(toolkit.url + "/dc/sleep", params=params, timeout=1.0)
+    wait_for_file(started)
+    wait_for_file(cancelled)  # the handler saw CancelledError
+    with toolkit.client() as client:  # and the slot is free again
+        assert client.get("/dc/items/1").status_code == 200
+
+
+def test_disconnect_while_queued_never_runs(toolkit: Toolkit, tmp_path: Path) -> None:
+    toolkit.run(basic.make_app(max_ongoing_requests=1), route_prefix="/dq")
+    first = tmp_path / "first"
+    queued = tmp_path / "queued"
+    with httpx.Client(base_url=toolkit.url, timeout=30) as client:
+        import threading
+
+        holder = threading.Thread(target=lambda: client.get(
+            "/dq/sleep", params={"seconds": 2, "marker": str(first)}))
+        holder.start()
+        wait_for_file(first)
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.get(toolkit.url + "/dq/sleep", params={"seconds": 0, "marker": str(queued)},
+                      timeout=0.5)
+        holder.join()
+        assert client.get("/dq/items/2").status_code == 200
+    assert not queued.exists()  # it was dropped from the queue, never sent
+
+
+def test_request_deadline_header_gives_504_and_cancels(toolkit: Toolkit, tmp_path: Path) -> None:
+    toolkit.run(basic.make_app(), route_prefix="/dl")
+    cancelled = tmp_path / "cancelled"
+    with toolkit.client() as client:
+        response = client.get("/dl/sleep", params={"seconds": 30, "cancelled": str(cancelled)},
+                              headers={"x-request-timeout-seconds": "0.5"})
+        assert response.status_code == 504
+        assert response.json()["request_id"] == response.headers["x-request-id"]
+        wait_for_file(cancelled)
+        fast = client.get("/dl/sleep", params={"seconds": 0}, headers={"x-request-timeout-seconds": "5"})
+        assert fast.status_code == 200
+        bad = client.get("/dl/items/1", headers={"x-request-timeout-seconds": "soon"})
+        assert bad.status_code == 400
+        assert "x-request-timeout-seconds must be a number" in bad.json()["detail"]
