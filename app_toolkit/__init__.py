@@ -23,7 +23,7 @@ from app_toolkit.exceptions import (
     ReplicaUnavailableError,
     RequestTimeoutError,
 )
-from app_toolkit.handle import DeploymentHandle, DeploymentResponse
+from app_toolkit.handle import DeploymentHandle, DeploymentResponse, DeploymentResponseGenerator
 from app_toolkit.ingress import App, ingress
 from app_toolkit.status import (
     ApplicationStatus,
@@ -53,6 +53,7 @@ __all__ = [
     "DeploymentConfig",
     "DeploymentHandle",
     "DeploymentResponse",
+    "DeploymentResponseGenerator",
     "DeploymentStatus",
     "DeploymentStatusInfo",
     "HTTPOptions",

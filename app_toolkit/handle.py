@@ -15,6 +15,7 @@ from typing import Any, Generator
 
 from app_toolkit._runtime import request_context
 from app_toolkit._runtime.channel import Kind
+from app_toolkit._runtime.dispatcher import Reply
 from app_toolkit._runtime.messages import CallFailure, DeploymentID, MethodCall
 from app_toolkit._runtime.session import Session, current_session
 from app_toolkit.exceptions import (
@@ -58,28 +59,127 @@ class DeploymentResponse:
         return self._future.done()
 
 
+class DeploymentResponseGenerator:
+    """The items a generator method yields, as it yields them.
+
+    Iterate with ``async for`` in async code or ``for`` in sync code. Stopping early
+    (``break`` then :meth:`cancel`, or the consuming task being cancelled) closes the
+    generator on the replica.
+    """
+
+    def __init__(self, session: Session, deployment: DeploymentID, call: MethodCall,
+                 home: asyncio.AbstractEventLoop | None) -> None:
+        self._session = session
+        self._deployment = deployment
+        self._call = call
+        self._reply: Reply | None = None
+        self._done = False
+        # Where the exchange lives: fixed at the first step.
+        self._home = home
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def __aiter__(self) -> DeploymentResponseGenerator:
+        return self
+
+    async def __anext__(self) -> Any:
+        loop = self._home or asyncio.get_running_loop()
+        if self._loop is None:
+            self._loop = loop
+        if self._loop is asyncio.get_running_loop():
+            return await self._next()
+        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._next(), self._loop))
+
+    def __iter__(self) -> DeploymentResponseGenerator:
+        return self
+
+    def __next__(self) -> Any:
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            pass
+        else:
+            raise RuntimeError("Use `async for` to read a stream inside async code")
+        if self._loop is None:
+            self._loop = self._home or self._session.background().loop
+        try:
+            return asyncio.run_coroutine_threadsafe(self._next(), self._loop).result()
+        except StopAsyncIteration:
+            raise StopIteration from None
+
+    async def _next(self) -> Any:
+        if self._done:
+            raise StopAsyncIteration
+        try:
+            if self._reply is None:
+                call = self._call
+                args = tuple([await _resolve(arg) for arg in call.args])
+                kwargs = {key: await _resolve(value) for key, value in call.kwargs.items()}
+                dispatcher = self._session.subscriber().dispatcher(self._deployment)
+                self._reply = await dispatcher.send(
+                    Kind.CALL, MethodCall(call.request_id, call.method, args, kwargs, stream=True))
+                kind, message = self._reply.kind, self._reply.message
+            else:
+                kind, message = await self._reply.exchange.recv()
+        except BaseException:
+            self._finish()
+            raise
+        if kind is Kind.ITEM:
+            return message
+        self._finish()
+        if kind is Kind.END:
+            raise StopAsyncIteration
+        if kind is Kind.FAILURE:
+            raise _exception(message)
+        raise ReplicaUnavailableError(f"The stream from {self._deployment} was lost")
+
+    def _finish(self) -> None:
+        self._done = True
+        if self._reply is not None:
+            self._reply.exchange.cancel()
+            self._reply.release()
+
+    def cancel(self) -> None:
+        """Stop the stream: the replica closes the generator."""
+        if self._done:
+            return
+        loop = self._loop
+        if loop is None or loop.is_closed():
+            self._done = True
+            return
+        loop.call_soon_threadsafe(self._finish)
+
+    def __del__(self) -> None:
+        # Abandoned mid-stream without cancel(): free the replica's slot anyway.
+        if not self._done and self._reply is not None:
+            self.cancel()
+
+
 class _MethodCaller:
     def __init__(self, handle: DeploymentHandle, method: str) -> None:
         self._handle = handle
         self._method = method
 
-    def remote(self, *args: Any, **kwargs: Any) -> DeploymentResponse:
+    def remote(self, *args: Any, **kwargs: Any) -> Any:
         return self._handle.options(method_name=self._method).remote(*args, **kwargs)
 
 
 class DeploymentHandle:
     """A picklable reference to a deployment; pass it around, call its methods."""
 
-    def __init__(self, deployment_name: str, app_name: str, *, method_name: str = "__call__") -> None:
+    def __init__(self, deployment_name: str, app_name: str, *, method_name: str = "__call__",
+                 stream: bool = False) -> None:
         self.deployment_name = deployment_name
         self.app_name = app_name
         self.method_name = method_name
+        self.stream = stream
         self._id = DeploymentID(app_name, deployment_name)
 
-    def options(self, *, method_name: str | None = None) -> DeploymentHandle:
-        """A copy of this handle calling ``method_name`` by default."""
+    def options(self, *, method_name: str | None = None, stream: bool | None = None) -> DeploymentHandle:
+        """A copy calling ``method_name`` by default; ``stream=True`` for generator methods,
+        whose ``remote()`` then returns a :class:`DeploymentResponseGenerator`."""
         return DeploymentHandle(
-            self.deployment_name, self.app_name, method_name=method_name or self.method_name
+            self.deployment_name, self.app_name, method_name=method_name or self.method_name,
+            stream=self.stream if stream is None else stream,
         )
 
     def __getattr__(self, name: str) -> _MethodCaller:
@@ -87,10 +187,15 @@ class DeploymentHandle:
             raise AttributeError(name)
         return _MethodCaller(self, name)
 
-    def remote(self, *args: Any, **kwargs: Any) -> DeploymentResponse:
-        """Send the call now; returns a DeploymentResponse to await or ``result()``."""
+    def remote(self, *args: Any, **kwargs: Any) -> Any:
+        """Send the call now; returns a DeploymentResponse to await or ``result()``
+        (a DeploymentResponseGenerator to iterate with ``stream=True``)."""
         session = current_session()
         assert session is not None
+        if self.stream:
+            call = MethodCall(request_context.request_id.get() or uuid.uuid4().hex, self.method_name,
+                              args, kwargs, stream=True)
+            return DeploymentResponseGenerator(session, self._id, call, session.home_loop())
         coroutine = _call(session, self._id, self.method_name, args, kwargs, request_context.request_id.get())
         home = session.home_loop()
         try:
@@ -104,14 +209,15 @@ class DeploymentHandle:
         return DeploymentResponse(session.background().submit(coroutine))
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild_handle, (self.deployment_name, self.app_name, self.method_name))
+        return (_rebuild_handle, (self.deployment_name, self.app_name, self.method_name, self.stream))
 
     def __repr__(self) -> str:
         return f"DeploymentHandle(deployment={self.deployment_name!r}, app={self.app_name!r})"
 
 
-def _rebuild_handle(deployment_name: str, app_name: str, method_name: str) -> DeploymentHandle:
-    return DeploymentHandle(deployment_name, app_name, method_name=method_name)
+def _rebuild_handle(deployment_name: str, app_name: str, method_name: str,
+                   stream: bool = False) -> DeploymentHandle:
+    return DeploymentHandle(deployment_name, app_name, method_name=method_name, stream=stream)
 
 
 async def _resolve(value: Any) -> Any:

@@ -11,7 +11,7 @@ EXPECTED = [
     "App", "AppToolkitError", "Application", "ApplicationStatus", "ApplicationStatusInfo",
     "BackPressureError", "BatchConfig", "ConfigError", "Depends", "DeployError", "Deployment",
     "DeploymentCallError", "DeploymentConfig", "DeploymentHandle", "DeploymentResponse",
-    "DeploymentStatus", "DeploymentStatusInfo", "HTTPOptions", "RayActorOptions", "ReplicaState",
+    "DeploymentResponseGenerator", "DeploymentStatus", "DeploymentStatusInfo", "HTTPOptions", "RayActorOptions", "ReplicaState",
     "ReplicaStatusInfo", "ReplicaUnavailableError", "RequestTimeoutError", "ServeStatus", "batch", "delete",
     "deployment", "get_app_handle", "get_deployment_handle", "ingress", "run", "shutdown", "start",
     "status", "testing",

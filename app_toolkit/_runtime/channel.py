@@ -47,6 +47,7 @@ class Kind(IntEnum):
     RESULT = 14
     FAILURE = 15
     REJECTED = 16
+    ITEM = 17  # one item of a streamed handle call; END or FAILURE follows the last
     LOST = 99  # never on the wire: the connection dropped
 
 
@@ -73,7 +74,7 @@ def encode(kind: Kind, message: Any, dumps: Dumps) -> list[bytes]:
     if kind is Kind.RESPONSE:
         head = _plain_dumps((message.status, message.headers))
         return [_HEAD_LENGTH.pack(len(head)) + head, message.body]
-    if kind in (Kind.CALL, Kind.RESULT):
+    if kind in (Kind.CALL, Kind.RESULT, Kind.ITEM):
         return [dumps(message)]
     return [_plain_dumps(message)]
 

@@ -108,6 +108,7 @@ class MethodCall:
     method: str
     args: tuple[Any, ...]
     kwargs: dict[str, Any] = field(default_factory=dict)
+    stream: bool = False  # the method is a generator: reply with ITEM frames, then END
 
 
 @dataclass(frozen=True, slots=True)

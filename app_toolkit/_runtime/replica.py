@@ -165,11 +165,15 @@ class ReplicaCore:
         request_context.app_name.set(self.deployment.app)
         try:
             method = self._method(call.method)
+            if call.stream:
+                await self._stream_call(method, call, sink)
+                return
             result = await _call_maybe_async(method, *call.args, **call.kwargs)
             if inspect.isgenerator(result) or inspect.isasyncgen(result):
+                _close_generator(result)
                 raise TypeError(
-                    f"{self.deployment}.{call.method} returned a generator; streaming handle "
-                    "calls are not supported yet"
+                    f"{self.deployment}.{call.method} is a generator; call it through "
+                    "handle.options(stream=True) to receive its items"
                 )
         except asyncio.CancelledError:
             raise
@@ -180,6 +184,32 @@ class ReplicaCore:
         finally:
             request_context.request_id.reset(rid)
         sink.send(Kind.RESULT, result)
+
+    async def _stream_call(self, method: Callable[..., Any], call: MethodCall, sink: ResponseSink) -> None:
+        """Send each item a generator method yields as soon as it exists."""
+        if inspect.isasyncgenfunction(method) or inspect.isasyncgenfunction(getattr(method, "__call__", None)):
+            items: Any = method(*call.args, **call.kwargs)
+        elif inspect.isgeneratorfunction(method):
+            items = _iterate_in_thread(method(*call.args, **call.kwargs))
+        else:
+            result = method(*call.args, **call.kwargs)
+            if inspect.isawaitable(result):
+                result = await result
+            if not (inspect.isasyncgen(result) or hasattr(result, "__aiter__")):
+                raise TypeError(
+                    f"{self.deployment}.{call.method} is not a generator; call it without stream=True"
+                )
+            items = result
+        try:
+            async for item in items:
+                sink.send(Kind.ITEM, item)
+                await sink.drain()
+        finally:
+            # Runs on cancellation too (the caller went away): the user's generator closes.
+            aclose = getattr(items, "aclose", None)
+            if aclose is not None:
+                await aclose()
+        sink.send(Kind.END, None)
 
     def _method(self, name: str) -> Callable[..., Any]:
         target = self.instance
@@ -200,6 +230,24 @@ class ReplicaCore:
         except Exception:
             blob = None
         return CallFailure(type(exc).__name__, str(exc), blob)
+
+
+def _close_generator(generator: Any) -> None:
+    if inspect.isgenerator(generator):
+        generator.close()
+
+
+async def _iterate_in_thread(generator: Any) -> Any:
+    """A sync generator's items, each produced in a thread so the loop keeps serving."""
+    done = object()
+    try:
+        while True:
+            item = await asyncio.to_thread(next, generator, done)
+            if item is done:
+                return
+            yield item
+    finally:
+        generator.close()
 
 
 async def _call_maybe_async(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

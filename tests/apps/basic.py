@@ -257,3 +257,57 @@ class BatchedSquare:
     async def square(self, xs: list[int]) -> list[Any]:
         return [ValueError(f"{x} is negative") if x < 0 else {"square": x * x, "batch": len(xs)}
                 for x in xs]
+
+
+# ----------------------------------------------------------------- streaming through handles
+
+
+@tk.deployment
+class Tokens:
+    async def count(self, n: int, fail_at: int = -1) -> AsyncIterator[str]:
+        for i in range(n):
+            if i == fail_at:
+                raise RuntimeError(f"failed at {i}")
+            yield f"token-{i}"
+            await asyncio.sleep(0.01)
+
+    def sync_count(self, n: int) -> Any:
+        for i in range(n):
+            yield i * i
+
+    async def forever(self, marker: str) -> AsyncIterator[int]:
+        i = 0
+        try:
+            while True:
+                yield i
+                i += 1
+                await asyncio.sleep(0.01)
+        finally:
+            Path(marker).touch()  # the generator was closed
+
+    async def not_a_generator(self) -> int:
+        return 1
+
+
+tokens_api = FastAPI()
+
+
+@tk.deployment
+@tk.ingress(tokens_api)
+class TokenFront:
+    def __init__(self, tokens: tk.DeploymentHandle) -> None:
+        self.tokens = tokens.options(stream=True)
+
+    @tokens_api.get("/tokens/{n}")
+    async def stream(self, n: int) -> Any:
+        from fastapi.responses import StreamingResponse
+
+        async def lines() -> AsyncIterator[str]:
+            async for token in self.tokens.count.remote(n):
+                yield token + "\n"
+
+        return StreamingResponse(lines(), media_type="text/plain")
+
+
+def make_token_app() -> tk.Application:
+    return TokenFront.bind(Tokens.bind())

@@ -1,0 +1,56 @@
+"""Streaming: generator methods through handles, and streamed HTTP responses."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+
+import app_toolkit as tk
+from tests.apps import basic
+from tests.conftest import Toolkit
+
+
+def test_handle_streams_items_as_they_are_produced(toolkit: Toolkit) -> None:
+    name = toolkit.name()
+    toolkit.run(basic.make_token_app(), name=name, route_prefix="/tok")
+    tokens = tk.get_deployment_handle("Tokens", name).options(stream=True)
+    assert list(tokens.count.remote(4)) == [f"token-{i}" for i in range(4)]
+    assert list(tokens.sync_count.remote(5)) == [0, 1, 4, 9, 16]
+
+    async def read() -> list[str]:
+        return [token async for token in tokens.count.remote(3)]
+
+    assert asyncio.run(read()) == ["token-0", "token-1", "token-2"]
+
+    failing = tokens.count.remote(5, fail_at=2)
+    assert next(failing) == "token-0" and next(failing) == "token-1"
+    with pytest.raises(RuntimeError, match="failed at 2"):
+        next(failing)
+    with pytest.raises(TypeError, match="is not a generator; call it without stream=True"):
+        list(tokens.not_a_generator.remote())
+    with pytest.raises(TypeError, match=r"is a generator; call it through handle.options\(stream=True\)"):
+        tk.get_deployment_handle("Tokens", name).count.remote(2).result(timeout_s=10)
+
+
+def test_stopping_a_stream_closes_the_generator_on_the_replica(toolkit: Toolkit, tmp_path: Path) -> None:
+    name = toolkit.name()
+    toolkit.run(basic.make_token_app(), name=name, route_prefix="/tok2")
+    closed = tmp_path / "closed"
+    stream = tk.get_deployment_handle("Tokens", name).options(stream=True).forever.remote(str(closed))
+    assert [next(stream) for _ in range(3)] == [0, 1, 2]
+    stream.cancel()
+    deadline = time.monotonic() + 20
+    while not closed.exists():
+        assert time.monotonic() < deadline, "the replica's generator was never closed"
+        time.sleep(0.02)
+
+
+def test_a_route_streams_a_handle_stream_over_http(toolkit: Toolkit) -> None:
+    toolkit.run(basic.make_token_app(), route_prefix="/http-tok")
+    with toolkit.client() as client, client.stream("GET", "/http-tok/tokens/5") as response:
+        assert response.status_code == 200
+        lines = [line for line in response.iter_lines() if line]
+    assert lines == [f"token-{i}" for i in range(5)]
