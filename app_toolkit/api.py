@@ -54,7 +54,7 @@ def start(
         from app_toolkit._runtime.local_backend import LocalSession
 
         local = LocalSession()
-        local.start_http(http.host, http.port)
+        local.start_http(http)
         session = local
     else:
         from app_toolkit._runtime.ray_backend import RaySession

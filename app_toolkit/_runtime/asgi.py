@@ -9,7 +9,7 @@ import logging
 from typing import Any, Awaitable, Callable, MutableMapping
 
 from app_toolkit._runtime.channel import Kind, ResponseSink
-from app_toolkit._runtime.messages import HTTPRequest, HTTPResponse, HTTPResponseStart
+from app_toolkit._runtime.messages import HTTPRequest, HTTPResponse, HTTPResponseStart, WebSocketOpen
 from app_toolkit.exceptions import DeployError
 
 logger = logging.getLogger("app_toolkit.replica")
@@ -215,3 +215,47 @@ def request_app(target: Callable[..., Any]) -> ASGIApp:
         await response(scope, receive, send)
 
     return app
+
+
+async def serve_websocket(
+    app: ASGIApp, request: WebSocketOpen, lifespan_state: dict[str, Any], sink: ResponseSink
+) -> None:
+    """Run one WebSocket connection through ``app``: client messages come from
+    ``sink.inbound``, every message the app sends goes out as a WS_OUT frame, END last."""
+    assert sink.inbound is not None
+    inbound = sink.inbound
+    scope = dict(request.scope)
+    scope["state"] = dict(lifespan_state)
+    connected = False
+    closed = False
+
+    async def receive() -> Message:
+        nonlocal connected
+        if not connected:
+            connected = True
+            return {"type": "websocket.connect"}
+        message: Message = await inbound.get()
+        return message
+
+    async def send(message: Message) -> None:
+        nonlocal closed
+        if closed:
+            return
+        kind = message["type"]
+        if kind == "websocket.close" or (
+            kind == "websocket.http.response.body" and not message.get("more_body", False)
+        ):
+            closed = True
+        sink.send(Kind.WS_OUT, dict(message))
+        await sink.drain()
+
+    try:
+        await app(scope, receive, send)
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        logger.exception("WebSocket %s failed", request.request_id)
+        if not closed:
+            closed = True
+            sink.send(Kind.WS_OUT, {"type": "websocket.close", "code": 1011, "reason": ""})
+    sink.send(Kind.END, None)

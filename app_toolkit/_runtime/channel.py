@@ -40,6 +40,8 @@ class Kind(IntEnum):
     HTTP = 2
     CALL = 3
     CANCEL = 4
+    WS_OPEN = 5  # a WebSocket connection: the scope; then WS_IN frames with the client's messages
+    WS_IN = 6
     RESPONSE = 10
     START = 11
     BODY = 12
@@ -48,6 +50,7 @@ class Kind(IntEnum):
     FAILURE = 15
     REJECTED = 16
     ITEM = 17  # one item of a streamed handle call; END or FAILURE follows the last
+    WS_OUT = 18  # an ASGI message the app sent on a WebSocket; END follows the last
     LOST = 99  # never on the wire: the connection dropped
 
 
@@ -185,7 +188,10 @@ class FrameProtocol(asyncio.Protocol):
 
 
 class ResponseSink(Protocol):
-    """Where a replica writes the frames of one response."""
+    """Where a replica writes the frames of one response (and, for WebSockets, reads the
+    client's messages from ``inbound``)."""
+
+    inbound: asyncio.Queue[Any] | None
 
     def send(self, kind: Kind, message: Any) -> None: ...
 
@@ -201,11 +207,12 @@ class RequestHandler(Protocol):
 
 
 class _ServerSink:
-    __slots__ = ("_conn", "_number")
+    __slots__ = ("_conn", "_number", "inbound")
 
     def __init__(self, conn: _ServerConnection, number: int) -> None:
         self._conn = conn
         self._number = number
+        self.inbound: asyncio.Queue[Any] | None = None
 
     def send(self, kind: Kind, message: Any) -> None:
         self._conn.send(kind, self._number, encode(kind, message, self._conn.dumps))
@@ -222,6 +229,7 @@ class _ServerConnection(FrameProtocol):
         self.dumps = dumps
         self.authenticated = False
         self.tasks: dict[int, asyncio.Task[None]] = {}
+        self.inbound: dict[int, asyncio.Queue[Any]] = {}
 
     def on_frame(self, kind: Kind, number: int, payload: memoryview) -> None:
         if not self.authenticated:
@@ -236,17 +244,24 @@ class _ServerConnection(FrameProtocol):
             if task is not None:
                 task.cancel()
             return
+        if kind is Kind.WS_IN:
+            queue = self.inbound.get(number)
+            if queue is not None:
+                queue.put_nowait(decode(kind, payload))
+            return
         if not self.handler.admit():
             self.send(Kind.REJECTED, number, [])
             return
         message = decode(kind, payload)
-        task = asyncio.get_running_loop().create_task(
-            self.handler.serve(kind, message, _ServerSink(self, number))
-        )
+        sink = _ServerSink(self, number)
+        if kind is Kind.WS_OPEN:
+            sink.inbound = self.inbound[number] = asyncio.Queue()
+        task = asyncio.get_running_loop().create_task(self.handler.serve(kind, message, sink))
         self.tasks[number] = task
 
         def forget(_task: asyncio.Task[None]) -> None:
             self.tasks.pop(number, None)
+            self.inbound.pop(number, None)
 
         task.add_done_callback(forget)
 
@@ -276,13 +291,20 @@ _TERMINAL = frozenset({Kind.RESPONSE, Kind.END, Kind.RESULT, Kind.FAILURE, Kind.
 class Exchange:
     """One request in flight: the frames that come back for it, in order."""
 
-    __slots__ = ("_items", "_waiter", "_cancel", "finished")
+    __slots__ = ("_items", "_waiter", "_cancel", "_forward", "finished")
 
-    def __init__(self, cancel: Callable[[], None]) -> None:
+    def __init__(self, cancel: Callable[[], None],
+                 forward: Callable[[Kind, Any], None] | None = None) -> None:
         self._items: collections.deque[tuple[Kind, Any]] = collections.deque()
         self._waiter: asyncio.Future[None] | None = None
         self._cancel = cancel
+        self._forward = forward
         self.finished = False
+
+    def send(self, kind: Kind, message: Any) -> None:
+        """Send a further message of this request to the replica (WebSocket input)."""
+        if self._forward is not None and not self.finished:
+            self._forward(kind, message)
 
     def push(self, kind: Kind, message: Any) -> None:
         if kind in _TERMINAL:
@@ -378,7 +400,10 @@ class ChannelClient:
             if conn.pending.pop(number, None) is not None:
                 conn.send(Kind.CANCEL, number, [])
 
-        exchange = Exchange(cancel)
+        def forward(next_kind: Kind, next_message: Any) -> None:
+            conn.send(next_kind, number, encode(next_kind, next_message, self.dumps))
+
+        exchange = Exchange(cancel, forward)
         conn.pending[number] = exchange
         conn.send(kind, number, parts)
         await conn.drain()

@@ -21,6 +21,7 @@ from app_toolkit._runtime.messages import AppSpec, DeploymentSpec, ReplicaInfo
 from app_toolkit._runtime.proxy import Proxy
 from app_toolkit._runtime.replica import ReplicaCore
 from app_toolkit._runtime.session import BackgroundLoop, Session
+from app_toolkit.config import HTTPOptions
 from app_toolkit.exceptions import ReplicaUnavailableError
 from app_toolkit.status import ServeStatus
 
@@ -73,10 +74,11 @@ class LocalBackend:
 
 
 class _LocalSink:
-    __slots__ = ("_exchange",)
+    __slots__ = ("_exchange", "inbound")
 
-    def __init__(self, exchange: Exchange) -> None:
+    def __init__(self, exchange: Exchange, inbound: asyncio.Queue[Any] | None) -> None:
         self._exchange = exchange
+        self.inbound = inbound
 
     def send(self, kind: Kind, message: Any) -> None:
         self._exchange.push(kind, bytes(message) if kind is Kind.BODY else message)
@@ -97,16 +99,22 @@ class LocalReplicaClient:
         if core is None:
             raise ReplicaUnavailableError(f"Replica {self._replica_id} is not running")
         tasks: list[asyncio.Task[None]] = []
+        inbound: asyncio.Queue[Any] | None = asyncio.Queue() if kind is Kind.WS_OPEN else None
 
         def cancel() -> None:
             for task in tasks:
                 task.cancel()
 
-        exchange = Exchange(cancel)
+        def forward(_kind: Kind, next_message: Any) -> None:
+            if inbound is not None:
+                inbound.put_nowait(next_message)
+
+        exchange = Exchange(cancel, forward)
         if not core.admit():
             exchange.push(Kind.REJECTED, None)
             return exchange
-        tasks.append(asyncio.get_running_loop().create_task(core.serve(kind, message, _LocalSink(exchange))))
+        sink = _LocalSink(exchange, inbound)
+        tasks.append(asyncio.get_running_loop().create_task(core.serve(kind, message, sink)))
         return exchange
 
     def close(self) -> None:
@@ -164,12 +172,14 @@ class LocalSession(Session):
 
         return self._loop.run(read())
 
-    def start_http(self, host: str, port: int) -> int:
+    def start_http(self, http: HTTPOptions) -> int:
         """Serve the proxy with uvicorn on this session's loop; returns the bound port."""
+        host, port = http.host, http.port
 
         async def start() -> int:
             config = uvicorn.Config(self.proxy, host=host, port=port, lifespan="off",
-                                    log_level="warning", access_log=False)
+                                    log_level="warning", access_log=False,
+                                    ws_max_size=http.websocket_max_message_bytes)
             self._server = uvicorn.Server(config)
             self._server_task = asyncio.get_running_loop().create_task(self._server.serve())
             while not self._server.started:

@@ -84,6 +84,14 @@ class HTTPRequest:
 
 
 @dataclass(frozen=True, slots=True)
+class WebSocketOpen:
+    """A WebSocket connection as the proxy forwards it: its ASGI scope."""
+
+    request_id: str
+    scope: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
 class HTTPResponse:
     """A complete (non-streamed) HTTP response: one frame back."""
 

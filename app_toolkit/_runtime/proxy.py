@@ -17,6 +17,7 @@ from typing import Any, Awaitable, Callable, MutableMapping
 from app_toolkit._runtime.channel import Kind
 from app_toolkit._runtime.longpoll import ROUTES_KEY
 from app_toolkit._runtime.messages import HTTPRequest, HTTPResponse, HTTPResponseStart, RouteInfo
+from app_toolkit._runtime.proxy_websocket import serve_websocket
 from app_toolkit._runtime.subscriber import TableSubscriber
 from app_toolkit.exceptions import BackPressureError, ReplicaUnavailableError
 
@@ -29,7 +30,7 @@ Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 REQUEST_ID_HEADER = b"x-request-id"
 RETRY_AFTER_S = 1
 _FORWARDED_KEYS = ("type", "http_version", "method", "scheme", "path", "raw_path",
-                   "query_string", "headers", "client", "server")
+                   "query_string", "headers", "client", "server", "subprotocols")
 
 
 def match_route(routes: list[RouteInfo], path: str) -> RouteInfo | None:
@@ -61,13 +62,13 @@ class Proxy:
         if kind == "http":
             await self._http(scope, receive, send)
         elif kind == "websocket":
-            await send({"type": "websocket.close", "code": 1003})
+            await serve_websocket(self, scope, receive, send)
         elif kind == "lifespan":
             await _lifespan(receive, send)
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         path: str = scope["path"]
-        request_id = _request_id(scope)
+        request_id = request_id_of(scope)
         if path.startswith("/-/"):
             await self._builtin(path, request_id, send)
             return
@@ -78,12 +79,7 @@ class Proxy:
         body = await _read_body(receive)
         if body is None:
             return  # the client went away before sending its body
-        forwarded = {key: scope[key] for key in _FORWARDED_KEYS if key in scope}
-        forwarded["root_path"] = scope.get("root_path", "") + (
-            "" if route.route_prefix == "/" else route.route_prefix
-        )
-        if not _has_header(scope, REQUEST_ID_HEADER):
-            forwarded["headers"] = [*scope["headers"], (REQUEST_ID_HEADER, request_id.encode())]
+        forwarded = forwarded_scope(scope, route, request_id)
         timeout_s = _timeout(scope)
         if isinstance(timeout_s, str):
             await _json(send, 400, {"detail": timeout_s, "request_id": request_id}, request_id)
@@ -204,7 +200,18 @@ def _timeout(scope: Scope) -> float | None | str:
     return None
 
 
-def _request_id(scope: Scope) -> str:
+def forwarded_scope(scope: Scope, route: RouteInfo, request_id: str) -> dict[str, Any]:
+    """The scope the replica sees: the path kept whole, the prefix as root_path."""
+    forwarded = {key: scope[key] for key in _FORWARDED_KEYS if key in scope}
+    forwarded["root_path"] = scope.get("root_path", "") + (
+        "" if route.route_prefix == "/" else route.route_prefix
+    )
+    if not _has_header(scope, REQUEST_ID_HEADER):
+        forwarded["headers"] = [*scope["headers"], (REQUEST_ID_HEADER, request_id.encode())]
+    return forwarded
+
+
+def request_id_of(scope: Scope) -> str:
     for key, value in scope["headers"]:
         if key == REQUEST_ID_HEADER:
             text: str = value.decode("latin-1")

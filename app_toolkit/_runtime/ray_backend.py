@@ -133,9 +133,10 @@ class ReplicaActor:
 class ProxyActor:
     """Runs the proxy ASGI app under uvicorn on this node."""
 
-    def __init__(self, host: str, port: int) -> None:
+    def __init__(self, http: HTTPOptions) -> None:
         _configure_worker_logging()
-        self._host, self._port = host, port
+        self._http = http
+        self._host, self._port = http.host, http.port
         self._server: uvicorn.Server | None = None
 
     async def ready(self) -> int:
@@ -143,7 +144,8 @@ class ProxyActor:
             session = RaySession.attach()
             proxy = Proxy(session.subscriber())
             config = uvicorn.Config(proxy, host=self._host, port=self._port, lifespan="off",
-                                    log_level="warning", access_log=False)
+                                    log_level="warning", access_log=False,
+                                    ws_max_size=self._http.websocket_max_message_bytes)
             self._server = uvicorn.Server(config)
             task = asyncio.get_running_loop().create_task(self._server.serve())
             while not self._server.started:
@@ -231,7 +233,7 @@ class ControllerActor:
                     ProxyActor, name=f"app_toolkit_proxy:{node}", namespace=NAMESPACE, lifetime="detached",
                     get_if_exists=True,
                     scheduling_strategy=ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(node, soft=False),
-                ).remote(self.http.host, self.http.port)
+                ).remote(self.http)
                 try:
                     port = await self._proxy.ready.remote()
                 except RayTaskError as exc:

@@ -21,6 +21,7 @@ from app_toolkit._runtime.asgi import (
     internal_error_body,
     request_app,
     serve_http,
+    serve_websocket,
 )
 from app_toolkit._runtime.channel import Dumps, Kind, ResponseSink
 from app_toolkit._runtime.messages import (
@@ -28,6 +29,7 @@ from app_toolkit._runtime.messages import (
     DeploymentID,
     HTTPRequest,
     MethodCall,
+    WebSocketOpen,
 )
 from app_toolkit.config import DeploymentConfig
 from app_toolkit.exceptions import BackPressureError, DeployError, ReplicaUnavailableError
@@ -138,6 +140,8 @@ class ReplicaCore:
         try:
             if kind is Kind.HTTP:
                 await self._serve_http(message, sink)
+            elif kind is Kind.WS_OPEN:
+                await self._serve_websocket(message, sink)
             elif kind is Kind.CALL:
                 await self._serve_call(message, sink)
             else:
@@ -156,6 +160,19 @@ class ReplicaCore:
         try:
             state = self._lifespan.state if self._lifespan is not None else {}
             await serve_http(self.asgi_app, request, state, sink)
+        finally:
+            request_context.replica_instance.reset(inst)
+            request_context.request_id.reset(rid)
+
+    async def _serve_websocket(self, request: WebSocketOpen, sink: ResponseSink) -> None:
+        if self.asgi_app is None:
+            self.asgi_app = request_app(self._method("__call__"))
+        rid = request_context.request_id.set(request.request_id)
+        inst = request_context.replica_instance.set(self.instance)
+        request_context.app_name.set(self.deployment.app)
+        try:
+            state = self._lifespan.state if self._lifespan is not None else {}
+            await serve_websocket(self.asgi_app, request, state, sink)
         finally:
             request_context.replica_instance.reset(inst)
             request_context.request_id.reset(rid)

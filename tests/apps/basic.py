@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, AsyncIterator
 
-from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request
+from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request, WebSocket, WebSocketDisconnect
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 
@@ -311,3 +311,52 @@ class TokenFront:
 
 def make_token_app() -> tk.Application:
     return TokenFront.bind(Tokens.bind())
+
+
+# ----------------------------------------------------------------- WebSockets
+
+
+ws_router = APIRouter()
+
+
+@ws_router.websocket("/ws/echo")
+async def ws_echo(websocket: WebSocket) -> None:
+    await websocket.accept()
+    try:
+        while True:
+            message = await websocket.receive()
+            if message["type"] == "websocket.disconnect":
+                return
+            text = message.get("text")
+            if text == "close-4001":
+                await websocket.close(code=4001, reason="asked to close")
+                return
+            if text is not None:
+                await websocket.send_text(f"echo:{text}")
+            else:
+                await websocket.send_bytes(bytes(reversed(message["bytes"])))
+    except WebSocketDisconnect:
+        return
+
+
+@ws_router.websocket("/ws/who")
+async def ws_who(websocket: WebSocket) -> None:
+    # Answers every message with this replica's token: shows the connection is pinned.
+    await websocket.accept()
+    try:
+        while True:
+            await websocket.receive_text()
+            await websocket.send_text(websocket.state.replica_token)
+    except WebSocketDisconnect:
+        return
+
+
+@ws_router.websocket("/ws/deny")
+async def ws_deny(websocket: WebSocket) -> None:
+    await websocket.close(code=1008)
+
+
+def make_ws_app(**options: Any) -> tk.App:
+    app = FastAPI(lifespan=lifespan)
+    app.include_router(ws_router)
+    return tk.App(app, **options)

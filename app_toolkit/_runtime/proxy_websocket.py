@@ -1,0 +1,125 @@
+"""WebSockets through the proxy: one connection pinned to one replica for its life.
+
+The replica runs the app; the proxy relays the client's messages to it (WS_IN frames) and
+the app's messages back (WS_OUT frames), close codes included. The connection holds a
+replica slot while open, so it counts as load. Overload: browsers (they send ``Origin``)
+cannot read a refused handshake, so they get accept-then-close 1013; other clients get a
+503 denial response.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import TYPE_CHECKING
+
+from app_toolkit._runtime.channel import Kind
+from app_toolkit._runtime.dispatcher import Reply
+from app_toolkit._runtime.messages import WebSocketOpen
+from app_toolkit.exceptions import BackPressureError, ReplicaUnavailableError
+
+if TYPE_CHECKING:
+    from app_toolkit._runtime.proxy import Proxy, Receive, Scope, Send
+
+logger = logging.getLogger("app_toolkit.proxy")
+
+CLOSE_TRY_AGAIN_LATER = 1013
+CLOSE_INTERNAL_ERROR = 1011
+CLOSE_POLICY = 1008
+_APP_GRACE_S = 5.0  # how long an app may take to finish after the client disconnected
+
+
+async def serve_websocket(proxy: Proxy, scope: Scope, receive: Receive, send: Send) -> None:
+    from app_toolkit._runtime.proxy import forwarded_scope, match_route, request_id_of
+
+    request_id = request_id_of(scope)
+    if (await receive())["type"] != "websocket.connect":
+        return
+    route = match_route(proxy.routes, scope["path"])
+    if route is None:
+        await send({"type": "websocket.close", "code": CLOSE_POLICY})
+        return
+    dispatcher = proxy.subscriber.dispatcher(route.ingress)
+    opening = WebSocketOpen(request_id, forwarded_scope(scope, route, request_id))
+    try:
+        reply = await dispatcher.send(Kind.WS_OPEN, opening)
+    except BackPressureError:
+        await _refuse(scope, send, request_id, "too many connections")
+        return
+    except ReplicaUnavailableError as exc:
+        logger.warning("WebSocket %s: %s", request_id, exc)
+        await _refuse(scope, send, request_id, "no replica could serve the connection")
+        return
+    try:
+        await _relay(reply, receive, send)
+    finally:
+        reply.exchange.cancel()
+        reply.release()
+
+
+async def _refuse(scope: Scope, send: Send, request_id: str, why: str) -> None:
+    is_browser = any(key == b"origin" for key, _ in scope["headers"])
+    can_deny = "websocket.http.response" in scope.get("extensions", {})
+    if is_browser or not can_deny:
+        await send({"type": "websocket.accept"})
+        await send({"type": "websocket.close", "code": CLOSE_TRY_AGAIN_LATER,
+                    "reason": f"{why}; retry later"})
+        return
+    body = json.dumps({"detail": f"Service Unavailable: {why}", "request_id": request_id}).encode()
+    await send({"type": "websocket.http.response.start", "status": 503, "headers": [
+        (b"content-type", b"application/json"), (b"retry-after", b"1"),
+        (b"x-request-id", request_id.encode())]})
+    await send({"type": "websocket.http.response.body", "body": body})
+
+
+async def _relay(reply: Reply, receive: Receive, send: Send) -> None:
+    state = {"accepted": False, "closed": False}
+
+    async def downstream() -> None:
+        kind, message = reply.kind, reply.message
+        while True:
+            if kind is Kind.WS_OUT:
+                if state["closed"]:
+                    pass
+                else:
+                    await send(message)
+                    kind_name = message["type"]
+                    if kind_name == "websocket.accept":
+                        state["accepted"] = True
+                    elif kind_name == "websocket.close" or (
+                        kind_name == "websocket.http.response.body" and not message.get("more_body")
+                    ):
+                        state["closed"] = True
+            elif kind is Kind.END:
+                if not state["closed"]:
+                    # The app returned without closing: close normally (or deny, if never accepted).
+                    await send({"type": "websocket.close", "code": 1000})
+                return
+            else:  # LOST, or anything unexpected: the replica is gone
+                if not state["closed"]:
+                    await send({"type": "websocket.close", "code": CLOSE_INTERNAL_ERROR})
+                return
+            kind, message = await reply.exchange.recv()
+
+    async def upstream() -> None:
+        while True:
+            message = await receive()
+            reply.exchange.send(Kind.WS_IN, dict(message))
+            if message["type"] == "websocket.disconnect":
+                return
+
+    down = asyncio.ensure_future(downstream())
+    up = asyncio.ensure_future(upstream())
+    try:
+        done, _ = await asyncio.wait({down, up}, return_when=asyncio.FIRST_COMPLETED)
+        if down not in done:
+            # The client left; the app got websocket.disconnect and should finish soon.
+            await asyncio.wait({down}, timeout=_APP_GRACE_S)
+    finally:
+        for task in (down, up):
+            task.cancel()
+        results = await asyncio.gather(down, up, return_exceptions=True)
+        for result in results:
+            if isinstance(result, Exception):
+                logger.info("WebSocket relay ended: %s", result)

@@ -1,0 +1,75 @@
+"""WebSockets through the proxy, on both backends, with the real `websockets` client."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.sync.client import connect
+
+from tests.apps import basic
+from tests.conftest import Toolkit
+
+
+def ws_url(toolkit: Toolkit, path: str) -> str:
+    return toolkit.url.replace("http://", "ws://") + path
+
+
+def test_text_binary_and_close_codes(toolkit: Toolkit) -> None:
+    toolkit.run(basic.make_ws_app(), route_prefix="/wsapp")
+    with connect(ws_url(toolkit, "/wsapp/ws/echo")) as ws:
+        ws.send("hello")
+        assert ws.recv(timeout=10) == "echo:hello"
+        ws.send(b"\x01\x02\x03")
+        assert ws.recv(timeout=10) == b"\x03\x02\x01"
+        ws.send("close-4001")
+        with pytest.raises(ConnectionClosed) as closed:
+            ws.recv(timeout=10)
+    assert closed.value.rcvd is not None
+    assert (closed.value.rcvd.code, closed.value.rcvd.reason) == (4001, "asked to close")
+    with pytest.raises(InvalidStatus) as denied, connect(ws_url(toolkit, "/wsapp/ws/deny")):
+        pass
+    assert denied.value.response.status_code == 403
+
+
+def test_connections_are_pinned_and_spread_over_replicas(toolkit: Toolkit) -> None:
+    toolkit.run(basic.make_ws_app(num_replicas=2), route_prefix="/wspin")
+    with contextlib.ExitStack() as stack:
+        sockets = [stack.enter_context(connect(ws_url(toolkit, "/wspin/ws/who"))) for _ in range(12)]
+        tokens = []
+        for ws in sockets:
+            ws.send("who")
+            first = ws.recv(timeout=10)
+            ws.send("again")
+            assert ws.recv(timeout=10) == first  # one replica for the connection's life
+            tokens.append(first)
+    # All 12 were open at once, each holding a slot: they spread over both replicas.
+    assert len(set(tokens)) == 2
+
+
+def test_overload_closes_1013_for_browsers_and_503_for_others(toolkit: Toolkit) -> None:
+    toolkit.run(basic.make_ws_app(max_ongoing_requests=1, max_queued_requests=0), route_prefix="/wsfull")
+    with connect(ws_url(toolkit, "/wsfull/ws/who")) as holder:
+        holder.send("x")
+        holder.recv(timeout=10)  # the only slot is taken for as long as this stays open
+        with connect(ws_url(toolkit, "/wsfull/ws/who"),
+                     additional_headers={"Origin": "http://127.0.0.1"}) as browser:
+            with pytest.raises(ConnectionClosed) as closed:
+                browser.recv(timeout=10)
+        assert closed.value.rcvd is not None and closed.value.rcvd.code == 1013
+        with pytest.raises(InvalidStatus) as refused, connect(ws_url(toolkit, "/wsfull/ws/who")):
+            pass
+        assert refused.value.response.status_code == 503
+        assert refused.value.response.headers["retry-after"] == "1"
+
+
+def test_oversized_messages_close_with_1009(toolkit: Toolkit) -> None:
+    toolkit.run(basic.make_ws_app(), route_prefix="/wsbig")
+    with connect(ws_url(toolkit, "/wsbig/ws/echo"), max_size=None) as ws:
+        ws.send("small")
+        assert ws.recv(timeout=10) == "echo:small"
+        ws.send("x" * (2 << 20))  # over the default 1 MiB limit
+        with pytest.raises(ConnectionClosed) as closed:
+            ws.recv(timeout=10)
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
