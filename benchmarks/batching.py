@@ -13,10 +13,7 @@ Needs wrk and the `embeddings` extra (`make bench` provides both).
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
-import signal
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -24,15 +21,13 @@ from pathlib import Path
 import httpx
 
 from benchmarks.http_overhead import (
-    BIN,
-    ROOT,
     Result,
     Scenario,
-    free_port,
     lua_script,
     median,
     run_wrk,
-    wait_ready,
+    start_servers,
+    stop_servers,
 )
 
 SCENARIOS = [
@@ -56,22 +51,8 @@ def main() -> None:
     args = parser.parse_args()
     if shutil.which("wrk") is None:
         sys.exit("wrk is not installed: run `make bench` (it installs it) or `apt-get install wrk`")
-    env = dict(os.environ, PYTHONPATH=str(ROOT), RAY_USAGE_STATS_ENABLED="0")
-    env.pop("RAY_ADDRESS", None)
-    ports = {"uvicorn": free_port(), "toolkit": free_port()}
-    servers = {
-        "uvicorn": subprocess.Popen(
-            [str(BIN / "uvicorn"), "benchmarks.batch_app:fastapi_app", "--host", "127.0.0.1",
-             "--port", str(ports["uvicorn"]), "--log-level", "warning", "--no-access-log"],
-            cwd=ROOT, env=env),
-        "toolkit": subprocess.Popen(
-            [str(BIN / "app-toolkit"), "run", "benchmarks.batch_app:app", "--port", str(ports["toolkit"])],
-            cwd=ROOT, env=env, stdout=subprocess.DEVNULL),
-    }
-    bases = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
+    servers, bases = start_servers("benchmarks.batch_app:fastapi_app", "benchmarks.batch_app:app", "/stats")
     try:
-        for name, process in servers.items():
-            wait_ready(bases[name] + "/stats", process, timeout_s=180)
         with tempfile.TemporaryDirectory() as folder:
             for scenario, function in SCENARIOS:
                 if args.only and args.only not in scenario.name:
@@ -100,13 +81,7 @@ def main() -> None:
                       f"ratio {ours.rps / bare.rps:4.2f}x, failures {bare.failures}/{ours.failures}",
                       flush=True)
     finally:
-        servers["toolkit"].send_signal(signal.SIGINT)
-        servers["uvicorn"].terminate()
-        for process in servers.values():
-            try:
-                process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                process.kill()
+        stop_servers(servers)
 
 
 if __name__ == "__main__":

@@ -135,6 +135,41 @@ def median(results: list[Result]) -> Result:
     )
 
 
+def start_servers(uvicorn_target: str, toolkit_target: str,
+                  ready_path: str) -> tuple[dict[str, subprocess.Popen[bytes]], dict[str, str]]:
+    """Start bare uvicorn and `app-toolkit run` (embedded Ray) side by side; wait for both."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT), RAY_USAGE_STATS_ENABLED="0")
+    env.pop("RAY_ADDRESS", None)
+    ports = {"uvicorn": free_port(), "toolkit": free_port()}
+    servers = {
+        "uvicorn": subprocess.Popen(
+            [str(BIN / "uvicorn"), uvicorn_target, "--host", "127.0.0.1", "--port", str(ports["uvicorn"]),
+             "--log-level", "warning", "--no-access-log"], cwd=ROOT, env=env),
+        "toolkit": subprocess.Popen(
+            [str(BIN / "app-toolkit"), "run", toolkit_target, "--port", str(ports["toolkit"])],
+            cwd=ROOT, env=env, stdout=subprocess.DEVNULL),
+    }
+    bases = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
+    try:
+        for name, process in servers.items():
+            wait_ready(bases[name] + ready_path, process, timeout_s=180)
+    except BaseException:
+        stop_servers(servers)
+        raise
+    return servers, bases
+
+
+def stop_servers(servers: dict[str, subprocess.Popen[bytes]]) -> None:
+    """Stop the two servers this script started (by PID): Ctrl-C for the toolkit."""
+    servers["toolkit"].send_signal(signal.SIGINT)
+    servers["uvicorn"].terminate()
+    for process in servers.values():
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--duration", type=int, default=10, help="seconds per wrk run")
@@ -146,24 +181,11 @@ def main() -> None:
     if shutil.which("wrk") is None:
         sys.exit("wrk is not installed: run `make bench` (it installs it) or `apt-get install wrk`")
 
-    env = dict(os.environ, PYTHONPATH=str(ROOT), RAY_USAGE_STATS_ENABLED="0")
-    env.pop("RAY_ADDRESS", None)
-    uvicorn_port, toolkit_port = free_port(), free_port()
-    servers = {
-        "uvicorn": subprocess.Popen(
-            [str(BIN / "uvicorn"), "benchmarks.bench_app:fastapi_app", "--host", "127.0.0.1",
-             "--port", str(uvicorn_port), "--log-level", "warning", "--no-access-log"],
-            cwd=ROOT, env=env),
-        "toolkit": subprocess.Popen(
-            [str(BIN / "app-toolkit"), "run", f"benchmarks.bench_app:{'app2' if args.replicas == 2 else 'app'}",
-             "--port", str(toolkit_port)],
-            cwd=ROOT, env=env, stdout=subprocess.DEVNULL),
-    }
-    bases = {"uvicorn": f"http://127.0.0.1:{uvicorn_port}", "toolkit": f"http://127.0.0.1:{toolkit_port}"}
+    target = "app2" if args.replicas == 2 else "app"
+    servers, bases = start_servers("benchmarks.bench_app:fastapi_app", f"benchmarks.bench_app:{target}",
+                                   "/small")
     rows = []
     try:
-        for name, process in servers.items():
-            wait_ready(bases[name] + "/small", process, timeout_s=180)
         with tempfile.TemporaryDirectory() as folder:
             for scenario in SCENARIOS:
                 if args.only and args.only not in scenario.name:
@@ -183,13 +205,7 @@ def main() -> None:
                       f"p50 {ours.p50_ms - bare.p50_ms:+.2f} ms, failures {bare.failures}/{ours.failures}",
                       flush=True)
     finally:
-        servers["toolkit"].send_signal(signal.SIGINT)
-        servers["uvicorn"].terminate()
-        for process in servers.values():
-            try:
-                process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                process.kill()
+        stop_servers(servers)
     if args.json:
         args.json.write_text(json.dumps([
             {"scenario": s.name, "uvicorn": vars(b), "toolkit": vars(o), "ratio": o.rps / b.rps}

@@ -12,7 +12,7 @@ import inspect
 import json
 import logging
 import pickle
-from typing import Any, Callable
+from typing import Any, Awaitable, Callable
 
 from app_toolkit._runtime import request_context
 from app_toolkit._runtime.asgi import (
@@ -152,19 +152,14 @@ class ReplicaCore:
                 self._idle.set()
 
     async def _serve_http(self, request: HTTPRequest, sink: ResponseSink) -> None:
-        if self.asgi_app is None:
-            self.asgi_app = request_app(self._method("__call__"))
-        rid = request_context.request_id.set(request.request_id)
-        inst = request_context.replica_instance.set(self.instance)
-        request_context.app_name.set(self.deployment.app)
-        try:
-            state = self._lifespan.state if self._lifespan is not None else {}
-            await serve_http(self.asgi_app, request, state, sink)
-        finally:
-            request_context.replica_instance.reset(inst)
-            request_context.request_id.reset(rid)
+        await self._serve_asgi(serve_http, request, sink)
 
     async def _serve_websocket(self, request: WebSocketOpen, sink: ResponseSink) -> None:
+        await self._serve_asgi(serve_websocket, request, sink)
+
+    async def _serve_asgi(self, serve: Callable[..., Awaitable[None]],
+                          request: HTTPRequest | WebSocketOpen, sink: ResponseSink) -> None:
+        """Run one HTTP request or WebSocket through the app, with the request's context."""
         if self.asgi_app is None:
             self.asgi_app = request_app(self._method("__call__"))
         rid = request_context.request_id.set(request.request_id)
@@ -172,7 +167,7 @@ class ReplicaCore:
         request_context.app_name.set(self.deployment.app)
         try:
             state = self._lifespan.state if self._lifespan is not None else {}
-            await serve_websocket(self.asgi_app, request, state, sink)
+            await serve(self.asgi_app, request, state, sink)
         finally:
             request_context.replica_instance.reset(inst)
             request_context.request_id.reset(rid)
