@@ -25,6 +25,7 @@ from app_toolkit.exceptions import (
 )
 from app_toolkit.handle import DeploymentHandle, DeploymentResponse, DeploymentResponseGenerator
 from app_toolkit.ingress import App, ingress
+from app_toolkit.streaming import ChatCompletionStream, EventStream
 from app_toolkit.status import (
     ApplicationStatus,
     ApplicationStatusInfo,
@@ -45,6 +46,7 @@ __all__ = [
     "ApplicationStatusInfo",
     "BackPressureError",
     "BatchConfig",
+    "ChatCompletionStream",
     "ConfigError",
     "Depends",
     "DeployError",
@@ -56,6 +58,7 @@ __all__ = [
     "DeploymentResponseGenerator",
     "DeploymentStatus",
     "DeploymentStatusInfo",
+    "EventStream",
     "HTTPOptions",
     "RayActorOptions",
     "ReplicaState",

@@ -9,9 +9,9 @@ import app_toolkit as tk
 
 EXPECTED = [
     "App", "AppToolkitError", "Application", "ApplicationStatus", "ApplicationStatusInfo",
-    "BackPressureError", "BatchConfig", "ConfigError", "Depends", "DeployError", "Deployment",
+    "BackPressureError", "BatchConfig", "ChatCompletionStream", "ConfigError", "Depends", "DeployError", "Deployment",
     "DeploymentCallError", "DeploymentConfig", "DeploymentHandle", "DeploymentResponse",
-    "DeploymentResponseGenerator", "DeploymentStatus", "DeploymentStatusInfo", "HTTPOptions", "RayActorOptions", "ReplicaState",
+    "DeploymentResponseGenerator", "DeploymentStatus", "DeploymentStatusInfo", "EventStream", "HTTPOptions", "RayActorOptions", "ReplicaState",
     "ReplicaStatusInfo", "ReplicaUnavailableError", "RequestTimeoutError", "ServeStatus", "batch", "delete",
     "deployment", "get_app_handle", "get_deployment_handle", "ingress", "run", "shutdown", "start",
     "status", "testing",
@@ -25,7 +25,7 @@ def test_all_is_sorted_and_complete() -> None:
         assert getattr(tk, name) is not None
     public = {name for name in vars(tk) if not name.startswith("_")}
     assert public - set(tk.__all__) <= {
-        "api", "batching", "config", "deployment", "metrics", "exceptions", "handle", "ingress", "status", "dependencies",
+        "api", "batching", "config", "deployment", "metrics", "streaming", "exceptions", "handle", "ingress", "status", "dependencies",
         "import_path", "_runtime",
     }
 

@@ -14,6 +14,7 @@ import os
 import pickle
 import secrets
 import threading
+import time
 from typing import Any
 
 import ray
@@ -387,3 +388,14 @@ class RaySession(Session):
             logger.warning("The controller did not finish shutting down in 120 s")
         ray.kill(self.controller, no_restart=True)
         self.close_subscribers()
+        # ray.kill only asks; return once every toolkit actor is really gone.
+        deadline = time.monotonic() + 30
+        while _named_actors() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if _named_actors():
+            logger.warning("Toolkit actors still alive after shutdown: %s", _named_actors())
+
+
+def _named_actors() -> list[str]:
+    return [actor["name"] for actor in ray.util.list_named_actors(all_namespaces=True)
+            if actor["namespace"] == NAMESPACE]

@@ -64,6 +64,8 @@ class ReplicaCore:
         self._lifespan: Lifespan | None = None
         self._idle = asyncio.Event()
         self._idle.set()
+        #: Set when draining starts, so open streams can end with a final event.
+        self.draining_event = asyncio.Event()
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -111,6 +113,7 @@ class ReplicaCore:
     async def drain(self) -> None:
         """Refuse new work, wait for in-flight requests, then run lifespan shutdown."""
         self.draining = True
+        self.draining_event.set()
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.graceful_shutdown_timeout_s
         while self.ongoing and loop.time() < deadline:
@@ -165,6 +168,7 @@ class ReplicaCore:
         rid = request_context.request_id.set(request.request_id)
         inst = request_context.replica_instance.set(self.instance)
         request_context.app_name.set(self.deployment.app)
+        request_context.draining.set(self.draining_event)
         try:
             state = self._lifespan.state if self._lifespan is not None else {}
             await serve(self.asgi_app, request, state, sink)

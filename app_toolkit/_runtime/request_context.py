@@ -13,3 +13,6 @@ replica_instance: ContextVar[Any] = ContextVar("app_toolkit_replica_instance", d
 
 #: The application the current replica belongs to (for handles to its sibling deployments).
 app_name: ContextVar[str] = ContextVar("app_toolkit_app_name", default="")
+
+#: Set when the serving replica starts draining (streams end with a final event).
+draining: ContextVar[Any] = ContextVar("app_toolkit_draining", default=None)

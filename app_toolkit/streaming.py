@@ -1,0 +1,175 @@
+"""Server-sent events done right by default, and OpenAI-compatible chat streams.
+
+:class:`EventStream` wraps sse-starlette's ``EventSourceResponse``: ``Cache-Control:
+no-cache``, ``X-Accel-Buffering: no`` (so proxies do not buffer), a comment heartbeat every
+15 s, numbered event ids, and a final ``drain`` event when the replica starts shutting
+down, so clients reconnect elsewhere at once instead of waiting on a stream that ends.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from typing import Any, AsyncIterable, AsyncIterator, Iterable, Mapping
+
+from sse_starlette import EventSourceResponse, ServerSentEvent
+
+from app_toolkit._runtime import request_context
+
+logger = logging.getLogger("app_toolkit.streaming")
+
+DRAIN_EVENT = ServerSentEvent(event="drain", data="server is shutting down; reconnect", retry=1000)
+
+
+class EventStream(EventSourceResponse):
+    """An SSE response from an (async) iterable of events.
+
+    Items may be strings (sent as ``data``), dicts of SSE fields (``data``, ``event``,
+    ``id``, ``retry``), ``ServerSentEvent`` objects, or any JSON-able value (sent as JSON).
+    Events without an id get the next number (``ids=False`` turns that off).
+    """
+
+    def __init__(
+        self,
+        events: AsyncIterable[Any] | Iterable[Any],
+        *,
+        ping_s: float = 15.0,
+        ids: bool = True,
+        final_event: ServerSentEvent | None = DRAIN_EVENT,
+        headers: Mapping[str, str] | None = None,
+        status_code: int = 200,
+    ) -> None:
+        super().__init__(
+            _events(events, ids, final_event),
+            status_code=status_code,
+            headers={"Cache-Control": "no-cache", **(headers or {})},
+            ping=ping_s,
+        )
+
+
+async def _events(events: AsyncIterable[Any] | Iterable[Any], ids: bool,
+                  final_event: ServerSentEvent | None) -> AsyncIterator[ServerSentEvent]:
+    source = _as_async(events)
+    draining: asyncio.Event | None = request_context.draining.get()
+    number = 0
+    try:
+        while True:
+            item = await _next_or_drain(source, draining)
+            if item is _DRAINED:
+                if final_event is not None:
+                    yield final_event
+                return
+            if item is _END:
+                return
+            number += 1
+            yield _event(item, str(number) if ids else None)
+    finally:
+        aclose = getattr(source, "aclose", None)
+        if aclose is not None:
+            await aclose()
+
+
+_END = object()
+_DRAINED = object()
+
+
+async def _next_or_drain(source: AsyncIterator[Any], draining: asyncio.Event | None) -> Any:
+    if draining is None:
+        return await anext(source, _END)
+    if draining.is_set():
+        return _DRAINED
+    item_task = asyncio.ensure_future(anext(source, _END))
+    drain_task = asyncio.ensure_future(draining.wait())
+    try:
+        done, _ = await asyncio.wait({item_task, drain_task}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        drain_task.cancel()
+    if item_task in done:
+        return item_task.result()
+    item_task.cancel()
+    return _DRAINED
+
+
+async def _as_async(events: AsyncIterable[Any] | Iterable[Any]) -> AsyncIterator[Any]:
+    if isinstance(events, AsyncIterable):
+        async for item in events:
+            yield item
+    else:
+        for item in events:
+            yield item
+
+
+def _event(item: Any, number: str | None) -> ServerSentEvent:
+    if isinstance(item, ServerSentEvent):
+        if item.id is None and number is not None:
+            item.id = number
+        return item
+    if isinstance(item, dict) and "data" in item:
+        fields = dict(item)
+        if number is not None:
+            fields.setdefault("id", number)
+        return ServerSentEvent(**fields)
+    data = item if isinstance(item, str) else json.dumps(item)
+    return ServerSentEvent(data=data, id=number)
+
+
+class ChatCompletionStream(EventStream):
+    """An OpenAI-compatible ``chat.completion.chunk`` stream from text pieces.
+
+    Readable unchanged by OpenAI clients: a first chunk with the assistant role, one chunk
+    per piece, a last chunk with ``finish_reason``, an optional usage chunk, then
+    ``data: [DONE]``. If ``pieces`` raises, the client gets an ``error`` chunk (a generic
+    message with the request id; the traceback goes to the replica log) and no ``[DONE]``.
+    """
+
+    def __init__(
+        self,
+        pieces: AsyncIterable[str] | Iterable[str],
+        *,
+        model: str,
+        include_usage: bool = False,
+        prompt_tokens: int = 0,
+        finish_reason: str = "stop",
+        ping_s: float = 15.0,
+    ) -> None:
+        super().__init__(
+            _chat_chunks(pieces, model, include_usage, prompt_tokens, finish_reason),
+            ping_s=ping_s,
+            ids=False,
+        )
+
+
+async def _chat_chunks(pieces: AsyncIterable[str] | Iterable[str], model: str, include_usage: bool,
+                       prompt_tokens: int, finish_reason: str) -> AsyncIterator[dict[str, str]]:
+    completion_id = f"chatcmpl-{uuid.uuid4().hex}"
+    created = int(time.time())
+
+    def chunk(delta: dict[str, str], reason: str | None = None) -> dict[str, str]:
+        body = {"id": completion_id, "object": "chat.completion.chunk", "created": created,
+                "model": model, "choices": [{"index": 0, "delta": delta, "finish_reason": reason}]}
+        return {"data": json.dumps(body)}
+
+    yield chunk({"role": "assistant", "content": ""})
+    count = 0
+    try:
+        async for piece in _as_async(pieces):
+            count += 1
+            yield chunk({"content": piece})
+    except Exception:
+        request_id = request_context.request_id.get()
+        logger.exception("Request %s: the chat stream failed", request_id)
+        error = {"message": f"Internal Server Error (request id {request_id})",
+                 "type": "server_error", "code": "internal_error"}
+        yield {"data": json.dumps({"error": error})}
+        return
+    yield chunk({}, finish_reason)
+    if include_usage:
+        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": count,
+                 "total_tokens": prompt_tokens + count}
+        yield {"data": json.dumps({"id": completion_id, "object": "chat.completion.chunk",
+                                   "created": created, "model": model, "choices": [],
+                                   "usage": usage})}
+    yield {"data": "[DONE]"}

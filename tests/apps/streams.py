@@ -1,0 +1,76 @@
+"""SSE and OpenAI-style streaming routes for the streaming tests."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, AsyncIterator
+
+from fastapi import APIRouter
+from pydantic import BaseModel
+
+import app_toolkit as tk
+
+router = APIRouter()
+
+
+# --8<-- [start:events]
+@router.get("/events")
+async def events(count: int = 3, delay: float = 0.0, ping: float = 15.0) -> tk.EventStream:
+    async def produce() -> AsyncIterator[Any]:
+        for i in range(count):
+            if delay:
+                await asyncio.sleep(delay)
+            yield {"event": "tick", "data": f"tick {i}"} if i % 2 else f"plain {i}"
+
+    return tk.EventStream(produce(), ping_s=ping)
+# --8<-- [end:events]
+
+
+@router.get("/endless")
+async def endless() -> tk.EventStream:
+    async def produce() -> AsyncIterator[dict[str, int]]:
+        i = 0
+        while True:
+            yield {"n": i}
+            i += 1
+            await asyncio.sleep(0.05)
+
+    return tk.EventStream(produce())
+
+
+class Message(BaseModel):
+    role: str
+    content: str
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+
+
+class ChatRequest(BaseModel):
+    model: str
+    messages: list[Message]
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+
+
+# --8<-- [start:chat]
+@router.post("/v1/chat/completions")
+async def chat(request: ChatRequest) -> tk.ChatCompletionStream:
+    prompt = request.messages[-1].content
+
+    async def pieces() -> AsyncIterator[str]:
+        for word in prompt.split():
+            if word == "explode":
+                raise RuntimeError("the model crashed")
+            yield word.upper() + " "
+            await asyncio.sleep(0)
+
+    usage = request.stream_options.include_usage if request.stream_options else False
+    return tk.ChatCompletionStream(pieces(), model=request.model, include_usage=usage,
+                                   prompt_tokens=len(prompt.split()))
+# --8<-- [end:chat]
+
+
+def make_app() -> tk.App:
+    return tk.App(router)
