@@ -1,0 +1,104 @@
+"""Streaming: SSE and WebSocket latency and throughput, toolkit against bare uvicorn.
+
+Same route code in both (``benchmarks/stream_app.py``). SSE: 16 concurrent clients, each
+reading streams of 100 events for ``--duration`` seconds: streams/s, events/s and time to
+first event (p50/p99). WebSocket: 1,000 sequential echo round trips on one connection
+(p50/p99). Prints ratios toolkit/uvicorn (medians over rounds).
+
+    python benchmarks/streaming.py [--duration 10] [--rounds 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import time
+
+import httpx
+from websockets.sync.client import connect
+
+from benchmarks.http_overhead import start_servers, stop_servers
+
+CLIENTS = 16
+EVENTS = 100
+ROUND_TRIPS = 1000
+
+
+async def sse_load(base: str, duration_s: float) -> dict[str, float]:
+    first_event: list[float] = []
+    streams = 0
+    deadline = time.monotonic() + duration_s
+
+    async def client_loop(client: httpx.AsyncClient) -> None:
+        nonlocal streams
+        while time.monotonic() < deadline:
+            start = time.monotonic()
+            seen = 0
+            async with client.stream("GET", "/sse", params={"events": EVENTS}) as response:
+                async for line in response.aiter_lines():
+                    if line.startswith("data:"):
+                        if seen == 0:
+                            first_event.append(time.monotonic() - start)
+                        seen += 1
+            if seen != EVENTS:
+                raise RuntimeError(f"stream ended after {seen} of {EVENTS} events")
+            streams += 1
+
+    started = time.monotonic()
+    limits = httpx.Limits(max_connections=CLIENTS)
+    async with httpx.AsyncClient(base_url=base, timeout=30, limits=limits) as client:
+        await asyncio.gather(*(client_loop(client) for _ in range(CLIENTS)))
+    elapsed = time.monotonic() - started
+    ordered = sorted(first_event)
+    return {"streams_per_s": streams / elapsed, "events_per_s": streams * EVENTS / elapsed,
+            "ttfb_p50_ms": 1000 * ordered[len(ordered) // 2],
+            "ttfb_p99_ms": 1000 * ordered[int(len(ordered) * 0.99)]}
+
+
+def websocket_round_trips(base: str) -> dict[str, float]:
+    timings = []
+    with connect(base.replace("http://", "ws://") + "/echo") as ws:
+        for _ in range(50):  # warm up
+            ws.send("x")
+            ws.recv()
+        for i in range(ROUND_TRIPS):
+            start = time.perf_counter()
+            ws.send(f"message {i}")
+            ws.recv()
+            timings.append(time.perf_counter() - start)
+    timings.sort()
+    return {"rtt_p50_ms": 1000 * timings[len(timings) // 2], "rtt_p99_ms": 1000 * timings[int(len(timings) * 0.99)]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--duration", type=float, default=10)
+    parser.add_argument("--rounds", type=int, default=2)
+    args = parser.parse_args()
+    servers, bases = start_servers("benchmarks.stream_app:fastapi_app", "benchmarks.stream_app:app", "/health")
+    try:
+        results: dict[str, list[dict[str, float]]] = {"uvicorn": [], "toolkit": []}
+        for name in results:  # warm up
+            asyncio.run(sse_load(bases[name], 2))
+        for _ in range(args.rounds):
+            for name in results:
+                results[name].append({**asyncio.run(sse_load(bases[name], args.duration)),
+                                      **websocket_round_trips(bases[name])})
+        medians = {name: {key: statistics.median(run[key] for run in runs) for key in runs[0]}
+                   for name, runs in results.items()}
+        bare, ours = medians["uvicorn"], medians["toolkit"]
+        print(f"SSE {CLIENTS} clients x {EVENTS} events: uvicorn {bare['events_per_s']:8.0f} events/s "
+              f"first event p50 {bare['ttfb_p50_ms']:.2f} p99 {bare['ttfb_p99_ms']:.2f} ms | toolkit "
+              f"{ours['events_per_s']:8.0f} events/s first event p50 {ours['ttfb_p50_ms']:.2f} p99 "
+              f"{ours['ttfb_p99_ms']:.2f} ms | throughput {ours['events_per_s'] / bare['events_per_s']:.2f}x, "
+              f"first event p50 {ours['ttfb_p50_ms'] / bare['ttfb_p50_ms']:.2f}x")
+        print(f"WebSocket echo x{ROUND_TRIPS}: uvicorn p50 {bare['rtt_p50_ms']:.3f} p99 {bare['rtt_p99_ms']:.3f} ms"
+              f" | toolkit p50 {ours['rtt_p50_ms']:.3f} p99 {ours['rtt_p99_ms']:.3f} ms | round trip p50 "
+              f"{ours['rtt_p50_ms'] / bare['rtt_p50_ms']:.2f}x", flush=True)
+    finally:
+        stop_servers(servers)
+
+
+if __name__ == "__main__":
+    main()
