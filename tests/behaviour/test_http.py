@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import time
+from pathlib import Path
 
 import app_toolkit as tk
 from tests.apps import basic
@@ -108,21 +110,28 @@ def test_plain_deployments_serve_http(toolkit: Toolkit) -> None:
         assert text.headers["content-type"].startswith("text/plain")
 
 
-def test_backpressure_gives_503_with_retry_after(toolkit: Toolkit) -> None:
+def test_backpressure_gives_503_with_retry_after(toolkit: Toolkit, tmp_path: Path) -> None:
     toolkit.run(
         basic.make_app(max_ongoing_requests=1, max_queued_requests=1), route_prefix="/bp"
     )
+    running = tmp_path / "running"
 
     async def burst() -> list[int]:
         async with toolkit.async_client() as client:
-            first = asyncio.ensure_future(client.get("/bp/sleep", params={"seconds": 1.5}))
-            await asyncio.sleep(0.3)  # let the first request occupy the only slot
-            second = asyncio.ensure_future(client.get("/bp/sleep", params={"seconds": 0}))
-            await asyncio.sleep(0.3)  # and the second take the only queue place
-            third = await client.get("/bp/sleep", params={"seconds": 0})
-            assert third.headers["retry-after"] == "1"
-            assert third.json()["request_id"] == third.headers["x-request-id"]
-            return [(await first).status_code, (await second).status_code, third.status_code]
+            first = asyncio.ensure_future(
+                client.get("/bp/sleep", params={"seconds": 2, "marker": str(running)}))
+            deadline = time.monotonic() + 20
+            while not running.exists():  # the first request holds the only slot
+                assert time.monotonic() < deadline
+                await asyncio.sleep(0.02)
+            # One of these two takes the only queue place, the other is refused.
+            second, third = await asyncio.gather(
+                client.get("/bp/sleep", params={"seconds": 0}),
+                client.get("/bp/sleep", params={"seconds": 0}))
+            refused = second if second.status_code == 503 else third
+            assert refused.headers["retry-after"] == "1"
+            assert refused.json()["request_id"] == refused.headers["x-request-id"]
+            return sorted([(await first).status_code, second.status_code, third.status_code])
 
     assert asyncio.run(burst()) == [200, 200, 503]
 
