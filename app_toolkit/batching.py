@@ -12,11 +12,9 @@ removed from it and never cancels anyone else.
 from __future__ import annotations
 
 import asyncio
-import collections
 import functools
 import inspect
 import logging
-from dataclasses import dataclass, field
 from typing import (
     Any,
     AsyncIterator,
@@ -30,6 +28,7 @@ from typing import (
 )
 
 from app_toolkit import metrics
+from app_toolkit._runtime.batch_queue import BatchQueue, Pending
 from app_toolkit.config import BatchConfig, parse_batch_config
 from app_toolkit.exceptions import ConfigError
 
@@ -40,70 +39,6 @@ R = TypeVar("R")
 S = TypeVar("S")
 T_contra = TypeVar("T_contra", contravariant=True)
 R_co = TypeVar("R_co", covariant=True)
-
-# ----------------------------------------------------------------------------- pure queue
-
-
-@dataclass(eq=False)
-class Pending:
-    """One caller's item waiting for (or inside) a batch."""
-
-    value: Any
-    enqueued_at: float
-    size: int = 1
-    started: bool = False
-    cancelled: bool = False
-    future: asyncio.Future[Any] | None = None
-    stream: asyncio.Queue[tuple[str, Any]] | None = None
-    batch_task: asyncio.Task[None] | None = None
-    finished: bool = False
-
-
-@dataclass
-class BatchQueue:
-    """When to flush and what to take; no I/O and no clock of its own (callers pass now)."""
-
-    max_batch_size: int
-    batch_wait_timeout_s: float
-    items: collections.deque[Pending] = field(default_factory=collections.deque)
-
-    def add(self, pending: Pending) -> None:
-        self.items.append(pending)
-
-    def remove(self, pending: Pending) -> None:
-        try:
-            self.items.remove(pending)
-        except ValueError:
-            pass
-
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def flush_at(self) -> float | None:
-        """When the oldest item's wait runs out (None if empty)."""
-        if not self.items:
-            return None
-        return self.items[0].enqueued_at + self.batch_wait_timeout_s
-
-    def is_full(self) -> bool:
-        return sum(item.size for item in self.items) >= self.max_batch_size
-
-    def ready(self, now: float) -> bool:
-        flush_at = self.flush_at()
-        return flush_at is not None and (self.is_full() or now >= flush_at)
-
-    def take(self) -> list[Pending]:
-        """The next batch: oldest first, within max_batch_size (an oversized item goes alone)."""
-        batch: list[Pending] = []
-        total = 0
-        while self.items:
-            size = self.items[0].size
-            if batch and total + size > self.max_batch_size:
-                break
-            batch.append(self.items.popleft())
-            total += size
-        return batch
-
 
 # ----------------------------------------------------------------------------- runner
 

@@ -122,4 +122,4 @@ async def _relay(reply: Reply, receive: Receive, send: Send) -> None:
         results = await asyncio.gather(down, up, return_exceptions=True)
         for result in results:
             if isinstance(result, Exception):
-                logger.info("WebSocket relay ended: %s", result)
+                logger.debug("WebSocket relay ended: %r", result)

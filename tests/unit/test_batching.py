@@ -10,7 +10,7 @@ import pytest
 
 import app_toolkit as tk
 from app_toolkit import metrics
-from app_toolkit.batching import BatchQueue, Pending
+from app_toolkit._runtime.batch_queue import BatchQueue, Pending
 
 pytestmark = pytest.mark.anyio
 

@@ -1,0 +1,73 @@
+"""The batching queue: when a batch is ready and which items it takes.
+
+Pure: no I/O and no clock of its own (callers pass ``now``), so it is tested with a fake
+clock. ``app_toolkit.batching`` runs it on an event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(eq=False)
+class Pending:
+    """One caller's item waiting for (or inside) a batch."""
+
+    value: Any
+    enqueued_at: float
+    size: int = 1
+    started: bool = False
+    cancelled: bool = False
+    future: asyncio.Future[Any] | None = None
+    stream: asyncio.Queue[tuple[str, Any]] | None = None
+    batch_task: asyncio.Task[None] | None = None
+    finished: bool = False
+
+
+@dataclass
+class BatchQueue:
+    """When to flush and what to take; no I/O and no clock of its own (callers pass now)."""
+
+    max_batch_size: int
+    batch_wait_timeout_s: float
+    items: collections.deque[Pending] = field(default_factory=collections.deque)
+
+    def add(self, pending: Pending) -> None:
+        self.items.append(pending)
+
+    def remove(self, pending: Pending) -> None:
+        try:
+            self.items.remove(pending)
+        except ValueError:
+            pass
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def flush_at(self) -> float | None:
+        """When the oldest item's wait runs out (None if empty)."""
+        if not self.items:
+            return None
+        return self.items[0].enqueued_at + self.batch_wait_timeout_s
+
+    def is_full(self) -> bool:
+        return sum(item.size for item in self.items) >= self.max_batch_size
+
+    def ready(self, now: float) -> bool:
+        flush_at = self.flush_at()
+        return flush_at is not None and (self.is_full() or now >= flush_at)
+
+    def take(self) -> list[Pending]:
+        """The next batch: oldest first, within max_batch_size (an oversized item goes alone)."""
+        batch: list[Pending] = []
+        total = 0
+        while self.items:
+            size = self.items[0].size
+            if batch and total + size > self.max_batch_size:
+                break
+            batch.append(self.items.popleft())
+            total += size
+        return batch
