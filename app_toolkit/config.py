@@ -92,6 +92,10 @@ class HTTPOptions(_Strict):
 
     host: str = Field("127.0.0.1", min_length=1, description="Interface the proxy binds.")
     port: int = Field(8000, ge=0, le=65535, description="TCP port; 0 picks a free one.")
+    max_request_body_bytes: int = Field(
+        100 << 20, ge=1, description="Largest request body the proxy accepts (it buffers "
+        "bodies before forwarding them); bigger ones get 413."
+    )
     websocket_max_message_bytes: int = Field(
         1 << 20, ge=1, description="Largest WebSocket message; bigger ones close the "
         "connection with 1009 (message too big)."

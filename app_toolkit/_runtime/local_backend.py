@@ -176,6 +176,8 @@ class LocalSession(Session):
         """Serve the proxy with uvicorn on this session's loop; returns the bound port."""
         host, port = http.host, http.port
 
+        self.proxy.max_body_bytes = http.max_request_body_bytes
+
         async def start() -> int:
             config = uvicorn.Config(self.proxy, host=host, port=port, lifespan="off",
                                     log_level="warning", access_log=False,

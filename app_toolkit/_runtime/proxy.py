@@ -45,8 +45,9 @@ def match_route(routes: list[RouteInfo], path: str) -> RouteInfo | None:
 class Proxy:
     """The ASGI application the proxy's uvicorn serves."""
 
-    def __init__(self, subscriber: TableSubscriber) -> None:
+    def __init__(self, subscriber: TableSubscriber, max_body_bytes: int = 100 << 20) -> None:
         self.subscriber = subscriber
+        self.max_body_bytes = max_body_bytes
         self.routes: list[RouteInfo] = []
         self.ready = subscriber.watch(ROUTES_KEY, self._set_routes)
 
@@ -76,9 +77,14 @@ class Proxy:
         if route is None:
             await _json(send, 404, {"detail": "Not Found", "request_id": request_id}, request_id)
             return
-        body = await _read_body(receive)
+        body = await _read_body(receive, scope, self.max_body_bytes)
         if body is None:
             return  # the client went away before sending its body
+        if body is _TOO_LARGE:
+            await _json(send, 413, {"detail": f"Request body larger than {self.max_body_bytes} "
+                                    "bytes (max_request_body_bytes)", "request_id": request_id},
+                        request_id)
+            return
         forwarded = forwarded_scope(scope, route, request_id)
         timeout_s = _timeout(scope)
         if isinstance(timeout_s, str):
@@ -230,13 +236,25 @@ def _with_id(headers: list[tuple[bytes, bytes]], request_id: str) -> list[tuple[
     return [*headers, (REQUEST_ID_HEADER, request_id.encode())]
 
 
-async def _read_body(receive: Receive) -> bytes | None:
+_TOO_LARGE = b"\0too-large"
+
+
+async def _read_body(receive: Receive, scope: Scope, limit: int) -> bytes | None:
+    """The whole body; None if the client left; _TOO_LARGE past ``limit`` bytes."""
+    for key, value in scope["headers"]:
+        if key == b"content-length" and value.isdigit() and int(value) > limit:
+            return _TOO_LARGE
     chunks = []
+    size = 0
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
             return None
-        chunks.append(message.get("body", b""))
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > limit:
+            return _TOO_LARGE
+        chunks.append(chunk)
         if not message.get("more_body", False):
             return b"".join(chunks)
 

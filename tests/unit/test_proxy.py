@@ -1,0 +1,51 @@
+"""The proxy's own answers, driven as an ASGI app (no replicas, no sockets)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Callable
+
+import httpx
+import pytest
+
+from app_toolkit._runtime.messages import DeploymentID, RouteInfo
+from app_toolkit._runtime.proxy import Proxy, match_route
+
+pytestmark = pytest.mark.anyio
+
+
+class NoReplicas:
+    """A subscriber with one route and a dispatcher that must never be used."""
+
+    def watch(self, key: str, apply: Callable[[Any, int], None]) -> asyncio.Event:
+        apply((RouteInfo("/app", "app", DeploymentID("app", "Ingress")),), 1)
+        return asyncio.Event()
+
+    def dispatcher(self, deployment: DeploymentID) -> Any:
+        return None
+
+
+async def test_bodies_over_the_limit_get_413_before_any_replica_is_asked() -> None:
+    proxy = Proxy(NoReplicas(), max_body_bytes=10)  # type: ignore[arg-type]
+    transport = httpx.ASGITransport(app=proxy)
+    async with httpx.AsyncClient(transport=transport, base_url="http://proxy") as client:
+        declared = await client.post("/app/upload", content=b"x" * 11)
+        assert declared.status_code == 413
+        assert "max_request_body_bytes" in declared.json()["detail"]
+
+        async def chunks() -> Any:  # no Content-Length: counted while reading
+            for _ in range(3):
+                yield b"12345"
+
+        streamed = await client.post("/app/upload", content=chunks())
+        assert streamed.status_code == 413
+        assert (await client.get("/elsewhere")).status_code == 404
+        assert (await client.get("/-/routes")).json() == {"/app": "app"}
+
+
+def test_longest_prefix_wins_and_prefixes_match_whole_segments() -> None:
+    routes = [RouteInfo(prefix, prefix, DeploymentID(prefix, "I")) for prefix in ("/a/b", "/a", "/")]
+    assert match_route(routes, "/a/b/c").route_prefix == "/a/b"  # type: ignore[union-attr]
+    assert match_route(routes, "/a/bc").route_prefix == "/a"  # type: ignore[union-attr]
+    assert match_route(routes, "/ab").route_prefix == "/"  # type: ignore[union-attr]
+    assert match_route(routes[:2], "/zzz") is None
