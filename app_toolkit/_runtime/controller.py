@@ -56,6 +56,7 @@ class _Deployment:
     message: str = ""
     failed: bool = False
     deleting: bool = False
+    ever_ran: bool = False  # a replica of this deployment has been RUNNING
 
 
 class ControllerCore:
@@ -236,6 +237,9 @@ class ControllerCore:
                 if state.start_failures >= MAX_START_FAILURES:
                     state.failed = True
                     logger.error("%s failed to deploy: %s", spec.id, exc)
+                    if not any(r.state is ReplicaState.RUNNING for r in state.replicas.values()):
+                        # Requests waiting for a first replica must fail, not wait forever.
+                        self.longpoll.publish(replicas_key(spec.id), None)
             self._wake.set()
             return
         replica.info, replica.handle = info, handle
@@ -244,6 +248,7 @@ class ControllerCore:
             state.replicas.pop(replica.replica_id, None)
             return
         replica.state = ReplicaState.RUNNING
+        state.ever_ran = True
         replica.next_health_check = asyncio.get_running_loop().time() + spec.config.health_check_period_s
         state.message = ""
         self._publish_replicas(spec.id)
@@ -310,7 +315,11 @@ class ControllerCore:
                 key=lambda info: info.replica_id,
             )
         )
-        self.longpoll.publish(replicas_key(deployment), (infos, state.spec.config.max_queued_requests))
+        # Until a first replica runs (a new deployment starting up), callers queue without a
+        # bound: a request that arrives before its proxy has the new table waits for the
+        # replica instead of being refused.
+        max_queued = state.spec.config.max_queued_requests if state.ever_ran else -1
+        self.longpoll.publish(replicas_key(deployment), (infos, max_queued))
 
     def _publish_routes(self) -> None:
         routes = tuple(

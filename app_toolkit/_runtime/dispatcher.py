@@ -21,6 +21,7 @@ from app_toolkit.exceptions import BackPressureError, ReplicaUnavailableError
 logger = logging.getLogger("app_toolkit.router")
 
 _MAX_DELIVERY_FAILURES = 3
+_WAKE_SLACK_S = 0.0005
 
 
 class ReplicaClient(Protocol):
@@ -200,6 +201,11 @@ class Dispatcher:
                 continue
             choice = self._chooser.choose(now)
             if choice is None:
+                # Requests still wait; if a replica is only skipped for a back-off, come
+                # back when it ends (a timer may fire a hair early, so never rely on one).
+                unblock = self._chooser.next_unblock(now)
+                if unblock is not None:
+                    self._schedule_wake(unblock - now + _WAKE_SLACK_S)
                 return
             waiter = self._waiters.popleft()
             self._chooser.acquire(choice.replica_id)
@@ -208,7 +214,7 @@ class Dispatcher:
     def _schedule_wake(self, delay_s: float) -> None:
         if self._wake_handle is not None and not self._wake_handle.cancelled():
             self._wake_handle.cancel()
-        self._wake_handle = asyncio.get_running_loop().call_later(delay_s, self._wake)
+        self._wake_handle = asyncio.get_running_loop().call_later(max(delay_s, 0.0), self._wake)
 
 
 def _now() -> float:

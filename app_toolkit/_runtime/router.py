@@ -71,6 +71,15 @@ class ReplicaChooser:
         first, second = self._rng.sample(free, 2)
         return (first if first.in_flight <= second.in_flight else second).info
 
+    def next_unblock(self, now: float) -> float | None:
+        """When the earliest skipped replica with a free slot may be chosen again."""
+        times = [
+            r.blocked_until
+            for r in self._replicas.values()
+            if r.blocked_until > now and r.in_flight < r.info.max_ongoing_requests
+        ]
+        return min(times) if times else None
+
     def acquire(self, replica_id: str) -> None:
         replica = self._replicas.get(replica_id)
         if replica is not None:

@@ -39,7 +39,7 @@ class TableSubscriber:
 
             def apply(value: Any, version: int) -> None:
                 if value is None:
-                    reason = "was deleted" if version > 0 else "does not exist"
+                    reason = "was deleted or failed to deploy" if version > 0 else "does not exist"
                     dispatcher.close(f"Deployment {deployment} {reason}")
                 else:
                     replicas, max_queued = value

@@ -85,6 +85,26 @@ async def test_deploy_checkpoints_before_acknowledging_then_reaches_running() ->
     await core.stop()
 
 
+async def test_callers_may_queue_for_a_new_deployment_until_its_first_replica_runs() -> None:
+    backend = FakeBackend()
+    core = await started(backend)
+    gate = asyncio.Event()
+    original = backend.start_replica
+
+    async def slow_start(replica_id: str, spec: DeploymentSpec) -> tuple[ReplicaInfo, Any]:
+        await gate.wait()
+        return await original(replica_id, spec)
+
+    backend.start_replica = slow_start  # type: ignore[method-assign]
+    await core.deploy_app(app(replicas=1, max_queued_requests=0))
+    key = replicas_key(DeploymentID("a", "D"))
+    assert core.longpoll.get(key) == ((), -1)  # starting: wait for the first replica
+    gate.set()
+    await until(lambda: len(core.longpoll.get(key)[0]) == 1)
+    assert core.longpoll.get(key)[1] == 0  # from then on, the configured bound
+    await core.stop()
+
+
 async def test_failing_starts_are_retried_then_deploy_failed_with_the_message() -> None:
     backend = FakeBackend()
     backend.fail_versions.add("bad")
@@ -93,6 +113,8 @@ async def test_failing_starts_are_retried_then_deploy_failed_with_the_message() 
     await until(lambda: core.status().applications["a"].status is ApplicationStatus.DEPLOY_FAILED)
     deployment = core.status().applications["a"].deployments["D"]
     assert "version bad is broken" in deployment.message
+    # Callers waiting for a first replica are told, rather than left waiting.
+    assert core.longpoll.get(replicas_key(DeploymentID("a", "D"))) is None
     attempts = backend.started
     # Starts run two at a time (2 replicas), so one more may already be under way when
     # the last allowed failure lands; after that, nothing more is tried.

@@ -147,3 +147,23 @@ async def test_a_replica_leaving_the_table_keeps_its_connection_until_replies_en
     assert not leaving.closed  # the draining replica still owes this reply
     in_flight.release()
     assert leaving.closed
+
+
+async def test_a_lone_replica_that_refuses_is_retried_until_it_accepts() -> None:
+    refusals = 5
+
+    def busy_then_free(exchange: Exchange, message: Any) -> None:
+        nonlocal refusals
+        if refusals:
+            refusals -= 1
+            exchange.push(Kind.REJECTED, None)  # full because of another caller
+        else:
+            answer(exchange, message)
+
+    replica = FakeReplica("a", busy_then_free)
+    dispatcher = make({"a": replica}, max_queued=5, capacity=3)
+    waiting = [asyncio.ensure_future(dispatcher.send(Kind.CALL, n)) for n in range(3)]
+    replies = await asyncio.wait_for(asyncio.gather(*waiting), 5)  # never stranded
+    assert replies[0].message == "done 0"
+    for reply in replies:
+        reply.release()
