@@ -78,3 +78,25 @@ def test_status_reports_the_running_apps(ray_toolkit: Toolkit) -> None:
     app = data["applications"][name]
     assert app["status"] == "RUNNING" and app["route_prefix"] == "/cli-status"
     assert app["deployments"]["Ingress"]["replica_states"] == {"RUNNING": 1}
+
+
+def test_shutdown_command_stops_the_toolkit_on_the_cluster(ray_toolkit: Toolkit) -> None:
+    from app_toolkit._runtime.ray_backend import NAMESPACE
+    from app_toolkit._runtime.session import current_session, set_current_session
+
+    ray_toolkit.run(basic.make_app(), route_prefix="/cli-shutdown")
+    ray_toolkit._apps.clear()  # the command below removes it
+    address = ray.get_runtime_context().gcs_address
+    result = subprocess.run([*CLI, "shutdown", "--address", address], cwd=ROOT, env=cli_env(),
+                            capture_output=True, text=True, timeout=180)
+    assert result.returncode == 0, result.stderr
+    assert "app_toolkit stopped" in result.stdout
+    assert [a for a in ray.util.list_named_actors(all_namespaces=True) if a["namespace"] == NAMESPACE] == []
+    again = subprocess.run([*CLI, "shutdown", "--address", address], cwd=ROOT, env=cli_env(),
+                           capture_output=True, text=True, timeout=180)
+    assert again.returncode == 0 and "nothing to stop" in again.stdout
+    # This process's session pointed at the stopped controller: drop it.
+    session = current_session(create=False)
+    if session is not None:
+        session.close_subscribers()
+    set_current_session(None)
