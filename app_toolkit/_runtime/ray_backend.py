@@ -20,7 +20,7 @@ from typing import Any
 import ray
 import uvicorn
 from ray import cloudpickle
-from ray.exceptions import GetTimeoutError, RayActorError, RayTaskError
+from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError, RayTaskError
 from ray.experimental import internal_kv
 from starlette.datastructures import State
 
@@ -38,6 +38,7 @@ from app_toolkit.status import ServeStatus
 NAMESPACE = "app_toolkit"
 CONTROLLER_NAME = "app_toolkit_controller"
 _CHECKPOINT_KEY = b"app_toolkit/desired_state"
+_CONTROLLER_RESTART_WAIT_S = 60.0
 _LOCK_TYPES = (type(threading.Lock()), type(threading.RLock()))
 logger = logging.getLogger("app_toolkit.ray")
 
@@ -228,6 +229,13 @@ class ControllerActor:
             self._start_lock = asyncio.Lock()
         async with self._start_lock:
             if not self._started:
+                # After a restart (Ray restarts this actor when it dies) the replicas of the
+                # previous life are unknown to this one: stop them; the checkpointed desired
+                # state starts new ones. (Re-adopting them instead is future work.)
+                for name in _named_actors():
+                    if name.startswith("app_toolkit_replica:"):
+                        logger.warning("Stopping replica %s left by a previous controller", name)
+                        ray.kill(ray.get_actor(name, namespace=NAMESPACE), no_restart=True)
                 await self.core.start()
                 node = ray.get_runtime_context().get_node_id()
                 self._proxy = _remote(
@@ -247,22 +255,31 @@ class ControllerActor:
     def http_options(self) -> HTTPOptions:
         return self.http
 
+    # Every call first makes sure the core runs: after a restart, the first caller may be a
+    # proxy's long poll rather than a driver.
+
     async def deploy_app(self, spec: AppSpec) -> None:
+        await self.ready()
         await self.core.deploy_app(spec)
 
     async def delete_app(self, name: str) -> None:
+        await self.ready()
         await self.core.delete_app(name)
 
-    def app_exists(self, name: str) -> bool:
+    async def app_exists(self, name: str) -> bool:
+        await self.ready()
         return self.core.app_exists(name)
 
-    def status(self) -> ServeStatus:
+    async def status(self) -> ServeStatus:
+        await self.ready()
         return self.core.status()
 
     async def listen(self, known: dict[str, int], timeout_s: float) -> dict[str, tuple[int, Any]]:
+        await self.ready()
         return await self.core.listen(known, timeout_s)
 
     async def shutdown(self) -> None:
+        await self.ready()
         for name in list(self.core.apps):
             await self.core.delete_app(name)
         loop = asyncio.get_running_loop()
@@ -363,20 +380,30 @@ class RaySession(Session):
     def serialize(self, value: Any) -> bytes:
         return dumps(value)
 
+    def _control(self, method: str, *args: Any) -> Any:
+        """A controller call; while Ray restarts the controller, wait and retry."""
+        deadline = time.monotonic() + _CONTROLLER_RESTART_WAIT_S
+        while True:
+            try:
+                return ray.get(getattr(self.controller, method).remote(*args))
+            except RayTaskError as exc:
+                raise (exc.cause or exc) from None
+            except ActorUnavailableError:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+
     def deploy(self, spec: AppSpec) -> None:
-        try:
-            ray.get(self.controller.deploy_app.remote(spec))
-        except RayTaskError as exc:
-            raise (exc.cause or exc) from None
+        self._control("deploy_app", spec)
 
     def delete(self, name: str) -> None:
-        ray.get(self.controller.delete_app.remote(name))
+        self._control("delete_app", name)
 
     def app_gone(self, name: str) -> bool:
-        return not ray.get(self.controller.app_exists.remote(name))
+        return not self._control("app_exists", name)
 
     def status(self) -> ServeStatus:
-        return ray.get(self.controller.status.remote())  # type: ignore[no-any-return]
+        return self._control("status")  # type: ignore[no-any-return]
 
     def proxy_url(self) -> str:
         return next(iter(self.status().proxies.values()), "")

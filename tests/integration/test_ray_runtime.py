@@ -11,7 +11,7 @@ import ray
 
 import app_toolkit as tk
 from app_toolkit._runtime.ray_backend import NAMESPACE, _CHECKPOINT_KEY
-from tests.apps import ray_only, serve_compat
+from tests.apps import basic, ray_only, serve_compat
 from tests.conftest import TEST_RESOURCE, Toolkit
 
 
@@ -85,6 +85,36 @@ def test_a_dead_replica_is_replaced(ray_toolkit: Toolkit) -> None:
 
     wait_until(replaced, what="a replacement replica")
     assert {handle.remote().result(timeout_s=10) for _ in range(20)}
+
+
+def test_a_restarted_controller_brings_the_app_back(ray_toolkit: Toolkit) -> None:
+    import httpx
+
+    from app_toolkit._runtime.ray_backend import CONTROLLER_NAME
+
+    name = ray_toolkit.name()
+    ray_toolkit.run(basic.make_app(), name=name, route_prefix="/restart")
+    assert httpx.get(ray_toolkit.url + "/restart/items/1", timeout=10).status_code == 200
+    # The controller process dies; Ray restarts the actor, which reloads its checkpoint.
+    ray.kill(ray.get_actor(CONTROLLER_NAME, namespace=NAMESPACE), no_restart=False)
+
+    def serving() -> bool:
+        try:
+            return httpx.get(ray_toolkit.url + "/restart/items/1", timeout=5).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    wait_until(serving, timeout_s=60, what="the app to serve again")
+    wait_until(lambda: tk.status().applications[name].status is tk.ApplicationStatus.RUNNING,
+               timeout_s=60, what="the app to be RUNNING")
+    replicas = tk.status().applications[name].deployments["Ingress"].replicas
+    alive = {a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+             if a["namespace"] == NAMESPACE and a["name"].startswith("app_toolkit_replica:")}
+    wait_until(lambda: {a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+                        if a["namespace"] == NAMESPACE and a["name"].startswith("app_toolkit_replica:")}
+               == {f"app_toolkit_replica:{r.replica_id}" for r in replicas},
+               what="no replica of the previous controller left")
+    assert alive
 
 
 def test_a_ray_serve_program_runs_unchanged(ray_toolkit: Toolkit) -> None:
