@@ -140,6 +140,7 @@ class ProxyActor:
         self._http = http
         self._host, self._port = http.host, http.port
         self._server: uvicorn.Server | None = None
+        self._serving: asyncio.Task[None] | None = None
 
     async def ready(self) -> int:
         if self._server is None:
@@ -149,7 +150,7 @@ class ProxyActor:
                                     log_level="warning", access_log=False,
                                     ws_max_size=self._http.websocket_max_message_bytes)
             self._server = uvicorn.Server(config)
-            task = asyncio.get_running_loop().create_task(self._server.serve())
+            task = self._serving = asyncio.get_running_loop().create_task(self._server.serve())
             while not self._server.started:
                 if task.done():
                     raise OSError(f"The proxy could not listen on {self._host}:{self._port}; "
@@ -158,8 +159,11 @@ class ProxyActor:
         return int(self._server.servers[0].sockets[0].getsockname()[1])
 
     async def stop(self) -> None:
+        """Stop accepting connections and finish open ones (bounded), then return."""
         if self._server is not None:
             self._server.should_exit = True
+        if self._serving is not None:
+            await asyncio.wait({self._serving}, timeout=10)
 
 
 class _RayReplicas:
