@@ -243,18 +243,17 @@ class _Bound:
 
     def set_max_batch_size(self, value: int) -> None:
         """Change the batch size limit of this replica at run time."""
-        self.config = parse_batch_config({**self.config.model_dump(), "max_batch_size": value},
-                                         f"@batch options of {self._batched.__qualname__}")
-        if self._state is not None:
-            self._state.queue.max_batch_size = value
-            self._state._wake.set()
+        self._update("max_batch_size", value)
 
     def set_batch_wait_timeout_s(self, value: float) -> None:
         """Change the batch wait timeout of this replica at run time."""
-        self.config = parse_batch_config({**self.config.model_dump(), "batch_wait_timeout_s": value},
+        self._update("batch_wait_timeout_s", value)
+
+    def _update(self, option: str, value: float) -> None:
+        self.config = parse_batch_config({**self.config.model_dump(), option: value},
                                          f"@batch options of {self._batched.__qualname__}")
         if self._state is not None:
-            self._state.queue.batch_wait_timeout_s = value
+            setattr(self._state.queue, option, getattr(self.config, option))
             self._state._wake.set()
 
 

@@ -111,12 +111,7 @@ class DeploymentResponseGenerator:
             raise StopAsyncIteration
         try:
             if self._reply is None:
-                call = self._call
-                args = tuple([await _resolve(arg) for arg in call.args])
-                kwargs = {key: await _resolve(value) for key, value in call.kwargs.items()}
-                dispatcher = self._session.subscriber().dispatcher(self._deployment)
-                self._reply = await dispatcher.send(
-                    Kind.CALL, MethodCall(call.request_id, call.method, args, kwargs, stream=True))
+                self._reply = await _send_call(self._session, self._deployment, self._call)
                 kind, message = self._reply.kind, self._reply.message
             else:
                 kind, message = await self._reply.exchange.recv()
@@ -220,6 +215,15 @@ def _rebuild_handle(deployment_name: str, app_name: str, method_name: str,
     return DeploymentHandle(deployment_name, app_name, method_name=method_name, stream=stream)
 
 
+async def _send_call(session: Session, deployment: DeploymentID, call: MethodCall) -> Reply:
+    """Deliver one call; responses passed as arguments are resolved first (chaining)."""
+    args = tuple([await _resolve(arg) for arg in call.args])
+    kwargs = {key: await _resolve(value) for key, value in call.kwargs.items()}
+    dispatcher = session.subscriber().dispatcher(deployment)
+    return await dispatcher.send(
+        Kind.CALL, MethodCall(call.request_id, call.method, args, kwargs, stream=call.stream))
+
+
 async def _resolve(value: Any) -> Any:
     if isinstance(value, DeploymentResponse):
         return await value
@@ -234,12 +238,8 @@ async def _call(
     kwargs: dict[str, Any],
     parent_request_id: str,
 ) -> Any:
-    # Responses passed as arguments are resolved first, so deployments can be chained.
-    args = tuple([await _resolve(arg) for arg in args])
-    kwargs = {key: await _resolve(value) for key, value in kwargs.items()}
-    dispatcher = session.subscriber().dispatcher(deployment)
     call = MethodCall(parent_request_id or uuid.uuid4().hex, method, args, kwargs)
-    reply = await dispatcher.send(Kind.CALL, call)
+    reply = await _send_call(session, deployment, call)
     try:
         if reply.kind is Kind.RESULT:
             return reply.message

@@ -133,8 +133,9 @@ class Dispatcher:
                 self._release(info.replica_id)
                 raise
             if first_kind is Kind.REJECTED:
+                # Skip it for a back-off; the wake-up after release comes back for it.
+                self._chooser.rejected(info.replica_id, _now())
                 self._release(info.replica_id)
-                self._schedule_wake(self._chooser.rejected(info.replica_id, _now()))
                 continue
             if first_kind is Kind.LOST:
                 self._lost(info.replica_id)
@@ -157,6 +158,7 @@ class Dispatcher:
             raise BackPressureError(str(self.deployment), self.max_queued_requests)
         waiter: asyncio.Future[ReplicaInfo] = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
+        self._wake()  # arms the back-off timer if a replica is only skipped for now
         try:
             return await waiter
         except asyncio.CancelledError:

@@ -12,6 +12,7 @@ import asyncio
 import json
 import logging
 import uuid
+from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, MutableMapping
 
 from app_toolkit._runtime.channel import Kind
@@ -69,7 +70,8 @@ class Proxy:
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         path: str = scope["path"]
-        request_id = request_id_of(scope)
+        headers = read_headers(scope)
+        request_id = headers.request_id
         if path.startswith("/-/"):
             await self._builtin(path, request_id, send)
             return
@@ -77,7 +79,7 @@ class Proxy:
         if route is None:
             await _json(send, 404, {"detail": "Not Found", "request_id": request_id}, request_id)
             return
-        body = await _read_body(receive, scope, self.max_body_bytes)
+        body = await _read_body(receive, headers.content_length, self.max_body_bytes)
         if body is None:
             return  # the client went away before sending its body
         if body is _TOO_LARGE:
@@ -85,8 +87,8 @@ class Proxy:
                                     "bytes (max_request_body_bytes)", "request_id": request_id},
                         request_id)
             return
-        forwarded = forwarded_scope(scope, route, request_id)
-        timeout_s = _timeout(scope)
+        forwarded = forwarded_scope(scope, route, headers)
+        timeout_s = _timeout(headers.timeout)
         if isinstance(timeout_s, str):
             await _json(send, 400, {"detail": timeout_s, "request_id": request_id}, request_id)
             return
@@ -191,43 +193,58 @@ async def _watch_disconnect(receive: Receive, state: _RequestState) -> None:
 TIMEOUT_HEADER = b"x-request-timeout-seconds"
 
 
-def _timeout(scope: Scope) -> float | None | str:
-    """The request's deadline from its header: seconds, None, or an error message."""
+@dataclass(frozen=True, slots=True)
+class RequestHeaders:
+    """What the proxy reads from a request's headers, in one pass."""
+
+    request_id: str
+    client_id_used: bool  # the client's own x-request-id is kept
+    timeout: bytes | None
+    content_length: bytes | None
+
+
+def read_headers(scope: Scope) -> RequestHeaders:
+    request_id = timeout = content_length = None
     for key, value in scope["headers"]:
-        if key == TIMEOUT_HEADER:
-            try:
-                seconds = float(value)
-            except ValueError:
-                seconds = -1.0
-            if not 0 < seconds <= 86_400:
-                return ("x-request-timeout-seconds must be a number of seconds between 0 and "
-                        f"86400, got {value.decode('latin-1')!r}")
-            return seconds
-    return None
+        if key == REQUEST_ID_HEADER:
+            text = value.decode("latin-1")
+            if 0 < len(text) <= 200:
+                request_id = text
+        elif key == TIMEOUT_HEADER:
+            timeout = value
+        elif key == b"content-length":
+            content_length = value
+    return RequestHeaders(request_id or uuid.uuid4().hex, request_id is not None, timeout,
+                          content_length)
 
 
-def forwarded_scope(scope: Scope, route: RouteInfo, request_id: str) -> dict[str, Any]:
-    """The scope the replica sees: the path kept whole, the prefix as root_path."""
+def _timeout(value: bytes | None) -> float | None | str:
+    """The request's deadline: seconds, None, or an error message."""
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not 0 < seconds <= 86_400:
+        return ("x-request-timeout-seconds must be a number of seconds between 0 and "
+                f"86400, got {value.decode('latin-1')!r}")
+    return seconds
+
+
+def forwarded_scope(scope: Scope, route: RouteInfo, headers: RequestHeaders) -> dict[str, Any]:
+    """The scope the replica sees: the path kept whole, the prefix as root_path, and the
+    request id the proxy answers with."""
     forwarded = {key: scope[key] for key in _FORWARDED_KEYS if key in scope}
     forwarded["root_path"] = scope.get("root_path", "") + (
         "" if route.route_prefix == "/" else route.route_prefix
     )
-    if not _has_header(scope, REQUEST_ID_HEADER):
-        forwarded["headers"] = [*scope["headers"], (REQUEST_ID_HEADER, request_id.encode())]
+    if not headers.client_id_used:
+        forwarded["headers"] = [
+            *(item for item in scope["headers"] if item[0] != REQUEST_ID_HEADER),
+            (REQUEST_ID_HEADER, headers.request_id.encode()),
+        ]
     return forwarded
-
-
-def request_id_of(scope: Scope) -> str:
-    for key, value in scope["headers"]:
-        if key == REQUEST_ID_HEADER:
-            text: str = value.decode("latin-1")
-            if 0 < len(text) <= 200:
-                return text
-    return uuid.uuid4().hex
-
-
-def _has_header(scope: Scope, name: bytes) -> bool:
-    return any(key == name for key, _ in scope["headers"])
 
 
 def _with_id(headers: list[tuple[bytes, bytes]], request_id: str) -> list[tuple[bytes, bytes]]:
@@ -239,11 +256,10 @@ def _with_id(headers: list[tuple[bytes, bytes]], request_id: str) -> list[tuple[
 _TOO_LARGE = b"\0too-large"
 
 
-async def _read_body(receive: Receive, scope: Scope, limit: int) -> bytes | None:
+async def _read_body(receive: Receive, content_length: bytes | None, limit: int) -> bytes | None:
     """The whole body; None if the client left; _TOO_LARGE past ``limit`` bytes."""
-    for key, value in scope["headers"]:
-        if key == b"content-length" and value.isdigit() and int(value) > limit:
-            return _TOO_LARGE
+    if content_length is not None and content_length.isdigit() and int(content_length) > limit:
+        return _TOO_LARGE
     chunks = []
     size = 0
     while True:

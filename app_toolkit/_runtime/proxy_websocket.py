@@ -31,9 +31,10 @@ _APP_GRACE_S = 5.0  # how long an app may take to finish after the client discon
 
 
 async def serve_websocket(proxy: Proxy, scope: Scope, receive: Receive, send: Send) -> None:
-    from app_toolkit._runtime.proxy import forwarded_scope, match_route, request_id_of
+    from app_toolkit._runtime.proxy import forwarded_scope, match_route, read_headers
 
-    request_id = request_id_of(scope)
+    headers = read_headers(scope)
+    request_id = headers.request_id
     if (await receive())["type"] != "websocket.connect":
         return
     route = match_route(proxy.routes, scope["path"])
@@ -41,7 +42,7 @@ async def serve_websocket(proxy: Proxy, scope: Scope, receive: Receive, send: Se
         await send({"type": "websocket.close", "code": CLOSE_POLICY})
         return
     dispatcher = proxy.subscriber.dispatcher(route.ingress)
-    opening = WebSocketOpen(request_id, forwarded_scope(scope, route, request_id))
+    opening = WebSocketOpen(request_id, forwarded_scope(scope, route, headers))
     try:
         reply = await dispatcher.send(Kind.WS_OPEN, opening)
     except BackPressureError:

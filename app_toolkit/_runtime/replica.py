@@ -203,11 +203,10 @@ class ReplicaCore:
 
     async def _stream_call(self, method: Callable[..., Any], call: MethodCall, sink: ResponseSink) -> None:
         """Send each item a generator method yields as soon as it exists."""
-        if inspect.isasyncgenfunction(method) or inspect.isasyncgenfunction(getattr(method, "__call__", None)):
-            items: Any = method(*call.args, **call.kwargs)
-        elif inspect.isgeneratorfunction(method):
+        items: Any
+        if inspect.isgeneratorfunction(method):
             items = _iterate_in_thread(method(*call.args, **call.kwargs))
-        else:
+        else:  # an async generator, or anything returning (or awaiting to) an async iterator
             result = method(*call.args, **call.kwargs)
             if inspect.isawaitable(result):
                 result = await result

@@ -58,6 +58,10 @@ def test_request_id_is_honoured_or_created(toolkit: Toolkit) -> None:
         made = client.get("/rid/state")
         assert len(made.headers["x-request-id"]) == 32
         assert made.json()["request_id"] == made.headers["x-request-id"]
+        # An unusable id (too long) is replaced, and the app sees the replacement too.
+        replaced = client.get("/rid/state", headers={"x-request-id": "x" * 300})
+        assert len(replaced.headers["x-request-id"]) == 32
+        assert replaced.json()["request_id"] == replaced.headers["x-request-id"]
 
 
 def test_lifespan_state_and_request_state_on_every_replica(toolkit: Toolkit) -> None:
