@@ -11,6 +11,7 @@ from app_toolkit.api import (
     status,
 )
 from app_toolkit.batching import batch
+from app_toolkit.context import ReplicaContext, get_replica_context
 from app_toolkit.config import BatchConfig, DeploymentConfig, HTTPOptions, RayActorOptions
 from app_toolkit.dependencies import Depends
 from app_toolkit.deployment import Application, Deployment, deployment
@@ -25,6 +26,7 @@ from app_toolkit.exceptions import (
 )
 from app_toolkit.handle import DeploymentHandle, DeploymentResponse, DeploymentResponseGenerator
 from app_toolkit.ingress import App, ingress
+from app_toolkit.routes import deadline, replicated
 from app_toolkit.streaming import ChatCompletionStream, EventStream
 from app_toolkit.status import (
     ApplicationStatus,
@@ -61,17 +63,21 @@ __all__ = [
     "EventStream",
     "HTTPOptions",
     "RayActorOptions",
+    "ReplicaContext",
     "ReplicaState",
     "ReplicaStatusInfo",
     "ReplicaUnavailableError",
     "RequestTimeoutError",
     "ServeStatus",
     "batch",
+    "deadline",
     "delete",
     "deployment",
     "get_app_handle",
     "get_deployment_handle",
+    "get_replica_context",
     "ingress",
+    "replicated",
     "run",
     "shutdown",
     "start",

@@ -16,9 +16,10 @@ from app_toolkit._runtime.messages import AppSpec, DeploymentID, DeploymentSpec
 from app_toolkit._runtime.replica import ASGI_APP_ATTR
 from app_toolkit._runtime.session import Session, current_session, set_current_session
 from app_toolkit.config import HTTPOptions, parse_application_options, parse_http_options
-from app_toolkit.deployment import Application
+from app_toolkit.deployment import Application, Deployment
 from app_toolkit.exceptions import ConfigError, DeployError
 from app_toolkit.handle import DeploymentHandle
+from app_toolkit.route_table import route_table
 from app_toolkit.status import ApplicationStatus, ServeStatus
 
 logger = logging.getLogger("app_toolkit")
@@ -141,7 +142,16 @@ def build_app(target: Application, name: str, route_prefix: str | None, session:
         return value
 
     ingress = visit(target)
-    return AppSpec(name, route_prefix, ingress, tuple(specs.values()))
+    asgi = getattr(target.deployment.func_or_class, ASGI_APP_ATTR, None)
+    table = route_table(asgi) if asgi is not None else None
+    if table is None:
+        return AppSpec(name, route_prefix, ingress, tuple(specs.values()))
+    # A @replicated route's pool runs the ingress's own class and arguments with the
+    # pool's options; the proxy sends it only its routes' requests.
+    for pool, options in table.pools.items():
+        visit(Application(Deployment(target.deployment.func_or_class, pool, options),
+                          target.args, target.kwargs))
+    return AppSpec(name, route_prefix, ingress, tuple(specs.values()), table.routes, table.paths)
 
 
 def wait_for_application(session: Session, name: str) -> None:

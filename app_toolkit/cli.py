@@ -52,11 +52,13 @@ def main() -> None:
 @click.option("--local", "local", is_flag=True, help="Run everything in this process (no Ray).")
 @click.option("--name", default=None, help="Application name (default: the app's own, or 'default').")
 @click.option("--route-prefix", default=None, help="URL prefix of the app (default: the app's own, or '/').")
+@click.option("--access-log/--no-access-log", default=True, show_default=True,
+              help="Log one line per HTTP request.")
 def run(import_path: str, host: str, port: int, address: str | None, local: bool,
-        name: str | None, route_prefix: str | None) -> None:
+        name: str | None, route_prefix: str | None, access_log: bool) -> None:
     """Deploy IMPORT_PATH (module:attribute) and serve it until Ctrl-C."""
     try:
-        http = parse_http_options({"host": host, "port": port})
+        http = parse_http_options({"host": host, "port": port, "access_log": access_log})
         cwd = os.getcwd()
         # Ray worker processes import the user's module too: let them find it here.
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (cwd, os.environ.get("PYTHONPATH")) if p)

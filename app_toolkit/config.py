@@ -100,6 +100,10 @@ class HTTPOptions(_Strict):
         1 << 20, ge=1, description="Largest WebSocket message; bigger ones close the "
         "connection with 1009 (message too big)."
     )
+    access_log: bool = Field(
+        True, description="Log one line per HTTP request on the 'app_toolkit.access' logger "
+        "(client, method, path, status, milliseconds; 499 when the client left first)."
+    )
 
 
 class ApplicationOptions(_Strict):

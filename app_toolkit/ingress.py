@@ -16,6 +16,7 @@ from app_toolkit.config import parse_application_options
 from app_toolkit.dependencies import discover
 from app_toolkit.deployment import Application, Deployment, deployment
 from app_toolkit.exceptions import ConfigError
+from app_toolkit.route_table import route_table
 
 
 def ingress(app: Any) -> Callable[[type], type]:
@@ -57,6 +58,7 @@ class App(Application):
     ) -> None:
         parse_application_options(name, route_prefix)
         asgi = _as_asgi(routes, title=name)
+        route_table(asgi)  # clashing routes or pool options fail here, not at run()
         ingress_class = type(
             "Ingress", (), {"__doc__": f"HTTP ingress of {name!r}.", "__init__": _keep_handles}
         )

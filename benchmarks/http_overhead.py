@@ -146,7 +146,8 @@ def start_servers(uvicorn_target: str, toolkit_target: str,
             [str(BIN / "uvicorn"), uvicorn_target, "--host", "127.0.0.1", "--port", str(ports["uvicorn"]),
              "--log-level", "warning", "--no-access-log"], cwd=ROOT, env=env),
         "toolkit": subprocess.Popen(
-            [str(BIN / "app-toolkit"), "run", toolkit_target, "--port", str(ports["toolkit"])],
+            [str(BIN / "app-toolkit"), "run", toolkit_target, "--port", str(ports["toolkit"]),
+             "--no-access-log"],
             cwd=ROOT, env=env, stdout=subprocess.DEVNULL),
     }
     bases = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}

@@ -54,10 +54,10 @@ class Toolkit:
         return tk.run(app, name=name, backend=self.backend, **kwargs)
 
     def client(self, **kwargs: Any) -> httpx.Client:
-        return httpx.Client(base_url=self.url, timeout=30, **kwargs)
+        return httpx.Client(**{"base_url": self.url, "timeout": 30, **kwargs})
 
     def async_client(self, **kwargs: Any) -> httpx.AsyncClient:
-        return httpx.AsyncClient(base_url=self.url, timeout=30, **kwargs)
+        return httpx.AsyncClient(**{"base_url": self.url, "timeout": 30, **kwargs})
 
     def cleanup(self) -> None:
         for name in self._apps:
@@ -106,6 +106,16 @@ def no_backend() -> Iterator[None]:
     if current_session(create=False) is not None:
         tk.shutdown()
     yield
+
+
+@pytest.fixture
+def local_toolkit() -> Iterator[Toolkit]:
+    """The toolkit on the local backend only (to read the proxy's logs in this process)."""
+    kit = _ensure_backend("local")
+    try:
+        yield kit
+    finally:
+        kit.cleanup()
 
 
 @pytest.fixture

@@ -11,9 +11,10 @@ EXPECTED = [
     "App", "AppToolkitError", "Application", "ApplicationStatus", "ApplicationStatusInfo",
     "BackPressureError", "BatchConfig", "ChatCompletionStream", "ConfigError", "Depends", "DeployError", "Deployment",
     "DeploymentCallError", "DeploymentConfig", "DeploymentHandle", "DeploymentResponse",
-    "DeploymentResponseGenerator", "DeploymentStatus", "DeploymentStatusInfo", "EventStream", "HTTPOptions", "RayActorOptions", "ReplicaState",
-    "ReplicaStatusInfo", "ReplicaUnavailableError", "RequestTimeoutError", "ServeStatus", "batch", "delete",
-    "deployment", "get_app_handle", "get_deployment_handle", "ingress", "run", "shutdown", "start",
+    "DeploymentResponseGenerator", "DeploymentStatus", "DeploymentStatusInfo", "EventStream", "HTTPOptions", "RayActorOptions", "ReplicaContext", "ReplicaState",
+    "ReplicaStatusInfo", "ReplicaUnavailableError", "RequestTimeoutError", "ServeStatus", "batch", "deadline", "delete",
+    "deployment", "get_app_handle", "get_deployment_handle", "get_replica_context", "ingress",
+    "replicated", "run", "shutdown", "start",
     "status", "testing",
 ]
 
@@ -26,7 +27,7 @@ def test_all_is_sorted_and_complete() -> None:
     public = {name for name in vars(tk) if not name.startswith("_")}
     assert public - set(tk.__all__) <= {
         "api", "batching", "config", "deployment", "metrics", "streaming", "exceptions", "handle", "ingress", "status", "dependencies",
-        "import_path", "_runtime",
+        "import_path", "_runtime", "context", "routes", "route_table",
     }
 
 

@@ -93,13 +93,9 @@ class ControllerCore:
 
     async def deploy_app(self, spec: AppSpec) -> None:
         """Record the new desired state, checkpoint it, then acknowledge."""
-        if spec.route_prefix is not None:
-            for other in self.apps.values():
-                if other.name != spec.name and other.route_prefix == spec.route_prefix:
-                    raise ConfigError(
-                        f"route_prefix {spec.route_prefix!r} is already used by application "
-                        f"{other.name!r}; choose another prefix or delete {other.name!r} first"
-                    )
+        for other in self.apps.values():
+            if other.name != spec.name:
+                _check_prefixes(spec, other)
         previous = self.apps.get(spec.name)
         self._adopt(spec)
         if previous is not None:
@@ -325,7 +321,8 @@ class ControllerCore:
         routes = tuple(
             sorted(
                 (
-                    RouteInfo(app.route_prefix, app.name, DeploymentID(app.name, app.ingress))
+                    RouteInfo(app.route_prefix, app.name, DeploymentID(app.name, app.ingress),
+                              app.routes)
                     for app in self.apps.values()
                     if app.route_prefix is not None
                 ),
@@ -362,6 +359,30 @@ class ControllerCore:
         task = asyncio.get_running_loop().create_task(coroutine)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+
+def _check_prefixes(new: AppSpec, other: AppSpec) -> None:
+    """Refuse an app whose prefix equals another's or hides some of its routes."""
+    if new.route_prefix is None or other.route_prefix is None:
+        return
+    if new.route_prefix == other.route_prefix:
+        raise ConfigError(
+            f"route_prefix {new.route_prefix!r} is already used by application "
+            f"{other.name!r}; choose another prefix or delete {other.name!r} first"
+        )
+    for outer, inner in ((other, new), (new, other)):
+        assert outer.route_prefix is not None and inner.route_prefix is not None
+        if not inner.route_prefix.startswith(outer.route_prefix.rstrip("/") + "/"):
+            continue  # inner is not below outer, so it cannot hide outer's routes
+        for path in outer.paths:
+            full = outer.route_prefix.rstrip("/") + path
+            fixed = full.split("{", 1)[0]  # the part before any path parameter
+            if fixed == inner.route_prefix or fixed.startswith(inner.route_prefix.rstrip("/") + "/"):
+                raise ConfigError(
+                    f"Route {full} of application {outer.name!r} would be hidden by application "
+                    f"{inner.name!r} at route_prefix {inner.route_prefix!r} (the longest prefix "
+                    "wins); choose another route_prefix or move the route"
+                )
 
 
 def _app_status(deployments: Any) -> ApplicationStatus:

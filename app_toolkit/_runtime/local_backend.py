@@ -177,6 +177,7 @@ class LocalSession(Session):
         host, port = http.host, http.port
 
         self.proxy.max_body_bytes = http.max_request_body_bytes
+        self.proxy.access_log = http.access_log
 
         async def start() -> int:
             config = uvicorn.Config(self.proxy, host=host, port=port, lifespan="off",

@@ -34,12 +34,28 @@ class ReplicaInfo:
 
 
 @dataclass(frozen=True, slots=True)
+class PathRoute:
+    """One route of an app, as the proxy matches it (in the app's own route order).
+
+    Only apps with per-route pools or deadlines have these; every other request of an app
+    goes to its ingress.
+    """
+
+    pattern: str  # regular expression over the path below the app's route_prefix
+    methods: frozenset[str] | None  # HTTP methods; None matches any (mounts, WebSockets)
+    scope_types: frozenset[str]  # "http", "websocket" or both (mounts)
+    deployment: str | None  # the deployment serving it; None for the ingress
+    deadline_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class RouteInfo:
-    """One HTTP route prefix and the ingress deployment behind it."""
+    """One HTTP route prefix, the ingress deployment behind it and its special routes."""
 
     route_prefix: str
     app: str
     ingress: DeploymentID
+    routes: tuple[PathRoute, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +82,8 @@ class AppSpec:
     route_prefix: str | None
     ingress: str
     deployments: tuple[DeploymentSpec, ...]
+    routes: tuple[PathRoute, ...] = ()  # see RouteInfo
+    paths: tuple[str, ...] = ()  # every route's path template, to find clashes between apps
 
     def deployment(self, name: str) -> DeploymentSpec:
         for spec in self.deployments:

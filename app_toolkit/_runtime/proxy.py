@@ -11,18 +11,21 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, MutableMapping
 
 from app_toolkit._runtime.channel import Kind
 from app_toolkit._runtime.longpoll import ROUTES_KEY
-from app_toolkit._runtime.messages import HTTPRequest, HTTPResponse, HTTPResponseStart, RouteInfo
+from app_toolkit._runtime.messages import DeploymentID, HTTPRequest, HTTPResponse, HTTPResponseStart
+from app_toolkit._runtime.path_match import AppRoutes, match_app
 from app_toolkit._runtime.proxy_websocket import serve_websocket
 from app_toolkit._runtime.subscriber import TableSubscriber
 from app_toolkit.exceptions import BackPressureError, ReplicaUnavailableError
 
 logger = logging.getLogger("app_toolkit.proxy")
+access_logger = logging.getLogger("app_toolkit.access")
 
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
@@ -30,116 +33,126 @@ Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
 REQUEST_ID_HEADER = b"x-request-id"
 RETRY_AFTER_S = 1
+CLIENT_CLOSED = 499  # nginx's status for "the client closed the connection"
 _FORWARDED_KEYS = ("type", "http_version", "method", "scheme", "path", "raw_path",
                    "query_string", "headers", "client", "server", "subprotocols")
-
-
-def match_route(routes: list[RouteInfo], path: str) -> RouteInfo | None:
-    """Longest prefix wins; a prefix matches itself and paths below it."""
-    for route in routes:  # sorted longest first
-        prefix = route.route_prefix
-        if prefix == "/" or path == prefix or path.startswith(prefix + "/"):
-            return route
-    return None
 
 
 class Proxy:
     """The ASGI application the proxy's uvicorn serves."""
 
-    def __init__(self, subscriber: TableSubscriber, max_body_bytes: int = 100 << 20) -> None:
+    def __init__(self, subscriber: TableSubscriber, max_body_bytes: int = 100 << 20,
+                 access_log: bool = False) -> None:
         self.subscriber = subscriber
         self.max_body_bytes = max_body_bytes
-        self.routes: list[RouteInfo] = []
+        self.access_log = access_log
+        self.routes: list[AppRoutes] = []
         self.ready = subscriber.watch(ROUTES_KEY, self._set_routes)
 
     def _set_routes(self, value: Any, _version: int) -> None:
-        routes = list(value or ())
+        routes = [AppRoutes(info) for info in value or ()]
         routes.sort(key=lambda route: len(route.route_prefix), reverse=True)
         self.routes = routes
         for route in routes:
-            self.subscriber.dispatcher(route.ingress)
+            for deployment in route.deployments:
+                self.subscriber.dispatcher(deployment)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
         if kind == "http":
-            await self._http(scope, receive, send)
+            if not self.access_log:
+                await self._http(scope, receive, send)
+                return
+            started = time.perf_counter()
+            status = 500  # unless _http returns normally
+            try:
+                status = await self._http(scope, receive, send)
+            finally:
+                _log_access(scope, status, started)
         elif kind == "websocket":
             await serve_websocket(self, scope, receive, send)
         elif kind == "lifespan":
             await _lifespan(receive, send)
 
-    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> int:
+        """Serve one request; returns the status for the access log (499: client left)."""
         path: str = scope["path"]
         headers = read_headers(scope)
         request_id = headers.request_id
         if path.startswith("/-/"):
-            await self._builtin(path, request_id, send)
-            return
-        route = match_route(self.routes, path)
+            return await self._builtin(path, request_id, send)
+        route = match_app(self.routes, path)
         if route is None:
-            await _json(send, 404, {"detail": "Not Found", "request_id": request_id}, request_id)
-            return
+            return await _json(send, 404, {"detail": "Not Found", "request_id": request_id}, request_id)
         body = await _read_body(receive, headers.content_length, self.max_body_bytes)
         if body is None:
-            return  # the client went away before sending its body
+            return CLIENT_CLOSED  # the client went away before sending its body
         if body is _TOO_LARGE:
-            await _json(send, 413, {"detail": f"Request body larger than {self.max_body_bytes} "
-                                    "bytes (max_request_body_bytes)", "request_id": request_id},
-                        request_id)
-            return
+            return await _json(send, 413, {"detail": f"Request body larger than {self.max_body_bytes} "
+                                           "bytes (max_request_body_bytes)", "request_id": request_id},
+                               request_id)
         forwarded = forwarded_scope(scope, route, headers)
         timeout_s = _timeout(headers.timeout)
         if isinstance(timeout_s, str):
-            await _json(send, 400, {"detail": timeout_s, "request_id": request_id}, request_id)
-            return
+            return await _json(send, 400, {"detail": timeout_s, "request_id": request_id}, request_id)
+        deployment, deadline_s = route.target("http", scope["method"], path)
+        if deadline_s is not None and (timeout_s is None or deadline_s < timeout_s):
+            timeout_s = deadline_s
         # Watch for the client going away: the request is then cancelled wherever it is
         # (dropped from the queue, or cancelled on the replica).
         state = _RequestState(asyncio.current_task())
         watcher = asyncio.ensure_future(_watch_disconnect(receive, state))
         try:
             async with asyncio.timeout(timeout_s):
-                await self._forward(route, HTTPRequest(request_id, forwarded, body), send, state)
+                await self._forward(deployment, HTTPRequest(request_id, forwarded, body), send, state)
         except asyncio.CancelledError:
             if not state.disconnected:
                 raise
             if state.task is not None:
                 state.task.uncancel()  # we asked for this cancellation; it is handled
-            logger.info("Request %s: client disconnected (499)", request_id)
+            state.status = CLIENT_CLOSED
         except TimeoutError:
             logger.info("Request %s: deadline of %s s passed (504)", request_id, timeout_s)
             if not state.started:
-                await _json(send, 504, {"detail": "Gateway Timeout: the request took longer than "
-                                        f"{timeout_s} s", "request_id": request_id}, request_id)
+                state.status = await _json(
+                    send, 504, {"detail": "Gateway Timeout: the request took longer than "
+                                f"{timeout_s} s", "request_id": request_id}, request_id)
         finally:
             state.finished = True
             watcher.cancel()
+        return state.status
 
-    async def _forward(self, route: RouteInfo, request: HTTPRequest, send: Send, state: _RequestState) -> None:
+    async def _forward(self, deployment: DeploymentID, request: HTTPRequest, send: Send,
+                       state: _RequestState) -> None:
         request_id = request.request_id
-        dispatcher = self.subscriber.dispatcher(route.ingress)
+        dispatcher = self.subscriber.dispatcher(deployment)
         try:
             reply = await dispatcher.send(Kind.HTTP, request)
         except BackPressureError:
-            await _json(send, 503, {"detail": "Service Unavailable: too many requests queued",
-                                    "request_id": request_id}, request_id,
-                        [(b"retry-after", str(RETRY_AFTER_S).encode())])
+            state.status = await _json(
+                send, 503, {"detail": "Service Unavailable: too many requests queued",
+                            "request_id": request_id}, request_id,
+                [(b"retry-after", str(RETRY_AFTER_S).encode())])
             return
         except ReplicaUnavailableError as exc:
             logger.warning("Request %s: %s", request_id, exc)
-            await _json(send, 503, {"detail": "Service Unavailable: no replica could serve the request",
-                                    "request_id": request_id}, request_id,
-                        [(b"retry-after", str(RETRY_AFTER_S).encode())])
+            state.status = await _json(
+                send, 503, {"detail": "Service Unavailable: no replica could serve the request",
+                            "request_id": request_id}, request_id,
+                [(b"retry-after", str(RETRY_AFTER_S).encode())])
             return
         try:
             if reply.kind is Kind.RESPONSE:
                 response: HTTPResponse = reply.message
                 state.started = state.finished = True
+                state.status = response.status
                 await send({"type": "http.response.start", "status": response.status,
                             "headers": _with_id(response.headers, request_id)})
                 await send({"type": "http.response.body", "body": response.body})
                 return
             start: HTTPResponseStart = reply.message
             state.started = True
+            state.status = start.status
             await send({"type": "http.response.start", "status": start.status,
                         "headers": _with_id(start.headers, request_id)})
             while True:
@@ -157,22 +170,22 @@ class Proxy:
             reply.exchange.cancel()
             reply.release()
 
-    async def _builtin(self, path: str, request_id: str, send: Send) -> None:
+    async def _builtin(self, path: str, request_id: str, send: Send) -> int:
         if path == "/-/healthz":
-            await _json(send, 200, {"status": "ok"}, request_id)
-        elif path == "/-/routes":
-            await _json(send, 200, {r.route_prefix: r.app for r in self.routes}, request_id)
-        else:
-            await _json(send, 404, {"detail": "Not Found", "request_id": request_id}, request_id)
+            return await _json(send, 200, {"status": "ok"}, request_id)
+        if path == "/-/routes":
+            return await _json(send, 200, {r.route_prefix: r.app for r in self.routes}, request_id)
+        return await _json(send, 404, {"detail": "Not Found", "request_id": request_id}, request_id)
 
 
 class _RequestState:
     """What the proxy knows about one request while it is forwarded."""
 
-    __slots__ = ("task", "started", "finished", "disconnected")
+    __slots__ = ("task", "started", "finished", "disconnected", "status")
 
     def __init__(self, task: asyncio.Task[Any] | None) -> None:
         self.task = task
+        self.status = 0  # the status sent to the client, for the access log
         self.started = False  # the response head went to the client
         self.finished = False  # the whole response went to the client
         self.disconnected = False
@@ -232,7 +245,7 @@ def _timeout(value: bytes | None) -> float | None | str:
     return seconds
 
 
-def forwarded_scope(scope: Scope, route: RouteInfo, headers: RequestHeaders) -> dict[str, Any]:
+def forwarded_scope(scope: Scope, route: AppRoutes, headers: RequestHeaders) -> dict[str, Any]:
     """The scope the replica sees: the path kept whole, the prefix as root_path, and the
     request id the proxy answers with."""
     forwarded = {key: scope[key] for key in _FORWARDED_KEYS if key in scope}
@@ -276,12 +289,24 @@ async def _read_body(receive: Receive, content_length: bytes | None, limit: int)
 
 
 async def _json(send: Send, status: int, content: Any, request_id: str,
-                extra: list[tuple[bytes, bytes]] | None = None) -> None:
+                extra: list[tuple[bytes, bytes]] | None = None) -> int:
     body = json.dumps(content).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
                (REQUEST_ID_HEADER, request_id.encode()), *(extra or [])]
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
+    return status
+
+
+def _log_access(scope: Scope, status: int, started: float) -> None:
+    """One line per request, uvicorn's layout plus the duration; 499 = the client left."""
+    client = scope.get("client")
+    where = f"{client[0]}:{client[1]}" if client else "-"
+    query = scope.get("query_string", b"")
+    target = scope["path"] + ("?" + query.decode("latin-1") if query else "")
+    access_logger.info('%s - "%s %s HTTP/%s" %d %.1fms', where, scope["method"], target,
+                       scope.get("http_version", "1.1"), status,
+                       (time.perf_counter() - started) * 1000)
 
 
 async def _lifespan(receive: Receive, send: Send) -> None:

@@ -31,17 +31,19 @@ _APP_GRACE_S = 5.0  # how long an app may take to finish after the client discon
 
 
 async def serve_websocket(proxy: Proxy, scope: Scope, receive: Receive, send: Send) -> None:
-    from app_toolkit._runtime.proxy import forwarded_scope, match_route, read_headers
+    from app_toolkit._runtime.path_match import match_app
+    from app_toolkit._runtime.proxy import forwarded_scope, read_headers
 
     headers = read_headers(scope)
     request_id = headers.request_id
     if (await receive())["type"] != "websocket.connect":
         return
-    route = match_route(proxy.routes, scope["path"])
+    route = match_app(proxy.routes, scope["path"])
     if route is None:
         await send({"type": "websocket.close", "code": CLOSE_POLICY})
         return
-    dispatcher = proxy.subscriber.dispatcher(route.ingress)
+    deployment, _ = route.target("websocket", None, scope["path"])
+    dispatcher = proxy.subscriber.dispatcher(deployment)
     opening = WebSocketOpen(request_id, forwarded_scope(scope, route, headers))
     try:
         reply = await dispatcher.send(Kind.WS_OPEN, opening)

@@ -145,7 +145,8 @@ class ProxyActor:
     async def ready(self) -> int:
         if self._server is None:
             session = RaySession.attach()
-            proxy = Proxy(session.subscriber(), self._http.max_request_body_bytes)
+            proxy = Proxy(session.subscriber(), self._http.max_request_body_bytes,
+                          self._http.access_log)
             config = uvicorn.Config(proxy, host=self._host, port=self._port, lifespan="off",
                                     log_level="warning", access_log=False,
                                     ws_max_size=self._http.websocket_max_message_bytes)

@@ -52,6 +52,7 @@ class ReplicaCore:
         dumps: Dumps,
     ) -> None:
         self.replica_id = replica_id
+        self.context = request_context.ReplicaContext(deployment.app, deployment.name, replica_id)
         self.deployment = deployment
         self.config = config
         self._definition = definition
@@ -73,7 +74,7 @@ class ReplicaCore:
         """Build the user object, run lifespan startup and apply ``user_config``."""
         args, kwargs = self._init_args
         definition = self._definition
-        request_context.app_name.set(self.deployment.app)
+        request_context.enter_replica(self.context)
         try:
             if inspect.isclass(definition):
                 self.instance = definition(*args, **kwargs)
@@ -167,7 +168,7 @@ class ReplicaCore:
             self.asgi_app = request_app(self._method("__call__"))
         rid = request_context.request_id.set(request.request_id)
         inst = request_context.replica_instance.set(self.instance)
-        request_context.app_name.set(self.deployment.app)
+        request_context.enter_replica(self.context)
         request_context.draining.set(self.draining_event)
         try:
             state = self._lifespan.state if self._lifespan is not None else {}
@@ -178,7 +179,7 @@ class ReplicaCore:
 
     async def _serve_call(self, call: MethodCall, sink: ResponseSink) -> None:
         rid = request_context.request_id.set(call.request_id)
-        request_context.app_name.set(self.deployment.app)
+        request_context.enter_replica(self.context)
         try:
             method = self._method(call.method)
             if call.stream:

@@ -9,7 +9,8 @@ import httpx
 import pytest
 
 from app_toolkit._runtime.messages import DeploymentID, RouteInfo
-from app_toolkit._runtime.proxy import Proxy, match_route
+from app_toolkit._runtime.path_match import AppRoutes, match_app
+from app_toolkit._runtime.proxy import Proxy
 
 pytestmark = pytest.mark.anyio
 
@@ -44,8 +45,9 @@ async def test_bodies_over_the_limit_get_413_before_any_replica_is_asked() -> No
 
 
 def test_longest_prefix_wins_and_prefixes_match_whole_segments() -> None:
-    routes = [RouteInfo(prefix, prefix, DeploymentID(prefix, "I")) for prefix in ("/a/b", "/a", "/")]
-    assert match_route(routes, "/a/b/c").route_prefix == "/a/b"  # type: ignore[union-attr]
-    assert match_route(routes, "/a/bc").route_prefix == "/a"  # type: ignore[union-attr]
-    assert match_route(routes, "/ab").route_prefix == "/"  # type: ignore[union-attr]
-    assert match_route(routes[:2], "/zzz") is None
+    routes = [AppRoutes(RouteInfo(prefix, prefix, DeploymentID(prefix, "I")))
+              for prefix in ("/a/b", "/a", "/")]
+    assert match_app(routes, "/a/b/c").route_prefix == "/a/b"  # type: ignore[union-attr]
+    assert match_app(routes, "/a/bc").route_prefix == "/a"  # type: ignore[union-attr]
+    assert match_app(routes, "/ab").route_prefix == "/"  # type: ignore[union-attr]
+    assert match_app(routes[:2], "/zzz") is None

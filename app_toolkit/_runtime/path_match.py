@@ -1,0 +1,55 @@
+"""Which deployment serves a request: the app by longest prefix, then its special routes.
+
+Pure; the proxy keeps one :class:`AppRoutes` per application.
+"""
+
+from __future__ import annotations
+
+import re
+
+from app_toolkit._runtime.messages import DeploymentID, RouteInfo
+
+
+class AppRoutes:
+    """One application's prefix, its ingress and its compiled per-route table."""
+
+    __slots__ = ("route_prefix", "app", "ingress", "deployments", "_table")
+
+    def __init__(self, info: RouteInfo) -> None:
+        self.route_prefix = info.route_prefix
+        self.app = info.app
+        self.ingress = info.ingress
+        self._table = [
+            (re.compile(route.pattern), route.methods, route.scope_types,
+             DeploymentID(info.app, route.deployment) if route.deployment else info.ingress,
+             route.deadline_s)
+            for route in info.routes
+        ]
+        #: Every deployment requests of this app may go to.
+        self.deployments = {info.ingress, *(entry[3] for entry in self._table)}
+
+    def target(self, scope_type: str, method: str | None, path: str) -> tuple[DeploymentID, float | None]:
+        """The deployment for this request and the route's deadline, if any.
+
+        As in Starlette, the first route that matches both path and method wins; a request
+        no special route takes goes to the ingress (which answers 404/405 itself).
+        """
+        if not self._table:
+            return self.ingress, None
+        below = path if self.route_prefix == "/" else path[len(self.route_prefix):]
+        for regex, methods, scope_types, deployment, deadline_s in self._table:
+            if scope_type not in scope_types or (methods is not None and method not in methods):
+                continue
+            if regex.match(below):
+                return deployment, deadline_s
+        return self.ingress, None
+
+
+def match_app(apps: list[AppRoutes], path: str) -> AppRoutes | None:
+    """Longest prefix wins (``apps`` is sorted longest first); a prefix matches itself
+    and paths below it."""
+    for app in apps:
+        prefix = app.route_prefix
+        if prefix == "/" or path == prefix or path.startswith(prefix + "/"):
+            return app
+    return None

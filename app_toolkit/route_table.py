@@ -1,0 +1,126 @@
+"""Read an app's routes at build time: pools, deadlines, the proxy's table and clashes.
+
+The proxy normally sends every request below an app's ``route_prefix`` to its ingress.
+When routes carry ``@replicated`` or ``@deadline``, the proxy also needs the app's routes
+in FastAPI's own matching order (first full match wins, as in Starlette), so that a
+request reaches the route FastAPI would pick. Routes after the last special one never
+need matching, so the table stops there.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import fastapi.routing
+from fastapi.routing import APIRouter
+from starlette.routing import Mount, WebSocketRoute
+
+from app_toolkit._runtime.messages import PathRoute
+from app_toolkit.exceptions import ConfigError
+from app_toolkit.routes import route_options
+
+# Newer FastAPI keeps an included router as one lazy entry; this walks those entries with
+# their prefixes applied. Older FastAPI copies included routes into the app's own list.
+_iter_route_contexts = getattr(fastapi.routing, "iter_route_contexts", None)
+
+_PARAM_RE = re.compile(r"\{[^}:]+(:[^}]+)?\}")
+
+
+@dataclass(frozen=True)
+class RouteTable:
+    """What the build needs from one ingress app."""
+
+    pools: dict[str, dict[str, Any]]  # pool deployment name -> its deployment options
+    routes: tuple[PathRoute, ...]  # the proxy's table; empty when nothing is special
+    paths: tuple[str, ...]  # every route's path template
+
+
+@dataclass(frozen=True)
+class _Route:
+    path: str
+    pattern: str | None
+    methods: frozenset[str] | None
+    scope_types: frozenset[str]
+    endpoint: Any
+
+
+def route_table(app: Any) -> RouteTable:
+    """The pools, proxy table and paths of ``app``; ConfigError on clashing routes."""
+    routes = list(_routes(app))
+    _check_clashes(routes)
+    pools: dict[str, dict[str, Any]] = {}
+    table: list[PathRoute] = []
+    special = 0
+    for route in routes:
+        options = route_options(route.endpoint)
+        pool = options.pool if options else None
+        deadline_s = options.deadline_s if options else None
+        if options is not None and options.pool is not None:
+            wanted = dict(options.pool_options)
+            if pools.setdefault(options.pool, wanted) != wanted:
+                raise ConfigError(
+                    f"Two routes use the pool {options.pool!r} with different options; give "
+                    "one of them another @replicated(name=...) or the same options"
+                )
+        if route.pattern is None:
+            continue
+        table.append(PathRoute(route.pattern, route.methods, route.scope_types, pool, deadline_s))
+        if pool is not None or deadline_s is not None:
+            special = len(table)
+    if any(route.pattern is None and route_options(route.endpoint) for route in routes):
+        raise ConfigError("@replicated/@deadline routes need a path the proxy can match")
+    return RouteTable(pools, tuple(table[:special]), tuple(route.path for route in routes))
+
+
+def _routes(app: Any) -> Iterator[_Route]:
+    router = app if isinstance(app, APIRouter) else getattr(app, "router", None)
+    routes = getattr(router, "routes", None)
+    if not isinstance(routes, list):
+        return  # an ASGI app without a Starlette router: the proxy cannot see its routes
+    contexts: Any = _iter_route_contexts(routes) if _iter_route_contexts else routes
+    for context in contexts:
+        original = getattr(context, "original_route", context)
+        path = getattr(context, "path", None)
+        if not isinstance(path, str):
+            continue  # Host routes match on the host name, not the path
+        regex = getattr(context, "path_regex", None)
+        if isinstance(original, Mount):
+            kinds = frozenset({"http", "websocket"})
+        elif isinstance(original, WebSocketRoute):
+            kinds = frozenset({"websocket"})
+        else:
+            kinds = frozenset({"http"})
+        methods = getattr(context, "methods", None)
+        yield _Route(
+            path,
+            regex.pattern if regex is not None else None,
+            frozenset(methods) if methods and "http" in kinds and len(kinds) == 1 else None,
+            kinds,
+            getattr(context, "endpoint", None),
+        )
+
+
+def _check_clashes(routes: list[_Route]) -> None:
+    """Two routes with the same method and path shape: the second could never run."""
+    seen: dict[tuple[str, str], _Route] = {}
+    for route in routes:
+        if len(route.scope_types) != 1:
+            continue  # mounts share their prefix on purpose
+        shape = _PARAM_RE.sub(lambda m: "{" + (m.group(1) or "") + "}", route.path)
+        verbs = ["WEBSOCKET"] if "websocket" in route.scope_types else sorted(route.methods or {"*"})
+        for verb in verbs:
+            first = seen.setdefault((shape, verb), route)
+            if first is not route:
+                raise ConfigError(
+                    f"Two routes answer {verb} {route.path}: {_name(first.endpoint)} and "
+                    f"{_name(route.endpoint)}; FastAPI would silently run only the first. "
+                    "Remove one or give it another path"
+                )
+
+
+def _name(endpoint: Any) -> str:
+    module = getattr(endpoint, "__module__", None)
+    name = getattr(endpoint, "__qualname__", None) or repr(endpoint)
+    return f"{module}.{name}" if module else name

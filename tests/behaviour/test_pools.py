@@ -1,0 +1,106 @@
+"""Per-route replica pools, route deadlines and the access log, on both backends."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import httpx
+import pytest
+from fastapi import APIRouter
+from websockets.sync.client import connect
+
+import app_toolkit as tk
+from tests.apps import pools
+from tests.conftest import Toolkit
+
+
+def test_pool_routes_run_in_their_own_deployments(toolkit: Toolkit) -> None:
+    name = toolkit.name()
+    toolkit.run(pools.make_app(), name=name, route_prefix="/p")
+    with toolkit.client() as client:
+        assert client.get("/p/api/health").json() == {"served_by": "Ingress"}
+        item = client.get("/p/api/items/7", headers={"x-tenant": "acme"})
+        assert item.json() == {"item_id": 7, "tenant": "acme", "served_by": "get_item"}
+        assert item.headers["x-stamped-by"] == "get_item"  # the app's middleware ran there
+        invalid = client.get("/p/api/items/seven")
+        assert invalid.status_code == 422 and invalid.headers["x-stamped-by"] == "get_item"
+        # FastAPI's order decides: /items/special is declared before /items/{item_id}.
+        assert client.get("/p/api/items/special").json() == {"served_by": "Ingress"}
+        assert client.post("/p/api/items/7").json() == {"updated": 7, "served_by": "Ingress"}
+        with client.stream("GET", "/p/api/tokens/stream", params={"count": 3}) as events:
+            lines = [line for line in events.iter_lines() if line.startswith("data:")]
+        assert lines == [f"data: token {i} from streamer" for i in range(3)]
+        failed = client.get("/p/api/boom")
+        assert failed.status_code == 500 and set(failed.json()) == {"detail", "request_id"}
+        assert client.get("/p/api/boom", params={"status": 418}).status_code == 418
+        paths = set(client.get("/p/openapi.json").json()["paths"])
+        assert {"/api/health", "/api/items/{item_id}", "/api/tokens/stream", "/api/slow"} <= paths
+    with connect(toolkit.url.replace("http://", "ws://") + "/p/api/tokens/ws") as ws:
+        ws.send("hi")
+        assert ws.recv(timeout=10) == "hi via streamer"
+    deployments = tk.status().applications[name].deployments
+    assert set(deployments) == {"Ingress", "get_item", "streamer", "boomer"}
+    assert deployments["get_item"].target_replicas == 2
+    assert all(d.status is tk.DeploymentStatus.HEALTHY for d in deployments.values())
+
+
+def test_route_deadline_and_header_deadline_return_504(toolkit: Toolkit) -> None:
+    toolkit.run(pools.make_app(), route_prefix="/dl")
+    with toolkit.client() as client:
+        began = time.monotonic()
+        late = client.get("/dl/api/slow")
+        assert late.status_code == 504 and "0.5 s" in late.json()["detail"]
+        assert time.monotonic() - began < 4
+        assert client.get("/dl/api/slow", params={"seconds": 0.01}).json() == {"done": "yes"}
+        # The header's deadline is earlier than the route's, so it wins.
+        early = client.get("/dl/api/slow", params={"seconds": 0.4},
+                           headers={"x-request-timeout-seconds": "0.1"})
+        assert early.status_code == 504 and "0.1 s" in early.json()["detail"]
+
+
+def test_clashing_routes_fail_when_the_app_is_built() -> None:
+    first, second = APIRouter(), APIRouter()
+
+    @first.get("/users/{user_id}")
+    async def one(user_id: int) -> None: ...
+
+    @second.get("/users/{name}")
+    async def two(name: str) -> None: ...
+
+    with pytest.raises(tk.ConfigError, match=r"Two routes answer GET /users/\{name\}"):
+        tk.App([first, second])
+
+
+def test_an_app_hiding_another_apps_routes_is_refused(toolkit: Toolkit) -> None:
+    outer = APIRouter()
+
+    @outer.get("/reports/{report_id}")
+    async def report(report_id: int) -> dict[str, int]:
+        return {"report": report_id}
+
+    toolkit.run(tk.App(outer), route_prefix="/shadow")
+    with pytest.raises(tk.ConfigError, match="would be hidden by application"):
+        toolkit.run(tk.App(APIRouter()), route_prefix="/shadow/reports")
+    with toolkit.client() as client:
+        assert client.get("/shadow/reports/3").json() == {"report": 3}
+
+
+def test_access_log_records_499_for_a_client_that_left(local_toolkit: Toolkit,
+                                                        caplog: pytest.LogCaptureFixture) -> None:
+    toolkit = local_toolkit  # the proxy runs in this process, so its log records are here
+    caplog.set_level(logging.INFO, logger="app_toolkit.access")
+    toolkit.run(pools.make_app(), route_prefix="/gone")
+    with toolkit.client(timeout=0.3) as client:
+        with pytest.raises(httpx.ReadTimeout):  # leaves before the route's 0.5 s deadline
+            client.get("/gone/api/slow")
+        assert client.get("/gone/api/health").status_code == 200
+    wanted = ['"GET /gone/api/slow HTTP/1.1" 499', '"GET /gone/api/health HTTP/1.1" 200']
+    lines: list[str] = []
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        lines = [r.getMessage() for r in caplog.records if r.name == "app_toolkit.access"]
+        if all(any(w in line for line in lines) for w in wanted):
+            break
+        time.sleep(0.05)
+    assert all(any(w in line for line in lines) for w in wanted), lines
