@@ -29,8 +29,9 @@ test: $(MODEL)
 
 bench: $(MODEL)
 	@command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk)
-	$(PY) benchmarks/http_overhead.py
-	$(PY) benchmarks/batching.py
+	$(PY) -m benchmarks.http_overhead
+	$(PY) -m benchmarks.batching
+	$(PY) -m benchmarks.streaming
 
 docs: $(CORE)
 	$(VENV)/bin/mkdocs serve

@@ -5,7 +5,7 @@ a device costing 2 ms + 0.05 ms per item (max 32 items, 5 ms wait) batched and u
 and the all-MiniLM-L6-v2 embedding model batched and unbatched. Prints req/s, p50/p99,
 mean batch size and the toolkit/uvicorn ratio (medians over rounds).
 
-    python benchmarks/batching.py [--duration 10] [--rounds 2] [--only device]
+    python -m benchmarks.batching [--duration 10] [--rounds 2] [--only device]
 
 Needs wrk and the `embeddings` extra (`make bench` provides both).
 """

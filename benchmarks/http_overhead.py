@@ -5,7 +5,7 @@ Starts ``uvicorn benchmarks.bench_app:fastapi_app`` (one process) and
 actor), then loads both with wrk on 127.0.0.1, alternating, and prints per scenario
 req/s, p50 and p99 latency and the toolkit/uvicorn ratios (medians over rounds).
 
-    python benchmarks/http_overhead.py [--duration 10] [--rounds 2] [--replicas 1]
+    python -m benchmarks.http_overhead [--duration 10] [--rounds 2] [--replicas 1]
 
 Needs ``wrk`` (``make bench`` installs it). Ray Serve is not compared here: it is not
 a dependency; its figures on these machines are quoted in docs/benchmarks.md.

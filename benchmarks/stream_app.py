@@ -26,6 +26,13 @@ async def sse(events: int = 100) -> EventSourceResponse:
     return EventSourceResponse(produce())
 
 
+@router.get("/pooled/sse")
+@tk.replicated(name="sse_pool", max_ongoing_requests=256)
+async def pooled_sse(events: int = 100) -> EventSourceResponse:
+    """The same stream, served by its own replica pool (a no-op mark under bare uvicorn)."""
+    return await sse(events)
+
+
 @router.websocket("/echo")
 async def echo(websocket: WebSocket) -> None:
     await websocket.accept()

@@ -2,10 +2,11 @@
 
 Same route code in both (``benchmarks/stream_app.py``). SSE: 16 concurrent clients, each
 reading streams of 100 events for ``--duration`` seconds: streams/s, events/s and time to
-first event (p50/p99). WebSocket: 1,000 sequential echo round trips on one connection
+first event (p50/p99), once on an ingress route and once on a route in its own replica
+pool (``@tk.replicated``; a plain route under uvicorn). WebSocket: 1,000 sequential echo round trips on one connection
 (p50/p99). Prints ratios toolkit/uvicorn (medians over rounds).
 
-    python benchmarks/streaming.py [--duration 10] [--rounds 2]
+    python -m benchmarks.streaming [--duration 10] [--rounds 2]
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ EVENTS = 100
 ROUND_TRIPS = 1000
 
 
-async def sse_load(base: str, duration_s: float) -> dict[str, float]:
+async def sse_load(base: str, duration_s: float, path: str = "/sse") -> dict[str, float]:
     first_event: list[float] = []
     streams = 0
     deadline = time.monotonic() + duration_s
@@ -35,7 +36,7 @@ async def sse_load(base: str, duration_s: float) -> dict[str, float]:
         while time.monotonic() < deadline:
             start = time.monotonic()
             seen = 0
-            async with client.stream("GET", "/sse", params={"events": EVENTS}) as response:
+            async with client.stream("GET", path, params={"events": EVENTS}) as response:
                 async for line in response.aiter_lines():
                     if line.startswith("data:"):
                         if seen == 0:
@@ -83,7 +84,9 @@ def main() -> None:
             asyncio.run(sse_load(bases[name], 2))
         for _ in range(args.rounds):
             for name in results:
+                pooled = asyncio.run(sse_load(bases[name], args.duration, "/pooled/sse"))
                 results[name].append({**asyncio.run(sse_load(bases[name], args.duration)),
+                                      **{f"pool_{key}": value for key, value in pooled.items()},
                                       **websocket_round_trips(bases[name])})
         medians = {name: {key: statistics.median(run[key] for run in runs) for key in runs[0]}
                    for name, runs in results.items()}
@@ -93,6 +96,10 @@ def main() -> None:
               f"{ours['events_per_s']:8.0f} events/s first event p50 {ours['ttfb_p50_ms']:.2f} p99 "
               f"{ours['ttfb_p99_ms']:.2f} ms | throughput {ours['events_per_s'] / bare['events_per_s']:.2f}x, "
               f"first event p50 {ours['ttfb_p50_ms'] / bare['ttfb_p50_ms']:.2f}x")
+        print(f"SSE in its own pool: uvicorn {bare['pool_events_per_s']:8.0f} events/s | toolkit "
+              f"{ours['pool_events_per_s']:8.0f} events/s first event p50 {ours['pool_ttfb_p50_ms']:.2f} ms"
+              f" | throughput {ours['pool_events_per_s'] / bare['pool_events_per_s']:.2f}x, first event "
+              f"p50 {ours['pool_ttfb_p50_ms'] / bare['pool_ttfb_p50_ms']:.2f}x")
         print(f"WebSocket echo x{ROUND_TRIPS}: uvicorn p50 {bare['rtt_p50_ms']:.3f} p99 {bare['rtt_p99_ms']:.3f} ms"
               f" | toolkit p50 {ours['rtt_p50_ms']:.3f} p99 {ours['rtt_p99_ms']:.3f} ms | round trip p50 "
               f"{ours['rtt_p50_ms'] / bare['rtt_p50_ms']:.2f}x", flush=True)

@@ -28,6 +28,8 @@ logger = logging.getLogger("app_toolkit.channel")
 HEADER = struct.Struct("!IQB")
 _MAX_FRAME = 1 << 31
 _HIGH_WATER = 4 << 20
+_SOON_MAX = 64 << 10  # bigger frames, or this many bytes waiting, are written at once
+_SOON_WINDOW_S = 0.001  # a stream chunk this soon after the previous write waits for the turn's end
 _PICKLE_PROTOCOL = 5
 
 Dumps = Callable[[Any], bytes]
@@ -107,12 +109,19 @@ class FrameProtocol(asyncio.Protocol):
         self._paused = False
         self._drain_waiters: list[asyncio.Future[None]] = []
         self.closed = False
+        # Stream chunks wait here until the end of the current event-loop turn, so a
+        # producer that sends many small chunks in one turn costs one socket write.
+        self._soon: list[bytes] = []
+        self._soon_bytes = 0
+        self._last_write = 0.0  # loop time of the last stream-chunk write
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports (Ray's async actors run on uvloop) are not asyncio.Transport
         # subclasses, but have the same interface.
         self.transport = transport  # type: ignore[assignment]
         transport.set_write_buffer_limits(high=_HIGH_WATER)  # type: ignore[attr-defined]
+        self._loop = asyncio.get_running_loop()
 
     def on_frame(self, kind: Kind, number: int, payload: memoryview) -> None:
         raise NotImplementedError
@@ -143,17 +152,44 @@ class FrameProtocol(asyncio.Protocol):
         if offset:
             del buffer[:offset]
 
-    def send(self, kind: Kind, number: int, parts: list[bytes]) -> None:
+    def send(self, kind: Kind, number: int, parts: list[bytes], soon: bool = False) -> None:
+        """Write one frame now, or with ``soon`` at the end of this loop turn (frames
+        keep their order either way)."""
         if self.closed or self.transport is None:
             return
         length = sum(len(part) for part in parts)
         if length >= _MAX_FRAME:
             raise ValueError(f"Message of {length} bytes is larger than a frame (2 GiB)")
         header = HEADER.pack(length, number, kind)
-        if length < 65536:
-            self.transport.write(header + b"".join(parts))
-        else:
+        if length >= _SOON_MAX:
+            self._flush()
             self.transport.writelines([header, *parts])
+            return
+        frame = header + b"".join(parts)
+        if soon and self._loop is not None:
+            # A chunk after a pause goes at once (with any still waiting), so a slow
+            # producer, or one that blocks its event loop, streams chunk by chunk; chunks
+            # close behind each other wait for the end of the loop turn and leave together.
+            self._soon.append(frame)
+            self._soon_bytes += len(frame)
+            if self._loop.time() - self._last_write >= _SOON_WINDOW_S or self._soon_bytes >= _SOON_MAX:
+                self._flush()
+            elif len(self._soon) == 1:
+                self._loop.call_soon(self._flush)
+            return
+        if self._soon:
+            self._soon.append(frame)
+            self._flush()
+            return
+        self.transport.write(frame)
+
+    def _flush(self) -> None:
+        if self._soon and not self.closed and self.transport is not None:
+            self.transport.write(b"".join(self._soon))
+            if self._loop is not None:
+                self._last_write = self._loop.time()
+        self._soon.clear()
+        self._soon_bytes = 0
 
     async def drain(self) -> None:
         if self._paused and not self.closed:
@@ -181,6 +217,7 @@ class FrameProtocol(asyncio.Protocol):
 
     def close(self) -> None:
         if self.transport is not None and not self.closed:
+            self._flush()
             self.transport.close()
 
 
@@ -215,7 +252,8 @@ class _ServerSink:
         self.inbound: asyncio.Queue[Any] | None = None
 
     def send(self, kind: Kind, message: Any) -> None:
-        self._conn.send(kind, self._number, encode(kind, message, self._conn.dumps))
+        self._conn.send(kind, self._number, encode(kind, message, self._conn.dumps),
+                        soon=kind is Kind.BODY or kind is Kind.ITEM)
 
     async def drain(self) -> None:
         await self._conn.drain()
@@ -313,6 +351,17 @@ class Exchange:
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
+
+    def take_ready(self, kind: Kind) -> list[Any]:
+        """The messages of ``kind`` that are next in line and already here, removed."""
+        items = self._items
+        taken = []
+        while items and items[0][0] is kind:
+            taken.append(items.popleft()[1])
+        return taken
+
+    def next_is(self, kind: Kind) -> bool:
+        return bool(self._items) and self._items[0][0] is kind
 
     async def recv(self) -> tuple[Kind, Any]:
         while not self._items:

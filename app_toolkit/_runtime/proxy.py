@@ -155,10 +155,19 @@ class Proxy:
             state.status = start.status
             await send({"type": "http.response.start", "status": start.status,
                         "headers": _with_id(start.headers, request_id)})
+            exchange = reply.exchange
             while True:
-                frame_kind, chunk = await reply.exchange.recv()
+                frame_kind, chunk = await exchange.recv()
                 if frame_kind is Kind.BODY:
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                    # Chunks that arrived together leave together: one write to the client.
+                    more = exchange.take_ready(Kind.BODY)
+                    if more:
+                        chunk = b"".join([chunk, *more])
+                    last = exchange.next_is(Kind.END)
+                    state.finished = last
+                    await send({"type": "http.response.body", "body": chunk, "more_body": not last})
+                    if last:
+                        return
                     continue
                 if frame_kind is Kind.LOST:
                     logger.warning("Request %s: replica lost mid-stream", request_id)

@@ -125,6 +125,11 @@ class ReplicaActor:
         assert self._core is not None
         await self._core.check_health()
 
+    async def stats(self) -> dict[str, int]:
+        """Requests running and asyncio tasks alive in this process (for leak checks)."""
+        return {"ongoing": self._core.ongoing if self._core else 0,
+                "tasks": len(asyncio.all_tasks())}
+
     async def drain(self) -> None:
         if self._core is not None:
             await self._core.drain()
@@ -158,6 +163,10 @@ class ProxyActor:
                                   "is the port in use? Pick another with --port.")
                 await asyncio.sleep(0.01)
         return int(self._server.servers[0].sockets[0].getsockname()[1])
+
+    async def stats(self) -> dict[str, int]:
+        """Asyncio tasks alive in this process (for leak checks)."""
+        return {"tasks": len(asyncio.all_tasks())}
 
     async def stop(self) -> None:
         """Stop accepting connections and finish open ones (bounded), then return."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Callable
 
 import httpx
 
@@ -11,52 +12,74 @@ import app_toolkit as tk
 from app_toolkit._runtime.local_backend import LocalSession
 from app_toolkit._runtime.session import current_session
 from tests.apps import streams
-from tests.conftest import Toolkit, _ensure_backend
+from tests.conftest import Toolkit
 
 STREAMS = 1000
 CONCURRENCY = 25
 
 
-def test_a_thousand_disconnected_streams_leave_nothing_behind() -> None:
-    # The local backend runs proxy and replica on one event loop, so its task count covers
-    # both; the Ray backend runs the same proxy, dispatcher and replica code.
-    toolkit: Toolkit = _ensure_backend("local")
+def test_a_thousand_disconnected_streams_leave_nothing_behind(toolkit: Toolkit) -> None:
     name = toolkit.name()
     toolkit.run(streams.make_app(), name=name, route_prefix="/leak")
+    counts = _local_counts if toolkit.backend == "local" else _ray_counts(name)
+    with toolkit.client() as client:  # warm up: connections, subscriber tasks
+        assert client.get("/leak/events", params={"count": 1}).status_code == 200
+    baseline = counts()
+
+    async def open_and_drop(client: httpx.AsyncClient, count: int) -> None:
+        for _ in range(count):
+            async with client.stream("GET", "/leak/endless") as response:
+                async for line in response.aiter_lines():
+                    if line.startswith("data:"):
+                        break  # read one event, then hang up
+
+    async def load() -> None:
+        async with toolkit.async_client() as client:
+            await asyncio.gather(*(open_and_drop(client, STREAMS // CONCURRENCY)
+                                   for _ in range(CONCURRENCY)))
+
+    asyncio.run(load())
+    deadline = time.monotonic() + 30
+    while True:
+        now = counts()
+        extra = {key: now[key] - baseline[key] for key in now if key.endswith("tasks")}
+        if not any(value > 0 for value in extra.values()) and now["ongoing"] == 0:
+            break
+        assert time.monotonic() < deadline, f"left behind: {extra} extra tasks, {now['ongoing']} slots"
+        time.sleep(0.05)
+
+
+def _local_counts() -> dict[str, int]:
+    # One event loop runs proxy and replica: its task count covers both.
     session = current_session(create=False)
     assert isinstance(session, LocalSession)
-    try:
-        with toolkit.client() as client:  # warm up: connections, subscriber tasks
-            assert client.get("/leak/events", params={"count": 1}).status_code == 200
-        baseline = _task_count(session)
 
-        async def open_and_drop(client: httpx.AsyncClient, count: int) -> None:
-            for _ in range(count):
-                async with client.stream("GET", "/leak/endless") as response:
-                    async for line in response.aiter_lines():
-                        if line.startswith("data:"):
-                            break  # read one event, then hang up
-
-        async def load() -> None:
-            async with httpx.AsyncClient(base_url=toolkit.url, timeout=30) as client:
-                await asyncio.gather(*(open_and_drop(client, STREAMS // CONCURRENCY)
-                                       for _ in range(CONCURRENCY)))
-
-        asyncio.run(load())
-        deadline = time.monotonic() + 20
-        while True:
-            ongoing = [core.ongoing for core in session.backend.cores.values()]
-            tasks = _task_count(session)
-            if tasks <= baseline and not any(ongoing):
-                break
-            assert time.monotonic() < deadline, f"{tasks - baseline} tasks and {ongoing} slots left"
-            time.sleep(0.05)
-    finally:
-        tk.delete(name)
-
-
-def _task_count(session: LocalSession) -> int:
     async def count() -> int:
         return len(asyncio.all_tasks())
 
-    return int(session.run_blocking(count()))
+    return {"tasks": int(session.run_blocking(count())),
+            "ongoing": sum(core.ongoing for core in session.backend.cores.values())}
+
+
+def _ray_counts(app_name: str) -> Callable[[], dict[str, int]]:
+    import ray
+
+    from app_toolkit._runtime.ray_backend import NAMESPACE
+
+    replica_ids = [r.replica_id for r in
+                   tk.status().applications[app_name].deployments["Ingress"].replicas]
+    replicas = [ray.get_actor(f"app_toolkit_replica:{rid}", namespace=NAMESPACE) for rid in replica_ids]
+    proxies = [ray.get_actor(name, namespace=NAMESPACE)
+               for name in (a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+                            if a["namespace"] == NAMESPACE)
+               if name.startswith("app_toolkit_proxy:")]
+    assert replicas and proxies
+
+    def counts() -> dict[str, int]:
+        replica_stats = ray.get([actor.stats.remote() for actor in replicas], timeout=30)
+        proxy_stats = ray.get([actor.stats.remote() for actor in proxies], timeout=30)
+        return {"replica_tasks": sum(s["tasks"] for s in replica_stats),
+                "proxy_tasks": sum(s["tasks"] for s in proxy_stats),
+                "ongoing": sum(s["ongoing"] for s in replica_stats)}
+
+    return counts

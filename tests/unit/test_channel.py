@@ -137,3 +137,54 @@ async def test_unreachable_replica_raises() -> None:
     client = ChannelClient("127.0.0.1", port, TOKEN)
     with pytest.raises(ReplicaUnavailableError, match="Cannot reach replica"):
         await client.open(Kind.HTTP, request(b"x"))
+
+
+class RecordingTransport:
+    """Collects what a FrameProtocol writes, one entry per socket write."""
+
+    def __init__(self) -> None:
+        self.writes: list[bytes] = []
+
+    def set_write_buffer_limits(self, high: int) -> None:
+        pass
+
+    def write(self, data: bytes) -> None:
+        self.writes.append(bytes(data))
+
+    def writelines(self, parts: list[bytes]) -> None:
+        self.writes.append(b"".join(parts))
+
+
+async def test_stream_chunks_close_together_share_a_write_and_a_pause_flushes_at_once() -> None:
+    import time
+
+    from app_toolkit._runtime.channel import HEADER, FrameProtocol
+
+    protocol = FrameProtocol()
+    transport = RecordingTransport()
+    protocol.connection_made(transport)  # type: ignore[arg-type]
+
+    def frames(data: bytes) -> list[bytes]:
+        found = []
+        while data:
+            length, _number, _kind = HEADER.unpack_from(data)
+            found.append(data[HEADER.size : HEADER.size + length])
+            data = data[HEADER.size + length :]
+        return found
+
+    protocol.send(Kind.BODY, 1, [b"first"], soon=True)  # nothing written lately: at once
+    assert [frames(w) for w in transport.writes] == [[b"first"]]
+    for chunk in (b"2", b"3", b"4"):
+        protocol.send(Kind.BODY, 1, [chunk], soon=True)
+    assert len(transport.writes) == 1  # waiting for the end of this loop turn
+    await asyncio.sleep(0)
+    assert [frames(w) for w in transport.writes] == [[b"first"], [b"2", b"3", b"4"]]
+
+    protocol.send(Kind.BODY, 1, [b"5"], soon=True)  # right after a write: it waits ...
+    time.sleep(0.005)  # ... and the app blocks its loop; the next chunk flushes both
+    protocol.send(Kind.BODY, 1, [b"6"], soon=True)
+    assert frames(transport.writes[-1]) == [b"5", b"6"]
+
+    protocol.send(Kind.BODY, 1, [b"7"], soon=True)
+    protocol.send(Kind.END, 1, [])  # an ordinary frame never overtakes a waiting chunk
+    assert frames(transport.writes[-1]) == [b"7", b""]
