@@ -12,7 +12,13 @@ from app_toolkit.api import (
 )
 from app_toolkit.batching import batch
 from app_toolkit.context import ReplicaContext, get_replica_context
-from app_toolkit.config import BatchConfig, DeploymentConfig, HTTPOptions, RayActorOptions
+from app_toolkit.config import (
+    AutoscalingConfig,
+    BatchConfig,
+    DeploymentConfig,
+    HTTPOptions,
+    RayActorOptions,
+)
 from app_toolkit.dependencies import Depends
 from app_toolkit.deployment import Application, Deployment, deployment
 from app_toolkit.exceptions import (
@@ -31,6 +37,7 @@ from app_toolkit.streaming import ChatCompletionStream, EventStream
 from app_toolkit.status import (
     ApplicationStatus,
     ApplicationStatusInfo,
+    AutoscalingStatusInfo,
     DeploymentStatus,
     DeploymentStatusInfo,
     ReplicaState,
@@ -46,6 +53,8 @@ __all__ = [
     "Application",
     "ApplicationStatus",
     "ApplicationStatusInfo",
+    "AutoscalingConfig",
+    "AutoscalingStatusInfo",
     "BackPressureError",
     "BatchConfig",
     "ChatCompletionStream",

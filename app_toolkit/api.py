@@ -25,6 +25,8 @@ from app_toolkit.status import ApplicationStatus, ServeStatus
 logger = logging.getLogger("app_toolkit")
 
 _UNSET: Any = object()
+#: Options whose change never restarts replicas (they are not part of the code version).
+LIGHT_OPTIONS = {"num_replicas", "autoscaling_config", "max_queued_requests"}
 _POLL_S = 0.05
 
 
@@ -120,7 +122,7 @@ def build_app(target: Application, name: str, route_prefix: str | None, session:
         config = deployment.config
         version = hashlib.sha256(
             definition + init_args
-            + config.model_dump_json(exclude={"num_replicas", "max_queued_requests"}).encode()
+            + config.model_dump_json(exclude=LIGHT_OPTIONS).encode()
         ).hexdigest()[:16]
         specs[deployment.name] = DeploymentSpec(
             id=DeploymentID(name, deployment.name),

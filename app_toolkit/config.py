@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Any, Mapping
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from app_toolkit.exceptions import ConfigError
 
@@ -40,10 +40,71 @@ class RayActorOptions(_Strict):
     )
 
 
+class AutoscalingConfig(_Strict):
+    """How a deployment's replica count follows its load (Ray Serve's names and meanings).
+
+    Load is the number of requests queued and running for the deployment (open streams
+    and WebSocket connections included), as the callers report it. The target replica
+    count is that load divided by ``target_ongoing_requests``, within
+    ``[min_replicas, max_replicas]``; it moves up only after the load has wanted more
+    replicas for ``upscale_delay_s`` (at once from zero replicas) and down only after
+    ``downscale_delay_s`` of wanting fewer.
+    """
+
+    min_replicas: int = Field(1, ge=0, le=10_000, description="Fewest replicas; 0 allows scaling to zero.")
+    max_replicas: int = Field(100, ge=1, le=10_000, description="Most replicas.")
+    initial_replicas: int | None = Field(
+        None, ge=0, le=10_000, description="Replicas to start with; default min_replicas."
+    )
+    target_ongoing_requests: float = Field(
+        2.0, gt=0, description="Queued + running requests each replica should have on average."
+    )
+    upscale_delay_s: float = Field(
+        30.0, ge=0, description="Seconds the load must want more replicas before adding them."
+    )
+    downscale_delay_s: float = Field(
+        600.0, ge=0, description="Seconds the load must want fewer replicas before removing any."
+    )
+    downscale_to_zero_delay_s: float | None = Field(
+        None, ge=0, description="Seconds without any load before scaling to zero replicas "
+        "(min_replicas=0 only); default downscale_delay_s."
+    )
+    look_back_period_s: float = Field(
+        30.0, gt=0, description="Seconds of load reports averaged for each decision."
+    )
+    upscaling_factor: float | None = Field(
+        None, gt=0, description="Multiplies each upscaling step (below 1: more cautious)."
+    )
+    downscaling_factor: float | None = Field(
+        None, gt=0, description="Multiplies each downscaling step (below 1: more cautious)."
+    )
+
+    @model_validator(mode="after")
+    def _check_bounds(self) -> AutoscalingConfig:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(
+                f"min_replicas ({self.min_replicas}) must not exceed max_replicas ({self.max_replicas})"
+            )
+        initial = self.initial_replicas
+        if initial is not None and not self.min_replicas <= initial <= self.max_replicas:
+            raise ValueError(f"initial_replicas ({initial}) must lie between min_replicas and max_replicas")
+        return self
+
+    @property
+    def start_replicas(self) -> int:
+        return self.min_replicas if self.initial_replicas is None else self.initial_replicas
+
+
 class DeploymentConfig(_Strict):
     """Options of one deployment (Ray Serve's names and meanings)."""
 
-    num_replicas: int = Field(1, ge=0, le=10_000, description="Replicas to run.")
+    num_replicas: int = Field(
+        1, ge=0, le=10_000, description='Replicas to run; "auto" turns on autoscaling with '
+        "the defaults of AutoscalingConfig."
+    )
+    autoscaling_config: AutoscalingConfig | None = Field(
+        None, description="Scale the replica count with the load instead of num_replicas."
+    )
     max_ongoing_requests: int = Field(
         100,
         ge=1,
@@ -75,6 +136,29 @@ class DeploymentConfig(_Strict):
     ray_actor_options: RayActorOptions = Field(
         default_factory=RayActorOptions, description="Ray resources of each replica."
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _auto_replicas(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        if data.get("num_replicas") == "auto":
+            data = {key: value for key, value in data.items() if key != "num_replicas"}
+            if data.get("autoscaling_config") is None:
+                data["autoscaling_config"] = {}
+        elif "num_replicas" in data and data.get("autoscaling_config") is not None:
+            raise ValueError(
+                "set either num_replicas or autoscaling_config, not both "
+                '(num_replicas="auto" autoscales with default settings)'
+            )
+        return data
+
+    @property
+    def initial_replicas(self) -> int:
+        """How many replicas a new deployment starts with."""
+        if self.autoscaling_config is not None:
+            return self.autoscaling_config.start_replicas
+        return self.num_replicas
 
 
 class BatchConfig(_Strict):

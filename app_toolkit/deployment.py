@@ -28,8 +28,16 @@ class Deployment:
         _warn_about_unfillable_batches(func_or_class, name, self.config)
 
     def options(self, *, name: str | None = None, **options: Any) -> Deployment:
-        """A copy with some options changed (the others are kept)."""
-        return Deployment(self.func_or_class, name or self.name, {**self._options, **options})
+        """A copy with some options changed (the others are kept).
+
+        ``num_replicas`` and ``autoscaling_config`` replace each other.
+        """
+        kept = dict(self._options)
+        if "num_replicas" in options:
+            kept.pop("autoscaling_config", None)
+        if "autoscaling_config" in options:
+            kept.pop("num_replicas", None)
+        return Deployment(self.func_or_class, name or self.name, {**kept, **options})
 
     def bind(self, *args: Any, **kwargs: Any) -> Application:
         """Fix constructor arguments; other bound deployments become handles."""

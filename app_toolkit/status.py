@@ -44,6 +44,18 @@ class ReplicaStatusInfo:
 
 
 @dataclass(frozen=True)
+class AutoscalingStatusInfo:
+    """Why an autoscaled deployment has the target it has."""
+
+    current_load: float  # requests queued + running now, over all callers
+    average_load: float  # over look_back_period_s: what decisions use
+    last_decision_load: float | None  # the averaged load behind the last change of target
+    last_decision_from: int | None
+    last_decision_to: int | None
+    last_decision_age_s: float | None  # seconds since that change
+
+
+@dataclass(frozen=True)
 class DeploymentStatusInfo:
     """One deployment and its replicas."""
 
@@ -52,6 +64,11 @@ class DeploymentStatusInfo:
     message: str
     target_replicas: int
     replicas: list[ReplicaStatusInfo] = field(default_factory=list)
+    autoscaling: AutoscalingStatusInfo | None = None  # None unless autoscaled
+
+    @property
+    def running_replicas(self) -> int:
+        return sum(1 for replica in self.replicas if replica.state is ReplicaState.RUNNING)
 
     @property
     def replica_states(self) -> dict[str, int]:

@@ -78,7 +78,10 @@ def _ensure_backend(backend: str) -> Toolkit:
     if session is None:
         if backend == "ray":
             _init_test_ray()
-        tk.start(backend=backend, http_options={"host": "127.0.0.1", "port": port})
+        # The Ray proxy's access log would print every test request to the console; the
+        # local backend keeps it on (its records stay in this process, for caplog).
+        tk.start(backend=backend, http_options={"host": "127.0.0.1", "port": port,
+                                                 "access_log": backend == "local"})
     return Toolkit(backend, port)
 
 

@@ -9,6 +9,7 @@ import app_toolkit as tk
 
 EXPECTED = [
     "App", "AppToolkitError", "Application", "ApplicationStatus", "ApplicationStatusInfo",
+    "AutoscalingConfig", "AutoscalingStatusInfo",
     "BackPressureError", "BatchConfig", "ChatCompletionStream", "ConfigError", "Depends", "DeployError", "Deployment",
     "DeploymentCallError", "DeploymentConfig", "DeploymentHandle", "DeploymentResponse",
     "DeploymentResponseGenerator", "DeploymentStatus", "DeploymentStatusInfo", "EventStream", "HTTPOptions", "RayActorOptions", "ReplicaContext", "ReplicaState",

@@ -14,6 +14,7 @@ import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
+from app_toolkit._runtime.autoscaling import Autoscaler
 from app_toolkit._runtime.backend import Backend
 from app_toolkit._runtime.longpoll import ROUTES_KEY, LongPollHost, replicas_key
 from app_toolkit._runtime.messages import AppSpec, DeploymentID, DeploymentSpec, ReplicaInfo, RouteInfo
@@ -21,6 +22,7 @@ from app_toolkit.exceptions import ConfigError, ReplicaUnavailableError
 from app_toolkit.status import (
     ApplicationStatus,
     ApplicationStatusInfo,
+    AutoscalingStatusInfo,
     DeploymentStatus,
     DeploymentStatusInfo,
     ReplicaState,
@@ -33,6 +35,9 @@ logger = logging.getLogger("app_toolkit.controller")
 MAX_START_FAILURES = 3
 HEALTH_FAILURE_THRESHOLD = 3
 _LOOP_PERIOD_S = 0.1
+#: A caller's load report counts for this long (callers repeat non-zero loads every
+#: ~2 s), so a caller that died does not hold replicas up forever.
+LOAD_REPORT_TTL_S = 10.0
 
 
 @dataclass
@@ -57,6 +62,14 @@ class _Deployment:
     failed: bool = False
     deleting: bool = False
     ever_ran: bool = False  # a replica of this deployment has been RUNNING
+    autoscaler: Autoscaler | None = None
+
+    @property
+    def target(self) -> int:
+        """Replicas wanted now: the autoscaler's target, else num_replicas."""
+        if self.autoscaler is not None:
+            return self.autoscaler.target
+        return self.spec.config.num_replicas
 
 
 class ControllerCore:
@@ -71,6 +84,8 @@ class ControllerCore:
         self._wake = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        # caller id -> (time of report, load per deployment): requests queued + running.
+        self._loads: dict[str, tuple[float, dict[DeploymentID, float]]] = {}
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -117,6 +132,23 @@ class ControllerCore:
         self._publish_routes()
         self._wake.set()
 
+    def record_load(self, caller: str, loads: dict[DeploymentID, float]) -> None:
+        """A caller's newest load per deployment (requests queued + running)."""
+        self._loads[caller] = (asyncio.get_running_loop().time(), loads)
+        for deployment, load in loads.items():
+            state = self.deployments.get(deployment)
+            if load and state is not None and state.autoscaler is not None and state.target == 0:
+                self._wake.set()  # demand at zero replicas: scale up now, not next tick
+
+    def _current_load(self, deployment: DeploymentID, now: float) -> float:
+        total = 0.0
+        for caller, (at, loads) in list(self._loads.items()):
+            if now - at > LOAD_REPORT_TTL_S:
+                del self._loads[caller]
+                continue
+            total += loads.get(deployment, 0.0)
+        return total
+
     def app_exists(self, name: str) -> bool:
         return name in self.apps or any(d.app == name for d in self.deployments)
 
@@ -154,11 +186,12 @@ class ControllerCore:
             state = self.deployments.get(dep.id)
             if state is None or state.deleting:
                 replicas = state.replicas if state is not None else {}
-                self.deployments[dep.id] = _Deployment(dep, replicas)
+                state = self.deployments[dep.id] = _Deployment(dep, replicas)
             elif state.spec != dep:
                 if state.spec.code_version != dep.code_version:
                     state.start_failures, state.failed, state.message = 0, False, ""
                 state.spec = dep
+            _follow_autoscaling(state)
             self._publish_replicas(dep.id)
 
     def _retire(self, deployment: DeploymentID) -> None:
@@ -193,11 +226,19 @@ class ControllerCore:
                 if not state.replicas:
                     del self.deployments[deployment_id]
                 continue
+            if state.autoscaler is not None:
+                load = self._current_load(deployment_id, now)
+                state.autoscaler.record(now, load)
+                before = state.autoscaler.target
+                after = state.autoscaler.step(now, load)
+                if after != before:
+                    logger.info("%s: %d -> %d replicas for an average load of %.1f", deployment_id,
+                                before, after, state.autoscaler.average_load())
             self._scale(state)
             self._check_health(state, now)
 
     def _scale(self, state: _Deployment) -> None:
-        target = state.spec.config.num_replicas
+        target = state.target
         version = state.spec.code_version
         current = [r for r in state.replicas.values() if r.version == version and not r.stop_requested]
         outdated = [r for r in state.replicas.values() if r.version != version and not r.stop_requested]
@@ -205,6 +246,7 @@ class ControllerCore:
             for _ in range(target - len(current)):
                 self._launch(state)
         elif len(current) > target:
+            # Replicas still starting go first: they serve nothing yet.
             current.sort(key=lambda r: r.state is ReplicaState.RUNNING)
             for replica in current[: len(current) - target]:
                 self._stop(state, replica)
@@ -341,7 +383,7 @@ class ControllerCore:
         outdated = any(r.version != version for r in state.replicas.values())
         if state.failed:
             status = DeploymentStatus.DEPLOY_FAILED
-        elif running >= state.spec.config.num_replicas and not outdated:
+        elif running >= state.target and not outdated:
             status = DeploymentStatus.HEALTHY
         else:
             status = DeploymentStatus.UPDATING
@@ -349,16 +391,48 @@ class ControllerCore:
             name=state.spec.id.name,
             status=status,
             message=state.message,
-            target_replicas=state.spec.config.num_replicas,
+            target_replicas=state.target,
             replicas=[
                 ReplicaStatusInfo(r.replica_id, r.state, r.version) for r in state.replicas.values()
             ],
+            autoscaling=self._autoscaling_status(state),
+        )
+
+    def _autoscaling_status(self, state: _Deployment) -> AutoscalingStatusInfo | None:
+        scaler = state.autoscaler
+        if scaler is None:
+            return None
+        now = asyncio.get_running_loop().time()
+        decision = scaler.last_decision
+        return AutoscalingStatusInfo(
+            current_load=self._current_load(state.spec.id, now),
+            average_load=scaler.average_load(),
+            last_decision_load=decision.load if decision else None,
+            last_decision_from=decision.from_replicas if decision else None,
+            last_decision_to=decision.to_replicas if decision else None,
+            last_decision_age_s=now - decision.at if decision else None,
         )
 
     def _spawn(self, coroutine: Any) -> None:
         task = asyncio.get_running_loop().create_task(coroutine)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+
+def _follow_autoscaling(state: _Deployment) -> None:
+    """Start, keep, retune or drop the deployment's autoscaler for its (new) spec."""
+    config = state.spec.config.autoscaling_config
+    if config is None:
+        state.autoscaler = None
+    elif state.autoscaler is None:
+        # Taking over a running deployment: keep its size within the new bounds.
+        running = sum(1 for r in state.replicas.values() if not r.stop_requested)
+        state.autoscaler = Autoscaler.start(config)
+        if running:
+            state.autoscaler.target = max(config.min_replicas, min(config.max_replicas, running))
+    elif state.autoscaler.config != config:
+        target = max(config.min_replicas, min(config.max_replicas, state.autoscaler.target))
+        state.autoscaler = Autoscaler(config, target)
 
 
 def _check_prefixes(new: AppSpec, other: AppSpec) -> None:

@@ -56,9 +56,12 @@ class Reply:
 class Dispatcher:
     """Routes one caller's requests for one deployment."""
 
-    def __init__(self, deployment: DeploymentID, connect: Connect) -> None:
+    def __init__(self, deployment: DeploymentID, connect: Connect,
+                 on_demand: Callable[[], None] | None = None) -> None:
         self.deployment = deployment
         self._connect = connect
+        # Called when a request waits and there is no replica at all (scale from zero).
+        self._on_demand = on_demand
         self._chooser = ReplicaChooser()
         self._clients: dict[str, ReplicaClient] = {}
         # Requests in flight per replica, and clients of replicas that left the table but
@@ -102,6 +105,11 @@ class Dispatcher:
     @property
     def in_flight(self) -> int:
         return sum(self._chooser.in_flight(r) for r in self._chooser.replica_ids)
+
+    @property
+    def load(self) -> int:
+        """Requests of this caller queued or running (streams and WebSockets included)."""
+        return self.queued + sum(self._active.values())
 
     # ------------------------------------------------------------------ requests
 
@@ -159,6 +167,8 @@ class Dispatcher:
         waiter: asyncio.Future[ReplicaInfo] = asyncio.get_running_loop().create_future()
         self._waiters.append(waiter)
         self._wake()  # arms the back-off timer if a replica is only skipped for now
+        if self._on_demand is not None and not self._chooser.replica_ids:
+            self._on_demand()
         try:
             return await waiter
         except asyncio.CancelledError:

@@ -17,7 +17,7 @@ import uvicorn
 from app_toolkit._runtime.channel import Exchange, Kind
 from app_toolkit._runtime.controller import ControllerCore
 from app_toolkit._runtime.dispatcher import ReplicaClient
-from app_toolkit._runtime.messages import AppSpec, DeploymentSpec, ReplicaInfo
+from app_toolkit._runtime.messages import AppSpec, DeploymentID, DeploymentSpec, ReplicaInfo
 from app_toolkit._runtime.proxy import Proxy
 from app_toolkit._runtime.replica import ReplicaCore
 from app_toolkit._runtime.session import BackgroundLoop, Session
@@ -150,6 +150,9 @@ class LocalSession(Session):
 
     async def listen(self, known: dict[str, int], timeout_s: float) -> dict[str, tuple[int, Any]]:
         return await self.core.listen(known, timeout_s)
+
+    async def report_load(self, caller: str, loads: dict[DeploymentID, float]) -> None:
+        self.core.record_load(caller, loads)
 
     def serialize(self, value: Any) -> bytes:
         return self.backend.store(value)

@@ -292,6 +292,10 @@ class ControllerActor:
         await self.ready()
         return await self.core.listen(known, timeout_s)
 
+    async def record_load(self, caller: str, loads: dict[DeploymentID, float]) -> None:
+        await self.ready()
+        self.core.record_load(caller, loads)
+
     async def shutdown(self) -> None:
         await self.ready()
         for name in list(self.core.apps):
@@ -390,6 +394,9 @@ class RaySession(Session):
 
     async def listen(self, known: dict[str, int], timeout_s: float) -> dict[str, tuple[int, Any]]:
         return await self.controller.listen.remote(known, timeout_s)  # type: ignore[no-any-return]
+
+    async def report_load(self, caller: str, loads: dict[DeploymentID, float]) -> None:
+        await self.controller.record_load.remote(caller, loads)
 
     def serialize(self, value: Any) -> bytes:
         return dumps(value)

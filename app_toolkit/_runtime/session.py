@@ -96,13 +96,19 @@ class Session:
         loop = asyncio.get_running_loop()
         subscriber = self._subscribers.get(loop)
         if subscriber is None:
-            subscriber = self._subscribers[loop] = TableSubscriber(self.listen, self.replica_client)
+            subscriber = self._subscribers[loop] = TableSubscriber(
+                self.listen, self.replica_client, self.report_load
+            )
         return subscriber
 
     def replica_client(self, info: ReplicaInfo) -> ReplicaClient:
         raise NotImplementedError
 
     async def listen(self, known: dict[str, int], timeout_s: float) -> dict[str, tuple[int, Any]]:
+        raise NotImplementedError
+
+    async def report_load(self, caller: str, loads: dict[DeploymentID, float]) -> None:
+        """Tell the controller one caller's load per deployment (for autoscaling)."""
         raise NotImplementedError
 
     # --- control plane (blocking) ----------------------------------------------

@@ -205,3 +205,35 @@ async def test_the_loop_survives_a_failing_step() -> None:
     await core.deploy_app(app())
     await until(lambda: len(backend.running) == 2)
     await core.stop()
+
+
+async def test_autoscaled_deployment_follows_reported_load_and_expires_silent_callers() -> None:
+    from app_toolkit._runtime import controller as controller_module
+
+    backend = FakeBackend()
+    core = await started(backend)
+    scaling = {"min_replicas": 0, "max_replicas": 4, "target_ongoing_requests": 1,
+               "upscale_delay_s": 0, "downscale_delay_s": 0, "look_back_period_s": 0.05}
+    config = DeploymentConfig(autoscaling_config=scaling, health_check_period_s=0.01)
+    spec = DeploymentSpec(DeploymentID("s", "D"), b"def", b"args", config, True, "v1")
+    await core.deploy_app(AppSpec("s", "/s", "D", (spec,)))
+    await asyncio.sleep(0.2)
+    assert backend.running == {} and core.status().applications["s"].status is ApplicationStatus.RUNNING
+    core.record_load("proxy-1", {spec.id: 1.0})  # a request waits: scale from zero
+    await until(lambda: len(backend.running) == 1)
+    core.record_load("proxy-1", {spec.id: 3.0})
+    await until(lambda: len(backend.running) == 3)
+    info = core.status().applications["s"].deployments["D"]
+    assert info.target_replicas == 3 and info.autoscaling is not None
+    assert info.autoscaling.last_decision_to == 3
+    core.record_load("proxy-1", {})
+    await until(lambda: not backend.running)
+    # A caller that reports load and then goes silent stops counting after the TTL.
+    controller_module.LOAD_REPORT_TTL_S, ttl = 0.3, controller_module.LOAD_REPORT_TTL_S
+    try:
+        core.record_load("handle-2", {spec.id: 2.0})
+        await until(lambda: len(backend.running) == 2)
+        await until(lambda: not backend.running)
+    finally:
+        controller_module.LOAD_REPORT_TTL_S = ttl
+    await core.stop()

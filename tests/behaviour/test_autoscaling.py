@@ -1,0 +1,90 @@
+"""Autoscaling end to end: from zero on the first request, up with load, down to zero,
+draining in-flight work; nothing fails along the way."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Callable
+
+import httpx
+
+import app_toolkit as tk
+from tests.apps import scaling
+from tests.conftest import Toolkit
+
+
+def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_from_zero_up_with_load_and_back_to_zero_without_failures(toolkit: Toolkit) -> None:
+    name = toolkit.name()
+    toolkit.run(scaling.make_app(), name=name, route_prefix="/scale")
+
+    def ingress() -> tk.DeploymentStatusInfo:
+        return tk.status().applications[name].deployments["Ingress"]
+
+    assert ingress().target_replicas == 0 and ingress().replicas == []
+    with toolkit.client() as client:  # the first request waits for the first replica
+        assert client.get("/scale/work", params={"seconds": 0}).status_code == 200
+    assert ingress().target_replicas >= 1
+
+    statuses: list[int] = []
+
+    async def load(concurrency: int, seconds: float, until: Callable[[], bool]) -> None:
+        async with toolkit.async_client() as client:
+            async def worker() -> None:
+                while not until():
+                    response = await client.get("/scale/work", params={"seconds": seconds})
+                    statuses.append(response.status_code)
+
+            await asyncio.gather(*(worker() for _ in range(concurrency)))
+
+    # 6 requests always in flight at 2 per replica: 3 replicas (max_replicas).
+    deadline = time.monotonic() + 40
+    asyncio.run(load(6, 0.3, lambda: ingress().running_replicas >= 3 or time.monotonic() > deadline))
+    scaled = ingress()
+    assert scaled.running_replicas == 3, scaled
+    assert scaled.autoscaling is not None and scaled.autoscaling.last_decision_to is not None
+    assert scaled.autoscaling.last_decision_load is not None and scaled.autoscaling.last_decision_load > 2
+
+    # Load stops, except one long request that must finish even if its replica is removed.
+    async def long_request() -> int:
+        async with toolkit.async_client() as client:
+            return (await client.get("/scale/work", params={"seconds": 4})).status_code
+
+    long_status = asyncio.run(long_request())
+    wait_for(lambda: ingress().target_replicas == 0 and not ingress().replicas, 40, "scale to zero")
+    assert long_status == 200
+    assert statuses and set(statuses) == {200}, f"{statuses.count(200)} ok of {len(statuses)}"
+
+    with toolkit.client() as client:  # and from zero once more
+        assert client.get("/scale/work", params={"seconds": 0}).status_code == 200
+
+
+def test_num_replicas_auto_and_conflicting_options() -> None:
+    config = tk.deployment(num_replicas="auto")(lambda: None).config
+    assert config.autoscaling_config is not None and config.initial_replicas == 1
+    try:
+        tk.deployment(num_replicas=2, autoscaling_config={"max_replicas": 3})(lambda: None)
+    except tk.ConfigError as exc:
+        assert "either num_replicas or autoscaling_config" in str(exc)
+    else:
+        raise AssertionError("both num_replicas and autoscaling_config were accepted")
+    moved = tk.deployment(num_replicas="auto")(lambda: None).options(num_replicas=2)
+    assert moved.config.autoscaling_config is None and moved.config.num_replicas == 2
+
+
+def test_status_explains_the_last_decision(toolkit: Toolkit) -> None:
+    name = toolkit.name()
+    toolkit.run(scaling.make_app(min_replicas=1), name=name, route_prefix="/explain")
+    info = tk.status().applications[name].deployments["Ingress"]
+    assert info.autoscaling is not None and info.autoscaling.last_decision_to is None
+    data = tk.status().to_dict()["applications"][name]["deployments"]["Ingress"]
+    assert set(data["autoscaling"]) >= {"current_load", "average_load", "last_decision_load",
+                                        "last_decision_age_s"}
+    httpx.get(toolkit.url + "/explain/work", params={"seconds": 0}, timeout=30).raise_for_status()

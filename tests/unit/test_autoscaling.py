@@ -1,0 +1,81 @@
+"""The autoscaling policy on a fake clock: delays, bounds, factors, zero, no flapping."""
+
+from __future__ import annotations
+
+import random
+
+from app_toolkit._runtime.autoscaling import Autoscaler, desired_replicas
+from app_toolkit.config import AutoscalingConfig
+
+
+def config(**options: float | int | None) -> AutoscalingConfig:
+    base: dict[str, float | int | None] = {
+        "min_replicas": 1, "max_replicas": 10, "target_ongoing_requests": 2,
+        "upscale_delay_s": 3, "downscale_delay_s": 10, "look_back_period_s": 2,
+    }
+    return AutoscalingConfig.model_validate({**base, **options})
+
+
+def run(scaler: Autoscaler, load: float, start: float, until: float, step: float = 0.5) -> list[int]:
+    """Feed a steady load every ``step`` seconds; the targets seen along the way."""
+    targets, now = [], start
+    while now <= until:
+        scaler.record(now, load)
+        targets.append(scaler.step(now, load))
+        now += step
+    return targets
+
+
+def test_upscaling_waits_for_the_delay_then_jumps_to_the_load() -> None:
+    scaler = Autoscaler.start(config())
+    targets = run(scaler, load=12, start=0, until=2.5)
+    assert targets[-1] == 1  # wanted 6 for 2.5 s, the delay is 3 s
+    assert run(scaler, load=12, start=3, until=3)[-1] == 6
+    decision = scaler.last_decision
+    assert decision is not None and (decision.from_replicas, decision.to_replicas) == (1, 6)
+    assert decision.load == 12 and decision.at == 3
+
+
+def test_a_short_spike_changes_nothing() -> None:
+    scaler = Autoscaler.start(config())
+    run(scaler, load=2, start=0, until=5)
+    # Half a second of spike: with the 2 s look-back it wants more for 2.5 s, under the 3 s delay.
+    run(scaler, load=40, start=5.5, until=6)
+    assert run(scaler, load=2, start=6.5, until=30)[-1] == 1
+    assert scaler.last_decision is None
+
+
+def test_downscaling_waits_longer_and_keeps_room_for_the_load() -> None:
+    scaler = Autoscaler.start(config(initial_replicas=6))
+    targets = run(scaler, load=5, start=0, until=9.5)
+    assert set(targets) == {6}
+    assert run(scaler, load=5, start=10, until=12)[-1] == 3  # ceil(5 / 2)
+
+
+def test_bounds_and_factors() -> None:
+    assert desired_replicas(config(), 1000, 2) == 10  # max_replicas
+    assert desired_replicas(config(), 0, 5) == 1  # min_replicas
+    assert desired_replicas(config(upscaling_factor=0.5), 20, 2) == 6  # half of the 8 missing
+    assert desired_replicas(config(downscaling_factor=0.5), 2, 9) == 5  # half of the 8 extra
+    assert desired_replicas(config(min_replicas=0), 0.1, 0) == 1
+
+
+def test_scale_from_zero_is_immediate_and_back_to_zero_after_its_own_delay() -> None:
+    scaler = Autoscaler.start(config(min_replicas=0, downscale_to_zero_delay_s=4))
+    assert scaler.target == 0
+    scaler.record(0, 0)
+    assert scaler.step(0, current_load=1) == 1  # first request: no waiting for averages
+    targets = run(scaler, load=0, start=0.5, until=4)
+    assert targets[-1] == 1
+    assert run(scaler, load=0, start=4.5, until=5)[-1] == 0
+
+
+def test_a_steady_load_at_the_target_does_not_flap() -> None:
+    scaler = Autoscaler.start(config(initial_replicas=4))
+    noise = random.Random(7)
+    now = 0.0
+    for _ in range(2000):  # 1,000 s of load 8 ± 8 %, i.e. 4 replicas at target 2
+        scaler.record(now, 8 * (1 + noise.uniform(-0.08, 0.08)))
+        assert scaler.step(now) == 4
+        now += 0.5
+    assert scaler.last_decision is None
