@@ -32,6 +32,7 @@ bench: $(MODEL)
 	$(PY) -m benchmarks.http_overhead
 	$(PY) -m benchmarks.batching
 	$(PY) -m benchmarks.streaming
+	$(PY) -m benchmarks.autoscaling
 
 docs: $(CORE)
 	$(VENV)/bin/mkdocs serve
