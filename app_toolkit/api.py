@@ -25,8 +25,11 @@ from app_toolkit.status import ApplicationStatus, ServeStatus
 logger = logging.getLogger("app_toolkit")
 
 _UNSET: Any = object()
-#: Options whose change never restarts replicas (they are not part of the code version).
-LIGHT_OPTIONS = {"num_replicas", "autoscaling_config", "max_queued_requests"}
+#: Options whose change never restarts replicas (they are not part of the code version):
+#: running replicas take them in place (``user_config`` through ``reconfigure()``).
+LIGHT_OPTIONS = {"num_replicas", "autoscaling_config", "max_queued_requests", "user_config",
+                 "max_ongoing_requests", "health_check_period_s", "health_check_timeout_s",
+                 "graceful_shutdown_wait_loop_s", "graceful_shutdown_timeout_s"}
 _POLL_S = 0.05
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any, Protocol
 
 from app_toolkit._runtime.messages import DeploymentSpec, ReplicaInfo
+from app_toolkit.config import DeploymentConfig
 from app_toolkit.exceptions import ConfigError
 
 BACKENDS = ("auto", "ray", "local")
@@ -27,6 +28,10 @@ class Backend(Protocol):
 
     async def check_health(self, handle: Any, timeout_s: float) -> None:
         """Raise if the replica is unhealthy (ReplicaUnavailableError if it is gone)."""
+        ...
+
+    async def reconfigure_replica(self, handle: Any, config: DeploymentConfig) -> None:
+        """Apply new light options (user_config, limits) to a running replica in place."""
         ...
 
     async def save_checkpoint(self, data: bytes) -> None:

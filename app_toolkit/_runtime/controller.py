@@ -8,6 +8,7 @@ logs and continues; it never dies on an error.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import pickle
 import secrets
@@ -18,6 +19,7 @@ from app_toolkit._runtime.autoscaling import Autoscaler
 from app_toolkit._runtime.backend import Backend
 from app_toolkit._runtime.longpoll import ROUTES_KEY, LongPollHost, replicas_key
 from app_toolkit._runtime.messages import AppSpec, DeploymentID, DeploymentSpec, ReplicaInfo, RouteInfo
+from app_toolkit.config import DeploymentConfig
 from app_toolkit.exceptions import ConfigError, ReplicaUnavailableError
 from app_toolkit.status import (
     ApplicationStatus,
@@ -51,6 +53,8 @@ class _Replica:
     next_health_check: float = 0.0
     checking: bool = False
     health_failures: int = 0
+    config: DeploymentConfig | None = None  # the options the replica runs with
+    reconfiguring: bool = False
 
 
 @dataclass
@@ -235,6 +239,7 @@ class ControllerCore:
                     logger.info("%s: %d -> %d replicas for an average load of %.1f", deployment_id,
                                 before, after, state.autoscaler.average_load())
             self._scale(state)
+            self._reconfigure(state)
             self._check_health(state, now)
 
     def _scale(self, state: _Deployment) -> None:
@@ -256,6 +261,35 @@ class ControllerCore:
             # rollout keeps them serving).
             for replica in outdated:
                 self._stop(state, replica)
+
+    def _reconfigure(self, state: _Deployment) -> None:
+        """Running replicas of the current code take changed light options in place."""
+        spec = state.spec
+        for replica in state.replicas.values():
+            if (replica.state is ReplicaState.RUNNING and not replica.stop_requested
+                    and not replica.reconfiguring and replica.version == spec.code_version
+                    and replica.config != spec.config):
+                replica.reconfiguring = True
+                self._spawn(self._reconfigure_replica(state, replica, spec.config))
+
+    async def _reconfigure_replica(self, state: _Deployment, replica: _Replica,
+                                   config: DeploymentConfig) -> None:
+        try:
+            await self.backend.reconfigure_replica(replica.handle, config)
+        except Exception as exc:
+            state.message = f"reconfigure() failed: {exc}"
+            logger.warning("Replica %s could not be reconfigured (%s); replacing it",
+                           replica.replica_id, exc)
+            self._stop(state, replica)
+            return
+        finally:
+            replica.reconfiguring = False
+            self._wake.set()
+        replica.config = config
+        if replica.info is not None and replica.info.max_ongoing_requests != config.max_ongoing_requests:
+            replica.info = dataclasses.replace(replica.info,
+                                               max_ongoing_requests=config.max_ongoing_requests)
+            self._publish_replicas(state.spec.id)
 
     def _launch(self, state: _Deployment) -> None:
         spec = state.spec
@@ -280,7 +314,7 @@ class ControllerCore:
                         self.longpoll.publish(replicas_key(spec.id), None)
             self._wake.set()
             return
-        replica.info, replica.handle = info, handle
+        replica.info, replica.handle, replica.config = info, handle, spec.config
         if replica.stop_requested:
             await self.backend.stop_replica(handle, graceful=False)
             state.replicas.pop(replica.replica_id, None)
@@ -380,7 +414,9 @@ class ControllerCore:
             for r in state.replicas.values()
             if r.version == version and r.state is ReplicaState.RUNNING and not r.stop_requested
         )
-        outdated = any(r.version != version for r in state.replicas.values())
+        # Replicas of older code, or still taking new light options, are not done yet.
+        outdated = any(r.version != version or (r.config is not None and r.config != state.spec.config)
+                       for r in state.replicas.values())
         if state.failed:
             status = DeploymentStatus.DEPLOY_FAILED
         elif running >= state.target and not outdated:

@@ -8,6 +8,7 @@ debugging with pdb and quick starts.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import pickle
 import uuid
 from typing import Any
@@ -21,7 +22,7 @@ from app_toolkit._runtime.messages import AppSpec, DeploymentID, DeploymentSpec,
 from app_toolkit._runtime.proxy import Proxy
 from app_toolkit._runtime.replica import ReplicaCore
 from app_toolkit._runtime.session import BackgroundLoop, Session
-from app_toolkit.config import HTTPOptions
+from app_toolkit.config import DeploymentConfig, HTTPOptions
 from app_toolkit.exceptions import ReplicaUnavailableError
 from app_toolkit.status import ServeStatus
 
@@ -39,8 +40,18 @@ class LocalBackend:
         self._checkpoint: bytes | None = None
 
     def store(self, value: Any) -> bytes:
-        """Local "serialization": keep the object, hand out a key."""
-        key = uuid.uuid4().bytes
+        """Local "serialization": keep the object, hand out a key.
+
+        The key is the same for the same object (a class or function) or equal picklable
+        arguments, so redeploying unchanged code keeps its version (no restart).
+        """
+        if callable(value):
+            key = hashlib.sha256(b"object %d" % id(value)).digest()
+        else:
+            try:
+                key = hashlib.sha256(pickle.dumps(value)).digest()
+            except Exception:
+                key = uuid.uuid4().bytes  # not comparable: a new version every time
         self.objects[key] = value
         return key
 
@@ -65,6 +76,10 @@ class LocalBackend:
         if core.replica_id not in self.cores:
             raise ReplicaUnavailableError(f"Replica {core.replica_id} was stopped")
         await asyncio.wait_for(core.check_health(), timeout_s)
+
+    async def reconfigure_replica(self, handle: Any, config: DeploymentConfig) -> None:
+        core: ReplicaCore = handle
+        await core.update_config(config)
 
     async def save_checkpoint(self, data: bytes) -> None:
         self._checkpoint = data

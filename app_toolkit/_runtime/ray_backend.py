@@ -125,6 +125,10 @@ class ReplicaActor:
         assert self._core is not None
         await self._core.check_health()
 
+    async def reconfigure(self, config: DeploymentConfig) -> None:
+        assert self._core is not None
+        await self._core.update_config(config)
+
     async def stats(self) -> dict[str, int]:
         """Requests running and asyncio tasks alive in this process (for leak checks)."""
         return {"ongoing": self._core.ongoing if self._core else 0,
@@ -133,6 +137,9 @@ class ReplicaActor:
     async def drain(self) -> None:
         if self._core is not None:
             await self._core.drain()
+            # Callers that still have the old table may send here for a moment: refuse
+            # those requests (they are retried elsewhere) rather than die under them.
+            await self._core.linger()
         if self._server is not None:
             self._server.close()
 
@@ -209,6 +216,13 @@ class _RayReplicas:
             except Exception as exc:  # a dead replica needs no draining
                 logger.info("Draining a replica failed: %s", exc)
         ray.kill(handle, no_restart=True)
+
+    async def reconfigure_replica(self, handle: Any, config: DeploymentConfig) -> None:
+        try:
+            await handle.reconfigure.remote(config)
+        except RayTaskError as exc:
+            cause = exc.cause if exc.cause is not None else exc
+            raise DeployError(str(cause)) from None
 
     async def check_health(self, handle: Any, timeout_s: float) -> None:
         try:

@@ -37,6 +37,8 @@ from app_toolkit.exceptions import BackPressureError, DeployError, ReplicaUnavai
 logger = logging.getLogger("app_toolkit.replica")
 
 ASGI_APP_ATTR = "__app_toolkit_asgi_app__"
+LINGER_QUIET_S = 0.25  # a drained replica stops once no request came for this long
+LINGER_MAX_S = 2.0
 
 
 class ReplicaCore:
@@ -67,6 +69,8 @@ class ReplicaCore:
         self._idle.set()
         #: Set when draining starts, so open streams can end with a final event.
         self.draining_event = asyncio.Event()
+        self._drained_at = 0.0
+        self._last_refused = 0.0
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -105,6 +109,12 @@ class ReplicaCore:
             )
         await _call_maybe_async(method, user_config)
 
+    async def update_config(self, config: DeploymentConfig) -> None:
+        """Take new light options in place; a changed ``user_config`` goes to reconfigure()."""
+        old, self.config = self.config, config
+        if config.user_config is not None and config.user_config != old.user_config:
+            await self.reconfigure(config.user_config)
+
     async def check_health(self) -> None:
         """Raises if the user's ``check_health`` does; proves the event loop responds."""
         method = getattr(self.instance, "check_health", None)
@@ -125,6 +135,7 @@ class ReplicaCore:
                 )
             except asyncio.TimeoutError:
                 continue
+        self._drained_at = loop.time()
         if self.ongoing:
             logger.warning("%s stopping with %d requests still running", self.replica_id, self.ongoing)
         if self._lifespan is not None:
@@ -132,8 +143,25 @@ class ReplicaCore:
 
     # ------------------------------------------------------------------ requests
 
+    async def linger(self) -> None:
+        """After draining, keep refusing late requests until none arrived for a moment.
+
+        A caller that has not yet seen the table without this replica may still send to
+        it; refused (not lost), such a request is retried on another replica.
+        """
+        loop = asyncio.get_running_loop()
+        give_up = loop.time() + LINGER_MAX_S
+        while loop.time() < give_up:
+            quiet_until = max(self._drained_at, self._last_refused) + LINGER_QUIET_S
+            if loop.time() >= quiet_until:
+                return
+            await asyncio.sleep(quiet_until - loop.time())
+
     def admit(self) -> bool:
-        if self.draining or self.ongoing >= self.config.max_ongoing_requests:
+        if self.draining:
+            self._last_refused = asyncio.get_running_loop().time()
+            return False
+        if self.ongoing >= self.config.max_ongoing_requests:
             return False
         self.ongoing += 1
         self._idle.clear()

@@ -360,3 +360,18 @@ def make_ws_app(**options: Any) -> tk.App:
     app = FastAPI(lifespan=lifespan)
     app.include_router(ws_router)
     return tk.App(app, **options)
+
+
+# ----------------------------------------------------------------- versions (upgrades)
+
+
+def make_versioned_app(version: str, **options: Any) -> tk.App:
+    """An app whose code differs per ``version`` (the route closes over it)."""
+    router = APIRouter()
+
+    @router.get("/version")
+    async def report(seconds: float = 0.0) -> dict[str, str]:
+        await asyncio.sleep(seconds)
+        return {"version": version, "replica": tk.get_replica_context().replica_id}
+
+    return tk.App(router, **options)

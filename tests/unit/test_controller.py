@@ -26,6 +26,7 @@ class FakeBackend:
         self.unhealthy: set[str] = set()
         self.checkpoints: list[bytes] = []
         self.on_checkpoint: Callable[[], None] = lambda: None
+        self.reconfigured: list[tuple[Any, Any]] = []
 
     async def start_replica(self, replica_id: str, spec: DeploymentSpec) -> tuple[ReplicaInfo, Any]:
         await asyncio.sleep(0)
@@ -42,6 +43,9 @@ class FakeBackend:
     async def check_health(self, handle: Any, timeout_s: float) -> None:
         if handle in self.unhealthy:
             raise ReplicaUnavailableError("gone")
+
+    async def reconfigure_replica(self, handle: Any, config: DeploymentConfig) -> None:
+        self.reconfigured.append((handle, config.user_config))
 
     async def save_checkpoint(self, data: bytes) -> None:
         self.on_checkpoint()

@@ -1,0 +1,83 @@
+"""Upgrades: light options in place, code changes as a rolling replacement under load."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Callable
+
+import app_toolkit as tk
+from tests.apps import basic
+from tests.conftest import Toolkit
+
+
+def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def replica_ids(app: str, deployment: str) -> set[str]:
+    return {r.replica_id for r in tk.status().applications[app].deployments[deployment].replicas}
+
+
+def test_user_config_and_limits_change_in_place_without_restarts(toolkit: Toolkit) -> None:
+    name = toolkit.name()
+    handle = toolkit.run(basic.Configured.options(num_replicas=2).bind(), name=name, route_prefix=None)
+    assert handle.greet.remote("ann").result(timeout_s=10) == "hi ann"
+    before = replica_ids(name, "Configured")
+    changed = basic.Configured.options(num_replicas=2, user_config={"greeting": "hello"},
+                                       max_ongoing_requests=7)
+    handle = toolkit.run(changed.bind(), name=name, route_prefix=None)
+    assert replica_ids(name, "Configured") == before  # the same replicas, reconfigured
+    assert {handle.greet.remote(str(i)).result(timeout_s=10) for i in range(8)} == {
+        f"hello {i}" for i in range(8)}
+
+
+def test_code_change_rolls_out_under_load_with_zero_failures(toolkit: Toolkit) -> None:
+    name = toolkit.name()
+    toolkit.run(basic.make_versioned_app("v1", num_replicas=2), name=name, route_prefix="/roll")
+    seen: list[tuple[int, str]] = []
+    stop = threading.Event()
+
+    async def load() -> None:
+        async with toolkit.async_client() as client:
+            async def worker() -> None:
+                while not stop.is_set():
+                    response = await client.get("/roll/version")
+                    seen.append((response.status_code, response.json().get("version", "?")
+                                 if response.status_code == 200 else response.text))
+
+            await asyncio.gather(*(worker() for _ in range(4)))
+
+    async def in_flight() -> str:
+        async with toolkit.async_client() as client:
+            response = await client.get("/roll/version", params={"seconds": 2})
+            assert response.status_code == 200
+            return str(response.json()["version"])
+
+    loader = threading.Thread(target=lambda: asyncio.run(load()))
+    loader.start()
+    slow: list[str] = []
+    slow_thread = threading.Thread(target=lambda: slow.append(asyncio.run(in_flight())))
+    try:
+        wait_for(lambda: len(seen) > 20, 20, "load to run")
+        slow_thread.start()
+        time.sleep(0.3)  # the long request is on an old replica before the upgrade starts
+        toolkit.run(basic.make_versioned_app("v2", num_replicas=2), name=name, route_prefix="/roll")
+        wait_for(lambda: len(seen) > 20 and seen[-1][1] == "v2", 30, "v2 to serve")
+        mark = len(seen)
+        wait_for(lambda: len(seen) > mark + 20, 20, "more load on v2")
+    finally:
+        stop.set()
+        loader.join(timeout=30)
+        slow_thread.join(timeout=30)
+    failures = [item for item in seen if item[0] != 200]
+    assert not failures, f"{len(failures)} of {len(seen)} failed, e.g. {failures[:3]}"
+    versions = [version for _, version in seen]
+    assert "v1" in versions and versions[-1] == "v2"
+    assert slow == ["v1"]  # the in-flight request finished on the old version
+    deployment = tk.status().applications[name].deployments["Ingress"]
+    assert len(deployment.replicas) == 2
