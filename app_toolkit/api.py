@@ -29,6 +29,7 @@ _UNSET: Any = object()
 #: running replicas take them in place (``user_config`` through ``reconfigure()``).
 LIGHT_OPTIONS = {"num_replicas", "autoscaling_config", "max_queued_requests", "user_config",
                  "max_ongoing_requests", "health_check_period_s", "health_check_timeout_s",
+                 "health_check_failure_threshold",
                  "graceful_shutdown_wait_loop_s", "graceful_shutdown_timeout_s"}
 _POLL_S = 0.05
 

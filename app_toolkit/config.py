@@ -127,6 +127,11 @@ class DeploymentConfig(_Strict):
     health_check_timeout_s: float = Field(
         30.0, gt=0, description="Seconds a health check may take before it counts as failed."
     )
+    health_check_failure_threshold: int = Field(
+        3, ge=1, le=100, description="Consecutive failed health checks after which a replica "
+        "leaves the routing tables and is replaced. The check calls the user's check_health() "
+        "on the replica's event loop, so a blocked loop fails it too."
+    )
     graceful_shutdown_wait_loop_s: float = Field(
         2.0, gt=0, description="Seconds between checks for in-flight work while draining."
     )

@@ -8,6 +8,7 @@ import json
 import logging
 from typing import Any, Awaitable, Callable, MutableMapping
 
+from app_toolkit._runtime import request_context
 from app_toolkit._runtime.channel import Kind, ResponseSink
 from app_toolkit._runtime.messages import HTTPRequest, HTTPResponse, HTTPResponseStart, WebSocketOpen
 from app_toolkit.exceptions import DeployError
@@ -19,6 +20,8 @@ Message = MutableMapping[str, Any]
 ASGIApp = Callable[[Scope, Callable[[], Awaitable[Message]], Callable[[Message], Awaitable[None]]], Awaitable[None]]
 
 _ASGI = {"version": "3.0", "spec_version": "2.3"}
+
+CLOSE_SERVICE_RESTART = 1012  # WebSocket close code: the server restarts, reconnect
 
 
 def internal_error_body(request_id: str) -> bytes:
@@ -249,6 +252,22 @@ async def serve_websocket(
         sink.send(Kind.WS_OUT, dict(message))
         await sink.drain()
 
+    def server_restarting(waited: asyncio.Future[Any]) -> None:
+        # The replica drains: close with 1012 so the client reconnects (to another
+        # replica), and tell the app its client is gone.
+        nonlocal closed
+        if waited.cancelled():
+            return
+        if not closed:
+            closed = True
+            sink.send(Kind.WS_OUT, {"type": "websocket.close", "code": CLOSE_SERVICE_RESTART,
+                                    "reason": "server restarting; reconnect"})
+        inbound.put_nowait({"type": "websocket.disconnect", "code": CLOSE_SERVICE_RESTART})
+
+    draining = request_context.draining.get()
+    watcher = asyncio.ensure_future(draining.wait()) if draining is not None else None
+    if watcher is not None:
+        watcher.add_done_callback(server_restarting)
     try:
         await app(scope, receive, send)
     except asyncio.CancelledError:
@@ -258,4 +277,7 @@ async def serve_websocket(
         if not closed:
             closed = True
             sink.send(Kind.WS_OUT, {"type": "websocket.close", "code": 1011, "reason": ""})
+    finally:
+        if watcher is not None:
+            watcher.cancel()
     sink.send(Kind.END, None)

@@ -35,7 +35,6 @@ from app_toolkit.status import (
 logger = logging.getLogger("app_toolkit.controller")
 
 MAX_START_FAILURES = 3
-HEALTH_FAILURE_THRESHOLD = 3
 _LOOP_PERIOD_S = 0.1
 #: A caller's load report counts for this long (callers repeat non-zero loads every
 #: ~2 s), so a caller that died does not hold replicas up forever.
@@ -359,7 +358,7 @@ class ControllerCore:
             replica.health_failures = 0
         except ReplicaUnavailableError as exc:
             logger.warning("Replica %s is gone (%s); replacing it", replica.replica_id, exc)
-            replica.health_failures = HEALTH_FAILURE_THRESHOLD
+            replica.health_failures = state.spec.config.health_check_failure_threshold
         except Exception as exc:
             replica.health_failures += 1
             logger.warning("Health check of %s failed: %s", replica.replica_id, exc)
@@ -367,7 +366,8 @@ class ControllerCore:
             replica.checking = False
             loop = asyncio.get_running_loop()
             replica.next_health_check = loop.time() + state.spec.config.health_check_period_s
-        if replica.health_failures >= HEALTH_FAILURE_THRESHOLD and not replica.stop_requested:
+        threshold = state.spec.config.health_check_failure_threshold
+        if replica.health_failures >= threshold and not replica.stop_requested:
             self._stop(state, replica)
             self._wake.set()
 

@@ -130,9 +130,9 @@ class ReplicaActor:
         await self._core.update_config(config)
 
     async def stats(self) -> dict[str, int]:
-        """Requests running and asyncio tasks alive in this process (for leak checks)."""
+        """Requests running, asyncio tasks alive and the process id (for tests and tools)."""
         return {"ongoing": self._core.ongoing if self._core else 0,
-                "tasks": len(asyncio.all_tasks())}
+                "tasks": len(asyncio.all_tasks()), "pid": os.getpid()}
 
     async def drain(self) -> None:
         if self._core is not None:

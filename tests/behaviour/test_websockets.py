@@ -73,3 +73,25 @@ def test_oversized_messages_close_with_1009(toolkit: Toolkit) -> None:
         with pytest.raises(ConnectionClosed) as closed:
             ws.recv(timeout=10)
     assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
+
+
+def test_a_draining_replica_closes_websockets_with_1012(toolkit: Toolkit) -> None:
+    import threading
+    import time
+
+    import app_toolkit as tk
+
+    name = toolkit.name()
+    toolkit.run(basic.make_ws_app(), name=name, route_prefix="/wsdrain")
+    with connect(ws_url(toolkit, "/wsdrain/ws/echo")) as ws:
+        ws.send("hello")
+        assert ws.recv(timeout=10) == "echo:hello"
+        began = time.monotonic()
+        deleting = threading.Thread(target=tk.delete, args=(name,))
+        deleting.start()  # the replica drains: open connections are told to reconnect
+        with pytest.raises(ConnectionClosed) as closed:
+            ws.recv(timeout=10)
+    deleting.join(timeout=30)
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1012
+    # It did not wait for graceful_shutdown_timeout_s (20 s) with the connection open.
+    assert time.monotonic() - began < 10 and not deleting.is_alive()

@@ -27,6 +27,8 @@ class FakeBackend:
         self.checkpoints: list[bytes] = []
         self.on_checkpoint: Callable[[], None] = lambda: None
         self.reconfigured: list[tuple[Any, Any]] = []
+        self.failing: set[str] = set()
+        self.failed_checks = 0
 
     async def start_replica(self, replica_id: str, spec: DeploymentSpec) -> tuple[ReplicaInfo, Any]:
         await asyncio.sleep(0)
@@ -43,6 +45,9 @@ class FakeBackend:
     async def check_health(self, handle: Any, timeout_s: float) -> None:
         if handle in self.unhealthy:
             raise ReplicaUnavailableError("gone")
+        if handle in self.failing:
+            self.failed_checks += 1
+            raise RuntimeError("check_health() says no")
 
     async def reconfigure_replica(self, handle: Any, config: DeploymentConfig) -> None:
         self.reconfigured.append((handle, config.user_config))
@@ -240,4 +245,17 @@ async def test_autoscaled_deployment_follows_reported_load_and_expires_silent_ca
         await until(lambda: not backend.running)
     finally:
         controller_module.LOAD_REPORT_TTL_S = ttl
+    await core.stop()
+
+
+async def test_a_failing_health_check_replaces_the_replica_after_the_threshold() -> None:
+    backend = FakeBackend()
+    core = await started(backend)
+    await core.deploy_app(app(replicas=1, health_check_failure_threshold=4))
+    await until(lambda: len(backend.running) == 1)
+    sick = next(iter(backend.running))
+    backend.failing.add(sick)
+    await until(lambda: sick not in backend.running)
+    assert backend.failed_checks == 4  # replaced after exactly the threshold, not before
+    await until(lambda: len(backend.running) == 1)
     await core.stop()
