@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from app_toolkit._runtime.messages import DeploymentSpec, ReplicaInfo
+from app_toolkit._runtime.messages import AdoptedReplica, DeploymentSpec, ReplicaInfo
 from app_toolkit.config import DeploymentConfig
 from app_toolkit.exceptions import ConfigError
 
@@ -32,6 +32,10 @@ class Backend(Protocol):
 
     async def reconfigure_replica(self, handle: Any, config: DeploymentConfig) -> None:
         """Apply new light options (user_config, limits) to a running replica in place."""
+        ...
+
+    async def find_replicas(self) -> list[AdoptedReplica]:
+        """Replicas still running from a previous controller (stopping the unusable ones)."""
         ...
 
     async def save_checkpoint(self, data: bytes) -> None:

@@ -98,6 +98,7 @@ class ControllerCore:
             for spec in pickle.loads(data).values():
                 self._adopt(spec)
             logger.info("Restored %d application(s) from the checkpoint", len(self.apps))
+        await self._adopt_running_replicas()
         self._publish_routes()
         self._loop_task = asyncio.get_running_loop().create_task(self._run())
 
@@ -196,6 +197,31 @@ class ControllerCore:
                 state.spec = dep
             _follow_autoscaling(state)
             self._publish_replicas(dep.id)
+
+    async def _adopt_running_replicas(self) -> None:
+        """Take over the replicas a previous controller left running: callers keep their
+        connections and nothing restarts. Replicas of deployments no longer wanted stop."""
+        now = asyncio.get_running_loop().time()
+        adopted = 0
+        for found in await self.backend.find_replicas():
+            state = self.deployments.get(found.info.deployment)
+            if state is None or state.deleting:
+                await self.backend.stop_replica(found.handle, graceful=True)
+                continue
+            state.replicas[found.info.replica_id] = _Replica(
+                found.info.replica_id, found.code_version, ReplicaState.RUNNING, found.info,
+                found.handle, next_health_check=now + state.spec.config.health_check_period_s,
+                config=found.config,
+            )
+            state.ever_ran = True
+            adopted += 1
+        for deployment_id, state in self.deployments.items():
+            scaler, running = state.autoscaler, len(state.replicas)
+            if scaler is not None and running:  # keep the size the previous life chose
+                scaler.target = max(scaler.config.min_replicas, min(scaler.config.max_replicas, running))
+            self._publish_replicas(deployment_id)
+        if adopted:
+            logger.info("Adopted %d running replica(s)", adopted)
 
     def _retire(self, deployment: DeploymentID) -> None:
         state = self.deployments.get(deployment)

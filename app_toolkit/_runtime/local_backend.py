@@ -18,7 +18,13 @@ import uvicorn
 from app_toolkit._runtime.channel import Exchange, Kind
 from app_toolkit._runtime.controller import ControllerCore
 from app_toolkit._runtime.dispatcher import ReplicaClient
-from app_toolkit._runtime.messages import AppSpec, DeploymentID, DeploymentSpec, ReplicaInfo
+from app_toolkit._runtime.messages import (
+    AdoptedReplica,
+    AppSpec,
+    DeploymentID,
+    DeploymentSpec,
+    ReplicaInfo,
+)
 from app_toolkit._runtime.proxy import Proxy
 from app_toolkit._runtime.replica import ReplicaCore
 from app_toolkit._runtime.session import BackgroundLoop, Session
@@ -80,6 +86,9 @@ class LocalBackend:
     async def reconfigure_replica(self, handle: Any, config: DeploymentConfig) -> None:
         core: ReplicaCore = handle
         await core.update_config(config)
+
+    async def find_replicas(self) -> list[AdoptedReplica]:
+        return []  # the local controller lives as long as its replicas
 
     async def save_checkpoint(self, data: bytes) -> None:
         self._checkpoint = data

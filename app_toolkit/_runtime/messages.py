@@ -49,6 +49,16 @@ class PathRoute:
 
 
 @dataclass(frozen=True, slots=True)
+class AdoptedReplica:
+    """A running replica as a restarted controller finds it."""
+
+    info: ReplicaInfo
+    code_version: str
+    config: DeploymentConfig
+    handle: Any  # the backend's handle (an actor); None until the backend fills it in
+
+
+@dataclass(frozen=True, slots=True)
 class RouteInfo:
     """One HTTP route prefix, the ingress deployment behind it and its special routes."""
 

@@ -8,6 +8,7 @@ control calls are actor calls. Requests travel over the channel (``channel.py``)
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import io
 import logging
 import os
@@ -27,7 +28,13 @@ from starlette.datastructures import State
 from app_toolkit._runtime.channel import ChannelClient, start_server
 from app_toolkit._runtime.controller import ControllerCore
 from app_toolkit._runtime.dispatcher import ReplicaClient
-from app_toolkit._runtime.messages import AppSpec, DeploymentID, DeploymentSpec, ReplicaInfo
+from app_toolkit._runtime.messages import (
+    AdoptedReplica,
+    AppSpec,
+    DeploymentID,
+    DeploymentSpec,
+    ReplicaInfo,
+)
 from app_toolkit._runtime.proxy import Proxy
 from app_toolkit._runtime.replica import ReplicaCore
 from app_toolkit._runtime.session import Session
@@ -38,6 +45,7 @@ from app_toolkit.status import ServeStatus
 NAMESPACE = "app_toolkit"
 CONTROLLER_NAME = "app_toolkit_controller"
 _CHECKPOINT_KEY = b"app_toolkit/desired_state"
+_DESCRIBE_TIMEOUT_S = 10.0
 _CONTROLLER_RESTART_WAIT_S = 60.0
 _LOCK_TYPES = (type(threading.Lock()), type(threading.RLock()))
 logger = logging.getLogger("app_toolkit.ray")
@@ -104,11 +112,13 @@ class ReplicaActor:
     """Hosts one ``ReplicaCore`` and its channel server."""
 
     def __init__(self, replica_id: str, deployment: DeploymentID, config: DeploymentConfig,
-                 definition: bytes, init_args: bytes) -> None:
+                 definition: bytes, init_args: bytes, code_version: str) -> None:
         _configure_worker_logging()
         self._args = (replica_id, deployment, config, definition, init_args)
+        self._code_version = code_version
         self._core: ReplicaCore | None = None
         self._server: asyncio.Server | None = None
+        self._info: ReplicaInfo | None = None
 
     async def initialize(self) -> ReplicaInfo:
         replica_id, deployment, config, definition, init_args = self._args
@@ -119,7 +129,19 @@ class ReplicaActor:
         host = _node_address()
         self._server, port = await start_server(core, host, token, dumps)
         self._core = core
-        return ReplicaInfo(replica_id, deployment, host, port, token, config.max_ongoing_requests)
+        self._info = ReplicaInfo(replica_id, deployment, host, port, token, config.max_ongoing_requests)
+        return self._info
+
+    async def describe(self) -> AdoptedReplica | str:
+        """What a restarted controller needs to adopt this replica, or why it cannot:
+        "starting" or "draining"."""
+        core = self._core
+        if core is None or self._info is None:
+            return "starting"
+        if core.draining:
+            return "draining"
+        info = dataclasses.replace(self._info, max_ongoing_requests=core.config.max_ongoing_requests)
+        return AdoptedReplica(info, self._code_version, core.config, None)
 
     async def check_health(self) -> None:
         assert self._core is not None
@@ -186,6 +208,9 @@ class ProxyActor:
 class _RayReplicas:
     """The controller's Backend on Ray."""
 
+    def __init__(self) -> None:
+        self._draining: set[asyncio.Future[None]] = set()
+
     async def start_replica(self, replica_id: str, spec: DeploymentSpec) -> tuple[ReplicaInfo, Any]:
         options = spec.config.ray_actor_options
         actor_options: dict[str, Any] = {
@@ -198,7 +223,7 @@ class _RayReplicas:
         if options.runtime_env is not None:
             actor_options["runtime_env"] = options.runtime_env
         actor = _remote(ReplicaActor, **actor_options).remote(
-            replica_id, spec.id, spec.config, spec.definition, spec.init_args)
+            replica_id, spec.id, spec.config, spec.definition, spec.init_args, spec.code_version)
         try:
             return await actor.initialize.remote(), actor
         except RayTaskError as exc:
@@ -232,6 +257,30 @@ class _RayReplicas:
         except RayTaskError as exc:
             raise RuntimeError(str(exc.cause or exc)) from None
 
+    async def find_replicas(self) -> list[AdoptedReplica]:
+        """Replicas left running by a previous controller; those that cannot say what
+        they are (still starting, draining, unresponsive) are stopped."""
+        found: list[AdoptedReplica] = []
+        for name in _named_actors():
+            if not name.startswith("app_toolkit_replica:"):
+                continue
+            actor = ray.get_actor(name, namespace=NAMESPACE)
+            described: AdoptedReplica | str
+            try:
+                described = await asyncio.wait_for(actor.describe.remote(), _DESCRIBE_TIMEOUT_S)
+            except Exception as exc:
+                described = f"unresponsive ({exc})"
+            if isinstance(described, AdoptedReplica):
+                found.append(dataclasses.replace(described, handle=actor))
+                continue
+            logger.warning("Stopping replica %s left by a previous controller: %s", name, described)
+            if described == "draining":  # let its in-flight requests finish first
+                self._draining.add(asyncio.ensure_future(self.stop_replica(actor, graceful=True)))
+                self._draining = {task for task in self._draining if not task.done()}
+            else:
+                ray.kill(actor, no_restart=True)
+        return found
+
     async def save_checkpoint(self, data: bytes) -> None:
         internal_kv._internal_kv_put(_CHECKPOINT_KEY, data, overwrite=True, namespace=NAMESPACE)
 
@@ -257,13 +306,8 @@ class ControllerActor:
             self._start_lock = asyncio.Lock()
         async with self._start_lock:
             if not self._started:
-                # After a restart (Ray restarts this actor when it dies) the replicas of the
-                # previous life are unknown to this one: stop them; the checkpointed desired
-                # state starts new ones. (Re-adopting them instead is future work.)
-                for name in _named_actors():
-                    if name.startswith("app_toolkit_replica:"):
-                        logger.warning("Stopping replica %s left by a previous controller", name)
-                        ray.kill(ray.get_actor(name, namespace=NAMESPACE), no_restart=True)
+                # After a restart (Ray restarts this actor when it dies) core.start() reloads
+                # the checkpoint and adopts the replicas of the previous life that still run.
                 await self.core.start()
                 node = ray.get_runtime_context().get_node_id()
                 self._proxy = _remote(

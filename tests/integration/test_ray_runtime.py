@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import os
 import pickle
+import threading
 import time
 
+import httpx
 import pytest
 import ray
 
 import app_toolkit as tk
-from app_toolkit._runtime.ray_backend import NAMESPACE, _CHECKPOINT_KEY
+from app_toolkit._runtime.ray_backend import _CHECKPOINT_KEY, CONTROLLER_NAME, NAMESPACE
 from tests.apps import basic, ray_only, serve_compat
 from tests.conftest import TEST_RESOURCE, Toolkit
 
@@ -87,33 +89,60 @@ def test_a_dead_replica_is_replaced(ray_toolkit: Toolkit) -> None:
     assert {handle.remote().result(timeout_s=10) for _ in range(20)}
 
 
-def test_a_restarted_controller_brings_the_app_back(ray_toolkit: Toolkit) -> None:
-    import httpx
-
-    from app_toolkit._runtime.ray_backend import CONTROLLER_NAME
-
+def test_a_killed_controller_restarts_adopts_its_replicas_and_finishes_a_rollout(
+        ray_toolkit: Toolkit) -> None:
     name = ray_toolkit.name()
-    ray_toolkit.run(basic.make_app(), name=name, route_prefix="/restart")
-    assert httpx.get(ray_toolkit.url + "/restart/items/1", timeout=10).status_code == 200
-    # The controller process dies; Ray restarts the actor, which reloads its checkpoint.
-    ray.kill(ray.get_actor(CONTROLLER_NAME, namespace=NAMESPACE), no_restart=False)
+    ray_toolkit.run(basic.make_versioned_app("v1", num_replicas=2), name=name, route_prefix="/restart")
 
-    def serving() -> bool:
-        try:
-            return httpx.get(ray_toolkit.url + "/restart/items/1", timeout=5).status_code == 200
-        except httpx.HTTPError:
-            return False
+    def replica_ids() -> set[str]:
+        return {r.replica_id for r in tk.status().applications[name].deployments["Ingress"].replicas}
 
-    wait_until(serving, timeout_s=60, what="the app to serve again")
-    wait_until(lambda: tk.status().applications[name].status is tk.ApplicationStatus.RUNNING,
-               timeout_s=60, what="the app to be RUNNING")
-    replicas = tk.status().applications[name].deployments["Ingress"].replicas
+    def kill_controller() -> None:  # the process dies; Ray restarts the actor
+        ray.kill(ray.get_actor(CONTROLLER_NAME, namespace=NAMESPACE), no_restart=False)
+
+    first = replica_ids()
+    seen: list[tuple[int, str]] = []
+    stop = threading.Event()
+
+    def load() -> None:
+        with httpx.Client(base_url=ray_toolkit.url, timeout=30) as client:
+            while not stop.is_set():
+                response = client.get("/restart/version")
+                seen.append((response.status_code, response.json().get("version", "?")
+                             if response.status_code == 200 else response.text))
+
+    workers = [threading.Thread(target=load) for _ in range(3)]
+    for worker in workers:
+        worker.start()
+    try:
+        wait_until(lambda: len(seen) > 20, what="load to run")
+        kill_controller()
+        wait_until(lambda: tk.status().applications[name].status is tk.ApplicationStatus.RUNNING,
+                   timeout_s=60, what="the restarted controller to report the app")
+        assert replica_ids() == first  # adopted, not restarted
+        # Kill it again in the middle of a rollout to v2: the rollout still completes.
+        rollout = threading.Thread(target=ray_toolkit.run, args=(
+            basic.make_versioned_app("v2", num_replicas=2),), kwargs={"name": name,
+                                                                       "route_prefix": "/restart"})
+        rollout.start()
+        wait_until(lambda: replica_ids() - first, what="the rollout to start")
+        kill_controller()
+        rollout.join(timeout=120)
+        assert not rollout.is_alive()
+        wait_until(lambda: seen[-1][1] == "v2" and not (replica_ids() & first), timeout_s=60,
+                   what="v2 to replace v1")
+    finally:
+        stop.set()
+        for worker in workers:
+            worker.join(timeout=30)
+    failures = [item for item in seen if item[0] != 200]
+    assert not failures, f"{len(failures)} of {len(seen)} requests failed, e.g. {failures[:3]}"
     alive = {a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
              if a["namespace"] == NAMESPACE and a["name"].startswith("app_toolkit_replica:")}
     wait_until(lambda: {a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
                         if a["namespace"] == NAMESPACE and a["name"].startswith("app_toolkit_replica:")}
-               == {f"app_toolkit_replica:{r.replica_id}" for r in replicas},
-               what="no replica of the previous controller left")
+               == {f"app_toolkit_replica:{rid}" for rid in replica_ids()},
+               what="no replica left over")
     assert alive
 
 

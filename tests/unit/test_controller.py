@@ -28,6 +28,7 @@ class FakeBackend:
         self.on_checkpoint: Callable[[], None] = lambda: None
         self.reconfigured: list[tuple[Any, Any]] = []
         self.failing: set[str] = set()
+        self.leftovers: list[Any] = []  # replicas "still running" for a restarted controller
         self.failed_checks = 0
 
     async def start_replica(self, replica_id: str, spec: DeploymentSpec) -> tuple[ReplicaInfo, Any]:
@@ -51,6 +52,9 @@ class FakeBackend:
 
     async def reconfigure_replica(self, handle: Any, config: DeploymentConfig) -> None:
         self.reconfigured.append((handle, config.user_config))
+
+    async def find_replicas(self) -> list[Any]:
+        return list(self.leftovers)
 
     async def save_checkpoint(self, data: bytes) -> None:
         self.on_checkpoint()
@@ -259,3 +263,29 @@ async def test_a_failing_health_check_replaces_the_replica_after_the_threshold()
     assert backend.failed_checks == 4  # replaced after exactly the threshold, not before
     await until(lambda: len(backend.running) == 1)
     await core.stop()
+
+
+async def test_a_restarted_controller_adopts_running_replicas_instead_of_replacing_them() -> None:
+    from app_toolkit._runtime.messages import AdoptedReplica
+
+    backend = FakeBackend()
+    first = await started(backend)
+    await first.deploy_app(app(replicas=2))
+    await until(lambda: len(backend.running) == 2)
+    await first.stop()  # the controller "dies"; its replicas keep running
+    state = first.deployments[DeploymentID("a", "D")]
+    backend.leftovers = [AdoptedReplica(r.info, r.version, r.config, r.handle)  # type: ignore[arg-type]
+                         for r in state.replicas.values()]
+    stray = ReplicaInfo("gone.D.1", DeploymentID("gone", "D"), "127.0.0.1", 1, b"t", 1)
+    backend.running["gone.D.1"] = "v0"
+    backend.leftovers.append(AdoptedReplica(stray, "v0", DeploymentConfig(), "gone.D.1"))
+    started_before = backend.started
+
+    second = await started(backend)  # reloads the checkpoint, adopts what runs
+    table = second.longpoll.get(replicas_key(DeploymentID("a", "D")))
+    assert {info.replica_id for info in table[0]} == {r.replica_id for r in state.replicas.values()}
+    await asyncio.sleep(0.3)  # a few reconcile rounds
+    assert backend.started == started_before  # nothing restarted
+    assert set(backend.running) == set(state.replicas)  # the stray replica was stopped
+    assert second.status().applications["a"].status is ApplicationStatus.RUNNING
+    await second.stop()
