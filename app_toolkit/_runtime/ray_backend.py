@@ -46,6 +46,8 @@ NAMESPACE = "app_toolkit"
 CONTROLLER_NAME = "app_toolkit_controller"
 _CHECKPOINT_KEY = b"app_toolkit/desired_state"
 _DESCRIBE_TIMEOUT_S = 10.0
+_PROXY_CHECK_S = 1.0
+_PROXY_CHECK_TIMEOUT_S = 30.0
 _CONTROLLER_RESTART_WAIT_S = 60.0
 _LOCK_TYPES = (type(threading.Lock()), type(threading.RLock()))
 logger = logging.getLogger("app_toolkit.ray")
@@ -194,8 +196,8 @@ class ProxyActor:
         return int(self._server.servers[0].sockets[0].getsockname()[1])
 
     async def stats(self) -> dict[str, int]:
-        """Asyncio tasks alive in this process (for leak checks)."""
-        return {"tasks": len(asyncio.all_tasks())}
+        """Asyncio tasks alive and the process id (for leak checks and tests)."""
+        return {"tasks": len(asyncio.all_tasks()), "pid": os.getpid()}
 
     async def stop(self) -> None:
         """Stop accepting connections and finish open ones (bounded), then return."""
@@ -299,6 +301,7 @@ class ControllerActor:
         self._started = False
         self._start_lock: asyncio.Lock | None = None
         self._proxy: Any = None
+        self._supervisor: asyncio.Task[None] | None = None
 
     async def ready(self) -> int:
         """Start the loop and the proxy once; returns the proxy's port."""
@@ -312,7 +315,7 @@ class ControllerActor:
                 node = ray.get_runtime_context().get_node_id()
                 self._proxy = _remote(
                     ProxyActor, name=f"app_toolkit_proxy:{node}", namespace=NAMESPACE, lifetime="detached",
-                    get_if_exists=True,
+                    get_if_exists=True, max_restarts=-1,
                     scheduling_strategy=ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(node, soft=False),
                 ).remote(self.http)
                 try:
@@ -322,7 +325,20 @@ class ControllerActor:
                 self.core.proxies[node] = f"http://{self.http.host}:{port}"
                 self._port = int(port)
                 self._started = True
+                self._supervisor = asyncio.get_running_loop().create_task(self._supervise_proxy(node))
         return self._port
+
+    async def _supervise_proxy(self, node: str) -> None:
+        """Ray restarts a proxy whose process died; this starts its server again (a
+        restarted actor serves nothing until ``ready()``), and it re-learns the routes."""
+        while True:
+            await asyncio.sleep(_PROXY_CHECK_S)
+            try:
+                port = await asyncio.wait_for(self._proxy.ready.remote(), _PROXY_CHECK_TIMEOUT_S)
+            except Exception as exc:
+                logger.warning("The proxy on node %s is not serving yet (%s)", node, exc)
+                continue
+            self.core.proxies[node] = f"http://{self.http.host}:{port}"
 
     def http_options(self) -> HTTPOptions:
         return self.http
@@ -363,6 +379,8 @@ class ControllerActor:
         while self.core.deployments and loop.time() < deadline:
             await asyncio.sleep(0.05)
         await self.core.backend.save_checkpoint(b"")
+        if self._supervisor is not None:
+            self._supervisor.cancel()
         if self._proxy is not None:
             await self._proxy.stop.remote()
             ray.kill(self._proxy, no_restart=True)

@@ -86,3 +86,27 @@ def test_a_replica_killed_under_load_fails_only_its_running_requests(ray_toolkit
     assert after and all(o.status == 200 for o in after)
     print(f"replacement serving {replaced_at - killed_at:.2f} s after SIGKILL; "
           f"{len(failed)} of {len(outcomes)} requests failed (503)")
+
+
+def test_a_killed_proxy_is_restarted_and_relearns_the_routes(ray_toolkit: Toolkit) -> None:
+    name = ray_toolkit.name()
+    ray_toolkit.run(basic.make_versioned_app("v1"), name=name, route_prefix="/proxied")
+    proxies = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
+               if a["namespace"] == NAMESPACE and a["name"].startswith("app_toolkit_proxy:")]
+    proxy = ray.get_actor(proxies[0], namespace=NAMESPACE)
+    pid = ray.get(proxy.stats.remote(), timeout=30)["pid"]
+    os.kill(pid, signal.SIGKILL)  # the proxy process this session started
+    killed_at = time.monotonic()
+
+    def serving() -> bool:
+        try:
+            response = httpx.get(ray_toolkit.url + "/proxied/version", timeout=5)
+        except httpx.HTTPError:
+            return False
+        return response.status_code == 200 and response.json()["version"] == "v1"
+
+    while not serving():
+        assert time.monotonic() - killed_at < 60, "the proxy did not come back"
+        time.sleep(0.1)
+    assert ray.get(proxy.stats.remote(), timeout=30)["pid"] != pid
+    print(f"proxy serving again {time.monotonic() - killed_at:.2f} s after SIGKILL")
