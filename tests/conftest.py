@@ -93,14 +93,18 @@ def _init_test_ray() -> None:
                  resources={TEST_RESOURCE: 2}, logging_level="WARNING")
 
 
-@pytest.fixture(params=["local", "ray"])
-def toolkit(request: pytest.FixtureRequest) -> Iterator[Toolkit]:
-    """The toolkit on each backend; apps a test deploys are deleted after it."""
-    kit = _ensure_backend(request.param)
+def _toolkit_for(backend: str) -> Iterator[Toolkit]:
+    kit = _ensure_backend(backend)
     try:
         yield kit
     finally:
         kit.cleanup()
+
+
+@pytest.fixture(params=["local", "ray"])
+def toolkit(request: pytest.FixtureRequest) -> Iterator[Toolkit]:
+    """The toolkit on each backend; apps a test deploys are deleted after it."""
+    yield from _toolkit_for(request.param)
 
 
 @pytest.fixture
@@ -114,21 +118,13 @@ def no_backend() -> Iterator[None]:
 @pytest.fixture
 def local_toolkit() -> Iterator[Toolkit]:
     """The toolkit on the local backend only (to read the proxy's logs in this process)."""
-    kit = _ensure_backend("local")
-    try:
-        yield kit
-    finally:
-        kit.cleanup()
+    yield from _toolkit_for("local")
 
 
 @pytest.fixture
 def ray_toolkit() -> Iterator[Toolkit]:
     """The toolkit on Ray only (actor death, CLI against the cluster, resources)."""
-    kit = _ensure_backend("ray")
-    try:
-        yield kit
-    finally:
-        kit.cleanup()
+    yield from _toolkit_for("ray")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -9,7 +9,8 @@ import logging
 from typing import Any, Awaitable, Callable, MutableMapping
 
 from app_toolkit._runtime import request_context
-from app_toolkit._runtime.channel import Kind, ResponseSink
+from app_toolkit._runtime.channel import Kind
+from app_toolkit._runtime.channel_server import ResponseSink
 from app_toolkit._runtime.messages import HTTPRequest, HTTPResponse, HTTPResponseStart, WebSocketOpen
 from app_toolkit.exceptions import DeployError
 

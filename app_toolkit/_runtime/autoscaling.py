@@ -40,6 +40,10 @@ class Autoscaler:
     def start(cls, config: AutoscalingConfig) -> Autoscaler:
         return cls(config, config.start_replicas)
 
+    def hold(self, replicas: int) -> None:
+        """Set the target to ``replicas`` within [min_replicas, max_replicas] (no decision)."""
+        self.target = max(self.config.min_replicas, min(self.config.max_replicas, replicas))
+
     def record(self, now: float, load: float) -> None:
         """Add a load sample (requests queued + running over all callers)."""
         self.samples.append((now, load))

@@ -4,6 +4,9 @@ Each replica listens on its own port; each caller process keeps one connection p
 replica and multiplexes requests over it by request number. One frame each way carries
 a unary request (ARCHITECTURE.md §5); streamed bodies are one frame per chunk.
 
+The replica's end (server, sinks) is ``channel_server.py``; this module holds the
+frames and the caller's end.
+
 Frame: ``!IQB`` header (payload length, request number, kind) then the payload. The first
 frame on a connection must be HELLO carrying the replica's token, which the controller
 publishes to callers over Ray, so a stray process on the host cannot drive a replica.
@@ -13,12 +16,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import hmac
 import logging
 import pickle
 import struct
 from enum import IntEnum
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
 from app_toolkit._runtime.messages import HTTPRequest, HTTPResponse
 from app_toolkit.exceptions import ReplicaUnavailableError
@@ -56,7 +58,7 @@ class Kind(IntEnum):
     LOST = 99  # never on the wire: the connection dropped
 
 
-def _plain_dumps(value: Any) -> bytes:
+def plain_dumps(value: Any) -> bytes:
     return pickle.dumps(value, _PICKLE_PROTOCOL)
 
 
@@ -74,14 +76,14 @@ def encode(kind: Kind, message: Any, dumps: Dumps) -> list[bytes]:
     if kind in (Kind.END, Kind.REJECTED, Kind.CANCEL):
         return []
     if kind is Kind.HTTP:
-        head = _plain_dumps((message.request_id, message.scope))
+        head = plain_dumps((message.request_id, message.scope))
         return [_HEAD_LENGTH.pack(len(head)) + head, message.body]
     if kind is Kind.RESPONSE:
-        head = _plain_dumps((message.status, message.headers))
+        head = plain_dumps((message.status, message.headers))
         return [_HEAD_LENGTH.pack(len(head)) + head, message.body]
     if kind in (Kind.CALL, Kind.RESULT, Kind.ITEM):
         return [dumps(message)]
-    return [_plain_dumps(message)]
+    return [plain_dumps(message)]
 
 
 def decode(kind: Kind, payload: memoryview) -> Any:
@@ -221,105 +223,6 @@ class FrameProtocol(asyncio.Protocol):
             self.transport.close()
 
 
-# ---------------------------------------------------------------------------- server side
-
-
-class ResponseSink(Protocol):
-    """Where a replica writes the frames of one response (and, for WebSockets, reads the
-    client's messages from ``inbound``)."""
-
-    inbound: asyncio.Queue[Any] | None
-
-    def send(self, kind: Kind, message: Any) -> None: ...
-
-    async def drain(self) -> None: ...
-
-
-class RequestHandler(Protocol):
-    """The replica side: serves one request, writing its answer into ``sink``."""
-
-    def admit(self) -> bool: ...
-
-    async def serve(self, kind: Kind, message: Any, sink: ResponseSink) -> None: ...
-
-
-class _ServerSink:
-    __slots__ = ("_conn", "_number", "inbound")
-
-    def __init__(self, conn: _ServerConnection, number: int) -> None:
-        self._conn = conn
-        self._number = number
-        self.inbound: asyncio.Queue[Any] | None = None
-
-    def send(self, kind: Kind, message: Any) -> None:
-        self._conn.send(kind, self._number, encode(kind, message, self._conn.dumps),
-                        soon=kind is Kind.BODY or kind is Kind.ITEM)
-
-    async def drain(self) -> None:
-        await self._conn.drain()
-
-
-class _ServerConnection(FrameProtocol):
-    def __init__(self, handler: RequestHandler, token: bytes, dumps: Dumps) -> None:
-        super().__init__()
-        self.handler = handler
-        self.token = token
-        self.dumps = dumps
-        self.authenticated = False
-        self.tasks: dict[int, asyncio.Task[None]] = {}
-        self.inbound: dict[int, asyncio.Queue[Any]] = {}
-
-    def on_frame(self, kind: Kind, number: int, payload: memoryview) -> None:
-        if not self.authenticated:
-            if kind is Kind.HELLO and hmac.compare_digest(payload, self.token):
-                self.authenticated = True
-            else:
-                logger.warning("Closing a data-plane connection that sent no valid token")
-                self.close()
-            return
-        if kind is Kind.CANCEL:
-            task = self.tasks.get(number)
-            if task is not None:
-                task.cancel()
-            return
-        if kind is Kind.WS_IN:
-            queue = self.inbound.get(number)
-            if queue is not None:
-                queue.put_nowait(decode(kind, payload))
-            return
-        if not self.handler.admit():
-            self.send(Kind.REJECTED, number, [])
-            return
-        message = decode(kind, payload)
-        sink = _ServerSink(self, number)
-        if kind is Kind.WS_OPEN:
-            sink.inbound = self.inbound[number] = asyncio.Queue()
-        task = asyncio.get_running_loop().create_task(self.handler.serve(kind, message, sink))
-        self.tasks[number] = task
-
-        def forget(_task: asyncio.Task[None]) -> None:
-            self.tasks.pop(number, None)
-            self.inbound.pop(number, None)
-
-        task.add_done_callback(forget)
-
-    def on_lost(self) -> None:
-        for task in list(self.tasks.values()):
-            task.cancel()
-
-
-async def start_server(
-    handler: RequestHandler, host: str, token: bytes, dumps: Dumps = _plain_dumps
-) -> tuple[asyncio.Server, int]:
-    """Listen on a free port of ``host``; returns the server and the port."""
-    loop = asyncio.get_running_loop()
-    server = await loop.create_server(
-        lambda: _ServerConnection(handler, token, dumps), host=host, port=0
-    )
-    port = server.sockets[0].getsockname()[1]
-    return server, int(port)
-
-
 # ---------------------------------------------------------------------------- client side
 
 
@@ -401,7 +304,7 @@ class _ClientConnection(FrameProtocol):
 class ChannelClient:
     """The caller's connection to one replica, opened on first use."""
 
-    def __init__(self, host: str, port: int, token: bytes, dumps: Dumps = _plain_dumps) -> None:
+    def __init__(self, host: str, port: int, token: bytes, dumps: Dumps = plain_dumps) -> None:
         self.host = host
         self.port = port
         self.token = token

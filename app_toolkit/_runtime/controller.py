@@ -12,25 +12,23 @@ import dataclasses
 import logging
 import pickle
 import secrets
-from dataclasses import dataclass, field
 from typing import Any
 
-from app_toolkit._runtime.autoscaling import Autoscaler
 from app_toolkit._runtime.backend import Backend
-from app_toolkit._runtime.longpoll import ROUTES_KEY, LongPollHost, replicas_key
-from app_toolkit._runtime.messages import AppSpec, DeploymentID, DeploymentSpec, ReplicaInfo, RouteInfo
-from app_toolkit.config import DeploymentConfig
-from app_toolkit.exceptions import ConfigError, ReplicaUnavailableError
-from app_toolkit.status import (
-    ApplicationStatus,
-    ApplicationStatusInfo,
-    AutoscalingStatusInfo,
-    DeploymentStatus,
-    DeploymentStatusInfo,
-    ReplicaState,
-    ReplicaStatusInfo,
-    ServeStatus,
+from app_toolkit._runtime.deployment_state import (
+    DeploymentState,
+    Replica,
+    app_status,
+    deployment_status,
+    follow_autoscaling,
+    keep_size,
 )
+from app_toolkit._runtime.longpoll import ROUTES_KEY, LongPollHost, replicas_key
+from app_toolkit._runtime.messages import AppSpec, DeploymentID, DeploymentSpec, RouteInfo
+from app_toolkit._runtime.path_match import check_prefixes
+from app_toolkit.config import DeploymentConfig
+from app_toolkit.exceptions import ReplicaUnavailableError
+from app_toolkit.status import ApplicationStatus, ApplicationStatusInfo, ReplicaState, ServeStatus
 
 logger = logging.getLogger("app_toolkit.controller")
 
@@ -41,47 +39,13 @@ _LOOP_PERIOD_S = 0.1
 LOAD_REPORT_TTL_S = 10.0
 
 
-@dataclass
-class _Replica:
-    replica_id: str
-    version: str
-    state: ReplicaState = ReplicaState.STARTING
-    info: ReplicaInfo | None = None
-    handle: Any = None
-    stop_requested: bool = False
-    next_health_check: float = 0.0
-    checking: bool = False
-    health_failures: int = 0
-    config: DeploymentConfig | None = None  # the options the replica runs with
-    reconfiguring: bool = False
-
-
-@dataclass
-class _Deployment:
-    spec: DeploymentSpec
-    replicas: dict[str, _Replica] = field(default_factory=dict)
-    start_failures: int = 0
-    message: str = ""
-    failed: bool = False
-    deleting: bool = False
-    ever_ran: bool = False  # a replica of this deployment has been RUNNING
-    autoscaler: Autoscaler | None = None
-
-    @property
-    def target(self) -> int:
-        """Replicas wanted now: the autoscaler's target, else num_replicas."""
-        if self.autoscaler is not None:
-            return self.autoscaler.target
-        return self.spec.config.num_replicas
-
-
 class ControllerCore:
     """Holds desired and actual state and drives one toward the other."""
 
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
         self.apps: dict[str, AppSpec] = {}
-        self.deployments: dict[DeploymentID, _Deployment] = {}
+        self.deployments: dict[DeploymentID, DeploymentState] = {}
         self.longpoll = LongPollHost()
         self.proxies: dict[str, str] = {}
         self._wake = asyncio.Event()
@@ -114,7 +78,7 @@ class ControllerCore:
         """Record the new desired state, checkpoint it, then acknowledge."""
         for other in self.apps.values():
             if other.name != spec.name:
-                _check_prefixes(spec, other)
+                check_prefixes(spec, other)
         previous = self.apps.get(spec.name)
         self._adopt(spec)
         if previous is not None:
@@ -161,15 +125,17 @@ class ControllerCore:
 
     def status(self) -> ServeStatus:
         apps = {}
+        now = asyncio.get_running_loop().time()
         for name, app in self.apps.items():
             deployments = {
-                spec.id.name: self._deployment_status(self.deployments[spec.id])
+                spec.id.name: deployment_status(self.deployments[spec.id],
+                                                self._current_load(spec.id, now), now)
                 for spec in app.deployments
                 if spec.id in self.deployments
             }
             apps[name] = ApplicationStatusInfo(
                 name=name,
-                status=_app_status(deployments.values()),
+                status=app_status(deployments.values()),
                 message="; ".join(
                     f"{d.name}: {d.message}" for d in deployments.values() if d.message
                 ),
@@ -190,12 +156,12 @@ class ControllerCore:
             state = self.deployments.get(dep.id)
             if state is None or state.deleting:
                 replicas = state.replicas if state is not None else {}
-                state = self.deployments[dep.id] = _Deployment(dep, replicas)
+                state = self.deployments[dep.id] = DeploymentState(dep, replicas)
             elif state.spec != dep:
                 if state.spec.code_version != dep.code_version:
                     state.start_failures, state.failed, state.message = 0, False, ""
                 state.spec = dep
-            _follow_autoscaling(state)
+            follow_autoscaling(state)
             self._publish_replicas(dep.id)
 
     async def _adopt_running_replicas(self) -> None:
@@ -208,7 +174,7 @@ class ControllerCore:
             if state is None or state.deleting:
                 await self.backend.stop_replica(found.handle, graceful=True)
                 continue
-            state.replicas[found.info.replica_id] = _Replica(
+            state.replicas[found.info.replica_id] = Replica(
                 found.info.replica_id, found.code_version, ReplicaState.RUNNING, found.info,
                 found.handle, next_health_check=now + state.spec.config.health_check_period_s,
                 config=found.config,
@@ -216,9 +182,7 @@ class ControllerCore:
             state.ever_ran = True
             adopted += 1
         for deployment_id, state in self.deployments.items():
-            scaler, running = state.autoscaler, len(state.replicas)
-            if scaler is not None and running:  # keep the size the previous life chose
-                scaler.target = max(scaler.config.min_replicas, min(scaler.config.max_replicas, running))
+            keep_size(state)  # the size the previous life chose
             self._publish_replicas(deployment_id)
         if adopted:
             logger.info("Adopted %d running replica(s)", adopted)
@@ -267,7 +231,7 @@ class ControllerCore:
             self._reconfigure(state)
             self._check_health(state, now)
 
-    def _scale(self, state: _Deployment) -> None:
+    def _scale(self, state: DeploymentState) -> None:
         target = state.target
         version = state.spec.code_version
         current = [r for r in state.replicas.values() if r.version == version and not r.stop_requested]
@@ -287,7 +251,7 @@ class ControllerCore:
             for replica in outdated:
                 self._stop(state, replica)
 
-    def _reconfigure(self, state: _Deployment) -> None:
+    def _reconfigure(self, state: DeploymentState) -> None:
         """Running replicas of the current code take changed light options in place."""
         spec = state.spec
         for replica in state.replicas.values():
@@ -297,7 +261,7 @@ class ControllerCore:
                 replica.reconfiguring = True
                 self._spawn(self._reconfigure_replica(state, replica, spec.config))
 
-    async def _reconfigure_replica(self, state: _Deployment, replica: _Replica,
+    async def _reconfigure_replica(self, state: DeploymentState, replica: Replica,
                                    config: DeploymentConfig) -> None:
         try:
             await self.backend.reconfigure_replica(replica.handle, config)
@@ -316,14 +280,14 @@ class ControllerCore:
                                                max_ongoing_requests=config.max_ongoing_requests)
             self._publish_replicas(state.spec.id)
 
-    def _launch(self, state: _Deployment) -> None:
+    def _launch(self, state: DeploymentState) -> None:
         spec = state.spec
         replica_id = f"{spec.id.app}.{spec.id.name}.{secrets.token_hex(3)}"
-        replica = _Replica(replica_id, spec.code_version)
+        replica = Replica(replica_id, spec.code_version)
         state.replicas[replica_id] = replica
         self._spawn(self._start_replica(state, replica, spec))
 
-    async def _start_replica(self, state: _Deployment, replica: _Replica, spec: DeploymentSpec) -> None:
+    async def _start_replica(self, state: DeploymentState, replica: Replica, spec: DeploymentSpec) -> None:
         try:
             info, handle = await self.backend.start_replica(replica.replica_id, spec)
         except Exception as exc:
@@ -351,7 +315,7 @@ class ControllerCore:
         self._publish_replicas(spec.id)
         self._wake.set()
 
-    def _stop(self, state: _Deployment, replica: _Replica) -> None:
+    def _stop(self, state: DeploymentState, replica: Replica) -> None:
         if replica.stop_requested:
             return
         replica.stop_requested = True
@@ -361,14 +325,14 @@ class ControllerCore:
         self._publish_replicas(state.spec.id)
         self._spawn(self._stop_replica(state, replica))
 
-    async def _stop_replica(self, state: _Deployment, replica: _Replica) -> None:
+    async def _stop_replica(self, state: DeploymentState, replica: Replica) -> None:
         try:
             await self.backend.stop_replica(replica.handle, graceful=True)
         finally:
             state.replicas.pop(replica.replica_id, None)
             self._wake.set()
 
-    def _check_health(self, state: _Deployment, now: float) -> None:
+    def _check_health(self, state: DeploymentState, now: float) -> None:
         config = state.spec.config
         for replica in list(state.replicas.values()):
             if replica.state is not ReplicaState.RUNNING or replica.checking:
@@ -378,7 +342,7 @@ class ControllerCore:
             replica.checking = True
             self._spawn(self._health_check(state, replica, config.health_check_timeout_s))
 
-    async def _health_check(self, state: _Deployment, replica: _Replica, timeout_s: float) -> None:
+    async def _health_check(self, state: DeploymentState, replica: Replica, timeout_s: float) -> None:
         try:
             await self.backend.check_health(replica.handle, timeout_s)
             replica.health_failures = 0
@@ -433,98 +397,7 @@ class ControllerCore:
         )
         self.longpoll.publish(ROUTES_KEY, routes)
 
-    def _deployment_status(self, state: _Deployment) -> DeploymentStatusInfo:
-        version = state.spec.code_version
-        running = sum(
-            1
-            for r in state.replicas.values()
-            if r.version == version and r.state is ReplicaState.RUNNING and not r.stop_requested
-        )
-        # Replicas of older code, or still taking new light options, are not done yet.
-        outdated = any(r.version != version or (r.config is not None and r.config != state.spec.config)
-                       for r in state.replicas.values())
-        if state.failed:
-            status = DeploymentStatus.DEPLOY_FAILED
-        elif running >= state.target and not outdated:
-            status = DeploymentStatus.HEALTHY
-        else:
-            status = DeploymentStatus.UPDATING
-        return DeploymentStatusInfo(
-            name=state.spec.id.name,
-            status=status,
-            message=state.message,
-            target_replicas=state.target,
-            replicas=[
-                ReplicaStatusInfo(r.replica_id, r.state, r.version) for r in state.replicas.values()
-            ],
-            autoscaling=self._autoscaling_status(state),
-        )
-
-    def _autoscaling_status(self, state: _Deployment) -> AutoscalingStatusInfo | None:
-        scaler = state.autoscaler
-        if scaler is None:
-            return None
-        now = asyncio.get_running_loop().time()
-        decision = scaler.last_decision
-        return AutoscalingStatusInfo(
-            current_load=self._current_load(state.spec.id, now),
-            average_load=scaler.average_load(),
-            last_decision_load=decision.load if decision else None,
-            last_decision_from=decision.from_replicas if decision else None,
-            last_decision_to=decision.to_replicas if decision else None,
-            last_decision_age_s=now - decision.at if decision else None,
-        )
-
     def _spawn(self, coroutine: Any) -> None:
         task = asyncio.get_running_loop().create_task(coroutine)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-
-
-def _follow_autoscaling(state: _Deployment) -> None:
-    """Start, keep, retune or drop the deployment's autoscaler for its (new) spec."""
-    config = state.spec.config.autoscaling_config
-    if config is None:
-        state.autoscaler = None
-    elif state.autoscaler is None:
-        # Taking over a running deployment: keep its size within the new bounds.
-        running = sum(1 for r in state.replicas.values() if not r.stop_requested)
-        state.autoscaler = Autoscaler.start(config)
-        if running:
-            state.autoscaler.target = max(config.min_replicas, min(config.max_replicas, running))
-    elif state.autoscaler.config != config:
-        target = max(config.min_replicas, min(config.max_replicas, state.autoscaler.target))
-        state.autoscaler = Autoscaler(config, target)
-
-
-def _check_prefixes(new: AppSpec, other: AppSpec) -> None:
-    """Refuse an app whose prefix equals another's or hides some of its routes."""
-    if new.route_prefix is None or other.route_prefix is None:
-        return
-    if new.route_prefix == other.route_prefix:
-        raise ConfigError(
-            f"route_prefix {new.route_prefix!r} is already used by application "
-            f"{other.name!r}; choose another prefix or delete {other.name!r} first"
-        )
-    for outer, inner in ((other, new), (new, other)):
-        assert outer.route_prefix is not None and inner.route_prefix is not None
-        if not inner.route_prefix.startswith(outer.route_prefix.rstrip("/") + "/"):
-            continue  # inner is not below outer, so it cannot hide outer's routes
-        for path in outer.paths:
-            full = outer.route_prefix.rstrip("/") + path
-            fixed = full.split("{", 1)[0]  # the part before any path parameter
-            if fixed == inner.route_prefix or fixed.startswith(inner.route_prefix.rstrip("/") + "/"):
-                raise ConfigError(
-                    f"Route {full} of application {outer.name!r} would be hidden by application "
-                    f"{inner.name!r} at route_prefix {inner.route_prefix!r} (the longest prefix "
-                    "wins); choose another route_prefix or move the route"
-                )
-
-
-def _app_status(deployments: Any) -> ApplicationStatus:
-    statuses = [d.status for d in deployments]
-    if any(s is DeploymentStatus.DEPLOY_FAILED for s in statuses):
-        return ApplicationStatus.DEPLOY_FAILED
-    if statuses and all(s is DeploymentStatus.HEALTHY for s in statuses):
-        return ApplicationStatus.RUNNING
-    return ApplicationStatus.DEPLOYING

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import re
 
-from app_toolkit._runtime.messages import DeploymentID, RouteInfo
+from app_toolkit._runtime.messages import AppSpec, DeploymentID, RouteInfo
+from app_toolkit.exceptions import ConfigError
 
 
 class AppRoutes:
@@ -53,3 +54,27 @@ def match_app(apps: list[AppRoutes], path: str) -> AppRoutes | None:
         if prefix == "/" or path == prefix or path.startswith(prefix + "/"):
             return app
     return None
+
+
+def check_prefixes(new: AppSpec, other: AppSpec) -> None:
+    """Refuse an app whose prefix equals another's or hides some of its routes."""
+    if new.route_prefix is None or other.route_prefix is None:
+        return
+    if new.route_prefix == other.route_prefix:
+        raise ConfigError(
+            f"route_prefix {new.route_prefix!r} is already used by application "
+            f"{other.name!r}; choose another prefix or delete {other.name!r} first"
+        )
+    for outer, inner in ((other, new), (new, other)):
+        assert outer.route_prefix is not None and inner.route_prefix is not None
+        if not inner.route_prefix.startswith(outer.route_prefix.rstrip("/") + "/"):
+            continue  # inner is not below outer, so it cannot hide outer's routes
+        for path in outer.paths:
+            full = outer.route_prefix.rstrip("/") + path
+            fixed = full.split("{", 1)[0]  # the part before any path parameter
+            if fixed == inner.route_prefix or fixed.startswith(inner.route_prefix.rstrip("/") + "/"):
+                raise ConfigError(
+                    f"Route {full} of application {outer.name!r} would be hidden by application "
+                    f"{inner.name!r} at route_prefix {inner.route_prefix!r} (the longest prefix "
+                    "wins); choose another route_prefix or move the route"
+                )

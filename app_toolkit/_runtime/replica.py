@@ -23,7 +23,8 @@ from app_toolkit._runtime.asgi import (
     serve_http,
     serve_websocket,
 )
-from app_toolkit._runtime.channel import Dumps, Kind, ResponseSink
+from app_toolkit._runtime.channel import Dumps, Kind
+from app_toolkit._runtime.channel_server import ResponseSink
 from app_toolkit._runtime.messages import (
     CallFailure,
     DeploymentID,

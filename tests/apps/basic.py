@@ -375,3 +375,22 @@ def make_versioned_app(version: str, **options: Any) -> tk.App:
         return {"version": version, "replica": tk.get_replica_context().replica_id}
 
     return tk.App(router, **options)
+
+
+# ----------------------------------------------------------------- health checks
+
+
+# --8<-- [start:health]
+@tk.deployment(health_check_period_s=0.2, health_check_failure_threshold=2)
+class Guarded:
+    def __init__(self) -> None:
+        self.sick = False
+
+    def check_health(self) -> None:  # raise to report the replica unhealthy
+        if self.sick:
+            raise RuntimeError("lost the model")
+
+    def fall_ill(self) -> str:
+        self.sick = True
+        return tk.get_replica_context().replica_id
+# --8<-- [end:health]

@@ -64,7 +64,7 @@ def _local_counts() -> dict[str, int]:
 def _ray_counts(app_name: str) -> Callable[[], dict[str, int]]:
     import ray
 
-    from app_toolkit._runtime.ray_backend import NAMESPACE
+    from app_toolkit._runtime.ray_cluster import NAMESPACE
 
     replica_ids = [r.replica_id for r in
                    tk.status().applications[app_name].deployments["Ingress"].replicas]

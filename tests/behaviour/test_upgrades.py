@@ -81,3 +81,17 @@ def test_code_change_rolls_out_under_load_with_zero_failures(toolkit: Toolkit) -
     assert slow == ["v1"]  # the in-flight request finished on the old version
     deployment = tk.status().applications[name].deployments["Ingress"]
     assert len(deployment.replicas) == 2
+
+
+def test_a_replica_whose_check_health_fails_is_replaced(toolkit: Toolkit) -> None:
+    name = toolkit.name()
+    handle = toolkit.run(basic.Guarded.bind(), name=name, route_prefix=None)
+    sick = handle.fall_ill.remote().result(timeout_s=10)
+
+    def replaced() -> bool:
+        replicas = tk.status().applications[name].deployments["Guarded"].replicas
+        return sick not in {r.replica_id for r in replicas} and [r.state for r in replicas] == [
+            tk.ReplicaState.RUNNING]
+
+    wait_for(replaced, 30, "a healthy replacement")
+    assert handle.fall_ill.remote().result(timeout_s=10) != sick

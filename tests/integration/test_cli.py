@@ -81,7 +81,7 @@ def test_status_reports_the_running_apps(ray_toolkit: Toolkit) -> None:
 
 
 def test_shutdown_command_stops_the_toolkit_on_the_cluster(ray_toolkit: Toolkit) -> None:
-    from app_toolkit._runtime.ray_backend import NAMESPACE
+    from app_toolkit._runtime.ray_cluster import NAMESPACE
     from app_toolkit._runtime.session import current_session, set_current_session
 
     ray_toolkit.run(basic.make_app(), route_prefix="/cli-shutdown")

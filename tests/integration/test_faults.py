@@ -13,7 +13,7 @@ import httpx
 import ray
 
 import app_toolkit as tk
-from app_toolkit._runtime.ray_backend import NAMESPACE
+from app_toolkit._runtime.ray_cluster import NAMESPACE
 from tests.apps import basic
 from tests.conftest import Toolkit
 

@@ -12,7 +12,8 @@ import pytest
 import ray
 
 import app_toolkit as tk
-from app_toolkit._runtime.ray_backend import _CHECKPOINT_KEY, CONTROLLER_NAME, NAMESPACE
+from app_toolkit._runtime.ray_cluster import CONTROLLER_NAME, NAMESPACE
+from app_toolkit._runtime.ray_replicas import CHECKPOINT_KEY
 from tests.apps import basic, ray_only, serve_compat
 from tests.conftest import TEST_RESOURCE, Toolkit
 
@@ -38,7 +39,7 @@ def test_ray_actor_options_reach_ray(ray_toolkit: Toolkit) -> None:
 def test_deploy_is_checkpointed_in_gcs(ray_toolkit: Toolkit) -> None:
     name = ray_toolkit.name()
     ray_toolkit.run(ray_only.Pid.bind(), name=name, route_prefix=None)
-    stored = ray.experimental.internal_kv._internal_kv_get(_CHECKPOINT_KEY, namespace=NAMESPACE)
+    stored = ray.experimental.internal_kv._internal_kv_get(CHECKPOINT_KEY, namespace=NAMESPACE)
     assert name in pickle.loads(stored)
 
 

@@ -7,7 +7,8 @@ from typing import Any
 
 import pytest
 
-from app_toolkit._runtime.channel import ChannelClient, Kind, ResponseSink, start_server
+from app_toolkit._runtime.channel import ChannelClient, Kind
+from app_toolkit._runtime.channel_server import ResponseSink, start_server
 from app_toolkit._runtime.messages import HTTPRequest, HTTPResponse, HTTPResponseStart
 from app_toolkit.exceptions import ReplicaUnavailableError
 

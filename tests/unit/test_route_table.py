@@ -6,9 +6,8 @@ import pytest
 from fastapi import APIRouter, FastAPI, WebSocket
 
 import app_toolkit as tk
-from app_toolkit._runtime.controller import _check_prefixes
 from app_toolkit._runtime.messages import AppSpec, DeploymentID, RouteInfo
-from app_toolkit._runtime.path_match import AppRoutes
+from app_toolkit._runtime.path_match import AppRoutes, check_prefixes
 from app_toolkit.route_table import route_table
 
 
@@ -112,11 +111,11 @@ def test_an_app_may_not_hide_another_apps_routes() -> None:
         return AppSpec(name, prefix, "Ingress", (), (), paths)
 
     root = spec("root", "/", "/api/users/{user_id}", "/health")
-    _check_prefixes(spec("elsewhere", "/other"), root)
-    _check_prefixes(spec("partial", "/ap"), root)  # "/ap" is not a path segment of "/api"
+    check_prefixes(spec("elsewhere", "/other"), root)
+    check_prefixes(spec("partial", "/ap"), root)  # "/ap" is not a path segment of "/api"
     with pytest.raises(tk.ConfigError, match="Route /api/users/{user_id} of application 'root'"):
-        _check_prefixes(spec("api", "/api/users"), root)
+        check_prefixes(spec("api", "/api/users"), root)
     with pytest.raises(tk.ConfigError, match="of application 'new' would be hidden"):
-        _check_prefixes(spec("new", "/", "/deep/x"), spec("deep", "/deep"))
+        check_prefixes(spec("new", "/", "/deep/x"), spec("deep", "/deep"))
     with pytest.raises(tk.ConfigError, match="already used"):
-        _check_prefixes(spec("twin", "/"), root)
+        check_prefixes(spec("twin", "/"), root)

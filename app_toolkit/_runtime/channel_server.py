@@ -1,0 +1,109 @@
+"""The replica's end of the channel: accept connections, check the token, admit and run
+requests, send their replies back as frames (see ``channel.py``)."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+from typing import Any, Protocol
+
+from app_toolkit._runtime.channel import Dumps, FrameProtocol, Kind, decode, encode, plain_dumps
+
+logger = logging.getLogger("app_toolkit.channel")
+
+
+class ResponseSink(Protocol):
+    """Where a replica writes the frames of one response (and, for WebSockets, reads the
+    client's messages from ``inbound``)."""
+
+    inbound: asyncio.Queue[Any] | None
+
+    def send(self, kind: Kind, message: Any) -> None: ...
+
+    async def drain(self) -> None: ...
+
+
+class RequestHandler(Protocol):
+    """The replica side: serves one request, writing its answer into ``sink``."""
+
+    def admit(self) -> bool: ...
+
+    async def serve(self, kind: Kind, message: Any, sink: ResponseSink) -> None: ...
+
+
+class _ServerSink:
+    __slots__ = ("_conn", "_number", "inbound")
+
+    def __init__(self, conn: _ServerConnection, number: int) -> None:
+        self._conn = conn
+        self._number = number
+        self.inbound: asyncio.Queue[Any] | None = None
+
+    def send(self, kind: Kind, message: Any) -> None:
+        self._conn.send(kind, self._number, encode(kind, message, self._conn.dumps),
+                        soon=kind is Kind.BODY or kind is Kind.ITEM)
+
+    async def drain(self) -> None:
+        await self._conn.drain()
+
+
+class _ServerConnection(FrameProtocol):
+    def __init__(self, handler: RequestHandler, token: bytes, dumps: Dumps) -> None:
+        super().__init__()
+        self.handler = handler
+        self.token = token
+        self.dumps = dumps
+        self.authenticated = False
+        self.tasks: dict[int, asyncio.Task[None]] = {}
+        self.inbound: dict[int, asyncio.Queue[Any]] = {}
+
+    def on_frame(self, kind: Kind, number: int, payload: memoryview) -> None:
+        if not self.authenticated:
+            if kind is Kind.HELLO and hmac.compare_digest(payload, self.token):
+                self.authenticated = True
+            else:
+                logger.warning("Closing a data-plane connection that sent no valid token")
+                self.close()
+            return
+        if kind is Kind.CANCEL:
+            task = self.tasks.get(number)
+            if task is not None:
+                task.cancel()
+            return
+        if kind is Kind.WS_IN:
+            queue = self.inbound.get(number)
+            if queue is not None:
+                queue.put_nowait(decode(kind, payload))
+            return
+        if not self.handler.admit():
+            self.send(Kind.REJECTED, number, [])
+            return
+        message = decode(kind, payload)
+        sink = _ServerSink(self, number)
+        if kind is Kind.WS_OPEN:
+            sink.inbound = self.inbound[number] = asyncio.Queue()
+        task = asyncio.get_running_loop().create_task(self.handler.serve(kind, message, sink))
+        self.tasks[number] = task
+
+        def forget(_task: asyncio.Task[None]) -> None:
+            self.tasks.pop(number, None)
+            self.inbound.pop(number, None)
+
+        task.add_done_callback(forget)
+
+    def on_lost(self) -> None:
+        for task in list(self.tasks.values()):
+            task.cancel()
+
+
+async def start_server(
+    handler: RequestHandler, host: str, token: bytes, dumps: Dumps = plain_dumps
+) -> tuple[asyncio.Server, int]:
+    """Listen on a free port of ``host``; returns the server and the port."""
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(
+        lambda: _ServerConnection(handler, token, dumps), host=host, port=0
+    )
+    port = server.sockets[0].getsockname()[1]
+    return server, int(port)

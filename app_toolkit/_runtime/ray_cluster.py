@@ -1,0 +1,103 @@
+"""The toolkit on a Ray cluster: its namespace and actor names, actor defaults, the codec
+for user code, worker set-up and joining (or starting) the cluster.
+
+With ``ray_replicas.py`` and ``ray_backend.py``, the only modules that import ``ray``.
+"""
+
+from __future__ import annotations
+
+import io
+import logging
+import os
+import threading
+from typing import Any
+
+import ray
+from ray import cloudpickle
+from starlette.datastructures import State
+
+from app_toolkit.exceptions import ConfigError
+
+NAMESPACE = "app_toolkit"
+CONTROLLER_NAME = "app_toolkit_controller"
+REPLICA_PREFIX = "app_toolkit_replica:"
+PROXY_PREFIX = "app_toolkit_proxy:"
+_LOCK_TYPES = (type(threading.Lock()), type(threading.RLock()))
+
+# ------------------------------------------------------------------------------- codec
+
+
+class _Pickler(cloudpickle.Pickler):
+    """cloudpickle, plus fresh locks and Starlette ``State`` (FastAPI apps hold both)."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        if type(obj) is _LOCK_TYPES[0]:
+            return (threading.Lock, ())
+        if type(obj) is _LOCK_TYPES[1]:
+            return (threading.RLock, ())
+        if type(obj) is State:
+            return (State, (dict(obj._state),))
+        return super().reducer_override(obj)  # type: ignore[no-untyped-call]
+
+
+def dumps(value: Any) -> bytes:
+    """Serialize user code and data (by value where it is not importable)."""
+    buffer = io.BytesIO()
+    try:
+        _Pickler(buffer, protocol=5).dump(value)  # type: ignore[no-untyped-call]
+    except Exception as exc:
+        raise ConfigError(
+            f"Cannot serialize {type(value).__name__} to send it to replicas: {exc}. Keep "
+            "deployment arguments picklable (plain data, handles, importable objects)."
+        ) from None
+    return buffer.getvalue()
+
+
+def node_address() -> str:
+    """The address this Ray node was started with (127.0.0.1 on the embedded cluster).
+
+    Not ``ray.util.get_node_ip_address()``: that returns the machine's routable address
+    even when the node itself listens on loopback only.
+    """
+    node_id = ray.get_runtime_context().get_node_id()
+    for node in ray.nodes():  # type: ignore[no-untyped-call]
+        if node["NodeID"] == node_id:
+            return str(node["NodeManagerAddress"])
+    raise RuntimeError(f"This Ray node ({node_id}) is not in the cluster's node table")
+
+
+def configure_worker_logging() -> None:
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+
+
+# ------------------------------------------------------------------------------- actors
+
+#: Every toolkit actor: no CPU reserved (control and I/O), many concurrent calls.
+_ACTOR_DEFAULTS: dict[str, Any] = {"num_cpus": 0, "max_concurrency": 10_000}
+
+
+def remote(cls: type, **options: Any) -> Any:
+    """``cls`` as a Ray actor class with the toolkit's defaults and ``options``."""
+    return ray.remote(cls).options(**{**_ACTOR_DEFAULTS, **options})
+
+
+def init_ray(address: str | None) -> None:
+    """Join ``address`` (or RAY_ADDRESS), or start an embedded single-node cluster."""
+    if ray.is_initialized():
+        return
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    if address is None:
+        # Ray runs workers at nice 15 by default; on a small machine serving replicas then
+        # lose the CPU to everything else. The embedded cluster runs them at normal priority.
+        os.environ.setdefault("RAY_worker_niceness", "0")
+    kwargs: dict[str, Any] = {"include_dashboard": False, "logging_level": logging.WARNING,
+                              "configure_logging": False}
+    if address is None:
+        kwargs["_node_ip_address"] = "127.0.0.1"
+    ray.init(address=address, **kwargs)
+
+
+def named_actors() -> list[str]:
+    return [actor["name"] for actor in ray.util.list_named_actors(all_namespaces=True)
+            if actor["namespace"] == NAMESPACE]

@@ -1,0 +1,180 @@
+"""Replicas on Ray: the replica actor, and the controller's backend that starts, stops,
+checks, reconfigures and re-adopts replica actors and keeps the checkpoint in the GCS."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import os
+import pickle
+import secrets
+from typing import Any
+
+import ray
+from ray.exceptions import RayActorError, RayTaskError
+from ray.experimental import internal_kv
+
+from app_toolkit._runtime.channel_server import start_server
+from app_toolkit._runtime.messages import AdoptedReplica, DeploymentID, DeploymentSpec, ReplicaInfo
+from app_toolkit._runtime.ray_cluster import (
+    NAMESPACE,
+    REPLICA_PREFIX,
+    configure_worker_logging,
+    dumps,
+    named_actors,
+    node_address,
+    remote,
+)
+from app_toolkit._runtime.replica import ReplicaCore
+from app_toolkit.config import DeploymentConfig
+from app_toolkit.exceptions import DeployError, ReplicaUnavailableError
+
+logger = logging.getLogger("app_toolkit.ray")
+
+CHECKPOINT_KEY = b"app_toolkit/desired_state"
+_DESCRIBE_TIMEOUT_S = 10.0
+
+
+class ReplicaActor:
+    """Hosts one ``ReplicaCore`` and its channel server."""
+
+    def __init__(self, replica_id: str, deployment: DeploymentID, config: DeploymentConfig,
+                 definition: bytes, init_args: bytes, code_version: str) -> None:
+        configure_worker_logging()
+        self._args = (replica_id, deployment, config, definition, init_args)
+        self._code_version = code_version
+        self._core: ReplicaCore | None = None
+        self._server: asyncio.Server | None = None
+        self._info: ReplicaInfo | None = None
+
+    async def initialize(self) -> ReplicaInfo:
+        replica_id, deployment, config, definition, init_args = self._args
+        core = ReplicaCore(replica_id, deployment, config, pickle.loads(definition),
+                           pickle.loads(init_args), dumps)
+        await core.start()
+        token = secrets.token_bytes(16)
+        host = node_address()
+        self._server, port = await start_server(core, host, token, dumps)
+        self._core = core
+        self._info = ReplicaInfo(replica_id, deployment, host, port, token, config.max_ongoing_requests)
+        return self._info
+
+    async def describe(self) -> AdoptedReplica | str:
+        """What a restarted controller needs to adopt this replica, or why it cannot:
+        "starting" or "draining"."""
+        core = self._core
+        if core is None or self._info is None:
+            return "starting"
+        if core.draining:
+            return "draining"
+        info = dataclasses.replace(self._info, max_ongoing_requests=core.config.max_ongoing_requests)
+        return AdoptedReplica(info, self._code_version, core.config, None)
+
+    async def check_health(self) -> None:
+        assert self._core is not None
+        await self._core.check_health()
+
+    async def reconfigure(self, config: DeploymentConfig) -> None:
+        assert self._core is not None
+        await self._core.update_config(config)
+
+    async def stats(self) -> dict[str, int]:
+        """Requests running, asyncio tasks alive and the process id (for tests and tools)."""
+        return {"ongoing": self._core.ongoing if self._core else 0,
+                "tasks": len(asyncio.all_tasks()), "pid": os.getpid()}
+
+    async def drain(self) -> None:
+        if self._core is not None:
+            await self._core.drain()
+            # Callers that still have the old table may send here for a moment: refuse
+            # those requests (they are retried elsewhere) rather than die under them.
+            await self._core.linger()
+        if self._server is not None:
+            self._server.close()
+
+
+class RayReplicas:
+    """The controller's Backend on Ray."""
+
+    def __init__(self) -> None:
+        self._draining: set[asyncio.Future[None]] = set()
+
+    async def start_replica(self, replica_id: str, spec: DeploymentSpec) -> tuple[ReplicaInfo, Any]:
+        options = spec.config.ray_actor_options
+        actor_options: dict[str, Any] = {
+            "name": f"{REPLICA_PREFIX}{replica_id}", "namespace": NAMESPACE,
+            "lifetime": "detached", "num_cpus": options.num_cpus, "num_gpus": options.num_gpus,
+            "resources": options.resources,
+        }
+        if options.memory is not None:
+            actor_options["memory"] = options.memory
+        if options.runtime_env is not None:
+            actor_options["runtime_env"] = options.runtime_env
+        actor = remote(ReplicaActor, **actor_options).remote(
+            replica_id, spec.id, spec.config, spec.definition, spec.init_args, spec.code_version)
+        try:
+            return await actor.initialize.remote(), actor
+        except RayTaskError as exc:
+            ray.kill(actor, no_restart=True)
+            cause = exc.cause if exc.cause is not None else exc
+            raise DeployError(str(cause)) from None
+        except RayActorError as exc:
+            ray.kill(actor, no_restart=True)
+            raise DeployError(f"Replica process died while starting: {exc}") from None
+
+    async def stop_replica(self, handle: Any, graceful: bool) -> None:
+        if graceful:
+            try:
+                await handle.drain.remote()
+            except Exception as exc:  # a dead replica needs no draining
+                logger.info("Draining a replica failed: %s", exc)
+        ray.kill(handle, no_restart=True)
+
+    async def reconfigure_replica(self, handle: Any, config: DeploymentConfig) -> None:
+        try:
+            await handle.reconfigure.remote(config)
+        except RayTaskError as exc:
+            cause = exc.cause if exc.cause is not None else exc
+            raise DeployError(str(cause)) from None
+
+    async def check_health(self, handle: Any, timeout_s: float) -> None:
+        try:
+            await asyncio.wait_for(handle.check_health.remote(), timeout_s)
+        except RayActorError as exc:
+            raise ReplicaUnavailableError(str(exc)) from None
+        except RayTaskError as exc:
+            raise RuntimeError(str(exc.cause or exc)) from None
+
+    async def find_replicas(self) -> list[AdoptedReplica]:
+        """Replicas left running by a previous controller; those that cannot say what
+        they are (still starting, draining, unresponsive) are stopped."""
+        found: list[AdoptedReplica] = []
+        for name in named_actors():
+            if not name.startswith(REPLICA_PREFIX):
+                continue
+            actor = ray.get_actor(name, namespace=NAMESPACE)
+            described: AdoptedReplica | str
+            try:
+                described = await asyncio.wait_for(actor.describe.remote(), _DESCRIBE_TIMEOUT_S)
+            except Exception as exc:
+                described = f"unresponsive ({exc})"
+            if isinstance(described, AdoptedReplica):
+                found.append(dataclasses.replace(described, handle=actor))
+                continue
+            logger.warning("Stopping replica %s left by a previous controller: %s", name, described)
+            if described == "draining":  # let its in-flight requests finish first
+                self._draining.add(asyncio.ensure_future(self.stop_replica(actor, graceful=True)))
+                self._draining = {task for task in self._draining if not task.done()}
+            else:
+                ray.kill(actor, no_restart=True)
+        return found
+
+    async def save_checkpoint(self, data: bytes) -> None:
+        internal_kv._internal_kv_put(CHECKPOINT_KEY, data, overwrite=True, namespace=NAMESPACE)
+
+    async def load_checkpoint(self) -> bytes | None:
+        data = internal_kv._internal_kv_get(CHECKPOINT_KEY, namespace=NAMESPACE)
+        return data if data else None
+
+
