@@ -39,14 +39,18 @@ def start(
     http_options: HTTPOptions | dict[str, Any] | None = None,
     backend: str = "auto",
     address: str | None = None,
+    proxy_location: str | None = None,
 ) -> Session:
-    """Start (or join) the toolkit: controller and HTTP proxy.
+    """Start (or join) the toolkit: controller and HTTP proxies.
 
     ``backend="auto"`` uses the backend already running in this process, else Ray.
     ``backend="ray"`` joins ``address`` (``"auto"``, ``ray://…``, or RAY_ADDRESS) or starts
     an embedded local Ray; ``backend="local"`` runs everything in this process.
+    ``proxy_location`` (``"EveryNode"`` or ``"HeadOnly"``) is a shortcut for that HTTP option.
     """
     http = _http_options(http_options)
+    if proxy_location is not None:
+        http = parse_http_options({**http.model_dump(), "proxy_location": proxy_location})
     name = resolve_backend_name(backend)
     session = current_session(create=False)
     if session is not None:

@@ -54,11 +54,14 @@ def main() -> None:
 @click.option("--route-prefix", default=None, help="URL prefix of the app (default: the app's own, or '/').")
 @click.option("--access-log/--no-access-log", default=True, show_default=True,
               help="Log one line per HTTP request.")
+@click.option("--proxy-location", type=click.Choice(["EveryNode", "HeadOnly"]), default="EveryNode",
+              show_default=True, help="A proxy on every Ray node, or on the head node only.")
 def run(import_path: str, host: str, port: int, address: str | None, local: bool,
-        name: str | None, route_prefix: str | None, access_log: bool) -> None:
+        name: str | None, route_prefix: str | None, access_log: bool, proxy_location: str) -> None:
     """Deploy IMPORT_PATH (module:attribute) and serve it until Ctrl-C."""
     try:
-        http = parse_http_options({"host": host, "port": port, "access_log": access_log})
+        http = parse_http_options({"host": host, "port": port, "access_log": access_log,
+                                   "proxy_location": proxy_location})
         cwd = os.getcwd()
         # Ray worker processes import the user's module too: let them find it here.
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (cwd, os.environ.get("PYTHONPATH")) if p)
@@ -89,8 +92,9 @@ def run(import_path: str, host: str, port: int, address: str | None, local: bool
 
 @main.command()
 @click.option("--address", default="auto", show_default=True, help="Ray cluster to inspect.")
-def status(address: str) -> None:
-    """Print applications, deployments and replicas as JSON."""
+@click.option("--json", "as_json", is_flag=True, help="Print everything as JSON (for tools).")
+def status(address: str, as_json: bool) -> None:
+    """Print applications, deployments, replicas and proxies."""
     from app_toolkit._runtime.ray_backend import RaySession
 
     try:
@@ -101,7 +105,8 @@ def status(address: str) -> None:
     if session is None:
         _fail(ConfigError("app_toolkit is not running on this cluster"))
         return
-    click.echo(json.dumps(session.status().to_dict(), indent=2))
+    current = session.status()
+    click.echo(json.dumps(current.to_dict(), indent=2) if as_json else current.to_text())
 
 
 @main.command()

@@ -8,7 +8,7 @@ message names the option, the bad value and the allowed range.
 from __future__ import annotations
 
 import re
-from typing import Any, Mapping
+from typing import Any, Literal, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -192,6 +192,11 @@ class HTTPOptions(_Strict):
     access_log: bool = Field(
         True, description="Log one line per HTTP request on the 'app_toolkit.access' logger "
         "(client, method, path, status, milliseconds; 499 when the client left first)."
+    )
+    proxy_location: Literal["EveryNode", "HeadOnly"] = Field(
+        "EveryNode", description="Ray backend: run a proxy on every node of the cluster "
+        "(each serves every app; nodes that join get one), or only on the head node. "
+        "Proxies on one machine share the port."
     )
 
 

@@ -41,6 +41,7 @@ class ReplicaStatusInfo:
     replica_id: str
     state: ReplicaState
     code_version: str
+    node_id: str = ""  # the Ray node it runs on, once started ("" on the local backend)
 
 
 @dataclass(frozen=True)
@@ -117,3 +118,36 @@ class ServeStatus:
                     name
                 ].replica_states
         return data  # type: ignore[no-any-return]
+
+    def to_text(self) -> str:
+        """A table for people: per application its deployments, with running / target
+        replicas, replica states, load and the last autoscaling decision; then the proxies."""
+        lines: list[str] = []
+        for app in self.applications.values():
+            prefix = app.route_prefix if app.route_prefix is not None else "(no HTTP)"
+            lines.append(f"{app.name}  {app.status.value}  {prefix}"
+                         + (f"  — {app.message}" if app.message else ""))
+            rows = [("DEPLOYMENT", "STATUS", "REPLICAS", "STATES", "LOAD", "LAST SCALING")]
+            rows += [_deployment_row(d) for d in app.deployments.values()]
+            widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+            for row in rows:
+                lines.append("  " + "  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+            lines += [f"  {d.name}: {d.message}" for d in app.deployments.values() if d.message]
+        if not self.applications:
+            lines.append("No applications.")
+        for node, url in self.proxies.items():
+            lines.append(f"proxy {url}  (node {node[:12]})")
+        return "\n".join(lines)
+
+
+def _deployment_row(info: DeploymentStatusInfo) -> tuple[str, str, str, str, str, str]:
+    states = ", ".join(f"{count} {state}" for state, count in sorted(info.replica_states.items()))
+    load = last = "-"
+    scaling = info.autoscaling
+    if scaling is not None:
+        load = f"{scaling.current_load:g} (avg {scaling.average_load:.1f})"
+        if scaling.last_decision_age_s is not None:
+            last = (f"{scaling.last_decision_from} -> {scaling.last_decision_to} at load "
+                    f"{scaling.last_decision_load:.1f}, {scaling.last_decision_age_s:.0f} s ago")
+    return (info.name, info.status.value, f"{info.running_replicas}/{info.target_replicas}",
+            states or "-", load, last)

@@ -102,7 +102,8 @@ def deployment_status(state: DeploymentState, current_load: float, now: float) -
         message=state.message,
         target_replicas=state.target,
         replicas=[
-            ReplicaStatusInfo(r.replica_id, r.state, r.version) for r in state.replicas.values()
+            ReplicaStatusInfo(r.replica_id, r.state, r.version, r.info.node_id if r.info else "")
+            for r in state.replicas.values()
         ],
         autoscaling=_autoscaling_status(state, current_load, now),
     )

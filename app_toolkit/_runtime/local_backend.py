@@ -13,7 +13,6 @@ import pickle
 import uuid
 from typing import Any
 
-import uvicorn
 
 from app_toolkit._runtime.channel import Exchange, Kind
 from app_toolkit._runtime.controller import ControllerCore
@@ -26,6 +25,7 @@ from app_toolkit._runtime.messages import (
     ReplicaInfo,
 )
 from app_toolkit._runtime.proxy import Proxy
+from app_toolkit._runtime.proxy_server import ProxyServer, listen_socket, serve
 from app_toolkit._runtime.replica import ReplicaCore
 from app_toolkit._runtime.session import BackgroundLoop, Session
 from app_toolkit.config import DeploymentConfig, HTTPOptions
@@ -157,8 +157,7 @@ class LocalSession(Session):
         self.core = ControllerCore(self.backend)
         self._loop.run(self.core.start())
         self.proxy: Proxy = self._loop.run(self._make_proxy())
-        self._server: uvicorn.Server | None = None
-        self._server_task: asyncio.Task[None] | None = None
+        self._server: ProxyServer | None = None
 
     async def _make_proxy(self) -> Proxy:
         return Proxy(self.subscriber())
@@ -207,18 +206,9 @@ class LocalSession(Session):
         self.proxy.access_log = http.access_log
 
         async def start() -> int:
-            config = uvicorn.Config(self.proxy, host=host, port=port, lifespan="off",
-                                    log_level="warning", access_log=False,
-                                    ws_max_size=http.websocket_max_message_bytes)
-            self._server = uvicorn.Server(config)
-            self._server_task = asyncio.get_running_loop().create_task(self._server.serve())
-            while not self._server.started:
-                if self._server_task.done():
-                    self._server_task.result()
-                    raise OSError(f"Could not listen on {host}:{port}")
-                await asyncio.sleep(0.01)
-            sockets = self._server.servers[0].sockets
-            return int(sockets[0].getsockname()[1])
+            sock = listen_socket(host, port, exclusive=True)
+            self._server = await serve(self.proxy, http, sock)
+            return self._server.port
 
         return self._loop.run(start())
 
@@ -230,9 +220,7 @@ class LocalSession(Session):
             while self.core.deployments and asyncio.get_running_loop().time() < deadline:
                 await asyncio.sleep(0.02)
             if self._server is not None:
-                self._server.should_exit = True
-                if self._server_task is not None:
-                    await asyncio.wait({self._server_task}, timeout=5)
+                await self._server.stop(timeout_s=5)
             self.subscriber().close()
             await self.core.stop()
 

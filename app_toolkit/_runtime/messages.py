@@ -31,6 +31,7 @@ class ReplicaInfo:
     port: int
     token: bytes
     max_ongoing_requests: int
+    node_id: str = ""  # the Ray node it runs on ("" on the local backend)
 
 
 @dataclass(frozen=True, slots=True)

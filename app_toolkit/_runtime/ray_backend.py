@@ -3,7 +3,7 @@
 Ray is the control plane and the engine: the controller, proxy and replicas are Ray
 actors (placement, resources, restarts), desired state lives in Ray's GCS key-value store,
 control calls are actor calls. Requests travel over the channel (``channel.py``). Only
-this module, ``ray_replicas.py`` and ``ray_cluster.py`` import ``ray``.
+this module, ``ray_replicas.py``, ``ray_proxies.py`` and ``ray_cluster.py`` import ``ray``.
 """
 
 from __future__ import annotations
@@ -15,32 +15,33 @@ import time
 from typing import Any
 
 import ray
-import uvicorn
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayTaskError
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from app_toolkit._runtime.channel import ChannelClient
 from app_toolkit._runtime.controller import ControllerCore
 from app_toolkit._runtime.dispatcher import ReplicaClient
 from app_toolkit._runtime.messages import AppSpec, DeploymentID, ReplicaInfo
 from app_toolkit._runtime.proxy import Proxy
+from app_toolkit._runtime.proxy_server import ProxyServer, listen_socket, serve
 from app_toolkit._runtime.ray_cluster import (
     CONTROLLER_NAME,
     NAMESPACE,
-    PROXY_PREFIX,
     configure_worker_logging,
     dumps,
+    head_node_id,
     init_ray,
     named_actors,
+    node_address,
     remote,
 )
+from app_toolkit._runtime.ray_proxies import ProxyFleet
 from app_toolkit._runtime.ray_replicas import RayReplicas
 from app_toolkit._runtime.session import Session
 from app_toolkit.config import HTTPOptions
 from app_toolkit.exceptions import ConfigError
 from app_toolkit.status import ServeStatus
 
-_PROXY_CHECK_S = 1.0
-_PROXY_CHECK_TIMEOUT_S = 30.0
 _CONTROLLER_RESTART_WAIT_S = 60.0
 logger = logging.getLogger("app_toolkit.ray")
 
@@ -51,26 +52,23 @@ class ProxyActor:
     def __init__(self, http: HTTPOptions) -> None:
         configure_worker_logging()
         self._http = http
-        self._host, self._port = http.host, http.port
-        self._server: uvicorn.Server | None = None
-        self._serving: asyncio.Task[None] | None = None
+        self._server: ProxyServer | None = None
+        self._starting = asyncio.Lock()
 
-    async def ready(self) -> int:
-        if self._server is None:
-            session = RaySession.attach()
-            proxy = Proxy(session.subscriber(), self._http.max_request_body_bytes,
-                          self._http.access_log)
-            config = uvicorn.Config(proxy, host=self._host, port=self._port, lifespan="off",
-                                    log_level="warning", access_log=False,
-                                    ws_max_size=self._http.websocket_max_message_bytes)
-            self._server = uvicorn.Server(config)
-            task = self._serving = asyncio.get_running_loop().create_task(self._server.serve())
-            while not self._server.started:
-                if task.done():
-                    raise OSError(f"The proxy could not listen on {self._host}:{self._port}; "
-                                  "is the port in use? Pick another with --port.")
-                await asyncio.sleep(0.01)
-        return int(self._server.servers[0].sockets[0].getsockname()[1])
+    async def ready(self, port: int, exclusive: bool) -> tuple[str, int]:
+        """Serve on ``port`` (idempotent); returns this proxy's URL and port."""
+        async with self._starting:
+            if self._server is None:
+                sock = listen_socket(self._http.host, port, exclusive=exclusive)
+                proxy = Proxy(RaySession.attach().subscriber(), self._http.max_request_body_bytes,
+                              self._http.access_log)
+                self._server = await serve(proxy, self._http, sock)
+        host = self._http.host
+        if host in ("0.0.0.0", "::", ""):  # listening everywhere: name the node's address
+            host = node_address()
+        if ":" in host:
+            host = f"[{host}]"
+        return f"http://{host}:{self._server.port}", self._server.port
 
     async def stats(self) -> dict[str, int]:
         """Asyncio tasks alive and the process id (for leak checks and tests)."""
@@ -79,59 +77,36 @@ class ProxyActor:
     async def stop(self) -> None:
         """Stop accepting connections and finish open ones (bounded), then return."""
         if self._server is not None:
-            self._server.should_exit = True
-        if self._serving is not None:
-            await asyncio.wait({self._serving}, timeout=10)
+            await self._server.stop(timeout_s=10)
 
 
 class ControllerActor:
-    """The named, detached controller: wraps ``ControllerCore``."""
+    """The named, detached controller: wraps ``ControllerCore`` and the proxies."""
 
     def __init__(self, http: HTTPOptions) -> None:
         configure_worker_logging()
         self.http = http
         self.core = ControllerCore(RayReplicas())
         self._started = False
+        self._core_started = False
         self._start_lock: asyncio.Lock | None = None
-        self._proxy: Any = None
-        self._supervisor: asyncio.Task[None] | None = None
+        self._proxies = ProxyFleet(ProxyActor, http, self.core.proxies)
+        self._port = 0
 
     async def ready(self) -> int:
-        """Start the loop and the proxy once; returns the proxy's port."""
+        """Start the loop and the proxies once; returns the proxies' port."""
         if self._start_lock is None:
             self._start_lock = asyncio.Lock()
         async with self._start_lock:
             if not self._started:
                 # After a restart (Ray restarts this actor when it dies) core.start() reloads
                 # the checkpoint and adopts the replicas of the previous life that still run.
-                await self.core.start()
-                node = ray.get_runtime_context().get_node_id()
-                self._proxy = remote(
-                    ProxyActor, name=f"{PROXY_PREFIX}{node}", namespace=NAMESPACE, lifetime="detached",
-                    get_if_exists=True, max_restarts=-1,
-                    scheduling_strategy=ray.util.scheduling_strategies.NodeAffinitySchedulingStrategy(node, soft=False),
-                ).remote(self.http)
-                try:
-                    port = await self._proxy.ready.remote()
-                except RayTaskError as exc:
-                    raise ConfigError(str(exc.cause or exc)) from None
-                self.core.proxies[node] = f"http://{self.http.host}:{port}"
-                self._port = int(port)
+                if not self._core_started:
+                    await self.core.start()
+                    self._core_started = True
+                self._port = await self._proxies.start()
                 self._started = True
-                self._supervisor = asyncio.get_running_loop().create_task(self._supervise_proxy(node))
         return self._port
-
-    async def _supervise_proxy(self, node: str) -> None:
-        """Ray restarts a proxy whose process died; this starts its server again (a
-        restarted actor serves nothing until ``ready()``), and it re-learns the routes."""
-        while True:
-            await asyncio.sleep(_PROXY_CHECK_S)
-            try:
-                port = await asyncio.wait_for(self._proxy.ready.remote(), _PROXY_CHECK_TIMEOUT_S)
-            except Exception as exc:
-                logger.warning("The proxy on node %s is not serving yet (%s)", node, exc)
-                continue
-            self.core.proxies[node] = f"http://{self.http.host}:{port}"
 
     def http_options(self) -> HTTPOptions:
         return self.http
@@ -172,11 +147,7 @@ class ControllerActor:
         while self.core.deployments and loop.time() < deadline:
             await asyncio.sleep(0.05)
         await self.core.backend.save_checkpoint(b"")
-        if self._supervisor is not None:
-            self._supervisor.cancel()
-        if self._proxy is not None:
-            await self._proxy.stop.remote()
-            ray.kill(self._proxy, no_restart=True)
+        await self._proxies.stop()
         await self.core.stop()
 
 
@@ -215,9 +186,11 @@ class RaySession(Session):
     def connect(cls, address: str | None = None, http: HTTPOptions | None = None) -> RaySession:
         """Join or start Ray, then find or start the controller and its proxy."""
         init_ray(address)
+        # The controller (and a HeadOnly proxy) lives on the head node: the node whose loss
+        # ends the cluster anyway, so worker nodes can come and go.
         controller = remote(
             ControllerActor, name=CONTROLLER_NAME, namespace=NAMESPACE, lifetime="detached", max_restarts=-1,
-            get_if_exists=True,
+            get_if_exists=True, scheduling_strategy=NodeAffinitySchedulingStrategy(head_node_id(), soft=False),
         ).remote(http or HTTPOptions())
         running = ray.get(controller.http_options.remote())
         if http is not None and running != http:

@@ -22,6 +22,7 @@ NAMESPACE = "app_toolkit"
 CONTROLLER_NAME = "app_toolkit_controller"
 REPLICA_PREFIX = "app_toolkit_replica:"
 PROXY_PREFIX = "app_toolkit_proxy:"
+_HEAD_RESOURCE = "node:__internal_head__"  # Ray gives the head node this resource
 _LOCK_TYPES = (type(threading.Lock()), type(threading.RLock()))
 
 # ------------------------------------------------------------------------------- codec
@@ -64,6 +65,14 @@ def node_address() -> str:
         if node["NodeID"] == node_id:
             return str(node["NodeManagerAddress"])
     raise RuntimeError(f"This Ray node ({node_id}) is not in the cluster's node table")
+
+
+def head_node_id() -> str:
+    """The cluster's head node: where the controller (and a HeadOnly proxy) run."""
+    for node in ray.nodes():  # type: ignore[no-untyped-call]
+        if node["Alive"] and _HEAD_RESOURCE in node["Resources"]:
+            return str(node["NodeID"])
+    raise ConfigError("This Ray cluster has no live head node; start one with `ray start --head`.")
 
 
 def configure_worker_logging() -> None:

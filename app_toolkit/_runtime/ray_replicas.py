@@ -57,7 +57,8 @@ class ReplicaActor:
         host = node_address()
         self._server, port = await start_server(core, host, token, dumps)
         self._core = core
-        self._info = ReplicaInfo(replica_id, deployment, host, port, token, config.max_ongoing_requests)
+        self._info = ReplicaInfo(replica_id, deployment, host, port, token, config.max_ongoing_requests,
+                                 ray.get_runtime_context().get_node_id())
         return self._info
 
     async def describe(self) -> AdoptedReplica | str:
@@ -106,9 +107,12 @@ class RayReplicas:
             "name": f"{REPLICA_PREFIX}{replica_id}", "namespace": NAMESPACE,
             "lifetime": "detached", "num_cpus": options.num_cpus, "num_gpus": options.num_gpus,
             "resources": options.resources,
+            # Replicas of a deployment on different nodes: losing one node loses only some.
+            # Ray ignores the strategy (random node) for actors that request no resources at
+            # all (ray-project/ray#25360); one byte of memory makes the request non-empty.
+            "scheduling_strategy": "SPREAD",
+            "memory": options.memory if options.memory else 1,
         }
-        if options.memory is not None:
-            actor_options["memory"] = options.memory
         if options.runtime_env is not None:
             actor_options["runtime_env"] = options.runtime_env
         actor = remote(ReplicaActor, **actor_options).remote(

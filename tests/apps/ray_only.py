@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 
 import ray
+from fastapi import APIRouter
 
 import app_toolkit as tk
 
@@ -22,3 +23,19 @@ class Pid:
 
     def identity(self) -> tuple[str, int]:
         return str(ray.get_runtime_context().get_actor_name()), os.getpid()
+
+
+where_router = APIRouter()
+
+
+@where_router.get("/where")
+async def where() -> dict[str, str]:
+    """The node and replica that served this request."""
+    return {"node": ray.get_runtime_context().get_node_id(),
+            "replica": tk.get_replica_context().replica_id}
+
+
+def make_where_app() -> tk.Application:
+    """Two replicas that report where they run, with quick health checks."""
+    return tk.App(where_router, num_replicas=2, health_check_period_s=0.5,
+                  health_check_timeout_s=2, graceful_shutdown_timeout_s=2)

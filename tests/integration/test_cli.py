@@ -71,13 +71,22 @@ def test_status_reports_the_running_apps(ray_toolkit: Toolkit) -> None:
     name = ray_toolkit.name()
     ray_toolkit.run(basic.make_app(), name=name, route_prefix="/cli-status")
     address = ray.get_runtime_context().gcs_address
-    result = subprocess.run([*CLI, "status", "--address", address], cwd=ROOT, env=cli_env(),
+    result = subprocess.run([*CLI, "status", "--address", address, "--json"], cwd=ROOT, env=cli_env(),
                             capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
     app = data["applications"][name]
     assert app["status"] == "RUNNING" and app["route_prefix"] == "/cli-status"
     assert app["deployments"]["Ingress"]["replica_states"] == {"RUNNING": 1}
+
+    table = subprocess.run([*CLI, "status", "--address", address], cwd=ROOT, env=cli_env(),
+                           capture_output=True, text=True, timeout=120)
+    assert table.returncode == 0, table.stderr
+    lines = table.stdout.splitlines()
+    assert f"{name}  RUNNING  /cli-status" in lines
+    ingress = next(line.split() for line in lines if line.split()[:1] == ["Ingress"])
+    assert ingress[:5] == ["Ingress", "HEALTHY", "1/1", "1", "RUNNING"]
+    assert any(line.startswith("proxy http://127.0.0.1:") for line in lines)
 
 
 def test_shutdown_command_stops_the_toolkit_on_the_cluster(ray_toolkit: Toolkit) -> None:

@@ -76,6 +76,9 @@ def test_http_options_and_app_names() -> None:
     assert parse_http_options({"port": 0}).port == 0
     with pytest.raises(tk.ConfigError, match="port"):
         parse_http_options({"port": 70000})
+    assert parse_http_options({}).proxy_location == "EveryNode"
+    with pytest.raises(tk.ConfigError, match="proxy_location.*'EveryNode' or 'HeadOnly'"):
+        parse_http_options({"proxy_location": "Disabled"})
     with pytest.raises(tk.ConfigError, match="letters, digits"):
         parse_application_options("my app", "/")
 

@@ -1,0 +1,83 @@
+"""The proxy's listening socket and uvicorn server (both backends use this).
+
+Proxies on several Ray nodes of one machine (a laptop "cluster", or several raylets on a
+big host) share one port: their sockets set ``SO_REUSEPORT`` and the kernel spreads new
+connections across them. Only sockets of the same user with the option set can join, so
+a foreign server on the port still makes the bind fail.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from dataclasses import dataclass
+
+import uvicorn
+from starlette.types import ASGIApp
+
+from app_toolkit.config import HTTPOptions
+
+
+def _port_error(host: str, port: int, exc: OSError) -> OSError:
+    return OSError(f"The proxy could not listen on {host}:{port} ({exc.strerror or exc}); is "
+                   "the port in use? Pick another with --port (or http_options={'port': ...}).")
+
+
+def listen_socket(host: str, port: int, *, exclusive: bool) -> socket.socket:
+    """A bound TCP socket that other proxies may join (``SO_REUSEPORT``).
+
+    ``exclusive``: first make sure nobody listens on the port yet; the first proxy of a
+    fresh toolkit checks this so that a forgotten earlier run is reported, not joined.
+    """
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+    except OSError as exc:
+        raise OSError(f"The proxy cannot listen on host {host!r} ({exc.strerror or exc}); use an "
+                      "IP address of this machine, 0.0.0.0 for all of them, or a name it resolves.") from None
+    if exclusive and port != 0:
+        probe = socket.socket(family, kind, proto)
+        try:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(address)
+        except OSError as exc:
+            raise _port_error(host, port, exc) from None
+        finally:
+            probe.close()
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        sock.bind(address)
+    except OSError as exc:
+        sock.close()
+        raise _port_error(host, port, exc) from None
+    return sock
+
+
+@dataclass
+class ProxyServer:
+    """A running uvicorn server for the proxy app."""
+
+    server: uvicorn.Server
+    task: asyncio.Task[None]
+    port: int
+
+    async def stop(self, timeout_s: float) -> None:
+        """Stop accepting connections and finish open ones (bounded)."""
+        self.server.should_exit = True
+        await asyncio.wait({self.task}, timeout=timeout_s)
+
+
+async def serve(app: ASGIApp, http: HTTPOptions, sock: socket.socket) -> ProxyServer:
+    """Serve ``app`` on ``sock`` under uvicorn; returns once it accepts connections."""
+    config = uvicorn.Config(app, lifespan="off", log_level="warning", access_log=False,
+                            ws_max_size=http.websocket_max_message_bytes)
+    server = uvicorn.Server(config)
+    task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]))
+    while not server.started:
+        if task.done():
+            task.result()  # raises what stopped it
+            raise OSError(f"The proxy server stopped while starting on {http.host}:{http.port}")
+        await asyncio.sleep(0.01)
+    return ProxyServer(server, task, int(sock.getsockname()[1]))

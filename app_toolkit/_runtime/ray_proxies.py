@@ -1,0 +1,107 @@
+"""The controller's proxies on Ray: one per alive node (``EveryNode``, the default) or one
+on the controller's node (``HeadOnly``).
+
+The fleet starts a proxy on every node that joins, starts a proxy's server again after Ray
+restarted its process, and retires the proxy of a node that left. Proxies on one machine
+share the port (``proxy_server.listen_socket``). After a controller restart the proxies of
+its previous life are found by name and kept: they never stopped serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import ray
+from ray.exceptions import RayTaskError
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from app_toolkit._runtime.ray_cluster import NAMESPACE, PROXY_PREFIX, named_actors, remote
+from app_toolkit.config import HTTPOptions
+from app_toolkit.exceptions import ConfigError
+
+logger = logging.getLogger("app_toolkit.ray")
+
+_CHECK_PERIOD_S = 1.0
+_READY_TIMEOUT_S = 30.0
+
+
+class ProxyFleet:
+    """Keeps the wanted proxies serving; ``urls`` (node id → URL) is what ``status()`` shows."""
+
+    def __init__(self, actor_class: type, http: HTTPOptions, urls: dict[str, str]) -> None:
+        self._actor_class = actor_class
+        self._http = http
+        self._urls = urls
+        self._actors: dict[str, Any] = {}
+        self._port = http.port
+        self._home = ray.get_runtime_context().get_node_id()
+        self._supervisor: asyncio.Task[None] | None = None
+
+    async def start(self) -> int:
+        """Start (or, after a controller restart, find) the proxy on this node, then the
+        other nodes' proxies; returns the port they share. A proxy on this node that
+        cannot listen is a ``ConfigError``."""
+        for name in named_actors():
+            if name.startswith(PROXY_PREFIX):
+                self._actors[name[len(PROXY_PREFIX):]] = ray.get_actor(name, namespace=NAMESPACE)
+        try:
+            # A fresh toolkit checks that nobody else listens on the port yet.
+            await self._ready(self._home, exclusive=not self._actors)
+        except RayTaskError as exc:
+            self._retire(self._home)
+            raise ConfigError(str(exc.cause or exc)) from None
+        await self._follow_nodes()
+        self._supervisor = asyncio.get_running_loop().create_task(self._supervise())
+        return self._port
+
+    async def stop(self) -> None:
+        """Stop every proxy (each finishes its open connections, bounded)."""
+        if self._supervisor is not None:
+            self._supervisor.cancel()
+        actors = list(self._actors.values())
+        await asyncio.gather(*(actor.stop.remote() for actor in actors), return_exceptions=True)
+        for node in list(self._actors):
+            self._retire(node)
+
+    async def _supervise(self) -> None:
+        while True:
+            await asyncio.sleep(_CHECK_PERIOD_S)
+            try:
+                await self._follow_nodes()
+            except Exception:
+                logger.exception("Checking the proxies failed; trying again")
+
+    async def _follow_nodes(self) -> None:
+        """Retire proxies of nodes that left, start proxies on nodes that joined, and make
+        sure each one serves (``ready()`` is idempotent; a restarted proxy starts again)."""
+        nodes = await asyncio.to_thread(ray.nodes)
+        alive = {str(node["NodeID"]) for node in nodes if node["Alive"]}
+        wanted = alive if self._http.proxy_location == "EveryNode" else {self._home}
+        for node in [node for node in self._actors if node not in wanted]:
+            logger.info("Retiring the proxy of node %s (gone or not wanted)", node)
+            self._retire(node)
+        results = await asyncio.gather(*(self._ready(node, exclusive=False) for node in wanted),
+                                       return_exceptions=True)
+        for node, result in zip(wanted, results):
+            if isinstance(result, BaseException):
+                logger.warning("The proxy on node %s is not serving yet: %s", node, result)
+
+    async def _ready(self, node: str, *, exclusive: bool) -> None:
+        actor = self._actors.get(node)
+        if actor is None:
+            actor = self._actors[node] = remote(
+                self._actor_class, name=f"{PROXY_PREFIX}{node}", namespace=NAMESPACE,
+                lifetime="detached", get_if_exists=True, max_restarts=-1,
+                scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
+            ).remote(self._http)
+        url, port = await asyncio.wait_for(actor.ready.remote(self._port, exclusive), _READY_TIMEOUT_S)
+        self._port = port  # with port 0, the first proxy's pick is everyone's port
+        self._urls[node] = url
+
+    def _retire(self, node: str) -> None:
+        actor = self._actors.pop(node, None)
+        self._urls.pop(node, None)
+        if actor is not None:
+            ray.kill(actor, no_restart=True)

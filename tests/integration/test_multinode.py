@@ -1,0 +1,63 @@
+"""Multi-node: a proxy per node, replicas spread over nodes, and losing a node under load.
+
+The cluster (``ray.cluster_utils.Cluster``, two raylets on this machine) runs in its own
+process, ``multinode_scenario.py``, because this session already has its own Ray.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import Any
+
+from tests.conftest import ROOT
+from tests.integration.multinode_scenario import LOADERS, RECOVERY_LIMIT_S
+
+
+def _run_scenario() -> dict[str, Any]:
+    env = dict(os.environ)
+    env.pop("RAY_ADDRESS", None)
+    done = subprocess.run([sys.executable, "-m", "tests.integration.multinode_scenario"], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=240)
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    assert done.returncode == 0 and lines, f"scenario failed:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
+    result: dict[str, Any] = json.loads(lines[-1])
+    return result
+
+
+def test_removing_a_node_moves_its_replicas_and_the_app_keeps_serving() -> None:
+    result = _run_scenario()
+    head, worker = result["head"], result["worker"]
+
+    # proxy_location="HeadOnly": one proxy, on the head node.
+    assert list(result["proxies_head_only"]) == [head]
+
+    # Before: one proxy on each node, sharing one port; one replica on each node.
+    assert set(result["proxies_before"]) == {head, worker}
+    assert len(set(result["proxies_before"].values())) == 1
+    assert sorted(result["replica_nodes_before"]) == sorted([head, worker])
+
+    # After: the worker's proxy is retired and its replica replaced on the survivor.
+    assert list(result["proxies_after"]) == [head]
+    assert result["replica_nodes_after"] == [head, head]
+    assert result["recovery_s"] < RECOVERY_LIMIT_S
+
+    outcomes = result["outcomes"]
+    before = [o for o in outcomes if o["at"] < -0.5]
+    assert before and all(o["status"] == 200 for o in before)
+    assert {o["node"] for o in before} == {head, worker}  # both replicas served
+    # Only what was in flight on the lost node fails: connections on its proxy (no
+    # response) and requests running on its replica (503 + Retry-After, never a hang).
+    failed = [o for o in outcomes if o["status"] != 200]
+    assert all(o["status"] == 0 or (o["status"] == 503 and o["retry_after"]) for o in failed), failed
+    assert all(-1 <= o["at"] <= 2 for o in failed), failed
+    assert len(failed) <= 2 * LOADERS, failed
+    after = [o for o in outcomes if o["at"] > result["recovery_s"]]
+    assert after and all(o["status"] == 200 and o["node"] == head for o in after)
+    # A node that joins gets a proxy on the same port.
+    assert set(result["proxies_joined"]) == {head, result["joined"]}
+    assert set(result["proxies_joined"].values()) == set(result["proxies_before"].values())
+    print(f"recovered {result['recovery_s']} s after the node was removed; "
+          f"{len(failed)} of {len(outcomes)} requests failed")
