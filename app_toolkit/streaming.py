@@ -85,12 +85,24 @@ async def _next_or_drain(source: AsyncIterator[Any], draining: asyncio.Event | N
     drain_task = asyncio.ensure_future(draining.wait())
     try:
         done, _ = await asyncio.wait({item_task, drain_task}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
+    except BaseException:  # cancelled (the client left): the source must stop before it closes
         drain_task.cancel()
+        await _stop(item_task)
+        raise
+    drain_task.cancel()
     if item_task in done:
         return item_task.result()
-    item_task.cancel()
+    await _stop(item_task)
     return _DRAINED
+
+
+async def _stop(task: asyncio.Future[Any]) -> None:
+    """Cancel ``task`` and wait until it has ended (a generator cannot be closed while
+    another task is still inside it)."""
+    task.cancel()
+    await asyncio.wait({task})
+    if not task.cancelled():
+        task.exception()  # what it raised while being stopped does not matter now
 
 
 async def _as_async(events: AsyncIterable[Any] | Iterable[Any]) -> AsyncIterator[Any]:

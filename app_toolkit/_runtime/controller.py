@@ -18,17 +18,18 @@ from app_toolkit._runtime.backend import Backend
 from app_toolkit._runtime.deployment_state import (
     DeploymentState,
     Replica,
-    app_status,
-    deployment_status,
     follow_autoscaling,
     keep_size,
+    serve_status,
+    slow_start_message,
+    slow_starters,
 )
 from app_toolkit._runtime.longpoll import ROUTES_KEY, LongPollHost, replicas_key
 from app_toolkit._runtime.messages import AppSpec, DeploymentID, DeploymentSpec, RouteInfo
 from app_toolkit._runtime.path_match import check_prefixes
 from app_toolkit.config import DeploymentConfig
 from app_toolkit.exceptions import ReplicaUnavailableError
-from app_toolkit.status import ApplicationStatus, ApplicationStatusInfo, ReplicaState, ServeStatus
+from app_toolkit.status import ReplicaState, ServeStatus
 
 logger = logging.getLogger("app_toolkit.controller")
 
@@ -124,29 +125,9 @@ class ControllerCore:
         return await self.longpoll.listen(known, timeout_s)
 
     def status(self) -> ServeStatus:
-        apps = {}
         now = asyncio.get_running_loop().time()
-        for name, app in self.apps.items():
-            deployments = {
-                spec.id.name: deployment_status(self.deployments[spec.id],
-                                                self._current_load(spec.id, now), now)
-                for spec in app.deployments
-                if spec.id in self.deployments
-            }
-            apps[name] = ApplicationStatusInfo(
-                name=name,
-                status=app_status(deployments.values()),
-                message="; ".join(
-                    f"{d.name}: {d.message}" for d in deployments.values() if d.message
-                ),
-                route_prefix=app.route_prefix,
-                ingress=app.ingress,
-                deployments=deployments,
-            )
-        deleting = {d.app for d in self.deployments if d.app not in self.apps}
-        for name in deleting:
-            apps[name] = ApplicationStatusInfo(name, ApplicationStatus.DELETING, "", None, "")
-        return ServeStatus(applications=apps, proxies=dict(self.proxies))
+        return serve_status(self.apps, self.deployments, lambda d: self._current_load(d, now), now,
+                            self.proxies)
 
     # ------------------------------------------------------------------ desired state
 
@@ -230,6 +211,10 @@ class ControllerCore:
             self._scale(state)
             self._reconfigure(state)
             self._check_health(state, now)
+            for replica in slow_starters(state, now):
+                if not replica.slow_start_logged:
+                    replica.slow_start_logged = True
+                    logger.warning("%s: %s", deployment_id, slow_start_message(state, now))
 
     def _scale(self, state: DeploymentState) -> None:
         target = state.target
@@ -283,7 +268,7 @@ class ControllerCore:
     def _launch(self, state: DeploymentState) -> None:
         spec = state.spec
         replica_id = f"{spec.id.app}.{spec.id.name}.{secrets.token_hex(3)}"
-        replica = Replica(replica_id, spec.code_version)
+        replica = Replica(replica_id, spec.code_version, launched_at=asyncio.get_running_loop().time())
         state.replicas[replica_id] = replica
         self._spawn(self._start_replica(state, replica, spec))
 

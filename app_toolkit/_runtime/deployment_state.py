@@ -6,19 +6,24 @@ Pure (no I/O, no clock): the controller changes these records and derives status
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, Mapping
 
 from app_toolkit._runtime.autoscaling import Autoscaler
-from app_toolkit._runtime.messages import DeploymentSpec, ReplicaInfo
+from app_toolkit._runtime.messages import AppSpec, DeploymentID, DeploymentSpec, ReplicaInfo
 from app_toolkit.config import DeploymentConfig
 from app_toolkit.status import (
     ApplicationStatus,
+    ApplicationStatusInfo,
     AutoscalingStatusInfo,
     DeploymentStatus,
     DeploymentStatusInfo,
     ReplicaState,
     ReplicaStatusInfo,
+    ServeStatus,
 )
+
+#: A replica starting for longer than this is reported in status() and logged.
+SLOW_START_S = 30.0
 
 
 @dataclass
@@ -36,6 +41,8 @@ class Replica:
     health_failures: int = 0
     config: DeploymentConfig | None = None  # the options the replica runs with
     reconfiguring: bool = False
+    launched_at: float = 0.0  # controller clock
+    slow_start_logged: bool = False
 
 
 @dataclass
@@ -99,7 +106,7 @@ def deployment_status(state: DeploymentState, current_load: float, now: float) -
     return DeploymentStatusInfo(
         name=state.spec.id.name,
         status=status,
-        message=state.message,
+        message=state.message or slow_start_message(state, now),
         target_replicas=state.target,
         replicas=[
             ReplicaStatusInfo(r.replica_id, r.state, r.version, r.info.node_id if r.info else "")
@@ -108,6 +115,23 @@ def deployment_status(state: DeploymentState, current_load: float, now: float) -
         autoscaling=_autoscaling_status(state, current_load, now),
     )
 
+
+def slow_starters(state: DeploymentState, now: float) -> list[Replica]:
+    """Replicas that have been starting for longer than ``SLOW_START_S``."""
+    return [r for r in state.replicas.values()
+            if r.state is ReplicaState.STARTING and not r.stop_requested and now - r.launched_at > SLOW_START_S]
+
+
+def slow_start_message(state: DeploymentState, now: float) -> str:
+    """Why replicas may be slow to start, naming what each one asks the cluster for."""
+    slow = slow_starters(state, now)
+    if not slow:
+        return ""
+    asks = state.spec.config.ray_actor_options.model_dump(exclude_defaults=True, exclude={"runtime_env"})
+    needs = ", ".join(f"{key}={value}" for key, value in asks.items()) or "no reserved resources"
+    return (f"{len(slow)} replica(s) starting for more than {SLOW_START_S:.0f} s: the cluster may "
+            f"not have room for one (each needs {needs}), a runtime_env may be installing, or "
+            "the constructor is slow. Replicas already running keep serving.")
 
 
 def _autoscaling_status(state: DeploymentState, current_load: float,
@@ -134,3 +158,24 @@ def app_status(deployments: Any) -> ApplicationStatus:
     if statuses and all(s is DeploymentStatus.HEALTHY for s in statuses):
         return ApplicationStatus.RUNNING
     return ApplicationStatus.DEPLOYING
+
+
+def serve_status(apps: Mapping[str, AppSpec], deployments: Mapping[DeploymentID, DeploymentState],
+                 load_of: Callable[[DeploymentID], float], now: float,
+                 proxies: Mapping[str, str]) -> ServeStatus:
+    """What status() says: every application (deleting ones too) and the proxies."""
+    result = {}
+    for name, app in apps.items():
+        infos = {spec.id.name: deployment_status(deployments[spec.id], load_of(spec.id), now)
+                 for spec in app.deployments if spec.id in deployments}
+        result[name] = ApplicationStatusInfo(
+            name=name,
+            status=app_status(infos.values()),
+            message="; ".join(f"{d.name}: {d.message}" for d in infos.values() if d.message),
+            route_prefix=app.route_prefix,
+            ingress=app.ingress,
+            deployments=infos,
+        )
+    for name in {d.app for d in deployments if d.app not in apps}:
+        result[name] = ApplicationStatusInfo(name, ApplicationStatus.DELETING, "", None, "")
+    return ServeStatus(applications=result, proxies=dict(proxies))
