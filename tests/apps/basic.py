@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, AsyncIterator
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request, WebSocket, WebSocketDisconnect
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel
 
 import app_toolkit as tk
@@ -373,6 +373,16 @@ def make_versioned_app(version: str, **options: Any) -> tk.App:
     async def report(seconds: float = 0.0) -> dict[str, str]:
         await asyncio.sleep(seconds)
         return {"version": version, "replica": tk.get_replica_context().replica_id}
+
+    @router.get("/version/slow")
+    async def slow(seconds: float) -> StreamingResponse:
+        """First line at once (the request is running), the version after ``seconds``."""
+        async def lines() -> AsyncIterator[bytes]:
+            yield b"started\n"
+            await asyncio.sleep(seconds)
+            yield version.encode()
+
+        return StreamingResponse(lines())
 
     return tk.App(router, **options)
 

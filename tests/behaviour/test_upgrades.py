@@ -52,11 +52,16 @@ def test_code_change_rolls_out_under_load_with_zero_failures(toolkit: Toolkit) -
 
             await asyncio.gather(*(worker() for _ in range(4)))
 
+    running = threading.Event()
+
     async def in_flight() -> str:
         async with toolkit.async_client() as client:
-            response = await client.get("/roll/version", params={"seconds": 2})
-            assert response.status_code == 200
-            return str(response.json()["version"])
+            async with client.stream("GET", "/roll/version/slow", params={"seconds": 2}) as response:
+                assert response.status_code == 200
+                lines = response.aiter_lines()
+                assert await anext(lines) == "started"
+                running.set()  # it runs on an old replica: the upgrade may start
+                return "".join([line async for line in lines])
 
     loader = threading.Thread(target=lambda: asyncio.run(load()))
     loader.start()
@@ -65,7 +70,7 @@ def test_code_change_rolls_out_under_load_with_zero_failures(toolkit: Toolkit) -
     try:
         wait_for(lambda: len(seen) > 20, 20, "load to run")
         slow_thread.start()
-        time.sleep(0.3)  # the long request is on an old replica before the upgrade starts
+        wait_for(running.is_set, 20, "the long request to run")
         toolkit.run(basic.make_versioned_app("v2", num_replicas=2), name=name, route_prefix="/roll")
         wait_for(lambda: len(seen) > 20 and seen[-1][1] == "v2", 30, "v2 to serve")
         mark = len(seen)

@@ -21,6 +21,7 @@ class Handler:
     def __init__(self, capacity: int = 100) -> None:
         self.capacity = capacity
         self.running = 0
+        self.hanging = asyncio.Event()  # a "hang" request reached the handler
         self.cancelled = asyncio.Event()
 
     def admit(self) -> bool:
@@ -38,6 +39,7 @@ class Handler:
                     await sink.drain()
                 sink.send(Kind.END, None)
             elif message.body == b"hang":
+                self.hanging.set()
                 try:
                     await asyncio.sleep(60)
                 except asyncio.CancelledError:
@@ -89,7 +91,7 @@ async def test_cancel_reaches_the_server_task() -> None:
     server, client = await serve(handler)
     try:
         exchange = await client.open(Kind.HTTP, request(b"hang"))
-        await asyncio.sleep(0.05)
+        await asyncio.wait_for(handler.hanging.wait(), 5)
         exchange.cancel()
         await asyncio.wait_for(handler.cancelled.wait(), 5)
     finally:
@@ -120,9 +122,10 @@ async def test_wrong_token_is_refused() -> None:
 
 
 async def test_connection_loss_ends_pending_requests() -> None:
-    server, client = await serve(Handler())
+    handler = Handler()
+    server, client = await serve(handler)
     exchange = await client.open(Kind.HTTP, request(b"hang"))
-    await asyncio.sleep(0.05)
+    await asyncio.wait_for(handler.hanging.wait(), 5)
     # The connection drops (replica process killed): the caller is told, not left hanging.
     client._conn.transport.abort()  # type: ignore[union-attr]
     kind, _ = await asyncio.wait_for(exchange.recv(), 5)
