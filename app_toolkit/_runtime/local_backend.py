@@ -13,7 +13,6 @@ import pickle
 import uuid
 from typing import Any
 
-
 from app_toolkit._runtime.channel import Exchange, Kind
 from app_toolkit._runtime.controller import ControllerCore
 from app_toolkit._runtime.dispatcher import ReplicaClient
@@ -206,8 +205,7 @@ class LocalSession(Session):
         self.proxy.access_log = http.access_log
 
         async def start() -> int:
-            sock = listen_socket(host, port, exclusive=True)
-            self._server = await serve(self.proxy, http, sock)
+            self._server = await serve(self.proxy, http, listen_socket(host, port, exclusive=True))
             return self._server.port
 
         return self._loop.run(start())

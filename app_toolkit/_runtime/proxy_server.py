@@ -70,14 +70,20 @@ class ProxyServer:
 
 
 async def serve(app: ASGIApp, http: HTTPOptions, sock: socket.socket) -> ProxyServer:
-    """Serve ``app`` on ``sock`` under uvicorn; returns once it accepts connections."""
+    """Serve ``app`` on ``sock`` under uvicorn; returns once it accepts connections. The
+    server owns ``sock`` from here (closed if it cannot start)."""
     config = uvicorn.Config(app, lifespan="off", log_level="warning", access_log=False,
                             ws_max_size=http.websocket_max_message_bytes)
     server = uvicorn.Server(config)
     task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]))
-    while not server.started:
-        if task.done():
-            task.result()  # raises what stopped it
-            raise OSError(f"The proxy server stopped while starting on {http.host}:{http.port}")
-        await asyncio.sleep(0.01)
+    try:
+        while not server.started:
+            if task.done():
+                task.result()  # raises what stopped it
+                raise OSError(f"The proxy server stopped while starting on {http.host}:{http.port}")
+            await asyncio.sleep(0.01)
+    except BaseException:
+        task.cancel()
+        sock.close()
+        raise
     return ProxyServer(server, task, int(sock.getsockname()[1]))
