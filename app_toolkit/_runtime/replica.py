@@ -12,6 +12,7 @@ import inspect
 import json
 import logging
 import pickle
+import threading
 from typing import Any, Awaitable, Callable
 
 from app_toolkit._runtime import request_context
@@ -283,16 +284,37 @@ def _close_generator(generator: Any) -> None:
 
 
 async def _iterate_in_thread(generator: Any) -> Any:
-    """A sync generator's items, each produced in a thread so the loop keeps serving."""
+    """A sync generator's items, each produced in a thread so the loop keeps serving.
+
+    When the consumer stops (the caller went away) while a thread is inside the
+    generator, the generator is closed once that thread is out of it: a generator cannot
+    be closed while it runs, and its ``finally`` blocks must still run.
+    """
     done = object()
+    inside = threading.Lock()
+
+    def step() -> Any:
+        with inside:
+            return next(generator, done)
+
+    def close() -> None:
+        with inside:
+            generator.close()
+
     try:
         while True:
-            item = await asyncio.to_thread(next, generator, done)
+            item = await asyncio.to_thread(step)
             if item is done:
                 return
             yield item
     finally:
-        generator.close()
+        if inside.acquire(blocking=False):
+            try:
+                generator.close()
+            finally:
+                inside.release()
+        else:
+            asyncio.get_running_loop().run_in_executor(None, close)
 
 
 async def _call_maybe_async(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

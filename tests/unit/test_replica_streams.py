@@ -1,0 +1,52 @@
+"""Streaming handle calls of sync generators: each item made in a thread, and the
+generator closed properly when the caller goes away mid-item."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Iterator
+
+import pytest
+
+from app_toolkit._runtime.replica import _iterate_in_thread
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_items_come_in_order_and_the_generator_closes() -> None:
+    closed = threading.Event()
+
+    def numbers() -> Iterator[int]:
+        try:
+            yield from range(3)
+        finally:
+            closed.set()
+
+    assert [item async for item in _iterate_in_thread(numbers())] == [0, 1, 2]
+    assert closed.is_set()
+
+
+async def test_a_caller_leaving_mid_item_closes_the_generator_once_its_thread_is_out() -> None:
+    inside, closed = threading.Event(), threading.Event()
+
+    def slow() -> Iterator[int]:
+        try:
+            yield 1
+            inside.set()
+            time.sleep(0.2)  # a thread is inside the generator when the caller leaves
+            yield 2
+        finally:
+            closed.set()
+
+    async def consume() -> None:
+        async for _ in _iterate_in_thread(slow()):
+            pass
+
+    task = asyncio.ensure_future(consume())
+    assert await asyncio.to_thread(inside.wait, 5)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):  # not "generator already executing"
+        await task
+    assert await asyncio.to_thread(closed.wait, 5)  # its finally ran
