@@ -14,7 +14,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from app_toolkit.exceptions import ConfigError
 
-_NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]+$")
+#: Application, deployment and pool names (they appear in URLs, actor names and logs).
+NAME_RE = re.compile(r"[A-Za-z0-9_.\-]+")
 
 
 class _Strict(BaseModel):
@@ -211,7 +212,7 @@ class ApplicationOptions(_Strict):
     @field_validator("name")
     @classmethod
     def _check_name(cls, value: str) -> str:
-        if not _NAME_RE.match(value):
+        if not NAME_RE.fullmatch(value):
             raise ValueError(
                 "use letters, digits, '_', '-' or '.' only (it appears in URLs and logs)"
             )

@@ -17,17 +17,15 @@ the marks when the application is built. The decorators work above or below
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import dataclass, replace
 from typing import Any, Callable, TypeVar
 
-from app_toolkit.config import parse_deployment_config
+from app_toolkit.config import NAME_RE, parse_deployment_config
 from app_toolkit.exceptions import ConfigError
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 _ATTR = "__app_toolkit_route__"
-_POOL_NAME_RE = re.compile(r"^[A-Za-z0-9_.\-]+$")
 
 
 @dataclass(frozen=True)
@@ -50,7 +48,7 @@ def replicated(*, name: str | None = None, **deployment_options: Any) -> Callabl
     and the same options.
     """
     parse_deployment_config(deployment_options, "options of @replicated")
-    if name is not None and not _POOL_NAME_RE.fullmatch(name):
+    if name is not None and not NAME_RE.fullmatch(name):
         raise ConfigError(
             f"@replicated(name={name!r}): use letters, digits, '_', '-' and '.' only"
         )
@@ -58,7 +56,7 @@ def replicated(*, name: str | None = None, **deployment_options: Any) -> Callabl
 
     def mark(endpoint: F) -> F:
         pool = name or getattr(endpoint, "__name__", None)
-        if not pool or not _POOL_NAME_RE.fullmatch(pool):
+        if not pool or not NAME_RE.fullmatch(pool):
             raise ConfigError("@replicated needs name=... for this endpoint")
         _set(endpoint, pool=pool, pool_options=options)
         return endpoint

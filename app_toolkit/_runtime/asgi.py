@@ -11,7 +11,14 @@ from typing import Any, Awaitable, Callable, MutableMapping
 from app_toolkit._runtime import request_context
 from app_toolkit._runtime.channel import Kind
 from app_toolkit._runtime.channel_server import ResponseSink
-from app_toolkit._runtime.messages import HTTPRequest, HTTPResponse, HTTPResponseStart, WebSocketOpen
+from app_toolkit._runtime.messages import (
+    CLOSE_INTERNAL_ERROR,
+    CLOSE_SERVICE_RESTART,
+    HTTPRequest,
+    HTTPResponse,
+    HTTPResponseStart,
+    WebSocketOpen,
+)
 from app_toolkit.exceptions import DeployError
 
 logger = logging.getLogger("app_toolkit.replica")
@@ -21,8 +28,6 @@ Message = MutableMapping[str, Any]
 ASGIApp = Callable[[Scope, Callable[[], Awaitable[Message]], Callable[[Message], Awaitable[None]]], Awaitable[None]]
 
 _ASGI = {"version": "3.0", "spec_version": "2.3"}
-
-CLOSE_SERVICE_RESTART = 1012  # WebSocket close code: the server restarts, reconnect
 
 
 def internal_error_body(request_id: str) -> bytes:
@@ -277,7 +282,7 @@ async def serve_websocket(
         logger.exception("WebSocket %s failed", request.request_id)
         if not closed:
             closed = True
-            sink.send(Kind.WS_OUT, {"type": "websocket.close", "code": 1011, "reason": ""})
+            sink.send(Kind.WS_OUT, {"type": "websocket.close", "code": CLOSE_INTERNAL_ERROR, "reason": ""})
     finally:
         if watcher is not None:
             watcher.cancel()

@@ -9,6 +9,12 @@ from app_toolkit.config import DeploymentConfig
 
 Headers = list[tuple[bytes, bytes]]
 
+# WebSocket close codes the proxy and replicas send (RFC 6455 §7.4).
+CLOSE_POLICY = 1008  # no application at this path
+CLOSE_INTERNAL_ERROR = 1011  # the app failed, or its replica was lost
+CLOSE_SERVICE_RESTART = 1012  # the replica drains: reconnect (to another one)
+CLOSE_TRY_AGAIN_LATER = 1013  # overloaded
+
 
 @dataclass(frozen=True, slots=True)
 class DeploymentID:

@@ -12,14 +12,20 @@ import asyncio
 import json
 import logging
 import time
-import uuid
-from dataclasses import dataclass
 from typing import Any, Awaitable, Callable, MutableMapping
 
 from app_toolkit._runtime.channel import Kind
 from app_toolkit._runtime.longpoll import ROUTES_KEY
 from app_toolkit._runtime.messages import DeploymentID, HTTPRequest, HTTPResponse, HTTPResponseStart
 from app_toolkit._runtime.path_match import AppRoutes, match_app
+from app_toolkit._runtime.proxy_scope import (
+    REQUEST_ID_HEADER,
+    Scope,
+    forwarded_scope,
+    parse_timeout,
+    read_headers,
+    with_request_id,
+)
 from app_toolkit._runtime.proxy_websocket import serve_websocket
 from app_toolkit._runtime.subscriber import TableSubscriber
 from app_toolkit.exceptions import BackPressureError, ReplicaUnavailableError
@@ -27,15 +33,11 @@ from app_toolkit.exceptions import BackPressureError, ReplicaUnavailableError
 logger = logging.getLogger("app_toolkit.proxy")
 access_logger = logging.getLogger("app_toolkit.access")
 
-Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
 Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
 
-REQUEST_ID_HEADER = b"x-request-id"
 RETRY_AFTER_S = 1
 CLIENT_CLOSED = 499  # nginx's status for "the client closed the connection"
-_FORWARDED_KEYS = ("type", "http_version", "method", "scheme", "path", "raw_path",
-                   "query_string", "headers", "client", "server", "subprotocols")
 
 
 class Proxy:
@@ -92,7 +94,7 @@ class Proxy:
                                            "bytes (max_request_body_bytes)", "request_id": request_id},
                                request_id)
         forwarded = forwarded_scope(scope, route, headers)
-        timeout_s = _timeout(headers.timeout)
+        timeout_s = parse_timeout(headers.timeout)
         if isinstance(timeout_s, str):
             return await _json(send, 400, {"detail": timeout_s, "request_id": request_id}, request_id)
         deployment, deadline_s = route.target("http", scope["method"], path)
@@ -129,17 +131,11 @@ class Proxy:
         try:
             reply = await dispatcher.send(Kind.HTTP, request)
         except BackPressureError:
-            state.status = await _json(
-                send, 503, {"detail": "Service Unavailable: too many requests queued",
-                            "request_id": request_id}, request_id,
-                [(b"retry-after", str(RETRY_AFTER_S).encode())])
+            state.status = await _unavailable(send, "too many requests queued", request_id)
             return
         except ReplicaUnavailableError as exc:
             logger.warning("Request %s: %s", request_id, exc)
-            state.status = await _json(
-                send, 503, {"detail": "Service Unavailable: no replica could serve the request",
-                            "request_id": request_id}, request_id,
-                [(b"retry-after", str(RETRY_AFTER_S).encode())])
+            state.status = await _unavailable(send, "no replica could serve the request", request_id)
             return
         try:
             if reply.kind is Kind.RESPONSE:
@@ -147,14 +143,14 @@ class Proxy:
                 state.started = state.finished = True
                 state.status = response.status
                 await send({"type": "http.response.start", "status": response.status,
-                            "headers": _with_id(response.headers, request_id)})
+                            "headers": with_request_id(response.headers, request_id)})
                 await send({"type": "http.response.body", "body": response.body})
                 return
             start: HTTPResponseStart = reply.message
             state.started = True
             state.status = start.status
             await send({"type": "http.response.start", "status": start.status,
-                        "headers": _with_id(start.headers, request_id)})
+                        "headers": with_request_id(start.headers, request_id)})
             exchange = reply.exchange
             while True:
                 frame_kind, chunk = await exchange.recv()
@@ -212,69 +208,6 @@ async def _watch_disconnect(receive: Receive, state: _RequestState) -> None:
         state.task.cancel()
 
 
-TIMEOUT_HEADER = b"x-request-timeout-seconds"
-
-
-@dataclass(frozen=True, slots=True)
-class RequestHeaders:
-    """What the proxy reads from a request's headers, in one pass."""
-
-    request_id: str
-    client_id_used: bool  # the client's own x-request-id is kept
-    timeout: bytes | None
-    content_length: bytes | None
-
-
-def read_headers(scope: Scope) -> RequestHeaders:
-    request_id = timeout = content_length = None
-    for key, value in scope["headers"]:
-        if key == REQUEST_ID_HEADER:
-            text = value.decode("latin-1")
-            if 0 < len(text) <= 200:
-                request_id = text
-        elif key == TIMEOUT_HEADER:
-            timeout = value
-        elif key == b"content-length":
-            content_length = value
-    return RequestHeaders(request_id or uuid.uuid4().hex, request_id is not None, timeout,
-                          content_length)
-
-
-def _timeout(value: bytes | None) -> float | None | str:
-    """The request's deadline: seconds, None, or an error message."""
-    if value is None:
-        return None
-    try:
-        seconds = float(value)
-    except ValueError:
-        seconds = -1.0
-    if not 0 < seconds <= 86_400:
-        return ("x-request-timeout-seconds must be a number of seconds between 0 and "
-                f"86400, got {value.decode('latin-1')!r}")
-    return seconds
-
-
-def forwarded_scope(scope: Scope, route: AppRoutes, headers: RequestHeaders) -> dict[str, Any]:
-    """The scope the replica sees: the path kept whole, the prefix as root_path, and the
-    request id the proxy answers with."""
-    forwarded = {key: scope[key] for key in _FORWARDED_KEYS if key in scope}
-    forwarded["root_path"] = scope.get("root_path", "") + (
-        "" if route.route_prefix == "/" else route.route_prefix
-    )
-    if not headers.client_id_used:
-        forwarded["headers"] = [
-            *(item for item in scope["headers"] if item[0] != REQUEST_ID_HEADER),
-            (REQUEST_ID_HEADER, headers.request_id.encode()),
-        ]
-    return forwarded
-
-
-def _with_id(headers: list[tuple[bytes, bytes]], request_id: str) -> list[tuple[bytes, bytes]]:
-    if any(key.lower() == REQUEST_ID_HEADER for key, _ in headers):
-        return headers
-    return [*headers, (REQUEST_ID_HEADER, request_id.encode())]
-
-
 _TOO_LARGE = b"\0too-large"
 
 
@@ -305,6 +238,11 @@ async def _json(send: Send, status: int, content: Any, request_id: str,
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
     return status
+
+
+async def _unavailable(send: Send, why: str, request_id: str) -> int:
+    return await _json(send, 503, {"detail": f"Service Unavailable: {why}", "request_id": request_id},
+                       request_id, [(b"retry-after", str(RETRY_AFTER_S).encode())])
 
 
 def _log_access(scope: Scope, status: int, started: float) -> None:

@@ -16,24 +16,25 @@ from typing import TYPE_CHECKING
 
 from app_toolkit._runtime.channel import Kind
 from app_toolkit._runtime.dispatcher import Reply
-from app_toolkit._runtime.messages import WebSocketOpen
+from app_toolkit._runtime.messages import (
+    CLOSE_INTERNAL_ERROR,
+    CLOSE_POLICY,
+    CLOSE_TRY_AGAIN_LATER,
+    WebSocketOpen,
+)
+from app_toolkit._runtime.path_match import match_app
+from app_toolkit._runtime.proxy_scope import REQUEST_ID_HEADER, Scope, forwarded_scope, read_headers
 from app_toolkit.exceptions import BackPressureError, ReplicaUnavailableError
 
 if TYPE_CHECKING:
-    from app_toolkit._runtime.proxy import Proxy, Receive, Scope, Send
+    from app_toolkit._runtime.proxy import Proxy, Receive, Send
 
 logger = logging.getLogger("app_toolkit.proxy")
 
-CLOSE_TRY_AGAIN_LATER = 1013
-CLOSE_INTERNAL_ERROR = 1011
-CLOSE_POLICY = 1008
 _APP_GRACE_S = 5.0  # how long an app may take to finish after the client disconnected
 
 
 async def serve_websocket(proxy: Proxy, scope: Scope, receive: Receive, send: Send) -> None:
-    from app_toolkit._runtime.path_match import match_app
-    from app_toolkit._runtime.proxy import forwarded_scope, read_headers
-
     headers = read_headers(scope)
     request_id = headers.request_id
     if (await receive())["type"] != "websocket.connect":
@@ -72,35 +73,27 @@ async def _refuse(scope: Scope, send: Send, request_id: str, why: str) -> None:
     body = json.dumps({"detail": f"Service Unavailable: {why}", "request_id": request_id}).encode()
     await send({"type": "websocket.http.response.start", "status": 503, "headers": [
         (b"content-type", b"application/json"), (b"retry-after", b"1"),
-        (b"x-request-id", request_id.encode())]})
+        (REQUEST_ID_HEADER, request_id.encode())]})
     await send({"type": "websocket.http.response.body", "body": body})
 
 
 async def _relay(reply: Reply, receive: Receive, send: Send) -> None:
-    state = {"accepted": False, "closed": False}
-
     async def downstream() -> None:
+        closed = False  # the app closed (or denied) the connection; later messages drop
         kind, message = reply.kind, reply.message
         while True:
             if kind is Kind.WS_OUT:
-                if state["closed"]:
-                    pass
-                else:
+                if not closed:
                     await send(message)
-                    kind_name = message["type"]
-                    if kind_name == "websocket.accept":
-                        state["accepted"] = True
-                    elif kind_name == "websocket.close" or (
-                        kind_name == "websocket.http.response.body" and not message.get("more_body")
-                    ):
-                        state["closed"] = True
+                    closed = message["type"] == "websocket.close" or (
+                        message["type"] == "websocket.http.response.body" and not message.get("more_body"))
             elif kind is Kind.END:
-                if not state["closed"]:
+                if not closed:
                     # The app returned without closing: close normally (or deny, if never accepted).
                     await send({"type": "websocket.close", "code": 1000})
                 return
             else:  # LOST, or anything unexpected: the replica is gone
-                if not state["closed"]:
+                if not closed:
                     await send({"type": "websocket.close", "code": CLOSE_INTERNAL_ERROR})
                 return
             kind, message = await reply.exchange.recv()

@@ -1,0 +1,78 @@
+"""What the proxy reads from a request and what it forwards: the request id, the
+deadline header, and the scope the replica sees (HTTP and WebSocket alike). Pure."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any, MutableMapping
+
+from app_toolkit._runtime.path_match import AppRoutes
+
+Scope = MutableMapping[str, Any]
+
+REQUEST_ID_HEADER = b"x-request-id"
+_FORWARDED_KEYS = ("type", "http_version", "method", "scheme", "path", "raw_path",
+                   "query_string", "headers", "client", "server", "subprotocols")
+
+TIMEOUT_HEADER = b"x-request-timeout-seconds"
+
+
+@dataclass(frozen=True, slots=True)
+class RequestHeaders:
+    """What the proxy reads from a request's headers, in one pass."""
+
+    request_id: str
+    client_id_used: bool  # the client's own x-request-id is kept
+    timeout: bytes | None
+    content_length: bytes | None
+
+
+def read_headers(scope: Scope) -> RequestHeaders:
+    request_id = timeout = content_length = None
+    for key, value in scope["headers"]:
+        if key == REQUEST_ID_HEADER:
+            text = value.decode("latin-1")
+            if 0 < len(text) <= 200:
+                request_id = text
+        elif key == TIMEOUT_HEADER:
+            timeout = value
+        elif key == b"content-length":
+            content_length = value
+    return RequestHeaders(request_id or uuid.uuid4().hex, request_id is not None, timeout,
+                          content_length)
+
+
+def parse_timeout(value: bytes | None) -> float | None | str:
+    """The request's deadline: seconds, None, or an error message."""
+    if value is None:
+        return None
+    try:
+        seconds = float(value)
+    except ValueError:
+        seconds = -1.0
+    if not 0 < seconds <= 86_400:
+        return ("x-request-timeout-seconds must be a number of seconds between 0 and "
+                f"86400, got {value.decode('latin-1')!r}")
+    return seconds
+
+
+def forwarded_scope(scope: Scope, route: AppRoutes, headers: RequestHeaders) -> dict[str, Any]:
+    """The scope the replica sees: the path kept whole, the prefix as root_path, and the
+    request id the proxy answers with."""
+    forwarded = {key: scope[key] for key in _FORWARDED_KEYS if key in scope}
+    forwarded["root_path"] = scope.get("root_path", "") + (
+        "" if route.route_prefix == "/" else route.route_prefix
+    )
+    if not headers.client_id_used:
+        forwarded["headers"] = [
+            *(item for item in scope["headers"] if item[0] != REQUEST_ID_HEADER),
+            (REQUEST_ID_HEADER, headers.request_id.encode()),
+        ]
+    return forwarded
+
+
+def with_request_id(headers: list[tuple[bytes, bytes]], request_id: str) -> list[tuple[bytes, bytes]]:
+    if any(key.lower() == REQUEST_ID_HEADER for key, _ in headers):
+        return headers
+    return [*headers, (REQUEST_ID_HEADER, request_id.encode())]
