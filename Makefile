@@ -23,6 +23,8 @@ run: $(CORE)
 	$(VENV)/bin/app-toolkit run examples.demo:app
 
 test: $(MODEL)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 	$(PY) -m pytest
 	$(VENV)/bin/mkdocs build --strict --site-dir .site

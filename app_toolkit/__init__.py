@@ -11,7 +11,6 @@ from app_toolkit.api import (
     status,
 )
 from app_toolkit.batching import batch
-from app_toolkit.context import ReplicaContext, get_replica_context
 from app_toolkit.config import (
     AutoscalingConfig,
     BatchConfig,
@@ -19,6 +18,7 @@ from app_toolkit.config import (
     HTTPOptions,
     RayActorOptions,
 )
+from app_toolkit.context import ReplicaContext, get_replica_context
 from app_toolkit.dependencies import Depends
 from app_toolkit.deployment import Application, Deployment, deployment
 from app_toolkit.exceptions import (
@@ -33,7 +33,6 @@ from app_toolkit.exceptions import (
 from app_toolkit.handle import DeploymentHandle, DeploymentResponse, DeploymentResponseGenerator
 from app_toolkit.ingress import App, ingress
 from app_toolkit.routes import deadline, replicated
-from app_toolkit.streaming import ChatCompletionStream, EventStream
 from app_toolkit.status import (
     ApplicationStatus,
     ApplicationStatusInfo,
@@ -44,6 +43,7 @@ from app_toolkit.status import (
     ReplicaStatusInfo,
     ServeStatus,
 )
+from app_toolkit.streaming import ChatCompletionStream, EventStream
 
 __version__ = "0.1.0"
 

@@ -11,10 +11,15 @@ import time
 from typing import Any
 
 from app_toolkit._runtime import request_context
-from app_toolkit._runtime.backend import resolve_backend_name
+from app_toolkit._runtime.backends.base import (
+    Session,
+    current_session,
+    resolve_backend_name,
+    session_factory,
+    set_current_session,
+)
 from app_toolkit._runtime.messages import AppSpec, DeploymentID, DeploymentSpec
-from app_toolkit._runtime.replica import ASGI_APP_ATTR
-from app_toolkit._runtime.session import Session, current_session, set_current_session
+from app_toolkit._runtime.replica.replica import ASGI_APP_ATTR
 from app_toolkit.config import HTTPOptions, parse_application_options, parse_http_options
 from app_toolkit.deployment import Application, Deployment
 from app_toolkit.exceptions import ConfigError, DeployError
@@ -25,12 +30,6 @@ from app_toolkit.status import ApplicationStatus, ServeStatus
 logger = logging.getLogger("app_toolkit")
 
 _UNSET: Any = object()
-#: Options whose change never restarts replicas (they are not part of the code version):
-#: running replicas take them in place (``user_config`` through ``reconfigure()``).
-LIGHT_OPTIONS = {"num_replicas", "autoscaling_config", "max_queued_requests", "user_config",
-                 "max_ongoing_requests", "health_check_period_s", "health_check_timeout_s",
-                 "health_check_failure_threshold",
-                 "graceful_shutdown_wait_loop_s", "graceful_shutdown_timeout_s"}
 _POLL_S = 0.05
 
 
@@ -61,16 +60,7 @@ def start(
                 "call shutdown() before starting another backend"
             )
         return session
-    if name == "local":
-        from app_toolkit._runtime.local_backend import LocalSession
-
-        local = LocalSession()
-        local.start_http(http)
-        session = local
-    else:
-        from app_toolkit._runtime.ray_backend import RaySession
-
-        session = RaySession.connect(address, http)
+    session = session_factory(name).start(address, http)
     set_current_session(session)
     return session
 
@@ -129,8 +119,7 @@ def build_app(target: Application, name: str, route_prefix: str | None, session:
         init_args = session.serialize((args, kwargs))
         config = deployment.config
         version = hashlib.sha256(
-            definition + init_args
-            + config.model_dump_json(exclude=LIGHT_OPTIONS).encode()
+            definition + init_args + config.model_dump_json(exclude=set(config.in_place_options())).encode()
         ).hexdigest()[:16]
         specs[deployment.name] = DeploymentSpec(
             id=DeploymentID(name, deployment.name),
@@ -159,8 +148,11 @@ def build_app(target: Application, name: str, route_prefix: str | None, session:
     # A @replicated route's pool runs the ingress's own class and arguments with the
     # pool's options; the proxy sends it only its routes' requests.
     for pool, options in table.pools.items():
-        visit(Application(Deployment(target.deployment.func_or_class, pool, options),
-                          target.args, target.kwargs))
+        visit(
+            Application(
+                Deployment(target.deployment.func_or_class, pool, options), target.args, target.kwargs
+            )
+        )
     return AppSpec(name, route_prefix, ingress, tuple(specs.values()), table.routes, table.paths)
 
 
@@ -197,13 +189,9 @@ def status() -> ServeStatus:
 
 def shutdown() -> None:
     """Stop every application, the proxy and the controller."""
-    session = current_session(create=False)
+    session = current_session(create=False) or session_factory("auto").find(None)
     if session is None:
-        from app_toolkit._runtime.ray_backend import RaySession
-
-        session = RaySession.find()
-        if session is None:
-            return
+        return
     session.shutdown()
     set_current_session(None)
 
@@ -227,9 +215,7 @@ def get_deployment_handle(deployment_name: str, app_name: str | None = None) -> 
         raise ConfigError(f"No application named {app_name!r} is running; run() it first")
     if deployment_name not in app.deployments:
         known = ", ".join(sorted(app.deployments)) or "none"
-        raise ConfigError(
-            f"Application {app_name!r} has no deployment {deployment_name!r} (it has: {known})"
-        )
+        raise ConfigError(f"Application {app_name!r} has no deployment {deployment_name!r} (it has: {known})")
     return DeploymentHandle(deployment_name, app_name)
 
 

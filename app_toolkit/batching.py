@@ -15,12 +15,9 @@ import asyncio
 import functools
 import inspect
 import logging
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from typing import (
     Any,
-    AsyncIterator,
-    Awaitable,
-    Callable,
-    Coroutine,
     Generic,
     Protocol,
     TypeVar,
@@ -28,8 +25,8 @@ from typing import (
 )
 
 from app_toolkit import metrics
-from app_toolkit._runtime.batch_queue import BatchQueue, Pending
-from app_toolkit.config import BatchConfig, parse_batch_config
+from app_toolkit._runtime.replica.batch_queue import BatchQueue, Pending
+from app_toolkit.config import BatchConfig, default_of, parse_batch_config
 from app_toolkit.exceptions import ConfigError
 
 logger = logging.getLogger("app_toolkit.batching")
@@ -46,8 +43,14 @@ R_co = TypeVar("R_co", covariant=True)
 class _Batcher:
     """Runs batches of one function for one instance on one event loop."""
 
-    def __init__(self, call: Callable[[list[Any]], Any], streaming: bool, config: BatchConfig,
-                 size_fn: Callable[[Any], int] | None, name: str) -> None:
+    def __init__(
+        self,
+        call: Callable[[list[Any]], Any],
+        streaming: bool,
+        config: BatchConfig,
+        size_fn: Callable[[Any], int] | None,
+        name: str,
+    ) -> None:
         self.loop = asyncio.get_running_loop()
         self._call = call
         self._streaming = streaming
@@ -56,8 +59,9 @@ class _Batcher:
         self._slots = asyncio.Semaphore(config.max_concurrent_batches)
         self._wake = asyncio.Event()
         self._batch_size = metrics.histogram("app_toolkit_batch_size", metrics.SIZE_BUCKETS, function=name)
-        self._batch_wait = metrics.histogram("app_toolkit_batch_wait_seconds", metrics.SECONDS_BUCKETS,
-                                             function=name)
+        self._batch_wait = metrics.histogram(
+            "app_toolkit_batch_wait_seconds", metrics.SECONDS_BUCKETS, function=name
+        )
         self._runner = self.loop.create_task(self._run())
 
     def _enqueue(self, value: Any, pending: Pending) -> Pending:
@@ -130,9 +134,9 @@ class _Batcher:
             else:
                 results = await self._call(values)
                 _check_results(results, len(batch))
-                for pending, result in zip(batch, results):
+                for pending, result in zip(batch, results, strict=True):
                     _settle(pending, result)
-        except Exception as exc:  # the whole batch failed: every caller gets the error
+        except Exception as exc:  # noqa: BLE001 - the whole batch failed: every caller gets the error
             logger.warning("A batch of %d failed: %s", len(batch), exc)
             for pending in batch:
                 _fail(pending, exc)
@@ -145,7 +149,7 @@ class _Batcher:
         try:
             async for results in generator:
                 _check_results(results, len(batch))
-                for pending, result in zip(batch, results):
+                for pending, result in zip(batch, results, strict=True):
                     if pending.finished or pending.cancelled:
                         continue
                     if result is StopIteration or isinstance(result, StopIteration):
@@ -233,8 +237,9 @@ class _Bound:
         if self._state is None or self._state.loop is not loop:
             function = self._batched.function
             call = function if self._instance is None else functools.partial(function, self._instance)
-            self._state = _Batcher(call, self._batched.streaming, self.config,
-                                   self._batched.size_fn, self._batched.__qualname__)
+            self._state = _Batcher(
+                call, self._batched.streaming, self.config, self._batched.size_fn, self._batched.__qualname__
+            )
         return self._state
 
     async def __call__(self, item: Any) -> Any:
@@ -250,8 +255,9 @@ class _Bound:
         self._update("batch_wait_timeout_s", value)
 
     def _update(self, option: str, value: float) -> None:
-        self.config = parse_batch_config({**self.config.model_dump(), option: value},
-                                         f"@batch options of {self._batched.__qualname__}")
+        self.config = parse_batch_config(
+            {**self.config.model_dump(), option: value}, f"@batch options of {self._batched.__qualname__}"
+        )
         if self._state is not None:
             setattr(self._state.queue, option, getattr(self.config, option))
             self._state._wake.set()
@@ -271,8 +277,9 @@ class _BoundStream(_Bound):
 class _Batched(Generic[S, T, R]):
     """The decorated function: a descriptor giving each instance its own batcher."""
 
-    def __init__(self, function: Callable[..., Any], config: BatchConfig,
-                 size_fn: Callable[[Any], int] | None) -> None:
+    def __init__(
+        self, function: Callable[..., Any], config: BatchConfig, size_fn: Callable[[Any], int] | None
+    ) -> None:
         self.function = function
         self.config = config
         self.size_fn = size_fn
@@ -363,9 +370,9 @@ class _Decorator:
 
 def batch(
     *,
-    max_batch_size: int = 10,
-    batch_wait_timeout_s: float = 0.01,
-    max_concurrent_batches: int = 1,
+    max_batch_size: int = default_of(BatchConfig, "max_batch_size"),
+    batch_wait_timeout_s: float = default_of(BatchConfig, "batch_wait_timeout_s"),
+    max_concurrent_batches: int = default_of(BatchConfig, "max_concurrent_batches"),
     batch_size_fn: Callable[[Any], int] | None = None,
 ) -> _Decorator:
     """Group concurrent calls of an async method or function into batches.
@@ -383,8 +390,11 @@ def batch(
     ``self.embed.set_max_batch_size(n)`` / ``set_batch_wait_timeout_s(t)``.
     """
     config = parse_batch_config(
-        {"max_batch_size": max_batch_size, "batch_wait_timeout_s": batch_wait_timeout_s,
-         "max_concurrent_batches": max_concurrent_batches},
+        {
+            "max_batch_size": max_batch_size,
+            "batch_wait_timeout_s": batch_wait_timeout_s,
+            "max_concurrent_batches": max_concurrent_batches,
+        },
         "@batch options",
     )
     if batch_size_fn is not None and not callable(batch_size_fn):

@@ -7,15 +7,19 @@ import os
 import signal
 import sys
 import threading
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Literal, TypeVar, get_args, get_origin
 
 import click
 
 from app_toolkit import api
-from app_toolkit.config import parse_http_options
+from app_toolkit._runtime.backends.base import session_factory
+from app_toolkit.config import HTTPOptions, parse_http_options
 from app_toolkit.deployment import Application, Deployment
 from app_toolkit.exceptions import AppToolkitError, ConfigError
 from app_toolkit.import_path import import_attr
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 def _as_application(value: Any, path: str, name: str | None) -> Application:
@@ -28,10 +32,14 @@ def _as_application(value: Any, path: str, name: str | None) -> Application:
     if isinstance(value, (FastAPI, APIRouter)):
         return App(value, name=name or "default")
     if isinstance(value, Deployment):
-        raise ConfigError(f'"{path}" is a deployment; point at an application such as '
-                          f"{value.name}.bind() (assign it to a variable and use that)")
-    raise ConfigError(f'"{path}" is a {type(value).__name__}; expected an application '
-                      "(App(router) or Deployment.bind()), a FastAPI app or an APIRouter")
+        raise ConfigError(
+            f'"{path}" is a deployment; point at an application such as '
+            f"{value.name}.bind() (assign it to a variable and use that)"
+        )
+    raise ConfigError(
+        f'"{path}" is a {type(value).__name__}; expected an application '
+        "(App(router) or Deployment.bind()), a FastAPI app or an APIRouter"
+    )
 
 
 def _fail(exc: Exception) -> None:
@@ -44,24 +52,46 @@ def main() -> None:
     """Serve FastAPI routers as a scalable service on Ray."""
 
 
+def _http_option(name: str, flag: str | None = None) -> Callable[[F], F]:
+    """A ``run`` flag for one HTTP option: default, help and choices come from its field."""
+    field = HTTPOptions.model_fields[name]
+    kwargs: dict[str, Any] = {"default": field.default, "show_default": True, "help": field.description}
+    choices = get_args(field.annotation) if get_origin(field.annotation) is Literal else ()
+    if choices:
+        kwargs["type"] = click.Choice(list(choices))
+    elif field.annotation is bool:
+        flag = flag or f"--{name.replace('_', '-')}/--no-{name.replace('_', '-')}"
+    else:
+        kwargs["type"] = field.annotation
+    return click.option(flag or f"--{name.replace('_', '-')}", name, **kwargs)
+
+
 @main.command()
 @click.argument("import_path")
-@click.option("--host", default="127.0.0.1", show_default=True, help="Interface the proxy binds.")
-@click.option("--port", default=8000, show_default=True, type=int, help="Port of the proxy.")
+@_http_option("host")
+@_http_option("port")
 @click.option("--address", default=None, help='Ray cluster to join ("auto"); default: start a local one.')
 @click.option("--local", "local", is_flag=True, help="Run everything in this process (no Ray).")
 @click.option("--name", default=None, help="Application name (default: the app's own, or 'default').")
 @click.option("--route-prefix", default=None, help="URL prefix of the app (default: the app's own, or '/').")
-@click.option("--access-log/--no-access-log", default=True, show_default=True,
-              help="Log one line per HTTP request.")
-@click.option("--proxy-location", type=click.Choice(["EveryNode", "HeadOnly"]), default="EveryNode",
-              show_default=True, help="A proxy on every Ray node, or on the head node only.")
-def run(import_path: str, host: str, port: int, address: str | None, local: bool,
-        name: str | None, route_prefix: str | None, access_log: bool, proxy_location: str) -> None:
+@_http_option("access_log")
+@_http_option("proxy_location")
+def run(
+    import_path: str,
+    host: str,
+    port: int,
+    address: str | None,
+    local: bool,
+    name: str | None,
+    route_prefix: str | None,
+    access_log: bool,
+    proxy_location: str,
+) -> None:
     """Deploy IMPORT_PATH (module:attribute) and serve it until Ctrl-C."""
     try:
-        http = parse_http_options({"host": host, "port": port, "access_log": access_log,
-                                   "proxy_location": proxy_location})
+        http = parse_http_options(
+            {"host": host, "port": port, "access_log": access_log, "proxy_location": proxy_location}
+        )
         cwd = os.getcwd()
         # Ray worker processes import the user's module too: let them find it here.
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (cwd, os.environ.get("PYTHONPATH")) if p)
@@ -77,8 +107,10 @@ def run(import_path: str, host: str, port: int, address: str | None, local: bool
     except AppToolkitError as exc:
         _fail(exc)
         return
-    click.echo(f"app-toolkit: serving {import_path} at {url.rstrip('/')}{prefix if prefix != '/' else '/'}"
-               " (Ctrl-C to stop)")
+    click.echo(
+        f"app-toolkit: serving {import_path} at {url.rstrip('/')}{prefix if prefix != '/' else '/'}"
+        " (Ctrl-C to stop)"
+    )
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
@@ -95,11 +127,9 @@ def run(import_path: str, host: str, port: int, address: str | None, local: bool
 @click.option("--json", "as_json", is_flag=True, help="Print everything as JSON (for tools).")
 def status(address: str, as_json: bool) -> None:
     """Print applications, deployments, replicas and proxies."""
-    from app_toolkit._runtime.ray_backend import RaySession
-
     try:
-        session = RaySession.find(address)
-    except Exception as exc:  # ray.init failing to find a cluster
+        session = session_factory("ray").find(address)
+    except Exception as exc:  # noqa: BLE001 - ray.init failing to find a cluster
         _fail(ConfigError(f"No Ray cluster at {address!r}: {exc}"))
         return
     if session is None:
@@ -113,11 +143,9 @@ def status(address: str, as_json: bool) -> None:
 @click.option("--address", default="auto", show_default=True, help="Ray cluster to act on.")
 def shutdown(address: str) -> None:
     """Stop every application, the proxy and the controller."""
-    from app_toolkit._runtime.ray_backend import RaySession
-
     try:
-        session = RaySession.find(address)
-    except Exception as exc:
+        session = session_factory("ray").find(address)
+    except Exception as exc:  # noqa: BLE001 - ray.init failing to find a cluster
         _fail(ConfigError(f"No Ray cluster at {address!r}: {exc}"))
         return
     if session is None:
@@ -125,5 +153,7 @@ def shutdown(address: str) -> None:
         return
     session.shutdown()
     click.echo("app_toolkit stopped")
+
+
 if __name__ == "__main__":
     main()

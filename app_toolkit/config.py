@@ -8,14 +8,28 @@ message names the option, the bad value and the allowed range.
 from __future__ import annotations
 
 import re
-from typing import Any, Literal, Mapping
+from collections.abc import Mapping
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from app_toolkit.exceptions import ConfigError
 
 #: Application, deployment and pool names (they appear in URLs, actor names and logs).
 NAME_RE = re.compile(r"[A-Za-z0-9_.\-]+")
+
+
+#: Marks an option that running replicas take in place (a change never restarts them);
+#: every other deployment option is part of the code version.
+IN_PLACE: dict[str, JsonValue] = {"applies_in_place": True}
 
 
 class _Strict(BaseModel):
@@ -33,9 +47,7 @@ class RayActorOptions(_Strict):
     )
     num_gpus: float = Field(0.0, ge=0, description="GPUs per replica; fractions share a GPU.")
     memory: int | None = Field(None, ge=0, description="Bytes of memory reserved per replica.")
-    resources: dict[str, float] = Field(
-        default_factory=dict, description="Custom Ray resources per replica."
-    )
+    resources: dict[str, float] = Field(default_factory=dict, description="Custom Ray resources per replica.")
     runtime_env: dict[str, Any] | None = Field(
         None, description="Ray runtime environment for the replica processes."
     )
@@ -67,8 +79,10 @@ class AutoscalingConfig(_Strict):
         600.0, ge=0, description="Seconds the load must want fewer replicas before removing any."
     )
     downscale_to_zero_delay_s: float | None = Field(
-        None, ge=0, description="Seconds without any load before scaling to zero replicas "
-        "(min_replicas=0 only); default downscale_delay_s."
+        None,
+        ge=0,
+        description="Seconds without any load before scaling to zero replicas "
+        "(min_replicas=0 only); default downscale_delay_s.",
     )
     look_back_period_s: float = Field(
         30.0, gt=0, description="Seconds of load reports averaged for each decision."
@@ -100,44 +114,66 @@ class DeploymentConfig(_Strict):
     """Options of one deployment (Ray Serve's names and meanings)."""
 
     num_replicas: int = Field(
-        1, ge=0, le=10_000, description='Replicas to run; "auto" turns on autoscaling with '
-        "the defaults of AutoscalingConfig."
+        1,
+        json_schema_extra=IN_PLACE,
+        ge=0,
+        le=10_000,
+        description='Replicas to run; "auto" turns on autoscaling with the defaults of AutoscalingConfig.',
     )
     autoscaling_config: AutoscalingConfig | None = Field(
-        None, description="Scale the replica count with the load instead of num_replicas."
+        None,
+        json_schema_extra=IN_PLACE,
+        description="Scale the replica count with the load instead of num_replicas.",
     )
     max_ongoing_requests: int = Field(
         100,
+        json_schema_extra=IN_PLACE,
         ge=1,
         description="Requests one replica runs at once; further requests wait in the "
         "caller-side queue, never on the replica.",
     )
     max_queued_requests: int = Field(
         1000,
+        json_schema_extra=IN_PLACE,
         ge=-1,
         description="Requests each caller (proxy or handle) may queue for this deployment "
         "while every replica is busy; beyond it callers get 503 / BackPressureError. "
         "-1 means unbounded.",
     )
     user_config: Any = Field(
-        None, description="JSON-like value passed to the replica's reconfigure() method."
+        None,
+        json_schema_extra=IN_PLACE,
+        description="JSON-like value passed to the replica's reconfigure() method.",
     )
     health_check_period_s: float = Field(
-        10.0, gt=0, description="Seconds between health checks of each replica."
+        10.0, json_schema_extra=IN_PLACE, gt=0, description="Seconds between health checks of each replica."
     )
     health_check_timeout_s: float = Field(
-        30.0, gt=0, description="Seconds a health check may take before it counts as failed."
+        30.0,
+        json_schema_extra=IN_PLACE,
+        gt=0,
+        description="Seconds a health check may take before it counts as failed.",
     )
     health_check_failure_threshold: int = Field(
-        3, ge=1, le=100, description="Consecutive failed health checks after which a replica "
+        3,
+        json_schema_extra=IN_PLACE,
+        ge=1,
+        le=100,
+        description="Consecutive failed health checks after which a replica "
         "leaves the routing tables and is replaced. The check calls the user's check_health() "
-        "on the replica's event loop, so a blocked loop fails it too."
+        "on the replica's event loop, so a blocked loop fails it too.",
     )
     graceful_shutdown_wait_loop_s: float = Field(
-        2.0, gt=0, description="Seconds between checks for in-flight work while draining."
+        2.0,
+        json_schema_extra=IN_PLACE,
+        gt=0,
+        description="Seconds between checks for in-flight work while draining.",
     )
     graceful_shutdown_timeout_s: float = Field(
-        20.0, ge=0, description="Seconds a draining replica may finish in-flight work."
+        20.0,
+        json_schema_extra=IN_PLACE,
+        ge=0,
+        description="Seconds a draining replica may finish in-flight work.",
     )
     ray_actor_options: RayActorOptions = Field(
         default_factory=RayActorOptions, description="Ray resources of each replica."
@@ -158,6 +194,16 @@ class DeploymentConfig(_Strict):
                 '(num_replicas="auto" autoscales with default settings)'
             )
         return data
+
+    @classmethod
+    def in_place_options(cls) -> frozenset[str]:
+        """Options whose change running replicas take in place (``user_config`` through
+        ``reconfigure()``); a change of any other option starts new replicas."""
+        return frozenset(
+            name
+            for name, field in cls.model_fields.items()
+            if isinstance(field.json_schema_extra, dict) and field.json_schema_extra.get("applies_in_place")
+        )
 
     @property
     def initial_replicas(self) -> int:
@@ -183,21 +229,27 @@ class HTTPOptions(_Strict):
     host: str = Field("127.0.0.1", min_length=1, description="Interface the proxy binds.")
     port: int = Field(8000, ge=0, le=65535, description="TCP port; 0 picks a free one.")
     max_request_body_bytes: int = Field(
-        100 << 20, ge=1, description="Largest request body the proxy accepts (it buffers "
-        "bodies before forwarding them); bigger ones get 413."
+        100 << 20,
+        ge=1,
+        description="Largest request body the proxy accepts (it buffers "
+        "bodies before forwarding them); bigger ones get 413.",
     )
     websocket_max_message_bytes: int = Field(
-        1 << 20, ge=1, description="Largest WebSocket message; bigger ones close the "
-        "connection with 1009 (message too big)."
+        1 << 20,
+        ge=1,
+        description="Largest WebSocket message; bigger ones close the "
+        "connection with 1009 (message too big).",
     )
     access_log: bool = Field(
-        True, description="Log one line per HTTP request on the 'app_toolkit.access' logger "
-        "(client, method, path, status, milliseconds; 499 when the client left first)."
+        True,
+        description="Log one line per HTTP request on the 'app_toolkit.access' logger "
+        "(client, method, path, status, milliseconds; 499 when the client left first).",
     )
     proxy_location: Literal["EveryNode", "HeadOnly"] = Field(
-        "EveryNode", description="Ray backend: run a proxy on every node of the cluster "
+        "EveryNode",
+        description="Ray backend: run a proxy on every node of the cluster "
         "(each serves every app; nodes that join get one), or only on the head node. "
-        "Proxies on one machine share the port."
+        "Proxies on one machine share the port.",
     )
 
 
@@ -205,17 +257,13 @@ class ApplicationOptions(_Strict):
     """How one application is exposed."""
 
     name: str = Field("default", description="Unique application name.")
-    route_prefix: str | None = Field(
-        "/", description="URL prefix of the app's routes; None serves no HTTP."
-    )
+    route_prefix: str | None = Field("/", description="URL prefix of the app's routes; None serves no HTTP.")
 
     @field_validator("name")
     @classmethod
     def _check_name(cls, value: str) -> str:
         if not NAME_RE.fullmatch(value):
-            raise ValueError(
-                "use letters, digits, '_', '-' or '.' only (it appears in URLs and logs)"
-            )
+            raise ValueError("use letters, digits, '_', '-' or '.' only (it appears in URLs and logs)")
         return value
 
     @field_validator("route_prefix")
@@ -244,6 +292,11 @@ def _explain(error: ValidationError, where: str) -> str:
             message = message[len("Value error, ") :]
         lines.append(f"{field} {message}, got {item.get('input')!r}")
     return f"Invalid {where}: " + "; ".join(lines)
+
+
+def default_of(model: type[BaseModel], name: str) -> Any:
+    """The default of one option, for signatures that repeat a model's options."""
+    return model.model_fields[name].get_default(call_default_factory=True)
 
 
 def parse_deployment_config(options: Mapping[str, Any], where: str) -> DeploymentConfig:

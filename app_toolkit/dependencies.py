@@ -23,7 +23,7 @@ from app_toolkit.handle import DeploymentHandle
 _APPLICATION_ATTR = "__app_toolkit_application__"
 
 
-def Depends(target: Deployment | Application) -> Any:  # noqa: N802 - mirrors fastapi.Depends
+def Depends(target: Deployment | Application) -> Any:
     """A FastAPI dependency that yields a :class:`DeploymentHandle` to ``target``.
 
     Pass a deployment (bound with no arguments) or a bound application

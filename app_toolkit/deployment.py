@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import inspect
 import logging
-from typing import Any, Callable, TypeVar, overload
+from collections.abc import Callable
+from typing import Any, TypeVar, overload
 
 from app_toolkit.config import DeploymentConfig, parse_deployment_config
 from app_toolkit.exceptions import ConfigError
@@ -69,7 +70,11 @@ def _warn_about_unfillable_batches(target: Any, name: str, config: DeploymentCon
             logger.warning(
                 "%s.%s: max_batch_size * max_concurrent_batches = %d but max_ongoing_requests "
                 "is %d, so its batches can never fill; raise max_ongoing_requests to at least %d",
-                name, method, wanted, config.max_ongoing_requests, wanted,
+                name,
+                method,
+                wanted,
+                config.max_ongoing_requests,
+                wanted,
             )
 
 

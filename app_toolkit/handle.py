@@ -7,17 +7,18 @@ in sync code. Requests queue in the caller (``max_queued_requests``; beyond it
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import pickle
 import uuid
-from typing import Any, Generator
+import weakref
+from collections.abc import Generator
+from typing import Any
 
 from app_toolkit._runtime import request_context
-from app_toolkit._runtime.channel import Kind
-from app_toolkit._runtime.dispatcher import Reply
+from app_toolkit._runtime.backends.base import current_session
+from app_toolkit._runtime.channel.frames import Kind
 from app_toolkit._runtime.messages import CallFailure, DeploymentID, MethodCall
-from app_toolkit._runtime.session import Session, current_session
+from app_toolkit._runtime.routing.data_plane import DataPlane, Pending, in_async_code
+from app_toolkit._runtime.routing.dispatcher import Reply
 from app_toolkit.exceptions import (
     DeploymentCallError,
     ReplicaUnavailableError,
@@ -28,125 +29,114 @@ from app_toolkit.exceptions import (
 class DeploymentResponse:
     """The future result of one handle call: ``await`` it or call :meth:`result`."""
 
-    def __init__(self, task: asyncio.Future[Any] | concurrent.futures.Future[Any]) -> None:
-        self._future = task
+    __slots__ = ("_pending",)
+
+    def __init__(self, pending: Pending[Any]) -> None:
+        self._pending = pending
 
     def __await__(self) -> Generator[Any, None, Any]:
-        future = self._future
-        if isinstance(future, concurrent.futures.Future):
-            return asyncio.wrap_future(future).__await__()
-        return future.__await__()
+        return self._pending.__await__()
 
     def result(self, timeout_s: float | None = None) -> Any:
         """Block until the result is ready (sync code only); raise what the method raised."""
-        future = self._future
-        if not isinstance(future, concurrent.futures.Future):
-            raise RuntimeError(
-                "result() blocks, so it cannot be used inside async code; use "
-                "`await handle.method.remote(...)` there"
-            )
         try:
-            return future.result(timeout_s)
-        except concurrent.futures.TimeoutError:
-            future.cancel()
+            return self._pending.result(timeout_s)
+        except TimeoutError:
+            self._pending.cancel()
             raise RequestTimeoutError(f"No result within {timeout_s} s") from None
 
     def cancel(self) -> None:
         """Cancel the call wherever it is (queued or running)."""
-        self._future.cancel()
+        self._pending.cancel()
 
     def done(self) -> bool:
-        return self._future.done()
+        return self._pending.done()
 
 
-class DeploymentResponseGenerator:
-    """The items a generator method yields, as it yields them.
+class _Stream:
+    """One streamed call, on the data plane's loop: its exchange and replica slot."""
 
-    Iterate with ``async for`` in async code or ``for`` in sync code. Stopping early
-    (``break`` then :meth:`cancel`, or the consuming task being cancelled) closes the
-    generator on the replica.
-    """
+    __slots__ = ("_plane", "_deployment", "_call", "_reply", "done", "__weakref__")
 
-    def __init__(self, session: Session, deployment: DeploymentID, call: MethodCall,
-                 home: asyncio.AbstractEventLoop | None) -> None:
-        self._session = session
+    def __init__(self, plane: DataPlane, deployment: DeploymentID, call: MethodCall) -> None:
+        self._plane = plane
         self._deployment = deployment
         self._call = call
         self._reply: Reply | None = None
-        self._done = False
-        # Where the exchange lives: fixed at the first step.
-        self._home = home
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self.done = False
 
-    def __aiter__(self) -> DeploymentResponseGenerator:
-        return self
-
-    async def __anext__(self) -> Any:
-        loop = self._home or asyncio.get_running_loop()
-        if self._loop is None:
-            self._loop = loop
-        if self._loop is asyncio.get_running_loop():
-            return await self._next()
-        return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._next(), self._loop))
-
-    def __iter__(self) -> DeploymentResponseGenerator:
-        return self
-
-    def __next__(self) -> Any:
-        try:
-            asyncio.get_running_loop()
-        except RuntimeError:
-            pass
-        else:
-            raise RuntimeError("Use `async for` to read a stream inside async code")
-        if self._loop is None:
-            self._loop = self._home or self._session.background().loop
-        try:
-            return asyncio.run_coroutine_threadsafe(self._next(), self._loop).result()
-        except StopAsyncIteration:
-            raise StopIteration from None
-
-    async def _next(self) -> Any:
-        if self._done:
+    async def next(self) -> Any:
+        if self.done:
             raise StopAsyncIteration
         try:
             if self._reply is None:
-                self._reply = await _send_call(self._session, self._deployment, self._call)
+                self._plane.hold(self.finish)  # closing the data plane ends the stream
+                self._reply = await _send_call(self._plane, self._deployment, self._call)
                 kind, message = self._reply.kind, self._reply.message
             else:
                 kind, message = await self._reply.exchange.recv()
         except BaseException:
-            self._finish()
+            self.finish()
             raise
         if kind is Kind.ITEM:
             return message
-        self._finish()
+        self.finish()
         if kind is Kind.END:
             raise StopAsyncIteration
         if kind is Kind.FAILURE:
             raise _exception(message)
         raise ReplicaUnavailableError(f"The stream from {self._deployment} was lost")
 
-    def _finish(self) -> None:
-        self._done = True
+    def finish(self) -> None:
+        """Stop the stream and give its replica slot back (on the data plane's loop)."""
+        if self.done:
+            return
+        self.done = True
+        self._plane.release(self.finish)
         if self._reply is not None:
             self._reply.exchange.cancel()
             self._reply.release()
 
+
+class DeploymentResponseGenerator:
+    """The items a generator method yields, as it yields them.
+
+    Iterate with ``async for`` in async code or ``for`` in sync code. Stopping early
+    (:meth:`cancel`, or the consuming task being cancelled) closes the generator on the
+    replica. The stream belongs to the process's data plane: a generator dropped
+    mid-stream without ``cancel()`` is handed back to it to close, and closing the data
+    plane (shutdown) ends every open stream.
+    """
+
+    def __init__(self, plane: DataPlane, stream: _Stream) -> None:
+        self._plane = plane
+        self._stream = stream
+        # Dropped without cancel(): the data plane closes the stream on its own loop.
+        finalizer = weakref.finalize(self, plane.call_soon, stream.finish)
+        finalizer.atexit = False
+
+    def __aiter__(self) -> DeploymentResponseGenerator:
+        return self
+
+    async def __anext__(self) -> Any:
+        if self._plane.on_loop():
+            return await self._stream.next()
+        return await self._plane.submit(self._stream.next())
+
+    def __iter__(self) -> DeploymentResponseGenerator:
+        return self
+
+    def __next__(self) -> Any:
+        if in_async_code():
+            raise RuntimeError("Use `async for` to read a stream inside async code")
+        try:
+            return self._plane.run(self._stream.next())
+        except StopAsyncIteration:
+            raise StopIteration from None
+
     def cancel(self) -> None:
         """Stop the stream: the replica closes the generator."""
-        if self._done:
-            return
-        loop = self._loop
-        if loop is None or loop.is_closed():
-            self._done = True
-            return
-        loop.call_soon_threadsafe(self._finish)
-
-    def __del__(self) -> None:
-        # Abandoned mid-stream without cancel(): free the replica's slot anyway.
-        if not self._done and self._reply is not None:
-            self.cancel()
+        self._plane.call_soon(self._stream.finish)
 
 
 class _MethodCaller:
@@ -161,8 +151,9 @@ class _MethodCaller:
 class DeploymentHandle:
     """A picklable reference to a deployment; pass it around, call its methods."""
 
-    def __init__(self, deployment_name: str, app_name: str, *, method_name: str = "__call__",
-                 stream: bool = False) -> None:
+    def __init__(
+        self, deployment_name: str, app_name: str, *, method_name: str = "__call__", stream: bool = False
+    ) -> None:
         self.deployment_name = deployment_name
         self.app_name = app_name
         self.method_name = method_name
@@ -173,7 +164,9 @@ class DeploymentHandle:
         """A copy calling ``method_name`` by default; ``stream=True`` for generator methods,
         whose ``remote()`` then returns a :class:`DeploymentResponseGenerator`."""
         return DeploymentHandle(
-            self.deployment_name, self.app_name, method_name=method_name or self.method_name,
+            self.deployment_name,
+            self.app_name,
+            method_name=method_name or self.method_name,
             stream=self.stream if stream is None else stream,
         )
 
@@ -187,21 +180,14 @@ class DeploymentHandle:
         (a DeploymentResponseGenerator to iterate with ``stream=True``)."""
         session = current_session()
         assert session is not None
+        plane = session.data_plane
+        request_id = request_context.request_id.get() or uuid.uuid4().hex
         if self.stream:
-            call = MethodCall(request_context.request_id.get() or uuid.uuid4().hex, self.method_name,
-                              args, kwargs, stream=True)
-            return DeploymentResponseGenerator(session, self._id, call, session.home_loop())
-        coroutine = _call(session, self._id, self.method_name, args, kwargs, request_context.request_id.get())
-        home = session.home_loop()
-        try:
-            running: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if running is not None and (home is None or home is running):
-            return DeploymentResponse(running.create_task(coroutine))
-        if home is not None:
-            return DeploymentResponse(asyncio.run_coroutine_threadsafe(coroutine, home))
-        return DeploymentResponse(session.background().submit(coroutine))
+            call = MethodCall(request_id, self.method_name, args, kwargs, stream=True)
+            return DeploymentResponseGenerator(plane, _Stream(plane, self._id, call))
+        return DeploymentResponse(
+            plane.submit(_call(plane, self._id, self.method_name, args, kwargs, request_id))
+        )
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (_rebuild_handle, (self.deployment_name, self.app_name, self.method_name, self.stream))
@@ -210,18 +196,20 @@ class DeploymentHandle:
         return f"DeploymentHandle(deployment={self.deployment_name!r}, app={self.app_name!r})"
 
 
-def _rebuild_handle(deployment_name: str, app_name: str, method_name: str,
-                   stream: bool = False) -> DeploymentHandle:
+def _rebuild_handle(
+    deployment_name: str, app_name: str, method_name: str, stream: bool = False
+) -> DeploymentHandle:
     return DeploymentHandle(deployment_name, app_name, method_name=method_name, stream=stream)
 
 
-async def _send_call(session: Session, deployment: DeploymentID, call: MethodCall) -> Reply:
+async def _send_call(plane: DataPlane, deployment: DeploymentID, call: MethodCall) -> Reply:
     """Deliver one call; responses passed as arguments are resolved first (chaining)."""
     args = tuple([await _resolve(arg) for arg in call.args])
     kwargs = {key: await _resolve(value) for key, value in call.kwargs.items()}
-    dispatcher = session.subscriber().dispatcher(deployment)
+    dispatcher = plane.dispatcher(deployment)
     return await dispatcher.send(
-        Kind.CALL, MethodCall(call.request_id, call.method, args, kwargs, stream=call.stream))
+        Kind.CALL, MethodCall(call.request_id, call.method, args, kwargs, stream=call.stream)
+    )
 
 
 async def _resolve(value: Any) -> Any:
@@ -231,15 +219,14 @@ async def _resolve(value: Any) -> Any:
 
 
 async def _call(
-    session: Session,
+    plane: DataPlane,
     deployment: DeploymentID,
     method: str,
     args: tuple[Any, ...],
     kwargs: dict[str, Any],
-    parent_request_id: str,
+    request_id: str,
 ) -> Any:
-    call = MethodCall(parent_request_id or uuid.uuid4().hex, method, args, kwargs)
-    reply = await _send_call(session, deployment, call)
+    reply = await _send_call(plane, deployment, MethodCall(request_id, method, args, kwargs))
     try:
         if reply.kind is Kind.RESULT:
             return reply.message
@@ -257,6 +244,6 @@ def _exception(failure: CallFailure) -> Exception:
             exc = pickle.loads(failure.exception)
             if isinstance(exc, Exception):
                 return exc
-        except Exception:
+        except Exception:  # noqa: BLE001 - not unpicklable here: fall back to type and message
             pass
     return DeploymentCallError(failure.type_name, failure.message)

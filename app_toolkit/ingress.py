@@ -5,13 +5,14 @@ from __future__ import annotations
 import functools
 import inspect
 import typing
-from typing import Any, Callable, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI
 from fastapi.routing import APIRoute
 
 from app_toolkit._runtime import request_context
-from app_toolkit._runtime.replica import ASGI_APP_ATTR
+from app_toolkit._runtime.replica.replica import ASGI_APP_ATTR
 from app_toolkit.config import parse_application_options
 from app_toolkit.dependencies import discover
 from app_toolkit.deployment import Application, Deployment, deployment

@@ -41,11 +41,17 @@ class Histogram:
 
     def to_dict(self) -> dict[str, Any]:
         cumulative, running = [], 0
-        for bound, count in zip((*self.buckets, float("inf")), self.counts):
+        for bound, count in zip((*self.buckets, float("inf")), self.counts, strict=True):
             running += count
             cumulative.append((bound, running))
-        return {"name": self.name, "labels": dict(self.labels), "count": self.count,
-                "sum": self.total, "mean": self.mean, "buckets": cumulative}
+        return {
+            "name": self.name,
+            "labels": dict(self.labels),
+            "count": self.count,
+            "sum": self.total,
+            "mean": self.mean,
+            "buckets": cumulative,
+        }
 
 
 _lock = threading.Lock()

@@ -10,8 +10,9 @@ need matching, so the table stops there.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any
 
 import fastapi.routing
 from fastapi.routing import APIRouter

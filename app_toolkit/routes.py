@@ -17,8 +17,9 @@ the marks when the application is built. The decorators work above or below
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, Callable, TypeVar
+from typing import Any, TypeVar
 
 from app_toolkit.config import NAME_RE, parse_deployment_config
 from app_toolkit.exceptions import ConfigError
@@ -49,9 +50,7 @@ def replicated(*, name: str | None = None, **deployment_options: Any) -> Callabl
     """
     parse_deployment_config(deployment_options, "options of @replicated")
     if name is not None and not NAME_RE.fullmatch(name):
-        raise ConfigError(
-            f"@replicated(name={name!r}): use letters, digits, '_', '-' and '.' only"
-        )
+        raise ConfigError(f"@replicated(name={name!r}): use letters, digits, '_', '-' and '.' only")
     options = tuple(sorted(deployment_options.items()))
 
     def mark(endpoint: F) -> F:
@@ -70,8 +69,10 @@ def deadline(seconds: float) -> Callable[[F], F]:
     The proxy enforces it, so queueing time counts too; with an
     ``x-request-timeout-seconds`` header the earlier deadline wins.
     """
-    if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not (
-        0 < seconds <= 86_400 and math.isfinite(seconds)
+    if (
+        isinstance(seconds, bool)
+        or not isinstance(seconds, (int, float))
+        or not (0 < seconds <= 86_400 and math.isfinite(seconds))
     ):
         raise ConfigError(f"@deadline takes seconds between 0 and 86400, got {seconds!r}")
 
@@ -95,6 +96,4 @@ def _set(endpoint: Any, **changes: Any) -> None:
     try:
         setattr(endpoint, _ATTR, replace(current, **changes))
     except AttributeError:
-        raise ConfigError(
-            f"Cannot mark {endpoint!r}; apply the decorator to a plain function"
-        ) from None
+        raise ConfigError(f"Cannot mark {endpoint!r}; apply the decorator to a plain function") from None

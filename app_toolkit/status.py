@@ -114,9 +114,7 @@ class ServeStatus:
         data = plain(dataclasses.asdict(self))
         for app in data["applications"].values():
             for name, deployment in app["deployments"].items():
-                deployment["replica_states"] = self.applications[app["name"]].deployments[
-                    name
-                ].replica_states
+                deployment["replica_states"] = self.applications[app["name"]].deployments[name].replica_states
         return data  # type: ignore[no-any-return]
 
     def to_text(self) -> str:
@@ -125,13 +123,15 @@ class ServeStatus:
         lines: list[str] = []
         for app in self.applications.values():
             prefix = app.route_prefix if app.route_prefix is not None else "(no HTTP)"
-            lines.append(f"{app.name}  {app.status.value}  {prefix}"
-                         + (f"  — {app.message}" if app.message else ""))
+            lines.append(
+                f"{app.name}  {app.status.value}  {prefix}" + (f"  — {app.message}" if app.message else "")
+            )
             rows = [("DEPLOYMENT", "STATUS", "REPLICAS", "STATES", "LOAD", "LAST SCALING")]
             rows += [_deployment_row(d) for d in app.deployments.values()]
             widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
             for row in rows:
-                lines.append("  " + "  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip())
+                cells = (cell.ljust(width) for cell, width in zip(row, widths, strict=True))
+                lines.append(("  " + "  ".join(cells)).rstrip())
             lines += [f"  {d.name}: {d.message}" for d in app.deployments.values() if d.message]
         if not self.applications:
             lines.append("No applications.")
@@ -147,7 +147,15 @@ def _deployment_row(info: DeploymentStatusInfo) -> tuple[str, str, str, str, str
     if scaling is not None:
         load = f"{scaling.current_load:g} (avg {scaling.average_load:.1f})"
         if scaling.last_decision_age_s is not None:
-            last = (f"{scaling.last_decision_from} -> {scaling.last_decision_to} at load "
-                    f"{scaling.last_decision_load:.1f}, {scaling.last_decision_age_s:.0f} s ago")
-    return (info.name, info.status.value, f"{info.running_replicas}/{info.target_replicas}",
-            states or "-", load, last)
+            last = (
+                f"{scaling.last_decision_from} -> {scaling.last_decision_to} at load "
+                f"{scaling.last_decision_load:.1f}, {scaling.last_decision_age_s:.0f} s ago"
+            )
+    return (
+        info.name,
+        info.status.value,
+        f"{info.running_replicas}/{info.target_replicas}",
+        states or "-",
+        load,
+        last,
+    )

@@ -13,7 +13,8 @@ import json
 import logging
 import time
 import uuid
-from typing import Any, AsyncIterable, AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping
+from typing import Any
 
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
@@ -50,8 +51,9 @@ class EventStream(EventSourceResponse):
         )
 
 
-async def _events(events: AsyncIterable[Any] | Iterable[Any], ids: bool,
-                  final_event: ServerSentEvent | None) -> AsyncIterator[ServerSentEvent]:
+async def _events(
+    events: AsyncIterable[Any] | Iterable[Any], ids: bool, final_event: ServerSentEvent | None
+) -> AsyncIterator[ServerSentEvent]:
     source = _as_async(events)
     draining: asyncio.Event | None = request_context.draining.get()
     number = 0
@@ -154,14 +156,24 @@ class ChatCompletionStream(EventStream):
         )
 
 
-async def _chat_chunks(pieces: AsyncIterable[str] | Iterable[str], model: str, include_usage: bool,
-                       prompt_tokens: int, finish_reason: str) -> AsyncIterator[dict[str, str]]:
+async def _chat_chunks(
+    pieces: AsyncIterable[str] | Iterable[str],
+    model: str,
+    include_usage: bool,
+    prompt_tokens: int,
+    finish_reason: str,
+) -> AsyncIterator[dict[str, str]]:
     completion_id = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
 
     def chunk(delta: dict[str, str], reason: str | None = None) -> dict[str, str]:
-        body = {"id": completion_id, "object": "chat.completion.chunk", "created": created,
-                "model": model, "choices": [{"index": 0, "delta": delta, "finish_reason": reason}]}
+        body = {
+            "id": completion_id,
+            "object": "chat.completion.chunk",
+            "created": created,
+            "model": model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": reason}],
+        }
         return {"data": json.dumps(body)}
 
     yield chunk({"role": "assistant", "content": ""})
@@ -173,15 +185,30 @@ async def _chat_chunks(pieces: AsyncIterable[str] | Iterable[str], model: str, i
     except Exception:
         request_id = request_context.request_id.get()
         logger.exception("Request %s: the chat stream failed", request_id)
-        error = {"message": f"Internal Server Error (request id {request_id})",
-                 "type": "server_error", "code": "internal_error"}
+        error = {
+            "message": f"Internal Server Error (request id {request_id})",
+            "type": "server_error",
+            "code": "internal_error",
+        }
         yield {"data": json.dumps({"error": error})}
         return
     yield chunk({}, finish_reason)
     if include_usage:
-        usage = {"prompt_tokens": prompt_tokens, "completion_tokens": count,
-                 "total_tokens": prompt_tokens + count}
-        yield {"data": json.dumps({"id": completion_id, "object": "chat.completion.chunk",
-                                   "created": created, "model": model, "choices": [],
-                                   "usage": usage})}
+        usage = {
+            "prompt_tokens": prompt_tokens,
+            "completion_tokens": count,
+            "total_tokens": prompt_tokens + count,
+        }
+        yield {
+            "data": json.dumps(
+                {
+                    "id": completion_id,
+                    "object": "chat.completion.chunk",
+                    "created": created,
+                    "model": model,
+                    "choices": [],
+                    "usage": usage,
+                }
+            )
+        }
     yield {"data": "[DONE]"}

@@ -11,8 +11,12 @@ from typing import Any
 
 import httpx
 
-from app_toolkit._runtime.local_backend import LocalSession
-from app_toolkit._runtime.session import current_session, set_current_session
+from app_toolkit._runtime.backends.base import (
+    Session,
+    current_session,
+    session_factory,
+    set_current_session,
+)
 from app_toolkit.api import run, shutdown
 from app_toolkit.deployment import Application
 from app_toolkit.exceptions import ConfigError
@@ -24,9 +28,10 @@ _UNSET: Any = object()
 class _SessionTransport(httpx.BaseTransport):
     """Runs each request through the local session's proxy, on the session's loop."""
 
-    def __init__(self, session: LocalSession) -> None:
+    def __init__(self, session: Session) -> None:
+        assert session.proxy_app is not None
         self._session = session
-        self._asgi = httpx.ASGITransport(app=session.proxy)
+        self._asgi = httpx.ASGITransport(app=session.proxy_app)
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         body = request.read()
@@ -37,7 +42,7 @@ class _SessionTransport(httpx.BaseTransport):
             content = await response.aread()
             return response.status_code, response.headers.raw, content
 
-        status, headers, content = self._session.run_blocking(forward())
+        status, headers, content = self._session.data_plane.run(forward())
         return httpx.Response(status, headers=headers, content=content, request=request)
 
 
@@ -60,7 +65,7 @@ class TestClient(httpx.Client):
                 "A toolkit backend is already running in this process; call shutdown() "
                 "before creating a TestClient"
             )
-        session = LocalSession()
+        session = session_factory("local").start(None, None)  # no port: requests stay in-process
         set_current_session(session)
         try:
             kwargs: dict[str, Any] = {} if route_prefix is _UNSET else {"route_prefix": route_prefix}

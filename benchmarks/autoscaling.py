@@ -15,15 +15,15 @@ import asyncio
 import os
 import threading
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import httpx
 
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
-import app_toolkit as tk  # noqa: E402
-from benchmarks.http_overhead import free_port  # noqa: E402
-from benchmarks.scaling_app import SCALING, app  # noqa: E402
+import app_toolkit as tk
+from benchmarks.http_overhead import free_port
+from benchmarks.scaling_app import SCALING, app
 
 
 def running_replicas() -> int:
@@ -53,14 +53,17 @@ async def heavy(base: str, clients: int, duration_s: float) -> tuple[int, int]:
             except httpx.HTTPError:
                 failed += 1
 
-    async with httpx.AsyncClient(base_url=base, timeout=60,
-                                 limits=httpx.Limits(max_connections=clients)) as client:
+    async with httpx.AsyncClient(
+        base_url=base, timeout=60, limits=httpx.Limits(max_connections=clients)
+    ) as client:
         await asyncio.gather(*(client_loop(client) for _ in range(clients)))
     return ok, failed
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--heavy", type=float, default=20)
     args = parser.parse_args()
@@ -75,18 +78,26 @@ def main() -> None:
         cold_start = time.monotonic() - started
 
         reached: list[float | None] = []
-        watcher = threading.Thread(target=lambda: reached.append(
-            wait_until(lambda: running_replicas() >= SCALING["max_replicas"], args.heavy)))
+        watcher = threading.Thread(
+            target=lambda: reached.append(
+                wait_until(lambda: running_replicas() >= SCALING["max_replicas"], args.heavy)
+            )
+        )
         watcher.start()
         ok, failed = asyncio.run(heavy(base, args.clients, args.heavy))
         watcher.join()
         to_zero = wait_until(lambda: running_replicas() == 0, 120)
         print(f"cold start (0 -> first response): {cold_start:.2f} s")
-        print(f"heavy load, {args.clients} clients: {SCALING['max_replicas']} replicas after "
-              + (f"{reached[0]:.2f} s" if reached and reached[0] is not None else "never (within the phase)"))
-        print(f"idle: zero replicas {to_zero:.2f} s after the load stopped "
-              f"(downscale_to_zero_delay_s={SCALING['downscale_to_zero_delay_s']})" if to_zero is not None
-              else "idle: still not at zero replicas after 120 s")
+        print(
+            f"heavy load, {args.clients} clients: {SCALING['max_replicas']} replicas after "
+            + (f"{reached[0]:.2f} s" if reached and reached[0] is not None else "never (within the phase)")
+        )
+        print(
+            f"idle: zero replicas {to_zero:.2f} s after the load stopped "
+            f"(downscale_to_zero_delay_s={SCALING['downscale_to_zero_delay_s']})"
+            if to_zero is not None
+            else "idle: still not at zero replicas after 120 s"
+        )
         print(f"requests: {ok + 1} ok, {failed} failed", flush=True)
     finally:
         tk.shutdown()

@@ -85,8 +85,11 @@ async def embed_unbatched(body: Text) -> dict[str, int]:
 @router.get("/stats")
 async def stats() -> dict[str, dict[str, float]]:
     """Batch counts and item totals per function, from this process's histograms."""
-    return {m["labels"]["function"]: {"batches": m["count"], "items": m["sum"]}
-            for m in metrics.snapshot() if m["name"] == "app_toolkit_batch_size"}
+    return {
+        m["labels"]["function"]: {"batches": m["count"], "items": m["sum"]}
+        for m in metrics.snapshot()
+        if m["name"] == "app_toolkit_batch_size"
+    }
 
 
 def make_fastapi() -> FastAPI:
@@ -98,5 +101,10 @@ def make_fastapi() -> FastAPI:
 fastapi_app = make_fastapi()
 # The replica reserves the machine's CPUs: Ray gives an actor as many OpenMP/torch threads
 # as CPUs it reserves (one if none), and bare uvicorn's torch uses them all.
-app = tk.App(make_fastapi(), name="batchbench", max_ongoing_requests=256, max_queued_requests=4096,
-             ray_actor_options={"num_cpus": os.cpu_count() or 1})
+app = tk.App(
+    make_fastapi(),
+    name="batchbench",
+    max_ongoing_requests=256,
+    max_queued_requests=4096,
+    ray_actor_options={"num_cpus": os.cpu_count() or 1},
+)

@@ -44,7 +44,9 @@ def batch_totals(base: str, function: str) -> tuple[float, float]:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--duration", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--only", default="")
@@ -71,15 +73,17 @@ def main() -> None:
                         batches[name][1] += after[1] - before[1]
                 bare, ours = median(runs["uvicorn"]), median(runs["toolkit"])
 
-                def mean_batch(name: str) -> str:
+                def mean_batch(name: str, batches: dict[str, list[float]] = batches) -> str:
                     count, items = batches[name]
                     return f"{items / count:5.1f}" if count else "    -"
 
-                print(f"{scenario.name:28} uvicorn {bare.rps:7.0f} req/s p50 {bare.p50_ms:6.2f} p99 "
-                      f"{bare.p99_ms:7.2f} ms batch {mean_batch('uvicorn')} | toolkit {ours.rps:7.0f} req/s "
-                      f"p50 {ours.p50_ms:6.2f} p99 {ours.p99_ms:7.2f} ms batch {mean_batch('toolkit')} | "
-                      f"ratio {ours.rps / bare.rps:4.2f}x, failures {bare.failures}/{ours.failures}",
-                      flush=True)
+                print(
+                    f"{scenario.name:28} uvicorn {bare.rps:7.0f} req/s p50 {bare.p50_ms:6.2f} p99 "
+                    f"{bare.p99_ms:7.2f} ms batch {mean_batch('uvicorn')} | toolkit {ours.rps:7.0f} req/s "
+                    f"p50 {ours.p50_ms:6.2f} p99 {ours.p99_ms:7.2f} ms batch {mean_batch('toolkit')} | "
+                    f"ratio {ours.rps / bare.rps:4.2f}x, failures {bare.failures}/{ours.failures}",
+                    flush=True,
+                )
     finally:
         stop_servers(servers)
 

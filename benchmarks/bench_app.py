@@ -46,5 +46,6 @@ fastapi_app = make_fastapi()
 app = tk.App(make_fastapi(), name="bench", max_ongoing_requests=256, max_queued_requests=4096)
 
 #: Two ingress replicas (``benchmarks.bench_app:app2``).
-app2 = tk.App(make_fastapi(), name="bench", num_replicas=2, max_ongoing_requests=256,
-              max_queued_requests=4096)
+app2 = tk.App(
+    make_fastapi(), name="bench", num_replicas=2, max_ongoing_requests=256, max_queued_requests=4096
+)

@@ -36,7 +36,8 @@ DONE_HOOK = """
 done = function(summary, latency, requests)
   local e = summary.errors
   io.write(string.format(
-    "JSON {\\"requests\\": %d, \\"duration_us\\": %d, \\"p50_us\\": %d, \\"p99_us\\": %d, \\"errors\\": %d, \\"non2xx\\": %d}\\n",
+    "JSON {\\"requests\\": %d, \\"duration_us\\": %d, \\"p50_us\\": %d, \\"p99_us\\": %d, "
+    .. "\\"errors\\": %d, \\"non2xx\\": %d}\\n",
     summary.requests, summary.duration, latency:percentile(50), latency:percentile(99),
     e.connect + e.read + e.write + e.timeout, e.status))
 end
@@ -113,8 +114,17 @@ def lua_script(scenario: Scenario, folder: Path) -> Path:
 
 
 def run_wrk(base: str, scenario: Scenario, script: Path, duration_s: int) -> Result:
-    command = ["wrk", "-t1", f"-c{scenario.connections}", f"-d{duration_s}s", "--timeout", "10s",
-               "-s", str(script), base + scenario.path]
+    command = [
+        "wrk",
+        "-t1",
+        f"-c{scenario.connections}",
+        f"-d{duration_s}s",
+        "--timeout",
+        "10s",
+        "-s",
+        str(script),
+        base + scenario.path,
+    ]
     output = subprocess.run(command, capture_output=True, text=True, check=True).stdout
     line = next(line for line in output.splitlines() if line.startswith("JSON "))
     data = json.loads(line[5:])
@@ -135,20 +145,42 @@ def median(results: list[Result]) -> Result:
     )
 
 
-def start_servers(uvicorn_target: str, toolkit_target: str,
-                  ready_path: str) -> tuple[dict[str, subprocess.Popen[bytes]], dict[str, str]]:
+def start_servers(
+    uvicorn_target: str, toolkit_target: str, ready_path: str
+) -> tuple[dict[str, subprocess.Popen[bytes]], dict[str, str]]:
     """Start bare uvicorn and `app-toolkit run` (embedded Ray) side by side; wait for both."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), RAY_USAGE_STATS_ENABLED="0")
     env.pop("RAY_ADDRESS", None)
     ports = {"uvicorn": free_port(), "toolkit": free_port()}
     servers = {
         "uvicorn": subprocess.Popen(
-            [str(BIN / "uvicorn"), uvicorn_target, "--host", "127.0.0.1", "--port", str(ports["uvicorn"]),
-             "--log-level", "warning", "--no-access-log"], cwd=ROOT, env=env),
+            [
+                str(BIN / "uvicorn"),
+                uvicorn_target,
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(ports["uvicorn"]),
+                "--log-level",
+                "warning",
+                "--no-access-log",
+            ],
+            cwd=ROOT,
+            env=env,
+        ),
         "toolkit": subprocess.Popen(
-            [str(BIN / "app-toolkit"), "run", toolkit_target, "--port", str(ports["toolkit"]),
-             "--no-access-log"],
-            cwd=ROOT, env=env, stdout=subprocess.DEVNULL),
+            [
+                str(BIN / "app-toolkit"),
+                "run",
+                toolkit_target,
+                "--port",
+                str(ports["toolkit"]),
+                "--no-access-log",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+        ),
     }
     bases = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
     try:
@@ -172,7 +204,9 @@ def stop_servers(servers: dict[str, subprocess.Popen[bytes]]) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--duration", type=int, default=10, help="seconds per wrk run")
     parser.add_argument("--rounds", type=int, default=2, help="runs per server and scenario")
     parser.add_argument("--replicas", type=int, choices=(1, 2), default=1, help="ingress replicas")
@@ -183,8 +217,9 @@ def main() -> None:
         sys.exit("wrk is not installed: run `make bench` (it installs it) or `apt-get install wrk`")
 
     target = "app2" if args.replicas == 2 else "app"
-    servers, bases = start_servers("benchmarks.bench_app:fastapi_app", f"benchmarks.bench_app:{target}",
-                                   "/small")
+    servers, bases = start_servers(
+        "benchmarks.bench_app:fastapi_app", f"benchmarks.bench_app:{target}", "/small"
+    )
     rows = []
     try:
         with tempfile.TemporaryDirectory() as folder:
@@ -200,17 +235,25 @@ def main() -> None:
                         runs[name].append(run_wrk(bases[name], scenario, script, args.duration))
                 bare, ours = median(runs["uvicorn"]), median(runs["toolkit"])
                 rows.append((scenario, bare, ours))
-                print(f"{scenario.name:28} uvicorn {bare.rps:8.0f} req/s p50 {bare.p50_ms:6.2f} ms "
-                      f"p99 {bare.p99_ms:7.2f} ms | toolkit {ours.rps:8.0f} req/s p50 {ours.p50_ms:6.2f} ms "
-                      f"p99 {ours.p99_ms:7.2f} ms | ratio {ours.rps / bare.rps:4.2f}x, "
-                      f"p50 {ours.p50_ms - bare.p50_ms:+.2f} ms, failures {bare.failures}/{ours.failures}",
-                      flush=True)
+                print(
+                    f"{scenario.name:28} uvicorn {bare.rps:8.0f} req/s p50 {bare.p50_ms:6.2f} ms "
+                    f"p99 {bare.p99_ms:7.2f} ms | toolkit {ours.rps:8.0f} req/s p50 {ours.p50_ms:6.2f} ms "
+                    f"p99 {ours.p99_ms:7.2f} ms | ratio {ours.rps / bare.rps:4.2f}x, "
+                    f"p50 {ours.p50_ms - bare.p50_ms:+.2f} ms, failures {bare.failures}/{ours.failures}",
+                    flush=True,
+                )
     finally:
         stop_servers(servers)
     if args.json:
-        args.json.write_text(json.dumps([
-            {"scenario": s.name, "uvicorn": vars(b), "toolkit": vars(o), "ratio": o.rps / b.rps}
-            for s, b, o in rows], indent=2))
+        args.json.write_text(
+            json.dumps(
+                [
+                    {"scenario": s.name, "uvicorn": vars(b), "toolkit": vars(o), "ratio": o.rps / b.rps}
+                    for s, b, o in rows
+                ],
+                indent=2,
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -17,8 +17,14 @@ async def work(seconds: float = 0.1) -> dict[str, str]:
     return {"replica": tk.get_replica_context().replica_id}
 
 
-SCALING = {"min_replicas": 0, "max_replicas": 4, "target_ongoing_requests": 4,
-           "upscale_delay_s": 1, "downscale_delay_s": 5, "downscale_to_zero_delay_s": 5,
-           "look_back_period_s": 2}
+SCALING = {
+    "min_replicas": 0,
+    "max_replicas": 4,
+    "target_ongoing_requests": 4,
+    "upscale_delay_s": 1,
+    "downscale_delay_s": 5,
+    "downscale_to_zero_delay_s": 5,
+    "look_back_period_s": 2,
+}
 
 app = tk.App(router, name="scalebench", autoscaling_config=SCALING, max_ongoing_requests=8)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 from fastapi import APIRouter, FastAPI, WebSocket, WebSocketDisconnect
 from sse_starlette import EventSourceResponse

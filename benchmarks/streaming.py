@@ -3,8 +3,8 @@
 Same route code in both (``benchmarks/stream_app.py``). SSE: 16 concurrent clients, each
 reading streams of 100 events for ``--duration`` seconds: streams/s, events/s and time to
 first event (p50/p99), once on an ingress route and once on a route in its own replica
-pool (``@tk.replicated``; a plain route under uvicorn). WebSocket: 1,000 sequential echo round trips on one connection
-(p50/p99). Prints ratios toolkit/uvicorn (medians over rounds).
+pool (``@tk.replicated``; a plain route under uvicorn). WebSocket: 1,000 sequential echo
+round trips on one connection (p50/p99). Prints ratios toolkit/uvicorn (medians over rounds).
 
     python -m benchmarks.streaming [--duration 10] [--rounds 2]
 """
@@ -52,9 +52,12 @@ async def sse_load(base: str, duration_s: float, path: str = "/sse") -> dict[str
         await asyncio.gather(*(client_loop(client) for _ in range(CLIENTS)))
     elapsed = time.monotonic() - started
     ordered = sorted(first_event)
-    return {"streams_per_s": streams / elapsed, "events_per_s": streams * EVENTS / elapsed,
-            "ttfb_p50_ms": 1000 * ordered[len(ordered) // 2],
-            "ttfb_p99_ms": 1000 * ordered[int(len(ordered) * 0.99)]}
+    return {
+        "streams_per_s": streams / elapsed,
+        "events_per_s": streams * EVENTS / elapsed,
+        "ttfb_p50_ms": 1000 * ordered[len(ordered) // 2],
+        "ttfb_p99_ms": 1000 * ordered[int(len(ordered) * 0.99)],
+    }
 
 
 def websocket_round_trips(base: str) -> dict[str, float]:
@@ -69,15 +72,22 @@ def websocket_round_trips(base: str) -> dict[str, float]:
             ws.recv()
             timings.append(time.perf_counter() - start)
     timings.sort()
-    return {"rtt_p50_ms": 1000 * timings[len(timings) // 2], "rtt_p99_ms": 1000 * timings[int(len(timings) * 0.99)]}
+    return {
+        "rtt_p50_ms": 1000 * timings[len(timings) // 2],
+        "rtt_p99_ms": 1000 * timings[int(len(timings) * 0.99)],
+    }
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--duration", type=float, default=10)
     parser.add_argument("--rounds", type=int, default=2)
     args = parser.parse_args()
-    servers, bases = start_servers("benchmarks.stream_app:fastapi_app", "benchmarks.stream_app:app", "/health")
+    servers, bases = start_servers(
+        "benchmarks.stream_app:fastapi_app", "benchmarks.stream_app:app", "/health"
+    )
     try:
         results: dict[str, list[dict[str, float]]] = {"uvicorn": [], "toolkit": []}
         for name in results:  # warm up
@@ -85,24 +95,38 @@ def main() -> None:
         for _ in range(args.rounds):
             for name in results:
                 pooled = asyncio.run(sse_load(bases[name], args.duration, "/pooled/sse"))
-                results[name].append({**asyncio.run(sse_load(bases[name], args.duration)),
-                                      **{f"pool_{key}": value for key, value in pooled.items()},
-                                      **websocket_round_trips(bases[name])})
-        medians = {name: {key: statistics.median(run[key] for run in runs) for key in runs[0]}
-                   for name, runs in results.items()}
+                results[name].append(
+                    {
+                        **asyncio.run(sse_load(bases[name], args.duration)),
+                        **{f"pool_{key}": value for key, value in pooled.items()},
+                        **websocket_round_trips(bases[name]),
+                    }
+                )
+        medians = {
+            name: {key: statistics.median(run[key] for run in runs) for key in runs[0]}
+            for name, runs in results.items()
+        }
         bare, ours = medians["uvicorn"], medians["toolkit"]
-        print(f"SSE {CLIENTS} clients x {EVENTS} events: uvicorn {bare['events_per_s']:8.0f} events/s "
-              f"first event p50 {bare['ttfb_p50_ms']:.2f} p99 {bare['ttfb_p99_ms']:.2f} ms | toolkit "
-              f"{ours['events_per_s']:8.0f} events/s first event p50 {ours['ttfb_p50_ms']:.2f} p99 "
-              f"{ours['ttfb_p99_ms']:.2f} ms | throughput {ours['events_per_s'] / bare['events_per_s']:.2f}x, "
-              f"first event p50 {ours['ttfb_p50_ms'] / bare['ttfb_p50_ms']:.2f}x")
-        print(f"SSE in its own pool: uvicorn {bare['pool_events_per_s']:8.0f} events/s | toolkit "
-              f"{ours['pool_events_per_s']:8.0f} events/s first event p50 {ours['pool_ttfb_p50_ms']:.2f} ms"
-              f" | throughput {ours['pool_events_per_s'] / bare['pool_events_per_s']:.2f}x, first event "
-              f"p50 {ours['pool_ttfb_p50_ms'] / bare['pool_ttfb_p50_ms']:.2f}x")
-        print(f"WebSocket echo x{ROUND_TRIPS}: uvicorn p50 {bare['rtt_p50_ms']:.3f} p99 {bare['rtt_p99_ms']:.3f} ms"
-              f" | toolkit p50 {ours['rtt_p50_ms']:.3f} p99 {ours['rtt_p99_ms']:.3f} ms | round trip p50 "
-              f"{ours['rtt_p50_ms'] / bare['rtt_p50_ms']:.2f}x", flush=True)
+        print(
+            f"SSE {CLIENTS} clients x {EVENTS} events: uvicorn {bare['events_per_s']:8.0f} events/s "
+            f"first event p50 {bare['ttfb_p50_ms']:.2f} p99 {bare['ttfb_p99_ms']:.2f} ms | toolkit "
+            f"{ours['events_per_s']:8.0f} events/s first event p50 {ours['ttfb_p50_ms']:.2f} p99 "
+            f"{ours['ttfb_p99_ms']:.2f} ms | throughput {ours['events_per_s'] / bare['events_per_s']:.2f}x, "
+            f"first event p50 {ours['ttfb_p50_ms'] / bare['ttfb_p50_ms']:.2f}x"
+        )
+        print(
+            f"SSE in its own pool: uvicorn {bare['pool_events_per_s']:8.0f} events/s | toolkit "
+            f"{ours['pool_events_per_s']:8.0f} events/s first event p50 {ours['pool_ttfb_p50_ms']:.2f} ms"
+            f" | throughput {ours['pool_events_per_s'] / bare['pool_events_per_s']:.2f}x, first event "
+            f"p50 {ours['pool_ttfb_p50_ms'] / bare['pool_ttfb_p50_ms']:.2f}x"
+        )
+        print(
+            f"WebSocket echo x{ROUND_TRIPS}: uvicorn p50 {bare['rtt_p50_ms']:.3f} "
+            f"p99 {bare['rtt_p99_ms']:.3f} ms"
+            f" | toolkit p50 {ours['rtt_p50_ms']:.3f} p99 {ours['rtt_p99_ms']:.3f} ms | round trip p50 "
+            f"{ours['rtt_p50_ms'] / bare['rtt_p50_ms']:.2f}x",
+            flush=True,
+        )
     finally:
         stop_servers(servers)
 

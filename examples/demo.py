@@ -28,6 +28,8 @@ class Greeter:
     async def greet(self, name: str) -> str:
         self.calls += 1
         return f"{self.greeting}, {name}!"
+
+
 # --8<-- [end:deployment]
 
 
@@ -48,6 +50,8 @@ greeter = Greeter.bind("Hello")
 @router.get("/hello/{name}")
 async def hello(name: str, greeter: tk.DeploymentHandle = tk.Depends(greeter)) -> dict[str, str]:
     return {"message": await greeter.greet.remote(name)}
+
+
 # --8<-- [end:depends]
 
 

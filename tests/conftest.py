@@ -10,8 +10,9 @@ import os
 import socket
 import sys
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -25,7 +26,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 import app_toolkit as tk  # noqa: E402
-from app_toolkit._runtime.session import current_session  # noqa: E402
+from app_toolkit._runtime.backends.base import current_session  # noqa: E402
 
 #: Custom Ray resource of the test cluster, to check ray_actor_options reach Ray.
 TEST_RESOURCE = "test_accelerator"
@@ -80,8 +81,10 @@ def _ensure_backend(backend: str) -> Toolkit:
             _init_test_ray()
         # The Ray proxy's access log would print every test request to the console; the
         # local backend keeps it on (its records stay in this process, for caplog).
-        tk.start(backend=backend, http_options={"host": "127.0.0.1", "port": port,
-                                                 "access_log": backend == "local"})
+        tk.start(
+            backend=backend,
+            http_options={"host": "127.0.0.1", "port": port, "access_log": backend == "local"},
+        )
     return Toolkit(backend, port)
 
 
@@ -89,8 +92,13 @@ def _init_test_ray() -> None:
     import ray
 
     if not ray.is_initialized():
-        ray.init(include_dashboard=False, _node_ip_address="127.0.0.1", num_cpus=2,
-                 resources={TEST_RESOURCE: 2}, logging_level="WARNING")
+        ray.init(
+            include_dashboard=False,
+            _node_ip_address="127.0.0.1",
+            num_cpus=2,
+            resources={TEST_RESOURCE: 2},
+            logging_level="WARNING",
+        )
 
 
 def _toolkit_for(backend: str) -> Iterator[Toolkit]:

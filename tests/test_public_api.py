@@ -8,15 +8,50 @@ import sys
 import app_toolkit as tk
 
 EXPECTED = [
-    "App", "AppToolkitError", "Application", "ApplicationStatus", "ApplicationStatusInfo",
-    "AutoscalingConfig", "AutoscalingStatusInfo",
-    "BackPressureError", "BatchConfig", "ChatCompletionStream", "ConfigError", "Depends", "DeployError", "Deployment",
-    "DeploymentCallError", "DeploymentConfig", "DeploymentHandle", "DeploymentResponse",
-    "DeploymentResponseGenerator", "DeploymentStatus", "DeploymentStatusInfo", "EventStream", "HTTPOptions", "RayActorOptions", "ReplicaContext", "ReplicaState",
-    "ReplicaStatusInfo", "ReplicaUnavailableError", "RequestTimeoutError", "ServeStatus", "batch", "deadline", "delete",
-    "deployment", "get_app_handle", "get_deployment_handle", "get_replica_context", "ingress",
-    "replicated", "run", "shutdown", "start",
-    "status", "testing",
+    "App",
+    "AppToolkitError",
+    "Application",
+    "ApplicationStatus",
+    "ApplicationStatusInfo",
+    "AutoscalingConfig",
+    "AutoscalingStatusInfo",
+    "BackPressureError",
+    "BatchConfig",
+    "ChatCompletionStream",
+    "ConfigError",
+    "Depends",
+    "DeployError",
+    "Deployment",
+    "DeploymentCallError",
+    "DeploymentConfig",
+    "DeploymentHandle",
+    "DeploymentResponse",
+    "DeploymentResponseGenerator",
+    "DeploymentStatus",
+    "DeploymentStatusInfo",
+    "EventStream",
+    "HTTPOptions",
+    "RayActorOptions",
+    "ReplicaContext",
+    "ReplicaState",
+    "ReplicaStatusInfo",
+    "ReplicaUnavailableError",
+    "RequestTimeoutError",
+    "ServeStatus",
+    "batch",
+    "deadline",
+    "delete",
+    "deployment",
+    "get_app_handle",
+    "get_deployment_handle",
+    "get_replica_context",
+    "ingress",
+    "replicated",
+    "run",
+    "shutdown",
+    "start",
+    "status",
+    "testing",
 ]
 
 
@@ -27,8 +62,23 @@ def test_all_is_sorted_and_complete() -> None:
         assert getattr(tk, name) is not None
     public = {name for name in vars(tk) if not name.startswith("_")}
     assert public - set(tk.__all__) <= {
-        "api", "batching", "config", "deployment", "metrics", "streaming", "exceptions", "handle", "ingress", "status", "dependencies",
-        "import_path", "_runtime", "context", "routes", "route_table",
+        "api",
+        "batching",
+        "config",
+        "deployment",
+        "metrics",
+        "streaming",
+        "exceptions",
+        "handle",
+        "ingress",
+        "status",
+        "dependencies",
+        "import_path",
+        "_runtime",
+        "context",
+        "routes",
+        "route_table",
+        "cli",
     }
 
 
@@ -41,7 +91,11 @@ def test_importing_never_imports_ray_serve_and_stays_light() -> None:
 def test_exceptions_survive_pickling() -> None:
     import pickle
 
-    for exc in (tk.BackPressureError("app/d", 3), tk.DeploymentCallError("KeyError", "x"),
-                tk.DeployError("boom"), tk.ConfigError("bad")):
+    for exc in (
+        tk.BackPressureError("app/d", 3),
+        tk.DeploymentCallError("KeyError", "x"),
+        tk.DeployError("boom"),
+        tk.ConfigError("bad"),
+    ):
         clone = pickle.loads(pickle.dumps(exc))
         assert type(clone) is type(exc) and str(clone) == str(exc)

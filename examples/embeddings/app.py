@@ -26,8 +26,7 @@ import app_toolkit as tk
 # --8<-- [start:embedder]
 # Reserve the CPUs the model computes on: Ray gives an actor as many OpenMP/torch threads
 # as CPUs it reserves (one if it reserves none).
-@tk.deployment(max_ongoing_requests=64, user_config={"max_batch_size": 32},
-               ray_actor_options={"num_cpus": 1})
+@tk.deployment(max_ongoing_requests=64, user_config={"max_batch_size": 32}, ray_actor_options={"num_cpus": 1})
 class Embedder:
     """Loads the model once per replica; embeds batches of texts."""
 
@@ -45,6 +44,8 @@ class Embedder:
         # The model runs in a thread so the replica keeps collecting the next batch.
         vectors = await asyncio.to_thread(self.model.encode, texts, normalize_embeddings=True)
         return [vector.tolist() for vector in vectors]
+
+
 # --8<-- [end:embedder]
 
 
@@ -57,8 +58,7 @@ embedder = Embedder.bind()
 
 
 @router.post("/embed")
-async def embed(request: EmbedRequest,
-                model: tk.DeploymentHandle = tk.Depends(embedder)) -> dict[str, Any]:
+async def embed(request: EmbedRequest, model: tk.DeploymentHandle = tk.Depends(embedder)) -> dict[str, Any]:
     vector = await model.embed.remote(request.text)
     return {"dimension": len(vector), "vector": vector}
 

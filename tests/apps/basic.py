@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 import os
 import uuid
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any, AsyncIterator
+from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request, WebSocket, WebSocketDisconnect
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -242,6 +243,8 @@ class Plain:
 @tk.deployment
 def plain_text(request: Request) -> str:
     return "plain " + request.query_params.get("who", "")
+
+
 # --8<-- [end:plain]
 
 
@@ -255,8 +258,7 @@ class BatchedSquare:
 
     @tk.batch(max_batch_size=4, batch_wait_timeout_s=0.05)
     async def square(self, xs: list[int]) -> list[Any]:
-        return [ValueError(f"{x} is negative") if x < 0 else {"square": x * x, "batch": len(xs)}
-                for x in xs]
+        return [ValueError(f"{x} is negative") if x < 0 else {"square": x * x, "batch": len(xs)} for x in xs]
 
 
 # ----------------------------------------------------------------- streaming through handles
@@ -377,6 +379,7 @@ def make_versioned_app(version: str, **options: Any) -> tk.App:
     @router.get("/version/slow")
     async def slow(seconds: float) -> StreamingResponse:
         """First line at once (the request is running), the version after ``seconds``."""
+
         async def lines() -> AsyncIterator[bytes]:
             yield b"started\n"
             await asyncio.sleep(seconds)
@@ -403,4 +406,6 @@ class Guarded:
     def fall_ill(self) -> str:
         self.sick = True
         return tk.get_replica_context().replica_id
+
+
 # --8<-- [end:health]

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import APIRouter, FastAPI, Header, HTTPException, Request, WebSocket
 from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
@@ -61,6 +62,8 @@ async def token_socket(websocket: WebSocket) -> None:
     await websocket.accept()
     async for text in websocket.iter_text():
         await websocket.send_text(f"{text} via {where()}")
+
+
 # --8<-- [end:pools]
 
 
@@ -70,6 +73,8 @@ async def token_socket(websocket: WebSocket) -> None:
 async def slow(seconds: float = 5.0) -> dict[str, str]:
     await asyncio.sleep(seconds)
     return {"done": "yes"}
+
+
 # --8<-- [end:deadline]
 
 

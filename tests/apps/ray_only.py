@@ -31,11 +31,15 @@ where_router = APIRouter()
 @where_router.get("/where")
 async def where() -> dict[str, str]:
     """The node and replica that served this request."""
-    return {"node": ray.get_runtime_context().get_node_id(),
-            "replica": tk.get_replica_context().replica_id}
+    return {"node": ray.get_runtime_context().get_node_id(), "replica": tk.get_replica_context().replica_id}
 
 
 def make_where_app() -> tk.Application:
     """Two replicas that report where they run, with quick health checks."""
-    return tk.App(where_router, num_replicas=2, health_check_period_s=0.5,
-                  health_check_timeout_s=2, graceful_shutdown_timeout_s=2)
+    return tk.App(
+        where_router,
+        num_replicas=2,
+        health_check_period_s=0.5,
+        health_check_timeout_s=2,
+        graceful_shutdown_timeout_s=2,
+    )

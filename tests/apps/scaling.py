@@ -32,4 +32,6 @@ FAST_SCALING = {
 
 def make_app(**scaling: Any) -> tk.App:
     return tk.App(router, name="scaling", autoscaling_config={**FAST_SCALING, **scaling})
+
+
 # --8<-- [end:autoscaling]

@@ -31,6 +31,8 @@ class Api:
     @app.get("/double/{x}")
     async def double(self, x: int) -> int:
         return await self.doubler.double.remote(x)
+
+
 # --8<-- [end:ingress]
 
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 from fastapi import APIRouter
 from pydantic import BaseModel
@@ -23,6 +24,8 @@ async def events(count: int = 3, delay: float = 0.0, ping: float = 15.0) -> tk.E
             yield {"event": "tick", "data": f"tick {i}"} if i % 2 else f"plain {i}"
 
     return tk.EventStream(produce(), ping_s=ping)
+
+
 # --8<-- [end:events]
 
 
@@ -67,8 +70,11 @@ async def chat(request: ChatRequest) -> tk.ChatCompletionStream:
             await asyncio.sleep(0)
 
     usage = request.stream_options.include_usage if request.stream_options else False
-    return tk.ChatCompletionStream(pieces(), model=request.model, include_usage=usage,
-                                   prompt_tokens=len(prompt.split()))
+    return tk.ChatCompletionStream(
+        pieces(), model=request.model, include_usage=usage, prompt_tokens=len(prompt.split())
+    )
+
+
 # --8<-- [end:chat]
 
 

@@ -5,20 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import httpx
 
 import app_toolkit as tk
 from tests.apps import scaling
 from tests.conftest import Toolkit
-
-
-def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
+from tests.waiting import wait_for
 
 
 def test_from_zero_up_with_load_and_back_to_zero_without_failures(toolkit: Toolkit) -> None:
@@ -37,6 +31,7 @@ def test_from_zero_up_with_load_and_back_to_zero_without_failures(toolkit: Toolk
 
     async def load(concurrency: int, seconds: float, until: Callable[[], bool]) -> None:
         async with toolkit.async_client() as client:
+
             async def worker() -> None:
                 while not until():
                     response = await client.get("/scale/work", params={"seconds": seconds})
@@ -85,6 +80,10 @@ def test_status_explains_the_last_decision(toolkit: Toolkit) -> None:
     info = tk.status().applications[name].deployments["Ingress"]
     assert info.autoscaling is not None and info.autoscaling.last_decision_to is None
     data = tk.status().to_dict()["applications"][name]["deployments"]["Ingress"]
-    assert set(data["autoscaling"]) >= {"current_load", "average_load", "last_decision_load",
-                                        "last_decision_age_s"}
+    assert set(data["autoscaling"]) >= {
+        "current_load",
+        "average_load",
+        "last_decision_load",
+        "last_decision_age_s",
+    }
     httpx.get(toolkit.url + "/explain/work", params={"seconds": 0}, timeout=30).raise_for_status()

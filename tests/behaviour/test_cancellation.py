@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 import httpx
@@ -10,13 +9,11 @@ import pytest
 
 from tests.apps import basic
 from tests.conftest import Toolkit
+from tests.waiting import wait_for
 
 
 def wait_for_file(path: Path, timeout_s: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not path.exists():
-        assert time.monotonic() < deadline, f"{path.name} never appeared"
-        time.sleep(0.02)
+    wait_for(path.exists, timeout_s, f"{path.name} to appear", interval_s=0.02)
 
 
 def test_disconnect_cancels_the_running_handler(toolkit: Toolkit, tmp_path: Path) -> None:
@@ -39,13 +36,13 @@ def test_disconnect_while_queued_never_runs(toolkit: Toolkit, tmp_path: Path) ->
     with httpx.Client(base_url=toolkit.url, timeout=30) as client:
         import threading
 
-        holder = threading.Thread(target=lambda: client.get(
-            "/dq/sleep", params={"seconds": 2, "marker": str(first)}))
+        holder = threading.Thread(
+            target=lambda: client.get("/dq/sleep", params={"seconds": 2, "marker": str(first)})
+        )
         holder.start()
         wait_for_file(first)
         with pytest.raises(httpx.ReadTimeout):
-            httpx.get(toolkit.url + "/dq/sleep", params={"seconds": 0, "marker": str(queued)},
-                      timeout=0.5)
+            httpx.get(toolkit.url + "/dq/sleep", params={"seconds": 0, "marker": str(queued)}, timeout=0.5)
         holder.join()
         assert client.get("/dq/items/2").status_code == 200
     assert not queued.exists()  # it was dropped from the queue, never sent
@@ -55,8 +52,11 @@ def test_request_deadline_header_gives_504_and_cancels(toolkit: Toolkit, tmp_pat
     toolkit.run(basic.make_app(), route_prefix="/dl")
     cancelled = tmp_path / "cancelled"
     with toolkit.client() as client:
-        response = client.get("/dl/sleep", params={"seconds": 30, "cancelled": str(cancelled)},
-                              headers={"x-request-timeout-seconds": "2"})
+        response = client.get(
+            "/dl/sleep",
+            params={"seconds": 30, "cancelled": str(cancelled)},
+            headers={"x-request-timeout-seconds": "2"},
+        )
         assert response.status_code == 504
         assert response.json()["request_id"] == response.headers["x-request-id"]
         wait_for_file(cancelled)

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 
 import app_toolkit as tk
 from tests.apps import basic
 from tests.conftest import Toolkit
+from tests.waiting import wait_for_async
 
 
 def test_routes_validation_and_errors(toolkit: Toolkit) -> None:
@@ -115,23 +115,20 @@ def test_plain_deployments_serve_http(toolkit: Toolkit) -> None:
 
 
 def test_backpressure_gives_503_with_retry_after(toolkit: Toolkit, tmp_path: Path) -> None:
-    toolkit.run(
-        basic.make_app(max_ongoing_requests=1, max_queued_requests=1), route_prefix="/bp"
-    )
+    toolkit.run(basic.make_app(max_ongoing_requests=1, max_queued_requests=1), route_prefix="/bp")
     running = tmp_path / "running"
 
     async def burst() -> list[int]:
         async with toolkit.async_client() as client:
             first = asyncio.ensure_future(
-                client.get("/bp/sleep", params={"seconds": 2, "marker": str(running)}))
-            deadline = time.monotonic() + 20
-            while not running.exists():  # the first request holds the only slot
-                assert time.monotonic() < deadline
-                await asyncio.sleep(0.02)
+                client.get("/bp/sleep", params={"seconds": 2, "marker": str(running)})
+            )
+            # The first request holds the only slot.
+            await wait_for_async(running.exists, 20, "the first request to run", interval_s=0.02)
             # One of these two takes the only queue place, the other is refused.
             second, third = await asyncio.gather(
-                client.get("/bp/sleep", params={"seconds": 0}),
-                client.get("/bp/sleep", params={"seconds": 0}))
+                client.get("/bp/sleep", params={"seconds": 0}), client.get("/bp/sleep", params={"seconds": 0})
+            )
             refused = second if second.status_code == 503 else third
             assert refused.headers["retry-after"] == "1"
             assert refused.json()["request_id"] == refused.headers["x-request-id"]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-import time
 from pathlib import Path
 
 import httpx
@@ -12,6 +11,7 @@ import pytest
 import app_toolkit as tk
 from tests.apps import basic
 from tests.conftest import Toolkit
+from tests.waiting import wait_for
 
 
 def test_failing_lifespan_fails_the_deploy_with_its_message(toolkit: Toolkit) -> None:
@@ -58,16 +58,14 @@ def test_delete_drains_requests_in_flight(toolkit: Toolkit, tmp_path: Path) -> N
     results: list[int] = []
 
     def slow_request() -> None:
-        response = httpx.get(toolkit.url + "/drain/sleep", timeout=30,
-                             params={"seconds": 1.5, "marker": str(started)})
+        response = httpx.get(
+            toolkit.url + "/drain/sleep", timeout=30, params={"seconds": 1.5, "marker": str(started)}
+        )
         results.append(response.status_code)
 
     worker = threading.Thread(target=slow_request)
     worker.start()
-    deadline = time.monotonic() + 20
-    while not started.exists():
-        assert time.monotonic() < deadline, "the request never started"
-        time.sleep(0.02)
+    wait_for(started.exists, 20, "the request to start", interval_s=0.02)
     # Delete while the request runs: the replica finishes it before stopping.
     tk.delete(name)
     worker.join(timeout=30)

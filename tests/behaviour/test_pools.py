@@ -13,6 +13,7 @@ from websockets.sync.client import connect
 import app_toolkit as tk
 from tests.apps import pools
 from tests.conftest import Toolkit
+from tests.waiting import wait_for
 
 
 def test_pool_routes_run_in_their_own_deployments(toolkit: Toolkit) -> None:
@@ -54,8 +55,9 @@ def test_route_deadline_and_header_deadline_return_504(toolkit: Toolkit) -> None
         assert time.monotonic() - began < 4
         assert client.get("/dl/api/slow", params={"seconds": 0.01}).json() == {"done": "yes"}
         # The header's deadline is earlier than the route's, so it wins.
-        early = client.get("/dl/api/slow", params={"seconds": 0.4},
-                           headers={"x-request-timeout-seconds": "0.1"})
+        early = client.get(
+            "/dl/api/slow", params={"seconds": 0.4}, headers={"x-request-timeout-seconds": "0.1"}
+        )
         assert early.status_code == 504 and "0.1 s" in early.json()["detail"]
 
 
@@ -86,8 +88,9 @@ def test_an_app_hiding_another_apps_routes_is_refused(toolkit: Toolkit) -> None:
         assert client.get("/shadow/reports/3").json() == {"report": 3}
 
 
-def test_access_log_records_499_for_a_client_that_left(local_toolkit: Toolkit,
-                                                        caplog: pytest.LogCaptureFixture) -> None:
+def test_access_log_records_499_for_a_client_that_left(
+    local_toolkit: Toolkit, caplog: pytest.LogCaptureFixture
+) -> None:
     toolkit = local_toolkit  # the proxy runs in this process, so its log records are here
     caplog.set_level(logging.INFO, logger="app_toolkit.access")
     toolkit.run(pools.make_app(), route_prefix="/gone")
@@ -96,11 +99,9 @@ def test_access_log_records_499_for_a_client_that_left(local_toolkit: Toolkit,
             client.get("/gone/api/slow")
         assert client.get("/gone/api/health").status_code == 200
     wanted = ['"GET /gone/api/slow HTTP/1.1" 499', '"GET /gone/api/health HTTP/1.1" 200']
-    lines: list[str] = []
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
+
+    def logged() -> list[str] | None:
         lines = [r.getMessage() for r in caplog.records if r.name == "app_toolkit.access"]
-        if all(any(w in line for line in lines) for w in wanted):
-            break
-        time.sleep(0.05)
-    assert all(any(w in line for line in lines) for w in wanted), lines
+        return lines if all(any(w in line for line in lines) for w in wanted) else None
+
+    wait_for(logged, 10, f"access lines {wanted}")

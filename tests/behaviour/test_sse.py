@@ -20,8 +20,15 @@ def test_event_stream_headers_ids_and_heartbeats(toolkit: Toolkit) -> None:
             assert response.headers["cache-control"] == "no-cache"
             assert response.headers["x-accel-buffering"] == "no"
             lines = [line for line in response.iter_lines() if line]
-        assert lines == ["id: 1", "data: plain 0", "id: 2", "event: tick", "data: tick 1",
-                         "id: 3", "data: plain 2"]
+        assert lines == [
+            "id: 1",
+            "data: plain 0",
+            "id: 2",
+            "event: tick",
+            "data: tick 1",
+            "id: 3",
+            "data: plain 2",
+        ]
         params = {"count": 2, "delay": 0.6, "ping": 0.2}
         with client.stream("GET", "/sse/events", params=params) as response:
             lines = [line for line in response.iter_lines() if line]
@@ -45,9 +52,14 @@ def test_open_streams_get_a_final_event_when_the_replica_drains(toolkit: Toolkit
 def test_chat_stream_is_read_by_the_official_openai_client(toolkit: Toolkit) -> None:
     toolkit.run(streams.make_app(), route_prefix="/llm")
     client = openai.OpenAI(base_url=toolkit.url + "/llm/v1", api_key="not-needed", max_retries=0)
-    chunks = list(client.chat.completions.create(
-        model="toy", messages=[{"role": "user", "content": "hello streaming world"}],
-        stream=True, stream_options={"include_usage": True}))
+    chunks = list(
+        client.chat.completions.create(
+            model="toy",
+            messages=[{"role": "user", "content": "hello streaming world"}],
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text == "HELLO STREAMING WORLD "
     assert chunks[0].choices[0].delta.role == "assistant"
@@ -57,7 +69,8 @@ def test_chat_stream_is_read_by_the_official_openai_client(toolkit: Toolkit) -> 
     assert all(c.model == "toy" and c.object == "chat.completion.chunk" for c in chunks)
 
     failing = client.chat.completions.create(
-        model="toy", messages=[{"role": "user", "content": "one two explode"}], stream=True)
+        model="toy", messages=[{"role": "user", "content": "one two explode"}], stream=True
+    )
     received = []
     with pytest.raises(openai.APIError, match="Internal Server Error"):
         for chunk in failing:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from pathlib import Path
 
 import pytest
@@ -11,6 +10,7 @@ import pytest
 import app_toolkit as tk
 from tests.apps import basic
 from tests.conftest import Toolkit
+from tests.waiting import wait_for
 
 
 def test_handle_streams_items_as_they_are_produced(toolkit: Toolkit) -> None:
@@ -42,10 +42,7 @@ def test_stopping_a_stream_closes_the_generator_on_the_replica(toolkit: Toolkit,
     stream = tk.get_deployment_handle("Tokens", name).options(stream=True).forever.remote(str(closed))
     assert [next(stream) for _ in range(3)] == [0, 1, 2]
     stream.cancel()
-    deadline = time.monotonic() + 20
-    while not closed.exists():
-        assert time.monotonic() < deadline, "the replica's generator was never closed"
-        time.sleep(0.02)
+    wait_for(closed.exists, 20, "the replica to close the generator", interval_s=0.02)
 
 
 def test_a_route_streams_a_handle_stream_over_http(toolkit: Toolkit) -> None:

@@ -4,19 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
-from typing import Callable
 
 import app_toolkit as tk
 from tests.apps import basic
 from tests.conftest import Toolkit
-
-
-def wait_for(condition: Callable[[], bool], timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
+from tests.waiting import wait_for
 
 
 def replica_ids(app: str, deployment: str) -> set[str]:
@@ -28,12 +20,14 @@ def test_user_config_and_limits_change_in_place_without_restarts(toolkit: Toolki
     handle = toolkit.run(basic.Configured.options(num_replicas=2).bind(), name=name, route_prefix=None)
     assert handle.greet.remote("ann").result(timeout_s=10) == "hi ann"
     before = replica_ids(name, "Configured")
-    changed = basic.Configured.options(num_replicas=2, user_config={"greeting": "hello"},
-                                       max_ongoing_requests=7)
+    changed = basic.Configured.options(
+        num_replicas=2, user_config={"greeting": "hello"}, max_ongoing_requests=7
+    )
     handle = toolkit.run(changed.bind(), name=name, route_prefix=None)
     assert replica_ids(name, "Configured") == before  # the same replicas, reconfigured
     assert {handle.greet.remote(str(i)).result(timeout_s=10) for i in range(8)} == {
-        f"hello {i}" for i in range(8)}
+        f"hello {i}" for i in range(8)
+    }
 
 
 def test_code_change_rolls_out_under_load_with_zero_failures(toolkit: Toolkit) -> None:
@@ -44,11 +38,18 @@ def test_code_change_rolls_out_under_load_with_zero_failures(toolkit: Toolkit) -
 
     async def load() -> None:
         async with toolkit.async_client() as client:
+
             async def worker() -> None:
                 while not stop.is_set():
                     response = await client.get("/roll/version")
-                    seen.append((response.status_code, response.json().get("version", "?")
-                                 if response.status_code == 200 else response.text))
+                    seen.append(
+                        (
+                            response.status_code,
+                            response.json().get("version", "?")
+                            if response.status_code == 200
+                            else response.text,
+                        )
+                    )
 
             await asyncio.gather(*(worker() for _ in range(4)))
 
@@ -96,7 +97,8 @@ def test_a_replica_whose_check_health_fails_is_replaced(toolkit: Toolkit) -> Non
     def replaced() -> bool:
         replicas = tk.status().applications[name].deployments["Guarded"].replicas
         return sick not in {r.replica_id for r in replicas} and [r.state for r in replicas] == [
-            tk.ReplicaState.RUNNING]
+            tk.ReplicaState.RUNNING
+        ]
 
     wait_for(replaced, 30, "a healthy replacement")
     assert handle.fall_ill.remote().result(timeout_s=10) != sick

@@ -53,8 +53,9 @@ def test_overload_closes_1013_for_browsers_and_503_for_others(toolkit: Toolkit) 
     with connect(ws_url(toolkit, "/wsfull/ws/who")) as holder:
         holder.send("x")
         holder.recv(timeout=10)  # the only slot is taken for as long as this stays open
-        with connect(ws_url(toolkit, "/wsfull/ws/who"),
-                     additional_headers={"Origin": "http://127.0.0.1"}) as browser:
+        with connect(
+            ws_url(toolkit, "/wsfull/ws/who"), additional_headers={"Origin": "http://127.0.0.1"}
+        ) as browser:
             with pytest.raises(ConnectionClosed) as closed:
                 browser.recv(timeout=10)
         assert closed.value.rcvd is not None and closed.value.rcvd.code == 1013

@@ -13,19 +13,20 @@ import os
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
-import json  # noqa: E402
-import logging  # noqa: E402
-import threading  # noqa: E402
-import time  # noqa: E402
-from dataclasses import asdict, dataclass  # noqa: E402
-from typing import Any  # noqa: E402
+import json
+import logging
+import threading
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
 
-import httpx  # noqa: E402
-import ray  # noqa: E402
-from ray.cluster_utils import Cluster  # noqa: E402
+import httpx
+import ray
+from ray.cluster_utils import Cluster
 
-import app_toolkit as tk  # noqa: E402
-from tests.apps.ray_only import make_where_app  # noqa: E402
+import app_toolkit as tk
+from tests.apps.ray_only import make_where_app
+from tests.waiting import wait_for
 
 LOADERS = 4
 RECOVERY_LIMIT_S = 60.0
@@ -41,21 +42,16 @@ class Outcome:
     error: str
 
 
-def _wait(condition: Any, limit_s: float, what: str) -> None:
-    deadline = time.monotonic() + limit_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {limit_s} s waiting for {what}")
-        time.sleep(0.1)
-
-
 def _load(url: str, stop: threading.Event, outcomes: list[Outcome]) -> None:
     """Requests on fresh connections, so the kernel spreads them over both proxies."""
     while not stop.is_set():
         started = time.monotonic()
         try:
             response = httpx.get(url, timeout=10)
-            status, node = response.status_code, response.json().get("node", "") if response.status_code == 200 else ""
+            status, node = (
+                response.status_code,
+                response.json().get("node", "") if response.status_code == 200 else "",
+            )
             retry_after, error = response.headers.get("retry-after"), ""
         except httpx.HTTPError as exc:
             status, node, retry_after, error = 0, "", None, type(exc).__name__
@@ -63,11 +59,17 @@ def _load(url: str, stop: threading.Event, outcomes: list[Outcome]) -> None:
 
 
 def main() -> None:
-    cluster = Cluster(initialize_head=True, head_node_args={
-        "num_cpus": 2, "node_ip_address": "127.0.0.1", "include_dashboard": False})
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 2, "node_ip_address": "127.0.0.1", "include_dashboard": False},
+    )
     worker = cluster.add_node(num_cpus=2, node_ip_address="127.0.0.1")
-    ray.init(address=cluster.address, _node_ip_address="127.0.0.1", logging_level=logging.WARNING,
-             include_dashboard=False)
+    ray.init(
+        address=cluster.address,
+        _node_ip_address="127.0.0.1",
+        logging_level=logging.WARNING,
+        include_dashboard=False,
+    )
     head_id = ray.get_runtime_context().get_node_id()
     worker_id = worker.node_id
     result: dict[str, Any] = {"head": head_id, "worker": worker_id}
@@ -78,7 +80,7 @@ def main() -> None:
 
         session = tk.start(http_options={"port": 0, "access_log": False})
         tk.run(make_where_app(), name="where", route_prefix="/")
-        _wait(lambda: len(session.status().proxies) == 2, 60, "a proxy on each node")
+        wait_for(lambda: len(session.status().proxies) == 2, 60, "a proxy on each node")
         proxies = session.status().proxies
         result["proxies_before"] = proxies
         url = next(iter(proxies.values())) + "/where"
@@ -92,21 +94,22 @@ def main() -> None:
             loader.start()
         try:
             load_started = time.monotonic()
-            _wait(lambda: len(outcomes) >= 50 and time.monotonic() - load_started > 2, 60, "steady load")
+            wait_for(lambda: len(outcomes) >= 50 and time.monotonic() - load_started > 2, 60, "steady load")
             removed = time.monotonic()
             cluster.remove_node(worker)  # kills every process of that node
 
             def recovered() -> bool:
                 status = session.status()
                 deployments = status.applications["where"].deployments.values()
-                return (list(status.proxies) == [head_id]
-                        and all(d.running_replicas == 2 and all(r.node_id == head_id for r in d.replicas)
-                                for d in deployments))
+                return list(status.proxies) == [head_id] and all(
+                    d.running_replicas == 2 and all(r.node_id == head_id for r in d.replicas)
+                    for d in deployments
+                )
 
-            _wait(recovered, RECOVERY_LIMIT_S, "replicas moved to the surviving node")
+            wait_for(recovered, RECOVERY_LIMIT_S, "replicas moved to the surviving node")
             result["recovery_s"] = round(time.monotonic() - removed, 2)
             recovered_at = time.monotonic()
-            _wait(lambda: time.monotonic() - recovered_at > AFTER_RECOVERY_S, 10, "load after recovery")
+            wait_for(lambda: time.monotonic() - recovered_at > AFTER_RECOVERY_S, 10, "load after recovery")
         finally:
             stop.set()
             for loader in loaders:
@@ -115,10 +118,11 @@ def main() -> None:
         result["proxies_after"] = status.proxies
         joined = cluster.add_node(num_cpus=2, node_ip_address="127.0.0.1")
         result["joined"] = joined.node_id
-        _wait(lambda: joined.node_id in session.status().proxies, 60, "a proxy on the node that joined")
+        wait_for(lambda: joined.node_id in session.status().proxies, 60, "a proxy on the node that joined")
         result["proxies_joined"] = session.status().proxies
         result["replica_nodes_after"] = sorted(
-            r.node_id for d in status.applications["where"].deployments.values() for r in d.replicas)
+            r.node_id for d in status.applications["where"].deployments.values() for r in d.replicas
+        )
         result["outcomes"] = [{**asdict(o), "at": round(o.at - removed, 3)} for o in outcomes]
         tk.shutdown()
     finally:

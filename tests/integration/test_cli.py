@@ -7,7 +7,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -16,6 +15,7 @@ import ray
 
 from tests.apps import basic
 from tests.conftest import ROOT, Toolkit, free_port
+from tests.waiting import wait_for
 
 CLI = [sys.executable, "-m", "app_toolkit.cli"]
 
@@ -26,20 +26,29 @@ def cli_env() -> dict[str, str]:
     return env
 
 
-@pytest.mark.parametrize(("extra", "stop"), [([], signal.SIGINT), (["--local"], signal.SIGTERM)],
-                         ids=["ray-ctrl-c", "local-sigterm"])
+@pytest.mark.parametrize(
+    ("extra", "stop"),
+    [([], signal.SIGINT), (["--local"], signal.SIGTERM)],
+    ids=["ray-ctrl-c", "local-sigterm"],
+)
 def test_run_serves_the_demo_and_stops_cleanly(tmp_path: Path, extra: list[str], stop: int) -> None:
     port = free_port()
     log = (tmp_path / "cli.log").open("w+")
-    process = subprocess.Popen([*CLI, "run", "examples.demo:app", "--port", str(port), *extra],
-                               cwd=ROOT, env=cli_env(), stdout=log, stderr=subprocess.STDOUT, text=True)
+    process = subprocess.Popen(
+        [*CLI, "run", "examples.demo:app", "--port", str(port), *extra],
+        cwd=ROOT,
+        env=cli_env(),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline and process.poll() is None:
+
+        def serving_or_exited() -> bool:
             log.seek(0)
-            if "serving examples.demo:app at" in log.read():
-                break
-            time.sleep(0.2)
+            return "serving examples.demo:app at" in log.read() or process.poll() is not None
+
+        wait_for(serving_or_exited, 120, "the CLI to serve the demo", interval_s=0.2)
         log.seek(0)
         output = log.read()
         assert f"at http://127.0.0.1:{port}/" in output, output
@@ -57,12 +66,19 @@ def test_run_serves_the_demo_and_stops_cleanly(tmp_path: Path, extra: list[str],
 
 
 def test_bad_import_paths_fail_with_a_fix() -> None:
-    bad = subprocess.run([*CLI, "run", "examples.demo"], cwd=ROOT, env=cli_env(),
-                         capture_output=True, text=True, timeout=60)
+    bad = subprocess.run(
+        [*CLI, "run", "examples.demo"], cwd=ROOT, env=cli_env(), capture_output=True, text=True, timeout=60
+    )
     assert bad.returncode == 1
     assert 'must look like "module:attribute"' in bad.stderr
-    missing = subprocess.run([*CLI, "run", "examples.demo:Greeter"], cwd=ROOT, env=cli_env(),
-                             capture_output=True, text=True, timeout=60)
+    missing = subprocess.run(
+        [*CLI, "run", "examples.demo:Greeter"],
+        cwd=ROOT,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert missing.returncode == 1
     assert "is a deployment; point at an application such as Greeter.bind()" in missing.stderr
 
@@ -71,16 +87,28 @@ def test_status_reports_the_running_apps(ray_toolkit: Toolkit) -> None:
     name = ray_toolkit.name()
     ray_toolkit.run(basic.make_app(), name=name, route_prefix="/cli-status")
     address = ray.get_runtime_context().gcs_address
-    result = subprocess.run([*CLI, "status", "--address", address, "--json"], cwd=ROOT, env=cli_env(),
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [*CLI, "status", "--address", address, "--json"],
+        cwd=ROOT,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
     app = data["applications"][name]
     assert app["status"] == "RUNNING" and app["route_prefix"] == "/cli-status"
     assert app["deployments"]["Ingress"]["replica_states"] == {"RUNNING": 1}
 
-    table = subprocess.run([*CLI, "status", "--address", address], cwd=ROOT, env=cli_env(),
-                           capture_output=True, text=True, timeout=120)
+    table = subprocess.run(
+        [*CLI, "status", "--address", address],
+        cwd=ROOT,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert table.returncode == 0, table.stderr
     lines = table.stdout.splitlines()
     assert f"{name}  RUNNING  /cli-status" in lines
@@ -90,22 +118,34 @@ def test_status_reports_the_running_apps(ray_toolkit: Toolkit) -> None:
 
 
 def test_shutdown_command_stops_the_toolkit_on_the_cluster(ray_toolkit: Toolkit) -> None:
-    from app_toolkit._runtime.ray_cluster import NAMESPACE
-    from app_toolkit._runtime.session import current_session, set_current_session
+    from app_toolkit._runtime.backends.base import current_session, set_current_session
+    from app_toolkit._runtime.backends.ray.cluster import NAMESPACE
 
     ray_toolkit.run(basic.make_app(), route_prefix="/cli-shutdown")
     ray_toolkit._apps.clear()  # the command below removes it
     address = ray.get_runtime_context().gcs_address
-    result = subprocess.run([*CLI, "shutdown", "--address", address], cwd=ROOT, env=cli_env(),
-                            capture_output=True, text=True, timeout=180)
+    result = subprocess.run(
+        [*CLI, "shutdown", "--address", address],
+        cwd=ROOT,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert result.returncode == 0, result.stderr
     assert "app_toolkit stopped" in result.stdout
     assert [a for a in ray.util.list_named_actors(all_namespaces=True) if a["namespace"] == NAMESPACE] == []
-    again = subprocess.run([*CLI, "shutdown", "--address", address], cwd=ROOT, env=cli_env(),
-                           capture_output=True, text=True, timeout=180)
+    again = subprocess.run(
+        [*CLI, "shutdown", "--address", address],
+        cwd=ROOT,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     assert again.returncode == 0 and "nothing to stop" in again.stdout
     # This process's session pointed at the stopped controller: drop it.
     session = current_session(create=False)
     if session is not None:
-        session.close_subscribers()
+        session.data_plane.close()
     set_current_session(None)

@@ -26,8 +26,9 @@ def cosine(a: list[float], b: list[float]) -> float:
 
 def test_real_embeddings_and_batching_on_the_local_backend(no_backend: None) -> None:
     with TestClient(embeddings.app) as client:
-        first, second, other = (client.post("/embed", json={"text": t}).json()
-                                for t in (*PARAPHRASES, UNRELATED))
+        first, second, other = (
+            client.post("/embed", json={"text": t}).json() for t in (*PARAPHRASES, UNRELATED)
+        )
         assert first["dimension"] == len(first["vector"]) == 384
         assert cosine(first["vector"], second["vector"]) > cosine(first["vector"], other["vector"]) + 0.3
         assert client.post("/embed", json={"text": ""}).status_code == 422
@@ -36,8 +37,11 @@ def test_real_embeddings_and_batching_on_the_local_backend(no_backend: None) -> 
         model = get_deployment_handle("Embedder", "embeddings")
         responses = [model.embed.remote(f"sentence number {i} about batching") for i in range(48)]
         assert [len(r.result(timeout_s=60)) for r in responses] == [384] * 48
-    sizes = [m for m in metrics.snapshot()
-             if m["name"] == "app_toolkit_batch_size" and m["labels"]["function"] == "Embedder.embed"]
+    sizes = [
+        m
+        for m in metrics.snapshot()
+        if m["name"] == "app_toolkit_batch_size" and m["labels"]["function"] == "Embedder.embed"
+    ]
     assert sizes and sizes[0]["mean"] > 1
     at_most_4 = dict(sizes[0]["buckets"])[4]  # cumulative: batches of 4 items or fewer
     assert at_most_4 < sizes[0]["count"]  # so at least one batch held more than 4
@@ -48,8 +52,11 @@ def test_embedding_service_over_http_on_ray(ray_toolkit: Toolkit) -> None:
 
     async def burst() -> list[httpx.Response]:
         async with ray_toolkit.async_client() as client:
-            return list(await asyncio.gather(
-                *(client.post("/emb/embed", json={"text": f"text {i}"}) for i in range(32))))
+            return list(
+                await asyncio.gather(
+                    *(client.post("/emb/embed", json={"text": f"text {i}"}) for i in range(32))
+                )
+            )
 
     responses = asyncio.run(burst())
     assert [r.status_code for r in responses] == [200] * 32

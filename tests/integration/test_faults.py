@@ -13,9 +13,10 @@ import httpx
 import ray
 
 import app_toolkit as tk
-from app_toolkit._runtime.ray_cluster import NAMESPACE
+from app_toolkit._runtime.backends.ray.cluster import NAMESPACE
 from tests.apps import basic
 from tests.conftest import Toolkit
+from tests.waiting import wait_for
 
 WORKERS = 8
 
@@ -29,8 +30,7 @@ class Outcome:
 
 def test_a_replica_killed_under_load_fails_only_its_running_requests(ray_toolkit: Toolkit) -> None:
     name = ray_toolkit.name()
-    app = basic.make_versioned_app("v1", num_replicas=2, health_check_period_s=0.5,
-                                   health_check_timeout_s=2)
+    app = basic.make_versioned_app("v1", num_replicas=2, health_check_period_s=0.5, health_check_timeout_s=2)
     ray_toolkit.run(app, name=name, route_prefix="/kill")
 
     def replicas() -> list[tk.ReplicaStatusInfo]:
@@ -44,12 +44,16 @@ def test_a_replica_killed_under_load_fails_only_its_running_requests(ray_toolkit
 
     async def load() -> None:
         async with ray_toolkit.async_client(timeout=10) as client:
+
             async def worker() -> None:
                 while not stop.is_set():
                     try:
                         response = await client.get("/kill/version", params={"seconds": 0.05})
-                        outcomes.append(Outcome(time.monotonic(), response.status_code,
-                                                response.headers.get("retry-after")))
+                        outcomes.append(
+                            Outcome(
+                                time.monotonic(), response.status_code, response.headers.get("retry-after")
+                            )
+                        )
                     except httpx.HTTPError:
                         outcomes.append(Outcome(time.monotonic(), 0, None))
 
@@ -58,24 +62,23 @@ def test_a_replica_killed_under_load_fails_only_its_running_requests(ray_toolkit
     loader = threading.Thread(target=lambda: asyncio.run(load()))
     loader.start()
     try:
-        deadline = time.monotonic() + 20
-        while len(outcomes) < 50:
-            assert time.monotonic() < deadline, "load never got going"
-            time.sleep(0.05)
+        wait_for(lambda: len(outcomes) >= 50, 20, "the load to get going")
         killed_at = time.monotonic()
         os.kill(pid, signal.SIGKILL)  # a process this test's deployment started
-        while True:
+
+        def replaced() -> bool:
             current = replicas()
             ids = {r.replica_id for r in current}
-            if victim not in ids and sum(r.state is tk.ReplicaState.RUNNING for r in current) == 2:
-                break
-            assert time.monotonic() - killed_at < 30, f"no replacement: {current}"
-            time.sleep(0.05)
+            return victim not in ids and sum(r.state is tk.ReplicaState.RUNNING for r in current) == 2
+
+        wait_for(replaced, 30, f"a replacement of {victim}")
         replaced_at = time.monotonic()
         # A second later every caller has the new table: from then on nothing fails.
-        while sum(o.at > replaced_at + 1 for o in outcomes) < 100:
-            assert time.monotonic() - replaced_at < 20, "load stalled after the replacement"
-            time.sleep(0.05)
+        wait_for(
+            lambda: sum(o.at > replaced_at + 1 for o in outcomes) >= 100,
+            20,
+            "load to go on after the replacement",
+        )
     finally:
         stop.set()
         loader.join(timeout=30)
@@ -84,15 +87,20 @@ def test_a_replica_killed_under_load_fails_only_its_running_requests(ray_toolkit
     assert len(failed) <= WORKERS  # at most the requests that were running on it
     after = [o for o in outcomes if o.at > replaced_at + 1]
     assert after and all(o.status == 200 for o in after)
-    print(f"replacement serving {replaced_at - killed_at:.2f} s after SIGKILL; "
-          f"{len(failed)} of {len(outcomes)} requests failed (503)")
+    print(
+        f"replacement serving {replaced_at - killed_at:.2f} s after SIGKILL; "
+        f"{len(failed)} of {len(outcomes)} requests failed (503)"
+    )
 
 
 def test_a_killed_proxy_is_restarted_and_relearns_the_routes(ray_toolkit: Toolkit) -> None:
     name = ray_toolkit.name()
     ray_toolkit.run(basic.make_versioned_app("v1"), name=name, route_prefix="/proxied")
-    proxies = [a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
-               if a["namespace"] == NAMESPACE and a["name"].startswith("app_toolkit_proxy:")]
+    proxies = [
+        a["name"]
+        for a in ray.util.list_named_actors(all_namespaces=True)
+        if a["namespace"] == NAMESPACE and a["name"].startswith("app_toolkit_proxy:")
+    ]
     proxy = ray.get_actor(proxies[0], namespace=NAMESPACE)
     pid = ray.get(proxy.stats.remote(), timeout=30)["pid"]
     os.kill(pid, signal.SIGKILL)  # the proxy process this session started
@@ -105,8 +113,6 @@ def test_a_killed_proxy_is_restarted_and_relearns_the_routes(ray_toolkit: Toolki
             return False
         return response.status_code == 200 and response.json()["version"] == "v1"
 
-    while not serving():
-        assert time.monotonic() - killed_at < 60, "the proxy did not come back"
-        time.sleep(0.1)
+    wait_for(serving, 60, "the proxy to come back", interval_s=0.1)
     assert ray.get(proxy.stats.remote(), timeout=30)["pid"] != pid
     print(f"proxy serving again {time.monotonic() - killed_at:.2f} s after SIGKILL")

@@ -19,8 +19,14 @@ from tests.integration.multinode_scenario import LOADERS, RECOVERY_LIMIT_S
 def _run_scenario() -> dict[str, Any]:
     env = dict(os.environ)
     env.pop("RAY_ADDRESS", None)
-    done = subprocess.run([sys.executable, "-m", "tests.integration.multinode_scenario"], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=240)
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.integration.multinode_scenario"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     assert done.returncode == 0 and lines, f"scenario failed:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
     result: dict[str, Any] = json.loads(lines[-1])
@@ -59,5 +65,7 @@ def test_removing_a_node_moves_its_replicas_and_the_app_keeps_serving() -> None:
     # A node that joins gets a proxy on the same port.
     assert set(result["proxies_joined"]) == {head, result["joined"]}
     assert set(result["proxies_joined"].values()) == set(result["proxies_before"].values())
-    print(f"recovered {result['recovery_s']} s after the node was removed; "
-          f"{len(failed)} of {len(outcomes)} requests failed")
+    print(
+        f"recovered {result['recovery_s']} s after the node was removed; "
+        f"{len(failed)} of {len(outcomes)} requests failed"
+    )

@@ -5,27 +5,17 @@ from __future__ import annotations
 import os
 import pickle
 import threading
-import time
 
 import httpx
 import pytest
 import ray
 
 import app_toolkit as tk
-from app_toolkit._runtime.ray_cluster import CONTROLLER_NAME, NAMESPACE
-from app_toolkit._runtime.ray_replicas import CHECKPOINT_KEY
+from app_toolkit._runtime.backends.ray.cluster import CONTROLLER_NAME, NAMESPACE
+from app_toolkit._runtime.backends.ray.replicas import CHECKPOINT_KEY
 from tests.apps import basic, ray_only, serve_compat
 from tests.conftest import TEST_RESOURCE, Toolkit
-
-
-def wait_until(condition, timeout_s: float = 30.0, what: str = "condition"):  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
+from tests.waiting import wait_for as wait_until
 
 
 def test_ray_actor_options_reach_ray(ray_toolkit: Toolkit) -> None:
@@ -45,8 +35,9 @@ def test_deploy_is_checkpointed_in_gcs(ray_toolkit: Toolkit) -> None:
 
 def _kill_one_replica(handle: tk.DeploymentHandle) -> str:
     replicas = wait_until(
-        lambda: len(found := {handle.identity.remote().result(timeout_s=10) for _ in range(20)}) == 2
-        and found,
+        lambda: (
+            len(found := {handle.identity.remote().result(timeout_s=10) for _ in range(20)}) == 2 and found
+        ),
         what="both replicas answering",
     )
     victim, pid = sorted(replicas)[0]
@@ -69,8 +60,9 @@ def test_requests_not_started_avoid_a_dead_replica(ray_toolkit: Toolkit) -> None
     # A long health-check period keeps the dead replica in every routing table, so
     # each caller must find out for itself (connection refused) and go elsewhere.
     name = ray_toolkit.name()
-    handle = ray_toolkit.run(ray_only.Pid.options(health_check_period_s=60).bind(), name=name,
-                             route_prefix=None)
+    handle = ray_toolkit.run(
+        ray_only.Pid.options(health_check_period_s=60).bind(), name=name, route_prefix=None
+    )
     _kill_one_replica(handle)
     results = {handle.remote().result(timeout_s=10) for _ in range(30)}
     assert len(results) == 1  # every request served, all by the survivor
@@ -91,7 +83,8 @@ def test_a_dead_replica_is_replaced(ray_toolkit: Toolkit) -> None:
 
 
 def test_a_killed_controller_restarts_adopts_its_replicas_and_finishes_a_rollout(
-        ray_toolkit: Toolkit) -> None:
+    ray_toolkit: Toolkit,
+) -> None:
     name = ray_toolkit.name()
     ray_toolkit.run(basic.make_versioned_app("v1", num_replicas=2), name=name, route_prefix="/restart")
 
@@ -109,8 +102,12 @@ def test_a_killed_controller_restarts_adopts_its_replicas_and_finishes_a_rollout
         with httpx.Client(base_url=ray_toolkit.url, timeout=30) as client:
             while not stop.is_set():
                 response = client.get("/restart/version")
-                seen.append((response.status_code, response.json().get("version", "?")
-                             if response.status_code == 200 else response.text))
+                seen.append(
+                    (
+                        response.status_code,
+                        response.json().get("version", "?") if response.status_code == 200 else response.text,
+                    )
+                )
 
     workers = [threading.Thread(target=load) for _ in range(3)]
     for worker in workers:
@@ -118,32 +115,48 @@ def test_a_killed_controller_restarts_adopts_its_replicas_and_finishes_a_rollout
     try:
         wait_until(lambda: len(seen) > 20, what="load to run")
         kill_controller()
-        wait_until(lambda: tk.status().applications[name].status is tk.ApplicationStatus.RUNNING,
-                   timeout_s=60, what="the restarted controller to report the app")
+        wait_until(
+            lambda: tk.status().applications[name].status is tk.ApplicationStatus.RUNNING,
+            timeout_s=60,
+            what="the restarted controller to report the app",
+        )
         assert replica_ids() == first  # adopted, not restarted
         # Kill it again in the middle of a rollout to v2: the rollout still completes.
-        rollout = threading.Thread(target=ray_toolkit.run, args=(
-            basic.make_versioned_app("v2", num_replicas=2),), kwargs={"name": name,
-                                                                       "route_prefix": "/restart"})
+        rollout = threading.Thread(
+            target=ray_toolkit.run,
+            args=(basic.make_versioned_app("v2", num_replicas=2),),
+            kwargs={"name": name, "route_prefix": "/restart"},
+        )
         rollout.start()
         wait_until(lambda: replica_ids() - first, what="the rollout to start")
         kill_controller()
         rollout.join(timeout=120)
         assert not rollout.is_alive()
-        wait_until(lambda: seen[-1][1] == "v2" and not (replica_ids() & first), timeout_s=60,
-                   what="v2 to replace v1")
+        wait_until(
+            lambda: seen[-1][1] == "v2" and not (replica_ids() & first), timeout_s=60, what="v2 to replace v1"
+        )
     finally:
         stop.set()
         for worker in workers:
             worker.join(timeout=30)
     failures = [item for item in seen if item[0] != 200]
     assert not failures, f"{len(failures)} of {len(seen)} requests failed, e.g. {failures[:3]}"
-    alive = {a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
-             if a["namespace"] == NAMESPACE and a["name"].startswith("app_toolkit_replica:")}
-    wait_until(lambda: {a["name"] for a in ray.util.list_named_actors(all_namespaces=True)
-                        if a["namespace"] == NAMESPACE and a["name"].startswith("app_toolkit_replica:")}
-               == {f"app_toolkit_replica:{rid}" for rid in replica_ids()},
-               what="no replica left over")
+    alive = {
+        a["name"]
+        for a in ray.util.list_named_actors(all_namespaces=True)
+        if a["namespace"] == NAMESPACE and a["name"].startswith("app_toolkit_replica:")
+    }
+    wait_until(
+        lambda: (
+            {
+                a["name"]
+                for a in ray.util.list_named_actors(all_namespaces=True)
+                if a["namespace"] == NAMESPACE and a["name"].startswith("app_toolkit_replica:")
+            }
+            == {f"app_toolkit_replica:{rid}" for rid in replica_ids()}
+        ),
+        what="no replica left over",
+    )
     assert alive
 
 

@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import random
 
-from app_toolkit._runtime.autoscaling import Autoscaler, desired_replicas
+from app_toolkit._runtime.controller.autoscaling import Autoscaler, desired_replicas
 from app_toolkit.config import AutoscalingConfig
 
 
 def config(**options: float | int | None) -> AutoscalingConfig:
     base: dict[str, float | int | None] = {
-        "min_replicas": 1, "max_replicas": 10, "target_ongoing_requests": 2,
-        "upscale_delay_s": 3, "downscale_delay_s": 10, "look_back_period_s": 2,
+        "min_replicas": 1,
+        "max_replicas": 10,
+        "target_ongoing_requests": 2,
+        "upscale_delay_s": 3,
+        "downscale_delay_s": 10,
+        "look_back_period_s": 2,
     }
     return AutoscalingConfig.model_validate({**base, **options})
 

@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any, AsyncIterator
+from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 
 import app_toolkit as tk
 from app_toolkit import metrics
-from app_toolkit._runtime.batch_queue import BatchQueue, Pending
+from app_toolkit._runtime.replica.batch_queue import BatchQueue, Pending
 
 pytestmark = pytest.mark.anyio
 
@@ -86,8 +87,9 @@ async def test_a_lone_call_waits_at_most_the_timeout() -> None:
 
 async def test_an_exception_in_one_slot_fails_only_that_caller() -> None:
     model = Model()
-    outcomes = await asyncio.gather(model.double(1), model.double(-1), model.double(3),
-                                    return_exceptions=True)
+    outcomes = await asyncio.gather(
+        model.double(1), model.double(-1), model.double(3), return_exceptions=True
+    )
     assert outcomes[0] == 2 and outcomes[2] == 6
     assert isinstance(outcomes[1], ValueError) and str(outcomes[1]) == "bad -1"
 
@@ -202,4 +204,6 @@ def test_mypy_sees_one_item_in_one_result_out(tmp_path: Any) -> None:
     out, _, _ = api.run(["--strict", "--no-incremental", "--follow-imports=silent", str(sample)])
     assert 'Revealed type is "list[float]"' in out, out
     assert 'Revealed type is "int"' in out, out
-    assert 'Argument 1 to "__call__" of "BatchedCallable" has incompatible type "int"; expected "str"' in out, out
+    assert (
+        'Argument 1 to "__call__" of "BatchedCallable" has incompatible type "int"; expected "str"' in out
+    ), out

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import pytest
 
-from app_toolkit._runtime.channel import ChannelClient, Kind
-from app_toolkit._runtime.channel_server import ResponseSink, start_server
+from app_toolkit._runtime.channel.client import ChannelClient
+from app_toolkit._runtime.channel.frames import Kind
+from app_toolkit._runtime.channel.server import ResponseSink, start_server
 from app_toolkit._runtime.messages import HTTPRequest, HTTPResponse, HTTPResponseStart
 from app_toolkit.exceptions import ReplicaUnavailableError
 
@@ -65,7 +65,7 @@ async def test_unary_requests_are_multiplexed_on_one_connection() -> None:
     try:
         bodies = [b"x" * n for n in (0, 10, 70_000, 2_000_000)]
         exchanges = [await client.open(Kind.HTTP, request(body)) for body in bodies]
-        for body, exchange in zip(bodies, exchanges):
+        for body, exchange in zip(bodies, exchanges, strict=True):
             kind, response = await exchange.recv()
             assert kind is Kind.RESPONSE and response.body == body
             assert exchange.finished
@@ -162,7 +162,7 @@ class RecordingTransport:
 async def test_stream_chunks_close_together_share_a_write_and_a_pause_flushes_at_once() -> None:
     import time
 
-    from app_toolkit._runtime.channel import HEADER, FrameProtocol
+    from app_toolkit._runtime.channel.frames import HEADER, FrameProtocol
 
     protocol = FrameProtocol()
     transport = RecordingTransport()

@@ -19,7 +19,10 @@ def test_defaults_are_finite() -> None:
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        ({"max_ongoing_requests": 0}, "max_ongoing_requests Input should be greater than or equal to 1, got 0"),
+        (
+            {"max_ongoing_requests": 0},
+            "max_ongoing_requests Input should be greater than or equal to 1, got 0",
+        ),
         ({"num_replicas": -1}, "num_replicas Input should be greater than or equal to 0, got -1"),
         ({"max_queued_requests": -2}, "max_queued_requests .* got -2"),
         ({"health_check_period_s": 0}, "health_check_period_s .* got 0"),
@@ -91,3 +94,38 @@ def test_import_paths_say_what_they_must_look_like() -> None:
     with pytest.raises(tk.ConfigError, match='has no attribute "nope"'):
         import_attr("examples.demo:nope")
     assert isinstance(import_attr("examples.demo:app"), tk.Application)
+
+
+def test_each_option_has_one_home() -> None:
+    """Defaults, help and "applies in place" live on the pydantic fields; the decorator,
+    the CLI and the code version read them from there."""
+    import inspect
+
+    import click
+
+    from app_toolkit.cli import run
+
+    assert tk.DeploymentConfig.in_place_options() == {
+        "num_replicas",
+        "autoscaling_config",
+        "max_ongoing_requests",
+        "max_queued_requests",
+        "user_config",
+        "health_check_period_s",
+        "health_check_timeout_s",
+        "health_check_failure_threshold",
+        "graceful_shutdown_wait_loop_s",
+        "graceful_shutdown_timeout_s",
+    }  # ray_actor_options is not: new resources need new replicas
+    batch_defaults = {
+        name: p.default
+        for name, p in inspect.signature(tk.batch).parameters.items()
+        if name in tk.BatchConfig.model_fields
+    }
+    assert batch_defaults == tk.BatchConfig().model_dump()
+    flags = {p.name: p for p in run.params if isinstance(p, click.Option)}
+    for name in ("host", "port", "access_log", "proxy_location"):
+        field = tk.HTTPOptions.model_fields[name]
+        assert flags[name].default == field.default and flags[name].help == field.description
+    assert isinstance(flags["proxy_location"].type, click.Choice)
+    assert list(flags["proxy_location"].type.choices) == ["EveryNode", "HeadOnly"]

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import asyncio
 import pickle
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
-from app_toolkit._runtime.controller import MAX_START_FAILURES, ControllerCore
-from app_toolkit._runtime.longpoll import ROUTES_KEY, replicas_key
+from app_toolkit._runtime.controller.controller import MAX_START_FAILURES, ControllerCore
 from app_toolkit._runtime.messages import AppSpec, DeploymentID, DeploymentSpec, ReplicaInfo
+from app_toolkit._runtime.tables import ROUTES_KEY, DeploymentGone, ReplicaTable, RouteTable, replicas_key
 from app_toolkit.config import DeploymentConfig
 from app_toolkit.exceptions import ConfigError, DeployError, ReplicaUnavailableError
 from app_toolkit.status import ApplicationStatus, DeploymentStatus
+from tests.waiting import wait_for_async
 
 pytestmark = pytest.mark.anyio
 
@@ -64,18 +66,22 @@ class FakeBackend:
         return self.checkpoints[-1] if self.checkpoints else None
 
 
-def app(name: str = "a", version: str = "v1", replicas: int = 2, prefix: str | None = "/a",
-        **options: Any) -> AppSpec:
+def app(
+    name: str = "a", version: str = "v1", replicas: int = 2, prefix: str | None = "/a", **options: Any
+) -> AppSpec:
     config = DeploymentConfig(num_replicas=replicas, health_check_period_s=0.01, **options)
     spec = DeploymentSpec(DeploymentID(name, "D"), b"def", b"args", config, True, version)
     return AppSpec(name, prefix, "D", (spec,))
 
 
 async def until(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    while not condition():
-        assert asyncio.get_running_loop().time() < deadline, "condition not reached"
-        await asyncio.sleep(0.005)
+    await wait_for_async(condition, timeout_s)
+
+
+def _replicas(core: ControllerCore, key: str) -> ReplicaTable:
+    table = core.longpoll.get(key)
+    assert isinstance(table, ReplicaTable), table
+    return table
 
 
 async def started(backend: FakeBackend) -> ControllerCore:
@@ -92,9 +98,11 @@ async def test_deploy_checkpoints_before_acknowledging_then_reaches_running() ->
     await core.deploy_app(app())
     assert seen_apps == [["a"]] and "a" in pickle.loads(backend.checkpoints[-1])
     await until(lambda: core.status().applications["a"].status is ApplicationStatus.RUNNING)
-    table, max_queued = core.longpoll.get(replicas_key(DeploymentID("a", "D")))
-    assert len(table) == 2 and max_queued == 1000
-    assert [r.route_prefix for r in core.longpoll.get(ROUTES_KEY)] == ["/a"]
+    table = core.longpoll.get(replicas_key(DeploymentID("a", "D")))
+    assert isinstance(table, ReplicaTable)
+    assert len(table.replicas) == 2 and table.max_queued_requests == 1000
+    routes = core.longpoll.get(ROUTES_KEY)
+    assert isinstance(routes, RouteTable) and [r.route_prefix for r in routes.routes] == ["/a"]
     await core.stop()
 
 
@@ -111,10 +119,10 @@ async def test_callers_may_queue_for_a_new_deployment_until_its_first_replica_ru
     backend.start_replica = slow_start  # type: ignore[method-assign]
     await core.deploy_app(app(replicas=1, max_queued_requests=0))
     key = replicas_key(DeploymentID("a", "D"))
-    assert core.longpoll.get(key) == ((), -1)  # starting: wait for the first replica
+    assert core.longpoll.get(key) == ReplicaTable((), -1)  # starting: wait for the first replica
     gate.set()
-    await until(lambda: len(core.longpoll.get(key)[0]) == 1)
-    assert core.longpoll.get(key)[1] == 0  # from then on, the configured bound
+    await until(lambda: len(_replicas(core, key).replicas) == 1)
+    assert _replicas(core, key).max_queued_requests == 0  # from then on, the configured bound
     await core.stop()
 
 
@@ -127,7 +135,7 @@ async def test_failing_starts_are_retried_then_deploy_failed_with_the_message() 
     deployment = core.status().applications["a"].deployments["D"]
     assert "version bad is broken" in deployment.message
     # Callers waiting for a first replica are told, rather than left waiting.
-    assert core.longpoll.get(replicas_key(DeploymentID("a", "D"))) is None
+    assert core.longpoll.get(replicas_key(DeploymentID("a", "D"))) == DeploymentGone()
     attempts = backend.started
     # Starts run two at a time (2 replicas), so one more may already be under way when
     # the last allowed failure lands; after that, nothing more is tried.
@@ -158,8 +166,7 @@ async def test_failed_rollout_keeps_the_old_replicas_serving() -> None:
     await core.deploy_app(app(version="v2"))
     await until(lambda: core.status().applications["a"].status is ApplicationStatus.DEPLOY_FAILED)
     assert sorted(backend.running.values()) == ["v1", "v1"]
-    table, _ = core.longpoll.get(replicas_key(DeploymentID("a", "D")))
-    assert len(table) == 2
+    assert len(_replicas(core, replicas_key(DeploymentID("a", "D"))).replicas) == 2
     await core.stop()
 
 
@@ -183,8 +190,8 @@ async def test_delete_stops_replicas_and_closes_tables() -> None:
     await core.deploy_app(app())
     await until(lambda: len(backend.running) == 2)
     await core.delete_app("a")
-    assert core.longpoll.get(ROUTES_KEY) == ()
-    assert core.longpoll.get(replicas_key(DeploymentID("a", "D"))) is None
+    assert core.longpoll.get(ROUTES_KEY) == RouteTable(())
+    assert core.longpoll.get(replicas_key(DeploymentID("a", "D"))) == DeploymentGone()
     await until(lambda: not backend.running and not core.app_exists("a"))
     await core.stop()
 
@@ -221,12 +228,18 @@ async def test_the_loop_survives_a_failing_step() -> None:
 
 
 async def test_autoscaled_deployment_follows_reported_load_and_expires_silent_callers() -> None:
-    from app_toolkit._runtime import controller as controller_module
+    from app_toolkit._runtime.controller import controller as controller_module
 
     backend = FakeBackend()
     core = await started(backend)
-    scaling = {"min_replicas": 0, "max_replicas": 4, "target_ongoing_requests": 1,
-               "upscale_delay_s": 0, "downscale_delay_s": 0, "look_back_period_s": 0.05}
+    scaling = {
+        "min_replicas": 0,
+        "max_replicas": 4,
+        "target_ongoing_requests": 1,
+        "upscale_delay_s": 0,
+        "downscale_delay_s": 0,
+        "look_back_period_s": 0.05,
+    }
     config = DeploymentConfig(autoscaling_config=scaling, health_check_period_s=0.01)
     spec = DeploymentSpec(DeploymentID("s", "D"), b"def", b"args", config, True, "v1")
     await core.deploy_app(AppSpec("s", "/s", "D", (spec,)))
@@ -274,16 +287,18 @@ async def test_a_restarted_controller_adopts_running_replicas_instead_of_replaci
     await until(lambda: len(backend.running) == 2)
     await first.stop()  # the controller "dies"; its replicas keep running
     state = first.deployments[DeploymentID("a", "D")]
-    backend.leftovers = [AdoptedReplica(r.info, r.version, r.config, r.handle)  # type: ignore[arg-type]
-                         for r in state.replicas.values()]
+    backend.leftovers = [
+        AdoptedReplica(r.info, r.version, r.config, r.handle)  # type: ignore[arg-type]
+        for r in state.replicas.values()
+    ]
     stray = ReplicaInfo("gone.D.1", DeploymentID("gone", "D"), "127.0.0.1", 1, b"t", 1)
     backend.running["gone.D.1"] = "v0"
     backend.leftovers.append(AdoptedReplica(stray, "v0", DeploymentConfig(), "gone.D.1"))
     started_before = backend.started
 
     second = await started(backend)  # reloads the checkpoint, adopts what runs
-    table = second.longpoll.get(replicas_key(DeploymentID("a", "D")))
-    assert {info.replica_id for info in table[0]} == {r.replica_id for r in state.replicas.values()}
+    table = _replicas(second, replicas_key(DeploymentID("a", "D")))
+    assert {info.replica_id for info in table.replicas} == {r.replica_id for r in state.replicas.values()}
     await asyncio.sleep(0.3)  # a few reconcile rounds
     assert backend.started == started_before  # nothing restarted
     assert set(backend.running) == set(state.replicas)  # the stray replica was stopped

@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-from app_toolkit._runtime.deployment_state import SLOW_START_S, DeploymentState, Replica, deployment_status
+from app_toolkit._runtime.controller.deployment_state import (
+    SLOW_START_S,
+    DeploymentState,
+    Replica,
+    deployment_status,
+)
 from app_toolkit._runtime.messages import DeploymentID, DeploymentSpec
 from app_toolkit.config import DeploymentConfig
 from app_toolkit.status import DeploymentStatus, ReplicaState
@@ -11,10 +16,13 @@ from app_toolkit.status import DeploymentStatus, ReplicaState
 def _state(**options: object) -> DeploymentState:
     config = DeploymentConfig(num_replicas=2, **options)  # type: ignore[arg-type]
     spec = DeploymentSpec(DeploymentID("a", "D"), b"def", b"args", config, True, "v1")
-    return DeploymentState(spec, {
-        "old": Replica("old", "v1", ReplicaState.RUNNING, launched_at=0.0),
-        "new": Replica("new", "v1", launched_at=100.0),
-    })
+    return DeploymentState(
+        spec,
+        {
+            "old": Replica("old", "v1", ReplicaState.RUNNING, launched_at=0.0),
+            "new": Replica("new", "v1", launched_at=100.0),
+        },
+    )
 
 
 def test_replicas_slow_to_start_are_explained_with_what_they_ask_for() -> None:

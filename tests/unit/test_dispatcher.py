@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
-from app_toolkit._runtime.channel import Exchange, Kind
-from app_toolkit._runtime.dispatcher import Dispatcher
+from app_toolkit._runtime.channel.exchange import Exchange
+from app_toolkit._runtime.channel.frames import Kind
 from app_toolkit._runtime.messages import DeploymentID, ReplicaInfo
+from app_toolkit._runtime.routing.dispatcher import Dispatcher
 from app_toolkit.exceptions import BackPressureError, ReplicaUnavailableError
 
 pytestmark = pytest.mark.anyio

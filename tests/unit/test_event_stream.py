@@ -4,7 +4,7 @@ generator properly — on drain and when the stream is cancelled (client gone)."
 from __future__ import annotations
 
 import asyncio
-from typing import AsyncIterator
+from collections.abc import AsyncIterator
 
 import pytest
 

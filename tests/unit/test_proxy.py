@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import httpx
 import pytest
 
 from app_toolkit._runtime.messages import DeploymentID, RouteInfo
-from app_toolkit._runtime.path_match import AppRoutes, match_app
-from app_toolkit._runtime.proxy import Proxy
+from app_toolkit._runtime.proxy.path_match import AppRoutes, match_app
+from app_toolkit._runtime.proxy.proxy import Proxy
+from app_toolkit._runtime.tables import RouteTable
+from app_toolkit.config import HTTPOptions
 
 pytestmark = pytest.mark.anyio
 
@@ -18,8 +21,8 @@ pytestmark = pytest.mark.anyio
 class NoReplicas:
     """A subscriber with one route and a dispatcher that must never be used."""
 
-    def watch(self, key: str, apply: Callable[[Any, int], None]) -> asyncio.Event:
-        apply((RouteInfo("/app", "app", DeploymentID("app", "Ingress")),), 1)
+    def watch(self, key: str, apply: Callable[[Any], None]) -> asyncio.Event:
+        apply(RouteTable((RouteInfo("/app", "app", DeploymentID("app", "Ingress")),)))
         return asyncio.Event()
 
     def dispatcher(self, deployment: DeploymentID) -> Any:
@@ -27,7 +30,7 @@ class NoReplicas:
 
 
 async def test_bodies_over_the_limit_get_413_before_any_replica_is_asked() -> None:
-    proxy = Proxy(NoReplicas(), max_body_bytes=10)  # type: ignore[arg-type]
+    proxy = Proxy(NoReplicas(), HTTPOptions(max_request_body_bytes=10))  # type: ignore[arg-type]
     transport = httpx.ASGITransport(app=proxy)
     async with httpx.AsyncClient(transport=transport, base_url="http://proxy") as client:
         declared = await client.post("/app/upload", content=b"x" * 11)
@@ -45,8 +48,9 @@ async def test_bodies_over_the_limit_get_413_before_any_replica_is_asked() -> No
 
 
 def test_longest_prefix_wins_and_prefixes_match_whole_segments() -> None:
-    routes = [AppRoutes(RouteInfo(prefix, prefix, DeploymentID(prefix, "I")))
-              for prefix in ("/a/b", "/a", "/")]
+    routes = [
+        AppRoutes(RouteInfo(prefix, prefix, DeploymentID(prefix, "I"))) for prefix in ("/a/b", "/a", "/")
+    ]
     assert match_app(routes, "/a/b/c").route_prefix == "/a/b"  # type: ignore[union-attr]
     assert match_app(routes, "/a/bc").route_prefix == "/a"  # type: ignore[union-attr]
     assert match_app(routes, "/ab").route_prefix == "/"  # type: ignore[union-attr]

@@ -6,11 +6,11 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from typing import Iterator
+from collections.abc import Iterator
 
 import pytest
 
-from app_toolkit._runtime.replica import _iterate_in_thread
+from app_toolkit._runtime.replica.replica import _iterate_in_thread
 
 pytestmark = pytest.mark.anyio
 

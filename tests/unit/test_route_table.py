@@ -6,8 +6,9 @@ import pytest
 from fastapi import APIRouter, FastAPI, WebSocket
 
 import app_toolkit as tk
+from app_toolkit._runtime.controller.prefixes import check_prefixes
 from app_toolkit._runtime.messages import AppSpec, DeploymentID, RouteInfo
-from app_toolkit._runtime.path_match import AppRoutes, check_prefixes
+from app_toolkit._runtime.proxy.path_match import AppRoutes
 from app_toolkit.route_table import route_table
 
 

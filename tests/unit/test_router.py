@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 from app_toolkit._runtime.messages import DeploymentID, ReplicaInfo
-from app_toolkit._runtime.router import ReplicaChooser, queue_is_full
+from app_toolkit._runtime.routing.choice import ReplicaChooser, queue_is_full
 
 DEP = DeploymentID("app", "d")
 

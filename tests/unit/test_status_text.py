@@ -20,25 +20,63 @@ def _replica(state: ReplicaState) -> ReplicaStatusInfo:
 
 def test_the_table_explains_each_deployment() -> None:
     scaled = DeploymentStatusInfo(
-        "Model", DeploymentStatus.UPDATING, "", 4,
+        "Model",
+        DeploymentStatus.UPDATING,
+        "",
+        4,
         [_replica(ReplicaState.RUNNING), _replica(ReplicaState.RUNNING), _replica(ReplicaState.STARTING)],
-        AutoscalingStatusInfo(current_load=7.0, average_load=6.42, last_decision_load=6.2,
-                              last_decision_from=2, last_decision_to=4, last_decision_age_s=3.4),
+        AutoscalingStatusInfo(
+            current_load=7.0,
+            average_load=6.42,
+            last_decision_load=6.2,
+            last_decision_from=2,
+            last_decision_to=4,
+            last_decision_age_s=3.4,
+        ),
     )
     fixed = DeploymentStatusInfo("Ingress", DeploymentStatus.HEALTHY, "", 1, [_replica(ReplicaState.RUNNING)])
-    failed = DeploymentStatusInfo("Broken", DeploymentStatus.DEPLOY_FAILED, "ValueError: model file missing", 1)
+    failed = DeploymentStatusInfo(
+        "Broken", DeploymentStatus.DEPLOY_FAILED, "ValueError: model file missing", 1
+    )
     status = ServeStatus(
-        {"shop": ApplicationStatusInfo("shop", ApplicationStatus.DEPLOYING, "", "/shop", "Ingress",
-                                       {"Ingress": fixed, "Model": scaled, "Broken": failed}),
-         "jobs": ApplicationStatusInfo("jobs", ApplicationStatus.RUNNING, "", None, "Ingress", {})},
+        {
+            "shop": ApplicationStatusInfo(
+                "shop",
+                ApplicationStatus.DEPLOYING,
+                "",
+                "/shop",
+                "Ingress",
+                {"Ingress": fixed, "Model": scaled, "Broken": failed},
+            ),
+            "jobs": ApplicationStatusInfo("jobs", ApplicationStatus.RUNNING, "", None, "Ingress", {}),
+        },
         {"0123456789abcdef": "http://127.0.0.1:8000"},
     )
     lines = status.to_text().splitlines()
     assert lines[0] == "shop  DEPLOYING  /shop"
     assert lines[1].split() == ["DEPLOYMENT", "STATUS", "REPLICAS", "STATES", "LOAD", "LAST", "SCALING"]
     assert lines[2].split() == ["Ingress", "HEALTHY", "1/1", "1", "RUNNING", "-", "-"]
-    assert lines[3].split() == ["Model", "UPDATING", "2/4", "2", "RUNNING,", "1", "STARTING", "7", "(avg",
-                                "6.4)", "2", "->", "4", "at", "load", "6.2,", "3", "s", "ago"]
+    assert lines[3].split() == [
+        "Model",
+        "UPDATING",
+        "2/4",
+        "2",
+        "RUNNING,",
+        "1",
+        "STARTING",
+        "7",
+        "(avg",
+        "6.4)",
+        "2",
+        "->",
+        "4",
+        "at",
+        "load",
+        "6.2,",
+        "3",
+        "s",
+        "ago",
+    ]
     assert lines[4].split()[:4] == ["Broken", "DEPLOY_FAILED", "0/1", "-"]
     assert lines[5] == "  Broken: ValueError: model file missing"
     assert lines[6] == "jobs  RUNNING  (no HTTP)"

@@ -9,8 +9,8 @@ growing back-off.
 from __future__ import annotations
 
 import random
+from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Iterable
 
 from app_toolkit._runtime.messages import ReplicaInfo
 

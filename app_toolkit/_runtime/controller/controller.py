@@ -14,8 +14,8 @@ import pickle
 import secrets
 from typing import Any
 
-from app_toolkit._runtime.backend import Backend
-from app_toolkit._runtime.deployment_state import (
+from app_toolkit._runtime.backends.base import Backend
+from app_toolkit._runtime.controller.deployment_state import (
     DeploymentState,
     Replica,
     follow_autoscaling,
@@ -24,9 +24,19 @@ from app_toolkit._runtime.deployment_state import (
     slow_start_message,
     slow_starters,
 )
-from app_toolkit._runtime.longpoll import ROUTES_KEY, LongPollHost, replicas_key
+from app_toolkit._runtime.controller.longpoll import LongPollHost
+from app_toolkit._runtime.controller.prefixes import check_prefixes
 from app_toolkit._runtime.messages import AppSpec, DeploymentID, DeploymentSpec, RouteInfo
-from app_toolkit._runtime.path_match import check_prefixes
+from app_toolkit._runtime.tables import (
+    ROUTES_KEY,
+    DeploymentGone,
+    Loads,
+    ReplicaTable,
+    RouteTable,
+    Updates,
+    Versions,
+    replicas_key,
+)
 from app_toolkit.config import DeploymentConfig
 from app_toolkit.exceptions import ReplicaUnavailableError
 from app_toolkit.status import ReplicaState, ServeStatus
@@ -43,7 +53,7 @@ LOAD_REPORT_TTL_S = 10.0
 class ControllerCore:
     """Holds desired and actual state and drives one toward the other."""
 
-    def __init__(self, backend: Backend) -> None:
+    def __init__(self, backend: Backend[Any]) -> None:
         self.backend = backend
         self.apps: dict[str, AppSpec] = {}
         self.deployments: dict[DeploymentID, DeploymentState] = {}
@@ -53,7 +63,7 @@ class ControllerCore:
         self._loop_task: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         # caller id -> (time of report, load per deployment): requests queued + running.
-        self._loads: dict[str, tuple[float, dict[DeploymentID, float]]] = {}
+        self._loads: dict[str, tuple[float, Loads]] = {}
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -101,7 +111,7 @@ class ControllerCore:
         self._publish_routes()
         self._wake.set()
 
-    def record_load(self, caller: str, loads: dict[DeploymentID, float]) -> None:
+    def record_load(self, caller: str, loads: Loads) -> None:
         """A caller's newest load per deployment (requests queued + running)."""
         self._loads[caller] = (asyncio.get_running_loop().time(), loads)
         for deployment, load in loads.items():
@@ -121,13 +131,14 @@ class ControllerCore:
     def app_exists(self, name: str) -> bool:
         return name in self.apps or any(d.app == name for d in self.deployments)
 
-    async def listen(self, known: dict[str, int], timeout_s: float) -> dict[str, tuple[int, Any]]:
+    async def listen(self, known: Versions, timeout_s: float) -> Updates:
         return await self.longpoll.listen(known, timeout_s)
 
     def status(self) -> ServeStatus:
         now = asyncio.get_running_loop().time()
-        return serve_status(self.apps, self.deployments, lambda d: self._current_load(d, now), now,
-                            self.proxies)
+        return serve_status(
+            self.apps, self.deployments, lambda d: self._current_load(d, now), now, self.proxies
+        )
 
     # ------------------------------------------------------------------ desired state
 
@@ -156,8 +167,12 @@ class ControllerCore:
                 await self.backend.stop_replica(found.handle, graceful=True)
                 continue
             state.replicas[found.info.replica_id] = Replica(
-                found.info.replica_id, found.code_version, ReplicaState.RUNNING, found.info,
-                found.handle, next_health_check=now + state.spec.config.health_check_period_s,
+                found.info.replica_id,
+                found.code_version,
+                ReplicaState.RUNNING,
+                found.info,
+                found.handle,
+                next_health_check=now + state.spec.config.health_check_period_s,
                 config=found.config,
             )
             state.ever_ran = True
@@ -172,7 +187,7 @@ class ControllerCore:
         state = self.deployments.get(deployment)
         if state is not None:
             state.deleting = True
-            self.longpoll.publish(replicas_key(deployment), None)
+            self.longpoll.publish(replicas_key(deployment), DeploymentGone())
 
     async def _checkpoint(self) -> None:
         await self.backend.save_checkpoint(pickle.dumps(self.apps))
@@ -206,8 +221,13 @@ class ControllerCore:
                 before = state.autoscaler.target
                 after = state.autoscaler.step(now, load)
                 if after != before:
-                    logger.info("%s: %d -> %d replicas for an average load of %.1f", deployment_id,
-                                before, after, state.autoscaler.average_load())
+                    logger.info(
+                        "%s: %d -> %d replicas for an average load of %.1f",
+                        deployment_id,
+                        before,
+                        after,
+                        state.autoscaler.average_load(),
+                    )
             self._scale(state)
             self._reconfigure(state)
             self._check_health(state, now)
@@ -240,20 +260,24 @@ class ControllerCore:
         """Running replicas of the current code take changed light options in place."""
         spec = state.spec
         for replica in state.replicas.values():
-            if (replica.state is ReplicaState.RUNNING and not replica.stop_requested
-                    and not replica.reconfiguring and replica.version == spec.code_version
-                    and replica.config != spec.config):
+            if (
+                replica.state is ReplicaState.RUNNING
+                and not replica.stop_requested
+                and not replica.reconfiguring
+                and replica.version == spec.code_version
+                and replica.config != spec.config
+            ):
                 replica.reconfiguring = True
                 self._spawn(self._reconfigure_replica(state, replica, spec.config))
 
-    async def _reconfigure_replica(self, state: DeploymentState, replica: Replica,
-                                   config: DeploymentConfig) -> None:
+    async def _reconfigure_replica(
+        self, state: DeploymentState, replica: Replica, config: DeploymentConfig
+    ) -> None:
         try:
             await self.backend.reconfigure_replica(replica.handle, config)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - user code failed: replace the replica
             state.message = f"reconfigure() failed: {exc}"
-            logger.warning("Replica %s could not be reconfigured (%s); replacing it",
-                           replica.replica_id, exc)
+            logger.warning("Replica %s could not be reconfigured (%s); replacing it", replica.replica_id, exc)
             self._stop(state, replica)
             return
         finally:
@@ -261,8 +285,7 @@ class ControllerCore:
             self._wake.set()
         replica.config = config
         if replica.info is not None and replica.info.max_ongoing_requests != config.max_ongoing_requests:
-            replica.info = dataclasses.replace(replica.info,
-                                               max_ongoing_requests=config.max_ongoing_requests)
+            replica.info = dataclasses.replace(replica.info, max_ongoing_requests=config.max_ongoing_requests)
             self._publish_replicas(state.spec.id)
 
     def _launch(self, state: DeploymentState) -> None:
@@ -275,7 +298,7 @@ class ControllerCore:
     async def _start_replica(self, state: DeploymentState, replica: Replica, spec: DeploymentSpec) -> None:
         try:
             info, handle = await self.backend.start_replica(replica.replica_id, spec)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - counted as a failed start, shown in status
             state.replicas.pop(replica.replica_id, None)
             if spec.code_version == state.spec.code_version:
                 state.start_failures += 1
@@ -285,7 +308,7 @@ class ControllerCore:
                     logger.error("%s failed to deploy: %s", spec.id, exc)
                     if not any(r.state is ReplicaState.RUNNING for r in state.replicas.values()):
                         # Requests waiting for a first replica must fail, not wait forever.
-                        self.longpoll.publish(replicas_key(spec.id), None)
+                        self.longpoll.publish(replicas_key(spec.id), DeploymentGone())
             self._wake.set()
             return
         replica.info, replica.handle, replica.config = info, handle, spec.config
@@ -334,7 +357,7 @@ class ControllerCore:
         except ReplicaUnavailableError as exc:
             logger.warning("Replica %s is gone (%s); replacing it", replica.replica_id, exc)
             replica.health_failures = state.spec.config.health_check_failure_threshold
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - any failure counts against the threshold
             replica.health_failures += 1
             logger.warning("Health check of %s failed: %s", replica.replica_id, exc)
         finally:
@@ -366,21 +389,20 @@ class ControllerCore:
         # bound: a request that arrives before its proxy has the new table waits for the
         # replica instead of being refused.
         max_queued = state.spec.config.max_queued_requests if state.ever_ran else -1
-        self.longpoll.publish(replicas_key(deployment), (infos, max_queued))
+        self.longpoll.publish(replicas_key(deployment), ReplicaTable(infos, max_queued))
 
     def _publish_routes(self) -> None:
         routes = tuple(
             sorted(
                 (
-                    RouteInfo(app.route_prefix, app.name, DeploymentID(app.name, app.ingress),
-                              app.routes)
+                    RouteInfo(app.route_prefix, app.name, DeploymentID(app.name, app.ingress), app.routes)
                     for app in self.apps.values()
                     if app.route_prefix is not None
                 ),
                 key=lambda route: route.route_prefix,
             )
         )
-        self.longpoll.publish(ROUTES_KEY, routes)
+        self.longpoll.publish(ROUTES_KEY, RouteTable(routes))
 
     def _spawn(self, coroutine: Any) -> None:
         task = asyncio.get_running_loop().create_task(coroutine)

@@ -13,20 +13,23 @@ import pickle
 import uuid
 from typing import Any
 
-from app_toolkit._runtime.channel import Exchange, Kind
-from app_toolkit._runtime.controller import ControllerCore
-from app_toolkit._runtime.dispatcher import ReplicaClient
+from starlette.types import ASGIApp
+
+from app_toolkit._runtime.channel.exchange import Exchange
+from app_toolkit._runtime.channel.frames import Kind
+from app_toolkit._runtime.controller.controller import ControllerCore
 from app_toolkit._runtime.messages import (
     AdoptedReplica,
     AppSpec,
-    DeploymentID,
     DeploymentSpec,
     ReplicaInfo,
 )
-from app_toolkit._runtime.proxy import Proxy
-from app_toolkit._runtime.proxy_server import ProxyServer, listen_socket, serve
-from app_toolkit._runtime.replica import ReplicaCore
-from app_toolkit._runtime.session import BackgroundLoop, Session
+from app_toolkit._runtime.proxy.proxy import Proxy
+from app_toolkit._runtime.proxy.server import ProxyServer, listen_socket, serve
+from app_toolkit._runtime.replica.replica import ReplicaCore
+from app_toolkit._runtime.routing.data_plane import DataPlane, LoopThread
+from app_toolkit._runtime.routing.dispatcher import ReplicaClient
+from app_toolkit._runtime.tables import Loads, Updates, Versions
 from app_toolkit.config import DeploymentConfig, HTTPOptions
 from app_toolkit.exceptions import ReplicaUnavailableError
 from app_toolkit.status import ServeStatus
@@ -55,15 +58,19 @@ class LocalBackend:
         else:
             try:
                 key = hashlib.sha256(pickle.dumps(value)).digest()
-            except Exception:
-                key = uuid.uuid4().bytes  # not comparable: a new version every time
+            except Exception:  # noqa: BLE001 - unpicklable: not comparable, a new version every time
+                key = uuid.uuid4().bytes
         self.objects[key] = value
         return key
 
     async def start_replica(self, replica_id: str, spec: DeploymentSpec) -> tuple[ReplicaInfo, Any]:
         core = ReplicaCore(
-            replica_id, spec.id, spec.config, self.objects[spec.definition],
-            self.objects[spec.init_args], _dumps,
+            replica_id,
+            spec.id,
+            spec.config,
+            self.objects[spec.definition],
+            self.objects[spec.init_args],
+            _dumps,
         )
         await core.start()
         self.cores[replica_id] = core
@@ -144,39 +151,46 @@ class LocalReplicaClient:
         pass
 
 
-class LocalSession(Session):
+class LocalSession:
     """Everything on one background event loop of this process."""
 
     backend_name = "local"
 
-    def __init__(self) -> None:
-        super().__init__()
-        self._loop = BackgroundLoop("app-toolkit-local")
+    def __init__(self, http: HTTPOptions | None = None) -> None:
+        self._http = http or HTTPOptions()
+        self._loop = LoopThread("app-toolkit-local")
         self.backend = LocalBackend()
         self.core = ControllerCore(self.backend)
+        self._plane = DataPlane(self, self._loop.loop)
         self._loop.run(self.core.start())
         self.proxy: Proxy = self._loop.run(self._make_proxy())
         self._server: ProxyServer | None = None
 
     async def _make_proxy(self) -> Proxy:
-        return Proxy(self.subscriber())
+        return Proxy(self._plane.subscriber, self._http)
 
-    def home_loop(self) -> asyncio.AbstractEventLoop:
-        return self._loop.loop
+    @property
+    def data_plane(self) -> DataPlane:
+        return self._plane
 
-    def run_blocking(self, coroutine: Any, timeout_s: float | None = None) -> Any:
-        return self._loop.run(coroutine, timeout_s)
+    @property
+    def proxy_app(self) -> ASGIApp:
+        return self.proxy
 
-    def replica_client(self, info: ReplicaInfo) -> ReplicaClient:
+    # --- what the data plane needs (CallerLink) ---------------------------------
+
+    def connect(self, info: ReplicaInfo) -> ReplicaClient:
         return LocalReplicaClient(self.backend, info.replica_id)
 
-    async def listen(self, known: dict[str, int], timeout_s: float) -> dict[str, tuple[int, Any]]:
+    async def listen(self, known: Versions, timeout_s: float) -> Updates:
         return await self.core.listen(known, timeout_s)
 
-    async def report_load(self, caller: str, loads: dict[DeploymentID, float]) -> None:
+    async def report_load(self, caller: str, loads: Loads) -> None:
         self.core.record_load(caller, loads)
 
-    def serialize(self, value: Any) -> bytes:
+    # --- control ----------------------------------------------------------------
+
+    def serialize(self, value: object) -> bytes:
         return self.backend.store(value)
 
     def deploy(self, spec: AppSpec) -> None:
@@ -197,21 +211,18 @@ class LocalSession(Session):
 
         return self._loop.run(read())
 
-    def start_http(self, http: HTTPOptions) -> int:
+    def start_http(self) -> int:
         """Serve the proxy with uvicorn on this session's loop; returns the bound port."""
-        host, port = http.host, http.port
-
-        self.proxy.max_body_bytes = http.max_request_body_bytes
-        self.proxy.access_log = http.access_log
+        http = self._http
 
         async def start() -> int:
-            self._server = await serve(self.proxy, http, listen_socket(host, port, exclusive=True))
+            self._server = await serve(self.proxy, http, listen_socket(http.host, http.port, exclusive=True))
             return self._server.port
 
         return self._loop.run(start())
 
     def shutdown(self) -> None:
-        async def stop() -> None:
+        async def stop_serving() -> None:
             for name in list(self.core.apps):
                 await self.core.delete_app(name)
             deadline = asyncio.get_running_loop().time() + 30
@@ -219,8 +230,28 @@ class LocalSession(Session):
                 await asyncio.sleep(0.02)
             if self._server is not None:
                 await self._server.stop(timeout_s=5)
-            self.subscriber().close()
-            await self.core.stop()
 
-        self._loop.run(stop())
+        self._loop.run(stop_serving())
+        self._plane.close()
+        self._loop.run(self.core.stop())
         self._loop.stop()
+
+
+class _LocalFactory:
+    """Sessions of the local backend live in this process only: nothing to find."""
+
+    def start(self, address: str | None, http: HTTPOptions | None) -> LocalSession:
+        session = LocalSession(http)
+        if http is not None:
+            try:
+                session.start_http()
+            except BaseException:
+                session.shutdown()
+                raise
+        return session
+
+    def find(self, address: str | None) -> LocalSession | None:
+        return None
+
+
+FACTORY = _LocalFactory()

@@ -1,7 +1,7 @@
 """The toolkit on a Ray cluster: its namespace and actor names, actor defaults, the codec
 for user code, worker set-up and joining (or starting) the cluster.
 
-With ``ray_replicas.py`` and ``ray_backend.py``, the only modules that import ``ray``.
+With the other modules of this package, the only ones that import ``ray``.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def dumps(value: Any) -> bytes:
     buffer = io.BytesIO()
     try:
         _Pickler(buffer, protocol=5).dump(value)  # type: ignore[no-untyped-call]
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - any pickling failure is the user's to fix
         raise ConfigError(
             f"Cannot serialize {type(value).__name__} to send it to replicas: {exc}. Keep "
             "deployment arguments picklable (plain data, handles, importable objects)."
@@ -100,13 +100,24 @@ def init_ray(address: str | None) -> None:
         # Ray runs workers at nice 15 by default; on a small machine serving replicas then
         # lose the CPU to everything else. The embedded cluster runs them at normal priority.
         os.environ.setdefault("RAY_worker_niceness", "0")
-    kwargs: dict[str, Any] = {"include_dashboard": False, "logging_level": logging.WARNING,
-                              "configure_logging": False}
+    kwargs: dict[str, Any] = {
+        "include_dashboard": False,
+        "logging_level": logging.WARNING,
+        "configure_logging": False,
+    }
     if address is None:
         kwargs["_node_ip_address"] = "127.0.0.1"
     ray.init(address=address, **kwargs)
 
 
+def controller_actor() -> Any:
+    """The running controller actor (ValueError if there is none)."""
+    return ray.get_actor(CONTROLLER_NAME, namespace=NAMESPACE)
+
+
 def named_actors() -> list[str]:
-    return [actor["name"] for actor in ray.util.list_named_actors(all_namespaces=True)
-            if actor["namespace"] == NAMESPACE]
+    return [
+        actor["name"]
+        for actor in ray.util.list_named_actors(all_namespaces=True)
+        if actor["namespace"] == NAMESPACE
+    ]

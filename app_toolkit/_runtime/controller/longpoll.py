@@ -2,24 +2,25 @@
 
 A caller sends the versions it already has; the call returns as soon as any of those keys
 holds a newer value (or after ``timeout_s`` with nothing). Keys never published have
-version 0 and value None, so a caller that starts with version -1 gets them at once.
+version 0 and no table, so a caller that starts with version -1 gets them at once.
 """
 
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+
+from app_toolkit._runtime.tables import Table, Update, Updates, Versions
 
 
 class LongPollHost:
-    """Holds the published values; lives inside the controller."""
+    """Holds the published tables; lives inside the controller."""
 
     def __init__(self) -> None:
         self._versions: dict[str, int] = {}
-        self._values: dict[str, Any] = {}
+        self._values: dict[str, Table] = {}
         self._changed = asyncio.Event()
 
-    def publish(self, key: str, value: Any) -> None:
+    def publish(self, key: str, value: Table) -> None:
         if key in self._values and self._values[key] == value:
             return
         self._versions[key] = self._versions.get(key, 0) + 1
@@ -27,17 +28,17 @@ class LongPollHost:
         self._changed.set()
         self._changed = asyncio.Event()
 
-    def get(self, key: str) -> Any:
+    def get(self, key: str) -> Table | None:
         return self._values.get(key)
 
-    def _updates(self, known: dict[str, int]) -> dict[str, tuple[int, Any]]:
+    def _updates(self, known: Versions) -> Updates:
         return {
-            key: (self._versions.get(key, 0), self._values.get(key))
+            key: Update(self._versions.get(key, 0), self._values.get(key))
             for key, version in known.items()
             if self._versions.get(key, 0) != version
         }
 
-    async def listen(self, known: dict[str, int], timeout_s: float) -> dict[str, tuple[int, Any]]:
+    async def listen(self, known: Versions, timeout_s: float) -> Updates:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while True:
@@ -51,11 +52,3 @@ class LongPollHost:
                 await asyncio.wait_for(self._changed.wait(), remaining)
             except asyncio.TimeoutError:
                 return {}
-
-
-def replicas_key(deployment: object) -> str:
-    """The long-poll key of one deployment's replica table."""
-    return f"replicas:{deployment}"
-
-
-ROUTES_KEY = "routes"

@@ -5,10 +5,11 @@ Pure (no I/O, no clock): the controller changes these records and derives status
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any
 
-from app_toolkit._runtime.autoscaling import Autoscaler
+from app_toolkit._runtime.controller.autoscaling import Autoscaler
 from app_toolkit._runtime.messages import AppSpec, DeploymentID, DeploymentSpec, ReplicaInfo
 from app_toolkit.config import DeploymentConfig
 from app_toolkit.status import (
@@ -86,6 +87,7 @@ def keep_size(state: DeploymentState) -> None:
     if state.autoscaler is not None and running:
         state.autoscaler.hold(running)
 
+
 def deployment_status(state: DeploymentState, current_load: float, now: float) -> DeploymentStatusInfo:
     """What status() says of one deployment."""
     version = state.spec.code_version
@@ -95,8 +97,10 @@ def deployment_status(state: DeploymentState, current_load: float, now: float) -
         if r.version == version and r.state is ReplicaState.RUNNING and not r.stop_requested
     )
     # Replicas of older code, or still taking new light options, are not done yet.
-    outdated = any(r.version != version or (r.config is not None and r.config != state.spec.config)
-                   for r in state.replicas.values())
+    outdated = any(
+        r.version != version or (r.config is not None and r.config != state.spec.config)
+        for r in state.replicas.values()
+    )
     if state.failed:
         status = DeploymentStatus.DEPLOY_FAILED
     elif running >= state.target and not outdated:
@@ -118,8 +122,11 @@ def deployment_status(state: DeploymentState, current_load: float, now: float) -
 
 def slow_starters(state: DeploymentState, now: float) -> list[Replica]:
     """Replicas that have been starting for longer than ``SLOW_START_S``."""
-    return [r for r in state.replicas.values()
-            if r.state is ReplicaState.STARTING and not r.stop_requested and now - r.launched_at > SLOW_START_S]
+    return [
+        r
+        for r in state.replicas.values()
+        if r.state is ReplicaState.STARTING and not r.stop_requested and now - r.launched_at > SLOW_START_S
+    ]
 
 
 def slow_start_message(state: DeploymentState, now: float) -> str:
@@ -129,13 +136,16 @@ def slow_start_message(state: DeploymentState, now: float) -> str:
         return ""
     asks = state.spec.config.ray_actor_options.model_dump(exclude_defaults=True, exclude={"runtime_env"})
     needs = ", ".join(f"{key}={value}" for key, value in asks.items()) or "no reserved resources"
-    return (f"{len(slow)} replica(s) starting for more than {SLOW_START_S:.0f} s: the cluster may "
-            f"not have room for one (each needs {needs}), a runtime_env may be installing, or "
-            "the constructor is slow. Replicas already running keep serving.")
+    return (
+        f"{len(slow)} replica(s) starting for more than {SLOW_START_S:.0f} s: the cluster may "
+        f"not have room for one (each needs {needs}), a runtime_env may be installing, or "
+        "the constructor is slow. Replicas already running keep serving."
+    )
 
 
-def _autoscaling_status(state: DeploymentState, current_load: float,
-                        now: float) -> AutoscalingStatusInfo | None:
+def _autoscaling_status(
+    state: DeploymentState, current_load: float, now: float
+) -> AutoscalingStatusInfo | None:
     scaler = state.autoscaler
     if scaler is None:
         return None
@@ -160,14 +170,21 @@ def app_status(deployments: Any) -> ApplicationStatus:
     return ApplicationStatus.DEPLOYING
 
 
-def serve_status(apps: Mapping[str, AppSpec], deployments: Mapping[DeploymentID, DeploymentState],
-                 load_of: Callable[[DeploymentID], float], now: float,
-                 proxies: Mapping[str, str]) -> ServeStatus:
+def serve_status(
+    apps: Mapping[str, AppSpec],
+    deployments: Mapping[DeploymentID, DeploymentState],
+    load_of: Callable[[DeploymentID], float],
+    now: float,
+    proxies: Mapping[str, str],
+) -> ServeStatus:
     """What status() says: every application (deleting ones too) and the proxies."""
     result = {}
     for name, app in apps.items():
-        infos = {spec.id.name: deployment_status(deployments[spec.id], load_of(spec.id), now)
-                 for spec in app.deployments if spec.id in deployments}
+        infos = {
+            spec.id.name: deployment_status(deployments[spec.id], load_of(spec.id), now)
+            for spec in app.deployments
+            if spec.id in deployments
+        }
         result[name] = ApplicationStatusInfo(
             name=name,
             status=app_status(infos.values()),

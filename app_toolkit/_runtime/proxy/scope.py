@@ -5,15 +5,26 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from typing import Any, MutableMapping
+from typing import Any
 
-from app_toolkit._runtime.path_match import AppRoutes
+from starlette.types import Scope
 
-Scope = MutableMapping[str, Any]
+from app_toolkit._runtime.answers import REQUEST_ID_HEADER
+from app_toolkit._runtime.proxy.path_match import AppRoutes
 
-REQUEST_ID_HEADER = b"x-request-id"
-_FORWARDED_KEYS = ("type", "http_version", "method", "scheme", "path", "raw_path",
-                   "query_string", "headers", "client", "server", "subprotocols")
+_FORWARDED_KEYS = (
+    "type",
+    "http_version",
+    "method",
+    "scheme",
+    "path",
+    "raw_path",
+    "query_string",
+    "headers",
+    "client",
+    "server",
+    "subprotocols",
+)
 
 TIMEOUT_HEADER = b"x-request-timeout-seconds"
 
@@ -39,8 +50,7 @@ def read_headers(scope: Scope) -> RequestHeaders:
             timeout = value
         elif key == b"content-length":
             content_length = value
-    return RequestHeaders(request_id or uuid.uuid4().hex, request_id is not None, timeout,
-                          content_length)
+    return RequestHeaders(request_id or uuid.uuid4().hex, request_id is not None, timeout, content_length)
 
 
 def parse_timeout(value: bytes | None) -> float | None | str:
@@ -52,8 +62,10 @@ def parse_timeout(value: bytes | None) -> float | None | str:
     except ValueError:
         seconds = -1.0
     if not 0 < seconds <= 86_400:
-        return ("x-request-timeout-seconds must be a number of seconds between 0 and "
-                f"86400, got {value.decode('latin-1')!r}")
+        return (
+            "x-request-timeout-seconds must be a number of seconds between 0 and "
+            f"86400, got {value.decode('latin-1')!r}"
+        )
     return seconds
 
 

@@ -9,50 +9,46 @@ the app's own routes, ``/docs`` and ``/openapi.json`` work under its prefix.
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
-from typing import Any, Awaitable, Callable, MutableMapping
+from typing import Any
 
-from app_toolkit._runtime.channel import Kind
-from app_toolkit._runtime.longpoll import ROUTES_KEY
+from starlette.types import Receive, Scope, Send
+
+from app_toolkit._runtime.answers import Answer, error_answer, json_answer, unavailable
+from app_toolkit._runtime.channel.frames import Kind
 from app_toolkit._runtime.messages import DeploymentID, HTTPRequest, HTTPResponse, HTTPResponseStart
-from app_toolkit._runtime.path_match import AppRoutes, match_app
-from app_toolkit._runtime.proxy_scope import (
-    REQUEST_ID_HEADER,
-    Scope,
+from app_toolkit._runtime.proxy.path_match import AppRoutes, match_app
+from app_toolkit._runtime.proxy.scope import (
     forwarded_scope,
     parse_timeout,
     read_headers,
     with_request_id,
 )
-from app_toolkit._runtime.proxy_websocket import serve_websocket
-from app_toolkit._runtime.subscriber import TableSubscriber
+from app_toolkit._runtime.proxy.websocket import serve_websocket
+from app_toolkit._runtime.routing.subscriber import TableSubscriber
+from app_toolkit._runtime.tables import ROUTES_KEY, RouteTable, Table
+from app_toolkit.config import HTTPOptions
 from app_toolkit.exceptions import BackPressureError, ReplicaUnavailableError
 
 logger = logging.getLogger("app_toolkit.proxy")
 access_logger = logging.getLogger("app_toolkit.access")
 
-Receive = Callable[[], Awaitable[MutableMapping[str, Any]]]
-Send = Callable[[MutableMapping[str, Any]], Awaitable[None]]
-
-RETRY_AFTER_S = 1
 CLIENT_CLOSED = 499  # nginx's status for "the client closed the connection"
 
 
 class Proxy:
     """The ASGI application the proxy's uvicorn serves."""
 
-    def __init__(self, subscriber: TableSubscriber, max_body_bytes: int = 100 << 20,
-                 access_log: bool = False) -> None:
+    def __init__(self, subscriber: TableSubscriber, http: HTTPOptions) -> None:
         self.subscriber = subscriber
-        self.max_body_bytes = max_body_bytes
-        self.access_log = access_log
+        self.max_body_bytes = http.max_request_body_bytes
+        self.access_log = http.access_log
         self.routes: list[AppRoutes] = []
         self.ready = subscriber.watch(ROUTES_KEY, self._set_routes)
 
-    def _set_routes(self, value: Any, _version: int) -> None:
-        routes = [AppRoutes(info) for info in value or ()]
+    def _set_routes(self, table: Table | None) -> None:
+        routes = [AppRoutes(info) for info in (table.routes if isinstance(table, RouteTable) else ())]
         routes.sort(key=lambda route: len(route.route_prefix), reverse=True)
         self.routes = routes
         for route in routes:
@@ -72,7 +68,7 @@ class Proxy:
             finally:
                 _log_access(scope, status, started)
         elif kind == "websocket":
-            await serve_websocket(self, scope, receive, send)
+            await serve_websocket(self.routes, self.subscriber.dispatcher, scope, receive, send)
         elif kind == "lifespan":
             await _lifespan(receive, send)
 
@@ -85,18 +81,23 @@ class Proxy:
             return await self._builtin(path, request_id, send)
         route = match_app(self.routes, path)
         if route is None:
-            return await _json(send, 404, {"detail": "Not Found", "request_id": request_id}, request_id)
+            return await _answer(send, error_answer(404, "Not Found", request_id))
         body = await _read_body(receive, headers.content_length, self.max_body_bytes)
         if body is None:
             return CLIENT_CLOSED  # the client went away before sending its body
         if body is _TOO_LARGE:
-            return await _json(send, 413, {"detail": f"Request body larger than {self.max_body_bytes} "
-                                           "bytes (max_request_body_bytes)", "request_id": request_id},
-                               request_id)
+            return await _answer(
+                send,
+                error_answer(
+                    413,
+                    f"Request body larger than {self.max_body_bytes} bytes (max_request_body_bytes)",
+                    request_id,
+                ),
+            )
         forwarded = forwarded_scope(scope, route, headers)
         timeout_s = parse_timeout(headers.timeout)
         if isinstance(timeout_s, str):
-            return await _json(send, 400, {"detail": timeout_s, "request_id": request_id}, request_id)
+            return await _answer(send, error_answer(400, timeout_s, request_id))
         deployment, deadline_s = route.target("http", scope["method"], path)
         if deadline_s is not None and (timeout_s is None or deadline_s < timeout_s):
             timeout_s = deadline_s
@@ -116,41 +117,55 @@ class Proxy:
         except TimeoutError:
             logger.info("Request %s: deadline of %s s passed (504)", request_id, timeout_s)
             if not state.started:
-                state.status = await _json(
-                    send, 504, {"detail": "Gateway Timeout: the request took longer than "
-                                f"{timeout_s} s", "request_id": request_id}, request_id)
+                state.status = await _answer(
+                    send,
+                    error_answer(
+                        504, f"Gateway Timeout: the request took longer than {timeout_s} s", request_id
+                    ),
+                )
         finally:
             state.finished = True
             watcher.cancel()
         return state.status
 
-    async def _forward(self, deployment: DeploymentID, request: HTTPRequest, send: Send,
-                       state: _RequestState) -> None:
+    async def _forward(
+        self, deployment: DeploymentID, request: HTTPRequest, send: Send, state: _RequestState
+    ) -> None:
         request_id = request.request_id
         dispatcher = self.subscriber.dispatcher(deployment)
         try:
             reply = await dispatcher.send(Kind.HTTP, request)
         except BackPressureError:
-            state.status = await _unavailable(send, "too many requests queued", request_id)
+            state.status = await _answer(send, unavailable("too many requests queued", request_id))
             return
         except ReplicaUnavailableError as exc:
             logger.warning("Request %s: %s", request_id, exc)
-            state.status = await _unavailable(send, "no replica could serve the request", request_id)
+            state.status = await _answer(send, unavailable("no replica could serve the request", request_id))
             return
         try:
             if reply.kind is Kind.RESPONSE:
                 response: HTTPResponse = reply.message
                 state.started = state.finished = True
                 state.status = response.status
-                await send({"type": "http.response.start", "status": response.status,
-                            "headers": with_request_id(response.headers, request_id)})
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": response.status,
+                        "headers": with_request_id(response.headers, request_id),
+                    }
+                )
                 await send({"type": "http.response.body", "body": response.body})
                 return
             start: HTTPResponseStart = reply.message
             state.started = True
             state.status = start.status
-            await send({"type": "http.response.start", "status": start.status,
-                        "headers": with_request_id(start.headers, request_id)})
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": start.status,
+                    "headers": with_request_id(start.headers, request_id),
+                }
+            )
             exchange = reply.exchange
             while True:
                 frame_kind, chunk = await exchange.recv()
@@ -177,10 +192,12 @@ class Proxy:
 
     async def _builtin(self, path: str, request_id: str, send: Send) -> int:
         if path == "/-/healthz":
-            return await _json(send, 200, {"status": "ok"}, request_id)
+            return await _answer(send, json_answer(200, {"status": "ok"}, request_id))
         if path == "/-/routes":
-            return await _json(send, 200, {r.route_prefix: r.app for r in self.routes}, request_id)
-        return await _json(send, 404, {"detail": "Not Found", "request_id": request_id}, request_id)
+            return await _answer(
+                send, json_answer(200, {r.route_prefix: r.app for r in self.routes}, request_id)
+            )
+        return await _answer(send, error_answer(404, "Not Found", request_id))
 
 
 class _RequestState:
@@ -230,19 +247,10 @@ async def _read_body(receive: Receive, content_length: bytes | None, limit: int)
             return b"".join(chunks)
 
 
-async def _json(send: Send, status: int, content: Any, request_id: str,
-                extra: list[tuple[bytes, bytes]] | None = None) -> int:
-    body = json.dumps(content).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-               (REQUEST_ID_HEADER, request_id.encode()), *(extra or [])]
-    await send({"type": "http.response.start", "status": status, "headers": headers})
-    await send({"type": "http.response.body", "body": body})
-    return status
-
-
-async def _unavailable(send: Send, why: str, request_id: str) -> int:
-    return await _json(send, 503, {"detail": f"Service Unavailable: {why}", "request_id": request_id},
-                       request_id, [(b"retry-after", str(RETRY_AFTER_S).encode())])
+async def _answer(send: Send, answer: Answer) -> int:
+    await send({"type": "http.response.start", "status": answer.status, "headers": answer.headers})
+    await send({"type": "http.response.body", "body": answer.body})
+    return answer.status
 
 
 def _log_access(scope: Scope, status: int, started: float) -> None:
@@ -251,9 +259,15 @@ def _log_access(scope: Scope, status: int, started: float) -> None:
     where = f"{client[0]}:{client[1]}" if client else "-"
     query = scope.get("query_string", b"")
     target = scope["path"] + ("?" + query.decode("latin-1") if query else "")
-    access_logger.info('%s - "%s %s HTTP/%s" %d %.1fms', where, scope["method"], target,
-                       scope.get("http_version", "1.1"), status,
-                       (time.perf_counter() - started) * 1000)
+    access_logger.info(
+        '%s - "%s %s HTTP/%s" %d %.1fms',
+        where,
+        scope["method"],
+        target,
+        scope.get("http_version", "1.1"),
+        status,
+        (time.perf_counter() - started) * 1000,
+    )
 
 
 async def _lifespan(receive: Receive, send: Send) -> None:

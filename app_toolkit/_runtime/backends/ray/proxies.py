@@ -3,7 +3,7 @@ on the controller's node (``HeadOnly``).
 
 The fleet starts a proxy on every node that joins, starts a proxy's server again after Ray
 restarted its process, and retires the proxy of a node that left. Proxies on one machine
-share the port (``proxy_server.listen_socket``). After a controller restart the proxies of
+share the port (``proxy/server.py``, ``listen_socket``). After a controller restart the proxies of
 its previous life are found by name and kept: they never stopped serving.
 """
 
@@ -17,7 +17,7 @@ import ray
 from ray.exceptions import RayTaskError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
-from app_toolkit._runtime.ray_cluster import NAMESPACE, PROXY_PREFIX, named_actors, remote
+from app_toolkit._runtime.backends.ray.cluster import NAMESPACE, PROXY_PREFIX, named_actors, remote
 from app_toolkit.config import HTTPOptions
 from app_toolkit.exceptions import ConfigError
 
@@ -45,7 +45,7 @@ class ProxyFleet:
         cannot listen is a ``ConfigError``."""
         for name in named_actors():
             if name.startswith(PROXY_PREFIX):
-                self._actors[name[len(PROXY_PREFIX):]] = ray.get_actor(name, namespace=NAMESPACE)
+                self._actors[name[len(PROXY_PREFIX) :]] = ray.get_actor(name, namespace=NAMESPACE)
         try:
             # A fresh toolkit checks that nobody else listens on the port yet.
             await self._ready(self._home, exclusive=not self._actors)
@@ -82,9 +82,10 @@ class ProxyFleet:
         for node in [node for node in self._actors if node not in wanted]:
             logger.info("Retiring the proxy of node %s (gone or not wanted)", node)
             self._retire(node)
-        results = await asyncio.gather(*(self._ready(node, exclusive=False) for node in wanted),
-                                       return_exceptions=True)
-        for node, result in zip(wanted, results):
+        results = await asyncio.gather(
+            *(self._ready(node, exclusive=False) for node in wanted), return_exceptions=True
+        )
+        for node, result in zip(wanted, results, strict=True):
             if isinstance(result, BaseException):
                 logger.warning("The proxy on node %s is not serving yet: %s", node, result)
 
@@ -92,8 +93,12 @@ class ProxyFleet:
         actor = self._actors.get(node)
         if actor is None:
             actor = self._actors[node] = remote(
-                self._actor_class, name=f"{PROXY_PREFIX}{node}", namespace=NAMESPACE,
-                lifetime="detached", get_if_exists=True, max_restarts=-1,
+                self._actor_class,
+                name=f"{PROXY_PREFIX}{node}",
+                namespace=NAMESPACE,
+                lifetime="detached",
+                get_if_exists=True,
+                max_restarts=-1,
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
             ).remote(self._http)
         url, port = await asyncio.wait_for(actor.ready.remote(self._port, exclusive), _READY_TIMEOUT_S)

@@ -10,41 +10,48 @@ cannot read a refused handshake, so they get accept-then-close 1013; other clien
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
-from app_toolkit._runtime.channel import Kind
-from app_toolkit._runtime.dispatcher import Reply
+from starlette.types import Receive, Scope, Send
+
+from app_toolkit._runtime.answers import unavailable
+from app_toolkit._runtime.channel.frames import Kind
 from app_toolkit._runtime.messages import (
     CLOSE_INTERNAL_ERROR,
     CLOSE_POLICY,
     CLOSE_TRY_AGAIN_LATER,
+    DeploymentID,
     WebSocketOpen,
 )
-from app_toolkit._runtime.path_match import match_app
-from app_toolkit._runtime.proxy_scope import REQUEST_ID_HEADER, Scope, forwarded_scope, read_headers
+from app_toolkit._runtime.proxy.path_match import AppRoutes, match_app
+from app_toolkit._runtime.proxy.scope import forwarded_scope, read_headers
+from app_toolkit._runtime.routing.dispatcher import Dispatcher, Reply
 from app_toolkit.exceptions import BackPressureError, ReplicaUnavailableError
-
-if TYPE_CHECKING:
-    from app_toolkit._runtime.proxy import Proxy, Receive, Send
 
 logger = logging.getLogger("app_toolkit.proxy")
 
 _APP_GRACE_S = 5.0  # how long an app may take to finish after the client disconnected
 
 
-async def serve_websocket(proxy: Proxy, scope: Scope, receive: Receive, send: Send) -> None:
+async def serve_websocket(
+    routes: list[AppRoutes],
+    dispatcher_for: Callable[[DeploymentID], Dispatcher],
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+) -> None:
+    """Relay one WebSocket connection to a replica of the app its path belongs to."""
     headers = read_headers(scope)
     request_id = headers.request_id
     if (await receive())["type"] != "websocket.connect":
         return
-    route = match_app(proxy.routes, scope["path"])
+    route = match_app(routes, scope["path"])
     if route is None:
         await send({"type": "websocket.close", "code": CLOSE_POLICY})
         return
     deployment, _ = route.target("websocket", None, scope["path"])
-    dispatcher = proxy.subscriber.dispatcher(deployment)
+    dispatcher = dispatcher_for(deployment)
     opening = WebSocketOpen(request_id, forwarded_scope(scope, route, headers))
     try:
         reply = await dispatcher.send(Kind.WS_OPEN, opening)
@@ -67,14 +74,13 @@ async def _refuse(scope: Scope, send: Send, request_id: str, why: str) -> None:
     can_deny = "websocket.http.response" in scope.get("extensions", {})
     if is_browser or not can_deny:
         await send({"type": "websocket.accept"})
-        await send({"type": "websocket.close", "code": CLOSE_TRY_AGAIN_LATER,
-                    "reason": f"{why}; retry later"})
+        await send(
+            {"type": "websocket.close", "code": CLOSE_TRY_AGAIN_LATER, "reason": f"{why}; retry later"}
+        )
         return
-    body = json.dumps({"detail": f"Service Unavailable: {why}", "request_id": request_id}).encode()
-    await send({"type": "websocket.http.response.start", "status": 503, "headers": [
-        (b"content-type", b"application/json"), (b"retry-after", b"1"),
-        (REQUEST_ID_HEADER, request_id.encode())]})
-    await send({"type": "websocket.http.response.body", "body": body})
+    answer = unavailable(why, request_id)
+    await send({"type": "websocket.http.response.start", "status": answer.status, "headers": answer.headers})
+    await send({"type": "websocket.http.response.body", "body": answer.body})
 
 
 async def _relay(reply: Reply, receive: Receive, send: Send) -> None:
@@ -86,7 +92,8 @@ async def _relay(reply: Reply, receive: Receive, send: Send) -> None:
                 if not closed:
                     await send(message)
                     closed = message["type"] == "websocket.close" or (
-                        message["type"] == "websocket.http.response.body" and not message.get("more_body"))
+                        message["type"] == "websocket.http.response.body" and not message.get("more_body")
+                    )
             elif kind is Kind.END:
                 if not closed:
                     # The app returned without closing: close normally (or deny, if never accepted).

@@ -1,11 +1,10 @@
-"""The request data plane: length-prefixed frames over one persistent TCP connection.
+"""The request data plane's wire format: length-prefixed frames over one persistent TCP
+connection.
 
 Each replica listens on its own port; each caller process keeps one connection per
 replica and multiplexes requests over it by request number. One frame each way carries
-a unary request (ARCHITECTURE.md §5); streamed bodies are one frame per chunk.
-
-The replica's end (server, sinks) is ``channel_server.py``; this module holds the
-frames and the caller's end.
+a unary request (docs/architecture.md, "Data plane"); streamed bodies are one frame per
+chunk. The caller's end is ``client.py``, the replica's end ``server.py``.
 
 Frame: ``!IQB`` header (payload length, request number, kind) then the payload. The first
 frame on a connection must be HELLO carrying the replica's token, which the controller
@@ -15,15 +14,14 @@ publishes to callers over Ray, so a stray process on the host cannot drive a rep
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import pickle
 import struct
+from collections.abc import Callable
 from enum import IntEnum
-from typing import Any, Callable
+from typing import Any
 
 from app_toolkit._runtime.messages import HTTPRequest, HTTPResponse
-from app_toolkit.exceptions import ReplicaUnavailableError
 
 logger = logging.getLogger("app_toolkit.channel")
 
@@ -221,147 +219,3 @@ class FrameProtocol(asyncio.Protocol):
         if self.transport is not None and not self.closed:
             self._flush()
             self.transport.close()
-
-
-# ---------------------------------------------------------------------------- client side
-
-
-_TERMINAL = frozenset({Kind.RESPONSE, Kind.END, Kind.RESULT, Kind.FAILURE, Kind.REJECTED, Kind.LOST})
-
-
-class Exchange:
-    """One request in flight: the frames that come back for it, in order."""
-
-    __slots__ = ("_items", "_waiter", "_cancel", "_forward", "finished")
-
-    def __init__(self, cancel: Callable[[], None],
-                 forward: Callable[[Kind, Any], None] | None = None) -> None:
-        self._items: collections.deque[tuple[Kind, Any]] = collections.deque()
-        self._waiter: asyncio.Future[None] | None = None
-        self._cancel = cancel
-        self._forward = forward
-        self.finished = False
-
-    def send(self, kind: Kind, message: Any) -> None:
-        """Send a further message of this request to the replica (WebSocket input)."""
-        if self._forward is not None and not self.finished:
-            self._forward(kind, message)
-
-    def push(self, kind: Kind, message: Any) -> None:
-        if kind in _TERMINAL:
-            self.finished = True
-        self._items.append((kind, message))
-        waiter = self._waiter
-        if waiter is not None and not waiter.done():
-            waiter.set_result(None)
-
-    def take_ready(self, kind: Kind) -> list[Any]:
-        """The messages of ``kind`` that are next in line and already here, removed."""
-        items = self._items
-        taken = []
-        while items and items[0][0] is kind:
-            taken.append(items.popleft()[1])
-        return taken
-
-    def next_is(self, kind: Kind) -> bool:
-        return bool(self._items) and self._items[0][0] is kind
-
-    async def recv(self) -> tuple[Kind, Any]:
-        while not self._items:
-            self._waiter = asyncio.get_running_loop().create_future()
-            try:
-                await self._waiter
-            finally:
-                self._waiter = None
-        return self._items.popleft()
-
-    def cancel(self) -> None:
-        """Ask the replica to cancel this request (no-op once it finished)."""
-        if not self.finished:
-            self.finished = True
-            self._cancel()
-
-
-class _ClientConnection(FrameProtocol):
-    def __init__(self) -> None:
-        super().__init__()
-        self.pending: dict[int, Exchange] = {}
-
-    def on_frame(self, kind: Kind, number: int, payload: memoryview) -> None:
-        exchange = self.pending.get(number)
-        if exchange is None:
-            return
-        if kind in _TERMINAL:
-            del self.pending[number]
-        exchange.push(kind, decode(kind, payload))
-
-    def on_lost(self) -> None:
-        pending, self.pending = self.pending, {}
-        for exchange in pending.values():
-            exchange.push(Kind.LOST, None)
-
-
-class ChannelClient:
-    """The caller's connection to one replica, opened on first use."""
-
-    def __init__(self, host: str, port: int, token: bytes, dumps: Dumps = plain_dumps) -> None:
-        self.host = host
-        self.port = port
-        self.token = token
-        self.dumps = dumps
-        self._conn: _ClientConnection | None = None
-        self._connecting: asyncio.Future[_ClientConnection] | None = None
-        self._next = 0
-
-    async def _connection(self) -> _ClientConnection:
-        conn = self._conn
-        if conn is not None and not conn.closed:
-            return conn
-        if self._connecting is None:
-            self._connecting = asyncio.ensure_future(self._connect())
-        try:
-            return await asyncio.shield(self._connecting)
-        finally:
-            if self._connecting is not None and self._connecting.done():
-                self._connecting = None
-
-    async def _connect(self) -> _ClientConnection:
-        loop = asyncio.get_running_loop()
-        try:
-            _transport, conn = await loop.create_connection(
-                _ClientConnection, self.host, self.port
-            )
-        except OSError as exc:
-            raise ReplicaUnavailableError(
-                f"Cannot reach replica at {self.host}:{self.port}: {exc}"
-            ) from None
-        conn.send(Kind.HELLO, 0, [self.token])
-        self._conn = conn
-        return conn
-
-    async def open(self, kind: Kind, message: Any) -> Exchange:
-        """Send one request; raises ReplicaUnavailableError if it could not be sent."""
-        conn = await self._connection()
-        if conn.closed:
-            raise ReplicaUnavailableError(f"Connection to {self.host}:{self.port} closed")
-        self._next += 1
-        number = self._next
-        parts = encode(kind, message, self.dumps)
-
-        def cancel() -> None:
-            if conn.pending.pop(number, None) is not None:
-                conn.send(Kind.CANCEL, number, [])
-
-        def forward(next_kind: Kind, next_message: Any) -> None:
-            conn.send(next_kind, number, encode(next_kind, next_message, self.dumps))
-
-        exchange = Exchange(cancel, forward)
-        conn.pending[number] = exchange
-        conn.send(kind, number, parts)
-        await conn.drain()
-        return exchange
-
-    def close(self) -> None:
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None

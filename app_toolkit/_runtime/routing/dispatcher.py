@@ -1,8 +1,9 @@
 """The caller-side queue of one deployment: wait for a free replica, send, retry.
 
-Queue #1 of ARCHITECTURE.md §3. Requests wait here (bounded by ``max_queued_requests``)
-until the chooser finds a replica with a free slot; a request refused by a replica or not
-delivered because the replica is gone is retried on another, since it never started.
+The first of the three queues (docs/architecture.md, "Queues"). Requests wait here
+(bounded by ``max_queued_requests``) until the chooser finds a replica with a free slot; a
+request refused by a replica or not delivered because the replica is gone is retried on
+another, since it never started.
 """
 
 from __future__ import annotations
@@ -10,12 +11,14 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Protocol
 
-from app_toolkit._runtime.channel import Exchange, Kind
+from app_toolkit._runtime.channel.exchange import Exchange
+from app_toolkit._runtime.channel.frames import Kind
 from app_toolkit._runtime.messages import DeploymentID, ReplicaInfo
-from app_toolkit._runtime.router import ReplicaChooser, queue_is_full
+from app_toolkit._runtime.routing.choice import ReplicaChooser, queue_is_full
 from app_toolkit.exceptions import BackPressureError, ReplicaUnavailableError
 
 logger = logging.getLogger("app_toolkit.router")
@@ -56,8 +59,9 @@ class Reply:
 class Dispatcher:
     """Routes one caller's requests for one deployment."""
 
-    def __init__(self, deployment: DeploymentID, connect: Connect,
-                 on_demand: Callable[[], None] | None = None) -> None:
+    def __init__(
+        self, deployment: DeploymentID, connect: Connect, on_demand: Callable[[], None] | None = None
+    ) -> None:
         self.deployment = deployment
         self._connect = connect
         # Called when a request waits and there is no replica at all (scale from zero).

@@ -19,8 +19,10 @@ from app_toolkit.config import HTTPOptions
 
 
 def _port_error(host: str, port: int, exc: OSError) -> OSError:
-    return OSError(f"The proxy could not listen on {host}:{port} ({exc.strerror or exc}); is "
-                   "the port in use? Pick another with --port (or http_options={'port': ...}).")
+    return OSError(
+        f"The proxy could not listen on {host}:{port} ({exc.strerror or exc}); is "
+        "the port in use? Pick another with --port (or http_options={'port': ...})."
+    )
 
 
 def listen_socket(host: str, port: int, *, exclusive: bool) -> socket.socket:
@@ -31,10 +33,13 @@ def listen_socket(host: str, port: int, *, exclusive: bool) -> socket.socket:
     """
     try:
         family, kind, proto, _, address = socket.getaddrinfo(
-            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)[0]
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
     except OSError as exc:
-        raise OSError(f"The proxy cannot listen on host {host!r} ({exc.strerror or exc}); use an "
-                      "IP address of this machine, 0.0.0.0 for all of them, or a name it resolves.") from None
+        raise OSError(
+            f"The proxy cannot listen on host {host!r} ({exc.strerror or exc}); use an "
+            "IP address of this machine, 0.0.0.0 for all of them, or a name it resolves."
+        ) from None
     if exclusive and port != 0:
         probe = socket.socket(family, kind, proto)
         try:
@@ -72,8 +77,13 @@ class ProxyServer:
 async def serve(app: ASGIApp, http: HTTPOptions, sock: socket.socket) -> ProxyServer:
     """Serve ``app`` on ``sock`` under uvicorn; returns once it accepts connections. The
     server owns ``sock`` from here (closed if it cannot start)."""
-    config = uvicorn.Config(app, lifespan="off", log_level="warning", access_log=False,
-                            ws_max_size=http.websocket_max_message_bytes)
+    config = uvicorn.Config(
+        app,
+        lifespan="off",
+        log_level="warning",
+        access_log=False,
+        ws_max_size=http.websocket_max_message_bytes,
+    )
     server = uvicorn.Server(config)
     task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]))
     try:

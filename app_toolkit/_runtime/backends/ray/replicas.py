@@ -15,9 +15,7 @@ import ray
 from ray.exceptions import RayActorError, RayTaskError
 from ray.experimental import internal_kv
 
-from app_toolkit._runtime.channel_server import start_server
-from app_toolkit._runtime.messages import AdoptedReplica, DeploymentID, DeploymentSpec, ReplicaInfo
-from app_toolkit._runtime.ray_cluster import (
+from app_toolkit._runtime.backends.ray.cluster import (
     NAMESPACE,
     REPLICA_PREFIX,
     configure_worker_logging,
@@ -26,7 +24,10 @@ from app_toolkit._runtime.ray_cluster import (
     node_address,
     remote,
 )
-from app_toolkit._runtime.replica import ReplicaCore
+from app_toolkit._runtime.backends.ray.session import RaySession
+from app_toolkit._runtime.channel.server import start_server
+from app_toolkit._runtime.messages import AdoptedReplica, DeploymentID, DeploymentSpec, ReplicaInfo
+from app_toolkit._runtime.replica.replica import ReplicaCore
 from app_toolkit.config import DeploymentConfig
 from app_toolkit.exceptions import DeployError, ReplicaUnavailableError
 
@@ -39,8 +40,15 @@ _DESCRIBE_TIMEOUT_S = 10.0
 class ReplicaActor:
     """Hosts one ``ReplicaCore`` and its channel server."""
 
-    def __init__(self, replica_id: str, deployment: DeploymentID, config: DeploymentConfig,
-                 definition: bytes, init_args: bytes, code_version: str) -> None:
+    def __init__(
+        self,
+        replica_id: str,
+        deployment: DeploymentID,
+        config: DeploymentConfig,
+        definition: bytes,
+        init_args: bytes,
+        code_version: str,
+    ) -> None:
         configure_worker_logging()
         self._args = (replica_id, deployment, config, definition, init_args)
         self._code_version = code_version
@@ -50,15 +58,26 @@ class ReplicaActor:
 
     async def initialize(self) -> ReplicaInfo:
         replica_id, deployment, config, definition, init_args = self._args
-        core = ReplicaCore(replica_id, deployment, config, pickle.loads(definition),
-                           pickle.loads(init_args), dumps)
+        # Handle calls of the user's code run on this actor's loop (before the user's
+        # constructor, which may make some).
+        RaySession.attach(asyncio.get_running_loop())
+        core = ReplicaCore(
+            replica_id, deployment, config, pickle.loads(definition), pickle.loads(init_args), dumps
+        )
         await core.start()
         token = secrets.token_bytes(16)
         host = node_address()
         self._server, port = await start_server(core, host, token, dumps)
         self._core = core
-        self._info = ReplicaInfo(replica_id, deployment, host, port, token, config.max_ongoing_requests,
-                                 ray.get_runtime_context().get_node_id())
+        self._info = ReplicaInfo(
+            replica_id,
+            deployment,
+            host,
+            port,
+            token,
+            config.max_ongoing_requests,
+            ray.get_runtime_context().get_node_id(),
+        )
         return self._info
 
     async def describe(self) -> AdoptedReplica | str:
@@ -82,8 +101,11 @@ class ReplicaActor:
 
     async def stats(self) -> dict[str, int]:
         """Requests running, asyncio tasks alive and the process id (for tests and tools)."""
-        return {"ongoing": self._core.ongoing if self._core else 0,
-                "tasks": len(asyncio.all_tasks()), "pid": os.getpid()}
+        return {
+            "ongoing": self._core.ongoing if self._core else 0,
+            "tasks": len(asyncio.all_tasks()),
+            "pid": os.getpid(),
+        }
 
     async def drain(self) -> None:
         if self._core is not None:
@@ -104,8 +126,11 @@ class RayReplicas:
     async def start_replica(self, replica_id: str, spec: DeploymentSpec) -> tuple[ReplicaInfo, Any]:
         options = spec.config.ray_actor_options
         actor_options: dict[str, Any] = {
-            "name": f"{REPLICA_PREFIX}{replica_id}", "namespace": NAMESPACE,
-            "lifetime": "detached", "num_cpus": options.num_cpus, "num_gpus": options.num_gpus,
+            "name": f"{REPLICA_PREFIX}{replica_id}",
+            "namespace": NAMESPACE,
+            "lifetime": "detached",
+            "num_cpus": options.num_cpus,
+            "num_gpus": options.num_gpus,
             "resources": options.resources,
             # Replicas of a deployment on different nodes: losing one node loses only some.
             # Ray ignores the strategy (random node) for actors that request no resources at
@@ -116,7 +141,8 @@ class RayReplicas:
         if options.runtime_env is not None:
             actor_options["runtime_env"] = options.runtime_env
         actor = remote(ReplicaActor, **actor_options).remote(
-            replica_id, spec.id, spec.config, spec.definition, spec.init_args, spec.code_version)
+            replica_id, spec.id, spec.config, spec.definition, spec.init_args, spec.code_version
+        )
         try:
             return await actor.initialize.remote(), actor
         except RayTaskError as exc:
@@ -131,7 +157,7 @@ class RayReplicas:
         if graceful:
             try:
                 await handle.drain.remote()
-            except Exception as exc:  # a dead replica needs no draining
+            except Exception as exc:  # noqa: BLE001 - a dead replica needs no draining
                 logger.info("Draining a replica failed: %s", exc)
         ray.kill(handle, no_restart=True)
 
@@ -161,7 +187,7 @@ class RayReplicas:
             described: AdoptedReplica | str
             try:
                 described = await asyncio.wait_for(actor.describe.remote(), _DESCRIBE_TIMEOUT_S)
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - whatever went wrong, it cannot be adopted
                 described = f"unresponsive ({exc})"
             if isinstance(described, AdoptedReplica):
                 found.append(dataclasses.replace(described, handle=actor))
@@ -180,5 +206,3 @@ class RayReplicas:
     async def load_checkpoint(self) -> bytes | None:
         data = internal_kv._internal_kv_get(CHECKPOINT_KEY, namespace=NAMESPACE)
         return data if data else None
-
-

@@ -7,8 +7,7 @@ from __future__ import annotations
 
 import re
 
-from app_toolkit._runtime.messages import AppSpec, DeploymentID, RouteInfo
-from app_toolkit.exceptions import ConfigError
+from app_toolkit._runtime.messages import DeploymentID, RouteInfo
 
 
 class AppRoutes:
@@ -21,9 +20,13 @@ class AppRoutes:
         self.app = info.app
         self.ingress = info.ingress
         self._table = [
-            (re.compile(route.pattern), route.methods, route.scope_types,
-             DeploymentID(info.app, route.deployment) if route.deployment else info.ingress,
-             route.deadline_s)
+            (
+                re.compile(route.pattern),
+                route.methods,
+                route.scope_types,
+                DeploymentID(info.app, route.deployment) if route.deployment else info.ingress,
+                route.deadline_s,
+            )
             for route in info.routes
         ]
         #: Every deployment requests of this app may go to.
@@ -37,7 +40,7 @@ class AppRoutes:
         """
         if not self._table:
             return self.ingress, None
-        below = path if self.route_prefix == "/" else path[len(self.route_prefix):]
+        below = path if self.route_prefix == "/" else path[len(self.route_prefix) :]
         for regex, methods, scope_types, deployment, deadline_s in self._table:
             if scope_type not in scope_types or (methods is not None and method not in methods):
                 continue
@@ -54,27 +57,3 @@ def match_app(apps: list[AppRoutes], path: str) -> AppRoutes | None:
         if prefix == "/" or path == prefix or path.startswith(prefix + "/"):
             return app
     return None
-
-
-def check_prefixes(new: AppSpec, other: AppSpec) -> None:
-    """Refuse an app whose prefix equals another's or hides some of its routes."""
-    if new.route_prefix is None or other.route_prefix is None:
-        return
-    if new.route_prefix == other.route_prefix:
-        raise ConfigError(
-            f"route_prefix {new.route_prefix!r} is already used by application "
-            f"{other.name!r}; choose another prefix or delete {other.name!r} first"
-        )
-    for outer, inner in ((other, new), (new, other)):
-        assert outer.route_prefix is not None and inner.route_prefix is not None
-        if not inner.route_prefix.startswith(outer.route_prefix.rstrip("/") + "/"):
-            continue  # inner is not below outer, so it cannot hide outer's routes
-        for path in outer.paths:
-            full = outer.route_prefix.rstrip("/") + path
-            fixed = full.split("{", 1)[0]  # the part before any path parameter
-            if fixed == inner.route_prefix or fixed.startswith(inner.route_prefix.rstrip("/") + "/"):
-                raise ConfigError(
-                    f"Route {full} of application {outer.name!r} would be hidden by application "
-                    f"{inner.name!r} at route_prefix {inner.route_prefix!r} (the longest prefix "
-                    "wins); choose another route_prefix or move the route"
-                )

@@ -8,7 +8,7 @@ import hmac
 import logging
 from typing import Any, Protocol
 
-from app_toolkit._runtime.channel import Dumps, FrameProtocol, Kind, decode, encode, plain_dumps
+from app_toolkit._runtime.channel.frames import Dumps, FrameProtocol, Kind, decode, encode, plain_dumps
 
 logger = logging.getLogger("app_toolkit.channel")
 
@@ -41,8 +41,12 @@ class _ServerSink:
         self.inbound: asyncio.Queue[Any] | None = None
 
     def send(self, kind: Kind, message: Any) -> None:
-        self._conn.send(kind, self._number, encode(kind, message, self._conn.dumps),
-                        soon=kind is Kind.BODY or kind is Kind.ITEM)
+        self._conn.send(
+            kind,
+            self._number,
+            encode(kind, message, self._conn.dumps),
+            soon=kind is Kind.BODY or kind is Kind.ITEM,
+        )
 
     async def drain(self) -> None:
         await self._conn.drain()
@@ -102,8 +106,6 @@ async def start_server(
 ) -> tuple[asyncio.Server, int]:
     """Listen on a free port of ``host``; returns the server and the port."""
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(
-        lambda: _ServerConnection(handler, token, dumps), host=host, port=0
-    )
+    server = await loop.create_server(lambda: _ServerConnection(handler, token, dumps), host=host, port=0)
     port = server.sockets[0].getsockname()[1]
     return server, int(port)

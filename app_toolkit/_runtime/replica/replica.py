@@ -9,29 +9,29 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import json
 import logging
 import pickle
 import threading
-from typing import Any, Awaitable, Callable
+from collections.abc import Awaitable, Callable
+from typing import Any
 
-from app_toolkit._runtime import request_context
-from app_toolkit._runtime.asgi import (
-    ASGIApp,
-    Lifespan,
-    internal_error_body,
-    request_app,
-    serve_http,
-    serve_websocket,
-)
-from app_toolkit._runtime.channel import Dumps, Kind
-from app_toolkit._runtime.channel_server import ResponseSink
+from starlette.types import ASGIApp
+
+from app_toolkit._runtime import answers, request_context
+from app_toolkit._runtime.channel.frames import Dumps, Kind
+from app_toolkit._runtime.channel.server import ResponseSink
 from app_toolkit._runtime.messages import (
     CallFailure,
     DeploymentID,
     HTTPRequest,
     MethodCall,
     WebSocketOpen,
+)
+from app_toolkit._runtime.replica.asgi import (
+    Lifespan,
+    request_app,
+    serve_http,
+    serve_websocket,
 )
 from app_toolkit.config import DeploymentConfig
 from app_toolkit.exceptions import BackPressureError, DeployError, ReplicaUnavailableError
@@ -191,8 +191,9 @@ class ReplicaCore:
     async def _serve_websocket(self, request: WebSocketOpen, sink: ResponseSink) -> None:
         await self._serve_asgi(serve_websocket, request, sink)
 
-    async def _serve_asgi(self, serve: Callable[..., Awaitable[None]],
-                          request: HTTPRequest | WebSocketOpen, sink: ResponseSink) -> None:
+    async def _serve_asgi(
+        self, serve: Callable[..., Awaitable[None]], request: HTTPRequest | WebSocketOpen, sink: ResponseSink
+    ) -> None:
         """Run one HTTP request or WebSocket through the app, with the request's context."""
         if self.asgi_app is None:
             self.asgi_app = request_app(self._method("__call__"))
@@ -273,7 +274,7 @@ class ReplicaCore:
         try:
             blob = self._dumps(exc)
             pickle.loads(blob)
-        except Exception:
+        except Exception:  # noqa: BLE001 - not picklable: the caller gets type and message
             blob = None
         return CallFailure(type(exc).__name__, str(exc), blob)
 
@@ -319,7 +320,7 @@ async def _iterate_in_thread(generator: Any) -> Any:
 
 async def _call_maybe_async(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     if inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(
-        getattr(function, "__call__", None)
+        getattr(function, "__call__", None)  # noqa: B004 - an async __call__, not callability
     ):
         return await function(*args, **kwargs)
     # Sync user code runs in a thread so it never blocks the replica's event loop.
@@ -337,14 +338,14 @@ def install_error_handler(app: Any) -> None:
     if not isinstance(app, Starlette):
         return
 
+    def respond(answer: answers.Answer) -> Response:
+        return Response(answer.body, answer.status, headers=answer.header_dict())
+
     async def internal_error(request: Request, exc: Exception) -> Response:
-        rid = request.headers.get("x-request-id", "")
-        return Response(internal_error_body(rid), 500, media_type="application/json")
+        return respond(answers.internal_error(request.headers.get("x-request-id", "")))
 
     async def unavailable(request: Request, exc: Exception) -> Response:
-        rid = request.headers.get("x-request-id", "")
-        body = json.dumps({"detail": "Service Unavailable", "request_id": rid}).encode()
-        return Response(body, 503, media_type="application/json", headers={"retry-after": "1"})
+        return respond(answers.unavailable(None, request.headers.get("x-request-id", "")))
 
     handlers = app.exception_handlers
     if Exception not in handlers and 500 not in handlers:

@@ -9,16 +9,24 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from typing import Any, Awaitable, Callable
+from collections.abc import Callable
 
-from app_toolkit._runtime.dispatcher import Connect, Dispatcher
-from app_toolkit._runtime.longpoll import replicas_key
 from app_toolkit._runtime.messages import DeploymentID
+from app_toolkit._runtime.routing.dispatcher import Connect, Dispatcher
+from app_toolkit._runtime.tables import (
+    DeploymentGone,
+    Listen,
+    Loads,
+    ReplicaTable,
+    ReportLoad,
+    Table,
+    replicas_key,
+)
 
 logger = logging.getLogger("app_toolkit.subscriber")
 
-Listen = Callable[[dict[str, int], float], Awaitable[dict[str, tuple[int, Any]]]]
-ReportLoad = Callable[[str, dict[DeploymentID, float]], Awaitable[None]]
+#: Called with each new table of a key (None: the key was never published).
+Apply = Callable[[Table | None], None]
 
 LONG_POLL_TIMEOUT_S = 30.0
 _RETRY_S = 0.5
@@ -49,25 +57,28 @@ class TableSubscriber:
                 deployment, self._connect, self._demand.set
             )
 
-            def apply(value: Any, version: int) -> None:
-                if value is None:
-                    reason = "was deleted or failed to deploy" if version > 0 else "does not exist"
-                    dispatcher.close(f"Deployment {deployment} {reason}")
+            def apply(table: Table | None) -> None:
+                if isinstance(table, ReplicaTable):
+                    dispatcher.update(table.replicas, table.max_queued_requests)
                 else:
-                    replicas, max_queued = value
-                    dispatcher.update(replicas, max_queued)
+                    reason = (
+                        "was deleted or failed to deploy"
+                        if isinstance(table, DeploymentGone)
+                        else "does not exist"
+                    )
+                    dispatcher.close(f"Deployment {deployment} {reason}")
 
             self.watch(replicas_key(deployment), apply)
         return dispatcher
 
-    def watch(self, key: str, apply: Callable[[Any, int], None]) -> asyncio.Event:
-        """Call ``apply(value, version)`` for every new value of ``key``."""
+    def watch(self, key: str, apply: Apply) -> asyncio.Event:
+        """Call ``apply(table)`` for every new table of ``key``."""
         ready = asyncio.Event()
         task = asyncio.get_running_loop().create_task(self._poll(key, apply, ready))
         self._tasks.append(task)
         return ready
 
-    async def _poll(self, key: str, apply: Callable[[Any, int], None], ready: asyncio.Event) -> None:
+    async def _poll(self, key: str, apply: Apply, ready: asyncio.Event) -> None:
         version = -1
         while True:
             try:
@@ -77,14 +88,15 @@ class TableSubscriber:
                 # now rather than leave transports to a closed loop.
                 self._close_dispatchers("The caller's event loop is closing")
                 raise
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - keep serving on the last tables
                 logger.warning("Cannot reach the controller (%s); keeping the last %s table", exc, key)
                 await asyncio.sleep(_RETRY_S)
                 continue
-            if key in updates:
-                version, value = updates[key]
+            update = updates.get(key)
+            if update is not None:
+                version = update.version
                 try:
-                    apply(value, version)
+                    apply(update.table)
                 except Exception:
                     logger.exception("Applying a new %s table failed", key)
                 ready.set()
@@ -93,7 +105,7 @@ class TableSubscriber:
         """Tell the controller this caller's load: on change, while non-zero every few
         seconds, and at once when a request waits for a deployment with no replica."""
         assert self._report is not None
-        sent: dict[DeploymentID, float] = {}
+        sent: Loads = {}
         sent_at = 0.0
         loop = asyncio.get_running_loop()
         while True:
@@ -111,7 +123,7 @@ class TableSubscriber:
                 await self._report(self._caller_id, loads)
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - a report is retried, never fatal
                 logger.debug("Could not report load (%s); will retry", exc)
                 continue
             sent, sent_at = {d: load for d, load in loads.items() if load}, loop.time()

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import inspect
-import json
 import logging
-from typing import Any, Awaitable, Callable, MutableMapping
+from collections.abc import Callable
+from typing import Any
 
-from app_toolkit._runtime import request_context
-from app_toolkit._runtime.channel import Kind
-from app_toolkit._runtime.channel_server import ResponseSink
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from app_toolkit._runtime import answers, request_context
+from app_toolkit._runtime.channel.frames import Kind
+from app_toolkit._runtime.channel.server import ResponseSink
 from app_toolkit._runtime.messages import (
     CLOSE_INTERNAL_ERROR,
     CLOSE_SERVICE_RESTART,
@@ -23,25 +25,13 @@ from app_toolkit.exceptions import DeployError
 
 logger = logging.getLogger("app_toolkit.replica")
 
-Scope = MutableMapping[str, Any]
-Message = MutableMapping[str, Any]
-ASGIApp = Callable[[Scope, Callable[[], Awaitable[Message]], Callable[[Message], Awaitable[None]]], Awaitable[None]]
 
 _ASGI = {"version": "3.0", "spec_version": "2.3"}
 
 
-def internal_error_body(request_id: str) -> bytes:
-    """The generic 500 body: no traceback, just the id to find it in the replica log."""
-    return json.dumps({"detail": "Internal Server Error", "request_id": request_id}).encode()
-
-
 def internal_error(request_id: str) -> HTTPResponse:
-    body = internal_error_body(request_id)
-    return HTTPResponse(
-        500,
-        [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
-        body,
-    )
+    answer = answers.internal_error(request_id)
+    return HTTPResponse(answer.status, answer.headers, answer.body)
 
 
 class Lifespan:
@@ -84,7 +74,7 @@ class Lifespan:
         scope = {"type": "lifespan", "asgi": _ASGI, "state": self.state}
         try:
             await self.app(scope, self._events.get, self._send)
-        except BaseException as exc:  # noqa: BLE001 - reported as a deploy failure
+        except BaseException as exc:
             if isinstance(exc, asyncio.CancelledError):
                 raise
             if not self._started.is_set() and self._failure is None:
@@ -187,7 +177,9 @@ async def serve_http(
         finished.set()
     if not complete:
         logger.error("Request %s: the app returned without a complete response", request.request_id)
-        sink.send(Kind.END if started else Kind.RESPONSE, None if started else internal_error(request.request_id))
+        sink.send(
+            Kind.END if started else Kind.RESPONSE, None if started else internal_error(request.request_id)
+        )
 
 
 def request_app(target: Callable[..., Any]) -> ASGIApp:
@@ -201,11 +193,10 @@ def request_app(target: Callable[..., Any]) -> ASGIApp:
     from starlette.responses import JSONResponse, PlainTextResponse, Response
 
     is_async = inspect.iscoroutinefunction(target) or inspect.iscoroutinefunction(
-        getattr(target, "__call__", None)
+        getattr(target, "__call__", None)  # noqa: B004 - an async __call__, not callability
     )
 
-    async def app(scope: Scope, receive: Callable[[], Awaitable[Message]],
-                  send: Callable[[Message], Awaitable[None]]) -> None:
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             raise NotImplementedError(f"{scope['type']} is not served by a plain deployment")
         request = Request(scope, receive)
@@ -266,8 +257,14 @@ async def serve_websocket(
             return
         if not closed:
             closed = True
-            sink.send(Kind.WS_OUT, {"type": "websocket.close", "code": CLOSE_SERVICE_RESTART,
-                                    "reason": "server restarting; reconnect"})
+            sink.send(
+                Kind.WS_OUT,
+                {
+                    "type": "websocket.close",
+                    "code": CLOSE_SERVICE_RESTART,
+                    "reason": "server restarting; reconnect",
+                },
+            )
         inbound.put_nowait({"type": "websocket.disconnect", "code": CLOSE_SERVICE_RESTART})
 
     draining = request_context.draining.get()

@@ -1,0 +1,62 @@
+"""The toolkit's own HTTP answers, each built in one place: a JSON body that carries the
+request id, ``503`` with ``Retry-After`` for overload or a lost replica, and the generic
+``500`` that never shows a traceback."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+REQUEST_ID_HEADER = b"x-request-id"
+#: Seconds a client is asked to wait before retrying a 503.
+RETRY_AFTER_S = 1
+
+Headers = list[tuple[bytes, bytes]]
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """A complete response: status, headers and body."""
+
+    status: int
+    headers: Headers
+    body: bytes
+
+    def header_dict(self) -> dict[str, str]:
+        """The headers as Starlette's ``Response(headers=...)`` takes them."""
+        return {key.decode("latin-1"): value.decode("latin-1") for key, value in self.headers}
+
+
+def json_answer(
+    status: int, content: Any, request_id: str, extra: tuple[tuple[bytes, bytes], ...] = ()
+) -> Answer:
+    body = json.dumps(content).encode()
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        (REQUEST_ID_HEADER, request_id.encode()),
+        *extra,
+    ]
+    return Answer(status, headers, body)
+
+
+def error_answer(status: int, detail: str, request_id: str) -> Answer:
+    """``{"detail": ..., "request_id": ...}`` with ``status``."""
+    return json_answer(status, {"detail": detail, "request_id": request_id}, request_id)
+
+
+def unavailable(why: str | None, request_id: str) -> Answer:
+    """503 with Retry-After: overloaded, or no replica could serve the request."""
+    detail = f"Service Unavailable: {why}" if why else "Service Unavailable"
+    return json_answer(
+        503,
+        {"detail": detail, "request_id": request_id},
+        request_id,
+        ((b"retry-after", str(RETRY_AFTER_S).encode()),),
+    )
+
+
+def internal_error(request_id: str) -> Answer:
+    """The generic 500: no traceback, just the id to find it in the replica log."""
+    return error_answer(500, "Internal Server Error", request_id)

@@ -1,0 +1,129 @@
+"""The Ray backend's system actors: the controller and the proxy (one per node).
+
+Ray is the control plane and the engine: the controller, proxies and replicas are Ray
+actors (placement, resources, restarts), desired state lives in Ray's GCS key-value store,
+control calls are actor calls. Requests travel over the channel (``_runtime/channel``).
+Only the modules of this package import ``ray``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+from app_toolkit._runtime.backends.ray.cluster import configure_worker_logging, node_address
+from app_toolkit._runtime.backends.ray.proxies import ProxyFleet
+from app_toolkit._runtime.backends.ray.replicas import RayReplicas
+from app_toolkit._runtime.backends.ray.session import RaySession
+from app_toolkit._runtime.controller.controller import ControllerCore
+from app_toolkit._runtime.messages import AppSpec
+from app_toolkit._runtime.proxy.proxy import Proxy
+from app_toolkit._runtime.proxy.server import ProxyServer, listen_socket, serve
+from app_toolkit._runtime.tables import Loads, Updates, Versions
+from app_toolkit.config import HTTPOptions
+from app_toolkit.status import ServeStatus
+
+
+class ProxyActor:
+    """Runs the proxy ASGI app under uvicorn on this node."""
+
+    def __init__(self, http: HTTPOptions) -> None:
+        configure_worker_logging()
+        self._http = http
+        self._server: ProxyServer | None = None
+        self._starting = asyncio.Lock()
+
+    async def ready(self, port: int, exclusive: bool) -> tuple[str, int]:
+        """Serve on ``port`` (idempotent); returns this proxy's URL and port."""
+        async with self._starting:
+            if self._server is None:
+                sock = listen_socket(self._http.host, port, exclusive=exclusive)
+                plane = RaySession.attach(asyncio.get_running_loop()).data_plane
+                proxy = Proxy(plane.subscriber, self._http)
+                self._server = await serve(proxy, self._http, sock)
+        host = self._http.host
+        if host in ("0.0.0.0", "::", ""):  # listening everywhere: name the node's address
+            host = node_address()
+        if ":" in host:
+            host = f"[{host}]"
+        return f"http://{host}:{self._server.port}", self._server.port
+
+    async def stats(self) -> dict[str, int]:
+        """Asyncio tasks alive and the process id (for leak checks and tests)."""
+        return {"tasks": len(asyncio.all_tasks()), "pid": os.getpid()}
+
+    async def stop(self) -> None:
+        """Stop accepting connections and finish open ones (bounded), then return."""
+        if self._server is not None:
+            await self._server.stop(timeout_s=10)
+
+
+class ControllerActor:
+    """The named, detached controller: wraps ``ControllerCore`` and the proxies."""
+
+    def __init__(self, http: HTTPOptions) -> None:
+        configure_worker_logging()
+        self.http = http
+        self.core = ControllerCore(RayReplicas())
+        self._started = False
+        self._core_started = False
+        self._start_lock: asyncio.Lock | None = None
+        self._proxies = ProxyFleet(ProxyActor, http, self.core.proxies)
+        self._port = 0
+
+    async def ready(self) -> int:
+        """Start the loop and the proxies once; returns the proxies' port."""
+        if self._start_lock is None:
+            self._start_lock = asyncio.Lock()
+        async with self._start_lock:
+            if not self._started:
+                # After a restart (Ray restarts this actor when it dies) core.start() reloads
+                # the checkpoint and adopts the replicas of the previous life that still run.
+                if not self._core_started:
+                    await self.core.start()
+                    self._core_started = True
+                self._port = await self._proxies.start()
+                self._started = True
+        return self._port
+
+    def http_options(self) -> HTTPOptions:
+        return self.http
+
+    # Every call first makes sure the core runs: after a restart, the first caller may be a
+    # proxy's long poll rather than a driver.
+
+    async def deploy_app(self, spec: AppSpec) -> None:
+        await self.ready()
+        await self.core.deploy_app(spec)
+
+    async def delete_app(self, name: str) -> None:
+        await self.ready()
+        await self.core.delete_app(name)
+
+    async def app_exists(self, name: str) -> bool:
+        await self.ready()
+        return self.core.app_exists(name)
+
+    async def status(self) -> ServeStatus:
+        await self.ready()
+        return self.core.status()
+
+    async def listen(self, known: Versions, timeout_s: float) -> Updates:
+        await self.ready()
+        return await self.core.listen(known, timeout_s)
+
+    async def record_load(self, caller: str, loads: Loads) -> None:
+        await self.ready()
+        self.core.record_load(caller, loads)
+
+    async def shutdown(self) -> None:
+        await self.ready()
+        for name in list(self.core.apps):
+            await self.core.delete_app(name)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 60
+        while self.core.deployments and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        await self.core.backend.save_checkpoint(b"")
+        await self._proxies.stop()
+        await self.core.stop()

@@ -1,0 +1,92 @@
+"""The caller's end of the channel: one persistent connection per replica, requests
+multiplexed over it by number (frames in ``frames.py``)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from app_toolkit._runtime.channel.exchange import TERMINAL, Exchange
+from app_toolkit._runtime.channel.frames import Dumps, FrameProtocol, Kind, decode, encode, plain_dumps
+from app_toolkit.exceptions import ReplicaUnavailableError
+
+
+class _ClientConnection(FrameProtocol):
+    def __init__(self) -> None:
+        super().__init__()
+        self.pending: dict[int, Exchange] = {}
+
+    def on_frame(self, kind: Kind, number: int, payload: memoryview) -> None:
+        exchange = self.pending.get(number)
+        if exchange is None:
+            return
+        if kind in TERMINAL:
+            del self.pending[number]
+        exchange.push(kind, decode(kind, payload))
+
+    def on_lost(self) -> None:
+        pending, self.pending = self.pending, {}
+        for exchange in pending.values():
+            exchange.push(Kind.LOST, None)
+
+
+class ChannelClient:
+    """The caller's connection to one replica, opened on first use."""
+
+    def __init__(self, host: str, port: int, token: bytes, dumps: Dumps = plain_dumps) -> None:
+        self.host = host
+        self.port = port
+        self.token = token
+        self.dumps = dumps
+        self._conn: _ClientConnection | None = None
+        self._connecting: asyncio.Future[_ClientConnection] | None = None
+        self._next = 0
+
+    async def _connection(self) -> _ClientConnection:
+        conn = self._conn
+        if conn is not None and not conn.closed:
+            return conn
+        if self._connecting is None:
+            self._connecting = asyncio.ensure_future(self._connect())
+        try:
+            return await asyncio.shield(self._connecting)
+        finally:
+            if self._connecting is not None and self._connecting.done():
+                self._connecting = None
+
+    async def _connect(self) -> _ClientConnection:
+        loop = asyncio.get_running_loop()
+        try:
+            _transport, conn = await loop.create_connection(_ClientConnection, self.host, self.port)
+        except OSError as exc:
+            raise ReplicaUnavailableError(f"Cannot reach replica at {self.host}:{self.port}: {exc}") from None
+        conn.send(Kind.HELLO, 0, [self.token])
+        self._conn = conn
+        return conn
+
+    async def open(self, kind: Kind, message: Any) -> Exchange:
+        """Send one request; raises ReplicaUnavailableError if it could not be sent."""
+        conn = await self._connection()
+        if conn.closed:
+            raise ReplicaUnavailableError(f"Connection to {self.host}:{self.port} closed")
+        self._next += 1
+        number = self._next
+        parts = encode(kind, message, self.dumps)
+
+        def cancel() -> None:
+            if conn.pending.pop(number, None) is not None:
+                conn.send(Kind.CANCEL, number, [])
+
+        def forward(next_kind: Kind, next_message: Any) -> None:
+            conn.send(next_kind, number, encode(next_kind, next_message, self.dumps))
+
+        exchange = Exchange(cancel, forward)
+        conn.pending[number] = exchange
+        conn.send(kind, number, parts)
+        await conn.drain()
+        return exchange
+
+    def close(self) -> None:
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None

@@ -1,0 +1,269 @@
+"""Where a process's caller side of the data plane runs: one event loop, one owner.
+
+Every process that sends requests (a proxy, a replica calling handles, a driver script)
+has one :class:`DataPlane`. It owns the event loop that the process's dispatchers, table
+subscriptions and replica connections live on, and every task it starts there: closing
+it cancels and awaits them, so nothing is fire-and-forget. Code on other threads or
+event loops hops onto that loop; code already on it pays nothing.
+
+The loop is borrowed (a Ray actor's own loop, the local backend's loop) or owned (a
+daemon thread, for driver scripts and threads of their own).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import logging
+import threading
+from collections.abc import Awaitable, Callable, Coroutine, Generator
+from typing import Any, Generic, Protocol, TypeVar
+
+from app_toolkit._runtime.messages import DeploymentID, ReplicaInfo
+from app_toolkit._runtime.routing.dispatcher import Dispatcher, ReplicaClient
+from app_toolkit._runtime.routing.subscriber import TableSubscriber
+from app_toolkit._runtime.tables import Loads, Updates, Versions
+
+logger = logging.getLogger("app_toolkit.data_plane")
+
+T = TypeVar("T")
+_STOP_TIMEOUT_S = 10.0
+
+
+class CallerLink(Protocol):
+    """What the data plane needs from its backend: replica connections and the
+    controller's tables."""
+
+    def connect(self, info: ReplicaInfo) -> ReplicaClient: ...
+
+    async def listen(self, known: Versions, timeout_s: float) -> Updates: ...
+
+    async def report_load(self, caller: str, loads: Loads) -> None: ...
+
+
+class LoopThread:
+    """An event loop running in a daemon thread."""
+
+    def __init__(self, name: str) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        try:
+            self.loop.run_forever()
+        finally:
+            self.loop.run_until_complete(self.loop.shutdown_asyncgens())
+            self.loop.close()
+
+    def run(self, coroutine: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
+        """Run ``coroutine`` on the loop and wait for its result (from another thread)."""
+        if threading.current_thread() is self._thread:
+            coroutine.close()
+            raise RuntimeError("This blocking call cannot run inside the toolkit's own event loop")
+        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout_s)
+
+    def stop(self) -> None:
+        """Cancel what still runs on the loop, wait for it (bounded), end the thread."""
+
+        async def cancel_all() -> None:
+            current = asyncio.current_task()
+            tasks = [task for task in asyncio.all_tasks() if task is not current]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        if self.loop.is_running() and threading.current_thread() is not self._thread:
+            try:
+                asyncio.run_coroutine_threadsafe(cancel_all(), self.loop).result(_STOP_TIMEOUT_S)
+            except Exception:  # noqa: BLE001 - a stuck task must not stop shutdown
+                logger.warning("Tasks on %s did not finish within %s s", self._thread.name, _STOP_TIMEOUT_S)
+            self.loop.call_soon_threadsafe(self.loop.stop)
+            self._thread.join(timeout=_STOP_TIMEOUT_S)
+
+
+class Pending(Generic[T]):
+    """The result of work submitted to a :class:`DataPlane`, for any thread or loop:
+    ``await`` it, or block on :meth:`result` outside async code."""
+
+    __slots__ = ("_future",)
+
+    def __init__(self, future: asyncio.Future[T] | concurrent.futures.Future[T]) -> None:
+        self._future = future
+
+    def __await__(self) -> Generator[Any, None, T]:
+        future = self._future
+        if isinstance(future, concurrent.futures.Future):
+            return asyncio.wrap_future(future).__await__()
+        if future.get_loop() is asyncio.get_running_loop():
+            return future.__await__()  # the caller is on the data plane's loop: no hop
+        return asyncio.wrap_future(_threadsafe(future)).__await__()
+
+    def result(self, timeout_s: float | None = None) -> T:
+        """Block until done (raises ``TimeoutError`` after ``timeout_s``)."""
+        if in_async_code():
+            raise RuntimeError(
+                "result() blocks, so it cannot be used inside async code; use "
+                "`await handle.method.remote(...)` there"
+            )
+        future = self._future
+        if not isinstance(future, concurrent.futures.Future):
+            future = _threadsafe(future)
+        return future.result(timeout_s)
+
+    def cancel(self) -> None:
+        """Cancel the work wherever it is (from any thread)."""
+        future = self._future
+        if isinstance(future, concurrent.futures.Future):
+            future.cancel()  # run_coroutine_threadsafe passes this on to the task
+        elif in_async_code() and asyncio.get_running_loop() is future.get_loop():
+            future.cancel()
+        else:
+            _call_soon(future.get_loop(), lambda: _cancel(future))
+
+    def done(self) -> bool:
+        return self._future.done()
+
+
+class DataPlane:
+    """The owner of a process's caller-side loop and of every task it runs there."""
+
+    def __init__(
+        self,
+        link: CallerLink,
+        loop: asyncio.AbstractEventLoop | None = None,
+        *,
+        thread_name: str = "app-toolkit-handles",
+    ) -> None:
+        self._link = link
+        self._thread: LoopThread | None = None
+        if loop is None:
+            self._thread = LoopThread(thread_name)
+            loop = self._thread.loop
+        self.loop = loop
+        self._subscriber: TableSubscriber | None = None
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._closers: set[Callable[[], None]] = set()
+        self._closed = False
+
+    # ------------------------------------------------------------------ on the loop
+
+    def on_loop(self) -> bool:
+        """Whether the caller runs on the data plane's loop."""
+        try:
+            return asyncio.get_running_loop() is self.loop
+        except RuntimeError:
+            return False
+
+    @property
+    def subscriber(self) -> TableSubscriber:
+        """The process's tables and dispatchers (use on the data plane's loop only)."""
+        if self._subscriber is None:
+            self._subscriber = TableSubscriber(self._link.listen, self._link.connect, self._link.report_load)
+        return self._subscriber
+
+    def dispatcher(self, deployment: DeploymentID) -> Dispatcher:
+        return self.subscriber.dispatcher(deployment)
+
+    def hold(self, close: Callable[[], None]) -> None:
+        """Own a resource until it is released; closing the data plane calls ``close``."""
+        self._closers.add(close)
+
+    def release(self, close: Callable[[], None]) -> None:
+        self._closers.discard(close)
+
+    # ------------------------------------------------------------------ from anywhere
+
+    def submit(self, coroutine: Coroutine[Any, Any, T]) -> Pending[T]:
+        """Run ``coroutine`` on the data plane's loop as an owned task."""
+        if self.on_loop():
+            return Pending(self._own(self.loop.create_task(coroutine)))
+        return Pending(asyncio.run_coroutine_threadsafe(self._owned(coroutine), self.loop))
+
+    def run(self, coroutine: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
+        """Run ``coroutine`` on the data plane's loop and block for its result."""
+        if self.on_loop() or in_async_code():
+            coroutine.close()
+            raise RuntimeError("This call blocks, so it cannot be used inside async code")
+        return asyncio.run_coroutine_threadsafe(self._owned(coroutine), self.loop).result(timeout_s)
+
+    def call_soon(self, callback: Callable[[], None]) -> None:
+        """Run ``callback`` on the data plane's loop soon (from any thread; dropped once
+        the loop is closed)."""
+        _call_soon(self.loop, callback)
+
+    def close(self) -> None:
+        """Cancel and await every task, close connections, stop an owned loop thread."""
+        if self._closed:
+            return
+        self._closed = True
+        if self.on_loop():
+            self._close_now()
+            return
+        if self.loop.is_running():
+            try:
+                asyncio.run_coroutine_threadsafe(self._drain(), self.loop).result(_STOP_TIMEOUT_S)
+            except Exception:  # noqa: BLE001 - a stuck task must not stop shutdown
+                logger.warning("Caller-side tasks did not finish within %s s", _STOP_TIMEOUT_S)
+        if self._thread is not None:
+            self._thread.stop()
+
+    # ------------------------------------------------------------------ internals
+
+    def _own(self, task: asyncio.Task[T]) -> asyncio.Task[T]:
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _owned(self, coroutine: Awaitable[T]) -> T:
+        task = asyncio.current_task()
+        assert task is not None
+        self._own(task)
+        return await coroutine
+
+    def _close_now(self) -> list[asyncio.Task[Any]]:
+        for close in list(self._closers):
+            close()
+        self._closers.clear()
+        if self._subscriber is not None:
+            self._subscriber.close()
+        tasks = [task for task in self._tasks if task is not asyncio.current_task()]
+        for task in tasks:
+            task.cancel()
+        return tasks
+
+    async def _drain(self) -> None:
+        tasks = self._close_now()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def in_async_code() -> bool:
+    """Whether an event loop runs in this thread (blocking here would stall it)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return False
+    return True
+
+
+def _threadsafe(future: asyncio.Future[T]) -> concurrent.futures.Future[T]:
+    """A thread-safe view of an asyncio future of another loop."""
+
+    async def wait() -> T:
+        return await asyncio.shield(future)
+
+    return asyncio.run_coroutine_threadsafe(wait(), future.get_loop())
+
+
+def _cancel(future: asyncio.Future[Any]) -> None:
+    future.cancel()
+
+
+def _call_soon(loop: asyncio.AbstractEventLoop, callback: Callable[[], None]) -> None:
+    if loop.is_closed():
+        return
+    try:
+        loop.call_soon_threadsafe(callback)
+    except RuntimeError:  # closed in between
+        pass

@@ -1,0 +1,68 @@
+"""The tables the controller publishes and every caller (proxy, handle owner) follows.
+
+Each table lives under a key of the long poll (``controller/longpoll.py``); a caller holds
+the version it has of each key and gets newer values as they are published. What crosses
+processes here is a frozen dataclass, never a bare tuple.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+
+from app_toolkit._runtime.messages import DeploymentID, ReplicaInfo, RouteInfo
+
+#: The key of the route table (every application's prefix and routes).
+ROUTES_KEY = "routes"
+
+
+def replicas_key(deployment: DeploymentID) -> str:
+    """The key of one deployment's replica table."""
+    return f"replicas:{deployment}"
+
+
+@dataclass(frozen=True, slots=True)
+class ReplicaTable:
+    """The running replicas of one deployment and how much its callers may queue."""
+
+    replicas: tuple[ReplicaInfo, ...]
+    #: Requests each caller may queue; -1 (no bound) until a first replica has run, so a
+    #: request that arrives before its proxy has the new table waits instead of failing.
+    max_queued_requests: int
+
+
+@dataclass(frozen=True, slots=True)
+class DeploymentGone:
+    """The deployment was deleted, or failed before any replica ran: fail its waiters."""
+
+
+@dataclass(frozen=True, slots=True)
+class RouteTable:
+    """Every application that serves HTTP: prefix, ingress and special routes."""
+
+    routes: tuple[RouteInfo, ...]
+
+
+Table = ReplicaTable | DeploymentGone | RouteTable
+
+
+@dataclass(frozen=True, slots=True)
+class Update:
+    """A key's value as of ``version``; ``table`` is None for a key never published
+    (version 0)."""
+
+    version: int
+    table: Table | None
+
+
+#: Key -> the version a caller already holds (-1: none yet).
+Versions = dict[str, int]
+#: Key -> its newer value.
+Updates = dict[str, Update]
+#: Requests queued + running per deployment, as one caller reports them.
+Loads = dict[DeploymentID, float]
+
+#: The controller's long-poll call, as a caller makes it.
+Listen = Callable[[Versions, float], Awaitable[Updates]]
+#: The controller's load-report call, as a caller makes it.
+ReportLoad = Callable[[str, Loads], Awaitable[None]]

@@ -1,0 +1,86 @@
+"""The package's shape, checked from its source: no import circles, Ray behind the backend
+seam, concrete sessions named only by the backends and their table."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[2] / "app_toolkit"
+RAY_BACKEND = "app_toolkit._runtime.backends.ray"
+BACKENDS = "app_toolkit._runtime.backends"
+
+
+def _modules() -> dict[str, Path]:
+    modules = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        modules[".".join(parts)] = path
+    return modules
+
+
+MODULES = _modules()
+
+
+def _imports(name: str) -> set[str]:
+    """Every module ``name`` imports, at the top or inside functions."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(MODULES[name].read_text())):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(
+                f"{node.module}.{alias.name}"
+                for alias in node.names
+                if f"{node.module}.{alias.name}" in MODULES
+            )
+    return found
+
+
+def test_the_package_has_no_import_circles() -> None:
+    graph = {name: {dep for dep in _imports(name) if dep in MODULES and dep != name} for name in MODULES}
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+    circles: list[list[str]] = []
+
+    def visit(name: str, path: list[str]) -> None:
+        state[name] = 1
+        for dep in sorted(graph[name]):
+            if state.get(dep) == 1:
+                circles.append([*path[path.index(dep) :], dep])
+            elif dep not in state:
+                visit(dep, [*path, dep])
+        state[name] = 2
+
+    for name in sorted(graph):
+        if name not in state:
+            visit(name, [name])
+    # A package's __init__ importing its own modules is how re-exports work, not a circle.
+    circles = [c for c in circles if not any(c[i + 1].startswith(c[i] + ".") for i in range(len(c) - 1))]
+    assert circles == []
+
+
+def test_only_the_ray_backend_imports_ray() -> None:
+    importers = {
+        name for name in MODULES if any(dep == "ray" or dep.startswith("ray.") for dep in _imports(name))
+    }
+    assert importers and all(name.startswith(RAY_BACKEND) for name in importers), importers
+
+
+def test_only_the_backends_name_a_concrete_session() -> None:
+    naming = {
+        name
+        for name, path in MODULES.items()
+        if "RaySession" in path.read_text() or "LocalSession" in path.read_text()
+    }
+    assert naming and all(name.startswith(BACKENDS + ".") for name in naming), naming
+    # The backend table names the backend modules by string; nobody else imports them.
+    importers = {
+        name
+        for name in MODULES
+        for dep in _imports(name)
+        if dep.startswith(BACKENDS + ".") and dep != BACKENDS + ".base" and not name.startswith(BACKENDS)
+    }
+    assert importers == set()

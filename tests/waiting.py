@@ -1,0 +1,39 @@
+"""Waiting for a state in tests: poll a condition until a deadline, never a fixed sleep."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+def wait_for(
+    condition: Callable[[], T], timeout_s: float = 30.0, what: str = "the condition", interval_s: float = 0.05
+) -> T:
+    """Call ``condition`` until it returns something truthy, and return that; fail the
+    test, naming ``what``, once ``timeout_s`` has passed."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(interval_s)
+
+
+async def wait_for_async(
+    condition: Callable[[], T], timeout_s: float = 5.0, what: str = "the condition", interval_s: float = 0.005
+) -> T:
+    """:func:`wait_for` inside a running event loop (the loop keeps running meanwhile)."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        value = condition()
+        if value:
+            return value
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        await asyncio.sleep(interval_s)
