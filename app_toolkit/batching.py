@@ -26,6 +26,7 @@ from typing import (
 
 from app_toolkit import metrics
 from app_toolkit._runtime.replica.batch_queue import BatchQueue, Pending
+from app_toolkit._runtime.waiting import wait_event
 from app_toolkit.config import BatchConfig, default_of, parse_batch_config
 from app_toolkit.exceptions import ConfigError
 
@@ -108,10 +109,7 @@ class _Batcher:
             flush_at = self.queue.flush_at()
             if flush_at is None or not self.queue.ready(now):
                 timeout = None if flush_at is None else max(flush_at - now, 0.0)
-                try:
-                    await asyncio.wait_for(self._wake.wait(), timeout)
-                except asyncio.TimeoutError:
-                    pass
+                await wait_event(self._wake, timeout)
                 self._wake.clear()
                 continue
             await self._slots.acquire()

@@ -11,7 +11,7 @@ import pickle
 import uuid
 import weakref
 from collections.abc import Generator
-from typing import Any
+from typing import Any, Generic, Literal, TypeVar, cast, overload
 
 from app_toolkit._runtime import request_context
 from app_toolkit._runtime.backends.base import current_session
@@ -25,19 +25,21 @@ from app_toolkit.exceptions import (
     RequestTimeoutError,
 )
 
+R = TypeVar("R")
 
-class DeploymentResponse:
+
+class DeploymentResponse(Generic[R]):
     """The future result of one handle call: ``await`` it or call :meth:`result`."""
 
     __slots__ = ("_pending",)
 
-    def __init__(self, pending: Pending[Any]) -> None:
+    def __init__(self, pending: Pending[R]) -> None:
         self._pending = pending
 
-    def __await__(self) -> Generator[Any, None, Any]:
+    def __await__(self) -> Generator[Any, None, R]:
         return self._pending.__await__()
 
-    def result(self, timeout_s: float | None = None) -> Any:
+    def result(self, timeout_s: float | None = None) -> R:
         """Block until the result is ready (sync code only); raise what the method raised."""
         try:
             return self._pending.result(timeout_s)
@@ -98,7 +100,7 @@ class _Stream:
             self._reply.release()
 
 
-class DeploymentResponseGenerator:
+class DeploymentResponseGenerator(Generic[R]):
     """The items a generator method yields, as it yields them.
 
     Iterate with ``async for`` in async code or ``for`` in sync code. Stopping early
@@ -115,22 +117,22 @@ class DeploymentResponseGenerator:
         finalizer = weakref.finalize(self, plane.call_soon, stream.finish)
         finalizer.atexit = False
 
-    def __aiter__(self) -> DeploymentResponseGenerator:
+    def __aiter__(self) -> DeploymentResponseGenerator[R]:
         return self
 
-    async def __anext__(self) -> Any:
+    async def __anext__(self) -> R:
         if self._plane.on_loop():
-            return await self._stream.next()
-        return await self._plane.submit(self._stream.next())
+            return cast(R, await self._stream.next())
+        return cast(R, await self._plane.submit(self._stream.next()))
 
-    def __iter__(self) -> DeploymentResponseGenerator:
+    def __iter__(self) -> DeploymentResponseGenerator[R]:
         return self
 
-    def __next__(self) -> Any:
+    def __next__(self) -> R:
         if in_async_code():
             raise RuntimeError("Use `async for` to read a stream inside async code")
         try:
-            return self._plane.run(self._stream.next())
+            return cast(R, self._plane.run(self._stream.next()))
         except StopAsyncIteration:
             raise StopIteration from None
 
@@ -140,51 +142,73 @@ class DeploymentResponseGenerator:
 
 
 class _MethodCaller:
+    """``handle.method``: call one method of the deployment."""
+
+    __slots__ = ("_handle", "_method")
+
     def __init__(self, handle: DeploymentHandle, method: str) -> None:
         self._handle = handle
         self._method = method
 
-    def remote(self, *args: Any, **kwargs: Any) -> Any:
+    def remote(self, *args: Any, **kwargs: Any) -> DeploymentResponse[Any]:
         return self._handle.options(method_name=self._method).remote(*args, **kwargs)
 
 
-class DeploymentHandle:
-    """A picklable reference to a deployment; pass it around, call its methods."""
+class _StreamingMethodCaller:
+    """``streaming_handle.method``: stream the items one generator method yields."""
 
-    def __init__(
-        self, deployment_name: str, app_name: str, *, method_name: str = "__call__", stream: bool = False
-    ) -> None:
+    __slots__ = ("_handle", "_method")
+
+    def __init__(self, handle: StreamingDeploymentHandle, method: str) -> None:
+        self._handle = handle
+        self._method = method
+
+    def remote(self, *args: Any, **kwargs: Any) -> DeploymentResponseGenerator[Any]:
+        return self._handle.options(method_name=self._method, stream=True).remote(*args, **kwargs)
+
+
+class DeploymentHandle:
+    """A picklable reference to a deployment; pass it around, call its methods.
+
+    ``handle.remote(x)`` and ``handle.method.remote(x)`` return a
+    :class:`DeploymentResponse`; on ``handle.options(stream=True)`` they return a
+    :class:`DeploymentResponseGenerator`.
+    """
+
+    stream = False
+
+    def __init__(self, deployment_name: str, app_name: str, *, method_name: str = "__call__") -> None:
         self.deployment_name = deployment_name
         self.app_name = app_name
         self.method_name = method_name
-        self.stream = stream
         self._id = DeploymentID(app_name, deployment_name)
+
+    @overload
+    def options(
+        self, *, method_name: str | None = None, stream: Literal[True]
+    ) -> StreamingDeploymentHandle: ...
+
+    @overload
+    def options(
+        self, *, method_name: str | None = None, stream: Literal[False] | None = None
+    ) -> DeploymentHandle: ...
 
     def options(self, *, method_name: str | None = None, stream: bool | None = None) -> DeploymentHandle:
         """A copy calling ``method_name`` by default; ``stream=True`` for generator methods,
         whose ``remote()`` then returns a :class:`DeploymentResponseGenerator`."""
-        return DeploymentHandle(
-            self.deployment_name,
-            self.app_name,
-            method_name=method_name or self.method_name,
-            stream=self.stream if stream is None else stream,
-        )
+        streaming = self.stream if stream is None else stream
+        kind = StreamingDeploymentHandle if streaming else DeploymentHandle
+        return kind(self.deployment_name, self.app_name, method_name=method_name or self.method_name)
 
     def __getattr__(self, name: str) -> _MethodCaller:
         if name.startswith("_"):
             raise AttributeError(name)
         return _MethodCaller(self, name)
 
-    def remote(self, *args: Any, **kwargs: Any) -> Any:
-        """Send the call now; returns a DeploymentResponse to await or ``result()``
-        (a DeploymentResponseGenerator to iterate with ``stream=True``)."""
-        session = current_session()
-        assert session is not None
-        plane = session.data_plane
-        request_id = request_context.request_id.get() or uuid.uuid4().hex
-        if self.stream:
-            call = MethodCall(request_id, self.method_name, args, kwargs, stream=True)
-            return DeploymentResponseGenerator(plane, _Stream(plane, self._id, call))
+    def remote(self, *args: Any, **kwargs: Any) -> DeploymentResponse[Any]:
+        """Send the call now; returns a DeploymentResponse to ``await`` or ``result()``."""
+        plane = _data_plane()
+        request_id = _request_id()
         return DeploymentResponse(
             plane.submit(_call(plane, self._id, self.method_name, args, kwargs, request_id))
         )
@@ -193,13 +217,42 @@ class DeploymentHandle:
         return (_rebuild_handle, (self.deployment_name, self.app_name, self.method_name, self.stream))
 
     def __repr__(self) -> str:
-        return f"DeploymentHandle(deployment={self.deployment_name!r}, app={self.app_name!r})"
+        return f"{type(self).__name__}(deployment={self.deployment_name!r}, app={self.app_name!r})"
+
+
+class StreamingDeploymentHandle(DeploymentHandle):
+    """``handle.options(stream=True)``: each call streams what a generator method yields."""
+
+    stream = True
+
+    def __getattr__(self, name: str) -> _StreamingMethodCaller:  # type: ignore[override] # streams, by design
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return _StreamingMethodCaller(self, name)
+
+    def remote(self, *args: Any, **kwargs: Any) -> DeploymentResponseGenerator[Any]:  # type: ignore[override] # streams, by design
+        """Send the call now; returns a DeploymentResponseGenerator to iterate."""
+        plane = _data_plane()
+        call = MethodCall(_request_id(), self.method_name, args, kwargs, stream=True)
+        return DeploymentResponseGenerator(plane, _Stream(plane, self._id, call))
+
+
+def _data_plane() -> DataPlane:
+    session = current_session()
+    assert session is not None
+    return session.data_plane
+
+
+def _request_id() -> str:
+    """The request being served (downstream calls carry its id on), or a new id."""
+    return request_context.request_id.get() or uuid.uuid4().hex
 
 
 def _rebuild_handle(
     deployment_name: str, app_name: str, method_name: str, stream: bool = False
 ) -> DeploymentHandle:
-    return DeploymentHandle(deployment_name, app_name, method_name=method_name, stream=stream)
+    kind = StreamingDeploymentHandle if stream else DeploymentHandle
+    return kind(deployment_name, app_name, method_name=method_name)
 
 
 async def _send_call(plane: DataPlane, deployment: DeploymentID, call: MethodCall) -> Reply:

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from app_toolkit._runtime.controller.controller import MAX_START_FAILURES, ControllerCore
+from app_toolkit._runtime.controller.controller import ControllerCore
+from app_toolkit._runtime.controller.deployment_state import MAX_START_FAILURES
 from app_toolkit._runtime.messages import AppSpec, DeploymentID, DeploymentSpec, ReplicaInfo
 from app_toolkit._runtime.tables import ROUTES_KEY, DeploymentGone, ReplicaTable, RouteTable, replicas_key
 from app_toolkit.config import DeploymentConfig
@@ -72,6 +73,14 @@ def app(
     config = DeploymentConfig(num_replicas=replicas, health_check_period_s=0.01, **options)
     spec = DeploymentSpec(DeploymentID(name, "D"), b"def", b"args", config, True, version)
     return AppSpec(name, prefix, "D", (spec,))
+
+
+async def reconcile_rounds(core: ControllerCore, rounds: int) -> None:
+    """Run reconcile steps and let what they start run, without waiting on the clock."""
+    for _ in range(rounds):
+        core._reconcile()
+        for _ in range(3):
+            await asyncio.sleep(0)
 
 
 async def until(condition: Callable[[], bool], timeout_s: float = 5.0) -> None:
@@ -140,8 +149,7 @@ async def test_failing_starts_are_retried_then_deploy_failed_with_the_message() 
     # Starts run two at a time (2 replicas), so one more may already be under way when
     # the last allowed failure lands; after that, nothing more is tried.
     assert MAX_START_FAILURES <= attempts <= MAX_START_FAILURES + 1
-    for _ in range(20):
-        await asyncio.sleep(0.005)
+    await reconcile_rounds(core, 20)
     assert backend.started == attempts
     await core.stop()
 
@@ -211,17 +219,17 @@ async def test_route_prefix_conflicts_and_restart_from_checkpoint() -> None:
 async def test_the_loop_survives_a_failing_step() -> None:
     backend = FakeBackend()
     core = await started(backend)
-    original = core._scale
+    original = core._reconcile
     calls = 0
 
-    def flaky(state: Any) -> None:
+    def flaky() -> None:
         nonlocal calls
         calls += 1
         if calls <= 2:
             raise RuntimeError("bug in a step")
-        original(state)
+        original()
 
-    core._scale = flaky  # type: ignore[method-assign]
+    core._reconcile = flaky  # type: ignore[method-assign]
     await core.deploy_app(app())
     await until(lambda: len(backend.running) == 2)
     await core.stop()
@@ -243,7 +251,7 @@ async def test_autoscaled_deployment_follows_reported_load_and_expires_silent_ca
     config = DeploymentConfig(autoscaling_config=scaling, health_check_period_s=0.01)
     spec = DeploymentSpec(DeploymentID("s", "D"), b"def", b"args", config, True, "v1")
     await core.deploy_app(AppSpec("s", "/s", "D", (spec,)))
-    await asyncio.sleep(0.2)
+    await reconcile_rounds(core, 5)
     assert backend.running == {} and core.status().applications["s"].status is ApplicationStatus.RUNNING
     core.record_load("proxy-1", {spec.id: 1.0})  # a request waits: scale from zero
     await until(lambda: len(backend.running) == 1)
@@ -299,7 +307,7 @@ async def test_a_restarted_controller_adopts_running_replicas_instead_of_replaci
     second = await started(backend)  # reloads the checkpoint, adopts what runs
     table = _replicas(second, replicas_key(DeploymentID("a", "D")))
     assert {info.replica_id for info in table.replicas} == {r.replica_id for r in state.replicas.values()}
-    await asyncio.sleep(0.3)  # a few reconcile rounds
+    await reconcile_rounds(core=second, rounds=5)
     assert backend.started == started_before  # nothing restarted
     assert set(backend.running) == set(state.replicas)  # the stray replica was stopped
     assert second.status().applications["a"].status is ApplicationStatus.RUNNING

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-from app_toolkit._runtime.controller.deployment_state import (
-    SLOW_START_S,
-    DeploymentState,
-    Replica,
-    deployment_status,
-)
+from app_toolkit._runtime.controller.deployment_state import DeploymentState
+from app_toolkit._runtime.controller.replica_state import SLOW_START_S, Replica
+from app_toolkit._runtime.controller.status_view import deployment_status
 from app_toolkit._runtime.messages import DeploymentID, DeploymentSpec
 from app_toolkit.config import DeploymentConfig
 from app_toolkit.status import DeploymentStatus, ReplicaState

@@ -11,7 +11,7 @@ import asyncio
 import hashlib
 import pickle
 import uuid
-from typing import Any
+from typing import Any, cast
 
 from starlette.types import ASGIApp
 
@@ -26,7 +26,7 @@ from app_toolkit._runtime.messages import (
 )
 from app_toolkit._runtime.proxy.proxy import Proxy
 from app_toolkit._runtime.proxy.server import ProxyServer, listen_socket, serve
-from app_toolkit._runtime.replica.replica import ReplicaCore
+from app_toolkit._runtime.replica.replica import InitArgs, ReplicaCore
 from app_toolkit._runtime.routing.data_plane import DataPlane, LoopThread
 from app_toolkit._runtime.routing.dispatcher import ReplicaClient
 from app_toolkit._runtime.tables import Loads, Updates, Versions
@@ -35,7 +35,7 @@ from app_toolkit.exceptions import ReplicaUnavailableError
 from app_toolkit.status import ServeStatus
 
 
-def _dumps(value: Any) -> bytes:
+def _dumps(value: object) -> bytes:
     return pickle.dumps(value, 5)
 
 
@@ -43,11 +43,11 @@ class LocalBackend:
     """Starts replicas as ``ReplicaCore`` objects on the current loop."""
 
     def __init__(self) -> None:
-        self.objects: dict[bytes, Any] = {}
+        self.objects: dict[bytes, object] = {}
         self.cores: dict[str, ReplicaCore] = {}
         self._checkpoint: bytes | None = None
 
-    def store(self, value: Any) -> bytes:
+    def store(self, value: object) -> bytes:
         """Local "serialization": keep the object, hand out a key.
 
         The key is the same for the same object (a class or function) or equal picklable
@@ -63,13 +63,13 @@ class LocalBackend:
         self.objects[key] = value
         return key
 
-    async def start_replica(self, replica_id: str, spec: DeploymentSpec) -> tuple[ReplicaInfo, Any]:
+    async def start_replica(self, replica_id: str, spec: DeploymentSpec) -> tuple[ReplicaInfo, ReplicaCore]:
         core = ReplicaCore(
             replica_id,
             spec.id,
             spec.config,
             self.objects[spec.definition],
-            self.objects[spec.init_args],
+            cast(InitArgs, self.objects[spec.init_args]),
             _dumps,
         )
         await core.start()
@@ -77,21 +77,18 @@ class LocalBackend:
         info = ReplicaInfo(replica_id, spec.id, "local", 0, b"", spec.config.max_ongoing_requests)
         return info, core
 
-    async def stop_replica(self, handle: Any, graceful: bool) -> None:
-        core: ReplicaCore = handle
+    async def stop_replica(self, handle: ReplicaCore, graceful: bool) -> None:
         if graceful:
-            await core.drain()
-        self.cores.pop(core.replica_id, None)
+            await handle.drain()
+        self.cores.pop(handle.replica_id, None)
 
-    async def check_health(self, handle: Any, timeout_s: float) -> None:
-        core: ReplicaCore = handle
-        if core.replica_id not in self.cores:
-            raise ReplicaUnavailableError(f"Replica {core.replica_id} was stopped")
-        await asyncio.wait_for(core.check_health(), timeout_s)
+    async def check_health(self, handle: ReplicaCore, timeout_s: float) -> None:
+        if handle.replica_id not in self.cores:
+            raise ReplicaUnavailableError(f"Replica {handle.replica_id} was stopped")
+        await asyncio.wait_for(handle.check_health(), timeout_s)
 
-    async def reconfigure_replica(self, handle: Any, config: DeploymentConfig) -> None:
-        core: ReplicaCore = handle
-        await core.update_config(config)
+    async def reconfigure_replica(self, handle: ReplicaCore, config: DeploymentConfig) -> None:
+        await handle.update_config(config)
 
     async def find_replicas(self) -> list[AdoptedReplica]:
         return []  # the local controller lives as long as its replicas

@@ -1,50 +1,73 @@
 """The controller: desired state → reconcile loop → replicas, tables for callers.
 
-Backend-independent (the Ray actor and the local backend wrap a ``ControllerCore``). A
-deploy is acknowledged only after the desired state is checkpointed. The loop catches,
-logs and continues; it never dies on an error.
+A thin shell around pure transitions (``deployment_state.py``, ``replica_state.py``): it
+feeds them events (a tick of the loop, the outcome of a backend call) and performs the
+actions they return. Backend-independent (the Ray actor and the local backend wrap a
+``ControllerCore``). A deploy is acknowledged only after the desired state is
+checkpointed. The loop catches, logs and continues; it never dies on an error.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
+import functools
 import logging
 import pickle
 import secrets
+from collections.abc import Coroutine
 from typing import Any
 
 from app_toolkit._runtime.backends.base import Backend
 from app_toolkit._runtime.controller.deployment_state import (
+    Action,
     DeploymentState,
-    Replica,
+    PublishGone,
+    StartReplica,
+    adopt,
+    apply_event,
+    autoscale,
     follow_autoscaling,
     keep_size,
-    serve_status,
-    slow_start_message,
-    slow_starters,
+    new_spec,
+    plan,
+    replica_table,
 )
 from app_toolkit._runtime.controller.longpoll import LongPollHost
 from app_toolkit._runtime.controller.prefixes import check_prefixes
-from app_toolkit._runtime.messages import AppSpec, DeploymentID, DeploymentSpec, RouteInfo
+from app_toolkit._runtime.controller.replica_state import (
+    CheckHealth,
+    Event,
+    HealthFailed,
+    HealthPassed,
+    Log,
+    PublishReplicas,
+    Reconfigured,
+    ReconfigureFailed,
+    ReconfigureReplica,
+    Started,
+    StartFailed,
+    Stopped,
+    StopReplica,
+)
+from app_toolkit._runtime.controller.status_view import serve_status
+from app_toolkit._runtime.messages import AppSpec, DeploymentID, RouteInfo
 from app_toolkit._runtime.tables import (
     ROUTES_KEY,
     DeploymentGone,
     Loads,
-    ReplicaTable,
     RouteTable,
     Updates,
     Versions,
     replicas_key,
 )
-from app_toolkit.config import DeploymentConfig
+from app_toolkit._runtime.waiting import wait_event
 from app_toolkit.exceptions import ReplicaUnavailableError
-from app_toolkit.status import ReplicaState, ServeStatus
+from app_toolkit.status import ServeStatus
 
 logger = logging.getLogger("app_toolkit.controller")
 
-MAX_START_FAILURES = 3
 _LOOP_PERIOD_S = 0.1
+_STOP_TIMEOUT_S = 10.0
 #: A caller's load report counts for this long (callers repeat non-zero loads every
 #: ~2 s), so a caller that died does not hold replicas up forever.
 LOAD_REPORT_TTL_S = 10.0
@@ -78,10 +101,18 @@ class ControllerCore:
         self._loop_task = asyncio.get_running_loop().create_task(self._run())
 
     async def stop(self) -> None:
+        """Cancel the loop and every backend call under way, and wait for them."""
+        tasks: list[asyncio.Task[None]] = list(self._tasks)
         if self._loop_task is not None:
-            self._loop_task.cancel()
-        for task in list(self._tasks):
+            tasks.append(self._loop_task)
+        for task in tasks:
             task.cancel()
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=_STOP_TIMEOUT_S)
+            if pending:
+                logger.warning(
+                    "%d controller task(s) did not stop within %s s", len(pending), _STOP_TIMEOUT_S
+                )
 
     # ------------------------------------------------------------------ API
 
@@ -149,11 +180,11 @@ class ControllerCore:
             if state is None or state.deleting:
                 replicas = state.replicas if state is not None else {}
                 state = self.deployments[dep.id] = DeploymentState(dep, replicas)
+                follow_autoscaling(state)
             elif state.spec != dep:
-                if state.spec.code_version != dep.code_version:
-                    state.start_failures, state.failed, state.message = 0, False, ""
-                state.spec = dep
-            follow_autoscaling(state)
+                new_spec(state, dep)
+            else:
+                follow_autoscaling(state)
             self._publish_replicas(dep.id)
 
     async def _adopt_running_replicas(self) -> None:
@@ -166,16 +197,7 @@ class ControllerCore:
             if state is None or state.deleting:
                 await self.backend.stop_replica(found.handle, graceful=True)
                 continue
-            state.replicas[found.info.replica_id] = Replica(
-                found.info.replica_id,
-                found.code_version,
-                ReplicaState.RUNNING,
-                found.info,
-                found.handle,
-                next_health_check=now + state.spec.config.health_check_period_s,
-                config=found.config,
-            )
-            state.ever_ran = True
+            adopt(state, found, now)
             adopted += 1
         for deployment_id, state in self.deployments.items():
             keep_size(state)  # the size the previous life chose
@@ -200,196 +222,95 @@ class ControllerCore:
                 self._reconcile()
             except Exception:
                 logger.exception("Reconcile step failed; retrying")
-            try:
-                await asyncio.wait_for(self._wake.wait(), _LOOP_PERIOD_S)
-            except asyncio.TimeoutError:
-                pass
+            await wait_event(self._wake, _LOOP_PERIOD_S)
             self._wake.clear()
 
     def _reconcile(self) -> None:
         now = asyncio.get_running_loop().time()
         for deployment_id, state in list(self.deployments.items()):
-            if state.deleting:
-                for replica in list(state.replicas.values()):
-                    self._stop(state, replica)
-                if not state.replicas:
-                    del self.deployments[deployment_id]
-                continue
-            if state.autoscaler is not None:
-                load = self._current_load(deployment_id, now)
-                state.autoscaler.record(now, load)
-                before = state.autoscaler.target
-                after = state.autoscaler.step(now, load)
-                if after != before:
-                    logger.info(
-                        "%s: %d -> %d replicas for an average load of %.1f",
-                        deployment_id,
-                        before,
-                        after,
-                        state.autoscaler.average_load(),
-                    )
-            self._scale(state)
-            self._reconfigure(state)
-            self._check_health(state, now)
-            for replica in slow_starters(state, now):
-                if not replica.slow_start_logged:
-                    replica.slow_start_logged = True
-                    logger.warning("%s: %s", deployment_id, slow_start_message(state, now))
+            actions = autoscale(state, self._current_load(deployment_id, now), now)
+            actions += plan(state, now, functools.partial(self._new_replica_id, state))
+            self._perform(state, actions)
+            if state.deleting and not state.replicas:
+                del self.deployments[deployment_id]
 
-    def _scale(self, state: DeploymentState) -> None:
-        target = state.target
-        version = state.spec.code_version
-        current = [r for r in state.replicas.values() if r.version == version and not r.stop_requested]
-        outdated = [r for r in state.replicas.values() if r.version != version and not r.stop_requested]
-        if len(current) < target and not state.failed:
-            for _ in range(target - len(current)):
-                self._launch(state)
-        elif len(current) > target:
-            # Replicas still starting go first: they serve nothing yet.
-            current.sort(key=lambda r: r.state is ReplicaState.RUNNING)
-            for replica in current[: len(current) - target]:
-                self._stop(state, replica)
-        running = sum(1 for r in current if r.state is ReplicaState.RUNNING)
-        if running >= target and not state.failed:
-            # Only once the new version is fully up do the old replicas go (a failed
-            # rollout keeps them serving).
-            for replica in outdated:
-                self._stop(state, replica)
+    @staticmethod
+    def _new_replica_id(state: DeploymentState) -> str:
+        deployment = state.spec.id
+        return f"{deployment.app}.{deployment.name}.{secrets.token_hex(3)}"
 
-    def _reconfigure(self, state: DeploymentState) -> None:
-        """Running replicas of the current code take changed light options in place."""
-        spec = state.spec
-        for replica in state.replicas.values():
-            if (
-                replica.state is ReplicaState.RUNNING
-                and not replica.stop_requested
-                and not replica.reconfiguring
-                and replica.version == spec.code_version
-                and replica.config != spec.config
-            ):
-                replica.reconfiguring = True
-                self._spawn(self._reconfigure_replica(state, replica, spec.config))
-
-    async def _reconfigure_replica(
-        self, state: DeploymentState, replica: Replica, config: DeploymentConfig
-    ) -> None:
-        try:
-            await self.backend.reconfigure_replica(replica.handle, config)
-        except Exception as exc:  # noqa: BLE001 - user code failed: replace the replica
-            state.message = f"reconfigure() failed: {exc}"
-            logger.warning("Replica %s could not be reconfigured (%s); replacing it", replica.replica_id, exc)
-            self._stop(state, replica)
+    def _on(self, deployment: DeploymentID, replica_id: str, event: Event) -> None:
+        """Feed the outcome of a backend call to the deployment it belongs to now."""
+        state = self.deployments.get(deployment)
+        if state is None:
             return
-        finally:
-            replica.reconfiguring = False
-            self._wake.set()
-        replica.config = config
-        if replica.info is not None and replica.info.max_ongoing_requests != config.max_ongoing_requests:
-            replica.info = dataclasses.replace(replica.info, max_ongoing_requests=config.max_ongoing_requests)
-            self._publish_replicas(state.spec.id)
-
-    def _launch(self, state: DeploymentState) -> None:
-        spec = state.spec
-        replica_id = f"{spec.id.app}.{spec.id.name}.{secrets.token_hex(3)}"
-        replica = Replica(replica_id, spec.code_version, launched_at=asyncio.get_running_loop().time())
-        state.replicas[replica_id] = replica
-        self._spawn(self._start_replica(state, replica, spec))
-
-    async def _start_replica(self, state: DeploymentState, replica: Replica, spec: DeploymentSpec) -> None:
-        try:
-            info, handle = await self.backend.start_replica(replica.replica_id, spec)
-        except Exception as exc:  # noqa: BLE001 - counted as a failed start, shown in status
-            state.replicas.pop(replica.replica_id, None)
-            if spec.code_version == state.spec.code_version:
-                state.start_failures += 1
-                state.message = f"Replica failed to start: {exc}"
-                if state.start_failures >= MAX_START_FAILURES:
-                    state.failed = True
-                    logger.error("%s failed to deploy: %s", spec.id, exc)
-                    if not any(r.state is ReplicaState.RUNNING for r in state.replicas.values()):
-                        # Requests waiting for a first replica must fail, not wait forever.
-                        self.longpoll.publish(replicas_key(spec.id), DeploymentGone())
-            self._wake.set()
-            return
-        replica.info, replica.handle, replica.config = info, handle, spec.config
-        if replica.stop_requested:
-            await self.backend.stop_replica(handle, graceful=False)
-            state.replicas.pop(replica.replica_id, None)
-            return
-        replica.state = ReplicaState.RUNNING
-        state.ever_ran = True
-        replica.next_health_check = asyncio.get_running_loop().time() + spec.config.health_check_period_s
-        state.message = ""
-        self._publish_replicas(spec.id)
+        self._perform(state, apply_event(state, replica_id, event, asyncio.get_running_loop().time()))
         self._wake.set()
 
-    def _stop(self, state: DeploymentState, replica: Replica) -> None:
-        if replica.stop_requested:
-            return
-        replica.stop_requested = True
-        if replica.state is ReplicaState.STARTING:
-            return  # _start_replica stops it when its start finishes
-        replica.state = ReplicaState.STOPPING
-        self._publish_replicas(state.spec.id)
-        self._spawn(self._stop_replica(state, replica))
+    def _perform(self, state: DeploymentState, actions: list[Action]) -> None:
+        deployment = state.spec.id
+        for action in actions:
+            if isinstance(action, StartReplica):
+                self._spawn(self._start(deployment, action))
+            elif isinstance(action, StopReplica):
+                self._spawn(self._stop(deployment, action))
+            elif isinstance(action, CheckHealth):
+                self._spawn(self._check(deployment, action))
+            elif isinstance(action, ReconfigureReplica):
+                self._spawn(self._reconfigure(deployment, action))
+            elif isinstance(action, PublishReplicas):
+                self._publish_replicas(deployment)
+            elif isinstance(action, PublishGone):
+                self.longpoll.publish(replicas_key(deployment), DeploymentGone())
+            elif isinstance(action, Log):
+                logger.log(action.level, action.message)
 
-    async def _stop_replica(self, state: DeploymentState, replica: Replica) -> None:
+    # ------------------------------------------------------------------ backend calls
+
+    async def _start(self, deployment: DeploymentID, action: StartReplica) -> None:
+        event: Event
         try:
-            await self.backend.stop_replica(replica.handle, graceful=True)
+            info, handle = await self.backend.start_replica(action.replica_id, action.spec)
+        except Exception as exc:  # noqa: BLE001 - counted as a failed start, shown in status
+            event = StartFailed(str(exc))
+        else:
+            event = Started(info, handle, action.spec.config)
+        self._on(deployment, action.replica_id, event)
+
+    async def _stop(self, deployment: DeploymentID, action: StopReplica) -> None:
+        try:
+            await self.backend.stop_replica(action.handle, graceful=action.graceful)
         finally:
-            state.replicas.pop(replica.replica_id, None)
-            self._wake.set()
+            self._on(deployment, action.replica_id, Stopped())
 
-    def _check_health(self, state: DeploymentState, now: float) -> None:
-        config = state.spec.config
-        for replica in list(state.replicas.values()):
-            if replica.state is not ReplicaState.RUNNING or replica.checking:
-                continue
-            if replica.next_health_check > now:
-                continue
-            replica.checking = True
-            self._spawn(self._health_check(state, replica, config.health_check_timeout_s))
-
-    async def _health_check(self, state: DeploymentState, replica: Replica, timeout_s: float) -> None:
+    async def _check(self, deployment: DeploymentID, action: CheckHealth) -> None:
+        event: Event
         try:
-            await self.backend.check_health(replica.handle, timeout_s)
-            replica.health_failures = 0
+            await self.backend.check_health(action.handle, action.timeout_s)
         except ReplicaUnavailableError as exc:
-            logger.warning("Replica %s is gone (%s); replacing it", replica.replica_id, exc)
-            replica.health_failures = state.spec.config.health_check_failure_threshold
+            event = HealthFailed(str(exc), gone=True)
         except Exception as exc:  # noqa: BLE001 - any failure counts against the threshold
-            replica.health_failures += 1
-            logger.warning("Health check of %s failed: %s", replica.replica_id, exc)
-        finally:
-            replica.checking = False
-            loop = asyncio.get_running_loop()
-            replica.next_health_check = loop.time() + state.spec.config.health_check_period_s
-        threshold = state.spec.config.health_check_failure_threshold
-        if replica.health_failures >= threshold and not replica.stop_requested:
-            self._stop(state, replica)
-            self._wake.set()
+            event = HealthFailed(str(exc), gone=False)
+        else:
+            event = HealthPassed()
+        self._on(deployment, action.replica_id, event)
+
+    async def _reconfigure(self, deployment: DeploymentID, action: ReconfigureReplica) -> None:
+        event: Event
+        try:
+            await self.backend.reconfigure_replica(action.handle, action.config)
+        except Exception as exc:  # noqa: BLE001 - user code failed: replace the replica
+            event = ReconfigureFailed(str(exc))
+        else:
+            event = Reconfigured(action.config)
+        self._on(deployment, action.replica_id, event)
 
     # ------------------------------------------------------------------ tables
 
     def _publish_replicas(self, deployment: DeploymentID) -> None:
         state = self.deployments.get(deployment)
-        if state is None or state.deleting:
-            return
-        infos = tuple(
-            sorted(
-                (
-                    r.info
-                    for r in state.replicas.values()
-                    if r.state is ReplicaState.RUNNING and r.info is not None and not r.stop_requested
-                ),
-                key=lambda info: info.replica_id,
-            )
-        )
-        # Until a first replica runs (a new deployment starting up), callers queue without a
-        # bound: a request that arrives before its proxy has the new table waits for the
-        # replica instead of being refused.
-        max_queued = state.spec.config.max_queued_requests if state.ever_ran else -1
-        self.longpoll.publish(replicas_key(deployment), ReplicaTable(infos, max_queued))
+        if state is not None and not state.deleting:
+            self.longpoll.publish(replicas_key(deployment), replica_table(state))
 
     def _publish_routes(self) -> None:
         routes = tuple(
@@ -404,7 +325,7 @@ class ControllerCore:
         )
         self.longpoll.publish(ROUTES_KEY, RouteTable(routes))
 
-    def _spawn(self, coroutine: Any) -> None:
+    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coroutine)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

@@ -1,54 +1,64 @@
-"""The controller's record of each deployment: replicas, target, and what status() says.
+"""What the controller knows of each deployment, and how it changes: pure transitions.
 
-Pure (no I/O, no clock): the controller changes these records and derives status from them.
+``apply_event(state, replica_id, event, now)`` moves one replica through its life
+(``replica_state.py``) and keeps the deployment's own record (start failures, message,
+whether any replica ever ran) in step; ``plan(state, now, new_id)`` says what the
+deployment needs now (replicas to start or stop, health checks and reconfigures due).
+Both return actions for the controller to perform; neither does I/O or reads a clock.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import dataclasses
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
 
 from app_toolkit._runtime.controller.autoscaling import Autoscaler
-from app_toolkit._runtime.messages import AppSpec, DeploymentID, DeploymentSpec, ReplicaInfo
-from app_toolkit.config import DeploymentConfig
-from app_toolkit.status import (
-    ApplicationStatus,
-    ApplicationStatusInfo,
-    AutoscalingStatusInfo,
-    DeploymentStatus,
-    DeploymentStatusInfo,
-    ReplicaState,
-    ReplicaStatusInfo,
-    ServeStatus,
+from app_toolkit._runtime.controller.replica_state import (
+    SLOW_START_S,
+    Event,
+    Log,
+    ReconfigureFailed,
+    Replica,
+    ReplicaAction,
+    Started,
+    StartFailed,
+    Stop,
+    Tick,
+    replica_transition,
 )
+from app_toolkit._runtime.messages import AdoptedReplica, DeploymentSpec
+from app_toolkit._runtime.tables import ReplicaTable
+from app_toolkit.status import ReplicaState
 
-#: A replica starting for longer than this is reported in status() and logged.
-SLOW_START_S = 30.0
+#: Failed starts of one version after which its deployment is DEPLOY_FAILED.
+MAX_START_FAILURES = 3
 
 
-@dataclass
-class Replica:
-    """What the controller knows of one replica."""
+@dataclass(frozen=True, slots=True)
+class StartReplica:
+    """Start the (already recorded) replica ``replica_id`` from ``spec``."""
 
     replica_id: str
-    version: str
-    state: ReplicaState = ReplicaState.STARTING
-    info: ReplicaInfo | None = None
-    handle: Any = None
-    stop_requested: bool = False
-    next_health_check: float = 0.0
-    checking: bool = False
-    health_failures: int = 0
-    config: DeploymentConfig | None = None  # the options the replica runs with
-    reconfiguring: bool = False
-    launched_at: float = 0.0  # controller clock
-    slow_start_logged: bool = False
+    spec: DeploymentSpec
+
+
+@dataclass(frozen=True, slots=True)
+class PublishGone:
+    """The deployment cannot serve (deleted, or failed before any replica ran): callers
+    waiting for it must fail rather than wait."""
+
+
+Action = ReplicaAction | StartReplica | PublishGone
 
 
 @dataclass
 class DeploymentState:
-    """What the controller knows of one deployment: its spec, replicas and target."""
+    """What the controller knows of one deployment: its spec, replicas and target.
+
+    Changed only by the functions of this module (and ``spec`` by a new deploy).
+    """
 
     spec: DeploymentSpec
     replicas: dict[str, Replica] = field(default_factory=dict)
@@ -65,6 +75,146 @@ class DeploymentState:
         if self.autoscaler is not None:
             return self.autoscaler.target
         return self.spec.config.num_replicas
+
+
+# ------------------------------------------------------------------------------ events
+
+
+def apply_event(state: DeploymentState, replica_id: str, event: Event, now: float) -> list[Action]:
+    """Apply ``event`` to one replica of ``state``; returns what to do about it."""
+    replica = state.replicas.get(replica_id)
+    if replica is None:
+        return []  # already gone (e.g. a late outcome of a replaced replica)
+    spec = state.spec
+    after, replica_actions = replica_transition(replica, event, spec, now)
+    if after is None:
+        del state.replicas[replica_id]
+    else:
+        state.replicas[replica_id] = after
+    actions: list[Action] = list(replica_actions)
+    if isinstance(event, Started) and after is not None and after.state is ReplicaState.RUNNING:
+        state.ever_ran = True
+        state.message = ""
+    elif isinstance(event, StartFailed) and replica.version == spec.code_version:
+        state.start_failures += 1
+        state.message = f"Replica failed to start: {event.error}"
+        if state.start_failures >= MAX_START_FAILURES and not state.failed:
+            state.failed = True
+            actions.append(Log(logging.ERROR, f"{spec.id} failed to deploy: {event.error}"))
+            if not any(r.state is ReplicaState.RUNNING for r in state.replicas.values()):
+                actions.append(PublishGone())
+    elif isinstance(event, ReconfigureFailed):
+        state.message = f"reconfigure() failed: {event.error}"
+    return actions
+
+
+# -------------------------------------------------------------------------------- plan
+
+
+def plan(state: DeploymentState, now: float, new_id: Callable[[], str]) -> list[Action]:
+    """What the deployment needs now: retire it if deleted; else start or stop replicas
+    toward the target, replace an older version once the new one runs, start due health
+    checks and reconfigures, and explain replicas slow to start."""
+    if state.deleting:
+        return _each(state, Stop(), now)
+    actions = _scale(state, now, new_id)
+    actions += _each(state, Tick(), now)
+    for replica in slow_starters(state, now):
+        if not replica.slow_start_logged:
+            state.replicas[replica.replica_id] = dataclasses.replace(replica, slow_start_logged=True)
+            actions.append(Log(logging.WARNING, f"{state.spec.id}: {slow_start_message(state, now)}"))
+    return actions
+
+
+def _each(state: DeploymentState, event: Event, now: float) -> list[Action]:
+    actions: list[Action] = []
+    for replica_id in list(state.replicas):
+        actions += apply_event(state, replica_id, event, now)
+    return actions
+
+
+def _current(state: DeploymentState) -> list[Replica]:
+    """Replicas of the current code version that are not on their way out."""
+    version = state.spec.code_version
+    return [r for r in state.replicas.values() if r.version == version and not r.stop_requested]
+
+
+def _scale(state: DeploymentState, now: float, new_id: Callable[[], str]) -> list[Action]:
+    target = state.target
+    current = _current(state)
+    actions: list[Action] = []
+    if len(current) < target and not state.failed:
+        for _ in range(target - len(current)):
+            replica_id = new_id()
+            state.replicas[replica_id] = Replica(replica_id, state.spec.code_version, launched_at=now)
+            actions.append(StartReplica(replica_id, state.spec))
+    elif len(current) > target:
+        # Replicas still starting go first: they serve nothing yet.
+        current.sort(key=lambda r: r.state is ReplicaState.RUNNING)
+        for replica in current[: len(current) - target]:
+            actions += apply_event(state, replica.replica_id, Stop(), now)
+    running = sum(1 for r in _current(state) if r.state is ReplicaState.RUNNING)
+    if running >= target and not state.failed:
+        # Only once the new version is fully up do the old replicas go (a failed
+        # rollout keeps them serving).
+        version = state.spec.code_version
+        for replica in [r for r in state.replicas.values() if r.version != version and not r.stop_requested]:
+            actions += apply_event(state, replica.replica_id, Stop(), now)
+    return actions
+
+
+# ------------------------------------------------------------------------ other changes
+
+
+def new_spec(state: DeploymentState, spec: DeploymentSpec) -> None:
+    """A deploy changed the deployment's desired state."""
+    if state.spec.code_version != spec.code_version:
+        state.start_failures, state.failed, state.message = 0, False, ""
+    state.spec = spec
+    follow_autoscaling(state)
+
+
+def adopt(state: DeploymentState, found: AdoptedReplica, now: float) -> None:
+    """Take over a replica that a previous controller left running."""
+    state.replicas[found.info.replica_id] = Replica(
+        found.info.replica_id,
+        found.code_version,
+        ReplicaState.RUNNING,
+        found.info,
+        found.handle,
+        next_health_check=now + state.spec.config.health_check_period_s,
+        config=found.config,
+    )
+    state.ever_ran = True
+
+
+def replica_table(state: DeploymentState) -> ReplicaTable:
+    """What callers get: the serving replicas and how much they may queue."""
+    infos = sorted(
+        (r.info for r in state.replicas.values() if r.serving and r.info is not None),
+        key=lambda info: info.replica_id,
+    )
+    # Until a first replica runs (a new deployment starting up), callers queue without a
+    # bound: a request that arrives before its proxy has the new table waits for the
+    # replica instead of being refused.
+    max_queued = state.spec.config.max_queued_requests if state.ever_ran else -1
+    return ReplicaTable(tuple(infos), max_queued)
+
+
+def autoscale(state: DeploymentState, load: float, now: float) -> list[Action]:
+    """Feed the autoscaler one load sample and let it move the target."""
+    scaler = state.autoscaler
+    if scaler is None or state.deleting:
+        return []
+    scaler.record(now, load)
+    before = scaler.target
+    after = scaler.step(now, load)
+    if after == before:
+        return []
+    message = (
+        f"{state.spec.id}: {before} -> {after} replicas for an average load of {scaler.average_load():.1f}"
+    )
+    return [Log(logging.INFO, message)]
 
 
 def follow_autoscaling(state: DeploymentState) -> None:
@@ -88,38 +238,6 @@ def keep_size(state: DeploymentState) -> None:
         state.autoscaler.hold(running)
 
 
-def deployment_status(state: DeploymentState, current_load: float, now: float) -> DeploymentStatusInfo:
-    """What status() says of one deployment."""
-    version = state.spec.code_version
-    running = sum(
-        1
-        for r in state.replicas.values()
-        if r.version == version and r.state is ReplicaState.RUNNING and not r.stop_requested
-    )
-    # Replicas of older code, or still taking new light options, are not done yet.
-    outdated = any(
-        r.version != version or (r.config is not None and r.config != state.spec.config)
-        for r in state.replicas.values()
-    )
-    if state.failed:
-        status = DeploymentStatus.DEPLOY_FAILED
-    elif running >= state.target and not outdated:
-        status = DeploymentStatus.HEALTHY
-    else:
-        status = DeploymentStatus.UPDATING
-    return DeploymentStatusInfo(
-        name=state.spec.id.name,
-        status=status,
-        message=state.message or slow_start_message(state, now),
-        target_replicas=state.target,
-        replicas=[
-            ReplicaStatusInfo(r.replica_id, r.state, r.version, r.info.node_id if r.info else "")
-            for r in state.replicas.values()
-        ],
-        autoscaling=_autoscaling_status(state, current_load, now),
-    )
-
-
 def slow_starters(state: DeploymentState, now: float) -> list[Replica]:
     """Replicas that have been starting for longer than ``SLOW_START_S``."""
     return [
@@ -141,58 +259,3 @@ def slow_start_message(state: DeploymentState, now: float) -> str:
         f"not have room for one (each needs {needs}), a runtime_env may be installing, or "
         "the constructor is slow. Replicas already running keep serving."
     )
-
-
-def _autoscaling_status(
-    state: DeploymentState, current_load: float, now: float
-) -> AutoscalingStatusInfo | None:
-    scaler = state.autoscaler
-    if scaler is None:
-        return None
-    decision = scaler.last_decision
-    return AutoscalingStatusInfo(
-        current_load=current_load,
-        average_load=scaler.average_load(),
-        last_decision_load=decision.load if decision else None,
-        last_decision_from=decision.from_replicas if decision else None,
-        last_decision_to=decision.to_replicas if decision else None,
-        last_decision_age_s=now - decision.at if decision else None,
-    )
-
-
-def app_status(deployments: Any) -> ApplicationStatus:
-    """An application's status from its deployments' statuses."""
-    statuses = [d.status for d in deployments]
-    if any(s is DeploymentStatus.DEPLOY_FAILED for s in statuses):
-        return ApplicationStatus.DEPLOY_FAILED
-    if statuses and all(s is DeploymentStatus.HEALTHY for s in statuses):
-        return ApplicationStatus.RUNNING
-    return ApplicationStatus.DEPLOYING
-
-
-def serve_status(
-    apps: Mapping[str, AppSpec],
-    deployments: Mapping[DeploymentID, DeploymentState],
-    load_of: Callable[[DeploymentID], float],
-    now: float,
-    proxies: Mapping[str, str],
-) -> ServeStatus:
-    """What status() says: every application (deleting ones too) and the proxies."""
-    result = {}
-    for name, app in apps.items():
-        infos = {
-            spec.id.name: deployment_status(deployments[spec.id], load_of(spec.id), now)
-            for spec in app.deployments
-            if spec.id in deployments
-        }
-        result[name] = ApplicationStatusInfo(
-            name=name,
-            status=app_status(infos.values()),
-            message="; ".join(f"{d.name}: {d.message}" for d in infos.values() if d.message),
-            route_prefix=app.route_prefix,
-            ingress=app.ingress,
-            deployments=infos,
-        )
-    for name in {d.app for d in deployments if d.app not in apps}:
-        result[name] = ApplicationStatusInfo(name, ApplicationStatus.DELETING, "", None, "")
-    return ServeStatus(applications=result, proxies=dict(proxies))

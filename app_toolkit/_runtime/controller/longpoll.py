@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 
 from app_toolkit._runtime.tables import Table, Update, Updates, Versions
+from app_toolkit._runtime.waiting import wait_event
 
 
 class LongPollHost:
@@ -48,7 +49,5 @@ class LongPollHost:
             remaining = deadline - loop.time()
             if remaining <= 0:
                 return {}
-            try:
-                await asyncio.wait_for(self._changed.wait(), remaining)
-            except asyncio.TimeoutError:
+            if not await wait_event(self._changed, remaining):
                 return {}

@@ -118,68 +118,82 @@ async def serve_http(
     """Run one request through ``app``; write one RESPONSE frame, or START/BODY…/END."""
     scope = dict(request.scope)
     scope["state"] = dict(lifespan_state)
-    finished = asyncio.Event()
-    body_sent = False
-    status = 500
-    headers: list[tuple[bytes, bytes]] = []
-    started = False  # the response head went out as its own frame
-    complete = False
-
-    async def receive() -> Message:
-        nonlocal body_sent
-        if not body_sent:
-            body_sent = True
-            return {"type": "http.request", "body": request.body, "more_body": False}
-        await finished.wait()
-        return {"type": "http.disconnect"}
-
-    async def send(message: Message) -> None:
-        nonlocal status, headers, started, complete
-        kind = message["type"]
-        if kind == "http.response.start":
-            status = int(message["status"])
-            headers = [(bytes(k), bytes(v)) for k, v in message.get("headers", [])]
-        elif kind == "http.response.body":
-            if complete:
-                return
-            body = message.get("body", b"")
-            more = message.get("more_body", False)
-            if not started and not more:
-                complete = True
-                finished.set()
-                sink.send(Kind.RESPONSE, HTTPResponse(status, headers, bytes(body)))
-                return
-            if not started:
-                started = True
-                sink.send(Kind.START, HTTPResponseStart(status, headers))
-            if body:
-                sink.send(Kind.BODY, body)
-                await sink.drain()
-            if not more:
-                complete = True
-                finished.set()
-                sink.send(Kind.END, None)
-
+    response = _Response(request, sink)
     try:
-        await app(scope, receive, send)
+        await app(scope, response.receive, response.send)
     except asyncio.CancelledError:
         raise
     except Exception:
         logger.exception("Request %s failed", request.request_id)
-        if not started and not complete:
-            complete = True
-            sink.send(Kind.RESPONSE, internal_error(request.request_id))
-        elif started and not complete:
-            # The head is out; end the stream so the caller is not left waiting.
-            complete = True
-            sink.send(Kind.END, None)
+        response.fail()
     finally:
-        finished.set()
-    if not complete:
+        response.finished.set()
+    if not response.complete:
         logger.error("Request %s: the app returned without a complete response", request.request_id)
-        sink.send(
-            Kind.END if started else Kind.RESPONSE, None if started else internal_error(request.request_id)
-        )
+        response.fail()
+
+
+class _Response:
+    """One request's ASGI channel inside a replica: the body in, the response out as
+    frames — one RESPONSE when the body comes in one piece, else START, BODY…, END."""
+
+    __slots__ = ("_request", "_sink", "_body_sent", "finished", "_status", "_headers", "_started", "complete")
+
+    def __init__(self, request: HTTPRequest, sink: ResponseSink) -> None:
+        self._request = request
+        self._sink = sink
+        self._body_sent = False
+        self.finished = asyncio.Event()  # set once the response is complete (or failed)
+        self._status = 500
+        self._headers: list[tuple[bytes, bytes]] = []
+        self._started = False  # the response head went out as its own frame
+        self.complete = False
+
+    async def receive(self) -> Message:
+        if not self._body_sent:
+            self._body_sent = True
+            return {"type": "http.request", "body": self._request.body, "more_body": False}
+        await self.finished.wait()
+        return {"type": "http.disconnect"}
+
+    async def send(self, message: Message) -> None:
+        kind = message["type"]
+        if kind == "http.response.start":
+            self._status = int(message["status"])
+            self._headers = [(bytes(k), bytes(v)) for k, v in message.get("headers", [])]
+        elif kind == "http.response.body" and not self.complete:
+            await self._body(message.get("body", b""), message.get("more_body", False))
+
+    async def _body(self, body: bytes, more: bool) -> None:
+        sink = self._sink
+        if not self._started and not more:
+            self._finish()
+            sink.send(Kind.RESPONSE, HTTPResponse(self._status, self._headers, bytes(body)))
+            return
+        if not self._started:
+            self._started = True
+            sink.send(Kind.START, HTTPResponseStart(self._status, self._headers))
+        if body:
+            sink.send(Kind.BODY, body)
+            await sink.drain()
+        if not more:
+            self._finish()
+            sink.send(Kind.END, None)
+
+    def fail(self) -> None:
+        """The app failed before completing the response: a generic 500, or, once the
+        head is out, the end of the stream so the caller is not left waiting."""
+        if self.complete:
+            return
+        self._finish()
+        if self._started:
+            self._sink.send(Kind.END, None)
+        else:
+            self._sink.send(Kind.RESPONSE, internal_error(self._request.request_id))
+
+    def _finish(self) -> None:
+        self.complete = True
+        self.finished.set()
 
 
 def request_app(target: Callable[..., Any]) -> ASGIApp:
@@ -223,64 +237,64 @@ async def serve_websocket(
     """Run one WebSocket connection through ``app``: client messages come from
     ``sink.inbound``, every message the app sends goes out as a WS_OUT frame, END last."""
     assert sink.inbound is not None
-    inbound = sink.inbound
     scope = dict(request.scope)
     scope["state"] = dict(lifespan_state)
-    connected = False
-    closed = False
+    socket = _WebSocket(sink, sink.inbound)
+    draining = request_context.draining.get()
+    watcher = asyncio.ensure_future(draining.wait()) if draining is not None else None
+    if watcher is not None:
+        watcher.add_done_callback(socket.server_restarting)
+    try:
+        await app(scope, socket.receive, socket.send)
+    except asyncio.CancelledError:
+        raise
+    except Exception:
+        logger.exception("WebSocket %s failed", request.request_id)
+        socket.close(CLOSE_INTERNAL_ERROR, "")
+    finally:
+        if watcher is not None:
+            watcher.cancel()
+    sink.send(Kind.END, None)
 
-    async def receive() -> Message:
-        nonlocal connected
-        if not connected:
-            connected = True
+
+class _WebSocket:
+    """One WebSocket's ASGI channel inside a replica."""
+
+    __slots__ = ("_sink", "_inbound", "_connected", "_closed")
+
+    def __init__(self, sink: ResponseSink, inbound: asyncio.Queue[Any]) -> None:
+        self._sink = sink
+        self._inbound = inbound
+        self._connected = False
+        self._closed = False  # the app closed (or denied) it: later messages drop
+
+    async def receive(self) -> Message:
+        if not self._connected:
+            self._connected = True
             return {"type": "websocket.connect"}
-        message: Message = await inbound.get()
+        message: Message = await self._inbound.get()
         return message
 
-    async def send(message: Message) -> None:
-        nonlocal closed
-        if closed:
+    async def send(self, message: Message) -> None:
+        if self._closed:
             return
         kind = message["type"]
         if kind == "websocket.close" or (
             kind == "websocket.http.response.body" and not message.get("more_body", False)
         ):
-            closed = True
-        sink.send(Kind.WS_OUT, dict(message))
-        await sink.drain()
+            self._closed = True
+        self._sink.send(Kind.WS_OUT, dict(message))
+        await self._sink.drain()
 
-    def server_restarting(waited: asyncio.Future[Any]) -> None:
-        # The replica drains: close with 1012 so the client reconnects (to another
-        # replica), and tell the app its client is gone.
-        nonlocal closed
+    def close(self, code: int, reason: str) -> None:
+        if not self._closed:
+            self._closed = True
+            self._sink.send(Kind.WS_OUT, {"type": "websocket.close", "code": code, "reason": reason})
+
+    def server_restarting(self, waited: asyncio.Future[Any]) -> None:
+        """The replica drains: close with 1012 so the client reconnects (to another
+        replica), and tell the app its client is gone."""
         if waited.cancelled():
             return
-        if not closed:
-            closed = True
-            sink.send(
-                Kind.WS_OUT,
-                {
-                    "type": "websocket.close",
-                    "code": CLOSE_SERVICE_RESTART,
-                    "reason": "server restarting; reconnect",
-                },
-            )
-        inbound.put_nowait({"type": "websocket.disconnect", "code": CLOSE_SERVICE_RESTART})
-
-    draining = request_context.draining.get()
-    watcher = asyncio.ensure_future(draining.wait()) if draining is not None else None
-    if watcher is not None:
-        watcher.add_done_callback(server_restarting)
-    try:
-        await app(scope, receive, send)
-    except asyncio.CancelledError:
-        raise
-    except Exception:
-        logger.exception("WebSocket %s failed", request.request_id)
-        if not closed:
-            closed = True
-            sink.send(Kind.WS_OUT, {"type": "websocket.close", "code": CLOSE_INTERNAL_ERROR, "reason": ""})
-    finally:
-        if watcher is not None:
-            watcher.cancel()
-    sink.send(Kind.END, None)
+        self.close(CLOSE_SERVICE_RESTART, "server restarting; reconnect")
+        self._inbound.put_nowait({"type": "websocket.disconnect", "code": CLOSE_SERVICE_RESTART})

@@ -33,12 +33,15 @@ from app_toolkit._runtime.replica.asgi import (
     serve_http,
     serve_websocket,
 )
+from app_toolkit._runtime.waiting import wait_event
 from app_toolkit.config import DeploymentConfig
 from app_toolkit.exceptions import BackPressureError, DeployError, ReplicaUnavailableError
 
 logger = logging.getLogger("app_toolkit.replica")
 
 ASGI_APP_ATTR = "__app_toolkit_asgi_app__"
+#: A deployment's constructor arguments: positional and keyword.
+InitArgs = tuple[tuple[Any, ...], dict[str, Any]]
 LINGER_QUIET_S = 0.25  # a drained replica stops once no request came for this long
 LINGER_MAX_S = 2.0
 
@@ -52,7 +55,7 @@ class ReplicaCore:
         deployment: DeploymentID,
         config: DeploymentConfig,
         definition: Any,
-        init_args: tuple[tuple[Any, ...], dict[str, Any]],
+        init_args: InitArgs,
         dumps: Dumps,
     ) -> None:
         self.replica_id = replica_id
@@ -130,13 +133,8 @@ class ReplicaCore:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.config.graceful_shutdown_timeout_s
         while self.ongoing and loop.time() < deadline:
-            try:
-                await asyncio.wait_for(
-                    self._idle.wait(),
-                    min(self.config.graceful_shutdown_wait_loop_s, max(deadline - loop.time(), 0)),
-                )
-            except asyncio.TimeoutError:
-                continue
+            wait_s = min(self.config.graceful_shutdown_wait_loop_s, max(deadline - loop.time(), 0))
+            await wait_event(self._idle, wait_s)
         self._drained_at = loop.time()
         if self.ongoing:
             logger.warning("%s stopping with %d requests still running", self.replica_id, self.ongoing)

@@ -22,6 +22,7 @@ from app_toolkit._runtime.tables import (
     Table,
     replicas_key,
 )
+from app_toolkit._runtime.waiting import wait_event
 
 logger = logging.getLogger("app_toolkit.subscriber")
 
@@ -109,10 +110,7 @@ class TableSubscriber:
         sent_at = 0.0
         loop = asyncio.get_running_loop()
         while True:
-            try:
-                await asyncio.wait_for(self._demand.wait(), LOAD_REPORT_PERIOD_S)
-            except TimeoutError:
-                pass
+            await wait_event(self._demand, LOAD_REPORT_PERIOD_S)
             self._demand.clear()
             loads = {d: float(dispatcher.load) for d, dispatcher in self._dispatchers.items()}
             loads = {d: load for d, load in loads.items() if load or sent.get(d)}

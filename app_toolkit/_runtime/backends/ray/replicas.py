@@ -12,6 +12,7 @@ import secrets
 from typing import Any
 
 import ray
+from ray.actor import ActorHandle
 from ray.exceptions import RayActorError, RayTaskError
 from ray.experimental import internal_kv
 
@@ -32,6 +33,9 @@ from app_toolkit.config import DeploymentConfig
 from app_toolkit.exceptions import DeployError, ReplicaUnavailableError
 
 logger = logging.getLogger("app_toolkit.ray")
+
+#: The controller's handle to one replica.
+Actor = ActorHandle[Any]
 
 CHECKPOINT_KEY = b"app_toolkit/desired_state"
 _DESCRIBE_TIMEOUT_S = 10.0
@@ -123,7 +127,7 @@ class RayReplicas:
     def __init__(self) -> None:
         self._draining: set[asyncio.Future[None]] = set()
 
-    async def start_replica(self, replica_id: str, spec: DeploymentSpec) -> tuple[ReplicaInfo, Any]:
+    async def start_replica(self, replica_id: str, spec: DeploymentSpec) -> tuple[ReplicaInfo, Actor]:
         options = spec.config.ray_actor_options
         actor_options: dict[str, Any] = {
             "name": f"{REPLICA_PREFIX}{replica_id}",
@@ -153,7 +157,7 @@ class RayReplicas:
             ray.kill(actor, no_restart=True)
             raise DeployError(f"Replica process died while starting: {exc}") from None
 
-    async def stop_replica(self, handle: Any, graceful: bool) -> None:
+    async def stop_replica(self, handle: Actor, graceful: bool) -> None:
         if graceful:
             try:
                 await handle.drain.remote()
@@ -161,14 +165,14 @@ class RayReplicas:
                 logger.info("Draining a replica failed: %s", exc)
         ray.kill(handle, no_restart=True)
 
-    async def reconfigure_replica(self, handle: Any, config: DeploymentConfig) -> None:
+    async def reconfigure_replica(self, handle: Actor, config: DeploymentConfig) -> None:
         try:
             await handle.reconfigure.remote(config)
         except RayTaskError as exc:
             cause = exc.cause if exc.cause is not None else exc
             raise DeployError(str(cause)) from None
 
-    async def check_health(self, handle: Any, timeout_s: float) -> None:
+    async def check_health(self, handle: Actor, timeout_s: float) -> None:
         try:
             await asyncio.wait_for(handle.check_health.remote(), timeout_s)
         except RayActorError as exc:

@@ -1,0 +1,260 @@
+"""One replica's life as the controller sees it: a pure state machine.
+
+``replica_transition(replica, event, spec, now) -> (replica, actions)``. The controller
+performs the actions (start, stop, health-check or reconfigure a replica, publish the
+replica table) and feeds their outcomes back as events. No I/O and no clock of its own:
+tests drive it with plain numbers for ``now``.
+
+    STARTING ──Started──► RUNNING ──Stop / failed checks / failed reconfigure──► STOPPING
+        │                                                                          │
+        └─Stop: stop_requested, then Started ──► STOPPING                Stopped ──┴─► (gone)
+        └─StartFailed ──► (gone)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from app_toolkit._runtime.messages import DeploymentSpec, ReplicaInfo
+from app_toolkit.config import DeploymentConfig
+from app_toolkit.status import ReplicaState
+
+#: A replica starting for longer than this is reported in status() and logged.
+SLOW_START_S = 30.0
+
+
+@dataclass(frozen=True, slots=True)
+class Replica:
+    """What the controller knows of one replica."""
+
+    replica_id: str
+    version: str
+    state: ReplicaState = ReplicaState.STARTING
+    info: ReplicaInfo | None = None
+    handle: Any = None  # the backend's handle (an actor, an object)
+    stop_requested: bool = False
+    next_health_check: float = 0.0
+    checking: bool = False  # a health check is under way
+    health_failures: int = 0  # consecutive
+    config: DeploymentConfig | None = None  # the options the replica runs with
+    reconfiguring: bool = False
+    launched_at: float = 0.0  # controller clock
+    slow_start_logged: bool = False
+
+    @property
+    def serving(self) -> bool:
+        """In the replica table: running and not on its way out."""
+        return self.state is ReplicaState.RUNNING and not self.stop_requested
+
+
+# ------------------------------------------------------------------------------ events
+
+
+@dataclass(frozen=True, slots=True)
+class Started:
+    """The backend started the replica."""
+
+    info: ReplicaInfo
+    handle: Any
+    config: DeploymentConfig
+
+
+@dataclass(frozen=True, slots=True)
+class StartFailed:
+    """The replica could not start (constructor raised, process died, no room...)."""
+
+    error: str
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """The controller wants the replica gone (scale down, new version, deletion)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Stopped:
+    """The backend stopped the replica."""
+
+
+@dataclass(frozen=True, slots=True)
+class Tick:
+    """Time passed: start a due health check or a needed reconfigure."""
+
+
+@dataclass(frozen=True, slots=True)
+class HealthPassed:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class HealthFailed:
+    error: str
+    gone: bool  # the process is gone: replace it at once
+
+
+@dataclass(frozen=True, slots=True)
+class Reconfigured:
+    config: DeploymentConfig
+
+
+@dataclass(frozen=True, slots=True)
+class ReconfigureFailed:
+    error: str
+
+
+Event = (
+    Started
+    | StartFailed
+    | Stop
+    | Stopped
+    | Tick
+    | HealthPassed
+    | HealthFailed
+    | Reconfigured
+    | ReconfigureFailed
+)
+
+# ----------------------------------------------------------------------------- actions
+
+
+@dataclass(frozen=True, slots=True)
+class StopReplica:
+    replica_id: str
+    handle: Any
+    graceful: bool
+
+
+@dataclass(frozen=True, slots=True)
+class CheckHealth:
+    replica_id: str
+    handle: Any
+    timeout_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class ReconfigureReplica:
+    replica_id: str
+    handle: Any
+    config: DeploymentConfig
+
+
+@dataclass(frozen=True, slots=True)
+class PublishReplicas:
+    """The replica table changed: publish it to the callers."""
+
+
+@dataclass(frozen=True, slots=True)
+class Log:
+    level: int
+    message: str
+
+
+ReplicaAction = StopReplica | CheckHealth | ReconfigureReplica | PublishReplicas | Log
+
+
+# ---------------------------------------------------------------------------- transition
+
+
+def replica_transition(
+    replica: Replica, event: Event, spec: DeploymentSpec, now: float
+) -> tuple[Replica | None, list[ReplicaAction]]:
+    """The replica after ``event`` (None once it is gone) and what to do about it.
+
+    ``spec`` is the deployment's current desired state: its options time the health
+    checks, and its code version and options decide whether a reconfigure is due.
+    """
+    config = spec.config
+    if isinstance(event, Started):
+        started = dataclasses.replace(replica, info=event.info, handle=event.handle, config=event.config)
+        if replica.stop_requested:  # asked to stop while it started: stop it now
+            stopping = dataclasses.replace(started, state=ReplicaState.STOPPING)
+            return stopping, [StopReplica(replica.replica_id, event.handle, graceful=False)]
+        running = dataclasses.replace(
+            started, state=ReplicaState.RUNNING, next_health_check=now + config.health_check_period_s
+        )
+        return running, [PublishReplicas()]
+    if isinstance(event, StartFailed | Stopped):
+        return None, []
+    if isinstance(event, Stop):
+        return _stop(replica)
+    if isinstance(event, Tick):
+        return _tick(replica, spec, now)
+    if isinstance(event, HealthPassed):
+        checked = dataclasses.replace(
+            replica, checking=False, health_failures=0, next_health_check=now + config.health_check_period_s
+        )
+        return checked, []
+    if isinstance(event, HealthFailed):
+        return _health_failed(replica, event, config, now)
+    if isinstance(event, Reconfigured):
+        return _reconfigured(replica, event.config)
+    if isinstance(event, ReconfigureFailed):
+        replica = dataclasses.replace(replica, reconfiguring=False)
+        log = Log(
+            logging.WARNING,
+            f"Replica {replica.replica_id} could not be reconfigured ({event.error}); replacing it",
+        )
+        after, actions = _stop(replica)
+        return after, [log, *actions]
+    raise TypeError(f"Unknown replica event {event!r}")
+
+
+def _stop(replica: Replica) -> tuple[Replica, list[ReplicaAction]]:
+    if replica.stop_requested:
+        return replica, []
+    if replica.state is ReplicaState.STARTING:
+        # Nothing to stop yet: Started stops it as soon as the start finishes.
+        return dataclasses.replace(replica, stop_requested=True), []
+    stopping = dataclasses.replace(replica, stop_requested=True, state=ReplicaState.STOPPING)
+    return stopping, [PublishReplicas(), StopReplica(replica.replica_id, replica.handle, graceful=True)]
+
+
+def _tick(replica: Replica, spec: DeploymentSpec, now: float) -> tuple[Replica, list[ReplicaAction]]:
+    actions: list[ReplicaAction] = []
+    if replica.state is ReplicaState.RUNNING and not replica.checking and replica.next_health_check <= now:
+        replica = dataclasses.replace(replica, checking=True)
+        actions.append(CheckHealth(replica.replica_id, replica.handle, spec.config.health_check_timeout_s))
+    if (
+        replica.serving
+        and not replica.reconfiguring
+        and replica.version == spec.code_version
+        and replica.config != spec.config
+    ):
+        replica = dataclasses.replace(replica, reconfiguring=True)
+        actions.append(ReconfigureReplica(replica.replica_id, replica.handle, spec.config))
+    return replica, actions
+
+
+def _health_failed(
+    replica: Replica, event: HealthFailed, config: DeploymentConfig, now: float
+) -> tuple[Replica, list[ReplicaAction]]:
+    threshold = config.health_check_failure_threshold
+    if event.gone:
+        failures = threshold
+        log = Log(logging.WARNING, f"Replica {replica.replica_id} is gone ({event.error}); replacing it")
+    else:
+        failures = replica.health_failures + 1
+        log = Log(logging.WARNING, f"Health check of {replica.replica_id} failed: {event.error}")
+    replica = dataclasses.replace(
+        replica,
+        checking=False,
+        health_failures=failures,
+        next_health_check=now + config.health_check_period_s,
+    )
+    if failures < threshold or replica.stop_requested:
+        return replica, [log]
+    after, actions = _stop(replica)
+    return after, [log, *actions]
+
+
+def _reconfigured(replica: Replica, config: DeploymentConfig) -> tuple[Replica, list[ReplicaAction]]:
+    replica = dataclasses.replace(replica, reconfiguring=False, config=config)
+    info = replica.info
+    if info is None or info.max_ongoing_requests == config.max_ongoing_requests:
+        return replica, []
+    # Callers must learn the new slot count.
+    info = dataclasses.replace(info, max_ongoing_requests=config.max_ongoing_requests)
+    return dataclasses.replace(replica, info=info), [PublishReplicas()]

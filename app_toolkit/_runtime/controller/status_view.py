@@ -1,0 +1,105 @@
+"""What ``status()`` says, derived from the controller's records. Pure."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Mapping
+
+from app_toolkit._runtime.controller.deployment_state import DeploymentState, slow_start_message
+from app_toolkit._runtime.messages import AppSpec, DeploymentID
+from app_toolkit.status import (
+    ApplicationStatus,
+    ApplicationStatusInfo,
+    AutoscalingStatusInfo,
+    DeploymentStatus,
+    DeploymentStatusInfo,
+    ReplicaState,
+    ReplicaStatusInfo,
+    ServeStatus,
+)
+
+
+def deployment_status(state: DeploymentState, current_load: float, now: float) -> DeploymentStatusInfo:
+    """What status() says of one deployment."""
+    version = state.spec.code_version
+    running = sum(
+        1
+        for r in state.replicas.values()
+        if r.version == version and r.state is ReplicaState.RUNNING and not r.stop_requested
+    )
+    # Replicas of older code, or still taking new light options, are not done yet.
+    outdated = any(
+        r.version != version or (r.config is not None and r.config != state.spec.config)
+        for r in state.replicas.values()
+    )
+    if state.failed:
+        status = DeploymentStatus.DEPLOY_FAILED
+    elif running >= state.target and not outdated:
+        status = DeploymentStatus.HEALTHY
+    else:
+        status = DeploymentStatus.UPDATING
+    return DeploymentStatusInfo(
+        name=state.spec.id.name,
+        status=status,
+        message=state.message or slow_start_message(state, now),
+        target_replicas=state.target,
+        replicas=[
+            ReplicaStatusInfo(r.replica_id, r.state, r.version, r.info.node_id if r.info else "")
+            for r in state.replicas.values()
+        ],
+        autoscaling=_autoscaling_status(state, current_load, now),
+    )
+
+
+def _autoscaling_status(
+    state: DeploymentState, current_load: float, now: float
+) -> AutoscalingStatusInfo | None:
+    scaler = state.autoscaler
+    if scaler is None:
+        return None
+    decision = scaler.last_decision
+    return AutoscalingStatusInfo(
+        current_load=current_load,
+        average_load=scaler.average_load(),
+        last_decision_load=decision.load if decision else None,
+        last_decision_from=decision.from_replicas if decision else None,
+        last_decision_to=decision.to_replicas if decision else None,
+        last_decision_age_s=now - decision.at if decision else None,
+    )
+
+
+def app_status(deployments: Iterable[DeploymentStatusInfo]) -> ApplicationStatus:
+    """An application's status from its deployments' statuses."""
+    statuses = [d.status for d in deployments]
+    if any(s is DeploymentStatus.DEPLOY_FAILED for s in statuses):
+        return ApplicationStatus.DEPLOY_FAILED
+    if statuses and all(s is DeploymentStatus.HEALTHY for s in statuses):
+        return ApplicationStatus.RUNNING
+    return ApplicationStatus.DEPLOYING
+
+
+def serve_status(
+    apps: Mapping[str, AppSpec],
+    deployments: Mapping[DeploymentID, DeploymentState],
+    load_of: Callable[[DeploymentID], float],
+    now: float,
+    proxies: Mapping[str, str],
+) -> ServeStatus:
+    """What status() says: every application (deleting ones too) and the proxies."""
+    result = {}
+    for name, app in apps.items():
+        infos = {
+            spec.id.name: deployment_status(deployments[spec.id], load_of(spec.id), now)
+            for spec in app.deployments
+            if spec.id in deployments
+        }
+        result[name] = ApplicationStatusInfo(
+            name=name,
+            status=app_status(infos.values()),
+            message="; ".join(f"{d.name}: {d.message}" for d in infos.values() if d.message),
+            route_prefix=app.route_prefix,
+            ingress=app.ingress,
+            deployments=infos,
+        )
+    for name in {d.app for d in deployments if d.app not in apps}:
+        result[name] = ApplicationStatusInfo(name, ApplicationStatus.DELETING, "", None, "")
+    return ServeStatus(applications=result, proxies=dict(proxies))
