@@ -12,8 +12,8 @@ from dataclasses import dataclass
 
 from app_toolkit._runtime.messages import DeploymentID, ReplicaInfo, RouteInfo
 
-#: The key of the route table (every application's prefix and routes).
-ROUTES_KEY = "routes"
+#: The key of the application table (every application's prefix and routes).
+APPLICATIONS_KEY = "applications"
 
 
 def replicas_key(deployment: DeploymentID) -> str:
@@ -37,13 +37,13 @@ class DeploymentGone:
 
 
 @dataclass(frozen=True, slots=True)
-class RouteTable:
+class ApplicationTable:
     """Every application that serves HTTP: prefix, ingress and special routes."""
 
-    routes: tuple[RouteInfo, ...]
+    applications: tuple[RouteInfo, ...]
 
 
-Table = ReplicaTable | DeploymentGone | RouteTable
+Table = ReplicaTable | DeploymentGone | ApplicationTable
 
 
 @dataclass(frozen=True, slots=True)

@@ -12,7 +12,13 @@ import pytest
 from app_toolkit._runtime.controller.controller import ControllerCore
 from app_toolkit._runtime.controller.deployment_state import MAX_START_FAILURES
 from app_toolkit._runtime.messages import AppSpec, DeploymentID, DeploymentSpec, ReplicaInfo
-from app_toolkit._runtime.tables import ROUTES_KEY, DeploymentGone, ReplicaTable, RouteTable, replicas_key
+from app_toolkit._runtime.tables import (
+    APPLICATIONS_KEY,
+    ApplicationTable,
+    DeploymentGone,
+    ReplicaTable,
+    replicas_key,
+)
 from app_toolkit.config import DeploymentConfig
 from app_toolkit.exceptions import ConfigError, DeployError, ReplicaUnavailableError
 from app_toolkit.status import ApplicationStatus, DeploymentStatus
@@ -110,8 +116,8 @@ async def test_deploy_checkpoints_before_acknowledging_then_reaches_running() ->
     table = core.longpoll.get(replicas_key(DeploymentID("a", "D")))
     assert isinstance(table, ReplicaTable)
     assert len(table.replicas) == 2 and table.max_queued_requests == 1000
-    routes = core.longpoll.get(ROUTES_KEY)
-    assert isinstance(routes, RouteTable) and [r.route_prefix for r in routes.routes] == ["/a"]
+    routes = core.longpoll.get(APPLICATIONS_KEY)
+    assert isinstance(routes, ApplicationTable) and [r.route_prefix for r in routes.applications] == ["/a"]
     await core.stop()
 
 
@@ -198,7 +204,7 @@ async def test_delete_stops_replicas_and_closes_tables() -> None:
     await core.deploy_app(app())
     await until(lambda: len(backend.running) == 2)
     await core.delete_app("a")
-    assert core.longpoll.get(ROUTES_KEY) == RouteTable(())
+    assert core.longpoll.get(APPLICATIONS_KEY) == ApplicationTable(())
     assert core.longpoll.get(replicas_key(DeploymentID("a", "D"))) == DeploymentGone()
     await until(lambda: not backend.running and not core.app_exists("a"))
     await core.stop()

@@ -6,12 +6,12 @@ import pytest
 
 from app_toolkit._runtime.controller.longpoll import LongPollHost
 from app_toolkit._runtime.messages import DeploymentID, RouteInfo
-from app_toolkit._runtime.tables import RouteTable, Update
+from app_toolkit._runtime.tables import ApplicationTable, Update
 
 pytestmark = pytest.mark.anyio
 
-A = RouteTable(())
-B = RouteTable((RouteInfo("/b", "b", DeploymentID("b", "D")),))
+A = ApplicationTable(())
+B = ApplicationTable((RouteInfo("/b", "b", DeploymentID("b", "D")),))
 
 
 async def test_listen_returns_new_values_and_waits_for_changes() -> None:
@@ -22,7 +22,7 @@ async def test_listen_returns_new_values_and_waits_for_changes() -> None:
     waiter = asyncio.ensure_future(host.listen({"k": 1}, 5))
     await asyncio.sleep(0.01)
     assert not waiter.done()
-    host.publish("k", RouteTable(()))  # an equal value: no new version
+    host.publish("k", ApplicationTable(()))  # an equal value: no new version
     await asyncio.sleep(0.01)
     assert not waiter.done()
     host.publish("k", B)

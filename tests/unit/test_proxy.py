@@ -10,9 +10,9 @@ import httpx
 import pytest
 
 from app_toolkit._runtime.messages import DeploymentID, RouteInfo
-from app_toolkit._runtime.proxy.path_match import AppRoutes, match_app
+from app_toolkit._runtime.proxy.path_match import AppMatcher, match_app
 from app_toolkit._runtime.proxy.proxy import Proxy
-from app_toolkit._runtime.tables import RouteTable
+from app_toolkit._runtime.tables import ApplicationTable
 from app_toolkit.config import HTTPOptions
 
 pytestmark = pytest.mark.anyio
@@ -22,7 +22,7 @@ class NoReplicas:
     """A subscriber with one route and a dispatcher that must never be used."""
 
     def watch(self, key: str, apply: Callable[[Any], None]) -> asyncio.Event:
-        apply(RouteTable((RouteInfo("/app", "app", DeploymentID("app", "Ingress")),)))
+        apply(ApplicationTable((RouteInfo("/app", "app", DeploymentID("app", "Ingress")),)))
         return asyncio.Event()
 
     def dispatcher(self, deployment: DeploymentID) -> Any:
@@ -49,7 +49,7 @@ async def test_bodies_over_the_limit_get_413_before_any_replica_is_asked() -> No
 
 def test_longest_prefix_wins_and_prefixes_match_whole_segments() -> None:
     routes = [
-        AppRoutes(RouteInfo(prefix, prefix, DeploymentID(prefix, "I"))) for prefix in ("/a/b", "/a", "/")
+        AppMatcher(RouteInfo(prefix, prefix, DeploymentID(prefix, "I"))) for prefix in ("/a/b", "/a", "/")
     ]
     assert match_app(routes, "/a/b/c").route_prefix == "/a/b"  # type: ignore[union-attr]
     assert match_app(routes, "/a/bc").route_prefix == "/a"  # type: ignore[union-attr]

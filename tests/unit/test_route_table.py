@@ -8,7 +8,7 @@ from fastapi import APIRouter, FastAPI, WebSocket
 import app_toolkit as tk
 from app_toolkit._runtime.controller.prefixes import check_prefixes
 from app_toolkit._runtime.messages import AppSpec, DeploymentID, RouteInfo
-from app_toolkit._runtime.proxy.path_match import AppRoutes
+from app_toolkit._runtime.proxy.path_match import AppMatcher
 from app_toolkit.route_table import route_table
 
 
@@ -60,7 +60,7 @@ def test_an_app_without_special_routes_needs_no_table() -> None:
 
 def test_requests_reach_the_route_fastapi_would_pick() -> None:
     table = route_table(make_app())
-    app = AppRoutes(RouteInfo("/shop", "shop", DeploymentID("shop", "Ingress"), table.routes))
+    app = AppMatcher(RouteInfo("/shop", "shop", DeploymentID("shop", "Ingress"), table.routes))
     pool = DeploymentID("shop", "thing")
     assert app.target("http", "GET", "/shop/api/v1/things/12") == (pool, None)
     assert app.target("http", "GET", "/shop/api/v1/things/twelve")[0] == app.ingress  # int only

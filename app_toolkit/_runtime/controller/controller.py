@@ -52,10 +52,10 @@ from app_toolkit._runtime.controller.replica_state import (
 from app_toolkit._runtime.controller.status_view import serve_status
 from app_toolkit._runtime.messages import AppSpec, DeploymentID, RouteInfo
 from app_toolkit._runtime.tables import (
-    ROUTES_KEY,
+    APPLICATIONS_KEY,
+    ApplicationTable,
     DeploymentGone,
     Loads,
-    RouteTable,
     Updates,
     Versions,
     replicas_key,
@@ -323,7 +323,7 @@ class ControllerCore:
                 key=lambda route: route.route_prefix,
             )
         )
-        self.longpoll.publish(ROUTES_KEY, RouteTable(routes))
+        self.longpoll.publish(APPLICATIONS_KEY, ApplicationTable(routes))
 
     def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coroutine)

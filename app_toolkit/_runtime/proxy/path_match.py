@@ -1,6 +1,6 @@
 """Which deployment serves a request: the app by longest prefix, then its special routes.
 
-Pure; the proxy keeps one :class:`AppRoutes` per application.
+Pure; the proxy keeps one :class:`AppMatcher` per application.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import re
 from app_toolkit._runtime.messages import DeploymentID, RouteInfo
 
 
-class AppRoutes:
+class AppMatcher:
     """One application's prefix, its ingress and its compiled per-route table."""
 
     __slots__ = ("route_prefix", "app", "ingress", "deployments", "_table")
@@ -49,7 +49,7 @@ class AppRoutes:
         return self.ingress, None
 
 
-def match_app(apps: list[AppRoutes], path: str) -> AppRoutes | None:
+def match_app(apps: list[AppMatcher], path: str) -> AppMatcher | None:
     """Longest prefix wins (``apps`` is sorted longest first); a prefix matches itself
     and paths below it."""
     for app in apps:

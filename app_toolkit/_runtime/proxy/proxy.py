@@ -18,7 +18,7 @@ from starlette.types import Receive, Scope, Send
 from app_toolkit._runtime.answers import Answer, error_answer, json_answer, unavailable
 from app_toolkit._runtime.channel.frames import Kind
 from app_toolkit._runtime.messages import DeploymentID, HTTPRequest, HTTPResponse, HTTPResponseStart
-from app_toolkit._runtime.proxy.path_match import AppRoutes, match_app
+from app_toolkit._runtime.proxy.path_match import AppMatcher, match_app
 from app_toolkit._runtime.proxy.scope import (
     forwarded_scope,
     parse_timeout,
@@ -27,7 +27,7 @@ from app_toolkit._runtime.proxy.scope import (
 )
 from app_toolkit._runtime.proxy.websocket import serve_websocket
 from app_toolkit._runtime.routing.subscriber import TableSubscriber
-from app_toolkit._runtime.tables import ROUTES_KEY, RouteTable, Table
+from app_toolkit._runtime.tables import APPLICATIONS_KEY, ApplicationTable, Table
 from app_toolkit.config import HTTPOptions
 from app_toolkit.exceptions import BackPressureError, ReplicaUnavailableError
 
@@ -44,13 +44,15 @@ class Proxy:
         self.subscriber = subscriber
         self.max_body_bytes = http.max_request_body_bytes
         self.access_log = http.access_log
-        self.routes: list[AppRoutes] = []
-        self.ready = subscriber.watch(ROUTES_KEY, self._set_routes)
+        self.apps: list[AppMatcher] = []  # longest route_prefix first
+        self.ready = subscriber.watch(APPLICATIONS_KEY, self._set_apps)
 
-    def _set_routes(self, table: Table | None) -> None:
-        routes = [AppRoutes(info) for info in (table.routes if isinstance(table, RouteTable) else ())]
+    def _set_apps(self, table: Table | None) -> None:
+        routes = [
+            AppMatcher(info) for info in (table.applications if isinstance(table, ApplicationTable) else ())
+        ]
         routes.sort(key=lambda route: len(route.route_prefix), reverse=True)
-        self.routes = routes
+        self.apps = routes
         for route in routes:
             for deployment in route.deployments:
                 self.subscriber.dispatcher(deployment)
@@ -68,7 +70,7 @@ class Proxy:
             finally:
                 _log_access(scope, status, started)
         elif kind == "websocket":
-            await serve_websocket(self.routes, self.subscriber.dispatcher, scope, receive, send)
+            await serve_websocket(self.apps, self.subscriber.dispatcher, scope, receive, send)
         elif kind == "lifespan":
             await _lifespan(receive, send)
 
@@ -79,7 +81,7 @@ class Proxy:
         request_id = headers.request_id
         if path.startswith("/-/"):
             return await self._builtin(path, request_id, send)
-        route = match_app(self.routes, path)
+        route = match_app(self.apps, path)
         if route is None:
             return await _answer(send, error_answer(404, "Not Found", request_id))
         body = await _read_body(receive, headers.content_length, self.max_body_bytes)
@@ -195,7 +197,7 @@ class Proxy:
             return await _answer(send, json_answer(200, {"status": "ok"}, request_id))
         if path == "/-/routes":
             return await _answer(
-                send, json_answer(200, {r.route_prefix: r.app for r in self.routes}, request_id)
+                send, json_answer(200, {r.route_prefix: r.app for r in self.apps}, request_id)
             )
         return await _answer(send, error_answer(404, "Not Found", request_id))
 

@@ -10,7 +10,7 @@ from typing import Any
 from starlette.types import Scope
 
 from app_toolkit._runtime.answers import REQUEST_ID_HEADER
-from app_toolkit._runtime.proxy.path_match import AppRoutes
+from app_toolkit._runtime.proxy.path_match import AppMatcher
 
 _FORWARDED_KEYS = (
     "type",
@@ -69,7 +69,7 @@ def parse_timeout(value: bytes | None) -> float | None | str:
     return seconds
 
 
-def forwarded_scope(scope: Scope, route: AppRoutes, headers: RequestHeaders) -> dict[str, Any]:
+def forwarded_scope(scope: Scope, route: AppMatcher, headers: RequestHeaders) -> dict[str, Any]:
     """The scope the replica sees: the path kept whole, the prefix as root_path, and the
     request id the proxy answers with."""
     forwarded = {key: scope[key] for key in _FORWARDED_KEYS if key in scope}

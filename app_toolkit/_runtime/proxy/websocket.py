@@ -24,7 +24,7 @@ from app_toolkit._runtime.messages import (
     DeploymentID,
     WebSocketOpen,
 )
-from app_toolkit._runtime.proxy.path_match import AppRoutes, match_app
+from app_toolkit._runtime.proxy.path_match import AppMatcher, match_app
 from app_toolkit._runtime.proxy.scope import forwarded_scope, read_headers
 from app_toolkit._runtime.routing.dispatcher import Dispatcher, Reply
 from app_toolkit.exceptions import BackPressureError, ReplicaUnavailableError
@@ -35,7 +35,7 @@ _APP_GRACE_S = 5.0  # how long an app may take to finish after the client discon
 
 
 async def serve_websocket(
-    routes: list[AppRoutes],
+    routes: list[AppMatcher],
     dispatcher_for: Callable[[DeploymentID], Dispatcher],
     scope: Scope,
     receive: Receive,
