@@ -51,7 +51,7 @@ class Backend(Protocol[H]):
         ...
 
     async def reconfigure_replica(self, handle: H, config: DeploymentConfig) -> None:
-        """Apply new light options (user_config, limits) to a running replica in place."""
+        """Apply new in-place options (user_config, limits) to a running replica."""
         ...
 
     async def find_replicas(self) -> list[AdoptedReplica]:

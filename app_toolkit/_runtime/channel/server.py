@@ -1,5 +1,5 @@
 """The replica's end of the channel: accept connections, check the token, admit and run
-requests, send their replies back as frames (see ``channel.py``)."""
+requests, send their replies back as frames (see ``frames.py``)."""
 
 from __future__ import annotations
 

@@ -26,7 +26,7 @@ def deployment_status(state: DeploymentState, current_load: float, now: float) -
         for r in state.replicas.values()
         if r.version == version and r.state is ReplicaState.RUNNING and not r.stop_requested
     )
-    # Replicas of older code, or still taking new light options, are not done yet.
+    # Replicas of older code, or still taking new in-place options, are not done yet.
     outdated = any(
         r.version != version or (r.config is not None and r.config != state.spec.config)
         for r in state.replicas.values()

@@ -66,7 +66,7 @@ class Lifespan:
         await self._events.put({"type": "lifespan.shutdown"})
         try:
             await asyncio.wait_for(self._stopped.wait(), timeout_s)
-        except asyncio.TimeoutError:
+        except TimeoutError:
             logger.warning("Lifespan shutdown did not finish in %.1f s", timeout_s)
             self._task.cancel()
 

@@ -115,7 +115,7 @@ class ReplicaCore:
         await _call_maybe_async(method, user_config)
 
     async def update_config(self, config: DeploymentConfig) -> None:
-        """Take new light options in place; a changed ``user_config`` goes to reconfigure()."""
+        """Take new in-place options; a changed ``user_config`` goes to reconfigure()."""
         old, self.config = self.config, config
         if config.user_config is not None and config.user_config != old.user_config:
             await self.reconfigure(config.user_config)

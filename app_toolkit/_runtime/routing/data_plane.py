@@ -23,6 +23,7 @@ from app_toolkit._runtime.messages import DeploymentID, ReplicaInfo
 from app_toolkit._runtime.routing.dispatcher import Dispatcher, ReplicaClient
 from app_toolkit._runtime.routing.subscriber import TableSubscriber
 from app_toolkit._runtime.tables import Loads, Updates, Versions
+from app_toolkit.exceptions import ReplicaUnavailableError
 
 logger = logging.getLogger("app_toolkit.data_plane")
 
@@ -177,6 +178,7 @@ class DataPlane:
 
     def submit(self, coroutine: Coroutine[Any, Any, T]) -> Pending[T]:
         """Run ``coroutine`` on the data plane's loop as an owned task."""
+        self._check_open(coroutine)
         if self.on_loop():
             return Pending(self._own(self.loop.create_task(coroutine)))
         return Pending(asyncio.run_coroutine_threadsafe(self._owned(coroutine), self.loop))
@@ -186,6 +188,7 @@ class DataPlane:
         if self.on_loop() or in_async_code():
             coroutine.close()
             raise RuntimeError("This call blocks, so it cannot be used inside async code")
+        self._check_open(coroutine)
         return asyncio.run_coroutine_threadsafe(self._owned(coroutine), self.loop).result(timeout_s)
 
     def call_soon(self, callback: Callable[[], None]) -> None:
@@ -210,6 +213,13 @@ class DataPlane:
             self._thread.stop()
 
     # ------------------------------------------------------------------ internals
+
+    def _check_open(self, coroutine: Coroutine[Any, Any, Any]) -> None:
+        """Refuse work once closed: a stopped loop would never run it (the caller would
+        wait forever)."""
+        if self._closed or self.loop.is_closed():
+            coroutine.close()
+            raise ReplicaUnavailableError("The toolkit was shut down in this process; start it again")
 
     def _own(self, task: asyncio.Task[T]) -> asyncio.Task[T]:
         self._tasks.add(task)
