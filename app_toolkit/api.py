@@ -101,18 +101,21 @@ def run(
 def build_app(target: Application, name: str, route_prefix: str | None, session: Session) -> AppSpec:
     """Walk the bound graph; bound deployments in arguments become handles."""
     specs: dict[str, DeploymentSpec] = {}
-    names: dict[int, str] = {}
+    # Bound node -> its deployment name. The node is kept too: an id is unique only while
+    # its object lives, and the pools below are temporary nodes (a freed one's id can come
+    # back for the next, which then looked visited and was left out of the app).
+    names: dict[int, tuple[Application, str]] = {}
 
     def visit(node: Application) -> str:
         if id(node) in names:
-            return names[id(node)]
+            return names[id(node)][1]
         deployment = node.deployment
-        if deployment.name in specs or deployment.name in names.values():
+        if deployment.name in specs or any(seen == deployment.name for _, seen in names.values()):
             raise ConfigError(
                 f"Application {name!r} has two deployments named {deployment.name!r}; give one "
                 f"another name with .options(name=...)"
             )
-        names[id(node)] = deployment.name
+        names[id(node)] = (node, deployment.name)
         args = tuple(replace(arg) for arg in node.args)
         kwargs = {key: replace(value) for key, value in node.kwargs.items()}
         definition = session.serialize(deployment.func_or_class)

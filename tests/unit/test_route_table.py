@@ -120,3 +120,20 @@ def test_an_app_may_not_hide_another_apps_routes() -> None:
         check_prefixes(spec("new", "/", "/deep/x"), spec("deep", "/deep"))
     with pytest.raises(tk.ConfigError, match="already used"):
         check_prefixes(spec("twin", "/"), root)
+
+
+def test_every_pool_is_deployed_with_its_app_on_every_build() -> None:
+    """Pools are temporary bound nodes while the app is built; a freed node's id used to
+    come back for the next pool, which then looked built and was left out (flaky 503
+    "Deployment .../boomer does not exist")."""
+    from app_toolkit.api import build_app
+    from tests.apps import pools
+
+    class Encoder:
+        def serialize(self, value: object) -> bytes:
+            return b"x"
+
+    for _ in range(500):
+        spec = build_app(pools.make_app(), "p", "/p", Encoder())  # type: ignore[arg-type]
+        deployed = {d.id.name for d in spec.deployments}
+        assert {route.deployment for route in spec.routes if route.deployment} <= deployed
