@@ -52,18 +52,19 @@ def main() -> None:
     """Serve FastAPI routers as a scalable service on Ray."""
 
 
-def _http_option(name: str, flag: str | None = None) -> Callable[[F], F]:
+def _http_option(name: str) -> Callable[[F], F]:
     """A ``run`` flag for one HTTP option: default, help and choices come from its field."""
     field = HTTPOptions.model_fields[name]
+    flag = f"--{name.replace('_', '-')}"
     kwargs: dict[str, Any] = {"default": field.default, "show_default": True, "help": field.description}
     choices = get_args(field.annotation) if get_origin(field.annotation) is Literal else ()
     if choices:
         kwargs["type"] = click.Choice(list(choices))
     elif field.annotation is bool:
-        flag = flag or f"--{name.replace('_', '-')}/--no-{name.replace('_', '-')}"
+        flag = f"{flag}/--no-{flag[2:]}"
     else:
         kwargs["type"] = field.annotation
-    return click.option(flag or f"--{name.replace('_', '-')}", name, **kwargs)
+    return click.option(flag, name, **kwargs)
 
 
 @main.command()
