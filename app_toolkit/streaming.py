@@ -13,7 +13,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterable, AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Mapping
 from typing import Any
 
 from sse_starlette import EventSourceResponse, ServerSentEvent
@@ -137,6 +137,10 @@ class ChatCompletionStream(EventStream):
     per piece, a last chunk with ``finish_reason``, an optional usage chunk, then
     ``data: [DONE]``. If ``pieces`` raises, the client gets an ``error`` chunk (a generic
     message with the request id; the traceback goes to the replica log) and no ``[DONE]``.
+
+    ``finish_reason`` and ``completion_tokens`` may be callables, asked once the pieces
+    have ended (e.g. ``"length"`` when the model hit ``max_tokens``, or a token count
+    that differs from the number of pieces).
     """
 
     def __init__(
@@ -146,11 +150,12 @@ class ChatCompletionStream(EventStream):
         model: str,
         include_usage: bool = False,
         prompt_tokens: int = 0,
-        finish_reason: str = "stop",
+        finish_reason: str | Callable[[], str] = "stop",
+        completion_tokens: Callable[[], int] | None = None,
         ping_s: float = 15.0,
     ) -> None:
         super().__init__(
-            _chat_chunks(pieces, model, include_usage, prompt_tokens, finish_reason),
+            _chat_chunks(pieces, model, include_usage, prompt_tokens, finish_reason, completion_tokens),
             ping_s=ping_s,
             ids=False,
         )
@@ -161,7 +166,8 @@ async def _chat_chunks(
     model: str,
     include_usage: bool,
     prompt_tokens: int,
-    finish_reason: str,
+    finish_reason: str | Callable[[], str],
+    completion_tokens: Callable[[], int] | None,
 ) -> AsyncIterator[dict[str, str]]:
     completion_id = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
@@ -192,12 +198,13 @@ async def _chat_chunks(
         }
         yield {"data": json.dumps({"error": error})}
         return
-    yield chunk({}, finish_reason)
+    yield chunk({}, finish_reason if isinstance(finish_reason, str) else finish_reason())
     if include_usage:
+        completed = count if completion_tokens is None else completion_tokens()
         usage = {
             "prompt_tokens": prompt_tokens,
-            "completion_tokens": count,
-            "total_tokens": prompt_tokens + count,
+            "completion_tokens": completed,
+            "total_tokens": prompt_tokens + completed,
         }
         yield {
             "data": json.dumps(

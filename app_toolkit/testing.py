@@ -2,48 +2,31 @@
 
 ``TestClient(app)`` deploys ``app`` on the local backend (same controller, routing,
 queueing, backpressure and error handling as on Ray) and sends requests through the
-same proxy, in process. Close it (or use ``with``) to shut the backend down.
+same proxy, in process. Responses stream (``client.stream(...)`` reads SSE line by line
+while the app produces it; leaving the block early is a client disconnect), and
+``client.websocket_connect(path)`` opens a WebSocket, as with Starlette's TestClient.
+Close it (or use ``with``) to shut the backend down.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import httpx
 
 from app_toolkit._runtime.backends.base import (
-    Session,
     current_session,
     session_factory,
     set_current_session,
 )
+from app_toolkit._runtime.inprocess import InProcessTransport, WebSocketSession
 from app_toolkit.api import run, shutdown
 from app_toolkit.deployment import Application
 from app_toolkit.exceptions import ConfigError
 from app_toolkit.handle import DeploymentHandle
 
 _UNSET: Any = object()
-
-
-class _SessionTransport(httpx.BaseTransport):
-    """Runs each request through the local session's proxy, on the session's loop."""
-
-    def __init__(self, session: Session) -> None:
-        assert session.proxy_app is not None
-        self._session = session
-        self._asgi = httpx.ASGITransport(app=session.proxy_app)
-
-    def handle_request(self, request: httpx.Request) -> httpx.Response:
-        body = request.read()
-
-        async def forward() -> tuple[int, list[tuple[bytes, bytes]], bytes]:
-            inner = httpx.Request(request.method, request.url, headers=request.headers, content=body)
-            response = await self._asgi.handle_async_request(inner)
-            content = await response.aread()
-            return response.status_code, response.headers.raw, content
-
-        status, headers, content = self._session.data_plane.run(forward())
-        return httpx.Response(status, headers=headers, content=content, request=request)
 
 
 class TestClient(httpx.Client):
@@ -73,7 +56,30 @@ class TestClient(httpx.Client):
         except BaseException:
             shutdown()
             raise
-        super().__init__(transport=_SessionTransport(session), base_url=base_url, timeout=timeout)
+        assert session.proxy_app is not None
+        self._session = session
+        super().__init__(
+            transport=InProcessTransport(session.data_plane, session.proxy_app),
+            base_url=base_url,
+            timeout=timeout,
+        )
+
+    def websocket_connect(
+        self, url: str, subprotocols: Sequence[str] | None = None, headers: Mapping[str, str] | None = None
+    ) -> WebSocketSession:
+        """Open a WebSocket to ``url`` (a path) through the proxy; use it with ``with``.
+
+        Raises ``starlette.websockets.WebSocketDisconnect`` if the app refuses it.
+        """
+        assert self._session.proxy_app is not None
+        all_headers = httpx.Headers(headers)
+        if subprotocols:
+            all_headers["sec-websocket-protocol"] = ", ".join(subprotocols)
+        target = self.base_url.join(url).copy_with(scheme="ws")
+        read_s = self.timeout.read if self.timeout.read is not None else 30.0
+        return WebSocketSession(
+            self._session.data_plane, self._session.proxy_app, target, all_headers, read_s
+        )
 
     def close(self) -> None:
         super().close()
