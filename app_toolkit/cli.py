@@ -1,4 +1,4 @@
-"""The ``app-toolkit`` command: run, status, shutdown."""
+"""The ``app-toolkit`` command: run, status, shutdown, new."""
 
 from __future__ import annotations
 
@@ -154,6 +154,44 @@ def shutdown(address: str) -> None:
         return
     session.shutdown()
     click.echo("app_toolkit stopped")
+
+
+@main.command(context_settings={"ignore_unknown_options": False})
+@click.argument("template", required=False)
+@click.argument("values", nargs=-1, metavar="[KEY=VALUE]...")
+@click.option("-o", "--output-dir", default=".", show_default=True, help="Where to create the project.")
+@click.option("--no-input", is_flag=True, help="Ask nothing: use the defaults and the KEY=VALUE given.")
+@click.option("--force", is_flag=True, help="Overwrite an existing project folder.")
+@click.option("--list", "list_only", is_flag=True, help="List the templates and exit.")
+def new(
+    template: str | None,
+    values: tuple[str, ...],
+    output_dir: str,
+    no_input: bool,
+    force: bool,
+    list_only: bool,
+) -> None:
+    """Create a project from TEMPLATE (service or chat), e.g. `app-toolkit new chat -o ~/src`.
+
+    KEY=VALUE pairs set the template's variables (project_name="My Bot", include_docker=no).
+    """
+    from app_toolkit import scaffold
+
+    if list_only or template is None:
+        for name, description in scaffold.list_templates().items():
+            click.echo(f"{name:10} {description}")
+        if template is None and not list_only:
+            click.echo("\nUsage: app-toolkit new TEMPLATE [-o DIR] [--no-input] [KEY=VALUE]...")
+        return
+    try:
+        project = scaffold.bake(
+            template, output_dir, context=scaffold.parse_context(values), no_input=no_input, force=force
+        )
+    except AppToolkitError as exc:
+        _fail(exc)
+        return
+    click.echo(f"app-toolkit: created {project}")
+    click.echo(f"Next: cd {project} && make test && make run")
 
 
 if __name__ == "__main__":

@@ -146,9 +146,12 @@ def median(results: list[Result]) -> Result:
 
 
 def start_servers(
-    uvicorn_target: str, toolkit_target: str, ready_path: str
+    uvicorn_target: str, toolkit_target: str, ready_path: str, *, access_log: bool = False
 ) -> tuple[dict[str, subprocess.Popen[bytes]], dict[str, str]]:
-    """Start bare uvicorn and `app-toolkit run` (embedded Ray) side by side; wait for both."""
+    """Start bare uvicorn and `app-toolkit run` (embedded Ray) side by side; wait for both.
+
+    ``access_log=True`` leaves the toolkit's access log on (its default) and sends it to
+    /dev/null; uvicorn runs without one either way."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), RAY_USAGE_STATS_ENABLED="0")
     env.pop("RAY_ADDRESS", None)
     ports = {"uvicorn": free_port(), "toolkit": free_port()}
@@ -175,11 +178,12 @@ def start_servers(
                 toolkit_target,
                 "--port",
                 str(ports["toolkit"]),
-                "--no-access-log",
+                "--access-log" if access_log else "--no-access-log",
             ],
             cwd=ROOT,
             env=env,
             stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL if access_log else None,  # the access log's lines
         ),
     }
     bases = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}

@@ -79,6 +79,8 @@ def test_all_is_sorted_and_complete() -> None:
         "routes",
         "route_table",
         "cli",
+        "scaffold",
+        "templates",
     }
 
 

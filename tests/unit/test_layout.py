@@ -84,3 +84,17 @@ def test_only_the_backends_name_a_concrete_session() -> None:
         if dep.startswith(BACKENDS + ".") and dep != BACKENDS + ".base" and not name.startswith(BACKENDS)
     }
     assert importers == set()
+
+
+def test_pyproject_lists_every_package() -> None:
+    """Packages are listed by hand (the templates install from outside app_toolkit/)."""
+    import tomllib
+
+    config = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["tool"]["setuptools"]
+    on_disk = {
+        ".".join(folder.relative_to(PACKAGE.parent).parts)
+        for folder in [PACKAGE, *PACKAGE.rglob("*")]
+        if folder.is_dir() and folder.name != "__pycache__" and any(folder.glob("*.py"))
+    }
+    assert on_disk | {"app_toolkit.templates"} == set(config["packages"])
+    assert config["package-dir"] == {"app_toolkit.templates": "templates"}

@@ -1,0 +1,44 @@
+"""A deterministic backend: the reply repeats the last user message, word by word, at a
+fixed pace. For tests and load tests: no model, same streaming path."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+from ..schemas import Generation
+from ..settings import Settings
+
+
+class EchoEngine:
+    def __init__(self, settings: Settings) -> None:
+        self.context_window = settings.max_context_tokens
+        self._interval_s = 1.0 / settings.echo_tokens_per_s
+        self._active = 0
+        self._tokens = 0
+
+    def load(self) -> None:
+        return None
+
+    def count_prompt(self, generation: Generation) -> int:
+        return sum(len(content.split()) for _, content in generation.messages)
+
+    async def stream(self, generation: Generation) -> AsyncIterator[str]:
+        words = generation.last_user_message.split()
+        self._active += 1
+        try:
+            loop = asyncio.get_running_loop()
+            due = loop.time()
+            for index, word in enumerate(words[: generation.max_tokens]):
+                due += self._interval_s
+                await asyncio.sleep(max(0.0, due - loop.time()))  # a steady pace, not a drifting one
+                self._tokens += 1
+                yield word if index == len(words) - 1 else word + " "
+        finally:
+            self._active -= 1
+
+    def stats(self) -> dict[str, int]:
+        return {"active": self._active, "tokens": self._tokens}
+
+    async def close(self) -> None:
+        return None

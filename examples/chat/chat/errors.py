@@ -1,0 +1,62 @@
+"""Every error the API answers with, in OpenAI's shape: ``{"error": {"message", "type", "code"}}``."""
+
+from __future__ import annotations
+
+import app_toolkit as tk
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+from .schemas import ChatError
+
+RETRY_AFTER_S = 1
+
+
+def overloaded() -> ChatError:
+    return ChatError(503, "The model is busy; retry shortly.", "server_error", "overloaded")
+
+
+#: What a model or reply call may raise that the client should hear about as such.
+ANSWERED = (ChatError, tk.BackPressureError, tk.ReplicaUnavailableError)
+
+
+def as_chat_error(exc: ChatError | tk.BackPressureError | tk.ReplicaUnavailableError) -> ChatError:
+    """The answer for one of the :data:`ANSWERED` exceptions."""
+    if isinstance(exc, ChatError):
+        return exc
+    if isinstance(exc, tk.BackPressureError):
+        return overloaded()
+    return ChatError(503, "The model replica went away; retry.", "server_error", "unavailable")
+
+
+def answer(error: ChatError) -> JSONResponse:
+    headers = {"Retry-After": str(RETRY_AFTER_S)} if error.status == 503 else None
+    return JSONResponse(error.body(), status_code=error.status, headers=headers)
+
+
+def install(app: FastAPI) -> None:
+    """Answer validation errors, HTTP errors and ChatErrors in OpenAI's shape."""
+
+    async def chat_error(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, ChatError)
+        return answer(exc)
+
+    async def invalid(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RequestValidationError)
+        problems = "; ".join(
+            f"{'.'.join(str(part) for part in error['loc'] if part != 'body')}: {error['msg']}"
+            for error in exc.errors()
+        )
+        return answer(
+            ChatError(400, f"Invalid request: {problems}", "invalid_request_error", "invalid_request")
+        )
+
+    async def http_error(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, HTTPException)
+        kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
+        return answer(ChatError(exc.status_code, str(exc.detail), kind))
+
+    app.add_exception_handler(ChatError, chat_error)
+    app.add_exception_handler(RequestValidationError, invalid)
+    app.add_exception_handler(HTTPException, http_error)

@@ -1,0 +1,83 @@
+"""The model pool: a deployment of its own, autoscaled on ongoing requests, called
+through a streaming handle by the HTTP routes and the reply store."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import AsyncIterator
+
+import app_toolkit as tk
+
+from .engines import Engine, make_engine
+from .schemas import ChatError, Delta, Generation
+from .settings import Settings
+from .stops import StopFilter
+
+
+@tk.deployment(
+    num_replicas="auto",
+    # A replica decodes a batch of replies together; add one when its batch is full.
+    autoscaling_config={"min_replicas": 1, "max_replicas": 2, "target_ongoing_requests": 8},
+    max_ongoing_requests=32,
+    max_queued_requests=64,
+    ray_actor_options={"num_cpus": 1},  # torch gets as many threads as the actor reserves CPUs
+)
+class ChatModel:
+    """Owns one engine per replica and streams replies as :class:`Delta` items."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._engine: Engine = make_engine(settings)
+        self._engine.load()  # the replica turns RUNNING once the model is in memory
+        self._replies = {"started": 0, "finished": 0, "stopped": 0, "failed": 0}
+
+    async def generate(self, generation: Generation) -> AsyncIterator[Delta]:
+        """The first item counts the prompt; then text pieces; the last says why it ended.
+
+        Raises :class:`ChatError` (400) before any item when the prompt does not fit.
+        """
+        prompt_tokens = self._engine.count_prompt(generation)
+        window = self._engine.context_window
+        if prompt_tokens >= window:
+            raise ChatError(
+                400,
+                f"The conversation takes {prompt_tokens} tokens; this model's context window is {window}. "
+                "Shorten the messages.",
+                "invalid_request_error",
+                "context_length_exceeded",
+            )
+        max_tokens = min(generation.max_tokens, window - prompt_tokens)
+        limited = dataclasses.replace(generation, max_tokens=max_tokens)
+        self._replies["started"] += 1
+        yield Delta(prompt_tokens=prompt_tokens)
+        stops = StopFilter(generation.stop)
+        produced = 0
+        finish = "stop"
+        pieces = self._engine.stream(limited)
+        try:
+            async for piece in pieces:
+                produced += 1
+                text = stops.feed(piece)
+                if text:
+                    yield Delta(text=text)
+                if stops.stopped:
+                    break
+                if produced >= max_tokens:
+                    finish = "length"
+            tail = stops.flush()
+            if tail:
+                yield Delta(text=tail)
+        except (GeneratorExit, asyncio.CancelledError):
+            self._replies["stopped"] += 1
+            raise
+        except Exception:
+            self._replies["failed"] += 1
+            raise
+        finally:
+            await pieces.aclose()  # stops the engine's generation now, not when collected
+        self._replies["finished"] += 1
+        yield Delta(prompt_tokens=prompt_tokens, completion_tokens=produced, finish_reason=finish)
+
+    async def stats(self) -> dict[str, int]:
+        """This replica's counters: replies by outcome, and the engine's ``active``/``tokens``."""
+        return {**self._replies, **self._engine.stats()}

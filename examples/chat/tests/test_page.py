@@ -1,0 +1,43 @@
+"""The page and its resumable reply API, on the in-process backend."""
+
+from __future__ import annotations
+
+import app_toolkit as tk
+
+from .conftest import chat
+
+
+def events(text: str) -> list[tuple[str, str, str]]:
+    """(id, event, data) of each SSE event in ``text``."""
+    found = []
+    for block in text.replace("\r\n", "\n").strip().split("\n\n"):
+        fields = dict(line.split(": ", 1) for line in block.splitlines() if ": " in line)
+        if "event" in fields:
+            found.append((fields.get("id", ""), fields["event"], fields.get("data", "")))
+    return found
+
+
+def test_page_and_assets(client: tk.testing.TestClient) -> None:
+    page = client.get("/")
+    assert page.status_code == 200 and "<textarea" in page.text and 'data-model="echo"' in page.text
+    assert client.get("/static/chat.js").headers["content-type"].startswith("text/javascript")
+    assert client.get("/static/../settings.py").status_code == 404
+
+
+def test_reply_resumes_after_the_last_event_id(client: tk.testing.TestClient) -> None:
+    reply = client.post("/api/replies", json=chat("one two three four"))
+    assert reply.status_code == 201
+    url = f"/api/replies/{reply.json()['id']}/events"
+    whole = events(client.get(url).text)
+    assert [kind for _, kind, _ in whole] == ["token"] * 4 + ["done"]
+    resumed = events(client.get(url, headers={"Last-Event-ID": "2"}).text)
+    assert resumed == whole[2:]  # the rest, nothing repeated
+
+
+def test_stop_ends_the_reply_on_the_model(client: tk.testing.TestClient) -> None:
+    reply_id = client.post("/api/replies", json=chat("word " * 400)).json()["id"]
+    assert client.post(f"/api/replies/{reply_id}/stop").status_code == 204
+    last = events(client.get(f"/api/replies/{reply_id}/events").text)[-1]
+    assert last[1] == "done" and '"stopped"' in last[2]
+    assert client.get("/api/stats").json()["active"] == 0
+    assert client.post("/api/replies/nope/stop").status_code == 404

@@ -1,0 +1,37 @@
+"""The chat application: the model pool, the reply store and the HTTP routes, wired.
+
+Run it with ``app-toolkit run chat.app:app`` and open http://127.0.0.1:8000/.
+"""
+
+from __future__ import annotations
+
+import app_toolkit as tk
+from fastapi import FastAPI
+
+from . import errors, openai_api, page
+from .model import ChatModel
+from .replies import Replies
+from .settings import Settings
+
+
+def build_app(settings: Settings | None = None) -> tk.App:
+    """The application for ``settings`` (default: read from the environment)."""
+    settings = settings or Settings()
+    model = ChatModel.options(
+        autoscaling_config={
+            "min_replicas": 1,
+            "max_replicas": settings.max_model_replicas,
+            "target_ongoing_requests": settings.max_batch_size,
+        },
+        # The local model computes on the CPU it reserves; the others only wait on I/O.
+        ray_actor_options={"num_cpus": 1 if settings.backend == "local" else 0},
+    ).bind(settings)
+    replies = Replies.bind(model, settings)
+    api = FastAPI(title="Chat", summary=f"OpenAI-compatible chat with {settings.model_name}")
+    errors.install(api)
+    api.include_router(openai_api.build_router(settings, model))
+    api.include_router(page.build_router(settings, replies, model))
+    return tk.App(api, name="chat")
+
+
+app = build_app()

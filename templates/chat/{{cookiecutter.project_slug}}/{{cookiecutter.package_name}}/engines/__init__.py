@@ -1,0 +1,45 @@
+"""Model backends. Each turns a :class:`~..schemas.Generation` into a stream of text pieces."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Protocol
+
+from ..schemas import Generation
+from ..settings import Settings
+
+
+class Engine(Protocol):
+    """What the model deployment needs from a backend."""
+
+    context_window: int
+
+    def load(self) -> None:
+        """Load the model (once per replica, in its constructor)."""
+
+    def count_prompt(self, generation: Generation) -> int:
+        """Tokens the conversation takes (an estimate where the backend cannot count)."""
+
+    def stream(self, generation: Generation) -> AsyncIterator[str]:
+        """The reply, piece by piece. Closing the iterator stops the generation."""
+
+    def stats(self) -> dict[str, int]:
+        """Counters for operators and tests: ``active`` replies and ``tokens`` produced."""
+
+    async def close(self) -> None:
+        """Free the model or connection."""
+
+
+def make_engine(settings: Settings) -> Engine:
+    """The backend ``settings.backend`` names (imported only when chosen)."""
+    if settings.backend == "echo":
+        from .echo import EchoEngine
+
+        return EchoEngine(settings)
+    if settings.backend == "openai":
+        from .upstream import UpstreamEngine
+
+        return UpstreamEngine(settings)
+    from .local import LocalEngine
+
+    return LocalEngine(settings)

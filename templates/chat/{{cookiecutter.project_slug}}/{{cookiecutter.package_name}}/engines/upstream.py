@@ -1,0 +1,70 @@
+"""Any OpenAI-compatible server (vLLM, llama.cpp's server, Ollama, OpenAI) as the model,
+through the official ``openai`` client."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from typing import Any
+
+import openai
+
+from ..schemas import ChatError, Generation
+from ..settings import Settings
+
+
+class UpstreamEngine:
+    def __init__(self, settings: Settings) -> None:
+        self.context_window = 1 << 30  # the upstream enforces its own; its 400 is passed on
+        self._model = settings.upstream_model
+        self._client = openai.AsyncOpenAI(
+            base_url=settings.upstream_url,
+            api_key=settings.upstream_api_key.get_secret_value(),
+            timeout=settings.upstream_timeout_s,
+            max_retries=0,  # the caller sees a 502 at once and may retry; no hidden waits
+        )
+        self._active = 0
+        self._tokens = 0
+
+    def load(self) -> None:
+        return None
+
+    def count_prompt(self, generation: Generation) -> int:
+        return sum(len(content) for _, content in generation.messages) // 4  # an estimate
+
+    async def stream(self, generation: Generation) -> AsyncIterator[str]:
+        messages: Any = [{"role": role, "content": content} for role, content in generation.messages]
+        self._active += 1
+        try:
+            try:
+                chunks = await self._client.chat.completions.create(
+                    model=self._model,
+                    messages=messages,
+                    max_tokens=generation.max_tokens,
+                    temperature=generation.temperature,
+                    top_p=generation.top_p,
+                    stop=list(generation.stop) or None,
+                    stream=True,
+                )
+            except openai.APIStatusError as exc:
+                status = exc.status_code if 400 <= exc.status_code < 500 else 502
+                raise ChatError(
+                    status, f"The model server refused: {exc.message}", "upstream_error"
+                ) from None
+            except openai.APIError as exc:
+                raise ChatError(
+                    502, f"The model server is unreachable: {exc.message}", "upstream_error"
+                ) from None
+            async with chunks:  # leaving early closes the upstream request: it stops generating
+                async for chunk in chunks:
+                    text = chunk.choices[0].delta.content if chunk.choices else None
+                    if text:
+                        self._tokens += 1
+                        yield text
+        finally:
+            self._active -= 1
+
+    def stats(self) -> dict[str, int]:
+        return {"active": self._active, "tokens": self._tokens}
+
+    async def close(self) -> None:
+        await self._client.close()

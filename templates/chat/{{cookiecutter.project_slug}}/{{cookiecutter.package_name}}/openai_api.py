@@ -1,0 +1,180 @@
+"""The OpenAI-compatible API (``/v1/models``, ``/v1/chat/completions``) and the same
+chat over a WebSocket (``/v1/chat/ws``)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import app_toolkit as tk
+from fastapi import APIRouter, WebSocket, WebSocketDisconnect
+from pydantic import ValidationError
+
+from .errors import ANSWERED, as_chat_error
+from .schemas import ChatCompletionRequest, ChatError, Delta, Generation
+from .settings import Settings
+
+logger = logging.getLogger(__name__)
+
+Reply = tk.DeploymentResponseGenerator[Delta]
+
+
+async def open_reply(model: tk.DeploymentHandle, generation: Generation) -> tuple[Delta, Reply]:
+    """Start a reply on the model pool; its first item (the prompt's size) is read here, so
+    a refusal becomes an HTTP error before any response byte is sent."""
+    stream: Reply = model.options(method_name="generate", stream=True).remote(generation)
+    try:
+        return await anext(stream), stream
+    except ANSWERED as exc:
+        stream.cancel()
+        raise as_chat_error(exc) from None
+    except BaseException:
+        stream.cancel()
+        raise
+
+
+def build_router(settings: Settings, model_app: tk.Application) -> APIRouter:
+    router = APIRouter()
+    model_name = settings.model_name
+
+    def generation_of(request: ChatCompletionRequest) -> Generation:
+        if request.model not in (None, "", model_name):
+            raise ChatError(
+                404,
+                f"The model {request.model!r} does not exist; this server has {model_name!r}.",
+                "invalid_request_error",
+                "model_not_found",
+            )
+        return request.generation(settings)
+
+    @router.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        entry = {"id": model_name, "object": "model", "created": 0, "owned_by": "app_toolkit"}
+        return {"object": "list", "data": [entry]}
+
+    @router.post("/v1/chat/completions", response_model=None)
+    async def completions(
+        request: ChatCompletionRequest, model: tk.DeploymentHandle = tk.Depends(model_app)
+    ) -> dict[str, Any] | tk.ChatCompletionStream:
+        first, stream = await open_reply(model, generation_of(request))
+        if request.stream:
+            return _streamed(first, stream, model_name, request)
+        text: list[str] = []
+        last = first
+        async for delta in stream:
+            text.append(delta.text)
+            last = delta
+        return {
+            "id": f"chatcmpl-{uuid.uuid4().hex}",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": model_name,
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": "".join(text)},
+                    "finish_reason": last.finish_reason,
+                }
+            ],
+            "usage": _usage(first.prompt_tokens, last.completion_tokens),
+        }
+
+    @router.websocket("/v1/chat/ws")
+    async def chat_socket(socket: WebSocket, model: tk.DeploymentHandle = tk.Depends(model_app)) -> None:
+        await socket.accept()
+        with contextlib.suppress(WebSocketDisconnect):
+            while True:
+                message = await socket.receive_json()
+                try:
+                    request = ChatCompletionRequest.model_validate(message)
+                    first, stream = await open_reply(model, generation_of(request))
+                except ValidationError as exc:
+                    await socket.send_json({"type": "error", "error": _invalid(exc).body()["error"]})
+                    continue
+                except ChatError as exc:
+                    await socket.send_json({"type": "error", "error": exc.body()["error"]})
+                    continue
+                await _relay(socket, first, stream)
+
+    return router
+
+
+def _streamed(
+    first: Delta, stream: Reply, model: str, request: ChatCompletionRequest
+) -> tk.ChatCompletionStream:
+    last: list[Delta] = [first]
+
+    async def pieces() -> AsyncIterator[str]:
+        try:
+            async for delta in stream:
+                last[0] = delta
+                if delta.text:
+                    yield delta.text
+        finally:
+            stream.cancel()  # the client left early: the model stops this reply
+
+    include_usage = bool(request.stream_options and request.stream_options.include_usage)
+    return tk.ChatCompletionStream(
+        pieces(),
+        model=model,
+        include_usage=include_usage,
+        prompt_tokens=first.prompt_tokens,
+        finish_reason=lambda: last[0].finish_reason or "stop",
+        completion_tokens=lambda: last[0].completion_tokens,
+    )
+
+
+async def _relay(socket: WebSocket, first: Delta, stream: Reply) -> None:
+    """Send one reply over the socket; a ``{"type": "stop"}`` from the client ends it early."""
+    await socket.send_json({"type": "start", "prompt_tokens": first.prompt_tokens})
+    stop = asyncio.ensure_future(_stop_requested(socket))
+    try:
+        while True:
+            item = asyncio.ensure_future(anext(stream))
+            await asyncio.wait({item, stop}, return_when=asyncio.FIRST_COMPLETED)
+            if stop.done():
+                item.cancel()
+                await asyncio.wait({item})
+                stop.result()  # a disconnect ends the socket here
+                await socket.send_json({"type": "done", "finish_reason": "stopped"})
+                return
+            try:
+                delta = item.result()
+            except ANSWERED as exc:
+                await socket.send_json({"type": "error", "error": as_chat_error(exc).body()["error"]})
+                return
+            except Exception:  # the client hears of a failed reply; the socket stays usable
+                logger.exception("A reply over the WebSocket failed")
+                error = ChatError(500, "The model failed; try again.", "server_error")
+                await socket.send_json({"type": "error", "error": error.body()["error"]})
+                return
+            if delta.finish_reason is None:
+                await socket.send_json({"type": "delta", "text": delta.text})
+                continue
+            usage = _usage(first.prompt_tokens, delta.completion_tokens)
+            await socket.send_json({"type": "done", "finish_reason": delta.finish_reason, "usage": usage})
+            return
+    finally:
+        stream.cancel()  # stopped or disconnected: the model stops this reply
+        stop.cancel()
+        await asyncio.wait({stop})
+
+
+async def _stop_requested(socket: WebSocket) -> None:
+    """Returns when the client asks to stop (anything else it sends meanwhile is ignored)."""
+    while (await socket.receive_json()).get("type") != "stop":
+        pass
+
+
+def _usage(prompt: int, completion: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def _invalid(exc: ValidationError) -> ChatError:
+    problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+    return ChatError(400, f"Invalid request: {problems}", "invalid_request_error", "invalid_request")

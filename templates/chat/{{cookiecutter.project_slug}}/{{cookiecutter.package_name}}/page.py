@@ -1,0 +1,103 @@
+"""The chat page at ``/`` and the resumable reply API it uses (``/api/replies``)."""
+
+from __future__ import annotations
+
+import html
+import json
+from collections.abc import AsyncIterator
+from importlib import resources
+from typing import Any
+
+import app_toolkit as tk
+from fastapi import APIRouter, Header, HTTPException, Query, Response
+from fastapi.responses import HTMLResponse
+
+from .errors import ANSWERED, as_chat_error
+from .replies import ReplyEvent
+from .schemas import ChatCompletionRequest, ChatError
+from .settings import Settings
+
+ASSETS = {"chat.js": "text/javascript", "chat.css": "text/css"}
+RECONNECT_MS = 500  # how soon a browser reconnects a dropped reply
+
+
+def _read(name: str) -> str:
+    return resources.files(__package__).joinpath("page", name).read_text(encoding="utf-8")
+
+
+def build_router(settings: Settings, replies_app: tk.Application, model_app: tk.Application) -> APIRouter:
+    router = APIRouter()
+    files = {name: _read(name) for name in ["index.html", *ASSETS]}  # read once, at build
+
+    @router.get("/", response_class=HTMLResponse, include_in_schema=False)
+    async def page() -> HTMLResponse:
+        return HTMLResponse(files["index.html"].replace("__MODEL__", html.escape(settings.model_name)))
+
+    @router.get("/static/{name}", include_in_schema=False)
+    async def asset(name: str) -> Response:
+        if name not in ASSETS:
+            raise HTTPException(404, f"No file {name!r}")
+        return Response(files[name], media_type=ASSETS[name], headers={"Cache-Control": "no-cache"})
+
+    @router.post("/api/replies", status_code=201)
+    async def start_reply(
+        request: ChatCompletionRequest, replies: tk.DeploymentHandle = tk.Depends(replies_app)
+    ) -> dict[str, str]:
+        """Start generating a reply; read it from ``/api/replies/{id}/events``."""
+        try:
+            reply_id: str = await replies.start.remote(request.generation(settings))
+        except ANSWERED as exc:
+            raise as_chat_error(exc) from None
+        return {"id": reply_id}
+
+    @router.get("/api/replies/{reply_id}/events")
+    async def reply_events(
+        reply_id: str,
+        after: int = Query(0, ge=0, description="Send the events numbered above this one."),
+        last_event_id: str | None = Header(None),
+        replies: tk.DeploymentHandle = tk.Depends(replies_app),
+    ) -> tk.EventStream:
+        """The reply as SSE; a reconnecting EventSource resumes after its ``Last-Event-ID``."""
+        if last_event_id and last_event_id.isdigit():
+            after = max(after, int(last_event_id))
+        stream = replies.options(method_name="events", stream=True).remote(reply_id, after)
+        try:
+            first: ReplyEvent | None = await anext(stream, None)
+        except ANSWERED as exc:
+            raise as_chat_error(exc) from None
+        return tk.EventStream(_sse(first, stream), ids=False)
+
+    @router.post("/api/replies/{reply_id}/stop", status_code=204)
+    async def stop_reply(reply_id: str, replies: tk.DeploymentHandle = tk.Depends(replies_app)) -> Response:
+        """Stop generating: the model ends the reply and frees its place in the batch."""
+        if not await replies.stop.remote(reply_id):
+            raise ChatError(404, f"No reply {reply_id!r}.", "invalid_request_error", "reply_not_found")
+        return Response(status_code=204)
+
+    @router.get("/api/stats")
+    async def stats(model: tk.DeploymentHandle = tk.Depends(model_app)) -> dict[str, int]:
+        """Counters of the model replica that answers (replies by outcome, tokens produced)."""
+        counters: dict[str, int] = await model.stats.remote()
+        return counters
+
+    return router
+
+
+async def _sse(
+    first: ReplyEvent | None, stream: tk.DeploymentResponseGenerator[ReplyEvent]
+) -> AsyncIterator[Any]:
+    try:
+        event = first
+        if event is not None:  # tells the browser how soon to reconnect if the line drops
+            yield {
+                "id": str(event.number),
+                "event": event.kind,
+                "data": json.dumps(event.data),
+                "retry": RECONNECT_MS,
+            }
+            event = await anext(stream, None)
+        while event is not None:
+            yield {"id": str(event.number), "event": event.kind, "data": json.dumps(event.data)}
+            event = await anext(stream, None)
+    finally:
+        stream.cancel()  # only the reading stops; the reply goes on for a reconnecting reader

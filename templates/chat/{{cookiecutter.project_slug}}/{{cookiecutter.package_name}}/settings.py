@@ -1,0 +1,50 @@
+"""Settings, read once from the environment (variables prefixed ``CHAT_``) or a ``.env`` file."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    """Which model answers, and the limits every part of the service keeps."""
+
+    model_config = SettingsConfigDict(env_prefix="CHAT_", env_file=".env", extra="ignore", frozen=True)
+
+    backend: Literal["local", "openai", "echo"] = Field(
+        "local",
+        description="local: SmolLM2-135M on this machine's CPU; openai: any OpenAI-compatible "
+        "server (vLLM, llama.cpp, Ollama, OpenAI); echo: repeats the prompt (tests, load tests).",
+    )
+    upstream_url: str = Field(
+        "http://127.0.0.1:8080/v1", description="Base URL of the OpenAI-compatible server."
+    )
+    upstream_api_key: SecretStr = Field(SecretStr("none"), description="API key for the upstream server.")
+    upstream_model: str = Field("default", description="Model name to ask the upstream server for.")
+    upstream_timeout_s: float = Field(
+        30.0, gt=0, description="Connect and read timeout towards the upstream."
+    )
+    echo_tokens_per_s: float = Field(50.0, gt=0, le=100_000, description="Pace of the echo backend.")
+    max_batch_size: int = Field(8, ge=1, le=64, description="Chats decoded together by the local model.")
+    max_context_tokens: int = Field(2048, ge=64, description="Prompt plus reply, in tokens (local and echo).")
+    default_max_tokens: int = Field(512, ge=1, description="Reply length when a request sets none.")
+    default_temperature: float = Field(
+        0.3,
+        ge=0,
+        le=2,
+        description="Sampling temperature when a request sets none (small models ramble hot).",
+    )
+    repetition_penalty: float = Field(
+        1.1, ge=1.0, le=2.0, description="Local model: how much less likely a seen token becomes (1: none)."
+    )
+    max_model_replicas: int = Field(2, ge=1, description="Most model replicas the autoscaler starts.")
+    max_replies: int = Field(256, ge=1, description="Replies the page API keeps at once (running or done).")
+    reply_keep_s: float = Field(60.0, gt=0, description="How long a finished reply can still be resumed.")
+    reply_orphan_s: float = Field(30.0, gt=0, description="A reply nobody reads for this long is stopped.")
+
+    @property
+    def model_name(self) -> str:
+        """The one model id this service answers to."""
+        return {"local": "SmolLM2-135M-Instruct", "echo": "echo", "openai": self.upstream_model}[self.backend]

