@@ -5,7 +5,8 @@ Echo part: the chat example (``examples/chat``, default settings, echo backend a
 ``--rate`` of tokens per second per reply) under ``app-toolkit run`` on an embedded Ray,
 against the same echo generator in one FastAPI route under bare uvicorn
 (``benchmarks/chat_app.py``). N = 1, 8, 32 clients each stream replies of ``--tokens``
-tokens back to back for ``--duration`` seconds. Model part: SmolLM2-135M on this
+tokens back to back for ``--duration`` seconds; besides tokens/s and TTFT it prints the
+server's CPU time per token (every process of the server, from /proc). Model part: SmolLM2-135M on this
 machine's CPU, in process, 1, 4 and 8 concurrent replies of 48 tokens, with the decoder's
 batch size 8 (the example's default) and 1.
 
@@ -24,18 +25,25 @@ from typing import Any
 import httpx
 
 from benchmarks.http_overhead import start_servers, stop_servers
+from benchmarks.proc_cpu import cpu_seconds
 
 CONCURRENCY = (1, 8, 32)
+# Questions with long answers: every reply runs its full length, so the batch stays full.
 QUESTIONS = [
-    "What is the capital of France?",
-    "Name three colours.",
-    "Why is the sky blue?",
-    "Tell me a joke about cats.",
-    "Who wrote Hamlet?",
-    "Count to ten.",
-    "What is a prime number?",
-    "Describe a rainy day.",
+    f"Write a long story about {topic}."
+    for topic in ("a dragon", "the sea", "a robot", "a city", "a cat", "the moon", "a forest", "a train")
 ]
+
+
+def measured_load(
+    base: str, server_pid: int, clients: int, tokens: int, duration_s: float
+) -> dict[str, float]:
+    """``chat_load`` plus the server's CPU time per token (all its processes, from /proc)."""
+    before = cpu_seconds(server_pid)
+    result = asyncio.run(chat_load(base, clients, tokens, duration_s))
+    spent = cpu_seconds(server_pid) - before
+    result["cpu_us_per_token"] = 1e6 * spent / result["tokens"]
+    return result
 
 
 async def chat_load(base: str, clients: int, tokens: int, duration_s: float) -> dict[str, float]:
@@ -68,6 +76,7 @@ async def chat_load(base: str, clients: int, tokens: int, duration_s: float) -> 
     elapsed = time.monotonic() - started
     ordered = sorted(first_token)
     return {
+        "tokens": received,
         "tokens_per_s": received / elapsed,
         "ttft_p50_ms": 1000 * ordered[len(ordered) // 2],
         "ttft_p99_ms": 1000 * ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))],
@@ -88,9 +97,8 @@ def echo_part(args: argparse.Namespace) -> None:
             runs: dict[str, list[dict[str, float]]] = {"uvicorn": [], "toolkit": []}
             for _ in range(args.rounds):
                 for name in runs:
-                    runs[name].append(
-                        asyncio.run(chat_load(bases[name], clients, args.tokens, args.duration))
-                    )
+                    pid = servers[name].pid
+                    runs[name].append(measured_load(bases[name], pid, clients, args.tokens, args.duration))
             bare = {key: statistics.median(run[key] for run in runs["uvicorn"]) for key in runs["uvicorn"][0]}
             ours = {key: statistics.median(run[key] for run in runs["toolkit"]) for key in runs["toolkit"][0]}
             print(
@@ -99,7 +107,8 @@ def echo_part(args: argparse.Namespace) -> None:
                 f"p99 {bare['ttft_p99_ms']:6.1f} ms | toolkit {ours['tokens_per_s']:7.0f} tok/s TTFT p50 "
                 f"{ours['ttft_p50_ms']:6.1f} p99 {ours['ttft_p99_ms']:6.1f} ms | tokens/s "
                 f"{ours['tokens_per_s'] / bare['tokens_per_s']:.2f}x, TTFT p50 "
-                f"{ours['ttft_p50_ms'] / bare['ttft_p50_ms']:.2f}x"
+                f"{ours['ttft_p50_ms'] / bare['ttft_p50_ms']:.2f}x | server CPU per token "
+                f"{bare['cpu_us_per_token']:.0f} / {ours['cpu_us_per_token']:.0f} us"
             )
     finally:
         stop_servers(servers)

@@ -24,7 +24,7 @@ async def models() -> dict[str, str]:
 
 @fastapi_app.post("/v1/chat/completions")
 async def completions(request: ChatCompletionRequest) -> tk.ChatCompletionStream:
-    generation = request.generation(settings.default_max_tokens)
+    generation = request.generation(settings)
     return tk.ChatCompletionStream(
         engine.stream(generation), model="echo", prompt_tokens=engine.count_prompt(generation)
     )
