@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from playwright.sync_api import Page, sync_playwright
+from playwright.sync_api import Browser, Page, sync_playwright
 
 from examples.chat.chat.app import build_app
 from examples.chat.chat.settings import Settings
@@ -149,56 +149,88 @@ def stats(base: str) -> dict[str, int]:
     return counters
 
 
-def test_the_page_streams_stops_and_resumes(relay: Relay, echo_chat: str, tmp_path: Path) -> None:
-    words = [f"w{i}" for i in range(30)]
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    """Debian's headless Chromium, driven by Playwright (which downloads no browser)."""
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+        chromium = playwright.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
         try:
-            page = browser.new_page(viewport={"width": 390, "height": 800})  # a phone's width
-            page.goto(echo_chat)
-            assert page.locator(".model").inner_text() == "echo"
-
-            # 1. The reply grows as tokens arrive, then completes.
-            page.fill("#prompt", " ".join(words[:20]))
-            page.press("#prompt", "Enter")
-            growth = reply_lengths(page, 20)
-            assert len(growth) >= 4, growth  # at least three visible steps before the end
-            assert last_reply(page) == " ".join(words[:20])
-
-            # 2. Stop ends the generation on the server, not only on the page.
-            started = stats(echo_chat)["started"]
-            page.fill("#prompt", " ".join(["stop me"] * 200))
-            page.press("#prompt", "Enter")
-            wait_for(lambda: len(last_reply(page)) > 20, timeout_s=10)
-            page.click("#stop")
-            wait_for(lambda: page.evaluate("document.body.dataset.busy") == "no", timeout_s=10)
-            assert "(stopped)" in page.locator(".message.assistant").last.inner_text()
-            wait_for(lambda: stats(echo_chat)["active"] == 0, timeout_s=10)
-            after_stop = stats(echo_chat)
-            assert after_stop["stopped"] >= 1 and after_stop["started"] == started + 1
-            time.sleep(0.5)  # at 20 words/s a running generation would add ~10 tokens here
-            assert stats(echo_chat)["tokens"] == after_stop["tokens"]
-
-            # 3. A dropped connection mid-reply: the page reconnects and the reply goes on
-            # from where it was, with no word repeated or lost.
-            page.fill("#prompt", " ".join(words))
-            page.press("#prompt", "Enter")
-            wait_for(lambda: len(last_reply(page).split()) >= 8, timeout_s=10)
-            relay_cut_at = len(last_reply(page).split())
-            relay.drop()
-            wait_for(lambda: page.evaluate("document.body.dataset.busy") == "no", timeout_s=30)
-            assert int(page.evaluate("document.body.dataset.reconnects || '0'")) >= 1
-            assert last_reply(page) == " ".join(words), f"cut after {relay_cut_at} words"
-
-            # 4. And the conversation goes on.
-            page.fill("#prompt", "still here")
-            page.press("#prompt", "Enter")
-            wait_for(lambda: page.evaluate("document.body.dataset.busy") == "no", timeout_s=10)
-            assert last_reply(page) == "still here"
-            assert page.locator(".message.user").count() == 4
-            page.screenshot(path=str(tmp_path / "chat.png"))
+            yield chromium
         finally:
-            browser.close()
+            chromium.close()
+
+
+def test_the_page_streams_stops_and_resumes(
+    browser: Browser, relay: Relay, echo_chat: str, tmp_path: Path
+) -> None:
+    words = [f"w{i}" for i in range(30)]
+    page = browser.new_page(viewport={"width": 390, "height": 800})  # a phone's width
+    try:
+        page.goto(echo_chat)
+        assert page.locator(".model").inner_text() == "echo"
+
+        # 1. The reply grows as tokens arrive, then completes.
+        page.fill("#prompt", " ".join(words[:20]))
+        page.press("#prompt", "Enter")
+        growth = reply_lengths(page, 20)
+        assert len(growth) >= 4, growth  # at least three visible steps before the end
+        assert last_reply(page) == " ".join(words[:20])
+
+        # 2. Stop ends the generation on the server, not only on the page.
+        started = stats(echo_chat)["started"]
+        page.fill("#prompt", " ".join(["stop me"] * 200))
+        page.press("#prompt", "Enter")
+        wait_for(lambda: len(last_reply(page)) > 20, timeout_s=10)
+        page.click("#stop")
+        wait_for(lambda: page.evaluate("document.body.dataset.busy") == "no", timeout_s=10)
+        assert "(stopped)" in page.locator(".message.assistant").last.inner_text()
+        wait_for(lambda: stats(echo_chat)["active"] == 0, timeout_s=10)
+        after_stop = stats(echo_chat)
+        assert after_stop["stopped"] >= 1 and after_stop["started"] == started + 1
+        time.sleep(0.5)  # at 20 words/s a running generation would add ~10 tokens here
+        assert stats(echo_chat)["tokens"] == after_stop["tokens"]
+
+        # 3. A dropped connection mid-reply: the page reconnects and the reply goes on
+        # from where it was, with no word repeated or lost.
+        page.fill("#prompt", " ".join(words))
+        page.press("#prompt", "Enter")
+        wait_for(lambda: len(last_reply(page).split()) >= 8, timeout_s=10)
+        relay_cut_at = len(last_reply(page).split())
+        relay.drop()
+        wait_for(lambda: page.evaluate("document.body.dataset.busy") == "no", timeout_s=30)
+        assert int(page.evaluate("document.body.dataset.reconnects || '0'")) >= 1
+        assert last_reply(page) == " ".join(words), f"cut after {relay_cut_at} words"
+
+        # 4. And the conversation goes on.
+        page.fill("#prompt", "still here")
+        page.press("#prompt", "Enter")
+        wait_for(lambda: page.evaluate("document.body.dataset.busy") == "no", timeout_s=10)
+        assert last_reply(page) == "still here"
+        assert page.locator(".message.user").count() == 4
+        page.screenshot(path=str(tmp_path / "chat.png"))
+    finally:
+        page.close()
+
+
+def test_the_page_waits_and_retries_while_the_service_is_busy(browser: Browser, ray_toolkit: Toolkit) -> None:
+    settings = Settings(backend="echo", echo_tokens_per_s=20, max_replies=1, reply_keep_s=0.5)
+    ray_toolkit.run(build_app(settings), route_prefix="/")
+    base = ray_toolkit.url
+    holder = httpx.post(f"{base}/api/replies", json={"messages": [{"role": "user", "content": "w " * 100}]})
+    assert holder.status_code == 201  # the only place is taken
+    page = browser.new_page()
+    try:
+        page.goto(base)
+        page.fill("#prompt", "after the wait")
+        page.press("#prompt", "Enter")
+        wait_for(lambda: "busy" in page.locator("#status").inner_text(), timeout_s=10)
+        assert page.evaluate("document.body.dataset.busy") == "yes"
+        assert httpx.post(f"{base}/api/replies/{holder.json()['id']}/stop").status_code == 204
+        wait_for(lambda: page.evaluate("document.body.dataset.busy") == "no", timeout_s=20)
+        assert last_reply(page) == "after the wait"
+        assert page.locator("#status").is_hidden()
+    finally:
+        page.close()
 
 
 def test_a_real_generation_with_smollm2(ray_toolkit: Toolkit) -> None:

@@ -1,0 +1,85 @@
+"""The chat example's continuous-batching decoder, on a tiny randomly initialised Llama
+(no weights to load): decoding replies together gives exactly the tokens decoding each
+alone gives, replies join and leave mid-flight, and a reader that leaves frees its row."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from examples.chat.chat.engines.decoder import Decoder
+from tests.waiting import wait_for_async
+
+EOS = 1
+PROMPTS = [[5, 9, 12], [7, 3, 3, 8, 20, 41, 2], [30], [11, 12, 13, 14, 15]]
+
+
+@pytest.fixture(scope="module")
+def model() -> Any:
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        eos_token_id=EOS,
+    )
+    return LlamaForCausalLM(config).eval()
+
+
+async def reply(decoder: Decoder, prompt: list[int], max_tokens: int = 12) -> list[int]:
+    return [token async for token in decoder.generate(prompt, max_tokens, temperature=0)]
+
+
+def test_batched_replies_equal_replies_decoded_alone(model: Any) -> None:
+    async def scenario() -> None:
+        alone = Decoder(model, {EOS}, max_batch_size=1, repetition_penalty=1.0)
+        together = Decoder(model, {EOS}, max_batch_size=4, repetition_penalty=1.0)
+        try:
+            expected = [await reply(alone, prompt) for prompt in PROMPTS]
+            # All at once, and staggered: later replies join a batch already decoding.
+            assert await asyncio.gather(*(reply(together, prompt) for prompt in PROMPTS)) == expected
+
+            async def late(index: int) -> list[int]:
+                await asyncio.sleep(0.01 * index)
+                return await reply(together, PROMPTS[index])
+
+            assert await asyncio.gather(*(late(index) for index in range(len(PROMPTS)))) == expected
+            assert together.active == 0
+        finally:
+            await alone.close()
+            await together.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_reader_that_leaves_frees_its_row(model: Any) -> None:
+    async def scenario() -> None:
+        decoder = Decoder(model, set(), max_batch_size=2, repetition_penalty=1.1)  # no EOS: runs to max
+        alone = Decoder(model, set(), max_batch_size=1, repetition_penalty=1.1)
+        try:
+            expected = await reply(alone, PROMPTS[1], max_tokens=300)
+            long_reply = decoder.generate(PROMPTS[0], 10_000, temperature=0)
+            await anext(long_reply)
+            other = asyncio.ensure_future(reply(decoder, PROMPTS[1], max_tokens=300))
+            await wait_for_async(lambda: decoder.active == 2, timeout_s=10)
+            await long_reply.aclose()  # the reader leaves mid-reply
+            assert await other == expected  # the other reply is unaffected
+            await wait_for_async(lambda: decoder.active == 0, timeout_s=10)
+            produced = decoder.tokens
+            await asyncio.sleep(0.2)
+            assert decoder.tokens == produced  # nothing decodes for the abandoned reply
+            # And a third reply gets the freed row.
+            assert len(await reply(decoder, PROMPTS[2], max_tokens=3)) == 3
+        finally:
+            await decoder.close()
+            await alone.close()
+
+    asyncio.run(scenario())
