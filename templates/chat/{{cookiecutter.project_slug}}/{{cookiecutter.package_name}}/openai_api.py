@@ -66,9 +66,12 @@ def build_router(settings: Settings, model_app: tk.Application) -> APIRouter:
             return _streamed(first, stream, model_name, request)
         text: list[str] = []
         last = first
-        async for delta in stream:
-            text.append(delta.text)
-            last = delta
+        try:
+            async for delta in stream:
+                text.append(delta.text)
+                last = delta
+        finally:
+            stream.cancel()  # a client that left early stops the model's work too
         return {
             "id": f"chatcmpl-{uuid.uuid4().hex}",
             "object": "chat.completion",

@@ -59,6 +59,7 @@ class Replies:
         self._model = model.options(method_name="generate", stream=True)
         self._settings = settings
         self._replies: dict[str, _Reply] = {}
+        self._admitting = 0
         self._sweeper: asyncio.Task[None] | None = None
 
     async def start(self, generation: Generation) -> str:
@@ -67,12 +68,16 @@ class Replies:
         Raises :class:`ChatError` (503 when full, or what the model refused with).
         """
         self._sweep(time.monotonic())
-        if len(self._replies) >= self._settings.max_replies:
+        if len(self._replies) + self._admitting >= self._settings.max_replies:
             raise ChatError(503, "Too many replies in progress; retry shortly.", "server_error", "overloaded")
         if self._sweeper is None:
             self._sweeper = asyncio.get_running_loop().create_task(self._sweep_forever())
-        stream = self._model.remote(generation)
-        first: Delta = await anext(stream)  # raises what the model refused the request with
+        self._admitting += 1  # holds its place while the model looks at the prompt
+        try:
+            stream = self._model.remote(generation)
+            first: Delta = await anext(stream)  # raises what the model refused the request with
+        finally:
+            self._admitting -= 1
         reply_id = uuid.uuid4().hex
         reply = _Reply()
         self._replies[reply_id] = reply
