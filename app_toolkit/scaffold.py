@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
 
+from app_toolkit import __version__
 from app_toolkit.exceptions import ConfigError
 
 SLUG = re.compile(r"[a-z][a-z0-9-]*")
@@ -72,6 +73,7 @@ def bake(
         known = ", ".join(name for name in variables if not name.startswith("_"))
         raise ConfigError(f"Template {template!r} has no variable {', '.join(unknown)}; it has: {known}")
     _check_names(context)
+    context["_toolkit_version"] = __version__  # the generated project asks for this release or newer
     quiet = logging.getLogger("cookiecutter")
     level, quiet.level = quiet.level, logging.CRITICAL  # its tracebacks say less than our errors
     try:

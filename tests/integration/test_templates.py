@@ -96,34 +96,23 @@ def test_template_options(tmp_path: Path, template: str, docker: bool, ci: bool)
         )
         assert result.returncode == 0, result.stdout + result.stderr
     if docker:
-        check_dockerfile((project / "Dockerfile").read_text())
+        check_dockerfile(project / "Dockerfile")
     makefile = (project / "Makefile").read_text()
     assert "\nrun:" in makefile and "\ntest:" in makefile and "app-toolkit run acme_thing.app:app" in makefile
 
 
-def check_dockerfile(text: str) -> None:
-    """hadolint does not install from the package registries here: check the structure."""
-    instructions = [
-        line.split()[0] for line in text.splitlines() if line and not line[0].isspace() and line[0] != "#"
-    ]
-    assert instructions[0] == "FROM" and "-slim" in text.splitlines()[0]
-    assert set(instructions) <= {
-        "FROM",
-        "ENV",
-        "ARG",
-        "RUN",
-        "WORKDIR",
-        "COPY",
-        "USER",
-        "EXPOSE",
-        "HEALTHCHECK",
-        "CMD",
-    }
-    assert instructions.index("USER") > max(i for i, word in enumerate(instructions) if word == "RUN")
-    user = next(line for line in text.splitlines() if line.startswith("USER")).split()[1]
-    assert user not in ("root", "0")
-    assert "/-/healthz" in next(line for line in text.splitlines() if "CMD" in line and "urlopen" in line)
-    assert text.rstrip().splitlines()[-1].startswith('CMD ["app-toolkit", "run"')
+def check_dockerfile(path: Path) -> None:
+    """hadolint's rules, and what our images promise: a slim base, a non-root user, a
+    health check on /-/healthz, `app-toolkit run` as the entry point."""
+    linted = subprocess.run([str(VENV_BIN / "hadolint"), str(path)], capture_output=True, text=True)
+    assert linted.returncode == 0, linted.stdout + linted.stderr
+    lines = path.read_text().splitlines()
+    assert lines[0].startswith("FROM python:") and lines[0].endswith("-slim")
+    users = [line.split()[1] for line in lines if line.startswith("USER ")]
+    assert users and users[-1] not in ("root", "0")
+    assert any(line.startswith("HEALTHCHECK") for line in lines)
+    assert any("/-/healthz" in line for line in lines)
+    assert lines[-1].startswith('CMD ["app-toolkit", "run"')
 
 
 @pytest.mark.parametrize("template", ["service", "chat"])
