@@ -58,6 +58,7 @@ async function send() {
   setBusy(true);
   say("");
   for (;;) {
+    if (current !== reply) return;  // stopped while waiting to be let in
     let response;
     try {
       response = await fetch("/api/replies", {
@@ -74,7 +75,6 @@ async function send() {
       const wait = Number(response.headers.get("Retry-After")) || 1;
       say(`The model is busy; retrying in ${wait} s…`);
       await sleep(wait * 1000);
-      if (current !== reply) return;  // stopped while waiting
       continue;
     }
     if (!response.ok) {
