@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from app_toolkit._runtime.channel.client import ChannelClient
-from app_toolkit._runtime.channel.frames import Kind
+from app_toolkit._runtime.channel.frames import DRAINING, Kind
 from app_toolkit._runtime.channel.server import ResponseSink, start_server
 from app_toolkit._runtime.messages import HTTPRequest, HTTPResponse, HTTPResponseStart
 from app_toolkit.exceptions import ReplicaUnavailableError
@@ -23,8 +23,14 @@ class Handler:
         self.running = 0
         self.hanging = asyncio.Event()  # a "hang" request reached the handler
         self.cancelled = asyncio.Event()
+        self.draining = False
 
     def admit(self) -> bool:
+        if self.draining:
+            return False
+        return self._admit()
+
+    def _admit(self) -> bool:
         if self.running >= self.capacity:
             return False
         self.running += 1
@@ -99,11 +105,15 @@ async def test_cancel_reaches_the_server_task() -> None:
         server.close()
 
 
-async def test_full_server_rejects() -> None:
-    server, client = await serve(Handler(capacity=0))
+async def test_a_refusal_says_whether_the_server_is_full_or_draining() -> None:
+    handler = Handler(capacity=0)
+    server, client = await serve(handler)
     try:
         exchange = await client.open(Kind.HTTP, request(b"x"))
-        assert (await exchange.recv())[0] is Kind.REJECTED
+        assert await exchange.recv() == (Kind.REJECTED, None)  # full: try again soon
+        handler.draining = True
+        exchange = await client.open(Kind.HTTP, request(b"x"))
+        assert await exchange.recv() == (Kind.REJECTED, DRAINING)  # going away: send no more
     finally:
         client.close()
         server.close()

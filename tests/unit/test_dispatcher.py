@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from app_toolkit._runtime.channel.exchange import Exchange
-from app_toolkit._runtime.channel.frames import Kind
+from app_toolkit._runtime.channel.frames import DRAINING, Kind
 from app_toolkit._runtime.messages import DeploymentID, ReplicaInfo
 from app_toolkit._runtime.routing.dispatcher import Dispatcher
 from app_toolkit.exceptions import BackPressureError, ReplicaUnavailableError
@@ -99,6 +99,21 @@ async def test_rejected_request_is_retried_on_another_replica() -> None:
         reply.release()
     assert len(free.received) == 10
     assert len(full.received) <= 2  # skipped after it refused
+
+
+async def test_a_draining_replica_gets_nothing_more_even_with_a_stale_table() -> None:
+    leaving = FakeReplica("a", lambda exchange, _: exchange.push(Kind.REJECTED, DRAINING))
+    staying = FakeReplica("b", answer)
+    dispatcher = make({"a": leaving, "b": staying}, max_queued=5)
+    for n in range(20):
+        reply = await dispatcher.send(Kind.CALL, n)
+        assert reply.message == f"done {n}"
+        reply.release()
+    assert len(leaving.received) == 1  # one refusal, then it is left alone (no back-off retries)
+    assert leaving.closed  # its connection closes once nothing uses it
+    # A new table that lists it again brings it back.
+    dispatcher.update([info("a"), info("b")], 5)
+    assert "a" in dispatcher._chooser.replica_ids
 
 
 async def test_unreachable_replica_is_dropped_and_request_retried() -> None:

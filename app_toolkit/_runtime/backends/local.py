@@ -16,7 +16,7 @@ from typing import Any, cast
 from starlette.types import ASGIApp
 
 from app_toolkit._runtime.channel.exchange import Exchange
-from app_toolkit._runtime.channel.frames import Kind
+from app_toolkit._runtime.channel.frames import DRAINING, Kind
 from app_toolkit._runtime.controller.controller import ControllerCore
 from app_toolkit._runtime.messages import (
     AdoptedReplica,
@@ -138,7 +138,7 @@ class LocalReplicaClient:
 
         exchange = Exchange(cancel, forward)
         if not core.admit():
-            exchange.push(Kind.REJECTED, None)
+            exchange.push(Kind.REJECTED, DRAINING if core.draining else None)
             return exchange
         sink = _LocalSink(exchange, inbound)
         tasks.append(asyncio.get_running_loop().create_task(core.serve(kind, message, sink)))

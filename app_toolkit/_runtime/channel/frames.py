@@ -60,6 +60,11 @@ def plain_dumps(value: Any) -> bytes:
     return pickle.dumps(value, _PICKLE_PROTOCOL)
 
 
+#: Why a replica refused a request (the REJECTED frame's message): None means it is busy
+#: (try it again after a back-off); DRAINING means it is shutting down (send it nothing
+#: more until a table lists it again).
+DRAINING = "draining"
+
 _HEAD_LENGTH = struct.Struct("!I")
 
 
@@ -71,7 +76,7 @@ def encode(kind: Kind, message: Any, dumps: Dumps) -> list[bytes]:
     """
     if kind is Kind.BODY:
         return [bytes(message)]
-    if kind in (Kind.END, Kind.REJECTED, Kind.CANCEL):
+    if kind in (Kind.END, Kind.CANCEL) or (kind is Kind.REJECTED and message is None):
         return []
     if kind is Kind.HTTP:
         head = plain_dumps((message.request_id, message.scope))

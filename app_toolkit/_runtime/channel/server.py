@@ -8,7 +8,15 @@ import hmac
 import logging
 from typing import Any, Protocol
 
-from app_toolkit._runtime.channel.frames import Dumps, FrameProtocol, Kind, decode, encode, plain_dumps
+from app_toolkit._runtime.channel.frames import (
+    DRAINING,
+    Dumps,
+    FrameProtocol,
+    Kind,
+    decode,
+    encode,
+    plain_dumps,
+)
 
 logger = logging.getLogger("app_toolkit.channel")
 
@@ -26,6 +34,8 @@ class ResponseSink(Protocol):
 
 class RequestHandler(Protocol):
     """The replica side: serves one request, writing its answer into ``sink``."""
+
+    draining: bool
 
     def admit(self) -> bool: ...
 
@@ -81,7 +91,8 @@ class _ServerConnection(FrameProtocol):
                 queue.put_nowait(decode(kind, payload))
             return
         if not self.handler.admit():
-            self.send(Kind.REJECTED, number, [])
+            reason = DRAINING if self.handler.draining else None
+            self.send(Kind.REJECTED, number, encode(Kind.REJECTED, reason, plain_dumps))
             return
         message = decode(kind, payload)
         sink = _ServerSink(self, number)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from app_toolkit._runtime.channel.exchange import Exchange
-from app_toolkit._runtime.channel.frames import Kind
+from app_toolkit._runtime.channel.frames import DRAINING, Kind
 from app_toolkit._runtime.messages import DeploymentID, ReplicaInfo
 from app_toolkit._runtime.routing.choice import ReplicaChooser, queue_is_full
 from app_toolkit.exceptions import BackPressureError, ReplicaUnavailableError
@@ -145,8 +145,15 @@ class Dispatcher:
                 self._release(info.replica_id)
                 raise
             if first_kind is Kind.REJECTED:
-                # Skip it for a back-off; the wake-up after release comes back for it.
-                self._chooser.rejected(info.replica_id, _now())
+                if first == DRAINING:
+                    # It is shutting down: send it nothing more, even while the table that
+                    # says so is late (a controller restarting), so it stops refusing and
+                    # can close without a request caught in flight.
+                    self._chooser.remove(info.replica_id)
+                    self._retire(info.replica_id)
+                else:
+                    # Busy: skip it for a back-off; the wake-up after release comes back.
+                    self._chooser.rejected(info.replica_id, _now())
                 self._release(info.replica_id)
                 continue
             if first_kind is Kind.LOST:
