@@ -4,7 +4,8 @@ The tree::
 
     AppToolkitError
     ├── ConfigError            bad option, bad import path, bad route prefix
-    ├── DeployError            a deploy failed (constructor or lifespan startup raised)
+    ├── DeployError            a deploy failed (constructor or lifespan startup raised);
+    │                          also a RuntimeError, as Ray Serve's deploy failures are
     ├── BackPressureError      the caller-side queue is full (HTTP: 503 + Retry-After)
     ├── ReplicaUnavailableError  the replica was lost while serving a request (HTTP: 503)
     ├── RequestTimeoutError    ``result(timeout_s=...)`` ran out
@@ -25,8 +26,11 @@ class ConfigError(AppToolkitError, ValueError):
     """An option, import path or route prefix is invalid; the message says how to fix it."""
 
 
-class DeployError(AppToolkitError):
-    """An application failed to deploy; the message carries the replica's error."""
+class DeployError(AppToolkitError, RuntimeError):
+    """An application failed to deploy; the message carries the replica's error.
+
+    A ``RuntimeError`` too, so ``except RuntimeError`` written for Ray Serve catches it.
+    """
 
 
 class BackPressureError(AppToolkitError):

@@ -40,11 +40,14 @@ class DeploymentResponse(Generic[R]):
         return self._pending.__await__()
 
     def result(self, timeout_s: float | None = None) -> R:
-        """Block until the result is ready (sync code only); raise what the method raised."""
+        """Block until the result is ready (sync code only); raise what the method raised.
+
+        ``timeout_s`` bounds the wait, not the call: after a ``RequestTimeoutError`` the
+        call goes on and a later ``result()`` returns its value (``cancel()`` stops it).
+        """
         try:
             return self._pending.result(timeout_s)
         except TimeoutError:
-            self._pending.cancel()
             raise RequestTimeoutError(f"No result within {timeout_s} s") from None
 
     def cancel(self) -> None:

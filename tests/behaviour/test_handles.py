@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 import app_toolkit as tk
-from tests.apps import basic
+from tests.apps import basic, serve_compat
 from tests.conftest import Toolkit
 
 
@@ -31,6 +31,14 @@ def test_handles_from_sync_code(toolkit: Toolkit) -> None:
     # Both replicas of Counter serve handle traffic.
     tokens = {counter.who.remote().result(timeout_s=10) for _ in range(40)}
     assert len(tokens) == 2
+
+
+def test_a_timeout_on_result_stops_the_wait_not_the_call(toolkit: Toolkit) -> None:
+    handle = toolkit.run(serve_compat.Slow.bind(), route_prefix=None)
+    response = handle.remote(1.0)
+    with pytest.raises(TimeoutError):  # tk.RequestTimeoutError
+        response.result(timeout_s=0.2)
+    assert response.result(timeout_s=10) == "done"  # the call went on
 
 
 def test_handles_from_async_code(toolkit: Toolkit) -> None:
