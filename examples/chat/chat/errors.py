@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 import app_toolkit as tk
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -30,6 +33,15 @@ def as_chat_error(exc: ChatError | tk.BackPressureError | tk.ReplicaUnavailableE
     return ChatError(503, "The model replica went away; retry.", "server_error", "unavailable")
 
 
+def invalid_request(errors: Sequence[Any]) -> ChatError:
+    """The 400 for a request that failed validation (pydantic's error list)."""
+    problems = "; ".join(
+        f"{'.'.join(str(part) for part in error['loc'] if part != 'body')}: {error['msg']}"
+        for error in errors
+    )
+    return ChatError(400, f"Invalid request: {problems}", "invalid_request_error", "invalid_request")
+
+
 def answer(error: ChatError) -> JSONResponse:
     headers = {"Retry-After": str(RETRY_AFTER_S)} if error.status == 503 else None
     return JSONResponse(error.body(), status_code=error.status, headers=headers)
@@ -44,13 +56,7 @@ def install(app: FastAPI) -> None:
 
     async def invalid(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
-        problems = "; ".join(
-            f"{'.'.join(str(part) for part in error['loc'] if part != 'body')}: {error['msg']}"
-            for error in exc.errors()
-        )
-        return answer(
-            ChatError(400, f"Invalid request: {problems}", "invalid_request_error", "invalid_request")
-        )
+        return answer(invalid_request(exc.errors()))
 
     async def http_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, HTTPException)

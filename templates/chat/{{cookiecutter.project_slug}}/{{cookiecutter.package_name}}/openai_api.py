@@ -15,7 +15,7 @@ import app_toolkit as tk
 from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from pydantic import ValidationError
 
-from .errors import ANSWERED, as_chat_error
+from .errors import ANSWERED, as_chat_error, invalid_request
 from .schemas import ChatCompletionRequest, ChatError, Delta, Generation
 from .settings import Settings
 
@@ -97,7 +97,9 @@ def build_router(settings: Settings, model_app: tk.Application) -> APIRouter:
                     request = ChatCompletionRequest.model_validate(message)
                     first, stream = await open_reply(model, generation_of(request))
                 except ValidationError as exc:
-                    await socket.send_json({"type": "error", "error": _invalid(exc).body()["error"]})
+                    await socket.send_json(
+                        {"type": "error", "error": invalid_request(exc.errors()).body()["error"]}
+                    )
                     continue
                 except ChatError as exc:
                     await socket.send_json({"type": "error", "error": exc.body()["error"]})
@@ -176,8 +178,3 @@ async def _stop_requested(socket: WebSocket) -> None:
 
 def _usage(prompt: int, completion: int) -> dict[str, int]:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
-
-
-def _invalid(exc: ValidationError) -> ChatError:
-    problems = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
-    return ChatError(400, f"Invalid request: {problems}", "invalid_request_error", "invalid_request")

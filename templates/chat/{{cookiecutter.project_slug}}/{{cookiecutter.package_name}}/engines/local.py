@@ -65,9 +65,8 @@ class LocalEngine:
     def _prompt(self, generation: Generation) -> list[int]:
         messages = [{"role": role, "content": content} for role, content in generation.messages]
         encoded = self._tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-        return list(
-            encoded["input_ids"] if isinstance(encoded, dict) or hasattr(encoded, "keys") else encoded
-        )
+        # transformers 5 returns a BatchEncoding (a mapping); older releases a plain list.
+        return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
 
     def count_prompt(self, generation: Generation) -> int:
         return len(self._prompt(generation))
