@@ -118,8 +118,15 @@ def build_app(target: Application, name: str, route_prefix: str | None, session:
         names[id(node)] = (node, deployment.name)
         args = tuple(replace(arg) for arg in node.args)
         kwargs = {key: replace(value) for key, value in node.kwargs.items()}
-        definition = session.serialize(deployment.func_or_class)
-        init_args = session.serialize((args, kwargs))
+        try:
+            definition = session.serialize(deployment.func_or_class)
+            init_args = session.serialize((args, kwargs))
+        except Exception as exc:  # noqa: BLE001 - any pickling failure is the user's to fix
+            raise ConfigError(
+                f"Deployment {deployment.name!r} of application {name!r} cannot be sent to its "
+                f"replicas: {exc}. Keep its code importable or picklable, and its arguments "
+                "plain data, handles or importable objects."
+            ) from None
         config = deployment.config
         version = hashlib.sha256(
             definition + init_args + config.model_dump_json(exclude=set(config.in_place_options())).encode()

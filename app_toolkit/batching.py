@@ -294,6 +294,11 @@ class _Batched(Generic[S, T, R]):
         self._unbound: _Bound | None = None
         functools.update_wrapper(self, function)
 
+    def __getstate__(self) -> dict[str, Any]:
+        # The batcher of a plain function belongs to this process's event loop; a copy sent
+        # to a replica starts its own.
+        return {**self.__dict__, "_unbound": None}
+
     @overload
     def __get__(self, instance: None, owner: Any) -> _Batched[S, T, R]: ...
 
@@ -316,8 +321,10 @@ class _Batched(Generic[S, T, R]):
             self._unbound = (_BoundStream if self.streaming else _Bound)(self, None)
         return self._unbound
 
-    def __call__(self, item: Any) -> Any:
-        return self._function()(item)
+    async def __call__(self, item: Any) -> Any:
+        # A coroutine function, so a replica serving a batched function deployment awaits it
+        # on its event loop (a plain __call__ returning a coroutine would run in a thread).
+        return await self._function()(item)
 
     def set_max_batch_size(self, value: int) -> None:
         """Change the batch size limit of a batched function at run time."""
@@ -339,6 +346,9 @@ class _BatchedStreamMethod(_Batched[S, T, R]):
 
     def __get__(self, instance: Any, owner: Any = None) -> Any:
         return super().__get__(instance, owner)
+
+    def __call__(self, item: Any) -> Any:
+        return self._function()(item)  # each call is its own async iterator
 
 
 class _Decorator:

@@ -41,3 +41,24 @@ class Slow:
     async def __call__(self, seconds: float) -> str:
         await asyncio.sleep(seconds)
         return "done"
+
+
+@serve.deployment
+@serve.batch(max_batch_size=4, batch_wait_timeout_s=0.25)
+async def batched_tag(xs: list[int]) -> list[tuple[int, int]]:
+    """A batched *function* deployment: each caller gets its item back with its batch size."""
+    return [(x, len(xs)) for x in xs]
+
+
+@serve.deployment
+class Unsendable:
+    """Returns (and yields) values that cannot be pickled to the caller."""
+
+    def frame(self) -> object:
+        import sys
+
+        return sys._getframe()  # a stack frame cannot be pickled
+
+    async def items(self) -> object:
+        yield 1
+        yield (x for x in range(3))  # a generator object cannot be pickled

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from tests.apps import basic
+from tests.apps import basic, serve_compat
 from tests.conftest import Toolkit
 
 
@@ -24,3 +24,13 @@ def test_concurrent_handle_calls_are_batched_per_replica(toolkit: Toolkit) -> No
     sizes = [o["batch"] for o in squares]
     # user_config raised max_batch_size from 4 to 8 through reconfigure()
     assert max(sizes) > 4 and max(sizes) <= 8
+
+
+def test_batched_function_deployment_returns_each_callers_item(toolkit: Toolkit) -> None:
+    # Ray Serve's idiom: @serve.deployment over @serve.batch over a plain async function.
+    handle = toolkit.run(serve_compat.batched_tag.bind(), route_prefix=None)
+    responses = [handle.remote(x) for x in range(8)]
+    results = [response.result(timeout_s=20) for response in responses]
+    assert [x for x, _ in results] == list(range(8))
+    assert all(1 <= size <= 4 for _, size in results)
+    assert max(size for _, size in results) > 1  # concurrent calls did share batches

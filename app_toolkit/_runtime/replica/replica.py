@@ -221,15 +221,24 @@ class ReplicaCore:
                     f"{self.deployment}.{call.method} is a generator; call it through "
                     "handle.options(stream=True) to receive its items"
                 )
+            self._send_value(sink, Kind.RESULT, result, call)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             logger.exception("Request %s: %s.%s raised", call.request_id, self.deployment, call.method)
             sink.send(Kind.FAILURE, self._failure(exc))
-            return
         finally:
             request_context.request_id.reset(rid)
-        sink.send(Kind.RESULT, result)
+
+    def _send_value(self, sink: ResponseSink, kind: Kind, value: Any, call: MethodCall) -> None:
+        """Send a result or stream item; one that cannot be serialized fails the call."""
+        try:
+            sink.send(kind, value)
+        except Exception as exc:  # noqa: BLE001 - unpicklable: the caller must hear why
+            raise TypeError(
+                f"{self.deployment}.{call.method} returned a {type(value).__name__}, which cannot be "
+                f"sent to the caller ({exc}); return plain data or picklable objects"
+            ) from None
 
     async def _stream_call(self, method: Callable[..., Any], call: MethodCall, sink: ResponseSink) -> None:
         """Send each item a generator method yields as soon as it exists."""
@@ -247,7 +256,7 @@ class ReplicaCore:
             items = result
         try:
             async for item in items:
-                sink.send(Kind.ITEM, item)
+                self._send_value(sink, Kind.ITEM, item, call)
                 await sink.drain()
         finally:
             # Runs on cancellation too (the caller went away): the user's generator closes.
@@ -322,7 +331,10 @@ async def _call_maybe_async(function: Callable[..., Any], *args: Any, **kwargs: 
     ):
         return await function(*args, **kwargs)
     # Sync user code runs in a thread so it never blocks the replica's event loop.
-    return await asyncio.to_thread(function, *args, **kwargs)
+    result = await asyncio.to_thread(function, *args, **kwargs)
+    if inspect.iscoroutine(result):  # a plain callable that returned a coroutine: await it here
+        result = await result
+    return result
 
 
 def install_error_handler(app: Any) -> None:

@@ -47,10 +47,7 @@ def dumps(value: Any) -> bytes:
     try:
         _Pickler(buffer, protocol=5).dump(value)  # type: ignore[no-untyped-call]
     except Exception as exc:  # noqa: BLE001 - any pickling failure is the user's to fix
-        raise ConfigError(
-            f"Cannot serialize {type(value).__name__} to send it to replicas: {exc}. Keep "
-            "deployment arguments picklable (plain data, handles, importable objects)."
-        ) from None
+        raise TypeError(f"Cannot serialize {type(value).__name__}: {exc}") from None
     return buffer.getvalue()
 
 
