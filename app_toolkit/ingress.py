@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI
-from fastapi.routing import APIRoute
+from fastapi.routing import APIRoute, APIWebSocketRoute
 
 from app_toolkit._runtime import request_context
 from app_toolkit._runtime.replica.replica import ASGI_APP_ATTR
@@ -23,7 +23,8 @@ from app_toolkit.route_table import route_table
 def ingress(app: Any) -> Callable[[type], type]:
     """Serve ``app`` (a FastAPI app, APIRouter or any ASGI app) from a deployment class.
 
-    Routes declared on the class's own methods (``@app.get("/")`` above ``def root(self)``)
+    Routes declared on the class's own methods (``@app.get("/")`` above ``def root(self)``,
+    and WebSocket routes: ``@app.websocket("/ws")`` above ``async def ws(self, websocket)``)
     receive the replica's instance as ``self``. Place it under ``@deployment``.
     """
     asgi = _as_asgi(app, title="app_toolkit")
@@ -111,7 +112,7 @@ async def _current_instance() -> Any:
 def _bind_methods(app: FastAPI, cls: type) -> None:
     """Rebuild routes whose endpoint is a method of ``cls`` so ``self`` is injected."""
     for index, route in enumerate(app.router.routes):
-        if not isinstance(route, APIRoute):
+        if not isinstance(route, (APIRoute, APIWebSocketRoute)):
             continue
         endpoint = route.endpoint
         if cls.__dict__.get(getattr(endpoint, "__name__", "")) is not endpoint:
@@ -151,11 +152,15 @@ def _self_injected(method: Callable[..., Any]) -> Callable[..., Any]:
     return endpoint
 
 
-def _copy_route(route: APIRoute, endpoint: Callable[..., Any]) -> APIRoute:
-    accepted = inspect.signature(APIRoute.__init__).parameters
+def _copy_route(
+    route: APIRoute | APIWebSocketRoute, endpoint: Callable[..., Any]
+) -> APIRoute | APIWebSocketRoute:
+    """The same HTTP or WebSocket route (path, name, dependencies...) with a new endpoint."""
+    kind = type(route)
+    accepted = inspect.signature(kind.__init__).parameters
     settings = {
         name: getattr(route, name)
         for name in accepted
         if name not in ("self", "path", "endpoint") and hasattr(route, name)
     }
-    return APIRoute(route.path, endpoint, **settings)
+    return kind(route.path, endpoint, **settings)

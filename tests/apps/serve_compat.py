@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 
-from fastapi import FastAPI
+from fastapi import FastAPI, WebSocket, WebSocketDisconnect
 
 import app_toolkit as serve
 from app_toolkit import DeploymentHandle
@@ -62,3 +62,40 @@ class Unsendable:
     async def items(self) -> object:
         yield 1
         yield (x for x in range(3))  # a generator object cannot be pickled
+
+
+ws_app = FastAPI()
+
+
+@serve.deployment
+@serve.ingress(ws_app)
+class Chatter:
+    """WebSocket routes declared on the ingress class's own methods (they get ``self``)."""
+
+    def __init__(self) -> None:
+        self.prefix = "chatter"
+        self.disconnects = 0
+
+    @ws_app.websocket("/echo/{label}")
+    async def echo(self, websocket: WebSocket, label: str) -> None:
+        await websocket.accept()
+        try:
+            while True:
+                message = await websocket.receive()
+                if message["type"] == "websocket.disconnect":
+                    self.disconnects += 1
+                    return
+                text = message.get("text")
+                if text == "bye":
+                    await websocket.close(code=4002, reason=f"bye from {label}")
+                    return
+                if text is not None:
+                    await websocket.send_text(f"{self.prefix}/{label}:{text}")
+                else:
+                    await websocket.send_bytes(message["bytes"][::-1])
+        except WebSocketDisconnect:
+            self.disconnects += 1
+
+    @ws_app.get("/disconnects")
+    def count_disconnects(self) -> int:
+        return self.disconnects

@@ -8,8 +8,9 @@ import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
-from tests.apps import basic
+from tests.apps import basic, serve_compat
 from tests.conftest import Toolkit
+from tests.waiting import wait_for
 
 
 def ws_url(toolkit: Toolkit, path: str) -> str:
@@ -96,3 +97,24 @@ def test_a_draining_replica_closes_websockets_with_1012(toolkit: Toolkit) -> Non
     assert closed.value.rcvd is not None and closed.value.rcvd.code == 1012
     # It did not wait for graceful_shutdown_timeout_s (20 s) with the connection open.
     assert time.monotonic() - began < 10 and not deleting.is_alive()
+
+
+def test_websocket_routes_on_an_ingress_class_get_self(toolkit: Toolkit) -> None:
+    # Ray Serve's idiom: @app.websocket on a method of the @serve.ingress(app) class.
+    toolkit.run(serve_compat.Chatter.bind(), route_prefix="/chatter")
+    with connect(ws_url(toolkit, "/chatter/echo/blue")) as ws:
+        ws.send("hello")
+        assert ws.recv(timeout=10) == "chatter/blue:hello"
+        ws.send(b"\x01\x02\x03")
+        assert ws.recv(timeout=10) == b"\x03\x02\x01"
+        ws.send("bye")
+        with pytest.raises(ConnectionClosed) as closed:
+            ws.recv(timeout=10)
+    assert closed.value.rcvd is not None
+    assert (closed.value.rcvd.code, closed.value.rcvd.reason) == (4002, "bye from blue")
+    with connect(ws_url(toolkit, "/chatter/echo/red")) as ws:
+        ws.send("once")
+        assert ws.recv(timeout=10) == "chatter/red:once"
+    # The client went away without a close from the app: the method saw the disconnect.
+    with toolkit.client() as client:
+        wait_for(lambda: client.get("/chatter/disconnects").json() == 1, 10, "the disconnect")
