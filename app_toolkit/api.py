@@ -191,9 +191,14 @@ def delete(name: str, _blocking: bool = True) -> None:
 
 
 def status() -> ServeStatus:
-    """Applications → deployments → replicas, with their states."""
-    session = current_session()
-    assert session is not None
+    """Applications → deployments → replicas, with their states.
+
+    Starts nothing: with no toolkit running (in this process, or on the cluster that
+    ``RAY_ADDRESS`` names), the status is empty, as in Ray Serve.
+    """
+    session = current_session(create=False) or session_factory("auto").find(None)
+    if session is None:
+        return ServeStatus()
     return session.status()
 
 

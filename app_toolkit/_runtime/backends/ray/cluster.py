@@ -9,7 +9,10 @@ from __future__ import annotations
 import io
 import logging
 import os
+import queue
 import threading
+from collections.abc import Callable
+from concurrent.futures import Future
 from typing import Any
 
 import ray
@@ -104,7 +107,44 @@ def init_ray(address: str | None) -> None:
     }
     if address is None:
         kwargs["_node_ip_address"] = "127.0.0.1"
-    ray.init(address=address, **kwargs)
+    if threading.current_thread() is threading.main_thread():
+        ray.init(address=address, **kwargs)
+    else:
+        _on_lasting_thread(lambda: ray.init(address=address, **kwargs))
+
+
+# Ray starts an embedded cluster's processes (GCS, raylet) with PR_SET_PDEATHSIG, and
+# Linux sends that signal when the *thread* that started them exits, not the process. Ray
+# started from a short-lived thread (a web framework's worker, a thread pool) would lose its
+# cluster when that thread ends, hang the next call and abort the process a minute later.
+# So from any thread but the main one, Ray is started from this thread, which lives (idle)
+# as long as the process does.
+_lasting_jobs: queue.SimpleQueue[tuple[Callable[[], object], Future[None]]] = queue.SimpleQueue()
+_lasting_thread: threading.Thread | None = None
+_lasting_lock = threading.Lock()
+
+
+def _on_lasting_thread(job: Callable[[], object]) -> None:
+    """Run ``job`` on the process-long thread and return (or raise) what it did."""
+    global _lasting_thread
+    with _lasting_lock:
+        if _lasting_thread is None:
+            _lasting_thread = threading.Thread(target=_run_lasting_jobs, name="app-toolkit-ray", daemon=True)
+            _lasting_thread.start()
+    done: Future[None] = Future()
+    _lasting_jobs.put((job, done))
+    done.result()  # ray.init has its own timeouts; it raises rather than hangs
+
+
+def _run_lasting_jobs() -> None:
+    while True:  # never returns: the thread must outlive the processes it started
+        job, done = _lasting_jobs.get()
+        try:
+            job()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller
+            done.set_exception(exc)
+        else:
+            done.set_result(None)
 
 
 def controller_actor() -> Any:
