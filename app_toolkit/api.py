@@ -8,7 +8,8 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from app_toolkit._runtime import request_context
 from app_toolkit._runtime.backends.base import (
@@ -98,8 +99,24 @@ def run(
     return handle
 
 
-def build_app(target: Application, name: str, route_prefix: str | None, session: Session) -> AppSpec:
-    """Walk the bound graph; bound deployments in arguments become handles."""
+class Serializer(Protocol):
+    """What building an application needs of a session: the codec for user code."""
+
+    def serialize(self, value: object) -> bytes: ...
+
+
+def build_app(
+    target: Application,
+    name: str,
+    route_prefix: str | None,
+    session: Serializer,
+    configure: Callable[[Deployment], Deployment] | None = None,
+) -> AppSpec:
+    """Walk the bound graph; bound deployments in arguments become handles.
+
+    ``configure`` may replace each deployment (and pool) with a copy of other options
+    (a config file's overrides).
+    """
     specs: dict[str, DeploymentSpec] = {}
     # Bound node -> its deployment name. The node is kept too: an id is unique only while
     # its object lives, and the pools below are temporary nodes (a freed one's id can come
@@ -116,6 +133,8 @@ def build_app(target: Application, name: str, route_prefix: str | None, session:
                 f"another name with .options(name=...)"
             )
         names[id(node)] = (node, deployment.name)
+        if configure is not None:
+            deployment = configure(deployment)
         args = tuple(replace(arg) for arg in node.args)
         kwargs = {key: replace(value) for key, value in node.kwargs.items()}
         try:
@@ -166,10 +185,16 @@ def build_app(target: Application, name: str, route_prefix: str | None, session:
     return AppSpec(name, route_prefix, ingress, tuple(specs.values()), table.routes, table.paths)
 
 
-def wait_for_application(session: Session, name: str) -> None:
-    """Block until ``name`` runs; raise DeployError with its message if it fails."""
-    last_report = time.monotonic()
+def wait_for_application(session: Session, name: str, timeout_s: float | None = None) -> None:
+    """Block until ``name`` runs; raise DeployError with its message if it fails (or is
+    not running after ``timeout_s``)."""
+    last_report = began = time.monotonic()
     while True:
+        if timeout_s is not None and time.monotonic() - began > timeout_s:
+            app = session.status().applications.get(name)
+            raise DeployError(
+                f"Application {name!r} is not running after {timeout_s:.0f} s: {app.message if app else ''}"
+            )
         app = session.status().applications.get(name)
         if app is not None and app.status is ApplicationStatus.RUNNING:
             return

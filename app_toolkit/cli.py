@@ -1,4 +1,4 @@
-"""The ``app-toolkit`` command: run, status, shutdown, new."""
+"""The ``app-toolkit`` command: run, build, deploy, config, status, shutdown, new."""
 
 from __future__ import annotations
 
@@ -12,34 +12,15 @@ from typing import Any, Literal, TypeVar, get_args, get_origin
 
 import click
 
-from app_toolkit import api
-from app_toolkit._runtime.backends.base import session_factory
+from app_toolkit import api, config_deploy
+from app_toolkit._runtime.backends.base import Session, session_factory
 from app_toolkit.config import HTTPOptions, parse_http_options
-from app_toolkit.deployment import Application, Deployment
-from app_toolkit.exceptions import AppToolkitError, ConfigError
+from app_toolkit.config_deploy import as_application
+from app_toolkit.config_file import ServeConfigFile, dump_config, load_config
+from app_toolkit.exceptions import AppToolkitError, ConfigError, DeployError
 from app_toolkit.import_path import import_attr
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-def _as_application(value: Any, path: str, name: str | None) -> Application:
-    from fastapi import APIRouter, FastAPI
-
-    from app_toolkit.ingress import App
-
-    if isinstance(value, Application):
-        return value
-    if isinstance(value, (FastAPI, APIRouter)):
-        return App(value, name=name or "default")
-    if isinstance(value, Deployment):
-        raise ConfigError(
-            f'"{path}" is a deployment; point at an application such as '
-            f"{value.name}.bind() (assign it to a variable and use that)"
-        )
-    raise ConfigError(
-        f'"{path}" is a {type(value).__name__}; expected an application '
-        "(App(router) or Deployment.bind()), a FastAPI app or an APIRouter"
-    )
 
 
 def _fail(exc: Exception) -> None:
@@ -68,7 +49,7 @@ def _http_option(name: str) -> Callable[[F], F]:
 
 
 @main.command()
-@click.argument("import_path")
+@click.argument("target", metavar="IMPORT_PATH|CONFIG.yaml")
 @_http_option("host")
 @_http_option("port")
 @click.option("--address", default=None, help='Ray cluster to join ("auto"); default: start a local one.')
@@ -77,8 +58,10 @@ def _http_option(name: str) -> Callable[[F], F]:
 @click.option("--route-prefix", default=None, help="URL prefix of the app (default: the app's own, or '/').")
 @_http_option("access_log")
 @_http_option("proxy_location")
+@click.pass_context
 def run(
-    import_path: str,
+    ctx: click.Context,
+    target: str,
     host: str,
     port: int,
     address: str | None,
@@ -88,30 +71,46 @@ def run(
     access_log: bool,
     proxy_location: str,
 ) -> None:
-    """Deploy IMPORT_PATH (module:attribute) and serve it until Ctrl-C."""
+    """Serve an app (module:attribute) or a config file's apps until Ctrl-C.
+
+    With a config file, its http_options apply; flags given on the command line win.
+    """
+    flags = {"host": host, "port": port, "access_log": access_log, "proxy_location": proxy_location}
     try:
-        http = parse_http_options(
-            {"host": host, "port": port, "access_log": access_log, "proxy_location": proxy_location}
-        )
-        cwd = os.getcwd()
         # Ray worker processes import the user's module too: let them find it here.
+        cwd = os.getcwd()
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (cwd, os.environ.get("PYTHONPATH")) if p)
-        target = _as_application(import_attr(import_path), import_path, name)
-        session = api.start(http_options=http, backend="local" if local else "auto", address=address)
-        kwargs: dict[str, Any] = {"name": name}
-        if route_prefix is not None:
-            kwargs["route_prefix"] = route_prefix
-        api.run(target, **kwargs)
-        url = next(iter(session.status().proxies.values()), f"http://{host}:{port}")
-        app_name = name or target.default_name or "default"
-        prefix = session.status().applications[app_name].route_prefix or "/"
+        backend = "local" if local else "auto"
+        if _is_config_file(target):
+            if name is not None or route_prefix is not None:
+                raise ConfigError("--name and --route-prefix apply to an import path; set them in the file")
+            config = load_config(target)
+            given = {k: v for k, v in flags.items() if _given(ctx, k)}
+            http = parse_http_options({**config.http().model_dump(), **given})
+            session = api.start(http_options=http, backend=backend, address=address)
+            _apply(session, config, target, wait_s=None)
+            names = [app.name for app in config.applications]
+        else:
+            http = parse_http_options(flags)
+            app = as_application(import_attr(target), target, name)
+            session = api.start(http_options=http, backend=backend, address=address)
+            kwargs: dict[str, Any] = {"name": name}
+            if route_prefix is not None:
+                kwargs["route_prefix"] = route_prefix
+            api.run(app, **kwargs)
+            names = [name or app.default_name or "default"]
+        current = session.status()
     except AppToolkitError as exc:
         _fail(exc)
         return
-    click.echo(
-        f"app-toolkit: serving {import_path} at {url.rstrip('/')}{prefix if prefix != '/' else '/'}"
-        " (Ctrl-C to stop)"
-    )
+    fallback = None if http.proxy_location == "Disabled" else f"http://{http.host}:{http.port}"
+    url = next(iter(current.proxies.values()), fallback)
+    for app_name in names:
+        prefix = current.applications[app_name].route_prefix
+        where = "handles only" if url is None or prefix is None else f"{url.rstrip('/')}{prefix}"
+        click.echo(
+            f"app-toolkit: serving {target if len(names) == 1 else app_name} at {where} (Ctrl-C to stop)"
+        )
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
@@ -121,6 +120,105 @@ def run(
         pass
     click.echo("app-toolkit: shutting down")
     api.shutdown()
+
+
+def _is_config_file(target: str) -> bool:
+    return target.endswith((".yaml", ".yml")) or (os.path.isfile(target) and ":" not in target)
+
+
+def _given(ctx: click.Context, parameter: str) -> bool:
+    return ctx.get_parameter_source(parameter) is click.core.ParameterSource.COMMANDLINE
+
+
+def _apply(
+    session: Session, config: ServeConfigFile, source: str, wait_s: float | None, wait: bool = True
+) -> None:
+    """Build the file's apps where replicas run, apply them, wait until each runs."""
+    try:
+        specs = session.build_specs(config.applications)
+    except ConfigError as exc:
+        raise ConfigError(f"{source}: {exc}") from None
+    session.apply_config(specs, config.as_written())
+    for app in config.applications if wait else ():
+        api.wait_for_application(session, app.name, timeout_s=wait_s)
+
+
+@main.command()
+@click.argument("import_paths", nargs=-1, required=True, metavar="IMPORT_PATH...")
+@click.option("-o", "--output", "output", default=None, help="Write the config here (default: print it).")
+def build(import_paths: tuple[str, ...], output: str | None) -> None:
+    """Write a config file for the apps at IMPORT_PATH... (module:attribute each).
+
+    Each deployment gets the options its code sets; edit the file, then apply it with
+    `app-toolkit deploy FILE` (or run it with `app-toolkit run FILE`).
+    """
+    sys.path.insert(0, os.getcwd())
+    try:
+        text = dump_config(config_deploy.describe(import_paths))
+    except AppToolkitError as exc:
+        _fail(exc)
+        return
+    if output is None:
+        click.echo(text, nl=False)
+        return
+    with open(output, "w") as file:
+        file.write(text)
+    click.echo(f"app-toolkit: wrote {output}", err=True)
+
+
+@main.command()
+@click.argument("config_file", metavar="CONFIG.yaml")
+@click.option("--address", default="auto", show_default=True, help="Ray cluster to deploy to.")
+@click.option("--wait", is_flag=True, help="Return once every app runs; exit 1 if one fails.")
+@click.option(
+    "--timeout", "timeout_s", default=600.0, show_default=True, help="Seconds --wait waits for the apps."
+)
+def deploy(config_file: str, address: str, wait: bool, timeout_s: float) -> None:
+    """Apply CONFIG.yaml to a running cluster: its apps are created or updated, others removed.
+
+    The toolkit keeps running after this command exits (start the cluster with
+    `ray start --head`; stop the toolkit with `app-toolkit shutdown`).
+    """
+    try:
+        config = load_config(config_file)
+        session = _join(address, config)
+        _apply(session, config, config_file, wait_s=timeout_s if wait else None, wait=wait)
+    except (AppToolkitError, DeployError) as exc:
+        _fail(exc)
+        return
+    names = ", ".join(app.name for app in config.applications)
+    state = "running" if wait else "deploying (see `app-toolkit status`)"
+    click.echo(f"app-toolkit: applied {config_file}: {names} {state}")
+
+
+def _join(address: str, config: ServeConfigFile) -> Session:
+    factory = session_factory("ray")
+    try:
+        return factory.start(address, config.http())
+    except ConnectionError as exc:
+        raise ConfigError(
+            f"No Ray cluster at {address!r} ({exc}); start one with `ray start --head` or pass --address"
+        ) from None
+
+
+@main.command(name="config")
+@click.option("--address", default="auto", show_default=True, help="Ray cluster to inspect.")
+def show_config(address: str) -> None:
+    """Print the config file last deployed (apps changed since by hand are left out)."""
+    session = _find(address)
+    written = session.config_file() if session is not None else None
+    if written is None:
+        click.echo("app-toolkit: no config file is deployed on this cluster", err=True)
+        return
+    click.echo(dump_config(written), nl=False)
+
+
+def _find(address: str) -> Session | None:
+    try:
+        return session_factory("ray").find(address)
+    except Exception as exc:  # noqa: BLE001 - ray.init failing to find a cluster
+        _fail(ConfigError(f"No Ray cluster at {address!r}: {exc}"))
+        return None
 
 
 @main.command()

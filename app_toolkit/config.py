@@ -245,10 +245,10 @@ class HTTPOptions(_Strict):
         description="Log one line per HTTP request on the 'app_toolkit.access' logger "
         "(client, method, path, status, milliseconds; 499 when the client left first).",
     )
-    proxy_location: Literal["EveryNode", "HeadOnly"] = Field(
+    proxy_location: Literal["EveryNode", "HeadOnly", "Disabled"] = Field(
         "EveryNode",
-        description="Ray backend: run a proxy on every node of the cluster "
-        "(each serves every app; nodes that join get one), or only on the head node. "
+        description="Run a proxy on every node of the cluster (each serves every app; nodes "
+        "that join get one), only on the head node, or none (Disabled: handles only). "
         "Proxies on one machine share the port.",
     )
 

@@ -12,6 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 import ray
+import yaml
 
 from tests.apps import basic
 from tests.conftest import ROOT, Toolkit, free_port
@@ -149,3 +150,56 @@ def test_shutdown_command_stops_the_toolkit_on_the_cluster(ray_toolkit: Toolkit)
     if session is not None:
         session.data_plane.close()
     set_current_session(None)
+
+
+def test_build_then_run_the_file_in_process(tmp_path: Path) -> None:
+    built = subprocess.run(
+        [
+            *CLI,
+            "build",
+            "tests.apps.config_apps:hello",
+            "examples.demo:app",
+            "-o",
+            str(tmp_path / "serve.yaml"),
+        ],
+        cwd=ROOT,
+        env=cli_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert built.returncode == 0, built.stderr
+    config = yaml.safe_load((tmp_path / "serve.yaml").read_text())
+    assert [(a["name"], a["route_prefix"]) for a in config["applications"]] == [
+        ("hello", "/"),
+        ("demo", "/demo"),
+    ]
+    port = free_port()
+    config["http_options"]["port"] = port
+    (tmp_path / "serve.yaml").write_text(yaml.safe_dump(config))
+    log = (tmp_path / "cli.log").open("w+")
+    process = subprocess.Popen(
+        [*CLI, "run", str(tmp_path / "serve.yaml"), "--local"],
+        cwd=ROOT,
+        env=cli_env(),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+
+        def serving_or_exited() -> bool:
+            log.seek(0)
+            return log.read().count("app-toolkit: serving") == 2 or process.poll() is not None
+
+        wait_for(serving_or_exited, 60, "the CLI to serve the file", interval_s=0.2)
+        assert httpx.get(f"http://127.0.0.1:{port}/hello", timeout=30).json() == "hello"
+        greeting = httpx.get(f"http://127.0.0.1:{port}/demo/hello/file", timeout=30).json()
+        assert greeting == {"message": "Hello, file!"}
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        log.close()

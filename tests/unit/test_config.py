@@ -80,8 +80,9 @@ def test_http_options_and_app_names() -> None:
     with pytest.raises(tk.ConfigError, match="port"):
         parse_http_options({"port": 70000})
     assert parse_http_options({}).proxy_location == "EveryNode"
-    with pytest.raises(tk.ConfigError, match="proxy_location.*'EveryNode' or 'HeadOnly'"):
-        parse_http_options({"proxy_location": "Disabled"})
+    assert parse_http_options({"proxy_location": "Disabled"}).proxy_location == "Disabled"
+    with pytest.raises(tk.ConfigError, match="proxy_location.*'EveryNode', 'HeadOnly' or 'Disabled'"):
+        parse_http_options({"proxy_location": "Everywhere"})
     with pytest.raises(tk.ConfigError, match="letters, digits"):
         parse_application_options("my app", "/")
 
@@ -128,4 +129,4 @@ def test_each_option_has_one_home() -> None:
         field = tk.HTTPOptions.model_fields[name]
         assert flags[name].default == field.default and flags[name].help == field.description
     assert isinstance(flags["proxy_location"].type, click.Choice)
-    assert list(flags["proxy_location"].type.choices) == ["EveryNode", "HeadOnly"]
+    assert list(flags["proxy_location"].type.choices) == ["EveryNode", "HeadOnly", "Disabled"]

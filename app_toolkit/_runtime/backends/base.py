@@ -15,7 +15,8 @@ from __future__ import annotations
 
 import importlib
 import threading
-from typing import Protocol, TypeVar
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from starlette.types import ASGIApp
 
@@ -24,6 +25,9 @@ from app_toolkit._runtime.routing.data_plane import DataPlane
 from app_toolkit.config import DeploymentConfig, HTTPOptions
 from app_toolkit.exceptions import ConfigError
 from app_toolkit.status import ServeStatus
+
+if TYPE_CHECKING:
+    from app_toolkit.config_file import ApplicationConfig
 
 H = TypeVar("H")  # a backend's own handle to one replica (an actor, an object)
 
@@ -100,6 +104,19 @@ class Session(Protocol):
 
     def shutdown(self) -> None:
         """Stop every application, the proxies and the controller."""
+        ...
+
+    def build_specs(self, apps: Sequence[ApplicationConfig]) -> list[AppSpec]:
+        """Import and build a config file's applications where replicas run (on Ray: in a
+        task under each one's runtime_env). Raises ConfigError naming every failure."""
+        ...
+
+    def apply_config(self, specs: list[AppSpec], config_file: dict[str, Any]) -> None:
+        """Run exactly these applications (others are deleted); remember the file."""
+        ...
+
+    def config_file(self) -> dict[str, Any] | None:
+        """The config file last applied, less the applications changed since by hand."""
         ...
 
 

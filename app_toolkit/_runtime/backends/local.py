@@ -11,7 +11,8 @@ import asyncio
 import hashlib
 import pickle
 import uuid
-from typing import Any, cast
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, cast
 
 from starlette.types import ASGIApp
 
@@ -31,8 +32,11 @@ from app_toolkit._runtime.routing.data_plane import DataPlane, LoopThread
 from app_toolkit._runtime.routing.dispatcher import ReplicaClient
 from app_toolkit._runtime.tables import Loads, Updates, Versions
 from app_toolkit.config import DeploymentConfig, HTTPOptions
-from app_toolkit.exceptions import ReplicaUnavailableError
+from app_toolkit.exceptions import ConfigError, ReplicaUnavailableError
 from app_toolkit.status import ServeStatus
+
+if TYPE_CHECKING:
+    from app_toolkit.config_file import ApplicationConfig
 
 
 def _dumps(value: object) -> bytes:
@@ -196,6 +200,24 @@ class LocalSession:
     def delete(self, name: str) -> None:
         self._loop.run(self.core.delete_app(name))
 
+    def apply_config(self, specs: list[AppSpec], config_file: dict[str, Any]) -> None:
+        self._loop.run(self.core.apply_config(specs, config_file))
+
+    def config_file(self) -> dict[str, Any] | None:
+        return self.core.config_file
+
+    def build_specs(self, apps: Sequence[ApplicationConfig]) -> list[AppSpec]:
+        """Build in this process, which is where the replicas run."""
+        from app_toolkit.config_deploy import build_spec
+
+        for app in apps:
+            if app.runtime_env:
+                raise ConfigError(
+                    f"Application {app.name!r} has a runtime_env, which only the Ray backend "
+                    "provides; remove it to run the file in this process"
+                )
+        return [build_spec(app, self) for app in apps]
+
     def status(self) -> ServeStatus:
         async def read() -> ServeStatus:
             return self.core.status()
@@ -239,7 +261,7 @@ class _LocalFactory:
 
     def start(self, address: str | None, http: HTTPOptions | None) -> LocalSession:
         session = LocalSession(http)
-        if http is not None:
+        if http is not None and http.proxy_location != "Disabled":
             try:
                 session.start_http()
             except BaseException:

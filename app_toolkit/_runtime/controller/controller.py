@@ -79,6 +79,8 @@ class ControllerCore:
     def __init__(self, backend: Backend[Any]) -> None:
         self.backend = backend
         self.apps: dict[str, AppSpec] = {}
+        #: The last config file applied (as written), less the apps changed since by hand.
+        self.config_file: dict[str, Any] | None = None
         self.deployments: dict[DeploymentID, DeploymentState] = {}
         self.longpoll = LongPollHost()
         self.proxies: dict[str, str] = {}
@@ -93,7 +95,8 @@ class ControllerCore:
     async def start(self) -> None:
         data = await self.backend.load_checkpoint()
         if data:
-            for spec in pickle.loads(data).values():
+            apps, self.config_file = pickle.loads(data)
+            for spec in apps.values():
                 self._adopt(spec)
             logger.info("Restored %d application(s) from the checkpoint", len(self.apps))
         await self._adopt_running_replicas()
@@ -121,6 +124,38 @@ class ControllerCore:
         for other in self.apps.values():
             if other.name != spec.name:
                 check_prefixes(spec, other)
+        self._forget_config_of(spec.name)
+        self._replace_app(spec)
+        await self._checkpoint()
+        self._publish_routes()
+        self._wake.set()
+
+    async def delete_app(self, name: str) -> None:
+        if name not in self.apps:
+            return
+        self._forget_config_of(name)
+        self._remove_app(name)
+        await self._checkpoint()
+        self._publish_routes()
+        self._wake.set()
+
+    async def apply_config(self, specs: list[AppSpec], config_file: dict[str, Any]) -> None:
+        """Make the applications exactly ``specs`` (a config file's), all in one step:
+        new ones start, changed ones update, the others are deleted."""
+        for index, spec in enumerate(specs):
+            for other in specs[index + 1 :]:
+                check_prefixes(spec, other)
+        wanted = {spec.name for spec in specs}
+        for name in [name for name in self.apps if name not in wanted]:
+            self._remove_app(name)
+        for spec in specs:
+            self._replace_app(spec)
+        self.config_file = config_file
+        await self._checkpoint()
+        self._publish_routes()
+        self._wake.set()
+
+    def _replace_app(self, spec: AppSpec) -> None:
         previous = self.apps.get(spec.name)
         self._adopt(spec)
         if previous is not None:
@@ -128,19 +163,18 @@ class ControllerCore:
             for old in previous.deployments:
                 if old.id not in kept:
                     self._retire(old.id)
-        await self._checkpoint()
-        self._publish_routes()
-        self._wake.set()
 
-    async def delete_app(self, name: str) -> None:
-        app = self.apps.pop(name, None)
-        if app is None:
-            return
-        await self._checkpoint()
+    def _remove_app(self, name: str) -> None:
+        app = self.apps.pop(name)
         for spec in app.deployments:
             self._retire(spec.id)
-        self._publish_routes()
-        self._wake.set()
+
+    def _forget_config_of(self, name: str) -> None:
+        """An app changed by hand no longer runs what the config file says."""
+        if self.config_file is None:
+            return
+        apps = [app for app in self.config_file.get("applications", []) if app.get("name", "default") != name]
+        self.config_file = {**self.config_file, "applications": apps} if apps else None
 
     def record_load(self, caller: str, loads: Loads) -> None:
         """A caller's newest load per deployment (requests queued + running)."""
@@ -212,7 +246,7 @@ class ControllerCore:
             self.longpoll.publish(replicas_key(deployment), DeploymentGone())
 
     async def _checkpoint(self) -> None:
-        await self.backend.save_checkpoint(pickle.dumps(self.apps))
+        await self.backend.save_checkpoint(pickle.dumps((self.apps, self.config_file)))
 
     # ------------------------------------------------------------------ reconcile
 

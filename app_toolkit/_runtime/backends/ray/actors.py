@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+from typing import Any
 
 from app_toolkit._runtime.backends.ray.cluster import configure_worker_logging, node_address
 from app_toolkit._runtime.backends.ray.proxies import ProxyFleet
@@ -99,6 +100,14 @@ class ControllerActor:
     async def delete_app(self, name: str) -> None:
         await self.ready()
         await self.core.delete_app(name)
+
+    async def apply_config(self, specs: list[AppSpec], config_file: dict[str, Any]) -> None:
+        await self.ready()
+        await self.core.apply_config(specs, config_file)
+
+    async def config_file(self) -> dict[str, Any] | None:
+        await self.ready()
+        return self.core.config_file
 
     async def app_exists(self, name: str) -> bool:
         await self.ready()

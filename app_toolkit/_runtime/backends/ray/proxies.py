@@ -1,5 +1,5 @@
-"""The controller's proxies on Ray: one per alive node (``EveryNode``, the default) or one
-on the controller's node (``HeadOnly``).
+"""The controller's proxies on Ray: one per alive node (``EveryNode``, the default), one
+on the controller's node (``HeadOnly``) or none (``Disabled``).
 
 The fleet starts a proxy on every node that joins, starts a proxy's server again after Ray
 restarted its process, and retires the proxy of a node that left. Proxies on one machine
@@ -42,7 +42,9 @@ class ProxyFleet:
     async def start(self) -> int:
         """Start (or, after a controller restart, find) the proxy on this node, then the
         other nodes' proxies; returns the port they share. A proxy on this node that
-        cannot listen is a ``ConfigError``."""
+        cannot listen is a ``ConfigError``. ``Disabled``: no proxies (handles only)."""
+        if self._http.proxy_location == "Disabled":
+            return self._port
         for name in named_actors():
             if name.startswith(PROXY_PREFIX):
                 self._actors[name[len(PROXY_PREFIX) :]] = ray.get_actor(name, namespace=NAMESPACE)

@@ -7,7 +7,8 @@ import asyncio
 import logging
 import threading
 import time
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 import ray
 from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayTaskError
@@ -20,6 +21,9 @@ from app_toolkit._runtime.routing.data_plane import DataPlane
 from app_toolkit._runtime.routing.dispatcher import ReplicaClient
 from app_toolkit._runtime.tables import Loads, Updates, Versions
 from app_toolkit.status import ServeStatus
+
+if TYPE_CHECKING:
+    from app_toolkit.config_file import ApplicationConfig
 
 logger = logging.getLogger("app_toolkit.ray")
 
@@ -93,6 +97,18 @@ class RaySession:
 
     def delete(self, name: str) -> None:
         self._control("delete_app", name)
+
+    def apply_config(self, specs: list[AppSpec], config_file: dict[str, Any]) -> None:
+        self._control("apply_config", specs, config_file)
+
+    def config_file(self) -> dict[str, Any] | None:
+        config: dict[str, Any] | None = self._control("config_file")
+        return config
+
+    def build_specs(self, apps: Sequence[ApplicationConfig]) -> list[AppSpec]:
+        from app_toolkit._runtime.backends.ray.build import build_specs
+
+        return build_specs(apps)
 
     def app_gone(self, name: str) -> bool:
         return not self._control("app_exists", name)

@@ -1,0 +1,319 @@
+"""Deploy config files: Ray Serve's YAML schema (``serve build`` / ``serve deploy``).
+
+A file names the proxy options and the applications to run, each by import path, with
+per-deployment options that override the ones in code::
+
+    proxy_location: EveryNode
+    http_options: {host: 127.0.0.1, port: 8000}
+    applications:
+    - name: chat
+      route_prefix: /
+      import_path: chat.app:app
+      deployments:
+      - name: ChatModel
+        num_replicas: 2
+
+Loading validates the whole file before anything is deployed; every error names the file,
+the application and the field path. Ray Serve fields this toolkit does not implement are
+accepted only at their neutral value (what ``serve build`` writes), so a file written for
+Ray Serve either means the same here or fails saying which field to remove.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml  # type: ignore[import-untyped]
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from app_toolkit.config import ApplicationOptions, DeploymentConfig, HTTPOptions, default_of
+from app_toolkit.exceptions import ConfigError
+
+ProxyLocation = Literal["EveryNode", "HeadOnly", "Disabled"]
+
+#: Ray Serve fields with no counterpart here, and the values that mean "not used"; any other
+#: value fails with a message that names the field (never silently ignored).
+_NEUTRAL: dict[str, dict[str, tuple[Any, ...]]] = {
+    "file": {"target_capacity": (None, 100), "controller_options": (None, {}), "tracing_config": (None,)},
+    "http": {
+        "root_path": ("",),
+        "request_timeout_s": (None,),
+        "keep_alive_timeout_s": (None, 5),
+        "ssl_keyfile": (None,),
+        "ssl_certfile": (None,),
+        "ssl_keyfile_password": (None,),
+        "ssl_ca_certs": (None,),
+    },
+    "application": {
+        "host": (None,),
+        "port": (None,),
+        "logging_config": (None,),
+        "external_scaler_enabled": (False,),
+        "autoscaling_policy": (None,),
+    },
+    "deployment": {
+        "placement_group_bundles": (None, []),
+        "placement_group_strategy": (None, "PACK"),
+        "placement_group_bundle_label_selector": (None, []),
+        "max_replicas_per_node": (None,),
+        "logging_config": (None,),
+        "request_router_config": (None, {}),
+        "gang_scheduling_config": (None,),
+        "deployment_actors": (None, []),
+        "backpressure_config": (None, {}),
+        "rolling_update_percentage": (None,),
+        "max_surge_percent": (None,),
+    },
+}
+
+
+def _drop_neutral(kind: str, data: Any) -> Any:
+    """Remove Ray Serve-only fields left at their neutral value; refuse any other value."""
+    if not isinstance(data, dict):
+        return data
+    kept = dict(data)
+    for field, neutral in _NEUTRAL[kind].items():
+        if field in kept:
+            if kept[field] not in neutral:
+                raise ValueError(
+                    f"{field}={kept[field]!r} is a Ray Serve option app_toolkit does not implement; "
+                    f"remove it (or set it to {neutral[0]!r})"
+                )
+            del kept[field]
+    return kept
+
+
+class _Schema(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class FileHTTPOptions(_Schema):
+    """``http_options``: the proxy's options (``proxy_location`` sits at the top level)."""
+
+    host: str = default_of(HTTPOptions, "host")
+    port: int = default_of(HTTPOptions, "port")
+    max_request_body_bytes: int = default_of(HTTPOptions, "max_request_body_bytes")
+    websocket_max_message_bytes: int = default_of(HTTPOptions, "websocket_max_message_bytes")
+    access_log: bool = default_of(HTTPOptions, "access_log")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _neutral(cls, data: Any) -> Any:
+        return _drop_neutral("http", data)
+
+
+class GRPCOptions(_Schema):
+    """``grpc_options``: accepted as ``serve build`` writes it; gRPC is not served."""
+
+    port: int = 9000
+    grpc_servicer_functions: list[str] = Field(default_factory=list, max_length=0)
+    request_timeout_s: float | None = None
+    enable_reflection: bool | None = None
+
+
+class LoggingConfig(_Schema):
+    """``logging_config``: the access log and the log level of the toolkit's loggers."""
+
+    encoding: Literal["TEXT"] = "TEXT"
+    log_level: str | int = "INFO"
+    logs_dir: None = None
+    enable_access_log: bool = True
+    additional_log_standard_attrs: list[str] = Field(default_factory=list, max_length=0)
+
+
+class DeploymentOverride(_Schema):
+    """One entry of an application's ``deployments``: options that replace the code's."""
+
+    name: str
+    options: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _split(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        data = _drop_neutral("deployment", data)
+        if "name" not in data:
+            raise ValueError("each deployment needs its name (the class or function name, or name=...)")
+        options = {key: value for key, value in data.items() if key != "name"}
+        DeploymentConfig.model_validate(options)  # types, bounds and unknown fields, now
+        return {"name": data["name"], "options": options}
+
+
+class ApplicationConfig(_Schema):
+    """One entry of ``applications``."""
+
+    name: str = default_of(ApplicationOptions, "name")
+    route_prefix: str | None = default_of(ApplicationOptions, "route_prefix")
+    import_path: str
+    runtime_env: dict[str, Any] = Field(default_factory=dict)
+    args: dict[str, Any] = Field(default_factory=dict)
+    deployments: list[DeploymentOverride] = Field(default_factory=list)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _neutral(cls, data: Any) -> Any:
+        return _drop_neutral("application", data)
+
+    @model_validator(mode="after")
+    def _check(self) -> ApplicationConfig:
+        ApplicationOptions(name=self.name, route_prefix=self.route_prefix)
+        names = [d.name for d in self.deployments]
+        twice = sorted({n for n in names if names.count(n) > 1})
+        if twice:
+            raise ValueError(f"deployment {twice[0]!r} is listed twice")
+        return self
+
+    @field_validator("import_path")
+    @classmethod
+    def _module_and_attribute(cls, value: str) -> str:
+        module, _, attribute = value.partition(":")
+        if not (
+            module
+            and attribute
+            and all(p.isidentifier() for p in [*module.split("."), *attribute.split(".")])
+        ):
+            raise ValueError(f'must look like "package.module:attribute", e.g. "chat.app:app", got {value!r}')
+        return value
+
+    @field_validator("runtime_env")
+    @classmethod
+    def _remote_code_only(cls, value: dict[str, Any]) -> dict[str, Any]:
+        # Replicas start on any node, from the controller: a path on this machine means
+        # nothing there. Ray Serve has the same rule.
+        paths = [*value.get("py_modules", []), *([value["working_dir"]] if "working_dir" in value else [])]
+        for path in paths:
+            if not isinstance(path, str) or "://" not in path:
+                raise ValueError(
+                    f"working_dir and py_modules must be URIs every node can fetch (s3://..., "
+                    f"https://.../x.zip, gcs://...) or local:// paths present on every node, got "
+                    f"{path!r}; or install the code on the cluster's nodes"
+                )
+        return value
+
+
+class ServeConfigFile(_Schema):
+    """A whole deploy config file."""
+
+    proxy_location: ProxyLocation = "EveryNode"
+    http_options: FileHTTPOptions = Field(default_factory=FileHTTPOptions)
+    grpc_options: GRPCOptions = Field(default_factory=GRPCOptions)
+    logging_config: LoggingConfig = Field(default_factory=LoggingConfig)
+    applications: list[ApplicationConfig] = Field(min_length=1)
+    _written: dict[str, Any] = PrivateAttr(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _neutral(cls, data: Any) -> Any:
+        return _drop_neutral("file", data)
+
+    @model_validator(mode="after")
+    def _check(self) -> ServeConfigFile:
+        for what, values in (
+            ("name", [a.name for a in self.applications]),
+            ("route_prefix", [a.route_prefix for a in self.applications if a.route_prefix is not None]),
+        ):
+            twice = sorted({v for v in values if values.count(v) > 1})
+            if twice:
+                raise ValueError(f"two applications have the {what} {twice[0]!r}; each needs its own")
+        return self
+
+    def as_written(self) -> dict[str, Any]:
+        """The file's data as it was read (what ``app-toolkit config`` shows back)."""
+        return self._written
+
+    def http(self) -> HTTPOptions:
+        """The proxy options this file asks for."""
+        return HTTPOptions.model_validate(
+            {
+                **self.http_options.model_dump(),
+                "access_log": self.http_options.access_log and self.logging_config.enable_access_log,
+                "proxy_location": self.proxy_location,
+            }
+        )
+
+
+def parse_config(data: Any, source: str) -> ServeConfigFile:
+    """Validate an already-loaded config (a mapping); ``source`` names it in errors."""
+    if not isinstance(data, Mapping):
+        raise ConfigError(
+            f"{source}: expected a mapping with an 'applications' list, got {type(data).__name__}"
+        )
+    try:
+        config = ServeConfigFile.model_validate(dict(data))
+    except ValidationError as exc:
+        raise ConfigError(_explain(exc, data, source)) from None
+    config._written = dict(data)
+    return config
+
+
+def load_config(path: str | Path) -> ServeConfigFile:
+    """Read and validate a config file (``yaml.safe_load``: plain data, no Python tags)."""
+    file = Path(path)
+    try:
+        text = file.read_text()
+    except OSError as exc:
+        raise ConfigError(f"Cannot read config file {str(file)!r}: {exc.strerror}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{file}: not valid YAML: {exc}") from None
+    return parse_config(data, str(file))
+
+
+def dump_config(config: Mapping[str, Any]) -> str:
+    """YAML text of a config (keys in the schema's order)."""
+    return str(yaml.safe_dump(dict(config), sort_keys=False, default_flow_style=False))
+
+
+def _explain(error: ValidationError, data: Any, source: str) -> str:
+    lines = []
+    for item in error.errors():
+        where = _field_path(item["loc"], data)
+        if item["type"] == "extra_forbidden":
+            lines.append(f"{where}: unknown field")
+            continue
+        if item["type"] == "missing":
+            lines.append(f"{where}: required")
+            continue
+        message = str(item["msg"]).removeprefix("Value error, ")
+        lines.append(f"{where}: {message}")
+    return f"Invalid config {source}:\n  " + "\n  ".join(lines)
+
+
+def _field_path(location: tuple[int | str, ...], data: Any) -> str:
+    """``applications[0] (name 'chat').deployments[1] (Model).num_replicas``."""
+    parts: list[str] = []
+    node = data
+    for part in location:
+        if part == "options":  # DeploymentOverride's internal split
+            continue
+        if isinstance(part, int):
+            parts[-1] += f"[{part}]"
+            node = node[part] if isinstance(node, list) and part < len(node) else None
+            if isinstance(node, dict) and isinstance(node.get("name"), str):
+                parts[-1] += f" ({node['name']})"
+            continue
+        parts.append(str(part))
+        node = node.get(part) if isinstance(node, dict) else None
+    return ".".join(parts) or "file"
+
+
+__all__ = [
+    "ApplicationConfig",
+    "DeploymentOverride",
+    "ServeConfigFile",
+    "dump_config",
+    "load_config",
+    "parse_config",
+]

@@ -1,0 +1,152 @@
+"""Deploy config files: Ray Serve's schema, validated whole before anything deploys."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+import app_toolkit as tk
+from app_toolkit.config_deploy import build_spec, describe
+from app_toolkit.config_file import dump_config, load_config, parse_config
+
+#: What `serve build` of Ray Serve 2.x writes (neutral gRPC and logging sections included).
+RAY_SERVE_BUILT = """
+proxy_location: EveryNode
+http_options:
+  host: 0.0.0.0
+  port: 8000
+grpc_options:
+  port: 9000
+  grpc_servicer_functions: []
+logging_config:
+  encoding: TEXT
+  log_level: INFO
+  logs_dir: null
+  enable_access_log: true
+  additional_log_standard_attrs: []
+applications:
+- name: app1
+  route_prefix: /
+  import_path: tests.apps.config_apps:build
+  runtime_env: {}
+  args: {greeting: Bonjour}
+  deployments:
+  - name: Greeter
+    num_replicas: auto
+    user_config: {punctuation: "."}
+    ray_actor_options: {num_cpus: 0.5}
+"""
+
+
+def _app(**entry: Any) -> dict[str, Any]:
+    return {"applications": [{"name": "a", "import_path": "tests.apps.config_apps:hello", **entry}]}
+
+
+def test_a_file_ray_serve_build_wrote_loads(tmp_path: Path) -> None:
+    path = tmp_path / "serve.yaml"
+    path.write_text(RAY_SERVE_BUILT)
+    config = load_config(path)
+    assert config.http().host == "0.0.0.0" and config.http().proxy_location == "EveryNode"
+    (app,) = config.applications
+    assert app.args == {"greeting": "Bonjour"}
+    assert app.deployments[0].options["num_replicas"] == "auto"
+    assert config.as_written() == yaml.safe_load(RAY_SERVE_BUILT)
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"applications": []}, "applications: List should have at least 1 item"),
+        ({}, "applications: required"),
+        ({"proxy_location": "Somewhere", **_app()}, "proxy_location: Input should be"),
+        (_app(colour="red"), r"applications\[0\] \(a\)\.colour: unknown field"),
+        (_app(import_path="no colon"), r"applications\[0\] \(a\)\.import_path: must look like"),
+        (_app(route_prefix="api"), r"applications\[0\] \(a\)\.route_prefix: must start with '/'"),
+        (
+            _app(deployments=[{"name": "D", "max_ongoing_requests": 0}]),
+            r"applications\[0\] \(a\)\.deployments\[0\] \(D\)\.max_ongoing_requests: .*greater than",
+        ),
+        (_app(deployments=[{"num_replicas": 2}]), "each deployment needs its name"),
+        (
+            _app(deployments=[{"name": "D", "max_replicas_per_node": 2}]),
+            "max_replicas_per_node=2 is a Ray Serve option app_toolkit does not implement",
+        ),
+        (_app(runtime_env={"working_dir": "."}), "working_dir and py_modules must be URIs"),
+        ({"grpc_options": {"grpc_servicer_functions": ["m:f"]}, **_app()}, "grpc_servicer_functions"),
+        ({"logging_config": {"encoding": "JSON"}, **_app()}, "logging_config.encoding"),
+        (
+            {"applications": [_app()["applications"][0], _app(name="b")["applications"][0]]},
+            "two applications have the route_prefix '/'",
+        ),
+        (["not", "a", "mapping"], "expected a mapping"),
+    ],
+)
+def test_errors_name_the_file_and_the_field(data: Any, message: str) -> None:
+    with pytest.raises(tk.ConfigError, match=message) as failed:
+        parse_config(data, "serve.yaml")
+    assert str(failed.value).startswith(("Invalid config serve.yaml", "serve.yaml"))
+
+
+def test_unreadable_and_non_yaml_files(tmp_path: Path) -> None:
+    with pytest.raises(tk.ConfigError, match="Cannot read config file"):
+        load_config(tmp_path / "missing.yaml")
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("applications: [\n")
+    with pytest.raises(tk.ConfigError, match="not valid YAML"):
+        load_config(broken)
+    tagged = tmp_path / "tagged.yaml"
+    tagged.write_text("applications: !!python/object/apply:os.system ['true']\n")
+    with pytest.raises(tk.ConfigError, match="not valid YAML"):  # safe_load: no Python tags
+        load_config(tagged)
+
+
+class _Keep:
+    """A codec for pure tests: keeps nothing, returns stable bytes."""
+
+    def serialize(self, value: object) -> bytes:
+        return repr(type(value)).encode()
+
+
+def test_builders_get_args_and_overrides_replace_code_options() -> None:
+    config = parse_config(yaml.safe_load(RAY_SERVE_BUILT), "serve.yaml")
+    spec = build_spec(config.applications[0], _Keep())
+    greeter = spec.deployment("Greeter").config
+    assert greeter.autoscaling_config is not None  # num_replicas: auto
+    assert greeter.user_config == {"punctuation": "."}
+    assert greeter.ray_actor_options.num_cpus == 0.5
+    # The same entry gives the same version (replicas kept); another args value does not.
+    again = build_spec(config.applications[0], _Keep())
+    assert again.deployment("Greeter").code_version == spec.deployment("Greeter").code_version
+    other = parse_config(yaml.safe_load(RAY_SERVE_BUILT.replace("Bonjour", "Hallo")), "s")
+    changed = build_spec(other.applications[0], _Keep())
+    assert changed.deployment("Greeter").code_version != spec.deployment("Greeter").code_version
+
+
+def test_building_fails_on_unknown_deployments_and_bad_args() -> None:
+    unknown = parse_config(
+        _app(import_path="tests.apps.config_apps:build", deployments=[{"name": "Nope", "num_replicas": 2}]),
+        "s",
+    )
+    with pytest.raises(tk.ConfigError, match="'Nope' is not a deployment of .* \\(it has: Front, Greeter\\)"):
+        build_spec(unknown.applications[0], _Keep())
+    bad_args = parse_config(_app(import_path="tests.apps.config_apps:build", args={"fail": "maybe"}), "s")
+    with pytest.raises(tk.ConfigError, match="Invalid args for builder"):
+        build_spec(bad_args.applications[0], _Keep())
+    not_builder = parse_config(_app(args={"x": 1}), "s")
+    with pytest.raises(tk.ConfigError, match="not a builder function, so it takes no args"):
+        build_spec(not_builder.applications[0], _Keep())
+    runtime_env = parse_config(_app(runtime_env={"env_vars": {"A": "1"}}), "s")
+    greeter = build_spec(runtime_env.applications[0], _Keep()).deployment("Ingress")
+    assert greeter.config.ray_actor_options.runtime_env == {"env_vars": {"A": "1"}}
+
+
+def test_build_writes_a_file_that_loads_back() -> None:
+    written = describe(["examples.demo:app", "tests.apps.config_apps:hello"])
+    text = dump_config(written)
+    config = parse_config(yaml.safe_load(text), "built")
+    assert [(a.name, a.route_prefix) for a in config.applications] == [("demo", "/"), ("hello", "/hello")]
+    demo = {d.name: d.options for d in config.applications[0].deployments}
+    assert demo["Ingress"] == {"num_replicas": 2}
