@@ -81,6 +81,8 @@ def test_all_is_sorted_and_complete() -> None:
         "cli",
         "scaffold",
         "templates",
+        "config_file",
+        "config_deploy",
     }
 
 

@@ -105,13 +105,32 @@ async def started(backend: FakeBackend) -> ControllerCore:
     return core
 
 
+async def test_apply_config_makes_the_apps_exactly_the_files_and_remembers_it() -> None:
+    backend = FakeBackend()
+    core = await started(backend)
+    await core.deploy_app(app("by-hand", prefix="/x"))
+    file = {"applications": [{"name": "a"}, {"name": "b"}]}
+    with pytest.raises(ConfigError, match="already used"):  # checked before anything changes
+        await core.apply_config([app("a", prefix="/p"), app("b", prefix="/p")], file)
+    assert list(core.apps) == ["by-hand"] and core.config_file is None
+    await core.apply_config([app("a", prefix="/a"), app("b", prefix="/b")], file)
+    assert sorted(core.apps) == ["a", "b"]  # the app deployed by hand is gone
+    assert pickle.loads(backend.checkpoints[-1]) == (core.apps, file)
+    # Changed by hand, an app no longer runs what the file says; deleting the others
+    # leaves no file at all.
+    await core.deploy_app(app("a", version="v2", prefix="/a"))
+    assert core.config_file == {"applications": [{"name": "b"}]}
+    await core.delete_app("b")
+    assert core.config_file is None
+
+
 async def test_deploy_checkpoints_before_acknowledging_then_reaches_running() -> None:
     backend = FakeBackend()
     core = await started(backend)
     seen_apps: list[list[str]] = []
     backend.on_checkpoint = lambda: seen_apps.append(list(core.apps))
     await core.deploy_app(app())
-    assert seen_apps == [["a"]] and "a" in pickle.loads(backend.checkpoints[-1])
+    assert seen_apps == [["a"]] and "a" in pickle.loads(backend.checkpoints[-1])[0]
     await until(lambda: core.status().applications["a"].status is ApplicationStatus.RUNNING)
     table = core.longpoll.get(replicas_key(DeploymentID("a", "D")))
     assert isinstance(table, ReplicaTable)
