@@ -93,6 +93,7 @@ def _init_test_ray() -> None:
 
     if not ray.is_initialized():
         ray.init(
+            address="local",  # never a cluster some `ray start` left on this machine
             include_dashboard=False,
             _node_ip_address="127.0.0.1",
             num_cpus=2,

@@ -409,3 +409,17 @@ class Guarded:
 
 
 # --8<-- [end:health]
+
+
+@tk.deployment
+class Unsendable:
+    """Returns (and yields) values that cannot be pickled to the caller."""
+
+    def frame(self) -> object:
+        import sys
+
+        return sys._getframe()  # a stack frame cannot be pickled
+
+    async def items(self) -> object:
+        yield 1
+        yield (x for x in range(3))  # a generator object cannot be pickled

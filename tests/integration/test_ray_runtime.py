@@ -30,7 +30,7 @@ def test_deploy_is_checkpointed_in_gcs(ray_toolkit: Toolkit) -> None:
     name = ray_toolkit.name()
     ray_toolkit.run(ray_only.Pid.bind(), name=name, route_prefix=None)
     stored = ray.experimental.internal_kv._internal_kv_get(CHECKPOINT_KEY, namespace=NAMESPACE)
-    assert name in pickle.loads(stored)
+    assert name in pickle.loads(stored)[0]
 
 
 def _kill_one_replica(handle: tk.DeploymentHandle) -> str:

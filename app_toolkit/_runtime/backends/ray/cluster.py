@@ -107,6 +107,9 @@ def init_ray(address: str | None) -> None:
     }
     if address is None:
         kwargs["_node_ip_address"] = "127.0.0.1"
+        # "local": always a new embedded cluster. Without an address Ray joins the cluster
+        # `ray start` last started on this machine, even one that has died since.
+        address = "local"
     if threading.current_thread() is threading.main_thread():
         ray.init(address=address, **kwargs)
     else:
