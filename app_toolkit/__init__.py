@@ -32,6 +32,7 @@ from app_toolkit.exceptions import (
 )
 from app_toolkit.handle import DeploymentHandle, DeploymentResponse, DeploymentResponseGenerator
 from app_toolkit.ingress import App, ingress
+from app_toolkit.multiplex import get_multiplexed_model_id, multiplexed
 from app_toolkit.routes import deadline, replicated
 from app_toolkit.status import (
     ApplicationStatus,
@@ -84,8 +85,10 @@ __all__ = [
     "deployment",
     "get_app_handle",
     "get_deployment_handle",
+    "get_multiplexed_model_id",
     "get_replica_context",
     "ingress",
+    "multiplexed",
     "replicated",
     "run",
     "shutdown",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import sys
@@ -14,7 +15,7 @@ import click
 
 from app_toolkit import api, config_deploy
 from app_toolkit._runtime.backends.base import Session, session_factory
-from app_toolkit.config import HTTPOptions, parse_http_options
+from app_toolkit.config import LOG_LEVEL_ENV, HTTPOptions, parse_http_options
 from app_toolkit.config_deploy import as_application
 from app_toolkit.config_file import ServeConfigFile, dump_config, load_config
 from app_toolkit.exceptions import AppToolkitError, ConfigError, DeployError
@@ -29,6 +30,7 @@ def _fail(exc: Exception) -> None:
 
 
 @click.group()
+@click.version_option(package_name="app_toolkit", prog_name="app-toolkit")
 def main() -> None:
     """Serve FastAPI routers as a scalable service on Ray."""
 
@@ -48,6 +50,9 @@ def _http_option(name: str) -> Callable[[F], F]:
     return click.option(flag, name, **kwargs)
 
 
+_LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+
+
 @main.command()
 @click.argument("target", metavar="IMPORT_PATH|CONFIG.yaml")
 @_http_option("host")
@@ -56,49 +61,55 @@ def _http_option(name: str) -> Callable[[F], F]:
 @click.option("--local", "local", is_flag=True, help="Run everything in this process (no Ray).")
 @click.option("--name", default=None, help="Application name (default: the app's own, or 'default').")
 @click.option("--route-prefix", default=None, help="URL prefix of the app (default: the app's own, or '/').")
+@click.option(
+    "--reload", is_flag=True, help="Redeploy when a .py file under the current folder changes (development)."
+)
+@click.option(
+    "--log-level",
+    type=click.Choice(_LOG_LEVELS),
+    default="info",
+    show_default=True,
+    help="Level of the toolkit's loggers, in this process and the replicas it starts.",
+)
 @_http_option("access_log")
 @_http_option("proxy_location")
+@_http_option("root_path")
+@_http_option("proxy_headers")
+@_http_option("forwarded_allow_ips")
 @click.pass_context
 def run(
     ctx: click.Context,
+    /,
     target: str,
-    host: str,
-    port: int,
     address: str | None,
     local: bool,
     name: str | None,
     route_prefix: str | None,
-    access_log: bool,
-    proxy_location: str,
+    reload: bool,
+    log_level: str,
+    **http_flags: Any,
 ) -> None:
     """Serve an app (module:attribute) or a config file's apps until Ctrl-C.
 
     With a config file, its http_options apply; flags given on the command line win.
     """
-    flags = {"host": host, "port": port, "access_log": access_log, "proxy_location": proxy_location}
+    _set_log_level(log_level)
     try:
         # Ray worker processes import the user's module too: let them find it here.
         cwd = os.getcwd()
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (cwd, os.environ.get("PYTHONPATH")) if p)
-        backend = "local" if local else "auto"
         if _is_config_file(target):
             if name is not None or route_prefix is not None:
                 raise ConfigError("--name and --route-prefix apply to an import path; set them in the file")
             config = load_config(target)
-            given = {k: v for k, v in flags.items() if _given(ctx, k)}
+            given = {k: v for k, v in http_flags.items() if _given(ctx, k)}
             http = parse_http_options({**config.http().model_dump(), **given})
-            session = api.start(http_options=http, backend=backend, address=address)
-            _apply(session, config, target, wait_s=None)
-            names = [app.name for app in config.applications]
+            if not _given(ctx, "log_level"):
+                _set_log_level(config.logging_config.level_name())
         else:
-            http = parse_http_options(flags)
-            app = as_application(import_attr(target), target, name)
-            session = api.start(http_options=http, backend=backend, address=address)
-            kwargs: dict[str, Any] = {"name": name}
-            if route_prefix is not None:
-                kwargs["route_prefix"] = route_prefix
-            api.run(app, **kwargs)
-            names = [name or app.default_name or "default"]
+            http = parse_http_options(http_flags)
+        session = api.start(http_options=http, backend="local" if local else "auto", address=address)
+        names = _deploy(session, target, name, route_prefix)
         current = session.status()
     except AppToolkitError as exc:
         _fail(exc)
@@ -107,19 +118,74 @@ def run(
     url = next(iter(current.proxies.values()), fallback)
     for app_name in names:
         prefix = current.applications[app_name].route_prefix
-        where = "handles only" if url is None or prefix is None else f"{url.rstrip('/')}{prefix}"
+        where = (
+            "handles only" if url is None or prefix is None else f"{url.rstrip('/')}{http.root_path}{prefix}"
+        )
         click.echo(
             f"app-toolkit: serving {target if len(names) == 1 else app_name} at {where} (Ctrl-C to stop)"
         )
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
+        if reload:
+            _redeploy_on_change(stop, lambda: _deploy(session, target, name, route_prefix, fresh=True))
         while not stop.wait(0.5):
             pass
     except KeyboardInterrupt:
         pass
     click.echo("app-toolkit: shutting down")
     api.shutdown()
+
+
+def _deploy(
+    session: Session, target: str, name: str | None, route_prefix: str | None, fresh: bool = False
+) -> list[str]:
+    """Deploy an import path or a config file; returns the application names."""
+    if fresh:
+        _forget_local_modules(os.getcwd())
+    if _is_config_file(target):
+        config = load_config(target)
+        _apply(session, config, target, wait_s=None)
+        return [app.name for app in config.applications]
+    app = as_application(import_attr(target), target, name)
+    kwargs: dict[str, Any] = {"name": name}
+    if route_prefix is not None:
+        kwargs["route_prefix"] = route_prefix
+    api.run(app, **kwargs)
+    return [name or app.default_name or "default"]
+
+
+def _redeploy_on_change(stop: threading.Event, redeploy: Callable[[], list[str]]) -> None:
+    """Watch the current folder's .py files; redeploy after each change until ``stop``."""
+    import watchfiles
+
+    folder = os.getcwd()
+    click.echo(f"app-toolkit: watching {folder} for changes")
+    for changes in watchfiles.watch(folder, watch_filter=watchfiles.PythonFilter(), stop_event=stop):
+        changed = ", ".join(sorted(os.path.relpath(path, folder) for _, path in changes))
+        click.echo(f"app-toolkit: {changed} changed; redeploying")
+        try:
+            redeploy()
+        except Exception as exc:  # noqa: BLE001 - keep serving the last good version
+            click.echo(f"app-toolkit: redeploy failed, the previous version keeps serving: {exc}", err=True)
+        else:
+            click.echo("app-toolkit: redeployed")
+
+
+def _forget_local_modules(folder: str) -> None:
+    """Drop modules loaded from ``folder`` (not installed packages) so they import anew."""
+    root = os.path.join(os.path.realpath(folder), "")
+    for module_name, module in list(sys.modules.items()):
+        path = getattr(module, "__file__", None)
+        if path and os.path.realpath(path).startswith(root) and "site-packages" not in path:
+            if not module_name.startswith("app_toolkit"):
+                del sys.modules[module_name]
+
+
+def _set_log_level(level: str) -> None:
+    """The toolkit's log level here and, through the environment, in the replicas."""
+    os.environ[LOG_LEVEL_ENV] = level.upper()
+    logging.getLogger("app_toolkit").setLevel(level.upper())
 
 
 def _is_config_file(target: str) -> bool:

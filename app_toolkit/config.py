@@ -23,6 +23,10 @@ from pydantic import (
 
 from app_toolkit.exceptions import ConfigError
 
+#: Environment variable with the toolkit's log level (``app-toolkit run --log-level``),
+#: read by the toolkit's Ray workers when they start.
+LOG_LEVEL_ENV = "APP_TOOLKIT_LOG_LEVEL"
+
 #: Application, deployment and pool names (they appear in URLs, actor names and logs).
 NAME_RE = re.compile(r"[A-Za-z0-9_.\-]+")
 
@@ -245,12 +249,33 @@ class HTTPOptions(_Strict):
         description="Log one line per HTTP request on the 'app_toolkit.access' logger "
         "(client, method, path, status, milliseconds; 499 when the client left first).",
     )
+    root_path: str = Field(
+        "",
+        description="Path prefix a reverse proxy in front strips before forwarding "
+        "(e.g. /api): apps see it as root_path, so their links and docs include it.",
+    )
+    proxy_headers: bool = Field(
+        True,
+        description="Take the client's address and scheme from X-Forwarded-For / "
+        "X-Forwarded-Proto sent by the hosts in forwarded_allow_ips.",
+    )
+    forwarded_allow_ips: str = Field(
+        "127.0.0.1",
+        description="Comma-separated addresses (or *) whose X-Forwarded-* headers are trusted.",
+    )
     proxy_location: Literal["EveryNode", "HeadOnly", "Disabled"] = Field(
         "EveryNode",
         description="Run a proxy on every node of the cluster (each serves every app; nodes "
         "that join get one), only on the head node, or none (Disabled: handles only). "
         "Proxies on one machine share the port.",
     )
+
+    @field_validator("root_path")
+    @classmethod
+    def _check_root_path(cls, value: str) -> str:
+        if value and (not value.startswith("/") or value.endswith("/")):
+            raise ValueError("must be empty or a path like '/api' (a leading '/', no trailing '/')")
+        return value
 
 
 class ApplicationOptions(_Strict):

@@ -21,6 +21,7 @@ Ray Serve either means the same here or fails saying which field to remove.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -46,7 +47,6 @@ ProxyLocation = Literal["EveryNode", "HeadOnly", "Disabled"]
 _NEUTRAL: dict[str, dict[str, tuple[Any, ...]]] = {
     "file": {"target_capacity": (None, 100), "controller_options": (None, {}), "tracing_config": (None,)},
     "http": {
-        "root_path": ("",),
         "request_timeout_s": (None,),
         "keep_alive_timeout_s": (None, 5),
         "ssl_keyfile": (None,),
@@ -105,6 +105,9 @@ class FileHTTPOptions(_Schema):
     max_request_body_bytes: int = default_of(HTTPOptions, "max_request_body_bytes")
     websocket_max_message_bytes: int = default_of(HTTPOptions, "websocket_max_message_bytes")
     access_log: bool = default_of(HTTPOptions, "access_log")
+    root_path: str = default_of(HTTPOptions, "root_path")
+    proxy_headers: bool = default_of(HTTPOptions, "proxy_headers")
+    forwarded_allow_ips: str = default_of(HTTPOptions, "forwarded_allow_ips")
 
     @model_validator(mode="before")
     @classmethod
@@ -129,6 +132,19 @@ class LoggingConfig(_Schema):
     logs_dir: None = None
     enable_access_log: bool = True
     additional_log_standard_attrs: list[str] = Field(default_factory=list, max_length=0)
+
+    @field_validator("log_level")
+    @classmethod
+    def _known_level(cls, value: str | int) -> str | int:
+        name = logging.getLevelName(value) if isinstance(value, int) else value.upper()
+        if name not in ("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG"):
+            raise ValueError(f"must be DEBUG, INFO, WARNING, ERROR or CRITICAL (or 10..50), got {value!r}")
+        return value
+
+    def level_name(self) -> str:
+        """The level as a lower-case name (``info``)."""
+        value = self.log_level
+        return str(logging.getLevelName(value) if isinstance(value, int) else value).lower()
 
 
 class DeploymentOverride(_Schema):

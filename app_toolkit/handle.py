@@ -180,28 +180,59 @@ class DeploymentHandle:
 
     stream = False
 
-    def __init__(self, deployment_name: str, app_name: str, *, method_name: str = "__call__") -> None:
+    def __init__(
+        self,
+        deployment_name: str,
+        app_name: str,
+        *,
+        method_name: str = "__call__",
+        multiplexed_model_id: str = "",
+    ) -> None:
         self.deployment_name = deployment_name
         self.app_name = app_name
         self.method_name = method_name
+        self.multiplexed_model_id = multiplexed_model_id
         self._id = DeploymentID(app_name, deployment_name)
 
     @overload
     def options(
-        self, *, method_name: str | None = None, stream: Literal[True]
+        self,
+        *,
+        method_name: str | None = None,
+        stream: Literal[True],
+        multiplexed_model_id: str | None = None,
     ) -> StreamingDeploymentHandle: ...
 
     @overload
     def options(
-        self, *, method_name: str | None = None, stream: Literal[False] | None = None
+        self,
+        *,
+        method_name: str | None = None,
+        stream: Literal[False] | None = None,
+        multiplexed_model_id: str | None = None,
     ) -> DeploymentHandle: ...
 
-    def options(self, *, method_name: str | None = None, stream: bool | None = None) -> DeploymentHandle:
+    def options(
+        self,
+        *,
+        method_name: str | None = None,
+        stream: bool | None = None,
+        multiplexed_model_id: str | None = None,
+    ) -> DeploymentHandle:
         """A copy calling ``method_name`` by default; ``stream=True`` for generator methods,
-        whose ``remote()`` then returns a :class:`DeploymentResponseGenerator`."""
+        whose ``remote()`` then returns a :class:`DeploymentResponseGenerator`;
+        ``multiplexed_model_id`` sends calls to replicas holding that model (see
+        :func:`~app_toolkit.multiplexed`)."""
         streaming = self.stream if stream is None else stream
         kind = StreamingDeploymentHandle if streaming else DeploymentHandle
-        return kind(self.deployment_name, self.app_name, method_name=method_name or self.method_name)
+        return kind(
+            self.deployment_name,
+            self.app_name,
+            method_name=method_name or self.method_name,
+            multiplexed_model_id=self.multiplexed_model_id
+            if multiplexed_model_id is None
+            else multiplexed_model_id,
+        )
 
     def __getattr__(self, name: str) -> _MethodCaller:
         if name.startswith("_"):
@@ -212,12 +243,14 @@ class DeploymentHandle:
         """Send the call now; returns a DeploymentResponse to ``await`` or ``result()``."""
         plane = _data_plane()
         request_id = _request_id()
-        return DeploymentResponse(
-            plane.submit(_call(plane, self._id, self.method_name, args, kwargs, request_id))
-        )
+        call = MethodCall(request_id, self.method_name, args, kwargs, model_id=self.multiplexed_model_id)
+        return DeploymentResponse(plane.submit(_call(plane, self._id, call)))
 
     def __reduce__(self) -> tuple[Any, ...]:
-        return (_rebuild_handle, (self.deployment_name, self.app_name, self.method_name, self.stream))
+        return (
+            _rebuild_handle,
+            (self.deployment_name, self.app_name, self.method_name, self.stream, self.multiplexed_model_id),
+        )
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(deployment={self.deployment_name!r}, app={self.app_name!r})"
@@ -236,7 +269,9 @@ class StreamingDeploymentHandle(DeploymentHandle):
     def remote(self, *args: Any, **kwargs: Any) -> DeploymentResponseGenerator[Any]:  # type: ignore[override] # streams, by design
         """Send the call now; returns a DeploymentResponseGenerator to iterate."""
         plane = _data_plane()
-        call = MethodCall(_request_id(), self.method_name, args, kwargs, stream=True)
+        call = MethodCall(
+            _request_id(), self.method_name, args, kwargs, stream=True, model_id=self.multiplexed_model_id
+        )
         return DeploymentResponseGenerator(plane, _Stream(plane, self._id, call))
 
 
@@ -252,10 +287,10 @@ def _request_id() -> str:
 
 
 def _rebuild_handle(
-    deployment_name: str, app_name: str, method_name: str, stream: bool = False
+    deployment_name: str, app_name: str, method_name: str, stream: bool = False, model_id: str = ""
 ) -> DeploymentHandle:
     kind = StreamingDeploymentHandle if stream else DeploymentHandle
-    return kind(deployment_name, app_name, method_name=method_name)
+    return kind(deployment_name, app_name, method_name=method_name, multiplexed_model_id=model_id)
 
 
 async def _send_call(plane: DataPlane, deployment: DeploymentID, call: MethodCall) -> Reply:
@@ -263,9 +298,10 @@ async def _send_call(plane: DataPlane, deployment: DeploymentID, call: MethodCal
     args = tuple([await _resolve(arg) for arg in call.args])
     kwargs = {key: await _resolve(value) for key, value in call.kwargs.items()}
     dispatcher = plane.dispatcher(deployment)
-    return await dispatcher.send(
-        Kind.CALL, MethodCall(call.request_id, call.method, args, kwargs, stream=call.stream)
+    resolved = MethodCall(
+        call.request_id, call.method, args, kwargs, stream=call.stream, model_id=call.model_id
     )
+    return await dispatcher.send(Kind.CALL, resolved, call.model_id)
 
 
 async def _resolve(value: Any) -> Any:
@@ -274,15 +310,8 @@ async def _resolve(value: Any) -> Any:
     return value
 
 
-async def _call(
-    plane: DataPlane,
-    deployment: DeploymentID,
-    method: str,
-    args: tuple[Any, ...],
-    kwargs: dict[str, Any],
-    request_id: str,
-) -> Any:
-    reply = await _send_call(plane, deployment, MethodCall(request_id, method, args, kwargs))
+async def _call(plane: DataPlane, deployment: DeploymentID, call: MethodCall) -> Any:
+    reply = await _send_call(plane, deployment, call)
     try:
         if reply.kind is Kind.RESULT:
             return reply.message

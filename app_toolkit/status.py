@@ -42,6 +42,7 @@ class ReplicaStatusInfo:
     state: ReplicaState
     code_version: str
     node_id: str = ""  # the Ray node it runs on, once started ("" on the local backend)
+    models: tuple[str, ...] = ()  # multiplexed models it holds, least recently used first
 
 
 @dataclass(frozen=True)

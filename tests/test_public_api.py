@@ -44,8 +44,10 @@ EXPECTED = [
     "deployment",
     "get_app_handle",
     "get_deployment_handle",
+    "get_multiplexed_model_id",
     "get_replica_context",
     "ingress",
+    "multiplexed",
     "replicated",
     "run",
     "shutdown",
@@ -83,6 +85,7 @@ def test_all_is_sorted_and_complete() -> None:
         "templates",
         "config_file",
         "config_deploy",
+        "multiplex",
     }
 
 

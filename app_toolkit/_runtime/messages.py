@@ -38,6 +38,7 @@ class ReplicaInfo:
     token: bytes
     max_ongoing_requests: int
     node_id: str = ""  # the Ray node it runs on ("" on the local backend)
+    models: tuple[str, ...] = ()  # multiplexed models it holds, as it last reported them
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,6 +153,7 @@ class MethodCall:
     args: tuple[Any, ...]
     kwargs: dict[str, Any] = field(default_factory=dict)
     stream: bool = False  # the method is a generator: reply with ITEM frames, then END
+    model_id: str = ""  # handle.options(multiplexed_model_id=...): routes to its holders
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
@@ -14,6 +15,18 @@ replica_instance: ContextVar[Any] = ContextVar("app_toolkit_replica_instance", d
 
 #: The application the current replica belongs to (for handles to its sibling deployments).
 app_name: ContextVar[str] = ContextVar("app_toolkit_app_name", default="")
+
+#: The HTTP header that names a request's multiplexed model (Ray Serve's name).
+MODEL_ID_HEADER = "serve_multiplexed_model_id"
+
+#: The multiplexed model the current request asks for ("" if none).
+model_id: ContextVar[str] = ContextVar("app_toolkit_model_id", default="")
+
+#: Tells the controller which multiplexed models the current replica holds (set by the
+#: replica while it serves; None outside replicas).
+report_models: ContextVar[Callable[[tuple[str, ...]], None] | None] = ContextVar(
+    "app_toolkit_report_models", default=None
+)
 
 #: Set when the serving replica starts draining (streams end with a final event).
 draining: ContextVar[Any] = ContextVar("app_toolkit_draining", default=None)

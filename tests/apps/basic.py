@@ -423,3 +423,40 @@ class Unsendable:
     async def items(self) -> object:
         yield 1
         yield (x for x in range(3))  # a generator object cannot be pickled
+
+
+@tk.deployment
+class Threads:
+    """Reports the OpenMP thread count its replica process was given."""
+
+    def omp(self) -> str | None:
+        import os
+
+        return os.environ.get("OMP_NUM_THREADS")
+
+
+# ----------------------------------------------------------------- multiplexing
+
+
+@tk.deployment(num_replicas=3, max_ongoing_requests=16)
+class Models:
+    """Six models over three replicas holding two each (Ray Serve's multiplexing API)."""
+
+    def __init__(self) -> None:
+        self.loads: dict[str, int] = {}
+
+    @tk.multiplexed(max_num_models_per_replica=2)
+    async def get_model(self, model_id: str) -> dict[str, str]:
+        if model_id.startswith("bad"):
+            raise ValueError(f"there is no model {model_id}")
+        self.loads[model_id] = self.loads.get(model_id, 0) + 1
+        await asyncio.sleep(0.05)  # loading takes a while: concurrent requests share it
+        return {"id": model_id}
+
+    async def infer(self) -> dict[str, Any]:
+        model = await self.get_model(tk.get_multiplexed_model_id())
+        replica = tk.get_replica_context().replica_id
+        return {"model": model["id"], "replica": replica, "loads": dict(self.loads)}
+
+    async def __call__(self, request: Request) -> dict[str, Any]:
+        return await self.infer()

@@ -203,3 +203,81 @@ def test_build_then_run_the_file_in_process(tmp_path: Path) -> None:
             process.kill()
             process.wait()
         log.close()
+
+
+RELOADED_APP = """
+from fastapi import APIRouter, Request
+
+import app_toolkit as tk
+
+router = APIRouter()
+
+
+@router.get("/where")
+def where(request: Request) -> dict[str, object]:
+    assert request.client is not None
+    return {
+        "version": VERSION,
+        "root_path": request.scope["root_path"],
+        "url": str(request.url_for("where")),
+        "client": request.client.host,
+    }
+
+
+app = tk.App(router, name="reloadme")
+"""
+
+
+def test_run_flags_root_path_forwarded_headers_and_reload(tmp_path: Path) -> None:
+    (tmp_path / "reloadme.py").write_text("VERSION = 1\n" + RELOADED_APP)
+    port = free_port()
+    log = (tmp_path / "cli.log").open("w+")
+    process = subprocess.Popen(
+        [
+            *CLI, "run", "reloadme:app", "--local", "--port", str(port), "--root-path", "/api",
+            "--forwarded-allow-ips", "127.0.0.1", "--log-level", "debug", "--reload",
+        ],
+        cwd=tmp_path,
+        env=cli_env(),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}/where"
+
+    def output() -> str:
+        log.seek(0)
+        return log.read()
+
+    try:
+        wait_for(lambda: "watching" in output() or process.poll() is not None, 60, "the CLI to serve")
+        assert f"serving reloadme:app at http://127.0.0.1:{port}/api/" in output()
+        # Behind a reverse proxy that strips /api and says who the client was:
+        forwarded = {"X-Forwarded-For": "10.1.2.3", "X-Forwarded-Proto": "https"}
+        first = httpx.get(url, headers=forwarded, timeout=30).json()
+        assert first == {
+            "version": 1,
+            "root_path": "/api",
+            "url": f"https://127.0.0.1:{port}/api/where",
+            "client": "10.1.2.3",
+        }
+        (tmp_path / "reloadme.py").write_text("VERSION = 2\n" + RELOADED_APP)
+        wait_for(lambda: httpx.get(url, timeout=30).json()["version"] == 2, 60, "the redeploy")
+        assert "reloadme.py changed; redeploying" in output()
+        (tmp_path / "reloadme.py").write_text("VERSION = (\n")  # a syntax error: keep serving
+        wait_for(lambda: "redeploy failed" in output(), 60, "the failed redeploy")
+        assert httpx.get(url, timeout=30).json()["version"] == 2
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=60) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        log.close()
+
+
+def test_version_flag() -> None:
+    done = subprocess.run(
+        [*CLI, "--version"], cwd=ROOT, env=cli_env(), capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0 and done.stdout.startswith("app-toolkit, version ")

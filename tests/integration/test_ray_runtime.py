@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import pickle
 import threading
+from typing import Any
 
 import httpx
 import pytest
@@ -198,3 +199,19 @@ def test_shutdown_stops_everything(ray_toolkit: Toolkit) -> None:
         httpx.get(ray_toolkit.url + "/-/healthz", timeout=5)
     actors = [a for a in ray.util.list_named_actors(all_namespaces=True) if a["namespace"] == NAMESPACE]
     assert actors == []
+
+
+def test_omp_threads_follow_the_replicas_cpus_unless_set(ray_toolkit: Toolkit) -> None:
+    # Ray sets OMP_NUM_THREADS in each replica from its num_cpus (at least 1), so CPU-bound
+    # libraries do not start a thread per core in every replica; the user's value wins.
+    def omp(**actor: Any) -> str | None:
+        threads = basic.Threads.options(ray_actor_options=actor)
+        name = ray_toolkit.name()
+        handle = ray_toolkit.run(threads.bind(), name=name, route_prefix=None)
+        result: str | None = handle.omp.remote().result(timeout_s=60)
+        tk.delete(name)  # free its CPUs (the test cluster has 2)
+        return result
+
+    assert omp() == "1"  # num_cpus defaults to 0 here
+    assert omp(num_cpus=2) == "2"
+    assert omp(num_cpus=0.5, runtime_env={"env_vars": {"OMP_NUM_THREADS": "3"}}) == "3"

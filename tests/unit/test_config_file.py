@@ -50,6 +50,7 @@ def test_a_file_ray_serve_build_wrote_loads(tmp_path: Path) -> None:
     path.write_text(RAY_SERVE_BUILT)
     config = load_config(path)
     assert config.http().host == "0.0.0.0" and config.http().proxy_location == "EveryNode"
+    assert config.logging_config.level_name() == "info"
     (app,) = config.applications
     assert app.args == {"greeting": "Bonjour"}
     assert app.deployments[0].options["num_replicas"] == "auto"
@@ -77,6 +78,7 @@ def test_a_file_ray_serve_build_wrote_loads(tmp_path: Path) -> None:
         (_app(runtime_env={"working_dir": "."}), "working_dir and py_modules must be URIs"),
         ({"grpc_options": {"grpc_servicer_functions": ["m:f"]}, **_app()}, "grpc_servicer_functions"),
         ({"logging_config": {"encoding": "JSON"}, **_app()}, "logging_config.encoding"),
+        ({"logging_config": {"log_level": "LOUD"}, **_app()}, "logging_config.log_level: must be DEBUG"),
         (
             {"applications": [_app()["applications"][0], _app(name="b")["applications"][0]]},
             "two applications have the route_prefix '/'",

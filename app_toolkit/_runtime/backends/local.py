@@ -11,7 +11,7 @@ import asyncio
 import hashlib
 import pickle
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from starlette.types import ASGIApp
@@ -50,6 +50,8 @@ class LocalBackend:
         self.objects: dict[bytes, object] = {}
         self.cores: dict[str, ReplicaCore] = {}
         self._checkpoint: bytes | None = None
+        #: Where replicas report their multiplexed models (the controller, once it exists).
+        self.on_models: Callable[[str, tuple[str, ...]], None] | None = None
 
     def store(self, value: object) -> bytes:
         """Local "serialization": keep the object, hand out a key.
@@ -76,6 +78,7 @@ class LocalBackend:
             cast(InitArgs, self.objects[spec.init_args]),
             _dumps,
         )
+        core.report_models = lambda models: self.on_models(replica_id, models) if self.on_models else None
         await core.start()
         self.cores[replica_id] = core
         info = ReplicaInfo(replica_id, spec.id, "local", 0, b"", spec.config.max_ongoing_requests)
@@ -162,6 +165,7 @@ class LocalSession:
         self._loop = LoopThread("app-toolkit-local")
         self.backend = LocalBackend()
         self.core = ControllerCore(self.backend)
+        self.backend.on_models = self.core.record_models
         self._plane = DataPlane(self, self._loop.loop)
         self._loop.run(self.core.start())
         self.proxy: Proxy = self._loop.run(self._make_proxy())

@@ -27,6 +27,7 @@ from app_toolkit._runtime.controller.deployment_state import (
     apply_event,
     autoscale,
     follow_autoscaling,
+    hold_models,
     keep_size,
     new_spec,
     plan,
@@ -175,6 +176,14 @@ class ControllerCore:
             return
         apps = [app for app in self.config_file.get("applications", []) if app.get("name", "default") != name]
         self.config_file = {**self.config_file, "applications": apps} if apps else None
+
+    def record_models(self, replica_id: str, models: tuple[str, ...]) -> None:
+        """A replica's multiplexed models changed: callers route by them."""
+        for deployment_id, state in self.deployments.items():
+            if replica_id in state.replicas:
+                if hold_models(state, replica_id, tuple(models)):
+                    self._publish_replicas(deployment_id)
+                return
 
     def record_load(self, caller: str, loads: Loads) -> None:
         """A caller's newest load per deployment (requests queued + running)."""

@@ -174,6 +174,17 @@ def new_spec(state: DeploymentState, spec: DeploymentSpec) -> None:
     follow_autoscaling(state)
 
 
+def hold_models(state: DeploymentState, replica_id: str, models: tuple[str, ...]) -> bool:
+    """A replica reported the multiplexed models it holds; True if its table entry changed."""
+    replica = state.replicas.get(replica_id)
+    if replica is None or replica.info is None or replica.info.models == models:
+        return False
+    state.replicas[replica_id] = dataclasses.replace(
+        replica, info=dataclasses.replace(replica.info, models=models)
+    )
+    return True
+
+
 def adopt(state: DeploymentState, found: AdoptedReplica, now: float) -> None:
     """Take over a replica that a previous controller left running."""
     state.replicas[found.info.replica_id] = Replica(

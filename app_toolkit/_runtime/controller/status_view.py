@@ -43,7 +43,13 @@ def deployment_status(state: DeploymentState, current_load: float, now: float) -
         message=state.message or slow_start_message(state, now),
         target_replicas=state.target,
         replicas=[
-            ReplicaStatusInfo(r.replica_id, r.state, r.version, r.info.node_id if r.info else "")
+            ReplicaStatusInfo(
+                r.replica_id,
+                r.state,
+                r.version,
+                r.info.node_id if r.info else "",
+                r.info.models if r.info else (),
+            )
             for r in state.replicas.values()
         ],
         autoscaling=_autoscaling_status(state, current_load, now),

@@ -23,6 +23,7 @@ from app_toolkit._runtime.proxy.scope import (
     forwarded_scope,
     parse_timeout,
     read_headers,
+    route_path,
     with_request_id,
 )
 from app_toolkit._runtime.proxy.websocket import serve_websocket
@@ -76,7 +77,7 @@ class Proxy:
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> int:
         """Serve one request; returns the status for the access log (499: client left)."""
-        path: str = scope["path"]
+        path = route_path(scope)
         headers = read_headers(scope)
         request_id = headers.request_id
         if path.startswith("/-/"):
@@ -109,7 +110,8 @@ class Proxy:
         watcher = asyncio.ensure_future(_watch_disconnect(receive, state))
         try:
             async with asyncio.timeout(timeout_s):
-                await self._forward(deployment, HTTPRequest(request_id, forwarded, body), send, state)
+                request = HTTPRequest(request_id, forwarded, body)
+                await self._forward(deployment, request, send, state, headers.model_id)
         except asyncio.CancelledError:
             if not state.disconnected:
                 raise
@@ -131,12 +133,17 @@ class Proxy:
         return state.status
 
     async def _forward(
-        self, deployment: DeploymentID, request: HTTPRequest, send: Send, state: _RequestState
+        self,
+        deployment: DeploymentID,
+        request: HTTPRequest,
+        send: Send,
+        state: _RequestState,
+        model_id: str = "",
     ) -> None:
         request_id = request.request_id
         dispatcher = self.subscriber.dispatcher(deployment)
         try:
-            reply = await dispatcher.send(Kind.HTTP, request)
+            reply = await dispatcher.send(Kind.HTTP, request, model_id)
         except BackPressureError:
             state.status = await _answer(send, unavailable("too many requests queued", request_id))
             return

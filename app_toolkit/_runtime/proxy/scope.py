@@ -9,6 +9,7 @@ from typing import Any
 
 from starlette.types import Scope
 
+from app_toolkit._runtime import request_context
 from app_toolkit._runtime.answers import REQUEST_ID_HEADER
 from app_toolkit._runtime.proxy.path_match import AppMatcher
 
@@ -37,10 +38,15 @@ class RequestHeaders:
     client_id_used: bool  # the client's own x-request-id is kept
     timeout: bytes | None
     content_length: bytes | None
+    model_id: str = ""  # the multiplexed model it asks for
+
+
+_MODEL_ID_HEADER = request_context.MODEL_ID_HEADER.encode()
 
 
 def read_headers(scope: Scope) -> RequestHeaders:
     request_id = timeout = content_length = None
+    model_id = ""
     for key, value in scope["headers"]:
         if key == REQUEST_ID_HEADER:
             text = value.decode("latin-1")
@@ -50,7 +56,11 @@ def read_headers(scope: Scope) -> RequestHeaders:
             timeout = value
         elif key == b"content-length":
             content_length = value
-    return RequestHeaders(request_id or uuid.uuid4().hex, request_id is not None, timeout, content_length)
+        elif key == _MODEL_ID_HEADER:
+            model_id = value.decode("latin-1")
+    return RequestHeaders(
+        request_id or uuid.uuid4().hex, request_id is not None, timeout, content_length, model_id
+    )
 
 
 def parse_timeout(value: bytes | None) -> float | None | str:
@@ -67,6 +77,16 @@ def parse_timeout(value: bytes | None) -> float | None | str:
             f"86400, got {value.decode('latin-1')!r}"
         )
     return seconds
+
+
+def route_path(scope: Scope) -> str:
+    """The path routes are matched on: without the server's ``root_path`` (set by
+    ``--root-path`` behind a reverse proxy that strips it), which uvicorn puts in front."""
+    path: str = scope["path"]
+    root: str = scope.get("root_path", "")
+    if root and path.startswith(root):
+        return path[len(root) :] or "/"
+    return path
 
 
 def forwarded_scope(scope: Scope, route: AppMatcher, headers: RequestHeaders) -> dict[str, Any]:

@@ -83,6 +83,9 @@ async def serve(app: ASGIApp, http: HTTPOptions, sock: socket.socket) -> ProxySe
         log_level="warning",
         access_log=False,
         ws_max_size=http.websocket_max_message_bytes,
+        root_path=http.root_path,
+        proxy_headers=http.proxy_headers,
+        forwarded_allow_ips=http.forwarded_allow_ips,
     )
     server = uvicorn.Server(config)
     task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]))

@@ -25,7 +25,7 @@ from app_toolkit._runtime.messages import (
     WebSocketOpen,
 )
 from app_toolkit._runtime.proxy.path_match import AppMatcher, match_app
-from app_toolkit._runtime.proxy.scope import forwarded_scope, read_headers
+from app_toolkit._runtime.proxy.scope import forwarded_scope, read_headers, route_path
 from app_toolkit._runtime.routing.dispatcher import Dispatcher, Reply
 from app_toolkit.exceptions import BackPressureError, ReplicaUnavailableError
 
@@ -46,15 +46,16 @@ async def serve_websocket(
     request_id = headers.request_id
     if (await receive())["type"] != "websocket.connect":
         return
-    route = match_app(routes, scope["path"])
+    path = route_path(scope)
+    route = match_app(routes, path)
     if route is None:
         await send({"type": "websocket.close", "code": CLOSE_POLICY})
         return
-    deployment, _ = route.target("websocket", None, scope["path"])
+    deployment, _ = route.target("websocket", None, path)
     dispatcher = dispatcher_for(deployment)
     opening = WebSocketOpen(request_id, forwarded_scope(scope, route, headers))
     try:
-        reply = await dispatcher.send(Kind.WS_OPEN, opening)
+        reply = await dispatcher.send(Kind.WS_OPEN, opening, headers.model_id)
     except BackPressureError:
         await _refuse(scope, send, request_id, "too many connections")
         return

@@ -76,6 +76,8 @@ class ReplicaCore:
         self.draining_event = asyncio.Event()
         self._drained_at = 0.0
         self._last_refused = 0.0
+        #: Set by the host: tells the controller which multiplexed models this replica holds.
+        self.report_models: Callable[[tuple[str, ...]], None] | None = None
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -197,7 +199,7 @@ class ReplicaCore:
             self.asgi_app = request_app(self._method("__call__"))
         rid = request_context.request_id.set(request.request_id)
         inst = request_context.replica_instance.set(self.instance)
-        request_context.enter_replica(self.context)
+        self._enter(_header(request.scope, MODEL_ID_HEADER_BYTES))
         request_context.draining.set(self.draining_event)
         try:
             state = self._lifespan.state if self._lifespan is not None else {}
@@ -208,7 +210,7 @@ class ReplicaCore:
 
     async def _serve_call(self, call: MethodCall, sink: ResponseSink) -> None:
         rid = request_context.request_id.set(call.request_id)
-        request_context.enter_replica(self.context)
+        self._enter(call.model_id)
         try:
             method = self._method(call.method)
             if call.stream:
@@ -265,6 +267,12 @@ class ReplicaCore:
                 await aclose()
         sink.send(Kind.END, None)
 
+    def _enter(self, model_id: str) -> None:
+        """This task runs a request of this replica (for the model ``model_id``, if any)."""
+        request_context.enter_replica(self.context)
+        request_context.model_id.set(model_id)
+        request_context.report_models.set(self.report_models)
+
     def _method(self, name: str) -> Callable[..., Any]:
         target = self.instance
         if name == "__call__" and not inspect.isclass(self._definition):
@@ -284,6 +292,16 @@ class ReplicaCore:
         except Exception:  # noqa: BLE001 - not picklable: the caller gets type and message
             blob = None
         return CallFailure(type(exc).__name__, str(exc), blob)
+
+
+MODEL_ID_HEADER_BYTES = request_context.MODEL_ID_HEADER.encode()
+
+
+def _header(scope: dict[str, Any], name: bytes) -> str:
+    for key, value in scope.get("headers", ()):
+        if key.lower() == name:
+            return bytes(value).decode("latin-1")
+    return ""
 
 
 def _close_generator(generator: Any) -> None:

@@ -10,12 +10,17 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from app_toolkit._runtime.messages import ReplicaInfo
 
 _BACKOFF_START_S = 0.002
 _BACKOFF_MAX_S = 0.1
+
+
+#: For this long after sending a request for a model to a replica, the caller counts the
+#: replica as holding it (it loads it), until its own report reaches the replica table.
+MODEL_HINT_S = 5.0
 
 
 @dataclass
@@ -24,6 +29,15 @@ class _Replica:
     in_flight: int = 0
     blocked_until: float = 0.0
     backoff_s: float = 0.0
+    sent: dict[str, float] = field(default_factory=dict)  # model id -> when last sent here
+
+    def holds(self, model_id: str, now: float) -> bool:
+        return model_id in self.info.models or self.sent.get(model_id, -MODEL_HINT_S) > now - MODEL_HINT_S
+
+    def model_count(self, now: float) -> int:
+        """Models it holds or is loading as far as this caller knows."""
+        recent = {model for model, at in self.sent.items() if at > now - MODEL_HINT_S}
+        return len(recent.union(self.info.models))
 
 
 class ReplicaChooser:
@@ -57,13 +71,25 @@ class ReplicaChooser:
         replica = self._replicas.get(replica_id)
         return replica.in_flight if replica else 0
 
-    def choose(self, now: float) -> ReplicaInfo | None:
-        """Pick a replica with a free slot, or None if every replica is busy or blocked."""
+    def choose(self, now: float, model_id: str = "") -> ReplicaInfo | None:
+        """Pick a replica with a free slot, or None if every replica is busy or blocked.
+
+        For a multiplexed ``model_id``: a replica holding the model if one is free, else
+        one holding the fewest models (the least likely to evict one in use).
+        """
         free = [
             r
             for r in self._replicas.values()
             if r.in_flight < r.info.max_ongoing_requests and r.blocked_until <= now
         ]
+        if model_id and free:
+            holders = [r for r in free if r.holds(model_id, now)]
+            if holders:
+                free = holders
+            else:
+                counts = {r.info.replica_id: r.model_count(now) for r in free}
+                fewest = min(counts.values())
+                free = [r for r in free if counts[r.info.replica_id] == fewest]
         if not free:
             return None
         if len(free) == 1:
@@ -80,10 +106,12 @@ class ReplicaChooser:
         ]
         return min(times) if times else None
 
-    def acquire(self, replica_id: str) -> None:
+    def acquire(self, replica_id: str, model_id: str = "", now: float = 0.0) -> None:
         replica = self._replicas.get(replica_id)
         if replica is not None:
             replica.in_flight += 1
+            if model_id:
+                replica.sent[model_id] = now
 
     def release(self, replica_id: str) -> None:
         replica = self._replicas.get(replica_id)

@@ -72,7 +72,8 @@ class Dispatcher:
         # still finish requests (a draining replica): closed after their last reply.
         self._active: dict[str, int] = {}
         self._retiring: dict[str, ReplicaClient] = {}
-        self._waiters: collections.deque[asyncio.Future[ReplicaInfo]] = collections.deque()
+        # Waiting requests, each with the multiplexed model it asks for ("" for none).
+        self._waiters: collections.deque[tuple[asyncio.Future[ReplicaInfo], str]] = collections.deque()
         # Unknown until the first table arrives: queue meanwhile rather than reject.
         self.max_queued_requests = -1
         self._closed_reason: str | None = None
@@ -98,13 +99,13 @@ class Dispatcher:
         for replica_id in list(self._clients):
             self._retire(replica_id)
         while self._waiters:
-            waiter = self._waiters.popleft()
+            waiter, _ = self._waiters.popleft()
             if not waiter.done():
                 waiter.set_exception(ReplicaUnavailableError(reason))
 
     @property
     def queued(self) -> int:
-        return sum(1 for waiter in self._waiters if not waiter.done())
+        return sum(1 for waiter, _ in self._waiters if not waiter.done())
 
     @property
     def in_flight(self) -> int:
@@ -117,11 +118,12 @@ class Dispatcher:
 
     # ------------------------------------------------------------------ requests
 
-    async def send(self, kind: Kind, message: Any) -> Reply:
-        """Deliver one request and wait for its first frame (or raise)."""
+    async def send(self, kind: Kind, message: Any, model_id: str = "") -> Reply:
+        """Deliver one request and wait for its first frame (or raise). A ``model_id``
+        (multiplexing) prefers replicas that hold that model."""
         failures = 0
         while True:
-            info = await self._acquire()
+            info = await self._acquire(model_id)
             client = self._clients.get(info.replica_id)
             if client is None:
                 client = self._clients[info.replica_id] = self._connect(info)
@@ -165,18 +167,19 @@ class Dispatcher:
             self._chooser.succeeded(info.replica_id)
             return Reply(first_kind, first, exchange, info.replica_id, self._release)
 
-    async def _acquire(self) -> ReplicaInfo:
+    async def _acquire(self, model_id: str) -> ReplicaInfo:
         if self._closed_reason is not None:
             raise ReplicaUnavailableError(self._closed_reason)
         if not self._waiters:
-            choice = self._chooser.choose(_now())
+            now = _now()
+            choice = self._chooser.choose(now, model_id)
             if choice is not None:
-                self._chooser.acquire(choice.replica_id)
+                self._chooser.acquire(choice.replica_id, model_id, now)
                 return choice
         if queue_is_full(self.queued, self.max_queued_requests):
             raise BackPressureError(str(self.deployment), self.max_queued_requests)
         waiter: asyncio.Future[ReplicaInfo] = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
+        self._waiters.append((waiter, model_id))
         self._wake()  # arms the back-off timer if a replica is only skipped for now
         if self._on_demand is not None and not self._chooser.replica_ids:
             self._on_demand()
@@ -219,10 +222,11 @@ class Dispatcher:
     def _wake(self) -> None:
         now = _now()
         while self._waiters:
-            if self._waiters[0].done():
+            head, model_id = self._waiters[0]
+            if head.done():
                 self._waiters.popleft()
                 continue
-            choice = self._chooser.choose(now)
+            choice = self._chooser.choose(now, model_id)
             if choice is None:
                 # Requests still wait; if a replica is only skipped for a back-off, come
                 # back when it ends (a timer may fire a hair early, so never rely on one).
@@ -230,9 +234,9 @@ class Dispatcher:
                 if unblock is not None:
                     self._schedule_wake(unblock - now + _WAKE_SLACK_S)
                 return
-            waiter = self._waiters.popleft()
-            self._chooser.acquire(choice.replica_id)
-            waiter.set_result(choice)
+            self._waiters.popleft()
+            self._chooser.acquire(choice.replica_id, model_id, now)
+            head.set_result(choice)
 
     def _schedule_wake(self, delay_s: float) -> None:
         if self._wake_handle is not None and not self._wake_handle.cancelled():

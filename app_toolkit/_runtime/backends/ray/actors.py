@@ -121,6 +121,10 @@ class ControllerActor:
         await self.ready()
         return await self.core.listen(known, timeout_s)
 
+    async def record_models(self, replica_id: str, models: tuple[str, ...]) -> None:
+        await self.ready()
+        self.core.record_models(replica_id, models)
+
     async def record_load(self, caller: str, loads: Loads) -> None:
         await self.ready()
         self.core.record_load(caller, loads)

@@ -19,6 +19,7 @@ import ray
 from ray import cloudpickle
 from starlette.datastructures import State
 
+from app_toolkit.config import LOG_LEVEL_ENV
 from app_toolkit.exceptions import ConfigError
 
 NAMESPACE = "app_toolkit"
@@ -76,7 +77,9 @@ def head_node_id() -> str:
 
 
 def configure_worker_logging() -> None:
+    level = os.environ.get(LOG_LEVEL_ENV, "INFO").upper()
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("app_toolkit").setLevel(level if level in logging.getLevelNamesMapping() else "INFO")
 
 
 # ------------------------------------------------------------------------------- actors

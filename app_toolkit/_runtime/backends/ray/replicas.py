@@ -20,6 +20,7 @@ from app_toolkit._runtime.backends.ray.cluster import (
     NAMESPACE,
     REPLICA_PREFIX,
     configure_worker_logging,
+    controller_actor,
     dumps,
     named_actors,
     node_address,
@@ -68,6 +69,8 @@ class ReplicaActor:
         core = ReplicaCore(
             replica_id, deployment, config, pickle.loads(definition), pickle.loads(init_args), dumps
         )
+        controller = controller_actor()
+        core.report_models = lambda models: controller.record_models.remote(replica_id, models)
         await core.start()
         token = secrets.token_bytes(16)
         host = node_address()

@@ -1,0 +1,186 @@
+"""Model multiplexing: many models served by one deployment, each replica holding a few.
+
+``@multiplexed(max_num_models_per_replica=N)`` on an async loader method makes it a
+per-replica cache: ``await self.get_model(model_id)`` returns the loaded model, loading it
+once however many requests ask for it at the same time, and evicting the least recently
+used model when a new one needs the slot. The replica tells the controller which models
+it holds, and callers (proxies and handles) send a request for a model to a replica that
+holds it when one has a free slot. A request names its model with the
+``serve_multiplexed_model_id`` HTTP header or ``handle.options(multiplexed_model_id=...)``;
+``get_multiplexed_model_id()`` reads it inside the replica. Ray Serve's names and meanings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import functools
+import inspect
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any, Generic, TypeVar, overload
+
+from app_toolkit._runtime import request_context
+from app_toolkit.exceptions import ConfigError
+
+logger = logging.getLogger("app_toolkit.multiplex")
+
+M = TypeVar("M")
+
+MODEL_ID_HEADER = request_context.MODEL_ID_HEADER
+
+
+def get_multiplexed_model_id() -> str:
+    """The model the current request asks for ("" when it names none)."""
+    return request_context.model_id.get()
+
+
+class _ModelCache(Generic[M]):
+    """One replica's models of one loader: least recently used first."""
+
+    def __init__(self, load: Callable[[str], Awaitable[M]], capacity: int, name: str) -> None:
+        self._load = load
+        self._capacity = capacity
+        self._name = name
+        self._models: collections.OrderedDict[str, asyncio.Future[M]] = collections.OrderedDict()
+        self._report: Callable[[tuple[str, ...]], None] | None = None
+
+    @property
+    def model_ids(self) -> tuple[str, ...]:
+        """The models loaded (not loading), least recently used first."""
+        return tuple(key for key, model in self._models.items() if model.done() and model.exception() is None)
+
+    async def get(self, model_id: str) -> M:
+        if not isinstance(model_id, str) or not model_id:
+            raise ValueError(f"{self._name}: the model id must be a non-empty string, got {model_id!r}")
+        self._report = request_context.report_models.get() or self._report
+        model = self._models.get(model_id)
+        if model is None:
+            self._make_room()
+            model = self._models[model_id] = asyncio.get_running_loop().create_future()
+            asyncio.get_running_loop().create_task(self._fill(model_id, model))
+        else:
+            self._models.move_to_end(model_id)
+        # Shielded: one caller going away does not cancel a load others wait for.
+        return await asyncio.shield(model)
+
+    async def _fill(self, model_id: str, model: asyncio.Future[M]) -> None:
+        try:
+            loaded = await self._load(model_id)
+        except BaseException as exc:  # noqa: BLE001 - every waiter gets the loader's error
+            if self._models.get(model_id) is model:
+                del self._models[model_id]  # the next request tries again
+            if not model.done():
+                model.set_exception(exc)
+            model.exception()  # retrieved: no "never retrieved" warning without waiters
+            logger.warning("%s failed to load model %r: %s", self._name, model_id, exc)
+            return
+        if not model.done():
+            model.set_result(loaded)
+        logger.info("%s loaded model %r", self._name, model_id)
+        self._publish()
+
+    def _make_room(self) -> None:
+        """Evict least recently used loaded models until one more fits."""
+        while len(self._models) >= self._capacity:
+            victim = next((key for key, model in self._models.items() if model.done()), None)
+            if victim is None:
+                return  # every slot is still loading: go over capacity for now
+            model = self._models.pop(victim)
+            logger.info("%s evicted model %r", self._name, victim)
+            if model.exception() is None:
+                asyncio.get_running_loop().create_task(_release(model.result(), victim))
+            self._publish()
+
+    def _publish(self) -> None:
+        if self._report is not None:
+            try:
+                self._report(self.model_ids)
+            except Exception:
+                logger.exception("Could not report the models of %s", self._name)
+
+
+async def _release(model: Any, model_id: str) -> None:
+    """Let an evicted model free what it holds: ``aclose()`` or ``close()`` if it has one;
+    dropping the last reference runs its ``__del__``."""
+    try:
+        aclose = getattr(model, "aclose", None)
+        if aclose is not None:
+            await aclose()
+            return
+        close = getattr(model, "close", None)
+        if close is not None:
+            await asyncio.to_thread(close)
+    except Exception:
+        logger.exception("Closing evicted model %r failed", model_id)
+
+
+class _Multiplexed(Generic[M]):
+    """The decorated loader: a descriptor giving each instance its own model cache."""
+
+    def __init__(self, loader: Callable[..., Awaitable[M]], capacity: int) -> None:
+        if not inspect.iscoroutinefunction(loader):
+            raise ConfigError(
+                f"@multiplexed needs an async loader (async def {loader.__name__}(self, model_id)); "
+                "other requests keep being served while a model loads"
+            )
+        self._loader = loader
+        self.capacity = capacity
+        self._attribute = f"__app_toolkit_models_{loader.__name__}"
+        self._unbound: _ModelCache[M] | None = None
+        functools.update_wrapper(self, loader)
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_unbound": None}  # models stay in their process
+
+    def _cache(self, instance: Any) -> _ModelCache[M]:
+        if instance is None:
+            if self._unbound is None:
+                self._unbound = _ModelCache(self._loader, self.capacity, self._loader.__qualname__)
+            return self._unbound
+        cache: _ModelCache[M] | None = instance.__dict__.get(self._attribute)
+        if cache is None:
+            load = functools.partial(self._loader, instance)
+            cache = instance.__dict__[self._attribute] = _ModelCache(
+                load, self.capacity, self._loader.__qualname__
+            )
+        return cache
+
+    @overload
+    def __get__(self, instance: None, owner: Any) -> _Multiplexed[M]: ...
+
+    @overload
+    def __get__(self, instance: object, owner: Any) -> Callable[[str], Awaitable[M]]: ...
+
+    def __get__(self, instance: Any, owner: Any = None) -> Any:
+        if instance is None:
+            return self
+        return self._cache(instance).get
+
+    async def __call__(self, model_id: str) -> M:
+        return await self._cache(None).get(model_id)
+
+
+def multiplexed(
+    func: Callable[..., Awaitable[M]] | None = None, /, *, max_num_models_per_replica: int = 3
+) -> Any:
+    """Make an async loader ``(self, model_id) -> model`` a per-replica LRU model cache.
+
+    ::
+
+        @tk.multiplexed(max_num_models_per_replica=2)
+        async def get_model(self, model_id: str) -> Model:
+            return await load(model_id)
+
+        async def __call__(self, request):
+            model = await self.get_model(tk.get_multiplexed_model_id())
+    """
+    if not isinstance(max_num_models_per_replica, int) or max_num_models_per_replica < 1:
+        raise ConfigError(
+            f"max_num_models_per_replica must be an integer >= 1, got {max_num_models_per_replica!r}"
+        )
+
+    def wrap(loader: Callable[..., Awaitable[M]]) -> _Multiplexed[M]:
+        return _Multiplexed(loader, max_num_models_per_replica)
+
+    return wrap if func is None else wrap(func)
