@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, Literal, TypeVar, get_args, get_origin
 
@@ -145,7 +147,7 @@ def _deploy(
         _forget_local_modules(os.getcwd())
     if _is_config_file(target):
         config = load_config(target)
-        _apply(session, config, target, wait_s=None)
+        _apply(session, config, target, wait_s=None, new_code=fresh)
         return [app.name for app in config.applications]
     app = as_application(import_attr(target), target, name)
     kwargs: dict[str, Any] = {"name": name}
@@ -197,13 +199,33 @@ def _given(ctx: click.Context, parameter: str) -> bool:
 
 
 def _apply(
-    session: Session, config: ServeConfigFile, source: str, wait_s: float | None, wait: bool = True
+    session: Session,
+    config: ServeConfigFile,
+    source: str,
+    wait_s: float | None,
+    wait: bool = True,
+    new_code: bool = False,
 ) -> None:
-    """Build the file's apps where replicas run, apply them, wait until each runs."""
+    """Build the file's apps where replicas run, apply them, wait until each runs.
+
+    ``new_code`` (``--reload`` saw a source change): replace every replica, though the
+    file's entries are unchanged (they alone decide a file's code version otherwise).
+    """
     try:
         specs = session.build_specs(config.applications)
     except ConfigError as exc:
         raise ConfigError(f"{source}: {exc}") from None
+    if new_code:
+        suffix = f"+{time.time_ns():x}"
+        specs = [
+            dataclasses.replace(
+                spec,
+                deployments=tuple(
+                    dataclasses.replace(d, code_version=d.code_version + suffix) for d in spec.deployments
+                ),
+            )
+            for spec in specs
+        ]
     session.apply_config(specs, config.as_written())
     for app in config.applications if wait else ():
         api.wait_for_application(session, app.name, timeout_s=wait_s)

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -27,6 +29,54 @@ def cli_env() -> dict[str, str]:
     return env
 
 
+class RunningCLI:
+    """An `app-toolkit run` subprocess whose output goes to a file the test can read."""
+
+    def __init__(self, args: list[str], cwd: Path, log_path: Path) -> None:
+        self._log = log_path.open("w+")
+        self.process = subprocess.Popen(
+            [*CLI, "run", *args],
+            cwd=cwd,
+            env=cli_env(),
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+
+    def output(self) -> str:
+        self._log.seek(0)
+        return self._log.read()
+
+    def wait_for_output(self, text: str, timeout_s: float, count: int = 1) -> None:
+        """Until ``text`` was printed ``count`` times (fails early if the command exited)."""
+        wait_for(
+            lambda: self.output().count(text) >= count or self.process.poll() is not None,
+            timeout_s,
+            f"the CLI to print {text!r}",
+            interval_s=0.2,
+        )
+        assert self.output().count(text) >= count, self.output()
+
+    def stop(self, sig: int) -> int:
+        self.process.send_signal(sig)
+        return self.process.wait(timeout=120)
+
+    def close(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        self._log.close()
+
+
+@contextlib.contextmanager
+def running_cli(args: list[str], cwd: Path, log_path: Path) -> Iterator[RunningCLI]:
+    cli = RunningCLI(args, cwd, log_path)
+    try:
+        yield cli
+    finally:
+        cli.close()
+
+
 @pytest.mark.parametrize(
     ("extra", "stop"),
     [([], signal.SIGINT), (["--local"], signal.SIGTERM)],
@@ -34,36 +84,14 @@ def cli_env() -> dict[str, str]:
 )
 def test_run_serves_the_demo_and_stops_cleanly(tmp_path: Path, extra: list[str], stop: int) -> None:
     port = free_port()
-    log = (tmp_path / "cli.log").open("w+")
-    process = subprocess.Popen(
-        [*CLI, "run", "examples.demo:app", "--port", str(port), *extra],
-        cwd=ROOT,
-        env=cli_env(),
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-
-        def serving_or_exited() -> bool:
-            log.seek(0)
-            return "serving examples.demo:app at" in log.read() or process.poll() is not None
-
-        wait_for(serving_or_exited, 120, "the CLI to serve the demo", interval_s=0.2)
-        log.seek(0)
-        output = log.read()
-        assert f"at http://127.0.0.1:{port}/" in output, output
+    args = ["examples.demo:app", "--port", str(port), *extra]
+    with running_cli(args, ROOT, tmp_path / "cli.log") as cli:
+        cli.wait_for_output("serving examples.demo:app at", 120)
+        assert f"at http://127.0.0.1:{port}/" in cli.output()
         response = httpx.get(f"http://127.0.0.1:{port}/hello/cli", timeout=30)
         assert response.json() == {"message": "Hello, cli!"}
-        process.send_signal(stop)
-        assert process.wait(timeout=120) == 0
-        log.seek(0)
-        assert "shutting down" in log.read()
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-        log.close()
+        assert cli.stop(stop) == 0
+        assert "shutting down" in cli.output()
 
 
 def test_bad_import_paths_fail_with_a_fix() -> None:
@@ -177,32 +205,12 @@ def test_build_then_run_the_file_in_process(tmp_path: Path) -> None:
     port = free_port()
     config["http_options"]["port"] = port
     (tmp_path / "serve.yaml").write_text(yaml.safe_dump(config))
-    log = (tmp_path / "cli.log").open("w+")
-    process = subprocess.Popen(
-        [*CLI, "run", str(tmp_path / "serve.yaml"), "--local"],
-        cwd=ROOT,
-        env=cli_env(),
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    try:
-
-        def serving_or_exited() -> bool:
-            log.seek(0)
-            return log.read().count("app-toolkit: serving") == 2 or process.poll() is not None
-
-        wait_for(serving_or_exited, 60, "the CLI to serve the file", interval_s=0.2)
+    with running_cli([str(tmp_path / "serve.yaml"), "--local"], ROOT, tmp_path / "cli.log") as cli:
+        cli.wait_for_output("app-toolkit: serving", 60, count=2)
         assert httpx.get(f"http://127.0.0.1:{port}/hello", timeout=30).json() == "hello"
         greeting = httpx.get(f"http://127.0.0.1:{port}/demo/hello/file", timeout=30).json()
         assert greeting == {"message": "Hello, file!"}
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=60) == 0
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-        log.close()
+        assert cli.stop(signal.SIGTERM) == 0
 
 
 RELOADED_APP = """
@@ -231,27 +239,14 @@ app = tk.App(router, name="reloadme")
 def test_run_flags_root_path_forwarded_headers_and_reload(tmp_path: Path) -> None:
     (tmp_path / "reloadme.py").write_text("VERSION = 1\n" + RELOADED_APP)
     port = free_port()
-    log = (tmp_path / "cli.log").open("w+")
-    process = subprocess.Popen(
-        [
-            *CLI, "run", "reloadme:app", "--local", "--port", str(port), "--root-path", "/api",
-            "--forwarded-allow-ips", "127.0.0.1", "--log-level", "debug", "--reload",
-        ],
-        cwd=tmp_path,
-        env=cli_env(),
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )  # fmt: skip
+    args = [
+        "reloadme:app", "--local", "--port", str(port), "--root-path", "/api",
+        "--forwarded-allow-ips", "127.0.0.1", "--log-level", "debug", "--reload",
+    ]  # fmt: skip
     url = f"http://127.0.0.1:{port}/where"
-
-    def output() -> str:
-        log.seek(0)
-        return log.read()
-
-    try:
-        wait_for(lambda: "watching" in output() or process.poll() is not None, 60, "the CLI to serve")
-        assert f"serving reloadme:app at http://127.0.0.1:{port}/api/" in output()
+    with running_cli(args, tmp_path, tmp_path / "cli.log") as cli:
+        cli.wait_for_output("watching", 60)
+        assert f"serving reloadme:app at http://127.0.0.1:{port}/api/" in cli.output()
         # Behind a reverse proxy that strips /api and says who the client was:
         forwarded = {"X-Forwarded-For": "10.1.2.3", "X-Forwarded-Proto": "https"}
         first = httpx.get(url, headers=forwarded, timeout=30).json()
@@ -263,17 +258,11 @@ def test_run_flags_root_path_forwarded_headers_and_reload(tmp_path: Path) -> Non
         }
         (tmp_path / "reloadme.py").write_text("VERSION = 2\n" + RELOADED_APP)
         wait_for(lambda: httpx.get(url, timeout=30).json()["version"] == 2, 60, "the redeploy")
-        assert "reloadme.py changed; redeploying" in output()
+        assert "reloadme.py changed; redeploying" in cli.output()
         (tmp_path / "reloadme.py").write_text("VERSION = (\n")  # a syntax error: keep serving
-        wait_for(lambda: "redeploy failed" in output(), 60, "the failed redeploy")
+        cli.wait_for_output("redeploy failed", 60)
         assert httpx.get(url, timeout=30).json()["version"] == 2
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(timeout=60) == 0
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-        log.close()
+        assert cli.stop(signal.SIGTERM) == 0
 
 
 def test_version_flag() -> None:
@@ -281,3 +270,20 @@ def test_version_flag() -> None:
         [*CLI, "--version"], cwd=ROOT, env=cli_env(), capture_output=True, text=True, timeout=60
     )
     assert done.returncode == 0 and done.stdout.startswith("app-toolkit, version ")
+
+
+def test_reload_redeploys_a_config_files_apps_after_a_code_change(tmp_path: Path) -> None:
+    (tmp_path / "reloadme.py").write_text("VERSION = 1\n" + RELOADED_APP)
+    port = free_port()
+    config = {
+        "http_options": {"port": port},
+        "applications": [{"name": "r", "route_prefix": "/", "import_path": "reloadme:app"}],
+    }
+    (tmp_path / "serve.yaml").write_text(yaml.safe_dump(config))
+    url = f"http://127.0.0.1:{port}/where"
+    with running_cli(["serve.yaml", "--local", "--reload"], tmp_path, tmp_path / "cli.log") as cli:
+        cli.wait_for_output("watching", 60)
+        assert httpx.get(url, timeout=30).json()["version"] == 1
+        (tmp_path / "reloadme.py").write_text("VERSION = 2\n" + RELOADED_APP)
+        wait_for(lambda: httpx.get(url, timeout=30).json()["version"] == 2, 60, "the redeploy")
+        assert cli.stop(signal.SIGTERM) == 0

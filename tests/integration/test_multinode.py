@@ -6,31 +6,14 @@ process, ``multinode_scenario.py``, because this session already has its own Ray
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from typing import Any
 
-from tests.conftest import ROOT
 from tests.integration.multinode_scenario import LOADERS, RECOVERY_LIMIT_S
+from tests.scenario import run_scenario
 
 
 def _run_scenario() -> dict[str, Any]:
-    env = dict(os.environ)
-    env.pop("RAY_ADDRESS", None)
-    done = subprocess.run(
-        [sys.executable, "-m", "tests.integration.multinode_scenario"],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
-    assert done.returncode == 0 and lines, f"scenario failed:\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}"
-    result: dict[str, Any] = json.loads(lines[-1])
-    return result
+    return run_scenario("tests.integration.multinode_scenario", timeout_s=240)
 
 
 def test_removing_a_node_moves_its_replicas_and_the_app_keeps_serving() -> None:

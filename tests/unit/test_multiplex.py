@@ -93,3 +93,13 @@ def test_choice_prefers_holders_then_the_replica_with_fewest_models() -> None:
     for _ in range(10):
         chooser.acquire("r2")
     assert chooser.choose(0.0, "m3").replica_id != "r2"  # type: ignore[union-attr]
+
+
+def test_hints_stay_bounded_under_random_model_ids() -> None:
+    chooser = ReplicaChooser(random.Random(1))
+    chooser.set_replicas([_info("r1")])
+    for n in range(10_000):  # a client inventing a model id per request
+        chooser.acquire("r1", f"junk-{n}", now=float(n))
+        chooser.release("r1")
+    assert len(chooser._replicas["r1"].sent) <= 256
+    assert chooser.choose(10_000.0, "junk-9999").replica_id == "r1"  # type: ignore[union-attr]

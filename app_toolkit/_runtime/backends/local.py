@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import itertools
 import pickle
 import uuid
 from collections.abc import Callable, Sequence
@@ -51,7 +52,7 @@ class LocalBackend:
         self.cores: dict[str, ReplicaCore] = {}
         self._checkpoint: bytes | None = None
         #: Where replicas report their multiplexed models (the controller, once it exists).
-        self.on_models: Callable[[str, tuple[str, ...]], None] | None = None
+        self.on_models: Callable[[str, tuple[str, ...], int], None] | None = None
 
     def store(self, value: object) -> bytes:
         """Local "serialization": keep the object, hand out a key.
@@ -78,7 +79,10 @@ class LocalBackend:
             cast(InitArgs, self.objects[spec.init_args]),
             _dumps,
         )
-        core.report_models = lambda models: self.on_models(replica_id, models) if self.on_models else None
+        reports = itertools.count()
+        core.report_models = lambda models: (
+            self.on_models(replica_id, models, next(reports)) if self.on_models else None
+        )
         await core.start()
         self.cores[replica_id] = core
         info = ReplicaInfo(replica_id, spec.id, "local", 0, b"", spec.config.max_ongoing_requests)

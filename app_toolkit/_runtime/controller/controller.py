@@ -88,6 +88,8 @@ class ControllerCore:
         self._wake = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        # replica id -> sequence number of its last multiplexed-models report.
+        self._model_reports: dict[str, int] = {}
         # caller id -> (time of report, load per deployment): requests queued + running.
         self._loads: dict[str, tuple[float, Loads]] = {}
 
@@ -177,8 +179,16 @@ class ControllerCore:
         apps = [app for app in self.config_file.get("applications", []) if app.get("name", "default") != name]
         self.config_file = {**self.config_file, "applications": apps} if apps else None
 
-    def record_models(self, replica_id: str, models: tuple[str, ...]) -> None:
-        """A replica's multiplexed models changed: callers route by them."""
+    def record_models(self, replica_id: str, models: tuple[str, ...], sequence: int) -> None:
+        """A replica's multiplexed models changed: callers route by them. Reports may
+        arrive out of order (Ray runs an async actor's calls concurrently): ``sequence``
+        counts a replica's reports, and an older one than the last is ignored."""
+        if sequence <= self._model_reports.get(replica_id, -1):
+            return
+        self._model_reports[replica_id] = sequence
+        if len(self._model_reports) > 2 * sum(len(d.replicas) for d in self.deployments.values()) + 100:
+            live = {r for d in self.deployments.values() for r in d.replicas}
+            self._model_reports = {r: n for r, n in self._model_reports.items() if r in live}
         for deployment_id, state in self.deployments.items():
             if replica_id in state.replicas:
                 if hold_models(state, replica_id, tuple(models)):

@@ -21,6 +21,7 @@ _BACKOFF_MAX_S = 0.1
 #: For this long after sending a request for a model to a replica, the caller counts the
 #: replica as holding it (it loads it), until its own report reaches the replica table.
 MODEL_HINT_S = 5.0
+_MAX_HINTS = 256  # per replica
 
 
 @dataclass
@@ -112,6 +113,9 @@ class ReplicaChooser:
             replica.in_flight += 1
             if model_id:
                 replica.sent[model_id] = now
+                if len(replica.sent) > _MAX_HINTS:  # model ids come from clients: keep a bound
+                    fresh = sorted(replica.sent.items(), key=lambda item: item[1])[-_MAX_HINTS // 2 :]
+                    replica.sent = {model: at for model, at in fresh if at > now - MODEL_HINT_S}
 
     def release(self, replica_id: str) -> None:
         replica = self._replicas.get(replica_id)

@@ -121,9 +121,9 @@ class ControllerActor:
         await self.ready()
         return await self.core.listen(known, timeout_s)
 
-    async def record_models(self, replica_id: str, models: tuple[str, ...]) -> None:
+    async def record_models(self, replica_id: str, models: tuple[str, ...], sequence: int) -> None:
         await self.ready()
-        self.core.record_models(replica_id, models)
+        self.core.record_models(replica_id, models, sequence)
 
     async def record_load(self, caller: str, loads: Loads) -> None:
         await self.ready()

@@ -32,7 +32,9 @@ def _build(app: ApplicationConfig) -> AppSpec:
 
 def build_specs(apps: Sequence[ApplicationConfig]) -> list[AppSpec]:
     """Build every application (in parallel); any failure fails them all, naming each."""
-    task = ray.remote(num_cpus=0, max_retries=0)(_build)
+    # A fresh worker per build (max_calls=1): it imports the code as it is now, not a
+    # module a pooled worker imported for an earlier build.
+    task = ray.remote(num_cpus=0, max_retries=0, max_calls=1)(_build)
     refs: list[Any] = [task.options(runtime_env=app.runtime_env or None).remote(app) for app in apps]
     specs: list[AppSpec] = []
     failures: list[str] = []

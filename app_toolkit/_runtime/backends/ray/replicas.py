@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
 import logging
 import os
 import pickle
@@ -70,7 +71,8 @@ class ReplicaActor:
             replica_id, deployment, config, pickle.loads(definition), pickle.loads(init_args), dumps
         )
         controller = controller_actor()
-        core.report_models = lambda models: controller.record_models.remote(replica_id, models)
+        reports = itertools.count()
+        core.report_models = lambda models: controller.record_models.remote(replica_id, models, next(reports))
         await core.start()
         token = secrets.token_bytes(16)
         host = node_address()
