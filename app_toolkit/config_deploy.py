@@ -105,7 +105,7 @@ def check_overrides(app: ApplicationConfig, deployed: list[str]) -> None:
     unknown = [entry.name for entry in app.deployments if entry.name not in deployed]
     if unknown:
         raise ConfigError(
-            f"applications ({app.name}).deployments: {unknown[0]!r} is not a deployment of "
+            f"deployments: {unknown[0]!r} is not a deployment of "
             f"{app.import_path} (it has: {', '.join(sorted(deployed))})"
         )
 

@@ -29,6 +29,8 @@ from pathlib import Path
 
 import httpx
 
+from benchmarks.proc_cpu import cpu_seconds
+
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
@@ -68,6 +70,8 @@ class Result:
     p50_ms: float
     p99_ms: float
     failures: int
+    requests: int = 0
+    cpu_ms: float = 0.0  # the server's CPU (all its processes) per request
 
 
 def free_port() -> int:
@@ -133,7 +137,18 @@ def run_wrk(base: str, scenario: Scenario, script: Path, duration_s: int) -> Res
         p50_ms=data["p50_us"] / 1000,
         p99_ms=data["p99_us"] / 1000,
         failures=data["errors"] + data["non2xx"],
+        requests=data["requests"],
     )
+
+
+def run_measured(
+    server: subprocess.Popen[bytes], base: str, scenario: Scenario, script: Path, duration_s: int
+) -> Result:
+    """One wrk run, with the CPU the server's process tree spent per request (from /proc)."""
+    before = cpu_seconds(server.pid)
+    result = run_wrk(base, scenario, script, duration_s)
+    result.cpu_ms = (cpu_seconds(server.pid) - before) * 1000 / max(result.requests, 1)
+    return result
 
 
 def median(results: list[Result]) -> Result:
@@ -142,6 +157,8 @@ def median(results: list[Result]) -> Result:
         p50_ms=statistics.median(r.p50_ms for r in results),
         p99_ms=statistics.median(r.p99_ms for r in results),
         failures=sum(r.failures for r in results),
+        requests=sum(r.requests for r in results),
+        cpu_ms=statistics.median(r.cpu_ms for r in results),
     )
 
 
@@ -236,14 +253,17 @@ def main() -> None:
                     run_wrk(bases[name], scenario, script, 2)
                 for _ in range(args.rounds):
                     for name in runs:
-                        runs[name].append(run_wrk(bases[name], scenario, script, args.duration))
+                        runs[name].append(
+                            run_measured(servers[name], bases[name], scenario, script, args.duration)
+                        )
                 bare, ours = median(runs["uvicorn"]), median(runs["toolkit"])
                 rows.append((scenario, bare, ours))
                 print(
                     f"{scenario.name:28} uvicorn {bare.rps:8.0f} req/s p50 {bare.p50_ms:6.2f} ms "
                     f"p99 {bare.p99_ms:7.2f} ms | toolkit {ours.rps:8.0f} req/s p50 {ours.p50_ms:6.2f} ms "
                     f"p99 {ours.p99_ms:7.2f} ms | ratio {ours.rps / bare.rps:4.2f}x, "
-                    f"p50 {ours.p50_ms - bare.p50_ms:+.2f} ms, failures {bare.failures}/{ours.failures}",
+                    f"p50 {ours.p50_ms - bare.p50_ms:+.2f} ms, failures {bare.failures}/{ours.failures} | "
+                    f"server CPU/request uvicorn {bare.cpu_ms:.3f} ms, toolkit {ours.cpu_ms:.3f} ms",
                     flush=True,
                 )
     finally:

@@ -224,7 +224,13 @@ class LocalSession:
                     f"Application {app.name!r} has a runtime_env, which only the Ray backend "
                     "provides; remove it to run the file in this process"
                 )
-        return [build_spec(app, self) for app in apps]
+        specs = []
+        for index, app in enumerate(apps):
+            try:
+                specs.append(build_spec(app, self))
+            except ConfigError as exc:
+                raise ConfigError(f"applications[{index}] ({app.name}): {exc}") from None
+        return specs
 
     def status(self) -> ServeStatus:
         async def read() -> ServeStatus:
