@@ -6,8 +6,9 @@ import asyncio
 
 import pytest
 
+from app_toolkit._runtime.channel import server as server_module
 from app_toolkit._runtime.channel.client import ChannelClient
-from app_toolkit._runtime.channel.frames import DRAINING, Kind
+from app_toolkit._runtime.channel.frames import DRAINING, HEADER, Kind
 from app_toolkit._runtime.channel.server import ResponseSink, start_server
 from app_toolkit._runtime.messages import HTTPRequest, HTTPResponse, HTTPResponseStart
 from app_toolkit.exceptions import ReplicaUnavailableError
@@ -202,3 +203,50 @@ async def test_stream_chunks_close_together_share_a_write_and_a_pause_flushes_at
     protocol.send(Kind.BODY, 1, [b"7"], soon=True)
     protocol.send(Kind.END, 1, [])  # an ordinary frame never overtakes a waiting chunk
     assert frames(transport.writes[-1]) == [b"7", b""]
+
+
+async def test_a_peer_announcing_a_huge_frame_before_hello_is_cut_off_at_once() -> None:
+    server, port = await start_server(Handler(), "127.0.0.1", TOKEN)
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(HEADER.pack((4 << 30) - 1, 1, Kind.HELLO) + b"x" * 65536)
+        await writer.drain()
+        assert await asyncio.wait_for(reader.read(1), 5) == b""  # closed, nothing buffered
+    finally:
+        writer.close()
+        server.close()
+
+
+async def test_a_peer_that_never_says_hello_is_closed_after_the_handshake_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(server_module, "HANDSHAKE_TIMEOUT_S", 0.2)
+    server, port = await start_server(Handler(), "127.0.0.1", TOKEN)
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(b"\x00")  # one byte of a header, then silence (slowloris)
+        await writer.drain()
+        assert await asyncio.wait_for(reader.read(1), 5) == b""
+    finally:
+        writer.close()
+        server.close()
+
+
+async def test_connections_beyond_the_cap_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(server_module, "MAX_CONNECTIONS", 2)
+    server, port = await start_server(Handler(), "127.0.0.1", TOKEN)
+    opened = [await asyncio.open_connection("127.0.0.1", port) for _ in range(3)]
+    try:
+        third_reader = opened[2][0]
+        assert await asyncio.wait_for(third_reader.read(1), 5) == b""
+        client = ChannelClient("127.0.0.1", port, TOKEN)  # a slot frees when one closes
+        opened[0][1].close()
+        await asyncio.sleep(0.1)
+        exchange = await client.open(Kind.HTTP, request(b"ok"))
+        kind, _ = await asyncio.wait_for(exchange.recv(), 5)
+        assert kind is Kind.RESPONSE
+        client.close()
+    finally:
+        for _, writer in opened:
+            writer.close()
+        server.close()

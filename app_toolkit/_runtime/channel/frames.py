@@ -26,7 +26,7 @@ from app_toolkit._runtime.messages import HTTPRequest, HTTPResponse
 logger = logging.getLogger("app_toolkit.channel")
 
 HEADER = struct.Struct("!IQB")
-_MAX_FRAME = 1 << 31
+MAX_FRAME_BYTES = 1 << 31  # the largest frame either side sends or accepts
 _HIGH_WATER = 4 << 20
 _SOON_MAX = 64 << 10  # bigger frames, or this many bytes waiting, are written at once
 _SOON_WINDOW_S = 0.001  # a stream chunk this soon after the previous write waits for the turn's end
@@ -120,6 +120,10 @@ class FrameProtocol(asyncio.Protocol):
         self._soon_bytes = 0
         self._last_write = 0.0  # loop time of the last stream-chunk write
         self._loop: asyncio.AbstractEventLoop | None = None
+        #: The largest frame this side accepts; a peer announcing more is cut off before
+        #: anything of the frame is buffered.
+        self.max_receive = MAX_FRAME_BYTES
+        self._dropped = False  # closed by this side: whatever still arrives is ignored
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # uvloop's transports (Ray's async actors run on uvloop) are not asyncio.Transport
@@ -135,15 +139,26 @@ class FrameProtocol(asyncio.Protocol):
         """Called once when the connection closes."""
 
     def data_received(self, data: bytes) -> None:
+        if self._dropped:
+            return
         buffer = self._buffer
         buffer += data
         size = len(buffer)
         offset = 0
+        oversized = False
         # Frames are handed over as views into the buffer, valid only during on_frame:
         # decode() copies what it keeps, so a large body is copied once, not three times.
         with memoryview(buffer) as view:
             while size - offset >= HEADER.size:
                 length, number, kind = HEADER.unpack_from(view, offset)
+                if length > self.max_receive:
+                    logger.warning(
+                        "Closing a data-plane connection that announced a %d-byte frame (limit %d)",
+                        length,
+                        self.max_receive,
+                    )
+                    oversized = True
+                    break
                 end = offset + HEADER.size + length
                 if end > size:
                     break
@@ -154,6 +169,9 @@ class FrameProtocol(asyncio.Protocol):
                     self.close()
                     return
                 offset = end
+        if oversized:
+            self.drop()
+            return
         if offset:
             del buffer[:offset]
 
@@ -163,7 +181,7 @@ class FrameProtocol(asyncio.Protocol):
         if self.closed or self.transport is None:
             return
         length = sum(len(part) for part in parts)
-        if length >= _MAX_FRAME:
+        if length >= MAX_FRAME_BYTES:
             raise ValueError(f"Message of {length} bytes is larger than a frame (2 GiB)")
         header = HEADER.pack(length, number, kind)
         if length >= _SOON_MAX:
@@ -224,3 +242,10 @@ class FrameProtocol(asyncio.Protocol):
         if self.transport is not None and not self.closed:
             self._flush()
             self.transport.close()
+
+    def drop(self) -> None:
+        """Close at once and forget what was received (a peer breaking the rules)."""
+        self._dropped = True
+        self._buffer = bytearray()
+        if self.transport is not None and not self.closed:
+            self.transport.abort()

@@ -10,6 +10,7 @@ from typing import Any, Protocol
 
 from app_toolkit._runtime.channel.frames import (
     DRAINING,
+    MAX_FRAME_BYTES,
     Dumps,
     FrameProtocol,
     Kind,
@@ -62,8 +63,26 @@ class _ServerSink:
         await self._conn.drain()
 
 
+#: A peer must prove it holds the token this soon after connecting, or it is closed.
+HANDSHAKE_TIMEOUT_S = 10.0
+#: Frames a peer may send before its HELLO is accepted: the HELLO itself, nothing bigger.
+_HELLO_MAX_BYTES = 256
+#: Open connections one replica accepts (every proxy and handle owner keeps one per
+#: replica); beyond this, new ones are closed at once.
+MAX_CONNECTIONS = 4096
+
+
+class _Connections:
+    """The live connections of one server (for the cap)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+
 class _ServerConnection(FrameProtocol):
-    def __init__(self, handler: RequestHandler, token: bytes, dumps: Dumps) -> None:
+    def __init__(
+        self, handler: RequestHandler, token: bytes, dumps: Dumps, connections: _Connections
+    ) -> None:
         super().__init__()
         self.handler = handler
         self.token = token
@@ -71,11 +90,35 @@ class _ServerConnection(FrameProtocol):
         self.authenticated = False
         self.tasks: dict[int, asyncio.Task[None]] = {}
         self.inbound: dict[int, asyncio.Queue[Any]] = {}
+        self.max_receive = _HELLO_MAX_BYTES  # until the token is proven
+        self._connections = connections
+        self._counted = False
+        self._handshake: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        if self._connections.count >= MAX_CONNECTIONS:
+            logger.warning("Refusing a data-plane connection: %d are open already", MAX_CONNECTIONS)
+            self.drop()
+            return
+        self._connections.count += 1
+        self._counted = True
+        self._handshake = asyncio.get_running_loop().call_later(HANDSHAKE_TIMEOUT_S, self._handshake_expired)
+
+    def _handshake_expired(self) -> None:
+        if not self.authenticated:
+            logger.warning(
+                "Closing a data-plane connection that sent no token within %s s", HANDSHAKE_TIMEOUT_S
+            )
+            self.drop()
 
     def on_frame(self, kind: Kind, number: int, payload: memoryview) -> None:
         if not self.authenticated:
             if kind is Kind.HELLO and hmac.compare_digest(payload, self.token):
                 self.authenticated = True
+                self.max_receive = MAX_FRAME_BYTES
+                if self._handshake is not None:
+                    self._handshake.cancel()
             else:
                 logger.warning("Closing a data-plane connection that sent no valid token")
                 self.close()
@@ -108,6 +151,11 @@ class _ServerConnection(FrameProtocol):
         task.add_done_callback(forget)
 
     def on_lost(self) -> None:
+        if self._handshake is not None:
+            self._handshake.cancel()
+        if self._counted:
+            self._counted = False
+            self._connections.count -= 1
         for task in list(self.tasks.values()):
             task.cancel()
 
@@ -117,6 +165,9 @@ async def start_server(
 ) -> tuple[asyncio.Server, int]:
     """Listen on a free port of ``host``; returns the server and the port."""
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(lambda: _ServerConnection(handler, token, dumps), host=host, port=0)
+    connections = _Connections()
+    server = await loop.create_server(
+        lambda: _ServerConnection(handler, token, dumps, connections), host=host, port=0
+    )
     port = server.sockets[0].getsockname()[1]
     return server, int(port)
