@@ -97,22 +97,16 @@ class _Schema(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class FileHTTPOptions(_Schema):
-    """``http_options``: the proxy's options (``proxy_location`` sits at the top level)."""
-
-    host: str = default_of(HTTPOptions, "host")
-    port: int = default_of(HTTPOptions, "port")
-    max_request_body_bytes: int = default_of(HTTPOptions, "max_request_body_bytes")
-    websocket_max_message_bytes: int = default_of(HTTPOptions, "websocket_max_message_bytes")
-    access_log: bool = default_of(HTTPOptions, "access_log")
-    root_path: str = default_of(HTTPOptions, "root_path")
-    proxy_headers: bool = default_of(HTTPOptions, "proxy_headers")
-    forwarded_allow_ips: str = default_of(HTTPOptions, "forwarded_allow_ips")
+class FileHTTPOptions(HTTPOptions):
+    """``http_options``: the proxy's options, less ``proxy_location`` (top level in a file)."""
 
     @model_validator(mode="before")
     @classmethod
     def _neutral(cls, data: Any) -> Any:
-        return _drop_neutral("http", data)
+        data = _drop_neutral("http", data)
+        if isinstance(data, dict) and "proxy_location" in data:
+            raise ValueError("proxy_location belongs at the top level of the file, not in http_options")
+        return data
 
 
 class GRPCOptions(_Schema):

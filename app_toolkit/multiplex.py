@@ -32,7 +32,7 @@ MODEL_ID_HEADER = request_context.MODEL_ID_HEADER
 
 def get_multiplexed_model_id() -> str:
     """The model the current request asks for ("" when it names none)."""
-    return request_context.model_id.get()
+    return request_context.current_model_id()
 
 
 class _ModelCache(Generic[M]):

@@ -19,8 +19,23 @@ app_name: ContextVar[str] = ContextVar("app_toolkit_app_name", default="")
 #: The HTTP header that names a request's multiplexed model (Ray Serve's name).
 MODEL_ID_HEADER = "serve_multiplexed_model_id"
 
-#: The multiplexed model the current request asks for ("" if none).
-model_id: ContextVar[str] = ContextVar("app_toolkit_model_id", default="")
+#: Where the current request names its multiplexed model: the id itself (handle calls),
+#: or an HTTP/WebSocket scope's headers, read only if someone asks (see ``current_model_id``).
+model_id: ContextVar[str | list[tuple[bytes, bytes]]] = ContextVar("app_toolkit_model_id", default="")
+
+_MODEL_ID_HEADER_BYTES = MODEL_ID_HEADER.encode()
+
+
+def current_model_id() -> str:
+    """The multiplexed model the current request asks for ("" if none)."""
+    source = model_id.get()
+    if isinstance(source, str):
+        return source
+    for key, value in source:
+        if key == _MODEL_ID_HEADER_BYTES:  # ASGI header names are lower-case
+            return bytes(value).decode("latin-1")
+    return ""
+
 
 #: Tells the controller which multiplexed models the current replica holds (set by the
 #: replica while it serves; None outside replicas).

@@ -438,6 +438,7 @@ class Threads:
 # ----------------------------------------------------------------- multiplexing
 
 
+# --8<-- [start:multiplexed]
 @tk.deployment(num_replicas=3, max_ongoing_requests=16)
 class Models:
     """Six models over three replicas holding two each (Ray Serve's multiplexing API)."""
@@ -460,3 +461,6 @@ class Models:
 
     async def __call__(self, request: Request) -> dict[str, Any]:
         return await self.infer()
+
+
+# --8<-- [end:multiplexed]

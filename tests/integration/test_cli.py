@@ -23,6 +23,13 @@ from tests.waiting import wait_for
 CLI = [sys.executable, "-m", "app_toolkit.cli"]
 
 
+def run_cli(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """``app-toolkit ARGS`` from the repository root, its output captured."""
+    return subprocess.run(
+        [*CLI, *args], cwd=ROOT, env=cli_env(), capture_output=True, text=True, timeout=timeout
+    )
+
+
 def cli_env() -> dict[str, str]:
     env = dict(os.environ)
     env.pop("RAY_ADDRESS", None)
@@ -95,19 +102,10 @@ def test_run_serves_the_demo_and_stops_cleanly(tmp_path: Path, extra: list[str],
 
 
 def test_bad_import_paths_fail_with_a_fix() -> None:
-    bad = subprocess.run(
-        [*CLI, "run", "examples.demo"], cwd=ROOT, env=cli_env(), capture_output=True, text=True, timeout=60
-    )
+    bad = run_cli("run", "examples.demo")
     assert bad.returncode == 1
     assert 'must look like "module:attribute"' in bad.stderr
-    missing = subprocess.run(
-        [*CLI, "run", "examples.demo:Greeter"],
-        cwd=ROOT,
-        env=cli_env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    missing = run_cli("run", "examples.demo:Greeter")
     assert missing.returncode == 1
     assert "is a deployment; point at an application such as Greeter.bind()" in missing.stderr
 
@@ -116,28 +114,14 @@ def test_status_reports_the_running_apps(ray_toolkit: Toolkit) -> None:
     name = ray_toolkit.name()
     ray_toolkit.run(basic.make_app(), name=name, route_prefix="/cli-status")
     address = ray.get_runtime_context().gcs_address
-    result = subprocess.run(
-        [*CLI, "status", "--address", address, "--json"],
-        cwd=ROOT,
-        env=cli_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    result = run_cli("status", "--address", address, "--json", timeout=120)
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
     app = data["applications"][name]
     assert app["status"] == "RUNNING" and app["route_prefix"] == "/cli-status"
     assert app["deployments"]["Ingress"]["replica_states"] == {"RUNNING": 1}
 
-    table = subprocess.run(
-        [*CLI, "status", "--address", address],
-        cwd=ROOT,
-        env=cli_env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    table = run_cli("status", "--address", address, timeout=120)
     assert table.returncode == 0, table.stderr
     lines = table.stdout.splitlines()
     assert f"{name}  RUNNING  /cli-status" in lines
@@ -153,25 +137,11 @@ def test_shutdown_command_stops_the_toolkit_on_the_cluster(ray_toolkit: Toolkit)
     ray_toolkit.run(basic.make_app(), route_prefix="/cli-shutdown")
     ray_toolkit._apps.clear()  # the command below removes it
     address = ray.get_runtime_context().gcs_address
-    result = subprocess.run(
-        [*CLI, "shutdown", "--address", address],
-        cwd=ROOT,
-        env=cli_env(),
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    result = run_cli("shutdown", "--address", address, timeout=180)
     assert result.returncode == 0, result.stderr
     assert "app_toolkit stopped" in result.stdout
     assert [a for a in ray.util.list_named_actors(all_namespaces=True) if a["namespace"] == NAMESPACE] == []
-    again = subprocess.run(
-        [*CLI, "shutdown", "--address", address],
-        cwd=ROOT,
-        env=cli_env(),
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    again = run_cli("shutdown", "--address", address, timeout=180)
     assert again.returncode == 0 and "nothing to stop" in again.stdout
     # This process's session pointed at the stopped controller: drop it.
     session = current_session(create=False)
@@ -181,20 +151,8 @@ def test_shutdown_command_stops_the_toolkit_on_the_cluster(ray_toolkit: Toolkit)
 
 
 def test_build_then_run_the_file_in_process(tmp_path: Path) -> None:
-    built = subprocess.run(
-        [
-            *CLI,
-            "build",
-            "tests.apps.config_apps:hello",
-            "examples.demo:app",
-            "-o",
-            str(tmp_path / "serve.yaml"),
-        ],
-        cwd=ROOT,
-        env=cli_env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
+    built = run_cli(
+        "build", "tests.apps.config_apps:hello", "examples.demo:app", "-o", str(tmp_path / "serve.yaml")
     )
     assert built.returncode == 0, built.stderr
     config = yaml.safe_load((tmp_path / "serve.yaml").read_text())
@@ -266,9 +224,7 @@ def test_run_flags_root_path_forwarded_headers_and_reload(tmp_path: Path) -> Non
 
 
 def test_version_flag() -> None:
-    done = subprocess.run(
-        [*CLI, "--version"], cwd=ROOT, env=cli_env(), capture_output=True, text=True, timeout=60
-    )
+    done = run_cli("--version")
     assert done.returncode == 0 and done.stdout.startswith("app-toolkit, version ")
 
 

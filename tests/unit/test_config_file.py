@@ -63,6 +63,8 @@ def test_a_file_ray_serve_build_wrote_loads(tmp_path: Path) -> None:
         ({"applications": []}, "applications: List should have at least 1 item"),
         ({}, "applications: required"),
         ({"proxy_location": "Somewhere", **_app()}, "proxy_location: Input should be"),
+        ({"http_options": {"port": 70000}, **_app()}, "http_options.port: Input should be less than"),
+        ({"http_options": {"proxy_location": "HeadOnly"}, **_app()}, "proxy_location belongs at the top"),
         (_app(colour="red"), r"applications\[0\] \(a\)\.colour: unknown field"),
         (_app(import_path="no colon"), r"applications\[0\] \(a\)\.import_path: must look like"),
         (_app(route_prefix="api"), r"applications\[0\] \(a\)\.route_prefix: must start with '/'"),

@@ -199,7 +199,7 @@ class ReplicaCore:
             self.asgi_app = request_app(self._method("__call__"))
         rid = request_context.request_id.set(request.request_id)
         inst = request_context.replica_instance.set(self.instance)
-        self._enter(_header(request.scope, MODEL_ID_HEADER_BYTES))
+        self._enter(request.scope.get("headers", []))
         request_context.draining.set(self.draining_event)
         try:
             state = self._lifespan.state if self._lifespan is not None else {}
@@ -267,8 +267,9 @@ class ReplicaCore:
                 await aclose()
         sink.send(Kind.END, None)
 
-    def _enter(self, model_id: str) -> None:
-        """This task runs a request of this replica (for the model ``model_id``, if any)."""
+    def _enter(self, model_id: str | list[tuple[bytes, bytes]]) -> None:
+        """This task runs a request of this replica; ``model_id`` names its multiplexed
+        model, or is the headers that may (read only when asked)."""
         request_context.enter_replica(self.context)
         request_context.model_id.set(model_id)
         request_context.report_models.set(self.report_models)
@@ -292,16 +293,6 @@ class ReplicaCore:
         except Exception:  # noqa: BLE001 - not picklable: the caller gets type and message
             blob = None
         return CallFailure(type(exc).__name__, str(exc), blob)
-
-
-MODEL_ID_HEADER_BYTES = request_context.MODEL_ID_HEADER.encode()
-
-
-def _header(scope: dict[str, Any], name: bytes) -> str:
-    for key, value in scope.get("headers", ()):
-        if key.lower() == name:
-            return bytes(value).decode("latin-1")
-    return ""
 
 
 def _close_generator(generator: Any) -> None:
