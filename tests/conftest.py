@@ -89,17 +89,10 @@ def _ensure_backend(backend: str) -> Toolkit:
 
 
 def _init_test_ray() -> None:
-    import ray
+    from app_toolkit._runtime.backends.ray.cluster import init_ray
 
-    if not ray.is_initialized():
-        ray.init(
-            address="local",  # never a cluster some `ray start` left on this machine
-            include_dashboard=False,
-            _node_ip_address="127.0.0.1",
-            num_cpus=2,
-            resources={TEST_RESOURCE: 2},
-            logging_level="WARNING",
-        )
+    # The embedded cluster users get, with a resource to check ray_actor_options by.
+    init_ray(None, num_cpus=2, resources={TEST_RESOURCE: 2})
 
 
 def _toolkit_for(backend: str) -> Iterator[Toolkit]:

@@ -55,6 +55,26 @@ def dumps(value: Any) -> bytes:
     return buffer.getvalue()
 
 
+#: Where this node's replicas listen for the data plane. The embedded cluster sets it to
+#: loopback (its raylet, and so every worker, inherits it from the driver); elsewhere
+#: replicas listen on their node's cluster address, which other nodes' callers dial.
+DATA_PLANE_HOST_ENV = "APP_TOOLKIT_DATA_PLANE_HOST"
+_WILDCARDS = ("", "0.0.0.0", "::", "*")
+
+
+def data_plane_host() -> str:
+    """The one address a replica on this node listens on (never all interfaces)."""
+    host = os.environ.get(DATA_PLANE_HOST_ENV, "").strip()
+    if not host:
+        return node_address()
+    if host in _WILDCARDS:
+        raise ConfigError(
+            f"{DATA_PLANE_HOST_ENV}={host!r} would listen on every interface; set it to one "
+            "address of this node that the cluster's other nodes can reach, or unset it."
+        )
+    return host
+
+
 def node_address() -> str:
     """The address this Ray node was started with (127.0.0.1 on the embedded cluster).
 
@@ -93,8 +113,9 @@ def remote(cls: type, **options: Any) -> Any:
     return ray.remote(cls).options(**{**_ACTOR_DEFAULTS, **options})
 
 
-def init_ray(address: str | None) -> None:
-    """Join ``address`` (or RAY_ADDRESS), or start an embedded single-node cluster."""
+def init_ray(address: str | None, **options: Any) -> None:
+    """Join ``address`` (or RAY_ADDRESS), or start an embedded single-node cluster
+    (``options`` go to ``ray.init``)."""
     if ray.is_initialized():
         return
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -107,16 +128,32 @@ def init_ray(address: str | None) -> None:
         "include_dashboard": False,
         "logging_level": logging.WARNING,
         "configure_logging": False,
+        **options,
     }
     if address is None:
-        kwargs["_node_ip_address"] = "127.0.0.1"
         # "local": always a new embedded cluster. Without an address Ray joins the cluster
         # `ray start` last started on this machine, even one that has died since.
         address = "local"
     if threading.current_thread() is threading.main_thread():
-        ray.init(address=address, **kwargs)
+        _start_or_join(address, kwargs)
     else:
-        _on_lasting_thread(lambda: ray.init(address=address, **kwargs))
+        _on_lasting_thread(lambda: _start_or_join(address, kwargs))
+
+
+def _start_or_join(address: str, kwargs: dict[str, Any]) -> None:
+    if address != "local":
+        ray.init(address=address, **kwargs)
+        return
+    # Ray advertises the machine's routable address even for a cluster of one; the
+    # toolkit's sockets stay on loopback (docs/security.md). The raylet, and so every
+    # worker, inherits the setting; this process (and what it starts later) does not.
+    before = os.environ.get(DATA_PLANE_HOST_ENV)
+    os.environ.setdefault(DATA_PLANE_HOST_ENV, "127.0.0.1")
+    try:
+        ray.init(address=address, **kwargs)
+    finally:
+        if before is None:
+            os.environ.pop(DATA_PLANE_HOST_ENV, None)
 
 
 # Ray starts an embedded cluster's processes (GCS, raylet) with PR_SET_PDEATHSIG, and

@@ -22,9 +22,9 @@ from app_toolkit._runtime.backends.ray.cluster import (
     REPLICA_PREFIX,
     configure_worker_logging,
     controller_actor,
+    data_plane_host,
     dumps,
     named_actors,
-    node_address,
     remote,
 )
 from app_toolkit._runtime.backends.ray.session import RaySession
@@ -75,7 +75,7 @@ class ReplicaActor:
         core.report_models = lambda models: controller.record_models.remote(replica_id, models, next(reports))
         await core.start()
         token = secrets.token_bytes(16)
-        host = node_address()
+        host = data_plane_host()
         self._server, port = await start_server(core, host, token, dumps)
         self._core = core
         self._info = ReplicaInfo(
