@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 
+from app_toolkit._runtime.channel import handshake
 from app_toolkit._runtime.channel import server as server_module
 from app_toolkit._runtime.channel.client import ChannelClient
 from app_toolkit._runtime.channel.frames import DRAINING, HEADER, Kind
@@ -124,9 +125,8 @@ async def test_wrong_token_is_refused() -> None:
     server, port = await start_server(Handler(), "127.0.0.1", TOKEN)
     client = ChannelClient("127.0.0.1", port, b"wrong-token-0000")
     try:
-        exchange = await client.open(Kind.HTTP, request(b"x"))
-        kind, _ = await asyncio.wait_for(exchange.recv(), 5)
-        assert kind is Kind.LOST
+        with pytest.raises(ReplicaUnavailableError, match="did not prove"):
+            await asyncio.wait_for(client.open(Kind.HTTP, request(b"x")), 5)
     finally:
         client.close()
         server.close()
@@ -220,7 +220,7 @@ async def test_a_peer_announcing_a_huge_frame_before_hello_is_cut_off_at_once() 
 async def test_a_peer_that_never_says_hello_is_closed_after_the_handshake_timeout(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(server_module, "HANDSHAKE_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(handshake, "HANDSHAKE_TIMEOUT_S", 0.2)
     server, port = await start_server(Handler(), "127.0.0.1", TOKEN)
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     try:
@@ -249,4 +249,122 @@ async def test_connections_beyond_the_cap_are_refused(monkeypatch: pytest.Monkey
     finally:
         for _, writer in opened:
             writer.close()
+        server.close()
+
+
+class Tap:
+    """A TCP relay on 127.0.0.1 that records every byte each way (a sniffer on the wire)."""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.upstream = bytearray()  # caller -> replica
+        self.downstream = bytearray()  # replica -> caller
+        self.server: asyncio.Server | None = None
+        self.port = 0
+        self._writers: list[asyncio.StreamWriter] = []
+
+    async def start(self) -> None:
+        self.server = await asyncio.start_server(self._relay, "127.0.0.1", 0)
+        self.port = self.server.sockets[0].getsockname()[1]
+
+    async def _relay(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+        self._writers += [writer, up_writer]
+
+        async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter, log: bytearray) -> None:
+            while data := await src.read(65536):
+                log += data
+                dst.write(data)
+                await dst.drain()
+            dst.close()
+
+        await asyncio.gather(pump(reader, up_writer, self.upstream), pump(up_reader, writer, self.downstream))
+
+    async def close(self) -> None:
+        for writer in self._writers:
+            writer.close()
+        if self.server is not None:
+            self.server.close()
+            await self.server.wait_closed()
+
+
+async def test_the_token_never_crosses_the_wire_and_a_replayed_handshake_is_refused() -> None:
+    server, port = await start_server(Handler(), "127.0.0.1", TOKEN)
+    tap = Tap(port)
+    await tap.start()
+    client = ChannelClient("127.0.0.1", tap.port, TOKEN)
+    try:
+        exchange = await client.open(Kind.HTTP, request(b"ok"))
+        kind, _ = await asyncio.wait_for(exchange.recv(), 5)
+        assert kind is Kind.RESPONSE
+        assert TOKEN not in tap.upstream and TOKEN not in tap.downstream
+        # Whoever sniffed that connection replays the caller's bytes on a new one.
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(bytes(tap.upstream))
+        await writer.drain()
+        answered = await asyncio.wait_for(reader.read(), 5)  # until the replica closes
+        writer.close()
+        assert Kind.RESPONSE not in [kind for _, _, kind in _frame_heads(answered)]
+    finally:
+        client.close()
+        await tap.close()
+        server.close()
+
+
+def _frame_heads(data: bytes) -> list[tuple[int, int, int]]:
+    heads = []
+    while len(data) >= HEADER.size:
+        length, number, kind = HEADER.unpack_from(data)
+        heads.append((length, number, kind))
+        data = data[HEADER.size + length :]
+    return heads
+
+
+async def test_a_process_on_a_dead_replicas_port_cannot_pose_as_the_replica(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(handshake, "HANDSHAKE_TIMEOUT_S", 0.5)
+    received = bytearray()
+
+    async def impostor(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        # Knows the protocol but not the token: answers a challenge with a made-up proof.
+        received.extend(await reader.read(65536))
+        payload = b"n" * 16 + b"p" * 32
+        writer.write(HEADER.pack(len(payload), 0, Kind.CHALLENGE) + payload)
+        await writer.drain()
+        while data := await reader.read(65536):
+            received.extend(data)
+        writer.close()
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while data := await reader.read(65536):
+            received.extend(data)
+        writer.close()
+
+    for behaviour in (impostor, silent):
+        fake = await asyncio.start_server(behaviour, "127.0.0.1", 0)
+        client = ChannelClient("127.0.0.1", fake.sockets[0].getsockname()[1], TOKEN)
+        with pytest.raises(ReplicaUnavailableError, match="did not prove"):
+            await asyncio.wait_for(client.open(Kind.HTTP, request(b"secret request")), 5)
+        client.close()
+        fake.close()
+        await fake.wait_closed()  # after the fake has read everything the client sent
+    assert TOKEN not in received and b"secret request" not in received
+
+
+async def test_a_caller_with_a_bad_proof_is_cut_off() -> None:
+    server, port = await start_server(Handler(), "127.0.0.1", TOKEN)
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(HEADER.pack(16, 0, Kind.HELLO) + b"c" * 16)
+        head = await asyncio.wait_for(reader.readexactly(HEADER.size), 5)
+        length, _, kind = HEADER.unpack(head)
+        assert kind == Kind.CHALLENGE
+        await reader.readexactly(length)
+        writer.write(HEADER.pack(32, 0, Kind.PROOF) + b"x" * 32)
+        writer.write(HEADER.pack(0, 1, Kind.CALL))
+        await writer.drain()
+        assert await asyncio.wait_for(reader.read(1), 5) == b""
+    finally:
+        writer.close()
         server.close()

@@ -6,17 +6,53 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from app_toolkit._runtime.channel import handshake
 from app_toolkit._runtime.channel.exchange import TERMINAL, Exchange
-from app_toolkit._runtime.channel.frames import Dumps, FrameProtocol, Kind, decode, encode, plain_dumps
+from app_toolkit._runtime.channel.frames import (
+    MAX_FRAME_BYTES,
+    Dumps,
+    FrameProtocol,
+    Kind,
+    decode,
+    encode,
+    plain_dumps,
+)
 from app_toolkit.exceptions import ReplicaUnavailableError
 
 
 class _ClientConnection(FrameProtocol):
-    def __init__(self) -> None:
+    def __init__(self, token: bytes) -> None:
         super().__init__()
         self.pending: dict[int, Exchange] = {}
+        self._token = token
+        self._nonce = handshake.nonce()
+        #: Done once the replica has proven it holds the token (False: it failed to).
+        self.proven: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self.max_receive = handshake.MAX_HANDSHAKE_FRAME  # until the replica has proven itself
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        self.send(Kind.HELLO, 0, [self._nonce])
+
+    def _check_replica(self, kind: Kind, payload: memoryview) -> None:
+        """The caller's side of the handshake (handshake.py)."""
+        size = handshake.NONCE_BYTES
+        if kind is Kind.CHALLENGE and len(payload) == size + handshake.PROOF_BYTES:
+            replica_nonce = bytes(payload[:size])
+            if handshake.matches(
+                handshake.replica_proof(self._token, self._nonce, replica_nonce), payload[size:]
+            ):
+                self.send(Kind.PROOF, 0, [handshake.caller_proof(self._token, self._nonce, replica_nonce)])
+                self.max_receive = MAX_FRAME_BYTES
+                self.proven.set_result(True)
+                return
+        self.proven.set_result(False)
+        self.drop()
 
     def on_frame(self, kind: Kind, number: int, payload: memoryview) -> None:
+        if not self.proven.done():
+            self._check_replica(kind, payload)
+            return
         exchange = self.pending.get(number)
         if exchange is None:
             return
@@ -25,6 +61,8 @@ class _ClientConnection(FrameProtocol):
         exchange.push(kind, decode(kind, payload))
 
     def on_lost(self) -> None:
+        if not self.proven.done():
+            self.proven.set_result(False)
         pending, self.pending = self.pending, {}
         for exchange in pending.values():
             exchange.push(Kind.LOST, None)
@@ -56,11 +94,23 @@ class ChannelClient:
 
     async def _connect(self) -> _ClientConnection:
         loop = asyncio.get_running_loop()
+        where = f"{self.host}:{self.port}"
         try:
-            _transport, conn = await loop.create_connection(_ClientConnection, self.host, self.port)
+            _transport, conn = await loop.create_connection(
+                lambda: _ClientConnection(self.token), self.host, self.port
+            )
         except OSError as exc:
-            raise ReplicaUnavailableError(f"Cannot reach replica at {self.host}:{self.port}: {exc}") from None
-        conn.send(Kind.HELLO, 0, [self.token])
+            raise ReplicaUnavailableError(f"Cannot reach replica at {where}: {exc}") from None
+        try:
+            proven = await asyncio.wait_for(asyncio.shield(conn.proven), handshake.HANDSHAKE_TIMEOUT_S)
+        except TimeoutError:
+            proven = False
+        if not proven:
+            conn.drop()
+            raise ReplicaUnavailableError(
+                f"The process at {where} did not prove it is the replica (it holds no valid "
+                "token, or closed the connection); nothing was sent to it"
+            )
         self._conn = conn
         return conn
 

@@ -6,9 +6,10 @@ replica and multiplexes requests over it by request number. One frame each way c
 a unary request (docs/architecture.md, "Data plane"); streamed bodies are one frame per
 chunk. The caller's end is ``client.py``, the replica's end ``server.py``.
 
-Frame: ``!IQB`` header (payload length, request number, kind) then the payload. The first
-frame on a connection must be HELLO carrying the replica's token, which the controller
-publishes to callers over Ray, so a stray process on the host cannot drive a replica.
+Frame: ``!IQB`` header (payload length, request number, kind) then the payload. A
+connection opens with a handshake (HELLO, CHALLENGE, PROOF; ``handshake.py``) in which each
+side proves it holds the replica's token without sending it, so a stray process on the
+network can neither drive a replica nor pose as one.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ class Kind(IntEnum):
     CANCEL = 4
     WS_OPEN = 5  # a WebSocket connection: the scope; then WS_IN frames with the client's messages
     WS_IN = 6
+    CHALLENGE = 7  # the replica's nonce and proof (handshake.py)
+    PROOF = 8  # the caller's proof
     RESPONSE = 10
     START = 11
     BODY = 12
@@ -167,6 +170,8 @@ class FrameProtocol(asyncio.Protocol):
                 except Exception:
                     logger.exception("Dropping a malformed frame; closing the connection")
                     self.close()
+                    return
+                if self._dropped:
                     return
                 offset = end
         if oversized:

@@ -4,10 +4,10 @@ requests, send their replies back as frames (see ``frames.py``)."""
 from __future__ import annotations
 
 import asyncio
-import hmac
 import logging
 from typing import Any, Protocol
 
+from app_toolkit._runtime.channel import handshake
 from app_toolkit._runtime.channel.frames import (
     DRAINING,
     MAX_FRAME_BYTES,
@@ -63,10 +63,6 @@ class _ServerSink:
         await self._conn.drain()
 
 
-#: A peer must prove it holds the token this soon after connecting, or it is closed.
-HANDSHAKE_TIMEOUT_S = 10.0
-#: Frames a peer may send before its HELLO is accepted: the HELLO itself, nothing bigger.
-_HELLO_MAX_BYTES = 256
 #: Open connections one replica accepts (every proxy and handle owner keeps one per
 #: replica); beyond this, new ones are closed at once.
 MAX_CONNECTIONS = 4096
@@ -88,9 +84,10 @@ class _ServerConnection(FrameProtocol):
         self.token = token
         self.dumps = dumps
         self.authenticated = False
+        self._nonces: tuple[bytes, bytes] | None = None  # (caller's, ours) once HELLO came
         self.tasks: dict[int, asyncio.Task[None]] = {}
         self.inbound: dict[int, asyncio.Queue[Any]] = {}
-        self.max_receive = _HELLO_MAX_BYTES  # until the token is proven
+        self.max_receive = handshake.MAX_HANDSHAKE_FRAME  # until the caller has proven itself
         self._connections = connections
         self._counted = False
         self._handshake: asyncio.TimerHandle | None = None
@@ -103,25 +100,39 @@ class _ServerConnection(FrameProtocol):
             return
         self._connections.count += 1
         self._counted = True
-        self._handshake = asyncio.get_running_loop().call_later(HANDSHAKE_TIMEOUT_S, self._handshake_expired)
+        self._handshake = asyncio.get_running_loop().call_later(
+            handshake.HANDSHAKE_TIMEOUT_S, self._handshake_expired
+        )
 
     def _handshake_expired(self) -> None:
         if not self.authenticated:
             logger.warning(
-                "Closing a data-plane connection that sent no token within %s s", HANDSHAKE_TIMEOUT_S
+                "Closing a data-plane connection that did not prove the token within %s s",
+                handshake.HANDSHAKE_TIMEOUT_S,
             )
             self.drop()
 
-    def on_frame(self, kind: Kind, number: int, payload: memoryview) -> None:
-        if not self.authenticated:
-            if kind is Kind.HELLO and hmac.compare_digest(payload, self.token):
+    def _authenticate(self, kind: Kind, payload: memoryview) -> None:
+        """The replica's side of the handshake (handshake.py); a peer that breaks it is cut off."""
+        if kind is Kind.HELLO and self._nonces is None and len(payload) == handshake.NONCE_BYTES:
+            caller_nonce, our_nonce = bytes(payload), handshake.nonce()
+            self._nonces = (caller_nonce, our_nonce)
+            proof = handshake.replica_proof(self.token, caller_nonce, our_nonce)
+            self.send(Kind.CHALLENGE, 0, [our_nonce, proof])
+            return
+        if kind is Kind.PROOF and self._nonces is not None:
+            if handshake.matches(handshake.caller_proof(self.token, *self._nonces), payload):
                 self.authenticated = True
                 self.max_receive = MAX_FRAME_BYTES
                 if self._handshake is not None:
                     self._handshake.cancel()
-            else:
-                logger.warning("Closing a data-plane connection that sent no valid token")
-                self.close()
+                return
+        logger.warning("Closing a data-plane connection that did not prove it holds the token")
+        self.drop()
+
+    def on_frame(self, kind: Kind, number: int, payload: memoryview) -> None:
+        if not self.authenticated:
+            self._authenticate(kind, payload)
             return
         if kind is Kind.CANCEL:
             task = self.tasks.get(number)
