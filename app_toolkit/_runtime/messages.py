@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -163,3 +164,8 @@ class CallFailure:
     type_name: str
     message: str
     exception: bytes | None
+
+    @classmethod
+    def type_error(cls, message: str) -> CallFailure:
+        """A call failed in transit (what was sent could not be decoded): a TypeError."""
+        return cls("TypeError", message, pickle.dumps(TypeError(message)))

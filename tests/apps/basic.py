@@ -424,6 +424,22 @@ class Unsendable:
         yield 1
         yield (x for x in range(3))  # a generator object cannot be pickled
 
+    def stranger(self) -> object:
+        return _ReplicaOnly()
+
+
+def _load_in(pid: int) -> object:
+    if os.getpid() != pid:  # as when the caller lacks the module the class lives in
+        raise ImportError("No module named 'replica_only'")
+    return object()
+
+
+class _ReplicaOnly:
+    """Pickles fine, but loads only in the process that made it."""
+
+    def __reduce__(self) -> tuple[Any, tuple[int]]:
+        return (_load_in, (os.getpid(),))
+
 
 @tk.deployment
 class Threads:

@@ -62,3 +62,12 @@ def test_a_result_that_cannot_be_sent_fails_the_call_instead_of_hanging(ray_tool
     assert next(items) == 1
     with pytest.raises(TypeError, match=r"Unsendable.items returned a generator, which cannot be sent"):
         next(items)
+
+
+def test_a_result_the_caller_cannot_load_fails_that_call_and_no_other(ray_toolkit: Toolkit) -> None:
+    handle = ray_toolkit.run(basic.Unsendable.bind(), route_prefix=None)
+    with pytest.raises(TypeError, match=r"reply could not be decoded here \(ImportError: No module"):
+        handle.stranger.remote().result(timeout_s=20)
+    # The connection it came on still carries calls.
+    items = handle.options(stream=True).items.remote()
+    assert next(items) == 1

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
 from app_toolkit._runtime.channel import handshake
 from app_toolkit._runtime.channel import server as server_module
 from app_toolkit._runtime.channel.client import ChannelClient
-from app_toolkit._runtime.channel.frames import DRAINING, HEADER, Kind
+from app_toolkit._runtime.channel.frames import DRAINING, HEADER, Kind, plain_dumps
 from app_toolkit._runtime.channel.server import ResponseSink, start_server
 from app_toolkit._runtime.messages import HTTPRequest, HTTPResponse, HTTPResponseStart
 from app_toolkit.exceptions import ReplicaUnavailableError
@@ -367,4 +368,64 @@ async def test_a_caller_with_a_bad_proof_is_cut_off() -> None:
         assert await asyncio.wait_for(reader.read(1), 5) == b""
     finally:
         writer.close()
+        server.close()
+
+
+class Caller:
+    """Serves handle calls: "slow" answers after a while, anything else at once."""
+
+    draining = False
+
+    def admit(self) -> bool:
+        return True
+
+    async def serve(self, kind: Kind, message: Any, sink: ResponseSink) -> None:
+        if message == "slow":
+            await asyncio.sleep(0.2)
+        if message == "stream":
+            for item in ("one", "bad", "never"):
+                sink.send(Kind.ITEM, item)
+                await asyncio.sleep(0.05)
+            sink.send(Kind.END, None)
+            return
+        sink.send(Kind.RESULT, message)
+
+
+def garbling_dumps(value: Any) -> bytes:
+    """Pickles ``"bad"`` into bytes the caller cannot load."""
+    return b"\x80\x05not a pickle" if value == "bad" else plain_dumps(value)
+
+
+async def test_a_reply_the_caller_cannot_decode_fails_only_its_own_call() -> None:
+    server, port = await start_server(Caller(), "127.0.0.1", TOKEN, garbling_dumps)
+    client = ChannelClient("127.0.0.1", port, TOKEN)
+    try:
+        slow = await client.open(Kind.CALL, "slow")
+        bad = await client.open(Kind.CALL, "bad")
+        kind, failure = await asyncio.wait_for(bad.recv(), 5)
+        assert kind is Kind.FAILURE and "could not be decoded" in failure.message
+        stream = await client.open(Kind.CALL, "stream")
+        assert await asyncio.wait_for(stream.recv(), 5) == (Kind.ITEM, "one")
+        kind, failure = await asyncio.wait_for(stream.recv(), 5)
+        assert kind is Kind.FAILURE and "could not be decoded" in failure.message
+        assert await asyncio.wait_for(slow.recv(), 5) == (Kind.RESULT, "slow")
+        after = await client.open(Kind.CALL, "after")  # the same connection still works
+        assert await asyncio.wait_for(after.recv(), 5) == (Kind.RESULT, "after")
+        assert client._conn is not None and not client._conn.closed
+    finally:
+        client.close()
+        server.close()
+
+
+async def test_a_request_the_replica_cannot_decode_fails_only_that_call() -> None:
+    server, port = await start_server(Caller(), "127.0.0.1", TOKEN)
+    client = ChannelClient("127.0.0.1", port, TOKEN, garbling_dumps)
+    try:
+        slow = await client.open(Kind.CALL, "slow")
+        bad = await client.open(Kind.CALL, "bad")
+        kind, failure = await asyncio.wait_for(bad.recv(), 5)
+        assert kind is Kind.FAILURE and "could not decode the request" in failure.message
+        assert await asyncio.wait_for(slow.recv(), 5) == (Kind.RESULT, "slow")
+    finally:
+        client.close()
         server.close()

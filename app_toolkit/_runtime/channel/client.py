@@ -4,6 +4,7 @@ multiplexed over it by number (frames in ``frames.py``)."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from typing import Any
 
 from app_toolkit._runtime.channel import handshake
@@ -17,7 +18,18 @@ from app_toolkit._runtime.channel.frames import (
     encode,
     plain_dumps,
 )
+from app_toolkit._runtime.messages import CallFailure
 from app_toolkit.exceptions import ReplicaUnavailableError
+
+logger = logging.getLogger("app_toolkit.channel")
+
+
+def _undecodable(kind: Kind, error: str) -> CallFailure:
+    what = "stream item" if kind is Kind.ITEM else "reply"
+    return CallFailure.type_error(
+        f"The replica's {what} could not be decoded here ({error}); its "
+        "classes must be importable in the caller's process, with the same versions"
+    )
 
 
 class _ClientConnection(FrameProtocol):
@@ -56,9 +68,21 @@ class _ClientConnection(FrameProtocol):
         exchange = self.pending.get(number)
         if exchange is None:
             return
-        if kind in TERMINAL:
-            del self.pending[number]
-        exchange.push(kind, decode(kind, payload))
+        try:
+            message = decode(kind, payload)
+        except Exception as exc:  # noqa: BLE001 - fail this call alone; the connection is fine
+            # Only text leaves this block: the traceback holds views of the receive buffer.
+            failure = _undecodable(kind, f"{type(exc).__name__}: {exc}")
+        else:
+            if kind in TERMINAL:
+                del self.pending[number]
+            exchange.push(kind, message)
+            return
+        logger.warning("Request %d: %s", number, failure.message)
+        del self.pending[number]
+        if kind not in TERMINAL:
+            self.send(Kind.CANCEL, number, [])  # the rest of a stream is of no use
+        exchange.push(Kind.FAILURE, failure)
 
     def on_lost(self) -> None:
         if not self.proven.done():

@@ -169,7 +169,7 @@ class FrameProtocol(asyncio.Protocol):
                     self.on_frame(Kind(kind), number, view[offset + HEADER.size : end])
                 except Exception:
                     logger.exception("Dropping a malformed frame; closing the connection")
-                    self.close()
+                    self.drop()  # a fresh buffer: the traceback may still hold views of this one
                     return
                 if self._dropped:
                     return

@@ -18,6 +18,7 @@ from app_toolkit._runtime.channel.frames import (
     encode,
     plain_dumps,
 )
+from app_toolkit._runtime.messages import CallFailure
 
 logger = logging.getLogger("app_toolkit.channel")
 
@@ -144,11 +145,26 @@ class _ServerConnection(FrameProtocol):
             if queue is not None:
                 queue.put_nowait(decode(kind, payload))
             return
+        try:
+            message = decode(kind, payload)
+        except Exception as exc:  # noqa: BLE001 - fail this call alone; the connection is fine
+            # Only text leaves this block: the traceback holds views of the receive buffer.
+            error = f"{type(exc).__name__}: {exc}"
+        else:
+            self._start(kind, number, message)
+            return
+        logger.warning("Request %d could not be decoded: %s", number, error)
+        failure = CallFailure.type_error(
+            f"The replica could not decode the request ({error}); the classes of its arguments "
+            "must be importable in the replica's process, with the same versions"
+        )
+        self.send(Kind.FAILURE, number, encode(Kind.FAILURE, failure, plain_dumps))
+
+    def _start(self, kind: Kind, number: int, message: Any) -> None:
         if not self.handler.admit():
             reason = DRAINING if self.handler.draining else None
             self.send(Kind.REJECTED, number, encode(Kind.REJECTED, reason, plain_dumps))
             return
-        message = decode(kind, payload)
         sink = _ServerSink(self, number)
         if kind is Kind.WS_OPEN:
             sink.inbound = self.inbound[number] = asyncio.Queue()
