@@ -238,6 +238,45 @@ class HTTPOptions(_Strict):
         description="Largest request body the proxy accepts (it buffers "
         "bodies before forwarding them); bigger ones get 413.",
     )
+    max_buffered_body_bytes: int = Field(
+        1 << 30,
+        ge=1,
+        description="Request bodies one proxy holds at once, all requests together; a request "
+        "whose body would pass it gets 503 with Retry-After. At least max_request_body_bytes.",
+    )
+    request_timeout_s: float | None = Field(
+        None,
+        gt=0,
+        description="End-to-end deadline of every HTTP request, upload included (504 when it "
+        "passes; 408 if the body was still arriving). A route's @deadline or the "
+        "x-request-timeout-seconds header may set an earlier one.",
+    )
+    keep_alive_timeout_s: int = Field(
+        5, ge=1, description="Seconds a connection with no request in progress stays open."
+    )
+    max_header_bytes: int = Field(
+        16 << 10,
+        ge=1024,
+        description="Largest request line plus headers; a bigger request head gets 431 and the "
+        "connection is closed.",
+    )
+    header_timeout_s: float = Field(
+        10,
+        gt=0,
+        description="Time a request head may take to arrive from its first byte; a slower one "
+        "gets 408 and the connection is closed (slowloris).",
+    )
+    body_timeout_s: float = Field(
+        30,
+        gt=0,
+        description="Longest pause between two pieces of a request body; a longer one gets 408.",
+    )
+    max_connections: int = Field(
+        4096,
+        ge=1,
+        description="Open client connections one proxy keeps; a new one beyond it gets 503 with "
+        "Retry-After and is closed.",
+    )
     websocket_max_message_bytes: int = Field(
         1 << 20,
         ge=1,
@@ -269,6 +308,15 @@ class HTTPOptions(_Strict):
         "that join get one), only on the head node, or none (Disabled: handles only). "
         "Proxies on one machine share the port.",
     )
+
+    @model_validator(mode="after")
+    def _check_body_budget(self) -> HTTPOptions:
+        if self.max_buffered_body_bytes < self.max_request_body_bytes:
+            raise ValueError(
+                "max_buffered_body_bytes must be at least max_request_body_bytes "
+                f"({self.max_request_body_bytes}), or no request that large could ever be served"
+            )
+        return self
 
     @field_validator("root_path")
     @classmethod

@@ -47,8 +47,6 @@ ProxyLocation = Literal["EveryNode", "HeadOnly", "Disabled"]
 _NEUTRAL: dict[str, dict[str, tuple[Any, ...]]] = {
     "file": {"target_capacity": (None, 100), "controller_options": (None, {}), "tracing_config": (None,)},
     "http": {
-        "request_timeout_s": (None,),
-        "keep_alive_timeout_s": (None, 5),
         "ssl_keyfile": (None,),
         "ssl_certfile": (None,),
         "ssl_keyfile_password": (None,),

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import socket
+import time
 from pathlib import Path
 
 import httpx
@@ -65,3 +67,23 @@ def test_request_deadline_header_gives_504_and_cancels(toolkit: Toolkit, tmp_pat
         bad = client.get("/dl/items/1", headers={"x-request-timeout-seconds": "soon"})
         assert bad.status_code == 400
         assert "x-request-timeout-seconds must be a number" in bad.json()["detail"]
+
+
+def test_the_request_deadline_covers_a_slow_upload(toolkit: Toolkit) -> None:
+    toolkit.run(basic.make_app(), route_prefix="/up")
+    host, port = toolkit.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(
+            b"POST /up/items HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            b'content-length: 100\r\nx-request-timeout-seconds: 1\r\n\r\n{"name": '
+        )
+        started = time.monotonic()
+        answer = b""
+        while not answer.endswith(b"}"):  # the rest of the request body never comes
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 408 "), answer
+    assert b"did not arrive within the deadline of 1.0 s" in answer
+    assert time.monotonic() - started < 5

@@ -105,3 +105,25 @@ def test_access_log_records_499_for_a_client_that_left(
         return lines if all(any(w in line for line in lines) for w in wanted) else None
 
     wait_for(logged, 10, f"access lines {wanted}")
+
+
+def test_the_access_log_escapes_what_the_client_chose(
+    local_toolkit: Toolkit, caplog: pytest.LogCaptureFixture
+) -> None:
+    toolkit = local_toolkit
+    caplog.set_level(logging.INFO, logger="app_toolkit.access")
+    toolkit.run(pools.make_app(), route_prefix="/esc")
+    forged = '/esc/api/health%0a127.0.0.1:1 - "GET /admin HTTP/1.1" 200 0.1ms'
+    with toolkit.client() as client:
+        client.get(forged, headers={"x-request-id": "id\tcarrying\ta tab"})
+        client.get("/esc/api/health", headers={"x-request-id": "plain-id"})
+
+    def logged() -> list[str] | None:
+        lines = [r.getMessage() for r in caplog.records if r.name == "app_toolkit.access"]
+        return lines if len([line for line in lines if "/esc/" in line]) >= 2 else None
+
+    lines = [line for line in wait_for(logged, 10, "two access lines") if "/esc/" in line]
+    assert all("\n" not in line for line in lines)
+    assert any("/esc/api/health\\x0a127.0.0.1:1 - \\x22GET /admin" in line for line in lines)
+    assert any(line.endswith(" plain-id") for line in lines)  # the request id ends the line
+    assert not any("carrying" in line for line in lines)  # an unprintable id is replaced

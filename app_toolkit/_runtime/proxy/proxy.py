@@ -18,6 +18,7 @@ from starlette.types import Receive, Scope, Send
 from app_toolkit._runtime.answers import Answer, error_answer, json_answer, unavailable
 from app_toolkit._runtime.channel.frames import Kind
 from app_toolkit._runtime.messages import DeploymentID, HTTPRequest, HTTPResponse, HTTPResponseStart
+from app_toolkit._runtime.proxy.body import CLIENT_CLOSED, Body, BodyBudget, read_body
 from app_toolkit._runtime.proxy.path_match import AppMatcher, match_app
 from app_toolkit._runtime.proxy.scope import (
     forwarded_scope,
@@ -35,15 +36,14 @@ from app_toolkit.exceptions import BackPressureError, ReplicaUnavailableError
 logger = logging.getLogger("app_toolkit.proxy")
 access_logger = logging.getLogger("app_toolkit.access")
 
-CLIENT_CLOSED = 499  # nginx's status for "the client closed the connection"
-
 
 class Proxy:
     """The ASGI application the proxy's uvicorn serves."""
 
     def __init__(self, subscriber: TableSubscriber, http: HTTPOptions) -> None:
         self.subscriber = subscriber
-        self.max_body_bytes = http.max_request_body_bytes
+        self.http = http
+        self.budget = BodyBudget(http.max_buffered_body_bytes)
         self.access_log = http.access_log
         self.apps: list[AppMatcher] = []  # longest route_prefix first
         self.ready = subscriber.watch(APPLICATIONS_KEY, self._set_apps)
@@ -79,38 +79,34 @@ class Proxy:
         """Serve one request; returns the status for the access log (499: client left)."""
         path = route_path(scope)
         headers = read_headers(scope)
-        request_id = headers.request_id
+        request_id = scope[_REQUEST_ID_KEY] = headers.request_id
         if path.startswith("/-/"):
             return await self._builtin(path, request_id, send)
         route = match_app(self.apps, path)
         if route is None:
             return await _answer(send, error_answer(404, "Not Found", request_id))
-        body = await _read_body(receive, headers.content_length, self.max_body_bytes)
-        if body is None:
-            return CLIENT_CLOSED  # the client went away before sending its body
-        if body is _TOO_LARGE:
-            return await _answer(
-                send,
-                error_answer(
-                    413,
-                    f"Request body larger than {self.max_body_bytes} bytes (max_request_body_bytes)",
-                    request_id,
-                ),
-            )
-        forwarded = forwarded_scope(scope, route, headers)
         timeout_s = parse_timeout(headers.timeout)
         if isinstance(timeout_s, str):
             return await _answer(send, error_answer(400, timeout_s, request_id))
         deployment, deadline_s = route.target("http", scope["method"], path)
-        if deadline_s is not None and (timeout_s is None or deadline_s < timeout_s):
-            timeout_s = deadline_s
-        # Watch for the client going away: the request is then cancelled wherever it is
-        # (dropped from the queue, or cancelled on the replica).
+        for limit in (deadline_s, self.http.request_timeout_s):
+            if limit is not None and (timeout_s is None or limit < timeout_s):
+                timeout_s = limit
         state = _RequestState(asyncio.current_task())
-        watcher = asyncio.ensure_future(_watch_disconnect(receive, state))
+        body = Body()
+        watcher: asyncio.Future[None] | None = None
         try:
+            # The deadline covers the upload too (a slow one gets 408, not a replica's time).
             async with asyncio.timeout(timeout_s):
-                request = HTTPRequest(request_id, forwarded, body)
+                body = await read_body(receive, headers.content_length, self.http, self.budget)
+                if body.refusal == CLIENT_CLOSED:
+                    return CLIENT_CLOSED  # the client went away before sending its body
+                if body.refusal:
+                    return await _answer(send, body.answer(self.http, request_id))
+                # Watch for the client going away: the request is then cancelled wherever
+                # it is (dropped from the queue, or cancelled on the replica).
+                watcher = asyncio.ensure_future(_watch_disconnect(receive, state))
+                request = HTTPRequest(request_id, forwarded_scope(scope, route, headers), body.data)
                 await self._forward(deployment, request, send, state, headers.model_id)
         except asyncio.CancelledError:
             if not state.disconnected:
@@ -119,17 +115,22 @@ class Proxy:
                 state.task.uncancel()  # we asked for this cancellation; it is handled
             state.status = CLIENT_CLOSED
         except TimeoutError:
-            logger.info("Request %s: deadline of %s s passed (504)", request_id, timeout_s)
-            if not state.started:
-                state.status = await _answer(
-                    send,
-                    error_answer(
-                        504, f"Gateway Timeout: the request took longer than {timeout_s} s", request_id
-                    ),
+            if watcher is None:
+                logger.info(
+                    "Request %s: the upload outlasted the deadline of %s s (408)", request_id, timeout_s
                 )
+                detail = f"Request Timeout: the body did not arrive within the deadline of {timeout_s} s"
+                state.status = await _answer(send, error_answer(408, detail, request_id))
+            else:
+                logger.info("Request %s: deadline of %s s passed (504)", request_id, timeout_s)
+                if not state.started:
+                    detail = f"Gateway Timeout: the request took longer than {timeout_s} s"
+                    state.status = await _answer(send, error_answer(504, detail, request_id))
         finally:
             state.finished = True
-            watcher.cancel()
+            self.budget.give(body.held)
+            if watcher is not None:
+                watcher.cancel()
         return state.status
 
     async def _forward(
@@ -234,48 +235,35 @@ async def _watch_disconnect(receive: Receive, state: _RequestState) -> None:
         state.task.cancel()
 
 
-_TOO_LARGE = b"\0too-large"
-
-
-async def _read_body(receive: Receive, content_length: bytes | None, limit: int) -> bytes | None:
-    """The whole body; None if the client left; _TOO_LARGE past ``limit`` bytes."""
-    if content_length is not None and content_length.isdigit() and int(content_length) > limit:
-        return _TOO_LARGE
-    chunks = []
-    size = 0
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return None
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            return _TOO_LARGE
-        chunks.append(chunk)
-        if not message.get("more_body", False):
-            return b"".join(chunks)
-
-
 async def _answer(send: Send, answer: Answer) -> int:
     await send({"type": "http.response.start", "status": answer.status, "headers": answer.headers})
     await send({"type": "http.response.body", "body": answer.body})
     return answer.status
 
 
+#: Where _http leaves the request id for the access log (an ASGI scope extension key).
+_REQUEST_ID_KEY = "app_toolkit.request_id"
+#: Control characters (a decoded %0a could forge a log line), quotes and backslashes are
+#: written as \xNN in the access log.
+_UNSAFE = {code: f"\\x{code:02x}" for code in (*range(0x20), 0x22, 0x5C, *range(0x7F, 0xA0))}
+
+
 def _log_access(scope: Scope, status: int, started: float) -> None:
-    """One line per request, uvicorn's layout plus the duration; 499 = the client left."""
+    """One line per request, uvicorn's layout plus the duration and request id; 499 = the
+    client left. What the client chose is escaped, so one request is always one line."""
     client = scope.get("client")
     where = f"{client[0]}:{client[1]}" if client else "-"
     query = scope.get("query_string", b"")
     target = scope["path"] + ("?" + query.decode("latin-1") if query else "")
     access_logger.info(
-        '%s - "%s %s HTTP/%s" %d %.1fms',
+        '%s - "%s %s HTTP/%s" %d %.1fms %s',
         where,
         scope["method"],
-        target,
+        target.translate(_UNSAFE),
         scope.get("http_version", "1.1"),
         status,
         (time.perf_counter() - started) * 1000,
+        str(scope.get(_REQUEST_ID_KEY, "-")).translate(_UNSAFE),
     )
 
 

@@ -50,7 +50,7 @@ def read_headers(scope: Scope) -> RequestHeaders:
     for key, value in scope["headers"]:
         if key == REQUEST_ID_HEADER:
             text = value.decode("latin-1")
-            if 0 < len(text) <= 200:
+            if 0 < len(text) <= 200 and text.isascii() and text.isprintable():  # it goes into logs
                 request_id = text
         elif key == TIMEOUT_HEADER:
             timeout = value

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import uvicorn
 from starlette.types import ASGIApp
 
+from app_toolkit._runtime.proxy.http_guard import guarded_protocol
 from app_toolkit.config import HTTPOptions
 
 
@@ -82,6 +83,8 @@ async def serve(app: ASGIApp, http: HTTPOptions, sock: socket.socket) -> ProxySe
         lifespan="off",
         log_level="warning",
         access_log=False,
+        http=guarded_protocol(http),
+        timeout_keep_alive=http.keep_alive_timeout_s,
         ws_max_size=http.websocket_max_message_bytes,
         root_path=http.root_path,
         proxy_headers=http.proxy_headers,
