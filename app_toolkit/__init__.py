@@ -28,6 +28,7 @@ from app_toolkit.exceptions import (
     DeployError,
     DeploymentCallError,
     ReplicaUnavailableError,
+    RequestLostError,
     RequestTimeoutError,
 )
 from app_toolkit.handle import DeploymentHandle, DeploymentResponse, DeploymentResponseGenerator
@@ -77,6 +78,7 @@ __all__ = [
     "ReplicaState",
     "ReplicaStatusInfo",
     "ReplicaUnavailableError",
+    "RequestLostError",
     "RequestTimeoutError",
     "ServeStatus",
     "batch",

@@ -55,6 +55,12 @@ class ReplicaUnavailableError(AppToolkitError):
     """The replica serving a request went away before answering."""
 
 
+class RequestLostError(ReplicaUnavailableError):
+    """The replica went away while it had the request, so the request may have run (in
+    part or whole). Repeat it only if that is safe; the proxy answers 502 without
+    ``Retry-After``. (Requests that never reached a replica raise the parent class.)"""
+
+
 class RequestTimeoutError(AppToolkitError, TimeoutError):
     """A handle call did not finish within its ``timeout_s``."""
 

@@ -36,6 +36,7 @@ EXPECTED = [
     "ReplicaState",
     "ReplicaStatusInfo",
     "ReplicaUnavailableError",
+    "RequestLostError",
     "RequestTimeoutError",
     "ServeStatus",
     "batch",

@@ -10,11 +10,12 @@ import time
 from dataclasses import dataclass
 
 import httpx
+import pytest
 import ray
 
 import app_toolkit as tk
 from app_toolkit._runtime.backends.ray.cluster import NAMESPACE
-from tests.apps import basic
+from tests.apps import basic, hung
 from tests.conftest import Toolkit
 from tests.waiting import wait_for
 
@@ -83,13 +84,15 @@ def test_a_replica_killed_under_load_fails_only_its_running_requests(ray_toolkit
         stop.set()
         loader.join(timeout=30)
     failed = [o for o in outcomes if o.status != 200]
-    assert all(o.status == 503 and o.retry_after == "1" for o in failed), failed  # no hangs
+    # No hangs: those the replica had are 502 (they may have run: no Retry-After), those it
+    # never got are 503 with Retry-After.
+    assert all((o.status, o.retry_after) in ((502, None), (503, "1")) for o in failed), failed
     assert len(failed) <= WORKERS  # at most the requests that were running on it
     after = [o for o in outcomes if o.at > replaced_at + 1]
     assert after and all(o.status == 200 for o in after)
     print(
         f"replacement serving {replaced_at - killed_at:.2f} s after SIGKILL; "
-        f"{len(failed)} of {len(outcomes)} requests failed (503)"
+        f"{len(failed)} of {len(outcomes)} requests failed (502/503)"
     )
 
 
@@ -116,3 +119,64 @@ def test_a_killed_proxy_is_restarted_and_relearns_the_routes(ray_toolkit: Toolki
     wait_for(serving, 60, "the proxy to come back", interval_s=0.1)
     assert ray.get(proxy.stats.remote(), timeout=30)["pid"] != pid
     print(f"proxy serving again {time.monotonic() - killed_at:.2f} s after SIGKILL")
+
+
+def _gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+def _fetch_in_thread(url: str, results: list[httpx.Response | Exception]) -> threading.Thread:
+    def fetch() -> None:
+        try:
+            results.append(httpx.get(url, timeout=60))
+        except httpx.HTTPError as exc:
+            results.append(exc)
+
+    thread = threading.Thread(target=fetch)
+    thread.start()
+    return thread
+
+
+@pytest.mark.parametrize("hang", ["blocked_loop", "sigstop"])
+def test_a_hung_replica_is_killed_and_replaced_and_its_requests_end(ray_toolkit: Toolkit, hang: str) -> None:
+    name = ray_toolkit.name()
+    ray_toolkit.run(hung.make_app(), name=name, route_prefix="/hung")
+    with ray_toolkit.client() as client:
+        pid = client.get("/hung/pid").json()
+    results: list[httpx.Response | Exception] = []
+    started = time.monotonic()
+    try:
+        if hang == "blocked_loop":
+            threads = [_fetch_in_thread(ray_toolkit.url + "/hung/block", results)]
+            time.sleep(0.5)
+        else:
+            os.kill(pid, signal.SIGSTOP)  # the replica process this test deployed
+            threads = []
+        threads += [_fetch_in_thread(ray_toolkit.url + "/hung/pid", results) for _ in range(3)]
+        # Checks every 0.5 s, 1 s timeout, 2 failures: killed within a few seconds.
+        wait_for(lambda: _gone(pid), 30, "the hung replica's process to be killed")
+        for thread in threads:
+            thread.join(timeout=30)
+    finally:
+        if not _gone(pid):
+            os.kill(pid, signal.SIGKILL)
+    assert len(results) == len(threads), "a request to the hung replica never ended"
+    for result in results:  # each was answered: lost while it ran there, or by the replacement
+        assert isinstance(result, httpx.Response), result
+        assert (result.status_code, result.headers.get("retry-after")) in ((502, None), (200, None)), result
+    # At least the request that hung it (or, for SIGSTOP, those sent to the stopped process).
+    assert any(isinstance(r, httpx.Response) and r.status_code == 502 for r in results)
+    assert time.monotonic() - started < 30
+
+    def replacement() -> int | None:
+        with ray_toolkit.client() as client:
+            response = client.get("/hung/pid")
+        return response.json() if response.status_code == 200 and response.json() != pid else None
+
+    wait_for(replacement, 30, "a replacement replica serving")
+    replicas = tk.status().applications[name].deployments["Ingress"].replicas
+    assert len(replicas) == 1 and replicas[0].state is tk.ReplicaState.RUNNING

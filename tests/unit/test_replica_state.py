@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
 from typing import Any
@@ -31,11 +32,15 @@ from app_toolkit._runtime.controller.replica_state import (
     Stopped,
     StopReplica,
     Tick,
+    drain_timeout_s,
     replica_transition,
 )
 from app_toolkit._runtime.messages import DeploymentID, DeploymentSpec, ReplicaInfo
 from app_toolkit.config import DeploymentConfig
 from app_toolkit.status import ReplicaState
+
+#: How long a graceful stop of a replica with default options may take.
+DRAIN_S = drain_timeout_s(DeploymentConfig())
 
 D = DeploymentID("a", "D")
 
@@ -94,7 +99,7 @@ def test_stop_while_starting_waits_for_the_start_then_stops_at_once() -> None:
 def test_stopping_a_running_replica_unpublishes_it_then_drains_it_once() -> None:
     after, actions = replica_transition(running(), Stop(), spec(), now=1.0)
     assert after is not None and after.state is ReplicaState.STOPPING
-    assert actions == [PublishReplicas(), StopReplica("r1", "h-r1", graceful=True)]
+    assert actions == [PublishReplicas(), StopReplica("r1", "h-r1", graceful=True, drain_timeout_s=DRAIN_S)]
     again, more = replica_transition(after, Stop(), spec(), now=2.0)
     assert again == after and more == []
 
@@ -126,14 +131,29 @@ def test_a_replica_is_replaced_after_the_failure_threshold_and_passing_resets_th
         after, actions = replica_transition(reset, HealthFailed("slow", gone=False), spec(), now=20.0)
         assert after is not None
         reset = after
-    assert not reset.serving and actions[-1] == StopReplica("r1", "h-r1", graceful=True)
+    assert not reset.serving and actions[-1] == StopReplica(
+        "r1", "h-r1", graceful=True, drain_timeout_s=DRAIN_S
+    )
+
+
+def test_a_replica_that_stops_answering_is_killed_not_drained() -> None:
+    replica = dataclasses.replace(running(), config=DeploymentConfig(graceful_shutdown_timeout_s=3))
+    for _ in range(3):
+        after, actions = replica_transition(
+            replica, HealthFailed("no answer", gone=False, hung=True), spec(), now=10.0
+        )
+        assert after is not None
+        replica = after
+    assert not replica.serving and actions[-1] == StopReplica(
+        "r1", "h-r1", graceful=False, drain_timeout_s=16.0
+    )
 
 
 def test_a_replica_whose_process_is_gone_is_replaced_at_once() -> None:
     after, actions = replica_transition(running(), HealthFailed("actor died", gone=True), spec(), now=10.0)
     assert after is not None and after.state is ReplicaState.STOPPING
     assert actions[0] == Log(logging.WARNING, "Replica r1 is gone (actor died); replacing it")
-    assert StopReplica("r1", "h-r1", graceful=True) in actions
+    assert StopReplica("r1", "h-r1", graceful=True, drain_timeout_s=DRAIN_S) in actions
 
 
 def test_changed_in_place_options_reconfigure_the_running_replica_once() -> None:
@@ -160,7 +180,7 @@ def test_a_failed_reconfigure_replaces_the_replica_and_says_why() -> None:
     actions = apply_event(state, "r1", ReconfigureFailed("ValueError: no"), now=1.0)
     assert state.message == "reconfigure() failed: ValueError: no"
     assert not state.replicas["r1"].serving
-    assert StopReplica("r1", "h-r1", graceful=True) in actions
+    assert StopReplica("r1", "h-r1", graceful=True, drain_timeout_s=DRAIN_S) in actions
 
 
 # ------------------------------------------------------------------------- a deployment
@@ -219,7 +239,7 @@ def test_a_deleted_deployment_stops_every_replica() -> None:
     state = DeploymentState(spec(), {"r1": running("r1"), "s1": Replica("s1", "v1")})
     state.deleting = True
     actions = plan(state, now=0.0, new_id=ids())
-    assert StopReplica("r1", "h-r1", graceful=True) in actions
+    assert StopReplica("r1", "h-r1", graceful=True, drain_timeout_s=DRAIN_S) in actions
     assert state.replicas["s1"].stop_requested  # stopped as soon as its start ends
     apply_event(state, "r1", Stopped(), now=1.0)
     apply_event(state, "s1", Started(info("s1"), "h", state.spec.config), now=1.0)

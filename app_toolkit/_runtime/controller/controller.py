@@ -332,7 +332,18 @@ class ControllerCore:
 
     async def _stop(self, deployment: DeploymentID, action: StopReplica) -> None:
         try:
-            await self.backend.stop_replica(action.handle, graceful=action.graceful)
+            if action.graceful:
+                try:
+                    async with asyncio.timeout(action.drain_timeout_s):
+                        await self.backend.stop_replica(action.handle, graceful=True)
+                    return
+                except TimeoutError:
+                    logger.warning(
+                        "Replica %s did not drain within %s s; killing it",
+                        action.replica_id,
+                        action.drain_timeout_s,
+                    )
+            await self.backend.stop_replica(action.handle, graceful=False)
         finally:
             self._on(deployment, action.replica_id, Stopped())
 
@@ -342,6 +353,9 @@ class ControllerCore:
             await self.backend.check_health(action.handle, action.timeout_s)
         except ReplicaUnavailableError as exc:
             event = HealthFailed(str(exc), gone=True)
+        except TimeoutError:
+            error = f"no answer within {action.timeout_s} s (is its event loop blocked?)"
+            event = HealthFailed(error, gone=False, hung=True)
         except Exception as exc:  # noqa: BLE001 - any failure counts against the threshold
             event = HealthFailed(str(exc), gone=False)
         else:

@@ -93,6 +93,7 @@ class HealthPassed:
 class HealthFailed:
     error: str
     gone: bool  # the process is gone: replace it at once
+    hung: bool = False  # no answer in time: its event loop may be blocked, so it cannot drain
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +126,19 @@ class StopReplica:
     replica_id: str
     handle: Any
     graceful: bool
+    #: How long a graceful stop may take before the replica is killed anyway.
+    drain_timeout_s: float = 0.0
+
+
+#: What a drain may take beyond twice graceful_shutdown_timeout_s (in-flight work, then the
+#: app's lifespan shutdown): the replica's lingering for late requests, and the calls.
+_DRAIN_MARGIN_S = 10.0
+
+
+def drain_timeout_s(config: DeploymentConfig | None) -> float:
+    """The longest a graceful stop of a replica running with ``config`` may take."""
+    grace = config.graceful_shutdown_timeout_s if config is not None else 20.0
+    return 2 * grace + _DRAIN_MARGIN_S
 
 
 @dataclass(frozen=True, slots=True)
@@ -202,14 +216,15 @@ def replica_transition(
     raise TypeError(f"Unknown replica event {event!r}")
 
 
-def _stop(replica: Replica) -> tuple[Replica, list[ReplicaAction]]:
+def _stop(replica: Replica, graceful: bool = True) -> tuple[Replica, list[ReplicaAction]]:
     if replica.stop_requested:
         return replica, []
     if replica.state is ReplicaState.STARTING:
         # Nothing to stop yet: Started stops it as soon as the start finishes.
         return dataclasses.replace(replica, stop_requested=True), []
     stopping = dataclasses.replace(replica, stop_requested=True, state=ReplicaState.STOPPING)
-    return stopping, [PublishReplicas(), StopReplica(replica.replica_id, replica.handle, graceful=True)]
+    stop = StopReplica(replica.replica_id, replica.handle, graceful, drain_timeout_s(replica.config))
+    return stopping, [PublishReplicas(), stop]
 
 
 def _tick(replica: Replica, spec: DeploymentSpec, now: float) -> tuple[Replica, list[ReplicaAction]]:
@@ -246,7 +261,8 @@ def _health_failed(
     )
     if failures < threshold or replica.stop_requested:
         return replica, [log]
-    after, actions = _stop(replica)
+    # One that stopped answering cannot drain: it is killed, which ends its requests.
+    after, actions = _stop(replica, graceful=not event.hung)
     return after, [log, *actions]
 
 

@@ -31,7 +31,7 @@ from app_toolkit._runtime.proxy.websocket import serve_websocket
 from app_toolkit._runtime.routing.subscriber import TableSubscriber
 from app_toolkit._runtime.tables import APPLICATIONS_KEY, ApplicationTable, Table
 from app_toolkit.config import HTTPOptions
-from app_toolkit.exceptions import BackPressureError, ReplicaUnavailableError
+from app_toolkit.exceptions import BackPressureError, ReplicaUnavailableError, RequestLostError
 
 logger = logging.getLogger("app_toolkit.proxy")
 access_logger = logging.getLogger("app_toolkit.access")
@@ -147,6 +147,12 @@ class Proxy:
             reply = await dispatcher.send(Kind.HTTP, request, model_id)
         except BackPressureError:
             state.status = await _answer(send, unavailable("too many requests queued", request_id))
+            return
+        except RequestLostError as exc:
+            # It may have run: a client must not be told to simply send it again.
+            logger.warning("Request %s: %s (502)", request_id, exc)
+            detail = "Bad Gateway: the replica was lost while it had the request; it may have run"
+            state.status = await _answer(send, error_answer(502, detail, request_id))
             return
         except ReplicaUnavailableError as exc:
             logger.warning("Request %s: %s", request_id, exc)

@@ -19,7 +19,7 @@ from app_toolkit._runtime.channel.exchange import Exchange
 from app_toolkit._runtime.channel.frames import DRAINING, Kind
 from app_toolkit._runtime.messages import DeploymentID, ReplicaInfo
 from app_toolkit._runtime.routing.choice import ReplicaChooser, queue_is_full
-from app_toolkit.exceptions import BackPressureError, ReplicaUnavailableError
+from app_toolkit.exceptions import BackPressureError, ReplicaUnavailableError, RequestLostError
 
 logger = logging.getLogger("app_toolkit.router")
 
@@ -161,8 +161,9 @@ class Dispatcher:
             if first_kind is Kind.LOST:
                 self._lost(info.replica_id)
                 self._release(info.replica_id)
-                raise ReplicaUnavailableError(
-                    f"Replica {info.replica_id} of {self.deployment} was lost while serving the request"
+                raise RequestLostError(
+                    f"Replica {info.replica_id} of {self.deployment} was lost while it had the "
+                    "request; it may have run"
                 )
             self._chooser.succeeded(info.replica_id)
             return Reply(first_kind, first, exchange, info.replica_id, self._release)
