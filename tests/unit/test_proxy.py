@@ -55,3 +55,32 @@ def test_longest_prefix_wins_and_prefixes_match_whole_segments() -> None:
     assert match_app(routes, "/a/bc").route_prefix == "/a"  # type: ignore[union-attr]
     assert match_app(routes, "/ab").route_prefix == "/"  # type: ignore[union-attr]
     assert match_app(routes[:2], "/zzz") is None
+
+
+class LateController:
+    """A subscriber whose controller has not answered yet (a proxy restarted during an outage)."""
+
+    def __init__(self) -> None:
+        self.apply: Callable[[Any], None] | None = None
+
+    def watch(self, key: str, apply: Callable[[Any], None]) -> asyncio.Event:
+        self.apply = apply
+        return asyncio.Event()
+
+    def dispatcher(self, deployment: DeploymentID) -> Any:
+        return None
+
+
+async def test_until_the_routes_arrive_every_path_is_503_never_404() -> None:
+    subscriber = LateController()
+    proxy = Proxy(subscriber, HTTPOptions())  # type: ignore[arg-type]
+    transport = httpx.ASGITransport(app=proxy)
+    async with httpx.AsyncClient(transport=transport, base_url="http://proxy") as client:
+        for path in ("/-/healthz", "/app/items/1", "/-/routes"):
+            response = await client.get(path)
+            assert response.status_code == 503 and response.headers["retry-after"] == "1", path
+            assert "not loaded its routes yet" in response.json()["detail"]
+        assert subscriber.apply is not None
+        subscriber.apply(ApplicationTable((RouteInfo("/app", "app", DeploymentID("app", "Ingress")),)))
+        assert (await client.get("/-/healthz")).status_code == 200
+        assert (await client.get("/elsewhere")).status_code == 404

@@ -46,6 +46,9 @@ class Proxy:
         self.budget = BodyBudget(http.max_buffered_body_bytes)
         self.access_log = http.access_log
         self.apps: list[AppMatcher] = []  # longest route_prefix first
+        #: The controller has answered with the application table: until then every path,
+        #: /-/healthz included, is 503 (a route not loaded yet is not a missing route).
+        self.loaded = False
         self.ready = subscriber.watch(APPLICATIONS_KEY, self._set_apps)
 
     def _set_apps(self, table: Table | None) -> None:
@@ -54,6 +57,7 @@ class Proxy:
         ]
         routes.sort(key=lambda route: len(route.route_prefix), reverse=True)
         self.apps = routes
+        self.loaded = True
         for route in routes:
             for deployment in route.deployments:
                 self.subscriber.dispatcher(deployment)
@@ -71,7 +75,9 @@ class Proxy:
             finally:
                 _log_access(scope, status, started)
         elif kind == "websocket":
-            await serve_websocket(self.apps, self.subscriber.dispatcher, scope, receive, send)
+            await serve_websocket(
+                self.apps if self.loaded else None, self.subscriber.dispatcher, scope, receive, send
+            )
         elif kind == "lifespan":
             await _lifespan(receive, send)
 
@@ -80,6 +86,8 @@ class Proxy:
         path = route_path(scope)
         headers = read_headers(scope)
         request_id = scope[_REQUEST_ID_KEY] = headers.request_id
+        if not self.loaded:
+            return await _answer(send, unavailable("the proxy has not loaded its routes yet", request_id))
         if path.startswith("/-/"):
             return await self._builtin(path, request_id, send)
         route = match_app(self.apps, path)

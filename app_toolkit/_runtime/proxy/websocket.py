@@ -35,16 +35,20 @@ _APP_GRACE_S = 5.0  # how long an app may take to finish after the client discon
 
 
 async def serve_websocket(
-    routes: list[AppMatcher],
+    routes: list[AppMatcher] | None,
     dispatcher_for: Callable[[DeploymentID], Dispatcher],
     scope: Scope,
     receive: Receive,
     send: Send,
 ) -> None:
-    """Relay one WebSocket connection to a replica of the app its path belongs to."""
+    """Relay one WebSocket connection to a replica of the app its path belongs to
+    (``routes`` is None until the proxy has loaded them: refused as overload)."""
     headers = read_headers(scope)
     request_id = headers.request_id
     if (await receive())["type"] != "websocket.connect":
+        return
+    if routes is None:  # the proxy has not loaded its routes yet
+        await _refuse(scope, send, request_id, "the proxy has not loaded its routes yet")
         return
     path = route_path(scope)
     route = match_app(routes, path)
