@@ -44,3 +44,46 @@ def cpu_seconds(root: int) -> float:
         if fields is not None:
             total += int(fields[11]) + int(fields[12])  # utime, stime
     return total / TICKS
+
+
+def _rss_mb(pid: int) -> float:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return 0.0
+
+
+def _name(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def toolkit_processes(root: int) -> dict[int, str]:
+    """The toolkit's actor processes under ``root``: pid -> Ray's name for them
+    (``ray::ProxyActor``, ``ray::ReplicaActor``, ``ray::ControllerActor``)."""
+    found = {}
+    for pid in tree(root):
+        name = _name(pid)
+        if name.startswith("ray::") and "Actor" in name:
+            found[pid] = name.removeprefix("ray::").split(".")[0]  # Ray appends the running method
+    return found
+
+
+def rss_mb(pids: dict[int, str]) -> dict[str, float]:
+    """Resident memory per process name (summed when several share it), in MB."""
+    total: dict[str, float] = {}
+    for pid, name in pids.items():
+        total[name] = total.get(name, 0.0) + _rss_mb(pid)
+    return total
+
+
+def open_fds(pid: int) -> int:
+    try:
+        return len(list(Path(f"/proc/{pid}/fd").iterdir()))
+    except OSError:
+        return 0
