@@ -60,13 +60,24 @@ class Client:
         return Outcome(status, time.perf_counter() - started, retry_after)
 
     async def _exchange(self, path: str) -> tuple[int, str | None]:
-        if self._idle:
+        reused = bool(self._idle)
+        if reused:
             reader, writer = self._idle.pop()
         else:
             reader, writer = await asyncio.open_connection(self.host, self.port)
         try:
             writer.write(f"GET {path} HTTP/1.1\r\nhost: {self.host}\r\n\r\n".encode())
-            head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1")
+            try:
+                head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1")
+            except (asyncio.IncompleteReadError, ConnectionResetError, BrokenPipeError) as exc:
+                if not reused or (isinstance(exc, asyncio.IncompleteReadError) and exc.partial):
+                    raise
+                # The server closed this idle connection (keep-alive timeout) as we reused
+                # it; nothing was read, so, as HTTP clients do, try once on a new one.
+                writer.close()
+                reader, writer = await asyncio.open_connection(self.host, self.port)
+                writer.write(f"GET {path} HTTP/1.1\r\nhost: {self.host}\r\n\r\n".encode())
+                head = (await reader.readuntil(b"\r\n\r\n")).decode("latin-1")
             lines = head.split("\r\n")
             status = int(lines[0].split(" ", 2)[1])
             headers = dict(line.lower().split(": ", 1) for line in lines[1:] if ": " in line)
