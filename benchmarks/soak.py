@@ -89,11 +89,14 @@ async def leaving_loop(ledger: Ledger, base: str, end: float) -> None:
     """Clients that go away mid-stream: not failures, but the server must clean up."""
     async with httpx.AsyncClient(base_url=base, timeout=30) as client:
         while time.monotonic() < end:
-            async with client.stream("GET", "/stream", params={"events": 200}) as response:
-                async for line in response.aiter_lines():
-                    if line.startswith("data: 3"):
-                        break
-            ledger.ok["left mid-stream"] += 1
+            try:
+                async with client.stream("GET", "/stream", params={"events": 200}) as response:
+                    async for line in response.aiter_lines():
+                        if line.startswith("data: 3"):
+                            break
+                ledger.ok["left mid-stream"] += 1
+            except httpx.HTTPError as exc:
+                ledger.fail("left mid-stream", f"{type(exc).__name__}: {exc} (stream lost)")
 
 
 async def websocket_loop(ledger: Ledger, port: int, end: float) -> None:
@@ -137,7 +140,11 @@ async def killer(ledger: Ledger, every_s: float, end: float) -> None:
     while time.monotonic() + every_s < end:
         await asyncio.sleep(every_s)
         app = apps[len(ledger.kills) % 2]
-        replica_id, pid = sorted((await asyncio.to_thread(replica_pids, app)).items())[0]
+        try:
+            replica_id, pid = sorted((await asyncio.to_thread(replica_pids, app)).items())[0]
+        except Exception as exc:  # noqa: BLE001 - a soak goes on; the next kill tries again
+            print(f"could not find a replica of {app} to kill: {exc}", flush=True)
+            continue
         ledger.kills.append(time.monotonic())
         os.kill(pid, signal.SIGKILL)
         print(f"[{time.strftime('%H:%M:%S')}] killed replica {replica_id} (pid {pid})", flush=True)

@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from fastapi import APIRouter
+from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 
 import app_toolkit as tk
@@ -76,6 +77,18 @@ async def chat(request: ChatRequest) -> tk.ChatCompletionStream:
 
 
 # --8<-- [end:chat]
+
+
+@router.get("/firehose")
+async def firehose(mib: int = 1024) -> StreamingResponse:
+    """``mib`` MiB as fast as the client lets it (what a slow reader must hold back)."""
+
+    async def chunks() -> AsyncIterator[bytes]:
+        chunk = b"x" * (1 << 20)
+        for _ in range(mib):
+            yield chunk
+
+    return StreamingResponse(chunks(), media_type="application/octet-stream")
 
 
 def make_app() -> tk.App:

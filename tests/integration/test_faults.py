@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import socket
 import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import pytest
@@ -15,7 +17,7 @@ import ray
 
 import app_toolkit as tk
 from app_toolkit._runtime.backends.ray.cluster import NAMESPACE
-from tests.apps import basic, hung
+from tests.apps import basic, hung, streams
 from tests.conftest import Toolkit
 from tests.waiting import wait_for
 
@@ -180,3 +182,36 @@ def test_a_hung_replica_is_killed_and_replaced_and_its_requests_end(ray_toolkit:
     wait_for(replacement, 30, "a replacement replica serving")
     replicas = tk.status().applications[name].deployments["Ingress"].replicas
     assert len(replicas) == 1 and replicas[0].state is tk.ReplicaState.RUNNING
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmRSS for {pid}")
+
+
+def test_a_slow_reader_does_not_make_the_proxy_buffer_the_stream(ray_toolkit: Toolkit) -> None:
+    ray_toolkit.run(streams.make_app(), route_prefix="/fire")
+    proxies = [
+        a["name"]
+        for a in ray.util.list_named_actors(all_namespaces=True)
+        if a["name"].startswith("app_toolkit_proxy:")
+    ]
+    pids = [
+        ray.get(ray.get_actor(name, namespace=NAMESPACE).stats.remote(), timeout=30)["pid"]
+        for name in proxies
+    ]
+    before = sum(_rss_mb(pid) for pid in pids)
+    with socket.create_connection(("127.0.0.1", int(ray_toolkit.url.rsplit(":", 1)[1])), timeout=30) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+        sock.sendall(b"GET /fire/firehose?mib=1024 HTTP/1.1\r\nhost: x\r\n\r\n")
+        received = 0
+        started = time.monotonic()
+        while time.monotonic() - started < 6:  # a client on a slow link: ~100 KB/s
+            received += len(sock.recv(10_000))
+            time.sleep(0.1)
+        growth = sum(_rss_mb(pid) for pid in pids) - before
+    print(f"proxy RSS grew {growth:.1f} MB while a client read {received} bytes of a 1 GiB stream")
+    assert received > 0
+    assert growth < 20, f"the proxy grew by {growth:.0f} MB while the client read {received} bytes"

@@ -10,6 +10,7 @@ import pytest
 from app_toolkit._runtime.channel import handshake
 from app_toolkit._runtime.channel import server as server_module
 from app_toolkit._runtime.channel.client import ChannelClient
+from app_toolkit._runtime.channel.flow import FRAME_COST, STREAM_WINDOW
 from app_toolkit._runtime.channel.frames import DRAINING, HEADER, Kind, plain_dumps
 from app_toolkit._runtime.channel.server import ResponseSink, start_server
 from app_toolkit._runtime.messages import HTTPRequest, HTTPResponse, HTTPResponseStart
@@ -426,6 +427,81 @@ async def test_a_request_the_replica_cannot_decode_fails_only_that_call() -> Non
         kind, failure = await asyncio.wait_for(bad.recv(), 5)
         assert kind is Kind.FAILURE and "could not decode the request" in failure.message
         assert await asyncio.wait_for(slow.recv(), 5) == (Kind.RESULT, "slow")
+    finally:
+        client.close()
+        server.close()
+
+
+class Firehose:
+    """Streams 64 KiB chunks as fast as the channel lets it, counting what it sent; on a
+    WebSocket, counts what the app has read."""
+
+    draining = False
+
+    def __init__(self) -> None:
+        self.sent = 0
+        self.read = 0
+
+    def admit(self) -> bool:
+        return True
+
+    async def serve(self, kind: Kind, message: Any, sink: ResponseSink) -> None:
+        if kind is Kind.WS_OPEN:
+            assert sink.inbound is not None
+            await asyncio.sleep(0.3)  # the app is busy: messages pile up
+            while True:
+                await sink.inbound.get()
+                self.read += 1
+        sink.send(Kind.START, HTTPResponseStart(200, []))
+        for _ in range(16 * 1024):  # 1 GiB
+            sink.send(Kind.BODY, b"x" * 65536)
+            self.sent += 65536
+            await sink.drain()
+        sink.send(Kind.END, None)
+
+
+async def test_a_slow_reader_holds_back_a_fast_stream_at_the_window() -> None:
+    firehose = Firehose()
+    server, port = await start_server(firehose, "127.0.0.1", TOKEN)
+    client = ChannelClient("127.0.0.1", port, TOKEN)
+    try:
+        exchange = await client.open(Kind.HTTP, request(b""))
+        assert (await asyncio.wait_for(exchange.recv(), 5))[0] is Kind.START
+        await asyncio.sleep(0.5)  # nobody reads
+        window = STREAM_WINDOW + 65536 + FRAME_COST
+        assert exchange.inflow.outstanding <= window  # what waits in the caller
+        assert firehose.sent <= 2 * window + (4 << 20)  # plus what sits in the socket buffers
+        for _ in range(100):  # reading lets it go on, in order
+            kind, chunk = await asyncio.wait_for(exchange.recv(), 5)
+            assert kind is Kind.BODY and chunk == b"x" * 65536
+        await asyncio.sleep(0.2)
+        assert firehose.sent > 100 * 65536
+        assert exchange.inflow.outstanding <= window
+    finally:
+        client.close()
+        server.close()
+
+
+async def test_websocket_messages_to_a_busy_app_wait_at_the_window() -> None:
+    firehose = Firehose()
+    server, port = await start_server(firehose, "127.0.0.1", TOKEN)
+    client = ChannelClient("127.0.0.1", port, TOKEN)
+    try:
+        exchange = await client.open(Kind.WS_OPEN, {"type": "websocket", "path": "/"})
+        sent = 0
+
+        async def send_all() -> None:
+            nonlocal sent
+            for _ in range(200):  # 200 x 64 KiB = 12.5 MiB, far beyond the window
+                await exchange.room_to_send()
+                exchange.send(Kind.WS_IN, {"type": "websocket.receive", "bytes": b"y" * 65536})
+                sent += 1
+
+        sender = asyncio.ensure_future(send_all())
+        await asyncio.sleep(0.2)  # the app reads nothing yet
+        assert not sender.done() and sent * 65536 <= STREAM_WINDOW + 65536 + FRAME_COST
+        await asyncio.wait_for(sender, 10)  # once it reads, the rest flows
+        assert firehose.read > 150
     finally:
         client.close()
         server.close()

@@ -125,3 +125,34 @@ async def test_connections_beyond_the_limit_get_503_with_retry_after(
         assert (await get(server.port, opened)).startswith(b"HTTP/1.1 200 ")
     finally:
         await server.stop(5)
+
+
+async def client_address(scope: Scope, receive: Receive, send: Send) -> None:
+    body = f"{scope['client'][0]} {scope['scheme']}".encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [(b"content-length", str(len(body)).encode())],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+@pytest.mark.parametrize(
+    ("trusted", "seen"), [("127.0.0.1", b"203.0.113.7 https"), ("10.9.9.9", b"127.0.0.1 http")]
+)
+async def test_forwarded_headers_count_only_from_trusted_addresses(
+    opened: list[asyncio.StreamWriter], trusted: str, seen: bytes
+) -> None:
+    http = HTTPOptions(port=0, forwarded_allow_ips=trusted)
+    server = await serve(client_address, http, listen_socket("127.0.0.1", 0, exclusive=True))
+    try:
+        reader, writer = await connect(server.port, opened)
+        writer.write(
+            b"GET / HTTP/1.1\r\nhost: x\r\nx-forwarded-for: 203.0.113.7\r\n"
+            b"x-forwarded-proto: https\r\nconnection: close\r\n\r\n"
+        )
+        assert (await asyncio.wait_for(reader.read(), 5)).endswith(b"\r\n\r\n" + seen)
+    finally:
+        await server.stop(5)

@@ -18,7 +18,8 @@ from typing import TYPE_CHECKING, Any, cast
 from starlette.types import ASGIApp
 
 from app_toolkit._runtime.channel.exchange import Exchange
-from app_toolkit._runtime.channel.frames import DRAINING, Kind
+from app_toolkit._runtime.channel.flow import FRAME_COST, Inbound, frame_cost
+from app_toolkit._runtime.channel.frames import DRAINING, STREAMED, Kind
 from app_toolkit._runtime.controller.controller import ControllerCore
 from app_toolkit._runtime.messages import (
     AdoptedReplica,
@@ -112,17 +113,25 @@ class LocalBackend:
 
 
 class _LocalSink:
+    """Hands a replica's frames straight to the caller's exchange; a stream's producer
+    waits while the caller has a window's worth unconsumed (``channel/flow.py``)."""
+
     __slots__ = ("_exchange", "inbound")
 
-    def __init__(self, exchange: Exchange, inbound: asyncio.Queue[Any] | None) -> None:
+    def __init__(self, exchange: Exchange, inbound: Inbound | None) -> None:
         self._exchange = exchange
         self.inbound = inbound
 
     def send(self, kind: Kind, message: Any) -> None:
-        self._exchange.push(kind, bytes(message) if kind is Kind.BODY else message)
+        if kind is Kind.BODY:
+            message = bytes(message)
+            self._exchange.push(kind, message, frame_cost(len(message)))
+        else:
+            self._exchange.push(kind, message, FRAME_COST if kind in STREAMED else 0)
 
     async def drain(self) -> None:
         await asyncio.sleep(0)
+        await self._exchange.inflow.room()
 
 
 class LocalReplicaClient:
@@ -137,17 +146,21 @@ class LocalReplicaClient:
         if core is None:
             raise ReplicaUnavailableError(f"Replica {self._replica_id} is not running")
         tasks: list[asyncio.Task[None]] = []
-        inbound: asyncio.Queue[Any] | None = asyncio.Queue() if kind is Kind.WS_OPEN else None
+        inbound: Inbound | None = None
 
         def cancel() -> None:
             for task in tasks:
                 task.cancel()
 
-        def forward(_kind: Kind, next_message: Any) -> None:
+        def forward(_kind: Kind, next_message: Any) -> int:
+            cost = frame_cost(len(next_message.get("bytes") or b"") + len(next_message.get("text") or ""))
             if inbound is not None:
-                inbound.put_nowait(next_message)
+                inbound.put(next_message, cost)
+            return cost
 
         exchange = Exchange(cancel, forward)
+        if kind is Kind.WS_OPEN:
+            inbound = Inbound(exchange.credited)
         if not core.admit():
             exchange.push(Kind.REJECTED, DRAINING if core.draining else None)
             return exchange

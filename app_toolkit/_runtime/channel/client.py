@@ -9,8 +9,10 @@ from typing import Any
 
 from app_toolkit._runtime.channel import handshake
 from app_toolkit._runtime.channel.exchange import TERMINAL, Exchange
+from app_toolkit._runtime.channel.flow import Credits, frame_cost
 from app_toolkit._runtime.channel.frames import (
     MAX_FRAME_BYTES,
+    STREAMED,
     Dumps,
     FrameProtocol,
     Kind,
@@ -68,6 +70,9 @@ class _ClientConnection(FrameProtocol):
         exchange = self.pending.get(number)
         if exchange is None:
             return
+        if kind is Kind.CREDIT:
+            exchange.credited(decode(kind, payload))
+            return
         try:
             message = decode(kind, payload)
         except Exception as exc:  # noqa: BLE001 - fail this call alone; the connection is fine
@@ -76,7 +81,7 @@ class _ClientConnection(FrameProtocol):
         else:
             if kind in TERMINAL:
                 del self.pending[number]
-            exchange.push(kind, message)
+            exchange.push(kind, message, frame_cost(len(payload)) if kind in STREAMED else 0)
             return
         logger.warning("Request %d: %s", number, failure.message)
         del self.pending[number]
@@ -151,10 +156,15 @@ class ChannelClient:
             if conn.pending.pop(number, None) is not None:
                 conn.send(Kind.CANCEL, number, [])
 
-        def forward(next_kind: Kind, next_message: Any) -> None:
-            conn.send(next_kind, number, encode(next_kind, next_message, self.dumps))
+        def forward(next_kind: Kind, next_message: Any) -> int:
+            parts = encode(next_kind, next_message, self.dumps)
+            conn.send(next_kind, number, parts)
+            return frame_cost(sum(len(part) for part in parts))
 
-        exchange = Exchange(cancel, forward)
+        def grant(amount: int) -> None:
+            conn.send(Kind.CREDIT, number, encode(Kind.CREDIT, amount, plain_dumps))
+
+        exchange = Exchange(cancel, forward, Credits(grant))
         conn.pending[number] = exchange
         conn.send(kind, number, parts)
         await conn.drain()

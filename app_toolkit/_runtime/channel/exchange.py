@@ -1,5 +1,6 @@
 """One request in flight, as its caller sees it: the frames that come back for it, in
-order, whatever carries them (a channel connection, or an in-process call)."""
+order, whatever carries them (a channel connection, or an in-process call), and the
+flow-control windows of both directions (``flow.py``)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import collections
 from collections.abc import Callable
 from typing import Any
 
+from app_toolkit._runtime.channel.flow import Credits, Window
 from app_toolkit._runtime.channel.frames import Kind
 
 #: Kinds after which nothing more comes back for a request.
@@ -15,38 +17,67 @@ TERMINAL = frozenset({Kind.RESPONSE, Kind.END, Kind.RESULT, Kind.FAILURE, Kind.R
 
 
 class Exchange:
-    """One request in flight: the frames that come back for it, in order."""
+    """One request in flight: the frames that come back for it, in order.
 
-    __slots__ = ("_items", "_waiter", "_cancel", "_forward", "finished")
+    ``inflow`` counts what arrived and was not consumed yet (an in-process producer waits
+    on it; over the channel, consuming grants ``credits`` to the replica). ``outflow``
+    counts WebSocket messages sent to the replica and not yet consumed there.
+    """
+
+    __slots__ = ("_items", "_waiter", "_cancel", "_forward", "finished", "inflow", "outflow", "credits")
 
     def __init__(
-        self, cancel: Callable[[], None], forward: Callable[[Kind, Any], None] | None = None
+        self,
+        cancel: Callable[[], None],
+        forward: Callable[[Kind, Any], int] | None = None,
+        credits: Credits | None = None,
     ) -> None:
-        self._items: collections.deque[tuple[Kind, Any]] = collections.deque()
+        self._items: collections.deque[tuple[Kind, Any, int]] = collections.deque()
         self._waiter: asyncio.Future[None] | None = None
         self._cancel = cancel
         self._forward = forward
         self.finished = False
+        self.inflow = Window()
+        self.outflow = Window()
+        self.credits = credits
 
     def send(self, kind: Kind, message: Any) -> None:
-        """Send a further message of this request to the replica (WebSocket input)."""
+        """Send a further message of this request to the replica (WebSocket input);
+        wait for :meth:`room_to_send` before each."""
         if self._forward is not None and not self.finished:
-            self._forward(kind, message)
+            self.outflow.sent(self._forward(kind, message))
 
-    def push(self, kind: Kind, message: Any) -> None:
+    async def room_to_send(self) -> None:
+        await self.outflow.room()
+
+    def credited(self, amount: int) -> None:
+        """The replica consumed ``amount`` of what :meth:`send` sent."""
+        self.outflow.credited(amount)
+
+    def push(self, kind: Kind, message: Any, cost: int = 0) -> None:
         if kind in TERMINAL:
             self.finished = True
-        self._items.append((kind, message))
+            self.outflow.close()
+        self._items.append((kind, message, cost))
+        self.inflow.sent(cost)
         waiter = self._waiter
         if waiter is not None and not waiter.done():
             waiter.set_result(None)
+
+    def _consumed(self, cost: int) -> None:
+        if cost:
+            self.inflow.credited(cost)
+            if self.credits is not None and not self.finished:
+                self.credits.consumed(cost)
 
     def take_ready(self, kind: Kind) -> list[Any]:
         """The messages of ``kind`` that are next in line and already here, removed."""
         items = self._items
         taken = []
         while items and items[0][0] is kind:
-            taken.append(items.popleft()[1])
+            _, message, cost = items.popleft()
+            taken.append(message)
+            self._consumed(cost)
         return taken
 
     def next_is(self, kind: Kind) -> bool:
@@ -59,10 +90,14 @@ class Exchange:
                 await self._waiter
             finally:
                 self._waiter = None
-        return self._items.popleft()
+        kind, message, cost = self._items.popleft()
+        self._consumed(cost)
+        return kind, message
 
     def cancel(self) -> None:
         """Ask the replica to cancel this request (no-op once it finished)."""
+        self.outflow.close()
+        self.inflow.close()
         if not self.finished:
             self.finished = True
             self._cancel()

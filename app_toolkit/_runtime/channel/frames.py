@@ -47,6 +47,7 @@ class Kind(IntEnum):
     WS_IN = 6
     CHALLENGE = 7  # the replica's nonce and proof (handshake.py)
     PROOF = 8  # the caller's proof
+    CREDIT = 9  # flow control: bytes of this stream the sender of the frame consumed (flow.py)
     RESPONSE = 10
     START = 11
     BODY = 12
@@ -59,6 +60,10 @@ class Kind(IntEnum):
     LOST = 99  # never on the wire: the connection dropped
 
 
+#: The kinds of a stream's frames, which flow control counts (flow.py).
+STREAMED = frozenset({Kind.BODY, Kind.ITEM, Kind.WS_OUT, Kind.WS_IN})
+
+
 def plain_dumps(value: Any) -> bytes:
     return pickle.dumps(value, _PICKLE_PROTOCOL)
 
@@ -69,6 +74,7 @@ def plain_dumps(value: Any) -> bytes:
 DRAINING = "draining"
 
 _HEAD_LENGTH = struct.Struct("!I")
+_CREDIT = struct.Struct("!Q")
 
 
 def encode(kind: Kind, message: Any, dumps: Dumps) -> list[bytes]:
@@ -79,6 +85,8 @@ def encode(kind: Kind, message: Any, dumps: Dumps) -> list[bytes]:
     """
     if kind is Kind.BODY:
         return [bytes(message)]
+    if kind is Kind.CREDIT:
+        return [_CREDIT.pack(message)]
     if kind in (Kind.END, Kind.CANCEL) or (kind is Kind.REJECTED and message is None):
         return []
     if kind is Kind.HTTP:
@@ -96,6 +104,8 @@ def decode(kind: Kind, payload: memoryview) -> Any:
     """Inverse of :func:`encode`; copies what it keeps out of ``payload``."""
     if kind is Kind.BODY:
         return payload.tobytes()
+    if kind is Kind.CREDIT:
+        return _CREDIT.unpack(payload)[0]
     if kind is Kind.HTTP or kind is Kind.RESPONSE:
         (length,) = _HEAD_LENGTH.unpack_from(payload)
         head = pickle.loads(payload[4 : 4 + length])

@@ -8,9 +8,11 @@ import logging
 from typing import Any, Protocol
 
 from app_toolkit._runtime.channel import handshake
+from app_toolkit._runtime.channel.flow import Inbound, Window, frame_cost
 from app_toolkit._runtime.channel.frames import (
     DRAINING,
     MAX_FRAME_BYTES,
+    STREAMED,
     Dumps,
     FrameProtocol,
     Kind,
@@ -25,9 +27,10 @@ logger = logging.getLogger("app_toolkit.channel")
 
 class ResponseSink(Protocol):
     """Where a replica writes the frames of one response (and, for WebSockets, reads the
-    client's messages from ``inbound``)."""
+    client's messages from ``inbound``). ``drain()`` after each frame of a stream waits
+    for the connection and for the stream's flow-control window (``flow.py``)."""
 
-    inbound: asyncio.Queue[Any] | None
+    inbound: Inbound | None
 
     def send(self, kind: Kind, message: Any) -> None: ...
 
@@ -45,23 +48,27 @@ class RequestHandler(Protocol):
 
 
 class _ServerSink:
-    __slots__ = ("_conn", "_number", "inbound")
+    __slots__ = ("_conn", "_number", "inbound", "window")
 
     def __init__(self, conn: _ServerConnection, number: int) -> None:
         self._conn = conn
         self._number = number
-        self.inbound: asyncio.Queue[Any] | None = None
+        self.inbound: Inbound | None = None
+        self.window = Window()
 
     def send(self, kind: Kind, message: Any) -> None:
-        self._conn.send(
-            kind,
-            self._number,
-            encode(kind, message, self._conn.dumps),
-            soon=kind is Kind.BODY or kind is Kind.ITEM,
-        )
+        parts = encode(kind, message, self._conn.dumps)
+        if kind in STREAMED:
+            self.window.sent(frame_cost(sum(len(part) for part in parts)))
+        self._conn.send(kind, self._number, parts, soon=kind is Kind.BODY or kind is Kind.ITEM)
 
     async def drain(self) -> None:
         await self._conn.drain()
+        await self.window.room()
+
+    def grant(self, amount: int) -> None:
+        """The app took ``amount`` of the client's WebSocket messages: more may come."""
+        self._conn.send(Kind.CREDIT, self._number, encode(Kind.CREDIT, amount, plain_dumps))
 
 
 #: Open connections one replica accepts (every proxy and handle owner keeps one per
@@ -87,7 +94,7 @@ class _ServerConnection(FrameProtocol):
         self.authenticated = False
         self._nonces: tuple[bytes, bytes] | None = None  # (caller's, ours) once HELLO came
         self.tasks: dict[int, asyncio.Task[None]] = {}
-        self.inbound: dict[int, asyncio.Queue[Any]] = {}
+        self.sinks: dict[int, _ServerSink] = {}
         self.max_receive = handshake.MAX_HANDSHAKE_FRAME  # until the caller has proven itself
         self._connections = connections
         self._counted = False
@@ -140,10 +147,15 @@ class _ServerConnection(FrameProtocol):
             if task is not None:
                 task.cancel()
             return
+        if kind is Kind.CREDIT:
+            sink = self.sinks.get(number)
+            if sink is not None:
+                sink.window.credited(decode(kind, payload))
+            return
         if kind is Kind.WS_IN:
-            queue = self.inbound.get(number)
-            if queue is not None:
-                queue.put_nowait(decode(kind, payload))
+            sink = self.sinks.get(number)
+            if sink is not None and sink.inbound is not None:
+                sink.inbound.put(decode(kind, payload), frame_cost(len(payload)))
             return
         try:
             message = decode(kind, payload)
@@ -165,15 +177,15 @@ class _ServerConnection(FrameProtocol):
             reason = DRAINING if self.handler.draining else None
             self.send(Kind.REJECTED, number, encode(Kind.REJECTED, reason, plain_dumps))
             return
-        sink = _ServerSink(self, number)
+        sink = self.sinks[number] = _ServerSink(self, number)
         if kind is Kind.WS_OPEN:
-            sink.inbound = self.inbound[number] = asyncio.Queue()
+            sink.inbound = Inbound(sink.grant)
         task = asyncio.get_running_loop().create_task(self.handler.serve(kind, message, sink))
         self.tasks[number] = task
 
         def forget(_task: asyncio.Task[None]) -> None:
             self.tasks.pop(number, None)
-            self.inbound.pop(number, None)
+            self.sinks.pop(number, None)
 
         task.add_done_callback(forget)
 

@@ -112,6 +112,7 @@ async def _relay(reply: Reply, receive: Receive, send: Send) -> None:
 
     async def upstream() -> None:
         while True:
+            await reply.exchange.room_to_send()  # the app has a window's worth unread
             message = await receive()
             reply.exchange.send(Kind.WS_IN, dict(message))
             if message["type"] == "websocket.disconnect":

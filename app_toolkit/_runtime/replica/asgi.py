@@ -11,6 +11,7 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app_toolkit._runtime import answers, request_context
+from app_toolkit._runtime.channel.flow import Inbound
 from app_toolkit._runtime.channel.frames import Kind
 from app_toolkit._runtime.channel.server import ResponseSink
 from app_toolkit._runtime.messages import (
@@ -262,7 +263,7 @@ class _WebSocket:
 
     __slots__ = ("_sink", "_inbound", "_connected", "_closed")
 
-    def __init__(self, sink: ResponseSink, inbound: asyncio.Queue[Any]) -> None:
+    def __init__(self, sink: ResponseSink, inbound: Inbound) -> None:
         self._sink = sink
         self._inbound = inbound
         self._connected = False
@@ -297,4 +298,4 @@ class _WebSocket:
         if waited.cancelled():
             return
         self.close(CLOSE_SERVICE_RESTART, "server restarting; reconnect")
-        self._inbound.put_nowait({"type": "websocket.disconnect", "code": CLOSE_SERVICE_RESTART})
+        self._inbound.put({"type": "websocket.disconnect", "code": CLOSE_SERVICE_RESTART})
