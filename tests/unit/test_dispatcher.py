@@ -12,7 +12,7 @@ from app_toolkit._runtime.channel.exchange import Exchange
 from app_toolkit._runtime.channel.frames import DRAINING, Kind
 from app_toolkit._runtime.messages import DeploymentID, ReplicaInfo
 from app_toolkit._runtime.routing.dispatcher import Dispatcher
-from app_toolkit.exceptions import BackPressureError, ReplicaUnavailableError
+from app_toolkit.exceptions import BackPressureError, ReplicaUnavailableError, RequestLostError
 
 pytestmark = pytest.mark.anyio
 
@@ -132,7 +132,7 @@ async def test_unreachable_replica_is_dropped_and_request_retried() -> None:
 async def test_lost_after_sending_is_an_error_not_a_retry() -> None:
     lost = FakeReplica("a", lambda exchange, _: exchange.push(Kind.LOST, None))
     dispatcher = make({"a": lost}, max_queued=5)
-    with pytest.raises(ReplicaUnavailableError, match="lost while serving"):
+    with pytest.raises(RequestLostError, match="lost while it had the request; it may have run"):
         await dispatcher.send(Kind.CALL, "x")
     assert len(lost.received) == 1
 
