@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 CORE := $(VENV)/.core-installed
 MODEL := $(VENV)/.models-installed
 
-.PHONY: run chat test bench docs clean
+.PHONY: run chat test bench soak docs clean
 
 $(CORE): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +44,11 @@ bench: $(MODEL)
 	$(PY) -m benchmarks.streaming
 	$(PY) -m benchmarks.autoscaling
 	$(PY) -m benchmarks.chat
+	$(PY) -m benchmarks.overload
+
+# Half an hour of mixed traffic with a replica killed every 5 minutes (docs/benchmarks.md).
+soak: $(MODEL)
+	$(PY) -m benchmarks.soak
 
 docs: $(CORE)
 	$(VENV)/bin/mkdocs serve
