@@ -9,7 +9,7 @@ from typing import Any
 
 from app_toolkit._runtime.channel import handshake
 from app_toolkit._runtime.channel.exchange import TERMINAL, Exchange
-from app_toolkit._runtime.channel.flow import Credits, frame_cost
+from app_toolkit._runtime.channel.flow import Credits, frame_cost, parts_cost
 from app_toolkit._runtime.channel.frames import (
     MAX_FRAME_BYTES,
     STREAMED,
@@ -159,7 +159,7 @@ class ChannelClient:
         def forward(next_kind: Kind, next_message: Any) -> int:
             parts = encode(next_kind, next_message, self.dumps)
             conn.send(next_kind, number, parts)
-            return frame_cost(sum(len(part) for part in parts))
+            return parts_cost(parts)
 
         def grant(amount: int) -> None:
             conn.send(Kind.CREDIT, number, encode(Kind.CREDIT, amount, plain_dumps))

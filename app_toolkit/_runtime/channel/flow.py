@@ -26,6 +26,11 @@ def frame_cost(payload_bytes: int) -> int:
     return payload_bytes + FRAME_COST
 
 
+def parts_cost(parts: list[bytes]) -> int:
+    """The cost of a frame about to be sent as ``parts`` (what the receiver will count)."""
+    return frame_cost(sum(len(part) for part in parts))
+
+
 class Window:
     """The sender's side: bytes sent on one stream and not yet credited back."""
 

@@ -8,7 +8,7 @@ import logging
 from typing import Any, Protocol
 
 from app_toolkit._runtime.channel import handshake
-from app_toolkit._runtime.channel.flow import Inbound, Window, frame_cost
+from app_toolkit._runtime.channel.flow import Inbound, Window, frame_cost, parts_cost
 from app_toolkit._runtime.channel.frames import (
     DRAINING,
     MAX_FRAME_BYTES,
@@ -59,7 +59,7 @@ class _ServerSink:
     def send(self, kind: Kind, message: Any) -> None:
         parts = encode(kind, message, self._conn.dumps)
         if kind in STREAMED:
-            self.window.sent(frame_cost(sum(len(part) for part in parts)))
+            self.window.sent(parts_cost(parts))
         self._conn.send(kind, self._number, parts, soon=kind is Kind.BODY or kind is Kind.ITEM)
 
     async def drain(self) -> None:
