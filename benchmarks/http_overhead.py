@@ -163,12 +163,18 @@ def median(results: list[Result]) -> Result:
 
 
 def start_servers(
-    uvicorn_target: str, toolkit_target: str, ready_path: str, *, access_log: bool = False
+    uvicorn_target: str,
+    toolkit_target: str,
+    ready_path: str,
+    *,
+    access_log: bool = False,
+    toolkit_env: dict[str, str] | None = None,
 ) -> tuple[dict[str, subprocess.Popen[bytes]], dict[str, str]]:
     """Start bare uvicorn and `app-toolkit run` (embedded Ray) side by side; wait for both.
 
     ``access_log=True`` leaves the toolkit's access log on (its default) and sends it to
-    /dev/null; uvicorn runs without one either way."""
+    /dev/null; uvicorn runs without one either way. ``toolkit_env``: more environment for
+    the toolkit only."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), RAY_USAGE_STATS_ENABLED="0")
     env.pop("RAY_ADDRESS", None)
     ports = {"uvicorn": free_port(), "toolkit": free_port()}
@@ -198,7 +204,7 @@ def start_servers(
                 "--access-log" if access_log else "--no-access-log",
             ],
             cwd=ROOT,
-            env=env,
+            env={**env, **(toolkit_env or {})},
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL if access_log else None,  # the access log's lines
         ),
@@ -224,6 +230,23 @@ def stop_servers(servers: dict[str, subprocess.Popen[bytes]]) -> None:
             process.kill()
 
 
+def channel_tls_env(folder: Path) -> dict[str, str]:
+    """Certificates from a throwaway CA, and the variables that turn TLS on."""
+    import trustme
+
+    ca = trustme.CA()
+    cert = ca.issue_cert("127.0.0.1")
+    cert.cert_chain_pems[0].write_to_path(str(folder / "cert.pem"))
+    cert.private_key_pem.write_to_path(str(folder / "key.pem"))
+    ca.cert_pem.write_to_path(str(folder / "ca.pem"))
+    return {
+        "APP_TOOLKIT_CHANNEL_TLS": "1",
+        "APP_TOOLKIT_TLS_CERT": str(folder / "cert.pem"),
+        "APP_TOOLKIT_TLS_KEY": str(folder / "key.pem"),
+        "APP_TOOLKIT_TLS_CA": str(folder / "ca.pem"),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -233,17 +256,25 @@ def main() -> None:
     parser.add_argument("--replicas", type=int, choices=(1, 2), default=1, help="ingress replicas")
     parser.add_argument("--only", default="", help="run scenarios whose name contains this")
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument(
+        "--channel-tls",
+        action="store_true",
+        help="run the toolkit's data plane over TLS (throwaway certificates; needs trustme)",
+    )
     args = parser.parse_args()
     if shutil.which("wrk") is None:
         sys.exit("wrk is not installed: run `make bench` (it installs it) or `apt-get install wrk`")
 
     target = "app2" if args.replicas == 2 else "app"
-    servers, bases = start_servers(
-        "benchmarks.bench_app:fastapi_app", f"benchmarks.bench_app:{target}", "/small"
-    )
     rows = []
-    try:
-        with tempfile.TemporaryDirectory() as folder:
+    with tempfile.TemporaryDirectory() as folder:
+        servers, bases = start_servers(
+            "benchmarks.bench_app:fastapi_app",
+            f"benchmarks.bench_app:{target}",
+            "/small",
+            toolkit_env=channel_tls_env(Path(folder)) if args.channel_tls else None,
+        )
+        try:
             for scenario in SCENARIOS:
                 if args.only and args.only not in scenario.name:
                     continue
@@ -266,8 +297,8 @@ def main() -> None:
                     f"server CPU/request uvicorn {bare.cpu_ms:.3f} ms, toolkit {ours.cpu_ms:.3f} ms",
                     flush=True,
                 )
-    finally:
-        stop_servers(servers)
+        finally:
+            stop_servers(servers)
     if args.json:
         args.json.write_text(
             json.dumps(

@@ -12,10 +12,14 @@ from typing import Any
 from tests.conftest import ROOT
 
 
-def run_scenario(module: str, *args: str, timeout_s: float) -> dict[str, Any]:
-    """Run ``python -m module args`` from the repository root; its last JSON line."""
+def run_scenario(
+    module: str, *args: str, timeout_s: float, env_extra: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """Run ``python -m module args`` from the repository root (with ``env_extra`` in its
+    environment); its last JSON line."""
     env = dict(os.environ)
     env.pop("RAY_ADDRESS", None)
+    env.update(env_extra or {})
     done = subprocess.run(
         [sys.executable, "-m", module, *args],
         cwd=ROOT,

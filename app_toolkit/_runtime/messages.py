@@ -40,6 +40,7 @@ class ReplicaInfo:
     max_ongoing_requests: int
     node_id: str = ""  # the Ray node it runs on ("" on the local backend)
     models: tuple[str, ...] = ()  # multiplexed models it holds, as it last reported them
+    tls: bool = False  # it takes connections over TLS only (_runtime/channel/tls.py)
 
 
 @dataclass(frozen=True, slots=True)

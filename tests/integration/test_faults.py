@@ -10,13 +10,17 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 import ray
 
 import app_toolkit as tk
-from app_toolkit._runtime.backends.ray.cluster import NAMESPACE
+from app_toolkit._runtime.backends.ray import stored
+from app_toolkit._runtime.backends.ray.cluster import CONTROLLER_NAME, NAMESPACE
+from app_toolkit._runtime.messages import DeploymentID
+from app_toolkit._runtime.tables import APPLICATIONS_KEY, ApplicationTable, ReplicaTable, replicas_key
 from tests.apps import basic, hung, streams
 from tests.conftest import Toolkit
 from tests.waiting import wait_for
@@ -101,26 +105,82 @@ def test_a_replica_killed_under_load_fails_only_its_running_requests(ray_toolkit
 def test_a_killed_proxy_is_restarted_and_relearns_the_routes(ray_toolkit: Toolkit) -> None:
     name = ray_toolkit.name()
     ray_toolkit.run(basic.make_versioned_app("v1"), name=name, route_prefix="/proxied")
-    proxies = [
+    proxy = _proxy()
+    pid = ray.get(proxy.stats.remote(), timeout=30)["pid"]
+    os.kill(pid, signal.SIGKILL)  # the proxy process this session started
+    killed_at = time.monotonic()
+    wait_for(lambda: _serves_v1(ray_toolkit.url + "/proxied/version"), 60, "the proxy to come back", 0.1)
+    assert ray.get(proxy.stats.remote(), timeout=30)["pid"] != pid
+    print(f"proxy serving again {time.monotonic() - killed_at:.2f} s after SIGKILL")
+
+
+def test_a_proxy_restarted_while_the_controller_is_down_serves_from_the_stored_tables(
+    ray_toolkit: Toolkit,
+) -> None:
+    name = ray_toolkit.name()
+    ray_toolkit.run(basic.make_versioned_app("v1"), name=name, route_prefix="/stored")
+
+    def stored_with_the_app() -> bool:
+        tables = stored.load_tables()
+        if tables is None:
+            return False
+        apps = tables[1].get(APPLICATIONS_KEY)
+        replicas = tables[1].get(replicas_key(DeploymentID(name, "Ingress")))
+        return (
+            isinstance(apps, ApplicationTable)
+            and any(a.route_prefix == "/stored" for a in apps.applications)
+            and isinstance(replicas, ReplicaTable)
+            and len(replicas.replicas) == 1
+        )
+
+    wait_for(stored_with_the_app, 10, "the controller to store the tables with the app")
+    controller = ray.get_actor(CONTROLLER_NAME, namespace=NAMESPACE)
+    controller_pid = ray.get(controller.stats.remote(), timeout=30)["pid"]
+    proxy = _proxy()
+    proxy_pid = ray.get(proxy.stats.remote(), timeout=30)["pid"]
+    statuses: list[int] = []
+    url = ray_toolkit.url + "/stored/version"
+    os.kill(controller_pid, signal.SIGSTOP)  # the controller this session started: down, not restarted
+    try:
+        os.kill(proxy_pid, signal.SIGKILL)  # the proxy this session started; Ray restarts it
+        killed_at = time.monotonic()
+        wait_for(lambda: _serves_v1(url, statuses), 60, "the restarted proxy to serve", 0.1)
+        served_after = time.monotonic() - killed_at
+        assert httpx.get(ray_toolkit.url + "/-/healthz", timeout=5).status_code == 200
+        assert httpx.get(ray_toolkit.url + "/nowhere", timeout=5).status_code == 404  # a real 404 now
+        assert set(statuses) <= {200, 503}, statuses  # a route it knows is never 404
+        assert _process_state(controller_pid) == "T"  # all of it while the controller was stopped
+    finally:
+        os.kill(controller_pid, signal.SIGCONT)
+    # The controller is back: the proxy follows it again (a new application is routed).
+    other = ray_toolkit.name()
+    ray_toolkit.run(basic.make_versioned_app("v1"), name=other, route_prefix="/stored-later")
+    later = ray_toolkit.url + "/stored-later/version"
+    wait_for(lambda: _serves_v1(later), 30, "the proxy to follow the controller")
+    print(f"restarted proxy served from the stored tables {served_after:.2f} s after SIGKILL")
+
+
+def _proxy() -> Any:
+    names = [
         a["name"]
         for a in ray.util.list_named_actors(all_namespaces=True)
         if a["namespace"] == NAMESPACE and a["name"].startswith("app_toolkit_proxy:")
     ]
-    proxy = ray.get_actor(proxies[0], namespace=NAMESPACE)
-    pid = ray.get(proxy.stats.remote(), timeout=30)["pid"]
-    os.kill(pid, signal.SIGKILL)  # the proxy process this session started
-    killed_at = time.monotonic()
+    return ray.get_actor(names[0], namespace=NAMESPACE)
 
-    def serving() -> bool:
-        try:
-            response = httpx.get(ray_toolkit.url + "/proxied/version", timeout=5)
-        except httpx.HTTPError:
-            return False
-        return response.status_code == 200 and response.json()["version"] == "v1"
 
-    wait_for(serving, 60, "the proxy to come back", interval_s=0.1)
-    assert ray.get(proxy.stats.remote(), timeout=30)["pid"] != pid
-    print(f"proxy serving again {time.monotonic() - killed_at:.2f} s after SIGKILL")
+def _serves_v1(url: str, statuses: list[int] | None = None) -> bool:
+    try:
+        response = httpx.get(url, timeout=5)
+    except httpx.HTTPError:
+        return False  # the proxy is not listening yet
+    if statuses is not None:
+        statuses.append(response.status_code)
+    return response.status_code == 200 and response.json()["version"] == "v1"
+
+
+def _process_state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
 
 
 def _gone(pid: int) -> bool:

@@ -12,8 +12,9 @@ import pytest
 import ray
 
 import app_toolkit as tk
+from app_toolkit._runtime.backends.ray import stored
 from app_toolkit._runtime.backends.ray.cluster import CONTROLLER_NAME, NAMESPACE
-from app_toolkit._runtime.backends.ray.replicas import CHECKPOINT_KEY
+from app_toolkit._runtime.backends.ray.stored import CHECKPOINT_KEY
 from tests.apps import basic, ray_only, serve_compat
 from tests.conftest import TEST_RESOURCE, Toolkit
 from tests.waiting import wait_for as wait_until
@@ -199,6 +200,8 @@ def test_shutdown_stops_everything(ray_toolkit: Toolkit) -> None:
         httpx.get(ray_toolkit.url + "/-/healthz", timeout=5)
     actors = [a for a in ray.util.list_named_actors(all_namespaces=True) if a["namespace"] == NAMESPACE]
     assert actors == []
+    # Nothing left for a proxy to start from later.
+    assert stored.load_tables() is None and stored.load_proxy_port() is None
 
 
 def test_omp_threads_follow_the_replicas_cpus_unless_set(ray_toolkit: Toolkit) -> None:

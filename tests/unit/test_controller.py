@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from app_toolkit._runtime.controller import controller as controller_module
 from app_toolkit._runtime.controller.controller import ControllerCore
 from app_toolkit._runtime.controller.deployment_state import MAX_START_FAILURES
 from app_toolkit._runtime.messages import AppSpec, DeploymentID, DeploymentSpec, ReplicaInfo
@@ -39,6 +40,7 @@ class FakeBackend:
         self.failing: set[str] = set()
         self.leftovers: list[Any] = []  # replicas "still running" for a restarted controller
         self.failed_checks = 0
+        self.stored_tables: list[dict[str, Any]] = []
 
     async def start_replica(self, replica_id: str, spec: DeploymentSpec) -> tuple[ReplicaInfo, Any]:
         await asyncio.sleep(0)
@@ -71,6 +73,9 @@ class FakeBackend:
 
     async def load_checkpoint(self) -> bytes | None:
         return self.checkpoints[-1] if self.checkpoints else None
+
+    async def save_tables(self, tables: dict[str, Any]) -> None:
+        self.stored_tables.append(tables)
 
 
 def app(
@@ -337,3 +342,29 @@ async def test_a_restarted_controller_adopts_running_replicas_instead_of_replaci
     assert set(backend.running) == set(state.replicas)  # the stray replica was stopped
     assert second.status().applications["a"].status is ApplicationStatus.RUNNING
     await second.stop()
+
+
+async def test_published_tables_are_stored_when_they_change_and_not_more_often(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    backend = FakeBackend()
+    core = await started(backend)
+    await core.deploy_app(app())
+    await until(lambda: core.status().applications["a"].status is ApplicationStatus.RUNNING)
+    # The loop stores what callers would need if the controller were gone now.
+    await until(lambda: bool(backend.stored_tables) and backend.stored_tables[-1] == core.longpoll.snapshot())
+    stored = backend.stored_tables[-1]
+    assert len(_replicas(core, replicas_key(DeploymentID("a", "D"))).replicas) == 2
+    assert stored[APPLICATIONS_KEY] == core.longpoll.get(APPLICATIONS_KEY)
+    count = len(backend.stored_tables)
+    for _ in range(3):
+        await core._store_tables()  # nothing changed: nothing stored
+    assert len(backend.stored_tables) == count
+    monkeypatch.setattr(controller_module, "TABLES_STORE_PERIOD_S", 3600.0)
+    core.longpoll.publish(replicas_key(DeploymentID("a", "gone")), DeploymentGone())
+    await core._store_tables()  # changed, but stored too recently
+    assert len(backend.stored_tables) == count
+    monkeypatch.setattr(controller_module, "TABLES_STORE_PERIOD_S", 0.0)
+    await core._store_tables()
+    assert backend.stored_tables[-1][replicas_key(DeploymentID("a", "gone"))] == DeploymentGone()
+    await core.stop()

@@ -22,6 +22,7 @@ from starlette.types import ASGIApp
 
 from app_toolkit._runtime.messages import AdoptedReplica, AppSpec, DeploymentSpec, ReplicaInfo
 from app_toolkit._runtime.routing.data_plane import DataPlane
+from app_toolkit._runtime.tables import Table
 from app_toolkit.config import DeploymentConfig, HTTPOptions
 from app_toolkit.exceptions import ConfigError
 from app_toolkit.status import ServeStatus
@@ -68,6 +69,11 @@ class Backend(Protocol[H]):
 
     async def load_checkpoint(self) -> bytes | None:
         """The last persisted desired state, if any."""
+        ...
+
+    async def save_tables(self, tables: dict[str, Table]) -> None:
+        """Persist the tables last published, for callers that start while the
+        controller is down."""
         ...
 
 

@@ -32,7 +32,7 @@ from app_toolkit._runtime.proxy.server import ProxyServer, listen_socket, serve
 from app_toolkit._runtime.replica.replica import InitArgs, ReplicaCore
 from app_toolkit._runtime.routing.data_plane import DataPlane, LoopThread
 from app_toolkit._runtime.routing.dispatcher import ReplicaClient
-from app_toolkit._runtime.tables import Loads, Updates, Versions
+from app_toolkit._runtime.tables import Loads, Table, Updates, Versions
 from app_toolkit.config import DeploymentConfig, HTTPOptions
 from app_toolkit.exceptions import ConfigError, ReplicaUnavailableError
 from app_toolkit.status import ServeStatus
@@ -110,6 +110,9 @@ class LocalBackend:
 
     async def load_checkpoint(self) -> bytes | None:
         return self._checkpoint
+
+    async def save_tables(self, tables: dict[str, Table]) -> None:
+        return None  # the proxy and handles live and die with this process's controller
 
 
 class _LocalSink:

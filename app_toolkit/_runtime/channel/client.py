@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from typing import Any
 
 from app_toolkit._runtime.channel import handshake
@@ -100,11 +101,19 @@ class _ClientConnection(FrameProtocol):
 class ChannelClient:
     """The caller's connection to one replica, opened on first use."""
 
-    def __init__(self, host: str, port: int, token: bytes, dumps: Dumps = plain_dumps) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        token: bytes,
+        dumps: Dumps = plain_dumps,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
         self.host = host
         self.port = port
         self.token = token
         self.dumps = dumps
+        self.tls = tls
         self._conn: _ClientConnection | None = None
         self._connecting: asyncio.Future[_ClientConnection] | None = None
         self._next = 0
@@ -126,9 +135,13 @@ class ChannelClient:
         where = f"{self.host}:{self.port}"
         try:
             _transport, conn = await loop.create_connection(
-                lambda: _ClientConnection(self.token), self.host, self.port
+                lambda: _ClientConnection(self.token),
+                self.host,
+                self.port,
+                ssl=self.tls,
+                ssl_handshake_timeout=handshake.HANDSHAKE_TIMEOUT_S if self.tls else None,
             )
-        except OSError as exc:
+        except (OSError, TimeoutError) as exc:  # ssl.SSLError is an OSError
             raise ReplicaUnavailableError(f"Cannot reach replica at {where}: {exc}") from None
         try:
             proven = await asyncio.wait_for(asyncio.shield(conn.proven), handshake.HANDSHAKE_TIMEOUT_S)
@@ -174,3 +187,17 @@ class ChannelClient:
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+
+
+class UnreachableReplica:
+    """A replica this process cannot talk to (say, TLS configured on one side only):
+    every request fails with the reason, and the caller tries another replica."""
+
+    def __init__(self, reason: str) -> None:
+        self.reason = reason
+
+    async def open(self, kind: Kind, message: Any) -> Exchange:
+        raise ReplicaUnavailableError(self.reason)
+
+    def close(self) -> None:
+        return None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 from typing import Any, Protocol
 
 from app_toolkit._runtime.channel import handshake
@@ -200,13 +201,22 @@ class _ServerConnection(FrameProtocol):
 
 
 async def start_server(
-    handler: RequestHandler, host: str, token: bytes, dumps: Dumps = plain_dumps
+    handler: RequestHandler,
+    host: str,
+    token: bytes,
+    dumps: Dumps = plain_dumps,
+    tls: ssl.SSLContext | None = None,
 ) -> tuple[asyncio.Server, int]:
-    """Listen on a free port of ``host``; returns the server and the port."""
+    """Listen on a free port of ``host`` (with TLS if ``tls`` is given); returns the
+    server and the port."""
     loop = asyncio.get_running_loop()
     connections = _Connections()
     server = await loop.create_server(
-        lambda: _ServerConnection(handler, token, dumps, connections), host=host, port=0
+        lambda: _ServerConnection(handler, token, dumps, connections),
+        host=host,
+        port=0,
+        ssl=tls,
+        ssl_handshake_timeout=handshake.HANDSHAKE_TIMEOUT_S if tls else None,
     )
     port = server.sockets[0].getsockname()[1]
     return server, int(port)

@@ -72,6 +72,9 @@ _STOP_TIMEOUT_S = 10.0
 #: A caller's load report counts for this long (callers repeat non-zero loads every
 #: ~2 s), so a caller that died does not hold replicas up forever.
 LOAD_REPORT_TTL_S = 10.0
+#: The published tables are stored (for proxies that restart while the controller is
+#: down) at most this often, and only when they changed.
+TABLES_STORE_PERIOD_S = 0.5
 
 
 class ControllerCore:
@@ -92,6 +95,8 @@ class ControllerCore:
         self._model_reports: dict[str, int] = {}
         # caller id -> (time of report, load per deployment): requests queued + running.
         self._loads: dict[str, tuple[float, Loads]] = {}
+        # The long poll's generation last stored, and when.
+        self._tables_stored: tuple[int, float] = (-1, float("-inf"))
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -267,6 +272,23 @@ class ControllerCore:
     async def _checkpoint(self) -> None:
         await self.backend.save_checkpoint(pickle.dumps((self.apps, self.config_file)))
 
+    async def _store_tables(self) -> None:
+        """Store the published tables if they changed (at most every
+        ``TABLES_STORE_PERIOD_S``): a proxy restarted while this controller is down
+        serves from them."""
+        generation, stored_at = self._tables_stored
+        now = asyncio.get_running_loop().time()
+        if self.longpoll.generation == generation or now - stored_at < TABLES_STORE_PERIOD_S:
+            return
+        current = self.longpoll.generation
+        try:
+            await self.backend.save_tables(self.longpoll.snapshot())
+        except Exception:
+            logger.exception("Storing the published tables failed; trying again")
+        else:
+            generation = current
+        self._tables_stored = (generation, now)
+
     # ------------------------------------------------------------------ reconcile
 
     async def _run(self) -> None:
@@ -275,6 +297,7 @@ class ControllerCore:
                 self._reconcile()
             except Exception:
                 logger.exception("Reconcile step failed; retrying")
+            await self._store_tables()
             await wait_event(self._wake, _LOOP_PERIOD_S)
             self._wake.clear()
 

@@ -20,17 +20,24 @@ class LongPollHost:
         self._versions: dict[str, int] = {}
         self._values: dict[str, Table] = {}
         self._changed = asyncio.Event()
+        #: Counts the tables published; callers of ``snapshot`` compare it to skip copies.
+        self.generation = 0
 
     def publish(self, key: str, value: Table) -> None:
         if key in self._values and self._values[key] == value:
             return
         self._versions[key] = self._versions.get(key, 0) + 1
         self._values[key] = value
+        self.generation += 1
         self._changed.set()
         self._changed = asyncio.Event()
 
     def get(self, key: str) -> Table | None:
         return self._values.get(key)
+
+    def snapshot(self) -> dict[str, Table]:
+        """Every key's current table (a copy of the mapping; tables are immutable)."""
+        return dict(self._values)
 
     def _updates(self, known: Versions) -> Updates:
         return {

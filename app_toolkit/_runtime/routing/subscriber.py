@@ -1,7 +1,9 @@
 """Keeps a caller's route and replica tables current by long-polling the controller.
 
 One poll loop per key. When the controller is unreachable the loops retry and the caller
-keeps serving on its last tables (the data plane survives the control plane).
+keeps serving on its last tables (the data plane survives the control plane). A caller
+that starts while the controller is down can be seeded with the tables stored last; the
+first answer from the controller replaces them.
 """
 
 from __future__ import annotations
@@ -30,6 +32,11 @@ logger = logging.getLogger("app_toolkit.subscriber")
 Apply = Callable[[Table | None], None]
 
 LONG_POLL_TIMEOUT_S = 30.0
+#: How long past its own timeout a long poll may take before the controller counts as
+#: unreachable (a stopped or partitioned controller never answers).
+_LISTEN_GRACE_S = 10.0
+#: How long a load report may take.
+_REPORT_TIMEOUT_S = 5.0
 _RETRY_S = 0.5
 #: How often a caller reports its load; a non-zero load is repeated at least this often.
 LOAD_REPORT_PERIOD_S = 0.5
@@ -46,6 +53,8 @@ class TableSubscriber:
         self._caller_id = uuid.uuid4().hex
         self._demand = asyncio.Event()
         self._dispatchers: dict[DeploymentID, Dispatcher] = {}
+        #: Stored tables to serve from until the controller answers (see ``seed``).
+        self._seed: dict[str, Table] = {}
         self._tasks: list[asyncio.Task[None]] = []
         if report is not None:
             self._tasks.append(asyncio.get_running_loop().create_task(self._report_loads()))
@@ -72,9 +81,22 @@ class TableSubscriber:
             self.watch(replicas_key(deployment), apply)
         return dispatcher
 
+    def seed(self, tables: dict[str, Table]) -> None:
+        """Serve from ``tables`` (stored by a controller earlier) until the controller
+        answers: a key watched before then starts from its stored table."""
+        self._seed = dict(tables)
+
     def watch(self, key: str, apply: Apply) -> asyncio.Event:
         """Call ``apply(table)`` for every new table of ``key``."""
         ready = asyncio.Event()
+        seeded = self._seed.pop(key, None)
+        if seeded is not None:
+            try:
+                apply(seeded)
+            except Exception:
+                logger.exception("Applying the stored %s table failed", key)
+            else:
+                ready.set()
         task = asyncio.get_running_loop().create_task(self._poll(key, apply, ready))
         self._tasks.append(task)
         return ready
@@ -83,16 +105,19 @@ class TableSubscriber:
         version = -1
         while True:
             try:
-                updates = await self._listen({key: version}, LONG_POLL_TIMEOUT_S)
+                updates = await asyncio.wait_for(
+                    self._listen({key: version}, LONG_POLL_TIMEOUT_S), LONG_POLL_TIMEOUT_S + _LISTEN_GRACE_S
+                )
             except asyncio.CancelledError:
                 # The loop is ending (asyncio.run() returning, shutdown): drop connections
                 # now rather than leave transports to a closed loop.
                 self._close_dispatchers("The caller's event loop is closing")
                 raise
             except Exception as exc:  # noqa: BLE001 - keep serving on the last tables
-                logger.warning("Cannot reach the controller (%s); keeping the last %s table", exc, key)
+                logger.warning("Cannot reach the controller (%r); keeping the last %s table", exc, key)
                 await asyncio.sleep(_RETRY_S)
                 continue
+            self._seed.clear()  # the controller answers: stored tables are out of date
             update = updates.get(key)
             if update is not None:
                 version = update.version
@@ -118,7 +143,7 @@ class TableSubscriber:
             if loads == sent and not repeat:
                 continue
             try:
-                await self._report(self._caller_id, loads)
+                await asyncio.wait_for(self._report(self._caller_id, loads), _REPORT_TIMEOUT_S)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - a report is retried, never fatal

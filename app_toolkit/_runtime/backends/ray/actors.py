@@ -9,9 +9,15 @@ Only the modules of this package import ``ray``.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
+import time
+import warnings
 from typing import Any
 
+import ray
+
+from app_toolkit._runtime.backends.ray import stored
 from app_toolkit._runtime.backends.ray.cluster import configure_worker_logging, node_address
 from app_toolkit._runtime.backends.ray.proxies import ProxyFleet
 from app_toolkit._runtime.backends.ray.replicas import RayReplicas
@@ -20,34 +26,74 @@ from app_toolkit._runtime.controller.controller import ControllerCore
 from app_toolkit._runtime.messages import AppSpec
 from app_toolkit._runtime.proxy.proxy import Proxy
 from app_toolkit._runtime.proxy.server import ProxyServer, listen_socket, serve
-from app_toolkit._runtime.tables import Loads, Updates, Versions
+from app_toolkit._runtime.tables import Loads, Table, Updates, Versions
 from app_toolkit.config import HTTPOptions
 from app_toolkit.status import ServeStatus
 
+logger = logging.getLogger("app_toolkit.proxy")
+
 
 class ProxyActor:
-    """Runs the proxy ASGI app under uvicorn on this node."""
+    """Runs the proxy ASGI app under uvicorn on this node.
+
+    The controller's fleet calls ``ready`` to start it. When Ray restarts the process
+    (it died), the proxy starts again by itself, on the stored port and from the stored
+    tables, so it serves even while the controller is down too.
+    """
 
     def __init__(self, http: HTTPOptions) -> None:
         configure_worker_logging()
         self._http = http
         self._server: ProxyServer | None = None
         self._starting = asyncio.Lock()
+        context = ray.get_runtime_context()
+        with warnings.catch_warnings():  # Ray's own properties use its deprecated actor_id
+            warnings.simplefilter("ignore", DeprecationWarning)
+            if context.was_current_actor_reconstructed:
+                context.current_actor.resume.remote()
 
     async def ready(self, port: int, exclusive: bool) -> tuple[str, int]:
         """Serve on ``port`` (idempotent); returns this proxy's URL and port."""
-        async with self._starting:
-            if self._server is None:
-                sock = listen_socket(self._http.host, port, exclusive=exclusive)
-                plane = RaySession.attach(asyncio.get_running_loop()).data_plane
-                proxy = Proxy(plane.subscriber, self._http)
-                self._server = await serve(proxy, self._http, sock)
+        server = await self._serve(port, exclusive, seed=None)
         host = self._http.host
         if host in ("0.0.0.0", "::", ""):  # listening everywhere: name the node's address
             host = node_address()
         if ":" in host:
             host = f"[{host}]"
-        return f"http://{host}:{self._server.port}", self._server.port
+        return f"http://{host}:{server.port}", server.port
+
+    async def resume(self) -> None:
+        """After Ray restarted this process: serve again on the stored port, from the
+        stored tables until the controller answers."""
+        port = stored.load_proxy_port()
+        if port is None:
+            return  # never served: the controller's fleet will call ready()
+        tables = stored.load_tables()
+        seed = None
+        if tables is not None:
+            stored_at, seed = tables
+            logger.info(
+                "Restarted: serving on port %d from the tables stored %.1f s ago until the "
+                "controller answers",
+                port,
+                time.time() - stored_at,
+            )
+        try:
+            await self._serve(port, exclusive=False, seed=seed)
+        except Exception:
+            logger.exception("Restarted, but could not serve on port %d yet", port)
+
+    async def _serve(self, port: int, exclusive: bool, seed: dict[str, Table] | None) -> ProxyServer:
+        async with self._starting:
+            if self._server is None:
+                sock = listen_socket(self._http.host, port, exclusive=exclusive)
+                plane = RaySession.attach(asyncio.get_running_loop()).data_plane
+                if seed is not None:
+                    plane.subscriber.seed(seed)
+                proxy = Proxy(plane.subscriber, self._http)
+                self._server = await serve(proxy, self._http, sock)
+                stored.save_proxy_port(self._server.port)
+            return self._server
 
     async def stats(self) -> dict[str, int]:
         """Asyncio tasks alive and the process id (for leak checks and tests)."""
@@ -89,6 +135,10 @@ class ControllerActor:
 
     def http_options(self) -> HTTPOptions:
         return self.http
+
+    def stats(self) -> dict[str, int]:
+        """The process id (for fault tests); answers before the core has started."""
+        return {"pid": os.getpid()}
 
     # Every call first makes sure the core runs: after a restart, the first caller may be a
     # proxy's long poll rather than a driver.
@@ -140,3 +190,4 @@ class ControllerActor:
         await self.core.backend.save_checkpoint(b"")
         await self._proxies.stop()
         await self.core.stop()
+        stored.forget_serving_state()

@@ -1,5 +1,6 @@
 """Replicas on Ray: the replica actor, and the controller's backend that starts, stops,
-checks, reconfigures and re-adopts replica actors and keeps the checkpoint in the GCS."""
+checks, reconfigures and re-adopts replica actors and keeps the checkpoint and the
+published tables in the GCS."""
 
 from __future__ import annotations
 
@@ -15,8 +16,8 @@ from typing import Any
 import ray
 from ray.actor import ActorHandle
 from ray.exceptions import RayActorError, RayTaskError
-from ray.experimental import internal_kv
 
+from app_toolkit._runtime.backends.ray import stored
 from app_toolkit._runtime.backends.ray.cluster import (
     NAMESPACE,
     REPLICA_PREFIX,
@@ -29,8 +30,10 @@ from app_toolkit._runtime.backends.ray.cluster import (
 )
 from app_toolkit._runtime.backends.ray.session import RaySession
 from app_toolkit._runtime.channel.server import start_server
+from app_toolkit._runtime.channel.tls import replica_tls
 from app_toolkit._runtime.messages import AdoptedReplica, DeploymentID, DeploymentSpec, ReplicaInfo
 from app_toolkit._runtime.replica.replica import ReplicaCore
+from app_toolkit._runtime.tables import Table
 from app_toolkit.config import DeploymentConfig
 from app_toolkit.exceptions import DeployError, ReplicaUnavailableError
 
@@ -39,7 +42,6 @@ logger = logging.getLogger("app_toolkit.ray")
 #: The controller's handle to one replica.
 Actor = ActorHandle[Any]
 
-CHECKPOINT_KEY = b"app_toolkit/desired_state"
 _DESCRIBE_TIMEOUT_S = 10.0
 
 
@@ -64,6 +66,7 @@ class ReplicaActor:
 
     async def initialize(self) -> ReplicaInfo:
         replica_id, deployment, config, definition, init_args = self._args
+        tls = replica_tls()  # a TLS misconfiguration fails the start before user code runs
         # Handle calls of the user's code run on this actor's loop (before the user's
         # constructor, which may make some).
         RaySession.attach(asyncio.get_running_loop())
@@ -76,7 +79,7 @@ class ReplicaActor:
         await core.start()
         token = secrets.token_bytes(16)
         host = data_plane_host()
-        self._server, port = await start_server(core, host, token, dumps)
+        self._server, port = await start_server(core, host, token, dumps, tls)
         self._core = core
         self._info = ReplicaInfo(
             replica_id,
@@ -86,6 +89,7 @@ class ReplicaActor:
             token,
             config.max_ongoing_requests,
             ray.get_runtime_context().get_node_id(),
+            tls=tls is not None,
         )
         return self._info
 
@@ -210,8 +214,10 @@ class RayReplicas:
         return found
 
     async def save_checkpoint(self, data: bytes) -> None:
-        internal_kv._internal_kv_put(CHECKPOINT_KEY, data, overwrite=True, namespace=NAMESPACE)
+        stored.put(stored.CHECKPOINT_KEY, data)
 
     async def load_checkpoint(self) -> bytes | None:
-        data = internal_kv._internal_kv_get(CHECKPOINT_KEY, namespace=NAMESPACE)
-        return data if data else None
+        return stored.get(stored.CHECKPOINT_KEY)
+
+    async def save_tables(self, tables: dict[str, Table]) -> None:
+        stored.save_tables(tables)

@@ -15,11 +15,13 @@ from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayTaskError
 
 from app_toolkit._runtime.backends.base import current_session, set_current_session
 from app_toolkit._runtime.backends.ray.cluster import controller_actor, dumps, named_actors
-from app_toolkit._runtime.channel.client import ChannelClient
+from app_toolkit._runtime.channel.client import ChannelClient, UnreachableReplica
+from app_toolkit._runtime.channel.tls import caller_tls
 from app_toolkit._runtime.messages import AppSpec, ReplicaInfo
 from app_toolkit._runtime.routing.data_plane import DataPlane
 from app_toolkit._runtime.routing.dispatcher import ReplicaClient
 from app_toolkit._runtime.tables import Loads, Updates, Versions
+from app_toolkit.exceptions import ConfigError
 from app_toolkit.status import ServeStatus
 
 if TYPE_CHECKING:
@@ -65,7 +67,11 @@ class RaySession:
     # --- what the data plane needs (CallerLink) ---------------------------------
 
     def connect(self, info: ReplicaInfo) -> ReplicaClient:
-        return ChannelClient(info.host, info.port, info.token, dumps)
+        try:
+            tls = caller_tls(info.tls)
+        except ConfigError as exc:
+            return UnreachableReplica(f"Cannot reach replica {info.replica_id}: {exc}")
+        return ChannelClient(info.host, info.port, info.token, dumps, tls)
 
     async def listen(self, known: Versions, timeout_s: float) -> Updates:
         updates: Updates = await self.controller.listen.remote(known, timeout_s)
