@@ -40,6 +40,14 @@ R_co = TypeVar("R_co", covariant=True)
 
 # ----------------------------------------------------------------------------- runner
 
+BATCH_SIZE = metrics.Histogram(
+    "app_toolkit_batch_size", "Units in each batch run", ("function",), metrics.SIZE_BUCKETS
+)
+BATCH_WAIT = metrics.Histogram(
+    "app_toolkit_batch_wait_seconds", "How long a batch's first item waited for it to run", ("function",)
+)
+BATCHES = metrics.Counter("app_toolkit_batches_total", "Batches run", ("function",))
+
 
 class _Batcher:
     """Runs batches of one function for one instance on one event loop."""
@@ -59,10 +67,7 @@ class _Batcher:
         self.queue = BatchQueue(config.max_batch_size, config.batch_wait_timeout_s)
         self._slots = asyncio.Semaphore(config.max_concurrent_batches)
         self._wake = asyncio.Event()
-        self._batch_size = metrics.histogram("app_toolkit_batch_size", metrics.SIZE_BUCKETS, function=name)
-        self._batch_wait = metrics.histogram(
-            "app_toolkit_batch_wait_seconds", metrics.SECONDS_BUCKETS, function=name
-        )
+        self._name = name
         self._runner = self.loop.create_task(self._run())
 
     def _enqueue(self, value: Any, pending: Pending) -> Pending:
@@ -117,8 +122,9 @@ class _Batcher:
             if not batch:
                 self._slots.release()
                 continue
-            self._batch_size.observe(sum(p.size for p in batch))
-            self._batch_wait.observe(self.loop.time() - batch[0].enqueued_at)
+            BATCH_SIZE.observe(sum(p.size for p in batch), self._name)
+            BATCH_WAIT.observe(self.loop.time() - batch[0].enqueued_at, self._name)
+            BATCHES.inc(self._name)
             task = self.loop.create_task(self._execute(batch))
             task.add_done_callback(lambda _t: self._slots.release())
 

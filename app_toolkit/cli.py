@@ -78,6 +78,7 @@ _LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 @_http_option("root_path")
 @_http_option("proxy_headers")
 @_http_option("forwarded_allow_ips")
+@_http_option("metrics_allow_ips")
 @click.pass_context
 def run(
     ctx: click.Context,

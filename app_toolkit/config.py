@@ -302,6 +302,11 @@ class HTTPOptions(_Strict):
         "127.0.0.1",
         description="Comma-separated addresses (or *) whose X-Forwarded-* headers are trusted.",
     )
+    metrics_allow_ips: str = Field(
+        "127.0.0.1,::1",
+        description="Comma-separated client addresses or networks (10.0.0.0/8) that may read "
+        "/-/metrics (Prometheus), or * for anyone; others get 403.",
+    )
     proxy_location: Literal["EveryNode", "HeadOnly", "Disabled"] = Field(
         "EveryNode",
         description="Run a proxy on every node of the cluster (each serves every app; nodes "
@@ -317,6 +322,14 @@ class HTTPOptions(_Strict):
                 f"({self.max_request_body_bytes}), or no request that large could ever be served"
             )
         return self
+
+    @field_validator("metrics_allow_ips")
+    @classmethod
+    def _check_metrics_allow_ips(cls, value: str) -> str:
+        from app_toolkit._runtime.proxy.metrics_page import parse_networks
+
+        parse_networks(value)
+        return value
 
     @field_validator("root_path")
     @classmethod

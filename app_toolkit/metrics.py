@@ -1,74 +1,233 @@
-"""In-process metrics: histograms kept per replica process.
+"""Metrics kept in each process: counters, gauges and histograms with labels.
 
-Recording never raises and never blocks; an exporter (Prometheus / HTTP) reads
-:func:`snapshot`. Names follow Prometheus conventions (``_seconds``, ``_size``).
+Recording is a dictionary update: it never blocks, never does I/O and never raises for
+a well-formed call. Nothing is exported from here: the proxy's ``/-/metrics`` reads
+:func:`snapshot` of every toolkit process on its node, off the request path, and renders
+the Prometheus text format. Names follow Prometheus conventions (``_total``,
+``_seconds``); label values are strings.
+
+User code may define its own metrics the same way (``Counter("shop_orders_total",
+"Orders placed", ("kind",))`` at module level, then ``.inc("book")``); they appear in
+the same scrape, labelled with the replica they come from.
 """
 
 from __future__ import annotations
 
 import bisect
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Literal
 
-#: Bucket upper bounds for sizes (items) and for waits (seconds).
-SIZE_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
-SECONDS_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
+#: Bucket upper bounds for sizes (items) and for durations (seconds).
+SIZE_BUCKETS = (1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0)
+SECONDS_BUCKETS = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+)
+
+Kind = Literal["counter", "gauge", "histogram"]
+Labels = tuple[str, ...]
 
 
-@dataclass
-class Histogram:
-    """Counts of observations per bucket (cumulative on read), with their sum."""
+@dataclass(frozen=True, slots=True)
+class HistogramValue:
+    """Cumulative counts per upper bound (the last is +Inf), the count and the sum."""
 
-    name: str
-    labels: tuple[tuple[str, str], ...]
-    buckets: tuple[float, ...]
-    counts: list[int] = field(default_factory=list)
-    count: int = 0
-    total: float = 0.0
-
-    def __post_init__(self) -> None:
-        self.counts = [0] * (len(self.buckets) + 1)  # the last bucket is +Inf
-
-    def observe(self, value: float) -> None:
-        self.counts[bisect.bisect_left(self.buckets, value)] += 1
-        self.count += 1
-        self.total += value
+    buckets: tuple[tuple[float, int], ...]
+    count: int
+    sum: float
 
     @property
     def mean(self) -> float:
-        return self.total / self.count if self.count else 0.0
+        return self.sum / self.count if self.count else 0.0
 
-    def to_dict(self) -> dict[str, Any]:
-        cumulative, running = [], 0
-        for bound, count in zip((*self.buckets, float("inf")), self.counts, strict=True):
-            running += count
-            cumulative.append((bound, running))
-        return {
-            "name": self.name,
-            "labels": dict(self.labels),
-            "count": self.count,
-            "sum": self.total,
-            "mean": self.mean,
-            "buckets": cumulative,
-        }
+
+@dataclass(frozen=True, slots=True)
+class FamilySnapshot:
+    """One metric's samples at one moment, as plain data (it crosses processes)."""
+
+    name: str
+    kind: Kind
+    help: str
+    labelnames: tuple[str, ...]
+    samples: tuple[tuple[Labels, float | HistogramValue], ...]
 
 
 _lock = threading.Lock()
-_histograms: dict[tuple[str, tuple[tuple[str, str], ...]], Histogram] = {}
+_families: dict[str, _Family] = {}
+#: Labels added to every sample of this process (e.g. the replica it is), set once at start.
+_process_labels: dict[str, str] = {}
 
 
-def histogram(name: str, buckets: tuple[float, ...], **labels: str) -> Histogram:
-    """The process-wide histogram of ``name`` with these labels (created on first use)."""
-    key = (name, tuple(sorted(labels.items())))
-    with _lock:
-        found = _histograms.get(key)
+def set_process_labels(**labels: str) -> None:
+    """Label every metric of this process with these (a replica: its application,
+    deployment and replica id), unless the metric has a label of the same name."""
+    _process_labels.clear()
+    _process_labels.update(labels)
+
+
+class _Family:
+    kind: Kind
+
+    def __init__(self, name: str, help: str, labelnames: tuple[str, ...] = ()) -> None:
+        self.name = name
+        self.help = help
+        self.labelnames = tuple(labelnames)
+        with _lock:
+            existing = _families.get(name)
+            if existing is not None and (existing.kind, existing.labelnames) != (self.kind, self.labelnames):
+                raise ValueError(
+                    f"Metric {name!r} exists as a {existing.kind} with labels {existing.labelnames}"
+                )
+            _families[name] = self
+
+    def _check(self, labels: Labels) -> None:
+        if len(labels) != len(self.labelnames):
+            raise ValueError(f"{self.name} takes labels {self.labelnames}, got {labels}")
+
+    def _samples(self) -> list[tuple[Labels, float | HistogramValue]]:
+        raise NotImplementedError
+
+    def snapshot(self) -> FamilySnapshot:
+        extra = tuple(key for key in _process_labels if key not in self.labelnames)
+        added = tuple(_process_labels[key] for key in extra)
+        return FamilySnapshot(
+            self.name,
+            self.kind,
+            self.help,
+            self.labelnames + extra,
+            tuple((labels + added, value) for labels, value in self._samples()),
+        )
+
+
+class Counter(_Family):
+    """A count that only goes up."""
+
+    kind: Kind = "counter"
+
+    def __init__(self, name: str, help: str, labelnames: tuple[str, ...] = ()) -> None:
+        super().__init__(name, help, labelnames)
+        self._values: dict[Labels, float] = {}
+
+    def inc(self, *labels: str, amount: float = 1.0) -> None:
+        values = self._values
+        if labels not in values:
+            self._check(labels)
+        values[labels] = values.get(labels, 0.0) + amount
+
+    def _samples(self) -> list[tuple[Labels, float | HistogramValue]]:
+        return list(self._values.items())
+
+
+class Gauge(_Family):
+    """A value that goes up and down, or one read from a function at each snapshot."""
+
+    kind: Kind = "gauge"
+
+    def __init__(
+        self,
+        name: str,
+        help: str,
+        labelnames: tuple[str, ...] = (),
+        read: Callable[[], dict[Labels, float]] | None = None,
+    ) -> None:
+        super().__init__(name, help, labelnames)
+        self._values: dict[Labels, float] = {}
+        self._read = read
+
+    def set(self, value: float, *labels: str) -> None:
+        if labels not in self._values:
+            self._check(labels)
+        self._values[labels] = value
+
+    def inc(self, *labels: str, amount: float = 1.0) -> None:
+        self.set(self._values.get(labels, 0.0) + amount, *labels)
+
+    def dec(self, *labels: str, amount: float = 1.0) -> None:
+        self.inc(*labels, amount=-amount)
+
+    def remove(self, *labels: str) -> None:
+        self._values.pop(labels, None)
+
+    def _samples(self) -> list[tuple[Labels, float | HistogramValue]]:
+        if self._read is None:
+            return list(self._values.items())
+        return list(self._read().items())
+
+
+@dataclass
+class _Buckets:
+    counts: list[int]
+    count: int = 0
+    total: float = field(default=0.0)
+
+
+class Histogram(_Family):
+    """Observations counted per bucket, with their sum."""
+
+    kind: Kind = "histogram"
+
+    def __init__(
+        self,
+        name: str,
+        help: str,
+        labelnames: tuple[str, ...] = (),
+        buckets: tuple[float, ...] = SECONDS_BUCKETS,
+    ) -> None:
+        super().__init__(name, help, labelnames)
+        self.buckets = tuple(sorted(buckets))
+        self._values: dict[Labels, _Buckets] = {}
+
+    def observe(self, value: float, *labels: str) -> None:
+        found = self._values.get(labels)
         if found is None:
-            found = _histograms[key] = Histogram(name, key[1], buckets)
-        return found
+            self._check(labels)
+            found = self._values[labels] = _Buckets([0] * (len(self.buckets) + 1))
+        found.counts[bisect.bisect_left(self.buckets, value)] += 1
+        found.count += 1
+        found.total += value
+
+    def _samples(self) -> list[tuple[Labels, float | HistogramValue]]:
+        samples: list[tuple[Labels, float | HistogramValue]] = []
+        for labels, found in list(self._values.items()):
+            cumulative, running = [], 0
+            for bound, count in zip((*self.buckets, float("inf")), found.counts, strict=True):
+                running += count
+                cumulative.append((bound, running))
+            samples.append((labels, HistogramValue(tuple(cumulative), found.count, found.total)))
+        return samples
 
 
-def snapshot() -> list[dict[str, Any]]:
-    """Every histogram of this process, as plain data."""
+def snapshot() -> list[FamilySnapshot]:
+    """Every metric of this process, with its current samples."""
     with _lock:
-        return [h.to_dict() for h in _histograms.values()]
+        families = list(_families.values())
+    return [family.snapshot() for family in families]
+
+
+def value(name: str, **labels: str) -> float | HistogramValue | None:
+    """This process's sample of ``name`` with (at least) these labels; None if none."""
+    with _lock:
+        family = _families.get(name)
+    if family is None:
+        return None
+    found = family.snapshot()
+    for sample_labels, sample in found.samples:
+        named = dict(zip(found.labelnames, sample_labels, strict=True))
+        if all(named.get(key) == wanted for key, wanted in labels.items()):
+            return sample
+    return None

@@ -85,10 +85,12 @@ async def embed_unbatched(body: Text) -> dict[str, int]:
 @router.get("/stats")
 async def stats() -> dict[str, dict[str, float]]:
     """Batch counts and item totals per function, from this process's histograms."""
+    found = [f for f in metrics.snapshot() if f.name == "app_toolkit_batch_size"]
     return {
-        m["labels"]["function"]: {"batches": m["count"], "items": m["sum"]}
-        for m in metrics.snapshot()
-        if m["name"] == "app_toolkit_batch_size"
+        labels[0]: {"batches": sample.count, "items": sample.sum}
+        for family in found
+        for labels, sample in family.samples
+        if isinstance(sample, metrics.HistogramValue)
     }
 
 

@@ -136,6 +136,7 @@ class HTTPResponse:
     status: int
     headers: Headers
     body: bytes
+    route: str = ""  # the app's path template that served it ("" if none matched)
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,6 +145,7 @@ class HTTPResponseStart:
 
     status: int
     headers: Headers
+    route: str = ""  # the app's path template that served it ("" if none matched)
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,14 +37,10 @@ def test_real_embeddings_and_batching_on_the_local_backend(no_backend: None) -> 
         model = get_deployment_handle("Embedder", "embeddings")
         responses = [model.embed.remote(f"sentence number {i} about batching") for i in range(48)]
         assert [len(r.result(timeout_s=60)) for r in responses] == [384] * 48
-    sizes = [
-        m
-        for m in metrics.snapshot()
-        if m["name"] == "app_toolkit_batch_size" and m["labels"]["function"] == "Embedder.embed"
-    ]
-    assert sizes and sizes[0]["mean"] > 1
-    at_most_4 = dict(sizes[0]["buckets"])[4]  # cumulative: batches of 4 items or fewer
-    assert at_most_4 < sizes[0]["count"]  # so at least one batch held more than 4
+    sizes = metrics.value("app_toolkit_batch_size", function="Embedder.embed")
+    assert isinstance(sizes, metrics.HistogramValue) and sizes.mean > 1
+    at_most_4 = dict(sizes.buckets)[4]  # cumulative: batches of 4 items or fewer
+    assert at_most_4 < sizes.count  # so at least one batch held more than 4
 
 
 def test_embedding_service_over_http_on_ray(ray_toolkit: Toolkit) -> None:

@@ -156,11 +156,12 @@ async def test_batch_sizes_and_waits_are_recorded() -> None:
         return items
 
     await asyncio.gather(*(identity_for_metrics(i) for i in range(5)))
-    recorded = {(m["name"], m["labels"]["function"]): m for m in metrics.snapshot()}
-    sizes = recorded[("app_toolkit_batch_size", identity_for_metrics.__qualname__)]
-    assert sizes["count"] == 1 and sizes["mean"] == 5
-    waits = recorded[("app_toolkit_batch_wait_seconds", identity_for_metrics.__qualname__)]
-    assert waits["count"] == 1 and 0 <= waits["mean"] < 1
+    function = identity_for_metrics.__qualname__
+    sizes = metrics.value("app_toolkit_batch_size", function=function)
+    assert isinstance(sizes, metrics.HistogramValue) and sizes.count == 1 and sizes.mean == 5
+    waits = metrics.value("app_toolkit_batch_wait_seconds", function=function)
+    assert isinstance(waits, metrics.HistogramValue) and waits.count == 1 and 0 <= waits.mean < 1
+    assert metrics.value("app_toolkit_batches_total", function=function) == 1
 
 
 def test_bad_batch_declarations_fail_fast(caplog: pytest.LogCaptureFixture) -> None:

@@ -64,7 +64,9 @@ async def test_a_request_head_over_the_limit_gets_431_and_is_not_buffered(
                 writer.write(b"a" * 65536)
                 await writer.drain()
                 sent += 65536
-        assert sent < 4 << 20
+        # Closed long before the 50 MiB were sent: what went through is what the two
+        # kernels' socket buffers took (up to tcp_wmem + tcp_rmem, a few MiB), not the server.
+        assert sent < 16 << 20
         assert (await asyncio.wait_for(answer, 5)).startswith(b"HTTP/1.1 431 ")
         assert (await get(server.port, opened)).startswith(b"HTTP/1.1 200 ")
     finally:

@@ -93,7 +93,7 @@ def encode(kind: Kind, message: Any, dumps: Dumps) -> list[bytes]:
         head = plain_dumps((message.request_id, message.scope))
         return [_HEAD_LENGTH.pack(len(head)) + head, message.body]
     if kind is Kind.RESPONSE:
-        head = plain_dumps((message.status, message.headers))
+        head = plain_dumps((message.status, message.headers, message.route))
         return [_HEAD_LENGTH.pack(len(head)) + head, message.body]
     if kind in (Kind.CALL, Kind.RESULT, Kind.ITEM):
         return [dumps(message)]
@@ -112,7 +112,7 @@ def decode(kind: Kind, payload: memoryview) -> Any:
         body = payload[4 + length :].tobytes()
         if kind is Kind.HTTP:
             return HTTPRequest(head[0], head[1], body)
-        return HTTPResponse(head[0], head[1], body)
+        return HTTPResponse(head[0], head[1], body, head[2])
     if not payload:
         return None
     return pickle.loads(payload)

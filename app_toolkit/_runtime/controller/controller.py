@@ -18,6 +18,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 from app_toolkit._runtime.backends.base import Backend
+from app_toolkit._runtime.controller import controller_metrics
 from app_toolkit._runtime.controller.deployment_state import (
     Action,
     DeploymentState,
@@ -97,6 +98,7 @@ class ControllerCore:
         self._loads: dict[str, tuple[float, Loads]] = {}
         # The long poll's generation last stored, and when.
         self._tables_stored: tuple[int, float] = (-1, float("-inf"))
+        controller_metrics.track(self)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -349,8 +351,10 @@ class ControllerCore:
             info, handle = await self.backend.start_replica(action.replica_id, action.spec)
         except Exception as exc:  # noqa: BLE001 - counted as a failed start, shown in status
             event = StartFailed(str(exc))
+            controller_metrics.START_FAILURES.inc(deployment.app, deployment.name)
         else:
             event = Started(info, handle, action.spec.config)
+            controller_metrics.STARTS.inc(deployment.app, deployment.name)
         self._on(deployment, action.replica_id, event)
 
     async def _stop(self, deployment: DeploymentID, action: StopReplica) -> None:
@@ -383,6 +387,8 @@ class ControllerCore:
             event = HealthFailed(str(exc), gone=False)
         else:
             event = HealthPassed()
+        if isinstance(event, HealthFailed):
+            controller_metrics.HEALTH_FAILURES.inc(deployment.app, deployment.name)
         self._on(deployment, action.replica_id, event)
 
     async def _reconfigure(self, deployment: DeploymentID, action: ReconfigureReplica) -> None:

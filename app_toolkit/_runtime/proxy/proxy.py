@@ -15,10 +15,12 @@ from typing import Any
 
 from starlette.types import Receive, Scope, Send
 
+from app_toolkit import metrics
 from app_toolkit._runtime.answers import Answer, error_answer, json_answer, unavailable
 from app_toolkit._runtime.channel.frames import Kind
 from app_toolkit._runtime.messages import DeploymentID, HTTPRequest, HTTPResponse, HTTPResponseStart
 from app_toolkit._runtime.proxy.body import CLIENT_CLOSED, Body, BodyBudget, read_body
+from app_toolkit._runtime.proxy.metrics_page import CONTENT_TYPE, Gather, allowed, parse_networks, render
 from app_toolkit._runtime.proxy.path_match import AppMatcher, match_app
 from app_toolkit._runtime.proxy.scope import (
     forwarded_scope,
@@ -32,6 +34,7 @@ from app_toolkit._runtime.routing.subscriber import TableSubscriber
 from app_toolkit._runtime.tables import APPLICATIONS_KEY, ApplicationTable, Table
 from app_toolkit.config import HTTPOptions
 from app_toolkit.exceptions import BackPressureError, ReplicaUnavailableError, RequestLostError
+from app_toolkit.metrics import FamilySnapshot
 
 logger = logging.getLogger("app_toolkit.proxy")
 access_logger = logging.getLogger("app_toolkit.access")
@@ -40,9 +43,12 @@ access_logger = logging.getLogger("app_toolkit.access")
 class Proxy:
     """The ASGI application the proxy's uvicorn serves."""
 
-    def __init__(self, subscriber: TableSubscriber, http: HTTPOptions) -> None:
+    def __init__(self, subscriber: TableSubscriber, http: HTTPOptions, gather: Gather | None = None) -> None:
         self.subscriber = subscriber
         self.http = http
+        #: Snapshots for /-/metrics: this process's, unless the backend knows more.
+        self.gather = gather or _this_process
+        self.metrics_readers = parse_networks(http.metrics_allow_ips)
         self.budget = BodyBudget(http.max_buffered_body_bytes)
         self.access_log = http.access_log
         self.apps: list[AppMatcher] = []  # longest route_prefix first
@@ -65,15 +71,17 @@ class Proxy:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
         if kind == "http":
-            if not self.access_log:
-                await self._http(scope, receive, send)
-                return
             started = time.perf_counter()
             status = 500  # unless _http returns normally
             try:
                 status = await self._http(scope, receive, send)
             finally:
-                _log_access(scope, status, started)
+                app, route = scope.get(_ROUTE_KEY, _NO_ROUTE)
+                labels = (app, route, scope["method"], str(status))
+                HTTP_REQUESTS.inc(*labels)
+                HTTP_DURATION.observe(time.perf_counter() - started, *labels)
+                if self.access_log:
+                    _log_access(scope, status, started)
         elif kind == "websocket":
             await serve_websocket(
                 self.apps if self.loaded else None, self.subscriber.dispatcher, scope, receive, send
@@ -86,13 +94,18 @@ class Proxy:
         path = route_path(scope)
         headers = read_headers(scope)
         request_id = scope[_REQUEST_ID_KEY] = headers.request_id
+        if path == "/-/metrics":  # served before the routes are loaded, too
+            scope[_ROUTE_KEY] = ("", path)
+            return await self._metrics(request_id, scope, send)
         if not self.loaded:
             return await _answer(send, unavailable("the proxy has not loaded its routes yet", request_id))
         if path.startswith("/-/"):
+            scope[_ROUTE_KEY] = ("", path if path in _BUILTINS else "")
             return await self._builtin(path, request_id, send)
         route = match_app(self.apps, path)
         if route is None:
             return await _answer(send, error_answer(404, "Not Found", request_id))
+        scope[_ROUTE_KEY] = (route.app, route.route_prefix)  # until the replica names its route
         timeout_s = parse_timeout(headers.timeout)
         if isinstance(timeout_s, str):
             return await _answer(send, error_answer(400, timeout_s, request_id))
@@ -116,6 +129,9 @@ class Proxy:
                 watcher = asyncio.ensure_future(_watch_disconnect(receive, state))
                 request = HTTPRequest(request_id, forwarded_scope(scope, route, headers), body.data)
                 await self._forward(deployment, request, send, state, headers.model_id)
+                if state.route:
+                    prefix = "" if route.route_prefix == "/" else route.route_prefix
+                    scope[_ROUTE_KEY] = (route.app, prefix + state.route)
         except asyncio.CancelledError:
             if not state.disconnected:
                 raise
@@ -166,6 +182,7 @@ class Proxy:
             logger.warning("Request %s: %s", request_id, exc)
             state.status = await _answer(send, unavailable("no replica could serve the request", request_id))
             return
+        state.route = reply.message.route
         try:
             if reply.kind is Kind.RESPONSE:
                 response: HTTPResponse = reply.message
@@ -223,11 +240,24 @@ class Proxy:
             )
         return await _answer(send, error_answer(404, "Not Found", request_id))
 
+    async def _metrics(self, request_id: str, scope: Scope, send: Send) -> int:
+        client = scope.get("client")
+        if not allowed(self.metrics_readers, client[0] if client else None):
+            detail = "Forbidden: this address may not read metrics (see metrics_allow_ips)"
+            return await _answer(send, error_answer(403, detail, request_id))
+        body = render(await self.gather())
+        headers = [(b"content-type", CONTENT_TYPE.encode()), (b"x-request-id", request_id.encode())]
+        return await _answer(send, Answer(200, headers, body))
+
+
+async def _this_process() -> list[list[FamilySnapshot]]:
+    return [metrics.snapshot()]
+
 
 class _RequestState:
     """What the proxy knows about one request while it is forwarded."""
 
-    __slots__ = ("task", "started", "finished", "disconnected", "status")
+    __slots__ = ("task", "started", "finished", "disconnected", "status", "route")
 
     def __init__(self, task: asyncio.Task[Any] | None) -> None:
         self.task = task
@@ -235,6 +265,7 @@ class _RequestState:
         self.started = False  # the response head went to the client
         self.finished = False  # the whole response went to the client
         self.disconnected = False
+        self.route = ""  # the path template the replica's app matched
 
 
 async def _watch_disconnect(receive: Receive, state: _RequestState) -> None:
@@ -257,6 +288,21 @@ async def _answer(send: Send, answer: Answer) -> int:
 
 #: Where _http leaves the request id for the access log (an ASGI scope extension key).
 _REQUEST_ID_KEY = "app_toolkit.request_id"
+#: Where _http leaves (application, route template) for the metrics.
+_ROUTE_KEY = "app_toolkit.route"
+_NO_ROUTE = ("", "")
+_BUILTINS = ("/-/healthz", "/-/routes", "/-/metrics")
+
+HTTP_REQUESTS = metrics.Counter(
+    "app_toolkit_http_requests_total",
+    "HTTP requests the proxy answered",
+    ("application", "route", "method", "status"),
+)
+HTTP_DURATION = metrics.Histogram(
+    "app_toolkit_http_request_duration_seconds",
+    "From the request's arrival at the proxy to the end of its response",
+    ("application", "route", "method", "status"),
+)
 #: Control characters (a decoded %0a could forge a log line), quotes and backslashes are
 #: written as \xNN in the access log.
 _UNSAFE = {code: f"\\x{code:02x}" for code in (*range(0x20), 0x22, 0x5C, *range(0x7F, 0xA0))}

@@ -113,13 +113,20 @@ def _last_line(text: str) -> str:
     return lines[-1].strip() if lines else text
 
 
+def route_template(scope: Scope) -> str:
+    """The matched route's path template from a scope the app has routed ("" if none)."""
+    path = getattr(scope.get("route"), "path", "")
+    return path if isinstance(path, str) else ""
+
+
 async def serve_http(
     app: ASGIApp, request: HTTPRequest, lifespan_state: dict[str, Any], sink: ResponseSink
-) -> None:
-    """Run one request through ``app``; write one RESPONSE frame, or START/BODY…/END."""
+) -> str:
+    """Run one request through ``app``; write one RESPONSE frame, or START/BODY…/END.
+    Returns the path template of the route that served it."""
     scope = dict(request.scope)
     scope["state"] = dict(lifespan_state)
-    response = _Response(request, sink)
+    response = _Response(request, scope, sink)
     try:
         await app(scope, response.receive, response.send)
     except asyncio.CancelledError:
@@ -132,16 +139,28 @@ async def serve_http(
     if not response.complete:
         logger.error("Request %s: the app returned without a complete response", request.request_id)
         response.fail()
+    return response.route
 
 
 class _Response:
     """One request's ASGI channel inside a replica: the body in, the response out as
     frames — one RESPONSE when the body comes in one piece, else START, BODY…, END."""
 
-    __slots__ = ("_request", "_sink", "_body_sent", "finished", "_status", "_headers", "_started", "complete")
+    __slots__ = (
+        "_request",
+        "_scope",
+        "_sink",
+        "_body_sent",
+        "finished",
+        "_status",
+        "_headers",
+        "_started",
+        "complete",
+    )
 
-    def __init__(self, request: HTTPRequest, sink: ResponseSink) -> None:
+    def __init__(self, request: HTTPRequest, scope: Scope, sink: ResponseSink) -> None:
         self._request = request
+        self._scope = scope  # the app's routing writes the matched route into it
         self._sink = sink
         self._body_sent = False
         self.finished = asyncio.Event()  # set once the response is complete (or failed)
@@ -169,17 +188,23 @@ class _Response:
         sink = self._sink
         if not self._started and not more:
             self._finish()
-            sink.send(Kind.RESPONSE, HTTPResponse(self._status, self._headers, bytes(body)))
+            sink.send(Kind.RESPONSE, HTTPResponse(self._status, self._headers, bytes(body), self.route))
             return
         if not self._started:
             self._started = True
-            sink.send(Kind.START, HTTPResponseStart(self._status, self._headers))
+            sink.send(Kind.START, HTTPResponseStart(self._status, self._headers, self.route))
         if body:
             sink.send(Kind.BODY, body)
             await sink.drain()
         if not more:
             self._finish()
             sink.send(Kind.END, None)
+
+    @property
+    def route(self) -> str:
+        """The path template of the route that matched (Starlette/FastAPI routing
+        records it in the scope), never the raw path; "" if none did."""
+        return route_template(self._scope)
 
     def fail(self) -> None:
         """The app failed before completing the response: a generic 500, or, once the
@@ -234,9 +259,10 @@ def request_app(target: Callable[..., Any]) -> ASGIApp:
 
 async def serve_websocket(
     app: ASGIApp, request: WebSocketOpen, lifespan_state: dict[str, Any], sink: ResponseSink
-) -> None:
+) -> str:
     """Run one WebSocket connection through ``app``: client messages come from
-    ``sink.inbound``, every message the app sends goes out as a WS_OUT frame, END last."""
+    ``sink.inbound``, every message the app sends goes out as a WS_OUT frame, END last.
+    Returns the path template of the route that served it."""
     assert sink.inbound is not None
     scope = dict(request.scope)
     scope["state"] = dict(lifespan_state)
@@ -256,6 +282,7 @@ async def serve_websocket(
         if watcher is not None:
             watcher.cancel()
     sink.send(Kind.END, None)
+    return route_template(scope)
 
 
 class _WebSocket:

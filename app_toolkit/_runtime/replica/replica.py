@@ -12,6 +12,7 @@ import inspect
 import logging
 import pickle
 import threading
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -27,6 +28,7 @@ from app_toolkit._runtime.messages import (
     MethodCall,
     WebSocketOpen,
 )
+from app_toolkit._runtime.replica import replica_metrics
 from app_toolkit._runtime.replica.asgi import (
     Lifespan,
     request_app,
@@ -40,6 +42,7 @@ from app_toolkit.exceptions import BackPressureError, DeployError, ReplicaUnavai
 logger = logging.getLogger("app_toolkit.replica")
 
 ASGI_APP_ATTR = "__app_toolkit_asgi_app__"
+_KIND_NAMES = {Kind.HTTP: "http", Kind.WS_OPEN: "websocket", Kind.CALL: "call"}
 #: A deployment's constructor arguments: positional and keyword.
 InitArgs = tuple[tuple[Any, ...], dict[str, Any]]
 LINGER_QUIET_S = 0.25  # a drained replica stops once no request came for this long
@@ -59,6 +62,7 @@ class ReplicaCore:
         dumps: Dumps,
     ) -> None:
         self.replica_id = replica_id
+        self.labels = (deployment.app, deployment.name, replica_id)  # for its metrics
         self.context = request_context.ReplicaContext(deployment.app, deployment.name, replica_id)
         self.deployment = deployment
         self.config = config
@@ -78,6 +82,7 @@ class ReplicaCore:
         self._last_refused = 0.0
         #: Set by the host: tells the controller which multiplexed models this replica holds.
         self.report_models: Callable[[tuple[str, ...]], None] | None = None
+        replica_metrics.track(self)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -171,30 +176,31 @@ class ReplicaCore:
 
     async def serve(self, kind: Kind, message: Any, sink: ResponseSink) -> None:
         """Serve one admitted request (``admit()`` returned True for it)."""
+        started = time.perf_counter()
+        route = ""
         try:
             if kind is Kind.HTTP:
-                await self._serve_http(message, sink)
+                route = await self._serve_asgi(serve_http, message, sink)
             elif kind is Kind.WS_OPEN:
-                await self._serve_websocket(message, sink)
+                route = await self._serve_asgi(serve_websocket, message, sink)
             elif kind is Kind.CALL:
+                route = message.method
                 await self._serve_call(message, sink)
             else:
                 raise ValueError(f"Unexpected request kind {kind!r}")
         finally:
+            labels = (*self.labels, _KIND_NAMES.get(kind, "other"), route)
+            replica_metrics.REQUESTS.inc(*labels)
+            replica_metrics.PROCESSING.observe(time.perf_counter() - started, *labels)
             self.ongoing -= 1
             if self.ongoing == 0:
                 self._idle.set()
 
-    async def _serve_http(self, request: HTTPRequest, sink: ResponseSink) -> None:
-        await self._serve_asgi(serve_http, request, sink)
-
-    async def _serve_websocket(self, request: WebSocketOpen, sink: ResponseSink) -> None:
-        await self._serve_asgi(serve_websocket, request, sink)
-
     async def _serve_asgi(
-        self, serve: Callable[..., Awaitable[None]], request: HTTPRequest | WebSocketOpen, sink: ResponseSink
-    ) -> None:
-        """Run one HTTP request or WebSocket through the app, with the request's context."""
+        self, serve: Callable[..., Awaitable[str]], request: HTTPRequest | WebSocketOpen, sink: ResponseSink
+    ) -> str:
+        """Run one HTTP request or WebSocket through the app, with the request's context;
+        returns the matched route's path template."""
         if self.asgi_app is None:
             self.asgi_app = request_app(self._method("__call__"))
         rid = request_context.request_id.set(request.request_id)
@@ -203,7 +209,7 @@ class ReplicaCore:
         request_context.draining.set(self.draining_event)
         try:
             state = self._lifespan.state if self._lifespan is not None else {}
-            await serve(self.asgi_app, request, state, sink)
+            return await serve(self.asgi_app, request, state, sink)
         finally:
             request_context.replica_instance.reset(inst)
             request_context.request_id.reset(rid)
@@ -228,6 +234,7 @@ class ReplicaCore:
             raise
         except Exception as exc:
             logger.exception("Request %s: %s.%s raised", call.request_id, self.deployment, call.method)
+            replica_metrics.ERRORS.inc(*self.labels, "call", call.method)
             sink.send(Kind.FAILURE, self._failure(exc))
         finally:
             request_context.request_id.reset(rid)

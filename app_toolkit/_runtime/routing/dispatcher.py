@@ -18,6 +18,7 @@ from typing import Any, Protocol
 from app_toolkit._runtime.channel.exchange import Exchange
 from app_toolkit._runtime.channel.frames import DRAINING, Kind
 from app_toolkit._runtime.messages import DeploymentID, ReplicaInfo
+from app_toolkit._runtime.routing import caller_metrics
 from app_toolkit._runtime.routing.choice import ReplicaChooser, queue_is_full
 from app_toolkit.exceptions import BackPressureError, ReplicaUnavailableError, RequestLostError
 
@@ -78,6 +79,7 @@ class Dispatcher:
         self.max_queued_requests = -1
         self._closed_reason: str | None = None
         self._wake_handle: asyncio.TimerHandle | None = None
+        caller_metrics.track(self)
 
     # ------------------------------------------------------------------ table updates
 
@@ -178,6 +180,7 @@ class Dispatcher:
                 self._chooser.acquire(choice.replica_id, model_id, now)
                 return choice
         if queue_is_full(self.queued, self.max_queued_requests):
+            caller_metrics.rejected(self.deployment)
             raise BackPressureError(str(self.deployment), self.max_queued_requests)
         waiter: asyncio.Future[ReplicaInfo] = asyncio.get_running_loop().create_future()
         self._waiters.append((waiter, model_id))

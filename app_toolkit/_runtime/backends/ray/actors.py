@@ -17,8 +17,10 @@ from typing import Any
 
 import ray
 
+from app_toolkit import metrics
 from app_toolkit._runtime.backends.ray import stored
 from app_toolkit._runtime.backends.ray.cluster import configure_worker_logging, node_address
+from app_toolkit._runtime.backends.ray.node_metrics import NodeMetrics
 from app_toolkit._runtime.backends.ray.proxies import ProxyFleet
 from app_toolkit._runtime.backends.ray.replicas import RayReplicas
 from app_toolkit._runtime.backends.ray.session import RaySession
@@ -26,8 +28,10 @@ from app_toolkit._runtime.controller.controller import ControllerCore
 from app_toolkit._runtime.messages import AppSpec
 from app_toolkit._runtime.proxy.proxy import Proxy
 from app_toolkit._runtime.proxy.server import ProxyServer, listen_socket, serve
+from app_toolkit._runtime.routing import caller_metrics
 from app_toolkit._runtime.tables import Loads, Table, Updates, Versions
 from app_toolkit.config import HTTPOptions
+from app_toolkit.metrics import FamilySnapshot
 from app_toolkit.status import ServeStatus
 
 logger = logging.getLogger("app_toolkit.proxy")
@@ -46,6 +50,7 @@ class ProxyActor:
         self._http = http
         self._server: ProxyServer | None = None
         self._starting = asyncio.Lock()
+        caller_metrics.set_caller("proxy")
         context = ray.get_runtime_context()
         with warnings.catch_warnings():  # Ray's own properties use its deprecated actor_id
             warnings.simplefilter("ignore", DeprecationWarning)
@@ -90,7 +95,7 @@ class ProxyActor:
                 plane = RaySession.attach(asyncio.get_running_loop()).data_plane
                 if seed is not None:
                     plane.subscriber.seed(seed)
-                proxy = Proxy(plane.subscriber, self._http)
+                proxy = Proxy(plane.subscriber, self._http, NodeMetrics().gather)
                 self._server = await serve(proxy, self._http, sock)
                 stored.save_proxy_port(self._server.port)
             return self._server
@@ -139,6 +144,10 @@ class ControllerActor:
     def stats(self) -> dict[str, int]:
         """The process id (for fault tests); answers before the core has started."""
         return {"pid": os.getpid()}
+
+    def metrics(self) -> tuple[str, list[FamilySnapshot]]:
+        """This node's id and this process's metrics (for the node's proxy)."""
+        return ray.get_runtime_context().get_node_id(), metrics.snapshot()
 
     # Every call first makes sure the core runs: after a restart, the first caller may be a
     # proxy's long poll rather than a driver.

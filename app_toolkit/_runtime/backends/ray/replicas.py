@@ -17,6 +17,7 @@ import ray
 from ray.actor import ActorHandle
 from ray.exceptions import RayActorError, RayTaskError
 
+from app_toolkit import metrics
 from app_toolkit._runtime.backends.ray import stored
 from app_toolkit._runtime.backends.ray.cluster import (
     NAMESPACE,
@@ -33,9 +34,11 @@ from app_toolkit._runtime.channel.server import start_server
 from app_toolkit._runtime.channel.tls import replica_tls
 from app_toolkit._runtime.messages import AdoptedReplica, DeploymentID, DeploymentSpec, ReplicaInfo
 from app_toolkit._runtime.replica.replica import ReplicaCore
+from app_toolkit._runtime.routing import caller_metrics
 from app_toolkit._runtime.tables import Table
 from app_toolkit.config import DeploymentConfig
 from app_toolkit.exceptions import DeployError, ReplicaUnavailableError
+from app_toolkit.metrics import FamilySnapshot
 
 logger = logging.getLogger("app_toolkit.ray")
 
@@ -67,6 +70,8 @@ class ReplicaActor:
     async def initialize(self) -> ReplicaInfo:
         replica_id, deployment, config, definition, init_args = self._args
         tls = replica_tls()  # a TLS misconfiguration fails the start before user code runs
+        metrics.set_process_labels(replica=replica_id)  # the user's own metrics, too
+        caller_metrics.set_caller(replica_id)
         # Handle calls of the user's code run on this actor's loop (before the user's
         # constructor, which may make some).
         RaySession.attach(asyncio.get_running_loop())
@@ -111,6 +116,10 @@ class ReplicaActor:
     async def reconfigure(self, config: DeploymentConfig) -> None:
         assert self._core is not None
         await self._core.update_config(config)
+
+    async def metrics(self) -> list[FamilySnapshot]:
+        """This replica process's metrics (the node's proxy reads them for /-/metrics)."""
+        return metrics.snapshot()
 
     async def stats(self) -> dict[str, int]:
         """Requests running, asyncio tasks alive and the process id (for tests and tools)."""

@@ -1,0 +1,79 @@
+"""What a proxy on Ray shows at ``/-/metrics``: its own process's metrics, and those of
+the toolkit processes on its node — the replicas the stored tables place there, and the
+controller when it runs there. Read when scraped, each process with a timeout; a process
+that does not answer is left out of that scrape (and counted)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import ray
+
+from app_toolkit import metrics
+from app_toolkit._runtime.backends.ray import stored
+from app_toolkit._runtime.backends.ray.cluster import CONTROLLER_NAME, NAMESPACE, REPLICA_PREFIX
+from app_toolkit._runtime.tables import ReplicaTable
+from app_toolkit.metrics import FamilySnapshot
+
+logger = logging.getLogger("app_toolkit.proxy")
+
+_READ_TIMEOUT_S = 5.0
+
+MISSED = metrics.Counter(
+    "app_toolkit_metrics_unread_processes_total",
+    "Processes of this node whose metrics a scrape could not read in time",
+)
+
+
+class NodeMetrics:
+    """Gathers the metrics of this node's toolkit processes."""
+
+    def __init__(self) -> None:
+        self._node = ray.get_runtime_context().get_node_id()
+        self._actors: dict[str, Any] = {}  # actor name -> handle, for the replicas here
+
+    async def gather(self) -> list[list[FamilySnapshot]]:
+        reads = [self._read_controller(), *(self._read(name) for name in await self._replica_names())]
+        found = await asyncio.gather(*reads)
+        return [metrics.snapshot(), *(families for families in found if families is not None)]
+
+    async def _replica_names(self) -> list[str]:
+        tables = await asyncio.to_thread(stored.load_tables)
+        names = [
+            REPLICA_PREFIX + info.replica_id
+            for table in (tables[1].values() if tables else ())
+            if isinstance(table, ReplicaTable)
+            for info in table.replicas
+            if info.node_id == self._node
+        ]
+        for gone in set(self._actors) - set(names):
+            del self._actors[gone]
+        return names
+
+    async def _read(self, name: str) -> list[FamilySnapshot] | None:
+        try:
+            actor = self._actors.get(name)
+            if actor is None:
+                actor = self._actors[name] = await asyncio.to_thread(ray.get_actor, name, namespace=NAMESPACE)
+            families: list[FamilySnapshot] = await asyncio.wait_for(actor.metrics.remote(), _READ_TIMEOUT_S)
+        except Exception as exc:  # noqa: BLE001 - a replica that just left, or is hung
+            logger.debug("No metrics from %s: %r", name, exc)
+            self._actors.pop(name, None)
+            MISSED.inc()
+            return None
+        return families
+
+    async def _read_controller(self) -> list[FamilySnapshot] | None:
+        try:
+            controller = await asyncio.to_thread(ray.get_actor, CONTROLLER_NAME, namespace=NAMESPACE)
+            answer: tuple[str, list[FamilySnapshot]] = await asyncio.wait_for(
+                controller.metrics.remote(), _READ_TIMEOUT_S
+            )
+            node, families = answer
+        except Exception as exc:  # noqa: BLE001 - the controller is restarting or down
+            logger.debug("No metrics from the controller: %r", exc)
+            MISSED.inc()
+            return None
+        return families if node == self._node else None

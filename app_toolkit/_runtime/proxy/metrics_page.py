@@ -1,0 +1,93 @@
+"""``GET /-/metrics``: every toolkit process of this node in the Prometheus text format.
+
+The proxy gathers the snapshots (``app_toolkit.metrics``) of its own process and of the
+node's other toolkit processes when scraped, off the request path, and renders them with
+prometheus-client. Who may read it is ``HTTPOptions.metrics_allow_ips``.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import math
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
+from prometheus_client.metrics_core import Metric
+
+from app_toolkit.metrics import FamilySnapshot, HistogramValue
+
+#: Snapshots of every process the page covers, one list per process.
+Gather = Callable[[], Awaitable[list[list[FamilySnapshot]]]]
+CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
+
+Networks = tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] | None
+
+
+def parse_networks(text: str) -> Networks:
+    """``"127.0.0.1, ::1, 10.0.0.0/8"`` → networks; ``"*"`` → None (anyone). Raises
+    ValueError naming a bad entry."""
+    entries = [entry.strip() for entry in text.split(",") if entry.strip()]
+    if "*" in entries:
+        return None
+    networks = []
+    for entry in entries:
+        try:
+            networks.append(ipaddress.ip_network(entry, strict=False))
+        except ValueError:
+            raise ValueError(f"{entry!r} is not an IP address or network (like 10.0.0.0/8)") from None
+    return tuple(networks)
+
+
+def allowed(networks: Networks, client: str | None) -> bool:
+    if networks is None:
+        return True
+    if client is None:
+        return False
+    try:
+        address = ipaddress.ip_address(client)
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return any(address in network for network in networks)
+
+
+def render(processes: Iterable[list[FamilySnapshot]]) -> bytes:
+    """The Prometheus text of all these processes' metrics (same names merged)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_Collector(list(processes)))
+    return generate_latest(registry)
+
+
+class _Collector:
+    def __init__(self, processes: list[list[FamilySnapshot]]) -> None:
+        self._processes = processes
+
+    def collect(self) -> Iterator[Metric]:
+        merged: dict[str, Metric] = {}
+        for families in self._processes:
+            for family in families:
+                metric = merged.get(family.name)
+                if metric is None:
+                    base = family.name.removesuffix("_total") if family.kind == "counter" else family.name
+                    metric = merged[family.name] = Metric(base, family.help, family.kind)
+                for labels, value in family.samples:
+                    named = dict(zip(family.labelnames, labels, strict=True))
+                    _add(metric, family, named, value)
+        yield from merged.values()
+
+
+def _add(
+    metric: Metric, family: FamilySnapshot, labels: dict[str, str], value: float | HistogramValue
+) -> None:
+    if isinstance(value, HistogramValue):
+        for bound, count in value.buckets:
+            le = "+Inf" if math.isinf(bound) else repr(float(bound))
+            metric.add_sample(f"{family.name}_bucket", {**labels, "le": le}, float(count))
+        metric.add_sample(f"{family.name}_count", labels, float(value.count))
+        metric.add_sample(f"{family.name}_sum", labels, value.sum)
+    elif family.kind == "counter":
+        metric.add_sample(f"{metric.name}_total", labels, value)
+    else:
+        metric.add_sample(family.name, labels, value)

@@ -1,0 +1,68 @@
+"""What callers (proxies, replicas calling handles, drivers) record per deployment they
+call: requests waiting in their queue, requests running, and requests refused because
+the queue was full. ``application``/``deployment`` name the deployment called;
+``caller`` names who calls it (``proxy``, a replica id, or ``driver``)."""
+
+from __future__ import annotations
+
+import weakref
+from typing import Protocol
+
+from app_toolkit import metrics
+from app_toolkit._runtime.messages import DeploymentID
+
+_LABELS = ("application", "deployment", "caller")
+
+
+class _Caller(Protocol):
+    deployment: DeploymentID
+
+    @property
+    def queued(self) -> int: ...
+
+    @property
+    def in_flight(self) -> int: ...
+
+
+_dispatchers: weakref.WeakSet[_Caller] = weakref.WeakSet()
+#: Who this process is, as a caller (set by its host at start).
+_caller = ["driver"]
+
+
+def set_caller(name: str) -> None:
+    _caller[0] = name
+
+
+def _sum(read: str) -> dict[tuple[str, ...], float]:
+    totals: dict[tuple[str, ...], float] = {}
+    for dispatcher in list(_dispatchers):
+        key = (dispatcher.deployment.app, dispatcher.deployment.name, _caller[0])
+        totals[key] = totals.get(key, 0.0) + getattr(dispatcher, read)
+    return totals
+
+
+QUEUED = metrics.Gauge(
+    "app_toolkit_caller_queued_requests",
+    "Requests waiting in a caller's queue for a replica of the deployment",
+    _LABELS,
+    read=lambda: _sum("queued"),
+)
+RUNNING = metrics.Gauge(
+    "app_toolkit_caller_running_requests",
+    "Requests a caller has sent to replicas of the deployment and not finished",
+    _LABELS,
+    read=lambda: _sum("in_flight"),
+)
+REJECTED = metrics.Counter(
+    "app_toolkit_caller_rejected_requests_total",
+    "Requests refused because the caller's queue was full (503 over HTTP, BackPressureError)",
+    _LABELS,
+)
+
+
+def track(dispatcher: _Caller) -> None:
+    _dispatchers.add(dispatcher)
+
+
+def rejected(deployment: DeploymentID) -> None:
+    REJECTED.inc(deployment.app, deployment.name, _caller[0])
