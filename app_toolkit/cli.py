@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 import os
 import signal
 import sys
@@ -16,6 +15,7 @@ from typing import Any, Literal, TypeVar, get_args, get_origin
 import click
 
 from app_toolkit import api, config_deploy
+from app_toolkit._runtime import log_format
 from app_toolkit._runtime.backends.base import Session, session_factory
 from app_toolkit.config import LOG_LEVEL_ENV, HTTPOptions, parse_http_options
 from app_toolkit.config_deploy import as_application
@@ -73,6 +73,13 @@ _LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
     show_default=True,
     help="Level of the toolkit's loggers, in this process and the replicas it starts.",
 )
+@click.option(
+    "--log-format",
+    type=click.Choice(log_format.FORMATS),
+    default="text",
+    show_default=True,
+    help="Log lines as text (with timestamps) or JSON, in this process and every toolkit process.",
+)
 @_http_option("access_log")
 @_http_option("proxy_location")
 @_http_option("root_path")
@@ -90,13 +97,14 @@ def run(
     route_prefix: str | None,
     reload: bool,
     log_level: str,
+    log_format: str,
     **http_flags: Any,
 ) -> None:
     """Serve an app (module:attribute) or a config file's apps until Ctrl-C.
 
     With a config file, its http_options apply; flags given on the command line win.
     """
-    _set_log_level(log_level)
+    _set_logging(log_level, log_format)
     try:
         # Ray worker processes import the user's module too: let them find it here.
         cwd = os.getcwd()
@@ -107,8 +115,11 @@ def run(
             config = load_config(target)
             given = {k: v for k, v in http_flags.items() if _given(ctx, k)}
             http = parse_http_options({**config.http().model_dump(), **given})
-            if not _given(ctx, "log_level"):
-                _set_log_level(config.logging_config.level_name())
+            logging_config = config.logging_config
+            _set_logging(
+                log_level if _given(ctx, "log_level") else logging_config.level_name(),
+                log_format if _given(ctx, "log_format") else logging_config.encoding.lower(),
+            )
         else:
             http = parse_http_options(http_flags)
         session = api.start(http_options=http, backend="local" if local else "auto", address=address)
@@ -185,10 +196,12 @@ def _forget_local_modules(folder: str) -> None:
                 del sys.modules[module_name]
 
 
-def _set_log_level(level: str) -> None:
-    """The toolkit's log level here and, through the environment, in the replicas."""
+def _set_logging(level: str, fmt: str) -> None:
+    """The toolkit's log level and format here and, through the environment, in every
+    toolkit process (``--local`` included: everything runs here)."""
     os.environ[LOG_LEVEL_ENV] = level.upper()
-    logging.getLogger("app_toolkit").setLevel(level.upper())
+    os.environ[log_format.FORMAT_ENV] = fmt
+    log_format.configure(level, fmt)
 
 
 def _is_config_file(target: str) -> bool:

@@ -117,9 +117,10 @@ class GRPCOptions(_Schema):
 
 
 class LoggingConfig(_Schema):
-    """``logging_config``: the access log and the log level of the toolkit's loggers."""
+    """``logging_config``: the access log, and the level and format (``encoding``: TEXT or
+    JSON lines) of every toolkit process's logs."""
 
-    encoding: Literal["TEXT"] = "TEXT"
+    encoding: Literal["TEXT", "JSON"] = "TEXT"
     log_level: str | int = "INFO"
     logs_dir: None = None
     enable_access_log: bool = True

@@ -10,6 +10,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -243,3 +244,41 @@ def test_reload_redeploys_a_config_files_apps_after_a_code_change(tmp_path: Path
         (tmp_path / "reloadme.py").write_text("VERSION = 2\n" + RELOADED_APP)
         wait_for(lambda: httpx.get(url, timeout=30).json()["version"] == 2, 60, "the redeploy")
         assert cli.stop(signal.SIGTERM) == 0
+
+
+@pytest.mark.parametrize("extra", [["--local"], []], ids=["local", "ray"])
+def test_json_logs_from_every_process_carry_the_request_id(tmp_path: Path, extra: list[str]) -> None:
+    port = free_port()
+    args = ["examples.demo:app", "--port", str(port), "--log-format", "json", "--log-level", "info", *extra]
+    with running_cli(args, ROOT, tmp_path / "cli.log") as cli:
+        cli.wait_for_output("serving examples.demo:app at", 120)
+        response = httpx.get(f"http://127.0.0.1:{port}/hello/logs", timeout=30)
+        assert response.status_code == 200
+        request_id = response.headers["x-request-id"]
+
+        def access_line() -> dict[str, Any] | None:
+            for entry in _json_lines(cli.output()):
+                if entry.get("logger") == "app_toolkit.access" and entry.get("request_id") == request_id:
+                    return entry
+            return None
+
+        entry = wait_for(access_line, 30, "the access line of the request")
+        assert entry["level"] == "INFO" and entry["timestamp"].endswith("Z")
+        assert entry["route"] == "/hello/{name}" and "GET /hello/logs" in entry["message"]
+        assert cli.stop(signal.SIGINT) == 0
+
+
+def _json_lines(output: str) -> list[dict[str, Any]]:
+    """JSON log records, also those Ray forwards from workers as "(Actor pid=N) {...}"."""
+    found = []
+    for line in output.splitlines():
+        start = line.find("{")
+        if start < 0:
+            continue
+        try:
+            entry = json.loads(line[start:])
+        except ValueError:
+            continue
+        if isinstance(entry, dict) and "logger" in entry:
+            found.append(entry)
+    return found

@@ -79,7 +79,7 @@ def test_a_file_ray_serve_build_wrote_loads(tmp_path: Path) -> None:
         ),
         (_app(runtime_env={"working_dir": "."}), "working_dir and py_modules must be URIs"),
         ({"grpc_options": {"grpc_servicer_functions": ["m:f"]}, **_app()}, "grpc_servicer_functions"),
-        ({"logging_config": {"encoding": "JSON"}, **_app()}, "logging_config.encoding"),
+        ({"logging_config": {"encoding": "XML"}, **_app()}, "logging_config.encoding"),
         ({"logging_config": {"log_level": "LOUD"}, **_app()}, "logging_config.log_level: must be DEBUG"),
         (
             {"applications": [_app()["applications"][0], _app(name="b")["applications"][0]]},

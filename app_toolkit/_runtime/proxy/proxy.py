@@ -16,6 +16,7 @@ from typing import Any
 from starlette.types import Receive, Scope, Send
 
 from app_toolkit import metrics
+from app_toolkit._runtime import request_context
 from app_toolkit._runtime.answers import Answer, error_answer, json_answer, unavailable
 from app_toolkit._runtime.channel.frames import Kind
 from app_toolkit._runtime.messages import DeploymentID, HTTPRequest, HTTPResponse, HTTPResponseStart
@@ -94,6 +95,7 @@ class Proxy:
         path = route_path(scope)
         headers = read_headers(scope)
         request_id = scope[_REQUEST_ID_KEY] = headers.request_id
+        request_context.request_id.set(request_id)  # for this request's log records
         if path == "/-/metrics":  # served before the routes are loaded, too
             scope[_ROUTE_KEY] = ("", path)
             return await self._metrics(request_id, scope, send)
@@ -313,6 +315,7 @@ def _log_access(scope: Scope, status: int, started: float) -> None:
     client left. What the client chose is escaped, so one request is always one line."""
     client = scope.get("client")
     where = f"{client[0]}:{client[1]}" if client else "-"
+    app, route = scope.get(_ROUTE_KEY, _NO_ROUTE)
     query = scope.get("query_string", b"")
     target = scope["path"] + ("?" + query.decode("latin-1") if query else "")
     access_logger.info(
@@ -324,6 +327,7 @@ def _log_access(scope: Scope, status: int, started: float) -> None:
         status,
         (time.perf_counter() - started) * 1000,
         str(scope.get(_REQUEST_ID_KEY, "-")).translate(_UNSAFE),
+        extra={"application": app, "route": route},
     )
 
 

@@ -19,6 +19,7 @@ import ray
 from ray import cloudpickle
 from starlette.datastructures import State
 
+from app_toolkit._runtime import log_format
 from app_toolkit.config import LOG_LEVEL_ENV
 from app_toolkit.exceptions import ConfigError
 
@@ -97,9 +98,8 @@ def head_node_id() -> str:
 
 
 def configure_worker_logging() -> None:
-    level = os.environ.get(LOG_LEVEL_ENV, "INFO").upper()
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
-    logging.getLogger("app_toolkit").setLevel(level if level in logging.getLevelNamesMapping() else "INFO")
+    """Level and format as the driver asked (``log_format``), from the environment."""
+    log_format.configure()
 
 
 # ------------------------------------------------------------------------------- actors
@@ -130,6 +130,11 @@ def init_ray(address: str | None, **options: Any) -> None:
         "configure_logging": False,
         **options,
     }
+    # A cluster started elsewhere did not inherit this process's environment: the log
+    # level and format reach this job's workers through its runtime environment.
+    asked = {name: os.environ[name] for name in (LOG_LEVEL_ENV, log_format.FORMAT_ENV) if name in os.environ}
+    if address is not None and asked and "runtime_env" not in kwargs:
+        kwargs["runtime_env"] = {"env_vars": asked}
     if address is None:
         # "local": always a new embedded cluster. Without an address Ray joins the cluster
         # `ray start` last started on this machine, even one that has died since.
