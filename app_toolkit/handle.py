@@ -7,16 +7,21 @@ in sync code. Requests queue in the caller (``max_queued_requests``; beyond it
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import pickle
+import time
 import uuid
 import weakref
 from collections.abc import Generator
 from typing import Any, Generic, Literal, TypeVar, cast, overload
 
+from app_toolkit import tracing
 from app_toolkit._runtime import request_context
 from app_toolkit._runtime.backends.base import current_session
 from app_toolkit._runtime.channel.frames import Kind
 from app_toolkit._runtime.messages import CallFailure, DeploymentID, MethodCall
+from app_toolkit._runtime.routing import caller_metrics
 from app_toolkit._runtime.routing.data_plane import DataPlane, Pending, in_async_code
 from app_toolkit._runtime.routing.dispatcher import Reply
 from app_toolkit.exceptions import (
@@ -243,7 +248,16 @@ class DeploymentHandle:
         """Send the call now; returns a DeploymentResponse to ``await`` or ``result()``."""
         plane = _data_plane()
         request_id = _request_id()
-        call = MethodCall(request_id, self.method_name, args, kwargs, model_id=self.multiplexed_model_id)
+        trace, state = _trace()
+        call = MethodCall(
+            request_id,
+            self.method_name,
+            args,
+            kwargs,
+            model_id=self.multiplexed_model_id,
+            trace=trace,
+            tracestate=state,
+        )
         return DeploymentResponse(plane.submit(_call(plane, self._id, call)))
 
     def __reduce__(self) -> tuple[Any, ...]:
@@ -269,8 +283,16 @@ class StreamingDeploymentHandle(DeploymentHandle):
     def remote(self, *args: Any, **kwargs: Any) -> DeploymentResponseGenerator[Any]:  # type: ignore[override] # streams, by design
         """Send the call now; returns a DeploymentResponseGenerator to iterate."""
         plane = _data_plane()
+        trace, state = _trace()
         call = MethodCall(
-            _request_id(), self.method_name, args, kwargs, stream=True, model_id=self.multiplexed_model_id
+            _request_id(),
+            self.method_name,
+            args,
+            kwargs,
+            stream=True,
+            model_id=self.multiplexed_model_id,
+            trace=trace,
+            tracestate=state,
         )
         return DeploymentResponseGenerator(plane, _Stream(plane, self._id, call))
 
@@ -279,6 +301,12 @@ def _data_plane() -> DataPlane:
     session = current_session()
     assert session is not None
     return session.data_plane
+
+
+def _trace() -> tuple[str, str]:
+    """The current span (traceparent, tracestate), for the callee to be its child."""
+    trace = tracing.current_trace()
+    return ("", "") if trace is None else (trace.traceparent, trace.state)
 
 
 def _request_id() -> str:
@@ -298,9 +326,7 @@ async def _send_call(plane: DataPlane, deployment: DeploymentID, call: MethodCal
     args = tuple([await _resolve(arg) for arg in call.args])
     kwargs = {key: await _resolve(value) for key, value in call.kwargs.items()}
     dispatcher = plane.dispatcher(deployment)
-    resolved = MethodCall(
-        call.request_id, call.method, args, kwargs, stream=call.stream, model_id=call.model_id
-    )
+    resolved = dataclasses.replace(call, args=args, kwargs=kwargs)
     return await dispatcher.send(Kind.CALL, resolved, call.model_id)
 
 
@@ -311,16 +337,25 @@ async def _resolve(value: Any) -> Any:
 
 
 async def _call(plane: DataPlane, deployment: DeploymentID, call: MethodCall) -> Any:
-    reply = await _send_call(plane, deployment, call)
+    started = time.perf_counter()
+    outcome = "error"  # unless a result arrives (or the caller cancels)
     try:
-        if reply.kind is Kind.RESULT:
-            return reply.message
-        if reply.kind is Kind.FAILURE:
-            raise _exception(reply.message)
-        raise ReplicaUnavailableError(f"Unexpected reply {reply.kind.name} from {deployment}")
+        reply = await _send_call(plane, deployment, call)
+        try:
+            if reply.kind is Kind.RESULT:
+                outcome = "ok"
+                return reply.message
+            if reply.kind is Kind.FAILURE:
+                raise _exception(reply.message)
+            raise ReplicaUnavailableError(f"Unexpected reply {reply.kind.name} from {deployment}")
+        finally:
+            reply.exchange.cancel()
+            reply.release()
+    except asyncio.CancelledError:
+        outcome = "cancelled"
+        raise
     finally:
-        reply.exchange.cancel()
-        reply.release()
+        caller_metrics.called(deployment, call.method, outcome, time.perf_counter() - started)
 
 
 def _exception(failure: CallFailure) -> Exception:

@@ -87,6 +87,7 @@ def test_all_is_sorted_and_complete() -> None:
         "config_file",
         "config_deploy",
         "multiplex",
+        "tracing",
     }
 
 

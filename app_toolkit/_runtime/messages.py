@@ -158,6 +158,8 @@ class MethodCall:
     kwargs: dict[str, Any] = field(default_factory=dict)
     stream: bool = False  # the method is a generator: reply with ITEM frames, then END
     model_id: str = ""  # handle.options(multiplexed_model_id=...): routes to its holders
+    trace: str = ""  # the caller's span as a traceparent ("" outside a traced request)
+    tracestate: str = ""
 
 
 @dataclass(frozen=True, slots=True)

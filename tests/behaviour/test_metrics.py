@@ -8,7 +8,7 @@ from collections.abc import Iterable
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from tests.apps import basic
+from tests.apps import basic, streams
 from tests.conftest import Toolkit
 from tests.waiting import wait_for
 
@@ -71,3 +71,31 @@ def test_metrics_count_requests_per_application_route_and_replica(toolkit: Toolk
         assert _total(samples, "app_toolkit_deployment_target_replicas", application=app) == 2
         assert _total(samples, "app_toolkit_deployment_replicas", application=app, state="RUNNING") == 2
         assert _total(samples, "app_toolkit_replica_starts_total", application=app) == 2
+
+
+def test_metrics_cover_streams_and_handle_calls(toolkit: Toolkit) -> None:
+    events, greet = toolkit.name(), toolkit.name()
+    toolkit.run(streams.make_app(), name=events, route_prefix="/m-events")
+    toolkit.run(basic.make_depends_app(), name=greet, route_prefix="/m-greet")
+    with toolkit.client() as client:
+        for _ in range(2):
+            streamed = client.get("/m-events/events", params={"count": 3})
+            assert streamed.status_code == 200 and streamed.text.count("data:") == 3
+        for name in ("a", "b", "c", "d"):
+            assert client.get(f"/m-greet/greet/{name}").status_code == 200
+
+        def scraped() -> list[Sample] | None:
+            samples = _samples(client.get("/-/metrics").text)
+            calls = "app_toolkit_handle_request_seconds_count"
+            done = _total(samples, calls, application=greet) == 4
+            return samples if done else None
+
+        samples = wait_for(scraped, 15, "the handle calls to be counted")
+    route = {"application": events, "route": "/m-events/events"}
+    assert _total(samples, "app_toolkit_stream_first_chunk_seconds_count", **route) == 2
+    assert _total(samples, "app_toolkit_stream_chunks_total", **route) >= 6  # 3 events each
+    assert _total(samples, "app_toolkit_open_streams", application=events, kind="stream") == 0  # both ended
+    calls = "app_toolkit_handle_request_seconds_count"
+    assert (
+        _total(samples, calls, application=greet, deployment="Configured", method="greet", outcome="ok") == 4
+    )

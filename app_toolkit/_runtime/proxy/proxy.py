@@ -18,8 +18,10 @@ from starlette.types import Receive, Scope, Send
 from app_toolkit import metrics
 from app_toolkit._runtime import request_context
 from app_toolkit._runtime.answers import Answer, error_answer, json_answer, unavailable
+from app_toolkit._runtime.channel.exchange import Exchange
 from app_toolkit._runtime.channel.frames import Kind
 from app_toolkit._runtime.messages import DeploymentID, HTTPRequest, HTTPResponse, HTTPResponseStart
+from app_toolkit._runtime.proxy import stream_metrics
 from app_toolkit._runtime.proxy.body import CLIENT_CLOSED, Body, BodyBudget, read_body
 from app_toolkit._runtime.proxy.metrics_page import CONTENT_TYPE, Gather, allowed, parse_networks, render
 from app_toolkit._runtime.proxy.path_match import AppMatcher, match_app
@@ -75,7 +77,7 @@ class Proxy:
             started = time.perf_counter()
             status = 500  # unless _http returns normally
             try:
-                status = await self._http(scope, receive, send)
+                status = await self._http(scope, receive, send, started)
             finally:
                 app, route = scope.get(_ROUTE_KEY, _NO_ROUTE)
                 labels = (app, route, scope["method"], str(status))
@@ -90,7 +92,7 @@ class Proxy:
         elif kind == "lifespan":
             await _lifespan(receive, send)
 
-    async def _http(self, scope: Scope, receive: Receive, send: Send) -> int:
+    async def _http(self, scope: Scope, receive: Receive, send: Send, arrived: float) -> int:
         """Serve one request; returns the status for the access log (499: client left)."""
         path = route_path(scope)
         headers = read_headers(scope)
@@ -115,7 +117,8 @@ class Proxy:
         for limit in (deadline_s, self.http.request_timeout_s):
             if limit is not None and (timeout_s is None or limit < timeout_s):
                 timeout_s = limit
-        state = _RequestState(asyncio.current_task())
+        prefix = "" if route.route_prefix == "/" else route.route_prefix
+        state = _RequestState(asyncio.current_task(), arrived, route.app, prefix)
         body = Body()
         watcher: asyncio.Future[None] | None = None
         try:
@@ -132,7 +135,6 @@ class Proxy:
                 request = HTTPRequest(request_id, forwarded_scope(scope, route, headers), body.data)
                 await self._forward(deployment, request, send, state, headers.model_id)
                 if state.route:
-                    prefix = "" if route.route_prefix == "/" else route.route_prefix
                     scope[_ROUTE_KEY] = (route.app, prefix + state.route)
         except asyncio.CancelledError:
             if not state.disconnected:
@@ -209,26 +211,11 @@ class Proxy:
                     "headers": with_request_id(start.headers, request_id),
                 }
             )
-            exchange = reply.exchange
-            while True:
-                frame_kind, chunk = await exchange.recv()
-                if frame_kind is Kind.BODY:
-                    # Chunks that arrived together leave together: one write to the client.
-                    more = exchange.take_ready(Kind.BODY)
-                    if more:
-                        chunk = b"".join([chunk, *more])
-                    last = exchange.next_is(Kind.END)
-                    state.finished = last
-                    await send({"type": "http.response.body", "body": chunk, "more_body": not last})
-                    if last:
-                        return
-                    continue
-                if frame_kind is Kind.LOST:
-                    logger.warning("Request %s: replica lost mid-stream", request_id)
-                    raise ReplicaUnavailableError("replica lost mid-stream")
-                state.finished = True
-                await send({"type": "http.response.body", "body": b""})
-                return
+            stream_metrics.OPEN.inc(state.app, "stream")
+            try:
+                await _relay_stream(reply.exchange, send, state, request_id)
+            finally:
+                stream_metrics.OPEN.dec(state.app, "stream")
         finally:
             reply.exchange.cancel()
             reply.release()
@@ -256,13 +243,45 @@ async def _this_process() -> list[list[FamilySnapshot]]:
     return [metrics.snapshot()]
 
 
+async def _relay_stream(exchange: Exchange, send: Send, state: _RequestState, request_id: str) -> None:
+    """Send a streamed response's body chunks as the replica produces them."""
+    labels = (state.app, state.prefix + state.route if state.route else state.prefix)
+    first = True
+    while True:
+        frame_kind, chunk = await exchange.recv()
+        if frame_kind is Kind.BODY:
+            # Chunks that arrived together leave together: one write to the client.
+            more = exchange.take_ready(Kind.BODY)
+            if more:
+                chunk = b"".join([chunk, *more])
+            last = exchange.next_is(Kind.END)
+            state.finished = last
+            await send({"type": "http.response.body", "body": chunk, "more_body": not last})
+            if first:
+                stream_metrics.FIRST_CHUNK.observe(time.perf_counter() - state.arrived, *labels)
+                first = False
+            stream_metrics.CHUNKS.inc(*labels, amount=1 + len(more))
+            if last:
+                return
+            continue
+        if frame_kind is Kind.LOST:
+            logger.warning("Request %s: replica lost mid-stream", request_id)
+            raise ReplicaUnavailableError("replica lost mid-stream")
+        state.finished = True
+        await send({"type": "http.response.body", "body": b""})
+        return
+
+
 class _RequestState:
     """What the proxy knows about one request while it is forwarded."""
 
-    __slots__ = ("task", "started", "finished", "disconnected", "status", "route")
+    __slots__ = ("task", "arrived", "app", "prefix", "started", "finished", "disconnected", "status", "route")
 
-    def __init__(self, task: asyncio.Task[Any] | None) -> None:
+    def __init__(self, task: asyncio.Task[Any] | None, arrived: float, app: str, prefix: str) -> None:
         self.task = task
+        self.arrived = arrived  # perf_counter() when the request reached the proxy
+        self.app = app
+        self.prefix = prefix  # the app's route_prefix, "" for "/"
         self.status = 0  # the status sent to the client, for the access log
         self.started = False  # the response head went to the client
         self.finished = False  # the whole response went to the client

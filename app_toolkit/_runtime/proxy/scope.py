@@ -9,6 +9,7 @@ from typing import Any
 
 from starlette.types import Scope
 
+from app_toolkit import tracing
 from app_toolkit._runtime import request_context
 from app_toolkit._runtime.answers import REQUEST_ID_HEADER
 from app_toolkit._runtime.proxy.path_match import AppMatcher
@@ -39,6 +40,7 @@ class RequestHeaders:
     timeout: bytes | None
     content_length: bytes | None
     model_id: str = ""  # the multiplexed model it asks for
+    traced: bool = False  # it carries a valid W3C traceparent
 
 
 _MODEL_ID_HEADER = request_context.MODEL_ID_HEADER.encode()
@@ -47,6 +49,7 @@ _MODEL_ID_HEADER = request_context.MODEL_ID_HEADER.encode()
 def read_headers(scope: Scope) -> RequestHeaders:
     request_id = timeout = content_length = None
     model_id = ""
+    traced = False
     for key, value in scope["headers"]:
         if key == REQUEST_ID_HEADER:
             text = value.decode("latin-1")
@@ -58,8 +61,10 @@ def read_headers(scope: Scope) -> RequestHeaders:
             content_length = value
         elif key == _MODEL_ID_HEADER:
             model_id = value.decode("latin-1")
+        elif key == tracing.TRACEPARENT_HEADER:
+            traced = tracing.parse(value.decode("latin-1")) is not None
     return RequestHeaders(
-        request_id or uuid.uuid4().hex, request_id is not None, timeout, content_length, model_id
+        request_id or uuid.uuid4().hex, request_id is not None, timeout, content_length, model_id, traced
     )
 
 
@@ -90,17 +95,19 @@ def route_path(scope: Scope) -> str:
 
 
 def forwarded_scope(scope: Scope, route: AppMatcher, headers: RequestHeaders) -> dict[str, Any]:
-    """The scope the replica sees: the path kept whole, the prefix as root_path, and the
-    request id the proxy answers with."""
+    """The scope the replica sees: the path kept whole, the prefix as root_path, the
+    request id the proxy answers with, and a trace (the client's, or one started here)."""
     forwarded = {key: scope[key] for key in _FORWARDED_KEYS if key in scope}
     forwarded["root_path"] = scope.get("root_path", "") + (
         "" if route.route_prefix == "/" else route.route_prefix
     )
-    if not headers.client_id_used:
-        forwarded["headers"] = [
-            *(item for item in scope["headers"] if item[0] != REQUEST_ID_HEADER),
-            (REQUEST_ID_HEADER, headers.request_id.encode()),
-        ]
+    if not headers.client_id_used or not headers.traced:
+        replaced = {REQUEST_ID_HEADER} if not headers.client_id_used else set()
+        added = [] if headers.client_id_used else [(REQUEST_ID_HEADER, headers.request_id.encode())]
+        if not headers.traced:  # an invalid traceparent voids its tracestate too (W3C)
+            replaced |= {tracing.TRACEPARENT_HEADER, tracing.TRACESTATE_HEADER}
+            added.append((tracing.TRACEPARENT_HEADER, tracing.new_trace().traceparent.encode()))
+        forwarded["headers"] = [*(item for item in scope["headers"] if item[0] not in replaced), *added]
     return forwarded
 
 

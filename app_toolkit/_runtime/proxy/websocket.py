@@ -24,6 +24,7 @@ from app_toolkit._runtime.messages import (
     DeploymentID,
     WebSocketOpen,
 )
+from app_toolkit._runtime.proxy import stream_metrics
 from app_toolkit._runtime.proxy.path_match import AppMatcher, match_app
 from app_toolkit._runtime.proxy.scope import forwarded_scope, read_headers, route_path
 from app_toolkit._runtime.routing.dispatcher import Dispatcher, Reply
@@ -67,9 +68,11 @@ async def serve_websocket(
         logger.warning("WebSocket %s: %s", request_id, exc)
         await _refuse(scope, send, request_id, "no replica could serve the connection")
         return
+    stream_metrics.OPEN.inc(route.app, "websocket")
     try:
         await _relay(reply, receive, send)
     finally:
+        stream_metrics.OPEN.dec(route.app, "websocket")
         reply.exchange.cancel()
         reply.release()
 

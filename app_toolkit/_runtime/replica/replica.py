@@ -18,6 +18,7 @@ from typing import Any
 
 from starlette.types import ASGIApp
 
+from app_toolkit import tracing
 from app_toolkit._runtime import answers, request_context
 from app_toolkit._runtime.channel.frames import Dumps, Kind
 from app_toolkit._runtime.channel.server import ResponseSink
@@ -204,6 +205,7 @@ class ReplicaCore:
         if self.asgi_app is None:
             self.asgi_app = request_app(self._method("__call__"))
         rid = request_context.request_id.set(request.request_id)
+        span = tracing.enter(tracing.child_of(*tracing.from_headers(request.scope.get("headers", []))))
         inst = request_context.replica_instance.set(self.instance)
         self._enter(request.scope.get("headers", []))
         request_context.draining.set(self.draining_event)
@@ -212,10 +214,12 @@ class ReplicaCore:
             return await serve(self.asgi_app, request, state, sink)
         finally:
             request_context.replica_instance.reset(inst)
+            tracing.leave(span)
             request_context.request_id.reset(rid)
 
     async def _serve_call(self, call: MethodCall, sink: ResponseSink) -> None:
         rid = request_context.request_id.set(call.request_id)
+        span = tracing.enter(tracing.child_of(call.trace, call.tracestate))
         self._enter(call.model_id)
         try:
             method = self._method(call.method)
@@ -237,6 +241,7 @@ class ReplicaCore:
             replica_metrics.ERRORS.inc(*self.labels, "call", call.method)
             sink.send(Kind.FAILURE, self._failure(exc))
         finally:
+            tracing.leave(span)
             request_context.request_id.reset(rid)
 
     def _send_value(self, sink: ResponseSink, kind: Kind, value: Any, call: MethodCall) -> None:

@@ -1,6 +1,6 @@
 """What callers (proxies, replicas calling handles, drivers) record per deployment they
-call: requests waiting in their queue, requests running, and requests refused because
-the queue was full. ``application``/``deployment`` name the deployment called;
+call: requests waiting in their queue, requests running, requests refused because the
+queue was full, and how long handle calls took. ``application``/``deployment`` name the deployment called;
 ``caller`` names who calls it (``proxy``, a replica id, or ``driver``)."""
 
 from __future__ import annotations
@@ -58,6 +58,17 @@ REJECTED = metrics.Counter(
     "Requests refused because the caller's queue was full (503 over HTTP, BackPressureError)",
     _LABELS,
 )
+
+
+CALLS = metrics.Histogram(
+    "app_toolkit_handle_request_seconds",
+    "Handle calls (not streams), from the call to its result; outcome ok, error or cancelled",
+    (*_LABELS, "method", "outcome"),
+)
+
+
+def called(deployment: DeploymentID, method: str, outcome: str, seconds: float) -> None:
+    CALLS.observe(seconds, deployment.app, deployment.name, _caller[0], method, outcome)
 
 
 def track(dispatcher: _Caller) -> None:
