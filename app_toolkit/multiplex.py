@@ -17,9 +17,11 @@ import collections
 import functools
 import inspect
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar, overload
 
+from app_toolkit import metrics
 from app_toolkit._runtime import request_context
 from app_toolkit.exceptions import ConfigError
 
@@ -33,6 +35,17 @@ MODEL_ID_HEADER = request_context.MODEL_ID_HEADER
 def get_multiplexed_model_id() -> str:
     """The model the current request asks for ("" when it names none)."""
     return request_context.current_model_id()
+
+
+MODEL_LOADS = metrics.Counter(
+    "app_toolkit_multiplexed_model_loads_total", "Models a @multiplexed loader loaded", ("loader", "outcome")
+)
+MODEL_LOAD_SECONDS = metrics.Histogram(
+    "app_toolkit_multiplexed_model_load_seconds", "How long each successful model load took", ("loader",)
+)
+MODEL_EVICTIONS = metrics.Counter(
+    "app_toolkit_multiplexed_model_evictions_total", "Models evicted to make room for another", ("loader",)
+)
 
 
 class _ModelCache(Generic[M]):
@@ -65,9 +78,11 @@ class _ModelCache(Generic[M]):
         return await asyncio.shield(model)
 
     async def _fill(self, model_id: str, model: asyncio.Future[M]) -> None:
+        started = time.perf_counter()
         try:
             loaded = await self._load(model_id)
         except BaseException as exc:  # noqa: BLE001 - every waiter gets the loader's error
+            MODEL_LOADS.inc(self._name, "failed")
             if self._models.get(model_id) is model:
                 del self._models[model_id]  # the next request tries again
             if not model.done():
@@ -77,6 +92,8 @@ class _ModelCache(Generic[M]):
             return
         if not model.done():
             model.set_result(loaded)
+        MODEL_LOADS.inc(self._name, "ok")
+        MODEL_LOAD_SECONDS.observe(time.perf_counter() - started, self._name)
         logger.info("%s loaded model %r", self._name, model_id)
         self._publish()
 
@@ -88,6 +105,7 @@ class _ModelCache(Generic[M]):
                 return  # every slot is still loading: go over capacity for now
             model = self._models.pop(victim)
             logger.info("%s evicted model %r", self._name, victim)
+            MODEL_EVICTIONS.inc(self._name)
             if model.exception() is None:
                 asyncio.get_running_loop().create_task(_release(model.result(), victim))
             self._publish()

@@ -9,7 +9,7 @@ span. User code reads it with :func:`current_trace` (to log it, or to send
 
 from __future__ import annotations
 
-import os
+import random
 import re
 from contextvars import ContextVar, Token
 from dataclasses import dataclass
@@ -55,9 +55,14 @@ def parse(traceparent: str) -> tuple[str, str, str] | None:
     return trace_id, parent_id, flags
 
 
+def _span_id() -> str:
+    # Random, not secret: trace ids only need to be unique (and are cheap to make).
+    return f"{random.getrandbits(64) or 1:016x}"
+
+
 def new_trace() -> TraceContext:
     """The first span of a new trace."""
-    return TraceContext(os.urandom(16).hex(), os.urandom(8).hex(), "")
+    return TraceContext(f"{random.getrandbits(128) or 1:032x}", _span_id(), "")
 
 
 def child_of(traceparent: str, tracestate: str = "") -> TraceContext:
@@ -66,7 +71,7 @@ def child_of(traceparent: str, tracestate: str = "") -> TraceContext:
     if parsed is None:
         return new_trace()
     trace_id, parent_id, flags = parsed
-    return TraceContext(trace_id, os.urandom(8).hex(), parent_id, flags, tracestate)
+    return TraceContext(trace_id, _span_id(), parent_id, flags, tracestate)
 
 
 def enter(trace: TraceContext) -> Token[TraceContext | None]:

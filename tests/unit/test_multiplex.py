@@ -8,6 +8,7 @@ import random
 import pytest
 
 import app_toolkit as tk
+from app_toolkit import metrics
 from app_toolkit._runtime import request_context
 from app_toolkit._runtime.messages import DeploymentID, ReplicaInfo
 from app_toolkit._runtime.routing.choice import MODEL_HINT_S, ReplicaChooser
@@ -38,7 +39,17 @@ class Holder:
         return Model(model_id)
 
 
+def _counted(name: str, **labels: str) -> float:
+    found = metrics.value(name, loader="Holder.get_model", **labels)
+    assert not isinstance(found, metrics.HistogramValue)
+    return found or 0.0
+
+
 async def test_concurrent_requests_share_one_load_and_lru_evicts_with_aclose() -> None:
+    loads, evictions = (
+        _counted("app_toolkit_multiplexed_model_loads_total", outcome="ok"),
+        _counted("app_toolkit_multiplexed_model_evictions_total"),
+    )
     holder = Holder()
     reports: list[tuple[str, ...]] = []
     request_context.report_models.set(reports.append)
@@ -54,9 +65,12 @@ async def test_concurrent_requests_share_one_load_and_lru_evicts_with_aclose() -
     assert b.closed and not models[0].closed
     assert holder.loads == ["a", "b", "c"]
     assert reports[-1] == ("a", "c")
+    assert _counted("app_toolkit_multiplexed_model_loads_total", outcome="ok") == loads + 3
+    assert _counted("app_toolkit_multiplexed_model_evictions_total") == evictions + 1
 
 
 async def test_a_failed_load_fails_every_waiter_and_is_not_cached() -> None:
+    failed = _counted("app_toolkit_multiplexed_model_loads_total", outcome="failed")
     holder = Holder()
     waiting = [asyncio.ensure_future(holder.get_model("broken")) for _ in range(3)]
     await asyncio.sleep(0)
@@ -66,6 +80,7 @@ async def test_a_failed_load_fails_every_waiter_and_is_not_cached() -> None:
     with pytest.raises(RuntimeError):
         await holder.get_model("broken")
     assert holder.loads == ["broken", "broken"]
+    assert _counted("app_toolkit_multiplexed_model_loads_total", outcome="failed") == failed + 2
 
 
 def test_loaders_must_be_async_and_capacity_positive() -> None:
