@@ -160,9 +160,6 @@ class Gauge(_Family):
     def dec(self, *labels: str, amount: float = 1.0) -> None:
         self.inc(*labels, amount=-amount)
 
-    def remove(self, *labels: str) -> None:
-        self._values.pop(labels, None)
-
     def _samples(self) -> list[tuple[Labels, float | HistogramValue]]:
         if self._read is None:
             return list(self._values.items())

@@ -15,23 +15,15 @@ from app_toolkit._runtime.channel.frames import Kind
 from app_toolkit._runtime.channel.server import start_server
 from app_toolkit._runtime.channel.tls import TLSFiles, caller_tls, client_context, server_context, tls_files
 from app_toolkit.exceptions import ConfigError, ReplicaUnavailableError
+from tests.tls_certs import cluster_certs
 from tests.unit.test_channel import TOKEN, Handler, Tap, request
 
 SECRET = b"a body nobody on the wire may read"
 
 
-def _files(ca: trustme.CA, where: Path) -> TLSFiles:
-    where.mkdir(exist_ok=True)
-    cert = ca.issue_cert("127.0.0.1", "node.cluster.internal")
-    cert.cert_chain_pems[0].write_to_path(str(where / "cert.pem"))
-    cert.private_key_pem.write_to_path(str(where / "key.pem"))
-    ca.cert_pem.write_to_path(str(where / "ca.pem"))
-    return TLSFiles(str(where / "cert.pem"), str(where / "key.pem"), str(where / "ca.pem"))
-
-
 @pytest.fixture
 def files(tmp_path: Path) -> TLSFiles:
-    return _files(trustme.CA(), tmp_path / "cluster")
+    return cluster_certs(trustme.CA(), tmp_path / "cluster")
 
 
 def test_off_unless_asked_and_rays_files_are_used(files: TLSFiles) -> None:
@@ -101,7 +93,7 @@ async def test_callers_without_a_certificate_of_the_cluster_get_nothing(
     files: TLSFiles, tmp_path: Path
 ) -> None:
     server, port = await start_server(Handler(), "127.0.0.1", TOKEN, tls=server_context(files))
-    strangers = _files(trustme.CA(), tmp_path / "strangers")
+    strangers = cluster_certs(trustme.CA(), tmp_path / "strangers")
     try:
         for caller_context in (None, client_context(strangers)):
             client = ChannelClient("127.0.0.1", port, TOKEN, tls=caller_context)
