@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -94,11 +95,23 @@ class ApplicationStatusInfo:
 
 
 @dataclass(frozen=True)
+class EventInfo:
+    """Something the controller did or saw: a failed deploy, a replica replaced, an
+    autoscaling decision (its log line, kept for status and the dashboard)."""
+
+    time: float  # Unix time, seconds
+    level: str  # INFO, WARNING or ERROR
+    message: str
+
+
+@dataclass(frozen=True)
 class ServeStatus:
     """Everything the controller runs."""
 
     applications: dict[str, ApplicationStatusInfo] = field(default_factory=dict)
     proxies: dict[str, str] = field(default_factory=dict)
+    #: The controller's most recent events, oldest first (at most 50).
+    events: list[EventInfo] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready data (enums as their values)."""
@@ -138,7 +151,18 @@ class ServeStatus:
             lines.append("No applications.")
         for node, url in self.proxies.items():
             lines.append(f"proxy {url}  (node {node[:12]})")
+        problems = [event for event in self.events if event.level != "INFO"][-_PROBLEMS_SHOWN:]
+        if problems:
+            lines.append("Recent problems:")
+            lines += [f"  {_clock(event.time)}  {event.level}  {event.message}" for event in problems]
         return "\n".join(lines)
+
+
+_PROBLEMS_SHOWN = 5
+
+
+def _clock(unix_time: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(unix_time))
 
 
 def _deployment_row(info: DeploymentStatusInfo) -> tuple[str, str, str, str, str, str]:

@@ -29,6 +29,7 @@ EXPECTED = [
     "DeploymentResponseGenerator",
     "DeploymentStatus",
     "DeploymentStatusInfo",
+    "EventInfo",
     "EventStream",
     "HTTPOptions",
     "RayActorOptions",

@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from app_toolkit import metrics
 from app_toolkit._runtime.controller import controller as controller_module
 from app_toolkit._runtime.controller.controller import ControllerCore
 from app_toolkit._runtime.controller.deployment_state import MAX_START_FAILURES
@@ -22,6 +23,7 @@ from app_toolkit._runtime.tables import (
 )
 from app_toolkit.config import DeploymentConfig
 from app_toolkit.exceptions import ConfigError, DeployError, ReplicaUnavailableError
+from app_toolkit.metrics import HistogramValue
 from app_toolkit.status import ApplicationStatus, DeploymentStatus
 from tests.waiting import wait_for_async
 
@@ -181,6 +183,9 @@ async def test_failing_starts_are_retried_then_deploy_failed_with_the_message() 
     assert MAX_START_FAILURES <= attempts <= MAX_START_FAILURES + 1
     await reconcile_rounds(core, 20)
     assert backend.started == attempts
+    # The failure is one of the recent events status() shows.
+    errors = [e for e in core.status().events if e.level == "ERROR"]
+    assert len(errors) == 1 and "a/D failed to deploy" in errors[0].message
     await core.stop()
 
 
@@ -214,12 +219,21 @@ async def test_dead_replica_is_replaced_and_scaling_follows_num_replicas() -> No
     await core.deploy_app(app(replicas=2))
     await until(lambda: len(backend.running) == 2)
     victim = sorted(backend.running)[0]
+    replaced = _replacements("gone")
     backend.unhealthy.add(victim)
     await until(lambda: victim not in backend.running and len(backend.running) == 2)
+    assert _replacements("gone") == replaced + 1
+    assert any(victim in e.message and "replacing it" in e.message for e in core.status().events)
     await core.deploy_app(app(replicas=3))  # same version: scale out, no restart
     await until(lambda: len(backend.running) == 3)
     assert backend.started == 4
     await core.stop()
+
+
+def _replacements(reason: str) -> float:
+    found = metrics.value("app_toolkit_replica_replacements_total", application="a", reason=reason)
+    assert not isinstance(found, HistogramValue)
+    return found or 0.0
 
 
 async def test_delete_stops_replicas_and_closes_tables() -> None:

@@ -25,6 +25,7 @@ from app_toolkit._runtime.controller.replica_state import (
     Reconfigured,
     ReconfigureFailed,
     ReconfigureReplica,
+    Replace,
     Replica,
     Started,
     StartFailed,
@@ -134,6 +135,10 @@ def test_a_replica_is_replaced_after_the_failure_threshold_and_passing_resets_th
     assert not reset.serving and actions[-1] == StopReplica(
         "r1", "h-r1", graceful=True, drain_timeout_s=DRAIN_S
     )
+    assert Replace("unhealthy") in actions
+    # Failures after the stop was asked for are logged, not counted as another replacement.
+    _, actions = replica_transition(reset, HealthFailed("slow", gone=False), spec(), now=30.0)
+    assert [type(a) for a in actions] == [Log]
 
 
 def test_a_replica_that_stops_answering_is_killed_not_drained() -> None:
@@ -147,6 +152,7 @@ def test_a_replica_that_stops_answering_is_killed_not_drained() -> None:
     assert not replica.serving and actions[-1] == StopReplica(
         "r1", "h-r1", graceful=False, drain_timeout_s=16.0
     )
+    assert Replace("hung") in actions
 
 
 def test_a_replica_whose_process_is_gone_is_replaced_at_once() -> None:
@@ -154,6 +160,7 @@ def test_a_replica_whose_process_is_gone_is_replaced_at_once() -> None:
     assert after is not None and after.state is ReplicaState.STOPPING
     assert actions[0] == Log(logging.WARNING, "Replica r1 is gone (actor died); replacing it")
     assert StopReplica("r1", "h-r1", graceful=True, drain_timeout_s=DRAIN_S) in actions
+    assert Replace("gone") in actions
 
 
 def test_changed_in_place_options_reconfigure_the_running_replica_once() -> None:
@@ -181,6 +188,7 @@ def test_a_failed_reconfigure_replaces_the_replica_and_says_why() -> None:
     assert state.message == "reconfigure() failed: ValueError: no"
     assert not state.replicas["r1"].serving
     assert StopReplica("r1", "h-r1", graceful=True, drain_timeout_s=DRAIN_S) in actions
+    assert Replace("reconfigure_failed") in actions
 
 
 # ------------------------------------------------------------------------- a deployment

@@ -8,6 +8,7 @@ from app_toolkit.status import (
     AutoscalingStatusInfo,
     DeploymentStatus,
     DeploymentStatusInfo,
+    EventInfo,
     ReplicaState,
     ReplicaStatusInfo,
     ServeStatus,
@@ -87,3 +88,18 @@ def test_the_table_explains_each_deployment() -> None:
 
 def test_nothing_running_says_so() -> None:
     assert ServeStatus().to_text() == "No applications."
+
+
+def test_recent_problems_follow_the_table_and_routine_events_do_not() -> None:
+    at = 1_700_000_000.0
+    events = [
+        EventInfo(at, "INFO", "shop/Model: 1 -> 2 replicas for an average load of 3.0"),
+        *(EventInfo(at + i, "WARNING", f"Replica r{i} is gone (killed); replacing it") for i in range(7)),
+        EventInfo(at + 9, "ERROR", "shop/Broken failed to deploy: ValueError: x"),
+    ]
+    lines = ServeStatus(events=events).to_text().splitlines()
+    assert lines[:2] == ["No applications.", "Recent problems:"]
+    shown = lines[2:]
+    assert len(shown) == 5 and not any("average load" in line for line in shown)
+    assert shown[-1].split(maxsplit=2)[1:] == ["ERROR", "shop/Broken failed to deploy: ValueError: x"]
+    assert "r6" in shown[-2] and "r3" in shown[0]  # the newest five

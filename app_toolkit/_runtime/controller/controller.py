@@ -10,10 +10,13 @@ checkpointed. The loop catches, logs and continues; it never dies on an error.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
 import pickle
 import secrets
+import time
+from collections import deque
 from collections.abc import Coroutine
 from typing import Any
 
@@ -42,6 +45,7 @@ from app_toolkit._runtime.controller.replica_state import (
     HealthFailed,
     HealthPassed,
     Log,
+    Replace,
     PublishReplicas,
     Reconfigured,
     ReconfigureFailed,
@@ -64,7 +68,7 @@ from app_toolkit._runtime.tables import (
 )
 from app_toolkit._runtime.waiting import wait_event
 from app_toolkit.exceptions import ReplicaUnavailableError
-from app_toolkit.status import ServeStatus
+from app_toolkit.status import EventInfo, ServeStatus
 
 logger = logging.getLogger("app_toolkit.controller")
 
@@ -76,6 +80,8 @@ LOAD_REPORT_TTL_S = 10.0
 #: The published tables are stored (for proxies that restart while the controller is
 #: down) at most this often, and only when they changed.
 TABLES_STORE_PERIOD_S = 0.5
+#: Events status() shows (the newest).
+EVENTS_KEPT = 50
 
 
 class ControllerCore:
@@ -98,6 +104,8 @@ class ControllerCore:
         self._loads: dict[str, tuple[float, Loads]] = {}
         # The long poll's generation last stored, and when.
         self._tables_stored: tuple[int, float] = (-1, float("-inf"))
+        #: The latest log lines of the lifecycle (deploy errors, replacements, scaling).
+        self.events: deque[EventInfo] = deque(maxlen=EVENTS_KEPT)
         controller_metrics.track(self)
 
     # ------------------------------------------------------------------ lifecycle
@@ -227,9 +235,10 @@ class ControllerCore:
 
     def status(self) -> ServeStatus:
         now = asyncio.get_running_loop().time()
-        return serve_status(
+        status = serve_status(
             self.apps, self.deployments, lambda d: self._current_load(d, now), now, self.proxies
         )
+        return dataclasses.replace(status, events=list(self.events))
 
     # ------------------------------------------------------------------ desired state
 
@@ -342,6 +351,9 @@ class ControllerCore:
                 self.longpoll.publish(replicas_key(deployment), DeploymentGone())
             elif isinstance(action, Log):
                 logger.log(action.level, action.message)
+                self.events.append(EventInfo(time.time(), logging.getLevelName(action.level), action.message))
+            elif isinstance(action, Replace):
+                controller_metrics.REPLACEMENTS.inc(deployment.app, deployment.name, action.reason)
 
     # ------------------------------------------------------------------ backend calls
 

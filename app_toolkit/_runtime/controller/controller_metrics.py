@@ -1,6 +1,6 @@
 """What the controller records: replicas wanted and running per deployment, the
 autoscaler's last decision, and replica lifecycle events (starts, failed starts, failed
-health checks)."""
+health checks, replacements)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,12 @@ START_FAILURES = metrics.Counter(
 )
 HEALTH_FAILURES = metrics.Counter(
     "app_toolkit_health_check_failures_total", "Health checks a replica failed or did not answer", _DEPLOYMENT
+)
+REPLACEMENTS = metrics.Counter(
+    "app_toolkit_replica_replacements_total",
+    "Serving replicas stopped because they failed, to be replaced (reason: gone, hung, "
+    "unhealthy, reconfigure_failed)",
+    (*_DEPLOYMENT, "reason"),
 )
 
 

@@ -166,7 +166,15 @@ class Log:
     message: str
 
 
-ReplicaAction = StopReplica | CheckHealth | ReconfigureReplica | PublishReplicas | Log
+@dataclass(frozen=True, slots=True)
+class Replace:
+    """A serving replica is being stopped because it failed; the plan starts another.
+    ``reason``: gone, hung, unhealthy or reconfigure_failed."""
+
+    reason: str
+
+
+ReplicaAction = StopReplica | CheckHealth | ReconfigureReplica | PublishReplicas | Log | Replace
 
 
 # ---------------------------------------------------------------------------- transition
@@ -212,7 +220,7 @@ def replica_transition(
             f"Replica {replica.replica_id} could not be reconfigured ({event.error}); replacing it",
         )
         after, actions = _stop(replica)
-        return after, [log, *actions]
+        return after, [log, Replace("reconfigure_failed"), *actions] if actions else [log]
     raise TypeError(f"Unknown replica event {event!r}")
 
 
@@ -263,7 +271,8 @@ def _health_failed(
         return replica, [log]
     # One that stopped answering cannot drain: it is killed, which ends its requests.
     after, actions = _stop(replica, graceful=not event.hung)
-    return after, [log, *actions]
+    reason = "gone" if event.gone else "hung" if event.hung else "unhealthy"
+    return after, [log, Replace(reason), *actions] if actions else [log]
 
 
 def _reconfigured(replica: Replica, config: DeploymentConfig) -> tuple[Replica, list[ReplicaAction]]:
