@@ -86,6 +86,15 @@ _LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 @_http_option("proxy_headers")
 @_http_option("forwarded_allow_ips")
 @_http_option("metrics_allow_ips")
+@_http_option("dashboard_allow_ips")
+@click.option(
+    "--dashboard-token",
+    "dashboard_token",
+    default=None,
+    envvar="APP_TOOLKIT_DASHBOARD_TOKEN",
+    show_envvar=True,
+    help=HTTPOptions.model_fields["dashboard_token"].description,
+)
 @click.pass_context
 def run(
     ctx: click.Context,
@@ -138,6 +147,8 @@ def run(
         click.echo(
             f"app-toolkit: serving {target if len(names) == 1 else app_name} at {where} (Ctrl-C to stop)"
         )
+    if url is not None:
+        click.echo(f"app-toolkit: live status at {url.rstrip('/')}{http.root_path}/-/dashboard")
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
@@ -209,7 +220,8 @@ def _is_config_file(target: str) -> bool:
 
 
 def _given(ctx: click.Context, parameter: str) -> bool:
-    return ctx.get_parameter_source(parameter) is click.core.ParameterSource.COMMANDLINE
+    source = ctx.get_parameter_source(parameter)
+    return source in (click.core.ParameterSource.COMMANDLINE, click.core.ParameterSource.ENVIRONMENT)
 
 
 def _apply(

@@ -307,6 +307,17 @@ class HTTPOptions(_Strict):
         description="Comma-separated client addresses or networks (10.0.0.0/8) that may read "
         "/-/metrics (Prometheus), or * for anyone; others get 403.",
     )
+    dashboard_allow_ips: str = Field(
+        "127.0.0.1,::1",
+        description="Comma-separated client addresses or networks that may open the live "
+        "status page /-/dashboard, or * for anyone; others need dashboard_token.",
+    )
+    dashboard_token: str | None = Field(
+        None,
+        min_length=16,
+        description="A secret that also opens /-/dashboard from any address (?token=... once, "
+        "or Authorization: Bearer ...); at least 16 characters. Unset: no token opens it.",
+    )
     proxy_location: Literal["EveryNode", "HeadOnly", "Disabled"] = Field(
         "EveryNode",
         description="Run a proxy on every node of the cluster (each serves every app; nodes "
@@ -323,9 +334,9 @@ class HTTPOptions(_Strict):
             )
         return self
 
-    @field_validator("metrics_allow_ips")
+    @field_validator("metrics_allow_ips", "dashboard_allow_ips")
     @classmethod
-    def _check_metrics_allow_ips(cls, value: str) -> str:
+    def _check_allow_ips(cls, value: str) -> str:
         from app_toolkit._runtime.proxy.metrics_page import parse_networks
 
         parse_networks(value)

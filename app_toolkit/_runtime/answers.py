@@ -8,6 +8,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from starlette.types import Send
+
 REQUEST_ID_HEADER = b"x-request-id"
 #: Seconds a client is asked to wait before retrying a 503.
 RETRY_AFTER_S = 1
@@ -26,6 +28,13 @@ class Answer:
     def header_dict(self) -> dict[str, str]:
         """The headers as Starlette's ``Response(headers=...)`` takes them."""
         return {key.decode("latin-1"): value.decode("latin-1") for key, value in self.headers}
+
+
+async def send_answer(send: Send, answer: Answer) -> int:
+    """Send ``answer`` as a whole ASGI response; returns its status."""
+    await send({"type": "http.response.start", "status": answer.status, "headers": answer.headers})
+    await send({"type": "http.response.body", "body": answer.body})
+    return answer.status
 
 
 def json_answer(

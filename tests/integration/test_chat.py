@@ -14,22 +14,13 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
-from playwright.sync_api import Browser, Page, sync_playwright
+from playwright.sync_api import Browser, Page
 
 from examples.chat.chat.app import build_app
 from examples.chat.chat.settings import Settings
+from tests.browser import chromium
 from tests.conftest import Toolkit, free_port
 from tests.waiting import wait_for
-
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",  # no connections to the (closed) internet
-    "--disable-component-update",
-    "--disable-sync",
-]
 
 
 class Relay:
@@ -151,13 +142,8 @@ def stats(base: str) -> dict[str, int]:
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
-    """Debian's headless Chromium, driven by Playwright (which downloads no browser)."""
-    with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
-        try:
-            yield chromium
-        finally:
-            chromium.close()
+    with chromium() as launched:
+        yield launched
 
 
 def test_the_page_streams_stops_and_resumes(

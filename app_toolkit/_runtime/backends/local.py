@@ -192,7 +192,10 @@ class LocalSession:
         self._server: ProxyServer | None = None
 
     async def _make_proxy(self) -> Proxy:
-        return Proxy(self._plane.subscriber, self._http)
+        return Proxy(self._plane.subscriber, self._http, status=self._status)
+
+    async def _status(self) -> ServeStatus:
+        return self.core.status()
 
     @property
     def data_plane(self) -> DataPlane:
@@ -265,7 +268,8 @@ class LocalSession:
         http = self._http
 
         async def start() -> int:
-            self._server = await serve(self.proxy, http, listen_socket(http.host, http.port, exclusive=True))
+            sock = listen_socket(http.host, http.port, exclusive=True)
+            self._server = await serve(self.proxy, http, sock, self.proxy.close)
             return self._server.port
 
         return self._loop.run(start())

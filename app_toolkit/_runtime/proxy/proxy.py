@@ -17,12 +17,14 @@ from starlette.types import Receive, Scope, Send
 
 from app_toolkit import metrics
 from app_toolkit._runtime import request_context
-from app_toolkit._runtime.answers import Answer, error_answer, json_answer, unavailable
+from app_toolkit._runtime.answers import Answer, error_answer, json_answer, send_answer, unavailable
 from app_toolkit._runtime.channel.exchange import Exchange
 from app_toolkit._runtime.channel.frames import Kind
 from app_toolkit._runtime.messages import DeploymentID, HTTPRequest, HTTPResponse, HTTPResponseStart
 from app_toolkit._runtime.proxy import stream_metrics
 from app_toolkit._runtime.proxy.body import CLIENT_CLOSED, Body, BodyBudget, read_body
+from app_toolkit._runtime.proxy.dashboard import PREFIX as DASHBOARD
+from app_toolkit._runtime.proxy.dashboard import Dashboard, StatusSource
 from app_toolkit._runtime.proxy.metrics_page import CONTENT_TYPE, Gather, allowed, parse_networks, render
 from app_toolkit._runtime.proxy.path_match import AppMatcher, match_app
 from app_toolkit._runtime.proxy.scope import (
@@ -46,11 +48,18 @@ access_logger = logging.getLogger("app_toolkit.access")
 class Proxy:
     """The ASGI application the proxy's uvicorn serves."""
 
-    def __init__(self, subscriber: TableSubscriber, http: HTTPOptions, gather: Gather | None = None) -> None:
+    def __init__(
+        self,
+        subscriber: TableSubscriber,
+        http: HTTPOptions,
+        gather: Gather | None = None,
+        status: StatusSource | None = None,
+    ) -> None:
         self.subscriber = subscriber
         self.http = http
         #: Snapshots for /-/metrics: this process's, unless the backend knows more.
         self.gather = gather or _this_process
+        self.dashboard = Dashboard(http, status, self.gather)
         self.metrics_readers = parse_networks(http.metrics_allow_ips)
         self.budget = BodyBudget(http.max_buffered_body_bytes)
         self.access_log = http.access_log
@@ -70,6 +79,10 @@ class Proxy:
         for route in routes:
             for deployment in route.deployments:
                 self.subscriber.dispatcher(deployment)
+
+    def close(self) -> None:
+        """The server is stopping: end the streams the proxy itself keeps open."""
+        self.dashboard.close()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -101,18 +114,21 @@ class Proxy:
         if path == "/-/metrics":  # served before the routes are loaded, too
             scope[_ROUTE_KEY] = ("", path)
             return await self._metrics(request_id, scope, send)
+        if path == DASHBOARD or path.startswith(DASHBOARD + "/"):  # also while the routes load
+            scope[_ROUTE_KEY] = ("", DASHBOARD)
+            return await self.dashboard.serve(path, scope, receive, send, request_id)
         if not self.loaded:
-            return await _answer(send, unavailable("the proxy has not loaded its routes yet", request_id))
+            return await send_answer(send, unavailable("the proxy has not loaded its routes yet", request_id))
         if path.startswith("/-/"):
             scope[_ROUTE_KEY] = ("", path if path in _BUILTINS else "")
             return await self._builtin(path, request_id, send)
         route = match_app(self.apps, path)
         if route is None:
-            return await _answer(send, error_answer(404, "Not Found", request_id))
+            return await send_answer(send, error_answer(404, "Not Found", request_id))
         scope[_ROUTE_KEY] = (route.app, route.route_prefix)  # until the replica names its route
         timeout_s = parse_timeout(headers.timeout)
         if isinstance(timeout_s, str):
-            return await _answer(send, error_answer(400, timeout_s, request_id))
+            return await send_answer(send, error_answer(400, timeout_s, request_id))
         deployment, deadline_s = route.target("http", scope["method"], path)
         for limit in (deadline_s, self.http.request_timeout_s):
             if limit is not None and (timeout_s is None or limit < timeout_s):
@@ -128,7 +144,7 @@ class Proxy:
                 if body.refusal == CLIENT_CLOSED:
                     return CLIENT_CLOSED  # the client went away before sending its body
                 if body.refusal:
-                    return await _answer(send, body.answer(self.http, request_id))
+                    return await send_answer(send, body.answer(self.http, request_id))
                 # Watch for the client going away: the request is then cancelled wherever
                 # it is (dropped from the queue, or cancelled on the replica).
                 watcher = asyncio.ensure_future(_watch_disconnect(receive, state))
@@ -148,12 +164,12 @@ class Proxy:
                     "Request %s: the upload outlasted the deadline of %s s (408)", request_id, timeout_s
                 )
                 detail = f"Request Timeout: the body did not arrive within the deadline of {timeout_s} s"
-                state.status = await _answer(send, error_answer(408, detail, request_id))
+                state.status = await send_answer(send, error_answer(408, detail, request_id))
             else:
                 logger.info("Request %s: deadline of %s s passed (504)", request_id, timeout_s)
                 if not state.started:
                     detail = f"Gateway Timeout: the request took longer than {timeout_s} s"
-                    state.status = await _answer(send, error_answer(504, detail, request_id))
+                    state.status = await send_answer(send, error_answer(504, detail, request_id))
         finally:
             state.finished = True
             self.budget.give(body.held)
@@ -174,17 +190,19 @@ class Proxy:
         try:
             reply = await dispatcher.send(Kind.HTTP, request, model_id)
         except BackPressureError:
-            state.status = await _answer(send, unavailable("too many requests queued", request_id))
+            state.status = await send_answer(send, unavailable("too many requests queued", request_id))
             return
         except RequestLostError as exc:
             # It may have run: a client must not be told to simply send it again.
             logger.warning("Request %s: %s (502)", request_id, exc)
             detail = "Bad Gateway: the replica was lost while it had the request; it may have run"
-            state.status = await _answer(send, error_answer(502, detail, request_id))
+            state.status = await send_answer(send, error_answer(502, detail, request_id))
             return
         except ReplicaUnavailableError as exc:
             logger.warning("Request %s: %s", request_id, exc)
-            state.status = await _answer(send, unavailable("no replica could serve the request", request_id))
+            state.status = await send_answer(
+                send, unavailable("no replica could serve the request", request_id)
+            )
             return
         state.route = reply.message.route
         try:
@@ -222,21 +240,21 @@ class Proxy:
 
     async def _builtin(self, path: str, request_id: str, send: Send) -> int:
         if path == "/-/healthz":
-            return await _answer(send, json_answer(200, {"status": "ok"}, request_id))
+            return await send_answer(send, json_answer(200, {"status": "ok"}, request_id))
         if path == "/-/routes":
-            return await _answer(
+            return await send_answer(
                 send, json_answer(200, {r.route_prefix: r.app for r in self.apps}, request_id)
             )
-        return await _answer(send, error_answer(404, "Not Found", request_id))
+        return await send_answer(send, error_answer(404, "Not Found", request_id))
 
     async def _metrics(self, request_id: str, scope: Scope, send: Send) -> int:
         client = scope.get("client")
         if not allowed(self.metrics_readers, client[0] if client else None):
             detail = "Forbidden: this address may not read metrics (see metrics_allow_ips)"
-            return await _answer(send, error_answer(403, detail, request_id))
+            return await send_answer(send, error_answer(403, detail, request_id))
         body = render(await self.gather())
         headers = [(b"content-type", CONTENT_TYPE.encode()), (b"x-request-id", request_id.encode())]
-        return await _answer(send, Answer(200, headers, body))
+        return await send_answer(send, Answer(200, headers, body))
 
 
 async def _this_process() -> list[list[FamilySnapshot]]:
@@ -299,12 +317,6 @@ async def _watch_disconnect(receive: Receive, state: _RequestState) -> None:
     if not state.finished and state.task is not None:
         state.disconnected = True
         state.task.cancel()
-
-
-async def _answer(send: Send, answer: Answer) -> int:
-    await send({"type": "http.response.start", "status": answer.status, "headers": answer.headers})
-    await send({"type": "http.response.body", "body": answer.body})
-    return answer.status
 
 
 #: Where _http leaves the request id for the access log (an ASGI scope extension key).

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import uvicorn
@@ -68,16 +69,22 @@ class ProxyServer:
     server: uvicorn.Server
     task: asyncio.Task[None]
     port: int
+    on_stop: Callable[[], None] | None = None
 
     async def stop(self, timeout_s: float) -> None:
         """Stop accepting connections and finish open ones (bounded)."""
         self.server.should_exit = True
+        if self.on_stop is not None:
+            self.on_stop()
         await asyncio.wait({self.task}, timeout=timeout_s)
 
 
-async def serve(app: ASGIApp, http: HTTPOptions, sock: socket.socket) -> ProxyServer:
+async def serve(
+    app: ASGIApp, http: HTTPOptions, sock: socket.socket, on_stop: Callable[[], None] | None = None
+) -> ProxyServer:
     """Serve ``app`` on ``sock`` under uvicorn; returns once it accepts connections. The
-    server owns ``sock`` from here (closed if it cannot start)."""
+    server owns ``sock`` from here (closed if it cannot start). ``on_stop`` runs when the
+    server is told to stop (to end streams the app keeps open itself)."""
     config = uvicorn.Config(
         app,
         lifespan="off",
@@ -102,4 +109,4 @@ async def serve(app: ASGIApp, http: HTTPOptions, sock: socket.socket) -> ProxySe
         task.cancel()
         sock.close()
         raise
-    return ProxyServer(server, task, int(sock.getsockname()[1]))
+    return ProxyServer(server, task, int(sock.getsockname()[1]), on_stop)

@@ -95,8 +95,9 @@ class ProxyActor:
                 plane = RaySession.attach(asyncio.get_running_loop()).data_plane
                 if seed is not None:
                     plane.subscriber.seed(seed)
-                proxy = Proxy(plane.subscriber, self._http, NodeMetrics().gather)
-                self._server = await serve(proxy, self._http, sock)
+                node = NodeMetrics()
+                proxy = Proxy(plane.subscriber, self._http, node.gather, node.status)
+                self._server = await serve(proxy, self._http, sock, proxy.close)
                 stored.save_proxy_port(self._server.port)
             return self._server
 

@@ -1,7 +1,8 @@
-"""What a proxy on Ray shows at ``/-/metrics``: its own process's metrics, and those of
-the toolkit processes on its node — the replicas the stored tables place there, and the
-controller when it runs there. Read when scraped, each process with a timeout; a process
-that does not answer is left out of that scrape (and counted)."""
+"""What a proxy on Ray shows at ``/-/metrics`` and ``/-/dashboard``: its own process's
+metrics, and those of the toolkit processes on its node — the replicas the stored tables
+place there, and the controller when it runs there — and the controller's status. Read
+when asked, each process with a timeout; a process that does not answer is left out of
+that scrape (and counted)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from app_toolkit._runtime.backends.ray import stored
 from app_toolkit._runtime.backends.ray.cluster import CONTROLLER_NAME, NAMESPACE, REPLICA_PREFIX
 from app_toolkit._runtime.tables import ReplicaTable
 from app_toolkit.metrics import FamilySnapshot
+from app_toolkit.status import ServeStatus
 
 logger = logging.getLogger("app_toolkit.proxy")
 
@@ -33,6 +35,7 @@ class NodeMetrics:
     def __init__(self) -> None:
         self._node = ray.get_runtime_context().get_node_id()
         self._actors: dict[str, Any] = {}  # actor name -> handle, for the replicas here
+        self._controller: Any = None
 
     async def gather(self) -> list[list[FamilySnapshot]]:
         reads = [self._read_controller(), *(self._read(name) for name in await self._replica_names())]
@@ -65,15 +68,31 @@ class NodeMetrics:
             return None
         return families
 
+    async def status(self) -> ServeStatus:
+        """The controller's status (raises when it does not answer in time)."""
+        try:
+            controller = await self._find_controller()
+            answer: ServeStatus = await asyncio.wait_for(controller.status.remote(), _READ_TIMEOUT_S)
+        except Exception:
+            self._controller = None  # look it up again next time (it may have restarted)
+            raise
+        return answer
+
+    async def _find_controller(self) -> Any:
+        if self._controller is None:
+            self._controller = await asyncio.to_thread(ray.get_actor, CONTROLLER_NAME, namespace=NAMESPACE)
+        return self._controller
+
     async def _read_controller(self) -> list[FamilySnapshot] | None:
         try:
-            controller = await asyncio.to_thread(ray.get_actor, CONTROLLER_NAME, namespace=NAMESPACE)
+            controller = await self._find_controller()
             answer: tuple[str, list[FamilySnapshot]] = await asyncio.wait_for(
                 controller.metrics.remote(), _READ_TIMEOUT_S
             )
             node, families = answer
         except Exception as exc:  # noqa: BLE001 - the controller is restarting or down
             logger.debug("No metrics from the controller: %r", exc)
+            self._controller = None
             MISSED.inc()
             return None
         return families if node == self._node else None

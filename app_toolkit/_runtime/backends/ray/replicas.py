@@ -194,7 +194,9 @@ class RayReplicas:
         try:
             await asyncio.wait_for(handle.check_health.remote(), timeout_s)
         except RayActorError as exc:
-            raise ReplicaUnavailableError(str(exc)) from None
+            # Ray's message runs to a dozen lines of advice; its first says what happened.
+            first_line = next(iter(str(exc).strip().splitlines()), type(exc).__name__)
+            raise ReplicaUnavailableError(first_line) from None
         except RayTaskError as exc:
             raise RuntimeError(str(exc.cause or exc)) from None
 

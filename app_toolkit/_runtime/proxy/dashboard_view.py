@@ -1,0 +1,176 @@
+"""What the dashboard shows, as JSON-ready data: the controller's status joined with the
+node's metrics, and per route the request rate and p50/p99 latency since the previous
+sample (from the proxy's cumulative histograms). Pure: no I/O, the clock is passed in."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from app_toolkit.metrics import FamilySnapshot, HistogramValue
+from app_toolkit.status import ServeStatus
+
+_DURATION = "app_toolkit_http_request_duration_seconds"
+_ONGOING = "app_toolkit_replica_ongoing_requests"
+_QUEUED = "app_toolkit_caller_queued_requests"
+
+#: (application, route) -> its requests' latency histogram, merged over methods and statuses.
+RouteKey = tuple[str, str]
+
+
+def quantile(buckets: Sequence[tuple[float, float]], q: float) -> float | None:
+    """The ``q`` quantile of a histogram given as cumulative counts per upper bound (the
+    last +Inf), interpolated linearly inside its bucket as Prometheus does; None when it
+    holds nothing. A quantile in the +Inf bucket is reported as the last finite bound."""
+    total = buckets[-1][1] if buckets else 0.0
+    if total <= 0:
+        return None
+    rank = q * total
+    lower_bound, lower_count = 0.0, 0.0
+    for bound, count in buckets:
+        if count >= rank:
+            if math.isinf(bound):
+                return lower_bound
+            share = (rank - lower_count) / (count - lower_count) if count > lower_count else 1.0
+            return lower_bound + (bound - lower_bound) * share
+        lower_bound, lower_count = bound, count
+    return lower_bound
+
+
+class RouteRates:
+    """Request rate and latency per route between two samples of the proxy's histograms."""
+
+    def __init__(self) -> None:
+        self._last: dict[RouteKey, HistogramValue] = {}
+        self._last_at: float | None = None
+
+    def update(self, families: Iterable[FamilySnapshot], now: float) -> list[dict[str, Any]]:
+        current = _by_route(families)
+        previous, previous_at = self._last, self._last_at
+        self._last, self._last_at = current, now
+        rows: list[dict[str, Any]] = []
+        for (app, route), value in sorted(current.items()):
+            before = previous.get((app, route))
+            if previous_at is None or now <= previous_at:
+                window = _EMPTY
+            else:
+                window = _minus(value, before) if before is not None else value
+            seconds = now - previous_at if previous_at is not None and now > previous_at else 0.0
+            p50 = quantile(window.buckets, 0.5)
+            p99 = quantile(window.buckets, 0.99)
+            rows.append(
+                {
+                    "application": app,
+                    "route": route,
+                    "rate": window.count / seconds if seconds else 0.0,
+                    "p50_ms": None if p50 is None else p50 * 1000,
+                    "p99_ms": None if p99 is None else p99 * 1000,
+                    "total": value.count,
+                }
+            )
+        return rows
+
+
+_EMPTY = HistogramValue((), 0, 0.0)
+
+
+def _by_route(families: Iterable[FamilySnapshot]) -> dict[RouteKey, HistogramValue]:
+    merged: dict[RouteKey, HistogramValue] = {}
+    for family in families:
+        if family.name != _DURATION:
+            continue
+        app_at, route_at = family.labelnames.index("application"), family.labelnames.index("route")
+        for labels, value in family.samples:
+            if not isinstance(value, HistogramValue) or not labels[app_at]:
+                continue  # the proxy's own pages (/-/...) are not an application's routes
+            key = (labels[app_at], labels[route_at])
+            known = merged.get(key)
+            merged[key] = value if known is None else _plus(known, value)
+    return merged
+
+
+def _plus(a: HistogramValue, b: HistogramValue) -> HistogramValue:
+    buckets = tuple((bound, x + y) for (bound, x), (_, y) in zip(a.buckets, b.buckets, strict=True))
+    return HistogramValue(buckets, a.count + b.count, a.sum + b.sum)
+
+
+def _minus(a: HistogramValue, b: HistogramValue) -> HistogramValue:
+    if b.count > a.count or len(a.buckets) != len(b.buckets):
+        return a  # the counts restarted (a new proxy process): all of a is new
+    buckets = tuple((bound, x - y) for (bound, x), (_, y) in zip(a.buckets, b.buckets, strict=True))
+    return HistogramValue(buckets, a.count - b.count, a.sum - b.sum)
+
+
+def _gauge(
+    processes: Iterable[Iterable[FamilySnapshot]], name: str, *keys: str
+) -> dict[tuple[str, ...], float]:
+    """Sum of a gauge's samples per value of ``keys`` over all processes."""
+    totals: dict[tuple[str, ...], float] = {}
+    for families in processes:
+        for family in families:
+            if family.name != name:
+                continue
+            at = [family.labelnames.index(key) for key in keys]
+            for labels, value in family.samples:
+                if isinstance(value, float | int):
+                    key = tuple(labels[i] for i in at)
+                    totals[key] = totals.get(key, 0.0) + float(value)
+    return totals
+
+
+def view(
+    status: ServeStatus | None,
+    processes: Sequence[Sequence[FamilySnapshot]],
+    routes: list[dict[str, Any]],
+    now: float,
+    status_error: str = "",
+) -> dict[str, Any]:
+    """The dashboard's state: applications (deployments, replicas with ongoing requests
+    where this node's metrics know them, queue lengths at this node's callers), routes,
+    the controller's recent events. ``status`` None: the controller did not answer."""
+    ongoing = _gauge(processes, _ONGOING, "replica")
+    queued = _gauge(processes, _QUEUED, "application", "deployment")
+    applications: list[dict[str, Any]] = []
+    for app in status.applications.values() if status is not None else ():
+        deployments = []
+        for deployment in app.deployments.values():
+            replicas = [
+                {
+                    "replica_id": replica.replica_id,
+                    "state": replica.state.value,
+                    "node_id": replica.node_id,
+                    "ongoing": ongoing.get((replica.replica_id,)),
+                }
+                for replica in deployment.replicas
+            ]
+            scaling = deployment.autoscaling
+            deployments.append(
+                {
+                    "name": deployment.name,
+                    "status": deployment.status.value,
+                    "message": deployment.message,
+                    "target_replicas": deployment.target_replicas,
+                    "running_replicas": deployment.running_replicas,
+                    "queued": queued.get((app.name, deployment.name), 0.0),
+                    "autoscaling": dataclasses.asdict(scaling) if scaling is not None else None,
+                    "replicas": replicas,
+                }
+            )
+        applications.append(
+            {
+                "name": app.name,
+                "status": app.status.value,
+                "message": app.message,
+                "route_prefix": app.route_prefix,
+                "deployments": deployments,
+            }
+        )
+    return {
+        "time": now,
+        "controller": "" if status is not None else (status_error or "the controller did not answer"),
+        "applications": applications,
+        "routes": routes,
+        "events": [dataclasses.asdict(event) for event in (status.events if status is not None else ())],
+    }
