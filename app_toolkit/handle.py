@@ -17,7 +17,7 @@ from collections.abc import Generator
 from typing import Any, Generic, Literal, TypeVar, cast, overload
 
 from app_toolkit import tracing
-from app_toolkit._runtime import request_context
+from app_toolkit._runtime import otel, request_context
 from app_toolkit._runtime.backends.base import current_session
 from app_toolkit._runtime.channel.frames import Kind
 from app_toolkit._runtime.messages import CallFailure, DeploymentID, MethodCall
@@ -29,6 +29,7 @@ from app_toolkit.exceptions import (
     ReplicaUnavailableError,
     RequestTimeoutError,
 )
+from app_toolkit.tracing import TraceContext
 
 R = TypeVar("R")
 
@@ -66,13 +67,16 @@ class DeploymentResponse(Generic[R]):
 class _Stream:
     """One streamed call, on the data plane's loop: its exchange and replica slot."""
 
-    __slots__ = ("_plane", "_deployment", "_call", "_reply", "done", "__weakref__")
+    __slots__ = ("_plane", "_deployment", "_call", "_reply", "_span", "done", "__weakref__")
 
-    def __init__(self, plane: DataPlane, deployment: DeploymentID, call: MethodCall) -> None:
+    def __init__(
+        self, plane: DataPlane, deployment: DeploymentID, call: MethodCall, span: otel.Span | None = None
+    ) -> None:
         self._plane = plane
         self._deployment = deployment
         self._call = call
         self._reply: Reply | None = None
+        self._span = span  # ended with the stream
         self.done = False
 
     async def next(self) -> Any:
@@ -85,23 +89,25 @@ class _Stream:
                 kind, message = self._reply.kind, self._reply.message
             else:
                 kind, message = await self._reply.exchange.recv()
-        except BaseException:
-            self.finish()
+        except BaseException as exc:
+            self.finish(type(exc).__name__)
             raise
         if kind is Kind.ITEM:
             return message
-        self.finish()
+        self.finish("" if kind is Kind.END else kind.name)
         if kind is Kind.END:
             raise StopAsyncIteration
         if kind is Kind.FAILURE:
             raise _exception(message)
         raise ReplicaUnavailableError(f"The stream from {self._deployment} was lost")
 
-    def finish(self) -> None:
+    def finish(self, error: str = "") -> None:
         """Stop the stream and give its replica slot back (on the data plane's loop)."""
         if self.done:
             return
         self.done = True
+        if self._span is not None:
+            self._span.end(error)
         self._plane.release(self.finish)
         if self._reply is not None:
             self._reply.exchange.cancel()
@@ -248,17 +254,17 @@ class DeploymentHandle:
         """Send the call now; returns a DeploymentResponse to ``await`` or ``result()``."""
         plane = _data_plane()
         request_id = _request_id()
-        trace, state = _trace()
+        trace, span = _trace(self._id, self.method_name)
         call = MethodCall(
             request_id,
             self.method_name,
             args,
             kwargs,
             model_id=self.multiplexed_model_id,
-            trace=trace,
-            tracestate=state,
+            trace=trace.traceparent if trace else "",
+            tracestate=trace.state if trace else "",
         )
-        return DeploymentResponse(plane.submit(_call(plane, self._id, call)))
+        return DeploymentResponse(plane.submit(_call(plane, self._id, call, span)))
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (
@@ -283,7 +289,7 @@ class StreamingDeploymentHandle(DeploymentHandle):
     def remote(self, *args: Any, **kwargs: Any) -> DeploymentResponseGenerator[Any]:  # type: ignore[override] # streams, by design
         """Send the call now; returns a DeploymentResponseGenerator to iterate."""
         plane = _data_plane()
-        trace, state = _trace()
+        trace, span = _trace(self._id, self.method_name)
         call = MethodCall(
             _request_id(),
             self.method_name,
@@ -291,10 +297,10 @@ class StreamingDeploymentHandle(DeploymentHandle):
             kwargs,
             stream=True,
             model_id=self.multiplexed_model_id,
-            trace=trace,
-            tracestate=state,
+            trace=trace.traceparent if trace else "",
+            tracestate=trace.state if trace else "",
         )
-        return DeploymentResponseGenerator(plane, _Stream(plane, self._id, call))
+        return DeploymentResponseGenerator(plane, _Stream(plane, self._id, call, span))
 
 
 def _data_plane() -> DataPlane:
@@ -303,10 +309,12 @@ def _data_plane() -> DataPlane:
     return session.data_plane
 
 
-def _trace() -> tuple[str, str]:
-    """The current span (traceparent, tracestate), for the callee to be its child."""
-    trace = tracing.current_trace()
-    return ("", "") if trace is None else (trace.traceparent, trace.state)
+def _trace(deployment: DeploymentID, method: str) -> tuple[TraceContext | None, otel.Span | None]:
+    """The span the callee is to be a child of: the current one, or with OpenTelemetry
+    spans on, a new client span of this call (which the call ends) below OpenTelemetry's
+    current span — the replica's, or one the app or user code opened inside it."""
+    span = otel.start(f"call {deployment.name}.{method}", "client", None)
+    return (span.trace if span is not None else tracing.current_trace()), span
 
 
 def _request_id() -> str:
@@ -336,7 +344,9 @@ async def _resolve(value: Any) -> Any:
     return value
 
 
-async def _call(plane: DataPlane, deployment: DeploymentID, call: MethodCall) -> Any:
+async def _call(
+    plane: DataPlane, deployment: DeploymentID, call: MethodCall, span: otel.Span | None = None
+) -> Any:
     started = time.perf_counter()
     outcome = "error"  # unless a result arrives (or the caller cancels)
     try:
@@ -356,6 +366,8 @@ async def _call(plane: DataPlane, deployment: DeploymentID, call: MethodCall) ->
         raise
     finally:
         caller_metrics.called(deployment, call.method, outcome, time.perf_counter() - started)
+        if span is not None:
+            span.end("" if outcome == "ok" else outcome)
 
 
 def _exception(failure: CallFailure) -> Exception:

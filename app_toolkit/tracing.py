@@ -65,13 +65,25 @@ def new_trace() -> TraceContext:
     return TraceContext(f"{random.getrandbits(128) or 1:032x}", _span_id(), "")
 
 
-def child_of(traceparent: str, tracestate: str = "") -> TraceContext:
-    """A new span whose parent is ``traceparent``'s (a new trace if it is not valid)."""
+def remote(traceparent: str, tracestate: str = "") -> TraceContext | None:
+    """The caller's span as its ``traceparent`` names it (None if it is not valid)."""
     parsed = parse(traceparent) if traceparent else None
     if parsed is None:
+        return None
+    trace_id, span_id, flags = parsed
+    return TraceContext(trace_id, span_id, "", flags, tracestate)
+
+
+def child(parent: TraceContext | None) -> TraceContext:
+    """A new span whose parent is ``parent`` (a new trace when None)."""
+    if parent is None:
         return new_trace()
-    trace_id, parent_id, flags = parsed
-    return TraceContext(trace_id, _span_id(), parent_id, flags, tracestate)
+    return TraceContext(parent.trace_id, _span_id(), parent.span_id, parent.flags, parent.state)
+
+
+def child_of(traceparent: str, tracestate: str = "") -> TraceContext:
+    """A new span whose parent is ``traceparent``'s (a new trace if it is not valid)."""
+    return child(remote(traceparent, tracestate))
 
 
 def enter(trace: TraceContext) -> Token[TraceContext | None]:
@@ -92,3 +104,10 @@ def from_headers(headers: list[tuple[bytes, bytes]]) -> tuple[str, str]:
         elif key == TRACESTATE_HEADER:
             state = value.decode("latin-1")
     return parent, state
+
+
+def with_traceparent(headers: list[tuple[bytes, bytes]], trace: TraceContext) -> list[tuple[bytes, bytes]]:
+    """``headers`` with ``trace`` as the traceparent (the app then sees its own span as
+    the parent of what it does)."""
+    kept = [item for item in headers if item[0] != TRACEPARENT_HEADER]
+    return [*kept, (TRACEPARENT_HEADER, trace.traceparent.encode())]

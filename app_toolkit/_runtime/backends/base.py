@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 from starlette.types import ASGIApp
 
+from app_toolkit._runtime import otel
 from app_toolkit._runtime.messages import AdoptedReplica, AppSpec, DeploymentSpec, ReplicaInfo
 from app_toolkit._runtime.routing.data_plane import DataPlane
 from app_toolkit._runtime.tables import Table
@@ -148,7 +149,9 @@ def resolve_backend_name(name: str) -> str:
 
 
 def session_factory(name: str) -> SessionFactory:
-    """The factory of backend ``name`` (importing its module now)."""
+    """The factory of backend ``name`` (importing its module now). Runs the process's
+    OpenTelemetry set-up first, if one is named (before any request can be traced)."""
+    otel.setup_from_env()
     module, _, attribute = BACKENDS[resolve_backend_name(name)].partition(":")
     factory: SessionFactory = getattr(importlib.import_module(module), attribute)
     return factory

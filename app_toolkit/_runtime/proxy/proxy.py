@@ -16,7 +16,7 @@ from typing import Any
 from starlette.types import Receive, Scope, Send
 
 from app_toolkit import metrics
-from app_toolkit._runtime import request_context
+from app_toolkit._runtime import otel, request_context
 from app_toolkit._runtime.answers import Answer, error_answer, json_answer, send_answer, unavailable
 from app_toolkit._runtime.channel.exchange import Exchange
 from app_toolkit._runtime.channel.frames import Kind
@@ -137,6 +137,7 @@ class Proxy:
         state = _RequestState(asyncio.current_task(), arrived, route.app, prefix)
         body = Body()
         watcher: asyncio.Future[None] | None = None
+        span = otel.start(f"{scope['method']} {route.route_prefix}", "server", headers.caller)
         try:
             # The deadline covers the upload too (a slow one gets 408, not a replica's time).
             async with asyncio.timeout(timeout_s):
@@ -148,7 +149,8 @@ class Proxy:
                 # Watch for the client going away: the request is then cancelled wherever
                 # it is (dropped from the queue, or cancelled on the replica).
                 watcher = asyncio.ensure_future(_watch_disconnect(receive, state))
-                request = HTTPRequest(request_id, forwarded_scope(scope, route, headers), body.data)
+                forwarded = forwarded_scope(scope, route, headers, span.trace if span is not None else None)
+                request = HTTPRequest(request_id, forwarded, body.data)
                 await self._forward(deployment, request, send, state, headers.model_id)
                 if state.route:
                     scope[_ROUTE_KEY] = (route.app, prefix + state.route)
@@ -175,6 +177,8 @@ class Proxy:
             self.budget.give(body.held)
             if watcher is not None:
                 watcher.cancel()
+            if span is not None:
+                _end_span(span, scope, route.app, prefix + state.route if state.route else "", state.status)
         return state.status
 
     async def _forward(
@@ -255,6 +259,16 @@ class Proxy:
         body = render(await self.gather())
         headers = [(b"content-type", CONTENT_TYPE.encode()), (b"x-request-id", request_id.encode())]
         return await send_answer(send, Answer(200, headers, body))
+
+
+def _end_span(span: otel.Span, scope: Scope, app: str, route: str, status: int) -> None:
+    if route:
+        span.rename(f"{scope['method']} {route}")
+        span.set("http.route", route)
+    span.set("http.request.method", scope["method"])
+    span.set("http.response.status_code", status)
+    span.set("app_toolkit.application", app)
+    span.end(f"HTTP {status}" if status >= 500 else "")
 
 
 async def _this_process() -> list[list[FamilySnapshot]]:

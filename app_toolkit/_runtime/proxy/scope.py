@@ -40,7 +40,12 @@ class RequestHeaders:
     timeout: bytes | None
     content_length: bytes | None
     model_id: str = ""  # the multiplexed model it asks for
-    traced: bool = False  # it carries a valid W3C traceparent
+    caller: tracing.TraceContext | None = None  # the client's span, from a valid traceparent
+
+    @property
+    def traced(self) -> bool:
+        """It carries a valid W3C traceparent."""
+        return self.caller is not None
 
 
 _MODEL_ID_HEADER = request_context.MODEL_ID_HEADER.encode()
@@ -48,8 +53,7 @@ _MODEL_ID_HEADER = request_context.MODEL_ID_HEADER.encode()
 
 def read_headers(scope: Scope) -> RequestHeaders:
     request_id = timeout = content_length = None
-    model_id = ""
-    traced = False
+    model_id = parent = state = ""
     for key, value in scope["headers"]:
         if key == REQUEST_ID_HEADER:
             text = value.decode("latin-1")
@@ -62,9 +66,12 @@ def read_headers(scope: Scope) -> RequestHeaders:
         elif key == _MODEL_ID_HEADER:
             model_id = value.decode("latin-1")
         elif key == tracing.TRACEPARENT_HEADER:
-            traced = tracing.parse(value.decode("latin-1")) is not None
+            parent = value.decode("latin-1")
+        elif key == tracing.TRACESTATE_HEADER:
+            state = value.decode("latin-1")
+    caller = tracing.remote(parent, state) if parent else None
     return RequestHeaders(
-        request_id or uuid.uuid4().hex, request_id is not None, timeout, content_length, model_id, traced
+        request_id or uuid.uuid4().hex, request_id is not None, timeout, content_length, model_id, caller
     )
 
 
@@ -94,19 +101,27 @@ def route_path(scope: Scope) -> str:
     return path
 
 
-def forwarded_scope(scope: Scope, route: AppMatcher, headers: RequestHeaders) -> dict[str, Any]:
+def forwarded_scope(
+    scope: Scope, route: AppMatcher, headers: RequestHeaders, proxy_span: tracing.TraceContext | None = None
+) -> dict[str, Any]:
     """The scope the replica sees: the path kept whole, the prefix as root_path, the
-    request id the proxy answers with, and a trace (the client's, or one started here)."""
+    request id the proxy answers with, and a trace: the proxy's own span when it exports
+    one (``proxy_span``), else the client's, else one started here."""
     forwarded = {key: scope[key] for key in _FORWARDED_KEYS if key in scope}
     forwarded["root_path"] = scope.get("root_path", "") + (
         "" if route.route_prefix == "/" else route.route_prefix
     )
-    if not headers.client_id_used or not headers.traced:
+    if not headers.client_id_used or not headers.traced or proxy_span is not None:
         replaced = {REQUEST_ID_HEADER} if not headers.client_id_used else set()
         added = [] if headers.client_id_used else [(REQUEST_ID_HEADER, headers.request_id.encode())]
-        if not headers.traced:  # an invalid traceparent voids its tracestate too (W3C)
+        if proxy_span is not None:
+            replaced.add(tracing.TRACEPARENT_HEADER)
+            added.append((tracing.TRACEPARENT_HEADER, proxy_span.traceparent.encode()))
+        elif not headers.traced:  # an invalid traceparent voids its tracestate too (W3C)
             replaced |= {tracing.TRACEPARENT_HEADER, tracing.TRACESTATE_HEADER}
             added.append((tracing.TRACEPARENT_HEADER, tracing.new_trace().traceparent.encode()))
+        if proxy_span is not None and not headers.traced:
+            replaced.add(tracing.TRACESTATE_HEADER)
         forwarded["headers"] = [*(item for item in scope["headers"] if item[0] not in replaced), *added]
     return forwarded
 

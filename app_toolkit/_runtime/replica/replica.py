@@ -19,7 +19,7 @@ from typing import Any
 from starlette.types import ASGIApp
 
 from app_toolkit import tracing
-from app_toolkit._runtime import answers, request_context
+from app_toolkit._runtime import answers, otel, request_context
 from app_toolkit._runtime.channel.frames import Dumps, Kind
 from app_toolkit._runtime.channel.server import ResponseSink
 from app_toolkit._runtime.messages import (
@@ -205,22 +205,41 @@ class ReplicaCore:
         if self.asgi_app is None:
             self.asgi_app = request_app(self._method("__call__"))
         rid = request_context.request_id.set(request.request_id)
-        span = tracing.enter(tracing.child_of(*tracing.from_headers(request.scope.get("headers", []))))
+        method = request.scope.get("method", "WEBSOCKET")
+        caller = tracing.remote(*tracing.from_headers(request.scope.get("headers", [])))
+        trace, span = otel.begin(f"{self.deployment} {method}", "server", caller)
+        if span is not None:  # the app's own instrumentation (FastAPI's spans) nests under it
+            request.scope["headers"] = tracing.with_traceparent(request.scope.get("headers", []), trace)
+        token = tracing.enter(trace)
         inst = request_context.replica_instance.set(self.instance)
         self._enter(request.scope.get("headers", []))
         request_context.draining.set(self.draining_event)
+        route = error = ""
         try:
             state = self._lifespan.state if self._lifespan is not None else {}
-            return await serve(self.asgi_app, request, state, sink)
+            route = await serve(self.asgi_app, request, state, sink)
+            return route
+        except BaseException as exc:
+            error = type(exc).__name__
+            raise
         finally:
             request_context.replica_instance.reset(inst)
-            tracing.leave(span)
+            tracing.leave(token)
             request_context.request_id.reset(rid)
+            if span is not None:
+                if route:
+                    span.rename(f"{self.deployment} {method} {route}")
+                    span.set("http.route", route)
+                span.end(error)
 
     async def _serve_call(self, call: MethodCall, sink: ResponseSink) -> None:
         rid = request_context.request_id.set(call.request_id)
-        span = tracing.enter(tracing.child_of(call.trace, call.tracestate))
+        trace, span = otel.begin(
+            f"{self.deployment}.{call.method}", "server", tracing.remote(call.trace, call.tracestate)
+        )
+        token = tracing.enter(trace)
         self._enter(call.model_id)
+        error = ""
         try:
             method = self._method(call.method)
             if call.stream:
@@ -239,10 +258,13 @@ class ReplicaCore:
         except Exception as exc:
             logger.exception("Request %s: %s.%s raised", call.request_id, self.deployment, call.method)
             replica_metrics.ERRORS.inc(*self.labels, "call", call.method)
+            error = type(exc).__name__
             sink.send(Kind.FAILURE, self._failure(exc))
         finally:
-            tracing.leave(span)
+            tracing.leave(token)
             request_context.request_id.reset(rid)
+            if span is not None:
+                span.end(error)
 
     def _send_value(self, sink: ResponseSink, kind: Kind, value: Any, call: MethodCall) -> None:
         """Send a result or stream item; one that cannot be serialized fails the call."""

@@ -19,7 +19,7 @@ import ray
 
 from app_toolkit import metrics
 from app_toolkit._runtime.backends.ray import stored
-from app_toolkit._runtime.backends.ray.cluster import configure_worker_logging, node_address
+from app_toolkit._runtime.backends.ray.cluster import configure_worker, node_address
 from app_toolkit._runtime.backends.ray.node_metrics import NodeMetrics
 from app_toolkit._runtime.backends.ray.proxies import ProxyFleet
 from app_toolkit._runtime.backends.ray.replicas import RayReplicas
@@ -46,7 +46,7 @@ class ProxyActor:
     """
 
     def __init__(self, http: HTTPOptions) -> None:
-        configure_worker_logging()
+        configure_worker()
         self._http = http
         self._server: ProxyServer | None = None
         self._starting = asyncio.Lock()
@@ -115,7 +115,7 @@ class ControllerActor:
     """The named, detached controller: wraps ``ControllerCore`` and the proxies."""
 
     def __init__(self, http: HTTPOptions) -> None:
-        configure_worker_logging()
+        configure_worker()
         self.http = http
         self.core = ControllerCore(RayReplicas())
         self._started = False

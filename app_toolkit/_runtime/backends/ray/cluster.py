@@ -19,9 +19,11 @@ import ray
 from ray import cloudpickle
 from starlette.datastructures import State
 
-from app_toolkit._runtime import log_format
+from app_toolkit._runtime import log_format, otel
 from app_toolkit.config import LOG_LEVEL_ENV
 from app_toolkit.exceptions import ConfigError
+
+logger = logging.getLogger("app_toolkit.ray")
 
 NAMESPACE = "app_toolkit"
 CONTROLLER_NAME = "app_toolkit_controller"
@@ -97,9 +99,14 @@ def head_node_id() -> str:
     raise ConfigError("This Ray cluster has no live head node; start one with `ray start --head`.")
 
 
-def configure_worker_logging() -> None:
-    """Level and format as the driver asked (``log_format``), from the environment."""
+def configure_worker() -> None:
+    """Logs at the level and in the format the driver asked (``log_format``), and the
+    OpenTelemetry set-up it named, from the environment."""
     log_format.configure()
+    try:
+        otel.setup_from_env()
+    except Exception:
+        logger.exception("The OpenTelemetry set-up (%s) failed in this process: no spans", otel.SETUP_ENV)
 
 
 # ------------------------------------------------------------------------------- actors
@@ -132,7 +139,8 @@ def init_ray(address: str | None, **options: Any) -> None:
     }
     # A cluster started elsewhere did not inherit this process's environment: the log
     # level and format reach this job's workers through its runtime environment.
-    asked = {name: os.environ[name] for name in (LOG_LEVEL_ENV, log_format.FORMAT_ENV) if name in os.environ}
+    forwarded = (LOG_LEVEL_ENV, log_format.FORMAT_ENV, otel.SETUP_ENV)
+    asked = {name: os.environ[name] for name in forwarded if name in os.environ}
     if address is not None and asked and "runtime_env" not in kwargs:
         kwargs["runtime_env"] = {"env_vars": asked}
     if address is None:

@@ -22,7 +22,7 @@ from app_toolkit._runtime.backends.ray import stored
 from app_toolkit._runtime.backends.ray.cluster import (
     NAMESPACE,
     REPLICA_PREFIX,
-    configure_worker_logging,
+    configure_worker,
     controller_actor,
     data_plane_host,
     dumps,
@@ -60,7 +60,7 @@ class ReplicaActor:
         init_args: bytes,
         code_version: str,
     ) -> None:
-        configure_worker_logging()
+        configure_worker()
         self._args = (replica_id, deployment, config, definition, init_args)
         self._code_version = code_version
         self._core: ReplicaCore | None = None
