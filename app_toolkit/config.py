@@ -144,6 +144,13 @@ class DeploymentConfig(_Strict):
         "while every replica is busy; beyond it callers get 503 / BackPressureError. "
         "-1 means unbounded.",
     )
+    affinity: Literal["strict", "prefer"] = Field(
+        "strict",
+        json_schema_extra=IN_PLACE,
+        description="Requests with a shard key (the X-SERVE-SHARD-KEY header, or "
+        "handle.options(shard_key=...)) go to the replica the key maps to. When it is at "
+        "max_ongoing_requests: strict waits for it, prefer sends to another replica.",
+    )
     user_config: Any = Field(
         None,
         json_schema_extra=IN_PLACE,
@@ -306,6 +313,12 @@ class HTTPOptions(_Strict):
         "127.0.0.1,::1",
         description="Comma-separated client addresses or networks (10.0.0.0/8) that may read "
         "/-/metrics (Prometheus), or * for anyone; others get 403.",
+    )
+    shard_key_header: str = Field(
+        "x-serve-shard-key",
+        pattern=r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$",
+        description="Request header whose value is the shard key: requests with the same key "
+        "go to the same replica of the deployment (see its affinity option).",
     )
     dashboard_allow_ips: str = Field(
         "127.0.0.1,::1",

@@ -198,11 +198,13 @@ class DeploymentHandle:
         *,
         method_name: str = "__call__",
         multiplexed_model_id: str = "",
+        shard_key: str = "",
     ) -> None:
         self.deployment_name = deployment_name
         self.app_name = app_name
         self.method_name = method_name
         self.multiplexed_model_id = multiplexed_model_id
+        self.shard_key = shard_key
         self._id = DeploymentID(app_name, deployment_name)
 
     @overload
@@ -212,6 +214,7 @@ class DeploymentHandle:
         method_name: str | None = None,
         stream: Literal[True],
         multiplexed_model_id: str | None = None,
+        shard_key: str | None = None,
     ) -> StreamingDeploymentHandle: ...
 
     @overload
@@ -221,6 +224,7 @@ class DeploymentHandle:
         method_name: str | None = None,
         stream: Literal[False] | None = None,
         multiplexed_model_id: str | None = None,
+        shard_key: str | None = None,
     ) -> DeploymentHandle: ...
 
     def options(
@@ -229,11 +233,14 @@ class DeploymentHandle:
         method_name: str | None = None,
         stream: bool | None = None,
         multiplexed_model_id: str | None = None,
+        shard_key: str | None = None,
     ) -> DeploymentHandle:
         """A copy calling ``method_name`` by default; ``stream=True`` for generator methods,
         whose ``remote()`` then returns a :class:`DeploymentResponseGenerator`;
         ``multiplexed_model_id`` sends calls to replicas holding that model (see
-        :func:`~app_toolkit.multiplexed`)."""
+        :func:`~app_toolkit.multiplexed`); ``shard_key`` sends every call with the same
+        key to the same replica while it lives (the deployment's ``affinity`` option says
+        what happens when that replica is full)."""
         streaming = self.stream if stream is None else stream
         kind = StreamingDeploymentHandle if streaming else DeploymentHandle
         return kind(
@@ -243,6 +250,7 @@ class DeploymentHandle:
             multiplexed_model_id=self.multiplexed_model_id
             if multiplexed_model_id is None
             else multiplexed_model_id,
+            shard_key=self.shard_key if shard_key is None else shard_key,
         )
 
     def __getattr__(self, name: str) -> _MethodCaller:
@@ -261,6 +269,7 @@ class DeploymentHandle:
             args,
             kwargs,
             model_id=self.multiplexed_model_id,
+            shard_key=self.shard_key,
             trace=trace.traceparent if trace else "",
             tracestate=trace.state if trace else "",
         )
@@ -269,7 +278,14 @@ class DeploymentHandle:
     def __reduce__(self) -> tuple[Any, ...]:
         return (
             _rebuild_handle,
-            (self.deployment_name, self.app_name, self.method_name, self.stream, self.multiplexed_model_id),
+            (
+                self.deployment_name,
+                self.app_name,
+                self.method_name,
+                self.stream,
+                self.multiplexed_model_id,
+                self.shard_key,
+            ),
         )
 
     def __repr__(self) -> str:
@@ -297,6 +313,7 @@ class StreamingDeploymentHandle(DeploymentHandle):
             kwargs,
             stream=True,
             model_id=self.multiplexed_model_id,
+            shard_key=self.shard_key,
             trace=trace.traceparent if trace else "",
             tracestate=trace.state if trace else "",
         )
@@ -323,10 +340,17 @@ def _request_id() -> str:
 
 
 def _rebuild_handle(
-    deployment_name: str, app_name: str, method_name: str, stream: bool = False, model_id: str = ""
+    deployment_name: str,
+    app_name: str,
+    method_name: str,
+    stream: bool = False,
+    model_id: str = "",
+    shard_key: str = "",
 ) -> DeploymentHandle:
     kind = StreamingDeploymentHandle if stream else DeploymentHandle
-    return kind(deployment_name, app_name, method_name=method_name, multiplexed_model_id=model_id)
+    return kind(
+        deployment_name, app_name, method_name=method_name, multiplexed_model_id=model_id, shard_key=shard_key
+    )
 
 
 async def _send_call(plane: DataPlane, deployment: DeploymentID, call: MethodCall) -> Reply:
@@ -335,7 +359,7 @@ async def _send_call(plane: DataPlane, deployment: DeploymentID, call: MethodCal
     kwargs = {key: await _resolve(value) for key, value in call.kwargs.items()}
     dispatcher = plane.dispatcher(deployment)
     resolved = dataclasses.replace(call, args=args, kwargs=kwargs)
-    return await dispatcher.send(Kind.CALL, resolved, call.model_id)
+    return await dispatcher.send(Kind.CALL, resolved, call.model_id, call.shard_key)
 
 
 async def _resolve(value: Any) -> Any:

@@ -41,6 +41,9 @@ class ReplicaInfo:
     node_id: str = ""  # the Ray node it runs on ("" on the local backend)
     models: tuple[str, ...] = ()  # multiplexed models it holds, as it last reported them
     tls: bool = False  # it takes connections over TLS only (_runtime/channel/tls.py)
+    #: Its place among the deployment's replicas (0, 1, ...): a replacement takes the rank
+    #: of the replica it replaces, so shard keys follow ranks (routing/choice.py).
+    rank: int = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +161,7 @@ class MethodCall:
     kwargs: dict[str, Any] = field(default_factory=dict)
     stream: bool = False  # the method is a generator: reply with ITEM frames, then END
     model_id: str = ""  # handle.options(multiplexed_model_id=...): routes to its holders
+    shard_key: str = ""  # handle.options(shard_key=...): routes to the key's replica
     trace: str = ""  # the caller's span as a traceparent ("" outside a traced request)
     tracestate: str = ""
 

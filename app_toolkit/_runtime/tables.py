@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Literal
 
 from app_toolkit._runtime.messages import DeploymentID, ReplicaInfo, RouteInfo
 
@@ -29,6 +30,8 @@ class ReplicaTable:
     #: Requests each caller may queue; -1 (no bound) until a first replica has run, so a
     #: request that arrives before its proxy has the new table waits instead of failing.
     max_queued_requests: int
+    #: With a shard key, when the key's replica is full: wait for it, or use another.
+    affinity: Literal["strict", "prefer"] = "strict"
 
 
 @dataclass(frozen=True, slots=True)

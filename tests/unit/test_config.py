@@ -111,6 +111,7 @@ def test_each_option_has_one_home() -> None:
         "autoscaling_config",
         "max_ongoing_requests",
         "max_queued_requests",
+        "affinity",
         "user_config",
         "health_check_period_s",
         "health_check_timeout_s",

@@ -44,14 +44,16 @@ class FakeBackend:
         self.failed_checks = 0
         self.stored_tables: list[dict[str, Any]] = []
 
-    async def start_replica(self, replica_id: str, spec: DeploymentSpec) -> tuple[ReplicaInfo, Any]:
+    async def start_replica(
+        self, replica_id: str, spec: DeploymentSpec, rank: int
+    ) -> tuple[ReplicaInfo, Any]:
         await asyncio.sleep(0)
         self.started += 1
         if spec.code_version in self.fail_versions:
             raise DeployError(f"ValueError: version {spec.code_version} is broken")
         self.running[replica_id] = spec.code_version
-        info = ReplicaInfo(replica_id, spec.id, "127.0.0.1", 1, b"t", spec.config.max_ongoing_requests)
-        return info, replica_id
+        max_ongoing = spec.config.max_ongoing_requests
+        return ReplicaInfo(replica_id, spec.id, "127.0.0.1", 1, b"t", max_ongoing, rank=rank), replica_id
 
     async def stop_replica(self, handle: Any, graceful: bool) -> None:
         self.running.pop(handle, None)
@@ -153,9 +155,9 @@ async def test_callers_may_queue_for_a_new_deployment_until_its_first_replica_ru
     gate = asyncio.Event()
     original = backend.start_replica
 
-    async def slow_start(replica_id: str, spec: DeploymentSpec) -> tuple[ReplicaInfo, Any]:
+    async def slow_start(replica_id: str, spec: DeploymentSpec, rank: int) -> tuple[ReplicaInfo, Any]:
         await gate.wait()
-        return await original(replica_id, spec)
+        return await original(replica_id, spec, rank)
 
     backend.start_replica = slow_start  # type: ignore[method-assign]
     await core.deploy_app(app(replicas=1, max_queued_requests=0))
@@ -218,15 +220,23 @@ async def test_dead_replica_is_replaced_and_scaling_follows_num_replicas() -> No
     core = await started(backend)
     await core.deploy_app(app(replicas=2))
     await until(lambda: len(backend.running) == 2)
+    key = replicas_key(DeploymentID("a", "D"))
+    ranks = {info.replica_id: info.rank for info in _replicas(core, key).replicas}
+    assert sorted(ranks.values()) == [0, 1]
     victim = sorted(backend.running)[0]
     replaced = _replacements("gone")
     backend.unhealthy.add(victim)
-    await until(lambda: victim not in backend.running and len(backend.running) == 2)
+    await until(lambda: victim not in backend.running and len(_replicas(core, key).replicas) == 2)
     assert _replacements("gone") == replaced + 1
     assert any(victim in e.message and "replacing it" in e.message for e in core.status().events)
+    # The replacement takes the rank of the replica it replaces (shard keys follow ranks).
+    now = {info.replica_id: info.rank for info in _replicas(core, key).replicas}
+    (newcomer,) = set(now) - set(ranks)
+    assert now[newcomer] == ranks[victim]
     await core.deploy_app(app(replicas=3))  # same version: scale out, no restart
     await until(lambda: len(backend.running) == 3)
     assert backend.started == 4
+    await until(lambda: sorted(info.rank for info in _replicas(core, key).replicas) == [0, 1, 2])
     await core.stop()
 
 

@@ -197,7 +197,7 @@ def test_a_failed_reconfigure_replaces_the_replica_and_says_why() -> None:
 def test_plan_starts_replicas_up_to_the_target_and_stops_extras_starting_ones_first() -> None:
     state = DeploymentState(spec())
     actions = plan(state, now=0.0, new_id=ids())
-    assert actions == [StartReplica("n1", state.spec), StartReplica("n2", state.spec)]
+    assert actions == [StartReplica("n1", state.spec, 0), StartReplica("n2", state.spec, 1)]
     assert plan(state, now=1.0, new_id=ids()) == []  # starting ones count
     state.replicas["r1"] = running("r1")
     state.spec = spec(num_replicas=1)

@@ -44,7 +44,7 @@ DEFAULT_BACKEND = "ray"
 class Backend(Protocol[H]):
     """What the controller needs from where replicas run."""
 
-    async def start_replica(self, replica_id: str, spec: DeploymentSpec) -> tuple[ReplicaInfo, H]:
+    async def start_replica(self, replica_id: str, spec: DeploymentSpec, rank: int) -> tuple[ReplicaInfo, H]:
         """Start and initialize a replica; raise DeployError with the user's message."""
         ...
 

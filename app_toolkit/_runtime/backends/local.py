@@ -71,7 +71,9 @@ class LocalBackend:
         self.objects[key] = value
         return key
 
-    async def start_replica(self, replica_id: str, spec: DeploymentSpec) -> tuple[ReplicaInfo, ReplicaCore]:
+    async def start_replica(
+        self, replica_id: str, spec: DeploymentSpec, rank: int
+    ) -> tuple[ReplicaInfo, ReplicaCore]:
         core = ReplicaCore(
             replica_id,
             spec.id,
@@ -86,7 +88,7 @@ class LocalBackend:
         )
         await core.start()
         self.cores[replica_id] = core
-        info = ReplicaInfo(replica_id, spec.id, "local", 0, b"", spec.config.max_ongoing_requests)
+        info = ReplicaInfo(replica_id, spec.id, "local", 0, b"", spec.config.max_ongoing_requests, rank=rank)
         return info, core
 
     async def stop_replica(self, handle: ReplicaCore, graceful: bool) -> None:

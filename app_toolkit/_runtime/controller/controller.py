@@ -360,7 +360,7 @@ class ControllerCore:
     async def _start(self, deployment: DeploymentID, action: StartReplica) -> None:
         event: Event
         try:
-            info, handle = await self.backend.start_replica(action.replica_id, action.spec)
+            info, handle = await self.backend.start_replica(action.replica_id, action.spec, action.rank)
         except Exception as exc:  # noqa: BLE001 - counted as a failed start, shown in status
             event = StartFailed(str(exc))
             controller_metrics.START_FAILURES.inc(deployment.app, deployment.name)

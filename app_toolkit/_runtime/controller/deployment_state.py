@@ -10,6 +10,7 @@ Both return actions for the controller to perform; neither does I/O or reads a c
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -42,6 +43,7 @@ class StartReplica:
 
     replica_id: str
     spec: DeploymentSpec
+    rank: int = -1
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,10 +146,14 @@ def _scale(state: DeploymentState, now: float, new_id: Callable[[], str]) -> lis
     current = _current(state)
     actions: list[Action] = []
     if len(current) < target and not state.failed:
-        for _ in range(target - len(current)):
+        taken = {r.rank for r in current}
+        free_ranks = (rank for rank in itertools.count() if rank not in taken)
+        for _, rank in zip(range(target - len(current)), free_ranks, strict=False):
             replica_id = new_id()
-            state.replicas[replica_id] = Replica(replica_id, state.spec.code_version, launched_at=now)
-            actions.append(StartReplica(replica_id, state.spec))
+            state.replicas[replica_id] = Replica(
+                replica_id, state.spec.code_version, launched_at=now, rank=rank
+            )
+            actions.append(StartReplica(replica_id, state.spec, rank))
     elif len(current) > target:
         # Replicas still starting go first: they serve nothing yet.
         current.sort(key=lambda r: r.state is ReplicaState.RUNNING)
@@ -195,6 +201,7 @@ def adopt(state: DeploymentState, found: AdoptedReplica, now: float) -> None:
         found.handle,
         next_health_check=now + state.spec.config.health_check_period_s,
         config=found.config,
+        rank=found.info.rank,
     )
     state.ever_ran = True
 
@@ -209,7 +216,7 @@ def replica_table(state: DeploymentState) -> ReplicaTable:
     # bound: a request that arrives before its proxy has the new table waits for the
     # replica instead of being refused.
     max_queued = state.spec.config.max_queued_requests if state.ever_ran else -1
-    return ReplicaTable(tuple(infos), max_queued)
+    return ReplicaTable(tuple(infos), max_queued, state.spec.config.affinity)
 
 
 def autoscale(state: DeploymentState, load: float, now: float) -> list[Action]:

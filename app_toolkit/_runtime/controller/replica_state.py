@@ -43,6 +43,7 @@ class Replica:
     reconfiguring: bool = False
     launched_at: float = 0.0  # controller clock
     slow_start_logged: bool = False
+    rank: int = -1  # its place among the deployment's replicas (ReplicaInfo.rank)
 
     @property
     def serving(self) -> bool:

@@ -63,6 +63,7 @@ class Proxy:
         self.metrics_readers = parse_networks(http.metrics_allow_ips)
         self.budget = BodyBudget(http.max_buffered_body_bytes)
         self.access_log = http.access_log
+        self.shard_header = http.shard_key_header.lower().encode("latin-1")
         self.apps: list[AppMatcher] = []  # longest route_prefix first
         #: The controller has answered with the application table: until then every path,
         #: /-/healthz included, is 503 (a route not loaded yet is not a missing route).
@@ -99,16 +100,15 @@ class Proxy:
                 if self.access_log:
                     _log_access(scope, status, started)
         elif kind == "websocket":
-            await serve_websocket(
-                self.apps if self.loaded else None, self.subscriber.dispatcher, scope, receive, send
-            )
+            routes = self.apps if self.loaded else None
+            await serve_websocket(routes, self.subscriber.dispatcher, scope, receive, send, self.shard_header)
         elif kind == "lifespan":
             await _lifespan(receive, send)
 
     async def _http(self, scope: Scope, receive: Receive, send: Send, arrived: float) -> int:
         """Serve one request; returns the status for the access log (499: client left)."""
         path = route_path(scope)
-        headers = read_headers(scope)
+        headers = read_headers(scope, self.shard_header)
         request_id = scope[_REQUEST_ID_KEY] = headers.request_id
         request_context.request_id.set(request_id)  # for this request's log records
         if path == "/-/metrics":  # served before the routes are loaded, too
@@ -151,7 +151,7 @@ class Proxy:
                 watcher = asyncio.ensure_future(_watch_disconnect(receive, state))
                 forwarded = forwarded_scope(scope, route, headers, span.trace if span is not None else None)
                 request = HTTPRequest(request_id, forwarded, body.data)
-                await self._forward(deployment, request, send, state, headers.model_id)
+                await self._forward(deployment, request, send, state, headers.model_id, headers.shard_key)
                 if state.route:
                     scope[_ROUTE_KEY] = (route.app, prefix + state.route)
         except asyncio.CancelledError:
@@ -188,11 +188,12 @@ class Proxy:
         send: Send,
         state: _RequestState,
         model_id: str = "",
+        shard_key: str = "",
     ) -> None:
         request_id = request.request_id
         dispatcher = self.subscriber.dispatcher(deployment)
         try:
-            reply = await dispatcher.send(Kind.HTTP, request, model_id)
+            reply = await dispatcher.send(Kind.HTTP, request, model_id, shard_key)
         except BackPressureError:
             state.status = await send_answer(send, unavailable("too many requests queued", request_id))
             return

@@ -41,6 +41,7 @@ class RequestHeaders:
     content_length: bytes | None
     model_id: str = ""  # the multiplexed model it asks for
     caller: tracing.TraceContext | None = None  # the client's span, from a valid traceparent
+    shard_key: str = ""  # the replica it should go to (session affinity)
 
     @property
     def traced(self) -> bool:
@@ -51,9 +52,13 @@ class RequestHeaders:
 _MODEL_ID_HEADER = request_context.MODEL_ID_HEADER.encode()
 
 
-def read_headers(scope: Scope) -> RequestHeaders:
+#: The header that carries a request's shard key, unless HTTPOptions names another.
+SHARD_KEY_HEADER = b"x-serve-shard-key"
+
+
+def read_headers(scope: Scope, shard_header: bytes = SHARD_KEY_HEADER) -> RequestHeaders:
     request_id = timeout = content_length = None
-    model_id = parent = state = ""
+    model_id = parent = state = shard_key = ""
     for key, value in scope["headers"]:
         if key == REQUEST_ID_HEADER:
             text = value.decode("latin-1")
@@ -69,9 +74,17 @@ def read_headers(scope: Scope) -> RequestHeaders:
             parent = value.decode("latin-1")
         elif key == tracing.TRACESTATE_HEADER:
             state = value.decode("latin-1")
+        elif key == shard_header:
+            shard_key = value.decode("latin-1")
     caller = tracing.remote(parent, state) if parent else None
     return RequestHeaders(
-        request_id or uuid.uuid4().hex, request_id is not None, timeout, content_length, model_id, caller
+        request_id or uuid.uuid4().hex,
+        request_id is not None,
+        timeout,
+        content_length,
+        model_id,
+        caller,
+        shard_key,
     )
 
 

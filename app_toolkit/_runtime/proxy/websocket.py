@@ -26,7 +26,7 @@ from app_toolkit._runtime.messages import (
 )
 from app_toolkit._runtime.proxy import stream_metrics
 from app_toolkit._runtime.proxy.path_match import AppMatcher, match_app
-from app_toolkit._runtime.proxy.scope import forwarded_scope, read_headers, route_path
+from app_toolkit._runtime.proxy.scope import SHARD_KEY_HEADER, forwarded_scope, read_headers, route_path
 from app_toolkit._runtime.routing.dispatcher import Dispatcher, Reply
 from app_toolkit.exceptions import BackPressureError, ReplicaUnavailableError
 
@@ -41,10 +41,12 @@ async def serve_websocket(
     scope: Scope,
     receive: Receive,
     send: Send,
+    shard_header: bytes = SHARD_KEY_HEADER,
 ) -> None:
     """Relay one WebSocket connection to a replica of the app its path belongs to
-    (``routes`` is None until the proxy has loaded them: refused as overload)."""
-    headers = read_headers(scope)
+    (``routes`` is None until the proxy has loaded them: refused as overload). A shard
+    key in ``shard_header`` pins it to the key's replica."""
+    headers = read_headers(scope, shard_header)
     request_id = headers.request_id
     if (await receive())["type"] != "websocket.connect":
         return
@@ -60,7 +62,7 @@ async def serve_websocket(
     dispatcher = dispatcher_for(deployment)
     opening = WebSocketOpen(request_id, forwarded_scope(scope, route, headers))
     try:
-        reply = await dispatcher.send(Kind.WS_OPEN, opening, headers.model_id)
+        reply = await dispatcher.send(Kind.WS_OPEN, opening, headers.model_id, headers.shard_key)
     except BackPressureError:
         await _refuse(scope, send, request_id, "too many connections")
         return

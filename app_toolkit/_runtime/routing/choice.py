@@ -1,21 +1,49 @@
-"""Replica choice: power of two choices on the caller's own in-flight counts.
+"""Replica choice: power of two choices on the caller's own in-flight counts, or the
+replica a shard key maps to.
 
 Pure: no I/O, no clock of its own (callers pass ``now``), no ray, no fastapi. The caller
 counts what it sent to each replica; no probe RPC is made per request. A replica that
 turned a request away (full because of other callers, or draining) is skipped for a short,
 growing back-off.
+
+Shard keys use rendezvous (highest random weight) hashing: a key goes to the replica with
+the highest score of hash(key, replica rank). Every caller computes the same scores (the
+hash is not Python's per-process ``hash``), keys spread evenly, and when a replica joins
+or leaves only the keys whose best replica it is move. A replacement takes the rank of
+the replica it replaces, so it gets back that replica's keys and no others. (Two replicas
+share a rank during a rolling upgrade: the table's order breaks the tie, the same for
+every caller.)
 """
 
 from __future__ import annotations
 
+import hashlib
 import random
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import Literal
 
 from app_toolkit._runtime.messages import ReplicaInfo
 
 _BACKOFF_START_S = 0.002
 _BACKOFF_MAX_S = 0.1
+_MASK = (1 << 64) - 1
+
+#: With a shard key: wait for the key's replica when it is full, or fall back to another.
+Affinity = Literal["strict", "prefer"]
+
+
+def stable_hash(text: str) -> int:
+    """64 bits of ``text``, the same in every process."""
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big")
+
+
+def _score(key_hash: int, replica_seed: int) -> int:
+    """The rendezvous weight of a key on a replica (splitmix64's finaliser of both)."""
+    z = (key_hash ^ replica_seed) & _MASK
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _MASK
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _MASK
+    return z ^ (z >> 31)
 
 
 #: For this long after sending a request for a model to a replica, the caller counts the
@@ -31,6 +59,14 @@ class _Replica:
     blocked_until: float = 0.0
     backoff_s: float = 0.0
     sent: dict[str, float] = field(default_factory=dict)  # model id -> when last sent here
+    seed: int = 0  # for shard keys: stable_hash of its rank (of its id if it has none)
+
+    def __post_init__(self) -> None:
+        rank = self.info.rank
+        self.seed = stable_hash(f"rank {rank}" if rank >= 0 else self.info.replica_id)
+
+    def free(self, now: float) -> bool:
+        return self.in_flight < self.info.max_ongoing_requests and self.blocked_until <= now
 
     def holds(self, model_id: str, now: float) -> bool:
         return model_id in self.info.models or self.sent.get(model_id, -MODEL_HINT_S) > now - MODEL_HINT_S
@@ -72,17 +108,31 @@ class ReplicaChooser:
         replica = self._replicas.get(replica_id)
         return replica.in_flight if replica else 0
 
-    def choose(self, now: float, model_id: str = "") -> ReplicaInfo | None:
+    def owner(self, shard_key: str) -> ReplicaInfo | None:
+        """The replica ``shard_key`` maps to (None without replicas)."""
+        replica = self._owner(stable_hash(shard_key))
+        return replica.info if replica is not None else None
+
+    def _owner(self, key_hash: int) -> _Replica | None:
+        return max(self._replicas.values(), key=lambda r: _score(key_hash, r.seed), default=None)
+
+    def choose(
+        self, now: float, model_id: str = "", shard_key: str = "", affinity: Affinity = "strict"
+    ) -> ReplicaInfo | None:
         """Pick a replica with a free slot, or None if every replica is busy or blocked.
 
         For a multiplexed ``model_id``: a replica holding the model if one is free, else
-        one holding the fewest models (the least likely to evict one in use).
+        one holding the fewest models (the least likely to evict one in use). For a
+        ``shard_key``: the key's replica; when it is not free, None (``strict``: wait for
+        it) or another as without a key (``prefer``).
         """
-        free = [
-            r
-            for r in self._replicas.values()
-            if r.in_flight < r.info.max_ongoing_requests and r.blocked_until <= now
-        ]
+        if shard_key:
+            owner = self._owner(stable_hash(shard_key))
+            if owner is not None and owner.free(now):
+                return owner.info
+            if affinity == "strict":
+                return None
+        free = [r for r in self._replicas.values() if r.free(now)]
         if model_id and free:
             holders = [r for r in free if r.holds(model_id, now)]
             if holders:
@@ -97,6 +147,10 @@ class ReplicaChooser:
             return free[0].info
         first, second = self._rng.sample(free, 2)
         return (first if first.in_flight <= second.in_flight else second).info
+
+    def any_free(self, now: float) -> bool:
+        """Some replica has a free slot and is not skipped."""
+        return any(r.free(now) for r in self._replicas.values())
 
     def next_unblock(self, now: float) -> float | None:
         """When the earliest skipped replica with a free slot may be chosen again."""

@@ -19,7 +19,7 @@ from app_toolkit._runtime.channel.exchange import Exchange
 from app_toolkit._runtime.channel.frames import DRAINING, Kind
 from app_toolkit._runtime.messages import DeploymentID, ReplicaInfo
 from app_toolkit._runtime.routing import caller_metrics
-from app_toolkit._runtime.routing.choice import ReplicaChooser, queue_is_full
+from app_toolkit._runtime.routing.choice import Affinity, ReplicaChooser, queue_is_full
 from app_toolkit.exceptions import BackPressureError, ReplicaUnavailableError, RequestLostError
 
 logger = logging.getLogger("app_toolkit.router")
@@ -73,20 +73,26 @@ class Dispatcher:
         # still finish requests (a draining replica): closed after their last reply.
         self._active: dict[str, int] = {}
         self._retiring: dict[str, ReplicaClient] = {}
-        # Waiting requests, each with the multiplexed model it asks for ("" for none).
-        self._waiters: collections.deque[tuple[asyncio.Future[ReplicaInfo], str]] = collections.deque()
+        # Waiting requests, each with the multiplexed model and the shard key it asks for
+        # ("" for none).
+        self._waiters: collections.deque[_Waiter] = collections.deque()
+        self._keyed_waiters = 0  # of them, with a shard key
         # Unknown until the first table arrives: queue meanwhile rather than reject.
         self.max_queued_requests = -1
+        self.affinity: Affinity = "strict"
         self._closed_reason: str | None = None
         self._wake_handle: asyncio.TimerHandle | None = None
         caller_metrics.track(self)
 
     # ------------------------------------------------------------------ table updates
 
-    def update(self, replicas: Sequence[ReplicaInfo], max_queued_requests: int) -> None:
+    def update(
+        self, replicas: Sequence[ReplicaInfo], max_queued_requests: int, affinity: Affinity = "strict"
+    ) -> None:
         """Adopt the controller's newest replica table for this deployment."""
         self._closed_reason = None
         self.max_queued_requests = max_queued_requests
+        self.affinity = affinity
         self._chooser.set_replicas(replicas)
         live = {info.replica_id for info in replicas}
         for replica_id in list(self._clients):
@@ -101,13 +107,14 @@ class Dispatcher:
         for replica_id in list(self._clients):
             self._retire(replica_id)
         while self._waiters:
-            waiter, _ = self._waiters.popleft()
+            waiter = self._waiters.popleft()[0]
             if not waiter.done():
                 waiter.set_exception(ReplicaUnavailableError(reason))
+        self._keyed_waiters = 0
 
     @property
     def queued(self) -> int:
-        return sum(1 for waiter, _ in self._waiters if not waiter.done())
+        return sum(1 for waiter in self._waiters if not waiter[0].done())
 
     @property
     def in_flight(self) -> int:
@@ -120,12 +127,14 @@ class Dispatcher:
 
     # ------------------------------------------------------------------ requests
 
-    async def send(self, kind: Kind, message: Any, model_id: str = "") -> Reply:
+    async def send(self, kind: Kind, message: Any, model_id: str = "", shard_key: str = "") -> Reply:
         """Deliver one request and wait for its first frame (or raise). A ``model_id``
-        (multiplexing) prefers replicas that hold that model."""
+        (multiplexing) prefers replicas that hold that model; a ``shard_key`` goes to the
+        replica the key maps to (see ``choice.py``; ``affinity`` says whether it waits for
+        that replica when it is full)."""
         failures = 0
         while True:
-            info = await self._acquire(model_id)
+            info = await self._acquire(model_id, shard_key)
             client = self._clients.get(info.replica_id)
             if client is None:
                 client = self._clients[info.replica_id] = self._connect(info)
@@ -170,12 +179,12 @@ class Dispatcher:
             self._chooser.succeeded(info.replica_id)
             return Reply(first_kind, first, exchange, info.replica_id, self._release)
 
-    async def _acquire(self, model_id: str) -> ReplicaInfo:
+    async def _acquire(self, model_id: str, shard_key: str = "") -> ReplicaInfo:
         if self._closed_reason is not None:
             raise ReplicaUnavailableError(self._closed_reason)
         if not self._waiters:
             now = _now()
-            choice = self._chooser.choose(now, model_id)
+            choice = self._chooser.choose(now, model_id, shard_key, self.affinity)
             if choice is not None:
                 self._chooser.acquire(choice.replica_id, model_id, now)
                 return choice
@@ -183,7 +192,9 @@ class Dispatcher:
             caller_metrics.rejected(self.deployment)
             raise BackPressureError(str(self.deployment), self.max_queued_requests)
         waiter: asyncio.Future[ReplicaInfo] = asyncio.get_running_loop().create_future()
-        self._waiters.append((waiter, model_id))
+        self._waiters.append((waiter, model_id, shard_key))
+        if shard_key:
+            self._keyed_waiters += 1
         self._wake()  # arms the back-off timer if a replica is only skipped for now
         if self._on_demand is not None and not self._chooser.replica_ids:
             self._on_demand()
@@ -225,27 +236,63 @@ class Dispatcher:
 
     def _wake(self) -> None:
         now = _now()
+        if self._keyed_waiters:
+            self._wake_keyed(now)
+            return
         while self._waiters:
-            head, model_id = self._waiters[0]
+            head, model_id, _ = self._waiters[0]
             if head.done():
                 self._waiters.popleft()
                 continue
             choice = self._chooser.choose(now, model_id)
             if choice is None:
-                # Requests still wait; if a replica is only skipped for a back-off, come
-                # back when it ends (a timer may fire a hair early, so never rely on one).
-                unblock = self._chooser.next_unblock(now)
-                if unblock is not None:
-                    self._schedule_wake(unblock - now + _WAKE_SLACK_S)
+                self._wake_later(now)
                 return
             self._waiters.popleft()
             self._chooser.acquire(choice.replica_id, model_id, now)
             head.set_result(choice)
 
+    def _wake_keyed(self, now: float) -> None:
+        """Serve waiters in order, looking past one whose replica is full: a request
+        with another key (or none) may have a free replica. Requests without a key keep
+        their order among themselves."""
+        kept: collections.deque[_Waiter] = collections.deque()
+        unkeyed_stuck = False
+        while self._waiters:
+            waiter = self._waiters.popleft()
+            future, model_id, shard_key = waiter
+            if future.done():
+                self._keyed_waiters -= 1 if shard_key else 0
+                continue
+            choice = None
+            if not (unkeyed_stuck and not shard_key) and self._chooser.any_free(now):
+                choice = self._chooser.choose(now, model_id, shard_key, self.affinity)
+            if choice is None:
+                kept.append(waiter)
+                unkeyed_stuck = unkeyed_stuck or not shard_key
+                continue
+            self._keyed_waiters -= 1 if shard_key else 0
+            self._chooser.acquire(choice.replica_id, model_id, now)
+            future.set_result(choice)
+        self._waiters = kept
+        if kept:
+            self._wake_later(now)
+
+    def _wake_later(self, now: float) -> None:
+        """Requests still wait; if a replica is only skipped for a back-off, come back
+        when it ends (a timer may fire a hair early, so never rely on one)."""
+        unblock = self._chooser.next_unblock(now)
+        if unblock is not None:
+            self._schedule_wake(unblock - now + _WAKE_SLACK_S)
+
     def _schedule_wake(self, delay_s: float) -> None:
         if self._wake_handle is not None and not self._wake_handle.cancelled():
             self._wake_handle.cancel()
         self._wake_handle = asyncio.get_running_loop().call_later(max(delay_s, 0.0), self._wake)
+
+
+#: A waiting request: its future, multiplexed model id and shard key.
+_Waiter = tuple[asyncio.Future[ReplicaInfo], str, str]
 
 
 def _now() -> float:

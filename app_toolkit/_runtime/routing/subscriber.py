@@ -69,7 +69,7 @@ class TableSubscriber:
 
             def apply(table: Table | None) -> None:
                 if isinstance(table, ReplicaTable):
-                    dispatcher.update(table.replicas, table.max_queued_requests)
+                    dispatcher.update(table.replicas, table.max_queued_requests, table.affinity)
                 else:
                     reason = (
                         "was deleted or failed to deploy"

@@ -59,10 +59,12 @@ class ReplicaActor:
         definition: bytes,
         init_args: bytes,
         code_version: str,
+        rank: int = -1,
     ) -> None:
         configure_worker()
         self._args = (replica_id, deployment, config, definition, init_args)
         self._code_version = code_version
+        self._rank = rank
         self._core: ReplicaCore | None = None
         self._server: asyncio.Server | None = None
         self._info: ReplicaInfo | None = None
@@ -95,6 +97,7 @@ class ReplicaActor:
             config.max_ongoing_requests,
             ray.get_runtime_context().get_node_id(),
             tls=tls is not None,
+            rank=self._rank,
         )
         return self._info
 
@@ -145,7 +148,9 @@ class RayReplicas:
     def __init__(self) -> None:
         self._draining: set[asyncio.Future[None]] = set()
 
-    async def start_replica(self, replica_id: str, spec: DeploymentSpec) -> tuple[ReplicaInfo, Actor]:
+    async def start_replica(
+        self, replica_id: str, spec: DeploymentSpec, rank: int
+    ) -> tuple[ReplicaInfo, Actor]:
         options = spec.config.ray_actor_options
         actor_options: dict[str, Any] = {
             "name": f"{REPLICA_PREFIX}{replica_id}",
@@ -163,7 +168,7 @@ class RayReplicas:
         if options.runtime_env is not None:
             actor_options["runtime_env"] = options.runtime_env
         actor = remote(ReplicaActor, **actor_options).remote(
-            replica_id, spec.id, spec.config, spec.definition, spec.init_args, spec.code_version
+            replica_id, spec.id, spec.config, spec.definition, spec.init_args, spec.code_version, rank
         )
         try:
             return await actor.initialize.remote(), actor

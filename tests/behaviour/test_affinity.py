@@ -1,0 +1,55 @@
+"""Session affinity by shard key on both backends: over HTTP (the X-SERVE-SHARD-KEY
+header), WebSockets and handle calls, every request with one key reaches one replica,
+and the keys spread over all the replicas."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+from websockets.sync.client import connect
+
+from tests.apps import basic, sharded
+from tests.behaviour.test_websockets import ws_url
+from tests.conftest import Toolkit
+
+KEYS = [f"user-{i}" for i in range(40)]
+
+
+def test_http_requests_with_one_key_reach_one_replica(toolkit: Toolkit) -> None:
+    toolkit.run(basic.make_app(num_replicas=4), route_prefix="/aff")
+    seen: dict[str, set[str]] = defaultdict(set)
+    with toolkit.client() as client:
+        for _ in range(3):
+            for key in KEYS:
+                response = client.get("/aff/state", headers={"x-serve-shard-key": key})
+                assert response.status_code == 200
+                seen[key].add(response.json()["replica"])
+    assert all(len(replicas) == 1 for replicas in seen.values()), seen
+    # 40 keys over 4 replicas: each gets some (all four missed by chance: p ≈ 4e-5).
+    assert len(set().union(*seen.values())) == 4
+
+
+def test_websockets_with_one_key_reach_one_replica(toolkit: Toolkit) -> None:
+    toolkit.run(basic.make_ws_app(num_replicas=4), route_prefix="/aff-ws")
+    seen: dict[str, set[str]] = defaultdict(set)
+    for _ in range(2):
+        for key in KEYS[:20]:
+            with connect(
+                ws_url(toolkit, "/aff-ws/ws/who"), additional_headers={"X-Serve-Shard-Key": key}
+            ) as ws:
+                ws.send("who")
+                seen[key].add(str(ws.recv(timeout=30)))
+    assert all(len(replicas) == 1 for replicas in seen.values()), seen
+    assert len(set().union(*seen.values())) >= 3
+
+
+def test_handle_calls_with_one_shard_key_reach_one_replica(toolkit: Toolkit) -> None:
+    handle = toolkit.run(sharded.Who.bind())
+    seen: dict[str, set[str]] = defaultdict(set)
+    for _ in range(3):
+        for key in KEYS:
+            seen[key].add(handle.options(shard_key=key).remote().result(timeout_s=30))
+    assert all(len(replicas) == 1 for replicas in seen.values()), seen
+    assert len(set().union(*seen.values())) == 4
+    # Without a key, calls spread as before.
+    assert len({handle.remote().result(timeout_s=30) for _ in range(40)}) >= 2
