@@ -253,6 +253,10 @@ def _apply(
             for spec in specs
         ]
     session.apply_config(specs, config.as_written())
+    split = {name: info.traffic for name, info in session.status().applications.items()}
+    for app in config.applications:
+        if app.traffic or split.get(app.name):  # the file's split, or none
+            session.set_traffic(app.name, app.traffic or {app.name: 1})
     for app in config.applications if wait else ():
         api.wait_for_application(session, app.name, timeout_s=wait_s)
 
@@ -350,6 +354,46 @@ def status(address: str, as_json: bool) -> None:
         return
     current = session.status()
     click.echo(json.dumps(current.to_dict(), indent=2) if as_json else current.to_text())
+
+
+@main.command()
+@click.argument("app_name", metavar="APP")
+@click.argument("weights", nargs=-1, required=True, metavar="NAME=WEIGHT...")
+@click.option("--address", default="auto", show_default=True, help="Ray cluster to act on.")
+def traffic(app_name: str, weights: tuple[str, ...], address: str) -> None:
+    """Split APP's traffic between applications by weight, e.g.
+    `app-toolkit traffic chat chat=90 chat-v2=10`; `chat=100` ends the split."""
+    try:
+        parsed = _parse_weights(weights)
+    except ConfigError as exc:
+        _fail(exc)
+        return
+    session = _find(address)
+    if session is None:
+        _fail(ConfigError("app_toolkit is not running on this cluster"))
+        return
+    try:
+        session.set_traffic(app_name, parsed)
+    except AppToolkitError as exc:
+        _fail(exc)
+        return
+    shares = session.status().applications[app_name].traffic
+    described = ", ".join(f"{name} {share:.1%}" for name, share in shares.items()) or f"all to {app_name}"
+    click.echo(f"app-toolkit: traffic of {app_name}: {described}")
+
+
+def _parse_weights(pairs: tuple[str, ...]) -> dict[str, float]:
+    weights: dict[str, float] = {}
+    for pair in pairs:
+        name, sep, value = pair.partition("=")
+        try:
+            weight = float(value)
+        except ValueError:
+            weight = float("nan")
+        if not sep or not name or weight != weight:
+            raise ConfigError(f"{pair!r} is not NAME=WEIGHT (e.g. chat-v2=10)")
+        weights[name] = weight
+    return weights
 
 
 @main.command()

@@ -168,6 +168,11 @@ class ApplicationConfig(_Schema):
     runtime_env: dict[str, Any] = Field(default_factory=dict)
     args: dict[str, Any] = Field(default_factory=dict)
     deployments: list[DeploymentOverride] = Field(default_factory=list)
+    traffic: dict[str, float] = Field(
+        default_factory=dict,
+        description="Split this application's traffic between applications of the file by "
+        "weight, e.g. {chat: 90, chat-v2: 10} (docs/traffic.md); empty: it takes it all.",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -235,6 +240,18 @@ class ServeConfigFile(_Schema):
             twice = sorted({v for v in values if values.count(v) > 1})
             if twice:
                 raise ValueError(f"two applications have the {what} {twice[0]!r}; each needs its own")
+        names = {a.name for a in self.applications}
+        for app in self.applications:
+            for variant, weight in app.traffic.items():
+                if variant not in names:
+                    raise ValueError(
+                        f"the traffic of {app.name!r} goes to {variant!r}, which is not an application "
+                        "of this file; add it to applications"
+                    )
+                if weight < 0:
+                    raise ValueError(
+                        f"the traffic weight of {variant!r} in {app.name!r} must not be negative"
+                    )
         return self
 
     def as_written(self) -> dict[str, Any]:

@@ -92,6 +92,8 @@ class ApplicationStatusInfo:
     route_prefix: str | None
     ingress: str
     deployments: dict[str, DeploymentStatusInfo] = field(default_factory=dict)
+    #: Its traffic split (set_traffic): application -> share; empty when it takes it all.
+    traffic: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -140,6 +142,9 @@ class ServeStatus:
             lines.append(
                 f"{app.name}  {app.status.value}  {prefix}" + (f"  — {app.message}" if app.message else "")
             )
+            if app.traffic:
+                shares = ", ".join(f"{name} {share:.0%}" for name, share in app.traffic.items())
+                lines.append(f"  traffic: {shares}")
             rows = [("DEPLOYMENT", "STATUS", "REPLICAS", "STATES", "LOAD", "LAST SCALING")]
             rows += [_deployment_row(d) for d in app.deployments.values()]
             widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]

@@ -52,6 +52,7 @@ EXPECTED = [
     "multiplexed",
     "replicated",
     "run",
+    "set_traffic",
     "shutdown",
     "start",
     "status",

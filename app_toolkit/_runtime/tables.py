@@ -32,6 +32,9 @@ class ReplicaTable:
     max_queued_requests: int
     #: With a shard key, when the key's replica is full: wait for it, or use another.
     affinity: Literal["strict", "prefer"] = "strict"
+    #: An application's ingress whose traffic is split (controller/traffic.py): each
+    #: variant's ingress and its share. Empty: no split.
+    split: tuple[tuple[DeploymentID, float], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

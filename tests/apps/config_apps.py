@@ -60,3 +60,18 @@ def say_hello() -> str:
 
 
 hello = tk.App(hello_router, name="hello")
+
+
+def _which(answer: str) -> tk.App:
+    router = APIRouter()
+
+    @router.get("/which")
+    def which() -> str:
+        return answer
+
+    return tk.App(router)
+
+
+#: Two versions of one app, for traffic splits in a config file.
+blue = _which("blue")
+green = _which("green")

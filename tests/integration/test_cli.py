@@ -131,6 +131,22 @@ def test_status_reports_the_running_apps(ray_toolkit: Toolkit) -> None:
     assert any(line.startswith("proxy http://127.0.0.1:") for line in lines)
 
 
+def test_traffic_command_splits_an_app_and_says_what_is_wrong(ray_toolkit: Toolkit) -> None:
+    main, canary = ray_toolkit.name(), ray_toolkit.name()
+    ray_toolkit.run(basic.make_versioned_app("one"), name=main, route_prefix="/cli-traffic")
+    ray_toolkit.run(basic.make_versioned_app("two"), name=canary, route_prefix=None)
+    address = ray.get_runtime_context().gcs_address
+    result = run_cli("traffic", main, f"{main}=75", f"{canary}=25", "--address", address, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert f"traffic of {main}: {main} 75.0%, {canary} 25.0%" in result.stdout
+    table = run_cli("status", "--address", address, timeout=120)
+    assert f"  traffic: {main} 75%, {canary} 25%" in table.stdout.splitlines()
+    bad = run_cli("traffic", main, f"{canary}=lots", "--address", address, timeout=120)
+    assert bad.returncode == 1 and "is not NAME=WEIGHT" in bad.stderr
+    unknown = run_cli("traffic", main, "nobody=5", "--address", address, timeout=120)
+    assert unknown.returncode == 1 and "no such application" in unknown.stderr
+
+
 def test_shutdown_command_stops_the_toolkit_on_the_cluster(ray_toolkit: Toolkit) -> None:
     from app_toolkit._runtime.backends.base import current_session, set_current_session
     from app_toolkit._runtime.backends.ray.cluster import NAMESPACE
@@ -170,6 +186,28 @@ def test_build_then_run_the_file_in_process(tmp_path: Path) -> None:
         greeting = httpx.get(f"http://127.0.0.1:{port}/demo/hello/file", timeout=30).json()
         assert greeting == {"message": "Hello, file!"}
         assert cli.stop(signal.SIGTERM) == 0
+
+
+def test_a_config_file_splits_traffic_and_refuses_an_unknown_variant(tmp_path: Path) -> None:
+    port = free_port()
+    config = {
+        "http_options": {"port": port},
+        "applications": [
+            {"name": "blue", "route_prefix": "/color", "import_path": "tests.apps.config_apps:blue"},
+            {"name": "green", "route_prefix": None, "import_path": "tests.apps.config_apps:green"},
+        ],
+    }
+    config["applications"][0]["traffic"] = {"blue": 0, "green": 100}
+    (tmp_path / "serve.yaml").write_text(yaml.safe_dump(config))
+    with running_cli([str(tmp_path / "serve.yaml"), "--local"], ROOT, tmp_path / "cli.log") as cli:
+        cli.wait_for_output("app-toolkit: serving", 60, count=2)
+        answers = {httpx.get(f"http://127.0.0.1:{port}/color/which", timeout=30).json() for _ in range(20)}
+        assert answers == {"green"}
+        assert cli.stop(signal.SIGTERM) == 0
+    config["applications"][0]["traffic"] = {"blue": 50, "purple": 50}
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(config))
+    bad = run_cli("run", str(tmp_path / "bad.yaml"), "--local")
+    assert bad.returncode == 1 and "'purple', which is not an application of this file" in bad.stderr
 
 
 RELOADED_APP = """

@@ -229,6 +229,9 @@ class LocalSession:
     def delete(self, name: str) -> None:
         self._loop.run(self.core.delete_app(name))
 
+    def set_traffic(self, endpoint: str, weights: dict[str, float]) -> None:
+        self._loop.run(self.core.set_traffic(endpoint, weights))
+
     def apply_config(self, specs: list[AppSpec], config_file: dict[str, Any]) -> None:
         self._loop.run(self.core.apply_config(specs, config_file))
 

@@ -56,6 +56,7 @@ from app_toolkit._runtime.controller.replica_state import (
     StopReplica,
 )
 from app_toolkit._runtime.controller.status_view import serve_status
+from app_toolkit._runtime.controller.traffic import Weights, normalize, split_for, without
 from app_toolkit._runtime.messages import AppSpec, DeploymentID, RouteInfo
 from app_toolkit._runtime.tables import (
     APPLICATIONS_KEY,
@@ -106,6 +107,8 @@ class ControllerCore:
         self._tables_stored: tuple[int, float] = (-1, float("-inf"))
         #: The latest log lines of the lifecycle (deploy errors, replacements, scaling).
         self.events: deque[EventInfo] = deque(maxlen=EVENTS_KEPT)
+        #: Endpoint application -> the applications its traffic is split between.
+        self.traffic: dict[str, Weights] = {}
         controller_metrics.track(self)
 
     # ------------------------------------------------------------------ lifecycle
@@ -113,7 +116,8 @@ class ControllerCore:
     async def start(self) -> None:
         data = await self.backend.load_checkpoint()
         if data:
-            apps, self.config_file = pickle.loads(data)
+            apps, self.config_file, *rest = pickle.loads(data)
+            self.traffic = rest[0] if rest else {}
             for spec in apps.values():
                 self._adopt(spec)
             logger.info("Restored %d application(s) from the checkpoint", len(self.apps))
@@ -146,6 +150,7 @@ class ControllerCore:
         self._replace_app(spec)
         await self._checkpoint()
         self._publish_routes()
+        self._publish_splits()
         self._wake.set()
 
     async def delete_app(self, name: str) -> None:
@@ -155,6 +160,7 @@ class ControllerCore:
         self._remove_app(name)
         await self._checkpoint()
         self._publish_routes()
+        self._publish_splits()
         self._wake.set()
 
     async def apply_config(self, specs: list[AppSpec], config_file: dict[str, Any]) -> None:
@@ -171,7 +177,21 @@ class ControllerCore:
         self.config_file = config_file
         await self._checkpoint()
         self._publish_routes()
+        self._publish_splits()
         self._wake.set()
+
+    async def set_traffic(self, endpoint: str, weights: dict[str, float]) -> None:
+        """Split ``endpoint``'s traffic between applications by weight (ConfigError if the
+        weights are not valid); takes effect at every caller with the next table."""
+        shares = normalize(endpoint, weights, self.apps)
+        if shares:
+            self.traffic[endpoint] = shares
+        else:
+            self.traffic.pop(endpoint, None)
+        await self._checkpoint()
+        self._publish_splits()
+        described = ", ".join(f"{name} {share:.1%}" for name, share in shares) or f"all to {endpoint}"
+        self._record(logging.INFO, f"Traffic of {endpoint}: {described}")
 
     def _replace_app(self, spec: AppSpec) -> None:
         previous = self.apps.get(spec.name)
@@ -186,6 +206,7 @@ class ControllerCore:
         app = self.apps.pop(name)
         for spec in app.deployments:
             self._retire(spec.id)
+        self.traffic = without(self.traffic, name)
 
     def _forget_config_of(self, name: str) -> None:
         """An app changed by hand no longer runs what the config file says."""
@@ -238,7 +259,17 @@ class ControllerCore:
         status = serve_status(
             self.apps, self.deployments, lambda d: self._current_load(d, now), now, self.proxies
         )
+        for name, shares in self.traffic.items():
+            if name in status.applications:
+                status.applications[name] = dataclasses.replace(
+                    status.applications[name], traffic=dict(shares)
+                )
         return dataclasses.replace(status, events=list(self.events))
+
+    def _record(self, level: int, message: str) -> None:
+        """Log a lifecycle event and keep it for status()."""
+        logger.log(level, message)
+        self.events.append(EventInfo(time.time(), logging.getLevelName(level), message))
 
     # ------------------------------------------------------------------ desired state
 
@@ -281,7 +312,7 @@ class ControllerCore:
             self.longpoll.publish(replicas_key(deployment), DeploymentGone())
 
     async def _checkpoint(self) -> None:
-        await self.backend.save_checkpoint(pickle.dumps((self.apps, self.config_file)))
+        await self.backend.save_checkpoint(pickle.dumps((self.apps, self.config_file, self.traffic)))
 
     async def _store_tables(self) -> None:
         """Store the published tables if they changed (at most every
@@ -350,8 +381,7 @@ class ControllerCore:
             elif isinstance(action, PublishGone):
                 self.longpoll.publish(replicas_key(deployment), DeploymentGone())
             elif isinstance(action, Log):
-                logger.log(action.level, action.message)
-                self.events.append(EventInfo(time.time(), logging.getLevelName(action.level), action.message))
+                self._record(action.level, action.message)
             elif isinstance(action, Replace):
                 controller_metrics.REPLACEMENTS.inc(deployment.app, deployment.name, action.reason)
 
@@ -418,7 +448,16 @@ class ControllerCore:
     def _publish_replicas(self, deployment: DeploymentID) -> None:
         state = self.deployments.get(deployment)
         if state is not None and not state.deleting:
-            self.longpoll.publish(replicas_key(deployment), replica_table(state))
+            table = replica_table(state)
+            app = self.apps.get(deployment.app)
+            if app is not None and app.ingress == deployment.name and app.name in self.traffic:
+                table = dataclasses.replace(table, split=split_for(self.traffic[app.name], self.apps))
+            self.longpoll.publish(replicas_key(deployment), table)
+
+    def _publish_splits(self) -> None:
+        """Republish every application's ingress table whose split may have changed."""
+        for app in self.apps.values():
+            self._publish_replicas(DeploymentID(app.name, app.ingress))
 
     def _publish_routes(self) -> None:
         routes = tuple(

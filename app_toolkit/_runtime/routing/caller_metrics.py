@@ -75,5 +75,16 @@ def track(dispatcher: _Caller) -> None:
     _dispatchers.add(dispatcher)
 
 
+SPLIT = metrics.Counter(
+    "app_toolkit_traffic_requests_total",
+    "Requests for an application with a traffic split, by the variant they went to",
+    ("application", "variant", "caller"),
+)
+
+
+def split_to(endpoint: DeploymentID, variant: DeploymentID) -> None:
+    SPLIT.inc(endpoint.app, variant.app, _caller[0])
+
+
 def rejected(deployment: DeploymentID) -> None:
     REJECTED.inc(deployment.app, deployment.name, _caller[0])

@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from app_toolkit._runtime.messages import ReplicaInfo
+from app_toolkit._runtime.messages import DeploymentID, ReplicaInfo
 
 _BACKOFF_START_S = 0.002
 _BACKOFF_MAX_S = 0.1
@@ -190,6 +190,19 @@ class ReplicaChooser:
         replica.backoff_s = min(max(replica.backoff_s * 2, _BACKOFF_START_S), _BACKOFF_MAX_S)
         replica.blocked_until = now + replica.backoff_s
         return replica.backoff_s
+
+
+def choose_variant(
+    split: tuple[tuple[DeploymentID, float], ...], shard_key: str, rng: random.Random
+) -> DeploymentID:
+    """The variant of a traffic split a request goes to: by its share, at random, or for
+    a request with a shard key always the same one while the shares stay the same."""
+    point = stable_hash("variant " + shard_key) / 2.0**64 if shard_key else rng.random()
+    for deployment, share in split:
+        point -= share
+        if point < 0:
+            return deployment
+    return split[-1][0]
 
 
 def queue_is_full(waiting: int, max_queued_requests: int) -> bool:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -19,7 +20,7 @@ from app_toolkit._runtime.channel.exchange import Exchange
 from app_toolkit._runtime.channel.frames import DRAINING, Kind
 from app_toolkit._runtime.messages import DeploymentID, ReplicaInfo
 from app_toolkit._runtime.routing import caller_metrics
-from app_toolkit._runtime.routing.choice import Affinity, ReplicaChooser, queue_is_full
+from app_toolkit._runtime.routing.choice import Affinity, ReplicaChooser, choose_variant, queue_is_full
 from app_toolkit.exceptions import BackPressureError, ReplicaUnavailableError, RequestLostError
 
 logger = logging.getLogger("app_toolkit.router")
@@ -61,10 +62,18 @@ class Dispatcher:
     """Routes one caller's requests for one deployment."""
 
     def __init__(
-        self, deployment: DeploymentID, connect: Connect, on_demand: Callable[[], None] | None = None
+        self,
+        deployment: DeploymentID,
+        connect: Connect,
+        on_demand: Callable[[], None] | None = None,
+        resolve: Callable[[DeploymentID], Dispatcher] | None = None,
     ) -> None:
         self.deployment = deployment
         self._connect = connect
+        # The dispatchers of other deployments (a traffic split's variants).
+        self._resolve = resolve
+        self._split: tuple[tuple[DeploymentID, float], ...] = ()
+        self._rng = random.Random()
         # Called when a request waits and there is no replica at all (scale from zero).
         self._on_demand = on_demand
         self._chooser = ReplicaChooser()
@@ -87,12 +96,17 @@ class Dispatcher:
     # ------------------------------------------------------------------ table updates
 
     def update(
-        self, replicas: Sequence[ReplicaInfo], max_queued_requests: int, affinity: Affinity = "strict"
+        self,
+        replicas: Sequence[ReplicaInfo],
+        max_queued_requests: int,
+        affinity: Affinity = "strict",
+        split: tuple[tuple[DeploymentID, float], ...] = (),
     ) -> None:
         """Adopt the controller's newest replica table for this deployment."""
         self._closed_reason = None
         self.max_queued_requests = max_queued_requests
         self.affinity = affinity
+        self._split = split if self._resolve is not None else ()
         self._chooser.set_replicas(replicas)
         live = {info.replica_id for info in replicas}
         for replica_id in list(self._clients):
@@ -127,11 +141,19 @@ class Dispatcher:
 
     # ------------------------------------------------------------------ requests
 
-    async def send(self, kind: Kind, message: Any, model_id: str = "", shard_key: str = "") -> Reply:
+    async def send(
+        self, kind: Kind, message: Any, model_id: str = "", shard_key: str = "", split: bool = True
+    ) -> Reply:
         """Deliver one request and wait for its first frame (or raise). A ``model_id``
         (multiplexing) prefers replicas that hold that model; a ``shard_key`` goes to the
         replica the key maps to (see ``choice.py``; ``affinity`` says whether it waits for
-        that replica when it is full)."""
+        that replica when it is full). With a traffic split, the request goes to one of
+        its variants by weight (the same one for a shard key)."""
+        if split and self._split and self._resolve is not None:
+            variant = choose_variant(self._split, shard_key, self._rng)
+            caller_metrics.split_to(self.deployment, variant)
+            if variant != self.deployment:
+                return await self._resolve(variant).send(kind, message, model_id, shard_key, split=False)
         failures = 0
         while True:
             info = await self._acquire(model_id, shard_key)

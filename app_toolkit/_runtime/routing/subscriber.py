@@ -64,12 +64,12 @@ class TableSubscriber:
         dispatcher = self._dispatchers.get(deployment)
         if dispatcher is None:
             dispatcher = self._dispatchers[deployment] = Dispatcher(
-                deployment, self._connect, self._demand.set
+                deployment, self._connect, self._demand.set, self.dispatcher
             )
 
             def apply(table: Table | None) -> None:
                 if isinstance(table, ReplicaTable):
-                    dispatcher.update(table.replicas, table.max_queued_requests, table.affinity)
+                    dispatcher.update(table.replicas, table.max_queued_requests, table.affinity, table.split)
                 else:
                     reason = (
                         "was deleted or failed to deploy"

@@ -161,6 +161,10 @@ class ControllerActor:
         await self.ready()
         await self.core.delete_app(name)
 
+    async def set_traffic(self, endpoint: str, weights: dict[str, float]) -> None:
+        await self.ready()
+        await self.core.set_traffic(endpoint, weights)
+
     async def apply_config(self, specs: list[AppSpec], config_file: dict[str, Any]) -> None:
         await self.ready()
         await self.core.apply_config(specs, config_file)

@@ -104,6 +104,9 @@ class RaySession:
     def delete(self, name: str) -> None:
         self._control("delete_app", name)
 
+    def set_traffic(self, endpoint: str, weights: dict[str, float]) -> None:
+        self._control("set_traffic", endpoint, weights)
+
     def apply_config(self, specs: list[AppSpec], config_file: dict[str, Any]) -> None:
         self._control("apply_config", specs, config_file)
 

@@ -1,0 +1,65 @@
+"""Weighted traffic splits over HTTP on both backends: 10,000 requests land within 2 % of
+the weights, and a change of weights applies within a second with no failed request."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+
+import httpx
+
+import app_toolkit as tk
+from tests.apps import basic
+from tests.conftest import Toolkit
+
+CONCURRENCY = 32
+
+
+async def _load(
+    client: httpx.AsyncClient, count: int, outcomes: list[tuple[float, int, str]], path: str
+) -> None:
+    """Send ``count`` GETs, CONCURRENCY at a time; record (start time, status, version)."""
+    numbers = iter(range(count))
+
+    async def worker() -> None:
+        for _ in numbers:
+            started = time.monotonic()
+            response = await client.get(path)
+            version = response.json().get("version", "") if response.status_code == 200 else ""
+            outcomes.append((started, response.status_code, version))
+
+    await asyncio.gather(*(worker() for _ in range(CONCURRENCY)))
+
+
+def test_requests_follow_the_weights_and_a_change_applies_within_a_second(toolkit: Toolkit) -> None:
+    v1, v2 = toolkit.name(), toolkit.name()
+    toolkit.run(basic.make_versioned_app("one"), name=v1, route_prefix="/split")
+    toolkit.run(basic.make_versioned_app("two"), name=v2, route_prefix=None)
+    tk.set_traffic(v1, {v1: 90, v2: 10})
+    assert tk.status().applications[v1].traffic == {v1: 0.9, v2: 0.1}
+
+    async def scenario() -> tuple[list[tuple[float, int, str]], list[tuple[float, int, str]], float]:
+        steady: list[tuple[float, int, str]] = []
+        async with toolkit.async_client(limits=httpx.Limits(max_connections=CONCURRENCY)) as client:
+            await _load(client, 10_000, steady, "/split/version")
+            changing: list[tuple[float, int, str]] = []
+            loader = asyncio.ensure_future(_load(client, 6_000, changing, "/split/version"))
+            await asyncio.sleep(1.0)
+            await asyncio.to_thread(tk.set_traffic, v1, {v1: 50, v2: 50})
+            changed_at = time.monotonic()
+            await loader
+        return steady, changing, changed_at
+
+    steady, changing, changed_at = asyncio.run(scenario())
+    assert {status for _, status, _ in steady + changing} == {200}  # nothing failed
+    versions = Counter(version for _, _, version in steady)
+    assert abs(versions["one"] / 10_000 - 0.9) <= 0.02 and abs(versions["two"] / 10_000 - 0.1) <= 0.02
+    after = Counter(version for started, _, version in changing if started > changed_at + 1.0)
+    total = sum(after.values())
+    assert total >= 500, f"only {total} requests after the change"
+    assert abs(after["two"] / total - 0.5) <= 0.05, after
+
+    # Ending the split: everything to the endpoint again.
+    tk.set_traffic(v1, {v1: 1})
+    assert tk.status().applications[v1].traffic == {}
