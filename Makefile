@@ -40,6 +40,8 @@ test: $(MODEL)
 bench: $(MODEL)
 	@command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk)
 	$(PY) -m benchmarks.http_overhead
+	$(PY) -m benchmarks.http_overhead --only "GET small JSON, c=32" --replicas 2
+	$(PY) -m benchmarks.http_overhead --only "GET small JSON, c=32" --split
 	$(PY) -m benchmarks.batching
 	$(PY) -m benchmarks.streaming
 	$(PY) -m benchmarks.autoscaling

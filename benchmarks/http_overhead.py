@@ -247,6 +247,22 @@ def channel_tls_env(folder: Path) -> dict[str, str]:
     }
 
 
+def split_config(folder: Path) -> str:
+    """A config file: the bench app twice, its traffic split 50/50 between them."""
+    import yaml
+
+    app = {"import_path": "benchmarks.bench_app:app"}
+    config = {
+        "applications": [
+            {**app, "name": "bench", "route_prefix": "/", "traffic": {"bench": 50, "bench-b": 50}},
+            {**app, "name": "bench-b", "route_prefix": None},
+        ]
+    }
+    path = folder / "split.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return str(path)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -261,16 +277,24 @@ def main() -> None:
         action="store_true",
         help="run the toolkit's data plane over TLS (throwaway certificates; needs trustme)",
     )
+    parser.add_argument(
+        "--split",
+        action="store_true",
+        help="split the traffic 50/50 between two applications of one replica each (compare "
+        "with --replicas 2: the same replicas without a split)",
+    )
     args = parser.parse_args()
     if shutil.which("wrk") is None:
         sys.exit("wrk is not installed: run `make bench` (it installs it) or `apt-get install wrk`")
 
-    target = "app2" if args.replicas == 2 else "app"
+    target = "benchmarks.bench_app:" + ("app2" if args.replicas == 2 else "app")
     rows = []
     with tempfile.TemporaryDirectory() as folder:
+        if args.split:
+            target = split_config(Path(folder))
         servers, bases = start_servers(
             "benchmarks.bench_app:fastapi_app",
-            f"benchmarks.bench_app:{target}",
+            target,
             "/small",
             toolkit_env=channel_tls_env(Path(folder)) if args.channel_tls else None,
         )
