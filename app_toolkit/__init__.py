@@ -5,6 +5,7 @@ from app_toolkit.api import (
     delete,
     get_app_handle,
     get_deployment_handle,
+    rollout,
     run,
     set_traffic,
     shutdown,
@@ -45,6 +46,7 @@ from app_toolkit.status import (
     EventInfo,
     ReplicaState,
     ReplicaStatusInfo,
+    RolloutStatusInfo,
     ServeStatus,
 )
 from app_toolkit.streaming import ChatCompletionStream, EventStream
@@ -83,6 +85,7 @@ __all__ = [
     "ReplicaUnavailableError",
     "RequestLostError",
     "RequestTimeoutError",
+    "RolloutStatusInfo",
     "ServeStatus",
     "batch",
     "deadline",
@@ -95,6 +98,7 @@ __all__ = [
     "ingress",
     "multiplexed",
     "replicated",
+    "rollout",
     "run",
     "set_traffic",
     "shutdown",

@@ -8,7 +8,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from app_toolkit._runtime import request_context
@@ -19,6 +19,7 @@ from app_toolkit._runtime.backends.base import (
     session_factory,
     set_current_session,
 )
+from app_toolkit._runtime.controller.rollout import RolloutOptions
 from app_toolkit._runtime.messages import AppSpec, DeploymentID, DeploymentSpec
 from app_toolkit._runtime.replica.replica import ASGI_APP_ATTR
 from app_toolkit.config import HTTPOptions, parse_application_options, parse_http_options
@@ -226,6 +227,28 @@ def set_traffic(app: str, weights: dict[str, float]) -> None:
     if session is None:
         raise ConfigError("Nothing is running: deploy the applications before splitting traffic")
     session.set_traffic(app, dict(weights))
+
+
+def rollout(
+    app: str,
+    *,
+    to: str,
+    steps: Sequence[float] = (1, 10, 50, 100),
+    interval_s: float = 60.0,
+    max_error_rate: float | None = 0.01,
+    max_p99_ms: float | None = None,
+) -> None:
+    """Move application ``app``'s traffic to the application ``to`` step by step: ``steps``
+    are the canary's percentages, each held for ``interval_s``. While a step runs, the
+    canary's requests are watched (at every caller); when more than ``max_error_rate`` of
+    them fail, or their p99 latency exceeds ``max_p99_ms``, the traffic goes back to
+    ``app`` at once. Returns when the first step is in place; ``status()`` shows the
+    steps and, after a rollback, why."""
+    session = current_session(create=False) or session_factory("auto").find(None)
+    if session is None:
+        raise ConfigError("Nothing is running: deploy the applications before a rollout")
+    options = RolloutOptions(tuple(float(step) for step in steps), interval_s, max_error_rate, max_p99_ms)
+    session.rollout(app, to, options)
 
 
 def status() -> ServeStatus:

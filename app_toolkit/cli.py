@@ -17,6 +17,7 @@ import click
 from app_toolkit import api, config_deploy
 from app_toolkit._runtime import log_format
 from app_toolkit._runtime.backends.base import Session, session_factory
+from app_toolkit._runtime.controller.rollout import RolloutOptions
 from app_toolkit.config import LOG_LEVEL_ENV, HTTPOptions, parse_http_options
 from app_toolkit.config_deploy import as_application
 from app_toolkit.config_file import ServeConfigFile, dump_config, load_config
@@ -380,6 +381,52 @@ def traffic(app_name: str, weights: tuple[str, ...], address: str) -> None:
     shares = session.status().applications[app_name].traffic
     described = ", ".join(f"{name} {share:.1%}" for name, share in shares.items()) or f"all to {app_name}"
     click.echo(f"app-toolkit: traffic of {app_name}: {described}")
+
+
+@main.command("rollout")
+@click.argument("app_name", metavar="APP")
+@click.option("--to", "canary", required=True, help="The application to move the traffic to.")
+@click.option(
+    "--steps", default="1,10,50,100", show_default=True, help="The canary's percentages, step by step."
+)
+@click.option(
+    "--interval", "interval_s", type=float, default=60.0, show_default=True, help="Seconds per step."
+)
+@click.option(
+    "--max-error-rate",
+    type=float,
+    default=0.01,
+    show_default=True,
+    help="Roll back when more than this fraction of the canary's requests fail.",
+)
+@click.option("--max-p99-ms", type=float, default=None, help="Roll back when the canary's p99 exceeds this.")
+@click.option("--address", default="auto", show_default=True, help="Ray cluster to act on.")
+def rollout_command(
+    app_name: str,
+    canary: str,
+    steps: str,
+    interval_s: float,
+    max_error_rate: float,
+    max_p99_ms: float | None,
+    address: str,
+) -> None:
+    """Move APP's traffic to a canary step by step; back at once if the canary fails.
+    `app-toolkit status` shows how it goes."""
+    try:
+        shares = tuple(float(step) for step in steps.split(","))
+    except ValueError:
+        _fail(ConfigError(f"--steps takes percentages like 1,10,50,100; got {steps!r}"))
+        return
+    session = _find(address)
+    if session is None:
+        _fail(ConfigError("app_toolkit is not running on this cluster"))
+        return
+    try:
+        session.rollout(app_name, canary, RolloutOptions(shares, interval_s, max_error_rate, max_p99_ms))
+    except AppToolkitError as exc:
+        _fail(exc)
+        return
+    click.echo(f"app-toolkit: rollout of {app_name} to {canary} started; see `app-toolkit status`")
 
 
 def _parse_weights(pairs: tuple[str, ...]) -> dict[str, float]:

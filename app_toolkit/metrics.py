@@ -14,8 +14,9 @@ the same scrape, labelled with the replica they come from.
 from __future__ import annotations
 
 import bisect
+import math
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -228,3 +229,22 @@ def value(name: str, **labels: str) -> float | HistogramValue | None:
         if all(named.get(key) == wanted for key, wanted in labels.items()):
             return sample
     return None
+
+
+def quantile(buckets: Sequence[tuple[float, float]], q: float) -> float | None:
+    """The ``q`` quantile of a histogram given as cumulative counts per upper bound (the
+    last +Inf), interpolated linearly inside its bucket as Prometheus does; None when it
+    holds nothing. A quantile in the +Inf bucket is reported as the last finite bound."""
+    total = buckets[-1][1] if buckets else 0.0
+    if total <= 0:
+        return None
+    rank = q * total
+    lower_bound, lower_count = 0.0, 0.0
+    for bound, count in buckets:
+        if count >= rank:
+            if math.isinf(bound):
+                return lower_bound
+            share = (rank - lower_count) / (count - lower_count) if count > lower_count else 1.0
+            return lower_bound + (bound - lower_bound) * share
+        lower_bound, lower_count = bound, count
+    return lower_bound

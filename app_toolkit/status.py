@@ -83,6 +83,22 @@ class DeploymentStatusInfo:
 
 
 @dataclass(frozen=True)
+class RolloutStatusInfo:
+    """A canary rollout of an application's traffic (``rollout()``)."""
+
+    canary: str  # the application the traffic moves to
+    steps: list[float]  # percent of the traffic to the canary, step by step
+    step: int  # the step under way (or the last one)
+    state: str  # RUNNING, DONE, ROLLED_BACK or STOPPED
+    message: str  # why it rolled back or stopped
+    canary_requests: int  # in the step under way
+    canary_errors: int
+    canary_p99_ms: float | None
+    step_age_s: float  # since the step began
+    history: list[str] = field(default_factory=list)  # each step's outcome
+
+
+@dataclass(frozen=True)
 class ApplicationStatusInfo:
     """One application and its deployments."""
 
@@ -94,6 +110,7 @@ class ApplicationStatusInfo:
     deployments: dict[str, DeploymentStatusInfo] = field(default_factory=dict)
     #: Its traffic split (set_traffic): application -> share; empty when it takes it all.
     traffic: dict[str, float] = field(default_factory=dict)
+    rollout: RolloutStatusInfo | None = None  # its latest rollout, if any
 
 
 @dataclass(frozen=True)
@@ -145,6 +162,8 @@ class ServeStatus:
             if app.traffic:
                 shares = ", ".join(f"{name} {share:.0%}" for name, share in app.traffic.items())
                 lines.append(f"  traffic: {shares}")
+            if app.rollout is not None:
+                lines.append("  " + _rollout_line(app.rollout))
             rows = [("DEPLOYMENT", "STATUS", "REPLICAS", "STATES", "LOAD", "LAST SCALING")]
             rows += [_deployment_row(d) for d in app.deployments.values()]
             widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
@@ -164,6 +183,13 @@ class ServeStatus:
 
 
 _PROBLEMS_SHOWN = 5
+
+
+def _rollout_line(rollout: RolloutStatusInfo) -> str:
+    steps = "/".join(f"{s:g}" for s in rollout.steps)
+    where = f"step {rollout.step + 1} of {len(rollout.steps)} ({rollout.steps[rollout.step]:g} %)"
+    line = f"rollout to {rollout.canary} [{steps} %]: {rollout.state} at {where}"
+    return line + (f" — {rollout.message}" if rollout.message else "")
 
 
 def _clock(unix_time: float) -> str:

@@ -68,7 +68,23 @@ Updates = dict[str, Update]
 #: Requests queued + running per deployment, as one caller reports them.
 Loads = dict[DeploymentID, float]
 
+
+@dataclass(frozen=True, slots=True)
+class VariantOutcome:
+    """What one caller saw of one variant of a traffic split since its last report:
+    requests, errors (5xx, failed calls, no replica) and time to the first frame, as
+    counts per bucket of ``metrics.SECONDS_BUCKETS`` (the last one: above them all)."""
+
+    endpoint: str  # the application whose traffic is split
+    variant: str  # the application the requests went to
+    requests: int
+    errors: int
+    latency_counts: tuple[int, ...]
+
+
+Outcomes = tuple[VariantOutcome, ...]
+
 #: The controller's long-poll call, as a caller makes it.
 Listen = Callable[[Versions, float], Awaitable[Updates]]
-#: The controller's load-report call, as a caller makes it.
-ReportLoad = Callable[[str, Loads], Awaitable[None]]
+#: The controller's load-report call, as a caller makes it (with what it saw of splits).
+ReportLoad = Callable[[str, Loads, Outcomes], Awaitable[None]]

@@ -390,6 +390,17 @@ def make_versioned_app(version: str, **options: Any) -> tk.App:
     return tk.App(router, **options)
 
 
+def make_broken_version(**options: Any) -> tk.App:
+    """Serves /version like make_versioned_app, but every request fails (a bad canary)."""
+    router = APIRouter()
+
+    @router.get("/version")
+    async def report() -> dict[str, str]:
+        raise RuntimeError("this build is broken")
+
+    return tk.App(router, **options)
+
+
 # ----------------------------------------------------------------- health checks
 
 

@@ -63,3 +63,42 @@ def test_requests_follow_the_weights_and_a_change_applies_within_a_second(toolki
     # Ending the split: everything to the endpoint again.
     tk.set_traffic(v1, {v1: 1})
     assert tk.status().applications[v1].traffic == {}
+
+
+def test_a_failing_canary_is_rolled_back_by_itself(toolkit: Toolkit) -> None:
+    stable, canary = toolkit.name(), toolkit.name()
+    toolkit.run(basic.make_versioned_app("one"), name=stable, route_prefix="/canary")
+    toolkit.run(basic.make_broken_version(), name=canary, route_prefix=None)
+
+    def rollout() -> tk.RolloutStatusInfo | None:
+        return tk.status().applications[stable].rollout
+
+    async def scenario() -> tuple[list[tuple[float, int, str]], float]:
+        outcomes: list[tuple[float, int, str]] = []
+        async with toolkit.async_client(limits=httpx.Limits(max_connections=8)) as client:
+            loader = asyncio.ensure_future(_load(client, 1_000_000, outcomes, "/canary/version"))
+            try:
+                await asyncio.sleep(0.5)
+                await asyncio.to_thread(
+                    tk.rollout, stable, to=canary, steps=[10, 50, 100], interval_s=10, max_error_rate=0.05
+                )
+                async with asyncio.timeout(10):  # the first step lasts 10 s: it must not end
+                    while (state := await asyncio.to_thread(rollout)) is None or state.state == "RUNNING":
+                        await asyncio.sleep(0.1)
+                rolled_back_at = time.monotonic()
+                await asyncio.sleep(2)
+            finally:
+                loader.cancel()
+        return outcomes, rolled_back_at
+
+    outcomes, rolled_back_at = asyncio.run(scenario())
+    state = rollout()
+    assert state is not None and state.state == "ROLLED_BACK" and state.step == 0
+    assert "above max_error_rate 5.0%" in state.message
+    assert tk.status().applications[stable].traffic == {}
+    failed = [o for o in outcomes if o[1] != 200]
+    print(f"{toolkit.backend}: {len(failed)} of {len(outcomes)} requests failed; {state.message}")
+    assert failed and {status for _, status, _ in failed} == {500}
+    # No more than the first step's share of the requests failed, and none once it was over.
+    assert len(failed) <= 0.10 * len(outcomes), (len(failed), len(outcomes))
+    assert not [o for o in failed if o[0] > rolled_back_at + 1.0]

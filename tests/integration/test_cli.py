@@ -145,6 +145,15 @@ def test_traffic_command_splits_an_app_and_says_what_is_wrong(ray_toolkit: Toolk
     assert bad.returncode == 1 and "is not NAME=WEIGHT" in bad.stderr
     unknown = run_cli("traffic", main, "nobody=5", "--address", address, timeout=120)
     assert unknown.returncode == 1 and "no such application" in unknown.stderr
+    started = run_cli(
+        "rollout", main, "--to", canary, "--steps", "5,100", "--interval", "600", "--address", address
+    )
+    assert started.returncode == 0, started.stderr
+    table = run_cli("status", "--address", address, timeout=120)
+    assert f"  rollout to {canary} [5/100 %]: RUNNING at step 1 of 2 (5 %)" in table.stdout.splitlines()
+    assert f"  traffic: {main} 95%, {canary} 5%" in table.stdout.splitlines()
+    bad_steps = run_cli("rollout", main, "--to", canary, "--steps", "50,10", "--address", address)
+    assert bad_steps.returncode == 1 and "increasing percentages" in bad_steps.stderr
 
 
 def test_shutdown_command_stops_the_toolkit_on_the_cluster(ray_toolkit: Toolkit) -> None:

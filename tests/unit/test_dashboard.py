@@ -10,10 +10,10 @@ from typing import Any
 import httpx
 import pytest
 
-from app_toolkit._runtime.proxy.dashboard_view import RouteRates, quantile, view
+from app_toolkit._runtime.proxy.dashboard_view import RouteRates, view
 from app_toolkit._runtime.proxy.proxy import Proxy
 from app_toolkit.config import HTTPOptions
-from app_toolkit.metrics import FamilySnapshot, HistogramValue
+from app_toolkit.metrics import FamilySnapshot, HistogramValue, quantile
 from app_toolkit.status import (
     ApplicationStatus,
     ApplicationStatusInfo,

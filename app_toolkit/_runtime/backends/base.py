@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 from starlette.types import ASGIApp
 
 from app_toolkit._runtime import otel
+from app_toolkit._runtime.controller.rollout import RolloutOptions
 from app_toolkit._runtime.messages import AdoptedReplica, AppSpec, DeploymentSpec, ReplicaInfo
 from app_toolkit._runtime.routing.data_plane import DataPlane
 from app_toolkit._runtime.tables import Table
@@ -104,6 +105,8 @@ class Session(Protocol):
     def delete(self, name: str) -> None: ...
 
     def set_traffic(self, endpoint: str, weights: dict[str, float]) -> None: ...
+
+    def rollout(self, endpoint: str, canary: str, options: RolloutOptions) -> None: ...
 
     def status(self) -> ServeStatus: ...
 

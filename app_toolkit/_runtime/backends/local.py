@@ -21,6 +21,7 @@ from app_toolkit._runtime.channel.exchange import Exchange
 from app_toolkit._runtime.channel.flow import FRAME_COST, Inbound, frame_cost
 from app_toolkit._runtime.channel.frames import DRAINING, STREAMED, Kind
 from app_toolkit._runtime.controller.controller import ControllerCore
+from app_toolkit._runtime.controller.rollout import RolloutOptions
 from app_toolkit._runtime.messages import (
     AdoptedReplica,
     AppSpec,
@@ -32,7 +33,7 @@ from app_toolkit._runtime.proxy.server import ProxyServer, listen_socket, serve
 from app_toolkit._runtime.replica.replica import InitArgs, ReplicaCore
 from app_toolkit._runtime.routing.data_plane import DataPlane, LoopThread
 from app_toolkit._runtime.routing.dispatcher import ReplicaClient
-from app_toolkit._runtime.tables import Loads, Table, Updates, Versions
+from app_toolkit._runtime.tables import Loads, Outcomes, Table, Updates, Versions
 from app_toolkit.config import DeploymentConfig, HTTPOptions
 from app_toolkit.exceptions import ConfigError, ReplicaUnavailableError
 from app_toolkit.status import ServeStatus
@@ -215,8 +216,8 @@ class LocalSession:
     async def listen(self, known: Versions, timeout_s: float) -> Updates:
         return await self.core.listen(known, timeout_s)
 
-    async def report_load(self, caller: str, loads: Loads) -> None:
-        self.core.record_load(caller, loads)
+    async def report_load(self, caller: str, loads: Loads, outcomes: Outcomes = ()) -> None:
+        self.core.record_load(caller, loads, outcomes)
 
     # --- control ----------------------------------------------------------------
 
@@ -231,6 +232,9 @@ class LocalSession:
 
     def set_traffic(self, endpoint: str, weights: dict[str, float]) -> None:
         self._loop.run(self.core.set_traffic(endpoint, weights))
+
+    def rollout(self, endpoint: str, canary: str, options: RolloutOptions) -> None:
+        self._loop.run(self.core.rollout(endpoint, canary, options))
 
     def apply_config(self, specs: list[AppSpec], config_file: dict[str, Any]) -> None:
         self._loop.run(self.core.apply_config(specs, config_file))

@@ -55,14 +55,16 @@ from app_toolkit._runtime.controller.replica_state import (
     Stopped,
     StopReplica,
 )
+from app_toolkit._runtime.controller.rollout import RolloutOptions, new_rollout
 from app_toolkit._runtime.controller.status_view import serve_status
-from app_toolkit._runtime.controller.traffic import Weights, normalize, split_for, without
+from app_toolkit._runtime.controller.traffic import TrafficPolicy
 from app_toolkit._runtime.messages import AppSpec, DeploymentID, RouteInfo
 from app_toolkit._runtime.tables import (
     APPLICATIONS_KEY,
     ApplicationTable,
     DeploymentGone,
     Loads,
+    Outcomes,
     Updates,
     Versions,
     replicas_key,
@@ -107,8 +109,8 @@ class ControllerCore:
         self._tables_stored: tuple[int, float] = (-1, float("-inf"))
         #: The latest log lines of the lifecycle (deploy errors, replacements, scaling).
         self.events: deque[EventInfo] = deque(maxlen=EVENTS_KEPT)
-        #: Endpoint application -> the applications its traffic is split between.
-        self.traffic: dict[str, Weights] = {}
+        #: Traffic splits and rollouts (controller/traffic.py).
+        self.policy = TrafficPolicy()
         controller_metrics.track(self)
 
     # ------------------------------------------------------------------ lifecycle
@@ -117,7 +119,7 @@ class ControllerCore:
         data = await self.backend.load_checkpoint()
         if data:
             apps, self.config_file, *rest = pickle.loads(data)
-            self.traffic = rest[0] if rest else {}
+            self.policy = TrafficPolicy(rest[0] if rest else None)
             for spec in apps.values():
                 self._adopt(spec)
             logger.info("Restored %d application(s) from the checkpoint", len(self.apps))
@@ -182,16 +184,29 @@ class ControllerCore:
 
     async def set_traffic(self, endpoint: str, weights: dict[str, float]) -> None:
         """Split ``endpoint``'s traffic between applications by weight (ConfigError if the
-        weights are not valid); takes effect at every caller with the next table."""
-        shares = normalize(endpoint, weights, self.apps)
-        if shares:
-            self.traffic[endpoint] = shares
-        else:
-            self.traffic.pop(endpoint, None)
+        weights are not valid); takes effect at every caller with the next table. It
+        stops a rollout of ``endpoint``."""
+        event = self.policy.set(endpoint, weights, self.apps)
         await self._checkpoint()
         self._publish_splits()
-        described = ", ".join(f"{name} {share:.1%}" for name, share in shares) or f"all to {endpoint}"
-        self._record(logging.INFO, f"Traffic of {endpoint}: {described}")
+        self._record(logging.INFO, event[0].upper() + event[1:])
+
+    async def rollout(self, endpoint: str, canary: str, options: RolloutOptions) -> None:
+        """Move ``endpoint``'s traffic to ``canary`` step by step (controller/rollout.py)."""
+        now = asyncio.get_running_loop().time()
+        started = new_rollout(endpoint, canary, options, self.apps, now)
+        event = self.policy.start_rollout(started, self.apps)
+        await self._checkpoint()
+        self._publish_splits()
+        self._record(logging.INFO, event)
+
+    def _move_rollouts(self) -> None:
+        events = self.policy.tick(asyncio.get_running_loop().time(), self.apps)
+        if events:
+            self._publish_splits()
+            self._spawn(self._checkpoint())
+            for level, message in events:
+                self._record(level, message)
 
     def _replace_app(self, spec: AppSpec) -> None:
         previous = self.apps.get(spec.name)
@@ -206,7 +221,7 @@ class ControllerCore:
         app = self.apps.pop(name)
         for spec in app.deployments:
             self._retire(spec.id)
-        self.traffic = without(self.traffic, name)
+        self.policy.app_removed(name)
 
     def _forget_config_of(self, name: str) -> None:
         """An app changed by hand no longer runs what the config file says."""
@@ -231,9 +246,14 @@ class ControllerCore:
                     self._publish_replicas(deployment_id)
                 return
 
-    def record_load(self, caller: str, loads: Loads) -> None:
-        """A caller's newest load per deployment (requests queued + running)."""
+    def record_load(self, caller: str, loads: Loads, outcomes: Outcomes = ()) -> None:
+        """A caller's newest load per deployment (requests queued + running), and what
+        it saw of traffic splits' variants (for rollouts)."""
         self._loads[caller] = (asyncio.get_running_loop().time(), loads)
+        for outcome in outcomes:
+            self.policy.record(outcome)
+        if outcomes:
+            self._move_rollouts()  # a canary that fails is rolled back now, not next tick
         for deployment, load in loads.items():
             state = self.deployments.get(deployment)
             if load and state is not None and state.autoscaler is not None and state.target == 0:
@@ -259,11 +279,9 @@ class ControllerCore:
         status = serve_status(
             self.apps, self.deployments, lambda d: self._current_load(d, now), now, self.proxies
         )
-        for name, shares in self.traffic.items():
-            if name in status.applications:
-                status.applications[name] = dataclasses.replace(
-                    status.applications[name], traffic=dict(shares)
-                )
+        for name, app in list(status.applications.items()):
+            traffic, rollout = self.policy.status(name, now)
+            status.applications[name] = dataclasses.replace(app, traffic=traffic, rollout=rollout)
         return dataclasses.replace(status, events=list(self.events))
 
     def _record(self, level: int, message: str) -> None:
@@ -312,7 +330,7 @@ class ControllerCore:
             self.longpoll.publish(replicas_key(deployment), DeploymentGone())
 
     async def _checkpoint(self) -> None:
-        await self.backend.save_checkpoint(pickle.dumps((self.apps, self.config_file, self.traffic)))
+        await self.backend.save_checkpoint(pickle.dumps((self.apps, self.config_file, self.policy.traffic)))
 
     async def _store_tables(self) -> None:
         """Store the published tables if they changed (at most every
@@ -345,6 +363,7 @@ class ControllerCore:
 
     def _reconcile(self) -> None:
         now = asyncio.get_running_loop().time()
+        self._move_rollouts()
         for deployment_id, state in list(self.deployments.items()):
             actions = autoscale(state, self._current_load(deployment_id, now), now)
             actions += plan(state, now, functools.partial(self._new_replica_id, state))
@@ -450,8 +469,8 @@ class ControllerCore:
         if state is not None and not state.deleting:
             table = replica_table(state)
             app = self.apps.get(deployment.app)
-            if app is not None and app.ingress == deployment.name and app.name in self.traffic:
-                table = dataclasses.replace(table, split=split_for(self.traffic[app.name], self.apps))
+            if app is not None and app.ingress == deployment.name:
+                table = dataclasses.replace(table, split=self.policy.split(app, self.apps))
             self.longpoll.publish(replicas_key(deployment), table)
 
     def _publish_splits(self) -> None:

@@ -9,11 +9,15 @@ table and pick a variant per request (``routing/choice.py``), with no extra hop.
 
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Mapping
 
+from app_toolkit._runtime.controller.rollout import Rollout
 from app_toolkit._runtime.messages import AppSpec, DeploymentID
+from app_toolkit._runtime.tables import VariantOutcome
 from app_toolkit.exceptions import ConfigError
+from app_toolkit.status import RolloutStatusInfo
 
 #: Variant application -> its share (the shares of a split add up to 1).
 Weights = tuple[tuple[str, float], ...]
@@ -67,3 +71,101 @@ def without(traffic: Mapping[str, Weights], gone: str) -> dict[str, Weights]:
 def split_for(shares: Weights, apps: Mapping[str, AppSpec]) -> Split:
     """The split as callers apply it: each variant's ingress deployment."""
     return tuple((DeploymentID(name, apps[name].ingress), share) for name, share in shares if name in apps)
+
+
+class TrafficPolicy:
+    """Every application's split and rollout, as the controller keeps them."""
+
+    def __init__(self, traffic: dict[str, Weights] | None = None) -> None:
+        self.traffic: dict[str, Weights] = dict(traffic or {})
+        self.rollouts: dict[str, Rollout] = {}
+
+    def set(self, endpoint: str, weights: Mapping[str, float], apps: Mapping[str, AppSpec]) -> str:
+        """Set a split by hand (it stops a rollout of ``endpoint``); returns what changed,
+        for the events. Raises ConfigError."""
+        self._set(endpoint, weights, apps)
+        rollout = self.rollouts.get(endpoint)
+        if rollout is not None:
+            rollout.stop("the traffic was set by hand")
+        return self._describe(endpoint)
+
+    def start_rollout(self, rollout: Rollout, apps: Mapping[str, AppSpec]) -> str:
+        """Begin ``rollout`` (replacing one under way); returns its first event."""
+        self._set(rollout.endpoint, rollout.weights(), apps)
+        previous = self.rollouts.get(rollout.endpoint)
+        if previous is not None:
+            previous.stop("another rollout started")
+        self.rollouts[rollout.endpoint] = rollout
+        steps = ", ".join(f"{s:g}" for s in rollout.steps)
+        name = f"Rollout of {rollout.endpoint} to {rollout.canary}"
+        return f"{name} started: steps {steps} %; {self._describe(rollout.endpoint)}"
+
+    def record(self, outcome: VariantOutcome) -> None:
+        rollout = self.rollouts.get(outcome.endpoint)
+        if rollout is not None:
+            rollout.record(outcome)
+
+    def tick(self, now: float, apps: Mapping[str, AppSpec]) -> list[tuple[int, str]]:
+        """Move rollouts on; returns the events (level, message) of what changed."""
+        events: list[tuple[int, str]] = []
+        for rollout in self.rollouts.values():
+            change = rollout.advance(now)
+            if change is None:
+                continue
+            try:
+                self._set(rollout.endpoint, rollout.weights(), apps)
+            except ConfigError as exc:
+                rollout.stop(str(exc))
+                events.append((logging.WARNING, f"Rollout of {rollout.endpoint} stopped: {exc}"))
+                continue
+            name = f"Rollout of {rollout.endpoint} to {rollout.canary}"
+            if change == "rollback":
+                events.append((logging.ERROR, f"{name} rolled back: {rollout.reason}"))
+            elif change == "done":
+                events.append((logging.INFO, f"{name} done: {rollout.history[-1]}"))
+            else:
+                now_split = self._describe(rollout.endpoint)
+                events.append((logging.INFO, f"{name}: {rollout.history[-1]}; now {now_split}"))
+        return events
+
+    def app_removed(self, name: str) -> None:
+        self.traffic = without(self.traffic, name)
+        for rollout in self.rollouts.values():
+            if name in (rollout.endpoint, rollout.canary):
+                rollout.stop(f"{name} was deleted")
+        self.rollouts.pop(name, None)
+
+    def split(self, app: AppSpec, apps: Mapping[str, AppSpec]) -> Split:
+        shares = self.traffic.get(app.name)
+        return split_for(shares, apps) if shares else ()
+
+    def status(self, name: str, now: float) -> tuple[dict[str, float], RolloutStatusInfo | None]:
+        """Application ``name``'s split and its latest rollout, for status()."""
+        traffic = dict(self.traffic.get(name, ()))
+        rollout = self.rollouts.get(name)
+        if rollout is None:
+            return traffic, None
+        return traffic, RolloutStatusInfo(
+            canary=rollout.canary,
+            steps=list(rollout.steps),
+            step=rollout.step,
+            state=rollout.state,
+            message=rollout.reason,
+            canary_requests=rollout.requests,
+            canary_errors=rollout.errors,
+            canary_p99_ms=rollout.p99_ms(),
+            step_age_s=now - rollout.step_started,
+            history=list(rollout.history),
+        )
+
+    def _set(self, endpoint: str, weights: Mapping[str, float], apps: Mapping[str, AppSpec]) -> None:
+        shares = normalize(endpoint, weights, apps)
+        if shares:
+            self.traffic[endpoint] = shares
+        else:
+            self.traffic.pop(endpoint, None)
+
+    def _describe(self, endpoint: str) -> str:
+        shares = self.traffic.get(endpoint, ())
+        split = ", ".join(f"{name} {share:.1%}" for name, share in shares) or f"all to {endpoint}"
+        return f"traffic of {endpoint}: {split}"

@@ -5,11 +5,10 @@ sample (from the proxy's cumulative histograms). Pure: no I/O, the clock is pass
 from __future__ import annotations
 
 import dataclasses
-import math
 from collections.abc import Iterable, Sequence
 from typing import Any
 
-from app_toolkit.metrics import FamilySnapshot, HistogramValue
+from app_toolkit.metrics import FamilySnapshot, HistogramValue, quantile
 from app_toolkit.status import ServeStatus
 
 _DURATION = "app_toolkit_http_request_duration_seconds"
@@ -18,25 +17,6 @@ _QUEUED = "app_toolkit_caller_queued_requests"
 
 #: (application, route) -> its requests' latency histogram, merged over methods and statuses.
 RouteKey = tuple[str, str]
-
-
-def quantile(buckets: Sequence[tuple[float, float]], q: float) -> float | None:
-    """The ``q`` quantile of a histogram given as cumulative counts per upper bound (the
-    last +Inf), interpolated linearly inside its bucket as Prometheus does; None when it
-    holds nothing. A quantile in the +Inf bucket is reported as the last finite bound."""
-    total = buckets[-1][1] if buckets else 0.0
-    if total <= 0:
-        return None
-    rank = q * total
-    lower_bound, lower_count = 0.0, 0.0
-    for bound, count in buckets:
-        if count >= rank:
-            if math.isinf(bound):
-                return lower_bound
-            share = (rank - lower_count) / (count - lower_count) if count > lower_count else 1.0
-            return lower_bound + (bound - lower_bound) * share
-        lower_bound, lower_count = bound, count
-    return lower_bound
 
 
 class RouteRates:

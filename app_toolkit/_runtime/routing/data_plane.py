@@ -22,7 +22,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from app_toolkit._runtime.messages import DeploymentID, ReplicaInfo
 from app_toolkit._runtime.routing.dispatcher import Dispatcher, ReplicaClient
 from app_toolkit._runtime.routing.subscriber import TableSubscriber
-from app_toolkit._runtime.tables import Loads, Updates, Versions
+from app_toolkit._runtime.tables import Loads, Outcomes, Updates, Versions
 from app_toolkit.exceptions import ReplicaUnavailableError
 
 logger = logging.getLogger("app_toolkit.data_plane")
@@ -39,7 +39,7 @@ class CallerLink(Protocol):
 
     async def listen(self, known: Versions, timeout_s: float) -> Updates: ...
 
-    async def report_load(self, caller: str, loads: Loads) -> None: ...
+    async def report_load(self, caller: str, loads: Loads, outcomes: Outcomes = ()) -> None: ...
 
 
 class LoopThread:

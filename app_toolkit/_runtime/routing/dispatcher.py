@@ -9,6 +9,7 @@ another, since it never started.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import collections
 import logging
 import random
@@ -21,7 +22,9 @@ from app_toolkit._runtime.channel.frames import DRAINING, Kind
 from app_toolkit._runtime.messages import DeploymentID, ReplicaInfo
 from app_toolkit._runtime.routing import caller_metrics
 from app_toolkit._runtime.routing.choice import Affinity, ReplicaChooser, choose_variant, queue_is_full
+from app_toolkit._runtime.tables import Outcomes, VariantOutcome
 from app_toolkit.exceptions import BackPressureError, ReplicaUnavailableError, RequestLostError
+from app_toolkit.metrics import SECONDS_BUCKETS
 
 logger = logging.getLogger("app_toolkit.router")
 
@@ -74,6 +77,8 @@ class Dispatcher:
         self._resolve = resolve
         self._split: tuple[tuple[DeploymentID, float], ...] = ()
         self._rng = random.Random()
+        # Per variant application of the split: what its requests did since the last report.
+        self._outcomes: dict[str, VariantTally] = {}
         # Called when a request waits and there is no replica at all (scale from zero).
         self._on_demand = on_demand
         self._chooser = ReplicaChooser()
@@ -126,6 +131,16 @@ class Dispatcher:
                 waiter.set_exception(ReplicaUnavailableError(reason))
         self._keyed_waiters = 0
 
+    def take_outcomes(self) -> Outcomes:
+        """What the split's variants did since the last call (for the controller)."""
+        taken = tuple(
+            tally.outcome(self.deployment.app, variant)
+            for variant, tally in self._outcomes.items()
+            if tally.requests
+        )
+        self._outcomes.clear()
+        return taken
+
     @property
     def queued(self) -> int:
         return sum(1 for waiter in self._waiters if not waiter[0].done())
@@ -152,8 +167,18 @@ class Dispatcher:
         if split and self._split and self._resolve is not None:
             variant = choose_variant(self._split, shard_key, self._rng)
             caller_metrics.split_to(self.deployment, variant)
-            if variant != self.deployment:
-                return await self._resolve(variant).send(kind, message, model_id, shard_key, split=False)
+            target = self if variant == self.deployment else self._resolve(variant)
+            tally = self._outcomes.setdefault(variant.app, VariantTally())
+            started = _now()
+            try:
+                reply = await target.send(kind, message, model_id, shard_key, split=False)
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                tally.add(_now() - started, error=True)
+                raise
+            tally.add(_now() - started, error=_failed(reply))
+            return reply
         failures = 0
         while True:
             info = await self._acquire(model_id, shard_key)
@@ -311,6 +336,33 @@ class Dispatcher:
         if self._wake_handle is not None and not self._wake_handle.cancelled():
             self._wake_handle.cancel()
         self._wake_handle = asyncio.get_running_loop().call_later(max(delay_s, 0.0), self._wake)
+
+
+class VariantTally:
+    """Requests, errors and latency counts of one variant, between two reports."""
+
+    __slots__ = ("requests", "errors", "counts")
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self.errors = 0
+        self.counts = [0] * (len(SECONDS_BUCKETS) + 1)
+
+    def add(self, seconds: float, error: bool) -> None:
+        self.requests += 1
+        self.errors += error
+        self.counts[bisect.bisect_left(SECONDS_BUCKETS, seconds)] += 1
+
+    def outcome(self, endpoint: str, variant: str) -> VariantOutcome:
+        return VariantOutcome(endpoint, variant, self.requests, self.errors, tuple(self.counts))
+
+
+def _failed(reply: Reply) -> bool:
+    """The first frame says the request failed: a raised call, or an HTTP 5xx."""
+    if reply.kind is Kind.FAILURE:
+        return True
+    status = getattr(reply.message, "status", 200)
+    return isinstance(status, int) and status >= 500
 
 
 #: A waiting request: its future, multiplexed model id and shard key.

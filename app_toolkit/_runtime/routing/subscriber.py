@@ -139,11 +139,14 @@ class TableSubscriber:
             self._demand.clear()
             loads = {d: float(dispatcher.load) for d, dispatcher in self._dispatchers.items()}
             loads = {d: load for d, load in loads.items() if load or sent.get(d)}
+            outcomes = tuple(
+                o for dispatcher in self._dispatchers.values() for o in dispatcher.take_outcomes()
+            )
             repeat = any(loads.values()) and loop.time() - sent_at >= LOAD_REPEAT_S
-            if loads == sent and not repeat:
+            if loads == sent and not repeat and not outcomes:
                 continue
             try:
-                await asyncio.wait_for(self._report(self._caller_id, loads), _REPORT_TIMEOUT_S)
+                await asyncio.wait_for(self._report(self._caller_id, loads, outcomes), _REPORT_TIMEOUT_S)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - a report is retried, never fatal

@@ -25,11 +25,12 @@ from app_toolkit._runtime.backends.ray.proxies import ProxyFleet
 from app_toolkit._runtime.backends.ray.replicas import RayReplicas
 from app_toolkit._runtime.backends.ray.session import RaySession
 from app_toolkit._runtime.controller.controller import ControllerCore
+from app_toolkit._runtime.controller.rollout import RolloutOptions
 from app_toolkit._runtime.messages import AppSpec
 from app_toolkit._runtime.proxy.proxy import Proxy
 from app_toolkit._runtime.proxy.server import ProxyServer, listen_socket, serve
 from app_toolkit._runtime.routing import caller_metrics
-from app_toolkit._runtime.tables import Loads, Table, Updates, Versions
+from app_toolkit._runtime.tables import Loads, Outcomes, Table, Updates, Versions
 from app_toolkit.config import HTTPOptions
 from app_toolkit.metrics import FamilySnapshot
 from app_toolkit.status import ServeStatus
@@ -165,6 +166,10 @@ class ControllerActor:
         await self.ready()
         await self.core.set_traffic(endpoint, weights)
 
+    async def rollout(self, endpoint: str, canary: str, options: RolloutOptions) -> None:
+        await self.ready()
+        await self.core.rollout(endpoint, canary, options)
+
     async def apply_config(self, specs: list[AppSpec], config_file: dict[str, Any]) -> None:
         await self.ready()
         await self.core.apply_config(specs, config_file)
@@ -189,9 +194,9 @@ class ControllerActor:
         await self.ready()
         self.core.record_models(replica_id, models, sequence)
 
-    async def record_load(self, caller: str, loads: Loads) -> None:
+    async def record_load(self, caller: str, loads: Loads, outcomes: Outcomes = ()) -> None:
         await self.ready()
-        self.core.record_load(caller, loads)
+        self.core.record_load(caller, loads, outcomes)
 
     async def shutdown(self) -> None:
         await self.ready()

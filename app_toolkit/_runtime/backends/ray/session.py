@@ -17,10 +17,11 @@ from app_toolkit._runtime.backends.base import current_session, set_current_sess
 from app_toolkit._runtime.backends.ray.cluster import controller_actor, dumps, named_actors
 from app_toolkit._runtime.channel.client import ChannelClient, UnreachableReplica
 from app_toolkit._runtime.channel.tls import caller_tls
+from app_toolkit._runtime.controller.rollout import RolloutOptions
 from app_toolkit._runtime.messages import AppSpec, ReplicaInfo
 from app_toolkit._runtime.routing.data_plane import DataPlane
 from app_toolkit._runtime.routing.dispatcher import ReplicaClient
-from app_toolkit._runtime.tables import Loads, Updates, Versions
+from app_toolkit._runtime.tables import Loads, Outcomes, Updates, Versions
 from app_toolkit.exceptions import ConfigError
 from app_toolkit.status import ServeStatus
 
@@ -77,8 +78,8 @@ class RaySession:
         updates: Updates = await self.controller.listen.remote(known, timeout_s)
         return updates
 
-    async def report_load(self, caller: str, loads: Loads) -> None:
-        await self.controller.record_load.remote(caller, loads)
+    async def report_load(self, caller: str, loads: Loads, outcomes: Outcomes = ()) -> None:
+        await self.controller.record_load.remote(caller, loads, outcomes)
 
     # --- control ----------------------------------------------------------------
 
@@ -106,6 +107,9 @@ class RaySession:
 
     def set_traffic(self, endpoint: str, weights: dict[str, float]) -> None:
         self._control("set_traffic", endpoint, weights)
+
+    def rollout(self, endpoint: str, canary: str, options: RolloutOptions) -> None:
+        self._control("rollout", endpoint, canary, options)
 
     def apply_config(self, specs: list[AppSpec], config_file: dict[str, Any]) -> None:
         self._control("apply_config", specs, config_file)
