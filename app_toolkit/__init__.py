@@ -8,6 +8,7 @@ from app_toolkit.api import (
     rollout,
     run,
     set_traffic,
+    shadow,
     shutdown,
     start,
     status,
@@ -48,6 +49,7 @@ from app_toolkit.status import (
     ReplicaStatusInfo,
     RolloutStatusInfo,
     ServeStatus,
+    ShadowStatusInfo,
 )
 from app_toolkit.streaming import ChatCompletionStream, EventStream
 
@@ -87,6 +89,7 @@ __all__ = [
     "RequestTimeoutError",
     "RolloutStatusInfo",
     "ServeStatus",
+    "ShadowStatusInfo",
     "batch",
     "deadline",
     "delete",
@@ -101,6 +104,7 @@ __all__ = [
     "rollout",
     "run",
     "set_traffic",
+    "shadow",
     "shutdown",
     "start",
     "status",

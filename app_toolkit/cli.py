@@ -254,10 +254,14 @@ def _apply(
             for spec in specs
         ]
     session.apply_config(specs, config.as_written())
-    split = {name: info.traffic for name, info in session.status().applications.items()}
+    current = session.status().applications
     for app in config.applications:
-        if app.traffic or split.get(app.name):  # the file's split, or none
+        if app.traffic or current[app.name].traffic:  # the file's split, or none
             session.set_traffic(app.name, app.traffic or {app.name: 1})
+        if app.shadow is not None:
+            session.shadow(app.name, app.shadow.to, app.shadow.fraction)
+        elif current[app.name].shadow is not None:
+            session.shadow(app.name, None, 0)
     for app in config.applications if wait else ():
         api.wait_for_application(session, app.name, timeout_s=wait_s)
 
@@ -427,6 +431,30 @@ def rollout_command(
         _fail(exc)
         return
     click.echo(f"app-toolkit: rollout of {app_name} to {canary} started; see `app-toolkit status`")
+
+
+@main.command("shadow")
+@click.argument("app_name", metavar="APP")
+@click.option("--to", "shadow_app", default=None, help="The application that gets the copies.")
+@click.option("--fraction", type=float, default=0.1, show_default=True, help="The share of requests copied.")
+@click.option("--off", is_flag=True, help="Stop copying APP's requests.")
+@click.option("--address", default="auto", show_default=True, help="Ray cluster to act on.")
+def shadow_command(app_name: str, shadow_app: str | None, fraction: float, off: bool, address: str) -> None:
+    """Copy a share of APP's requests to another application and compare its answers
+    (`app-toolkit status` shows how they compare)."""
+    if not off and shadow_app is None:
+        _fail(ConfigError("Give --to APPLICATION (or --off to stop)"))
+        return
+    session = _find(address)
+    if session is None:
+        _fail(ConfigError("app_toolkit is not running on this cluster"))
+        return
+    try:
+        session.shadow(app_name, None if off else shadow_app, 0 if off else fraction)
+    except AppToolkitError as exc:
+        _fail(exc)
+        return
+    click.echo(f"app-toolkit: shadow of {app_name} {'stopped' if off else f'to {shadow_app} set'}")
 
 
 def _parse_weights(pairs: tuple[str, ...]) -> dict[str, float]:

@@ -159,6 +159,13 @@ class DeploymentOverride(_Schema):
         return {"name": data["name"], "options": options}
 
 
+class ShadowConfig(_Schema):
+    """``shadow:`` of an application entry."""
+
+    to: str = Field(description="The application of the file that gets the copies.")
+    fraction: float = Field(0.1, gt=0, le=1, description="The share of requests copied.")
+
+
 class ApplicationConfig(_Schema):
     """One entry of ``applications``."""
 
@@ -172,6 +179,9 @@ class ApplicationConfig(_Schema):
         default_factory=dict,
         description="Split this application's traffic between applications of the file by "
         "weight, e.g. {chat: 90, chat-v2: 10} (docs/traffic.md); empty: it takes it all.",
+    )
+    shadow: ShadowConfig | None = Field(
+        None, description="Copy a share of this application's requests to another (docs/traffic.md)."
     )
 
     @model_validator(mode="before")
@@ -252,6 +262,11 @@ class ServeConfigFile(_Schema):
                     raise ValueError(
                         f"the traffic weight of {variant!r} in {app.name!r} must not be negative"
                     )
+            if app.shadow is not None and app.shadow.to not in names:
+                raise ValueError(
+                    f"the shadow of {app.name!r} is {app.shadow.to!r}, which is not an application "
+                    "of this file; add it to applications"
+                )
         return self
 
     def as_written(self) -> dict[str, Any]:

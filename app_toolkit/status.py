@@ -99,6 +99,23 @@ class RolloutStatusInfo:
 
 
 @dataclass(frozen=True)
+class ShadowStatusInfo:
+    """Copies of an application's requests sent to a shadow (``shadow()``), since it was
+    set: how they did, and the latency of the shadow and of the primaries copied."""
+
+    to: str
+    fraction: float
+    copies: int  # answered (or failed) copies
+    errors: int  # copies the shadow failed (5xx, raised, no replica)
+    different: int  # copies whose answer (status, or failed vs not) differs from the primary's
+    dropped: int  # copies not sent or given up: the shadow was busy or slow
+    p50_ms: float | None
+    p99_ms: float | None
+    primary_p50_ms: float | None
+    primary_p99_ms: float | None
+
+
+@dataclass(frozen=True)
 class ApplicationStatusInfo:
     """One application and its deployments."""
 
@@ -111,6 +128,7 @@ class ApplicationStatusInfo:
     #: Its traffic split (set_traffic): application -> share; empty when it takes it all.
     traffic: dict[str, float] = field(default_factory=dict)
     rollout: RolloutStatusInfo | None = None  # its latest rollout, if any
+    shadow: ShadowStatusInfo | None = None  # the shadow its requests are copied to, if any
 
 
 @dataclass(frozen=True)
@@ -164,6 +182,8 @@ class ServeStatus:
                 lines.append(f"  traffic: {shares}")
             if app.rollout is not None:
                 lines.append("  " + _rollout_line(app.rollout))
+            if app.shadow is not None:
+                lines.append("  " + _shadow_line(app.shadow))
             rows = [("DEPLOYMENT", "STATUS", "REPLICAS", "STATES", "LOAD", "LAST SCALING")]
             rows += [_deployment_row(d) for d in app.deployments.values()]
             widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
@@ -183,6 +203,17 @@ class ServeStatus:
 
 
 _PROBLEMS_SHOWN = 5
+
+
+def _shadow_line(shadow: ShadowStatusInfo) -> str:
+    def ms(value: float | None) -> str:
+        return "-" if value is None else f"{value:.0f} ms"
+
+    return (
+        f"shadow {shadow.to} ({shadow.fraction:.0%}): {shadow.copies} copies, {shadow.errors} errors, "
+        f"{shadow.different} different, {shadow.dropped} dropped; p99 {ms(shadow.p99_ms)} "
+        f"(primary {ms(shadow.primary_p99_ms)})"
+    )
 
 
 def _rollout_line(rollout: RolloutStatusInfo) -> str:

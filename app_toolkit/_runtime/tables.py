@@ -35,6 +35,9 @@ class ReplicaTable:
     #: An application's ingress whose traffic is split (controller/traffic.py): each
     #: variant's ingress and its share. Empty: no split.
     split: tuple[tuple[DeploymentID, float], ...] = ()
+    #: The ingress of the application that gets copies of a share of this one's
+    #: requests (routing/shadow.py), and that share. None: no shadow.
+    shadow: tuple[DeploymentID, float] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,7 +85,24 @@ class VariantOutcome:
     latency_counts: tuple[int, ...]
 
 
-Outcomes = tuple[VariantOutcome, ...]
+@dataclass(frozen=True, slots=True)
+class ShadowOutcome:
+    """What one caller's shadow copies did since its last report: copies answered,
+    errors, answers that differ from the primary's (status, or failed vs not), copies
+    dropped (the shadow busy or slow), and times to the first frame of the shadow and of
+    the primaries copied (counts per bucket, as in VariantOutcome)."""
+
+    endpoint: str
+    shadow: str
+    copies: int
+    errors: int
+    different: int
+    dropped: int
+    latency_counts: tuple[int, ...]
+    primary_latency_counts: tuple[int, ...]
+
+
+Outcomes = tuple[VariantOutcome | ShadowOutcome, ...]
 
 #: The controller's long-poll call, as a caller makes it.
 Listen = Callable[[Versions, float], Awaitable[Updates]]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 import uuid
 from collections.abc import AsyncIterator
@@ -397,6 +398,21 @@ def make_broken_version(**options: Any) -> tk.App:
     @router.get("/version")
     async def report() -> dict[str, str]:
         raise RuntimeError("this build is broken")
+
+    return tk.App(router, **options)
+
+
+def make_slow_flaky_version(**options: Any) -> tk.App:
+    """Serves /version after 1 s, failing every other request (a bad shadow)."""
+    router = APIRouter()
+    served = itertools.count()
+
+    @router.get("/version")
+    async def report() -> dict[str, str]:
+        await asyncio.sleep(1.0)
+        if next(served) % 2:
+            raise RuntimeError("the shadow fails half its requests")
+        return {"version": "shadow"}
 
     return tk.App(router, **options)
 

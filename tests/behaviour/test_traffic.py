@@ -12,6 +12,7 @@ import httpx
 import app_toolkit as tk
 from tests.apps import basic
 from tests.conftest import Toolkit
+from tests.waiting import wait_for
 
 CONCURRENCY = 32
 
@@ -102,3 +103,59 @@ def test_a_failing_canary_is_rolled_back_by_itself(toolkit: Toolkit) -> None:
     # No more than the first step's share of the requests failed, and none once it was over.
     assert len(failed) <= 0.10 * len(outcomes), (len(failed), len(outcomes))
     assert not [o for o in failed if o[0] > rolled_back_at + 1.0]
+
+
+def _p99(outcomes: list[tuple[float, int, str, float]]) -> float:
+    durations = sorted(o[3] for o in outcomes)
+    return durations[int(0.99 * (len(durations) - 1))]
+
+
+async def _timed_load(
+    client: httpx.AsyncClient, seconds: float, outcomes: list[tuple[float, int, str, float]], path: str
+) -> None:
+    """GETs, 8 at a time, for ``seconds``; record (start, status, version, duration)."""
+    deadline = time.monotonic() + seconds
+
+    async def worker() -> None:
+        while (started := time.monotonic()) < deadline:
+            response = await client.get(path)
+            version = response.json().get("version", "") if response.status_code == 200 else ""
+            outcomes.append((started, response.status_code, version, time.monotonic() - started))
+
+    await asyncio.gather(*(worker() for _ in range(8)))
+
+
+def test_a_slow_failing_shadow_leaves_the_primary_alone_and_shows_in_status(toolkit: Toolkit) -> None:
+    primary, shadow = toolkit.name(), toolkit.name()
+    toolkit.run(basic.make_versioned_app("one"), name=primary, route_prefix="/shadowed")
+    toolkit.run(basic.make_slow_flaky_version(), name=shadow, route_prefix=None)
+
+    async def scenario() -> tuple[list[tuple[float, int, str, float]], list[tuple[float, int, str, float]]]:
+        before: list[tuple[float, int, str, float]] = []
+        during: list[tuple[float, int, str, float]] = []
+        async with toolkit.async_client() as client:
+            await _timed_load(client, 2.0, before, "/shadowed/version")
+            await asyncio.to_thread(tk.shadow, primary, to=shadow, fraction=0.5)
+            await _timed_load(client, 4.0, during, "/shadowed/version")
+        return before, during
+
+    before, during = asyncio.run(scenario())
+    # The primary: every request answered by itself, none failed, no slower for its shadow
+    # (which takes 1 s per copy and fails half of them).
+    assert {(status, version) for _, status, version, _ in before + during} == {(200, "one")}
+    p99s = f"{_p99(before) * 1000:.1f} ms before, {_p99(during) * 1000:.1f} ms with"
+    print(f"{toolkit.backend}: primary p99 {p99s}")
+    assert _p99(during) < 0.25
+
+    def compared() -> tk.ShadowStatusInfo | None:
+        info = tk.status().applications[primary].shadow
+        return info if info is not None and info.copies >= 4 else None
+
+    info = wait_for(compared, 15, "the shadow's copies to be reported")
+    assert info.to == shadow and info.fraction == 0.5
+    assert info.dropped > 0  # 1 s per copy: most could not be taken in time
+    assert 0 < info.errors < info.copies and info.different == info.errors
+    assert info.p50_ms is not None and info.p50_ms >= 900
+    assert info.primary_p99_ms is not None and info.primary_p99_ms < 250
+    tk.shadow(primary, to=None)
+    assert tk.status().applications[primary].shadow is None

@@ -154,6 +154,12 @@ def test_traffic_command_splits_an_app_and_says_what_is_wrong(ray_toolkit: Toolk
     assert f"  traffic: {main} 95%, {canary} 5%" in table.stdout.splitlines()
     bad_steps = run_cli("rollout", main, "--to", canary, "--steps", "50,10", "--address", address)
     assert bad_steps.returncode == 1 and "increasing percentages" in bad_steps.stderr
+    shadowed = run_cli("shadow", main, "--to", canary, "--fraction", "0.5", "--address", address)
+    assert shadowed.returncode == 0, shadowed.stderr
+    lines = run_cli("status", "--address", address, timeout=120).stdout.splitlines()
+    assert any(line.startswith(f"  shadow {canary} (50%): ") for line in lines), lines
+    assert run_cli("shadow", main, "--off", "--address", address).returncode == 0
+    assert not any("shadow" in line for line in run_cli("status", "--address", address).stdout.splitlines())
 
 
 def test_shutdown_command_stops_the_toolkit_on_the_cluster(ray_toolkit: Toolkit) -> None:
@@ -207,6 +213,7 @@ def test_a_config_file_splits_traffic_and_refuses_an_unknown_variant(tmp_path: P
         ],
     }
     config["applications"][0]["traffic"] = {"blue": 0, "green": 100}
+    config["applications"][0]["shadow"] = {"to": "green", "fraction": 1.0}
     (tmp_path / "serve.yaml").write_text(yaml.safe_dump(config))
     with running_cli([str(tmp_path / "serve.yaml"), "--local"], ROOT, tmp_path / "cli.log") as cli:
         cli.wait_for_output("app-toolkit: serving", 60, count=2)

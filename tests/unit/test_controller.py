@@ -124,7 +124,7 @@ async def test_apply_config_makes_the_apps_exactly_the_files_and_remembers_it() 
     assert list(core.apps) == ["by-hand"] and core.config_file is None
     await core.apply_config([app("a", prefix="/a"), app("b", prefix="/b")], file)
     assert sorted(core.apps) == ["a", "b"]  # the app deployed by hand is gone
-    assert pickle.loads(backend.checkpoints[-1]) == (core.apps, file, {})
+    assert pickle.loads(backend.checkpoints[-1]) == (core.apps, file, {}, {})
     # Changed by hand, an app no longer runs what the file says; deleting the others
     # leaves no file at all.
     await core.deploy_app(app("a", version="v2", prefix="/a"))

@@ -119,7 +119,7 @@ class ControllerCore:
         data = await self.backend.load_checkpoint()
         if data:
             apps, self.config_file, *rest = pickle.loads(data)
-            self.policy = TrafficPolicy(rest[0] if rest else None)
+            self.policy = TrafficPolicy(*rest)
             for spec in apps.values():
                 self._adopt(spec)
             logger.info("Restored %d application(s) from the checkpoint", len(self.apps))
@@ -196,6 +196,13 @@ class ControllerCore:
         now = asyncio.get_running_loop().time()
         started = new_rollout(endpoint, canary, options, self.apps, now)
         event = self.policy.start_rollout(started, self.apps)
+        await self._checkpoint()
+        self._publish_splits()
+        self._record(logging.INFO, event)
+
+    async def shadow(self, endpoint: str, to: str | None, fraction: float) -> None:
+        """Copy ``fraction`` of ``endpoint``'s requests to ``to`` (routing/shadow.py)."""
+        event = self.policy.set_shadow(endpoint, to, fraction, self.apps)
         await self._checkpoint()
         self._publish_splits()
         self._record(logging.INFO, event)
@@ -280,8 +287,10 @@ class ControllerCore:
             self.apps, self.deployments, lambda d: self._current_load(d, now), now, self.proxies
         )
         for name, app in list(status.applications.items()):
-            traffic, rollout = self.policy.status(name, now)
-            status.applications[name] = dataclasses.replace(app, traffic=traffic, rollout=rollout)
+            traffic, rollout, shadow = self.policy.status(name, now)
+            status.applications[name] = dataclasses.replace(
+                app, traffic=traffic, rollout=rollout, shadow=shadow
+            )
         return dataclasses.replace(status, events=list(self.events))
 
     def _record(self, level: int, message: str) -> None:
@@ -330,7 +339,7 @@ class ControllerCore:
             self.longpoll.publish(replicas_key(deployment), DeploymentGone())
 
     async def _checkpoint(self) -> None:
-        await self.backend.save_checkpoint(pickle.dumps((self.apps, self.config_file, self.policy.traffic)))
+        await self.backend.save_checkpoint(pickle.dumps((self.apps, self.config_file, *self.policy.saved())))
 
     async def _store_tables(self) -> None:
         """Store the published tables if they changed (at most every
@@ -470,7 +479,9 @@ class ControllerCore:
             table = replica_table(state)
             app = self.apps.get(deployment.app)
             if app is not None and app.ingress == deployment.name:
-                table = dataclasses.replace(table, split=self.policy.split(app, self.apps))
+                table = dataclasses.replace(
+                    table, split=self.policy.split(app, self.apps), shadow=self.policy.shadow(app, self.apps)
+                )
             self.longpoll.publish(replicas_key(deployment), table)
 
     def _publish_splits(self) -> None:

@@ -12,12 +12,14 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 
 from app_toolkit._runtime.controller.rollout import Rollout
 from app_toolkit._runtime.messages import AppSpec, DeploymentID
-from app_toolkit._runtime.tables import VariantOutcome
+from app_toolkit._runtime.tables import ShadowOutcome, VariantOutcome
 from app_toolkit.exceptions import ConfigError
-from app_toolkit.status import RolloutStatusInfo
+from app_toolkit.metrics import SECONDS_BUCKETS, quantile
+from app_toolkit.status import RolloutStatusInfo, ShadowStatusInfo
 
 #: Variant application -> its share (the shares of a split add up to 1).
 Weights = tuple[tuple[str, float], ...]
@@ -46,7 +48,7 @@ def normalize(endpoint: str, weights: Mapping[str, float], apps: Mapping[str, Ap
     total = float(sum(weights.values()))
     if total <= 0:
         raise ConfigError("At least one weight must be above zero")
-    shares = tuple(sorted((name, weight / total) for name, weight in weights.items() if weight > 0))
+    shares = tuple((name, weight / total) for name, weight in weights.items() if weight > 0)
     if shares == ((endpoint, 1.0),):
         return ()
     return shares
@@ -73,12 +75,93 @@ def split_for(shares: Weights, apps: Mapping[str, AppSpec]) -> Split:
     return tuple((DeploymentID(name, apps[name].ingress), share) for name, share in shares if name in apps)
 
 
-class TrafficPolicy:
-    """Every application's split and rollout, as the controller keeps them."""
+@dataclass
+class Shadowing:
+    """A shadow of an application and what its copies did since it was set."""
 
-    def __init__(self, traffic: dict[str, Weights] | None = None) -> None:
+    to: str
+    fraction: float
+    copies: int = 0
+    errors: int = 0
+    different: int = 0
+    dropped: int = 0
+    counts: list[int] = field(default_factory=lambda: [0] * (len(SECONDS_BUCKETS) + 1))
+    primary_counts: list[int] = field(default_factory=lambda: [0] * (len(SECONDS_BUCKETS) + 1))
+
+    def add(self, outcome: ShadowOutcome) -> None:
+        self.copies += outcome.copies
+        self.errors += outcome.errors
+        self.different += outcome.different
+        self.dropped += outcome.dropped
+        for counts, more in (
+            (self.counts, outcome.latency_counts),
+            (self.primary_counts, outcome.primary_latency_counts),
+        ):
+            for index, count in enumerate(more[: len(counts)]):
+                counts[index] += count
+
+    def info(self) -> ShadowStatusInfo:
+        return ShadowStatusInfo(
+            to=self.to,
+            fraction=self.fraction,
+            copies=self.copies,
+            errors=self.errors,
+            different=self.different,
+            dropped=self.dropped,
+            p50_ms=_quantile_ms(self.counts, 0.5),
+            p99_ms=_quantile_ms(self.counts, 0.99),
+            primary_p50_ms=_quantile_ms(self.primary_counts, 0.5),
+            primary_p99_ms=_quantile_ms(self.primary_counts, 0.99),
+        )
+
+
+def _quantile_ms(counts: list[int], q: float) -> float | None:
+    cumulative, total = [], 0
+    for bound, count in zip((*SECONDS_BUCKETS, math.inf), counts, strict=True):
+        total += count
+        cumulative.append((bound, float(total)))
+    found = quantile(cumulative, q)
+    return None if found is None else found * 1000
+
+
+class TrafficPolicy:
+    """Every application's split, rollout and shadow, as the controller keeps them."""
+
+    def __init__(
+        self, traffic: dict[str, Weights] | None = None, shadows: dict[str, tuple[str, float]] | None = None
+    ) -> None:
         self.traffic: dict[str, Weights] = dict(traffic or {})
         self.rollouts: dict[str, Rollout] = {}
+        self.shadows: dict[str, Shadowing] = {
+            endpoint: Shadowing(to, fraction) for endpoint, (to, fraction) in (shadows or {}).items()
+        }
+
+    def saved(self) -> tuple[dict[str, Weights], dict[str, tuple[str, float]]]:
+        """What the checkpoint keeps: the splits and the shadows."""
+        return self.traffic, {endpoint: (s.to, s.fraction) for endpoint, s in self.shadows.items()}
+
+    def set_shadow(self, endpoint: str, to: str | None, fraction: float, apps: Mapping[str, AppSpec]) -> str:
+        """Copy ``fraction`` of ``endpoint``'s requests to ``to`` (None or 0: stop); returns
+        the event. Raises ConfigError saying what to fix."""
+        if endpoint not in apps:
+            raise ConfigError(f"No application {endpoint!r} to shadow; deploy it first")
+        if to is None or fraction == 0:
+            self.shadows.pop(endpoint, None)
+            return f"Shadow of {endpoint} stopped"
+        if to not in apps:
+            raise ConfigError(f"No application {to!r} to send {endpoint!r}'s copies to; deploy it first")
+        if to == endpoint:
+            raise ConfigError("An application cannot shadow itself; deploy the shadow as another application")
+        if isinstance(fraction, bool) or not isinstance(fraction, int | float) or not 0 < fraction <= 1:
+            raise ConfigError(f"fraction is the share of requests to copy, in (0, 1]; got {fraction!r}")
+        self.shadows[endpoint] = Shadowing(to, float(fraction))
+        return f"Shadow of {endpoint}: {fraction:.0%} of its requests copied to {to}"
+
+    def shadow(self, app: AppSpec, apps: Mapping[str, AppSpec]) -> tuple[DeploymentID, float] | None:
+        shadowing = self.shadows.get(app.name)
+        if shadowing is None or shadowing.to not in apps:
+            return None
+        return DeploymentID(shadowing.to, apps[shadowing.to].ingress), shadowing.fraction
 
     def set(self, endpoint: str, weights: Mapping[str, float], apps: Mapping[str, AppSpec]) -> str:
         """Set a split by hand (it stops a rollout of ``endpoint``); returns what changed,
@@ -100,7 +183,12 @@ class TrafficPolicy:
         name = f"Rollout of {rollout.endpoint} to {rollout.canary}"
         return f"{name} started: steps {steps} %; {self._describe(rollout.endpoint)}"
 
-    def record(self, outcome: VariantOutcome) -> None:
+    def record(self, outcome: VariantOutcome | ShadowOutcome) -> None:
+        if isinstance(outcome, ShadowOutcome):
+            shadowing = self.shadows.get(outcome.endpoint)
+            if shadowing is not None and shadowing.to == outcome.shadow:
+                shadowing.add(outcome)
+            return
         rollout = self.rollouts.get(outcome.endpoint)
         if rollout is not None:
             rollout.record(outcome)
@@ -130,6 +218,7 @@ class TrafficPolicy:
 
     def app_removed(self, name: str) -> None:
         self.traffic = without(self.traffic, name)
+        self.shadows = {e: s for e, s in self.shadows.items() if name not in (e, s.to)}
         for rollout in self.rollouts.values():
             if name in (rollout.endpoint, rollout.canary):
                 rollout.stop(f"{name} was deleted")
@@ -139,23 +228,31 @@ class TrafficPolicy:
         shares = self.traffic.get(app.name)
         return split_for(shares, apps) if shares else ()
 
-    def status(self, name: str, now: float) -> tuple[dict[str, float], RolloutStatusInfo | None]:
-        """Application ``name``'s split and its latest rollout, for status()."""
+    def status(
+        self, name: str, now: float
+    ) -> tuple[dict[str, float], RolloutStatusInfo | None, ShadowStatusInfo | None]:
+        """Application ``name``'s split, its latest rollout and its shadow, for status()."""
         traffic = dict(self.traffic.get(name, ()))
+        shadowing = self.shadows.get(name)
+        shadow = shadowing.info() if shadowing is not None else None
         rollout = self.rollouts.get(name)
         if rollout is None:
-            return traffic, None
-        return traffic, RolloutStatusInfo(
-            canary=rollout.canary,
-            steps=list(rollout.steps),
-            step=rollout.step,
-            state=rollout.state,
-            message=rollout.reason,
-            canary_requests=rollout.requests,
-            canary_errors=rollout.errors,
-            canary_p99_ms=rollout.p99_ms(),
-            step_age_s=now - rollout.step_started,
-            history=list(rollout.history),
+            return traffic, None, shadow
+        return (
+            traffic,
+            RolloutStatusInfo(
+                canary=rollout.canary,
+                steps=list(rollout.steps),
+                step=rollout.step,
+                state=rollout.state,
+                message=rollout.reason,
+                canary_requests=rollout.requests,
+                canary_errors=rollout.errors,
+                canary_p99_ms=rollout.p99_ms(),
+                step_age_s=now - rollout.step_started,
+                history=list(rollout.history),
+            ),
+            shadow,
         )
 
     def _set(self, endpoint: str, weights: Mapping[str, float], apps: Mapping[str, AppSpec]) -> None:

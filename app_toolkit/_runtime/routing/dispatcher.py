@@ -9,7 +9,6 @@ another, since it never started.
 from __future__ import annotations
 
 import asyncio
-import bisect
 import collections
 import logging
 import random
@@ -22,9 +21,10 @@ from app_toolkit._runtime.channel.frames import DRAINING, Kind
 from app_toolkit._runtime.messages import DeploymentID, ReplicaInfo
 from app_toolkit._runtime.routing import caller_metrics
 from app_toolkit._runtime.routing.choice import Affinity, ReplicaChooser, choose_variant, queue_is_full
-from app_toolkit._runtime.tables import Outcomes, VariantOutcome
+from app_toolkit._runtime.routing.shadow import Shadower
+from app_toolkit._runtime.routing.tally import VariantTally, failed
+from app_toolkit._runtime.tables import Outcomes
 from app_toolkit.exceptions import BackPressureError, ReplicaUnavailableError, RequestLostError
-from app_toolkit.metrics import SECONDS_BUCKETS
 
 logger = logging.getLogger("app_toolkit.router")
 
@@ -79,6 +79,7 @@ class Dispatcher:
         self._rng = random.Random()
         # Per variant application of the split: what its requests did since the last report.
         self._outcomes: dict[str, VariantTally] = {}
+        self._shadower: Shadower | None = None  # made when a shadow is first set
         # Called when a request waits and there is no replica at all (scale from zero).
         self._on_demand = on_demand
         self._chooser = ReplicaChooser()
@@ -106,12 +107,17 @@ class Dispatcher:
         max_queued_requests: int,
         affinity: Affinity = "strict",
         split: tuple[tuple[DeploymentID, float], ...] = (),
+        shadow: tuple[DeploymentID, float] | None = None,
     ) -> None:
         """Adopt the controller's newest replica table for this deployment."""
         self._closed_reason = None
         self.max_queued_requests = max_queued_requests
         self.affinity = affinity
         self._split = split if self._resolve is not None else ()
+        if shadow is not None and self._shadower is None and self._resolve is not None:
+            self._shadower = Shadower(self.deployment, self._resolve)
+        if self._shadower is not None:
+            self._shadower.configure(shadow)
         self._chooser.set_replicas(replicas)
         live = {info.replica_id for info in replicas}
         for replica_id in list(self._clients):
@@ -122,6 +128,8 @@ class Dispatcher:
     def close(self, reason: str) -> None:
         """The deployment is gone: fail everything that waits for it."""
         self._closed_reason = reason
+        if self._shadower is not None:
+            self._shadower.configure(None)
         self._chooser.set_replicas([])
         for replica_id in list(self._clients):
             self._retire(replica_id)
@@ -132,14 +140,16 @@ class Dispatcher:
         self._keyed_waiters = 0
 
     def take_outcomes(self) -> Outcomes:
-        """What the split's variants did since the last call (for the controller)."""
-        taken = tuple(
+        """What the split's variants and the shadow copies did since the last call (for
+        the controller)."""
+        taken: Outcomes = tuple(
             tally.outcome(self.deployment.app, variant)
             for variant, tally in self._outcomes.items()
             if tally.requests
         )
         self._outcomes.clear()
-        return taken
+        shadowed = self._shadower.take() if self._shadower is not None else None
+        return (*taken, shadowed) if shadowed is not None else taken
 
     @property
     def queued(self) -> int:
@@ -164,12 +174,15 @@ class Dispatcher:
         replica the key maps to (see ``choice.py``; ``affinity`` says whether it waits for
         that replica when it is full). With a traffic split, the request goes to one of
         its variants by weight (the same one for a shard key)."""
-        if split and self._split and self._resolve is not None:
+        shadower = self._shadower if self._shadower is not None and self._shadower.active else None
+        if not split or (not self._split and shadower is None) or self._resolve is None:
+            return await self._deliver(kind, message, model_id, shard_key)
+        started = _now()
+        if self._split:
             variant = choose_variant(self._split, shard_key, self._rng)
             caller_metrics.split_to(self.deployment, variant)
             target = self if variant == self.deployment else self._resolve(variant)
             tally = self._outcomes.setdefault(variant.app, VariantTally())
-            started = _now()
             try:
                 reply = await target.send(kind, message, model_id, shard_key, split=False)
             except asyncio.CancelledError:
@@ -177,8 +190,15 @@ class Dispatcher:
             except Exception:
                 tally.add(_now() - started, error=True)
                 raise
-            tally.add(_now() - started, error=_failed(reply))
-            return reply
+            tally.add(_now() - started, error=failed(reply))
+        else:
+            reply = await self._deliver(kind, message, model_id, shard_key)
+        if shadower is not None:  # the primary is on its way: now the copy, maybe
+            shadower.offer(kind, message, model_id, reply, _now() - started)
+        return reply
+
+    async def _deliver(self, kind: Kind, message: Any, model_id: str, shard_key: str) -> Reply:
+        """Send to a replica of this deployment; retry on another while it never started."""
         failures = 0
         while True:
             info = await self._acquire(model_id, shard_key)
@@ -336,33 +356,6 @@ class Dispatcher:
         if self._wake_handle is not None and not self._wake_handle.cancelled():
             self._wake_handle.cancel()
         self._wake_handle = asyncio.get_running_loop().call_later(max(delay_s, 0.0), self._wake)
-
-
-class VariantTally:
-    """Requests, errors and latency counts of one variant, between two reports."""
-
-    __slots__ = ("requests", "errors", "counts")
-
-    def __init__(self) -> None:
-        self.requests = 0
-        self.errors = 0
-        self.counts = [0] * (len(SECONDS_BUCKETS) + 1)
-
-    def add(self, seconds: float, error: bool) -> None:
-        self.requests += 1
-        self.errors += error
-        self.counts[bisect.bisect_left(SECONDS_BUCKETS, seconds)] += 1
-
-    def outcome(self, endpoint: str, variant: str) -> VariantOutcome:
-        return VariantOutcome(endpoint, variant, self.requests, self.errors, tuple(self.counts))
-
-
-def _failed(reply: Reply) -> bool:
-    """The first frame says the request failed: a raised call, or an HTTP 5xx."""
-    if reply.kind is Kind.FAILURE:
-        return True
-    status = getattr(reply.message, "status", 200)
-    return isinstance(status, int) and status >= 500
 
 
 #: A waiting request: its future, multiplexed model id and shard key.

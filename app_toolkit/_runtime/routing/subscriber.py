@@ -69,7 +69,9 @@ class TableSubscriber:
 
             def apply(table: Table | None) -> None:
                 if isinstance(table, ReplicaTable):
-                    dispatcher.update(table.replicas, table.max_queued_requests, table.affinity, table.split)
+                    dispatcher.update(
+                        table.replicas, table.max_queued_requests, table.affinity, table.split, table.shadow
+                    )
                 else:
                     reason = (
                         "was deleted or failed to deploy"

@@ -170,6 +170,10 @@ class ControllerActor:
         await self.ready()
         await self.core.rollout(endpoint, canary, options)
 
+    async def shadow(self, endpoint: str, to: str | None, fraction: float) -> None:
+        await self.ready()
+        await self.core.shadow(endpoint, to, fraction)
+
     async def apply_config(self, specs: list[AppSpec], config_file: dict[str, Any]) -> None:
         await self.ready()
         await self.core.apply_config(specs, config_file)

@@ -1,0 +1,158 @@
+"""Shadow traffic: a copy of a share of one deployment's requests goes to a shadow
+deployment; its answers are compared with the primary's and thrown away.
+
+The primary never waits for its shadow. A copy is offered only once the primary has
+its first frame. It waits in a bounded queue, and a few workers send the copies, each
+with a deadline. A copy that finds the queue full, or that outlasts its deadline, is
+dropped and counted. Streams (streamed calls, WebSockets) are not copied; an HTTP
+response that turns out to be streamed is compared on its status alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import logging
+import random
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from app_toolkit._runtime.channel.frames import Kind
+from app_toolkit._runtime.messages import DeploymentID, HTTPRequest, MethodCall
+from app_toolkit._runtime.routing.tally import ShadowTally, answer_of, failed
+from app_toolkit._runtime.tables import ShadowOutcome
+
+logger = logging.getLogger("app_toolkit.router")
+
+#: Copies waiting to be sent, per caller and shadowed deployment; more are dropped.
+QUEUE_BOUND = 64
+#: Copies in flight at once, per caller and shadowed deployment.
+WORKERS = 4
+#: A copy whose first frame takes longer is dropped (its request cancelled).
+COPY_TIMEOUT_S = 5.0
+
+
+class _Reply(Protocol):
+    kind: Kind
+    message: Any
+    exchange: Any
+
+    def release(self) -> None: ...
+
+
+class _Sender(Protocol):
+    async def send(
+        self, kind: Kind, message: Any, model_id: str = "", shard_key: str = "", split: bool = True
+    ) -> Any: ...
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Copy:
+    kind: Kind
+    message: Any
+    model_id: str
+    primary_answer: str
+    primary_seconds: float
+
+
+class Shadower:
+    """Copies a share of one deployment's requests (as one caller sends them) to its
+    shadow. ``configure`` turns it on, retargets it or turns it off."""
+
+    def __init__(self, endpoint: DeploymentID, resolve: Callable[[DeploymentID], _Sender]) -> None:
+        self._endpoint = endpoint
+        self._resolve = resolve
+        self._target: DeploymentID | None = None
+        self._fraction = 0.0
+        self._queue: collections.deque[_Copy] = collections.deque()
+        self._ready = asyncio.Event()
+        self._workers: list[asyncio.Task[None]] = []
+        self._rng = random.Random()
+        self.tally = ShadowTally()
+
+    @property
+    def active(self) -> bool:
+        return self._target is not None
+
+    def configure(self, shadow: tuple[DeploymentID, float] | None) -> None:
+        target, fraction = shadow if shadow is not None else (None, 0.0)
+        if target != self._target:
+            self.close()
+        self._target, self._fraction = target, fraction
+
+    def offer(self, kind: Kind, message: Any, model_id: str, reply: _Reply, primary_seconds: float) -> None:
+        """The primary was dispatched: copy it to the shadow (``fraction`` of the time),
+        unless it is a stream or the queue is full."""
+        if self._target is None or self._rng.random() >= self._fraction:
+            return
+        if kind not in (Kind.HTTP, Kind.CALL) or getattr(message, "stream", False):
+            return
+        if len(self._queue) >= QUEUE_BOUND:
+            self.tally.dropped += 1
+            return
+        self._queue.append(_Copy(kind, _copy_of(message), model_id, answer_of(reply), primary_seconds))
+        self._ready.set()
+        if not self._workers:
+            loop = asyncio.get_running_loop()
+            self._workers = [loop.create_task(self._work()) for _ in range(WORKERS)]
+
+    def take(self) -> ShadowOutcome | None:
+        """What the copies did since the last call (None: nothing)."""
+        if self._target is None or not (self.tally.copies or self.tally.dropped):
+            return None
+        taken = self.tally.outcome(self._endpoint.app, self._target.app)
+        self.tally = ShadowTally()
+        return taken
+
+    def close(self) -> None:
+        for worker in self._workers:
+            worker.cancel()
+        self._workers = []
+        self.tally.dropped += len(self._queue)
+        self._queue.clear()
+
+    async def _work(self) -> None:
+        while True:
+            if not self._queue:
+                self._ready.clear()
+                await self._ready.wait()
+                continue
+            copy = self._queue.popleft()
+            target = self._target
+            if target is None:
+                continue
+            await self._send(target, copy)
+
+    async def _send(self, target: DeploymentID, copy: _Copy) -> None:
+        started = time.perf_counter()
+        try:
+            async with asyncio.timeout(COPY_TIMEOUT_S):
+                reply: _Reply = await self._resolve(target).send(
+                    copy.kind, copy.message, copy.model_id, split=False
+                )
+        except TimeoutError:
+            self.tally.dropped += 1
+            return
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the shadow failing is what is measured
+            logger.debug("Shadow copy to %s failed: %r", target, exc)
+            seconds = time.perf_counter() - started
+            self.tally.add(seconds, copy.primary_seconds, True, copy.primary_answer != "failed")
+            return
+        seconds = time.perf_counter() - started
+        try:
+            answer = answer_of(reply)
+            self.tally.add(seconds, copy.primary_seconds, failed(reply), answer != copy.primary_answer)
+        finally:
+            reply.exchange.cancel()  # a streamed answer is not read further
+            reply.release()
+
+
+def _copy_of(message: Any) -> Any:
+    """The request under a request id of its own (the shadow's logs tell it apart)."""
+    if isinstance(message, HTTPRequest | MethodCall):
+        return dataclasses.replace(message, request_id=message.request_id + "-shadow")
+    return message

@@ -1,0 +1,128 @@
+"""Shadow traffic in the caller (fake dispatchers): copies go after the primary, are
+compared and counted; a full queue or a slow shadow drops copies, never delays the
+primary. And the controller's side: checks, publishing, status."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from app_toolkit._runtime.channel.exchange import Exchange
+from app_toolkit._runtime.channel.frames import Kind
+from app_toolkit._runtime.messages import DeploymentID, HTTPRequest, HTTPResponse, MethodCall
+from app_toolkit._runtime.routing import shadow as shadow_module
+from app_toolkit._runtime.routing.dispatcher import Reply
+from app_toolkit._runtime.routing.shadow import Shadower
+from app_toolkit._runtime.tables import ReplicaTable, ShadowOutcome, replicas_key
+from app_toolkit.exceptions import ConfigError
+from tests.unit.test_controller import FakeBackend, app, started
+
+PRIMARY, SHADOW = DeploymentID("chat", "D"), DeploymentID("chat-v2", "D")
+pytestmark = pytest.mark.anyio
+
+
+def reply(status: int) -> Reply:
+    return Reply(Kind.RESPONSE, HTTPResponse(status, [], b""), Exchange(lambda: None), "r", lambda _: None)
+
+
+class FakeShadow:
+    """Answers copies with the statuses given in turn, after ``delay_s``."""
+
+    def __init__(self, statuses: list[int], delay_s: float = 0.0) -> None:
+        self.statuses = statuses
+        self.delay_s = delay_s
+        self.received: list[Any] = []
+
+    async def send(
+        self, kind: Kind, message: Any, model_id: str = "", shard_key: str = "", split: bool = True
+    ) -> Reply:
+        status = self.statuses[len(self.received) % len(self.statuses)]
+        self.received.append(message)
+        await asyncio.sleep(self.delay_s)
+        return reply(status)
+
+
+def request(n: int) -> HTTPRequest:
+    return HTTPRequest(f"req-{n}", {"type": "http", "method": "GET"}, b"")
+
+
+async def drained(shadower: Shadower, copies: int) -> ShadowOutcome:
+    for _ in range(200):
+        if shadower.tally.copies + shadower.tally.dropped >= copies:
+            break
+        await asyncio.sleep(0.01)
+    taken = shadower.take()
+    assert taken is not None
+    return taken
+
+
+async def test_copies_are_compared_with_the_primary_and_counted() -> None:
+    fake = FakeShadow([200, 500])
+    shadower = Shadower(PRIMARY, lambda _: fake)
+    shadower.configure((SHADOW, 1.0))
+    for n in range(10):
+        shadower.offer(Kind.HTTP, request(n), "", reply(200), 0.002)
+    outcome = await drained(shadower, 10)
+    assert (outcome.copies, outcome.errors, outcome.different, outcome.dropped) == (10, 5, 5, 0)
+    assert (outcome.endpoint, outcome.shadow) == ("chat", "chat-v2")
+    assert sum(outcome.primary_latency_counts) == 10
+    assert [m.request_id for m in fake.received][:2] == ["req-0-shadow", "req-1-shadow"]
+    # Streams are never copied.
+    shadower.offer(Kind.WS_OPEN, request(99), "", reply(200), 0.001)
+    shadower.offer(Kind.CALL, MethodCall("c", "tokens", (), stream=True), "", reply(200), 0.001)
+    await asyncio.sleep(0.05)
+    assert len(fake.received) == 10 and shadower.take() is None
+    shadower.close()
+
+
+async def test_a_slow_shadow_drops_copies_instead_of_holding_anything(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(shadow_module, "COPY_TIMEOUT_S", 0.05)
+    fake = FakeShadow([200], delay_s=10.0)
+    shadower = Shadower(PRIMARY, lambda _: fake)
+    shadower.configure((SHADOW, 1.0))
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    for n in range(shadow_module.QUEUE_BOUND + shadow_module.WORKERS + 10):
+        shadower.offer(Kind.HTTP, request(n), "", reply(200), 0.001)
+    assert loop.time() - started < 0.05  # offering never waits
+    outcome = await drained(shadower, shadow_module.QUEUE_BOUND + shadow_module.WORKERS + 10)
+    assert outcome.copies == 0 and outcome.dropped >= 10
+    shadower.configure(None)  # turning it off stops the workers
+    await asyncio.sleep(0)
+    assert shadower.take() is None
+
+
+async def test_the_controller_checks_publishes_and_reports_a_shadow() -> None:
+    backend = FakeBackend()
+    core = await started(backend)
+    await core.deploy_app(app("chat", prefix="/chat"))
+    await core.deploy_app(app("chat-v2", prefix=None))
+    for to, fraction, message in (
+        ("nope", 0.5, "No application 'nope'"),
+        ("chat", 0.5, "cannot shadow itself"),
+        ("chat-v2", 1.5, "in \\(0, 1\\]"),
+    ):
+        with pytest.raises(ConfigError, match=message):
+            await core.shadow("chat", to, fraction)
+    await core.shadow("chat", "chat-v2", 0.25)
+    table = core.longpoll.get(replicas_key(PRIMARY))
+    assert isinstance(table, ReplicaTable) and table.shadow == (SHADOW, 0.25)
+    counts = (0, 0, 5, 0, 0, 0, 0, 0, 0, 0, 5, 0, 0, 0, 0, 0)  # 5 copies at ≤ 5 ms, 5 at ≤ 1 s
+    core.record_load("proxy", {}, (ShadowOutcome("chat", "chat-v2", 10, 5, 5, 3, counts, counts),))
+    shadow = core.status().applications["chat"].shadow
+    assert shadow is not None and (shadow.copies, shadow.errors, shadow.different, shadow.dropped) == (
+        10,
+        5,
+        5,
+        3,
+    )
+    assert shadow.p99_ms is not None and 500 < shadow.p99_ms <= 1000
+    await core.shadow("chat", None, 0)
+    table = core.longpoll.get(replicas_key(PRIMARY))
+    assert isinstance(table, ReplicaTable) and table.shadow is None
+    assert core.status().applications["chat"].shadow is None
+    await core.stop()
