@@ -49,3 +49,19 @@ app = tk.App(make_fastapi(), name="bench", max_ongoing_requests=256, max_queued_
 app2 = tk.App(
     make_fastapi(), name="bench", num_replicas=2, max_ongoing_requests=256, max_queued_requests=4096
 )
+
+#: A shadow for ``http_overhead --shadow``: each request takes 1 s and every other fails.
+shadow_router = APIRouter()
+_shadow_served = [0]
+
+
+@shadow_router.get("/small")
+async def slow_flaky_small() -> dict[str, str]:
+    await asyncio.sleep(1.0)
+    _shadow_served[0] += 1
+    if _shadow_served[0] % 2:
+        raise RuntimeError("the shadow fails half its requests")
+    return {"hello": "shadow"}
+
+
+shadow = tk.App(shadow_router, name="bench-shadow", max_ongoing_requests=256)

@@ -263,6 +263,26 @@ def split_config(folder: Path) -> str:
     return str(path)
 
 
+def shadow_config(folder: Path) -> str:
+    """A config file: the bench app, half its requests copied to a slow, flaky shadow."""
+    import yaml
+
+    config = {
+        "applications": [
+            {
+                "name": "bench",
+                "route_prefix": "/",
+                "import_path": "benchmarks.bench_app:app",
+                "shadow": {"to": "bench-shadow", "fraction": 0.5},
+            },
+            {"name": "bench-shadow", "route_prefix": None, "import_path": "benchmarks.bench_app:shadow"},
+        ]
+    }
+    path = folder / "shadow.yaml"
+    path.write_text(yaml.safe_dump(config))
+    return str(path)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -276,6 +296,12 @@ def main() -> None:
         "--channel-tls",
         action="store_true",
         help="run the toolkit's data plane over TLS (throwaway certificates; needs trustme)",
+    )
+    parser.add_argument(
+        "--shadow",
+        action="store_true",
+        help="copy half the requests to a shadow that takes 1 s and fails every other request "
+        "(compare the primary's p99 and failures with a run without it)",
     )
     parser.add_argument(
         "--split",
@@ -292,6 +318,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as folder:
         if args.split:
             target = split_config(Path(folder))
+        elif args.shadow:
+            target = shadow_config(Path(folder))
         servers, bases = start_servers(
             "benchmarks.bench_app:fastapi_app",
             target,
