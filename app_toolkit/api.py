@@ -251,16 +251,18 @@ def rollout(
     session.rollout(app, to, options)
 
 
-def shadow(app: str, *, to: str | None, fraction: float = 0.1) -> None:
+def shadow(app: str, *, to: str | None, fraction: float = 0.1, compare: str | None = None) -> None:
     """Copy ``fraction`` of application ``app``'s requests (HTTP and handle calls) to the
     application ``to``: its answers are compared with the primary's (status, latency)
-    into ``status()`` and thrown away. The primary never waits for its shadow; copies the
+    into ``status()`` and thrown away. ``compare`` ("module:function") also compares
+    bodies: it gets the primary's and the shadow's (HTTP body bytes, or call results)
+    and returns whether they agree. The primary never waits for its shadow; copies the
     shadow cannot take in time are dropped and counted. Streams and WebSockets are not
     copied. ``to=None`` stops it."""
     session = current_session(create=False) or session_factory("auto").find(None)
     if session is None:
         raise ConfigError("Nothing is running: deploy the applications before a shadow")
-    session.shadow(app, to, fraction)
+    session.shadow(app, to, fraction, compare or "")
 
 
 def status() -> ServeStatus:

@@ -259,7 +259,7 @@ def _apply(
         if app.traffic or current[app.name].traffic:  # the file's split, or none
             session.set_traffic(app.name, app.traffic or {app.name: 1})
         if app.shadow is not None:
-            session.shadow(app.name, app.shadow.to, app.shadow.fraction)
+            session.shadow(app.name, app.shadow.to, app.shadow.fraction, app.shadow.compare)
         elif current[app.name].shadow is not None:
             session.shadow(app.name, None, 0)
     for app in config.applications if wait else ():
@@ -437,9 +437,12 @@ def rollout_command(
 @click.argument("app_name", metavar="APP")
 @click.option("--to", "shadow_app", default=None, help="The application that gets the copies.")
 @click.option("--fraction", type=float, default=0.1, show_default=True, help="The share of requests copied.")
+@click.option("--compare", default="", help='"module:function" that says whether two answers agree.')
 @click.option("--off", is_flag=True, help="Stop copying APP's requests.")
 @click.option("--address", default="auto", show_default=True, help="Ray cluster to act on.")
-def shadow_command(app_name: str, shadow_app: str | None, fraction: float, off: bool, address: str) -> None:
+def shadow_command(
+    app_name: str, shadow_app: str | None, fraction: float, compare: str, off: bool, address: str
+) -> None:
     """Copy a share of APP's requests to another application and compare its answers
     (`app-toolkit status` shows how they compare)."""
     if not off and shadow_app is None:
@@ -450,7 +453,7 @@ def shadow_command(app_name: str, shadow_app: str | None, fraction: float, off: 
         _fail(ConfigError("app_toolkit is not running on this cluster"))
         return
     try:
-        session.shadow(app_name, None if off else shadow_app, 0 if off else fraction)
+        session.shadow(app_name, None if off else shadow_app, 0 if off else fraction, compare)
     except AppToolkitError as exc:
         _fail(exc)
         return

@@ -164,6 +164,9 @@ class ShadowConfig(_Schema):
 
     to: str = Field(description="The application of the file that gets the copies.")
     fraction: float = Field(0.1, gt=0, le=1, description="The share of requests copied.")
+    compare: str = Field(
+        "", description='"module:function" saying whether two answers agree; "" compares statuses only.'
+    )
 
 
 class ApplicationConfig(_Schema):

@@ -105,6 +105,7 @@ class ShadowStatusInfo:
 
     to: str
     fraction: float
+    compare: str  # the function that compares answers ("module:function"; "": statuses only)
     copies: int  # answered (or failed) copies
     errors: int  # copies the shadow failed (5xx, raised, no replica)
     different: int  # copies whose answer (status, or failed vs not) differs from the primary's

@@ -23,6 +23,17 @@ def replicas_key(deployment: DeploymentID) -> str:
 
 
 @dataclass(frozen=True, slots=True)
+class ShadowTarget:
+    """Where copies of an application's requests go (routing/shadow.py)."""
+
+    deployment: DeploymentID  # the shadow application's ingress
+    fraction: float  # the share of requests copied
+    #: "module:function" taking (primary answer, shadow answer) and returning whether they
+    #: agree; "" compares statuses only.
+    compare: str = ""
+
+
+@dataclass(frozen=True, slots=True)
 class ReplicaTable:
     """The running replicas of one deployment and how much its callers may queue."""
 
@@ -35,9 +46,8 @@ class ReplicaTable:
     #: An application's ingress whose traffic is split (controller/traffic.py): each
     #: variant's ingress and its share. Empty: no split.
     split: tuple[tuple[DeploymentID, float], ...] = ()
-    #: The ingress of the application that gets copies of a share of this one's
-    #: requests (routing/shadow.py), and that share. None: no shadow.
-    shadow: tuple[DeploymentID, float] | None = None
+    #: Where copies of a share of this application's requests go. None: no shadow.
+    shadow: ShadowTarget | None = None
 
 
 @dataclass(frozen=True, slots=True)

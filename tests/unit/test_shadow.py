@@ -15,7 +15,7 @@ from app_toolkit._runtime.messages import DeploymentID, HTTPRequest, HTTPRespons
 from app_toolkit._runtime.routing import shadow as shadow_module
 from app_toolkit._runtime.routing.dispatcher import Reply
 from app_toolkit._runtime.routing.shadow import Shadower
-from app_toolkit._runtime.tables import ReplicaTable, ShadowOutcome, replicas_key
+from app_toolkit._runtime.tables import ReplicaTable, ShadowOutcome, ShadowTarget, replicas_key
 from app_toolkit.exceptions import ConfigError
 from tests.unit.test_controller import FakeBackend, app, started
 
@@ -23,25 +23,31 @@ PRIMARY, SHADOW = DeploymentID("chat", "D"), DeploymentID("chat-v2", "D")
 pytestmark = pytest.mark.anyio
 
 
-def reply(status: int) -> Reply:
-    return Reply(Kind.RESPONSE, HTTPResponse(status, [], b""), Exchange(lambda: None), "r", lambda _: None)
+def reply(status: int, body: bytes = b"") -> Reply:
+    return Reply(Kind.RESPONSE, HTTPResponse(status, [], body), Exchange(lambda: None), "r", lambda _: None)
+
+
+def same_words(primary: bytes, shadow: bytes) -> bool:
+    """A compare function: the answers agree when they have the same words, in any case."""
+    return primary.lower().split() == shadow.lower().split()
 
 
 class FakeShadow:
     """Answers copies with the statuses given in turn, after ``delay_s``."""
 
-    def __init__(self, statuses: list[int], delay_s: float = 0.0) -> None:
+    def __init__(self, statuses: list[int], delay_s: float = 0.0, bodies: list[bytes] | None = None) -> None:
         self.statuses = statuses
         self.delay_s = delay_s
+        self.bodies = bodies or [b""]
         self.received: list[Any] = []
 
     async def send(
         self, kind: Kind, message: Any, model_id: str = "", shard_key: str = "", split: bool = True
     ) -> Reply:
-        status = self.statuses[len(self.received) % len(self.statuses)]
+        n = len(self.received)
         self.received.append(message)
         await asyncio.sleep(self.delay_s)
-        return reply(status)
+        return reply(self.statuses[n % len(self.statuses)], self.bodies[n % len(self.bodies)])
 
 
 def request(n: int) -> HTTPRequest:
@@ -61,7 +67,7 @@ async def drained(shadower: Shadower, copies: int) -> ShadowOutcome:
 async def test_copies_are_compared_with_the_primary_and_counted() -> None:
     fake = FakeShadow([200, 500])
     shadower = Shadower(PRIMARY, lambda _: fake)
-    shadower.configure((SHADOW, 1.0))
+    shadower.configure(ShadowTarget(SHADOW, 1.0))
     for n in range(10):
         shadower.offer(Kind.HTTP, request(n), "", reply(200), 0.002)
     outcome = await drained(shadower, 10)
@@ -77,13 +83,30 @@ async def test_copies_are_compared_with_the_primary_and_counted() -> None:
     shadower.close()
 
 
+async def test_a_compare_function_judges_the_bodies(caplog: pytest.LogCaptureFixture) -> None:
+    fake = FakeShadow([200], bodies=[b"Hello World", b"hello   world", b"goodbye"])
+    shadower = Shadower(PRIMARY, lambda _: fake)
+    shadower.configure(ShadowTarget(SHADOW, 1.0, "tests.unit.test_shadow:same_words"))
+    for n in range(6):
+        shadower.offer(Kind.HTTP, request(n), "", reply(200, b"hello world"), 0.002)
+    outcome = await drained(shadower, 6)
+    assert (outcome.copies, outcome.errors, outcome.different) == (6, 0, 2)  # the "goodbye"s
+    # A function that cannot be imported where the caller runs: statuses only, said once.
+    shadower.configure(ShadowTarget(SHADOW, 1.0, "no_such_module:same"))
+    assert "cannot be imported here" in caplog.text
+    for n in range(3):
+        shadower.offer(Kind.HTTP, request(n), "", reply(200, b"hello world"), 0.002)
+    assert (await drained(shadower, 3)).different == 0
+    shadower.close()
+
+
 async def test_a_slow_shadow_drops_copies_instead_of_holding_anything(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(shadow_module, "COPY_TIMEOUT_S", 0.05)
     fake = FakeShadow([200], delay_s=10.0)
     shadower = Shadower(PRIMARY, lambda _: fake)
-    shadower.configure((SHADOW, 1.0))
+    shadower.configure(ShadowTarget(SHADOW, 1.0))
     loop = asyncio.get_running_loop()
     started = loop.time()
     for n in range(shadow_module.QUEUE_BOUND + shadow_module.WORKERS + 10):
@@ -108,9 +131,11 @@ async def test_the_controller_checks_publishes_and_reports_a_shadow() -> None:
     ):
         with pytest.raises(ConfigError, match=message):
             await core.shadow("chat", to, fraction)
+    with pytest.raises(ConfigError, match='"module:function"'):
+        await core.shadow("chat", "chat-v2", 0.5, "not a path")
     await core.shadow("chat", "chat-v2", 0.25)
     table = core.longpoll.get(replicas_key(PRIMARY))
-    assert isinstance(table, ReplicaTable) and table.shadow == (SHADOW, 0.25)
+    assert isinstance(table, ReplicaTable) and table.shadow == ShadowTarget(SHADOW, 0.25)
     counts = (0, 0, 5, 0, 0, 0, 0, 0, 0, 0, 5, 0, 0, 0, 0, 0)  # 5 copies at ≤ 5 ms, 5 at ≤ 1 s
     core.record_load("proxy", {}, (ShadowOutcome("chat", "chat-v2", 10, 5, 5, 3, counts, counts),))
     shadow = core.status().applications["chat"].shadow

@@ -236,8 +236,8 @@ class LocalSession:
     def rollout(self, endpoint: str, canary: str, options: RolloutOptions) -> None:
         self._loop.run(self.core.rollout(endpoint, canary, options))
 
-    def shadow(self, endpoint: str, to: str | None, fraction: float) -> None:
-        self._loop.run(self.core.shadow(endpoint, to, fraction))
+    def shadow(self, endpoint: str, to: str | None, fraction: float, compare: str = "") -> None:
+        self._loop.run(self.core.shadow(endpoint, to, fraction, compare))
 
     def apply_config(self, specs: list[AppSpec], config_file: dict[str, Any]) -> None:
         self._loop.run(self.core.apply_config(specs, config_file))

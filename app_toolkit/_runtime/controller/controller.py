@@ -200,9 +200,9 @@ class ControllerCore:
         self._publish_splits()
         self._record(logging.INFO, event)
 
-    async def shadow(self, endpoint: str, to: str | None, fraction: float) -> None:
+    async def shadow(self, endpoint: str, to: str | None, fraction: float, compare: str = "") -> None:
         """Copy ``fraction`` of ``endpoint``'s requests to ``to`` (routing/shadow.py)."""
-        event = self.policy.set_shadow(endpoint, to, fraction, self.apps)
+        event = self.policy.set_shadow(endpoint, to, fraction, self.apps, compare)
         await self._checkpoint()
         self._publish_splits()
         self._record(logging.INFO, event)

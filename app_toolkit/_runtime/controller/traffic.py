@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 from app_toolkit._runtime.controller.rollout import Rollout
 from app_toolkit._runtime.messages import AppSpec, DeploymentID
-from app_toolkit._runtime.tables import ShadowOutcome, VariantOutcome
+from app_toolkit._runtime.tables import ShadowOutcome, ShadowTarget, VariantOutcome
 from app_toolkit.exceptions import ConfigError
 from app_toolkit.metrics import SECONDS_BUCKETS, quantile
 from app_toolkit.status import RolloutStatusInfo, ShadowStatusInfo
@@ -81,6 +81,7 @@ class Shadowing:
 
     to: str
     fraction: float
+    compare: str = ""
     copies: int = 0
     errors: int = 0
     different: int = 0
@@ -104,6 +105,7 @@ class Shadowing:
         return ShadowStatusInfo(
             to=self.to,
             fraction=self.fraction,
+            compare=self.compare,
             copies=self.copies,
             errors=self.errors,
             different=self.different,
@@ -128,21 +130,31 @@ class TrafficPolicy:
     """Every application's split, rollout and shadow, as the controller keeps them."""
 
     def __init__(
-        self, traffic: dict[str, Weights] | None = None, shadows: dict[str, tuple[str, float]] | None = None
+        self,
+        traffic: dict[str, Weights] | None = None,
+        shadows: dict[str, tuple[str, float, str]] | None = None,
     ) -> None:
         self.traffic: dict[str, Weights] = dict(traffic or {})
         self.rollouts: dict[str, Rollout] = {}
         self.shadows: dict[str, Shadowing] = {
-            endpoint: Shadowing(to, fraction) for endpoint, (to, fraction) in (shadows or {}).items()
+            endpoint: Shadowing(*saved) for endpoint, saved in (shadows or {}).items()
         }
 
-    def saved(self) -> tuple[dict[str, Weights], dict[str, tuple[str, float]]]:
+    def saved(self) -> tuple[dict[str, Weights], dict[str, tuple[str, float, str]]]:
         """What the checkpoint keeps: the splits and the shadows."""
-        return self.traffic, {endpoint: (s.to, s.fraction) for endpoint, s in self.shadows.items()}
+        return self.traffic, {e: (s.to, s.fraction, s.compare) for e, s in self.shadows.items()}
 
-    def set_shadow(self, endpoint: str, to: str | None, fraction: float, apps: Mapping[str, AppSpec]) -> str:
-        """Copy ``fraction`` of ``endpoint``'s requests to ``to`` (None or 0: stop); returns
-        the event. Raises ConfigError saying what to fix."""
+    def set_shadow(
+        self,
+        endpoint: str,
+        to: str | None,
+        fraction: float,
+        apps: Mapping[str, AppSpec],
+        compare: str = "",
+    ) -> str:
+        """Copy ``fraction`` of ``endpoint``'s requests to ``to`` (None or 0: stop),
+        comparing answers with the function ``compare`` names if given; returns the event.
+        Raises ConfigError saying what to fix."""
         if endpoint not in apps:
             raise ConfigError(f"No application {endpoint!r} to shadow; deploy it first")
         if to is None or fraction == 0:
@@ -154,14 +166,18 @@ class TrafficPolicy:
             raise ConfigError("An application cannot shadow itself; deploy the shadow as another application")
         if isinstance(fraction, bool) or not isinstance(fraction, int | float) or not 0 < fraction <= 1:
             raise ConfigError(f"fraction is the share of requests to copy, in (0, 1]; got {fraction!r}")
-        self.shadows[endpoint] = Shadowing(to, float(fraction))
+        module, _, function = compare.partition(":")
+        if compare and not (module and function and all(p.isidentifier() for p in module.split("."))):
+            raise ConfigError(f'compare must name a function as "module:function", got {compare!r}')
+        self.shadows[endpoint] = Shadowing(to, float(fraction), compare)
         return f"Shadow of {endpoint}: {fraction:.0%} of its requests copied to {to}"
 
-    def shadow(self, app: AppSpec, apps: Mapping[str, AppSpec]) -> tuple[DeploymentID, float] | None:
+    def shadow(self, app: AppSpec, apps: Mapping[str, AppSpec]) -> ShadowTarget | None:
         shadowing = self.shadows.get(app.name)
         if shadowing is None or shadowing.to not in apps:
             return None
-        return DeploymentID(shadowing.to, apps[shadowing.to].ingress), shadowing.fraction
+        ingress = DeploymentID(shadowing.to, apps[shadowing.to].ingress)
+        return ShadowTarget(ingress, shadowing.fraction, shadowing.compare)
 
     def set(self, endpoint: str, weights: Mapping[str, float], apps: Mapping[str, AppSpec]) -> str:
         """Set a split by hand (it stops a rollout of ``endpoint``); returns what changed,

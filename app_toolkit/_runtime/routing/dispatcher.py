@@ -23,7 +23,7 @@ from app_toolkit._runtime.routing import caller_metrics
 from app_toolkit._runtime.routing.choice import Affinity, ReplicaChooser, choose_variant, queue_is_full
 from app_toolkit._runtime.routing.shadow import Shadower
 from app_toolkit._runtime.routing.tally import VariantTally, failed
-from app_toolkit._runtime.tables import Outcomes
+from app_toolkit._runtime.tables import Outcomes, ShadowTarget
 from app_toolkit.exceptions import BackPressureError, ReplicaUnavailableError, RequestLostError
 
 logger = logging.getLogger("app_toolkit.router")
@@ -107,7 +107,7 @@ class Dispatcher:
         max_queued_requests: int,
         affinity: Affinity = "strict",
         split: tuple[tuple[DeploymentID, float], ...] = (),
-        shadow: tuple[DeploymentID, float] | None = None,
+        shadow: ShadowTarget | None = None,
     ) -> None:
         """Adopt the controller's newest replica table for this deployment."""
         self._closed_reason = None

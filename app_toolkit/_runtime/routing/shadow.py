@@ -17,12 +17,13 @@ import logging
 import random
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from app_toolkit._runtime.channel.frames import Kind
 from app_toolkit._runtime.messages import DeploymentID, HTTPRequest, MethodCall
 from app_toolkit._runtime.routing.tally import ShadowTally, answer_of, failed
-from app_toolkit._runtime.tables import ShadowOutcome
+from app_toolkit._runtime.tables import ShadowOutcome, ShadowTarget
+from app_toolkit.import_path import import_attr
 
 logger = logging.getLogger("app_toolkit.router")
 
@@ -55,6 +56,7 @@ class _Copy:
     model_id: str
     primary_answer: str
     primary_seconds: float
+    primary_body: Any = None  # kept only when a compare function is set
 
 
 class Shadower:
@@ -66,6 +68,8 @@ class Shadower:
         self._resolve = resolve
         self._target: DeploymentID | None = None
         self._fraction = 0.0
+        self._compare_path = ""
+        self._compare: Callable[[Any, Any], Any] | None = None
         self._queue: collections.deque[_Copy] = collections.deque()
         self._ready = asyncio.Event()
         self._workers: list[asyncio.Task[None]] = []
@@ -76,11 +80,15 @@ class Shadower:
     def active(self) -> bool:
         return self._target is not None
 
-    def configure(self, shadow: tuple[DeploymentID, float] | None) -> None:
-        target, fraction = shadow if shadow is not None else (None, 0.0)
+    def configure(self, shadow: ShadowTarget | None) -> None:
+        target = shadow.deployment if shadow is not None else None
         if target != self._target:
             self.close()
-        self._target, self._fraction = target, fraction
+        self._target = target
+        self._fraction = shadow.fraction if shadow is not None else 0.0
+        compare = shadow.compare if shadow is not None else ""
+        if compare != self._compare_path:
+            self._compare_path, self._compare = compare, _load_compare(compare)
 
     def offer(self, kind: Kind, message: Any, model_id: str, reply: _Reply, primary_seconds: float) -> None:
         """The primary was dispatched: copy it to the shadow (``fraction`` of the time),
@@ -92,7 +100,9 @@ class Shadower:
         if len(self._queue) >= QUEUE_BOUND:
             self.tally.dropped += 1
             return
-        self._queue.append(_Copy(kind, _copy_of(message), model_id, answer_of(reply), primary_seconds))
+        body = _body_of(reply) if self._compare is not None else None
+        copy = _Copy(kind, _copy_of(message), model_id, answer_of(reply), primary_seconds, body)
+        self._queue.append(copy)
         self._ready.set()
         if not self._workers:
             loop = asyncio.get_running_loop()
@@ -144,11 +154,52 @@ class Shadower:
             return
         seconds = time.perf_counter() - started
         try:
-            answer = answer_of(reply)
-            self.tally.add(seconds, copy.primary_seconds, failed(reply), answer != copy.primary_answer)
+            different = answer_of(reply) != copy.primary_answer
+            body = _body_of(reply)
+            if not different and self._compare is not None and None not in (copy.primary_body, body):
+                different = not self._agree(copy.primary_body, body)
+            self.tally.add(seconds, copy.primary_seconds, failed(reply), different)
         finally:
             reply.exchange.cancel()  # a streamed answer is not read further
             reply.release()
+
+    def _agree(self, primary: Any, shadow: Any) -> bool:
+        assert self._compare is not None
+        try:
+            return bool(self._compare(primary, shadow))
+        except Exception as exc:  # noqa: BLE001 - the user's function failing counts as a difference
+            logger.debug("The shadow's compare function %s raised %r", self._compare_path, exc)
+            return False
+
+
+def _load_compare(path: str) -> Callable[[Any, Any], Any] | None:
+    """The compare function ``path`` names, imported in this caller's process; None (and
+    an error logged once) when it cannot be: statuses are still compared."""
+    if not path:
+        return None
+    try:
+        found = import_attr(path)
+    except Exception as exc:  # noqa: BLE001 - an import error must not break routing
+        logger.error(
+            "The shadow's compare %r cannot be imported here (%s); comparing statuses only",
+            path,
+            exc,
+        )
+        return None
+    if not callable(found):
+        logger.error("The shadow's compare %r is not a function; comparing statuses only", path)
+        return None
+    return cast(Callable[[Any, Any], Any], found)
+
+
+def _body_of(reply: _Reply) -> Any:
+    """What a compare function gets: an HTTP response's body, or a call's result. None
+    for a streamed response or a failure (their statuses alone are compared)."""
+    if reply.kind is Kind.RESPONSE:
+        return getattr(reply.message, "body", None)
+    if reply.kind is Kind.RESULT:
+        return reply.message
+    return None
 
 
 def _copy_of(message: Any) -> Any:

@@ -170,9 +170,9 @@ class ControllerActor:
         await self.ready()
         await self.core.rollout(endpoint, canary, options)
 
-    async def shadow(self, endpoint: str, to: str | None, fraction: float) -> None:
+    async def shadow(self, endpoint: str, to: str | None, fraction: float, compare: str = "") -> None:
         await self.ready()
-        await self.core.shadow(endpoint, to, fraction)
+        await self.core.shadow(endpoint, to, fraction, compare)
 
     async def apply_config(self, specs: list[AppSpec], config_file: dict[str, Any]) -> None:
         await self.ready()

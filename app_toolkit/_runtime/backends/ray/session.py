@@ -111,8 +111,8 @@ class RaySession:
     def rollout(self, endpoint: str, canary: str, options: RolloutOptions) -> None:
         self._control("rollout", endpoint, canary, options)
 
-    def shadow(self, endpoint: str, to: str | None, fraction: float) -> None:
-        self._control("shadow", endpoint, to, fraction)
+    def shadow(self, endpoint: str, to: str | None, fraction: float, compare: str = "") -> None:
+        self._control("shadow", endpoint, to, fraction, compare)
 
     def apply_config(self, specs: list[AppSpec], config_file: dict[str, Any]) -> None:
         self._control("apply_config", specs, config_file)
