@@ -220,7 +220,9 @@ def set_traffic(app: str, weights: dict[str, float]) -> None:
     """Split the traffic of application ``app`` (its route and its handle) between
     applications by weight, e.g. ``set_traffic("chat", {"chat": 90, "chat-v2": 10})``.
     Weights are in any unit (they are scaled to add up to 1); ``app`` may be one of its
-    own variants, and ``{app: 1}`` ends the split. Every caller applies it per request
+    own variants, and ``{app: 1}`` ends the split. ``app`` may also name one deployment,
+    ``"app/Model"``: the calls to it through handles are split between deployments of the
+    same application (``{"Model": 90, "ModelV2": 10}``). Every caller applies it per request
     from its next table update (well under a second); nothing restarts. A request with a
     shard key sees the same variant while the weights stay the same."""
     session = current_session(create=False) or session_factory("auto").find(None)

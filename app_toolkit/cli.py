@@ -367,7 +367,8 @@ def status(address: str, as_json: bool) -> None:
 @click.option("--address", default="auto", show_default=True, help="Ray cluster to act on.")
 def traffic(app_name: str, weights: tuple[str, ...], address: str) -> None:
     """Split APP's traffic between applications by weight, e.g.
-    `app-toolkit traffic chat chat=90 chat-v2=10`; `chat=100` ends the split."""
+    `app-toolkit traffic chat chat=90 chat-v2=10`; `chat=100` ends the split. APP/DEPLOYMENT
+    splits the calls to one deployment between deployments of its application."""
     try:
         parsed = _parse_weights(weights)
     except ConfigError as exc:
@@ -382,7 +383,9 @@ def traffic(app_name: str, weights: tuple[str, ...], address: str) -> None:
     except AppToolkitError as exc:
         _fail(exc)
         return
-    shares = session.status().applications[app_name].traffic
+    app, _, deployment = app_name.partition("/")
+    info = session.status().applications[app]
+    shares = info.deployments[deployment].traffic if deployment else info.traffic
     described = ", ".join(f"{name} {share:.1%}" for name, share in shares.items()) or f"all to {app_name}"
     click.echo(f"app-toolkit: traffic of {app_name}: {described}")
 

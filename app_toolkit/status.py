@@ -68,6 +68,9 @@ class DeploymentStatusInfo:
     target_replicas: int
     replicas: list[ReplicaStatusInfo] = field(default_factory=list)
     autoscaling: AutoscalingStatusInfo | None = None  # None unless autoscaled
+    #: Its calls' split between deployments of its application (set_traffic("app/Name",
+    #: ...)): deployment -> share; empty when it takes them all.
+    traffic: dict[str, float] = field(default_factory=dict)
 
     @property
     def running_replicas(self) -> int:
@@ -192,6 +195,12 @@ class ServeStatus:
                 cells = (cell.ljust(width) for cell, width in zip(row, widths, strict=True))
                 lines.append(("  " + "  ".join(cells)).rstrip())
             lines += [f"  {d.name}: {d.message}" for d in app.deployments.values() if d.message]
+            lines += [
+                f"  {d.name} traffic: "
+                + ", ".join(f"{name} {share:.0%}" for name, share in d.traffic.items())
+                for d in app.deployments.values()
+                if d.traffic
+            ]
         if not self.applications:
             lines.append("No applications.")
         for node, url in self.proxies.items():

@@ -9,3 +9,30 @@ import app_toolkit as tk
 class Who:
     def __call__(self) -> str:
         return tk.get_replica_context().replica_id
+
+
+@tk.deployment
+class Model:
+    def __call__(self) -> str:
+        return "v1"
+
+
+@tk.deployment
+class ModelV2:
+    def __call__(self) -> str:
+        return "v2"
+
+
+@tk.deployment
+class Front:
+    """Calls Model; holds ModelV2 too, so the application has both to split between."""
+
+    def __init__(self, model: tk.DeploymentHandle, spare: tk.DeploymentHandle) -> None:
+        self.model = model
+
+    async def __call__(self) -> str:
+        answer: str = await self.model.remote()
+        return answer
+
+
+front = Front.bind(Model.bind(), ModelV2.bind())

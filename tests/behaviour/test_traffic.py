@@ -8,9 +8,11 @@ import time
 from collections import Counter
 
 import httpx
+import pytest
 
 import app_toolkit as tk
-from tests.apps import basic
+from app_toolkit.exceptions import ConfigError
+from tests.apps import basic, sharded
 from tests.conftest import Toolkit
 from tests.waiting import wait_for
 
@@ -159,3 +161,28 @@ def test_a_slow_failing_shadow_leaves_the_primary_alone_and_shows_in_status(tool
     assert info.primary_p99_ms is not None and info.primary_p99_ms < 250
     tk.shadow(primary, to=None)
     assert tk.status().applications[primary].shadow is None
+
+
+def test_calls_to_one_deployment_split_between_deployments_of_its_app(toolkit: Toolkit) -> None:
+    name = toolkit.name()
+    handle = toolkit.run(sharded.front, name=name)
+    assert {handle.remote().result(timeout_s=30) for _ in range(10)} == {"v1"}
+    tk.set_traffic(f"{name}/Model", {"Model": 50, "ModelV2": 50})
+    model = tk.status().applications[name].deployments["Model"]
+    assert model.traffic == {"Model": 0.5, "ModelV2": 0.5}
+
+    def answers() -> Counter[str]:
+        return Counter(handle.remote().result(timeout_s=30) for _ in range(400))
+
+    # The replica of Front that calls Model learns the split from its next table.
+    def split_seen() -> Counter[str] | None:
+        found = answers()
+        return found if found["v2"] else None
+
+    seen = wait_for(split_seen, 10, "calls to reach ModelV2")
+    assert 0.40 <= seen["v2"] / 400 <= 0.60, seen
+    with pytest.raises(ConfigError, match="split the application"):
+        tk.set_traffic(f"{name}/Front", {"Front": 1})
+    tk.set_traffic(f"{name}/Model", {"Model": 1})
+    assert tk.status().applications[name].deployments["Model"].traffic == {}
+    wait_for(lambda: answers()["v2"] == 0, 10, "the split to end")

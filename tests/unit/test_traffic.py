@@ -3,13 +3,14 @@ backend), and how callers apply a split (fake replicas): shares, stickiness by k
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 
 import pytest
 
 from app_toolkit._runtime.channel.frames import Kind
 from app_toolkit._runtime.controller.controller import ControllerCore
-from app_toolkit._runtime.controller.traffic import normalize, without
+from app_toolkit._runtime.controller.traffic import endpoint_of, normalize, split_for, without
 from app_toolkit._runtime.messages import AppSpec, DeploymentID, ReplicaInfo
 from app_toolkit._runtime.routing.dispatcher import Dispatcher
 from app_toolkit._runtime.tables import ReplicaTable, replicas_key
@@ -120,3 +121,35 @@ async def test_a_shard_key_sees_one_variant_while_the_weights_stay() -> None:
             assert first.setdefault(key, reply.replica_id) == reply.replica_id
             reply.release()
     assert 60 <= Counter(first.values())["v2-r"] <= 140  # and keys spread by the weights
+
+
+def test_a_deployment_s_calls_split_between_deployments_of_its_app() -> None:
+    spec = app("shop")
+    model, model_v2 = (
+        spec.deployments[0],
+        dataclasses.replace(spec.deployments[0], id=DeploymentID("shop", "D2")),
+    )
+    two = dataclasses.replace(spec, ingress="Ingress", deployments=(model, model_v2))
+    apps = {"shop": two, "other": app("other")}
+    assert endpoint_of("shop/D", apps) == DeploymentID("shop", "D")
+    assert normalize("shop/D", {"D": 90, "D2": 10}, apps) == (("D", 0.9), ("D2", 0.1))
+    assert normalize("shop/D", {"D": 1}, apps) == ()
+    assert split_for("shop/D", (("D", 0.9), ("D2", 0.1)), apps) == (
+        (DeploymentID("shop", "D"), 0.9),
+        (DeploymentID("shop", "D2"), 0.1),
+    )
+    for endpoint, weights, message in (
+        ("shop/Nope", {"D": 1}, "has no deployment 'Nope'"),
+        ("shop/D", {"other": 1}, "no such deployment of 'shop'"),
+        ("shop/Ingress", {"D": 1}, "split the application, 'shop'"),
+    ):
+        with pytest.raises(ConfigError, match=message):
+            normalize(endpoint, weights, apps)
+    with pytest.raises(ConfigError, match="split the application, 'other'"):
+        normalize("other/D", {"D": 1}, apps)
+    # A variant removed by a redeploy: the others share its weight.
+    one = dataclasses.replace(two, deployments=(model,))
+    assert split_for("shop/D", (("D", 0.5), ("D2", 0.5)), {"shop": one}) == (
+        (DeploymentID("shop", "D"), 1.0),
+    )
+    assert without({"shop/D": (("D", 0.5), ("D2", 0.5))}, "shop") == {}

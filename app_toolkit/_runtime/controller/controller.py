@@ -109,8 +109,9 @@ class ControllerCore:
         self._tables_stored: tuple[int, float] = (-1, float("-inf"))
         #: The latest log lines of the lifecycle (deploy errors, replacements, scaling).
         self.events: deque[EventInfo] = deque(maxlen=EVENTS_KEPT)
-        #: Traffic splits and rollouts (controller/traffic.py).
+        #: Traffic splits, rollouts and shadows (controller/traffic.py).
         self.policy = TrafficPolicy()
+        self._split_deployments: set[DeploymentID] = set()  # non-ingress ones published with a split
         controller_metrics.track(self)
 
     # ------------------------------------------------------------------ lifecycle
@@ -288,8 +289,12 @@ class ControllerCore:
         )
         for name, app in list(status.applications.items()):
             traffic, rollout, shadow = self.policy.status(name, now)
+            deployments = dict(app.deployments)
+            for deployment, shares in self.policy.deployment_traffic(name).items():
+                if deployment in deployments:
+                    deployments[deployment] = dataclasses.replace(deployments[deployment], traffic=shares)
             status.applications[name] = dataclasses.replace(
-                app, traffic=traffic, rollout=rollout, shadow=shadow
+                app, traffic=traffic, rollout=rollout, shadow=shadow, deployments=deployments
             )
         return dataclasses.replace(status, events=list(self.events))
 
@@ -478,16 +483,25 @@ class ControllerCore:
         if state is not None and not state.deleting:
             table = replica_table(state)
             app = self.apps.get(deployment.app)
-            if app is not None and app.ingress == deployment.name:
-                table = dataclasses.replace(
-                    table, split=self.policy.split(app, self.apps), shadow=self.policy.shadow(app, self.apps)
-                )
+            split = self.policy.split(deployment, self.apps)
+            shadow = (
+                self.policy.shadow(app, self.apps)
+                if app is not None and app.ingress == deployment.name
+                else None
+            )
+            if split or shadow:
+                table = dataclasses.replace(table, split=split, shadow=shadow)
             self.longpoll.publish(replicas_key(deployment), table)
 
     def _publish_splits(self) -> None:
-        """Republish every application's ingress table whose split may have changed."""
-        for app in self.apps.values():
-            self._publish_replicas(DeploymentID(app.name, app.ingress))
+        """Republish the tables whose split or shadow may have changed: every ingress, and
+        every deployment that has (or just had) a split of its own."""
+        endpoints = set(self.policy.endpoints(self.apps))
+        for deployment in endpoints | self._split_deployments:
+            self._publish_replicas(deployment)
+        self._split_deployments = (
+            {d for d in endpoints if d.name != self.apps[d.app].ingress} if self.apps else set()
+        )
 
     def _publish_routes(self) -> None:
         routes = tuple(

@@ -1,10 +1,12 @@
-"""Weighted traffic splits: which applications share an application's traffic, and how
-much each gets. Pure: the controller keeps the result, callers apply it.
+"""Weighted traffic splits: which variants share an endpoint's traffic, and how much
+each gets. Pure: the controller keeps the result, callers apply it.
 
-A split belongs to an *endpoint* application (its route and its handle). Each variant is
-an application whose ingress takes that share of the endpoint's requests; the endpoint
-may be one of its own variants. Callers see the split in the endpoint ingress's replica
-table and pick a variant per request (``routing/choice.py``), with no extra hop.
+An endpoint is an application (its route and its handle; the variants are applications,
+each taking its share through its ingress) or one deployment of an application, named
+``"app/Deployment"`` (the calls to it through handles; the variants are deployments of the
+same application). The endpoint may be one of its own variants. Callers see the split in
+the endpoint's replica table and pick a variant per request (``routing/choice.py``), with
+no extra hop.
 """
 
 from __future__ import annotations
@@ -21,26 +23,53 @@ from app_toolkit.exceptions import ConfigError
 from app_toolkit.metrics import SECONDS_BUCKETS, quantile
 from app_toolkit.status import RolloutStatusInfo, ShadowStatusInfo
 
-#: Variant application -> its share (the shares of a split add up to 1).
+#: Variant -> its share (the shares of a split add up to 1).
 Weights = tuple[tuple[str, float], ...]
-#: What callers get: each variant's ingress and its share.
+#: What callers get: each variant's deployment and its share.
 Split = tuple[tuple[DeploymentID, float], ...]
+
+
+def endpoint_of(endpoint: str, apps: Mapping[str, AppSpec]) -> DeploymentID:
+    """The deployment whose callers apply ``endpoint``'s split. Raises ConfigError."""
+    app_name, _, deployment = endpoint.partition("/")
+    app = apps.get(app_name)
+    if app is None:
+        raise ConfigError(f"No application {app_name!r} to split the traffic of; deploy it first")
+    if not deployment:
+        return DeploymentID(app.name, app.ingress)
+    if deployment == app.ingress:
+        raise ConfigError(f"{deployment!r} is {app_name!r}'s ingress: split the application, {app_name!r}")
+    if deployment not in {d.id.name for d in app.deployments}:
+        raise ConfigError(f"Application {app_name!r} has no deployment {deployment!r}")
+    return DeploymentID(app.name, deployment)
+
+
+def variant_of(endpoint: str, name: str, apps: Mapping[str, AppSpec]) -> DeploymentID | None:
+    """The deployment that variant ``name`` of ``endpoint`` stands for (None: no such)."""
+    app_name, _, deployment = endpoint.partition("/")
+    if not deployment:
+        app = apps.get(name)
+        return DeploymentID(app.name, app.ingress) if app is not None else None
+    app = apps.get(app_name)
+    if app is None or name not in {d.id.name for d in app.deployments}:
+        return None
+    return DeploymentID(app_name, name)
 
 
 def normalize(endpoint: str, weights: Mapping[str, float], apps: Mapping[str, AppSpec]) -> Weights:
     """Check ``weights`` for ``endpoint`` and scale them to add up to 1 (given in any unit:
     ``{"v1": 90, "v2": 10}`` or ``{"v1": 0.9, "v2": 0.1}``). Raises ConfigError saying
     what to fix. A split that sends everything to the endpoint itself comes back empty."""
-    if endpoint not in apps:
-        raise ConfigError(f"No application {endpoint!r} to split the traffic of; deploy it first")
+    endpoint_of(endpoint, apps)
+    app_name, _, deployment = endpoint.partition("/")
+    kind = f"deployment of {app_name!r}" if deployment else "application"
     if not weights:
-        raise ConfigError(f"Give at least one application and its weight, e.g. {{{endpoint!r}: 100}}")
+        raise ConfigError(
+            f"Give at least one {kind} and its weight, e.g. {{{deployment or endpoint!r}: 100}}"
+        )
     for name, weight in weights.items():
-        if name not in apps:
-            known = ", ".join(sorted(apps)) or "none"
-            raise ConfigError(
-                f"Traffic of {endpoint!r} cannot go to {name!r}: no such application (running: {known})"
-            )
+        if variant_of(endpoint, name, apps) is None:
+            raise ConfigError(f"Traffic of {endpoint!r} cannot go to {name!r}: no such {kind}")
         if isinstance(weight, bool) or not isinstance(weight, int | float) or not math.isfinite(weight):
             raise ConfigError(f"The weight of {name!r} must be a number, got {weight!r}")
         if weight < 0:
@@ -49,19 +78,20 @@ def normalize(endpoint: str, weights: Mapping[str, float], apps: Mapping[str, Ap
     if total <= 0:
         raise ConfigError("At least one weight must be above zero")
     shares = tuple((name, weight / total) for name, weight in weights.items() if weight > 0)
-    if shares == ((endpoint, 1.0),):
+    if shares == ((deployment or endpoint, 1.0),):
         return ()
     return shares
 
 
 def without(traffic: Mapping[str, Weights], gone: str) -> dict[str, Weights]:
-    """The splits once application ``gone`` is deleted: its own split ends, and it is no
+    """The splits once application ``gone`` is deleted: its own splits end, and it is no
     longer a variant of the others (their other variants share its weight)."""
     kept: dict[str, Weights] = {}
     for endpoint, shares in traffic.items():
-        if endpoint == gone:
+        app_name, _, deployment = endpoint.partition("/")
+        if app_name == gone:
             continue
-        rest = [(name, share) for name, share in shares if name != gone]
+        rest = [(name, share) for name, share in shares if deployment or name != gone]
         total = sum(share for _, share in rest)
         if rest and total > 0:
             rescaled = tuple((name, share / total) for name, share in rest)
@@ -70,9 +100,13 @@ def without(traffic: Mapping[str, Weights], gone: str) -> dict[str, Weights]:
     return kept
 
 
-def split_for(shares: Weights, apps: Mapping[str, AppSpec]) -> Split:
-    """The split as callers apply it: each variant's ingress deployment."""
-    return tuple((DeploymentID(name, apps[name].ingress), share) for name, share in shares if name in apps)
+def split_for(endpoint: str, shares: Weights, apps: Mapping[str, AppSpec]) -> Split:
+    """The split as callers apply it: each variant's deployment, shares scaled again over
+    the variants that still exist (a redeploy may have removed one)."""
+    found = [(variant_of(endpoint, name, apps), share) for name, share in shares]
+    live = [(deployment, share) for deployment, share in found if deployment is not None]
+    total = sum(share for _, share in live)
+    return tuple((deployment, share / total) for deployment, share in live) if total > 0 else ()
 
 
 @dataclass
@@ -240,9 +274,33 @@ class TrafficPolicy:
                 rollout.stop(f"{name} was deleted")
         self.rollouts.pop(name, None)
 
-    def split(self, app: AppSpec, apps: Mapping[str, AppSpec]) -> Split:
-        shares = self.traffic.get(app.name)
-        return split_for(shares, apps) if shares else ()
+    def split(self, deployment: DeploymentID, apps: Mapping[str, AppSpec]) -> Split:
+        """The split the callers of ``deployment`` apply (empty: none)."""
+        app = apps.get(deployment.app)
+        if app is None:
+            return ()
+        endpoint = app.name if deployment.name == app.ingress else str(deployment)
+        shares = self.traffic.get(endpoint)
+        return split_for(endpoint, shares, apps) if shares else ()
+
+    def endpoints(self, apps: Mapping[str, AppSpec]) -> list[DeploymentID]:
+        """The deployments whose tables carry a split or a shadow (or may have, until the
+        next publish): every application's ingress and every split deployment."""
+        found = [DeploymentID(app.name, app.ingress) for app in apps.values()]
+        for endpoint in self.traffic:
+            if "/" in endpoint:
+                app_name, _, name = endpoint.partition("/")
+                found.append(DeploymentID(app_name, name))
+        return found
+
+    def deployment_traffic(self, app: str) -> dict[str, dict[str, float]]:
+        """The splits of ``app``'s deployments: deployment -> (variant -> share)."""
+        prefix = app + "/"
+        return {
+            endpoint[len(prefix) :]: dict(shares)
+            for endpoint, shares in self.traffic.items()
+            if endpoint.startswith(prefix)
+        }
 
     def status(
         self, name: str, now: float
