@@ -10,7 +10,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Literal, TypeVar, get_args, get_origin
+from typing import Any, Literal, NoReturn, TypeVar, get_args, get_origin
 
 import click
 
@@ -27,7 +27,7 @@ from app_toolkit.import_path import import_attr
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def _fail(exc: Exception) -> None:
+def _fail(exc: Exception) -> NoReturn:
     click.echo(f"Error: {exc}", err=True)
     sys.exit(1)
 
@@ -374,15 +374,7 @@ def traffic(app_name: str, weights: tuple[str, ...], address: str) -> None:
     except ConfigError as exc:
         _fail(exc)
         return
-    session = _find(address)
-    if session is None:
-        _fail(ConfigError("app_toolkit is not running on this cluster"))
-        return
-    try:
-        session.set_traffic(app_name, parsed)
-    except AppToolkitError as exc:
-        _fail(exc)
-        return
+    session = _act(address, lambda running: running.set_traffic(app_name, parsed))
     app, _, deployment = app_name.partition("/")
     info = session.status().applications[app]
     shares = info.deployments[deployment].traffic if deployment else info.traffic
@@ -424,15 +416,8 @@ def rollout_command(
     except ValueError:
         _fail(ConfigError(f"--steps takes percentages like 1,10,50,100; got {steps!r}"))
         return
-    session = _find(address)
-    if session is None:
-        _fail(ConfigError("app_toolkit is not running on this cluster"))
-        return
-    try:
-        session.rollout(app_name, canary, RolloutOptions(shares, interval_s, max_error_rate, max_p99_ms))
-    except AppToolkitError as exc:
-        _fail(exc)
-        return
+    options = RolloutOptions(shares, interval_s, max_error_rate, max_p99_ms)
+    _act(address, lambda running: running.rollout(app_name, canary, options))
     click.echo(f"app-toolkit: rollout of {app_name} to {canary} started; see `app-toolkit status`")
 
 
@@ -451,16 +436,21 @@ def shadow_command(
     if not off and shadow_app is None:
         _fail(ConfigError("Give --to APPLICATION (or --off to stop)"))
         return
+    _act(address, lambda running: running.shadow(app_name, None if off else shadow_app, fraction, compare))
+    click.echo(f"app-toolkit: shadow of {app_name} {'stopped' if off else f'to {shadow_app} set'}")
+
+
+def _act(address: str, action: Callable[[Session], None]) -> Session:
+    """Run ``action`` on the toolkit running on the cluster at ``address``; exit with the
+    error's message if there is none or the action is refused."""
     session = _find(address)
     if session is None:
         _fail(ConfigError("app_toolkit is not running on this cluster"))
-        return
     try:
-        session.shadow(app_name, None if off else shadow_app, 0 if off else fraction, compare)
+        action(session)
     except AppToolkitError as exc:
         _fail(exc)
-        return
-    click.echo(f"app-toolkit: shadow of {app_name} {'stopped' if off else f'to {shadow_app} set'}")
+    return session
 
 
 def _parse_weights(pairs: tuple[str, ...]) -> dict[str, float]:
