@@ -48,6 +48,7 @@ bench: $(MODEL)
 	$(PY) -m benchmarks.autoscaling
 	$(PY) -m benchmarks.chat
 	$(PY) -m benchmarks.overload
+	$(PY) -m benchmarks.scale
 
 # Half an hour of mixed traffic with a replica killed every 5 minutes (docs/benchmarks.md).
 soak: $(MODEL)

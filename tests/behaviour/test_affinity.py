@@ -5,20 +5,35 @@ and the keys spread over all the replicas."""
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Callable
 
 from websockets.sync.client import connect
 
 from tests.apps import basic, sharded
 from tests.behaviour.test_websockets import ws_url
 from tests.conftest import Toolkit
+from tests.waiting import wait_for
 
 KEYS = [f"user-{i}" for i in range(40)]
+
+
+def _until_all_four(answer: Callable[[], str]) -> None:
+    """Keys follow the replica table: wait until this caller's table has all 4 replicas
+    (requests without a key reach 4 of them), as a key may move while replicas start."""
+    seen: set[str] = set()
+
+    def all_four() -> bool:
+        seen.add(answer())
+        return len(seen) == 4
+
+    wait_for(all_four, 30, "requests to reach all 4 replicas")
 
 
 def test_http_requests_with_one_key_reach_one_replica(toolkit: Toolkit) -> None:
     toolkit.run(basic.make_app(num_replicas=4), route_prefix="/aff")
     seen: dict[str, set[str]] = defaultdict(set)
     with toolkit.client() as client:
+        _until_all_four(lambda: str(client.get("/aff/state").json()["replica"]))
         for _ in range(3):
             for key in KEYS:
                 response = client.get("/aff/state", headers={"x-serve-shard-key": key})
@@ -32,6 +47,13 @@ def test_http_requests_with_one_key_reach_one_replica(toolkit: Toolkit) -> None:
 def test_websockets_with_one_key_reach_one_replica(toolkit: Toolkit) -> None:
     toolkit.run(basic.make_ws_app(num_replicas=4), route_prefix="/aff-ws")
     seen: dict[str, set[str]] = defaultdict(set)
+
+    def unkeyed() -> str:
+        with connect(ws_url(toolkit, "/aff-ws/ws/who")) as ws:
+            ws.send("who")
+            return str(ws.recv(timeout=30))
+
+    _until_all_four(unkeyed)
     for _ in range(2):
         for key in KEYS[:20]:
             with connect(
@@ -46,6 +68,7 @@ def test_websockets_with_one_key_reach_one_replica(toolkit: Toolkit) -> None:
 def test_handle_calls_with_one_shard_key_reach_one_replica(toolkit: Toolkit) -> None:
     handle = toolkit.run(sharded.Who.bind())
     seen: dict[str, set[str]] = defaultdict(set)
+    _until_all_four(lambda: handle.remote().result(timeout_s=30))
     for _ in range(3):
         for key in KEYS:
             seen[key].add(handle.options(shard_key=key).remote().result(timeout_s=30))

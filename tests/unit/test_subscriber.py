@@ -87,3 +87,45 @@ async def test_a_controller_that_never_answers_is_polled_again(monkeypatch: pyte
     await wait_for_async(lambda: controller.calls >= 3, what="the poll to give up and try again")
     subscriber.close()
     await asyncio.sleep(0)
+
+
+class CountingController:
+    """Answers each key once at version 1; counts the polls out at a time and what each asked."""
+
+    def __init__(self) -> None:
+        self.outstanding = 0
+        self.most_outstanding = 0
+        self.asked: list[set[str]] = []
+
+    async def listen(self, known: Versions, timeout_s: float) -> Updates:
+        self.outstanding += 1
+        self.most_outstanding = max(self.most_outstanding, self.outstanding)
+        self.asked.append(set(known))
+        try:
+            updates = {key: Update(1, STORED_ROUTES) for key, version in known.items() if version != 1}
+            if not updates:
+                await asyncio.sleep(timeout_s)
+            return updates
+        finally:
+            self.outstanding -= 1
+
+
+async def test_one_long_poll_covers_every_key_and_a_new_key_joins_it() -> None:
+    controller = CountingController()
+    subscriber = TableSubscriber(controller.listen, _connect)  # type: ignore[arg-type]
+    seen: dict[str, list[Table | None]] = {}
+    keys = [f"key-{i}" for i in range(50)]
+    for key in keys:
+        subscriber.watch(key, seen.setdefault(key, []).append)
+    await wait_for_async(lambda: all(seen[key] == [STORED_ROUTES] for key in keys), what="every key's table")
+    # One poll at a time for all fifty keys, not one per key.
+    assert controller.most_outstanding == 1
+    assert controller.asked[0] == set(keys)
+    # A key watched while the poll waits: the poll starts again with it, at once.
+    late: list[Table | None] = []
+    subscriber.watch("late", late.append)
+    await wait_for_async(lambda: late == [STORED_ROUTES], what="the late key's table")
+    assert controller.asked[-1] >= {"late", *keys}
+    assert controller.most_outstanding == 1
+    subscriber.close()
+    await asyncio.sleep(0)

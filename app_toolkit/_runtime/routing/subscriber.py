@@ -1,9 +1,11 @@
 """Keeps a caller's route and replica tables current by long-polling the controller.
 
-One poll loop per key. When the controller is unreachable the loops retry and the caller
-keeps serving on its last tables (the data plane survives the control plane). A caller
-that starts while the controller is down can be seeded with the tables stored last; the
-first answer from the controller replaces them.
+One long poll per caller, for every key it watches: the controller answers as soon as
+any of them is newer. A key watched while a poll is out restarts the poll with it. When
+the controller is unreachable the loop retries and the caller keeps serving on its last
+tables (the data plane survives the control plane). A caller that starts while the
+controller is down can be seeded with the tables stored last; the first answer from the
+controller replaces them.
 """
 
 from __future__ import annotations
@@ -56,6 +58,13 @@ class TableSubscriber:
         #: Stored tables to serve from until the controller answers (see ``seed``).
         self._seed: dict[str, Table] = {}
         self._tasks: list[asyncio.Task[None]] = []
+        # Per watched key: the version held (-1: none yet), who applies its tables, and
+        # the event set once it has one.
+        self._versions: dict[str, int] = {}
+        self._appliers: dict[str, list[Apply]] = {}
+        self._ready: dict[str, asyncio.Event] = {}
+        self._new_keys = asyncio.Event()
+        self._poller: asyncio.Task[None] | None = None
         if report is not None:
             self._tasks.append(asyncio.get_running_loop().create_task(self._report_loads()))
 
@@ -90,7 +99,8 @@ class TableSubscriber:
 
     def watch(self, key: str, apply: Apply) -> asyncio.Event:
         """Call ``apply(table)`` for every new table of ``key``."""
-        ready = asyncio.Event()
+        ready = self._ready.setdefault(key, asyncio.Event())
+        self._appliers.setdefault(key, []).append(apply)
         seeded = self._seed.pop(key, None)
         if seeded is not None:
             try:
@@ -99,35 +109,54 @@ class TableSubscriber:
                 logger.exception("Applying the stored %s table failed", key)
             else:
                 ready.set()
-        task = asyncio.get_running_loop().create_task(self._poll(key, apply, ready))
-        self._tasks.append(task)
+        if key not in self._versions:
+            self._versions[key] = -1
+            self._new_keys.set()
+        if self._poller is None:
+            self._poller = asyncio.get_running_loop().create_task(self._poll())
+            self._tasks.append(self._poller)
         return ready
 
-    async def _poll(self, key: str, apply: Apply, ready: asyncio.Event) -> None:
-        version = -1
+    async def _poll(self) -> None:
         while True:
-            try:
-                updates = await asyncio.wait_for(
-                    self._listen({key: version}, LONG_POLL_TIMEOUT_S), LONG_POLL_TIMEOUT_S + _LISTEN_GRACE_S
+            self._new_keys.clear()
+            known = dict(self._versions)
+            listening = asyncio.ensure_future(
+                asyncio.wait_for(
+                    self._listen(known, LONG_POLL_TIMEOUT_S), LONG_POLL_TIMEOUT_S + _LISTEN_GRACE_S
                 )
+            )
+            more = asyncio.ensure_future(self._new_keys.wait())
+            try:
+                await asyncio.wait({listening, more}, return_when=asyncio.FIRST_COMPLETED)
             except asyncio.CancelledError:
+                listening.cancel()
+                more.cancel()
                 # The loop is ending (asyncio.run() returning, shutdown): drop connections
                 # now rather than leave transports to a closed loop.
                 self._close_dispatchers("The caller's event loop is closing")
                 raise
+            more.cancel()
+            if not listening.done():
+                listening.cancel()  # a key was added: ask again, with it
+                continue
+            try:
+                updates = listening.result()
             except Exception as exc:  # noqa: BLE001 - keep serving on the last tables
-                logger.warning("Cannot reach the controller (%r); keeping the last %s table", exc, key)
+                logger.warning("Cannot reach the controller (%r); keeping the last tables", exc)
                 await asyncio.sleep(_RETRY_S)
                 continue
             self._seed.clear()  # the controller answers: stored tables are out of date
-            update = updates.get(key)
-            if update is not None:
-                version = update.version
-                try:
-                    apply(update.table)
-                except Exception:
-                    logger.exception("Applying a new %s table failed", key)
-                ready.set()
+            for key, update in updates.items():
+                if key not in self._versions:
+                    continue
+                self._versions[key] = update.version
+                for apply in self._appliers.get(key, ()):
+                    try:
+                        apply(update.table)
+                    except Exception:
+                        logger.exception("Applying a new %s table failed", key)
+                self._ready[key].set()
 
     async def _report_loads(self) -> None:
         """Tell the controller this caller's load: on change, while non-zero every few
