@@ -129,3 +129,16 @@ async def test_one_long_poll_covers_every_key_and_a_new_key_joins_it() -> None:
     assert controller.most_outstanding == 1
     subscriber.close()
     await asyncio.sleep(0)
+
+
+async def test_a_second_watcher_of_a_key_starts_from_the_table_already_held() -> None:
+    controller = CountingController()
+    subscriber = TableSubscriber(controller.listen, _connect)  # type: ignore[arg-type]
+    first: list[Table | None] = []
+    subscriber.watch("key", first.append)
+    await wait_for_async(lambda: first == [STORED_ROUTES], what="the first watcher's table")
+    second: list[Table | None] = []
+    ready = subscriber.watch("key", second.append)
+    assert ready.is_set() and second == [STORED_ROUTES]  # at once, not at the next change
+    subscriber.close()
+    await asyncio.sleep(0)

@@ -61,6 +61,7 @@ class TableSubscriber:
         # Per watched key: the version held (-1: none yet), who applies its tables, and
         # the event set once it has one.
         self._versions: dict[str, int] = {}
+        self._tables: dict[str, Table | None] = {}  # the last table of each key
         self._appliers: dict[str, list[Apply]] = {}
         self._ready: dict[str, asyncio.Event] = {}
         self._new_keys = asyncio.Event()
@@ -102,7 +103,9 @@ class TableSubscriber:
         ready = self._ready.setdefault(key, asyncio.Event())
         self._appliers.setdefault(key, []).append(apply)
         seeded = self._seed.pop(key, None)
-        if seeded is not None:
+        if key in self._tables:  # watched before, and answered: start from what it holds
+            seeded = self._tables[key]
+        if seeded is not None or key in self._tables:
             try:
                 apply(seeded)
             except Exception:
@@ -151,6 +154,7 @@ class TableSubscriber:
                 if key not in self._versions:
                     continue
                 self._versions[key] = update.version
+                self._tables[key] = update.table
                 for apply in self._appliers.get(key, ()):
                     try:
                         apply(update.table)
