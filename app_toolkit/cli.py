@@ -10,14 +10,16 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, Literal, NoReturn, TypeVar, get_args, get_origin
+from typing import Any, Literal, TypeVar, get_args, get_origin
 
 import click
 
 from app_toolkit import api, config_deploy
 from app_toolkit._runtime import log_format
 from app_toolkit._runtime.backends.base import Session, session_factory
-from app_toolkit._runtime.controller.rollout import RolloutOptions
+from app_toolkit.cli_session import fail as _fail
+from app_toolkit.cli_session import find as _find
+from app_toolkit.cli_traffic import rollout, shadow, traffic
 from app_toolkit.config import LOG_LEVEL_ENV, HTTPOptions, parse_http_options
 from app_toolkit.config_deploy import as_application
 from app_toolkit.config_file import ServeConfigFile, dump_config, load_config
@@ -27,15 +29,14 @@ from app_toolkit.import_path import import_attr
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-def _fail(exc: Exception) -> NoReturn:
-    click.echo(f"Error: {exc}", err=True)
-    sys.exit(1)
-
-
 @click.group()
 @click.version_option(package_name="app_toolkit", prog_name="app-toolkit")
 def main() -> None:
     """Serve FastAPI routers as a scalable service on Ray."""
+
+
+for _command in (traffic, rollout, shadow):
+    main.add_command(_command)
 
 
 def _http_option(name: str) -> Callable[[F], F]:
@@ -336,146 +337,23 @@ def show_config(address: str) -> None:
     click.echo(dump_config(written), nl=False)
 
 
-def _find(address: str) -> Session | None:
-    try:
-        return session_factory("ray").find(address)
-    except Exception as exc:  # noqa: BLE001 - ray.init failing to find a cluster
-        _fail(ConfigError(f"No Ray cluster at {address!r}: {exc}"))
-        return None
-
-
 @main.command()
 @click.option("--address", default="auto", show_default=True, help="Ray cluster to inspect.")
 @click.option("--json", "as_json", is_flag=True, help="Print everything as JSON (for tools).")
 def status(address: str, as_json: bool) -> None:
     """Print applications, deployments, replicas and proxies."""
-    try:
-        session = session_factory("ray").find(address)
-    except Exception as exc:  # noqa: BLE001 - ray.init failing to find a cluster
-        _fail(ConfigError(f"No Ray cluster at {address!r}: {exc}"))
-        return
-    if session is None:
-        _fail(ConfigError("app_toolkit is not running on this cluster"))
-        return
-    current = session.status()
-    click.echo(json.dumps(current.to_dict(), indent=2) if as_json else current.to_text())
-
-
-@main.command()
-@click.argument("app_name", metavar="APP")
-@click.argument("weights", nargs=-1, required=True, metavar="NAME=WEIGHT...")
-@click.option("--address", default="auto", show_default=True, help="Ray cluster to act on.")
-def traffic(app_name: str, weights: tuple[str, ...], address: str) -> None:
-    """Split APP's traffic between applications by weight, e.g.
-    `app-toolkit traffic chat chat=90 chat-v2=10`; `chat=100` ends the split. APP/DEPLOYMENT
-    splits the calls to one deployment between deployments of its application."""
-    try:
-        parsed = _parse_weights(weights)
-    except ConfigError as exc:
-        _fail(exc)
-        return
-    session = _act(address, lambda running: running.set_traffic(app_name, parsed))
-    app, _, deployment = app_name.partition("/")
-    info = session.status().applications[app]
-    shares = info.deployments[deployment].traffic if deployment else info.traffic
-    described = ", ".join(f"{name} {share:.1%}" for name, share in shares.items()) or f"all to {app_name}"
-    click.echo(f"app-toolkit: traffic of {app_name}: {described}")
-
-
-@main.command("rollout")
-@click.argument("app_name", metavar="APP")
-@click.option("--to", "canary", required=True, help="The application to move the traffic to.")
-@click.option(
-    "--steps", default="1,10,50,100", show_default=True, help="The canary's percentages, step by step."
-)
-@click.option(
-    "--interval", "interval_s", type=float, default=60.0, show_default=True, help="Seconds per step."
-)
-@click.option(
-    "--max-error-rate",
-    type=float,
-    default=0.01,
-    show_default=True,
-    help="Roll back when more than this fraction of the canary's requests fail.",
-)
-@click.option("--max-p99-ms", type=float, default=None, help="Roll back when the canary's p99 exceeds this.")
-@click.option("--address", default="auto", show_default=True, help="Ray cluster to act on.")
-def rollout_command(
-    app_name: str,
-    canary: str,
-    steps: str,
-    interval_s: float,
-    max_error_rate: float,
-    max_p99_ms: float | None,
-    address: str,
-) -> None:
-    """Move APP's traffic to a canary step by step; back at once if the canary fails.
-    `app-toolkit status` shows how it goes."""
-    try:
-        shares = tuple(float(step) for step in steps.split(","))
-    except ValueError:
-        _fail(ConfigError(f"--steps takes percentages like 1,10,50,100; got {steps!r}"))
-        return
-    options = RolloutOptions(shares, interval_s, max_error_rate, max_p99_ms)
-    _act(address, lambda running: running.rollout(app_name, canary, options))
-    click.echo(f"app-toolkit: rollout of {app_name} to {canary} started; see `app-toolkit status`")
-
-
-@main.command("shadow")
-@click.argument("app_name", metavar="APP")
-@click.option("--to", "shadow_app", default=None, help="The application that gets the copies.")
-@click.option("--fraction", type=float, default=0.1, show_default=True, help="The share of requests copied.")
-@click.option("--compare", default="", help='"module:function" that says whether two answers agree.')
-@click.option("--off", is_flag=True, help="Stop copying APP's requests.")
-@click.option("--address", default="auto", show_default=True, help="Ray cluster to act on.")
-def shadow_command(
-    app_name: str, shadow_app: str | None, fraction: float, compare: str, off: bool, address: str
-) -> None:
-    """Copy a share of APP's requests to another application and compare its answers
-    (`app-toolkit status` shows how they compare)."""
-    if not off and shadow_app is None:
-        _fail(ConfigError("Give --to APPLICATION (or --off to stop)"))
-        return
-    _act(address, lambda running: running.shadow(app_name, None if off else shadow_app, fraction, compare))
-    click.echo(f"app-toolkit: shadow of {app_name} {'stopped' if off else f'to {shadow_app} set'}")
-
-
-def _act(address: str, action: Callable[[Session], None]) -> Session:
-    """Run ``action`` on the toolkit running on the cluster at ``address``; exit with the
-    error's message if there is none or the action is refused."""
     session = _find(address)
     if session is None:
         _fail(ConfigError("app_toolkit is not running on this cluster"))
-    try:
-        action(session)
-    except AppToolkitError as exc:
-        _fail(exc)
-    return session
-
-
-def _parse_weights(pairs: tuple[str, ...]) -> dict[str, float]:
-    weights: dict[str, float] = {}
-    for pair in pairs:
-        name, sep, value = pair.partition("=")
-        try:
-            weight = float(value)
-        except ValueError:
-            weight = float("nan")
-        if not sep or not name or weight != weight:
-            raise ConfigError(f"{pair!r} is not NAME=WEIGHT (e.g. chat-v2=10)")
-        weights[name] = weight
-    return weights
+    current = session.status()
+    click.echo(json.dumps(current.to_dict(), indent=2) if as_json else current.to_text())
 
 
 @main.command()
 @click.option("--address", default="auto", show_default=True, help="Ray cluster to act on.")
 def shutdown(address: str) -> None:
     """Stop every application, the proxy and the controller."""
-    try:
-        session = session_factory("ray").find(address)
-    except Exception as exc:  # noqa: BLE001 - ray.init failing to find a cluster
-        _fail(ConfigError(f"No Ray cluster at {address!r}: {exc}"))
-        return
+    session = _find(address)
     if session is None:
         click.echo("app_toolkit is not running; nothing to stop")
         return

@@ -1,0 +1,40 @@
+"""What the CLI's commands share: failing with a message, and reaching the toolkit that
+runs on a cluster."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import NoReturn
+
+import click
+
+from app_toolkit._runtime.backends.base import Session, session_factory
+from app_toolkit.exceptions import AppToolkitError, ConfigError
+
+
+def fail(exc: Exception) -> NoReturn:
+    """Print ``exc`` as the command's error and exit with status 1."""
+    click.echo(f"Error: {exc}", err=True)
+    sys.exit(1)
+
+
+def find(address: str) -> Session | None:
+    """The toolkit running on the Ray cluster at ``address`` (None: not running there)."""
+    try:
+        return session_factory("ray").find(address)
+    except Exception as exc:  # noqa: BLE001 - ray.init failing to find a cluster
+        fail(ConfigError(f"No Ray cluster at {address!r}: {exc}"))
+
+
+def act(address: str, action: Callable[[Session], None]) -> Session:
+    """Run ``action`` on the toolkit running on the cluster at ``address``; exit with the
+    error's message if there is none or the action is refused."""
+    session = find(address)
+    if session is None:
+        fail(ConfigError("app_toolkit is not running on this cluster"))
+    try:
+        action(session)
+    except AppToolkitError as exc:
+        fail(exc)
+    return session
