@@ -10,6 +10,7 @@ Close it (or use ``with``) to shut the backend down.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -21,6 +22,7 @@ from app_toolkit._runtime.backends.base import (
     set_current_session,
 )
 from app_toolkit._runtime.inprocess import InProcessTransport, WebSocketSession
+from app_toolkit._runtime.proxy.proxy import Proxy
 from app_toolkit.api import run, shutdown
 from app_toolkit.deployment import Application
 from app_toolkit.exceptions import ConfigError
@@ -53,6 +55,16 @@ class TestClient(httpx.Client):
         try:
             kwargs: dict[str, Any] = {} if route_prefix is _UNSET else {"route_prefix": route_prefix}
             self.handle: DeploymentHandle = run(app, name=name, backend="local", **kwargs)
+            # The app runs; its routes reach the proxy a moment later, over the table the
+            # proxy follows. Requests sent at once must not find them missing (404).
+            proxy = session.proxy_app
+            assert isinstance(proxy, Proxy)
+            if session.status().applications[self.handle.app_name].route_prefix is not None:
+                deadline = time.monotonic() + timeout
+                while not proxy.routes(self.handle.app_name):
+                    if time.monotonic() > deadline:
+                        raise ConfigError("The proxy did not get the application's routes in time")
+                    time.sleep(0.005)
         except BaseException:
             shutdown()
             raise

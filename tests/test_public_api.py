@@ -88,6 +88,8 @@ def test_all_is_sorted_and_complete() -> None:
         "routes",
         "route_table",
         "cli",
+        "cli_session",
+        "cli_traffic",
         "scaffold",
         "templates",
         "config_file",

@@ -81,6 +81,10 @@ class Proxy:
             for deployment in route.deployments:
                 self.subscriber.dispatcher(deployment)
 
+    def routes(self, app: str) -> bool:
+        """The proxy has the routes of application ``app`` (its table has arrived)."""
+        return any(route.app == app for route in self.apps)
+
     def close(self) -> None:
         """The server is stopping: end the streams the proxy itself keeps open."""
         self.dashboard.close()
