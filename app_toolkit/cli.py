@@ -152,13 +152,13 @@ def run(
     if url is not None:
         click.echo(f"app-toolkit: live status at {url.rstrip('/')}{http.root_path}/-/dashboard")
     stop = threading.Event()
-    signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    try:
-        if reload:
-            _redeploy_on_change(stop, lambda: _deploy(session, target, name, route_prefix, fresh=True))
-        while not stop.wait(0.5):
-            pass
-    except KeyboardInterrupt:
+    # SIGINT too: a shell that starts a command in the background makes it ignore SIGINT
+    # (no KeyboardInterrupt then), yet supervisors and `kill -INT` still send it.
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    if reload:
+        _redeploy_on_change(stop, lambda: _deploy(session, target, name, route_prefix, fresh=True))
+    while not stop.wait(0.5):
         pass
     click.echo("app-toolkit: shutting down")
     api.shutdown()
