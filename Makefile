@@ -39,6 +39,7 @@ test: $(MODEL)
 
 bench: $(MODEL)
 	@command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk)
+	$(PY) -m pip install --quiet -e '.[dev,embeddings,chat,bench]'
 	$(PY) -m benchmarks.http_overhead
 	$(PY) -m benchmarks.http_overhead --only "GET small JSON, c=32" --replicas 2
 	$(PY) -m benchmarks.http_overhead --only "GET small JSON, c=32" --split
@@ -48,7 +49,8 @@ bench: $(MODEL)
 	$(PY) -m benchmarks.autoscaling
 	$(PY) -m benchmarks.chat
 	$(PY) -m benchmarks.overload
-	$(PY) -m benchmarks.scale
+	$(PY) -m benchmarks.scale --sizes 100x10x1,1000x100x100,10000x500x1000 --plot docs/img/scale.png
+	$(PY) -m benchmarks.scale_ray
 
 # Half an hour of mixed traffic with a replica killed every 5 minutes (docs/benchmarks.md).
 soak: $(MODEL)

@@ -25,24 +25,28 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import itertools
+import logging
+import multiprocessing
 import pickle
 import resource
 import statistics
+import sys
 import time
 from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
 from typing import Any
 
-from app_toolkit._runtime.channel.exchange import Exchange
-from app_toolkit._runtime.channel.frames import Kind
 from app_toolkit._runtime.controller import controller as controller_module
 from app_toolkit._runtime.controller.controller import ControllerCore
 from app_toolkit._runtime.messages import AdoptedReplica, AppSpec, DeploymentID, DeploymentSpec, ReplicaInfo
-from app_toolkit._runtime.routing.subscriber import TableSubscriber
-from app_toolkit._runtime.tables import ReplicaTable, Table, replicas_key
-from app_toolkit.config import DeploymentConfig
+from app_toolkit._runtime.tables import Loads, Outcomes, ReplicaTable, Table, replicas_key
+from app_toolkit.config import AutoscalingConfig, DeploymentConfig
 from app_toolkit.exceptions import ReplicaUnavailableError
+from benchmarks import scale_callers, scale_plot, scale_wire
 
 
 @dataclass
@@ -90,19 +94,14 @@ class SimBackend:
         pass
 
 
-class _NoReplica:
-    """The simulated callers never send requests; a connection is never opened."""
-
-    async def open(self, kind: Kind, message: Any) -> Exchange:
-        raise ReplicaUnavailableError("simulated")
-
-    def close(self) -> None:
-        pass
-
-
-def _app(index: int, replicas: int) -> AppSpec:
+def _app(index: int, replicas: int, health_period_s: float) -> AppSpec:
+    """One application of one autoscaled deployment. The callers' loads are small, so
+    the autoscaler keeps it at ``replicas`` (its minimum)."""
     name = f"app{index}"
-    config = DeploymentConfig(num_replicas=replicas, health_check_period_s=1.0, health_check_timeout_s=1.0)
+    autoscaling = AutoscalingConfig(
+        min_replicas=replicas, max_replicas=2 * replicas, target_ongoing_requests=100
+    )
+    config = DeploymentConfig(autoscaling_config=autoscaling, health_check_period_s=health_period_s)
     spec = DeploymentSpec(DeploymentID(name, "Ingress"), b"def", b"args", config, True, "v1")
     return AppSpec(name, f"/{name}", "Ingress", (spec,))
 
@@ -120,6 +119,10 @@ def _cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+#: How long a caller process may take to answer the benchmark (its callers' tables).
+_ANSWER_TIMEOUT_S = 600.0
+
+
 async def _until(condition: Any, timeout_s: float, what: str) -> float:
     started = time.perf_counter()
     while not condition():
@@ -129,10 +132,12 @@ async def _until(condition: Any, timeout_s: float, what: str) -> float:
     return time.perf_counter() - started
 
 
-async def measure(replicas: int, nodes: int, deployments: int, start_delay_s: float) -> dict[str, float]:
+async def measure(
+    replicas: int, nodes: int, deployments: int, options: argparse.Namespace
+) -> dict[str, float]:
     gc.collect()
     rss_before = _rss_mb()
-    backend = SimBackend(nodes, start_delay_s)
+    backend = SimBackend(nodes, options.start_delay)
     core = ControllerCore(backend)
     reconciles: list[float] = []
     reconcile = core._reconcile
@@ -144,63 +149,60 @@ async def measure(replicas: int, nodes: int, deployments: int, start_delay_s: fl
 
     core._reconcile = timed  # type: ignore[method-assign]
     await core.start()
-    apps = [_app(i, replicas // deployments) for i in range(deployments)]
-    subscribers = [
-        TableSubscriber(core.listen, lambda info: _NoReplica(), core.record_load) for _ in range(nodes)
-    ]
-    ingresses = [DeploymentID(app.name, app.ingress) for app in apps]
-    for subscriber in subscribers:
-        for ingress in ingresses:
-            subscriber.dispatcher(ingress)
-
-    # Deploy everything; time until every replica runs, less the simulated start delay.
-    started = time.perf_counter()
-    for app in apps:
-        await core.deploy_app(app)
-    total = (replicas // deployments) * deployments
-    deploy_s = await _until(lambda: len(backend.running) >= total, 600, "the deploy") - start_delay_s
-
-    def tables_hold(deployment: DeploymentID, count: int, without: str = "") -> bool:
-        return all(
-            len(s.dispatcher(deployment)._chooser.replica_ids) == count
-            and without not in s.dispatcher(deployment)._chooser.replica_ids
-            for s in subscribers
-        )
-
     per_deployment = replicas // deployments
-    await _until(lambda: all(tables_hold(d, per_deployment) for d in ingresses), 600, "the first tables")
+    apps = [_app(i, per_deployment, options.health_period) for i in range(deployments)]
+    ingresses = [DeploymentID(app.name, app.ingress) for app in apps]
 
-    # Steady state: CPU per second with everything running and nothing changing.
-    reconciles.clear()
-    cpu_before, wall_before = _cpu_s(), time.perf_counter()
-    await asyncio.sleep(5.0)
-    steady_cpu = (_cpu_s() - cpu_before) / (time.perf_counter() - wall_before)
-    steady_reconciles = list(reconciles)
+    async def record_load(caller: str, loads: Loads, outcomes: Outcomes) -> None:
+        core.record_load(caller, loads, outcomes)
 
-    # A replica dies: time until every subscriber's table has left it out.
-    victim_deployment = ingresses[0]
-    table = core.longpoll.get(replicas_key(victim_deployment))
-    assert isinstance(table, ReplicaTable)
-    victim = table.replicas[0].replica_id
-    backend.dead.add(victim)
+    server, port = await scale_wire.serve({"listen": core.listen, "record_load": record_load})
+    with _Callers(port, nodes, ingresses, options) as callers:
+        _progress(f"{replicas} replicas: deploying")
 
-    def published_without() -> bool:
-        current = core.longpoll.get(replicas_key(victim_deployment))
-        return isinstance(current, ReplicaTable) and victim not in {r.replica_id for r in current.replicas}
+        # Deploy everything; time until every replica runs, less the simulated start delay.
+        started = time.perf_counter()
+        for app in apps:
+            await core.deploy_app(app)
+        total = per_deployment * deployments
+        deploy_s = await _until(lambda: len(backend.running) >= total, 600, "the deploy")
+        deploy_s -= options.start_delay
+        _progress(f"deployed in {deploy_s:.2f} s; waiting for every caller's tables")
+        await callers.ask(("ready", {replicas_key(d): per_deployment for d in ingresses}))
+        _progress("every caller holds every table; steady state")
 
-    # Noticing takes up to a health-check period (1 s here); what scale changes is the
-    # fan-out after it: from the publish to every subscriber's table.
-    detect_s = await _until(published_without, 120, "the death to be noticed")
-    fan_out_s = await _until(
-        lambda: all(victim not in s.dispatcher(victim_deployment)._chooser.replica_ids for s in subscribers),
-        120,
-        "the new table to reach every subscriber",
-    )
-    table_bytes = len(pickle.dumps(core.longpoll.get(replicas_key(victim_deployment))))
-    rss_after = _rss_mb()
+        # Steady state: one health-check period with everything running and callers
+        # reporting load; then the same with replicas dying at --churn per second.
+        pauses: list[float] = []
+        steady_cpu, steady_reconciles = await _steady(options.health_period, reconciles, pauses)
+        churn_cpu = await _churn(core, backend, ingresses, options.churn, options.health_period)
 
-    for subscriber in subscribers:
-        subscriber.close()
+        _progress("one replica dies")
+        # A replica dies: time until every caller's table has left it out.
+        victim_deployment = ingresses[-1]
+        table = core.longpoll.get(replicas_key(victim_deployment))
+        assert isinstance(table, ReplicaTable)
+        victim = table.replicas[0].replica_id
+        backend.dead.add(victim)
+
+        published_at = 0.0
+
+        def published_without() -> bool:
+            nonlocal published_at
+            current = core.longpoll.get(replicas_key(victim_deployment))
+            gone = isinstance(current, ReplicaTable) and all(r.replica_id != victim for r in current.replicas)
+            if gone and not published_at:
+                published_at = time.monotonic()
+            return gone
+
+        # Noticing takes up to a health-check period; what scale changes is the fan-out
+        # after it: from the publish to every caller's table.
+        seen_by_all = asyncio.ensure_future(callers.ask(("without", replicas_key(victim_deployment), victim)))
+        detect_s = await _until(published_without, 120, "the death to be noticed")
+        fan_out_s = await seen_by_all - published_at
+        table_bytes = len(pickle.dumps(core.longpoll.get(replicas_key(victim_deployment))))
+        rss_after = _rss_mb()
+        server.close()
     await core.stop()
     return {
         "replicas": total,
@@ -214,8 +216,102 @@ async def measure(replicas: int, nodes: int, deployments: int, start_delay_s: fl
         "table_bytes": table_bytes,
         "rss_growth_mb": rss_after - rss_before,
         "steady_cpu": steady_cpu,
+        "churn_cpu": churn_cpu,
+        "gc_max_ms": max(pauses, default=0.0) * 1000,
         "elapsed_s": time.perf_counter() - started,
     }
+
+
+async def _steady(period_s: float, reconciles: list[float], pauses: list[float]) -> tuple[float, list[float]]:
+    """The controller's CPU per second, its reconcile passes and its garbage
+    collector's pauses, over one period."""
+    reconciles.clear()
+    started_at = 0.0
+
+    def timing(phase: str, info: dict[str, int]) -> None:
+        nonlocal started_at
+        if phase == "start":
+            started_at = time.perf_counter()
+        else:
+            pauses.append(time.perf_counter() - started_at)
+
+    gc.callbacks.append(timing)
+    cpu_before, wall_before = _cpu_s(), time.perf_counter()
+    try:
+        await asyncio.sleep(period_s)
+    finally:
+        gc.callbacks.remove(timing)
+    return (_cpu_s() - cpu_before) / (time.perf_counter() - wall_before), list(reconciles)
+
+
+async def _churn(
+    core: ControllerCore, backend: SimBackend, ingresses: list[DeploymentID], per_s: float, period_s: float
+) -> float:
+    """The controller's CPU per second while ``per_s`` replicas die every second."""
+    if per_s <= 0:
+        return 0.0
+    cpu_before, wall_before = _cpu_s(), time.perf_counter()
+    deaths = int(per_s * period_s)
+    for index in range(deaths):
+        table = core.longpoll.get(replicas_key(ingresses[index % len(ingresses)]))
+        if isinstance(table, ReplicaTable) and table.replicas:
+            backend.dead.add(table.replicas[-1].replica_id)
+        await asyncio.sleep(1 / per_s)
+    return (_cpu_s() - cpu_before) / (time.perf_counter() - wall_before)
+
+
+class _Callers:
+    """The simulated callers: ``--caller-processes`` processes sharing the nodes."""
+
+    def __init__(
+        self, port: int, nodes: int, ingresses: list[DeploymentID], options: argparse.Namespace
+    ) -> None:
+        context = multiprocessing.get_context("spawn")
+        self._pipes: list[Connection] = []
+        self._processes: list[BaseProcess] = []
+        count = options.caller_processes
+        for index in range(count):
+            ours, theirs = context.Pipe()
+            share = nodes // count + (1 if index < nodes % count else 0)
+            self._pipes.append(ours)
+            self._processes.append(
+                context.Process(
+                    target=scale_callers.run, args=(port, share, ingresses, options.busy, theirs), daemon=True
+                )
+            )
+
+    async def ask(self, command: tuple[Any, ...]) -> float:
+        """Send ``command`` to every caller process; the latest of their answers."""
+        loop = asyncio.get_running_loop()
+        for pipe in self._pipes:
+            pipe.send(command)
+        answers = [await loop.run_in_executor(None, _recv, pipe) for pipe in self._pipes]
+        return max(answers)
+
+    def __enter__(self) -> _Callers:
+        for process in self._processes:
+            process.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for pipe in self._pipes:
+            with contextlib.suppress(OSError):
+                pipe.send(("stop",))
+        for process in self._processes:
+            process.join(10)
+            if process.is_alive():
+                process.kill()
+
+
+def _recv(pipe: Connection) -> float:
+    if not pipe.poll(_ANSWER_TIMEOUT_S):
+        raise TimeoutError(f"the callers did not answer within {_ANSWER_TIMEOUT_S} s")
+    answer: float = pipe.recv()
+    return answer
+
+
+def _progress(message: str) -> None:
+    print(f"  [{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
 def _p99(values: list[float]) -> float:
@@ -236,21 +332,38 @@ def main() -> None:
     parser.add_argument(
         "--start-delay", type=float, default=0.05, help="seconds a simulated replica takes to start"
     )
-    args = parser.parse_args()
+    parser.add_argument(
+        "--health-period", type=float, default=10.0, help="health_check_period_s (default: the default)"
+    )
+    parser.add_argument("--churn", type=float, default=2.0, help="replicas dying per second, churn phase")
+    parser.add_argument(
+        "--busy", type=float, default=0.1, help="share of deployments every caller reports load for"
+    )
+    parser.add_argument("--caller-processes", type=int, default=2, help="processes the callers share")
+    parser.add_argument("--plot", default="", help="write the curves to this PNG (needs matplotlib)")
+    options = parser.parse_args()
+    # Deaths are logged as warnings; thousands of them would bury the results.
+    logging.getLogger("app_toolkit").setLevel(logging.ERROR)
     controller_module.TABLES_STORE_PERIOD_S = 0.5
-    for size in args.sizes.split(","):
+    results = []
+    for size in options.sizes.split(","):
         replicas, nodes, deployments = _size(size)
-        result = asyncio.run(measure(replicas, nodes, deployments, args.start_delay))
+        result = asyncio.run(measure(replicas, nodes, deployments, options))
+        results.append(result)
         replicas_n, nodes_n, apps_n = (int(result[key]) for key in ("replicas", "nodes", "deployments"))
         size = f"{replicas_n} replicas, {nodes_n} nodes, {apps_n} apps"
         print(
             f"{size:36} | reconcile p50 {result['reconcile_p50_ms']:6.2f} ms "
             f"p99 {result['reconcile_p99_ms']:7.2f} ms | deploy {result['deploy_s']:6.2f} s | "
             f"death seen {result['detect_s']:5.2f} s, then all tables {result['fan_out_s']:6.3f} s | "
-            f"table {result['table_bytes']:5.0f} B | RSS +{result['rss_growth_mb']:5.0f} MB | "
-            f"steady CPU {result['steady_cpu']:.2f} core",
+            f"table {result['table_bytes']:5.0f} B | controller RSS +{result['rss_growth_mb']:5.0f} MB | "
+            f"CPU steady {result['steady_cpu']:.2f}, churn {result['churn_cpu']:.2f} core | "
+            f"GC pause max {result['gc_max_ms']:.0f} ms",
             flush=True,
         )
+    if options.plot:
+        scale_plot.plot(results, options.plot)
+        print(f"Curves written to {options.plot}")
 
 
 if __name__ == "__main__":

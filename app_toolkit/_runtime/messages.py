@@ -6,6 +6,7 @@ import pickle
 from dataclasses import dataclass, field
 from typing import Any
 
+from app_toolkit._runtime.compact import compact
 from app_toolkit.config import DeploymentConfig
 
 Headers = list[tuple[bytes, bytes]]
@@ -17,6 +18,7 @@ CLOSE_SERVICE_RESTART = 1012  # the replica drains: reconnect (to another one)
 CLOSE_TRY_AGAIN_LATER = 1013  # overloaded
 
 
+@compact
 @dataclass(frozen=True, slots=True)
 class DeploymentID:
     """Names one deployment inside one application."""
@@ -28,6 +30,7 @@ class DeploymentID:
         return f"{self.app}/{self.name}"
 
 
+@compact
 @dataclass(frozen=True, slots=True)
 class ReplicaInfo:
     """What a caller needs to reach one running replica."""
@@ -46,6 +49,7 @@ class ReplicaInfo:
     rank: int = -1
 
 
+@compact
 @dataclass(frozen=True, slots=True)
 class PathRoute:
     """One route of an app, as the proxy matches it (in the app's own route order).
@@ -61,6 +65,7 @@ class PathRoute:
     deadline_s: float | None = None
 
 
+@compact
 @dataclass(frozen=True, slots=True)
 class AdoptedReplica:
     """A running replica as a restarted controller finds it."""
@@ -71,6 +76,7 @@ class AdoptedReplica:
     handle: Any  # the backend's handle (an actor); None until the backend fills it in
 
 
+@compact
 @dataclass(frozen=True, slots=True)
 class RouteInfo:
     """One HTTP route prefix, the ingress deployment behind it and its special routes."""
@@ -81,6 +87,7 @@ class RouteInfo:
     routes: tuple[PathRoute, ...] = ()
 
 
+@compact
 @dataclass(frozen=True, slots=True)
 class DeploymentSpec:
     """The desired state of one deployment, as the controller stores it.
@@ -97,6 +104,7 @@ class DeploymentSpec:
     code_version: str
 
 
+@compact
 @dataclass(frozen=True, slots=True)
 class AppSpec:
     """The desired state of one application."""
@@ -115,6 +123,7 @@ class AppSpec:
         raise KeyError(name)
 
 
+@compact
 @dataclass(frozen=True, slots=True)
 class HTTPRequest:
     """An HTTP request as the proxy forwards it: the ASGI scope and the whole body."""
@@ -124,6 +133,7 @@ class HTTPRequest:
     body: bytes
 
 
+@compact
 @dataclass(frozen=True, slots=True)
 class WebSocketOpen:
     """A WebSocket connection as the proxy forwards it: its ASGI scope."""
@@ -132,6 +142,7 @@ class WebSocketOpen:
     scope: dict[str, Any]
 
 
+@compact
 @dataclass(frozen=True, slots=True)
 class HTTPResponse:
     """A complete (non-streamed) HTTP response: one frame back."""
@@ -142,6 +153,7 @@ class HTTPResponse:
     route: str = ""  # the app's path template that served it ("" if none matched)
 
 
+@compact
 @dataclass(frozen=True, slots=True)
 class HTTPResponseStart:
     """The head of a streamed response; body chunks follow as raw frames."""
@@ -151,6 +163,7 @@ class HTTPResponseStart:
     route: str = ""  # the app's path template that served it ("" if none matched)
 
 
+@compact
 @dataclass(frozen=True, slots=True)
 class MethodCall:
     """A handle call: method name and arguments."""
@@ -166,6 +179,7 @@ class MethodCall:
     tracestate: str = ""
 
 
+@compact
 @dataclass(frozen=True, slots=True)
 class CallFailure:
     """A deployment method raised; ``exception`` is the pickled original when possible."""

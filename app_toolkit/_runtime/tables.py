@@ -7,10 +7,12 @@ processes here is a frozen dataclass, never a bare tuple.
 
 from __future__ import annotations
 
+import pickle
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from typing import Literal
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
+from app_toolkit._runtime.compact import compact
 from app_toolkit._runtime.messages import DeploymentID, ReplicaInfo, RouteInfo
 
 #: The key of the application table (every application's prefix and routes).
@@ -22,6 +24,7 @@ def replicas_key(deployment: DeploymentID) -> str:
     return f"replicas:{deployment}"
 
 
+@compact
 @dataclass(frozen=True, slots=True)
 class ShadowTarget:
     """Where copies of an application's requests go (routing/shadow.py)."""
@@ -33,6 +36,7 @@ class ShadowTarget:
     compare: str = ""
 
 
+@compact
 @dataclass(frozen=True, slots=True)
 class ReplicaTable:
     """The running replicas of one deployment and how much its callers may queue."""
@@ -50,11 +54,13 @@ class ReplicaTable:
     shadow: ShadowTarget | None = None
 
 
+@compact
 @dataclass(frozen=True, slots=True)
 class DeploymentGone:
     """The deployment was deleted, or failed before any replica ran: fail its waiters."""
 
 
+@compact
 @dataclass(frozen=True, slots=True)
 class ApplicationTable:
     """Every application that serves HTTP: prefix, ingress and special routes."""
@@ -68,10 +74,30 @@ Table = ReplicaTable | DeploymentGone | ApplicationTable
 @dataclass(frozen=True, slots=True)
 class Update:
     """A key's value as of ``version``; ``table`` is None for a key never published
-    (version 0)."""
+    (version 0).
+
+    The controller sends one update to every caller that follows its key.
+    ``packed_form`` (made once, by ``Update.packed``) is its pickled form: each further caller costs a
+    copy of those bytes instead of pickling the table again.
+    """
 
     version: int
     table: Table | None
+    packed_form: bytes = field(default=b"", compare=False, repr=False)
+
+    @classmethod
+    def packed(cls, version: int, table: Table | None) -> Update:
+        return cls(version, table, pickle.dumps((version, table), protocol=pickle.HIGHEST_PROTOCOL))
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        if self.packed_form:
+            return _unpack_update, (self.packed_form,)
+        return Update, (self.version, self.table)
+
+
+def _unpack_update(data: bytes) -> Update:
+    version, table = pickle.loads(data)
+    return Update(version, table)
 
 
 #: Key -> the version a caller already holds (-1: none yet).
@@ -82,6 +108,7 @@ Updates = dict[str, Update]
 Loads = dict[DeploymentID, float]
 
 
+@compact
 @dataclass(frozen=True, slots=True)
 class VariantOutcome:
     """What one caller saw of one variant of a traffic split since its last report:
@@ -95,6 +122,7 @@ class VariantOutcome:
     latency_counts: tuple[int, ...]
 
 
+@compact
 @dataclass(frozen=True, slots=True)
 class ShadowOutcome:
     """What one caller's shadow copies did since its last report: copies answered,

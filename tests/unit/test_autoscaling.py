@@ -83,3 +83,19 @@ def test_a_steady_load_at_the_target_does_not_flap() -> None:
         assert scaler.step(now) == 4
         now += 0.5
     assert scaler.last_decision is None
+
+
+def test_the_average_over_the_look_back_window_is_kept_as_samples_come_and_go() -> None:
+    scaler = Autoscaler(AutoscalingConfig(min_replicas=0, look_back_period_s=1.0), 1)
+    rng = random.Random(7)
+    for tick in range(2000):
+        now = tick * 0.05
+        scaler.record(now, rng.choice([0.0, 0.1, 0.3, 2.0, 7.0]))
+        window = [load for at, load in scaler.samples]
+        assert 20 <= len(window) <= 21 or tick < 20  # samples within the last second
+        assert abs(scaler.average_load() - sum(window) / len(window)) < 1e-9
+    # Fractional loads came and went thousands of times; once only zeros are left in the
+    # window the average is exactly 0 (a residue would scale up from zero).
+    for tick in range(2000, 2030):
+        scaler.record(tick * 0.05, 0.0)
+    assert scaler.average_load() == 0.0

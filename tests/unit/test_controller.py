@@ -85,7 +85,8 @@ class FakeBackend:
 def app(
     name: str = "a", version: str = "v1", replicas: int = 2, prefix: str | None = "/a", **options: Any
 ) -> AppSpec:
-    config = DeploymentConfig(num_replicas=replicas, health_check_period_s=0.01, **options)
+    options.setdefault("health_check_period_s", 0.01)
+    config = DeploymentConfig(num_replicas=replicas, **options)
     spec = DeploymentSpec(DeploymentID(name, "D"), b"def", b"args", config, True, version)
     return AppSpec(name, prefix, "D", (spec,))
 
@@ -290,7 +291,6 @@ async def test_the_loop_survives_a_failing_step() -> None:
 
 
 async def test_autoscaled_deployment_follows_reported_load_and_expires_silent_callers() -> None:
-    from app_toolkit._runtime.controller import controller as controller_module
 
     backend = FakeBackend()
     core = await started(backend)
@@ -317,13 +317,10 @@ async def test_autoscaled_deployment_follows_reported_load_and_expires_silent_ca
     core.record_load("proxy-1", {})
     await until(lambda: not backend.running)
     # A caller that reports load and then goes silent stops counting after the TTL.
-    controller_module.LOAD_REPORT_TTL_S, ttl = 0.3, controller_module.LOAD_REPORT_TTL_S
-    try:
-        core.record_load("handle-2", {spec.id: 2.0})
-        await until(lambda: len(backend.running) == 2)
-        await until(lambda: not backend.running)
-    finally:
-        controller_module.LOAD_REPORT_TTL_S = ttl
+    core.loads.ttl_s = 0.3
+    core.record_load("handle-2", {spec.id: 2.0})
+    await until(lambda: len(backend.running) == 2)
+    await until(lambda: not backend.running)
     await core.stop()
 
 
@@ -391,4 +388,29 @@ async def test_published_tables_are_stored_when_they_change_and_not_more_often(
     monkeypatch.setattr(controller_module, "TABLES_STORE_PERIOD_S", 0.0)
     await core._store_tables()
     assert backend.stored_tables[-1][replicas_key(DeploymentID("a", "gone"))] == DeploymentGone()
+    await core.stop()
+
+
+async def test_a_pass_plans_only_the_deployments_with_something_due(monkeypatch: pytest.MonkeyPatch) -> None:
+    planned: list[DeploymentID] = []
+    real_plan = controller_module.plan
+
+    def counting(state: Any, now: float, new_id: Callable[[], str]) -> Any:
+        planned.append(state.spec.id)
+        return real_plan(state, now, new_id)
+
+    monkeypatch.setattr(controller_module, "plan", counting)
+    backend = FakeBackend()
+    core = await started(backend)
+    await core.deploy_app(app("idle", replicas=2, health_check_period_s=3600.0))
+    await core.deploy_app(app("busy", prefix="/busy", replicas=1))  # checked every 10 ms
+    await until(lambda: len(backend.running) == 3)
+    await reconcile_rounds(core, 3)
+    planned.clear()
+    await asyncio.sleep(0.5)  # the loop's passes, 0.1 s apart; busy's checks every 10 ms
+    assert DeploymentID("idle", "D") not in planned  # nothing due for an hour
+    assert DeploymentID("busy", "D") in planned
+    # A deploy plans its deployment on the next pass.
+    await core.deploy_app(app("idle", replicas=3, health_check_period_s=3600.0))
+    await until(lambda: sum(r.startswith("idle") for r in backend.running) == 3)
     await core.stop()

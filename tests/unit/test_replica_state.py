@@ -34,6 +34,7 @@ from app_toolkit._runtime.controller.replica_state import (
     StopReplica,
     Tick,
     drain_timeout_s,
+    first_check_in,
     replica_transition,
 )
 from app_toolkit._runtime.messages import DeploymentID, DeploymentSpec, ReplicaInfo
@@ -77,12 +78,21 @@ def ids() -> Any:
 # ------------------------------------------------------------------------ one replica
 
 
-def test_a_started_replica_runs_and_is_published_with_its_first_check_a_period_later() -> None:
+def test_a_started_replica_runs_and_is_published_with_its_first_check_within_a_period() -> None:
     starting = Replica("r1", "v1", launched_at=0.0)
     after, actions = replica_transition(starting, Started(info("r1"), "h", spec().config), spec(), now=5.0)
     assert after is not None and after.state is ReplicaState.RUNNING and after.serving
-    assert after.next_health_check == 15.0 and after.handle == "h"
+    period = spec().config.health_check_period_s
+    assert after.next_health_check == 5.0 + first_check_in("r1", period) and after.handle == "h"
     assert actions == [PublishReplicas()]
+
+
+def test_replicas_started_together_get_their_first_checks_spread_over_half_a_period() -> None:
+    delays = [first_check_in(f"app.D.{n:06x}", 10.0) for n in range(2000)]
+    assert all(5.0 <= delay <= 10.0 for delay in delays)
+    assert first_check_in("app.D.000001", 10.0) == first_check_in("app.D.000001", 10.0)  # pure
+    per_second = [sum(5.0 + s <= d < 6.0 + s for d in delays) for s in range(5)]
+    assert all(300 <= count <= 500 for count in per_second), per_second  # ~400 each, no wave
 
 
 def test_stop_while_starting_waits_for_the_start_then_stops_at_once() -> None:
@@ -261,3 +271,10 @@ def test_replicas_slow_to_start_are_logged_once() -> None:
     logs = [a for a in plan(state, now=31.0, new_id=ids()) if isinstance(a, Log)]
     assert len(logs) == 1 and "starting for more than 30 s" in logs[0].message
     assert not any(isinstance(a, Log) for a in plan(state, now=60.0, new_id=ids()))
+
+
+def test_replicas_turning_slow_together_make_one_line() -> None:
+    slow = {f"s{n}": Replica(f"s{n}", "v1", launched_at=0.0) for n in range(6)}
+    state = DeploymentState(spec(num_replicas=6), slow)
+    logs = [a for a in plan(state, now=31.0, new_id=ids()) if isinstance(a, Log)]
+    assert len(logs) == 1 and logs[0].message.startswith("a/D: 6 replica(s) starting for more than 30 s")

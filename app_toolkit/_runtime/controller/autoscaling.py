@@ -35,6 +35,10 @@ class Autoscaler:
     wants_more_since: float | None = None
     wants_fewer_since: float | None = None
     last_decision: Decision | None = None
+    # The samples' sum, kept as they come and go (the average is read on every pass),
+    # and how many are non-zero: with none, the average is exactly 0, never a residue.
+    _sum: float = field(default=0.0, repr=False)
+    _non_zero: int = field(default=0, repr=False)
 
     @classmethod
     def start(cls, config: AutoscalingConfig) -> Autoscaler:
@@ -47,14 +51,20 @@ class Autoscaler:
     def record(self, now: float, load: float) -> None:
         """Add a load sample (requests queued + running over all callers)."""
         self.samples.append((now, load))
+        self._sum += load
+        self._non_zero += load != 0
         horizon = now - self.config.look_back_period_s
         while self.samples and self.samples[0][0] < horizon:
-            self.samples.popleft()
+            _, old = self.samples.popleft()
+            self._sum -= old
+            self._non_zero -= old != 0
+        if not self._non_zero:
+            self._sum = 0.0
 
     def average_load(self) -> float:
-        if not self.samples:
+        if not self._non_zero:
             return 0.0
-        return sum(load for _, load in self.samples) / len(self.samples)
+        return self._sum / len(self.samples)
 
     def step(self, now: float, current_load: float | None = None) -> int:
         """Move the target if the load has asked for it long enough; returns the target.

@@ -34,11 +34,13 @@ from app_toolkit._runtime.controller.deployment_state import (
     hold_models,
     keep_size,
     new_spec,
+    next_due,
     plan,
-    replica_table,
 )
+from app_toolkit._runtime.controller.loads import LoadBook
 from app_toolkit._runtime.controller.longpoll import LongPollHost
 from app_toolkit._runtime.controller.prefixes import check_prefixes
+from app_toolkit._runtime.controller.publishing import TablePublisher
 from app_toolkit._runtime.controller.replica_state import (
     CheckHealth,
     Event,
@@ -58,10 +60,8 @@ from app_toolkit._runtime.controller.replica_state import (
 from app_toolkit._runtime.controller.rollout import RolloutOptions, new_rollout
 from app_toolkit._runtime.controller.status_view import serve_status
 from app_toolkit._runtime.controller.traffic import TrafficPolicy
-from app_toolkit._runtime.messages import AppSpec, DeploymentID, RouteInfo
+from app_toolkit._runtime.messages import AppSpec, DeploymentID
 from app_toolkit._runtime.tables import (
-    APPLICATIONS_KEY,
-    ApplicationTable,
     DeploymentGone,
     Loads,
     Outcomes,
@@ -103,15 +103,19 @@ class ControllerCore:
         self._tasks: set[asyncio.Task[None]] = set()
         # replica id -> sequence number of its last multiplexed-models report.
         self._model_reports: dict[str, int] = {}
-        # caller id -> (time of report, load per deployment): requests queued + running.
-        self._loads: dict[str, tuple[float, Loads]] = {}
+        #: Each caller's load per deployment (requests queued + running), summed.
+        self.loads = LoadBook(LOAD_REPORT_TTL_S)
+        # When each deployment next needs a plan() with no event before then
+        # (``next_due``); one without an entry is planned on the next pass.
+        self._due: dict[DeploymentID, float] = {}
         # The long poll's generation last stored, and when.
         self._tables_stored: tuple[int, float] = (-1, float("-inf"))
         #: The latest log lines of the lifecycle (deploy errors, replacements, scaling).
         self.events: deque[EventInfo] = deque(maxlen=EVENTS_KEPT)
         #: Traffic splits, rollouts and shadows (controller/traffic.py).
         self.policy = TrafficPolicy()
-        self._split_deployments: set[DeploymentID] = set()  # non-ingress ones published with a split
+        #: Builds and publishes the tables callers follow.
+        self.tables = TablePublisher(self)
         controller_metrics.track(self)
 
     # ------------------------------------------------------------------ lifecycle
@@ -125,7 +129,7 @@ class ControllerCore:
                 self._adopt(spec)
             logger.info("Restored %d application(s) from the checkpoint", len(self.apps))
         await self._adopt_running_replicas()
-        self._publish_routes()
+        self.tables.routes()
         self._loop_task = asyncio.get_running_loop().create_task(self._run())
 
     async def stop(self) -> None:
@@ -152,8 +156,8 @@ class ControllerCore:
         self._forget_config_of(spec.name)
         self._replace_app(spec)
         await self._checkpoint()
-        self._publish_routes()
-        self._publish_splits()
+        self.tables.routes()
+        self.tables.splits()
         self._wake.set()
 
     async def delete_app(self, name: str) -> None:
@@ -162,8 +166,8 @@ class ControllerCore:
         self._forget_config_of(name)
         self._remove_app(name)
         await self._checkpoint()
-        self._publish_routes()
-        self._publish_splits()
+        self.tables.routes()
+        self.tables.splits()
         self._wake.set()
 
     async def apply_config(self, specs: list[AppSpec], config_file: dict[str, Any]) -> None:
@@ -179,8 +183,8 @@ class ControllerCore:
             self._replace_app(spec)
         self.config_file = config_file
         await self._checkpoint()
-        self._publish_routes()
-        self._publish_splits()
+        self.tables.routes()
+        self.tables.splits()
         self._wake.set()
 
     async def set_traffic(self, endpoint: str, weights: dict[str, float]) -> None:
@@ -189,7 +193,7 @@ class ControllerCore:
         stops a rollout of ``endpoint``."""
         event = self.policy.set(endpoint, weights, self.apps)
         await self._checkpoint()
-        self._publish_splits()
+        self.tables.splits()
         self._record(logging.INFO, event[0].upper() + event[1:])
 
     async def rollout(self, endpoint: str, canary: str, options: RolloutOptions) -> None:
@@ -198,20 +202,20 @@ class ControllerCore:
         started = new_rollout(endpoint, canary, options, self.apps, now)
         event = self.policy.start_rollout(started, self.apps)
         await self._checkpoint()
-        self._publish_splits()
+        self.tables.splits()
         self._record(logging.INFO, event)
 
     async def shadow(self, endpoint: str, to: str | None, fraction: float, compare: str = "") -> None:
         """Copy ``fraction`` of ``endpoint``'s requests to ``to`` (routing/shadow.py)."""
         event = self.policy.set_shadow(endpoint, to, fraction, self.apps, compare)
         await self._checkpoint()
-        self._publish_splits()
+        self.tables.splits()
         self._record(logging.INFO, event)
 
     def _move_rollouts(self) -> None:
         events = self.policy.tick(asyncio.get_running_loop().time(), self.apps)
         if events:
-            self._publish_splits()
+            self.tables.splits()
             self._spawn(self._checkpoint())
             for level, message in events:
                 self._record(level, message)
@@ -251,13 +255,13 @@ class ControllerCore:
         for deployment_id, state in self.deployments.items():
             if replica_id in state.replicas:
                 if hold_models(state, replica_id, tuple(models)):
-                    self._publish_replicas(deployment_id)
+                    self.tables.replicas(deployment_id)
                 return
 
     def record_load(self, caller: str, loads: Loads, outcomes: Outcomes = ()) -> None:
         """A caller's newest load per deployment (requests queued + running), and what
         it saw of traffic splits' variants (for rollouts)."""
-        self._loads[caller] = (asyncio.get_running_loop().time(), loads)
+        self.loads.record(caller, loads, asyncio.get_running_loop().time())
         for outcome in outcomes:
             self.policy.record(outcome)
         if outcomes:
@@ -266,15 +270,6 @@ class ControllerCore:
             state = self.deployments.get(deployment)
             if load and state is not None and state.autoscaler is not None and state.target == 0:
                 self._wake.set()  # demand at zero replicas: scale up now, not next tick
-
-    def _current_load(self, deployment: DeploymentID, now: float) -> float:
-        total = 0.0
-        for caller, (at, loads) in list(self._loads.items()):
-            if now - at > LOAD_REPORT_TTL_S:
-                del self._loads[caller]
-                continue
-            total += loads.get(deployment, 0.0)
-        return total
 
     def app_exists(self, name: str) -> bool:
         return name in self.apps or any(d.app == name for d in self.deployments)
@@ -285,7 +280,7 @@ class ControllerCore:
     def status(self) -> ServeStatus:
         now = asyncio.get_running_loop().time()
         status = serve_status(
-            self.apps, self.deployments, lambda d: self._current_load(d, now), now, self.proxies
+            self.apps, self.deployments, lambda d: self.loads.total(d, now), now, self.proxies
         )
         for name, app in list(status.applications.items()):
             traffic, rollout, shadow = self.policy.status(name, now)
@@ -317,7 +312,8 @@ class ControllerCore:
                 new_spec(state, dep)
             else:
                 follow_autoscaling(state)
-            self._publish_replicas(dep.id)
+            self._due.pop(dep.id, None)
+            self.tables.replicas(dep.id)
 
     async def _adopt_running_replicas(self) -> None:
         """Take over the replicas a previous controller left running: callers keep their
@@ -333,7 +329,7 @@ class ControllerCore:
             adopted += 1
         for deployment_id, state in self.deployments.items():
             keep_size(state)  # the size the previous life chose
-            self._publish_replicas(deployment_id)
+            self.tables.replicas(deployment_id)
         if adopted:
             logger.info("Adopted %d running replica(s)", adopted)
 
@@ -341,6 +337,7 @@ class ControllerCore:
         state = self.deployments.get(deployment)
         if state is not None:
             state.deleting = True
+            self._due.pop(deployment, None)
             self.longpoll.publish(replicas_key(deployment), DeploymentGone())
 
     async def _checkpoint(self) -> None:
@@ -367,23 +364,31 @@ class ControllerCore:
 
     async def _run(self) -> None:
         while True:
+            started = time.perf_counter()
             try:
                 self._reconcile()
             except Exception:
                 logger.exception("Reconcile step failed; retrying")
+            controller_metrics.RECONCILE.observe(time.perf_counter() - started)
             await self._store_tables()
             await wait_event(self._wake, _LOOP_PERIOD_S)
             self._wake.clear()
 
     def _reconcile(self) -> None:
+        """One pass: feed every autoscaler its load, and plan each deployment that had
+        an event, a new target or a due time since its last plan (not every one: at
+        thousands of replicas, most have nothing due on a given pass)."""
         now = asyncio.get_running_loop().time()
         self._move_rollouts()
         for deployment_id, state in list(self.deployments.items()):
-            actions = autoscale(state, self._current_load(deployment_id, now), now)
-            actions += plan(state, now, functools.partial(self._new_replica_id, state))
+            actions = autoscale(state, self.loads.total(deployment_id, now), now)
+            if actions or self._due.get(deployment_id, now) <= now:  # a decision moves the target
+                actions += plan(state, now, functools.partial(self._new_replica_id, state))
+                self._due[deployment_id] = next_due(state)
             self._perform(state, actions)
             if state.deleting and not state.replicas:
                 del self.deployments[deployment_id]
+                self._due.pop(deployment_id, None)
 
     @staticmethod
     def _new_replica_id(state: DeploymentState) -> str:
@@ -396,6 +401,7 @@ class ControllerCore:
         if state is None:
             return
         self._perform(state, apply_event(state, replica_id, event, asyncio.get_running_loop().time()))
+        self._due.pop(deployment, None)
         self._wake.set()
 
     def _perform(self, state: DeploymentState, actions: list[Action]) -> None:
@@ -410,7 +416,7 @@ class ControllerCore:
             elif isinstance(action, ReconfigureReplica):
                 self._spawn(self._reconfigure(deployment, action))
             elif isinstance(action, PublishReplicas):
-                self._publish_replicas(deployment)
+                self.tables.replicas(deployment)
             elif isinstance(action, PublishGone):
                 self.longpoll.publish(replicas_key(deployment), DeploymentGone())
             elif isinstance(action, Log):
@@ -475,46 +481,6 @@ class ControllerCore:
         else:
             event = Reconfigured(action.config)
         self._on(deployment, action.replica_id, event)
-
-    # ------------------------------------------------------------------ tables
-
-    def _publish_replicas(self, deployment: DeploymentID) -> None:
-        state = self.deployments.get(deployment)
-        if state is not None and not state.deleting:
-            table = replica_table(state)
-            app = self.apps.get(deployment.app)
-            split = self.policy.split(deployment, self.apps)
-            shadow = (
-                self.policy.shadow(app, self.apps)
-                if app is not None and app.ingress == deployment.name
-                else None
-            )
-            if split or shadow:
-                table = dataclasses.replace(table, split=split, shadow=shadow)
-            self.longpoll.publish(replicas_key(deployment), table)
-
-    def _publish_splits(self) -> None:
-        """Republish the tables whose split or shadow may have changed: every ingress, and
-        every deployment that has (or just had) a split of its own."""
-        endpoints = set(self.policy.endpoints(self.apps))
-        for deployment in endpoints | self._split_deployments:
-            self._publish_replicas(deployment)
-        self._split_deployments = (
-            {d for d in endpoints if d.name != self.apps[d.app].ingress} if self.apps else set()
-        )
-
-    def _publish_routes(self) -> None:
-        routes = tuple(
-            sorted(
-                (
-                    RouteInfo(app.route_prefix, app.name, DeploymentID(app.name, app.ingress), app.routes)
-                    for app in self.apps.values()
-                    if app.route_prefix is not None
-                ),
-                key=lambda route: route.route_prefix,
-            )
-        )
-        self.longpoll.publish(APPLICATIONS_KEY, ApplicationTable(routes))
 
     def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coroutine)

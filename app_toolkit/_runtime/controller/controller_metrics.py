@@ -31,6 +31,12 @@ REPLACEMENTS = metrics.Counter(
     (*_DEPLOYMENT, "reason"),
 )
 
+RECONCILE = metrics.Histogram(
+    "app_toolkit_controller_reconcile_seconds",
+    "Time of one pass of the controller's reconcile loop (autoscaling, planning each "
+    "deployment with something due)",
+)
+
 
 class _Core(Protocol):
     @property

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import logging
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -121,11 +122,29 @@ def plan(state: DeploymentState, now: float, new_id: Callable[[], str]) -> list[
         return _each(state, Stop(), now)
     actions = _scale(state, now, new_id)
     actions += _each(state, Tick(), now)
-    for replica in slow_starters(state, now):
-        if not replica.slow_start_logged:
-            state.replicas[replica.replica_id] = dataclasses.replace(replica, slow_start_logged=True)
-            actions.append(Log(logging.WARNING, f"{state.spec.id}: {slow_start_message(state, now)}"))
+    newly_slow = [replica for replica in slow_starters(state, now) if not replica.slow_start_logged]
+    for replica in newly_slow:
+        state.replicas[replica.replica_id] = dataclasses.replace(replica, slow_start_logged=True)
+    if newly_slow:  # one line for them all: the message counts every slow replica
+        actions.append(Log(logging.WARNING, f"{state.spec.id}: {slow_start_message(state, now)}"))
     return actions
+
+
+def next_due(state: DeploymentState) -> float:
+    """When ``plan`` next has something to do if no event, deploy or new target comes
+    first: the earliest health check due, or a start turning slow. Until then a plan would
+    return nothing (the controller skips it: ``-inf`` means plan every pass)."""
+    if state.deleting:
+        return -math.inf
+    due = math.inf
+    for replica in state.replicas.values():
+        if replica.state is ReplicaState.RUNNING and not replica.checking:
+            due = min(due, replica.next_health_check)
+        elif replica.state is ReplicaState.STARTING and not (
+            replica.stop_requested or replica.slow_start_logged
+        ):
+            due = min(due, replica.launched_at + SLOW_START_S)
+    return due
 
 
 def _each(state: DeploymentState, event: Event, now: float) -> list[Action]:

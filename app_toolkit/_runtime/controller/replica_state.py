@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import zlib
 from dataclasses import dataclass
 from typing import Any
 
@@ -195,9 +196,8 @@ def replica_transition(
         if replica.stop_requested:  # asked to stop while it started: stop it now
             stopping = dataclasses.replace(started, state=ReplicaState.STOPPING)
             return stopping, [StopReplica(replica.replica_id, event.handle, graceful=False)]
-        running = dataclasses.replace(
-            started, state=ReplicaState.RUNNING, next_health_check=now + config.health_check_period_s
-        )
+        first_check = now + first_check_in(replica.replica_id, config.health_check_period_s)
+        running = dataclasses.replace(started, state=ReplicaState.RUNNING, next_health_check=first_check)
         return running, [PublishReplicas()]
     if isinstance(event, StartFailed | Stopped):
         return None, []
@@ -223,6 +223,13 @@ def replica_transition(
         after, actions = _stop(replica)
         return after, [log, Replace("reconfigure_failed"), *actions] if actions else [log]
     raise TypeError(f"Unknown replica event {event!r}")
+
+
+def first_check_in(replica_id: str, period_s: float) -> float:
+    """Seconds from a replica's start to its first health check: half a period to a whole
+    one, picked by its id. Replicas started together are then checked spread over the
+    period, not all in the same pass of every period (thousands at once on a big deploy)."""
+    return period_s * (0.5 + 0.5 * zlib.crc32(replica_id.encode()) / 2**32)
 
 
 def _stop(replica: Replica, graceful: bool = True) -> tuple[Replica, list[ReplicaAction]]:
