@@ -17,11 +17,11 @@ import pickle
 import secrets
 import time
 from collections import deque
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from app_toolkit._runtime.backends.base import Backend
-from app_toolkit._runtime.controller import controller_metrics
+from app_toolkit._runtime.controller import controller_metrics, replica_calls
 from app_toolkit._runtime.controller.deployment_state import (
     Action,
     DeploymentState,
@@ -44,16 +44,10 @@ from app_toolkit._runtime.controller.publishing import TablePublisher
 from app_toolkit._runtime.controller.replica_state import (
     CheckHealth,
     Event,
-    HealthFailed,
-    HealthPassed,
     Log,
     PublishReplicas,
-    Reconfigured,
-    ReconfigureFailed,
     ReconfigureReplica,
     Replace,
-    Started,
-    StartFailed,
     Stopped,
     StopReplica,
 )
@@ -70,7 +64,6 @@ from app_toolkit._runtime.tables import (
     replicas_key,
 )
 from app_toolkit._runtime.waiting import wait_event
-from app_toolkit.exceptions import ReplicaUnavailableError
 from app_toolkit.status import EventInfo, ServeStatus
 
 logger = logging.getLogger("app_toolkit.controller")
@@ -405,16 +398,20 @@ class ControllerCore:
         self._wake.set()
 
     def _perform(self, state: DeploymentState, actions: list[Action]) -> None:
-        deployment = state.spec.id
+        deployment, backend, call = state.spec.id, self.backend, functools.partial
         for action in actions:
             if isinstance(action, StartReplica):
-                self._spawn(self._start(deployment, action))
+                self._call(
+                    deployment, action.replica_id, call(replica_calls.start, backend, deployment, action)
+                )
             elif isinstance(action, StopReplica):
                 self._spawn(self._stop(deployment, action))
             elif isinstance(action, CheckHealth):
-                self._spawn(self._check(deployment, action))
+                self._call(
+                    deployment, action.replica_id, call(replica_calls.check, backend, deployment, action)
+                )
             elif isinstance(action, ReconfigureReplica):
-                self._spawn(self._reconfigure(deployment, action))
+                self._call(deployment, action.replica_id, call(replica_calls.reconfigure, backend, action))
             elif isinstance(action, PublishReplicas):
                 self.tables.replicas(deployment)
             elif isinstance(action, PublishGone):
@@ -426,61 +423,23 @@ class ControllerCore:
 
     # ------------------------------------------------------------------ backend calls
 
-    async def _start(self, deployment: DeploymentID, action: StartReplica) -> None:
-        event: Event
-        try:
-            info, handle = await self.backend.start_replica(action.replica_id, action.spec, action.rank)
-        except Exception as exc:  # noqa: BLE001 - counted as a failed start, shown in status
-            event = StartFailed(str(exc))
-            controller_metrics.START_FAILURES.inc(deployment.app, deployment.name)
-        else:
-            event = Started(info, handle, action.spec.config)
-            controller_metrics.STARTS.inc(deployment.app, deployment.name)
-        self._on(deployment, action.replica_id, event)
+    def _call(
+        self, deployment: DeploymentID, replica_id: str, outcome: Callable[[], Awaitable[Event]]
+    ) -> None:
+        """Run a backend call (``replica_calls``; made when the task runs, so a task
+        cancelled before it starts leaves no coroutine behind) and feed its event to the
+        deployment."""
+
+        async def call() -> None:
+            self._on(deployment, replica_id, await outcome())
+
+        self._spawn(call())
 
     async def _stop(self, deployment: DeploymentID, action: StopReplica) -> None:
         try:
-            if action.graceful:
-                try:
-                    async with asyncio.timeout(action.drain_timeout_s):
-                        await self.backend.stop_replica(action.handle, graceful=True)
-                    return
-                except TimeoutError:
-                    logger.warning(
-                        "Replica %s did not drain within %s s; killing it",
-                        action.replica_id,
-                        action.drain_timeout_s,
-                    )
-            await self.backend.stop_replica(action.handle, graceful=False)
+            await replica_calls.stop(self.backend, action)
         finally:
             self._on(deployment, action.replica_id, Stopped())
-
-    async def _check(self, deployment: DeploymentID, action: CheckHealth) -> None:
-        event: Event
-        try:
-            await self.backend.check_health(action.handle, action.timeout_s)
-        except ReplicaUnavailableError as exc:
-            event = HealthFailed(str(exc), gone=True)
-        except TimeoutError:
-            error = f"no answer within {action.timeout_s} s (is its event loop blocked?)"
-            event = HealthFailed(error, gone=False, hung=True)
-        except Exception as exc:  # noqa: BLE001 - any failure counts against the threshold
-            event = HealthFailed(str(exc), gone=False)
-        else:
-            event = HealthPassed()
-        if isinstance(event, HealthFailed):
-            controller_metrics.HEALTH_FAILURES.inc(deployment.app, deployment.name)
-        self._on(deployment, action.replica_id, event)
-
-    async def _reconfigure(self, deployment: DeploymentID, action: ReconfigureReplica) -> None:
-        event: Event
-        try:
-            await self.backend.reconfigure_replica(action.handle, action.config)
-        except Exception as exc:  # noqa: BLE001 - user code failed: replace the replica
-            event = ReconfigureFailed(str(exc))
-        else:
-            event = Reconfigured(action.config)
-        self._on(deployment, action.replica_id, event)
 
     def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(coroutine)
