@@ -281,7 +281,7 @@ class LocalSession:
 
         async def start() -> int:
             sock = listen_socket(http.host, http.port, exclusive=True)
-            self._server = await serve(self.proxy, http, sock, self.proxy.close)
+            self._server = await serve(self.proxy, http, sock, self.proxy.close, self.proxy.flush_logs)
             return self._server.port
 
         return self._loop.run(start())

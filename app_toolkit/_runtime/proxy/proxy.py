@@ -22,6 +22,7 @@ from app_toolkit._runtime.channel.exchange import Exchange
 from app_toolkit._runtime.channel.frames import Kind
 from app_toolkit._runtime.messages import DeploymentID, HTTPRequest, HTTPResponse, HTTPResponseStart
 from app_toolkit._runtime.proxy import stream_metrics
+from app_toolkit._runtime.proxy.access_log import AccessLog
 from app_toolkit._runtime.proxy.body import CLIENT_CLOSED, Body, BodyBudget, read_body
 from app_toolkit._runtime.proxy.dashboard import PREFIX as DASHBOARD
 from app_toolkit._runtime.proxy.dashboard import Dashboard, StatusSource
@@ -42,7 +43,6 @@ from app_toolkit.exceptions import BackPressureError, ReplicaUnavailableError, R
 from app_toolkit.metrics import FamilySnapshot
 
 logger = logging.getLogger("app_toolkit.proxy")
-access_logger = logging.getLogger("app_toolkit.access")
 
 
 class Proxy:
@@ -62,7 +62,7 @@ class Proxy:
         self.dashboard = Dashboard(http, status, self.gather)
         self.metrics_readers = parse_networks(http.metrics_allow_ips)
         self.budget = BodyBudget(http.max_buffered_body_bytes)
-        self.access_log = http.access_log
+        self.access_log = AccessLog() if http.access_log else None
         self.shard_header = http.shard_key_header.lower().encode("latin-1")
         self.apps: list[AppMatcher] = []  # longest route_prefix first
         #: The controller has answered with the application table: until then every path,
@@ -88,6 +88,12 @@ class Proxy:
     def close(self) -> None:
         """The server is stopping: end the streams the proxy itself keeps open."""
         self.dashboard.close()
+        self.flush_logs()
+
+    def flush_logs(self) -> None:
+        """Write the access lines that wait for their batch."""
+        if self.access_log is not None:
+            self.access_log.flush()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -100,9 +106,10 @@ class Proxy:
                 app, route = scope.get(_ROUTE_KEY, _NO_ROUTE)
                 labels = (app, route, scope["method"], str(status))
                 HTTP_REQUESTS.inc(*labels)
-                HTTP_DURATION.observe(time.perf_counter() - started, *labels)
-                if self.access_log:
-                    _log_access(scope, status, started)
+                took = time.perf_counter() - started
+                HTTP_DURATION.observe(took, *labels)
+                if self.access_log is not None:
+                    self.access_log.add(scope, status, took, scope.get(_REQUEST_ID_KEY, "-"), app, route)
         elif kind == "websocket":
             routes = self.apps if self.loaded else None
             await serve_websocket(routes, self.subscriber.dispatcher, scope, receive, send, self.shard_header)
@@ -355,30 +362,6 @@ HTTP_DURATION = metrics.Histogram(
     "From the request's arrival at the proxy to the end of its response",
     ("application", "route", "method", "status"),
 )
-#: Control characters (a decoded %0a could forge a log line), quotes and backslashes are
-#: written as \xNN in the access log.
-_UNSAFE = {code: f"\\x{code:02x}" for code in (*range(0x20), 0x22, 0x5C, *range(0x7F, 0xA0))}
-
-
-def _log_access(scope: Scope, status: int, started: float) -> None:
-    """One line per request, uvicorn's layout plus the duration and request id; 499 = the
-    client left. What the client chose is escaped, so one request is always one line."""
-    client = scope.get("client")
-    where = f"{client[0]}:{client[1]}" if client else "-"
-    app, route = scope.get(_ROUTE_KEY, _NO_ROUTE)
-    query = scope.get("query_string", b"")
-    target = scope["path"] + ("?" + query.decode("latin-1") if query else "")
-    access_logger.info(
-        '%s - "%s %s HTTP/%s" %d %.1fms %s',
-        where,
-        scope["method"],
-        target.translate(_UNSAFE),
-        scope.get("http_version", "1.1"),
-        status,
-        (time.perf_counter() - started) * 1000,
-        str(scope.get(_REQUEST_ID_KEY, "-")).translate(_UNSAFE),
-        extra={"application": app, "route": route},
-    )
 
 
 async def _lifespan(receive: Receive, send: Send) -> None:

@@ -70,6 +70,7 @@ class ProxyServer:
     task: asyncio.Task[None]
     port: int
     on_stop: Callable[[], None] | None = None
+    on_stopped: Callable[[], None] | None = None
 
     async def stop(self, timeout_s: float) -> None:
         """Stop accepting connections and finish open ones (bounded)."""
@@ -77,14 +78,21 @@ class ProxyServer:
         if self.on_stop is not None:
             self.on_stop()
         await asyncio.wait({self.task}, timeout=timeout_s)
+        if self.on_stopped is not None:
+            self.on_stopped()
 
 
 async def serve(
-    app: ASGIApp, http: HTTPOptions, sock: socket.socket, on_stop: Callable[[], None] | None = None
+    app: ASGIApp,
+    http: HTTPOptions,
+    sock: socket.socket,
+    on_stop: Callable[[], None] | None = None,
+    on_stopped: Callable[[], None] | None = None,
 ) -> ProxyServer:
     """Serve ``app`` on ``sock`` under uvicorn; returns once it accepts connections. The
     server owns ``sock`` from here (closed if it cannot start). ``on_stop`` runs when the
-    server is told to stop (to end streams the app keeps open itself)."""
+    server is told to stop (to end streams the app keeps open itself), ``on_stopped``
+    once it has stopped (or the wait for it ran out)."""
     config = uvicorn.Config(
         app,
         lifespan="off",
@@ -109,4 +117,4 @@ async def serve(
         task.cancel()
         sock.close()
         raise
-    return ProxyServer(server, task, int(sock.getsockname()[1]), on_stop)
+    return ProxyServer(server, task, int(sock.getsockname()[1]), on_stop, on_stopped)

@@ -98,7 +98,7 @@ class ProxyActor:
                     plane.subscriber.seed(seed)
                 node = NodeMetrics()
                 proxy = Proxy(plane.subscriber, self._http, node.gather, node.status)
-                self._server = await serve(proxy, self._http, sock, proxy.close)
+                self._server = await serve(proxy, self._http, sock, proxy.close, proxy.flush_logs)
                 stored.save_proxy_port(self._server.port)
             return self._server
 
