@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -23,6 +24,21 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 from app_toolkit.config import HTTPOptions
 
 logger = logging.getLogger("app_toolkit.proxy")
+
+#: The scope key of a request's :class:`DisconnectHook` (set by this protocol).
+DISCONNECT_HOOK = "app_toolkit.disconnect_hook"
+
+
+class DisconnectHook:
+    """Lets the app learn at once that the client went away before its response was
+    complete, without a task per request waiting on ``receive()`` for the
+    ``http.disconnect`` message: the protocol calls ``callback`` from ``connection_lost``."""
+
+    __slots__ = ("callback",)
+
+    def __init__(self) -> None:
+        self.callback: Callable[[], None] | None = None
+
 
 _REASONS = {408: "Request Timeout", 431: "Request Header Fields Too Large", 503: "Service Unavailable"}
 
@@ -49,6 +65,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         super().__init__(*args, **kwargs)
         self._head_bytes: int | None = None  # bytes of the request head so far; None: not in one
         self._head_timer: asyncio.TimerHandle | None = None
+        self._hook: DisconnectHook | None = None  # of the latest request (uvicorn's self.cycle)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -65,7 +82,10 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_head_timer()
+        cycle, hook = self.cycle, self._hook
         super().connection_lost(exc)
+        if hook is not None and hook.callback is not None and cycle is not None and cycle.disconnected:
+            hook.callback()
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
@@ -88,6 +108,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._head_bytes = None
         self._stop_head_timer()
         super().on_headers_complete()
+        if self.cycle is not None and self.cycle.scope is self.scope:  # an HTTP request (no upgrade)
+            self._hook = self.scope[DISCONNECT_HOOK] = DisconnectHook()  # type: ignore[literal-required]
 
     def _head_too_slow(self) -> None:
         self._head_timer = None

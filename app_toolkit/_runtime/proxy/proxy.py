@@ -9,6 +9,7 @@ the app's own routes, ``/docs`` and ``/openapi.json`` work under its prefix.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from typing import Any
@@ -26,6 +27,7 @@ from app_toolkit._runtime.proxy.access_log import AccessLog
 from app_toolkit._runtime.proxy.body import CLIENT_CLOSED, Body, BodyBudget, read_body
 from app_toolkit._runtime.proxy.dashboard import PREFIX as DASHBOARD
 from app_toolkit._runtime.proxy.dashboard import Dashboard, StatusSource
+from app_toolkit._runtime.proxy.http_guard import DISCONNECT_HOOK, DisconnectHook
 from app_toolkit._runtime.proxy.metrics_page import CONTENT_TYPE, Gather, allowed, parse_networks, render
 from app_toolkit._runtime.proxy.path_match import AppMatcher, match_app
 from app_toolkit._runtime.proxy.scope import (
@@ -146,20 +148,28 @@ class Proxy:
                 timeout_s = limit
         prefix = "" if route.route_prefix == "/" else route.route_prefix
         state = _RequestState(asyncio.current_task(), arrived, route.app, prefix)
-        body = Body()
+        body = _NO_BODY
+        watching = False
         watcher: asyncio.Future[None] | None = None
+        hook: DisconnectHook | None = scope.get(DISCONNECT_HOOK)
         span = otel.start(f"{scope['method']} {route.route_prefix}", "server", headers.caller)
         try:
             # The deadline covers the upload too (a slow one gets 408, not a replica's time).
-            async with asyncio.timeout(timeout_s):
-                body = await read_body(receive, headers.content_length, self.http, self.budget)
+            async with asyncio.timeout(timeout_s) if timeout_s is not None else _NO_DEADLINE:
+                if headers.has_body:
+                    body = await read_body(receive, headers.content_length, self.http, self.budget)
                 if body.refusal == CLIENT_CLOSED:
                     return CLIENT_CLOSED  # the client went away before sending its body
                 if body.refusal:
                     return await send_answer(send, body.answer(self.http, request_id))
                 # Watch for the client going away: the request is then cancelled wherever
-                # it is (dropped from the queue, or cancelled on the replica).
-                watcher = asyncio.ensure_future(_watch_disconnect(receive, state))
+                # it is (dropped from the queue, or cancelled on the replica). Our HTTP
+                # protocol calls the hook; under another server, a task waits for it.
+                watching = True
+                if hook is not None:
+                    hook.callback = state.client_left
+                else:
+                    watcher = asyncio.ensure_future(_watch_disconnect(receive, state))
                 forwarded = forwarded_scope(scope, route, headers, span.trace if span is not None else None)
                 request = HTTPRequest(request_id, forwarded, body.data)
                 await self._forward(deployment, request, send, state, headers.model_id, headers.shard_key)
@@ -172,7 +182,7 @@ class Proxy:
                 state.task.uncancel()  # we asked for this cancellation; it is handled
             state.status = CLIENT_CLOSED
         except TimeoutError:
-            if watcher is None:
+            if not watching:
                 logger.info(
                     "Request %s: the upload outlasted the deadline of %s s (408)", request_id, timeout_s
                 )
@@ -188,6 +198,8 @@ class Proxy:
             self.budget.give(body.held)
             if watcher is not None:
                 watcher.cancel()
+            if hook is not None:
+                hook.callback = None
             if span is not None:
                 _end_span(span, scope, route.app, prefix + state.route if state.route else "", state.status)
         return state.status
@@ -332,17 +344,20 @@ class _RequestState:
         self.disconnected = False
         self.route = ""  # the path template the replica's app matched
 
+    def client_left(self) -> None:
+        """The client went away: cancel the request wherever it is (servers also report a
+        "disconnect" once the response is complete; that is not a client going away)."""
+        if not self.finished and self.task is not None:
+            self.disconnected = True
+            self.task.cancel()
+
 
 async def _watch_disconnect(receive: Receive, state: _RequestState) -> None:
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
             break
-    # Servers also report "disconnect" once the response is complete; that is not a
-    # client going away.
-    if not state.finished and state.task is not None:
-        state.disconnected = True
-        state.task.cancel()
+    state.client_left()
 
 
 #: Where _http leaves the request id for the access log (an ASGI scope extension key).
@@ -350,6 +365,8 @@ _REQUEST_ID_KEY = "app_toolkit.request_id"
 #: Where _http leaves (application, route template) for the metrics.
 _ROUTE_KEY = "app_toolkit.route"
 _NO_ROUTE = ("", "")
+_NO_BODY = Body()
+_NO_DEADLINE = contextlib.nullcontext()
 _BUILTINS = ("/-/healthz", "/-/routes", "/-/metrics")
 
 HTTP_REQUESTS = metrics.Counter(

@@ -3,7 +3,7 @@ deadline header, and the scope the replica sees (HTTP and WebSocket alike). Pure
 
 from __future__ import annotations
 
-import uuid
+import random
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,6 +42,9 @@ class RequestHeaders:
     model_id: str = ""  # the multiplexed model it asks for
     caller: tracing.TraceContext | None = None  # the client's span, from a valid traceparent
     shard_key: str = ""  # the replica it should go to (session affinity)
+    #: It declares a body (a content-length other than 0, or a transfer-encoding); an
+    #: HTTP/1.1 request without either has none, and nothing needs to be read.
+    has_body: bool = True
 
     @property
     def traced(self) -> bool:
@@ -59,6 +62,7 @@ SHARD_KEY_HEADER = b"x-serve-shard-key"
 def read_headers(scope: Scope, shard_header: bytes = SHARD_KEY_HEADER) -> RequestHeaders:
     request_id = timeout = content_length = None
     model_id = parent = state = shard_key = ""
+    chunked = False
     for key, value in scope["headers"]:
         if key == REQUEST_ID_HEADER:
             text = value.decode("latin-1")
@@ -68,6 +72,8 @@ def read_headers(scope: Scope, shard_header: bytes = SHARD_KEY_HEADER) -> Reques
             timeout = value
         elif key == b"content-length":
             content_length = value
+        elif key == b"transfer-encoding":
+            chunked = True
         elif key == _MODEL_ID_HEADER:
             model_id = value.decode("latin-1")
         elif key == tracing.TRACEPARENT_HEADER:
@@ -78,13 +84,14 @@ def read_headers(scope: Scope, shard_header: bytes = SHARD_KEY_HEADER) -> Reques
             shard_key = value.decode("latin-1")
     caller = tracing.remote(parent, state) if parent else None
     return RequestHeaders(
-        request_id or uuid.uuid4().hex,
+        request_id or f"{random.getrandbits(128):032x}",
         request_id is not None,
         timeout,
         content_length,
         model_id,
         caller,
         shard_key,
+        chunked or (content_length is not None and content_length != b"0"),
     )
 
 
