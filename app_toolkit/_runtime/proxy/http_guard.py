@@ -25,19 +25,73 @@ from app_toolkit.config import HTTPOptions
 
 logger = logging.getLogger("app_toolkit.proxy")
 
-#: The scope key of a request's :class:`DisconnectHook` (set by this protocol).
-DISCONNECT_HOOK = "app_toolkit.disconnect_hook"
+#: The scope key of a request's :class:`RequestLink` (set by this protocol).
+REQUEST_LINK = "app_toolkit.request_link"
+_JOIN_MAX = 64 << 10  # a held head and a body smaller than this leave as one write
 
 
-class DisconnectHook:
-    """Lets the app learn at once that the client went away before its response was
-    complete, without a task per request waiting on ``receive()`` for the
-    ``http.disconnect`` message: the protocol calls ``callback`` from ``connection_lost``."""
+class _Writes:
+    """The transport as uvicorn's response cycles see it: it can hold a response head
+    back until its body is written, so a complete response costs one write (one system
+    call, one wake-up of the client) instead of two."""
 
-    __slots__ = ("callback",)
+    __slots__ = ("transport", "hold", "held")
 
-    def __init__(self) -> None:
-        self.callback: Callable[[], None] | None = None
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self.transport = transport
+        self.hold = False  # the next write is a head to hold
+        self.held: bytes | None = None
+
+    def write(self, data: bytes) -> None:
+        held = self.held
+        if held is not None:
+            self.held = None
+            if len(data) < _JOIN_MAX:
+                self.transport.write(held + data)
+                return
+            self.transport.write(held)
+        elif self.hold:
+            self.hold = False
+            self.held = bytes(data)
+            return
+        self.transport.write(data)
+
+    def release(self) -> None:
+        """Write what is held (nothing more is coming to join it)."""
+        self.hold = False
+        held, self.held = self.held, None
+        if held is not None:
+            self.transport.write(held)
+
+    def close(self) -> None:
+        self.release()
+        self.transport.close()
+
+    def is_closing(self) -> bool:
+        return self.transport.is_closing()
+
+
+class RequestLink:
+    """What the protocol offers the app for one HTTP request, beyond ASGI.
+
+    ``on_client_left`` (set by the app): called from ``connection_lost`` when the client
+    goes away before its response is complete, so the app need not keep a task per
+    request waiting on ``receive()`` for the ``http.disconnect`` message.
+    """
+
+    __slots__ = ("on_client_left", "_writes")
+
+    def __init__(self, writes: _Writes) -> None:
+        self.on_client_left: Callable[[], None] | None = None
+        self._writes = writes
+
+    def join_head_and_body(self) -> None:
+        """The response's head and its whole body come next: write them together."""
+        self._writes.hold = True
+
+    def release(self) -> None:
+        """Write anything still held (after the response, or if sending it failed)."""
+        self._writes.release()
 
 
 _REASONS = {408: "Request Timeout", 431: "Request Header Fields Too Large", 503: "Service Unavailable"}
@@ -65,10 +119,12 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         super().__init__(*args, **kwargs)
         self._head_bytes: int | None = None  # bytes of the request head so far; None: not in one
         self._head_timer: asyncio.TimerHandle | None = None
-        self._hook: DisconnectHook | None = None  # of the latest request (uvicorn's self.cycle)
+        self._link: RequestLink | None = None  # of the latest request (uvicorn's self.cycle)
+        self._writes: _Writes | None = None
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        self._writes = _Writes(transport)
         limit = self.options.max_connections
         if len(self.connections) > limit:
             logger.warning("Refusing a connection: %d are open (max_connections)", limit)
@@ -82,10 +138,10 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_head_timer()
-        cycle, hook = self.cycle, self._hook
+        cycle, link = self.cycle, self._link
         super().connection_lost(exc)
-        if hook is not None and hook.callback is not None and cycle is not None and cycle.disconnected:
-            hook.callback()
+        if link is not None and link.on_client_left is not None and cycle is not None and cycle.disconnected:
+            link.on_client_left()
 
     def data_received(self, data: bytes) -> None:
         super().data_received(data)
@@ -108,8 +164,15 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._head_bytes = None
         self._stop_head_timer()
         super().on_headers_complete()
-        if self.cycle is not None and self.cycle.scope is self.scope:  # an HTTP request (no upgrade)
-            self._hook = self.scope[DISCONNECT_HOOK] = DisconnectHook()  # type: ignore[literal-required]
+        cycle = self.cycle
+        if cycle is not None and cycle.scope is self.scope and self._writes is not None:  # not an upgrade
+            cycle.transport = self._writes  # type: ignore[assignment]
+            self._link = self.scope[REQUEST_LINK] = RequestLink(self._writes)  # type: ignore[literal-required]
+
+    def on_response_complete(self) -> None:
+        if self._writes is not None:
+            self._writes.release()
+        super().on_response_complete()
 
     def _head_too_slow(self) -> None:
         self._head_timer = None

@@ -27,7 +27,7 @@ from app_toolkit._runtime.proxy.access_log import AccessLog
 from app_toolkit._runtime.proxy.body import CLIENT_CLOSED, Body, BodyBudget, read_body
 from app_toolkit._runtime.proxy.dashboard import PREFIX as DASHBOARD
 from app_toolkit._runtime.proxy.dashboard import Dashboard, StatusSource
-from app_toolkit._runtime.proxy.http_guard import DISCONNECT_HOOK, DisconnectHook
+from app_toolkit._runtime.proxy.http_guard import REQUEST_LINK, RequestLink
 from app_toolkit._runtime.proxy.metrics_page import CONTENT_TYPE, Gather, allowed, parse_networks, render
 from app_toolkit._runtime.proxy.path_match import AppMatcher, match_app
 from app_toolkit._runtime.proxy.scope import (
@@ -151,7 +151,8 @@ class Proxy:
         body = _NO_BODY
         watching = False
         watcher: asyncio.Future[None] | None = None
-        hook: DisconnectHook | None = scope.get(DISCONNECT_HOOK)
+        link: RequestLink | None = scope.get(REQUEST_LINK)
+        state.link = link
         span = otel.start(f"{scope['method']} {route.route_prefix}", "server", headers.caller)
         try:
             # The deadline covers the upload too (a slow one gets 408, not a replica's time).
@@ -166,8 +167,8 @@ class Proxy:
                 # it is (dropped from the queue, or cancelled on the replica). Our HTTP
                 # protocol calls the hook; under another server, a task waits for it.
                 watching = True
-                if hook is not None:
-                    hook.callback = state.client_left
+                if link is not None:
+                    link.on_client_left = state.client_left
                 else:
                     watcher = asyncio.ensure_future(_watch_disconnect(receive, state))
                 forwarded = forwarded_scope(scope, route, headers, span.trace if span is not None else None)
@@ -198,8 +199,8 @@ class Proxy:
             self.budget.give(body.held)
             if watcher is not None:
                 watcher.cancel()
-            if hook is not None:
-                hook.callback = None
+            if link is not None:
+                link.on_client_left = None
             if span is not None:
                 _end_span(span, scope, route.app, prefix + state.route if state.route else "", state.status)
         return state.status
@@ -238,14 +239,20 @@ class Proxy:
                 response: HTTPResponse = reply.message
                 state.started = state.finished = True
                 state.status = response.status
-                await send(
-                    {
-                        "type": "http.response.start",
-                        "status": response.status,
-                        "headers": with_request_id(response.headers, request_id),
-                    }
-                )
-                await send({"type": "http.response.body", "body": response.body})
+                if state.link is not None:
+                    state.link.join_head_and_body()
+                try:
+                    await send(
+                        {
+                            "type": "http.response.start",
+                            "status": response.status,
+                            "headers": with_request_id(response.headers, request_id),
+                        }
+                    )
+                    await send({"type": "http.response.body", "body": response.body})
+                finally:
+                    if state.link is not None:
+                        state.link.release()
                 return
             start: HTTPResponseStart = reply.message
             state.started = True
@@ -331,7 +338,18 @@ async def _relay_stream(exchange: Exchange, send: Send, state: _RequestState, re
 class _RequestState:
     """What the proxy knows about one request while it is forwarded."""
 
-    __slots__ = ("task", "arrived", "app", "prefix", "started", "finished", "disconnected", "status", "route")
+    __slots__ = (
+        "task",
+        "arrived",
+        "app",
+        "prefix",
+        "started",
+        "finished",
+        "disconnected",
+        "status",
+        "route",
+        "link",
+    )
 
     def __init__(self, task: asyncio.Task[Any] | None, arrived: float, app: str, prefix: str) -> None:
         self.task = task
@@ -343,6 +361,7 @@ class _RequestState:
         self.finished = False  # the whole response went to the client
         self.disconnected = False
         self.route = ""  # the path template the replica's app matched
+        self.link: RequestLink | None = None  # what our HTTP protocol offers beyond ASGI
 
     def client_left(self) -> None:
         """The client went away: cancel the request wherever it is (servers also report a
