@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from starlette.types import Receive, Scope, Send
 
+from app_toolkit._runtime.proxy.http_guard import REQUEST_LINK
 from app_toolkit._runtime.proxy.server import ProxyServer, listen_socket, serve
 from app_toolkit.config import HTTPOptions
 
@@ -156,5 +157,33 @@ async def test_forwarded_headers_count_only_from_trusted_addresses(
             b"x-forwarded-proto: https\r\nconnection: close\r\n\r\n"
         )
         assert (await asyncio.wait_for(reader.read(), 5)).endswith(b"\r\n\r\n" + seen)
+    finally:
+        await server.stop(5)
+
+
+async def joined(scope: Scope, receive: Receive, send: Send) -> None:
+    """Sends its response as the proxy does: head and body joined through the request link."""
+    link = scope[REQUEST_LINK]
+    link.join_head_and_body()
+    try:
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"5")]})
+        await send({"type": "http.response.body", "body": b"hello"})
+    finally:
+        link.release()
+
+
+@pytest.mark.parametrize("method", ["GET", "HEAD"])
+async def test_joined_responses_arrive_whole_on_a_kept_alive_connection(
+    opened: list[asyncio.StreamWriter], method: str
+) -> None:
+    server = await serve(joined, HTTPOptions(port=0), listen_socket("127.0.0.1", 0, exclusive=True))
+    try:
+        reader, writer = await connect(server.port, opened)
+        for _ in range(2):  # the same connection serves the next request after a HEAD too
+            writer.write(f"{method} / HTTP/1.1\r\nhost: x\r\n\r\n".encode())
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+            assert head.startswith(b"HTTP/1.1 200 OK") and b"content-length: 5" in head
+            if method == "GET":
+                assert await asyncio.wait_for(reader.readexactly(5), 5) == b"hello"
     finally:
         await server.stop(5)
