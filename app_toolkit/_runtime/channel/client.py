@@ -179,7 +179,9 @@ class ChannelClient:
 
         exchange = Exchange(cancel, forward, Credits(grant))
         conn.pending[number] = exchange
-        conn.send(kind, number, parts)
+        # Requests sent in one loop turn (say, from clients whose requests arrived
+        # together) leave in one write.
+        conn.send(kind, number, parts, soon=True)
         await conn.drain()
         return exchange
 

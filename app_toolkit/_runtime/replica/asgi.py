@@ -135,7 +135,7 @@ async def serve_http(
         logger.exception("Request %s failed", request.request_id)
         response.fail()
     finally:
-        response.finished.set()
+        response.end()
     if not response.complete:
         logger.error("Request %s: the app returned without a complete response", request.request_id)
         response.fail()
@@ -151,7 +151,8 @@ class _Response:
         "_scope",
         "_sink",
         "_body_sent",
-        "finished",
+        "_finished",
+        "_ended",
         "_status",
         "_headers",
         "_started",
@@ -163,7 +164,10 @@ class _Response:
         self._scope = scope  # the app's routing writes the matched route into it
         self._sink = sink
         self._body_sent = False
-        self.finished = asyncio.Event()  # set once the response is complete (or failed)
+        # Set once the response is complete or the app returned; made only if the app
+        # waits on receive() after its body (most apps never do).
+        self._finished: asyncio.Event | None = None
+        self._ended = False
         self._status = 500
         self._headers: list[tuple[bytes, bytes]] = []
         self._started = False  # the response head went out as its own frame
@@ -173,7 +177,10 @@ class _Response:
         if not self._body_sent:
             self._body_sent = True
             return {"type": "http.request", "body": self._request.body, "more_body": False}
-        await self.finished.wait()
+        if not self._ended:
+            if self._finished is None:
+                self._finished = asyncio.Event()
+            await self._finished.wait()
         return {"type": "http.disconnect"}
 
     async def send(self, message: Message) -> None:
@@ -219,7 +226,13 @@ class _Response:
 
     def _finish(self) -> None:
         self.complete = True
-        self.finished.set()
+        self.end()
+
+    def end(self) -> None:
+        """Nothing more will be sent: an app waiting in receive() hears "disconnect"."""
+        self._ended = True
+        if self._finished is not None:
+            self._finished.set()
 
 
 def request_app(target: Callable[..., Any]) -> ASGIApp:
