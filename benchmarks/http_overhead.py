@@ -2,8 +2,9 @@
 
 Starts ``uvicorn benchmarks.bench_app:fastapi_app`` (one process) and
 ``app-toolkit run benchmarks.bench_app:app`` (embedded local Ray: proxy actor + replica
-actor), then loads both with wrk on 127.0.0.1, alternating, and prints per scenario
-req/s, p50 and p99 latency and the toolkit/uvicorn ratios (medians over rounds).
+actor; default settings, so its access log is on), then loads both with wrk on
+127.0.0.1, alternating, and prints per scenario req/s, p50 and p99 latency and the
+toolkit/uvicorn ratios (medians over rounds).
 
     python -m benchmarks.http_overhead [--duration 10] [--rounds 2] [--replicas 1]
 
@@ -167,14 +168,16 @@ def start_servers(
     toolkit_target: str,
     ready_path: str,
     *,
-    access_log: bool = False,
+    access_log: bool = True,
     toolkit_env: dict[str, str] | None = None,
+    uvicorn_workers: int = 1,
 ) -> tuple[dict[str, subprocess.Popen[bytes]], dict[str, str]]:
     """Start bare uvicorn and `app-toolkit run` (embedded Ray) side by side; wait for both.
 
-    ``access_log=True`` leaves the toolkit's access log on (its default) and sends it to
-    /dev/null; uvicorn runs without one either way. ``toolkit_env``: more environment for
-    the toolkit only."""
+    The toolkit runs with its defaults: its access log on, written to /dev/null
+    (``access_log=False`` turns it off); uvicorn runs without one either way.
+    ``toolkit_env``: more environment for the toolkit only. ``uvicorn_workers``:
+    uvicorn's ``--workers``."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), RAY_USAGE_STATS_ENABLED="0")
     env.pop("RAY_ADDRESS", None)
     ports = {"uvicorn": free_port(), "toolkit": free_port()}
@@ -190,6 +193,7 @@ def start_servers(
                 "--log-level",
                 "warning",
                 "--no-access-log",
+                *(["--workers", str(uvicorn_workers)] if uvicorn_workers > 1 else []),
             ],
             cwd=ROOT,
             env=env,
@@ -289,7 +293,19 @@ def main() -> None:
     )
     parser.add_argument("--duration", type=int, default=10, help="seconds per wrk run")
     parser.add_argument("--rounds", type=int, default=2, help="runs per server and scenario")
-    parser.add_argument("--replicas", type=int, choices=(1, 2), default=1, help="ingress replicas")
+    parser.add_argument(
+        "--replicas",
+        type=int,
+        choices=(1, 2),
+        default=1,
+        help="ingress replicas; with 2, uvicorn runs with --workers 2 (what a FastAPI user would run)",
+    )
+    parser.add_argument(
+        "--no-access-log",
+        action="store_true",
+        help="turn the toolkit's access log off (by default it is on, as users get it, and "
+        "written to /dev/null; uvicorn runs without one either way)",
+    )
     parser.add_argument("--only", default="", help="run scenarios whose name contains this")
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument(
@@ -324,7 +340,9 @@ def main() -> None:
             "benchmarks.bench_app:fastapi_app",
             target,
             "/small",
+            access_log=not args.no_access_log,
             toolkit_env=channel_tls_env(Path(folder)) if args.channel_tls else None,
+            uvicorn_workers=args.replicas,
         )
         try:
             for scenario in SCENARIOS:
