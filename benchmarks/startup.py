@@ -126,7 +126,7 @@ def main() -> None:
         )
         for _ in range(args.runs)
     ]
-    bare, ours, last_memory = [], [], {}
+    bare, ours, last_memory, bare_memory = [], [], {}, {}
     for _ in range(args.runs):
         port = free_port()
         took, process = first_200(
@@ -142,6 +142,8 @@ def main() -> None:
             env,
         )
         bare.append(took)
+        time.sleep(1.0)
+        bare_memory = memory(process.pid)
         stop(process, signal.SIGTERM)
         port = free_port()
         took, process = first_200(
@@ -159,6 +161,9 @@ def main() -> None:
     print(f"  app-toolkit run {args.target:14}{statistics.median(ours):5.2f} s  (all: {_each(ours)})")
     print(f"  of which ray.init() alone     {statistics.median(ray_init):5.2f} s  (all: {_each(ray_init)})")
     print(f"  the toolkit's own part        {statistics.median(ours) - statistics.median(ray_init):5.2f} s")
+    bare_rss = sum(rss for _, rss, _ in bare_memory.values())
+    bare_pss = sum(pss for _, _, pss in bare_memory.values())
+    print(f"idle memory of bare uvicorn: RSS {bare_rss:.0f} MB, PSS {bare_pss:.0f} MB")
     print(f"idle memory of {args.target}, {args.idle_s:.0f} s after its first 200 (last run):")
     rows = sorted(last_memory.items(), key=lambda item: -item[1][2])
     for kind, (count, rss, pss) in rows:
