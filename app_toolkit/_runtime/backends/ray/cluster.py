@@ -120,6 +120,15 @@ def remote(cls: type, **options: Any) -> Any:
     return ray.remote(cls).options(**{**_ACTOR_DEFAULTS, **options})
 
 
+#: glibc's allocator settings for the processes of an embedded cluster (they inherit this
+#: process's environment; yours win). With its defaults, a worker thread that frees a
+#: request body of a MiB or more hands the pages back to the kernel, and the next body
+#: faults them in again: 256 page faults per MiB, per copy. Bodies below 32 MiB now come
+#: from the heap, and up to 64 MiB of freed memory stays for the next one. POST 1 MiB:
+#: replica CPU per request 1.23 -> 0.47 ms, proxy 1.27 -> 0.68 ms (docs/benchmarks.md).
+MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(64 << 20)}
+
+
 def init_ray(address: str | None, **options: Any) -> None:
     """Join ``address`` (or RAY_ADDRESS), or start an embedded single-node cluster
     (``options`` go to ``ray.init``)."""
@@ -131,6 +140,8 @@ def init_ray(address: str | None, **options: Any) -> None:
         # Ray runs workers at nice 15 by default; on a small machine serving replicas then
         # lose the CPU to everything else. The embedded cluster runs them at normal priority.
         os.environ.setdefault("RAY_worker_niceness", "0")
+        for name, value in MALLOC_ENV.items():
+            os.environ.setdefault(name, value)
     kwargs: dict[str, Any] = {
         "include_dashboard": False,
         "logging_level": logging.WARNING,
@@ -139,7 +150,7 @@ def init_ray(address: str | None, **options: Any) -> None:
     }
     # A cluster started elsewhere did not inherit this process's environment: the log
     # level and format reach this job's workers through its runtime environment.
-    forwarded = (LOG_LEVEL_ENV, log_format.FORMAT_ENV, otel.SETUP_ENV)
+    forwarded = (LOG_LEVEL_ENV, log_format.FORMAT_ENV, otel.SETUP_ENV, *MALLOC_ENV)
     asked = {name: os.environ[name] for name in forwarded if name in os.environ}
     if address is not None and asked and "runtime_env" not in kwargs:
         kwargs["runtime_env"] = {"env_vars": asked}
