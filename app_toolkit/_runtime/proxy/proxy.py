@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import logging
 import time
-from typing import Any
 
 from starlette.types import Receive, Scope, Send
 
@@ -30,6 +29,7 @@ from app_toolkit._runtime.proxy.dashboard import Dashboard, StatusSource
 from app_toolkit._runtime.proxy.http_guard import REQUEST_LINK, RequestLink
 from app_toolkit._runtime.proxy.metrics_page import CONTENT_TYPE, Gather, allowed, parse_networks, render
 from app_toolkit._runtime.proxy.path_match import AppMatcher, match_app
+from app_toolkit._runtime.proxy.request_state import RequestState, watch_disconnect
 from app_toolkit._runtime.proxy.scope import (
     forwarded_scope,
     parse_timeout,
@@ -147,7 +147,7 @@ class Proxy:
             if limit is not None and (timeout_s is None or limit < timeout_s):
                 timeout_s = limit
         prefix = "" if route.route_prefix == "/" else route.route_prefix
-        state = _RequestState(asyncio.current_task(), arrived, route.app, prefix)
+        state = RequestState(asyncio.current_task(), arrived, route.app, prefix)
         body = _NO_BODY
         watching = False
         watcher: asyncio.Future[None] | None = None
@@ -170,7 +170,7 @@ class Proxy:
                 if link is not None:
                     link.on_client_left = state.client_left
                 else:
-                    watcher = asyncio.ensure_future(_watch_disconnect(receive, state))
+                    watcher = asyncio.ensure_future(watch_disconnect(receive, state))
                 forwarded = forwarded_scope(scope, route, headers, span.trace if span is not None else None)
                 request = HTTPRequest(request_id, forwarded, body.data)
                 await self._forward(deployment, request, send, state, headers.model_id, headers.shard_key)
@@ -210,7 +210,7 @@ class Proxy:
         deployment: DeploymentID,
         request: HTTPRequest,
         send: Send,
-        state: _RequestState,
+        state: RequestState,
         model_id: str = "",
         shard_key: str = "",
     ) -> None:
@@ -306,7 +306,7 @@ async def _this_process() -> list[list[FamilySnapshot]]:
     return [metrics.snapshot()]
 
 
-async def _relay_stream(exchange: Exchange, send: Send, state: _RequestState, request_id: str) -> None:
+async def _relay_stream(exchange: Exchange, send: Send, state: RequestState, request_id: str) -> None:
     """Send a streamed response's body chunks as the replica produces them."""
     labels = (state.app, state.prefix + state.route if state.route else state.prefix)
     first = True
@@ -333,50 +333,6 @@ async def _relay_stream(exchange: Exchange, send: Send, state: _RequestState, re
         state.finished = True
         await send({"type": "http.response.body", "body": b""})
         return
-
-
-class _RequestState:
-    """What the proxy knows about one request while it is forwarded."""
-
-    __slots__ = (
-        "task",
-        "arrived",
-        "app",
-        "prefix",
-        "started",
-        "finished",
-        "disconnected",
-        "status",
-        "route",
-        "link",
-    )
-
-    def __init__(self, task: asyncio.Task[Any] | None, arrived: float, app: str, prefix: str) -> None:
-        self.task = task
-        self.arrived = arrived  # perf_counter() when the request reached the proxy
-        self.app = app
-        self.prefix = prefix  # the app's route_prefix, "" for "/"
-        self.status = 0  # the status sent to the client, for the access log
-        self.started = False  # the response head went to the client
-        self.finished = False  # the whole response went to the client
-        self.disconnected = False
-        self.route = ""  # the path template the replica's app matched
-        self.link: RequestLink | None = None  # what our HTTP protocol offers beyond ASGI
-
-    def client_left(self) -> None:
-        """The client went away: cancel the request wherever it is (servers also report a
-        "disconnect" once the response is complete; that is not a client going away)."""
-        if not self.finished and self.task is not None:
-            self.disconnected = True
-            self.task.cancel()
-
-
-async def _watch_disconnect(receive: Receive, state: _RequestState) -> None:
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            break
-    state.client_left()
 
 
 #: Where _http leaves the request id for the access log (an ASGI scope extension key).

@@ -1,0 +1,57 @@
+"""What the proxy knows about one HTTP request while it forwards it, and how it learns
+that the client went away."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from starlette.types import Receive
+
+from app_toolkit._runtime.proxy.http_guard import RequestLink
+
+
+class RequestState:
+    """What the proxy knows about one request while it is forwarded."""
+
+    __slots__ = (
+        "task",
+        "arrived",
+        "app",
+        "prefix",
+        "started",
+        "finished",
+        "disconnected",
+        "status",
+        "route",
+        "link",
+    )
+
+    def __init__(self, task: asyncio.Task[Any] | None, arrived: float, app: str, prefix: str) -> None:
+        self.task = task
+        self.arrived = arrived  # perf_counter() when the request reached the proxy
+        self.app = app
+        self.prefix = prefix  # the app's route_prefix, "" for "/"
+        self.status = 0  # the status sent to the client, for the access log
+        self.started = False  # the response head went to the client
+        self.finished = False  # the whole response went to the client
+        self.disconnected = False
+        self.route = ""  # the path template the replica's app matched
+        self.link: RequestLink | None = None  # what our HTTP protocol offers beyond ASGI
+
+    def client_left(self) -> None:
+        """The client went away: cancel the request wherever it is (servers also report a
+        "disconnect" once the response is complete; that is not a client going away)."""
+        if not self.finished and self.task is not None:
+            self.disconnected = True
+            self.task.cancel()
+
+
+async def watch_disconnect(receive: Receive, state: RequestState) -> None:
+    """Under a server without our protocol's :class:`RequestLink`: wait on ``receive()``
+    for the ``http.disconnect`` message."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            break
+    state.client_left()
