@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 
 import ray
@@ -43,3 +44,15 @@ def make_where_app() -> tk.Application:
         health_check_timeout_s=2,
         graceful_shutdown_timeout_s=2,
     )
+
+
+@tk.deployment
+class Environment:
+    """Reads its replica process's environment."""
+
+    def get(self, name: str) -> str | None:
+        return os.environ.get(name)
+
+    def frozen(self) -> int:
+        """Objects the collector no longer walks (gc.freeze() once the replica started)."""
+        return gc.get_freeze_count()

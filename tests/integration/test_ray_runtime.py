@@ -13,7 +13,7 @@ import ray
 
 import app_toolkit as tk
 from app_toolkit._runtime.backends.ray import stored
-from app_toolkit._runtime.backends.ray.cluster import CONTROLLER_NAME, NAMESPACE
+from app_toolkit._runtime.backends.ray.cluster import CONTROLLER_NAME, MALLOC_ENV, NAMESPACE
 from app_toolkit._runtime.backends.ray.stored import CHECKPOINT_KEY
 from tests.apps import basic, ray_only, serve_compat
 from tests.conftest import TEST_RESOURCE, Toolkit
@@ -218,3 +218,14 @@ def test_omp_threads_follow_the_replicas_cpus_unless_set(ray_toolkit: Toolkit) -
     assert omp() == "1"  # num_cpus defaults to 0 here
     assert omp(num_cpus=2) == "2"
     assert omp(num_cpus=0.5, runtime_env={"env_vars": {"OMP_NUM_THREADS": "3"}}) == "3"
+
+
+def test_replicas_keep_big_bodies_in_the_heap_and_their_startup_objects_frozen(ray_toolkit: Toolkit) -> None:
+    # glibc would otherwise hand a freed request body's pages back to the kernel, and fault
+    # them in again for the next body (docs/deploy.md, "Large request bodies").
+    handle = ray_toolkit.run(ray_only.Environment.bind(), name=ray_toolkit.name(), route_prefix=None)
+    for name, value in MALLOC_ENV.items():
+        assert handle.get.remote(name).result(timeout_s=30) == value
+    # What the replica held once started is out of the collector's reach (no full
+    # collection walks it mid-request).
+    assert handle.frozen.remote().result(timeout_s=30) > 10_000

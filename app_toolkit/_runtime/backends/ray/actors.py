@@ -19,7 +19,7 @@ import ray
 
 from app_toolkit import metrics
 from app_toolkit._runtime.backends.ray import stored
-from app_toolkit._runtime.backends.ray.cluster import configure_worker, node_address
+from app_toolkit._runtime.backends.ray.cluster import configure_worker, node_address, settle_heap
 from app_toolkit._runtime.backends.ray.node_metrics import NodeMetrics
 from app_toolkit._runtime.backends.ray.proxies import ProxyFleet
 from app_toolkit._runtime.backends.ray.replicas import RayReplicas
@@ -100,6 +100,7 @@ class ProxyActor:
                 proxy = Proxy(plane.subscriber, self._http, node.gather, node.status)
                 self._server = await serve(proxy, self._http, sock, proxy.close, proxy.flush_logs)
                 stored.save_proxy_port(self._server.port)
+                settle_heap()
             return self._server
 
     async def stats(self) -> dict[str, int]:

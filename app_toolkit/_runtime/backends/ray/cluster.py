@@ -6,6 +6,7 @@ With the other modules of this package, the only ones that import ``ray``.
 
 from __future__ import annotations
 
+import gc
 import io
 import logging
 import os
@@ -107,6 +108,15 @@ def configure_worker() -> None:
         otel.setup_from_env()
     except Exception:
         logger.exception("The OpenTelemetry set-up (%s) failed in this process: no spans", otel.SETUP_ENV)
+
+
+def settle_heap() -> None:
+    """Once a serving process has started: collect what starting left behind, then move
+    every object alive now (modules, the app, the server) out of the collector's reach.
+    They live as long as the process, and a full collection would otherwise walk all of
+    them, stalling the requests of that moment."""
+    gc.collect()
+    gc.freeze()
 
 
 # ------------------------------------------------------------------------------- actors

@@ -28,6 +28,7 @@ from app_toolkit._runtime.backends.ray.cluster import (
     dumps,
     named_actors,
     remote,
+    settle_heap,
 )
 from app_toolkit._runtime.backends.ray.session import RaySession
 from app_toolkit._runtime.channel.server import start_server
@@ -88,6 +89,7 @@ class ReplicaActor:
         host = data_plane_host()
         self._server, port = await start_server(core, host, token, dumps, tls)
         self._core = core
+        settle_heap()
         self._info = ReplicaInfo(
             replica_id,
             deployment,
