@@ -10,6 +10,11 @@ internet needs and uvicorn leaves out (docs/security.md):
   ``Retry-After`` and closed before anything of it is read.
 
 Request bodies are bounded by the proxy itself (``proxy.py``).
+
+Two things make the proxy cheaper per request (a request's :class:`RequestLink`, in its
+scope): the proxy learns from ``connection_lost`` that a client left, instead of keeping a
+task per request waiting for ``http.disconnect``; and a complete response's head is held
+until its body comes, so both leave in one write.
 """
 
 from __future__ import annotations
