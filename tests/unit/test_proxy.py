@@ -12,6 +12,7 @@ import pytest
 from app_toolkit._runtime.messages import DeploymentID, RouteInfo
 from app_toolkit._runtime.proxy.path_match import AppMatcher, match_app
 from app_toolkit._runtime.proxy.proxy import Proxy
+from app_toolkit._runtime.proxy.scope import read_headers
 from app_toolkit._runtime.tables import ApplicationTable
 from app_toolkit.config import HTTPOptions
 
@@ -84,3 +85,21 @@ async def test_until_the_routes_arrive_every_path_is_503_never_404() -> None:
         subscriber.apply(ApplicationTable((RouteInfo("/app", "app", DeploymentID("app", "Ingress")),)))
         assert (await client.get("/-/healthz")).status_code == 200
         assert (await client.get("/elsewhere")).status_code == 404
+
+
+@pytest.mark.parametrize(
+    ("headers", "has_body"),
+    [
+        ([], False),  # HTTP/1.1: no content-length and no transfer-encoding, no body
+        ([(b"content-length", b"0")], False),
+        ([(b"content-length", b"12")], True),
+        ([(b"transfer-encoding", b"chunked")], True),
+        ([(b"content-length", b"x")], True),  # malformed: read it, and let the checks answer
+    ],
+)
+def test_only_a_request_that_declares_a_body_has_one_read(
+    headers: list[tuple[bytes, bytes]], has_body: bool
+) -> None:
+    read = read_headers({"headers": headers})
+    assert read.has_body is has_body
+    assert len(read.request_id) == 32 and int(read.request_id, 16) >= 0  # made here: 128 random bits
