@@ -142,7 +142,17 @@ async def test_a_full_batch_is_written_without_waiting(
     monkeypatch.setattr(access_log, "FLUSH_INTERVAL_S", 60.0)
     caplog.set_level(logging.INFO, logger="app_toolkit.access")
     log = AccessLog()
-    log.add(scope(), 200, 0.001, "a", "shop", "/x")
-    log.add(scope(), 200, 0.001, "b", "shop", "/x")
+    flushes = 0
+    flush = log.flush
+
+    def counted() -> None:
+        nonlocal flushes
+        flushes += 1
+        flush()
+
+    log.flush = counted  # type: ignore[method-assign]
+    for name in "abc":  # the third arrives while the full batch's flush is due
+        log.add(scope(), 200, 0.001, name, "shop", "/x")
     await asyncio.sleep(0)
-    assert len([r for r in caplog.records if r.name == "app_toolkit.access"]) == 2
+    assert len([r for r in caplog.records if r.name == "app_toolkit.access"]) == 3
+    assert flushes == 1

@@ -41,7 +41,8 @@ class AccessLog:
 
     def __init__(self) -> None:
         self._pending: list[_Entry] = []
-        self._timer: asyncio.TimerHandle | None = None
+        self._timer: asyncio.Handle | None = None  # the flush that is due
+        self._full = False  # that flush is the one for a full batch (at once)
         self.dropped = 0
 
     def add(
@@ -67,8 +68,10 @@ class AccessLog:
             )
         )
         if len(self._pending) >= FLUSH_LINES:
-            self._cancel_timer()
-            asyncio.get_running_loop().call_soon(self.flush)
+            if not self._full:
+                self._cancel_timer()
+                self._timer = asyncio.get_running_loop().call_soon(self.flush)
+                self._full = True
         elif self._timer is None:
             self._timer = asyncio.get_running_loop().call_later(FLUSH_INTERVAL_S, self.flush)
 
@@ -97,6 +100,7 @@ class AccessLog:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+        self._full = False
 
 
 def _line(entry: _Entry) -> tuple[float, str, dict[str, str]]:
