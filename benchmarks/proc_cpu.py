@@ -46,14 +46,24 @@ def cpu_seconds(root: int) -> float:
     return total / TICKS
 
 
-def _rss_mb(pid: int) -> float:
+def kb_field(pid: int, field: str, source: str = "status") -> int:
+    """A "Name: N kB" field of /proc/PID/``source`` (0 once the process is gone)."""
     try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) / 1024
+        for line in Path(f"/proc/{pid}/{source}").read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
     except OSError:
         pass
-    return 0.0
+    return 0
+
+
+def _rss_mb(pid: int) -> float:
+    return kb_field(pid, "VmRSS") / 1024
+
+
+def pss_mb(pid: int) -> float:
+    """Proportional memory: pages shared with other processes count by their share."""
+    return kb_field(pid, "Pss", "smaps_rollup") / 1024
 
 
 def _name(pid: int) -> str:

@@ -26,7 +26,7 @@ from pathlib import Path
 import httpx
 
 from benchmarks.http_overhead import BIN, ROOT, free_port
-from benchmarks.proc_cpu import tree
+from benchmarks.proc_cpu import _rss_mb, pss_mb, tree
 
 _RAY_INIT = """
 import time, ray
@@ -56,16 +56,6 @@ def first_200(command: list[str], url: str, env: dict[str, str]) -> tuple[float,
     raise RuntimeError(f"{url} did not answer 200 within 180 s")
 
 
-def _kb(pid: int, field: str, source: str) -> int:
-    try:
-        for line in Path(f"/proc/{pid}/{source}").read_text().splitlines():
-            if line.startswith(field + ":"):
-                return int(line.split()[1])
-    except OSError:
-        pass
-    return 0
-
-
 def _kind(pid: int) -> str:
     """A short name: the Ray actor class, a Ray daemon, or the command."""
     try:
@@ -89,8 +79,8 @@ def memory(root: int) -> dict[str, tuple[int, float, float]]:
     for pid in tree(root):
         entry = found[_kind(pid)]
         entry[0] += 1
-        entry[1] += _kb(pid, "VmRSS", "status") / 1024
-        entry[2] += _kb(pid, "Pss", "smaps_rollup") / 1024
+        entry[1] += _rss_mb(pid)
+        entry[2] += pss_mb(pid)
     return {kind: (int(n), rss, pss) for kind, (n, rss, pss) in found.items()}
 
 

@@ -30,7 +30,7 @@ HEADER = struct.Struct("!IQB")
 MAX_FRAME_BYTES = 1 << 31  # the largest frame either side sends or accepts
 _HIGH_WATER = 4 << 20
 _SOON_MAX = 64 << 10  # bigger frames, or this many bytes waiting, are written at once
-_SOON_WINDOW_S = 0.001  # a stream chunk this soon after the previous write waits for the turn's end
+_SOON_WINDOW_S = 0.001  # a frame this soon after the previous write waits for the turn's end
 _PICKLE_PROTOCOL = 5
 
 Dumps = Callable[[Any], bytes]
@@ -127,8 +127,8 @@ class FrameProtocol(asyncio.Protocol):
         self._paused = False
         self._drain_waiters: list[asyncio.Future[None]] = []
         self.closed = False
-        # Stream chunks wait here until the end of the current event-loop turn, so a
-        # producer that sends many small chunks in one turn costs one socket write.
+        # Frames sent with ``soon`` (requests, replies, stream chunks) wait here until the
+        # end of the current event-loop turn, so many made in one turn cost one write.
         self._soon: list[bytes] = []
         self._soon_bytes = 0
         self._last_write = 0.0  # loop time of the last stream-chunk write
