@@ -19,8 +19,14 @@ from typing import Any, Generic, Literal, TypeVar, cast, overload
 from app_toolkit import tracing
 from app_toolkit._runtime import otel, request_context
 from app_toolkit._runtime.backends.base import current_session
-from app_toolkit._runtime.channel.frames import Kind
-from app_toolkit._runtime.messages import CallFailure, DeploymentID, MethodCall
+from app_toolkit._runtime.messages import (
+    CallFailure,
+    CallResult,
+    DeploymentID,
+    MethodCall,
+    StreamEnd,
+    StreamItem,
+)
 from app_toolkit._runtime.routing import caller_metrics
 from app_toolkit._runtime.routing.data_plane import DataPlane, Pending, in_async_code
 from app_toolkit._runtime.routing.dispatcher import Reply
@@ -86,19 +92,19 @@ class _Stream:
             if self._reply is None:
                 self._plane.hold(self.finish)  # closing the data plane ends the stream
                 self._reply = await _send_call(self._plane, self._deployment, self._call)
-                kind, message = self._reply.kind, self._reply.message
+                answer = self._reply.first
             else:
-                kind, message = await self._reply.exchange.recv()
+                answer = await self._reply.exchange.recv()
         except BaseException as exc:
             self.finish(type(exc).__name__)
             raise
-        if kind is Kind.ITEM:
-            return message
-        self.finish("" if kind is Kind.END else kind.name)
-        if kind is Kind.END:
+        if isinstance(answer, StreamItem):
+            return answer.value
+        self.finish("" if isinstance(answer, StreamEnd) else type(answer).__name__)
+        if isinstance(answer, StreamEnd):
             raise StopAsyncIteration
-        if kind is Kind.FAILURE:
-            raise _exception(message)
+        if isinstance(answer, CallFailure):
+            raise _exception(answer)
         raise ReplicaUnavailableError(f"The stream from {self._deployment} was lost")
 
     def finish(self, error: str = "") -> None:
@@ -359,7 +365,7 @@ async def _send_call(plane: DataPlane, deployment: DeploymentID, call: MethodCal
     kwargs = {key: await _resolve(value) for key, value in call.kwargs.items()}
     dispatcher = plane.dispatcher(deployment)
     resolved = dataclasses.replace(call, args=args, kwargs=kwargs)
-    return await dispatcher.send(Kind.CALL, resolved, call.model_id, call.shard_key)
+    return await dispatcher.send(resolved, call.model_id, call.shard_key)
 
 
 async def _resolve(value: Any) -> Any:
@@ -376,12 +382,13 @@ async def _call(
     try:
         reply = await _send_call(plane, deployment, call)
         try:
-            if reply.kind is Kind.RESULT:
+            first = reply.first
+            if isinstance(first, CallResult):
                 outcome = "ok"
-                return reply.message
-            if reply.kind is Kind.FAILURE:
-                raise _exception(reply.message)
-            raise ReplicaUnavailableError(f"Unexpected reply {reply.kind.name} from {deployment}")
+                return first.value
+            if isinstance(first, CallFailure):
+                raise _exception(first)
+            raise ReplicaUnavailableError(f"Unexpected answer {type(first).__name__} from {deployment}")
         finally:
             reply.exchange.cancel()
             reply.release()

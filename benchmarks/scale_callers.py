@@ -21,11 +21,9 @@ import random
 import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
-from typing import Any
 
 from app_toolkit._runtime.channel.exchange import Exchange
-from app_toolkit._runtime.channel.frames import Kind
-from app_toolkit._runtime.messages import DeploymentID
+from app_toolkit._runtime.messages import DeploymentID, Request
 from app_toolkit._runtime.routing.subscriber import LOAD_REPORT_PERIOD_S, TableSubscriber
 from app_toolkit._runtime.tables import APPLICATIONS_KEY, ReplicaTable, Table, Updates, Versions, replicas_key
 from app_toolkit.exceptions import ReplicaUnavailableError
@@ -40,7 +38,7 @@ _READY_POLL_S = 0.5
 class _NoReplica:
     """The simulated callers never send requests; a connection is never opened."""
 
-    async def open(self, kind: Kind, message: Any) -> Exchange:
+    async def open(self, request: Request) -> Exchange:
         raise ReplicaUnavailableError("simulated")
 
     def close(self) -> None:

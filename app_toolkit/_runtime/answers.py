@@ -5,32 +5,22 @@ request id, ``503`` with ``Retry-After`` for overload or a lost replica, and the
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
-from typing import Any
 
 from starlette.types import Send
+
+from app_toolkit._runtime.messages import HTTPResponse
 
 REQUEST_ID_HEADER = b"x-request-id"
 #: Seconds a client is asked to wait before retrying a 503.
 RETRY_AFTER_S = 1
 
-Headers = list[tuple[bytes, bytes]]
+
+def header_dict(answer: HTTPResponse) -> dict[str, str]:
+    """The headers as Starlette's ``Response(headers=...)`` takes them."""
+    return {key.decode("latin-1"): value.decode("latin-1") for key, value in answer.headers}
 
 
-@dataclass(frozen=True, slots=True)
-class Answer:
-    """A complete response: status, headers and body."""
-
-    status: int
-    headers: Headers
-    body: bytes
-
-    def header_dict(self) -> dict[str, str]:
-        """The headers as Starlette's ``Response(headers=...)`` takes them."""
-        return {key.decode("latin-1"): value.decode("latin-1") for key, value in self.headers}
-
-
-async def send_answer(send: Send, answer: Answer) -> int:
+async def send_answer(send: Send, answer: HTTPResponse) -> int:
     """Send ``answer`` as a whole ASGI response; returns its status."""
     await send({"type": "http.response.start", "status": answer.status, "headers": answer.headers})
     await send({"type": "http.response.body", "body": answer.body})
@@ -38,8 +28,8 @@ async def send_answer(send: Send, answer: Answer) -> int:
 
 
 def json_answer(
-    status: int, content: Any, request_id: str, extra: tuple[tuple[bytes, bytes], ...] = ()
-) -> Answer:
+    status: int, content: object, request_id: str, extra: tuple[tuple[bytes, bytes], ...] = ()
+) -> HTTPResponse:
     body = json.dumps(content).encode()
     headers = [
         (b"content-type", b"application/json"),
@@ -47,15 +37,15 @@ def json_answer(
         (REQUEST_ID_HEADER, request_id.encode()),
         *extra,
     ]
-    return Answer(status, headers, body)
+    return HTTPResponse(status, headers, body)
 
 
-def error_answer(status: int, detail: str, request_id: str) -> Answer:
+def error_answer(status: int, detail: str, request_id: str) -> HTTPResponse:
     """``{"detail": ..., "request_id": ...}`` with ``status``."""
     return json_answer(status, {"detail": detail, "request_id": request_id}, request_id)
 
 
-def unavailable(why: str | None, request_id: str) -> Answer:
+def unavailable(why: str | None, request_id: str) -> HTTPResponse:
     """503 with Retry-After: overloaded, or no replica could serve the request."""
     detail = f"Service Unavailable: {why}" if why else "Service Unavailable"
     return json_answer(
@@ -66,6 +56,6 @@ def unavailable(why: str | None, request_id: str) -> Answer:
     )
 
 
-def internal_error(request_id: str) -> Answer:
+def internal_error(request_id: str) -> HTTPResponse:
     """The generic 500: no traceback, just the id to find it in the replica log."""
     return error_answer(500, "Internal Server Error", request_id)

@@ -123,6 +123,14 @@ class AppSpec:
         raise KeyError(name)
 
 
+# ---------------------------------------------------------------------------- data plane
+#
+# A caller sends one Request; the replica answers with Answers, in order: a terminal one
+# (a complete response, a result, a failure, a refusal), or a head or items that a
+# StreamEnd closes. How they travel (the channel's frames, or a call in this process) is
+# the transport's business: only ``channel/`` knows the wire's kinds.
+
+
 @compact
 @dataclass(frozen=True, slots=True)
 class HTTPRequest:
@@ -136,31 +144,11 @@ class HTTPRequest:
 @compact
 @dataclass(frozen=True, slots=True)
 class WebSocketOpen:
-    """A WebSocket connection as the proxy forwards it: its ASGI scope."""
+    """A WebSocket connection as the proxy forwards it: its ASGI scope. The client's
+    messages follow as :class:`WebSocketMessage`."""
 
     request_id: str
     scope: dict[str, Any]
-
-
-@compact
-@dataclass(frozen=True, slots=True)
-class HTTPResponse:
-    """A complete (non-streamed) HTTP response: one frame back."""
-
-    status: int
-    headers: Headers
-    body: bytes
-    route: str = ""  # the app's path template that served it ("" if none matched)
-
-
-@compact
-@dataclass(frozen=True, slots=True)
-class HTTPResponseStart:
-    """The head of a streamed response; body chunks follow as raw frames."""
-
-    status: int
-    headers: Headers
-    route: str = ""  # the app's path template that served it ("" if none matched)
 
 
 @compact
@@ -172,11 +160,75 @@ class MethodCall:
     method: str
     args: tuple[Any, ...]
     kwargs: dict[str, Any] = field(default_factory=dict)
-    stream: bool = False  # the method is a generator: reply with ITEM frames, then END
+    stream: bool = False  # the method is a generator: answer with StreamItems, then StreamEnd
     model_id: str = ""  # handle.options(multiplexed_model_id=...): routes to its holders
     shard_key: str = ""  # handle.options(shard_key=...): routes to the key's replica
     trace: str = ""  # the caller's span as a traceparent ("" outside a traced request)
     tracestate: str = ""
+
+
+#: What a caller sends to open a request.
+Request = HTTPRequest | WebSocketOpen | MethodCall
+
+
+@compact
+@dataclass(frozen=True, slots=True)
+class HTTPResponse:
+    """A complete (non-streamed) HTTP response: one answer."""
+
+    status: int
+    headers: Headers
+    body: bytes
+    route: str = ""  # the app's path template that served it ("" if none matched)
+
+
+@compact
+@dataclass(frozen=True, slots=True)
+class HTTPResponseStart:
+    """The head of a streamed response; :class:`BodyChunk` answers and a StreamEnd follow."""
+
+    status: int
+    headers: Headers
+    route: str = ""  # the app's path template that served it ("" if none matched)
+
+
+@compact
+@dataclass(frozen=True, slots=True)
+class BodyChunk:
+    """One chunk of a streamed HTTP response body, as the app sent it."""
+
+    data: bytes
+
+
+@compact
+@dataclass(frozen=True, slots=True)
+class CallResult:
+    """What a (non-streamed) deployment method returned."""
+
+    value: Any
+
+
+@compact
+@dataclass(frozen=True, slots=True)
+class StreamItem:
+    """One item a generator method yielded."""
+
+    value: Any
+
+
+@compact
+@dataclass(frozen=True, slots=True)
+class WebSocketMessage:
+    """One ASGI message of a WebSocket: the client's (to the replica) or the app's (back)."""
+
+    message: dict[str, Any]
+
+
+@compact
+@dataclass(frozen=True, slots=True)
+class StreamEnd:
+    """Nothing more comes for this request: the end of a streamed response, of a stream
+    of items, or of a WebSocket."""
 
 
 @compact
@@ -192,3 +244,44 @@ class CallFailure:
     def type_error(cls, message: str) -> CallFailure:
         """A call failed in transit (what was sent could not be decoded): a TypeError."""
         return cls("TypeError", message, pickle.dumps(TypeError(message)))
+
+
+@compact
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    """The replica did not take the request, which never started. ``draining``: it is
+    shutting down (send it nothing more); else it is busy (try it again after a back-off)."""
+
+    draining: bool = False
+
+
+@compact
+@dataclass(frozen=True, slots=True)
+class ReplicaLost:
+    """Never sent by a replica: its caller's transport says the connection dropped while
+    the request was in flight (it may have run)."""
+
+
+#: What a replica sends back for a request, in order (see the module's note above).
+Answer = (
+    HTTPResponse
+    | HTTPResponseStart
+    | BodyChunk
+    | CallResult
+    | StreamItem
+    | WebSocketMessage
+    | StreamEnd
+    | CallFailure
+    | Rejected
+    | ReplicaLost
+)
+
+#: After one of these, nothing more comes back for a request.
+TERMINAL = (HTTPResponse, CallResult, StreamEnd, CallFailure, Rejected, ReplicaLost)
+#: The answers (and client WebSocket messages) that stream: flow control counts them.
+STREAMED = (BodyChunk, StreamItem, WebSocketMessage)
+
+END = StreamEnd()
+LOST = ReplicaLost()
+BUSY = Rejected(draining=False)
+DRAINING = Rejected(draining=True)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import pytest
 
@@ -11,9 +10,26 @@ from app_toolkit._runtime.channel import handshake
 from app_toolkit._runtime.channel import server as server_module
 from app_toolkit._runtime.channel.client import ChannelClient
 from app_toolkit._runtime.channel.flow import FRAME_COST, STREAM_WINDOW
-from app_toolkit._runtime.channel.frames import DRAINING, HEADER, Kind, plain_dumps
+from app_toolkit._runtime.channel.frames import HEADER, Kind, plain_dumps
 from app_toolkit._runtime.channel.server import ResponseSink, start_server
-from app_toolkit._runtime.messages import HTTPRequest, HTTPResponse, HTTPResponseStart
+from app_toolkit._runtime.messages import (
+    BUSY,
+    DRAINING,
+    END,
+    BodyChunk,
+    CallFailure,
+    CallResult,
+    HTTPRequest,
+    HTTPResponse,
+    HTTPResponseStart,
+    MethodCall,
+    ReplicaLost,
+    Request,
+    StreamEnd,
+    StreamItem,
+    WebSocketMessage,
+    WebSocketOpen,
+)
 from app_toolkit.exceptions import ReplicaUnavailableError
 
 pytestmark = pytest.mark.anyio
@@ -40,14 +56,15 @@ class Handler:
         self.running += 1
         return True
 
-    async def serve(self, kind: Kind, message: HTTPRequest, sink: ResponseSink) -> None:
+    async def serve(self, message: Request, sink: ResponseSink) -> None:
+        assert isinstance(message, HTTPRequest)
         try:
             if message.body == b"stream":
-                sink.send(Kind.START, HTTPResponseStart(200, []))
+                sink.send(HTTPResponseStart(200, []))
                 for chunk in (b"a", b"b" * 200_000, b"c"):
-                    sink.send(Kind.BODY, chunk)
+                    sink.send(BodyChunk(chunk))
                     await sink.drain()
-                sink.send(Kind.END, None)
+                sink.send(END)
             elif message.body == b"hang":
                 self.hanging.set()
                 try:
@@ -56,7 +73,7 @@ class Handler:
                     self.cancelled.set()
                     raise
             else:
-                sink.send(Kind.RESPONSE, HTTPResponse(200, [(b"k", b"v")], message.body))
+                sink.send(HTTPResponse(200, [(b"k", b"v")], message.body))
         finally:
             self.running -= 1
 
@@ -74,10 +91,10 @@ async def test_unary_requests_are_multiplexed_on_one_connection() -> None:
     server, client = await serve(Handler())
     try:
         bodies = [b"x" * n for n in (0, 10, 70_000, 2_000_000)]
-        exchanges = [await client.open(Kind.HTTP, request(body)) for body in bodies]
+        exchanges = [await client.open(request(body)) for body in bodies]
         for body, exchange in zip(bodies, exchanges, strict=True):
-            kind, response = await exchange.recv()
-            assert kind is Kind.RESPONSE and response.body == body
+            response = await exchange.recv()
+            assert isinstance(response, HTTPResponse) and response.body == body
             assert exchange.finished
     finally:
         client.close()
@@ -87,10 +104,17 @@ async def test_unary_requests_are_multiplexed_on_one_connection() -> None:
 async def test_streamed_response_arrives_in_order() -> None:
     server, client = await serve(Handler())
     try:
-        exchange = await client.open(Kind.HTTP, request(b"stream"))
-        frames = [await exchange.recv() for _ in range(5)]
-        assert [kind for kind, _ in frames] == [Kind.START, Kind.BODY, Kind.BODY, Kind.BODY, Kind.END]
-        assert b"".join(chunk for kind, chunk in frames if kind is Kind.BODY) == b"a" + b"b" * 200_000 + b"c"
+        exchange = await client.open(request(b"stream"))
+        answers = [await exchange.recv() for _ in range(5)]
+        assert [type(answer) for answer in answers] == [
+            HTTPResponseStart,
+            BodyChunk,
+            BodyChunk,
+            BodyChunk,
+            StreamEnd,
+        ]
+        chunks = [answer.data for answer in answers if isinstance(answer, BodyChunk)]
+        assert b"".join(chunks) == b"a" + b"b" * 200_000 + b"c"
     finally:
         client.close()
         server.close()
@@ -100,7 +124,7 @@ async def test_cancel_reaches_the_server_task() -> None:
     handler = Handler()
     server, client = await serve(handler)
     try:
-        exchange = await client.open(Kind.HTTP, request(b"hang"))
+        exchange = await client.open(request(b"hang"))
         await asyncio.wait_for(handler.hanging.wait(), 5)
         exchange.cancel()
         await asyncio.wait_for(handler.cancelled.wait(), 5)
@@ -113,11 +137,11 @@ async def test_a_refusal_says_whether_the_server_is_full_or_draining() -> None:
     handler = Handler(capacity=0)
     server, client = await serve(handler)
     try:
-        exchange = await client.open(Kind.HTTP, request(b"x"))
-        assert await exchange.recv() == (Kind.REJECTED, None)  # full: try again soon
+        exchange = await client.open(request(b"x"))
+        assert await exchange.recv() == BUSY  # full: try again soon
         handler.draining = True
-        exchange = await client.open(Kind.HTTP, request(b"x"))
-        assert await exchange.recv() == (Kind.REJECTED, DRAINING)  # going away: send no more
+        exchange = await client.open(request(b"x"))
+        assert await exchange.recv() == DRAINING  # going away: send no more
     finally:
         client.close()
         server.close()
@@ -128,7 +152,7 @@ async def test_wrong_token_is_refused() -> None:
     client = ChannelClient("127.0.0.1", port, b"wrong-token-0000")
     try:
         with pytest.raises(ReplicaUnavailableError, match="did not prove"):
-            await asyncio.wait_for(client.open(Kind.HTTP, request(b"x")), 5)
+            await asyncio.wait_for(client.open(request(b"x")), 5)
     finally:
         client.close()
         server.close()
@@ -137,12 +161,11 @@ async def test_wrong_token_is_refused() -> None:
 async def test_connection_loss_ends_pending_requests() -> None:
     handler = Handler()
     server, client = await serve(handler)
-    exchange = await client.open(Kind.HTTP, request(b"hang"))
+    exchange = await client.open(request(b"hang"))
     await asyncio.wait_for(handler.hanging.wait(), 5)
     # The connection drops (replica process killed): the caller is told, not left hanging.
     client._conn.transport.abort()  # type: ignore[union-attr]
-    kind, _ = await asyncio.wait_for(exchange.recv(), 5)
-    assert kind is Kind.LOST
+    assert isinstance(await asyncio.wait_for(exchange.recv(), 5), ReplicaLost)
     client.close()
     server.close()
 
@@ -153,7 +176,7 @@ async def test_unreachable_replica_raises() -> None:
     await server.wait_closed()
     client = ChannelClient("127.0.0.1", port, TOKEN)
     with pytest.raises(ReplicaUnavailableError, match="Cannot reach replica"):
-        await client.open(Kind.HTTP, request(b"x"))
+        await client.open(request(b"x"))
 
 
 class RecordingTransport:
@@ -244,9 +267,8 @@ async def test_connections_beyond_the_cap_are_refused(monkeypatch: pytest.Monkey
         client = ChannelClient("127.0.0.1", port, TOKEN)  # a slot frees when one closes
         opened[0][1].close()
         await asyncio.sleep(0.1)
-        exchange = await client.open(Kind.HTTP, request(b"ok"))
-        kind, _ = await asyncio.wait_for(exchange.recv(), 5)
-        assert kind is Kind.RESPONSE
+        exchange = await client.open(request(b"ok"))
+        assert isinstance(await asyncio.wait_for(exchange.recv(), 5), HTTPResponse)
         client.close()
     finally:
         for _, writer in opened:
@@ -296,9 +318,8 @@ async def test_the_token_never_crosses_the_wire_and_a_replayed_handshake_is_refu
     await tap.start()
     client = ChannelClient("127.0.0.1", tap.port, TOKEN)
     try:
-        exchange = await client.open(Kind.HTTP, request(b"ok"))
-        kind, _ = await asyncio.wait_for(exchange.recv(), 5)
-        assert kind is Kind.RESPONSE
+        exchange = await client.open(request(b"ok"))
+        assert isinstance(await asyncio.wait_for(exchange.recv(), 5), HTTPResponse)
         assert TOKEN not in tap.upstream and TOKEN not in tap.downstream
         # Whoever sniffed that connection replays the caller's bytes on a new one.
         reader, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -347,7 +368,7 @@ async def test_a_process_on_a_dead_replicas_port_cannot_pose_as_the_replica(
         fake = await asyncio.start_server(behaviour, "127.0.0.1", 0)
         client = ChannelClient("127.0.0.1", fake.sockets[0].getsockname()[1], TOKEN)
         with pytest.raises(ReplicaUnavailableError, match="did not prove"):
-            await asyncio.wait_for(client.open(Kind.HTTP, request(b"secret request")), 5)
+            await asyncio.wait_for(client.open(request(b"secret request")), 5)
         client.close()
         fake.close()
         await fake.wait_closed()  # after the fake has read everything the client sent
@@ -380,38 +401,48 @@ class Caller:
     def admit(self) -> bool:
         return True
 
-    async def serve(self, kind: Kind, message: Any, sink: ResponseSink) -> None:
-        if message == "slow":
+    async def serve(self, message: Request, sink: ResponseSink) -> None:
+        assert isinstance(message, MethodCall)
+        if message.method == "slow":
             await asyncio.sleep(0.2)
-        if message == "stream":
+        if message.method == "stream":
             for item in ("one", "bad", "never"):
-                sink.send(Kind.ITEM, item)
+                sink.send(StreamItem(item))
                 await asyncio.sleep(0.05)
-            sink.send(Kind.END, None)
+            sink.send(END)
             return
-        sink.send(Kind.RESULT, message)
+        sink.send(CallResult(message.method))
 
 
-def garbling_dumps(value: Any) -> bytes:
-    """Pickles ``"bad"`` into bytes the caller cannot load."""
-    return b"\x80\x05not a pickle" if value == "bad" else plain_dumps(value)
+def call(method: str) -> MethodCall:
+    return MethodCall("rid", method, ())
+
+
+def garbling_dumps(value: object) -> bytes:
+    """Pickles ``"bad"`` (a result, or a call of that name) into bytes the other side
+    cannot load."""
+    bad = value == "bad" or (isinstance(value, MethodCall) and value.method == "bad")
+    return b"\x80\x05not a pickle" if bad else plain_dumps(value)
+
+
+def failure_text(answer: object) -> str:
+    assert isinstance(answer, CallFailure)
+    return answer.message
 
 
 async def test_a_reply_the_caller_cannot_decode_fails_only_its_own_call() -> None:
     server, port = await start_server(Caller(), "127.0.0.1", TOKEN, garbling_dumps)
     client = ChannelClient("127.0.0.1", port, TOKEN)
     try:
-        slow = await client.open(Kind.CALL, "slow")
-        bad = await client.open(Kind.CALL, "bad")
-        kind, failure = await asyncio.wait_for(bad.recv(), 5)
-        assert kind is Kind.FAILURE and "could not be decoded" in failure.message
-        stream = await client.open(Kind.CALL, "stream")
-        assert await asyncio.wait_for(stream.recv(), 5) == (Kind.ITEM, "one")
-        kind, failure = await asyncio.wait_for(stream.recv(), 5)
-        assert kind is Kind.FAILURE and "could not be decoded" in failure.message
-        assert await asyncio.wait_for(slow.recv(), 5) == (Kind.RESULT, "slow")
-        after = await client.open(Kind.CALL, "after")  # the same connection still works
-        assert await asyncio.wait_for(after.recv(), 5) == (Kind.RESULT, "after")
+        slow = await client.open(call("slow"))
+        bad = await client.open(call("bad"))
+        assert "could not be decoded" in failure_text(await asyncio.wait_for(bad.recv(), 5))
+        stream = await client.open(call("stream"))
+        assert await asyncio.wait_for(stream.recv(), 5) == StreamItem("one")
+        assert "could not be decoded" in failure_text(await asyncio.wait_for(stream.recv(), 5))
+        assert await asyncio.wait_for(slow.recv(), 5) == CallResult("slow")
+        after = await client.open(call("after"))  # the same connection still works
+        assert await asyncio.wait_for(after.recv(), 5) == CallResult("after")
         assert client._conn is not None and not client._conn.closed
     finally:
         client.close()
@@ -422,11 +453,10 @@ async def test_a_request_the_replica_cannot_decode_fails_only_that_call() -> Non
     server, port = await start_server(Caller(), "127.0.0.1", TOKEN)
     client = ChannelClient("127.0.0.1", port, TOKEN, garbling_dumps)
     try:
-        slow = await client.open(Kind.CALL, "slow")
-        bad = await client.open(Kind.CALL, "bad")
-        kind, failure = await asyncio.wait_for(bad.recv(), 5)
-        assert kind is Kind.FAILURE and "could not decode the request" in failure.message
-        assert await asyncio.wait_for(slow.recv(), 5) == (Kind.RESULT, "slow")
+        slow = await client.open(call("slow"))
+        bad = await client.open(call("bad"))
+        assert "could not decode the request" in failure_text(await asyncio.wait_for(bad.recv(), 5))
+        assert await asyncio.wait_for(slow.recv(), 5) == CallResult("slow")
     finally:
         client.close()
         server.close()
@@ -445,19 +475,19 @@ class Firehose:
     def admit(self) -> bool:
         return True
 
-    async def serve(self, kind: Kind, message: Any, sink: ResponseSink) -> None:
-        if kind is Kind.WS_OPEN:
+    async def serve(self, message: Request, sink: ResponseSink) -> None:
+        if isinstance(message, WebSocketOpen):
             assert sink.inbound is not None
             await asyncio.sleep(0.3)  # the app is busy: messages pile up
             while True:
                 await sink.inbound.get()
                 self.read += 1
-        sink.send(Kind.START, HTTPResponseStart(200, []))
+        sink.send(HTTPResponseStart(200, []))
         for _ in range(16 * 1024):  # 1 GiB
-            sink.send(Kind.BODY, b"x" * 65536)
+            sink.send(BodyChunk(b"x" * 65536))
             self.sent += 65536
             await sink.drain()
-        sink.send(Kind.END, None)
+        sink.send(END)
 
 
 async def test_a_slow_reader_holds_back_a_fast_stream_at_the_window() -> None:
@@ -465,15 +495,14 @@ async def test_a_slow_reader_holds_back_a_fast_stream_at_the_window() -> None:
     server, port = await start_server(firehose, "127.0.0.1", TOKEN)
     client = ChannelClient("127.0.0.1", port, TOKEN)
     try:
-        exchange = await client.open(Kind.HTTP, request(b""))
-        assert (await asyncio.wait_for(exchange.recv(), 5))[0] is Kind.START
+        exchange = await client.open(request(b""))
+        assert isinstance(await asyncio.wait_for(exchange.recv(), 5), HTTPResponseStart)
         await asyncio.sleep(0.5)  # nobody reads
         window = STREAM_WINDOW + 65536 + FRAME_COST
         assert exchange.inflow.outstanding <= window  # what waits in the caller
         assert firehose.sent <= 2 * window + (4 << 20)  # plus what sits in the socket buffers
         for _ in range(100):  # reading lets it go on, in order
-            kind, chunk = await asyncio.wait_for(exchange.recv(), 5)
-            assert kind is Kind.BODY and chunk == b"x" * 65536
+            assert await asyncio.wait_for(exchange.recv(), 5) == BodyChunk(b"x" * 65536)
         await asyncio.sleep(0.2)
         assert firehose.sent > 100 * 65536
         assert exchange.inflow.outstanding <= window
@@ -487,14 +516,14 @@ async def test_websocket_messages_to_a_busy_app_wait_at_the_window() -> None:
     server, port = await start_server(firehose, "127.0.0.1", TOKEN)
     client = ChannelClient("127.0.0.1", port, TOKEN)
     try:
-        exchange = await client.open(Kind.WS_OPEN, {"type": "websocket", "path": "/"})
+        exchange = await client.open(WebSocketOpen("rid", {"type": "websocket", "path": "/"}))
         sent = 0
 
         async def send_all() -> None:
             nonlocal sent
             for _ in range(200):  # 200 x 64 KiB = 12.5 MiB, far beyond the window
                 await exchange.room_to_send()
-                exchange.send(Kind.WS_IN, {"type": "websocket.receive", "bytes": b"y" * 65536})
+                exchange.send(WebSocketMessage({"type": "websocket.receive", "bytes": b"y" * 65536}))
                 sent += 1
 
         sender = asyncio.ensure_future(send_all())

@@ -11,9 +11,9 @@ import trustme
 
 from app_toolkit._runtime.channel import tls
 from app_toolkit._runtime.channel.client import ChannelClient
-from app_toolkit._runtime.channel.frames import Kind
 from app_toolkit._runtime.channel.server import start_server
 from app_toolkit._runtime.channel.tls import TLSFiles, caller_tls, client_context, server_context, tls_files
+from app_toolkit._runtime.messages import HTTPResponse
 from app_toolkit.exceptions import ConfigError, ReplicaUnavailableError
 from tests.tls_certs import cluster_certs
 from tests.unit.test_channel import TOKEN, Handler, Tap, request
@@ -76,9 +76,9 @@ async def test_requests_cross_the_wire_encrypted(files: TLSFiles) -> None:
     await tap.start()
     client = ChannelClient("127.0.0.1", tap.port, TOKEN, tls=client_context(files))
     try:
-        exchange = await client.open(Kind.HTTP, request(SECRET))
-        kind, response = await asyncio.wait_for(exchange.recv(), 5)
-        assert kind is Kind.RESPONSE and response.body == SECRET
+        exchange = await client.open(request(SECRET))
+        response = await asyncio.wait_for(exchange.recv(), 5)
+        assert isinstance(response, HTTPResponse) and response.body == SECRET
         assert tap.upstream[:1] == b"\x16" and tap.downstream[:1] == b"\x16"  # TLS handshake records
         for wire in (tap.upstream, tap.downstream):
             assert SECRET not in wire and TOKEN not in wire
@@ -98,7 +98,7 @@ async def test_callers_without_a_certificate_of_the_cluster_get_nothing(
         for caller_context in (None, client_context(strangers)):
             client = ChannelClient("127.0.0.1", port, TOKEN, tls=caller_context)
             with pytest.raises(ReplicaUnavailableError):
-                await asyncio.wait_for(client.open(Kind.HTTP, request(b"x")), 15)
+                await asyncio.wait_for(client.open(request(b"x")), 15)
             client.close()
     finally:
         server.close()

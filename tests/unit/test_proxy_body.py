@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from app_toolkit._runtime.answers import header_dict
 from app_toolkit._runtime.proxy.body import CLIENT_CLOSED, BodyBudget, read_body
 from app_toolkit.config import HTTPOptions
 
@@ -37,7 +38,7 @@ async def test_declared_bodies_are_counted_up_front_and_given_back() -> None:
     second = await read_body(chunks(b"b" * 80), b"80", HTTP, budget)
     assert second.refusal == 503 and budget.held == 80  # nothing read, nothing taken
     assert second.answer(HTTP, "rid").status == 503
-    assert ("retry-after", "1") in second.answer(HTTP, "rid").header_dict().items()
+    assert ("retry-after", "1") in header_dict(second.answer(HTTP, "rid")).items()
     budget.give(first.held)
     assert budget.held == 0
 

@@ -10,8 +10,14 @@ from typing import Any
 import pytest
 
 from app_toolkit._runtime.channel.exchange import Exchange
-from app_toolkit._runtime.channel.frames import Kind
-from app_toolkit._runtime.messages import DeploymentID, HTTPRequest, HTTPResponse, MethodCall
+from app_toolkit._runtime.messages import (
+    DeploymentID,
+    HTTPRequest,
+    HTTPResponse,
+    MethodCall,
+    Request,
+    WebSocketOpen,
+)
 from app_toolkit._runtime.routing import shadow as shadow_module
 from app_toolkit._runtime.routing.dispatcher import Reply
 from app_toolkit._runtime.routing.shadow import Shadower
@@ -24,7 +30,7 @@ pytestmark = pytest.mark.anyio
 
 
 def reply(status: int, body: bytes = b"") -> Reply:
-    return Reply(Kind.RESPONSE, HTTPResponse(status, [], body), Exchange(lambda: None), "r", lambda _: None)
+    return Reply(HTTPResponse(status, [], body), Exchange(lambda: None), "r", lambda _: None)
 
 
 def same_words(primary: bytes, shadow: bytes) -> bool:
@@ -42,7 +48,7 @@ class FakeShadow:
         self.received: list[Any] = []
 
     async def send(
-        self, kind: Kind, message: Any, model_id: str = "", shard_key: str = "", split: bool = True
+        self, message: Request, model_id: str = "", shard_key: str = "", split: bool = True
     ) -> Reply:
         n = len(self.received)
         self.received.append(message)
@@ -69,15 +75,15 @@ async def test_copies_are_compared_with_the_primary_and_counted() -> None:
     shadower = Shadower(PRIMARY, lambda _: fake)
     shadower.configure(ShadowTarget(SHADOW, 1.0))
     for n in range(10):
-        shadower.offer(Kind.HTTP, request(n), "", reply(200), 0.002)
+        shadower.offer(request(n), "", reply(200), 0.002)
     outcome = await drained(shadower, 10)
     assert (outcome.copies, outcome.errors, outcome.different, outcome.dropped) == (10, 5, 5, 0)
     assert (outcome.endpoint, outcome.shadow) == ("chat", "chat-v2")
     assert sum(outcome.primary_latency_counts) == 10
     assert [m.request_id for m in fake.received][:2] == ["req-0-shadow", "req-1-shadow"]
     # Streams are never copied.
-    shadower.offer(Kind.WS_OPEN, request(99), "", reply(200), 0.001)
-    shadower.offer(Kind.CALL, MethodCall("c", "tokens", (), stream=True), "", reply(200), 0.001)
+    shadower.offer(WebSocketOpen("ws-99", {"type": "websocket"}), "", reply(200), 0.001)
+    shadower.offer(MethodCall("c", "tokens", (), stream=True), "", reply(200), 0.001)
     await asyncio.sleep(0.05)
     assert len(fake.received) == 10 and shadower.take() is None
     shadower.close()
@@ -88,14 +94,14 @@ async def test_a_compare_function_judges_the_bodies(caplog: pytest.LogCaptureFix
     shadower = Shadower(PRIMARY, lambda _: fake)
     shadower.configure(ShadowTarget(SHADOW, 1.0, "tests.unit.test_shadow:same_words"))
     for n in range(6):
-        shadower.offer(Kind.HTTP, request(n), "", reply(200, b"hello world"), 0.002)
+        shadower.offer(request(n), "", reply(200, b"hello world"), 0.002)
     outcome = await drained(shadower, 6)
     assert (outcome.copies, outcome.errors, outcome.different) == (6, 0, 2)  # the "goodbye"s
     # A function that cannot be imported where the caller runs: statuses only, said once.
     shadower.configure(ShadowTarget(SHADOW, 1.0, "no_such_module:same"))
     assert "cannot be imported here" in caplog.text
     for n in range(3):
-        shadower.offer(Kind.HTTP, request(n), "", reply(200, b"hello world"), 0.002)
+        shadower.offer(request(n), "", reply(200, b"hello world"), 0.002)
     assert (await drained(shadower, 3)).different == 0
     shadower.close()
 
@@ -110,7 +116,7 @@ async def test_a_slow_shadow_drops_copies_instead_of_holding_anything(
     loop = asyncio.get_running_loop()
     started = loop.time()
     for n in range(shadow_module.QUEUE_BOUND + shadow_module.WORKERS + 10):
-        shadower.offer(Kind.HTTP, request(n), "", reply(200), 0.001)
+        shadower.offer(request(n), "", reply(200), 0.001)
     assert loop.time() - started < 0.05  # offering never waits
     outcome = await drained(shadower, shadow_module.QUEUE_BOUND + shadow_module.WORKERS + 10)
     assert outcome.copies == 0 and outcome.dropped >= 10

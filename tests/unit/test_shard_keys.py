@@ -8,11 +8,10 @@ from collections import Counter
 
 import pytest
 
-from app_toolkit._runtime.channel.frames import Kind
 from app_toolkit._runtime.messages import DeploymentID, ReplicaInfo
 from app_toolkit._runtime.routing.choice import ReplicaChooser, stable_hash
 from app_toolkit._runtime.routing.dispatcher import Dispatcher
-from tests.unit.test_dispatcher import FakeReplica, answer
+from tests.unit.test_dispatcher import FakeReplica, answer, call, result
 
 DEP = DeploymentID("app", "d")
 KEYS = [f"session-{i}" for i in range(1000)]
@@ -91,20 +90,20 @@ async def test_a_strict_request_waits_for_its_replica_without_holding_up_the_oth
     owner.set_replicas(ReplicaInfo(r, DEP, "127.0.0.1", 1, b"t", 1) for r in FOUR)
     target = owner.owner("chat-7")
     assert target is not None
-    first = await dispatcher.send(Kind.CALL, "first", shard_key="chat-7")
+    first = await dispatcher.send(call("first"), shard_key="chat-7")
     assert first.replica_id == target.replica_id
-    second = asyncio.ensure_future(dispatcher.send(Kind.CALL, "second", shard_key="chat-7"))
+    second = asyncio.ensure_future(dispatcher.send(call("second"), shard_key="chat-7"))
     await asyncio.sleep(0)
     assert dispatcher.queued == 1  # its replica is full: it waits (strict)
     # A request without a key, queued behind it, is not held up: a replica is free.
-    other = await asyncio.wait_for(dispatcher.send(Kind.CALL, "other"), 1)
+    other = await asyncio.wait_for(dispatcher.send(call("other")), 1)
     assert other.replica_id != target.replica_id
     first.release()
     served = await asyncio.wait_for(second, 1)
-    assert served.replica_id == target.replica_id and served.message == "done second"
+    assert served.replica_id == target.replica_id and result(served) == "done second"
     # prefer: the same situation goes to another replica at once.
     dispatcher.update([ReplicaInfo(r, DEP, "127.0.0.1", 1, b"t", 1) for r in FOUR], 10, "prefer")
-    elsewhere = await asyncio.wait_for(dispatcher.send(Kind.CALL, "third", shard_key="chat-7"), 1)
+    elsewhere = await asyncio.wait_for(dispatcher.send(call("third"), shard_key="chat-7"), 1)
     assert elsewhere.replica_id != target.replica_id
     for reply in (served, other, elsewhere):
         reply.release()

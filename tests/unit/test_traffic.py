@@ -8,7 +8,6 @@ from collections import Counter
 
 import pytest
 
-from app_toolkit._runtime.channel.frames import Kind
 from app_toolkit._runtime.controller.controller import ControllerCore
 from app_toolkit._runtime.controller.traffic import endpoint_of, normalize, split_for, without
 from app_toolkit._runtime.messages import AppSpec, DeploymentID, ReplicaInfo
@@ -16,7 +15,7 @@ from app_toolkit._runtime.routing.dispatcher import Dispatcher
 from app_toolkit._runtime.tables import ReplicaTable, replicas_key
 from app_toolkit.exceptions import ConfigError
 from tests.unit.test_controller import FakeBackend, app, started, until
-from tests.unit.test_dispatcher import FakeReplica, answer
+from tests.unit.test_dispatcher import FakeReplica, answer, call
 
 V1, V2 = DeploymentID("v1", "D"), DeploymentID("v2", "D")
 
@@ -105,7 +104,7 @@ async def test_ten_thousand_requests_land_within_two_percent_of_the_weights() ->
     endpoint, _ = _split_dispatchers(((V1, 0.9), (V2, 0.1)))
     landed: Counter[str] = Counter()
     for n in range(10_000):
-        reply = await endpoint.send(Kind.CALL, n)
+        reply = await endpoint.send(call(n))
         landed[reply.replica_id] += 1
         reply.release()
     assert abs(landed["v1-r"] / 10_000 - 0.9) <= 0.02 and abs(landed["v2-r"] / 10_000 - 0.1) <= 0.02
@@ -117,7 +116,7 @@ async def test_a_shard_key_sees_one_variant_while_the_weights_stay() -> None:
     first: dict[str, str] = {}
     for _ in range(3):
         for key in (f"user-{i}" for i in range(200)):
-            reply = await endpoint.send(Kind.CALL, key, shard_key=key)
+            reply = await endpoint.send(call(key), shard_key=key)
             assert first.setdefault(key, reply.replica_id) == reply.replica_id
             reply.release()
     assert 60 <= Counter(first.values())["v2-r"] <= 140  # and keys spread by the weights

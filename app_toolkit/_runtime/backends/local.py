@@ -19,14 +19,21 @@ from starlette.types import ASGIApp
 
 from app_toolkit._runtime.channel.exchange import Exchange
 from app_toolkit._runtime.channel.flow import FRAME_COST, Inbound, frame_cost
-from app_toolkit._runtime.channel.frames import DRAINING, STREAMED, Kind
 from app_toolkit._runtime.controller.controller import ControllerCore
 from app_toolkit._runtime.controller.rollout import RolloutOptions
 from app_toolkit._runtime.messages import (
+    BUSY,
+    DRAINING,
+    STREAMED,
     AdoptedReplica,
+    Answer,
     AppSpec,
+    BodyChunk,
     DeploymentSpec,
     ReplicaInfo,
+    Request,
+    WebSocketMessage,
+    WebSocketOpen,
 )
 from app_toolkit._runtime.proxy.proxy import Proxy
 from app_toolkit._runtime.proxy.server import ProxyServer, listen_socket, serve
@@ -119,7 +126,7 @@ class LocalBackend:
 
 
 class _LocalSink:
-    """Hands a replica's frames straight to the caller's exchange; a stream's producer
+    """Hands a replica's answers straight to the caller's exchange; a stream's producer
     waits while the caller has a window's worth unconsumed (``channel/flow.py``)."""
 
     __slots__ = ("_exchange", "inbound")
@@ -128,12 +135,12 @@ class _LocalSink:
         self._exchange = exchange
         self.inbound = inbound
 
-    def send(self, kind: Kind, message: Any) -> None:
-        if kind is Kind.BODY:
-            message = bytes(message)
-            self._exchange.push(kind, message, frame_cost(len(message)))
+    def send(self, answer: Answer) -> None:
+        if isinstance(answer, BodyChunk):
+            data = bytes(answer.data)  # the app may reuse a buffer it sent
+            self._exchange.push(BodyChunk(data), frame_cost(len(data)))
         else:
-            self._exchange.push(kind, message, FRAME_COST if kind in STREAMED else 0)
+            self._exchange.push(answer, FRAME_COST if isinstance(answer, STREAMED) else 0)
 
     async def drain(self) -> None:
         await asyncio.sleep(0)
@@ -147,7 +154,7 @@ class LocalReplicaClient:
         self._backend = backend
         self._replica_id = replica_id
 
-    async def open(self, kind: Kind, message: Any) -> Exchange:
+    async def open(self, request: Request) -> Exchange:
         core = self._backend.cores.get(self._replica_id)
         if core is None:
             raise ReplicaUnavailableError(f"Replica {self._replica_id} is not running")
@@ -158,20 +165,21 @@ class LocalReplicaClient:
             for task in tasks:
                 task.cancel()
 
-        def forward(_kind: Kind, next_message: Any) -> int:
-            cost = frame_cost(len(next_message.get("bytes") or b"") + len(next_message.get("text") or ""))
+        def forward(next_message: WebSocketMessage) -> int:
+            message = next_message.message
+            cost = frame_cost(len(message.get("bytes") or b"") + len(message.get("text") or ""))
             if inbound is not None:
-                inbound.put(next_message, cost)
+                inbound.put(message, cost)
             return cost
 
         exchange = Exchange(cancel, forward)
-        if kind is Kind.WS_OPEN:
+        if isinstance(request, WebSocketOpen):
             inbound = Inbound(exchange.credited)
         if not core.admit():
-            exchange.push(Kind.REJECTED, DRAINING if core.draining else None)
+            exchange.push(DRAINING if core.draining else BUSY)
             return exchange
         sink = _LocalSink(exchange, inbound)
-        tasks.append(asyncio.get_running_loop().create_task(core.serve(kind, message, sink)))
+        tasks.append(asyncio.get_running_loop().create_task(core.serve(request, sink)))
         return exchange
 
     def close(self) -> None:

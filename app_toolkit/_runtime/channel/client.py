@@ -6,10 +6,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
-from typing import Any
 
 from app_toolkit._runtime.channel import handshake
-from app_toolkit._runtime.channel.exchange import TERMINAL, Exchange
+from app_toolkit._runtime.channel.exchange import Exchange
 from app_toolkit._runtime.channel.flow import Credits, frame_cost, parts_cost
 from app_toolkit._runtime.channel.frames import (
     MAX_FRAME_BYTES,
@@ -17,11 +16,13 @@ from app_toolkit._runtime.channel.frames import (
     Dumps,
     FrameProtocol,
     Kind,
-    decode,
-    encode,
+    decode_answer,
+    decode_credit,
+    encode_credit,
+    encode_request,
     plain_dumps,
 )
-from app_toolkit._runtime.messages import CallFailure
+from app_toolkit._runtime.messages import LOST, TERMINAL, CallFailure, Request, WebSocketMessage
 from app_toolkit.exceptions import ReplicaUnavailableError
 
 logger = logging.getLogger("app_toolkit.channel")
@@ -72,30 +73,29 @@ class _ClientConnection(FrameProtocol):
         if exchange is None:
             return
         if kind is Kind.CREDIT:
-            exchange.credited(decode(kind, payload))
+            exchange.credited(decode_credit(payload))
             return
         try:
-            message = decode(kind, payload)
+            answer = decode_answer(kind, payload)
         except Exception as exc:  # noqa: BLE001 - fail this call alone; the connection is fine
             # Only text leaves this block: the traceback holds views of the receive buffer.
             failure = _undecodable(kind, f"{type(exc).__name__}: {exc}")
         else:
-            if kind in TERMINAL:
+            if isinstance(answer, TERMINAL):
                 del self.pending[number]
-            exchange.push(kind, message, frame_cost(len(payload)) if kind in STREAMED else 0)
+            exchange.push(answer, frame_cost(len(payload)) if kind in STREAMED else 0)
             return
         logger.warning("Request %d: %s", number, failure.message)
         del self.pending[number]
-        if kind not in TERMINAL:
-            self.send(Kind.CANCEL, number, [])  # the rest of a stream is of no use
-        exchange.push(Kind.FAILURE, failure)
+        self.send(Kind.CANCEL, number, [])  # the rest of a stream is of no use
+        exchange.push(failure)
 
     def on_lost(self) -> None:
         if not self.proven.done():
             self.proven.set_result(False)
         pending, self.pending = self.pending, {}
         for exchange in pending.values():
-            exchange.push(Kind.LOST, None)
+            exchange.push(LOST)
 
 
 class ChannelClient:
@@ -156,26 +156,26 @@ class ChannelClient:
         self._conn = conn
         return conn
 
-    async def open(self, kind: Kind, message: Any) -> Exchange:
+    async def open(self, request: Request) -> Exchange:
         """Send one request; raises ReplicaUnavailableError if it could not be sent."""
         conn = await self._connection()
         if conn.closed:
             raise ReplicaUnavailableError(f"Connection to {self.host}:{self.port} closed")
         self._next += 1
         number = self._next
-        parts = encode(kind, message, self.dumps)
+        kind, parts = encode_request(request, self.dumps)
 
         def cancel() -> None:
             if conn.pending.pop(number, None) is not None:
                 conn.send(Kind.CANCEL, number, [])
 
-        def forward(next_kind: Kind, next_message: Any) -> int:
-            parts = encode(next_kind, next_message, self.dumps)
+        def forward(message: WebSocketMessage) -> int:
+            next_kind, parts = encode_request(message, self.dumps)
             conn.send(next_kind, number, parts)
             return parts_cost(parts)
 
         def grant(amount: int) -> None:
-            conn.send(Kind.CREDIT, number, encode(Kind.CREDIT, amount, plain_dumps))
+            conn.send(Kind.CREDIT, number, encode_credit(amount))
 
         exchange = Exchange(cancel, forward, Credits(grant))
         conn.pending[number] = exchange
@@ -198,7 +198,7 @@ class UnreachableReplica:
     def __init__(self, reason: str) -> None:
         self.reason = reason
 
-    async def open(self, kind: Kind, message: Any) -> Exchange:
+    async def open(self, request: Request) -> Exchange:
         raise ReplicaUnavailableError(self.reason)
 
     def close(self) -> None:

@@ -1,4 +1,4 @@
-"""One request in flight, as its caller sees it: the frames that come back for it, in
+"""One request in flight, as its caller sees it: the answers that come back for it, in
 order, whatever carries them (a channel connection, or an in-process call), and the
 flow-control windows of both directions (``flow.py``)."""
 
@@ -7,17 +7,16 @@ from __future__ import annotations
 import asyncio
 import collections
 from collections.abc import Callable
-from typing import Any
+from typing import TypeVar
 
 from app_toolkit._runtime.channel.flow import Credits, Window
-from app_toolkit._runtime.channel.frames import Kind
+from app_toolkit._runtime.messages import TERMINAL, Answer, WebSocketMessage
 
-#: Kinds after which nothing more comes back for a request.
-TERMINAL = frozenset({Kind.RESPONSE, Kind.END, Kind.RESULT, Kind.FAILURE, Kind.REJECTED, Kind.LOST})
+A = TypeVar("A", bound=Answer)
 
 
 class Exchange:
-    """One request in flight: the frames that come back for it, in order.
+    """One request in flight: the answers that come back for it, in order.
 
     ``inflow`` counts what arrived and was not consumed yet (an in-process producer waits
     on it; over the channel, consuming grants ``credits`` to the replica). ``outflow``
@@ -29,10 +28,10 @@ class Exchange:
     def __init__(
         self,
         cancel: Callable[[], None],
-        forward: Callable[[Kind, Any], int] | None = None,
+        forward: Callable[[WebSocketMessage], int] | None = None,
         credits: Credits | None = None,
     ) -> None:
-        self._items: collections.deque[tuple[Kind, Any, int]] = collections.deque()
+        self._items: collections.deque[tuple[Answer, int]] = collections.deque()
         self._waiter: asyncio.Future[None] | None = None
         self._cancel = cancel
         self._forward = forward
@@ -41,11 +40,11 @@ class Exchange:
         self.outflow = Window()
         self.credits = credits
 
-    def send(self, kind: Kind, message: Any) -> None:
-        """Send a further message of this request to the replica (WebSocket input);
-        wait for :meth:`room_to_send` before each."""
+    def send(self, message: WebSocketMessage) -> None:
+        """Send the client's next WebSocket message to the replica; wait for
+        :meth:`room_to_send` before each."""
         if self._forward is not None and not self.finished:
-            self.outflow.sent(self._forward(kind, message))
+            self.outflow.sent(self._forward(message))
 
     async def room_to_send(self) -> None:
         await self.outflow.room()
@@ -54,11 +53,11 @@ class Exchange:
         """The replica consumed ``amount`` of what :meth:`send` sent."""
         self.outflow.credited(amount)
 
-    def push(self, kind: Kind, message: Any, cost: int = 0) -> None:
-        if kind in TERMINAL:
+    def push(self, answer: Answer, cost: int = 0) -> None:
+        if isinstance(answer, TERMINAL):
             self.finished = True
             self.outflow.close()
-        self._items.append((kind, message, cost))
+        self._items.append((answer, cost))
         self.inflow.sent(cost)
         waiter = self._waiter
         if waiter is not None and not waiter.done():
@@ -70,29 +69,32 @@ class Exchange:
             if self.credits is not None and not self.finished:
                 self.credits.consumed(cost)
 
-    def take_ready(self, kind: Kind) -> list[Any]:
-        """The messages of ``kind`` that are next in line and already here, removed."""
+    def take_ready(self, kind: type[A]) -> list[A]:
+        """The answers of type ``kind`` that are next in line and already here, removed."""
         items = self._items
-        taken = []
-        while items and items[0][0] is kind:
-            _, message, cost = items.popleft()
-            taken.append(message)
+        taken: list[A] = []
+        while items:
+            answer, cost = items[0]
+            if not isinstance(answer, kind):
+                break
+            items.popleft()
+            taken.append(answer)
             self._consumed(cost)
         return taken
 
-    def next_is(self, kind: Kind) -> bool:
-        return bool(self._items) and self._items[0][0] is kind
+    def next_is(self, kind: type[Answer]) -> bool:
+        return bool(self._items) and isinstance(self._items[0][0], kind)
 
-    async def recv(self) -> tuple[Kind, Any]:
+    async def recv(self) -> Answer:
         while not self._items:
             self._waiter = asyncio.get_running_loop().create_future()
             try:
                 await self._waiter
             finally:
                 self._waiter = None
-        kind, message, cost = self._items.popleft()
+        answer, cost = self._items.popleft()
         self._consumed(cost)
-        return kind, message
+        return answer
 
     def cancel(self) -> None:
         """Ask the replica to cancel this request (no-op once it finished)."""

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from typing import Any
+
+from starlette.types import Message
 
 #: Bytes of one stream in flight between a producer and its consumer.
 STREAM_WINDOW = 1 << 20
@@ -94,13 +95,13 @@ class Inbound:
     __slots__ = ("_queue", "_credits")
 
     def __init__(self, credit: Callable[[int], None]) -> None:
-        self._queue: asyncio.Queue[tuple[Any, int]] = asyncio.Queue()
+        self._queue: asyncio.Queue[tuple[Message, int]] = asyncio.Queue()
         self._credits = Credits(credit)
 
-    def put(self, message: Any, cost: int = 0) -> None:
+    def put(self, message: Message, cost: int = 0) -> None:
         self._queue.put_nowait((message, cost))
 
-    async def get(self) -> Any:
+    async def get(self) -> Message:
         message, cost = await self._queue.get()
         if cost:
             self._credits.consumed(cost)

@@ -22,7 +22,23 @@ from collections.abc import Callable
 from enum import IntEnum
 from typing import Any
 
-from app_toolkit._runtime.messages import HTTPRequest, HTTPResponse
+from app_toolkit._runtime.messages import (
+    Answer,
+    BodyChunk,
+    CallFailure,
+    CallResult,
+    HTTPRequest,
+    HTTPResponse,
+    HTTPResponseStart,
+    MethodCall,
+    Rejected,
+    ReplicaLost,
+    Request,
+    StreamEnd,
+    StreamItem,
+    WebSocketMessage,
+    WebSocketOpen,
+)
 
 logger = logging.getLogger("app_toolkit.channel")
 
@@ -33,11 +49,12 @@ _SOON_MAX = 64 << 10  # bigger frames, or this many bytes waiting, are written a
 _SOON_WINDOW_S = 0.001  # a frame this soon after the previous write waits for the turn's end
 _PICKLE_PROTOCOL = 5
 
-Dumps = Callable[[Any], bytes]
+Dumps = Callable[[object], bytes]
 
 
 class Kind(IntEnum):
-    """What a frame carries."""
+    """What a frame carries (the wire's own vocabulary: nothing outside ``channel/``
+    sees it; the parts speak in ``messages.Request`` and ``messages.Answer``)."""
 
     HELLO = 1
     HTTP = 2
@@ -57,65 +74,127 @@ class Kind(IntEnum):
     REJECTED = 16
     ITEM = 17  # one item of a streamed handle call; END or FAILURE follows the last
     WS_OUT = 18  # an ASGI message the app sent on a WebSocket; END follows the last
-    LOST = 99  # never on the wire: the connection dropped
 
 
 #: The kinds of a stream's frames, which flow control counts (flow.py).
 STREAMED = frozenset({Kind.BODY, Kind.ITEM, Kind.WS_OUT, Kind.WS_IN})
+#: The kinds that open a request.
+OPENING = frozenset({Kind.HTTP, Kind.CALL, Kind.WS_OPEN})
 
 
-def plain_dumps(value: Any) -> bytes:
+def plain_dumps(value: object) -> bytes:
     return pickle.dumps(value, _PICKLE_PROTOCOL)
 
 
-#: Why a replica refused a request (the REJECTED frame's message): None means it is busy
-#: (try it again after a back-off); DRAINING means it is shutting down (send it nothing
-#: more until a table lists it again).
-DRAINING = "draining"
-
 _HEAD_LENGTH = struct.Struct("!I")
 _CREDIT = struct.Struct("!Q")
+_DRAINING = b"d"  # the REJECTED frame's payload when the replica is shutting down
+Frame = tuple[Kind, list[bytes]]
 
 
-def encode(kind: Kind, message: Any, dumps: Dumps) -> list[bytes]:
-    """Serialize one message for its frame kind, as the parts of one frame.
+def _with_body(head: bytes, body: bytes) -> list[bytes]:
+    """A small pickled head followed by the raw body, so a large body is never copied
+    into a pickle."""
+    return [_HEAD_LENGTH.pack(len(head)) + head, body]
 
-    HTTP requests and complete responses travel as a small pickled head followed by the
-    raw body, so a large body is never copied into a pickle.
-    """
-    if kind is Kind.BODY:
-        return [bytes(message)]
-    if kind is Kind.CREDIT:
-        return [_CREDIT.pack(message)]
-    if kind in (Kind.END, Kind.CANCEL) or (kind is Kind.REJECTED and message is None):
-        return []
+
+def _split_body(payload: memoryview) -> tuple[Any, bytes]:
+    (length,) = _HEAD_LENGTH.unpack_from(payload)
+    return pickle.loads(payload[4 : 4 + length]), payload[4 + length :].tobytes()
+
+
+def encode_request(request: Request | WebSocketMessage, dumps: Dumps) -> Frame:
+    """The frame of a request (or of a client's WebSocket message), as its parts.
+    ``dumps`` serializes what carries user objects (call arguments)."""
+    match request:
+        case HTTPRequest():
+            return Kind.HTTP, _with_body(plain_dumps((request.request_id, request.scope)), request.body)
+        case MethodCall():
+            return Kind.CALL, [dumps(request)]
+        case WebSocketMessage():
+            return Kind.WS_IN, [plain_dumps(request.message)]
+        case WebSocketOpen():
+            return Kind.WS_OPEN, [plain_dumps(request)]
+
+
+def decode_request(kind: Kind, payload: memoryview) -> Request:
+    """Inverse of :func:`encode_request` for the kinds that open a request; copies what
+    it keeps out of ``payload``."""
     if kind is Kind.HTTP:
-        head = plain_dumps((message.request_id, message.scope))
-        return [_HEAD_LENGTH.pack(len(head)) + head, message.body]
+        (request_id, scope), body = _split_body(payload)
+        return HTTPRequest(request_id, scope, body)
+    request = pickle.loads(payload)
+    if not isinstance(request, MethodCall | WebSocketOpen) or (kind is Kind.CALL) != isinstance(
+        request, MethodCall
+    ):
+        raise ValueError(f"a {kind.name} frame carried a {type(request).__name__}")
+    return request
+
+
+def decode_client_message(payload: memoryview) -> WebSocketMessage:
+    """A WS_IN frame's message."""
+    return WebSocketMessage(pickle.loads(payload))
+
+
+def encode_answer(answer: Answer, dumps: Dumps) -> Frame:
+    """The frame of one answer, as its parts. ``dumps`` serializes user objects (results
+    and stream items)."""
+    match answer:
+        case HTTPResponse():
+            return Kind.RESPONSE, _with_body(
+                plain_dumps((answer.status, answer.headers, answer.route)), answer.body
+            )
+        case BodyChunk():
+            return Kind.BODY, [bytes(answer.data)]
+        case StreamEnd():
+            return Kind.END, []
+        case CallResult():
+            return Kind.RESULT, [dumps(answer.value)]
+        case StreamItem():
+            return Kind.ITEM, [dumps(answer.value)]
+        case WebSocketMessage():
+            return Kind.WS_OUT, [plain_dumps(answer.message)]
+        case HTTPResponseStart():
+            return Kind.START, [plain_dumps(answer)]
+        case CallFailure():
+            return Kind.FAILURE, [plain_dumps(answer)]
+        case Rejected():
+            return Kind.REJECTED, [_DRAINING] if answer.draining else []
+        case ReplicaLost():
+            raise ValueError("ReplicaLost is the caller's own answer; it never goes on the wire")
+
+
+def decode_answer(kind: Kind, payload: memoryview) -> Answer:
+    """Inverse of :func:`encode_answer`; copies what it keeps out of ``payload``."""
     if kind is Kind.RESPONSE:
-        head = plain_dumps((message.status, message.headers, message.route))
-        return [_HEAD_LENGTH.pack(len(head)) + head, message.body]
-    if kind in (Kind.CALL, Kind.RESULT, Kind.ITEM):
-        return [dumps(message)]
-    return [plain_dumps(message)]
-
-
-def decode(kind: Kind, payload: memoryview) -> Any:
-    """Inverse of :func:`encode`; copies what it keeps out of ``payload``."""
+        (status, headers, route), body = _split_body(payload)
+        return HTTPResponse(status, headers, body, route)
     if kind is Kind.BODY:
-        return payload.tobytes()
-    if kind is Kind.CREDIT:
-        return _CREDIT.unpack(payload)[0]
-    if kind is Kind.HTTP or kind is Kind.RESPONSE:
-        (length,) = _HEAD_LENGTH.unpack_from(payload)
-        head = pickle.loads(payload[4 : 4 + length])
-        body = payload[4 + length :].tobytes()
-        if kind is Kind.HTTP:
-            return HTTPRequest(head[0], head[1], body)
-        return HTTPResponse(head[0], head[1], body, head[2])
-    if not payload:
-        return None
-    return pickle.loads(payload)
+        return BodyChunk(payload.tobytes())
+    if kind is Kind.END:
+        return StreamEnd()
+    if kind is Kind.RESULT:
+        return CallResult(pickle.loads(payload))
+    if kind is Kind.ITEM:
+        return StreamItem(pickle.loads(payload))
+    if kind is Kind.WS_OUT:
+        return WebSocketMessage(pickle.loads(payload))
+    if kind is Kind.REJECTED:
+        return Rejected(draining=bytes(payload) == _DRAINING)
+    if kind is Kind.START or kind is Kind.FAILURE:
+        answer = pickle.loads(payload)
+        if isinstance(answer, HTTPResponseStart | CallFailure):
+            return answer
+    raise ValueError(f"a {kind.name} frame is not an answer")
+
+
+def encode_credit(amount: int) -> list[bytes]:
+    return [_CREDIT.pack(amount)]
+
+
+def decode_credit(payload: memoryview) -> int:
+    amount: int = _CREDIT.unpack(payload)[0]
+    return amount
 
 
 class FrameProtocol(asyncio.Protocol):
@@ -160,7 +239,7 @@ class FrameProtocol(asyncio.Protocol):
         offset = 0
         oversized = False
         # Frames are handed over as views into the buffer, valid only during on_frame:
-        # decode() copies what it keeps, so a large body is copied once, not three times.
+        # decoding copies what it keeps, so a large body is copied once, not three times.
         with memoryview(buffer) as view:
             while size - offset >= HEADER.size:
                 length, number, kind = HEADER.unpack_from(view, offset)

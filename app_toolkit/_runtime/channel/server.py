@@ -6,46 +6,49 @@ from __future__ import annotations
 import asyncio
 import logging
 import ssl
-from typing import Any, Protocol
+from typing import Protocol
 
 from app_toolkit._runtime.channel import handshake
 from app_toolkit._runtime.channel.flow import Inbound, Window, frame_cost, parts_cost
 from app_toolkit._runtime.channel.frames import (
-    DRAINING,
     MAX_FRAME_BYTES,
+    OPENING,
     STREAMED,
     Dumps,
     FrameProtocol,
     Kind,
-    decode,
-    encode,
+    decode_client_message,
+    decode_credit,
+    decode_request,
+    encode_answer,
+    encode_credit,
     plain_dumps,
 )
-from app_toolkit._runtime.messages import CallFailure
+from app_toolkit._runtime.messages import BUSY, DRAINING, Answer, CallFailure, Request, WebSocketOpen
 
 logger = logging.getLogger("app_toolkit.channel")
 
 
 class ResponseSink(Protocol):
-    """Where a replica writes the frames of one response (and, for WebSockets, reads the
-    client's messages from ``inbound``). ``drain()`` after each frame of a stream waits
+    """Where a replica sends the answers of one request (and, for WebSockets, reads the
+    client's messages from ``inbound``). ``drain()`` after each answer of a stream waits
     for the connection and for the stream's flow-control window (``flow.py``)."""
 
     inbound: Inbound | None
 
-    def send(self, kind: Kind, message: Any) -> None: ...
+    def send(self, answer: Answer) -> None: ...
 
     async def drain(self) -> None: ...
 
 
 class RequestHandler(Protocol):
-    """The replica side: serves one request, writing its answer into ``sink``."""
+    """The replica side: serves one request, sending its answers into ``sink``."""
 
     draining: bool
 
     def admit(self) -> bool: ...
 
-    async def serve(self, kind: Kind, message: Any, sink: ResponseSink) -> None: ...
+    async def serve(self, request: Request, sink: ResponseSink) -> None: ...
 
 
 class _ServerSink:
@@ -57,8 +60,8 @@ class _ServerSink:
         self.inbound: Inbound | None = None
         self.window = Window()
 
-    def send(self, kind: Kind, message: Any) -> None:
-        parts = encode(kind, message, self._conn.dumps)
+    def send(self, answer: Answer) -> None:
+        kind, parts = encode_answer(answer, self._conn.dumps)
         if kind in STREAMED:
             self.window.sent(parts_cost(parts))
         # Replies finished in one loop turn (say, requests that arrived together) leave in
@@ -71,7 +74,7 @@ class _ServerSink:
 
     def grant(self, amount: int) -> None:
         """The app took ``amount`` of the client's WebSocket messages: more may come."""
-        self._conn.send(Kind.CREDIT, self._number, encode(Kind.CREDIT, amount, plain_dumps))
+        self._conn.send(Kind.CREDIT, self._number, encode_credit(amount))
 
 
 #: Open connections one replica accepts (every proxy and handle owner keeps one per
@@ -153,37 +156,42 @@ class _ServerConnection(FrameProtocol):
         if kind is Kind.CREDIT:
             sink = self.sinks.get(number)
             if sink is not None:
-                sink.window.credited(decode(kind, payload))
+                sink.window.credited(decode_credit(payload))
             return
         if kind is Kind.WS_IN:
             sink = self.sinks.get(number)
             if sink is not None and sink.inbound is not None:
-                sink.inbound.put(decode(kind, payload), frame_cost(len(payload)))
+                sink.inbound.put(decode_client_message(payload).message, frame_cost(len(payload)))
             return
+        if kind not in OPENING:
+            raise ValueError(f"a caller sent a {kind.name} frame")  # closes the connection
         try:
-            message = decode(kind, payload)
+            request = decode_request(kind, payload)
         except Exception as exc:  # noqa: BLE001 - fail this call alone; the connection is fine
             # Only text leaves this block: the traceback holds views of the receive buffer.
             error = f"{type(exc).__name__}: {exc}"
         else:
-            self._start(kind, number, message)
+            self._start(number, request)
             return
         logger.warning("Request %d could not be decoded: %s", number, error)
         failure = CallFailure.type_error(
             f"The replica could not decode the request ({error}); the classes of its arguments "
             "must be importable in the replica's process, with the same versions"
         )
-        self.send(Kind.FAILURE, number, encode(Kind.FAILURE, failure, plain_dumps))
+        self._answer(number, failure)
 
-    def _start(self, kind: Kind, number: int, message: Any) -> None:
+    def _answer(self, number: int, answer: Answer) -> None:
+        kind, parts = encode_answer(answer, plain_dumps)
+        self.send(kind, number, parts)
+
+    def _start(self, number: int, request: Request) -> None:
         if not self.handler.admit():
-            reason = DRAINING if self.handler.draining else None
-            self.send(Kind.REJECTED, number, encode(Kind.REJECTED, reason, plain_dumps))
+            self._answer(number, DRAINING if self.handler.draining else BUSY)
             return
         sink = self.sinks[number] = _ServerSink(self, number)
-        if kind is Kind.WS_OPEN:
+        if isinstance(request, WebSocketOpen):
             sink.inbound = Inbound(sink.grant)
-        task = asyncio.get_running_loop().create_task(self.handler.serve(kind, message, sink))
+        task = asyncio.get_running_loop().create_task(self.handler.serve(request, sink))
         self.tasks[number] = task
 
         def forget(_task: asyncio.Task[None]) -> None:

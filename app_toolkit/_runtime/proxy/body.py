@@ -10,7 +10,8 @@ from dataclasses import dataclass
 
 from starlette.types import Receive
 
-from app_toolkit._runtime.answers import Answer, error_answer, unavailable
+from app_toolkit._runtime.answers import error_answer, unavailable
+from app_toolkit._runtime.messages import HTTPResponse
 from app_toolkit.config import HTTPOptions
 
 CLIENT_CLOSED = 499  # nginx's status for "the client closed the connection"
@@ -41,7 +42,7 @@ class Body:
     held: int = 0  # bytes taken from the budget; give them back when the request ends
     refusal: int = 0  # 0: the whole body is here; else 413, 503, 408 or CLIENT_CLOSED
 
-    def answer(self, http: HTTPOptions, request_id: str) -> Answer:
+    def answer(self, http: HTTPOptions, request_id: str) -> HTTPResponse:
         """The answer to a refused body (not for CLIENT_CLOSED: nobody is listening)."""
         if self.refusal == 413:
             detail = f"Request body larger than {http.max_request_body_bytes} bytes (max_request_body_bytes)"

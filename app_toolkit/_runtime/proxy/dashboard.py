@@ -24,7 +24,8 @@ from urllib.parse import parse_qs
 
 from starlette.types import Receive, Scope, Send
 
-from app_toolkit._runtime.answers import Answer, error_answer, send_answer, unavailable
+from app_toolkit._runtime.answers import error_answer, send_answer, unavailable
+from app_toolkit._runtime.messages import HTTPResponse
 from app_toolkit._runtime.proxy.dashboard_view import RouteRates, view
 from app_toolkit._runtime.proxy.metrics_page import Gather, Networks, allowed, parse_networks
 from app_toolkit.config import HTTPOptions
@@ -97,7 +98,7 @@ class Dashboard:
                 (b"x-request-id", request_id.encode()),
                 (b"content-length", b"0"),
             ]
-            return await send_answer(send, Answer(307, headers, b""))
+            return await send_answer(send, HTTPResponse(307, headers, b""))
         found = _FILES.get(path)
         if found is None:
             return await send_answer(send, error_answer(404, "Not Found", request_id))
@@ -111,7 +112,7 @@ class Dashboard:
         if token_given and path == PREFIX and _query_token(scope):
             cookie = f"{_COOKIE}={self._token}; Path={self._cookie_path}; HttpOnly; SameSite=Strict"
             headers.append((b"set-cookie", cookie.encode()))
-        return await send_answer(send, Answer(200, headers, body))
+        return await send_answer(send, HTTPResponse(200, headers, body))
 
     def _token_given(self, scope: Scope) -> bool:
         if not self._token:

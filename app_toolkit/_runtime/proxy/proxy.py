@@ -17,10 +17,23 @@ from starlette.types import Receive, Scope, Send
 
 from app_toolkit import metrics
 from app_toolkit._runtime import otel, request_context
-from app_toolkit._runtime.answers import Answer, error_answer, json_answer, send_answer, unavailable
+from app_toolkit._runtime.answers import (
+    error_answer,
+    internal_error,
+    json_answer,
+    send_answer,
+    unavailable,
+)
 from app_toolkit._runtime.channel.exchange import Exchange
-from app_toolkit._runtime.channel.frames import Kind
-from app_toolkit._runtime.messages import DeploymentID, HTTPRequest, HTTPResponse, HTTPResponseStart
+from app_toolkit._runtime.messages import (
+    BodyChunk,
+    DeploymentID,
+    HTTPRequest,
+    HTTPResponse,
+    HTTPResponseStart,
+    ReplicaLost,
+    StreamEnd,
+)
 from app_toolkit._runtime.proxy import stream_metrics
 from app_toolkit._runtime.proxy.access_log import AccessLog
 from app_toolkit._runtime.proxy.body import CLIENT_CLOSED, Body, BodyBudget, read_body
@@ -217,7 +230,7 @@ class Proxy:
         request_id = request.request_id
         dispatcher = self.subscriber.dispatcher(deployment)
         try:
-            reply = await dispatcher.send(Kind.HTTP, request, model_id, shard_key)
+            reply = await dispatcher.send(request, model_id, shard_key)
         except BackPressureError:
             state.status = await send_answer(send, unavailable("too many requests queued", request_id))
             return
@@ -233,45 +246,61 @@ class Proxy:
                 send, unavailable("no replica could serve the request", request_id)
             )
             return
-        state.route = reply.message.route
         try:
-            if reply.kind is Kind.RESPONSE:
-                response: HTTPResponse = reply.message
-                state.started = state.finished = True
-                state.status = response.status
-                if state.link is not None:
-                    state.link.join_head_and_body()
-                try:
-                    await send(
-                        {
-                            "type": "http.response.start",
-                            "status": response.status,
-                            "headers": with_request_id(response.headers, request_id),
-                        }
-                    )
-                    await send({"type": "http.response.body", "body": response.body})
-                finally:
-                    if state.link is not None:
-                        state.link.release()
-                return
-            start: HTTPResponseStart = reply.message
-            state.started = True
-            state.status = start.status
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": start.status,
-                    "headers": with_request_id(start.headers, request_id),
-                }
-            )
-            stream_metrics.OPEN.inc(state.app, "stream")
-            try:
-                await _relay_stream(reply.exchange, send, state, request_id)
-            finally:
-                stream_metrics.OPEN.dec(state.app, "stream")
+            first = reply.first
+            if isinstance(first, HTTPResponse):
+                await self._respond(first, send, state, request_id)
+            elif isinstance(first, HTTPResponseStart):
+                await self._stream(first, reply.exchange, send, state, request_id)
+            else:  # not an HTTP answer: the replica could not take the request as sent
+                logger.error(
+                    "Request %s: the replica answered HTTP with %s", request_id, type(first).__name__
+                )
+                state.status = await send_answer(send, internal_error(request_id))
         finally:
             reply.exchange.cancel()
             reply.release()
+
+    async def _respond(
+        self, response: HTTPResponse, send: Send, state: RequestState, request_id: str
+    ) -> None:
+        """A complete response: its head and body leave in one write where the server lets us."""
+        state.route = response.route
+        state.started = state.finished = True
+        state.status = response.status
+        if state.link is not None:
+            state.link.join_head_and_body()
+        try:
+            await send(
+                {
+                    "type": "http.response.start",
+                    "status": response.status,
+                    "headers": with_request_id(response.headers, request_id),
+                }
+            )
+            await send({"type": "http.response.body", "body": response.body})
+        finally:
+            if state.link is not None:
+                state.link.release()
+
+    async def _stream(
+        self, start: HTTPResponseStart, exchange: Exchange, send: Send, state: RequestState, request_id: str
+    ) -> None:
+        state.route = start.route
+        state.started = True
+        state.status = start.status
+        await send(
+            {
+                "type": "http.response.start",
+                "status": start.status,
+                "headers": with_request_id(start.headers, request_id),
+            }
+        )
+        stream_metrics.OPEN.inc(state.app, "stream")
+        try:
+            await _relay_stream(exchange, send, state, request_id)
+        finally:
+            stream_metrics.OPEN.dec(state.app, "stream")
 
     async def _builtin(self, path: str, request_id: str, send: Send) -> int:
         if path == "/-/healthz":
@@ -289,7 +318,7 @@ class Proxy:
             return await send_answer(send, error_answer(403, detail, request_id))
         body = render(await self.gather())
         headers = [(b"content-type", CONTENT_TYPE.encode()), (b"x-request-id", request_id.encode())]
-        return await send_answer(send, Answer(200, headers, body))
+        return await send_answer(send, HTTPResponse(200, headers, body))
 
 
 def _end_span(span: otel.Span, scope: Scope, app: str, route: str, status: int) -> None:
@@ -311,13 +340,14 @@ async def _relay_stream(exchange: Exchange, send: Send, state: RequestState, req
     labels = (state.app, state.prefix + state.route if state.route else state.prefix)
     first = True
     while True:
-        frame_kind, chunk = await exchange.recv()
-        if frame_kind is Kind.BODY:
+        answer = await exchange.recv()
+        if isinstance(answer, BodyChunk):
             # Chunks that arrived together leave together: one write to the client.
-            more = exchange.take_ready(Kind.BODY)
+            chunk = answer.data
+            more = exchange.take_ready(BodyChunk)
             if more:
-                chunk = b"".join([chunk, *more])
-            last = exchange.next_is(Kind.END)
+                chunk = b"".join([chunk, *(later.data for later in more)])
+            last = exchange.next_is(StreamEnd)
             state.finished = last
             await send({"type": "http.response.body", "body": chunk, "more_body": not last})
             if first:
@@ -327,7 +357,7 @@ async def _relay_stream(exchange: Exchange, send: Send, state: RequestState, req
             if last:
                 return
             continue
-        if frame_kind is Kind.LOST:
+        if isinstance(answer, ReplicaLost):
             logger.warning("Request %s: replica lost mid-stream", request_id)
             raise ReplicaUnavailableError("replica lost mid-stream")
         state.finished = True

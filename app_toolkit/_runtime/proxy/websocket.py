@@ -1,7 +1,7 @@
 """WebSockets through the proxy: one connection pinned to one replica for its life.
 
-The replica runs the app; the proxy relays the client's messages to it (WS_IN frames) and
-the app's messages back (WS_OUT frames), close codes included. The connection holds a
+The replica runs the app; the proxy relays the client's messages to it and the app's
+messages back (each a ``WebSocketMessage``), close codes included. The connection holds a
 replica slot while open, so it counts as load. Overload: browsers (they send ``Origin``)
 cannot read a refused handshake, so they get accept-then-close 1013; other clients get a
 503 denial response.
@@ -16,12 +16,13 @@ from collections.abc import Callable
 from starlette.types import Receive, Scope, Send
 
 from app_toolkit._runtime.answers import unavailable
-from app_toolkit._runtime.channel.frames import Kind
 from app_toolkit._runtime.messages import (
     CLOSE_INTERNAL_ERROR,
     CLOSE_POLICY,
     CLOSE_TRY_AGAIN_LATER,
     DeploymentID,
+    StreamEnd,
+    WebSocketMessage,
     WebSocketOpen,
 )
 from app_toolkit._runtime.proxy import stream_metrics
@@ -62,7 +63,7 @@ async def serve_websocket(
     dispatcher = dispatcher_for(deployment)
     opening = WebSocketOpen(request_id, forwarded_scope(scope, route, headers))
     try:
-        reply = await dispatcher.send(Kind.WS_OPEN, opening, headers.model_id, headers.shard_key)
+        reply = await dispatcher.send(opening, headers.model_id, headers.shard_key)
     except BackPressureError:
         await _refuse(scope, send, request_id, "too many connections")
         return
@@ -96,15 +97,16 @@ async def _refuse(scope: Scope, send: Send, request_id: str, why: str) -> None:
 async def _relay(reply: Reply, receive: Receive, send: Send) -> None:
     async def downstream() -> None:
         closed = False  # the app closed (or denied) the connection; later messages drop
-        kind, message = reply.kind, reply.message
+        answer = reply.first
         while True:
-            if kind is Kind.WS_OUT:
+            if isinstance(answer, WebSocketMessage):
+                message = answer.message
                 if not closed:
                     await send(message)
                     closed = message["type"] == "websocket.close" or (
                         message["type"] == "websocket.http.response.body" and not message.get("more_body")
                     )
-            elif kind is Kind.END:
+            elif isinstance(answer, StreamEnd):
                 if not closed:
                     # The app returned without closing: close normally (or deny, if never accepted).
                     await send({"type": "websocket.close", "code": 1000})
@@ -113,13 +115,13 @@ async def _relay(reply: Reply, receive: Receive, send: Send) -> None:
                 if not closed:
                     await send({"type": "websocket.close", "code": CLOSE_INTERNAL_ERROR})
                 return
-            kind, message = await reply.exchange.recv()
+            answer = await reply.exchange.recv()
 
     async def upstream() -> None:
         while True:
             await reply.exchange.room_to_send()  # the app has a window's worth unread
             message = await receive()
-            reply.exchange.send(Kind.WS_IN, dict(message))
+            reply.exchange.send(WebSocketMessage(dict(message)))
             if message["type"] == "websocket.disconnect":
                 return
 

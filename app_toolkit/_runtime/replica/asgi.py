@@ -12,14 +12,16 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app_toolkit._runtime import answers, request_context
 from app_toolkit._runtime.channel.flow import Inbound
-from app_toolkit._runtime.channel.frames import Kind
 from app_toolkit._runtime.channel.server import ResponseSink
 from app_toolkit._runtime.messages import (
     CLOSE_INTERNAL_ERROR,
     CLOSE_SERVICE_RESTART,
+    END,
+    BodyChunk,
     HTTPRequest,
     HTTPResponse,
     HTTPResponseStart,
+    WebSocketMessage,
     WebSocketOpen,
 )
 from app_toolkit.exceptions import DeployError
@@ -28,11 +30,6 @@ logger = logging.getLogger("app_toolkit.replica")
 
 
 _ASGI = {"version": "3.0", "spec_version": "2.3"}
-
-
-def internal_error(request_id: str) -> HTTPResponse:
-    answer = answers.internal_error(request_id)
-    return HTTPResponse(answer.status, answer.headers, answer.body)
 
 
 class Lifespan:
@@ -122,8 +119,8 @@ def route_template(scope: Scope) -> str:
 async def serve_http(
     app: ASGIApp, request: HTTPRequest, lifespan_state: dict[str, Any], sink: ResponseSink
 ) -> str:
-    """Run one request through ``app``; write one RESPONSE frame, or START/BODY…/END.
-    Returns the path template of the route that served it."""
+    """Run one request through ``app``; answer with one HTTPResponse, or a head, body
+    chunks and the end. Returns the path template of the route that served it."""
     scope = dict(request.scope)
     scope["state"] = dict(lifespan_state)
     response = _Response(request, scope, sink)
@@ -144,7 +141,7 @@ async def serve_http(
 
 class _Response:
     """One request's ASGI channel inside a replica: the body in, the response out as
-    frames — one RESPONSE when the body comes in one piece, else START, BODY…, END."""
+    answers — one HTTPResponse when the body comes in one piece, else a head, chunks, the end."""
 
     __slots__ = (
         "_request",
@@ -195,17 +192,17 @@ class _Response:
         sink = self._sink
         if not self._started and not more:
             self._finish()
-            sink.send(Kind.RESPONSE, HTTPResponse(self._status, self._headers, bytes(body), self.route))
+            sink.send(HTTPResponse(self._status, self._headers, bytes(body), self.route))
             return
         if not self._started:
             self._started = True
-            sink.send(Kind.START, HTTPResponseStart(self._status, self._headers, self.route))
+            sink.send(HTTPResponseStart(self._status, self._headers, self.route))
         if body:
-            sink.send(Kind.BODY, body)
+            sink.send(BodyChunk(body))
             await sink.drain()
         if not more:
             self._finish()
-            sink.send(Kind.END, None)
+            sink.send(END)
 
     @property
     def route(self) -> str:
@@ -220,9 +217,9 @@ class _Response:
             return
         self._finish()
         if self._started:
-            self._sink.send(Kind.END, None)
+            self._sink.send(END)
         else:
-            self._sink.send(Kind.RESPONSE, internal_error(self._request.request_id))
+            self._sink.send(answers.internal_error(self._request.request_id))
 
     def _finish(self) -> None:
         self.complete = True
@@ -274,7 +271,7 @@ async def serve_websocket(
     app: ASGIApp, request: WebSocketOpen, lifespan_state: dict[str, Any], sink: ResponseSink
 ) -> str:
     """Run one WebSocket connection through ``app``: client messages come from
-    ``sink.inbound``, every message the app sends goes out as a WS_OUT frame, END last.
+    ``sink.inbound``, every message the app sends goes out as a WebSocketMessage, the end last.
     Returns the path template of the route that served it."""
     assert sink.inbound is not None
     scope = dict(request.scope)
@@ -294,7 +291,7 @@ async def serve_websocket(
     finally:
         if watcher is not None:
             watcher.cancel()
-    sink.send(Kind.END, None)
+    sink.send(END)
     return route_template(scope)
 
 
@@ -324,13 +321,13 @@ class _WebSocket:
             kind == "websocket.http.response.body" and not message.get("more_body", False)
         ):
             self._closed = True
-        self._sink.send(Kind.WS_OUT, dict(message))
+        self._sink.send(WebSocketMessage(dict(message)))
         await self._sink.drain()
 
     def close(self, code: int, reason: str) -> None:
         if not self._closed:
             self._closed = True
-            self._sink.send(Kind.WS_OUT, {"type": "websocket.close", "code": code, "reason": reason})
+            self._sink.send(WebSocketMessage({"type": "websocket.close", "code": code, "reason": reason}))
 
     def server_restarting(self, waited: asyncio.Future[Any]) -> None:
         """The replica drains: close with 1012 so the client reconnects (to another

@@ -20,13 +20,18 @@ from starlette.types import ASGIApp
 
 from app_toolkit import tracing
 from app_toolkit._runtime import answers, otel, request_context
-from app_toolkit._runtime.channel.frames import Dumps, Kind
+from app_toolkit._runtime.channel.frames import Dumps
 from app_toolkit._runtime.channel.server import ResponseSink
 from app_toolkit._runtime.messages import (
+    END,
     CallFailure,
+    CallResult,
     DeploymentID,
     HTTPRequest,
+    HTTPResponse,
     MethodCall,
+    Request,
+    StreamItem,
     WebSocketOpen,
 )
 from app_toolkit._runtime.replica import replica_metrics
@@ -43,7 +48,6 @@ from app_toolkit.exceptions import BackPressureError, DeployError, ReplicaUnavai
 logger = logging.getLogger("app_toolkit.replica")
 
 ASGI_APP_ATTR = "__app_toolkit_asgi_app__"
-_KIND_NAMES = {Kind.HTTP: "http", Kind.WS_OPEN: "websocket", Kind.CALL: "call"}
 #: A deployment's constructor arguments: positional and keyword.
 InitArgs = tuple[tuple[Any, ...], dict[str, Any]]
 LINGER_QUIET_S = 0.25  # a drained replica stops once no request came for this long
@@ -175,22 +179,24 @@ class ReplicaCore:
         self._idle.clear()
         return True
 
-    async def serve(self, kind: Kind, message: Any, sink: ResponseSink) -> None:
+    async def serve(self, request: Request, sink: ResponseSink) -> None:
         """Serve one admitted request (``admit()`` returned True for it)."""
         started = time.perf_counter()
         route = ""
+        kind = "call"
         try:
-            if kind is Kind.HTTP:
-                route = await self._serve_asgi(serve_http, message, sink)
-            elif kind is Kind.WS_OPEN:
-                route = await self._serve_asgi(serve_websocket, message, sink)
-            elif kind is Kind.CALL:
-                route = message.method
-                await self._serve_call(message, sink)
-            else:
-                raise ValueError(f"Unexpected request kind {kind!r}")
+            match request:
+                case HTTPRequest():
+                    kind = "http"
+                    route = await self._serve_asgi(serve_http, request, sink)
+                case WebSocketOpen():
+                    kind = "websocket"
+                    route = await self._serve_asgi(serve_websocket, request, sink)
+                case MethodCall():
+                    route = request.method
+                    await self._serve_call(request, sink)
         finally:
-            labels = (*self.labels, _KIND_NAMES.get(kind, "other"), route)
+            labels = (*self.labels, kind, route)
             replica_metrics.REQUESTS.inc(*labels)
             replica_metrics.PROCESSING.observe(time.perf_counter() - started, *labels)
             self.ongoing -= 1
@@ -252,27 +258,27 @@ class ReplicaCore:
                     f"{self.deployment}.{call.method} is a generator; call it through "
                     "handle.options(stream=True) to receive its items"
                 )
-            self._send_value(sink, Kind.RESULT, result, call)
+            self._send_value(sink, CallResult(result), call)
         except asyncio.CancelledError:
             raise
         except Exception as exc:
             logger.exception("Request %s: %s.%s raised", call.request_id, self.deployment, call.method)
             replica_metrics.ERRORS.inc(*self.labels, "call", call.method)
             error = type(exc).__name__
-            sink.send(Kind.FAILURE, self._failure(exc))
+            sink.send(self._failure(exc))
         finally:
             tracing.leave(token)
             request_context.request_id.reset(rid)
             if span is not None:
                 span.end(error)
 
-    def _send_value(self, sink: ResponseSink, kind: Kind, value: Any, call: MethodCall) -> None:
+    def _send_value(self, sink: ResponseSink, answer: CallResult | StreamItem, call: MethodCall) -> None:
         """Send a result or stream item; one that cannot be serialized fails the call."""
         try:
-            sink.send(kind, value)
+            sink.send(answer)
         except Exception as exc:  # noqa: BLE001 - unpicklable: the caller must hear why
             raise TypeError(
-                f"{self.deployment}.{call.method} returned a {type(value).__name__}, which cannot be "
+                f"{self.deployment}.{call.method} returned a {type(answer.value).__name__}, which cannot be "
                 f"sent to the caller ({exc}); return plain data or picklable objects"
             ) from None
 
@@ -292,14 +298,14 @@ class ReplicaCore:
             items = result
         try:
             async for item in items:
-                self._send_value(sink, Kind.ITEM, item, call)
+                self._send_value(sink, StreamItem(item), call)
                 await sink.drain()
         finally:
             # Runs on cancellation too (the caller went away): the user's generator closes.
             aclose = getattr(items, "aclose", None)
             if aclose is not None:
                 await aclose()
-        sink.send(Kind.END, None)
+        sink.send(END)
 
     def _enter(self, model_id: str | list[tuple[bytes, bytes]]) -> None:
         """This task runs a request of this replica; ``model_id`` names its multiplexed
@@ -384,20 +390,20 @@ def install_error_handler(app: Any) -> None:
     """Give Starlette/FastAPI apps our generic 500 body unless they chose their own."""
     try:
         from starlette.applications import Starlette
-        from starlette.requests import Request
+        from starlette.requests import Request as StarletteRequest
         from starlette.responses import Response
     except ImportError:  # pragma: no cover - starlette is a dependency
         return
     if not isinstance(app, Starlette):
         return
 
-    def respond(answer: answers.Answer) -> Response:
-        return Response(answer.body, answer.status, headers=answer.header_dict())
+    def respond(answer: HTTPResponse) -> Response:
+        return Response(answer.body, answer.status, headers=answers.header_dict(answer))
 
-    async def internal_error(request: Request, exc: Exception) -> Response:
+    async def internal_error(request: StarletteRequest, exc: Exception) -> Response:
         return respond(answers.internal_error(request.headers.get("x-request-id", "")))
 
-    async def unavailable(request: Request, exc: Exception) -> Response:
+    async def unavailable(request: StarletteRequest, exc: Exception) -> Response:
         return respond(answers.unavailable(None, request.headers.get("x-request-id", "")))
 
     handlers = app.exception_handlers

@@ -14,11 +14,10 @@ import logging
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Protocol
 
 from app_toolkit._runtime.channel.exchange import Exchange
-from app_toolkit._runtime.channel.frames import DRAINING, Kind
-from app_toolkit._runtime.messages import DeploymentID, ReplicaInfo
+from app_toolkit._runtime.messages import Answer, DeploymentID, Rejected, ReplicaInfo, ReplicaLost, Request
 from app_toolkit._runtime.routing import caller_metrics
 from app_toolkit._runtime.routing.choice import Affinity, ReplicaChooser, choose_variant, queue_is_full
 from app_toolkit._runtime.routing.shadow import Shadower
@@ -35,7 +34,7 @@ _WAKE_SLACK_S = 0.0005
 class ReplicaClient(Protocol):
     """A caller's way to one replica (a channel connection, or an in-process call)."""
 
-    async def open(self, kind: Kind, message: Any) -> Exchange: ...
+    async def open(self, request: Request) -> Exchange: ...
 
     def close(self) -> None: ...
 
@@ -45,10 +44,9 @@ Connect = Callable[[ReplicaInfo], ReplicaClient]
 
 @dataclass
 class Reply:
-    """The first frame of an accepted request, the exchange for the rest, and its slot."""
+    """The first answer of an accepted request, the exchange for the rest, and its slot."""
 
-    kind: Kind
-    message: Any
+    first: Answer
     exchange: Exchange
     replica_id: str
     _release: Callable[[str], None]
@@ -167,16 +165,16 @@ class Dispatcher:
     # ------------------------------------------------------------------ requests
 
     async def send(
-        self, kind: Kind, message: Any, model_id: str = "", shard_key: str = "", split: bool = True
+        self, request: Request, model_id: str = "", shard_key: str = "", split: bool = True
     ) -> Reply:
-        """Deliver one request and wait for its first frame (or raise). A ``model_id``
+        """Deliver one request and wait for its first answer (or raise). A ``model_id``
         (multiplexing) prefers replicas that hold that model; a ``shard_key`` goes to the
         replica the key maps to (see ``choice.py``; ``affinity`` says whether it waits for
         that replica when it is full). With a traffic split, the request goes to one of
         its variants by weight (the same one for a shard key)."""
         shadower = self._shadower if self._shadower is not None and self._shadower.active else None
         if not split or (not self._split and shadower is None) or self._resolve is None:
-            return await self._deliver(kind, message, model_id, shard_key)
+            return await self._deliver(request, model_id, shard_key)
         started = _now()
         if self._split:
             variant = choose_variant(self._split, shard_key, self._rng)
@@ -184,20 +182,20 @@ class Dispatcher:
             target = self if variant == self.deployment else self._resolve(variant)
             tally = self._outcomes.setdefault(variant.app, VariantTally())
             try:
-                reply = await target.send(kind, message, model_id, shard_key, split=False)
+                reply = await target.send(request, model_id, shard_key, split=False)
             except asyncio.CancelledError:
                 raise
             except Exception:
                 tally.add(_now() - started, error=True)
                 raise
-            tally.add(_now() - started, error=failed(reply))
+            tally.add(_now() - started, error=failed(reply.first))
         else:
-            reply = await self._deliver(kind, message, model_id, shard_key)
+            reply = await self._deliver(request, model_id, shard_key)
         if shadower is not None:  # the primary is on its way: now the copy, maybe
-            shadower.offer(kind, message, model_id, reply, _now() - started)
+            shadower.offer(request, model_id, reply, _now() - started)
         return reply
 
-    async def _deliver(self, kind: Kind, message: Any, model_id: str, shard_key: str) -> Reply:
+    async def _deliver(self, request: Request, model_id: str, shard_key: str) -> Reply:
         """Send to a replica of this deployment; retry on another while it never started."""
         failures = 0
         while True:
@@ -207,7 +205,7 @@ class Dispatcher:
                 client = self._clients[info.replica_id] = self._connect(info)
             self._active[info.replica_id] = self._active.get(info.replica_id, 0) + 1
             try:
-                exchange = await client.open(kind, message)
+                exchange = await client.open(request)
             except ReplicaUnavailableError:
                 self._lost(info.replica_id)
                 self._release(info.replica_id)
@@ -219,13 +217,13 @@ class Dispatcher:
                 self._release(info.replica_id)
                 raise
             try:
-                first_kind, first = await exchange.recv()
+                first = await exchange.recv()
             except BaseException:
                 exchange.cancel()
                 self._release(info.replica_id)
                 raise
-            if first_kind is Kind.REJECTED:
-                if first == DRAINING:
+            if isinstance(first, Rejected):
+                if first.draining:
                     # It is shutting down: send it nothing more, even while the table that
                     # says so is late (a controller restarting), so it stops refusing and
                     # can close without a request caught in flight.
@@ -236,7 +234,7 @@ class Dispatcher:
                     self._chooser.rejected(info.replica_id, _now())
                 self._release(info.replica_id)
                 continue
-            if first_kind is Kind.LOST:
+            if isinstance(first, ReplicaLost):
                 self._lost(info.replica_id)
                 self._release(info.replica_id)
                 raise RequestLostError(
@@ -244,7 +242,7 @@ class Dispatcher:
                     "request; it may have run"
                 )
             self._chooser.succeeded(info.replica_id)
-            return Reply(first_kind, first, exchange, info.replica_id, self._release)
+            return Reply(first, exchange, info.replica_id, self._release)
 
     async def _acquire(self, model_id: str, shard_key: str = "") -> ReplicaInfo:
         if self._closed_reason is not None:

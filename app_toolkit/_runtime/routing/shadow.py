@@ -19,8 +19,16 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol, cast
 
-from app_toolkit._runtime.channel.frames import Kind
-from app_toolkit._runtime.messages import DeploymentID, HTTPRequest, MethodCall
+from app_toolkit._runtime.channel.exchange import Exchange
+from app_toolkit._runtime.messages import (
+    Answer,
+    CallResult,
+    DeploymentID,
+    HTTPRequest,
+    HTTPResponse,
+    MethodCall,
+    Request,
+)
 from app_toolkit._runtime.routing.tally import ShadowTally, answer_of, failed
 from app_toolkit._runtime.tables import ShadowOutcome, ShadowTarget
 from app_toolkit.import_path import import_attr
@@ -35,28 +43,32 @@ WORKERS = 4
 COPY_TIMEOUT_S = 5.0
 
 
+#: What a user's compare function gets: two response bodies, or two call results.
+Compare = Callable[[Any, Any], object]
+
+
 class _Reply(Protocol):
-    kind: Kind
-    message: Any
-    exchange: Any
+    """The dispatcher's reply (dispatcher.py imports this module)."""
+
+    first: Answer
+    exchange: Exchange
 
     def release(self) -> None: ...
 
 
 class _Sender(Protocol):
     async def send(
-        self, kind: Kind, message: Any, model_id: str = "", shard_key: str = "", split: bool = True
-    ) -> Any: ...
+        self, request: Request, model_id: str = "", shard_key: str = "", split: bool = True
+    ) -> _Reply: ...
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class _Copy:
-    kind: Kind
-    message: Any
+    request: HTTPRequest | MethodCall
     model_id: str
     primary_answer: str
     primary_seconds: float
-    primary_body: Any = None  # kept only when a compare function is set
+    primary_body: object = None  # kept only when a compare function is set
 
 
 class Shadower:
@@ -69,7 +81,7 @@ class Shadower:
         self._target: DeploymentID | None = None
         self._fraction = 0.0
         self._compare_path = ""
-        self._compare: Callable[[Any, Any], Any] | None = None
+        self._compare: Compare | None = None
         self._queue: collections.deque[_Copy] = collections.deque()
         self._ready = asyncio.Event()
         self._workers: list[asyncio.Task[None]] = []
@@ -90,18 +102,22 @@ class Shadower:
         if compare != self._compare_path:
             self._compare_path, self._compare = compare, _load_compare(compare)
 
-    def offer(self, kind: Kind, message: Any, model_id: str, reply: _Reply, primary_seconds: float) -> None:
+    def offer(self, request: Request, model_id: str, reply: _Reply, primary_seconds: float) -> None:
         """The primary was dispatched: copy it to the shadow (``fraction`` of the time),
         unless it is a stream or the queue is full."""
         if self._target is None or self._rng.random() >= self._fraction:
             return
-        if kind not in (Kind.HTTP, Kind.CALL) or getattr(message, "stream", False):
+        if not isinstance(request, HTTPRequest | MethodCall) or (
+            isinstance(request, MethodCall) and request.stream
+        ):
             return
         if len(self._queue) >= QUEUE_BOUND:
             self.tally.dropped += 1
             return
-        body = _body_of(reply) if self._compare is not None else None
-        copy = _Copy(kind, _copy_of(message), model_id, answer_of(reply), primary_seconds, body)
+        body = _body_of(reply.first) if self._compare is not None else None
+        # The copy runs under a request id of its own (the shadow's logs tell it apart).
+        copy_request = dataclasses.replace(request, request_id=request.request_id + "-shadow")
+        copy = _Copy(copy_request, model_id, answer_of(reply.first), primary_seconds, body)
         self._queue.append(copy)
         self._ready.set()
         if not self._workers:
@@ -139,9 +155,7 @@ class Shadower:
         started = time.perf_counter()
         try:
             async with asyncio.timeout(COPY_TIMEOUT_S):
-                reply: _Reply = await self._resolve(target).send(
-                    copy.kind, copy.message, copy.model_id, split=False
-                )
+                reply = await self._resolve(target).send(copy.request, copy.model_id, split=False)
         except TimeoutError:
             self.tally.dropped += 1
             return
@@ -154,16 +168,16 @@ class Shadower:
             return
         seconds = time.perf_counter() - started
         try:
-            different = answer_of(reply) != copy.primary_answer
-            body = _body_of(reply)
+            different = answer_of(reply.first) != copy.primary_answer
+            body = _body_of(reply.first)
             if not different and self._compare is not None and None not in (copy.primary_body, body):
                 different = not self._agree(copy.primary_body, body)
-            self.tally.add(seconds, copy.primary_seconds, failed(reply), different)
+            self.tally.add(seconds, copy.primary_seconds, failed(reply.first), different)
         finally:
             reply.exchange.cancel()  # a streamed answer is not read further
             reply.release()
 
-    def _agree(self, primary: Any, shadow: Any) -> bool:
+    def _agree(self, primary: object, shadow: object) -> bool:
         assert self._compare is not None
         try:
             return bool(self._compare(primary, shadow))
@@ -172,7 +186,7 @@ class Shadower:
             return False
 
 
-def _load_compare(path: str) -> Callable[[Any, Any], Any] | None:
+def _load_compare(path: str) -> Compare | None:
     """The compare function ``path`` names, imported in this caller's process; None (and
     an error logged once) when it cannot be: statuses are still compared."""
     if not path:
@@ -189,21 +203,14 @@ def _load_compare(path: str) -> Callable[[Any, Any], Any] | None:
     if not callable(found):
         logger.error("The shadow's compare %r is not a function; comparing statuses only", path)
         return None
-    return cast(Callable[[Any, Any], Any], found)
+    return cast(Compare, found)
 
 
-def _body_of(reply: _Reply) -> Any:
+def _body_of(first: Answer) -> object:
     """What a compare function gets: an HTTP response's body, or a call's result. None
     for a streamed response or a failure (their statuses alone are compared)."""
-    if reply.kind is Kind.RESPONSE:
-        return getattr(reply.message, "body", None)
-    if reply.kind is Kind.RESULT:
-        return reply.message
+    if isinstance(first, HTTPResponse):
+        return first.body
+    if isinstance(first, CallResult):
+        return first.value
     return None
-
-
-def _copy_of(message: Any) -> Any:
-    """The request under a request id of its own (the shadow's logs tell it apart)."""
-    if isinstance(message, HTTPRequest | MethodCall):
-        return dataclasses.replace(message, request_id=message.request_id + "-shadow")
-    return message

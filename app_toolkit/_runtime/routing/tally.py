@@ -4,33 +4,25 @@ variants, shadow copies), between two reports to the controller."""
 from __future__ import annotations
 
 import bisect
-from typing import Any, Protocol
 
-from app_toolkit._runtime.channel.frames import Kind
+from app_toolkit._runtime.messages import Answer, CallFailure, HTTPResponse, HTTPResponseStart
 from app_toolkit._runtime.tables import ShadowOutcome, VariantOutcome
 from app_toolkit.metrics import SECONDS_BUCKETS
 
 
-class _FirstFrame(Protocol):
-    kind: Kind
-    message: Any
+def failed(first: Answer) -> bool:
+    """The first answer says the request failed: a raised call, or an HTTP 5xx."""
+    if isinstance(first, HTTPResponse | HTTPResponseStart):
+        return first.status >= 500
+    return isinstance(first, CallFailure)
 
 
-def failed(reply: _FirstFrame) -> bool:
-    """The first frame says the request failed: a raised call, or an HTTP 5xx."""
-    if reply.kind is Kind.FAILURE:
-        return True
-    status = getattr(reply.message, "status", 200)
-    return isinstance(status, int) and status >= 500
-
-
-def answer_of(reply: _FirstFrame) -> str:
+def answer_of(first: Answer) -> str:
     """What to compare a shadow's answer with the primary's on: the HTTP status, or
     whether a call raised."""
-    if reply.kind is Kind.FAILURE:
-        return "failed"
-    status = getattr(reply.message, "status", None)
-    return str(status) if isinstance(status, int) else "ok"
+    if isinstance(first, HTTPResponse | HTTPResponseStart):
+        return str(first.status)
+    return "failed" if isinstance(first, CallFailure) else "ok"
 
 
 def _bucket(seconds: float) -> int:
