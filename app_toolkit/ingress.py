@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import functools
 import inspect
 import typing
@@ -10,6 +11,7 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI
 from fastapi.routing import APIRoute, APIWebSocketRoute
+from starlette.routing import BaseRoute, Route
 
 from app_toolkit._runtime import request_context
 from app_toolkit._runtime.replica.replica import ASGI_APP_ATTR
@@ -26,6 +28,10 @@ def ingress(app: Any) -> Callable[[type], type]:
     Routes declared on the class's own methods (``@app.get("/")`` above ``def root(self)``,
     and WebSocket routes: ``@app.websocket("/ws")`` above ``async def ws(self, websocket)``)
     receive the replica's instance as ``self``. Place it under ``@deployment``.
+
+    The class serves a copy of a FastAPI ``app`` with its own routes: ``app`` itself is
+    left as it is, so one app may serve several classes (each gets the routes of its own
+    methods and every plain function route, never another class's methods).
     """
     asgi = _as_asgi(app, title="app_toolkit")
 
@@ -34,9 +40,7 @@ def ingress(app: Any) -> Callable[[type], type]:
             raise ConfigError("Put @ingress(app) below @deployment, directly on the class")
         if not inspect.isclass(cls):
             raise ConfigError(f"@ingress decorates a class, got {type(cls).__name__}")
-        if isinstance(asgi, FastAPI):
-            _bind_methods(asgi, cls)
-        setattr(cls, ASGI_APP_ATTR, asgi)
+        setattr(cls, ASGI_APP_ATTR, _class_app(asgi, cls) if isinstance(asgi, FastAPI) else asgi)
         return cls
 
     return decorate
@@ -109,16 +113,47 @@ async def _current_instance() -> Any:
     return instance
 
 
-def _bind_methods(app: FastAPI, cls: type) -> None:
-    """Rebuild routes whose endpoint is a method of ``cls`` so ``self`` is injected."""
-    for index, route in enumerate(app.router.routes):
-        if not isinstance(route, (APIRoute, APIWebSocketRoute)):
+def _class_app(app: FastAPI, cls: type) -> FastAPI:
+    """A copy of ``app`` for ``cls``, with a router of its own: routes of ``cls``'s
+    methods get the replica's instance as ``self``, routes of other classes' methods are
+    left out, the rest are shared. The docs routes are made again, so ``/docs`` and
+    ``/openapi.json`` describe this copy. Nothing of ``app`` changes."""
+    if app.router.middleware_stack != app.router.app:
+        raise ConfigError(
+            "@ingress(app) cannot serve an app whose router has middleware of its own (FastAPI's "
+            "max_body_size); drop it and bound request bodies with the toolkit's "
+            "max_request_body_bytes http option"
+        )
+    own = copy.copy(app)
+    own.router = copy.copy(app.router)
+    # Starlette's router dispatches through a stack bound to itself: bind the copy's.
+    own.router.middleware_stack = own.router.app
+    docs = {app.openapi_url, app.docs_url, app.redoc_url, app.swagger_ui_oauth2_redirect_url} - {None}
+    routes: list[BaseRoute] = []
+    for route in app.router.routes:
+        if not isinstance(route, APIRoute | APIWebSocketRoute):
+            if not (isinstance(route, Route) and route.path in docs):  # FastAPI's own docs pages
+                routes.append(route)
             continue
         endpoint = route.endpoint
-        if cls.__dict__.get(getattr(endpoint, "__name__", "")) is not endpoint:
-            continue
-        app.router.routes[index] = _copy_route(route, _self_injected(endpoint))
-    app.openapi_schema = None
+        if cls.__dict__.get(getattr(endpoint, "__name__", "")) is endpoint:
+            routes.append(_copy_route(route, _self_injected(endpoint)))
+        elif not _is_method(endpoint):
+            routes.append(route)
+    own.router.routes = routes
+    own.exception_handlers = dict(app.exception_handlers)  # the replica adds its own
+    own.user_middleware = list(app.user_middleware)
+    own.middleware_stack = None
+    own.openapi_schema = None
+    own.setup()
+    return own
+
+
+def _is_method(endpoint: Callable[..., Any]) -> bool:
+    """Whether ``endpoint`` was defined in a class body (its qualified name says so:
+    ``Class.method``, not ``function.<locals>.name``)."""
+    owner, _, _ = getattr(endpoint, "__qualname__", "").rpartition(".")
+    return bool(owner) and not owner.endswith("<locals>")
 
 
 def _self_injected(method: Callable[..., Any]) -> Callable[..., Any]:

@@ -1,0 +1,131 @@
+"""The parts of uvicorn the proxy relies on beyond its public API, named one by one.
+
+``proxy/http_guard.py`` subclasses uvicorn's httptools protocol (a private class) to add
+limits and hooks uvicorn does not offer. pyproject.toml pins uvicorn to the range tested
+here; when a new uvicorn is taken, this test says which assumption broke, before any
+behaviour test fails in a less obvious way.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import tomllib
+from importlib.metadata import version
+from pathlib import Path
+
+import pytest
+import uvicorn
+from packaging.requirements import Requirement
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+from uvicorn.server import ServerState
+
+from app_toolkit._runtime.proxy.http_guard import REQUEST_LINK, RequestLink, guarded_protocol
+from app_toolkit.config import HTTPOptions
+
+PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
+
+#: Methods of HttpToolsProtocol that GuardedHttpProtocol overrides and calls through.
+OVERRIDDEN = (
+    "connection_made",
+    "connection_lost",
+    "data_received",
+    "on_message_begin",
+    "on_headers_complete",
+    "on_response_complete",
+)
+#: Attributes of a protocol instance it reads or sets.
+PROTOCOL_STATE = (
+    "connections",
+    "loop",
+    "timeout_keep_alive",
+    "cycle",
+    "scope",
+    "transport",
+    "client",
+    "flow",
+)
+#: Attributes of a request's cycle it reads or sets.
+CYCLE_STATE = ("disconnected", "transport", "scope", "response_complete", "keep_alive")
+
+
+def _pinned(package: str) -> Requirement:
+    dependencies = tomllib.loads(PYPROJECT.read_text())["project"]["dependencies"]
+    return next(Requirement(item) for item in dependencies if Requirement(item).name == package)
+
+
+@pytest.mark.parametrize("package", ["uvicorn", "fastapi", "starlette"])
+def test_the_installed_version_is_in_the_pinned_range(package: str) -> None:
+    requirement = _pinned(package)
+    assert requirement.specifier.contains(version(package)), (package, version(package), requirement)
+    assert any(spec.operator in ("<", "<=", "==", "~=") for spec in requirement.specifier), (
+        f"{package} needs an upper bound: only the tested range may install"
+    )
+
+
+def test_the_protocol_methods_it_overrides_exist_with_their_signatures() -> None:
+    expected = {
+        "connection_made": ["self", "transport"],
+        "connection_lost": ["self", "exc"],
+        "data_received": ["self", "data"],
+        "on_message_begin": ["self"],
+        "on_headers_complete": ["self"],
+        "on_response_complete": ["self"],
+    }
+    for name in OVERRIDDEN:
+        method = getattr(HttpToolsProtocol, name)
+        assert list(inspect.signature(method).parameters) == expected[name], name
+    assert callable(HttpToolsProtocol.timeout_keep_alive_handler)
+
+
+class _Transport(asyncio.Transport):
+    def __init__(self) -> None:
+        super().__init__()
+        self.written = bytearray()
+        self.closing = False
+
+    def get_extra_info(self, name: str, default: object = None) -> object:
+        return {"peername": ("127.0.0.1", 50000), "sockname": ("127.0.0.1", 8000)}.get(name, default)
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self.written += data
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+    def close(self) -> None:
+        self.closing = True
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+
+@pytest.mark.anyio
+async def test_a_request_goes_through_the_state_it_relies_on() -> None:
+    seen: dict[str, object] = {}
+
+    async def app(scope: dict[str, object], receive: object, send: object) -> None:
+        seen["link"] = scope.get(REQUEST_LINK)
+
+    config = uvicorn.Config(app, lifespan="off", http=guarded_protocol(HTTPOptions()))
+    config.load()
+    protocol = config.http_protocol_class(config=config, server_state=ServerState(), app_state={})
+    assert isinstance(protocol, HttpToolsProtocol)
+    for name in PROTOCOL_STATE:
+        assert hasattr(protocol, name), name
+    transport = _Transport()
+    protocol.connection_made(transport)
+    assert protocol.timeout_keep_alive_task is not None  # the guard arms it for silent clients
+    protocol.data_received(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
+    cycle = protocol.cycle
+    assert isinstance(cycle, RequestResponseCycle)
+    for name in CYCLE_STATE:
+        assert hasattr(cycle, name), name
+    # The guard gave the cycle its write-joining transport and the request its link.
+    assert cycle.transport is not transport
+    await asyncio.sleep(0.05)  # the app runs as a task
+    assert isinstance(seen["link"], RequestLink)
+    protocol.connection_lost(None)
