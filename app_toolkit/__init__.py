@@ -5,10 +5,7 @@ from app_toolkit.api import (
     delete,
     get_app_handle,
     get_deployment_handle,
-    rollout,
     run,
-    set_traffic,
-    shadow,
     shutdown,
     start,
     status,
@@ -52,6 +49,7 @@ from app_toolkit.status import (
     ShadowStatusInfo,
 )
 from app_toolkit.streaming import ChatCompletionStream, EventStream
+from app_toolkit.traffic import rollout, set_traffic, shadow
 
 __version__ = "0.1.0"
 

@@ -5,28 +5,23 @@ Ray Serve's names and meanings; ``backend="local"`` runs the same parts in this 
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import time
-from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any
 
 from app_toolkit._runtime import request_context
 from app_toolkit._runtime.backends.base import (
-    Session,
     current_session,
     resolve_backend_name,
     session_factory,
     set_current_session,
 )
-from app_toolkit._runtime.controller.rollout import RolloutOptions
-from app_toolkit._runtime.messages import AppSpec, DeploymentID, DeploymentSpec
-from app_toolkit._runtime.replica.replica import ASGI_APP_ATTR
+from app_toolkit._runtime.session import Session
+from app_toolkit.build import build_app
 from app_toolkit.config import HTTPOptions, parse_application_options, parse_http_options
-from app_toolkit.deployment import Application, Deployment
+from app_toolkit.deployment import Application
 from app_toolkit.exceptions import ConfigError, DeployError
 from app_toolkit.handle import DeploymentHandle
-from app_toolkit.route_table import route_table
 from app_toolkit.status import ApplicationStatus, ServeStatus
 
 logger = logging.getLogger("app_toolkit")
@@ -91,99 +86,13 @@ def run(
         route_prefix = target.default_route_prefix if target.default_route_prefix else "/"
     options = parse_application_options(app_name, route_prefix)
     session = start(backend="local" if _local_testing_mode else backend)
-    spec = build_app(target, options.name, options.route_prefix, session)
+    spec = build_app(target, options.name, options.route_prefix, session.serialize)
     session.deploy(spec)
     wait_for_application(session, options.name)
     handle = DeploymentHandle(spec.ingress, options.name)
     if blocking:
         _block_until_interrupted(session)
     return handle
-
-
-class Serializer(Protocol):
-    """What building an application needs of a session: the codec for user code."""
-
-    def serialize(self, value: object) -> bytes: ...
-
-
-def build_app(
-    target: Application,
-    name: str,
-    route_prefix: str | None,
-    session: Serializer,
-    configure: Callable[[Deployment], Deployment] | None = None,
-) -> AppSpec:
-    """Walk the bound graph; bound deployments in arguments become handles.
-
-    ``configure`` may replace each deployment (and pool) with a copy of other options
-    (a config file's overrides).
-    """
-    specs: dict[str, DeploymentSpec] = {}
-    # Bound node -> its deployment name. The node is kept too: an id is unique only while
-    # its object lives, and the pools below are temporary nodes (a freed one's id can come
-    # back for the next, which then looked visited and was left out of the app).
-    names: dict[int, tuple[Application, str]] = {}
-
-    def visit(node: Application) -> str:
-        if id(node) in names:
-            return names[id(node)][1]
-        deployment = node.deployment
-        if deployment.name in specs or any(seen == deployment.name for _, seen in names.values()):
-            raise ConfigError(
-                f"Application {name!r} has two deployments named {deployment.name!r}; give one "
-                f"another name with .options(name=...)"
-            )
-        names[id(node)] = (node, deployment.name)
-        if configure is not None:
-            deployment = configure(deployment)
-        args = tuple(replace(arg) for arg in node.args)
-        kwargs = {key: replace(value) for key, value in node.kwargs.items()}
-        try:
-            definition = session.serialize(deployment.func_or_class)
-            init_args = session.serialize((args, kwargs))
-        except Exception as exc:  # noqa: BLE001 - any pickling failure is the user's to fix
-            raise ConfigError(
-                f"Deployment {deployment.name!r} of application {name!r} cannot be sent to its "
-                f"replicas: {exc}. Keep its code importable or picklable, and its arguments "
-                "plain data, handles or importable objects."
-            ) from None
-        config = deployment.config
-        version = hashlib.sha256(
-            definition + init_args + config.model_dump_json(exclude=set(config.in_place_options())).encode()
-        ).hexdigest()[:16]
-        specs[deployment.name] = DeploymentSpec(
-            id=DeploymentID(name, deployment.name),
-            definition=definition,
-            init_args=init_args,
-            config=config,
-            is_asgi=hasattr(deployment.func_or_class, ASGI_APP_ATTR),
-            code_version=version,
-        )
-        return deployment.name
-
-    def replace(value: Any) -> Any:
-        if isinstance(value, Application):
-            return DeploymentHandle(visit(value), name)
-        if isinstance(value, (list, tuple)):
-            return type(value)(replace(item) for item in value)
-        if isinstance(value, dict):
-            return {key: replace(item) for key, item in value.items()}
-        return value
-
-    ingress = visit(target)
-    asgi = getattr(target.deployment.func_or_class, ASGI_APP_ATTR, None)
-    table = route_table(asgi) if asgi is not None else None
-    if table is None:
-        return AppSpec(name, route_prefix, ingress, tuple(specs.values()))
-    # A @replicated route's pool runs the ingress's own class and arguments with the
-    # pool's options; the proxy sends it only its routes' requests.
-    for pool, options in table.pools.items():
-        visit(
-            Application(
-                Deployment(target.deployment.func_or_class, pool, options), target.args, target.kwargs
-            )
-        )
-    return AppSpec(name, route_prefix, ingress, tuple(specs.values()), table.routes, table.paths)
 
 
 def wait_for_application(session: Session, name: str, timeout_s: float | None = None) -> None:
@@ -214,57 +123,6 @@ def delete(name: str, _blocking: bool = True) -> None:
     session.delete(name)
     while _blocking and not session.app_gone(name):
         time.sleep(_POLL_S)
-
-
-def set_traffic(app: str, weights: dict[str, float]) -> None:
-    """Split the traffic of application ``app`` (its route and its handle) between
-    applications by weight, e.g. ``set_traffic("chat", {"chat": 90, "chat-v2": 10})``.
-    Weights are in any unit (they are scaled to add up to 1); ``app`` may be one of its
-    own variants, and ``{app: 1}`` ends the split. ``app`` may also name one deployment,
-    ``"app/Model"``: the calls to it through handles are split between deployments of the
-    same application (``{"Model": 90, "ModelV2": 10}``). Every caller applies it per request
-    from its next table update (well under a second); nothing restarts. A request with a
-    shard key sees the same variant while the weights stay the same."""
-    session = current_session(create=False) or session_factory("auto").find(None)
-    if session is None:
-        raise ConfigError("Nothing is running: deploy the applications before splitting traffic")
-    session.set_traffic(app, dict(weights))
-
-
-def rollout(
-    app: str,
-    *,
-    to: str,
-    steps: Sequence[float] = (1, 10, 50, 100),
-    interval_s: float = 60.0,
-    max_error_rate: float | None = 0.01,
-    max_p99_ms: float | None = None,
-) -> None:
-    """Move application ``app``'s traffic to the application ``to`` step by step: ``steps``
-    are the canary's percentages, each held for ``interval_s``. While a step runs, the
-    canary's requests are watched (at every caller); when more than ``max_error_rate`` of
-    them fail, or their p99 latency exceeds ``max_p99_ms``, the traffic goes back to
-    ``app`` at once. Returns when the first step is in place; ``status()`` shows the
-    steps and, after a rollback, why."""
-    session = current_session(create=False) or session_factory("auto").find(None)
-    if session is None:
-        raise ConfigError("Nothing is running: deploy the applications before a rollout")
-    options = RolloutOptions(tuple(float(step) for step in steps), interval_s, max_error_rate, max_p99_ms)
-    session.rollout(app, to, options)
-
-
-def shadow(app: str, *, to: str | None, fraction: float = 0.1, compare: str | None = None) -> None:
-    """Copy ``fraction`` of application ``app``'s requests (HTTP and handle calls) to the
-    application ``to``: its answers are compared with the primary's (status, latency)
-    into ``status()`` and thrown away. ``compare`` ("module:function") also compares
-    bodies: it gets the primary's and the shadow's (HTTP body bytes, or call results)
-    and returns whether they agree. The primary never waits for its shadow; copies the
-    shadow cannot take in time are dropped and counted. Streams and WebSockets are not
-    copied. ``to=None`` stops it."""
-    session = current_session(create=False) or session_factory("auto").find(None)
-    if session is None:
-        raise ConfigError("Nothing is running: deploy the applications before a shadow")
-    session.shadow(app, to, fraction, compare or "")
 
 
 def status() -> ServeStatus:

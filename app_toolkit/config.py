@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -407,6 +407,17 @@ def _explain(error: ValidationError, where: str) -> str:
 def default_of(model: type[BaseModel], name: str) -> Any:
     """The default of one option, for signatures that repeat a model's options."""
     return model.model_fields[name].get_default(call_default_factory=True)
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def parse_options(model: type[M], options: Mapping[str, Any], where: str) -> M:
+    """Validate ``options`` against ``model``, raising ConfigError with a readable message."""
+    try:
+        return model.model_validate(dict(options))
+    except ValidationError as exc:
+        raise ConfigError(_explain(exc, where)) from None
 
 
 def parse_deployment_config(options: Mapping[str, Any], where: str) -> DeploymentConfig:

@@ -37,6 +37,7 @@ from pydantic import (
     model_validator,
 )
 
+from app_toolkit._runtime.controller.traffic import ShadowOptions
 from app_toolkit.config import ApplicationOptions, DeploymentConfig, HTTPOptions, default_of
 from app_toolkit.exceptions import ConfigError
 
@@ -159,14 +160,10 @@ class DeploymentOverride(_Schema):
         return {"name": data["name"], "options": options}
 
 
-class ShadowConfig(_Schema):
-    """``shadow:`` of an application entry."""
+class ShadowConfig(ShadowOptions):
+    """``shadow:`` of an application entry: where the copies go, and how (``ShadowOptions``)."""
 
     to: str = Field(description="The application of the file that gets the copies.")
-    fraction: float = Field(0.1, gt=0, le=1, description="The share of requests copied.")
-    compare: str = Field(
-        "", description='"module:function" saying whether two answers agree; "" compares statuses only.'
-    )
 
 
 class ApplicationConfig(_Schema):

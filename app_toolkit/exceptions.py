@@ -7,7 +7,9 @@ The tree::
     ├── DeployError            a deploy failed (constructor or lifespan startup raised);
     │                          also a RuntimeError, as Ray Serve's deploy failures are
     ├── BackPressureError      the caller-side queue is full (HTTP: 503 + Retry-After)
-    ├── ReplicaUnavailableError  the replica was lost while serving a request (HTTP: 503)
+    ├── ReplicaUnavailableError  no replica could take the request (HTTP: 503)
+    │   └── RequestLostError   the replica was lost while it had the request, which may
+    │                          have run (HTTP: 502)
     ├── RequestTimeoutError    ``result(timeout_s=...)`` ran out
     └── DeploymentCallError    a deployment method raised an exception that could not
                                be sent back as itself (not picklable)

@@ -16,8 +16,7 @@ import weakref
 from collections.abc import Generator
 from typing import Any, Generic, Literal, TypeVar, cast, overload
 
-from app_toolkit import tracing
-from app_toolkit._runtime import otel, request_context
+from app_toolkit._runtime import request_context, tracing
 from app_toolkit._runtime.backends.base import current_session
 from app_toolkit._runtime.messages import (
     CallFailure,
@@ -35,7 +34,6 @@ from app_toolkit.exceptions import (
     ReplicaUnavailableError,
     RequestTimeoutError,
 )
-from app_toolkit.tracing import TraceContext
 
 R = TypeVar("R")
 
@@ -76,7 +74,7 @@ class _Stream:
     __slots__ = ("_plane", "_deployment", "_call", "_reply", "_span", "done", "__weakref__")
 
     def __init__(
-        self, plane: DataPlane, deployment: DeploymentID, call: MethodCall, span: otel.Span | None = None
+        self, plane: DataPlane, deployment: DeploymentID, call: MethodCall, span: tracing.Span | None = None
     ) -> None:
         self._plane = plane
         self._deployment = deployment
@@ -268,7 +266,7 @@ class DeploymentHandle:
         """Send the call now; returns a DeploymentResponse to ``await`` or ``result()``."""
         plane = _data_plane()
         request_id = _request_id()
-        trace, span = _trace(self._id, self.method_name)
+        trace, span = tracing.client_span(f"call {self.deployment_name}.{self.method_name}")
         call = MethodCall(
             request_id,
             self.method_name,
@@ -311,7 +309,7 @@ class StreamingDeploymentHandle(DeploymentHandle):
     def remote(self, *args: Any, **kwargs: Any) -> DeploymentResponseGenerator[Any]:  # type: ignore[override] # streams, by design
         """Send the call now; returns a DeploymentResponseGenerator to iterate."""
         plane = _data_plane()
-        trace, span = _trace(self._id, self.method_name)
+        trace, span = tracing.client_span(f"call {self.deployment_name}.{self.method_name}")
         call = MethodCall(
             _request_id(),
             self.method_name,
@@ -330,14 +328,6 @@ def _data_plane() -> DataPlane:
     session = current_session()
     assert session is not None
     return session.data_plane
-
-
-def _trace(deployment: DeploymentID, method: str) -> tuple[TraceContext | None, otel.Span | None]:
-    """The span the callee is to be a child of: the current one, or with OpenTelemetry
-    spans on, a new client span of this call (which the call ends) below OpenTelemetry's
-    current span — the replica's, or one the app or user code opened inside it."""
-    span = otel.start(f"call {deployment.name}.{method}", "client", None)
-    return (span.trace if span is not None else tracing.current_trace()), span
 
 
 def _request_id() -> str:
@@ -375,7 +365,7 @@ async def _resolve(value: Any) -> Any:
 
 
 async def _call(
-    plane: DataPlane, deployment: DeploymentID, call: MethodCall, span: otel.Span | None = None
+    plane: DataPlane, deployment: DeploymentID, call: MethodCall, span: tracing.Span | None = None
 ) -> Any:
     started = time.perf_counter()
     outcome = "error"  # unless a result arrives (or the caller cancels)

@@ -40,7 +40,7 @@ from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from typing import Any
 
-from app_toolkit._runtime.controller import controller as controller_module
+from app_toolkit._runtime.controller import publishing
 from app_toolkit._runtime.controller.controller import ControllerCore
 from app_toolkit._runtime.messages import AdoptedReplica, AppSpec, DeploymentID, DeploymentSpec, ReplicaInfo
 from app_toolkit._runtime.tables import Loads, Outcomes, ReplicaTable, Table, replicas_key
@@ -154,7 +154,7 @@ async def measure(
     ingresses = [DeploymentID(app.name, app.ingress) for app in apps]
 
     async def record_load(caller: str, loads: Loads, outcomes: Outcomes) -> None:
-        core.record_load(caller, loads, outcomes)
+        await core.record_load(caller, loads, outcomes)
 
     server, port = await scale_wire.serve({"listen": core.listen, "record_load": record_load})
     with _Callers(port, nodes, ingresses, options) as callers:
@@ -356,7 +356,7 @@ def main() -> None:
     options = parser.parse_args()
     # Deaths are logged as warnings; thousands of them would bury the results.
     logging.getLogger("app_toolkit").setLevel(logging.ERROR)
-    controller_module.TABLES_STORE_PERIOD_S = 0.5
+    publishing.TABLES_STORE_PERIOD_S = 0.5
     results = []
     for size in options.sizes.split(","):
         replicas, nodes, deployments = _size(size)

@@ -39,7 +39,8 @@ from app_toolkit import handle as handle_module
 from app_toolkit import metrics
 from app_toolkit._runtime.backends.ray.cluster import NAMESPACE, REPLICA_PREFIX
 from app_toolkit._runtime.messages import DeploymentID
-from app_toolkit.api import build_app, parse_application_options
+from app_toolkit.api import parse_application_options
+from app_toolkit.build import build_app
 from benchmarks import scale
 
 
@@ -100,7 +101,9 @@ def measure_ray(options: argparse.Namespace) -> dict[str, float]:
                 ray_actor_options={"num_cpus": 0},
             )
             app_options = parse_application_options(f"app{index}", f"/app{index}")
-            session.deploy(build_app(tiny.bind(), app_options.name, app_options.route_prefix, session))
+            session.deploy(
+                build_app(tiny.bind(), app_options.name, app_options.route_prefix, session.serialize)
+            )
 
         def all_running() -> bool:
             status = session.status().applications

@@ -1,11 +1,16 @@
-"""Per-request context that crosses from the replica into user code."""
+"""Per-request context that crosses from the replica into user code, set in one place
+(:func:`request_scope`) on every path."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from contextvars import ContextVar
+import asyncio
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar, Token
 from dataclasses import dataclass
 from typing import Any
+
+from app_toolkit._runtime import tracing
 
 #: The id of the request being served; downstream handle calls carry it on.
 request_id: ContextVar[str] = ContextVar("app_toolkit_request_id", default="")
@@ -19,9 +24,11 @@ app_name: ContextVar[str] = ContextVar("app_toolkit_app_name", default="")
 #: The HTTP header that names a request's multiplexed model (Ray Serve's name).
 MODEL_ID_HEADER = "serve_multiplexed_model_id"
 
-#: Where the current request names its multiplexed model: the id itself (handle calls),
-#: or an HTTP/WebSocket scope's headers, read only if someone asks (see ``current_model_id``).
-model_id: ContextVar[str | list[tuple[bytes, bytes]]] = ContextVar("app_toolkit_model_id", default="")
+#: Where a request names its multiplexed model: the id itself (handle calls), or an
+#: HTTP/WebSocket scope's headers, read only if someone asks (see ``current_model_id``).
+ModelSource = str | list[tuple[bytes, bytes]]
+
+model_id: ContextVar[ModelSource] = ContextVar("app_toolkit_model_id", default="")
 
 _MODEL_ID_HEADER_BYTES = MODEL_ID_HEADER.encode()
 
@@ -37,14 +44,15 @@ def current_model_id() -> str:
     return ""
 
 
+#: Tells the controller which multiplexed models a replica holds now.
+ReportModels = Callable[[tuple[str, ...]], None]
+
 #: Tells the controller which multiplexed models the current replica holds (set by the
 #: replica while it serves; None outside replicas).
-report_models: ContextVar[Callable[[tuple[str, ...]], None] | None] = ContextVar(
-    "app_toolkit_report_models", default=None
-)
+report_models: ContextVar[ReportModels | None] = ContextVar("app_toolkit_report_models", default=None)
 
 #: Set when the serving replica starts draining (streams end with a final event).
-draining: ContextVar[Any] = ContextVar("app_toolkit_draining", default=None)
+draining: ContextVar[asyncio.Event | None] = ContextVar("app_toolkit_draining", default=None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,3 +72,47 @@ def enter_replica(context: ReplicaContext) -> None:
     """Mark the current task as running in ``context``'s replica."""
     app_name.set(context.app_name)
     replica.set(context)
+
+
+@dataclass(frozen=True, slots=True)
+class Serving:
+    """What a replica gives every request it serves (made once, when it has started)."""
+
+    replica: ReplicaContext
+    instance: Any  # the user's object: an @ingress route's ``self``
+    report_models: ReportModels | None
+    draining: asyncio.Event
+
+
+_request_id = request_id  # the parameter of request_scope() has the same name
+
+
+@contextmanager
+def request_scope(
+    request_id: str,
+    trace: tracing.TraceContext | None = None,
+    serving: Serving | None = None,
+    model: ModelSource = "",
+) -> Iterator[None]:
+    """Run the code inside as request ``request_id``: its id (log records, downstream
+    calls), its span ``trace``, and in a replica (``serving``) the replica, its instance,
+    its draining signal and the request's multiplexed ``model``. All of it is reset on
+    the way out."""
+    tokens: list[tuple[ContextVar[Any], Token[Any]]] = [(_request_id, _request_id.set(request_id))]
+    if serving is not None:
+        tokens += [
+            (app_name, app_name.set(serving.replica.app_name)),
+            (replica, replica.set(serving.replica)),
+            (replica_instance, replica_instance.set(serving.instance)),
+            (report_models, report_models.set(serving.report_models)),
+            (draining, draining.set(serving.draining)),
+            (model_id, model_id.set(model)),
+        ]
+    entered = tracing.enter(trace) if trace is not None else None
+    try:
+        yield
+    finally:
+        if entered is not None:
+            tracing.leave(entered)
+        for variable, token in reversed(tokens):
+            variable.reset(token)

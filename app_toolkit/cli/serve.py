@@ -1,42 +1,28 @@
-"""The ``app-toolkit`` command: run, build, deploy, config, status, shutdown, new."""
+"""``app-toolkit run``: serve an app or a config file's apps in the foreground."""
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import os
 import signal
 import sys
 import threading
-import time
 from collections.abc import Callable
 from typing import Any, Literal, TypeVar, get_args, get_origin
 
 import click
 
-from app_toolkit import api, config_deploy
+from app_toolkit import api
 from app_toolkit._runtime import log_format
-from app_toolkit._runtime.backends.base import Session, session_factory
-from app_toolkit.cli_session import fail as _fail
-from app_toolkit.cli_session import find as _find
-from app_toolkit.cli_traffic import rollout, shadow, traffic
+from app_toolkit._runtime.session import Session
+from app_toolkit.build import as_application
+from app_toolkit.cli.deploy import apply
+from app_toolkit.cli.session import fail
 from app_toolkit.config import LOG_LEVEL_ENV, HTTPOptions, parse_http_options
-from app_toolkit.config_deploy import as_application
-from app_toolkit.config_file import ServeConfigFile, dump_config, load_config
-from app_toolkit.exceptions import AppToolkitError, ConfigError, DeployError
+from app_toolkit.config_file import load_config
+from app_toolkit.exceptions import AppToolkitError, ConfigError
 from app_toolkit.import_path import import_attr
 
 F = TypeVar("F", bound=Callable[..., Any])
-
-
-@click.group()
-@click.version_option(package_name="app_toolkit", prog_name="app-toolkit")
-def main() -> None:
-    """Serve FastAPI routers as a scalable service on Ray."""
-
-
-for _command in (traffic, rollout, shadow):
-    main.add_command(_command)
 
 
 def _http_option(name: str) -> Callable[[F], F]:
@@ -57,7 +43,7 @@ def _http_option(name: str) -> Callable[[F], F]:
 _LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 
 
-@main.command()
+@click.command()
 @click.argument("target", metavar="IMPORT_PATH|CONFIG.yaml")
 @_http_option("host")
 @_http_option("port")
@@ -142,7 +128,7 @@ def run(
         names = _deploy(session, target, name, route_prefix)
         current = session.status()
     except AppToolkitError as exc:
-        _fail(exc)
+        fail(exc)
         return
     fallback = None if http.proxy_location == "Disabled" else f"http://{http.host}:{http.port}"
     url = next(iter(current.proxies.values()), fallback)
@@ -177,7 +163,7 @@ def _deploy(
         _forget_local_modules(os.getcwd())
     if _is_config_file(target):
         config = load_config(target)
-        _apply(session, config, target, wait_s=None, new_code=fresh)
+        apply(session, config, target, wait_s=None, new_code=fresh)
         return [app.name for app in config.applications]
     app = as_application(import_attr(target), target, name)
     kwargs: dict[str, Any] = {"name": name}
@@ -229,180 +215,3 @@ def _is_config_file(target: str) -> bool:
 def _given(ctx: click.Context, parameter: str) -> bool:
     source = ctx.get_parameter_source(parameter)
     return source in (click.core.ParameterSource.COMMANDLINE, click.core.ParameterSource.ENVIRONMENT)
-
-
-def _apply(
-    session: Session,
-    config: ServeConfigFile,
-    source: str,
-    wait_s: float | None,
-    wait: bool = True,
-    new_code: bool = False,
-) -> None:
-    """Build the file's apps where replicas run, apply them, wait until each runs.
-
-    ``new_code`` (``--reload`` saw a source change): replace every replica, though the
-    file's entries are unchanged (they alone decide a file's code version otherwise).
-    """
-    try:
-        specs = session.build_specs(config.applications)
-    except ConfigError as exc:
-        raise ConfigError(f"{source}: {exc}") from None
-    if new_code:
-        suffix = f"+{time.time_ns():x}"
-        specs = [
-            dataclasses.replace(
-                spec,
-                deployments=tuple(
-                    dataclasses.replace(d, code_version=d.code_version + suffix) for d in spec.deployments
-                ),
-            )
-            for spec in specs
-        ]
-    session.apply_config(specs, config.as_written())
-    current = session.status().applications
-    for app in config.applications:
-        if app.traffic or current[app.name].traffic:  # the file's split, or none
-            session.set_traffic(app.name, app.traffic or {app.name: 1})
-        if app.shadow is not None:
-            session.shadow(app.name, app.shadow.to, app.shadow.fraction, app.shadow.compare)
-        elif current[app.name].shadow is not None:
-            session.shadow(app.name, None, 0)
-    for app in config.applications if wait else ():
-        api.wait_for_application(session, app.name, timeout_s=wait_s)
-
-
-@main.command()
-@click.argument("import_paths", nargs=-1, required=True, metavar="IMPORT_PATH...")
-@click.option("-o", "--output", "output", default=None, help="Write the config here (default: print it).")
-def build(import_paths: tuple[str, ...], output: str | None) -> None:
-    """Write a config file for the apps at IMPORT_PATH... (module:attribute each).
-
-    Each deployment gets the options its code sets; edit the file, then apply it with
-    `app-toolkit deploy FILE` (or run it with `app-toolkit run FILE`).
-    """
-    sys.path.insert(0, os.getcwd())
-    try:
-        text = dump_config(config_deploy.describe(import_paths))
-    except AppToolkitError as exc:
-        _fail(exc)
-        return
-    if output is None:
-        click.echo(text, nl=False)
-        return
-    with open(output, "w") as file:
-        file.write(text)
-    click.echo(f"app-toolkit: wrote {output}", err=True)
-
-
-@main.command()
-@click.argument("config_file", metavar="CONFIG.yaml")
-@click.option("--address", default="auto", show_default=True, help="Ray cluster to deploy to.")
-@click.option("--wait", is_flag=True, help="Return once every app runs; exit 1 if one fails.")
-@click.option(
-    "--timeout", "timeout_s", default=600.0, show_default=True, help="Seconds --wait waits for the apps."
-)
-def deploy(config_file: str, address: str, wait: bool, timeout_s: float) -> None:
-    """Apply CONFIG.yaml to a running cluster: its apps are created or updated, others removed.
-
-    The toolkit keeps running after this command exits (start the cluster with
-    `ray start --head`; stop the toolkit with `app-toolkit shutdown`).
-    """
-    try:
-        config = load_config(config_file)
-        session = _join(address, config)
-        _apply(session, config, config_file, wait_s=timeout_s if wait else None, wait=wait)
-    except (AppToolkitError, DeployError) as exc:
-        _fail(exc)
-        return
-    names = ", ".join(app.name for app in config.applications)
-    state = "running" if wait else "deploying (see `app-toolkit status`)"
-    click.echo(f"app-toolkit: applied {config_file}: {names} {state}")
-
-
-def _join(address: str, config: ServeConfigFile) -> Session:
-    factory = session_factory("ray")
-    try:
-        return factory.start(address, config.http())
-    except ConnectionError as exc:
-        raise ConfigError(
-            f"No Ray cluster at {address!r} ({exc}); start one with `ray start --head` or pass --address"
-        ) from None
-
-
-@main.command(name="config")
-@click.option("--address", default="auto", show_default=True, help="Ray cluster to inspect.")
-def show_config(address: str) -> None:
-    """Print the config file last deployed (apps changed since by hand are left out)."""
-    session = _find(address)
-    written = session.config_file() if session is not None else None
-    if written is None:
-        click.echo("app-toolkit: no config file is deployed on this cluster", err=True)
-        return
-    click.echo(dump_config(written), nl=False)
-
-
-@main.command()
-@click.option("--address", default="auto", show_default=True, help="Ray cluster to inspect.")
-@click.option("--json", "as_json", is_flag=True, help="Print everything as JSON (for tools).")
-def status(address: str, as_json: bool) -> None:
-    """Print applications, deployments, replicas and proxies."""
-    session = _find(address)
-    if session is None:
-        _fail(ConfigError("app_toolkit is not running on this cluster"))
-    current = session.status()
-    click.echo(json.dumps(current.to_dict(), indent=2) if as_json else current.to_text())
-
-
-@main.command()
-@click.option("--address", default="auto", show_default=True, help="Ray cluster to act on.")
-def shutdown(address: str) -> None:
-    """Stop every application, the proxy and the controller."""
-    session = _find(address)
-    if session is None:
-        click.echo("app_toolkit is not running; nothing to stop")
-        return
-    session.shutdown()
-    click.echo("app_toolkit stopped")
-
-
-@main.command()
-@click.argument("template", required=False)
-@click.argument("values", nargs=-1, metavar="[KEY=VALUE]...")
-@click.option("-o", "--output-dir", default=".", show_default=True, help="Where to create the project.")
-@click.option("--no-input", is_flag=True, help="Ask nothing: use the defaults and the KEY=VALUE given.")
-@click.option("--force", is_flag=True, help="Overwrite an existing project folder.")
-@click.option("--list", "list_only", is_flag=True, help="List the templates and exit.")
-def new(
-    template: str | None,
-    values: tuple[str, ...],
-    output_dir: str,
-    no_input: bool,
-    force: bool,
-    list_only: bool,
-) -> None:
-    """Create a project from TEMPLATE (service or chat), e.g. `app-toolkit new chat -o ~/src`.
-
-    KEY=VALUE pairs set the template's variables (project_name="My Bot", include_docker=no).
-    """
-    from app_toolkit import scaffold
-
-    if list_only or template is None:
-        for name, description in scaffold.list_templates().items():
-            click.echo(f"{name:10} {description}")
-        if template is None and not list_only:
-            click.echo("\nUsage: app-toolkit new TEMPLATE [-o DIR] [--no-input] [KEY=VALUE]...")
-        return
-    try:
-        project = scaffold.bake(
-            template, output_dir, context=scaffold.parse_context(values), no_input=no_input, force=force
-        )
-    except AppToolkitError as exc:
-        _fail(exc)
-        return
-    click.echo(f"app-toolkit: created {project}")
-    click.echo(f"Next: cd {project} && make test && make run")
-
-
-if __name__ == "__main__":
-    main()

@@ -9,7 +9,8 @@ from typing import NoReturn
 
 import click
 
-from app_toolkit._runtime.backends.base import Session, session_factory
+from app_toolkit._runtime.backends.base import session_factory
+from app_toolkit._runtime.session import Session
 from app_toolkit.exceptions import AppToolkitError, ConfigError
 
 

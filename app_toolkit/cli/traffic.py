@@ -6,8 +6,14 @@ from __future__ import annotations
 import click
 
 from app_toolkit._runtime.controller.rollout import RolloutOptions
-from app_toolkit.cli_session import act, fail
+from app_toolkit._runtime.controller.traffic import ShadowOptions
+from app_toolkit.cli.session import act, fail
+from app_toolkit.config import default_of, parse_options
 from app_toolkit.exceptions import ConfigError
+
+
+def _help(model: type[RolloutOptions | ShadowOptions], name: str) -> str:
+    return model.model_fields[name].description or ""
 
 
 @click.command()
@@ -35,19 +41,32 @@ def traffic(app_name: str, weights: tuple[str, ...], address: str) -> None:
 @click.argument("app_name", metavar="APP")
 @click.option("--to", "canary", required=True, help="The application to move the traffic to.")
 @click.option(
-    "--steps", default="1,10,50,100", show_default=True, help="The canary's percentages, step by step."
+    "--steps",
+    default=",".join(f"{step:g}" for step in default_of(RolloutOptions, "steps")),
+    show_default=True,
+    help=_help(RolloutOptions, "steps"),
 )
 @click.option(
-    "--interval", "interval_s", type=float, default=60.0, show_default=True, help="Seconds per step."
+    "--interval",
+    "interval_s",
+    type=float,
+    default=default_of(RolloutOptions, "interval_s"),
+    show_default=True,
+    help=_help(RolloutOptions, "interval_s"),
 )
 @click.option(
     "--max-error-rate",
     type=float,
-    default=0.01,
+    default=default_of(RolloutOptions, "max_error_rate"),
     show_default=True,
-    help="Roll back when more than this fraction of the canary's requests fail.",
+    help=_help(RolloutOptions, "max_error_rate"),
 )
-@click.option("--max-p99-ms", type=float, default=None, help="Roll back when the canary's p99 exceeds this.")
+@click.option(
+    "--max-p99-ms",
+    type=float,
+    default=default_of(RolloutOptions, "max_p99_ms"),
+    help=_help(RolloutOptions, "max_p99_ms"),
+)
 @click.option("--address", default="auto", show_default=True, help="Ray cluster to act on.")
 def rollout(
     app_name: str,
@@ -64,8 +83,11 @@ def rollout(
         shares = tuple(float(step) for step in steps.split(","))
     except ValueError:
         fail(ConfigError(f"--steps takes percentages like 1,10,50,100; got {steps!r}"))
-        return
-    options = RolloutOptions(shares, interval_s, max_error_rate, max_p99_ms)
+    given = {"steps": shares, "interval_s": interval_s, "max_error_rate": max_error_rate}
+    try:
+        options = parse_options(RolloutOptions, {**given, "max_p99_ms": max_p99_ms}, "rollout")
+    except ConfigError as exc:
+        fail(exc)
     act(address, lambda running: running.rollout(app_name, canary, options))
     click.echo(f"app-toolkit: rollout of {app_name} to {canary} started; see `app-toolkit status`")
 
@@ -73,8 +95,14 @@ def rollout(
 @click.command("shadow")
 @click.argument("app_name", metavar="APP")
 @click.option("--to", "shadow_app", default=None, help="The application that gets the copies.")
-@click.option("--fraction", type=float, default=0.1, show_default=True, help="The share of requests copied.")
-@click.option("--compare", default="", help='"module:function" that says whether two answers agree.')
+@click.option(
+    "--fraction",
+    type=float,
+    default=default_of(ShadowOptions, "fraction"),
+    show_default=True,
+    help=_help(ShadowOptions, "fraction"),
+)
+@click.option("--compare", default=default_of(ShadowOptions, "compare"), help=_help(ShadowOptions, "compare"))
 @click.option("--off", is_flag=True, help="Stop copying APP's requests.")
 @click.option("--address", default="auto", show_default=True, help="Ray cluster to act on.")
 def shadow(

@@ -9,7 +9,7 @@ import httpx
 
 import app_toolkit as tk
 from app_toolkit._runtime.backends.base import current_session
-from app_toolkit._runtime.backends.local import LocalSession
+from app_toolkit._runtime.backends.local import LocalLink
 from tests.apps import streams
 from tests.conftest import Toolkit
 from tests.waiting import wait_for
@@ -57,14 +57,14 @@ def test_a_thousand_disconnected_streams_leave_nothing_behind(toolkit: Toolkit) 
 def _local_counts() -> dict[str, int]:
     # One event loop runs proxy and replica: its task count covers both.
     session = current_session(create=False)
-    assert isinstance(session, LocalSession)
+    assert session is not None and isinstance(session.link, LocalLink)
 
     async def count() -> int:
         return len(asyncio.all_tasks())
 
     return {
         "tasks": int(session.data_plane.run(count())),
-        "ongoing": sum(core.ongoing for core in session.backend.cores.values()),
+        "ongoing": sum(core.ongoing for core in session.link.backend.cores.values()),
     }
 
 

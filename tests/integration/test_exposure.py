@@ -52,7 +52,7 @@ def test_replicas_and_proxy_listen_on_loopback_only_on_the_embedded_cluster(ray_
     with ray_toolkit.client() as client:
         assert client.get("/composed/add/1").status_code == 200
     keys = {replicas_key(DeploymentID(name, deployment)): -1 for deployment in ("Front", "Counter", "shout")}
-    updates = ray.get(controller_actor().listen.remote(keys, 0.0))
+    updates = ray.get(controller_actor().run.remote(lambda c: c.listen(keys, 0.0)))
     replicas = [
         info
         for update in updates.values()

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from app_toolkit._runtime import otel
+from app_toolkit._runtime import tracing
 from app_toolkit.tracing import TraceContext
 from tests.apps.otel_setup import SPANS_FILE_ENV
 from tests.integration.otel_scenario import CLIENT_TRACEPARENT
@@ -38,7 +38,7 @@ def test_spans_for_the_proxy_each_replica_and_each_handle_call(backend: str, tmp
         "tests.integration.otel_scenario",
         backend,
         timeout_s=180,
-        env_extra={otel.SETUP_ENV: "tests.apps.otel_setup:setup", SPANS_FILE_ENV: str(tmp_path / "spans")},
+        env_extra={tracing.SETUP_ENV: "tests.apps.otel_setup:setup", SPANS_FILE_ENV: str(tmp_path / "spans")},
     )
     spans = [span for span in result["exported"] if span["trace"] == TRACE]
     by_id = {span["span"]: span for span in spans}
@@ -79,7 +79,7 @@ def test_spans_for_the_proxy_each_replica_and_each_handle_call(backend: str, tmp
 
 def test_without_a_tracer_provider_no_span_is_made() -> None:
     # This test process never sets one: the toolkit's ids are its own, nothing else is made.
-    assert otel.start("anything", "server", None) is None
+    assert tracing.start("anything", "server", None) is None
     parent = TraceContext(TRACE, CLIENT_SPAN, "")
-    context, span = otel.begin("anything", "server", parent)
+    context, span = tracing.begin("anything", "server", parent)
     assert span is None and context.trace_id == TRACE and context.parent_id == CLIENT_SPAN

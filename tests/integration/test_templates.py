@@ -13,8 +13,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from app_toolkit import scaffold
-from app_toolkit.cli import main
+from app_toolkit.cli import main, scaffold
 from app_toolkit.exceptions import ConfigError
 from tests.conftest import ROOT
 

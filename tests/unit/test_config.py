@@ -104,7 +104,7 @@ def test_each_option_has_one_home() -> None:
 
     import click
 
-    from app_toolkit.cli import run
+    from app_toolkit.cli.serve import run
 
     assert tk.DeploymentConfig.in_place_options() == {
         "num_replicas",

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 import app_toolkit as tk
-from app_toolkit.config_deploy import build_spec, describe
+from app_toolkit.build import build_spec, describe
 from app_toolkit.config_file import dump_config, load_config, parse_config
 
 #: What `serve build` of Ray Serve 2.x writes (neutral gRPC and logging sections included).
@@ -107,25 +107,23 @@ def test_unreadable_and_non_yaml_files(tmp_path: Path) -> None:
         load_config(tagged)
 
 
-class _Keep:
-    """A codec for pure tests: keeps nothing, returns stable bytes."""
-
-    def serialize(self, value: object) -> bytes:
-        return repr(type(value)).encode()
+def _keep(value: object) -> bytes:
+    """A serializer for pure tests: keeps nothing, returns stable bytes."""
+    return repr(type(value)).encode()
 
 
 def test_builders_get_args_and_overrides_replace_code_options() -> None:
     config = parse_config(yaml.safe_load(RAY_SERVE_BUILT), "serve.yaml")
-    spec = build_spec(config.applications[0], _Keep())
+    spec = build_spec(config.applications[0], _keep)
     greeter = spec.deployment("Greeter").config
     assert greeter.autoscaling_config is not None  # num_replicas: auto
     assert greeter.user_config == {"punctuation": "."}
     assert greeter.ray_actor_options.num_cpus == 0.5
     # The same entry gives the same version (replicas kept); another args value does not.
-    again = build_spec(config.applications[0], _Keep())
+    again = build_spec(config.applications[0], _keep)
     assert again.deployment("Greeter").code_version == spec.deployment("Greeter").code_version
     other = parse_config(yaml.safe_load(RAY_SERVE_BUILT.replace("Bonjour", "Hallo")), "s")
-    changed = build_spec(other.applications[0], _Keep())
+    changed = build_spec(other.applications[0], _keep)
     assert changed.deployment("Greeter").code_version != spec.deployment("Greeter").code_version
 
 
@@ -135,15 +133,15 @@ def test_building_fails_on_unknown_deployments_and_bad_args() -> None:
         "s",
     )
     with pytest.raises(tk.ConfigError, match="'Nope' is not a deployment of .* \\(it has: Front, Greeter\\)"):
-        build_spec(unknown.applications[0], _Keep())
+        build_spec(unknown.applications[0], _keep)
     bad_args = parse_config(_app(import_path="tests.apps.config_apps:build", args={"fail": "maybe"}), "s")
     with pytest.raises(tk.ConfigError, match="Invalid args for builder"):
-        build_spec(bad_args.applications[0], _Keep())
+        build_spec(bad_args.applications[0], _keep)
     not_builder = parse_config(_app(args={"x": 1}), "s")
     with pytest.raises(tk.ConfigError, match="not a builder function, so it takes no args"):
-        build_spec(not_builder.applications[0], _Keep())
+        build_spec(not_builder.applications[0], _keep)
     runtime_env = parse_config(_app(runtime_env={"env_vars": {"A": "1"}}), "s")
-    greeter = build_spec(runtime_env.applications[0], _Keep()).deployment("Ingress")
+    greeter = build_spec(runtime_env.applications[0], _keep).deployment("Ingress")
     assert greeter.config.ray_actor_options.runtime_env == {"env_vars": {"A": "1"}}
 
 

@@ -11,6 +11,7 @@ import pytest
 
 from app_toolkit import metrics
 from app_toolkit._runtime.controller import controller as controller_module
+from app_toolkit._runtime.controller import publishing
 from app_toolkit._runtime.controller.controller import ControllerCore
 from app_toolkit._runtime.controller.deployment_state import MAX_START_FAILURES
 from app_toolkit._runtime.messages import AppSpec, DeploymentID, DeploymentSpec, ReplicaInfo
@@ -122,16 +123,16 @@ async def test_apply_config_makes_the_apps_exactly_the_files_and_remembers_it() 
     file = {"applications": [{"name": "a"}, {"name": "b"}]}
     with pytest.raises(ConfigError, match="already used"):  # checked before anything changes
         await core.apply_config([app("a", prefix="/p"), app("b", prefix="/p")], file)
-    assert list(core.apps) == ["by-hand"] and core.config_file is None
+    assert list(core.apps) == ["by-hand"] and core.applied_file is None
     await core.apply_config([app("a", prefix="/a"), app("b", prefix="/b")], file)
     assert sorted(core.apps) == ["a", "b"]  # the app deployed by hand is gone
     assert pickle.loads(backend.checkpoints[-1]) == (core.apps, file, {}, {})
     # Changed by hand, an app no longer runs what the file says; deleting the others
     # leaves no file at all.
     await core.deploy_app(app("a", version="v2", prefix="/a"))
-    assert core.config_file == {"applications": [{"name": "b"}]}
+    assert core.applied_file == {"applications": [{"name": "b"}]}
     await core.delete_app("b")
-    assert core.config_file is None
+    assert core.applied_file is None
 
 
 async def test_deploy_checkpoints_before_acknowledging_then_reaches_running() -> None:
@@ -141,7 +142,7 @@ async def test_deploy_checkpoints_before_acknowledging_then_reaches_running() ->
     backend.on_checkpoint = lambda: seen_apps.append(list(core.apps))
     await core.deploy_app(app())
     assert seen_apps == [["a"]] and "a" in pickle.loads(backend.checkpoints[-1])[0]
-    await until(lambda: core.status().applications["a"].status is ApplicationStatus.RUNNING)
+    await until(lambda: core.snapshot().applications["a"].status is ApplicationStatus.RUNNING)
     table = core.longpoll.get(replicas_key(DeploymentID("a", "D")))
     assert isinstance(table, ReplicaTable)
     assert len(table.replicas) == 2 and table.max_queued_requests == 1000
@@ -175,8 +176,8 @@ async def test_failing_starts_are_retried_then_deploy_failed_with_the_message() 
     backend.fail_versions.add("bad")
     core = await started(backend)
     await core.deploy_app(app(version="bad"))
-    await until(lambda: core.status().applications["a"].status is ApplicationStatus.DEPLOY_FAILED)
-    deployment = core.status().applications["a"].deployments["D"]
+    await until(lambda: core.snapshot().applications["a"].status is ApplicationStatus.DEPLOY_FAILED)
+    deployment = core.snapshot().applications["a"].deployments["D"]
     assert "version bad is broken" in deployment.message
     # Callers waiting for a first replica are told, rather than left waiting.
     assert core.longpoll.get(replicas_key(DeploymentID("a", "D"))) == DeploymentGone()
@@ -187,7 +188,7 @@ async def test_failing_starts_are_retried_then_deploy_failed_with_the_message() 
     await reconcile_rounds(core, 20)
     assert backend.started == attempts
     # The failure is one of the recent events status() shows.
-    errors = [e for e in core.status().events if e.level == "ERROR"]
+    errors = [e for e in core.snapshot().events if e.level == "ERROR"]
     assert len(errors) == 1 and "a/D failed to deploy" in errors[0].message
     await core.stop()
 
@@ -199,7 +200,7 @@ async def test_new_version_replaces_old_only_once_it_runs() -> None:
     await until(lambda: sorted(backend.running.values()) == ["v1", "v1"])
     await core.deploy_app(app(version="v2"))
     await until(lambda: sorted(backend.running.values()) == ["v2", "v2"])
-    assert core.status().applications["a"].deployments["D"].status is DeploymentStatus.HEALTHY
+    assert core.snapshot().applications["a"].deployments["D"].status is DeploymentStatus.HEALTHY
     await core.stop()
 
 
@@ -210,7 +211,7 @@ async def test_failed_rollout_keeps_the_old_replicas_serving() -> None:
     await until(lambda: len(backend.running) == 2)
     backend.fail_versions.add("v2")
     await core.deploy_app(app(version="v2"))
-    await until(lambda: core.status().applications["a"].status is ApplicationStatus.DEPLOY_FAILED)
+    await until(lambda: core.snapshot().applications["a"].status is ApplicationStatus.DEPLOY_FAILED)
     assert sorted(backend.running.values()) == ["v1", "v1"]
     assert len(_replicas(core, replicas_key(DeploymentID("a", "D"))).replicas) == 2
     await core.stop()
@@ -229,7 +230,7 @@ async def test_dead_replica_is_replaced_and_scaling_follows_num_replicas() -> No
     backend.unhealthy.add(victim)
     await until(lambda: victim not in backend.running and len(_replicas(core, key).replicas) == 2)
     assert _replacements("gone") == replaced + 1
-    assert any(victim in e.message and "replacing it" in e.message for e in core.status().events)
+    assert any(victim in e.message and "replacing it" in e.message for e in core.snapshot().events)
     # The replacement takes the rank of the replica it replaces (shard keys follow ranks).
     now = {info.replica_id: info.rank for info in _replicas(core, key).replicas}
     (newcomer,) = set(now) - set(ranks)
@@ -255,7 +256,7 @@ async def test_delete_stops_replicas_and_closes_tables() -> None:
     await core.delete_app("a")
     assert core.longpoll.get(APPLICATIONS_KEY) == ApplicationTable(())
     assert core.longpoll.get(replicas_key(DeploymentID("a", "D"))) == DeploymentGone()
-    await until(lambda: not backend.running and not core.app_exists("a"))
+    await until(lambda: not backend.running and "a" not in core.apps and not core.deployments)
     await core.stop()
 
 
@@ -306,19 +307,19 @@ async def test_autoscaled_deployment_follows_reported_load_and_expires_silent_ca
     spec = DeploymentSpec(DeploymentID("s", "D"), b"def", b"args", config, True, "v1")
     await core.deploy_app(AppSpec("s", "/s", "D", (spec,)))
     await reconcile_rounds(core, 5)
-    assert backend.running == {} and core.status().applications["s"].status is ApplicationStatus.RUNNING
-    core.record_load("proxy-1", {spec.id: 1.0})  # a request waits: scale from zero
+    assert backend.running == {} and core.snapshot().applications["s"].status is ApplicationStatus.RUNNING
+    await core.record_load("proxy-1", {spec.id: 1.0})  # a request waits: scale from zero
     await until(lambda: len(backend.running) == 1)
-    core.record_load("proxy-1", {spec.id: 3.0})
+    await core.record_load("proxy-1", {spec.id: 3.0})
     await until(lambda: len(backend.running) == 3)
-    info = core.status().applications["s"].deployments["D"]
+    info = core.snapshot().applications["s"].deployments["D"]
     assert info.target_replicas == 3 and info.autoscaling is not None
     assert info.autoscaling.last_decision_to == 3
-    core.record_load("proxy-1", {})
+    await core.record_load("proxy-1", {})
     await until(lambda: not backend.running)
     # A caller that reports load and then goes silent stops counting after the TTL.
     core.loads.ttl_s = 0.3
-    core.record_load("handle-2", {spec.id: 2.0})
+    await core.record_load("handle-2", {spec.id: 2.0})
     await until(lambda: len(backend.running) == 2)
     await until(lambda: not backend.running)
     await core.stop()
@@ -361,7 +362,7 @@ async def test_a_restarted_controller_adopts_running_replicas_instead_of_replaci
     await reconcile_rounds(core=second, rounds=5)
     assert backend.started == started_before  # nothing restarted
     assert set(backend.running) == set(state.replicas)  # the stray replica was stopped
-    assert second.status().applications["a"].status is ApplicationStatus.RUNNING
+    assert second.snapshot().applications["a"].status is ApplicationStatus.RUNNING
     await second.stop()
 
 
@@ -371,7 +372,7 @@ async def test_published_tables_are_stored_when_they_change_and_not_more_often(
     backend = FakeBackend()
     core = await started(backend)
     await core.deploy_app(app())
-    await until(lambda: core.status().applications["a"].status is ApplicationStatus.RUNNING)
+    await until(lambda: core.snapshot().applications["a"].status is ApplicationStatus.RUNNING)
     # The loop stores what callers would need if the controller were gone now.
     await until(lambda: bool(backend.stored_tables) and backend.stored_tables[-1] == core.longpoll.snapshot())
     stored = backend.stored_tables[-1]
@@ -379,14 +380,14 @@ async def test_published_tables_are_stored_when_they_change_and_not_more_often(
     assert stored[APPLICATIONS_KEY] == core.longpoll.get(APPLICATIONS_KEY)
     count = len(backend.stored_tables)
     for _ in range(3):
-        await core._store_tables()  # nothing changed: nothing stored
+        await core.tables.store(backend)  # nothing changed: nothing stored
     assert len(backend.stored_tables) == count
-    monkeypatch.setattr(controller_module, "TABLES_STORE_PERIOD_S", 3600.0)
+    monkeypatch.setattr(publishing, "TABLES_STORE_PERIOD_S", 3600.0)
     core.longpoll.publish(replicas_key(DeploymentID("a", "gone")), DeploymentGone())
-    await core._store_tables()  # changed, but stored too recently
+    await core.tables.store(backend)  # changed, but stored too recently
     assert len(backend.stored_tables) == count
-    monkeypatch.setattr(controller_module, "TABLES_STORE_PERIOD_S", 0.0)
-    await core._store_tables()
+    monkeypatch.setattr(publishing, "TABLES_STORE_PERIOD_S", 0.0)
+    await core.tables.store(backend)
     assert backend.stored_tables[-1][replicas_key(DeploymentID("a", "gone"))] == DeploymentGone()
     await core.stop()
 

@@ -1,5 +1,5 @@
 """The package's shape, checked from its source: no import circles, Ray behind the backend
-seam, concrete sessions named only by the backends and their table."""
+seam, concrete links named only by the backends and their table."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[2] / "app_toolkit"
 RAY_BACKEND = "app_toolkit._runtime.backends.ray"
 BACKENDS = "app_toolkit._runtime.backends"
+LINKS = ("RayLink", "LocalLink")
 
 
 def _modules() -> dict[str, Path]:
@@ -69,11 +70,11 @@ def test_only_the_ray_backend_imports_ray() -> None:
     assert importers and all(name.startswith(RAY_BACKEND) for name in importers), importers
 
 
-def test_only_the_backends_name_a_concrete_session() -> None:
+def test_only_the_backends_name_a_concrete_link() -> None:
     naming = {
         name
         for name, path in MODULES.items()
-        if "RaySession" in path.read_text() or "LocalSession" in path.read_text()
+        if "RayLink" in path.read_text() or "LocalLink" in path.read_text()
     }
     assert naming and all(name.startswith(BACKENDS + ".") for name in naming), naming
     # The backend table names the backend modules by string; nobody else imports them.
@@ -98,3 +99,56 @@ def test_pyproject_lists_every_package() -> None:
     }
     assert on_disk | {"app_toolkit.templates"} == set(config["packages"])
     assert config["package-dir"] == {"app_toolkit.templates": "templates"}
+
+
+#: What code under _runtime/ may import from the public layer: the shared vocabulary
+#: (options, exceptions, status, metrics, import strings). Anything else
+#: there (handles, deployments, building, the CLI) sits above the runtime.
+PUBLIC_ENTRY_POINTS = {
+    "app_toolkit.config",
+    "app_toolkit.exceptions",
+    "app_toolkit.status",
+    "app_toolkit.metrics",
+    "app_toolkit.import_path",
+}
+
+#: The parts of the runtime and the parts each must not import: the backends put the
+#: parts together; no part reaches back up into them or sideways into a peer it serves.
+RUNTIME = "app_toolkit._runtime"
+FORBIDDEN = {
+    "channel": {"backends", "controller", "proxy", "replica", "routing", "session"},
+    "controller": {"backends", "channel", "proxy", "replica", "routing", "session"},
+    "routing": {"backends", "controller", "proxy", "replica", "session"},
+    "replica": {"backends", "controller", "proxy", "routing", "session"},
+    "proxy": {"backends", "controller", "replica", "session"},
+    "session": {"backends"},
+}
+
+
+def _imported_modules(name: str) -> set[str]:
+    """The package's modules ``name`` imports (``from app_toolkit import x`` names x)."""
+    return {dep for dep in _imports(name) if dep in MODULES}
+
+
+def test_the_runtime_imports_only_the_public_vocabulary() -> None:
+    upward = {
+        (name, dep)
+        for name in MODULES
+        if name.startswith(RUNTIME)
+        for dep in _imported_modules(name)
+        if not dep.startswith(RUNTIME) and dep != "app_toolkit" and dep not in PUBLIC_ENTRY_POINTS
+    }
+    assert upward == set()
+
+
+def test_no_part_of_the_runtime_imports_upward_or_sideways() -> None:
+    def part(module: str) -> str:
+        return module[len(RUNTIME) + 1 :].split(".")[0] if module.startswith(RUNTIME + ".") else ""
+
+    crossings = {
+        (name, dep)
+        for name in MODULES
+        for dep in _imported_modules(name)
+        if part(dep) in FORBIDDEN.get(part(name), set())
+    }
+    assert crossings == set()

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from app_toolkit._runtime import otel
+from app_toolkit._runtime import tracing
 from app_toolkit.exceptions import ConfigError
 
 NOT_A_FUNCTION = 42
@@ -19,7 +19,7 @@ def sets_nothing() -> None:
 
 @pytest.fixture
 def fresh(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
-    monkeypatch.setitem(otel._state, "setup_done", False)
+    monkeypatch.setitem(tracing._state, "setup_done", False)
     yield monkeypatch
 
 
@@ -33,17 +33,17 @@ def fresh(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
     ],
 )
 def test_a_bad_setup_fails_fast_with_what_to_fix(fresh: pytest.MonkeyPatch, path: str, message: str) -> None:
-    fresh.setenv(otel.SETUP_ENV, path)
+    fresh.setenv(tracing.SETUP_ENV, path)
     with pytest.raises(ConfigError, match=message):
-        otel.setup_from_env()
+        tracing.setup_from_env()
 
 
 def test_a_setup_that_sets_no_provider_is_reported(
     fresh: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    fresh.setenv(otel.SETUP_ENV, "tests.unit.test_otel:sets_nothing")
-    otel.setup_from_env()
+    fresh.setenv(tracing.SETUP_ENV, "tests.unit.test_otel:sets_nothing")
+    tracing.setup_from_env()
     assert "set no tracer provider" in caplog.text
-    assert otel.start("x", "client", None) is None
-    otel.setup_from_env()  # once per process
+    assert tracing.start("x", "client", None) is None
+    tracing.setup_from_env()  # once per process
     assert caplog.text.count("set no tracer provider") == 1

@@ -126,14 +126,10 @@ def test_every_pool_is_deployed_with_its_app_on_every_build() -> None:
     """Pools are temporary bound nodes while the app is built; a freed node's id used to
     come back for the next pool, which then looked built and was left out (flaky 503
     "Deployment .../boomer does not exist")."""
-    from app_toolkit.api import build_app
+    from app_toolkit.build import build_app
     from tests.apps import pools
 
-    class Encoder:
-        def serialize(self, value: object) -> bytes:
-            return b"x"
-
     for _ in range(500):
-        spec = build_app(pools.make_app(), "p", "/p", Encoder())  # type: ignore[arg-type]
+        spec = build_app(pools.make_app(), "p", "/p", lambda value: b"x")
         deployed = {d.id.name for d in spec.deployments}
         assert {route.deployment for route in spec.routes if route.deployment} <= deployed

@@ -133,7 +133,7 @@ async def test_the_controller_checks_publishes_and_reports_a_shadow() -> None:
     for to, fraction, message in (
         ("nope", 0.5, "No application 'nope'"),
         ("chat", 0.5, "cannot shadow itself"),
-        ("chat-v2", 1.5, "in \\(0, 1\\]"),
+        ("chat-v2", 1.5, "fraction Input should be less than or equal to 1"),
     ):
         with pytest.raises(ConfigError, match=message):
             await core.shadow("chat", to, fraction)
@@ -143,8 +143,8 @@ async def test_the_controller_checks_publishes_and_reports_a_shadow() -> None:
     table = core.longpoll.get(replicas_key(PRIMARY))
     assert isinstance(table, ReplicaTable) and table.shadow == ShadowTarget(SHADOW, 0.25)
     counts = (0, 0, 5, 0, 0, 0, 0, 0, 0, 0, 5, 0, 0, 0, 0, 0)  # 5 copies at ≤ 5 ms, 5 at ≤ 1 s
-    core.record_load("proxy", {}, (ShadowOutcome("chat", "chat-v2", 10, 5, 5, 3, counts, counts),))
-    shadow = core.status().applications["chat"].shadow
+    await core.record_load("proxy", {}, (ShadowOutcome("chat", "chat-v2", 10, 5, 5, 3, counts, counts),))
+    shadow = core.snapshot().applications["chat"].shadow
     assert shadow is not None and (shadow.copies, shadow.errors, shadow.different, shadow.dropped) == (
         10,
         5,
@@ -155,5 +155,5 @@ async def test_the_controller_checks_publishes_and_reports_a_shadow() -> None:
     await core.shadow("chat", None, 0)
     table = core.longpoll.get(replicas_key(PRIMARY))
     assert isinstance(table, ReplicaTable) and table.shadow is None
-    assert core.status().applications["chat"].shadow is None
+    assert core.snapshot().applications["chat"].shadow is None
     await core.stop()

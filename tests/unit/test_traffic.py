@@ -59,8 +59,8 @@ async def test_the_controller_publishes_the_split_and_keeps_it_across_a_restart(
     await core.set_traffic("v1", {"v1": 90, "v2": 10})
     table = core.longpoll.get(replicas_key(V1))
     assert isinstance(table, ReplicaTable) and table.split == ((V1, 0.9), (V2, 0.1))
-    assert core.status().applications["v1"].traffic == {"v1": 0.9, "v2": 0.1}
-    assert any("Traffic of v1: v1 90.0%, v2 10.0%" in e.message for e in core.status().events)
+    assert core.snapshot().applications["v1"].traffic == {"v1": 0.9, "v2": 0.1}
+    assert any("Traffic of v1: v1 90.0%, v2 10.0%" in e.message for e in core.snapshot().events)
     with pytest.raises(ConfigError, match="no such application"):
         await core.set_traffic("v1", {"v9": 1})
     # A restarted controller serves the same split (it is in the checkpoint).

@@ -13,14 +13,14 @@ import itertools
 import pickle
 import uuid
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import TypeVar, cast
 
 from starlette.types import ASGIApp
 
 from app_toolkit._runtime.channel.exchange import Exchange
 from app_toolkit._runtime.channel.flow import FRAME_COST, Inbound, frame_cost
+from app_toolkit._runtime.controller.api import ControlCall
 from app_toolkit._runtime.controller.controller import ControllerCore
-from app_toolkit._runtime.controller.rollout import RolloutOptions
 from app_toolkit._runtime.messages import (
     BUSY,
     DRAINING,
@@ -40,13 +40,12 @@ from app_toolkit._runtime.proxy.server import ProxyServer, listen_socket, serve
 from app_toolkit._runtime.replica.replica import InitArgs, ReplicaCore
 from app_toolkit._runtime.routing.data_plane import DataPlane, LoopThread
 from app_toolkit._runtime.routing.dispatcher import ReplicaClient
-from app_toolkit._runtime.tables import Loads, Outcomes, Table, Updates, Versions
+from app_toolkit._runtime.session import Build, Session
+from app_toolkit._runtime.tables import Table
 from app_toolkit.config import DeploymentConfig, HTTPOptions
 from app_toolkit.exceptions import ConfigError, ReplicaUnavailableError
-from app_toolkit.status import ServeStatus
 
-if TYPE_CHECKING:
-    from app_toolkit.config_file import ApplicationConfig
+T = TypeVar("T")
 
 
 def _dumps(value: object) -> bytes:
@@ -62,6 +61,8 @@ class LocalBackend:
         self._checkpoint: bytes | None = None
         #: Where replicas report their multiplexed models (the controller, once it exists).
         self.on_models: Callable[[str, tuple[str, ...], int], None] | None = None
+        #: The proxy's server, when it listens.
+        self.server: ProxyServer | None = None
 
     def store(self, value: object) -> bytes:
         """Local "serialization": keep the object, hand out a key.
@@ -123,6 +124,10 @@ class LocalBackend:
 
     async def save_tables(self, tables: dict[str, Table]) -> None:
         return None  # the proxy and handles live and die with this process's controller
+
+    async def stop_proxies(self) -> None:
+        if self.server is not None:
+            await self.server.stop(timeout_s=5)
 
 
 class _LocalSink:
@@ -186,8 +191,9 @@ class LocalReplicaClient:
         pass
 
 
-class LocalSession:
-    """Everything on one background event loop of this process."""
+class LocalLink:
+    """Everything on one background event loop of this process: control calls run on
+    the controller's loop, requests are calls of the replica objects."""
 
     backend_name = "local"
 
@@ -196,134 +202,82 @@ class LocalSession:
         self._loop = LoopThread("app-toolkit-local")
         self.backend = LocalBackend()
         self.core = ControllerCore(self.backend)
-        self.backend.on_models = self.core.record_models
-        self._plane = DataPlane(self, self._loop.loop)
+        self.backend.on_models = self.core.note_models
         self._loop.run(self.core.start())
-        self.proxy: Proxy = self._loop.run(self._make_proxy())
-        self._server: ProxyServer | None = None
-
-    async def _make_proxy(self) -> Proxy:
-        return Proxy(self._plane.subscriber, self._http, status=self._status)
-
-    async def _status(self) -> ServeStatus:
-        return self.core.status()
+        self.proxy: Proxy | None = None
 
     @property
-    def data_plane(self) -> DataPlane:
-        return self._plane
+    def loop(self) -> asyncio.AbstractEventLoop:
+        return self._loop.loop
 
     @property
-    def proxy_app(self) -> ASGIApp:
+    def proxy_app(self) -> ASGIApp | None:
         return self.proxy
 
-    # --- what the data plane needs (CallerLink) ---------------------------------
+    def serve_proxy(self, plane: DataPlane, listen: bool) -> None:
+        """Make the proxy over ``plane``'s tables; with ``listen``, serve it with uvicorn
+        on this link's loop too."""
+        http = self._http
 
-    def connect(self, info: ReplicaInfo) -> ReplicaClient:
-        return LocalReplicaClient(self.backend, info.replica_id)
+        async def start() -> None:
+            self.proxy = proxy = Proxy(plane.subscriber, http, status=self.core.status)
+            if listen:
+                sock = listen_socket(http.host, http.port, exclusive=True)
+                self.backend.server = await serve(proxy, http, sock, proxy.close, proxy.flush_logs)
 
-    async def listen(self, known: Versions, timeout_s: float) -> Updates:
-        return await self.core.listen(known, timeout_s)
+        self._loop.run(start())
 
-    async def report_load(self, caller: str, loads: Loads, outcomes: Outcomes = ()) -> None:
-        self.core.record_load(caller, loads, outcomes)
+    def call(self, request: ControlCall[T], timeout_s: float | None = None) -> T:
+        async def run() -> T:
+            return await request(self.core)
 
-    # --- control ----------------------------------------------------------------
+        return self._loop.run(run(), timeout_s)
+
+    async def acall(self, request: ControlCall[T]) -> T:
+        return await request(self.core)
 
     def serialize(self, value: object) -> bytes:
         return self.backend.store(value)
 
-    def deploy(self, spec: AppSpec) -> None:
-        self._loop.run(self.core.deploy_app(spec))
+    def connect(self, info: ReplicaInfo) -> ReplicaClient:
+        return LocalReplicaClient(self.backend, info.replica_id)
 
-    def delete(self, name: str) -> None:
-        self._loop.run(self.core.delete_app(name))
-
-    def set_traffic(self, endpoint: str, weights: dict[str, float]) -> None:
-        self._loop.run(self.core.set_traffic(endpoint, weights))
-
-    def rollout(self, endpoint: str, canary: str, options: RolloutOptions) -> None:
-        self._loop.run(self.core.rollout(endpoint, canary, options))
-
-    def shadow(self, endpoint: str, to: str | None, fraction: float, compare: str = "") -> None:
-        self._loop.run(self.core.shadow(endpoint, to, fraction, compare))
-
-    def apply_config(self, specs: list[AppSpec], config_file: dict[str, Any]) -> None:
-        self._loop.run(self.core.apply_config(specs, config_file))
-
-    def config_file(self) -> dict[str, Any] | None:
-        return self.core.config_file
-
-    def build_specs(self, apps: Sequence[ApplicationConfig]) -> list[AppSpec]:
+    def build(self, builds: Sequence[Build]) -> list[AppSpec]:
         """Build in this process, which is where the replicas run."""
-        from app_toolkit.config_deploy import build_spec
-
-        for app in apps:
-            if app.runtime_env:
+        for build in builds:
+            if build.runtime_env:
                 raise ConfigError(
-                    f"Application {app.name!r} has a runtime_env, which only the Ray backend "
+                    f"Application {build.name!r} has a runtime_env, which only the Ray backend "
                     "provides; remove it to run the file in this process"
                 )
         specs = []
-        for index, app in enumerate(apps):
+        for index, build in enumerate(builds):
             try:
-                specs.append(build_spec(app, self))
+                specs.append(build.make(self.serialize))
             except ConfigError as exc:
-                raise ConfigError(f"applications[{index}] ({app.name}): {exc}") from None
+                raise ConfigError(f"applications[{index}] ({build.name}): {exc}") from None
         return specs
 
-    def status(self) -> ServeStatus:
-        async def read() -> ServeStatus:
-            return self.core.status()
-
-        return self._loop.run(read())
-
-    def app_gone(self, name: str) -> bool:
-        async def read() -> bool:
-            return not self.core.app_exists(name)
-
-        return self._loop.run(read())
-
-    def start_http(self) -> int:
-        """Serve the proxy with uvicorn on this session's loop; returns the bound port."""
-        http = self._http
-
-        async def start() -> int:
-            sock = listen_socket(http.host, http.port, exclusive=True)
-            self._server = await serve(self.proxy, http, sock, self.proxy.close, self.proxy.flush_logs)
-            return self._server.port
-
-        return self._loop.run(start())
-
-    def shutdown(self) -> None:
-        async def stop_serving() -> None:
-            for name in list(self.core.apps):
-                await self.core.delete_app(name)
-            deadline = asyncio.get_running_loop().time() + 30
-            while self.core.deployments and asyncio.get_running_loop().time() < deadline:
-                await asyncio.sleep(0.02)
-            if self._server is not None:
-                await self._server.stop(timeout_s=5)
-
-        self._loop.run(stop_serving())
-        self._plane.close()
-        self._loop.run(self.core.stop())
+    def close(self) -> None:
         self._loop.stop()
 
 
 class _LocalFactory:
     """Sessions of the local backend live in this process only: nothing to find."""
 
-    def start(self, address: str | None, http: HTTPOptions | None) -> LocalSession:
-        session = LocalSession(http)
-        if http is not None and http.proxy_location != "Disabled":
-            try:
-                session.start_http()
-            except BaseException:
-                session.shutdown()
-                raise
+    def start(self, address: str | None, http: HTTPOptions | None) -> Session:
+        link = LocalLink(http)
+        session = Session(link, link.loop)
+        try:
+            link.serve_proxy(
+                session.data_plane, listen=http is not None and http.proxy_location != "Disabled"
+            )
+        except BaseException:
+            session.shutdown()
+            raise
         return session
 
-    def find(self, address: str | None) -> LocalSession | None:
+    def find(self, address: str | None) -> Session | None:
         return None
 
 

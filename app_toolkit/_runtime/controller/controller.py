@@ -10,7 +10,6 @@ checkpointed. The loop catches, logs and continues; it never dies on an error.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import functools
 import logging
 import pickle
@@ -20,8 +19,9 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
-from app_toolkit._runtime.backends.base import Backend
 from app_toolkit._runtime.controller import controller_metrics, replica_calls
+from app_toolkit._runtime.controller.api import ConfigFile
+from app_toolkit._runtime.controller.backend import Backend
 from app_toolkit._runtime.controller.deployment_state import (
     Action,
     DeploymentState,
@@ -70,12 +70,11 @@ logger = logging.getLogger("app_toolkit.controller")
 
 _LOOP_PERIOD_S = 0.1
 _STOP_TIMEOUT_S = 10.0
+#: At shutdown, replicas get this long to drain before the controller stops anyway.
+_SHUTDOWN_DRAIN_S = 60.0
 #: A caller's load report counts for this long (callers repeat non-zero loads every
 #: ~2 s), so a caller that died does not hold replicas up forever.
 LOAD_REPORT_TTL_S = 10.0
-#: The published tables are stored (for proxies that restart while the controller is
-#: down) at most this often, and only when they changed.
-TABLES_STORE_PERIOD_S = 0.5
 #: Events status() shows (the newest).
 EVENTS_KEPT = 50
 
@@ -83,14 +82,15 @@ EVENTS_KEPT = 50
 class ControllerCore:
     """Holds desired and actual state and drives one toward the other."""
 
-    def __init__(self, backend: Backend[Any]) -> None:
+    def __init__(self, backend: Backend[Any], proxies: dict[str, str] | None = None) -> None:
         self.backend = backend
         self.apps: dict[str, AppSpec] = {}
         #: The last config file applied (as written), less the apps changed since by hand.
-        self.config_file: dict[str, Any] | None = None
+        self.applied_file: ConfigFile | None = None
         self.deployments: dict[DeploymentID, DeploymentState] = {}
         self.longpoll = LongPollHost()
-        self.proxies: dict[str, str] = {}
+        #: The proxies serving (node id -> URL), as the backend keeps them.
+        self.proxies: dict[str, str] = proxies if proxies is not None else {}
         self._wake = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -101,8 +101,6 @@ class ControllerCore:
         # When each deployment next needs a plan() with no event before then
         # (``next_due``); one without an entry is planned on the next pass.
         self._due: dict[DeploymentID, float] = {}
-        # The long poll's generation last stored, and when.
-        self._tables_stored: tuple[int, float] = (-1, float("-inf"))
         #: The latest log lines of the lifecycle (deploy errors, replacements, scaling).
         self.events: deque[EventInfo] = deque(maxlen=EVENTS_KEPT)
         #: Traffic splits, rollouts and shadows (controller/traffic.py).
@@ -116,7 +114,7 @@ class ControllerCore:
     async def start(self) -> None:
         data = await self.backend.load_checkpoint()
         if data:
-            apps, self.config_file, *rest = pickle.loads(data)
+            apps, self.applied_file, *rest = pickle.loads(data)
             self.policy = TrafficPolicy(*rest)
             for spec in apps.values():
                 self._adopt(spec)
@@ -124,6 +122,21 @@ class ControllerCore:
         await self._adopt_running_replicas()
         self.tables.routes()
         self._loop_task = asyncio.get_running_loop().create_task(self._run())
+
+    async def shutdown(self) -> None:
+        """Stop serving: delete every application and wait (bounded) until their replicas
+        stopped, forget the desired state, stop the proxies, then this controller's loop."""
+        for name in list(self.apps):
+            await self.delete_app(name)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + _SHUTDOWN_DRAIN_S
+        while self.deployments and loop.time() < deadline:
+            await asyncio.sleep(0.05)
+        if self.deployments:
+            logger.warning("Shutting down with %d deployment(s) still stopping", len(self.deployments))
+        await self.backend.save_checkpoint(b"")
+        await self.backend.stop_proxies()
+        await self.stop()
 
     async def stop(self) -> None:
         """Cancel the loop and every backend call under way, and wait for them."""
@@ -163,7 +176,7 @@ class ControllerCore:
         self.tables.splits()
         self._wake.set()
 
-    async def apply_config(self, specs: list[AppSpec], config_file: dict[str, Any]) -> None:
+    async def apply_config(self, specs: list[AppSpec], config_file: ConfigFile) -> None:
         """Make the applications exactly ``specs`` (a config file's), all in one step:
         new ones start, changed ones update, the others are deleted."""
         for index, spec in enumerate(specs):
@@ -174,7 +187,7 @@ class ControllerCore:
             self._remove_app(name)
         for spec in specs:
             self._replace_app(spec)
-        self.config_file = config_file
+        self.applied_file = config_file
         await self._checkpoint()
         self.tables.routes()
         self.tables.splits()
@@ -230,15 +243,24 @@ class ControllerCore:
 
     def _forget_config_of(self, name: str) -> None:
         """An app changed by hand no longer runs what the config file says."""
-        if self.config_file is None:
+        if self.applied_file is None:
             return
-        apps = [app for app in self.config_file.get("applications", []) if app.get("name", "default") != name]
-        self.config_file = {**self.config_file, "applications": apps} if apps else None
+        apps = [
+            app for app in self.applied_file.get("applications", []) if app.get("name", "default") != name
+        ]
+        self.applied_file = {**self.applied_file, "applications": apps} if apps else None
 
-    def record_models(self, replica_id: str, models: tuple[str, ...], sequence: int) -> None:
+    async def config_file(self) -> ConfigFile | None:
+        return self.applied_file
+
+    async def record_models(self, replica_id: str, models: tuple[str, ...], sequence: int) -> None:
+        self.note_models(replica_id, models, sequence)
+
+    def note_models(self, replica_id: str, models: tuple[str, ...], sequence: int) -> None:
         """A replica's multiplexed models changed: callers route by them. Reports may
         arrive out of order (Ray runs an async actor's calls concurrently): ``sequence``
-        counts a replica's reports, and an older one than the last is ignored."""
+        counts a replica's reports, and an older one than the last is ignored. (Replicas
+        on the controller's own loop report here directly.)"""
         if sequence <= self._model_reports.get(replica_id, -1):
             return
         self._model_reports[replica_id] = sequence
@@ -251,7 +273,7 @@ class ControllerCore:
                     self.tables.replicas(deployment_id)
                 return
 
-    def record_load(self, caller: str, loads: Loads, outcomes: Outcomes = ()) -> None:
+    async def record_load(self, caller: str, loads: Loads, outcomes: Outcomes = ()) -> None:
         """A caller's newest load per deployment (requests queued + running), and what
         it saw of traffic splits' variants (for rollouts)."""
         self.loads.record(caller, loads, asyncio.get_running_loop().time())
@@ -264,27 +286,20 @@ class ControllerCore:
             if load and state is not None and state.autoscaler is not None and state.target == 0:
                 self._wake.set()  # demand at zero replicas: scale up now, not next tick
 
-    def app_exists(self, name: str) -> bool:
+    async def app_exists(self, name: str) -> bool:
         return name in self.apps or any(d.app == name for d in self.deployments)
 
     async def listen(self, known: Versions, timeout_s: float) -> Updates:
         return await self.longpoll.listen(known, timeout_s)
 
-    def status(self) -> ServeStatus:
+    async def status(self) -> ServeStatus:
+        return self.snapshot()
+
+    def snapshot(self) -> ServeStatus:
+        """Applications, deployments, replicas, traffic and events as they are now."""
         now = asyncio.get_running_loop().time()
-        status = serve_status(
-            self.apps, self.deployments, lambda d: self.loads.total(d, now), now, self.proxies
-        )
-        for name, app in list(status.applications.items()):
-            traffic, rollout, shadow = self.policy.status(name, now)
-            deployments = dict(app.deployments)
-            for deployment, shares in self.policy.deployment_traffic(name).items():
-                if deployment in deployments:
-                    deployments[deployment] = dataclasses.replace(deployments[deployment], traffic=shares)
-            status.applications[name] = dataclasses.replace(
-                app, traffic=traffic, rollout=rollout, shadow=shadow, deployments=deployments
-            )
-        return dataclasses.replace(status, events=list(self.events))
+        load = functools.partial(self.loads.total, now=now)
+        return serve_status(self.apps, self.deployments, load, now, self.proxies, self.policy, self.events)
 
     def _record(self, level: int, message: str) -> None:
         """Log a lifecycle event and keep it for status()."""
@@ -334,24 +349,7 @@ class ControllerCore:
             self.longpoll.publish(replicas_key(deployment), DeploymentGone())
 
     async def _checkpoint(self) -> None:
-        await self.backend.save_checkpoint(pickle.dumps((self.apps, self.config_file, *self.policy.saved())))
-
-    async def _store_tables(self) -> None:
-        """Store the published tables if they changed (at most every
-        ``TABLES_STORE_PERIOD_S``): a proxy restarted while this controller is down
-        serves from them."""
-        generation, stored_at = self._tables_stored
-        now = asyncio.get_running_loop().time()
-        if self.longpoll.generation == generation or now - stored_at < TABLES_STORE_PERIOD_S:
-            return
-        current = self.longpoll.generation
-        try:
-            await self.backend.save_tables(self.longpoll.snapshot())
-        except Exception:
-            logger.exception("Storing the published tables failed; trying again")
-        else:
-            generation = current
-        self._tables_stored = (generation, now)
+        await self.backend.save_checkpoint(pickle.dumps((self.apps, self.applied_file, *self.policy.saved())))
 
     # ------------------------------------------------------------------ reconcile
 
@@ -363,7 +361,7 @@ class ControllerCore:
             except Exception:
                 logger.exception("Reconcile step failed; retrying")
             controller_metrics.RECONCILE.observe(time.perf_counter() - started)
-            await self._store_tables()
+            await self.tables.store(self.backend)
             await wait_event(self._wake, _LOOP_PERIOD_S)
             self._wake.clear()
 

@@ -4,14 +4,23 @@ application table (every application's prefix and routes)."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
-from typing import Protocol
+import logging
+from typing import Any, Protocol
 
+from app_toolkit._runtime.controller.backend import Backend
 from app_toolkit._runtime.controller.deployment_state import DeploymentState, replica_table
 from app_toolkit._runtime.controller.longpoll import LongPollHost
 from app_toolkit._runtime.controller.traffic import TrafficPolicy
 from app_toolkit._runtime.messages import AppSpec, DeploymentID, RouteInfo
 from app_toolkit._runtime.tables import APPLICATIONS_KEY, ApplicationTable, ShadowTarget, replicas_key
+
+logger = logging.getLogger("app_toolkit.controller")
+
+#: The published tables are stored (for proxies that restart while the controller is
+#: down) at most this often, and only when they changed.
+TABLES_STORE_PERIOD_S = 0.5
 
 #: A table's traffic policy: its split and its shadow (tables.ReplicaTable).
 Policy = tuple[tuple[tuple[DeploymentID, float], ...], ShadowTarget | None]
@@ -35,6 +44,26 @@ class TablePublisher:
         self._split_deployments: set[DeploymentID] = set()  # non-ingress ones published with a split
         # The split and shadow each deployment's table was last published with.
         self._published: dict[DeploymentID, Policy] = {}
+        # The long poll's generation last stored, and when.
+        self._stored: tuple[int, float] = (-1, float("-inf"))
+
+    async def store(self, backend: Backend[Any]) -> None:
+        """Store the published tables if they changed (at most every
+        ``TABLES_STORE_PERIOD_S``): a proxy restarted while the controller is down
+        serves from them."""
+        longpoll = self._records.longpoll
+        generation, stored_at = self._stored
+        now = asyncio.get_running_loop().time()
+        if longpoll.generation == generation or now - stored_at < TABLES_STORE_PERIOD_S:
+            return
+        current = longpoll.generation
+        try:
+            await backend.save_tables(longpoll.snapshot())
+        except Exception:
+            logger.exception("Storing the published tables failed; trying again")
+        else:
+            generation = current
+        self._stored = (generation, now)
 
     def _policy_of(self, deployment: DeploymentID) -> Policy:
         """The split and shadow ``deployment``'s table carries."""

@@ -7,8 +7,8 @@ import asyncio
 import logging
 from typing import Any
 
-from app_toolkit._runtime.backends.base import Backend
 from app_toolkit._runtime.controller import controller_metrics
+from app_toolkit._runtime.controller.backend import Backend
 from app_toolkit._runtime.controller.deployment_state import StartReplica
 from app_toolkit._runtime.controller.replica_state import (
     CheckHealth,

@@ -10,6 +10,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
 from app_toolkit._runtime.messages import AppSpec
 from app_toolkit._runtime.tables import VariantOutcome
 from app_toolkit.exceptions import ConfigError
@@ -120,39 +122,50 @@ class Rollout:
         return f"{self.requests} canary requests, {self.errors} errors{latency}"
 
 
-@dataclass(frozen=True)
-class RolloutOptions:
-    """How a rollout goes: the canary's share step by step, how long each step lasts, and
-    the bounds that roll it back (None: not checked)."""
+class RolloutOptions(BaseModel):
+    """How a rollout goes: the one schema of its options (``rollout()``, ``app-toolkit
+    rollout`` and the controller take their defaults and bounds from here)."""
 
-    steps: tuple[float, ...] = (1.0, 10.0, 50.0, 100.0)
-    interval_s: float = 60.0
-    max_error_rate: float | None = 0.01
-    max_p99_ms: float | None = None
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    steps: tuple[float, ...] = Field(
+        (1.0, 10.0, 50.0, 100.0), description="The canary's percentages of the traffic, step by step."
+    )
+    interval_s: float = Field(60.0, gt=0, description="Seconds each step lasts.")
+    max_error_rate: float | None = Field(
+        0.01,
+        ge=0,
+        lt=1,
+        description="Roll back when more than this fraction of the canary's requests fail (None: never).",
+    )
+    max_p99_ms: float | None = Field(
+        None, gt=0, description="Roll back when the canary's p99 latency exceeds this (None: never)."
+    )
+
+    @field_validator("steps")
+    @classmethod
+    def _increasing(cls, steps: tuple[float, ...]) -> tuple[float, ...]:
+        if not steps or any(not 0 < s <= 100 for s in steps) or list(steps) != sorted(set(steps)):
+            raise ValueError("must be increasing percentages in (0, 100], like [1, 10, 50, 100]")
+        return steps
 
 
 def new_rollout(
     endpoint: str, canary: str, options: RolloutOptions, apps: Mapping[str, AppSpec], now: float
 ) -> Rollout:
     """A checked rollout, at its first step. Raises ConfigError saying what to fix."""
-    steps, interval_s = options.steps, options.interval_s
-    max_error_rate, max_p99_ms = options.max_error_rate, options.max_p99_ms
     for name, what in ((endpoint, "application to roll out"), (canary, "canary")):
         if name not in apps:
             raise ConfigError(f"No {what} {name!r}: deploy it first")
     if canary == endpoint:
         raise ConfigError("The canary must be another application than the one rolled out")
-    shares = tuple(float(step) for step in steps)
-    if not shares or any(not 0 < s <= 100 for s in shares) or list(shares) != sorted(set(shares)):
-        raise ConfigError(
-            f"steps must be increasing percentages in (0, 100], like [1, 10, 50, 100]; got {steps}"
-        )
-    if not interval_s > 0:
-        raise ConfigError(f"interval_s must be above 0, got {interval_s}")
-    if max_error_rate is not None and not 0 <= max_error_rate < 1:
-        raise ConfigError(f"max_error_rate is a fraction in [0, 1), like 0.01; got {max_error_rate}")
-    if max_p99_ms is not None and not max_p99_ms > 0:
-        raise ConfigError(f"max_p99_ms must be above 0, got {max_p99_ms}")
     return Rollout(
-        endpoint, canary, shares, interval_s, max_error_rate, max_p99_ms, started=now, step_started=now
+        endpoint,
+        canary,
+        options.steps,
+        options.interval_s,
+        options.max_error_rate,
+        options.max_p99_ms,
+        started=now,
+        step_started=now,
     )

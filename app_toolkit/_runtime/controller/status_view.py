@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Iterable, Mapping
 
 from app_toolkit._runtime.controller.deployment_state import DeploymentState, slow_start_message
+from app_toolkit._runtime.controller.traffic import TrafficPolicy
 from app_toolkit._runtime.messages import AppSpec, DeploymentID
 from app_toolkit.status import (
     ApplicationStatus,
@@ -12,6 +14,7 @@ from app_toolkit.status import (
     AutoscalingStatusInfo,
     DeploymentStatus,
     DeploymentStatusInfo,
+    EventInfo,
     ReplicaState,
     ReplicaStatusInfo,
     ServeStatus,
@@ -89,8 +92,11 @@ def serve_status(
     load_of: Callable[[DeploymentID], float],
     now: float,
     proxies: Mapping[str, str],
+    policy: TrafficPolicy,
+    events: Iterable[EventInfo],
 ) -> ServeStatus:
-    """What status() says: every application (deleting ones too) and the proxies."""
+    """What status() says: every application (deleting ones too) with its traffic, the
+    proxies and the latest lifecycle events."""
     result = {}
     for name, app in apps.items():
         infos = {
@@ -98,6 +104,10 @@ def serve_status(
             for spec in app.deployments
             if spec.id in deployments
         }
+        for deployment, shares in policy.deployment_traffic(name).items():
+            if deployment in infos:
+                infos[deployment] = dataclasses.replace(infos[deployment], traffic=shares)
+        traffic, rollout, shadow = policy.status(name, now)
         result[name] = ApplicationStatusInfo(
             name=name,
             status=app_status(infos.values()),
@@ -105,7 +115,10 @@ def serve_status(
             route_prefix=app.route_prefix,
             ingress=app.ingress,
             deployments=infos,
+            traffic=traffic,
+            rollout=rollout,
+            shadow=shadow,
         )
     for name in {d.app for d in deployments if d.app not in apps}:
         result[name] = ApplicationStatusInfo(name, ApplicationStatus.DELETING, "", None, "")
-    return ServeStatus(applications=result, proxies=dict(proxies))
+    return ServeStatus(applications=result, proxies=dict(proxies), events=list(events))

@@ -16,9 +16,12 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
 from app_toolkit._runtime.controller.rollout import Rollout
 from app_toolkit._runtime.messages import AppSpec, DeploymentID
 from app_toolkit._runtime.tables import ShadowOutcome, ShadowTarget, VariantOutcome
+from app_toolkit.config import parse_options
 from app_toolkit.exceptions import ConfigError
 from app_toolkit.metrics import SECONDS_BUCKETS, quantile
 from app_toolkit.status import RolloutStatusInfo, ShadowStatusInfo
@@ -160,6 +163,26 @@ def _quantile_ms(counts: list[int], q: float) -> float | None:
     return None if found is None else found * 1000
 
 
+class ShadowOptions(BaseModel):
+    """How a shadow copies: the one schema of its options (``shadow()``, ``app-toolkit
+    shadow``, config files and the controller take their defaults and bounds from here)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    fraction: float = Field(0.1, gt=0, le=1, strict=True, description="The share of requests copied.")
+    compare: str = Field(
+        "", description='"module:function" saying whether two answers agree; "" compares statuses only.'
+    )
+
+    @field_validator("compare")
+    @classmethod
+    def _names_a_function(cls, compare: str) -> str:
+        module, _, function = compare.partition(":")
+        if compare and not (module and function and all(p.isidentifier() for p in module.split("."))):
+            raise ValueError('must name a function as "module:function"')
+        return compare
+
+
 class TrafficPolicy:
     """Every application's split, rollout and shadow, as the controller keeps them."""
 
@@ -198,12 +221,8 @@ class TrafficPolicy:
             raise ConfigError(f"No application {to!r} to send {endpoint!r}'s copies to; deploy it first")
         if to == endpoint:
             raise ConfigError("An application cannot shadow itself; deploy the shadow as another application")
-        if isinstance(fraction, bool) or not isinstance(fraction, int | float) or not 0 < fraction <= 1:
-            raise ConfigError(f"fraction is the share of requests to copy, in (0, 1]; got {fraction!r}")
-        module, _, function = compare.partition(":")
-        if compare and not (module and function and all(p.isidentifier() for p in module.split("."))):
-            raise ConfigError(f'compare must name a function as "module:function", got {compare!r}')
-        self.shadows[endpoint] = Shadowing(to, float(fraction), compare)
+        options = parse_options(ShadowOptions, {"fraction": fraction, "compare": compare}, "shadow")
+        self.shadows[endpoint] = Shadowing(to, options.fraction, options.compare)
         return f"Shadow of {endpoint}: {fraction:.0%} of its requests copied to {to}"
 
     def shadow(self, app: AppSpec, apps: Mapping[str, AppSpec]) -> ShadowTarget | None:

@@ -16,7 +16,7 @@ import time
 from starlette.types import Receive, Scope, Send
 
 from app_toolkit import metrics
-from app_toolkit._runtime import otel, request_context
+from app_toolkit._runtime import request_context, tracing
 from app_toolkit._runtime.answers import (
     error_answer,
     internal_error,
@@ -44,6 +44,7 @@ from app_toolkit._runtime.proxy.metrics_page import CONTENT_TYPE, Gather, allowe
 from app_toolkit._runtime.proxy.path_match import AppMatcher, match_app
 from app_toolkit._runtime.proxy.request_state import RequestState, watch_disconnect
 from app_toolkit._runtime.proxy.scope import (
+    RequestHeaders,
     forwarded_scope,
     parse_timeout,
     read_headers,
@@ -113,69 +114,85 @@ class Proxy:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
         if kind == "http":
-            started = time.perf_counter()
-            status = 500  # unless _http returns normally
+            state = RequestState(asyncio.current_task(), time.perf_counter())
             try:
-                status = await self._http(scope, receive, send, started)
+                await self._http(scope, receive, send, state)
             finally:
-                app, route = scope.get(_ROUTE_KEY, _NO_ROUTE)
-                labels = (app, route, scope["method"], str(status))
+                labels = (state.app, state.label, scope["method"], str(state.status))
                 HTTP_REQUESTS.inc(*labels)
-                took = time.perf_counter() - started
+                took = time.perf_counter() - state.arrived
                 HTTP_DURATION.observe(took, *labels)
                 if self.access_log is not None:
-                    self.access_log.add(scope, status, took, scope.get(_REQUEST_ID_KEY, "-"), app, route)
+                    self.access_log.add(scope, state.status, took, state.request_id, state.app, state.label)
         elif kind == "websocket":
             routes = self.apps if self.loaded else None
             await serve_websocket(routes, self.subscriber.dispatcher, scope, receive, send, self.shard_header)
         elif kind == "lifespan":
             await _lifespan(receive, send)
 
-    async def _http(self, scope: Scope, receive: Receive, send: Send, arrived: float) -> int:
-        """Serve one request; returns the status for the access log (499: client left)."""
+    async def _http(self, scope: Scope, receive: Receive, send: Send, state: RequestState) -> None:
+        """Serve one request: an operator page, a refusal, or its app's (``_to_app``)."""
         path = route_path(scope)
         headers = read_headers(scope, self.shard_header)
-        request_id = scope[_REQUEST_ID_KEY] = headers.request_id
-        request_context.request_id.set(request_id)  # for this request's log records
-        if path == "/-/metrics":  # served before the routes are loaded, too
-            scope[_ROUTE_KEY] = ("", path)
-            return await self._metrics(request_id, scope, send)
-        if path == DASHBOARD or path.startswith(DASHBOARD + "/"):  # also while the routes load
-            scope[_ROUTE_KEY] = ("", DASHBOARD)
-            return await self.dashboard.serve(path, scope, receive, send, request_id)
-        if not self.loaded:
-            return await send_answer(send, unavailable("the proxy has not loaded its routes yet", request_id))
-        if path.startswith("/-/"):
-            scope[_ROUTE_KEY] = ("", path if path in _BUILTINS else "")
-            return await self._builtin(path, request_id, send)
-        route = match_app(self.apps, path)
-        if route is None:
-            return await send_answer(send, error_answer(404, "Not Found", request_id))
-        scope[_ROUTE_KEY] = (route.app, route.route_prefix)  # until the replica names its route
+        request_id = state.request_id = headers.request_id
+        with request_context.request_scope(request_id):  # for this request's log records
+            if path == "/-/metrics":  # served before the routes are loaded, too
+                state.target = path
+                state.status = await self._metrics(request_id, scope, send)
+            elif path == DASHBOARD or path.startswith(DASHBOARD + "/"):  # also while the routes load
+                state.target = DASHBOARD
+                state.status = await self.dashboard.serve(path, scope, receive, send, request_id)
+            elif not self.loaded:
+                why = "the proxy has not loaded its routes yet"
+                state.status = await send_answer(send, unavailable(why, request_id))
+            elif path.startswith("/-/"):
+                state.target = path if path in _BUILTINS else ""
+                state.status = await self._builtin(path, request_id, send)
+            elif (route := match_app(self.apps, path)) is None:
+                state.status = await send_answer(send, error_answer(404, "Not Found", request_id))
+            else:
+                state.app, state.target = route.app, route.route_prefix
+                state.prefix = "" if route.route_prefix == "/" else route.route_prefix
+                await self._to_app(scope, receive, send, state, route, path, headers)
+
+    async def _to_app(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        state: RequestState,
+        route: AppMatcher,
+        path: str,
+        headers: RequestHeaders,
+    ) -> None:
+        """Read the body and forward the request to the app's replicas, within its
+        deadline, cancelled if the client leaves."""
+        request_id = state.request_id
         timeout_s = parse_timeout(headers.timeout)
         if isinstance(timeout_s, str):
-            return await send_answer(send, error_answer(400, timeout_s, request_id))
+            state.status = await send_answer(send, error_answer(400, timeout_s, request_id))
+            return
         deployment, deadline_s = route.target("http", scope["method"], path)
         for limit in (deadline_s, self.http.request_timeout_s):
             if limit is not None and (timeout_s is None or limit < timeout_s):
                 timeout_s = limit
-        prefix = "" if route.route_prefix == "/" else route.route_prefix
-        state = RequestState(asyncio.current_task(), arrived, route.app, prefix)
         body = _NO_BODY
         watching = False
         watcher: asyncio.Future[None] | None = None
         link: RequestLink | None = scope.get(REQUEST_LINK)
         state.link = link
-        span = otel.start(f"{scope['method']} {route.route_prefix}", "server", headers.caller)
+        span = tracing.start(f"{scope['method']} {route.route_prefix}", "server", headers.caller)
         try:
             # The deadline covers the upload too (a slow one gets 408, not a replica's time).
             async with asyncio.timeout(timeout_s) if timeout_s is not None else _NO_DEADLINE:
                 if headers.has_body:
                     body = await read_body(receive, headers.content_length, self.http, self.budget)
                 if body.refusal == CLIENT_CLOSED:
-                    return CLIENT_CLOSED  # the client went away before sending its body
+                    state.status = CLIENT_CLOSED  # the client went away before sending its body
+                    return
                 if body.refusal:
-                    return await send_answer(send, body.answer(self.http, request_id))
+                    state.status = await send_answer(send, body.answer(self.http, request_id))
+                    return
                 # Watch for the client going away: the request is then cancelled wherever
                 # it is (dropped from the queue, or cancelled on the replica). Our HTTP
                 # protocol calls the hook; under another server, a task waits for it.
@@ -187,8 +204,6 @@ class Proxy:
                 forwarded = forwarded_scope(scope, route, headers, span.trace if span is not None else None)
                 request = HTTPRequest(request_id, forwarded, body.data)
                 await self._forward(deployment, request, send, state, headers.model_id, headers.shard_key)
-                if state.route:
-                    scope[_ROUTE_KEY] = (route.app, prefix + state.route)
         except asyncio.CancelledError:
             if not state.disconnected:
                 raise
@@ -215,8 +230,7 @@ class Proxy:
             if link is not None:
                 link.on_client_left = None
             if span is not None:
-                _end_span(span, scope, route.app, prefix + state.route if state.route else "", state.status)
-        return state.status
+                _end_span(span, scope, state)
 
     async def _forward(
         self,
@@ -321,14 +335,14 @@ class Proxy:
         return await send_answer(send, HTTPResponse(200, headers, body))
 
 
-def _end_span(span: otel.Span, scope: Scope, app: str, route: str, status: int) -> None:
-    if route:
-        span.rename(f"{scope['method']} {route}")
-        span.set("http.route", route)
+def _end_span(span: tracing.Span, scope: Scope, state: RequestState) -> None:
+    if state.route:
+        span.rename(f"{scope['method']} {state.label}")
+        span.set("http.route", state.label)
     span.set("http.request.method", scope["method"])
-    span.set("http.response.status_code", status)
-    span.set("app_toolkit.application", app)
-    span.end(f"HTTP {status}" if status >= 500 else "")
+    span.set("http.response.status_code", state.status)
+    span.set("app_toolkit.application", state.app)
+    span.end(f"HTTP {state.status}" if state.status >= 500 else "")
 
 
 async def _this_process() -> list[list[FamilySnapshot]]:
@@ -365,11 +379,6 @@ async def _relay_stream(exchange: Exchange, send: Send, state: RequestState, req
         return
 
 
-#: Where _http leaves the request id for the access log (an ASGI scope extension key).
-_REQUEST_ID_KEY = "app_toolkit.request_id"
-#: Where _http leaves (application, route template) for the metrics.
-_ROUTE_KEY = "app_toolkit.route"
-_NO_ROUTE = ("", "")
 _NO_BODY = Body()
 _NO_DEADLINE = contextlib.nullcontext()
 _BUILTINS = ("/-/healthz", "/-/routes", "/-/metrics")

@@ -12,13 +12,16 @@ from app_toolkit._runtime.proxy.http_guard import RequestLink
 
 
 class RequestState:
-    """What the proxy knows about one request while it is forwarded."""
+    """What the proxy knows about one request while it serves it; what its metrics and
+    access log line say once it is done."""
 
     __slots__ = (
         "task",
         "arrived",
+        "request_id",
         "app",
         "prefix",
+        "target",
         "started",
         "finished",
         "disconnected",
@@ -27,17 +30,25 @@ class RequestState:
         "link",
     )
 
-    def __init__(self, task: asyncio.Task[Any] | None, arrived: float, app: str, prefix: str) -> None:
+    def __init__(self, task: asyncio.Task[Any] | None, arrived: float) -> None:
         self.task = task
         self.arrived = arrived  # perf_counter() when the request reached the proxy
-        self.app = app
-        self.prefix = prefix  # the app's route_prefix, "" for "/"
-        self.status = 0  # the status sent to the client, for the access log
+        self.request_id = "-"
+        self.app = ""  # the application it went to
+        self.prefix = ""  # that app's route_prefix, "" for "/"
+        self.target = ""  # what it was sent to (an app's prefix, a /-/ page) until ``route`` is known
+        self.status = 500  # the status sent to the client (499: it left), unless one was sent
         self.started = False  # the response head went to the client
         self.finished = False  # the whole response went to the client
         self.disconnected = False
         self.route = ""  # the path template the replica's app matched
         self.link: RequestLink | None = None  # what our HTTP protocol offers beyond ASGI
+
+    @property
+    def label(self) -> str:
+        """The route for metrics and the access log: the app's prefix and the template
+        its app matched, else what the request was sent to (never the raw path)."""
+        return self.prefix + self.route if self.route else self.target
 
     def client_left(self) -> None:
         """The client went away: cancel the request wherever it is (servers also report a

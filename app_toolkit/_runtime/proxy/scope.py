@@ -9,8 +9,7 @@ from typing import Any
 
 from starlette.types import Scope
 
-from app_toolkit import tracing
-from app_toolkit._runtime import request_context
+from app_toolkit._runtime import request_context, tracing
 from app_toolkit._runtime.answers import REQUEST_ID_HEADER
 from app_toolkit._runtime.proxy.path_match import AppMatcher
 

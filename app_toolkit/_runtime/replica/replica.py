@@ -18,8 +18,7 @@ from typing import Any
 
 from starlette.types import ASGIApp
 
-from app_toolkit import tracing
-from app_toolkit._runtime import answers, otel, request_context
+from app_toolkit._runtime import answers, request_context, tracing
 from app_toolkit._runtime.channel.frames import Dumps
 from app_toolkit._runtime.channel.server import ResponseSink
 from app_toolkit._runtime.messages import (
@@ -86,7 +85,8 @@ class ReplicaCore:
         self._drained_at = 0.0
         self._last_refused = 0.0
         #: Set by the host: tells the controller which multiplexed models this replica holds.
-        self.report_models: Callable[[tuple[str, ...]], None] | None = None
+        self.report_models: request_context.ReportModels | None = None
+        self._serves: request_context.Serving | None = None
         replica_metrics.track(self)
 
     # ------------------------------------------------------------------ lifecycle
@@ -210,28 +210,23 @@ class ReplicaCore:
         returns the matched route's path template."""
         if self.asgi_app is None:
             self.asgi_app = request_app(self._method("__call__"))
-        rid = request_context.request_id.set(request.request_id)
         method = request.scope.get("method", "WEBSOCKET")
         caller = tracing.remote(*tracing.from_headers(request.scope.get("headers", [])))
-        trace, span = otel.begin(f"{self.deployment} {method}", "server", caller)
+        trace, span = tracing.begin(f"{self.deployment} {method}", "server", caller)
         if span is not None:  # the app's own instrumentation (FastAPI's spans) nests under it
             request.scope["headers"] = tracing.with_traceparent(request.scope.get("headers", []), trace)
-        token = tracing.enter(trace)
-        inst = request_context.replica_instance.set(self.instance)
-        self._enter(request.scope.get("headers", []))
-        request_context.draining.set(self.draining_event)
         route = error = ""
         try:
-            state = self._lifespan.state if self._lifespan is not None else {}
-            route = await serve(self.asgi_app, request, state, sink)
+            with request_context.request_scope(
+                request.request_id, trace, self._serving(), request.scope.get("headers", [])
+            ):
+                state = self._lifespan.state if self._lifespan is not None else {}
+                route = await serve(self.asgi_app, request, state, sink)
             return route
         except BaseException as exc:
             error = type(exc).__name__
             raise
         finally:
-            request_context.replica_instance.reset(inst)
-            tracing.leave(token)
-            request_context.request_id.reset(rid)
             if span is not None:
                 if route:
                     span.rename(f"{self.deployment} {method} {route}")
@@ -239,38 +234,37 @@ class ReplicaCore:
                 span.end(error)
 
     async def _serve_call(self, call: MethodCall, sink: ResponseSink) -> None:
-        rid = request_context.request_id.set(call.request_id)
-        trace, span = otel.begin(
+        trace, span = tracing.begin(
             f"{self.deployment}.{call.method}", "server", tracing.remote(call.trace, call.tracestate)
         )
-        token = tracing.enter(trace)
-        self._enter(call.model_id)
         error = ""
-        try:
-            method = self._method(call.method)
-            if call.stream:
-                await self._stream_call(method, call, sink)
-                return
-            result = await _call_maybe_async(method, *call.args, **call.kwargs)
-            if inspect.isgenerator(result) or inspect.isasyncgen(result):
-                _close_generator(result)
-                raise TypeError(
-                    f"{self.deployment}.{call.method} is a generator; call it through "
-                    "handle.options(stream=True) to receive its items"
-                )
-            self._send_value(sink, CallResult(result), call)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:
-            logger.exception("Request %s: %s.%s raised", call.request_id, self.deployment, call.method)
-            replica_metrics.ERRORS.inc(*self.labels, "call", call.method)
-            error = type(exc).__name__
-            sink.send(self._failure(exc))
-        finally:
-            tracing.leave(token)
-            request_context.request_id.reset(rid)
-            if span is not None:
-                span.end(error)
+        with request_context.request_scope(call.request_id, trace, self._serving(), call.model_id):
+            try:
+                await self._run_call(call, sink)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the caller gets it; the log has the traceback and the id
+                logger.exception("Request %s: %s.%s raised", call.request_id, self.deployment, call.method)
+                replica_metrics.ERRORS.inc(*self.labels, "call", call.method)
+                error = type(exc).__name__
+                sink.send(self._failure(exc))
+            finally:
+                if span is not None:
+                    span.end(error)
+
+    async def _run_call(self, call: MethodCall, sink: ResponseSink) -> None:
+        method = self._method(call.method)
+        if call.stream:
+            await self._stream_call(method, call, sink)
+            return
+        result = await _call_maybe_async(method, *call.args, **call.kwargs)
+        if inspect.isgenerator(result) or inspect.isasyncgen(result):
+            _close_generator(result)
+            raise TypeError(
+                f"{self.deployment}.{call.method} is a generator; call it through "
+                "handle.options(stream=True) to receive its items"
+            )
+        self._send_value(sink, CallResult(result), call)
 
     def _send_value(self, sink: ResponseSink, answer: CallResult | StreamItem, call: MethodCall) -> None:
         """Send a result or stream item; one that cannot be serialized fails the call."""
@@ -307,12 +301,13 @@ class ReplicaCore:
                 await aclose()
         sink.send(END)
 
-    def _enter(self, model_id: str | list[tuple[bytes, bytes]]) -> None:
-        """This task runs a request of this replica; ``model_id`` names its multiplexed
-        model, or is the headers that may (read only when asked)."""
-        request_context.enter_replica(self.context)
-        request_context.model_id.set(model_id)
-        request_context.report_models.set(self.report_models)
+    def _serving(self) -> request_context.Serving:
+        """What this replica gives each request (made once it has started)."""
+        if self._serves is None:
+            self._serves = request_context.Serving(
+                self.context, self.instance, self.report_models, self.draining_event
+            )
+        return self._serves
 
     def _method(self, name: str) -> Callable[..., Any]:
         target = self.instance

@@ -13,29 +13,28 @@ import logging
 import os
 import time
 import warnings
-from typing import Any
+from typing import TypeVar
 
 import ray
 
 from app_toolkit import metrics
-from app_toolkit._runtime.backends.ray import stored
+from app_toolkit._runtime.backends.ray import link, stored
 from app_toolkit._runtime.backends.ray.cluster import configure_worker, node_address, settle_heap
 from app_toolkit._runtime.backends.ray.node_metrics import NodeMetrics
 from app_toolkit._runtime.backends.ray.proxies import ProxyFleet
 from app_toolkit._runtime.backends.ray.replicas import RayReplicas
-from app_toolkit._runtime.backends.ray.session import RaySession
+from app_toolkit._runtime.controller.api import ControlCall
 from app_toolkit._runtime.controller.controller import ControllerCore
-from app_toolkit._runtime.controller.rollout import RolloutOptions
-from app_toolkit._runtime.messages import AppSpec
 from app_toolkit._runtime.proxy.proxy import Proxy
 from app_toolkit._runtime.proxy.server import ProxyServer, listen_socket, serve
 from app_toolkit._runtime.routing import caller_metrics
-from app_toolkit._runtime.tables import Loads, Outcomes, Table, Updates, Versions
+from app_toolkit._runtime.tables import Table
 from app_toolkit.config import HTTPOptions
 from app_toolkit.metrics import FamilySnapshot
-from app_toolkit.status import ServeStatus
 
 logger = logging.getLogger("app_toolkit.proxy")
+
+T = TypeVar("T")
 
 
 class ProxyActor:
@@ -93,7 +92,7 @@ class ProxyActor:
         async with self._starting:
             if self._server is None:
                 sock = listen_socket(self._http.host, port, exclusive=exclusive)
-                plane = RaySession.attach(asyncio.get_running_loop()).data_plane
+                plane = link.attach(asyncio.get_running_loop()).data_plane
                 if seed is not None:
                     plane.subscriber.seed(seed)
                 node = NodeMetrics()
@@ -114,16 +113,20 @@ class ProxyActor:
 
 
 class ControllerActor:
-    """The named, detached controller: wraps ``ControllerCore`` and the proxies."""
+    """The named, detached controller: hosts ``ControllerCore`` and the proxy fleet.
+
+    Every control call arrives as a function of the controller's API (``run``), the one
+    way in; the other methods serve Ray-only needs (start, options, metrics, tests).
+    """
 
     def __init__(self, http: HTTPOptions) -> None:
         configure_worker()
         self.http = http
-        self.core = ControllerCore(RayReplicas())
+        self._proxies = ProxyFleet(ProxyActor, http)
+        self.core = ControllerCore(RayReplicas(self._proxies), self._proxies.urls)
         self._started = False
         self._core_started = False
         self._start_lock: asyncio.Lock | None = None
-        self._proxies = ProxyFleet(ProxyActor, http, self.core.proxies)
         self._port = 0
 
     async def ready(self) -> int:
@@ -141,6 +144,12 @@ class ControllerActor:
                 self._started = True
         return self._port
 
+    async def run(self, request: ControlCall[T]) -> T:
+        """One control call. The core runs first: after a restart, the first caller may
+        be a proxy's long poll rather than a driver."""
+        await self.ready()
+        return await request(self.core)
+
     def http_options(self) -> HTTPOptions:
         return self.http
 
@@ -151,67 +160,3 @@ class ControllerActor:
     def metrics(self) -> tuple[str, list[FamilySnapshot]]:
         """This node's id and this process's metrics (for the node's proxy)."""
         return ray.get_runtime_context().get_node_id(), metrics.snapshot()
-
-    # Every call first makes sure the core runs: after a restart, the first caller may be a
-    # proxy's long poll rather than a driver.
-
-    async def deploy_app(self, spec: AppSpec) -> None:
-        await self.ready()
-        await self.core.deploy_app(spec)
-
-    async def delete_app(self, name: str) -> None:
-        await self.ready()
-        await self.core.delete_app(name)
-
-    async def set_traffic(self, endpoint: str, weights: dict[str, float]) -> None:
-        await self.ready()
-        await self.core.set_traffic(endpoint, weights)
-
-    async def rollout(self, endpoint: str, canary: str, options: RolloutOptions) -> None:
-        await self.ready()
-        await self.core.rollout(endpoint, canary, options)
-
-    async def shadow(self, endpoint: str, to: str | None, fraction: float, compare: str = "") -> None:
-        await self.ready()
-        await self.core.shadow(endpoint, to, fraction, compare)
-
-    async def apply_config(self, specs: list[AppSpec], config_file: dict[str, Any]) -> None:
-        await self.ready()
-        await self.core.apply_config(specs, config_file)
-
-    async def config_file(self) -> dict[str, Any] | None:
-        await self.ready()
-        return self.core.config_file
-
-    async def app_exists(self, name: str) -> bool:
-        await self.ready()
-        return self.core.app_exists(name)
-
-    async def status(self) -> ServeStatus:
-        await self.ready()
-        return self.core.status()
-
-    async def listen(self, known: Versions, timeout_s: float) -> Updates:
-        await self.ready()
-        return await self.core.listen(known, timeout_s)
-
-    async def record_models(self, replica_id: str, models: tuple[str, ...], sequence: int) -> None:
-        await self.ready()
-        self.core.record_models(replica_id, models, sequence)
-
-    async def record_load(self, caller: str, loads: Loads, outcomes: Outcomes = ()) -> None:
-        await self.ready()
-        self.core.record_load(caller, loads, outcomes)
-
-    async def shutdown(self) -> None:
-        await self.ready()
-        for name in list(self.core.apps):
-            await self.core.delete_app(name)
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 60
-        while self.core.deployments and loop.time() < deadline:
-            await asyncio.sleep(0.05)
-        await self.core.backend.save_checkpoint(b"")
-        await self._proxies.stop()
-        await self.core.stop()
-        stored.forget_serving_state()

@@ -1,6 +1,6 @@
-"""Building a config file's applications on the cluster, each in a Ray task that runs
-under the application's ``runtime_env``: the import is proven where replicas will run,
-and the command that deploys needs none of the application's dependencies."""
+"""Building applications on the cluster, each in a Ray task that runs under the
+application's ``runtime_env``: the import is proven where replicas will run, and the
+command that deploys needs none of the application's dependencies."""
 
 from __future__ import annotations
 
@@ -12,43 +12,37 @@ from ray.exceptions import GetTimeoutError, RayError, RayTaskError
 
 from app_toolkit._runtime.backends.ray.cluster import dumps
 from app_toolkit._runtime.messages import AppSpec
-from app_toolkit.config_file import ApplicationConfig
+from app_toolkit._runtime.session import Build
 from app_toolkit.exceptions import ConfigError
 
 #: Setting up a runtime_env may install packages; a build that takes longer has failed.
 BUILD_TIMEOUT_S = 600.0
 
 
-class _Codec:
-    def serialize(self, value: object) -> bytes:
-        return dumps(value)
+def _build(build: Build) -> AppSpec:
+    return build.make(dumps)
 
 
-def _build(app: ApplicationConfig) -> AppSpec:
-    from app_toolkit.config_deploy import build_spec
-
-    return build_spec(app, _Codec())
-
-
-def build_specs(apps: Sequence[ApplicationConfig]) -> list[AppSpec]:
+def build_on_cluster(builds: Sequence[Build]) -> list[AppSpec]:
     """Build every application (in parallel); any failure fails them all, naming each."""
     # A fresh worker per build (max_calls=1): it imports the code as it is now, not a
     # module a pooled worker imported for an earlier build.
     task = ray.remote(num_cpus=0, max_retries=0, max_calls=1)(_build)
-    refs: list[Any] = [task.options(runtime_env=app.runtime_env or None).remote(app) for app in apps]
+    refs: list[Any] = [task.options(runtime_env=build.runtime_env or None).remote(build) for build in builds]
     specs: list[AppSpec] = []
     failures: list[str] = []
-    for index, (app, ref) in enumerate(zip(apps, refs, strict=True)):
+    for index, (build, ref) in enumerate(zip(builds, refs, strict=True)):
+        where = f"applications[{index}] ({build.name})"
         try:
             specs.append(ray.get(ref, timeout=BUILD_TIMEOUT_S))
         except RayTaskError as exc:
             cause = exc.cause if exc.cause is not None else exc
-            failures.append(f"applications[{index}] ({app.name}): {cause}")
+            failures.append(f"{where}: {cause}")
         except GetTimeoutError:
             ray.cancel(ref, force=True)
-            failures.append(f"applications[{index}] ({app.name}): not built within {BUILD_TIMEOUT_S:.0f} s")
+            failures.append(f"{where}: not built within {BUILD_TIMEOUT_S:.0f} s")
         except RayError as exc:  # e.g. the runtime_env could not be set up
-            failures.append(f"applications[{index}] ({app.name}): {exc}")
+            failures.append(f"{where}: {exc}")
     if failures:
         hint = (
             "(the cluster's workers import the code: install it on every node, start "

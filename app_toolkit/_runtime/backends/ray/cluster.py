@@ -20,7 +20,7 @@ import ray
 from ray import cloudpickle
 from starlette.datastructures import State
 
-from app_toolkit._runtime import log_format, otel
+from app_toolkit._runtime import log_format, tracing
 from app_toolkit.config import LOG_LEVEL_ENV
 from app_toolkit.exceptions import ConfigError
 
@@ -105,9 +105,9 @@ def configure_worker() -> None:
     OpenTelemetry set-up it named, from the environment."""
     log_format.configure()
     try:
-        otel.setup_from_env()
+        tracing.setup_from_env()
     except Exception:
-        logger.exception("The OpenTelemetry set-up (%s) failed in this process: no spans", otel.SETUP_ENV)
+        logger.exception("The OpenTelemetry set-up (%s) failed in this process: no spans", tracing.SETUP_ENV)
 
 
 def settle_heap() -> None:
@@ -160,7 +160,7 @@ def init_ray(address: str | None, **options: Any) -> None:
     }
     # A cluster started elsewhere did not inherit this process's environment: the log
     # level and format reach this job's workers through its runtime environment.
-    forwarded = (LOG_LEVEL_ENV, log_format.FORMAT_ENV, otel.SETUP_ENV, *MALLOC_ENV)
+    forwarded = (LOG_LEVEL_ENV, log_format.FORMAT_ENV, tracing.SETUP_ENV, *MALLOC_ENV)
     asked = {name: os.environ[name] for name in forwarded if name in os.environ}
     if address is not None and asked and "runtime_env" not in kwargs:
         kwargs["runtime_env"] = {"env_vars": asked}

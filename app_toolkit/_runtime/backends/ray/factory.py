@@ -16,20 +16,21 @@ from app_toolkit._runtime.backends.ray.cluster import (
     init_ray,
     remote,
 )
-from app_toolkit._runtime.backends.ray.session import RaySession
+from app_toolkit._runtime.backends.ray.link import RayLink
+from app_toolkit._runtime.session import Session
 from app_toolkit.config import HTTPOptions
 from app_toolkit.exceptions import ConfigError
 
 
 class _RayFactory:
-    def start(self, address: str | None, http: HTTPOptions | None) -> RaySession:
+    def start(self, address: str | None, http: HTTPOptions | None) -> Session:
         """Join or start Ray, then find or start the controller and its proxies.
 
         Inside an actor (a replica's user code calling a handle) with no ``http``: attach
         to the running controller without blocking calls.
         """
         if http is None and ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None:
-            return RaySession(controller_actor())
+            return Session(RayLink(controller_actor()))
         init_ray(address)
         # The controller (and a HeadOnly proxy) lives on the head node: the node whose loss
         # ends the cluster anyway, so worker nodes can come and go.
@@ -49,16 +50,16 @@ class _RayFactory:
                 f"first (app-toolkit shutdown) to use {http.model_dump()}"
             )
         ray.get(controller.ready.remote())
-        return RaySession(controller)
+        return Session(RayLink(controller))
 
-    def find(self, address: str | None) -> RaySession | None:
+    def find(self, address: str | None) -> Session | None:
         """The running toolkit on the cluster, or None (never starts anything)."""
         if not ray.is_initialized():
             if address is None and not os.environ.get("RAY_ADDRESS"):
                 return None
             init_ray(address)
         try:
-            return RaySession(controller_actor())
+            return Session(RayLink(controller_actor()))
         except ValueError:
             return None
 

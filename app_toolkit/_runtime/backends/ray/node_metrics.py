@@ -15,6 +15,7 @@ import ray
 from app_toolkit import metrics
 from app_toolkit._runtime.backends.ray import stored
 from app_toolkit._runtime.backends.ray.cluster import CONTROLLER_NAME, NAMESPACE, REPLICA_PREFIX
+from app_toolkit._runtime.controller.api import ControllerAPI
 from app_toolkit._runtime.tables import ReplicaTable
 from app_toolkit.metrics import FamilySnapshot
 from app_toolkit.status import ServeStatus
@@ -72,7 +73,7 @@ class NodeMetrics:
         """The controller's status (raises when it does not answer in time)."""
         try:
             controller = await self._find_controller()
-            answer: ServeStatus = await asyncio.wait_for(controller.status.remote(), _READ_TIMEOUT_S)
+            answer: ServeStatus = await asyncio.wait_for(controller.run.remote(_status), _READ_TIMEOUT_S)
         except Exception:
             self._controller = None  # look it up again next time (it may have restarted)
             raise
@@ -96,3 +97,8 @@ class NodeMetrics:
             MISSED.inc()
             return None
         return families if node == self._node else None
+
+
+async def _status(controller: ControllerAPI) -> ServeStatus:
+    """The control call status() makes (a module-level function: pickled by name)."""
+    return await controller.status()

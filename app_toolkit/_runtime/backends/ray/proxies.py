@@ -30,10 +30,11 @@ _READY_TIMEOUT_S = 30.0
 class ProxyFleet:
     """Keeps the wanted proxies serving; ``urls`` (node id → URL) is what ``status()`` shows."""
 
-    def __init__(self, actor_class: type, http: HTTPOptions, urls: dict[str, str]) -> None:
+    def __init__(self, actor_class: type, http: HTTPOptions) -> None:
         self._actor_class = actor_class
         self._http = http
-        self._urls = urls
+        #: Node id -> URL of each proxy serving.
+        self.urls: dict[str, str] = {}
         self._actors: dict[str, Any] = {}
         self._port = http.port
         self._home = ray.get_runtime_context().get_node_id()
@@ -105,10 +106,10 @@ class ProxyFleet:
             ).remote(self._http)
         url, port = await asyncio.wait_for(actor.ready.remote(self._port, exclusive), _READY_TIMEOUT_S)
         self._port = port  # with port 0, the first proxy's pick is everyone's port
-        self._urls[node] = url
+        self.urls[node] = url
 
     def _retire(self, node: str) -> None:
         actor = self._actors.pop(node, None)
-        self._urls.pop(node, None)
+        self.urls.pop(node, None)
         if actor is not None:
             ray.kill(actor, no_restart=True)

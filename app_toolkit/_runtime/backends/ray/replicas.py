@@ -18,7 +18,7 @@ from ray.actor import ActorHandle
 from ray.exceptions import RayActorError, RayTaskError
 
 from app_toolkit import metrics
-from app_toolkit._runtime.backends.ray import stored
+from app_toolkit._runtime.backends.ray import link, stored
 from app_toolkit._runtime.backends.ray.cluster import (
     NAMESPACE,
     REPLICA_PREFIX,
@@ -30,7 +30,7 @@ from app_toolkit._runtime.backends.ray.cluster import (
     remote,
     settle_heap,
 )
-from app_toolkit._runtime.backends.ray.session import RaySession
+from app_toolkit._runtime.backends.ray.proxies import ProxyFleet
 from app_toolkit._runtime.channel.server import start_server
 from app_toolkit._runtime.channel.tls import replica_tls
 from app_toolkit._runtime.messages import AdoptedReplica, DeploymentID, DeploymentSpec, ReplicaInfo
@@ -77,13 +77,18 @@ class ReplicaActor:
         caller_metrics.set_caller(replica_id)
         # Handle calls of the user's code run on this actor's loop (before the user's
         # constructor, which may make some).
-        RaySession.attach(asyncio.get_running_loop())
+        link.attach(asyncio.get_running_loop())
         core = ReplicaCore(
             replica_id, deployment, config, pickle.loads(definition), pickle.loads(init_args), dumps
         )
         controller = controller_actor()
         reports = itertools.count()
-        core.report_models = lambda models: controller.record_models.remote(replica_id, models, next(reports))
+
+        def report_models(models: tuple[str, ...]) -> None:
+            sequence = next(reports)  # Ray owns the call: nothing here waits for it
+            controller.run.remote(lambda c: c.record_models(replica_id, models, sequence))
+
+        core.report_models = report_models
         await core.start()
         token = secrets.token_bytes(16)
         host = data_plane_host()
@@ -145,10 +150,11 @@ class ReplicaActor:
 
 
 class RayReplicas:
-    """The controller's Backend on Ray."""
+    """The controller's Backend on Ray: replica actors, the GCS, the proxy fleet."""
 
-    def __init__(self) -> None:
+    def __init__(self, proxies: ProxyFleet) -> None:
         self._draining: set[asyncio.Future[None]] = set()
+        self._proxies = proxies
 
     async def start_replica(
         self, replica_id: str, spec: DeploymentSpec, rank: int
@@ -239,3 +245,7 @@ class RayReplicas:
 
     async def save_tables(self, tables: dict[str, Table]) -> None:
         stored.save_tables(tables)
+
+    async def stop_proxies(self) -> None:
+        await self._proxies.stop()
+        stored.forget_serving_state()

@@ -1,0 +1,271 @@
+"""Tracing through the toolkit: W3C trace context, and OpenTelemetry spans when asked.
+
+Trace context: the proxy keeps a request's valid ``traceparent`` header, or starts a
+trace by adding one. Each replica that works on the request (the ingress, then every
+deployment a handle call reaches) runs as a new span of that trace, whose parent is its
+caller's span; user code reads it with ``app_toolkit.tracing.current_trace()``.
+
+OpenTelemetry spans for the toolkit's hops (the proxy's request, each replica's work,
+each handle call) are made only when OpenTelemetry is installed *and* a tracer provider
+has been set in the process (by the application, or by the function
+``APP_TOOLKIT_OTEL_SETUP`` names, which every toolkit process calls at start). Otherwise
+every span function returns at once and nothing is allocated. A span's ids are the ids
+the toolkit propagates, so ``current_trace()`` names the exported span.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import re
+import time
+from contextvars import ContextVar, Token
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from app_toolkit.exceptions import ConfigError
+
+try:
+    from opentelemetry import context as _context
+    from opentelemetry import trace as _api
+    from opentelemetry.trace import NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+    from opentelemetry.trace.span import TraceState
+except ImportError:  # the optional extra is not installed: no spans, no cost
+    _api = None  # type: ignore[assignment]
+
+#: version 00: trace id (32 hex), parent span id (16 hex), flags (2 hex).
+_TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?")
+TRACEPARENT_HEADER = b"traceparent"
+TRACESTATE_HEADER = b"tracestate"
+
+
+@dataclass(frozen=True, slots=True)
+class TraceContext:
+    """The span the current code runs in."""
+
+    trace_id: str  # 32 hex digits, the same for every span of the request
+    span_id: str  # 16 hex digits, this span
+    parent_id: str  # the caller's span ("" when this span started the trace)
+    flags: str = "01"  # sampled
+    state: str = ""  # tracestate, passed on unchanged
+
+    @property
+    def traceparent(self) -> str:
+        """The header value that makes a callee's span a child of this one."""
+        return f"00-{self.trace_id}-{self.span_id}-{self.flags}"
+
+
+_current: ContextVar[TraceContext | None] = ContextVar("app_toolkit_trace", default=None)
+
+
+def current_trace() -> TraceContext | None:
+    """The span of the request being served (None outside a request)."""
+    return _current.get()
+
+
+def parse(traceparent: str) -> tuple[str, str, str] | None:
+    """(trace id, parent span id, flags) of a valid ``traceparent``; None if invalid."""
+    found = _TRACEPARENT.fullmatch(traceparent.strip())
+    if found is None:
+        return None
+    version, trace_id, parent_id, flags, rest = found.groups()
+    if version == "ff" or (version == "00" and rest) or set(trace_id) == {"0"} or set(parent_id) == {"0"}:
+        return None
+    return trace_id, parent_id, flags
+
+
+def _span_id() -> str:
+    # Random, not secret: trace ids only need to be unique (and are cheap to make).
+    return f"{random.getrandbits(64) or 1:016x}"
+
+
+def new_trace() -> TraceContext:
+    """The first span of a new trace."""
+    return TraceContext(f"{random.getrandbits(128) or 1:032x}", _span_id(), "")
+
+
+def remote(traceparent: str, tracestate: str = "") -> TraceContext | None:
+    """The caller's span as its ``traceparent`` names it (None if it is not valid)."""
+    parsed = parse(traceparent) if traceparent else None
+    if parsed is None:
+        return None
+    trace_id, span_id, flags = parsed
+    return TraceContext(trace_id, span_id, "", flags, tracestate)
+
+
+def child(parent: TraceContext | None) -> TraceContext:
+    """A new span whose parent is ``parent`` (a new trace when None)."""
+    if parent is None:
+        return new_trace()
+    return TraceContext(parent.trace_id, _span_id(), parent.span_id, parent.flags, parent.state)
+
+
+def child_of(traceparent: str, tracestate: str = "") -> TraceContext:
+    """A new span whose parent is ``traceparent``'s (a new trace if it is not valid)."""
+    return child(remote(traceparent, tracestate))
+
+
+def enter(trace: TraceContext) -> Token[TraceContext | None]:
+    """Run the current task (and what it calls) in ``trace`` until :func:`leave`."""
+    return _current.set(trace)
+
+
+def leave(token: Token[TraceContext | None]) -> None:
+    _current.reset(token)
+
+
+def from_headers(headers: list[tuple[bytes, bytes]]) -> tuple[str, str]:
+    """(traceparent, tracestate) from ASGI headers ("" for a missing one)."""
+    parent = state = ""
+    for key, value in headers:
+        if key == TRACEPARENT_HEADER:
+            parent = value.decode("latin-1")
+        elif key == TRACESTATE_HEADER:
+            state = value.decode("latin-1")
+    return parent, state
+
+
+def with_traceparent(headers: list[tuple[bytes, bytes]], trace: TraceContext) -> list[tuple[bytes, bytes]]:
+    """``headers`` with ``trace`` as the traceparent (the app then sees its own span as
+    the parent of what it does)."""
+    kept = [item for item in headers if item[0] != TRACEPARENT_HEADER]
+    return [*kept, (TRACEPARENT_HEADER, trace.traceparent.encode())]
+
+
+# ------------------------------------------------------------------------ OpenTelemetry
+
+logger = logging.getLogger("app_toolkit.tracing")
+
+#: ``module:function`` to call once in every toolkit process to set a tracer provider.
+SETUP_ENV = "APP_TOOLKIT_OTEL_SETUP"
+_INSTRUMENTATION = "app_toolkit"
+
+Kind = Literal["server", "client"]
+_RECHECK_S = 1.0
+_state: dict[str, Any] = {"tracer": None, "setup_done": False, "next_check": 0.0}
+
+
+def _tracer() -> Any:
+    """The toolkit's tracer once a real provider is set; None before. Looking up the
+    provider costs about a microsecond, so without one it is looked up at most once a
+    second (a provider set later makes spans from then on)."""
+    tracer = _state["tracer"]
+    if tracer is not None or _api is None:
+        return tracer
+    now = time.monotonic()
+    if now < _state["next_check"]:
+        return None
+    _state["next_check"] = now + _RECHECK_S
+    provider = _api.get_tracer_provider()
+    if isinstance(provider, _api.ProxyTracerProvider | _api.NoOpTracerProvider):
+        return None  # nobody configured OpenTelemetry in this process
+    tracer = _state["tracer"] = provider.get_tracer(_INSTRUMENTATION)
+    return tracer
+
+
+class Span:
+    """One exported span and the trace context the toolkit propagates for it."""
+
+    __slots__ = ("_span", "_token", "trace")
+
+    def __init__(self, span: Any, trace: TraceContext) -> None:
+        self._span = span
+        self._token: Any = None
+        self.trace = trace
+
+    def activate(self) -> None:
+        """Make it OpenTelemetry's current span in this task, so the spans user code
+        makes are its children (until :meth:`end`, which must run in the same task)."""
+        self._token = _context.attach(_api.set_span_in_context(self._span))
+
+    def rename(self, name: str) -> None:
+        self._span.update_name(name)
+
+    def set(self, key: str, value: str | int) -> None:
+        self._span.set_attribute(key, value)
+
+    def end(self, error: str = "") -> None:
+        if self._token is not None:
+            _context.detach(self._token)
+            self._token = None
+        if error:
+            self._span.set_status(Status(StatusCode.ERROR, error))
+        self._span.end()
+
+
+def start(name: str, kind: Kind, parent: TraceContext | None) -> Span | None:
+    """A new span, child of ``parent``'s span (its span_id), or when None of
+    OpenTelemetry's current span (a new trace if there is none). None when no tracer
+    provider is set."""
+    tracer = _tracer()
+    if tracer is None:
+        return None
+    context = None
+    state = ""
+    if parent is not None:
+        state = parent.state
+        remote = SpanContext(
+            int(parent.trace_id, 16),
+            int(parent.span_id, 16),
+            is_remote=True,
+            trace_flags=TraceFlags(int(parent.flags, 16)),
+            trace_state=TraceState.from_header([state]) if state else None,
+        )
+        context = _api.set_span_in_context(NonRecordingSpan(remote))
+    span = tracer.start_span(
+        name, context=context, kind=SpanKind.SERVER if kind == "server" else SpanKind.CLIENT
+    )
+    made = span.get_span_context()
+    parent_id = parent.span_id if parent is not None else ""
+    if parent is None:  # a child of OpenTelemetry's current span, if there is one
+        above = getattr(span, "parent", None)
+        parent_id = f"{above.span_id:016x}" if above is not None else ""
+        state = made.trace_state.to_header() if made.trace_state else ""
+    trace = TraceContext(
+        f"{made.trace_id:032x}", f"{made.span_id:016x}", parent_id, f"{int(made.trace_flags):02x}", state
+    )
+    return Span(span, trace)
+
+
+def begin(name: str, kind: Kind, parent: TraceContext | None) -> tuple[TraceContext, Span | None]:
+    """The trace context for a new hop below ``parent``, and its exported span if spans
+    are being made (else None, and the context's ids are the toolkit's own). A server
+    span is OpenTelemetry's current span until it ends."""
+    span = start(name, kind, parent)
+    if span is None:
+        return child(parent), None
+    if kind == "server":
+        span.activate()
+    return span.trace, span
+
+
+def setup_from_env() -> None:
+    """Call the function ``APP_TOOLKIT_OTEL_SETUP`` names, once per process. Raises
+    ConfigError (with what to fix) when it cannot be imported or OpenTelemetry is missing."""
+    path = os.environ.get(SETUP_ENV, "")
+    if not path or _state["setup_done"]:
+        return
+    _state["setup_done"] = True
+    if _api is None:
+        raise ConfigError(
+            f"{SETUP_ENV} is set, but OpenTelemetry is not installed: "
+            "pip install 'app_toolkit[opentelemetry]' (or unset the variable)"
+        )
+    from app_toolkit.import_path import import_attr
+
+    setup = import_attr(path)
+    if not callable(setup):
+        raise ConfigError(f'{SETUP_ENV}="{path}" must name a function that sets a tracer provider')
+    setup()
+    _state["next_check"] = 0.0
+    if _tracer() is None:
+        logger.warning("%s=%s ran but set no tracer provider: no spans are exported", SETUP_ENV, path)
+
+
+def client_span(name: str) -> tuple[TraceContext | None, Span | None]:
+    """For a handle call: the span the callee is to be a child of. That is the current
+    trace, or with spans on, a new client span (which the call ends) below
+    OpenTelemetry's current span: the replica's, or one user code opened inside it."""
+    span = start(name, "client", None)
+    return (span.trace if span is not None else current_trace()), span

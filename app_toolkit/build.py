@@ -1,0 +1,299 @@
+"""Building applications: from a bound graph (code) or a config file's entry to the
+:class:`AppSpec` the controller deploys. The one place that walks an application.
+
+- :func:`build_app`: walk the bound graph from the ingress; bound deployments in
+  arguments become handles; a FastAPI ingress's ``@replicated`` routes add their pools.
+- :func:`build_spec`: a config entry's ``import_path`` (an application, a FastAPI app or
+  router, or a builder function taking ``args``), with the entry's per-deployment
+  options on top of the code's and the application's ``runtime_env`` on every replica.
+  It runs where the replicas will (on Ray, a task under that ``runtime_env``), given as a
+  :class:`~app_toolkit._runtime.session.Build` (:func:`builds`).
+- :func:`describe`: the config file for applications in code (``app-toolkit build``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import hashlib
+import inspect
+import json
+import typing
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from app_toolkit._runtime.messages import AppSpec, DeploymentID, DeploymentSpec
+from app_toolkit._runtime.replica.replica import ASGI_APP_ATTR
+from app_toolkit._runtime.session import Build, Serialize
+from app_toolkit.config_file import ApplicationConfig, parse_config
+from app_toolkit.deployment import Application, Deployment
+from app_toolkit.exceptions import ConfigError
+from app_toolkit.handle import DeploymentHandle
+from app_toolkit.import_path import import_attr
+from app_toolkit.route_table import RouteTable, route_table
+
+
+def build_app(
+    target: Application,
+    name: str,
+    route_prefix: str | None,
+    serialize: Serialize,
+    configure: Callable[[Deployment], Deployment] | None = None,
+) -> AppSpec:
+    """The spec of application ``name`` whose ingress is ``target``. ``configure`` may
+    replace each deployment (and pool) with a copy of other options (a config file's
+    overrides)."""
+    graph = _Graph(name, serialize, configure)
+    ingress = graph.visit(target)
+    table = _route_table(target)
+    if table is None:
+        return AppSpec(name, route_prefix, ingress, graph.specs())
+    # A @replicated route's pool runs the ingress's own class and arguments with the
+    # pool's options; the proxy sends it only its routes' requests.
+    for pool, options in table.pools.items():
+        graph.visit(
+            Application(
+                Deployment(target.deployment.func_or_class, pool, options), target.args, target.kwargs
+            )
+        )
+    return AppSpec(name, route_prefix, ingress, graph.specs(), table.routes, table.paths)
+
+
+def _route_table(target: Application) -> RouteTable | None:
+    """The ingress's routes with pools or deadlines (None: it is not an ASGI ingress)."""
+    asgi = getattr(target.deployment.func_or_class, ASGI_APP_ATTR, None)
+    return route_table(asgi) if asgi is not None else None
+
+
+class _Graph:
+    """The deployments of one application, met while walking its bound graph."""
+
+    def __init__(
+        self, app: str, serialize: Serialize, configure: Callable[[Deployment], Deployment] | None
+    ) -> None:
+        self.app = app
+        self._serialize = serialize
+        self._configure = configure
+        self._specs: dict[str, DeploymentSpec] = {}
+        # Bound node -> its deployment name. The node is kept too: an id is unique only
+        # while its object lives, and pools are temporary nodes (a freed one's id can
+        # come back for the next, which then looked visited and was left out).
+        self._names: dict[int, tuple[Application, str]] = {}
+
+    def specs(self) -> tuple[DeploymentSpec, ...]:
+        return tuple(self._specs.values())
+
+    def visit(self, node: Application) -> str:
+        """Add ``node``'s deployment (and what its arguments bind) once; returns its name."""
+        if id(node) in self._names:
+            return self._names[id(node)][1]
+        deployment = node.deployment
+        if deployment.name in self._specs or any(seen == deployment.name for _, seen in self._names.values()):
+            raise ConfigError(
+                f"Application {self.app!r} has two deployments named {deployment.name!r}; give one "
+                f"another name with .options(name=...)"
+            )
+        self._names[id(node)] = (node, deployment.name)
+        if self._configure is not None:
+            deployment = self._configure(deployment)
+        args = tuple(self._handles_for(arg) for arg in node.args)
+        kwargs = {key: self._handles_for(value) for key, value in node.kwargs.items()}
+        try:
+            definition = self._serialize(deployment.func_or_class)
+            init_args = self._serialize((args, kwargs))
+        except Exception as exc:  # noqa: BLE001 - any pickling failure is the user's to fix
+            raise ConfigError(
+                f"Deployment {deployment.name!r} of application {self.app!r} cannot be sent to its "
+                f"replicas: {exc}. Keep its code importable or picklable, and its arguments "
+                "plain data, handles or importable objects."
+            ) from None
+        config = deployment.config
+        heavy = config.model_dump_json(exclude=set(config.in_place_options())).encode()
+        self._specs[deployment.name] = DeploymentSpec(
+            id=DeploymentID(self.app, deployment.name),
+            definition=definition,
+            init_args=init_args,
+            config=config,
+            is_asgi=hasattr(deployment.func_or_class, ASGI_APP_ATTR),
+            code_version=hashlib.sha256(definition + init_args + heavy).hexdigest()[:16],
+        )
+        return deployment.name
+
+    def _handles_for(self, value: object) -> object:
+        """``value`` with every bound deployment in it replaced by a handle to it."""
+        if isinstance(value, Application):
+            return DeploymentHandle(self.visit(value), self.app)
+        if isinstance(value, list | tuple):
+            return type(value)(self._handles_for(item) for item in value)
+        if isinstance(value, dict):
+            return {key: self._handles_for(item) for key, item in value.items()}
+        return value
+
+
+def as_application(value: Any, path: str, name: str | None) -> Application:
+    """What an import path names, as an application (routers are mounted in an App)."""
+    from fastapi import APIRouter, FastAPI
+
+    from app_toolkit.ingress import App
+
+    if isinstance(value, Application):
+        return value
+    if isinstance(value, (FastAPI, APIRouter)):
+        return App(value, name=name or "default")
+    if isinstance(value, Deployment):
+        raise ConfigError(
+            f'"{path}" is a deployment; point at an application such as '
+            f"{value.name}.bind() (assign it to a variable and use that)"
+        )
+    raise ConfigError(
+        f'"{path}" is a {type(value).__name__}; expected an application '
+        "(App(router) or Deployment.bind()), a FastAPI app, an APIRouter or a builder "
+        "function returning one"
+    )
+
+
+def load_application(path: str, args: Mapping[str, Any], name: str | None) -> Application:
+    """Import ``path``; a builder function is called with ``args`` (Ray Serve's rule)."""
+    value = import_attr(path)
+    if inspect.isfunction(value):
+        return as_application(_call_builder(value, path, args), path, name)
+    if args:
+        raise ConfigError(
+            f'"{path}" is not a builder function, so it takes no args; remove "args" or point '
+            "import_path at a function that takes them and returns the application"
+        )
+    return as_application(value, path, name)
+
+
+def _call_builder(builder: Callable[..., Any], path: str, args: Mapping[str, Any]) -> Any:
+    parameters = list(inspect.signature(builder).parameters.values())
+    if len(parameters) != 1:
+        raise ConfigError(
+            f'Builder "{path}" must take exactly one argument (the args), it takes {len(parameters)}'
+        )
+    try:
+        annotation = typing.get_type_hints(builder).get(parameters[0].name)
+    except Exception:  # noqa: BLE001 - unresolvable hints: pass the plain dict
+        annotation = None
+    if inspect.isclass(annotation) and issubclass(annotation, BaseModel):
+        try:
+            return builder(annotation.model_validate(dict(args)))
+        except ValidationError as exc:
+            raise ConfigError(f'Invalid args for builder "{path}": {exc}') from None
+    return builder(dict(args))
+
+
+def configure(app: ApplicationConfig) -> Callable[[Deployment], Deployment]:
+    """The entry's options for each deployment, and its runtime_env for every replica."""
+    overrides = {entry.name: entry.options for entry in app.deployments}
+
+    def apply(deployment: Deployment) -> Deployment:
+        options = dict(overrides.get(deployment.name, {}))
+        if app.runtime_env:
+            actor = {
+                **deployment.config.ray_actor_options.model_dump(),
+                **options.get("ray_actor_options", {}),
+            }
+            actor["runtime_env"] = {**app.runtime_env, **(actor.get("runtime_env") or {})}
+            options["ray_actor_options"] = actor
+        return deployment.options(**options) if options else deployment
+
+    return apply
+
+
+def check_overrides(app: ApplicationConfig, deployed: list[str]) -> None:
+    """Every deployment the entry names must be in the application."""
+    unknown = [entry.name for entry in app.deployments if entry.name not in deployed]
+    if unknown:
+        raise ConfigError(
+            f"deployments: {unknown[0]!r} is not a deployment of "
+            f"{app.import_path} (it has: {', '.join(sorted(deployed))})"
+        )
+
+
+def build_spec(app: ApplicationConfig, serialize: Serialize) -> AppSpec:
+    """Import, configure and build one application entry (in the process that will
+    prove the import: a Ray task under its runtime_env, or this one on the local backend)."""
+    try:
+        target = load_application(app.import_path, app.args, app.name)
+    except ConfigError as exc:
+        raise ConfigError(f"import_path: {exc}") from None
+    spec = build_app(target, app.name, app.route_prefix, serialize, configure(app))
+    check_overrides(app, [deployment.id.name for deployment in spec.deployments])
+    return dataclasses.replace(spec, deployments=tuple(_versioned(app, d) for d in spec.deployments))
+
+
+def builds(apps: Sequence[ApplicationConfig]) -> list[Build]:
+    """A config file's applications, each to be built where its replicas run."""
+    return [Build(app.name, app.runtime_env, functools.partial(build_spec, app)) for app in apps]
+
+
+def _versioned(app: ApplicationConfig, spec: DeploymentSpec) -> DeploymentSpec:
+    """A file's deployment keeps its replicas while its entry's code (import path,
+    runtime_env, args) and heavy options stay the same, as in Ray Serve: code built in
+    another process pickles to other bytes, so the bytes cannot tell."""
+    code = [app.import_path, app.runtime_env, app.args, spec.id.name]
+    entry = json.dumps(code, sort_keys=True, default=str)
+    heavy = spec.config.model_dump_json(exclude=set(spec.config.in_place_options()))
+    version = hashlib.sha256((entry + heavy).encode()).hexdigest()[:16]
+    return dataclasses.replace(spec, code_version=version)
+
+
+def describe(paths: Sequence[str]) -> dict[str, Any]:
+    """A config file for the applications at ``paths``, with the options set in code
+    (``app-toolkit build``); it validates as written."""
+    applications: list[dict[str, Any]] = []
+    for index, path in enumerate(paths):
+        target = load_application(path, {}, None)
+        name = target.default_name or ("default" if len(paths) == 1 else f"app{index + 1}")
+        if any(app["name"] == name for app in applications):
+            name = f"{name}{index + 1}"
+        prefix = target.default_route_prefix or "/"
+        if any(app["route_prefix"] == prefix for app in applications):
+            prefix = f"/{name}"
+        applications.append(
+            {
+                "name": name,
+                "route_prefix": prefix,
+                "import_path": path,
+                "runtime_env": {},
+                "deployments": [_options_in_code(d) for d in _deployments(target)],
+            }
+        )
+    config = {
+        "proxy_location": "EveryNode",
+        "http_options": {"host": "127.0.0.1", "port": 8000},
+        "applications": applications,
+    }
+    parse_config(config, "the built config")
+    return config
+
+
+def _deployments(target: Application) -> list[Deployment]:
+    """Every deployment of an application's graph (and its route pools), ingress first."""
+    found: dict[str, Deployment] = {}
+
+    def walk(value: Any) -> None:
+        if isinstance(value, Application):
+            found.setdefault(value.deployment.name, value.deployment)
+            for item in [*value.args, *value.kwargs.values()]:
+                walk(item)
+        elif isinstance(value, (list, tuple)):
+            for item in value:
+                walk(item)
+        elif isinstance(value, dict):
+            for item in value.values():
+                walk(item)
+
+    walk(target)
+    table = _route_table(target)
+    for pool, options in table.pools.items() if table is not None else ():
+        found.setdefault(pool, Deployment(target.deployment.func_or_class, pool, options))
+    return list(found.values())
+
+
+def _options_in_code(deployment: Deployment) -> dict[str, Any]:
+    config = deployment.config
+    return {"name": deployment.name, **config.model_dump(mode="json", exclude_unset=True)}
