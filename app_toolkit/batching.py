@@ -15,12 +15,13 @@ import asyncio
 import functools
 import inspect
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from typing import (
     Any,
     Generic,
     Protocol,
     TypeVar,
+    cast,
     overload,
 )
 
@@ -38,6 +39,12 @@ S = TypeVar("S")
 T_contra = TypeVar("T_contra", contravariant=True)
 R_co = TypeVar("R_co", covariant=True)
 
+#: The user's batch function, bound to its instance: a list of items in, a list of
+#: results out (awaited, or yielded by an async generator).
+BatchFunction = Callable[[list[object]], object]
+#: An item's size in a batch (``batch_size_fn``).
+SizeOf = Callable[[object], int]
+
 # ----------------------------------------------------------------------------- runner
 
 BATCH_SIZE = metrics.Histogram(
@@ -54,10 +61,10 @@ class _Batcher:
 
     def __init__(
         self,
-        call: Callable[[list[Any]], Any],
+        call: BatchFunction,
         streaming: bool,
         config: BatchConfig,
-        size_fn: Callable[[Any], int] | None,
+        size_fn: SizeOf | None,
         name: str,
     ) -> None:
         self.loop = asyncio.get_running_loop()
@@ -70,7 +77,7 @@ class _Batcher:
         self._name = name
         self._runner = self.loop.create_task(self._run())
 
-    def _enqueue(self, value: Any, pending: Pending) -> Pending:
+    def _enqueue(self, value: object, pending: Pending) -> Pending:
         if self._size_fn is not None:
             pending.size = int(self._size_fn(value))
             if pending.size < 1:
@@ -79,7 +86,7 @@ class _Batcher:
         self._wake.set()
         return pending
 
-    async def call(self, value: Any) -> Any:
+    async def call(self, value: object) -> object:
         pending = self._enqueue(value, Pending(value, self.loop.time(), future=self.loop.create_future()))
         assert pending.future is not None
         try:
@@ -88,7 +95,7 @@ class _Batcher:
             self._leave(pending)
             raise
 
-    async def stream(self, value: Any) -> AsyncIterator[Any]:
+    async def stream(self, value: object) -> AsyncIterator[object]:
         pending = self._enqueue(value, Pending(value, self.loop.time(), stream=asyncio.Queue()))
         assert pending.stream is not None
         try:
@@ -96,7 +103,7 @@ class _Batcher:
                 kind, item = await pending.stream.get()
                 if kind == "end":
                     return
-                if kind == "error":
+                if isinstance(item, BaseException) and kind == "error":
                     raise item
                 yield item
         finally:
@@ -136,8 +143,7 @@ class _Batcher:
             if self._streaming:
                 await self._execute_stream(batch, values)
             else:
-                results = await self._call(values)
-                _check_results(results, len(batch))
+                results = _checked(await cast(Awaitable[object], self._call(values)), len(batch))
                 for pending, result in zip(batch, results, strict=True):
                     _settle(pending, result)
         except Exception as exc:  # noqa: BLE001 - the whole batch failed: every caller gets the error
@@ -148,11 +154,11 @@ class _Batcher:
             for pending in batch:
                 _end(pending)
 
-    async def _execute_stream(self, batch: list[Pending], values: list[Any]) -> None:
-        generator = self._call(values)
+    async def _execute_stream(self, batch: list[Pending], values: list[object]) -> None:
+        generator = cast(AsyncGenerator[object, None], self._call(values))
         try:
-            async for results in generator:
-                _check_results(results, len(batch))
+            async for yielded in generator:
+                results = _checked(yielded, len(batch))
                 for pending, result in zip(batch, results, strict=True):
                     if pending.finished or pending.cancelled:
                         continue
@@ -169,16 +175,18 @@ class _Batcher:
             await generator.aclose()
 
 
-def _check_results(results: Any, expected: int) -> None:
-    if not isinstance(results, (list, tuple)) or len(results) != expected:
-        got = f"{len(results)} results" if isinstance(results, (list, tuple)) else type(results).__name__
+def _checked(results: object, expected: int) -> Sequence[object]:
+    """``results`` if it is a list (or tuple) of one result per input; else TypeError."""
+    if not isinstance(results, list | tuple) or len(results) != expected:
+        got = f"{len(results)} results" if isinstance(results, list | tuple) else type(results).__name__
         raise TypeError(
             f"A @batch function must return (or yield) a list with one result per input: "
             f"got {got} for a batch of {expected}"
         )
+    return results
 
 
-def _settle(pending: Pending, result: Any) -> None:
+def _settle(pending: Pending, result: object) -> None:
     if isinstance(result, BaseException):
         _fail(pending, result)
     elif pending.future is not None and not pending.future.done():
@@ -229,7 +237,7 @@ class BatchedStream(Protocol[T_contra, R_co]):
 class _Bound:
     """The batched function bound to one instance (or to none, for plain functions)."""
 
-    def __init__(self, batched: _Batched[Any, Any, Any], instance: Any) -> None:
+    def __init__(self, batched: _Batched[Any, Any, Any], instance: object) -> None:
         self._batched = batched
         self._instance = instance
         self.config = batched.config
@@ -246,7 +254,7 @@ class _Bound:
             )
         return self._state
 
-    async def __call__(self, item: Any) -> Any:
+    async def __call__(self, item: object) -> object:
         # A real coroutine function, so callers (and replicas) can tell it is async.
         return await self._batcher().call(item)
 
@@ -270,10 +278,10 @@ class _Bound:
 class _BoundStream(_Bound):
     """A batched async generator bound to one instance: each call is its own stream."""
 
-    def __call__(self, item: Any) -> Any:
+    def __call__(self, item: object) -> AsyncIterator[object]:  # type: ignore[override] # a stream per call
         return self._stream(item)
 
-    async def _stream(self, item: Any) -> AsyncIterator[Any]:
+    async def _stream(self, item: object) -> AsyncIterator[object]:
         async for value in self._batcher().stream(item):
             yield value
 
@@ -281,9 +289,7 @@ class _BoundStream(_Bound):
 class _Batched(Generic[S, T, R]):
     """The decorated function: a descriptor giving each instance its own batcher."""
 
-    def __init__(
-        self, function: Callable[..., Any], config: BatchConfig, size_fn: Callable[[Any], int] | None
-    ) -> None:
+    def __init__(self, function: Callable[..., object], config: BatchConfig, size_fn: SizeOf | None) -> None:
         self.function = function
         self.config = config
         self.size_fn = size_fn
@@ -300,18 +306,18 @@ class _Batched(Generic[S, T, R]):
         self._unbound: _Bound | None = None
         functools.update_wrapper(self, function)
 
-    def __getstate__(self) -> dict[str, Any]:
+    def __getstate__(self) -> dict[str, object]:
         # The batcher of a plain function belongs to this process's event loop; a copy sent
         # to a replica starts its own.
         return {**self.__dict__, "_unbound": None}
 
     @overload
-    def __get__(self, instance: None, owner: Any) -> _Batched[S, T, R]: ...
+    def __get__(self, instance: None, owner: type | None) -> _Batched[S, T, R]: ...
 
     @overload
-    def __get__(self, instance: S, owner: Any) -> BatchedCallable[T, R]: ...
+    def __get__(self, instance: S, owner: type | None) -> BatchedCallable[T, R]: ...
 
-    def __get__(self, instance: Any, owner: Any = None) -> Any:
+    def __get__(self, instance: object, owner: type | None = None) -> Any:
         if instance is None:
             return self
         bound = instance.__dict__.get(self._attribute)
@@ -327,7 +333,7 @@ class _Batched(Generic[S, T, R]):
             self._unbound = (_BoundStream if self.streaming else _Bound)(self, None)
         return self._unbound
 
-    async def __call__(self, item: Any) -> Any:
+    async def __call__(self, item: object) -> object:
         # A coroutine function, so a replica serving a batched function deployment awaits it
         # on its event loop (a plain __call__ returning a coroutine would run in a thread).
         return await self._function()(item)
@@ -345,20 +351,20 @@ class _BatchedStreamMethod(_Batched[S, T, R]):
     """Typing view of a batched async-generator method."""
 
     @overload  # type: ignore[override]
-    def __get__(self, instance: None, owner: Any) -> _BatchedStreamMethod[S, T, R]: ...
+    def __get__(self, instance: None, owner: type | None) -> _BatchedStreamMethod[S, T, R]: ...
 
     @overload
-    def __get__(self, instance: S, owner: Any) -> BatchedStream[T, R]: ...
+    def __get__(self, instance: S, owner: type | None) -> BatchedStream[T, R]: ...
 
-    def __get__(self, instance: Any, owner: Any = None) -> Any:
+    def __get__(self, instance: Any, owner: type | None = None) -> Any:
         return super().__get__(instance, owner)
 
-    def __call__(self, item: Any) -> Any:
+    def __call__(self, item: object) -> Any:
         return self._function()(item)  # each call is its own async iterator
 
 
 class _Decorator:
-    def __init__(self, config: BatchConfig, size_fn: Callable[[Any], int] | None) -> None:
+    def __init__(self, config: BatchConfig, size_fn: SizeOf | None) -> None:
         self._config = config
         self._size_fn = size_fn
 
@@ -376,7 +382,7 @@ class _Decorator:
     @overload
     def __call__(self, function: Callable[[S, list[T]], Awaitable[list[R]]], /) -> _Batched[S, T, R]: ...
 
-    def __call__(self, function: Callable[..., Any], /) -> Any:
+    def __call__(self, function: Callable[..., object], /) -> Any:
         if inspect.isasyncgenfunction(function):
             return _BatchedStreamMethod(function, self._config, self._size_fn)
         return _Batched(function, self._config, self._size_fn)

@@ -132,7 +132,7 @@ class _Graph:
         return value
 
 
-def as_application(value: Any, path: str, name: str | None) -> Application:
+def as_application(value: object, path: str, name: str | None) -> Application:
     """What an import path names, as an application (routers are mounted in an App)."""
     from fastapi import APIRouter, FastAPI
 
@@ -154,7 +154,7 @@ def as_application(value: Any, path: str, name: str | None) -> Application:
     )
 
 
-def load_application(path: str, args: Mapping[str, Any], name: str | None) -> Application:
+def load_application(path: str, args: Mapping[str, object], name: str | None) -> Application:
     """Import ``path``; a builder function is called with ``args`` (Ray Serve's rule)."""
     value = import_attr(path)
     if inspect.isfunction(value):
@@ -167,7 +167,7 @@ def load_application(path: str, args: Mapping[str, Any], name: str | None) -> Ap
     return as_application(value, path, name)
 
 
-def _call_builder(builder: Callable[..., Any], path: str, args: Mapping[str, Any]) -> Any:
+def _call_builder(builder: Callable[..., object], path: str, args: Mapping[str, object]) -> object:
     parameters = list(inspect.signature(builder).parameters.values())
     if len(parameters) != 1:
         raise ConfigError(
@@ -275,7 +275,7 @@ def _deployments(target: Application) -> list[Deployment]:
     """Every deployment of an application's graph (and its route pools), ingress first."""
     found: dict[str, Deployment] = {}
 
-    def walk(value: Any) -> None:
+    def walk(value: object) -> None:
         if isinstance(value, Application):
             found.setdefault(value.deployment.name, value.deployment)
             for item in [*value.args, *value.kwargs.values()]:

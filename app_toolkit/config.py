@@ -52,7 +52,7 @@ class RayActorOptions(_Strict):
     num_gpus: float = Field(0.0, ge=0, description="GPUs per replica; fractions share a GPU.")
     memory: int | None = Field(None, ge=0, description="Bytes of memory reserved per replica.")
     resources: dict[str, float] = Field(default_factory=dict, description="Custom Ray resources per replica.")
-    runtime_env: dict[str, Any] | None = Field(
+    runtime_env: dict[str, JsonValue] | None = Field(
         None, description="Ray runtime environment for the replica processes."
     )
 
@@ -192,7 +192,7 @@ class DeploymentConfig(_Strict):
 
     @model_validator(mode="before")
     @classmethod
-    def _auto_replicas(cls, data: Any) -> Any:
+    def _auto_replicas(cls, data: object) -> object:
         if not isinstance(data, dict):
             return data
         if data.get("num_replicas") == "auto":
@@ -412,7 +412,7 @@ def default_of(model: type[BaseModel], name: str) -> Any:
 M = TypeVar("M", bound=BaseModel)
 
 
-def parse_options(model: type[M], options: Mapping[str, Any], where: str) -> M:
+def parse_options(model: type[M], options: Mapping[str, object], where: str) -> M:
     """Validate ``options`` against ``model``, raising ConfigError with a readable message."""
     try:
         return model.model_validate(dict(options))
@@ -420,7 +420,7 @@ def parse_options(model: type[M], options: Mapping[str, Any], where: str) -> M:
         raise ConfigError(_explain(exc, where)) from None
 
 
-def parse_deployment_config(options: Mapping[str, Any], where: str) -> DeploymentConfig:
+def parse_deployment_config(options: Mapping[str, object], where: str) -> DeploymentConfig:
     """Validate deployment options, raising ConfigError with a readable message."""
     try:
         return DeploymentConfig.model_validate(dict(options))
@@ -428,7 +428,7 @@ def parse_deployment_config(options: Mapping[str, Any], where: str) -> Deploymen
         raise ConfigError(_explain(exc, where)) from None
 
 
-def parse_batch_config(options: Mapping[str, Any], where: str) -> BatchConfig:
+def parse_batch_config(options: Mapping[str, object], where: str) -> BatchConfig:
     """Validate ``@batch`` options."""
     try:
         return BatchConfig.model_validate(dict(options))
@@ -436,7 +436,7 @@ def parse_batch_config(options: Mapping[str, Any], where: str) -> BatchConfig:
         raise ConfigError(_explain(exc, where)) from None
 
 
-def parse_http_options(options: Mapping[str, Any]) -> HTTPOptions:
+def parse_http_options(options: Mapping[str, object]) -> HTTPOptions:
     """Validate proxy options."""
     try:
         return HTTPOptions.model_validate(dict(options))

@@ -24,7 +24,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import yaml  # type: ignore[import-untyped]
 from pydantic import (
@@ -45,7 +45,7 @@ ProxyLocation = Literal["EveryNode", "HeadOnly", "Disabled"]
 
 #: Ray Serve fields with no counterpart here, and the values that mean "not used"; any other
 #: value fails with a message that names the field (never silently ignored).
-_NEUTRAL: dict[str, dict[str, tuple[Any, ...]]] = {
+_NEUTRAL: dict[str, dict[str, tuple[object, ...]]] = {
     "file": {"target_capacity": (None, 100), "controller_options": (None, {}), "tracing_config": (None,)},
     "http": {
         "ssl_keyfile": (None,),
@@ -76,11 +76,15 @@ _NEUTRAL: dict[str, dict[str, tuple[Any, ...]]] = {
 }
 
 
-def _drop_neutral(kind: str, data: Any) -> Any:
-    """Remove Ray Serve-only fields left at their neutral value; refuse any other value."""
+T = TypeVar("T")
+
+
+def _drop_neutral(kind: str, data: T) -> T | dict[str, object]:
+    """Remove Ray Serve-only fields left at their neutral value; refuse any other value.
+    (Anything but a mapping is left for the schema to refuse.)"""
     if not isinstance(data, dict):
         return data
-    kept = dict(data)
+    kept: dict[str, object] = dict(data)
     for field, neutral in _NEUTRAL[kind].items():
         if field in kept:
             if kept[field] not in neutral:
@@ -101,7 +105,7 @@ class FileHTTPOptions(HTTPOptions):
 
     @model_validator(mode="before")
     @classmethod
-    def _neutral(cls, data: Any) -> Any:
+    def _neutral(cls, data: object) -> object:
         data = _drop_neutral("http", data)
         if isinstance(data, dict) and "proxy_location" in data:
             raise ValueError("proxy_location belongs at the top level of the file, not in http_options")
@@ -149,10 +153,10 @@ class DeploymentOverride(_Schema):
 
     @model_validator(mode="before")
     @classmethod
-    def _split(cls, data: Any) -> Any:
+    def _split(cls, data: object) -> object:
         if not isinstance(data, dict):
             return data
-        data = _drop_neutral("deployment", data)
+        data = dict(_drop_neutral("deployment", data))
         if "name" not in data:
             raise ValueError("each deployment needs its name (the class or function name, or name=...)")
         options = {key: value for key, value in data.items() if key != "name"}
@@ -186,7 +190,7 @@ class ApplicationConfig(_Schema):
 
     @model_validator(mode="before")
     @classmethod
-    def _neutral(cls, data: Any) -> Any:
+    def _neutral(cls, data: object) -> object:
         return _drop_neutral("application", data)
 
     @model_validator(mode="after")
@@ -238,7 +242,7 @@ class ServeConfigFile(_Schema):
 
     @model_validator(mode="before")
     @classmethod
-    def _neutral(cls, data: Any) -> Any:
+    def _neutral(cls, data: object) -> object:
         return _drop_neutral("file", data)
 
     @model_validator(mode="after")
@@ -284,7 +288,7 @@ class ServeConfigFile(_Schema):
         )
 
 
-def parse_config(data: Any, source: str) -> ServeConfigFile:
+def parse_config(data: object, source: str) -> ServeConfigFile:
     """Validate an already-loaded config (a mapping); ``source`` names it in errors."""
     if not isinstance(data, Mapping):
         raise ConfigError(
@@ -312,12 +316,12 @@ def load_config(path: str | Path) -> ServeConfigFile:
     return parse_config(data, str(file))
 
 
-def dump_config(config: Mapping[str, Any]) -> str:
+def dump_config(config: Mapping[str, object]) -> str:
     """YAML text of a config (keys in the schema's order)."""
     return str(yaml.safe_dump(dict(config), sort_keys=False, default_flow_style=False))
 
 
-def _explain(error: ValidationError, data: Any, source: str) -> str:
+def _explain(error: ValidationError, data: object, source: str) -> str:
     lines = []
     for item in error.errors():
         where = _field_path(item["loc"], data)
@@ -332,7 +336,7 @@ def _explain(error: ValidationError, data: Any, source: str) -> str:
     return f"Invalid config {source}:\n  " + "\n  ".join(lines)
 
 
-def _field_path(location: tuple[int | str, ...], data: Any) -> str:
+def _field_path(location: tuple[int | str, ...], data: object) -> str:
     """``applications[0] (name 'chat').deployments[1] (Model).num_replicas``."""
     parts: list[str] = []
     node = data

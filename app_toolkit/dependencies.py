@@ -10,6 +10,7 @@ name as part of the application, so routes in an ordinary ``APIRouter`` can use 
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 import fastapi
@@ -53,7 +54,7 @@ def Depends(target: Deployment | Application) -> Any:
     return fastapi.Depends(deployment_handle)
 
 
-def discover(app: Any) -> list[Application]:
+def discover(app: object) -> list[Application]:
     """The bound deployments that the routes of ``app`` depend on, once each."""
     found: dict[int, Application] = {}
 
@@ -69,7 +70,7 @@ def discover(app: Any) -> list[Application]:
     return list(found.values())
 
 
-def api_routes(routes: Any) -> list[APIRoute | APIWebSocketRoute]:
+def api_routes(routes: Iterable[object]) -> list[APIRoute | APIWebSocketRoute]:
     """Every FastAPI route, including those of included routers.
 
     Newer FastAPI keeps an included router as one lazy entry that holds the original

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Callable
-from typing import Any, TypeVar, overload
+from collections.abc import Callable, Mapping
+from typing import NoReturn, overload
 
 from app_toolkit.config import DeploymentConfig, parse_deployment_config
 from app_toolkit.exceptions import ConfigError
 
-T = TypeVar("T")
+#: What a deployment serves: a class (one instance per replica) or a function.
+Target = Callable[..., object]
+
 logger = logging.getLogger("app_toolkit")
 
 
@@ -21,14 +23,14 @@ class Deployment:
     an :class:`Application` that ``run()`` deploys.
     """
 
-    def __init__(self, func_or_class: Any, name: str, options: dict[str, Any]) -> None:
+    def __init__(self, func_or_class: Target, name: str, options: Mapping[str, object]) -> None:
         self.func_or_class = func_or_class
         self.name = name
         self._options = dict(options)
         self.config: DeploymentConfig = parse_deployment_config(options, f"options of deployment {name!r}")
         _warn_about_unfillable_batches(func_or_class, name, self.config)
 
-    def options(self, *, name: str | None = None, **options: Any) -> Deployment:
+    def options(self, *, name: str | None = None, **options: object) -> Deployment:
         """A copy with some options changed (the others are kept).
 
         ``num_replicas`` and ``autoscaling_config`` replace each other.
@@ -40,7 +42,7 @@ class Deployment:
             kept.pop("num_replicas", None)
         return Deployment(self.func_or_class, name or self.name, {**kept, **options})
 
-    def bind(self, *args: Any, **kwargs: Any) -> Application:
+    def bind(self, *args: object, **kwargs: object) -> Application:
         """Fix constructor arguments; other bound deployments become handles."""
         if not inspect.isclass(self.func_or_class) and (args or kwargs):
             raise ConfigError(
@@ -49,7 +51,7 @@ class Deployment:
             )
         return Application(self, args, kwargs)
 
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+    def __call__(self, *args: object, **kwargs: object) -> NoReturn:
         raise ConfigError(
             f"Deployment {self.name!r} cannot be called directly; use "
             f"{self.name}.bind(...) and run() it, then call it through its handle"
@@ -59,7 +61,7 @@ class Deployment:
         return f"Deployment(name={self.name!r})"
 
 
-def _warn_about_unfillable_batches(target: Any, name: str, config: DeploymentConfig) -> None:
+def _warn_about_unfillable_batches(target: Target, name: str, config: DeploymentConfig) -> None:
     if not inspect.isclass(target):
         return
     from app_toolkit.batching import batched_methods
@@ -84,8 +86,8 @@ class Application:
     def __init__(
         self,
         deployment: Deployment,
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
+        args: tuple[object, ...],
+        kwargs: dict[str, object],
         *,
         name: str | None = None,
         route_prefix: str | None = None,
@@ -102,23 +104,23 @@ class Application:
 
 
 @overload
-def deployment(_func_or_class: T, /) -> Deployment: ...
+def deployment(_func_or_class: Target, /) -> Deployment: ...
 
 
 @overload
-def deployment(*, name: str | None = None, **options: Any) -> Callable[[Any], Deployment]: ...
+def deployment(*, name: str | None = None, **options: object) -> Callable[[Target], Deployment]: ...
 
 
 def deployment(
-    _func_or_class: Any = None, /, *, name: str | None = None, **options: Any
-) -> Deployment | Callable[[Any], Deployment]:
+    _func_or_class: Target | None = None, /, *, name: str | None = None, **options: object
+) -> Deployment | Callable[[Target], Deployment]:
     """Turn a class or function into a deployment.
 
     Use bare (``@deployment``) or with options (``@deployment(num_replicas=2)``). Options
     are validated at once; see :class:`~app_toolkit.config.DeploymentConfig`.
     """
 
-    def wrap(target: Any) -> Deployment:
+    def wrap(target: Target) -> Deployment:
         if isinstance(target, Deployment):
             raise ConfigError("@deployment was applied twice; use .options(...) to change options")
         if not (inspect.isclass(target) or callable(target)):

@@ -13,8 +13,10 @@ import pickle
 import time
 import uuid
 import weakref
-from collections.abc import Generator
-from typing import Any, Generic, Literal, TypeVar, cast, overload
+from collections.abc import Callable, Generator
+from typing import Any, Generic, Literal, cast, overload
+
+from typing_extensions import TypeVar  # defaults (PEP 696): a bare DeploymentHandle means any
 
 from app_toolkit._runtime import request_context, tracing
 from app_toolkit._runtime.backends.base import current_session
@@ -36,6 +38,8 @@ from app_toolkit.exceptions import (
 )
 
 R = TypeVar("R")
+#: The deployment class a handle reaches, for annotations only (``DeploymentHandle[Model]``).
+D = TypeVar("D", default=Any)
 
 
 class DeploymentResponse(Generic[R]):
@@ -83,7 +87,7 @@ class _Stream:
         self._span = span  # ended with the stream
         self.done = False
 
-    async def next(self) -> Any:
+    async def next(self) -> object:
         if self.done:
             raise StopAsyncIteration
         try:
@@ -164,11 +168,11 @@ class _MethodCaller:
 
     __slots__ = ("_handle", "_method")
 
-    def __init__(self, handle: DeploymentHandle, method: str) -> None:
+    def __init__(self, handle: DeploymentHandle[Any], method: str) -> None:
         self._handle = handle
         self._method = method
 
-    def remote(self, *args: Any, **kwargs: Any) -> DeploymentResponse[Any]:
+    def remote(self, *args: object, **kwargs: object) -> DeploymentResponse[Any]:
         return self._handle.options(method_name=self._method).remote(*args, **kwargs)
 
 
@@ -177,15 +181,15 @@ class _StreamingMethodCaller:
 
     __slots__ = ("_handle", "_method")
 
-    def __init__(self, handle: StreamingDeploymentHandle, method: str) -> None:
+    def __init__(self, handle: StreamingDeploymentHandle[Any], method: str) -> None:
         self._handle = handle
         self._method = method
 
-    def remote(self, *args: Any, **kwargs: Any) -> DeploymentResponseGenerator[Any]:
+    def remote(self, *args: object, **kwargs: object) -> DeploymentResponseGenerator[Any]:
         return self._handle.options(method_name=self._method, stream=True).remote(*args, **kwargs)
 
 
-class DeploymentHandle:
+class DeploymentHandle(Generic[D]):
     """A picklable reference to a deployment; pass it around, call its methods.
 
     ``handle.remote(x)`` and ``handle.method.remote(x)`` return a
@@ -219,7 +223,7 @@ class DeploymentHandle:
         stream: Literal[True],
         multiplexed_model_id: str | None = None,
         shard_key: str | None = None,
-    ) -> StreamingDeploymentHandle: ...
+    ) -> StreamingDeploymentHandle[D]: ...
 
     @overload
     def options(
@@ -229,7 +233,7 @@ class DeploymentHandle:
         stream: Literal[False] | None = None,
         multiplexed_model_id: str | None = None,
         shard_key: str | None = None,
-    ) -> DeploymentHandle: ...
+    ) -> DeploymentHandle[D]: ...
 
     def options(
         self,
@@ -238,7 +242,7 @@ class DeploymentHandle:
         stream: bool | None = None,
         multiplexed_model_id: str | None = None,
         shard_key: str | None = None,
-    ) -> DeploymentHandle:
+    ) -> DeploymentHandle[D]:
         """A copy calling ``method_name`` by default; ``stream=True`` for generator methods,
         whose ``remote()`` then returns a :class:`DeploymentResponseGenerator`;
         ``multiplexed_model_id`` sends calls to replicas holding that model (see
@@ -262,7 +266,7 @@ class DeploymentHandle:
             raise AttributeError(name)
         return _MethodCaller(self, name)
 
-    def remote(self, *args: Any, **kwargs: Any) -> DeploymentResponse[Any]:
+    def remote(self, *args: object, **kwargs: object) -> DeploymentResponse[Any]:
         """Send the call now; returns a DeploymentResponse to ``await`` or ``result()``."""
         plane = _data_plane()
         request_id = _request_id()
@@ -279,7 +283,7 @@ class DeploymentHandle:
         )
         return DeploymentResponse(plane.submit(_call(plane, self._id, call, span)))
 
-    def __reduce__(self) -> tuple[Any, ...]:
+    def __reduce__(self) -> tuple[Callable[..., DeploymentHandle], tuple[str | bool, ...]]:
         return (
             _rebuild_handle,
             (
@@ -296,7 +300,7 @@ class DeploymentHandle:
         return f"{type(self).__name__}(deployment={self.deployment_name!r}, app={self.app_name!r})"
 
 
-class StreamingDeploymentHandle(DeploymentHandle):
+class StreamingDeploymentHandle(DeploymentHandle[D]):
     """``handle.options(stream=True)``: each call streams what a generator method yields."""
 
     stream = True
@@ -306,7 +310,7 @@ class StreamingDeploymentHandle(DeploymentHandle):
             raise AttributeError(name)
         return _StreamingMethodCaller(self, name)
 
-    def remote(self, *args: Any, **kwargs: Any) -> DeploymentResponseGenerator[Any]:  # type: ignore[override] # streams, by design
+    def remote(self, *args: object, **kwargs: object) -> DeploymentResponseGenerator[Any]:  # type: ignore[override] # streams, by design
         """Send the call now; returns a DeploymentResponseGenerator to iterate."""
         plane = _data_plane()
         trace, span = tracing.client_span(f"call {self.deployment_name}.{self.method_name}")
@@ -342,7 +346,7 @@ def _rebuild_handle(
     stream: bool = False,
     model_id: str = "",
     shard_key: str = "",
-) -> DeploymentHandle:
+) -> DeploymentHandle[Any]:
     kind = StreamingDeploymentHandle if stream else DeploymentHandle
     return kind(
         deployment_name, app_name, method_name=method_name, multiplexed_model_id=model_id, shard_key=shard_key
@@ -358,7 +362,7 @@ async def _send_call(plane: DataPlane, deployment: DeploymentID, call: MethodCal
     return await dispatcher.send(resolved, call.model_id, call.shard_key)
 
 
-async def _resolve(value: Any) -> Any:
+async def _resolve(value: object) -> object:
     if isinstance(value, DeploymentResponse):
         return await value
     return value
@@ -366,7 +370,7 @@ async def _resolve(value: Any) -> Any:
 
 async def _call(
     plane: DataPlane, deployment: DeploymentID, call: MethodCall, span: tracing.Span | None = None
-) -> Any:
+) -> object:
     started = time.perf_counter()
     outcome = "error"  # unless a result arrives (or the caller cancels)
     try:

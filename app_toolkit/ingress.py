@@ -7,11 +7,12 @@ import functools
 import inspect
 import typing
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from fastapi import APIRouter, Depends, FastAPI
 from fastapi.routing import APIRoute, APIWebSocketRoute
 from starlette.routing import BaseRoute, Route
+from starlette.types import ASGIApp
 
 from app_toolkit._runtime import request_context
 from app_toolkit._runtime.replica.replica import ASGI_APP_ATTR
@@ -22,7 +23,7 @@ from app_toolkit.exceptions import ConfigError
 from app_toolkit.route_table import route_table
 
 
-def ingress(app: Any) -> Callable[[type], type]:
+def ingress(app: ASGIApp | APIRouter) -> Callable[[type], type]:
     """Serve ``app`` (a FastAPI app, APIRouter or any ASGI app) from a deployment class.
 
     Routes declared on the class's own methods (``@app.get("/")`` above ``def root(self)``,
@@ -60,7 +61,7 @@ class App(Application):
         *,
         name: str = "default",
         route_prefix: str | None = "/",
-        **deployment_options: Any,
+        **deployment_options: object,
     ) -> None:
         parse_application_options(name, route_prefix)
         asgi = _as_asgi(routes, title=name)
@@ -80,16 +81,18 @@ class App(Application):
         )
 
     @property
-    def asgi_app(self) -> Any:
+    def asgi_app(self) -> FastAPI:
         """The FastAPI app the ingress serves (e.g. to add middleware before running)."""
-        return getattr(self.deployment.func_or_class, ASGI_APP_ATTR)
+        app = getattr(self.deployment.func_or_class, ASGI_APP_ATTR)
+        assert isinstance(app, FastAPI)  # App builds one from its routes
+        return app
 
 
-def _keep_handles(self: Any, *handles: Any) -> None:
+def _keep_handles(self: Any, *handles: object) -> None:
     self.handles = handles
 
 
-def _as_asgi(routes: Any, title: str) -> Any:
+def _as_asgi(routes: object, title: str) -> ASGIApp:
     if isinstance(routes, APIRouter):
         routes = [routes]
     if isinstance(routes, (list, tuple)):
@@ -103,10 +106,10 @@ def _as_asgi(routes: Any, title: str) -> Any:
         raise ConfigError(
             f"Expected a FastAPI app, an APIRouter or an ASGI callable, got {type(routes).__name__}"
         )
-    return routes
+    return cast(ASGIApp, routes)
 
 
-async def _current_instance() -> Any:
+async def _current_instance() -> object:
     instance = request_context.replica_instance.get()
     if instance is None:
         raise RuntimeError("This route is a method of an @ingress class; it runs only in a replica")
@@ -149,14 +152,14 @@ def _class_app(app: FastAPI, cls: type) -> FastAPI:
     return own
 
 
-def _is_method(endpoint: Callable[..., Any]) -> bool:
+def _is_method(endpoint: Callable[..., object]) -> bool:
     """Whether ``endpoint`` was defined in a class body (its qualified name says so:
     ``Class.method``, not ``function.<locals>.name``)."""
     owner, _, _ = getattr(endpoint, "__qualname__", "").rpartition(".")
     return bool(owner) and not owner.endswith("<locals>")
 
 
-def _self_injected(method: Callable[..., Any]) -> Callable[..., Any]:
+def _self_injected(method: Callable[..., object]) -> Callable[..., object]:
     hints = typing.get_type_hints(method, include_extras=True)
     signature = inspect.signature(method)
     parameters = []
@@ -172,13 +175,13 @@ def _self_injected(method: Callable[..., Any]) -> Callable[..., Any]:
     if inspect.iscoroutinefunction(method):
 
         @functools.wraps(method)
-        async def endpoint(**kwargs: Any) -> Any:
+        async def endpoint(**kwargs: object) -> object:
             return await method(**kwargs)
 
     else:
 
         @functools.wraps(method)
-        def endpoint(**kwargs: Any) -> Any:
+        def endpoint(**kwargs: object) -> object:
             return method(**kwargs)
 
     endpoint.__signature__ = signature.replace(  # type: ignore[attr-defined]
@@ -188,7 +191,7 @@ def _self_injected(method: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _copy_route(
-    route: APIRoute | APIWebSocketRoute, endpoint: Callable[..., Any]
+    route: APIRoute | APIWebSocketRoute, endpoint: Callable[..., object]
 ) -> APIRoute | APIWebSocketRoute:
     """The same HTTP or WebSocket route (path, name, dependencies...) with a new endpoint."""
     kind = type(route)

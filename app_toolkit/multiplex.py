@@ -118,7 +118,7 @@ class _ModelCache(Generic[M]):
                 logger.exception("Could not report the models of %s", self._name)
 
 
-async def _release(model: Any, model_id: str) -> None:
+async def _release(model: object, model_id: str) -> None:
     """Let an evicted model free what it holds: ``aclose()`` or ``close()`` if it has one;
     dropping the last reference runs its ``__del__``."""
     try:
@@ -148,10 +148,10 @@ class _Multiplexed(Generic[M]):
         self._unbound: _ModelCache[M] | None = None
         functools.update_wrapper(self, loader)
 
-    def __getstate__(self) -> dict[str, Any]:
+    def __getstate__(self) -> dict[str, object]:
         return {**self.__dict__, "_unbound": None}  # models stay in their process
 
-    def _cache(self, instance: Any) -> _ModelCache[M]:
+    def _cache(self, instance: object) -> _ModelCache[M]:
         if instance is None:
             if self._unbound is None:
                 self._unbound = _ModelCache(self._loader, self.capacity, self._loader.__qualname__)
@@ -165,12 +165,12 @@ class _Multiplexed(Generic[M]):
         return cache
 
     @overload
-    def __get__(self, instance: None, owner: Any) -> _Multiplexed[M]: ...
+    def __get__(self, instance: None, owner: type | None) -> _Multiplexed[M]: ...
 
     @overload
-    def __get__(self, instance: object, owner: Any) -> Callable[[str], Awaitable[M]]: ...
+    def __get__(self, instance: object, owner: type | None) -> Callable[[str], Awaitable[M]]: ...
 
-    def __get__(self, instance: Any, owner: Any = None) -> Any:
+    def __get__(self, instance: object, owner: type | None = None) -> Any:
         if instance is None:
             return self
         return self._cache(instance).get

@@ -44,10 +44,10 @@ class _Route:
     pattern: str | None
     methods: frozenset[str] | None
     scope_types: frozenset[str]
-    endpoint: Any
+    endpoint: object
 
 
-def route_table(app: Any) -> RouteTable:
+def route_table(app: object) -> RouteTable:
     """The pools, proxy table and paths of ``app``; ConfigError on clashing routes."""
     routes = list(_routes(app))
     _check_clashes(routes)
@@ -75,7 +75,7 @@ def route_table(app: Any) -> RouteTable:
     return RouteTable(pools, tuple(table[:special]), tuple(route.path for route in routes))
 
 
-def _routes(app: Any) -> Iterator[_Route]:
+def _routes(app: object) -> Iterator[_Route]:
     router = app if isinstance(app, APIRouter) else getattr(app, "router", None)
     routes = getattr(router, "routes", None)
     if not isinstance(routes, list):
@@ -121,7 +121,7 @@ def _check_clashes(routes: list[_Route]) -> None:
                 )
 
 
-def _name(endpoint: Any) -> str:
+def _name(endpoint: object) -> str:
     module = getattr(endpoint, "__module__", None)
     name = getattr(endpoint, "__qualname__", None) or repr(endpoint)
     return f"{module}.{name}" if module else name

@@ -34,11 +34,11 @@ class RouteOptions:
     """What the decorators recorded on one endpoint."""
 
     pool: str | None = None  # name of the route's own deployment
-    pool_options: tuple[tuple[str, Any], ...] = ()  # its deployment options, sorted
+    pool_options: tuple[tuple[str, object], ...] = ()  # its deployment options, sorted
     deadline_s: float | None = None
 
 
-def replicated(*, name: str | None = None, **deployment_options: Any) -> Callable[[F], F]:
+def replicated(*, name: str | None = None, **deployment_options: object) -> Callable[[F], F]:
     """Serve this route from its own replica pool.
 
     ``deployment_options`` are those of :func:`~app_toolkit.deployment` (``num_replicas``,
@@ -83,13 +83,13 @@ def deadline(seconds: float) -> Callable[[F], F]:
     return mark
 
 
-def route_options(endpoint: Any) -> RouteOptions | None:
+def route_options(endpoint: object) -> RouteOptions | None:
     """The options marked on ``endpoint``, if any."""
     options = getattr(endpoint, _ATTR, None)
     return options if isinstance(options, RouteOptions) else None
 
 
-def _set(endpoint: Any, **changes: Any) -> None:
+def _set(endpoint: object, **changes: Any) -> None:
     if not callable(endpoint):
         raise ConfigError(f"Route decorators apply to endpoint functions, got {endpoint!r}")
     current = route_options(endpoint) or RouteOptions()

@@ -14,12 +14,13 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Mapping
-from typing import Any
+from typing import TypeVar
 
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from app_toolkit._runtime import request_context
 
+T = TypeVar("T")
 logger = logging.getLogger("app_toolkit.streaming")
 
 DRAIN_EVENT = ServerSentEvent(event="drain", data="server is shutting down; reconnect", retry=1000)
@@ -35,7 +36,7 @@ class EventStream(EventSourceResponse):
 
     def __init__(
         self,
-        events: AsyncIterable[Any] | Iterable[Any],
+        events: AsyncIterable[object] | Iterable[object],
         *,
         ping_s: float = 15.0,
         ids: bool = True,
@@ -52,7 +53,7 @@ class EventStream(EventSourceResponse):
 
 
 async def _events(
-    events: AsyncIterable[Any] | Iterable[Any], ids: bool, final_event: ServerSentEvent | None
+    events: AsyncIterable[object] | Iterable[object], ids: bool, final_event: ServerSentEvent | None
 ) -> AsyncIterator[ServerSentEvent]:
     source = _as_async(events)
     draining: asyncio.Event | None = request_context.draining.get()
@@ -78,7 +79,7 @@ _END = object()
 _DRAINED = object()
 
 
-async def _next_or_drain(source: AsyncIterator[Any], draining: asyncio.Event | None) -> Any:
+async def _next_or_drain(source: AsyncIterator[object], draining: asyncio.Event | None) -> object:
     if draining is None:
         return await anext(source, _END)
     if draining.is_set():
@@ -98,7 +99,7 @@ async def _next_or_drain(source: AsyncIterator[Any], draining: asyncio.Event | N
     return _DRAINED
 
 
-async def _stop(task: asyncio.Future[Any]) -> None:
+async def _stop(task: asyncio.Future[object]) -> None:
     """Cancel ``task`` and wait until it has ended (a generator cannot be closed while
     another task is still inside it)."""
     task.cancel()
@@ -107,7 +108,7 @@ async def _stop(task: asyncio.Future[Any]) -> None:
         task.exception()  # what it raised while being stopped does not matter now
 
 
-async def _as_async(events: AsyncIterable[Any] | Iterable[Any]) -> AsyncIterator[Any]:
+async def _as_async(events: AsyncIterable[T] | Iterable[T]) -> AsyncIterator[T]:
     if isinstance(events, AsyncIterable):
         async for item in events:
             yield item
@@ -116,7 +117,7 @@ async def _as_async(events: AsyncIterable[Any] | Iterable[Any]) -> AsyncIterator
             yield item
 
 
-def _event(item: Any, number: str | None) -> ServerSentEvent:
+def _event(item: object, number: str | None) -> ServerSentEvent:
     if isinstance(item, ServerSentEvent):
         if item.id is None and number is not None:
             item.id = number

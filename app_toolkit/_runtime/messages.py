@@ -73,7 +73,7 @@ class AdoptedReplica:
     info: ReplicaInfo
     code_version: str
     config: DeploymentConfig
-    handle: Any  # the backend's handle (an actor); None until the backend fills it in
+    handle: object  # the backend's handle (an actor); None until the backend fills it in
 
 
 @compact
@@ -158,8 +158,8 @@ class MethodCall:
 
     request_id: str
     method: str
-    args: tuple[Any, ...]
-    kwargs: dict[str, Any] = field(default_factory=dict)
+    args: tuple[object, ...]
+    kwargs: dict[str, object] = field(default_factory=dict)
     stream: bool = False  # the method is a generator: answer with StreamItems, then StreamEnd
     model_id: str = ""  # handle.options(multiplexed_model_id=...): routes to its holders
     shard_key: str = ""  # handle.options(shard_key=...): routes to the key's replica

@@ -23,6 +23,11 @@ async def use(handle: tk.DeploymentHandle) -> None:
     async for item in streaming.tokens.remote("x"):
         reveal_type(item)
     reveal_type(handle.options(method_name="embed"))
+
+class Model: ...
+
+def typed(model: tk.DeploymentHandle[Model]) -> None:
+    reveal_type(model.options(stream=True))
 """
 
 
@@ -39,7 +44,8 @@ def test_remote_is_typed_for_unary_and_streaming_calls(tmp_path: Path) -> None:
         "app_toolkit.handle.DeploymentResponseGenerator[Any]",
         "app_toolkit.handle.DeploymentResponseGenerator[Any]",
         "Any",
-        "app_toolkit.handle.DeploymentHandle",
+        "app_toolkit.handle.DeploymentHandle[Any]",  # a bare DeploymentHandle: strict mypy accepts it
+        "app_toolkit.handle.StreamingDeploymentHandle[typed_handles.Model]",  # Ray Serve's annotation
     ], out
 
 

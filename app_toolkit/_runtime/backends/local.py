@@ -87,7 +87,7 @@ class LocalBackend:
             replica_id,
             spec.id,
             spec.config,
-            self.objects[spec.definition],
+            cast(Callable[..., object], self.objects[spec.definition]),
             cast(InitArgs, self.objects[spec.init_args]),
             _dumps,
         )

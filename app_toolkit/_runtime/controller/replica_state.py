@@ -17,7 +17,6 @@ import dataclasses
 import logging
 import zlib
 from dataclasses import dataclass
-from typing import Any
 
 from app_toolkit._runtime.messages import DeploymentSpec, ReplicaInfo
 from app_toolkit.config import DeploymentConfig
@@ -35,7 +34,7 @@ class Replica:
     version: str
     state: ReplicaState = ReplicaState.STARTING
     info: ReplicaInfo | None = None
-    handle: Any = None  # the backend's handle (an actor, an object)
+    handle: object = None  # the backend's handle (an actor, an object)
     stop_requested: bool = False
     next_health_check: float = 0.0
     checking: bool = False  # a health check is under way
@@ -60,7 +59,7 @@ class Started:
     """The backend started the replica."""
 
     info: ReplicaInfo
-    handle: Any
+    handle: object
     config: DeploymentConfig
 
 
@@ -126,7 +125,7 @@ Event = (
 @dataclass(frozen=True, slots=True)
 class StopReplica:
     replica_id: str
-    handle: Any
+    handle: object
     graceful: bool
     #: How long a graceful stop may take before the replica is killed anyway.
     drain_timeout_s: float = 0.0
@@ -146,14 +145,14 @@ def drain_timeout_s(config: DeploymentConfig | None) -> float:
 @dataclass(frozen=True, slots=True)
 class CheckHealth:
     replica_id: str
-    handle: Any
+    handle: object
     timeout_s: float
 
 
 @dataclass(frozen=True, slots=True)
 class ReconfigureReplica:
     replica_id: str
-    handle: Any
+    handle: object
     config: DeploymentConfig
 
 

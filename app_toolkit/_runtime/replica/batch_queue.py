@@ -9,20 +9,20 @@ from __future__ import annotations
 import asyncio
 import collections
 from dataclasses import dataclass, field
-from typing import Any
 
 
 @dataclass(eq=False)
 class Pending:
     """One caller's item waiting for (or inside) a batch."""
 
-    value: Any
+    value: object  # the caller's item, handed to the user's function as it is
     enqueued_at: float
     size: int = 1
     started: bool = False
     cancelled: bool = False
-    future: asyncio.Future[Any] | None = None
-    stream: asyncio.Queue[tuple[str, Any]] | None = None
+    future: asyncio.Future[object] | None = None
+    #: A streaming caller's results: ("item", result), ("error", exception) or ("end", None).
+    stream: asyncio.Queue[tuple[str, object]] | None = None
     batch_task: asyncio.Task[None] | None = None
     finished: bool = False
 

@@ -13,8 +13,8 @@ import logging
 import pickle
 import threading
 import time
-from collections.abc import Awaitable, Callable
-from typing import Any
+from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Generator
+from typing import Never, cast
 
 from starlette.types import ASGIApp
 
@@ -48,7 +48,7 @@ logger = logging.getLogger("app_toolkit.replica")
 
 ASGI_APP_ATTR = "__app_toolkit_asgi_app__"
 #: A deployment's constructor arguments: positional and keyword.
-InitArgs = tuple[tuple[Any, ...], dict[str, Any]]
+InitArgs = tuple[tuple[object, ...], dict[str, object]]
 LINGER_QUIET_S = 0.25  # a drained replica stops once no request came for this long
 LINGER_MAX_S = 2.0
 
@@ -61,7 +61,7 @@ class ReplicaCore:
         replica_id: str,
         deployment: DeploymentID,
         config: DeploymentConfig,
-        definition: Any,
+        definition: Callable[..., object],
         init_args: InitArgs,
         dumps: Dumps,
     ) -> None:
@@ -75,7 +75,7 @@ class ReplicaCore:
         self._dumps = dumps
         self.ongoing = 0
         self.draining = False
-        self.instance: Any = None
+        self.instance: object = None
         self.asgi_app: ASGIApp | None = None
         self._lifespan: Lifespan | None = None
         self._idle = asyncio.Event()
@@ -118,7 +118,7 @@ class ReplicaCore:
         if self.config.user_config is not None:
             await self.reconfigure(self.config.user_config)
 
-    async def reconfigure(self, user_config: Any) -> None:
+    async def reconfigure(self, user_config: object) -> None:
         method = getattr(self.instance, "reconfigure", None)
         if method is None:
             raise DeployError(
@@ -276,16 +276,16 @@ class ReplicaCore:
                 f"sent to the caller ({exc}); return plain data or picklable objects"
             ) from None
 
-    async def _stream_call(self, method: Callable[..., Any], call: MethodCall, sink: ResponseSink) -> None:
+    async def _stream_call(self, method: Callable[..., object], call: MethodCall, sink: ResponseSink) -> None:
         """Send each item a generator method yields as soon as it exists."""
-        items: Any
-        if inspect.isgeneratorfunction(method):
-            items = _iterate_in_thread(method(*call.args, **call.kwargs))
+        items: AsyncIterable[object]
+        result = method(*call.args, **call.kwargs)
+        if inspect.isgenerator(result):
+            items = _iterate_in_thread(result)
         else:  # an async generator, or anything returning (or awaiting to) an async iterator
-            result = method(*call.args, **call.kwargs)
             if inspect.isawaitable(result):
                 result = await result
-            if not (inspect.isasyncgen(result) or hasattr(result, "__aiter__")):
+            if not isinstance(result, AsyncIterable):
                 raise TypeError(
                     f"{self.deployment}.{call.method} is not a generator; call it without stream=True"
                 )
@@ -309,16 +309,16 @@ class ReplicaCore:
             )
         return self._serves
 
-    def _method(self, name: str) -> Callable[..., Any]:
+    def _method(self, name: str) -> Callable[..., object]:
         target = self.instance
-        if name == "__call__" and not inspect.isclass(self._definition):
-            return target  # type: ignore[no-any-return]
+        if name == "__call__" and not inspect.isclass(self._definition) and callable(target):
+            return target
         if name.startswith("_") and name != "__call__":
             raise AttributeError(f"{self.deployment} does not expose private method {name!r}")
         method = getattr(target, name, None)
         if method is None or not callable(method):
             raise AttributeError(f"{self.deployment} has no method {name!r}")
-        return method  # type: ignore[no-any-return]
+        return cast(Callable[..., object], method)
 
     def _failure(self, exc: Exception) -> CallFailure:
         blob: bytes | None
@@ -330,12 +330,12 @@ class ReplicaCore:
         return CallFailure(type(exc).__name__, str(exc), blob)
 
 
-def _close_generator(generator: Any) -> None:
+def _close_generator(generator: object) -> None:
     if inspect.isgenerator(generator):
         generator.close()
 
 
-async def _iterate_in_thread(generator: Any) -> Any:
+async def _iterate_in_thread(generator: Generator[object, Never, object]) -> AsyncIterator[object]:
     """A sync generator's items, each produced in a thread so the loop keeps serving.
 
     When the consumer stops (the caller went away) while a thread is inside the
@@ -345,7 +345,7 @@ async def _iterate_in_thread(generator: Any) -> Any:
     done = object()
     inside = threading.Lock()
 
-    def step() -> Any:
+    def step() -> object:
         with inside:
             return next(generator, done)
 
@@ -369,11 +369,11 @@ async def _iterate_in_thread(generator: Any) -> Any:
             asyncio.get_running_loop().run_in_executor(None, close)
 
 
-async def _call_maybe_async(function: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+async def _call_maybe_async(function: Callable[..., object], *args: object, **kwargs: object) -> object:
     if inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(
         getattr(function, "__call__", None)  # noqa: B004 - an async __call__, not callability
     ):
-        return await function(*args, **kwargs)
+        return await cast(Awaitable[object], function(*args, **kwargs))
     # Sync user code runs in a thread so it never blocks the replica's event loop.
     result = await asyncio.to_thread(function, *args, **kwargs)
     if inspect.iscoroutine(result):  # a plain callable that returned a coroutine: await it here
@@ -381,7 +381,7 @@ async def _call_maybe_async(function: Callable[..., Any], *args: Any, **kwargs: 
     return result
 
 
-def install_error_handler(app: Any) -> None:
+def install_error_handler(app: object) -> None:
     """Give Starlette/FastAPI apps our generic 500 body unless they chose their own."""
     try:
         from starlette.applications import Starlette
