@@ -85,7 +85,10 @@ def run(
     if route_prefix is _UNSET:
         route_prefix = target.default_route_prefix if target.default_route_prefix else "/"
     options = parse_application_options(app_name, route_prefix)
-    session = start(backend="local" if _local_testing_mode else backend)
+    if _local_testing_mode:  # Ray Serve's: in this process, handles only (no HTTP server)
+        session = start(backend="local", proxy_location="Disabled")
+    else:
+        session = start(backend=backend)
     spec = build_app(target, options.name, options.route_prefix, session.serialize)
     session.deploy(spec)
     wait_for_application(session, options.name)

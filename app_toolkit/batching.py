@@ -26,10 +26,11 @@ from typing import (
 )
 
 from app_toolkit import metrics
+from app_toolkit._runtime import request_context
 from app_toolkit._runtime.replica.batch_queue import BatchQueue, Pending
 from app_toolkit._runtime.waiting import wait_event
 from app_toolkit.config import BatchConfig, default_of, parse_batch_config
-from app_toolkit.exceptions import ConfigError
+from app_toolkit.exceptions import DefinitionError
 
 logger = logging.getLogger("app_toolkit.batching")
 
@@ -87,7 +88,9 @@ class _Batcher:
         return pending
 
     async def call(self, value: object) -> object:
-        pending = self._enqueue(value, Pending(value, self.loop.time(), future=self.loop.create_future()))
+        pending = self._enqueue(
+            value, Pending(value, self.loop.time(), _group(), future=self.loop.create_future())
+        )
         assert pending.future is not None
         try:
             return await pending.future
@@ -96,7 +99,7 @@ class _Batcher:
             raise
 
     async def stream(self, value: object) -> AsyncIterator[object]:
-        pending = self._enqueue(value, Pending(value, self.loop.time(), stream=asyncio.Queue()))
+        pending = self._enqueue(value, Pending(value, self.loop.time(), _group(), stream=asyncio.Queue()))
         assert pending.stream is not None
         try:
             while True:
@@ -136,6 +139,9 @@ class _Batcher:
             task.add_done_callback(lambda _t: self._slots.release())
 
     async def _execute(self, batch: list[Pending]) -> None:
+        # The batch's model (this task's own context): get_multiplexed_model_id() in the
+        # batch function names it, as Ray Serve's batches of one model id do.
+        request_context.model_id.set(batch[0].group)
         for pending in batch:
             pending.started = True
         values = [pending.value for pending in batch]
@@ -173,6 +179,11 @@ class _Batcher:
                     break
         finally:
             await generator.aclose()
+
+
+def _group() -> str:
+    """The batch group of the calling request: the multiplexed model it asks for."""
+    return request_context.current_model_id()
 
 
 def _checked(results: object, expected: int) -> Sequence[object]:
@@ -295,7 +306,7 @@ class _Batched(Generic[S, T, R]):
         self.size_fn = size_fn
         self.streaming = inspect.isasyncgenfunction(function)
         if not (self.streaming or inspect.iscoroutinefunction(function)):
-            raise ConfigError(
+            raise DefinitionError(
                 f"@batch needs an async function (async def ...), got {function.__qualname__}; "
                 "a batch runs while other requests keep arriving on the event loop"
             )
@@ -388,13 +399,43 @@ class _Decorator:
         return _Batched(function, self._config, self._size_fn)
 
 
+@overload
+def batch(_func: Callable[[list[T]], AsyncIterator[list[R]]], /) -> BatchedStream[T, R]: ...
+
+
+@overload
+def batch(_func: Callable[[list[T]], Awaitable[list[R]]], /) -> BatchedCallable[T, R]: ...
+
+
+@overload
+def batch(_func: Callable[[S, list[T]], AsyncIterator[list[R]]], /) -> _BatchedStreamMethod[S, T, R]: ...
+
+
+@overload
+def batch(_func: Callable[[S, list[T]], Awaitable[list[R]]], /) -> _Batched[S, T, R]: ...
+
+
+@overload
 def batch(
+    _func: None = None,
+    /,
+    *,
+    max_batch_size: int = ...,
+    batch_wait_timeout_s: float = ...,
+    max_concurrent_batches: int = ...,
+    batch_size_fn: Callable[[Any], int] | None = None,
+) -> _Decorator: ...
+
+
+def batch(
+    _func: Callable[..., object] | None = None,
+    /,
     *,
     max_batch_size: int = default_of(BatchConfig, "max_batch_size"),
     batch_wait_timeout_s: float = default_of(BatchConfig, "batch_wait_timeout_s"),
     max_concurrent_batches: int = default_of(BatchConfig, "max_concurrent_batches"),
     batch_size_fn: Callable[[Any], int] | None = None,
-) -> _Decorator:
+) -> Any:
     """Group concurrent calls of an async method or function into batches.
 
     The function takes a list of items and returns (or, as an async generator, yields)
@@ -407,7 +448,8 @@ def batch(
 
     ``batch_size_fn(item)`` gives an item's size when items differ (e.g. tokens); a batch
     then holds up to ``max_batch_size`` units. Change limits at run time with
-    ``self.embed.set_max_batch_size(n)`` / ``set_batch_wait_timeout_s(t)``.
+    ``self.embed.set_max_batch_size(n)`` / ``set_batch_wait_timeout_s(t)``. Bare
+    ``@batch`` (no parentheses) takes the defaults, as in Ray Serve.
     """
     config = parse_batch_config(
         {
@@ -418,8 +460,13 @@ def batch(
         "@batch options",
     )
     if batch_size_fn is not None and not callable(batch_size_fn):
-        raise ConfigError("batch_size_fn must be a function of one item returning its size")
-    return _Decorator(config, batch_size_fn)
+        raise DefinitionError("batch_size_fn must be a function of one item returning its size")
+    decorator = _Decorator(config, batch_size_fn)
+    if _func is None:
+        return decorator
+    if not callable(_func):
+        raise DefinitionError(f"@batch decorates functions or methods, got {type(_func).__name__}")
+    return decorator(cast(Callable[..., Any], _func))
 
 
 def batched_methods(cls: type) -> dict[str, BatchConfig]:

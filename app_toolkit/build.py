@@ -17,7 +17,9 @@ import dataclasses
 import functools
 import hashlib
 import inspect
+import io
 import json
+import pickle
 import typing
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -25,9 +27,9 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from app_toolkit._runtime.messages import AppSpec, DeploymentID, DeploymentSpec
-from app_toolkit._runtime.replica.replica import ASGI_APP_ATTR
+from app_toolkit._runtime.replica.replica import ASGI_APP_ATTR, ASGI_BUILDER_ATTR
 from app_toolkit._runtime.session import Build, Serialize
-from app_toolkit.config_file import ApplicationConfig, parse_config
+from app_toolkit.config.file import ApplicationConfig, parse_config
 from app_toolkit.deployment import Application, Deployment
 from app_toolkit.exceptions import ConfigError
 from app_toolkit.handle import DeploymentHandle
@@ -90,11 +92,14 @@ class _Graph:
         if id(node) in self._names:
             return self._names[id(node)][1]
         deployment = node.deployment
-        if deployment.name in self._specs or any(seen == deployment.name for _, seen in self._names.values()):
-            raise ConfigError(
-                f"Application {self.app!r} has two deployments named {deployment.name!r}; give one "
-                f"another name with .options(name=...)"
-            )
+        taken = {seen for _, seen in self._names.values()}
+        if deployment.name in taken:
+            # Another node of the same name (one class bound twice): Name_1, Name_2, ... as
+            # Ray Serve names them.
+            number = 1
+            while f"{deployment.name}_{number}" in taken:
+                number += 1
+            deployment = deployment.options(name=f"{deployment.name}_{number}")
         self._names[id(node)] = (node, deployment.name)
         if self._configure is not None:
             deployment = self._configure(deployment)
@@ -116,7 +121,8 @@ class _Graph:
             definition=definition,
             init_args=init_args,
             config=config,
-            is_asgi=hasattr(deployment.func_or_class, ASGI_APP_ATTR),
+            is_asgi=hasattr(deployment.func_or_class, ASGI_APP_ATTR)
+            or hasattr(deployment.func_or_class, ASGI_BUILDER_ATTR),
             code_version=hashlib.sha256(definition + init_args + heavy).hexdigest()[:16],
         )
         return deployment.name
@@ -129,7 +135,36 @@ class _Graph:
             return type(value)(self._handles_for(item) for item in value)
         if isinstance(value, dict):
             return {key: self._handles_for(item) for key, item in value.items()}
-        return value
+        if value is None or isinstance(value, str | bytes | int | float | bool):
+            return value
+        return self._handles_inside(value)
+
+    def _handles_inside(self, value: object) -> object:
+        """An object holding bound deployments (in its attributes, anywhere) comes back as
+        a copy holding handles, as Ray Serve does; one holding none, or one that plain
+        pickle cannot copy, comes back as it is. Large buffers are not copied."""
+        stream, buffers = io.BytesIO(), list[pickle.PickleBuffer]()
+        swapper = _HandleSwapper(stream, self, buffers)
+        try:
+            swapper.dump(value)
+        except Exception:  # noqa: BLE001 - not picklable here: sent as it is (cloudpickle may)
+            return value
+        return pickle.loads(stream.getvalue(), buffers=buffers) if swapper.swapped else value
+
+
+class _HandleSwapper(pickle.Pickler):
+    """Pickles an object with each bound deployment in it replaced by a handle."""
+
+    def __init__(self, stream: io.BytesIO, graph: _Graph, buffers: list[pickle.PickleBuffer]) -> None:
+        super().__init__(stream, protocol=5, buffer_callback=buffers.append)
+        self._graph = graph
+        self.swapped = False
+
+    def reducer_override(self, obj: object) -> Any:  # Any: pickle's own NotImplemented protocol
+        if isinstance(obj, Application):
+            self.swapped = True
+            return DeploymentHandle(self._graph.visit(obj), self._graph.app).__reduce__()
+        return NotImplemented
 
 
 def as_application(value: object, path: str, name: str | None) -> Application:

@@ -8,7 +8,7 @@ from collections.abc import Callable, Mapping
 from typing import NoReturn, overload
 
 from app_toolkit.config import DeploymentConfig, parse_deployment_config
-from app_toolkit.exceptions import ConfigError
+from app_toolkit.exceptions import ConfigError, DefinitionError
 
 #: What a deployment serves: a class (one instance per replica) or a function.
 Target = Callable[..., object]
@@ -108,23 +108,30 @@ def deployment(_func_or_class: Target, /) -> Deployment: ...
 
 
 @overload
-def deployment(*, name: str | None = None, **options: object) -> Callable[[Target], Deployment]: ...
+def deployment(
+    _name: str | None = None, /, *, name: str | None = None, **options: object
+) -> Callable[[Target], Deployment]: ...
 
 
 def deployment(
-    _func_or_class: Target | None = None, /, *, name: str | None = None, **options: object
+    _func_or_class: Target | str | None = None, /, *, name: str | None = None, **options: object
 ) -> Deployment | Callable[[Target], Deployment]:
     """Turn a class or function into a deployment.
 
-    Use bare (``@deployment``) or with options (``@deployment(num_replicas=2)``). Options
-    are validated at once; see :class:`~app_toolkit.config.DeploymentConfig`.
+    Use bare (``@deployment``) or with options (``@deployment(num_replicas=2)``); a name
+    may come first (``@deployment("Model", num_replicas=2)``). Options are validated at
+    once; see :class:`~app_toolkit.config.DeploymentConfig`.
     """
+    if isinstance(_func_or_class, str):
+        if name is not None and name != _func_or_class:
+            raise ConfigError(f"@deployment got two names, {_func_or_class!r} and name={name!r}; keep one")
+        name, _func_or_class = _func_or_class, None
 
     def wrap(target: Target) -> Deployment:
         if isinstance(target, Deployment):
             raise ConfigError("@deployment was applied twice; use .options(...) to change options")
         if not (inspect.isclass(target) or callable(target)):
-            raise ConfigError(f"@deployment needs a class or function, got {type(target).__name__}")
+            raise DefinitionError(f"@deployment needs a class or function, got {type(target).__name__}")
         return Deployment(target, name or str(getattr(target, "__name__", "deployment")), options)
 
     if _func_or_class is not None:

@@ -2,8 +2,10 @@
 
 The tree::
 
-    AppToolkitError
-    ├── ConfigError            bad option, bad import path, bad route prefix
+    AppToolkitError            (also named RayServeException, Ray Serve's base)
+    ├── ConfigError            bad option, bad import path, bad route prefix (a ValueError)
+    │   └── DefinitionError    a decorator applied to what it cannot take (also a TypeError)
+    ├── MethodNotFoundError    a handle called a method the deployment lacks (an AttributeError)
     ├── DeployError            a deploy failed (constructor or lifespan startup raised);
     │                          also a RuntimeError, as Ray Serve's deploy failures are
     ├── BackPressureError      the caller-side queue is full (HTTP: 503 + Retry-After)
@@ -24,8 +26,23 @@ class AppToolkitError(Exception):
     """Base class of every error this package raises on purpose."""
 
 
+#: Ray Serve's base exception: a program that catches it catches every error the toolkit
+#: raises on purpose.
+RayServeException = AppToolkitError
+
+
 class ConfigError(AppToolkitError, ValueError):
     """An option, import path or route prefix is invalid; the message says how to fix it."""
+
+
+class MethodNotFoundError(AppToolkitError, AttributeError):
+    """A handle called a method the deployment does not have (the message lists those it
+    has, as Ray Serve's does)."""
+
+
+class DefinitionError(ConfigError, TypeError):
+    """A decorator was applied to something it cannot take (``@batch`` on a sync function,
+    ``@multiplexed`` on a class); a ``TypeError`` too, as in Ray Serve."""
 
 
 class DeployError(AppToolkitError, RuntimeError):
@@ -38,13 +55,22 @@ class DeployError(AppToolkitError, RuntimeError):
 class BackPressureError(AppToolkitError):
     """The caller-side queue of a deployment is full.
 
-    Over HTTP this becomes ``503 Service Unavailable`` with a ``Retry-After`` header.
+    Over HTTP this becomes ``503 Service Unavailable`` with a ``Retry-After`` header, or
+    what the deployment's ``backpressure_config`` says (``status_code``, ``retry_after_s``).
     """
 
-    def __init__(self, deployment: str = "", max_queued_requests: int = 0) -> None:
-        super().__init__(deployment, max_queued_requests)
+    def __init__(
+        self,
+        deployment: str = "",
+        max_queued_requests: int = 0,
+        status_code: int = 503,
+        retry_after_s: float | None = 1.0,
+    ) -> None:
+        super().__init__(deployment, max_queued_requests, status_code, retry_after_s)
         self.deployment = deployment
         self.max_queued_requests = max_queued_requests
+        self.status_code = status_code
+        self.retry_after_s = retry_after_s
 
     def __str__(self) -> str:
         return (

@@ -152,7 +152,10 @@ class DeploymentResponseGenerator(Generic[R]):
 
     def __next__(self) -> R:
         if in_async_code():
-            raise RuntimeError("Use `async for` to read a stream inside async code")
+            raise RuntimeError(
+                "Sync methods should not be called from within an `asyncio` event loop. Use "
+                "`async for` or `await response.__anext__()` instead."
+            )
         try:
             return cast(R, self._plane.run(self._stream.next()))
         except StopAsyncIteration:

@@ -15,7 +15,7 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp
 
 from app_toolkit._runtime import request_context
-from app_toolkit._runtime.replica.replica import ASGI_APP_ATTR
+from app_toolkit._runtime.replica.replica import ASGI_APP_ATTR, ASGI_BUILDER_ATTR, BUILD_ASGI_METHOD
 from app_toolkit.config import parse_application_options
 from app_toolkit.dependencies import discover
 from app_toolkit.deployment import Application, Deployment, deployment
@@ -23,7 +23,7 @@ from app_toolkit.exceptions import ConfigError
 from app_toolkit.route_table import route_table
 
 
-def ingress(app: ASGIApp | APIRouter) -> Callable[[type], type]:
+def ingress(app: ASGIApp | APIRouter | Callable[[], ASGIApp] | None = None) -> Callable[..., type]:
     """Serve ``app`` (a FastAPI app, APIRouter or any ASGI app) from a deployment class.
 
     Routes declared on the class's own methods (``@app.get("/")`` above ``def root(self)``,
@@ -33,18 +33,50 @@ def ingress(app: ASGIApp | APIRouter) -> Callable[[type], type]:
     The class serves a copy of a FastAPI ``app`` with its own routes: ``app`` itself is
     left as it is, so one app may serve several classes (each gets the routes of its own
     methods and every plain function route, never another class's methods).
-    """
-    asgi = _as_asgi(app, title="app_toolkit")
 
-    def decorate(cls: type) -> type:
+    As in Ray Serve, ``app`` may also be a builder function, called with no arguments on
+    each replica once its constructor ran; or nothing, when the class defines
+    ``__serve_build_asgi_app__(self)`` (sync or async) returning the app. ``ingress(app)()``
+    (no class) makes a class whose constructor takes any arguments.
+    """
+    builder: Callable[[], ASGIApp] | str | None
+    if app is None:
+        asgi, builder = None, BUILD_ASGI_METHOD
+    elif inspect.isfunction(app):
+        asgi, builder = None, app
+    else:
+        asgi, builder = _as_asgi(app, title="app_toolkit"), None
+
+    def decorate(cls: type | None = None) -> type:
+        if cls is None:
+            cls = type("ASGIIngress", (), {"__init__": _keep_arguments})
         if isinstance(cls, Deployment):
             raise ConfigError("Put @ingress(app) below @deployment, directly on the class")
         if not inspect.isclass(cls):
             raise ConfigError(f"@ingress decorates a class, got {type(cls).__name__}")
-        setattr(cls, ASGI_APP_ATTR, _class_app(asgi, cls) if isinstance(asgi, FastAPI) else asgi)
+        if callable(getattr(cls, "__call__", None)) and "__call__" in _own_attributes(cls):  # noqa: B004
+            raise ConfigError(f"{cls.__name__} is an @ingress class: it may not define __call__")
+        if builder == BUILD_ASGI_METHOD and not hasattr(cls, BUILD_ASGI_METHOD):
+            raise ConfigError(
+                f"@ingress() without an app needs {cls.__name__} to define "
+                f"{BUILD_ASGI_METHOD}(self) returning the ASGI app"
+            )
+        if builder is not None:
+            setattr(cls, ASGI_BUILDER_ATTR, builder)
+        else:
+            setattr(cls, ASGI_APP_ATTR, _class_app(asgi, cls) if isinstance(asgi, FastAPI) else asgi)
         return cls
 
     return decorate
+
+
+def _own_attributes(cls: type) -> set[str]:
+    """Names defined by ``cls`` or its bases, ``object`` left out."""
+    return {name for base in cls.__mro__ if base is not object for name in vars(base)}
+
+
+def _keep_arguments(self: Any, *args: object, **kwargs: object) -> None:
+    self.args, self.kwargs = args, kwargs
 
 
 class App(Application):

@@ -23,7 +23,7 @@ from typing import Any, Generic, TypeVar, overload
 
 from app_toolkit import metrics
 from app_toolkit._runtime import request_context
-from app_toolkit.exceptions import ConfigError
+from app_toolkit.exceptions import ConfigError, DefinitionError
 
 logger = logging.getLogger("app_toolkit.multiplex")
 
@@ -110,6 +110,16 @@ class _ModelCache(Generic[M]):
                 asyncio.get_running_loop().create_task(_release(model.result(), victim))
             self._publish()
 
+    async def release_all(self) -> None:
+        models, self._models = self._models, collections.OrderedDict()
+        while models:
+            model_id, model = models.popitem(last=False)
+            if model.done() and not model.cancelled() and model.exception() is None:
+                await _release(model.result(), model_id)
+            else:
+                model.cancel()
+            del model  # the last reference: a plain __del__ runs now
+
     def _publish(self) -> None:
         if self._report is not None:
             try:
@@ -119,8 +129,9 @@ class _ModelCache(Generic[M]):
 
 
 async def _release(model: object, model_id: str) -> None:
-    """Let an evicted model free what it holds: ``aclose()`` or ``close()`` if it has one;
-    dropping the last reference runs its ``__del__``."""
+    """Let a model that leaves (evicted, or its replica stops) free what it holds: its
+    ``aclose()`` or ``close()``, or an ``async def __del__`` (awaited now, as Ray Serve
+    does). A plain ``__del__`` runs once the cache drops its last reference."""
     try:
         aclose = getattr(model, "aclose", None)
         if aclose is not None:
@@ -129,8 +140,12 @@ async def _release(model: object, model_id: str) -> None:
         close = getattr(model, "close", None)
         if close is not None:
             await asyncio.to_thread(close)
+            return
+        finalizer = getattr(type(model), "__del__", None)
+        if inspect.iscoroutinefunction(finalizer):
+            await finalizer(model)
     except Exception:
-        logger.exception("Closing evicted model %r failed", model_id)
+        logger.exception("Releasing model %r failed", model_id)
 
 
 class _Multiplexed(Generic[M]):
@@ -138,7 +153,7 @@ class _Multiplexed(Generic[M]):
 
     def __init__(self, loader: Callable[..., Awaitable[M]], capacity: int) -> None:
         if not inspect.iscoroutinefunction(loader):
-            raise ConfigError(
+            raise DefinitionError(
                 f"@multiplexed needs an async loader (async def {loader.__name__}(self, model_id)); "
                 "other requests keep being served while a model loads"
             )
@@ -162,6 +177,9 @@ class _Multiplexed(Generic[M]):
             cache = instance.__dict__[self._attribute] = _ModelCache(
                 load, self.capacity, self._loader.__qualname__
             )
+            hooks = request_context.stop_hooks.get()
+            if hooks is not None:  # in a replica: its models are released when it stops
+                hooks.append(cache.release_all)
         return cache
 
     @overload

@@ -27,6 +27,13 @@ class DeploymentStatus(str, Enum):
     DEPLOY_FAILED = "DEPLOY_FAILED"
 
 
+class ProxyStatus(str, Enum):
+    """Whether a node's proxy serves (Ray Serve's values)."""
+
+    HEALTHY = "HEALTHY"
+    UNHEALTHY = "UNHEALTHY"
+
+
 class ReplicaState(str, Enum):
     """Lifecycle of a replica."""
 
@@ -150,7 +157,10 @@ class ServeStatus:
     """Everything the controller runs."""
 
     applications: dict[str, ApplicationStatusInfo] = field(default_factory=dict)
-    proxies: dict[str, str] = field(default_factory=dict)
+    #: Node id -> its proxy's status, as Ray Serve's ``status().proxies``.
+    proxies: dict[str, ProxyStatus] = field(default_factory=dict)
+    #: Node id -> the URL its proxy serves on (proxies that serve).
+    proxy_urls: dict[str, str] = field(default_factory=dict)
     #: The controller's most recent events, oldest first (at most 50).
     events: list[EventInfo] = field(default_factory=list)
 
@@ -203,8 +213,8 @@ class ServeStatus:
             ]
         if not self.applications:
             lines.append("No applications.")
-        for node, url in self.proxies.items():
-            lines.append(f"proxy {url}  (node {node[:12]})")
+        for node, health in self.proxies.items():
+            lines.append(f"proxy {self.proxy_urls.get(node, '-')}  {health.value}  (node {node[:12]})")
         problems = [event for event in self.events if event.level != "INFO"][-_PROBLEMS_SHOWN:]
         if problems:
             lines.append("Recent problems:")

@@ -7,13 +7,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from app_toolkit._runtime.backends.base import current_session, session_factory
-from app_toolkit._runtime.controller.rollout import RolloutOptions
-from app_toolkit._runtime.controller.traffic import ShadowOptions
 from app_toolkit._runtime.session import Session
-from app_toolkit.config import default_of, parse_options
+from app_toolkit.config import RolloutOptions, ShadowOptions, default_of, parse_options
 from app_toolkit.exceptions import ConfigError
 
-__all__ = ["RolloutOptions", "ShadowOptions", "rollout", "set_traffic", "shadow"]
+__all__ = ["rollout", "set_traffic", "shadow"]
 
 
 def set_traffic(app: str, weights: dict[str, float]) -> None:

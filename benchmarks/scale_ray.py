@@ -118,7 +118,7 @@ def measure_ray(options: argparse.Namespace) -> dict[str, float]:
         per_replica_mb = (available_before - _available_mb()) / (per_app * apps)
 
         # The proxy on the controller's node shows its metrics; read every proxy.
-        urls = list(session.status().proxies.values())
+        urls = list(session.status().proxy_urls.values())
         before = _reconcile_buckets(urls)
         time.sleep(max(10.0, options.health_period * 2))  # 100+ passes: a p99 worth the name
         after = _reconcile_buckets(urls)

@@ -5,10 +5,12 @@ request id, ``503`` with ``Retry-After`` for overload or a lost replica, and the
 from __future__ import annotations
 
 import json
+import math
 
 from starlette.types import Send
 
 from app_toolkit._runtime.messages import HTTPResponse
+from app_toolkit.exceptions import BackPressureError
 
 REQUEST_ID_HEADER = b"x-request-id"
 #: Seconds a client is asked to wait before retrying a 503.
@@ -45,17 +47,39 @@ def error_answer(status: int, detail: str, request_id: str) -> HTTPResponse:
     return json_answer(status, {"detail": detail, "request_id": request_id}, request_id)
 
 
-def unavailable(why: str | None, request_id: str) -> HTTPResponse:
+def unavailable(
+    why: str | None, request_id: str, retry_after_s: float | None = RETRY_AFTER_S
+) -> HTTPResponse:
     """503 with Retry-After: overloaded, or no replica could serve the request."""
-    detail = f"Service Unavailable: {why}" if why else "Service Unavailable"
+    detail = f"Service unavailable: {why}" if why else "Service unavailable"
     return json_answer(
-        503,
-        {"detail": detail, "request_id": request_id},
-        request_id,
-        ((b"retry-after", str(RETRY_AFTER_S).encode()),),
+        503, {"detail": detail, "request_id": request_id}, request_id, _retry_after(retry_after_s)
     )
+
+
+def overloaded(error: BackPressureError, request_id: str) -> HTTPResponse:
+    """The answer to a request refused because its deployment's callers queue too many:
+    503 (or 429) and Retry-After, as its ``backpressure_config`` says."""
+    if error.status_code != 429:
+        return unavailable("too many requests queued", request_id, error.retry_after_s)
+    body = {"detail": "Too Many Requests: retry later", "request_id": request_id}
+    return json_answer(429, body, request_id, _retry_after(error.retry_after_s))
+
+
+def _retry_after(seconds: float | None) -> tuple[tuple[bytes, bytes], ...]:
+    return () if seconds is None else ((b"retry-after", str(math.ceil(seconds)).encode()),)
+
+
+#: The generic 500's body (Ray Serve's): nothing of the error, whose traceback is in the
+#: replica's log under the request id the x-request-id header carries.
+INTERNAL_ERROR_BODY = b"Internal Server Error"
 
 
 def internal_error(request_id: str) -> HTTPResponse:
     """The generic 500: no traceback, just the id to find it in the replica log."""
-    return error_answer(500, "Internal Server Error", request_id)
+    headers = [
+        (b"content-type", b"text/plain; charset=utf-8"),
+        (b"content-length", str(len(INTERNAL_ERROR_BODY)).encode()),
+        (REQUEST_ID_HEADER, request_id.encode()),
+    ]
+    return HTTPResponse(500, headers, INTERNAL_ERROR_BODY)

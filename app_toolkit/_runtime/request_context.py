@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar, Token
 from dataclasses import dataclass
@@ -54,6 +54,11 @@ report_models: ContextVar[ReportModels | None] = ContextVar("app_toolkit_report_
 #: Set when the serving replica starts draining (streams end with a final event).
 draining: ContextVar[asyncio.Event | None] = ContextVar("app_toolkit_draining", default=None)
 
+#: What runs when the serving replica stops, after its last request and lifespan shutdown
+#: (a model cache releasing its models): user-facing helpers add to it. None outside replicas.
+StopHook = Callable[[], Awaitable[None]]
+stop_hooks: ContextVar[list[StopHook] | None] = ContextVar("app_toolkit_stop_hooks", default=None)
+
 
 @dataclass(frozen=True, slots=True)
 class ReplicaContext:
@@ -82,6 +87,7 @@ class Serving:
     instance: Any  # the user's object: an @ingress route's ``self``
     report_models: ReportModels | None
     draining: asyncio.Event
+    stop_hooks: list[StopHook]
 
 
 _request_id = request_id  # the parameter of request_scope() has the same name
@@ -106,6 +112,7 @@ def request_scope(
             (replica_instance, replica_instance.set(serving.instance)),
             (report_models, report_models.set(serving.report_models)),
             (draining, draining.set(serving.draining)),
+            (stop_hooks, stop_hooks.set(serving.stop_hooks)),
             (model_id, model_id.set(model)),
         ]
     entered = tracing.enter(trace) if trace is not None else None

@@ -19,11 +19,11 @@ from typing import Any, Protocol, TypeVar
 from starlette.types import ASGIApp
 
 from app_toolkit._runtime.controller.api import ConfigFile, ControlCall
-from app_toolkit._runtime.controller.rollout import RolloutOptions
 from app_toolkit._runtime.messages import AppSpec, ReplicaInfo
 from app_toolkit._runtime.routing.data_plane import DataPlane
 from app_toolkit._runtime.routing.dispatcher import ReplicaClient
 from app_toolkit._runtime.tables import Loads, Outcomes, Updates, Versions
+from app_toolkit.config import RolloutOptions
 from app_toolkit.status import ServeStatus
 
 logger = logging.getLogger("app_toolkit")

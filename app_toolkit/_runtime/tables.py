@@ -52,6 +52,9 @@ class ReplicaTable:
     split: tuple[tuple[DeploymentID, float], ...] = ()
     #: Where copies of a share of this application's requests go. None: no shadow.
     shadow: ShadowTarget | None = None
+    #: The HTTP answer to a request refused for overload: status and Retry-After seconds
+    #: (None: no header); the deployment's backpressure_config.
+    overload: tuple[int, float | None] = (503, 1.0)
 
 
 @compact

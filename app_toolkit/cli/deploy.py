@@ -15,7 +15,7 @@ from app_toolkit import build as building
 from app_toolkit._runtime.backends.base import session_factory
 from app_toolkit._runtime.session import Session
 from app_toolkit.cli.session import fail, find
-from app_toolkit.config_file import ServeConfigFile, dump_config, load_config
+from app_toolkit.config.file import ServeConfigFile, dump_config, load_config
 from app_toolkit.exceptions import AppToolkitError, ConfigError, DeployError
 
 

@@ -18,7 +18,7 @@ from app_toolkit.build import as_application
 from app_toolkit.cli.deploy import apply
 from app_toolkit.cli.session import fail
 from app_toolkit.config import LOG_LEVEL_ENV, HTTPOptions, parse_http_options
-from app_toolkit.config_file import load_config
+from app_toolkit.config.file import load_config
 from app_toolkit.exceptions import AppToolkitError, ConfigError
 from app_toolkit.import_path import import_attr
 
@@ -131,7 +131,7 @@ def run(
         fail(exc)
         return
     fallback = None if http.proxy_location == "Disabled" else f"http://{http.host}:{http.port}"
-    url = next(iter(current.proxies.values()), fallback)
+    url = next(iter(current.proxy_urls.values()), fallback)
     for app_name in names:
         prefix = current.applications[app_name].route_prefix
         where = (

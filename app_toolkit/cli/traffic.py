@@ -5,10 +5,8 @@ from __future__ import annotations
 
 import click
 
-from app_toolkit._runtime.controller.rollout import RolloutOptions
-from app_toolkit._runtime.controller.traffic import ShadowOptions
 from app_toolkit.cli.session import act, fail
-from app_toolkit.config import default_of, parse_options
+from app_toolkit.config import RolloutOptions, ShadowOptions, default_of, parse_options
 from app_toolkit.exceptions import ConfigError
 
 

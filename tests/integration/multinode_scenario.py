@@ -81,9 +81,10 @@ def main() -> None:
         session = tk.start(http_options={"port": 0, "access_log": False})
         tk.run(make_where_app(), name="where", route_prefix="/")
         wait_for(lambda: len(session.status().proxies) == 2, 60, "a proxy on each node")
-        proxies = session.status().proxies
-        result["proxies_before"] = proxies
-        url = next(iter(proxies.values())) + "/where"
+        status = session.status()
+        result["proxies_before"] = status.proxy_urls
+        result["proxy_states"] = [state.value for state in status.proxies.values()]
+        url = next(iter(status.proxy_urls.values())) + "/where"
         replicas = session.status().applications["where"].deployments
         result["replica_nodes_before"] = sorted(r.node_id for d in replicas.values() for r in d.replicas)
 
@@ -119,7 +120,7 @@ def main() -> None:
         joined = cluster.add_node(num_cpus=2, node_ip_address="127.0.0.1")
         result["joined"] = joined.node_id
         wait_for(lambda: joined.node_id in session.status().proxies, 60, "a proxy on the node that joined")
-        result["proxies_joined"] = session.status().proxies
+        result["proxies_joined"] = session.status().proxy_urls
         result["replica_nodes_after"] = sorted(
             r.node_id for d in status.applications["where"].deployments.values() for r in d.replicas
         )

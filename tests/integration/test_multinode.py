@@ -26,6 +26,7 @@ def test_removing_a_node_moves_its_replicas_and_the_app_keeps_serving() -> None:
     # Before: one proxy on each node, sharing one port; one replica on each node.
     assert set(result["proxies_before"]) == {head, worker}
     assert len(set(result["proxies_before"].values())) == 1
+    assert result["proxy_states"] == ["HEALTHY", "HEALTHY"]  # Ray Serve's status().proxies
     assert sorted(result["replica_nodes_before"]) == sorted([head, worker])
 
     # After: the worker's proxy is retired and its replica replaced on the survivor.

@@ -67,7 +67,11 @@ def test_deployments_cannot_be_called_or_decorated_twice() -> None:
 
 @pytest.mark.parametrize(
     ("prefix", "message"),
-    [("api", "must start with '/'"), ("/api/", "must not end with '/'"), ("/{x}", "fixed path")],
+    [
+        ("api", "must start with a forward slash"),
+        ("/api/", "may not end with a trailing"),
+        ("/{x}", "may not contain wildcards"),
+    ],
 )
 def test_route_prefix_rules(prefix: str, message: str) -> None:
     with pytest.raises(tk.ConfigError, match=message):
@@ -111,6 +115,7 @@ def test_each_option_has_one_home() -> None:
         "autoscaling_config",
         "max_ongoing_requests",
         "max_queued_requests",
+        "backpressure_config",
         "affinity",
         "user_config",
         "health_check_period_s",

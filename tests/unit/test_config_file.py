@@ -10,7 +10,7 @@ import yaml
 
 import app_toolkit as tk
 from app_toolkit.build import build_spec, describe
-from app_toolkit.config_file import dump_config, load_config, parse_config
+from app_toolkit.config.file import dump_config, load_config, parse_config
 
 #: What `serve build` of Ray Serve 2.x writes (neutral gRPC and logging sections included).
 RAY_SERVE_BUILT = """
@@ -67,7 +67,7 @@ def test_a_file_ray_serve_build_wrote_loads(tmp_path: Path) -> None:
         ({"http_options": {"proxy_location": "HeadOnly"}, **_app()}, "proxy_location belongs at the top"),
         (_app(colour="red"), r"applications\[0\] \(a\)\.colour: unknown field"),
         (_app(import_path="no colon"), r"applications\[0\] \(a\)\.import_path: must look like"),
-        (_app(route_prefix="api"), r"applications\[0\] \(a\)\.route_prefix: must start with '/'"),
+        (_app(route_prefix="api"), r"applications\[0\] \(a\)\.route_prefix: must start with a forward slash"),
         (
             _app(deployments=[{"name": "D", "max_ongoing_requests": 0}]),
             r"applications\[0\] \(a\)\.deployments\[0\] \(D\)\.max_ongoing_requests: .*greater than",

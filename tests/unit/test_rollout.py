@@ -7,10 +7,10 @@ import re
 
 import pytest
 
-from app_toolkit._runtime.controller.rollout import MIN_REQUESTS, RolloutOptions, new_rollout
+from app_toolkit._runtime.controller.rollout import MIN_REQUESTS, new_rollout
 from app_toolkit._runtime.messages import AppSpec, DeploymentID
 from app_toolkit._runtime.tables import ReplicaTable, VariantOutcome, replicas_key
-from app_toolkit.config import parse_options
+from app_toolkit.config import RolloutOptions, parse_options
 from app_toolkit.exceptions import ConfigError
 from app_toolkit.metrics import SECONDS_BUCKETS
 from tests.unit.test_controller import FakeBackend, app, started, until

@@ -9,6 +9,7 @@ from app_toolkit.status import (
     DeploymentStatus,
     DeploymentStatusInfo,
     EventInfo,
+    ProxyStatus,
     ReplicaState,
     ReplicaStatusInfo,
     ServeStatus,
@@ -51,7 +52,8 @@ def test_the_table_explains_each_deployment() -> None:
             ),
             "jobs": ApplicationStatusInfo("jobs", ApplicationStatus.RUNNING, "", None, "Ingress", {}),
         },
-        {"0123456789abcdef": "http://127.0.0.1:8000"},
+        proxies={"0123456789abcdef": ProxyStatus.HEALTHY},
+        proxy_urls={"0123456789abcdef": "http://127.0.0.1:8000"},
     )
     lines = status.to_text().splitlines()
     assert lines[0] == "shop  DEPLOYING  /shop"
@@ -81,7 +83,7 @@ def test_the_table_explains_each_deployment() -> None:
     assert lines[4].split()[:4] == ["Broken", "DEPLOY_FAILED", "0/1", "-"]
     assert lines[5] == "  Broken: ValueError: model file missing"
     assert lines[6] == "jobs  RUNNING  (no HTTP)"
-    assert lines[-1] == "proxy http://127.0.0.1:8000  (node 0123456789ab)"
+    assert lines[-1] == "proxy http://127.0.0.1:8000  HEALTHY  (node 0123456789ab)"
     # Columns line up: every cell of a column starts at the same offset.
     assert lines[2].index("HEALTHY") == lines[3].index("UPDATING") == lines[1].index("STATUS")
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, TypeVar
 
-from app_toolkit._runtime.controller.rollout import RolloutOptions
 from app_toolkit._runtime.messages import AppSpec
 from app_toolkit._runtime.tables import Loads, Outcomes, Updates, Versions
+from app_toolkit.config import RolloutOptions
 from app_toolkit.status import ServeStatus
 
 T = TypeVar("T")

@@ -51,7 +51,7 @@ from app_toolkit._runtime.controller.replica_state import (
     Stopped,
     StopReplica,
 )
-from app_toolkit._runtime.controller.rollout import RolloutOptions, new_rollout
+from app_toolkit._runtime.controller.rollout import new_rollout
 from app_toolkit._runtime.controller.status_view import serve_status
 from app_toolkit._runtime.controller.traffic import TrafficPolicy
 from app_toolkit._runtime.messages import AppSpec, DeploymentID
@@ -64,6 +64,7 @@ from app_toolkit._runtime.tables import (
     replicas_key,
 )
 from app_toolkit._runtime.waiting import wait_event
+from app_toolkit.config import RolloutOptions
 from app_toolkit.status import EventInfo, ServeStatus
 
 logger = logging.getLogger("app_toolkit.controller")

@@ -234,8 +234,10 @@ def replica_table(state: DeploymentState) -> ReplicaTable:
     # Until a first replica runs (a new deployment starting up), callers queue without a
     # bound: a request that arrives before its proxy has the new table waits for the
     # replica instead of being refused.
-    max_queued = state.spec.config.max_queued_requests if state.ever_ran else -1
-    return ReplicaTable(tuple(infos), max_queued, state.spec.config.affinity)
+    config = state.spec.config
+    max_queued = config.max_queued_requests if state.ever_ran else -1
+    overload = (config.backpressure_config.status_code, config.backpressure_config.retry_after_s)
+    return ReplicaTable(tuple(infos), max_queued, config.affinity, overload=overload)
 
 
 def autoscale(state: DeploymentState, load: float, now: float) -> list[Action]:

@@ -10,10 +10,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
-
 from app_toolkit._runtime.messages import AppSpec
 from app_toolkit._runtime.tables import VariantOutcome
+from app_toolkit.config import RolloutOptions
 from app_toolkit.exceptions import ConfigError
 from app_toolkit.metrics import SECONDS_BUCKETS, quantile
 
@@ -120,34 +119,6 @@ class Rollout:
         p99 = self.p99_ms()
         latency = f", p99 {p99:.0f} ms" if p99 is not None else ""
         return f"{self.requests} canary requests, {self.errors} errors{latency}"
-
-
-class RolloutOptions(BaseModel):
-    """How a rollout goes: the one schema of its options (``rollout()``, ``app-toolkit
-    rollout`` and the controller take their defaults and bounds from here)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    steps: tuple[float, ...] = Field(
-        (1.0, 10.0, 50.0, 100.0), description="The canary's percentages of the traffic, step by step."
-    )
-    interval_s: float = Field(60.0, gt=0, description="Seconds each step lasts.")
-    max_error_rate: float | None = Field(
-        0.01,
-        ge=0,
-        lt=1,
-        description="Roll back when more than this fraction of the canary's requests fail (None: never).",
-    )
-    max_p99_ms: float | None = Field(
-        None, gt=0, description="Roll back when the canary's p99 latency exceeds this (None: never)."
-    )
-
-    @field_validator("steps")
-    @classmethod
-    def _increasing(cls, steps: tuple[float, ...]) -> tuple[float, ...]:
-        if not steps or any(not 0 < s <= 100 for s in steps) or list(steps) != sorted(set(steps)):
-            raise ValueError("must be increasing percentages in (0, 100], like [1, 10, 50, 100]")
-        return steps
 
 
 def new_rollout(

@@ -15,6 +15,7 @@ from app_toolkit.status import (
     DeploymentStatus,
     DeploymentStatusInfo,
     EventInfo,
+    ProxyStatus,
     ReplicaState,
     ReplicaStatusInfo,
     ServeStatus,
@@ -121,4 +122,11 @@ def serve_status(
         )
     for name in {d.app for d in deployments if d.app not in apps}:
         result[name] = ApplicationStatusInfo(name, ApplicationStatus.DELETING, "", None, "")
-    return ServeStatus(applications=result, proxies=dict(proxies), events=list(events))
+    return ServeStatus(
+        applications=result,
+        proxies={
+            node: ProxyStatus.HEALTHY if url else ProxyStatus.UNHEALTHY for node, url in proxies.items()
+        },
+        proxy_urls={node: url for node, url in proxies.items() if url},
+        events=list(events),
+    )

@@ -16,12 +16,10 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
-
 from app_toolkit._runtime.controller.rollout import Rollout
 from app_toolkit._runtime.messages import AppSpec, DeploymentID
 from app_toolkit._runtime.tables import ShadowOutcome, ShadowTarget, VariantOutcome
-from app_toolkit.config import parse_options
+from app_toolkit.config import ShadowOptions, parse_options
 from app_toolkit.exceptions import ConfigError
 from app_toolkit.metrics import SECONDS_BUCKETS, quantile
 from app_toolkit.status import RolloutStatusInfo, ShadowStatusInfo
@@ -161,26 +159,6 @@ def _quantile_ms(counts: list[int], q: float) -> float | None:
         cumulative.append((bound, float(total)))
     found = quantile(cumulative, q)
     return None if found is None else found * 1000
-
-
-class ShadowOptions(BaseModel):
-    """How a shadow copies: the one schema of its options (``shadow()``, ``app-toolkit
-    shadow``, config files and the controller take their defaults and bounds from here)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    fraction: float = Field(0.1, gt=0, le=1, strict=True, description="The share of requests copied.")
-    compare: str = Field(
-        "", description='"module:function" saying whether two answers agree; "" compares statuses only.'
-    )
-
-    @field_validator("compare")
-    @classmethod
-    def _names_a_function(cls, compare: str) -> str:
-        module, _, function = compare.partition(":")
-        if compare and not (module and function and all(p.isidentifier() for p in module.split("."))):
-            raise ValueError('must name a function as "module:function"')
-        return compare
 
 
 class TrafficPolicy:

@@ -40,14 +40,18 @@ class _Writes:
     back until its body is written, so a complete response costs one write (one system
     call, one wake-up of the client) instead of two."""
 
-    __slots__ = ("transport", "hold", "held")
+    __slots__ = ("transport", "hold", "held", "gathered")
 
     def __init__(self, transport: asyncio.Transport) -> None:
         self.transport = transport
         self.hold = False  # the next write is a head to hold
         self.held: bytes | None = None
+        self.gathered: list[bytes] | None = None  # writes kept for one write (gather_writes)
 
     def write(self, data: bytes) -> None:
+        if self.gathered is not None:
+            self.gathered.append(bytes(data))
+            return
         held = self.held
         if held is not None:
             self.held = None
@@ -62,8 +66,11 @@ class _Writes:
         self.transport.write(data)
 
     def release(self) -> None:
-        """Write what is held (nothing more is coming to join it)."""
+        """Write what is held or gathered (nothing more is coming to join it)."""
         self.hold = False
+        gathered, self.gathered = self.gathered, None
+        if gathered:
+            self.write(b"".join(gathered))
         held, self.held = self.held, None
         if held is not None:
             self.transport.write(held)
@@ -94,9 +101,21 @@ class RequestLink:
         """The response's head and its whole body come next: write them together."""
         self._writes.hold = True
 
+    def gather_writes(self) -> None:
+        """Keep what the response writes until :meth:`release`, then write it at once
+        (several body chunks, each still its own chunk on the wire, in one write)."""
+        self._writes.gathered = []
+
     def release(self) -> None:
         """Write anything still held (after the response, or if sending it failed)."""
         self._writes.release()
+
+    def abort(self) -> None:
+        """Cut the connection off (a stream failed mid-way): the client must not take
+        what it got for a complete response."""
+        self.on_client_left = None
+        self._writes.gathered = self._writes.held = None
+        self._writes.transport.abort()
 
 
 _REASONS = {408: "Request Timeout", 431: "Request Header Fields Too Large", 503: "Service Unavailable"}

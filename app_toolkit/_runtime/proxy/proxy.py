@@ -21,6 +21,7 @@ from app_toolkit._runtime.answers import (
     error_answer,
     internal_error,
     json_answer,
+    overloaded,
     send_answer,
     unavailable,
 )
@@ -245,8 +246,8 @@ class Proxy:
         dispatcher = self.subscriber.dispatcher(deployment)
         try:
             reply = await dispatcher.send(request, model_id, shard_key)
-        except BackPressureError:
-            state.status = await send_answer(send, unavailable("too many requests queued", request_id))
+        except BackPressureError as exc:
+            state.status = await send_answer(send, overloaded(exc, request_id))
             return
         except RequestLostError as exc:
             # It may have run: a client must not be told to simply send it again.
@@ -350,33 +351,53 @@ async def _this_process() -> list[list[FamilySnapshot]]:
 
 
 async def _relay_stream(exchange: Exchange, send: Send, state: RequestState, request_id: str) -> None:
-    """Send a streamed response's body chunks as the replica produces them."""
+    """Send a streamed response's body chunks as the replica produces them, each as its
+    own chunk (as the app sent it). A stream that fails (the app raised, or its replica
+    was lost) aborts the connection: the client sees an incomplete body, never one that
+    looks complete."""
     labels = (state.app, state.prefix + state.route if state.route else state.prefix)
     first = True
     while True:
         answer = await exchange.recv()
         if isinstance(answer, BodyChunk):
-            # Chunks that arrived together leave together: one write to the client.
-            chunk = answer.data
-            more = exchange.take_ready(BodyChunk)
-            if more:
-                chunk = b"".join([chunk, *(later.data for later in more)])
+            chunks = [answer, *exchange.take_ready(BodyChunk)]
             last = exchange.next_is(StreamEnd)
             state.finished = last
-            await send({"type": "http.response.body", "body": chunk, "more_body": not last})
+            # Chunks that arrived together leave in one write to the client, each still
+            # its own chunk.
+            if state.link is not None:
+                state.link.gather_writes()
+            try:
+                for index, chunk in enumerate(chunks):
+                    more = not (last and index == len(chunks) - 1)
+                    await send({"type": "http.response.body", "body": chunk.data, "more_body": more})
+            finally:
+                if state.link is not None:
+                    state.link.release()
             if first:
                 stream_metrics.FIRST_CHUNK.observe(time.perf_counter() - state.arrived, *labels)
                 first = False
-            stream_metrics.CHUNKS.inc(*labels, amount=1 + len(more))
+            stream_metrics.CHUNKS.inc(*labels, amount=len(chunks))
             if last:
                 return
             continue
-        if isinstance(answer, ReplicaLost):
-            logger.warning("Request %s: replica lost mid-stream", request_id)
-            raise ReplicaUnavailableError("replica lost mid-stream")
-        state.finished = True
-        await send({"type": "http.response.body", "body": b""})
+        if isinstance(answer, StreamEnd):
+            state.finished = True
+            await send({"type": "http.response.body", "body": b""})
+            return
+        why = "replica lost" if isinstance(answer, ReplicaLost) else "the app failed"
+        logger.warning("Request %s: %s mid-stream; aborting the connection", request_id, why)
+        await _abort(state, why)
         return
+
+
+async def _abort(state: RequestState, why: str) -> None:
+    """End the client's connection without completing the response."""
+    state.finished = True
+    if state.link is None:  # under another server: raising is how a response is cut off
+        raise ReplicaUnavailableError(f"{why} mid-stream")
+    state.link.abort()
+    await asyncio.sleep(0)  # the protocol hears the connection end: no "incomplete" error
 
 
 _NO_BODY = Body()

@@ -18,6 +18,7 @@ from app_toolkit._runtime.messages import (
     CLOSE_SERVICE_RESTART,
     END,
     BodyChunk,
+    CallFailure,
     HTTPRequest,
     HTTPResponse,
     HTTPResponseStart,
@@ -30,6 +31,8 @@ logger = logging.getLogger("app_toolkit.replica")
 
 
 _ASGI = {"version": "3.0", "spec_version": "2.3"}
+#: What ends a streamed response whose app raised after sending its head.
+STREAM_FAILED = CallFailure("StreamError", "the app failed after its response started", None)
 
 
 class Lifespan:
@@ -212,12 +215,13 @@ class _Response:
 
     def fail(self) -> None:
         """The app failed before completing the response: a generic 500, or, once the
-        head is out, the end of the stream so the caller is not left waiting."""
+        head is out, a failure that makes the proxy cut the stream off (a client must not
+        take a truncated body for a whole one)."""
         if self.complete:
             return
         self._finish()
         if self._started:
-            self._sink.send(END)
+            self._sink.send(STREAM_FAILED)
         else:
             self._sink.send(answers.internal_error(self._request.request_id))
 
@@ -235,8 +239,8 @@ class _Response:
 def request_app(target: Callable[..., Any]) -> ASGIApp:
     """Serve a plain deployment's ``__call__(request)`` over HTTP (Ray Serve's basic form).
 
-    It gets a Starlette ``Request``; a returned ``Response`` is sent as is, ``str`` as
-    text, ``bytes`` as octets, anything else as JSON.
+    It gets a Starlette ``Request`` (nothing, if it takes no parameters); a returned
+    ``Response`` is sent as is, ``str`` as text, ``bytes`` as octets, anything else as JSON.
     """
     from fastapi.encoders import jsonable_encoder
     from starlette.requests import Request
@@ -245,15 +249,19 @@ def request_app(target: Callable[..., Any]) -> ASGIApp:
     is_async = inspect.iscoroutinefunction(target) or inspect.iscoroutinefunction(
         getattr(target, "__call__", None)  # noqa: B004 - an async __call__, not callability
     )
+    try:
+        takes_request = bool(inspect.signature(target).parameters)
+    except (TypeError, ValueError):  # no signature to read (a builtin): give it the request
+        takes_request = True
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             raise NotImplementedError(f"{scope['type']} is not served by a plain deployment")
-        request = Request(scope, receive)
+        arguments = (Request(scope, receive),) if takes_request else ()
         if is_async:
-            result = await target(request)
+            result = await target(*arguments)
         else:
-            result = await asyncio.to_thread(target, request)
+            result = await asyncio.to_thread(target, *arguments)
         if isinstance(result, Response):
             response = result
         elif isinstance(result, str):

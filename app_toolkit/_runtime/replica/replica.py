@@ -8,6 +8,7 @@ and the caller's router retries elsewhere (requests wait in the caller's queue).
 from __future__ import annotations
 
 import asyncio
+import gc
 import inspect
 import logging
 import pickle
@@ -42,11 +43,20 @@ from app_toolkit._runtime.replica.asgi import (
 )
 from app_toolkit._runtime.waiting import wait_event
 from app_toolkit.config import DeploymentConfig
-from app_toolkit.exceptions import BackPressureError, DeployError, ReplicaUnavailableError
+from app_toolkit.exceptions import (
+    BackPressureError,
+    DeployError,
+    MethodNotFoundError,
+    ReplicaUnavailableError,
+)
 
 logger = logging.getLogger("app_toolkit.replica")
 
 ASGI_APP_ATTR = "__app_toolkit_asgi_app__"
+#: On an @ingress class whose app is made on the replica: a builder function, called with
+#: no arguments after the constructor, or BUILD_ASGI_METHOD (call that method).
+ASGI_BUILDER_ATTR = "__app_toolkit_asgi_builder__"
+BUILD_ASGI_METHOD = "__serve_build_asgi_app__"  # Ray Serve's name
 #: A deployment's constructor arguments: positional and keyword.
 InitArgs = tuple[tuple[object, ...], dict[str, object]]
 LINGER_QUIET_S = 0.25  # a drained replica stops once no request came for this long
@@ -87,6 +97,8 @@ class ReplicaCore:
         #: Set by the host: tells the controller which multiplexed models this replica holds.
         self.report_models: request_context.ReportModels | None = None
         self._serves: request_context.Serving | None = None
+        #: Run when the replica stops (request_context.stop_hooks).
+        self._stop_hooks: list[request_context.StopHook] = []
         replica_metrics.track(self)
 
     # ------------------------------------------------------------------ lifecycle
@@ -96,12 +108,11 @@ class ReplicaCore:
         args, kwargs = self._init_args
         definition = self._definition
         request_context.enter_replica(self.context)
+        request_context.stop_hooks.set(self._stop_hooks)  # a constructor may preload models
         try:
             if inspect.isclass(definition):
-                self.instance = definition(*args, **kwargs)
-                app = getattr(definition, ASGI_APP_ATTR, None)
-                if app is not None:
-                    self.asgi_app = app
+                self.instance = await _construct(definition, args, kwargs)
+                self.asgi_app = await self._ingress_app(definition)
             else:
                 self.instance = definition
         except Exception as exc:
@@ -117,6 +128,19 @@ class ReplicaCore:
                 request_context.replica_instance.reset(token)
         if self.config.user_config is not None:
             await self.reconfigure(self.config.user_config)
+
+    async def _ingress_app(self, definition: type) -> ASGIApp | None:
+        """The ASGI app an @ingress class serves: given, or made now by its builder."""
+        builder = getattr(definition, ASGI_BUILDER_ATTR, None)
+        if builder == BUILD_ASGI_METHOD:
+            app = await _call_maybe_async(getattr(self.instance, BUILD_ASGI_METHOD))
+        elif builder is not None:
+            app = await _call_maybe_async(builder)
+        else:
+            return getattr(definition, ASGI_APP_ATTR, None)
+        if not callable(app):
+            raise TypeError(f"The ASGI app builder of {self.deployment} returned {type(app).__name__}")
+        return cast(ASGIApp, app)
 
     async def reconfigure(self, user_config: object) -> None:
         method = getattr(self.instance, "reconfigure", None)
@@ -152,6 +176,26 @@ class ReplicaCore:
             logger.warning("%s stopping with %d requests still running", self.replica_id, self.ongoing)
         if self._lifespan is not None:
             await self._lifespan.shutdown(timeout_s=max(self.config.graceful_shutdown_timeout_s, 1.0))
+        await self._release_instance()
+
+    async def _release_instance(self) -> None:
+        """The last step of stopping: stop hooks (models released), then the user's object
+        let go, so its ``__del__`` runs here rather than never (the process is killed next)."""
+        for hook in self._stop_hooks:
+            try:
+                await hook()
+            except Exception:
+                logger.exception("A stop hook of %s failed", self.replica_id)
+        self._stop_hooks.clear()
+        if not inspect.isclass(self._definition):
+            return  # a function deployment: nothing was built
+        self.instance = self._serves = self._lifespan = None
+        self.asgi_app = None
+        # Objects in reference cycles (a model cache holding a method bound to the instance)
+        # go with a collection; a replica on Ray froze what it held at start (settle_heap),
+        # which no collection would reach.
+        gc.unfreeze()
+        gc.collect()
 
     # ------------------------------------------------------------------ requests
 
@@ -305,7 +349,7 @@ class ReplicaCore:
         """What this replica gives each request (made once it has started)."""
         if self._serves is None:
             self._serves = request_context.Serving(
-                self.context, self.instance, self.report_models, self.draining_event
+                self.context, self.instance, self.report_models, self.draining_event, self._stop_hooks
             )
         return self._serves
 
@@ -317,7 +361,12 @@ class ReplicaCore:
             raise AttributeError(f"{self.deployment} does not expose private method {name!r}")
         method = getattr(target, name, None)
         if method is None or not callable(method):
-            raise AttributeError(f"{self.deployment} has no method {name!r}")
+            methods = [
+                m for m in dir(target) if not m.startswith("__") and callable(getattr(target, m, None))
+            ]
+            raise MethodNotFoundError(
+                f"Tried to call a method '{name}' that does not exist. Available methods: {methods}."
+            )
         return cast(Callable[..., object], method)
 
     def _failure(self, exc: Exception) -> CallFailure:
@@ -328,6 +377,16 @@ class ReplicaCore:
         except Exception:  # noqa: BLE001 - not picklable: the caller gets type and message
             blob = None
         return CallFailure(type(exc).__name__, str(exc), blob)
+
+
+async def _construct(cls: type, args: tuple[object, ...], kwargs: dict[str, object]) -> object:
+    """An instance of ``cls``; an ``async def __init__`` is awaited (as Ray Serve does)."""
+    initializer = getattr(cls, "__init__", None)
+    if inspect.iscoroutinefunction(initializer):
+        instance = cast(Callable[[type], object], cls.__new__)(cls)
+        await initializer(instance, *args, **kwargs)
+        return instance
+    return cls(*args, **kwargs)
 
 
 def _close_generator(generator: object) -> None:
@@ -399,7 +458,10 @@ def install_error_handler(app: object) -> None:
         return respond(answers.internal_error(request.headers.get("x-request-id", "")))
 
     async def unavailable(request: StarletteRequest, exc: Exception) -> Response:
-        return respond(answers.unavailable(None, request.headers.get("x-request-id", "")))
+        request_id = request.headers.get("x-request-id", "")
+        if isinstance(exc, BackPressureError):
+            return respond(answers.overloaded(exc, request_id))
+        return respond(answers.unavailable(None, request_id))
 
     handlers = app.exception_handlers
     if Exception not in handlers and 500 not in handlers:

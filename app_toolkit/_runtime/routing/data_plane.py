@@ -59,10 +59,12 @@ class LoopThread:
             self.loop.close()
 
     def run(self, coroutine: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
-        """Run ``coroutine`` on the loop and wait for its result (from another thread)."""
+        """Run ``coroutine`` on the loop and wait for its result. On the loop's own thread
+        (code the loop runs, such as a replica of the local backend) only a coroutine that
+        never waits can run: it runs to its end at once (reading the controller's state);
+        one that would wait raises RuntimeError (blocking there would stop the loop)."""
         if threading.current_thread() is self._thread:
-            coroutine.close()
-            raise RuntimeError("This blocking call cannot run inside the toolkit's own event loop")
+            return _run_without_waiting(coroutine)
         return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout_s)
 
     def stop(self) -> None:
@@ -105,8 +107,8 @@ class Pending(Generic[T]):
         """Block until done (raises ``TimeoutError`` after ``timeout_s``)."""
         if in_async_code():
             raise RuntimeError(
-                "result() blocks, so it cannot be used inside async code; use "
-                "`await handle.method.remote(...)` there"
+                "Sync methods should not be called from within an `asyncio` event loop. Use "
+                "`await response` instead (result() would block the loop)."
             )
         future = self._future
         if not isinstance(future, concurrent.futures.Future):
@@ -246,6 +248,19 @@ class DataPlane:
     async def _drain(self) -> None:
         tasks = self._close_now()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+def _run_without_waiting(coroutine: Coroutine[Any, Any, T]) -> T:
+    try:
+        coroutine.send(None)
+    except StopIteration as finished:
+        result: T = finished.value
+        return result
+    coroutine.close()
+    raise RuntimeError(
+        "This call waits for the toolkit's event loop, which runs the code that made it; make "
+        "it from a thread (asyncio.to_thread) or before serving starts"
+    )
 
 
 def in_async_code() -> bool:

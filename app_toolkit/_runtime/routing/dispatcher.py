@@ -92,6 +92,7 @@ class Dispatcher:
         self._keyed_waiters = 0  # of them, with a shard key
         # Unknown until the first table arrives: queue meanwhile rather than reject.
         self.max_queued_requests = -1
+        self._overload: tuple[int, float | None] = (503, 1.0)  # backpressure_config's answer
         self.affinity: Affinity = "strict"
         self._closed_reason: str | None = None
         self._wake_handle: asyncio.TimerHandle | None = None
@@ -106,10 +107,12 @@ class Dispatcher:
         affinity: Affinity = "strict",
         split: tuple[tuple[DeploymentID, float], ...] = (),
         shadow: ShadowTarget | None = None,
+        overload: tuple[int, float | None] = (503, 1.0),
     ) -> None:
         """Adopt the controller's newest replica table for this deployment."""
         self._closed_reason = None
         self.max_queued_requests = max_queued_requests
+        self._overload = overload
         self.affinity = affinity
         self._split = split if self._resolve is not None else ()
         if shadow is not None and self._shadower is None and self._resolve is not None:
@@ -255,7 +258,7 @@ class Dispatcher:
                 return choice
         if queue_is_full(self.queued, self.max_queued_requests):
             caller_metrics.rejected(self.deployment)
-            raise BackPressureError(str(self.deployment), self.max_queued_requests)
+            raise BackPressureError(str(self.deployment), self.max_queued_requests, *self._overload)
         waiter: asyncio.Future[ReplicaInfo] = asyncio.get_running_loop().create_future()
         self._waiters.append((waiter, model_id, shard_key))
         if shard_key:

@@ -80,7 +80,12 @@ class TableSubscriber:
             def apply(table: Table | None) -> None:
                 if isinstance(table, ReplicaTable):
                     dispatcher.update(
-                        table.replicas, table.max_queued_requests, table.affinity, table.split, table.shadow
+                        table.replicas,
+                        table.max_queued_requests,
+                        table.affinity,
+                        table.split,
+                        table.shadow,
+                        table.overload,
                     )
                 else:
                     reason = (

@@ -33,7 +33,7 @@ class ProxyFleet:
     def __init__(self, actor_class: type, http: HTTPOptions) -> None:
         self._actor_class = actor_class
         self._http = http
-        #: Node id -> URL of each proxy serving.
+        #: Node id -> URL of each proxy serving ("": its proxy does not serve now).
         self.urls: dict[str, str] = {}
         self._actors: dict[str, Any] = {}
         self._port = http.port
@@ -91,6 +91,7 @@ class ProxyFleet:
         for node, result in zip(wanted, results, strict=True):
             if isinstance(result, BaseException):
                 logger.warning("The proxy on node %s is not serving yet: %s", node, result)
+                self.urls[node] = ""  # status() shows it UNHEALTHY
 
     async def _ready(self, node: str, *, exclusive: bool) -> None:
         actor = self._actors.get(node)

@@ -37,8 +37,7 @@ from pydantic import (
     model_validator,
 )
 
-from app_toolkit._runtime.controller.traffic import ShadowOptions
-from app_toolkit.config import ApplicationOptions, DeploymentConfig, HTTPOptions, default_of
+from app_toolkit.config import ApplicationOptions, DeploymentConfig, HTTPOptions, ShadowOptions, default_of
 from app_toolkit.exceptions import ConfigError
 
 ProxyLocation = Literal["EveryNode", "HeadOnly", "Disabled"]

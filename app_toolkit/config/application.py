@@ -1,0 +1,44 @@
+"""How one application is exposed: its name and route prefix."""
+
+from __future__ import annotations
+
+from pydantic import Field, ValidationError, field_validator
+
+from app_toolkit.config.schema import NAME_RE, Strict, explain
+from app_toolkit.exceptions import ConfigError
+
+
+class ApplicationOptions(Strict):
+    """How one application is exposed."""
+
+    name: str = Field("default", description="Unique application name.")
+    route_prefix: str | None = Field("/", description="URL prefix of the app's routes; None serves no HTTP.")
+
+    @field_validator("name")
+    @classmethod
+    def _check_name(cls, value: str) -> str:
+        if not NAME_RE.fullmatch(value):
+            raise ValueError("use letters, digits, '_', '-' or '.' only (it appears in URLs and logs)")
+        return value
+
+    @field_validator("route_prefix")
+    @classmethod
+    def _check_prefix(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        # Ray Serve's wording, then how to fix it.
+        if not value.startswith("/"):
+            raise ValueError(f"must start with a forward slash ('/'), e.g. '/{value}'")
+        if len(value) > 1 and value.endswith("/"):
+            raise ValueError(f"may not end with a trailing '/', e.g. {value.rstrip('/')!r}")
+        if "{" in value or "}" in value:
+            raise ValueError("may not contain wildcards: a fixed path without '{parameters}'")
+        return value
+
+
+def parse_application_options(name: str, route_prefix: str | None) -> ApplicationOptions:
+    """Validate an application's name and route prefix."""
+    try:
+        return ApplicationOptions(name=name, route_prefix=route_prefix)
+    except ValidationError as exc:
+        raise ConfigError(explain(exc, f"application {name!r}")) from None

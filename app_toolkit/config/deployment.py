@@ -1,0 +1,243 @@
+"""The options of one deployment, its replicas' resources, autoscaling, the overload
+answer and ``@batch`` (Ray Serve's names and meanings)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal
+
+from pydantic import Field, JsonValue, ValidationError, model_validator
+
+from app_toolkit.config.schema import IN_PLACE, Strict, explain
+from app_toolkit.exceptions import ConfigError
+
+
+class RayActorOptions(Strict):
+    """Resources each replica actor reserves on the Ray cluster."""
+
+    num_cpus: float = Field(
+        0.0,
+        ge=0,
+        description="Logical CPUs reserved per replica. Defaults to 0 so that I/O-bound "
+        "replicas never block scheduling on small machines; set it for CPU-heavy work.",
+    )
+    num_gpus: float = Field(0.0, ge=0, description="GPUs per replica; fractions share a GPU.")
+    memory: int | None = Field(None, ge=0, description="Bytes of memory reserved per replica.")
+    resources: dict[str, float] = Field(default_factory=dict, description="Custom Ray resources per replica.")
+    runtime_env: dict[str, JsonValue] | None = Field(
+        None, description="Ray runtime environment for the replica processes."
+    )
+
+
+class AutoscalingConfig(Strict):
+    """How a deployment's replica count follows its load (Ray Serve's names and meanings).
+
+    Load is the number of requests queued and running for the deployment (open streams
+    and WebSocket connections included), as the callers report it. The target replica
+    count is that load divided by ``target_ongoing_requests``, within
+    ``[min_replicas, max_replicas]``; it moves up only after the load has wanted more
+    replicas for ``upscale_delay_s`` (at once from zero replicas) and down only after
+    ``downscale_delay_s`` of wanting fewer.
+    """
+
+    min_replicas: int = Field(1, ge=0, le=10_000, description="Fewest replicas; 0 allows scaling to zero.")
+    max_replicas: int = Field(100, ge=1, le=10_000, description="Most replicas.")
+    initial_replicas: int | None = Field(
+        None, ge=0, le=10_000, description="Replicas to start with; default min_replicas."
+    )
+    target_ongoing_requests: float = Field(
+        2.0, gt=0, description="Queued + running requests each replica should have on average."
+    )
+    upscale_delay_s: float = Field(
+        30.0, ge=0, description="Seconds the load must want more replicas before adding them."
+    )
+    downscale_delay_s: float = Field(
+        600.0, ge=0, description="Seconds the load must want fewer replicas before removing any."
+    )
+    downscale_to_zero_delay_s: float | None = Field(
+        None,
+        ge=0,
+        description="Seconds without any load before scaling to zero replicas "
+        "(min_replicas=0 only); default downscale_delay_s.",
+    )
+    look_back_period_s: float = Field(
+        30.0, gt=0, description="Seconds of load reports averaged for each decision."
+    )
+    upscaling_factor: float | None = Field(
+        None, gt=0, description="Multiplies each upscaling step (below 1: more cautious)."
+    )
+    downscaling_factor: float | None = Field(
+        None, gt=0, description="Multiplies each downscaling step (below 1: more cautious)."
+    )
+
+    @model_validator(mode="after")
+    def _check_bounds(self) -> AutoscalingConfig:
+        if self.min_replicas > self.max_replicas:
+            raise ValueError(
+                f"min_replicas ({self.min_replicas}) must not exceed max_replicas ({self.max_replicas})"
+            )
+        initial = self.initial_replicas
+        if initial is not None and not self.min_replicas <= initial <= self.max_replicas:
+            raise ValueError(f"initial_replicas ({initial}) must lie between min_replicas and max_replicas")
+        return self
+
+    @property
+    def start_replicas(self) -> int:
+        return self.min_replicas if self.initial_replicas is None else self.initial_replicas
+
+
+class BackpressureConfig(Strict):
+    """The HTTP answer to a request refused because ``max_queued_requests`` callers'
+    requests already wait (Ray Serve's option). A handle raises ``BackPressureError``."""
+
+    status_code: Literal[503, 429] = Field(
+        503, description="503 Service Unavailable, or 429 Too Many Requests."
+    )
+    retry_after_s: float | None = Field(
+        1.0,
+        ge=0,
+        allow_inf_nan=False,
+        description="The Retry-After header, in seconds (rounded up); None sends none "
+        "(Ray Serve's default; the toolkit's is 1 s).",
+    )
+
+
+class DeploymentConfig(Strict):
+    """Options of one deployment (Ray Serve's names and meanings)."""
+
+    num_replicas: int = Field(
+        1,
+        json_schema_extra=IN_PLACE,
+        ge=0,
+        le=10_000,
+        description='Replicas to run; "auto" turns on autoscaling with the defaults of AutoscalingConfig.',
+    )
+    autoscaling_config: AutoscalingConfig | None = Field(
+        None,
+        json_schema_extra=IN_PLACE,
+        description="Scale the replica count with the load instead of num_replicas.",
+    )
+    max_ongoing_requests: int = Field(
+        100,
+        json_schema_extra=IN_PLACE,
+        ge=1,
+        description="Requests one replica runs at once; further requests wait in the "
+        "caller-side queue, never on the replica.",
+    )
+    max_queued_requests: int = Field(
+        1000,
+        json_schema_extra=IN_PLACE,
+        ge=-1,
+        description="Requests each caller (proxy or handle) may queue for this deployment "
+        "while every replica is busy; beyond it callers get 503 / BackPressureError. "
+        "-1 means unbounded.",
+    )
+    backpressure_config: BackpressureConfig = Field(
+        default_factory=BackpressureConfig,
+        json_schema_extra=IN_PLACE,
+        description="The HTTP answer when max_queued_requests is reached (status and Retry-After).",
+    )
+    affinity: Literal["strict", "prefer"] = Field(
+        "strict",
+        json_schema_extra=IN_PLACE,
+        description="Requests with a shard key (the X-SERVE-SHARD-KEY header, or "
+        "handle.options(shard_key=...)) go to the replica the key maps to. When it is at "
+        "max_ongoing_requests: strict waits for it, prefer sends to another replica.",
+    )
+    user_config: Any = Field(
+        None,
+        json_schema_extra=IN_PLACE,
+        description="JSON-like value passed to the replica's reconfigure() method.",
+    )
+    health_check_period_s: float = Field(
+        10.0, json_schema_extra=IN_PLACE, gt=0, description="Seconds between health checks of each replica."
+    )
+    health_check_timeout_s: float = Field(
+        30.0,
+        json_schema_extra=IN_PLACE,
+        gt=0,
+        description="Seconds a health check may take before it counts as failed.",
+    )
+    health_check_failure_threshold: int = Field(
+        3,
+        json_schema_extra=IN_PLACE,
+        ge=1,
+        le=100,
+        description="Consecutive failed health checks after which a replica "
+        "leaves the routing tables and is replaced. The check calls the user's check_health() "
+        "on the replica's event loop, so a blocked loop fails it too.",
+    )
+    graceful_shutdown_wait_loop_s: float = Field(
+        2.0,
+        json_schema_extra=IN_PLACE,
+        gt=0,
+        description="Seconds between checks for in-flight work while draining.",
+    )
+    graceful_shutdown_timeout_s: float = Field(
+        20.0,
+        json_schema_extra=IN_PLACE,
+        ge=0,
+        description="Seconds a draining replica may finish in-flight work.",
+    )
+    ray_actor_options: RayActorOptions = Field(
+        default_factory=RayActorOptions, description="Ray resources of each replica."
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _auto_replicas(cls, data: object) -> object:
+        if not isinstance(data, dict):
+            return data
+        if data.get("num_replicas") == "auto":
+            data = {key: value for key, value in data.items() if key != "num_replicas"}
+            if data.get("autoscaling_config") is None:
+                data["autoscaling_config"] = {}
+        elif "num_replicas" in data and data.get("autoscaling_config") is not None:
+            raise ValueError(
+                "set either num_replicas or autoscaling_config, not both "
+                '(num_replicas="auto" autoscales with default settings)'
+            )
+        return data
+
+    @classmethod
+    def in_place_options(cls) -> frozenset[str]:
+        """Options whose change running replicas take in place (``user_config`` through
+        ``reconfigure()``); a change of any other option starts new replicas."""
+        return frozenset(
+            name
+            for name, field in cls.model_fields.items()
+            if isinstance(field.json_schema_extra, dict) and field.json_schema_extra.get("applies_in_place")
+        )
+
+    @property
+    def initial_replicas(self) -> int:
+        """How many replicas a new deployment starts with."""
+        if self.autoscaling_config is not None:
+            return self.autoscaling_config.start_replicas
+        return self.num_replicas
+
+
+class BatchConfig(Strict):
+    """Options of ``@batch`` (Ray Serve's names and meanings)."""
+
+    max_batch_size: int = Field(10, ge=1, description="Most items (or size units) in one batch.")
+    batch_wait_timeout_s: float = Field(
+        0.01, ge=0, description="Longest wait, from a batch's first item, before it runs anyway."
+    )
+    max_concurrent_batches: int = Field(1, ge=1, description="Batches of one replica running at once.")
+
+
+def parse_deployment_config(options: Mapping[str, object], where: str) -> DeploymentConfig:
+    """Validate deployment options, raising ConfigError with a readable message."""
+    try:
+        return DeploymentConfig.model_validate(dict(options))
+    except ValidationError as exc:
+        raise ConfigError(explain(exc, where)) from None
+
+
+def parse_batch_config(options: Mapping[str, object], where: str) -> BatchConfig:
+    """Validate ``@batch`` options."""
+    try:
+        return BatchConfig.model_validate(dict(options))
+    except ValidationError as exc:
+        raise ConfigError(explain(exc, where)) from None

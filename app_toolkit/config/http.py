@@ -1,0 +1,148 @@
+"""Where and how the HTTP proxy listens, and the limits it keeps."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Literal
+
+from pydantic import Field, ValidationError, field_validator, model_validator
+
+from app_toolkit.config.schema import Strict, explain
+from app_toolkit.exceptions import ConfigError
+
+
+class HTTPOptions(Strict):
+    """Where the HTTP proxy listens."""
+
+    host: str = Field("127.0.0.1", min_length=1, description="Interface the proxy binds.")
+    port: int = Field(8000, ge=0, le=65535, description="TCP port; 0 picks a free one.")
+    max_request_body_bytes: int = Field(
+        100 << 20,
+        ge=1,
+        description="Largest request body the proxy accepts (it buffers "
+        "bodies before forwarding them); bigger ones get 413.",
+    )
+    max_buffered_body_bytes: int = Field(
+        1 << 30,
+        ge=1,
+        description="Request bodies one proxy holds at once, all requests together; a request "
+        "whose body would pass it gets 503 with Retry-After. At least max_request_body_bytes.",
+    )
+    request_timeout_s: float | None = Field(
+        None,
+        gt=0,
+        description="End-to-end deadline of every HTTP request, upload included (504 when it "
+        "passes; 408 if the body was still arriving). A route's @deadline or the "
+        "x-request-timeout-seconds header may set an earlier one.",
+    )
+    keep_alive_timeout_s: int = Field(
+        5, ge=1, description="Seconds a connection with no request in progress stays open."
+    )
+    max_header_bytes: int = Field(
+        16 << 10,
+        ge=1024,
+        description="Largest request line plus headers; a bigger request head gets 431 and the "
+        "connection is closed.",
+    )
+    header_timeout_s: float = Field(
+        10,
+        gt=0,
+        description="Time a request head may take to arrive from its first byte; a slower one "
+        "gets 408 and the connection is closed (slowloris).",
+    )
+    body_timeout_s: float = Field(
+        30,
+        gt=0,
+        description="Longest pause between two pieces of a request body; a longer one gets 408.",
+    )
+    max_connections: int = Field(
+        4096,
+        ge=1,
+        description="Open client connections one proxy keeps; a new one beyond it gets 503 with "
+        "Retry-After and is closed.",
+    )
+    websocket_max_message_bytes: int = Field(
+        1 << 20,
+        ge=1,
+        description="Largest WebSocket message; bigger ones close the "
+        "connection with 1009 (message too big).",
+    )
+    access_log: bool = Field(
+        True,
+        description="Log one line per HTTP request on the 'app_toolkit.access' logger "
+        "(client, method, path, status, milliseconds; 499 when the client left first).",
+    )
+    root_path: str = Field(
+        "",
+        description="Path prefix a reverse proxy in front strips before forwarding "
+        "(e.g. /api): apps see it as root_path, so their links and docs include it.",
+    )
+    proxy_headers: bool = Field(
+        True,
+        description="Take the client's address and scheme from X-Forwarded-For / "
+        "X-Forwarded-Proto sent by the hosts in forwarded_allow_ips.",
+    )
+    forwarded_allow_ips: str = Field(
+        "127.0.0.1",
+        description="Comma-separated addresses (or *) whose X-Forwarded-* headers are trusted.",
+    )
+    metrics_allow_ips: str = Field(
+        "127.0.0.1,::1",
+        description="Comma-separated client addresses or networks (10.0.0.0/8) that may read "
+        "/-/metrics (Prometheus), or * for anyone; others get 403.",
+    )
+    shard_key_header: str = Field(
+        "x-serve-shard-key",
+        pattern=r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$",
+        description="Request header whose value is the shard key: requests with the same key "
+        "go to the same replica of the deployment (see its affinity option).",
+    )
+    dashboard_allow_ips: str = Field(
+        "127.0.0.1,::1",
+        description="Comma-separated client addresses or networks that may open the live "
+        "status page /-/dashboard, or * for anyone; others need dashboard_token.",
+    )
+    dashboard_token: str | None = Field(
+        None,
+        min_length=16,
+        description="A secret that also opens /-/dashboard from any address (?token=... once, "
+        "or Authorization: Bearer ...); at least 16 characters. Unset: no token opens it.",
+    )
+    proxy_location: Literal["EveryNode", "HeadOnly", "Disabled"] = Field(
+        "EveryNode",
+        description="Run a proxy on every node of the cluster (each serves every app; nodes "
+        "that join get one), only on the head node, or none (Disabled: handles only). "
+        "Proxies on one machine share the port.",
+    )
+
+    @model_validator(mode="after")
+    def _check_body_budget(self) -> HTTPOptions:
+        if self.max_buffered_body_bytes < self.max_request_body_bytes:
+            raise ValueError(
+                "max_buffered_body_bytes must be at least max_request_body_bytes "
+                f"({self.max_request_body_bytes}), or no request that large could ever be served"
+            )
+        return self
+
+    @field_validator("metrics_allow_ips", "dashboard_allow_ips")
+    @classmethod
+    def _check_allow_ips(cls, value: str) -> str:
+        from app_toolkit._runtime.proxy.metrics_page import parse_networks
+
+        parse_networks(value)
+        return value
+
+    @field_validator("root_path")
+    @classmethod
+    def _check_root_path(cls, value: str) -> str:
+        if value and (not value.startswith("/") or value.endswith("/")):
+            raise ValueError("must be empty or a path like '/api' (a leading '/', no trailing '/')")
+        return value
+
+
+def parse_http_options(options: Mapping[str, object]) -> HTTPOptions:
+    """Validate proxy options."""
+    try:
+        return HTTPOptions.model_validate(dict(options))
+    except ValidationError as exc:
+        raise ConfigError(explain(exc, "HTTP options")) from None

@@ -1,0 +1,59 @@
+"""What every option schema shares: strict models, the in-place marker, readable errors."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+from pydantic import BaseModel, ConfigDict, JsonValue, ValidationError
+
+from app_toolkit.exceptions import ConfigError
+
+#: Environment variable with the toolkit's log level (``app-toolkit run --log-level``),
+#: read by the toolkit's Ray workers when they start.
+LOG_LEVEL_ENV = "APP_TOOLKIT_LOG_LEVEL"
+
+#: Application, deployment and pool names (they appear in URLs, actor names and logs).
+NAME_RE = re.compile(r"[A-Za-z0-9_.\-]+")
+
+
+#: Marks an option that running replicas take in place (a change never restarts them);
+#: every other deployment option is part of the code version.
+IN_PLACE: dict[str, JsonValue] = {"applies_in_place": True}
+
+
+class Strict(BaseModel):
+    """A schema: unknown options are errors, values are frozen and defaults checked."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def explain(error: ValidationError, where: str) -> str:
+    lines = []
+    for item in error.errors():
+        field = ".".join(str(part) for part in item["loc"]) or "value"
+        if item["type"] == "extra_forbidden":
+            lines.append(f"unknown option {field!r}")
+            continue
+        message = item["msg"]
+        if message.startswith("Value error, "):
+            message = message[len("Value error, ") :]
+        lines.append(f"{field} {message}, got {item.get('input')!r}")
+    return f"Invalid {where}: " + "; ".join(lines)
+
+
+def default_of(model: type[BaseModel], name: str) -> Any:
+    """The default of one option, for signatures that repeat a model's options."""
+    return model.model_fields[name].get_default(call_default_factory=True)
+
+
+def parse_options(model: type[M], options: Mapping[str, object], where: str) -> M:
+    """Validate ``options`` against ``model``, raising ConfigError with a readable message."""
+    try:
+        return model.model_validate(dict(options))
+    except ValidationError as exc:
+        raise ConfigError(explain(exc, where)) from None

@@ -1,0 +1,295 @@
+"""Programs written against Ray Serve's API (``from ray import serve``, import swapped),
+each showing one behaviour Ray Serve's own test suite expects (tests/behaviour/test_serve_parity.py).
+
+Teardown hooks write marker files into a folder the test gives the deployment, so they
+can be seen from the test on either backend.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+from fastapi import FastAPI
+from fastapi.responses import StreamingResponse
+from starlette.requests import Request
+
+import app_toolkit as serve
+from app_toolkit import DeploymentHandle
+
+# ------------------------------------------------------------------ calls without a request
+
+
+@serve.deployment
+def no_params() -> str:
+    return "called without the request"
+
+
+@serve.deployment
+class NoParamsCall:
+    def __call__(self) -> str:
+        return "__call__ without the request"
+
+
+# ------------------------------------------------------------------ streams
+
+
+def _chunks(count: int, fail_at: int | None) -> Iterator[str]:
+    for number in range(count):
+        if number == fail_at:
+            raise RuntimeError("the generator failed mid-stream")
+        yield f"hi_{number}"
+
+
+@serve.deployment
+class Streamer:
+    async def __call__(self, request: Request) -> StreamingResponse:
+        fail_at = request.query_params.get("fail_at")
+        chunks = _chunks(10, int(fail_at) if fail_at is not None else None)
+        return StreamingResponse(chunks, media_type="text/plain")
+
+    def items(self, count: int) -> Iterator[str]:
+        yield from _chunks(count, None)
+
+
+stream_app = FastAPI()
+
+
+@serve.deployment
+@serve.ingress(stream_app)
+class ReStreamer:
+    """Re-streams what a streaming handle yields, chunk by chunk."""
+
+    def __init__(self, streamer: DeploymentHandle) -> None:
+        self.streamer = streamer.options(stream=True)
+
+    @stream_app.get("/")
+    async def relay(self) -> StreamingResponse:
+        async def chunks() -> AsyncIterator[str]:
+            async for item in self.streamer.items.remote(5):
+                yield item
+
+        return StreamingResponse(chunks(), media_type="text/plain")
+
+
+# ------------------------------------------------------------------ constructors
+
+
+@serve.deployment
+class AsyncInit:
+    async def __init__(self, greeting: str) -> None:  # type: ignore[misc] # Ray Serve awaits it
+        await asyncio.sleep(0.01)
+        self.greeting = greeting
+
+    def __call__(self) -> str:
+        return self.greeting
+
+
+@serve.deployment
+class Downstream:
+    def __init__(self, word: str) -> None:
+        self.word = word
+
+    def __call__(self) -> str:
+        return self.word
+
+
+@serve.deployment
+class Upstream:
+    """Gets two bindings of one class: Ray Serve names the second Downstream_1."""
+
+    def __init__(self, first: DeploymentHandle, second: DeploymentHandle) -> None:
+        self.first, self.second = first, second
+
+    async def __call__(self) -> str:
+        return f"{await self.first.remote()} {await self.second.remote()}"
+
+
+class Holder:
+    """A user object carrying a bound deployment in an attribute."""
+
+    def __init__(self, inner: object) -> None:
+        self.inner = inner
+
+
+@serve.deployment
+class UsesHolder:
+    def __init__(self, holder: Holder) -> None:
+        self.holder = holder
+
+    async def __call__(self) -> str:
+        handle = self.holder.inner
+        assert isinstance(handle, DeploymentHandle)
+        return str(await handle.remote())
+
+
+# ------------------------------------------------------------------ ingress forms
+
+
+def build_asgi_app() -> FastAPI:
+    """Ray Serve evaluates a builder on each replica, with no arguments."""
+    app = FastAPI()
+
+    @app.get("/built")
+    def built() -> str:
+        return "built on the replica"
+
+    return app
+
+
+BuiltIngress = serve.deployment(serve.ingress(build_asgi_app)())
+
+shared_app = FastAPI()
+
+
+@serve.deployment
+@serve.ingress(shared_app)
+class SharedOne:
+    @shared_app.get("/one")
+    def one(self) -> str:
+        return "one"
+
+
+@serve.deployment
+@serve.ingress(shared_app)
+class SharedTwo:
+    @shared_app.get("/two")
+    def two(self) -> str:
+        return "two"
+
+
+# ------------------------------------------------------------------ teardown
+
+
+def mark(folder: str, name: str) -> None:
+    (Path(folder) / name).write_text("done")
+
+
+class Resource:
+    def __init__(self, folder: str, name: str) -> None:
+        self.folder, self.name = folder, name
+
+    def __del__(self) -> None:
+        mark(self.folder, self.name)
+
+
+@serve.deployment(graceful_shutdown_timeout_s=1)
+class Finalized:
+    def __init__(self, folder: str, version: int = 1) -> None:
+        self.folder = folder
+        self.version = version
+
+    def __call__(self) -> int:
+        return self.version
+
+    def __del__(self) -> None:
+        mark(self.folder, f"del-{self.version}")
+
+
+def make_lifespan_app(folder: str, version: int) -> serve.Application:
+    """A FastAPI app whose lifespan shutdown leaves a marker (delete, redeploy)."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        yield
+        mark(folder, f"lifespan-{version}")
+
+    app = FastAPI(lifespan=lifespan)
+
+    @app.get("/")
+    def root() -> int:
+        return version
+
+    return serve.deployment(serve.ingress(app)()).options(graceful_shutdown_timeout_s=1).bind()
+
+
+@serve.deployment(graceful_shutdown_timeout_s=1)
+class Models:
+    def __init__(self, folder: str, version: int = 1) -> None:
+        self.folder, self.version = folder, version
+
+    @serve.multiplexed(max_num_models_per_replica=2)
+    async def get_model(self, model_id: str) -> Resource:
+        return Resource(self.folder, f"model-{model_id}-v{self.version}")
+
+    async def __call__(self) -> str:
+        model = await self.get_model(serve.get_multiplexed_model_id())
+        return model.name
+
+
+# ------------------------------------------------------------------ options and decorators
+
+
+@serve.deployment(max_ongoing_requests=1, max_queued_requests=1, backpressure_config={"status_code": 429})
+class Busy:
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+
+    async def __call__(self) -> str:
+        mark(self.folder, "busy")
+        await asyncio.sleep(2)
+        return "done"
+
+
+@serve.deployment("named_first", num_replicas=1)
+class NamedFirst:
+    def __call__(self) -> str:
+        return "named"
+
+
+@serve.deployment
+class BareBatch:
+    @serve.batch
+    async def handle(self, items: list[int]) -> list[int]:
+        return [item * 2 for item in items]
+
+    async def __call__(self, request: Request) -> int:
+        return await self.handle(int(request.query_params["x"]))
+
+
+@serve.deployment(max_ongoing_requests=100)
+class BatchedModels:
+    """Batches of one multiplexed model id each, as Ray Serve splits them."""
+
+    @serve.multiplexed(max_num_models_per_replica=4)
+    async def get_model(self, model_id: str) -> str:
+        return model_id
+
+    @serve.batch(max_batch_size=8, batch_wait_timeout_s=0.2)
+    async def run(self, items: list[str]) -> list[str]:
+        batch_model = serve.get_multiplexed_model_id()
+        models = {await self.get_model(item) for item in items}
+        return [f"{batch_model}:{','.join(sorted(models))}:{len(items)}" for _ in items]
+
+    async def __call__(self) -> str:
+        return await self.run(serve.get_multiplexed_model_id())
+
+
+# ------------------------------------------------------------------ handles and errors
+
+
+@serve.deployment
+class Methods:
+    def known(self) -> str:
+        return "known"
+
+    async def blocks(self, other: DeploymentHandle) -> str:
+        return str(other.known.remote().result())  # a sync wait inside async code
+
+    def fails(self) -> str:
+        raise ValueError("secret detail that must not reach the client")
+
+
+@serve.deployment
+class CrossApp:
+    """Handles to another application, made in the constructor and in a method."""
+
+    def __init__(self, other_app: str) -> None:
+        self.other_app = other_app
+        self.at_start = serve.get_app_handle(other_app)
+
+    async def __call__(self) -> str:
+        later = serve.get_deployment_handle("Downstream", app_name=self.other_app)
+        return f"{await self.at_start.remote()}|{await later.remote()}"

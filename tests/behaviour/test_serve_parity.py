@@ -1,0 +1,200 @@
+"""Ray Serve parity, part 3: what Ray Serve's own tests expect of a program written for it
+(the programs: tests/apps/serve_parity.py), on both backends."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import httpx
+import pytest
+from fastapi import FastAPI
+
+import app_toolkit as serve
+from app_toolkit._runtime.backends.base import current_session
+from app_toolkit.build import build_app
+from tests.apps import serve_parity as apps
+from tests.conftest import Toolkit
+from tests.waiting import wait_for, wait_for_async
+
+
+def test_functions_and_call_methods_without_parameters_get_no_request(toolkit: Toolkit) -> None:
+    toolkit.run(apps.no_params.bind(), route_prefix="/p-fn")
+    toolkit.run(apps.NoParamsCall.bind(), route_prefix="/p-call")
+    with toolkit.client() as client:
+        assert client.get("/p-fn").text == "called without the request"
+        assert client.get("/p-call").text == "__call__ without the request"
+
+
+def test_each_yield_reaches_the_client_as_its_own_chunk(toolkit: Toolkit) -> None:
+    streamer = apps.Streamer.bind()
+    toolkit.run(streamer, route_prefix="/p-stream")
+    toolkit.run(apps.ReStreamer.bind(streamer), route_prefix="/p-restream")
+    with toolkit.client() as client:
+        with client.stream("GET", "/p-stream") as response:
+            assert list(response.iter_raw()) == [f"hi_{n}".encode() for n in range(10)]
+        with client.stream("GET", "/p-restream/") as response:  # through a streaming handle
+            assert list(response.iter_raw()) == [f"hi_{n}".encode() for n in range(5)]
+
+
+def test_a_stream_that_fails_midway_is_cut_off_not_completed(toolkit: Toolkit) -> None:
+    toolkit.run(apps.Streamer.bind(), route_prefix="/p-broken")
+    received: list[bytes] = []
+    with toolkit.client() as client, pytest.raises(httpx.RemoteProtocolError):
+        with client.stream("GET", "/p-broken", params={"fail_at": 3}) as response:
+            assert response.status_code == 200
+            received.extend(response.iter_raw())
+    assert b"".join(received).startswith(b"hi_0")
+    with toolkit.client() as client:  # the connection pool and the proxy carry on
+        assert client.get("/p-broken").status_code == 200
+
+
+def test_async_init_is_awaited_and_one_class_bound_twice_gets_a_second_name(toolkit: Toolkit) -> None:
+    handle = toolkit.run(apps.AsyncInit.bind("hello from async init"), route_prefix=None)
+    assert handle.remote().result(timeout_s=30) == "hello from async init"
+    name = toolkit.name()
+    upstream = apps.Upstream.bind(apps.Downstream.bind("first"), apps.Downstream.bind("second"))
+    handle = toolkit.run(upstream, name=name, route_prefix=None)
+    assert handle.remote().result(timeout_s=30) == "first second"
+    assert set(serve.status().applications[name].deployments) == {"Upstream", "Downstream", "Downstream_1"}
+
+
+def test_a_bound_deployment_inside_a_user_object_becomes_a_handle(toolkit: Toolkit) -> None:
+    app = apps.UsesHolder.bind(apps.Holder(apps.Downstream.bind("inside")))
+    assert toolkit.run(app, route_prefix=None).remote().result(timeout_s=30) == "inside"
+
+
+def test_ingress_builders_and_one_app_shared_by_two_classes(toolkit: Toolkit) -> None:
+    toolkit.run(apps.BuiltIngress.bind("an argument for the class, not the builder"), route_prefix="/p-built")
+    toolkit.run(apps.SharedOne.bind(), route_prefix="/p-one")
+    toolkit.run(apps.SharedTwo.bind(), route_prefix="/p-two")
+    with toolkit.client() as client:
+        assert client.get("/p-built/built").json() == "built on the replica"
+        assert client.get("/p-one/one").json() == "one"
+        assert client.get("/p-one/two").status_code == 404  # the other class's route
+        assert client.get("/p-two/two").json() == "two"
+        assert client.get("/p-two/one").status_code == 404
+
+
+def test_teardown_hooks_run_on_delete_and_on_redeploy(toolkit: Toolkit, tmp_path: Path) -> None:
+    folder = str(tmp_path)
+    name = toolkit.name()
+    toolkit.run(apps.Finalized.bind(folder), name=name, route_prefix=None)
+    serve.delete(name)
+    wait_for(lambda: (tmp_path / "del-1").exists(), 30, "__del__ of the deleted replica's object")
+
+    name = toolkit.name()
+    toolkit.run(apps.make_lifespan_app(folder, 1), name=name, route_prefix="/p-life")
+    toolkit.run(apps.make_lifespan_app(folder, 2), name=name, route_prefix="/p-life")  # redeploy
+    wait_for(lambda: (tmp_path / "lifespan-1").exists(), 30, "lifespan shutdown of the replaced replica")
+    serve.delete(name)
+    wait_for(lambda: (tmp_path / "lifespan-2").exists(), 30, "lifespan shutdown on delete")
+
+    name = toolkit.name()
+    handle = toolkit.run(apps.Models.bind(folder, 1), name=name, route_prefix=None)
+    assert handle.options(multiplexed_model_id="a").remote().result(timeout_s=30) == "model-a-v1"
+    toolkit.run(apps.Models.bind(folder, 2), name=name, route_prefix=None)  # an upgrade replaces it
+    wait_for(lambda: (tmp_path / "model-a-v1").exists(), 30, "the old replica's model released")
+
+
+def test_backpressure_config_sets_the_overload_answer(toolkit: Toolkit, tmp_path: Path) -> None:
+    toolkit.run(apps.Busy.bind(str(tmp_path)), route_prefix="/p-busy")
+
+    async def burst() -> list[httpx.Response]:
+        async with toolkit.async_client() as client:
+            first = asyncio.ensure_future(client.get("/p-busy"))
+            await wait_for_async((tmp_path / "busy").exists, 20, "the first request to run", 0.02)
+            # One of these takes the only queue place, the other is refused.
+            second, third = await asyncio.gather(client.get("/p-busy"), client.get("/p-busy"))
+            return [await first, second, third]
+
+    responses = asyncio.run(burst())
+    assert sorted(r.status_code for r in responses) == [200, 200, 429]
+    refused = next(r for r in responses if r.status_code == 429)
+    assert refused.headers["retry-after"] == "1" and refused.headers["x-request-id"]
+
+
+def test_decorator_forms_and_their_errors(toolkit: Toolkit) -> None:
+    assert apps.NamedFirst.name == "named_first"
+    toolkit.run(apps.BareBatch.bind(), route_prefix="/p-bare")
+    with toolkit.client() as client:
+        assert client.get("/p-bare", params={"x": 21}).json() == 42
+    with pytest.raises(TypeError):
+
+        @serve.multiplexed
+        class NotAFunction:
+            pass
+
+    with pytest.raises(TypeError, match="async"):
+
+        @serve.batch
+        def not_async(items: list[int]) -> list[int]:
+            return items
+
+
+def test_batches_hold_one_multiplexed_model_each(toolkit: Toolkit) -> None:
+    handle = toolkit.run(apps.BatchedModels.bind(), route_prefix=None)
+    calls = [handle.options(multiplexed_model_id=model).remote() for model in ("a", "b") * 6]
+    for call in calls:
+        batch_model, models, _ = call.result(timeout_s=30).split(":")
+        assert models == batch_model  # each batch saw one model, and that was its id
+
+
+def test_handle_errors_say_what_ray_serve_says(toolkit: Toolkit) -> None:
+    methods = toolkit.run(apps.Methods.bind(), route_prefix=None)
+    with pytest.raises(serve.RayServeException, match=r"Tried to call a method 'nope' that does not exist"):
+        methods.nope.remote().result(timeout_s=30)
+    try:
+        methods.nope.remote().result(timeout_s=30)
+    except AttributeError as exc:  # and an AttributeError, as before
+        assert "Available methods: " in str(exc) and "'known'" in str(exc)
+    with pytest.raises(RuntimeError, match="Sync methods should not be called from within an `asyncio`"):
+        methods.blocks.remote(methods).result(timeout_s=30)
+
+
+def test_errors_and_status_in_ray_serves_shape(toolkit: Toolkit) -> None:
+    with pytest.raises(serve.RayServeException):
+        serve.get_app_handle("no-such-app")
+    with pytest.raises(ValueError, match="must start with a forward slash"):
+        serve.run(apps.no_params.bind(), route_prefix="no-slash")
+    failing = FastAPI()
+
+    @failing.get("/")
+    def fails() -> None:
+        raise ValueError("secret detail")
+
+    toolkit.run(serve.deployment(serve.ingress(failing)()).bind(), route_prefix="/p-500")
+    with toolkit.client() as client:
+        response = client.get("/p-500/")
+    assert (response.status_code, response.text) == (500, "Internal Server Error")
+    assert response.headers["x-request-id"]
+    if toolkit.backend == "ray":
+        assert set(serve.status().proxies.values()) == {serve.ProxyStatus.HEALTHY}
+
+
+def test_handles_to_other_apps_inside_replicas(toolkit: Toolkit) -> None:
+    other = toolkit.name()
+    toolkit.run(apps.Downstream.bind("other app"), name=other, route_prefix=None)
+    handle = toolkit.run(apps.CrossApp.bind(other), route_prefix=None)
+    assert handle.remote().result(timeout_s=30) == "other app|other app"
+
+
+def test_local_testing_mode_serves_handles_only(no_backend: None) -> None:
+    handle = serve.run(apps.Downstream.bind("local"), _local_testing_mode=True)
+    try:
+        assert handle.remote().result(timeout_s=30) == "local"
+        session = current_session(create=False)
+        assert session is not None and session.backend_name == "local"
+        assert session.link.backend.server is None  # type: ignore[attr-defined] # no socket was opened
+    finally:
+        serve.shutdown()
+
+
+def test_names_of_a_graph_are_unique_in_build_order() -> None:
+    spec = build_app(
+        apps.Upstream.bind(apps.Downstream.bind("a"), apps.Downstream.bind("b")),
+        "g",
+        None,
+        lambda value: b"x",
+    )
+    assert [d.id.name for d in spec.deployments] == ["Downstream", "Downstream_1", "Upstream"]
