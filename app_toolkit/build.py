@@ -49,6 +49,8 @@ def build_app(
     overrides)."""
     graph = _Graph(name, serialize, configure)
     ingress = graph.visit(target)
+    if route_prefix is not None:
+        graph.serves_http(ingress)
     table = _route_table(target)
     if table is None:
         return AppSpec(name, route_prefix, ingress, graph.specs())
@@ -126,6 +128,10 @@ class _Graph:
             code_version=hashlib.sha256(definition + init_args + heavy).hexdigest()[:16],
         )
         return deployment.name
+
+    def serves_http(self, name: str) -> None:
+        """Deployment ``name`` is the application's HTTP ingress."""
+        self._specs[name] = dataclasses.replace(self._specs[name], http_ingress=True)
 
     def _handles_for(self, value: object) -> object:
         """``value`` with every bound deployment in it replaced by a handle to it."""

@@ -15,6 +15,8 @@ Headers = list[tuple[bytes, bytes]]
 CLOSE_POLICY = 1008  # no application at this path
 CLOSE_INTERNAL_ERROR = 1011  # the app failed, or its replica was lost
 CLOSE_SERVICE_RESTART = 1012  # the replica drains: reconnect (to another one)
+#: The reason sent with CLOSE_SERVICE_RESTART.
+RESTART_REASON = "server restarting; reconnect"
 CLOSE_TRY_AGAIN_LATER = 1013  # overloaded
 
 
@@ -47,6 +49,9 @@ class ReplicaInfo:
     #: Its place among the deployment's replicas (0, 1, ...): a replacement takes the rank
     #: of the replica it replaces, so shard keys follow ranks (routing/choice.py).
     rank: int = -1
+    #: The path of its hand-off socket ("": it takes no client connections): the node's
+    #: proxy passes it connections to serve itself (direct ingress, proxy/handoff.py).
+    handoff: str = ""
 
 
 @compact
@@ -102,6 +107,9 @@ class DeploymentSpec:
     config: DeploymentConfig
     is_asgi: bool
     code_version: str
+    #: It is the ingress of an application served over HTTP (it has a route prefix): on
+    #: Ray its replicas take client connections from their node's proxy (direct ingress).
+    http_ingress: bool = False
 
 
 @compact

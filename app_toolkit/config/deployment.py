@@ -182,6 +182,13 @@ class DeploymentConfig(Strict):
     ray_actor_options: RayActorOptions = Field(
         default_factory=RayActorOptions, description="Ray resources of each replica."
     )
+    direct_ingress: bool = Field(
+        True,
+        description="For an application's ingress on Ray: each replica serves the client "
+        "connections its node's proxy hands it, in its own process (docs/http.md). False: "
+        "the proxy serves the connections and forwards every request (a replica that dies "
+        "then costs its requests a 502/503 answer rather than their connections).",
+    )
 
     @model_validator(mode="before")
     @classmethod

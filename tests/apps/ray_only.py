@@ -6,7 +6,7 @@ import gc
 import os
 
 import ray
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 
 import app_toolkit as tk
 
@@ -35,14 +35,43 @@ async def where() -> dict[str, str]:
     return {"node": ray.get_runtime_context().get_node_id(), "replica": tk.get_replica_context().replica_id}
 
 
-def make_where_app() -> tk.Application:
+@where_router.get("/owner")
+async def owner(request: Request) -> dict[str, object]:
+    """Whether this replica's process holds the client's TCP connection (direct ingress)."""
+    assert request.client is not None
+    return {"owns": holds_connection_from(request.client.port), "pid": os.getpid()}
+
+
+def holds_connection_from(port: int) -> bool:
+    """This process has a socket connected to a peer on local port ``port``."""
+    inodes = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[len("socket:[") : -1])
+    for table in ("/proc/self/net/tcp", "/proc/self/net/tcp6"):
+        with open(table) as lines:
+            for line in list(lines)[1:]:
+                fields = line.split()
+                if fields[9] in inodes and int(fields[2].rsplit(":", 1)[1], 16) == port:
+                    return True
+    return False
+
+
+def make_where_app(**options: object) -> tk.Application:
     """Two replicas that report where they run, with quick health checks."""
     return tk.App(
         where_router,
-        num_replicas=2,
-        health_check_period_s=0.5,
-        health_check_timeout_s=2,
-        graceful_shutdown_timeout_s=2,
+        **{
+            "num_replicas": 2,
+            "health_check_period_s": 0.5,
+            "health_check_timeout_s": 2,
+            "graceful_shutdown_timeout_s": 2,
+            **options,
+        },
     )
 
 

@@ -33,7 +33,13 @@ def test_http_requests_with_one_key_reach_one_replica(toolkit: Toolkit) -> None:
     toolkit.run(basic.make_app(num_replicas=4), route_prefix="/aff")
     seen: dict[str, set[str]] = defaultdict(set)
     with toolkit.client() as client:
-        _until_all_four(lambda: str(client.get("/aff/state").json()["replica"]))
+        # Keyed requests (the caller that serves this connection routes them by key; on
+        # Ray that is the ingress replica that owns the connection) reach all 4 replicas
+        # only once that caller's table has them all.
+        keys = iter(KEYS * 100)
+        _until_all_four(
+            lambda: str(client.get("/aff/state", headers={"x-serve-shard-key": next(keys)}).json()["replica"])
+        )
         for _ in range(3):
             for key in KEYS:
                 response = client.get("/aff/state", headers={"x-serve-shard-key": key})

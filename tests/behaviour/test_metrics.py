@@ -25,9 +25,11 @@ def test_metrics_count_requests_per_application_route_and_replica(toolkit: Toolk
     shop, other = toolkit.name(), toolkit.name()
     toolkit.run(basic.make_app(num_replicas=2), name=shop, route_prefix="/m-shop")
     toolkit.run(basic.make_app(num_replicas=2), name=other, route_prefix="/m-other")
+    for i in range(30):
+        # New connections: on Ray each is served by the replica it was handed to.
+        with toolkit.client() as fresh:
+            assert fresh.get(f"/m-shop/items/{i}").status_code == 200
     with toolkit.client() as client:
-        for i in range(30):
-            assert client.get(f"/m-shop/items/{i}").status_code == 200
         for i in range(20):
             assert client.get(f"/m-other/items/{i}").status_code == 200
         assert client.get("/m-shop/boom").status_code == 500

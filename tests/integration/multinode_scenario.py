@@ -25,6 +25,7 @@ import ray
 from ray.cluster_utils import Cluster
 
 import app_toolkit as tk
+from app_toolkit._runtime.backends.ray.cluster import NAMESPACE, PROXY_PREFIX
 from tests.apps.ray_only import make_where_app
 from tests.waiting import wait_for
 
@@ -56,6 +57,14 @@ def _load(url: str, stop: threading.Event, outcomes: list[Outcome]) -> None:
         except httpx.HTTPError as exc:
             status, node, retry_after, error = 0, "", None, type(exc).__name__
         outcomes.append(Outcome(started, status, retry_after, node, error))
+
+
+def _fresh_status(url: str) -> int:
+    """One request on a new connection (the kernel picks which proxy accepts it)."""
+    try:
+        return httpx.get(url, timeout=10).status_code
+    except httpx.HTTPError:
+        return 0
 
 
 def main() -> None:
@@ -121,6 +130,21 @@ def main() -> None:
         result["joined"] = joined.node_id
         wait_for(lambda: joined.node_id in session.status().proxies, 60, "a proxy on the node that joined")
         result["proxies_joined"] = session.status().proxy_urls
+        # Both replicas run on the head now: its proxy hands connections to them; the new
+        # node's proxy has no local replica and forwards what it accepts over the channel.
+        proxies = {
+            node: ray.get_actor(PROXY_PREFIX + node, namespace=NAMESPACE)
+            for node in (head_id, joined.node_id)
+        }
+        before_stats = {node: ray.get(actor.stats.remote()) for node, actor in proxies.items()}
+        result["after_join"] = [_fresh_status(url) for _ in range(40)]
+        result["proxy_stats"] = {
+            node: {
+                key: ray.get(actor.stats.remote())[key] - before_stats[node][key]
+                for key in ("handed_off", "served")
+            }
+            for node, actor in proxies.items()
+        }
         result["replica_nodes_after"] = sorted(
             r.node_id for d in status.applications["where"].deployments.values() for r in d.replicas
         )

@@ -33,11 +33,22 @@ class Outcome:
     at: float
     status: int  # 0: no response (timeout or broken connection)
     retry_after: str | None
+    error: str = ""  # the client's exception, with status 0
 
 
-def test_a_replica_killed_under_load_fails_only_its_running_requests(ray_toolkit: Toolkit) -> None:
+#: Both request paths: the ingress replica owns the client's connection (direct, the
+#: default), or the proxy serves it and forwards each request (direct_ingress=False).
+PATHS = pytest.mark.parametrize("direct", [True, False], ids=["direct", "proxied"])
+
+
+@PATHS
+def test_a_replica_killed_under_load_fails_only_its_running_requests(
+    ray_toolkit: Toolkit, direct: bool
+) -> None:
     name = ray_toolkit.name()
-    app = basic.make_versioned_app("v1", num_replicas=2, health_check_period_s=0.5, health_check_timeout_s=2)
+    app = basic.make_versioned_app(
+        "v1", num_replicas=2, health_check_period_s=0.5, health_check_timeout_s=2, direct_ingress=direct
+    )
     ray_toolkit.run(app, name=name, route_prefix="/kill")
 
     def replicas() -> list[tk.ReplicaStatusInfo]:
@@ -61,8 +72,8 @@ def test_a_replica_killed_under_load_fails_only_its_running_requests(ray_toolkit
                                 time.monotonic(), response.status_code, response.headers.get("retry-after")
                             )
                         )
-                    except httpx.HTTPError:
-                        outcomes.append(Outcome(time.monotonic(), 0, None))
+                    except httpx.HTTPError as exc:
+                        outcomes.append(Outcome(time.monotonic(), 0, None, type(exc).__name__))
 
             await asyncio.gather(*(worker() for _ in range(WORKERS)))
 
@@ -90,15 +101,20 @@ def test_a_replica_killed_under_load_fails_only_its_running_requests(ray_toolkit
         stop.set()
         loader.join(timeout=30)
     failed = [o for o in outcomes if o.status != 200]
-    # No hangs: those the replica had are 502 (they may have run: no Retry-After), those it
-    # never got are 503 with Retry-After.
-    assert all((o.status, o.retry_after) in ((502, None), (503, "1")) for o in failed), failed
+    if direct:
+        # Its connections died with it, as a uvicorn worker's do: the requests running on
+        # them fail at once with a broken connection (never a hang: no timeout).
+        assert all(o.status == 0 and "Timeout" not in o.error for o in failed), failed
+    else:
+        # No hangs: those the replica had are 502 (they may have run: no Retry-After),
+        # those it never got are 503 with Retry-After.
+        assert all((o.status, o.retry_after) in ((502, None), (503, "1")) for o in failed), failed
     assert len(failed) <= WORKERS  # at most the requests that were running on it
     after = [o for o in outcomes if o.at > replaced_at + 1]
     assert after and all(o.status == 200 for o in after)
     print(
         f"replacement serving {replaced_at - killed_at:.2f} s after SIGKILL; "
-        f"{len(failed)} of {len(outcomes)} requests failed (502/503)"
+        f"{len(failed)} of {len(outcomes)} requests failed ({'reset' if direct else '502/503'})"
     )
 
 
@@ -203,10 +219,13 @@ def _fetch_in_thread(url: str, results: list[httpx.Response | Exception]) -> thr
     return thread
 
 
+@PATHS
 @pytest.mark.parametrize("hang", ["blocked_loop", "sigstop"])
-def test_a_hung_replica_is_killed_and_replaced_and_its_requests_end(ray_toolkit: Toolkit, hang: str) -> None:
+def test_a_hung_replica_is_killed_and_replaced_and_its_requests_end(
+    ray_toolkit: Toolkit, hang: str, direct: bool
+) -> None:
     name = ray_toolkit.name()
-    ray_toolkit.run(hung.make_app(), name=name, route_prefix="/hung")
+    ray_toolkit.run(hung.make_app(direct_ingress=direct), name=name, route_prefix="/hung")
     with ray_toolkit.client() as client:
         pid = client.get("/hung/pid").json()
     results: list[httpx.Response | Exception] = []
@@ -227,11 +246,23 @@ def test_a_hung_replica_is_killed_and_replaced_and_its_requests_end(ray_toolkit:
         if not _gone(pid):
             os.kill(pid, signal.SIGKILL)
     assert len(results) == len(threads), "a request to the hung replica never ended"
-    for result in results:  # each was answered: lost while it ran there, or by the replacement
-        assert isinstance(result, httpx.Response), result
-        assert (result.status_code, result.headers.get("retry-after")) in ((502, None), (200, None)), result
-    # At least the request that hung it (or, for SIGSTOP, those sent to the stopped process).
-    assert any(isinstance(r, httpx.Response) and r.status_code == 502 for r in results)
+    if direct:
+        # Connections handed to the hung process end with it (a broken connection, never a
+        # timeout); the rest are served by the replacement.
+        for result in results:
+            if isinstance(result, httpx.Response):
+                assert result.status_code == 200, result
+            else:
+                assert not isinstance(result, httpx.TimeoutException), result
+        assert any(isinstance(r, Exception) for r in results)
+    else:
+        for result in results:  # each answered: lost while it ran there, or by the replacement
+            assert isinstance(result, httpx.Response), result
+            assert (result.status_code, result.headers.get("retry-after")) in ((502, None), (200, None)), (
+                result
+            )
+        # At least the request that hung it (or, for SIGSTOP, those sent to the stopped process).
+        assert any(isinstance(r, httpx.Response) and r.status_code == 502 for r in results)
     assert time.monotonic() - started < 30
 
     def replacement() -> int | None:

@@ -51,6 +51,11 @@ def test_removing_a_node_moves_its_replicas_and_the_app_keeps_serving() -> None:
     # A node that joins gets a proxy on the same port.
     assert set(result["proxies_joined"]) == {head, result["joined"]}
     assert set(result["proxies_joined"].values()) == set(result["proxies_before"].values())
+    # Direct ingress on one node, forwarding on the other: every request served.
+    assert result["after_join"] == [200] * len(result["after_join"])
+    stats = result["proxy_stats"]
+    assert stats[head]["handed_off"] > 0 and stats[result["joined"]]["handed_off"] == 0
+    assert stats[result["joined"]]["served"] > 0  # 40 connections: both proxies got some
     print(
         f"recovered {result['recovery_s']} s after the node was removed; "
         f"{len(failed)} of {len(outcomes)} requests failed"

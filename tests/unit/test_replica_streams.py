@@ -10,7 +10,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from app_toolkit._runtime.replica.replica import _iterate_in_thread
+from app_toolkit._runtime.replica.user_code import iterate_in_thread
 
 pytestmark = pytest.mark.anyio
 
@@ -24,7 +24,7 @@ async def test_items_come_in_order_and_the_generator_closes() -> None:
         finally:
             closed.set()
 
-    assert [item async for item in _iterate_in_thread(numbers())] == [0, 1, 2]
+    assert [item async for item in iterate_in_thread(numbers())] == [0, 1, 2]
     assert closed.is_set()
 
 
@@ -41,7 +41,7 @@ async def test_a_caller_leaving_mid_item_closes_the_generator_once_its_thread_is
             closed.set()
 
     async def consume() -> None:
-        async for _ in _iterate_in_thread(slow()):
+        async for _ in iterate_in_thread(slow()):
             pass
 
     task = asyncio.ensure_future(consume())

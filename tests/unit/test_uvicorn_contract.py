@@ -44,6 +44,7 @@ PROTOCOL_STATE = (
     "transport",
     "client",
     "flow",
+    "pipeline",
 )
 #: Attributes of a request's cycle it reads or sets.
 CYCLE_STATE = ("disconnected", "transport", "scope", "response_complete", "keep_alive")

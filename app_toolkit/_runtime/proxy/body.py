@@ -44,13 +44,19 @@ class Body:
 
     def answer(self, http: HTTPOptions, request_id: str) -> HTTPResponse:
         """The answer to a refused body (not for CLIENT_CLOSED: nobody is listening)."""
-        if self.refusal == 413:
-            detail = f"Request body larger than {http.max_request_body_bytes} bytes (max_request_body_bytes)"
-            return error_answer(413, detail, request_id)
-        if self.refusal == 503:
-            return unavailable("too many request bodies in flight", request_id)
-        detail = f"The request body stalled for over {http.body_timeout_s} s (body_timeout_s)"
-        return error_answer(408, detail, request_id)
+        return refusal_answer(self.refusal, http, request_id)
+
+
+def refusal_answer(status: int, http: HTTPOptions, request_id: str) -> HTTPResponse:
+    """The answer to a body refused with ``status``: 413 (too large), 503 (too many
+    bodies held) or 408 (it stalled)."""
+    if status == 413:
+        detail = f"Request body larger than {http.max_request_body_bytes} bytes (max_request_body_bytes)"
+        return error_answer(413, detail, request_id)
+    if status == 503:
+        return unavailable("too many request bodies in flight", request_id)
+    detail = f"The request body stalled for over {http.body_timeout_s} s (body_timeout_s)"
+    return error_answer(408, detail, request_id)
 
 
 async def read_body(

@@ -190,8 +190,10 @@ class Dashboard:
             status = answer
         if isinstance(processes, BaseException):
             processes = [snapshot()]
-        here = list(processes[0]) if processes else []
-        routes = self._rates.update(here, time.monotonic())
+        # Every process of the node that answers HTTP counts: the proxy, and the ingress
+        # replicas that serve the connections it handed them (direct ingress).
+        served = [family for process in processes for family in process]
+        routes = self._rates.update(served, time.monotonic())
         state = view(status, processes, routes, time.time(), error)
         return b"data: " + json.dumps(state, separators=(",", ":")).encode() + b"\n\n"
 

@@ -20,7 +20,8 @@ RouteKey = tuple[str, str]
 
 
 class RouteRates:
-    """Request rate and latency per route between two samples of the proxy's histograms."""
+    """Request rate and latency per route between two samples of the HTTP histograms of
+    the node's processes (the proxy's, and the ingress replicas' that serve connections)."""
 
     def __init__(self) -> None:
         self._last: dict[RouteKey, HistogramValue] = {}

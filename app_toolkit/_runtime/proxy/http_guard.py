@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import socket
 from collections.abc import Callable
 from typing import Any
 
@@ -197,6 +198,22 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         if self._writes is not None:
             self._writes.release()
         super().on_response_complete()
+
+    def hand_back(self, give: Callable[[socket.socket], bool]) -> bool:
+        """If the connection is between requests (nothing of a next one read), offer its
+        socket to ``give`` (which passes a copy to the proxy: direct ingress draining);
+        if taken, let the connection go here without closing the client's end."""
+        transport = self.transport
+        if transport.is_closing() or self._head_bytes is not None or self.pipeline:
+            return False
+        if self.cycle is not None and not self.cycle.response_complete:
+            return False
+        sock = transport.get_extra_info("socket")
+        if sock is None or not give(sock):
+            return False
+        self._stop_head_timer()
+        transport.abort()  # our descriptor only: the proxy holds the connection now
+        return True
 
     def _head_too_slow(self) -> None:
         self._head_timer = None

@@ -19,27 +19,21 @@ from app_toolkit import metrics
 from app_toolkit._runtime import request_context, tracing
 from app_toolkit._runtime.answers import (
     error_answer,
-    internal_error,
     json_answer,
-    overloaded,
     send_answer,
     unavailable,
 )
-from app_toolkit._runtime.channel.exchange import Exchange
 from app_toolkit._runtime.messages import (
-    BodyChunk,
     DeploymentID,
     HTTPRequest,
     HTTPResponse,
-    HTTPResponseStart,
-    ReplicaLost,
-    StreamEnd,
 )
-from app_toolkit._runtime.proxy import stream_metrics
 from app_toolkit._runtime.proxy.access_log import AccessLog
 from app_toolkit._runtime.proxy.body import CLIENT_CLOSED, Body, BodyBudget, read_body
 from app_toolkit._runtime.proxy.dashboard import PREFIX as DASHBOARD
 from app_toolkit._runtime.proxy.dashboard import Dashboard, StatusSource
+from app_toolkit._runtime.proxy.direct import LocalIngress, serve_here
+from app_toolkit._runtime.proxy.forward import forward
 from app_toolkit._runtime.proxy.http_guard import REQUEST_LINK, RequestLink
 from app_toolkit._runtime.proxy.metrics_page import CONTENT_TYPE, Gather, allowed, parse_networks, render
 from app_toolkit._runtime.proxy.path_match import AppMatcher, match_app
@@ -50,13 +44,11 @@ from app_toolkit._runtime.proxy.scope import (
     parse_timeout,
     read_headers,
     route_path,
-    with_request_id,
 )
 from app_toolkit._runtime.proxy.websocket import serve_websocket
 from app_toolkit._runtime.routing.subscriber import TableSubscriber
 from app_toolkit._runtime.tables import APPLICATIONS_KEY, ApplicationTable, Table
 from app_toolkit.config import HTTPOptions
-from app_toolkit.exceptions import BackPressureError, ReplicaUnavailableError, RequestLostError
 from app_toolkit.metrics import FamilySnapshot
 
 logger = logging.getLogger("app_toolkit.proxy")
@@ -71,9 +63,13 @@ class Proxy:
         http: HTTPOptions,
         gather: Gather | None = None,
         status: StatusSource | None = None,
+        local: LocalIngress | None = None,
     ) -> None:
         self.subscriber = subscriber
         self.http = http
+        #: The ingress replica this process runs (direct ingress): it serves the requests
+        #: of its deployment that need no other replica, while it has a free slot.
+        self.local = local
         #: Snapshots for /-/metrics: this process's, unless the backend knows more.
         self.gather = gather or _this_process
         self.dashboard = Dashboard(http, status, self.gather)
@@ -94,9 +90,24 @@ class Proxy:
         routes.sort(key=lambda route: len(route.route_prefix), reverse=True)
         self.apps = routes
         self.loaded = True
+        # Subscribe now to what requests will go to; an ingress replica's front (direct
+        # ingress) only to its own application's (others' on first use: replicas are many).
         for route in routes:
-            for deployment in route.deployments:
-                self.subscriber.dispatcher(deployment)
+            if self.local is None or route.app == self.local.deployment.app:
+                for deployment in route.deployments:
+                    self.subscriber.dispatcher(deployment)
+
+    def _direct(self, deployment: DeploymentID, headers: RequestHeaders) -> bool:
+        """The replica in this process may serve this request: it is its deployment's,
+        asks for no multiplexed model or shard (their replica is chosen by key), and no
+        traffic policy (a split, a shadow) applies to the deployment."""
+        return (
+            self.local is not None
+            and deployment == self.local.deployment
+            and not headers.model_id
+            and not headers.shard_key
+            and not self.subscriber.dispatcher(deployment).has_policy
+        )
 
     def routes(self, app: str) -> bool:
         """The proxy has the routes of application ``app`` (its table has arrived)."""
@@ -127,7 +138,9 @@ class Proxy:
                     self.access_log.add(scope, state.status, took, state.request_id, state.app, state.label)
         elif kind == "websocket":
             routes = self.apps if self.loaded else None
-            await serve_websocket(routes, self.subscriber.dispatcher, scope, receive, send, self.shard_header)
+            await serve_websocket(
+                routes, self.subscriber.dispatcher, scope, receive, send, self.shard_header, self.local
+            )
         elif kind == "lifespan":
             await _lifespan(receive, send)
 
@@ -186,7 +199,12 @@ class Proxy:
         try:
             # The deadline covers the upload too (a slow one gets 408, not a replica's time).
             async with asyncio.timeout(timeout_s) if timeout_s is not None else _NO_DEADLINE:
-                if headers.has_body:
+                # Served by the replica in this process (direct ingress), if it has a slot.
+                local = self.local if link is not None and self._direct(deployment, headers) else None
+                if local is not None and _declared_too_large(headers, self.http):
+                    local = None  # refused below, before any app runs
+                direct = local is not None and local.admit()
+                if headers.has_body and not direct:
                     body = await read_body(receive, headers.content_length, self.http, self.budget)
                 if body.refusal == CLIENT_CLOSED:
                     state.status = CLIENT_CLOSED  # the client went away before sending its body
@@ -203,8 +221,18 @@ class Proxy:
                 else:
                     watcher = asyncio.ensure_future(watch_disconnect(receive, state))
                 forwarded = forwarded_scope(scope, route, headers, span.trace if span is not None else None)
+                if direct and local is not None:
+                    await serve_here(local, forwarded, receive, send, state, headers, self.http)
+                    return
                 request = HTTPRequest(request_id, forwarded, body.data)
-                await self._forward(deployment, request, send, state, headers.model_id, headers.shard_key)
+                await forward(
+                    self.subscriber.dispatcher(deployment),
+                    request,
+                    send,
+                    state,
+                    headers.model_id,
+                    headers.shard_key,
+                )
         except asyncio.CancelledError:
             if not state.disconnected:
                 raise
@@ -212,7 +240,7 @@ class Proxy:
                 state.task.uncancel()  # we asked for this cancellation; it is handled
             state.status = CLIENT_CLOSED
         except TimeoutError:
-            if not watching:
+            if not watching or (state.uploading and not state.started):
                 logger.info(
                     "Request %s: the upload outlasted the deadline of %s s (408)", request_id, timeout_s
                 )
@@ -232,90 +260,6 @@ class Proxy:
                 link.on_client_left = None
             if span is not None:
                 _end_span(span, scope, state)
-
-    async def _forward(
-        self,
-        deployment: DeploymentID,
-        request: HTTPRequest,
-        send: Send,
-        state: RequestState,
-        model_id: str = "",
-        shard_key: str = "",
-    ) -> None:
-        request_id = request.request_id
-        dispatcher = self.subscriber.dispatcher(deployment)
-        try:
-            reply = await dispatcher.send(request, model_id, shard_key)
-        except BackPressureError as exc:
-            state.status = await send_answer(send, overloaded(exc, request_id))
-            return
-        except RequestLostError as exc:
-            # It may have run: a client must not be told to simply send it again.
-            logger.warning("Request %s: %s (502)", request_id, exc)
-            detail = "Bad Gateway: the replica was lost while it had the request; it may have run"
-            state.status = await send_answer(send, error_answer(502, detail, request_id))
-            return
-        except ReplicaUnavailableError as exc:
-            logger.warning("Request %s: %s", request_id, exc)
-            state.status = await send_answer(
-                send, unavailable("no replica could serve the request", request_id)
-            )
-            return
-        try:
-            first = reply.first
-            if isinstance(first, HTTPResponse):
-                await self._respond(first, send, state, request_id)
-            elif isinstance(first, HTTPResponseStart):
-                await self._stream(first, reply.exchange, send, state, request_id)
-            else:  # not an HTTP answer: the replica could not take the request as sent
-                logger.error(
-                    "Request %s: the replica answered HTTP with %s", request_id, type(first).__name__
-                )
-                state.status = await send_answer(send, internal_error(request_id))
-        finally:
-            reply.exchange.cancel()
-            reply.release()
-
-    async def _respond(
-        self, response: HTTPResponse, send: Send, state: RequestState, request_id: str
-    ) -> None:
-        """A complete response: its head and body leave in one write where the server lets us."""
-        state.route = response.route
-        state.started = state.finished = True
-        state.status = response.status
-        if state.link is not None:
-            state.link.join_head_and_body()
-        try:
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": response.status,
-                    "headers": with_request_id(response.headers, request_id),
-                }
-            )
-            await send({"type": "http.response.body", "body": response.body})
-        finally:
-            if state.link is not None:
-                state.link.release()
-
-    async def _stream(
-        self, start: HTTPResponseStart, exchange: Exchange, send: Send, state: RequestState, request_id: str
-    ) -> None:
-        state.route = start.route
-        state.started = True
-        state.status = start.status
-        await send(
-            {
-                "type": "http.response.start",
-                "status": start.status,
-                "headers": with_request_id(start.headers, request_id),
-            }
-        )
-        stream_metrics.OPEN.inc(state.app, "stream")
-        try:
-            await _relay_stream(exchange, send, state, request_id)
-        finally:
-            stream_metrics.OPEN.dec(state.app, "stream")
 
     async def _builtin(self, path: str, request_id: str, send: Send) -> int:
         if path == "/-/healthz":
@@ -350,54 +294,9 @@ async def _this_process() -> list[list[FamilySnapshot]]:
     return [metrics.snapshot()]
 
 
-async def _relay_stream(exchange: Exchange, send: Send, state: RequestState, request_id: str) -> None:
-    """Send a streamed response's body chunks as the replica produces them, each as its
-    own chunk (as the app sent it). A stream that fails (the app raised, or its replica
-    was lost) aborts the connection: the client sees an incomplete body, never one that
-    looks complete."""
-    labels = (state.app, state.prefix + state.route if state.route else state.prefix)
-    first = True
-    while True:
-        answer = await exchange.recv()
-        if isinstance(answer, BodyChunk):
-            chunks = [answer, *exchange.take_ready(BodyChunk)]
-            last = exchange.next_is(StreamEnd)
-            state.finished = last
-            # Chunks that arrived together leave in one write to the client, each still
-            # its own chunk.
-            if state.link is not None:
-                state.link.gather_writes()
-            try:
-                for index, chunk in enumerate(chunks):
-                    more = not (last and index == len(chunks) - 1)
-                    await send({"type": "http.response.body", "body": chunk.data, "more_body": more})
-            finally:
-                if state.link is not None:
-                    state.link.release()
-            if first:
-                stream_metrics.FIRST_CHUNK.observe(time.perf_counter() - state.arrived, *labels)
-                first = False
-            stream_metrics.CHUNKS.inc(*labels, amount=len(chunks))
-            if last:
-                return
-            continue
-        if isinstance(answer, StreamEnd):
-            state.finished = True
-            await send({"type": "http.response.body", "body": b""})
-            return
-        why = "replica lost" if isinstance(answer, ReplicaLost) else "the app failed"
-        logger.warning("Request %s: %s mid-stream; aborting the connection", request_id, why)
-        await _abort(state, why)
-        return
-
-
-async def _abort(state: RequestState, why: str) -> None:
-    """End the client's connection without completing the response."""
-    state.finished = True
-    if state.link is None:  # under another server: raising is how a response is cut off
-        raise ReplicaUnavailableError(f"{why} mid-stream")
-    state.link.abort()
-    await asyncio.sleep(0)  # the protocol hears the connection end: no "incomplete" error
+def _declared_too_large(headers: RequestHeaders, http: HTTPOptions) -> bool:
+    declared = headers.content_length
+    return declared is not None and declared.isdigit() and int(declared) > http.max_request_body_bytes
 
 
 _NO_BODY = Body()

@@ -28,6 +28,7 @@ class RequestState:
         "status",
         "route",
         "link",
+        "uploading",
     )
 
     def __init__(self, task: asyncio.Task[Any] | None, arrived: float) -> None:
@@ -43,6 +44,9 @@ class RequestState:
         self.disconnected = False
         self.route = ""  # the path template the replica's app matched
         self.link: RequestLink | None = None  # what our HTTP protocol offers beyond ASGI
+        #: The app is reading a body that has not fully arrived (direct ingress): a
+        #: deadline passing now is the upload's (408), not the app's (504).
+        self.uploading = False
 
     @property
     def label(self) -> str:
@@ -56,6 +60,20 @@ class RequestState:
         if not self.finished and self.task is not None:
             self.disconnected = True
             self.task.cancel()
+
+
+async def abort_response(state: RequestState, why: str) -> None:
+    """End the client's connection without completing the response (it failed after its
+    head went out): the client must not take what it got for a whole response."""
+    state.finished = True
+    if state.link is None:  # under another server: raising is how a response is cut off
+        raise ResponseAborted(f"{why} after the response started")
+    state.link.abort()
+    await asyncio.sleep(0)  # the protocol hears the connection end: no "incomplete" error
+
+
+class ResponseAborted(Exception):
+    """Raised to a foreign ASGI server to make it cut a started response off."""
 
 
 async def watch_disconnect(receive: Receive, state: RequestState) -> None:

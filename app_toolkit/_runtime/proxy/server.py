@@ -1,4 +1,5 @@
-"""The proxy's listening socket and uvicorn server (both backends use this).
+"""The proxy's listening socket and uvicorn server (both backends use this), and an
+ingress replica's own server for the connections the proxy hands it (direct ingress).
 
 Proxies on several Ray nodes of one machine (a laptop "cluster", or several raylets on a
 big host) share one port: their sockets set ``SO_REUSEPORT`` and the kernel spreads new
@@ -9,15 +10,20 @@ a foreign server on the port still makes the bind fail.
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import uvicorn
 from starlette.types import ASGIApp
 
-from app_toolkit._runtime.proxy.http_guard import guarded_protocol
+from app_toolkit._runtime.proxy.acceptor import Acceptor, HandoffRoutes
+from app_toolkit._runtime.proxy.handoff import HandoffSender
+from app_toolkit._runtime.proxy.http_guard import GuardedHttpProtocol, guarded_protocol
 from app_toolkit.config import HTTPOptions
+
+logger = logging.getLogger("app_toolkit.proxy")
 
 
 def _port_error(host: str, port: int, exc: OSError) -> OSError:
@@ -62,22 +68,76 @@ def listen_socket(host: str, port: int, *, exclusive: bool) -> socket.socket:
     return sock
 
 
+class Adopter:
+    """Serves connections accepted elsewhere (by our acceptor, or handed over by the
+    proxy) with the server's protocol, as if its own listener had accepted them."""
+
+    def __init__(self, server: uvicorn.Server) -> None:
+        self._server = server
+        self._tasks: set[asyncio.Task[object]] = set()
+        self.closed = False
+
+    def __call__(self, connection: socket.socket) -> None:
+        if self.closed:
+            connection.close()
+            return
+        server, loop = self._server, asyncio.get_running_loop()
+        config = server.config
+
+        def protocol() -> asyncio.Protocol:
+            return config.http_protocol_class(  # type: ignore[call-arg] # uvicorn's own call
+                config=config, server_state=server.server_state, app_state=server.lifespan.state
+            )
+
+        task = loop.create_task(loop.connect_accepted_socket(protocol, connection))
+        self._tasks.add(task)
+        task.add_done_callback(lambda done: self._settled(done, connection))
+
+    def _settled(self, task: asyncio.Task[object], connection: socket.socket) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.warning("Could not serve an accepted connection: %s", task.exception())
+            connection.close()
+
+    def close(self) -> None:
+        self.closed = True
+        for task in self._tasks:
+            task.cancel()
+
+
 @dataclass
 class ProxyServer:
-    """A running uvicorn server for the proxy app."""
+    """A running uvicorn server for the proxy app (or an ingress replica's front)."""
 
     server: uvicorn.Server
     task: asyncio.Task[None]
     port: int
     on_stop: Callable[[], None] | None = None
     on_stopped: Callable[[], None] | None = None
+    #: Serves a connection accepted elsewhere (see :class:`Adopter`).
+    adopt: Adopter = field(init=False)
+    #: The listener when it is ours (direct ingress): it hands connections off.
+    acceptor: Acceptor | None = None
+    sender: HandoffSender | None = None
+
+    def __post_init__(self) -> None:
+        self.adopt = Adopter(self.server)
+
+    def connections(self) -> list[GuardedHttpProtocol]:
+        """The HTTP connections open now (WebSocket ones are not listed)."""
+        return [c for c in self.server.server_state.connections if isinstance(c, GuardedHttpProtocol)]
 
     async def stop(self, timeout_s: float) -> None:
         """Stop accepting connections and finish open ones (bounded)."""
+        if self.acceptor is not None:
+            self.acceptor.close()
         self.server.should_exit = True
         if self.on_stop is not None:
             self.on_stop()
         await asyncio.wait({self.task}, timeout=timeout_s)
+        self.adopt.close()
+        if self.sender is not None:
+            self.sender.close()
         if self.on_stopped is not None:
             self.on_stopped()
 
@@ -85,14 +145,19 @@ class ProxyServer:
 async def serve(
     app: ASGIApp,
     http: HTTPOptions,
-    sock: socket.socket,
+    sock: socket.socket | None,
     on_stop: Callable[[], None] | None = None,
     on_stopped: Callable[[], None] | None = None,
+    routes: HandoffRoutes | None = None,
 ) -> ProxyServer:
     """Serve ``app`` on ``sock`` under uvicorn; returns once it accepts connections. The
     server owns ``sock`` from here (closed if it cannot start). ``on_stop`` runs when the
     server is told to stop (to end streams the app keeps open itself), ``on_stopped``
-    once it has stopped (or the wait for it ran out)."""
+    once it has stopped (or the wait for it ran out).
+
+    With ``routes`` (direct ingress), our acceptor listens and hands connections to local
+    ingress replicas; without ``sock``, the server serves only the connections given to
+    its ``adopt`` (an ingress replica's front)."""
     config = uvicorn.Config(
         app,
         lifespan="off",
@@ -106,7 +171,9 @@ async def serve(
         forwarded_allow_ips=http.forwarded_allow_ips,
     )
     server = uvicorn.Server(config)
-    task = asyncio.get_running_loop().create_task(server.serve(sockets=[sock]))
+    uvicorn_listens = sock is not None and routes is None
+    sockets = [sock] if uvicorn_listens and sock is not None else []
+    task = asyncio.get_running_loop().create_task(server.serve(sockets=sockets))
     try:
         while not server.started:
             if task.done():
@@ -115,6 +182,16 @@ async def serve(
             await asyncio.sleep(0.01)
     except BaseException:
         task.cancel()
-        sock.close()
+        if sock is not None:
+            sock.close()
         raise
-    return ProxyServer(server, task, int(sock.getsockname()[1]), on_stop, on_stopped)
+    port = int(sock.getsockname()[1]) if sock is not None else 0
+    running = ProxyServer(server, task, port, on_stop, on_stopped)
+    if sock is not None and routes is not None:
+        sock.listen(config.backlog)  # uvicorn's backlog, as its own listener would use
+        running.sender = HandoffSender(running.adopt)
+        running.acceptor = Acceptor(
+            sock, running.adopt, routes, running.sender, http.keep_alive_timeout_s, http.max_connections
+        )
+        running.acceptor.start()
+    return running

@@ -26,6 +26,7 @@ from app_toolkit._runtime.messages import (
     WebSocketOpen,
 )
 from app_toolkit._runtime.proxy import stream_metrics
+from app_toolkit._runtime.proxy.direct import LocalIngress, serve_websocket_here
 from app_toolkit._runtime.proxy.path_match import AppMatcher, match_app
 from app_toolkit._runtime.proxy.scope import SHARD_KEY_HEADER, forwarded_scope, read_headers, route_path
 from app_toolkit._runtime.routing.dispatcher import Dispatcher, Reply
@@ -43,10 +44,12 @@ async def serve_websocket(
     receive: Receive,
     send: Send,
     shard_header: bytes = SHARD_KEY_HEADER,
+    local: LocalIngress | None = None,
 ) -> None:
     """Relay one WebSocket connection to a replica of the app its path belongs to
     (``routes`` is None until the proxy has loaded them: refused as overload). A shard
-    key in ``shard_header`` pins it to the key's replica."""
+    key in ``shard_header`` pins it to the key's replica. ``local``: the ingress replica
+    in this process, which serves its own deployment's connections while it has a slot."""
     headers = read_headers(scope, shard_header)
     request_id = headers.request_id
     if (await receive())["type"] != "websocket.connect":
@@ -61,6 +64,22 @@ async def serve_websocket(
         return
     deployment, _ = route.target("websocket", None, path)
     dispatcher = dispatcher_for(deployment)
+    if (
+        local is not None
+        and deployment == local.deployment
+        and not headers.model_id
+        and not headers.shard_key
+        and not dispatcher.has_policy
+        and local.admit()
+    ):
+        stream_metrics.OPEN.inc(route.app, "websocket")
+        try:
+            await serve_websocket_here(
+                local, request_id, forwarded_scope(scope, route, headers), receive, send
+            )
+        finally:
+            stream_metrics.OPEN.dec(route.app, "websocket")
+        return
     opening = WebSocketOpen(request_id, forwarded_scope(scope, route, headers))
     try:
         reply = await dispatcher.send(opening, headers.model_id, headers.shard_key)

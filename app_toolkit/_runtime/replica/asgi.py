@@ -17,6 +17,7 @@ from app_toolkit._runtime.messages import (
     CLOSE_INTERNAL_ERROR,
     CLOSE_SERVICE_RESTART,
     END,
+    RESTART_REASON,
     BodyChunk,
     CallFailure,
     HTTPRequest,
@@ -236,6 +237,16 @@ class _Response:
             self._finished.set()
 
 
+async def run_direct(
+    app: ASGIApp, scope: Scope, receive: Receive, send: Send, lifespan_state: dict[str, object]
+) -> str:
+    """Run one request of a connection the replica owns straight through ``app`` (its
+    front answers failures); returns the path template of the route that served it."""
+    scope["state"] = dict(lifespan_state)
+    await app(scope, receive, send)
+    return route_template(scope)
+
+
 def request_app(target: Callable[..., Any]) -> ASGIApp:
     """Serve a plain deployment's ``__call__(request)`` over HTTP (Ray Serve's basic form).
 
@@ -342,5 +353,5 @@ class _WebSocket:
         replica), and tell the app its client is gone."""
         if waited.cancelled():
             return
-        self.close(CLOSE_SERVICE_RESTART, "server restarting; reconnect")
+        self.close(CLOSE_SERVICE_RESTART, RESTART_REASON)
         self._inbound.put({"type": "websocket.disconnect", "code": CLOSE_SERVICE_RESTART})

@@ -12,14 +12,13 @@ import gc
 import inspect
 import logging
 import pickle
-import threading
 import time
-from collections.abc import AsyncIterable, AsyncIterator, Awaitable, Callable, Generator
-from typing import Never, cast
+from collections.abc import AsyncIterable, Awaitable, Callable
+from typing import cast
 
-from starlette.types import ASGIApp
+from starlette.types import ASGIApp, Receive, Scope, Send
 
-from app_toolkit._runtime import answers, request_context, tracing
+from app_toolkit._runtime import request_context, tracing
 from app_toolkit._runtime.channel.frames import Dumps
 from app_toolkit._runtime.channel.server import ResponseSink
 from app_toolkit._runtime.messages import (
@@ -28,7 +27,6 @@ from app_toolkit._runtime.messages import (
     CallResult,
     DeploymentID,
     HTTPRequest,
-    HTTPResponse,
     MethodCall,
     Request,
     StreamItem,
@@ -38,16 +36,23 @@ from app_toolkit._runtime.replica import replica_metrics
 from app_toolkit._runtime.replica.asgi import (
     Lifespan,
     request_app,
+    route_template,
+    run_direct,
     serve_http,
     serve_websocket,
+)
+from app_toolkit._runtime.replica.user_code import (
+    call_maybe_async,
+    close_generator,
+    construct,
+    install_error_handler,
+    iterate_in_thread,
 )
 from app_toolkit._runtime.waiting import wait_event
 from app_toolkit.config import DeploymentConfig
 from app_toolkit.exceptions import (
-    BackPressureError,
     DeployError,
     MethodNotFoundError,
-    ReplicaUnavailableError,
 )
 
 logger = logging.getLogger("app_toolkit.replica")
@@ -111,7 +116,7 @@ class ReplicaCore:
         request_context.stop_hooks.set(self._stop_hooks)  # a constructor may preload models
         try:
             if inspect.isclass(definition):
-                self.instance = await _construct(definition, args, kwargs)
+                self.instance = await construct(definition, args, kwargs)
                 self.asgi_app = await self._ingress_app(definition)
             else:
                 self.instance = definition
@@ -133,9 +138,9 @@ class ReplicaCore:
         """The ASGI app an @ingress class serves: given, or made now by its builder."""
         builder = getattr(definition, ASGI_BUILDER_ATTR, None)
         if builder == BUILD_ASGI_METHOD:
-            app = await _call_maybe_async(getattr(self.instance, BUILD_ASGI_METHOD))
+            app = await call_maybe_async(getattr(self.instance, BUILD_ASGI_METHOD))
         elif builder is not None:
-            app = await _call_maybe_async(builder)
+            app = await call_maybe_async(builder)
         else:
             return getattr(definition, ASGI_APP_ATTR, None)
         if not callable(app):
@@ -148,7 +153,7 @@ class ReplicaCore:
             raise DeployError(
                 f"{self.deployment} got a user_config but defines no reconfigure(self, config) method"
             )
-        await _call_maybe_async(method, user_config)
+        await call_maybe_async(method, user_config)
 
     async def update_config(self, config: DeploymentConfig) -> None:
         """Take new in-place options; a changed ``user_config`` goes to reconfigure()."""
@@ -160,7 +165,7 @@ class ReplicaCore:
         """Raises if the user's ``check_health`` does; proves the event loop responds."""
         method = getattr(self.instance, "check_health", None)
         if method is not None:
-            await _call_maybe_async(method)
+            await call_maybe_async(method)
 
     async def drain(self) -> None:
         """Refuse new work, wait for in-flight requests, then run lifespan shutdown."""
@@ -232,40 +237,66 @@ class ReplicaCore:
             match request:
                 case HTTPRequest():
                     kind = "http"
-                    route = await self._serve_asgi(serve_http, request, sink)
+                    route = await self._serve_asgi(
+                        request.request_id,
+                        request.scope,
+                        lambda app, state: serve_http(app, request, state, sink),
+                    )
                 case WebSocketOpen():
                     kind = "websocket"
-                    route = await self._serve_asgi(serve_websocket, request, sink)
+                    socket = request
+                    route = await self._serve_asgi(
+                        socket.request_id,
+                        socket.scope,
+                        lambda app, state: serve_websocket(app, socket, state, sink),
+                    )
                 case MethodCall():
                     route = request.method
                     await self._serve_call(request, sink)
         finally:
-            labels = (*self.labels, kind, route)
-            replica_metrics.REQUESTS.inc(*labels)
-            replica_metrics.PROCESSING.observe(time.perf_counter() - started, *labels)
-            self.ongoing -= 1
-            if self.ongoing == 0:
-                self._idle.set()
+            self._served(kind, route, started)
+
+    async def serve_direct(self, request_id: str, scope: Scope, receive: Receive, send: Send) -> str:
+        """Serve one admitted HTTP request or WebSocket of a client connection this
+        replica owns (direct ingress: no channel, the app answers the client); returns
+        the route. A failure of the app is raised to the front, which answers it."""
+        started = time.perf_counter()
+        kind = "websocket" if scope["type"] == "websocket" else "http"
+        route = ""
+        try:
+            route = await self._serve_asgi(
+                request_id, scope, lambda app, state: run_direct(app, scope, receive, send, state)
+            )
+            return route
+        finally:
+            self._served(kind, route or route_template(scope), started)
+
+    def _served(self, kind: str, route: str, started: float) -> None:
+        """A request ended: count it and give its slot back."""
+        labels = (*self.labels, kind, route)
+        replica_metrics.REQUESTS.inc(*labels)
+        replica_metrics.PROCESSING.observe(time.perf_counter() - started, *labels)
+        self.ongoing -= 1
+        if self.ongoing == 0:
+            self._idle.set()
 
     async def _serve_asgi(
-        self, serve: Callable[..., Awaitable[str]], request: HTTPRequest | WebSocketOpen, sink: ResponseSink
+        self, request_id: str, scope: Scope, run: Callable[[ASGIApp, dict[str, object]], Awaitable[str]]
     ) -> str:
-        """Run one HTTP request or WebSocket through the app, with the request's context;
-        returns the matched route's path template."""
+        """Run one HTTP request or WebSocket through the app (``run`` drives it), with the
+        request's context; returns the matched route's path template."""
         if self.asgi_app is None:
             self.asgi_app = request_app(self._method("__call__"))
-        method = request.scope.get("method", "WEBSOCKET")
-        caller = tracing.remote(*tracing.from_headers(request.scope.get("headers", [])))
+        method = scope.get("method", "WEBSOCKET")
+        caller = tracing.remote(*tracing.from_headers(scope.get("headers", [])))
         trace, span = tracing.begin(f"{self.deployment} {method}", "server", caller)
         if span is not None:  # the app's own instrumentation (FastAPI's spans) nests under it
-            request.scope["headers"] = tracing.with_traceparent(request.scope.get("headers", []), trace)
+            scope["headers"] = tracing.with_traceparent(scope.get("headers", []), trace)
         route = error = ""
         try:
-            with request_context.request_scope(
-                request.request_id, trace, self._serving(), request.scope.get("headers", [])
-            ):
+            with request_context.request_scope(request_id, trace, self._serving(), scope.get("headers", [])):
                 state = self._lifespan.state if self._lifespan is not None else {}
-                route = await serve(self.asgi_app, request, state, sink)
+                route = await run(self.asgi_app, state)
             return route
         except BaseException as exc:
             error = type(exc).__name__
@@ -301,9 +332,9 @@ class ReplicaCore:
         if call.stream:
             await self._stream_call(method, call, sink)
             return
-        result = await _call_maybe_async(method, *call.args, **call.kwargs)
+        result = await call_maybe_async(method, *call.args, **call.kwargs)
         if inspect.isgenerator(result) or inspect.isasyncgen(result):
-            _close_generator(result)
+            close_generator(result)
             raise TypeError(
                 f"{self.deployment}.{call.method} is a generator; call it through "
                 "handle.options(stream=True) to receive its items"
@@ -325,7 +356,7 @@ class ReplicaCore:
         items: AsyncIterable[object]
         result = method(*call.args, **call.kwargs)
         if inspect.isgenerator(result):
-            items = _iterate_in_thread(result)
+            items = iterate_in_thread(result)
         else:  # an async generator, or anything returning (or awaiting to) an async iterator
             if inspect.isawaitable(result):
                 result = await result
@@ -377,94 +408,3 @@ class ReplicaCore:
         except Exception:  # noqa: BLE001 - not picklable: the caller gets type and message
             blob = None
         return CallFailure(type(exc).__name__, str(exc), blob)
-
-
-async def _construct(cls: type, args: tuple[object, ...], kwargs: dict[str, object]) -> object:
-    """An instance of ``cls``; an ``async def __init__`` is awaited (as Ray Serve does)."""
-    initializer = getattr(cls, "__init__", None)
-    if inspect.iscoroutinefunction(initializer):
-        instance = cast(Callable[[type], object], cls.__new__)(cls)
-        await initializer(instance, *args, **kwargs)
-        return instance
-    return cls(*args, **kwargs)
-
-
-def _close_generator(generator: object) -> None:
-    if inspect.isgenerator(generator):
-        generator.close()
-
-
-async def _iterate_in_thread(generator: Generator[object, Never, object]) -> AsyncIterator[object]:
-    """A sync generator's items, each produced in a thread so the loop keeps serving.
-
-    When the consumer stops (the caller went away) while a thread is inside the
-    generator, the generator is closed once that thread is out of it: a generator cannot
-    be closed while it runs, and its ``finally`` blocks must still run.
-    """
-    done = object()
-    inside = threading.Lock()
-
-    def step() -> object:
-        with inside:
-            return next(generator, done)
-
-    def close() -> None:
-        with inside:
-            generator.close()
-
-    try:
-        while True:
-            item = await asyncio.to_thread(step)
-            if item is done:
-                return
-            yield item
-    finally:
-        if inside.acquire(blocking=False):
-            try:
-                generator.close()
-            finally:
-                inside.release()
-        else:
-            asyncio.get_running_loop().run_in_executor(None, close)
-
-
-async def _call_maybe_async(function: Callable[..., object], *args: object, **kwargs: object) -> object:
-    if inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(
-        getattr(function, "__call__", None)  # noqa: B004 - an async __call__, not callability
-    ):
-        return await cast(Awaitable[object], function(*args, **kwargs))
-    # Sync user code runs in a thread so it never blocks the replica's event loop.
-    result = await asyncio.to_thread(function, *args, **kwargs)
-    if inspect.iscoroutine(result):  # a plain callable that returned a coroutine: await it here
-        result = await result
-    return result
-
-
-def install_error_handler(app: object) -> None:
-    """Give Starlette/FastAPI apps our generic 500 body unless they chose their own."""
-    try:
-        from starlette.applications import Starlette
-        from starlette.requests import Request as StarletteRequest
-        from starlette.responses import Response
-    except ImportError:  # pragma: no cover - starlette is a dependency
-        return
-    if not isinstance(app, Starlette):
-        return
-
-    def respond(answer: HTTPResponse) -> Response:
-        return Response(answer.body, answer.status, headers=answers.header_dict(answer))
-
-    async def internal_error(request: StarletteRequest, exc: Exception) -> Response:
-        return respond(answers.internal_error(request.headers.get("x-request-id", "")))
-
-    async def unavailable(request: StarletteRequest, exc: Exception) -> Response:
-        request_id = request.headers.get("x-request-id", "")
-        if isinstance(exc, BackPressureError):
-            return respond(answers.overloaded(exc, request_id))
-        return respond(answers.unavailable(None, request_id))
-
-    handlers = app.exception_handlers
-    if Exception not in handlers and 500 not in handlers:
-        handlers[Exception] = internal_error
-    handlers.setdefault(BackPressureError, unavailable)
-    handlers.setdefault(ReplicaUnavailableError, unavailable)

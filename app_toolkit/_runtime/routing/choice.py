@@ -104,6 +104,10 @@ class ReplicaChooser:
     def replica_ids(self) -> list[str]:
         return list(self._replicas)
 
+    def infos(self) -> list[ReplicaInfo]:
+        """The replicas as the latest table described them."""
+        return [replica.info for replica in self._replicas.values()]
+
     def in_flight(self, replica_id: str) -> int:
         replica = self._replicas.get(replica_id)
         return replica.in_flight if replica else 0

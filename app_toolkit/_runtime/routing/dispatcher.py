@@ -152,6 +152,16 @@ class Dispatcher:
         shadowed = self._shadower.take() if self._shadower is not None else None
         return (*taken, shadowed) if shadowed is not None else taken
 
+    def replicas(self) -> list[ReplicaInfo]:
+        """The deployment's replicas as the latest table described them."""
+        return self._chooser.infos()
+
+    @property
+    def has_policy(self) -> bool:
+        """Requests go by a traffic policy (a split or a shadow): the caller must send them
+        through :meth:`send`."""
+        return bool(self._split) or (self._shadower is not None and self._shadower.active)
+
     @property
     def queued(self) -> int:
         return sum(1 for waiter in self._waiters if not waiter[0].done())

@@ -25,6 +25,7 @@ from app_toolkit._runtime.backends.ray.proxies import ProxyFleet
 from app_toolkit._runtime.backends.ray.replicas import RayReplicas
 from app_toolkit._runtime.controller.api import ControlCall
 from app_toolkit._runtime.controller.controller import ControllerCore
+from app_toolkit._runtime.proxy.direct import LocalIngresses
 from app_toolkit._runtime.proxy.proxy import Proxy
 from app_toolkit._runtime.proxy.server import ProxyServer, listen_socket, serve
 from app_toolkit._runtime.routing import caller_metrics
@@ -49,6 +50,7 @@ class ProxyActor:
         configure_worker()
         self._http = http
         self._server: ProxyServer | None = None
+        self._node: NodeMetrics | None = None
         self._starting = asyncio.Lock()
         caller_metrics.set_caller("proxy")
         context = ray.get_runtime_context()
@@ -95,16 +97,31 @@ class ProxyActor:
                 plane = link.attach(asyncio.get_running_loop()).data_plane
                 if seed is not None:
                     plane.subscriber.seed(seed)
-                node = NodeMetrics()
+                node = self._node = NodeMetrics()
                 proxy = Proxy(plane.subscriber, self._http, node.gather, node.status)
-                self._server = await serve(proxy, self._http, sock, proxy.close, proxy.flush_logs)
+                # Connections go to the node's ingress replicas where they take them.
+                node_id = ray.get_runtime_context().get_node_id()
+                routes = LocalIngresses(lambda: proxy.apps, proxy.subscriber.dispatcher, node_id)
+                self._server = await serve(proxy, self._http, sock, proxy.close, proxy.flush_logs, routes)
                 stored.save_proxy_port(self._server.port)
                 settle_heap()
             return self._server
 
     async def stats(self) -> dict[str, int]:
-        """Asyncio tasks alive and the process id (for leak checks and tests)."""
-        return {"tasks": len(asyncio.all_tasks()), "pid": os.getpid()}
+        """Asyncio tasks alive, the process id and the connections it handed to local
+        ingress replicas or served itself (for leak checks and tests)."""
+        acceptor = self._server.acceptor if self._server is not None else None
+        return {
+            "tasks": len(asyncio.all_tasks()),
+            "pid": os.getpid(),
+            "handed_off": acceptor.handed if acceptor is not None else 0,
+            "served": acceptor.served if acceptor is not None else 0,
+        }
+
+    async def gather(self) -> list[list[FamilySnapshot]]:
+        """The metrics of this node's toolkit processes, as /-/metrics shows them (the
+        node's ingress replicas answer /-/metrics with this on the connections they own)."""
+        return await (self._node or NodeMetrics()).gather()
 
     async def stop(self) -> None:
         """Stop accepting connections and finish open ones (bounded), then return."""

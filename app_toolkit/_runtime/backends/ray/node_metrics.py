@@ -14,7 +14,7 @@ import ray
 
 from app_toolkit import metrics
 from app_toolkit._runtime.backends.ray import stored
-from app_toolkit._runtime.backends.ray.cluster import CONTROLLER_NAME, NAMESPACE, REPLICA_PREFIX
+from app_toolkit._runtime.backends.ray.cluster import CONTROLLER_NAME, NAMESPACE, PROXY_PREFIX, REPLICA_PREFIX
 from app_toolkit._runtime.controller.api import ControllerAPI
 from app_toolkit._runtime.tables import ReplicaTable
 from app_toolkit.metrics import FamilySnapshot
@@ -68,6 +68,25 @@ class NodeMetrics:
             MISSED.inc()
             return None
         return families
+
+    async def from_proxy(self) -> list[list[FamilySnapshot]]:
+        """What the node's proxy gathers (an ingress replica's front answers /-/metrics
+        on the connections it was handed as the proxy would); this process's alone when
+        the proxy does not answer in time."""
+        name = PROXY_PREFIX + self._node
+        try:
+            actor = self._actors.get(name)
+            if actor is None:
+                actor = self._actors[name] = await asyncio.to_thread(ray.get_actor, name, namespace=NAMESPACE)
+            gathered: list[list[FamilySnapshot]] = await asyncio.wait_for(
+                actor.gather.remote(), _READ_TIMEOUT_S * 2
+            )
+        except Exception as exc:  # noqa: BLE001 - the proxy is restarting
+            logger.debug("No metrics from the node's proxy: %r", exc)
+            self._actors.pop(name, None)
+            MISSED.inc()
+            return [metrics.snapshot()]
+        return gathered
 
     async def status(self) -> ServeStatus:
         """The controller's status (raises when it does not answer in time)."""

@@ -40,6 +40,11 @@ class ProxyFleet:
         self._home = ray.get_runtime_context().get_node_id()
         self._supervisor: asyncio.Task[None] | None = None
 
+    @property
+    def http(self) -> HTTPOptions:
+        """The proxies' options (ingress replicas that serve connections use them too)."""
+        return self._http
+
     async def start(self) -> int:
         """Start (or, after a controller restart, find) the proxy on this node, then the
         other nodes' proxies; returns the port they share. A proxy on this node that

@@ -30,6 +30,7 @@ from app_toolkit._runtime.backends.ray.cluster import (
     remote,
     settle_heap,
 )
+from app_toolkit._runtime.backends.ray.front import ReplicaFront
 from app_toolkit._runtime.backends.ray.proxies import ProxyFleet
 from app_toolkit._runtime.channel.server import start_server
 from app_toolkit._runtime.channel.tls import replica_tls
@@ -37,7 +38,7 @@ from app_toolkit._runtime.messages import AdoptedReplica, DeploymentID, Deployme
 from app_toolkit._runtime.replica.replica import ReplicaCore
 from app_toolkit._runtime.routing import caller_metrics
 from app_toolkit._runtime.tables import Table
-from app_toolkit.config import DeploymentConfig
+from app_toolkit.config import DeploymentConfig, HTTPOptions
 from app_toolkit.exceptions import DeployError, ReplicaUnavailableError
 from app_toolkit.metrics import FamilySnapshot
 
@@ -61,6 +62,7 @@ class ReplicaActor:
         init_args: bytes,
         code_version: str,
         rank: int = -1,
+        front: HTTPOptions | None = None,
     ) -> None:
         configure_worker()
         self._args = (replica_id, deployment, config, definition, init_args)
@@ -69,6 +71,9 @@ class ReplicaActor:
         self._core: ReplicaCore | None = None
         self._server: asyncio.Server | None = None
         self._info: ReplicaInfo | None = None
+        #: The proxy's options when this replica serves client connections itself.
+        self._front_http = front
+        self._front: ReplicaFront | None = None
 
     async def initialize(self) -> ReplicaInfo:
         replica_id, deployment, config, definition, init_args = self._args
@@ -77,7 +82,7 @@ class ReplicaActor:
         caller_metrics.set_caller(replica_id)
         # Handle calls of the user's code run on this actor's loop (before the user's
         # constructor, which may make some).
-        link.attach(asyncio.get_running_loop())
+        plane = link.attach(asyncio.get_running_loop()).data_plane
         core = ReplicaCore(
             replica_id, deployment, config, pickle.loads(definition), pickle.loads(init_args), dumps
         )
@@ -94,6 +99,10 @@ class ReplicaActor:
         host = data_plane_host()
         self._server, port = await start_server(core, host, token, dumps, tls)
         self._core = core
+        handoff = ""
+        if self._front_http is not None:
+            self._front = ReplicaFront(core, self._front_http, plane.subscriber)
+            handoff = await self._front.start()
         settle_heap()
         self._info = ReplicaInfo(
             replica_id,
@@ -105,6 +114,7 @@ class ReplicaActor:
             ray.get_runtime_context().get_node_id(),
             tls=tls is not None,
             rank=self._rank,
+            handoff=handoff,
         )
         return self._info
 
@@ -140,11 +150,18 @@ class ReplicaActor:
         }
 
     async def drain(self) -> None:
-        if self._core is not None:
-            await self._core.drain()
+        core, front = self._core, self._front
+        if core is not None:
+            timeout_s = core.config.graceful_shutdown_timeout_s
+            # Its client connections go back to the proxy as they become idle, while the
+            # requests running here finish.
+            drained = [core.drain()] if front is None else [core.drain(), front.drain(timeout_s)]
+            await asyncio.gather(*drained)
             # Callers that still have the old table may send here for a moment: refuse
             # those requests (they are retried elsewhere) rather than die under them.
-            await self._core.linger()
+            await core.linger()
+            if front is not None:
+                await front.stop(timeout_s)
         if self._server is not None:
             self._server.close()
 
@@ -175,8 +192,17 @@ class RayReplicas:
         }
         if options.runtime_env is not None:
             actor_options["runtime_env"] = options.runtime_env
+        http = self._proxies.http
+        direct = spec.http_ingress and spec.config.direct_ingress and http.proxy_location != "Disabled"
         actor = remote(ReplicaActor, **actor_options).remote(
-            replica_id, spec.id, spec.config, spec.definition, spec.init_args, spec.code_version, rank
+            replica_id,
+            spec.id,
+            spec.config,
+            spec.definition,
+            spec.init_args,
+            spec.code_version,
+            rank,
+            http if direct else None,
         )
         try:
             return await actor.initialize.remote(), actor

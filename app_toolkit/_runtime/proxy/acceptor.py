@@ -1,0 +1,157 @@
+"""The proxy's listening socket under direct ingress: each accepted connection goes to a
+local ingress replica of the application its first request is for, or is served here.
+
+The first request line is read without being consumed (``MSG_PEEK``), so the replica
+parses the request as if it had accepted the connection itself. A connection is served
+by the proxy when no local ingress replica of its application exists, when its request
+line did not arrive whole in the first segment, or when the hand-off fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from typing import Protocol
+
+from app_toolkit import metrics
+from app_toolkit._runtime.proxy.handoff import Adopt, HandoffSender, request_target
+
+logger = logging.getLogger("app_toolkit.proxy")
+
+_PEEK_BYTES = 4096  # enough for any request line the proxy would route
+_ACCEPT_MAX = 64  # connections accepted in one wake-up, so the loop keeps serving
+
+HANDED_OFF = metrics.Counter(
+    "app_toolkit_proxy_connections_handed_off_total",
+    "Client connections the proxy passed to a local ingress replica (direct ingress).",
+    ("application",),
+)
+SERVED_HERE = metrics.Counter(
+    "app_toolkit_proxy_connections_served_total",
+    "Client connections the proxy served itself, by why: no_replica (no local ingress "
+    "replica of the application), unrouted (no whole request line to route by), "
+    "refused (the replica did not take it).",
+    ("why",),
+)
+
+
+class HandoffRoutes(Protocol):
+    """Where connections go: the hand-off socket of a local ingress replica."""
+
+    def wanted(self) -> bool:
+        """Some application has an ingress replica on this node (else nothing is peeked)."""
+        ...
+
+    def choose(self, path: str) -> tuple[str, str] | None:
+        """The application and hand-off socket path for a first request to ``path``."""
+        ...
+
+
+class Acceptor:
+    """Accepts on ``listener`` and hands off or serves (``adopt``) each connection."""
+
+    def __init__(
+        self,
+        listener: socket.socket,
+        adopt: Adopt,
+        routes: HandoffRoutes,
+        sender: HandoffSender,
+        wait_s: float,
+        max_waiting: int,
+    ) -> None:
+        self._listener = listener
+        self._adopt = adopt
+        self._routes = routes
+        self._sender = sender
+        self._wait_s = wait_s  # a connection that sends nothing for this long is closed
+        self._max_waiting = max_waiting
+        #: Connections whose first bytes have not arrived yet, with their timers.
+        self._waiting: dict[socket.socket, asyncio.TimerHandle] = {}
+        #: Connections handed to local replicas, and served here (for stats and tests).
+        self.handed = 0
+        self.served = 0
+        self._loop = asyncio.get_running_loop()
+
+    def start(self) -> None:
+        self._listener.setblocking(False)
+        self._loop.add_reader(self._listener.fileno(), self._accept)
+
+    def close(self) -> None:
+        """Stop accepting; connections still waiting for their first bytes are closed."""
+        if self._listener.fileno() >= 0:
+            self._loop.remove_reader(self._listener.fileno())
+            self._listener.close()
+        for connection in list(self._waiting):
+            self._forget(connection)
+            connection.close()
+
+    def _accept(self) -> None:
+        for _ in range(_ACCEPT_MAX):
+            try:
+                connection, _ = self._listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # e.g. out of file descriptors: try again on the next wake-up
+                logger.warning("Accepting a connection failed: %s", exc)
+                return
+            connection.setblocking(False)
+            connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if not self._routes.wanted() or len(self._waiting) >= self._max_waiting:
+                self._serve_here(connection, "no_replica")
+            else:
+                self._peek(connection)
+
+    def _peek(self, connection: socket.socket) -> None:
+        try:
+            head = connection.recv(_PEEK_BYTES, socket.MSG_PEEK)
+        except (BlockingIOError, InterruptedError):
+            if connection not in self._waiting:  # wait for the first bytes
+                self._loop.add_reader(connection.fileno(), self._readable, connection)
+                self._waiting[connection] = self._loop.call_later(self._wait_s, self._too_quiet, connection)
+            return
+        except OSError:
+            self._forget(connection)
+            connection.close()
+            return
+        self._forget(connection)
+        if not head:  # the client closed before sending anything
+            connection.close()
+            return
+        self._route(connection, head)
+
+    def _readable(self, connection: socket.socket) -> None:
+        self._peek(connection)
+
+    def _too_quiet(self, connection: socket.socket) -> None:
+        self._waiting.pop(connection, None)
+        self._loop.remove_reader(connection.fileno())
+        connection.close()  # as an idle keep-alive connection would be
+
+    def _forget(self, connection: socket.socket) -> None:
+        timer = self._waiting.pop(connection, None)
+        if timer is not None:
+            timer.cancel()
+            self._loop.remove_reader(connection.fileno())
+
+    def _route(self, connection: socket.socket, head: bytes) -> None:
+        path = request_target(head)
+        if path is None:
+            self._serve_here(connection, "unrouted")
+            return
+        target = self._routes.choose(path)
+        if target is None:
+            self._serve_here(connection, "no_replica")
+            return
+        app, handoff = target
+        if self._sender.send(handoff, connection):
+            self.handed += 1
+            HANDED_OFF.inc(app)
+            connection.close()  # the replica holds it now
+        else:
+            self._serve_here(connection, "refused")
+
+    def _serve_here(self, connection: socket.socket, why: str) -> None:
+        self.served += 1
+        SERVED_HERE.inc(why)
+        self._adopt(connection)

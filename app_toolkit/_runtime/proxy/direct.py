@@ -1,0 +1,344 @@
+"""Direct ingress: a request of a connection an ingress replica owns, served by that
+replica's app in this process (docs/architecture.md, "Direct ingress").
+
+The front (``proxy.py``) applies every per-request rule as on the proxied path (request
+id, deadline, limits, disconnect, access log, metrics, spans); here the app runs on the
+scope the proxy would have forwarded, reads the body as it arrives (bounded as
+``read_body`` bounds it) and answers the client itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Callable
+from typing import Protocol
+
+from starlette.types import Message, Receive, Scope, Send
+
+from app_toolkit._runtime import answers
+from app_toolkit._runtime.answers import REQUEST_ID_HEADER
+from app_toolkit._runtime.messages import (
+    CLOSE_INTERNAL_ERROR,
+    CLOSE_SERVICE_RESTART,
+    RESTART_REASON,
+    DeploymentID,
+)
+from app_toolkit._runtime.proxy import stream_metrics
+from app_toolkit._runtime.proxy.body import refusal_answer
+from app_toolkit._runtime.proxy.path_match import AppMatcher, match_app
+from app_toolkit._runtime.proxy.request_state import RequestState, abort_response
+from app_toolkit._runtime.proxy.scope import RequestHeaders
+from app_toolkit._runtime.routing.dispatcher import Dispatcher
+from app_toolkit.config import HTTPOptions
+
+logger = logging.getLogger("app_toolkit.proxy")
+
+_DISCONNECT: Message = {"type": "http.disconnect"}
+_WANTED_FOR_S = 1.0  # how long the acceptor trusts "some local replica takes connections"
+
+
+class LocalIngress(Protocol):
+    """The replica in this process that serves its application's requests directly."""
+
+    deployment: DeploymentID
+    #: Set when the replica starts draining (open WebSockets are closed with 1012).
+    draining_event: asyncio.Event
+
+    def admit(self) -> bool:
+        """Take a slot (False: full or draining; the request is forwarded instead)."""
+        ...
+
+    async def serve_direct(self, request_id: str, scope: Scope, receive: Receive, send: Send) -> str:
+        """Run one admitted request through the app; returns the route template."""
+        ...
+
+
+class StreamedBody:
+    """The request body as the app reads it, within the bounds ``read_body`` applies:
+    ``max_request_body_bytes`` (413) and ``body_timeout_s`` between pieces (408). A body
+    over a bound ends the app's reading with a disconnect; ``refusal`` says which."""
+
+    __slots__ = ("_receive", "_limit", "_timeout_s", "_size", "_done", "_state", "refusal")
+
+    def __init__(
+        self, receive: Receive, headers: RequestHeaders, http: HTTPOptions, state: RequestState
+    ) -> None:
+        self._receive = receive
+        self._limit = http.max_request_body_bytes
+        self._timeout_s = http.body_timeout_s
+        self._size = 0
+        self._done = not headers.has_body
+        self._state = state
+        state.uploading = not self._done
+        self.refusal = 0
+        declared = headers.content_length
+        if declared is not None and declared.isdigit() and int(declared) > self._limit:
+            self.refusal = 413
+
+    async def receive(self) -> Message:
+        if self.refusal:
+            return _DISCONNECT
+        if self._done:  # after the body: waiting for the client to leave, for as long as it takes
+            return await self._receive()
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                message = await self._receive()
+        except TimeoutError:
+            self.refusal = 408
+            return _DISCONNECT
+        if message["type"] == "http.request":
+            self._size += len(message.get("body", b""))
+            if self._size > self._limit:
+                self.refusal = 413
+                return _DISCONNECT
+            self._done = not message.get("more_body", False)
+            self._state.uploading = not self._done
+        elif message["type"] == "http.disconnect":
+            self._state.uploading = False
+        return message
+
+
+class _Answer:
+    """The app's response on its way to the client: the request id added to its head,
+    held until the first body piece so a whole response leaves in one write, dropped
+    when the body was refused (the refusal is the answer then). A streamed response is
+    counted as the proxy counts one (open streams, first chunk, chunks)."""
+
+    __slots__ = ("_send", "_state", "_body", "_scope", "_head", "_labels", "_first")
+
+    def __init__(self, send: Send, state: RequestState, body: StreamedBody, scope: Scope) -> None:
+        self._send = send
+        self._state = state
+        self._body = body
+        self._scope = scope  # the app's routing records the matched route in it
+        self._head: Message | None = None
+        self._labels: tuple[str, str] | None = None  # set while a streamed response is open
+        self._first = True
+
+    async def send(self, message: Message) -> None:
+        if self._body.refusal:
+            return
+        kind = message["type"]
+        if kind == "http.response.start":
+            headers = list(message.get("headers", ()))
+            if not any(key.lower() == REQUEST_ID_HEADER for key, _ in headers):
+                headers.append((REQUEST_ID_HEADER, self._state.request_id.encode()))
+            self._head = {**message, "headers": headers}
+            return
+        if kind == "http.response.body":
+            if self._head is not None:
+                head, self._head = self._head, None
+                await self._start(head, message)
+                return
+            more = message.get("more_body", False)
+            if not more:
+                self._state.finished = True
+            await self._send(message)
+            self._counted(message, more)
+            return
+        await self._send(message)
+
+    async def _start(self, head: Message, body: Message) -> None:
+        state = self._state
+        state.started = True
+        state.status = int(head["status"])
+        state.route = _matched_route(self._scope)
+        complete = not body.get("more_body", False)
+        state.finished = complete
+        link = state.link
+        if link is not None:
+            if complete:
+                link.join_head_and_body()
+            else:
+                link.gather_writes()
+        if not complete:
+            self._labels = (state.app, state.prefix + state.route if state.route else state.prefix)
+            stream_metrics.OPEN.inc(state.app, "stream")
+        try:
+            await self._send(head)
+            await self._send(body)
+        finally:
+            if link is not None:
+                link.release()
+        if not complete:
+            self._counted(body, True)
+
+    def _counted(self, body: Message, more: bool) -> None:
+        labels = self._labels
+        if labels is None:
+            return
+        if body.get("body"):
+            if self._first:
+                self._first = False
+                stream_metrics.FIRST_CHUNK.observe(time.perf_counter() - self._state.arrived, *labels)
+            stream_metrics.CHUNKS.inc(*labels)
+        if not more:
+            self.close()
+
+    def close(self) -> None:
+        """The response ended (or failed): a streamed one is no longer open."""
+        if self._labels is not None:
+            stream_metrics.OPEN.dec(self._state.app, "stream")
+            self._labels = None
+
+    async def finish(self) -> None:
+        """After the app returned: a head it sent without a body still goes out."""
+        if self._head is not None:
+            head, self._head = self._head, None
+            await self._start(head, {"type": "http.response.body", "body": b""})
+
+
+async def serve_here(
+    local: LocalIngress,
+    scope: Scope,
+    receive: Receive,
+    send: Send,
+    state: RequestState,
+    headers: RequestHeaders,
+    http: HTTPOptions,
+) -> None:
+    """Serve one request with the replica in this process, whose slot ``local.admit()``
+    took (it gives it back). ``scope`` is the one the proxy would forward (the prefix as
+    root_path, the request id)."""
+    body = StreamedBody(receive, headers, http, state)
+    answer = _Answer(send, state, body, scope)
+    request_id = state.request_id
+    try:
+        state.route = await local.serve_direct(request_id, scope, body.receive, answer.send)
+        await answer.finish()
+    except asyncio.CancelledError:
+        answer.close()
+        raise
+    except Exception:
+        # The traceback goes to this log with the id; the client gets no internals.
+        answer.close()
+        state.route = _matched_route(scope)
+        if body.refusal and not state.started:  # the app failed reading a refused body
+            logger.info("Request %s: body refused (%d) while the app read it", request_id, body.refusal)
+            state.status = await answers.send_answer(send, refusal_answer(body.refusal, http, request_id))
+            return
+        logger.exception("Request %s failed", request_id)
+        if state.finished:
+            return  # it raised after its response (Starlette's error middleware does)
+        if state.started:
+            await abort_response(state, "the app failed")
+        else:
+            state.status = await answers.send_answer(send, answers.internal_error(request_id))
+        return
+    answer.close()
+    if state.started and not state.finished:
+        logger.error("Request %s: the app returned in the middle of its response", request_id)
+        await abort_response(state, "the app returned in the middle of its response")
+    elif body.refusal and not state.started:
+        state.status = await answers.send_answer(send, refusal_answer(body.refusal, http, request_id))
+    elif not state.started:
+        logger.error("Request %s: the app returned without a response", request_id)
+        state.status = await answers.send_answer(send, answers.internal_error(request_id))
+
+
+def _matched_route(scope: Scope) -> str:
+    """The path template of the route the app matched, as its routing recorded it."""
+    path = getattr(scope.get("route"), "path", "")
+    return path if isinstance(path, str) else ""
+
+
+async def serve_websocket_here(
+    local: LocalIngress, request_id: str, scope: Scope, receive: Receive, send: Send
+) -> None:
+    """Serve one WebSocket with the replica in this process, whose slot ``local.admit()``
+    took; its ``websocket.connect`` message was read already and is given to the app again."""
+    connected = False
+    closed = False
+
+    async def replay() -> Message:
+        nonlocal connected
+        if not connected:
+            connected = True
+            return {"type": "websocket.connect"}
+        return await receive()
+
+    async def watch(message: Message) -> None:
+        nonlocal closed
+        closed = closed or message["type"] in ("websocket.close", "websocket.http.response.body")
+        await send(message)
+
+    async def restarting() -> None:
+        # The replica drains: the client is told to reconnect (to another replica), and
+        # the app's next receive() hears that its client is gone.
+        await local.draining_event.wait()
+        if connected and not closed:
+            await watch({"type": "websocket.close", "code": CLOSE_SERVICE_RESTART, "reason": RESTART_REASON})
+
+    watcher = asyncio.ensure_future(restarting())
+    try:
+        await local.serve_direct(request_id, scope, replay, watch)
+    except Exception:  # the app's failure: logged with the id, the socket closed
+        logger.exception("WebSocket %s failed", request_id)
+        if not closed:
+            await send({"type": "websocket.close", "code": CLOSE_INTERNAL_ERROR})
+        return
+    finally:
+        watcher.cancel()
+    if not closed:  # the app returned without closing: close normally (or deny)
+        await send({"type": "websocket.close", "code": 1000})
+
+
+class LocalIngresses:
+    """The node's ingress replicas that take client connections, as the proxy's tables
+    show them: the acceptor's :class:`~app_toolkit._runtime.proxy.acceptor.HandoffRoutes`.
+
+    An application whose ingress has a traffic policy (a split, a shadow) keeps its
+    connections in the proxy, which decides per request. Among the local replicas of an
+    application, the one that was handed fewer connections lately of two drawn at random
+    wins.
+    """
+
+    def __init__(
+        self,
+        apps: Callable[[], list[AppMatcher]],
+        dispatcher_for: Callable[[DeploymentID], Dispatcher],
+        node_id: str,
+    ) -> None:
+        self._apps = apps
+        self._dispatcher_for = dispatcher_for
+        self._node_id = node_id
+        self._handed: dict[str, int] = {}  # hand-off path -> connections handed
+        self._wanted = False
+        self._wanted_until = 0.0
+        self._rng = random.Random()
+
+    def _candidates(self, app: AppMatcher) -> list[str]:
+        dispatcher = self._dispatcher_for(app.ingress)
+        if dispatcher.has_policy:
+            return []
+        node = self._node_id
+        return [info.handoff for info in dispatcher.replicas() if info.handoff and info.node_id == node]
+
+    def wanted(self) -> bool:
+        now = time.monotonic()
+        if now >= self._wanted_until:
+            self._wanted = any(self._candidates(app) for app in self._apps())
+            self._wanted_until = now + _WANTED_FOR_S
+            # Recent hand-offs count, old ones fade (a replica that joins late is not
+            # handed every new connection until it has caught up with the others).
+            self._handed = {path: count // 2 for path, count in self._handed.items() if count > 1}
+        return self._wanted
+
+    def choose(self, path: str) -> tuple[str, str] | None:
+        if path.startswith("/-/"):  # the operator endpoints: the proxy's own
+            return None
+        app = match_app(self._apps(), path)
+        if app is None:
+            return None
+        candidates = self._candidates(app)
+        if not candidates:
+            return None
+        if len(candidates) > 1:
+            candidates = self._rng.sample(candidates, 2)
+        handed = self._handed
+        chosen = min(candidates, key=lambda candidate: handed.get(candidate, 0))
+        handed[chosen] = handed.get(chosen, 0) + 1
+        return app.app, chosen

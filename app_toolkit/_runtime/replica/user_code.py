@@ -1,0 +1,106 @@
+"""Calling the user's code from a replica: its constructor (``async def __init__`` too),
+sync functions in threads so the loop keeps serving, sync generators item by item, and
+the generic 500 a Starlette app answers with."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable, Generator
+from typing import Never, cast
+
+from app_toolkit._runtime import answers
+from app_toolkit._runtime.messages import HTTPResponse
+from app_toolkit.exceptions import BackPressureError, ReplicaUnavailableError
+
+
+async def construct(cls: type, args: tuple[object, ...], kwargs: dict[str, object]) -> object:
+    """An instance of ``cls``; an ``async def __init__`` is awaited (as Ray Serve does)."""
+    initializer = getattr(cls, "__init__", None)
+    if inspect.iscoroutinefunction(initializer):
+        instance = cast(Callable[[type], object], cls.__new__)(cls)
+        await initializer(instance, *args, **kwargs)
+        return instance
+    return cls(*args, **kwargs)
+
+
+def close_generator(generator: object) -> None:
+    if inspect.isgenerator(generator):
+        generator.close()
+
+
+async def iterate_in_thread(generator: Generator[object, Never, object]) -> AsyncIterator[object]:
+    """A sync generator's items, each produced in a thread so the loop keeps serving.
+
+    When the consumer stops (the caller went away) while a thread is inside the
+    generator, the generator is closed once that thread is out of it: a generator cannot
+    be closed while it runs, and its ``finally`` blocks must still run.
+    """
+    done = object()
+    inside = threading.Lock()
+
+    def step() -> object:
+        with inside:
+            return next(generator, done)
+
+    def close() -> None:
+        with inside:
+            generator.close()
+
+    try:
+        while True:
+            item = await asyncio.to_thread(step)
+            if item is done:
+                return
+            yield item
+    finally:
+        if inside.acquire(blocking=False):
+            try:
+                generator.close()
+            finally:
+                inside.release()
+        else:
+            asyncio.get_running_loop().run_in_executor(None, close)
+
+
+async def call_maybe_async(function: Callable[..., object], *args: object, **kwargs: object) -> object:
+    if inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(
+        getattr(function, "__call__", None)  # noqa: B004 - an async __call__, not callability
+    ):
+        return await cast(Awaitable[object], function(*args, **kwargs))
+    # Sync user code runs in a thread so it never blocks the replica's event loop.
+    result = await asyncio.to_thread(function, *args, **kwargs)
+    if inspect.iscoroutine(result):  # a plain callable that returned a coroutine: await it here
+        result = await result
+    return result
+
+
+def install_error_handler(app: object) -> None:
+    """Give Starlette/FastAPI apps our generic 500 body unless they chose their own."""
+    try:
+        from starlette.applications import Starlette
+        from starlette.requests import Request as StarletteRequest
+        from starlette.responses import Response
+    except ImportError:  # pragma: no cover - starlette is a dependency
+        return
+    if not isinstance(app, Starlette):
+        return
+
+    def respond(answer: HTTPResponse) -> Response:
+        return Response(answer.body, answer.status, headers=answers.header_dict(answer))
+
+    async def internal_error(request: StarletteRequest, exc: Exception) -> Response:
+        return respond(answers.internal_error(request.headers.get("x-request-id", "")))
+
+    async def unavailable(request: StarletteRequest, exc: Exception) -> Response:
+        request_id = request.headers.get("x-request-id", "")
+        if isinstance(exc, BackPressureError):
+            return respond(answers.overloaded(exc, request_id))
+        return respond(answers.unavailable(None, request_id))
+
+    handlers = app.exception_handlers
+    if Exception not in handlers and 500 not in handlers:
+        handlers[Exception] = internal_error
+    handlers.setdefault(BackPressureError, unavailable)
+    handlers.setdefault(ReplicaUnavailableError, unavailable)

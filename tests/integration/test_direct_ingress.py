@@ -1,0 +1,189 @@
+"""Direct ingress on Ray: the ingress replica owns its client connections (the node's
+proxy hands them over), and every request that replica cannot serve itself still goes
+where the proxy would send it."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import signal
+import socket
+import time
+
+import httpx
+import ray
+from fastapi import APIRouter, Request
+
+import app_toolkit as tk
+from app_toolkit._runtime.backends.ray.cluster import NAMESPACE, PROXY_PREFIX
+from tests.apps.ray_only import make_where_app
+from tests.conftest import Toolkit
+from tests.waiting import wait_for
+
+
+def _owner(client: httpx.Client, prefix: str = "") -> dict[str, object]:
+    response = client.get(f"{prefix}/owner")
+    assert response.status_code == 200, response.text
+    answer: dict[str, object] = response.json()
+    return answer
+
+
+def test_the_ingress_replica_owns_the_client_connection(ray_toolkit: Toolkit) -> None:
+    prefix = "/" + ray_toolkit.name()
+    ray_toolkit.run(make_where_app(), route_prefix=prefix)
+    with ray_toolkit.client() as client:  # one kept-alive connection
+        first = _owner(client, prefix)
+        second = _owner(client, prefix)
+    assert first["owns"] is True and second == first
+    # A fresh connection each time: each is handed to one of the two replicas.
+    pids = set()
+    for _ in range(12):
+        with ray_toolkit.client() as client:
+            answer = _owner(client, prefix)
+            assert answer["owns"] is True
+            pids.add(answer["pid"])
+    assert len(pids) == 2
+    metrics = httpx.get(f"{ray_toolkit.url}/-/metrics", timeout=30).text
+    assert "app_toolkit_proxy_connections_handed_off_total" in metrics
+
+
+def test_an_application_can_keep_the_proxied_path(ray_toolkit: Toolkit) -> None:
+    prefix = "/" + ray_toolkit.name()
+    ray_toolkit.run(make_where_app(direct_ingress=False), route_prefix=prefix)
+    with ray_toolkit.client() as client:
+        assert _owner(client, prefix)["owns"] is False
+
+
+def test_one_connection_serves_requests_of_two_applications(ray_toolkit: Toolkit) -> None:
+    first, second = "/" + ray_toolkit.name(), "/" + ray_toolkit.name()
+    ray_toolkit.run(make_where_app(num_replicas=1), route_prefix=first)
+    ray_toolkit.run(make_where_app(num_replicas=1), route_prefix=second)
+    with ray_toolkit.client() as client:
+        mine = _owner(client, first)  # the connection goes to the first app's replica
+        theirs = _owner(client, second)  # forwarded by it to the second app's replica
+        again = _owner(client, first)
+        assert client.get(f"{second}/missing").status_code == 404
+    assert mine["owns"] is True and again == mine
+    assert theirs["owns"] is False and theirs["pid"] != mine["pid"]
+
+
+slow_router = APIRouter()
+
+
+@slow_router.get("/slow")
+async def slow(seconds: float) -> dict[str, int]:
+    import asyncio
+
+    await asyncio.sleep(seconds)
+    return {"pid": os.getpid()}
+
+
+def test_a_replica_at_capacity_sends_requests_through_the_queue(ray_toolkit: Toolkit) -> None:
+    prefix = "/" + ray_toolkit.name()
+    ray_toolkit.run(tk.App(slow_router, max_ongoing_requests=1), route_prefix=prefix)
+    started = time.monotonic()
+    # Two connections, both handed to the one replica; it runs one request at a time,
+    # so the second waits in the caller-side queue rather than running beside the first.
+    with concurrent.futures.ThreadPoolExecutor(2) as pool:
+        answers = list(
+            pool.map(
+                lambda _: httpx.get(f"{ray_toolkit.url}{prefix}/slow", params={"seconds": 0.5}, timeout=30),
+                range(2),
+            )
+        )
+    assert [answer.status_code for answer in answers] == [200, 200]
+    assert time.monotonic() - started >= 1.0
+
+
+def test_a_killed_replica_loses_its_connections_and_new_ones_go_to_the_other(ray_toolkit: Toolkit) -> None:
+    prefix = "/" + ray_toolkit.name()
+    ray_toolkit.run(make_where_app(), route_prefix=prefix)
+    clients = [ray_toolkit.client() for _ in range(8)]
+    try:
+        owners = [_owner(client, prefix)["pid"] for client in clients]
+        assert len(set(owners)) == 2
+        victim = owners[0]
+        assert isinstance(victim, int)
+        os.kill(victim, signal.SIGKILL)
+        killed_at = time.monotonic()
+        # New connections are served by the survivor within a second.
+        served = wait_for(
+            lambda: _fresh_request(ray_toolkit.url + prefix + "/owner"),
+            timeout_s=10,
+            what="a new connection served",
+        )
+        assert time.monotonic() - killed_at < 1.0 + 0.5  # 0.5 s of slack for this busy machine
+        assert served["pid"] != victim
+        # What a client of the dead replica sees on its kept-alive connection: the
+        # connection is gone (as with a uvicorn worker); it reconnects and is served.
+        for client, pid in zip(clients, owners, strict=True):
+            if pid != victim:
+                assert _owner(client, prefix)["pid"] == pid
+                continue
+            try:
+                client.get(f"{prefix}/owner")
+            except httpx.TransportError:
+                pass
+            assert _owner(client, prefix)["pid"] != victim
+    finally:
+        for client in clients:
+            client.close()
+
+
+def _fresh_request(url: str) -> dict[str, object] | None:
+    try:
+        response = httpx.get(url, timeout=2)
+    except httpx.TransportError:
+        return None
+    return response.json() if response.status_code == 200 else None
+
+
+def test_a_connection_that_never_sends_is_closed(ray_toolkit: Toolkit) -> None:
+    prefix = "/" + ray_toolkit.name()
+    ray_toolkit.run(make_where_app(num_replicas=1), route_prefix=prefix)
+    host, port = ray_toolkit.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as quiet:
+        started = time.monotonic()
+        assert quiet.recv(1) == b""
+        assert time.monotonic() - started < 15
+
+
+upload_router = APIRouter()
+
+
+@upload_router.post("/upload")
+async def upload(request: Request) -> dict[str, int]:
+    """Reads the body as it arrives; answers its size and this process's peak RSS."""
+    size = 0
+    async for piece in request.stream():
+        size += len(piece)
+    return {"size": size, "pid": os.getpid(), "peak_kb": _peak_kb(os.getpid())}
+
+
+def _peak_kb(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
+
+
+def test_a_request_body_streams_into_the_app(ray_toolkit: Toolkit) -> None:
+    prefix = "/" + ray_toolkit.name()
+    ray_toolkit.run(tk.App(upload_router), route_prefix=prefix)
+    proxy = ray.get_actor(PROXY_PREFIX + ray.get_runtime_context().get_node_id(), namespace=NAMESPACE)
+    proxy_pid = ray.get(proxy.stats.remote())["pid"]
+    with ray_toolkit.client() as client:
+        before = client.post(f"{prefix}/upload", content=b"x").json()
+        proxy_before = _peak_kb(proxy_pid)
+        piece = b"x" * (1 << 20)
+        size = 96 << 20  # under max_request_body_bytes (100 MiB); whole, it would show
+        answer = client.post(f"{prefix}/upload", content=(piece for _ in range(size >> 20))).json()
+    assert answer["size"] == size and answer["pid"] == before["pid"]
+    assert answer["peak_kb"] - before["peak_kb"] < 64 << 10  # KiB: never 96 MiB at once
+    assert _peak_kb(proxy_pid) - proxy_before < 16 << 10  # the proxy never saw the body
+    # A body declared larger than max_request_body_bytes: 413 before the app reads it.
+    host, port = ray_toolkit.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as raw:
+        raw.sendall(
+            f"POST {prefix}/upload HTTP/1.1\r\nhost: x\r\ncontent-length: {200 << 20}\r\n\r\n".encode()
+            + b"x" * 1000
+        )
+        assert raw.recv(100).startswith(b"HTTP/1.1 413 ")
