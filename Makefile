@@ -42,6 +42,7 @@ bench: $(MODEL)
 	$(PY) -m pip install --quiet -e '.[dev,embeddings,chat,bench]'
 	$(PY) -m benchmarks.http_overhead
 	$(PY) -m benchmarks.http_overhead --only "GET small JSON, c=32" --replicas 2
+	$(PY) -m benchmarks.http_overhead --proxied
 	$(PY) -m benchmarks.http_overhead --only "GET small JSON, c=32" --split
 	$(PY) -m benchmarks.http_overhead --only "GET small JSON, c=32" --shadow
 	$(PY) -m benchmarks.batching

@@ -50,6 +50,20 @@ app2 = tk.App(
     make_fastapi(), name="bench", num_replicas=2, max_ongoing_requests=256, max_queued_requests=4096
 )
 
+#: The same on the proxied path (``http_overhead --proxied``): the proxy serves every
+#: connection and forwards each request to the replica.
+app_proxied = tk.App(
+    make_fastapi(), name="bench", max_ongoing_requests=256, max_queued_requests=4096, direct_ingress=False
+)
+app2_proxied = tk.App(
+    make_fastapi(),
+    name="bench",
+    num_replicas=2,
+    max_ongoing_requests=256,
+    max_queued_requests=4096,
+    direct_ingress=False,
+)
+
 #: A shadow for ``http_overhead --shadow``: each request takes 1 s and every other fails.
 shadow_router = APIRouter()
 _shadow_served = [0]

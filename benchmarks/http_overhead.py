@@ -306,6 +306,12 @@ def main() -> None:
         help="turn the toolkit's access log off (by default it is on, as users get it, and "
         "written to /dev/null; uvicorn runs without one either way)",
     )
+    parser.add_argument(
+        "--proxied",
+        action="store_true",
+        help="keep the ingress on the proxied path (direct_ingress=False: the proxy serves "
+        "every connection and forwards each request), to compare with direct ingress",
+    )
     parser.add_argument("--only", default="", help="run scenarios whose name contains this")
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument(
@@ -330,6 +336,8 @@ def main() -> None:
         sys.exit("wrk is not installed: run `make bench` (it installs it) or `apt-get install wrk`")
 
     target = "benchmarks.bench_app:" + ("app2" if args.replicas == 2 else "app")
+    if args.proxied:
+        target += "_proxied"
     rows = []
     with tempfile.TemporaryDirectory() as folder:
         if args.split:
