@@ -95,12 +95,23 @@ class Acceptor:
             except OSError as exc:  # e.g. out of file descriptors: try again on the next wake-up
                 logger.warning("Accepting a connection failed: %s", exc)
                 return
-            connection.setblocking(False)
-            connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            if not self._routes.wanted() or len(self._waiting) >= self._max_waiting:
+            try:
+                connection.setblocking(False)
+                connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            except OSError:  # reset before we got to it
+                connection.close()
+                continue
+            if not self._wanted() or len(self._waiting) >= self._max_waiting:
                 self._serve_here(connection, "no_replica")
             else:
                 self._peek(connection)
+
+    def _wanted(self) -> bool:
+        try:
+            return self._routes.wanted()
+        except Exception:  # a routing hook must never stop the proxy accepting
+            logger.exception("Choosing where connections go failed; serving them here")
+            return False
 
     def _peek(self, connection: socket.socket) -> None:
         try:
@@ -139,7 +150,11 @@ class Acceptor:
         if path is None:
             self._serve_here(connection, "unrouted")
             return
-        target = self._routes.choose(path)
+        try:
+            target = self._routes.choose(path)
+        except Exception:  # a routing hook must never lose a connection
+            logger.exception("Choosing a replica for %s failed; serving it here", path)
+            target = None
         if target is None:
             self._serve_here(connection, "no_replica")
             return
