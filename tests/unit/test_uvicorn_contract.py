@@ -130,3 +130,29 @@ async def test_a_request_goes_through_the_state_it_relies_on() -> None:
     await asyncio.sleep(0.05)  # the app runs as a task
     assert isinstance(seen["link"], RequestLink)
     protocol.connection_lost(None)
+
+
+@pytest.mark.anyio
+async def test_a_server_without_listeners_takes_connections_made_elsewhere() -> None:
+    """server.py runs uvicorn with no listener (serve(sockets=[])) and builds protocols
+    for sockets accepted elsewhere as uvicorn does: config.http_protocol_class with
+    the server's server_state and its lifespan's state."""
+    assert "sockets" in inspect.signature(uvicorn.Server.serve).parameters
+    assert list(inspect.signature(HttpToolsProtocol.__init__).parameters)[:4] == [
+        "self",
+        "config",
+        "server_state",
+        "app_state",
+    ]
+    config = uvicorn.Config(lambda scope, receive, send: None, lifespan="off", log_level="warning")
+    server = uvicorn.Server(config)
+    task = asyncio.ensure_future(server.serve(sockets=[]))
+    try:
+        while not server.started:
+            await asyncio.sleep(0.01)
+        assert isinstance(server.server_state, ServerState)
+        assert isinstance(server.lifespan.state, dict)
+        assert server.server_state.connections == set()
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(task, 10)

@@ -95,7 +95,9 @@ class Adopter:
 
     def _settled(self, task: asyncio.Task[object], connection: socket.socket) -> None:
         self._tasks.discard(task)
-        if not task.cancelled() and task.exception() is not None:
+        if task.cancelled():  # the server stopped before the connection was set up
+            connection.close()
+        elif task.exception() is not None:
             logger.warning("Could not serve an accepted connection: %s", task.exception())
             connection.close()
 
