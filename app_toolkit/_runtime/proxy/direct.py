@@ -37,7 +37,11 @@ from app_toolkit.config import HTTPOptions
 logger = logging.getLogger("app_toolkit.proxy")
 
 _DISCONNECT: Message = {"type": "http.disconnect"}
-_WANTED_FOR_S = 1.0  # how long the acceptor trusts "some local replica takes connections"
+# How long the acceptor trusts "some local replica takes connections" (and "none does":
+# briefly, so the first replica of a new app gets connections at once).
+_WANTED_FOR_S = 1.0
+_UNWANTED_FOR_S = 0.1
+_FADE_EVERY_S = 1.0  # how often the counts of recent hand-offs halve
 
 
 class LocalIngress(Protocol):
@@ -308,6 +312,7 @@ class LocalIngresses:
         self._handed: dict[str, int] = {}  # hand-off path -> connections handed
         self._wanted = False
         self._wanted_until = 0.0
+        self._fade_at = 0.0
         self._rng = random.Random()
 
     def _candidates(self, app: AppMatcher) -> list[str]:
@@ -321,9 +326,11 @@ class LocalIngresses:
         now = time.monotonic()
         if now >= self._wanted_until:
             self._wanted = any(self._candidates(app) for app in self._apps())
-            self._wanted_until = now + _WANTED_FOR_S
+            self._wanted_until = now + (_WANTED_FOR_S if self._wanted else _UNWANTED_FOR_S)
+        if now >= self._fade_at:
             # Recent hand-offs count, old ones fade (a replica that joins late is not
             # handed every new connection until it has caught up with the others).
+            self._fade_at = now + _FADE_EVERY_S
             self._handed = {path: count // 2 for path, count in self._handed.items() if count > 1}
         return self._wanted
 
