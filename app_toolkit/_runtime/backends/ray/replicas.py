@@ -101,8 +101,13 @@ class ReplicaActor:
         self._core = core
         handoff = ""
         if self._front_http is not None:
-            self._front = ReplicaFront(core, self._front_http, plane.subscriber)
-            handoff = await self._front.start()
+            front = ReplicaFront(core, self._front_http, plane.subscriber)
+            try:
+                handoff = await front.start()
+                self._front = front
+            except OSError as exc:  # serving matters more than the faster path: the proxy forwards
+                logger.warning("%s takes no client connections (its hand-off socket: %s)", replica_id, exc)
+                await front.stop(timeout_s=1.0)
         settle_heap()
         self._info = ReplicaInfo(
             replica_id,
