@@ -4,8 +4,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractContextManager
 from contextvars import ContextVar, Token
 from dataclasses import dataclass
 from typing import Any
@@ -93,33 +93,61 @@ class Serving:
 _request_id = request_id  # the parameter of request_scope() has the same name
 
 
-@contextmanager
 def request_scope(
     request_id: str,
     trace: tracing.TraceContext | None = None,
     serving: Serving | None = None,
     model: ModelSource = "",
-) -> Iterator[None]:
+) -> AbstractContextManager[None]:
     """Run the code inside as request ``request_id``: its id (log records, downstream
     calls), its span ``trace``, and in a replica (``serving``) the replica, its instance,
     its draining signal and the request's multiplexed ``model``. All of it is reset on
     the way out."""
-    tokens: list[tuple[ContextVar[Any], Token[Any]]] = [(_request_id, _request_id.set(request_id))]
-    if serving is not None:
-        tokens += [
-            (app_name, app_name.set(serving.replica.app_name)),
-            (replica, replica.set(serving.replica)),
-            (replica_instance, replica_instance.set(serving.instance)),
-            (report_models, report_models.set(serving.report_models)),
-            (draining, draining.set(serving.draining)),
-            (stop_hooks, stop_hooks.set(serving.stop_hooks)),
-            (model_id, model_id.set(model)),
-        ]
-    entered = tracing.enter(trace) if trace is not None else None
-    try:
-        yield
-    finally:
-        if entered is not None:
-            tracing.leave(entered)
-        for variable, token in reversed(tokens):
-            variable.reset(token)
+    return _RequestScope(request_id, trace, serving, model)
+
+
+class _RequestScope(AbstractContextManager[None]):
+    # A class, not a generator: it is entered for every request, twice on some paths.
+    __slots__ = ("_request_id", "_trace", "_serving", "_model", "_tokens", "_entered")
+
+    def __init__(
+        self, request_id: str, trace: tracing.TraceContext | None, serving: Serving | None, model: ModelSource
+    ) -> None:
+        self._request_id = request_id
+        self._trace = trace
+        self._serving = serving
+        self._model = model
+        self._tokens: tuple[Token[Any], ...] = ()
+        self._entered: Token[tracing.TraceContext | None] | None = None
+
+    def __enter__(self) -> None:
+        serving = self._serving
+        if serving is None:
+            self._tokens = (_request_id.set(self._request_id),)
+        else:
+            self._tokens = (
+                _request_id.set(self._request_id),
+                app_name.set(serving.replica.app_name),
+                replica.set(serving.replica),
+                replica_instance.set(serving.instance),
+                report_models.set(serving.report_models),
+                draining.set(serving.draining),
+                stop_hooks.set(serving.stop_hooks),
+                model_id.set(self._model),
+            )
+        if self._trace is not None:
+            self._entered = tracing.enter(self._trace)
+
+    def __exit__(self, *exc_info: object) -> None:
+        if self._entered is not None:
+            tracing.leave(self._entered)
+        tokens = self._tokens
+        if len(tokens) > 1:
+            model_id.reset(tokens[7])
+            stop_hooks.reset(tokens[6])
+            draining.reset(tokens[5])
+            report_models.reset(tokens[4])
+            replica_instance.reset(tokens[3])
+            replica.reset(tokens[2])
+            app_name.reset(tokens[1])
+        _request_id.reset(tokens[0])

@@ -32,6 +32,7 @@ from app_toolkit._runtime.proxy.path_match import AppMatcher, match_app
 from app_toolkit._runtime.proxy.request_state import RequestState, abort_response
 from app_toolkit._runtime.proxy.scope import RequestHeaders
 from app_toolkit._runtime.routing.dispatcher import Dispatcher
+from app_toolkit._runtime.tracing import TraceContext
 from app_toolkit.config import HTTPOptions
 
 logger = logging.getLogger("app_toolkit.proxy")
@@ -55,8 +56,11 @@ class LocalIngress(Protocol):
         """Take a slot (False: full or draining; the request is forwarded instead)."""
         ...
 
-    async def serve_direct(self, request_id: str, scope: Scope, receive: Receive, send: Send) -> str:
-        """Run one admitted request through the app; returns the route template."""
+    async def serve_direct(
+        self, request_id: str, scope: Scope, receive: Receive, send: Send, trace: TraceContext | None = None
+    ) -> str:
+        """Run one admitted request through the app; returns the route template.
+        ``trace``: the trace its headers carry (None: read them)."""
         ...
 
 
@@ -125,7 +129,10 @@ class _Answer:
         kind = message["type"]
         if kind == "http.response.start":
             headers = list(message.get("headers", ()))
-            if not any(key.lower() == REQUEST_ID_HEADER for key, _ in headers):
+            for key, _ in headers:
+                if key.lower() == REQUEST_ID_HEADER:
+                    break
+            else:
                 headers.append((REQUEST_ID_HEADER, self._state.request_id.encode()))
             self._head = {**message, "headers": headers}
             return
@@ -200,15 +207,18 @@ async def serve_here(
     state: RequestState,
     headers: RequestHeaders,
     http: HTTPOptions,
+    trace: TraceContext,
 ) -> None:
     """Serve one request with the replica in this process, whose slot ``local.admit()``
     took (it gives it back). ``scope`` is the one the proxy would forward (the prefix as
-    root_path, the request id)."""
+    root_path, the request id, ``trace`` in its headers)."""
     body = StreamedBody(receive, headers, http, state)
     answer = _Answer(send, state, body, scope)
     request_id = state.request_id
     try:
-        state.route = await local.serve_direct(request_id, scope, body.receive, answer.send)
+        state.route = await local.serve_direct(
+            request_id, scope, body.receive if headers.has_body else receive, answer.send, trace
+        )
         await answer.finish()
     except asyncio.CancelledError:
         answer.close()

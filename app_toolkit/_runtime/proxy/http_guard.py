@@ -144,6 +144,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         super().__init__(*args, **kwargs)
         self._head_bytes: int | None = None  # bytes of the request head so far; None: not in one
         self._head_timer: asyncio.TimerHandle | None = None
+        self._head_deadline = 0.0  # loop time by which the current head must be whole
         self._link: RequestLink | None = None  # of the latest request (uvicorn's self.cycle)
         self._writes: _Writes | None = None
 
@@ -172,22 +173,26 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         super().data_received(data)
         if self._head_bytes is None or self.transport.is_closing():
             return
+        # A head is still incomplete after this read: count it, and time it (a head that
+        # arrives whole in one read, the usual case, costs no timer).
         self._head_bytes += len(data)
         if self._head_bytes > self.options.max_header_bytes:
             self._refuse(
                 431,
                 f"Request line and headers exceed {self.options.max_header_bytes} bytes (max_header_bytes).",
             )
+        elif self._head_timer is None:
+            self._head_timer = self.loop.call_at(self._head_deadline, self._head_too_slow)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
         self._head_bytes = 0
-        self._stop_head_timer()
-        self._head_timer = self.loop.call_later(self.options.header_timeout_s, self._head_too_slow)
+        self._head_deadline = self.loop.time() + self.options.header_timeout_s
 
     def on_headers_complete(self) -> None:
         self._head_bytes = None
-        self._stop_head_timer()
+        if self._head_timer is not None:
+            self._stop_head_timer()
         super().on_headers_complete()
         cycle = self.cycle
         if cycle is not None and cycle.scope is self.scope and self._writes is not None:  # not an upgrade

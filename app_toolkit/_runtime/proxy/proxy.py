@@ -40,6 +40,7 @@ from app_toolkit._runtime.proxy.path_match import AppMatcher, match_app
 from app_toolkit._runtime.proxy.request_state import RequestState, watch_disconnect
 from app_toolkit._runtime.proxy.scope import (
     RequestHeaders,
+    direct_scope,
     forwarded_scope,
     parse_timeout,
     read_headers,
@@ -220,10 +221,12 @@ class Proxy:
                     link.on_client_left = state.client_left
                 else:
                     watcher = asyncio.ensure_future(watch_disconnect(receive, state))
-                forwarded = forwarded_scope(scope, route, headers, span.trace if span is not None else None)
+                proxy_span = span.trace if span is not None else None
                 if direct and local is not None:
-                    await serve_here(local, forwarded, receive, send, state, headers, self.http)
+                    here, trace = direct_scope(scope, route, headers, proxy_span)
+                    await serve_here(local, here, receive, send, state, headers, self.http, trace)
                     return
+                forwarded = forwarded_scope(scope, route, headers, proxy_span)
                 request = HTTPRequest(request_id, forwarded, body.data)
                 await forward(
                     self.subscriber.dispatcher(deployment),

@@ -4,6 +4,7 @@ deadline header, and the scope the replica sees (HTTP and WebSocket alike). Pure
 from __future__ import annotations
 
 import random
+from collections.abc import MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -127,22 +128,44 @@ def forwarded_scope(
     request id the proxy answers with, and a trace: the proxy's own span when it exports
     one (``proxy_span``), else the client's, else one started here."""
     forwarded = {key: scope[key] for key in _FORWARDED_KEYS if key in scope}
+    _forward(forwarded, scope, route, headers, proxy_span)
+    return forwarded
+
+
+def direct_scope(
+    scope: Scope, route: AppMatcher, headers: RequestHeaders, proxy_span: tracing.TraceContext | None = None
+) -> tuple[Scope, tracing.TraceContext]:
+    """The server's own scope made what :func:`forwarded_scope` would forward (changed in
+    place: the app runs in this process, direct ingress), and the trace its headers carry
+    (so the replica need not parse it back)."""
+    return scope, _forward(scope, scope, route, headers, proxy_span)
+
+
+def _forward(
+    forwarded: MutableMapping[str, Any],
+    scope: Scope,
+    route: AppMatcher,
+    headers: RequestHeaders,
+    proxy_span: tracing.TraceContext | None,
+) -> tracing.TraceContext:
     forwarded["root_path"] = scope.get("root_path", "") + (
         "" if route.route_prefix == "/" else route.route_prefix
     )
-    if not headers.client_id_used or not headers.traced or proxy_span is not None:
+    started = proxy_span is None and headers.caller is None  # the trace starts here
+    trace = proxy_span or headers.caller or tracing.new_trace()
+    if not headers.client_id_used or started or proxy_span is not None:
         replaced = {REQUEST_ID_HEADER} if not headers.client_id_used else set()
         added = [] if headers.client_id_used else [(REQUEST_ID_HEADER, headers.request_id.encode())]
         if proxy_span is not None:
             replaced.add(tracing.TRACEPARENT_HEADER)
             added.append((tracing.TRACEPARENT_HEADER, proxy_span.traceparent.encode()))
-        elif not headers.traced:  # an invalid traceparent voids its tracestate too (W3C)
+        elif started:  # an invalid traceparent voids its tracestate too (W3C)
             replaced |= {tracing.TRACEPARENT_HEADER, tracing.TRACESTATE_HEADER}
-            added.append((tracing.TRACEPARENT_HEADER, tracing.new_trace().traceparent.encode()))
+            added.append((tracing.TRACEPARENT_HEADER, trace.traceparent.encode()))
         if proxy_span is not None and not headers.traced:
             replaced.add(tracing.TRACESTATE_HEADER)
         forwarded["headers"] = [*(item for item in scope["headers"] if item[0] not in replaced), *added]
-    return forwarded
+    return trace
 
 
 def with_request_id(headers: list[tuple[bytes, bytes]], request_id: str) -> list[tuple[bytes, bytes]]:

@@ -93,8 +93,9 @@ class ReplicaCore:
         self.instance: object = None
         self.asgi_app: ASGIApp | None = None
         self._lifespan: Lifespan | None = None
+        #: Set once a draining replica has no request left (admit() refuses while draining,
+        #: so only a drain waits for it, and only draining requests end it).
         self._idle = asyncio.Event()
-        self._idle.set()
         #: Set when draining starts, so open streams can end with a final event.
         self.draining_event = asyncio.Event()
         self._drained_at = 0.0
@@ -225,7 +226,6 @@ class ReplicaCore:
         if self.ongoing >= self.config.max_ongoing_requests:
             return False
         self.ongoing += 1
-        self._idle.clear()
         return True
 
     async def serve(self, request: Request, sink: ResponseSink) -> None:
@@ -256,7 +256,14 @@ class ReplicaCore:
         finally:
             self._served(kind, route, started)
 
-    async def serve_direct(self, request_id: str, scope: Scope, receive: Receive, send: Send) -> str:
+    async def serve_direct(
+        self,
+        request_id: str,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        trace: tracing.TraceContext | None = None,
+    ) -> str:
         """Serve one admitted HTTP request or WebSocket of a client connection this
         replica owns (direct ingress: no channel, the app answers the client); returns
         the route. A failure of the app is raised to the front, which answers it."""
@@ -265,7 +272,7 @@ class ReplicaCore:
         route = ""
         try:
             route = await self._serve_asgi(
-                request_id, scope, lambda app, state: run_direct(app, scope, receive, send, state)
+                request_id, scope, lambda app, state: run_direct(app, scope, receive, send, state), trace
             )
             return route
         finally:
@@ -277,18 +284,24 @@ class ReplicaCore:
         replica_metrics.REQUESTS.inc(*labels)
         replica_metrics.PROCESSING.observe(time.perf_counter() - started, *labels)
         self.ongoing -= 1
-        if self.ongoing == 0:
+        if self.ongoing == 0 and self.draining:
             self._idle.set()
 
     async def _serve_asgi(
-        self, request_id: str, scope: Scope, run: Callable[[ASGIApp, dict[str, object]], Awaitable[str]]
+        self,
+        request_id: str,
+        scope: Scope,
+        run: Callable[[ASGIApp, dict[str, object]], Awaitable[str]],
+        caller: tracing.TraceContext | None = None,
     ) -> str:
         """Run one HTTP request or WebSocket through the app (``run`` drives it), with the
-        request's context; returns the matched route's path template."""
+        request's context; returns the matched route's path template. ``caller``: the
+        trace the scope's headers carry (None: read them)."""
         if self.asgi_app is None:
             self.asgi_app = request_app(self._method("__call__"))
         method = scope.get("method", "WEBSOCKET")
-        caller = tracing.remote(*tracing.from_headers(scope.get("headers", [])))
+        if caller is None:
+            caller = tracing.remote(*tracing.from_headers(scope.get("headers", [])))
         trace, span = tracing.begin(f"{self.deployment} {method}", "server", caller)
         if span is not None:  # the app's own instrumentation (FastAPI's spans) nests under it
             scope["headers"] = tracing.with_traceparent(scope.get("headers", []), trace)
