@@ -68,6 +68,8 @@ class Toolkit:
 
 
 _ports: dict[str, int] = {}
+#: max_request_body_bytes of the Ray test session's proxies and fronts.
+LARGE_BODY_LIMIT = 2 << 30
 
 
 def _ensure_backend(backend: str) -> Toolkit:
@@ -80,11 +82,13 @@ def _ensure_backend(backend: str) -> Toolkit:
         if backend == "ray":
             _init_test_ray()
         # The Ray proxy's access log would print every test request to the console; the
-        # local backend keeps it on (its records stay in this process, for caplog).
-        tk.start(
-            backend=backend,
-            http_options={"host": "127.0.0.1", "port": port, "access_log": backend == "local"},
-        )
+        # local backend keeps it on (its records stay in this process, for caplog). On
+        # Ray, bodies up to 2 GiB are allowed: a 1 GiB upload streams into an app
+        # (test_direct_ingress.py).
+        http: dict[str, object] = {"host": "127.0.0.1", "port": port, "access_log": backend == "local"}
+        if backend == "ray":
+            http |= {"max_request_body_bytes": LARGE_BODY_LIMIT, "max_buffered_body_bytes": LARGE_BODY_LIMIT}
+        tk.start(backend=backend, http_options=http)
     return Toolkit(backend, port)
 
 
