@@ -92,6 +92,22 @@ class Serving:
 
 _request_id = request_id  # the parameter of request_scope() has the same name
 
+#: The replica values the current task already holds (see :func:`enter_serving`).
+_inherited: ContextVar[Serving | None] = ContextVar("app_toolkit_serving", default=None)
+
+
+def enter_serving(serving: Serving) -> None:
+    """Give the current task, and the tasks it starts, every value ``serving`` gives a
+    request: an ingress replica's own HTTP server (direct ingress) starts from here, so
+    its requests need only their own values set (:func:`request_scope`)."""
+    app_name.set(serving.replica.app_name)
+    replica.set(serving.replica)
+    replica_instance.set(serving.instance)
+    report_models.set(serving.report_models)
+    draining.set(serving.draining)
+    stop_hooks.set(serving.stop_hooks)
+    _inherited.set(serving)
+
 
 def request_scope(
     request_id: str,
@@ -124,6 +140,8 @@ class _RequestScope(AbstractContextManager[None]):
         serving = self._serving
         if serving is None:
             self._tokens = (_request_id.set(self._request_id),)
+        elif _inherited.get() is serving:  # the replica's values are there already
+            self._tokens = (_request_id.set(self._request_id), model_id.set(self._model))
         else:
             self._tokens = (
                 _request_id.set(self._request_id),
@@ -142,7 +160,9 @@ class _RequestScope(AbstractContextManager[None]):
         if self._entered is not None:
             tracing.leave(self._entered)
         tokens = self._tokens
-        if len(tokens) > 1:
+        if len(tokens) == 2:
+            model_id.reset(tokens[1])
+        elif len(tokens) > 2:
             model_id.reset(tokens[7])
             stop_hooks.reset(tokens[6])
             draining.reset(tokens[5])

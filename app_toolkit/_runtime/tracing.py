@@ -164,6 +164,12 @@ def _tracer() -> Any:
     return tracer
 
 
+def exporting() -> bool:
+    """Spans are being made (a tracer provider is set): only then is a span's name worth
+    building (it is, on every request)."""
+    return _tracer() is not None
+
+
 class Span:
     """One exported span and the trace context the toolkit propagates for it."""
 

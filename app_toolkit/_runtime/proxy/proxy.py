@@ -196,7 +196,11 @@ class Proxy:
         watcher: asyncio.Future[None] | None = None
         link: RequestLink | None = scope.get(REQUEST_LINK)
         state.link = link
-        span = tracing.start(f"{scope['method']} {route.route_prefix}", "server", headers.caller)
+        span = (
+            tracing.start(f"{scope['method']} {route.route_prefix}", "server", headers.caller)
+            if tracing.exporting()
+            else None
+        )
         try:
             # The deadline covers the upload too (a slow one gets 408, not a replica's time).
             async with asyncio.timeout(timeout_s) if timeout_s is not None else _NO_DEADLINE:

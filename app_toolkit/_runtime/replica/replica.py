@@ -302,7 +302,10 @@ class ReplicaCore:
         method = scope.get("method", "WEBSOCKET")
         if caller is None:
             caller = tracing.remote(*tracing.from_headers(scope.get("headers", [])))
-        trace, span = tracing.begin(f"{self.deployment} {method}", "server", caller)
+        if tracing.exporting():
+            trace, span = tracing.begin(f"{self.deployment} {method}", "server", caller)
+        else:
+            trace, span = tracing.child(caller), None
         if span is not None:  # the app's own instrumentation (FastAPI's spans) nests under it
             scope["headers"] = tracing.with_traceparent(scope.get("headers", []), trace)
         route = error = ""
@@ -388,6 +391,11 @@ class ReplicaCore:
             if aclose is not None:
                 await aclose()
         sink.send(END)
+
+    def enter_serving(self) -> None:
+        """Give the current task (and what it starts) what this replica gives each request
+        (see :func:`request_context.enter_serving`); only once it has started."""
+        request_context.enter_serving(self._serving())
 
     def _serving(self) -> request_context.Serving:
         """What this replica gives each request (made once it has started)."""

@@ -44,6 +44,8 @@ class ReplicaFront:
 
     async def start(self) -> str:
         """Start serving; returns the hand-off socket's path (for the replica's info)."""
+        # The server's requests start from this task: they inherit the replica's values.
+        self._core.enter_serving()
         node = NodeMetrics()
         proxy = Proxy(self._subscriber, self._http, node.from_proxy, node.status, local=self._core)
         self._server = await serve(proxy, self._http, None, proxy.close, proxy.flush_logs)
