@@ -10,6 +10,9 @@ import pytest
 
 from app_toolkit._runtime.answers import header_dict
 from app_toolkit._runtime.proxy.body import CLIENT_CLOSED, BodyBudget, read_body
+from app_toolkit._runtime.proxy.direct import StreamedBody
+from app_toolkit._runtime.proxy.request_state import RequestState
+from app_toolkit._runtime.proxy.scope import RequestHeaders
 from app_toolkit.config import HTTPOptions
 
 pytestmark = pytest.mark.anyio
@@ -64,3 +67,63 @@ async def test_too_large_stalled_and_abandoned_bodies() -> None:
 def test_the_budget_must_hold_the_largest_body() -> None:
     with pytest.raises(ValueError, match="max_buffered_body_bytes must be at least"):
         HTTPOptions(max_request_body_bytes=100, max_buffered_body_bytes=99)
+
+
+# The direct path: the app reads the body as it arrives, within the same bounds.
+
+
+def _streamed(receive: Callable[[], Awaitable[dict[str, Any]]], link: object = None) -> StreamedBody:
+    state = RequestState(None, 0.0)
+    state.link = link  # type: ignore[assignment]
+    headers = RequestHeaders("r", False, None, None)
+    return StreamedBody(receive, headers, HTTP, state)
+
+
+async def test_a_streamed_body_passes_its_pieces_through() -> None:
+    body = _streamed(chunks(b"ab", b"cd"))
+    first, second = await body.receive(), await body.receive()
+    assert (first["body"], first["more_body"], second["body"], second["more_body"]) == (
+        b"ab",
+        True,
+        b"cd",
+        False,
+    )
+    assert body.refusal == 0
+
+
+async def test_a_streamed_body_over_the_limit_ends_with_a_disconnect_and_413() -> None:
+    body = _streamed(chunks(b"x" * 60, b"x" * 60))
+    assert (await body.receive())["type"] == "http.request"
+    assert (await body.receive())["type"] == "http.disconnect"
+    assert body.refusal == 413
+    assert (await body.receive())["type"] == "http.disconnect"  # and it stays refused
+
+
+async def test_a_stalled_streamed_body_ends_with_a_disconnect_and_408() -> None:
+    body = _streamed(chunks(b"ab", then_stall=True))
+    await body.receive()
+    started = asyncio.get_running_loop().time()
+    assert (await body.receive())["type"] == "http.disconnect"
+    assert body.refusal == 408
+    assert asyncio.get_running_loop().time() - started < 5
+
+
+class _Link:
+    def __init__(self, ready: bool) -> None:
+        self.ready = ready
+
+    def body_ready(self) -> bool:
+        return self.ready
+
+
+async def test_a_piece_that_has_arrived_is_read_without_a_timer() -> None:
+    # The protocol says the piece is there: nothing to bound (a slow receive here is
+    # only this test's, to show no timeout applies).
+    async def slow_receive() -> dict[str, Any]:
+        await asyncio.sleep(0.3)  # longer than body_timeout_s
+        return {"type": "http.request", "body": b"ab", "more_body": False}
+
+    body = _streamed(slow_receive, _Link(ready=True))
+    assert (await body.receive())["body"] == b"ab"
+    stalled = _streamed(slow_receive, _Link(ready=False))
+    assert (await stalled.receive())["type"] == "http.disconnect" and stalled.refusal == 408

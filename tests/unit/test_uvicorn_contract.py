@@ -13,6 +13,7 @@ import inspect
 import tomllib
 from importlib.metadata import version
 from pathlib import Path
+from typing import Any
 
 import pytest
 import uvicorn
@@ -47,7 +48,7 @@ PROTOCOL_STATE = (
     "pipeline",
 )
 #: Attributes of a request's cycle it reads or sets.
-CYCLE_STATE = ("disconnected", "transport", "scope", "response_complete", "keep_alive")
+CYCLE_STATE = ("disconnected", "transport", "scope", "response_complete", "keep_alive", "message_event")
 
 
 def _pinned(package: str) -> Requirement:
@@ -129,6 +130,33 @@ async def test_a_request_goes_through_the_state_it_relies_on() -> None:
     assert cycle.transport is not transport
     await asyncio.sleep(0.05)  # the app runs as a task
     assert isinstance(seen["link"], RequestLink)
+    protocol.connection_lost(None)
+
+
+@pytest.mark.anyio
+async def test_the_link_says_whether_a_body_piece_is_waiting() -> None:
+    # Direct ingress bounds a wait for the body only when there is one to wait for.
+    ready: list[bool] = []
+    headers_only = asyncio.Event()
+
+    async def app(scope: dict[str, object], receive: Any, send: object) -> None:
+        link = scope[REQUEST_LINK]
+        assert isinstance(link, RequestLink)
+        ready.append(link.body_ready())
+        headers_only.set()
+        await asyncio.sleep(0.05)  # the body arrives meanwhile
+        ready.append(link.body_ready())
+        await receive()
+
+    config = uvicorn.Config(app, lifespan="off", http=guarded_protocol(HTTPOptions()))
+    config.load()
+    protocol = config.http_protocol_class(config=config, server_state=ServerState(), app_state={})
+    protocol.connection_made(_Transport())
+    protocol.data_received(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 4\r\n\r\n")
+    await asyncio.wait_for(headers_only.wait(), 5)
+    protocol.data_received(b"abcd")
+    await asyncio.sleep(0.2)
+    assert ready == [False, True]
     protocol.connection_lost(None)
 
 

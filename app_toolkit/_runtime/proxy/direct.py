@@ -86,14 +86,18 @@ class StreamedBody:
     async def receive(self) -> Message:
         if self.refusal:
             return _DISCONNECT
+        link = self._state.link
         if self._done:  # after the body: waiting for the client to leave, for as long as it takes
             return await self._receive()
-        try:
-            async with asyncio.timeout(self._timeout_s):
-                message = await self._receive()
-        except TimeoutError:
-            self.refusal = 408
-            return _DISCONNECT
+        if link is not None and link.body_ready():  # here already: no wait to bound
+            message = await self._receive()
+        else:
+            try:
+                async with asyncio.timeout(self._timeout_s):
+                    message = await self._receive()
+            except TimeoutError:
+                self.refusal = 408
+                return _DISCONNECT
         if message["type"] == "http.request":
             self._size += len(message.get("body", b""))
             if self._size > self._limit:

@@ -25,7 +25,7 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from app_toolkit.config import HTTPOptions
 
@@ -92,11 +92,18 @@ class RequestLink:
     request waiting on ``receive()`` for the ``http.disconnect`` message.
     """
 
-    __slots__ = ("on_client_left", "_writes")
+    __slots__ = ("on_client_left", "_writes", "_cycle")
 
-    def __init__(self, writes: _Writes) -> None:
+    def __init__(self, writes: _Writes, cycle: RequestResponseCycle) -> None:
         self.on_client_left: Callable[[], None] | None = None
         self._writes = writes
+        self._cycle = cycle
+
+    def body_ready(self) -> bool:
+        """The app's next ``receive()`` returns at once: a piece of the body (or its end,
+        or the client's leaving) has arrived, so no wait needs a timeout."""
+        cycle = self._cycle
+        return cycle.message_event.is_set() or cycle.disconnected or cycle.response_complete
 
     def join_head_and_body(self) -> None:
         """The response's head and its whole body come next: write them together."""
@@ -197,7 +204,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         cycle = self.cycle
         if cycle is not None and cycle.scope is self.scope and self._writes is not None:  # not an upgrade
             cycle.transport = self._writes  # type: ignore[assignment]
-            self._link = self.scope[REQUEST_LINK] = RequestLink(self._writes)  # type: ignore[literal-required]
+            link = RequestLink(self._writes, cycle)
+            self._link = self.scope[REQUEST_LINK] = link  # type: ignore[literal-required]
 
     def on_response_complete(self) -> None:
         if self._writes is not None:
