@@ -3,7 +3,8 @@
 Scenarios (concurrency 64 for the simulated device, 32 for the real model):
 a device costing 2 ms + 0.05 ms per item (max 32 items, 5 ms wait) batched and unbatched,
 and the all-MiniLM-L6-v2 embedding model batched and unbatched. Prints req/s, p50/p99,
-mean batch size and the toolkit/uvicorn ratio (medians over rounds).
+mean batch size, the toolkit/uvicorn ratio and each server's CPU per request (its whole
+process tree, from /proc); medians over rounds.
 
     python -m benchmarks.batching [--duration 10] [--rounds 2] [--only device]
 
@@ -25,6 +26,7 @@ from benchmarks.http_overhead import (
     Scenario,
     lua_script,
     median,
+    run_measured,
     run_wrk,
     start_servers,
     stop_servers,
@@ -67,7 +69,9 @@ def main() -> None:
                 for _ in range(args.rounds):
                     for name in runs:
                         before = batch_totals(bases[name], function) if function else (0.0, 0.0)
-                        runs[name].append(run_wrk(bases[name], scenario, script, args.duration))
+                        runs[name].append(
+                            run_measured(servers[name], bases[name], scenario, script, args.duration)
+                        )
                         after = batch_totals(bases[name], function) if function else (0.0, 0.0)
                         batches[name][0] += after[0] - before[0]
                         batches[name][1] += after[1] - before[1]
@@ -81,7 +85,8 @@ def main() -> None:
                     f"{scenario.name:28} uvicorn {bare.rps:7.0f} req/s p50 {bare.p50_ms:6.2f} p99 "
                     f"{bare.p99_ms:7.2f} ms batch {mean_batch('uvicorn')} | toolkit {ours.rps:7.0f} req/s "
                     f"p50 {ours.p50_ms:6.2f} p99 {ours.p99_ms:7.2f} ms batch {mean_batch('toolkit')} | "
-                    f"ratio {ours.rps / bare.rps:4.2f}x, failures {bare.failures}/{ours.failures}",
+                    f"ratio {ours.rps / bare.rps:4.2f}x, failures {bare.failures}/{ours.failures} | "
+                    f"server CPU/request uvicorn {bare.cpu_ms:.3f} ms, toolkit {ours.cpu_ms:.3f} ms",
                     flush=True,
                 )
     finally:

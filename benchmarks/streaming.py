@@ -15,11 +15,14 @@ import argparse
 import asyncio
 import statistics
 import time
+from collections.abc import Callable
+from typing import Any
 
 import httpx
 from websockets.sync.client import connect
 
 from benchmarks.http_overhead import start_servers, stop_servers
+from benchmarks.proc_cpu import cpu_seconds
 
 CLIENTS = 16
 EVENTS = 100
@@ -53,6 +56,7 @@ async def sse_load(base: str, duration_s: float, path: str = "/sse") -> dict[str
     elapsed = time.monotonic() - started
     ordered = sorted(first_event)
     return {
+        "events": streams * EVENTS,
         "streams_per_s": streams / elapsed,
         "events_per_s": streams * EVENTS / elapsed,
         "ttfb_p50_ms": 1000 * ordered[len(ordered) // 2],
@@ -73,9 +77,22 @@ def websocket_round_trips(base: str) -> dict[str, float]:
             timings.append(time.perf_counter() - start)
     timings.sort()
     return {
+        "events": ROUND_TRIPS,
         "rtt_p50_ms": 1000 * timings[len(timings) // 2],
         "rtt_p99_ms": 1000 * timings[int(len(timings) * 0.99)],
     }
+
+
+def sse_run(base: str, duration_s: float, path: str = "/sse") -> dict[str, float]:
+    return asyncio.run(sse_load(base, duration_s, path))
+
+
+def with_cpu(server_pid: int, load: Callable[..., dict[str, float]], *args: Any) -> dict[str, float]:
+    """``load(*args)``'s figures and the CPU the server's process tree spent per event (µs)."""
+    before = cpu_seconds(server_pid)
+    figures = load(*args)
+    figures["cpu_us"] = (cpu_seconds(server_pid) - before) * 1e6 / max(figures.pop("events"), 1)
+    return figures
 
 
 def main() -> None:
@@ -94,12 +111,15 @@ def main() -> None:
             asyncio.run(sse_load(bases[name], 2))
         for _ in range(args.rounds):
             for name in results:
-                pooled = asyncio.run(sse_load(bases[name], args.duration, "/pooled/sse"))
+                pid, base = servers[name].pid, bases[name]
+                pooled = with_cpu(pid, sse_run, base, args.duration, "/pooled/sse")
+                sse = with_cpu(pid, sse_run, base, args.duration)
+                echo = with_cpu(pid, websocket_round_trips, base)
                 results[name].append(
                     {
-                        **asyncio.run(sse_load(bases[name], args.duration)),
+                        **sse,
                         **{f"pool_{key}": value for key, value in pooled.items()},
-                        **websocket_round_trips(bases[name]),
+                        **{f"ws_{key}": value for key, value in echo.items()},
                     }
                 )
         medians = {
@@ -112,19 +132,22 @@ def main() -> None:
             f"first event p50 {bare['ttfb_p50_ms']:.2f} p99 {bare['ttfb_p99_ms']:.2f} ms | toolkit "
             f"{ours['events_per_s']:8.0f} events/s first event p50 {ours['ttfb_p50_ms']:.2f} p99 "
             f"{ours['ttfb_p99_ms']:.2f} ms | throughput {ours['events_per_s'] / bare['events_per_s']:.2f}x, "
-            f"first event p50 {ours['ttfb_p50_ms'] / bare['ttfb_p50_ms']:.2f}x"
+            f"first event p50 {ours['ttfb_p50_ms'] / bare['ttfb_p50_ms']:.2f}x | server CPU/event "
+            f"uvicorn {bare['cpu_us']:.0f} us, toolkit {ours['cpu_us']:.0f} us"
         )
         print(
             f"SSE in its own pool: uvicorn {bare['pool_events_per_s']:8.0f} events/s | toolkit "
             f"{ours['pool_events_per_s']:8.0f} events/s first event p50 {ours['pool_ttfb_p50_ms']:.2f} ms"
             f" | throughput {ours['pool_events_per_s'] / bare['pool_events_per_s']:.2f}x, first event "
-            f"p50 {ours['pool_ttfb_p50_ms'] / bare['pool_ttfb_p50_ms']:.2f}x"
+            f"p50 {ours['pool_ttfb_p50_ms'] / bare['pool_ttfb_p50_ms']:.2f}x | server CPU/event uvicorn "
+            f"{bare['pool_cpu_us']:.0f} us, toolkit {ours['pool_cpu_us']:.0f} us"
         )
         print(
-            f"WebSocket echo x{ROUND_TRIPS}: uvicorn p50 {bare['rtt_p50_ms']:.3f} "
-            f"p99 {bare['rtt_p99_ms']:.3f} ms"
-            f" | toolkit p50 {ours['rtt_p50_ms']:.3f} p99 {ours['rtt_p99_ms']:.3f} ms | round trip p50 "
-            f"{ours['rtt_p50_ms'] / bare['rtt_p50_ms']:.2f}x",
+            f"WebSocket echo x{ROUND_TRIPS}: uvicorn p50 {bare['ws_rtt_p50_ms']:.3f} "
+            f"p99 {bare['ws_rtt_p99_ms']:.3f} ms"
+            f" | toolkit p50 {ours['ws_rtt_p50_ms']:.3f} p99 {ours['ws_rtt_p99_ms']:.3f} ms | round trip p50 "
+            f"{ours['ws_rtt_p50_ms'] / bare['ws_rtt_p50_ms']:.2f}x | server CPU/round trip uvicorn "
+            f"{bare['ws_cpu_us']:.0f} us, toolkit {ours['ws_cpu_us']:.0f} us",
             flush=True,
         )
     finally:
