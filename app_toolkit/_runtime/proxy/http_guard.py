@@ -94,7 +94,7 @@ class RequestLink:
 
     __slots__ = ("on_client_left", "_writes", "_cycle")
 
-    def __init__(self, writes: _Writes, cycle: RequestResponseCycle) -> None:
+    def __init__(self, writes: _Writes, cycle: RequestResponseCycle | None = None) -> None:
         self.on_client_left: Callable[[], None] | None = None
         self._writes = writes
         self._cycle = cycle
@@ -103,6 +103,8 @@ class RequestLink:
         """The app's next ``receive()`` returns at once: a piece of the body (or its end,
         or the client's leaving) has arrived, so no wait needs a timeout."""
         cycle = self._cycle
+        if cycle is None:  # not told: every wait is bounded
+            return False
         return cycle.message_event.is_set() or cycle.disconnected or cycle.response_complete
 
     def join_head_and_body(self) -> None:
