@@ -57,10 +57,16 @@ async def _events(
 ) -> AsyncIterator[ServerSentEvent]:
     source = _as_async(events)
     draining: asyncio.Event | None = request_context.draining.get()
+    watch = _DrainWatch(draining) if draining is not None else None
     number = 0
     try:
         while True:
-            item = await _next_or_drain(source, draining)
+            if watch is None:
+                item = await anext(source, _END)
+            elif watch.draining.is_set():
+                item = _DRAINED
+            else:
+                item = await watch.next(source)
             if item is _DRAINED:
                 if final_event is not None:
                     yield final_event
@@ -70,6 +76,8 @@ async def _events(
             number += 1
             yield _event(item, str(number) if ids else None)
     finally:
+        if watch is not None:
+            watch.close()
         aclose = getattr(source, "aclose", None)
         if aclose is not None:
             await aclose()
@@ -79,33 +87,48 @@ _END = object()
 _DRAINED = object()
 
 
-async def _next_or_drain(source: AsyncIterator[object], draining: asyncio.Event | None) -> object:
-    if draining is None:
-        return await anext(source, _END)
-    if draining.is_set():
-        return _DRAINED
-    item_task = asyncio.ensure_future(anext(source, _END))
-    drain_task = asyncio.ensure_future(draining.wait())
-    try:
-        done, _ = await asyncio.wait({item_task, drain_task}, return_when=asyncio.FIRST_COMPLETED)
-    except BaseException:  # cancelled (the client left): the source must stop before it closes
-        drain_task.cancel()
-        await _stop(item_task)
-        raise
-    drain_task.cancel()
-    if item_task in done:
-        return item_task.result()
-    await _stop(item_task)
-    return _DRAINED
+class _DrainWatch:
+    """Ends a stream's wait for its next item when the replica starts draining.
 
+    One waiter per stream cancels the task reading the stream if it is waiting for an
+    item then (the source stops at its ``await``, as on a client leaving); a stream busy
+    elsewhere sees the drain before its next read. Racing each item against the drain
+    instead cost two tasks per item, on every token of a chat reply.
+    """
 
-async def _stop(task: asyncio.Future[object]) -> None:
-    """Cancel ``task`` and wait until it has ended (a generator cannot be closed while
-    another task is still inside it)."""
-    task.cancel()
-    await asyncio.wait({task})
-    if not task.cancelled():
-        task.exception()  # what it raised while being stopped does not matter now
+    def __init__(self, draining: asyncio.Event) -> None:
+        self.draining = draining
+        self._reader: asyncio.Task[object] | None = None  # the task waiting for an item
+        self._reading = False
+        self._cut = False  # the reader was cancelled for the drain
+        self._waiter = asyncio.ensure_future(draining.wait())
+        self._waiter.add_done_callback(self._drained)
+
+    def _drained(self, _: object) -> None:
+        if self._reading and self._reader is not None and not self._cut:
+            self._cut = True
+            self._reader.cancel()
+
+    async def next(self, source: AsyncIterator[object]) -> object:
+        """The source's next item, ``_END``, or ``_DRAINED``."""
+        self._reader = asyncio.current_task()
+        self._reading = True
+        try:
+            item = await anext(source, _END)
+        except asyncio.CancelledError:
+            # Ours alone (not also the client leaving): the drain ended the wait.
+            if self._cut and self._reader is not None and self._reader.uncancel() == 0:
+                return _DRAINED
+            raise
+        finally:
+            self._reading = False
+        if self._cut and self._reader is not None:  # the source swallowed the cancellation
+            self._reader.uncancel()
+            return _DRAINED
+        return item
+
+    def close(self) -> None:
+        self._waiter.cancel()
 
 
 async def _as_async(events: AsyncIterable[T] | Iterable[T]) -> AsyncIterator[T]:
