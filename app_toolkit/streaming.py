@@ -14,7 +14,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Mapping
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
@@ -104,7 +104,9 @@ class _DrainWatch:
         self._waiter = asyncio.ensure_future(draining.wait())
         self._waiter.add_done_callback(self._drained)
 
-    def _drained(self, _: object) -> None:
+    def _drained(self, waiter: asyncio.Future[Any]) -> None:
+        if waiter.cancelled():  # the stream ended first (close())
+            return
         if self._reading and self._reader is not None and not self._cut:
             self._cut = True
             self._reader.cancel()
