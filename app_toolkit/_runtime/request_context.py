@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AbstractContextManager
 from contextvars import ContextVar, Token
 from dataclasses import dataclass
@@ -31,6 +31,13 @@ ModelSource = str | list[tuple[bytes, bytes]]
 model_id: ContextVar[ModelSource] = ContextVar("app_toolkit_model_id", default="")
 
 _MODEL_ID_HEADER_BYTES = MODEL_ID_HEADER.encode()
+
+
+def route_template(scope: Mapping[str, Any]) -> str:
+    """The path template of the route the app matched, as its routing recorded it in the
+    scope ("" if none): what metrics, logs and spans name a request by."""
+    path = getattr(scope.get("route"), "path", "")
+    return path if isinstance(path, str) else ""
 
 
 def current_model_id() -> str:

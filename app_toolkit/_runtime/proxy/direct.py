@@ -19,7 +19,6 @@ from typing import Protocol
 from starlette.types import Message, Receive, Scope, Send
 
 from app_toolkit._runtime import answers
-from app_toolkit._runtime.answers import REQUEST_ID_HEADER
 from app_toolkit._runtime.messages import (
     CLOSE_INTERNAL_ERROR,
     CLOSE_SERVICE_RESTART,
@@ -30,7 +29,8 @@ from app_toolkit._runtime.proxy import stream_metrics
 from app_toolkit._runtime.proxy.body import refusal_answer
 from app_toolkit._runtime.proxy.path_match import AppMatcher, match_app
 from app_toolkit._runtime.proxy.request_state import RequestState, abort_response
-from app_toolkit._runtime.proxy.scope import RequestHeaders
+from app_toolkit._runtime.proxy.scope import RequestHeaders, with_request_id
+from app_toolkit._runtime.request_context import route_template
 from app_toolkit._runtime.routing.dispatcher import Dispatcher
 from app_toolkit._runtime.tracing import TraceContext
 from app_toolkit.config import HTTPOptions
@@ -86,9 +86,9 @@ class StreamedBody:
     async def receive(self) -> Message:
         if self.refusal:
             return _DISCONNECT
-        link = self._state.link
         if self._done:  # after the body: waiting for the client to leave, for as long as it takes
             return await self._receive()
+        link = self._state.link
         if link is not None and link.body_ready():  # here already: no wait to bound
             message = await self._receive()
         else:
@@ -132,12 +132,7 @@ class _Answer:
             return
         kind = message["type"]
         if kind == "http.response.start":
-            headers = list(message.get("headers", ()))
-            for key, _ in headers:
-                if key.lower() == REQUEST_ID_HEADER:
-                    break
-            else:
-                headers.append((REQUEST_ID_HEADER, self._state.request_id.encode()))
+            headers = with_request_id(list(message.get("headers", ())), self._state.request_id)
             self._head = {**message, "headers": headers}
             return
         if kind == "http.response.body":
@@ -157,7 +152,7 @@ class _Answer:
         state = self._state
         state.started = True
         state.status = int(head["status"])
-        state.route = _matched_route(self._scope)
+        state.route = route_template(self._scope)
         complete = not body.get("more_body", False)
         state.finished = complete
         link = state.link
@@ -230,7 +225,7 @@ async def serve_here(
     except Exception:
         # The traceback goes to this log with the id; the client gets no internals.
         answer.close()
-        state.route = _matched_route(scope)
+        state.route = route_template(scope)
         if body.refusal and not state.started:  # the app failed reading a refused body
             logger.info("Request %s: body refused (%d) while the app read it", request_id, body.refusal)
             state.status = await answers.send_answer(send, refusal_answer(body.refusal, http, request_id))
@@ -252,12 +247,6 @@ async def serve_here(
     elif not state.started:
         logger.error("Request %s: the app returned without a response", request_id)
         state.status = await answers.send_answer(send, answers.internal_error(request_id))
-
-
-def _matched_route(scope: Scope) -> str:
-    """The path template of the route the app matched, as its routing recorded it."""
-    path = getattr(scope.get("route"), "path", "")
-    return path if isinstance(path, str) else ""
 
 
 async def serve_websocket_here(

@@ -114,12 +114,6 @@ def _last_line(text: str) -> str:
     return lines[-1].strip() if lines else text
 
 
-def route_template(scope: Scope) -> str:
-    """The matched route's path template from a scope the app has routed ("" if none)."""
-    path = getattr(scope.get("route"), "path", "")
-    return path if isinstance(path, str) else ""
-
-
 async def serve_http(
     app: ASGIApp, request: HTTPRequest, lifespan_state: dict[str, Any], sink: ResponseSink
 ) -> str:
@@ -212,7 +206,7 @@ class _Response:
     def route(self) -> str:
         """The path template of the route that matched (Starlette/FastAPI routing
         records it in the scope), never the raw path; "" if none did."""
-        return route_template(self._scope)
+        return request_context.route_template(self._scope)
 
     def fail(self) -> None:
         """The app failed before completing the response: a generic 500, or, once the
@@ -244,7 +238,7 @@ async def run_direct(
     front answers failures); returns the path template of the route that served it."""
     scope["state"] = dict(lifespan_state)
     await app(scope, receive, send)
-    return route_template(scope)
+    return request_context.route_template(scope)
 
 
 def request_app(target: Callable[..., Any]) -> ASGIApp:
@@ -311,7 +305,7 @@ async def serve_websocket(
         if watcher is not None:
             watcher.cancel()
     sink.send(END)
-    return route_template(scope)
+    return request_context.route_template(scope)
 
 
 class _WebSocket:

@@ -36,7 +36,6 @@ from app_toolkit._runtime.replica import replica_metrics
 from app_toolkit._runtime.replica.asgi import (
     Lifespan,
     request_app,
-    route_template,
     run_direct,
     serve_http,
     serve_websocket,
@@ -276,7 +275,7 @@ class ReplicaCore:
             )
             return route
         finally:
-            self._served(kind, route or route_template(scope), started)
+            self._served(kind, route or request_context.route_template(scope), started)
 
     def _served(self, kind: str, route: str, started: float) -> None:
         """A request ended: count it and give its slot back."""
