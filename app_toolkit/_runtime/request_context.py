@@ -103,16 +103,34 @@ _request_id = request_id  # the parameter of request_scope() has the same name
 _inherited: ContextVar[Serving | None] = ContextVar("app_toolkit_serving", default=None)
 
 
+def _set_serving(serving: Serving) -> tuple[Token[Any], ...]:
+    # Spelled out (here and in _reset_serving), not looped: every handle call and every
+    # proxied request enters this.
+    return (
+        app_name.set(serving.replica.app_name),
+        replica.set(serving.replica),
+        replica_instance.set(serving.instance),
+        report_models.set(serving.report_models),
+        draining.set(serving.draining),
+        stop_hooks.set(serving.stop_hooks),
+    )
+
+
+def _reset_serving(tokens: tuple[Token[Any], ...]) -> None:
+    """Undo :func:`_set_serving` (its tokens, in its order)."""
+    stop_hooks.reset(tokens[5])
+    draining.reset(tokens[4])
+    report_models.reset(tokens[3])
+    replica_instance.reset(tokens[2])
+    replica.reset(tokens[1])
+    app_name.reset(tokens[0])
+
+
 def enter_serving(serving: Serving) -> None:
     """Give the current task, and the tasks it starts, every value ``serving`` gives a
     request: an ingress replica's own HTTP server (direct ingress) starts from here, so
     its requests need only their own values set (:func:`request_scope`)."""
-    app_name.set(serving.replica.app_name)
-    replica.set(serving.replica)
-    replica_instance.set(serving.instance)
-    report_models.set(serving.report_models)
-    draining.set(serving.draining)
-    stop_hooks.set(serving.stop_hooks)
+    _set_serving(serving)
     _inherited.set(serving)
 
 
@@ -131,7 +149,16 @@ def request_scope(
 
 class _RequestScope(AbstractContextManager[None]):
     # A class, not a generator: it is entered for every request, twice on some paths.
-    __slots__ = ("_request_id", "_trace", "_serving", "_model", "_tokens", "_entered")
+    __slots__ = (
+        "_request_id",
+        "_trace",
+        "_serving",
+        "_model",
+        "_id_token",
+        "_serving_tokens",
+        "_model_token",
+        "_trace_token",
+    )
 
     def __init__(
         self, request_id: str, trace: tracing.TraceContext | None, serving: Serving | None, model: ModelSource
@@ -140,41 +167,27 @@ class _RequestScope(AbstractContextManager[None]):
         self._trace = trace
         self._serving = serving
         self._model = model
-        self._tokens: tuple[Token[Any], ...] = ()
-        self._entered: Token[tracing.TraceContext | None] | None = None
+        self._id_token: Token[str] | None = None
+        self._serving_tokens: tuple[Token[Any], ...] = ()  # empty: the task had them already
+        self._model_token: Token[ModelSource] | None = None
+        self._trace_token: Token[tracing.TraceContext | None] | None = None
 
     def __enter__(self) -> None:
         serving = self._serving
-        if serving is None:
-            self._tokens = (_request_id.set(self._request_id),)
-        elif _inherited.get() is serving:  # the replica's values are there already
-            self._tokens = (_request_id.set(self._request_id), model_id.set(self._model))
-        else:
-            self._tokens = (
-                _request_id.set(self._request_id),
-                app_name.set(serving.replica.app_name),
-                replica.set(serving.replica),
-                replica_instance.set(serving.instance),
-                report_models.set(serving.report_models),
-                draining.set(serving.draining),
-                stop_hooks.set(serving.stop_hooks),
-                model_id.set(self._model),
-            )
+        self._id_token = _request_id.set(self._request_id)
+        if serving is not None:
+            if _inherited.get() is not serving:  # else the replica's values are there already
+                self._serving_tokens = _set_serving(serving)
+            self._model_token = model_id.set(self._model)
         if self._trace is not None:
-            self._entered = tracing.enter(self._trace)
+            self._trace_token = tracing.enter(self._trace)
 
     def __exit__(self, *exc_info: object) -> None:
-        if self._entered is not None:
-            tracing.leave(self._entered)
-        tokens = self._tokens
-        if len(tokens) == 2:
-            model_id.reset(tokens[1])
-        elif len(tokens) > 2:
-            model_id.reset(tokens[7])
-            stop_hooks.reset(tokens[6])
-            draining.reset(tokens[5])
-            report_models.reset(tokens[4])
-            replica_instance.reset(tokens[3])
-            replica.reset(tokens[2])
-            app_name.reset(tokens[1])
-        _request_id.reset(tokens[0])
+        if self._trace_token is not None:
+            tracing.leave(self._trace_token)
+        if self._model_token is not None:
+            model_id.reset(self._model_token)
+        if self._serving_tokens:
+            _reset_serving(self._serving_tokens)
+        if self._id_token is not None:
+            _request_id.reset(self._id_token)
