@@ -40,7 +40,7 @@ from app_toolkit._runtime.proxy.path_match import AppMatcher, match_app
 from app_toolkit._runtime.proxy.request_state import RequestState, watch_disconnect
 from app_toolkit._runtime.proxy.scope import (
     RequestHeaders,
-    direct_scope,
+    forward_in_place,
     forwarded_scope,
     parse_timeout,
     read_headers,
@@ -227,8 +227,8 @@ class Proxy:
                     watcher = asyncio.ensure_future(watch_disconnect(receive, state))
                 proxy_span = span.trace if span is not None else None
                 if direct and local is not None:
-                    here, trace = direct_scope(scope, route, headers, proxy_span)
-                    await serve_here(local, here, receive, send, state, headers, self.http, trace)
+                    trace = forward_in_place(scope, route, headers, proxy_span)
+                    await serve_here(local, scope, receive, send, state, headers, self.http, trace)
                     return
                 forwarded = forwarded_scope(scope, route, headers, proxy_span)
                 request = HTTPRequest(request_id, forwarded, body.data)

@@ -132,13 +132,13 @@ def forwarded_scope(
     return forwarded
 
 
-def direct_scope(
+def forward_in_place(
     scope: Scope, route: AppMatcher, headers: RequestHeaders, proxy_span: tracing.TraceContext | None = None
-) -> tuple[Scope, tracing.TraceContext]:
-    """The server's own scope made what :func:`forwarded_scope` would forward (changed in
-    place: the app runs in this process, direct ingress), and the trace its headers carry
-    (so the replica need not parse it back)."""
-    return scope, _forward(scope, scope, route, headers, proxy_span)
+) -> tracing.TraceContext:
+    """Make the server's own scope what :func:`forwarded_scope` would forward (the app runs
+    in this process: direct ingress); returns the trace its headers now carry (so the
+    replica need not parse it back)."""
+    return _forward(scope, scope, route, headers, proxy_span)
 
 
 def _forward(

@@ -301,10 +301,8 @@ class ReplicaCore:
         method = scope.get("method", "WEBSOCKET")
         if caller is None:
             caller = tracing.remote(*tracing.from_headers(scope.get("headers", [])))
-        if tracing.exporting():
-            trace, span = tracing.begin(f"{self.deployment} {method}", "server", caller)
-        else:
-            trace, span = tracing.child(caller), None
+        name = f"{self.deployment} {method}" if tracing.exporting() else ""  # unused without spans
+        trace, span = tracing.begin(name, "server", caller)
         if span is not None:  # the app's own instrumentation (FastAPI's spans) nests under it
             scope["headers"] = tracing.with_traceparent(scope.get("headers", []), trace)
         route = error = ""
