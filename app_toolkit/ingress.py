@@ -15,7 +15,12 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp
 
 from app_toolkit._runtime import request_context
-from app_toolkit._runtime.replica.replica import ASGI_APP_ATTR, ASGI_BUILDER_ATTR, BUILD_ASGI_METHOD
+from app_toolkit._runtime.replica.replica import (
+    ASGI_APP_ATTR,
+    ASGI_BUILDER_ATTR,
+    BUILD_ASGI_METHOD,
+    OFFLINE_DOCS_ATTR,
+)
 from app_toolkit.config import parse_application_options
 from app_toolkit.dependencies import discover
 from app_toolkit.deployment import Application, Deployment, deployment
@@ -23,7 +28,9 @@ from app_toolkit.exceptions import ConfigError
 from app_toolkit.route_table import route_table
 
 
-def ingress(app: ASGIApp | APIRouter | Callable[[], ASGIApp] | None = None) -> Callable[..., type]:
+def ingress(
+    app: ASGIApp | APIRouter | Callable[[], ASGIApp] | None = None, *, offline_docs: bool = True
+) -> Callable[..., type]:
     """Serve ``app`` (a FastAPI app, APIRouter or any ASGI app) from a deployment class.
 
     Routes declared on the class's own methods (``@app.get("/")`` above ``def root(self)``,
@@ -38,6 +45,10 @@ def ingress(app: ASGIApp | APIRouter | Callable[[], ASGIApp] | None = None) -> C
     each replica once its constructor ran; or nothing, when the class defines
     ``__serve_build_asgi_app__(self)`` (sync or async) returning the app. ``ingress(app)()``
     (no class) makes a class whose constructor takes any arguments.
+
+    A FastAPI app's ``/docs`` and ``/redoc`` pages get their files from the app itself
+    (``{docs_url}/assets/``), so they work offline; ``offline_docs=False`` keeps FastAPI's
+    pages, which load Swagger UI and ReDoc from a CDN.
     """
     builder: Callable[[], ASGIApp] | str | None
     if app is None:
@@ -61,6 +72,7 @@ def ingress(app: ASGIApp | APIRouter | Callable[[], ASGIApp] | None = None) -> C
                 f"@ingress() without an app needs {cls.__name__} to define "
                 f"{BUILD_ASGI_METHOD}(self) returning the ASGI app"
             )
+        setattr(cls, OFFLINE_DOCS_ATTR, offline_docs)
         if builder is not None:
             setattr(cls, ASGI_BUILDER_ATTR, builder)
         else:
@@ -84,7 +96,8 @@ class App(Application):
 
     ``App(router, name="demo")`` mounts one ``APIRouter`` (or several, or a whole
     ``FastAPI`` app) in an ingress deployment; deployment options (``num_replicas=2``,
-    ``max_ongoing_requests=...``) apply to that ingress.
+    ``max_ongoing_requests=...``) apply to that ingress. ``offline_docs=False`` keeps
+    FastAPI's ``/docs`` pages, which load their files from a CDN (see :func:`ingress`).
     """
 
     def __init__(
@@ -93,6 +106,7 @@ class App(Application):
         *,
         name: str = "default",
         route_prefix: str | None = "/",
+        offline_docs: bool = True,
         **deployment_options: object,
     ) -> None:
         parse_application_options(name, route_prefix)
@@ -102,6 +116,7 @@ class App(Application):
             "Ingress", (), {"__doc__": f"HTTP ingress of {name!r}.", "__init__": _keep_handles}
         )
         setattr(ingress_class, ASGI_APP_ATTR, asgi)
+        setattr(ingress_class, OFFLINE_DOCS_ATTR, offline_docs)
         # Deployments named by tk.Depends() in the routes join the application; the ingress
         # receives their handles, which keeps them in the graph that run() deploys.
         super().__init__(

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 import ray
-from playwright.sync_api import Browser, Page
+from playwright.sync_api import Browser, Page, Route
 
 from app_toolkit._runtime.backends.ray.cluster import NAMESPACE
 from tests.apps import basic
@@ -114,3 +114,34 @@ def test_the_page_shows_apps_replacements_and_load(
         assert errors == []
     finally:
         page.close()
+
+
+def test_the_docs_pages_render_with_no_internet(browser: Browser, ray_toolkit: Toolkit) -> None:
+    """Swagger UI and ReDoc draw the app's API from files the app serves: every request
+    that leaves 127.0.0.1 is refused, as on a machine with no internet. (ReDoc's own
+    "by Redocly" logo is the one thing fetched from elsewhere: an image, not needed.)"""
+    ray_toolkit.run(basic.make_app(), route_prefix="/offline")
+    page = browser.new_page()
+    elsewhere: list[str] = []
+
+    def loopback_only(route: Route) -> None:
+        if route.request.url.startswith(ray_toolkit.url):
+            route.continue_()
+        else:
+            if route.request.resource_type != "image":
+                elsewhere.append(route.request.url)
+            route.abort()
+
+    try:
+        page.route("**/*", loopback_only)
+        page.goto(f"{ray_toolkit.url}/offline/docs")
+        # Swagger UI rendered the app's title and an operation of its schema.
+        page.locator(".swagger-ui .info .title").wait_for(state="visible", timeout=20_000)
+        page.locator(".opblock-summary-path", has_text="/items/{item_id}").first.wait_for(
+            state="visible", timeout=20_000
+        )
+        page.goto(f"{ray_toolkit.url}/offline/redoc")
+        page.get_by_text("/items/{item_id}").first.wait_for(state="attached", timeout=20_000)
+    finally:
+        page.close()
+    assert elsewhere == []

@@ -61,6 +61,8 @@ ASGI_APP_ATTR = "__app_toolkit_asgi_app__"
 #: no arguments after the constructor, or BUILD_ASGI_METHOD (call that method).
 ASGI_BUILDER_ATTR = "__app_toolkit_asgi_builder__"
 BUILD_ASGI_METHOD = "__serve_build_asgi_app__"  # Ray Serve's name
+#: On an @ingress class: False keeps FastAPI's /docs pages as they are (files from a CDN).
+OFFLINE_DOCS_ATTR = "__app_toolkit_offline_docs__"
 #: A deployment's constructor arguments: positional and keyword.
 InitArgs = tuple[tuple[object, ...], dict[str, object]]
 LINGER_QUIET_S = 0.25  # a drained replica stops once no request came for this long
@@ -125,6 +127,10 @@ class ReplicaCore:
             raise DeployError(f"{type(exc).__name__}: {exc}") from None
         if self.asgi_app is not None:
             install_error_handler(self.asgi_app)
+            if getattr(definition, OFFLINE_DOCS_ATTR, True):
+                from app_toolkit._runtime.replica.docs_pages import serve_docs_offline  # FastAPI apps only
+
+                serve_docs_offline(self.asgi_app)
             self._lifespan = Lifespan(self.asgi_app)
             token = request_context.replica_instance.set(self.instance)
             try:

@@ -11,6 +11,7 @@ import io
 import logging
 import os
 import queue
+import sys
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -36,10 +37,25 @@ _LOCK_TYPES = (type(threading.Lock()), type(threading.RLock()))
 # ------------------------------------------------------------------------------- codec
 
 
+def _fastapi_unset() -> object:
+    from fastapi.datastructures import _Unset  # only where a FastAPI app is unpickled
+
+    return _Unset
+
+
 class _Pickler(cloudpickle.Pickler):
-    """cloudpickle, plus fresh locks and Starlette ``State`` (FastAPI apps hold both)."""
+    """cloudpickle, plus fresh locks and Starlette ``State`` (FastAPI apps hold both), and
+    FastAPI's "not given" marker kept as the one it is compared with (``is``): a copy of
+    it would read as a given ``example`` and put ``"example": {}`` into the OpenAPI."""
+
+    def __init__(self, file: io.BytesIO) -> None:
+        super().__init__(file, protocol=5)  # type: ignore[no-untyped-call]
+        fastapi = sys.modules.get("fastapi.datastructures")  # no FastAPI app without it
+        self._unset = getattr(fastapi, "_Unset", self)
 
     def reducer_override(self, obj: Any) -> Any:
+        if obj is self._unset:
+            return (_fastapi_unset, ())
         if type(obj) is _LOCK_TYPES[0]:
             return (threading.Lock, ())
         if type(obj) is _LOCK_TYPES[1]:
@@ -53,7 +69,7 @@ def dumps(value: Any) -> bytes:
     """Serialize user code and data (by value where it is not importable)."""
     buffer = io.BytesIO()
     try:
-        _Pickler(buffer, protocol=5).dump(value)  # type: ignore[no-untyped-call]
+        _Pickler(buffer).dump(value)  # type: ignore[no-untyped-call]
     except Exception as exc:  # noqa: BLE001 - any pickling failure is the user's to fix
         raise TypeError(f"Cannot serialize {type(value).__name__}: {exc}") from None
     return buffer.getvalue()
