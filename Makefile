@@ -5,6 +5,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 CORE := $(VENV)/.core-installed
 MODEL := $(VENV)/.models-installed
+AI_SDK := tests/clients/ai_sdk
+CLIENTS := $(AI_SDK)/node_modules/.installed
 
 .PHONY: run chat test bench soak docs clean
 
@@ -23,6 +25,11 @@ $(MODEL): $(CORE)
 	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium)
 	touch $(MODEL)
 
+# The Vercel AI SDK the chat client tests drive in Node, from the committed lockfile.
+$(CLIENTS): $(AI_SDK)/package-lock.json
+	cd $(AI_SDK) && npm ci --no-audit --no-fund --loglevel=error
+	touch $(CLIENTS)
+
 run: $(CORE)
 	$(VENV)/bin/app-toolkit run examples.demo:app
 
@@ -30,7 +37,7 @@ run: $(CORE)
 chat: $(MODEL)
 	cd examples/chat && ../../$(VENV)/bin/app-toolkit run chat.app:app
 
-test: $(MODEL)
+test: $(MODEL) $(CLIENTS)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy

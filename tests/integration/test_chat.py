@@ -249,6 +249,13 @@ def test_an_openai_compatible_upstream(ray_toolkit: Toolkit) -> None:
     assert "".join(chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices) == (
         "relayed through two apps"
     )
+    # Options that shape the text go to the upstream as they came: the echo app there
+    # refuses a seed, and its answer comes back naming it.
+    with pytest.raises(
+        openai.BadRequestError, match="The model server refused: seed=7 is not supported"
+    ) as refused:
+        client.chat.completions.create(model="echo", messages=question, seed=7)
+    assert refused.value.param == "seed"
 
     nowhere = Settings(
         backend="openai", upstream_url=f"http://127.0.0.1:{free_port()}/v1", upstream_timeout_s=5

@@ -34,12 +34,26 @@ def as_chat_error(exc: ChatError | tk.BackPressureError | tk.ReplicaUnavailableE
 
 
 def invalid_request(errors: Sequence[Any]) -> ChatError:
-    """The 400 for a request that failed validation (pydantic's error list)."""
-    problems = "; ".join(
-        f"{'.'.join(str(part) for part in error['loc'] if part != 'body')}: {error['msg']}"
-        for error in errors
+    """The 400 for a request that failed validation (pydantic's error list); ``param``
+    names the first field at fault (``messages[0].content``)."""
+    places = [_param(error["loc"]) for error in errors]
+    problems = "; ".join(f"{place}: {error['msg']}" for place, error in zip(places, errors, strict=True))
+    return ChatError(
+        400,
+        f"Invalid request: {problems}",
+        "invalid_request_error",
+        "invalid_request",
+        places[0] if places else None,
     )
-    return ChatError(400, f"Invalid request: {problems}", "invalid_request_error", "invalid_request")
+
+
+def _param(location: Sequence[Any]) -> str:
+    param = ""
+    for part in location:
+        if part == "body":
+            continue
+        param += f"[{part}]" if isinstance(part, int) else f".{part}" if param else str(part)
+    return param
 
 
 def answer(error: ChatError) -> JSONResponse:

@@ -1,5 +1,5 @@
-"""The OpenAI-compatible API (``/v1/models``, ``/v1/chat/completions``) and the same
-chat over a WebSocket (``/v1/chat/ws``)."""
+"""The OpenAI-compatible API (``/v1/models``, ``/v1/chat/completions``, ``/v1/responses``)
+and the same chat over a WebSocket (``/v1/chat/ws``)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,12 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import app_toolkit as tk
-from fastapi import APIRouter, WebSocket, WebSocketDisconnect
+from fastapi import APIRouter, Request, WebSocket, WebSocketDisconnect
 from pydantic import ValidationError
 
+from . import responses_api
 from .errors import ANSWERED, as_chat_error, invalid_request
+from .responses_api import ResponsesRequest
 from .schemas import ChatCompletionRequest, ChatError, Delta, Generation
 from .settings import Settings
 
@@ -42,20 +44,34 @@ def build_router(settings: Settings, model_app: tk.Application) -> APIRouter:
     router = APIRouter()
     model_name = settings.model_name
 
-    def generation_of(request: ChatCompletionRequest) -> Generation:
+    def generation_of(request: ChatCompletionRequest | ResponsesRequest) -> Generation:
         if request.model not in (None, "", model_name):
             raise ChatError(
                 404,
                 f"The model {request.model!r} does not exist; this server has {model_name!r}.",
                 "invalid_request_error",
                 "model_not_found",
+                "model",
             )
         return request.generation(settings)
 
+    entry = {"id": model_name, "object": "model", "created": 0, "owned_by": "app_toolkit"}
+
     @router.get("/v1/models")
     async def models() -> dict[str, Any]:
-        entry = {"id": model_name, "object": "model", "created": 0, "owned_by": "app_toolkit"}
         return {"object": "list", "data": [entry]}
+
+    @router.get("/v1/models/{model_id:path}")
+    async def model(model_id: str) -> dict[str, Any]:
+        if model_id != model_name:
+            raise ChatError(
+                404,
+                f"The model {model_id!r} does not exist; this server has {model_name!r}.",
+                "invalid_request_error",
+                "model_not_found",
+                "model",
+            )
+        return entry
 
     @router.post("/v1/chat/completions", response_model=None)
     async def completions(
@@ -86,6 +102,17 @@ def build_router(settings: Settings, model_app: tk.Application) -> APIRouter:
             ],
             "usage": _usage(first.prompt_tokens, last.completion_tokens),
         }
+
+    @router.post("/v1/responses", response_model=None)
+    async def responses(
+        request: ResponsesRequest, http: Request, model: tk.DeploymentHandle = tk.Depends(model_app)
+    ) -> dict[str, Any] | tk.EventStream:
+        """OpenAI's Responses API: text input and output, plain or streamed."""
+        first, stream = await open_reply(model, generation_of(request))
+        reply = responses_api.Reply(request, model_name, first.prompt_tokens)
+        if request.stream:
+            return responses_api.streamed(reply, stream, http.headers.get("x-request-id", ""))
+        return await responses_api.answer(reply, stream)
 
     @router.websocket("/v1/chat/ws")
     async def chat_socket(socket: WebSocket, model: tk.DeploymentHandle = tk.Depends(model_app)) -> None:

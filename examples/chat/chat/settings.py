@@ -43,6 +43,11 @@ class Settings(BaseSettings):
     max_replies: int = Field(256, ge=1, description="Replies the page API keeps at once (running or done).")
     reply_keep_s: float = Field(60.0, gt=0, description="How long a finished reply can still be resumed.")
     reply_orphan_s: float = Field(30.0, gt=0, description="A reply nobody reads for this long is stopped.")
+    cors_origins: list[str] = Field(
+        [],
+        description="Web origins whose pages may call the API from the browser (CORS), e.g. "
+        '\'["https://chat.example.com"]\'; none by default. "*" allows every origin.',
+    )
 
     @property
     def model_name(self) -> str:

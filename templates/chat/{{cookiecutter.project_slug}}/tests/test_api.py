@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 
 import app_toolkit as tk
+import openai
+import pytest
 
 from .conftest import chat
 
@@ -50,6 +52,7 @@ def test_errors_have_openai_shape(client: tk.testing.TestClient) -> None:
     assert unknown.status_code == 404 and unknown.json()["error"]["code"] == "model_not_found"
     malformed = client.post("/v1/chat/completions", json={"messages": []})
     assert malformed.status_code == 400 and malformed.json()["error"]["type"] == "invalid_request_error"
+    assert malformed.json()["error"]["param"] == "messages"
     too_long = client.post("/v1/chat/completions", json=chat("word " * 5000))
     assert too_long.status_code == 400 and too_long.json()["error"]["code"] == "context_length_exceeded"
 
@@ -73,3 +76,110 @@ def test_websocket_chat_and_stop(client: tk.testing.TestClient) -> None:
 
         socket.send_json({"messages": "not a list"})
         assert socket.receive_json()["error"]["type"] == "invalid_request_error"
+
+
+def test_content_parts_and_the_developer_role(client: tk.testing.TestClient) -> None:
+    parts = [{"type": "text", "text": "red green"}, {"type": "text", "text": "blue"}]
+    messages = [{"role": "developer", "content": "Be brief."}, {"role": "user", "content": parts}]
+    body = client.post("/v1/chat/completions", json={"model": "echo", "messages": messages}).json()
+    assert body["choices"][0]["message"]["content"] == "red green blue"  # the echo model splits at spaces
+    assert body["usage"]["prompt_tokens"] == 5  # the developer's words count as a system message's
+    image = {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}
+    refused = client.post("/v1/chat/completions", json=chat([parts[0], image]))
+    assert refused.status_code == 400
+    assert refused.json()["error"]["param"] == "messages[0].content[1].type"
+    assert "'image_url'" in refused.json()["error"]["message"]
+    tool = client.post(
+        "/v1/chat/completions", json={"messages": [{"role": "tool", "content": "42", "tool_call_id": "x"}]}
+    )
+    assert tool.status_code == 400 and tool.json()["error"]["param"] == "messages[0].role"
+
+
+def test_options_it_cannot_honour_are_refused_by_name(client: tk.testing.TestClient) -> None:
+    tools = [{"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}]
+    for option, value in [
+        ("n", 2),
+        ("logprobs", True),
+        ("tools", tools),
+        ("response_format", {"type": "json_object"}),
+        ("seed", 7),  # only the openai backend passes it on
+        ("colour", "red"),
+    ]:
+        answer = client.post("/v1/chat/completions", json=chat("hi", **{option: value}))
+        assert answer.status_code == 400, option
+        error = answer.json()["error"]
+        assert error["param"] == option and error["type"] == "invalid_request_error"
+        assert option in error["message"]
+    unknown = client.post("/v1/chat/completions", json=chat("hi", colour="red")).json()["error"]
+    assert unknown["message"] == "Unrecognized request argument supplied: colour"
+    # Defaults, and options that change nothing, are accepted.
+    accepted = chat(
+        "hi", n=1, logprobs=False, tools=[], user="u-1", store=False, response_format={"type": "text"}
+    )
+    assert client.post("/v1/chat/completions", json=accepted).status_code == 200
+
+
+def test_models_by_id(client: tk.testing.TestClient) -> None:
+    assert client.get("/v1/models/echo").json() == {
+        "id": "echo",
+        "object": "model",
+        "created": 0,
+        "owned_by": "app_toolkit",
+    }
+    missing = client.get("/v1/models/gpt-17")
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
+
+
+def test_responses_with_the_official_client(client: tk.testing.TestClient) -> None:
+    api = openai.OpenAI(base_url=f"{client.base_url}/v1", api_key="none", http_client=client, max_retries=0)
+    made = api.responses.create(model="echo", input="one two three", instructions="Be brief.")
+    assert made.status == "completed" and made.output_text == "one two three"
+    assert made.usage is not None and (made.usage.input_tokens, made.usage.output_tokens) == (5, 3)
+    listed = api.responses.create(
+        model="echo",
+        input=[
+            {"role": "user", "content": [{"type": "input_text", "text": "first"}]},
+            {"role": "assistant", "content": [{"type": "output_text", "text": "first"}]},
+            {"role": "user", "content": [{"type": "input_text", "text": "second turn"}]},
+        ],
+        max_output_tokens=1,
+    )
+    assert listed.status == "incomplete" and listed.output_text == "second "
+    assert listed.incomplete_details is not None and listed.incomplete_details.reason == "max_output_tokens"
+
+    with api.responses.stream(model="echo", input="red green blue") as events:
+        deltas = [event.delta for event in events if event.type == "response.output_text.delta"]
+        final = events.get_final_response()
+    assert deltas == ["red ", "green ", "blue"] and final.output_text == "red green blue"
+    assert final.usage is not None and final.usage.output_tokens == 3
+
+    for request, param in [
+        ({"input": "hi", "previous_response_id": "resp_1"}, "previous_response_id"),
+        ({"input": [{"type": "function_call_output", "call_id": "c", "output": "{}"}]}, "input[0].type"),
+        ({"input": "hi", "tools": [{"type": "web_search"}]}, "tools"),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
+            "input[0].content[0].type",
+        ),
+    ]:
+        with pytest.raises(openai.BadRequestError) as refused:
+            api.responses.create(model="echo", **request)  # type: ignore[call-overload]
+        assert refused.value.param == param
+
+
+def test_cors_is_off_by_default(client: tk.testing.TestClient) -> None:
+    preflight = {"Origin": "https://chat.example.com", "Access-Control-Request-Method": "POST"}
+    assert client.options("/v1/chat/completions", headers=preflight).status_code == 405
+    answer = client.post(
+        "/v1/chat/completions", json=chat("hi"), headers={"Origin": "https://chat.example.com"}
+    )
+    assert "access-control-allow-origin" not in answer.headers
+
+
+def test_a_long_input_and_many_items(client: tk.testing.TestClient) -> None:
+    long = client.post(
+        "/v1/responses", json={"model": "echo", "input": "word " * 1000, "max_output_tokens": 2}
+    )
+    assert long.status_code == 200 and long.json()["usage"]["input_tokens"] == 1000
+    many = client.post("/v1/responses", json={"input": [{"role": "user", "content": "hi"}] * 501})
+    assert many.status_code == 400 and many.json()["error"]["param"].startswith("input")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import app_toolkit as tk
 from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
 
 from . import errors, openai_api, page
 from .model import ChatModel
@@ -29,6 +30,15 @@ def build_app(settings: Settings | None = None) -> tk.App:
     replies = Replies.bind(model, settings)
     api = FastAPI(title="Chat", summary=f"OpenAI-compatible chat with {settings.model_name}")
     errors.install(api)
+    if settings.cors_origins:  # browser front ends on other origins calling the API directly
+        api.add_middleware(
+            CORSMiddleware,
+            allow_origins=settings.cors_origins,
+            allow_methods=["GET", "POST"],
+            allow_headers=["*"],  # OpenAI's browser clients send headers of their own (x-stainless-*)
+            expose_headers=["x-request-id"],
+            max_age=600,
+        )
     api.include_router(openai_api.build_router(settings, model))
     api.include_router(page.build_router(settings, replies, model))
     return tk.App(api, name="chat")

@@ -44,11 +44,14 @@ class UpstreamEngine:
                     top_p=generation.top_p,
                     stop=list(generation.stop) or None,
                     stream=True,
+                    extra_body=dict(generation.upstream_options) or None,  # seed, response_format, …
                 )
             except openai.APIStatusError as exc:
                 status = exc.status_code if 400 <= exc.status_code < 500 else 502
+                error = exc.body if isinstance(exc.body, dict) else {}  # OpenAI's error object
+                message = error.get("message") or exc.message
                 raise ChatError(
-                    status, f"The model server refused: {exc.message}", "upstream_error"
+                    status, f"The model server refused: {message}", "upstream_error", param=error.get("param")
                 ) from None
             except openai.APIError as exc:
                 raise ChatError(
