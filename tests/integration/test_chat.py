@@ -135,6 +135,22 @@ def last_reply(page: Page) -> str:
     )
 
 
+#: Whether the bottom of ``selector``'s last match is on screen: below the top of the
+#: conversation, and above both its bottom and the input box.
+IN_VIEW = """selector => {
+  const element = [...document.querySelectorAll(selector)].pop();
+  if (!element) return false;
+  const bottom = element.getBoundingClientRect().bottom;
+  const log = document.getElementById('log').getBoundingClientRect();
+  const input = document.getElementById('composer').getBoundingClientRect();
+  return bottom > log.top && bottom <= Math.min(log.bottom, input.top, window.innerHeight) + 1;
+}"""
+
+
+def in_view(page: Page, selector: str) -> bool:
+    return bool(page.evaluate(IN_VIEW, selector))
+
+
 def stats(base: str) -> dict[str, int]:
     counters: dict[str, int] = httpx.get(f"{base}/api/stats", timeout=10).json()
     return counters
@@ -150,7 +166,7 @@ def test_the_page_streams_stops_and_resumes(
     browser: Browser, relay: Relay, echo_chat: str, tmp_path: Path
 ) -> None:
     words = [f"w{i}" for i in range(30)]
-    page = browser.new_page(viewport={"width": 390, "height": 800})  # a phone's width
+    page = browser.new_page(viewport={"width": 390, "height": 640})  # a phone's screen
     try:
         page.goto(echo_chat)
         assert page.locator(".model").inner_text() == "echo"
@@ -163,13 +179,24 @@ def test_the_page_streams_stops_and_resumes(
         assert last_reply(page) == " ".join(words[:20])
 
         # 2. Stop ends the generation on the server, not only on the page.
+        # The conversation is now taller than the screen: while the reply grows, its
+        # newest line stays in view above the input box; after Stop, so does "(stopped)".
         started = stats(echo_chat)["started"]
         page.fill("#prompt", " ".join(["stop me"] * 200))
         page.press("#prompt", "Enter")
         wait_for(lambda: len(last_reply(page)) > 20, timeout_s=10)
+        assert page.evaluate("document.getElementById('log').scrollHeight > innerHeight")
+        seen = set()
+        for _ in range(8):
+            seen.add(len(last_reply(page)))
+            assert in_view(page, ".message.assistant"), f"the reply's end is hidden at {seen}"
+            time.sleep(0.15)
+        assert len(seen) >= 3  # it grew meanwhile
         page.click("#stop")
         wait_for(lambda: page.evaluate("document.body.dataset.busy") == "no", timeout_s=10)
         assert "(stopped)" in page.locator(".message.assistant").last.inner_text()
+        assert in_view(page, ".message.assistant .note")
+        assert not page.evaluate("document.documentElement.scrollWidth > innerWidth")  # no sideways scroll
         wait_for(lambda: stats(echo_chat)["active"] == 0, timeout_s=10)
         after_stop = stats(echo_chat)
         assert after_stop["stopped"] >= 1 and after_stop["started"] == started + 1

@@ -22,6 +22,9 @@ def test_page_and_assets(client: tk.testing.TestClient) -> None:
     assert page.status_code == 200 and "<textarea" in page.text and 'data-model="echo"' in page.text
     assert client.get("/static/chat.js").headers["content-type"].startswith("text/javascript")
     assert client.get("/static/../settings.py").status_code == 404
+    icon = client.get("/favicon.ico")
+    assert icon.status_code == 200 and icon.headers["content-type"].startswith("image/svg+xml")
+    assert 'rel="icon"' in page.text
 
 
 def test_reply_resumes_after_the_last_event_id(client: tk.testing.TestClient) -> None:

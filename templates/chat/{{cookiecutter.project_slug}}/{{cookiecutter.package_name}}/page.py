@@ -17,7 +17,7 @@ from .replies import ReplyEvent
 from .schemas import ChatCompletionRequest, ChatError
 from .settings import Settings
 
-ASSETS = {"chat.js": "text/javascript", "chat.css": "text/css"}
+ASSETS = {"chat.js": "text/javascript", "chat.css": "text/css", "favicon.svg": "image/svg+xml"}
 RECONNECT_MS = 500  # how soon a browser reconnects a dropped reply
 
 
@@ -38,6 +38,10 @@ def build_router(settings: Settings, replies_app: tk.Application, model_app: tk.
         if name not in ASSETS:
             raise HTTPException(404, f"No file {name!r}")
         return Response(files[name], media_type=ASSETS[name], headers={"Cache-Control": "no-cache"})
+
+    @router.get("/favicon.ico", include_in_schema=False)
+    async def favicon() -> Response:  # browsers ask for it on pages that name no icon
+        return Response(files["favicon.svg"], media_type=ASSETS["favicon.svg"])
 
     @router.post("/api/replies", status_code=201)
     async def start_reply(

@@ -14,12 +14,24 @@ const messages = [];  // the conversation, sent whole with every request
 let current = null;   // the reply being received: {id, source, bubble, text}
 let reconnects = 0;
 
+// Within this distance of the end, the conversation follows a growing reply; a reader who
+// scrolled further up to read something earlier is left where they are.
+const FOLLOW_PX = 48;
+let following = true;
+log.addEventListener("scroll", () => {
+  following = log.scrollHeight - log.scrollTop - log.clientHeight <= FOLLOW_PX;
+});
+
+function toEnd(force = false) {
+  if (force || following) log.scrollTop = log.scrollHeight;
+}
+
 function bubble(role, text) {
   const element = document.createElement("div");
   element.className = `message ${role}`;
   element.textContent = text;
   log.append(element);
-  element.scrollIntoView({ block: "end" });
+  toEnd(true);  // a new message: show it, wherever the reader was
   return element;
 }
 
@@ -95,7 +107,7 @@ function listen(reply) {
   source.addEventListener("token", (event) => {
     reply.text += JSON.parse(event.data).text;
     reply.bubble.textContent = reply.text;
-    reply.bubble.scrollIntoView({ block: "end" });
+    toEnd();
   });
   source.addEventListener("done", (event) => finish(reply, JSON.parse(event.data).finish_reason));
   source.addEventListener("failed", (event) => finish(reply, null, JSON.parse(event.data).message));
@@ -125,6 +137,7 @@ function finish(reply, reason, error) {
     if (!reply.text) reply.bubble.remove();
     say(error, true);
   }
+  toEnd();  // the end of the reply, its note included, in view
   if (current === reply) current = null;
   setBusy(false);
   prompt.focus();
