@@ -69,4 +69,7 @@ def new(
         fail(exc)
         return
     click.echo(f"app-toolkit: created {project}")
-    click.echo(f"Next: cd {project} && make test && make run")
+    click.echo(f"Next: cd {project} && make test && make run   (PORT=8001 make run: another port)")
+    if template == "chat":
+        click.echo("      make run installs the local model (CPU torch, ~1 GB) the first time;")
+        click.echo("      CHAT_BACKEND=echo make run serves at once, with a model that repeats you")

@@ -11,8 +11,9 @@ import json
 import logging
 import re
 from collections.abc import Mapping
-from importlib import resources
+from importlib import metadata, resources
 from pathlib import Path
+from urllib.parse import unquote, urlparse
 
 from app_toolkit import __version__
 from app_toolkit.exceptions import ConfigError
@@ -53,11 +54,14 @@ def bake(
     context: Mapping[str, str] | None = None,
     no_input: bool = False,
     force: bool = False,
+    toolkit_source: str | None = None,
 ) -> Path:
     """Create a project from ``template`` in ``output_dir``; returns the project's folder.
 
     ``context`` overrides the template's variables (unknown names are refused). Without
-    ``force``, an existing project folder is an error and nothing is written.
+    ``force``, an existing project folder is an error and nothing is written. The
+    project's Makefile installs app_toolkit from ``toolkit_source`` (default: where this
+    one was installed from, see :func:`installed_from`) while that exists.
     """
     from cookiecutter.exceptions import CookiecutterException, FailedHookException, OutputDirExistsException
     from cookiecutter.main import cookiecutter
@@ -74,6 +78,7 @@ def bake(
         raise ConfigError(f"Template {template!r} has no variable {', '.join(unknown)}; it has: {known}")
     _check_names(context)
     context["_toolkit_version"] = __version__  # the generated project asks for this release or newer
+    context["_app_toolkit"] = installed_from() if toolkit_source is None else toolkit_source
     quiet = logging.getLogger("cookiecutter")
     level, quiet.level = quiet.level, logging.CRITICAL  # its tracebacks say less than our errors
     try:
@@ -97,6 +102,25 @@ def bake(
     finally:
         quiet.level = level
     return Path(baked)
+
+
+def installed_from() -> str:
+    """The folder or file pip installed this app_toolkit from (its PEP 610
+    ``direct_url.json``), or the source tree it is imported from; "" for a release from a
+    package index, which the project then asks its own index for."""
+    try:
+        direct = metadata.distribution("app_toolkit").read_text("direct_url.json")
+    except metadata.PackageNotFoundError:
+        direct = None
+    if direct:
+        url = urlparse(json.loads(direct).get("url", ""))
+        if url.scheme == "file" and Path(unquote(url.path)).exists():
+            return unquote(url.path)
+    checkout = Path(__file__).resolve().parents[2]
+    pyproject = checkout / "pyproject.toml"
+    if pyproject.is_file() and 'name = "app_toolkit"' in pyproject.read_text(encoding="utf-8"):
+        return str(checkout)
+    return ""
 
 
 def _check_names(context: Mapping[str, str]) -> None:

