@@ -157,6 +157,9 @@ class Counter:
     async def withdraw(self, amount: int) -> int:
         raise Overdrawn(f"cannot withdraw {amount}")
 
+    async def account(self, number: str) -> int:
+        raise HTTPException(404, f"no account {number}")  # the caller's mistake
+
     async def who(self) -> str:
         return self.token
 

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import logging
 
 import pytest
+from fastapi import HTTPException
 
 import app_toolkit as tk
 from tests.apps import basic, serve_compat
@@ -72,3 +74,25 @@ def test_missing_targets_fail_fast(toolkit: Toolkit) -> None:
     # A handle to a deleted deployment fails at once instead of queueing forever.
     with pytest.raises(tk.ReplicaUnavailableError):
         handle.remote("x").result(timeout_s=10)
+
+
+def test_a_callers_mistake_is_logged_without_a_traceback(
+    local_toolkit: Toolkit, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A handle call that raises an exception with a 4xx ``status_code`` (FastAPI's
+    HTTPException) logs one INFO line; any other exception, ERROR with its traceback."""
+    caplog.set_level(logging.INFO, logger="app_toolkit.replica")
+    name = local_toolkit.name()
+    local_toolkit.run(basic.make_composed(), name=name, route_prefix=None)
+    counter = tk.get_deployment_handle("Counter", name)
+    with pytest.raises(HTTPException) as missing:
+        counter.account.remote("42").result(timeout_s=10)
+    assert missing.value.status_code == 404
+    with pytest.raises(basic.Overdrawn):
+        counter.withdraw.remote(3).result(timeout_s=10)
+    records = [r for r in caplog.records if r.name == "app_toolkit.replica" and "Counter." in r.getMessage()]
+    refused = [r for r in records if "account" in r.getMessage()]
+    raised = [r for r in records if "withdraw" in r.getMessage()]
+    assert [(r.levelno, r.exc_info) for r in refused] == [(logging.INFO, None)]
+    assert "refused it (404): 404: no account 42" in refused[0].getMessage()
+    assert [r.levelno for r in raised] == [logging.ERROR] and raised[0].exc_info is not None

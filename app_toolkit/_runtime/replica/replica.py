@@ -338,7 +338,20 @@ class ReplicaCore:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # the caller gets it; the log has the traceback and the id
-                logger.exception("Request %s: %s.%s raised", call.request_id, self.deployment, call.method)
+                status = client_error_status(exc)
+                if status:  # the caller's mistake, answered as such: no traceback to read
+                    logger.info(
+                        "Request %s: %s.%s refused it (%d): %s",
+                        call.request_id,
+                        self.deployment,
+                        call.method,
+                        status,
+                        exc,
+                    )
+                else:
+                    logger.exception(
+                        "Request %s: %s.%s raised", call.request_id, self.deployment, call.method
+                    )
                 replica_metrics.ERRORS.inc(*self.labels, "call", call.method)
                 error = type(exc).__name__
                 sink.send(self._failure(exc))
@@ -432,3 +445,10 @@ class ReplicaCore:
         except Exception:  # noqa: BLE001 - not picklable: the caller gets type and message
             blob = None
         return CallFailure(type(exc).__name__, str(exc), blob)
+
+
+def client_error_status(exc: BaseException) -> int:
+    """The status of an exception that says the caller erred: an int ``status_code`` from
+    400 to 499 (FastAPI's ``HTTPException`` has one); 0 for any other exception."""
+    status = getattr(exc, "status_code", None)
+    return status if isinstance(status, int) and 400 <= status < 500 else 0

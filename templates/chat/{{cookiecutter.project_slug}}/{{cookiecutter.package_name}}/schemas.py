@@ -242,5 +242,10 @@ class ChatError(Exception):
         self.code = code
         self.param = param
 
+    @property
+    def status_code(self) -> int:
+        """The toolkit logs a raised 4xx as the caller's mistake: one line, no traceback."""
+        return self.status
+
     def body(self) -> dict[str, dict[str, str | None]]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
