@@ -2,7 +2,8 @@
 official ``openai`` client's Responses API, LangChain's ``ChatOpenAI`` (Chat Completions
 and Responses), and the Vercel AI SDK in Node (``@ai-sdk/openai-compatible`` and
 ``@ai-sdk/openai``, whose default is the Responses API). Content parts, the ``developer``
-role, streaming, and a client that leaves stops the model's work."""
+role, streaming, and a client that leaves stops the model's work. And tool calls relayed
+by the ``openai`` backend from an upstream that makes them."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ from langchain_openai import ChatOpenAI
 
 from examples.chat.chat.app import build_app
 from examples.chat.chat.settings import Settings
+from tests.apps import openai_upstream
 from tests.conftest import ROOT, Toolkit
 from tests.waiting import wait_for
 
@@ -139,3 +141,58 @@ def test_the_client_files_are_locked() -> None:
     locked = json.loads((AI_SDK / "package-lock.json").read_text())["packages"]
     for name, version in manifest["dependencies"].items():
         assert locked[f"node_modules/{name}"]["version"] == version
+
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "weather",
+        "description": "The weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
+
+
+def test_the_openai_backend_relays_tool_calls_and_choices(ray_toolkit: Toolkit) -> None:
+    """With an upstream that calls tools, a request for tools, several choices or a tool's
+    result goes to it whole, and its answer comes back as it sent it: the official
+    client's tool loop works through the chat app, plain and streamed."""
+    ray_toolkit.run(openai_upstream.make_app(), route_prefix="/upstream")
+    relay = Settings(backend="openai", upstream_url=f"{ray_toolkit.url}/upstream/v1", upstream_model="tooled")
+    ray_toolkit.run(build_app(relay), route_prefix="/")
+    question = [{"role": "user", "content": "Weather in Paris?"}]
+    with openai.OpenAI(base_url=f"{ray_toolkit.url}/v1", api_key="unused", max_retries=0) as client:
+        called = client.chat.completions.create(model="tooled", messages=question, tools=[WEATHER])  # type: ignore[list-item]
+        (call,) = called.choices[0].message.tool_calls or []
+        assert called.choices[0].finish_reason == "tool_calls"
+        assert (call.function.name, json.loads(call.function.arguments)) == ("weather", {"city": "Paris"})  # type: ignore[union-attr]
+        sent = httpx.get(f"{ray_toolkit.url}/upstream/last", timeout=10).json()
+        assert sent["tools"] == [WEATHER] and sent["model"] == "tooled"
+
+        # The tool's result goes back as a `tool` message; the upstream answers in text.
+        follow_up = [*question, called.choices[0].message.model_dump(exclude_unset=True)]
+        follow_up.append({"role": "tool", "tool_call_id": call.id, "content": '{"sky": "sunny"}'})
+        answered = client.chat.completions.create(model="tooled", messages=follow_up, tools=[WEATHER])  # type: ignore[arg-type, list-item]
+        assert answered.choices[0].message.content == "It is sunny. (0)"
+        assert (
+            httpx.get(f"{ray_toolkit.url}/upstream/last", timeout=10).json()["messages"][-1]["role"] == "tool"
+        )
+
+        stream = client.chat.completions.create(
+            model="tooled", messages=question, tools=[WEATHER], stream=True
+        )  # type: ignore[list-item]
+        arguments = ""
+        finish = None
+        for chunk in stream:
+            for part in chunk.choices[0].delta.tool_calls or []:
+                arguments += (part.function and part.function.arguments) or ""
+            finish = chunk.choices[0].finish_reason or finish
+        assert json.loads(arguments) == {"city": "Paris"} and finish == "tool_calls"
+
+        several = client.chat.completions.create(model="tooled", messages=question, n=2)
+        assert [choice.message.content for choice in several.choices] == ["plain (0)", "plain (1)"]
+        # Text in, text out still takes the usual path (the upstream streams it).
+        assert (
+            client.chat.completions.create(model="tooled", messages=question).choices[0].message.content
+            == "plain (0)"
+        )

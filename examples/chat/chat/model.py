@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import AsyncIterator
+from typing import Any
 
 import app_toolkit as tk
 
@@ -77,6 +78,24 @@ class ChatModel:
             await pieces.aclose()  # stops the engine's generation now, not when collected
         self._replies["finished"] += 1
         yield Delta(prompt_tokens=prompt_tokens, completion_tokens=produced, finish_reason=finish)
+
+    async def relay(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        """The upstream's answer to a whole chat completion request, as it came: one
+        completion, or its chunks when ``body`` asks for a stream (``openai`` backend)."""
+        relay = getattr(self._engine, "relay", None)
+        if relay is None:
+            raise ChatError(400, "Only the openai backend relays requests.", "invalid_request_error")
+        self._replies["started"] += 1
+        answers = relay(body)
+        try:
+            async for answer in answers:
+                yield answer
+        except (GeneratorExit, asyncio.CancelledError):
+            self._replies["stopped"] += 1
+            raise
+        finally:
+            await answers.aclose()  # the upstream request ends with the caller's
+        self._replies["finished"] += 1
 
     async def stats(self) -> dict[str, int]:
         """This replica's counters: replies by outcome, and the engine's ``active``/``tokens``."""

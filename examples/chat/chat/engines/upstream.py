@@ -35,28 +35,16 @@ class UpstreamEngine:
         messages: Any = [{"role": role, "content": content} for role, content in generation.messages]
         self._active += 1
         try:
-            try:
-                chunks = await self._client.chat.completions.create(
-                    model=self._model,
-                    messages=messages,
-                    max_tokens=generation.max_tokens,
-                    temperature=generation.temperature,
-                    top_p=generation.top_p,
-                    stop=list(generation.stop) or None,
-                    stream=True,
-                    extra_body=dict(generation.upstream_options) or None,  # seed, response_format, …
-                )
-            except openai.APIStatusError as exc:
-                status = exc.status_code if 400 <= exc.status_code < 500 else 502
-                error = exc.body if isinstance(exc.body, dict) else {}  # OpenAI's error object
-                message = error.get("message") or exc.message
-                raise ChatError(
-                    status, f"The model server refused: {message}", "upstream_error", param=error.get("param")
-                ) from None
-            except openai.APIError as exc:
-                raise ChatError(
-                    502, f"The model server is unreachable: {exc.message}", "upstream_error"
-                ) from None
+            chunks = await self._ask(
+                model=self._model,
+                messages=messages,
+                max_tokens=generation.max_tokens,
+                temperature=generation.temperature,
+                top_p=generation.top_p,
+                stop=list(generation.stop) or None,
+                stream=True,
+                extra_body=dict(generation.upstream_options) or None,  # seed, response_format, …
+            )
             async with chunks:  # leaving early closes the upstream request: it stops generating
                 async for chunk in chunks:
                     text = chunk.choices[0].delta.content if chunk.choices else None
@@ -65,6 +53,44 @@ class UpstreamEngine:
                         yield text
         finally:
             self._active -= 1
+
+    async def relay(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+        """A whole request passed on (tools, ``n``, log probabilities, image parts); the
+        answer comes back field for field as the upstream sent it."""
+        options = dict(body)
+        model, messages, stream = (
+            options.pop("model"),
+            options.pop("messages"),
+            bool(options.pop("stream", False)),
+        )
+        self._active += 1
+        try:
+            answer = await self._ask(model=model, messages=messages, stream=stream, extra_body=options)
+            if not stream:
+                yield answer.model_dump(mode="json", exclude_unset=True)
+                return
+            async with answer:
+                async for chunk in answer:
+                    self._tokens += 1
+                    yield chunk.model_dump(mode="json", exclude_unset=True)
+        finally:
+            self._active -= 1
+
+    async def _ask(self, **request: Any) -> Any:
+        """The upstream's chat completion (or its stream); its refusal becomes a ChatError."""
+        try:
+            return await self._client.chat.completions.create(**request)
+        except openai.APIStatusError as exc:
+            status = exc.status_code if 400 <= exc.status_code < 500 else 502
+            error = exc.body if isinstance(exc.body, dict) else {}  # OpenAI's error object
+            message = error.get("message") or exc.message
+            raise ChatError(
+                status, f"The model server refused: {message}", "upstream_error", param=error.get("param")
+            ) from None
+        except openai.APIError as exc:
+            raise ChatError(
+                502, f"The model server is unreachable: {exc.message}", "upstream_error"
+            ) from None
 
     def stats(self) -> dict[str, int]:
         return {"active": self._active, "tokens": self._tokens}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import time
 import uuid
@@ -76,7 +77,10 @@ def build_router(settings: Settings, model_app: tk.Application) -> APIRouter:
     @router.post("/v1/chat/completions", response_model=None)
     async def completions(
         request: ChatCompletionRequest, model: tk.DeploymentHandle = tk.Depends(model_app)
-    ) -> dict[str, Any] | tk.ChatCompletionStream:
+    ) -> dict[str, Any] | tk.ChatCompletionStream | tk.EventStream:
+        relayed = request.relayed(settings)
+        if relayed is not None:  # tool calls, several choices…: the upstream answers it whole
+            return await _relay(model, relayed)
         first, stream = await open_reply(model, generation_of(request))
         if request.stream:
             return _streamed(first, stream, model_name, request)
@@ -131,7 +135,7 @@ def build_router(settings: Settings, model_app: tk.Application) -> APIRouter:
                 except ChatError as exc:
                     await socket.send_json({"type": "error", "error": exc.body()["error"]})
                     continue
-                await _relay(socket, first, stream)
+                await _send_reply(socket, first, stream)
 
     return router
 
@@ -161,7 +165,47 @@ def _streamed(
     )
 
 
-async def _relay(socket: WebSocket, first: Delta, stream: Reply) -> None:
+async def _relay(model: tk.DeploymentHandle, body: dict[str, Any]) -> dict[str, Any] | tk.EventStream:
+    """The upstream's answer to ``body``, as it came: a completion, or its chunks as SSE."""
+    answers: tk.DeploymentResponseGenerator[dict[str, Any]] = model.options(
+        method_name="relay", stream=True
+    ).remote(body)
+    try:
+        first = await anext(answers)
+    except ANSWERED as exc:
+        answers.cancel()
+        raise as_chat_error(exc) from None
+    except BaseException:
+        answers.cancel()
+        raise
+    if not body.get("stream"):
+        answers.cancel()
+        return first
+
+    async def chunks() -> AsyncIterator[dict[str, str]]:
+        try:
+            yield {"data": json.dumps(first)}
+            async for chunk in answers:
+                yield {"data": json.dumps(chunk)}
+        except ANSWERED as exc:  # cut off mid-way: an error chunk, and no [DONE]
+            yield {"data": json.dumps(as_chat_error(exc).body())}
+            return
+        except Exception:
+            logger.exception("A relayed stream failed")
+            yield {
+                "data": json.dumps(
+                    ChatError(502, "The model server failed mid-reply.", "upstream_error").body()
+                )
+            }
+            return
+        finally:
+            answers.cancel()  # the client left early: the upstream request ends too
+        yield {"data": "[DONE]"}
+
+    return tk.EventStream(chunks(), ids=False)
+
+
+async def _send_reply(socket: WebSocket, first: Delta, stream: Reply) -> None:
     """Send one reply over the socket; a ``{"type": "stop"}`` from the client ends it early."""
     await socket.send_json({"type": "start", "prompt_tokens": first.prompt_tokens})
     stop = asyncio.ensure_future(_stop_requested(socket))

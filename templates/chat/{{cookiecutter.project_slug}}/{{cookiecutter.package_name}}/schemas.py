@@ -98,8 +98,9 @@ class OptionRules:
 
 
 #: Chat Completions options beyond what :class:`ChatCompletionRequest` reads. Refused: the
-#: answer would need tool calls, several choices or log probabilities. Forwarded: they
-#: shape the text only, which an upstream can do and the local and echo models cannot.
+#: answer would need tool calls, several choices or log probabilities (the ``openai``
+#: backend relays such a request whole: :meth:`ChatCompletionRequest.relayed`). Forwarded:
+#: they shape the text only, which an upstream can do and the local and echo models cannot.
 CHAT_RULES = OptionRules(
     refused={
         "n": (None, 1),
@@ -186,6 +187,22 @@ class ChatCompletionRequest(BaseModel):
         if isinstance(stop, list) and (len(stop) > 4 or not all(stop)):
             raise ValueError("stop takes at most 4 non-empty strings")
         return stop
+
+    def relayed(self, settings: Settings) -> dict[str, Any] | None:
+        """The request as the ``openai`` backend's upstream gets it whole, when it asks for
+        what only the upstream can answer (tool calls, several choices, log probabilities,
+        image parts: anything :meth:`generation` refuses as unsupported); else None."""
+        if settings.backend != "openai":
+            return None
+        try:
+            self.generation(settings)
+            return None  # text in, text out: the usual path answers it
+        except ChatError as exc:
+            if exc.code != "unsupported_parameter":
+                raise
+        body = self.model_dump(mode="json", exclude_unset=True)
+        body["model"] = settings.upstream_model
+        return body
 
     def generation(self, settings: Settings) -> Generation:
         """What to generate, with the server's defaults where the request sets nothing."""
