@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import shutil
 import subprocess
+import sys
 import time
 from typing import Any
 
@@ -133,6 +135,38 @@ def test_the_vercel_ai_sdk(chat_url: str, provider: str) -> None:
     stopped = stats(chat_url)["stopped"]
     assert ai_sdk(chat_url, f"{provider}-abort")["pieces"] == ["word "]
     assert_stops_generating(chat_url, stopped)
+
+
+def tutorial_snippet(language: str, base: str) -> str:
+    """The ``language`` code block of the tutorial's client section, aimed at ``base`` and
+    the echo model."""
+    text = (ROOT / "docs" / "tutorial-chat.md").read_text(encoding="utf-8")
+    section = text[text.index("### From LangChain") : text.index("### What each request field does")]
+    (code,) = re.findall(rf"```{language}\n(.*?)```", section, re.S)
+    return code.replace("http://127.0.0.1:8000", base).replace("SmolLM2-135M-Instruct", "echo")
+
+
+def test_the_tutorials_client_snippets_run(chat_url: str) -> None:
+    python = subprocess.run(
+        [sys.executable, "-c", tutorial_snippet("python", chat_url)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert python.returncode == 0, python.stderr[-3000:]
+    assert python.stdout == "red green blue\nWrite a haiku about the sea."
+    node = shutil.which("node")
+    assert node is not None
+    javascript = subprocess.run(
+        [node, "--input-type=module", "-"],
+        input=tutorial_snippet("js", chat_url),
+        cwd=AI_SDK,  # its node_modules
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert javascript.returncode == 0, javascript.stderr[-3000:]
+    assert javascript.stdout == "Hello!\nWrite a haiku about the sea."
 
 
 def test_the_client_files_are_locked() -> None:

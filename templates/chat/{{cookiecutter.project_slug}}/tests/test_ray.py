@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import socket
 from collections.abc import Iterator
 
@@ -14,11 +15,22 @@ from {{ cookiecutter.package_name }}.app import build_app
 from .conftest import ECHO, chat
 
 
+def free_port() -> int:
+    """A free port between Ray's worker ports (10002-19999) and Linux's ephemeral ones
+    (32768 and up): no connection the starting cluster opens can take it first."""
+    for port in random.sample(range(20000, 32000), 100):
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port between 20000 and 32000")
+
+
 @pytest.fixture
 def url() -> Iterator[str]:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     tk.start(http_options={"port": port}, backend="ray")
     try:
         yield f"http://127.0.0.1:{port}"

@@ -14,16 +14,19 @@ const messages = [];  // the conversation, sent whole with every request
 let current = null;   // the reply being received: {id, source, bubble, text}
 let reconnects = 0;
 
-// Within this distance of the end, the conversation follows a growing reply; a reader who
-// scrolled further up to read something earlier is left where they are.
+// A reply grows at the end of the conversation. If the reader was at the end (within this
+// distance) before it grew, the conversation follows it; a reader who scrolled up to read
+// something earlier is left where they are.
 const FOLLOW_PX = 48;
-let following = true;
-log.addEventListener("scroll", () => {
-  following = log.scrollHeight - log.scrollTop - log.clientHeight <= FOLLOW_PX;
-});
 
-function toEnd(force = false) {
-  if (force || following) log.scrollTop = log.scrollHeight;
+function grow(change) {
+  const atEnd = log.scrollHeight - log.scrollTop - log.clientHeight <= FOLLOW_PX;
+  change();
+  if (atEnd) toEnd();
+}
+
+function toEnd() {
+  log.scrollTop = log.scrollHeight;
 }
 
 function bubble(role, text) {
@@ -31,7 +34,7 @@ function bubble(role, text) {
   element.className = `message ${role}`;
   element.textContent = text;
   log.append(element);
-  toEnd(true);  // a new message: show it, wherever the reader was
+  toEnd();  // a new message: show it, wherever the reader was
   return element;
 }
 
@@ -106,8 +109,7 @@ function listen(reply) {
   reply.source = source;
   source.addEventListener("token", (event) => {
     reply.text += JSON.parse(event.data).text;
-    reply.bubble.textContent = reply.text;
-    toEnd();
+    grow(() => { reply.bubble.textContent = reply.text; });
   });
   source.addEventListener("done", (event) => finish(reply, JSON.parse(event.data).finish_reason));
   source.addEventListener("failed", (event) => finish(reply, null, JSON.parse(event.data).message));
@@ -124,6 +126,13 @@ function listen(reply) {
 }
 
 function finish(reply, reason, error) {
+  grow(() => end(reply, reason, error));  // the end of the reply, its note included, in view
+  if (current === reply) current = null;
+  setBusy(false);
+  prompt.focus();
+}
+
+function end(reply, reason, error) {
   if (reply.source) reply.source.close();
   reply.bubble.classList.remove("streaming");
   if (reply.text) messages.push({ role: "assistant", content: reply.text });
@@ -137,10 +146,6 @@ function finish(reply, reason, error) {
     if (!reply.text) reply.bubble.remove();
     say(error, true);
   }
-  toEnd();  // the end of the reply, its note included, in view
-  if (current === reply) current = null;
-  setBusy(false);
-  prompt.focus();
 }
 
 async function stop() {
