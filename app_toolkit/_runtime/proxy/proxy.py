@@ -71,6 +71,7 @@ class Proxy:
         #: The ingress replica this process runs (direct ingress): it serves the requests
         #: of its deployment that need no other replica, while it has a free slot.
         self.local = local
+        self._local_id: DeploymentID | None = None  # the table's ID object equal to local's
         #: Snapshots for /-/metrics: this process's, unless the backend knows more.
         self.gather = gather or _this_process
         self.dashboard = Dashboard(http, status, self.gather)
@@ -102,13 +103,14 @@ class Proxy:
         """The replica in this process may serve this request: it is its deployment's,
         asks for no multiplexed model or shard (their replica is chosen by key), and no
         traffic policy (a split, a shadow) applies to the deployment."""
-        return (
-            self.local is not None
-            and deployment == self.local.deployment
-            and not headers.model_id
-            and not headers.shard_key
-            and not self.subscriber.dispatcher(deployment).has_policy
-        )
+        local = self.local
+        if local is None or headers.model_id or headers.shard_key:
+            return False
+        if deployment is not self._local_id:  # the route tables' own object, once compared
+            if deployment != local.deployment:
+                return False
+            self._local_id = deployment
+        return not self.subscriber.dispatcher(deployment).has_policy
 
     def routes(self, app: str) -> bool:
         """The proxy has the routes of application ``app`` (its table has arrived)."""
@@ -182,19 +184,32 @@ class Proxy:
     ) -> None:
         """Read the body and forward the request to the app's replicas, within its
         deadline, cancelled if the client leaves."""
+        deployment, deadline_s = route.target("http", scope["method"], path)
+        link: RequestLink | None = scope.get(REQUEST_LINK)
+        if (
+            link is not None
+            and deadline_s is None
+            and headers.timeout is None
+            and self.http.request_timeout_s is None
+            and (local := self.local) is not None
+            and self._direct(deployment, headers)
+            and not tracing.exporting()
+            and not _declared_too_large(headers, self.http)
+            and local.admit()
+        ):
+            await self._here(local, scope, receive, send, state, route, headers, link)
+            return
         request_id = state.request_id
         timeout_s = parse_timeout(headers.timeout)
         if isinstance(timeout_s, str):
             state.status = await send_answer(send, error_answer(400, timeout_s, request_id))
             return
-        deployment, deadline_s = route.target("http", scope["method"], path)
         for limit in (deadline_s, self.http.request_timeout_s):
             if limit is not None and (timeout_s is None or limit < timeout_s):
                 timeout_s = limit
         body = _NO_BODY
         watching = False
         watcher: asyncio.Future[None] | None = None
-        link: RequestLink | None = scope.get(REQUEST_LINK)
         state.link = link
         span = (
             tracing.start(f"{scope['method']} {route.route_prefix}", "server", headers.caller)
@@ -267,6 +282,35 @@ class Proxy:
                 link.on_client_left = None
             if span is not None:
                 _end_span(span, scope, state)
+
+    async def _here(
+        self,
+        local: LocalIngress,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        state: RequestState,
+        route: AppMatcher,
+        headers: RequestHeaders,
+        link: RequestLink,
+    ) -> None:
+        """What :meth:`_to_app` does for a request the replica in this process serves
+        with no deadline and no span to export (most requests on a replica-owned
+        connection), without the steps those need; its slot is taken."""
+        state.link = link
+        link.on_client_left = state.client_left
+        try:
+            trace = forward_in_place(scope, route, headers)
+            await serve_here(local, scope, receive, send, state, headers, self.http, trace)
+        except asyncio.CancelledError:
+            if not state.disconnected:
+                raise
+            if state.task is not None:
+                state.task.uncancel()  # we asked for this cancellation; it is handled
+            state.status = CLIENT_CLOSED
+        finally:
+            state.finished = True
+            link.on_client_left = None
 
     async def _builtin(self, path: str, request_id: str, send: Send) -> int:
         if path == "/-/healthz":

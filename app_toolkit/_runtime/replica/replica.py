@@ -276,9 +276,17 @@ class ReplicaCore:
         kind = "websocket" if scope["type"] == "websocket" else "http"
         route = ""
         try:
-            route = await self._serve_asgi(
-                request_id, scope, lambda app, state: run_direct(app, scope, receive, send, state), trace
-            )
+            app = self.asgi_app
+            if app is None or trace is None or tracing.exporting():
+                route = await self._serve_asgi(
+                    request_id, scope, lambda app, state: run_direct(app, scope, receive, send, state), trace
+                )
+                return route
+            # No span to export: what _serve_asgi does, without its layers (most requests).
+            state = self._lifespan.state if self._lifespan is not None else {}
+            serving = self._serving()
+            with request_context.request_scope(request_id, tracing.child(trace), serving, scope["headers"]):
+                route = await run_direct(app, scope, receive, send, state)
             return route
         finally:
             self._served(kind, route or request_context.route_template(scope), started)
