@@ -118,7 +118,7 @@ class _Answer:
 
     __slots__ = ("_send", "_state", "_body", "_scope", "_head", "_labels", "_first")
 
-    def __init__(self, send: Send, state: RequestState, body: StreamedBody, scope: Scope) -> None:
+    def __init__(self, send: Send, state: RequestState, body: StreamedBody | None, scope: Scope) -> None:
         self._send = send
         self._state = state
         self._body = body
@@ -128,11 +128,11 @@ class _Answer:
         self._first = True
 
     async def send(self, message: Message) -> None:
-        if self._body.refusal:
+        if self._body is not None and self._body.refusal:
             return
         kind = message["type"]
         if kind == "http.response.start":
-            headers = with_request_id(list(message.get("headers", ())), self._state.request_id)
+            headers = with_request_id(message.get("headers", ()), self._state.request_id)
             self._head = {**message, "headers": headers}
             return
         if kind == "http.response.body":
@@ -211,12 +211,13 @@ async def serve_here(
     """Serve one request with the replica in this process, whose slot ``local.admit()``
     took (it gives it back). ``scope`` is the one the proxy would forward (the prefix as
     root_path, the request id, ``trace`` in its headers)."""
-    body = StreamedBody(receive, headers, http, state)
+    body = StreamedBody(receive, headers, http, state) if headers.has_body else None
     answer = _Answer(send, state, body, scope)
     request_id = state.request_id
+    logged = {"request_id": request_id}  # the replica's request context has ended
     try:
         state.route = await local.serve_direct(
-            request_id, scope, body.receive if headers.has_body else receive, answer.send, trace
+            request_id, scope, body.receive if body is not None else receive, answer.send, trace
         )
         await answer.finish()
     except asyncio.CancelledError:
@@ -226,11 +227,14 @@ async def serve_here(
         # The traceback goes to this log with the id; the client gets no internals.
         answer.close()
         state.route = route_template(scope)
-        if body.refusal and not state.started:  # the app failed reading a refused body
-            logger.info("Request %s: body refused (%d) while the app read it", request_id, body.refusal)
-            state.status = await answers.send_answer(send, refusal_answer(body.refusal, http, request_id))
+        refusal = body.refusal if body is not None else 0
+        if refusal and not state.started:  # the app failed reading a refused body
+            logger.info(
+                "Request %s: body refused (%d) while the app read it", request_id, refusal, extra=logged
+            )
+            state.status = await answers.send_answer(send, refusal_answer(refusal, http, request_id))
             return
-        logger.exception("Request %s failed", request_id)
+        logger.exception("Request %s failed", request_id, extra=logged)
         if state.finished:
             return  # it raised after its response (Starlette's error middleware does)
         if state.started:
@@ -240,12 +244,12 @@ async def serve_here(
         return
     answer.close()
     if state.started and not state.finished:
-        logger.error("Request %s: the app returned in the middle of its response", request_id)
+        logger.error("Request %s: the app returned in the middle of its response", request_id, extra=logged)
         await abort_response(state, "the app returned in the middle of its response")
-    elif body.refusal and not state.started:
+    elif body is not None and body.refusal and not state.started:
         state.status = await answers.send_answer(send, refusal_answer(body.refusal, http, request_id))
     elif not state.started:
-        logger.error("Request %s: the app returned without a response", request_id)
+        logger.error("Request %s: the app returned without a response", request_id, extra=logged)
         state.status = await answers.send_answer(send, answers.internal_error(request_id))
 
 

@@ -152,6 +152,12 @@ class Proxy:
         path = route_path(scope)
         headers = read_headers(scope, self.shard_header)
         request_id = state.request_id = headers.request_id
+        route = match_app(self.apps, path) if self.loaded and not path.startswith("/-/") else None
+        if route is not None:
+            state.app, state.target = route.app, route.route_prefix
+            state.prefix = "" if route.route_prefix == "/" else route.route_prefix
+            await self._to_app(scope, receive, send, state, route, path, headers)
+            return
         with request_context.request_scope(request_id):  # for this request's log records
             if path == "/-/metrics":  # served before the routes are loaded, too
                 state.target = path
@@ -165,12 +171,8 @@ class Proxy:
             elif path.startswith("/-/"):
                 state.target = path if path in _BUILTINS else ""
                 state.status = await self._builtin(path, request_id, send)
-            elif (route := match_app(self.apps, path)) is None:
-                state.status = await send_answer(send, error_answer(404, "Not Found", request_id))
             else:
-                state.app, state.target = route.app, route.route_prefix
-                state.prefix = "" if route.route_prefix == "/" else route.route_prefix
-                await self._to_app(scope, receive, send, state, route, path, headers)
+                state.status = await send_answer(send, error_answer(404, "Not Found", request_id))
 
     async def _to_app(
         self,
@@ -182,8 +184,8 @@ class Proxy:
         path: str,
         headers: RequestHeaders,
     ) -> None:
-        """Read the body and forward the request to the app's replicas, within its
-        deadline, cancelled if the client leaves."""
+        """Serve the request with the replica in this process on the short path, or
+        (:meth:`_forward`) with every rule a deadline or an exported span needs."""
         deployment, deadline_s = route.target("http", scope["method"], path)
         link: RequestLink | None = scope.get(REQUEST_LINK)
         if (
@@ -198,7 +200,24 @@ class Proxy:
             and local.admit()
         ):
             await self._here(local, scope, receive, send, state, route, headers, link)
-            return
+            return  # the replica entered the request's context
+        with request_context.request_scope(state.request_id):  # for this request's log records
+            await self._forward(scope, receive, send, state, route, headers, deployment, deadline_s, link)
+
+    async def _forward(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        state: RequestState,
+        route: AppMatcher,
+        headers: RequestHeaders,
+        deployment: DeploymentID,
+        deadline_s: float | None,
+        link: RequestLink | None,
+    ) -> None:
+        """Read the body and forward the request to the app's replicas (or the one in
+        this process), within its deadline, cancelled if the client leaves."""
         request_id = state.request_id
         timeout_s = parse_timeout(headers.timeout)
         if isinstance(timeout_s, str):

@@ -4,7 +4,7 @@ deadline header, and the scope the replica sees (HTTP and WebSocket alike). Pure
 from __future__ import annotations
 
 import random
-from collections.abc import MutableMapping
+from collections.abc import Iterable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -168,7 +168,12 @@ def _forward(
     return trace
 
 
-def with_request_id(headers: list[tuple[bytes, bytes]], request_id: str) -> list[tuple[bytes, bytes]]:
-    if any(key.lower() == REQUEST_ID_HEADER for key, _ in headers):
-        return headers
-    return [*headers, (REQUEST_ID_HEADER, request_id.encode())]
+def with_request_id(headers: Iterable[tuple[bytes, bytes]], request_id: str) -> list[tuple[bytes, bytes]]:
+    """A response's ``headers`` as a new list, with ``x-request-id`` added unless the app
+    set it."""
+    answered = list(headers)
+    for key, _ in answered:
+        if key.lower() == REQUEST_ID_HEADER:
+            return answered
+    answered.append((REQUEST_ID_HEADER, request_id.encode()))
+    return answered

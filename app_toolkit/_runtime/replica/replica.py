@@ -282,11 +282,13 @@ class ReplicaCore:
                     request_id, scope, lambda app, state: run_direct(app, scope, receive, send, state), trace
                 )
                 return route
-            # No span to export: what _serve_asgi does, without its layers (most requests).
-            state = self._lifespan.state if self._lifespan is not None else {}
-            serving = self._serving()
+            # No span to export: what _serve_asgi and run_direct do, without their layers
+            # (most requests).
+            serving = self._serves or self._serving()
             with request_context.request_scope(request_id, tracing.child(trace), serving, scope["headers"]):
-                route = await run_direct(app, scope, receive, send, state)
+                scope["state"] = dict(self._lifespan.state) if self._lifespan is not None else {}
+                await app(scope, receive, send)
+            route = request_context.route_template(scope)
             return route
         finally:
             self._served(kind, route or request_context.route_template(scope), started)
