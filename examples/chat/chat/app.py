@@ -27,7 +27,7 @@ def build_app(settings: Settings | None = None) -> tk.App:
         # The local model computes on the CPU it reserves; the others only wait on I/O.
         ray_actor_options={"num_cpus": 1 if settings.backend == "local" else 0},
     ).bind(settings)
-    replies = Replies.bind(model, settings)
+    replies = Replies.options(num_replicas=settings.reply_replicas).bind(model, settings)
     api = FastAPI(title="Chat", summary=f"OpenAI-compatible chat with {settings.model_name}")
     errors.install(api)
     if settings.cors_origins:  # browser front ends on other origins calling the API directly

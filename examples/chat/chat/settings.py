@@ -40,9 +40,27 @@ class Settings(BaseSettings):
         1.1, ge=1.0, le=2.0, description="Local model: how much less likely a seen token becomes (1: none)."
     )
     max_model_replicas: int = Field(2, ge=1, description="Most model replicas the autoscaler starts.")
-    max_replies: int = Field(256, ge=1, description="Replies the page API keeps at once (running or done).")
+    max_replies: int = Field(
+        256, ge=1, description="Replies of the page API each Replies replica generates at once."
+    )
     reply_keep_s: float = Field(60.0, gt=0, description="How long a finished reply can still be resumed.")
     reply_orphan_s: float = Field(30.0, gt=0, description="A reply nobody reads for this long is stopped.")
+    reply_store: Literal["memory", "redis"] = Field(
+        "memory",
+        description="Where the page's replies are kept: memory (in the replica generating them) or "
+        "redis (readable through every replica, and after the one generating them died).",
+    )
+    redis_url: SecretStr = Field(
+        SecretStr("redis://127.0.0.1:6379/0"),
+        description="The Redis of reply_store=redis (redis://[:password@]host:port/db, rediss:// for TLS).",
+    )
+    reply_replicas: int = Field(1, ge=1, le=64, description="Replicas of the Replies deployment.")
+    reply_writer_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        description="A reply whose generator has not been heard from for this long is reported "
+        "lost to its readers (a failed event) instead of waited for.",
+    )
     cors_origins: list[str] = Field(
         [],
         description="Web origins whose pages may call the API from the browser (CORS), e.g. "

@@ -33,8 +33,11 @@ def test_reply_resumes_after_the_last_event_id(client: tk.testing.TestClient) ->
     url = f"/api/replies/{reply.json()['id']}/events"
     whole = events(client.get(url).text)
     assert [kind for _, kind, _ in whole] == ["token"] * 4 + ["done"]
-    resumed = events(client.get(url, headers={"Last-Event-ID": "2"}).text)
+    second = whole[1][0]  # ids are the store's own: opaque to readers
+    resumed = events(client.get(url, headers={"Last-Event-ID": second}).text)
     assert resumed == whole[2:]  # the rest, nothing repeated
+    assert events(client.get(url, params={"after": second}).text) == whole[2:]
+    assert client.get(url, headers={"Last-Event-ID": "not-an-id"}).status_code == 400
 
 
 def test_stop_ends_the_reply_on_the_model(client: tk.testing.TestClient) -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import html
-import json
+import uuid
 from collections.abc import AsyncIterator
 from importlib import resources
 from typing import Any
@@ -48,8 +48,9 @@ def build_router(settings: Settings, replies_app: tk.Application, model_app: tk.
         request: ChatCompletionRequest, replies: tk.DeploymentHandle = tk.Depends(replies_app)
     ) -> dict[str, str]:
         """Start generating a reply; read it from ``/api/replies/{id}/events``."""
+        reply_id = uuid.uuid4().hex  # its calls go to one Replies replica: the one generating it
         try:
-            reply_id: str = await replies.start.remote(request.generation(settings))
+            await replies.options(shard_key=reply_id).start.remote(reply_id, request.generation(settings))
         except ANSWERED as exc:
             raise as_chat_error(exc) from None
         return {"id": reply_id}
@@ -57,14 +58,13 @@ def build_router(settings: Settings, replies_app: tk.Application, model_app: tk.
     @router.get("/api/replies/{reply_id}/events")
     async def reply_events(
         reply_id: str,
-        after: int = Query(0, ge=0, description="Send the events numbered above this one."),
-        last_event_id: str | None = Header(None),
+        after: str = Query("", max_length=64, description="Send the events after the one with this id."),
+        last_event_id: str | None = Header(None, max_length=64),
         replies: tk.DeploymentHandle = tk.Depends(replies_app),
     ) -> tk.EventStream:
         """The reply as SSE; a reconnecting EventSource resumes after its ``Last-Event-ID``."""
-        if last_event_id and last_event_id.isdigit():
-            after = max(after, int(last_event_id))
-        stream = replies.options(method_name="events", stream=True).remote(reply_id, after)
+        handle = replies.options(method_name="events", stream=True, shard_key=reply_id)
+        stream = handle.remote(reply_id, last_event_id or after)
         try:
             first: ReplyEvent | None = await anext(stream, None)
         except ANSWERED as exc:
@@ -74,7 +74,7 @@ def build_router(settings: Settings, replies_app: tk.Application, model_app: tk.
     @router.post("/api/replies/{reply_id}/stop", status_code=204)
     async def stop_reply(reply_id: str, replies: tk.DeploymentHandle = tk.Depends(replies_app)) -> Response:
         """Stop generating: the model ends the reply and frees its place in the batch."""
-        if not await replies.stop.remote(reply_id):
+        if not await replies.options(shard_key=reply_id).stop.remote(reply_id):
             raise ChatError(404, f"No reply {reply_id!r}.", "invalid_request_error", "reply_not_found")
         return Response(status_code=204)
 
@@ -92,16 +92,13 @@ async def _sse(
 ) -> AsyncIterator[Any]:
     try:
         event = first
-        if event is not None:  # tells the browser how soon to reconnect if the line drops
-            yield {
-                "id": str(event.number),
-                "event": event.kind,
-                "data": json.dumps(event.data),
-                "retry": RECONNECT_MS,
-            }
-            event = await anext(stream, None)
+        retry: dict[str, int] = {"retry": RECONNECT_MS}  # how soon the browser reconnects if the line drops
         while event is not None:
-            yield {"id": str(event.number), "event": event.kind, "data": json.dumps(event.data)}
+            # An event without an id (a reply lost with its process) must not reset the
+            # browser's Last-Event-ID: it is the last one anyway.
+            fields = {"id": event.id} if event.id else {}
+            yield {**fields, "event": event.kind, "data": event.data, **retry}
+            retry = {}
             event = await anext(stream, None)
     finally:
         stream.cancel()  # only the reading stops; the reply goes on for a reconnecting reader

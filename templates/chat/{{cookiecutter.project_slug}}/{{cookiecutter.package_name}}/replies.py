@@ -1,21 +1,23 @@
 """Resumable replies for the page: generation runs apart from the connection that reads it.
 
 The page starts a reply (``start``), then reads its events (``events``) over SSE. Each
-event has a number; a reader that lost its connection asks again from the last number it
-saw and gets the rest, without repeats. A reply keeps all its events until it ends (a
-reply is at most ``max_tokens`` pieces), and stays readable for ``reply_keep_s`` after
-that. ``stop`` ends the generation on the model; a reply nobody reads for
-``reply_orphan_s`` is stopped too.
+event has an id; a reader that lost its connection asks again from the last id it saw
+and gets the rest, without repeats. The events go to an event log
+(``settings.reply_store``): in this process (``memory``), or in Redis, where every
+replica reads them and they outlive the replica that wrote them. A reply's calls go to
+one replica (the reply id is their shard key), the one that generates it: ``stop`` ends
+the generation on the model there; a reply nobody reads for ``reply_orphan_s`` is
+stopped too. Closing a reply's stream is what stops it, so a ``stop`` that reaches
+another replica (its own died, or the replicas changed) still ends the reply.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
+import json
 import logging
 import time
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -30,128 +32,173 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class ReplyEvent:
-    """One numbered event of a reply: ``token`` (text), ``done`` or ``failed``."""
+    """One event of a reply: ``token`` (text), ``done`` or ``failed``; ``data`` is JSON."""
 
-    number: int
+    id: str
     kind: str
-    data: dict[str, Any]
+    data: str
 
 
 @dataclass(eq=False)
-class _Reply:
-    events: list[ReplyEvent] = field(default_factory=list)
-    changed: asyncio.Condition = field(default_factory=asyncio.Condition)
+class _Pump:
+    """A reply this replica generates."""
+
     task: asyncio.Task[None] | None = None
-    ended_at: float | None = None
     readers: int = 0
     unread_since: float = field(default_factory=time.monotonic)
 
-    def has_news(self, sent: int) -> bool:
-        """Whether a reader that has ``sent`` events has more to send, or is done."""
-        return len(self.events) > sent or self.ended_at is not None
+
+def make_log(settings: Settings) -> tk.EventLog:
+    """The event log ``settings`` choose for the replies."""
+    bounds: dict[str, Any] = {
+        "max_events": settings.max_context_tokens + 8,  # a reply's tokens, and its last event
+        "keep_s": settings.reply_keep_s,
+        "writer_timeout_s": settings.reply_writer_timeout_s,
+    }
+    if settings.reply_store == "redis":
+        url = settings.redis_url.get_secret_value()
+        return tk.RedisEventLog(url, prefix="chat:replies:", **bounds)
+    return tk.MemoryEventLog(max_streams=4 * settings.max_replies, **bounds)
 
 
-@tk.deployment(num_replicas=1, max_ongoing_requests=1000)
+def _overloaded(what: str) -> ChatError:
+    return ChatError(503, f"{what}; retry shortly.", "server_error", "overloaded")
+
+
+@tk.deployment(max_ongoing_requests=1000)
 class Replies:
-    """Holds the replies in flight and the recently finished ones, bounded in number."""
+    """Generates replies into the event log, bounded in number per replica."""
 
     def __init__(self, model: tk.DeploymentHandle, settings: Settings) -> None:
         self._model = model.options(method_name="generate", stream=True)
         self._settings = settings
-        self._replies: dict[str, _Reply] = {}
+        self._log = make_log(settings)
+        self._pumps: dict[str, _Pump] = {}
         self._admitting = 0
         self._sweeper: asyncio.Task[None] | None = None
 
-    async def start(self, generation: Generation) -> str:
-        """Admit a reply and start generating it; its id names it to ``events`` and ``stop``.
+    async def start(self, reply_id: str, generation: Generation) -> None:
+        """Admit reply ``reply_id`` (a new uuid) and start generating it.
 
         Raises :class:`ChatError` (503 when full, or what the model refused with).
         """
-        self._sweep(time.monotonic())
-        if len(self._replies) + self._admitting >= self._settings.max_replies:
-            raise ChatError(503, "Too many replies in progress; retry shortly.", "server_error", "overloaded")
+        if len(self._pumps) + self._admitting >= self._settings.max_replies:
+            raise _overloaded("Too many replies in progress")
         if self._sweeper is None:
             self._sweeper = asyncio.get_running_loop().create_task(self._sweep_forever())
         self._admitting += 1  # holds its place while the model looks at the prompt
         try:
             stream = self._model.remote(generation)
             first: Delta = await anext(stream)  # raises what the model refused the request with
+            try:
+                await self._log.append(reply_id, "{}", "started")  # readable once this returns
+            except OverflowError:
+                stream.cancel()
+                raise _overloaded("Too many replies kept") from None
+            except BaseException:
+                stream.cancel()
+                raise
         finally:
             self._admitting -= 1
-        reply_id = uuid.uuid4().hex
-        reply = _Reply()
-        self._replies[reply_id] = reply
-        reply.task = asyncio.get_running_loop().create_task(self._pump(reply, stream, first))
-        return reply_id
+        pump = self._pumps[reply_id] = _Pump()
+        pump.task = asyncio.get_running_loop().create_task(self._pump(reply_id, stream, first))
 
-    async def _pump(self, reply: _Reply, stream: Any, first: Delta) -> None:
+    async def _pump(self, reply_id: str, stream: Any, first: Delta) -> None:
+        log = self._log
+        ended = False
+        alive = asyncio.get_running_loop().create_task(self._keep_alive(reply_id))
         try:
             async for delta in stream:
                 if delta.finish_reason is None:
-                    await self._append(reply, "token", {"text": delta.text})
+                    try:
+                        await log.append(reply_id, json.dumps({"text": delta.text}), "token")
+                    except ValueError:  # closed by a stop that reached another replica
+                        stream.cancel()
+                        ended = True
+                        return
                     continue
                 usage = {"prompt_tokens": first.prompt_tokens, "completion_tokens": delta.completion_tokens}
-                await self._append(reply, "done", {"finish_reason": delta.finish_reason, "usage": usage})
+                await self._end(reply_id, "done", {"finish_reason": delta.finish_reason, "usage": usage})
+                ended = True
         except asyncio.CancelledError:
             stream.cancel()  # the model stops generating and frees the reply's batch slot
-            await self._append(reply, "done", {"finish_reason": "stopped"})
+            ended = await self._end(reply_id, "done", {"finish_reason": "stopped"})
         except Exception:
-            logger.exception("A reply failed")
+            logger.exception("Reply %s failed", reply_id)
         finally:
-            if reply.ended_at is None:
-                await self._append(reply, "failed", {"message": "The model failed; try again."})
+            alive.cancel()
+            self._pumps.pop(reply_id, None)
+            if not ended:
+                await self._end(reply_id, "failed", {"message": "The model failed; try again."})
 
-    async def _append(self, reply: _Reply, kind: str, data: dict[str, Any]) -> None:
-        async with reply.changed:
-            reply.events.append(ReplyEvent(len(reply.events) + 1, kind, data))
-            if kind != "token":
-                reply.ended_at = time.monotonic()
-            reply.changed.notify_all()
+    async def _keep_alive(self, reply_id: str) -> None:
+        """Tell readers the reply is being generated while no token comes (a long prompt
+        read, a full batch), so they do not take it for lost."""
+        while True:
+            await asyncio.sleep(self._settings.reply_writer_timeout_s / 3)
+            with contextlib.suppress(Exception):
+                await self._log.touch(reply_id)
 
-    async def events(self, reply_id: str, after: int = 0) -> AsyncIterator[ReplyEvent]:
-        """The reply's events numbered above ``after``, as they come, until it ends."""
-        reply = self._replies.get(reply_id)
-        if reply is None:
+    async def _end(self, reply_id: str, kind: str, data: dict[str, Any]) -> bool:
+        """Write the reply's last event and close it (False: another replica closed it)."""
+        try:
+            await self._log.append(reply_id, json.dumps(data), kind)
+            await self._log.close(reply_id)
+        except (ValueError, tk.UnknownStream):
+            return False
+        except Exception:
+            logger.exception("Reply %s: its end could not be stored", reply_id)
+            return False
+        return True
+
+    async def events(self, reply_id: str, after: str = "") -> AsyncIterator[ReplyEvent]:
+        """The reply's events after the one with id ``after``, as they come, until it ends."""
+        try:
+            events = await self._log.follow(reply_id, after)
+        except tk.UnknownStream:
             raise ChatError(
                 404,
                 f"No reply {reply_id!r} (finished replies are kept for a while only).",
                 "invalid_request_error",
                 "reply_not_found",
-            )
-        reply.readers += 1
+            ) from None
+        except ValueError as bad:
+            raise ChatError(400, str(bad), "invalid_request_error", "invalid_event_id") from None
+        pump = self._pumps.get(reply_id)
+        if pump is not None:
+            pump.readers += 1
         try:
-            sent = max(0, after)
-            while True:
-                async with reply.changed:
-                    await reply.changed.wait_for(functools.partial(reply.has_news, sent))
-                    fresh = reply.events[sent:]
-                for event in fresh:
-                    yield event
-                sent += len(fresh)
-                if reply.ended_at is not None and sent >= len(reply.events):
-                    return
+            async for event in events:
+                if event.event != "started":
+                    yield ReplyEvent(event.id, event.event, event.data)
+        except tk.StreamAbandoned:
+            message = "The reply was lost with the process generating it; try again."
+            yield ReplyEvent("", "failed", json.dumps({"message": message}))
         finally:
-            reply.readers -= 1
-            reply.unread_since = time.monotonic()
+            if pump is not None:
+                pump.readers -= 1
+                pump.unread_since = time.monotonic()
 
     async def stop(self, reply_id: str) -> bool:
         """Stop generating ``reply_id``; False if there is no such reply."""
-        reply = self._replies.get(reply_id)
-        if reply is None:
-            return False
-        if reply.task is not None and not reply.task.done():
-            reply.task.cancel()
+        pump = self._pumps.get(reply_id)
+        if pump is not None and pump.task is not None and not pump.task.done():
+            pump.task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
-                await reply.task
+                await pump.task
+            return True
+        try:  # generated elsewhere (or done): closing its stream stops it there
+            await self._log.touch(reply_id)
+        except tk.UnknownStream:
+            return False
+        await self._end(reply_id, "done", {"finish_reason": "stopped"})
         return True
 
     def _sweep(self, now: float) -> None:
-        for reply_id, reply in list(self._replies.items()):
-            if reply.ended_at is not None and now - reply.ended_at > self._settings.reply_keep_s:
-                del self._replies[reply_id]
-            elif reply.readers == 0 and reply.task is not None and not reply.task.done():
-                if now - reply.unread_since > self._settings.reply_orphan_s:
-                    reply.task.cancel()  # nobody came back for it: free the model
+        for pump in self._pumps.values():
+            if pump.readers == 0 and pump.task is not None and not pump.task.done():
+                if now - pump.unread_since > self._settings.reply_orphan_s:
+                    pump.task.cancel()  # nobody came back for it: free the model
 
     async def _sweep_forever(self) -> None:
         while True:
