@@ -95,3 +95,24 @@ def test_page_replies_in_redis_resume_anywhere_and_outlive_their_writer(
         assert everything[-1][1] == "failed"  # lost with its writer, said so
         got = text(everything).split()
         assert 6 <= len(got) < len(words) and got == words[: len(got)]  # what was stored, once
+
+
+def test_a_reply_goes_on_when_its_model_replica_is_killed(ray_toolkit: Toolkit) -> None:
+    """The model replica producing a reply is SIGKILLed: another continues it from the
+    text so far (the echo model skips what it said), and the reader gets one reply."""
+    settings = Settings(backend="echo", echo_tokens_per_s=20)
+    name = ray_toolkit.name()
+    ray_toolkit.run(build_app(settings), name=name, route_prefix="/")
+    words = [f"w{i}" for i in range(40)]
+    with ray_toolkit.client() as client:
+        reply_id = start(client, words)
+        seen = read(client, reply_id, stop_after=6)
+        for replica in tk.status().applications[name].deployments["ChatModel"].replicas:
+            actor = ray.get_actor(f"app_toolkit_replica:{replica.replica_id}", namespace=NAMESPACE)
+            os.kill(ray.get(actor.stats.remote(), timeout=30)["pid"], signal.SIGKILL)
+        rest = read(client, reply_id, after=seen[-1][0])
+    everything = seen + rest
+    assert everything[-1][1] == "done", everything[-1]
+    assert text(everything).split() == words  # whole, nothing repeated
+    usage = everything[-1][2]["usage"]
+    assert isinstance(usage, dict) and usage["completion_tokens"] == len(words)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import time
@@ -61,6 +62,9 @@ def make_log(settings: Settings) -> tk.EventLog:
     return tk.MemoryEventLog(max_streams=4 * settings.max_replies, **bounds)
 
 
+_CLOSED = "closed elsewhere"  # the finish reason _relay gives a reply another replica stopped
+
+
 def _overloaded(what: str) -> ChatError:
     return ChatError(503, f"{what}; retry shortly.", "server_error", "overloaded")
 
@@ -101,35 +105,79 @@ class Replies:
         finally:
             self._admitting -= 1
         pump = self._pumps[reply_id] = _Pump()
-        pump.task = asyncio.get_running_loop().create_task(self._pump(reply_id, stream, first))
+        pump.task = asyncio.get_running_loop().create_task(self._pump(reply_id, stream, first, generation))
 
-    async def _pump(self, reply_id: str, stream: Any, first: Delta) -> None:
-        log = self._log
+    async def _pump(self, reply_id: str, stream: Any, first: Delta, generation: Generation) -> None:
         ended = False
+        failure = "The model failed; try again."
         alive = asyncio.get_running_loop().create_task(self._keep_alive(reply_id))
+        pieces: list[str] = []  # the reply so far, to continue it from if its model replica is lost
+        earlier = 0  # tokens produced by model replicas lost before the current one
+        attempts = self._settings.reply_continue_attempts
         try:
-            async for delta in stream:
-                if delta.finish_reason is None:
-                    try:
-                        await log.append(reply_id, json.dumps({"text": delta.text}), "token")
-                    except ValueError:  # closed by a stop that reached another replica
-                        stream.cancel()
-                        ended = True
-                        return
+            while stream is not None:
+                try:
+                    last = await self._relay(reply_id, stream, pieces)
+                except tk.ReplicaUnavailableError:
+                    if attempts == 0:
+                        raise
+                    attempts -= 1
+                    earlier = len(pieces)  # one piece a token, near enough
+                    stream = await self._continue(reply_id, generation, "".join(pieces), earlier)
+                    last = Delta(completion_tokens=0, finish_reason="length") if stream is None else None
+                if last is None:
                     continue
-                usage = {"prompt_tokens": first.prompt_tokens, "completion_tokens": delta.completion_tokens}
-                await self._end(reply_id, "done", {"finish_reason": delta.finish_reason, "usage": usage})
-                ended = True
+                if last.finish_reason == _CLOSED:
+                    ended = True  # a stop that reached another replica ended it
+                else:
+                    usage = {
+                        "prompt_tokens": first.prompt_tokens,
+                        "completion_tokens": earlier + last.completion_tokens,
+                    }
+                    ended = await self._end(
+                        reply_id, "done", {"finish_reason": last.finish_reason, "usage": usage}
+                    )
+                break
         except asyncio.CancelledError:
-            stream.cancel()  # the model stops generating and frees the reply's batch slot
+            if stream is not None:
+                stream.cancel()  # the model stops generating and frees the reply's batch slot
             ended = await self._end(reply_id, "done", {"finish_reason": "stopped"})
+        except ChatError as refused:  # e.g. an upstream that cannot continue a reply
+            logger.warning("Reply %s failed: %s", reply_id, refused.message)
+            failure = refused.message
         except Exception:
             logger.exception("Reply %s failed", reply_id)
         finally:
             alive.cancel()
             self._pumps.pop(reply_id, None)
             if not ended:
-                await self._end(reply_id, "failed", {"message": "The model failed; try again."})
+                await self._end(reply_id, "failed", {"message": failure})
+
+    async def _relay(self, reply_id: str, stream: Any, pieces: list[str]) -> Delta:
+        """Store the model's pieces as they come; returns its last delta (why it ended)."""
+        async for delta in stream:
+            if delta.finish_reason is not None:
+                return delta
+            try:
+                await self._log.append(reply_id, json.dumps({"text": delta.text}), "token")
+            except ValueError:  # closed by a stop that reached another replica
+                stream.cancel()
+                return Delta(finish_reason=_CLOSED)
+            pieces.append(delta.text)
+        raise RuntimeError("the model's stream ended without saying why")
+
+    async def _continue(self, reply_id: str, generation: Generation, prefix: str, produced: int) -> Any:
+        """The rest of a reply whose model replica was lost, from another replica (None:
+        nothing is left to produce)."""
+        left = generation.max_tokens - produced
+        if left <= 0:
+            return None
+        logger.warning(
+            "Reply %s: its model replica was lost after %d tokens; another continues it", reply_id, produced
+        )
+        stream = self._model.remote(dataclasses.replace(generation, prefix=prefix, max_tokens=left))
+        await anext(stream)  # the prompt count (or the refusal, raised)
+        return stream
 
     async def _keep_alive(self, reply_id: str) -> None:
         """Tell readers the reply is being generated while no token comes (a long prompt

@@ -229,6 +229,8 @@ class Generation:
     stop: tuple[str, ...] = ()
     #: OpenAI options the ``openai`` backend passes to its upstream as they came.
     upstream_options: tuple[tuple[str, Any], ...] = ()
+    #: The reply so far, which the model continues (its first replica was lost mid-reply).
+    prefix: str = ""
 
     @property
     def last_user_message(self) -> str:

@@ -23,6 +23,11 @@ class Settings(BaseSettings):
     )
     upstream_api_key: SecretStr = Field(SecretStr("none"), description="API key for the upstream server.")
     upstream_model: str = Field("default", description="Model name to ask the upstream server for.")
+    upstream_continues: bool = Field(
+        False,
+        description="The upstream continues a partial assistant message (vLLM's continue_final_message): "
+        "a reply whose model replica was lost goes on there; otherwise it ends with a failed event.",
+    )
     upstream_timeout_s: float = Field(
         30.0, gt=0, description="Connect and read timeout towards the upstream."
     )
@@ -55,6 +60,9 @@ class Settings(BaseSettings):
         description="The Redis of reply_store=redis (redis://[:password@]host:port/db, rediss:// for TLS).",
     )
     reply_replicas: int = Field(1, ge=1, le=64, description="Replicas of the Replies deployment.")
+    reply_continue_attempts: int = Field(
+        2, ge=0, le=10, description="How often a reply whose model replica was lost goes on on another."
+    )
     reply_writer_timeout_s: float = Field(
         30.0,
         gt=0,

@@ -83,7 +83,10 @@ class LocalEngine:
         messages = [{"role": role, "content": content} for role, content in generation.messages]
         encoded = self._tokenizer.apply_chat_template(messages, add_generation_prompt=True)
         # transformers 5 returns a BatchEncoding (a mapping); older releases a plain list.
-        return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
+        prompt = list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
+        if generation.prefix:  # a continued reply: the assistant's turn starts with it
+            prompt += self._tokenizer.encode(generation.prefix, add_special_tokens=False)
+        return prompt
 
     def count_prompt(self, generation: Generation) -> int:
         return len(self._prompt(generation))

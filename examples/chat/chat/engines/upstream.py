@@ -16,6 +16,7 @@ class UpstreamEngine:
     def __init__(self, settings: Settings) -> None:
         self.context_window = 1 << 30  # the upstream enforces its own; its 400 is passed on
         self._model = settings.upstream_model
+        self._continues = settings.upstream_continues
         self._client = openai.AsyncOpenAI(
             base_url=settings.upstream_url,
             api_key=settings.upstream_api_key.get_secret_value(),
@@ -33,6 +34,17 @@ class UpstreamEngine:
 
     async def stream(self, generation: Generation) -> AsyncIterator[str]:
         messages: Any = [{"role": role, "content": content} for role, content in generation.messages]
+        options = dict(generation.upstream_options)  # seed, response_format, …
+        if generation.prefix:  # a continued reply: the upstream goes on from its text
+            if not self._continues:
+                raise ChatError(
+                    502,
+                    "The model server cannot continue a reply its first replica lost "
+                    "(CHAT_UPSTREAM_CONTINUES=true tells this service a vLLM server can).",
+                    "upstream_error",
+                )
+            messages.append({"role": "assistant", "content": generation.prefix})
+            options |= {"continue_final_message": True, "add_generation_prompt": False}  # vLLM's
         self._active += 1
         try:
             chunks = await self._ask(
@@ -43,7 +55,7 @@ class UpstreamEngine:
                 top_p=generation.top_p,
                 stop=list(generation.stop) or None,
                 stream=True,
-                extra_body=dict(generation.upstream_options) or None,  # seed, response_format, …
+                extra_body=options or None,
             )
             async with chunks:  # leaving early closes the upstream request: it stops generating
                 async for chunk in chunks:

@@ -21,15 +21,17 @@ class EchoEngine:
         return None
 
     def count_prompt(self, generation: Generation) -> int:
-        return sum(len(content.split()) for _, content in generation.messages)
+        said = sum(len(content.split()) for _, content in generation.messages)
+        return said + len(generation.prefix.split())
 
     async def stream(self, generation: Generation) -> AsyncIterator[str]:
         words = generation.last_user_message.split()
+        done = len(generation.prefix.split())  # a continued reply: the words it has already
         self._active += 1
         try:
             loop = asyncio.get_running_loop()
             due = loop.time()
-            for index, word in enumerate(words[: generation.max_tokens]):
+            for index, word in enumerate(words[done : done + generation.max_tokens], start=done):
                 due += self._interval_s
                 await asyncio.sleep(max(0.0, due - loop.time()))  # a steady pace, not a drifting one
                 self._tokens += 1
