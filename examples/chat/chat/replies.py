@@ -141,7 +141,8 @@ class Replies:
         except asyncio.CancelledError:
             if stream is not None:
                 stream.cancel()  # the model stops generating and frees the reply's batch slot
-            ended = await self._end(reply_id, "done", {"finish_reason": "stopped"})
+            usage = {"prompt_tokens": first.prompt_tokens, "completion_tokens": len(pieces)}
+            ended = await self._end(reply_id, "done", {"finish_reason": "stopped", "usage": usage})
         except ChatError as refused:  # e.g. an upstream that cannot continue a reply
             logger.warning("Reply %s failed: %s", reply_id, refused.message)
             failure = refused.message

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+import time
+
 import app_toolkit as tk
 
 from .conftest import chat
@@ -42,8 +45,12 @@ def test_reply_resumes_after_the_last_event_id(client: tk.testing.TestClient) ->
 
 def test_stop_ends_the_reply_on_the_model(client: tk.testing.TestClient) -> None:
     reply_id = client.post("/api/replies", json=chat("word " * 400)).json()["id"]
+    time.sleep(0.2)  # some words are out
     assert client.post(f"/api/replies/{reply_id}/stop").status_code == 204
-    last = events(client.get(f"/api/replies/{reply_id}/events").text)[-1]
-    assert last[1] == "done" and '"stopped"' in last[2]
+    whole = events(client.get(f"/api/replies/{reply_id}/events").text)
+    last = whole[-1]
+    assert last[1] == "done" and json.loads(last[2])["finish_reason"] == "stopped"
+    said = sum(kind == "token" for _, kind, _ in whole)
+    assert said > 0 and json.loads(last[2])["usage"]["completion_tokens"] == said  # counted, though cut short
     assert client.get("/api/stats").json()["active"] == 0
     assert client.post("/api/replies/nope/stop").status_code == 404
