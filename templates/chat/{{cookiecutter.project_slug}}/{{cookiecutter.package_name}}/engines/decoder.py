@@ -10,6 +10,7 @@ in a worker thread so the replica's event loop keeps serving.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
@@ -39,6 +40,7 @@ class Decoder:
 
     def __init__(self, model: Any, eos_ids: set[int], max_batch_size: int, repetition_penalty: float) -> None:
         self._model = model
+        self._cache_argument = _cache_argument(model)
         self._eos = eos_ids
         self._max_batch_size = max_batch_size
         self._penalty = repetition_penalty
@@ -147,7 +149,7 @@ class Decoder:
             ids = torch.tensor([sequence.prompt])
             output = self._model(input_ids=ids, use_cache=True)
             token = self._sample(output.logits[:, -1], [sequence])[0]
-            self._merge(output.past_key_values, len(sequence.prompt), token)
+            self._merge(_cache_of(output), len(sequence.prompt), token)
             self._active.append(sequence)
             firsts.append(token)
         return firsts
@@ -199,13 +201,24 @@ class Decoder:
             input_ids=self._last,
             attention_mask=self._mask,
             position_ids=positions,
-            past_key_values=self._cache,
             use_cache=True,
+            **{self._cache_argument: self._cache},
         )
-        self._cache = output.past_key_values
+        self._cache = _cache_of(output)
         tokens = self._sample(output.logits[:, -1], self._active)
         self._last = torch.tensor([[token] for token in tokens])
         return tokens
+
+
+def _cache_argument(model: Any) -> str:
+    """The forward keyword that takes the key/value cache: transformers 5.24 renamed
+    ``past_key_values`` to ``cache`` (the old name warns, and goes in 5.40)."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
+def _cache_of(output: Any) -> Any:
+    cache = getattr(output, "cache", None)  # the field's name from transformers 5.24 on
+    return cache if cache is not None else output.past_key_values
 
 
 def _left_pad(tensor: torch.Tensor, width: int) -> torch.Tensor:
