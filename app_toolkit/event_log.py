@@ -71,6 +71,19 @@ class EventLog(ABC):
     async def close(self, stream: str) -> None:
         """No more events: readers end after the last one; the stream is kept ``keep_s``."""
 
+    @abstractmethod
+    async def take_over(self, stream: str) -> bool:
+        """Become the writer of ``stream`` if its writer is gone (silent for longer than
+        ``writer_timeout_s``, the stream not closed). Of several callers, at most one gets
+        True; it then writes as the writer did (and should :meth:`touch` or append within
+        ``writer_timeout_s``), and readers that follow again wait for its events. Raises
+        :class:`UnknownStream`."""
+
+    @abstractmethod
+    async def read(self, stream: str) -> list[LoggedEvent]:
+        """The events ``stream`` holds now (a taker-over reads what its writer had done).
+        Raises :class:`UnknownStream`."""
+
     async def follow(self, stream: str, after: str = "") -> AsyncIterator[LoggedEvent]:
         """The events of ``stream`` after the one with id ``after`` ("" for all), as they
         come, until it is closed. Checked before it returns (so a route can still answer
@@ -168,6 +181,17 @@ class MemoryEventLog(EventLog):
         if kept.closed_at is None:
             kept.closed_at = time.monotonic()
             kept.wake()
+
+    async def take_over(self, stream: str) -> bool:
+        kept = self._live(stream)
+        now = time.monotonic()
+        if kept.closed_at is not None or now - kept.written_at <= self.writer_timeout_s:
+            return False
+        kept.written_at = now
+        return True
+
+    async def read(self, stream: str) -> list[LoggedEvent]:
+        return list(self._live(stream).events)
 
     async def _check(self, stream: str, after: str) -> None:
         if after and not (after.isdigit() and len(after) < 20):

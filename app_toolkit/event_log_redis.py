@@ -36,6 +36,12 @@ if redis.call('EXISTS', KEYS[3]) == 1 then return 0 end
 redis.call('SET', KEYS[2], '1', 'PX', ARGV[1])
 return 1
 """
+_TAKE_OVER = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return redis.error_reply('unknown') end
+if redis.call('EXISTS', KEYS[3]) == 1 then return 0 end
+if redis.call('SET', KEYS[2], '1', 'NX', 'PX', ARGV[1]) then return 1 end
+return 0
+"""
 _CLOSE = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return redis.error_reply('unknown') end
 if redis.call('EXISTS', KEYS[3]) == 1 then return 0 end
@@ -102,7 +108,12 @@ class RedisEventLog(EventLog):
             self._refused = ResponseError
             self._scripts = {
                 name: self._client.register_script(body)
-                for name, body in (("append", _APPEND), ("touch", _TOUCH), ("close", _CLOSE))
+                for name, body in (
+                    ("append", _APPEND),
+                    ("touch", _TOUCH),
+                    ("take_over", _TAKE_OVER),
+                    ("close", _CLOSE),
+                )
             }
             hooks = request_context.stop_hooks.get()
             if hooks is not None:  # in a replica: its connections close when it stops
@@ -142,9 +153,24 @@ class RedisEventLog(EventLog):
         self._redis()
         await self._call("close", stream, keys, [self.max_events + 1, self._ms(self.keep_s)])
 
-    async def _call(self, script: str, stream: str, keys: list[str], args: list[int]) -> None:
+    async def take_over(self, stream: str) -> bool:
+        keys = self._keys(stream)
+        self._redis()
+        return bool(await self._call("take_over", stream, keys, [self._ms(self.writer_timeout_s)]))
+
+    async def read(self, stream: str) -> list[LoggedEvent]:
+        entries = await self._redis().xrange(self._keys(stream)[0])
+        if not entries:
+            raise UnknownStream(stream)
+        return [
+            LoggedEvent(entry_id, fields.get("e", ""), fields.get("d", ""))
+            for entry_id, fields in entries
+            if "end" not in fields
+        ]
+
+    async def _call(self, script: str, stream: str, keys: list[str], args: list[int]) -> Any:
         try:
-            await self._scripts[script](keys=keys, args=args)
+            return await self._scripts[script](keys=keys, args=args)
         except self._refused as refused:
             if "unknown" in str(refused):
                 raise UnknownStream(stream) from None

@@ -1,7 +1,7 @@
 """The chat's page replies in Redis (CHAT_REPLY_STORE=redis) with two Replies replicas: a
 reader resumes through any replica, and when every replica that could be generating a
-reply is SIGKILLed, a resuming reader gets what was stored, then a `failed` event (no
-repeats, no hang)."""
+reply is SIGKILLed, the replica a resuming reader reaches takes the reply over: the
+reader gets the whole reply, no repeats, ids in order, its usage counted whole."""
 
 from __future__ import annotations
 
@@ -92,9 +92,13 @@ def test_page_replies_in_redis_resume_anywhere_and_outlive_their_writer(
                 assert time.monotonic() < deadline, "no Replies replica came back"
                 time.sleep(0.5)
         everything = seen + rest
-        assert everything[-1][1] == "failed"  # lost with its writer, said so
-        got = text(everything).split()
-        assert 6 <= len(got) < len(words) and got == words[: len(got)]  # what was stored, once
+        assert everything[-1][1] == "done", everything[-1]  # taken over, not lost
+        assert text(everything).split() == words  # whole, nothing repeated
+        ids = [tuple(int(part) for part in event_id.split("-")) for event_id, _, _ in everything]
+        assert ids == sorted(ids) and len(set(ids)) == len(ids)
+        usage = everything[-1][2]["usage"]
+        assert isinstance(usage, dict) and usage["completion_tokens"] == len(words)
+        assert usage["prompt_tokens"] == len(words)  # the echo model counts a word a token
 
 
 def test_a_reply_goes_on_when_its_model_replica_is_killed(ray_toolkit: Toolkit) -> None:

@@ -136,6 +136,35 @@ def test_a_silent_writer_is_reported_to_readers_instead_of_waited_for(make_log: 
     run(make_log(writer_timeout_s=0.5), body)
 
 
+def test_one_taker_becomes_the_writer_of_an_abandoned_stream_and_readers_follow_it(
+    make_log: MakeLog,
+) -> None:
+    async def body(log: tk.EventLog) -> None:
+        await log.append("t1", "started", event="started")
+        first = await log.append("t1", "piece 0")
+        assert not await log.take_over("t1")  # its writer is alive
+        with pytest.raises(tk.StreamAbandoned):
+            await take(await log.follow("t1", after=first))
+        takers = await asyncio.gather(*(log.take_over("t1") for _ in range(5)))
+        assert sorted(takers) == [False] * 4 + [True]  # exactly one becomes the writer
+        assert [(e.event, e.data) for e in await log.read("t1")] == [("started", "started"), ("", "piece 0")]
+
+        reader = asyncio.create_task(take(await log.follow("t1", after=first)))
+        await asyncio.sleep(0.3)  # the new writer's lease keeps the reader waiting
+        assert not reader.done()
+        await log.append("t1", "piece 1")
+        await log.close("t1")
+        async with asyncio.timeout(5):
+            assert [e.data for e in await reader] == ["piece 1"]
+        assert not await log.take_over("t1")  # closed: nobody takes it over
+        with pytest.raises(tk.UnknownStream):
+            await log.take_over("never written")
+        with pytest.raises(tk.UnknownStream):
+            await log.read("never written")
+
+    run(make_log(writer_timeout_s=0.5), body)
+
+
 def test_a_stream_keeps_its_newest_events_and_is_dropped_after_keep_s(make_log: MakeLog) -> None:
     async def body(log: tk.EventLog) -> None:
         for n in range(6):

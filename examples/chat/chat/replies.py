@@ -8,7 +8,10 @@ replica reads them and they outlive the replica that wrote them. A reply's calls
 one replica (the reply id is their shard key), the one that generates it: ``stop`` ends
 the generation on the model there; a reply nobody reads for ``reply_orphan_s`` is
 stopped too. Closing a reply's stream is what stops it, so a ``stop`` that reaches
-another replica (its own died, or the replicas changed) still ends the reply.
+another replica (its own died, or the replicas changed) still ends the reply. A reply
+whose writer was lost (its replica died; Redis store) is taken over by the replica that
+next serves one of its readers: it continues the reply on the model from the prompt and
+the text stored so far (kept with the reply's ``started`` event).
 """
 
 from __future__ import annotations
@@ -62,6 +65,7 @@ def make_log(settings: Settings) -> tk.EventLog:
     return tk.MemoryEventLog(max_streams=4 * settings.max_replies, **bounds)
 
 
+_MAX_TAKEOVERS = 3  # a reader's attempts to take over (or wait for) a reply whose writer is lost
 _CLOSED = "closed elsewhere"  # the finish reason _relay gives a reply another replica stopped
 
 
@@ -94,8 +98,9 @@ class Replies:
         try:
             stream = self._model.remote(generation)
             first: Delta = await anext(stream)  # raises what the model refused the request with
-            try:
-                await self._log.append(reply_id, "{}", "started")  # readable once this returns
+            started = {"generation": generation.to_json(), "prompt_tokens": first.prompt_tokens}
+            try:  # readable once this returns; what another replica needs to take the reply over
+                await self._log.append(reply_id, json.dumps(started), "started")
             except OverflowError:
                 stream.cancel()
                 raise _overloaded("Too many replies kept") from None
@@ -104,44 +109,56 @@ class Replies:
                 raise
         finally:
             self._admitting -= 1
-        pump = self._pumps[reply_id] = _Pump()
-        pump.task = asyncio.get_running_loop().create_task(self._pump(reply_id, stream, first, generation))
+        self._start_pump(reply_id, generation, first.prompt_tokens, stream, [])
 
-    async def _pump(self, reply_id: str, stream: Any, first: Delta, generation: Generation) -> None:
+    def _start_pump(
+        self, reply_id: str, generation: Generation, prompt_tokens: int, stream: Any, pieces: list[str]
+    ) -> _Pump:
+        pump = self._pumps[reply_id] = _Pump()
+        pump.task = asyncio.get_running_loop().create_task(
+            self._pump(reply_id, generation, prompt_tokens, stream, pieces)
+        )
+        return pump
+
+    async def _pump(
+        self, reply_id: str, generation: Generation, prompt_tokens: int, stream: Any, pieces: list[str]
+    ) -> None:
+        """Generate the reply into its stream. ``pieces`` is the reply so far (what a lost
+        writer stored, for a reply taken over), and ``stream`` the model's stream, or None
+        to continue from ``pieces`` on a model replica."""
         ended = False
         failure = "The model failed; try again."
         alive = asyncio.get_running_loop().create_task(self._keep_alive(reply_id))
-        pieces: list[str] = []  # the reply so far, to continue it from if its model replica is lost
-        earlier = 0  # tokens produced by model replicas lost before the current one
+        earlier = len(pieces)  # tokens produced before the current model stream, one a piece
         attempts = self._settings.reply_continue_attempts
+        last: Delta | None = None
         try:
-            while stream is not None:
+            if stream is None:
+                stream = await self._continue(reply_id, generation, "".join(pieces), earlier)
+            while last is None:
+                if stream is None:  # nothing is left to produce
+                    last = Delta(finish_reason="length")
+                    break
                 try:
                     last = await self._relay(reply_id, stream, pieces)
                 except tk.ReplicaUnavailableError:
                     if attempts == 0:
                         raise
                     attempts -= 1
-                    earlier = len(pieces)  # one piece a token, near enough
+                    earlier = len(pieces)
                     stream = await self._continue(reply_id, generation, "".join(pieces), earlier)
-                    last = Delta(completion_tokens=0, finish_reason="length") if stream is None else None
-                if last is None:
-                    continue
-                if last.finish_reason == _CLOSED:
-                    ended = True  # a stop that reached another replica ended it
-                else:
-                    usage = {
-                        "prompt_tokens": first.prompt_tokens,
-                        "completion_tokens": earlier + last.completion_tokens,
-                    }
-                    ended = await self._end(
-                        reply_id, "done", {"finish_reason": last.finish_reason, "usage": usage}
-                    )
-                break
+            if last.finish_reason == _CLOSED:
+                ended = True  # a stop that reached another replica ended it
+            else:
+                produced = earlier + last.completion_tokens
+                usage = {"prompt_tokens": prompt_tokens, "completion_tokens": produced}
+                ended = await self._end(
+                    reply_id, "done", {"finish_reason": last.finish_reason, "usage": usage}
+                )
         except asyncio.CancelledError:
             if stream is not None:
                 stream.cancel()  # the model stops generating and frees the reply's batch slot
-            usage = {"prompt_tokens": first.prompt_tokens, "completion_tokens": len(pieces)}
+            usage = {"prompt_tokens": prompt_tokens, "completion_tokens": len(pieces)}
             ended = await self._end(reply_id, "done", {"finish_reason": "stopped", "usage": usage})
         except ChatError as refused:  # e.g. an upstream that cannot continue a reply
             logger.warning("Reply %s failed: %s", reply_id, refused.message)
@@ -174,7 +191,9 @@ class Replies:
         if left <= 0:
             return None
         logger.warning(
-            "Reply %s: its model replica was lost after %d tokens; another continues it", reply_id, produced
+            "Reply %s: continued on a model replica after %d tokens (its model or writer was lost)",
+            reply_id,
+            produced,
         )
         stream = self._model.remote(dataclasses.replace(generation, prefix=prefix, max_tokens=left))
         await anext(stream)  # the prompt count (or the refusal, raised)
@@ -201,9 +220,43 @@ class Replies:
         return True
 
     async def events(self, reply_id: str, after: str = "") -> AsyncIterator[ReplyEvent]:
-        """The reply's events after the one with id ``after``, as they come, until it ends."""
+        """The reply's events after the one with id ``after``, as they come, until it ends.
+
+        A reply whose writer was lost (its replica died: the store is Redis) is taken over
+        here: this replica continues it from what was stored, and the reader goes on.
+        """
+        events = await self._open(reply_id, after)
+        pump = self._pumps.get(reply_id)
+        if pump is not None:
+            pump.readers += 1
+        takeovers = 0
         try:
-            events = await self._log.follow(reply_id, after)
+            while True:
+                try:
+                    async for event in events:
+                        after = event.id
+                        if event.event != "started":
+                            yield ReplyEvent(event.id, event.event, event.data)
+                    return
+                except tk.StreamAbandoned:
+                    if takeovers == _MAX_TAKEOVERS:
+                        message = "The reply was lost with the process generating it; try again."
+                        yield ReplyEvent("", "failed", json.dumps({"message": message}))
+                        return
+                    takeovers += 1
+                    taken = await self._take_over(reply_id)  # or another reader's replica did
+                    if taken is not None and pump is None:
+                        pump = taken
+                        pump.readers += 1
+                    events = await self._open(reply_id, after)
+        finally:
+            if pump is not None:
+                pump.readers -= 1
+                pump.unread_since = time.monotonic()
+
+    async def _open(self, reply_id: str, after: str) -> AsyncIterator[tk.LoggedEvent]:
+        try:
+            return await self._log.follow(reply_id, after)
         except tk.UnknownStream:
             raise ChatError(
                 404,
@@ -213,20 +266,26 @@ class Replies:
             ) from None
         except ValueError as bad:
             raise ChatError(400, str(bad), "invalid_request_error", "invalid_event_id") from None
-        pump = self._pumps.get(reply_id)
-        if pump is not None:
-            pump.readers += 1
+
+    async def _take_over(self, reply_id: str) -> _Pump | None:
+        """Become the writer of a reply whose writer was lost, and go on generating it from
+        what it stored (None: another replica took it, or it ended meanwhile)."""
         try:
-            async for event in events:
-                if event.event != "started":
-                    yield ReplyEvent(event.id, event.event, event.data)
-        except tk.StreamAbandoned:
-            message = "The reply was lost with the process generating it; try again."
-            yield ReplyEvent("", "failed", json.dumps({"message": message}))
-        finally:
-            if pump is not None:
-                pump.readers -= 1
-                pump.unread_since = time.monotonic()
+            if not await self._log.take_over(reply_id):
+                return None
+            stored = await self._log.read(reply_id)
+        except tk.UnknownStream:
+            return None
+        started = next((json.loads(e.data) for e in stored if e.event == "started"), {})
+        if "generation" not in started:  # written by an older version: cannot be continued
+            await self._end(reply_id, "failed", {"message": "The reply was lost; try again."})
+            return None
+        pieces = [json.loads(e.data)["text"] for e in stored if e.event == "token"]
+        logger.warning(
+            "Reply %s: its writer was lost after %d tokens; this replica takes it over", reply_id, len(pieces)
+        )
+        generation = Generation.from_json(started["generation"])
+        return self._start_pump(reply_id, generation, started["prompt_tokens"], None, pieces)
 
     async def stop(self, reply_id: str) -> bool:
         """Stop generating ``reply_id``; False if there is no such reply."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import dataclass
 from typing import Any
@@ -231,6 +232,24 @@ class Generation:
     upstream_options: tuple[tuple[str, Any], ...] = ()
     #: The reply so far, which the model continues (its first replica was lost mid-reply).
     prefix: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        """This generation as JSON values (stored with a reply, so another replica can
+        take the reply over)."""
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Generation:
+        """The generation :meth:`to_json` gave."""
+        return cls(
+            messages=tuple((role, content) for role, content in data["messages"]),
+            max_tokens=data["max_tokens"],
+            temperature=data["temperature"],
+            top_p=data["top_p"],
+            stop=tuple(data["stop"]),
+            upstream_options=tuple((name, value) for name, value in data["upstream_options"]),
+            prefix=data["prefix"],
+        )
 
     @property
     def last_user_message(self) -> str:

@@ -77,3 +77,17 @@ def test_an_upstream_that_can_continue_gets_the_partial_reply_as_vllm_expects() 
         {"role": "assistant", "content": "one two "},
     ]
     assert body["continue_final_message"] is True and body["add_generation_prompt"] is False
+
+
+def test_a_generation_goes_through_json_unchanged() -> None:
+    generation = Generation(
+        messages=(("system", "Be brief."), ("user", "hi")),
+        max_tokens=7,
+        temperature=0.5,
+        top_p=0.9,
+        stop=("\n\n",),
+        upstream_options=(("seed", 3), ("response_format", {"type": "json_object"})),
+        prefix="Hello",
+    )
+    stored = json.loads(json.dumps(generation.to_json()))  # as the reply store keeps it
+    assert Generation.from_json(stored) == generation
