@@ -5,17 +5,22 @@ reader gets the whole reply, no repeats, ids in order, its usage counted whole."
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import signal
 import time
+from typing import Any
 
 import httpx
+import pytest
 import ray
 
 import app_toolkit as tk
 from app_toolkit._runtime.backends.ray.cluster import NAMESPACE
+from examples.chat.chat import app as chat_app
 from examples.chat.chat.app import build_app
+from examples.chat.chat.model import ChatModel
 from examples.chat.chat.settings import Settings
 from tests.conftest import Toolkit
 
@@ -34,7 +39,8 @@ def read(client: httpx.Client, reply_id: str, after: str = "", stop_after: int |
             elif line.startswith("event: "):
                 kind = line[7:]
             elif line.startswith("data: "):
-                events.append((event_id, kind, json.loads(line[6:])))
+                data = json.loads(line[6:]) if kind != "drain" else {"message": line[6:]}
+                events.append((event_id, kind, data))
                 event_id = kind = ""
                 if stop_after is not None and len(events) == stop_after:
                     break
@@ -120,3 +126,65 @@ def test_a_reply_goes_on_when_its_model_replica_is_killed(ray_toolkit: Toolkit) 
     assert text(everything).split() == words  # whole, nothing repeated
     usage = everything[-1][2]["usage"]
     assert isinstance(usage, dict) and usage["completion_tokens"] == len(words)
+
+
+class _ChatModelV2(ChatModel.func_or_class):  # type: ignore[misc,name-defined]
+    """The model deployment's next version: other code, the same behaviour."""
+
+
+def _resumed_reply(base_url: str, reply_id: str, deadline: float) -> list[Event]:
+    """Every event of a reply, reconnecting with Last-Event-ID as a browser does when the
+    line drops or the ingress replica drains (its `drain` event)."""
+    events: list[Event] = []
+    with httpx.Client(base_url=base_url, timeout=30) as client:
+        while not events or events[-1][1] not in ("done", "failed"):
+            assert time.monotonic() < deadline, f"reply {reply_id} did not end: {events[-3:]}"
+            try:
+                for event in read(client, reply_id, after=events[-1][0] if events else ""):
+                    if event[1] != "drain":
+                        events.append(event)
+            except (AssertionError, httpx.HTTPError):
+                time.sleep(0.3)  # the replica that served it is going away: ask again
+    return events
+
+
+def test_32_replies_go_through_a_rolling_upgrade_of_the_model_whole(
+    ray_toolkit: Toolkit, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """32 page replies are being generated when the model deployment gets a new version;
+    its old replica drains for 1 s only, so the replies it was producing are cut off and
+    continued on the new one. Every reader gets its whole reply, no repeats, no gap."""
+    settings = Settings(
+        backend="echo",
+        echo_tokens_per_s=20,
+        reply_store="redis",
+        redis_url=redis_url,
+        reply_replicas=2,
+        reply_writer_timeout_s=2.0,
+    )
+    monkeypatch.setattr(chat_app, "ChatModel", ChatModel.options(graceful_shutdown_timeout_s=1.0))
+    name = ray_toolkit.name()
+    ray_toolkit.run(chat_app.build_app(settings), name=name, route_prefix="/")
+    words = [f"w{i}" for i in range(120)]  # 6 s of tokens each
+    with ray_toolkit.client() as client:
+        reply_ids = [start(client, words) for _ in range(32)]
+        before = {replica.code_version for replica in _model_replicas(name)}
+        base_url = str(client.base_url)
+    deadline = time.monotonic() + 120
+    with concurrent.futures.ThreadPoolExecutor(32) as pool:
+        readers = [pool.submit(_resumed_reply, base_url, reply_id, deadline) for reply_id in reply_ids]
+        time.sleep(1.5)  # every reply is under way
+        v2 = tk.Deployment(_ChatModelV2, "ChatModel", {**ChatModel.options()._options})
+        monkeypatch.setattr(chat_app, "ChatModel", v2.options(graceful_shutdown_timeout_s=1.0))
+        ray_toolkit.run(chat_app.build_app(settings), name=name, route_prefix="/")
+        replies = [reader.result() for reader in readers]
+    for events in replies:
+        assert events[-1][1] == "done", events[-1]
+        assert text(events).split() == words  # whole, nothing repeated
+        assert len({event_id for event_id, _, _ in events}) == len(events)
+    after = {replica.code_version for replica in _model_replicas(name)}
+    assert after and not after & before  # the replies outlived the version that began them
+
+
+def _model_replicas(app: str) -> list[Any]:
+    return list(tk.status().applications[app].deployments["ChatModel"].replicas)
