@@ -5,11 +5,15 @@ Run it with ``app-toolkit run chat.app:app`` and open http://127.0.0.1:8000/.
 
 from __future__ import annotations
 
+import secrets
+
 import app_toolkit as tk
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
 from . import errors, openai_api, page
+from .access import Access, Guard
+from .accounts import Accounts
 from .model import ChatModel
 from .replies import Replies
 from .settings import Settings
@@ -18,6 +22,11 @@ from .settings import Settings
 def build_app(settings: Settings | None = None) -> tk.App:
     """The application for ``settings`` (default: read from the environment)."""
     settings = settings or Settings()
+    accounts = None
+    if settings.keys_on:  # limits and usage per key; with Redis, counted across replicas and restarts
+        accounts = Accounts.options(num_replicas=2 if settings.accounts_store == "redis" else 1).bind(
+            settings
+        )
     model = ChatModel.options(
         autoscaling_config={
             "min_replicas": 1,
@@ -26,7 +35,7 @@ def build_app(settings: Settings | None = None) -> tk.App:
         },
         # The local model computes on the CPU it reserves; the others only wait on I/O.
         ray_actor_options={"num_cpus": 1 if settings.backend == "local" else 0},
-    ).bind(settings)
+    ).bind(settings, accounts)
     replies = Replies.options(num_replicas=settings.reply_replicas).bind(model, settings)
     api = FastAPI(title="Chat", summary=f"OpenAI-compatible chat with {settings.model_name}")
     errors.install(api)
@@ -39,9 +48,19 @@ def build_app(settings: Settings | None = None) -> tk.App:
             expose_headers=["x-request-id"],
             max_age=600,
         )
-    api.include_router(openai_api.build_router(settings, model))
-    api.include_router(page.build_router(settings, replies, model))
-    return tk.App(api, name="chat")
+    guard = Guard(Access(settings, _session_secret(settings)), accounts)
+    api.include_router(openai_api.build_router(settings, model, guard))
+    api.include_router(page.build_router(settings, replies, model, guard))
+    return tk.App(api, name="chat", num_replicas=settings.ingress_replicas)
+
+
+def _session_secret(settings: Settings) -> bytes:
+    """What signs the page's sign-in cookies: the configured secret, else a random one made
+    here, once per deploy, and shipped to every ingress replica with the app."""
+    configured = settings.session_secret.get_secret_value()
+    if configured:
+        return configured.encode()
+    return secrets.token_bytes(32) if settings.keys_on else b""  # nothing is signed with keys off
 
 
 app = build_app()

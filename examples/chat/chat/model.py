@@ -5,15 +5,20 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import logging
+import time
 from collections.abc import AsyncIterator
 from typing import Any
 
 import app_toolkit as tk
 
+from . import metrics
 from .engines import Engine, make_engine
 from .schemas import ChatError, Delta, Generation
 from .settings import Settings
 from .stops import StopFilter
+
+logger = logging.getLogger(__name__)
 
 
 @tk.deployment(
@@ -27,10 +32,12 @@ from .stops import StopFilter
 class ChatModel:
     """Owns one engine per replica and streams replies as :class:`Delta` items."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, accounts: tk.DeploymentHandle | None = None) -> None:
         self._engine: Engine = make_engine(settings)
         self._engine.load()  # the replica turns RUNNING once the model is in memory
         self._replies = {"started": 0, "finished": 0, "stopped": 0, "failed": 0}
+        self._accounts = accounts  # with API keys on: where each key's tokens are counted
+        self._charges: set[asyncio.Task[None]] = set()
 
     async def generate(self, generation: Generation) -> AsyncIterator[Delta]:
         """The first item counts the prompt; then text pieces; the last says why it ended.
@@ -54,10 +61,19 @@ class ChatModel:
         stops = StopFilter(generation.stop)
         produced = 0
         finish = "stop"
+        outcome = "failed"
+        started = first = last = time.monotonic()
         pieces = self._engine.stream(limited)
         try:
             async for piece in pieces:
                 produced += 1
+                now = time.monotonic()
+                if produced == 1:
+                    first = now
+                    metrics.TIME_TO_FIRST_TOKEN.observe(now - started)
+                else:
+                    metrics.INTER_TOKEN_LATENCY.observe(now - last)
+                last = now
                 text = stops.feed(piece)
                 if text:
                     yield Delta(text=text)
@@ -68,20 +84,50 @@ class ChatModel:
             tail = stops.flush()
             if tail:
                 yield Delta(text=tail)
+            outcome = "finished"
         except (GeneratorExit, asyncio.CancelledError):
-            self._replies["stopped"] += 1
-            raise
-        except Exception:
-            self._replies["failed"] += 1
+            outcome = "stopped"
+            if produced:
+                metrics.CANCELLATIONS.inc("decode")
+            elif not self._engine.counts_cancellations:  # the local engine tells queued from prefill
+                metrics.CANCELLATIONS.inc("prefill")
             raise
         finally:
             await pieces.aclose()  # stops the engine's generation now, not when collected
-        self._replies["finished"] += 1
+            self._replies[outcome] += 1
+            metrics.REPLIES.inc(outcome)
+            if produced > 1 and last > first:
+                metrics.TOKENS_PER_SECOND.observe((produced - 1) / (last - first))
+            # A continued reply's prompt was counted when it began: its tokens are not charged twice.
+            self._charge(generation.owner, 0 if generation.prefix else prompt_tokens, produced)
         yield Delta(prompt_tokens=prompt_tokens, completion_tokens=produced, finish_reason=finish)
 
-    async def relay(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
+    def _charge(self, owner: str, prompt_tokens: int, completion_tokens: int) -> None:
+        """Count tokens used, for metrics and (with keys on) the owner's usage and limits;
+        the reply does not wait for it."""
+        metrics.TOKENS.inc(owner or "anonymous", "prompt", amount=prompt_tokens)
+        metrics.TOKENS.inc(owner or "anonymous", "completion", amount=completion_tokens)
+        if self._accounts is None or not owner or not (prompt_tokens or completion_tokens):
+            return
+        task = asyncio.get_running_loop().create_task(self._spend(owner, prompt_tokens, completion_tokens))
+        self._charges.add(task)
+        task.add_done_callback(self._charges.discard)
+
+    async def _spend(self, owner: str, prompt_tokens: int, completion_tokens: int) -> None:
+        assert self._accounts is not None
+        try:
+            async with asyncio.timeout(30):
+                await self._accounts.spend.remote(owner, prompt_tokens, completion_tokens)
+        except Exception:
+            logger.exception(
+                "Tokens of %s could not be counted (%d + %d)", owner, prompt_tokens, completion_tokens
+            )
+
+    async def relay(self, body: dict[str, Any], owner: str = "") -> AsyncIterator[dict[str, Any]]:
         """The upstream's answer to a whole chat completion request, as it came: one
-        completion, or its chunks when ``body`` asks for a stream (``openai`` backend)."""
+        completion, or its chunks when ``body`` asks for a stream (``openai`` backend).
+        The usage the upstream reports (in the completion, or a streamed usage chunk) is
+        charged to ``owner``."""
         relay = getattr(self._engine, "relay", None)
         if relay is None:
             raise ChatError(400, "Only the openai backend relays requests.", "invalid_request_error")
@@ -89,6 +135,11 @@ class ChatModel:
         answers = relay(body)
         try:
             async for answer in answers:
+                usage = answer.get("usage") if isinstance(answer, dict) else None
+                if isinstance(usage, dict):
+                    self._charge(
+                        owner, int(usage.get("prompt_tokens") or 0), int(usage.get("completion_tokens") or 0)
+                    )
                 yield answer
         except (GeneratorExit, asyncio.CancelledError):
             self._replies["stopped"] += 1

@@ -28,6 +28,7 @@ from typing import Any
 
 import app_toolkit as tk
 
+from . import metrics
 from .schemas import ChatError, Delta, Generation
 from .settings import Settings
 
@@ -146,6 +147,7 @@ class Replies:
                         raise
                     attempts -= 1
                     earlier = len(pieces)
+                    metrics.RESUMED.inc("model")
                     stream = await self._continue(reply_id, generation, "".join(pieces), earlier)
             if last.finish_reason == _CLOSED:
                 ended = True  # a stop that reached another replica ended it
@@ -285,6 +287,7 @@ class Replies:
             "Reply %s: its writer was lost after %d tokens; this replica takes it over", reply_id, len(pieces)
         )
         generation = Generation.from_json(started["generation"])
+        metrics.RESUMED.inc("writer")
         return self._start_pump(reply_id, generation, started["prompt_tokens"], None, pieces)
 
     async def stop(self, reply_id: str) -> bool:

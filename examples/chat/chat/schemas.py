@@ -232,6 +232,8 @@ class Generation:
     upstream_options: tuple[tuple[str, Any], ...] = ()
     #: The reply so far, which the model continues (its first replica was lost mid-reply).
     prefix: str = ""
+    #: Whose API key asked for it ("" with keys off): the model charges its tokens there.
+    owner: str = ""
 
     def to_json(self) -> dict[str, Any]:
         """This generation as JSON values (stored with a reply, so another replica can
@@ -249,6 +251,7 @@ class Generation:
             stop=tuple(data["stop"]),
             upstream_options=tuple((name, value) for name, value in data["upstream_options"]),
             prefix=data["prefix"],
+            owner=data.get("owner", ""),
         )
 
     @property
@@ -271,14 +274,22 @@ class ChatError(Exception):
     """An error the client caused or should hear about, in OpenAI's error shape."""
 
     def __init__(
-        self, status: int, message: str, type_: str, code: str | None = None, param: str | None = None
+        self,
+        status: int,
+        message: str,
+        type_: str,
+        code: str | None = None,
+        param: str | None = None,
+        retry_after: float | None = None,
     ) -> None:
-        super().__init__(status, message, type_, code, param)  # all args survive pickling
+        super().__init__(status, message, type_, code, param, retry_after)  # all args survive pickling
         self.status = status
         self.message = message
         self.type = type_
         self.code = code
         self.param = param
+        #: Seconds after which a retry may succeed (429 and 503 answers say it as Retry-After).
+        self.retry_after = retry_after
 
     @property
     def status_code(self) -> int:

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from .keys import MAKER, check_entries
 
 
 class Settings(BaseSettings):
@@ -69,11 +71,56 @@ class Settings(BaseSettings):
         description="A reply whose generator has not been heard from for this long is reported "
         "lost to its readers (a failed event) instead of waited for.",
     )
+    api_keys: list[str] = Field(
+        [],
+        description="API keys that may call the service, as OWNER:SHA256 entries (made by "
+        "python -m <package>.keys OWNER; the key itself is not kept). None: no key is asked for.",
+    )
+    require_keys: bool = Field(
+        False, description="Refuse to start without api_keys (the baked Dockerfile sets it)."
+    )
+    requests_per_min: int = Field(0, ge=0, description="Requests a key may make per minute (0: no limit).")
+    tokens_per_min: int = Field(
+        0, ge=0, description="Prompt plus completion tokens a key may use per minute (0: no limit)."
+    )
+    accounts_store: Literal["memory", "redis"] = Field(
+        "memory",
+        description="Where limits and usage are counted: memory (one Accounts replica) or redis "
+        "(redis_url; two Accounts replicas, and counts that survive restarts).",
+    )
+    session_secret: SecretStr = Field(
+        SecretStr(""),
+        description="Signs the page's sign-in cookies (32+ characters); empty: a random one per "
+        "deploy, so a redeploy signs everyone out.",
+    )
+    session_ttl_s: float = Field(12 * 3600.0, gt=0, description="How long a page sign-in lasts.")
+    secure_cookies: bool = Field(
+        False, description="Send the sign-in cookie over HTTPS only (set it behind TLS)."
+    )
+    ingress_replicas: int = Field(1, ge=1, le=64, description="Replicas of the HTTP ingress.")
     cors_origins: list[str] = Field(
         [],
         description="Web origins whose pages may call the API from the browser (CORS), e.g. "
         '\'["https://chat.example.com"]\'; none by default. "*" allows every origin.',
     )
+
+    @model_validator(mode="after")
+    def _keys_when_required(self) -> Settings:
+        if self.require_keys and not self.api_keys:
+            raise ValueError(
+                f"CHAT_REQUIRE_KEYS is set but CHAT_API_KEYS lists no key: make one with {MAKER} "
+                "and add the entry it prints to CHAT_API_KEYS"
+            )
+        check_entries(self.api_keys)  # a malformed entry fails the start, saying which
+        secret = self.session_secret.get_secret_value()
+        if secret and len(secret) < 32:
+            raise ValueError("CHAT_SESSION_SECRET must be at least 32 characters (or empty)")
+        return self
+
+    @property
+    def keys_on(self) -> bool:
+        """Callers must show an API key (or a page sign-in made with one)."""
+        return bool(self.api_keys)
 
     @property
     def model_name(self) -> str:

@@ -54,3 +54,8 @@ def test_stop_ends_the_reply_on_the_model(client: tk.testing.TestClient) -> None
     assert said > 0 and json.loads(last[2])["usage"]["completion_tokens"] == said  # counted, though cut short
     assert client.get("/api/stats").json()["active"] == 0
     assert client.post("/api/replies/nope/stop").status_code == 404
+
+
+def test_with_keys_off_everyone_is_let_in_and_nothing_is_counted(client: tk.testing.TestClient) -> None:
+    assert client.get("/api/session").json() == {"keys": False, "owner": ""}
+    assert client.get("/v1/usage").status_code == 404

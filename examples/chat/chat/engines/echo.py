@@ -11,6 +11,8 @@ from ..settings import Settings
 
 
 class EchoEngine:
+    counts_cancellations = False
+
     def __init__(self, settings: Settings) -> None:
         self.context_window = settings.max_context_tokens
         self._interval_s = 1.0 / settings.echo_tokens_per_s

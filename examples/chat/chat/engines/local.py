@@ -36,6 +36,8 @@ def model_dir() -> Path:
 
 
 class LocalEngine:
+    counts_cancellations = True
+
     def __init__(self, settings: Settings) -> None:
         self.context_window = settings.max_context_tokens
         self._max_batch_size = settings.max_batch_size

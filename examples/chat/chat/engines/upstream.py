@@ -13,6 +13,8 @@ from ..settings import Settings
 
 
 class UpstreamEngine:
+    counts_cancellations = False
+
     def __init__(self, settings: Settings) -> None:
         self.context_window = 1 << 30  # the upstream enforces its own; its 400 is passed on
         self._model = settings.upstream_model

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -57,8 +58,14 @@ def _param(location: Sequence[Any]) -> str:
 
 
 def answer(error: ChatError) -> JSONResponse:
-    headers = {"Retry-After": str(RETRY_AFTER_S)} if error.status == 503 else None
-    return JSONResponse(error.body(), status_code=error.status, headers=headers)
+    return JSONResponse(error.body(), status_code=error.status, headers=retry_headers(error))
+
+
+def retry_headers(error: ChatError) -> dict[str, str] | None:
+    """``Retry-After`` (whole seconds, at least 1) for a 429 or 503 answer."""
+    if error.retry_after is not None:
+        return {"Retry-After": str(max(1, math.ceil(error.retry_after)))}
+    return {"Retry-After": str(RETRY_AFTER_S)} if error.status == 503 else None
 
 
 def install(app: FastAPI) -> None:

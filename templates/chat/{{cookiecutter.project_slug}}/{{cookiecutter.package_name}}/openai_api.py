@@ -1,10 +1,11 @@
-"""The OpenAI-compatible API (``/v1/models``, ``/v1/chat/completions``, ``/v1/responses``)
-and the same chat over a WebSocket (``/v1/chat/ws``)."""
+"""The OpenAI-compatible API (``/v1/models``, ``/v1/chat/completions``, ``/v1/responses``,
+``/v1/usage``) and the same chat over a WebSocket (``/v1/chat/ws``)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 import time
@@ -13,10 +14,11 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import app_toolkit as tk
-from fastapi import APIRouter, Request, WebSocket, WebSocketDisconnect
+from fastapi import APIRouter, Depends, Request, WebSocket, WebSocketDisconnect
 from pydantic import ValidationError
 
 from . import responses_api
+from .access import Guard, SocketAdmit
 from .errors import ANSWERED, as_chat_error, invalid_request
 from .responses_api import ResponsesRequest
 from .schemas import ChatCompletionRequest, ChatError, Delta, Generation
@@ -41,11 +43,11 @@ async def open_reply(model: tk.DeploymentHandle, generation: Generation) -> tupl
         raise
 
 
-def build_router(settings: Settings, model_app: tk.Application) -> APIRouter:
+def build_router(settings: Settings, model_app: tk.Application, guard: Guard) -> APIRouter:
     router = APIRouter()
     model_name = settings.model_name
 
-    def generation_of(request: ChatCompletionRequest | ResponsesRequest) -> Generation:
+    def generation_of(request: ChatCompletionRequest | ResponsesRequest, owner: str) -> Generation:
         if request.model not in (None, "", model_name):
             raise ChatError(
                 404,
@@ -54,16 +56,16 @@ def build_router(settings: Settings, model_app: tk.Application) -> APIRouter:
                 "model_not_found",
                 "model",
             )
-        return request.generation(settings)
+        return dataclasses.replace(request.generation(settings), owner=owner)
 
     entry = {"id": model_name, "object": "model", "created": 0, "owned_by": "app_toolkit"}
 
     @router.get("/v1/models")
-    async def models() -> dict[str, Any]:
+    async def models(owner: str = Depends(guard.caller)) -> dict[str, Any]:
         return {"object": "list", "data": [entry]}
 
     @router.get("/v1/models/{model_id:path}")
-    async def model(model_id: str) -> dict[str, Any]:
+    async def model(model_id: str, owner: str = Depends(guard.caller)) -> dict[str, Any]:
         if model_id != model_name:
             raise ChatError(
                 404,
@@ -76,12 +78,14 @@ def build_router(settings: Settings, model_app: tk.Application) -> APIRouter:
 
     @router.post("/v1/chat/completions", response_model=None)
     async def completions(
-        request: ChatCompletionRequest, model: tk.DeploymentHandle = tk.Depends(model_app)
+        request: ChatCompletionRequest,
+        owner: str = Depends(guard.admitted),
+        model: tk.DeploymentHandle = tk.Depends(model_app),
     ) -> dict[str, Any] | tk.ChatCompletionStream | tk.EventStream:
         relayed = request.relayed(settings)
         if relayed is not None:  # tool calls, several choices…: the upstream answers it whole
-            return await _relay(model, relayed)
-        first, stream = await open_reply(model, generation_of(request))
+            return await _relay(model, relayed, owner)
+        first, stream = await open_reply(model, generation_of(request, owner))
         if request.stream:
             return _streamed(first, stream, model_name, request)
         text: list[str] = []
@@ -109,24 +113,37 @@ def build_router(settings: Settings, model_app: tk.Application) -> APIRouter:
 
     @router.post("/v1/responses", response_model=None)
     async def responses(
-        request: ResponsesRequest, http: Request, model: tk.DeploymentHandle = tk.Depends(model_app)
+        request: ResponsesRequest,
+        http: Request,
+        owner: str = Depends(guard.admitted),
+        model: tk.DeploymentHandle = tk.Depends(model_app),
     ) -> dict[str, Any] | tk.EventStream:
         """OpenAI's Responses API: text input and output, plain or streamed."""
-        first, stream = await open_reply(model, generation_of(request))
+        first, stream = await open_reply(model, generation_of(request, owner))
         reply = responses_api.Reply(request, model_name, first.prompt_tokens)
         if request.stream:
             return responses_api.streamed(reply, stream, http.headers.get("x-request-id", ""))
         return await responses_api.answer(reply, stream)
 
+    @router.get("/v1/usage")
+    async def usage(counts: dict[str, object] = Depends(guard.usage)) -> dict[str, object]:
+        """The calling key's owner's requests and tokens so far, and its limits."""
+        return counts
+
     @router.websocket("/v1/chat/ws")
-    async def chat_socket(socket: WebSocket, model: tk.DeploymentHandle = tk.Depends(model_app)) -> None:
+    async def chat_socket(
+        socket: WebSocket,
+        admit: SocketAdmit = Depends(guard.socket_admitter),
+        model: tk.DeploymentHandle = tk.Depends(model_app),
+    ) -> None:
         await socket.accept()
         with contextlib.suppress(WebSocketDisconnect):
             while True:
                 message = await socket.receive_json()
                 try:
                     request = ChatCompletionRequest.model_validate(message)
-                    first, stream = await open_reply(model, generation_of(request))
+                    owner = await admit()  # each message is a request, under the key's limits
+                    first, stream = await open_reply(model, generation_of(request, owner))
                 except ValidationError as exc:
                     await socket.send_json(
                         {"type": "error", "error": invalid_request(exc.errors()).body()["error"]}
@@ -165,11 +182,13 @@ def _streamed(
     )
 
 
-async def _relay(model: tk.DeploymentHandle, body: dict[str, Any]) -> dict[str, Any] | tk.EventStream:
+async def _relay(
+    model: tk.DeploymentHandle, body: dict[str, Any], owner: str
+) -> dict[str, Any] | tk.EventStream:
     """The upstream's answer to ``body``, as it came: a completion, or its chunks as SSE."""
     answers: tk.DeploymentResponseGenerator[dict[str, Any]] = model.options(
         method_name="relay", stream=True
-    ).remote(body)
+    ).remote(body, owner)
     try:
         first = await anext(answers)
     except ANSWERED as exc:

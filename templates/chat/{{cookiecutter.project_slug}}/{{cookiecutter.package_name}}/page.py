@@ -1,7 +1,9 @@
-"""The chat page at ``/`` and the resumable reply API it uses (``/api/replies``)."""
+"""The chat page at ``/``, its sign-in (``/api/session``, with API keys on) and the
+resumable reply API it uses (``/api/replies``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import uuid
 from collections.abc import AsyncIterator
@@ -9,9 +11,11 @@ from importlib import resources
 from typing import Any
 
 import app_toolkit as tk
-from fastapi import APIRouter, Header, HTTPException, Query, Response
+from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request, Response
 from fastapi.responses import HTMLResponse
+from pydantic import BaseModel, Field
 
+from .access import COOKIE, Guard, unauthorized
 from .errors import ANSWERED, as_chat_error
 from .replies import ReplyEvent
 from .schemas import ChatCompletionRequest, ChatError
@@ -25,7 +29,13 @@ def _read(name: str) -> str:
     return resources.files(__package__).joinpath("page", name).read_text(encoding="utf-8")
 
 
-def build_router(settings: Settings, replies_app: tk.Application, model_app: tk.Application) -> APIRouter:
+class SignIn(BaseModel):
+    key: str = Field(min_length=1, max_length=200)
+
+
+def build_router(
+    settings: Settings, replies_app: tk.Application, model_app: tk.Application, guard: Guard
+) -> APIRouter:
     router = APIRouter()
     files = {name: _read(name) for name in ["index.html", *ASSETS]}  # read once, at build
 
@@ -43,14 +53,45 @@ def build_router(settings: Settings, replies_app: tk.Application, model_app: tk.
     async def favicon() -> Response:  # browsers ask for it on pages that name no icon
         return Response(files["favicon.svg"], media_type=ASSETS["favicon.svg"])
 
+    @router.get("/api/session")
+    async def session(request: Request) -> dict[str, object]:
+        """Who the page is signed in as: 401 when keys are on and it is not."""
+        return {"keys": settings.keys_on, "owner": guard.caller(request)}
+
+    @router.post("/api/session", status_code=204)
+    async def sign_in(body: SignIn) -> Response:
+        """Sign the page in with an API key: it gets a cookie, and never keeps the key."""
+        owner = guard.access.keys.owner_of(body.key)
+        if owner is None:
+            raise unauthorized("Incorrect API key provided.")
+        response = Response(status_code=204)
+        response.set_cookie(
+            COOKIE,
+            guard.access.sessions.issue(owner),
+            max_age=int(settings.session_ttl_s),
+            httponly=True,
+            samesite="strict",
+            secure=settings.secure_cookies,
+        )
+        return response
+
+    @router.delete("/api/session", status_code=204)
+    async def sign_out() -> Response:
+        response = Response(status_code=204)
+        response.delete_cookie(COOKIE, httponly=True, samesite="strict", secure=settings.secure_cookies)
+        return response
+
     @router.post("/api/replies", status_code=201)
     async def start_reply(
-        request: ChatCompletionRequest, replies: tk.DeploymentHandle = tk.Depends(replies_app)
+        request: ChatCompletionRequest,
+        owner: str = Depends(guard.admitted),
+        replies: tk.DeploymentHandle = tk.Depends(replies_app),
     ) -> dict[str, str]:
         """Start generating a reply; read it from ``/api/replies/{id}/events``."""
         reply_id = uuid.uuid4().hex  # its calls go to one Replies replica: the one generating it
+        generation = dataclasses.replace(request.generation(settings), owner=owner)
         try:
-            await replies.options(shard_key=reply_id).start.remote(reply_id, request.generation(settings))
+            await replies.options(shard_key=reply_id).start.remote(reply_id, generation)
         except ANSWERED as exc:
             raise as_chat_error(exc) from None
         return {"id": reply_id}
@@ -60,6 +101,7 @@ def build_router(settings: Settings, replies_app: tk.Application, model_app: tk.
         reply_id: str,
         after: str = Query("", max_length=64, description="Send the events after the one with this id."),
         last_event_id: str | None = Header(None, max_length=64),
+        owner: str = Depends(guard.caller),
         replies: tk.DeploymentHandle = tk.Depends(replies_app),
     ) -> tk.EventStream:
         """The reply as SSE; a reconnecting EventSource resumes after its ``Last-Event-ID``."""
@@ -72,14 +114,20 @@ def build_router(settings: Settings, replies_app: tk.Application, model_app: tk.
         return tk.EventStream(_sse(first, stream), ids=False)
 
     @router.post("/api/replies/{reply_id}/stop", status_code=204)
-    async def stop_reply(reply_id: str, replies: tk.DeploymentHandle = tk.Depends(replies_app)) -> Response:
+    async def stop_reply(
+        reply_id: str,
+        owner: str = Depends(guard.caller),
+        replies: tk.DeploymentHandle = tk.Depends(replies_app),
+    ) -> Response:
         """Stop generating: the model ends the reply and frees its place in the batch."""
         if not await replies.options(shard_key=reply_id).stop.remote(reply_id):
             raise ChatError(404, f"No reply {reply_id!r}.", "invalid_request_error", "reply_not_found")
         return Response(status_code=204)
 
     @router.get("/api/stats")
-    async def stats(model: tk.DeploymentHandle = tk.Depends(model_app)) -> dict[str, int]:
+    async def stats(
+        owner: str = Depends(guard.caller), model: tk.DeploymentHandle = tk.Depends(model_app)
+    ) -> dict[str, int]:
         """Counters of the model replica that answers (replies by outcome, tokens produced)."""
         counters: dict[str, int] = await model.stats.remote()
         return counters

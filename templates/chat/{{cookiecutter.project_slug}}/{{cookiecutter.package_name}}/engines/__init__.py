@@ -13,6 +13,9 @@ class Engine(Protocol):
     """What the model deployment needs from a backend."""
 
     context_window: int
+    #: It records the replies cancelled before their first token itself, by stage (the local
+    #: decoder tells queued from prefill); the model deployment records the others.
+    counts_cancellations: bool
 
     def load(self) -> None:
         """Load the model (once per replica, in its constructor)."""

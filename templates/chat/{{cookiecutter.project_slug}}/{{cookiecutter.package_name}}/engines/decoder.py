@@ -12,12 +12,15 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from transformers import DynamicCache
+
+from .. import metrics
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +36,8 @@ class _Sequence:
     out: asyncio.Queue[int | Exception | None] = field(default_factory=asyncio.Queue)
     generated: int = 0
     abandoned: bool = False
+    stage: str = "queued"  # then "prefill", then "decode": where a cancellation finds it
+    queued_at: float = field(default_factory=time.monotonic)
 
 
 class Decoder:
@@ -64,13 +69,19 @@ class Decoder:
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run(), name="decoder")
         self._wake.set()
+        finished = False
         try:
             while (item := await sequence.out.get()) is not None:
                 if isinstance(item, Exception):
                     raise RuntimeError("The model failed while decoding") from item
                 yield item
+            finished = True
         finally:
+            if not finished and sequence.stage != "decode":  # decoding: the model deployment counts it
+                metrics.CANCELLATIONS.inc(sequence.stage)
             sequence.abandoned = True  # the loop drops it before the next step
+            if sequence.stage == "queued" and sequence in self._waiting:
+                self._waiting.remove(sequence)  # its place in the queue is free now
 
     async def close(self) -> None:
         if self._task is not None:
@@ -101,10 +112,15 @@ class Decoder:
         room = self._max_batch_size - len(self._active)
         joining, self._waiting = self._waiting[:room], self._waiting[room:]
         if joining:
+            now = time.monotonic()
+            for sequence in joining:
+                sequence.stage = "prefill"
+                metrics.QUEUE_WAIT.observe(now - sequence.queued_at)
             firsts = await asyncio.to_thread(self._prefill, joining)
             self._deliver(joining, firsts)
         self._drop_finished()
         if self._active:
+            metrics.BATCH_OCCUPANCY.observe(len(self._active))
             tokens = await asyncio.to_thread(self._step)
             self._deliver(self._active, tokens)
 
@@ -114,6 +130,7 @@ class Decoder:
                 continue
             self.tokens += 1
             sequence.generated += 1
+            sequence.stage = "decode"
             sequence.seen.add(token)
             sequence.out.put_nowait(token)
             if token in self._eos or sequence.generated >= sequence.max_tokens:

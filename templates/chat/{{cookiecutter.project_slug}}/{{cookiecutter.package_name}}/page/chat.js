@@ -1,5 +1,7 @@
 // The chat page: sends the conversation, shows the reply as it arrives, stops it on
 // request, and resumes it after a dropped connection (EventSource sends Last-Event-ID).
+// When the service asks for API keys, the page signs in with one (the server answers
+// with a session cookie; the page keeps no key) and waits out rate limits (429).
 "use strict";
 
 const log = document.getElementById("log");
@@ -8,6 +10,9 @@ const form = document.getElementById("composer");
 const prompt = document.getElementById("prompt");
 const sendButton = document.getElementById("send");
 const stopButton = document.getElementById("stop");
+const signIn = document.getElementById("signin");
+const keyInput = document.getElementById("key");
+const signOutButton = document.getElementById("signout");
 const model = document.body.dataset.model;
 
 const messages = [];  // the conversation, sent whole with every request
@@ -86,11 +91,19 @@ async function send() {
       await sleep(1000);
       continue;
     }
-    if (response.status === 503) {
+    if (response.status === 503 || response.status === 429) {
       const wait = Number(response.headers.get("Retry-After")) || 1;
-      say(`The model is busy; retrying in ${wait} s…`);
+      const why = response.status === 429 ? "Rate limit reached" : "The model is busy";
+      say(`${why}; retrying in ${wait} s…`);
       await sleep(wait * 1000);
       continue;
+    }
+    if (response.status === 401) {  // never signed in, or the sign-in expired
+      finish(reply, null, "Sign in to send messages.");
+      messages.pop();
+      prompt.value = text;  // not lost: sent again once signed in
+      showSignIn(true);
+      return;
     }
     if (!response.ok) {
       finish(reply, null, await errorMessage(response));
@@ -175,4 +188,50 @@ prompt.addEventListener("keydown", (event) => {
   }
 });
 stopButton.addEventListener("click", stop);
+
+function showSignIn(show) {
+  signIn.hidden = !show;
+  form.hidden = show;
+  if (show) keyInput.focus();
+}
+
+signIn.addEventListener("submit", async (event) => {
+  event.preventDefault();
+  const response = await fetch("/api/session", {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify({ key: keyInput.value }),
+  });
+  keyInput.value = "";
+  if (!response.ok) {
+    say(await errorMessage(response), true);
+    return;
+  }
+  say("");
+  showSignIn(false);
+  signOutButton.hidden = false;
+  prompt.focus();
+});
+
+signOutButton.addEventListener("click", async () => {
+  await fetch("/api/session", { method: "DELETE" });
+  signOutButton.hidden = true;
+  showSignIn(true);
+});
+
+async function checkSession() {
+  try {
+    const response = await fetch("/api/session");
+    if (response.status === 401) {
+      showSignIn(true);
+    } else if (response.ok && (await response.json()).keys) {
+      signOutButton.hidden = false;
+    }
+  } catch {
+    say("Cannot reach the server.", true);
+  }
+  document.body.dataset.session = "checked";
+}
+
 setBusy(false);
+checkSession();
