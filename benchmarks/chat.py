@@ -10,21 +10,37 @@ server's CPU time per token (every process of the server, from /proc). Model par
 machine's CPU, in process, 1, 4 and 8 concurrent replies of 48 tokens, with the decoder's
 batch size 8 (the example's default) and 1.
 
-    python -m benchmarks.chat [--duration 8] [--rate 100] [--tokens 64] [--skip-model] [--skip-echo]
+Cancellation part: the chat example with SmolLM2 (default settings but one model replica,
+``CHAT_MAX_MODEL_REPLICAS=1``, so ``/api/stats`` always reads the replica measured) under
+``app-toolkit run``; for each state a reply can be in — queued behind a full batch, in
+prefill (a long prompt), decoding alone, decoding in a batch with 7 others, a non-streamed
+request, a page reply stopped with Stop — the client disconnects (or sends Stop), and the
+time until the model's batch place is free (``/api/stats`` ``active`` back down, polled
+every 5 ms) is taken ``--cancel-runs`` times, after one not counted (a warm-up, as the
+other parts have); p50, p99 and the worst are printed.
+A run during which a reply keeping the batch busy ended (and was started again) is
+measured again.
+
+    python -m benchmarks.chat [--duration 8] [--rate 100] [--tokens 64] [--cancel-runs 20]
+        [--skip-model] [--skip-echo] [--skip-cancel]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
+import signal
 import statistics
+import subprocess
 import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
-from benchmarks.http_overhead import start_servers, stop_servers
+from benchmarks.http_overhead import BIN, ROOT, free_port, start_servers, stop_servers, wait_ready
 from benchmarks.proc_cpu import cpu_seconds
 
 CONCURRENCY = (1, 8, 32)
@@ -152,6 +168,187 @@ async def model_part() -> None:
     await engine.close()
 
 
+LONG_PROMPT = " ".join(["Tell me everything you know about the history of the world."] * 60)
+POLL_S = 0.005
+
+
+def chat_body(text: str, *, stream: bool = True, max_tokens: int = 400) -> dict[str, Any]:
+    return {
+        "model": "SmolLM2-135M-Instruct",
+        "stream": stream,
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "messages": [{"role": "user", "content": text}],
+    }
+
+
+async def active(client: httpx.AsyncClient) -> int:
+    """Replies the model replica holds a place for: decoding, reading their prompt, queued."""
+    return int((await client.get("/api/stats")).json()["active"])
+
+
+async def freed_after(client: httpx.AsyncClient, target: int, since: float) -> float:
+    """Seconds from ``since`` until the model holds ``target`` replies (at most 30 s)."""
+    deadline = since + 30
+    while await active(client) > target:
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the model still holds more than {target} replies after 30 s")
+        await asyncio.sleep(POLL_S)
+    return time.monotonic() - since
+
+
+async def arrived(client: httpx.AsyncClient, others: int) -> None:
+    """Until the model holds one reply more than the ``others``."""
+    while await active(client) <= others:
+        await asyncio.sleep(POLL_S)
+
+
+@dataclass
+class Background:
+    """Long replies that keep ``count`` batch places busy; ``restarts`` counts the ones
+    that ended (and were started again)."""
+
+    count: int
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    restarts: int = 0
+
+    async def start(self, client: httpx.AsyncClient) -> None:
+        async def forever(index: int) -> None:
+            while True:
+                body = chat_body(QUESTIONS[index % len(QUESTIONS)], max_tokens=1500)
+                async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+                    async for _ in response.aiter_lines():
+                        pass
+                self.restarts += 1
+
+        self.tasks = [asyncio.create_task(forever(index)) for index in range(self.count)]
+        deadline = time.monotonic() + 120
+        while await active(client) < self.count:  # every one has its place
+            if time.monotonic() > deadline:
+                raise RuntimeError("the background replies never all started")
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.5)  # past their prefill: decoding
+
+    async def stop(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+
+
+async def cancel_once(client: httpx.AsyncClient, state: str, others: int) -> float:
+    """One cancellation in ``state``; seconds until the model holds ``others`` replies."""
+    if state in ("decode alone", "decode, batched with 7"):
+        body = chat_body("Write a long story about a dragon.")
+        async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+            seen = 0
+            async for line in response.aiter_lines():
+                seen += line.startswith("data: {")
+                if seen > 5:  # the role chunk, then 5 pieces
+                    break
+        return await freed_after(client, others, time.monotonic())  # the connection dropped
+    if state in ("queued", "prefill", "non-streamed"):
+        prompt = {"queued": "Write a long story about the sea.", "prefill": LONG_PROMPT}.get(
+            state, "Write a long story about a robot."
+        )
+        body = chat_body(prompt, stream=state != "non-streamed")
+        request = asyncio.create_task(client.post("/v1/chat/completions", json=body))
+        await arrived(client, others)  # queued, or reading its prompt
+        await asyncio.sleep(0.5 if state == "non-streamed" else 0.05)  # non-streamed: decoding
+        request.cancel()  # the client drops its connection
+        since = time.monotonic()
+        with contextlib.suppress(asyncio.CancelledError):
+            await request
+        return await freed_after(client, others, since)
+    if state == "page reply, Stop":
+        reply = await client.post("/api/replies", json=chat_body("Write a long story about a city."))
+        reply_id = reply.json()["id"]
+        async with client.stream("GET", f"/api/replies/{reply_id}/events") as events:
+            seen = 0
+            async for line in events.aiter_lines():
+                seen += line.startswith("event: token")
+                if seen == 5:
+                    break
+        since = time.monotonic()
+        (await client.post(f"/api/replies/{reply_id}/stop")).raise_for_status()
+        return await freed_after(client, others, since)
+    raise ValueError(state)
+
+
+CANCEL_STATES: dict[str, int] = {  # state -> replies decoding beside it
+    "queued": 8,
+    "prefill": 0,
+    "decode alone": 0,
+    "decode, batched with 7": 7,
+    "non-streamed": 0,
+    "page reply, Stop": 0,
+}
+
+
+def start_toolkit(target: str, env: dict[str, str]) -> tuple[subprocess.Popen[bytes], str]:
+    """``app-toolkit run target`` with its defaults and ``env``; waits until it answers."""
+    port = free_port()
+    process = subprocess.Popen(
+        [str(BIN / "app-toolkit"), "run", target, "--port", str(port), "--no-access-log"],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "RAY_USAGE_STATS_ENABLED": "0", **env},
+        stdout=subprocess.DEVNULL,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(base + "/v1/models", process, timeout_s=180)
+    except BaseException:
+        process.kill()
+        raise
+    return process, base
+
+
+async def measure_state(client: httpx.AsyncClient, state: str, others: int, runs: int) -> list[float]:
+    background = Background(others)
+    if others:
+        await background.start(client)
+    try:
+        await cancel_once(client, state, others)  # a warm-up, not counted
+        took: list[float] = []
+        while len(took) < runs:
+            restarts = background.restarts
+            sample = await cancel_once(client, state, others)
+            if background.restarts == restarts:  # else a busy place was freed and taken meanwhile
+                took.append(sample)
+        return sorted(took)
+    finally:
+        await background.stop()
+        await freed_after(client, 0, time.monotonic())
+
+
+async def cancel_measurements(base: str, runs: int) -> None:
+    limits = httpx.Limits(max_connections=64)
+    async with httpx.AsyncClient(base_url=base, timeout=120, limits=limits) as client:
+        await client.post("/v1/chat/completions", json=chat_body("hi", stream=False, max_tokens=2))  # loaded
+        print("cancellation: client disconnect (or Stop) -> the model's batch place free")
+        for state, others in CANCEL_STATES.items():
+            took = await measure_state(client, state, others, runs)
+            p99 = took[min(len(took) - 1, int(len(took) * 0.99))]
+            print(
+                f"  {state:<24} p50 {1000 * statistics.median(took):6.1f} ms  p99 {1000 * p99:6.1f} ms  "
+                f"worst {1000 * took[-1]:6.1f} ms  ({runs} runs)"
+            )
+
+
+def cancel_part(args: argparse.Namespace) -> None:
+    # One model replica: the autoscaler would add a second under the queued state's 9 replies,
+    # and /api/stats would then answer from either.
+    env = {"CHAT_BACKEND": "local", "CHAT_MAX_MODEL_REPLICAS": "1"}
+    process, base = start_toolkit("examples.chat.chat.app:app", env)
+    try:
+        asyncio.run(cancel_measurements(base, args.cancel_runs))
+    finally:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -160,13 +357,17 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="runs per server and concurrency")
     parser.add_argument("--rate", type=float, default=100, help="echo tokens per second per reply")
     parser.add_argument("--tokens", type=int, default=64, help="tokens per echo reply")
-    parser.add_argument("--skip-model", action="store_true", help="only the echo part")
-    parser.add_argument("--skip-echo", action="store_true", help="only the model part")
+    parser.add_argument("--skip-model", action="store_true", help="no in-process model part")
+    parser.add_argument("--skip-echo", action="store_true", help="no echo part")
+    parser.add_argument("--skip-cancel", action="store_true", help="no cancellation part")
+    parser.add_argument("--cancel-runs", type=int, default=20, help="cancellations per state")
     args = parser.parse_args()
     if not args.skip_echo:
         echo_part(args)
     if not args.skip_model:
         asyncio.run(model_part())
+    if not args.skip_cancel:
+        cancel_part(args)
 
 
 if __name__ == "__main__":

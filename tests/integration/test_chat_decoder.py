@@ -11,6 +11,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from examples.chat.chat.engines import decoder as decoder_module
 from examples.chat.chat.engines.decoder import Decoder
 from tests.waiting import wait_for_async
 
@@ -79,6 +80,71 @@ def test_a_reader_that_leaves_frees_its_row(model: Any) -> None:
             # And a third reply gets the freed row.
             assert len(await reply(decoder, PROMPTS[2], max_tokens=3)) == 3
         finally:
+            await decoder.close()
+            await alone.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_long_prompt_read_in_chunks_gives_the_tokens_of_one_pass_and_a_cancelled_one_queues_nothing(
+    model: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    long_prompt = [(7 * index) % 60 + 2 for index in range(100)]  # 100 tokens: two chunks of 64
+
+    async def scenario() -> None:
+        decoder = Decoder(model, {EOS}, max_batch_size=2, repetition_penalty=1.0)
+        try:
+            chunked = await reply(decoder, long_prompt)
+            monkeypatch.setattr(decoder_module, "PREFILL_CHUNK", 10_000)  # the whole prompt in one pass
+            assert await reply(decoder, long_prompt) == chunked
+            monkeypatch.setattr(decoder_module, "PREFILL_CHUNK", 64)
+
+            # The batch is full; a third reply waits in the queue and its reader leaves.
+            busy = [decoder.generate(prompt, 10_000, temperature=0) for prompt in PROMPTS[:2]]
+            for stream in busy:
+                await anext(stream)
+            queued = asyncio.ensure_future(reply(decoder, PROMPTS[2]))
+            await wait_for_async(lambda: decoder.active == 3, timeout_s=10)
+            queued.cancel()
+            await asyncio.sleep(0)  # the cancellation runs; nothing waits for a decoding step
+            assert decoder.active == 2
+            for stream in busy:
+                await stream.aclose()
+            await wait_for_async(lambda: decoder.active == 0, timeout_s=10)
+        finally:
+            await decoder.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_pass_stopped_between_layers_for_a_leaving_reader_is_redone_without_its_row(model: Any) -> None:
+    async def scenario() -> None:
+        decoder = Decoder(model, set(), max_batch_size=2, repetition_penalty=1.1)
+        alone = Decoder(model, set(), max_batch_size=1, repetition_penalty=1.1)
+        hook = None
+        try:
+            expected = await reply(alone, PROMPTS[1], max_tokens=40)
+            leaving = decoder.generate(PROMPTS[0], 10_000, temperature=0)
+            await anext(leaving)
+            other = asyncio.ensure_future(reply(decoder, PROMPTS[1], max_tokens=40))
+            await wait_for_async(lambda: decoder.active == 2, timeout_s=10)
+            passes = 0
+
+            def leave_inside_a_pass(module: Any, args: Any) -> None:
+                nonlocal passes
+                passes += 1
+                if passes == 5 and len(decoder._active) == 2:
+                    decoder._active[0].abandoned = True  # as its reader leaving does, mid-pass
+
+            # After the decoder's own check on the first layer: that layer runs and stores its
+            # new position in the cache, then the second layer's check stops the pass.
+            hook = model.model.layers[0].register_forward_pre_hook(leave_inside_a_pass)
+            assert await other == expected  # the other row's cache was cut back exactly
+            assert passes > 5 and decoder.active == 0
+            await leaving.aclose()
+        finally:
+            if hook is not None:
+                hook.remove()
             await decoder.close()
             await alone.close()
 

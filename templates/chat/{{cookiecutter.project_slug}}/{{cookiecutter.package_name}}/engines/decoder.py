@@ -5,6 +5,12 @@ caches of the active sequences sit left-padded in one batch, masked where padded
 reply joins at the next step (after its own prompt pass); a finished or abandoned one
 leaves at the next step, freeing its row. One task owns the model; the forward passes run
 in a worker thread so the replica's event loop keeps serving.
+
+A reply whose reader leaves frees its place within one layer's time, not a pass's: a
+queued one leaves the queue at once; a pass (a prompt being read, or a decoding step)
+checks before each layer whether a reader of a row it computes left, and stops; a
+decoding step's cache is cut back to where it was and the step is done again without
+that row.
 """
 
 from __future__ import annotations
@@ -23,6 +29,13 @@ from transformers import DynamicCache
 from .. import metrics
 
 logger = logging.getLogger(__name__)
+
+#: Prompt tokens read per forward pass (bounds the memory a long prompt's pass takes).
+PREFILL_CHUNK = 256
+
+
+class _Abandoned(Exception):
+    """Raised between two layers of a forward pass when a reader of a row it computes left."""
 
 
 @dataclass(eq=False)
@@ -50,15 +63,22 @@ class Decoder:
         self._max_batch_size = max_batch_size
         self._penalty = repetition_penalty
         self._waiting: list[_Sequence] = []
+        self._joining: list[_Sequence] = []  # reading their prompts (prefill)
         self._active: list[_Sequence] = []
         self._reset_batch()
+        # A forward pass checks these sequences before each layer and stops when one was
+        # abandoned, so a cancelled reply frees its place within a layer's time, not a pass's.
+        self._watched: list[_Sequence] = []
+        layers = getattr(getattr(model, "model", None), "layers", None) or []
+        self._hooks = [layer.register_forward_pre_hook(self._stop_if_abandoned) for layer in layers]
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.tokens = 0
 
     @property
     def active(self) -> int:
-        return len(self._active) + len(self._waiting)
+        """Sequences holding a place: decoding, reading their prompt, or queued."""
+        return len(self._active) + len(self._joining) + len(self._waiting)
 
     async def generate(
         self, prompt: list[int], max_tokens: int, temperature: float, top_p: float = 1.0
@@ -83,7 +103,14 @@ class Decoder:
             if sequence.stage == "queued" and sequence in self._waiting:
                 self._waiting.remove(sequence)  # its place in the queue is free now
 
+    def _stop_if_abandoned(self, module: Any, args: Any) -> None:
+        if any(sequence.abandoned for sequence in self._watched):
+            raise _Abandoned
+
     async def close(self) -> None:
+        for hook in self._hooks:
+            hook.remove()
+        self._hooks = []
         if self._task is not None:
             self._task.cancel()
             await asyncio.wait({self._task})
@@ -100,11 +127,11 @@ class Decoder:
                 await self._advance()
             except Exception as exc:  # every reply in flight ends with the error; the loop goes on
                 logger.exception("Decoding failed; ending %d replies", self.active)
-                for sequence in self._active + self._waiting:
+                for sequence in self._active + self._joining + self._waiting:
                     if not sequence.abandoned:
                         sequence.out.put_nowait(exc)
                         sequence.abandoned = True
-                self._active, self._waiting = [], []
+                self._active, self._joining, self._waiting = [], [], []
                 self._reset_batch()
 
     async def _advance(self) -> None:
@@ -116,17 +143,20 @@ class Decoder:
             for sequence in joining:
                 sequence.stage = "prefill"
                 metrics.QUEUE_WAIT.observe(now - sequence.queued_at)
+            self._joining = joining  # a failure below ends them with the others (_run)
             firsts = await asyncio.to_thread(self._prefill, joining)
+            self._joining = []
             self._deliver(joining, firsts)
         self._drop_finished()
         if self._active:
             metrics.BATCH_OCCUPANCY.observe(len(self._active))
             tokens = await asyncio.to_thread(self._step)
-            self._deliver(self._active, tokens)
+            if tokens is not None:  # None: a reader left mid-pass; the pass is redone without it
+                self._deliver(self._active, tokens)
 
-    def _deliver(self, sequences: list[_Sequence], tokens: list[int]) -> None:
+    def _deliver(self, sequences: list[_Sequence], tokens: list[int] | list[int | None]) -> None:
         for sequence, token in zip(sequences, tokens, strict=True):
-            if sequence.abandoned:
+            if sequence.abandoned or token is None:
                 continue
             self.tokens += 1
             sequence.generated += 1
@@ -159,14 +189,30 @@ class Decoder:
             self._mask = self._mask[:, start:]
 
     @torch.inference_mode()
-    def _prefill(self, joining: list[_Sequence]) -> list[int]:
-        """Run each new prompt alone, then merge its cache into the batch."""
-        firsts = []
+    def _prefill(self, joining: list[_Sequence]) -> list[int | None]:
+        """Run each new prompt alone, ``PREFILL_CHUNK`` tokens at a time, then merge its
+        cache into the batch. A sequence abandoned meanwhile (its reader left) stops at
+        the next layer and gets None instead of a first token."""
+        firsts: list[int | None] = []
         for sequence in joining:
-            ids = torch.tensor([sequence.prompt])
-            output = self._model(input_ids=ids, use_cache=True)
+            cache: Any = None
+            output: Any = None
+            self._watched = [sequence]
+            try:
+                for start in range(0, len(sequence.prompt), PREFILL_CHUNK):
+                    ids = torch.tensor([sequence.prompt[start : start + PREFILL_CHUNK]])
+                    carried = {} if cache is None else {self._cache_argument: cache}
+                    output = self._model(input_ids=ids, use_cache=True, **carried)
+                    cache = _cache_of(output)
+            except _Abandoned:
+                output = None  # its cache was its own: nothing else to undo
+            finally:
+                self._watched = []
+            if sequence.abandoned or output is None:
+                firsts.append(None)
+                continue
             token = self._sample(output.logits[:, -1], [sequence])[0]
-            self._merge(_cache_of(output), len(sequence.prompt), token)
+            self._merge(cache, len(sequence.prompt), token)
             self._active.append(sequence)
             firsts.append(token)
         return firsts
@@ -211,16 +257,27 @@ class Decoder:
         return tokens
 
     @torch.inference_mode()
-    def _step(self) -> list[int]:
+    def _step(self) -> list[int] | None:
+        """One token for each row; None if a row was abandoned mid-pass (the layers that
+        ran have their new position cut off again, so the pass can be redone without it)."""
         positions = self._mask.sum(dim=1, keepdim=True)  # each row's own length so far
+        width = self._mask.shape[1]
         self._mask = torch.cat([self._mask, torch.ones(len(self._active), 1, dtype=torch.long)], dim=1)
-        output = self._model(
-            input_ids=self._last,
-            attention_mask=self._mask,
-            position_ids=positions,
-            use_cache=True,
-            **{self._cache_argument: self._cache},
-        )
+        self._watched = self._active
+        try:
+            output = self._model(
+                input_ids=self._last,
+                attention_mask=self._mask,
+                position_ids=positions,
+                use_cache=True,
+                **{self._cache_argument: self._cache},
+            )
+        except _Abandoned:
+            self._cache = _cut(self._cache, width)
+            self._mask = self._mask[:, :width]
+            return None
+        finally:
+            self._watched = []
         self._cache = _cache_of(output)
         tokens = self._sample(output.logits[:, -1], self._active)
         self._last = torch.tensor([[token] for token in tokens])
@@ -240,6 +297,14 @@ def _cache_of(output: Any) -> Any:
 
 def _left_pad(tensor: torch.Tensor, width: int) -> torch.Tensor:
     return torch.nn.functional.pad(tensor, (0, 0, width - tensor.shape[2], 0))
+
+
+def _cut(cache: Any, width: int) -> Any:
+    """The cache's first ``width`` positions, in every layer (some may hold one more)."""
+    kept = DynamicCache()
+    for index, layer in enumerate(cache.layers):
+        kept.update(layer.keys[:, :, :width], layer.values[:, :, :width], index)
+    return kept
 
 
 def _sliced(cache: Any, start: int) -> Any:
