@@ -126,9 +126,12 @@ class _Stream:
 class MemoryEventLog(EventLog):
     """Streams kept in this process (one replica, or tests): event ids are 1, 2, 3, …
 
-    ``max_streams`` bounds how many it keeps: beyond it, :meth:`append` to a new stream
-    raises ``OverflowError`` (closed streams past ``keep_s`` and abandoned ones are
-    dropped first).
+    ``max_streams`` bounds how many it keeps. A new stream beyond it first makes room:
+    closed streams past ``keep_s`` and abandoned ones go, then, if none did, the stream
+    closed longest ago, though within its ``keep_s`` (a busy service keeps serving new
+    streams; a reader coming back that late for a finished one gets :class:`UnknownStream`).
+    Only when every stream is still being written does :meth:`append` raise
+    ``OverflowError``.
     """
 
     def __init__(
@@ -144,6 +147,7 @@ class MemoryEventLog(EventLog):
             raise ValueError(f"max_streams must be at least 1, got {max_streams}")
         self.max_streams = max_streams
         self._streams: dict[str, _Stream] = {}
+        self._closed: deque[str] = deque()  # names in the order they were closed (some since dropped)
 
     def __len__(self) -> int:
         return len(self._streams)
@@ -181,6 +185,7 @@ class MemoryEventLog(EventLog):
         if kept.closed_at is None:
             kept.closed_at = time.monotonic()
             kept.wake()
+            self._closed.append(stream)
 
     async def take_over(self, stream: str) -> bool:
         kept = self._live(stream)
@@ -235,3 +240,10 @@ class MemoryEventLog(EventLog):
                     del self._streams[name]
             elif now - kept.written_at > self.writer_timeout_s + self.keep_s:
                 del self._streams[name]  # abandoned, and its readers told so long ago
+        while len(self._streams) >= self.max_streams and self._closed:
+            name = self._closed.popleft()
+            closed = self._streams.get(name)
+            if closed is not None and closed.closed_at is not None:
+                del self._streams[name]  # finished longest ago: its place goes to a new stream
+        if len(self._closed) > 2 * self.max_streams:  # names of streams dropped meanwhile
+            self._closed = deque(name for name in self._closed if name in self._streams)

@@ -21,8 +21,14 @@ other parts have); p50, p99 and the worst are printed.
 A run during which a reply keeping the batch busy ended (and was started again) is
 measured again.
 
+Page-replies part: the page's replies (``POST /api/replies``, then their events over SSE)
+from 32 clients with the echo backend (``--replies-rate`` tokens/s per reply: more than
+the server relays, so the figures are its capacity), with 1 and 3 ``Replies`` replicas, the replies kept
+in memory and in Redis (a redis-server on 127.0.0.1 the script starts): replies/s,
+tokens/s and server CPU per token (Redis's own CPU not included).
+
     python -m benchmarks.chat [--duration 8] [--rate 100] [--tokens 64] [--cancel-runs 20]
-        [--skip-model] [--skip-echo] [--skip-cancel]
+        [--skip-model] [--skip-echo] [--skip-replies] [--skip-cancel]
 """
 
 from __future__ import annotations
@@ -349,6 +355,81 @@ def cancel_part(args: argparse.Namespace) -> None:
             process.kill()
 
 
+async def replies_load(base: str, clients: int, tokens: int, duration_s: float) -> dict[str, float]:
+    """Page replies (``POST /api/replies``, then its events over SSE until ``done``), back
+    to back from each client for ``duration_s``: replies and tokens per second."""
+    prompt = " ".join(f"t{i}" for i in range(tokens))
+    body = {"model": "echo", "messages": [{"role": "user", "content": prompt}]}
+    done = received = 0
+    deadline = time.monotonic() + duration_s
+
+    async def client_loop(client: httpx.AsyncClient) -> None:
+        nonlocal done, received
+        while time.monotonic() < deadline:
+            started = await client.post("/api/replies", json=body)
+            started.raise_for_status()
+            seen = 0
+            async with client.stream("GET", f"/api/replies/{started.json()['id']}/events") as events:
+                async for line in events.aiter_lines():
+                    if line.startswith("event: token"):
+                        seen += 1
+                    elif line.startswith("event: "):
+                        if line != "event: done":
+                            raise RuntimeError(f"a reply ended with {line!r}")
+                        break
+            if seen != tokens:
+                raise RuntimeError(f"a reply ended after {seen} of {tokens} tokens")
+            done += 1
+            received += seen
+
+    started_at = time.monotonic()
+    limits = httpx.Limits(max_connections=2 * clients)
+    async with httpx.AsyncClient(base_url=base, timeout=60, limits=limits) as client:
+        await asyncio.gather(*(client_loop(client) for _ in range(clients)))
+    elapsed = time.monotonic() - started_at
+    return {"replies_per_s": done / elapsed, "tokens_per_s": received / elapsed, "tokens": received}
+
+
+def replies_part(args: argparse.Namespace) -> None:
+    from tests.redis_server import redis_server
+
+    clients, tokens = 32, args.tokens
+    print(
+        f"page replies (Replies deployment), echo backend at {args.replies_rate:g} tokens/s per reply, "
+        f"{tokens} tokens per reply, {clients} clients back to back"
+    )
+    with redis_server() as url:
+        for store, replicas in (("memory", 1), ("memory", 3), ("redis", 1), ("redis", 3)):
+            env = {
+                "CHAT_BACKEND": "echo",
+                "CHAT_ECHO_TOKENS_PER_S": str(args.replies_rate),
+                "CHAT_REPLY_STORE": store,
+                "CHAT_REDIS_URL": url,
+                "CHAT_REPLY_REPLICAS": str(replicas),
+            }
+            process, base = start_toolkit("examples.chat.chat.app:app", env)
+            try:
+                asyncio.run(replies_load(base, 4, tokens, 2))  # warm-up
+                runs = []
+                for _ in range(args.rounds):
+                    before = cpu_seconds(process.pid)
+                    run = asyncio.run(replies_load(base, clients, tokens, args.duration))
+                    run["cpu_us_per_token"] = 1e6 * (cpu_seconds(process.pid) - before) / run["tokens"]
+                    runs.append(run)
+            finally:
+                process.send_signal(signal.SIGINT)
+                try:
+                    process.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+            median = {key: statistics.median(run[key] for run in runs) for key in runs[0]}
+            print(
+                f"  {store:<6} x{replicas} Replies replicas: {median['replies_per_s']:6.1f} replies/s "
+                f"{median['tokens_per_s']:7.0f} tokens/s | server CPU per token "
+                f"{median['cpu_us_per_token']:.0f} us"
+            )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -360,12 +441,18 @@ def main() -> None:
     parser.add_argument("--skip-model", action="store_true", help="no in-process model part")
     parser.add_argument("--skip-echo", action="store_true", help="no echo part")
     parser.add_argument("--skip-cancel", action="store_true", help="no cancellation part")
+    parser.add_argument("--skip-replies", action="store_true", help="no page-replies part")
+    parser.add_argument(
+        "--replies-rate", type=float, default=1000, help="echo tokens/s per reply in the page-replies part"
+    )
     parser.add_argument("--cancel-runs", type=int, default=20, help="cancellations per state")
     args = parser.parse_args()
     if not args.skip_echo:
         echo_part(args)
     if not args.skip_model:
         asyncio.run(model_part())
+    if not args.skip_replies:
+        replies_part(args)
     if not args.skip_cancel:
         cancel_part(args)
 

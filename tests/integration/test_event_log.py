@@ -183,13 +183,29 @@ def test_the_memory_log_holds_at_most_max_streams() -> None:
         await log.append("a", "x")
         await log.append("b", "x")
         with pytest.raises(OverflowError, match="max_streams"):
-            await log.append("c", "x")
+            await log.append("c", "x")  # both are being written
         await log.close("a")
         await asyncio.sleep(0.3)  # past keep_s: its place is free
         await log.append("c", "x")
         assert len(log) == 2  # type: ignore[arg-type]
 
     run(tk.MemoryEventLog(max_streams=2, keep_s=0.2), body)
+
+    async def busy(log: tk.EventLog) -> None:
+        for name in ("a", "b", "c"):
+            await log.append(name, "x")
+        await log.close("b")
+        await log.close("a")
+        await log.append("d", "x")  # full: "b", closed longest ago, makes room, within its keep_s
+        with pytest.raises(tk.UnknownStream):
+            await log.follow("b")
+        assert [e.data for e in await take(await log.follow("a"))] == ["x"]
+        await log.append("e", "x")  # then "a"
+        with pytest.raises(OverflowError, match="max_streams"):
+            await log.append("f", "x")  # c, d and e are all being written
+        assert len(log) == 3  # type: ignore[arg-type]
+
+    run(tk.MemoryEventLog(max_streams=3, keep_s=300), busy)
 
 
 def test_logs_refuse_bad_settings() -> None:
