@@ -14,7 +14,7 @@ when it stops.
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from app_toolkit._runtime import request_context
@@ -29,6 +29,16 @@ local id = redis.call('XADD', KEYS[1], 'MAXLEN', ARGV[1], '*', 'e', ARGV[4], 'd'
 redis.call('PEXPIRE', KEYS[1], ARGV[2])
 redis.call('SET', KEYS[2], '1', 'PX', ARGV[3])
 return id
+"""
+_APPEND_MANY = """
+if redis.call('EXISTS', KEYS[3]) == 1 then return redis.error_reply('closed') end
+local ids = {}
+for i = 4, #ARGV, 2 do
+  ids[#ids + 1] = redis.call('XADD', KEYS[1], 'MAXLEN', ARGV[1], '*', 'e', ARGV[i], 'd', ARGV[i + 1])
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+redis.call('SET', KEYS[2], '1', 'PX', ARGV[3])
+return ids
 """
 _TOUCH = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return redis.error_reply('unknown') end
@@ -110,6 +120,7 @@ class RedisEventLog(EventLog):
                 name: self._client.register_script(body)
                 for name, body in (
                     ("append", _APPEND),
+                    ("append_many", _APPEND_MANY),
                     ("touch", _TOUCH),
                     ("take_over", _TAKE_OVER),
                     ("close", _CLOSE),
@@ -138,6 +149,25 @@ class RedisEventLog(EventLog):
         ]
         try:
             return str(await self._scripts["append"](keys=keys, args=[*args, event, data]))
+        except self._refused as refused:
+            if "closed" in str(refused):
+                raise ValueError(f"stream {stream!r} is closed") from None
+            raise
+
+    async def append_many(self, stream: str, events: Sequence[tuple[str, str]]) -> list[str]:
+        if not events:
+            return []
+        keys = self._keys(stream)
+        self._redis()
+        args: list[Any] = [
+            self.max_events,
+            self._ms(self.writer_timeout_s + self.keep_s),
+            self._ms(self.writer_timeout_s),
+        ]
+        for data, event in events:
+            args += [event, data]
+        try:
+            return [str(event_id) for event_id in await self._scripts["append_many"](keys=keys, args=args)]
         except self._refused as refused:
             if "closed" in str(refused):
                 raise ValueError(f"stream {stream!r} is closed") from None

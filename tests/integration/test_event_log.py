@@ -69,6 +69,21 @@ def test_a_reader_resumes_after_the_last_event_it_saw_without_repeats(make_log: 
     run(make_log(), body)
 
 
+def test_several_events_appended_at_once_are_read_in_order_with_their_own_ids(make_log: MakeLog) -> None:
+    async def body(log: tk.EventLog) -> None:
+        first = await log.append("m1", "start", event="started")
+        ids = await log.append_many("m1", [(f"piece {n}", "token") for n in range(4)])
+        assert ids == [e.id for e in await log.read("m1")][1:] and len(set(ids)) == 4
+        assert await log.append_many("m1", []) == []
+        await log.close("m1")
+        rest = await take(await log.follow("m1", after=first))
+        assert [(e.event, e.data) for e in rest] == [("token", f"piece {n}") for n in range(4)]
+        with pytest.raises(ValueError, match="closed"):
+            await log.append_many("m1", [("late", "token")])
+
+    run(make_log(), body)
+
+
 def test_waiting_readers_get_each_event_as_it_comes_and_end_when_it_closes(make_log: MakeLog) -> None:
     async def body(log: tk.EventLog) -> None:
         await log.append("r2", "0")

@@ -66,8 +66,21 @@ def make_log(settings: Settings) -> tk.EventLog:
     return tk.MemoryEventLog(max_streams=4 * settings.max_replies, **bounds)
 
 
+_MAX_BATCH = 256  # pieces stored in one append at most
 _MAX_TAKEOVERS = 3  # a reader's attempts to take over (or wait for) a reply whose writer is lost
 _CLOSED = "closed elsewhere"  # the finish reason _relay gives a reply another replica stopped
+
+
+async def _read_into(stream: Any, came: asyncio.Queue[Delta | Exception]) -> None:
+    """The model's deltas, then what ended them (an error, or its stream ending unsaid)."""
+    try:
+        async for delta in stream:
+            await came.put(delta)
+            if delta.finish_reason is not None:
+                return
+        await came.put(RuntimeError("the model's stream ended without saying why"))
+    except Exception as failed:  # e.g. ReplicaUnavailableError: the pump continues the reply elsewhere
+        await came.put(failed)
 
 
 def _overloaded(what: str) -> ChatError:
@@ -174,17 +187,40 @@ class Replies:
                 await self._end(reply_id, "failed", {"message": failure})
 
     async def _relay(self, reply_id: str, stream: Any, pieces: list[str]) -> Delta:
-        """Store the model's pieces as they come; returns its last delta (why it ended)."""
-        async for delta in stream:
-            if delta.finish_reason is not None:
-                return delta
-            try:
-                await self._log.append(reply_id, json.dumps({"text": delta.text}), "token")
-            except ValueError:  # closed by a stop that reached another replica
-                stream.cancel()
-                return Delta(finish_reason=_CLOSED)
-            pieces.append(delta.text)
-        raise RuntimeError("the model's stream ended without saying why")
+        """Store the model's pieces as they come; returns its last delta (why it ended).
+
+        The model's stream is read apart from the writing: the pieces that came while one
+        append was on its way to the store go in the next one together (with Redis, a
+        round trip for every piece would cap a replica at a few thousand a second).
+        """
+        came: asyncio.Queue[Delta | Exception] = asyncio.Queue(_MAX_BATCH)  # bounded: the model waits
+        reader = asyncio.get_running_loop().create_task(_read_into(stream, came))
+        try:
+            while True:
+                batch = [await came.get()]
+                while not came.empty() and len(batch) < _MAX_BATCH:
+                    batch.append(came.get_nowait())
+                texts: list[str] = []
+                end: Delta | Exception | None = None
+                for item in batch:
+                    if isinstance(item, Exception) or item.finish_reason is not None:
+                        end = item
+                        break
+                    texts.append(item.text)
+                if texts:
+                    events = [(json.dumps({"text": text}), "token") for text in texts]
+                    try:
+                        await self._log.append_many(reply_id, events)
+                    except ValueError:  # closed by a stop that reached another replica
+                        stream.cancel()
+                        return Delta(finish_reason=_CLOSED)
+                    pieces.extend(texts)
+                if isinstance(end, Exception):
+                    raise end
+                if end is not None:
+                    return end
+        finally:
+            reader.cancel()
 
     async def _continue(self, reply_id: str, generation: Generation, prefix: str, produced: int) -> Any:
         """The rest of a reply whose model replica was lost, from another replica (None:
