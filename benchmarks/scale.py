@@ -42,6 +42,7 @@ from typing import Any
 
 from app_toolkit._runtime.controller import publishing
 from app_toolkit._runtime.controller.controller import ControllerCore
+from app_toolkit._runtime.controller.heap import HeapKeeper
 from app_toolkit._runtime.messages import AdoptedReplica, AppSpec, DeploymentID, DeploymentSpec, ReplicaInfo
 from app_toolkit._runtime.tables import Loads, Outcomes, ReplicaTable, Table, replicas_key
 from app_toolkit.config import AutoscalingConfig, DeploymentConfig
@@ -138,7 +139,8 @@ async def measure(
     gc.collect()
     rss_before = _rss_mb()
     backend = SimBackend(nodes, options.start_delay)
-    core = ControllerCore(backend)
+    # The controller's process freezes its heap once settled, as on Ray (controller/heap.py).
+    core = ControllerCore(backend, heap=None if options.plain_gc else HeapKeeper())
     reconciles: list[float] = []
     reconcile = core._reconcile
 
@@ -353,6 +355,11 @@ def main() -> None:
     parser.add_argument("--caller-processes", type=int, default=2, help="processes the callers share")
     parser.add_argument("--deaths", type=int, default=5, help="replicas killed one at a time, fan-out")
     parser.add_argument("--plot", default="", help="write the curves to this PNG (needs matplotlib)")
+    parser.add_argument(
+        "--plain-gc",
+        action="store_true",
+        help="no heap freezing in the controller (the collector as it comes)",
+    )
     options = parser.parse_args()
     # Deaths are logged as warnings; thousands of them would bury the results.
     logging.getLogger("app_toolkit").setLevel(logging.ERROR)

@@ -37,6 +37,7 @@ from app_toolkit._runtime.controller.deployment_state import (
     next_due,
     plan,
 )
+from app_toolkit._runtime.controller.heap import HeapKeeper
 from app_toolkit._runtime.controller.loads import LoadBook
 from app_toolkit._runtime.controller.longpoll import LongPollHost
 from app_toolkit._runtime.controller.prefixes import check_prefixes
@@ -83,8 +84,13 @@ EVENTS_KEPT = 50
 class ControllerCore:
     """Holds desired and actual state and drives one toward the other."""
 
-    def __init__(self, backend: Backend[Any], proxies: dict[str, str] | None = None) -> None:
+    def __init__(
+        self, backend: Backend[Any], proxies: dict[str, str] | None = None, heap: HeapKeeper | None = None
+    ) -> None:
         self.backend = backend
+        #: Freezes the heap once the deployments settle (controller/heap.py); only in a
+        #: process of the controller's own: it changes how that whole process collects.
+        self.heap = heap
         self.apps: dict[str, AppSpec] = {}
         #: The last config file applied (as written), less the apps changed since by hand.
         self.applied_file: ConfigFile | None = None
@@ -362,6 +368,8 @@ class ControllerCore:
             except Exception:
                 logger.exception("Reconcile step failed; retrying")
             controller_metrics.RECONCILE.observe(time.perf_counter() - started)
+            if self.heap is not None:
+                self.heap.tick(asyncio.get_running_loop().time())
             await self.tables.store(self.backend)
             await wait_event(self._wake, _LOOP_PERIOD_S)
             self._wake.clear()
@@ -399,6 +407,8 @@ class ControllerCore:
     def _perform(self, state: DeploymentState, actions: list[Action]) -> None:
         deployment, backend, call = state.spec.id, self.backend, functools.partial
         for action in actions:
+            if self.heap is not None and isinstance(action, (StartReplica, StopReplica)):
+                self.heap.changed()
             if isinstance(action, StartReplica):
                 self._call(
                     deployment, action.replica_id, call(replica_calls.start, backend, deployment, action)

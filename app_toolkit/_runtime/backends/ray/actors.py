@@ -25,6 +25,7 @@ from app_toolkit._runtime.backends.ray.proxies import ProxyFleet
 from app_toolkit._runtime.backends.ray.replicas import RayReplicas
 from app_toolkit._runtime.controller.api import ControlCall
 from app_toolkit._runtime.controller.controller import ControllerCore
+from app_toolkit._runtime.controller.heap import HeapKeeper
 from app_toolkit._runtime.proxy.direct import LocalIngresses
 from app_toolkit._runtime.proxy.proxy import Proxy
 from app_toolkit._runtime.proxy.server import ProxyServer, listen_socket, serve
@@ -140,7 +141,7 @@ class ControllerActor:
         configure_worker()
         self.http = http
         self._proxies = ProxyFleet(ProxyActor, http)
-        self.core = ControllerCore(RayReplicas(self._proxies), self._proxies.urls)
+        self.core = ControllerCore(RayReplicas(self._proxies), self._proxies.urls, heap=HeapKeeper())
         self._started = False
         self._core_started = False
         self._start_lock: asyncio.Lock | None = None
