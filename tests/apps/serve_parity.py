@@ -188,6 +188,22 @@ class Finalized:
         mark(self.folder, f"del-{self.version}")
 
 
+@serve.deployment(graceful_shutdown_timeout_s=1)
+class AsyncFinalized:
+    """An ``async def __del__``: awaited when the replica stops, and run once only."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+
+    def __call__(self) -> str:
+        return "here"
+
+    async def __del__(self) -> None:
+        await asyncio.sleep(0.05)  # really awaited: a coroutine never awaited does nothing
+        with (Path(self.folder) / "async-del").open("a") as marks:
+            marks.write("ran\n")
+
+
 def make_lifespan_app(folder: str, version: int) -> serve.Application:
     """A FastAPI app whose lifespan shutdown leaves a marker (delete, redeploy)."""
 

@@ -4,6 +4,8 @@
 from __future__ import annotations
 
 import asyncio
+import gc
+import time
 from pathlib import Path
 
 import httpx
@@ -82,6 +84,15 @@ def test_teardown_hooks_run_on_delete_and_on_redeploy(toolkit: Toolkit, tmp_path
     toolkit.run(apps.Finalized.bind(folder), name=name, route_prefix=None)
     serve.delete(name)
     wait_for(lambda: (tmp_path / "del-1").exists(), 30, "__del__ of the deleted replica's object")
+
+    name = toolkit.name()
+    toolkit.run(apps.AsyncFinalized.bind(folder), name=name, route_prefix=None)
+    serve.delete(name)
+    marks = tmp_path / "async-del"
+    wait_for(marks.exists, 30, "the awaited async __del__ of the deleted replica's object")
+    time.sleep(0.5)  # its object is collected meanwhile: that must not run it again
+    gc.collect()
+    assert marks.read_text() == "ran\n"
 
     name = toolkit.name()
     toolkit.run(apps.make_lifespan_app(folder, 1), name=name, route_prefix="/p-life")

@@ -46,6 +46,7 @@ from app_toolkit._runtime.replica.user_code import (
     construct,
     install_error_handler,
     iterate_in_thread,
+    run_destructor,
 )
 from app_toolkit._runtime.waiting import wait_event
 from app_toolkit.config import DeploymentConfig
@@ -190,8 +191,14 @@ class ReplicaCore:
         await self._release_instance()
 
     async def _release_instance(self) -> None:
-        """The last step of stopping: stop hooks (models released), then the user's object
-        let go, so its ``__del__`` runs here rather than never (the process is killed next)."""
+        """The last step of stopping, as Ray Serve orders it: the user's ``__del__`` (an
+        ``async def __del__`` awaited), then the stop hooks (models released, connections
+        closed), then the object let go (the process is killed next)."""
+        if self.instance is not None and inspect.isclass(self._definition):
+            try:
+                await run_destructor(self.instance, max(self.config.graceful_shutdown_timeout_s, 1.0))
+            except Exception:
+                logger.exception("The __del__ of %s failed", self.replica_id)
         for hook in self._stop_hooks:
             try:
                 await hook()

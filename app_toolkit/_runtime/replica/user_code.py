@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import threading
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator
 from typing import Never, cast
 
@@ -23,6 +24,48 @@ async def construct(cls: type, args: tuple[object, ...], kwargs: dict[str, objec
         await initializer(instance, *args, **kwargs)
         return instance
     return cls(*args, **kwargs)
+
+
+async def run_destructor(instance: object, timeout_s: float) -> None:
+    """Call the instance's ``__del__`` once, as Ray Serve does when a replica stops: an
+    ``async def __del__`` is awaited (for up to ``timeout_s``), a plain one called here.
+    Its class is then swapped for a subclass whose ``__del__`` does nothing, so the
+    object's collection later does not run it a second time (or leave a coroutine that
+    nobody awaits). Raises what the destructor raised."""
+    cls = type(instance)
+    finalizer = getattr(cls, "__del__", None)
+    if finalizer is None:
+        return
+    try:
+        result = finalizer(instance)
+        if inspect.isawaitable(result):
+            async with asyncio.timeout(timeout_s):
+                await result
+    finally:
+        try:
+            instance.__class__ = _ran_once(cls)
+        except TypeError:  # a class whose instances cannot change class: collected as it is
+            pass
+
+
+_RAN_ONCE: weakref.WeakKeyDictionary[type, type] = weakref.WeakKeyDictionary()
+
+
+def _ran_once(cls: type) -> type:
+    ran = _RAN_ONCE.get(cls)
+    if ran is None:
+
+        def __del__(self: object) -> None:  # the destructor already ran
+            pass
+
+        namespace = {
+            "__del__": __del__,
+            "__slots__": (),  # the same layout, so instances can change to it
+            "__module__": cls.__module__,
+            "__qualname__": cls.__qualname__,
+        }
+        ran = _RAN_ONCE[cls] = type(cls.__name__, (cls,), namespace)
+    return ran
 
 
 def close_generator(generator: object) -> None:
