@@ -86,6 +86,13 @@ class EventLog(ABC):
         :class:`UnknownStream`."""
 
     @abstractmethod
+    async def release(self, stream: str) -> None:
+        """The writer lets go of ``stream`` without closing it (its process is stopping):
+        readers find it abandoned at once instead of after ``writer_timeout_s``, and one
+        of them can :meth:`take_over` and go on. Does nothing to a closed stream; raises
+        :class:`UnknownStream`."""
+
+    @abstractmethod
     async def read(self, stream: str) -> list[LoggedEvent]:
         """The events ``stream`` holds now (a taker-over reads what its writer had done).
         Raises :class:`UnknownStream`."""
@@ -200,6 +207,12 @@ class MemoryEventLog(EventLog):
             return False
         kept.written_at = now
         return True
+
+    async def release(self, stream: str) -> None:
+        kept = self._live(stream)
+        if kept.closed_at is None:
+            kept.written_at = time.monotonic() - self.writer_timeout_s - 1.0
+            kept.wake()
 
     async def read(self, stream: str) -> list[LoggedEvent]:
         return list(self._live(stream).events)

@@ -52,6 +52,11 @@ if redis.call('EXISTS', KEYS[3]) == 1 then return 0 end
 if redis.call('SET', KEYS[2], '1', 'NX', 'PX', ARGV[1]) then return 1 end
 return 0
 """
+_RELEASE = """
+if redis.call('EXISTS', KEYS[1]) == 0 then return redis.error_reply('unknown') end
+redis.call('DEL', KEYS[2])
+return 1
+"""
 _CLOSE = """
 if redis.call('EXISTS', KEYS[1]) == 0 then return redis.error_reply('unknown') end
 if redis.call('EXISTS', KEYS[3]) == 1 then return 0 end
@@ -123,6 +128,7 @@ class RedisEventLog(EventLog):
                     ("append_many", _APPEND_MANY),
                     ("touch", _TOUCH),
                     ("take_over", _TAKE_OVER),
+                    ("release", _RELEASE),
                     ("close", _CLOSE),
                 )
             }
@@ -187,6 +193,11 @@ class RedisEventLog(EventLog):
         keys = self._keys(stream)
         self._redis()
         return bool(await self._call("take_over", stream, keys, [self._ms(self.writer_timeout_s)]))
+
+    async def release(self, stream: str) -> None:
+        keys = self._keys(stream)
+        self._redis()
+        await self._call("release", stream, keys, [])
 
     async def read(self, stream: str) -> list[LoggedEvent]:
         entries = await self._redis().xrange(self._keys(stream)[0])

@@ -21,6 +21,7 @@ from app_toolkit._runtime.backends.ray.cluster import NAMESPACE
 from examples.chat.chat import app as chat_app
 from examples.chat.chat.app import build_app
 from examples.chat.chat.model import ChatModel
+from examples.chat.chat.replies import Replies
 from examples.chat.chat.settings import Settings
 from tests.conftest import Toolkit
 
@@ -188,3 +189,44 @@ def test_32_replies_go_through_a_rolling_upgrade_of_the_model_whole(
 
 def _model_replicas(app: str) -> list[Any]:
     return list(tk.status().applications[app].deployments["ChatModel"].replicas)
+
+
+class _RepliesV2(Replies.func_or_class):  # type: ignore[misc,name-defined]
+    """The Replies deployment's next version: other code, the same behaviour."""
+
+
+def test_replies_whose_replica_is_upgraded_are_taken_over_at_once(
+    ray_toolkit: Toolkit, redis_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Replies deployment gets a new version while 8 replies are being generated; its
+    old replicas drain for 1 s, then let go of the replies they still generate, and the
+    new ones take them over at once (not after the 30 s writer timeout): every reader gets
+    its whole reply."""
+    settings = Settings(
+        backend="echo",
+        echo_tokens_per_s=20,
+        reply_store="redis",
+        redis_url=redis_url,
+        reply_replicas=2,
+        reply_writer_timeout_s=30.0,
+    )
+    monkeypatch.setattr(chat_app, "Replies", Replies.options(graceful_shutdown_timeout_s=1.0))
+    name = ray_toolkit.name()
+    ray_toolkit.run(chat_app.build_app(settings), name=name, route_prefix="/")
+    words = [f"w{i}" for i in range(100)]  # 5 s of tokens each
+    with ray_toolkit.client() as client:
+        reply_ids = [start(client, words) for _ in range(8)]
+        base_url = str(client.base_url)
+    started = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        readers = [pool.submit(_resumed_reply, base_url, reply_id, started + 60) for reply_id in reply_ids]
+        time.sleep(1.0)
+        v2 = tk.Deployment(_RepliesV2, "Replies", {**Replies.options()._options})
+        monkeypatch.setattr(chat_app, "Replies", v2.options(graceful_shutdown_timeout_s=1.0))
+        ray_toolkit.run(chat_app.build_app(settings), name=name, route_prefix="/")
+        replies = [reader.result() for reader in readers]
+    took = time.monotonic() - started
+    for events in replies:
+        assert events[-1][1] == "done", events[-1]
+        assert text(events).split() == words  # whole, nothing repeated
+    assert took < 25, f"the replies waited for the writer timeout: {took:.1f} s"

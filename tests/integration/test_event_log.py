@@ -180,6 +180,28 @@ def test_one_taker_becomes_the_writer_of_an_abandoned_stream_and_readers_follow_
     run(make_log(writer_timeout_s=0.5), body)
 
 
+def test_a_writer_that_lets_go_is_taken_over_at_once_not_after_its_timeout(make_log: MakeLog) -> None:
+    async def body(log: tk.EventLog) -> None:
+        first = await log.append("g1", "piece 0")
+        reader = asyncio.create_task(take(await log.follow("g1", after=first)))
+        await asyncio.sleep(0.1)
+        started = time.monotonic()
+        await log.release("g1")  # the writer's process is stopping
+        with pytest.raises(tk.StreamAbandoned):
+            async with asyncio.timeout(5):
+                await reader
+        assert time.monotonic() - started < 3  # not writer_timeout_s (30 s)
+        assert await log.take_over("g1")
+        await log.append("g1", "piece 1")
+        await log.close("g1")
+        await log.release("g1")  # closed: nothing to let go of
+        assert [e.data for e in await take(await log.follow("g1"))] == ["piece 0", "piece 1"]
+        with pytest.raises(tk.UnknownStream):
+            await log.release("never written")
+
+    run(make_log(writer_timeout_s=30), body)
+
+
 def test_a_stream_keeps_its_newest_events_and_is_dropped_after_keep_s(make_log: MakeLog) -> None:
     async def body(log: tk.EventLog) -> None:
         for n in range(6):

@@ -98,6 +98,25 @@ class Replies:
         self._pumps: dict[str, _Pump] = {}
         self._admitting = 0
         self._sweeper: asyncio.Task[None] | None = None
+        self._handing_over = False  # this replica is stopping: its pumps let go of their replies
+
+    async def __del__(self) -> None:
+        """This replica stops (the toolkit awaits this, as Ray Serve does): the replies it
+        still generates are let go of unfinished, so that with Redis the replica serving
+        one of their readers takes each over at once instead of after
+        ``reply_writer_timeout_s``. (In memory they go with this process.)"""
+        self._handing_over = True
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+        running = {reply_id: pump.task for reply_id, pump in self._pumps.items() if pump.task is not None}
+        for task in running.values():
+            task.cancel()
+        await asyncio.gather(*running.values(), return_exceptions=True)
+        for reply_id in running:
+            with contextlib.suppress(Exception):
+                await self._log.release(reply_id)
+        if running:
+            logger.info("Let go of %d unfinished replies for other replicas to take over", len(running))
 
     async def start(self, reply_id: str, generation: Generation) -> None:
         """Admit reply ``reply_id`` (a new uuid) and start generating it.
@@ -173,6 +192,9 @@ class Replies:
         except asyncio.CancelledError:
             if stream is not None:
                 stream.cancel()  # the model stops generating and frees the reply's batch slot
+            if self._handing_over:
+                ended = True  # not ended: another replica goes on with it (__del__)
+                return
             usage = {"prompt_tokens": prompt_tokens, "completion_tokens": len(pieces)}
             ended = await self._end(reply_id, "done", {"finish_reason": "stopped", "usage": usage})
         except ChatError as refused:  # e.g. an upstream that cannot continue a reply

@@ -7,7 +7,7 @@ or abandoned), so a key over its token budget is refused its next requests until
 debt has refilled. The ledger is kept in this process (``accounts_store=memory``: the
 ``Accounts`` deployment then runs one replica, so every ingress replica shares it) or in
 Redis (two replicas; one Lua script per call, timed by Redis's own clock, so every
-replica agrees; its connection goes with the replica's process).
+replica agrees).
 """
 
 from __future__ import annotations
@@ -55,6 +55,9 @@ class Ledger(ABC):
     @abstractmethod
     async def usage(self, owner: str) -> dict[str, int]:
         """``owner``'s counts: requests, prompt_tokens, completion_tokens."""
+
+    async def aclose(self) -> None:  # noqa: B027 - the memory ledger holds nothing open
+        """Let go of connections."""
 
 
 class MemoryLedger(Ledger):
@@ -170,6 +173,11 @@ class RedisLedger(Ledger):
         counts = await self._redis().hmget(self.prefix + owner, list(USAGE_FIELDS))
         return {name: int(count or 0) for name, count in zip(USAGE_FIELDS, counts, strict=True)}
 
+    async def aclose(self) -> None:
+        client, self._client, self._scripts = self._client, None, {}
+        if client is not None:
+            await client.aclose()
+
 
 def make_ledger(settings: Settings) -> Ledger:
     if settings.accounts_store == "redis":
@@ -209,3 +217,7 @@ class Accounts:
         counts = await self._ledger.usage(owner)
         limits = {f"{kind}_per_min": limit or None for kind, limit in self._limits.items()}
         return {"object": "usage", "owner": owner, **counts, "limits": limits}
+
+    async def __del__(self) -> None:
+        """The replica stops (awaited by the toolkit, as by Ray Serve): close connections."""
+        await self._ledger.aclose()
