@@ -39,6 +39,11 @@ class ChatModel:
         self._accounts = accounts  # with API keys on: where each key's tokens are counted
         self._charges: set[asyncio.Task[None]] = set()
 
+    async def __del__(self) -> None:
+        """The replica stops (awaited by the toolkit, as by Ray Serve): the engine lets go
+        of the model (the local decoder's task ends) or of its upstream connections."""
+        await self._engine.close()
+
     async def generate(self, generation: Generation) -> AsyncIterator[Delta]:
         """The first item counts the prompt; then text pieces; the last says why it ended.
 
