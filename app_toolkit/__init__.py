@@ -1,6 +1,7 @@
 """app_toolkit: serve ordinary FastAPI routers as a scalable service on Ray."""
 
-from app_toolkit import testing
+import typing as _typing
+
 from app_toolkit.api import (
     delete,
     get_app_handle,
@@ -126,3 +127,16 @@ __all__ = [
     "status",
     "testing",
 ]
+
+if _typing.TYPE_CHECKING:
+    from app_toolkit import testing
+
+
+def __getattr__(name: str) -> object:
+    # ``tk.testing`` (and its test client, httpx) is imported on first use: the toolkit's
+    # own processes (controller, proxies, replicas) never need it.
+    if name == "testing":
+        import importlib
+
+        return importlib.import_module("app_toolkit.testing")
+    raise AttributeError(f"module 'app_toolkit' has no attribute {name!r}")
