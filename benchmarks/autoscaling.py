@@ -5,6 +5,13 @@ and ``target_ongoing_requests=4``. Reports: cold start (first request sent at ze
 replicas until its response), time from the start of the heavy phase until 4 replicas
 run, time from the end of the load until zero replicas, and failed requests (must be 0).
 
+Each is broken into phases from the controller's own event times (its autoscaling
+decisions, ``tk.status().events``), the replica's status seen RUNNING (polled every
+10 ms) and its worker process's start time (/proc): for the cold start, request sent ->
+decision -> replica RUNNING -> answered, and whether Ray gave the replica a fresh worker
+process or one it had started ahead; for the step, each decision's time after the load
+began, and from the decision to the largest size until every replica runs.
+
     python -m benchmarks.autoscaling [--clients 16] [--heavy 20]
 """
 
@@ -13,9 +20,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import re
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import httpx
 
@@ -28,6 +37,83 @@ from benchmarks.scaling_app import SCALING, app
 
 def running_replicas() -> int:
     return tk.status().applications["scalebench"].deployments["Ingress"].running_replicas
+
+
+_DECISION = re.compile(r"Ingress: (\d+) -> (\d+) replicas")
+
+
+def decisions(since: float) -> list[tuple[float, int, int]]:
+    """(Unix time, from, to) of the controller's autoscaling decisions since ``since``."""
+    found = []
+    for event in tk.status().events:
+        matched = _DECISION.search(event.message)
+        if matched is not None and event.time >= since:
+            found.append((event.time, int(matched.group(1)), int(matched.group(2))))
+    return found
+
+
+def process_started(pid: int) -> float:
+    """The Unix time a process started (/proc: clock ticks since boot, against uptime)."""
+    ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    uptime = float(Path("/proc/uptime").read_text().split()[0])
+    return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
+
+
+def replica_pids() -> list[int]:
+    import ray
+
+    from app_toolkit._runtime.backends.ray.cluster import NAMESPACE
+
+    replicas = tk.status().applications["scalebench"].deployments["Ingress"].replicas
+    actors = [ray.get_actor(f"app_toolkit_replica:{r.replica_id}", namespace=NAMESPACE) for r in replicas]
+    return [int(ray.get(actor.stats.remote(), timeout=30)["pid"]) for actor in actors]
+
+
+class RunningWatch:
+    """The Unix time ``running_replicas()`` first reached ``count`` (polled every 10 ms)."""
+
+    def __init__(self, count: int, timeout_s: float) -> None:
+        self.at: float | None = None
+        self._count, self._timeout_s = count, timeout_s
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        deadline = time.monotonic() + self._timeout_s
+        while time.monotonic() < deadline:
+            if running_replicas() >= self._count:
+                self.at = time.time()
+                return
+            time.sleep(0.01)
+
+    def join(self) -> float | None:
+        self._thread.join()
+        return self.at
+
+
+def cold_start(base: str) -> float:
+    """The first request at zero replicas, timed and broken into phases (printed)."""
+    watch = RunningWatch(1, 120)
+    sent = time.time()
+    httpx.get(base + "/work", params={"seconds": 0}, timeout=120).raise_for_status()
+    answered = time.time()
+    running = watch.join()
+    decided = next((at for at, before, _ in decisions(sent - 1) if before == 0), None)
+    started = process_started(replica_pids()[0])
+    total = answered - sent
+    print(f"cold start (0 -> first response): {total:.2f} s")
+    if decided is not None and running is not None:
+        worker = (
+            f"a fresh worker process, started {started - decided:+.2f} s after the decision"
+            if started >= decided - 0.05
+            else f"a worker process Ray had started {decided - started:.1f} s before"
+        )
+        print(
+            f"  request sent -> scale-up decision {decided - sent:.3f} s | decision -> replica RUNNING "
+            f"{running - decided:.3f} s ({worker}) | RUNNING seen -> answered "
+            f"{max(answered - running, 0.0):.3f} s (status polled every 10 ms)"
+        )
+    return total
 
 
 def wait_until(condition: Callable[[], bool], timeout_s: float) -> float | None:
@@ -73,25 +159,27 @@ def main() -> None:
     try:
         tk.run(app, name="scalebench")
         assert running_replicas() == 0, "the deployment should start with zero replicas"
-        started = time.monotonic()
-        httpx.get(base + "/work", params={"seconds": 0}, timeout=120).raise_for_status()
-        cold_start = time.monotonic() - started
+        cold_start(base)
 
-        reached: list[float | None] = []
-        watcher = threading.Thread(
-            target=lambda: reached.append(
-                wait_until(lambda: running_replicas() >= SCALING["max_replicas"], args.heavy)
-            )
-        )
-        watcher.start()
+        largest = int(SCALING["max_replicas"])
+        watch = RunningWatch(largest, args.heavy)
+        load_began = time.time()
         ok, failed = asyncio.run(heavy(base, args.clients, args.heavy))
-        watcher.join()
+        reached = watch.join()
         to_zero = wait_until(lambda: running_replicas() == 0, 120)
-        print(f"cold start (0 -> first response): {cold_start:.2f} s")
+        steps = [(at, before, after) for at, before, after in decisions(load_began) if after > before]
         print(
-            f"heavy load, {args.clients} clients: {SCALING['max_replicas']} replicas after "
-            + (f"{reached[0]:.2f} s" if reached and reached[0] is not None else "never (within the phase)")
+            f"heavy load, {args.clients} clients: {largest} replicas after "
+            + (f"{reached - load_began:.2f} s" if reached is not None else "never (within the phase)")
         )
+        if steps:
+            print(
+                "  decisions: "
+                + ", ".join(f"{before} -> {after} at {at - load_began:.2f} s" for at, before, after in steps)
+            )
+            last = next((at for at, _, after in steps if after >= largest), None)
+            if last is not None and reached is not None:
+                print(f"  decision to {largest} -> all {largest} RUNNING: {reached - last:.2f} s")
         print(
             f"idle: zero replicas {to_zero:.2f} s after the load stopped "
             f"(downscale_to_zero_delay_s={SCALING['downscale_to_zero_delay_s']})"

@@ -87,3 +87,30 @@ def test_status_explains_the_last_decision(toolkit: Toolkit) -> None:
         "last_decision_age_s",
     }
     httpx.get(toolkit.url + "/explain/work", params={"seconds": 0}, timeout=30).raise_for_status()
+
+
+def test_requests_on_connections_a_replica_owns_count_as_its_load(toolkit: Toolkit) -> None:
+    """Direct ingress: kept-alive clients end up on connections the ingress replica owns,
+    where no proxy's dispatcher sees their requests. With room for all of them on one
+    replica (nothing is forwarded), the autoscaler must still see them and scale up."""
+    name = toolkit.name()
+    roomy = {**scaling.FAST_SCALING, "min_replicas": 1, "max_replicas": 3, "target_ongoing_requests": 2}
+    app = tk.App(scaling.router, name="scaling", autoscaling_config=roomy, max_ongoing_requests=100)
+    toolkit.run(app, name=name, route_prefix="/roomy")
+
+    def ingress() -> tk.DeploymentStatusInfo:
+        return tk.status().applications[name].deployments["Ingress"]
+
+    async def load() -> None:
+        deadline = time.monotonic() + 40
+        async with toolkit.async_client() as client:  # 6 kept-alive connections, always busy
+
+            async def worker() -> None:
+                while ingress().running_replicas < 3 and time.monotonic() < deadline:
+                    response = await client.get("/roomy/work", params={"seconds": 0.3})
+                    assert response.status_code == 200
+
+            await asyncio.gather(*(worker() for _ in range(6)))
+
+    asyncio.run(load())
+    assert ingress().running_replicas == 3, ingress()  # 6 in flight at 2 per replica

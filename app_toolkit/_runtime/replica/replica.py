@@ -91,6 +91,9 @@ class ReplicaCore:
         self._init_args = init_args
         self._dumps = dumps
         self.ongoing = 0
+        #: Of those, requests on client connections this replica owns (direct ingress): no
+        #: caller's dispatcher counts them, so this process reports them as load itself.
+        self.direct_ongoing = 0
         self.draining = False
         self.instance: object = None
         self.asgi_app: ASGIApp | None = None
@@ -282,6 +285,7 @@ class ReplicaCore:
         started = time.perf_counter()
         kind = "websocket" if scope["type"] == "websocket" else "http"
         route = ""
+        self.direct_ongoing += 1
         try:
             app = self.asgi_app
             if app is None or trace is None or tracing.exporting():
@@ -298,6 +302,7 @@ class ReplicaCore:
             route = request_context.route_template(scope)
             return route
         finally:
+            self.direct_ongoing -= 1
             self._served(kind, route or request_context.route_template(scope), started)
 
     def _served(self, kind: str, route: str, started: float) -> None:

@@ -58,6 +58,9 @@ class TableSubscriber:
         #: Stored tables to serve from until the controller answers (see ``seed``).
         self._seed: dict[str, Table] = {}
         self._tasks: list[asyncio.Task[None]] = []
+        #: Load this process serves without a dispatcher (an ingress replica's requests on
+        #: the client connections it owns), added to what its dispatchers report.
+        self._own_loads: dict[DeploymentID, Callable[[], float]] = {}
         # Per watched key: the version held (-1: none yet), who applies its tables, and
         # the event set once it has one.
         self._versions: dict[str, int] = {}
@@ -68,6 +71,12 @@ class TableSubscriber:
         self._poller: asyncio.Task[None] | None = None
         if report is not None:
             self._tasks.append(asyncio.get_running_loop().create_task(self._report_loads()))
+
+    def add_load(self, deployment: DeploymentID, load: Callable[[], float]) -> None:
+        """Report ``load()`` for ``deployment`` with this caller's loads (read at every
+        report period): requests served here that no dispatcher counts, so that the
+        autoscaler sees them."""
+        self._own_loads[deployment] = load
 
     def dispatcher(self, deployment: DeploymentID) -> Dispatcher:
         """The dispatcher of ``deployment``; starts following its table on first use."""
@@ -178,6 +187,8 @@ class TableSubscriber:
             await wait_event(self._demand, LOAD_REPORT_PERIOD_S)
             self._demand.clear()
             loads = {d: float(dispatcher.load) for d, dispatcher in self._dispatchers.items()}
+            for deployment, own in self._own_loads.items():
+                loads[deployment] = loads.get(deployment, 0.0) + own()
             loads = {d: load for d, load in loads.items() if load or sent.get(d)}
             outcomes = tuple(
                 o for dispatcher in self._dispatchers.values() for o in dispatcher.take_outcomes()

@@ -105,6 +105,9 @@ class ReplicaActor:
             try:
                 handoff = await front.start()
                 self._front = front
+                # Requests on the connections it owns reach no caller's dispatcher: this
+                # process reports them, so the autoscaler sees the direct traffic too.
+                plane.subscriber.add_load(deployment, lambda: float(core.direct_ongoing))
             except OSError as exc:  # serving matters more than the faster path: the proxy forwards
                 logger.warning("%s takes no client connections (its hand-off socket: %s)", replica_id, exc)
                 await front.stop(timeout_s=1.0)
