@@ -41,6 +41,7 @@ import signal
 import statistics
 import subprocess
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,6 +49,7 @@ import httpx
 
 from benchmarks.http_overhead import BIN, ROOT, free_port, start_servers, stop_servers, wait_ready
 from benchmarks.proc_cpu import cpu_seconds
+from benchmarks.startup import stop
 
 CONCURRENCY = (1, 8, 32)
 # Questions with long answers: every reply runs its full length, so the batch stays full.
@@ -290,8 +292,10 @@ CANCEL_STATES: dict[str, int] = {  # state -> replies decoding beside it
 }
 
 
-def start_toolkit(target: str, env: dict[str, str]) -> tuple[subprocess.Popen[bytes], str]:
-    """``app-toolkit run target`` with its defaults and ``env``; waits until it answers."""
+@contextlib.contextmanager
+def toolkit_running(target: str, env: dict[str, str]) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """``app-toolkit run target`` with its defaults and ``env``, answering; stopped (Ctrl-C)
+    on leaving. Gives the process and its base URL."""
     port = free_port()
     process = subprocess.Popen(
         [str(BIN / "app-toolkit"), "run", target, "--port", str(port), "--no-access-log"],
@@ -299,13 +303,12 @@ def start_toolkit(target: str, env: dict[str, str]) -> tuple[subprocess.Popen[by
         env={**os.environ, "PYTHONPATH": str(ROOT), "RAY_USAGE_STATS_ENABLED": "0", **env},
         stdout=subprocess.DEVNULL,
     )
-    base = f"http://127.0.0.1:{port}"
     try:
+        base = f"http://127.0.0.1:{port}"
         wait_ready(base + "/v1/models", process, timeout_s=180)
-    except BaseException:
-        process.kill()
-        raise
-    return process, base
+        yield process, base
+    finally:
+        stop(process, signal.SIGINT)
 
 
 async def measure_state(client: httpx.AsyncClient, state: str, others: int, runs: int) -> list[float]:
@@ -344,15 +347,8 @@ def cancel_part(args: argparse.Namespace) -> None:
     # One model replica: the autoscaler would add a second under the queued state's 9 replies,
     # and /api/stats would then answer from either.
     env = {"CHAT_BACKEND": "local", "CHAT_MAX_MODEL_REPLICAS": "1"}
-    process, base = start_toolkit("examples.chat.chat.app:app", env)
-    try:
+    with toolkit_running("examples.chat.chat.app:app", env) as (_, base):
         asyncio.run(cancel_measurements(base, args.cancel_runs))
-    finally:
-        process.send_signal(signal.SIGINT)
-        try:
-            process.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            process.kill()
 
 
 async def replies_load(base: str, clients: int, tokens: int, duration_s: float) -> dict[str, float]:
@@ -407,8 +403,7 @@ def replies_part(args: argparse.Namespace) -> None:
                 "CHAT_REDIS_URL": url,
                 "CHAT_REPLY_REPLICAS": str(replicas),
             }
-            process, base = start_toolkit("examples.chat.chat.app:app", env)
-            try:
+            with toolkit_running("examples.chat.chat.app:app", env) as (process, base):
                 asyncio.run(replies_load(base, 4, tokens, 2))  # warm-up
                 runs = []
                 for _ in range(args.rounds):
@@ -416,12 +411,6 @@ def replies_part(args: argparse.Namespace) -> None:
                     run = asyncio.run(replies_load(base, clients, tokens, args.duration))
                     run["cpu_us_per_token"] = 1e6 * (cpu_seconds(process.pid) - before) / run["tokens"]
                     runs.append(run)
-            finally:
-                process.send_signal(signal.SIGINT)
-                try:
-                    process.wait(timeout=60)
-                except subprocess.TimeoutExpired:
-                    process.kill()
             median = {key: statistics.median(run[key] for run in runs) for key in runs[0]}
             print(
                 f"  {store:<6} x{replicas} Replies replicas: {median['replies_per_s']:6.1f} replies/s "

@@ -10,6 +10,7 @@ import json
 import os
 import signal
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -62,14 +63,7 @@ def start(client: httpx.Client, words: list[str]) -> str:
 def test_page_replies_in_redis_resume_anywhere_and_outlive_their_writer(
     ray_toolkit: Toolkit, redis_url: str
 ) -> None:
-    settings = Settings(
-        backend="echo",
-        echo_tokens_per_s=20,
-        reply_store="redis",
-        redis_url=redis_url,
-        reply_replicas=2,
-        reply_writer_timeout_s=2.0,
-    )
+    settings = _redis_settings(redis_url, writer_timeout_s=2.0)
     name = ray_toolkit.name()
     ray_toolkit.run(build_app(settings), name=name, route_prefix="/")
     words = [f"w{i}" for i in range(40)]
@@ -149,46 +143,80 @@ def _resumed_reply(base_url: str, reply_id: str, deadline: float) -> list[Event]
     return events
 
 
+def _redis_settings(redis_url: str, writer_timeout_s: float) -> Settings:
+    """The echo model at 20 words a second, replies in Redis, two Replies replicas."""
+    return Settings(
+        backend="echo",
+        echo_tokens_per_s=20,
+        reply_store="redis",
+        redis_url=redis_url,
+        reply_replicas=2,
+        reply_writer_timeout_s=writer_timeout_s,
+    )
+
+
+def _replies_through_an_upgrade(
+    toolkit: Toolkit,
+    monkeypatch: pytest.MonkeyPatch,
+    settings: Settings,
+    deployment: Any,
+    next_version: type,
+    replies: int,
+    words: list[str],
+) -> _Upgrade:
+    """Run the chat app with ``deployment`` (``ChatModel`` or ``Replies``) draining for 1 s,
+    start ``replies`` page replies of ``words``, and while readers follow them, deploy the
+    app again with ``next_version`` of that deployment."""
+    attribute = deployment.name
+    monkeypatch.setattr(chat_app, attribute, deployment.options(graceful_shutdown_timeout_s=1.0))
+    name = toolkit.name()
+    toolkit.run(chat_app.build_app(settings), name=name, route_prefix="/")
+    with toolkit.client() as client:
+        reply_ids = [start(client, words) for _ in range(replies)]
+        base_url = str(client.base_url)
+    before = _versions(name, attribute)
+    started = time.monotonic()
+    with concurrent.futures.ThreadPoolExecutor(replies) as pool:
+        readers = [pool.submit(_resumed_reply, base_url, reply_id, started + 120) for reply_id in reply_ids]
+        time.sleep(1.0)  # every reply is under way
+        upgraded = tk.Deployment(next_version, attribute, {**deployment.options()._options})
+        monkeypatch.setattr(chat_app, attribute, upgraded.options(graceful_shutdown_timeout_s=1.0))
+        toolkit.run(chat_app.build_app(settings), name=name, route_prefix="/")
+        events = [reader.result() for reader in readers]
+    return _Upgrade(events, before, _versions(name, attribute), time.monotonic() - started)
+
+
+@dataclass
+class _Upgrade:
+    replies: list[list[Event]]  # every reader's events
+    before: set[str]  # the upgraded deployment's code versions before
+    after: set[str]  # and after
+    took_s: float  # from the readers' start to the last reply's end
+
+
+def _versions(app: str, deployment: str) -> set[str]:
+    return {
+        replica.code_version for replica in tk.status().applications[app].deployments[deployment].replicas
+    }
+
+
 def test_32_replies_go_through_a_rolling_upgrade_of_the_model_whole(
     ray_toolkit: Toolkit, redis_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """32 page replies are being generated when the model deployment gets a new version;
     its old replica drains for 1 s only, so the replies it was producing are cut off and
     continued on the new one. Every reader gets its whole reply, no repeats, no gap."""
-    settings = Settings(
-        backend="echo",
-        echo_tokens_per_s=20,
-        reply_store="redis",
-        redis_url=redis_url,
-        reply_replicas=2,
-        reply_writer_timeout_s=2.0,
-    )
-    monkeypatch.setattr(chat_app, "ChatModel", ChatModel.options(graceful_shutdown_timeout_s=1.0))
-    name = ray_toolkit.name()
-    ray_toolkit.run(chat_app.build_app(settings), name=name, route_prefix="/")
     words = [f"w{i}" for i in range(120)]  # 6 s of tokens each
-    with ray_toolkit.client() as client:
-        reply_ids = [start(client, words) for _ in range(32)]
-        before = {replica.code_version for replica in _model_replicas(name)}
-        base_url = str(client.base_url)
-    deadline = time.monotonic() + 120
-    with concurrent.futures.ThreadPoolExecutor(32) as pool:
-        readers = [pool.submit(_resumed_reply, base_url, reply_id, deadline) for reply_id in reply_ids]
-        time.sleep(1.5)  # every reply is under way
-        v2 = tk.Deployment(_ChatModelV2, "ChatModel", {**ChatModel.options()._options})
-        monkeypatch.setattr(chat_app, "ChatModel", v2.options(graceful_shutdown_timeout_s=1.0))
-        ray_toolkit.run(chat_app.build_app(settings), name=name, route_prefix="/")
-        replies = [reader.result() for reader in readers]
-    for events in replies:
+    settings = _redis_settings(redis_url, writer_timeout_s=2.0)
+    upgrade = _replies_through_an_upgrade(
+        ray_toolkit, monkeypatch, settings, ChatModel, _ChatModelV2, 32, words
+    )
+    for events in upgrade.replies:
         assert events[-1][1] == "done", events[-1]
         assert text(events).split() == words  # whole, nothing repeated
         assert len({event_id for event_id, _, _ in events}) == len(events)
-    after = {replica.code_version for replica in _model_replicas(name)}
-    assert after and not after & before  # the replies outlived the version that began them
-
-
-def _model_replicas(app: str) -> list[Any]:
-    return list(tk.status().applications[app].deployments["ChatModel"].replicas)
+    # The replies outlived the version that began them.
+    assert upgrade.after and not upgrade.after & upgrade.before
 
 
 class _RepliesV2(Replies.func_or_class):  # type: ignore[misc,name-defined]
@@ -202,31 +230,10 @@ def test_replies_whose_replica_is_upgraded_are_taken_over_at_once(
     old replicas drain for 1 s, then let go of the replies they still generate, and the
     new ones take them over at once (not after the 30 s writer timeout): every reader gets
     its whole reply."""
-    settings = Settings(
-        backend="echo",
-        echo_tokens_per_s=20,
-        reply_store="redis",
-        redis_url=redis_url,
-        reply_replicas=2,
-        reply_writer_timeout_s=30.0,
-    )
-    monkeypatch.setattr(chat_app, "Replies", Replies.options(graceful_shutdown_timeout_s=1.0))
-    name = ray_toolkit.name()
-    ray_toolkit.run(chat_app.build_app(settings), name=name, route_prefix="/")
     words = [f"w{i}" for i in range(100)]  # 5 s of tokens each
-    with ray_toolkit.client() as client:
-        reply_ids = [start(client, words) for _ in range(8)]
-        base_url = str(client.base_url)
-    started = time.monotonic()
-    with concurrent.futures.ThreadPoolExecutor(8) as pool:
-        readers = [pool.submit(_resumed_reply, base_url, reply_id, started + 60) for reply_id in reply_ids]
-        time.sleep(1.0)
-        v2 = tk.Deployment(_RepliesV2, "Replies", {**Replies.options()._options})
-        monkeypatch.setattr(chat_app, "Replies", v2.options(graceful_shutdown_timeout_s=1.0))
-        ray_toolkit.run(chat_app.build_app(settings), name=name, route_prefix="/")
-        replies = [reader.result() for reader in readers]
-    took = time.monotonic() - started
-    for events in replies:
+    settings = _redis_settings(redis_url, writer_timeout_s=30.0)
+    upgrade = _replies_through_an_upgrade(ray_toolkit, monkeypatch, settings, Replies, _RepliesV2, 8, words)
+    for events in upgrade.replies:
         assert events[-1][1] == "done", events[-1]
         assert text(events).split() == words  # whole, nothing repeated
-    assert took < 25, f"the replies waited for the writer timeout: {took:.1f} s"
+    assert upgrade.took_s < 25, f"the replies waited for the writer timeout: {upgrade.took_s:.1f} s"
