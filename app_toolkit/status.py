@@ -163,6 +163,9 @@ class ServeStatus:
     proxy_urls: dict[str, str] = field(default_factory=dict)
     #: The controller's most recent events, oldest first (at most 50).
     events: list[EventInfo] = field(default_factory=list)
+    #: Node id -> started processes ready there to become a new replica at once (Ray
+    #: backend; ``APP_TOOLKIT_SPARE_REPLICAS`` per node, docs/autoscaling.md).
+    spare_replicas: dict[str, int] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready data (enums as their values)."""
@@ -215,6 +218,8 @@ class ServeStatus:
             lines.append("No applications.")
         for node, health in self.proxies.items():
             lines.append(f"proxy {self.proxy_urls.get(node, '-')}  {health.value}  (node {node[:12]})")
+        for node, ready in self.spare_replicas.items():
+            lines.append(f"spare replica processes: {ready} ready  (node {node[:12]})")
         problems = [event for event in self.events if event.level != "INFO"][-_PROBLEMS_SHOWN:]
         if problems:
             lines.append("Recent problems:")

@@ -8,8 +8,9 @@ run, time from the end of the load until zero replicas, and failed requests (mus
 Each is broken into phases from the controller's own event times (its autoscaling
 decisions, ``tk.status().events``), the replica's status seen RUNNING (polled every
 10 ms) and its worker process's start time (/proc): for the cold start, request sent ->
-decision -> replica RUNNING -> answered, and whether Ray gave the replica a fresh worker
-process or one it had started ahead; for the step, each decision's time after the load
+decision -> replica RUNNING -> answered, whether the replica got a fresh worker process or a
+spare one (``APP_TOOLKIT_SPARE_REPLICAS``; 0 for the comparison), and what the replica's
+own start took in its process (its ``start_phases``); for the step, each decision's time after the load
 began, and from the decision to the largest size until every replica runs.
 
     python -m benchmarks.autoscaling [--clients 16] [--heavy 20]
@@ -25,6 +26,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -59,14 +61,31 @@ def process_started(pid: int) -> float:
     return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
 
 
+def replica_actors() -> list[Any]:
+    from app_toolkit._runtime.backends.ray.cluster import replica_actor
+
+    replicas = tk.status().applications["scalebench"].deployments["Ingress"].replicas
+    return [replica_actor(r.replica_id) for r in replicas]
+
+
 def replica_pids() -> list[int]:
     import ray
 
-    from app_toolkit._runtime.backends.ray.cluster import NAMESPACE
+    return [int(ray.get(actor.stats.remote(), timeout=30)["pid"]) for actor in replica_actors()]
 
-    replicas = tk.status().applications["scalebench"].deployments["Ingress"].replicas
-    actors = [ray.get_actor(f"app_toolkit_replica:{r.replica_id}", namespace=NAMESPACE) for r in replicas]
-    return [int(ray.get(actor.stats.remote(), timeout=30)["pid"]) for actor in actors]
+
+def spares_ready(timeout_s: float = 60) -> int:
+    """Spare replica processes ready (waits for the first, bounded, unless turned off)."""
+    from app_toolkit._runtime.backends.ray.spares import spares_per_node
+
+    if not spares_per_node():
+        return 0
+    deadline = time.monotonic() + timeout_s
+    while True:
+        ready = sum(tk.status().spare_replicas.values())
+        if ready or time.monotonic() > deadline:
+            return ready
+        time.sleep(0.05)
 
 
 class RunningWatch:
@@ -106,12 +125,19 @@ def cold_start(base: str) -> float:
         worker = (
             f"a fresh worker process, started {started - decided:+.2f} s after the decision"
             if started >= decided - 0.05
-            else f"a worker process Ray had started {decided - started:.1f} s before"
+            else f"a spare process started {decided - started:.1f} s before"
         )
         print(
             f"  request sent -> scale-up decision {decided - sent:.3f} s | decision -> replica RUNNING "
             f"{running - decided:.3f} s ({worker}) | RUNNING seen -> answered "
             f"{max(answered - running, 0.0):.3f} s (status polled every 10 ms)"
+        )
+        import ray
+
+        phases = ray.get(replica_actors()[0].start_phases.remote(), timeout=30)
+        print(
+            f"  in the replica's process: {sum(phases.values()):.3f} s = "
+            + " + ".join(f"{step} {seconds:.3f}" for step, seconds in phases.items())
         )
     return total
 
@@ -159,6 +185,7 @@ def main() -> None:
     try:
         tk.run(app, name="scalebench")
         assert running_replicas() == 0, "the deployment should start with zero replicas"
+        print(f"spare replica processes ready: {spares_ready()} (APP_TOOLKIT_SPARE_REPLICAS per node)")
         cold_start(base)
 
         largest = int(SCALING["max_replicas"])

@@ -37,7 +37,7 @@ from ray.cluster_utils import Cluster
 import app_toolkit as tk
 from app_toolkit import handle as handle_module
 from app_toolkit import metrics
-from app_toolkit._runtime.backends.ray.cluster import NAMESPACE, REPLICA_PREFIX
+from app_toolkit._runtime.backends.ray.cluster import replica_actor
 from app_toolkit._runtime.messages import DeploymentID
 from app_toolkit.api import parse_application_options
 from app_toolkit.build import build_app
@@ -136,7 +136,7 @@ def measure_ray(options: argparse.Namespace) -> dict[str, float]:
         victim = replicas[0].replica_id
         held = _held(dispatcher)
         _until(lambda: victim in held(), 30, "the handle's first table")
-        ray.kill(ray.get_actor(REPLICA_PREFIX + victim, namespace=NAMESPACE), no_restart=True)
+        ray.kill(replica_actor(victim), no_restart=True)
         death_to_table_s = _until(lambda: victim not in held(), 120, "the death to reach the handle")
         return {
             "replicas": per_app * apps,

@@ -34,7 +34,13 @@ import ray
 from websockets.asyncio.client import connect
 
 import app_toolkit as tk
-from app_toolkit._runtime.backends.ray.cluster import NAMESPACE, PROXY_PREFIX, REPLICA_PREFIX
+from app_toolkit._runtime.backends.ray.cluster import (
+    NAMESPACE,
+    PROXY_PREFIX,
+    REPLICA_PREFIX,
+    SPARE_PREFIX,
+    replica_actor,
+)
 from benchmarks.http_overhead import free_port
 from benchmarks.loadgen import Client
 from benchmarks.overload_app import soak_handles, soak_http
@@ -130,7 +136,7 @@ def replica_pids(app: str) -> dict[str, int]:
     for deployment in tk.status().applications[app].deployments.values():
         for replica in deployment.replicas:
             if replica.state is tk.ReplicaState.RUNNING:
-                actor = ray.get_actor(REPLICA_PREFIX + replica.replica_id, namespace=NAMESPACE)
+                actor = replica_actor(replica.replica_id)
                 pids[replica.replica_id] = ray.get(actor.stats.remote(), timeout=30)["pid"]
     return pids
 
@@ -155,7 +161,7 @@ def actor_stats() -> dict[str, dict[str, int]]:
     found = {}
     for actor in ray.util.list_named_actors(all_namespaces=True):
         name = actor["name"]
-        if actor["namespace"] == NAMESPACE and name.startswith((PROXY_PREFIX, REPLICA_PREFIX)):
+        if actor["namespace"] == NAMESPACE and name.startswith((PROXY_PREFIX, REPLICA_PREFIX, SPARE_PREFIX)):
             try:
                 found[name] = ray.get(ray.get_actor(name, namespace=NAMESPACE).stats.remote(), timeout=10)
             except Exception:  # noqa: BLE001 - one being replaced right now

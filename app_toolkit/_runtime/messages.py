@@ -52,6 +52,9 @@ class ReplicaInfo:
     #: The path of its hand-off socket ("": it takes no client connections): the node's
     #: proxy passes it connections to serve itself (direct ingress, proxy/handoff.py).
     handoff: str = ""
+    #: The name of its Ray actor ("" on the local backend): the replica's own, or that of
+    #: the spare process it started in (backends/ray/spares.py).
+    actor: str = ""
 
 
 @compact

@@ -82,10 +82,10 @@ def _local_tasks() -> list[str]:
 def _ray_counts(app_name: str) -> Callable[[], dict[str, int]]:
     import ray
 
-    from app_toolkit._runtime.backends.ray.cluster import NAMESPACE
+    from app_toolkit._runtime.backends.ray.cluster import NAMESPACE, replica_actor
 
     replica_ids = [r.replica_id for r in tk.status().applications[app_name].deployments["Ingress"].replicas]
-    replicas = [ray.get_actor(f"app_toolkit_replica:{rid}", namespace=NAMESPACE) for rid in replica_ids]
+    replicas = [replica_actor(rid) for rid in replica_ids]
     proxies = [
         ray.get_actor(name, namespace=NAMESPACE)
         for name in (

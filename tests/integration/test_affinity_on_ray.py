@@ -9,7 +9,7 @@ import signal
 import ray
 
 import app_toolkit as tk
-from app_toolkit._runtime.backends.ray.cluster import NAMESPACE
+from app_toolkit._runtime.backends.ray.cluster import replica_actor
 from tests.apps import sharded
 from tests.conftest import Toolkit
 from tests.waiting import wait_for
@@ -28,7 +28,7 @@ def test_a_killed_replica_s_keys_go_to_its_replacement_and_the_rest_stay(ray_too
     before = _placement(handle)
     assert len(set(before.values())) == 4
     victim = before[KEYS[0]]
-    actor = ray.get_actor(f"app_toolkit_replica:{victim}", namespace=NAMESPACE)
+    actor = replica_actor(victim)
     pid = ray.get(actor.stats.remote(), timeout=30)["pid"]
     os.kill(pid, signal.SIGKILL)  # a replica this test deployed
 

@@ -18,7 +18,7 @@ import pytest
 import ray
 
 import app_toolkit as tk
-from app_toolkit._runtime.backends.ray.cluster import NAMESPACE
+from app_toolkit._runtime.backends.ray.cluster import replica_actor
 from examples.chat.chat import app as chat_app
 from examples.chat.chat.app import build_app
 from examples.chat.chat.model import ChatModel
@@ -81,7 +81,7 @@ def test_page_replies_in_redis_resume_anywhere_and_outlive_their_writer(
         seen = read(client, reply_id, stop_after=6)
         replicas = tk.status().applications[name].deployments["Replies"].replicas
         for replica in replicas:
-            actor = ray.get_actor(f"app_toolkit_replica:{replica.replica_id}", namespace=NAMESPACE)
+            actor = replica_actor(replica.replica_id)
             os.kill(ray.get(actor.stats.remote(), timeout=30)["pid"], signal.SIGKILL)
 
         deadline = time.monotonic() + 60
@@ -113,7 +113,7 @@ def test_a_reply_goes_on_when_its_model_replica_is_killed(ray_toolkit: Toolkit) 
         reply_id = start(client, words)
         seen = read(client, reply_id, stop_after=6)
         for replica in tk.status().applications[name].deployments["ChatModel"].replicas:
-            actor = ray.get_actor(f"app_toolkit_replica:{replica.replica_id}", namespace=NAMESPACE)
+            actor = replica_actor(replica.replica_id)
             os.kill(ray.get(actor.stats.remote(), timeout=30)["pid"], signal.SIGKILL)
         rest = read(client, reply_id, after=seen[-1][0])
     everything = seen + rest

@@ -16,7 +16,7 @@ import pytest
 import ray
 from playwright.sync_api import Browser, Page, Route
 
-from app_toolkit._runtime.backends.ray.cluster import NAMESPACE
+from app_toolkit._runtime.backends.ray.cluster import replica_actor
 from tests.apps import basic
 from tests.browser import chromium
 from tests.conftest import Toolkit
@@ -67,7 +67,7 @@ def test_the_page_shows_apps_replacements_and_load(
         # A replica killed: the page shows its replacement running within seconds.
         before = _running(page, shop)
         victim = before[0]
-        actor = ray.get_actor(f"app_toolkit_replica:{victim}", namespace=NAMESPACE)
+        actor = replica_actor(victim)
         pid = ray.get(actor.stats.remote(), timeout=30)["pid"]
         os.kill(pid, signal.SIGKILL)  # a replica this test deployed
         killed_at = time.monotonic()

@@ -18,7 +18,7 @@ import ray
 
 import app_toolkit as tk
 from app_toolkit._runtime.backends.ray import stored
-from app_toolkit._runtime.backends.ray.cluster import CONTROLLER_NAME, NAMESPACE
+from app_toolkit._runtime.backends.ray.cluster import CONTROLLER_NAME, NAMESPACE, replica_actor
 from app_toolkit._runtime.messages import DeploymentID
 from app_toolkit._runtime.tables import APPLICATIONS_KEY, ApplicationTable, ReplicaTable, replicas_key
 from tests.apps import basic, hung, streams
@@ -55,7 +55,7 @@ def test_a_replica_killed_under_load_fails_only_its_running_requests(
         return tk.status().applications[name].deployments["Ingress"].replicas
 
     victim = replicas()[0].replica_id
-    actor = ray.get_actor(f"app_toolkit_replica:{victim}", namespace=NAMESPACE)
+    actor = replica_actor(victim)
     pid = ray.get(actor.stats.remote(), timeout=30)["pid"]
     outcomes: list[Outcome] = []
     stop = threading.Event()

@@ -13,7 +13,14 @@ import ray
 
 import app_toolkit as tk
 from app_toolkit._runtime.backends.ray import stored
-from app_toolkit._runtime.backends.ray.cluster import CONTROLLER_NAME, MALLOC_ENV, NAMESPACE
+from app_toolkit._runtime.backends.ray.cluster import (
+    CONTROLLER_NAME,
+    MALLOC_ENV,
+    NAMESPACE,
+    REPLICA_PREFIX,
+    SPARE_PREFIX,
+    named_actors,
+)
 from app_toolkit._runtime.backends.ray.stored import CHECKPOINT_KEY
 from tests.apps import basic, ray_only, serve_compat
 from tests.conftest import TEST_RESOURCE, Toolkit
@@ -143,23 +150,23 @@ def test_a_killed_controller_restarts_adopts_its_replicas_and_finishes_a_rollout
             worker.join(timeout=30)
     failures = [item for item in seen if item[0] != 200]
     assert not failures, f"{len(failures)} of {len(seen)} requests failed, e.g. {failures[:3]}"
-    alive = {
-        a["name"]
-        for a in ray.util.list_named_actors(all_namespaces=True)
-        if a["namespace"] == NAMESPACE and a["name"].startswith("app_toolkit_replica:")
-    }
-    wait_until(
-        lambda: (
-            {
-                a["name"]
-                for a in ray.util.list_named_actors(all_namespaces=True)
-                if a["namespace"] == NAMESPACE and a["name"].startswith("app_toolkit_replica:")
-            }
-            == {f"app_toolkit_replica:{rid}" for rid in replica_ids()}
-        ),
-        what="no replica left over",
-    )
+    alive = replica_processes()
+    wait_until(lambda: replica_processes() == replica_ids(), what="no replica left over")
     assert alive
+
+
+def replica_processes() -> set[str]:
+    """The replica ids of the replica actors alive (named after their replica, or spare
+    processes given one)."""
+    found = set()
+    for name in named_actors():
+        if name.startswith(REPLICA_PREFIX):
+            found.add(name[len(REPLICA_PREFIX) :])
+        elif name.startswith(SPARE_PREFIX):
+            becomes = ray.get(ray.get_actor(name, namespace=NAMESPACE).replica_id.remote(), timeout=30)
+            if becomes is not None:
+                found.add(becomes)
+    return found
 
 
 def test_a_ray_serve_program_runs_unchanged(ray_toolkit: Toolkit) -> None:
@@ -195,6 +202,7 @@ def test_shutdown_stops_everything(ray_toolkit: Toolkit) -> None:
 
     ray_toolkit.run(ray_only.Pid.bind(), route_prefix="/pid")
     ray_toolkit._apps.clear()
+    wait_until(lambda: sum(tk.status().spare_replicas.values()) == 1, what="a spare replica process")
     tk.shutdown()
     with pytest.raises(httpx.ConnectError):
         httpx.get(ray_toolkit.url + "/-/healthz", timeout=5)

@@ -85,9 +85,15 @@ class ControllerCore:
     """Holds desired and actual state and drives one toward the other."""
 
     def __init__(
-        self, backend: Backend[Any], proxies: dict[str, str] | None = None, heap: HeapKeeper | None = None
+        self,
+        backend: Backend[Any],
+        proxies: dict[str, str] | None = None,
+        heap: HeapKeeper | None = None,
+        spares: Callable[[], dict[str, int]] | None = None,
     ) -> None:
         self.backend = backend
+        #: Node id -> spare replica processes ready there (the Ray backend's warm pool).
+        self._spares = spares
         #: Freezes the heap once the deployments settle (controller/heap.py); only in a
         #: process of the controller's own: it changes how that whole process collects.
         self.heap = heap
@@ -306,7 +312,10 @@ class ControllerCore:
         """Applications, deployments, replicas, traffic and events as they are now."""
         now = asyncio.get_running_loop().time()
         load = functools.partial(self.loads.total, now=now)
-        return serve_status(self.apps, self.deployments, load, now, self.proxies, self.policy, self.events)
+        spares = self._spares() if self._spares is not None else {}
+        return serve_status(
+            self.apps, self.deployments, load, now, self.proxies, self.policy, self.events, spares
+        )
 
     def _record(self, level: int, message: str) -> None:
         """Log a lifecycle event and keep it for status()."""

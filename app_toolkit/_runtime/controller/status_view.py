@@ -95,6 +95,7 @@ def serve_status(
     proxies: Mapping[str, str],
     policy: TrafficPolicy,
     events: Iterable[EventInfo],
+    spares: Mapping[str, int] | None = None,
 ) -> ServeStatus:
     """What status() says: every application (deleting ones too) with its traffic, the
     proxies and the latest lifecycle events."""
@@ -129,4 +130,5 @@ def serve_status(
         },
         proxy_urls={node: url for node, url in proxies.items() if url},
         events=list(events),
+        spare_replicas=dict(spares or {}),
     )

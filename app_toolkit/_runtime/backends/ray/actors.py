@@ -22,7 +22,8 @@ from app_toolkit._runtime.backends.ray import link, stored
 from app_toolkit._runtime.backends.ray.cluster import configure_worker, node_address, settle_heap
 from app_toolkit._runtime.backends.ray.node_metrics import NodeMetrics
 from app_toolkit._runtime.backends.ray.proxies import ProxyFleet
-from app_toolkit._runtime.backends.ray.replicas import RayReplicas
+from app_toolkit._runtime.backends.ray.replicas import RayReplicas, ReplicaActor
+from app_toolkit._runtime.backends.ray.spares import SparePool, spares_per_node
 from app_toolkit._runtime.controller.api import ControlCall
 from app_toolkit._runtime.controller.controller import ControllerCore
 from app_toolkit._runtime.controller.heap import HeapKeeper
@@ -141,7 +142,13 @@ class ControllerActor:
         configure_worker()
         self.http = http
         self._proxies = ProxyFleet(ProxyActor, http)
-        self.core = ControllerCore(RayReplicas(self._proxies), self._proxies.urls, heap=HeapKeeper())
+        self._spares = SparePool(ReplicaActor, spares_per_node())
+        self.core = ControllerCore(
+            RayReplicas(self._proxies, self._spares),
+            self._proxies.urls,
+            heap=HeapKeeper(),
+            spares=self._spares.counts,
+        )
         self._started = False
         self._core_started = False
         self._start_lock: asyncio.Lock | None = None
@@ -156,8 +163,9 @@ class ControllerActor:
                 # After a restart (Ray restarts this actor when it dies) core.start() reloads
                 # the checkpoint and adopts the replicas of the previous life that still run.
                 if not self._core_started:
-                    await self.core.start()
+                    await self.core.start()  # stops the spares of a previous life
                     self._core_started = True
+                self._spares.start()
                 self._port = await self._proxies.start()
                 self._started = True
         return self._port

@@ -31,6 +31,11 @@ NAMESPACE = "app_toolkit"
 CONTROLLER_NAME = "app_toolkit_controller"
 REPLICA_PREFIX = "app_toolkit_replica:"
 PROXY_PREFIX = "app_toolkit_proxy:"
+#: A spare replica process's actor (backends/ray/spares.py); it keeps the name when it
+#: becomes a replica (ReplicaInfo.actor).
+SPARE_PREFIX = "app_toolkit_spare:"
+#: How many spare replica processes each node keeps (backends/ray/spares.py).
+SPARES_ENV = "APP_TOOLKIT_SPARE_REPLICAS"
 _HEAD_RESOURCE = "node:__internal_head__"  # Ray gives the head node this resource
 _LOCK_TYPES = (type(threading.Lock()), type(threading.RLock()))
 
@@ -176,7 +181,7 @@ def init_ray(address: str | None, **options: Any) -> None:
     }
     # A cluster started elsewhere did not inherit this process's environment: the log
     # level and format reach this job's workers through its runtime environment.
-    forwarded = (LOG_LEVEL_ENV, log_format.FORMAT_ENV, tracing.SETUP_ENV, *MALLOC_ENV)
+    forwarded = (LOG_LEVEL_ENV, log_format.FORMAT_ENV, tracing.SETUP_ENV, SPARES_ENV, *MALLOC_ENV)
     asked = {name: os.environ[name] for name in forwarded if name in os.environ}
     if address is not None and asked and "runtime_env" not in kwargs:
         kwargs["runtime_env"] = {"env_vars": asked}
@@ -243,6 +248,22 @@ def _run_lasting_jobs() -> None:
 def controller_actor() -> Any:
     """The running controller actor (ValueError if there is none)."""
     return ray.get_actor(CONTROLLER_NAME, namespace=NAMESPACE)
+
+
+def replica_actor(replica_id: str) -> Any:
+    """The actor of a running replica (for tools and tests): named after the replica, or
+    a spare process it was started in (ValueError if there is none)."""
+    try:
+        return ray.get_actor(REPLICA_PREFIX + replica_id, namespace=NAMESPACE)
+    except ValueError:
+        pass
+    for name in named_actors():
+        if name.startswith(SPARE_PREFIX):
+            actor = ray.get_actor(name, namespace=NAMESPACE)
+            becomes: object = ray.get(actor.replica_id.remote())
+            if becomes == replica_id:
+                return actor
+    raise ValueError(f"No running replica {replica_id!r}")
 
 
 def named_actors() -> list[str]:

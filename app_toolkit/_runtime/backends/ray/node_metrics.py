@@ -46,7 +46,7 @@ class NodeMetrics:
     async def _replica_names(self) -> list[str]:
         tables = await asyncio.to_thread(stored.load_tables)
         names = [
-            REPLICA_PREFIX + info.replica_id
+            info.actor or REPLICA_PREFIX + info.replica_id
             for table in (tables[1].values() if tables else ())
             if isinstance(table, ReplicaTable)
             for info in table.replicas

@@ -5,12 +5,14 @@ published tables in the GCS."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import itertools
 import logging
 import os
 import pickle
 import secrets
+import time
 from typing import Any
 
 import ray
@@ -22,6 +24,7 @@ from app_toolkit._runtime.backends.ray import link, stored
 from app_toolkit._runtime.backends.ray.cluster import (
     NAMESPACE,
     REPLICA_PREFIX,
+    SPARE_PREFIX,
     configure_worker,
     controller_actor,
     data_plane_host,
@@ -32,6 +35,7 @@ from app_toolkit._runtime.backends.ray.cluster import (
 )
 from app_toolkit._runtime.backends.ray.front import ReplicaFront
 from app_toolkit._runtime.backends.ray.proxies import ProxyFleet
+from app_toolkit._runtime.backends.ray.spares import SparePool
 from app_toolkit._runtime.channel.server import start_server
 from app_toolkit._runtime.channel.tls import replica_tls
 from app_toolkit._runtime.messages import AdoptedReplica, DeploymentID, DeploymentSpec, ReplicaInfo
@@ -50,42 +54,82 @@ Actor = ActorHandle[Any]
 _DESCRIBE_TIMEOUT_S = 10.0
 
 
-class ReplicaActor:
-    """Hosts one ``ReplicaCore`` and its channel server."""
+class _Phases:
+    """Times the steps of a start into ``into`` (step name -> seconds)."""
 
-    def __init__(
-        self,
-        replica_id: str,
-        deployment: DeploymentID,
-        config: DeploymentConfig,
-        definition: bytes,
-        init_args: bytes,
-        code_version: str,
-        rank: int = -1,
-        front: HTTPOptions | None = None,
-    ) -> None:
+    def __init__(self, into: dict[str, float]) -> None:
+        self._into = into
+        self._at = time.perf_counter()
+
+    def lap(self, step: str) -> None:
+        now = time.perf_counter()
+        self._into[step] = now - self._at
+        self._at = now
+
+
+class _ProcessDied(Exception):
+    """A replica's process died before it finished starting."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ReplicaStart:
+    """What a replica actor needs to become one replica of a deployment."""
+
+    replica_id: str
+    deployment: DeploymentID
+    config: DeploymentConfig
+    definition: bytes
+    init_args: bytes
+    code_version: str
+    rank: int = -1
+    #: The proxy's options when this replica serves client connections itself.
+    front: HTTPOptions | None = None
+
+
+class ReplicaActor:
+    """Hosts one ``ReplicaCore`` and its channel server. Started with a ``ReplicaStart``,
+    or without one as a spare (``spares.py``) that gets it in ``initialize``."""
+
+    def __init__(self, start: ReplicaStart | None = None) -> None:
         configure_worker()
-        self._args = (replica_id, deployment, config, definition, init_args)
-        self._code_version = code_version
-        self._rank = rank
+        self._start = start
         self._core: ReplicaCore | None = None
         self._server: asyncio.Server | None = None
         self._info: ReplicaInfo | None = None
-        #: The proxy's options when this replica serves client connections itself.
-        self._front_http = front
         self._front: ReplicaFront | None = None
+        #: Seconds each step of ``initialize`` took (``start_phases``).
+        self._phases: dict[str, float] = {}
+        if start is None:  # a spare: its imports and Ray's set-up stay out of the collector's way
+            settle_heap()
 
-    async def initialize(self) -> ReplicaInfo:
-        replica_id, deployment, config, definition, init_args = self._args
+    def start_phases(self) -> dict[str, float]:
+        """Seconds each step of becoming a replica took: loading the deployment's code,
+        its constructor (and lifespan start), the channel server, the client-connection
+        front, the heap settling (for benchmarks and tools)."""
+        return dict(self._phases)
+
+    def replica_id(self) -> str | None:
+        """The replica this process is (None: a spare not given one yet)."""
+        return self._start.replica_id if self._start is not None else None
+
+    async def initialize(self, start: ReplicaStart | None = None) -> ReplicaInfo:
+        if start is not None:
+            if self._start is not None and self._start != start:
+                raise RuntimeError(f"This process is replica {self._start.replica_id} already")
+            self._start = start
+        if self._start is None:
+            raise RuntimeError("A spare replica process was initialized without a replica to be")
+        replica_id, deployment, config = self._start.replica_id, self._start.deployment, self._start.config
         tls = replica_tls()  # a TLS misconfiguration fails the start before user code runs
         metrics.set_process_labels(replica=replica_id)  # the user's own metrics, too
         caller_metrics.set_caller(replica_id)
         # Handle calls of the user's code run on this actor's loop (before the user's
         # constructor, which may make some).
         plane = link.attach(asyncio.get_running_loop()).data_plane
-        core = ReplicaCore(
-            replica_id, deployment, config, pickle.loads(definition), pickle.loads(init_args), dumps
-        )
+        clock = _Phases(self._phases)
+        definition, init_args = pickle.loads(self._start.definition), pickle.loads(self._start.init_args)
+        clock.lap("code")
+        core = ReplicaCore(replica_id, deployment, config, definition, init_args, dumps)
         controller = controller_actor()
         reports = itertools.count()
 
@@ -95,13 +139,15 @@ class ReplicaActor:
 
         core.report_models = report_models
         await core.start()
+        clock.lap("constructor")
         token = secrets.token_bytes(16)
         host = data_plane_host()
         self._server, port = await start_server(core, host, token, dumps, tls)
         self._core = core
+        clock.lap("channel")
         handoff = ""
-        if self._front_http is not None:
-            front = ReplicaFront(core, self._front_http, plane.subscriber)
+        if self._start.front is not None:
+            front = ReplicaFront(core, self._start.front, plane.subscriber)
             try:
                 handoff = await front.start()
                 self._front = front
@@ -111,7 +157,9 @@ class ReplicaActor:
             except OSError as exc:  # serving matters more than the faster path: the proxy forwards
                 logger.warning("%s takes no client connections (its hand-off socket: %s)", replica_id, exc)
                 await front.stop(timeout_s=1.0)
+        clock.lap("front")
         settle_heap()
+        clock.lap("heap")
         self._info = ReplicaInfo(
             replica_id,
             deployment,
@@ -121,8 +169,9 @@ class ReplicaActor:
             config.max_ongoing_requests,
             ray.get_runtime_context().get_node_id(),
             tls=tls is not None,
-            rank=self._rank,
+            rank=self._start.rank,
             handoff=handoff,
+            actor=ray.get_runtime_context().get_actor_name() or "",
         )
         return self._info
 
@@ -130,12 +179,14 @@ class ReplicaActor:
         """What a restarted controller needs to adopt this replica, or why it cannot:
         "starting" or "draining"."""
         core = self._core
+        if self._start is None:
+            return "spare"
         if core is None or self._info is None:
             return "starting"
         if core.draining:
             return "draining"
         info = dataclasses.replace(self._info, max_ongoing_requests=core.config.max_ongoing_requests)
-        return AdoptedReplica(info, self._code_version, core.config, None)
+        return AdoptedReplica(info, self._start.code_version, core.config, None)
 
     async def check_health(self) -> None:
         assert self._core is not None
@@ -177,14 +228,35 @@ class ReplicaActor:
 class RayReplicas:
     """The controller's Backend on Ray: replica actors, the GCS, the proxy fleet."""
 
-    def __init__(self, proxies: ProxyFleet) -> None:
+    def __init__(self, proxies: ProxyFleet, spares: SparePool | None = None) -> None:
         self._draining: set[asyncio.Future[None]] = set()
         self._proxies = proxies
+        #: Started processes that wait to be given a replica (none: every replica starts
+        #: its own process).
+        self.spares = spares
 
     async def start_replica(
         self, replica_id: str, spec: DeploymentSpec, rank: int
     ) -> tuple[ReplicaInfo, Actor]:
+        http = self._proxies.http
+        direct = spec.http_ingress and spec.config.direct_ingress and http.proxy_location != "Disabled"
+        start = ReplicaStart(
+            replica_id,
+            spec.id,
+            spec.config,
+            spec.definition,
+            spec.init_args,
+            spec.code_version,
+            rank,
+            http if direct else None,
+        )
         options = spec.config.ray_actor_options
+        spare = self.spares.take(options) if self.spares is not None else None
+        if spare is not None:
+            try:
+                return await self._initialize(spare, start)
+            except _ProcessDied as exc:  # a spare that died waiting: a fresh process then
+                logger.info("A spare process could not become %s (%s); starting a new one", replica_id, exc)
         actor_options: dict[str, Any] = {
             "name": f"{REPLICA_PREFIX}{replica_id}",
             "namespace": NAMESPACE,
@@ -200,27 +272,23 @@ class RayReplicas:
         }
         if options.runtime_env is not None:
             actor_options["runtime_env"] = options.runtime_env
-        http = self._proxies.http
-        direct = spec.http_ingress and spec.config.direct_ingress and http.proxy_location != "Disabled"
-        actor = remote(ReplicaActor, **actor_options).remote(
-            replica_id,
-            spec.id,
-            spec.config,
-            spec.definition,
-            spec.init_args,
-            spec.code_version,
-            rank,
-            http if direct else None,
-        )
+        fresh = self.spares.fresh_start() if self.spares is not None else contextlib.nullcontext()
+        with fresh:
+            try:
+                return await self._initialize(remote(ReplicaActor, **actor_options).remote(start), None)
+            except _ProcessDied as exc:
+                raise DeployError(f"Replica process died while starting: {exc}") from None
+
+    async def _initialize(self, actor: Actor, start: ReplicaStart | None) -> tuple[ReplicaInfo, Actor]:
         try:
-            return await actor.initialize.remote(), actor
+            return await actor.initialize.remote(start), actor
         except RayTaskError as exc:
             ray.kill(actor, no_restart=True)
             cause = exc.cause if exc.cause is not None else exc
             raise DeployError(str(cause)) from None
         except RayActorError as exc:
             ray.kill(actor, no_restart=True)
-            raise DeployError(f"Replica process died while starting: {exc}") from None
+            raise _ProcessDied(str(exc)) from None
 
     async def stop_replica(self, handle: Actor, graceful: bool) -> None:
         if graceful:
@@ -252,7 +320,7 @@ class RayReplicas:
         they are (still starting, draining, unresponsive) are stopped."""
         found: list[AdoptedReplica] = []
         for name in named_actors():
-            if not name.startswith(REPLICA_PREFIX):
+            if not name.startswith((REPLICA_PREFIX, SPARE_PREFIX)):
                 continue
             actor = ray.get_actor(name, namespace=NAMESPACE)
             described: AdoptedReplica | str
@@ -262,6 +330,9 @@ class RayReplicas:
                 described = f"unresponsive ({exc})"
             if isinstance(described, AdoptedReplica):
                 found.append(dataclasses.replace(described, handle=actor))
+                continue
+            if described == "spare":  # the new pool starts its own
+                ray.kill(actor, no_restart=True)
                 continue
             logger.warning("Stopping replica %s left by a previous controller: %s", name, described)
             if described == "draining":  # let its in-flight requests finish first
@@ -281,5 +352,7 @@ class RayReplicas:
         stored.save_tables(tables)
 
     async def stop_proxies(self) -> None:
+        if self.spares is not None:
+            await self.spares.stop()
         await self._proxies.stop()
         stored.forget_serving_state()

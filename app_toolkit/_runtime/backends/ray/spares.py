@@ -1,0 +1,196 @@
+"""Spare replica processes: a few started replica actors per node that wait to be given
+a replica, so that a new replica (scale from zero, an autoscaling step, a replacement)
+starts in the time its own code takes, not a new process's.
+
+A fresh replica costs a Ray worker process: the interpreter, Ray's worker set-up and the
+toolkit's imports, about 0.7 s of a core before the deployment's code runs. A spare has
+paid that already. Spares reserve nothing (no CPU, one byte of memory, like a replica with
+default options), so they never keep a real replica from being scheduled; only replicas
+that ask for nothing more can use one (``fits``). Each node keeps ``per_node`` spares
+(``APP_TOOLKIT_SPARE_REPLICAS``, default 1, 0 turns them off, at most 8); one given away
+is replaced in the background. They are named, detached actors like replicas (a spare
+becomes a replica that must outlive a controller restart), so the controller finds its
+previous life's spares and stops them, and shutdown stops every one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import secrets
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import ray
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from app_toolkit._runtime.backends.ray.cluster import NAMESPACE, SPARE_PREFIX, SPARES_ENV, remote
+from app_toolkit.config import RayActorOptions
+from app_toolkit.exceptions import ConfigError
+
+logger = logging.getLogger("app_toolkit.ray")
+
+_DEFAULT_PER_NODE = 1
+_MAX_PER_NODE = 8
+_CHECK_PERIOD_S = 1.0
+#: A spare that is not up after this long is stopped and started again.
+_READY_TIMEOUT_S = 60.0
+
+
+def spares_per_node() -> int:
+    """How many spares each node keeps, from ``APP_TOOLKIT_SPARE_REPLICAS``."""
+    raw = os.environ.get(SPARES_ENV, "").strip()
+    if not raw:
+        return _DEFAULT_PER_NODE
+    try:
+        count = int(raw)
+    except ValueError:
+        count = -1
+    if not 0 <= count <= _MAX_PER_NODE:
+        raise ConfigError(
+            f"{SPARES_ENV}={raw!r}: set it to a whole number from 0 (no spare replica processes) "
+            f"to {_MAX_PER_NODE} (spares kept ready on each node)"
+        )
+    return count
+
+
+def fits(options: RayActorOptions) -> bool:
+    """Whether a replica with ``options`` can run in a spare: it reserves no more than a
+    spare does and needs no environment of its own."""
+    return (
+        options.num_cpus == 0
+        and options.num_gpus == 0
+        and not options.resources
+        and not options.memory
+        and options.runtime_env is None
+    )
+
+
+@dataclass
+class _Spare:
+    name: str
+    node: str
+    actor: Any
+    ready: asyncio.Future[Any] = field(repr=False)
+
+
+class SparePool:
+    """Keeps ``per_node`` started spares on every alive node; ``take`` gives one away."""
+
+    def __init__(self, actor_class: type, per_node: int) -> None:
+        self._actor_class = actor_class
+        self.per_node = per_node
+        self._spares: dict[str, list[_Spare]] = {}  # node id -> its spares, oldest first
+        self._keeper: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()  # a spare was taken: replace it now
+        self._turn = 0
+        #: Fresh replica processes starting now: spares are replaced only when there are
+        #: none, so replacing one never slows a replica that is starting.
+        self._fresh = 0
+
+    def start(self) -> None:
+        """Start the spares, and keep them (a node that joins gets its own)."""
+        if self.per_node and self._keeper is None:
+            self._keeper = asyncio.get_running_loop().create_task(self._keep())
+
+    def counts(self) -> dict[str, int]:
+        """Node id -> spares ready there now (what ``status()`` shows)."""
+        return {
+            node: sum(1 for spare in spares if _up(spare)) for node, spares in self._spares.items() if spares
+        }
+
+    def take(self, options: RayActorOptions) -> Any | None:
+        """A spare's actor for a replica with ``options`` (None: start a fresh one). A
+        ready spare first, from the node that has the most; otherwise one still starting
+        (it is ahead of a fresh process)."""
+        if not fits(options):
+            return None
+        nodes = [node for node, spares in self._spares.items() if spares]
+        if not nodes:
+            return None
+        # Ties go round the nodes, so replicas started one after another spread.
+        self._turn += 1
+        nodes = nodes[self._turn % len(nodes) :] + nodes[: self._turn % len(nodes)]
+        spares = self._spares[max(nodes, key=lambda n: sum(1 for s in self._spares[n] if _up(s)))]
+        spare = next((s for s in spares if _up(s)), spares[0])
+        spares.remove(spare)
+        self._wake.set()
+        return spare.actor
+
+    @contextlib.contextmanager
+    def fresh_start(self) -> Iterator[None]:
+        """Around the start of a replica in a process of its own."""
+        self._fresh += 1
+        try:
+            yield
+        finally:
+            self._fresh -= 1
+            self._wake.set()
+
+    async def stop(self) -> None:
+        """Stop keeping spares and stop every one (at shutdown)."""
+        if self._keeper is not None:
+            self._keeper.cancel()
+            self._keeper = None
+        for spares in self._spares.values():
+            for spare in spares:
+                spare.ready.cancel()
+                ray.kill(spare.actor, no_restart=True)
+        self._spares.clear()
+
+    # ------------------------------------------------------------------ keeping
+
+    async def _keep(self) -> None:
+        while True:
+            try:
+                await self._fill()
+            except Exception:
+                logger.exception("Keeping the spare replica processes failed; trying again")
+            try:
+                await asyncio.wait_for(self._wake.wait(), _CHECK_PERIOD_S)
+            except TimeoutError:
+                pass
+            self._wake.clear()
+
+    async def _fill(self) -> None:
+        nodes = await asyncio.to_thread(ray.nodes)
+        alive = {str(node["NodeID"]) for node in nodes if node["Alive"]}
+        for node in [node for node in self._spares if node not in alive]:
+            for spare in self._spares.pop(node):
+                spare.ready.cancel()
+                ray.kill(spare.actor, no_restart=True)
+        for node in alive:
+            spares = self._spares.setdefault(node, [])
+            for spare in [s for s in spares if s.ready.done() and not _up(s)]:
+                why = "cancelled" if spare.ready.cancelled() else repr(spare.ready.exception())
+                logger.info("Spare %s died or did not start (%s); starting another", spare.name, why)
+                spares.remove(spare)
+                ray.kill(spare.actor, no_restart=True)
+            while len(spares) < self.per_node and not self._fresh:
+                spares.append(self._new_spare(node))
+
+    def _new_spare(self, node: str) -> _Spare:
+        name = f"{SPARE_PREFIX}{secrets.token_hex(4)}"
+        actor = remote(
+            self._actor_class,
+            name=name,
+            namespace=NAMESPACE,
+            lifetime="detached",
+            memory=1,  # as a replica with default options asks (replicas.py)
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
+        ).remote()
+        ready = asyncio.ensure_future(asyncio.wait_for(actor.stats.remote(), _READY_TIMEOUT_S))
+        ready.add_done_callback(_consume)  # a failure is read (and logged) by the next _fill
+        return _Spare(name, node, actor, ready)
+
+
+def _up(spare: _Spare) -> bool:
+    return spare.ready.done() and not spare.ready.cancelled() and spare.ready.exception() is None
+
+
+def _consume(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()

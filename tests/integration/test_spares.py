@@ -1,0 +1,106 @@
+"""Spare replica processes on Ray (backends/ray/spares.py): a replica started from zero
+runs in a process that was started ahead, the pool keeps its bound, replaces what it
+gave away and is stopped with the toolkit."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+import ray
+
+import app_toolkit as tk
+from app_toolkit._runtime.backends.ray.cluster import (
+    NAMESPACE,
+    REPLICA_PREFIX,
+    SPARE_PREFIX,
+    named_actors,
+    replica_actor,
+)
+from tests.apps import scaling
+from tests.conftest import ROOT, Toolkit
+from tests.waiting import wait_for
+
+#: Spares each node keeps by default (the test cluster has one node).
+PER_NODE = 1
+#: Generous for a loaded 2-core CI machine; a spare makes it ~0.15 s here, a fresh
+#: process ~0.75 s (benchmarks/autoscaling.py).
+FIRST_ANSWER_BOUND_S = 10.0
+
+
+def ready_spares() -> int:
+    return sum(tk.status().spare_replicas.values())
+
+
+def waiting_spares() -> list[str]:
+    """Names of the spare processes not given a replica."""
+    return [
+        name
+        for name in named_actors()
+        if name.startswith(SPARE_PREFIX)
+        and ray.get(ray.get_actor(name, namespace=NAMESPACE).replica_id.remote(), timeout=30) is None
+    ]
+
+
+def test_a_replica_from_zero_starts_in_a_spare_and_the_spare_is_replaced(ray_toolkit: Toolkit) -> None:
+    name = ray_toolkit.name()
+    ray_toolkit.run(scaling.make_app(), name=name, route_prefix="/spare")
+    wait_for(lambda: ready_spares() == PER_NODE, 60, "a spare replica process")
+    [spare] = waiting_spares()
+    spare_pid = ray.get(ray.get_actor(spare, namespace=NAMESPACE).stats.remote(), timeout=30)["pid"]
+
+    started = time.monotonic()
+    with ray_toolkit.client() as client:  # zero replicas: the request waits, never fails
+        response = client.get("/spare/work", params={"seconds": 0})
+    elapsed = time.monotonic() - started
+    assert response.status_code == 200, response.text
+    assert elapsed < FIRST_ANSWER_BOUND_S
+
+    replica_id = response.json()["replica"]
+    actor = replica_actor(replica_id)
+    assert ray.get(actor.stats.remote(), timeout=30)["pid"] == spare_pid  # the spare's own process
+    assert REPLICA_PREFIX + replica_id not in named_actors()
+    phases = ray.get(actor.start_phases.remote(), timeout=30)
+    assert set(phases) == {"code", "constructor", "channel", "front", "heap"}
+    # The pool starts a new spare for the one it gave away.
+    wait_for(lambda: ready_spares() == PER_NODE and len(waiting_spares()) == PER_NODE, 60, "a new spare")
+    assert waiting_spares() != [spare]
+
+
+def test_the_pool_never_holds_more_than_its_bound(ray_toolkit: Toolkit) -> None:
+    counts: list[int] = []
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            counts.append(max(tk.status().spare_replicas.values(), default=0))
+            time.sleep(0.05)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        # Three replicas at once, then two more: spares go, and come back, several times.
+        name = ray_toolkit.name()
+        ray_toolkit.run(scaling.make_app(min_replicas=3, max_replicas=3), name=name, route_prefix="/many")
+        ray_toolkit.run(scaling.make_app(min_replicas=5, max_replicas=5), name=name, route_prefix="/many")
+        wait_for(lambda: ready_spares() == PER_NODE, 60, "the spares to be replaced")
+    finally:
+        stop.set()
+        watcher.join(timeout=30)
+    assert counts and max(counts) <= PER_NODE
+    assert len(waiting_spares()) <= PER_NODE
+
+
+def test_a_bad_spares_setting_fails_with_how_to_fix_it() -> None:
+    # In a process of its own: this session's toolkit already runs.
+    program = "import app_toolkit as tk; tk.start(backend='ray')"
+    env = {**os.environ, "APP_TOOLKIT_SPARE_REPLICAS": "lots", "PYTHONPATH": str(ROOT)}
+    result = subprocess.run(
+        [sys.executable, "-c", program], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode != 0
+    assert "APP_TOOLKIT_SPARE_REPLICAS='lots'" in result.stderr
+    assert "from 0" in result.stderr
