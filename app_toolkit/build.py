@@ -34,7 +34,9 @@ from app_toolkit.deployment import Application, Deployment
 from app_toolkit.exceptions import ConfigError
 from app_toolkit.handle import DeploymentHandle
 from app_toolkit.import_path import import_attr
-from app_toolkit.route_table import RouteTable, route_table
+
+if typing.TYPE_CHECKING:  # FastAPI is imported where an app is built, not by every toolkit process
+    from app_toolkit.route_table import RouteTable
 
 
 def build_app(
@@ -68,7 +70,11 @@ def build_app(
 def _route_table(target: Application) -> RouteTable | None:
     """The ingress's routes with pools or deadlines (None: it is not an ASGI ingress)."""
     asgi = getattr(target.deployment.func_or_class, ASGI_APP_ATTR, None)
-    return route_table(asgi) if asgi is not None else None
+    if asgi is None:
+        return None
+    from app_toolkit.route_table import route_table
+
+    return route_table(asgi)
 
 
 class _Graph:

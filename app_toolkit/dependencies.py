@@ -11,15 +11,15 @@ name as part of the application, so routes in an ordinary ``APIRouter`` can use 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
-
-import fastapi
-from fastapi.routing import APIRoute, APIWebSocketRoute
+from typing import TYPE_CHECKING, Any
 
 from app_toolkit._runtime import request_context
 from app_toolkit.deployment import Application, Deployment
 from app_toolkit.exceptions import ConfigError
 from app_toolkit.handle import DeploymentHandle
+
+if TYPE_CHECKING:  # FastAPI is imported where an app is built, not by every toolkit process
+    from fastapi.routing import APIRoute, APIWebSocketRoute
 
 _APPLICATION_ATTR = "__app_toolkit_application__"
 
@@ -51,6 +51,8 @@ def Depends(target: Deployment | Application) -> Any:
         return DeploymentHandle(deployment_name, app_name)
 
     setattr(deployment_handle, _APPLICATION_ATTR, application)
+    import fastapi
+
     return fastapi.Depends(deployment_handle)
 
 
@@ -76,6 +78,8 @@ def api_routes(routes: Iterable[object]) -> list[APIRoute | APIWebSocketRoute]:
     Newer FastAPI keeps an included router as one lazy entry that holds the original
     router (``original_router``); older versions copy its routes in.
     """
+    from fastapi.routing import APIRoute, APIWebSocketRoute
+
     found: list[APIRoute | APIWebSocketRoute] = []
     for route in routes:
         if isinstance(route, (APIRoute, APIWebSocketRoute)):

@@ -7,12 +7,7 @@ import functools
 import inspect
 import typing
 from collections.abc import Callable, Sequence
-from typing import Any, cast
-
-from fastapi import APIRouter, Depends, FastAPI
-from fastapi.routing import APIRoute, APIWebSocketRoute
-from starlette.routing import BaseRoute, Route
-from starlette.types import ASGIApp
+from typing import TYPE_CHECKING, Any, cast
 
 from app_toolkit._runtime import request_context
 from app_toolkit._runtime.replica.replica import (
@@ -25,7 +20,12 @@ from app_toolkit.config import parse_application_options
 from app_toolkit.dependencies import discover
 from app_toolkit.deployment import Application, Deployment, deployment
 from app_toolkit.exceptions import ConfigError
-from app_toolkit.route_table import route_table
+
+if TYPE_CHECKING:  # FastAPI is imported where an app is built, not by every toolkit process
+    from fastapi import APIRouter, FastAPI
+    from fastapi.routing import APIRoute, APIWebSocketRoute
+    from starlette.routing import BaseRoute
+    from starlette.types import ASGIApp
 
 
 def ingress(
@@ -59,6 +59,8 @@ def ingress(
         asgi, builder = _as_asgi(app, title="app_toolkit"), None
 
     def decorate(cls: type | None = None) -> type:
+        from fastapi import FastAPI
+
         if cls is None:
             cls = type("ASGIIngress", (), {"__init__": _keep_arguments})
         if isinstance(cls, Deployment):
@@ -109,6 +111,8 @@ class App(Application):
         offline_docs: bool = True,
         **deployment_options: object,
     ) -> None:
+        from app_toolkit.route_table import route_table
+
         parse_application_options(name, route_prefix)
         asgi = _as_asgi(routes, title=name)
         route_table(asgi)  # clashing routes or pool options fail here, not at run()
@@ -130,6 +134,8 @@ class App(Application):
     @property
     def asgi_app(self) -> FastAPI:
         """The FastAPI app the ingress serves (e.g. to add middleware before running)."""
+        from fastapi import FastAPI
+
         app = getattr(self.deployment.func_or_class, ASGI_APP_ATTR)
         assert isinstance(app, FastAPI)  # App builds one from its routes
         return app
@@ -140,6 +146,8 @@ def _keep_handles(self: Any, *handles: object) -> None:
 
 
 def _as_asgi(routes: object, title: str) -> ASGIApp:
+    from fastapi import APIRouter, FastAPI
+
     if isinstance(routes, APIRouter):
         routes = [routes]
     if isinstance(routes, (list, tuple)):
@@ -153,7 +161,7 @@ def _as_asgi(routes: object, title: str) -> ASGIApp:
         raise ConfigError(
             f"Expected a FastAPI app, an APIRouter or an ASGI callable, got {type(routes).__name__}"
         )
-    return cast(ASGIApp, routes)
+    return cast("ASGIApp", routes)
 
 
 async def _current_instance() -> object:
@@ -168,6 +176,9 @@ def _class_app(app: FastAPI, cls: type) -> FastAPI:
     methods get the replica's instance as ``self``, routes of other classes' methods are
     left out, the rest are shared. The docs routes are made again, so ``/docs`` and
     ``/openapi.json`` describe this copy. Nothing of ``app`` changes."""
+    from fastapi.routing import APIRoute, APIWebSocketRoute
+    from starlette.routing import Route
+
     if app.router.middleware_stack != app.router.app:
         raise ConfigError(
             "@ingress(app) cannot serve an app whose router has middleware of its own (FastAPI's "
@@ -207,6 +218,8 @@ def _is_method(endpoint: Callable[..., object]) -> bool:
 
 
 def _self_injected(method: Callable[..., object]) -> Callable[..., object]:
+    from fastapi import Depends
+
     hints = typing.get_type_hints(method, include_extras=True)
     signature = inspect.signature(method)
     parameters = []

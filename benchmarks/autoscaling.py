@@ -25,7 +25,6 @@ import re
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -34,6 +33,7 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 import app_toolkit as tk
 from benchmarks.http_overhead import free_port
+from benchmarks.proc_cpu import started_at
 from benchmarks.scaling_app import SCALING, app
 
 
@@ -52,13 +52,6 @@ def decisions(since: float) -> list[tuple[float, int, int]]:
         if matched is not None and event.time >= since:
             found.append((event.time, int(matched.group(1)), int(matched.group(2))))
     return found
-
-
-def process_started(pid: int) -> float:
-    """The Unix time a process started (/proc: clock ticks since boot, against uptime)."""
-    ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
-    uptime = float(Path("/proc/uptime").read_text().split()[0])
-    return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
 
 
 def replica_actors() -> list[Any]:
@@ -118,7 +111,7 @@ def cold_start(base: str) -> float:
     answered = time.time()
     running = watch.join()
     decided = next((at for at, before, _ in decisions(sent - 1) if before == 0), None)
-    started = process_started(replica_pids()[0])
+    started = started_at(replica_pids()[0])
     total = answered - sent
     print(f"cold start (0 -> first response): {total:.2f} s")
     if decided is not None and running is not None:

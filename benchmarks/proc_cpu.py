@@ -46,6 +46,15 @@ def cpu_seconds(root: int) -> float:
     return total / TICKS
 
 
+def started_at(pid: int) -> float:
+    """The Unix time a process started (/proc: clock ticks since boot, against uptime)."""
+    ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    uptime = float(Path("/proc/uptime").read_text().split()[0])
+    import time
+
+    return time.time() - (uptime - ticks / os.sysconf("SC_CLK_TCK"))
+
+
 def kb_field(pid: int, field: str, source: str = "status") -> int:
     """A "Name: N kB" field of /proc/PID/``source`` (0 once the process is gone)."""
     try:

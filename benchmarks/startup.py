@@ -26,7 +26,7 @@ from pathlib import Path
 import httpx
 
 from benchmarks.http_overhead import BIN, ROOT, free_port
-from benchmarks.proc_cpu import _rss_mb, pss_mb, tree
+from benchmarks.proc_cpu import _rss_mb, pss_mb, started_at, tree
 
 _RAY_INIT = """
 import time, ray
@@ -37,8 +37,13 @@ ray.shutdown()
 """
 
 
-def first_200(command: list[str], url: str, env: dict[str, str]) -> tuple[float, subprocess.Popen[bytes]]:
+def first_200(
+    command: list[str], url: str, env: dict[str, str]
+) -> tuple[float, subprocess.Popen[bytes], float]:
+    """Seconds from starting ``command`` to a 200 from ``url``, the process, and the Unix
+    time it was started."""
     started = time.perf_counter()
+    wall = time.time()
     process = subprocess.Popen(
         command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
     )
@@ -48,7 +53,7 @@ def first_200(command: list[str], url: str, env: dict[str, str]) -> tuple[float,
             raise RuntimeError(f"{command[0]} exited with {process.returncode} before serving {url}")
         try:
             if httpx.get(url, timeout=1).status_code == 200:
-                return time.perf_counter() - started, process
+                return time.perf_counter() - started, process, wall
         except httpx.HTTPError:
             pass
         time.sleep(0.02)
@@ -71,6 +76,11 @@ def _kind(pid: int) -> str:
             if daemon in word:
                 return daemon
     return Path(words[1] if len(words) > 1 and "python" in first else first).name
+
+
+def timeline(root: int, since: float) -> list[tuple[float, str]]:
+    """(seconds after ``since``, kind) of each process of the tree, by start time."""
+    return sorted((started_at(pid) - since, _kind(pid)) for pid in tree(root))
 
 
 def memory(root: int) -> dict[str, tuple[int, float, float]]:
@@ -119,7 +129,7 @@ def main() -> None:
     bare, ours, last_memory, bare_memory = [], [], {}, {}
     for _ in range(args.runs):
         port = free_port()
-        took, process = first_200(
+        took, process, _ = first_200(
             [
                 str(BIN / "uvicorn"),
                 "benchmarks.bench_app:fastapi_app",
@@ -136,12 +146,13 @@ def main() -> None:
         bare_memory = memory(process.pid)
         stop(process, signal.SIGTERM)
         port = free_port()
-        took, process = first_200(
+        took, process, began = first_200(
             [str(BIN / "app-toolkit"), "run", args.target, "--port", str(port)],
             f"http://127.0.0.1:{port}{args.path}",
             env,
         )
         ours.append(took)
+        starts = timeline(process.pid, began)
         time.sleep(args.idle_s)
         last_memory = memory(process.pid)
         stop(process, signal.SIGINT)
@@ -151,6 +162,11 @@ def main() -> None:
     print(f"  app-toolkit run {args.target:14}{statistics.median(ours):5.2f} s  (all: {_each(ours)})")
     print(f"  of which ray.init() alone     {statistics.median(ray_init):5.2f} s  (all: {_each(ray_init)})")
     print(f"  the toolkit's own part        {statistics.median(ours) - statistics.median(ray_init):5.2f} s")
+    print(
+        "  processes started, seconds after the command (last run): "
+        + ", ".join(f"{kind} {offset:.2f}" for offset, kind in starts)
+        + f"; first 200 at {ours[-1]:.2f}"
+    )
     bare_rss = sum(rss for _, rss, _ in bare_memory.values())
     bare_pss = sum(pss for _, _, pss in bare_memory.values())
     print(f"idle memory of bare uvicorn: RSS {bare_rss:.0f} MB, PSS {bare_pss:.0f} MB")

@@ -5,6 +5,8 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 import app_toolkit as tk
 
 EXPECTED = [
@@ -110,9 +112,30 @@ def test_all_is_sorted_and_complete() -> None:
 
 
 def test_importing_never_imports_ray_serve_and_stays_light() -> None:
-    code = "import sys, app_toolkit; print('ray.serve' in sys.modules, 'ray' in sys.modules)"
+    code = (
+        "import sys, app_toolkit; "
+        "print(*(name in sys.modules for name in ('ray.serve', 'ray', 'fastapi', 'httpx')))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["False", "False"]
+    assert out.stdout.split() == ["False", "False", "False", "False"]
+
+
+def test_the_controller_and_proxy_processes_load_no_web_framework_they_do_not_need() -> None:
+    # What a Ray worker imports to host the controller or a proxy (its actor classes).
+    code = (
+        "import sys; import app_toolkit._runtime.backends.ray.actors; "
+        "print(*(name in sys.modules for name in ('fastapi', 'httpx', 'app_toolkit.route_table')))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.split() == ["False", "False", "False"]
+
+
+def test_names_shared_with_modules_are_the_public_functions() -> None:
+    api, ingress = sys.modules["app_toolkit.api"], sys.modules["app_toolkit.ingress"]
+    assert tk.status is api.status and tk.start is api.start and tk.run is api.run
+    assert tk.App is ingress.App and tk.ingress is ingress.ingress
+    with pytest.raises(AttributeError, match="no attribute 'stauts'"):
+        tk.stauts  # noqa: B018
 
 
 def test_exceptions_survive_pickling() -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import importlib
 import itertools
 import logging
 import os
@@ -54,6 +55,13 @@ Actor = ActorHandle[Any]
 _DESCRIBE_TIMEOUT_S = 10.0
 
 
+def _import_web_framework() -> None:
+    """Import what an HTTP deployment's code needs (FastAPI, the toolkit's route table),
+    which the toolkit itself loads only where an app is built."""
+    for module in ("fastapi", "app_toolkit.route_table", "app_toolkit._runtime.replica.docs_pages"):
+        importlib.import_module(module)
+
+
 class _Phases:
     """Times the steps of a start into ``into`` (step name -> seconds)."""
 
@@ -99,7 +107,8 @@ class ReplicaActor:
         self._front: ReplicaFront | None = None
         #: Seconds each step of ``initialize`` took (``start_phases``).
         self._phases: dict[str, float] = {}
-        if start is None:  # a spare: its imports and Ray's set-up stay out of the collector's way
+        if start is None:  # a spare: what deployments import, ready and out of the collector's way
+            _import_web_framework()
             settle_heap()
 
     def start_phases(self) -> dict[str, float]:
