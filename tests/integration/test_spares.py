@@ -104,3 +104,33 @@ def test_a_bad_spares_setting_fails_with_how_to_fix_it() -> None:
     assert result.returncode != 0
     assert "APP_TOOLKIT_SPARE_REPLICAS='lots'" in result.stderr
     assert "from 0" in result.stderr
+
+
+def test_a_restarted_controller_adopts_replicas_in_spares_and_stops_idle_spares(
+    ray_toolkit: Toolkit,
+) -> None:
+    from app_toolkit._runtime.backends.ray.cluster import CONTROLLER_NAME
+
+    name = ray_toolkit.name()
+    wait_for(lambda: ready_spares() == PER_NODE, 60, "a spare replica process")
+    ray_toolkit.run(scaling.make_app(min_replicas=1, max_replicas=1), name=name, route_prefix="/adopt")
+    [replica] = tk.status().applications[name].deployments["Ingress"].replicas
+    assert REPLICA_PREFIX + replica.replica_id not in named_actors()  # it runs in the spare
+    wait_for(lambda: len(waiting_spares()) == PER_NODE, 60, "the spare to be replaced")
+    [idle] = waiting_spares()
+
+    ray.kill(ray.get_actor(CONTROLLER_NAME, namespace=NAMESPACE), no_restart=False)
+
+    def adopted() -> bool:
+        app = tk.status().applications.get(name)
+        return app is not None and app.status is tk.ApplicationStatus.RUNNING
+
+    wait_for(adopted, 60, "the restarted controller to report the app")
+    assert [r.replica_id for r in tk.status().applications[name].deployments["Ingress"].replicas] == [
+        replica.replica_id
+    ]
+    with ray_toolkit.client() as client:
+        assert client.get("/adopt/work", params={"seconds": 0}).json()["replica"] == replica.replica_id
+    # The previous life's idle spare is stopped; the new controller keeps one of its own.
+    wait_for(lambda: idle not in named_actors(), 60, "the old spare to stop")
+    wait_for(lambda: len(waiting_spares()) == PER_NODE, 60, "a new spare")
