@@ -23,7 +23,14 @@ from app_toolkit.config import (
 from app_toolkit.context import ReplicaContext, get_replica_context
 from app_toolkit.dependencies import Depends
 from app_toolkit.deployment import Application, Deployment, deployment
-from app_toolkit.event_log import EventLog, LoggedEvent, MemoryEventLog, StreamAbandoned, UnknownStream
+from app_toolkit.event_log import (
+    EventLog,
+    LoggedEvent,
+    MemoryEventLog,
+    StreamAbandoned,
+    UnknownStream,
+    WriterReplaced,
+)
 from app_toolkit.event_log_redis import RedisEventLog
 from app_toolkit.exceptions import (
     AppToolkitError,
@@ -107,6 +114,7 @@ __all__ = [
     "ShadowStatusInfo",
     "StreamAbandoned",
     "UnknownStream",
+    "WriterReplaced",
     "batch",
     "deadline",
     "delete",

@@ -11,12 +11,18 @@ Every stream is bounded: it keeps its newest ``max_events`` events, is dropped
 ``keep_s`` after it is closed, and counts as abandoned once its writer has written
 nothing for ``writer_timeout_s`` (readers then get :class:`StreamAbandoned` instead of
 waiting for events that will never come).
+
+A writer may name itself (``writer=``, any string unique to it, e.g. a uuid per attempt):
+once another writer has taken the stream over, the writes of the one replaced (a process
+that hung past ``writer_timeout_s`` and woke up) raise :class:`WriterReplaced` instead of
+landing next to its successor's. Writes that name no writer are never refused this way.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import secrets
 import time
 from abc import ABC, abstractmethod
 from collections import deque
@@ -43,6 +49,11 @@ class StreamAbandoned(RuntimeError):
     hung) for longer than ``writer_timeout_s``."""
 
 
+class WriterReplaced(ValueError):
+    """Another writer took the stream over: the writer named in this call writes it no
+    more (it should stop, leaving the stream to its successor)."""
+
+
 class EventLog(ABC):
     """Where streams of events are kept; see the module's description."""
 
@@ -58,39 +69,46 @@ class EventLog(ABC):
         self.writer_timeout_s = writer_timeout_s
 
     @abstractmethod
-    async def append(self, stream: str, data: str, event: str = "") -> str:
+    async def append(self, stream: str, data: str, event: str = "", *, writer: str = "") -> str:
         """Add an event to ``stream`` (made on first use); returns the event's id.
-        Raises ``ValueError`` if the stream was closed."""
+        Raises ``ValueError`` if the stream was closed, :class:`WriterReplaced` (a
+        ``ValueError``) if ``writer`` was replaced by a take-over; the first ``writer``
+        named on a stream is its writer."""
 
-    async def append_many(self, stream: str, events: Sequence[tuple[str, str]]) -> list[str]:
+    async def append_many(
+        self, stream: str, events: Sequence[tuple[str, str]], *, writer: str = ""
+    ) -> list[str]:
         """Add several ``(data, event)`` events to ``stream`` at once, in order; returns
         their ids. A writer that produces faster than one append's round trip (Redis)
         appends what piled up meanwhile in one call."""
-        return [await self.append(stream, data, event) for data, event in events]
+        return [await self.append(stream, data, event, writer=writer) for data, event in events]
 
     @abstractmethod
-    async def touch(self, stream: str) -> None:
+    async def touch(self, stream: str, *, writer: str = "") -> None:
         """Tell readers the writer is alive though it has nothing to append yet (a model
-        still reading a long prompt): call it more often than ``writer_timeout_s``."""
+        still reading a long prompt): call it more often than ``writer_timeout_s``.
+        Raises :class:`WriterReplaced` if ``writer`` was replaced."""
 
     @abstractmethod
-    async def close(self, stream: str) -> None:
-        """No more events: readers end after the last one; the stream is kept ``keep_s``."""
+    async def close(self, stream: str, *, writer: str = "") -> None:
+        """No more events: readers end after the last one; the stream is kept ``keep_s``.
+        Raises :class:`WriterReplaced` if ``writer`` was replaced."""
 
     @abstractmethod
-    async def take_over(self, stream: str) -> bool:
+    async def take_over(self, stream: str, *, writer: str = "") -> bool:
         """Become the writer of ``stream`` if its writer is gone (silent for longer than
         ``writer_timeout_s``, the stream not closed). Of several callers, at most one gets
         True; it then writes as the writer did (and should :meth:`touch` or append within
-        ``writer_timeout_s``), and readers that follow again wait for its events. Raises
-        :class:`UnknownStream`."""
+        ``writer_timeout_s``), and readers that follow again wait for its events. From
+        then on the writer it replaced is refused (:class:`WriterReplaced`) and ``writer``
+        (if named) is the stream's writer. Raises :class:`UnknownStream`."""
 
     @abstractmethod
-    async def release(self, stream: str) -> None:
+    async def release(self, stream: str, *, writer: str = "") -> None:
         """The writer lets go of ``stream`` without closing it (its process is stopping):
         readers find it abandoned at once instead of after ``writer_timeout_s``, and one
-        of them can :meth:`take_over` and go on. Does nothing to a closed stream; raises
-        :class:`UnknownStream`."""
+        of them can :meth:`take_over` and go on. Does nothing to a closed stream, nor
+        when ``writer`` was replaced already; raises :class:`UnknownStream`."""
 
     @abstractmethod
     async def read(self, stream: str) -> list[LoggedEvent]:
@@ -121,8 +139,14 @@ def check_name(stream: str) -> None:
         raise ValueError(f"a stream name is 1 to 200 printable characters but braces, got {stream!r}")
 
 
+def new_writer() -> str:
+    """A writer name for a take-over that names none: it still fences out the writer
+    it replaces."""
+    return "taker-" + secrets.token_hex(8)
+
+
 class _Stream:
-    __slots__ = ("events", "first", "changed", "written_at", "closed_at")
+    __slots__ = ("events", "first", "changed", "written_at", "closed_at", "writer")
 
     def __init__(self, max_events: int, now: float) -> None:
         self.events: deque[LoggedEvent] = deque(maxlen=max_events)
@@ -130,6 +154,14 @@ class _Stream:
         self.changed = asyncio.Event()  # replaced after each wake-up
         self.written_at = now
         self.closed_at: float | None = None
+        self.writer = ""  # "" until a writer names itself
+
+    def check_writer(self, stream: str, writer: str) -> None:
+        """Refuse ``writer`` if another one took the stream over; the first named is it."""
+        if writer:
+            if self.writer and self.writer != writer:
+                raise WriterReplaced(f"stream {stream!r} is written by another writer now")
+            self.writer = writer
 
     def wake(self) -> None:
         self.changed.set()
@@ -165,7 +197,7 @@ class MemoryEventLog(EventLog):
     def __len__(self) -> int:
         return len(self._streams)
 
-    async def append(self, stream: str, data: str, event: str = "") -> str:
+    async def append(self, stream: str, data: str, event: str = "", *, writer: str = "") -> str:
         now = time.monotonic()
         kept = self._streams.get(stream)
         if kept is None:
@@ -177,6 +209,7 @@ class MemoryEventLog(EventLog):
             kept = self._streams[stream] = _Stream(self.max_events, now)
         elif kept.closed_at is not None:
             raise ValueError(f"stream {stream!r} is closed")
+        kept.check_writer(stream, writer)
         if len(kept.events) == self.max_events:
             kept.first += 1  # the oldest falls out of the deque
         number = kept.first + len(kept.events)
@@ -185,32 +218,35 @@ class MemoryEventLog(EventLog):
         kept.wake()
         return str(number)
 
-    async def touch(self, stream: str) -> None:
+    async def touch(self, stream: str, *, writer: str = "") -> None:
         kept = self._streams.get(stream)
         if kept is None:
             raise UnknownStream(stream)
+        kept.check_writer(stream, writer)
         kept.written_at = time.monotonic()
 
-    async def close(self, stream: str) -> None:
+    async def close(self, stream: str, *, writer: str = "") -> None:
         kept = self._streams.get(stream)
         if kept is None:
             raise UnknownStream(stream)
         if kept.closed_at is None:
+            kept.check_writer(stream, writer)
             kept.closed_at = time.monotonic()
             kept.wake()
             self._closed.append(stream)
 
-    async def take_over(self, stream: str) -> bool:
+    async def take_over(self, stream: str, *, writer: str = "") -> bool:
         kept = self._live(stream)
         now = time.monotonic()
         if kept.closed_at is not None or now - kept.written_at <= self.writer_timeout_s:
             return False
         kept.written_at = now
+        kept.writer = writer or new_writer()
         return True
 
-    async def release(self, stream: str) -> None:
+    async def release(self, stream: str, *, writer: str = "") -> None:
         kept = self._live(stream)
-        if kept.closed_at is None:
+        if kept.closed_at is None and not (writer and kept.writer and kept.writer != writer):
             kept.written_at = time.monotonic() - self.writer_timeout_s - 1.0
             kept.wake()
 

@@ -2,8 +2,9 @@
 they outlive any one of them (``pip install 'app_toolkit[redis]'``).
 
 A stream ``s`` is the Redis stream ``{prefix}{s}`` (its entries' ids are the events' ids,
-so an SSE client's ``Last-Event-ID`` is one), beside two small keys: ``…:w``, which the
-writer's appends keep alive for ``writer_timeout_s``, and ``…:end``, set when it closes.
+so an SSE client's ``Last-Event-ID`` is one), beside three small keys: ``…:w``, which the
+writer's appends keep alive for ``writer_timeout_s``, ``…:end``, set when it closes, and
+``…:writer``, the name of its writer (once one is named).
 Appending and closing are Lua scripts (one round trip each, atomic). Readers wait in
 ``XREAD BLOCK`` for up to a second at a time, each on a connection of its own from a
 pool of ``max_connections`` (a reader that finds none free within ``pool_timeout_s``
@@ -18,54 +19,86 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from app_toolkit._runtime import request_context
-from app_toolkit.event_log import EventLog, LoggedEvent, StreamAbandoned, UnknownStream, check_name
+from app_toolkit.event_log import (
+    EventLog,
+    LoggedEvent,
+    StreamAbandoned,
+    UnknownStream,
+    WriterReplaced,
+    check_name,
+    new_writer,
+)
 
 _ID = re.compile(r"(\d{1,20})-(\d{1,20})")
 _WAIT_MS = 1000  # longest single XREAD BLOCK; the writer's lease is checked between them
 
-_APPEND = """
-if redis.call('EXISTS', KEYS[3]) == 1 then return redis.error_reply('closed') end
-local id = redis.call('XADD', KEYS[1], 'MAXLEN', ARGV[1], '*', 'e', ARGV[4], 'd', ARGV[5])
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
-redis.call('SET', KEYS[2], '1', 'PX', ARGV[3])
-return id
-"""
-_APPEND_MANY = """
-if redis.call('EXISTS', KEYS[3]) == 1 then return redis.error_reply('closed') end
-local ids = {}
-for i = 4, #ARGV, 2 do
-  ids[#ids + 1] = redis.call('XADD', KEYS[1], 'MAXLEN', ARGV[1], '*', 'e', ARGV[i], 'd', ARGV[i + 1])
+#: Every script gets the keys [stream, lease, end, writer] and refuses a named writer
+#: (ARGV[1]; "" names none) that another one replaced; the first named is the writer.
+_WRITER = """
+local function replaced()
+  if ARGV[1] == '' then return false end
+  local current = redis.call('GET', KEYS[4])
+  return current and current ~= ARGV[1]
 end
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
-redis.call('SET', KEYS[2], '1', 'PX', ARGV[3])
+"""
+_APPEND = (
+    _WRITER
+    + """
+if redis.call('EXISTS', KEYS[3]) == 1 then return redis.error_reply('closed') end
+if replaced() then return redis.error_reply('replaced') end
+local ids = {}
+for i = 5, #ARGV, 2 do
+  ids[#ids + 1] = redis.call('XADD', KEYS[1], 'MAXLEN', ARGV[2], '*', 'e', ARGV[i], 'd', ARGV[i + 1])
+end
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+redis.call('SET', KEYS[2], '1', 'PX', ARGV[4])
+if ARGV[1] ~= '' then redis.call('SET', KEYS[4], ARGV[1], 'PX', ARGV[3])
+else redis.call('PEXPIRE', KEYS[4], ARGV[3]) end
 return ids
 """
-_TOUCH = """
+)
+_TOUCH = (
+    _WRITER
+    + """
 if redis.call('EXISTS', KEYS[1]) == 0 then return redis.error_reply('unknown') end
 if redis.call('EXISTS', KEYS[3]) == 1 then return 0 end
-redis.call('SET', KEYS[2], '1', 'PX', ARGV[1])
+if replaced() then return redis.error_reply('replaced') end
+redis.call('SET', KEYS[2], '1', 'PX', ARGV[2])
 return 1
 """
-_TAKE_OVER = """
+)
+_TAKE_OVER = (
+    _WRITER
+    + """
 if redis.call('EXISTS', KEYS[1]) == 0 then return redis.error_reply('unknown') end
 if redis.call('EXISTS', KEYS[3]) == 1 then return 0 end
-if redis.call('SET', KEYS[2], '1', 'NX', 'PX', ARGV[1]) then return 1 end
-return 0
+if not redis.call('SET', KEYS[2], '1', 'NX', 'PX', ARGV[2]) then return 0 end
+redis.call('SET', KEYS[4], ARGV[1], 'PX', ARGV[3])
+return 1
 """
-_RELEASE = """
+)
+_RELEASE = (
+    _WRITER
+    + """
 if redis.call('EXISTS', KEYS[1]) == 0 then return redis.error_reply('unknown') end
+if replaced() then return 0 end
 redis.call('DEL', KEYS[2])
 return 1
 """
-_CLOSE = """
+)
+_CLOSE = (
+    _WRITER
+    + """
 if redis.call('EXISTS', KEYS[1]) == 0 then return redis.error_reply('unknown') end
 if redis.call('EXISTS', KEYS[3]) == 1 then return 0 end
-redis.call('XADD', KEYS[1], 'MAXLEN', ARGV[1], '*', 'end', '1')
-redis.call('PEXPIRE', KEYS[1], ARGV[2])
-redis.call('SET', KEYS[3], '1', 'PX', ARGV[2])
-redis.call('DEL', KEYS[2])
+if replaced() then return redis.error_reply('replaced') end
+redis.call('XADD', KEYS[1], 'MAXLEN', ARGV[2], '*', 'end', '1')
+redis.call('PEXPIRE', KEYS[1], ARGV[3])
+redis.call('SET', KEYS[3], '1', 'PX', ARGV[3])
+redis.call('DEL', KEYS[2], KEYS[4])
 return 1
 """
+)
 
 
 class RedisEventLog(EventLog):
@@ -125,7 +158,6 @@ class RedisEventLog(EventLog):
                 name: self._client.register_script(body)
                 for name, body in (
                     ("append", _APPEND),
-                    ("append_many", _APPEND_MANY),
                     ("touch", _TOUCH),
                     ("take_over", _TAKE_OVER),
                     ("release", _RELEASE),
@@ -139,33 +171,25 @@ class RedisEventLog(EventLog):
 
     def _keys(self, stream: str) -> list[str]:
         check_name(stream)
-        key = f"{self.prefix}{{{stream}}}"  # one hash slot for the three keys (Redis Cluster)
-        return [key, key + ":w", key + ":end"]
+        key = f"{self.prefix}{{{stream}}}"  # one hash slot for the four keys (Redis Cluster)
+        return [key, key + ":w", key + ":end", key + ":writer"]
 
     def _ms(self, seconds: float) -> int:
         return max(1, int(seconds * 1000))
 
-    async def append(self, stream: str, data: str, event: str = "") -> str:
-        keys = self._keys(stream)
-        self._redis()
-        args = [
-            self.max_events,
-            self._ms(self.writer_timeout_s + self.keep_s),
-            self._ms(self.writer_timeout_s),
-        ]
-        try:
-            return str(await self._scripts["append"](keys=keys, args=[*args, event, data]))
-        except self._refused as refused:
-            if "closed" in str(refused):
-                raise ValueError(f"stream {stream!r} is closed") from None
-            raise
+    async def append(self, stream: str, data: str, event: str = "", *, writer: str = "") -> str:
+        [event_id] = await self.append_many(stream, [(data, event)], writer=writer)
+        return event_id
 
-    async def append_many(self, stream: str, events: Sequence[tuple[str, str]]) -> list[str]:
+    async def append_many(
+        self, stream: str, events: Sequence[tuple[str, str]], *, writer: str = ""
+    ) -> list[str]:
         if not events:
             return []
         keys = self._keys(stream)
         self._redis()
         args: list[Any] = [
+            writer,
             self.max_events,
             self._ms(self.writer_timeout_s + self.keep_s),
             self._ms(self.writer_timeout_s),
@@ -173,31 +197,30 @@ class RedisEventLog(EventLog):
         for data, event in events:
             args += [event, data]
         try:
-            return [str(event_id) for event_id in await self._scripts["append_many"](keys=keys, args=args)]
+            return [str(event_id) for event_id in await self._scripts["append"](keys=keys, args=args)]
         except self._refused as refused:
             if "closed" in str(refused):
                 raise ValueError(f"stream {stream!r} is closed") from None
+            if "replaced" in str(refused):
+                raise WriterReplaced(f"stream {stream!r} is written by another writer now") from None
             raise
 
-    async def touch(self, stream: str) -> None:
-        keys = self._keys(stream)
-        self._redis()
-        await self._call("touch", stream, keys, [self._ms(self.writer_timeout_s)])
+    async def touch(self, stream: str, *, writer: str = "") -> None:
+        await self._call("touch", stream, [writer, self._ms(self.writer_timeout_s)])
 
-    async def close(self, stream: str) -> None:
-        keys = self._keys(stream)
-        self._redis()
-        await self._call("close", stream, keys, [self.max_events + 1, self._ms(self.keep_s)])
+    async def close(self, stream: str, *, writer: str = "") -> None:
+        await self._call("close", stream, [writer, self.max_events + 1, self._ms(self.keep_s)])
 
-    async def take_over(self, stream: str) -> bool:
-        keys = self._keys(stream)
-        self._redis()
-        return bool(await self._call("take_over", stream, keys, [self._ms(self.writer_timeout_s)]))
+    async def take_over(self, stream: str, *, writer: str = "") -> bool:
+        args = [
+            writer or new_writer(),
+            self._ms(self.writer_timeout_s),
+            self._ms(self.writer_timeout_s + self.keep_s),
+        ]
+        return bool(await self._call("take_over", stream, args))
 
-    async def release(self, stream: str) -> None:
-        keys = self._keys(stream)
-        self._redis()
-        await self._call("release", stream, keys, [])
+    async def release(self, stream: str, *, writer: str = "") -> None:
+        await self._call("release", stream, [writer])
 
     async def read(self, stream: str) -> list[LoggedEvent]:
         entries = await self._redis().xrange(self._keys(stream)[0])
@@ -209,12 +232,16 @@ class RedisEventLog(EventLog):
             if "end" not in fields
         ]
 
-    async def _call(self, script: str, stream: str, keys: list[str], args: list[int]) -> Any:
+    async def _call(self, script: str, stream: str, args: list[Any]) -> Any:
+        keys = self._keys(stream)
+        self._redis()
         try:
             return await self._scripts[script](keys=keys, args=args)
         except self._refused as refused:
             if "unknown" in str(refused):
                 raise UnknownStream(stream) from None
+            if "replaced" in str(refused):
+                raise WriterReplaced(f"stream {stream!r} is written by another writer now") from None
             raise
 
     async def _check(self, stream: str, after: str) -> None:
@@ -228,7 +255,7 @@ class RedisEventLog(EventLog):
             raise ValueError(f"stream {stream!r} has no event {after!r} yet")
 
     async def _follow(self, stream: str, after: str) -> AsyncIterator[LoggedEvent]:
-        key, lease, end = self._keys(stream)
+        key, lease, end, _ = self._keys(stream)
         client = self._redis()
         last = after or "0-0"
         wait_ms = min(_WAIT_MS, self._ms(self.writer_timeout_s))

@@ -55,6 +55,7 @@ EXPECTED = [
     "ShadowStatusInfo",
     "StreamAbandoned",
     "UnknownStream",
+    "WriterReplaced",
     "batch",
     "deadline",
     "delete",

@@ -283,3 +283,40 @@ def test_a_redis_stream_outlives_the_process_that_wrote_it(redis_url: str) -> No
         assert got == ["piece 0", "piece 1", "piece 2"]
 
     run(log, body)
+
+
+def test_a_replaced_writer_that_wakes_up_cannot_write_next_to_its_successor(make_log: MakeLog) -> None:
+    async def body(log: tk.EventLog) -> None:
+        await log.append("f1", "piece 0", writer="first")
+        await log.append_many("f1", [("piece 1", "")], writer="first")
+        await log.touch("f1", writer="first")
+        await asyncio.sleep(0.6)  # the first writer hangs past writer_timeout_s
+        assert await log.take_over("f1", writer="second")
+        await log.append("f1", "piece 2", writer="second")
+        # The first writer wakes up: everything it does as the writer is refused.
+        for call in (
+            log.append("f1", "late", writer="first"),
+            log.append_many("f1", [("late", "")], writer="first"),
+            log.touch("f1", writer="first"),
+            log.close("f1", writer="first"),
+        ):
+            with pytest.raises(tk.WriterReplaced):
+                await call
+        await log.release("f1", writer="first")  # not its stream any more: nothing happens
+        reader = asyncio.create_task(take(await log.follow("f1")))
+        await asyncio.sleep(0.3)
+        assert not reader.done()  # the successor still holds it
+        await log.append("f1", "stopped elsewhere", "done")  # naming no writer (a stop): allowed
+        await log.close("f1", writer="second")
+        async with asyncio.timeout(5):
+            assert [e.data for e in await reader] == ["piece 0", "piece 1", "piece 2", "stopped elsewhere"]
+        # A take-over naming no writer still fences out the one it replaced.
+        await log.append("f2", "piece 0", writer="first")
+        await asyncio.sleep(0.6)
+        assert await log.take_over("f2")
+        with pytest.raises(tk.WriterReplaced):
+            await log.append("f2", "late", writer="first")
+        await log.append("f2", "piece 1")
+        assert [e.data for e in await log.read("f2")] == ["piece 0", "piece 1"]
+
+    run(make_log(writer_timeout_s=0.5), body)

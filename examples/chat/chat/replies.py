@@ -22,6 +22,7 @@ import dataclasses
 import json
 import logging
 import time
+import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -51,6 +52,9 @@ class _Pump:
     task: asyncio.Task[None] | None = None
     readers: int = 0
     unread_since: float = field(default_factory=time.monotonic)
+    #: Its name as the reply's writer: once another replica took the reply over, the
+    #: store refuses this pump's writes (one that hung and woke up writes nothing).
+    writer: str = field(default_factory=lambda: uuid.uuid4().hex)
 
 
 def make_log(settings: Settings) -> tk.EventLog:
@@ -108,13 +112,14 @@ class Replies:
         self._handing_over = True
         if self._sweeper is not None:
             self._sweeper.cancel()
-        running = {reply_id: pump.task for reply_id, pump in self._pumps.items() if pump.task is not None}
-        for task in running.values():
-            task.cancel()
-        await asyncio.gather(*running.values(), return_exceptions=True)
-        for reply_id in running:
+        running = {reply_id: pump for reply_id, pump in self._pumps.items() if pump.task is not None}
+        for pump in running.values():
+            assert pump.task is not None
+            pump.task.cancel()
+        await asyncio.gather(*(pump.task for pump in running.values() if pump.task), return_exceptions=True)
+        for reply_id, pump in running.items():
             with contextlib.suppress(Exception):
-                await self._log.release(reply_id)
+                await self._log.release(reply_id, writer=pump.writer)
         if running:
             logger.info("Let go of %d unfinished replies for other replicas to take over", len(running))
 
@@ -128,12 +133,13 @@ class Replies:
         if self._sweeper is None:
             self._sweeper = asyncio.get_running_loop().create_task(self._sweep_forever())
         self._admitting += 1  # holds its place while the model looks at the prompt
+        pump = _Pump()
         try:
             stream = self._model.remote(generation)
             first: Delta = await anext(stream)  # raises what the model refused the request with
             started = {"generation": generation.to_json(), "prompt_tokens": first.prompt_tokens}
             try:  # readable once this returns; what another replica needs to take the reply over
-                await self._log.append(reply_id, json.dumps(started), "started")
+                await self._log.append(reply_id, json.dumps(started), "started", writer=pump.writer)
             except OverflowError:
                 stream.cancel()
                 raise _overloaded("Too many replies kept") from None
@@ -142,26 +148,40 @@ class Replies:
                 raise
         finally:
             self._admitting -= 1
-        self._start_pump(reply_id, generation, first.prompt_tokens, stream, [])
+        self._start_pump(pump, reply_id, generation, first.prompt_tokens, stream, [])
 
     def _start_pump(
-        self, reply_id: str, generation: Generation, prompt_tokens: int, stream: Any, pieces: list[str]
+        self,
+        pump: _Pump,
+        reply_id: str,
+        generation: Generation,
+        prompt_tokens: int,
+        stream: Any,
+        pieces: list[str],
     ) -> _Pump:
-        pump = self._pumps[reply_id] = _Pump()
+        self._pumps[reply_id] = pump
         pump.task = asyncio.get_running_loop().create_task(
-            self._pump(reply_id, generation, prompt_tokens, stream, pieces)
+            self._pump(reply_id, pump.writer, generation, prompt_tokens, stream, pieces)
         )
         return pump
 
     async def _pump(
-        self, reply_id: str, generation: Generation, prompt_tokens: int, stream: Any, pieces: list[str]
+        self,
+        reply_id: str,
+        writer: str,
+        generation: Generation,
+        prompt_tokens: int,
+        stream: Any,
+        pieces: list[str],
     ) -> None:
         """Generate the reply into its stream. ``pieces`` is the reply so far (what a lost
         writer stored, for a reply taken over), and ``stream`` the model's stream, or None
         to continue from ``pieces`` on a model replica."""
         ended = False
         failure = "The model failed; try again."
-        alive = asyncio.get_running_loop().create_task(self._keep_alive(reply_id))
+        this = asyncio.current_task()
+        assert this is not None
+        alive = asyncio.get_running_loop().create_task(self._keep_alive(reply_id, writer, this))
         earlier = len(pieces)  # tokens produced before the current model stream, one a piece
         attempts = self._settings.reply_continue_attempts
         last: Delta | None = None
@@ -173,7 +193,7 @@ class Replies:
                     last = Delta(finish_reason="length")
                     break
                 try:
-                    last = await self._relay(reply_id, stream, pieces)
+                    last = await self._relay(reply_id, writer, stream, pieces)
                 except tk.ReplicaUnavailableError:
                     if attempts == 0:
                         raise
@@ -187,7 +207,7 @@ class Replies:
                 produced = earlier + last.completion_tokens
                 usage = {"prompt_tokens": prompt_tokens, "completion_tokens": produced}
                 ended = await self._end(
-                    reply_id, "done", {"finish_reason": last.finish_reason, "usage": usage}
+                    reply_id, "done", {"finish_reason": last.finish_reason, "usage": usage}, writer
                 )
         except asyncio.CancelledError:
             if stream is not None:
@@ -196,7 +216,7 @@ class Replies:
                 ended = True  # not ended: another replica goes on with it (__del__)
                 return
             usage = {"prompt_tokens": prompt_tokens, "completion_tokens": len(pieces)}
-            ended = await self._end(reply_id, "done", {"finish_reason": "stopped", "usage": usage})
+            ended = await self._end(reply_id, "done", {"finish_reason": "stopped", "usage": usage}, writer)
         except ChatError as refused:  # e.g. an upstream that cannot continue a reply
             logger.warning("Reply %s failed: %s", reply_id, refused.message)
             failure = refused.message
@@ -206,9 +226,9 @@ class Replies:
             alive.cancel()
             self._pumps.pop(reply_id, None)
             if not ended:
-                await self._end(reply_id, "failed", {"message": failure})
+                await self._end(reply_id, "failed", {"message": failure}, writer)
 
-    async def _relay(self, reply_id: str, stream: Any, pieces: list[str]) -> Delta:
+    async def _relay(self, reply_id: str, writer: str, stream: Any, pieces: list[str]) -> Delta:
         """Store the model's pieces as they come; returns its last delta (why it ended).
 
         The model's stream is read apart from the writing: the pieces that came while one
@@ -232,8 +252,8 @@ class Replies:
                 if texts:
                     events = [(json.dumps({"text": text}), "token") for text in texts]
                     try:
-                        await self._log.append_many(reply_id, events)
-                    except ValueError:  # closed by a stop that reached another replica
+                        await self._log.append_many(reply_id, events, writer=writer)
+                    except ValueError:  # closed by a stop elsewhere, or taken over (WriterReplaced)
                         stream.cancel()
                         return Delta(finish_reason=_CLOSED)
                     pieces.extend(texts)
@@ -259,19 +279,27 @@ class Replies:
         await anext(stream)  # the prompt count (or the refusal, raised)
         return stream
 
-    async def _keep_alive(self, reply_id: str) -> None:
+    async def _keep_alive(self, reply_id: str, writer: str, pump: asyncio.Task[None]) -> None:
         """Tell readers the reply is being generated while no token comes (a long prompt
-        read, a full batch), so they do not take it for lost."""
+        read, a full batch), so they do not take it for lost. A pump that was replaced
+        (another replica took the reply over while this one hung) is stopped."""
         while True:
             await asyncio.sleep(self._settings.reply_writer_timeout_s / 3)
-            with contextlib.suppress(Exception):
-                await self._log.touch(reply_id)
+            try:
+                await self._log.touch(reply_id, writer=writer)
+            except tk.WriterReplaced:
+                logger.warning("Reply %s: taken over by another replica; this one stops it", reply_id)
+                pump.cancel()  # its writes are refused: it ends without writing
+                return
+            except Exception:  # noqa: BLE001 - the store may come back; the next touch tries
+                logger.debug("Reply %s: keep-alive failed", reply_id, exc_info=True)
 
-    async def _end(self, reply_id: str, kind: str, data: dict[str, Any]) -> bool:
-        """Write the reply's last event and close it (False: another replica closed it)."""
+    async def _end(self, reply_id: str, kind: str, data: dict[str, Any], writer: str = "") -> bool:
+        """Write the reply's last event and close it (False: another replica closed it, or
+        took it over from ``writer``). A stop that names no writer ends it wherever it runs."""
         try:
-            await self._log.append(reply_id, json.dumps(data), kind)
-            await self._log.close(reply_id)
+            await self._log.append(reply_id, json.dumps(data), kind, writer=writer)
+            await self._log.close(reply_id, writer=writer)
         except (ValueError, tk.UnknownStream):
             return False
         except Exception:
@@ -330,15 +358,16 @@ class Replies:
     async def _take_over(self, reply_id: str) -> _Pump | None:
         """Become the writer of a reply whose writer was lost, and go on generating it from
         what it stored (None: another replica took it, or it ended meanwhile)."""
+        pump = _Pump()
         try:
-            if not await self._log.take_over(reply_id):
+            if not await self._log.take_over(reply_id, writer=pump.writer):
                 return None
             stored = await self._log.read(reply_id)
         except tk.UnknownStream:
             return None
         started = next((json.loads(e.data) for e in stored if e.event == "started"), {})
         if "generation" not in started:  # written by an older version: cannot be continued
-            await self._end(reply_id, "failed", {"message": "The reply was lost; try again."})
+            await self._end(reply_id, "failed", {"message": "The reply was lost; try again."}, pump.writer)
             return None
         pieces = [json.loads(e.data)["text"] for e in stored if e.event == "token"]
         logger.warning(
@@ -346,7 +375,7 @@ class Replies:
         )
         generation = Generation.from_json(started["generation"])
         metrics.RESUMED.inc("writer")
-        return self._start_pump(reply_id, generation, started["prompt_tokens"], None, pieces)
+        return self._start_pump(pump, reply_id, generation, started["prompt_tokens"], None, pieces)
 
     async def stop(self, reply_id: str) -> bool:
         """Stop generating ``reply_id``; False if there is no such reply."""
