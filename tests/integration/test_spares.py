@@ -5,6 +5,7 @@ gave away and is stopped with the toolkit."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -36,13 +37,17 @@ def ready_spares() -> int:
 
 
 def waiting_spares() -> list[str]:
-    """Names of the spare processes not given a replica."""
-    return [
-        name
-        for name in named_actors()
-        if name.startswith(SPARE_PREFIX)
-        and ray.get(ray.get_actor(name, namespace=NAMESPACE).replica_id.remote(), timeout=30) is None
-    ]
+    """Names of the (live) spare processes not given a replica."""
+    found = []
+    for name in named_actors():
+        if name.startswith(SPARE_PREFIX):
+            try:
+                becomes = ray.get(ray.get_actor(name, namespace=NAMESPACE).replica_id.remote(), timeout=30)
+            except (ValueError, ray.exceptions.RayActorError):
+                continue  # died, and not yet forgotten by Ray
+            if becomes is None:
+                found.append(name)
+    return found
 
 
 def test_a_replica_from_zero_starts_in_a_spare_and_the_spare_is_replaced(ray_toolkit: Toolkit) -> None:
@@ -134,3 +139,22 @@ def test_a_restarted_controller_adopts_replicas_in_spares_and_stops_idle_spares(
     # The previous life's idle spare is stopped; the new controller keeps one of its own.
     wait_for(lambda: idle not in named_actors(), 60, "the old spare to stop")
     wait_for(lambda: len(waiting_spares()) == PER_NODE, 60, "a new spare")
+
+
+def test_a_spare_that_died_is_replaced_and_one_dying_unseen_is_passed_over(ray_toolkit: Toolkit) -> None:
+    def kill_the_spare() -> str:
+        wait_for(lambda: ready_spares() == PER_NODE and len(waiting_spares()) == PER_NODE, 60, "a spare")
+        [spare] = waiting_spares()
+        pid = ray.get(ray.get_actor(spare, namespace=NAMESPACE).stats.remote(), timeout=30)["pid"]
+        os.kill(pid, signal.SIGKILL)
+        return spare
+
+    # The pool asks its ready spares every 10 s whether they live, and replaces a dead one.
+    dead = kill_the_spare()
+    wait_for(lambda: waiting_spares() not in ([], [dead]) and ready_spares() == PER_NODE, 60, "a new spare")
+    # A replica that starts before the pool noticed: it starts in a process of its own.
+    kill_the_spare()
+    name = ray_toolkit.name()
+    ray_toolkit.run(scaling.make_app(min_replicas=1, max_replicas=1), name=name, route_prefix="/dead")
+    with ray_toolkit.client() as client:
+        assert client.get("/dead/work", params={"seconds": 0}).status_code == 200

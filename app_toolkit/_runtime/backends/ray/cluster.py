@@ -19,6 +19,7 @@ from typing import Any
 
 import ray
 from ray import cloudpickle
+from ray.exceptions import RayActorError
 from starlette.datastructures import State
 
 from app_toolkit._runtime import log_format, tracing
@@ -259,8 +260,11 @@ def replica_actor(replica_id: str) -> Any:
         pass
     for name in named_actors():
         if name.startswith(SPARE_PREFIX):
-            actor = ray.get_actor(name, namespace=NAMESPACE)
-            becomes: object = ray.get(actor.replica_id.remote())
+            try:
+                actor = ray.get_actor(name, namespace=NAMESPACE)
+                becomes: object = ray.get(actor.replica_id.remote(), timeout=30)
+            except (ValueError, RayActorError):
+                continue  # a spare that died
             if becomes == replica_id:
                 return actor
     raise ValueError(f"No running replica {replica_id!r}")

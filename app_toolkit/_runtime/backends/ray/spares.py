@@ -20,7 +20,8 @@ import contextlib
 import logging
 import os
 import secrets
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,6 +39,10 @@ _MAX_PER_NODE = 8
 _CHECK_PERIOD_S = 1.0
 #: A spare that is not up after this long is stopped and started again.
 _READY_TIMEOUT_S = 60.0
+#: A ready spare is asked this often whether it is still alive (a dead one is replaced,
+#: and status() does not count it), and must answer within the timeout.
+_ALIVE_PERIOD_S = 10.0
+_ALIVE_TIMEOUT_S = 10.0
 
 
 def spares_per_node() -> int:
@@ -75,6 +80,9 @@ class _Spare:
     node: str
     actor: Any
     ready: asyncio.Future[Any] = field(repr=False)
+    #: The last liveness check of a ready spare (None: none yet), and when it was made.
+    alive: asyncio.Future[Any] | None = field(default=None, repr=False)
+    checked_at: float = 0.0
 
 
 class SparePool:
@@ -137,8 +145,7 @@ class SparePool:
             self._keeper = None
         for spares in self._spares.values():
             for spare in spares:
-                spare.ready.cancel()
-                ray.kill(spare.actor, no_restart=True)
+                _discard(spare)
         self._spares.clear()
 
     # ------------------------------------------------------------------ keeping
@@ -160,17 +167,23 @@ class SparePool:
         alive = {str(node["NodeID"]) for node in nodes if node["Alive"]}
         for node in [node for node in self._spares if node not in alive]:
             for spare in self._spares.pop(node):
-                spare.ready.cancel()
-                ray.kill(spare.actor, no_restart=True)
+                _discard(spare)
         for node in alive:
             spares = self._spares.setdefault(node, [])
             for spare in [s for s in spares if s.ready.done() and not _up(s)]:
-                why = "cancelled" if spare.ready.cancelled() else repr(spare.ready.exception())
-                logger.info("Spare %s died or did not start (%s); starting another", spare.name, why)
+                logger.info("Spare %s died or did not start; starting another", spare.name)
                 spares.remove(spare)
-                ray.kill(spare.actor, no_restart=True)
+                _discard(spare)
+            for spare in spares:
+                _check_alive(spare, self._actor_pinged)
             while len(spares) < self.per_node and not self._fresh:
                 spares.append(self._new_spare(node))
+
+    @staticmethod
+    def _actor_pinged(actor: Any, timeout_s: float) -> asyncio.Future[Any]:
+        future = asyncio.ensure_future(asyncio.wait_for(actor.stats.remote(), timeout_s))
+        future.add_done_callback(_consume)  # a failure is read by the next check
+        return future
 
     def _new_spare(self, node: str) -> _Spare:
         name = f"{SPARE_PREFIX}{secrets.token_hex(4)}"
@@ -182,13 +195,34 @@ class SparePool:
             memory=1,  # as a replica with default options asks (replicas.py)
             scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
         ).remote()
-        ready = asyncio.ensure_future(asyncio.wait_for(actor.stats.remote(), _READY_TIMEOUT_S))
-        ready.add_done_callback(_consume)  # a failure is read (and logged) by the next _fill
-        return _Spare(name, node, actor, ready)
+        return _Spare(name, node, actor, self._actor_pinged(actor, _READY_TIMEOUT_S))
+
+
+def _discard(spare: _Spare) -> None:
+    for check in (spare.ready, spare.alive):
+        if check is not None:
+            check.cancel()
+    ray.kill(spare.actor, no_restart=True)
+
+
+def _answered(future: asyncio.Future[Any]) -> bool:
+    return future.done() and not future.cancelled() and future.exception() is None
 
 
 def _up(spare: _Spare) -> bool:
-    return spare.ready.done() and not spare.ready.cancelled() and spare.ready.exception() is None
+    """Started, and not found dead since."""
+    alive = spare.alive
+    return _answered(spare.ready) and (alive is None or not alive.done() or _answered(alive))
+
+
+def _check_alive(spare: _Spare, ping: Callable[[Any, float], asyncio.Future[Any]]) -> None:
+    """Ask a ready spare again whether it lives, every ``_ALIVE_PERIOD_S``; a spare that
+    did not answer the last time stays down (``_up``) and the next fill replaces it."""
+    now = time.monotonic()
+    if not _up(spare) or now - spare.checked_at < _ALIVE_PERIOD_S:
+        return
+    if spare.alive is None or spare.alive.done():
+        spare.alive, spare.checked_at = ping(spare.actor, _ALIVE_TIMEOUT_S), now
 
 
 def _consume(future: asyncio.Future[Any]) -> None:
