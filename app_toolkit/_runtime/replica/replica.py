@@ -11,9 +11,8 @@ import asyncio
 import gc
 import inspect
 import logging
-import pickle
 import time
-from collections.abc import AsyncIterable, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from typing import cast
 
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -22,14 +21,10 @@ from app_toolkit._runtime import request_context, tracing
 from app_toolkit._runtime.channel.frames import Dumps
 from app_toolkit._runtime.channel.server import ResponseSink
 from app_toolkit._runtime.messages import (
-    END,
-    CallFailure,
-    CallResult,
     DeploymentID,
     HTTPRequest,
     MethodCall,
     Request,
-    StreamItem,
     WebSocketOpen,
 )
 from app_toolkit._runtime.replica import replica_metrics
@@ -40,19 +35,17 @@ from app_toolkit._runtime.replica.asgi import (
     serve_http,
     serve_websocket,
 )
+from app_toolkit._runtime.replica.calls import failure, find_method, run_call
 from app_toolkit._runtime.replica.user_code import (
     call_maybe_async,
-    close_generator,
     construct,
     install_error_handler,
-    iterate_in_thread,
     run_destructor,
 )
 from app_toolkit._runtime.waiting import wait_event
 from app_toolkit.config import DeploymentConfig
 from app_toolkit.exceptions import (
     DeployError,
-    MethodNotFoundError,
 )
 
 logger = logging.getLogger("app_toolkit.replica")
@@ -356,7 +349,7 @@ class ReplicaCore:
         error = ""
         with request_context.request_scope(call.request_id, trace, self._serving(), call.model_id):
             try:
-                await self._run_call(call, sink)
+                await run_call(self._method(call.method), call, sink, str(self.deployment))
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # the caller gets it; the log has the traceback and the id
@@ -376,59 +369,10 @@ class ReplicaCore:
                     )
                 replica_metrics.ERRORS.inc(*self.labels, "call", call.method)
                 error = type(exc).__name__
-                sink.send(self._failure(exc))
+                sink.send(failure(exc, self._dumps))
             finally:
                 if span is not None:
                     span.end(error)
-
-    async def _run_call(self, call: MethodCall, sink: ResponseSink) -> None:
-        method = self._method(call.method)
-        if call.stream:
-            await self._stream_call(method, call, sink)
-            return
-        result = await call_maybe_async(method, *call.args, **call.kwargs)
-        if inspect.isgenerator(result) or inspect.isasyncgen(result):
-            close_generator(result)
-            raise TypeError(
-                f"{self.deployment}.{call.method} is a generator; call it through "
-                "handle.options(stream=True) to receive its items"
-            )
-        self._send_value(sink, CallResult(result), call)
-
-    def _send_value(self, sink: ResponseSink, answer: CallResult | StreamItem, call: MethodCall) -> None:
-        """Send a result or stream item; one that cannot be serialized fails the call."""
-        try:
-            sink.send(answer)
-        except Exception as exc:  # noqa: BLE001 - unpicklable: the caller must hear why
-            raise TypeError(
-                f"{self.deployment}.{call.method} returned a {type(answer.value).__name__}, which cannot be "
-                f"sent to the caller ({exc}); return plain data or picklable objects"
-            ) from None
-
-    async def _stream_call(self, method: Callable[..., object], call: MethodCall, sink: ResponseSink) -> None:
-        """Send each item a generator method yields as soon as it exists."""
-        items: AsyncIterable[object]
-        result = method(*call.args, **call.kwargs)
-        if inspect.isgenerator(result):
-            items = iterate_in_thread(result)
-        else:  # an async generator, or anything returning (or awaiting to) an async iterator
-            if inspect.isawaitable(result):
-                result = await result
-            if not isinstance(result, AsyncIterable):
-                raise TypeError(
-                    f"{self.deployment}.{call.method} is not a generator; call it without stream=True"
-                )
-            items = result
-        try:
-            async for item in items:
-                self._send_value(sink, StreamItem(item), call)
-                await sink.drain()
-        finally:
-            # Runs on cancellation too (the caller went away): the user's generator closes.
-            aclose = getattr(items, "aclose", None)
-            if aclose is not None:
-                await aclose()
-        sink.send(END)
 
     def enter_serving(self) -> None:
         """Give the current task (and what it starts) what this replica gives each request
@@ -444,29 +388,7 @@ class ReplicaCore:
         return self._serves
 
     def _method(self, name: str) -> Callable[..., object]:
-        target = self.instance
-        if name == "__call__" and not inspect.isclass(self._definition) and callable(target):
-            return target
-        if name.startswith("_") and name != "__call__":
-            raise AttributeError(f"{self.deployment} does not expose private method {name!r}")
-        method = getattr(target, name, None)
-        if method is None or not callable(method):
-            methods = [
-                m for m in dir(target) if not m.startswith("__") and callable(getattr(target, m, None))
-            ]
-            raise MethodNotFoundError(
-                f"Tried to call a method '{name}' that does not exist. Available methods: {methods}."
-            )
-        return cast(Callable[..., object], method)
-
-    def _failure(self, exc: Exception) -> CallFailure:
-        blob: bytes | None
-        try:
-            blob = self._dumps(exc)
-            pickle.loads(blob)
-        except Exception:  # noqa: BLE001 - not picklable: the caller gets type and message
-            blob = None
-        return CallFailure(type(exc).__name__, str(exc), blob)
+        return find_method(self.instance, self._definition, name, str(self.deployment))
 
 
 def client_error_status(exc: BaseException) -> int:
