@@ -8,9 +8,10 @@ paid that already. Spares reserve nothing (no CPU, one byte of memory, like a re
 default options), so they never keep a real replica from being scheduled; only replicas
 that ask for nothing more can use one (``fits``). Each node keeps ``per_node`` spares
 (``APP_TOOLKIT_SPARE_REPLICAS``, default 1, 0 turns them off, at most 8); one given away
-is replaced in the background. They are named, detached actors like replicas (a spare
-becomes a replica that must outlive a controller restart), so the controller finds its
-previous life's spares and stops them, and shutdown stops every one.
+is replaced in the background once replicas stopped starting (``_REFILL_AFTER_S``). They
+are named, detached actors like replicas (a spare becomes a replica that must outlive a
+controller restart), so the controller finds its previous life's spares and stops them,
+and shutdown stops every one.
 """
 
 from __future__ import annotations
@@ -43,6 +44,10 @@ _READY_TIMEOUT_S = 60.0
 #: and status() does not count it), and must answer within the timeout.
 _ALIVE_PERIOD_S = 10.0
 _ALIVE_TIMEOUT_S = 10.0
+#: A spare is replaced this long after the last replica started (in a spare or a fresh
+#: process): a rollout or scale-up under way finishes starting its replicas, and the old
+#: ones draining (their __del__, stop hooks), before a new process takes CPU from them.
+_REFILL_AFTER_S = 3.0
 
 
 def spares_per_node() -> int:
@@ -93,11 +98,11 @@ class SparePool:
         self.per_node = per_node
         self._spares: dict[str, list[_Spare]] = {}  # node id -> its spares, oldest first
         self._keeper: asyncio.Task[None] | None = None
-        self._wake = asyncio.Event()  # a spare was taken: replace it now
         self._turn = 0
         #: Fresh replica processes starting now: spares are replaced only when there are
         #: none, so replacing one never slows a replica that is starting.
         self._fresh = 0
+        self._started_at = 0.0  # when a replica last started in a spare or a fresh process
 
     def start(self) -> None:
         """Start the spares, and keep them (a node that joins gets its own)."""
@@ -125,7 +130,7 @@ class SparePool:
         spares = self._spares[max(nodes, key=lambda n: sum(1 for s in self._spares[n] if _up(s)))]
         spare = next((s for s in spares if _up(s)), spares[0])
         spares.remove(spare)
-        self._wake.set()
+        self._started_at = time.monotonic()
         return spare.actor
 
     @contextlib.contextmanager
@@ -136,7 +141,7 @@ class SparePool:
             yield
         finally:
             self._fresh -= 1
-            self._wake.set()
+            self._started_at = time.monotonic()
 
     async def stop(self) -> None:
         """Stop keeping spares and stop every one (at shutdown)."""
@@ -156,11 +161,7 @@ class SparePool:
                 await self._fill()
             except Exception:
                 logger.exception("Keeping the spare replica processes failed; trying again")
-            try:
-                await asyncio.wait_for(self._wake.wait(), _CHECK_PERIOD_S)
-            except TimeoutError:
-                pass
-            self._wake.clear()
+            await asyncio.sleep(_CHECK_PERIOD_S)
 
     async def _fill(self) -> None:
         nodes = await asyncio.to_thread(ray.nodes)
@@ -176,7 +177,8 @@ class SparePool:
                 _discard(spare)
             for spare in spares:
                 _check_alive(spare, self._actor_pinged)
-            while len(spares) < self.per_node and not self._fresh:
+            settled = time.monotonic() - self._started_at >= _REFILL_AFTER_S
+            while len(spares) < self.per_node and not self._fresh and settled:
                 spares.append(self._new_spare(node))
 
     @staticmethod
