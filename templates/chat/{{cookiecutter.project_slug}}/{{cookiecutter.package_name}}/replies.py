@@ -116,10 +116,13 @@ class Replies:
         for pump in running.values():
             assert pump.task is not None
             pump.task.cancel()
+        # Let go first, then wait for the pumps: a pump still stopping (a loaded machine)
+        # cannot write after a taker took its reply (the store refuses its writer name).
+        await asyncio.gather(
+            *(self._log.release(reply_id, writer=pump.writer) for reply_id, pump in running.items()),
+            return_exceptions=True,
+        )
         await asyncio.gather(*(pump.task for pump in running.values() if pump.task), return_exceptions=True)
-        for reply_id, pump in running.items():
-            with contextlib.suppress(Exception):
-                await self._log.release(reply_id, writer=pump.writer)
         if running:
             logger.info("Let go of %d unfinished replies for other replicas to take over", len(running))
 
