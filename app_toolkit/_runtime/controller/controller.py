@@ -16,17 +16,15 @@ import pickle
 import secrets
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Callable
 from typing import Any
 
-from app_toolkit._runtime.controller import controller_metrics, replica_calls
+from app_toolkit._runtime.controller import controller_metrics
+from app_toolkit._runtime.controller.actions import ActionRunner
 from app_toolkit._runtime.controller.api import ConfigFile
 from app_toolkit._runtime.controller.backend import Backend
 from app_toolkit._runtime.controller.deployment_state import (
-    Action,
     DeploymentState,
-    PublishGone,
-    StartReplica,
     adopt,
     apply_event,
     autoscale,
@@ -43,14 +41,7 @@ from app_toolkit._runtime.controller.longpoll import LongPollHost
 from app_toolkit._runtime.controller.prefixes import check_prefixes
 from app_toolkit._runtime.controller.publishing import TablePublisher
 from app_toolkit._runtime.controller.replica_state import (
-    CheckHealth,
     Event,
-    Log,
-    PublishReplicas,
-    ReconfigureReplica,
-    Replace,
-    Stopped,
-    StopReplica,
 )
 from app_toolkit._runtime.controller.rollout import new_rollout
 from app_toolkit._runtime.controller.status_view import serve_status
@@ -71,7 +62,6 @@ from app_toolkit.status import EventInfo, ServeStatus
 logger = logging.getLogger("app_toolkit.controller")
 
 _LOOP_PERIOD_S = 0.1
-_STOP_TIMEOUT_S = 10.0
 #: At shutdown, replicas get this long to drain before the controller stops anyway.
 _SHUTDOWN_DRAIN_S = 60.0
 #: A caller's load report counts for this long (callers repeat non-zero loads every
@@ -106,7 +96,6 @@ class ControllerCore:
         self.proxies: dict[str, str] = proxies if proxies is not None else {}
         self._wake = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
-        self._tasks: set[asyncio.Task[None]] = set()
         # replica id -> sequence number of its last multiplexed-models report.
         self._model_reports: dict[str, int] = {}
         #: Each caller's load per deployment (requests queued + running), summed.
@@ -120,6 +109,8 @@ class ControllerCore:
         self.policy = TrafficPolicy()
         #: Builds and publishes the tables callers follow.
         self.tables = TablePublisher(self)
+        #: Performs the actions the transitions return (controller/actions.py).
+        self.actions = ActionRunner(backend, self.tables, self.longpoll, self._on, self._record, heap)
         controller_metrics.track(self)
 
     # ------------------------------------------------------------------ lifecycle
@@ -153,17 +144,7 @@ class ControllerCore:
 
     async def stop(self) -> None:
         """Cancel the loop and every backend call under way, and wait for them."""
-        tasks: list[asyncio.Task[None]] = list(self._tasks)
-        if self._loop_task is not None:
-            tasks.append(self._loop_task)
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            _, pending = await asyncio.wait(tasks, timeout=_STOP_TIMEOUT_S)
-            if pending:
-                logger.warning(
-                    "%d controller task(s) did not stop within %s s", len(pending), _STOP_TIMEOUT_S
-                )
+        await self.actions.stop(*([self._loop_task] if self._loop_task is not None else []))
 
     # ------------------------------------------------------------------ API
 
@@ -235,7 +216,7 @@ class ControllerCore:
         events = self.policy.tick(asyncio.get_running_loop().time(), self.apps)
         if events:
             self.tables.splits()
-            self._spawn(self._checkpoint())
+            self.actions.spawn(self._checkpoint())
             for level, message in events:
                 self._record(level, message)
 
@@ -394,7 +375,7 @@ class ControllerCore:
             if actions or self._due.get(deployment_id, now) <= now:  # a decision moves the target
                 actions += plan(state, now, functools.partial(self._new_replica_id, state))
                 self._due[deployment_id] = next_due(state)
-            self._perform(state, actions)
+            self.actions.perform(state.spec.id, actions)
             if state.deleting and not state.replicas:
                 del self.deployments[deployment_id]
                 self._due.pop(deployment_id, None)
@@ -409,57 +390,7 @@ class ControllerCore:
         state = self.deployments.get(deployment)
         if state is None:
             return
-        self._perform(state, apply_event(state, replica_id, event, asyncio.get_running_loop().time()))
+        now = asyncio.get_running_loop().time()
+        self.actions.perform(deployment, apply_event(state, replica_id, event, now))
         self._due.pop(deployment, None)
         self._wake.set()
-
-    def _perform(self, state: DeploymentState, actions: list[Action]) -> None:
-        deployment, backend, call = state.spec.id, self.backend, functools.partial
-        for action in actions:
-            if self.heap is not None and isinstance(action, (StartReplica, StopReplica)):
-                self.heap.changed()
-            if isinstance(action, StartReplica):
-                self._call(
-                    deployment, action.replica_id, call(replica_calls.start, backend, deployment, action)
-                )
-            elif isinstance(action, StopReplica):
-                self._spawn(self._stop(deployment, action))
-            elif isinstance(action, CheckHealth):
-                self._call(
-                    deployment, action.replica_id, call(replica_calls.check, backend, deployment, action)
-                )
-            elif isinstance(action, ReconfigureReplica):
-                self._call(deployment, action.replica_id, call(replica_calls.reconfigure, backend, action))
-            elif isinstance(action, PublishReplicas):
-                self.tables.replicas(deployment)
-            elif isinstance(action, PublishGone):
-                self.longpoll.publish(replicas_key(deployment), DeploymentGone())
-            elif isinstance(action, Log):
-                self._record(action.level, action.message)
-            elif isinstance(action, Replace):
-                controller_metrics.REPLACEMENTS.inc(deployment.app, deployment.name, action.reason)
-
-    # ------------------------------------------------------------------ backend calls
-
-    def _call(
-        self, deployment: DeploymentID, replica_id: str, outcome: Callable[[], Awaitable[Event]]
-    ) -> None:
-        """Run a backend call (``replica_calls``; made when the task runs, so a task
-        cancelled before it starts leaves no coroutine behind) and feed its event to the
-        deployment."""
-
-        async def call() -> None:
-            self._on(deployment, replica_id, await outcome())
-
-        self._spawn(call())
-
-    async def _stop(self, deployment: DeploymentID, action: StopReplica) -> None:
-        try:
-            await replica_calls.stop(self.backend, action)
-        finally:
-            self._on(deployment, action.replica_id, Stopped())
-
-    def _spawn(self, coroutine: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.get_running_loop().create_task(coroutine)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
