@@ -69,9 +69,9 @@ def replica_pids() -> list[int]:
 
 def spares_ready(timeout_s: float = 60) -> int:
     """Spare replica processes ready (waits for the first, bounded, unless turned off)."""
-    from app_toolkit._runtime.backends.ray.spares import spares_per_node
+    from app_toolkit._runtime.backends.ray.spares import spare_setting
 
-    if not spares_per_node():
+    if not spare_setting().per_node:
         return 0
     deadline = time.monotonic() + timeout_s
     while True:
@@ -178,7 +178,7 @@ def main() -> None:
     try:
         tk.run(app, name="scalebench")
         assert running_replicas() == 0, "the deployment should start with zero replicas"
-        print(f"spare replica processes ready: {spares_ready()} (APP_TOOLKIT_SPARE_REPLICAS per node)")
+        print(f"spare replica processes ready: {spares_ready()} (one per node while an app autoscales)")
         cold_start(base)
 
         largest = int(SCALING["max_replicas"])

@@ -22,7 +22,7 @@ from app_toolkit._runtime.backends.ray.cluster import (
     named_actors,
 )
 from app_toolkit._runtime.backends.ray.stored import CHECKPOINT_KEY
-from tests.apps import basic, ray_only, serve_compat
+from tests.apps import basic, ray_only, scaling, serve_compat
 from tests.conftest import TEST_RESOURCE, Toolkit
 from tests.waiting import wait_for as wait_until
 
@@ -163,7 +163,10 @@ def replica_processes() -> set[str]:
         if name.startswith(REPLICA_PREFIX):
             found.add(name[len(REPLICA_PREFIX) :])
         elif name.startswith(SPARE_PREFIX):
-            becomes = ray.get(ray.get_actor(name, namespace=NAMESPACE).replica_id.remote(), timeout=30)
+            try:
+                becomes = ray.get(ray.get_actor(name, namespace=NAMESPACE).replica_id.remote(), timeout=30)
+            except (ValueError, ray.exceptions.RayActorError):
+                continue  # an idle spare stopped meanwhile
             if becomes is not None:
                 found.add(becomes)
     return found
@@ -201,6 +204,8 @@ def test_shutdown_stops_everything(ray_toolkit: Toolkit) -> None:
     import httpx
 
     ray_toolkit.run(ray_only.Pid.bind(), route_prefix="/pid")
+    # An autoscaling application: the pool keeps a spare, which shutdown must stop too.
+    ray_toolkit.run(scaling.make_app(), name=ray_toolkit.name(), route_prefix="/scaling")
     ray_toolkit._apps.clear()
     wait_until(lambda: sum(tk.status().spare_replicas.values()) == 1, what="a spare replica process")
     tk.shutdown()

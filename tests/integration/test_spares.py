@@ -1,6 +1,7 @@
 """Spare replica processes on Ray (backends/ray/spares.py): a replica started from zero
 runs in a process that was started ahead, the pool keeps its bound, replaces what it
-gave away and is stopped with the toolkit."""
+gave away, keeps spares only while an application autoscales (by default) and is
+stopped with the toolkit."""
 
 from __future__ import annotations
 
@@ -48,6 +49,12 @@ def waiting_spares() -> list[str]:
             if becomes is None:
                 found.append(name)
     return found
+
+
+def keep_spares_wanted(toolkit: Toolkit) -> None:
+    """Deploy an idle autoscaling application, so the pool keeps its spares (with the
+    default setting, spares are kept only while something autoscales)."""
+    toolkit.run(scaling.make_app(), name=toolkit.name(), route_prefix="/keeper")
 
 
 def test_a_replica_from_zero_starts_in_a_spare_and_the_spare_is_replaced(ray_toolkit: Toolkit) -> None:
@@ -117,6 +124,7 @@ def test_a_restarted_controller_adopts_replicas_in_spares_and_stops_idle_spares(
     from app_toolkit._runtime.backends.ray.cluster import CONTROLLER_NAME
 
     name = ray_toolkit.name()
+    keep_spares_wanted(ray_toolkit)
     wait_for(lambda: ready_spares() == PER_NODE, 60, "a spare replica process")
     ray_toolkit.run(scaling.make_app(min_replicas=1, max_replicas=1), name=name, route_prefix="/adopt")
     [replica] = tk.status().applications[name].deployments["Ingress"].replicas
@@ -149,6 +157,7 @@ def test_a_spare_that_died_is_replaced_and_one_dying_unseen_is_passed_over(ray_t
         os.kill(pid, signal.SIGKILL)
         return spare
 
+    keep_spares_wanted(ray_toolkit)
     # The pool asks its ready spares every 10 s whether they live, and replaces a dead one.
     dead = kill_the_spare()
     wait_for(lambda: waiting_spares() not in ([], [dead]) and ready_spares() == PER_NODE, 60, "a new spare")
@@ -158,3 +167,22 @@ def test_a_spare_that_died_is_replaced_and_one_dying_unseen_is_passed_over(ray_t
     ray_toolkit.run(scaling.make_app(min_replicas=1, max_replicas=1), name=name, route_prefix="/dead")
     with ray_toolkit.client() as client:
         assert client.get("/dead/work", params={"seconds": 0}).status_code == 200
+
+
+def test_spares_are_kept_only_while_an_application_autoscales(ray_toolkit: Toolkit) -> None:
+    keeper = ray_toolkit.name()
+    ray_toolkit.run(scaling.make_app(), name=keeper, route_prefix="/keeper")
+    wait_for(lambda: ready_spares() == PER_NODE, 60, "a spare while an application autoscales")
+    tk.delete(keeper)
+    # Nothing autoscales: the spare stops (10 s after; longer is a CI machine's slowness).
+    wait_for(lambda: not waiting_spares() and not tk.status().spare_replicas, 60, "the spare to stop")
+
+    # A fixed-size application gets no spare: its replicas start once, in their own processes.
+    fixed = tk.App(scaling.router, name="fixed", num_replicas=2)
+    ray_toolkit.run(fixed, name=ray_toolkit.name(), route_prefix="/fixed")
+    with ray_toolkit.client() as client:
+        assert client.get("/fixed/work", params={"seconds": 0}).status_code == 200
+    deadline = time.monotonic() + 3  # the pool looks every second
+    while time.monotonic() < deadline:
+        assert not waiting_spares() and not tk.status().spare_replicas
+        time.sleep(0.2)

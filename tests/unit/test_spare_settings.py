@@ -1,11 +1,16 @@
-"""Which replicas a spare process can host, and the pool's size setting."""
+"""Which replicas a spare process can host, when spares are wanted, and the pool's size
+setting."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
-from app_toolkit._runtime.backends.ray.spares import fits, spares_per_node
-from app_toolkit.config import RayActorOptions
+from app_toolkit._runtime.backends.ray.spares import SpareSetting, fits, spare_setting, wanted
+from app_toolkit._runtime.controller.deployment_state import DeploymentState, follow_autoscaling
+from app_toolkit._runtime.messages import DeploymentID, DeploymentSpec
+from app_toolkit.config import DeploymentConfig, RayActorOptions
 from app_toolkit.exceptions import ConfigError
 
 
@@ -18,14 +23,33 @@ def test_only_replicas_that_reserve_nothing_fit_a_spare() -> None:
     assert not fits(RayActorOptions(runtime_env={"env_vars": {"A": "1"}}))
 
 
+def _deployment(**options: Any) -> DeploymentState:
+    config = DeploymentConfig(**options)
+    state = DeploymentState(DeploymentSpec(DeploymentID("a", "D"), b"def", b"args", config, True, "v1"))
+    follow_autoscaling(state)
+    return state
+
+
+def test_spares_are_wanted_while_a_deployment_that_fits_one_autoscales() -> None:
+    scaling = {"min_replicas": 0, "max_replicas": 4}
+    assert not wanted([])
+    assert not wanted([_deployment(num_replicas=3)])  # fixed size: its replicas start once
+    assert wanted([_deployment(num_replicas=3), _deployment(autoscaling_config=scaling)])
+    gpu = _deployment(autoscaling_config=scaling, ray_actor_options={"num_gpus": 1})
+    assert not wanted([gpu])  # it could not start in a spare
+    leaving = _deployment(autoscaling_config=scaling)
+    leaving.deleting = True
+    assert not wanted([leaving])
+
+
 def test_the_pool_size_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("APP_TOOLKIT_SPARE_REPLICAS", raising=False)
-    assert spares_per_node() == 1
+    assert spare_setting() == SpareSetting(1, always=False)  # one while an app autoscales
     monkeypatch.setenv("APP_TOOLKIT_SPARE_REPLICAS", "0")
-    assert spares_per_node() == 0
+    assert spare_setting() == SpareSetting(0, always=True)
     monkeypatch.setenv("APP_TOOLKIT_SPARE_REPLICAS", " 3 ")
-    assert spares_per_node() == 3
+    assert spare_setting() == SpareSetting(3, always=True)
     for bad in ("-1", "9", "two", "1.5"):
         monkeypatch.setenv("APP_TOOLKIT_SPARE_REPLICAS", bad)
         with pytest.raises(ConfigError, match="whole number from 0"):
-            spares_per_node()
+            spare_setting()

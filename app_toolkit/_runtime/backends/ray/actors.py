@@ -23,7 +23,7 @@ from app_toolkit._runtime.backends.ray.cluster import configure_worker, node_add
 from app_toolkit._runtime.backends.ray.node_metrics import NodeMetrics
 from app_toolkit._runtime.backends.ray.proxies import ProxyFleet
 from app_toolkit._runtime.backends.ray.replicas import RayReplicas, ReplicaActor
-from app_toolkit._runtime.backends.ray.spares import SparePool, spares_per_node
+from app_toolkit._runtime.backends.ray.spares import SparePool, spare_setting, wanted
 from app_toolkit._runtime.controller.api import ControlCall
 from app_toolkit._runtime.controller.controller import ControllerCore
 from app_toolkit._runtime.controller.heap import HeapKeeper
@@ -142,7 +142,9 @@ class ControllerActor:
         configure_worker()
         self.http = http
         self._proxies = ProxyFleet(ProxyActor, http)
-        self._spares = SparePool(ReplicaActor, spares_per_node())
+        self._spares = SparePool(
+            ReplicaActor, spare_setting(), lambda: wanted(self.core.deployments.values())
+        )
         self.core = ControllerCore(
             RayReplicas(self._proxies, self._spares),
             self._proxies.urls,

@@ -17,7 +17,7 @@ from app_toolkit._runtime.backends.ray.cluster import (
     remote,
 )
 from app_toolkit._runtime.backends.ray.link import RayLink
-from app_toolkit._runtime.backends.ray.spares import spares_per_node
+from app_toolkit._runtime.backends.ray.spares import spare_setting
 from app_toolkit._runtime.session import Session
 from app_toolkit.config import HTTPOptions
 from app_toolkit.exceptions import ConfigError
@@ -32,7 +32,7 @@ class _RayFactory:
         """
         if http is None and ray.is_initialized() and ray.get_runtime_context().get_actor_id() is not None:
             return Session(RayLink(controller_actor()))
-        spares_per_node()  # a bad setting fails here, with how to fix it, before Ray starts
+        spare_setting()  # a bad setting fails here, with how to fix it, before Ray starts
         init_ray(address)
         # The controller (and a HeadOnly proxy) lives on the head node: the node whose loss
         # ends the cluster anyway, so worker nodes can come and go.

@@ -6,12 +6,14 @@ A fresh replica costs a Ray worker process: the interpreter, Ray's worker set-up
 toolkit's imports, about 0.7 s of a core before the deployment's code runs. A spare has
 paid that already. Spares reserve nothing (no CPU, one byte of memory, like a replica with
 default options), so they never keep a real replica from being scheduled; only replicas
-that ask for nothing more can use one (``fits``). Each node keeps ``per_node`` spares
-(``APP_TOOLKIT_SPARE_REPLICAS``, default 1, 0 turns them off, at most 8); one given away
-is replaced in the background once replicas stopped starting (``_REFILL_AFTER_S``). They
-are named, detached actors like replicas (a spare becomes a replica that must outlive a
-controller restart), so the controller finds its previous life's spares and stops them,
-and shutdown stops every one.
+that ask for nothing more can use one (``fits``). By default each node keeps one spare
+while a deployment that could start in one autoscales (a fixed-size application gets
+none: its replicas start once and the spare would only hold memory);
+``APP_TOOLKIT_SPARE_REPLICAS`` set to 1–8 keeps that many per node whatever runs, 0 none.
+One given away is replaced in the background once replicas stopped starting
+(``_REFILL_AFTER_S``). They are named, detached actors like replicas (a spare becomes a
+replica that must outlive a controller restart), so the controller finds its previous
+life's spares and stops them, and shutdown stops every one.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import logging
 import os
 import secrets
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +32,7 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from app_toolkit._runtime.backends.ray.cluster import NAMESPACE, SPARE_PREFIX, SPARES_ENV, remote
+from app_toolkit._runtime.controller.deployment_state import DeploymentState
 from app_toolkit.config import RayActorOptions
 from app_toolkit.exceptions import ConfigError
 
@@ -48,13 +51,26 @@ _ALIVE_TIMEOUT_S = 10.0
 #: process): a rollout or scale-up under way finishes starting its replicas, and the old
 #: ones draining (their __del__, stop hooks), before a new process takes CPU from them.
 _REFILL_AFTER_S = 3.0
+#: With the default setting, spares stop this long after the last deployment that could
+#: use one stopped autoscaling (an application deleted and deployed again keeps them).
+_UNWANTED_AFTER_S = 10.0
 
 
-def spares_per_node() -> int:
-    """How many spares each node keeps, from ``APP_TOOLKIT_SPARE_REPLICAS``."""
+@dataclass(frozen=True)
+class SpareSetting:
+    """How many spares each node keeps, and whether only while they can be used."""
+
+    per_node: int
+    #: Set explicitly: kept whatever runs. Else only while a deployment that could start
+    #: in one autoscales (``wanted``).
+    always: bool
+
+
+def spare_setting() -> SpareSetting:
+    """The pool's setting, from ``APP_TOOLKIT_SPARE_REPLICAS`` (ConfigError if invalid)."""
     raw = os.environ.get(SPARES_ENV, "").strip()
     if not raw:
-        return _DEFAULT_PER_NODE
+        return SpareSetting(_DEFAULT_PER_NODE, always=False)
     try:
         count = int(raw)
     except ValueError:
@@ -62,9 +78,10 @@ def spares_per_node() -> int:
     if not 0 <= count <= _MAX_PER_NODE:
         raise ConfigError(
             f"{SPARES_ENV}={raw!r}: set it to a whole number from 0 (no spare replica processes) "
-            f"to {_MAX_PER_NODE} (spares kept ready on each node)"
+            f"to {_MAX_PER_NODE} (spares kept ready on each node), or leave it unset (one per "
+            "node while an application autoscales)"
         )
-    return count
+    return SpareSetting(count, always=True)
 
 
 def fits(options: RayActorOptions) -> bool:
@@ -76,6 +93,15 @@ def fits(options: RayActorOptions) -> bool:
         and not options.resources
         and not options.memory
         and options.runtime_env is None
+    )
+
+
+def wanted(deployments: Iterable[DeploymentState]) -> bool:
+    """Whether a spare could be used soon: a deployment that could start its replicas
+    in one autoscales (a fixed-size one starts its replicas once)."""
+    return any(
+        state.autoscaler is not None and not state.deleting and fits(state.spec.config.ray_actor_options)
+        for state in deployments
     )
 
 
@@ -91,11 +117,17 @@ class _Spare:
 
 
 class SparePool:
-    """Keeps ``per_node`` started spares on every alive node; ``take`` gives one away."""
+    """Keeps ``per_node`` started spares on every alive node (with the default setting,
+    only while ``needed()`` says so); ``take`` gives one away."""
 
-    def __init__(self, actor_class: type, per_node: int) -> None:
+    def __init__(
+        self, actor_class: type, setting: SpareSetting, needed: Callable[[], bool] = lambda: True
+    ) -> None:
         self._actor_class = actor_class
-        self.per_node = per_node
+        self.per_node = setting.per_node
+        self._always = setting.always
+        self._needed = needed
+        self._needed_at = 0.0  # when ``needed()`` last said yes (monotonic)
         self._spares: dict[str, list[_Spare]] = {}  # node id -> its spares, oldest first
         self._keeper: asyncio.Task[None] | None = None
         self._turn = 0
@@ -163,7 +195,18 @@ class SparePool:
                 logger.exception("Keeping the spare replica processes failed; trying again")
             await asyncio.sleep(_CHECK_PERIOD_S)
 
+    def _target(self) -> tuple[int, bool]:
+        """Spares each node keeps now, and whether missing ones may be started."""
+        now = time.monotonic()
+        if self._always or self._needed():
+            self._needed_at = now
+            return self.per_node, True
+        if now - self._needed_at < _UNWANTED_AFTER_S:
+            return self.per_node, False  # for a while: an app deployed again soon uses them
+        return 0, False
+
     async def _fill(self) -> None:
+        per_node, grow = self._target()
         nodes = await asyncio.to_thread(ray.nodes)
         alive = {str(node["NodeID"]) for node in nodes if node["Alive"]}
         for node in [node for node in self._spares if node not in alive]:
@@ -175,10 +218,17 @@ class SparePool:
                 logger.info("Spare %s died or did not start; starting another", spare.name)
                 spares.remove(spare)
                 _discard(spare)
+            if len(spares) > per_node:
+                logger.info(
+                    "No deployment that could use a spare replica process autoscales: stopping %d",
+                    len(spares) - per_node,
+                )
+            while len(spares) > per_node:
+                _discard(spares.pop())
             for spare in spares:
                 _check_alive(spare, self._actor_pinged)
             settled = time.monotonic() - self._started_at >= _REFILL_AFTER_S
-            while len(spares) < self.per_node and not self._fresh and settled:
+            while grow and len(spares) < per_node and not self._fresh and settled:
                 spares.append(self._new_spare(node))
 
     @staticmethod
