@@ -281,7 +281,7 @@ class RayReplicas:
         }
         if options.runtime_env is not None:
             actor_options["runtime_env"] = options.runtime_env
-        fresh = self.spares.fresh_start() if self.spares is not None else contextlib.nullcontext()
+        fresh = self.spares.busy() if self.spares is not None else contextlib.nullcontext()
         with fresh:
             try:
                 return await self._initialize(remote(ReplicaActor, **actor_options).remote(start), None)
@@ -300,12 +300,13 @@ class RayReplicas:
             raise _ProcessDied(str(exc)) from None
 
     async def stop_replica(self, handle: Actor, graceful: bool) -> None:
-        if graceful:
-            try:
-                await handle.drain.remote()
-            except Exception as exc:  # noqa: BLE001 - a dead replica needs no draining
-                logger.info("Draining a replica failed: %s", exc)
-        ray.kill(handle, no_restart=True)
+        with self.spares.busy() if self.spares is not None else contextlib.nullcontext():
+            if graceful:
+                try:
+                    await handle.drain.remote()
+                except Exception as exc:  # noqa: BLE001 - a dead replica needs no draining
+                    logger.info("Draining a replica failed: %s", exc)
+            ray.kill(handle, no_restart=True)
 
     async def reconfigure_replica(self, handle: Actor, config: DeploymentConfig) -> None:
         try:

@@ -10,8 +10,8 @@ that ask for nothing more can use one (``fits``). By default each node keeps one
 while a deployment that could start in one autoscales (a fixed-size application gets
 none: its replicas start once and the spare would only hold memory);
 ``APP_TOOLKIT_SPARE_REPLICAS`` set to 1–8 keeps that many per node whatever runs, 0 none.
-One given away is replaced in the background once replicas stopped starting
-(``_REFILL_AFTER_S``). They are named, detached actors like replicas (a spare becomes a
+One given away is replaced in the background once no replica is starting or stopping
+(and ``_REFILL_AFTER_S`` after the last did). They are named, detached actors like replicas (a spare becomes a
 replica that must outlive a controller restart), so the controller finds its previous
 life's spares and stops them, and shutdown stops every one.
 """
@@ -47,10 +47,12 @@ _READY_TIMEOUT_S = 60.0
 #: and status() does not count it), and must answer within the timeout.
 _ALIVE_PERIOD_S = 10.0
 _ALIVE_TIMEOUT_S = 10.0
-#: A spare is replaced this long after the last replica started (in a spare or a fresh
-#: process): a rollout or scale-up under way finishes starting its replicas, and the old
-#: ones draining (their __del__, stop hooks), before a new process takes CPU from them.
-_REFILL_AFTER_S = 3.0
+#: A spare is replaced when no replica is starting in a process of its own or stopping,
+#: and this long after the last one did (or started in a spare): a rollout or scale-up
+#: under way starts its replicas, and the old ones drain (their __del__, stop hooks),
+#: before a new process takes CPU from them; the pause covers the controller's next
+#: step (a rollout stops an old replica once its successor runs).
+_REFILL_AFTER_S = 1.0
 #: With the default setting, spares stop this long after the last deployment that could
 #: use one stopped autoscaling (an application deleted and deployed again keeps them).
 _UNWANTED_AFTER_S = 10.0
@@ -131,10 +133,10 @@ class SparePool:
         self._spares: dict[str, list[_Spare]] = {}  # node id -> its spares, oldest first
         self._keeper: asyncio.Task[None] | None = None
         self._turn = 0
-        #: Fresh replica processes starting now: spares are replaced only when there are
-        #: none, so replacing one never slows a replica that is starting.
-        self._fresh = 0
-        self._started_at = 0.0  # when a replica last started in a spare or a fresh process
+        #: Replicas starting in fresh processes or stopping now: spares are replaced only
+        #: when there are none, so replacing one never slows a replica starting or draining.
+        self._busy = 0
+        self._busy_at = 0.0  # when a replica last started or stopped
 
     def start(self) -> None:
         """Start the spares, and keep them (a node that joins gets its own)."""
@@ -162,18 +164,18 @@ class SparePool:
         spares = self._spares[max(nodes, key=lambda n: sum(1 for s in self._spares[n] if _up(s)))]
         spare = next((s for s in spares if _up(s)), spares[0])
         spares.remove(spare)
-        self._started_at = time.monotonic()
+        self._busy_at = time.monotonic()
         return spare.actor
 
     @contextlib.contextmanager
-    def fresh_start(self) -> Iterator[None]:
-        """Around the start of a replica in a process of its own."""
-        self._fresh += 1
+    def busy(self) -> Iterator[None]:
+        """Around the start of a replica in a process of its own, or a replica's stop."""
+        self._busy += 1
         try:
             yield
         finally:
-            self._fresh -= 1
-            self._started_at = time.monotonic()
+            self._busy -= 1
+            self._busy_at = time.monotonic()
 
     async def stop(self) -> None:
         """Stop keeping spares and stop every one (at shutdown)."""
@@ -227,8 +229,8 @@ class SparePool:
                 _discard(spares.pop())
             for spare in spares:
                 _check_alive(spare, self._actor_pinged)
-            settled = time.monotonic() - self._started_at >= _REFILL_AFTER_S
-            while grow and len(spares) < per_node and not self._fresh and settled:
+            settled = not self._busy and time.monotonic() - self._busy_at >= _REFILL_AFTER_S
+            while grow and len(spares) < per_node and settled:
                 spares.append(self._new_spare(node))
 
     @staticmethod
