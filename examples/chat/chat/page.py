@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import html
-import uuid
 from collections.abc import AsyncIterator
 from importlib import resources
 from typing import Any
@@ -88,7 +87,9 @@ def build_router(
         replies: tk.DeploymentHandle = tk.Depends(replies_app),
     ) -> dict[str, str]:
         """Start generating a reply; read it from ``/api/replies/{id}/events``."""
-        reply_id = uuid.uuid4().hex  # its calls go to one Replies replica: the one generating it
+        # Only its caller can read or stop it; its calls go to one Replies replica (the one
+        # generating it).
+        reply_id = guard.access.replies.issue(owner)
         generation = dataclasses.replace(request.generation(settings), owner=owner)
         try:
             await replies.options(shard_key=reply_id).start.remote(reply_id, generation)
@@ -105,6 +106,8 @@ def build_router(
         replies: tk.DeploymentHandle = tk.Depends(replies_app),
     ) -> tk.EventStream:
         """The reply as SSE; a reconnecting EventSource resumes after its ``Last-Event-ID``."""
+        if not guard.access.replies.owns(reply_id, owner):
+            raise _no_reply(reply_id)
         handle = replies.options(method_name="events", stream=True, shard_key=reply_id)
         stream = handle.remote(reply_id, last_event_id or after)
         try:
@@ -120,8 +123,10 @@ def build_router(
         replies: tk.DeploymentHandle = tk.Depends(replies_app),
     ) -> Response:
         """Stop generating: the model ends the reply and frees its place in the batch."""
+        if not guard.access.replies.owns(reply_id, owner):
+            raise _no_reply(reply_id)
         if not await replies.options(shard_key=reply_id).stop.remote(reply_id):
-            raise ChatError(404, f"No reply {reply_id!r}.", "invalid_request_error", "reply_not_found")
+            raise _no_reply(reply_id)
         return Response(status_code=204)
 
     @router.get("/api/stats")
@@ -133,6 +138,11 @@ def build_router(
         return counters
 
     return router
+
+
+def _no_reply(reply_id: str) -> ChatError:
+    """A reply that does not exist, or is not the caller's: the same answer for both."""
+    return ChatError(404, f"No reply {reply_id[:100]!r}.", "invalid_request_error", "reply_not_found")
 
 
 async def _sse(

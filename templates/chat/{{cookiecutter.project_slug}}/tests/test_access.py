@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from starlette.websockets import WebSocketDisconnect
 
 from {{ cookiecutter.package_name }} import keys
-from {{ cookiecutter.package_name }}.access import COOKIE, KeyRing, Sessions
+from {{ cookiecutter.package_name }}.access import COOKIE, KeyRing, ReplyIds, Sessions
 from {{ cookiecutter.package_name }}.app import build_app
 from {{ cookiecutter.package_name }}.settings import Settings
 
@@ -146,3 +146,32 @@ def test_a_websocket_without_a_key_is_closed_and_with_one_it_chats(keyed: tk.tes
         while (message := socket.receive_json())["type"] == "delta":
             pass
         assert message["type"] == "done"
+
+
+def test_a_reply_is_read_and_stopped_only_by_the_key_that_started_it(keyed: tk.testing.TestClient) -> None:
+    reply_id = keyed.post("/api/replies", json=chat("word " * 100), headers=bearer(BOB)).json()["id"]
+    nonce, _ = reply_id.split(".")
+    for attempt in (
+        keyed.get(f"/api/replies/{reply_id}/events", headers=bearer(ALICE)),
+        keyed.post(f"/api/replies/{reply_id}/stop", headers=bearer(ALICE)),
+        keyed.get(f"/api/replies/{nonce}/events", headers=bearer(BOB)),  # the signature left out
+        keyed.get(f"/api/replies/{nonce}.{'0' * 32}/events", headers=bearer(BOB)),  # forged
+    ):
+        assert attempt.status_code == 404, attempt.text
+        assert attempt.json()["error"]["code"] == "reply_not_found"
+    # Alice's attempts changed nothing: Bob stops his reply and reads it whole.
+    assert keyed.post(f"/api/replies/{reply_id}/stop", headers=bearer(BOB)).status_code == 204
+    whole = events(keyed.get(f"/api/replies/{reply_id}/events", headers=bearer(BOB)).text)
+    assert whole[-1][1] == "done" and json.loads(whole[-1][2])["finish_reason"] == "stopped"
+
+
+def test_reply_ids_check_out_only_for_their_owner_and_secret() -> None:
+    ids = ReplyIds(b"s" * 32)
+    reply_id = ids.issue("bob")
+    assert ids.owns(reply_id, "bob")
+    assert not ids.owns(reply_id, "alice")
+    assert not ids.owns(reply_id, "")
+    assert not ReplyIds(b"t" * 32).owns(reply_id, "bob")  # another deploy's secret
+    assert ids.issue("bob") != reply_id
+    for bad in ("", ".", reply_id.split(".")[0], reply_id + "0", "../" + reply_id, reply_id * 2):
+        assert not ids.owns(bad, "bob"), bad

@@ -6,7 +6,8 @@ counted per caller. Keys are checked against their SHA-256 with a constant-time
 comparison against every configured hash, so the time a check takes says nothing about
 which key (or how much of one) matched. The page never holds a key: it posts one once
 to ``/api/session`` and gets a signed cookie (``HttpOnly``, ``SameSite=Strict``) that
-names the key's owner until it expires.
+names the key's owner until it expires. A page reply's id is bound to the caller that
+started it (``ReplyIds``): another caller's id for it is a reply that does not exist.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import base64
 import hashlib
 import hmac
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 
 import app_toolkit as tk
@@ -80,6 +82,33 @@ class Sessions:
         return hmac.new(self._secret, f"{name}.{expiry}".encode(), hashlib.sha256).hexdigest()
 
 
+class ReplyIds:
+    """Page reply ids bound to the caller that started the reply: ``<uuid>.<signature>``,
+    the signature an HMAC-SHA256 of the uuid and the owner's name. Reading or stopping a
+    reply with an id that does not check out for the caller is answered as for a reply
+    that does not exist: knowing an id is not enough to read someone else's reply. (With
+    keys off every caller is the same one, and any id checks out for everyone.)"""
+
+    def __init__(self, secret: bytes) -> None:
+        self._secret = secret
+
+    def issue(self, owner: str) -> str:
+        """A new reply id for ``owner``."""
+        nonce = uuid.uuid4().hex
+        return f"{nonce}.{self._sign(nonce, owner)}"
+
+    def owns(self, reply_id: str, owner: str) -> bool:
+        """Whether ``reply_id`` was issued to ``owner`` (by this deploy's secret)."""
+        nonce, _, signature = reply_id.partition(".")
+        if len(reply_id) > 100 or not nonce.isalnum() or not signature:
+            return False
+        return hmac.compare_digest(signature.encode(), self._sign(nonce, owner).encode())
+
+    def _sign(self, nonce: str, owner: str) -> str:
+        # "reply:" keeps these apart from the sign-in cookies' signatures (same secret).
+        return hmac.new(self._secret, f"reply:{nonce}:{owner}".encode(), hashlib.sha256).hexdigest()[:32]
+
+
 class Access:
     """Finds the caller of a request: its bearer key, else its sign-in cookie."""
 
@@ -87,6 +116,7 @@ class Access:
         self.keys_on = settings.keys_on
         self.keys = KeyRing(settings.api_keys)
         self.sessions = Sessions(secret, settings.session_ttl_s)
+        self.replies = ReplyIds(secret)
 
     def caller(self, authorization: str | None, cookie: str | None) -> str:
         """The caller's owner name ("" with keys off); raises a 401 :class:`ChatError`."""
