@@ -186,3 +186,28 @@ def test_spares_are_kept_only_while_an_application_autoscales(ray_toolkit: Toolk
     while time.monotonic() < deadline:
         assert not waiting_spares() and not tk.status().spare_replicas
         time.sleep(0.2)
+
+
+def test_a_spare_loads_the_code_of_autoscaled_deployments_ahead(ray_toolkit: Toolkit) -> None:
+    from tests.apps import slow_import  # its import takes IMPORT_S (here, in the driver, too)
+
+    name = ray_toolkit.name()
+    ray_toolkit.run(slow_import.make_app(), name=name, route_prefix="/slow")
+
+    def preloaded_spare() -> bool:
+        for spare in waiting_spares():
+            actor = ray.get_actor(spare, namespace=NAMESPACE)
+            try:
+                if ray.get(actor.stats.remote(), timeout=30)["preloaded"] >= 1:
+                    return True
+            except ray.exceptions.RayActorError:
+                continue
+        return False
+
+    wait_for(preloaded_spare, 60, "a spare that loaded the deployment's code")
+    with ray_toolkit.client() as client:
+        response = client.get("/slow/work")
+    assert response.status_code == 200, response.text
+    phases = ray.get(replica_actor(response.json()["replica"]).start_phases.remote(), timeout=30)
+    # Loading its code found the module imported: far less than the import itself takes.
+    assert phases["code"] < slow_import.IMPORT_S / 2, phases

@@ -7,7 +7,13 @@ from typing import Any
 
 import pytest
 
-from app_toolkit._runtime.backends.ray.spares import SpareSetting, fits, spare_setting, wanted
+from app_toolkit._runtime.backends.ray.spares import (
+    SpareSetting,
+    code_to_preload,
+    fits,
+    spare_setting,
+    wanted,
+)
 from app_toolkit._runtime.controller.deployment_state import DeploymentState, follow_autoscaling
 from app_toolkit._runtime.messages import DeploymentID, DeploymentSpec
 from app_toolkit.config import DeploymentConfig, RayActorOptions
@@ -23,9 +29,11 @@ def test_only_replicas_that_reserve_nothing_fit_a_spare() -> None:
     assert not fits(RayActorOptions(runtime_env={"env_vars": {"A": "1"}}))
 
 
-def _deployment(**options: Any) -> DeploymentState:
+def _deployment(name: str = "D", **options: Any) -> DeploymentState:
     config = DeploymentConfig(**options)
-    state = DeploymentState(DeploymentSpec(DeploymentID("a", "D"), b"def", b"args", config, True, "v1"))
+    state = DeploymentState(
+        DeploymentSpec(DeploymentID("a", name), b"def " + name.encode(), b"args", config, True, "v1")
+    )
     follow_autoscaling(state)
     return state
 
@@ -40,6 +48,16 @@ def test_spares_are_wanted_while_a_deployment_that_fits_one_autoscales() -> None
     leaving = _deployment(autoscaling_config=scaling)
     leaving.deleting = True
     assert not wanted([leaving])
+
+
+def test_spares_load_the_code_of_the_deployments_that_want_them_at_most_16() -> None:
+    scaling = {"min_replicas": 0, "max_replicas": 4}
+    fixed = _deployment("Fixed", num_replicas=2)
+    scaled = _deployment("Scaled", autoscaling_config=scaling)
+    gpu = _deployment("Gpu", autoscaling_config=scaling, ray_actor_options={"num_gpus": 1})
+    assert code_to_preload([fixed, scaled, gpu]) == {"a/Scaled@v1": b"def Scaled"}
+    many = [_deployment(f"D{i:02}", autoscaling_config=scaling) for i in range(20)]
+    assert len(code_to_preload(many)) == 16
 
 
 def test_the_pool_size_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

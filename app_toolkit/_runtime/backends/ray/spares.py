@@ -10,6 +10,9 @@ that ask for nothing more can use one (``fits``). By default each node keeps one
 while a deployment that could start in one autoscales (a fixed-size application gets
 none: its replicas start once and the spare would only hold memory);
 ``APP_TOOLKIT_SPARE_REPLICAS`` set to 1–8 keeps that many per node whatever runs, 0 none.
+A ready spare also loads the code of the deployments that could start in it (``preload``:
+their modules' imports run ahead, at most ``_PRELOAD_MAX`` deployments), so a replica
+started in it only runs its constructor.
 One given away is replaced in the background once no replica is starting or stopping
 (and ``_REFILL_AFTER_S`` after the last did). They are named, detached actors like replicas (a spare becomes a
 replica that must outlive a controller restart), so the controller finds its previous
@@ -56,6 +59,9 @@ _REFILL_AFTER_S = 1.0
 #: With the default setting, spares stop this long after the last deployment that could
 #: use one stopped autoscaling (an application deleted and deployed again keeps them).
 _UNWANTED_AFTER_S = 10.0
+#: A spare loads the code of at most this many deployments ahead (each one's imports stay
+#: in the process, and so in the replica it becomes).
+_PRELOAD_MAX = 16
 
 
 @dataclass(frozen=True)
@@ -98,13 +104,25 @@ def fits(options: RayActorOptions) -> bool:
     )
 
 
+def _wants_spares(state: DeploymentState) -> bool:
+    return state.autoscaler is not None and not state.deleting and fits(state.spec.config.ray_actor_options)
+
+
 def wanted(deployments: Iterable[DeploymentState]) -> bool:
     """Whether a spare could be used soon: a deployment that could start its replicas
     in one autoscales (a fixed-size one starts its replicas once)."""
-    return any(
-        state.autoscaler is not None and not state.deleting and fits(state.spec.config.ray_actor_options)
+    return any(_wants_spares(state) for state in deployments)
+
+
+def code_to_preload(deployments: Iterable[DeploymentState]) -> dict[str, bytes]:
+    """The serialized code of the deployments whose replicas would start in a spare
+    (those ``wanted`` counts), by deployment and code version; at most ``_PRELOAD_MAX``."""
+    code = {
+        f"{state.spec.id}@{state.spec.code_version}": state.spec.definition
         for state in deployments
-    )
+        if _wants_spares(state)
+    }
+    return dict(sorted(code.items())[:_PRELOAD_MAX])
 
 
 @dataclass
@@ -116,6 +134,8 @@ class _Spare:
     #: The last liveness check of a ready spare (None: none yet), and when it was made.
     alive: asyncio.Future[Any] | None = field(default=None, repr=False)
     checked_at: float = 0.0
+    #: The code (``code_to_preload`` keys) it was asked to load ahead.
+    preloaded: set[str] = field(default_factory=set)
 
 
 class SparePool:
@@ -123,12 +143,17 @@ class SparePool:
     only while ``needed()`` says so); ``take`` gives one away."""
 
     def __init__(
-        self, actor_class: type, setting: SpareSetting, needed: Callable[[], bool] = lambda: True
+        self,
+        actor_class: type,
+        setting: SpareSetting,
+        needed: Callable[[], bool] = lambda: True,
+        code: Callable[[], dict[str, bytes]] = dict,
     ) -> None:
         self._actor_class = actor_class
         self.per_node = setting.per_node
         self._always = setting.always
         self._needed = needed
+        self._code = code  # what ready spares load ahead (``code_to_preload``)
         self._needed_at = 0.0  # when ``needed()`` last said yes (monotonic)
         self._spares: dict[str, list[_Spare]] = {}  # node id -> its spares, oldest first
         self._keeper: asyncio.Task[None] | None = None
@@ -209,6 +234,7 @@ class SparePool:
 
     async def _fill(self) -> None:
         per_node, grow = self._target()
+        code = self._code()
         nodes = await asyncio.to_thread(ray.nodes)
         alive = {str(node["NodeID"]) for node in nodes if node["Alive"]}
         for node in [node for node in self._spares if node not in alive]:
@@ -229,6 +255,7 @@ class SparePool:
                 _discard(spares.pop())
             for spare in spares:
                 _check_alive(spare, self._actor_pinged)
+                _preload(spare, code)
             settled = not self._busy and time.monotonic() - self._busy_at >= _REFILL_AFTER_S
             while grow and len(spares) < per_node and settled:
                 spares.append(self._new_spare(node))
@@ -277,6 +304,17 @@ def _check_alive(spare: _Spare, ping: Callable[[Any, float], asyncio.Future[Any]
         return
     if spare.alive is None or spare.alive.done():
         spare.alive, spare.checked_at = ping(spare.actor, _ALIVE_TIMEOUT_S), now
+
+
+def _preload(spare: _Spare, code: dict[str, bytes]) -> None:
+    """Have a ready spare load the code it has not been given yet (a deployment that
+    fails to load is skipped there: its replica's own start reports why)."""
+    missing = [key for key in code if key not in spare.preloaded]
+    if not missing or not _up(spare):
+        return
+    spare.preloaded.update(missing)
+    future = asyncio.ensure_future(spare.actor.preload.remote([code[key] for key in missing]))
+    future.add_done_callback(_consume)
 
 
 def _consume(future: asyncio.Future[Any]) -> None:
