@@ -12,11 +12,11 @@ none: its replicas start once and the spare would only hold memory);
 ``APP_TOOLKIT_SPARE_REPLICAS`` set to 1–8 keeps that many per node whatever runs, 0 none.
 A ready spare also loads the code of the deployments that could start in it (``preload``:
 their modules' imports run ahead, at most ``_PRELOAD_MAX`` deployments), so a replica
-started in it only runs its constructor.
-One given away is replaced in the background once no replica is starting or stopping
-(and ``_REFILL_AFTER_S`` after the last did). They are named, detached actors like replicas (a spare becomes a
-replica that must outlive a controller restart), so the controller finds its previous
-life's spares and stops them, and shutdown stops every one.
+started in it only runs its constructor. One given away is replaced in the background
+once no replica is starting or stopping (and ``_REFILL_AFTER_S`` after the last did).
+They are named, detached actors like replicas (a spare becomes a replica that must
+outlive a controller restart), so the controller finds its previous life's spares and
+stops them, and shutdown stops every one.
 """
 
 from __future__ import annotations
