@@ -12,8 +12,10 @@ decision -> replica RUNNING -> answered, whether the replica got a fresh worker 
 spare one (``APP_TOOLKIT_SPARE_REPLICAS``; 0 for the comparison), and what the replica's
 own start took in its process (its ``start_phases``); for the step, each decision's time after the load
 began, and from the decision to the largest size until every replica runs.
+``--import-s 2`` makes the app's module take 2 s to import in its replicas (standing in for
+a large library): a spare loads the code ahead, a fresh process pays it at start.
 
-    python -m benchmarks.autoscaling [--clients 16] [--heavy 20]
+    python -m benchmarks.autoscaling [--clients 16] [--heavy 20] [--import-s 0]
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 import app_toolkit as tk
 from benchmarks.http_overhead import free_port
 from benchmarks.proc_cpu import started_at
-from benchmarks.scaling_app import SCALING, app
+from benchmarks.scaling_app import IMPORT_S_ENV, SCALING, app
 
 
 def running_replicas() -> int:
@@ -79,6 +81,26 @@ def spares_ready(timeout_s: float = 60) -> int:
         if ready or time.monotonic() > deadline:
             return ready
         time.sleep(0.05)
+
+
+def spare_loaded_code(timeout_s: float = 60) -> bool:
+    """Whether a waiting spare has loaded the deployment's code ahead (waits, bounded)."""
+    import ray
+
+    from app_toolkit._runtime.backends.ray.cluster import NAMESPACE, SPARE_PREFIX, named_actors
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for name in named_actors():
+            if name.startswith(SPARE_PREFIX):
+                try:
+                    stats = ray.get(ray.get_actor(name, namespace=NAMESPACE).stats.remote(), timeout=10)
+                except Exception:  # noqa: BLE001 - a spare going away: look again
+                    continue
+                if stats.get("preloaded"):
+                    return True
+        time.sleep(0.1)
+    return False
 
 
 class RunningWatch:
@@ -171,14 +193,25 @@ def main() -> None:
     )
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--heavy", type=float, default=20)
+    parser.add_argument(
+        "--import-s",
+        type=float,
+        default=0.0,
+        help="make the app's module take this long to import in its replicas (a large library)",
+    )
     args = parser.parse_args()
+    if args.import_s:
+        os.environ[IMPORT_S_ENV] = str(args.import_s)  # the embedded cluster's workers inherit it
     port = free_port()
     tk.start(backend="ray", http_options={"port": port, "access_log": False})
     base = f"http://127.0.0.1:{port}"
     try:
         tk.run(app, name="scalebench")
         assert running_replicas() == 0, "the deployment should start with zero replicas"
-        print(f"spare replica processes ready: {spares_ready()} (one per node while an app autoscales)")
+        ready = spares_ready()
+        print(f"spare replica processes ready: {ready} (one per node while an app autoscales)")
+        if ready:
+            print(f"  the app's code loaded in a spare ahead: {'yes' if spare_loaded_code() else 'no'}")
         cold_start(base)
 
         largest = int(SCALING["max_replicas"])

@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import time
 
 from fastapi import APIRouter
 
 import app_toolkit as tk
+
+#: Seconds this module's import takes, standing in for a large library
+#: (``benchmarks.autoscaling --import-s``: the replicas' processes inherit it).
+IMPORT_S_ENV = "APP_TOOLKIT_BENCH_IMPORT_S"
+time.sleep(float(os.environ.get(IMPORT_S_ENV) or 0))
 
 router = APIRouter()
 
