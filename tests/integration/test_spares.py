@@ -194,14 +194,15 @@ def test_a_spare_loads_the_code_of_autoscaled_deployments_ahead(ray_toolkit: Too
     name = ray_toolkit.name()
     ray_toolkit.run(slow_import.make_app(), name=name, route_prefix="/slow")
 
-    def preloaded_spare() -> bool:
+    def preloaded_spare() -> bool:  # one that loaded this app's code (others' may be there too)
         for spare in waiting_spares():
             actor = ray.get_actor(spare, namespace=NAMESPACE)
             try:
-                if ray.get(actor.stats.remote(), timeout=30)["preloaded"] >= 1:
-                    return True
-            except ray.exceptions.RayActorError:
+                loaded = ray.get(actor.loaded_ahead.remote(), timeout=30)
+            except (ValueError, ray.exceptions.RayActorError):
                 continue
+            if any(key.startswith(f"{name}/") for key in loaded):
+                return True
         return False
 
     wait_for(preloaded_spare, 60, "a spare that loaded the deployment's code")

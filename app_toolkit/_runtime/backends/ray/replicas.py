@@ -62,15 +62,15 @@ def _import_web_framework() -> None:
         importlib.import_module(module)
 
 
-def _load_quietly(definitions: list[bytes]) -> int:
-    loaded = 0
-    for definition in definitions:
+def _load_quietly(code: dict[str, bytes]) -> list[str]:
+    loaded = []
+    for key, definition in code.items():
         try:
             pickle.loads(definition)
         except Exception as exc:  # noqa: BLE001 - user code: its replica's start says why
-            logger.debug("A spare could not load a deployment's code ahead: %s", exc)
+            logger.debug("A spare could not load the code of %s ahead: %s", key, exc)
             continue
-        loaded += 1
+        loaded.append(key)
     return loaded
 
 
@@ -119,22 +119,26 @@ class ReplicaActor:
         self._front: ReplicaFront | None = None
         #: Seconds each step of ``initialize`` took (``start_phases``).
         self._phases: dict[str, float] = {}
-        self._preloaded = 0  # deployments whose code a spare loaded ahead (``preload``)
+        self._preloaded: list[str] = []  # the code a spare loaded ahead (``preload``)
         if start is None:  # a spare: what deployments import, ready and out of the collector's way
             _import_web_framework()
             settle_heap()
 
-    async def preload(self, definitions: list[bytes]) -> int:
-        """A spare: load these deployments' code now (their modules are imported; the
-        objects are dropped), so that a replica started here later finds it loaded. One
-        that fails is skipped: its replica's own start reports why. Returns how many
-        loaded."""
+    async def preload(self, code: dict[str, bytes]) -> list[str]:
+        """A spare: load these deployments' code now (``code``: "app/deployment@version"
+        -> serialized definition; their modules are imported, the objects dropped), so
+        that a replica started here later finds it loaded. One that fails is skipped: its
+        replica's own start reports why. Returns the keys loaded."""
         if self._start is not None:
-            return 0  # given a replica meanwhile: its own code is what counts
-        loaded = await asyncio.to_thread(_load_quietly, definitions)
+            return []  # given a replica meanwhile: its own code is what counts
+        loaded = await asyncio.to_thread(_load_quietly, code)
         settle_heap()
         self._preloaded += loaded
         return loaded
+
+    def loaded_ahead(self) -> list[str]:
+        """The code this process loaded as a spare ("app/deployment@version" keys)."""
+        return list(self._preloaded)
 
     def start_phases(self) -> dict[str, float]:
         """Seconds each step of becoming a replica took: loading the deployment's code,
@@ -241,7 +245,7 @@ class ReplicaActor:
             "ongoing": self._core.ongoing if self._core else 0,
             "tasks": len(asyncio.all_tasks()),
             "pid": os.getpid(),
-            "preloaded": self._preloaded,
+            "preloaded": len(self._preloaded),
         }
 
     async def drain(self) -> None:

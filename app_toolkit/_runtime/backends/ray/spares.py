@@ -313,7 +313,7 @@ def _preload(spare: _Spare, code: dict[str, bytes]) -> None:
     if not missing or not _up(spare):
         return
     spare.preloaded.update(missing)
-    future = asyncio.ensure_future(spare.actor.preload.remote([code[key] for key in missing]))
+    future = asyncio.ensure_future(spare.actor.preload.remote({key: code[key] for key in missing}))
     future.add_done_callback(_consume)
 
 
