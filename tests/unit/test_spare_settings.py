@@ -1,5 +1,5 @@
-"""Which replicas a spare process can host, when spares are wanted, and the pool's size
-setting."""
+"""Which replicas a spare process can host, when spares are wanted (some code to load),
+and the pool's size setting."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ from app_toolkit._runtime.backends.ray.spares import (
     code_to_preload,
     fits,
     spare_setting,
-    wanted,
 )
 from app_toolkit._runtime.controller.deployment_state import DeploymentState, follow_autoscaling
 from app_toolkit._runtime.messages import DeploymentID, DeploymentSpec
@@ -40,14 +39,14 @@ def _deployment(name: str = "D", **options: Any) -> DeploymentState:
 
 def test_spares_are_wanted_while_a_deployment_that_fits_one_autoscales() -> None:
     scaling = {"min_replicas": 0, "max_replicas": 4}
-    assert not wanted([])
-    assert not wanted([_deployment(num_replicas=3)])  # fixed size: its replicas start once
-    assert wanted([_deployment(num_replicas=3), _deployment(autoscaling_config=scaling)])
+    assert not code_to_preload([])
+    assert not code_to_preload([_deployment(num_replicas=3)])  # fixed size: its replicas start once
+    assert code_to_preload([_deployment(num_replicas=3), _deployment(autoscaling_config=scaling)])
     gpu = _deployment(autoscaling_config=scaling, ray_actor_options={"num_gpus": 1})
-    assert not wanted([gpu])  # it could not start in a spare
+    assert not code_to_preload([gpu])  # it could not start in a spare
     leaving = _deployment(autoscaling_config=scaling)
     leaving.deleting = True
-    assert not wanted([leaving])
+    assert not code_to_preload([leaving])
 
 
 def test_spares_load_the_code_of_the_deployments_that_want_them_at_most_16() -> None:

@@ -40,9 +40,7 @@ from app_toolkit._runtime.controller.loads import LoadBook
 from app_toolkit._runtime.controller.longpoll import LongPollHost
 from app_toolkit._runtime.controller.prefixes import check_prefixes
 from app_toolkit._runtime.controller.publishing import TablePublisher
-from app_toolkit._runtime.controller.replica_state import (
-    Event,
-)
+from app_toolkit._runtime.controller.replica_state import Event
 from app_toolkit._runtime.controller.rollout import new_rollout
 from app_toolkit._runtime.controller.status_view import serve_status
 from app_toolkit._runtime.controller.traffic import TrafficPolicy
@@ -375,7 +373,7 @@ class ControllerCore:
             if actions or self._due.get(deployment_id, now) <= now:  # a decision moves the target
                 actions += plan(state, now, functools.partial(self._new_replica_id, state))
                 self._due[deployment_id] = next_due(state)
-            self.actions.perform(state.spec.id, actions)
+            self.actions.perform(deployment_id, actions)
             if state.deleting and not state.replicas:
                 del self.deployments[deployment_id]
                 self._due.pop(deployment_id, None)

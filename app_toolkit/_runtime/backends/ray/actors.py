@@ -23,7 +23,7 @@ from app_toolkit._runtime.backends.ray.cluster import configure_worker, node_add
 from app_toolkit._runtime.backends.ray.node_metrics import NodeMetrics
 from app_toolkit._runtime.backends.ray.proxies import ProxyFleet
 from app_toolkit._runtime.backends.ray.replicas import RayReplicas, ReplicaActor
-from app_toolkit._runtime.backends.ray.spares import SparePool, code_to_preload, spare_setting, wanted
+from app_toolkit._runtime.backends.ray.spares import SparePool, code_to_preload, spare_setting
 from app_toolkit._runtime.controller.api import ControlCall
 from app_toolkit._runtime.controller.controller import ControllerCore
 from app_toolkit._runtime.controller.heap import HeapKeeper
@@ -145,7 +145,6 @@ class ControllerActor:
         self._spares = SparePool(
             ReplicaActor,
             spare_setting(),
-            lambda: wanted(self.core.deployments.values()),
             lambda: code_to_preload(self.core.deployments.values()),
         )
         self.core = ControllerCore(

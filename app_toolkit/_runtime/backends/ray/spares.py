@@ -70,7 +70,7 @@ class SpareSetting:
 
     per_node: int
     #: Set explicitly: kept whatever runs. Else only while a deployment that could start
-    #: in one autoscales (``wanted``).
+    #: in one autoscales (``code_to_preload`` finds one).
     always: bool
 
 
@@ -108,15 +108,11 @@ def _wants_spares(state: DeploymentState) -> bool:
     return state.autoscaler is not None and not state.deleting and fits(state.spec.config.ray_actor_options)
 
 
-def wanted(deployments: Iterable[DeploymentState]) -> bool:
-    """Whether a spare could be used soon: a deployment that could start its replicas
-    in one autoscales (a fixed-size one starts its replicas once)."""
-    return any(_wants_spares(state) for state in deployments)
-
-
 def code_to_preload(deployments: Iterable[DeploymentState]) -> dict[str, bytes]:
-    """The serialized code of the deployments whose replicas would start in a spare
-    (those ``wanted`` counts), by deployment and code version; at most ``_PRELOAD_MAX``."""
+    """The serialized code of the deployments whose replicas would start in a spare, by
+    deployment and code version; at most ``_PRELOAD_MAX``. Empty: no spare is wanted (no
+    deployment that could start in one autoscales; a fixed-size one starts its replicas
+    once)."""
     code = {
         f"{state.spec.id}@{state.spec.code_version}": state.spec.definition
         for state in deployments
@@ -140,21 +136,20 @@ class _Spare:
 
 class SparePool:
     """Keeps ``per_node`` started spares on every alive node (with the default setting,
-    only while ``needed()`` says so); ``take`` gives one away."""
+    only while ``code()`` names a deployment that could use one), has them load that
+    code ahead; ``take`` gives one away."""
 
     def __init__(
         self,
         actor_class: type,
         setting: SpareSetting,
-        needed: Callable[[], bool] = lambda: True,
-        code: Callable[[], dict[str, bytes]] = dict,
+        code: Callable[[], dict[str, bytes]],
     ) -> None:
         self._actor_class = actor_class
         self.per_node = setting.per_node
         self._always = setting.always
-        self._needed = needed
         self._code = code  # what ready spares load ahead (``code_to_preload``)
-        self._needed_at = 0.0  # when ``needed()`` last said yes (monotonic)
+        self._needed_at = 0.0  # when ``code()`` last named a deployment (monotonic)
         self._spares: dict[str, list[_Spare]] = {}  # node id -> its spares, oldest first
         self._keeper: asyncio.Task[None] | None = None
         self._turn = 0
@@ -222,10 +217,10 @@ class SparePool:
                 logger.exception("Keeping the spare replica processes failed; trying again")
             await asyncio.sleep(_CHECK_PERIOD_S)
 
-    def _target(self) -> tuple[int, bool]:
+    def _target(self, code: dict[str, bytes]) -> tuple[int, bool]:
         """Spares each node keeps now, and whether missing ones may be started."""
         now = time.monotonic()
-        if self._always or self._needed():
+        if self._always or code:
             self._needed_at = now
             return self.per_node, True
         if now - self._needed_at < _UNWANTED_AFTER_S:
@@ -233,8 +228,8 @@ class SparePool:
         return 0, False
 
     async def _fill(self) -> None:
-        per_node, grow = self._target()
         code = self._code()
+        per_node, grow = self._target(code)
         nodes = await asyncio.to_thread(ray.nodes)
         alive = {str(node["NodeID"]) for node in nodes if node["Alive"]}
         for node in [node for node in self._spares if node not in alive]:
