@@ -145,11 +145,24 @@ class AppSpec:
 @compact
 @dataclass(frozen=True, slots=True)
 class HTTPRequest:
-    """An HTTP request as the proxy forwards it: the ASGI scope and the whole body."""
+    """An HTTP request as the proxy forwards it: the ASGI scope and the body, whole, or
+    (``more_body``) its start, the rest following as :class:`RequestBodyPiece` messages
+    once the replica admitted the request (its first flow-control credit says so)."""
 
     request_id: str
     scope: dict[str, Any]
     body: bytes
+    more_body: bool = False
+
+
+@compact
+@dataclass(frozen=True, slots=True)
+class RequestBodyPiece:
+    """The next piece of a request body the proxy streams to the replica; ``more``:
+    others follow."""
+
+    data: bytes
+    more: bool
 
 
 @compact
@@ -233,6 +246,11 @@ class WebSocketMessage:
     """One ASGI message of a WebSocket: the client's (to the replica) or the app's (back)."""
 
     message: dict[str, Any]
+
+
+#: What a caller sends on a request it opened: the client's WebSocket messages, or the
+#: rest of a streamed request body.
+ClientMessage = WebSocketMessage | RequestBodyPiece
 
 
 @compact

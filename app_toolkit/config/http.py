@@ -19,8 +19,8 @@ class HTTPOptions(Strict):
     max_request_body_bytes: int = Field(
         100 << 20,
         ge=1,
-        description="Largest request body the proxy accepts (it buffers "
-        "bodies before forwarding them); bigger ones get 413.",
+        description="Largest request body accepted (it streams into the app as it arrives); "
+        "bigger ones get 413.",
     )
     max_buffered_body_bytes: int = Field(
         1 << 30,

@@ -25,6 +25,7 @@ from app_toolkit._runtime.messages import (
     MethodCall,
     ReplicaLost,
     Request,
+    RequestBodyPiece,
     StreamEnd,
     StreamItem,
     WebSocketMessage,
@@ -531,6 +532,45 @@ async def test_websocket_messages_to_a_busy_app_wait_at_the_window() -> None:
         assert not sender.done() and sent * 65536 <= STREAM_WINDOW + 65536 + FRAME_COST
         await asyncio.wait_for(sender, 10)  # once it reads, the rest flows
         assert firehose.read > 150
+    finally:
+        client.close()
+        server.close()
+
+
+class BodyReader(Handler):
+    """Reads a streamed request body from ``sink.inbound`` and answers with it."""
+
+    async def serve(self, message: Request, sink: ResponseSink) -> None:
+        assert isinstance(message, HTTPRequest) and message.more_body and sink.inbound is not None
+        try:
+            pieces = [message.body]
+            while True:
+                piece = await sink.inbound.get()
+                pieces.append(piece["body"])
+                if not piece["more_body"]:
+                    break
+            sink.send(HTTPResponse(200, [], b"|".join(pieces)))
+        finally:
+            self.running -= 1
+
+
+async def test_a_streamed_request_body_follows_the_replicas_admission() -> None:
+    handler = BodyReader(capacity=1)
+    server, port = await start_server(handler, "127.0.0.1", TOKEN)
+    client = ChannelClient("127.0.0.1", port, TOKEN)
+    streamed = HTTPRequest("rid", {"type": "http", "path": "/"}, b"start", more_body=True)
+    try:
+        exchange = await client.open(streamed)
+        await asyncio.wait_for(exchange.room_to_send(), 5)  # the replica's first credit
+        assert not exchange.finished
+        refused = await client.open(streamed)  # the replica is full: no credit, a refusal
+        await asyncio.wait_for(refused.room_to_send(), 5)
+        assert refused.finished and await refused.recv() == BUSY
+        for data, more in ((b"x" * 300_000, True), (b"end", False)):
+            await asyncio.wait_for(exchange.room_to_send(), 5)
+            exchange.send(RequestBodyPiece(data, more))
+        answer = await asyncio.wait_for(exchange.recv(), 5)
+        assert isinstance(answer, HTTPResponse) and answer.body == b"start|" + b"x" * 300_000 + b"|end"
     finally:
         client.close()
         server.close()

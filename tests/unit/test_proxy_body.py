@@ -9,7 +9,17 @@ from typing import Any
 import pytest
 
 from app_toolkit._runtime.answers import header_dict
-from app_toolkit._runtime.proxy.body import CLIENT_CLOSED, BodyBudget, read_body
+from app_toolkit._runtime.channel.exchange import Exchange
+from app_toolkit._runtime.channel.flow import STREAM_WINDOW, frame_cost
+from app_toolkit._runtime.messages import BUSY, HTTPRequest, HTTPResponse, RequestBodyPiece
+from app_toolkit._runtime.proxy.body import (
+    CLIENT_CLOSED,
+    READ_AHEAD_BYTES,
+    Body,
+    BodyBudget,
+    BodyPump,
+    read_body,
+)
 from app_toolkit._runtime.proxy.direct import StreamedBody
 from app_toolkit._runtime.proxy.request_state import RequestState
 from app_toolkit._runtime.proxy.scope import RequestHeaders
@@ -18,6 +28,19 @@ from app_toolkit.config import HTTPOptions
 pytestmark = pytest.mark.anyio
 
 HTTP = HTTPOptions(max_request_body_bytes=100, max_buffered_body_bytes=150, body_timeout_s=0.2)
+
+
+class _Link:
+    """What our HTTP protocol says of the next piece: here already, or not."""
+
+    def __init__(self, ready: bool) -> None:
+        self.ready = ready
+
+    def body_ready(self) -> bool:
+        return self.ready
+
+
+ARRIVED: Any = _Link(ready=True)
 
 
 def chunks(*parts: bytes, then_stall: bool = False) -> Callable[[], Awaitable[dict[str, Any]]]:
@@ -49,7 +72,7 @@ async def test_declared_bodies_are_counted_up_front_and_given_back() -> None:
 async def test_bodies_without_a_length_are_counted_as_they_arrive() -> None:
     budget = BodyBudget(HTTP.max_buffered_body_bytes)
     budget.take(100)
-    body = await read_body(chunks(b"x" * 30, b"y" * 30), None, HTTP, budget)
+    body = await read_body(chunks(b"x" * 30, b"y" * 30), None, HTTP, budget, ARRIVED)
     assert body.refusal == 503 and body.held == 30  # the caller gives back what was taken
     budget.give(body.held)
     assert budget.held == 100
@@ -58,10 +81,30 @@ async def test_bodies_without_a_length_are_counted_as_they_arrive() -> None:
 async def test_too_large_stalled_and_abandoned_bodies() -> None:
     budget = BodyBudget(HTTP.max_buffered_body_bytes)
     assert (await read_body(chunks(b""), b"101", HTTP, budget)).refusal == 413
-    assert (await read_body(chunks(b"z" * 60, b"z" * 60), None, HTTP, budget)).refusal == 413
-    stalled = await read_body(chunks(b"z" * 10, then_stall=True), b"50", HTTP, budget)
+    assert (await read_body(chunks(b"z" * 60, b"z" * 60), None, HTTP, budget, ARRIVED)).refusal == 413
+    stalled = await read_body(chunks(b"z" * 10, then_stall=True), b"50", HTTP, budget, ARRIVED)
     assert stalled.refusal == 408 and "0.2 s (body_timeout_s)" in stalled.answer(HTTP, "r").body.decode()
     assert (await read_body(chunks(), None, HTTP, budget)).refusal == CLIENT_CLOSED
+
+
+async def test_what_has_not_arrived_is_left_for_the_pump() -> None:
+    budget = BodyBudget(HTTP.max_buffered_body_bytes)
+    # The next piece is not here yet: forward with what came (the rest streams).
+    body = await read_body(chunks(b"ab", b"cd"), None, HTTP, budget, _Link(ready=False))
+    assert (body.data, body.more, body.refusal) == (b"ab", True, 0)
+    # Under a server without our protocol's link, the first piece alone.
+    body = await read_body(chunks(b"ab", b"cd"), None, HTTP, budget)
+    assert (body.data, body.more) == (b"ab", True)
+    # Pieces that are here are read, until the whole body or READ_AHEAD_BYTES.
+    body = await read_body(chunks(b"ab", b"cd"), None, HTTP, budget, ARRIVED)
+    assert (body.data, body.more) == (b"abcd", False)
+    large = HTTPOptions(max_request_body_bytes=1 << 20)
+    piece = b"p" * (READ_AHEAD_BYTES // 2)
+    body = await read_body(chunks(piece, piece, piece), None, large, BodyBudget(1 << 20), ARRIVED)
+    assert (len(body.data), body.more) == (READ_AHEAD_BYTES, True)
+    # A declared length takes only what read-ahead may hold from the budget.
+    declared = await read_body(chunks(piece, then_stall=True), b"1000000", large, BodyBudget(1 << 20))
+    assert (declared.held, declared.more) == (READ_AHEAD_BYTES, True)
 
 
 def test_the_budget_must_hold_the_largest_body() -> None:
@@ -108,14 +151,6 @@ async def test_a_stalled_streamed_body_ends_with_a_disconnect_and_408() -> None:
     assert asyncio.get_running_loop().time() - started < 5
 
 
-class _Link:
-    def __init__(self, ready: bool) -> None:
-        self.ready = ready
-
-    def body_ready(self) -> bool:
-        return self.ready
-
-
 async def test_a_piece_that_has_arrived_is_read_without_a_timer() -> None:
     # The protocol says the piece is there: nothing to bound (a slow receive here is
     # only this test's, to show no timeout applies).
@@ -127,3 +162,74 @@ async def test_a_piece_that_has_arrived_is_read_without_a_timer() -> None:
     assert (await body.receive())["body"] == b"ab"
     stalled = _streamed(slow_receive, _Link(ready=False))
     assert (await stalled.receive())["type"] == "http.disconnect" and stalled.refusal == 408
+
+
+# The proxied path: the rest of a body goes to the replica that admitted the request.
+
+
+def _pumped() -> tuple[Exchange, list[RequestBodyPiece], list[str]]:
+    sent: list[RequestBodyPiece] = []
+    cancelled: list[str] = []
+
+    def forward(message: object) -> int:
+        assert isinstance(message, RequestBodyPiece)
+        sent.append(message)
+        return frame_cost(len(message.data))
+
+    request = HTTPRequest("r", {}, b"ab", more_body=True)
+    return Exchange(lambda: cancelled.append("cancel"), forward, request=request), sent, cancelled
+
+
+async def _settle() -> None:
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+async def test_the_pump_sends_nothing_before_the_replica_admits_the_request() -> None:
+    read = Body(b"ab", more=True)
+    # Refused: the pump ends without reading, so the next replica gets the body whole.
+    refused, sent, _ = _pumped()
+    pending = chunks(b"cd")
+    async with BodyPump(pending, read, HTTP, RequestState(None, 0.0)) as pump:
+        pump.start(refused)
+        await _settle()
+        refused.push(BUSY)
+        await _settle()
+    assert sent == [] and (await pending())["body"] == b"cd"  # still with the client
+    # Admitted (its first credit): the rest of the body follows, the last piece says so.
+    admitted, sent, _ = _pumped()
+    async with BodyPump(chunks(b"cd", b"ef"), read, HTTP, RequestState(None, 0.0)) as pump:
+        pump.start(admitted)
+        await _settle()
+        assert sent == []
+        admitted.credited(STREAM_WINDOW)
+        await _settle()
+    assert sent == [RequestBodyPiece(b"cd", True), RequestBodyPiece(b"ef", False)]
+
+
+async def test_the_pump_stays_a_window_ahead_of_the_app() -> None:
+    exchange, sent, _ = _pumped()
+    piece = b"w" * (STREAM_WINDOW // 2)
+    large = HTTPOptions(max_request_body_bytes=1 << 30, max_buffered_body_bytes=1 << 30)
+    async with BodyPump(chunks(*[piece] * 6), Body(b"", more=True), large, RequestState(None, 0.0)) as pump:
+        pump.start(exchange)
+        exchange.credited(STREAM_WINDOW)
+        await _settle()
+        assert len(sent) == 2  # a window's worth, not consumed yet
+        exchange.credited(2 * frame_cost(len(piece)))  # the replica consumed both
+        await _settle()
+        assert len(sent) == 4
+
+
+async def test_the_pump_answers_a_body_over_the_limit_or_stalled_in_the_apps_place() -> None:
+    for receive, status in ((chunks(b"x" * 99), 413), (chunks(b"x", then_stall=True), 408)):
+        exchange, sent, cancelled = _pumped()
+        state = RequestState(None, 0.0)
+        state.request_id = "rid"
+        async with BodyPump(receive, Body(b"ab", more=True), HTTP, state) as pump:
+            pump.start(exchange)
+            exchange.credited(STREAM_WINDOW)
+            answer = await asyncio.wait_for(exchange.recv(), 5)
+        assert isinstance(answer, HTTPResponse) and answer.status == status
+        assert cancelled == ["cancel"] and not state.uploading  # the replica stops the app
+        assert header_dict(answer)["x-request-id"] == "rid"

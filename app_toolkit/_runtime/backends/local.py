@@ -13,12 +13,12 @@ import itertools
 import pickle
 import uuid
 from collections.abc import Callable, Sequence
-from typing import TypeVar, cast
+from typing import Any, TypeVar, cast
 
 from starlette.types import ASGIApp
 
 from app_toolkit._runtime.channel.exchange import Exchange
-from app_toolkit._runtime.channel.flow import FRAME_COST, Inbound, frame_cost
+from app_toolkit._runtime.channel.flow import FRAME_COST, STREAM_WINDOW, Inbound, frame_cost
 from app_toolkit._runtime.controller.api import ControlCall
 from app_toolkit._runtime.controller.controller import ControllerCore
 from app_toolkit._runtime.messages import (
@@ -29,10 +29,12 @@ from app_toolkit._runtime.messages import (
     Answer,
     AppSpec,
     BodyChunk,
+    ClientMessage,
     DeploymentSpec,
+    HTTPRequest,
     ReplicaInfo,
     Request,
-    WebSocketMessage,
+    RequestBodyPiece,
     WebSocketOpen,
 )
 from app_toolkit._runtime.proxy.proxy import Proxy
@@ -170,19 +172,28 @@ class LocalReplicaClient:
             for task in tasks:
                 task.cancel()
 
-        def forward(next_message: WebSocketMessage) -> int:
-            message = next_message.message
-            cost = frame_cost(len(message.get("bytes") or b"") + len(message.get("text") or ""))
+        def forward(next_message: ClientMessage) -> int:
+            message: dict[str, Any]
+            if isinstance(next_message, RequestBodyPiece):
+                data = bytes(next_message.data)  # the server may reuse its buffer
+                message = {"type": "http.request", "body": data, "more_body": next_message.more}
+                cost = frame_cost(len(data))
+            else:
+                message = next_message.message
+                cost = frame_cost(len(message.get("bytes") or b"") + len(message.get("text") or ""))
             if inbound is not None:
                 inbound.put(message, cost)
             return cost
 
-        exchange = Exchange(cancel, forward)
-        if isinstance(request, WebSocketOpen):
+        exchange = Exchange(cancel, forward, request=request)
+        streams_body = isinstance(request, HTTPRequest) and request.more_body
+        if isinstance(request, WebSocketOpen) or streams_body:
             inbound = Inbound(exchange.credited)
         if not core.admit():
             exchange.push(DRAINING if core.draining else BUSY)
             return exchange
+        if streams_body:
+            exchange.credited(STREAM_WINDOW)  # admitted: the rest of the body may come
         sink = _LocalSink(exchange, inbound)
         tasks.append(asyncio.get_running_loop().create_task(core.serve(request, sink)))
         return exchange

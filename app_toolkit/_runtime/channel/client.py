@@ -22,7 +22,7 @@ from app_toolkit._runtime.channel.frames import (
     encode_request,
     plain_dumps,
 )
-from app_toolkit._runtime.messages import LOST, TERMINAL, CallFailure, Request, WebSocketMessage
+from app_toolkit._runtime.messages import LOST, TERMINAL, CallFailure, ClientMessage, Request
 from app_toolkit.exceptions import ReplicaUnavailableError
 
 logger = logging.getLogger("app_toolkit.channel")
@@ -169,7 +169,7 @@ class ChannelClient:
             if conn.pending.pop(number, None) is not None:
                 conn.send(Kind.CANCEL, number, [])
 
-        def forward(message: WebSocketMessage) -> int:
+        def forward(message: ClientMessage) -> int:
             next_kind, parts = encode_request(message, self.dumps)
             conn.send(next_kind, number, parts)
             return parts_cost(parts)
@@ -177,7 +177,7 @@ class ChannelClient:
         def grant(amount: int) -> None:
             conn.send(Kind.CREDIT, number, encode_credit(amount))
 
-        exchange = Exchange(cancel, forward, Credits(grant))
+        exchange = Exchange(cancel, forward, Credits(grant), request)
         conn.pending[number] = exchange
         # Requests sent in one loop turn (say, from clients whose requests arrived
         # together) leave in one write.

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from app_toolkit._runtime.channel.flow import Credits, Window
-from app_toolkit._runtime.messages import TERMINAL, Answer, WebSocketMessage
+from app_toolkit._runtime.messages import TERMINAL, Answer, ClientMessage, HTTPRequest, Request
 
 A = TypeVar("A", bound=Answer)
 
@@ -20,7 +20,10 @@ class Exchange:
 
     ``inflow`` counts what arrived and was not consumed yet (an in-process producer waits
     on it; over the channel, consuming grants ``credits`` to the replica). ``outflow``
-    counts WebSocket messages sent to the replica and not yet consumed there.
+    counts the client's messages (WebSocket messages, the pieces of a streamed request
+    body) sent to the replica and not yet consumed there. A streamed body's window opens
+    with the replica's first credit, which it grants when it admits the request: nothing
+    of the body leaves before, so a refused request can still go whole to another replica.
     """
 
     __slots__ = ("_items", "_waiter", "_cancel", "_forward", "finished", "inflow", "outflow", "credits")
@@ -28,8 +31,9 @@ class Exchange:
     def __init__(
         self,
         cancel: Callable[[], None],
-        forward: Callable[[WebSocketMessage], int] | None = None,
+        forward: Callable[[ClientMessage], int] | None = None,
         credits: Credits | None = None,
+        request: Request | None = None,
     ) -> None:
         self._items: collections.deque[tuple[Answer, int]] = collections.deque()
         self._waiter: asyncio.Future[None] | None = None
@@ -38,11 +42,13 @@ class Exchange:
         self.finished = False
         self.inflow = Window()
         self.outflow = Window()
+        if isinstance(request, HTTPRequest) and request.more_body:
+            self.outflow.sent(self.outflow.size)  # until the replica admits it
         self.credits = credits
 
-    def send(self, message: WebSocketMessage) -> None:
-        """Send the client's next WebSocket message to the replica; wait for
-        :meth:`room_to_send` before each."""
+    def send(self, message: ClientMessage) -> None:
+        """Send the client's next message to the replica; wait for :meth:`room_to_send`
+        before each."""
         if self._forward is not None and not self.finished:
             self.outflow.sent(self._forward(message))
 
@@ -95,6 +101,14 @@ class Exchange:
         answer, cost = self._items.popleft()
         self._consumed(cost)
         return answer
+
+    def refuse(self, answer: Answer) -> None:
+        """The caller ends the request with ``answer`` (say, a body over its limit): the
+        replica is told to cancel it, and ``answer`` comes after what arrived already
+        (no-op once the request finished)."""
+        if not self.finished:
+            self.cancel()
+            self.push(answer)
 
     def cancel(self) -> None:
         """Ask the replica to cancel this request (no-op once it finished)."""

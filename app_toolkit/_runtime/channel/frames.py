@@ -27,6 +27,7 @@ from app_toolkit._runtime.messages import (
     BodyChunk,
     CallFailure,
     CallResult,
+    ClientMessage,
     HTTPRequest,
     HTTPResponse,
     HTTPResponseStart,
@@ -34,6 +35,7 @@ from app_toolkit._runtime.messages import (
     Rejected,
     ReplicaLost,
     Request,
+    RequestBodyPiece,
     StreamEnd,
     StreamItem,
     WebSocketMessage,
@@ -74,10 +76,11 @@ class Kind(IntEnum):
     REJECTED = 16
     ITEM = 17  # one item of a streamed handle call; END or FAILURE follows the last
     WS_OUT = 18  # an ASGI message the app sent on a WebSocket; END follows the last
+    BODY_IN = 19  # the next piece of a streamed request body: a "more" byte, then the bytes
 
 
 #: The kinds of a stream's frames, which flow control counts (flow.py).
-STREAMED = frozenset({Kind.BODY, Kind.ITEM, Kind.WS_OUT, Kind.WS_IN})
+STREAMED = frozenset({Kind.BODY, Kind.ITEM, Kind.WS_OUT, Kind.WS_IN, Kind.BODY_IN})
 #: The kinds that open a request.
 OPENING = frozenset({Kind.HTTP, Kind.CALL, Kind.WS_OPEN})
 
@@ -89,6 +92,7 @@ def plain_dumps(value: object) -> bytes:
 _HEAD_LENGTH = struct.Struct("!I")
 _CREDIT = struct.Struct("!Q")
 _DRAINING = b"d"  # the REJECTED frame's payload when the replica is shutting down
+_MORE, _LAST = b"m", b"l"  # a BODY_IN frame's first byte: more pieces follow, or none
 Frame = tuple[Kind, list[bytes]]
 
 
@@ -103,12 +107,16 @@ def _split_body(payload: memoryview) -> tuple[Any, bytes]:
     return pickle.loads(payload[4 : 4 + length]), payload[4 + length :].tobytes()
 
 
-def encode_request(request: Request | WebSocketMessage, dumps: Dumps) -> Frame:
-    """The frame of a request (or of a client's WebSocket message), as its parts.
-    ``dumps`` serializes what carries user objects (call arguments)."""
+def encode_request(request: Request | ClientMessage, dumps: Dumps) -> Frame:
+    """The frame of a request (or of what the client sends on it: a WebSocket message,
+    a piece of the body), as its parts. ``dumps`` serializes what carries user objects
+    (call arguments)."""
     match request:
         case HTTPRequest():
-            return Kind.HTTP, _with_body(plain_dumps((request.request_id, request.scope)), request.body)
+            head = plain_dumps((request.request_id, request.scope, request.more_body))
+            return Kind.HTTP, _with_body(head, request.body)
+        case RequestBodyPiece():
+            return Kind.BODY_IN, [_MORE if request.more else _LAST, request.data]
         case MethodCall():
             return Kind.CALL, [dumps(request)]
         case WebSocketMessage():
@@ -121,8 +129,8 @@ def decode_request(kind: Kind, payload: memoryview) -> Request:
     """Inverse of :func:`encode_request` for the kinds that open a request; copies what
     it keeps out of ``payload``."""
     if kind is Kind.HTTP:
-        (request_id, scope), body = _split_body(payload)
-        return HTTPRequest(request_id, scope, body)
+        (request_id, scope, more_body), body = _split_body(payload)
+        return HTTPRequest(request_id, scope, body, more_body)
     request = pickle.loads(payload)
     if not isinstance(request, MethodCall | WebSocketOpen) or (kind is Kind.CALL) != isinstance(
         request, MethodCall
@@ -134,6 +142,11 @@ def decode_request(kind: Kind, payload: memoryview) -> Request:
 def decode_client_message(payload: memoryview) -> WebSocketMessage:
     """A WS_IN frame's message."""
     return WebSocketMessage(pickle.loads(payload))
+
+
+def decode_body_piece(payload: memoryview) -> dict[str, Any]:
+    """A BODY_IN frame, as the ASGI message the app receives."""
+    return {"type": "http.request", "body": payload[1:].tobytes(), "more_body": payload[:1] == _MORE}
 
 
 def encode_answer(answer: Answer, dumps: Dumps) -> Frame:

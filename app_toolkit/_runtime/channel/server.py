@@ -9,7 +9,7 @@ import ssl
 from typing import Protocol
 
 from app_toolkit._runtime.channel import handshake
-from app_toolkit._runtime.channel.flow import Inbound, Window, frame_cost, parts_cost
+from app_toolkit._runtime.channel.flow import STREAM_WINDOW, Inbound, Window, frame_cost, parts_cost
 from app_toolkit._runtime.channel.frames import (
     MAX_FRAME_BYTES,
     OPENING,
@@ -17,6 +17,7 @@ from app_toolkit._runtime.channel.frames import (
     Dumps,
     FrameProtocol,
     Kind,
+    decode_body_piece,
     decode_client_message,
     decode_credit,
     decode_request,
@@ -24,15 +25,24 @@ from app_toolkit._runtime.channel.frames import (
     encode_credit,
     plain_dumps,
 )
-from app_toolkit._runtime.messages import BUSY, DRAINING, Answer, CallFailure, Request, WebSocketOpen
+from app_toolkit._runtime.messages import (
+    BUSY,
+    DRAINING,
+    Answer,
+    CallFailure,
+    HTTPRequest,
+    Request,
+    WebSocketOpen,
+)
 
 logger = logging.getLogger("app_toolkit.channel")
 
 
 class ResponseSink(Protocol):
-    """Where a replica sends the answers of one request (and, for WebSockets, reads the
-    client's messages from ``inbound``). ``drain()`` after each answer of a stream waits
-    for the connection and for the stream's flow-control window (``flow.py``)."""
+    """Where a replica sends the answers of one request (and, for WebSockets and streamed
+    request bodies, reads the client's messages from ``inbound``). ``drain()`` after each
+    answer of a stream waits for the connection and for the stream's flow-control window
+    (``flow.py``)."""
 
     inbound: Inbound | None
 
@@ -73,7 +83,7 @@ class _ServerSink:
         await self.window.room()
 
     def grant(self, amount: int) -> None:
-        """The app took ``amount`` of the client's WebSocket messages: more may come."""
+        """The app took ``amount`` of the client's messages: more may come."""
         self._conn.send(Kind.CREDIT, self._number, encode_credit(amount))
 
 
@@ -163,6 +173,11 @@ class _ServerConnection(FrameProtocol):
             if sink is not None and sink.inbound is not None:
                 sink.inbound.put(decode_client_message(payload).message, frame_cost(len(payload)))
             return
+        if kind is Kind.BODY_IN:
+            sink = self.sinks.get(number)
+            if sink is not None and sink.inbound is not None:
+                sink.inbound.put(decode_body_piece(payload), frame_cost(len(payload)))
+            return
         if kind not in OPENING:
             raise ValueError(f"a caller sent a {kind.name} frame")  # closes the connection
         try:
@@ -191,6 +206,10 @@ class _ServerConnection(FrameProtocol):
         sink = self.sinks[number] = _ServerSink(self, number)
         if isinstance(request, WebSocketOpen):
             sink.inbound = Inbound(sink.grant)
+        elif isinstance(request, HTTPRequest) and request.more_body:
+            # The caller sends the rest of the body once admitted: this first credit says so.
+            sink.inbound = Inbound(sink.grant)
+            sink.grant(STREAM_WINDOW)
         task = asyncio.get_running_loop().create_task(self.handler.serve(request, sink))
         self.tasks[number] = task
 

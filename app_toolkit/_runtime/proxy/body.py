@@ -1,20 +1,28 @@
 """Reading a request body in the proxy, within three bounds: its own size
 (``max_request_body_bytes``, 413), the bytes of all bodies the proxy holds at once
 (``max_buffered_body_bytes``, 503 with Retry-After) and the longest pause between two of its
-pieces (``body_timeout_s``, 408)."""
+pieces (``body_timeout_s``, 408). The proxy reads ahead what has arrived, up to
+``READ_AHEAD_BYTES``, and streams the rest to the replica as the client sends it."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import dataclass
 
-from starlette.types import Receive
+from starlette.types import Message, Receive
 
 from app_toolkit._runtime.answers import error_answer, unavailable
-from app_toolkit._runtime.messages import HTTPResponse
+from app_toolkit._runtime.channel.exchange import Exchange
+from app_toolkit._runtime.messages import HTTPResponse, RequestBodyPiece
+from app_toolkit._runtime.proxy.http_guard import RequestLink
+from app_toolkit._runtime.proxy.request_state import RequestState, watch_disconnect
 from app_toolkit.config import HTTPOptions
 
 CLIENT_CLOSED = 499  # nginx's status for "the client closed the connection"
+#: The most of a body the proxy reads before it forwards the request (of what has
+#: arrived already); the rest streams to the replica as it arrives.
+READ_AHEAD_BYTES = 64 << 10
 
 
 class BodyBudget:
@@ -36,11 +44,13 @@ class BodyBudget:
 
 @dataclass(slots=True)
 class Body:
-    """A request body as read: ``data`` when whole, else why not (``refusal``)."""
+    """A request body as read before forwarding: ``data`` (whole, or with ``more`` its
+    start), else why not (``refusal``)."""
 
     data: bytes = b""
     held: int = 0  # bytes taken from the budget; give them back when the request ends
-    refusal: int = 0  # 0: the whole body is here; else 413, 503, 408 or CLIENT_CLOSED
+    refusal: int = 0  # 0: read; else 413, 503, 408 or CLIENT_CLOSED
+    more: bool = False  # the rest is still with the client: stream it (BodyPump)
 
     def answer(self, http: HTTPOptions, request_id: str) -> HTTPResponse:
         """The answer to a refused body (not for CLIENT_CLOSED: nobody is listening)."""
@@ -60,10 +70,17 @@ def refusal_answer(status: int, http: HTTPOptions, request_id: str) -> HTTPRespo
 
 
 async def read_body(
-    receive: Receive, content_length: bytes | None, http: HTTPOptions, budget: BodyBudget
+    receive: Receive,
+    content_length: bytes | None,
+    http: HTTPOptions,
+    budget: BodyBudget,
+    link: RequestLink | None = None,
 ) -> Body:
-    """Read the whole body, taking its bytes from ``budget`` (up front when the length is
-    declared, else as they arrive)."""
+    """Read what the request is forwarded with: the whole body, or its start (``more``)
+    when the rest has not arrived yet or it is over ``READ_AHEAD_BYTES`` — the first piece
+    and the pieces that came with it (``link`` says which are here; without one, the
+    first alone). Bytes are taken from ``budget`` (up front when a length is declared, as
+    far as read-ahead goes, else as they arrive)."""
     body = Body()
     limit = http.max_request_body_bytes
     if content_length is not None and content_length.isdigit():
@@ -71,10 +88,10 @@ async def read_body(
         if declared > limit:
             body.refusal = 413
             return body
-        if not budget.take(declared):
+        if not budget.take(min(declared, READ_AHEAD_BYTES)):
             body.refusal = 503
             return body
-        body.held = declared
+        body.held = min(declared, READ_AHEAD_BYTES)
     chunks = []
     size = 0
     while True:
@@ -98,6 +115,92 @@ async def read_body(
                 return body
             body.held = size
         chunks.append(chunk)
-        if not message.get("more_body", False):
+        body.more = message.get("more_body", False)
+        if not body.more or size >= READ_AHEAD_BYTES or link is None or not link.body_ready():
             body.data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
             return body
+
+
+class BodyPump:
+    """The rest of a body that :func:`read_body` read the start of, sent to the replica
+    that admits the request as the client sends it (at most a flow-control window ahead
+    of the app), within the same bounds: ``max_request_body_bytes`` (413) and
+    ``body_timeout_s`` between pieces (408), answered in the app's place. Under a server
+    without our protocol's link it also hears the client leave once the body is sent
+    (nothing else may call ``receive()`` meanwhile).
+
+    Use as ``async with``: the pumps it started end with the block."""
+
+    def __init__(self, receive: Receive, read: Body, http: HTTPOptions, state: RequestState) -> None:
+        self._receive = receive
+        self._size = len(read.data)
+        self._http = http
+        self._state = state
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def __aenter__(self) -> BodyPump:
+        return self
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in list(self._tasks):
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    def start(self, exchange: Exchange) -> None:
+        """Pump into ``exchange`` once its replica admits the request (given to the
+        dispatcher: a replica that refuses it gets nothing, and the next one the body
+        whole)."""
+        task = asyncio.get_running_loop().create_task(self._pump(exchange))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _pump(self, exchange: Exchange) -> None:
+        await exchange.room_to_send()  # the first credit: the replica admitted the request
+        if exchange.finished:
+            return  # refused (or lost): nothing was read
+        state = self._state
+        # Cancelled meanwhile, it stays set: a deadline that passes now is the upload's (408).
+        state.uploading = True
+        sent = await self._send_rest(exchange)
+        state.uploading = False
+        if sent and state.link is None:
+            await watch_disconnect(self._receive, state)
+
+    async def _send_rest(self, exchange: Exchange) -> bool:
+        """Send the client's pieces until the last; False if the body ended otherwise
+        (refused here, the client left, the app answered without it)."""
+        state = self._state
+        while True:
+            message = await self._next_piece()
+            if message is None:
+                exchange.refuse(refusal_answer(408, self._http, state.request_id))
+                return False
+            if message["type"] == "http.disconnect":
+                if state.link is None:  # else our protocol tells the request itself
+                    state.client_left()
+                return False
+            chunk = message.get("body", b"")
+            self._size += len(chunk)
+            if self._size > self._http.max_request_body_bytes:
+                exchange.refuse(refusal_answer(413, self._http, state.request_id))
+                return False
+            more = bool(message.get("more_body", False))
+            exchange.send(RequestBodyPiece(chunk, more))
+            if not more:
+                return True
+            await exchange.room_to_send()
+            if exchange.finished:
+                return False  # the app answered without the rest of the body
+
+    async def _next_piece(self) -> Message | None:
+        """The client's next message; None if it did not come within ``body_timeout_s``."""
+        link = self._state.link
+        if link is not None and link.body_ready():  # here already: no wait to bound
+            return await self._receive()
+        try:
+            async with asyncio.timeout(self._http.body_timeout_s):
+                return await self._receive()
+        except TimeoutError:
+            return None

@@ -21,7 +21,7 @@ from app_toolkit._runtime.messages import (
 from app_toolkit._runtime.proxy import stream_metrics
 from app_toolkit._runtime.proxy.request_state import RequestState, abort_response
 from app_toolkit._runtime.proxy.scope import with_request_id
-from app_toolkit._runtime.routing.dispatcher import Dispatcher
+from app_toolkit._runtime.routing.dispatcher import Dispatcher, OnOpen
 from app_toolkit.exceptions import BackPressureError, ReplicaUnavailableError, RequestLostError
 
 logger = logging.getLogger("app_toolkit.proxy")
@@ -34,13 +34,14 @@ async def forward(
     state: RequestState,
     model_id: str = "",
     shard_key: str = "",
+    on_open: OnOpen | None = None,
 ) -> None:
     """Send ``request`` through ``dispatcher`` and relay the replica's answer to the client
     (a complete response in one write, a stream as it is produced); queue, overload and
-    lost-replica failures are answered here."""
+    lost-replica failures are answered here. ``on_open``: see ``Dispatcher.send``."""
     request_id = request.request_id
     try:
-        reply = await dispatcher.send(request, model_id, shard_key)
+        reply = await dispatcher.send(request, model_id, shard_key, on_open=on_open)
     except BackPressureError as exc:
         state.status = await send_answer(send, overloaded(exc, request_id))
         return

@@ -29,7 +29,7 @@ from app_toolkit._runtime.messages import (
     HTTPResponse,
 )
 from app_toolkit._runtime.proxy.access_log import AccessLog
-from app_toolkit._runtime.proxy.body import CLIENT_CLOSED, Body, BodyBudget, read_body
+from app_toolkit._runtime.proxy.body import CLIENT_CLOSED, Body, BodyBudget, BodyPump, read_body
 from app_toolkit._runtime.proxy.dashboard import PREFIX as DASHBOARD
 from app_toolkit._runtime.proxy.dashboard import Dashboard, StatusSource
 from app_toolkit._runtime.proxy.direct import LocalIngress, serve_here
@@ -244,7 +244,7 @@ class Proxy:
                     local = None  # refused below, before any app runs
                 direct = local is not None and local.admit()
                 if headers.has_body and not direct:
-                    body = await read_body(receive, headers.content_length, self.http, self.budget)
+                    body = await read_body(receive, headers.content_length, self.http, self.budget, link)
                 if body.refusal == CLIENT_CLOSED:
                     state.status = CLIENT_CLOSED  # the client went away before sending its body
                     return
@@ -257,7 +257,7 @@ class Proxy:
                 watching = True
                 if link is not None:
                     link.on_client_left = state.client_left
-                else:
+                elif not body.more:  # else the body's pump hears it, once the body is sent
                     watcher = asyncio.ensure_future(watch_disconnect(receive, state))
                 proxy_span = span.trace if span is not None else None
                 if direct and local is not None:
@@ -265,15 +265,15 @@ class Proxy:
                     await serve_here(local, scope, receive, send, state, headers, self.http, trace)
                     return
                 forwarded = forwarded_scope(scope, route, headers, proxy_span)
-                request = HTTPRequest(request_id, forwarded, body.data)
-                await forward(
-                    self.subscriber.dispatcher(deployment),
-                    request,
-                    send,
-                    state,
-                    headers.model_id,
-                    headers.shard_key,
-                )
+                request = HTTPRequest(request_id, forwarded, body.data, body.more)
+                dispatcher = self.subscriber.dispatcher(deployment)
+                if not body.more:
+                    await forward(dispatcher, request, send, state, headers.model_id, headers.shard_key)
+                    return
+                async with BodyPump(receive, body, self.http, state) as pump:
+                    await forward(
+                        dispatcher, request, send, state, headers.model_id, headers.shard_key, pump.start
+                    )
         except asyncio.CancelledError:
             if not state.disconnected:
                 raise

@@ -138,7 +138,8 @@ async def serve_http(
 
 
 class _Response:
-    """One request's ASGI channel inside a replica: the body in, the response out as
+    """One request's ASGI channel inside a replica: the body in (whole, or its start and
+    then the pieces the caller streams into ``sink.inbound``), the response out as
     answers — one HTTPResponse when the body comes in one piece, else a head, chunks, the end."""
 
     __slots__ = (
@@ -146,6 +147,7 @@ class _Response:
         "_scope",
         "_sink",
         "_body_sent",
+        "_body_more",
         "_finished",
         "_ended",
         "_status",
@@ -159,6 +161,7 @@ class _Response:
         self._scope = scope  # the app's routing writes the matched route into it
         self._sink = sink
         self._body_sent = False
+        self._body_more = request.more_body  # pieces of the body are still to come
         # Set once the response is complete or the app returned; made only if the app
         # waits on receive() after its body (most apps never do).
         self._finished: asyncio.Event | None = None
@@ -171,7 +174,12 @@ class _Response:
     async def receive(self) -> Message:
         if not self._body_sent:
             self._body_sent = True
-            return {"type": "http.request", "body": self._request.body, "more_body": False}
+            return {"type": "http.request", "body": self._request.body, "more_body": self._body_more}
+        inbound = self._sink.inbound
+        if self._body_more and inbound is not None:
+            message = await inbound.get()
+            self._body_more = bool(message.get("more_body"))
+            return message
         if not self._ended:
             if self._finished is None:
                 self._finished = asyncio.Event()

@@ -40,6 +40,9 @@ class ReplicaClient(Protocol):
 
 
 Connect = Callable[[ReplicaInfo], ReplicaClient]
+#: Called with each exchange a request opens, before its first answer is awaited (the
+#: proxy streams a request body into it).
+OnOpen = Callable[[Exchange], None]
 
 
 @dataclass
@@ -178,16 +181,22 @@ class Dispatcher:
     # ------------------------------------------------------------------ requests
 
     async def send(
-        self, request: Request, model_id: str = "", shard_key: str = "", split: bool = True
+        self,
+        request: Request,
+        model_id: str = "",
+        shard_key: str = "",
+        split: bool = True,
+        on_open: OnOpen | None = None,
     ) -> Reply:
         """Deliver one request and wait for its first answer (or raise). A ``model_id``
         (multiplexing) prefers replicas that hold that model; a ``shard_key`` goes to the
         replica the key maps to (see ``choice.py``; ``affinity`` says whether it waits for
         that replica when it is full). With a traffic split, the request goes to one of
-        its variants by weight (the same one for a shard key)."""
+        its variants by weight (the same one for a shard key). ``on_open`` is given each
+        exchange opened for it (a refused one too), before its first answer is awaited."""
         shadower = self._shadower if self._shadower is not None and self._shadower.active else None
         if not split or (not self._split and shadower is None) or self._resolve is None:
-            return await self._deliver(request, model_id, shard_key)
+            return await self._deliver(request, model_id, shard_key, on_open)
         started = _now()
         if self._split:
             variant = choose_variant(self._split, shard_key, self._rng)
@@ -195,7 +204,7 @@ class Dispatcher:
             target = self if variant == self.deployment else self._resolve(variant)
             tally = self._outcomes.setdefault(variant.app, VariantTally())
             try:
-                reply = await target.send(request, model_id, shard_key, split=False)
+                reply = await target.send(request, model_id, shard_key, split=False, on_open=on_open)
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -203,12 +212,14 @@ class Dispatcher:
                 raise
             tally.add(_now() - started, error=failed(reply.first))
         else:
-            reply = await self._deliver(request, model_id, shard_key)
+            reply = await self._deliver(request, model_id, shard_key, on_open)
         if shadower is not None:  # the primary is on its way: now the copy, maybe
             shadower.offer(request, model_id, reply, _now() - started)
         return reply
 
-    async def _deliver(self, request: Request, model_id: str, shard_key: str) -> Reply:
+    async def _deliver(
+        self, request: Request, model_id: str, shard_key: str, on_open: OnOpen | None = None
+    ) -> Reply:
         """Send to a replica of this deployment; retry on another while it never started."""
         failures = 0
         while True:
@@ -229,6 +240,8 @@ class Dispatcher:
             except BaseException:
                 self._release(info.replica_id)
                 raise
+            if on_open is not None:
+                on_open(exchange)
             try:
                 first = await exchange.recv()
             except BaseException:

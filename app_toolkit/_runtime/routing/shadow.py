@@ -104,11 +104,12 @@ class Shadower:
 
     def offer(self, request: Request, model_id: str, reply: _Reply, primary_seconds: float) -> None:
         """The primary was dispatched: copy it to the shadow (``fraction`` of the time),
-        unless it is a stream or the queue is full."""
+        unless it is a stream (a streamed response, or a body streamed to the primary) or
+        the queue is full."""
         if self._target is None or self._rng.random() >= self._fraction:
             return
         if not isinstance(request, HTTPRequest | MethodCall) or (
-            isinstance(request, MethodCall) and request.stream
+            request.stream if isinstance(request, MethodCall) else request.more_body
         ):
             return
         if len(self._queue) >= QUEUE_BOUND:

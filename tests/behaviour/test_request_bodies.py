@@ -1,0 +1,96 @@
+"""Request bodies on the proxied path (the proxy forwards each request to a replica):
+the app reads a body as the client sends it, on both backends, and the proxy's bounds
+still answer."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import httpx
+from fastapi import APIRouter, Request
+
+import app_toolkit as tk
+from tests.conftest import Toolkit
+from tests.waiting import wait_for
+
+router = APIRouter()
+_seen: dict[str, list[int]] = {}  # upload name -> the sizes of the pieces the app read so far
+
+
+@router.post("/pieces/{name}")
+async def pieces(name: str, request: Request) -> dict[str, list[int]]:
+    sizes = _seen.setdefault(name, [])
+    async for piece in request.stream():
+        if piece:
+            sizes.append(len(piece))
+    return {"sizes": sizes}
+
+
+@router.get("/seen/{name}")
+async def seen(name: str) -> dict[str, list[int]]:
+    return {"sizes": _seen.get(name, [])}
+
+
+def _proxied_app() -> tk.Application:
+    # One replica, so the upload and the peeks at it meet in one process.
+    return tk.App(router, num_replicas=1, direct_ingress=False)
+
+
+def _connect(toolkit: Toolkit) -> socket.socket:
+    host, port = toolkit.url.removeprefix("http://").split(":")
+    return socket.create_connection((host, int(port)), timeout=30)
+
+
+def _chunk(data: bytes) -> bytes:
+    return f"{len(data):x}\r\n".encode() + data + b"\r\n"
+
+
+def test_the_app_reads_a_forwarded_body_as_the_client_sends_it(toolkit: Toolkit) -> None:
+    prefix = "/" + toolkit.name()
+    toolkit.run(_proxied_app(), route_prefix=prefix)
+    name = toolkit.name()
+    with _connect(toolkit) as upload, toolkit.client() as client:
+        upload.sendall(
+            f"POST {prefix}/pieces/{name} HTTP/1.1\r\nhost: x\r\ntransfer-encoding: chunked\r\n\r\n".encode()
+            + _chunk(b"a" * 1000)
+        )
+
+        def the_app_has(count: int) -> bool:
+            return len(client.get(f"{prefix}/seen/{name}").json()["sizes"]) >= count
+
+        # The first piece reaches the app while the rest of the body is still with the client.
+        wait_for(lambda: the_app_has(1), timeout_s=10, what="the app to read the first piece")
+        upload.sendall(_chunk(b"b" * 2000))
+        wait_for(lambda: the_app_has(2), timeout_s=10, what="the app to read the second piece")
+        upload.sendall(_chunk(b"c" * 3000) + b"0\r\n\r\n")
+        answer = b""
+        while not answer.endswith(b"}"):
+            data = upload.recv(65536)
+            assert data, answer
+            answer += data
+    assert answer.startswith(b"HTTP/1.1 200 ")
+    assert answer.endswith(b'{"sizes":[1000,2000,3000]}')
+
+
+def test_a_forwarded_body_over_the_limit_gets_413_midway(local_toolkit: Toolkit) -> None:
+    # The local session keeps the default max_request_body_bytes (100 MiB); no length is
+    # declared, so the proxy finds out while it streams the body to the app.
+    prefix = "/" + local_toolkit.name()
+    local_toolkit.run(_proxied_app(), route_prefix=prefix)
+    name = local_toolkit.name()
+    limit = tk.HTTPOptions().max_request_body_bytes
+    piece = b"x" * (1 << 20)
+    with local_toolkit.client() as client:
+        started = time.monotonic()
+        pieces = (piece for _ in range(limit // len(piece) + 8))
+        refused = client.post(f"{prefix}/pieces/{name}", content=pieces)
+        assert refused.status_code == 413, refused.text
+        assert "max_request_body_bytes" in refused.json()["detail"]
+        assert time.monotonic() - started < 60
+        read = sum(client.get(f"{prefix}/seen/{name}").json()["sizes"])
+        assert 0 < read <= limit  # the app got what came within the limit, and was stopped
+        # The replica serves on.
+        small = client.post(f"{prefix}/pieces/{local_toolkit.name()}", content=b"tiny")
+        assert small.json() == {"sizes": [4]}
+    assert httpx.get(f"{local_toolkit.url}{prefix}/seen/{name}", timeout=30).status_code == 200
