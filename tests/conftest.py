@@ -88,7 +88,7 @@ def _ensure_backend(backend: str) -> Toolkit:
         # (test_direct_ingress.py).
         http: dict[str, object] = {"host": "127.0.0.1", "port": port, "access_log": backend == "local"}
         if backend == "ray":
-            http |= {"max_request_body_bytes": LARGE_BODY_LIMIT, "max_buffered_body_bytes": LARGE_BODY_LIMIT}
+            http["max_request_body_bytes"] = LARGE_BODY_LIMIT
         tk.start(backend=backend, http_options=http)
     return Toolkit(backend, port)
 

@@ -10,6 +10,10 @@ from pydantic import Field, ValidationError, field_validator, model_validator
 from app_toolkit.config.schema import Strict, explain
 from app_toolkit.exceptions import ConfigError
 
+#: The most a proxy holds of one body it forwards: what it reads ahead (up to 64 KiB, plus
+#: the last piece read) before it streams the rest (``proxy/body.py``), with room to spare.
+_ONE_BODY_HELD = 1 << 20
+
 
 class HTTPOptions(Strict):
     """Where the HTTP proxy listens."""
@@ -25,8 +29,10 @@ class HTTPOptions(Strict):
     max_buffered_body_bytes: int = Field(
         1 << 30,
         ge=1,
-        description="Request bodies one proxy holds at once, all requests together; a request "
-        "whose body would pass it gets 503 with Retry-After. At least max_request_body_bytes.",
+        description="Request bodies one proxy holds at once, all requests together (of a body "
+        "it forwards, the start it reads before streaming the rest); a request whose body would "
+        "pass it gets 503 with Retry-After. At least max_request_body_bytes, or 1 MiB if that "
+        "is larger.",
     )
     request_timeout_s: float | None = Field(
         None,
@@ -117,10 +123,12 @@ class HTTPOptions(Strict):
 
     @model_validator(mode="after")
     def _check_body_budget(self) -> HTTPOptions:
-        if self.max_buffered_body_bytes < self.max_request_body_bytes:
+        least = min(self.max_request_body_bytes, _ONE_BODY_HELD)
+        if self.max_buffered_body_bytes < least:
             raise ValueError(
-                "max_buffered_body_bytes must be at least max_request_body_bytes "
-                f"({self.max_request_body_bytes}), or no request that large could ever be served"
+                f"max_buffered_body_bytes must be at least {least} bytes (max_request_body_bytes, "
+                "or 1 MiB if that is larger: what a proxy may hold of one body), or some requests "
+                "could never be read"
             )
         return self
 

@@ -107,9 +107,13 @@ async def test_what_has_not_arrived_is_left_for_the_pump() -> None:
     assert (declared.held, declared.more) == (READ_AHEAD_BYTES, True)
 
 
-def test_the_budget_must_hold_the_largest_body() -> None:
-    with pytest.raises(ValueError, match="max_buffered_body_bytes must be at least"):
+def test_the_budget_must_hold_what_the_proxy_reads_of_one_body() -> None:
+    with pytest.raises(ValueError, match="max_buffered_body_bytes must be at least 100 bytes"):
         HTTPOptions(max_request_body_bytes=100, max_buffered_body_bytes=99)
+    with pytest.raises(ValueError, match="at least 1048576 bytes"):
+        HTTPOptions(max_request_body_bytes=1 << 30, max_buffered_body_bytes=(1 << 20) - 1)
+    # Bodies stream past their first 64 KiB: a 2 GiB limit needs no 2 GiB budget.
+    assert HTTPOptions(max_request_body_bytes=2 << 30).max_buffered_body_bytes == 1 << 30
 
 
 # The direct path: the app reads the body as it arrives, within the same bounds.
