@@ -4,6 +4,7 @@ still answer."""
 
 from __future__ import annotations
 
+import asyncio
 import socket
 import time
 
@@ -16,6 +17,7 @@ from tests.waiting import wait_for
 
 router = APIRouter()
 _seen: dict[str, list[int]] = {}  # upload name -> the sizes of the pieces the app read so far
+_outcome: dict[str, str] = {}  # upload name -> what became of the app reading it
 
 
 @router.post("/pieces/{name}")
@@ -25,6 +27,25 @@ async def pieces(name: str, request: Request) -> dict[str, list[int]]:
         if piece:
             sizes.append(len(piece))
     return {"sizes": sizes}
+
+
+@router.post("/held/{name}")
+async def held(name: str, request: Request) -> dict[str, str]:
+    """Reads the body; records whether it was cancelled before the body ended."""
+    _outcome[name] = "reading"
+    try:
+        async for _ in request.stream():
+            pass
+    except asyncio.CancelledError:
+        _outcome[name] = "cancelled"
+        raise
+    _outcome[name] = "read"
+    return {"outcome": "read"}
+
+
+@router.get("/outcome/{name}")
+async def outcome(name: str) -> dict[str, str]:
+    return {"outcome": _outcome.get(name, "")}
 
 
 @router.get("/seen/{name}")
@@ -94,3 +115,26 @@ def test_a_forwarded_body_over_the_limit_gets_413_midway(local_toolkit: Toolkit)
         small = client.post(f"{prefix}/pieces/{local_toolkit.name()}", content=b"tiny")
         assert small.json() == {"sizes": [4]}
     assert httpx.get(f"{local_toolkit.url}{prefix}/seen/{name}", timeout=30).status_code == 200
+
+
+def test_a_client_that_leaves_mid_upload_cancels_the_app(toolkit: Toolkit) -> None:
+    prefix = "/" + toolkit.name()
+    toolkit.run(_proxied_app(), route_prefix=prefix)
+    name = toolkit.name()
+    with toolkit.client() as client:
+
+        def outcome() -> str:
+            answer: str = client.get(f"{prefix}/outcome/{name}").json()["outcome"]
+            return answer
+
+        with _connect(toolkit) as upload:
+            upload.sendall(
+                f"POST {prefix}/held/{name} HTTP/1.1\r\nhost: x\r\ncontent-length: 100000\r\n\r\n".encode()
+                + b"x" * 1000
+            )
+            wait_for(lambda: outcome() == "reading", timeout_s=10, what="the app to start reading")
+        # The client is gone with 99 KB of the body unsent: the app is cancelled, not left waiting.
+        wait_for(lambda: outcome() == "cancelled", timeout_s=10, what="the app to be cancelled")
+        assert client.post(f"{prefix}/held/{toolkit.name()}", content=b"x" * 200_000).json() == {
+            "outcome": "read"
+        }
