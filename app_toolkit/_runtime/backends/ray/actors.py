@@ -40,6 +40,10 @@ logger = logging.getLogger("app_toolkit.proxy")
 T = TypeVar("T")
 
 
+#: Attempts of a restarted proxy's call to itself that starts it serving again.
+_RESUME_RETRIES = 5
+
+
 class ProxyActor:
     """Runs the proxy ASGI app under uvicorn on this node.
 
@@ -59,7 +63,10 @@ class ProxyActor:
         with warnings.catch_warnings():  # Ray's own properties use its deprecated actor_id
             warnings.simplefilter("ignore", DeprecationWarning)
             if context.was_current_actor_reconstructed:
-                context.current_actor.resume.remote()
+                # Retried: sent while Ray still reports this actor as restarting, the call
+                # can fail at once ("The actor is restarting"), and the proxy would then
+                # wait for the controller instead of serving from the stored tables.
+                context.current_actor.resume.options(max_task_retries=_RESUME_RETRIES).remote()
 
     async def ready(self, port: int, exclusive: bool) -> tuple[str, int]:
         """Serve on ``port`` (idempotent); returns this proxy's URL and port."""
