@@ -7,7 +7,7 @@ pieces (``body_timeout_s``, 408). The proxy reads ahead what has arrived, up to
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import logging
 from dataclasses import dataclass
 
 from starlette.types import Message, Receive
@@ -18,6 +18,8 @@ from app_toolkit._runtime.messages import HTTPResponse, RequestBodyPiece
 from app_toolkit._runtime.proxy.http_guard import RequestLink
 from app_toolkit._runtime.proxy.request_state import RequestState, watch_disconnect
 from app_toolkit.config import HTTPOptions
+
+logger = logging.getLogger("app_toolkit.proxy")
 
 CLIENT_CLOSED = 499  # nginx's status for "the client closed the connection"
 #: The most of a body the proxy reads before it forwards the request (of what has
@@ -142,11 +144,14 @@ class BodyPump:
         return self
 
     async def __aexit__(self, *exc_info: object) -> None:
-        for task in self._tasks:
+        tasks = list(self._tasks)
+        for task in tasks:
             task.cancel()
-        for task in list(self._tasks):
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        # gather, not a suppressed await: a cancellation of this request itself (a deadline,
+        # the client leaving) must still reach it.
+        for outcome in await asyncio.gather(*tasks, return_exceptions=True):
+            if isinstance(outcome, Exception):
+                logger.error("Streaming a request body failed", exc_info=outcome)
 
     def start(self, exchange: Exchange) -> None:
         """Pump into ``exchange`` once its replica admits the request (given to the
