@@ -195,6 +195,11 @@ class MethodCall:
 Request = HTTPRequest | WebSocketOpen | MethodCall
 
 
+def body_follows(request: Request | None) -> bool:
+    """The request's body comes after it, in pieces (its replica must admit it first)."""
+    return isinstance(request, HTTPRequest) and request.more_body
+
+
 @compact
 @dataclass(frozen=True, slots=True)
 class HTTPResponse:

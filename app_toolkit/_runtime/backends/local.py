@@ -31,11 +31,11 @@ from app_toolkit._runtime.messages import (
     BodyChunk,
     ClientMessage,
     DeploymentSpec,
-    HTTPRequest,
     ReplicaInfo,
     Request,
     RequestBodyPiece,
     WebSocketOpen,
+    body_follows,
 )
 from app_toolkit._runtime.proxy.proxy import Proxy
 from app_toolkit._runtime.proxy.server import ProxyServer, listen_socket, serve
@@ -186,7 +186,7 @@ class LocalReplicaClient:
             return cost
 
         exchange = Exchange(cancel, forward, request=request)
-        streams_body = isinstance(request, HTTPRequest) and request.more_body
+        streams_body = body_follows(request)
         if isinstance(request, WebSocketOpen) or streams_body:
             inbound = Inbound(exchange.credited)
         if not core.admit():

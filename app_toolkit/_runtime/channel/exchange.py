@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from app_toolkit._runtime.channel.flow import Credits, Window
-from app_toolkit._runtime.messages import TERMINAL, Answer, ClientMessage, HTTPRequest, Request
+from app_toolkit._runtime.messages import TERMINAL, Answer, ClientMessage, Request, body_follows
 
 A = TypeVar("A", bound=Answer)
 
@@ -42,7 +42,7 @@ class Exchange:
         self.finished = False
         self.inflow = Window()
         self.outflow = Window()
-        if isinstance(request, HTTPRequest) and request.more_body:
+        if body_follows(request):
             self.outflow.sent(self.outflow.size)  # until the replica admits it
         self.credits = credits
 

@@ -30,9 +30,9 @@ from app_toolkit._runtime.messages import (
     DRAINING,
     Answer,
     CallFailure,
-    HTTPRequest,
     Request,
     WebSocketOpen,
+    body_follows,
 )
 
 logger = logging.getLogger("app_toolkit.channel")
@@ -206,7 +206,7 @@ class _ServerConnection(FrameProtocol):
         sink = self.sinks[number] = _ServerSink(self, number)
         if isinstance(request, WebSocketOpen):
             sink.inbound = Inbound(sink.grant)
-        elif isinstance(request, HTTPRequest) and request.more_body:
+        elif body_follows(request):
             # The caller sends the rest of the body once admitted: this first credit says so.
             sink.inbound = Inbound(sink.grant)
             sink.grant(STREAM_WINDOW)
