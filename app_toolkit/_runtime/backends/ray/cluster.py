@@ -10,6 +10,7 @@ import gc
 import io
 import logging
 import os
+import pickle
 import queue
 import sys
 import threading
@@ -71,8 +72,29 @@ class _Pickler(cloudpickle.Pickler):
         return super().reducer_override(obj)  # type: ignore[no-untyped-call]
 
 
+def _as_cloudpickle_writes(blob: bytes) -> bool:
+    """The C pickler's ``blob`` names nothing cloudpickle (with :class:`_Pickler`'s
+    reducers) writes differently: something of the driver's script (cloudpickle writes it
+    by value), Starlette's ``State``, FastAPI's ``DefaultPlaceholder``. User data holding
+    these bytes only costs the slower path."""
+    return b"__main__" not in blob and b"State" not in blob and b"DefaultPlaceholder" not in blob
+
+
 def dumps(value: Any) -> bytes:
-    """Serialize user code and data (by value where it is not importable)."""
+    """Serialize user code and data (by value where it is not importable).
+
+    Values of importable types (handle arguments, results, stream items: the usual case)
+    are written by the C pickler, which writes what cloudpickle would about four times
+    faster; anything it cannot write or writes differently (a lambda, a lock, a class of
+    the driver's script, a module registered to be pickled by value) goes to cloudpickle.
+    """
+    if not cloudpickle.list_registry_pickle_by_value():  # type: ignore[no-untyped-call]
+        try:
+            blob: bytes | None = pickle.dumps(value, protocol=5)
+        except Exception:  # noqa: BLE001 - cloudpickle, below, says what is wrong
+            blob = None
+        if blob is not None and _as_cloudpickle_writes(blob):
+            return blob
     buffer = io.BytesIO()
     try:
         _Pickler(buffer).dump(value)  # type: ignore[no-untyped-call]

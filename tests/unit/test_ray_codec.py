@@ -1,0 +1,77 @@
+"""How the Ray backend serializes user code and data (handle arguments, results, stream
+items): the C pickler where it writes what cloudpickle would, cloudpickle elsewhere."""
+
+from __future__ import annotations
+
+import pickle
+import sys
+import threading
+import types
+from dataclasses import dataclass
+
+import pytest
+from ray import cloudpickle
+from starlette.datastructures import State
+
+from app_toolkit._runtime.backends.ray.cluster import dumps
+
+
+@dataclass
+class Item:
+    text: str
+    count: int
+
+
+def test_values_of_importable_types_are_written_by_the_c_pickler() -> None:
+    value = {"item": Item("hello", 3), "items": [Item("a", 1)], "blob": b"\x00" * 10}
+    blob = dumps(value)
+    assert blob == pickle.dumps(value, protocol=5)
+    assert pickle.loads(blob) == value
+
+
+def test_a_class_of_the_drivers_script_travels_by_value(monkeypatch: pytest.MonkeyPatch) -> None:
+    script = types.new_class("Script")
+    script.__module__ = "__main__"
+    monkeypatch.setattr(sys.modules["__main__"], "Script", script, raising=False)
+    instance = script()
+    instance.answer = 42
+    blob = dumps(instance)
+    monkeypatch.undo()  # another process's __main__ has no such class
+    assert not hasattr(sys.modules["__main__"], "Script")
+    assert pickle.loads(blob).answer == 42
+
+
+def test_a_module_registered_by_value_travels_by_value(monkeypatch: pytest.MonkeyPatch) -> None:
+    module = types.ModuleType("app_toolkit_codec_probe")
+    exec("def triple(x):\n    return 3 * x\n", module.__dict__)
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    cloudpickle.register_pickle_by_value(module)
+    try:
+        blob = dumps(module.triple)
+    finally:
+        cloudpickle.unregister_pickle_by_value(module)
+    monkeypatch.delitem(sys.modules, module.__name__)  # not importable where it is loaded
+    assert pickle.loads(blob)(5) == 15
+
+
+def test_what_the_c_pickler_cannot_write_goes_to_cloudpickle() -> None:
+    offset = 7
+    assert pickle.loads(dumps(lambda x: x + offset))(1) == 8
+    copied = pickle.loads(dumps({"lock": threading.Lock(), "rlock": threading.RLock()}))
+    assert copied["lock"].acquire(blocking=False)  # a fresh lock
+
+
+def test_starlette_state_keeps_its_reducer() -> None:
+    copied = pickle.loads(dumps({"state": State({"model": "m", "rows": 3})}))
+    assert copied["state"].model == "m" and copied["state"].rows == 3
+
+
+def test_fastapis_unset_marker_stays_the_one_fastapi_compares_with() -> None:
+    from fastapi.datastructures import _Unset
+
+    assert pickle.loads(dumps({"unset": _Unset}))["unset"] is _Unset  # FastAPI uses ``is``
+
+
+def test_a_value_nothing_can_write_is_a_clear_type_error() -> None:
+    with pytest.raises(TypeError, match="Cannot serialize generator"):
+        dumps(x for x in range(3))
