@@ -54,6 +54,7 @@ bench: $(MODEL)
 	$(PY) -m benchmarks.http_overhead --proxied
 	$(PY) -m benchmarks.http_overhead --only "GET small JSON, c=32" --split
 	$(PY) -m benchmarks.http_overhead --only "GET small JSON, c=32" --shadow
+	$(PY) -m benchmarks.front_cost
 	$(PY) -m benchmarks.batching
 	$(PY) -m benchmarks.streaming
 	$(PY) -m benchmarks.autoscaling
