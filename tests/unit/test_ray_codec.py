@@ -72,6 +72,13 @@ def test_fastapis_unset_marker_stays_the_one_fastapi_compares_with() -> None:
     assert pickle.loads(dumps({"unset": _Unset}))["unset"] is _Unset  # FastAPI uses ``is``
 
 
+def test_dataclass_field_markers_stay_the_ones_dataclasses_compares_with() -> None:
+    import dataclasses
+
+    marker = dataclasses._FIELD  # type: ignore[attr-defined]
+    assert pickle.loads(dumps([marker]))[0] is marker
+
+
 def test_a_value_nothing_can_write_is_a_clear_type_error() -> None:
     with pytest.raises(TypeError, match="Cannot serialize generator"):
         dumps(x for x in range(3))

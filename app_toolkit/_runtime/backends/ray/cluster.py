@@ -75,9 +75,14 @@ class _Pickler(cloudpickle.Pickler):
 def _as_cloudpickle_writes(blob: bytes) -> bool:
     """The C pickler's ``blob`` names nothing cloudpickle (with :class:`_Pickler`'s
     reducers) writes differently: something of the driver's script (cloudpickle writes it
-    by value), Starlette's ``State``, FastAPI's ``DefaultPlaceholder``. User data holding
-    these bytes only costs the slower path."""
-    return b"__main__" not in blob and b"State" not in blob and b"DefaultPlaceholder" not in blob
+    by value), Starlette's ``State``, FastAPI's ``DefaultPlaceholder``, the markers of
+    dataclass fields (cloudpickle keeps them the ones ``dataclasses`` compares with; its
+    other reducers are for types the C pickler refuses). User data holding these bytes
+    only costs the slower path."""
+    return not any(name in blob for name in _WRITTEN_OTHERWISE)
+
+
+_WRITTEN_OTHERWISE = (b"__main__", b"State", b"DefaultPlaceholder", b"_FIELD_BASE")
 
 
 def dumps(value: Any) -> bytes:
