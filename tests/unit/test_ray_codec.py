@@ -41,6 +41,15 @@ def test_a_class_of_the_drivers_script_travels_by_value(monkeypatch: pytest.Monk
     assert pickle.loads(blob).answer == 42
 
 
+def test_a_function_of_the_drivers_script_travels_by_value(monkeypatch: pytest.MonkeyPatch) -> None:
+    namespace: dict[str, object] = {"__name__": "__main__"}
+    exec("def double(x):\n    return 2 * x\n", namespace)
+    monkeypatch.setattr(sys.modules["__main__"], "double", namespace["double"], raising=False)
+    blob = dumps(namespace["double"])
+    monkeypatch.undo()
+    assert pickle.loads(blob)(21) == 42
+
+
 def test_a_module_registered_by_value_travels_by_value(monkeypatch: pytest.MonkeyPatch) -> None:
     module = types.ModuleType("app_toolkit_codec_probe")
     exec("def triple(x):\n    return 3 * x\n", module.__dict__)

@@ -6,6 +6,7 @@ With the other modules of this package, the only ones that import ``ray``.
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import io
 import logging
@@ -14,6 +15,7 @@ import pickle
 import queue
 import sys
 import threading
+import types
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
@@ -72,34 +74,52 @@ class _Pickler(cloudpickle.Pickler):
         return super().reducer_override(obj)  # type: ignore[no-untyped-call]
 
 
-def _as_cloudpickle_writes(blob: bytes) -> bool:
-    """The C pickler's ``blob`` names nothing cloudpickle (with :class:`_Pickler`'s
-    reducers) writes differently: something of the driver's script (cloudpickle writes it
-    by value), Starlette's ``State``, FastAPI's ``DefaultPlaceholder``, the markers of
-    dataclass fields (cloudpickle keeps them the ones ``dataclasses`` compares with; its
-    other reducers are for types the C pickler refuses). User data holding these bytes
-    only costs the slower path."""
-    return not any(name in blob for name in _WRITTEN_OTHERWISE)
+class _WrittenOtherwise(Exception):
+    """Raised by :class:`_Plain` for what cloudpickle must write."""
 
 
-_WRITTEN_OTHERWISE = (b"__main__", b"State", b"DefaultPlaceholder", b"_FIELD_BASE")
+class _Plain(pickle.Pickler):
+    """The C pickler, stopping at what cloudpickle (with :class:`_Pickler`'s reducers)
+    writes differently from it: a class or function of the driver's script (cloudpickle
+    writes it by value), Starlette's ``State``, FastAPI's ``DefaultPlaceholder``, the
+    markers of dataclass fields (cloudpickle keeps them the objects ``dataclasses``
+    compares with). What the C pickler cannot write at all (a lambda, a lock, a module,
+    a file) it refuses by itself. Builtin values (str, bytes, numbers, containers) never
+    reach ``reducer_override``, so a large array or list costs nothing extra."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, (type, types.FunctionType)):
+            if getattr(obj, "__module__", None) in (None, "__main__"):
+                raise _WrittenOtherwise
+        elif type(obj) in _REDUCED or _is_placeholder(obj):
+            raise _WrittenOtherwise
+        return NotImplemented
+
+
+_REDUCED = frozenset({*_LOCK_TYPES, State, dataclasses._FIELD_BASE})  # type: ignore[attr-defined]
+
+
+def _is_placeholder(obj: object) -> bool:
+    kind = type(obj)
+    return kind.__name__ == "DefaultPlaceholder" and kind.__module__ == "fastapi.datastructures"
 
 
 def dumps(value: Any) -> bytes:
     """Serialize user code and data (by value where it is not importable).
 
     Values of importable types (handle arguments, results, stream items: the usual case)
-    are written by the C pickler, which writes what cloudpickle would about four times
-    faster; anything it cannot write or writes differently (a lambda, a lock, a class of
-    the driver's script, a module registered to be pickled by value) goes to cloudpickle.
+    are written by the C pickler (:class:`_Plain`), which writes what cloudpickle would
+    about twice as fast; anything it cannot write or writes differently, and every value
+    while a module is registered to be pickled by value, goes to cloudpickle.
     """
     if not cloudpickle.list_registry_pickle_by_value():  # type: ignore[no-untyped-call]
+        buffer = io.BytesIO()
         try:
-            blob: bytes | None = pickle.dumps(value, protocol=5)
-        except Exception:  # noqa: BLE001 - cloudpickle, below, says what is wrong
-            blob = None
-        if blob is not None and _as_cloudpickle_writes(blob):
-            return blob
+            _Plain(buffer, protocol=5).dump(value)
+        except Exception:  # noqa: BLE001 - cloudpickle, below, writes it or says what is wrong
+            pass
+        else:
+            return buffer.getvalue()
     buffer = io.BytesIO()
     try:
         _Pickler(buffer).dump(value)  # type: ignore[no-untyped-call]
