@@ -7,6 +7,7 @@ import pickle
 import sys
 import threading
 import types
+import typing
 from dataclasses import dataclass
 
 import pytest
@@ -48,6 +49,16 @@ def test_a_function_of_the_drivers_script_travels_by_value(monkeypatch: pytest.M
     blob = dumps(namespace["double"])
     monkeypatch.undo()
     assert pickle.loads(blob)(21) == 42
+
+
+def test_a_type_variable_of_the_drivers_script_travels_by_value(monkeypatch: pytest.MonkeyPatch) -> None:
+    variable = typing.TypeVar("Row")
+    variable.__module__ = "__main__"
+    monkeypatch.setattr(sys.modules["__main__"], "Row", variable, raising=False)
+    blob = dumps({"type": variable})
+    monkeypatch.undo()
+    copied = pickle.loads(blob)["type"]
+    assert isinstance(copied, typing.TypeVar) and copied.__name__ == "Row"
 
 
 def test_a_module_registered_by_value_travels_by_value(monkeypatch: pytest.MonkeyPatch) -> None:

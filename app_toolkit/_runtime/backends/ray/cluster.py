@@ -16,6 +16,7 @@ import queue
 import sys
 import threading
 import types
+import typing
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
@@ -81,11 +82,12 @@ class _WrittenOtherwise(Exception):
 class _Plain(pickle.Pickler):
     """The C pickler, stopping at what cloudpickle (with :class:`_Pickler`'s reducers)
     writes differently from it: a class or function of the driver's script (cloudpickle
-    writes it by value), Starlette's ``State``, FastAPI's ``DefaultPlaceholder``, the
-    markers of dataclass fields (cloudpickle keeps them the objects ``dataclasses``
-    compares with). What the C pickler cannot write at all (a lambda, a lock, a module,
-    a file) it refuses by itself. Builtin values (str, bytes, numbers, containers) never
-    reach ``reducer_override``, so a large array or list costs nothing extra."""
+    writes it by value; a ``TypeVar`` of it too, which the C pickler would write by
+    name), Starlette's ``State``, FastAPI's ``DefaultPlaceholder``, the markers of
+    dataclass fields (cloudpickle keeps them the objects ``dataclasses`` compares with).
+    What the C pickler cannot write at all (a lambda, a lock, a module, a file) it
+    refuses by itself. Builtin values (str, bytes, numbers, containers) never reach
+    ``reducer_override``, so a large array or list costs nothing extra."""
 
     def reducer_override(self, obj: Any) -> Any:
         if isinstance(obj, (type, types.FunctionType)):
@@ -96,7 +98,7 @@ class _Plain(pickle.Pickler):
         return NotImplemented
 
 
-_REDUCED = frozenset({*_LOCK_TYPES, State, dataclasses._FIELD_BASE})  # type: ignore[attr-defined]
+_REDUCED = frozenset({*_LOCK_TYPES, State, dataclasses._FIELD_BASE, typing.TypeVar})  # type: ignore[attr-defined]
 
 
 def _is_placeholder(obj: object) -> bool:
