@@ -139,8 +139,6 @@ def _floor(core: ReplicaCore, log: AccessLog | None) -> ASGIApp:
 
 
 async def _app(mode: str, core: ReplicaCore, deployment: DeploymentID, access_log: bool) -> ASGIApp:
-    if mode == "bare":
-        return bench_app.make_fastapi()
     if mode == "direct":
         subscriber = _OneRoute(deployment)
         return Proxy(subscriber, HTTPOptions(access_log=access_log), local=core)  # type: ignore[arg-type]
@@ -156,6 +154,8 @@ async def _app(mode: str, core: ReplicaCore, deployment: DeploymentID, access_lo
 
 
 async def _measure(mode: str, access_log: bool, requests: int, rounds: int) -> list[float]:
+    if mode == "bare":  # no replica at all
+        return await _rounds(bench_app.make_fastapi(), requests, rounds)
     core, deployment = await _replica()
     try:
         return await _rounds(await _app(mode, core, deployment, access_log), requests, rounds)

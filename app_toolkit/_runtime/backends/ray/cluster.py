@@ -64,6 +64,7 @@ class _Pickler(cloudpickle.Pickler):
         self._unset = getattr(fastapi, "_Unset", self)
 
     def reducer_override(self, obj: Any) -> Any:
+        # A type reduced here must also stop the C pickler's attempt (_Plain, _REDUCED).
         if obj is self._unset:
             return (_fastapi_unset, ())
         if type(obj) is _LOCK_TYPES[0]:
