@@ -7,6 +7,7 @@ so every local-backend test runs before the Ray ones: each backend starts once.
 from __future__ import annotations
 
 import os
+import random
 import socket
 import sys
 import uuid
@@ -34,7 +35,22 @@ TEST_RESOURCE = "test_accelerator"
 
 
 def free_port() -> int:
-    with socket.socket() as sock:
+    """A free port below the kernel's ephemeral range. Between choosing a port and a
+    server binding it, tests start Ray, whose processes bind ephemeral ports: one of them
+    could take a port the kernel had just handed out for the asking (seen once: the test
+    session's proxy could not listen, and every Ray test errored)."""
+    ephemeral = Path("/proc/sys/net/ipv4/ip_local_port_range")
+    low = int(ephemeral.read_text().split()[0]) if ephemeral.exists() else 32768
+    candidates = list(range(20_000, low))
+    random.shuffle(candidates)
+    for port in candidates[:200]:
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as sock:  # no such range here: any free port
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
 
