@@ -25,12 +25,12 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 
-from benchmarks.proc_cpu import cpu_seconds
+from benchmarks.proc_cpu import cpu_by_process, cpu_spent
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -73,6 +73,8 @@ class Result:
     failures: int
     requests: int = 0
     cpu_ms: float = 0.0  # the server's CPU (all its processes) per request
+    #: The same per process label (``ReplicaActor``, ``raylet``, ...), in microseconds.
+    cpu_us_by_process: dict[str, float] = field(default_factory=dict)
 
 
 def free_port() -> int:
@@ -145,10 +147,14 @@ def run_wrk(base: str, scenario: Scenario, script: Path, duration_s: int) -> Res
 def run_measured(
     server: subprocess.Popen[bytes], base: str, scenario: Scenario, script: Path, duration_s: int
 ) -> Result:
-    """One wrk run, with the CPU the server's process tree spent per request (from /proc)."""
-    before = cpu_seconds(server.pid)
+    """One wrk run, with the CPU the server's process tree spent per request (from /proc),
+    in all and per process."""
+    before = cpu_by_process(server.pid)
     result = run_wrk(base, scenario, script, duration_s)
-    result.cpu_ms = (cpu_seconds(server.pid) - before) * 1000 / max(result.requests, 1)
+    spent = cpu_spent(before, cpu_by_process(server.pid))
+    requests = max(result.requests, 1)
+    result.cpu_ms = sum(spent.values()) * 1000 / requests
+    result.cpu_us_by_process = {label: seconds * 1e6 / requests for label, seconds in spent.items()}
     return result
 
 
@@ -160,6 +166,10 @@ def median(results: list[Result]) -> Result:
         failures=sum(r.failures for r in results),
         requests=sum(r.requests for r in results),
         cpu_ms=statistics.median(r.cpu_ms for r in results),
+        cpu_us_by_process={
+            label: statistics.median(r.cpu_us_by_process.get(label, 0.0) for r in results)
+            for label in results[0].cpu_us_by_process
+        },
     )
 
 
@@ -287,6 +297,12 @@ def shadow_config(folder: Path) -> str:
     return str(path)
 
 
+def by_process(result: Result) -> str:
+    """The processes that spent at least 1 us per request, most first."""
+    spent = sorted(result.cpu_us_by_process.items(), key=lambda item: -item[1])
+    return ", ".join(f"{label} {us:.1f} us" for label, us in spent if us >= 1.0)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -313,6 +329,12 @@ def main() -> None:
         "every connection and forwards each request), to compare with direct ingress",
     )
     parser.add_argument("--only", default="", help="run scenarios whose name contains this")
+    parser.add_argument(
+        "--per-process",
+        action="store_true",
+        help="also print the toolkit's CPU per request by process (replica, proxy, driver, "
+        "Ray's own processes), medians over rounds",
+    )
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument(
         "--channel-tls",
@@ -375,6 +397,8 @@ def main() -> None:
                     f"server CPU/request uvicorn {bare.cpu_ms:.3f} ms, toolkit {ours.cpu_ms:.3f} ms",
                     flush=True,
                 )
+                if args.per_process:
+                    print(f"{'':28} toolkit CPU per request by process: {by_process(ours)}", flush=True)
         finally:
             stop_servers(servers)
     if args.json:

@@ -46,6 +46,44 @@ def cpu_seconds(root: int) -> float:
     return total / TICKS
 
 
+def process_label(pid: int) -> str:
+    """A short name for a process of a server's tree: Ray's actor name (``ReplicaActor``),
+    a Ray script (``log_monitor``, ``dashboard_agent``), a binary (``gcs_server``,
+    ``raylet``), or the program (``python``: a driver, a plain worker)."""
+    try:
+        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
+        argv = [part.decode(errors="replace") for part in raw.split(b"\0")]
+    except OSError:
+        return ""
+    first = argv[0] if argv else ""
+    if first.startswith("ray::"):
+        return first.removeprefix("ray::").split(".")[0].split(" ")[0] or "ray worker"
+    for part in argv[1:3]:  # python SCRIPT ...: name the script
+        if part.endswith(".py"):
+            return Path(part).stem
+    return Path(first.split(" ")[0]).name or "?"
+
+
+def cpu_by_process(root: int) -> dict[int, tuple[str, float]]:
+    """User + system CPU seconds of each live process in ``root``'s tree, with its label
+    (:func:`process_label`). Subtract two readings to see where a run's CPU went."""
+    found = {}
+    for pid in tree(root):
+        fields = _stat(pid)
+        if fields is not None:
+            found[pid] = (process_label(pid), (int(fields[11]) + int(fields[12])) / TICKS)
+    return found
+
+
+def cpu_spent(before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]]) -> dict[str, float]:
+    """CPU seconds per label between two :func:`cpu_by_process` readings (processes that
+    share a label are added up; ones that ended in between are not counted)."""
+    spent: dict[str, float] = {}
+    for pid, (label, seconds) in after.items():
+        spent[label] = spent.get(label, 0.0) + seconds - before.get(pid, (label, 0.0))[1]
+    return spent
+
+
 def started_at(pid: int) -> float:
     """The Unix time a process started (/proc: clock ticks since boot, against uptime)."""
     ticks = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
