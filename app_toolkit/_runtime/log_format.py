@@ -123,8 +123,11 @@ class BatchWriter:
 
 
 def _where(fields: dict[str, Any]) -> str:
-    where = " ".join(str(fields[name]) for name in ("replica", "request_id") if fields.get(name))
-    return f" [{where}]" if where else ""
+    """ " [replica request_id]", with either left out when it is empty ("" for neither)."""
+    replica, request_id = fields.get("replica"), fields.get("request_id")
+    if replica:
+        return f" [{replica} {request_id}]" if request_id else f" [{replica}]"
+    return f" [{request_id}]" if request_id else ""
 
 
 def batch_writer(logger: logging.Logger) -> BatchWriter | None:

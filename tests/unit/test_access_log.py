@@ -171,3 +171,23 @@ async def test_a_full_batch_is_written_without_waiting(
     await asyncio.sleep(0)
     assert len([r for r in caplog.records if r.name == "app_toolkit.access"]) == 3
     assert flushes == 1
+
+
+@pytest.mark.parametrize(
+    ("path", "query", "request_id", "written"),
+    [
+        ("/plain/ütf", b"", "abc-123", '"GET /plain/ütf HTTP/1.1" 200 2.0ms abc-123'),
+        ("/q", b"a=1&b=\xe9", "r", '"GET /q?a=1&b=é HTTP/1.1" 200 2.0ms r'),
+        ('/a"b\\c', b"", "i\x7fd", '"GET /a\\x22b\\x5cc HTTP/1.1" 200 2.0ms i\\x7fd'),
+        ("/c1\x85", b"x=\x1b", "i\x9fd", '"GET /c1\\x85?x=\\x1b HTTP/1.1" 200 2.0ms i\\x9fd'),
+    ],
+)
+def test_what_the_client_chose_is_escaped_only_where_it_must_be(
+    path: str, query: bytes, request_id: str, written: str
+) -> None:
+    # Quotes, backslashes and control characters (C0, DEL, C1) become \xNN; the rest of
+    # the text (non-ASCII letters included) is written as it came.
+    entry = (0.0, ("127.0.0.1", 1), "GET", path, query, "1.1", 200, 2.0, request_id, "app", "/r")
+    _, message, fields = access_log._line(entry)
+    assert message == f"127.0.0.1:1 - {written}"
+    assert fields["request_id"] == written.rsplit(" ", 1)[1]

@@ -108,8 +108,15 @@ def _line(entry: _Entry) -> tuple[float, str, dict[str, str]]:
     client chose is escaped, so one request is always one line."""
     created, client, method, path, query, version, status, duration_ms, request_id, app, route = entry
     where = f"{client[0]}:{client[1]}" if client else "-"
-    target = path + ("?" + query.decode("latin-1") if query else "")
-    request_id = request_id.translate(_UNSAFE)
-    request = f"{method} {target.translate(_UNSAFE)} HTTP/{version}"
-    message = f'{where} - "{request}" {status} {duration_ms:.1f}ms {request_id}'
+    target = _escaped(f"{path}?{query.decode('latin-1')}" if query else path)
+    request_id = _escaped(request_id)
+    message = f'{where} - "{method} {target} HTTP/{version}" {status} {duration_ms:.1f}ms {request_id}'
     return created, message, {"request_id": request_id, "application": app, "route": route}
+
+
+def _escaped(text: str) -> str:
+    # Most text has nothing to escape, and these tests (in C) are cheaper than translate():
+    # what isprintable() passes holds no control character (C0, DEL, C1).
+    if text.isprintable() and '"' not in text and "\\" not in text:
+        return text
+    return text.translate(_UNSAFE)
