@@ -3,16 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Callable
 from typing import Any
 
 import httpx
 import pytest
 
+from app_toolkit._runtime import tracing
 from app_toolkit._runtime.messages import DeploymentID, RouteInfo
 from app_toolkit._runtime.proxy.path_match import AppMatcher, match_app
 from app_toolkit._runtime.proxy.proxy import Proxy
-from app_toolkit._runtime.proxy.scope import read_headers
+from app_toolkit._runtime.proxy.scope import forwarded_scope, read_headers
 from app_toolkit._runtime.tables import ApplicationTable
 from app_toolkit.config import HTTPOptions
 
@@ -103,3 +105,47 @@ def test_only_a_request_that_declares_a_body_has_one_read(
     read = read_headers({"headers": headers})
     assert read.has_body is has_body
     assert len(read.request_id) == 32 and int(read.request_id, 16) >= 0  # made here: 128 random bits
+
+
+_ROUTE = AppMatcher(RouteInfo("/app", "app", DeploymentID("app", "Ingress")))
+_VALID_PARENT = b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+@pytest.mark.parametrize(
+    ("sent", "kept_id", "kept_parent"),
+    [
+        ([], False, False),  # most requests: nothing to replace, the proxy's own added
+        ([(b"x-request-id", b"mine")], True, False),
+        ([(b"x-request-id", b"x" * 201)], False, False),  # too long: replaced, not doubled
+        ([(b"traceparent", _VALID_PARENT), (b"tracestate", b"k=v")], False, True),
+        ([(b"traceparent", b"00-bad"), (b"tracestate", b"k=v")], False, False),  # both go
+    ],
+)
+def test_the_forwarded_scope_carries_one_request_id_and_one_traceparent(
+    sent: list[tuple[bytes, bytes]], kept_id: bool, kept_parent: bool
+) -> None:
+    scope = {"type": "http", "root_path": "", "headers": [(b"host", b"h"), *sent, (b"accept", b"*/*")]}
+    headers = read_headers(scope)
+    forwarded = forwarded_scope(scope, _ROUTE, headers)
+    names = [name for name, _ in forwarded["headers"]]
+    assert names.count(b"x-request-id") == 1 and names.count(b"traceparent") == 1
+    assert forwarded["root_path"] == "/app" and names[:1] == [b"host"] and b"accept" in names
+    values = dict(forwarded["headers"])
+    assert (values[b"x-request-id"] == b"mine") is kept_id
+    assert values[b"x-request-id"].decode() == headers.request_id
+    assert (values[b"traceparent"] == _VALID_PARENT) is kept_parent
+    assert (b"tracestate" in values) is kept_parent  # an invalid traceparent voids its tracestate
+    assert scope["headers"][1:-1] == sent  # the server's own scope is left as it was
+    parsed = tracing.parse(values[b"traceparent"].decode())
+    assert parsed is not None  # always a valid one the replica can continue
+
+
+def test_a_new_trace_has_valid_distinct_ids_and_its_children_keep_its_trace_id() -> None:
+    traces = [tracing.new_trace() for _ in range(200)]
+    for trace in traces:
+        assert re.fullmatch(r"[0-9a-f]{32}", trace.trace_id) and re.fullmatch(r"[0-9a-f]{16}", trace.span_id)
+        assert tracing.parse(trace.traceparent) == (trace.trace_id, trace.span_id, "01")
+        kid = tracing.child(trace)
+        assert (kid.trace_id, kid.parent_id) == (trace.trace_id, trace.span_id)
+        assert kid.span_id != trace.span_id
+    assert len({trace.trace_id for trace in traces}) == 200 and len({t.span_id for t in traces}) == 200

@@ -45,6 +45,9 @@ class RequestHeaders:
     #: It declares a body (a content-length other than 0, or a transfer-encoding); an
     #: HTTP/1.1 request without either has none, and nothing needs to be read.
     has_body: bool = True
+    #: It has an x-request-id, traceparent or tracestate header, valid or not (one the
+    #: proxy may have to replace in what it forwards).
+    names_ids: bool = True
 
     @property
     def traced(self) -> bool:
@@ -58,13 +61,29 @@ _MODEL_ID_HEADER = request_context.MODEL_ID_HEADER.encode()
 #: The header that carries a request's shard key, unless HTTPOptions names another.
 SHARD_KEY_HEADER = b"x-serve-shard-key"
 
+#: The headers :func:`read_headers` reads (besides the shard key's, which is configurable).
+_READ = frozenset(
+    {
+        REQUEST_ID_HEADER,
+        TIMEOUT_HEADER,
+        b"content-length",
+        b"transfer-encoding",
+        _MODEL_ID_HEADER,
+        tracing.TRACEPARENT_HEADER,
+        tracing.TRACESTATE_HEADER,
+    }
+)
+
 
 def read_headers(scope: Scope, shard_header: bytes = SHARD_KEY_HEADER) -> RequestHeaders:
     request_id = timeout = content_length = None
     model_id = parent = state = shard_key = ""
-    chunked = False
+    chunked = names_ids = False
     for key, value in scope["headers"]:
+        if key not in _READ and key != shard_header:
+            continue  # most headers: one set lookup instead of eight comparisons
         if key == REQUEST_ID_HEADER:
+            names_ids = True
             text = value.decode("latin-1")
             if 0 < len(text) <= 200 and text.isascii() and text.isprintable():  # it goes into logs
                 request_id = text
@@ -78,8 +97,10 @@ def read_headers(scope: Scope, shard_header: bytes = SHARD_KEY_HEADER) -> Reques
             model_id = value.decode("latin-1")
         elif key == tracing.TRACEPARENT_HEADER:
             parent = value.decode("latin-1")
+            names_ids = True
         elif key == tracing.TRACESTATE_HEADER:
             state = value.decode("latin-1")
+            names_ids = True
         elif key == shard_header:
             shard_key = value.decode("latin-1")
     caller = tracing.remote(parent, state) if parent else None
@@ -92,6 +113,7 @@ def read_headers(scope: Scope, shard_header: bytes = SHARD_KEY_HEADER) -> Reques
         caller,
         shard_key,
         chunked or (content_length is not None and content_length != b"0"),
+        names_ids,
     )
 
 
@@ -164,7 +186,10 @@ def _forward(
             added.append((tracing.TRACEPARENT_HEADER, trace.traceparent.encode()))
         if proxy_span is not None and not headers.traced:
             replaced.add(tracing.TRACESTATE_HEADER)
-        forwarded["headers"] = [*(item for item in scope["headers"] if item[0] not in replaced), *added]
+        if headers.names_ids:
+            forwarded["headers"] = [*(item for item in scope["headers"] if item[0] not in replaced), *added]
+        else:  # nothing to replace (most requests): the headers as they are, and ours
+            forwarded["headers"] = [*scope["headers"], *added]
     return trace
 
 
