@@ -48,6 +48,7 @@ test: $(MODEL) $(CLIENTS)
 
 bench: $(MODEL)
 	@command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk)
+	@command -v valgrind >/dev/null || (apt-get update -qq && apt-get install -y -qq valgrind)
 	$(PY) -m pip install --quiet -e '.[dev,embeddings,chat,bench]'
 	$(PY) -m benchmarks.http_overhead
 	$(PY) -m benchmarks.http_overhead --only "GET small JSON, c=32" --replicas 2
@@ -55,6 +56,7 @@ bench: $(MODEL)
 	$(PY) -m benchmarks.http_overhead --only "GET small JSON, c=32" --split
 	$(PY) -m benchmarks.http_overhead --only "GET small JSON, c=32" --shadow
 	$(PY) -m benchmarks.front_cost
+	$(PY) -m benchmarks.front_instructions
 	$(PY) -m benchmarks.batching
 	$(PY) -m benchmarks.streaming
 	$(PY) -m benchmarks.autoscaling
