@@ -146,12 +146,14 @@ def test_a_slow_failing_shadow_leaves_the_primary_alone_and_shows_in_status(tool
         return before, during
 
     before, during = asyncio.run(scenario())
-    # The primary: every request answered by itself, none failed, no slower for its shadow
-    # (which takes 1 s per copy and fails half of them).
+    # The primary: every request answered by itself, none failed, not held up by its
+    # shadow (which takes 1 s per copy and fails half of them): a primary that waited for
+    # its copies, or queued behind them, would take a second or more. (Not a tighter
+    # bound: on a loaded 2-core host this p99 read 54-207 ms with no shadow at all.)
     assert {(status, version) for _, status, version, _ in before + during} == {(200, "one")}
     p99s = f"{_p99(before) * 1000:.1f} ms before, {_p99(during) * 1000:.1f} ms with"
     print(f"{toolkit.backend}: primary p99 {p99s}")
-    assert _p99(during) < 0.25
+    assert _p99(during) < 0.5
 
     def compared() -> tk.ShadowStatusInfo | None:
         info = tk.status().applications[primary].shadow
@@ -162,7 +164,7 @@ def test_a_slow_failing_shadow_leaves_the_primary_alone_and_shows_in_status(tool
     assert info.dropped > 0  # 1 s per copy: most could not be taken in time
     assert 0 < info.errors < info.copies and info.different == info.errors
     assert info.p50_ms is not None and info.p50_ms >= 900
-    assert info.primary_p99_ms is not None and info.primary_p99_ms < 250
+    assert info.primary_p99_ms is not None and info.primary_p99_ms < 500
     tk.shadow(primary, to=None)
     assert tk.status().applications[primary].shadow is None
 
