@@ -123,7 +123,8 @@ class BatchWriter:
 
 
 def _where(fields: dict[str, Any]) -> str:
-    """ " [replica request_id]", with either left out when it is empty ("" for neither)."""
+    """The line's ``[replica request_id]`` part, with a leading space; either is left out
+    when it is empty, the whole part when both are."""
     replica, request_id = fields.get("replica"), fields.get("request_id")
     if replica:
         return f" [{replica} {request_id}]" if request_id else f" [{replica}]"
