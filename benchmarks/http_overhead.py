@@ -168,7 +168,7 @@ def median(results: list[Result]) -> Result:
         cpu_ms=statistics.median(r.cpu_ms for r in results),
         cpu_us_by_process={
             label: statistics.median(r.cpu_us_by_process.get(label, 0.0) for r in results)
-            for label in results[0].cpu_us_by_process
+            for label in {label for r in results for label in r.cpu_us_by_process}
         },
     )
 
