@@ -52,10 +52,20 @@ def main() -> None:
     parser.add_argument("--duration", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--only", default="")
+    parser.add_argument(
+        "--uvicorn-access-log",
+        action="store_true",
+        help="run uvicorn with its default access log (to /dev/null), not --no-access-log",
+    )
     args = parser.parse_args()
     if shutil.which("wrk") is None:
         sys.exit("wrk is not installed: run `make bench` (it installs it) or `apt-get install wrk`")
-    servers, bases = start_servers("benchmarks.batch_app:fastapi_app", "benchmarks.batch_app:app", "/stats")
+    servers, bases = start_servers(
+        "benchmarks.batch_app:fastapi_app",
+        "benchmarks.batch_app:app",
+        "/stats",
+        uvicorns={"uvicorn": args.uvicorn_access_log},
+    )
     try:
         with tempfile.TemporaryDirectory() as folder:
             for scenario, function in SCENARIOS:

@@ -111,7 +111,11 @@ def echo_part(args: argparse.Namespace) -> None:
     os.environ["CHAT_BACKEND"] = "echo"
     os.environ["CHAT_ECHO_TOKENS_PER_S"] = str(args.rate)
     servers, bases = start_servers(
-        "benchmarks.chat_app:fastapi_app", "examples.chat.chat.app:app", "/v1/models", access_log=True
+        "benchmarks.chat_app:fastapi_app",
+        "examples.chat.chat.app:app",
+        "/v1/models",
+        access_log=True,
+        uvicorns={"uvicorn": args.uvicorn_access_log},
     )
     try:
         for name in bases:  # warm up both
@@ -433,6 +437,11 @@ def main() -> None:
     parser.add_argument("--skip-replies", action="store_true", help="no page-replies part")
     parser.add_argument(
         "--replies-rate", type=float, default=1000, help="echo tokens/s per reply in the page-replies part"
+    )
+    parser.add_argument(
+        "--uvicorn-access-log",
+        action="store_true",
+        help="run uvicorn with its default access log (to /dev/null), not --no-access-log",
     )
     parser.add_argument("--cancel-runs", type=int, default=20, help="cancellations per state")
     args = parser.parse_args()

@@ -181,34 +181,39 @@ def start_servers(
     access_log: bool = True,
     toolkit_env: dict[str, str] | None = None,
     uvicorn_workers: int = 1,
+    uvicorns: dict[str, bool] | None = None,
 ) -> tuple[dict[str, subprocess.Popen[bytes]], dict[str, str]]:
     """Start bare uvicorn and `app-toolkit run` (embedded Ray) side by side; wait for both.
 
     The toolkit runs with its defaults: its access log on, written to /dev/null
-    (``access_log=False`` turns it off); uvicorn runs without one either way.
-    ``toolkit_env``: more environment for the toolkit only. ``uvicorn_workers``:
-    uvicorn's ``--workers``."""
+    (``access_log=False`` turns it off). ``uvicorns``: the uvicorn servers to start, by
+    name, each with its access log on or off (on: uvicorn's own default logging, its lines
+    to /dev/null); by default one, ``uvicorn``, without an access log (the stricter
+    baseline). ``toolkit_env``: more environment for the toolkit only.
+    ``uvicorn_workers``: uvicorn's ``--workers``."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), RAY_USAGE_STATS_ENABLED="0")
     env.pop("RAY_ADDRESS", None)
-    ports = {"uvicorn": free_port(), "toolkit": free_port()}
-    servers = {
-        "uvicorn": subprocess.Popen(
-            [
-                str(BIN / "uvicorn"),
-                uvicorn_target,
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(ports["uvicorn"]),
-                "--log-level",
-                "warning",
-                "--no-access-log",
-                *(["--workers", str(uvicorn_workers)] if uvicorn_workers > 1 else []),
-            ],
-            cwd=ROOT,
-            env=env,
-        ),
-        "toolkit": subprocess.Popen(
+    uvicorns = uvicorns if uvicorns is not None else {"uvicorn": False}
+    ports = {name: free_port() for name in (*uvicorns, "toolkit")}
+    servers: dict[str, subprocess.Popen[bytes]] = {}
+    try:
+        for name, logged in uvicorns.items():
+            servers[name] = subprocess.Popen(
+                [
+                    str(BIN / "uvicorn"),
+                    uvicorn_target,
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(ports[name]),
+                    *([] if logged else ["--log-level", "warning", "--no-access-log"]),
+                    *(["--workers", str(uvicorn_workers)] if uvicorn_workers > 1 else []),
+                ],
+                cwd=ROOT,
+                env=env,
+                stdout=subprocess.DEVNULL if logged else None,  # uvicorn's access lines
+            )
+        servers["toolkit"] = subprocess.Popen(
             [
                 str(BIN / "app-toolkit"),
                 "run",
@@ -221,10 +226,8 @@ def start_servers(
             env={**env, **(toolkit_env or {})},
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL if access_log else None,  # the access log's lines
-        ),
-    }
-    bases = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
-    try:
+        )
+        bases = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
         for name, process in servers.items():
             wait_ready(bases[name] + ready_path, process, timeout_s=180)
     except BaseException:
@@ -234,9 +237,12 @@ def start_servers(
 
 
 def stop_servers(servers: dict[str, subprocess.Popen[bytes]]) -> None:
-    """Stop the two servers this script started (by PID): Ctrl-C for the toolkit."""
-    servers["toolkit"].send_signal(signal.SIGINT)
-    servers["uvicorn"].terminate()
+    """Stop the servers this script started (by PID): Ctrl-C for the toolkit."""
+    for name, process in servers.items():
+        if name == "toolkit":
+            process.send_signal(signal.SIGINT)
+        else:
+            process.terminate()
     for process in servers.values():
         try:
             process.wait(timeout=60)
@@ -323,6 +329,13 @@ def main() -> None:
         "written to /dev/null; uvicorn runs without one either way)",
     )
     parser.add_argument(
+        "--uvicorn-access-log",
+        action="store_true",
+        help="also run uvicorn as `uvicorn app:app` runs, with its access log (to /dev/null), "
+        "as a second baseline in the same rounds (uvicorn-log); the first one runs with "
+        "--no-access-log, the stricter baseline",
+    )
+    parser.add_argument(
         "--proxied",
         action="store_true",
         help="keep the ingress on the proxied path (direct_ingress=False: the proxy serves "
@@ -373,14 +386,15 @@ def main() -> None:
             access_log=not args.no_access_log,
             toolkit_env=channel_tls_env(Path(folder)) if args.channel_tls else None,
             uvicorn_workers=args.replicas,
+            uvicorns={"uvicorn": False, "uvicorn-log": True} if args.uvicorn_access_log else None,
         )
         try:
             for scenario in SCENARIOS:
                 if args.only and args.only not in scenario.name:
                     continue
                 script = lua_script(scenario, Path(folder))
-                runs: dict[str, list[Result]] = {"uvicorn": [], "toolkit": []}
-                for name in runs:  # warm up both
+                runs: dict[str, list[Result]] = {name: [] for name in servers}
+                for name in runs:  # warm up every server
                     run_wrk(bases[name], scenario, script, 2)
                 for _ in range(args.rounds):
                     for name in runs:
@@ -397,6 +411,15 @@ def main() -> None:
                     f"server CPU/request uvicorn {bare.cpu_ms:.3f} ms, toolkit {ours.cpu_ms:.3f} ms",
                     flush=True,
                 )
+                if "uvicorn-log" in runs:
+                    logged = median(runs["uvicorn-log"])
+                    print(
+                        f"{'':28} uvicorn with its access log {logged.rps:8.0f} req/s p50 "
+                        f"{logged.p50_ms:6.2f} ms p99 {logged.p99_ms:7.2f} ms | ratio "
+                        f"{ours.rps / logged.rps:4.2f}x, p50 {ours.p50_ms - logged.p50_ms:+.2f} ms, "
+                        f"failures {logged.failures} | server CPU/request {logged.cpu_ms:.3f} ms",
+                        flush=True,
+                    )
                 if args.per_process:
                     print(f"{'':28} toolkit CPU per request by process: {by_process(ours)}", flush=True)
         finally:
