@@ -1,12 +1,13 @@
 """HTTP overhead of app_toolkit against bare uvicorn, same route code, side by side.
 
-Starts ``uvicorn benchmarks.bench_app:fastapi_app`` (one process) and
-``app-toolkit run benchmarks.bench_app:app`` (embedded local Ray: proxy actor + replica
-actor; default settings, so its access log is on), then loads both with wrk on
+Starts ``uvicorn benchmarks.bench_app:fastapi_app`` (one process, without its access
+log) and ``app-toolkit run benchmarks.bench_app:app`` (embedded local Ray: proxy actor +
+replica actor; default settings, so its access log is on), then loads both with wrk on
 127.0.0.1, alternating, and prints per scenario req/s, p50 and p99 latency and the
-toolkit/uvicorn ratios (medians over rounds).
+toolkit/uvicorn ratios (medians over rounds). ``--uvicorn-access-log`` adds a uvicorn
+with its default access log to the same rounds, a second baseline.
 
-    python -m benchmarks.http_overhead [--duration 10] [--rounds 2] [--replicas 1]
+    python -m benchmarks.http_overhead [--duration 10] [--rounds 2] [--replicas 1] [--uvicorn-access-log]
 
 Needs ``wrk`` (``make bench`` installs it). Ray Serve is not compared here: it is not
 a dependency; its figures on these machines are quoted in docs/benchmarks.md.
@@ -326,7 +327,7 @@ def main() -> None:
         "--no-access-log",
         action="store_true",
         help="turn the toolkit's access log off (by default it is on, as users get it, and "
-        "written to /dev/null; uvicorn runs without one either way)",
+        "written to /dev/null; the first uvicorn runs without one either way)",
     )
     parser.add_argument(
         "--uvicorn-access-log",
