@@ -78,6 +78,10 @@ class Result:
     cpu_us_by_process: dict[str, float] = field(default_factory=dict)
 
 
+#: The second baseline's name (``--uvicorn-access-log``): uvicorn with its access log.
+LOGGED = "uvicorn-log"
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -374,7 +378,7 @@ def main() -> None:
     target = "benchmarks.bench_app:" + ("app2" if args.replicas == 2 else "app")
     if args.proxied:
         target += "_proxied"
-    rows = []
+    rows: list[dict[str, object]] = []
     with tempfile.TemporaryDirectory() as folder:
         if args.split:
             target = split_config(Path(folder))
@@ -387,7 +391,7 @@ def main() -> None:
             access_log=not args.no_access_log,
             toolkit_env=channel_tls_env(Path(folder)) if args.channel_tls else None,
             uvicorn_workers=args.replicas,
-            uvicorns={"uvicorn": False, "uvicorn-log": True} if args.uvicorn_access_log else None,
+            uvicorns={"uvicorn": False, LOGGED: True} if args.uvicorn_access_log else None,
         )
         try:
             for scenario in SCENARIOS:
@@ -403,7 +407,8 @@ def main() -> None:
                             run_measured(servers[name], bases[name], scenario, script, args.duration)
                         )
                 bare, ours = median(runs["uvicorn"]), median(runs["toolkit"])
-                rows.append((scenario, bare, ours))
+                row = {"scenario": scenario.name, "uvicorn": vars(bare), "toolkit": vars(ours)}
+                rows.append({**row, "ratio": ours.rps / bare.rps})
                 print(
                     f"{scenario.name:28} uvicorn {bare.rps:8.0f} req/s p50 {bare.p50_ms:6.2f} ms "
                     f"p99 {bare.p99_ms:7.2f} ms | toolkit {ours.rps:8.0f} req/s p50 {ours.p50_ms:6.2f} ms "
@@ -412,8 +417,9 @@ def main() -> None:
                     f"server CPU/request uvicorn {bare.cpu_ms:.3f} ms, toolkit {ours.cpu_ms:.3f} ms",
                     flush=True,
                 )
-                if "uvicorn-log" in runs:
-                    logged = median(runs["uvicorn-log"])
+                if LOGGED in runs:
+                    logged = median(runs[LOGGED])
+                    rows[-1].update({LOGGED: vars(logged), "ratio_to_uvicorn_log": ours.rps / logged.rps})
                     print(
                         f"{'':28} uvicorn with its access log {logged.rps:8.0f} req/s p50 "
                         f"{logged.p50_ms:6.2f} ms p99 {logged.p99_ms:7.2f} ms | ratio "
@@ -426,15 +432,7 @@ def main() -> None:
         finally:
             stop_servers(servers)
     if args.json:
-        args.json.write_text(
-            json.dumps(
-                [
-                    {"scenario": s.name, "uvicorn": vars(b), "toolkit": vars(o), "ratio": o.rps / b.rps}
-                    for s, b, o in rows
-                ],
-                indent=2,
-            )
-        )
+        args.json.write_text(json.dumps(rows, indent=2))
 
 
 if __name__ == "__main__":
