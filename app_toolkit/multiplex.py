@@ -197,9 +197,21 @@ class _Multiplexed(Generic[M]):
         return await self._cache(None).get(model_id)
 
 
+@overload
+def multiplexed(
+    func: Callable[..., Awaitable[M]], /, *, max_num_models_per_replica: int = 3
+) -> _Multiplexed[M]: ...
+
+
+@overload
+def multiplexed(
+    func: None = None, /, *, max_num_models_per_replica: int = 3
+) -> Callable[[Callable[..., Awaitable[M]]], _Multiplexed[M]]: ...
+
+
 def multiplexed(
     func: Callable[..., Awaitable[M]] | None = None, /, *, max_num_models_per_replica: int = 3
-) -> Any:
+) -> _Multiplexed[M] | Callable[[Callable[..., Awaitable[M]]], _Multiplexed[M]]:
     """Make an async loader ``(self, model_id) -> model`` a per-replica LRU model cache.
 
     ::
