@@ -5,13 +5,16 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 T = TypeVar("T")
 
+#: A condition: a falsy answer (None or False among them) means "not yet".
+Condition = Callable[[], T | None | Literal[False]]
+
 
 def wait_for(
-    condition: Callable[[], T], timeout_s: float = 30.0, what: str = "the condition", interval_s: float = 0.05
+    condition: Condition[T], timeout_s: float = 30.0, what: str = "the condition", interval_s: float = 0.05
 ) -> T:
     """Call ``condition`` until it returns something truthy, and return that; fail the
     test, naming ``what``, once ``timeout_s`` has passed."""
@@ -26,7 +29,7 @@ def wait_for(
 
 
 async def wait_for_async(
-    condition: Callable[[], T], timeout_s: float = 5.0, what: str = "the condition", interval_s: float = 0.005
+    condition: Condition[T], timeout_s: float = 5.0, what: str = "the condition", interval_s: float = 0.005
 ) -> T:
     """:func:`wait_for` inside a running event loop (the loop keeps running meanwhile)."""
     deadline = asyncio.get_running_loop().time() + timeout_s

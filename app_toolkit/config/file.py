@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-import yaml  # type: ignore[import-untyped]
+import yaml
 from pydantic import (
     BaseModel,
     ConfigDict,

@@ -16,6 +16,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel
 
 import app_toolkit as tk
+from tests.deployments import as_deployment
 
 # ----------------------------------------------------------------- an ordinary router
 
@@ -203,7 +204,7 @@ class Front:
 
 
 def make_composed() -> tk.Application:
-    return Front.bind(Counter.bind(100), shout.bind())
+    return as_deployment(Front).bind(as_deployment(Counter).bind(100), shout.bind())
 
 
 # ----------------------------------------------------------------- tk.Depends + user_config
@@ -221,7 +222,7 @@ class Configured:
         return f"{self.greeting} {name}"
 
 
-configured = Configured.bind()
+configured = as_deployment(Configured).bind()
 depends_router = APIRouter()
 
 
@@ -316,7 +317,7 @@ class TokenFront:
 
 
 def make_token_app() -> tk.Application:
-    return TokenFront.bind(Tokens.bind())
+    return as_deployment(TokenFront).bind(as_deployment(Tokens).bind())
 
 
 # ----------------------------------------------------------------- WebSockets

@@ -8,6 +8,7 @@ from fastapi import APIRouter, FastAPI
 from pydantic import BaseModel
 
 import app_toolkit as tk
+from tests.deployments import as_deployment
 
 
 class GreetArgs(BaseModel):
@@ -48,7 +49,7 @@ class Front:
 
 def build(args: GreetArgs) -> tk.Application:
     """An application builder: import_path names it, the file's args configure it."""
-    return Front.bind(Greeter.bind(args.greeting, args.fail))
+    return as_deployment(Front).bind(as_deployment(Greeter).bind(args.greeting, args.fail))
 
 
 hello_router = APIRouter()

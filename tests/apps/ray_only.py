@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gc
 import os
+from typing import Any
 
 import ray
 from fastapi import APIRouter, Request
@@ -14,7 +15,8 @@ import app_toolkit as tk
 @tk.deployment(ray_actor_options={"num_cpus": 0.5, "resources": {"test_accelerator": 0.5}})
 class Resourced:
     def assigned(self) -> dict[str, float]:
-        return dict(ray.get_runtime_context().get_assigned_resources())
+        # ray leaves get_assigned_resources unannotated.
+        return dict(ray.get_runtime_context().get_assigned_resources())  # type: ignore[no-untyped-call]
 
 
 @tk.deployment(num_replicas=2, health_check_period_s=0.5, health_check_timeout_s=2)
@@ -63,16 +65,14 @@ def holds_connection_from(port: int) -> bool:
 
 def make_where_app(**options: object) -> tk.Application:
     """Two replicas that report where they run, with quick health checks."""
-    return tk.App(
-        where_router,
-        **{
-            "num_replicas": 2,
-            "health_check_period_s": 0.5,
-            "health_check_timeout_s": 2,
-            "graceful_shutdown_timeout_s": 2,
-            **options,
-        },
-    )
+    settings: dict[str, Any] = {
+        "num_replicas": 2,
+        "health_check_period_s": 0.5,
+        "health_check_timeout_s": 2,
+        "graceful_shutdown_timeout_s": 2,
+        **options,
+    }
+    return tk.App(where_router, **settings)
 
 
 @tk.deployment

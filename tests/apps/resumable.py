@@ -9,6 +9,7 @@ import uuid
 from fastapi import FastAPI, HTTPException, Request
 
 import app_toolkit as tk
+from tests.deployments import as_deployment
 
 app = FastAPI()
 
@@ -51,4 +52,4 @@ class Replies:
 
 
 def make_app(redis_url: str, prefix: str) -> tk.Application:
-    return Replies.bind(tk.RedisEventLog(redis_url, prefix=prefix))
+    return as_deployment(Replies).bind(tk.RedisEventLog(redis_url, prefix=prefix))

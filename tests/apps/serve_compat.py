@@ -30,7 +30,8 @@ class Api:
 
     @app.get("/double/{x}")
     async def double(self, x: int) -> int:
-        return await self.doubler.double.remote(x)
+        doubled: int = await self.doubler.double.remote(x)
+        return doubled
 
 
 # --8<-- [end:ingress]

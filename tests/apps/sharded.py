@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import app_toolkit as tk
+from tests.deployments import as_deployment
 
 
 @tk.deployment(num_replicas=4)
@@ -35,4 +36,4 @@ class Front:
         return answer
 
 
-front = Front.bind(Model.bind(), ModelV2.bind())
+front = as_deployment(Front).bind(as_deployment(Model).bind(), as_deployment(ModelV2).bind())

@@ -6,6 +6,7 @@ from fastapi import APIRouter
 
 import app_toolkit as tk
 from app_toolkit.tracing import current_trace
+from tests.deployments import as_deployment
 
 
 def _span() -> dict[str, str]:
@@ -29,7 +30,7 @@ class Middle:
         return [_span(), await self.last.span.remote()]
 
 
-chain = Middle.bind(Last.bind())
+chain = as_deployment(Middle).bind(as_deployment(Last).bind())
 router = APIRouter()
 
 

@@ -12,6 +12,7 @@ from websockets.sync.client import connect
 from tests.apps import basic, sharded
 from tests.behaviour.test_websockets import ws_url
 from tests.conftest import Toolkit
+from tests.deployments import as_deployment
 from tests.waiting import wait_for
 
 KEYS = [f"user-{i}" for i in range(40)]
@@ -72,7 +73,7 @@ def test_websockets_with_one_key_reach_one_replica(toolkit: Toolkit) -> None:
 
 
 def test_handle_calls_with_one_shard_key_reach_one_replica(toolkit: Toolkit) -> None:
-    handle = toolkit.run(sharded.Who.bind())
+    handle = toolkit.run(as_deployment(sharded.Who).bind())
     seen: dict[str, set[str]] = defaultdict(set)
     _until_all_four(lambda: handle.remote().result(timeout_s=30))
     for _ in range(3):

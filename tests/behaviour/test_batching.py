@@ -7,11 +7,12 @@ from typing import Any
 
 from tests.apps import basic, serve_compat
 from tests.conftest import Toolkit
+from tests.deployments import as_deployment
 
 
 def test_concurrent_handle_calls_are_batched_per_replica(toolkit: Toolkit) -> None:
     name = toolkit.name()
-    handle = toolkit.run(basic.BatchedSquare.bind(), name=name, route_prefix=None)
+    handle = toolkit.run(as_deployment(basic.BatchedSquare).bind(), name=name, route_prefix=None)
 
     async def burst() -> list[Any]:
         calls = [handle.square.remote(x) for x in [*range(1, 16), -3]]

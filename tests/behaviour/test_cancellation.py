@@ -21,7 +21,7 @@ def wait_for_file(path: Path, timeout_s: float = 20.0) -> None:
 def test_disconnect_cancels_the_running_handler(toolkit: Toolkit, tmp_path: Path) -> None:
     toolkit.run(basic.make_app(), route_prefix="/dc")
     started, cancelled = tmp_path / "started", tmp_path / "cancelled"
-    params = {"seconds": 30, "marker": str(started), "cancelled": str(cancelled)}
+    params: dict[str, str | int] = {"seconds": 30, "marker": str(started), "cancelled": str(cancelled)}
     with pytest.raises(httpx.ReadTimeout):
         # The client gives up after 2 s (the handler would take 30) and hangs up.
         httpx.get(toolkit.url + "/dc/sleep", params=params, timeout=2.0)

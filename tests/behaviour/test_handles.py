@@ -11,6 +11,7 @@ from fastapi import HTTPException
 import app_toolkit as tk
 from tests.apps import basic, serve_compat
 from tests.conftest import Toolkit
+from tests.deployments import as_deployment
 
 
 def test_composition_through_handles(toolkit: Toolkit) -> None:
@@ -36,7 +37,7 @@ def test_handles_from_sync_code(toolkit: Toolkit) -> None:
 
 
 def test_a_timeout_on_result_stops_the_wait_not_the_call(toolkit: Toolkit) -> None:
-    handle = toolkit.run(serve_compat.Slow.bind(), route_prefix=None)
+    handle = toolkit.run(as_deployment(serve_compat.Slow).bind(), route_prefix=None)
     response = handle.remote(1.0)
     with pytest.raises(TimeoutError):  # tk.RequestTimeoutError
         response.result(timeout_s=0.2)

@@ -8,6 +8,7 @@ from pathlib import Path
 import app_toolkit as tk
 from tests.apps import basic
 from tests.conftest import Toolkit
+from tests.deployments import as_deployment
 from tests.waiting import wait_for_async
 
 
@@ -117,7 +118,7 @@ def test_docs_from_a_cdn_when_asked(toolkit: Toolkit) -> None:
 
 def test_longest_route_prefix_wins(toolkit: Toolkit) -> None:
     root_name, nested_name = toolkit.name(), toolkit.name()
-    toolkit.run(basic.Plain.bind(), name=root_name, route_prefix="/")
+    toolkit.run(as_deployment(basic.Plain).bind(), name=root_name, route_prefix="/")
     toolkit.run(basic.make_app(), name=nested_name, route_prefix="/shop")
     with toolkit.client() as client:
         assert client.get("/shop/items/1").json()["item_id"] == 1
@@ -130,7 +131,7 @@ def test_longest_route_prefix_wins(toolkit: Toolkit) -> None:
 
 
 def test_plain_deployments_serve_http(toolkit: Toolkit) -> None:
-    toolkit.run(basic.Plain.bind(), route_prefix="/plain")
+    toolkit.run(as_deployment(basic.Plain).bind(), route_prefix="/plain")
     toolkit.run(basic.plain_text.bind(), route_prefix="/text")
     with toolkit.client() as client:
         assert client.get("/plain/x", params={"who": "me"}).json() == {"path": "/plain/x", "who": "me"}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import Any
 
 import httpx
 
@@ -86,7 +87,7 @@ def _ray_counts(app_name: str) -> Callable[[], dict[str, int]]:
 
     replica_ids = [r.replica_id for r in tk.status().applications[app_name].deployments["Ingress"].replicas]
     replicas = [replica_actor(rid) for rid in replica_ids]
-    proxies = [
+    proxies: list[Any] = [  # Any: ray types actor methods as Never
         ray.get_actor(name, namespace=NAMESPACE)
         for name in (
             a["name"] for a in ray.util.list_named_actors(all_namespaces=True) if a["namespace"] == NAMESPACE

@@ -11,6 +11,7 @@ import pytest
 import app_toolkit as tk
 from tests.apps import basic
 from tests.conftest import Toolkit
+from tests.deployments import as_deployment
 from tests.waiting import wait_for
 
 
@@ -30,7 +31,7 @@ def test_failing_lifespan_fails_the_deploy_with_its_message(toolkit: Toolkit) ->
 
 def test_failing_constructor_fails_the_deploy(toolkit: Toolkit) -> None:
     with pytest.raises(RuntimeError, match="ValueError: model file missing") as failed:
-        toolkit.run(basic.BrokenConstructor.bind(), route_prefix="/ctor")
+        toolkit.run(as_deployment(basic.BrokenConstructor).bind(), route_prefix="/ctor")
     assert isinstance(failed.value, tk.DeployError)
 
 

@@ -11,6 +11,7 @@ import pytest
 import app_toolkit as tk
 from tests.apps import basic
 from tests.conftest import Toolkit
+from tests.deployments import as_deployment
 from tests.waiting import wait_for
 
 MODELS = [f"m{i}" for i in range(6)]
@@ -18,7 +19,7 @@ MODELS = [f"m{i}" for i in range(6)]
 
 def test_requests_go_to_replicas_holding_their_model(toolkit: Toolkit) -> None:
     name = toolkit.name()
-    handle = toolkit.run(basic.Models.bind(), name=name, route_prefix=f"/{name}")
+    handle = toolkit.run(as_deployment(basic.Models).bind(), name=name, route_prefix=f"/{name}")
     rng = random.Random(7)
 
     async def burst(count: int, concurrency: int) -> list[dict[str, Any]]:
@@ -56,7 +57,7 @@ def test_requests_go_to_replicas_holding_their_model(toolkit: Toolkit) -> None:
 
 
 def test_a_loader_failure_reaches_the_caller_and_the_next_request_retries(toolkit: Toolkit) -> None:
-    handle = toolkit.run(basic.Models.options(num_replicas=1).bind(), route_prefix=None)
+    handle = toolkit.run(as_deployment(basic.Models).options(num_replicas=1).bind(), route_prefix=None)
     bad = handle.options(multiplexed_model_id="bad-model")
     for _ in range(2):  # not cached: each request calls the loader again
         with pytest.raises(ValueError, match="there is no model bad-model"):

@@ -17,21 +17,22 @@ from app_toolkit._runtime.backends.base import current_session
 from app_toolkit.build import build_app
 from tests.apps import serve_parity as apps
 from tests.conftest import Toolkit
+from tests.deployments import as_deployment
 from tests.waiting import wait_for, wait_for_async
 
 
 def test_functions_and_call_methods_without_parameters_get_no_request(toolkit: Toolkit) -> None:
     toolkit.run(apps.no_params.bind(), route_prefix="/p-fn")
-    toolkit.run(apps.NoParamsCall.bind(), route_prefix="/p-call")
+    toolkit.run(as_deployment(apps.NoParamsCall).bind(), route_prefix="/p-call")
     with toolkit.client() as client:
         assert client.get("/p-fn").text == "called without the request"
         assert client.get("/p-call").text == "__call__ without the request"
 
 
 def test_each_yield_reaches_the_client_as_its_own_chunk(toolkit: Toolkit) -> None:
-    streamer = apps.Streamer.bind()
+    streamer = as_deployment(apps.Streamer).bind()
     toolkit.run(streamer, route_prefix="/p-stream")
-    toolkit.run(apps.ReStreamer.bind(streamer), route_prefix="/p-restream")
+    toolkit.run(as_deployment(apps.ReStreamer).bind(streamer), route_prefix="/p-restream")
     with toolkit.client() as client:
         with client.stream("GET", "/p-stream") as response:
             assert list(response.iter_raw()) == [f"hi_{n}".encode() for n in range(10)]
@@ -40,7 +41,7 @@ def test_each_yield_reaches_the_client_as_its_own_chunk(toolkit: Toolkit) -> Non
 
 
 def test_a_stream_that_fails_midway_is_cut_off_not_completed(toolkit: Toolkit) -> None:
-    toolkit.run(apps.Streamer.bind(), route_prefix="/p-broken")
+    toolkit.run(as_deployment(apps.Streamer).bind(), route_prefix="/p-broken")
     received: list[bytes] = []
     with toolkit.client() as client, pytest.raises(httpx.RemoteProtocolError):
         with client.stream("GET", "/p-broken", params={"fail_at": 3}) as response:
@@ -52,24 +53,25 @@ def test_a_stream_that_fails_midway_is_cut_off_not_completed(toolkit: Toolkit) -
 
 
 def test_async_init_is_awaited_and_one_class_bound_twice_gets_a_second_name(toolkit: Toolkit) -> None:
-    handle = toolkit.run(apps.AsyncInit.bind("hello from async init"), route_prefix=None)
+    handle = toolkit.run(as_deployment(apps.AsyncInit).bind("hello from async init"), route_prefix=None)
     assert handle.remote().result(timeout_s=30) == "hello from async init"
     name = toolkit.name()
-    upstream = apps.Upstream.bind(apps.Downstream.bind("first"), apps.Downstream.bind("second"))
+    downstream = as_deployment(apps.Downstream)
+    upstream = as_deployment(apps.Upstream).bind(downstream.bind("first"), downstream.bind("second"))
     handle = toolkit.run(upstream, name=name, route_prefix=None)
     assert handle.remote().result(timeout_s=30) == "first second"
     assert set(serve.status().applications[name].deployments) == {"Upstream", "Downstream", "Downstream_1"}
 
 
 def test_a_bound_deployment_inside_a_user_object_becomes_a_handle(toolkit: Toolkit) -> None:
-    app = apps.UsesHolder.bind(apps.Holder(apps.Downstream.bind("inside")))
+    app = as_deployment(apps.UsesHolder).bind(apps.Holder(as_deployment(apps.Downstream).bind("inside")))
     assert toolkit.run(app, route_prefix=None).remote().result(timeout_s=30) == "inside"
 
 
 def test_ingress_builders_and_one_app_shared_by_two_classes(toolkit: Toolkit) -> None:
     toolkit.run(apps.BuiltIngress.bind("an argument for the class, not the builder"), route_prefix="/p-built")
-    toolkit.run(apps.SharedOne.bind(), route_prefix="/p-one")
-    toolkit.run(apps.SharedTwo.bind(), route_prefix="/p-two")
+    toolkit.run(as_deployment(apps.SharedOne).bind(), route_prefix="/p-one")
+    toolkit.run(as_deployment(apps.SharedTwo).bind(), route_prefix="/p-two")
     with toolkit.client() as client:
         assert client.get("/p-built/built").json() == "built on the replica"
         assert client.get("/p-one/one").json() == "one"
@@ -81,12 +83,12 @@ def test_ingress_builders_and_one_app_shared_by_two_classes(toolkit: Toolkit) ->
 def test_teardown_hooks_run_on_delete_and_on_redeploy(toolkit: Toolkit, tmp_path: Path) -> None:
     folder = str(tmp_path)
     name = toolkit.name()
-    toolkit.run(apps.Finalized.bind(folder), name=name, route_prefix=None)
+    toolkit.run(as_deployment(apps.Finalized).bind(folder), name=name, route_prefix=None)
     serve.delete(name)
     wait_for(lambda: (tmp_path / "del-1").exists(), 30, "__del__ of the deleted replica's object")
 
     name = toolkit.name()
-    toolkit.run(apps.AsyncFinalized.bind(folder), name=name, route_prefix=None)
+    toolkit.run(as_deployment(apps.AsyncFinalized).bind(folder), name=name, route_prefix=None)
     serve.delete(name)
     marks = tmp_path / "async-del"
     wait_for(marks.exists, 30, "the awaited async __del__ of the deleted replica's object")
@@ -102,14 +104,15 @@ def test_teardown_hooks_run_on_delete_and_on_redeploy(toolkit: Toolkit, tmp_path
     wait_for(lambda: (tmp_path / "lifespan-2").exists(), 30, "lifespan shutdown on delete")
 
     name = toolkit.name()
-    handle = toolkit.run(apps.Models.bind(folder, 1), name=name, route_prefix=None)
+    models = as_deployment(apps.Models)
+    handle = toolkit.run(models.bind(folder, 1), name=name, route_prefix=None)
     assert handle.options(multiplexed_model_id="a").remote().result(timeout_s=30) == "model-a-v1"
-    toolkit.run(apps.Models.bind(folder, 2), name=name, route_prefix=None)  # an upgrade replaces it
+    toolkit.run(models.bind(folder, 2), name=name, route_prefix=None)  # an upgrade replaces it
     wait_for(lambda: (tmp_path / "model-a-v1").exists(), 30, "the old replica's model released")
 
 
 def test_backpressure_config_sets_the_overload_answer(toolkit: Toolkit, tmp_path: Path) -> None:
-    toolkit.run(apps.Busy.bind(str(tmp_path)), route_prefix="/p-busy")
+    toolkit.run(as_deployment(apps.Busy).bind(str(tmp_path)), route_prefix="/p-busy")
 
     async def burst() -> list[httpx.Response]:
         async with toolkit.async_client() as client:
@@ -126,25 +129,25 @@ def test_backpressure_config_sets_the_overload_answer(toolkit: Toolkit, tmp_path
 
 
 def test_decorator_forms_and_their_errors(toolkit: Toolkit) -> None:
-    assert apps.NamedFirst.name == "named_first"
-    toolkit.run(apps.BareBatch.bind(), route_prefix="/p-bare")
+    assert as_deployment(apps.NamedFirst).name == "named_first"
+    toolkit.run(as_deployment(apps.BareBatch).bind(), route_prefix="/p-bare")
     with toolkit.client() as client:
         assert client.get("/p-bare", params={"x": 21}).json() == 42
     with pytest.raises(TypeError):
 
-        @serve.multiplexed
+        @serve.multiplexed  # type: ignore[arg-type]  # a class, on purpose
         class NotAFunction:
             pass
 
     with pytest.raises(TypeError, match="async"):
 
-        @serve.batch
+        @serve.batch  # type: ignore[arg-type]  # not async, on purpose
         def not_async(items: list[int]) -> list[int]:
             return items
 
 
 def test_batches_hold_one_multiplexed_model_each(toolkit: Toolkit) -> None:
-    handle = toolkit.run(apps.BatchedModels.bind(), route_prefix=None)
+    handle = toolkit.run(as_deployment(apps.BatchedModels).bind(), route_prefix=None)
     calls = [handle.options(multiplexed_model_id=model).remote() for model in ("a", "b") * 6]
     for call in calls:
         batch_model, models, _ = call.result(timeout_s=30).split(":")
@@ -152,7 +155,7 @@ def test_batches_hold_one_multiplexed_model_each(toolkit: Toolkit) -> None:
 
 
 def test_handle_errors_say_what_ray_serve_says(toolkit: Toolkit) -> None:
-    methods = toolkit.run(apps.Methods.bind(), route_prefix=None)
+    methods = toolkit.run(as_deployment(apps.Methods).bind(), route_prefix=None)
     with pytest.raises(serve.RayServeException, match=r"Tried to call a method 'nope' that does not exist"):
         methods.nope.remote().result(timeout_s=30)
     try:
@@ -185,13 +188,13 @@ def test_errors_and_status_in_ray_serves_shape(toolkit: Toolkit) -> None:
 
 def test_handles_to_other_apps_inside_replicas(toolkit: Toolkit) -> None:
     other = toolkit.name()
-    toolkit.run(apps.Downstream.bind("other app"), name=other, route_prefix=None)
-    handle = toolkit.run(apps.CrossApp.bind(other), route_prefix=None)
+    toolkit.run(as_deployment(apps.Downstream).bind("other app"), name=other, route_prefix=None)
+    handle = toolkit.run(as_deployment(apps.CrossApp).bind(other), route_prefix=None)
     assert handle.remote().result(timeout_s=30) == "other app|other app"
 
 
 def test_local_testing_mode_serves_handles_only(no_backend: None) -> None:
-    handle = serve.run(apps.Downstream.bind("local"), _local_testing_mode=True)
+    handle = serve.run(as_deployment(apps.Downstream).bind("local"), _local_testing_mode=True)
     try:
         assert handle.remote().result(timeout_s=30) == "local"
         session = current_session(create=False)
@@ -202,8 +205,9 @@ def test_local_testing_mode_serves_handles_only(no_backend: None) -> None:
 
 
 def test_names_of_a_graph_are_unique_in_build_order() -> None:
+    downstream = as_deployment(apps.Downstream)
     spec = build_app(
-        apps.Upstream.bind(apps.Downstream.bind("a"), apps.Downstream.bind("b")),
+        as_deployment(apps.Upstream).bind(downstream.bind("a"), downstream.bind("b")),
         "g",
         None,
         lambda value: b"x",

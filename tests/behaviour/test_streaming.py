@@ -10,6 +10,7 @@ import pytest
 import app_toolkit as tk
 from tests.apps import basic
 from tests.conftest import Toolkit
+from tests.deployments import as_deployment
 from tests.waiting import wait_for
 
 
@@ -55,7 +56,7 @@ def test_a_route_streams_a_handle_stream_over_http(toolkit: Toolkit) -> None:
 
 def test_a_result_that_cannot_be_sent_fails_the_call_instead_of_hanging(ray_toolkit: Toolkit) -> None:
     # Only Ray pickles results across processes; the local backend hands objects over.
-    handle = ray_toolkit.run(basic.Unsendable.bind(), route_prefix=None)
+    handle = ray_toolkit.run(as_deployment(basic.Unsendable).bind(), route_prefix=None)
     with pytest.raises(TypeError, match=r"Unsendable.frame returned a frame, which cannot be sent"):
         handle.frame.remote().result(timeout_s=20)
     items = handle.options(stream=True).items.remote()
@@ -65,7 +66,7 @@ def test_a_result_that_cannot_be_sent_fails_the_call_instead_of_hanging(ray_tool
 
 
 def test_a_result_the_caller_cannot_load_fails_that_call_and_no_other(ray_toolkit: Toolkit) -> None:
-    handle = ray_toolkit.run(basic.Unsendable.bind(), route_prefix=None)
+    handle = ray_toolkit.run(as_deployment(basic.Unsendable).bind(), route_prefix=None)
     with pytest.raises(TypeError, match=r"reply could not be decoded here \(ImportError: No module"):
         handle.stranger.remote().result(timeout_s=20)
     # The connection it came on still carries calls.

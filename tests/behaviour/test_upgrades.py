@@ -8,6 +8,7 @@ import threading
 import app_toolkit as tk
 from tests.apps import basic
 from tests.conftest import Toolkit
+from tests.deployments import as_deployment
 from tests.waiting import wait_for
 
 
@@ -17,12 +18,11 @@ def replica_ids(app: str, deployment: str) -> set[str]:
 
 def test_user_config_and_limits_change_in_place_without_restarts(toolkit: Toolkit) -> None:
     name = toolkit.name()
-    handle = toolkit.run(basic.Configured.options(num_replicas=2).bind(), name=name, route_prefix=None)
+    configured = as_deployment(basic.Configured)
+    handle = toolkit.run(configured.options(num_replicas=2).bind(), name=name, route_prefix=None)
     assert handle.greet.remote("ann").result(timeout_s=10) == "hi ann"
     before = replica_ids(name, "Configured")
-    changed = basic.Configured.options(
-        num_replicas=2, user_config={"greeting": "hello"}, max_ongoing_requests=7
-    )
+    changed = configured.options(num_replicas=2, user_config={"greeting": "hello"}, max_ongoing_requests=7)
     handle = toolkit.run(changed.bind(), name=name, route_prefix=None)
     assert replica_ids(name, "Configured") == before  # the same replicas, reconfigured
     assert {handle.greet.remote(str(i)).result(timeout_s=10) for i in range(8)} == {
@@ -91,7 +91,7 @@ def test_code_change_rolls_out_under_load_with_zero_failures(toolkit: Toolkit) -
 
 def test_a_replica_whose_check_health_fails_is_replaced(toolkit: Toolkit) -> None:
     name = toolkit.name()
-    handle = toolkit.run(basic.Guarded.bind(), name=name, route_prefix=None)
+    handle = toolkit.run(as_deployment(basic.Guarded).bind(), name=name, route_prefix=None)
     sick = handle.fall_ill.remote().result(timeout_s=10)
 
     def replaced() -> bool:

@@ -10,6 +10,7 @@ from websockets.sync.client import connect
 
 from tests.apps import basic, serve_compat
 from tests.conftest import Toolkit
+from tests.deployments import as_deployment
 from tests.waiting import wait_for
 
 
@@ -101,7 +102,7 @@ def test_a_draining_replica_closes_websockets_with_1012(toolkit: Toolkit) -> Non
 
 def test_websocket_routes_on_an_ingress_class_get_self(toolkit: Toolkit) -> None:
     # Ray Serve's idiom: @app.websocket on a method of the @serve.ingress(app) class.
-    toolkit.run(serve_compat.Chatter.bind(), route_prefix="/chatter")
+    toolkit.run(as_deployment(serve_compat.Chatter).bind(), route_prefix="/chatter")
     with connect(ws_url(toolkit, "/chatter/echo/blue")) as ws:
         ws.send("hello")
         assert ws.recv(timeout=10) == "chatter/blue:hello"

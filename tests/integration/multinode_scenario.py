@@ -132,7 +132,7 @@ def main() -> None:
         result["proxies_joined"] = session.status().proxy_urls
         # Both replicas run on the head now: its proxy hands connections to them; the new
         # node's proxy has no local replica and forwards what it accepts over the channel.
-        proxies = {
+        proxies: dict[str, Any] = {  # Any: ray types actor methods as Never
             node: ray.get_actor(PROXY_PREFIX + node, namespace=NAMESPACE)
             for node in (head_id, joined.node_id)
         }
@@ -153,7 +153,7 @@ def main() -> None:
     finally:
         print(json.dumps(result), flush=True)
         ray.shutdown()
-        cluster.shutdown()
+        cluster.shutdown()  # type: ignore[no-untyped-call]  # ray's test Cluster is unannotated
 
 
 if __name__ == "__main__":

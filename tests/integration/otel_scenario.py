@@ -22,6 +22,7 @@ import app_toolkit as tk
 from app_toolkit.tracing import current_trace
 from tests.apps.otel_setup import SPANS_FILE_ENV
 from tests.conftest import free_port
+from tests.deployments import as_deployment
 from tests.waiting import wait_for
 
 CLIENT_TRACEPARENT = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
@@ -52,8 +53,8 @@ class Middle:
         return [_seen(), await self.last.span.remote()]
 
 
-last = Last.bind()
-chain = Middle.bind(last)
+last = as_deployment(Last).bind()
+chain = as_deployment(Middle).bind(last)
 router = APIRouter()
 
 

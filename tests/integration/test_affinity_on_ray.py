@@ -12,6 +12,7 @@ import app_toolkit as tk
 from app_toolkit._runtime.backends.ray.cluster import replica_actor
 from tests.apps import sharded
 from tests.conftest import Toolkit
+from tests.deployments import as_deployment
 from tests.waiting import wait_for
 
 KEYS = [f"chat-{i}" for i in range(60)]
@@ -23,7 +24,7 @@ def _placement(handle: tk.DeploymentHandle) -> dict[str, str]:
 
 def test_a_killed_replica_s_keys_go_to_its_replacement_and_the_rest_stay(ray_toolkit: Toolkit) -> None:
     name = ray_toolkit.name()
-    who = sharded.Who.options(health_check_period_s=0.5, health_check_timeout_s=2)
+    who = as_deployment(sharded.Who).options(health_check_period_s=0.5, health_check_timeout_s=2)
     handle = ray_toolkit.run(who.bind(), name=name)
     before = _placement(handle)
     assert len(set(before.values())) == 4

@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 from playwright.sync_api import Browser, Page
 
 from examples.chat.chat.app import build_app
@@ -130,9 +131,10 @@ def reply_lengths(page: Page, until_busy_ends: float) -> list[int]:
 
 
 def last_reply(page: Page) -> str:
-    return page.locator(".message.assistant").last.evaluate(
+    text: str = page.locator(".message.assistant").last.evaluate(
         "e => e.firstChild ? e.firstChild.textContent : ''"
     )
+    return text
 
 
 #: Whether the bottom of ``selector``'s last match is on screen: below the top of the
@@ -251,7 +253,9 @@ def test_a_real_generation_with_smollm2(ray_toolkit: Toolkit) -> None:
     and the model pool (loading takes about 20 s)."""
     ray_toolkit.run(build_app(Settings(backend="local", max_model_replicas=1)), route_prefix="/")
     client = openai.OpenAI(base_url=f"{ray_toolkit.url}/v1", api_key="unused", max_retries=0, timeout=60)
-    question = [{"role": "user", "content": "What is the capital of France?"}]
+    question: list[ChatCompletionMessageParam] = [
+        {"role": "user", "content": "What is the capital of France?"}
+    ]
     reply = client.chat.completions.create(
         model="SmolLM2-135M-Instruct",
         messages=question,
@@ -269,7 +273,7 @@ def test_an_openai_compatible_upstream(ray_toolkit: Toolkit) -> None:
     upstream = Settings(backend="openai", upstream_url=f"{ray_toolkit.url}/up/v1", upstream_model="echo")
     ray_toolkit.run(build_app(upstream), route_prefix="/")
     client = openai.OpenAI(base_url=f"{ray_toolkit.url}/v1", api_key="unused", max_retries=0)
-    question = [{"role": "user", "content": "relayed through two apps"}]
+    question: list[ChatCompletionMessageParam] = [{"role": "user", "content": "relayed through two apps"}]
     reply = client.chat.completions.create(model="echo", messages=question)
     assert reply.choices[0].message.content == "relayed through two apps"
     stream = client.chat.completions.create(model="echo", messages=question, stream=True)

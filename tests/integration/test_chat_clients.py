@@ -14,13 +14,19 @@ import shutil
 import subprocess
 import sys
 import time
-from typing import Any
+from typing import Any, cast
 
 import httpx
 import openai
 import pytest
 from langchain_core.messages import HumanMessage, SystemMessage
 from langchain_openai import ChatOpenAI
+from openai.types.chat import (
+    ChatCompletionAssistantMessageParam,
+    ChatCompletionMessageFunctionToolCall,
+    ChatCompletionMessageParam,
+    ChatCompletionToolParam,
+)
 
 from examples.chat.chat.app import build_app
 from examples.chat.chat.settings import Settings
@@ -85,7 +91,7 @@ def responses(client: openai.OpenAI, chat_url: str) -> None:
 def test_langchain(chat_url: str, responses_api: bool) -> None:
     llm = ChatOpenAI(
         base_url=f"{chat_url}/v1",
-        api_key="unused",  # type: ignore[arg-type]
+        api_key="unused",
         model="echo",
         max_retries=0,
         use_responses_api=responses_api,
@@ -142,6 +148,7 @@ def tutorial_snippet(language: str, base: str) -> str:
     the echo model."""
     text = (ROOT / "docs" / "tutorial-chat.md").read_text(encoding="utf-8")
     section = text[text.index("### From LangChain") : text.index("### What each request field does")]
+    code: str
     (code,) = re.findall(rf"```{language}\n(.*?)```", section, re.S)
     return code.replace("http://127.0.0.1:8000", base).replace("SmolLM2-135M-Instruct", "echo")
 
@@ -177,7 +184,7 @@ def test_the_client_files_are_locked() -> None:
         assert locked[f"node_modules/{name}"]["version"] == version
 
 
-WEATHER = {
+WEATHER: ChatCompletionToolParam = {
     "type": "function",
     "function": {
         "name": "weather",
@@ -194,19 +201,23 @@ def test_the_openai_backend_relays_tool_calls_and_choices(ray_toolkit: Toolkit) 
     ray_toolkit.run(openai_upstream.make_app(), route_prefix="/upstream")
     relay = Settings(backend="openai", upstream_url=f"{ray_toolkit.url}/upstream/v1", upstream_model="tooled")
     ray_toolkit.run(build_app(relay), route_prefix="/")
-    question = [{"role": "user", "content": "Weather in Paris?"}]
+    question: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Weather in Paris?"}]
     with openai.OpenAI(base_url=f"{ray_toolkit.url}/v1", api_key="unused", max_retries=0) as client:
-        called = client.chat.completions.create(model="tooled", messages=question, tools=[WEATHER])  # type: ignore[list-item]
+        called = client.chat.completions.create(model="tooled", messages=question, tools=[WEATHER])
         (call,) = called.choices[0].message.tool_calls or []
         assert called.choices[0].finish_reason == "tool_calls"
-        assert (call.function.name, json.loads(call.function.arguments)) == ("weather", {"city": "Paris"})  # type: ignore[union-attr]
+        assert isinstance(call, ChatCompletionMessageFunctionToolCall)  # WEATHER is a function
+        assert (call.function.name, json.loads(call.function.arguments)) == ("weather", {"city": "Paris"})
         sent = httpx.get(f"{ray_toolkit.url}/upstream/last", timeout=10).json()
         assert sent["tools"] == [WEATHER] and sent["model"] == "tooled"
 
         # The tool's result goes back as a `tool` message; the upstream answers in text.
-        follow_up = [*question, called.choices[0].message.model_dump(exclude_unset=True)]
+        said = cast(
+            ChatCompletionAssistantMessageParam, called.choices[0].message.model_dump(exclude_unset=True)
+        )
+        follow_up: list[ChatCompletionMessageParam] = [*question, said]
         follow_up.append({"role": "tool", "tool_call_id": call.id, "content": '{"sky": "sunny"}'})
-        answered = client.chat.completions.create(model="tooled", messages=follow_up, tools=[WEATHER])  # type: ignore[arg-type, list-item]
+        answered = client.chat.completions.create(model="tooled", messages=follow_up, tools=[WEATHER])
         assert answered.choices[0].message.content == "It is sunny. (0)"
         assert (
             httpx.get(f"{ray_toolkit.url}/upstream/last", timeout=10).json()["messages"][-1]["role"] == "tool"
@@ -214,7 +225,7 @@ def test_the_openai_backend_relays_tool_calls_and_choices(ray_toolkit: Toolkit) 
 
         stream = client.chat.completions.create(
             model="tooled", messages=question, tools=[WEATHER], stream=True
-        )  # type: ignore[list-item]
+        )
         arguments = ""
         finish = None
         for chunk in stream:

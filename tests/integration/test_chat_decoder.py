@@ -5,6 +5,7 @@ alone gives, replies join and leave mid-flight, and a reader that leaves frees i
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncGenerator
 from typing import Any
 
 import pytest
@@ -32,7 +33,7 @@ def model() -> Any:
         max_position_embeddings=128,
         eos_token_id=EOS,
     )
-    return LlamaForCausalLM(config).eval()
+    return LlamaForCausalLM(config).eval()  # type: ignore[no-untyped-call]  # transformers: unannotated
 
 
 async def reply(decoder: Decoder, prompt: list[int], max_tokens: int = 12) -> list[int]:
@@ -68,6 +69,7 @@ def test_a_reader_that_leaves_frees_its_row(model: Any) -> None:
         try:
             expected = await reply(alone, PROMPTS[1], max_tokens=300)
             long_reply = decoder.generate(PROMPTS[0], 10_000, temperature=0)
+            assert isinstance(long_reply, AsyncGenerator)  # an async generator function's: it has aclose()
             await anext(long_reply)
             other = asyncio.ensure_future(reply(decoder, PROMPTS[1], max_tokens=300))
             await wait_for_async(lambda: decoder.active == 2, timeout_s=10)
@@ -109,6 +111,7 @@ def test_a_long_prompt_read_in_chunks_gives_the_tokens_of_one_pass_and_a_cancell
             await asyncio.sleep(0)  # the cancellation runs; nothing waits for a decoding step
             assert decoder.active == 2
             for stream in busy:
+                assert isinstance(stream, AsyncGenerator)  # an async generator function's: it has aclose()
                 await stream.aclose()
             await wait_for_async(lambda: decoder.active == 0, timeout_s=10)
         finally:
@@ -125,6 +128,7 @@ def test_a_pass_stopped_between_layers_for_a_leaving_reader_is_redone_without_it
         try:
             expected = await reply(alone, PROMPTS[1], max_tokens=40)
             leaving = decoder.generate(PROMPTS[0], 10_000, temperature=0)
+            assert isinstance(leaving, AsyncGenerator)  # an async generator function's: it has aclose()
             await anext(leaving)
             other = asyncio.ensure_future(reply(decoder, PROMPTS[1], max_tokens=40))
             await wait_for_async(lambda: decoder.active == 2, timeout_s=10)

@@ -205,7 +205,7 @@ def test_build_then_run_the_file_in_process(tmp_path: Path) -> None:
 
 def test_a_config_file_splits_traffic_and_refuses_an_unknown_variant(tmp_path: Path) -> None:
     port = free_port()
-    config = {
+    config: dict[str, Any] = {
         "http_options": {"port": port},
         "applications": [
             {"name": "blue", "route_prefix": "/color", "import_path": "tests.apps.config_apps:blue"},

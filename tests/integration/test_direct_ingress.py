@@ -9,6 +9,7 @@ import os
 import signal
 import socket
 import time
+from typing import Any
 
 import httpx
 import pytest
@@ -170,7 +171,8 @@ def _peak_kb(pid: int) -> int:
 def test_a_1_gib_upload_streams_into_the_app(ray_toolkit: Toolkit, direct: bool) -> None:
     prefix = "/" + ray_toolkit.name()
     ray_toolkit.run(tk.App(upload_router, direct_ingress=direct), route_prefix=prefix)
-    proxy = ray.get_actor(PROXY_PREFIX + ray.get_runtime_context().get_node_id(), namespace=NAMESPACE)
+    # Any: ray types actor methods as Never.
+    proxy: Any = ray.get_actor(PROXY_PREFIX + ray.get_runtime_context().get_node_id(), namespace=NAMESPACE)
     proxy_pid = ray.get(proxy.stats.remote())["pid"]
     with ray_toolkit.client() as client:
         before = client.post(f"{prefix}/upload", content=b"x").json()

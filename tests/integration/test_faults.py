@@ -150,7 +150,8 @@ def test_a_proxy_restarted_while_the_controller_is_down_serves_from_the_stored_t
         )
 
     wait_for(stored_with_the_app, 10, "the controller to store the tables with the app")
-    controller = ray.get_actor(CONTROLLER_NAME, namespace=NAMESPACE)
+    # Any: ray types actor methods as Never.
+    controller: Any = ray.get_actor(CONTROLLER_NAME, namespace=NAMESPACE)
     controller_pid = ray.get(controller.stats.remote(), timeout=30)["pid"]
     proxy = _proxy()
     proxy_pid = ray.get(proxy.stats.remote(), timeout=30)["pid"]
@@ -289,10 +290,9 @@ def test_a_slow_reader_does_not_make_the_proxy_buffer_the_stream(ray_toolkit: To
         for a in ray.util.list_named_actors(all_namespaces=True)
         if a["name"].startswith("app_toolkit_proxy:")
     ]
-    pids = [
-        ray.get(ray.get_actor(name, namespace=NAMESPACE).stats.remote(), timeout=30)["pid"]
-        for name in proxies
-    ]
+    # Any: ray types actor methods as Never.
+    actors: list[Any] = [ray.get_actor(name, namespace=NAMESPACE) for name in proxies]
+    pids = [ray.get(actor.stats.remote(), timeout=30)["pid"] for actor in actors]
     before = sum(_rss_mb(pid) for pid in pids)
     with socket.create_connection(("127.0.0.1", int(ray_toolkit.url.rsplit(":", 1)[1])), timeout=30) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)

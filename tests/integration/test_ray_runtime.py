@@ -24,12 +24,13 @@ from app_toolkit._runtime.backends.ray.cluster import (
 from app_toolkit._runtime.backends.ray.stored import CHECKPOINT_KEY
 from tests.apps import basic, ray_only, scaling, serve_compat
 from tests.conftest import TEST_RESOURCE, Toolkit
+from tests.deployments import as_deployment
 from tests.waiting import wait_for as wait_until
 
 
 def test_ray_actor_options_reach_ray(ray_toolkit: Toolkit) -> None:
     name = ray_toolkit.name()
-    handle = ray_toolkit.run(ray_only.Resourced.bind(), name=name, route_prefix=None)
+    handle = ray_toolkit.run(as_deployment(ray_only.Resourced).bind(), name=name, route_prefix=None)
     assigned = handle.assigned.remote().result(timeout_s=30)
     assert assigned["CPU"] == 0.5
     assert assigned[TEST_RESOURCE] == 0.5
@@ -37,13 +38,13 @@ def test_ray_actor_options_reach_ray(ray_toolkit: Toolkit) -> None:
 
 def test_deploy_is_checkpointed_in_gcs(ray_toolkit: Toolkit) -> None:
     name = ray_toolkit.name()
-    ray_toolkit.run(ray_only.Pid.bind(), name=name, route_prefix=None)
+    ray_toolkit.run(as_deployment(ray_only.Pid).bind(), name=name, route_prefix=None)
     stored = ray.experimental.internal_kv._internal_kv_get(CHECKPOINT_KEY, namespace=NAMESPACE)
     assert name in pickle.loads(stored)[0]
 
 
 def _kill_one_replica(handle: tk.DeploymentHandle) -> str:
-    replicas = wait_until(
+    replicas: set[tuple[str, int]] = wait_until(
         lambda: (
             len(found := {handle.identity.remote().result(timeout_s=10) for _ in range(20)}) == 2 and found
         ),
@@ -70,7 +71,7 @@ def test_requests_not_started_avoid_a_dead_replica(ray_toolkit: Toolkit) -> None
     # each caller must find out for itself (connection refused) and go elsewhere.
     name = ray_toolkit.name()
     handle = ray_toolkit.run(
-        ray_only.Pid.options(health_check_period_s=60).bind(), name=name, route_prefix=None
+        as_deployment(ray_only.Pid).options(health_check_period_s=60).bind(), name=name, route_prefix=None
     )
     _kill_one_replica(handle)
     results = {handle.remote().result(timeout_s=10) for _ in range(30)}
@@ -79,7 +80,7 @@ def test_requests_not_started_avoid_a_dead_replica(ray_toolkit: Toolkit) -> None
 
 def test_a_dead_replica_is_replaced(ray_toolkit: Toolkit) -> None:
     name = ray_toolkit.name()
-    handle = ray_toolkit.run(ray_only.Pid.bind(), name=name, route_prefix=None)
+    handle = ray_toolkit.run(as_deployment(ray_only.Pid).bind(), name=name, route_prefix=None)
     victim = _kill_one_replica(handle)
 
     def replaced() -> bool:
@@ -164,7 +165,8 @@ def replica_processes() -> set[str]:
             found.add(name[len(REPLICA_PREFIX) :])
         elif name.startswith(SPARE_PREFIX):
             try:
-                becomes = ray.get(ray.get_actor(name, namespace=NAMESPACE).replica_id.remote(), timeout=30)
+                spare: Any = ray.get_actor(name, namespace=NAMESPACE)  # Any: ray types actor methods as Never
+                becomes = ray.get(spare.replica_id.remote(), timeout=30)
             except (ValueError, ray.exceptions.RayActorError):
                 continue  # an idle spare stopped meanwhile
             if becomes is not None:
@@ -173,10 +175,11 @@ def replica_processes() -> set[str]:
 
 
 def test_a_ray_serve_program_runs_unchanged(ray_toolkit: Toolkit) -> None:
-    serve = serve_compat.serve
+    serve = tk  # what serve_compat imports as serve
     name = ray_toolkit.name()
     ray_toolkit._apps.append(name)
-    handle = serve.run(serve_compat.Api.bind(serve_compat.Doubler.bind()), name=name, route_prefix="/compat")
+    api = as_deployment(serve_compat.Api).bind(as_deployment(serve_compat.Doubler).bind())
+    handle = serve.run(api, name=name, route_prefix="/compat")
     assert isinstance(handle, serve.DeploymentHandle)
     with ray_toolkit.client() as client:
         assert client.get("/compat/double/21").json() == 42
@@ -185,7 +188,7 @@ def test_a_ray_serve_program_runs_unchanged(ray_toolkit: Toolkit) -> None:
 
     slow_name = ray_toolkit.name()
     ray_toolkit._apps.append(slow_name)
-    slow = serve.run(serve_compat.Slow.bind(), name=slow_name, route_prefix=None)
+    slow = serve.run(as_deployment(serve_compat.Slow).bind(), name=slow_name, route_prefix=None)
     assert slow.remote(0).result() == "done"  # the caller now knows the replica table
     responses = [slow.remote(1.0) for _ in range(3)]
     outcomes = []
@@ -203,7 +206,7 @@ def test_a_ray_serve_program_runs_unchanged(ray_toolkit: Toolkit) -> None:
 def test_shutdown_stops_everything(ray_toolkit: Toolkit) -> None:
     import httpx
 
-    ray_toolkit.run(ray_only.Pid.bind(), route_prefix="/pid")
+    ray_toolkit.run(as_deployment(ray_only.Pid).bind(), route_prefix="/pid")
     # An autoscaling application: the pool keeps a spare, which shutdown must stop too.
     ray_toolkit.run(scaling.make_app(), name=ray_toolkit.name(), route_prefix="/scaling")
     ray_toolkit._apps.clear()
@@ -221,7 +224,7 @@ def test_omp_threads_follow_the_replicas_cpus_unless_set(ray_toolkit: Toolkit) -
     # Ray sets OMP_NUM_THREADS in each replica from its num_cpus (at least 1), so CPU-bound
     # libraries do not start a thread per core in every replica; the user's value wins.
     def omp(**actor: Any) -> str | None:
-        threads = basic.Threads.options(ray_actor_options=actor)
+        threads = as_deployment(basic.Threads).options(ray_actor_options=actor)
         name = ray_toolkit.name()
         handle = ray_toolkit.run(threads.bind(), name=name, route_prefix=None)
         result: str | None = handle.omp.remote().result(timeout_s=60)
@@ -236,7 +239,8 @@ def test_omp_threads_follow_the_replicas_cpus_unless_set(ray_toolkit: Toolkit) -
 def test_replicas_keep_big_bodies_in_the_heap_and_their_startup_objects_frozen(ray_toolkit: Toolkit) -> None:
     # glibc would otherwise hand a freed request body's pages back to the kernel, and fault
     # them in again for the next body (docs/deploy.md, "Large request bodies").
-    handle = ray_toolkit.run(ray_only.Environment.bind(), name=ray_toolkit.name(), route_prefix=None)
+    environment = as_deployment(ray_only.Environment)
+    handle = ray_toolkit.run(environment.bind(), name=ray_toolkit.name(), route_prefix=None)
     for name, value in MALLOC_ENV.items():
         assert handle.get.remote(name).result(timeout_s=30) == value
     # What the replica held once started is out of the collector's reach (no full

@@ -11,6 +11,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Any
 
 import ray
 
@@ -43,7 +44,8 @@ def waiting_spares() -> list[str]:
     for name in named_actors():
         if name.startswith(SPARE_PREFIX):
             try:
-                becomes = ray.get(ray.get_actor(name, namespace=NAMESPACE).replica_id.remote(), timeout=30)
+                spare: Any = ray.get_actor(name, namespace=NAMESPACE)  # Any: ray types actor methods as Never
+                becomes = ray.get(spare.replica_id.remote(), timeout=30)
             except (ValueError, ray.exceptions.RayActorError):
                 continue  # died, and not yet forgotten by Ray
             if becomes is None:
@@ -62,7 +64,8 @@ def test_a_replica_from_zero_starts_in_a_spare_and_the_spare_is_replaced(ray_too
     ray_toolkit.run(scaling.make_app(), name=name, route_prefix="/spare")
     wait_for(lambda: ready_spares() == PER_NODE, 60, "a spare replica process")
     [spare] = waiting_spares()
-    spare_pid = ray.get(ray.get_actor(spare, namespace=NAMESPACE).stats.remote(), timeout=30)["pid"]
+    spare_actor: Any = ray.get_actor(spare, namespace=NAMESPACE)  # Any: ray types actor methods as Never
+    spare_pid = ray.get(spare_actor.stats.remote(), timeout=30)["pid"]
 
     started = time.monotonic()
     with ray_toolkit.client() as client:  # zero replicas: the request waits, never fails
@@ -153,7 +156,8 @@ def test_a_spare_that_died_is_replaced_and_one_dying_unseen_is_passed_over(ray_t
     def kill_the_spare() -> str:
         wait_for(lambda: ready_spares() == PER_NODE and len(waiting_spares()) == PER_NODE, 60, "a spare")
         [spare] = waiting_spares()
-        pid = ray.get(ray.get_actor(spare, namespace=NAMESPACE).stats.remote(), timeout=30)["pid"]
+        spare_actor: Any = ray.get_actor(spare, namespace=NAMESPACE)  # Any: ray types actor methods as Never
+        pid = ray.get(spare_actor.stats.remote(), timeout=30)["pid"]
         os.kill(pid, signal.SIGKILL)
         return spare
 
@@ -196,7 +200,7 @@ def test_a_spare_loads_the_code_of_autoscaled_deployments_ahead(ray_toolkit: Too
 
     def preloaded_spare() -> bool:  # one that loaded this app's code (others' may be there too)
         for spare in waiting_spares():
-            actor = ray.get_actor(spare, namespace=NAMESPACE)
+            actor: Any = ray.get_actor(spare, namespace=NAMESPACE)  # Any: ray types actor methods as Never
             try:
                 loaded = ray.get(actor.loaded_ahead.remote(), timeout=30)
             except (ValueError, ray.exceptions.RayActorError):

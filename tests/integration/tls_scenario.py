@@ -18,6 +18,7 @@ from app_toolkit._runtime.backends.ray import stored
 from app_toolkit._runtime.channel.tls import client_context, tls_files
 from app_toolkit._runtime.messages import ReplicaInfo
 from app_toolkit._runtime.tables import ReplicaTable
+from tests.deployments import as_deployment
 from tests.waiting import wait_for
 
 
@@ -27,12 +28,14 @@ class Echo:
         return text.upper()
 
 
+echo_deployment = as_deployment(Echo)
 router = APIRouter()
 
 
 @router.get("/shout")
-async def shout(text: str, echo: tk.DeploymentHandle = tk.Depends(Echo)) -> str:
-    return await echo.remote(text)
+async def shout(text: str, echo: tk.DeploymentHandle = tk.Depends(echo_deployment)) -> str:
+    shouted: str = await echo.remote(text)
+    return shouted
 
 
 def _stored_replicas() -> list[ReplicaInfo]:

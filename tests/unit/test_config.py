@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 import app_toolkit as tk
 from app_toolkit.config import parse_application_options, parse_http_options
 from app_toolkit.import_path import import_attr
+from tests.deployments import as_deployment
 
 
 def test_defaults_are_finite() -> None:
@@ -31,7 +34,7 @@ def test_defaults_are_finite() -> None:
         ({"num_replica": 2}, "unknown option 'num_replica'"),
     ],
 )
-def test_bad_options_fail_fast_with_the_option_named(options: dict, message: str) -> None:
+def test_bad_options_fail_fast_with_the_option_named(options: dict[str, Any], message: str) -> None:
     with pytest.raises(tk.ConfigError, match=message):
 
         @tk.deployment(**options)
@@ -44,12 +47,12 @@ def test_options_merge_and_validate() -> None:
     class Model:
         pass
 
-    changed = Model.options(max_ongoing_requests=3, name="Other")
+    changed = as_deployment(Model).options(max_ongoing_requests=3, name="Other")
     assert (changed.name, changed.config.num_replicas, changed.config.max_ongoing_requests) == ("Other", 2, 3)
     assert changed.config.ray_actor_options.num_gpus == 0.5
-    assert Model.config.max_ongoing_requests == 100
+    assert as_deployment(Model).config.max_ongoing_requests == 100
     with pytest.raises(tk.ConfigError, match="max_ongoing_requests"):
-        Model.options(max_ongoing_requests="many")
+        as_deployment(Model).options(max_ongoing_requests="many")
 
 
 def test_deployments_cannot_be_called_or_decorated_twice() -> None:

@@ -13,7 +13,7 @@ from app_toolkit import metrics
 from app_toolkit._runtime.controller import controller as controller_module
 from app_toolkit._runtime.controller import publishing
 from app_toolkit._runtime.controller.controller import ControllerCore
-from app_toolkit._runtime.controller.deployment_state import MAX_START_FAILURES
+from app_toolkit._runtime.controller.deployment_state import MAX_START_FAILURES, plan
 from app_toolkit._runtime.messages import AppSpec, DeploymentID, DeploymentSpec, ReplicaInfo
 from app_toolkit._runtime.tables import (
     APPLICATIONS_KEY,
@@ -81,6 +81,9 @@ class FakeBackend:
 
     async def save_tables(self, tables: dict[str, Any]) -> None:
         self.stored_tables.append(tables)
+
+    async def stop_proxies(self) -> None:
+        return None  # there are none
 
 
 def app(
@@ -394,7 +397,7 @@ async def test_published_tables_are_stored_when_they_change_and_not_more_often(
 
 async def test_a_pass_plans_only_the_deployments_with_something_due(monkeypatch: pytest.MonkeyPatch) -> None:
     planned: list[DeploymentID] = []
-    real_plan = controller_module.plan
+    real_plan = plan  # what controller_module.plan is: it imports it from deployment_state
 
     def counting(state: Any, now: float, new_id: Callable[[], str]) -> Any:
         planned.append(state.spec.id)

@@ -19,7 +19,7 @@ from app_toolkit.status import DeploymentStatus, ReplicaState
 
 
 def _state(**options: object) -> DeploymentState:
-    config = DeploymentConfig(num_replicas=2, **options)  # type: ignore[arg-type]
+    config = DeploymentConfig(num_replicas=2, **options)
     spec = DeploymentSpec(DeploymentID("a", "D"), b"def", b"args", config, True, "v1")
     return DeploymentState(
         spec,

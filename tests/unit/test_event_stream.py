@@ -4,7 +4,7 @@ generator properly — on drain and when the stream is cancelled (client gone)."
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 
 import pytest
 
@@ -58,6 +58,7 @@ async def test_a_cancelled_stream_stops_the_source_it_was_waiting_on() -> None:
     token = request_context.draining.set(draining)
     try:
         stream = _events(source.events(), True, DRAIN_EVENT)
+        assert isinstance(stream, AsyncGenerator)  # an async generator function's: it has aclose()
         await anext(stream)
         pending = asyncio.ensure_future(anext(stream))
         await source.waiting.wait()

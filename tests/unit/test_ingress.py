@@ -10,6 +10,7 @@ from fastapi.routing import APIRoute
 import app_toolkit as tk
 from app_toolkit._runtime.replica.replica import ASGI_APP_ATTR
 from app_toolkit.testing import TestClient
+from tests.deployments import as_deployment
 
 shared = FastAPI()
 
@@ -48,14 +49,14 @@ def _paths(app: FastAPI) -> set[str]:
 def test_the_users_app_is_left_as_it_was() -> None:
     assert _paths(shared) == {"/plain", "/first", "/second"}
     endpoints = {route.path: route.endpoint for route in shared.router.routes if isinstance(route, APIRoute)}
-    assert endpoints["/first"] is First.func_or_class.__dict__["first"]  # not rebound in place
+    assert endpoints["/first"] is as_deployment(First).func_or_class.__dict__["first"]  # not rebound in place
     for cls, own in ((First, "/first"), (Second, "/second")):
-        copy = getattr(cls.func_or_class, ASGI_APP_ATTR)
+        copy = getattr(as_deployment(cls).func_or_class, ASGI_APP_ATTR)
         assert copy is not shared and _paths(copy) == {"/plain", own}
 
 
 def test_each_class_serves_its_own_methods_and_the_plain_routes(no_backend: None) -> None:
-    with TestClient(Second.bind()) as client:
+    with TestClient(as_deployment(Second).bind()) as client:
         assert client.get("/second", params={"times": 2}).json() == {"from": "secondsecond"}
         assert client.get("/plain").json() == {"from": "plain function"}
         assert client.get("/first").status_code == 404  # another class's route
@@ -64,7 +65,7 @@ def test_each_class_serves_its_own_methods_and_the_plain_routes(no_backend: None
         # self is injected, not a query parameter of the documented route.
         names = [p["name"] for p in schema["paths"]["/second"]["get"].get("parameters", [])]
         assert names == ["times"]
-    with TestClient(First.bind()) as client:
+    with TestClient(as_deployment(First).bind()) as client:
         assert client.get("/first").json() == {"from": "first"}
         assert client.get("/second").status_code == 404
 

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from collections import Counter
+from typing import cast
 
 from app_toolkit._runtime.messages import DeploymentID, ReplicaInfo, RouteInfo
 from app_toolkit._runtime.proxy.direct import LocalIngresses
 from app_toolkit._runtime.proxy.path_match import AppMatcher
+from app_toolkit._runtime.routing.dispatcher import Dispatcher
 
 NODE = "node-a"
 
@@ -42,7 +44,8 @@ def _ingresses(dispatchers: dict[str, _Dispatcher]) -> LocalIngresses:
     apps.sort(key=lambda app: len(app.route_prefix), reverse=True)
     return LocalIngresses(
         lambda: apps,
-        lambda deployment: dispatchers[deployment.app],  # type: ignore[return-value] # a stand-in with the two members used
+        # A stand-in with the two members used.
+        lambda deployment: cast(Dispatcher, dispatchers[deployment.app]),
         NODE,
     )
 

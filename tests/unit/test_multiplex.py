@@ -85,7 +85,7 @@ async def test_a_failed_load_fails_every_waiter_and_is_not_cached() -> None:
 
 def test_loaders_must_be_async_and_capacity_positive() -> None:
     with pytest.raises(tk.ConfigError, match="needs an async loader"):
-        tk.multiplexed(lambda self, model_id: None)
+        tk.multiplexed(lambda self, model_id: None)  # type: ignore[arg-type, return-value]  # not async, on purpose
     with pytest.raises(tk.ConfigError, match="max_num_models_per_replica must be an integer >= 1"):
         tk.multiplexed(max_num_models_per_replica=0)
 

@@ -52,10 +52,10 @@ def test_a_function_of_the_drivers_script_travels_by_value(monkeypatch: pytest.M
 
 
 def test_a_type_variable_of_the_drivers_script_travels_by_value(monkeypatch: pytest.MonkeyPatch) -> None:
-    variable = typing.TypeVar("Row")
-    variable.__module__ = "__main__"
-    monkeypatch.setattr(sys.modules["__main__"], "Row", variable, raising=False)
-    blob = dumps({"type": variable})
+    Row = typing.TypeVar("Row")
+    Row.__module__ = "__main__"
+    monkeypatch.setattr(sys.modules["__main__"], "Row", Row, raising=False)
+    blob = dumps({"type": Row})
     monkeypatch.undo()
     copied = pickle.loads(blob)["type"]
     assert isinstance(copied, typing.TypeVar) and copied.__name__ == "Row"
@@ -65,11 +65,11 @@ def test_a_module_registered_by_value_travels_by_value(monkeypatch: pytest.Monke
     module = types.ModuleType("app_toolkit_codec_probe")
     exec("def triple(x):\n    return 3 * x\n", module.__dict__)
     monkeypatch.setitem(sys.modules, module.__name__, module)
-    cloudpickle.register_pickle_by_value(module)
+    cloudpickle.register_pickle_by_value(module)  # type: ignore[no-untyped-call]  # cloudpickle is unannotated
     try:
         blob = dumps(module.triple)
     finally:
-        cloudpickle.unregister_pickle_by_value(module)
+        cloudpickle.unregister_pickle_by_value(module)  # type: ignore[no-untyped-call]  # as above
     monkeypatch.delitem(sys.modules, module.__name__)  # not importable where it is loaded
     assert pickle.loads(blob)(5) == 15
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Generator
 
 import pytest
 
@@ -18,7 +18,7 @@ pytestmark = pytest.mark.anyio
 async def test_items_come_in_order_and_the_generator_closes() -> None:
     closed = threading.Event()
 
-    def numbers() -> Iterator[int]:
+    def numbers() -> Generator[int, None, None]:
         try:
             yield from range(3)
         finally:
@@ -31,7 +31,7 @@ async def test_items_come_in_order_and_the_generator_closes() -> None:
 async def test_a_caller_leaving_mid_item_closes_the_generator_once_its_thread_is_out() -> None:
     inside, closed = threading.Event(), threading.Event()
 
-    def slow() -> Iterator[int]:
+    def slow() -> Generator[int, None, None]:
         try:
             yield 1
             inside.set()

@@ -76,7 +76,7 @@ async def test_the_controller_publishes_the_split_and_keeps_it_across_a_restart(
     await core.stop()
 
 
-def ControllerCoreFrom(backend: FakeBackend):
+def ControllerCoreFrom(backend: FakeBackend) -> ControllerCore:
     from app_toolkit._runtime.controller.controller import ControllerCore
 
     return ControllerCore(backend)

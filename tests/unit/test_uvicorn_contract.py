@@ -114,7 +114,9 @@ async def test_a_request_goes_through_the_state_it_relies_on() -> None:
 
     config = uvicorn.Config(app, lifespan="off", http=guarded_protocol(HTTPOptions()))
     config.load()
-    protocol = config.http_protocol_class(config=config, server_state=ServerState(), app_state={})
+    protocol_class = config.http_protocol_class  # uvicorn types it as any asyncio.Protocol
+    assert issubclass(protocol_class, HttpToolsProtocol)
+    protocol = protocol_class(config=config, server_state=ServerState(), app_state={})
     assert isinstance(protocol, HttpToolsProtocol)
     for name in PROTOCOL_STATE:
         assert hasattr(protocol, name), name
@@ -150,7 +152,9 @@ async def test_the_link_says_whether_a_body_piece_is_waiting() -> None:
 
     config = uvicorn.Config(app, lifespan="off", http=guarded_protocol(HTTPOptions()))
     config.load()
-    protocol = config.http_protocol_class(config=config, server_state=ServerState(), app_state={})
+    protocol_class = config.http_protocol_class  # uvicorn types it as any asyncio.Protocol
+    assert issubclass(protocol_class, HttpToolsProtocol)
+    protocol = protocol_class(config=config, server_state=ServerState(), app_state={})
     protocol.connection_made(_Transport())
     protocol.data_received(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 4\r\n\r\n")
     await asyncio.wait_for(headers_only.wait(), 5)
