@@ -19,6 +19,7 @@ from app_toolkit.cli.deploy import apply
 from app_toolkit.cli.session import fail
 from app_toolkit.config import LOG_LEVEL_ENV, HTTPOptions, parse_http_options
 from app_toolkit.config.file import load_config
+from app_toolkit.deployment import Application
 from app_toolkit.exceptions import AppToolkitError, ConfigError
 from app_toolkit.import_path import import_attr
 
@@ -122,10 +123,13 @@ def run(
                 log_level if _given(ctx, "log_level") else logging_config.level_name(),
                 log_format if _given(ctx, "log_format") else logging_config.encoding.lower(),
             )
+            app = None
         else:
             http = parse_http_options(http_flags)
+            # A wrong import path fails here, before a cluster starts for nothing.
+            app = _load(target, name)
         session = api.start(http_options=http, backend="local" if local else "auto", address=address)
-        names = _deploy(session, target, name, route_prefix)
+        names = _deploy(session, target, name, route_prefix, app=app)
         current = session.status()
     except AppToolkitError as exc:
         fail(exc)
@@ -155,17 +159,29 @@ def run(
     api.shutdown()
 
 
+def _load(target: str, name: str | None) -> Application:
+    """The application an import path names (imported now)."""
+    return as_application(import_attr(target), target, name)
+
+
 def _deploy(
-    session: Session, target: str, name: str | None, route_prefix: str | None, fresh: bool = False
+    session: Session,
+    target: str,
+    name: str | None,
+    route_prefix: str | None,
+    fresh: bool = False,
+    app: Application | None = None,
 ) -> list[str]:
-    """Deploy an import path or a config file; returns the application names."""
+    """Deploy an import path (``app``: what it names, if loaded already) or a config file;
+    returns the application names."""
     if fresh:
         _forget_local_modules(os.getcwd())
     if _is_config_file(target):
         config = load_config(target)
         apply(session, config, target, wait_s=None, new_code=fresh)
         return [app.name for app in config.applications]
-    app = as_application(import_attr(target), target, name)
+    if app is None:
+        app = _load(target, name)
     kwargs: dict[str, Any] = {"name": name}
     if route_prefix is not None:
         kwargs["route_prefix"] = route_prefix

@@ -12,11 +12,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import click.testing
 import httpx
 import pytest
 import ray
 import yaml
+from click.testing import CliRunner
 
+from app_toolkit.cli import main
 from tests.apps import basic
 from tests.conftest import ROOT, Toolkit, free_port
 from tests.waiting import wait_for
@@ -109,6 +112,8 @@ def test_bad_import_paths_fail_with_a_fix() -> None:
     missing = run_cli("run", "examples.demo:Greeter")
     assert missing.returncode == 1
     assert "is a deployment; point at an application such as Greeter.bind()" in missing.stderr
+    # Both before a cluster was started for nothing (Ray says so when it starts one).
+    assert "Ray cluster" not in bad.stderr + missing.stderr
 
 
 def test_status_reports_the_running_apps(ray_toolkit: Toolkit) -> None:
@@ -132,34 +137,38 @@ def test_status_reports_the_running_apps(ray_toolkit: Toolkit) -> None:
 
 
 def test_traffic_command_splits_an_app_and_says_what_is_wrong(ray_toolkit: Toolkit) -> None:
-    main, canary = ray_toolkit.name(), ray_toolkit.name()
-    ray_toolkit.run(basic.make_versioned_app("one"), name=main, route_prefix="/cli-traffic")
+    main_app, canary = ray_toolkit.name(), ray_toolkit.name()
+    ray_toolkit.run(basic.make_versioned_app("one"), name=main_app, route_prefix="/cli-traffic")
     ray_toolkit.run(basic.make_versioned_app("two"), name=canary, route_prefix=None)
     address = ray.get_runtime_context().gcs_address
-    result = run_cli("traffic", main, f"{main}=75", f"{canary}=25", "--address", address, timeout=120)
+    # From another process, as an operator runs it ...
+    result = run_cli("traffic", main_app, f"{main_app}=75", f"{canary}=25", "--address", address, timeout=120)
     assert result.returncode == 0, result.stderr
-    assert f"traffic of {main}: {main} 75.0%, {canary} 25.0%" in result.stdout
-    table = run_cli("status", "--address", address, timeout=120)
-    assert f"  traffic: {main} 75%, {canary} 25%" in table.stdout.splitlines()
-    bad = run_cli("traffic", main, f"{canary}=lots", "--address", address, timeout=120)
-    assert bad.returncode == 1 and "is not NAME=WEIGHT" in bad.stderr
-    unknown = run_cli("traffic", main, "nobody=5", "--address", address, timeout=120)
-    assert unknown.returncode == 1 and "no such application" in unknown.stderr
-    started = run_cli(
-        "rollout", main, "--to", canary, "--steps", "5,100", "--interval", "600", "--address", address
-    )
-    assert started.returncode == 0, started.stderr
-    table = run_cli("status", "--address", address, timeout=120)
-    assert f"  rollout to {canary} [5/100 %]: RUNNING at step 1 of 2 (5 %)" in table.stdout.splitlines()
-    assert f"  traffic: {main} 95%, {canary} 5%" in table.stdout.splitlines()
-    bad_steps = run_cli("rollout", main, "--to", canary, "--steps", "50,10", "--address", address)
-    assert bad_steps.returncode == 1 and "increasing percentages" in bad_steps.stderr
-    shadowed = run_cli("shadow", main, "--to", canary, "--fraction", "0.5", "--address", address)
-    assert shadowed.returncode == 0, shadowed.stderr
-    lines = run_cli("status", "--address", address, timeout=120).stdout.splitlines()
+    assert f"traffic of {main_app}: {main_app} 75.0%, {canary} 25.0%" in result.stdout
+
+    # ... and the rest in this process (joined to the same cluster): the same commands,
+    # without a second or two of starting Python and joining Ray for each.
+    def cli(*args: str) -> click.testing.Result:
+        return CliRunner().invoke(main, [*args, "--address", address])
+
+    assert f"  traffic: {main_app} 75%, {canary} 25%" in cli("status").stdout.splitlines()
+    bad = cli("traffic", main_app, f"{canary}=lots")
+    assert bad.exit_code == 1 and "is not NAME=WEIGHT" in bad.stderr
+    unknown = cli("traffic", main_app, "nobody=5")
+    assert unknown.exit_code == 1 and "no such application" in unknown.stderr
+    started = cli("rollout", main_app, "--to", canary, "--steps", "5,100", "--interval", "600")
+    assert started.exit_code == 0, started.stderr
+    table = cli("status").stdout.splitlines()
+    assert f"  rollout to {canary} [5/100 %]: RUNNING at step 1 of 2 (5 %)" in table
+    assert f"  traffic: {main_app} 95%, {canary} 5%" in table
+    bad_steps = cli("rollout", main_app, "--to", canary, "--steps", "50,10")
+    assert bad_steps.exit_code == 1 and "increasing percentages" in bad_steps.stderr
+    shadowed = cli("shadow", main_app, "--to", canary, "--fraction", "0.5")
+    assert shadowed.exit_code == 0, shadowed.stderr
+    lines = cli("status").stdout.splitlines()
     assert any(line.startswith(f"  shadow {canary} (50%): ") for line in lines), lines
-    assert run_cli("shadow", main, "--off", "--address", address).returncode == 0
-    assert not any("shadow" in line for line in run_cli("status", "--address", address).stdout.splitlines())
+    assert cli("shadow", main_app, "--off").exit_code == 0
+    assert not any("shadow" in line for line in cli("status").stdout.splitlines())
 
 
 def test_shutdown_command_stops_the_toolkit_on_the_cluster(ray_toolkit: Toolkit) -> None:
