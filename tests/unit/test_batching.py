@@ -182,29 +182,3 @@ def test_bad_batch_declarations_fail_fast(caplog: pytest.LogCaptureFixture) -> N
     with caplog.at_level(logging.WARNING, logger="app_toolkit"):
         tk.deployment(max_ongoing_requests=100)(Big)
     assert "can never fill; raise max_ongoing_requests to at least 128" in caplog.text
-
-
-def test_mypy_sees_one_item_in_one_result_out(tmp_path: Any) -> None:
-    from mypy import api
-
-    sample = tmp_path / "typed_batch.py"
-    sample.write_text(
-        "import app_toolkit as tk\n"
-        "class Embedder:\n"
-        "    @tk.batch(max_batch_size=8)\n"
-        "    async def embed(self, texts: list[str]) -> list[list[float]]:\n"
-        "        return [[0.0] for _ in texts]\n"
-        "@tk.batch()\n"
-        "async def lengths(texts: list[str]) -> list[int]:\n"
-        "    return [len(t) for t in texts]\n"
-        "async def main(e: Embedder) -> None:\n"
-        "    reveal_type(await e.embed('x'))\n"
-        "    reveal_type(await lengths('x'))\n"
-        "    await e.embed(3)\n"
-    )
-    out, _, _ = api.run(["--strict", "--no-incremental", "--follow-imports=silent", str(sample)])
-    assert 'Revealed type is "list[float]"' in out, out
-    assert 'Revealed type is "int"' in out, out
-    assert (
-        'Argument 1 to "__call__" of "BatchedCallable" has incompatible type "int"; expected "str"' in out
-    ), out
