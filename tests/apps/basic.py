@@ -406,14 +406,18 @@ def make_broken_version(**options: Any) -> tk.App:
     return tk.App(router, **options)
 
 
+#: How long make_slow_flaky_version takes per request.
+SLOW_VERSION_S = 1.0
+
+
 def make_slow_flaky_version(**options: Any) -> tk.App:
-    """Serves /version after 1 s, failing every other request (a bad shadow)."""
+    """Serves /version after SLOW_VERSION_S, failing every other request (a bad shadow)."""
     router = APIRouter()
     served = itertools.count()
 
     @router.get("/version")
     async def report() -> dict[str, str]:
-        await asyncio.sleep(1.0)
+        await asyncio.sleep(SLOW_VERSION_S)
         if next(served) % 2:
             raise RuntimeError("the shadow fails half its requests")
         return {"version": "shadow"}

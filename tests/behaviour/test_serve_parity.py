@@ -158,10 +158,9 @@ def test_handle_errors_say_what_ray_serve_says(toolkit: Toolkit) -> None:
     methods = toolkit.run(as_deployment(apps.Methods).bind(), route_prefix=None)
     with pytest.raises(serve.RayServeException, match=r"Tried to call a method 'nope' that does not exist"):
         methods.nope.remote().result(timeout_s=30)
-    try:
+    with pytest.raises(AttributeError) as raised:  # and an AttributeError, as before
         methods.nope.remote().result(timeout_s=30)
-    except AttributeError as exc:  # and an AttributeError, as before
-        assert "Available methods: " in str(exc) and "'known'" in str(exc)
+    assert "Available methods: " in str(raised.value) and "'known'" in str(raised.value)
     with pytest.raises(RuntimeError, match="Sync methods should not be called from within an `asyncio`"):
         methods.blocks.remote(methods).result(timeout_s=30)
 

@@ -20,9 +20,13 @@ CONCURRENCY = 32
 
 
 async def _load(
-    client: httpx.AsyncClient, count: int, outcomes: list[tuple[float, int, str]], path: str
+    client: httpx.AsyncClient,
+    count: int,
+    outcomes: list[tuple[float, int, str]],
+    path: str,
+    concurrency: int = CONCURRENCY,
 ) -> None:
-    """Send ``count`` GETs, CONCURRENCY at a time; record (start time, status, version)."""
+    """Send ``count`` GETs, ``concurrency`` at a time; record (start time, status, version)."""
     numbers = iter(range(count))
 
     async def worker() -> None:
@@ -32,10 +36,17 @@ async def _load(
             version = response.json().get("version", "") if response.status_code == 200 else ""
             outcomes.append((started, response.status_code, version))
 
-    await asyncio.gather(*(worker() for _ in range(CONCURRENCY)))
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
 
 
-STEADY = 4_000  # requests sent while the weights stay put
+# Requests sent while the weights stay put: at a 10 % share, 0.05 is 4 standard deviations
+# of the share of 600 requests. How close a split follows its weights over many requests
+# is the dispatcher's (tests/unit/test_traffic.py, 10,000 calls within 2 %); this test
+# checks that the proxy path applies the split, and a change of it, on each backend.
+STEADY = 600
+#: Requests counted once the new weights have had a second to arrive: at a 50 % share, 0.1
+#: is 4 standard deviations of the share of 400 requests.
+AFTER_CHANGE = 400
 
 
 def test_requests_follow_the_weights_and_a_change_applies_within_a_second(toolkit: Toolkit) -> None:
@@ -45,27 +56,43 @@ def test_requests_follow_the_weights_and_a_change_applies_within_a_second(toolki
     tk.set_traffic(v1, {v1: 90, v2: 10})
     assert tk.status().applications[v1].traffic == {v1: 0.9, v2: 0.1}
 
+    async def changing_load(
+        client: httpx.AsyncClient, outcomes: list[tuple[float, int, str]], counted_from: list[float]
+    ) -> None:
+        """Load until AFTER_CHANGE requests have started a second after the change."""
+
+        def counted() -> int:
+            return sum(1 for started, _, _ in outcomes if counted_from and started > counted_from[0])
+
+        async def worker() -> None:
+            while counted() < AFTER_CHANGE:
+                await _load(client, 1, outcomes, "/split/version", concurrency=1)
+
+        async with asyncio.timeout(60):
+            await asyncio.gather(*(worker() for _ in range(CONCURRENCY)))
+
     async def scenario() -> tuple[list[tuple[float, int, str]], list[tuple[float, int, str]], float]:
         steady: list[tuple[float, int, str]] = []
         async with toolkit.async_client(limits=httpx.Limits(max_connections=CONCURRENCY)) as client:
             await _load(client, STEADY, steady, "/split/version")
             changing: list[tuple[float, int, str]] = []
-            loader = asyncio.ensure_future(_load(client, 3_000, changing, "/split/version"))
-            await asyncio.sleep(1.0)
+            counted_from: list[float] = []
+            loader = asyncio.ensure_future(changing_load(client, changing, counted_from))
+            await asyncio.sleep(0.3)  # requests are under way when the weights change
             await asyncio.to_thread(tk.set_traffic, v1, {v1: 50, v2: 50})
             changed_at = time.monotonic()
+            counted_from.append(changed_at + 1.0)
             await loader
         return steady, changing, changed_at
 
     steady, changing, changed_at = asyncio.run(scenario())
     assert {status for _, status, _ in steady + changing} == {200}  # nothing failed
     versions = Counter(version for _, _, version in steady)
-    # 0.02 is over 4 standard deviations of the share of 4,000 requests at 10 %.
-    assert abs(versions["one"] / STEADY - 0.9) <= 0.02 and abs(versions["two"] / STEADY - 0.1) <= 0.02
+    assert abs(versions["one"] / STEADY - 0.9) <= 0.05 and abs(versions["two"] / STEADY - 0.1) <= 0.05
     after = Counter(version for started, _, version in changing if started > changed_at + 1.0)
     total = sum(after.values())
-    assert total >= 500, f"only {total} requests after the change"
-    assert abs(after["two"] / total - 0.5) <= 0.05, after
+    assert total >= AFTER_CHANGE, f"only {total} requests after the change"
+    assert abs(after["two"] / total - 0.5) <= 0.1, after
 
     # Ending the split: everything to the endpoint again.
     tk.set_traffic(v1, {v1: 1})
@@ -140,20 +167,20 @@ def test_a_slow_failing_shadow_leaves_the_primary_alone_and_shows_in_status(tool
         before: list[tuple[float, int, str, float]] = []
         during: list[tuple[float, int, str, float]] = []
         async with toolkit.async_client() as client:
-            await _timed_load(client, 2.0, before, "/shadowed/version")
+            await _timed_load(client, 1.0, before, "/shadowed/version")
             await asyncio.to_thread(tk.shadow, primary, to=shadow, fraction=0.5)
-            await _timed_load(client, 4.0, during, "/shadowed/version")
+            await _timed_load(client, 2.5, during, "/shadowed/version")
         return before, during
 
     before, during = asyncio.run(scenario())
     # The primary: every request answered by itself, none failed, not held up by its
-    # shadow (which takes 1 s per copy and fails half of them): a primary that waited for
-    # its copies, or queued behind them, would take a second or more. (Not a tighter
-    # bound: on a loaded 2-core host this p99 read 54-207 ms with no shadow at all.)
+    # shadow (which takes SLOW_VERSION_S per copy and fails half of them): a primary that
+    # waited for its copies, or queued behind them, would take at least that long. The
+    # bound is that cause, not a latency target (a loaded 2-core host read 54-320 ms).
     assert {(status, version) for _, status, version, _ in before + during} == {(200, "one")}
     p99s = f"{_p99(before) * 1000:.1f} ms before, {_p99(during) * 1000:.1f} ms with"
     print(f"{toolkit.backend}: primary p99 {p99s}")
-    assert _p99(during) < 0.5
+    assert _p99(during) < basic.SLOW_VERSION_S
 
     def compared() -> tk.ShadowStatusInfo | None:
         info = tk.status().applications[primary].shadow
@@ -163,8 +190,8 @@ def test_a_slow_failing_shadow_leaves_the_primary_alone_and_shows_in_status(tool
     assert info.to == shadow and info.fraction == 0.5
     assert info.dropped > 0  # 1 s per copy: most could not be taken in time
     assert 0 < info.errors < info.copies and info.different == info.errors
-    assert info.p50_ms is not None and info.p50_ms >= 900
-    assert info.primary_p99_ms is not None and info.primary_p99_ms < 500
+    assert info.p50_ms is not None and info.p50_ms >= 0.9 * basic.SLOW_VERSION_S * 1000
+    assert info.primary_p99_ms is not None and info.primary_p99_ms < basic.SLOW_VERSION_S * 1000
     tk.shadow(primary, to=None)
     assert tk.status().applications[primary].shadow is None
 
