@@ -1,4 +1,4 @@
-"""Nothing leaks: after 1,000 streams whose clients disconnected, no task or slot is left."""
+"""Nothing leaks: after 500 streams whose clients disconnected, no task or slot is left."""
 
 from __future__ import annotations
 
@@ -15,11 +15,13 @@ from tests.apps import streams
 from tests.conftest import Toolkit
 from tests.waiting import wait_for
 
-STREAMS = 1000
+# A leak on every disconnect shows after one stream; these many catch one that needs a
+# race: one that happens on 1 % of disconnects shows here with a probability of 99.3 %.
+STREAMS = 500
 CONCURRENCY = 25
 
 
-def test_a_thousand_disconnected_streams_leave_nothing_behind(toolkit: Toolkit) -> None:
+def test_hundreds_of_disconnected_streams_leave_nothing_behind(toolkit: Toolkit) -> None:
     name = toolkit.name()
     toolkit.run(streams.make_app(), name=name, route_prefix="/leak")
     counts = _local_counts if toolkit.backend == "local" else _ray_counts(name)
