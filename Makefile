@@ -42,15 +42,15 @@ run: $(CORE)
 chat: $(MODEL)
 	cd examples/chat && ../../$(VENV)/bin/app-toolkit run chat.app:app
 
-# pytest runs in two workers (pytest-xdist), each with its own Ray, and mypy beside it
+# pytest runs in three workers (pytest-xdist), each with its own Ray, and mypy beside it
 # (the Ray tests leave the cores idle part of the time); mypy's report follows pytest's,
 # and either failing fails the target. CONTRIBUTING.md says where the time goes.
 test: $(MODEL) $(CLIENTS)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	@echo "mypy and pytest -n 2"
+	@echo "mypy and pytest -n 3"
 	@$(VENV)/bin/mypy > $(VENV)/mypy.out 2>&1 & typing=$$!; \
-	$(PY) -m pytest -n 2; tests=$$?; \
+	$(PY) -m pytest -n 3; tests=$$?; \
 	wait $$typing; typed=$$?; echo "mypy: $$(cat $(VENV)/mypy.out)"; \
 	[ $$tests -eq 0 ] && [ $$typed -eq 0 ]
 	$(VENV)/bin/mkdocs build --strict --site-dir .site

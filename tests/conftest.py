@@ -160,7 +160,7 @@ def _on_ray(nodeid: str) -> bool:
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # Every local-backend test before the Ray ones: each backend starts once per process.
-    # Under pytest-xdist (`make test` runs -n 2) each worker still runs its tests in this
+    # Under pytest-xdist (`make test` runs -n 3) each worker still runs its tests in this
     # order (its load scheduling hands them out so), and starts a Ray cluster of its own.
     items.sort(key=lambda item: _on_ray(item.nodeid))
     for item in items:
