@@ -59,7 +59,10 @@ class Ledger:
         self.failures.append((time.monotonic(), kind, what))
 
     def explained(self, when: float, what: str) -> bool:
-        lost = "502" in what or "RequestLostError" in what or "lost" in what.lower()
+        """A failure a kill explains: the killed replica had the request (502, or 503 when
+        it had read but not run it), or a stream it was sending was cut. A reset or a
+        timeout never is."""
+        lost = what.startswith(("502", "503")) or "RequestLostError" in what or "lost" in what.lower()
         return lost and any(0 <= when - kill <= KILL_GRACE_S for kill in self.kills)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from http import HTTPStatus
 
 from starlette.types import Send
 
@@ -47,6 +48,13 @@ def error_answer(status: int, detail: str, request_id: str) -> HTTPResponse:
     return json_answer(status, {"detail": detail, "request_id": request_id}, request_id)
 
 
+def replica_lost(request_id: str) -> HTTPResponse:
+    """502: the replica that had the request died; it may have run, so a client must not
+    be told to simply send it again."""
+    detail = "Bad Gateway: the replica was lost while it had the request; it may have run"
+    return error_answer(502, detail, request_id)
+
+
 def unavailable(
     why: str | None, request_id: str, retry_after_s: float | None = RETRY_AFTER_S
 ) -> HTTPResponse:
@@ -83,3 +91,17 @@ def internal_error(request_id: str) -> HTTPResponse:
         (REQUEST_ID_HEADER, request_id.encode()),
     ]
     return HTTPResponse(500, headers, INTERNAL_ERROR_BODY)
+
+
+def as_bytes(answer: HTTPResponse) -> bytes:
+    """``answer`` as HTTP/1.1 bytes that close the connection: for a connection written
+    to outside ASGI (a refusal before a request is parsed, or one taken back from a dead
+    replica)."""
+    try:
+        reason = HTTPStatus(answer.status).phrase
+    except ValueError:
+        reason = ""
+    lines = [f"HTTP/1.1 {answer.status} {reason}".encode()]
+    lines += [name + b": " + value for name, value in answer.headers if name != b"connection"]
+    lines.append(b"connection: close")
+    return b"\r\n".join(lines) + b"\r\n\r\n" + answer.body

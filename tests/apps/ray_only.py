@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 import os
+from collections.abc import AsyncIterator
 from typing import Any
 
 import ray
 from fastapi import APIRouter, Request
+from fastapi.responses import StreamingResponse
 
 import app_toolkit as tk
 
@@ -42,6 +45,19 @@ async def owner(request: Request) -> dict[str, object]:
     """Whether this replica's process holds the client's TCP connection (direct ingress)."""
     assert request.client is not None
     return {"owns": holds_connection_from(request.client.port), "pid": os.getpid()}
+
+
+@where_router.get("/ticks")
+async def ticks() -> StreamingResponse:
+    """An endless chunked response: this process's pid, then a tick every 50 ms."""
+
+    async def produce() -> AsyncIterator[bytes]:
+        yield f"pid {os.getpid()}\n".encode()
+        while True:
+            await asyncio.sleep(0.05)
+            yield b"tick\n"
+
+    return StreamingResponse(produce(), media_type="text/plain")
 
 
 def holds_connection_from(port: int) -> bool:

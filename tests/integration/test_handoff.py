@@ -1,6 +1,7 @@
 """Connection hand-off (direct ingress) with real sockets: the request line read without
-being consumed, connections passed over Unix sockets and back, the proxy's acceptor, and
-a server that serves connections accepted elsewhere."""
+being consumed, connections passed over Unix sockets and back, the proxy's acceptor, a
+server that serves connections accepted elsewhere, and what the proxy does with the
+connections of a replica that died, by the phase each was in."""
 
 from __future__ import annotations
 
@@ -12,17 +13,22 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 from starlette.types import Receive, Scope, Send
 
-from app_toolkit._runtime.proxy.acceptor import Acceptor
-from app_toolkit._runtime.proxy.handoff import HandoffListener, HandoffSender, request_target
+from app_toolkit._runtime.connection_table import Handed, Phase
+from app_toolkit._runtime.proxy.acceptor import Acceptor, request_target
+from app_toolkit._runtime.proxy.handoff_sender import HandoffSender
 from app_toolkit._runtime.proxy.server import ProxyServer, serve
+from app_toolkit._runtime.replica.handoff_listener import HandoffListener
 from app_toolkit.config import HTTPOptions
 
 pytestmark = pytest.mark.anyio
 
 #: A client's connection and the server's end of it.
 Pair = tuple[socket.socket, socket.socket]
+#: What a replica's hand-off socket adopted: the connection, and its record (the proxy's copy).
+Adopted = tuple[socket.socket, Handed | None]
 #: The proxy's listening socket, what it served itself, what the replica got, the replica's socket.
-Parts = tuple[socket.socket, list[socket.socket], list[socket.socket], HandoffListener]
+Parts = tuple[socket.socket, list[socket.socket], list[Adopted], HandoffListener]
+SLOTS = 8
 
 
 @pytest.fixture
@@ -73,17 +79,26 @@ class Ends:
     """A replica's hand-off socket and the proxy's sender, with what each adopted."""
 
     def __init__(self) -> None:
-        self.at_replica: list[socket.socket] = []
-        self.at_proxy: list[socket.socket] = []
+        self.at_replica: list[Adopted] = []
+        self.at_proxy: list[socket.socket] = []  # served by the proxy
+        self.routed: list[socket.socket] = []  # routed anew (their replica died)
         self.ready = True
-        self.listener = HandoffListener(self.at_replica.append, lambda: self.ready)
+        self.listener = HandoffListener(
+            lambda sock, handed: self.at_replica.append((sock, handed)), self.ready_now
+        )
         self.path = self.listener.start()
-        self.sender = HandoffSender(self.at_proxy.append)
+        self.sender = HandoffSender(self.at_proxy.append, self.routed.append, SLOTS)
+
+    def adopt(self, sock: socket.socket, handed: Handed | None) -> None:
+        self.at_replica.append((sock, handed))
+
+    def ready_now(self) -> bool:
+        return self.ready
 
     def close(self) -> None:
         self.sender.close()
         self.listener.close()
-        for sock in self.at_replica + self.at_proxy:
+        for sock in [sock for sock, _ in self.at_replica] + self.at_proxy + self.routed:
             sock.close()
 
 
@@ -102,21 +117,40 @@ def _blocking(sock: socket.socket) -> socket.socket:
 async def test_a_connection_goes_to_the_replica_and_back(tcp_pair: Pair, ends: Ends) -> None:
     client, server_end = tcp_pair
     assert oct(os.stat(os.path.dirname(ends.path)).st_mode & 0o777) == "0o700"
-    assert ends.sender.send(ends.path, server_end)
-    server_end.close()  # the proxy's copy
+    assert ends.sender.send(ends.path, server_end)  # the sender keeps this copy
     await _until(lambda: ends.at_replica)
+    at_replica, handed = ends.at_replica[0]
+    assert handed is not None and handed.table.phase(handed.slot) is Phase.HANDED
     client.sendall(b"ping")
-    assert _blocking(ends.at_replica[0]).recv(4) == b"ping"
-    ends.at_replica[0].sendall(b"pong")
+    assert _blocking(at_replica).recv(4) == b"ping"
+    at_replica.sendall(b"pong")
     assert client.recv(4) == b"pong"
-    # Given back: the client's connection stays open and now reaches the proxy.
-    assert ends.listener.give_back(ends.at_replica[0])
-    ends.at_replica[0].close()
+    # Given back: the proxy serves its own copy; the client's connection stays open.
+    assert ends.listener.give_back(at_replica, handed)
+    at_replica.close()
     await _until(lambda: ends.at_proxy)
+    assert ends.at_proxy == [server_end]
     client.sendall(b"again")
     assert _blocking(ends.at_proxy[0]).recv(5) == b"again"
     ends.listener.close()
     assert not os.path.exists(ends.path)
+
+
+async def test_a_connection_the_replica_is_done_with_ends_for_the_client(tcp_pair: Pair, ends: Ends) -> None:
+    client, server_end = tcp_pair
+    assert ends.sender.send(ends.path, server_end)
+    await _until(lambda: ends.at_replica)
+    at_replica, handed = ends.at_replica[0]
+    assert handed is not None
+    socket.socket(fileno=os.dup(at_replica.fileno())).close()  # a copy closed: nothing ends
+    client.settimeout(0.1)
+    with pytest.raises(TimeoutError):
+        client.recv(1)
+    handed.done()  # CLOSED, then shut down: the client sees the end, the proxy lets its copy go
+    at_replica.close()
+    client.settimeout(5)
+    assert client.recv(1) == b""
+    await _until(lambda: server_end.fileno() < 0)
 
 
 async def test_a_draining_replica_sends_new_connections_back(tcp_pair: Pair, ends: Ends) -> None:
@@ -124,11 +158,13 @@ async def test_a_draining_replica_sends_new_connections_back(tcp_pair: Pair, end
     assert ends.sender.send(ends.path, server_end)  # connects; the peer outlives the listener
     await _until(lambda: ends.at_replica)
     ends.listener.stop_listening()
-    assert ends.sender.send(ends.path, server_end)
-    server_end.close()
-    await _until(lambda: ends.at_proxy)
-    assert len(ends.at_replica) == 1  # the second came straight back
-    assert HandoffSender(ends.at_proxy.append).send(ends.path, client) is False  # no new peer
+    other, other_client = socket.socketpair()
+    with other_client:
+        other.setblocking(False)
+        assert ends.sender.send(ends.path, other)
+        await _until(lambda: ends.at_proxy)
+        assert ends.at_proxy == [other] and len(ends.at_replica) == 1  # the second came straight back
+    assert HandoffSender(ends.at_proxy.append, ends.routed.append, SLOTS).send(ends.path, client) is False
 
 
 async def test_a_replica_not_ready_sends_connections_back(tcp_pair: Pair, ends: Ends) -> None:
@@ -136,7 +172,8 @@ async def test_a_replica_not_ready_sends_connections_back(tcp_pair: Pair, ends: 
     ends.ready = False
     assert ends.sender.send(ends.path, server_end)
     await _until(lambda: ends.at_proxy)
-    assert not ends.at_replica
+    assert not ends.at_replica and ends.at_proxy == [server_end]
+    ends.at_proxy.clear()
     ends.ready = True
     assert ends.sender.send(ends.path, server_end)
     await _until(lambda: ends.at_replica)
@@ -145,10 +182,70 @@ async def test_a_replica_not_ready_sends_connections_back(tcp_pair: Pair, ends: 
 async def test_a_replica_that_is_gone_takes_nothing(tcp_pair: Pair, ends: Ends) -> None:
     _, server_end = tcp_pair
     assert ends.sender.send(ends.path, server_end)
+    await _until(lambda: ends.at_replica)
     ends.listener.close()  # the replica's process ends: its sockets close
-    await asyncio.sleep(0.05)
+    await _until(lambda: not ends.sender.alive(ends.path))
+    assert ends.routed == [server_end]  # nothing of a request read: routed anew
     assert ends.sender.send(ends.path, server_end) is False
     assert ends.sender.send("/nonexistent/handoff", server_end) is False
+
+
+async def test_slots_bound_what_is_handed_over(ends: Ends) -> None:
+    pairs = [socket.socketpair() for _ in range(SLOTS + 1)]
+    for mine, _ in pairs:
+        mine.setblocking(False)
+    sent = [ends.sender.send(ends.path, mine) for mine, _ in pairs]
+    assert sent == [True] * SLOTS + [False]  # the last one is served by the proxy
+    pairs[-1][0].close()  # what the sender did not take stays ours
+    for _, theirs in pairs:
+        theirs.close()
+
+
+def _answer(client: socket.socket) -> bytes:
+    client.settimeout(5)
+    data = b""
+    while piece := client.recv(4096):
+        data += piece
+    return data
+
+
+@pytest.mark.parametrize(
+    ("phase", "expected"),
+    [
+        (Phase.HANDED, b"served anew"),
+        (Phase.IDLE, b"served anew"),
+        (Phase.HEAD, b"HTTP/1.1 503 Service Unavailable"),
+        (Phase.RUNNING, b"HTTP/1.1 502 Bad Gateway"),
+        (Phase.STARTED, b"half a respon"),
+        (Phase.CLOSED, b""),
+    ],
+)
+async def test_the_connections_of_a_replica_that_died_are_taken_back_by_phase(
+    tcp_pair: Pair, ends: Ends, phase: Phase, expected: bytes
+) -> None:
+    client, server_end = tcp_pair
+    assert ends.sender.send(ends.path, server_end)
+    await _until(lambda: ends.at_replica)
+    at_replica, handed = ends.at_replica[0]
+    assert handed is not None
+    handed.record(phase)
+    if phase is Phase.RUNNING:
+        handed.table.set_request_id(handed.slot, "the-request-id")
+    if phase is Phase.STARTED:
+        at_replica.sendall(b"half a respon")
+    ends.listener.close()  # the replica is gone: the proxy's peer sees its end
+    await _until(lambda: not ends.sender.alive(ends.path))
+    if expected == b"served anew":
+        assert ends.routed == [server_end]
+        return
+    assert not ends.routed and not ends.at_proxy
+    answer = await asyncio.to_thread(_answer, client)
+    assert answer.startswith(expected)
+    if phase is Phase.HEAD:
+        assert b"retry-after: 1" in answer and b'"request_id": "' in answer
+    if phase is Phase.RUNNING:
+        assert b"x-request-id: the-request-id" in answer and b"may have run" in answer
+        assert b"connection: close" in answer
 
 
 class _Routes:
@@ -168,12 +265,12 @@ class _Routes:
 async def acceptor_parts() -> AsyncIterator[Parts]:
     listen = socket.create_server(("127.0.0.1", 0))
     here: list[socket.socket] = []
-    at_replica: list[socket.socket] = []
-    listener = HandoffListener(at_replica.append)
+    at_replica: list[Adopted] = []
+    listener = HandoffListener(lambda sock, handed: at_replica.append((sock, handed)))
     listener.start()
     yield listen, here, at_replica, listener
     listener.close()
-    for sock in here + at_replica:
+    for sock in here + [sock for sock, _ in at_replica]:
         sock.close()
 
 
@@ -182,7 +279,7 @@ async def test_the_acceptor_hands_off_by_the_first_request_line(
 ) -> None:
     listen, here, at_replica, listener = acceptor_parts
     routes = _Routes(("app", listener.path))
-    sender = HandoffSender(here.append)
+    sender = HandoffSender(here.append, here.append, SLOTS)
     acceptor = Acceptor(listen, here.append, routes, sender, wait_s=5, max_waiting=10)
     acceptor.start()
     try:
@@ -192,7 +289,7 @@ async def test_the_acceptor_hands_off_by_the_first_request_line(
             client.sendall(b"GET /app/x HTTP/1.1\r\nhost: t\r\n\r\n")
             await _until(lambda: at_replica)
             # Nothing was consumed: the replica reads the whole request.
-            assert _blocking(at_replica[0]).recv(100).startswith(b"GET /app/x HTTP/1.1\r\n")
+            assert _blocking(at_replica[0][0]).recv(100).startswith(b"GET /app/x HTTP/1.1\r\n")
         assert routes.paths == ["/app/x"] and not here
         routes.target = None  # no local replica of that app: served here
         with socket.create_connection(listen.getsockname()) as client:
@@ -210,7 +307,7 @@ async def test_the_acceptor_closes_a_connection_that_sends_nothing(
     acceptor_parts: Parts,
 ) -> None:
     listen, here, at_replica, listener = acceptor_parts
-    sender = HandoffSender(here.append)
+    sender = HandoffSender(here.append, here.append, SLOTS)
     routes = _Routes(("app", listener.path))
     acceptor = Acceptor(listen, here.append, routes, sender, wait_s=0.2, max_waiting=1)
     acceptor.start()
@@ -266,7 +363,8 @@ async def test_a_server_serves_a_connection_accepted_elsewhere_and_lets_it_go(
     await _until(lambda: front.connections())
     taken: list[socket.socket] = []
 
-    def give(sock: socket.socket) -> bool:
+    def give(sock: socket.socket, handed: Handed | None) -> bool:
+        assert handed is None  # adopted directly: nobody keeps a copy
         taken.append(socket.socket(fileno=os.dup(sock.fileno())))
         return True
 
@@ -287,4 +385,4 @@ async def test_a_connection_in_the_middle_of_a_request_is_not_given_back(
     client.sendall(b"GET / HTTP/1.1\r\nhost: t\r\n")  # the head has not ended
     await _until(lambda: front.connections())
     await asyncio.sleep(0.05)
-    assert [connection.hand_back(lambda sock: True) for connection in front.connections()] == [False]
+    assert [connection.hand_back(lambda sock, handed: True) for connection in front.connections()] == [False]

@@ -152,3 +152,17 @@ def test_no_part_of_the_runtime_imports_upward_or_sideways() -> None:
         if part(dep) in FORBIDDEN.get(part(name), set())
     }
     assert crossings == set()
+
+
+def test_the_architecture_page_names_every_runtime_module() -> None:
+    """docs/architecture.md's table of modules, and the process each runs in, is whole."""
+    page = (PACKAGE.parent / "docs" / "architecture.md").read_text()
+    section = page[page.index("## Where the code lives") :]
+    section = section[: section.index("\n## ", 1)]
+    runtime = PACKAGE / "_runtime"
+    modules = sorted(
+        str(path.relative_to(runtime)) for path in runtime.rglob("*.py") if path.name != "__init__.py"
+    )
+    assert len(modules) > 50  # the runtime is where it was
+    missing = [module for module in modules if f"`{module}`" not in section]
+    assert missing == [], f"add them to docs/architecture.md's module table: {missing}"

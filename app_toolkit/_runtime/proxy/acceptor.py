@@ -12,15 +12,20 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+from collections.abc import Callable
 from typing import Protocol
+from urllib.parse import unquote
 
 from app_toolkit import metrics
-from app_toolkit._runtime.proxy.handoff import Adopt, HandoffSender, request_target
+from app_toolkit._runtime.proxy.handoff_sender import HandoffSender
 
 logger = logging.getLogger("app_toolkit.proxy")
 
 _PEEK_BYTES = 4096  # enough for any request line the proxy would route
 _ACCEPT_MAX = 64  # connections accepted in one wake-up, so the loop keeps serving
+
+#: Serves a connection in the proxy's own server.
+Adopt = Callable[[socket.socket], None]
 
 HANDED_OFF = metrics.Counter(
     "app_toolkit_proxy_connections_handed_off_total",
@@ -101,10 +106,15 @@ class Acceptor:
             except OSError:  # reset before we got to it
                 connection.close()
                 continue
-            if not self._wanted() or len(self._waiting) >= self._max_waiting:
-                self._serve_here(connection, "no_replica")
-            else:
-                self._peek(connection)
+            self.take(connection)
+
+    def take(self, connection: socket.socket) -> None:
+        """Route a connection with nothing of a request read: a new one, or one the proxy
+        took back from a replica (given back, or left by a replica that died)."""
+        if not self._wanted() or len(self._waiting) >= self._max_waiting:
+            self._serve_here(connection, "no_replica")
+        else:
+            self._peek(connection)
 
     def _wanted(self) -> bool:
         try:
@@ -159,10 +169,9 @@ class Acceptor:
             self._serve_here(connection, "no_replica")
             return
         app, handoff = target
-        if self._sender.send(handoff, connection):
+        if self._sender.send(handoff, connection):  # the sender keeps our copy
             self.handed += 1
             HANDED_OFF.inc(app)
-            connection.close()  # the replica holds it now
         else:
             self._serve_here(connection, "refused")
 
@@ -170,3 +179,22 @@ class Acceptor:
         self.served += 1
         SERVED_HERE.inc(why)
         self._adopt(connection)
+
+
+def request_target(head: bytes) -> str | None:
+    """The decoded path of the HTTP/1 request line at the start of ``head``, or None when
+    ``head`` holds no whole request line (the proxy then serves the connection itself)."""
+    end = head.find(b"\n")
+    if end < 0:
+        return None
+    parts = head[:end].rstrip(b"\r").split(b" ")
+    if len(parts) != 3 or not parts[2].startswith(b"HTTP/1."):
+        return None
+    target = parts[1].split(b"?", 1)[0]
+    if not target.startswith(b"/"):  # absolute form (http://host/path) or '*'
+        scheme_end = target.find(b"://")
+        if scheme_end < 0:
+            return None
+        slash = target.find(b"/", scheme_end + 3)
+        target = target[slash:] if slash >= 0 else b"/"
+    return unquote(target.decode("latin-1"))

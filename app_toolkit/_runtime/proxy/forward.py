@@ -8,7 +8,7 @@ import time
 
 from starlette.types import Send
 
-from app_toolkit._runtime.answers import error_answer, internal_error, overloaded, send_answer, unavailable
+from app_toolkit._runtime.answers import internal_error, overloaded, replica_lost, send_answer, unavailable
 from app_toolkit._runtime.channel.exchange import Exchange
 from app_toolkit._runtime.messages import (
     BodyChunk,
@@ -46,10 +46,8 @@ async def forward(
         state.status = await send_answer(send, overloaded(exc, request_id))
         return
     except RequestLostError as exc:
-        # It may have run: a client must not be told to simply send it again.
         logger.warning("Request %s: %s (502)", request_id, exc)
-        detail = "Bad Gateway: the replica was lost while it had the request; it may have run"
-        state.status = await send_answer(send, error_answer(502, detail, request_id))
+        state.status = await send_answer(send, replica_lost(request_id))
         return
     except ReplicaUnavailableError as exc:
         logger.warning("Request %s: %s", request_id, exc)

@@ -28,6 +28,9 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
+from app_toolkit._runtime.answers import as_bytes
+from app_toolkit._runtime.connection_table import Handed, Phase
+from app_toolkit._runtime.messages import HTTPResponse
 from app_toolkit.config import HTTPOptions
 
 logger = logging.getLogger("app_toolkit.proxy")
@@ -42,29 +45,33 @@ class _Writes:
     back until its body is written, so a complete response costs one write (one system
     call, one wake-up of the client) instead of two."""
 
-    __slots__ = ("transport", "hold", "held", "gathered")
+    __slots__ = ("transport", "hold", "held", "gathered", "starting")
 
     def __init__(self, transport: asyncio.Transport) -> None:
         self.transport = transport
         self.hold = False  # the next write is a head to hold
         self.held: bytes | None = None
         self.gathered: list[bytes] | None = None  # writes kept for one write (gather_writes)
+        #: A handed-off connection whose response has not started: its first write records it.
+        self.starting: Handed | None = None
 
     def write(self, data: bytes) -> None:
         if self.gathered is not None:
             self.gathered.append(bytes(data))
             return
         held = self.held
+        if held is None and self.hold:
+            self.hold = False
+            self.held = bytes(data)
+            return
+        if self.starting is not None:
+            self._started()
         if held is not None:
             self.held = None
             if len(data) < _JOIN_MAX:
                 self.transport.write(held + data)
                 return
             self.transport.write(held)
-        elif self.hold:
-            self.hold = False
-            self.held = bytes(data)
-            return
         self.transport.write(data)
 
     def release(self) -> None:
@@ -75,7 +82,14 @@ class _Writes:
             self.write(b"".join(gathered))
         held, self.held = self.held, None
         if held is not None:
+            if self.starting is not None:
+                self._started()
             self.transport.write(held)
+
+    def _started(self) -> None:
+        assert self.starting is not None
+        self.starting.record(Phase.STARTED)
+        self.starting = None
 
     def close(self) -> None:
         self.release()
@@ -93,10 +107,14 @@ class RequestLink:
     request waiting on ``receive()`` for the ``http.disconnect`` message.
     """
 
-    __slots__ = ("on_client_left", "_writes", "_cycle")
+    __slots__ = ("on_client_left", "handed", "_writes", "_cycle")
 
-    def __init__(self, writes: _Writes, cycle: RequestResponseCycle | None = None) -> None:
+    def __init__(
+        self, writes: _Writes, cycle: RequestResponseCycle | None = None, handed: Handed | None = None
+    ) -> None:
         self.on_client_left: Callable[[], None] | None = None
+        #: The connection's record in the table the proxy shares (a handed-off one).
+        self.handed = handed
         self._writes = writes
         # Weak: the link sits in the cycle's scope, and a strong reference back would make
         # every request's scope, cycle and what they hold a reference cycle, freed only
@@ -132,20 +150,12 @@ class RequestLink:
         self._writes.transport.abort()
 
 
-_REASONS = {408: "Request Timeout", 431: "Request Header Fields Too Large", 503: "Service Unavailable"}
-
-
 def _refusal(status: int, text: str, retry_after_s: int | None = None) -> bytes:
     body = text.encode()
-    lines = [
-        f"HTTP/1.1 {status} {_REASONS[status]}",
-        "content-type: text/plain; charset=utf-8",
-        f"content-length: {len(body)}",
-        "connection: close",
-    ]
+    headers = [(b"content-type", b"text/plain; charset=utf-8"), (b"content-length", str(len(body)).encode())]
     if retry_after_s is not None:
-        lines.append(f"retry-after: {retry_after_s}")
-    return ("\r\n".join(lines) + "\r\n\r\n").encode() + body
+        headers.append((b"retry-after", str(retry_after_s).encode()))
+    return as_bytes(HTTPResponse(status, headers, body))
 
 
 class GuardedHttpProtocol(HttpToolsProtocol):
@@ -160,6 +170,16 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._head_deadline = 0.0  # loop time by which the current head must be whole
         self._link: RequestLink | None = None  # of the latest request (uvicorn's self.cycle)
         self._writes: _Writes | None = None
+        #: A connection the node's proxy handed over and keeps a copy of: its phases go to
+        #: the table they share (connection_table.py), and it is shut down when done.
+        self.handed: Handed | None = None
+        self._between = False  # handed: between requests (the next bytes start one)
+        self._given_back = False
+
+    def record_phases(self, handed: Handed) -> None:
+        """Record this handed-off connection's phases in ``handed``'s table."""
+        self.handed = handed
+        self._between = True
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -177,12 +197,18 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_head_timer()
+        if self.handed is not None and not self._given_back:
+            self.handed.done()  # the proxy's copy would keep the connection open
         cycle, link = self.cycle, self._link
         super().connection_lost(exc)
         if link is not None and link.on_client_left is not None and cycle is not None and cycle.disconnected:
             link.on_client_left()
 
     def data_received(self, data: bytes) -> None:
+        if self._between:  # a handed-off connection: a request starts (recorded before parsing)
+            assert self.handed is not None
+            self.handed.record(Phase.HEAD)
+            self._between = False
         super().data_received(data)
         if self._head_bytes is None or self.transport.is_closing():
             return
@@ -208,28 +234,60 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self._stop_head_timer()
         super().on_headers_complete()
         cycle = self.cycle
-        if cycle is not None and cycle.scope is self.scope and self._writes is not None:  # not an upgrade
-            cycle.transport = self._writes  # type: ignore[assignment]
-            link = RequestLink(self._writes, cycle)
+        writes, handed = self._writes, self.handed
+        if cycle is not None and cycle.scope is self.scope and writes is not None:  # not an upgrade
+            cycle.transport = writes  # type: ignore[assignment]
+            link = RequestLink(writes, cycle, handed)
             self._link = self.scope[REQUEST_LINK] = link  # type: ignore[literal-required]
+            if handed is not None and not self.pipeline:  # (a pipelined one waits its turn)
+                handed.record(Phase.RUNNING)
+                writes.starting = handed
 
     def on_response_complete(self) -> None:
-        if self._writes is not None:
-            self._writes.release()
+        writes, handed, cycle = self._writes, self.handed, self.cycle
+        if writes is not None:
+            writes.release()
+        pipelined = bool(self.pipeline)
         super().on_response_complete()
+        if handed is None or writes is None or self.transport.is_closing():
+            return
+        if pipelined:  # the next request, read already, runs now
+            handed.record(Phase.RUNNING)
+            writes.starting = handed
+        elif cycle is not None and not cycle.more_body and self._head_bytes is None:
+            handed.record(Phase.IDLE)
+            self._between = True
 
-    def hand_back(self, give: Callable[[socket.socket], bool]) -> bool:
+    def handle_websocket_upgrade(self) -> None:
+        handed = self.handed
+        if handed is None:
+            super().handle_websocket_upgrade()
+            return
+        handed.record(Phase.STARTED)
+        super().handle_websocket_upgrade()
+        # uvicorn's WebSocket protocol serves the connection from here: it must end it too.
+        upgraded = self.transport.get_protocol()
+        ended = upgraded.connection_lost
+
+        def connection_lost(exc: Exception | None) -> None:
+            handed.done()
+            ended(exc)
+
+        upgraded.connection_lost = connection_lost  # type: ignore[method-assign]  # an instance's own
+
+    def hand_back(self, give: Callable[[socket.socket, Handed | None], bool]) -> bool:
         """If the connection is between requests (nothing of a next one read), offer its
-        socket to ``give`` (which passes a copy to the proxy: direct ingress draining);
-        if taken, let the connection go here without closing the client's end."""
+        socket to ``give`` (which passes it back to the proxy: direct ingress draining);
+        if taken, let the connection go here without ending it for the client."""
         transport = self.transport
         if transport.is_closing() or self._head_bytes is not None or self.pipeline:
             return False
-        if self.cycle is not None and not self.cycle.response_complete:
+        if self.cycle is not None and (not self.cycle.response_complete or self.cycle.more_body):
+            return False  # its response, or the rest of its request's body, is still to come
+        sock = self.handed.sock if self.handed is not None else transport.get_extra_info("socket")
+        if sock is None or not give(sock, self.handed):
             return False
-        sock = transport.get_extra_info("socket")
-        if sock is None or not give(sock):
-            return False
+        self._given_back = True
         self._stop_head_timer()
         transport.abort()  # our descriptor only: the proxy holds the connection now
         return True

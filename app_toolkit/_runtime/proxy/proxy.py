@@ -188,6 +188,8 @@ class Proxy:
         (:meth:`_forward`) with every rule a deadline or an exported span needs."""
         deployment, deadline_s = route.target("http", scope["method"], path)
         link: RequestLink | None = scope.get(REQUEST_LINK)
+        if link is not None and (handed := link.handed) is not None:
+            handed.table.set_request_id(handed.slot, state.request_id)  # a 502's, should we die
         if (
             link is not None
             and deadline_s is None

@@ -31,6 +31,11 @@ _FORWARDED_KEYS = (
 TIMEOUT_HEADER = b"x-request-timeout-seconds"
 
 
+def new_request_id() -> str:
+    """A request id for a request whose client sent none: 32 hex digits."""
+    return f"{random.getrandbits(128):032x}"
+
+
 @dataclass(slots=True)  # not frozen: made for every request, and a frozen init costs twice
 class RequestHeaders:
     """What the proxy reads from a request's headers, in one pass (read-only)."""
@@ -105,7 +110,7 @@ def read_headers(scope: Scope, shard_header: bytes = SHARD_KEY_HEADER) -> Reques
             shard_key = value.decode("latin-1")
     caller = tracing.remote(parent, state) if parent else None
     return RequestHeaders(
-        request_id or f"{random.getrandbits(128):032x}",
+        request_id or new_request_id(),
         request_id is not None,
         timeout,
         content_length,

@@ -18,8 +18,9 @@ from dataclasses import dataclass, field
 import uvicorn
 from starlette.types import ASGIApp
 
+from app_toolkit._runtime.connection_table import Handed
 from app_toolkit._runtime.proxy.acceptor import Acceptor, HandoffRoutes
-from app_toolkit._runtime.proxy.handoff import HandoffSender
+from app_toolkit._runtime.proxy.handoff_sender import HandoffSender
 from app_toolkit._runtime.proxy.http_guard import GuardedHttpProtocol, guarded_protocol
 from app_toolkit.config import HTTPOptions
 
@@ -77,29 +78,40 @@ class Adopter:
         self._tasks: set[asyncio.Task[object]] = set()
         self.closed = False
 
-    def __call__(self, connection: socket.socket) -> None:
+    def __call__(self, connection: socket.socket, handed: Handed | None = None) -> None:
+        """Serve ``connection``; ``handed``: the proxy keeps a copy (direct ingress)."""
         if self.closed:
-            connection.close()
+            self._let_go(connection, handed)
             return
         server, loop = self._server, asyncio.get_running_loop()
         config = server.config
 
         def protocol() -> asyncio.Protocol:
-            return config.http_protocol_class(  # type: ignore[call-arg] # uvicorn's own call
+            made = config.http_protocol_class(  # type: ignore[call-arg] # uvicorn's own call
                 config=config, server_state=server.server_state, app_state=server.lifespan.state
             )
+            if handed is not None:
+                assert isinstance(made, GuardedHttpProtocol)  # serve() sets it
+                made.record_phases(handed)
+            return made
 
         task = loop.create_task(loop.connect_accepted_socket(protocol, connection))
         self._tasks.add(task)
-        task.add_done_callback(lambda done: self._settled(done, connection))
+        task.add_done_callback(lambda done: self._settled(done, connection, handed))
 
-    def _settled(self, task: asyncio.Task[object], connection: socket.socket) -> None:
+    def _settled(self, task: asyncio.Task[object], connection: socket.socket, handed: Handed | None) -> None:
         self._tasks.discard(task)
         if task.cancelled():  # the server stopped before the connection was set up
-            connection.close()
+            self._let_go(connection, handed)
         elif task.exception() is not None:
             logger.warning("Could not serve an accepted connection: %s", task.exception())
-            connection.close()
+            self._let_go(connection, handed)
+
+    @staticmethod
+    def _let_go(connection: socket.socket, handed: Handed | None) -> None:
+        if handed is not None:
+            handed.done()  # ends it for the proxy's copy too
+        connection.close()
 
     def close(self) -> None:
         self.closed = True
@@ -191,7 +203,12 @@ async def serve(
     running = ProxyServer(server, task, port, on_stop, on_stopped)
     if sock is not None and routes is not None:
         sock.listen(config.backlog)  # uvicorn's backlog, as its own listener would use
-        running.sender = HandoffSender(running.adopt)
+
+        def route(connection: socket.socket) -> None:
+            assert running.acceptor is not None
+            running.acceptor.take(connection)
+
+        running.sender = HandoffSender(running.adopt, route, http.max_connections)
         running.acceptor = Acceptor(
             sock, running.adopt, routes, running.sender, http.keep_alive_timeout_s, http.max_connections
         )

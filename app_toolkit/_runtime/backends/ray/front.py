@@ -20,9 +20,9 @@ import asyncio
 import logging
 
 from app_toolkit._runtime.backends.ray.node_metrics import NodeMetrics
-from app_toolkit._runtime.proxy.handoff import HandoffListener
 from app_toolkit._runtime.proxy.proxy import Proxy
 from app_toolkit._runtime.proxy.server import ProxyServer, serve
+from app_toolkit._runtime.replica.handoff_listener import HandoffListener
 from app_toolkit._runtime.replica.replica import ReplicaCore
 from app_toolkit._runtime.routing.subscriber import TableSubscriber
 from app_toolkit.config import HTTPOptions

@@ -1,0 +1,122 @@
+"""Where each handed-off client connection stands, in memory the node's proxy and an
+ingress replica share (direct ingress, docs/architecture.md "When a replica dies").
+
+The proxy keeps its own copy of every connection it hands to a replica, so the
+connection outlives the replica. The replica records, with plain byte stores into this
+table (no system call, no message), the phase of each connection it serves: between
+requests, a request being read, its app running, its response started, done. When the
+replica dies, the proxy reads the phase and does what is right for it: serve the
+connection elsewhere (nothing of a request was read), answer 503 (a request was read but
+never ran) or 502 (it may have run), or close it (a response was under way).
+
+One table per (proxy, replica) pair: a ``memfd`` the proxy makes and passes with its first
+hand-off message, one record of :data:`RECORD_BYTES` per slot (the replica's
+``max_connections``); pages that no connection touches take no memory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+import socket
+from dataclasses import dataclass
+from enum import IntEnum
+
+
+class Phase(IntEnum):
+    """Where a handed-off connection stands (the first byte of its record)."""
+
+    FREE = 0  # no connection in this slot
+    HANDED = 1  # passed to the replica; nothing of it read there yet
+    IDLE = 2  # between requests: nothing of the next request read
+    HEAD = 3  # bytes of a request read; its app not called yet
+    RUNNING = 4  # the request's head is whole: its app may have run
+    STARTED = 5  # bytes of the response written (or the connection is a WebSocket)
+    CLOSED = 6  # the replica is done with it (and shuts it down)
+
+
+#: Bytes per connection: the phase, the request id's length, the request id.
+RECORD_BYTES = 256
+_ID_MAX = RECORD_BYTES - 2
+
+
+class ConnectionTable:
+    """The shared records of one replica's handed-off connections, by slot."""
+
+    __slots__ = ("memory", "slots")
+
+    def __init__(self, memory: mmap.mmap, slots: int) -> None:
+        #: Writers store phases with ``memory[offset(slot)] = phase`` (one byte store).
+        self.memory = memory
+        self.slots = slots
+
+    @classmethod
+    def create(cls, slots: int) -> tuple[ConnectionTable, int]:
+        """A new zeroed table (every slot FREE) and the descriptor that shares it (the
+        caller passes it on, then closes it)."""
+        fd = os.memfd_create("app-toolkit-connections", os.MFD_CLOEXEC)
+        try:
+            os.ftruncate(fd, slots * RECORD_BYTES)
+            memory = mmap.mmap(fd, slots * RECORD_BYTES)
+        except OSError:
+            os.close(fd)
+            raise
+        return cls(memory, slots), fd
+
+    @classmethod
+    def attach(cls, fd: int, slots: int) -> ConnectionTable:
+        """The table another process made (``fd`` is closed here; the mapping stays)."""
+        try:
+            if os.fstat(fd).st_size < slots * RECORD_BYTES:
+                raise ValueError(f"a connection table of {slots} slots is bigger than what was shared")
+            return cls(mmap.mmap(fd, slots * RECORD_BYTES), slots)
+        finally:
+            os.close(fd)
+
+    @staticmethod
+    def offset(slot: int) -> int:
+        return slot * RECORD_BYTES
+
+    def phase(self, slot: int) -> Phase:
+        return Phase(self.memory[slot * RECORD_BYTES])
+
+    def set_phase(self, slot: int, phase: Phase) -> None:
+        self.memory[slot * RECORD_BYTES] = phase
+
+    def set_request_id(self, slot: int, request_id: str) -> None:
+        """Record the id of the request the connection is serving (cut to 254 bytes)."""
+        data = request_id.encode("latin-1", "replace")[:_ID_MAX]
+        start = slot * RECORD_BYTES + 1
+        self.memory[start] = len(data)
+        self.memory[start + 1 : start + 1 + len(data)] = data
+
+    def request_id(self, slot: int) -> str:
+        start = slot * RECORD_BYTES + 1
+        length = self.memory[start]
+        return self.memory[start + 1 : start + 1 + length].decode("latin-1")
+
+    def close(self) -> None:
+        self.memory.close()
+
+
+@dataclass(slots=True)
+class Handed:
+    """A connection the proxy handed over and keeps a copy of: the replica records its
+    phases at ``offset`` of ``table.memory`` and, being done with it, shuts ``sock`` down
+    (closing its own descriptor would not end a connection the proxy also holds)."""
+
+    peer: socket.socket
+    table: ConnectionTable
+    slot: int
+    offset: int
+    sock: socket.socket
+
+    def record(self, phase: Phase) -> None:
+        self.table.memory[self.offset] = phase
+
+    def done(self) -> None:
+        """The replica is done with the connection: the client sees it end now."""
+        self.table.memory[self.offset] = Phase.CLOSED
+        with contextlib.suppress(OSError):  # the client may have gone already
+            self.sock.shutdown(socket.SHUT_RDWR)
