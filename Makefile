@@ -59,8 +59,8 @@ bench: $(MODEL)
 	@command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk)
 	@command -v valgrind >/dev/null || (apt-get update -qq && apt-get install -y -qq valgrind)
 	$(PY) -m pip install --quiet -e '.[dev,embeddings,chat,bench]'
-	$(PY) -m benchmarks.http_overhead --uvicorn-access-log
-	$(PY) -m benchmarks.http_overhead --only "GET small JSON, c=32" --replicas 2 --uvicorn-access-log
+	$(PY) -m benchmarks.http_overhead --uvicorn-access-log --production
+	$(PY) -m benchmarks.http_overhead --only "GET small JSON, c=32" --replicas 2 --uvicorn-access-log --production
 	$(PY) -m benchmarks.http_overhead --proxied
 	$(PY) -m benchmarks.http_overhead --only "GET small JSON, c=32" --split
 	$(PY) -m benchmarks.http_overhead --only "GET small JSON, c=32" --shadow

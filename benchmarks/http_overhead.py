@@ -5,9 +5,12 @@ log) and ``app-toolkit run benchmarks.bench_app:app`` (embedded local Ray: proxy
 replica actor; default settings, so its access log is on), then loads both with wrk on
 127.0.0.1, alternating, and prints per scenario req/s, p50 and p99 latency and the
 toolkit/uvicorn ratios (medians over rounds). ``--uvicorn-access-log`` adds a uvicorn
-with its default access log to the same rounds, a second baseline.
+with its default access log to the same rounds, a second baseline; ``--production`` the
+production baseline (that, plus a request id and Prometheus metrics per route:
+``benchmarks/production_app.py``), the one a FastAPI developer compares with.
 
-    python -m benchmarks.http_overhead [--duration 10] [--rounds 2] [--replicas 1] [--uvicorn-access-log]
+    python -m benchmarks.http_overhead [--duration 10] [--rounds 2] [--replicas 1]
+        [--uvicorn-access-log] [--production]
 
 Needs ``wrk`` (``make bench`` installs it). Ray Serve is not compared here: it is not
 a dependency; its figures on these machines are quoted in docs/benchmarks.md.
@@ -80,6 +83,11 @@ class Result:
 
 #: The second baseline's name (``--uvicorn-access-log``): uvicorn with its access log.
 LOGGED = "uvicorn-log"
+#: The production baseline: uvicorn with its access log serving the app with a request id
+#: and Prometheus metrics per route (benchmarks/production_app.py).
+PRODUCTION = "production"
+#: What each baseline is, as the printed rows name it.
+BASELINES = {LOGGED: "uvicorn with its access log", PRODUCTION: "production uvicorn (log, ids, metrics)"}
 
 
 def free_port() -> int:
@@ -187,6 +195,7 @@ def start_servers(
     toolkit_env: dict[str, str] | None = None,
     uvicorn_workers: int = 1,
     uvicorns: dict[str, bool] | None = None,
+    uvicorn_targets: dict[str, str] | None = None,
 ) -> tuple[dict[str, subprocess.Popen[bytes]], dict[str, str]]:
     """Start bare uvicorn and `app-toolkit run` (embedded Ray) side by side; wait for both.
 
@@ -194,8 +203,9 @@ def start_servers(
     (``access_log=False`` turns it off). ``uvicorns``: the uvicorn servers to start, by
     name, each with its access log on or off (on: uvicorn's own default logging, its lines
     to /dev/null); by default one, ``uvicorn``, without an access log (the stricter
-    baseline). ``toolkit_env``: more environment for the toolkit only.
-    ``uvicorn_workers``: uvicorn's ``--workers``."""
+    baseline); ``uvicorn_targets`` gives a server another app than ``uvicorn_target``.
+    ``toolkit_env``: more environment for the toolkit only. ``uvicorn_workers``:
+    uvicorn's ``--workers``."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), RAY_USAGE_STATS_ENABLED="0")
     env.pop("RAY_ADDRESS", None)
     uvicorns = uvicorns if uvicorns is not None else {"uvicorn": False}
@@ -206,7 +216,7 @@ def start_servers(
             servers[name] = subprocess.Popen(
                 [
                     str(BIN / "uvicorn"),
-                    uvicorn_target,
+                    (uvicorn_targets or {}).get(name, uvicorn_target),
                     "--host",
                     "127.0.0.1",
                     "--port",
@@ -341,6 +351,13 @@ def main() -> None:
         "--no-access-log, the stricter baseline",
     )
     parser.add_argument(
+        "--production",
+        action="store_true",
+        help="also run the production baseline in the same rounds: uvicorn with its access log "
+        "serving the app with asgi-correlation-id and prometheus-fastapi-instrumentator "
+        "(benchmarks/production_app.py; needs the bench extra)",
+    )
+    parser.add_argument(
         "--proxied",
         action="store_true",
         help="keep the ingress on the proxied path (direct_ingress=False: the proxy serves "
@@ -391,7 +408,12 @@ def main() -> None:
             access_log=not args.no_access_log,
             toolkit_env=channel_tls_env(Path(folder)) if args.channel_tls else None,
             uvicorn_workers=args.replicas,
-            uvicorns={"uvicorn": False, LOGGED: True} if args.uvicorn_access_log else None,
+            uvicorns={
+                "uvicorn": False,
+                **({LOGGED: True} if args.uvicorn_access_log else {}),
+                **({PRODUCTION: True} if args.production else {}),
+            },
+            uvicorn_targets={PRODUCTION: "benchmarks.production_app:app"},
         )
         try:
             for scenario in SCENARIOS:
@@ -417,14 +439,17 @@ def main() -> None:
                     f"server CPU/request uvicorn {bare.cpu_ms:.3f} ms, toolkit {ours.cpu_ms:.3f} ms",
                     flush=True,
                 )
-                if LOGGED in runs:
-                    logged = median(runs[LOGGED])
-                    rows[-1].update({LOGGED: vars(logged), "ratio_to_uvicorn_log": ours.rps / logged.rps})
+                for baseline, described in BASELINES.items():
+                    if baseline not in runs:
+                        continue
+                    other = median(runs[baseline])
+                    ratio_key = "ratio_to_uvicorn_log" if baseline == LOGGED else f"ratio_to_{baseline}"
+                    rows[-1].update({baseline: vars(other), ratio_key: ours.rps / other.rps})
                     print(
-                        f"{'':28} uvicorn with its access log {logged.rps:8.0f} req/s p50 "
-                        f"{logged.p50_ms:6.2f} ms p99 {logged.p99_ms:7.2f} ms | ratio "
-                        f"{ours.rps / logged.rps:4.2f}x, p50 {ours.p50_ms - logged.p50_ms:+.2f} ms, "
-                        f"failures {logged.failures} | server CPU/request {logged.cpu_ms:.3f} ms",
+                        f"{'':28} {described} {other.rps:8.0f} req/s p50 "
+                        f"{other.p50_ms:6.2f} ms p99 {other.p99_ms:7.2f} ms | ratio "
+                        f"{ours.rps / other.rps:4.2f}x, p50 {ours.p50_ms - other.p50_ms:+.2f} ms, "
+                        f"failures {other.failures} | server CPU/request {other.cpu_ms:.3f} ms",
                         flush=True,
                     )
                 if args.per_process:
