@@ -23,6 +23,7 @@ from app_toolkit._runtime.messages import (
     HTTPResponse,
     HTTPResponseStart,
     MethodCall,
+    Rejected,
     ReplicaLost,
     Request,
     RequestBodyPiece,
@@ -46,16 +47,13 @@ class Handler:
         self.cancelled = asyncio.Event()
         self.draining = False
 
-    def admit(self) -> bool:
+    def admit(self) -> Rejected | None:
         if self.draining:
-            return False
-        return self._admit()
-
-    def _admit(self) -> bool:
+            return DRAINING
         if self.running >= self.capacity:
-            return False
+            return BUSY
         self.running += 1
-        return True
+        return None
 
     async def serve(self, message: Request, sink: ResponseSink) -> None:
         assert isinstance(message, HTTPRequest)
@@ -399,8 +397,8 @@ class Caller:
 
     draining = False
 
-    def admit(self) -> bool:
-        return True
+    def admit(self) -> Rejected | None:
+        return None
 
     async def serve(self, message: Request, sink: ResponseSink) -> None:
         assert isinstance(message, MethodCall)
@@ -473,8 +471,8 @@ class Firehose:
         self.sent = 0
         self.read = 0
 
-    def admit(self) -> bool:
-        return True
+    def admit(self) -> Rejected | None:
+        return None
 
     async def serve(self, message: Request, sink: ResponseSink) -> None:
         if isinstance(message, WebSocketOpen):

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from collections import Counter
-from typing import cast
+
+import pytest
 
 from app_toolkit._runtime.messages import DeploymentID, ReplicaInfo, RouteInfo
 from app_toolkit._runtime.proxy.direct import LocalIngresses
@@ -13,13 +14,14 @@ from app_toolkit._runtime.routing.dispatcher import Dispatcher
 NODE = "node-a"
 
 
-class _Dispatcher:
-    def __init__(self, replicas: list[ReplicaInfo], has_policy: bool = False) -> None:
-        self._replicas = replicas
-        self.has_policy = has_policy
-
-    def replicas(self) -> list[ReplicaInfo]:
-        return self._replicas
+def _dispatcher(replicas: list[ReplicaInfo], split: bool = False) -> Dispatcher:
+    """A real dispatcher with ``replicas`` as its table (and a traffic split, if asked)."""
+    deployment = DeploymentID(replicas[0].deployment.app, "Ingress")
+    made = Dispatcher(deployment, lambda info: None, resolve=lambda other: made)  # type: ignore[arg-type, return-value]  # never connects
+    shares = ((deployment, 0.5), (DeploymentID("other", "Ingress"), 0.5)) if split else ()
+    made.update(replicas, 100, split=shares)
+    assert made.has_policy is split
+    return made
 
 
 def _replica(app: str, number: int, node: str = NODE, handoff: bool = True) -> ReplicaInfo:
@@ -35,24 +37,20 @@ def _replica(app: str, number: int, node: str = NODE, handoff: bool = True) -> R
     )
 
 
-def _ingresses(dispatchers: dict[str, _Dispatcher]) -> LocalIngresses:
+def _ingresses(dispatchers: dict[str, Dispatcher]) -> LocalIngresses:
     apps = [
         AppMatcher(RouteInfo(prefix, name, DeploymentID(name, "Ingress")))
         for name, prefix in (("shop", "/shop"), ("root", "/"))
         if name in dispatchers
     ]
     apps.sort(key=lambda app: len(app.route_prefix), reverse=True)
-    return LocalIngresses(
-        lambda: apps,
-        # A stand-in with the two members used.
-        lambda deployment: cast(Dispatcher, dispatchers[deployment.app]),
-        NODE,
-    )
+    return LocalIngresses(lambda: apps, lambda deployment: dispatchers[deployment.app], NODE)
 
 
-def test_connections_go_to_this_nodes_replicas_of_the_matching_app() -> None:
-    shop = _Dispatcher([_replica("shop", 1), _replica("shop", 2), _replica("shop", 3, node="node-b")])
-    root = _Dispatcher([_replica("root", 1)])
+@pytest.mark.anyio  # a dispatcher lives on a loop
+async def test_connections_go_to_this_nodes_replicas_of_the_matching_app() -> None:
+    shop = _dispatcher([_replica("shop", 1), _replica("shop", 2), _replica("shop", 3, node="node-b")])
+    root = _dispatcher([_replica("root", 1)])
     ingresses = _ingresses({"shop": shop, "root": root})
     assert ingresses.wanted()
     chosen = Counter(ingresses.choose("/shop/items/1") for _ in range(100))
@@ -63,11 +61,12 @@ def test_connections_go_to_this_nodes_replicas_of_the_matching_app() -> None:
     assert ingresses.choose("/-/metrics") is None  # the proxy's own pages stay there
 
 
-def test_no_hand_off_without_a_local_replica_that_takes_connections_or_with_a_policy() -> None:
+@pytest.mark.anyio
+async def test_no_hand_off_without_a_local_replica_that_takes_connections_or_with_a_policy() -> None:
     ingresses = _ingresses(
         {
-            "shop": _Dispatcher([_replica("shop", 1, handoff=False), _replica("shop", 2, node="node-b")]),
-            "root": _Dispatcher([_replica("root", 1)], has_policy=True),  # a split or shadow
+            "shop": _dispatcher([_replica("shop", 1, handoff=False), _replica("shop", 2, node="node-b")]),
+            "root": _dispatcher([_replica("root", 1)], split=True),  # a split (or a shadow)
         }
     )
     assert not ingresses.wanted()

@@ -13,7 +13,6 @@ from app_toolkit._runtime.channel.exchange import Exchange
 from app_toolkit._runtime.channel.flow import STREAM_WINDOW, frame_cost
 from app_toolkit._runtime.messages import BUSY, HTTPRequest, HTTPResponse, RequestBodyPiece
 from app_toolkit._runtime.proxy.body import (
-    CLIENT_CLOSED,
     READ_AHEAD_BYTES,
     Body,
     BodyBudget,
@@ -22,7 +21,7 @@ from app_toolkit._runtime.proxy.body import (
 )
 from app_toolkit._runtime.proxy.direct import StreamedBody
 from app_toolkit._runtime.proxy.http_guard import RequestLink
-from app_toolkit._runtime.proxy.request_state import RequestState
+from app_toolkit._runtime.proxy.request_state import CLIENT_CLOSED, RequestState
 from app_toolkit._runtime.proxy.scope import RequestHeaders
 from app_toolkit.config import HTTPOptions
 

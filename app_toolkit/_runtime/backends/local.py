@@ -22,8 +22,6 @@ from app_toolkit._runtime.channel.flow import FRAME_COST, STREAM_WINDOW, Inbound
 from app_toolkit._runtime.controller.api import ControlCall
 from app_toolkit._runtime.controller.controller import ControllerCore
 from app_toolkit._runtime.messages import (
-    BUSY,
-    DRAINING,
     STREAMED,
     AdoptedReplica,
     Answer,
@@ -189,8 +187,9 @@ class LocalReplicaClient:
         streams_body = body_follows(request)
         if isinstance(request, WebSocketOpen) or streams_body:
             inbound = Inbound(exchange.credited)
-        if not core.admit():
-            exchange.push(DRAINING if core.draining else BUSY)
+        refused = core.admit()
+        if refused is not None:
+            exchange.push(refused)
             return exchange
         if streams_body:
             exchange.credited(STREAM_WINDOW)  # admitted: the rest of the body may come

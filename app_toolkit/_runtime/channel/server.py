@@ -26,10 +26,9 @@ from app_toolkit._runtime.channel.frames import (
     plain_dumps,
 )
 from app_toolkit._runtime.messages import (
-    BUSY,
-    DRAINING,
     Answer,
     CallFailure,
+    Rejected,
     Request,
     WebSocketOpen,
     body_follows,
@@ -54,9 +53,9 @@ class ResponseSink(Protocol):
 class RequestHandler(Protocol):
     """The replica side: serves one request, sending its answers into ``sink``."""
 
-    draining: bool
-
-    def admit(self) -> bool: ...
+    def admit(self) -> Rejected | None:
+        """Take a slot (None), or the refusal to answer."""
+        ...
 
     async def serve(self, request: Request, sink: ResponseSink) -> None: ...
 
@@ -200,8 +199,9 @@ class _ServerConnection(FrameProtocol):
         self.send(kind, number, parts)
 
     def _start(self, number: int, request: Request) -> None:
-        if not self.handler.admit():
-            self._answer(number, DRAINING if self.handler.draining else BUSY)
+        refused = self.handler.admit()
+        if refused is not None:
+            self._answer(number, refused)
             return
         sink = self.sinks[number] = _ServerSink(self, number)
         if isinstance(request, WebSocketOpen):

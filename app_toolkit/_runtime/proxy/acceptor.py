@@ -112,7 +112,7 @@ class Acceptor:
         """Route a connection with nothing of a request read: a new one, or one the proxy
         took back from a replica (given back, or left by a replica that died)."""
         if not self._wanted() or len(self._waiting) >= self._max_waiting:
-            self._serve_here(connection, "no_replica")
+            self._keep(connection, "no_replica")
         else:
             self._peek(connection)
 
@@ -158,7 +158,7 @@ class Acceptor:
     def _route(self, connection: socket.socket, head: bytes) -> None:
         path = request_target(head)
         if path is None:
-            self._serve_here(connection, "unrouted")
+            self._keep(connection, "unrouted")
             return
         try:
             target = self._routes.choose(path)
@@ -166,16 +166,16 @@ class Acceptor:
             logger.exception("Choosing a replica for %s failed; serving it here", path)
             target = None
         if target is None:
-            self._serve_here(connection, "no_replica")
+            self._keep(connection, "no_replica")
             return
         app, handoff = target
         if self._sender.send(handoff, connection):  # the sender keeps our copy
             self.handed += 1
             HANDED_OFF.inc(app)
         else:
-            self._serve_here(connection, "refused")
+            self._keep(connection, "refused")
 
-    def _serve_here(self, connection: socket.socket, why: str) -> None:
+    def _keep(self, connection: socket.socket, why: str) -> None:
         self.served += 1
         SERVED_HERE.inc(why)
         self._adopt(connection)

@@ -16,12 +16,11 @@ from app_toolkit._runtime.answers import error_answer, unavailable
 from app_toolkit._runtime.channel.exchange import Exchange
 from app_toolkit._runtime.messages import HTTPResponse, RequestBodyPiece
 from app_toolkit._runtime.proxy.http_guard import RequestLink
-from app_toolkit._runtime.proxy.request_state import RequestState, watch_disconnect
+from app_toolkit._runtime.proxy.request_state import CLIENT_CLOSED, RequestState, watch_disconnect
 from app_toolkit.config import HTTPOptions
 
 logger = logging.getLogger("app_toolkit.proxy")
 
-CLIENT_CLOSED = 499  # nginx's status for "the client closed the connection"
 #: The most of a body the proxy reads before it forwards the request (of what has
 #: arrived already); the rest streams to the replica as it arrives.
 READ_AHEAD_BYTES = 64 << 10

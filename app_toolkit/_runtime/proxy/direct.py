@@ -24,6 +24,7 @@ from app_toolkit._runtime.messages import (
     CLOSE_SERVICE_RESTART,
     RESTART_REASON,
     DeploymentID,
+    Rejected,
 )
 from app_toolkit._runtime.proxy import stream_metrics
 from app_toolkit._runtime.proxy.body import refusal_answer
@@ -52,8 +53,8 @@ class LocalIngress(Protocol):
     #: Set when the replica starts draining (open WebSockets are closed with 1012).
     draining_event: asyncio.Event
 
-    def admit(self) -> bool:
-        """Take a slot (False: full or draining; the request is forwarded instead)."""
+    def admit(self) -> Rejected | None:
+        """Take a slot (None), or why not (full or draining: the request is forwarded)."""
         ...
 
     async def serve_direct(
@@ -198,7 +199,7 @@ class _Answer:
             await self._start(head, {"type": "http.response.body", "body": b""})
 
 
-async def serve_here(
+async def serve_in_replica(
     local: LocalIngress,
     scope: Scope,
     receive: Receive,
@@ -253,7 +254,7 @@ async def serve_here(
         state.status = await answers.send_answer(send, answers.internal_error(request_id))
 
 
-async def serve_websocket_here(
+async def serve_websocket_in_replica(
     local: LocalIngress, request_id: str, scope: Scope, receive: Receive, send: Send
 ) -> None:
     """Serve one WebSocket with the replica in this process, whose slot ``local.admit()``
@@ -319,12 +320,9 @@ class LocalIngresses:
         self._fade_at = 0.0
         self._rng = random.Random()
 
-    def _candidates(self, app: AppMatcher) -> list[str]:
+    def _candidates(self, app: AppMatcher) -> tuple[str, ...]:
         dispatcher = self._dispatcher_for(app.ingress)
-        if dispatcher.has_policy:
-            return []
-        node = self._node_id
-        return [info.handoff for info in dispatcher.replicas() if info.handoff and info.node_id == node]
+        return () if dispatcher.has_policy else dispatcher.handoffs(self._node_id)
 
     def wanted(self) -> bool:
         now = time.monotonic()
@@ -348,7 +346,7 @@ class LocalIngresses:
         if not candidates:
             return None
         if len(candidates) > 1:
-            candidates = self._rng.sample(candidates, 2)
+            candidates = tuple(self._rng.sample(candidates, 2))
         handed = self._handed
         chosen = min(candidates, key=lambda candidate: handed.get(candidate, 0))
         handed[chosen] = handed.get(chosen, 0) + 1

@@ -26,6 +26,11 @@ from app_toolkit.exceptions import BackPressureError, ReplicaUnavailableError, R
 
 logger = logging.getLogger("app_toolkit.proxy")
 
+#: RFC 9110's safe methods: a request of one whose replica was lost before it answered is
+#: sent once more, to another replica (as nginx's proxy_next_upstream does); any other is
+#: answered 502, since it may have run.
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
 
 async def forward(
     dispatcher: Dispatcher,
@@ -41,7 +46,15 @@ async def forward(
     lost-replica failures are answered here. ``on_open``: see ``Dispatcher.send``."""
     request_id = request.request_id
     try:
-        reply = await dispatcher.send(request, model_id, shard_key, on_open=on_open)
+        try:
+            reply = await dispatcher.send(request, model_id, shard_key, on_open=on_open)
+        except RequestLostError as exc:
+            if request.more_body or request.scope.get("method") not in SAFE_METHODS:
+                raise
+            # Safe to repeat (read-only by contract), and the proxy holds it whole: once
+            # more, to another replica (the lost one is out of the dispatcher's choice).
+            logger.info("Request %s: %s; sending it again", request_id, exc)
+            reply = await dispatcher.send(request, model_id, shard_key, on_open=on_open)
     except BackPressureError as exc:
         state.status = await send_answer(send, overloaded(exc, request_id))
         return

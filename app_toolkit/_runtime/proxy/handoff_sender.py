@@ -94,12 +94,12 @@ class _Peer:
 class HandoffSender:
     """The proxy's hand-off: one connection to each local replica's hand-off socket (made
     on first use), and a copy of every connection handed over. What a replica gives back
-    (it is not ready, or drains) goes to ``serve_here`` (the proxy's own server: handing
+    (it is not ready, or drains) goes to ``keep`` (the proxy's own server: handing
     it on could meet the same replica again); what a replica that died leaves between
     requests goes to ``route`` (the acceptor: another local replica, or here)."""
 
-    def __init__(self, serve_here: Retake, route: Retake, slots: int) -> None:
-        self._serve_here = serve_here
+    def __init__(self, keep: Retake, route: Retake, slots: int) -> None:
+        self._keep = keep
         self._route = route
         self._slots = slots
         self._peers: dict[str, _Peer] = {}
@@ -174,10 +174,10 @@ class HandoffSender:
                 connection = self._release(peer, message.slot)
                 if connection is not None:
                     TAKEN_BACK.inc("given_back")
-                    self._serve_here(connection)
+                    self._keep(connection)
             elif message.kind == CONNECTION and message.fd is not None and message.slot == NO_SLOT:
                 TAKEN_BACK.inc("given_back")  # handed to it by an earlier proxy
-                self._serve_here(client_socket(message.fd))
+                self._keep(client_socket(message.fd))
             elif message.fd is not None:
                 socket.close(message.fd)
         if not open_:

@@ -29,15 +29,15 @@ from app_toolkit._runtime.messages import (
     HTTPResponse,
 )
 from app_toolkit._runtime.proxy.access_log import AccessLog
-from app_toolkit._runtime.proxy.body import CLIENT_CLOSED, Body, BodyBudget, BodyPump, read_body
+from app_toolkit._runtime.proxy.body import Body, BodyBudget, BodyPump, read_body
 from app_toolkit._runtime.proxy.dashboard import PREFIX as DASHBOARD
 from app_toolkit._runtime.proxy.dashboard import Dashboard, StatusSource
-from app_toolkit._runtime.proxy.direct import LocalIngress, serve_here
+from app_toolkit._runtime.proxy.direct import LocalIngress, serve_in_replica
 from app_toolkit._runtime.proxy.forward import forward
 from app_toolkit._runtime.proxy.http_guard import REQUEST_LINK, RequestLink
 from app_toolkit._runtime.proxy.metrics_page import CONTENT_TYPE, Gather, allowed, parse_networks, render
 from app_toolkit._runtime.proxy.path_match import AppMatcher, match_app
-from app_toolkit._runtime.proxy.request_state import RequestState, watch_disconnect
+from app_toolkit._runtime.proxy.request_state import CLIENT_CLOSED, RequestState, watch_disconnect
 from app_toolkit._runtime.proxy.scope import (
     RequestHeaders,
     forward_in_place,
@@ -99,18 +99,20 @@ class Proxy:
                 for deployment in route.deployments:
                     self.subscriber.dispatcher(deployment)
 
-    def _direct(self, deployment: DeploymentID, headers: RequestHeaders) -> bool:
-        """The replica in this process may serve this request: it is its deployment's,
-        asks for no multiplexed model or shard (their replica is chosen by key), and no
-        traffic policy (a split, a shadow) applies to the deployment."""
+    def in_replica(self, deployment: DeploymentID, headers: RequestHeaders) -> LocalIngress | None:
+        """The replica in this process, if it may serve this request or WebSocket itself
+        (the one place this is decided; whether it has a free slot is its own to say): it
+        is its deployment's, asks for no multiplexed model or shard (their replica is
+        chosen by key), and no traffic policy (a split, a shadow) applies to the deployment
+        (``has_policy`` is set when a table arrives)."""
         local = self.local
         if local is None or headers.model_id or headers.shard_key:
-            return False
+            return None
         if deployment is not self._local_id:  # the route tables' own object, once compared
             if deployment != local.deployment:
-                return False
+                return None
             self._local_id = deployment
-        return not self.subscriber.dispatcher(deployment).has_policy
+        return None if self.subscriber.dispatcher(deployment).has_policy else local
 
     def routes(self, app: str) -> bool:
         """The proxy has the routes of application ``app`` (its table has arrived)."""
@@ -142,7 +144,7 @@ class Proxy:
         elif kind == "websocket":
             routes = self.apps if self.loaded else None
             await serve_websocket(
-                routes, self.subscriber.dispatcher, scope, receive, send, self.shard_header, self.local
+                routes, self.subscriber.dispatcher, scope, receive, send, self.shard_header, self.in_replica
             )
         elif kind == "lifespan":
             await _lifespan(receive, send)
@@ -195,13 +197,12 @@ class Proxy:
             and deadline_s is None
             and headers.timeout is None
             and self.http.request_timeout_s is None
-            and (local := self.local) is not None
-            and self._direct(deployment, headers)
+            and (local := self.in_replica(deployment, headers)) is not None
             and not tracing.exporting()
             and not _declared_too_large(headers, self.http)
-            and local.admit()
+            and local.admit() is None
         ):
-            await self._here(local, scope, receive, send, state, route, headers, link)
+            await self._in_replica(local, scope, receive, send, state, route, headers, link)
             return  # the replica entered the request's context
         with request_context.request_scope(state.request_id):  # for this request's log records
             await self._forward(scope, receive, send, state, route, headers, deployment, deadline_s, link)
@@ -241,10 +242,10 @@ class Proxy:
             # The deadline covers the upload too (a slow one gets 408, not a replica's time).
             async with asyncio.timeout(timeout_s) if timeout_s is not None else _NO_DEADLINE:
                 # Served by the replica in this process (direct ingress), if it has a slot.
-                local = self.local if link is not None and self._direct(deployment, headers) else None
+                local = self.in_replica(deployment, headers) if link is not None else None
                 if local is not None and _declared_too_large(headers, self.http):
                     local = None  # refused below, before any app runs
-                direct = local is not None and local.admit()
+                direct = local is not None and local.admit() is None
                 if headers.has_body and not direct:
                     body = await read_body(receive, headers.content_length, self.http, self.budget, link)
                 if body.refusal == CLIENT_CLOSED:
@@ -264,7 +265,7 @@ class Proxy:
                 proxy_span = span.trace if span is not None else None
                 if direct and local is not None:
                     trace = forward_in_place(scope, route, headers, proxy_span)
-                    await serve_here(local, scope, receive, send, state, headers, self.http, trace)
+                    await serve_in_replica(local, scope, receive, send, state, headers, self.http, trace)
                     return
                 forwarded = forwarded_scope(scope, route, headers, proxy_span)
                 request = HTTPRequest(request_id, forwarded, body.data, body.more)
@@ -277,11 +278,8 @@ class Proxy:
                         dispatcher, request, send, state, headers.model_id, headers.shard_key, pump.start
                     )
         except asyncio.CancelledError:
-            if not state.disconnected:
+            if not state.left():
                 raise
-            if state.task is not None:
-                state.task.uncancel()  # we asked for this cancellation; it is handled
-            state.status = CLIENT_CLOSED
         except TimeoutError:
             if not watching or (state.uploading and not state.started):
                 logger.info(
@@ -304,7 +302,7 @@ class Proxy:
             if span is not None:
                 _end_span(span, scope, state)
 
-    async def _here(
+    async def _in_replica(
         self,
         local: LocalIngress,
         scope: Scope,
@@ -322,13 +320,10 @@ class Proxy:
         link.on_client_left = state.client_left
         try:
             trace = forward_in_place(scope, route, headers)
-            await serve_here(local, scope, receive, send, state, headers, self.http, trace)
+            await serve_in_replica(local, scope, receive, send, state, headers, self.http, trace)
         except asyncio.CancelledError:
-            if not state.disconnected:
+            if not state.left():
                 raise
-            if state.task is not None:
-                state.task.uncancel()  # we asked for this cancellation; it is handled
-            state.status = CLIENT_CLOSED
         finally:
             state.finished = True
             link.on_client_left = None

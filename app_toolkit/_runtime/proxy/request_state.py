@@ -10,6 +10,9 @@ from starlette.types import Receive
 
 from app_toolkit._runtime.proxy.http_guard import RequestLink
 
+#: nginx's status for "the client closed the connection": it went away first.
+CLIENT_CLOSED = 499
+
 
 class RequestState:
     """What the proxy knows about one request while it serves it; what its metrics and
@@ -60,6 +63,17 @@ class RequestState:
         if not self.finished and self.task is not None:
             self.disconnected = True
             self.task.cancel()
+
+    def left(self) -> bool:
+        """In an ``except CancelledError`` around a request: True if the cancellation is
+        the one :meth:`client_left` asked for, now handled (the request's status is 499);
+        False if it came from elsewhere (re-raise it)."""
+        if not self.disconnected:
+            return False
+        if self.task is not None:
+            self.task.uncancel()
+        self.status = CLIENT_CLOSED
+        return True
 
 
 async def abort_response(state: RequestState, why: str) -> None:

@@ -26,15 +26,24 @@ from app_toolkit._runtime.messages import (
     WebSocketOpen,
 )
 from app_toolkit._runtime.proxy import stream_metrics
-from app_toolkit._runtime.proxy.direct import LocalIngress, serve_websocket_here
+from app_toolkit._runtime.proxy.direct import LocalIngress, serve_websocket_in_replica
 from app_toolkit._runtime.proxy.path_match import AppMatcher, match_app
-from app_toolkit._runtime.proxy.scope import SHARD_KEY_HEADER, forwarded_scope, read_headers, route_path
+from app_toolkit._runtime.proxy.scope import (
+    SHARD_KEY_HEADER,
+    RequestHeaders,
+    forwarded_scope,
+    read_headers,
+    route_path,
+)
 from app_toolkit._runtime.routing.dispatcher import Dispatcher, Reply
 from app_toolkit.exceptions import BackPressureError, ReplicaUnavailableError
 
 logger = logging.getLogger("app_toolkit.proxy")
 
 _APP_GRACE_S = 5.0  # how long an app may take to finish after the client disconnected
+
+#: The ingress replica in this process, if it may serve a connection itself.
+InReplica = Callable[[DeploymentID, RequestHeaders], LocalIngress | None]
 
 
 async def serve_websocket(
@@ -44,12 +53,13 @@ async def serve_websocket(
     receive: Receive,
     send: Send,
     shard_header: bytes = SHARD_KEY_HEADER,
-    local: LocalIngress | None = None,
+    in_replica: InReplica | None = None,
 ) -> None:
     """Relay one WebSocket connection to a replica of the app its path belongs to
     (``routes`` is None until the proxy has loaded them: refused as overload). A shard
-    key in ``shard_header`` pins it to the key's replica. ``local``: the ingress replica
-    in this process, which serves its own deployment's connections while it has a slot."""
+    key in ``shard_header`` pins it to the key's replica. ``in_replica``: the ingress
+    replica in this process, if it may serve the connection itself (``Proxy.in_replica``);
+    it does while it has a slot."""
     headers = read_headers(scope, shard_header)
     request_id = headers.request_id
     if (await receive())["type"] != "websocket.connect":
@@ -64,17 +74,11 @@ async def serve_websocket(
         return
     deployment, _ = route.target("websocket", None, path)
     dispatcher = dispatcher_for(deployment)
-    if (
-        local is not None
-        and deployment == local.deployment
-        and not headers.model_id
-        and not headers.shard_key
-        and not dispatcher.has_policy
-        and local.admit()
-    ):
+    local = in_replica(deployment, headers) if in_replica is not None else None
+    if local is not None and local.admit() is None:
         stream_metrics.OPEN.inc(route.app, "websocket")
         try:
-            await serve_websocket_here(
+            await serve_websocket_in_replica(
                 local, request_id, forwarded_scope(scope, route, headers), receive, send
             )
         finally:

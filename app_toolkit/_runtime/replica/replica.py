@@ -21,9 +21,12 @@ from app_toolkit._runtime import request_context, tracing
 from app_toolkit._runtime.channel.frames import Dumps
 from app_toolkit._runtime.channel.server import ResponseSink
 from app_toolkit._runtime.messages import (
+    BUSY,
+    DRAINING,
     DeploymentID,
     HTTPRequest,
     MethodCall,
+    Rejected,
     Request,
     WebSocketOpen,
 )
@@ -227,17 +230,19 @@ class ReplicaCore:
                 return
             await asyncio.sleep(quiet_until - loop.time())
 
-    def admit(self) -> bool:
+    def admit(self) -> Rejected | None:
+        """Take a slot for a request (None), or say why not: the one place a replica
+        decides between busy (try another replica) and draining (it is going away)."""
         if self.draining:
             self._last_refused = asyncio.get_running_loop().time()
-            return False
+            return DRAINING
         if self.ongoing >= self.config.max_ongoing_requests:
-            return False
+            return BUSY
         self.ongoing += 1
-        return True
+        return None
 
     async def serve(self, request: Request, sink: ResponseSink) -> None:
-        """Serve one admitted request (``admit()`` returned True for it)."""
+        """Serve one admitted request (``admit()`` took its slot)."""
         started = time.perf_counter()
         route = ""
         kind = "call"

@@ -81,6 +81,11 @@ class Dispatcher:
         # Per variant application of the split: what its requests did since the last report.
         self._outcomes: dict[str, VariantTally] = {}
         self._shadower: Shadower | None = None  # made when a shadow is first set
+        #: Requests go by a traffic policy (a split or a shadow): a caller must send them
+        #: through :meth:`send`, and no ingress replica serves them in its own process.
+        #: Set when a table arrives, read per request.
+        self.has_policy = False
+        self._handoffs: dict[str, tuple[str, ...]] = {}  # node id -> hand-off paths there
         # Called when a request waits and there is no replica at all (scale from zero).
         self._on_demand = on_demand
         self._chooser = ReplicaChooser()
@@ -123,6 +128,7 @@ class Dispatcher:
         if self._shadower is not None:
             self._shadower.configure(shadow)
         self._chooser.set_replicas(replicas)
+        self._tables_changed()
         live = {info.replica_id for info in replicas}
         for replica_id in list(self._clients):
             if replica_id not in live:
@@ -135,6 +141,7 @@ class Dispatcher:
         if self._shadower is not None:
             self._shadower.configure(None)
         self._chooser.set_replicas([])
+        self._tables_changed()
         for replica_id in list(self._clients):
             self._retire(replica_id)
         while self._waiters:
@@ -159,11 +166,19 @@ class Dispatcher:
         """The deployment's replicas as the latest table described them."""
         return self._chooser.infos()
 
-    @property
-    def has_policy(self) -> bool:
-        """Requests go by a traffic policy (a split or a shadow): the caller must send them
-        through :meth:`send`."""
-        return bool(self._split) or (self._shadower is not None and self._shadower.active)
+    def handoffs(self, node_id: str) -> tuple[str, ...]:
+        """The hand-off sockets of this deployment's replicas on node ``node_id`` (those
+        that take client connections: direct ingress), as of the latest table."""
+        found = self._handoffs.get(node_id)
+        if found is None:
+            found = self._handoffs[node_id] = tuple(
+                info.handoff for info in self._chooser.infos() if info.handoff and info.node_id == node_id
+            )
+        return found
+
+    def _tables_changed(self) -> None:
+        self.has_policy = bool(self._split) or (self._shadower is not None and self._shadower.active)
+        self._handoffs.clear()
 
     @property
     def queued(self) -> int:
