@@ -43,6 +43,54 @@ class BodyBudget:
         self.held -= size
 
 
+class BodyReader:
+    """A request's body as it comes from the client, within its bounds: the one place
+    they are kept, on every path (read before forwarding, pumped to a replica, read by an
+    app in its replica). ``max_request_body_bytes`` over the whole body (413) and
+    ``body_timeout_s`` between pieces (408); a wait is bounded only when the protocol
+    (``link``) does not say the next piece has arrived already."""
+
+    __slots__ = ("_receive", "_link", "_limit", "_timeout_s", "size", "refusal")
+
+    def __init__(self, receive: Receive, http: HTTPOptions, link: RequestLink | None, size: int = 0) -> None:
+        self._receive = receive
+        self._link = link
+        self._limit = http.max_request_body_bytes
+        self._timeout_s = http.body_timeout_s
+        self.size = size  # bytes of the body read so far
+        self.refusal = 0  # 413 or 408 once a bound is broken
+
+    async def next(self) -> Message | None:
+        """The client's next message (a piece of the body, or its leaving); None when the
+        body broke a bound (``refusal`` says which)."""
+        link = self._link
+        if link is not None and link.body_ready():  # here already: no wait to bound
+            message = await self._receive()
+        else:
+            try:
+                async with asyncio.timeout(self._timeout_s):
+                    message = await self._receive()
+            except TimeoutError:
+                self.refusal = 408
+                return None
+        if message["type"] == "http.request":
+            self.size += len(message.get("body", b""))
+            if self.size > self._limit:
+                self.refusal = 413
+                return None
+        return message
+
+
+def declared_too_large(content_length: bytes | None, http: HTTPOptions) -> bool:
+    """The request says its body is larger than ``max_request_body_bytes``: 413 before
+    anything of it is read."""
+    return (
+        content_length is not None
+        and content_length.isdigit()
+        and int(content_length) > http.max_request_body_bytes
+    )
+
+
 @dataclass(slots=True)
 class Body:
     """A request body as read before forwarding: ``data`` (whole, or with ``more`` its
@@ -52,6 +100,7 @@ class Body:
     held: int = 0  # bytes taken from the budget; give them back when the request ends
     refusal: int = 0  # 0: read; else 413, 503, 408 or CLIENT_CLOSED
     more: bool = False  # the rest is still with the client: stream it (BodyPump)
+    reader: BodyReader | None = None  # what read it (the pump goes on with it)
 
     def answer(self, http: HTTPOptions, request_id: str) -> HTTPResponse:
         """The answer to a refused body (not for CLIENT_CLOSED: nobody is listening)."""
@@ -82,34 +131,27 @@ async def read_body(
     and the pieces that came with it (``link`` says which are here; without one, the
     first alone). Bytes are taken from ``budget`` (up front when a length is declared, as
     far as read-ahead goes, else as they arrive)."""
-    body = Body()
-    limit = http.max_request_body_bytes
+    reader = BodyReader(receive, http, link)
+    body = Body(reader=reader)
+    if declared_too_large(content_length, http):
+        body.refusal = 413
+        return body
     if content_length is not None and content_length.isdigit():
-        declared = int(content_length)
-        if declared > limit:
-            body.refusal = 413
-            return body
-        if not budget.take(min(declared, READ_AHEAD_BYTES)):
+        if not budget.take(min(int(content_length), READ_AHEAD_BYTES)):
             body.refusal = 503
             return body
-        body.held = min(declared, READ_AHEAD_BYTES)
+        body.held = min(int(content_length), READ_AHEAD_BYTES)
     chunks = []
-    size = 0
     while True:
-        try:
-            async with asyncio.timeout(http.body_timeout_s):
-                message = await receive()
-        except TimeoutError:
-            body.refusal = 408
+        message = await reader.next()
+        if message is None:
+            body.refusal = reader.refusal
             return body
         if message["type"] == "http.disconnect":
             body.refusal = CLIENT_CLOSED
             return body
         chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > limit:
-            body.refusal = 413
-            return body
+        size = reader.size
         if size > body.held:  # more than declared, or no length declared
             if not budget.take(size - body.held):
                 body.refusal = 503
@@ -134,7 +176,7 @@ class BodyPump:
 
     def __init__(self, receive: Receive, read: Body, http: HTTPOptions, state: RequestState) -> None:
         self._receive = receive
-        self._size = len(read.data)
+        self._reader = read.reader or BodyReader(receive, http, state.link, len(read.data))
         self._http = http
         self._state = state
         self._tasks: set[asyncio.Task[None]] = set()
@@ -175,21 +217,17 @@ class BodyPump:
     async def _send_rest(self, exchange: Exchange) -> bool:
         """Send the client's pieces until the last; False if the body ended otherwise
         (refused here, the client left, the app answered without it)."""
-        state = self._state
+        state, reader = self._state, self._reader
         while True:
-            message = await self._next_piece()
+            message = await reader.next()
             if message is None:
-                exchange.refuse(refusal_answer(408, self._http, state.request_id))
+                exchange.refuse(refusal_answer(reader.refusal, self._http, state.request_id))
                 return False
             if message["type"] == "http.disconnect":
                 if state.link is None:  # else our protocol tells the request itself
                     state.client_left()
                 return False
             chunk = message.get("body", b"")
-            self._size += len(chunk)
-            if self._size > self._http.max_request_body_bytes:
-                exchange.refuse(refusal_answer(413, self._http, state.request_id))
-                return False
             more = bool(message.get("more_body", False))
             exchange.send(RequestBodyPiece(chunk, more))
             if not more:
@@ -197,14 +235,3 @@ class BodyPump:
             await exchange.room_to_send()
             if exchange.finished:
                 return False  # the app answered without the rest of the body
-
-    async def _next_piece(self) -> Message | None:
-        """The client's next message; None if it did not come within ``body_timeout_s``."""
-        link = self._state.link
-        if link is not None and link.body_ready():  # here already: no wait to bound
-            return await self._receive()
-        try:
-            async with asyncio.timeout(self._http.body_timeout_s):
-                return await self._receive()
-        except TimeoutError:
-            return None

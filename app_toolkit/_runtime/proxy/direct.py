@@ -3,8 +3,8 @@ replica's app in this process (docs/architecture.md, "Direct ingress").
 
 The front (``proxy.py``) applies every per-request rule as on the proxied path (request
 id, deadline, limits, disconnect, access log, metrics, spans); here the app runs on the
-scope the proxy would have forwarded, reads the body as it arrives (bounded as
-``read_body`` bounds it) and answers the client itself.
+scope the proxy would have forwarded, reads the body as it arrives (within the bounds of
+``body.BodyReader``, as on every path) and answers the client itself.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from app_toolkit._runtime.messages import (
     Rejected,
 )
 from app_toolkit._runtime.proxy import stream_metrics
-from app_toolkit._runtime.proxy.body import refusal_answer
+from app_toolkit._runtime.proxy.body import BodyReader, refusal_answer
 from app_toolkit._runtime.proxy.path_match import AppMatcher, match_app
 from app_toolkit._runtime.proxy.request_state import RequestState, abort_response
 from app_toolkit._runtime.proxy.scope import RequestHeaders, with_request_id
@@ -66,44 +66,36 @@ class LocalIngress(Protocol):
 
 
 class StreamedBody:
-    """The request body as the app reads it, within the bounds ``read_body`` applies:
-    ``max_request_body_bytes`` (413) and ``body_timeout_s`` between pieces (408). A body
-    over a bound ends the app's reading with a disconnect; ``refusal`` says which."""
+    """The request body as the app reads it, within the bounds every path keeps
+    (:class:`~app_toolkit._runtime.proxy.body.BodyReader`). A body over a bound ends the
+    app's reading with a disconnect; ``refusal`` says which (413, 408)."""
 
-    __slots__ = ("_receive", "_limit", "_timeout_s", "_size", "_done", "_state", "refusal")
+    __slots__ = ("_receive", "_reader", "_done", "_state")
 
     def __init__(
         self, receive: Receive, headers: RequestHeaders, http: HTTPOptions, state: RequestState
     ) -> None:
         self._receive = receive
-        self._limit = http.max_request_body_bytes
-        self._timeout_s = http.body_timeout_s
-        self._size = 0
+        self._reader = BodyReader(receive, http, state.link)
         self._done = not headers.has_body
         self._state = state
         state.uploading = not self._done
-        self.refusal = 0  # a declared length over the limit never gets here (proxy.py refuses it)
+
+    @property
+    def refusal(self) -> int:
+        """0, or the status the body was refused with (a declared length over the limit
+        never gets here: proxy.py refuses it)."""
+        return self._reader.refusal
 
     async def receive(self) -> Message:
-        if self.refusal:
+        if self._reader.refusal:
             return _DISCONNECT
         if self._done:  # after the body: waiting for the client to leave, for as long as it takes
             return await self._receive()
-        link = self._state.link
-        if link is not None and link.body_ready():  # here already: no wait to bound
-            message = await self._receive()
-        else:
-            try:
-                async with asyncio.timeout(self._timeout_s):
-                    message = await self._receive()
-            except TimeoutError:
-                self.refusal = 408
-                return _DISCONNECT
+        message = await self._reader.next()
+        if message is None:
+            return _DISCONNECT
         if message["type"] == "http.request":
-            self._size += len(message.get("body", b""))
-            if self._size > self._limit:
-                self.refusal = 413
-                return _DISCONNECT
             self._done = not message.get("more_body", False)
             self._state.uploading = not self._done
         elif message["type"] == "http.disconnect":

@@ -29,7 +29,7 @@ from app_toolkit._runtime.messages import (
     HTTPResponse,
 )
 from app_toolkit._runtime.proxy.access_log import AccessLog
-from app_toolkit._runtime.proxy.body import Body, BodyBudget, BodyPump, read_body
+from app_toolkit._runtime.proxy.body import Body, BodyBudget, BodyPump, declared_too_large, read_body
 from app_toolkit._runtime.proxy.dashboard import PREFIX as DASHBOARD
 from app_toolkit._runtime.proxy.dashboard import Dashboard, StatusSource
 from app_toolkit._runtime.proxy.direct import LocalIngress, serve_in_replica
@@ -199,7 +199,7 @@ class Proxy:
             and self.http.request_timeout_s is None
             and (local := self.in_replica(deployment, headers)) is not None
             and not tracing.exporting()
-            and not _declared_too_large(headers, self.http)
+            and not declared_too_large(headers.content_length, self.http)
             and local.admit() is None
         ):
             await self._in_replica(local, scope, receive, send, state, route, headers, link)
@@ -243,7 +243,7 @@ class Proxy:
             async with asyncio.timeout(timeout_s) if timeout_s is not None else _NO_DEADLINE:
                 # Served by the replica in this process (direct ingress), if it has a slot.
                 local = self.in_replica(deployment, headers) if link is not None else None
-                if local is not None and _declared_too_large(headers, self.http):
+                if local is not None and declared_too_large(headers.content_length, self.http):
                     local = None  # refused below, before any app runs
                 direct = local is not None and local.admit() is None
                 if headers.has_body and not direct:
@@ -359,11 +359,6 @@ def _end_span(span: tracing.Span, scope: Scope, state: RequestState) -> None:
 
 async def _this_process() -> list[list[FamilySnapshot]]:
     return [metrics.snapshot()]
-
-
-def _declared_too_large(headers: RequestHeaders, http: HTTPOptions) -> bool:
-    declared = headers.content_length
-    return declared is not None and declared.isdigit() and int(declared) > http.max_request_body_bytes
 
 
 _NO_BODY = Body()
