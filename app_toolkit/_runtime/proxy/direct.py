@@ -26,11 +26,11 @@ from app_toolkit._runtime.messages import (
     DeploymentID,
     Rejected,
 )
-from app_toolkit._runtime.proxy import stream_metrics
 from app_toolkit._runtime.proxy.body import BodyReader, refusal_answer
+from app_toolkit._runtime.proxy.client_response import ClientResponse
 from app_toolkit._runtime.proxy.path_match import AppMatcher, match_app
 from app_toolkit._runtime.proxy.request_state import RequestState, abort_response
-from app_toolkit._runtime.proxy.scope import RequestHeaders, with_request_id
+from app_toolkit._runtime.proxy.scope import RequestHeaders
 from app_toolkit._runtime.request_context import route_template
 from app_toolkit._runtime.routing.dispatcher import Dispatcher
 from app_toolkit._runtime.tracing import TraceContext
@@ -104,91 +104,57 @@ class StreamedBody:
 
 
 class _Answer:
-    """The app's response on its way to the client: the request id added to its head,
-    held until the first body piece so a whole response leaves in one write, dropped
-    when the body was refused (the refusal is the answer then). A streamed response is
-    counted as the proxy counts one (open streams, first chunk, chunks)."""
+    """The app's ASGI messages, written to the client as every path writes a response
+    (:class:`~app_toolkit._runtime.proxy.client_response.ClientResponse`): its head held
+    until the first body piece, so a whole response leaves in one write, and dropped when
+    the body was refused (the refusal is the answer then)."""
 
-    __slots__ = ("_send", "_state", "_body", "_scope", "_head", "_labels", "_first")
+    __slots__ = ("_send", "_response", "_body", "_scope", "_head")
 
     def __init__(self, send: Send, state: RequestState, body: StreamedBody | None, scope: Scope) -> None:
         self._send = send
-        self._state = state
+        self._response = ClientResponse(send, state)
         self._body = body
         self._scope = scope  # the app's routing records the matched route in it
         self._head: Message | None = None
-        self._labels: tuple[str, str] | None = None  # set while a streamed response is open
-        self._first = True
 
     async def send(self, message: Message) -> None:
         if self._body is not None and self._body.refusal:
             return
         kind = message["type"]
         if kind == "http.response.start":
-            headers = with_request_id(message.get("headers", ()), self._state.request_id)
-            self._head = {**message, "headers": headers}
+            self._head = message
             return
-        if kind == "http.response.body":
-            if self._head is not None:
-                head, self._head = self._head, None
-                await self._start(head, message)
-                return
-            more = message.get("more_body", False)
-            if not more:
-                self._state.finished = True
+        if kind != "http.response.body":  # an extension's message: the server's to judge
             await self._send(message)
-            self._counted(message, more)
             return
-        await self._send(message)
-
-    async def _start(self, head: Message, body: Message) -> None:
-        state = self._state
-        state.started = True
-        state.status = int(head["status"])
-        state.route = route_template(self._scope)
-        complete = not body.get("more_body", False)
-        state.finished = complete
-        link = state.link
-        if link is not None:
-            if complete:
-                link.join_head_and_body()
-            else:
-                link.gather_writes()
-        if not complete:
-            self._labels = (state.app, state.prefix + state.route if state.route else state.prefix)
-            stream_metrics.OPEN.inc(state.app, "stream")
-        try:
-            await self._send(head)
-            await self._send(body)
-        finally:
-            if link is not None:
-                link.release()
-        if not complete:
-            self._counted(body, True)
-
-    def _counted(self, body: Message, more: bool) -> None:
-        labels = self._labels
-        if labels is None:
+        body: bytes = message.get("body", b"")
+        more = message.get("more_body", False)
+        head = self._head
+        if head is None:  # a stream's next piece
+            await self._response.chunks((body,), last=not more)
             return
-        if body.get("body"):
-            if self._first:
-                self._first = False
-                stream_metrics.FIRST_CHUNK.observe(time.perf_counter() - self._state.arrived, *labels)
-            stream_metrics.CHUNKS.inc(*labels)
-        if not more:
-            self.close()
+        self._head = None
+        if more:
+            await self._response.stream(
+                head["status"], head.get("headers", ()), route_template(self._scope), body
+            )
+        else:
+            await self._response.whole(
+                head["status"], head.get("headers", ()), body, route_template(self._scope)
+            )
 
     def close(self) -> None:
         """The response ended (or failed): a streamed one is no longer open."""
-        if self._labels is not None:
-            stream_metrics.OPEN.dec(self._state.app, "stream")
-            self._labels = None
+        self._response.close()
 
     async def finish(self) -> None:
         """After the app returned: a head it sent without a body still goes out."""
         if self._head is not None:
             head, self._head = self._head, None
-            await self._start(head, {"type": "http.response.body", "body": b""})
+            await self._response.whole(
+                int(head["status"]), head.get("headers", ()), b"", route_template(self._scope)
+            )
 
 
 async def serve_in_replica(

@@ -4,7 +4,6 @@ the client: what the proxy does for every request its own process does not serve
 from __future__ import annotations
 
 import logging
-import time
 
 from starlette.types import Send
 
@@ -18,9 +17,8 @@ from app_toolkit._runtime.messages import (
     ReplicaLost,
     StreamEnd,
 )
-from app_toolkit._runtime.proxy import stream_metrics
+from app_toolkit._runtime.proxy.client_response import ClientResponse
 from app_toolkit._runtime.proxy.request_state import RequestState, abort_response
-from app_toolkit._runtime.proxy.scope import with_request_id
 from app_toolkit._runtime.routing.dispatcher import Dispatcher, OnOpen
 from app_toolkit.exceptions import BackPressureError, ReplicaUnavailableError, RequestLostError
 
@@ -66,95 +64,42 @@ async def forward(
         logger.warning("Request %s: %s", request_id, exc)
         state.status = await send_answer(send, unavailable("no replica could serve the request", request_id))
         return
+    response = ClientResponse(send, state)
     try:
         first = reply.first
         if isinstance(first, HTTPResponse):
-            await _respond(first, send, state, request_id)
+            await response.whole(first.status, first.headers, first.body, first.route)
         elif isinstance(first, HTTPResponseStart):
-            await _stream(first, reply.exchange, send, state, request_id)
+            await response.stream(first.status, first.headers, first.route)
+            await _relay_stream(reply.exchange, response, state, request_id)
         else:  # not an HTTP answer: the replica could not take the request as sent
             logger.error("Request %s: the replica answered HTTP with %s", request_id, type(first).__name__)
             state.status = await send_answer(send, internal_error(request_id))
     finally:
+        response.close()
         reply.exchange.cancel()
         reply.release()
 
 
-async def _respond(response: HTTPResponse, send: Send, state: RequestState, request_id: str) -> None:
-    """A complete response: its head and body leave in one write where the server lets us."""
-    state.route = response.route
-    state.started = state.finished = True
-    state.status = response.status
-    if state.link is not None:
-        state.link.join_head_and_body()
-    try:
-        await send(
-            {
-                "type": "http.response.start",
-                "status": response.status,
-                "headers": with_request_id(response.headers, request_id),
-            }
-        )
-        await send({"type": "http.response.body", "body": response.body})
-    finally:
-        if state.link is not None:
-            state.link.release()
-
-
-async def _stream(
-    start: HTTPResponseStart, exchange: Exchange, send: Send, state: RequestState, request_id: str
+async def _relay_stream(
+    exchange: Exchange, response: ClientResponse, state: RequestState, request_id: str
 ) -> None:
-    state.route = start.route
-    state.started = True
-    state.status = start.status
-    await send(
-        {
-            "type": "http.response.start",
-            "status": start.status,
-            "headers": with_request_id(start.headers, request_id),
-        }
-    )
-    stream_metrics.OPEN.inc(state.app, "stream")
-    try:
-        await _relay_stream(exchange, send, state, request_id)
-    finally:
-        stream_metrics.OPEN.dec(state.app, "stream")
-
-
-async def _relay_stream(exchange: Exchange, send: Send, state: RequestState, request_id: str) -> None:
     """Send a streamed response's body chunks as the replica produces them, each as its
     own chunk (as the app sent it). A stream that fails (the app raised, or its replica
     was lost) aborts the connection: the client sees an incomplete body, never one that
     looks complete."""
-    labels = (state.app, state.prefix + state.route if state.route else state.prefix)
-    first = True
     while True:
         answer = await exchange.recv()
         if isinstance(answer, BodyChunk):
+            # Chunks that arrived together leave in one write to the client.
             chunks = [answer, *exchange.take_ready(BodyChunk)]
             last = exchange.next_is(StreamEnd)
-            state.finished = last
-            # Chunks that arrived together leave in one write to the client, each still
-            # its own chunk.
-            if state.link is not None:
-                state.link.gather_writes()
-            try:
-                for index, chunk in enumerate(chunks):
-                    more = not (last and index == len(chunks) - 1)
-                    await send({"type": "http.response.body", "body": chunk.data, "more_body": more})
-            finally:
-                if state.link is not None:
-                    state.link.release()
-            if first:
-                stream_metrics.FIRST_CHUNK.observe(time.perf_counter() - state.arrived, *labels)
-                first = False
-            stream_metrics.CHUNKS.inc(*labels, amount=len(chunks))
+            await response.chunks([chunk.data for chunk in chunks], last)
             if last:
                 return
             continue
         if isinstance(answer, StreamEnd):
-            state.finished = True
-            await send({"type": "http.response.body", "body": b""})
+            await response.chunks((b"",), last=True)
             return
         why = "replica lost" if isinstance(answer, ReplicaLost) else "the app failed"
         logger.warning("Request %s: %s mid-stream; aborting the connection", request_id, why)
