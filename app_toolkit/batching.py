@@ -21,7 +21,6 @@ from typing import (
     Generic,
     Protocol,
     TypeVar,
-    cast,
     overload,
 )
 
@@ -60,10 +59,28 @@ class BatchedStream(Protocol[T_contra, R_co]):
     def set_batch_wait_timeout_s(self, value: float) -> None: ...
 
 
+class _Source(Protocol):
+    """What a bound batch reads of its :class:`_Batched`: the function and its options."""
+
+    @property
+    def function(self) -> Callable[..., object]: ...
+
+    @property
+    def config(self) -> BatchConfig: ...
+
+    @property
+    def size_fn(self) -> SizeOf | None: ...
+
+    @property
+    def streaming(self) -> bool: ...
+
+    __qualname__: str  # not a property: one of that name would replace the class's own
+
+
 class _Bound:
     """The batched function bound to one instance (or to none, for plain functions)."""
 
-    def __init__(self, batched: _Batched[Any, Any, Any], instance: object) -> None:
+    def __init__(self, batched: _Source, instance: object) -> None:
         self._batched = batched
         self._instance = instance
         self.config = batched.config
@@ -143,7 +160,10 @@ class _Batched(Generic[S, T, R]):
     @overload
     def __get__(self, instance: S, owner: type | None) -> BatchedCallable[T, R]: ...
 
-    def __get__(self, instance: object, owner: type | None = None) -> Any:
+    def __get__(self, instance: object, owner: type | None = None) -> object:
+        return self._bind(instance)
+
+    def _bind(self, instance: object) -> object:
         if instance is None:
             return self
         bound = instance.__dict__.get(self._attribute)
@@ -182,8 +202,8 @@ class _BatchedStreamMethod(_Batched[S, T, R]):
     @overload
     def __get__(self, instance: S, owner: type | None) -> BatchedStream[T, R]: ...
 
-    def __get__(self, instance: Any, owner: type | None = None) -> Any:
-        return super().__get__(instance, owner)
+    def __get__(self, instance: object, owner: type | None = None) -> object:
+        return self._bind(instance)
 
     def __call__(self, item: object) -> Any:
         return self._function()(item)  # each call is its own async iterator
@@ -208,7 +228,10 @@ class _Decorator:
     @overload
     def __call__(self, function: Callable[[S, list[T]], Awaitable[list[R]]], /) -> _Batched[S, T, R]: ...
 
-    def __call__(self, function: Callable[..., object], /) -> Any:
+    def __call__(self, function: Callable[..., object], /) -> object:
+        return self._wrap(function)
+
+    def _wrap(self, function: Callable[..., object]) -> object:
         if inspect.isasyncgenfunction(function):
             return _BatchedStreamMethod(function, self._config, self._size_fn)
         return _Batched(function, self._config, self._size_fn)
@@ -249,8 +272,8 @@ def batch(
     max_batch_size: int = default_of(BatchConfig, "max_batch_size"),
     batch_wait_timeout_s: float = default_of(BatchConfig, "batch_wait_timeout_s"),
     max_concurrent_batches: int = default_of(BatchConfig, "max_concurrent_batches"),
-    batch_size_fn: Callable[[Any], int] | None = None,
-) -> Any:
+    batch_size_fn: SizeOf | None = None,
+) -> object:
     """Group concurrent calls of an async method or function into batches.
 
     The function takes a list of items and returns (or, as an async generator, yields)
@@ -281,7 +304,7 @@ def batch(
         return decorator
     if not callable(_func):
         raise DefinitionError(f"@batch decorates functions or methods, got {type(_func).__name__}")
-    return decorator(cast(Callable[..., Any], _func))
+    return decorator._wrap(_func)
 
 
 def batched_methods(cls: type) -> dict[str, BatchConfig]:

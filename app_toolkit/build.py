@@ -288,10 +288,10 @@ def _versioned(app: ApplicationConfig, spec: DeploymentSpec) -> DeploymentSpec:
     return dataclasses.replace(spec, code_version=version)
 
 
-def describe(paths: Sequence[str]) -> dict[str, Any]:
+def describe(paths: Sequence[str]) -> dict[str, object]:
     """A config file for the applications at ``paths``, with the options set in code
     (``app-toolkit build``); it validates as written."""
-    applications: list[dict[str, Any]] = []
+    applications: list[dict[str, object]] = []
     for index, path in enumerate(paths):
         target = load_application(path, {}, None)
         name = target.default_name or ("default" if len(paths) == 1 else f"app{index + 1}")
@@ -309,7 +309,7 @@ def describe(paths: Sequence[str]) -> dict[str, Any]:
                 "deployments": [_options_in_code(d) for d in _deployments(target)],
             }
         )
-    config = {
+    config: dict[str, object] = {
         "proxy_location": "EveryNode",
         "http_options": {"host": "127.0.0.1", "port": 8000},
         "applications": applications,
@@ -341,6 +341,6 @@ def _deployments(target: Application) -> list[Deployment]:
     return list(found.values())
 
 
-def _options_in_code(deployment: Deployment) -> dict[str, Any]:
+def _options_in_code(deployment: Deployment) -> dict[str, object]:
     config = deployment.config
     return {"name": deployment.name, **config.model_dump(mode="json", exclude_unset=True)}

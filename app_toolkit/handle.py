@@ -50,7 +50,7 @@ class DeploymentResponse(Generic[R]):
     def __init__(self, pending: Pending[R]) -> None:
         self._pending = pending
 
-    def __await__(self) -> Generator[Any, None, R]:
+    def __await__(self) -> Generator[object, None, R]:
         return self._pending.__await__()
 
     def result(self, timeout_s: float | None = None) -> R:
@@ -166,12 +166,12 @@ class DeploymentResponseGenerator(Generic[R]):
         self._plane.call_soon(self._stream.finish)
 
 
-class _MethodCaller:
+class _MethodCaller(Generic[D]):
     """``handle.method``: call one method of the deployment."""
 
     __slots__ = ("_handle", "_method")
 
-    def __init__(self, handle: DeploymentHandle[Any], method: str) -> None:
+    def __init__(self, handle: DeploymentHandle[D], method: str) -> None:
         self._handle = handle
         self._method = method
 
@@ -179,12 +179,12 @@ class _MethodCaller:
         return self._handle.options(method_name=self._method).remote(*args, **kwargs)
 
 
-class _StreamingMethodCaller:
+class _StreamingMethodCaller(Generic[D]):
     """``streaming_handle.method``: stream the items one generator method yields."""
 
     __slots__ = ("_handle", "_method")
 
-    def __init__(self, handle: StreamingDeploymentHandle[Any], method: str) -> None:
+    def __init__(self, handle: StreamingDeploymentHandle[D], method: str) -> None:
         self._handle = handle
         self._method = method
 
@@ -264,7 +264,7 @@ class DeploymentHandle(Generic[D]):
             shard_key=self.shard_key if shard_key is None else shard_key,
         )
 
-    def __getattr__(self, name: str) -> _MethodCaller:
+    def __getattr__(self, name: str) -> _MethodCaller[D]:
         if name.startswith("_"):
             raise AttributeError(name)
         return _MethodCaller(self, name)
@@ -308,7 +308,7 @@ class StreamingDeploymentHandle(DeploymentHandle[D]):
 
     stream = True
 
-    def __getattr__(self, name: str) -> _StreamingMethodCaller:  # type: ignore[override] # streams, by design
+    def __getattr__(self, name: str) -> _StreamingMethodCaller[D]:  # type: ignore[override] # streams, by design
         if name.startswith("_"):
             raise AttributeError(name)
         return _StreamingMethodCaller(self, name)
@@ -349,7 +349,7 @@ def _rebuild_handle(
     stream: bool = False,
     model_id: str = "",
     shard_key: str = "",
-) -> DeploymentHandle[Any]:
+) -> DeploymentHandle[object]:
     kind = StreamingDeploymentHandle if stream else DeploymentHandle
     return kind(
         deployment_name, app_name, method_name=method_name, multiplexed_model_id=model_id, shard_key=shard_key

@@ -14,7 +14,7 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Mapping
-from typing import Any, TypeVar
+from typing import Literal, TypeVar
 
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
@@ -107,7 +107,7 @@ class _DrainWatch:
         self._waiter = asyncio.ensure_future(draining.wait())
         self._waiter.add_done_callback(self._drained)
 
-    def _drained(self, waiter: asyncio.Future[Any]) -> None:
+    def _drained(self, waiter: asyncio.Future[Literal[True]]) -> None:
         if waiter.cancelled():  # the stream ended first (close())
             return
         if self._reading and self._reader is not None and not self._cut:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import operator
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 T = TypeVar("T")
 
@@ -23,7 +23,7 @@ def compact(cls: type[T]) -> type[T]:
     names = [f.name for f in fields if f.init]
     if len(names) != len(fields):
         raise TypeError(f"{cls.__name__}: every field must be an __init__ argument to be compact")
-    getter: Callable[[Any], Any]
+    getter: Callable[[object], tuple[object, ...]]
     if not names:
         getter = lambda obj: ()  # noqa: E731
     elif len(names) == 1:
@@ -32,7 +32,7 @@ def compact(cls: type[T]) -> type[T]:
     else:
         getter = operator.attrgetter(*names)
 
-    def __reduce__(self: Any) -> tuple[type[T], tuple[Any, ...]]:
+    def __reduce__(self: object) -> tuple[type[T], tuple[object, ...]]:
         return cls, getter(self)
 
     cls.__reduce__ = __reduce__  # type: ignore[method-assign]

@@ -14,7 +14,8 @@ import logging
 import os
 import sys
 import time
-from typing import Any, Literal
+from collections.abc import Mapping, Sequence
+from typing import Literal, TextIO
 
 from app_toolkit._runtime import request_context
 from app_toolkit.config import LOG_LEVEL_ENV
@@ -48,7 +49,9 @@ class _Context(logging.Filter):
         return True
 
 
-def _json_line(created: float, level: str, name: str, message: str, fields: dict[str, Any]) -> dict[str, Any]:
+def _json_line(
+    created: float, level: str, name: str, message: str, fields: Mapping[str, object]
+) -> dict[str, object]:
     return {
         "timestamp": _timestamp(created) + "Z",
         "level": level,
@@ -95,12 +98,12 @@ class BatchWriter:
     Only for a logger whose records reach nothing but that handler (see :func:`batch_writer`).
     """
 
-    def __init__(self, handler: logging.StreamHandler[Any], name: str, json_lines: bool) -> None:
+    def __init__(self, handler: logging.StreamHandler[TextIO], name: str, json_lines: bool) -> None:
         self._handler = handler
         self._name = name
         self._json = json_lines
 
-    def write(self, level: str, entries: list[tuple[float, str, dict[str, Any]]]) -> None:
+    def write(self, level: str, entries: Sequence[tuple[float, str, Mapping[str, object]]]) -> None:
         """``entries``: (time.time() when it happened, message, context fields) each."""
         if self._json:
             lines = [
@@ -122,7 +125,7 @@ class BatchWriter:
                 handler.handleError(logging.makeLogRecord({"msg": "%d log lines", "args": (len(lines),)}))
 
 
-def _where(fields: dict[str, Any]) -> str:
+def _where(fields: Mapping[str, object]) -> str:
     """The line's ``[replica request_id]`` part, with a leading space; either is left out
     when it is empty, the whole part when both are."""
     replica, request_id = fields.get("replica"), fields.get("request_id")

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import pickle
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from app_toolkit._runtime.compact import compact
 from app_toolkit.config import DeploymentConfig
+
+if TYPE_CHECKING:
+    from starlette.types import Message, Scope
 
 Headers = list[tuple[bytes, bytes]]
 
@@ -150,7 +153,7 @@ class HTTPRequest:
     once the replica admitted the request (its first flow-control credit says so)."""
 
     request_id: str
-    scope: dict[str, Any]
+    scope: Scope
     body: bytes
     more_body: bool = False
 
@@ -172,7 +175,7 @@ class WebSocketOpen:
     messages follow as :class:`WebSocketMessage`."""
 
     request_id: str
-    scope: dict[str, Any]
+    scope: Scope
 
 
 @compact
@@ -234,7 +237,7 @@ class BodyChunk:
 class CallResult:
     """What a (non-streamed) deployment method returned."""
 
-    value: Any
+    value: object
 
 
 @compact
@@ -242,7 +245,7 @@ class CallResult:
 class StreamItem:
     """One item a generator method yielded."""
 
-    value: Any
+    value: object
 
 
 @compact
@@ -250,7 +253,7 @@ class StreamItem:
 class WebSocketMessage:
     """One ASGI message of a WebSocket: the client's (to the replica) or the app's (back)."""
 
-    message: dict[str, Any]
+    message: Message
 
 
 #: What a caller sends on a request it opened: the client's WebSocket messages, or the

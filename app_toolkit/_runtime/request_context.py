@@ -8,7 +8,6 @@ from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AbstractContextManager
 from contextvars import ContextVar, Token
 from dataclasses import dataclass
-from typing import Any
 
 from app_toolkit._runtime import tracing
 
@@ -16,7 +15,7 @@ from app_toolkit._runtime import tracing
 request_id: ContextVar[str] = ContextVar("app_toolkit_request_id", default="")
 
 #: The user-class instance of the replica serving this request (for ``@ingress`` classes).
-replica_instance: ContextVar[Any] = ContextVar("app_toolkit_replica_instance", default=None)
+replica_instance: ContextVar[object] = ContextVar("app_toolkit_replica_instance", default=None)
 
 #: The application the current replica belongs to (for handles to its sibling deployments).
 app_name: ContextVar[str] = ContextVar("app_toolkit_app_name", default="")
@@ -33,7 +32,7 @@ model_id: ContextVar[ModelSource] = ContextVar("app_toolkit_model_id", default="
 _MODEL_ID_HEADER_BYTES = MODEL_ID_HEADER.encode()
 
 
-def route_template(scope: Mapping[str, Any]) -> str:
+def route_template(scope: Mapping[str, object]) -> str:
     """The path template of the route the app matched, as its routing recorded it in the
     scope ("" if none): what metrics, logs and spans name a request by."""
     path = getattr(scope.get("route"), "path", "")
@@ -91,7 +90,7 @@ class Serving:
     """What a replica gives every request it serves (made once, when it has started)."""
 
     replica: ReplicaContext
-    instance: Any  # the user's object: an @ingress route's ``self``
+    instance: object  # the user's object: an @ingress route's ``self``
     report_models: ReportModels | None
     draining: asyncio.Event
     stop_hooks: list[StopHook]
@@ -103,7 +102,18 @@ _request_id = request_id  # the parameter of request_scope() has the same name
 _inherited: ContextVar[Serving | None] = ContextVar("app_toolkit_serving", default=None)
 
 
-def _set_serving(serving: Serving) -> tuple[Token[Any], ...]:
+#: The tokens of :func:`_set_serving`, one per context variable, in its order.
+_ServingTokens = tuple[
+    Token[str],
+    Token[ReplicaContext | None],
+    Token[object],
+    Token[ReportModels | None],
+    Token[asyncio.Event | None],
+    Token[list[StopHook] | None],
+]
+
+
+def _set_serving(serving: Serving) -> _ServingTokens:
     # Spelled out (here and in _reset_serving), not looped: every handle call and every
     # proxied request enters this.
     return (
@@ -116,7 +126,7 @@ def _set_serving(serving: Serving) -> tuple[Token[Any], ...]:
     )
 
 
-def _reset_serving(tokens: tuple[Token[Any], ...]) -> None:
+def _reset_serving(tokens: _ServingTokens) -> None:
     """Undo :func:`_set_serving` (its tokens, in its order)."""
     stop_hooks.reset(tokens[5])
     draining.reset(tokens[4])
@@ -168,7 +178,7 @@ class _RequestScope(AbstractContextManager[None]):
         self._serving = serving
         self._model = model
         self._id_token: Token[str] | None = None
-        self._serving_tokens: tuple[Token[Any], ...] = ()  # empty: the task had them already
+        self._serving_tokens: _ServingTokens | None = None  # None: the task had them already
         self._model_token: Token[ModelSource] | None = None
         self._trace_token: Token[tracing.TraceContext | None] | None = None
 
@@ -187,7 +197,7 @@ class _RequestScope(AbstractContextManager[None]):
             tracing.leave(self._trace_token)
         if self._model_token is not None:
             model_id.reset(self._model_token)
-        if self._serving_tokens:
+        if self._serving_tokens is not None:
             _reset_serving(self._serving_tokens)
         if self._id_token is not None:
             _request_id.reset(self._id_token)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pickle
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Literal
 
 from app_toolkit._runtime.compact import compact
 from app_toolkit._runtime.messages import DeploymentID, ReplicaInfo, RouteInfo
@@ -92,7 +92,7 @@ class Update:
     def packed(cls, version: int, table: Table | None) -> Update:
         return cls(version, table, pickle.dumps((version, table), protocol=pickle.HIGHEST_PROTOCOL))
 
-    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+    def __reduce__(self) -> tuple[Callable[..., Update], tuple[object, ...]]:
         if self.packed_form:
             return _unpack_update, (self.packed_form,)
         return Update, (self.version, self.table)

@@ -22,7 +22,7 @@ import re
 import time
 from contextvars import ContextVar, Token
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal, TypedDict
 
 from app_toolkit.exceptions import ConfigError
 
@@ -33,6 +33,11 @@ try:
     from opentelemetry.trace.span import TraceState
 except ImportError:  # the optional extra is not installed: no spans, no cost
     _api = None  # type: ignore[assignment]
+
+if TYPE_CHECKING:
+    from opentelemetry.context import Context
+    from opentelemetry.trace import Span as _OtelSpan
+    from opentelemetry.trace import Tracer
 
 #: version 00: trace id (32 hex), parent span id (16 hex), flags (2 hex).
 _TRACEPARENT = re.compile(r"([0-9a-f]{2})-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})(-.*)?")
@@ -150,10 +155,18 @@ _INSTRUMENTATION = "app_toolkit"
 
 Kind = Literal["server", "client"]
 _RECHECK_S = 1.0
-_state: dict[str, Any] = {"tracer": None, "setup_done": False, "next_check": 0.0}
 
 
-def _tracer() -> Any:
+class _State(TypedDict):
+    tracer: Tracer | None
+    setup_done: bool
+    next_check: float
+
+
+_state: _State = {"tracer": None, "setup_done": False, "next_check": 0.0}
+
+
+def _tracer() -> Tracer | None:
     """The toolkit's tracer once a real provider is set; None before. Looking up the
     provider costs about a microsecond, so without one it is looked up at most once a
     second (a provider set later makes spans from then on)."""
@@ -182,9 +195,9 @@ class Span:
 
     __slots__ = ("_span", "_token", "trace")
 
-    def __init__(self, span: Any, trace: TraceContext) -> None:
+    def __init__(self, span: _OtelSpan, trace: TraceContext) -> None:
         self._span = span
-        self._token: Any = None
+        self._token: Token[Context] | None = None
         self.trace = trace
 
     def activate(self) -> None:

@@ -13,9 +13,9 @@ import itertools
 import pickle
 import uuid
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar, cast
+from typing import TypeVar, cast
 
-from starlette.types import ASGIApp
+from starlette.types import ASGIApp, Message
 
 from app_toolkit._runtime.channel.exchange import Exchange
 from app_toolkit._runtime.channel.flow import FRAME_COST, STREAM_WINDOW, Inbound, frame_cost
@@ -171,7 +171,7 @@ class LocalReplicaClient:
                 task.cancel()
 
         def forward(next_message: ClientMessage) -> int:
-            message: dict[str, Any]
+            message: Message
             if isinstance(next_message, RequestBodyPiece):
                 data = bytes(next_message.data)  # the server may reuse its buffer
                 message = {"type": "http.request", "body": data, "more_body": next_message.more}

@@ -20,7 +20,7 @@ import pickle
 import struct
 from collections.abc import Callable
 from enum import IntEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app_toolkit._runtime.messages import (
     Answer,
@@ -41,6 +41,9 @@ from app_toolkit._runtime.messages import (
     WebSocketMessage,
     WebSocketOpen,
 )
+
+if TYPE_CHECKING:
+    from starlette.types import Message
 
 logger = logging.getLogger("app_toolkit.channel")
 
@@ -144,7 +147,7 @@ def decode_client_message(payload: memoryview) -> WebSocketMessage:
     return WebSocketMessage(pickle.loads(payload))
 
 
-def decode_body_piece(payload: memoryview) -> dict[str, Any]:
+def decode_body_piece(payload: memoryview) -> Message:
     """A BODY_IN frame, as the ASGI message the app receives."""
     return {"type": "http.request", "body": payload[1:].tobytes(), "more_body": payload[:1] == _MORE}
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import TypedDict
 
 from app_toolkit.metrics import FamilySnapshot, HistogramValue, quantile
 from app_toolkit.status import ServeStatus
@@ -19,6 +19,53 @@ _QUEUED = "app_toolkit_caller_queued_requests"
 RouteKey = tuple[str, str]
 
 
+class RouteRow(TypedDict):
+    """One route's requests between two samples."""
+
+    application: str
+    route: str
+    rate: float  # requests per second
+    p50_ms: float | None  # None: no request in the window
+    p99_ms: float | None
+    total: int  # requests since the process started
+
+
+class ReplicaRow(TypedDict):
+    replica_id: str
+    state: str
+    node_id: str
+    ongoing: float | None  # None: not on this node, so unknown (not zero)
+
+
+class DeploymentRow(TypedDict):
+    name: str
+    status: str
+    message: str
+    target_replicas: int
+    running_replicas: int
+    queued: float
+    autoscaling: dict[str, object] | None  # AutoscalingStatusInfo's fields
+    replicas: list[ReplicaRow]
+
+
+class ApplicationRow(TypedDict):
+    name: str
+    status: str
+    message: str
+    route_prefix: str | None
+    deployments: list[DeploymentRow]
+
+
+class DashboardState(TypedDict):
+    """What one dashboard event carries (as JSON)."""
+
+    time: float
+    controller: str  # why the controller's status is missing ("" when it answered)
+    applications: list[ApplicationRow]
+    routes: list[RouteRow]
+    events: list[dict[str, object]]  # EventInfo's fields
+
+
 class RouteRates:
     """Request rate and latency per route between two samples of the HTTP histograms of
     the node's processes (the proxy's, and the ingress replicas' that serve connections)."""
@@ -27,11 +74,11 @@ class RouteRates:
         self._last: dict[RouteKey, HistogramValue] = {}
         self._last_at: float | None = None
 
-    def update(self, families: Iterable[FamilySnapshot], now: float) -> list[dict[str, Any]]:
+    def update(self, families: Iterable[FamilySnapshot], now: float) -> list[RouteRow]:
         current = _by_route(families)
         previous, previous_at = self._last, self._last_at
         self._last, self._last_at = current, now
-        rows: list[dict[str, Any]] = []
+        rows: list[RouteRow] = []
         for (app, route), value in sorted(current.items()):
             before = previous.get((app, route))
             if previous_at is None or now <= previous_at:
@@ -104,20 +151,20 @@ def _gauge(
 def view(
     status: ServeStatus | None,
     processes: Sequence[Sequence[FamilySnapshot]],
-    routes: list[dict[str, Any]],
+    routes: list[RouteRow],
     now: float,
     status_error: str = "",
-) -> dict[str, Any]:
+) -> DashboardState:
     """The dashboard's state: applications (deployments, replicas with ongoing requests
     where this node's metrics know them, queue lengths at this node's callers), routes,
     the controller's recent events. ``status`` None: the controller did not answer."""
     ongoing = _gauge(processes, _ONGOING, "replica")
     queued = _gauge(processes, _QUEUED, "application", "deployment")
-    applications: list[dict[str, Any]] = []
+    applications: list[ApplicationRow] = []
     for app in status.applications.values() if status is not None else ():
-        deployments = []
+        deployments: list[DeploymentRow] = []
         for deployment in app.deployments.values():
-            replicas = [
+            replicas: list[ReplicaRow] = [
                 {
                     "replica_id": replica.replica_id,
                     "state": replica.state.value,

@@ -6,7 +6,7 @@ import asyncio
 import inspect
 import logging
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -45,7 +45,7 @@ class Lifespan:
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
-        self.state: dict[str, Any] = {}
+        self.state: dict[str, object] = {}
         self._events: asyncio.Queue[Message] = asyncio.Queue()
         self._started = asyncio.Event()
         self._stopped = asyncio.Event()
@@ -115,7 +115,7 @@ def _last_line(text: str) -> str:
 
 
 async def serve_http(
-    app: ASGIApp, request: HTTPRequest, lifespan_state: dict[str, Any], sink: ResponseSink
+    app: ASGIApp, request: HTTPRequest, lifespan_state: dict[str, object], sink: ResponseSink
 ) -> str:
     """Run one request through ``app``; answer with one HTTPResponse, or a head, body
     chunks and the end. Returns the path template of the route that served it."""
@@ -289,7 +289,7 @@ def request_app(target: Callable[..., Any]) -> ASGIApp:
 
 
 async def serve_websocket(
-    app: ASGIApp, request: WebSocketOpen, lifespan_state: dict[str, Any], sink: ResponseSink
+    app: ASGIApp, request: WebSocketOpen, lifespan_state: dict[str, object], sink: ResponseSink
 ) -> str:
     """Run one WebSocket connection through ``app``: client messages come from
     ``sink.inbound``, every message the app sends goes out as a WebSocketMessage, the end last.
@@ -350,7 +350,7 @@ class _WebSocket:
             self._closed = True
             self._sink.send(WebSocketMessage({"type": "websocket.close", "code": code, "reason": reason}))
 
-    def server_restarting(self, waited: asyncio.Future[Any]) -> None:
+    def server_restarting(self, waited: asyncio.Future[Literal[True]]) -> None:
         """The replica drains: close with 1012 so the client reconnects (to another
         replica), and tell the app its client is gone."""
         if waited.cancelled():

@@ -17,7 +17,7 @@ import concurrent.futures
 import logging
 import threading
 from collections.abc import Awaitable, Callable, Coroutine, Generator
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 from app_toolkit._runtime.messages import DeploymentID, ReplicaInfo
 from app_toolkit._runtime.routing.dispatcher import Dispatcher, ReplicaClient
@@ -28,6 +28,9 @@ from app_toolkit.exceptions import ReplicaUnavailableError
 logger = logging.getLogger("app_toolkit.data_plane")
 
 T = TypeVar("T")
+#: A coroutine as asyncio drives it: what it yields is the event loop's business, and it
+#: is resumed with None.
+_Coroutine = Coroutine[object, None, T]
 _STOP_TIMEOUT_S = 10.0
 
 
@@ -58,7 +61,7 @@ class LoopThread:
             self.loop.run_until_complete(self.loop.shutdown_asyncgens())
             self.loop.close()
 
-    def run(self, coroutine: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
+    def run(self, coroutine: _Coroutine[T], timeout_s: float | None = None) -> T:
         """Run ``coroutine`` on the loop and wait for its result. On the loop's own thread
         (code the loop runs, such as a replica of the local backend) only a coroutine that
         never waits can run: it runs to its end at once (reading the controller's state);
@@ -95,7 +98,7 @@ class Pending(Generic[T]):
     def __init__(self, future: asyncio.Future[T] | concurrent.futures.Future[T]) -> None:
         self._future = future
 
-    def __await__(self) -> Generator[Any, None, T]:
+    def __await__(self) -> Generator[object, None, T]:
         future = self._future
         if isinstance(future, concurrent.futures.Future):
             return asyncio.wrap_future(future).__await__()
@@ -146,7 +149,7 @@ class DataPlane:
             loop = self._thread.loop
         self.loop = loop
         self._subscriber: TableSubscriber | None = None
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._tasks: set[asyncio.Task[object]] = set()
         self._closers: set[Callable[[], None]] = set()
         self._closed = False
 
@@ -178,14 +181,14 @@ class DataPlane:
 
     # ------------------------------------------------------------------ from anywhere
 
-    def submit(self, coroutine: Coroutine[Any, Any, T]) -> Pending[T]:
+    def submit(self, coroutine: _Coroutine[T]) -> Pending[T]:
         """Run ``coroutine`` on the data plane's loop as an owned task."""
         self._check_open(coroutine)
         if self.on_loop():
             return Pending(self._own(self.loop.create_task(coroutine)))
         return Pending(asyncio.run_coroutine_threadsafe(self._owned(coroutine), self.loop))
 
-    def run(self, coroutine: Coroutine[Any, Any, T], timeout_s: float | None = None) -> T:
+    def run(self, coroutine: _Coroutine[T], timeout_s: float | None = None) -> T:
         """Run ``coroutine`` on the data plane's loop and block for its result."""
         if self.on_loop() or in_async_code():
             coroutine.close()
@@ -216,7 +219,7 @@ class DataPlane:
 
     # ------------------------------------------------------------------ internals
 
-    def _check_open(self, coroutine: Coroutine[Any, Any, Any]) -> None:
+    def _check_open(self, coroutine: _Coroutine[object]) -> None:
         """Refuse work once closed: a stopped loop would never run it (the caller would
         wait forever)."""
         if self._closed or self.loop.is_closed():
@@ -234,7 +237,7 @@ class DataPlane:
         self._own(task)
         return await coroutine
 
-    def _close_now(self) -> list[asyncio.Task[Any]]:
+    def _close_now(self) -> list[asyncio.Task[object]]:
         for close in list(self._closers):
             close()
         self._closers.clear()
@@ -250,7 +253,7 @@ class DataPlane:
         await asyncio.gather(*tasks, return_exceptions=True)
 
 
-def _run_without_waiting(coroutine: Coroutine[Any, Any, T]) -> T:
+def _run_without_waiting(coroutine: _Coroutine[T]) -> T:
     try:
         coroutine.send(None)
     except StopIteration as finished:
@@ -281,7 +284,7 @@ def _threadsafe(future: asyncio.Future[T]) -> concurrent.futures.Future[T]:
     return asyncio.run_coroutine_threadsafe(wait(), future.get_loop())
 
 
-def _cancel(future: asyncio.Future[Any]) -> None:
+def _cancel(future: asyncio.Future[T]) -> None:
     future.cancel()
 
 

@@ -63,7 +63,7 @@ class _Pickler(cloudpickle.Pickler):
         fastapi = sys.modules.get("fastapi.datastructures")  # no FastAPI app without it
         self._unset = getattr(fastapi, "_Unset", self)
 
-    def reducer_override(self, obj: Any) -> Any:
+    def reducer_override(self, obj: object) -> Any:
         # A type reduced here must also stop the C pickler's attempt (_Plain, _REDUCED).
         if obj is self._unset:
             return (_fastapi_unset, ())
@@ -90,7 +90,7 @@ class _Plain(pickle.Pickler):
     refuses by itself. Builtin values (str, bytes, numbers, containers) never reach
     ``reducer_override``, so a large array or list costs nothing extra."""
 
-    def reducer_override(self, obj: Any) -> Any:
+    def reducer_override(self, obj: object) -> Any:
         if isinstance(obj, (type, types.FunctionType)):
             if getattr(obj, "__module__", None) in (None, "__main__"):
                 raise _WrittenOtherwise
@@ -107,7 +107,7 @@ def _is_placeholder(obj: object) -> bool:
     return kind.__name__ == "DefaultPlaceholder" and kind.__module__ == "fastapi.datastructures"
 
 
-def dumps(value: Any) -> bytes:
+def dumps(value: object) -> bytes:
     """Serialize user code and data (by value where it is not importable).
 
     Values of importable types (handle arguments, results, stream items: the usual case)
@@ -194,10 +194,10 @@ def settle_heap() -> None:
 # ------------------------------------------------------------------------------- actors
 
 #: Every toolkit actor: no CPU reserved (control and I/O), many concurrent calls.
-_ACTOR_DEFAULTS: dict[str, Any] = {"num_cpus": 0, "max_concurrency": 10_000}
+_ACTOR_DEFAULTS: dict[str, object] = {"num_cpus": 0, "max_concurrency": 10_000}
 
 
-def remote(cls: type, **options: Any) -> Any:
+def remote(cls: type, **options: object) -> Any:
     """``cls`` as a Ray actor class with the toolkit's defaults and ``options``."""
     return ray.remote(cls).options(**{**_ACTOR_DEFAULTS, **options})
 

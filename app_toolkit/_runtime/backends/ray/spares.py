@@ -126,9 +126,9 @@ class _Spare:
     name: str
     node: str
     actor: Any
-    ready: asyncio.Future[Any] = field(repr=False)
+    ready: asyncio.Future[object] = field(repr=False)
     #: The last liveness check of a ready spare (None: none yet), and when it was made.
-    alive: asyncio.Future[Any] | None = field(default=None, repr=False)
+    alive: asyncio.Future[object] | None = field(default=None, repr=False)
     checked_at: float = 0.0
     #: The code (``code_to_preload`` keys) it was asked to load ahead.
     preloaded: set[str] = field(default_factory=set)
@@ -256,7 +256,7 @@ class SparePool:
                 spares.append(self._new_spare(node))
 
     @staticmethod
-    def _actor_pinged(actor: Any, timeout_s: float) -> asyncio.Future[Any]:
+    def _actor_pinged(actor: Any, timeout_s: float) -> asyncio.Future[object]:
         future = asyncio.ensure_future(asyncio.wait_for(actor.stats.remote(), timeout_s))
         future.add_done_callback(_consume)  # a failure is read by the next check
         return future
@@ -281,7 +281,7 @@ def _discard(spare: _Spare) -> None:
     ray.kill(spare.actor, no_restart=True)
 
 
-def _answered(future: asyncio.Future[Any]) -> bool:
+def _answered(future: asyncio.Future[object]) -> bool:
     return future.done() and not future.cancelled() and future.exception() is None
 
 
@@ -291,7 +291,7 @@ def _up(spare: _Spare) -> bool:
     return _answered(spare.ready) and (alive is None or not alive.done() or _answered(alive))
 
 
-def _check_alive(spare: _Spare, ping: Callable[[Any, float], asyncio.Future[Any]]) -> None:
+def _check_alive(spare: _Spare, ping: Callable[[Any, float], asyncio.Future[object]]) -> None:
     """Ask a ready spare again whether it lives, every ``_ALIVE_PERIOD_S``; a spare that
     did not answer the last time stays down (``_up``) and the next fill replaces it."""
     now = time.monotonic()
@@ -312,6 +312,6 @@ def _preload(spare: _Spare, code: dict[str, bytes]) -> None:
     future.add_done_callback(_consume)
 
 
-def _consume(future: asyncio.Future[Any]) -> None:
+def _consume(future: asyncio.Future[object]) -> None:
     if not future.cancelled():
         future.exception()
