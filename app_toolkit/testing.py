@@ -22,7 +22,7 @@ from app_toolkit._runtime.backends.base import (
     set_current_session,
 )
 from app_toolkit._runtime.inprocess import InProcessTransport, WebSocketSession
-from app_toolkit._runtime.proxy.proxy import Proxy
+from app_toolkit._runtime.proxy.http_front import HTTPFront
 from app_toolkit.api import run, shutdown
 from app_toolkit.deployment import Application
 from app_toolkit.exceptions import ConfigError
@@ -58,7 +58,7 @@ class TestClient(httpx.Client):
             # The app runs; its routes reach the proxy a moment later, over the table the
             # proxy follows. Requests sent at once must not find them missing (404).
             proxy = session.proxy_app
-            assert isinstance(proxy, Proxy)
+            assert isinstance(proxy, HTTPFront)
             if session.status().applications[self.handle.app_name].route_prefix is not None:
                 deadline = time.monotonic() + timeout
                 while not proxy.routes(self.handle.app_name):

@@ -6,7 +6,7 @@ The bench app's ingress runs in a replica core, as in an ingress replica; each r
 - ``bare``: the FastAPI app alone (what bare uvicorn runs);
 - ``replica``: the replica's part only (``ReplicaCore.serve_direct``: request context,
   span, its two metric series) around the app;
-- ``direct``: the whole direct path (the front, ``Proxy`` with the replica as its local
+- ``direct``: the whole direct path (the front, ``HTTPFront`` with the replica as its local
   ingress, then the replica): what a request on a replica-owned connection runs;
 - ``floor``: the least a front with the toolkit's per-request features could do (a request
   id in and out, a trace, two metric series, an access line) around the replica's part.
@@ -40,8 +40,8 @@ from app_toolkit import metrics
 from app_toolkit._runtime import log_format, request_context, tracing
 from app_toolkit._runtime.messages import DeploymentID, RouteInfo
 from app_toolkit._runtime.proxy.access_log import AccessLog
+from app_toolkit._runtime.proxy.http_front import HTTP_DURATION, HTTP_REQUESTS, HTTPFront
 from app_toolkit._runtime.proxy.http_guard import REQUEST_LINK, RequestLink, _Writes
-from app_toolkit._runtime.proxy.proxy import HTTP_DURATION, HTTP_REQUESTS, Proxy
 from app_toolkit._runtime.replica.replica import ReplicaCore
 from app_toolkit._runtime.tables import ApplicationTable
 from app_toolkit.build import build_app
@@ -141,7 +141,7 @@ def _floor(core: ReplicaCore, log: AccessLog | None) -> ASGIApp:
 async def _app(mode: str, core: ReplicaCore, deployment: DeploymentID, access_log: bool) -> ASGIApp:
     if mode == "direct":
         subscriber = _OneRoute(deployment)
-        return Proxy(subscriber, HTTPOptions(access_log=access_log), local=core)  # type: ignore[arg-type]
+        return HTTPFront(subscriber, HTTPOptions(access_log=access_log), local=core)  # type: ignore[arg-type]
     if mode == "floor":
         return _floor(core, AccessLog() if access_log else None)
     trace = tracing.new_trace()

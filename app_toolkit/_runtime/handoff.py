@@ -2,9 +2,12 @@
 docs/architecture.md): the messages both ends exchange (the proxy's end is
 ``proxy/handoff_sender.py``, the replica's ``replica/handoff_listener.py``).
 
-The proxy connects to each replica's hand-off socket: a Unix ``SOCK_SEQPACKET`` socket in a
-directory only their user may enter (mode 0700); the replica also checks that the peer
-runs as its own user. A message is a kind byte and a slot number, with at most one file
+The proxy connects to each replica's hand-off socket: a Unix ``SOCK_SEQPACKET`` socket with
+an abstract name (Linux; no file, so a replica killed with SIGKILL leaves nothing behind).
+Any process on the host may connect to an abstract name, or bind one that was freed, so
+each end checks the other (``SO_PEERCRED``): the replica listens only to a proxy of its
+own user, and the proxy passes nothing to a listener that is not of its user and not the
+process the name was made by. A message is a kind byte and a slot number, with at most one file
 descriptor attached (``socket.send_fds``):
 
 - ``TABLE`` (proxy → replica, first): the shared connection table (a ``memfd``) and its
@@ -21,6 +24,8 @@ so nothing waits on a slow peer.
 
 from __future__ import annotations
 
+import os
+import secrets
 import socket
 import struct
 from dataclasses import dataclass
@@ -32,6 +37,34 @@ BACK = b"b"
 NO_SLOT = 0xFFFFFFFF
 _MESSAGE = struct.Struct("!cI")  # kind, slot (or the table's number of slots)
 _RECEIVE_MAX = 64  # messages read in one wake-up, so one busy peer cannot hold the loop
+_CREDENTIALS = struct.Struct("3i")  # struct ucred: pid, uid, gid
+_NAME_PREFIX = "\0app-toolkit-handoff-"
+
+
+def socket_name() -> str:
+    """A new abstract name for this process's hand-off socket (its pid is in it)."""
+    return f"{_NAME_PREFIX}{os.getpid()}-{secrets.token_hex(8)}"
+
+
+def shown(name: str) -> str:
+    """``name`` as ``ss`` shows an abstract name (``@`` for the leading NUL), for logs."""
+    return "@" + name[1:] if name.startswith("\0") else name
+
+
+def peer_credentials(peer: socket.socket) -> tuple[int, int]:
+    """The process id and user id of the process at the other end of ``peer``."""
+    pid, uid, _gid = _CREDENTIALS.unpack(
+        peer.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CREDENTIALS.size)
+    )
+    return pid, uid
+
+
+def is_named_listener(peer: socket.socket, name: str) -> bool:
+    """True if the listener ``peer`` reached by ``name`` runs as our user and is the
+    process that made the name (not another that bound it after that one let it go)."""
+    pid, uid = peer_credentials(peer)
+    made_by = name.removeprefix(_NAME_PREFIX).partition("-")[0]
+    return uid == os.getuid() and made_by == str(pid)
 
 
 @dataclass(frozen=True, slots=True)

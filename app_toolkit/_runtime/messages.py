@@ -52,7 +52,7 @@ class ReplicaInfo:
     #: Its place among the deployment's replicas (0, 1, ...): a replacement takes the rank
     #: of the replica it replaces, so shard keys follow ranks (routing/choice.py).
     rank: int = -1
-    #: The path of its hand-off socket ("": it takes no client connections): the node's
+    #: The abstract name of its hand-off socket ("": it takes no client connections): the node's
     #: proxy passes it connections to serve itself (direct ingress, proxy/handoff.py).
     handoff: str = ""
     #: The name of its Ray actor ("" on the local backend): the replica's own, or that of

@@ -116,7 +116,7 @@ def _blocking(sock: socket.socket) -> socket.socket:
 
 async def test_a_connection_goes_to_the_replica_and_back(tcp_pair: Pair, ends: Ends) -> None:
     client, server_end = tcp_pair
-    assert oct(os.stat(os.path.dirname(ends.path)).st_mode & 0o777) == "0o700"
+    assert ends.path.startswith("\0")  # an abstract name: no file to leave behind
     assert ends.sender.send(ends.path, server_end)  # the sender keeps this copy
     await _until(lambda: ends.at_replica)
     at_replica, handed = ends.at_replica[0]
@@ -133,7 +133,8 @@ async def test_a_connection_goes_to_the_replica_and_back(tcp_pair: Pair, ends: E
     client.sendall(b"again")
     assert _blocking(ends.at_proxy[0]).recv(5) == b"again"
     ends.listener.close()
-    assert not os.path.exists(ends.path)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as late, pytest.raises(ConnectionRefusedError):
+        late.connect(ends.path)  # the name is gone with the listener
 
 
 async def test_a_connection_the_replica_is_done_with_ends_for_the_client(tcp_pair: Pair, ends: Ends) -> None:
@@ -386,3 +387,43 @@ async def test_a_connection_in_the_middle_of_a_request_is_not_given_back(
     await _until(lambda: front.connections())
     await asyncio.sleep(0.05)
     assert [connection.hand_back(lambda sock, handed: True) for connection in front.connections()] == [False]
+
+
+async def test_no_connection_goes_to_another_process_that_took_a_freed_name(
+    tcp_pair: Pair, ends: Ends
+) -> None:
+    _, server_end = tcp_pair
+    ends.listener.close()  # the replica drains or dies: its name is free
+    name = ends.path
+    impostor = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        # Any process may bind a freed abstract name; this one is not the replica whose
+        # pid the name carries (here: the name of a process that is not us).
+        pid = name.rsplit("-", 2)[1]
+        taken = name.replace(f"-{pid}-", f"-{int(pid) + 1}-")
+        impostor.bind(taken)
+        impostor.listen(1)
+        assert ends.sender.send(taken, server_end) is False
+        reached, _ = impostor.accept()  # it reached the impostor, sent nothing and left
+        with reached:
+            reached.settimeout(5)
+            assert reached.recv(1) == b""
+    finally:
+        impostor.close()
+
+
+async def test_the_listener_hears_only_its_own_user(ends: Ends, monkeypatch: pytest.MonkeyPatch) -> None:
+    uid = os.getuid()
+    monkeypatch.setattr(os, "getuid", lambda: uid + 1)  # as if we ran as another user
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as other:
+        other.connect(ends.path)
+        other.setblocking(False)
+
+        def refused() -> bool:
+            try:
+                return other.recv(1) == b""  # the replica closed it
+            except BlockingIOError:
+                return False
+
+        await _until(refused)
+    assert not ends.at_replica

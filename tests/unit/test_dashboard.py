@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from app_toolkit._runtime.proxy.dashboard_view import RouteRates, view
-from app_toolkit._runtime.proxy.proxy import Proxy
+from app_toolkit._runtime.proxy.http_front import HTTPFront
 from app_toolkit.config import HTTPOptions
 from app_toolkit.metrics import FamilySnapshot, HistogramValue, quantile
 from app_toolkit.status import (
@@ -138,7 +138,7 @@ class _Loaded:
 
 
 async def _get(options: HTTPOptions, client_address: str, path: str, **kwargs: Any) -> httpx.Response:
-    proxy = Proxy(_Loaded(), options)  # type: ignore[arg-type]
+    proxy = HTTPFront(_Loaded(), options)  # type: ignore[arg-type]
     transport = httpx.ASGITransport(app=proxy, client=(client_address, 5000))
     async with httpx.AsyncClient(transport=transport, base_url="http://proxy") as client:
         return await client.get(path, **kwargs)

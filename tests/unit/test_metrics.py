@@ -11,8 +11,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from app_toolkit import metrics
+from app_toolkit._runtime.proxy.http_front import HTTPFront
 from app_toolkit._runtime.proxy.metrics_page import allowed, parse_networks, render
-from app_toolkit._runtime.proxy.proxy import Proxy
 from app_toolkit.config import HTTPOptions
 from app_toolkit.metrics import FamilySnapshot, HistogramValue
 
@@ -109,7 +109,7 @@ async def test_the_endpoint_answers_allowed_addresses_only_even_before_routes_lo
         ("10.1.2.3", HTTPOptions(), 403),
         ("10.1.2.3", HTTPOptions(metrics_allow_ips="10.0.0.0/8"), 200),
     ):
-        proxy = Proxy(_Loaded(), options)  # type: ignore[arg-type]
+        proxy = HTTPFront(_Loaded(), options)  # type: ignore[arg-type]
         transport = httpx.ASGITransport(app=proxy, client=(client_address, 5000))
         async with httpx.AsyncClient(transport=transport, base_url="http://proxy") as client:
             response = await client.get("/-/metrics")

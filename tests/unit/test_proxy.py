@@ -13,8 +13,8 @@ import pytest
 
 from app_toolkit._runtime import tracing
 from app_toolkit._runtime.messages import DeploymentID, RouteInfo
+from app_toolkit._runtime.proxy.http_front import HTTPFront
 from app_toolkit._runtime.proxy.path_match import AppMatcher, match_app
-from app_toolkit._runtime.proxy.proxy import Proxy
 from app_toolkit._runtime.proxy.scope import forwarded_scope, read_headers
 from app_toolkit._runtime.tables import ApplicationTable
 from app_toolkit.config import HTTPOptions
@@ -34,7 +34,7 @@ class NoReplicas:
 
 
 async def test_bodies_over_the_limit_get_413_before_any_replica_is_asked() -> None:
-    proxy = Proxy(NoReplicas(), HTTPOptions(max_request_body_bytes=10))  # type: ignore[arg-type]
+    proxy = HTTPFront(NoReplicas(), HTTPOptions(max_request_body_bytes=10))  # type: ignore[arg-type]
     transport = httpx.ASGITransport(app=proxy)
     async with httpx.AsyncClient(transport=transport, base_url="http://proxy") as client:
         declared = await client.post("/app/upload", content=b"x" * 11)
@@ -77,7 +77,7 @@ class LateController:
 
 async def test_until_the_routes_arrive_every_path_is_503_never_404() -> None:
     subscriber = LateController()
-    proxy = Proxy(subscriber, HTTPOptions())  # type: ignore[arg-type]
+    proxy = HTTPFront(subscriber, HTTPOptions())  # type: ignore[arg-type]
     transport = httpx.ASGITransport(app=proxy)
     async with httpx.AsyncClient(transport=transport, base_url="http://proxy") as client:
         for path in ("/-/healthz", "/app/items/1", "/-/routes"):

@@ -35,7 +35,7 @@ from app_toolkit._runtime.messages import (
     WebSocketOpen,
     body_follows,
 )
-from app_toolkit._runtime.proxy.proxy import Proxy
+from app_toolkit._runtime.proxy.http_front import HTTPFront
 from app_toolkit._runtime.proxy.server import ProxyServer, listen_socket, serve
 from app_toolkit._runtime.replica.replica import InitArgs, ReplicaCore
 from app_toolkit._runtime.routing.data_plane import DataPlane, LoopThread
@@ -214,7 +214,7 @@ class LocalLink:
         self.core = ControllerCore(self.backend)
         self.backend.on_models = self.core.note_models
         self._loop.run(self.core.start())
-        self.proxy: Proxy | None = None
+        self.proxy: HTTPFront | None = None
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -230,7 +230,7 @@ class LocalLink:
         http = self._http
 
         async def start() -> None:
-            self.proxy = proxy = Proxy(plane.subscriber, http, status=self.core.status)
+            self.proxy = proxy = HTTPFront(plane.subscriber, http, status=self.core.status)
             if listen:
                 sock = listen_socket(http.host, http.port, exclusive=True)
                 self.backend.server = await serve(proxy, http, sock, proxy.close, proxy.flush_logs)

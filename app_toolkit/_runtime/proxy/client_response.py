@@ -14,7 +14,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Sequence
 
-from starlette.types import Send
+from starlette.types import Message, Send
 
 from app_toolkit._runtime.proxy import stream_metrics
 from app_toolkit._runtime.proxy.request_state import RequestState
@@ -33,18 +33,20 @@ class ClientResponse:
         self._first = True
 
     async def whole(
-        self, status: int, headers: Iterable[tuple[bytes, bytes]], body: bytes, route: str
+        self,
+        status: int,
+        headers: Iterable[tuple[bytes, bytes]],
+        body: bytes,
+        route: str,
+        start: Message | None = None,
     ) -> None:
-        """A complete response: its head and body in one write."""
+        """A complete response: its head and body in one write. ``start``: the app's own
+        ``http.response.start``, whose other keys (``trailers``) are kept."""
         state = self._state
         state.route = route
         state.started = state.finished = True
         state.status = status
-        head = {
-            "type": "http.response.start",
-            "status": status,
-            "headers": with_request_id(headers, state.request_id),
-        }
+        head = _head(status, headers, state.request_id, start)
         send, link = self._send, state.link
         if link is None:
             await send(head)
@@ -58,18 +60,20 @@ class ClientResponse:
             link.release()
 
     async def stream(
-        self, status: int, headers: Iterable[tuple[bytes, bytes]], route: str, first: bytes | None = None
+        self,
+        status: int,
+        headers: Iterable[tuple[bytes, bytes]],
+        route: str,
+        first: bytes | None = None,
+        start: Message | None = None,
     ) -> None:
-        """A streamed response's head, with its first chunk if that is here (one write)."""
+        """A streamed response's head, with its first chunk if that is here (one write);
+        ``start`` as for :meth:`whole`."""
         state = self._state
         state.route = route
         state.started = True
         state.status = status
-        head = {
-            "type": "http.response.start",
-            "status": status,
-            "headers": with_request_id(headers, state.request_id),
-        }
+        head = _head(status, headers, state.request_id, start)
         self._labels = (state.app, state.prefix + route if route else state.prefix)
         stream_metrics.OPEN.inc(state.app, "stream")
         if first is None:
@@ -123,3 +127,14 @@ class ClientResponse:
         if self._labels is not None:
             stream_metrics.OPEN.dec(self._state.app, "stream")
             self._labels = None
+
+
+def _head(
+    status: int, headers: Iterable[tuple[bytes, bytes]], request_id: str, start: Message | None
+) -> Message:
+    head = {
+        "type": "http.response.start",
+        "status": status,
+        "headers": with_request_id(headers, request_id),
+    }
+    return head if start is None else {**start, **head}

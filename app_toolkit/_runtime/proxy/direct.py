@@ -1,7 +1,7 @@
 """Direct ingress: a request of a connection an ingress replica owns, served by that
 replica's app in this process (docs/architecture.md, "Direct ingress").
 
-The front (``proxy.py``) applies every per-request rule as on the proxied path (request
+The front (``http_front.py``) applies every per-request rule as on the proxied path (request
 id, deadline, limits, disconnect, access log, metrics, spans); here the app runs on the
 scope the proxy would have forwarded, reads the body as it arrives (within the bounds of
 ``body.BodyReader``, as on every path) and answers the client itself.
@@ -84,7 +84,7 @@ class StreamedBody:
     @property
     def refusal(self) -> int:
         """0, or the status the body was refused with (a declared length over the limit
-        never gets here: proxy.py refuses it)."""
+        never gets here: http_front.py refuses it)."""
         return self._reader.refusal
 
     async def receive(self) -> Message:
@@ -135,14 +135,11 @@ class _Answer:
             await self._response.chunks((body,), last=not more)
             return
         self._head = None
+        status, headers, route = int(head["status"]), head.get("headers", ()), route_template(self._scope)
         if more:
-            await self._response.stream(
-                head["status"], head.get("headers", ()), route_template(self._scope), body
-            )
+            await self._response.stream(status, headers, route, body, head)
         else:
-            await self._response.whole(
-                head["status"], head.get("headers", ()), body, route_template(self._scope)
-            )
+            await self._response.whole(status, headers, body, route, head)
 
     def close(self) -> None:
         """The response ended (or failed): a streamed one is no longer open."""
@@ -153,7 +150,7 @@ class _Answer:
         if self._head is not None:
             head, self._head = self._head, None
             await self._response.whole(
-                int(head["status"]), head.get("headers", ()), b"", route_template(self._scope)
+                int(head["status"]), head.get("headers", ()), b"", route_template(self._scope), head
             )
 
 

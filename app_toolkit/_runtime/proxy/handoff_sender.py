@@ -41,8 +41,10 @@ from app_toolkit._runtime.handoff import (
     NO_SLOT,
     TABLE,
     client_socket,
+    is_named_listener,
     receive_messages,
     send_message,
+    shown,
 )
 from app_toolkit._runtime.proxy.scope import new_request_id
 
@@ -146,9 +148,13 @@ class HandoffSender:
         sock.setblocking(False)
         try:
             sock.connect(path)
+            if not is_named_listener(sock, path):
+                logger.warning("Hand-off to %s: another process has that name now", shown(path))
+                sock.close()
+                return None
             table, fd = ConnectionTable.create(self._slots)
         except OSError as exc:  # the replica stopped listening (draining) or is gone
-            logger.debug("Hand-off to %s: %s", path, exc)
+            logger.debug("Hand-off to %s: %s", shown(path), exc)
             sock.close()
             return None
         try:
@@ -231,7 +237,7 @@ class HandoffSender:
         peer.table.close()
         if outcomes:
             gone = "The ingress replica at %s is gone; its connections: %s"
-            logger.warning(gone, peer.path, dict(outcomes))
+            logger.warning(gone, shown(peer.path), dict(outcomes))
 
     def _settle(self, connection: socket.socket, phase: Phase, request_id: str) -> str:
         if phase in (Phase.HANDED, Phase.IDLE):

@@ -9,7 +9,7 @@ internet needs and uvicorn leaves out (docs/security.md):
 - beyond ``max_connections`` open connections, a new one is answered 503 with
   ``Retry-After`` and closed before anything of it is read.
 
-Request bodies are bounded by the proxy itself (``proxy.py``).
+Request bodies are bounded by the front itself (``http_front.py``).
 
 Two things make the proxy cheaper per request (a request's :class:`RequestLink`, in its
 scope): the proxy learns from ``connection_lost`` that a client left, instead of keeping a

@@ -58,7 +58,7 @@ async def serve_websocket(
     """Relay one WebSocket connection to a replica of the app its path belongs to
     (``routes`` is None until the proxy has loaded them: refused as overload). A shard
     key in ``shard_header`` pins it to the key's replica. ``in_replica``: the ingress
-    replica in this process, if it may serve the connection itself (``Proxy.in_replica``);
+    replica in this process, if it may serve the connection itself (``HTTPFront.in_replica``);
     it does while it has a slot."""
     headers = read_headers(scope, shard_header)
     request_id = headers.request_id

@@ -10,10 +10,7 @@ import asyncio
 import contextlib
 import logging
 import os
-import shutil
 import socket
-import struct
-import tempfile
 from collections.abc import Callable
 
 from app_toolkit._runtime.connection_table import ConnectionTable, Handed, Phase
@@ -23,14 +20,13 @@ from app_toolkit._runtime.handoff import (
     NO_SLOT,
     TABLE,
     client_socket,
+    peer_credentials,
     receive_messages,
     send_message,
+    socket_name,
 )
 
 logger = logging.getLogger("app_toolkit.replica")
-
-_CREDENTIALS = struct.Struct("3i")  # struct ucred: pid, uid, gid
-
 
 #: Serves a connection: the socket, and what the proxy keeps of it (None: nothing).
 Adopt = Callable[[socket.socket, Handed | None], None]
@@ -45,7 +41,6 @@ class HandoffListener:
         #: The replica can serve what it is handed (its front has its routes); until then
         #: connections go straight back.
         self._ready = ready
-        self._directory = ""
         self._listener: socket.socket | None = None
         #: Each proxy connected to us, with the connection table it shared (once it has).
         self._peers: dict[socket.socket, ConnectionTable | None] = {}
@@ -55,8 +50,7 @@ class HandoffListener:
 
     def start(self) -> str:
         """Listen (on the running loop); returns the socket's path for the proxy."""
-        self._directory = tempfile.mkdtemp(prefix="app-toolkit-")  # mode 0700
-        self.path = os.path.join(self._directory, "handoff")
+        self.path = socket_name()  # abstract: nothing left behind (handoff.py)
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             listener.bind(self.path)
@@ -64,7 +58,6 @@ class HandoffListener:
             listener.setblocking(False)
         except OSError:
             listener.close()
-            shutil.rmtree(self._directory, ignore_errors=True)
             raise
         self._listener = listener
         asyncio.get_running_loop().add_reader(listener.fileno(), self._accept)
@@ -81,9 +74,7 @@ class HandoffListener:
             except OSError as exc:
                 logger.warning("Hand-off socket: accept failed: %s", exc)
                 return
-            pid, uid, _gid = _CREDENTIALS.unpack(
-                peer.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CREDENTIALS.size)
-            )
+            pid, uid = peer_credentials(peer)
             if uid != os.getuid():
                 logger.warning("Hand-off socket: refused process %d of user %d", pid, uid)
                 peer.close()
@@ -135,7 +126,6 @@ class HandoffListener:
             asyncio.get_running_loop().remove_reader(self._listener.fileno())
             self._listener.close()
             self._listener = None
-        shutil.rmtree(self._directory, ignore_errors=True)
 
     def give_back(self, connection: socket.socket, handed: Handed | None) -> bool:
         """Pass a client connection with nothing of a request read back to the proxy;

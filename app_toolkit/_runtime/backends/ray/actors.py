@@ -28,7 +28,7 @@ from app_toolkit._runtime.controller.api import ControlCall
 from app_toolkit._runtime.controller.controller import ControllerCore
 from app_toolkit._runtime.controller.heap import HeapKeeper
 from app_toolkit._runtime.proxy.direct import LocalIngresses
-from app_toolkit._runtime.proxy.proxy import Proxy
+from app_toolkit._runtime.proxy.http_front import HTTPFront
 from app_toolkit._runtime.proxy.server import ProxyServer, listen_socket, serve
 from app_toolkit._runtime.routing import caller_metrics
 from app_toolkit._runtime.tables import Table
@@ -107,7 +107,7 @@ class ProxyActor:
                 if seed is not None:
                     plane.subscriber.seed(seed)
                 node = self._node = NodeMetrics()
-                proxy = Proxy(plane.subscriber, self._http, node.gather, node.status)
+                proxy = HTTPFront(plane.subscriber, self._http, node.gather, node.status)
                 # Connections go to the node's ingress replicas where they take them.
                 node_id = ray.get_runtime_context().get_node_id()
                 routes = LocalIngresses(lambda: proxy.apps, proxy.subscriber.dispatcher, node_id)

@@ -20,7 +20,7 @@ import asyncio
 import logging
 
 from app_toolkit._runtime.backends.ray.node_metrics import NodeMetrics
-from app_toolkit._runtime.proxy.proxy import Proxy
+from app_toolkit._runtime.proxy.http_front import HTTPFront
 from app_toolkit._runtime.proxy.server import ProxyServer, serve
 from app_toolkit._runtime.replica.handoff_listener import HandoffListener
 from app_toolkit._runtime.replica.replica import ReplicaCore
@@ -47,11 +47,11 @@ class ReplicaFront:
         # The server's requests start from this task: they inherit the replica's values.
         self._core.enter_serving()
         node = NodeMetrics()
-        proxy = Proxy(self._subscriber, self._http, node.from_proxy, node.status, local=self._core)
-        self._server = await serve(proxy, self._http, None, proxy.close, proxy.flush_logs)
+        front = HTTPFront(self._subscriber, self._http, node.from_proxy, node.status, local=self._core)
+        self._server = await serve(front, self._http, None, front.close, front.flush_logs)
         app = self._core.deployment.app
         # Until the front has its application's routes, connections go back to the proxy.
-        self._listener = HandoffListener(self._server.adopt, lambda: proxy.routes(app))
+        self._listener = HandoffListener(self._server.adopt, lambda: front.routes(app))
         return self._listener.start()
 
     def give_back_idle(self) -> int:

@@ -1,4 +1,6 @@
-"""The HTTP proxy: an ASGI app that routes each request to an application's ingress.
+"""The HTTP front: the ASGI app every HTTP server of the toolkit runs — the node's proxy
+(``ProxyActor``), and an ingress replica serving the connections handed to it (direct
+ingress) — which routes each request to an application's ingress.
 
 Longest ``route_prefix`` wins; an unknown path is 404. The proxy honours or creates
 ``x-request-id`` and returns it. Overload is 503 with ``Retry-After``; a replica lost
@@ -55,8 +57,10 @@ from app_toolkit.metrics import FamilySnapshot
 logger = logging.getLogger("app_toolkit.proxy")
 
 
-class Proxy:
-    """The ASGI application the proxy's uvicorn serves."""
+class HTTPFront:
+    """The ASGI application the proxy's HTTP server serves, and an ingress replica's for
+    the connections handed to it (``local``: that replica, which serves what it may
+    itself)."""
 
     def __init__(
         self,
