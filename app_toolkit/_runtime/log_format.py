@@ -17,7 +17,7 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Literal, TextIO
 
-from app_toolkit._runtime import request_context
+from app_toolkit._runtime import console_pipe, request_context
 from app_toolkit.config import LOG_LEVEL_ENV
 
 FORMAT_ENV = "APP_TOOLKIT_LOG_FORMAT"
@@ -94,6 +94,7 @@ class _TextFormatter(logging.Formatter):
 class BatchWriter:
     """Writes many records of one logger at once, formatted as the toolkit's handler
     would, in one write: for lines a process produces at a high rate (the access log).
+    Under ``app-toolkit run`` they take the short way to its console (``console_pipe``).
 
     Only for a logger whose records reach nothing but that handler (see :func:`batch_writer`).
     """
@@ -116,6 +117,11 @@ class BatchWriter:
                 for created, message, fields in entries
             ]
         text = "\n".join(lines) + "\n"
+        pipe = console_pipe.writer()
+        if pipe is not None:
+            text = pipe.write(text)
+            if not text:
+                return
         handler = self._handler
         with handler.lock or contextlib.nullcontext():
             try:

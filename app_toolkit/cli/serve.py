@@ -12,7 +12,8 @@ from typing import Any, Literal, TypeVar, get_args, get_origin
 import click
 
 from app_toolkit import api
-from app_toolkit._runtime import log_format
+from app_toolkit._runtime import console_pipe, log_format
+from app_toolkit._runtime.console_pipe import ConsolePipe
 from app_toolkit._runtime.session import Session
 from app_toolkit.build import as_application
 from app_toolkit.cli.deploy import apply
@@ -103,6 +104,39 @@ def run(
     With a config file, its http_options apply; flags given on the command line win.
     """
     _set_logging(log_level, log_format)
+    console = None if local or address or os.environ.get("RAY_ADDRESS") else _console()
+    try:
+        if console is not None:
+            os.environ[console_pipe.PIPE_ENV] = console.path  # read by the workers Ray starts
+        _serve(ctx, target, address, local, name, route_prefix, reload, log_level, log_format, http_flags)
+    finally:
+        if console is not None:
+            os.environ.pop(console_pipe.PIPE_ENV, None)
+            console.close()
+
+
+def _console() -> ConsolePipe | None:
+    """The short way to this console for the access lines of the Ray this command starts
+    (``console_pipe``); None where a named pipe cannot be made (they go Ray's way)."""
+    try:
+        return ConsolePipe(sys.stderr.buffer)
+    except OSError as exc:
+        click.echo(f"app-toolkit: access lines go through Ray's log relay ({exc})", err=True)
+        return None
+
+
+def _serve(
+    ctx: click.Context,
+    target: str,
+    address: str | None,
+    local: bool,
+    name: str | None,
+    route_prefix: str | None,
+    reload: bool,
+    log_level: str,
+    log_format: str,
+    http_flags: dict[str, Any],
+) -> None:
     try:
         # Ray worker processes import the user's module too: let them find it here.
         cwd = os.getcwd()

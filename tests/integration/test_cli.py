@@ -328,6 +328,15 @@ def test_json_logs_from_every_process_carry_the_request_id(tmp_path: Path, extra
         entry = wait_for(access_line, 30, "the access line of the request")
         assert entry["level"] == "INFO" and entry["timestamp"].endswith("Z")
         assert entry["route"] == "/hello/{name}" and "GET /hello/logs" in entry["message"]
+        if extra != ["--local"]:
+            # The access line came the short way (the console pipe), not Ray's relay,
+            # which would prefix it with "(ProxyActor pid=N) ".
+            line = next(
+                line
+                for line in cli.output().splitlines()
+                if request_id in line and '"app_toolkit.access"' in line
+            )
+            assert line.startswith("{"), line
         assert cli.stop(signal.SIGINT) == 0
 
 
