@@ -114,20 +114,27 @@ def test_the_official_openai_client(echo_chat: str) -> None:
         client.chat.completions.create(model="echo", messages=[{"role": "user", "content": "w " * 3000}])
 
 
+#: Records, in the page, the length of the last reply bubble after each change of the
+#: conversation: the page's own view of how the reply grew, which a test process that is
+#: slow to sample (a loaded host) cannot miss.
+WATCH_REPLY = """() => {
+    window.replyLengths = [0];
+    const log = document.getElementById('log');
+    new MutationObserver(() => {
+        const bubbles = log.querySelectorAll('.message.assistant');
+        const length = bubbles.length ? bubbles[bubbles.length - 1].textContent.length : 0;
+        const seen = window.replyLengths;
+        if (seen[seen.length - 1] !== length) seen.push(length);
+    }).observe(log, {childList: true, subtree: true, characterData: true});
+}"""
+
+
 def reply_lengths(page: Page, until_busy_ends: float) -> list[int]:
-    """Lengths of the last reply bubble, sampled while the page is busy."""
-    seen: list[int] = []
-    deadline = time.monotonic() + until_busy_ends
-    while time.monotonic() < deadline:
-        length = page.evaluate(
-            "document.querySelector('.message.assistant:last-of-type')?.textContent.length ?? 0"
-        )
-        if not seen or seen[-1] != length:
-            seen.append(length)
-        if page.evaluate("document.body.dataset.busy") == "no":
-            return seen
-        time.sleep(0.03)
-    raise AssertionError(f"the reply did not finish within {until_busy_ends} s")
+    """Lengths the last reply bubble had while it grew (``WATCH_REPLY`` must be installed
+    before the prompt was sent), once the page is no longer busy."""
+    wait_for(lambda: page.evaluate("document.body.dataset.busy") == "no", timeout_s=until_busy_ends)
+    lengths: list[int] = page.evaluate("window.replyLengths")
+    return lengths
 
 
 def last_reply(page: Page) -> str:
@@ -174,6 +181,7 @@ def test_the_page_streams_stops_and_resumes(
         assert page.locator(".model").inner_text() == "echo"
 
         # 1. The reply grows as tokens arrive, then completes.
+        page.evaluate(WATCH_REPLY)
         page.fill("#prompt", " ".join(words[:20]))
         page.press("#prompt", "Enter")
         growth = reply_lengths(page, 20)
