@@ -20,7 +20,7 @@ from app_toolkit.config import (
     HTTPOptions,
     RayActorOptions,
 )
-from app_toolkit.context import ReplicaContext, get_replica_context
+from app_toolkit.context import ReplicaContext, get_replica_context, get_request_id
 from app_toolkit.dependencies import Depends
 from app_toolkit.deployment import Application, Deployment, deployment
 from app_toolkit.event_log import (
@@ -123,6 +123,7 @@ __all__ = [
     "get_deployment_handle",
     "get_multiplexed_model_id",
     "get_replica_context",
+    "get_request_id",
     "ingress",
     "multiplexed",
     "replicated",

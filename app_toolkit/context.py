@@ -1,11 +1,12 @@
-"""Where the current code runs: ``get_replica_context()`` inside a replica."""
+"""Where the current code runs: ``get_replica_context()`` inside a replica, and
+``get_request_id()`` while it serves a request."""
 
 from __future__ import annotations
 
 from app_toolkit._runtime import request_context
 from app_toolkit._runtime.request_context import ReplicaContext
 
-__all__ = ["ReplicaContext", "get_replica_context"]
+__all__ = ["ReplicaContext", "get_replica_context", "get_request_id"]
 
 
 def get_replica_context() -> ReplicaContext:
@@ -17,3 +18,14 @@ def get_replica_context() -> ReplicaContext:
     if context is None:
         raise RuntimeError("get_replica_context() works only inside a replica")
     return context
+
+
+def get_request_id() -> str:
+    """The id of the request this code serves: the one its response carries in
+    ``x-request-id`` (the client's own, if it sent a usable one), which handle calls made
+    for it carry too and its log lines show. "" outside a request.
+
+    The app's request headers are the client's as sent; this is where the id is read
+    (``HTTPOptions(request_id_headers=True)`` also puts it in the headers).
+    """
+    return request_context.request_id.get()

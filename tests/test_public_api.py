@@ -64,6 +64,7 @@ EXPECTED = [
     "get_deployment_handle",
     "get_multiplexed_model_id",
     "get_replica_context",
+    "get_request_id",
     "ingress",
     "multiplexed",
     "replicated",

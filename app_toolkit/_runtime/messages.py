@@ -156,6 +156,8 @@ class HTTPRequest:
     scope: Scope
     body: bytes
     more_body: bool = False
+    trace: str = ""  # the span the replica's span continues, as a traceparent (not in the scope)
+    tracestate: str = ""
 
 
 @compact
@@ -176,6 +178,8 @@ class WebSocketOpen:
 
     request_id: str
     scope: Scope
+    trace: str = ""  # as HTTPRequest's
+    tracestate: str = ""
 
 
 @compact

@@ -1,9 +1,10 @@
 """Tracing through the toolkit: W3C trace context, and OpenTelemetry spans when asked.
 
-Trace context: the proxy keeps a request's valid ``traceparent`` header, or starts a
-trace by adding one. Each replica that works on the request (the ingress, then every
-deployment a handle call reaches) runs as a new span of that trace, whose parent is its
-caller's span; user code reads it with ``app_toolkit.tracing.current_trace()``.
+Trace context: the proxy continues a request's valid ``traceparent`` header, or starts a
+trace; the trace travels to the replica beside the request (not in its headers). Each
+replica that works on the request (the ingress, then every deployment a handle call
+reaches) runs as a new span of that trace, whose parent is its caller's span; user code
+reads it with ``app_toolkit.tracing.current_trace()``.
 
 OpenTelemetry spans for the toolkit's hops (the proxy's request, each replica's work,
 each handle call) are made only when OpenTelemetry is installed *and* a tracer provider
@@ -127,22 +128,13 @@ def leave(token: Token[TraceContext | None]) -> None:
     _current.reset(token)
 
 
-def from_headers(headers: list[tuple[bytes, bytes]]) -> tuple[str, str]:
-    """(traceparent, tracestate) from ASGI headers ("" for a missing one)."""
-    parent = state = ""
-    for key, value in headers:
-        if key == TRACEPARENT_HEADER:
-            parent = value.decode("latin-1")
-        elif key == TRACESTATE_HEADER:
-            state = value.decode("latin-1")
-    return parent, state
-
-
 def with_traceparent(headers: list[tuple[bytes, bytes]], trace: TraceContext) -> list[tuple[bytes, bytes]]:
-    """``headers`` with ``trace`` as the traceparent (the app then sees its own span as
-    the parent of what it does)."""
-    kept = [item for item in headers if item[0] != TRACEPARENT_HEADER]
-    return [*kept, (TRACEPARENT_HEADER, trace.traceparent.encode())]
+    """``headers`` with ``trace`` as the traceparent and its tracestate (the app then
+    sees its own span as the parent of what it does; a tracestate the client sent with an
+    invalid traceparent goes with it, as W3C asks)."""
+    kept = [item for item in headers if item[0] not in (TRACEPARENT_HEADER, TRACESTATE_HEADER)]
+    state = [(TRACESTATE_HEADER, trace.state.encode())] if trace.state else []
+    return [*kept, (TRACEPARENT_HEADER, trace.traceparent.encode()), *state]
 
 
 # ------------------------------------------------------------------------ OpenTelemetry

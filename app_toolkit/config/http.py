@@ -78,6 +78,12 @@ class HTTPOptions(Strict):
         description="Log one line per HTTP request on the 'app_toolkit.access' logger "
         "(client, method, path, status, milliseconds; 499 when the client left first).",
     )
+    request_id_headers: bool = Field(
+        False,
+        description="Add the request id (x-request-id) and the trace context (traceparent) "
+        "to the request headers the app sees, as proxies that add them do; by default the "
+        "app sees the client's headers as sent and reads the id with get_request_id().",
+    )
     root_path: str = Field(
         "",
         description="Path prefix a reverse proxy in front strips before forwarding "

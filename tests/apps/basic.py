@@ -67,7 +67,10 @@ async def state(request: Request) -> dict[str, Any]:
     return {
         "replica": request.state.replica_token,
         "middleware": request.state.seen_by_middleware,
-        "request_id": request.headers.get("x-request-id"),
+        "request_id": tk.get_request_id(),
+        "headers": [
+            [key.decode("latin-1"), value.decode("latin-1")] for key, value in request.scope["headers"]
+        ],
         "root_path": request.scope.get("root_path"),
     }
 

@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import socket
 from pathlib import Path
+
+import pytest
 
 import app_toolkit as tk
 from tests.apps import basic
@@ -59,10 +63,38 @@ def test_request_id_is_honoured_or_created(toolkit: Toolkit) -> None:
         made = client.get("/rid/state")
         assert len(made.headers["x-request-id"]) == 32
         assert made.json()["request_id"] == made.headers["x-request-id"]
-        # An unusable id (too long) is replaced, and the app sees the replacement too.
+        # An unusable id (too long) is replaced, and the app reads the replacement too.
         replaced = client.get("/rid/state", headers={"x-request-id": "x" * 300})
         assert len(replaced.headers["x-request-id"]) == 32
         assert replaced.json()["request_id"] == replaced.headers["x-request-id"]
+        # The app's headers are the client's as sent: the long id, no id it never sent.
+        assert ["x-request-id", "x" * 300] in replaced.json()["headers"]
+        assert "x-request-id" not in dict(made.json()["headers"])
+
+
+@pytest.mark.parametrize("direct", [True, False], ids=["direct", "proxied"])
+def test_the_app_sees_exactly_the_headers_its_client_sent(toolkit: Toolkit, direct: bool) -> None:
+    toolkit.run(basic.make_app(direct_ingress=direct), route_prefix="/sent")
+    sent = [
+        ("host", "example.test"),
+        ("accept", "*/*"),
+        ("x-custom", "One"),
+        ("x-custom", "two"),  # repeated, in order
+        ("traceparent", "00-not-a-valid-one"),  # malformed: still what the client sent
+        ("tracestate", "k=v"),
+    ]
+    host, port = toolkit.url.removeprefix("http://").split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as raw:
+        head = "".join(f"{name}: {value}\r\n" for name, value in sent)
+        raw.sendall(f"GET /sent/state HTTP/1.1\r\n{head}connection: close\r\n\r\n".encode())
+        answer = b""
+        while chunk := raw.recv(65536):
+            answer += chunk
+    status, _, body = answer.partition(b"\r\n\r\n")
+    assert status.startswith(b"HTTP/1.1 200 ")
+    seen = json.loads(body)
+    assert seen["headers"] == [[name, value] for name, value in [*sent, ("connection", "close")]]
+    assert len(seen["request_id"]) == 32  # made for it, and readable with get_request_id()
 
 
 def test_lifespan_state_and_request_state_on_every_replica(toolkit: Toolkit) -> None:

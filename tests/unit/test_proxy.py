@@ -15,7 +15,7 @@ from app_toolkit._runtime import tracing
 from app_toolkit._runtime.messages import DeploymentID, RouteInfo
 from app_toolkit._runtime.proxy.http_front import HTTPFront
 from app_toolkit._runtime.proxy.path_match import AppMatcher, match_app
-from app_toolkit._runtime.proxy.scope import forwarded_scope, read_headers
+from app_toolkit._runtime.proxy.scope import forward_in_place, forwarded_scope, read_headers
 from app_toolkit._runtime.tables import ApplicationTable
 from app_toolkit.config import HTTPOptions
 
@@ -122,12 +122,40 @@ _VALID_PARENT = b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
         ([(b"traceparent", b"00-bad"), (b"tracestate", b"k=v")], False, False),  # both go
     ],
 )
-def test_the_forwarded_scope_carries_one_request_id_and_one_traceparent(
+def test_the_app_sees_the_headers_its_client_sent_and_the_trace_travels_beside_them(
+    sent: list[tuple[bytes, bytes]], kept_id: bool, kept_parent: bool
+) -> None:
+    client_headers = [(b"host", b"h"), *sent, (b"accept", b"*/*")]
+    scope = {"type": "http", "root_path": "", "headers": list(client_headers)}
+    headers = read_headers(scope)
+    forwarded, trace = forwarded_scope(scope, _ROUTE, headers)
+    assert forwarded["headers"] == client_headers and forwarded["root_path"] == "/app"
+    # The replica's span continues the client's valid traceparent, or one started here.
+    assert (trace.traceparent.encode() == _VALID_PARENT) is kept_parent
+    assert (trace.state == "k=v") is kept_parent
+    assert tracing.parse(trace.traceparent) is not None
+    in_place = dict(scope)  # direct ingress: the server's own scope, made the forwarded one
+    continued = forward_in_place(in_place, _ROUTE, headers)
+    assert (continued.traceparent.encode() == _VALID_PARENT) is kept_parent
+    assert in_place["headers"] == client_headers and in_place["root_path"] == "/app"
+
+
+@pytest.mark.parametrize(
+    ("sent", "kept_id", "kept_parent"),
+    [
+        ([], False, False),  # most requests: nothing to replace, the proxy's own added
+        ([(b"x-request-id", b"mine")], True, False),
+        ([(b"x-request-id", b"x" * 201)], False, False),  # too long: replaced, not doubled
+        ([(b"traceparent", _VALID_PARENT), (b"tracestate", b"k=v")], False, True),
+        ([(b"traceparent", b"00-bad"), (b"tracestate", b"k=v")], False, False),  # both go
+    ],
+)
+def test_with_request_id_headers_the_app_sees_one_request_id_and_one_traceparent(
     sent: list[tuple[bytes, bytes]], kept_id: bool, kept_parent: bool
 ) -> None:
     scope = {"type": "http", "root_path": "", "headers": [(b"host", b"h"), *sent, (b"accept", b"*/*")]}
     headers = read_headers(scope)
-    forwarded = forwarded_scope(scope, _ROUTE, headers)
+    forwarded, trace = forwarded_scope(scope, _ROUTE, headers, id_headers=True)
     names = [name for name, _ in forwarded["headers"]]
     assert names.count(b"x-request-id") == 1 and names.count(b"traceparent") == 1
     assert forwarded["root_path"] == "/app" and names[:1] == [b"host"] and b"accept" in names
@@ -137,8 +165,7 @@ def test_the_forwarded_scope_carries_one_request_id_and_one_traceparent(
     assert (values[b"traceparent"] == _VALID_PARENT) is kept_parent
     assert (b"tracestate" in values) is kept_parent  # an invalid traceparent voids its tracestate
     assert scope["headers"][1:-1] == sent  # the server's own scope is left as it was
-    parsed = tracing.parse(values[b"traceparent"].decode())
-    assert parsed is not None  # always a valid one the replica can continue
+    assert values[b"traceparent"] == trace.traceparent.encode()  # the one the replica continues
 
 
 def test_a_new_trace_has_valid_distinct_ids_and_its_children_keep_its_trace_id() -> None:

@@ -116,7 +116,9 @@ def encode_request(request: Request | ClientMessage, dumps: Dumps) -> Frame:
     (call arguments)."""
     match request:
         case HTTPRequest():
-            head = plain_dumps((request.request_id, request.scope, request.more_body))
+            head = plain_dumps(
+                (request.request_id, request.scope, request.more_body, request.trace, request.tracestate)
+            )
             return Kind.HTTP, _with_body(head, request.body)
         case RequestBodyPiece():
             return Kind.BODY_IN, [_MORE if request.more else _LAST, request.data]
@@ -132,8 +134,8 @@ def decode_request(kind: Kind, payload: memoryview) -> Request:
     """Inverse of :func:`encode_request` for the kinds that open a request; copies what
     it keeps out of ``payload``."""
     if kind is Kind.HTTP:
-        (request_id, scope, more_body), body = _split_body(payload)
-        return HTTPRequest(request_id, scope, body, more_body)
+        (request_id, scope, more_body, trace, tracestate), body = _split_body(payload)
+        return HTTPRequest(request_id, scope, body, more_body, trace, tracestate)
     request = pickle.loads(payload)
     if not isinstance(request, MethodCall | WebSocketOpen) or (kind is Kind.CALL) != isinstance(
         request, MethodCall

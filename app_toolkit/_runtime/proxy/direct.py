@@ -58,10 +58,11 @@ class LocalIngress(Protocol):
         ...
 
     async def serve_direct(
-        self, request_id: str, scope: Scope, receive: Receive, send: Send, trace: TraceContext | None = None
+        self, request_id: str, scope: Scope, receive: Receive, send: Send, trace: TraceContext
     ) -> str:
         """Run one admitted request through the app; returns the route template.
-        ``trace``: the trace its headers carry (None: read them)."""
+        ``trace``: the span the replica's span continues (the client's, the proxy's, or
+        one started for the request)."""
         ...
 
 
@@ -166,7 +167,7 @@ async def serve_in_replica(
 ) -> None:
     """Serve one request with the replica in this process, whose slot ``local.admit()``
     took (it gives it back). ``scope`` is the one the proxy would forward (the prefix as
-    root_path, the request id, ``trace`` in its headers)."""
+    root_path); ``trace`` is the span the replica's span continues."""
     body = StreamedBody(receive, headers, http, state) if headers.has_body else None
     answer = _Answer(send, state, body, scope)
     request_id = state.request_id
@@ -210,7 +211,7 @@ async def serve_in_replica(
 
 
 async def serve_websocket_in_replica(
-    local: LocalIngress, request_id: str, scope: Scope, receive: Receive, send: Send
+    local: LocalIngress, request_id: str, scope: Scope, trace: TraceContext, receive: Receive, send: Send
 ) -> None:
     """Serve one WebSocket with the replica in this process, whose slot ``local.admit()``
     took; its ``websocket.connect`` message was read already and is given to the app again."""
@@ -238,7 +239,7 @@ async def serve_websocket_in_replica(
 
     watcher = asyncio.ensure_future(restarting())
     try:
-        await local.serve_direct(request_id, scope, replay, watch)
+        await local.serve_direct(request_id, scope, replay, watch, trace)
     except Exception:  # the app's failure: logged with the id, the socket closed
         logger.exception("WebSocket %s failed", request_id)
         if not closed:

@@ -148,7 +148,14 @@ class HTTPFront:
         elif kind == "websocket":
             routes = self.apps if self.loaded else None
             await serve_websocket(
-                routes, self.subscriber.dispatcher, scope, receive, send, self.shard_header, self.in_replica
+                routes,
+                self.subscriber.dispatcher,
+                scope,
+                receive,
+                send,
+                self.shard_header,
+                self.in_replica,
+                self.http.request_id_headers,
             )
         elif kind == "lifespan":
             await _lifespan(receive, send)
@@ -268,11 +275,15 @@ class HTTPFront:
                     watcher = asyncio.ensure_future(watch_disconnect(receive, state))
                 proxy_span = span.trace if span is not None else None
                 if direct and local is not None:
-                    trace = forward_in_place(scope, route, headers, proxy_span)
+                    trace = forward_in_place(scope, route, headers, proxy_span, self.http.request_id_headers)
                     await serve_in_replica(local, scope, receive, send, state, headers, self.http, trace)
                     return
-                forwarded = forwarded_scope(scope, route, headers, proxy_span)
-                request = HTTPRequest(request_id, forwarded, body.data, body.more)
+                forwarded, trace = forwarded_scope(
+                    scope, route, headers, proxy_span, self.http.request_id_headers
+                )
+                request = HTTPRequest(
+                    request_id, forwarded, body.data, body.more, trace.traceparent, trace.state
+                )
                 dispatcher = self.subscriber.dispatcher(deployment)
                 if not body.more:
                     await forward(dispatcher, request, send, state, headers.model_id, headers.shard_key)
@@ -323,7 +334,7 @@ class HTTPFront:
         state.link = link
         link.on_client_left = state.client_left
         try:
-            trace = forward_in_place(scope, route, headers)
+            trace = forward_in_place(scope, route, headers, None, self.http.request_id_headers)
             await serve_in_replica(local, scope, receive, send, state, headers, self.http, trace)
         except asyncio.CancelledError:
             if not state.left():

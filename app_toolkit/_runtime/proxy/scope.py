@@ -1,5 +1,6 @@
 """What the proxy reads from a request and what it forwards: the request id, the
-deadline header, and the scope the replica sees (HTTP and WebSocket alike). Pure."""
+deadline header, and the scope the replica sees (HTTP and WebSocket alike): the client's
+headers as sent, unless ``HTTPOptions.request_id_headers`` adds the ids. Pure."""
 
 from __future__ import annotations
 
@@ -149,23 +150,32 @@ def route_path(scope: Scope) -> str:
 
 
 def forwarded_scope(
-    scope: Scope, route: AppMatcher, headers: RequestHeaders, proxy_span: tracing.TraceContext | None = None
-) -> dict[str, Any]:
-    """The scope the replica sees: the path kept whole, the prefix as root_path, the
-    request id the proxy answers with, and a trace: the proxy's own span when it exports
-    one (``proxy_span``), else the client's, else one started here."""
+    scope: Scope,
+    route: AppMatcher,
+    headers: RequestHeaders,
+    proxy_span: tracing.TraceContext | None = None,
+    id_headers: bool = False,
+) -> tuple[dict[str, Any], tracing.TraceContext]:
+    """The scope the replica sees, and the trace its span continues: the path kept
+    whole, the prefix as root_path, the headers as the client sent them. The trace is the
+    proxy's own span when it exports one (``proxy_span``), else the client's, else one
+    started here; it travels beside the scope, as the request id does. ``id_headers``
+    (``HTTPOptions.request_id_headers``): the headers also name the request id and trace,
+    as a proxy that adds them would."""
     forwarded = {key: scope[key] for key in _FORWARDED_KEYS if key in scope}
-    _forward(forwarded, scope, route, headers, proxy_span)
-    return forwarded
+    return forwarded, _forward(forwarded, scope, route, headers, proxy_span, id_headers)
 
 
 def forward_in_place(
-    scope: Scope, route: AppMatcher, headers: RequestHeaders, proxy_span: tracing.TraceContext | None = None
+    scope: Scope,
+    route: AppMatcher,
+    headers: RequestHeaders,
+    proxy_span: tracing.TraceContext | None = None,
+    id_headers: bool = False,
 ) -> tracing.TraceContext:
     """Make the server's own scope what :func:`forwarded_scope` would forward (the app runs
-    in this process: direct ingress); returns the trace its headers now carry (so the
-    replica need not parse it back)."""
-    return _forward(scope, scope, route, headers, proxy_span)
+    in this process: direct ingress); returns the trace."""
+    return _forward(scope, scope, route, headers, proxy_span, id_headers)
 
 
 def _forward(
@@ -174,13 +184,14 @@ def _forward(
     route: AppMatcher,
     headers: RequestHeaders,
     proxy_span: tracing.TraceContext | None,
+    id_headers: bool,
 ) -> tracing.TraceContext:
     forwarded["root_path"] = scope.get("root_path", "") + (
         "" if route.route_prefix == "/" else route.route_prefix
     )
     started = proxy_span is None and headers.caller is None  # the trace starts here
     trace = proxy_span or headers.caller or tracing.new_trace()
-    if not headers.client_id_used or started or proxy_span is not None:
+    if id_headers and (not headers.client_id_used or started or proxy_span is not None):
         replaced = {REQUEST_ID_HEADER} if not headers.client_id_used else set()
         added = [] if headers.client_id_used else [(REQUEST_ID_HEADER, headers.request_id.encode())]
         if proxy_span is not None:

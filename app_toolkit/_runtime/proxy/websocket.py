@@ -54,12 +54,13 @@ async def serve_websocket(
     send: Send,
     shard_header: bytes = SHARD_KEY_HEADER,
     in_replica: InReplica | None = None,
+    id_headers: bool = False,
 ) -> None:
     """Relay one WebSocket connection to a replica of the app its path belongs to
     (``routes`` is None until the proxy has loaded them: refused as overload). A shard
     key in ``shard_header`` pins it to the key's replica. ``in_replica``: the ingress
     replica in this process, if it may serve the connection itself (``HTTPFront.in_replica``);
-    it does while it has a slot."""
+    it does while it has a slot. ``id_headers``: ``HTTPOptions.request_id_headers``."""
     headers = read_headers(scope, shard_header)
     request_id = headers.request_id
     if (await receive())["type"] != "websocket.connect":
@@ -75,16 +76,15 @@ async def serve_websocket(
     deployment, _ = route.target("websocket", None, path)
     dispatcher = dispatcher_for(deployment)
     local = in_replica(deployment, headers) if in_replica is not None else None
+    forwarded, trace = forwarded_scope(scope, route, headers, None, id_headers)
     if local is not None and local.admit() is None:
         stream_metrics.OPEN.inc(route.app, "websocket")
         try:
-            await serve_websocket_in_replica(
-                local, request_id, forwarded_scope(scope, route, headers), receive, send
-            )
+            await serve_websocket_in_replica(local, request_id, forwarded, trace, receive, send)
         finally:
             stream_metrics.OPEN.dec(route.app, "websocket")
         return
-    opening = WebSocketOpen(request_id, forwarded_scope(scope, route, headers))
+    opening = WebSocketOpen(request_id, forwarded, trace.traceparent, trace.state)
     try:
         reply = await dispatcher.send(opening, headers.model_id, headers.shard_key)
     except BackPressureError:

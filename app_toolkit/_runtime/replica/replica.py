@@ -254,6 +254,7 @@ class ReplicaCore:
                         request.request_id,
                         request.scope,
                         lambda app, state: serve_http(app, request, state, sink),
+                        tracing.remote(request.trace, request.tracestate),
                     )
                 case WebSocketOpen():
                     kind = "websocket"
@@ -262,6 +263,7 @@ class ReplicaCore:
                         socket.request_id,
                         socket.scope,
                         lambda app, state: serve_websocket(app, socket, state, sink),
+                        tracing.remote(socket.trace, socket.tracestate),
                     )
                 case MethodCall():
                     route = request.method
@@ -275,7 +277,7 @@ class ReplicaCore:
         scope: Scope,
         receive: Receive,
         send: Send,
-        trace: tracing.TraceContext | None = None,
+        trace: tracing.TraceContext,
     ) -> str:
         """Serve one admitted HTTP request or WebSocket of a client connection this
         replica owns (direct ingress: no channel, the app answers the client); returns
@@ -286,7 +288,7 @@ class ReplicaCore:
         self.direct_ongoing += 1
         try:
             app = self.asgi_app
-            if app is None or trace is None or tracing.exporting():
+            if app is None or tracing.exporting():
                 route = await self._serve_asgi(
                     request_id, scope, lambda app, state: run_direct(app, scope, receive, send, state), trace
                 )
@@ -321,15 +323,16 @@ class ReplicaCore:
     ) -> str:
         """Run one HTTP request or WebSocket through the app (``run`` drives it), with the
         request's context; returns the matched route's path template. ``caller``: the
-        trace the scope's headers carry (None: read them)."""
+        span the proxy passed with the request (None: the trace starts here)."""
         if self.asgi_app is None:
             self.asgi_app = request_app(self._method("__call__"))
         method = scope.get("method", "WEBSOCKET")
-        if caller is None:
-            caller = tracing.remote(*tracing.from_headers(scope.get("headers", [])))
         name = f"{self.deployment} {method}" if tracing.exporting() else ""  # unused without spans
         trace, span = tracing.begin(name, "server", caller)
-        if span is not None:  # the app's own instrumentation (FastAPI's spans) nests under it
+        if span is not None:
+            # Spans are exported (the user set up OpenTelemetry): the app's own
+            # instrumentation (FastAPI's spans) reads its parent from the traceparent
+            # header, so the app sees this span's there (docs/observability.md).
             scope["headers"] = tracing.with_traceparent(scope.get("headers", []), trace)
         route = error = ""
         try:

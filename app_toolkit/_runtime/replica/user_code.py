@@ -11,7 +11,7 @@ import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Generator
 from typing import Never, cast
 
-from app_toolkit._runtime import answers
+from app_toolkit._runtime import answers, request_context
 from app_toolkit._runtime.messages import HTTPResponse
 from app_toolkit.exceptions import BackPressureError, ReplicaUnavailableError
 
@@ -134,10 +134,10 @@ def install_error_handler(app: object) -> None:
         return Response(answer.body, answer.status, headers=answers.header_dict(answer))
 
     async def internal_error(request: StarletteRequest, exc: Exception) -> Response:
-        return respond(answers.internal_error(request.headers.get("x-request-id", "")))
+        return respond(answers.internal_error(request_context.request_id.get()))
 
     async def unavailable(request: StarletteRequest, exc: Exception) -> Response:
-        request_id = request.headers.get("x-request-id", "")
+        request_id = request_context.request_id.get()
         if isinstance(exc, BackPressureError):
             return respond(answers.overloaded(exc, request_id))
         return respond(answers.unavailable(None, request_id))

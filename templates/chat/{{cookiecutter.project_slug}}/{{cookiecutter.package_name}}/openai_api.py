@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import app_toolkit as tk
-from fastapi import APIRouter, Depends, Request, WebSocket, WebSocketDisconnect
+from fastapi import APIRouter, Depends, WebSocket, WebSocketDisconnect
 from pydantic import ValidationError
 
 from . import responses_api
@@ -114,7 +114,6 @@ def build_router(settings: Settings, model_app: tk.Application, guard: Guard) ->
     @router.post("/v1/responses", response_model=None)
     async def responses(
         request: ResponsesRequest,
-        http: Request,
         owner: str = Depends(guard.admitted),
         model: tk.DeploymentHandle = tk.Depends(model_app),
     ) -> dict[str, Any] | tk.EventStream:
@@ -122,7 +121,7 @@ def build_router(settings: Settings, model_app: tk.Application, guard: Guard) ->
         first, stream = await open_reply(model, generation_of(request, owner))
         reply = responses_api.Reply(request, model_name, first.prompt_tokens)
         if request.stream:
-            return responses_api.streamed(reply, stream, http.headers.get("x-request-id", ""))
+            return responses_api.streamed(reply, stream, tk.get_request_id())
         return await responses_api.answer(reply, stream)
 
     @router.get("/v1/usage")
