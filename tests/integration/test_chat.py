@@ -114,27 +114,28 @@ def test_the_official_openai_client(echo_chat: str) -> None:
         client.chat.completions.create(model="echo", messages=[{"role": "user", "content": "w " * 3000}])
 
 
-#: Records, in the page, the length of the last reply bubble after each change of the
-#: conversation: the page's own view of how the reply grew, which a test process that is
-#: slow to sample (a loaded host) cannot miss.
+#: Records, in the page, the length of the last reply bubble and when (ms) after each
+#: change of the conversation: the page's own view of how the reply grew, which a test
+#: process that is slow to sample (a loaded host) cannot miss.
 WATCH_REPLY = """() => {
-    window.replyLengths = [0];
+    window.replyGrowth = [[0, performance.now()]];
     const log = document.getElementById('log');
-    new MutationObserver(() => {
+    window.replyWatch = new MutationObserver(() => {
         const bubbles = log.querySelectorAll('.message.assistant');
         const length = bubbles.length ? bubbles[bubbles.length - 1].textContent.length : 0;
-        const seen = window.replyLengths;
-        if (seen[seen.length - 1] !== length) seen.push(length);
-    }).observe(log, {childList: true, subtree: true, characterData: true});
+        const seen = window.replyGrowth;
+        if (seen[seen.length - 1][0] !== length) seen.push([length, performance.now()]);
+    });
+    window.replyWatch.observe(log, {childList: true, subtree: true, characterData: true});
 }"""
 
 
-def reply_lengths(page: Page, until_busy_ends: float) -> list[int]:
-    """Lengths the last reply bubble had while it grew (``WATCH_REPLY`` must be installed
-    before the prompt was sent), once the page is no longer busy."""
+def reply_growth(page: Page, until_busy_ends: float) -> list[tuple[int, float]]:
+    """(length, ms) of the last reply bubble at each change while it grew (``WATCH_REPLY``
+    must be installed before the prompt was sent), once the page is no longer busy."""
     wait_for(lambda: page.evaluate("document.body.dataset.busy") == "no", timeout_s=until_busy_ends)
-    lengths: list[int] = page.evaluate("window.replyLengths")
-    return lengths
+    growth: list[list[float]] = page.evaluate("window.replyWatch.disconnect(), window.replyGrowth")
+    return [(int(length), at) for length, at in growth]
 
 
 def last_reply(page: Page) -> str:
@@ -184,8 +185,11 @@ def test_the_page_streams_stops_and_resumes(
         page.evaluate(WATCH_REPLY)
         page.fill("#prompt", " ".join(words[:20]))
         page.press("#prompt", "Enter")
-        growth = reply_lengths(page, 20)
+        growth = reply_growth(page, 20)
         assert len(growth) >= 4, growth  # at least three visible steps before the end
+        # ... over time, as the words come (20 at 20 a second): not delivered at once.
+        steps = [at for length, at in growth if length]
+        assert steps[-1] - steps[0] >= 300, growth
         assert last_reply(page) == " ".join(words[:20])
 
         # 2. Stop ends the generation on the server, not only on the page.

@@ -181,3 +181,20 @@ def test_a_new_trace_has_valid_distinct_ids_and_its_children_keep_its_trace_id()
     assert len(set(traces)) == 200
     with pytest.raises(dataclasses.FrozenInstanceError):
         traces[0].span_id = "0" * 16  # type: ignore[misc]
+
+
+def test_tracestate_lines_make_one_list_and_go_with_their_traceparent() -> None:
+    sent = [(b"traceparent", _VALID_PARENT), (b"tracestate", b"a=1"), (b"tracestate", b"b=2")]
+    caller = read_headers({"type": "http", "headers": sent}).caller
+    assert caller is not None and caller.state == "a=1,b=2"
+    # What the app sees when spans are exported: its replica's span and that trace's state.
+    child = tracing.child(caller)
+    shown = tracing.with_traceparent([(b"accept", b"*/*"), *sent], child)
+    assert shown == [
+        (b"accept", b"*/*"),
+        (b"traceparent", child.traceparent.encode()),
+        (b"tracestate", b"a=1,b=2"),
+    ]
+    started = tracing.new_trace()  # the client's traceparent was invalid: its state goes too
+    bad = [(b"traceparent", b"00-bad"), (b"tracestate", b"a=1")]
+    assert tracing.with_traceparent(bad, started) == [(b"traceparent", started.traceparent.encode())]

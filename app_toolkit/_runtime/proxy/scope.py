@@ -104,8 +104,9 @@ def read_headers(scope: Scope, shard_header: bytes = SHARD_KEY_HEADER) -> Reques
         elif key == tracing.TRACEPARENT_HEADER:
             parent = value.decode("latin-1")
             names_ids = True
-        elif key == tracing.TRACESTATE_HEADER:
-            state = value.decode("latin-1")
+        elif key == tracing.TRACESTATE_HEADER:  # several lines make one list (W3C)
+            text = value.decode("latin-1")
+            state = f"{state},{text}" if state else text
             names_ids = True
         elif key == shard_header:
             shard_key = value.decode("latin-1")
