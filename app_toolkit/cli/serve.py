@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Literal, TypeVar, get_args, get_origin
 
 import click
@@ -104,39 +105,7 @@ def run(
     With a config file, its http_options apply; flags given on the command line win.
     """
     _set_logging(log_level, log_format)
-    console = None if local or address or os.environ.get("RAY_ADDRESS") else _console()
-    try:
-        if console is not None:
-            os.environ[console_pipe.PIPE_ENV] = console.path  # read by the workers Ray starts
-        _serve(ctx, target, address, local, name, route_prefix, reload, log_level, log_format, http_flags)
-    finally:
-        if console is not None:
-            os.environ.pop(console_pipe.PIPE_ENV, None)
-            console.close()
-
-
-def _console() -> ConsolePipe | None:
-    """The short way to this console for the access lines of the Ray this command starts
-    (``console_pipe``); None where a named pipe cannot be made (they go Ray's way)."""
-    try:
-        return ConsolePipe(sys.stderr.buffer)
-    except OSError as exc:
-        click.echo(f"app-toolkit: access lines go through Ray's log relay ({exc})", err=True)
-        return None
-
-
-def _serve(
-    ctx: click.Context,
-    target: str,
-    address: str | None,
-    local: bool,
-    name: str | None,
-    route_prefix: str | None,
-    reload: bool,
-    log_level: str,
-    log_format: str,
-    http_flags: dict[str, Any],
-) -> None:
+    ctx.with_resource(_console_lines(local or bool(address or os.environ.get("RAY_ADDRESS"))))
     try:
         # Ray worker processes import the user's module too: let them find it here.
         cwd = os.getcwd()
@@ -191,6 +160,28 @@ def _serve(
         pass
     click.echo("app-toolkit: shutting down")
     api.shutdown()
+
+
+@contextlib.contextmanager
+def _console_lines(joined_or_local: bool) -> Iterator[None]:
+    """While the command runs: the short way to its console for the access lines of the
+    Ray it starts (``console_pipe``), unless it runs locally or joins a cluster, or a
+    named pipe cannot be made (they then go Ray's way)."""
+    if joined_or_local:
+        yield
+        return
+    try:
+        console = ConsolePipe(sys.stderr.buffer)
+    except OSError as exc:
+        click.echo(f"app-toolkit: access lines go through Ray's log relay ({exc})", err=True)
+        yield
+        return
+    os.environ[console_pipe.PIPE_ENV] = console.path  # read by the workers Ray starts
+    try:
+        yield
+    finally:
+        os.environ.pop(console_pipe.PIPE_ENV, None)
+        console.close()
 
 
 def _load(target: str, name: str | None) -> Application:

@@ -111,8 +111,8 @@ def test_only_a_request_that_declares_a_body_has_one_read(
 _ROUTE = AppMatcher(RouteInfo("/app", "app", DeploymentID("app", "Ingress")))
 _VALID_PARENT = b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
-
-@pytest.mark.parametrize(
+#: A client's id and trace headers: whether its id is kept, whether its trace is continued.
+SENT_IDS = pytest.mark.parametrize(
     ("sent", "kept_id", "kept_parent"),
     [
         ([], False, False),  # most requests: nothing to replace, the proxy's own added
@@ -122,6 +122,9 @@ _VALID_PARENT = b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
         ([(b"traceparent", b"00-bad"), (b"tracestate", b"k=v")], False, False),  # both go
     ],
 )
+
+
+@SENT_IDS
 def test_the_app_sees_the_headers_its_client_sent_and_the_trace_travels_beside_them(
     sent: list[tuple[bytes, bytes]], kept_id: bool, kept_parent: bool
 ) -> None:
@@ -140,16 +143,7 @@ def test_the_app_sees_the_headers_its_client_sent_and_the_trace_travels_beside_t
     assert in_place["headers"] == client_headers and in_place["root_path"] == "/app"
 
 
-@pytest.mark.parametrize(
-    ("sent", "kept_id", "kept_parent"),
-    [
-        ([], False, False),  # most requests: nothing to replace, the proxy's own added
-        ([(b"x-request-id", b"mine")], True, False),
-        ([(b"x-request-id", b"x" * 201)], False, False),  # too long: replaced, not doubled
-        ([(b"traceparent", _VALID_PARENT), (b"tracestate", b"k=v")], False, True),
-        ([(b"traceparent", b"00-bad"), (b"tracestate", b"k=v")], False, False),  # both go
-    ],
-)
+@SENT_IDS
 def test_with_request_id_headers_the_app_sees_one_request_id_and_one_traceparent(
     sent: list[tuple[bytes, bytes]], kept_id: bool, kept_parent: bool
 ) -> None:
