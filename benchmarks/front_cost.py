@@ -56,9 +56,6 @@ _REQUEST_ID = "0123456789abcdef0123456789abcdef"
 class _NoPolicy:
     has_policy = False
 
-    def replicas(self) -> list[object]:
-        return []
-
 
 class _OneRoute:
     """The proxy's table subscriber, with the bench app at ``/`` and nothing else."""

@@ -53,7 +53,7 @@ class ReplicaInfo:
     #: of the replica it replaces, so shard keys follow ranks (routing/choice.py).
     rank: int = -1
     #: The abstract name of its hand-off socket ("": it takes no client connections): the node's
-    #: proxy passes it connections to serve itself (direct ingress, proxy/handoff.py).
+    #: proxy passes it connections to serve itself (direct ingress, _runtime/handoff.py).
     handoff: str = ""
     #: The name of its Ray actor ("" on the local backend): the replica's own, or that of
     #: the spare process it started in (backends/ray/spares.py).

@@ -47,17 +47,15 @@ class ClientResponse:
         state.started = state.finished = True
         state.status = status
         head = _head(status, headers, state.request_id, start)
-        send, link = self._send, state.link
-        if link is None:
-            await send(head)
-            await send({"type": "http.response.body", "body": body})
-            return
-        link.join_head_and_body()
+        link = state.link
+        if link is not None:
+            link.join_head_and_body()
         try:
-            await send(head)
-            await send({"type": "http.response.body", "body": body})
+            await self._send(head)
+            await self._send({"type": "http.response.body", "body": body})
         finally:
-            link.release()
+            if link is not None:
+                link.release()
 
     async def stream(
         self,

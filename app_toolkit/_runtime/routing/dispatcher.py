@@ -162,10 +162,6 @@ class Dispatcher:
         shadowed = self._shadower.take() if self._shadower is not None else None
         return (*taken, shadowed) if shadowed is not None else taken
 
-    def replicas(self) -> list[ReplicaInfo]:
-        """The deployment's replicas as the latest table described them."""
-        return self._chooser.infos()
-
     def handoffs(self, node_id: str) -> tuple[str, ...]:
         """The hand-off sockets of this deployment's replicas on node ``node_id`` (those
         that take client connections: direct ingress), as of the latest table."""
