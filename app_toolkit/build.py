@@ -19,6 +19,7 @@ import hashlib
 import inspect
 import io
 import json
+import logging
 import pickle
 import typing
 from collections.abc import Callable, Mapping, Sequence
@@ -38,6 +39,8 @@ from app_toolkit.import_path import import_attr
 if typing.TYPE_CHECKING:  # FastAPI is imported where an app is built, not by every toolkit process
     from app_toolkit.route_table import RouteTable
 
+logger = logging.getLogger("app_toolkit")
+
 
 def build_app(
     target: Application,
@@ -56,6 +59,8 @@ def build_app(
     table = _route_table(target)
     if table is None:
         return AppSpec(name, route_prefix, ingress, graph.specs())
+    for line in table.hidden:  # served as Starlette serves it; said once, at deploy
+        logger.warning("Application %r: %s", name, line)
     # A @replicated route's pool runs the ingress's own class and arguments with the
     # pool's options; the proxy sends it only its routes' requests.
     for pool, options in table.pools.items():

@@ -115,7 +115,7 @@ class App(Application):
 
         parse_application_options(name, route_prefix)
         asgi = _as_asgi(routes, title=name)
-        route_table(asgi)  # clashing routes or pool options fail here, not at run()
+        route_table(asgi)  # conflicting pool options fail here, not at run()
         ingress_class = type(
             "Ingress", (), {"__doc__": f"HTTP ingress of {name!r}.", "__init__": _keep_handles}
         )

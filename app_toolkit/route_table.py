@@ -5,6 +5,9 @@ When routes carry ``@replicated`` or ``@deadline``, the proxy also needs the app
 in FastAPI's own matching order (first full match wins, as in Starlette), so that a
 request reaches the route FastAPI would pick. Routes after the last special one never
 need matching, so the table stops there.
+
+Two routes with the same method and path shape are served as Starlette serves them (the
+first runs); the table names the hidden one, for a warning when the app is deployed.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ class RouteTable:
     pools: dict[str, dict[str, Any]]  # pool deployment name -> its deployment options
     routes: tuple[PathRoute, ...]  # the proxy's table; empty when nothing is special
     paths: tuple[str, ...]  # every route's path template
+    hidden: tuple[str, ...] = ()  # one line per route an earlier one hides
 
 
 @dataclass(frozen=True)
@@ -48,9 +52,8 @@ class _Route:
 
 
 def route_table(app: object) -> RouteTable:
-    """The pools, proxy table and paths of ``app``; ConfigError on clashing routes."""
+    """The pools, proxy table and paths of ``app``; ConfigError on conflicting pools."""
     routes = list(_routes(app))
-    _check_clashes(routes)
     pools: dict[str, dict[str, Any]] = {}
     table: list[PathRoute] = []
     special = 0
@@ -72,7 +75,8 @@ def route_table(app: object) -> RouteTable:
             special = len(table)
     if any(route.pattern is None and route_options(route.endpoint) for route in routes):
         raise ConfigError("@replicated/@deadline routes need a path the proxy can match")
-    return RouteTable(pools, tuple(table[:special]), tuple(route.path for route in routes))
+    paths = tuple(route.path for route in routes)
+    return RouteTable(pools, tuple(table[:special]), paths, _hidden(routes))
 
 
 def _routes(app: object) -> Iterator[_Route]:
@@ -103,9 +107,11 @@ def _routes(app: object) -> Iterator[_Route]:
         )
 
 
-def _check_clashes(routes: list[_Route]) -> None:
-    """Two routes with the same method and path shape: the second could never run."""
+def _hidden(routes: list[_Route]) -> tuple[str, ...]:
+    """Routes an earlier route with the same method and path shape hides: Starlette runs
+    only the first, and so does the toolkit (one line each, for a warning)."""
     seen: dict[tuple[str, str], _Route] = {}
+    lines: list[str] = []
     for route in routes:
         if len(route.scope_types) != 1:
             continue  # mounts share their prefix on purpose
@@ -114,11 +120,11 @@ def _check_clashes(routes: list[_Route]) -> None:
         for verb in verbs:
             first = seen.setdefault((shape, verb), route)
             if first is not route:
-                raise ConfigError(
-                    f"Two routes answer {verb} {route.path}: {_name(first.endpoint)} and "
-                    f"{_name(route.endpoint)}; FastAPI would silently run only the first. "
-                    "Remove one or give it another path"
+                lines.append(
+                    f"{verb} {route.path} ({_name(route.endpoint)}) never runs: "
+                    f"{_name(first.endpoint)} answers {verb} {first.path} first"
                 )
+    return tuple(lines)
 
 
 def _name(endpoint: object) -> str:

@@ -62,17 +62,29 @@ def test_route_deadline_and_header_deadline_return_504(toolkit: Toolkit) -> None
         assert early.status_code == 504 and "0.1 s" in early.json()["detail"]
 
 
-def test_clashing_routes_fail_when_the_app_is_built() -> None:
-    first, second = APIRouter(), APIRouter()
+def test_two_routes_for_one_path_are_served_as_starlette_serves_them(
+    toolkit: Toolkit, caplog: pytest.LogCaptureFixture
+) -> None:
+    by_id, by_name = APIRouter(), APIRouter()
 
-    @first.get("/users/{user_id}")
-    async def one(user_id: int) -> None: ...
+    @by_id.get("/users/{user_id}")
+    async def one(user_id: int) -> dict[str, object]:
+        return {"by": "id", "user": user_id}
 
-    @second.get("/users/{name}")
-    async def two(name: str) -> None: ...
+    @by_name.get("/users/{name}")
+    @tk.replicated(num_replicas=1)  # a pool behind a hidden route changes nothing
+    async def two(name: str) -> dict[str, object]:
+        return {"by": "name", "user": name}
 
-    with pytest.raises(tk.ConfigError, match=r"Two routes answer GET /users/\{name\}"):
-        tk.App([first, second])
+    with caplog.at_level(logging.WARNING, logger="app_toolkit"):
+        toolkit.run(tk.App([by_id, by_name]), route_prefix="/dup")
+    assert "GET /users/{name} (tests.behaviour.test_pools." in caplog.text
+    assert "never runs" in caplog.text and "answers GET /users/{user_id} first" in caplog.text
+    with toolkit.client() as client:
+        assert client.get("/dup/users/7").json() == {"by": "id", "user": 7}
+        # As under FastAPI: the first route matches the path, and its validation answers.
+        refused = client.get("/dup/users/ann")
+        assert refused.status_code == 422 and refused.json()["detail"][0]["loc"] == ["path", "user_id"]
 
 
 def test_an_app_hiding_another_apps_routes_is_refused(toolkit: Toolkit) -> None:
