@@ -153,7 +153,7 @@ def get_app_handle(name: str) -> DeploymentHandle:
     """A handle to the ingress deployment of a running application."""
     app = status().applications.get(name)
     if app is None:
-        raise ConfigError(f"No application named {name!r} is running; run() it first")
+        raise _no_such_application(name)
     return DeploymentHandle(app.ingress, name)
 
 
@@ -165,11 +165,17 @@ def get_deployment_handle(deployment_name: str, app_name: str | None = None) -> 
     app_name = app_name or request_context.app_name.get() or "default"
     app = status().applications.get(app_name)
     if app is None:
-        raise ConfigError(f"No application named {app_name!r} is running; run() it first")
+        raise _no_such_application(app_name)
     if deployment_name not in app.deployments:
         known = ", ".join(sorted(app.deployments)) or "none"
         raise ConfigError(f"Application {app_name!r} has no deployment {deployment_name!r} (it has: {known})")
     return DeploymentHandle(deployment_name, app_name)
+
+
+def _no_such_application(name: str) -> ConfigError:
+    """Ray Serve's words (a RayServeException), then what is running."""
+    running = ", ".join(repr(app) for app in sorted(status().applications)) or "none"
+    return ConfigError(f"Application {name!r} does not exist. Running: {running}; run() it first")
 
 
 def _http_options(value: HTTPOptions | dict[str, Any] | None) -> HTTPOptions:

@@ -17,6 +17,7 @@ import collections
 import functools
 import inspect
 import logging
+import sys
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar, overload
@@ -222,13 +223,25 @@ def multiplexed(
 
         async def __call__(self, request):
             model = await self.get_model(tk.get_multiplexed_model_id())
+
+    ``max_num_models_per_replica=-1`` sets no limit (as in Ray Serve). A value of the wrong
+    type raises ``DefinitionError`` (a ``TypeError``), a number below 1 ``ConfigError`` (a
+    ``ValueError``), when the decorator runs.
     """
-    if not isinstance(max_num_models_per_replica, int) or max_num_models_per_replica < 1:
-        raise ConfigError(
-            f"max_num_models_per_replica must be an integer >= 1, got {max_num_models_per_replica!r}"
+    # Checked here, when the module is imported, in Ray Serve's error types.
+    if not isinstance(max_num_models_per_replica, int) or isinstance(max_num_models_per_replica, bool):
+        raise DefinitionError(
+            f"max_num_models_per_replica must be an integer >= 1 (or -1: no limit), "
+            f"got {max_num_models_per_replica!r}"
         )
+    if max_num_models_per_replica < 1 and max_num_models_per_replica != -1:
+        raise ConfigError(
+            f"max_num_models_per_replica must be an integer >= 1 (or -1: no limit), "
+            f"got {max_num_models_per_replica!r}"
+        )
+    capacity = sys.maxsize if max_num_models_per_replica == -1 else max_num_models_per_replica
 
     def wrap(loader: Callable[..., Awaitable[M]]) -> _Multiplexed[M]:
-        return _Multiplexed(loader, max_num_models_per_replica)
+        return _Multiplexed(loader, capacity)
 
     return wrap if func is None else wrap(func)

@@ -11,7 +11,7 @@ from http import HTTPStatus
 from starlette.types import Send
 
 from app_toolkit._runtime.messages import HTTPResponse
-from app_toolkit.exceptions import BackPressureError
+from app_toolkit.exceptions import BackPressureError, ReplicaUnavailableError
 
 REQUEST_ID_HEADER = b"x-request-id"
 #: Seconds a client is asked to wait before retrying a 503.
@@ -91,6 +91,18 @@ def internal_error(request_id: str) -> HTTPResponse:
         (REQUEST_ID_HEADER, request_id.encode()),
     ]
     return HTTPResponse(500, headers, INTERNAL_ERROR_BODY)
+
+
+def for_failure(error: BaseException | None, request_id: str) -> HTTPResponse:
+    """The answer to an app that raised ``error`` before its response: a downstream call
+    refused for overload is overload here too (503 or 429 with Retry-After, as the refusing
+    deployment's ``backpressure_config`` says), a downstream deployment with no replica a
+    503; anything else the generic 500."""
+    if isinstance(error, BackPressureError):
+        return overloaded(error, request_id)
+    if isinstance(error, ReplicaUnavailableError):
+        return unavailable(None, request_id)
+    return internal_error(request_id)
 
 
 def as_bytes(answer: HTTPResponse) -> bytes:

@@ -24,20 +24,30 @@ class ApplicationOptions(Strict):
     @field_validator("route_prefix")
     @classmethod
     def _check_prefix(cls, value: str | None) -> str | None:
-        if value is None:
-            return None
-        # Ray Serve's wording, then how to fix it.
-        if not value.startswith("/"):
-            raise ValueError(f"must start with a forward slash ('/'), e.g. '/{value}'")
-        if len(value) > 1 and value.endswith("/"):
-            raise ValueError(f"may not end with a trailing '/', e.g. {value.rstrip('/')!r}")
-        if "{" in value or "}" in value:
-            raise ValueError("may not contain wildcards: a fixed path without '{parameters}'")
+        problem = route_prefix_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
         return value
+
+
+def route_prefix_problem(value: str | None) -> str | None:
+    """What is wrong with a route prefix, in Ray Serve's words then how to fix it."""
+    if value is None:
+        return None
+    if not value.startswith("/"):
+        return f"must start with a forward slash ('/'), e.g. '/{value}'"
+    if len(value) > 1 and value.endswith("/"):
+        return f"may not end with a trailing '/', e.g. {value.rstrip('/')!r}"
+    if "{" in value or "}" in value:
+        return "may not contain wildcards: a fixed path without '{parameters}'"
+    return None
 
 
 def parse_application_options(name: str, route_prefix: str | None) -> ApplicationOptions:
     """Validate an application's name and route prefix."""
+    problem = route_prefix_problem(route_prefix)
+    if problem is not None:  # said as Ray Serve says it (a ValueError too)
+        raise ConfigError(f"Invalid route_prefix {route_prefix!r}, {problem}")
     try:
         return ApplicationOptions(name=name, route_prefix=route_prefix)
     except ValidationError as exc:

@@ -9,7 +9,7 @@ from typing import Any, Literal
 from pydantic import Field, JsonValue, ValidationError, model_validator
 
 from app_toolkit.config.schema import IN_PLACE, Strict, explain
-from app_toolkit.exceptions import ConfigError
+from app_toolkit.exceptions import ConfigError, DefinitionError
 
 
 class RayActorOptions(Strict):
@@ -243,8 +243,14 @@ def parse_deployment_config(options: Mapping[str, object], where: str) -> Deploy
 
 
 def parse_batch_config(options: Mapping[str, object], where: str) -> BatchConfig:
-    """Validate ``@batch`` options."""
+    """Validate ``@batch`` options: a value of the wrong type is a ``DefinitionError`` (a
+    ``TypeError`` too), a value out of range a ``ConfigError``, as Ray Serve's types go."""
     try:
         return BatchConfig.model_validate(dict(options))
     except ValidationError as exc:
-        raise ConfigError(explain(exc, where)) from None
+        wrong_type = any(
+            not error["type"].startswith(("greater_than", "less_than"))
+            or error["loc"] == ("max_concurrent_batches",)  # a TypeError in Ray Serve
+            for error in exc.errors()
+        )
+        raise (DefinitionError if wrong_type else ConfigError)(explain(exc, where)) from None

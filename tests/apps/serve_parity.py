@@ -309,3 +309,55 @@ class CrossApp:
     async def __call__(self) -> str:
         later = serve.get_deployment_handle("Downstream", app_name=self.other_app)
         return f"{await self.at_start.remote()}|{await later.remote()}"
+
+
+# ------------------------------------------------------------------ overload and nested responses
+
+
+@serve.deployment(max_ongoing_requests=1, max_queued_requests=1)
+class Narrow:
+    """One request at a time and one waiting: a third is refused (BackPressureError)."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+
+    def ping(self) -> str:
+        return "pong"
+
+    async def __call__(self) -> str:
+        mark(self.folder, "narrow")
+        await asyncio.sleep(1)
+        return "done"
+
+
+@serve.deployment
+class CallsNarrow:
+    """A plain HTTP deployment that does not catch its downstream's BackPressureError."""
+
+    def __init__(self, narrow: DeploymentHandle) -> None:
+        self.narrow = narrow
+
+    async def __call__(self, request: Request) -> str:
+        if "warm" in request.query_params:  # the caller learns the downstream's limits
+            return str(await self.narrow.ping.remote())
+        return str(await self.narrow.remote())
+
+
+@serve.deployment
+class Echo:
+    def echo(self, value: object) -> object:
+        return value
+
+
+@serve.deployment
+class PassesNested:
+    """Passes a response inside a list: Ray Serve refuses it (only top-level ones resolve)."""
+
+    def __init__(self, echo: DeploymentHandle) -> None:
+        self.echo = echo
+
+    async def __call__(self) -> object:
+        return await self.echo.echo.remote([self.echo.echo.remote(1)])
+
+    async def top_level(self) -> object:
+        return await self.echo.echo.remote(self.echo.echo.remote(1))

@@ -68,7 +68,7 @@ def test_missing_targets_fail_fast(toolkit: Toolkit) -> None:
     toolkit.run(basic.shout.bind(), name=name, route_prefix=None)
     with pytest.raises(tk.ConfigError, match="has no deployment 'Nope'.*it has: shout"):
         tk.get_deployment_handle("Nope", name)
-    with pytest.raises(tk.ConfigError, match="No application named"):
+    with pytest.raises(tk.ConfigError, match="Application .* does not exist"):
         tk.get_app_handle("no-such-app")
     handle = tk.get_app_handle(name)
     tk.delete(name)

@@ -145,6 +145,23 @@ def test_decorator_forms_and_their_errors(toolkit: Toolkit) -> None:
         def not_async(items: list[int]) -> list[int]:
             return items
 
+    # Options are checked when the decorator runs, with Ray Serve's error types: a wrong
+    # type is a TypeError, a value out of range a ValueError.
+    with pytest.raises(TypeError, match="max_batch_size"):
+        serve.batch(max_batch_size=1.5)  # type: ignore[call-overload]
+    with pytest.raises(ValueError, match="max_batch_size"):
+        serve.batch(max_batch_size=0)
+    with pytest.raises(ValueError, match="batch_wait_timeout_s"):
+        serve.batch(batch_wait_timeout_s=-1)
+    with pytest.raises(TypeError, match="max_concurrent_batches"):
+        serve.batch(max_concurrent_batches=0)
+    serve.batch(max_batch_size=2.0)  # type: ignore[call-overload]  # a whole float, as Ray Serve takes it
+    with pytest.raises(TypeError, match="max_num_models_per_replica"):
+        serve.multiplexed(max_num_models_per_replica=1.5)  # type: ignore[call-overload]
+    with pytest.raises(ValueError, match="max_num_models_per_replica"):
+        serve.multiplexed(max_num_models_per_replica=0)
+    serve.multiplexed(max_num_models_per_replica=-1)  # no limit, as in Ray Serve
+
 
 def test_batches_hold_one_multiplexed_model_each(toolkit: Toolkit) -> None:
     handle = toolkit.run(as_deployment(apps.BatchedModels).bind(), route_prefix=None)
@@ -166,10 +183,12 @@ def test_handle_errors_say_what_ray_serve_says(toolkit: Toolkit) -> None:
 
 
 def test_errors_and_status_in_ray_serves_shape(toolkit: Toolkit) -> None:
-    with pytest.raises(serve.RayServeException):
+    with pytest.raises(serve.RayServeException, match="Application 'no-such-app' does not exist."):
         serve.get_app_handle("no-such-app")
-    with pytest.raises(ValueError, match="must start with a forward slash"):
-        serve.run(apps.no_params.bind(), route_prefix="no-slash")
+    with pytest.raises(
+        ValueError, match=r"Invalid route_prefix 'no_slash', must start with a forward slash \('/'\)"
+    ):
+        serve.run(apps.no_params.bind(), route_prefix="no_slash")
     failing = FastAPI()
 
     @failing.get("/")
@@ -183,6 +202,39 @@ def test_errors_and_status_in_ray_serves_shape(toolkit: Toolkit) -> None:
     assert response.headers["x-request-id"]
     if toolkit.backend == "ray":
         assert set(serve.status().proxies.values()) == {serve.ProxyStatus.HEALTHY}
+
+
+def test_overload_of_a_downstream_call_the_app_does_not_catch_is_overload(
+    toolkit: Toolkit, tmp_path: Path
+) -> None:
+    narrow = as_deployment(apps.Narrow).bind(str(tmp_path))
+    toolkit.run(as_deployment(apps.CallsNarrow).bind(narrow), route_prefix="/p-down")
+
+    async def burst() -> list[httpx.Response]:
+        async with toolkit.async_client() as client:
+            assert (await client.get("/p-down", params={"warm": 1})).text == "pong"
+            first = asyncio.ensure_future(client.get("/p-down"))
+            await wait_for_async((tmp_path / "narrow").exists, 20, "the first request to run", 0.02)
+            # One of these waits in the caller's queue, the other is refused there.
+            second, third = await asyncio.gather(client.get("/p-down"), client.get("/p-down"))
+            return [await first, second, third]
+
+    responses = asyncio.run(burst())
+    assert sorted(r.status_code for r in responses) == [200, 200, 503]  # Ray Serve: 503, not 500
+    refused = next(r for r in responses if r.status_code == 503)
+    assert (
+        refused.headers["retry-after"] == "1"
+        and refused.json()["request_id"] == refused.headers["x-request-id"]
+    )
+
+
+def test_a_response_nested_in_an_argument_is_refused_as_ray_serve_refuses_it(toolkit: Toolkit) -> None:
+    handle = toolkit.run(
+        as_deployment(apps.PassesNested).bind(as_deployment(apps.Echo).bind()), route_prefix=None
+    )
+    assert handle.top_level.remote().result(timeout_s=30) == 1  # a top-level one is awaited for it
+    with pytest.raises(serve.RayServeException, match="`DeploymentResponse` is not serializable"):
+        handle.remote().result(timeout_s=30)
 
 
 def test_handles_to_other_apps_inside_replicas(toolkit: Toolkit) -> None:

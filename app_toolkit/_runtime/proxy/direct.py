@@ -180,7 +180,7 @@ async def serve_in_replica(
     except asyncio.CancelledError:
         answer.close()
         raise
-    except Exception:
+    except Exception as exc:
         # The traceback goes to this log with the id; the client gets no internals.
         answer.close()
         state.route = route_template(scope)
@@ -197,7 +197,7 @@ async def serve_in_replica(
         if state.started:
             await abort_response(state, "the app failed")
         else:
-            state.status = await answers.send_answer(send, answers.internal_error(request_id))
+            state.status = await answers.send_answer(send, answers.for_failure(exc, request_id))
         return
     answer.close()
     if state.started and not state.finished:

@@ -126,9 +126,9 @@ async def serve_http(
         await app(scope, response.receive, response.send)
     except asyncio.CancelledError:
         raise
-    except Exception:
+    except Exception as exc:
         logger.exception("Request %s failed", request.request_id)
-        response.fail()
+        response.fail(exc)
     finally:
         response.end()
     if not response.complete:
@@ -216,17 +216,18 @@ class _Response:
         records it in the scope), never the raw path; "" if none did."""
         return request_context.route_template(self._scope)
 
-    def fail(self) -> None:
-        """The app failed before completing the response: a generic 500, or, once the
-        head is out, a failure that makes the proxy cut the stream off (a client must not
-        take a truncated body for a whole one)."""
+    def fail(self, error: BaseException | None = None) -> None:
+        """The app failed (raising ``error``) before completing the response: the answer
+        for it (``answers.for_failure``: a generic 500, or overload), or, once the head is
+        out, a failure that makes the proxy cut the stream off (a client must not take a
+        truncated body for a whole one)."""
         if self.complete:
             return
         self._finish()
         if self._started:
             self._sink.send(STREAM_FAILED)
         else:
-            self._sink.send(answers.internal_error(self._request.request_id))
+            self._sink.send(answers.for_failure(error, self._request.request_id))
 
     def _finish(self) -> None:
         self.complete = True

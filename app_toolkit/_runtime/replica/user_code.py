@@ -12,7 +12,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Generator
 from typing import Never, cast
 
 from app_toolkit._runtime import answers, request_context
-from app_toolkit._runtime.messages import HTTPResponse
 from app_toolkit.exceptions import BackPressureError, ReplicaUnavailableError
 
 
@@ -120,7 +119,8 @@ async def call_maybe_async(function: Callable[..., object], *args: object, **kwa
 
 
 def install_error_handler(app: object) -> None:
-    """Give Starlette/FastAPI apps our generic 500 body unless they chose their own."""
+    """Give Starlette/FastAPI apps our generic 500 body unless they chose their own, and
+    overload of a downstream call as overload (``answers.for_failure``)."""
     try:
         from starlette.applications import Starlette
         from starlette.requests import Request as StarletteRequest
@@ -130,20 +130,12 @@ def install_error_handler(app: object) -> None:
     if not isinstance(app, Starlette):
         return
 
-    def respond(answer: HTTPResponse) -> Response:
+    async def failed(request: StarletteRequest, exc: Exception) -> Response:
+        answer = answers.for_failure(exc, request_context.request_id.get())
         return Response(answer.body, answer.status, headers=answers.header_dict(answer))
-
-    async def internal_error(request: StarletteRequest, exc: Exception) -> Response:
-        return respond(answers.internal_error(request_context.request_id.get()))
-
-    async def unavailable(request: StarletteRequest, exc: Exception) -> Response:
-        request_id = request_context.request_id.get()
-        if isinstance(exc, BackPressureError):
-            return respond(answers.overloaded(exc, request_id))
-        return respond(answers.unavailable(None, request_id))
 
     handlers = app.exception_handlers
     if Exception not in handlers and 500 not in handlers:
-        handlers[Exception] = internal_error
-    handlers.setdefault(BackPressureError, unavailable)
-    handlers.setdefault(ReplicaUnavailableError, unavailable)
+        handlers[Exception] = failed
+    handlers.setdefault(BackPressureError, failed)
+    handlers.setdefault(ReplicaUnavailableError, failed)
