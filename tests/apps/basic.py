@@ -75,6 +75,15 @@ async def state(request: Request) -> dict[str, Any]:
     }
 
 
+@router.websocket("/state")
+async def state_ws(websocket: WebSocket) -> None:
+    """The headers a WebSocket's handshake reached the app with, and its request id."""
+    await websocket.accept()
+    headers = [[key.decode("latin-1"), value.decode("latin-1")] for key, value in websocket.scope["headers"]]
+    await websocket.send_json({"request_id": tk.get_request_id(), "headers": headers})
+    await websocket.close()
+
+
 @router.get("/sleep")
 async def sleep(seconds: float = 1.0, marker: str = "", cancelled: str = "") -> dict[str, float]:
     # Marker files let a test see the request start / be cancelled (replicas share the disk).

@@ -8,6 +8,7 @@ import socket
 from pathlib import Path
 
 import pytest
+from websockets.sync.client import connect
 
 import app_toolkit as tk
 from tests.apps import basic
@@ -95,6 +96,14 @@ def test_the_app_sees_exactly_the_headers_its_client_sent(toolkit: Toolkit, dire
     seen = json.loads(body)
     assert seen["headers"] == [[name, value] for name, value in [*sent, ("connection", "close")]]
     assert len(seen["request_id"]) == 32  # made for it, and readable with get_request_id()
+
+    ws_url = toolkit.url.replace("http://", "ws://") + "/sent/state"
+    with connect(ws_url, additional_headers=[("x-custom", "One"), ("x-custom", "two")]) as websocket:
+        seen = json.loads(websocket.recv(timeout=30))
+        assert websocket.request is not None  # the handshake it sent
+        handshake = [[name.lower(), value] for name, value in websocket.request.headers.raw_items()]
+    assert seen["headers"] == handshake and ["x-custom", "two"] in handshake
+    assert len(seen["request_id"]) == 32
 
 
 def test_lifespan_state_and_request_state_on_every_replica(toolkit: Toolkit) -> None:
