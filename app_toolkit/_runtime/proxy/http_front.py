@@ -208,10 +208,8 @@ class HTTPFront:
             and deadline_s is None
             and headers.timeout is None
             and self.http.request_timeout_s is None
-            and (local := self.in_replica(deployment, headers)) is not None
             and not tracing.exporting()
-            and not declared_too_large(headers.content_length, self.http)
-            and local.admit() is None
+            and (local := self._admitted_here(deployment, headers, link)) is not None
         ):
             await self._in_replica(local, scope, receive, send, state, route, headers, link)
             return  # the replica entered the request's context
@@ -253,11 +251,8 @@ class HTTPFront:
             # The deadline covers the upload too (a slow one gets 408, not a replica's time).
             async with asyncio.timeout(timeout_s) if timeout_s is not None else _NO_DEADLINE:
                 # Served by the replica in this process (direct ingress), if it has a slot.
-                local = self.in_replica(deployment, headers) if link is not None else None
-                if local is not None and declared_too_large(headers.content_length, self.http):
-                    local = None  # refused below, before any app runs
-                direct = local is not None and local.admit() is None
-                if headers.has_body and not direct:
+                local = self._admitted_here(deployment, headers, link)
+                if headers.has_body and local is None:
                     body = await read_body(receive, headers.content_length, self.http, self.budget, link)
                 if body.refusal == CLIENT_CLOSED:
                     state.status = CLIENT_CLOSED  # the client went away before sending its body
@@ -274,7 +269,7 @@ class HTTPFront:
                 elif not body.more:  # else the body's pump hears it, once the body is sent
                     watcher = asyncio.ensure_future(watch_disconnect(receive, state))
                 proxy_span = span.trace if span is not None else None
-                if direct and local is not None:
+                if local is not None:
                     trace = forward_in_place(scope, route, headers, proxy_span, self.http.request_id_headers)
                     await serve_in_replica(local, scope, receive, send, state, headers, self.http, trace)
                     return
@@ -316,6 +311,17 @@ class HTTPFront:
                 link.on_client_left = None
             if span is not None:
                 _end_span(span, scope, state)
+
+    def _admitted_here(
+        self, deployment: DeploymentID, headers: RequestHeaders, link: RequestLink | None
+    ) -> LocalIngress | None:
+        """The replica in this process, with a slot taken for this request, if it serves
+        it on the connection it owns; None sends the request the long way (a body declared
+        too large is refused there, before any app runs)."""
+        if link is None or declared_too_large(headers.content_length, self.http):
+            return None
+        local = self.in_replica(deployment, headers)
+        return local if local is not None and local.admit() is None else None
 
     async def _in_replica(
         self,
