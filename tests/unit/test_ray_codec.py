@@ -14,7 +14,7 @@ import pytest
 from ray import cloudpickle
 from starlette.datastructures import State
 
-from app_toolkit._runtime.backends.ray.cluster import dumps
+from app_toolkit._runtime.backends.ray.codec import dumps
 
 
 @dataclass
