@@ -22,6 +22,7 @@ from starlette.datastructures import State
 
 import app_toolkit as tk
 from app_toolkit._runtime.backends.ray.codec import dumps
+from app_toolkit._runtime.replica.replica import ASGI_APP_ATTR
 from tests.apps import basic, shipping
 from tests.apps.shipping import WSGIMiddleware  # imported there without its deprecation warning
 
@@ -165,6 +166,46 @@ def test_a_copied_function_leaves_its_modules_globals_as_imported(
         assert copied() == 2 and copied.__globals__ is not vars(module)  # the names its code reads
     finally:
         sys.modules.pop("codec_probe", None)
+
+
+_SCRIPT = """
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+
+
+class LocalEndpointsRouter(APIRouter):
+    def __init__(self) -> None:
+        super().__init__()
+
+        async def handle(request: Request) -> str:
+            return "handled"
+
+        self.add_api_route("/graphql", handle, methods=["POST"])
+"""
+
+
+def test_an_ingress_copy_keeps_what_fastapi_resolved_where_the_module_does_not_travel(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    script = types.ModuleType("app_toolkit_codec_script")  # not importable by replicas
+    exec(_SCRIPT, script.__dict__)
+    monkeypatch.setitem(sys.modules, script.__name__, script)
+    app = FastAPI()
+    app.include_router(script.LocalEndpointsRouter())
+
+    @tk.ingress(app)
+    class Ingress:
+        pass
+
+    cloudpickle.register_pickle_by_value(script)  # type: ignore[no-untyped-call]  # cloudpickle is unannotated
+    try:
+        blob = dumps(Ingress)
+    finally:
+        cloudpickle.unregister_pickle_by_value(script)  # type: ignore[no-untyped-call]  # as above
+    monkeypatch.undo()
+    copied = getattr(pickle.loads(blob), ASGI_APP_ATTR)
+    assert "parameters" not in copied.openapi()["paths"]["/graphql"]["post"]  # request is no query
 
 
 def test_an_app_that_cannot_be_copied_is_named_with_the_fix() -> None:
