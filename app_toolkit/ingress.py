@@ -61,6 +61,8 @@ def ingress(
     def decorate(cls: type | None = None) -> type:
         from fastapi import FastAPI
 
+        from app_toolkit.route_table import route_table
+
         if cls is None:
             cls = type("ASGIIngress", (), {"__init__": _keep_arguments})
         if isinstance(cls, Deployment):
@@ -78,7 +80,13 @@ def ingress(
         if builder is not None:
             setattr(cls, ASGI_BUILDER_ATTR, builder)
         else:
-            setattr(cls, ASGI_APP_ATTR, _class_app(asgi, cls) if isinstance(asgi, FastAPI) else asgi)
+            served = _class_app(asgi, cls) if isinstance(asgi, FastAPI) else asgi
+            # As App does: clashing routes fail here. FastAPI also analyses the endpoints of
+            # included routers now (it would on the first request), so a copy sent to the
+            # replicas carries what it found, as the driver resolved it (the names an
+            # endpoint's annotations use may not travel with a copy of its function).
+            route_table(served)
+            setattr(cls, ASGI_APP_ATTR, served)
         return cls
 
     return decorate

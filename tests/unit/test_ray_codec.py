@@ -1,20 +1,30 @@
 """How the Ray backend serializes user code and data (handle arguments, results, stream
-items): the C pickler where it writes what cloudpickle would, cloudpickle elsewhere."""
+items): the C pickler where it writes what cloudpickle would, cloudpickle elsewhere; apps
+of importable modules by reference."""
 
 from __future__ import annotations
 
+import importlib
 import pickle
+import re
 import sys
 import threading
 import types
 import typing
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
+from fastapi import FastAPI, Request
+from fastapi.routing import APIRoute
 from ray import cloudpickle
 from starlette.datastructures import State
 
-from app_toolkit._runtime.backends.ray.cluster import dumps
+import app_toolkit as tk
+from app_toolkit._runtime.backends.ray.codec import dumps
+from app_toolkit._runtime.replica.replica import ASGI_APP_ATTR
+from tests.apps import basic, shipping
+from tests.apps.shipping import WSGIMiddleware  # imported there without its deprecation warning
 
 
 @dataclass
@@ -102,3 +112,115 @@ def test_dataclass_field_markers_stay_the_ones_dataclasses_compares_with() -> No
 def test_a_value_nothing_can_write_is_a_clear_type_error() -> None:
     with pytest.raises(TypeError, match="Cannot serialize generator"):
         dumps(x for x in range(3))
+
+
+# ------------------------------------------- apps go to replicas as the user wrote them
+
+
+def test_an_app_or_router_of_an_importable_module_travels_by_reference() -> None:
+    for written in (shipping.wsgi_app, basic.router):
+        assert pickle.loads(dumps({"app": written}))["app"] is written  # imported, not copied
+
+
+def test_an_app_outside_importable_modules_travels_by_value(monkeypatch: pytest.MonkeyPatch) -> None:
+    app = FastAPI()
+    assert isinstance(pickle.loads(dumps(app)), FastAPI)
+    monkeypatch.setattr(sys.modules["__main__"], "app", app, raising=False)
+    assert pickle.loads(dumps(app)) is not app  # the driver's script is not imported by replicas
+
+
+def test_an_included_router_of_an_importable_module_is_included_again_from_it() -> None:
+    app = FastAPI()
+    app.include_router(shipping.wsgi_router)
+    app.openapi()  # FastAPI makes the included routes now, with a copy of the mount pickle cannot write
+    copied = pickle.loads(dumps(app))
+    assert list(copied.openapi()["paths"]) == ["/asgi"]
+    assert [route.original_router for route in copied.router.routes[-1:]] == [shipping.wsgi_router]
+
+
+def test_a_copied_function_of_an_importable_module_reads_its_modules_globals() -> None:
+    route = shipping.LocalEndpointsRouter().routes[0]
+    assert isinstance(route, APIRoute)
+    copied = pickle.loads(dumps(route.endpoint))
+    assert copied is not route.endpoint and copied.__globals__ is vars(shipping)
+    assert typing.get_type_hints(copied)["request"] is Request  # a name only annotations use
+
+
+def test_a_copied_function_leaves_its_modules_globals_as_imported(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "codec_probe.py").write_text(
+        "LIMIT = 1\n\ndef make():\n    def limit():\n        return LIMIT\n\n    return limit\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    module = importlib.import_module("codec_probe")
+    try:
+        blob = dumps(module.make())
+        setattr(module, "LIMIT", 2)  # noqa: B010 - what this process's import made differs from the driver's
+        copied = pickle.loads(blob)
+        assert copied() == 2 and module.LIMIT == 2  # cloudpickle alone writes LIMIT = 1 into it
+        blob = dumps(module.make())
+        monkeypatch.undo()
+        del sys.modules["codec_probe"]  # a worker that cannot import it
+        copied = pickle.loads(blob)
+        assert copied() == 2 and copied.__globals__ is not vars(module)  # the names its code reads
+    finally:
+        sys.modules.pop("codec_probe", None)
+
+
+_SCRIPT = """
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+
+
+class LocalEndpointsRouter(APIRouter):
+    def __init__(self) -> None:
+        super().__init__()
+
+        async def handle(request: Request) -> str:
+            return "handled"
+
+        self.add_api_route("/graphql", handle, methods=["POST"])
+"""
+
+
+def test_an_ingress_copy_keeps_what_fastapi_resolved_where_the_module_does_not_travel(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    script = types.ModuleType("app_toolkit_codec_script")  # not importable by replicas
+    exec(_SCRIPT, script.__dict__)
+    monkeypatch.setitem(sys.modules, script.__name__, script)
+    app = FastAPI()
+    app.include_router(script.LocalEndpointsRouter())
+
+    @tk.ingress(app)
+    class Ingress:
+        pass
+
+    cloudpickle.register_pickle_by_value(script)  # type: ignore[no-untyped-call]  # cloudpickle is unannotated
+    try:
+        blob = dumps(Ingress)
+    finally:
+        cloudpickle.unregister_pickle_by_value(script)  # type: ignore[no-untyped-call]  # as above
+    monkeypatch.undo()
+    copied = getattr(pickle.loads(blob), ASGI_APP_ATTR)
+    assert "parameters" not in copied.openapi()["paths"]["/graphql"]["post"]  # request is no query
+
+
+def test_an_app_that_cannot_be_copied_is_named_with_the_fix() -> None:
+    app = FastAPI()
+    app.mount("/wsgi", WSGIMiddleware(shipping.WeakWSGIApp()))
+
+    @tk.ingress(app)
+    class Ingress:
+        pass
+
+    with pytest.raises(TypeError) as failed:
+        dumps(Ingress)
+    message = str(failed.value)
+    assert "Cannot serialize Ingress: cannot pickle 'weakref.ReferenceType' object" in message
+    assert re.search(r"\(the ReferenceType at Ingress\.__app_toolkit_asgi_app__\.\S+\.owner_ref\)", message)
+    assert "inside Ingress.__app_toolkit_asgi_app__ (a FastAPI)" in message
+    assert "define that app at module level of an importable module" in message
+    assert "builder function" in message

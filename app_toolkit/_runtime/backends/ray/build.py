@@ -10,7 +10,7 @@ from typing import Any
 import ray
 from ray.exceptions import GetTimeoutError, RayError, RayTaskError
 
-from app_toolkit._runtime.backends.ray.cluster import dumps
+from app_toolkit._runtime.backends.ray.codec import dumps
 from app_toolkit._runtime.messages import AppSpec
 from app_toolkit._runtime.session import Build
 from app_toolkit.exceptions import ConfigError

@@ -1,30 +1,22 @@
-"""The toolkit on a Ray cluster: its namespace and actor names, actor defaults, the codec
-for user code, worker set-up and joining (or starting) the cluster.
+"""The toolkit on a Ray cluster: its namespace and actor names, actor defaults, worker
+set-up and joining (or starting) the cluster.
 
 With the other modules of this package, the only ones that import ``ray``.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import gc
-import io
 import logging
 import os
-import pickle
 import queue
-import sys
 import threading
-import types
-import typing
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
 import ray
-from ray import cloudpickle
 from ray.exceptions import RayActorError
-from starlette.datastructures import State
 
 from app_toolkit._runtime import log_format, tracing
 from app_toolkit.config import LOG_LEVEL_ENV
@@ -42,95 +34,6 @@ SPARE_PREFIX = "app_toolkit_spare:"
 #: How many spare replica processes each node keeps (backends/ray/spares.py).
 SPARES_ENV = "APP_TOOLKIT_SPARE_REPLICAS"
 _HEAD_RESOURCE = "node:__internal_head__"  # Ray gives the head node this resource
-_LOCK_TYPES = (type(threading.Lock()), type(threading.RLock()))
-
-# ------------------------------------------------------------------------------- codec
-
-
-def _fastapi_unset() -> object:
-    from fastapi.datastructures import _Unset  # only where a FastAPI app is unpickled
-
-    return _Unset
-
-
-class _Pickler(cloudpickle.Pickler):
-    """cloudpickle, plus fresh locks and Starlette ``State`` (FastAPI apps hold both), and
-    FastAPI's "not given" marker kept as the one it is compared with (``is``): a copy of
-    it would read as a given ``example`` and put ``"example": {}`` into the OpenAPI."""
-
-    def __init__(self, file: io.BytesIO) -> None:
-        super().__init__(file, protocol=5)  # type: ignore[no-untyped-call]
-        fastapi = sys.modules.get("fastapi.datastructures")  # no FastAPI app without it
-        self._unset = getattr(fastapi, "_Unset", self)
-
-    def reducer_override(self, obj: object) -> Any:
-        # A type reduced here must also stop the C pickler's attempt (_Plain, _REDUCED).
-        if obj is self._unset:
-            return (_fastapi_unset, ())
-        if type(obj) is _LOCK_TYPES[0]:
-            return (threading.Lock, ())
-        if type(obj) is _LOCK_TYPES[1]:
-            return (threading.RLock, ())
-        if type(obj) is State:
-            return (State, (dict(obj._state),))
-        return super().reducer_override(obj)  # type: ignore[no-untyped-call]
-
-
-class _WrittenOtherwise(Exception):
-    """Raised by :class:`_Plain` for what cloudpickle must write."""
-
-
-class _Plain(pickle.Pickler):
-    """The C pickler, stopping at what cloudpickle (with :class:`_Pickler`'s reducers)
-    writes differently from it: a class or function of the driver's script (cloudpickle
-    writes it by value; a ``TypeVar`` of it too, which the C pickler would write by
-    name), Starlette's ``State``, FastAPI's ``DefaultPlaceholder``, the markers of
-    dataclass fields (cloudpickle keeps them the objects ``dataclasses`` compares with).
-    What the C pickler cannot write at all (a lambda, a lock, a module, a file) it
-    refuses by itself. Builtin values (str, bytes, numbers, containers) never reach
-    ``reducer_override``, so a large array or list costs nothing extra."""
-
-    def reducer_override(self, obj: object) -> Any:
-        if isinstance(obj, (type, types.FunctionType)):
-            if getattr(obj, "__module__", None) in (None, "__main__"):
-                raise _WrittenOtherwise
-        elif type(obj) in _REDUCED or _is_placeholder(obj):
-            raise _WrittenOtherwise
-        return NotImplemented
-
-
-_REDUCED = frozenset({*_LOCK_TYPES, State, dataclasses._FIELD_BASE, typing.TypeVar})  # type: ignore[attr-defined]
-
-
-def _is_placeholder(obj: object) -> bool:
-    kind = type(obj)
-    return kind.__name__ == "DefaultPlaceholder" and kind.__module__ == "fastapi.datastructures"
-
-
-def dumps(value: object) -> bytes:
-    """Serialize user code and data (by value where it is not importable).
-
-    Values of importable types (handle arguments, results, stream items: the usual case)
-    are written by the C pickler (:class:`_Plain`), which writes what cloudpickle would
-    about twice as fast; anything it cannot write or writes differently, and every value
-    while a module is registered to be pickled by value, goes to cloudpickle.
-    """
-    if not cloudpickle.list_registry_pickle_by_value():  # type: ignore[no-untyped-call]
-        buffer = io.BytesIO()
-        try:
-            _Plain(buffer, protocol=5).dump(value)
-        except Exception:  # noqa: BLE001 - cloudpickle, below, writes it or says what is wrong
-            pass
-        else:
-            return buffer.getvalue()
-    buffer = io.BytesIO()
-    try:
-        _Pickler(buffer).dump(value)  # type: ignore[no-untyped-call]
-    except Exception as exc:  # noqa: BLE001 - any pickling failure is the user's to fix
-        raise TypeError(f"Cannot serialize {type(value).__name__}: {exc}") from None
-    return buffer.getvalue()
-
-
 #: Where this node's replicas listen for the data plane. The embedded cluster sets it to
 #: loopback (its raylet, and so every worker, inherits it from the driver); elsewhere
 #: replicas listen on their node's cluster address, which other nodes' callers dial.

@@ -14,7 +14,8 @@ from ray.exceptions import ActorUnavailableError, RayTaskError
 
 from app_toolkit._runtime.backends.base import current_session, set_current_session
 from app_toolkit._runtime.backends.ray.build import build_on_cluster
-from app_toolkit._runtime.backends.ray.cluster import controller_actor, dumps, named_actors
+from app_toolkit._runtime.backends.ray.cluster import controller_actor, named_actors
+from app_toolkit._runtime.backends.ray.codec import dumps
 from app_toolkit._runtime.channel.client import ChannelClient, UnreachableReplica
 from app_toolkit._runtime.channel.tls import caller_tls
 from app_toolkit._runtime.controller.api import ControlCall

@@ -29,11 +29,11 @@ from app_toolkit._runtime.backends.ray.cluster import (
     configure_worker,
     controller_actor,
     data_plane_host,
-    dumps,
     named_actors,
     remote,
     settle_heap,
 )
+from app_toolkit._runtime.backends.ray.codec import dumps
 from app_toolkit._runtime.backends.ray.front import ReplicaFront
 from app_toolkit._runtime.backends.ray.proxies import ProxyFleet
 from app_toolkit._runtime.backends.ray.spares import SparePool
