@@ -81,10 +81,10 @@ def ingress(
             setattr(cls, ASGI_BUILDER_ATTR, builder)
         else:
             served = _class_app(asgi, cls) if isinstance(asgi, FastAPI) else asgi
-            # As App does: clashing routes fail here. FastAPI also analyses the endpoints of
-            # included routers now (it would on the first request), so a copy sent to the
-            # replicas carries what it found, as the driver resolved it (the names an
-            # endpoint's annotations use may not travel with a copy of its function).
+            # As App does: conflicting pool options fail here. FastAPI also analyses the
+            # endpoints of included routers now (it would on the first request), so a copy
+            # sent to the replicas carries what it found, as the driver resolved it (the
+            # names an endpoint's annotations use may not travel with a copy of it).
             route_table(served)
             setattr(cls, ASGI_APP_ATTR, served)
         return cls
@@ -141,7 +141,10 @@ class App(Application):
 
     @property
     def asgi_app(self) -> FastAPI:
-        """The FastAPI app the ingress serves (e.g. to add middleware before running)."""
+        """The FastAPI app the ingress serves (e.g. to add middleware, before running, to
+        the app ``App`` made of your routers). An app of an importable module is imported
+        by Ray replicas as its module makes it: change that one in its module
+        (docs/deploy.md, "How an app reaches its replicas")."""
         from fastapi import FastAPI
 
         app = getattr(self.deployment.func_or_class, ASGI_APP_ATTR)
