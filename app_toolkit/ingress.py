@@ -190,16 +190,17 @@ def _class_app(app: FastAPI, cls: type) -> FastAPI:
     from fastapi.routing import APIRoute, APIWebSocketRoute
     from starlette.routing import Route
 
-    if app.router.middleware_stack != app.router.app:
-        raise ConfigError(
-            "@ingress(app) cannot serve an app whose router has middleware of its own (FastAPI's "
-            "max_body_size); drop it and bound request bodies with the toolkit's "
-            "max_request_body_bytes http option"
-        )
     own = copy.copy(app)
     own.router = copy.copy(app.router)
-    # Starlette's router dispatches through a stack bound to itself: bind the copy's.
-    own.router.middleware_stack = own.router.app
+    # Starlette's router dispatches through a stack bound to itself (with the router's
+    # own middleware around it, e.g. FastAPI's max_body_size): bind the copy's.
+    stack = _rebound(app.router.middleware_stack, app.router.app, own.router.app)
+    if stack is None:
+        raise ConfigError(
+            "@ingress(app) cannot copy the middleware of this app's router (a layer that does not "
+            "keep the next one as .app); move it to app.add_middleware(...)"
+        )
+    own.router.middleware_stack = stack
     docs = {app.openapi_url, app.docs_url, app.redoc_url, app.swagger_ui_oauth2_redirect_url} - {None}
     routes: list[BaseRoute] = []
     for route in app.router.routes:
@@ -219,6 +220,26 @@ def _class_app(app: FastAPI, cls: type) -> FastAPI:
     own.openapi_schema = None
     own.setup()
     return own
+
+
+def _rebound(stack: ASGIApp, inner: ASGIApp, replacement: ASGIApp) -> Any | None:
+    """``stack`` (middleware around ``inner``, each layer keeping the next as ``.app``, as
+    Starlette's do) made again of copies of its layers around ``replacement``; None if a
+    layer keeps the next one elsewhere."""
+    layers: list[Any] = []
+    current: Any = stack
+    while current != inner:  # == : each read of a bound method makes a new one
+        following = getattr(current, "app", None)
+        if following is None or len(layers) >= 64:
+            return None
+        layers.append(current)
+        current = following
+    rebuilt: Any = replacement
+    for layer in reversed(layers):
+        clone = copy.copy(layer)
+        clone.app = rebuilt
+        rebuilt = clone
+    return rebuilt
 
 
 def _is_method(endpoint: Callable[..., object]) -> bool:

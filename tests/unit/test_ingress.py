@@ -3,8 +3,7 @@ so one app may serve several classes, each with the routes of its own methods.""
 
 from __future__ import annotations
 
-import pytest
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.routing import APIRoute
 
 import app_toolkit as tk
@@ -70,13 +69,20 @@ def test_each_class_serves_its_own_methods_and_the_plain_routes(no_backend: None
         assert client.get("/second").status_code == 404
 
 
-def test_an_app_whose_router_has_middleware_of_its_own_is_refused_with_the_fix() -> None:
-    limited = FastAPI(max_body_size=1024)
+def test_the_middleware_of_the_apps_router_wraps_the_copy(no_backend: None) -> None:
+    limited = FastAPI(max_body_size=16)  # the router's own middleware, as FastAPI adds it
 
+    @tk.deployment
+    @tk.ingress(limited)
     class Limited:
-        @limited.get("/")
-        def root(self) -> str:
-            return "ok"
+        @limited.post("/")
+        async def root(self, request: Request) -> int:
+            return len(await request.body())
 
-    with pytest.raises(tk.ConfigError, match="max_request_body_bytes"):
-        tk.ingress(limited)(Limited)
+    with TestClient(as_deployment(Limited).bind()) as client:
+        assert client.post("/", content=b"x" * 16).json() == 16  # the copy's route, with self
+        assert client.post("/", content=b"x" * 17).status_code == 413  # the router's limit
+    layers: list[object] = [limited.router.middleware_stack]  # the user's app is unchanged:
+    while layers[-1] != limited.router.app and len(layers) < 10:  # its stack ends at its router
+        layers.append(getattr(layers[-1], "app", None))
+    assert layers[-1] == limited.router.app
