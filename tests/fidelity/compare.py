@@ -1,0 +1,250 @@
+"""Send the same exchanges to two servers of one app and say where their answers differ.
+
+An exchange is an HTTP request (:class:`Http`) or a WebSocket session (:class:`Ws`). Each
+server's answer is reduced to an :class:`Answer`: named fields (status, headers, body; for
+a WebSocket the handshake, messages and close) that must be equal field by field. The
+headers are a multiset: names lower-cased, the order of different names ignored, the
+order of one name's values kept (as HTTP gives it meaning: two ``set-cookie`` lines).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import httpx
+import uvicorn
+from starlette.types import ASGIApp
+from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.sync.client import connect
+from websockets.typing import Subprotocol
+
+#: Response headers that differ between any two servers: when and who answered, and the
+#: toolkit's request id.
+IGNORED_HEADERS = frozenset({"date", "server", "x-request-id"})
+#: The Host every request names, whichever port it went to: URLs an app builds from it
+#: (redirects, url_for) come out the same.
+HOST = "fidelity.test"
+
+
+@dataclass(frozen=True)
+class Http:
+    """One HTTP request: ``path`` below the app's own root (no route prefix)."""
+
+    name: str
+    method: str = "GET"
+    path: str = "/"
+    headers: Sequence[tuple[str, str]] = ()
+    body: bytes | None = None
+    #: Send the body as chunks (no content-length): transfer-encoding chunked.
+    chunked: bool = False
+
+
+@dataclass(frozen=True)
+class Ws:
+    """One WebSocket session: open ``path``, then each step in turn.
+
+    A step is ``("send", text_or_bytes)``, ``("recv", None)`` (read one message), or
+    ``("close", (code, reason))`` (the client closes). After the steps the session reads
+    until the server closes (unless the client closed), and reports the close frame.
+    """
+
+    name: str
+    path: str
+    subprotocols: Sequence[str] = ()
+    headers: Sequence[tuple[str, str]] = ()
+    steps: Sequence[tuple[str, object]] = ()
+
+
+Exchange = Http | Ws
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What one server answered to one exchange, field by field."""
+
+    fields: dict[str, object] = field(default_factory=dict)
+
+
+#: Headers whose comma-separated items come in an order of no meaning that differs per
+#: process: Starlette keeps a route's methods in a set, and joins them into ``allow`` in
+#: that set's order, which string hashing (random per process) decides.
+UNORDERED_ITEMS = frozenset({"allow"})
+
+
+def header_multiset(headers: Sequence[tuple[str, str]], ignored: frozenset[str]) -> list[tuple[str, str]]:
+    """Headers with lower-case names, grouped by name (sorted), each name's values in order."""
+    by_name: dict[str, list[str]] = {}
+    for name, value in headers:
+        name = name.lower()
+        if name in UNORDERED_ITEMS:
+            value = ", ".join(sorted(item.strip() for item in value.split(",")))
+        if name not in ignored:
+            by_name.setdefault(name, []).append(value)
+    return [(name, value) for name in sorted(by_name) for value in by_name[name]]
+
+
+def ask_http(client: httpx.Client, base_url: str, request: Http) -> Answer:
+    given = {name.lower() for name, _ in request.headers}
+    headers = [*([] if "host" in given else [("host", HOST)]), *request.headers]
+    content: bytes | Iterator[bytes] | None = request.body
+    if request.chunked and request.body is not None:
+        body = request.body
+        content = iter([body[i : i + 1000] for i in range(0, len(body), 1000)])
+    client.cookies.clear()  # cookies go as each request's own cookie header
+    built = client.build_request(request.method, base_url + request.path, headers=headers, content=content)
+    try:
+        response = client.send(built, stream=True)
+    except httpx.HTTPError as exc:
+        return Answer({"error": type(exc).__name__})
+    try:
+        raw = b"".join(response.iter_raw())
+        error = ""
+    except httpx.HTTPError as exc:
+        raw, error = b"", type(exc).__name__
+    finally:
+        response.close()
+    answer: dict[str, object] = {
+        "status": f"{response.status_code} {response.reason_phrase}",
+        "http_version": response.http_version,
+        "headers": header_multiset(
+            [(k.decode("latin-1"), v.decode("latin-1")) for k, v in response.headers.raw], IGNORED_HEADERS
+        ),
+        "body": raw,
+    }
+    if error:
+        answer["error"] = error
+    return Answer(answer)
+
+
+#: Handshake headers a server makes per connection (the accept key answers the client's
+#: random key).
+WS_IGNORED_HEADERS = IGNORED_HEADERS | {"sec-websocket-accept"}
+
+
+def ask_ws(ws_url: str, session: Ws) -> Answer:
+    fields: dict[str, object] = {}
+    try:
+        socket = connect(
+            ws_url + session.path,
+            subprotocols=[Subprotocol(name) for name in session.subprotocols] or None,
+            additional_headers=list(session.headers),
+            open_timeout=10,
+            close_timeout=10,
+            compression=None,
+        )
+    except InvalidStatus as exc:
+        response = exc.response
+        fields["handshake"] = f"refused {response.status_code} {response.reason_phrase}"
+        fields["headers"] = header_multiset(list(response.headers.raw_items()), WS_IGNORED_HEADERS)
+        fields["body"] = response.body
+        return Answer(fields)
+    with socket:
+        handshake = socket.response
+        assert handshake is not None
+        fields["handshake"] = f"accepted {handshake.status_code} subprotocol={socket.subprotocol}"
+        fields["headers"] = header_multiset(list(handshake.headers.raw_items()), WS_IGNORED_HEADERS)
+        received: list[object] = []
+        closed_by_client = False
+        try:
+            for kind, value in session.steps:
+                if kind == "send":
+                    assert isinstance(value, str | bytes)
+                    socket.send(value)
+                elif kind == "recv":
+                    received.append(socket.recv(timeout=10))
+                elif kind == "close":
+                    assert isinstance(value, tuple)
+                    code, reason = value
+                    socket.close(code, reason)
+                    closed_by_client = True
+            if not closed_by_client:
+                while True:  # until the server closes
+                    received.append(socket.recv(timeout=10))
+        except ConnectionClosed:
+            pass
+        except TimeoutError:
+            received.append("<no message within 10 s>")
+        fields["received"] = received
+        fields["close"] = (socket.close_code, socket.close_reason)
+    return Answer(fields)
+
+
+@dataclass(frozen=True)
+class Difference:
+    """One field of one exchange that the toolkit answered otherwise than uvicorn."""
+
+    exchange: str
+    text: str
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def differences(request: Exchange, expected: Answer, actual: Answer) -> list[Difference]:
+    """One per field where ``actual`` (the toolkit) differs from ``expected`` (uvicorn)."""
+    lines: list[Difference] = []
+    for name in sorted(set(expected.fields) | set(actual.fields)):
+        want, got = expected.fields.get(name, "<missing>"), actual.fields.get(name, "<missing>")
+        if want != got:
+            if name == "headers" and isinstance(want, list) and isinstance(got, list):
+                only_want = [h for h in want if h not in got]
+                only_got = [h for h in got if h not in want]
+                detail = f"uvicorn only {only_want}, toolkit only {only_got}"
+                if not only_want and not only_got:
+                    detail = f"same headers, other order: uvicorn {want}, toolkit {got}"
+                lines.append(Difference(request.name, f"{request.name!r} headers: {detail}"))
+            else:
+                text = f"{request.name!r} {name}: uvicorn {_short(want)}, toolkit {_short(got)}"
+                lines.append(Difference(request.name, text))
+    return lines
+
+
+def _short(value: object, limit: int = 600) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"
+
+
+class UvicornThread:
+    """A real uvicorn serving ``app`` on 127.0.0.1 in a thread of this process, with
+    ``root_path`` as ``uvicorn --root-path`` sets it (the toolkit's route prefix: the app
+    sees the same scope from both servers)."""
+
+    def __init__(self, app: ASGIApp, port: int, root_path: str) -> None:
+        config = uvicorn.Config(
+            app, host="127.0.0.1", port=port, root_path=root_path, log_level="critical", lifespan="on"
+        )
+        self.server = uvicorn.Server(config)
+        self.url = f"http://127.0.0.1:{port}"
+        self._thread = threading.Thread(target=self.server.run, name="fidelity-uvicorn", daemon=True)
+
+    @contextmanager
+    def running(self) -> Iterator[UvicornThread]:
+        from tests.waiting import wait_for
+
+        self._thread.start()
+        try:
+            wait_for(lambda: self.server.started or not self._thread.is_alive(), 30, "uvicorn to start")
+            assert self.server.started, "uvicorn did not start (its lifespan failed?)"
+            yield self
+        finally:
+            self.server.should_exit = True
+            self._thread.join(30)
+
+
+def compare(exchanges: Sequence[Exchange], uvicorn_url: str, toolkit_url: str) -> list[Difference]:
+    """Send every exchange to uvicorn and to the toolkit in turn (each path appended to
+    each server's URL); the differing fields (none when the answers agree)."""
+    found: list[Difference] = []
+    with httpx.Client(timeout=30) as uvicorn_client, httpx.Client(timeout=30) as toolkit_client:
+        for exchange in exchanges:
+            if isinstance(exchange, Http):
+                expected = ask_http(uvicorn_client, uvicorn_url, exchange)
+                actual = ask_http(toolkit_client, toolkit_url, exchange)
+            else:
+                expected = ask_ws(uvicorn_url.replace("http", "ws", 1), exchange)
+                actual = ask_ws(toolkit_url.replace("http", "ws", 1), exchange)
+            found.extend(differences(exchange, expected, actual))
+    return found
