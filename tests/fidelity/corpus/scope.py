@@ -1,0 +1,72 @@
+"""What the app sees of a request: scope fields, root_path, URLs it builds, the docs.
+
+Served below a route prefix (which becomes the scope's root_path, as uvicorn's
+``--root-path`` makes it) and at the root. (FastAPI's own ``root_path=`` setting is
+deprecated: a warning, so an error in this test process.)"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import RedirectResponse
+
+from tests.fidelity.compare import Http
+
+app = FastAPI(title="scope")
+
+
+# Out of the schema: one route of several methods gets one operation id per method, the
+# same, and FastAPI warns of the duplicates (an error in this test process's uvicorn).
+@app.api_route(
+    "/echo/{rest:path}",
+    methods=["GET", "POST", "PUT", "DELETE", "PATCH"],
+    name="echo",
+    include_in_schema=False,
+)
+async def echo(request: Request, rest: str) -> dict[str, Any]:
+    scope = request.scope
+    return {
+        "type": scope["type"],
+        "http_version": scope["http_version"],
+        "method": scope["method"],
+        "scheme": scope["scheme"],
+        "path": scope["path"],
+        "raw_path": scope["raw_path"].decode("latin-1"),
+        "root_path": scope["root_path"],
+        "query_string": scope["query_string"].decode("latin-1"),
+        "headers": [[k.decode("latin-1"), v.decode("latin-1")] for k, v in scope["headers"]],
+        "rest": rest,
+        "url": str(request.url),
+        "base_url": str(request.base_url),
+        "url_for": str(request.url_for("echo", rest="x/y")),
+        "url_path_for": request.app.url_path_for("echo", rest="z"),
+        "query_params": list(request.query_params.multi_items()),
+        "body": (await request.body()).decode("latin-1"),
+    }
+
+
+@app.get("/to-echo")
+async def to_echo(request: Request) -> RedirectResponse:
+    return RedirectResponse(request.url_for("echo", rest="redirected"))
+
+
+@app.get("/slash/")
+async def slash() -> str:
+    return "with a slash"
+
+
+EXCHANGES = [
+    Http("plain GET", path="/echo/a/b"),
+    Http("query string", path="/echo/q?a=1&a=2&b=%20x&c"),
+    Http("percent-encoded path", path="/echo/caf%C3%A9/a%2Fb"),
+    Http("repeated headers", path="/echo/h", headers=[("x-one", "1"), ("X-Two", "2"), ("x-one", "3")]),
+    Http("POST body", method="POST", path="/echo/p", body=b"hello", headers=[("content-type", "text/x")]),
+    Http("chunked body", method="PUT", path="/echo/c", body=b"0123456789" * 300, chunked=True),
+    Http("empty DELETE", method="DELETE", path="/echo/d"),
+    Http("redirect to url_for", path="/to-echo"),
+    Http("redirect_slashes adds a slash", path="/slash"),
+    Http("no such route", path="/nowhere"),
+    Http("openapi.json servers", path="/openapi.json"),
+    Http("docs page", path="/docs"),
+]

@@ -1,0 +1,193 @@
+"""Each app of the corpus answers the same through the toolkit as under plain uvicorn.
+
+For every corpus app (tests/fidelity/corpus/) and every way the toolkit serves it — the
+local backend, Ray with direct ingress, Ray through the proxy — one test serves the same
+app object with a real uvicorn on 127.0.0.1 (``--root-path`` set to the toolkit's route
+prefix, so the app sees the same scope) and deploys it on the toolkit, then sends both
+the corpus's requests in the same order and compares status, headers and body (or, for a
+WebSocket, handshake, messages and close). A failure lists each differing field of each
+named request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+import pytest
+from starlette.types import ASGIApp
+
+import app_toolkit as tk
+from app_toolkit.exceptions import ConfigError
+from tests.conftest import Toolkit, _toolkit_for, free_port
+from tests.fidelity.compare import Exchange, UvicornThread, compare
+from tests.fidelity.corpus import (
+    dependencies,
+    handlers,
+    known,
+    middleware,
+    models,
+    mounts,
+    responses,
+    scope,
+    sockets,
+)
+
+#: How the toolkit serves an app: backend, and on Ray whether the ingress replica serves
+#: its connections itself (direct_ingress) or the proxy forwards each request.
+MODES = {"local": ("local", True), "ray-direct": ("ray", True), "ray-proxied": ("ray", False)}
+RAY = ("ray-direct", "ray-proxied")
+
+
+class KnownDifference(Exception):
+    """Only the differences a :class:`Known` names were found (an expected failure)."""
+
+
+@dataclass(frozen=True)
+class Known:
+    """A difference the toolkit is known to have today: the case is marked
+    ``xfail(strict=True)``, and the mark flips to a failure once it is fixed. Any other
+    difference of the same case still fails it."""
+
+    reason: str
+    modes: tuple[str, ...] = tuple(MODES)
+    #: The exchanges that differ; none: deploying the app fails (with ``raises``).
+    exchanges: tuple[str, ...] = ()
+    raises: type[Exception] = KnownDifference
+
+
+#: The app object both servers serve, and the toolkit's application of it (given
+#: direct_ingress).
+Served = tuple[ASGIApp, tk.Application]
+
+
+def as_app(asgi: ASGIApp, **options: object) -> Callable[[bool], Served]:
+    def build(direct: bool) -> Served:
+        return asgi, tk.App(asgi, direct_ingress=direct, **options)  # type: ignore[arg-type]  # any ASGI app
+
+    return build
+
+
+def graphql_app(direct: bool) -> Served:
+    app = known.make_graphql_app()
+    return app, tk.App(app, direct_ingress=direct)
+
+
+def graphql(direct: bool) -> Served:
+    app = known.make_graphql_app()
+    return app, known.graphql_ingress(app).options(direct_ingress=direct).bind()
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """One app of the corpus: what uvicorn serves, what the toolkit deploys, what to send."""
+
+    name: str
+    exchanges: Sequence[Exchange]
+    serve: Callable[[bool], Served]
+    known: Sequence[Known] = ()
+    #: The toolkit's route_prefix (uvicorn's --root-path); by default /fidelity-{name}.
+    prefix: str = ""
+
+    def known_in(self, mode: str) -> list[Known]:
+        return [entry for entry in self.known if mode in entry.modes]
+
+
+SOCKET_ERRORS = (
+    Known(
+        "a denial response (the websocket.http.response extension, which uvicorn offers) "
+        "reaches the client as 403 with an empty body, not the app's status, headers and body",
+        exchanges=("denial response",),
+    ),
+    Known(
+        "an exception before accept answers 403 with an empty body; uvicorn answers "
+        "500 'Internal Server Error'",
+        exchanges=("error before accept",),
+    ),
+    Known(
+        "an exception after accept closes with a 1011 close frame; uvicorn drops the "
+        "connection without one (the client sees 1006)",
+        exchanges=("error after accept",),
+    ),
+)
+
+CORPUS = [
+    # FastAPI's own /docs page, not the toolkit's offline one (docs/http.md).
+    Corpus("scope", scope.EXCHANGES, as_app(scope.app, offline_docs=False)),
+    Corpus("scope_at_root", scope.EXCHANGES, as_app(scope.app, offline_docs=False), prefix="/"),
+    Corpus("models", models.EXCHANGES, as_app(models.app)),
+    Corpus("dependencies", dependencies.EXCHANGES, as_app(dependencies.app)),
+    Corpus("handlers", handlers.EXCHANGES, as_app(handlers.app)),
+    Corpus("sockets", sockets.EXCHANGES, as_app(sockets.app), SOCKET_ERRORS),
+    Corpus("responses", responses.EXCHANGES, as_app(responses.app)),
+    Corpus("middleware", middleware.EXCHANGES, as_app(middleware.app)),
+    Corpus("mounts", mounts.EXCHANGES, as_app(mounts.app)),
+    Corpus("duplicates", known.DUPLICATES, as_app(known.duplicates)),  # #47 item 1, fixed
+    Corpus(
+        "wsgi_connection",
+        known.WSGI_WITH_CONNECTION,
+        as_app(known.wsgi_with_connection),
+        [
+            Known(
+                "#47 item 2: a WSGI mount holding an unpicklable object fails to deploy on Ray",
+                RAY,
+                raises=ConfigError,
+            )
+        ],  # fmt: skip
+    ),
+    Corpus("graphql_app", known.GRAPHQL, graphql_app),
+    Corpus(
+        "graphql",
+        known.GRAPHQL,
+        graphql,
+        [
+            Known(
+                "#47 item 3: a GraphQL-style router (closures declared in an APIRouter's constructor, "
+                "included lazily) under @tk.ingress",
+                RAY,
+                exchanges=("GraphQL POST", "GraphQL WebSocket"),
+            )
+        ],  # fmt: skip
+    ),
+]
+
+
+def _cases() -> Iterator[object]:
+    for corpus in CORPUS:
+        for mode in MODES:
+            entries = corpus.known_in(mode)
+            marks = []
+            if entries:
+                reason = "; ".join(entry.reason for entry in entries)
+                raises = tuple({entry.raises for entry in entries})
+                marks.append(pytest.mark.xfail(strict=True, reason=reason, raises=raises))
+            yield pytest.param(corpus, mode, id=f"{corpus.name}-{mode}", marks=marks)
+
+
+@contextmanager
+def _toolkit(backend: str) -> Iterator[Toolkit]:
+    kits = _toolkit_for(backend)
+    kit = next(kits)
+    try:
+        yield kit
+    finally:
+        next(kits, None)  # deletes what the test deployed
+
+
+@pytest.mark.parametrize(("corpus", "mode"), list(_cases()))
+def test_the_toolkit_answers_as_uvicorn(corpus: Corpus, mode: str) -> None:
+    backend, direct = MODES[mode]
+    prefix = corpus.prefix or f"/fidelity-{corpus.name}"
+    root_path = prefix.rstrip("/")
+    asgi, application = corpus.serve(direct)
+    with UvicornThread(asgi, free_port(), root_path).running() as server, _toolkit(backend) as kit:
+        kit.run(application, route_prefix=prefix)
+        found = compare(corpus.exchanges, server.url, kit.url + root_path)
+    expected = {name for entry in corpus.known_in(mode) for name in entry.exchanges}
+    unknown = [str(difference) for difference in found if difference.exchange not in expected]
+    assert not unknown, f"{corpus.name} on {mode} differs from uvicorn:\n" + "\n".join(unknown)
+    fixed = expected - {difference.exchange for difference in found}
+    assert not fixed, f"{corpus.name} on {mode} now answers {sorted(fixed)} as uvicorn: drop its Known entry"
+    if found:
+        raise KnownDifference("\n".join(map(str, found)))
