@@ -88,7 +88,10 @@ def header_multiset(headers: Sequence[tuple[str, str]], ignored: frozenset[str])
 
 def ask_http(client: httpx.Client, base_url: str, request: Http) -> Answer:
     given = {name.lower() for name, _ in request.headers}
-    headers = [*([] if "host" in given else [("host", HOST)]), *request.headers]
+    headers = [
+        (name.encode("latin-1"), value.encode("latin-1"))  # httpx would encode a str as ASCII
+        for name, value in [*([] if "host" in given else [("host", HOST)]), *request.headers]
+    ]
     content: bytes | Iterator[bytes] | None = request.body
     if request.chunked and request.body is not None:
         body = request.body
@@ -197,14 +200,29 @@ def differences(request: Exchange, expected: Answer, actual: Answer) -> list[Dif
                     detail = f"same headers, other order: uvicorn {want}, toolkit {got}"
                 lines.append(Difference(request.name, f"{request.name!r} headers: {detail}"))
             else:
-                text = f"{request.name!r} {name}: uvicorn {_short(want)}, toolkit {_short(got)}"
+                text = f"{request.name!r} {name}: {_contrast(want, got)}"
                 lines.append(Difference(request.name, text))
     return lines
 
 
-def _short(value: object, limit: int = 600) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit] + f"... ({len(text)} characters)"
+def _contrast(want: object, got: object, context: int = 100) -> str:
+    """``uvicorn X, toolkit Y``; for long texts and lists, from where they first differ."""
+    if isinstance(want, list) and isinstance(got, list) and len(want) == len(got):
+        index = next(i for i, (a, b) in enumerate(zip(want, got, strict=True)) if a != b)
+        return f"item {index}: {_contrast(want[index], got[index], context)}"
+    if (
+        isinstance(want, bytes | bytearray | str)
+        and isinstance(got, type(want))
+        and len(repr(want)) > 2 * context
+    ):
+        at = next(
+            (i for i, (a, b) in enumerate(zip(want, got, strict=False)) if a != b), min(len(want), len(got))
+        )
+        start = max(0, at - context // 2)
+        want_part, got_part = want[start : at + context], got[start : at + context]
+        where = f"from offset {at} (of {len(want)}, {len(got)})"
+        return f"{where}: uvicorn ...{want_part!r}..., toolkit ...{got_part!r}..."
+    return f"uvicorn {want!r}, toolkit {got!r}"
 
 
 class UvicornThread:

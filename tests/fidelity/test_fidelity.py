@@ -94,7 +94,18 @@ class Corpus:
         return [entry for entry in self.known if mode in entry.modes]
 
 
-SOCKET_ERRORS = (
+HTTP_ASGI_KEY = Known(
+    "the HTTP scope has no 'asgi' key (uvicorn: {'version': '3.0', 'spec_version': '2.3'}) "
+    "on the local backend and on Ray's proxied path",
+    ("local", "ray-proxied"),
+    exchanges=("ASGI version and extensions",),
+)
+SOCKETS = (
+    Known(
+        "the WebSocket scope has no 'asgi' key (uvicorn: {'version': '3.0', 'spec_version': '2.4'}) "
+        "and no 'websocket.http.response' extension (uvicorn offers it)",
+        exchanges=("ASGI version and extensions",),
+    ),
     Known(
         "a denial response (the websocket.http.response extension, which uvicorn offers) "
         "reaches the client as 403 with an empty body, not the app's status, headers and body",
@@ -114,12 +125,12 @@ SOCKET_ERRORS = (
 
 CORPUS = [
     # FastAPI's own /docs page, not the toolkit's offline one (docs/http.md).
-    Corpus("scope", scope.EXCHANGES, as_app(scope.app, offline_docs=False)),
-    Corpus("scope_at_root", scope.EXCHANGES, as_app(scope.app, offline_docs=False), prefix="/"),
+    Corpus("scope", scope.EXCHANGES, as_app(scope.app, offline_docs=False), [HTTP_ASGI_KEY]),
+    Corpus("scope_at_root", scope.EXCHANGES, as_app(scope.app, offline_docs=False), [HTTP_ASGI_KEY], "/"),
     Corpus("models", models.EXCHANGES, as_app(models.app)),
     Corpus("dependencies", dependencies.EXCHANGES, as_app(dependencies.app)),
     Corpus("handlers", handlers.EXCHANGES, as_app(handlers.app)),
-    Corpus("sockets", sockets.EXCHANGES, as_app(sockets.app), SOCKET_ERRORS),
+    Corpus("sockets", sockets.EXCHANGES, as_app(sockets.app), SOCKETS),
     Corpus("responses", responses.EXCHANGES, as_app(responses.app)),
     Corpus("middleware", middleware.EXCHANGES, as_app(middleware.app)),
     Corpus("mounts", mounts.EXCHANGES, as_app(mounts.app)),

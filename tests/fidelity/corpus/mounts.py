@@ -3,6 +3,7 @@ a Starlette router."""
 
 from __future__ import annotations
 
+import hashlib
 import warnings
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -90,6 +91,12 @@ async def links(request: Request) -> dict[str, str]:
     return {"static": str(request.url_for("static", path="site.css"))}
 
 
+def static_etag(name: str) -> str:
+    """The etag StaticFiles gives a file (Starlette's FileResponse: its mtime and size)."""
+    stat = (STATIC / name).stat()
+    return f'"{hashlib.md5(f"{stat.st_mtime}-{stat.st_size}".encode(), usedforsecurity=False).hexdigest()}"'
+
+
 FUTURE = "Fri, 01 Jan 2100 00:00:00 GMT"
 EXCHANGES = [
     Http("static file", path="/static/site.css"),
@@ -101,7 +108,12 @@ EXCHANGES = [
         path="/static/site.css",
         headers=[("if-modified-since", "Thu, 01 Jan 1970 00:00:00 GMT")],
     ),
-    Http("static 304 by a wrong etag", path="/static/site.css", headers=[("if-none-match", '"nope"')]),
+    Http(
+        "static 304 by its etag",
+        path="/static/site.css",
+        headers=[("if-none-match", static_etag("site.css"))],
+    ),
+    Http("static, another etag", path="/static/site.css", headers=[("if-none-match", '"nope"')]),
     Http("static range", path="/static/data.bin", headers=[("range", "bytes=100-199")]),
     Http("static HEAD", method="HEAD", path="/static/data.bin"),
     Http("static missing file", path="/static/none.txt"),

@@ -33,7 +33,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, Any]]:
 app = FastAPI(title="responses", lifespan=lifespan)
 
 
-@app.get("/stream")
+@app.api_route("/stream", methods=["GET", "HEAD"])
 async def stream() -> StreamingResponse:
     async def chunks() -> AsyncIterator[bytes]:
         for i in range(5):
@@ -51,6 +51,20 @@ def stream_sync() -> StreamingResponse:
     return StreamingResponse(chunks(), media_type="text/csv")
 
 
+@app.get("/stream-fails")
+async def stream_fails() -> StreamingResponse:
+    async def chunks() -> AsyncIterator[bytes]:
+        yield b"first part\n"
+        raise RuntimeError("the stream broke")
+
+    return StreamingResponse(chunks(), media_type="text/plain")
+
+
+@app.get("/status/{code}")
+async def status(code: int) -> Response:
+    return Response(f"status {code}", status_code=code, headers={"x-latin": "caf\xe9"})
+
+
 @app.get("/stream-empty")
 async def stream_empty() -> StreamingResponse:
     async def nothing() -> AsyncIterator[bytes]:
@@ -60,7 +74,7 @@ async def stream_empty() -> StreamingResponse:
     return StreamingResponse(nothing())
 
 
-@app.get("/file")
+@app.api_route("/file", methods=["GET", "HEAD"])
 async def file() -> FileResponse:
     return FileResponse(STATIC / "data.bin", media_type="application/octet-stream")
 
@@ -75,7 +89,7 @@ async def big() -> Response:
     return Response(bytes(range(256)) * 4096, media_type="application/octet-stream")
 
 
-@app.api_route("/page", methods=["GET", "POST"])
+@app.api_route("/page", methods=["GET", "HEAD", "POST"])
 async def page() -> HTMLResponse:
     return HTMLResponse("<p>page</p>", headers={"etag": ETAG})
 
@@ -145,6 +159,9 @@ EXCHANGES = [
     Http("async streaming", path="/stream"),
     Http("sync streaming with an empty chunk", path="/stream-sync"),
     Http("empty stream", path="/stream-empty"),
+    Http("stream that raises after its first chunk", path="/stream-fails"),
+    Http("uncommon status, latin-1 header", path="/status/299"),
+    Http("unregistered status", path="/status/599"),
     Http("HEAD of a stream", method="HEAD", path="/stream"),
     Http("file", path="/file"),
     Http("file, one range", path="/file", headers=[("range", "bytes=10-19")]),
@@ -154,7 +171,8 @@ EXCHANGES = [
     Http("HEAD of a file", method="HEAD", path="/file"),
     Http("file as a download, non-ASCII name", path="/file-download"),
     Http("a 1 MiB body", path="/big"),
-    Http("HEAD of a GET route", method="HEAD", path="/page"),
+    Http("HEAD of a route", method="HEAD", path="/page"),
+    Http("HEAD of a GET-only route", method="HEAD", path="/conditional"),
     Http("OPTIONS of a route", method="OPTIONS", path="/page"),
     Http("method not allowed", method="PUT", path="/page"),
     Http("conditional, fresh", path="/conditional"),
@@ -175,6 +193,8 @@ EXCHANGES = [
     ),
     Http("upload chunked", method="POST", path="/upload", body=BODY, chunked=True),
     Http("upload streamed into the app", method="POST", path="/upload-stream", body=BODY, chunked=True),
+    # Past the toolkit's forwarding window (1 MiB, docs/http.md): the body streams in.
+    Http("3 MiB upload", method="POST", path="/upload-stream", body=BODY * 30),
     Http("empty upload", method="POST", path="/upload", body=b""),
     Http("background task and lifespan state", method="POST", path="/background"),
     Http("what the background task did", path="/background-result"),

@@ -28,6 +28,8 @@ async def echo(request: Request, rest: str) -> dict[str, Any]:
     scope = request.scope
     return {
         "type": scope["type"],
+        "client_host": scope["client"][0],  # the ports differ between any two servers
+        "server_host": scope["server"][0],
         "http_version": scope["http_version"],
         "method": scope["method"],
         "scheme": scope["scheme"],
@@ -46,6 +48,11 @@ async def echo(request: Request, rest: str) -> dict[str, Any]:
     }
 
 
+@app.get("/asgi")
+async def asgi(request: Request) -> dict[str, Any]:
+    return {"asgi": request.scope.get("asgi"), "extensions": sorted(request.scope.get("extensions") or {})}
+
+
 @app.get("/to-echo")
 async def to_echo(request: Request) -> RedirectResponse:
     return RedirectResponse(request.url_for("echo", rest="redirected"))
@@ -60,10 +67,17 @@ EXCHANGES = [
     Http("plain GET", path="/echo/a/b"),
     Http("query string", path="/echo/q?a=1&a=2&b=%20x&c"),
     Http("percent-encoded path", path="/echo/caf%C3%A9/a%2Fb"),
-    Http("repeated headers", path="/echo/h", headers=[("x-one", "1"), ("X-Two", "2"), ("x-one", "3")]),
+    Http("double slashes and dots", path="/echo//a//b/./c/%2E%2E/d"),
+    Http("non-UTF-8 query bytes", path="/echo/q?x=%FF%FE&y=%C3%A9"),
+    Http(
+        "repeated and odd headers",
+        path="/echo/h",
+        headers=[("x-one", "1"), ("X-Two", "2"), ("x-one", "3"), ("x-empty", ""), ("x-latin", "caf\xe9")],
+    ),
     Http("POST body", method="POST", path="/echo/p", body=b"hello", headers=[("content-type", "text/x")]),
     Http("chunked body", method="PUT", path="/echo/c", body=b"0123456789" * 300, chunked=True),
     Http("empty DELETE", method="DELETE", path="/echo/d"),
+    Http("ASGI version and extensions", path="/asgi"),
     Http("redirect to url_for", path="/to-echo"),
     Http("redirect_slashes adds a slash", path="/slash"),
     Http("no such route", path="/nowhere"),

@@ -36,6 +36,9 @@ async def echo(websocket: WebSocket) -> None:
             if message.get("text") == "bye":
                 await websocket.close(4001, "bye now")
                 return
+            if message.get("text") == "adiós":
+                await websocket.close(4002, "adiós ✓")
+                return
             if message.get("text") is not None:
                 await websocket.send_text("echo:" + message["text"])
             else:
@@ -53,6 +56,9 @@ async def seen(
     headers = [[k.decode(), v.decode()] for k, v in websocket.scope["headers"] if k not in skip]
     await websocket.send_json(
         {
+            "subprotocols": websocket.scope["subprotocols"],
+            "http_version": websocket.scope["http_version"],
+            "scheme": websocket.scope["scheme"],
             "path": websocket.scope["path"],
             "root_path": websocket.scope["root_path"],
             "query": websocket.scope["query_string"].decode(),
@@ -63,6 +69,16 @@ async def seen(
         }
     )
     await websocket.close(1000, "done")
+
+
+@app.websocket("/asgi")
+async def asgi(websocket: WebSocket) -> None:
+    await websocket.accept()
+    scope = websocket.scope
+    await websocket.send_json(
+        {"asgi": scope.get("asgi"), "extensions": sorted(scope.get("extensions") or {})}
+    )
+    await websocket.close()
 
 
 @app.websocket("/needs-int")
@@ -114,6 +130,17 @@ EXCHANGES = [
     ),
     Ws("echo without a subprotocol", "/echo", steps=[("send", "one"), ("recv", None), ("send", "bye")]),
     Ws(
+        "large messages, a non-ASCII close reason",
+        "/echo",
+        steps=[
+            ("send", "x" * 300_000),
+            ("recv", None),
+            ("send", bytes(500_000)),
+            ("recv", None),
+            ("send", "adiós"),
+        ],
+    ),
+    Ws(
         "client closes with a code", "/echo", steps=[("send", "x"), ("recv", None), ("close", (4100, "done"))]
     ),
     Ws("what the echo route saw", "/last-disconnect"),
@@ -124,6 +151,7 @@ EXCHANGES = [
         "/seen?n=3&x=%20y",
         headers=[("cookie", "flavour=mint"), ("x-custom", "a"), ("x-custom", "b")],
     ),
+    Ws("ASGI version and extensions", "/asgi"),
     Ws("query validation fails", "/needs-int?n=x"),
     Ws("closed before accept", "/deny"),
     Ws("denial response", "/denial-response"),
