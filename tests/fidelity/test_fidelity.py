@@ -29,6 +29,7 @@ from tests.fidelity.corpus import (
     middleware,
     models,
     mounts,
+    raw,
     responses,
     scope,
     sockets,
@@ -134,6 +135,18 @@ CORPUS = [
     Corpus("responses", responses.EXCHANGES, as_app(responses.app)),
     Corpus("middleware", middleware.EXCHANGES, as_app(middleware.app)),
     Corpus("mounts", mounts.EXCHANGES, as_app(mounts.app)),
+    Corpus(
+        "raw_asgi",
+        raw.EXCHANGES,
+        as_app(raw.app),
+        [
+            Known(
+                "an exception before the response starts: the toolkit's 500 keeps the connection; "
+                "uvicorn's says 'connection: close' and closes it",
+                exchanges=("exception before the response starts",),
+            )
+        ],
+    ),
     Corpus("duplicates", known.DUPLICATES, as_app(known.duplicates)),  # #47 item 1, fixed
     Corpus(
         "wsgi_connection",
