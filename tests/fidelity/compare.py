@@ -9,6 +9,7 @@ order of one name's values kept (as HTTP gives it meaning: two ``set-cookie`` li
 
 from __future__ import annotations
 
+import socket as socket_module
 import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
@@ -58,7 +59,17 @@ class Ws:
     steps: Sequence[tuple[str, object]] = ()
 
 
-Exchange = Http | Ws
+@dataclass(frozen=True)
+class Raw:
+    """Bytes written as they are on a new connection, and every byte read back until the
+    server closes it (send ``connection: close``). ``{root}`` in ``data`` stands for the
+    route prefix (empty for uvicorn, whose --root-path the client does not send)."""
+
+    name: str
+    data: bytes
+
+
+Exchange = Http | Ws | Raw
 
 
 @dataclass(frozen=True)
@@ -186,6 +197,22 @@ class Difference:
         return self.text
 
 
+def ask_raw(url: str, root: str, exchange: Raw) -> Answer:
+    host, port = url.removeprefix("http://").split(":")
+    answer = b""
+    with socket_module.create_connection((host, int(port)), timeout=10) as raw:
+        raw.sendall(exchange.data.replace(b"{root}", root.encode()))
+        try:
+            while chunk := raw.recv(65536):
+                answer += chunk
+        except TimeoutError:
+            answer += b"<no close within 10 s>"
+    lines = answer.split(b"\r\n")
+    ignored = tuple(f"{name}:".encode() for name in IGNORED_HEADERS)
+    kept = b"\r\n".join(line for line in lines if not line.lower().startswith(ignored))
+    return Answer({"bytes": kept})
+
+
 def differences(request: Exchange, expected: Answer, actual: Answer) -> list[Difference]:
     """One per field where ``actual`` (the toolkit) differs from ``expected`` (uvicorn)."""
     lines: list[Difference] = []
@@ -252,17 +279,20 @@ class UvicornThread:
             self._thread.join(30)
 
 
-def compare(exchanges: Sequence[Exchange], uvicorn_url: str, toolkit_url: str) -> list[Difference]:
-    """Send every exchange to uvicorn and to the toolkit in turn (each path appended to
-    each server's URL); the differing fields (none when the answers agree)."""
+def compare(exchanges: Sequence[Exchange], uvicorn_url: str, toolkit_url: str, root: str) -> list[Difference]:
+    """Send every exchange to uvicorn and to the toolkit (below ``root``, the route
+    prefix) in turn; the differing fields (none when the answers agree)."""
     found: list[Difference] = []
     with httpx.Client(timeout=30) as uvicorn_client, httpx.Client(timeout=30) as toolkit_client:
         for exchange in exchanges:
             if isinstance(exchange, Http):
                 expected = ask_http(uvicorn_client, uvicorn_url, exchange)
-                actual = ask_http(toolkit_client, toolkit_url, exchange)
-            else:
+                actual = ask_http(toolkit_client, toolkit_url + root, exchange)
+            elif isinstance(exchange, Ws):
                 expected = ask_ws(uvicorn_url.replace("http", "ws", 1), exchange)
-                actual = ask_ws(toolkit_url.replace("http", "ws", 1), exchange)
+                actual = ask_ws(toolkit_url.replace("http", "ws", 1) + root, exchange)
+            else:
+                expected = ask_raw(uvicorn_url, "", exchange)
+                actual = ask_raw(toolkit_url, root, exchange)
             found.extend(differences(exchange, expected, actual))
     return found

@@ -207,7 +207,7 @@ def test_the_toolkit_answers_as_uvicorn(corpus: Corpus, mode: str) -> None:
     asgi, application = corpus.serve(direct)
     with UvicornThread(asgi, free_port(), root_path).running() as server, _toolkit(backend) as kit:
         kit.run(application, route_prefix=prefix)
-        found = compare(corpus.exchanges, server.url, kit.url + root_path)
+        found = compare(corpus.exchanges, server.url, kit.url, root_path)
     expected = {name for entry in corpus.known_in(mode) for name in entry.exchanges}
     unknown = [str(difference) for difference in found if difference.exchange not in expected]
     assert not unknown, f"{corpus.name} on {mode} differs from uvicorn:\n" + "\n".join(unknown)

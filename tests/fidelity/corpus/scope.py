@@ -11,7 +11,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import RedirectResponse
 
-from tests.fidelity.compare import Http
+from tests.fidelity.compare import Exchange, Http, Raw
 
 app = FastAPI(title="scope")
 
@@ -63,7 +63,8 @@ async def slash() -> str:
     return "with a slash"
 
 
-EXCHANGES = [
+HOST = b"host: fidelity.test\r\n"
+EXCHANGES: list[Exchange] = [
     Http("plain GET", path="/echo/a/b"),
     Http("query string", path="/echo/q?a=1&a=2&b=%20x&c"),
     Http("percent-encoded path", path="/echo/caf%C3%A9/a%2Fb"),
@@ -83,4 +84,25 @@ EXCHANGES = [
     Http("no such route", path="/nowhere"),
     Http("openapi.json servers", path="/openapi.json"),
     Http("docs page", path="/docs"),
+    Raw("HTTP/1.0", b"GET {root}/echo/old HTTP/1.0\r\n" + HOST + b"\r\n"),
+    Raw(
+        "two pipelined requests",
+        b"GET {root}/echo/one HTTP/1.1\r\n" + HOST + b"\r\n"
+        b"GET {root}/echo/two HTTP/1.1\r\n" + HOST + b"connection: close\r\n\r\n",
+    ),
+    Raw(
+        "expect 100-continue",
+        b"POST {root}/echo/expect HTTP/1.1\r\n" + HOST + b"expect: 100-continue\r\n"
+        b"content-length: 5\r\nconnection: close\r\n\r\nhello",
+    ),
+    Raw(
+        "absolute-form target",
+        b"GET http://fidelity.test{root}/echo/absolute?q=1 HTTP/1.1\r\n"
+        + HOST
+        + b"connection: close\r\n\r\n",
+    ),
+    Raw(
+        "padded header value, mixed-case name",
+        b"GET {root}/echo/pad HTTP/1.1\r\n" + HOST + b"X-Padded:   a b  \r\nconnection: close\r\n\r\n",
+    ),
 ]
