@@ -30,6 +30,7 @@ from tests.conftest import Toolkit, _toolkit_for, free_port
 from tests.fidelity.compare import Exchange, UvicornThread, compare
 from tests.fidelity.corpus import (
     dependencies,
+    forms,
     handlers,
     known,
     middleware,
@@ -76,6 +77,11 @@ def as_app(asgi: ASGIApp, **options: object) -> Callable[[bool], Served]:
     return build
 
 
+def form_app(direct: bool) -> Served:
+    app = forms.make_app()
+    return app, tk.App(app, direct_ingress=direct)
+
+
 def graphql_app(direct: bool) -> Served:
     app = known.make_graphql_app()
     return app, tk.App(app, direct_ingress=direct)
@@ -96,6 +102,8 @@ class Corpus:
     known: Sequence[Known] = ()
     #: The toolkit's route_prefix (uvicorn's --root-path); by default /fidelity-{name}.
     prefix: str = ""
+    #: Why the app cannot be served here (a missing package): its cases are skipped.
+    missing: str | None = None
 
     def known_in(self, mode: str) -> list[Known]:
         return [entry for entry in self.known if mode in entry.modes]
@@ -141,6 +149,7 @@ CORPUS = [
     Corpus("responses", responses.EXCHANGES, as_app(responses.app)),
     Corpus("middleware", middleware.EXCHANGES, as_app(middleware.app)),
     Corpus("mounts", mounts.EXCHANGES, as_app(mounts.app)),
+    Corpus("forms", forms.EXCHANGES, form_app, missing=forms.MISSING),
     Corpus(
         "raw_asgi",
         raw.EXCHANGES,
@@ -191,7 +200,7 @@ def _cases() -> Iterator[object]:
     for corpus in CORPUS:
         for mode in MODES:
             entries = corpus.known_in(mode)
-            marks = []
+            marks = [pytest.mark.skip(reason=corpus.missing)] if corpus.missing else []
             if entries:
                 reason = "; ".join(entry.reason for entry in entries)
                 raises = tuple(dict.fromkeys(entry.raises for entry in entries))
