@@ -1,5 +1,6 @@
-"""Response kinds: streaming, files and ranges, HEAD, OPTIONS, redirects, 304, 204,
-bodies uploaded and echoed, background tasks and lifespan state."""
+"""Response kinds: streaming (and server-sent events, JSON lines), files and ranges,
+HEAD, OPTIONS, redirects, 304, 204, bodies uploaded and echoed, background tasks and
+lifespan state."""
 
 from __future__ import annotations
 
@@ -18,6 +19,9 @@ from fastapi.responses import (
     RedirectResponse,
     StreamingResponse,
 )
+from fastapi.sse import EventSourceResponse, ServerSentEvent
+from pydantic import BaseModel
+from sse_starlette import EventSourceResponse as StarletteEventSource
 
 from tests.fidelity.compare import Http
 
@@ -63,6 +67,36 @@ async def stream_fails() -> StreamingResponse:
 @app.get("/status/{code}")
 async def status(code: int) -> Response:
     return Response(f"status {code}", status_code=code, headers={"x-latin": "caf\xe9"})
+
+
+class Token(BaseModel):
+    index: int
+    text: str
+
+
+@app.get("/events", response_class=EventSourceResponse)
+async def events() -> AsyncIterator[ServerSentEvent]:
+    """FastAPI's own server-sent events: a path operation that yields."""
+    for i in range(3):
+        yield ServerSentEvent(data=f"token {i}", event="token", id=str(i))
+    yield ServerSentEvent(data="[DONE]", retry=1000)
+
+
+@app.get("/json-lines")
+async def json_lines() -> AsyncIterator[Token]:
+    """A path operation that yields models: FastAPI streams them as JSON lines."""
+    for i in range(3):
+        yield Token(index=i, text=f"t{i}")
+
+
+@app.get("/sse-starlette")
+async def sse_starlette() -> StarletteEventSource:
+    async def tokens() -> AsyncIterator[dict[str, str]]:
+        for i in range(3):
+            yield {"event": "token", "data": f"token {i}", "id": str(i)}
+
+    # No keep-alive pings: their timing would differ between two runs.
+    return StarletteEventSource(tokens(), ping=0, sep="\n")
 
 
 @app.get("/stream-empty")
@@ -159,6 +193,9 @@ EXCHANGES = [
     Http("async streaming", path="/stream"),
     Http("sync streaming with an empty chunk", path="/stream-sync"),
     Http("empty stream", path="/stream-empty"),
+    Http("server-sent events (FastAPI)", path="/events", headers=[("accept", "text/event-stream")]),
+    Http("JSON lines", path="/json-lines"),
+    Http("server-sent events (sse-starlette)", path="/sse-starlette"),
     Http("stream that raises after its first chunk", path="/stream-fails"),
     Http("uncommon status, latin-1 header", path="/status/299"),
     Http("unregistered status", path="/status/599"),

@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
-from fastapi import Cookie, FastAPI, Query, WebSocket, WebSocketDisconnect
+from fastapi import Cookie, FastAPI, Query, WebSocket, WebSocketDisconnect, WebSocketException
 from fastapi.responses import PlainTextResponse
 
 from tests.fidelity.compare import Ws
@@ -100,6 +100,16 @@ async def denial_response(websocket: WebSocket) -> None:
     )
 
 
+@app.websocket("/refuse")
+async def refuse(websocket: WebSocket, token: str = "") -> None:
+    """WebSocketException: before accept a refusal, after it a close with its code and reason."""
+    if not token:
+        raise WebSocketException(code=4003, reason="no token")
+    await websocket.accept()
+    await websocket.send_text("welcome")
+    raise WebSocketException(code=4004, reason=f"token {token} expired")
+
+
 @app.websocket("/raise-before-accept")
 async def raise_before_accept(websocket: WebSocket) -> None:
     raise RuntimeError("failed before accept")
@@ -155,6 +165,8 @@ EXCHANGES = [
     Ws("query validation fails", "/needs-int?n=x"),
     Ws("closed before accept", "/deny"),
     Ws("denial response", "/denial-response"),
+    Ws("WebSocketException before accept", "/refuse"),
+    Ws("WebSocketException after accept", "/refuse?token=t1"),
     Ws("error before accept", "/raise-before-accept"),
     Ws("error after accept", "/raise-after-accept"),
     Ws("no such route", "/nowhere"),
