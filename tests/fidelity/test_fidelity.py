@@ -25,14 +25,13 @@ import pytest
 from starlette.types import ASGIApp
 
 import app_toolkit as tk
-from app_toolkit.exceptions import ConfigError
 from tests.conftest import Toolkit, _toolkit_for, free_port
 from tests.fidelity.compare import Exchange, UvicornThread, compare
 from tests.fidelity.corpus import (
     dependencies,
     forms,
     handlers,
-    known,
+    issue47,
     middleware,
     models,
     mounts,
@@ -45,7 +44,6 @@ from tests.fidelity.corpus import (
 #: How the toolkit serves an app: backend, and on Ray whether the ingress replica serves
 #: its connections itself (direct_ingress) or the proxy forwards each request.
 MODES = {"local": ("local", True), "ray-direct": ("ray", True), "ray-proxied": ("ray", False)}
-RAY = ("ray-direct", "ray-proxied")
 
 
 class KnownDifference(Exception):
@@ -83,13 +81,13 @@ def form_app(direct: bool) -> Served:
 
 
 def graphql_app(direct: bool) -> Served:
-    app = known.make_graphql_app()
+    app = issue47.make_graphql_app()
     return app, tk.App(app, direct_ingress=direct)
 
 
 def graphql(direct: bool) -> Served:
-    app = known.make_graphql_app()
-    return app, known.graphql_ingress(app).options(direct_ingress=direct).bind()
+    app = issue47.make_graphql_app()
+    return app, issue47.graphql_ingress(app).options(direct_ingress=direct).bind()
 
 
 @dataclass(frozen=True)
@@ -162,37 +160,14 @@ CORPUS = [
             )
         ],
     ),
-    # #47 item 1: duplicate routes were refused at deploy; served as Starlette serves them
-    # since 73e41d0, so no Known entry.
-    Corpus("duplicates", known.DUPLICATES, as_app(known.duplicates)),
-    Corpus(
-        "wsgi_connection",
-        known.WSGI_WITH_CONNECTION,
-        as_app(known.wsgi_with_connection),
-        [
-            Known(
-                "#47 item 2: a WSGI mount holding an unpicklable object fails to deploy on Ray",
-                RAY,
-                raises=ConfigError,
-            )
-        ],
-    ),
-    # The GraphQL-style router served by tk.App answers as under uvicorn; under @tk.ingress
-    # (#47 item 3) it does not.
-    Corpus("graphql_app", known.GRAPHQL, graphql_app),
-    Corpus(
-        "graphql",
-        known.GRAPHQL,
-        graphql,
-        [
-            Known(
-                "#47 item 3: a GraphQL-style router (closures declared in an APIRouter's constructor, "
-                "included lazily) under @tk.ingress",
-                RAY,
-                exchanges=("GraphQL POST", "GraphQL WebSocket"),
-            )
-        ],
-    ),
+    # Issue #47 items 1-3, each served as under uvicorn on current main: duplicate routes
+    # (were refused at deploy), a module-level app mounting a WSGI app that holds a
+    # database connection (failed to deploy on Ray), a GraphQL-style router included
+    # lazily, by tk.App and under @tk.ingress (lost its annotations on Ray).
+    Corpus("duplicates", issue47.DUPLICATES, as_app(issue47.duplicates)),
+    Corpus("wsgi_connection", issue47.WSGI_WITH_CONNECTION, as_app(issue47.wsgi_with_connection)),
+    Corpus("graphql_app", issue47.GRAPHQL, graphql_app),
+    Corpus("graphql", issue47.GRAPHQL, graphql),
 ]
 
 

@@ -1,5 +1,7 @@
-"""Apps the toolkit is known to serve differently today (issue #47 items 1-3): duplicate
-routes, a WSGI mount holding unpicklable objects, a GraphQL-style router under @ingress."""
+"""The apps of issue #47's items 1-3, which the toolkit served differently: duplicate
+routes (refused at deploy), a module-level app mounting a WSGI app that holds an
+unpicklable object (failed to deploy on Ray), a GraphQL-style router under @ingress (its
+lazily included routes lost their annotations on Ray)."""
 
 # As in strawberry's router module: the routes' annotations are strings, which FastAPI
 # resolves in the endpoint's module globals.
