@@ -100,8 +100,6 @@ class Corpus:
     known: Sequence[Known] = ()
     #: The toolkit's route_prefix (uvicorn's --root-path); by default /fidelity-{name}.
     prefix: str = ""
-    #: Why the app cannot be served here (a missing package): its cases are skipped.
-    missing: str | None = None
 
     def known_in(self, mode: str) -> list[Known]:
         return [entry for entry in self.known if mode in entry.modes]
@@ -147,7 +145,7 @@ CORPUS = [
     Corpus("responses", responses.EXCHANGES, as_app(responses.app)),
     Corpus("middleware", middleware.EXCHANGES, as_app(middleware.app)),
     Corpus("mounts", mounts.EXCHANGES, as_app(mounts.app)),
-    Corpus("forms", forms.EXCHANGES, form_app, missing=forms.MISSING),
+    Corpus("forms", forms.EXCHANGES, form_app),
     Corpus(
         "raw_asgi",
         raw.EXCHANGES,
@@ -175,7 +173,7 @@ def _cases() -> Iterator[object]:
     for corpus in CORPUS:
         for mode in MODES:
             entries = corpus.known_in(mode)
-            marks = [pytest.mark.skip(reason=corpus.missing)] if corpus.missing else []
+            marks = []
             if entries:
                 reason = "; ".join(entry.reason for entry in entries)
                 raises = tuple(dict.fromkeys(entry.raises for entry in entries))

@@ -1,25 +1,15 @@
 """Forms and uploads: URL-encoded and multipart bodies, form models, files.
 
-FastAPI refuses to declare a form route without python-multipart, so the app is made by
-:func:`make_app` (the suite skips it while the package is missing). No ``from __future__
-import annotations`` here: the routes are closures, and Ray sends closures with only the
-globals their code names, where a string annotation could not be resolved.
+FastAPI reads forms with python-multipart (a dev dependency); the app is made by
+:func:`make_app`.
 """
 
-import importlib.util
 from typing import Annotated, Any
 
 from fastapi import FastAPI, File, Form, UploadFile
 from pydantic import BaseModel, ConfigDict
 
 from tests.fidelity.compare import Http
-
-#: Why the forms cannot be served here, or None.
-MISSING = (
-    None
-    if importlib.util.find_spec("python_multipart")
-    else "python-multipart is not installed (FastAPI needs it for Form() and File())"
-)
 
 
 class Login(BaseModel):
