@@ -8,9 +8,9 @@ import json
 import math
 from http import HTTPStatus
 
-from starlette.types import Send
+from starlette.types import Message, Scope, Send
 
-from app_toolkit._runtime.messages import HTTPResponse
+from app_toolkit._runtime.messages import CLOSE_INTERNAL_ERROR, HTTPResponse
 from app_toolkit.exceptions import BackPressureError, ReplicaUnavailableError
 
 REQUEST_ID_HEADER = b"x-request-id"
@@ -103,6 +103,38 @@ def for_failure(error: BaseException | None, request_id: str) -> HTTPResponse:
     if isinstance(error, ReplicaUnavailableError):
         return unavailable(None, request_id)
     return internal_error(request_id)
+
+
+def escaped(error: BaseException | None, request_id: str) -> HTTPResponse:
+    """The answer when ``error`` escaped the app before its response started (None: the
+    app returned without one): :func:`for_failure`'s, and the connection closes after it,
+    as uvicorn closes it."""
+    answer = for_failure(error, request_id)
+    return HTTPResponse(answer.status, [*answer.headers, (b"connection", b"close")], answer.body)
+
+
+#: The ASGI extension that lets a WebSocket app answer its handshake with an HTTP response.
+DENIAL_EXTENSION = "websocket.http.response"
+
+
+def can_deny(scope: Scope) -> bool:
+    """Whether the server of this WebSocket takes an HTTP response for its handshake."""
+    return DENIAL_EXTENSION in (scope.get("extensions") or {})
+
+
+def denial(answer: HTTPResponse) -> tuple[Message, Message]:
+    """``answer`` as the two messages that refuse a WebSocket handshake with it."""
+    start = {"type": "websocket.http.response.start", "status": answer.status, "headers": answer.headers}
+    return start, {"type": "websocket.http.response.body", "body": answer.body}
+
+
+def websocket_failed(accepted: bool, scope: Scope, request_id: str) -> tuple[Message, ...]:
+    """What ends a WebSocket whose app raised: before it accepted, the generic 500 as the
+    handshake's answer (as uvicorn answers it); after, a 1011 close frame (uvicorn drops
+    the connection without one: docs/http.md says why this differs)."""
+    if not accepted and can_deny(scope):
+        return denial(internal_error(request_id))
+    return ({"type": "websocket.close", "code": CLOSE_INTERNAL_ERROR, "reason": ""},)
 
 
 def as_bytes(answer: HTTPResponse) -> bytes:

@@ -105,39 +105,18 @@ class Corpus:
         return [entry for entry in self.known if mode in entry.modes]
 
 
-HTTP_ASGI_KEY = Known(
-    "the HTTP scope has no 'asgi' key (uvicorn: {'version': '3.0', 'spec_version': '2.3'}) "
-    "on the local backend and on Ray's proxied path",
-    ("local", "ray-proxied"),
-    exchanges=("ASGI version and extensions",),
-)
 SOCKETS = (
     Known(
-        "the WebSocket scope has no 'asgi' key (uvicorn: {'version': '3.0', 'spec_version': '2.4'}) "
-        "and no 'websocket.http.response' extension (uvicorn offers it)",
-        exchanges=("ASGI version and extensions",),
-    ),
-    Known(
-        "a denial response (the websocket.http.response extension, which uvicorn offers) "
-        "reaches the client as 403 with an empty body, not the app's status, headers and body",
-        exchanges=("denial response",),
-    ),
-    Known(
-        "an exception before accept answers 403 with an empty body; uvicorn answers "
-        "500 'Internal Server Error'",
-        exchanges=("error before accept",),
-    ),
-    Known(
-        "an exception after accept closes with a 1011 close frame; uvicorn drops the "
-        "connection without one (the client sees 1006)",
+        "deliberate (docs/http.md, WebSockets): an exception after accept closes with a 1011 "
+        "close frame; uvicorn drops the connection without one (the client sees 1006)",
         exchanges=("error after accept",),
     ),
 )
 
 CORPUS = [
     # FastAPI's own /docs page, not the toolkit's offline one (docs/http.md).
-    Corpus("scope", scope.EXCHANGES, as_app(scope.app, offline_docs=False), [HTTP_ASGI_KEY]),
-    Corpus("scope_at_root", scope.EXCHANGES, as_app(scope.app, offline_docs=False), [HTTP_ASGI_KEY], "/"),
+    Corpus("scope", scope.EXCHANGES, as_app(scope.app, offline_docs=False)),
+    Corpus("scope_at_root", scope.EXCHANGES, as_app(scope.app, offline_docs=False), prefix="/"),
     Corpus("models", models.EXCHANGES, as_app(models.app)),
     Corpus("dependencies", dependencies.EXCHANGES, as_app(dependencies.app)),
     Corpus("handlers", handlers.EXCHANGES, as_app(handlers.app)),
@@ -146,18 +125,7 @@ CORPUS = [
     Corpus("middleware", middleware.EXCHANGES, as_app(middleware.app)),
     Corpus("mounts", mounts.EXCHANGES, as_app(mounts.app)),
     Corpus("forms", forms.EXCHANGES, form_app),
-    Corpus(
-        "raw_asgi",
-        raw.EXCHANGES,
-        as_app(raw.app),
-        [
-            Known(
-                "an exception before the response starts: the toolkit's 500 keeps the connection; "
-                "uvicorn's says 'connection: close' and closes it",
-                exchanges=("exception before the response starts",),
-            )
-        ],
-    ),
+    Corpus("raw_asgi", raw.EXCHANGES, as_app(raw.app)),
     # Issue #47 items 1-3, each served as under uvicorn on current main: duplicate routes
     # (were refused at deploy), a module-level app mounting a WSGI app that holds a
     # database connection (failed to deploy on Ray), a GraphQL-style router included

@@ -20,7 +20,6 @@ from starlette.types import Message, Receive, Scope, Send
 
 from app_toolkit._runtime import answers
 from app_toolkit._runtime.messages import (
-    CLOSE_INTERNAL_ERROR,
     CLOSE_SERVICE_RESTART,
     RESTART_REASON,
     DeploymentID,
@@ -197,7 +196,7 @@ async def serve_in_replica(
         if state.started:
             await abort_response(state, "the app failed")
         else:
-            state.status = await answers.send_answer(send, answers.for_failure(exc, request_id))
+            state.status = await answers.send_answer(send, answers.escaped(exc, request_id))
         return
     answer.close()
     if state.started and not state.finished:
@@ -207,7 +206,7 @@ async def serve_in_replica(
         state.status = await answers.send_answer(send, refusal_answer(body.refusal, http, request_id))
     elif not state.started:
         logger.error("Request %s: the app returned without a response", request_id, extra=logged)
-        state.status = await answers.send_answer(send, answers.internal_error(request_id))
+        state.status = await answers.send_answer(send, answers.escaped(None, request_id))
 
 
 async def serve_websocket_in_replica(
@@ -216,6 +215,7 @@ async def serve_websocket_in_replica(
     """Serve one WebSocket with the replica in this process, whose slot ``local.admit()``
     took; its ``websocket.connect`` message was read already and is given to the app again."""
     connected = False
+    accepted = False
     closed = False
 
     async def replay() -> Message:
@@ -226,8 +226,13 @@ async def serve_websocket_in_replica(
         return await receive()
 
     async def watch(message: Message) -> None:
-        nonlocal closed
-        closed = closed or message["type"] in ("websocket.close", "websocket.http.response.body")
+        nonlocal accepted, closed
+        accepted = accepted or message["type"] == "websocket.accept"
+        closed = (
+            closed
+            or message["type"] == "websocket.close"
+            or (message["type"] == "websocket.http.response.body" and not message.get("more_body", False))
+        )
         await send(message)
 
     async def restarting() -> None:
@@ -240,10 +245,11 @@ async def serve_websocket_in_replica(
     watcher = asyncio.ensure_future(restarting())
     try:
         await local.serve_direct(request_id, scope, replay, watch, trace)
-    except Exception:  # the app's failure: logged with the id, the socket closed
+    except Exception:  # the app's failure: logged with the id, the socket ended
         logger.exception("WebSocket %s failed", request_id)
         if not closed:
-            await send({"type": "websocket.close", "code": CLOSE_INTERNAL_ERROR})
+            for message in answers.websocket_failed(accepted, scope, request_id):
+                await send(message)
         return
     finally:
         watcher.cancel()

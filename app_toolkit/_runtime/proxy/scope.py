@@ -17,6 +17,7 @@ from app_toolkit._runtime.proxy.path_match import AppMatcher
 
 _FORWARDED_KEYS = (
     "type",
+    "asgi",
     "http_version",
     "method",
     "scheme",
@@ -27,6 +28,7 @@ _FORWARDED_KEYS = (
     "client",
     "server",
     "subprotocols",
+    "extensions",
 )
 
 TIMEOUT_HEADER = b"x-request-timeout-seconds"

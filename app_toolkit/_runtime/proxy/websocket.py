@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from starlette.types import Receive, Scope, Send
 
-from app_toolkit._runtime.answers import unavailable
+from app_toolkit._runtime.answers import can_deny, denial, unavailable
 from app_toolkit._runtime.messages import (
     CLOSE_INTERNAL_ERROR,
     CLOSE_POLICY,
@@ -105,16 +105,14 @@ async def serve_websocket(
 
 async def _refuse(scope: Scope, send: Send, request_id: str, why: str) -> None:
     is_browser = any(key == b"origin" for key, _ in scope["headers"])
-    can_deny = "websocket.http.response" in scope.get("extensions", {})
-    if is_browser or not can_deny:
+    if is_browser or not can_deny(scope):
         await send({"type": "websocket.accept"})
         await send(
             {"type": "websocket.close", "code": CLOSE_TRY_AGAIN_LATER, "reason": f"{why}; retry later"}
         )
         return
-    answer = unavailable(why, request_id)
-    await send({"type": "websocket.http.response.start", "status": answer.status, "headers": answer.headers})
-    await send({"type": "websocket.http.response.body", "body": answer.body})
+    for message in denial(unavailable(why, request_id)):
+        await send(message)
 
 
 async def _relay(reply: Reply, receive: Receive, send: Send) -> None:

@@ -14,7 +14,6 @@ from app_toolkit._runtime import answers, request_context
 from app_toolkit._runtime.channel.flow import Inbound
 from app_toolkit._runtime.channel.server import ResponseSink
 from app_toolkit._runtime.messages import (
-    CLOSE_INTERNAL_ERROR,
     CLOSE_SERVICE_RESTART,
     END,
     RESTART_REASON,
@@ -218,7 +217,7 @@ class _Response:
 
     def fail(self, error: BaseException | None = None) -> None:
         """The app failed (raising ``error``) before completing the response: the answer
-        for it (``answers.for_failure``: a generic 500, or overload), or, once the head is
+        for it (``answers.escaped``: a generic 500, or overload), or, once the head is
         out, a failure that makes the proxy cut the stream off (a client must not take a
         truncated body for a whole one)."""
         if self.complete:
@@ -227,7 +226,7 @@ class _Response:
         if self._started:
             self._sink.send(STREAM_FAILED)
         else:
-            self._sink.send(answers.for_failure(error, self._request.request_id))
+            self._sink.send(answers.escaped(error, self._request.request_id))
 
     def _finish(self) -> None:
         self.complete = True
@@ -298,7 +297,7 @@ async def serve_websocket(
     assert sink.inbound is not None
     scope = dict(request.scope)
     scope["state"] = dict(lifespan_state)
-    socket = _WebSocket(sink, sink.inbound)
+    socket = _WebSocket(sink, sink.inbound, request.request_id, scope)
     draining = request_context.draining.get()
     watcher = asyncio.ensure_future(draining.wait()) if draining is not None else None
     if watcher is not None:
@@ -309,7 +308,7 @@ async def serve_websocket(
         raise
     except Exception:
         logger.exception("WebSocket %s failed", request.request_id)
-        socket.close(CLOSE_INTERNAL_ERROR, "")
+        socket.fail()
     finally:
         if watcher is not None:
             watcher.cancel()
@@ -320,12 +319,15 @@ async def serve_websocket(
 class _WebSocket:
     """One WebSocket's ASGI channel inside a replica."""
 
-    __slots__ = ("_sink", "_inbound", "_connected", "_closed")
+    __slots__ = ("_sink", "_inbound", "_request_id", "_scope", "_connected", "_accepted", "_closed")
 
-    def __init__(self, sink: ResponseSink, inbound: Inbound) -> None:
+    def __init__(self, sink: ResponseSink, inbound: Inbound, request_id: str, scope: Scope) -> None:
         self._sink = sink
         self._inbound = inbound
+        self._request_id = request_id
+        self._scope = scope
         self._connected = False
+        self._accepted = False
         self._closed = False  # the app closed (or denied) it: later messages drop
 
     async def receive(self) -> Message:
@@ -343,6 +345,7 @@ class _WebSocket:
             kind == "websocket.http.response.body" and not message.get("more_body", False)
         ):
             self._closed = True
+        self._accepted = self._accepted or kind == "websocket.accept"
         self._sink.send(WebSocketMessage(dict(message)))
         await self._sink.drain()
 
@@ -350,6 +353,13 @@ class _WebSocket:
         if not self._closed:
             self._closed = True
             self._sink.send(WebSocketMessage({"type": "websocket.close", "code": code, "reason": reason}))
+
+    def fail(self) -> None:
+        """The app raised: end the socket as ``answers.websocket_failed`` says."""
+        if not self._closed:
+            self._closed = True
+            for message in answers.websocket_failed(self._accepted, self._scope, self._request_id):
+                self._sink.send(WebSocketMessage(message))
 
     def server_restarting(self, waited: asyncio.Future[Literal[True]]) -> None:
         """The replica drains: close with 1012 so the client reconnects (to another
