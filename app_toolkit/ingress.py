@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import functools
 import inspect
 import typing
@@ -10,6 +9,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from app_toolkit._runtime import request_context
+from app_toolkit._runtime.replica.app_copy import own_copy
 from app_toolkit._runtime.replica.replica import (
     ASGI_APP_ATTR,
     ASGI_BUILDER_ATTR,
@@ -190,17 +190,7 @@ def _class_app(app: FastAPI, cls: type) -> FastAPI:
     from fastapi.routing import APIRoute, APIWebSocketRoute
     from starlette.routing import Route
 
-    own = copy.copy(app)
-    own.router = copy.copy(app.router)
-    # Starlette's router dispatches through a stack bound to itself (with the router's
-    # own middleware around it, e.g. FastAPI's max_body_size): bind the copy's.
-    stack = _rebound(app.router.middleware_stack, app.router.app, own.router.app)
-    if stack is None:
-        raise ConfigError(
-            "@ingress(app) cannot copy the middleware of this app's router (a layer that does not "
-            "keep the next one as .app); move it to app.add_middleware(...)"
-        )
-    own.router.middleware_stack = stack
+    own = own_copy(app)
     docs = {app.openapi_url, app.docs_url, app.redoc_url, app.swagger_ui_oauth2_redirect_url} - {None}
     routes: list[BaseRoute] = []
     for route in app.router.routes:
@@ -214,32 +204,9 @@ def _class_app(app: FastAPI, cls: type) -> FastAPI:
         elif not _is_method(endpoint):
             routes.append(route)
     own.router.routes = routes
-    own.exception_handlers = dict(app.exception_handlers)  # the replica adds its own
-    own.user_middleware = list(app.user_middleware)
-    own.middleware_stack = None
     own.openapi_schema = None
     own.setup()
     return own
-
-
-def _rebound(stack: ASGIApp, inner: ASGIApp, replacement: ASGIApp) -> Any | None:
-    """``stack`` (middleware around ``inner``, each layer keeping the next as ``.app``, as
-    Starlette's do) made again of copies of its layers around ``replacement``; None if a
-    layer keeps the next one elsewhere."""
-    layers: list[Any] = []
-    current: Any = stack
-    while current != inner:  # == : each read of a bound method makes a new one
-        following = getattr(current, "app", None)
-        if following is None or len(layers) >= 64:
-            return None
-        layers.append(current)
-        current = following
-    rebuilt: Any = replacement
-    for layer in reversed(layers):
-        clone = copy.copy(layer)
-        clone.app = rebuilt
-        rebuilt = clone
-    return rebuilt
 
 
 def _is_method(endpoint: Callable[..., object]) -> bool:

@@ -4,6 +4,8 @@ tests/apps/shipping.py), on both backends."""
 
 from __future__ import annotations
 
+from fastapi import FastAPI
+
 import app_toolkit as tk
 from app_toolkit.build import as_application
 from app_toolkit.import_path import import_attr
@@ -40,3 +42,21 @@ def test_an_ingress_class_keeps_the_signatures_of_an_included_routers_endpoints(
         schema = client.get("/ship-graph/openapi.json")
         assert schema.status_code == 200, schema.text
         assert schema.json()["paths"]["/graphql"]["post"].get("parameters", []) == []
+
+
+def test_the_users_app_object_is_left_as_it_was(toolkit: Toolkit) -> None:
+    app = FastAPI()
+
+    @app.get("/hello")
+    async def hello() -> str:
+        return "hello"
+
+    routes, handlers = list(app.router.routes), dict(app.exception_handlers)
+    toolkit.run(tk.App(app), route_prefix="/ship-same")
+    with toolkit.client() as client:
+        assert client.get("/ship-same/hello").json() == "hello"
+        docs = client.get("/ship-same/docs")  # the replica's offline page, on its copy
+        assert docs.status_code == 200 and "/ship-same/docs/assets/swagger-ui-bundle.js" in docs.text
+    # On the local backend the replica runs in this process: what it adds stays in its copy.
+    assert app.router.routes == routes and app.exception_handlers == handlers
+    assert app.middleware_stack is None

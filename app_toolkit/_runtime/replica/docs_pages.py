@@ -16,7 +16,6 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, HTMLResponse, Response
 from starlette.routing import Route
 
-_DONE_ATTR = "__app_toolkit_docs_offline__"
 _Page = Callable[[Request], Awaitable[Response]]
 
 _TYPES = {
@@ -31,7 +30,7 @@ _CACHE = "public, max-age=86400"  # the files change only with the installed pac
 def serve_docs_offline(app: object) -> None:
     """Swap ``app``'s Swagger UI and ReDoc pages for ones whose files ``app`` serves at
     ``{docs_url}/assets/…``; other apps, and apps without those pages, stay as they are."""
-    if not isinstance(app, FastAPI) or not app.openapi_url or getattr(app, _DONE_ATTR, False):
+    if not isinstance(app, FastAPI) or not app.openapi_url:
         return
     pages = {app.docs_url: _swagger_page(app), app.redoc_url: _redoc_page(app)}
     pages.pop(None, None)
@@ -45,7 +44,6 @@ def serve_docs_offline(app: object) -> None:
     ]
     # Ahead of the app's own routes, so a catch-all route of the app cannot hide them.
     app.router.routes = [Route(f"{_assets_url(app)}/{{name}}", _asset, include_in_schema=False), *replaced]
-    setattr(app, _DONE_ATTR, True)  # once: the local backend serves the user's own app
 
 
 def _assets_url(app: FastAPI) -> str:

@@ -126,6 +126,9 @@ class ReplicaCore:
             logger.exception("Constructor of %s failed", self.deployment)
             raise DeployError(f"{type(exc).__name__}: {exc}") from None
         if self.asgi_app is not None:
+            from app_toolkit._runtime.replica.app_copy import serving_copy  # ASGI ingresses only
+
+            self.asgi_app = serving_copy(self.asgi_app)  # what is added here stays off the user's app
             install_error_handler(self.asgi_app)
             if getattr(definition, OFFLINE_DOCS_ATTR, True):
                 from app_toolkit._runtime.replica.docs_pages import serve_docs_offline  # FastAPI apps only
