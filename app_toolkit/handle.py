@@ -29,10 +29,9 @@ from app_toolkit._runtime.messages import (
     StreamItem,
 )
 from app_toolkit._runtime.routing import caller_metrics
-from app_toolkit._runtime.routing.data_plane import DataPlane, Pending, in_async_code
+from app_toolkit._runtime.routing.data_plane import DataPlane, InFlight, Pending, in_async_code
 from app_toolkit._runtime.routing.dispatcher import Reply
 from app_toolkit.exceptions import (
-    AppToolkitError,
     DeploymentCallError,
     ReplicaUnavailableError,
     RequestTimeoutError,
@@ -43,7 +42,7 @@ R = TypeVar("R")
 D = TypeVar("D", default=Any)
 
 
-class DeploymentResponse(Generic[R]):
+class DeploymentResponse(InFlight, Generic[R]):
     """The future result of one handle call: ``await`` it or call :meth:`result`."""
 
     __slots__ = ("_pending",)
@@ -71,9 +70,6 @@ class DeploymentResponse(Generic[R]):
 
     def done(self) -> bool:
         return self._pending.done()
-
-    def __reduce__(self) -> tuple[object, ...]:
-        raise _nested_response()
 
 
 class _Stream:
@@ -364,33 +360,9 @@ async def _send_call(plane: DataPlane, deployment: DeploymentID, call: MethodCal
     """Deliver one call; responses passed as arguments are resolved first (chaining)."""
     args = tuple([await _resolve(arg) for arg in call.args])
     kwargs = {key: await _resolve(value) for key, value in call.kwargs.items()}
-    if any(_holds_response(value) for value in (*args, *kwargs.values())):
-        raise _nested_response()  # pickling says so too; this says it on every backend
     dispatcher = plane.dispatcher(deployment)
     resolved = dataclasses.replace(call, args=args, kwargs=kwargs)
     return await dispatcher.send(resolved, call.model_id, call.shard_key)
-
-
-def _holds_response(value: object, depth: int = 0) -> bool:
-    """Whether a list, tuple, set or dict (nested up to 20 deep: a container that holds
-    itself ends the walk) holds a ``DeploymentResponse``."""
-    if depth > 20:
-        return False
-    if isinstance(value, dict):
-        return any(_holds_response(item, depth + 1) for item in value.values())
-    if isinstance(value, list | tuple | set | frozenset):
-        return any(_holds_response(item, depth + 1) for item in value)
-    return isinstance(value, DeploymentResponse)
-
-
-def _nested_response() -> AppToolkitError:
-    """Ray Serve's refusal, in its words: only top-level arguments are resolved."""
-    return AppToolkitError(
-        "`DeploymentResponse` is not serializable. If you are passing the `DeploymentResponse` "
-        "in a nested object (e.g. a list or dictionary) to a downstream deployment handle call, "
-        "that is not supported: pass it as a top-level argument (it is awaited for you), or "
-        "await it first"
-    )
 
 
 async def _resolve(value: object) -> object:

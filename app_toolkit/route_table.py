@@ -1,4 +1,4 @@
-"""Read an app's routes at build time: pools, deadlines, the proxy's table and clashes.
+"""Read an app's routes at build time: pools, deadlines, the proxy's table, hidden routes.
 
 The proxy normally sends every request below an app's ``route_prefix`` to its ingress.
 When routes carry ``@replicated`` or ``@deadline``, the proxy also needs the app's routes

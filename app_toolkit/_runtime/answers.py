@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 from http import HTTPStatus
+from typing import Literal
 
 from starlette.types import Message, Scope, Send
 
@@ -128,13 +129,30 @@ def denial(answer: HTTPResponse) -> tuple[Message, Message]:
     return start, {"type": "websocket.http.response.body", "body": answer.body}
 
 
-def websocket_failed(accepted: bool, scope: Scope, request_id: str) -> tuple[Message, ...]:
-    """What ends a WebSocket whose app raised: before it accepted, the generic 500 as the
-    handshake's answer (as uvicorn answers it); after, a 1011 close frame (uvicorn drops
-    the connection without one: docs/http.md says why this differs)."""
-    if not accepted and can_deny(scope):
+#: How far a WebSocket's handshake went: nothing sent yet, accepted, a denial response started.
+HandshakeState = Literal["none", "accepted", "denying"]
+
+
+def handshake_after(state: HandshakeState, message: Message) -> HandshakeState:
+    """The handshake's state once the app sent ``message``."""
+    kind = message["type"]
+    if kind == "websocket.accept":
+        return "accepted"
+    if kind == "websocket.http.response.start":
+        return "denying"
+    return state
+
+
+def websocket_end(state: HandshakeState, failed: bool, scope: Scope, request_id: str) -> tuple[Message, ...]:
+    """What ends a WebSocket whose app raised (``failed``) or returned without closing it.
+    No handshake sent: the generic 500 as its answer, as uvicorn answers both. Accepted:
+    a close frame, 1011 if the app raised (uvicorn drops the connection without one:
+    docs/http.md says why this differs), else 1000. A denial response begun: its end."""
+    if state == "denying":
+        return ({"type": "websocket.http.response.body", "body": b""},)
+    if state == "none" and can_deny(scope):
         return denial(internal_error(request_id))
-    return ({"type": "websocket.close", "code": CLOSE_INTERNAL_ERROR, "reason": ""},)
+    return ({"type": "websocket.close", "code": CLOSE_INTERNAL_ERROR if failed else 1000, "reason": ""},)
 
 
 def as_bytes(answer: HTTPResponse) -> bytes:

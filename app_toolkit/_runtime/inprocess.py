@@ -83,6 +83,8 @@ def _scope(kind: str, url: httpx.URL, headers: httpx.Headers, method: str = "GET
         "headers": [(key.lower(), value) for key, value in headers.raw],
         "client": ("127.0.0.1", 50000),
         "server": (url.host, url.port or (443 if url.scheme in ("https", "wss") else 80)),
+        # As uvicorn offers it: a WebSocket app may answer its handshake with a response.
+        "extensions": {"websocket.http.response": {}} if kind == "websocket" else {},
     }
 
 

@@ -57,6 +57,6 @@ def test_the_users_app_object_is_left_as_it_was(toolkit: Toolkit) -> None:
         assert client.get("/ship-same/hello").json() == "hello"
         docs = client.get("/ship-same/docs")  # the replica's offline page, on its copy
         assert docs.status_code == 200 and "/ship-same/docs/assets/swagger-ui-bundle.js" in docs.text
-    # On the local backend the replica runs in this process: what it adds stays in its copy.
-    assert app.router.routes == routes and app.exception_handlers == handlers
-    assert app.middleware_stack is None
+    if toolkit.backend == "local":  # the replica runs in this process: what it adds stays in its copy
+        assert app.router.routes == routes and app.exception_handlers == handlers
+        assert app.middleware_stack is None

@@ -23,6 +23,7 @@ from starlette.datastructures import State
 import app_toolkit as tk
 from app_toolkit._runtime.backends.ray.codec import dumps
 from app_toolkit._runtime.replica.replica import ASGI_APP_ATTR
+from app_toolkit.handle import DeploymentResponse
 from tests.apps import basic, shipping
 from tests.apps.shipping import WSGIMiddleware  # imported there without its deprecation warning
 
@@ -150,20 +151,24 @@ def test_a_copied_function_leaves_its_modules_globals_as_imported(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     (tmp_path / "codec_probe.py").write_text(
-        "LIMIT = 1\n\ndef make():\n    def limit():\n        return LIMIT\n\n    return limit\n"
+        "LIMIT = 1\n\ndef make():\n    def limit():\n        return LIMIT, LATER\n\n    return limit\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     module = importlib.import_module("codec_probe")
     try:
+        setattr(module, "LATER", "set at run time")  # noqa: B010 - a global the import does not define
         blob = dumps(module.make())
         setattr(module, "LIMIT", 2)  # noqa: B010 - what this process's import made differs from the driver's
+        delattr(module, "LATER")  # as in a replica whose import made only LIMIT
         copied = pickle.loads(blob)
-        assert copied() == 2 and module.LIMIT == 2  # cloudpickle alone writes LIMIT = 1 into it
+        # The import's LIMIT stays (cloudpickle alone writes LIMIT = 1 into it); LATER,
+        # which the import did not make, comes from the driver.
+        assert copied() == (2, "set at run time") and module.LIMIT == 2
         blob = dumps(module.make())
         monkeypatch.undo()
         del sys.modules["codec_probe"]  # a worker that cannot import it
         copied = pickle.loads(blob)
-        assert copied() == 2 and copied.__globals__ is not vars(module)  # the names its code reads
+        assert copied() == (2, "set at run time") and copied.__globals__ is not vars(module)
     finally:
         sys.modules.pop("codec_probe", None)
 
@@ -222,5 +227,11 @@ def test_an_app_that_cannot_be_copied_is_named_with_the_fix() -> None:
     assert "Cannot serialize Ingress: cannot pickle 'weakref.ReferenceType' object" in message
     assert re.search(r"\(the ReferenceType at Ingress\.__app_toolkit_asgi_app__\.\S+\.owner_ref\)", message)
     assert "inside Ingress.__app_toolkit_asgi_app__ (a FastAPI)" in message
-    assert "define that app at module level of an importable module" in message
+    assert "at module level of an importable module, so replicas import it" in message
     assert "builder function" in message
+
+
+def test_a_response_nested_in_a_value_is_refused_as_ray_serve_refuses_it() -> None:
+    response = DeploymentResponse.__new__(DeploymentResponse)  # no call behind it: never sent
+    with pytest.raises(tk.RayServeException, match="`DeploymentResponse` is not serializable"):
+        dumps(("args", [response]))

@@ -29,6 +29,7 @@ from app_toolkit._runtime.messages import (
     BodyChunk,
     ClientMessage,
     DeploymentSpec,
+    MethodCall,
     ReplicaInfo,
     Request,
     RequestBodyPiece,
@@ -38,7 +39,7 @@ from app_toolkit._runtime.messages import (
 from app_toolkit._runtime.proxy.http_front import HTTPFront
 from app_toolkit._runtime.proxy.server import ProxyServer, listen_socket, serve
 from app_toolkit._runtime.replica.replica import InitArgs, ReplicaCore
-from app_toolkit._runtime.routing.data_plane import DataPlane, LoopThread
+from app_toolkit._runtime.routing.data_plane import DataPlane, LoopThread, refuse_nested
 from app_toolkit._runtime.routing.dispatcher import ReplicaClient
 from app_toolkit._runtime.session import Build, Session
 from app_toolkit._runtime.tables import Table
@@ -163,6 +164,8 @@ class LocalReplicaClient:
         core = self._backend.cores.get(self._replica_id)
         if core is None:
             raise ReplicaUnavailableError(f"Replica {self._replica_id} is not running")
+        if isinstance(request, MethodCall):  # what pickling refuses on Ray, refused here too
+            refuse_nested([*request.args, *request.kwargs.values()])
         tasks: list[asyncio.Task[None]] = []
         inbound: Inbound | None = None
 

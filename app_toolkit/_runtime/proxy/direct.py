@@ -215,7 +215,7 @@ async def serve_websocket_in_replica(
     """Serve one WebSocket with the replica in this process, whose slot ``local.admit()``
     took; its ``websocket.connect`` message was read already and is given to the app again."""
     connected = False
-    accepted = False
+    handshake: answers.HandshakeState = "none"
     closed = False
 
     async def replay() -> Message:
@@ -226,8 +226,8 @@ async def serve_websocket_in_replica(
         return await receive()
 
     async def watch(message: Message) -> None:
-        nonlocal accepted, closed
-        accepted = accepted or message["type"] == "websocket.accept"
+        nonlocal handshake, closed
+        handshake = answers.handshake_after(handshake, message)
         closed = (
             closed
             or message["type"] == "websocket.close"
@@ -247,14 +247,14 @@ async def serve_websocket_in_replica(
         await local.serve_direct(request_id, scope, replay, watch, trace)
     except Exception:  # the app's failure: logged with the id, the socket ended
         logger.exception("WebSocket %s failed", request_id)
-        if not closed:
-            for message in answers.websocket_failed(accepted, scope, request_id):
-                await send(message)
-        return
+        failed = True
+    else:
+        failed = False  # it returned: if without closing, close it (or answer, if never accepted)
     finally:
         watcher.cancel()
-    if not closed:  # the app returned without closing: close normally (or deny)
-        await send({"type": "websocket.close", "code": 1000})
+    if not closed:
+        for message in answers.websocket_end(handshake, failed, scope, request_id):
+            await send(message)
 
 
 class LocalIngresses:

@@ -5,6 +5,7 @@ its route list, exception handlers, middleware list and router stack."""
 from __future__ import annotations
 
 import copy
+import logging
 from typing import Any, TypeVar
 
 from starlette.applications import Starlette
@@ -12,13 +13,22 @@ from starlette.types import ASGIApp
 
 from app_toolkit.exceptions import ConfigError
 
+logger = logging.getLogger("app_toolkit")
+
 S = TypeVar("S", bound=Starlette)
 
 
 def serving_copy(app: ASGIApp) -> ASGIApp:
     """What a replica serves of ``app``: a Starlette or FastAPI app's :func:`own_copy`,
-    any other ASGI app as it is (the replica changes only Starlette apps)."""
-    return own_copy(app) if isinstance(app, Starlette) else app
+    any other ASGI app as it is (the replica changes only Starlette apps); the app itself
+    if its router's middleware cannot be copied (said in the log)."""
+    if not isinstance(app, Starlette):
+        return app
+    try:
+        return own_copy(app)
+    except ConfigError as exc:
+        logger.warning("Serving the app itself, not a copy: %s", exc)
+        return app
 
 
 def own_copy(app: S) -> S:

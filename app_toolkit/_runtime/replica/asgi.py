@@ -308,7 +308,9 @@ async def serve_websocket(
         raise
     except Exception:
         logger.exception("WebSocket %s failed", request.request_id)
-        socket.fail()
+        socket.end(failed=True)
+    else:
+        socket.end(failed=False)  # returned without closing: close it (or answer, if never accepted)
     finally:
         if watcher is not None:
             watcher.cancel()
@@ -319,7 +321,7 @@ async def serve_websocket(
 class _WebSocket:
     """One WebSocket's ASGI channel inside a replica."""
 
-    __slots__ = ("_sink", "_inbound", "_request_id", "_scope", "_connected", "_accepted", "_closed")
+    __slots__ = ("_sink", "_inbound", "_request_id", "_scope", "_connected", "_handshake", "_closed")
 
     def __init__(self, sink: ResponseSink, inbound: Inbound, request_id: str, scope: Scope) -> None:
         self._sink = sink
@@ -327,7 +329,7 @@ class _WebSocket:
         self._request_id = request_id
         self._scope = scope
         self._connected = False
-        self._accepted = False
+        self._handshake: answers.HandshakeState = "none"
         self._closed = False  # the app closed (or denied) it: later messages drop
 
     async def receive(self) -> Message:
@@ -345,7 +347,7 @@ class _WebSocket:
             kind == "websocket.http.response.body" and not message.get("more_body", False)
         ):
             self._closed = True
-        self._accepted = self._accepted or kind == "websocket.accept"
+        self._handshake = answers.handshake_after(self._handshake, message)
         self._sink.send(WebSocketMessage(dict(message)))
         await self._sink.drain()
 
@@ -354,11 +356,11 @@ class _WebSocket:
             self._closed = True
             self._sink.send(WebSocketMessage({"type": "websocket.close", "code": code, "reason": reason}))
 
-    def fail(self) -> None:
-        """The app raised: end the socket as ``answers.websocket_failed`` says."""
+    def end(self, failed: bool) -> None:
+        """The app raised or returned: end the socket as ``answers.websocket_end`` says."""
         if not self._closed:
             self._closed = True
-            for message in answers.websocket_failed(self._accepted, self._scope, self._request_id):
+            for message in answers.websocket_end(self._handshake, failed, self._scope, self._request_id):
                 self._sink.send(WebSocketMessage(message))
 
     def server_restarting(self, waited: asyncio.Future[Literal[True]]) -> None:

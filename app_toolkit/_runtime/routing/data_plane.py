@@ -23,7 +23,7 @@ from app_toolkit._runtime.messages import DeploymentID, ReplicaInfo
 from app_toolkit._runtime.routing.dispatcher import Dispatcher, ReplicaClient
 from app_toolkit._runtime.routing.subscriber import TableSubscriber
 from app_toolkit._runtime.tables import Loads, Outcomes, Updates, Versions
-from app_toolkit.exceptions import ReplicaUnavailableError
+from app_toolkit.exceptions import AppToolkitError, ReplicaUnavailableError
 
 logger = logging.getLogger("app_toolkit.data_plane")
 
@@ -87,6 +87,37 @@ class LoopThread:
                 logger.warning("Tasks on %s did not finish within %s s", self._thread.name, _STOP_TIMEOUT_S)
             self.loop.call_soon_threadsafe(self.loop.stop)
             self._thread.join(timeout=_STOP_TIMEOUT_S)
+
+
+class InFlight:
+    """A handle call's future (``DeploymentResponse``): passed as a top-level argument of
+    another call it is awaited first; inside another value it cannot travel, as in Ray
+    Serve. Pickling refuses it (Ray); :func:`refuse_nested` refuses it where arguments
+    pass as objects (the local backend)."""
+
+    __slots__ = ()
+
+    def __reduce__(self) -> tuple[object, ...]:
+        raise AppToolkitError(
+            "`DeploymentResponse` is not serializable. If you are passing the `DeploymentResponse` "
+            "in a nested object (e.g. a list or dictionary) to a downstream deployment handle call, "
+            "that is not supported: pass it as a top-level argument (it is awaited for you), or "
+            "await it first"
+        )
+
+
+def refuse_nested(values: list[object], budget: int = 100_000) -> None:
+    """Raise :class:`InFlight`'s refusal if a list, tuple, set or dict among ``values``
+    holds one; each container is walked once, up to ``budget`` items."""
+    seen: set[int] = set()
+    while values and budget > 0:
+        value = values.pop()
+        budget -= 1
+        if isinstance(value, InFlight):
+            value.__reduce__()
+        if isinstance(value, dict | list | tuple | set | frozenset) and id(value) not in seen:
+            seen.add(id(value))
+            values.extend(value.values() if isinstance(value, dict) else value)
 
 
 class Pending(Generic[T]):

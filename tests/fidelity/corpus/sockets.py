@@ -115,6 +115,11 @@ async def raise_before_accept(websocket: WebSocket) -> None:
     raise RuntimeError("failed before accept")
 
 
+@app.websocket("/return-before-accept")
+async def return_before_accept(websocket: WebSocket) -> None:
+    return  # neither accepted nor closed: uvicorn answers the handshake with 500
+
+
 @app.websocket("/raise-after-accept")
 async def raise_after_accept(websocket: WebSocket) -> None:
     await websocket.accept()
@@ -168,6 +173,7 @@ EXCHANGES = [
     Ws("WebSocketException before accept", "/refuse"),
     Ws("WebSocketException after accept", "/refuse?token=t1"),
     Ws("error before accept", "/raise-before-accept"),
+    Ws("returned before accept", "/return-before-accept"),
     Ws("error after accept", "/raise-after-accept"),
     Ws("no such route", "/nowhere"),
 ]

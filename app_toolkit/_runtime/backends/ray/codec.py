@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import io
+import logging
 import pickle
 import sys
 import threading
@@ -29,6 +30,10 @@ from typing import Any
 from ray import cloudpickle
 from ray.cloudpickle.cloudpickle import _function_setstate
 from starlette.datastructures import State
+
+from app_toolkit.exceptions import AppToolkitError
+
+logger = logging.getLogger("app_toolkit")
 
 _LOCK_TYPES = (type(threading.Lock()), type(threading.RLock()))
 
@@ -100,16 +105,26 @@ class _ModuleGlobals:
 def _module_globals(module: str, fallback: dict[str, Any]) -> dict[str, Any]:
     try:
         return vars(importlib.import_module(module))
-    except ImportError:  # not on this worker's path: the function keeps what it read
+    except Exception:  # not importable here (path, or its import fails): it keeps what it read
+        logger.warning(
+            "Module %s could not be imported here; a copied function of it keeps "
+            "only the globals its code reads",
+            module,
+            exc_info=True,
+        )
         return fallback
 
 
 def _set_function_state(function: types.FunctionType, state: tuple[dict[str, Any], dict[str, Any]]) -> None:
     """cloudpickle's, except that a function living in its imported module's globals
-    leaves them as the import made them (it would write the driver's values into them)."""
+    leaves the values the import made as they are (cloudpickle would write the driver's
+    over them) and gets the driver's only for names the import did not define (set at
+    run time)."""
     own, slots = state
     module = sys.modules.get(function.__globals__.get("__name__", ""))
     if module is not None and vars(module) is function.__globals__:
+        for name, value in slots.get("__globals__", {}).items():
+            function.__globals__.setdefault(name, value)
         slots = {**slots, "__globals__": {}}
     _function_setstate(function, (own, slots))  # type: ignore[no-untyped-call]  # cloudpickle is unannotated
 
@@ -231,6 +246,8 @@ def dumps(value: object) -> bytes:
     buffer = io.BytesIO()
     try:
         _Pickler(buffer).dump(value)  # type: ignore[no-untyped-call]
+    except AppToolkitError:  # refused on purpose (a nested DeploymentResponse): as it is
+        raise
     except Exception as exc:  # noqa: BLE001 - any pickling failure is the user's to fix
         raise TypeError(_cannot_write(value, exc)) from None
     return buffer.getvalue()
@@ -252,9 +269,10 @@ def _cannot_write(value: object, exc: Exception) -> str:
         kind, where = copied_app
         message += (
             f". It is inside {where} (a {kind}), which is copied because it is not an "
-            "attribute of an importable module: define that app at module level of an importable "
-            "module (replicas then import it), or build it on the replica with a builder function "
-            "(@ingress(make_app), or an import path naming the builder)"
+            "attribute of an importable module: define the app (for tk.App(router), the router; "
+            "for @ingress(app), the class too: its copy of the app goes with it) at module level "
+            "of an importable module, so replicas import it, or build the app on the replica "
+            "with a builder function (@ingress(make_app), or an import path naming the builder)"
         )
     return message
 
