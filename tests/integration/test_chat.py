@@ -243,7 +243,10 @@ def test_the_page_waits_and_retries_while_the_service_is_busy(browser: Browser, 
     settings = Settings(backend="echo", echo_tokens_per_s=20, max_replies=1, reply_keep_s=0.5)
     ray_toolkit.run(build_app(settings), route_prefix="/")
     base = ray_toolkit.url
-    holder = httpx.post(f"{base}/api/replies", json={"messages": [{"role": "user", "content": "w " * 100}]})
+    # A reply of 2,000 words at 20 a second holds the only place for 100 s, longer than a
+    # loaded host takes to open the page (with 100 it could end first: seen once); the
+    # test stops it below, so its length costs nothing.
+    holder = httpx.post(f"{base}/api/replies", json={"messages": [{"role": "user", "content": "w " * 2000}]})
     assert holder.status_code == 201  # the only place is taken
     page = browser.new_page()
     try:
