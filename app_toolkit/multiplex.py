@@ -229,17 +229,13 @@ def multiplexed(
     ``ValueError``), when the decorator runs.
     """
     # Checked here, when the module is imported, in Ray Serve's error types.
-    if not isinstance(max_num_models_per_replica, int) or isinstance(max_num_models_per_replica, bool):
-        raise DefinitionError(
-            f"max_num_models_per_replica must be an integer >= 1 (or -1: no limit), "
-            f"got {max_num_models_per_replica!r}"
+    limit = max_num_models_per_replica
+    wrong_type = not isinstance(limit, int) or isinstance(limit, bool)
+    if wrong_type or (limit < 1 and limit != -1):
+        raise (DefinitionError if wrong_type else ConfigError)(
+            f"max_num_models_per_replica must be an integer >= 1 (or -1: no limit), got {limit!r}"
         )
-    if max_num_models_per_replica < 1 and max_num_models_per_replica != -1:
-        raise ConfigError(
-            f"max_num_models_per_replica must be an integer >= 1 (or -1: no limit), "
-            f"got {max_num_models_per_replica!r}"
-        )
-    capacity = sys.maxsize if max_num_models_per_replica == -1 else max_num_models_per_replica
+    capacity = sys.maxsize if limit == -1 else limit
 
     def wrap(loader: Callable[..., Awaitable[M]]) -> _Multiplexed[M]:
         return _Multiplexed(loader, capacity)

@@ -143,6 +143,15 @@ def handshake_after(state: HandshakeState, message: Message) -> HandshakeState:
     return state
 
 
+def ends_websocket(message: Message) -> bool:
+    """Whether the app's ``message`` ends its WebSocket (a close, or a denial's last body
+    piece): what follows is dropped."""
+    kind = message["type"]
+    return kind == "websocket.close" or (
+        kind == "websocket.http.response.body" and not message.get("more_body", False)
+    )
+
+
 def websocket_end(state: HandshakeState, failed: bool, scope: Scope, request_id: str) -> tuple[Message, ...]:
     """What ends a WebSocket whose app raised (``failed``) or returned without closing it.
     No handshake sent: the generic 500 as its answer, as uvicorn answers both. Accepted:

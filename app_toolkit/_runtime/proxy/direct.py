@@ -228,11 +228,7 @@ async def serve_websocket_in_replica(
     async def watch(message: Message) -> None:
         nonlocal handshake, closed
         handshake = answers.handshake_after(handshake, message)
-        closed = (
-            closed
-            or message["type"] == "websocket.close"
-            or (message["type"] == "websocket.http.response.body" and not message.get("more_body", False))
-        )
+        closed = closed or answers.ends_websocket(message)
         await send(message)
 
     async def restarting() -> None:

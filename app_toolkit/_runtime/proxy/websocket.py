@@ -15,7 +15,7 @@ from collections.abc import Callable
 
 from starlette.types import Receive, Scope, Send
 
-from app_toolkit._runtime.answers import can_deny, denial, unavailable
+from app_toolkit._runtime.answers import can_deny, denial, ends_websocket, unavailable
 from app_toolkit._runtime.messages import (
     CLOSE_INTERNAL_ERROR,
     CLOSE_POLICY,
@@ -124,9 +124,7 @@ async def _relay(reply: Reply, receive: Receive, send: Send) -> None:
                 message = answer.message
                 if not closed:
                     await send(message)
-                    closed = message["type"] == "websocket.close" or (
-                        message["type"] == "websocket.http.response.body" and not message.get("more_body")
-                    )
+                    closed = ends_websocket(message)
             elif isinstance(answer, StreamEnd):
                 if not closed:
                     # The app returned without closing: close normally (or deny, if never accepted).

@@ -342,11 +342,7 @@ class _WebSocket:
     async def send(self, message: Message) -> None:
         if self._closed:
             return
-        kind = message["type"]
-        if kind == "websocket.close" or (
-            kind == "websocket.http.response.body" and not message.get("more_body", False)
-        ):
-            self._closed = True
+        self._closed = answers.ends_websocket(message)
         self._handshake = answers.handshake_after(self._handshake, message)
         self._sink.send(WebSocketMessage(dict(message)))
         await self._sink.drain()
