@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Iterable
 from typing import Any
 
 from app_toolkit._runtime import request_context
@@ -151,9 +152,10 @@ def shutdown() -> None:
 
 def get_app_handle(name: str) -> DeploymentHandle:
     """A handle to the ingress deployment of a running application."""
-    app = status().applications.get(name)
+    applications = status().applications
+    app = applications.get(name)
     if app is None:
-        raise _no_such_application(name)
+        raise _no_such_application(name, applications)
     return DeploymentHandle(app.ingress, name)
 
 
@@ -163,18 +165,19 @@ def get_deployment_handle(deployment_name: str, app_name: str | None = None) -> 
     ``app_name`` defaults to the caller's own application inside a replica, else "default".
     """
     app_name = app_name or request_context.app_name.get() or "default"
-    app = status().applications.get(app_name)
+    applications = status().applications
+    app = applications.get(app_name)
     if app is None:
-        raise _no_such_application(app_name)
+        raise _no_such_application(app_name, applications)
     if deployment_name not in app.deployments:
         known = ", ".join(sorted(app.deployments)) or "none"
         raise ConfigError(f"Application {app_name!r} has no deployment {deployment_name!r} (it has: {known})")
     return DeploymentHandle(deployment_name, app_name)
 
 
-def _no_such_application(name: str) -> ConfigError:
+def _no_such_application(name: str, running_apps: Iterable[str]) -> ConfigError:
     """Ray Serve's words (a RayServeException), then what is running."""
-    running = ", ".join(repr(app) for app in sorted(status().applications)) or "none"
+    running = ", ".join(repr(app) for app in sorted(running_apps)) or "none"
     return ConfigError(f"Application {name!r} does not exist. Running: {running}; run() it first")
 
 

@@ -9,7 +9,6 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from app_toolkit._runtime import request_context
-from app_toolkit._runtime.replica.app_copy import own_copy
 from app_toolkit._runtime.replica.replica import (
     ASGI_APP_ATTR,
     ASGI_BUILDER_ATTR,
@@ -189,6 +188,8 @@ def _class_app(app: FastAPI, cls: type) -> FastAPI:
     ``/openapi.json`` describe this copy. Nothing of ``app`` changes."""
     from fastapi.routing import APIRoute, APIWebSocketRoute
     from starlette.routing import Route
+
+    from app_toolkit._runtime.replica.app_copy import own_copy  # imports Starlette
 
     own = own_copy(app)
     docs = {app.openapi_url, app.docs_url, app.redoc_url, app.swagger_ui_oauth2_redirect_url} - {None}

@@ -1,6 +1,7 @@
 """The toolkit's own HTTP answers, each built in one place: a JSON body that carries the
 request id, ``503`` with ``Retry-After`` for overload or a lost replica, and the generic
-``500`` that never shows a traceback."""
+``500`` that never shows a traceback; and how a WebSocket whose app failed or returned
+ends (its state by what the app sent, the messages that end it)."""
 
 from __future__ import annotations
 
@@ -129,13 +130,16 @@ def denial(answer: HTTPResponse) -> tuple[Message, Message]:
     return start, {"type": "websocket.http.response.body", "body": answer.body}
 
 
-#: How far a WebSocket's handshake went: nothing sent yet, accepted, a denial response started.
-HandshakeState = Literal["none", "accepted", "denying"]
+#: Where a WebSocket stands, by what its app sent: nothing yet, accepted, a denial
+#: response begun, or ended (closed, or denied whole): what follows is dropped.
+HandshakeState = Literal["none", "accepted", "denying", "ended"]
 
 
 def handshake_after(state: HandshakeState, message: Message) -> HandshakeState:
-    """The handshake's state once the app sent ``message``."""
+    """The socket's state once the app sent ``message``."""
     kind = message["type"]
+    if ends_websocket(message):
+        return "ended"
     if kind == "websocket.accept":
         return "accepted"
     if kind == "websocket.http.response.start":
@@ -156,7 +160,10 @@ def websocket_end(state: HandshakeState, failed: bool, scope: Scope, request_id:
     """What ends a WebSocket whose app raised (``failed``) or returned without closing it.
     No handshake sent: the generic 500 as its answer, as uvicorn answers both. Accepted:
     a close frame, 1011 if the app raised (uvicorn drops the connection without one:
-    docs/http.md says why this differs), else 1000. A denial response begun: its end."""
+    docs/http.md says why this differs), else 1000. A denial response begun: its end.
+    Ended already: nothing."""
+    if state == "ended":
+        return ()
     if state == "denying":
         return ({"type": "websocket.http.response.body", "body": b""},)
     if state == "none" and can_deny(scope):

@@ -20,6 +20,7 @@ import httpx
 from starlette.types import ASGIApp, Message, Scope
 from starlette.websockets import WebSocketDisconnect
 
+from app_toolkit._runtime.answers import DENIAL_EXTENSION
 from app_toolkit._runtime.routing.data_plane import DataPlane, Pending
 
 MAX_BUFFERED = 64
@@ -84,7 +85,7 @@ def _scope(kind: str, url: httpx.URL, headers: httpx.Headers, method: str = "GET
         "client": ("127.0.0.1", 50000),
         "server": (url.host, url.port or (443 if url.scheme in ("https", "wss") else 80)),
         # As uvicorn offers it: a WebSocket app may answer its handshake with a response.
-        "extensions": {"websocket.http.response": {}} if kind == "websocket" else {},
+        "extensions": {DENIAL_EXTENSION: {}} if kind == "websocket" else {},
     }
 
 

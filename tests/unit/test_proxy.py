@@ -131,14 +131,14 @@ def test_the_app_sees_the_headers_its_client_sent_and_the_trace_travels_beside_t
     client_headers = [(b"host", b"h"), *sent, (b"accept", b"*/*")]
     scope = {"type": "http", "root_path": "", "headers": list(client_headers)}
     headers = read_headers(scope)
-    forwarded, trace = forwarded_scope(scope, _ROUTE, headers)
+    forwarded, trace = forwarded_scope(scope, _ROUTE, headers, None, id_headers=False)
     assert forwarded["headers"] == client_headers and forwarded["root_path"] == "/app"
     # The replica's span continues the client's valid traceparent, or one started here.
     assert (trace.traceparent.encode() == _VALID_PARENT) is kept_parent
     assert (trace.state == "k=v") is kept_parent
     assert tracing.parse(trace.traceparent) is not None
     in_place = dict(scope)  # direct ingress: the server's own scope, made the forwarded one
-    continued = forward_in_place(in_place, _ROUTE, headers)
+    continued = forward_in_place(in_place, _ROUTE, headers, None, id_headers=False)
     assert (continued.traceparent.encode() == _VALID_PARENT) is kept_parent
     assert in_place["headers"] == client_headers and in_place["root_path"] == "/app"
 
@@ -149,7 +149,7 @@ def test_with_request_id_headers_the_app_sees_one_request_id_and_one_traceparent
 ) -> None:
     scope = {"type": "http", "root_path": "", "headers": [(b"host", b"h"), *sent, (b"accept", b"*/*")]}
     headers = read_headers(scope)
-    forwarded, trace = forwarded_scope(scope, _ROUTE, headers, id_headers=True)
+    forwarded, trace = forwarded_scope(scope, _ROUTE, headers, None, id_headers=True)
     names = [name for name, _ in forwarded["headers"]]
     assert names.count(b"x-request-id") == 1 and names.count(b"traceparent") == 1
     assert forwarded["root_path"] == "/app" and names[:1] == [b"host"] and b"accept" in names

@@ -216,7 +216,6 @@ async def serve_websocket_in_replica(
     took; its ``websocket.connect`` message was read already and is given to the app again."""
     connected = False
     handshake: answers.HandshakeState = "none"
-    closed = False
 
     async def replay() -> Message:
         nonlocal connected
@@ -226,16 +225,15 @@ async def serve_websocket_in_replica(
         return await receive()
 
     async def watch(message: Message) -> None:
-        nonlocal handshake, closed
+        nonlocal handshake
         handshake = answers.handshake_after(handshake, message)
-        closed = closed or answers.ends_websocket(message)
         await send(message)
 
     async def restarting() -> None:
         # The replica drains: the client is told to reconnect (to another replica), and
         # the app's next receive() hears that its client is gone.
         await local.draining_event.wait()
-        if connected and not closed:
+        if connected and handshake != "ended":
             await watch({"type": "websocket.close", "code": CLOSE_SERVICE_RESTART, "reason": RESTART_REASON})
 
     watcher = asyncio.ensure_future(restarting())
@@ -248,9 +246,8 @@ async def serve_websocket_in_replica(
         failed = False  # it returned: if without closing, close it (or answer, if never accepted)
     finally:
         watcher.cancel()
-    if not closed:
-        for message in answers.websocket_end(handshake, failed, scope, request_id):
-            await send(message)
+    for message in answers.websocket_end(handshake, failed, scope, request_id):
+        await send(message)
 
 
 class LocalIngresses:

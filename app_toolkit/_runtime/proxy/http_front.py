@@ -155,7 +155,7 @@ class HTTPFront:
                 send,
                 self.shard_header,
                 self.in_replica,
-                self.http.request_id_headers,
+                id_headers=self.http.request_id_headers,
             )
         elif kind == "lifespan":
             await _lifespan(receive, send)
@@ -270,11 +270,13 @@ class HTTPFront:
                     watcher = asyncio.ensure_future(watch_disconnect(receive, state))
                 proxy_span = span.trace if span is not None else None
                 if local is not None:
-                    trace = forward_in_place(scope, route, headers, proxy_span, self.http.request_id_headers)
+                    trace = forward_in_place(
+                        scope, route, headers, proxy_span, id_headers=self.http.request_id_headers
+                    )
                     await serve_in_replica(local, scope, receive, send, state, headers, self.http, trace)
                     return
                 forwarded, trace = forwarded_scope(
-                    scope, route, headers, proxy_span, self.http.request_id_headers
+                    scope, route, headers, proxy_span, id_headers=self.http.request_id_headers
                 )
                 request = HTTPRequest(
                     request_id, forwarded, body.data, body.more, trace.traceparent, trace.state
@@ -340,7 +342,7 @@ class HTTPFront:
         state.link = link
         link.on_client_left = state.client_left
         try:
-            trace = forward_in_place(scope, route, headers, None, self.http.request_id_headers)
+            trace = forward_in_place(scope, route, headers, None, id_headers=self.http.request_id_headers)
             await serve_in_replica(local, scope, receive, send, state, headers, self.http, trace)
         except asyncio.CancelledError:
             if not state.left():

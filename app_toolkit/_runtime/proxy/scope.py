@@ -156,8 +156,9 @@ def forwarded_scope(
     scope: Scope,
     route: AppMatcher,
     headers: RequestHeaders,
-    proxy_span: tracing.TraceContext | None = None,
-    id_headers: bool = False,
+    proxy_span: tracing.TraceContext | None,
+    *,
+    id_headers: bool,
 ) -> tuple[dict[str, Any], tracing.TraceContext]:
     """The scope the replica sees, and the trace its span continues: the path kept
     whole, the prefix as root_path, the headers as the client sent them. The trace is the
@@ -173,8 +174,9 @@ def forward_in_place(
     scope: Scope,
     route: AppMatcher,
     headers: RequestHeaders,
-    proxy_span: tracing.TraceContext | None = None,
-    id_headers: bool = False,
+    proxy_span: tracing.TraceContext | None,
+    *,
+    id_headers: bool,
 ) -> tracing.TraceContext:
     """Make the server's own scope what :func:`forwarded_scope` would forward (the app runs
     in this process: direct ingress); returns the trace."""

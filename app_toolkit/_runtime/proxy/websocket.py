@@ -54,7 +54,8 @@ async def serve_websocket(
     send: Send,
     shard_header: bytes = SHARD_KEY_HEADER,
     in_replica: InReplica | None = None,
-    id_headers: bool = False,
+    *,
+    id_headers: bool,
 ) -> None:
     """Relay one WebSocket connection to a replica of the app its path belongs to
     (``routes`` is None until the proxy has loaded them: refused as overload). A shard
@@ -76,7 +77,7 @@ async def serve_websocket(
     deployment, _ = route.target("websocket", None, path)
     dispatcher = dispatcher_for(deployment)
     local = in_replica(deployment, headers) if in_replica is not None else None
-    forwarded, trace = forwarded_scope(scope, route, headers, None, id_headers)
+    forwarded, trace = forwarded_scope(scope, route, headers, None, id_headers=id_headers)
     if local is not None and local.admit() is None:
         stream_metrics.OPEN.inc(route.app, "websocket")
         try:
@@ -127,7 +128,8 @@ async def _relay(reply: Reply, receive: Receive, send: Send) -> None:
                     closed = ends_websocket(message)
             elif isinstance(answer, StreamEnd):
                 if not closed:
-                    # The app returned without closing: close normally (or deny, if never accepted).
+                    # A fallback: the replica ends every socket itself before its END
+                    # (answers.websocket_end); one that did not is closed normally here.
                     await send({"type": "websocket.close", "code": 1000})
                 return
             else:  # LOST, or anything unexpected: the replica is gone

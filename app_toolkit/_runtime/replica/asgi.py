@@ -321,7 +321,7 @@ async def serve_websocket(
 class _WebSocket:
     """One WebSocket's ASGI channel inside a replica."""
 
-    __slots__ = ("_sink", "_inbound", "_request_id", "_scope", "_connected", "_handshake", "_closed")
+    __slots__ = ("_sink", "_inbound", "_request_id", "_scope", "_connected", "_handshake")
 
     def __init__(self, sink: ResponseSink, inbound: Inbound, request_id: str, scope: Scope) -> None:
         self._sink = sink
@@ -329,8 +329,7 @@ class _WebSocket:
         self._request_id = request_id
         self._scope = scope
         self._connected = False
-        self._handshake: answers.HandshakeState = "none"
-        self._closed = False  # the app closed (or denied) it: later messages drop
+        self._handshake: answers.HandshakeState = "none"  # "ended": later messages drop
 
     async def receive(self) -> Message:
         if not self._connected:
@@ -340,24 +339,22 @@ class _WebSocket:
         return message
 
     async def send(self, message: Message) -> None:
-        if self._closed:
+        if self._handshake == "ended":
             return
-        self._closed = answers.ends_websocket(message)
         self._handshake = answers.handshake_after(self._handshake, message)
         self._sink.send(WebSocketMessage(dict(message)))
         await self._sink.drain()
 
     def close(self, code: int, reason: str) -> None:
-        if not self._closed:
-            self._closed = True
+        if self._handshake != "ended":
+            self._handshake = "ended"
             self._sink.send(WebSocketMessage({"type": "websocket.close", "code": code, "reason": reason}))
 
     def end(self, failed: bool) -> None:
         """The app raised or returned: end the socket as ``answers.websocket_end`` says."""
-        if not self._closed:
-            self._closed = True
-            for message in answers.websocket_end(self._handshake, failed, self._scope, self._request_id):
-                self._sink.send(WebSocketMessage(message))
+        for message in answers.websocket_end(self._handshake, failed, self._scope, self._request_id):
+            self._sink.send(WebSocketMessage(message))
+        self._handshake = "ended"
 
     def server_restarting(self, waited: asyncio.Future[Literal[True]]) -> None:
         """The replica drains: close with 1012 so the client reconnects (to another

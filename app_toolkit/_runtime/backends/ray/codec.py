@@ -44,13 +44,22 @@ def _fastapi_unset() -> object:
     return _Unset
 
 
+_APP_TYPES: list[tuple[type, ...]] = []  # both classes, once both are loaded
+
+
 def _app_types() -> tuple[type, ...]:
-    """The classes of apps and routers loaded in this process (none: no app can exist)."""
+    """The classes of apps and routers loaded in this process (none: no app can exist);
+    looked up until both are loaded, then kept (``dumps`` asks on every call)."""
+    if _APP_TYPES:
+        return _APP_TYPES[0]
     found = (
         getattr(sys.modules.get("starlette.applications"), "Starlette", None),
         getattr(sys.modules.get("starlette.routing"), "Router", None),
     )
-    return tuple(kind for kind in found if isinstance(kind, type))
+    kinds = tuple(kind for kind in found if isinstance(kind, type))
+    if len(kinds) == len(found):
+        _APP_TYPES.append(kinds)
+    return kinds
 
 
 def _importable(module: object, by_value: frozenset[str]) -> bool:
@@ -206,15 +215,11 @@ class _Plain(pickle.Pickler):
     bytes, numbers, containers) never reach ``reducer_override``, so a large array or
     list costs nothing extra."""
 
-    def __init__(self, file: io.BytesIO) -> None:
-        super().__init__(file, protocol=5)
-        self.apps = _app_types()
-
     def reducer_override(self, obj: object) -> Any:
         if isinstance(obj, (type, types.FunctionType)):
             if getattr(obj, "__module__", None) in (None, "__main__"):
                 raise _WrittenOtherwise
-        elif type(obj) in _REDUCED or _is_placeholder(obj) or issubclass(type(obj), self.apps):
+        elif type(obj) in _REDUCED or _is_placeholder(obj) or issubclass(type(obj), _app_types()):
             raise _WrittenOtherwise
         return NotImplemented
 
@@ -238,7 +243,7 @@ def dumps(value: object) -> bytes:
     if not cloudpickle.list_registry_pickle_by_value():  # type: ignore[no-untyped-call]
         buffer = io.BytesIO()
         try:
-            _Plain(buffer).dump(value)
+            _Plain(buffer, protocol=5).dump(value)
         except Exception:  # noqa: BLE001 - cloudpickle, below, writes it or says what is wrong
             pass
         else:
