@@ -9,6 +9,7 @@ order of one name's values kept (as HTTP gives it meaning: two ``set-cookie`` li
 
 from __future__ import annotations
 
+import re
 import socket as socket_module
 import threading
 from collections.abc import Iterator, Sequence
@@ -83,6 +84,18 @@ class Answer:
 #: process: Starlette keeps a route's methods in a set, and joins them into ``allow`` in
 #: that set's order, which string hashing (random per process) decides.
 UNORDERED_ITEMS = frozenset({"allow"})
+#: A cookie's ``expires`` attribute. In a ``set-cookie`` value that also has ``Max-Age``, the
+#: date is compared as a placeholder: Max-Age wins over Expires (RFC 6265, 5.3), and an app
+#: that gives both usually takes the date from the clock (Starlette's ``delete_cookie``
+#: sends "now"), so two servers answering a second apart differ there.
+EXPIRES = re.compile(r"(?i)(;\s*)expires=[^;]*")
+
+
+def without_clock_expiry(set_cookie: str) -> str:
+    """``set_cookie`` with its Expires attribute's date as a placeholder if it has Max-Age."""
+    if re.search(r"(?i);\s*max-age=", set_cookie) is None:
+        return set_cookie
+    return EXPIRES.sub(r"\1expires=<per max-age>", set_cookie)
 
 
 def header_multiset(headers: Sequence[tuple[str, str]], ignored: frozenset[str]) -> list[tuple[str, str]]:
@@ -92,6 +105,8 @@ def header_multiset(headers: Sequence[tuple[str, str]], ignored: frozenset[str])
         name = name.lower()
         if name in UNORDERED_ITEMS:
             value = ", ".join(sorted(item.strip() for item in value.split(",")))
+        if name == "set-cookie":
+            value = without_clock_expiry(value)
         if name not in ignored:
             by_name.setdefault(name, []).append(value)
     return [(name, value) for name in sorted(by_name) for value in by_name[name]]

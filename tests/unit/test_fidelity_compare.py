@@ -38,3 +38,35 @@ def test_a_long_body_is_shown_from_where_it_differs() -> None:
     assert found.exchange == "long"
     assert "from offset 500 (of 513, 513)" in found.text
     assert "uvicorn's end" in found.text and "toolkit's end" in found.text
+
+
+def test_a_cookie_date_taken_from_the_clock_is_compared_as_a_placeholder() -> None:
+    first = 'gone=""; expires=Thu, 26 Nov 2026 06:44:45 GMT; Max-Age=0; Path=/; SameSite=lax'
+    second = 'gone=""; expires=Thu, 26 Nov 2026 06:44:46 GMT; Max-Age=0; Path=/; SameSite=lax'
+    assert header_multiset([("Set-Cookie", first)], IGNORED_HEADERS) == header_multiset(
+        [("set-cookie", second)], IGNORED_HEADERS
+    )
+
+
+def test_a_cookie_date_without_max_age_is_compared_as_sent() -> None:
+    first = "expiring=x; expires=Thu, 01 Jan 2099 00:00:00 GMT; Path=/; SameSite=lax"
+    second = "expiring=x; expires=Fri, 02 Jan 2099 00:00:00 GMT; Path=/; SameSite=lax"
+    assert header_multiset([("set-cookie", first)], IGNORED_HEADERS) != header_multiset(
+        [("set-cookie", second)], IGNORED_HEADERS
+    )
+
+
+def test_headers_differing_only_in_a_cookie_value_still_differ() -> None:
+    first = 'gone="a"; expires=Thu, 26 Nov 2026 06:44:45 GMT; Max-Age=0; Path=/'
+    second = 'gone="b"; expires=Thu, 26 Nov 2026 06:44:45 GMT; Max-Age=0; Path=/'
+    assert header_multiset([("set-cookie", first)], IGNORED_HEADERS) != header_multiset(
+        [("set-cookie", second)], IGNORED_HEADERS
+    )
+
+
+def test_a_cookie_named_expires_keeps_its_value() -> None:
+    first = "expires=1; Max-Age=60; Path=/"
+    second = "expires=2; Max-Age=60; Path=/"
+    assert header_multiset([("set-cookie", first)], IGNORED_HEADERS) != header_multiset(
+        [("set-cookie", second)], IGNORED_HEADERS
+    )
