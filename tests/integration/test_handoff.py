@@ -9,11 +9,12 @@ import asyncio
 import os
 import socket
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
 
 import pytest
 from starlette.types import Receive, Scope, Send
 
-from app_toolkit._runtime.connection_table import Handed, Phase
+from app_toolkit._runtime.connection_table import ConnectionTable, Handed, Phase
 from app_toolkit._runtime.proxy.acceptor import Acceptor, request_target
 from app_toolkit._runtime.proxy.handoff_sender import HandoffSender
 from app_toolkit._runtime.proxy.server import ProxyServer, serve
@@ -342,8 +343,11 @@ async def front() -> AsyncIterator[ProxyServer]:
     await server.stop(timeout_s=5)
 
 
+REQUEST = b"GET / HTTP/1.1\r\nhost: t\r\n\r\n"
+
+
 def _request(client: socket.socket) -> bytes:
-    client.sendall(b"GET / HTTP/1.1\r\nhost: t\r\n\r\n")
+    client.sendall(REQUEST)
     answer = b""
     while not answer.endswith(b"hello"):  # the head and the body may come apart
         piece = client.recv(1000)
@@ -375,6 +379,60 @@ async def test_a_server_serves_a_connection_accepted_elsewhere_and_lets_it_go(
     client.sendall(b"GET /next HTTP/1.1\r\n\r\n")
     assert _blocking(taken[0]).recv(100).startswith(b"GET /next ")
     taken[0].close()
+
+
+@dataclass(slots=True)
+class _Peeking(Handed):
+    """A handed connection's record that notes, with each phase, the client's bytes still
+    unread in the socket when the phase was recorded."""
+
+    seen: list[tuple[Phase, bytes]] = field(default_factory=list)
+
+    def record(self, phase: Phase) -> None:
+        try:
+            unread = self.sock.recv(65536, socket.MSG_PEEK | socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            unread = b""
+        self.seen.append((phase, unread))
+        Handed.record(self, phase)
+
+
+#: Replicas run on uvloop (Ray's workers install it); the proxy and tests on asyncio's own loop.
+LOOPS = pytest.mark.parametrize(
+    "anyio_backend", ["asyncio", ("asyncio", {"use_uvloop": True})], ids=["asyncio", "uvloop"]
+)
+
+
+@LOOPS
+async def test_a_request_is_recorded_before_its_bytes_leave_the_socket(
+    front: ProxyServer, tcp_pair: Pair
+) -> None:
+    """A replica killed between reading a request and recording it would leave the
+    connection IDLE: the proxy would serve it anew and the request, its bytes gone, would
+    never be answered. So HEAD is recorded while the bytes are still in the socket."""
+    client, server_end = tcp_pair
+    server_end.setblocking(False)
+    table, fd = ConnectionTable.create(1)
+    os.close(fd)
+    peer, other_peer = socket.socketpair()
+    handed = _Peeking(peer, table, 0, ConnectionTable.offset(0), server_end)
+    try:
+        front.adopt(server_end, handed)
+        for _ in range(2):  # and again on the kept-alive connection
+            handed.seen.clear()
+            answer = await asyncio.to_thread(_request, client)
+            assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"hello")
+            await _until(lambda: handed.seen and handed.seen[-1][0] is Phase.IDLE)
+            assert [phase for phase, _ in handed.seen] == [
+                Phase.HEAD,
+                Phase.RUNNING,
+                Phase.STARTED,
+                Phase.IDLE,
+            ]
+            assert handed.seen[0][1] == REQUEST  # nothing of it was read yet
+    finally:  # the table stays mapped: the front records CLOSED in it when it stops
+        peer.close()
+        other_peer.close()
 
 
 async def test_a_connection_in_the_middle_of_a_request_is_not_given_back(

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
+import threading
 import weakref
 from collections.abc import Callable
 from typing import Any
@@ -38,6 +39,11 @@ logger = logging.getLogger("app_toolkit.proxy")
 #: The scope key of a request's :class:`RequestLink` (set by this protocol).
 REQUEST_LINK = "app_toolkit.request_link"
 _JOIN_MAX = 64 << 10  # a held head and a body smaller than this leave as one write
+#: Bytes a handed connection's read takes at most (what asyncio's socket transport reads).
+_READ_BYTES = 256 << 10
+#: One read buffer per thread for every handed connection: the event loop fills it and
+#: passes it on in one call, and what came is copied before anything else runs.
+_buffers = threading.local()
 
 
 class _Writes:
@@ -204,11 +210,16 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         if link is not None and link.on_client_left is not None and cycle is not None and cycle.disconnected:
             link.on_client_left()
 
-    def data_received(self, data: bytes) -> None:
-        if self._between:  # a handed-off connection: a request starts (recorded before parsing)
+    def request_may_start(self) -> None:
+        """Bytes are about to be read: if the connection is between requests, they start
+        one (recorded before the read: see :class:`HandedReads`)."""
+        if self._between:
             assert self.handed is not None
             self.handed.record(Phase.HEAD)
             self._between = False
+
+    def data_received(self, data: bytes) -> None:
+        self.request_may_start()  # read without HandedReads' buffer: recorded after the read
         super().data_received(data)
         if self._head_bytes is None or self.transport.is_closing():
             return
@@ -316,6 +327,59 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         else:  # a response is on its way: it finishes, then the connection closes
             self.cycle.keep_alive = False
             self.flow.pause_reading()
+
+
+class HandedReads(asyncio.BufferedProtocol):
+    """What the event loop serves a handed-off connection with: it reads into a buffer
+    this offers, and passes the bytes and every other event to the connection's
+    :class:`GuardedHttpProtocol`.
+
+    A request's start is recorded when the loop asks for the buffer, before the read
+    takes the request's bytes out of the socket. Recorded after the read, a replica
+    killed between the two would leave the connection between requests: the proxy would
+    serve it anew, and the request, its bytes gone with the replica, would never be
+    answered. The price: a replica killed after a wake-up that finds nothing to read
+    leaves a request started, and the proxy answers that connection 503.
+
+    A wrapper, not a subclass: uvloop reads through ``get_buffer`` only for protocols
+    that are not ``asyncio.Protocol`` (uvicorn's is). A WebSocket upgrade replaces this
+    with uvicorn's WebSocket protocol (``transport.set_protocol``).
+    """
+
+    __slots__ = ("http",)
+
+    def __init__(self, http: GuardedHttpProtocol) -> None:
+        self.http = http
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.http.connection_made(transport)  # type: ignore[arg-type]  # a socket transport
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.http.connection_lost(exc)
+
+    def eof_received(self) -> None:
+        self.http.eof_received()  # uvicorn's: the transport closes (half-open not kept)
+
+    def pause_writing(self) -> None:
+        self.http.pause_writing()
+
+    def resume_writing(self) -> None:
+        self.http.resume_writing()
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        self.http.request_may_start()
+        return _read_buffer()
+
+    def buffer_updated(self, nbytes: int) -> None:
+        self.http.data_received(bytes(_read_buffer()[:nbytes]))
+
+
+def _read_buffer() -> memoryview:
+    try:
+        view: memoryview = _buffers.view
+    except AttributeError:
+        view = _buffers.view = memoryview(bytearray(_READ_BYTES))
+    return view
 
 
 def guarded_protocol(options: HTTPOptions) -> type[GuardedHttpProtocol]:

@@ -21,7 +21,7 @@ from starlette.types import ASGIApp
 from app_toolkit._runtime.connection_table import Handed
 from app_toolkit._runtime.proxy.acceptor import Acceptor, HandoffRoutes
 from app_toolkit._runtime.proxy.handoff_sender import HandoffSender
-from app_toolkit._runtime.proxy.http_guard import GuardedHttpProtocol, guarded_protocol
+from app_toolkit._runtime.proxy.http_guard import GuardedHttpProtocol, HandedReads, guarded_protocol
 from app_toolkit.config import HTTPOptions
 
 logger = logging.getLogger("app_toolkit.proxy")
@@ -86,14 +86,15 @@ class Adopter:
         server, loop = self._server, asyncio.get_running_loop()
         config = server.config
 
-        def protocol() -> asyncio.Protocol:
+        def protocol() -> asyncio.BaseProtocol:
             made = config.http_protocol_class(  # type: ignore[call-arg] # uvicorn's own call
                 config=config, server_state=server.server_state, app_state=server.lifespan.state
             )
-            if handed is not None:
-                assert isinstance(made, GuardedHttpProtocol)  # serve() sets it
-                made.record_phases(handed)
-            return made
+            if handed is None:
+                return made
+            assert isinstance(made, GuardedHttpProtocol)  # serve() sets it
+            made.record_phases(handed)
+            return HandedReads(made)
 
         task = loop.create_task(loop.connect_accepted_socket(protocol, connection))
         self._tasks.add(task)
