@@ -249,13 +249,25 @@ def test_the_page_waits_and_retries_while_the_service_is_busy(browser: Browser, 
     holder = httpx.post(f"{base}/api/replies", json={"messages": [{"role": "user", "content": "w " * 2000}]})
     assert holder.status_code == 201  # the only place is taken
     page = browser.new_page()
+    answers: list[str] = []  # what the page's requests got, for a failure to say
+    page.on(
+        "response",
+        lambda response: answers.append(f"{response.request.method} {response.url} {response.status}"),
+    )
+    page.on(
+        "requestfailed", lambda request: answers.append(f"{request.method} {request.url} {request.failure}")
+    )
     try:
         page.goto(base)
         page.fill("#prompt", "after the wait")
         page.press("#prompt", "Enter")
         # A condition, not a latency: on a loaded host (three test workers, Chromium) the
         # page's load and first POST took over 10 s twice; the holder outlasts this wait.
-        wait_for(lambda: "busy" in page.locator("#status").inner_text(), 30, "the page to say it is busy")
+        try:
+            wait_for(lambda: "busy" in page.locator("#status").inner_text(), 30, "the page to say it is busy")
+        except AssertionError as late:
+            seen = f"status {page.locator('#status').inner_text()!r}, reply {last_reply(page)!r}"
+            raise AssertionError(f"{late}; the page shows {seen}; its requests got {answers}") from None
         assert page.evaluate("document.body.dataset.busy") == "yes"
         assert httpx.post(f"{base}/api/replies/{holder.json()['id']}/stop").status_code == 204
         wait_for(lambda: page.evaluate("document.body.dataset.busy") == "no", timeout_s=20)
