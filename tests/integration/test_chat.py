@@ -240,12 +240,23 @@ def test_the_page_streams_stops_and_resumes(
 
 
 def test_the_page_waits_and_retries_while_the_service_is_busy(browser: Browser, ray_toolkit: Toolkit) -> None:
-    settings = Settings(backend="echo", echo_tokens_per_s=20, max_replies=1, reply_keep_s=0.5)
+    # The holder's reply must outlast the page's load on a loaded host (three test workers
+    # and Chromium: over 10 s seen). A reply is as long as the prompt's words, at most
+    # default_max_tokens and what the context window leaves; nobody reads it, so the
+    # orphan rule would stop it after reply_orphan_s. With these settings its 2,000 words
+    # at 20 a second hold the only place for 100 s (the defaults cut it to 48 words, 2.4 s);
+    # the test stops it below, so its length costs nothing.
+    settings = Settings(
+        backend="echo",
+        echo_tokens_per_s=20,
+        max_replies=1,
+        reply_keep_s=0.5,
+        max_context_tokens=8192,
+        default_max_tokens=4096,
+        reply_orphan_s=600,
+    )
     ray_toolkit.run(build_app(settings), route_prefix="/")
     base = ray_toolkit.url
-    # A reply of 2,000 words at 20 a second holds the only place for 100 s, longer than a
-    # loaded host takes to open the page (with 100 it could end first: seen once); the
-    # test stops it below, so its length costs nothing.
     holder = httpx.post(f"{base}/api/replies", json={"messages": [{"role": "user", "content": "w " * 2000}]})
     assert holder.status_code == 201  # the only place is taken
     page = browser.new_page()
@@ -266,7 +277,8 @@ def test_the_page_waits_and_retries_while_the_service_is_busy(browser: Browser, 
         try:
             wait_for(lambda: "busy" in page.locator("#status").inner_text(), 30, "the page to say it is busy")
         except AssertionError as late:
-            seen = f"status {page.locator('#status').inner_text()!r}, reply {last_reply(page)!r}"
+            status = page.locator("#status").inner_text(timeout=5000)
+            seen = f"status {status!r}, busy {page.evaluate('document.body.dataset.busy')!r}"
             raise AssertionError(f"{late}; the page shows {seen}; its requests got {answers}") from None
         assert page.evaluate("document.body.dataset.busy") == "yes"
         assert httpx.post(f"{base}/api/replies/{holder.json()['id']}/stop").status_code == 204
