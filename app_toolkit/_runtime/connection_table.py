@@ -30,7 +30,7 @@ class Phase(IntEnum):
     FREE = 0  # no connection in this slot
     HANDED = 1  # passed to the replica; nothing of it read there yet
     IDLE = 2  # between requests: nothing of the next request read
-    HEAD = 3  # bytes of a request read; its app not called yet
+    HEAD = 3  # a request's bytes being read (recorded before the read); its app not called yet
     RUNNING = 4  # the request's head is whole: its app may have run
     STARTED = 5  # bytes of the response written (or the connection is a WebSocket)
     CLOSED = 6  # the replica is done with it (and shuts it down)

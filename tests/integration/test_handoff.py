@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 import pytest
 from starlette.types import Receive, Scope, Send
+from websockets.sync.client import connect
 
 from app_toolkit._runtime.connection_table import ConnectionTable, Handed, Phase
 from app_toolkit._runtime.proxy.acceptor import Acceptor, request_target
@@ -330,6 +331,12 @@ async def test_the_acceptor_closes_a_connection_that_sends_nothing(
 
 
 async def _hello(scope: Scope, receive: Receive, send: Send) -> None:
+    if scope["type"] == "websocket":
+        assert (await receive())["type"] == "websocket.connect"
+        await send({"type": "websocket.accept"})
+        await send({"type": "websocket.send", "text": "hello"})
+        await receive()  # until the client closes
+        return
     if scope["type"] != "http":
         return
     await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"5")]})
@@ -403,36 +410,82 @@ LOOPS = pytest.mark.parametrize(
 )
 
 
-@LOOPS
-async def test_a_request_is_recorded_before_its_bytes_leave_the_socket(
-    front: ProxyServer, tcp_pair: Pair
-) -> None:
-    """A replica killed between reading a request and recording it would leave the
-    connection IDLE: the proxy would serve it anew and the request, its bytes gone, would
-    never be answered. So HEAD is recorded while the bytes are still in the socket."""
-    client, server_end = tcp_pair
+@pytest.fixture
+def peeking(tcp_pair: Pair) -> Iterator[_Peeking]:
+    """The record of the server's end of ``tcp_pair`` as a handed connection."""
+    _, server_end = tcp_pair
     server_end.setblocking(False)
     table, fd = ConnectionTable.create(1)
     os.close(fd)
     peer, other_peer = socket.socketpair()
-    handed = _Peeking(peer, table, 0, ConnectionTable.offset(0), server_end)
-    try:
-        front.adopt(server_end, handed)
-        for _ in range(2):  # and again on the kept-alive connection
-            handed.seen.clear()
-            answer = await asyncio.to_thread(_request, client)
-            assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"hello")
-            await _until(lambda: handed.seen and handed.seen[-1][0] is Phase.IDLE)
-            assert [phase for phase, _ in handed.seen] == [
-                Phase.HEAD,
-                Phase.RUNNING,
-                Phase.STARTED,
-                Phase.IDLE,
-            ]
-            assert handed.seen[0][1] == REQUEST  # nothing of it was read yet
-    finally:  # the table stays mapped: the front records CLOSED in it when it stops
-        peer.close()
-        other_peer.close()
+    yield _Peeking(peer, table, 0, ConnectionTable.offset(0), server_end)
+    # The table stays mapped: the front records CLOSED in it when it stops.
+    peer.close()
+    other_peer.close()
+
+
+def _on_the_loop_asked(anyio_backend: object) -> None:
+    """The uvloop case must not quietly run on asyncio's loop (anyio reuses a runner)."""
+    wanted = "uvloop" if isinstance(anyio_backend, tuple) else "asyncio"
+    assert type(asyncio.get_running_loop()).__module__.split(".")[0] == wanted
+
+
+@LOOPS
+async def test_a_request_is_recorded_before_its_bytes_leave_the_socket(
+    front: ProxyServer, tcp_pair: Pair, peeking: _Peeking, anyio_backend: object
+) -> None:
+    """A replica killed between reading a request and recording it would leave the
+    connection IDLE: the proxy would serve it anew and the request, its bytes gone, would
+    never be answered. So HEAD is recorded while the bytes are still in the socket."""
+    _on_the_loop_asked(anyio_backend)
+    client, server_end = tcp_pair
+    front.adopt(server_end, peeking)
+    for _ in range(2):  # and again on the kept-alive connection
+        peeking.seen.clear()
+        answer = await asyncio.to_thread(_request, client)
+        assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"hello")
+        await _until(lambda: peeking.seen and peeking.seen[-1][0] is Phase.IDLE)
+        assert [phase for phase, _ in peeking.seen] == [Phase.HEAD, Phase.RUNNING, Phase.STARTED, Phase.IDLE]
+        assert peeking.seen[0][1] == REQUEST  # nothing of it was read yet
+
+
+async def test_a_connection_the_proxy_did_not_take_back_records_its_next_request(
+    front: ProxyServer, tcp_pair: Pair, peeking: _Peeking
+) -> None:
+    client, server_end = tcp_pair
+    front.adopt(server_end, peeking)
+    await _until(lambda: front.connections())
+    [connection] = front.connections()
+    connection.request_may_start()  # as a wake-up that found nothing to read: HEAD
+
+    def refused(sock: socket.socket, handed: Handed | None) -> bool:
+        assert handed is not None
+        handed.record(Phase.IDLE)  # as the replica's give_back, whose send then fails
+        return False
+
+    assert connection.hand_back(refused) is False
+    peeking.seen.clear()
+    answer = await asyncio.to_thread(_request, client)
+    assert answer.startswith(b"HTTP/1.1 200")
+    assert peeking.seen[0] == (Phase.HEAD, REQUEST)
+
+
+def _websocket_hello(client: socket.socket) -> str | bytes:
+    with connect("ws://t/ws", sock=client, open_timeout=5, close_timeout=5) as websocket:
+        return websocket.recv(timeout=5)
+
+
+@LOOPS
+async def test_a_websocket_upgrade_is_recorded_and_served_on_a_handed_connection(
+    front: ProxyServer, tcp_pair: Pair, peeking: _Peeking, anyio_backend: object
+) -> None:
+    _on_the_loop_asked(anyio_backend)
+    client, server_end = tcp_pair
+    front.adopt(server_end, peeking)
+    assert await asyncio.to_thread(_websocket_hello, client) == "hello"
+    assert [phase for phase, _ in peeking.seen] == [Phase.HEAD, Phase.STARTED]
+    assert peeking.seen[0][1].startswith(b"GET /ws HTTP/1.1\r\n")  # recorded before the read
+    await _until(lambda: peeking.table.phase(peeking.slot) is Phase.CLOSED)  # the client closed
 
 
 async def test_a_connection_in_the_middle_of_a_request_is_not_given_back(

@@ -295,6 +295,10 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             return False
         if self.cycle is not None and (not self.cycle.response_complete or self.cycle.more_body):
             return False  # its response, or the rest of its request's body, is still to come
+        if self.handed is not None:
+            # Between requests, as checked: the next bytes start one, also if the proxy
+            # does not take it (it may have been told IDLE after a read that found nothing).
+            self._between = True
         sock = self.handed.sock if self.handed is not None else transport.get_extra_info("socket")
         if sock is None or not give(sock, self.handed):
             return False
@@ -357,8 +361,8 @@ class HandedReads(asyncio.BufferedProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self.http.connection_lost(exc)
 
-    def eof_received(self) -> None:
-        self.http.eof_received()  # uvicorn's: the transport closes (half-open not kept)
+    def eof_received(self) -> bool | None:
+        return self.http.eof_received()  # type: ignore[func-returns-value]  # uvicorn's returns None
 
     def pause_writing(self) -> None:
         self.http.pause_writing()
