@@ -241,11 +241,11 @@ def test_the_page_streams_stops_and_resumes(
 
 def test_the_page_waits_and_retries_while_the_service_is_busy(browser: Browser, ray_toolkit: Toolkit) -> None:
     # The holder's reply must outlast the page's load on a loaded host (three test workers
-    # and Chromium: over 10 s seen). A reply is as long as the prompt's words, at most
-    # default_max_tokens and what the context window leaves; nobody reads it, so the
-    # orphan rule would stop it after reply_orphan_s. With these settings its 2,000 words
-    # at 20 a second hold the only place for 100 s (the defaults cut it to 48 words, 2.4 s);
-    # the test stops it below, so its length costs nothing.
+    # and Chromium). The echo reply repeats the prompt's words, at most default_max_tokens
+    # and what the context window leaves; nobody reads it, so the orphan rule would stop
+    # it after reply_orphan_s. With these settings its 2,000 words at 20 a second hold the
+    # only place for 100 s (the defaults cut it to 48 words, 2.4 s: a page slower than that
+    # found the service free); the test stops it below, so its length costs nothing.
     settings = Settings(
         backend="echo",
         echo_tokens_per_s=20,
@@ -272,8 +272,7 @@ def test_the_page_waits_and_retries_while_the_service_is_busy(browser: Browser, 
         page.goto(base)
         page.fill("#prompt", "after the wait")
         page.press("#prompt", "Enter")
-        # A condition, not a latency: on a loaded host (three test workers, Chromium) the
-        # page's load and first POST took over 10 s twice; the holder outlasts this wait.
+        # A condition, not a latency: the holder outlasts this wait.
         try:
             wait_for(lambda: "busy" in page.locator("#status").inner_text(), 30, "the page to say it is busy")
         except AssertionError as late:
