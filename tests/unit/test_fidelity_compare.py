@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from tests.fidelity.compare import IGNORED_HEADERS, Answer, Http, differences, header_multiset
 
 
@@ -40,33 +42,36 @@ def test_a_long_body_is_shown_from_where_it_differs() -> None:
     assert "uvicorn's end" in found.text and "toolkit's end" in found.text
 
 
-def test_a_cookie_date_taken_from_the_clock_is_compared_as_a_placeholder() -> None:
-    first = 'gone=""; expires=Thu, 26 Nov 2026 06:44:45 GMT; Max-Age=0; Path=/; SameSite=lax'
-    second = 'gone=""; expires=Thu, 26 Nov 2026 06:44:46 GMT; Max-Age=0; Path=/; SameSite=lax'
-    assert header_multiset([("Set-Cookie", first)], IGNORED_HEADERS) == header_multiset(
-        [("set-cookie", second)], IGNORED_HEADERS
-    )
-
-
-def test_a_cookie_date_without_max_age_is_compared_as_sent() -> None:
-    first = "expiring=x; expires=Thu, 01 Jan 2099 00:00:00 GMT; Path=/; SameSite=lax"
-    second = "expiring=x; expires=Fri, 02 Jan 2099 00:00:00 GMT; Path=/; SameSite=lax"
-    assert header_multiset([("set-cookie", first)], IGNORED_HEADERS) != header_multiset(
-        [("set-cookie", second)], IGNORED_HEADERS
-    )
-
-
-def test_headers_differing_only_in_a_cookie_value_still_differ() -> None:
-    first = 'gone="a"; expires=Thu, 26 Nov 2026 06:44:45 GMT; Max-Age=0; Path=/'
-    second = 'gone="b"; expires=Thu, 26 Nov 2026 06:44:45 GMT; Max-Age=0; Path=/'
-    assert header_multiset([("set-cookie", first)], IGNORED_HEADERS) != header_multiset(
-        [("set-cookie", second)], IGNORED_HEADERS
-    )
-
-
-def test_a_cookie_named_expires_keeps_its_value() -> None:
-    first = "expires=1; Max-Age=60; Path=/"
-    second = "expires=2; Max-Age=60; Path=/"
-    assert header_multiset([("set-cookie", first)], IGNORED_HEADERS) != header_multiset(
-        [("set-cookie", second)], IGNORED_HEADERS
-    )
+@pytest.mark.parametrize(
+    ("first", "second", "same"),
+    [
+        pytest.param(  # Max-Age wins: a date from the clock is a placeholder
+            'gone=""; expires=Thu, 26 Nov 2026 06:44:45 GMT; Max-Age=0; Path=/; SameSite=lax',
+            'gone=""; expires=Thu, 26 Nov 2026 06:44:46 GMT; Max-Age=0; Path=/; SameSite=lax',
+            True,
+            id="clock-date-with-max-age",
+        ),
+        pytest.param(
+            "expiring=x; expires=Thu, 01 Jan 2099 00:00:00 GMT; Path=/; SameSite=lax",
+            "expiring=x; expires=Fri, 02 Jan 2099 00:00:00 GMT; Path=/; SameSite=lax",
+            False,
+            id="date-without-max-age",
+        ),
+        pytest.param(
+            'gone="a"; expires=Thu, 26 Nov 2026 06:44:45 GMT; Max-Age=0; Path=/',
+            'gone="b"; expires=Thu, 26 Nov 2026 06:44:45 GMT; Max-Age=0; Path=/',
+            False,
+            id="other-value",
+        ),
+        pytest.param(
+            "expires=1; Max-Age=60; Path=/", "expires=2; Max-Age=60; Path=/", False, id="cookie-named-expires"
+        ),
+    ],
+)
+def test_set_cookie_dates_from_the_clock_are_compared_as_placeholders(
+    first: str, second: str, same: bool
+) -> None:
+    assert (
+        header_multiset([("Set-Cookie", first)], IGNORED_HEADERS)
+        == header_multiset([("set-cookie", second)], IGNORED_HEADERS)
+    ) is same
