@@ -381,6 +381,26 @@ def make_ws_app(**options: Any) -> tk.App:
     return tk.App(app, **options)
 
 
+def make_ticker_app(outcome: Path) -> tk.App:
+    """A WebSocket that sends 50 ticks, 20 ms apart, then waits for the client to close,
+    and writes what its receive() heard to ``outcome`` (or the name of what its send raised)."""
+    app = FastAPI()
+
+    @app.websocket("/ticks")
+    async def ticks(websocket: WebSocket) -> None:
+        await websocket.accept()
+        try:
+            for _ in range(50):
+                await websocket.send_text("tick")
+                await asyncio.sleep(0.02)
+        except Exception as failed:
+            outcome.write_text(type(failed).__name__)
+            raise
+        outcome.write_text((await websocket.receive())["type"])
+
+    return tk.App(app)
+
+
 # ----------------------------------------------------------------- versions (upgrades)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+from pathlib import Path
 
 import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
@@ -98,6 +99,25 @@ def test_a_draining_replica_closes_websockets_with_1012(toolkit: Toolkit) -> Non
     assert closed.value.rcvd is not None and closed.value.rcvd.code == 1012
     # It did not wait for graceful_shutdown_timeout_s (20 s) with the connection open.
     assert time.monotonic() - began < 10 and not deleting.is_alive()
+
+
+def test_an_app_still_sending_when_its_replica_drains_hears_its_client_left(
+    toolkit: Toolkit, tmp_path: Path
+) -> None:
+    """After the drain's 1012, what the app still sends is dropped (as after any end of
+    the socket), and its receive() says the client left: its send does not fail."""
+    outcome = tmp_path / "outcome"
+    name = toolkit.name()
+    toolkit.run(basic.make_ticker_app(outcome), name=name, route_prefix="/wsticks")
+    with connect(ws_url(toolkit, "/wsticks/ticks")) as ws:
+        assert ws.recv(timeout=10) == "tick"
+        toolkit.cleanup()  # deletes the app: its replica drains
+        with pytest.raises(ConnectionClosed) as closed:
+            while True:
+                ws.recv(timeout=10)
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1012
+    wait_for(outcome.exists, 10, "the app to end")
+    assert outcome.read_text() == "websocket.disconnect"
 
 
 def test_websocket_routes_on_an_ingress_class_get_self(toolkit: Toolkit) -> None:

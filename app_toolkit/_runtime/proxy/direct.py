@@ -226,6 +226,8 @@ async def serve_websocket_in_replica(
 
     async def watch(message: Message) -> None:
         nonlocal handshake
+        if handshake == "ended":
+            return  # e.g. after the drain's close: dropped, as a relayed socket drops it
         handshake = answers.handshake_after(handshake, message)
         await send(message)
 
