@@ -182,10 +182,13 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._between = False  # handed: between requests (the next bytes start one)
         self._given_back = False
 
-    def record_phases(self, handed: Handed) -> None:
-        """Record this handed-off connection's phases in ``handed``'s table."""
+    def handed_reads(self, handed: Handed) -> HandedReads:
+        """Record this handed-off connection's phases in ``handed``'s table; returns the
+        protocol the event loop must serve the connection with (it records each request's
+        start before reading it)."""
         self.handed = handed
         self._between = True
+        return HandedReads(self)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -211,15 +214,14 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             link.on_client_left()
 
     def request_may_start(self) -> None:
-        """Bytes are about to be read: if the connection is between requests, they start
-        one (recorded before the read: see :class:`HandedReads`)."""
+        """Bytes are about to be read (:class:`HandedReads`): if the connection is between
+        requests, they start one."""
         if self._between:
             assert self.handed is not None
             self.handed.record(Phase.HEAD)
             self._between = False
 
     def data_received(self, data: bytes) -> None:
-        self.request_may_start()  # read without HandedReads' buffer: recorded after the read
         super().data_received(data)
         if self._head_bytes is None or self.transport.is_closing():
             return

@@ -21,7 +21,7 @@ from starlette.types import ASGIApp
 from app_toolkit._runtime.connection_table import Handed
 from app_toolkit._runtime.proxy.acceptor import Acceptor, HandoffRoutes
 from app_toolkit._runtime.proxy.handoff_sender import HandoffSender
-from app_toolkit._runtime.proxy.http_guard import GuardedHttpProtocol, HandedReads, guarded_protocol
+from app_toolkit._runtime.proxy.http_guard import GuardedHttpProtocol, guarded_protocol
 from app_toolkit.config import HTTPOptions
 
 logger = logging.getLogger("app_toolkit.proxy")
@@ -93,8 +93,7 @@ class Adopter:
             if handed is None:
                 return made
             assert isinstance(made, GuardedHttpProtocol)  # serve() sets it
-            made.record_phases(handed)
-            return HandedReads(made)
+            return made.handed_reads(handed)
 
         task = loop.create_task(loop.connect_accepted_socket(protocol, connection))
         self._tasks.add(task)
