@@ -75,11 +75,6 @@ def as_app(asgi: ASGIApp, **options: object) -> Callable[[bool], Served]:
     return build
 
 
-def form_app(direct: bool) -> Served:
-    app = forms.make_app()
-    return app, tk.App(app, direct_ingress=direct)
-
-
 def graphql_app(direct: bool) -> Served:
     app = issue47.make_graphql_app()
     return app, tk.App(app, direct_ingress=direct)
@@ -124,7 +119,7 @@ CORPUS = [
     Corpus("responses", responses.EXCHANGES, as_app(responses.app)),
     Corpus("middleware", middleware.EXCHANGES, as_app(middleware.app)),
     Corpus("mounts", mounts.EXCHANGES, as_app(mounts.app)),
-    Corpus("forms", forms.EXCHANGES, form_app),
+    Corpus("forms", forms.EXCHANGES, as_app(forms.app)),
     Corpus("raw_asgi", raw.EXCHANGES, as_app(raw.app)),
     # Issue #47 items 1-3, each served as under uvicorn on current main: duplicate routes
     # (were refused at deploy), a module-level app mounting a WSGI app that holds a

@@ -1,8 +1,5 @@
-"""Forms and uploads: URL-encoded and multipart bodies, form models, files.
-
-FastAPI reads forms with python-multipart (a dev dependency); the app is made by
-:func:`make_app`.
-"""
+"""Forms and uploads: URL-encoded and multipart bodies, form models, files (FastAPI reads
+forms with python-multipart, a dev dependency)."""
 
 from typing import Annotated, Any
 
@@ -20,24 +17,21 @@ class Login(BaseModel):
     remember: bool = False
 
 
-def make_app() -> FastAPI:
-    app = FastAPI(title="forms")
+app = FastAPI(title="forms")
 
-    @app.post("/login")
-    async def login(data: Annotated[Login, Form()]) -> dict[str, Any]:
-        return {"username": data.username, "remember": data.remember}
 
-    @app.post("/upload")
-    async def upload(
-        note: Annotated[str, Form()], files: Annotated[list[UploadFile], File()]
-    ) -> dict[str, Any]:
-        described = []
-        for upload in files:
-            content = await upload.read()
-            described.append({"name": upload.filename, "type": upload.content_type, "size": len(content)})
-        return {"note": note, "files": described}
+@app.post("/login")
+async def login(data: Annotated[Login, Form()]) -> dict[str, Any]:
+    return {"username": data.username, "remember": data.remember}
 
-    return app
+
+@app.post("/upload")
+async def upload(note: Annotated[str, Form()], files: Annotated[list[UploadFile], File()]) -> dict[str, Any]:
+    described = []
+    for upload in files:
+        content = await upload.read()
+        described.append({"name": upload.filename, "type": upload.content_type, "size": len(content)})
+    return {"note": note, "files": described}
 
 
 BOUNDARY = "fidelity-boundary"
