@@ -20,7 +20,7 @@ from app_toolkit.config import (
     HTTPOptions,
     RayActorOptions,
 )
-from app_toolkit.context import ReplicaContext, get_replica_context, get_request_id
+from app_toolkit.context import ReplicaContext, ReplicaRank, get_replica_context, get_request_id
 from app_toolkit.dependencies import Depends
 from app_toolkit.deployment import Application, Deployment, deployment
 from app_toolkit.event_log import (
@@ -62,6 +62,7 @@ from app_toolkit.status import (
     RolloutStatusInfo,
     ServeStatus,
     ShadowStatusInfo,
+    UpgradeStatusInfo,
 )
 from app_toolkit.streaming import ChatCompletionStream, EventStream
 from app_toolkit.traffic import rollout, set_traffic, shadow
@@ -104,6 +105,7 @@ __all__ = [
     "RayServeException",
     "RedisEventLog",
     "ReplicaContext",
+    "ReplicaRank",
     "ReplicaState",
     "ReplicaStatusInfo",
     "ReplicaUnavailableError",
@@ -114,6 +116,7 @@ __all__ = [
     "ShadowStatusInfo",
     "StreamAbandoned",
     "UnknownStream",
+    "UpgradeStatusInfo",
     "WriterReplaced",
     "batch",
     "deadline",

@@ -4,13 +4,14 @@
 from __future__ import annotations
 
 from app_toolkit._runtime import request_context
-from app_toolkit._runtime.request_context import ReplicaContext
+from app_toolkit._runtime.request_context import ReplicaContext, ReplicaRank
 
-__all__ = ["ReplicaContext", "get_replica_context", "get_request_id"]
+__all__ = ["ReplicaContext", "ReplicaRank", "get_replica_context", "get_request_id"]
 
 
 def get_replica_context() -> ReplicaContext:
-    """The application, deployment and replica id of the replica running this code.
+    """The application, deployment and replica id of the replica running this code, and
+    its rank (``rank``, ``node_rank``, ``local_rank``) of ``world_size``.
 
     Works in constructors, routes and deployment methods; raises RuntimeError elsewhere.
     """

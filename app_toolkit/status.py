@@ -66,6 +66,27 @@ class AutoscalingStatusInfo:
 
 
 @dataclass(frozen=True)
+class UpgradeStatusInfo:
+    """A deployment's upgrade under way: replicas of its new version replacing older ones
+    (docs/deployments.md). ("Rollout" names the canary of ``rollout()``.)"""
+
+    to_version: str
+    old_replicas: int  # replicas of older versions still serving
+    new_replicas: int  # replicas of the new version running
+    target_replicas: int
+    #: surge: the new version starts beside the old one; steps: no room for that, old
+    #: replicas are replaced a step at a time; rolling: Ray Serve's rolling_update_percentage
+    #: and max_surge_percent; rollback: the new version failed to start, the one before
+    #: it comes back.
+    mode: str
+    step: int  # the step under way (1-based), in steps and rolling; else 0
+    steps: int  # steps it takes in all (of step_size replicas each), in steps and rolling; else 0
+    step_size: int
+    waiting_for: str  # e.g. "1 replica needs {'accel': 1.0}: none free"; "" for nothing
+    age_s: float  # since it began
+
+
+@dataclass(frozen=True)
 class DeploymentStatusInfo:
     """One deployment and its replicas."""
 
@@ -78,6 +99,7 @@ class DeploymentStatusInfo:
     #: Its calls' split between deployments of its application (set_traffic("app/Name",
     #: ...)): deployment -> share; empty when it takes them all.
     traffic: dict[str, float] = field(default_factory=dict)
+    upgrade: UpgradeStatusInfo | None = None  # None unless a new version replaces replicas
 
     @property
     def running_replicas(self) -> int:
@@ -166,6 +188,10 @@ class ServeStatus:
     #: Node id -> started processes ready there to become a new replica at once (Ray
     #: backend; ``APP_TOOLKIT_SPARE_REPLICAS`` per node, docs/autoscaling.md).
     spare_replicas: dict[str, int] = field(default_factory=dict)
+    #: The config file's target_capacity (percent of every deployment's replicas), if set.
+    target_capacity: float | None = None
+    #: Nodes that are leaving (Ray drains them): their replicas move to other nodes.
+    draining_nodes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         """Plain JSON-ready data (enums as their values)."""
@@ -207,6 +233,9 @@ class ServeStatus:
             for row in rows:
                 cells = (cell.ljust(width) for cell, width in zip(row, widths, strict=True))
                 lines.append(("  " + "  ".join(cells)).rstrip())
+            lines += [
+                f"  {d.name}: {_upgrade_line(d.upgrade)}" for d in app.deployments.values() if d.upgrade
+            ]
             lines += [f"  {d.name}: {d.message}" for d in app.deployments.values() if d.message]
             lines += [
                 f"  {d.name} traffic: "
@@ -218,6 +247,10 @@ class ServeStatus:
             lines.append("No applications.")
         for node, health in self.proxies.items():
             lines.append(f"proxy {self.proxy_urls.get(node, '-')}  {health.value}  (node {node[:12]})")
+        if self.target_capacity is not None:
+            lines.append(f"target capacity: {self.target_capacity:g} %")
+        for node in self.draining_nodes:
+            lines.append(f"node {node[:12]} is leaving: its replicas move to other nodes")
         for node, ready in self.spare_replicas.items():
             lines.append(f"spare replica processes: {ready} ready  (node {node[:12]})")
         problems = [event for event in self.events if event.level != "INFO"][-_PROBLEMS_SHOWN:]
@@ -239,6 +272,17 @@ def _shadow_line(shadow: ShadowStatusInfo) -> str:
         f"{shadow.different} different, {shadow.dropped} dropped; p99 {ms(shadow.p99_ms)} "
         f"(primary {ms(shadow.primary_p99_ms)})"
     )
+
+
+def _upgrade_line(upgrade: UpgradeStatusInfo) -> str:
+    line = (
+        f"upgrade to {upgrade.to_version}: {upgrade.new_replicas} new and {upgrade.old_replicas} old "
+        f"running, of {upgrade.target_replicas}; {upgrade.mode}"
+    )
+    if upgrade.steps:
+        size = f"{upgrade.step_size} replica{'s' if upgrade.step_size > 1 else ''}"
+        line += f", step {upgrade.step} of {upgrade.steps} ({size} each)"
+    return line + (f"; waiting for {upgrade.waiting_for}" if upgrade.waiting_for else "")
 
 
 def _rollout_line(rollout: RolloutStatusInfo) -> str:

@@ -85,6 +85,8 @@ class AdoptedReplica:
     code_version: str
     config: DeploymentConfig
     handle: object  # the backend's handle (an actor); None until the backend fills it in
+    node_rank: int = -1  # its ReplicaRank's other two places (info.rank is the first)
+    local_rank: int = -1
 
 
 @compact
@@ -116,6 +118,9 @@ class DeploymentSpec:
     #: It is the ingress of an application served over HTTP (it has a route prefix): on
     #: Ray its replicas take client connections from their node's proxy (direct ingress).
     http_ingress: bool = False
+    #: Deployed by ``app-toolkit run --reload``: the replicas of older versions it replaces
+    #: end their streams as their drain starts, not at its deadline (a fast reload).
+    reloaded: bool = False
 
 
 @compact

@@ -67,12 +67,29 @@ stop_hooks: ContextVar[list[StopHook] | None] = ContextVar("app_toolkit_stop_hoo
 
 
 @dataclass(frozen=True, slots=True)
+class ReplicaRank:
+    """A replica's place among its deployment's replicas (Ray Serve's ``ReplicaRank``):
+    ``rank`` among all of them (0 to world_size - 1), ``node_rank`` of its node among the
+    nodes they run on, ``local_rank`` among those on its node. Replicas of one version
+    have distinct ranks; during an upgrade a new replica may share its rank with the old
+    one it replaces (docs/deployments.md)."""
+
+    rank: int
+    node_rank: int
+    local_rank: int
+
+
+@dataclass(frozen=True, slots=True)
 class ReplicaContext:
-    """Which replica is running the current code."""
+    """Which replica is running the current code, and its place among its deployment's
+    replicas (``rank``; None on a replica whose controller did not assign one) out of
+    ``world_size`` (the replicas the deployment was set to run when it started)."""
 
     app_name: str
     deployment: str
     replica_id: str
+    rank: ReplicaRank | None = None
+    world_size: int = 0
 
 
 #: The replica running the current code (None outside replicas).

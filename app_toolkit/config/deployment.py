@@ -182,6 +182,51 @@ class DeploymentConfig(Strict):
     ray_actor_options: RayActorOptions = Field(
         default_factory=RayActorOptions, description="Ray resources of each replica."
     )
+    rolling_update_percentage: float | None = Field(
+        None,
+        json_schema_extra=IN_PLACE,
+        gt=0,
+        le=1,
+        description="Ray Serve's rolling update: the fraction of the replicas (in (0, 1], "
+        "despite the name) an upgrade replaces at a time. Unset, with max_surge_percent "
+        "unset too: the upgrade surges while the cluster has room and replaces 20 % at a "
+        "time only when it has none (docs/deployments.md).",
+    )
+    max_surge_percent: int | None = Field(
+        None,
+        json_schema_extra=IN_PLACE,
+        ge=0,
+        le=100,
+        description="Ray Serve's surge: how many new replicas (percent of the target, "
+        "rounded up) an upgrade starts beside the old ones; 0 stops old replicas before "
+        "their successors start.",
+    )
+    surge_timeout_s: float = Field(
+        30.0,
+        json_schema_extra=IN_PLACE,
+        gt=0,
+        description="For an upgrade with neither rolling_update_percentage nor "
+        "max_surge_percent set: how long a new replica may wait for room beside the old "
+        "ones before the upgrade replaces old replicas in steps of 20 %.",
+    )
+    max_replicas_per_node: int | None = Field(
+        None,
+        ge=1,
+        le=100,
+        description="Most replicas of this deployment on one Ray node (1..100); replicas "
+        "beyond it wait for another node.",
+    )
+    placement_group_bundles: list[dict[str, float]] | None = Field(
+        None,
+        description="Resources to reserve for each replica as a Ray placement group: the "
+        "replica's actor runs in the first bundle (its ray_actor_options must fit there), "
+        "the others are for the tasks and actors it starts.",
+    )
+    placement_group_strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] | None = Field(
+        None,
+        description="How a replica's placement group bundles are spread over nodes "
+        "(default PACK); only with placement_group_bundles.",
+    )
     direct_ingress: bool = Field(
         True,
         description="For an application's ingress on Ray: each replica serves the client "
@@ -206,6 +251,32 @@ class DeploymentConfig(Strict):
             )
         return data
 
+    @model_validator(mode="after")
+    def _check_placement(self) -> DeploymentConfig:
+        bundles = self.placement_group_bundles
+        if bundles is None:
+            if self.placement_group_strategy is not None:
+                raise ValueError(
+                    "placement_group_strategy needs placement_group_bundles: set both, or "
+                    "remove placement_group_strategy"
+                )
+            return self
+        if self.max_replicas_per_node is not None:
+            raise ValueError(
+                "Setting max_replicas_per_node is not allowed when placement_group_bundles is "
+                "provided; remove one of them (STRICT_SPREAD bundles spread a replica's "
+                "resources over nodes)"
+            )
+        problem = bundles_problem(bundles, self.ray_actor_options)
+        if problem is not None:
+            raise ValueError(problem)
+        return self
+
+    @property
+    def explicit_rollout(self) -> bool:
+        """The upgrade follows Ray Serve's steps (either of its two options is set)."""
+        return self.rolling_update_percentage is not None or self.max_surge_percent is not None
+
     @classmethod
     def in_place_options(cls) -> frozenset[str]:
         """Options whose change running replicas take in place (``user_config`` through
@@ -222,6 +293,31 @@ class DeploymentConfig(Strict):
         if self.autoscaling_config is not None:
             return self.autoscaling_config.start_replicas
         return self.num_replicas
+
+
+def bundles_problem(bundles: list[dict[str, float]], actor: RayActorOptions) -> str | None:
+    """What is wrong with placement group ``bundles`` for a replica asking ``actor``
+    (Ray Serve's rules: non-empty bundles of non-negative amounts, and the replica's own
+    resources within the first bundle, where its actor runs)."""
+    if not bundles:
+        return 'placement_group_bundles must list at least one bundle, e.g. [{"CPU": 1, "GPU": 1}]'
+    for index, bundle in enumerate(bundles):
+        if not bundle or not any(amount > 0 for amount in bundle.values()):
+            return f"placement_group_bundles[{index}] reserves nothing: give it a resource, e.g. {{'CPU': 1}}"
+        negative = sorted(name for name, amount in bundle.items() if amount < 0)
+        if negative:
+            return f"placement_group_bundles[{index}] asks for a negative amount of {negative[0]}"
+    first = bundles[0]
+    asks = {"CPU": actor.num_cpus, "GPU": actor.num_gpus, **actor.resources}
+    for name, amount in asks.items():
+        if amount > first.get(name, 0):
+            option = {"CPU": "num_cpus", "GPU": "num_gpus"}.get(name, f"resources[{name!r}]")
+            return (
+                "the replica's actor runs in the first placement group bundle, so its "
+                f"ray_actor_options must fit there: {option} is {amount:g} but the first bundle "
+                f"has {first.get(name, 0):g} {name}; add it to the first bundle or lower {option}"
+            )
+    return None
 
 
 class BatchConfig(Strict):

@@ -45,7 +45,7 @@ ProxyLocation = Literal["EveryNode", "HeadOnly", "Disabled"]
 #: Ray Serve fields with no counterpart here, and the values that mean "not used"; any other
 #: value fails with a message that names the field (never silently ignored).
 _NEUTRAL: dict[str, dict[str, tuple[object, ...]]] = {
-    "file": {"target_capacity": (None, 100), "controller_options": (None, {}), "tracing_config": (None,)},
+    "file": {"controller_options": (None, {}), "tracing_config": (None,)},
     "http": {
         "ssl_keyfile": (None,),
         "ssl_certfile": (None,),
@@ -60,17 +60,12 @@ _NEUTRAL: dict[str, dict[str, tuple[object, ...]]] = {
         "autoscaling_policy": (None,),
     },
     "deployment": {
-        "placement_group_bundles": (None, []),
-        "placement_group_strategy": (None, "PACK"),
         "placement_group_bundle_label_selector": (None, []),
-        "max_replicas_per_node": (None,),
         "logging_config": (None,),
         "request_router_config": (None, {}),
         "gang_scheduling_config": (None,),
         "deployment_actors": (None, []),
         "backpressure_config": (None, {}),
-        "rolling_update_percentage": (None,),
-        "max_surge_percent": (None,),
     },
 }
 
@@ -236,6 +231,14 @@ class ServeConfigFile(_Schema):
     http_options: FileHTTPOptions = Field(default_factory=FileHTTPOptions)
     grpc_options: GRPCOptions = Field(default_factory=GRPCOptions)
     logging_config: LoggingConfig = Field(default_factory=LoggingConfig)
+    target_capacity: float | None = Field(
+        None,
+        ge=0,
+        le=100,
+        description="Percent of every deployment's replicas to run (Ray Serve's meaning: "
+        "num_replicas and the autoscaling bounds scaled, rounded half up, at least 1 "
+        "unless 0); unset: all of them.",
+    )
     applications: list[ApplicationConfig] = Field(min_length=1)
     _written: dict[str, Any] = PrivateAttr(default_factory=dict)
 

@@ -32,6 +32,38 @@ def test_defaults_are_finite() -> None:
         ({"ray_actor_options": {"num_gpus": -0.5}}, "ray_actor_options.num_gpus .* got -0.5"),
         ({"ray_actor_options": {"gpus": 1}}, "unknown option 'ray_actor_options.gpus'"),
         ({"num_replica": 2}, "unknown option 'num_replica'"),
+        # Ray Serve's upgrade and placement options, with its types and ranges.
+        ({"rolling_update_percentage": 0}, "rolling_update_percentage Input should be greater than 0"),
+        ({"rolling_update_percentage": 1.5}, "rolling_update_percentage .* less than or equal to 1"),
+        ({"max_surge_percent": 101}, "max_surge_percent .* less than or equal to 100"),
+        ({"max_surge_percent": 2.5}, "max_surge_percent Input should be a valid integer"),
+        ({"max_replicas_per_node": 0}, "max_replicas_per_node .* greater than or equal to 1, got 0"),
+        ({"max_replicas_per_node": 101}, "max_replicas_per_node .* less than or equal to 100"),
+        ({"placement_group_strategy": "SPREAD"}, "placement_group_strategy needs placement_group_bundles"),
+        (
+            {"placement_group_bundles": [{"CPU": 1}], "placement_group_strategy": "WIDE"},
+            "placement_group_strategy Input should be 'PACK', 'SPREAD', 'STRICT_PACK' or 'STRICT_SPREAD'",
+        ),
+        ({"placement_group_bundles": []}, "must list at least one bundle"),
+        (
+            {"placement_group_bundles": [{"CPU": 1}, {"GPU": 0}]},
+            r"placement_group_bundles\[1\] reserves nothing",
+        ),
+        (
+            {"placement_group_bundles": [{"CPU": 1}], "max_replicas_per_node": 1},
+            "Setting max_replicas_per_node is not allowed when placement_group_bundles is provided",
+        ),
+        (
+            {
+                "placement_group_bundles": [{"CPU": 1}, {"accel": 1}],
+                "ray_actor_options": {"resources": {"accel": 1}},
+            },
+            "resources\\['accel'\\] is 1 but the first bundle has 0 accel",
+        ),
+        (
+            {"placement_group_bundles": [{"CPU": 1}], "ray_actor_options": {"num_cpus": 2}},
+            "num_cpus is 2 but the first bundle has 1 CPU; add it to the first bundle or lower num_cpus",
+        ),
     ],
 )
 def test_bad_options_fail_fast_with_the_option_named(options: dict[str, Any], message: str) -> None:
@@ -126,7 +158,10 @@ def test_each_option_has_one_home() -> None:
         "health_check_failure_threshold",
         "graceful_shutdown_wait_loop_s",
         "graceful_shutdown_timeout_s",
-    }  # ray_actor_options is not: new resources need new replicas
+        "rolling_update_percentage",
+        "max_surge_percent",
+        "surge_timeout_s",
+    }  # ray_actor_options and placement are not: new resources need new replicas
     batch_defaults = {
         name: p.default
         for name, p in inspect.signature(tk.batch).parameters.items()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import pickle
 from collections.abc import Callable
 from typing import Any
@@ -12,6 +13,8 @@ import pytest
 from app_toolkit import metrics
 from app_toolkit._runtime.controller import controller as controller_module
 from app_toolkit._runtime.controller import publishing
+from app_toolkit._runtime.controller.backend import ClusterView, Seat, Unplaced
+from app_toolkit._runtime.controller.capacity import Capacity
 from app_toolkit._runtime.controller.controller import ControllerCore
 from app_toolkit._runtime.controller.deployment_state import MAX_START_FAILURES, plan
 from app_toolkit._runtime.messages import AppSpec, DeploymentID, DeploymentSpec, ReplicaInfo
@@ -44,20 +47,47 @@ class FakeBackend:
         self.leftovers: list[Any] = []  # replicas "still running" for a restarted controller
         self.failed_checks = 0
         self.stored_tables: list[dict[str, Any]] = []
+        #: Replicas the "cluster" has room for (None: any number); starts beyond it wait.
+        self.room: int | None = None
+        self.waiting: set[str] = set()  # replica ids waiting for room
+        self.draining: dict[str, float] = {}
+        self.released: list[str] = []
+        self.node = "node-1"  # where replicas are placed
+        self.ranks: dict[str, tuple[int, int, int, int]] = {}  # replica id -> rank, node, local, world
+        self.hurried: list[Any] = []
 
     async def start_replica(
-        self, replica_id: str, spec: DeploymentSpec, rank: int
+        self, replica_id: str, spec: DeploymentSpec, seat: Seat
     ) -> tuple[ReplicaInfo, Any]:
         await asyncio.sleep(0)
         self.started += 1
+        self.waiting.add(replica_id)
+        try:
+            while self.room is not None and len(self.running) >= self.room:
+                await asyncio.sleep(0.001)
+        finally:
+            self.waiting.discard(replica_id)
+        node = self.node
+        rank = seat.place(node)
+        self.ranks[replica_id] = (rank.rank, rank.node_rank, rank.local_rank, seat.world_size)
         if spec.code_version in self.fail_versions:
             raise DeployError(f"ValueError: version {spec.code_version} is broken")
         self.running[replica_id] = spec.code_version
         max_ongoing = spec.config.max_ongoing_requests
-        return ReplicaInfo(replica_id, spec.id, "127.0.0.1", 1, b"t", max_ongoing, rank=rank), replica_id
+        info = ReplicaInfo(replica_id, spec.id, "127.0.0.1", 1, b"t", max_ongoing, node, rank=seat.rank)
+        return info, replica_id
 
-    async def stop_replica(self, handle: Any, graceful: bool) -> None:
+    async def stop_replica(self, handle: Any, graceful: bool, hurry: bool = False) -> None:
+        if hurry:
+            self.hurried.append(handle)
         self.running.pop(handle, None)
+
+    async def cluster_view(self) -> ClusterView:
+        full = {replica_id: Unplaced("needs {'accel': 1.0}: none free") for replica_id in self.waiting}
+        return ClusterView(dict(self.draining), full if self.room is not None else {})
+
+    async def release_node(self, node_id: str) -> None:
+        self.released.append(node_id)
 
     async def check_health(self, handle: Any, timeout_s: float) -> None:
         if handle in self.unhealthy:
@@ -129,7 +159,7 @@ async def test_apply_config_makes_the_apps_exactly_the_files_and_remembers_it() 
     assert list(core.apps) == ["by-hand"] and core.applied_file is None
     await core.apply_config([app("a", prefix="/a"), app("b", prefix="/b")], file)
     assert sorted(core.apps) == ["a", "b"]  # the app deployed by hand is gone
-    assert pickle.loads(backend.checkpoints[-1]) == (core.apps, file, {}, {})
+    assert pickle.loads(backend.checkpoints[-1]) == (core.apps, file, Capacity(), {}, {})
     # Changed by hand, an app no longer runs what the file says; deleting the others
     # leaves no file at all.
     await core.deploy_app(app("a", version="v2", prefix="/a"))
@@ -160,9 +190,9 @@ async def test_callers_may_queue_for_a_new_deployment_until_its_first_replica_ru
     gate = asyncio.Event()
     original = backend.start_replica
 
-    async def slow_start(replica_id: str, spec: DeploymentSpec, rank: int) -> tuple[ReplicaInfo, Any]:
+    async def slow_start(replica_id: str, spec: DeploymentSpec, seat: Seat) -> tuple[ReplicaInfo, Any]:
         await gate.wait()
-        return await original(replica_id, spec, rank)
+        return await original(replica_id, spec, seat)
 
     backend.start_replica = slow_start  # type: ignore[method-assign]
     await core.deploy_app(app(replicas=1, max_queued_requests=0))
@@ -217,6 +247,97 @@ async def test_failed_rollout_keeps_the_old_replicas_serving() -> None:
     await until(lambda: core.snapshot().applications["a"].status is ApplicationStatus.DEPLOY_FAILED)
     assert sorted(backend.running.values()) == ["v1", "v1"]
     assert len(_replicas(core, replicas_key(DeploymentID("a", "D"))).replicas) == 2
+    await core.stop()
+
+
+@pytest.fixture
+def quick_cluster_view(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The controller asks the (fake) cluster every 10 ms instead of every second."""
+    monkeypatch.setattr(controller_module, "_CLUSTER_PERIOD_S", 0.01)
+
+
+@pytest.mark.usefixtures("quick_cluster_view")
+async def test_an_upgrade_in_a_full_cluster_goes_in_steps_and_finishes() -> None:
+    backend = FakeBackend()
+    backend.room = 2  # two replicas fit: no room for a surge
+    core = await started(backend)
+    await core.deploy_app(app(version="v1", surge_timeout_s=0.05))
+    await until(lambda: sorted(backend.running.values()) == ["v1", "v1"])
+    await core.deploy_app(app(version="v2", surge_timeout_s=0.05))
+    seen: set[str] = set()
+
+    def upgraded() -> bool:
+        upgrade = core.snapshot().applications["a"].deployments["D"].upgrade
+        if upgrade is not None:
+            seen.add(upgrade.mode)
+        return sorted(backend.running.values()) == ["v2", "v2"] and upgrade is None
+
+    await until(upgraded)
+    assert "surge" in seen
+    assert any("replacing old replicas in steps" in event.message for event in core.events)
+    assert core.snapshot().applications["a"].status is ApplicationStatus.RUNNING
+    await core.stop()
+
+
+@pytest.mark.usefixtures("quick_cluster_view")
+async def test_a_failed_upgrade_in_a_full_cluster_brings_the_old_version_back() -> None:
+    backend = FakeBackend()
+    backend.room = 2
+    core = await started(backend)
+    await core.deploy_app(app(version="v1", surge_timeout_s=0.05))
+    await until(lambda: len(backend.running) == 2)
+    backend.fail_versions.add("v2")
+    await core.deploy_app(app(version="v2", surge_timeout_s=0.05))
+    await until(lambda: core.snapshot().applications["a"].status is ApplicationStatus.DEPLOY_FAILED)
+    await until(lambda: sorted(backend.running.values()) == ["v1", "v1"])
+    assert len(_replicas(core, replicas_key(DeploymentID("a", "D"))).replicas) == 2
+    await core.stop()
+
+
+@pytest.mark.usefixtures("quick_cluster_view")
+async def test_replicas_leave_a_draining_node_and_the_node_is_released() -> None:
+    backend = FakeBackend()
+    core = await started(backend)
+    await core.deploy_app(app(replicas=2))
+    await until(lambda: len(backend.running) == 2)
+    before = set(backend.running)
+    backend.node = "node-2"  # where successors go
+    backend.draining = {"node-1": 60.0}
+    await until(lambda: backend.released == ["node-1"])
+    assert not before & set(backend.running) and len(backend.running) == 2
+    assert core.snapshot().draining_nodes == ["node-1"]
+    # Placed while the replicas they replace still held node rank 0 (ranks stay for life).
+    assert {rank[1] for replica, rank in backend.ranks.items() if replica not in before} == {1}
+    await core.stop()
+
+
+async def test_target_capacity_scales_a_config_files_deployments() -> None:
+    backend = FakeBackend()
+    core = await started(backend)
+    file: dict[str, Any] = {"target_capacity": 50, "applications": [{"name": "a"}]}
+    await core.apply_config([app(replicas=4)], file)
+    await until(lambda: len(backend.running) == 2)
+    assert core.snapshot().target_capacity == 50
+    await core.apply_config([app(replicas=4)], {**file, "target_capacity": 100})
+    await until(lambda: len(backend.running) == 4)
+    await core.deploy_app(app(replicas=4))  # by hand: no longer the file's, at full capacity
+    assert core.snapshot().target_capacity == 100
+    await core.stop()
+
+
+async def test_a_reload_hurries_the_streams_of_the_replicas_it_replaces() -> None:
+    backend = FakeBackend()
+    core = await started(backend)
+    await core.deploy_app(app(version="v1"))
+    await until(lambda: len(backend.running) == 2)
+    old = set(backend.running)
+    reload = app(version="v2")
+    reload = dataclasses.replace(
+        reload, deployments=tuple(dataclasses.replace(d, reloaded=True) for d in reload.deployments)
+    )
+    await core.deploy_app(reload)
+    await until(lambda: sorted(backend.running.values()) == ["v2", "v2"])
+    assert set(backend.hurried) == old
     await core.stop()
 
 
@@ -399,9 +520,9 @@ async def test_a_pass_plans_only_the_deployments_with_something_due(monkeypatch:
     planned: list[DeploymentID] = []
     real_plan = plan  # what controller_module.plan is: it imports it from deployment_state
 
-    def counting(state: Any, now: float, new_id: Callable[[], str]) -> Any:
+    def counting(state: Any, now: float, new_id: Callable[[], str], draining: Any) -> Any:
         planned.append(state.spec.id)
-        return real_plan(state, now, new_id)
+        return real_plan(state, now, new_id, draining)
 
     monkeypatch.setattr(controller_module, "plan", counting)
     backend = FakeBackend()

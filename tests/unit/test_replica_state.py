@@ -17,6 +17,7 @@ from app_toolkit._runtime.controller.deployment_state import (
     replica_table,
 )
 from app_toolkit._runtime.controller.replica_state import (
+    CancelStart,
     CheckHealth,
     HealthFailed,
     HealthPassed,
@@ -95,11 +96,11 @@ def test_replicas_started_together_get_their_first_checks_spread_over_half_a_per
     assert all(300 <= count <= 500 for count in per_second), per_second  # ~400 each, no wave
 
 
-def test_stop_while_starting_waits_for_the_start_then_stops_at_once() -> None:
+def test_stop_while_starting_cancels_the_start_and_stops_one_that_finished_first() -> None:
     starting = Replica("r1", "v1")
     asked, actions = replica_transition(starting, Stop(), spec(), now=1.0)
-    assert asked.stop_requested and asked.state is ReplicaState.STARTING and actions == []  # type: ignore[union-attr]
-    assert asked is not None
+    assert asked is not None and asked.stop_requested and asked.state is ReplicaState.STOPPING
+    assert actions == [CancelStart("r1")]
     after, actions = replica_transition(asked, Started(info("r1"), "h", spec().config), spec(), now=2.0)
     assert after is not None and after.state is ReplicaState.STOPPING and not after.serving
     assert actions == [StopReplica("r1", "h", graceful=False)]
@@ -207,7 +208,7 @@ def test_a_failed_reconfigure_replaces_the_replica_and_says_why() -> None:
 def test_plan_starts_replicas_up_to_the_target_and_stops_extras_starting_ones_first() -> None:
     state = DeploymentState(spec())
     actions = plan(state, now=0.0, new_id=ids())
-    assert actions == [StartReplica("n1", state.spec, 0), StartReplica("n2", state.spec, 1)]
+    assert actions == [StartReplica("n1", state.spec, 0, 2), StartReplica("n2", state.spec, 1, 2)]
     assert plan(state, now=1.0, new_id=ids()) == []  # starting ones count
     state.replicas["r1"] = running("r1")
     state.spec = spec(num_replicas=1)

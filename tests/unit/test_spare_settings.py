@@ -19,13 +19,18 @@ from app_toolkit.config import DeploymentConfig, RayActorOptions
 from app_toolkit.exceptions import ConfigError
 
 
-def test_only_replicas_that_reserve_nothing_fit_a_spare() -> None:
-    assert fits(RayActorOptions())
-    assert not fits(RayActorOptions(num_cpus=1))
-    assert not fits(RayActorOptions(num_gpus=0.5))
-    assert not fits(RayActorOptions(resources={"accelerator": 1}))
-    assert not fits(RayActorOptions(memory=1 << 30))
-    assert not fits(RayActorOptions(runtime_env={"env_vars": {"A": "1"}}))
+def test_only_replicas_that_reserve_nothing_and_go_anywhere_fit_a_spare() -> None:
+    def config(**actor: Any) -> DeploymentConfig:
+        return DeploymentConfig(ray_actor_options=RayActorOptions(**actor))
+
+    assert fits(config())
+    assert not fits(config(num_cpus=1))
+    assert not fits(config(num_gpus=0.5))
+    assert not fits(config(resources={"accelerator": 1}))
+    assert not fits(config(memory=1 << 30))
+    assert not fits(config(runtime_env={"env_vars": {"A": "1"}}))
+    assert not fits(DeploymentConfig(max_replicas_per_node=1))  # placed by a per-node resource
+    assert not fits(DeploymentConfig(placement_group_bundles=[{"CPU": 1}]))  # in a group of its own
 
 
 def _deployment(name: str = "D", **options: Any) -> DeploymentState:

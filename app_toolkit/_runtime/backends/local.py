@@ -20,6 +20,7 @@ from starlette.types import ASGIApp, Message
 from app_toolkit._runtime.channel.exchange import Exchange
 from app_toolkit._runtime.channel.flow import FRAME_COST, STREAM_WINDOW, Inbound, frame_cost
 from app_toolkit._runtime.controller.api import ControlCall
+from app_toolkit._runtime.controller.backend import ClusterView, Seat
 from app_toolkit._runtime.controller.controller import ControllerCore
 from app_toolkit._runtime.messages import (
     STREAMED,
@@ -82,7 +83,7 @@ class LocalBackend:
         return key
 
     async def start_replica(
-        self, replica_id: str, spec: DeploymentSpec, rank: int
+        self, replica_id: str, spec: DeploymentSpec, seat: Seat
     ) -> tuple[ReplicaInfo, ReplicaCore]:
         core = ReplicaCore(
             replica_id,
@@ -91,6 +92,8 @@ class LocalBackend:
             cast(Callable[..., object], self.objects[spec.definition]),
             cast(InitArgs, self.objects[spec.init_args]),
             _dumps,
+            seat.place(""),  # one "node": this process
+            seat.world_size,
         )
         reports = itertools.count()
         core.report_models = lambda models: (
@@ -98,13 +101,20 @@ class LocalBackend:
         )
         await core.start()
         self.cores[replica_id] = core
-        info = ReplicaInfo(replica_id, spec.id, "local", 0, b"", spec.config.max_ongoing_requests, rank=rank)
+        max_ongoing = spec.config.max_ongoing_requests
+        info = ReplicaInfo(replica_id, spec.id, "local", 0, b"", max_ongoing, rank=seat.rank)
         return info, core
 
-    async def stop_replica(self, handle: ReplicaCore, graceful: bool) -> None:
+    async def stop_replica(self, handle: ReplicaCore, graceful: bool, hurry: bool = False) -> None:
         if graceful:
             await handle.drain()
         self.cores.pop(handle.replica_id, None)
+
+    async def cluster_view(self) -> ClusterView:
+        return ClusterView()  # one process: no node leaves, every replica has room
+
+    async def release_node(self, node_id: str) -> None:
+        pass  # no nodes
 
     async def check_health(self, handle: ReplicaCore, timeout_s: float) -> None:
         if handle.replica_id not in self.cores:

@@ -11,12 +11,13 @@ from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 from app_toolkit._runtime.controller import controller_metrics, replica_calls
-from app_toolkit._runtime.controller.backend import Backend
+from app_toolkit._runtime.controller.backend import Backend, Seat
 from app_toolkit._runtime.controller.deployment_state import Action, PublishGone, StartReplica
 from app_toolkit._runtime.controller.heap import HeapKeeper
 from app_toolkit._runtime.controller.longpoll import LongPollHost
 from app_toolkit._runtime.controller.publishing import TablePublisher
 from app_toolkit._runtime.controller.replica_state import (
+    CancelStart,
     CheckHealth,
     Event,
     Log,
@@ -27,6 +28,7 @@ from app_toolkit._runtime.controller.replica_state import (
     StopReplica,
 )
 from app_toolkit._runtime.messages import DeploymentID
+from app_toolkit._runtime.request_context import ReplicaRank
 from app_toolkit._runtime.tables import DeploymentGone, replicas_key
 
 logger = logging.getLogger("app_toolkit.controller")
@@ -38,6 +40,8 @@ _STOP_TIMEOUT_S = 10.0
 OnEvent = Callable[[DeploymentID, str, Event], None]
 #: Keeps a lifecycle line for status() (log level, message).
 Record = Callable[[int, str], None]
+#: A replica being started was placed on a node: its whole rank (deployment, replica id, node).
+Place = Callable[[DeploymentID, str, str], ReplicaRank]
 
 
 class ActionRunner:
@@ -50,6 +54,7 @@ class ActionRunner:
         longpoll: LongPollHost,
         on_event: OnEvent,
         record: Record,
+        place: Place,
         heap: HeapKeeper | None = None,
     ) -> None:
         self.backend = backend
@@ -57,8 +62,11 @@ class ActionRunner:
         self.longpoll = longpoll
         self._on_event = on_event
         self._record = record
+        self._place = place
         self._heap = heap
         self._tasks: set[asyncio.Task[None]] = set()
+        #: The starts under way, by replica id (a stop while starting cancels its start).
+        self._starts: dict[str, asyncio.Task[None]] = {}
 
     def perform(self, deployment: DeploymentID, actions: list[Action]) -> None:
         backend, call = self.backend, functools.partial
@@ -66,9 +74,9 @@ class ActionRunner:
             if self._heap is not None and isinstance(action, (StartReplica, StopReplica)):
                 self._heap.changed()
             if isinstance(action, StartReplica):
-                self._call(
-                    deployment, action.replica_id, call(replica_calls.start, backend, deployment, action)
-                )
+                self._start(deployment, action)
+            elif isinstance(action, CancelStart):
+                self._cancel_start(action.replica_id)
             elif isinstance(action, StopReplica):
                 self.spawn(self._stop(deployment, action))
             elif isinstance(action, CheckHealth):
@@ -94,6 +102,7 @@ class ActionRunner:
 
     async def stop(self, *others: asyncio.Task[None]) -> None:
         """Cancel every call under way (and ``others``), and wait (bounded) for them."""
+        self._starts.clear()  # their cancellation is the runner's, not a replica's stop
         tasks = [*self._tasks, *others]
         for task in tasks:
             task.cancel()
@@ -103,6 +112,33 @@ class ActionRunner:
                 logger.warning(
                     "%d controller task(s) did not stop within %s s", len(pending), _STOP_TIMEOUT_S
                 )
+
+    def _start(self, deployment: DeploymentID, action: StartReplica) -> None:
+        """Start a replica; its outcome is fed back, or ``Stopped`` if the start was
+        cancelled (the replica was stopped while it started)."""
+        replica_id = action.replica_id
+        seat = Seat(action.rank, action.world_size, functools.partial(self._place, deployment, replica_id))
+
+        async def start() -> None:
+            try:
+                event = await replica_calls.start(self.backend, deployment, action, seat)
+            except asyncio.CancelledError:
+                if self._starts.pop(replica_id, None) is None:
+                    raise  # the runner stops: nobody is told
+                self._on_event(deployment, replica_id, Stopped())
+                return
+            self._starts.pop(replica_id, None)
+            self._on_event(deployment, replica_id, event)
+
+        task = asyncio.get_running_loop().create_task(start())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        self._starts[replica_id] = task
+
+    def _cancel_start(self, replica_id: str) -> None:
+        task = self._starts.get(replica_id)
+        if task is not None:
+            task.cancel()
 
     def _call(
         self, deployment: DeploymentID, replica_id: str, outcome: Callable[[], Awaitable[Event]]

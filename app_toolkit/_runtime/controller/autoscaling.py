@@ -31,6 +31,9 @@ class Autoscaler:
 
     config: AutoscalingConfig
     target: int
+    #: The bounds the target stays within: the config's, or scaled by a target_capacity
+    #: (controller/capacity.py); None: the config's.
+    bounds: tuple[int, int] | None = None
     samples: collections.deque[tuple[float, float]] = field(default_factory=collections.deque)
     wants_more_since: float | None = None
     wants_fewer_since: float | None = None
@@ -44,9 +47,19 @@ class Autoscaler:
     def start(cls, config: AutoscalingConfig) -> Autoscaler:
         return cls(config, config.start_replicas)
 
+    def limits(self) -> tuple[int, int]:
+        """(lower, upper): what the target stays within."""
+        return self.bounds or (self.config.min_replicas, self.config.max_replicas)
+
     def hold(self, replicas: int) -> None:
-        """Set the target to ``replicas`` within [min_replicas, max_replicas] (no decision)."""
-        self.target = max(self.config.min_replicas, min(self.config.max_replicas, replicas))
+        """Set the target to ``replicas`` within its bounds (no decision)."""
+        lower, upper = self.limits()
+        self.target = max(lower, min(upper, replicas))
+
+    def bound(self, bounds: tuple[int, int] | None) -> None:
+        """Keep the target within ``bounds`` from now on (None: the config's)."""
+        self.bounds = bounds
+        self.hold(self.target)
 
     def record(self, now: float, load: float) -> None:
         """Add a load sample (requests queued + running over all callers)."""
@@ -76,7 +89,7 @@ class Autoscaler:
         load = self.average_load()
         if self.target == 0 and current_load:
             load = max(load, current_load)
-        desired = desired_replicas(config, load, self.target)
+        desired = desired_replicas(config, load, self.target, self.limits())
         if desired > self.target:
             self.wants_fewer_since = None
             if self.wants_more_since is None:
@@ -102,9 +115,11 @@ class Autoscaler:
         self.wants_more_since = self.wants_fewer_since = None
 
 
-def desired_replicas(config: AutoscalingConfig, load: float, current: int) -> int:
+def desired_replicas(
+    config: AutoscalingConfig, load: float, current: int, limits: tuple[int, int] | None = None
+) -> int:
     """Replicas for ``load`` at ``target_ongoing_requests`` each, stepped by the scaling
-    factors and kept within [min_replicas, max_replicas]."""
+    factors and kept within ``limits`` (default [min_replicas, max_replicas])."""
     ideal = load / config.target_ongoing_requests
     if current == 0:
         desired = math.ceil(ideal)
@@ -119,4 +134,5 @@ def desired_replicas(config: AutoscalingConfig, load: float, current: int) -> in
         desired = current - math.floor((current - ideal) * factor)
         if load > 0:
             desired = max(desired, 1)
-    return max(config.min_replicas, min(config.max_replicas, desired))
+    lower, upper = limits or (config.min_replicas, config.max_replicas)
+    return max(lower, min(upper, desired))

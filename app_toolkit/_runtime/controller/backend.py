@@ -6,24 +6,69 @@ on the controller's loop); the controller is written against this protocol alone
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Protocol, TypeVar
 
 from app_toolkit._runtime.messages import AdoptedReplica, DeploymentSpec, ReplicaInfo
+from app_toolkit._runtime.request_context import ReplicaRank
 from app_toolkit._runtime.tables import Table
 from app_toolkit.config import DeploymentConfig
 
 H = TypeVar("H")  # a backend's own handle to one replica (an actor, an object)
 
 
+@dataclass(frozen=True, slots=True)
+class Seat:
+    """A replica's place in its deployment: ``rank`` among its version's replicas, of
+    ``world_size``; ``place`` gives its whole rank once the backend knows its node (node
+    id; "" where there are no nodes), before its constructor runs."""
+
+    rank: int
+    world_size: int
+    place: Callable[[str], ReplicaRank]
+
+
+@dataclass(frozen=True, slots=True)
+class Unplaced:
+    """Why the cluster cannot place a replica that is starting, in words ("needs
+    {'accel': 1.0}: none free"), and whether no node could ever hold it."""
+
+    reason: str
+    infeasible: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterView:
+    """What the cluster says now: nodes that are leaving (node id -> seconds until they
+    go; ``inf`` without a deadline) and the replicas being started that it cannot place."""
+
+    draining: dict[str, float] = field(default_factory=dict)
+    unplaced: dict[str, Unplaced] = field(default_factory=dict)
+
+
 class Backend(Protocol[H]):
     """What the controller needs from where replicas run."""
 
-    async def start_replica(self, replica_id: str, spec: DeploymentSpec, rank: int) -> tuple[ReplicaInfo, H]:
-        """Start and initialize a replica; raise DeployError with the user's message."""
+    async def start_replica(self, replica_id: str, spec: DeploymentSpec, seat: Seat) -> tuple[ReplicaInfo, H]:
+        """Start and initialize a replica; raise DeployError with the user's message.
+        Cancelled (the replica is no longer wanted): abandon the start, leaving nothing."""
         ...
 
-    async def stop_replica(self, handle: H, graceful: bool) -> None:
-        """Drain (if graceful) and stop a replica; never raises."""
+    async def stop_replica(self, handle: H, graceful: bool, hurry: bool = False) -> None:
+        """Drain (if graceful; ``hurry``: its streams end at once) and stop a replica;
+        never raises."""
+        ...
+
+    async def cluster_view(self) -> ClusterView:
+        """Nodes leaving and replicas that cannot be placed (cheap: called every second
+        or so)."""
+        ...
+
+    async def release_node(self, node_id: str) -> None:
+        """A leaving node runs none of the toolkit's replicas anymore: stop what else of
+        the toolkit runs there (its proxy, once it has finished its connections), so the
+        node can go."""
         ...
 
     async def check_health(self, handle: H, timeout_s: float) -> None:

@@ -10,8 +10,10 @@ checkpointed. The loop catches, logs and continues; it never dies on an error.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import logging
+import math
 import pickle
 import secrets
 import time
@@ -22,7 +24,8 @@ from typing import Any
 from app_toolkit._runtime.controller import controller_metrics
 from app_toolkit._runtime.controller.actions import ActionRunner
 from app_toolkit._runtime.controller.api import ConfigFile
-from app_toolkit._runtime.controller.backend import Backend
+from app_toolkit._runtime.controller.backend import Backend, ClusterView
+from app_toolkit._runtime.controller.capacity import Capacity, next_capacity
 from app_toolkit._runtime.controller.deployment_state import (
     DeploymentState,
     adopt,
@@ -33,18 +36,21 @@ from app_toolkit._runtime.controller.deployment_state import (
     keep_size,
     new_spec,
     next_due,
+    place,
     plan,
+    set_capacity,
 )
 from app_toolkit._runtime.controller.heap import HeapKeeper
 from app_toolkit._runtime.controller.loads import LoadBook
 from app_toolkit._runtime.controller.longpoll import LongPollHost
 from app_toolkit._runtime.controller.prefixes import check_prefixes
 from app_toolkit._runtime.controller.publishing import TablePublisher
-from app_toolkit._runtime.controller.replica_state import Event
+from app_toolkit._runtime.controller.replica_state import Event, Placement
 from app_toolkit._runtime.controller.rollout import new_rollout
 from app_toolkit._runtime.controller.status_view import serve_status
 from app_toolkit._runtime.controller.traffic import TrafficPolicy
 from app_toolkit._runtime.messages import AppSpec, DeploymentID
+from app_toolkit._runtime.request_context import ReplicaRank
 from app_toolkit._runtime.tables import (
     DeploymentGone,
     Loads,
@@ -55,7 +61,7 @@ from app_toolkit._runtime.tables import (
 )
 from app_toolkit._runtime.waiting import wait_event
 from app_toolkit.config import RolloutOptions
-from app_toolkit.status import EventInfo, ServeStatus
+from app_toolkit.status import EventInfo, ReplicaState, ServeStatus
 
 logger = logging.getLogger("app_toolkit.controller")
 
@@ -67,6 +73,8 @@ _SHUTDOWN_DRAIN_S = 60.0
 LOAD_REPORT_TTL_S = 10.0
 #: Events status() shows (the newest).
 EVENTS_KEPT = 50
+#: How often the cluster is asked which nodes are leaving and which starts wait for room.
+_CLUSTER_PERIOD_S = 1.0
 
 
 class ControllerCore:
@@ -105,10 +113,19 @@ class ControllerCore:
         self.events: deque[EventInfo] = deque(maxlen=EVENTS_KEPT)
         #: Traffic splits, rollouts and shadows (controller/traffic.py).
         self.policy = TrafficPolicy()
+        #: The config file's target_capacity (for the applications it deployed).
+        self.capacity = Capacity()
+        #: Nodes that are leaving: node id -> when they go (this loop's clock).
+        self.draining: dict[str, float] = {}
+        self._released: set[str] = set()  # leaving nodes told that none of our replicas run there
+        self._cluster_at = -math.inf  # when the cluster was last asked (cluster_view)
+        self._cluster_task: asyncio.Task[None] | None = None
         #: Builds and publishes the tables callers follow.
         self.tables = TablePublisher(self)
         #: Performs the actions the transitions return (controller/actions.py).
-        self.actions = ActionRunner(backend, self.tables, self.longpoll, self._on, self._record, heap)
+        self.actions = ActionRunner(
+            backend, self.tables, self.longpoll, self._on, self._record, self._place, heap
+        )
         controller_metrics.track(self)
 
     # ------------------------------------------------------------------ lifecycle
@@ -116,7 +133,8 @@ class ControllerCore:
     async def start(self) -> None:
         data = await self.backend.load_checkpoint()
         if data:
-            apps, self.applied_file, *rest = pickle.loads(data)
+            apps, self.applied_file, capacity, *rest = pickle.loads(data)
+            self.capacity = capacity
             self.policy = TrafficPolicy(*rest)
             for spec in apps.values():
                 self._adopt(spec)
@@ -142,7 +160,8 @@ class ControllerCore:
 
     async def stop(self) -> None:
         """Cancel the loop and every backend call under way, and wait for them."""
-        await self.actions.stop(*([self._loop_task] if self._loop_task is not None else []))
+        tasks = [task for task in (self._loop_task, self._cluster_task) if task is not None]
+        await self.actions.stop(*tasks)
 
     # ------------------------------------------------------------------ API
 
@@ -175,10 +194,17 @@ class ControllerCore:
             for other in specs[index + 1 :]:
                 check_prefixes(spec, other)
         wanted = {spec.name for spec in specs}
+        before = self.applied_file
+        applied_before = [a.get("name", "default") for a in before.get("applications", [])] if before else []
+        percent = config_file.get("target_capacity")
+        capacity = next_capacity(self.capacity if before else None, applied_before, percent, wanted)
+        if capacity != self.capacity:
+            self._record(logging.INFO, _capacity_event(self.capacity, capacity))
+        self.capacity = capacity
         for name in [name for name in self.apps if name not in wanted]:
             self._remove_app(name)
         for spec in specs:
-            self._replace_app(spec)
+            self._replace_app(spec, capacity)
         self.applied_file = config_file
         await self._checkpoint()
         self.tables.routes()
@@ -218,9 +244,9 @@ class ControllerCore:
             for level, message in events:
                 self._record(level, message)
 
-    def _replace_app(self, spec: AppSpec) -> None:
+    def _replace_app(self, spec: AppSpec, capacity: Capacity | None = None) -> None:
         previous = self.apps.get(spec.name)
-        self._adopt(spec)
+        self._adopt(spec, capacity)
         if previous is not None:
             kept = {d.id for d in spec.deployments}
             for old in previous.deployments:
@@ -234,7 +260,13 @@ class ControllerCore:
         self.policy.app_removed(name)
 
     def _forget_config_of(self, name: str) -> None:
-        """An app changed by hand no longer runs what the config file says."""
+        """An app changed by hand no longer runs what the config file says (nor at its
+        target capacity)."""
+        app = self.apps.get(name)
+        for spec in app.deployments if app is not None else ():
+            state = self.deployments.get(spec.id)
+            if state is not None:
+                set_capacity(state, Capacity())
         if self.applied_file is None:
             return
         apps = [
@@ -292,9 +324,18 @@ class ControllerCore:
         now = asyncio.get_running_loop().time()
         load = functools.partial(self.loads.total, now=now)
         spares = self._spares() if self._spares is not None else {}
-        return serve_status(
-            self.apps, self.deployments, load, now, self.proxies, self.policy, self.events, spares
+        status = serve_status(
+            self.apps,
+            self.deployments,
+            load,
+            now,
+            self.proxies,
+            self.policy,
+            self.events,
+            spares,
+            self.draining,
         )
+        return dataclasses.replace(status, target_capacity=self.capacity.percent)
 
     def _record(self, level: int, message: str) -> None:
         """Log a lifecycle event and keep it for status()."""
@@ -303,18 +344,20 @@ class ControllerCore:
 
     # ------------------------------------------------------------------ desired state
 
-    def _adopt(self, spec: AppSpec) -> None:
+    def _adopt(self, spec: AppSpec, capacity: Capacity | None = None) -> None:
+        """Make ``spec`` the desired state of its application (at ``capacity``: a config
+        file's; None: the capacity its deployments have, or none for new ones)."""
         self.apps[spec.name] = spec
+        now = asyncio.get_running_loop().time()
         for dep in spec.deployments:
             state = self.deployments.get(dep.id)
             if state is None or state.deleting:
                 replicas = state.replicas if state is not None else {}
                 state = self.deployments[dep.id] = DeploymentState(dep, replicas)
-                follow_autoscaling(state)
             elif state.spec != dep:
-                new_spec(state, dep)
-            else:
-                follow_autoscaling(state)
+                new_spec(state, dep, now)
+            set_capacity(state, capacity if capacity is not None else state.capacity)
+            follow_autoscaling(state)
             self._due.pop(dep.id, None)
             self.tables.replicas(dep.id)
 
@@ -344,7 +387,8 @@ class ControllerCore:
             self.longpoll.publish(replicas_key(deployment), DeploymentGone())
 
     async def _checkpoint(self) -> None:
-        await self.backend.save_checkpoint(pickle.dumps((self.apps, self.applied_file, *self.policy.saved())))
+        saved = (self.apps, self.applied_file, self.capacity, *self.policy.saved())
+        await self.backend.save_checkpoint(pickle.dumps(saved))
 
     # ------------------------------------------------------------------ reconcile
 
@@ -352,7 +396,9 @@ class ControllerCore:
         while True:
             started = time.perf_counter()
             try:
+                self._follow_cluster()
                 self._reconcile()
+                self._release_nodes()
             except Exception:
                 logger.exception("Reconcile step failed; retrying")
             controller_metrics.RECONCILE.observe(time.perf_counter() - started)
@@ -371,12 +417,71 @@ class ControllerCore:
         for deployment_id, state in list(self.deployments.items()):
             actions = autoscale(state, self.loads.total(deployment_id, now), now)
             if actions or self._due.get(deployment_id, now) <= now:  # a decision moves the target
-                actions += plan(state, now, functools.partial(self._new_replica_id, state))
-                self._due[deployment_id] = next_due(state)
+                actions += plan(state, now, functools.partial(self._new_replica_id, state), self.draining)
+                self._due[deployment_id] = next_due(state, self.draining)
             self.actions.perform(deployment_id, actions)
             if state.deleting and not state.replicas:
                 del self.deployments[deployment_id]
                 self._due.pop(deployment_id, None)
+
+    # ------------------------------------------------------------------ the cluster
+
+    def _follow_cluster(self) -> None:
+        """Every ``_CLUSTER_PERIOD_S``: ask the backend which nodes are leaving and which
+        starts the cluster cannot place (one question at a time)."""
+        now = asyncio.get_running_loop().time()
+        if now - self._cluster_at < _CLUSTER_PERIOD_S or self._cluster_task is not None:
+            return
+        self._cluster_at = now
+        self._cluster_task = asyncio.get_running_loop().create_task(self._ask_cluster())
+
+    async def _ask_cluster(self) -> None:
+        try:
+            view = await self.backend.cluster_view()
+        except Exception:
+            logger.exception("Asking the cluster which nodes leave failed; asking again")
+            return
+        finally:
+            self._cluster_task = None
+        self._seen(view)
+
+    def _seen(self, view: ClusterView) -> None:
+        """Take what the cluster said: leaving nodes (their replicas move), and which
+        starting replicas wait for room (an upgrade may then go in steps)."""
+        now = asyncio.get_running_loop().time()
+        draining = {node: now + left for node, left in view.draining.items()}
+        if draining.keys() != self.draining.keys():
+            for node in draining.keys() - self.draining.keys():
+                self._record(logging.WARNING, f"Node {node[:12]} is leaving: moving its replicas")
+            self._due.clear()  # every deployment plans again
+            self._wake.set()
+        self.draining = draining
+        self._released &= draining.keys()
+        for deployment_id, state in self.deployments.items():
+            for replica in list(state.replicas.values()):
+                if replica.state is not ReplicaState.STARTING or replica.stop_requested:
+                    continue
+                seen = view.unplaced.get(replica.replica_id)
+                reason, infeasible = (seen.reason, seen.infeasible) if seen is not None else ("", False)
+                if (reason, infeasible) != (replica.unplaced, replica.infeasible):
+                    apply_event(state, replica.replica_id, Placement(reason, infeasible), now)
+                    self._due.pop(deployment_id, None)
+
+    def _release_nodes(self) -> None:
+        """Tell the backend about each leaving node that none of our replicas run on
+        anymore (once), so what else of ours runs there stops and the node can go."""
+        for node in self.draining.keys() - self._released:
+            if not any(
+                r.node_id == node for state in self.deployments.values() for r in state.replicas.values()
+            ):
+                self._released.add(node)
+                self.actions.spawn(self.backend.release_node(node))
+
+    def _place(self, deployment: DeploymentID, replica_id: str, node_id: str) -> ReplicaRank:
+        state = self.deployments.get(deployment)
+        if state is None:
+            return ReplicaRank(-1, -1, -1)
+        return place(state, replica_id, node_id)
 
     @staticmethod
     def _new_replica_id(state: DeploymentState) -> str:
@@ -392,3 +497,11 @@ class ControllerCore:
         self.actions.perform(deployment, apply_event(state, replica_id, event, now))
         self._due.pop(deployment, None)
         self._wake.set()
+
+
+def _capacity_event(before: Capacity, after: Capacity) -> str:
+    """The lifecycle line of a target_capacity change (as Ray Serve words it)."""
+    if after.percent is None:
+        return "Target capacity entering 100% at steady state."
+    direction = "up" if after.rising else "down"
+    return f"Target capacity scaling {direction} from {before.percent} to {after.percent}."

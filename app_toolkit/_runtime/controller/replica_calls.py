@@ -8,7 +8,7 @@ import logging
 from typing import Any
 
 from app_toolkit._runtime.controller import controller_metrics
-from app_toolkit._runtime.controller.backend import Backend
+from app_toolkit._runtime.controller.backend import Backend, Seat
 from app_toolkit._runtime.controller.deployment_state import StartReplica
 from app_toolkit._runtime.controller.replica_state import (
     CheckHealth,
@@ -28,9 +28,9 @@ from app_toolkit.exceptions import ReplicaUnavailableError
 logger = logging.getLogger("app_toolkit.controller")
 
 
-async def start(backend: Backend[Any], deployment: DeploymentID, action: StartReplica) -> Event:
+async def start(backend: Backend[Any], deployment: DeploymentID, action: StartReplica, seat: Seat) -> Event:
     try:
-        info, handle = await backend.start_replica(action.replica_id, action.spec, action.rank)
+        info, handle = await backend.start_replica(action.replica_id, action.spec, seat)
     except Exception as exc:  # noqa: BLE001 - counted as a failed start, shown in status
         controller_metrics.START_FAILURES.inc(deployment.app, deployment.name)
         return StartFailed(str(exc))
@@ -44,7 +44,7 @@ async def stop(backend: Backend[Any], action: StopReplica) -> None:
     if action.graceful:
         try:
             async with asyncio.timeout(action.drain_timeout_s):
-                await backend.stop_replica(action.handle, graceful=True)
+                await backend.stop_replica(action.handle, graceful=True, hurry=action.hurry)
             return
         except TimeoutError:
             logger.warning(

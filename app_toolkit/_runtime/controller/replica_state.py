@@ -7,8 +7,12 @@ tests drive it with plain numbers for ``now``.
 
     STARTING ──Started──► RUNNING ──Stop / failed checks / failed reconfigure──► STOPPING
         │                                                                          │
-        └─Stop: stop_requested, then Started ──► STOPPING                Stopped ──┴─► (gone)
+        └─Stop: its start is cancelled ──► STOPPING (a start that won the race      │
+        │       first is stopped at Started)                             Stopped ──┴─► (gone)
         └─StartFailed ──► (gone)
+
+While it starts, ``Placement`` events say whether Ray can place it now (an upgrade that
+waits for room switches to steps: ``controller/upgrade.py``).
 """
 
 from __future__ import annotations
@@ -44,6 +48,16 @@ class Replica:
     launched_at: float = 0.0  # controller clock
     slow_start_logged: bool = False
     rank: int = -1  # its place among the deployment's replicas (ReplicaInfo.rank)
+    #: Its node's place among the nodes of its version's replicas, and its place among them
+    #: on its node (assigned once its node is known; -1 before).
+    node_rank: int = -1
+    local_rank: int = -1
+    node_id: str = ""  # where it runs, once placed ("" on the local backend)
+    #: While starting: why the cluster cannot place it now ("" placed, or not known to wait),
+    #: since when (controller clock), and whether no node could ever hold it.
+    unplaced: str = ""
+    unplaced_since: float = 0.0
+    infeasible: bool = False
 
     @property
     def serving(self) -> bool:
@@ -71,8 +85,21 @@ class StartFailed:
 
 
 @dataclass(frozen=True, slots=True)
+class Placement:
+    """What the backend sees of a replica that is starting: ``reason`` why the cluster
+    cannot place it now ("": it is placed, or waits for nothing the cluster lacks), and
+    whether no node could hold it even when empty (``infeasible``)."""
+
+    reason: str
+    infeasible: bool = False
+
+
+@dataclass(frozen=True, slots=True)
 class Stop:
-    """The controller wants the replica gone (scale down, new version, deletion)."""
+    """The controller wants the replica gone (scale down, new version, deletion).
+    ``hurry``: its streams end when its drain starts (``app-toolkit run --reload``)."""
+
+    hurry: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +137,7 @@ class ReconfigureFailed:
 Event = (
     Started
     | StartFailed
+    | Placement
     | Stop
     | Stopped
     | Tick
@@ -129,6 +157,16 @@ class StopReplica:
     graceful: bool
     #: How long a graceful stop may take before the replica is killed anyway.
     drain_timeout_s: float = 0.0
+    #: Its streams and WebSockets end when the drain starts, not at its deadline.
+    hurry: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class CancelStart:
+    """Stop a replica that is still starting: its start is abandoned (an actor not
+    placed yet never runs; one placed is killed). ``Stopped`` follows."""
+
+    replica_id: str
 
 
 #: What a drain may take beyond twice graceful_shutdown_timeout_s (in-flight work, then the
@@ -175,7 +213,7 @@ class Replace:
     reason: str
 
 
-ReplicaAction = StopReplica | CheckHealth | ReconfigureReplica | PublishReplicas | Log | Replace
+ReplicaAction = StopReplica | CancelStart | CheckHealth | ReconfigureReplica | PublishReplicas | Log | Replace
 
 
 # ---------------------------------------------------------------------------- transition
@@ -191,7 +229,15 @@ def replica_transition(
     """
     config = spec.config
     if isinstance(event, Started):
-        started = dataclasses.replace(replica, info=event.info, handle=event.handle, config=event.config)
+        started = dataclasses.replace(
+            replica,
+            info=event.info,
+            handle=event.handle,
+            config=event.config,
+            node_id=event.info.node_id,
+            unplaced="",
+            infeasible=False,
+        )
         if replica.stop_requested:  # asked to stop while it started: stop it now
             stopping = dataclasses.replace(started, state=ReplicaState.STOPPING)
             return stopping, [StopReplica(replica.replica_id, event.handle, graceful=False)]
@@ -200,8 +246,10 @@ def replica_transition(
         return running, [PublishReplicas()]
     if isinstance(event, StartFailed | Stopped):
         return None, []
+    if isinstance(event, Placement):
+        return _placement(replica, event, now), []
     if isinstance(event, Stop):
-        return _stop(replica)
+        return _stop(replica, hurry=event.hurry)
     if isinstance(event, Tick):
         return _tick(replica, spec, now)
     if isinstance(event, HealthPassed):
@@ -231,14 +279,29 @@ def first_check_in(replica_id: str, period_s: float) -> float:
     return period_s * (0.5 + 0.5 * zlib.crc32(replica_id.encode()) / 2**32)
 
 
-def _stop(replica: Replica, graceful: bool = True) -> tuple[Replica, list[ReplicaAction]]:
+def _placement(replica: Replica, event: Placement, now: float) -> Replica:
+    if replica.state is not ReplicaState.STARTING or replica.stop_requested:
+        return replica
+    if not event.reason:
+        return dataclasses.replace(replica, unplaced="", infeasible=False)
+    since = replica.unplaced_since if replica.unplaced else now
+    return dataclasses.replace(
+        replica, unplaced=event.reason, unplaced_since=since, infeasible=event.infeasible
+    )
+
+
+def _stop(
+    replica: Replica, graceful: bool = True, hurry: bool = False
+) -> tuple[Replica, list[ReplicaAction]]:
     if replica.stop_requested:
         return replica, []
     if replica.state is ReplicaState.STARTING:
-        # Nothing to stop yet: Started stops it as soon as the start finishes.
-        return dataclasses.replace(replica, stop_requested=True), []
+        # It serves nothing yet: its start is abandoned (a start that finishes first is
+        # stopped when Started arrives).
+        stopping = dataclasses.replace(replica, stop_requested=True, state=ReplicaState.STOPPING)
+        return stopping, [CancelStart(replica.replica_id)]
     stopping = dataclasses.replace(replica, stop_requested=True, state=ReplicaState.STOPPING)
-    stop = StopReplica(replica.replica_id, replica.handle, graceful, drain_timeout_s(replica.config))
+    stop = StopReplica(replica.replica_id, replica.handle, graceful, drain_timeout_s(replica.config), hurry)
     return stopping, [PublishReplicas(), stop]
 
 

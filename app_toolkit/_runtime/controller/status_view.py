@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Iterable, Mapping
 
-from app_toolkit._runtime.controller.deployment_state import DeploymentState, slow_start_message
+from app_toolkit._runtime.controller import upgrade
+from app_toolkit._runtime.controller.deployment_state import (
+    DeploymentState,
+    Draining,
+    census,
+    slow_start_message,
+)
 from app_toolkit._runtime.controller.traffic import TrafficPolicy
 from app_toolkit._runtime.messages import AppSpec, DeploymentID
 from app_toolkit.status import (
@@ -19,10 +26,13 @@ from app_toolkit.status import (
     ReplicaState,
     ReplicaStatusInfo,
     ServeStatus,
+    UpgradeStatusInfo,
 )
 
 
-def deployment_status(state: DeploymentState, current_load: float, now: float) -> DeploymentStatusInfo:
+def deployment_status(
+    state: DeploymentState, current_load: float, now: float, draining: Draining | None = None
+) -> DeploymentStatusInfo:
     """What status() says of one deployment."""
     version = state.spec.code_version
     running = sum(
@@ -57,6 +67,36 @@ def deployment_status(state: DeploymentState, current_load: float, now: float) -
             for r in state.replicas.values()
         ],
         autoscaling=_autoscaling_status(state, current_load, now),
+        upgrade=_upgrade_status(state, now, draining or {}),
+    )
+
+
+def _upgrade_status(state: DeploymentState, now: float, draining: Draining) -> UpgradeStatusInfo | None:
+    record = state.upgrade
+    if record is None:
+        return None
+    counted = census(state, draining)
+    config = state.spec.config
+    target = counted.target
+    if state.serving_spec is not state.spec:
+        mode, fraction = "rollback", 0.0
+    elif config.explicit_rollout:
+        mode, fraction = "rolling", config.rolling_update_percentage or upgrade.DEFAULT_STEP
+    else:
+        mode, fraction = ("steps", upgrade.DEFAULT_STEP) if record.steps else ("surge", 0.0)
+    size = upgrade.step_size(fraction, target) if fraction else 0
+    steps = math.ceil(max(target, 1) / size) if size else 0
+    return UpgradeStatusInfo(
+        to_version=state.serving_spec.code_version,
+        old_replicas=len(counted.old_running),
+        new_replicas=len(counted.new_running),
+        target_replicas=target,
+        mode=mode,
+        step=min(max(math.ceil(record.replaced / size), 1), steps) if size else 0,
+        steps=steps,
+        step_size=size,
+        waiting_for=upgrade.waiting_for(counted),
+        age_s=now - record.since,
     )
 
 
@@ -96,13 +136,14 @@ def serve_status(
     policy: TrafficPolicy,
     events: Iterable[EventInfo],
     spares: Mapping[str, int] | None = None,
+    draining: Draining | None = None,
 ) -> ServeStatus:
     """What status() says: every application (deleting ones too) with its traffic, the
     proxies and the latest lifecycle events."""
     result = {}
     for name, app in apps.items():
         infos = {
-            spec.id.name: deployment_status(deployments[spec.id], load_of(spec.id), now)
+            spec.id.name: deployment_status(deployments[spec.id], load_of(spec.id), now, draining)
             for spec in app.deployments
             if spec.id in deployments
         }
@@ -131,4 +172,5 @@ def serve_status(
         proxy_urls={node: url for node, url in proxies.items() if url},
         events=list(events),
         spare_replicas=dict(spares or {}),
+        draining_nodes=sorted(draining or {}),
     )

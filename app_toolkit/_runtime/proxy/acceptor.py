@@ -83,23 +83,28 @@ class Acceptor:
         self._loop.add_reader(self._listener.fileno(), self._accept)
 
     def close(self) -> None:
-        """Stop accepting; connections still waiting for their first bytes are closed."""
+        """Stop accepting; connections still waiting for their first bytes are closed.
+        Those the kernel had accepted already are taken first: closing a listener resets
+        its queue, and other servers on the port (``SO_REUSEPORT``) take new ones."""
         if self._listener.fileno() >= 0:
             self._loop.remove_reader(self._listener.fileno())
+            while self._accept():
+                pass
             self._listener.close()
         for connection in list(self._waiting):
             self._forget(connection)
             connection.close()
 
-    def _accept(self) -> None:
+    def _accept(self) -> bool:
+        """Accept up to ``_ACCEPT_MAX`` connections; True if more may be waiting."""
         for _ in range(_ACCEPT_MAX):
             try:
                 connection, _ = self._listener.accept()
             except (BlockingIOError, InterruptedError):
-                return
+                return False
             except OSError as exc:  # e.g. out of file descriptors: try again on the next wake-up
                 logger.warning("Accepting a connection failed: %s", exc)
-                return
+                return False
             try:
                 connection.setblocking(False)
                 connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -107,6 +112,7 @@ class Acceptor:
                 connection.close()
                 continue
             self.take(connection)
+        return True
 
     def take(self, connection: socket.socket) -> None:
         """Route a connection with nothing of a request read: a new one, or one the proxy

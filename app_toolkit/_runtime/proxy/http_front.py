@@ -87,6 +87,9 @@ class HTTPFront:
         #: The controller has answered with the application table: until then every path,
         #: /-/healthz included, is 503 (a route not loaded yet is not a missing route).
         self.loaded = False
+        #: Its node is leaving (Ray drains it): /-/healthz answers 503, so load balancers
+        #: send elsewhere while the node's replicas move and its requests finish.
+        self.leaving = False
         self.ready = subscriber.watch(APPLICATIONS_KEY, self._set_apps)
 
     def _set_apps(self, table: Table | None) -> None:
@@ -353,6 +356,9 @@ class HTTPFront:
 
     async def _builtin(self, path: str, request_id: str, send: Send) -> int:
         if path == "/-/healthz":
+            if self.leaving:
+                body = {"status": "draining", "detail": "This node is being drained."}
+                return await send_answer(send, json_answer(503, body, request_id))
             return await send_answer(send, json_answer(200, {"status": "ok"}, request_id))
         if path == "/-/routes":
             return await send_answer(

@@ -26,6 +26,9 @@ from app_toolkit.config import HTTPOptions
 
 logger = logging.getLogger("app_toolkit.proxy")
 
+#: At stop, how long connections accepted last get to be read before the shutdown.
+_SETTLE_S = 0.05
+
 
 def _port_error(host: str, port: int, exc: OSError) -> OSError:
     return OSError(
@@ -145,6 +148,9 @@ class ProxyServer:
         """Stop accepting connections and finish open ones (bounded)."""
         if self.acceptor is not None:
             self.acceptor.close()
+            # The connections it took last deliver their first request before the server's
+            # shutdown closes the connections that carry none (as idle).
+            await asyncio.sleep(_SETTLE_S)
         self.server.should_exit = True
         if self.on_stop is not None:
             self.on_stop()

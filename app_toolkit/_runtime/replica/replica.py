@@ -77,10 +77,14 @@ class ReplicaCore:
         definition: Callable[..., object],
         init_args: InitArgs,
         dumps: Dumps,
+        rank: request_context.ReplicaRank | None = None,
+        world_size: int = 0,
     ) -> None:
         self.replica_id = replica_id
         self.labels = (deployment.app, deployment.name, replica_id)  # for its metrics
-        self.context = request_context.ReplicaContext(deployment.app, deployment.name, replica_id)
+        self.context = request_context.ReplicaContext(
+            deployment.app, deployment.name, replica_id, rank, world_size
+        )
         self.deployment = deployment
         self.config = config
         self._definition = definition

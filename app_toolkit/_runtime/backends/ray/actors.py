@@ -21,6 +21,7 @@ from app_toolkit import metrics
 from app_toolkit._runtime.backends.ray import link, stored
 from app_toolkit._runtime.backends.ray.cluster import configure_worker, node_address, settle_heap
 from app_toolkit._runtime.backends.ray.node_metrics import NodeMetrics
+from app_toolkit._runtime.backends.ray.nodes import NodeWatch
 from app_toolkit._runtime.backends.ray.proxies import ProxyFleet
 from app_toolkit._runtime.backends.ray.replicas import RayReplicas, ReplicaActor
 from app_toolkit._runtime.backends.ray.spares import SparePool, code_to_preload, spare_setting
@@ -56,6 +57,7 @@ class ProxyActor:
         configure_worker()
         self._http = http
         self._server: ProxyServer | None = None
+        self._front: HTTPFront | None = None
         self._node: NodeMetrics | None = None
         self._starting = asyncio.Lock()
         caller_metrics.set_caller("proxy")
@@ -107,7 +109,7 @@ class ProxyActor:
                 if seed is not None:
                     plane.subscriber.seed(seed)
                 node = self._node = NodeMetrics()
-                proxy = HTTPFront(plane.subscriber, self._http, node.gather, node.status)
+                proxy = self._front = HTTPFront(plane.subscriber, self._http, node.gather, node.status)
                 # Connections go to the node's ingress replicas where they take them.
                 node_id = ray.get_runtime_context().get_node_id()
                 routes = LocalIngresses(lambda: proxy.apps, proxy.subscriber.dispatcher, node_id)
@@ -137,6 +139,12 @@ class ProxyActor:
         if self._server is not None:
             await self._server.stop(timeout_s=10)
 
+    async def leave(self) -> None:
+        """The node is leaving: /-/healthz answers 503 from now on (load balancers send
+        elsewhere); requests are still served until the fleet stops this proxy."""
+        if self._front is not None:
+            self._front.leaving = True
+
 
 class ControllerActor:
     """The named, detached controller: hosts ``ControllerCore`` and the proxy fleet.
@@ -148,14 +156,16 @@ class ControllerActor:
     def __init__(self, http: HTTPOptions) -> None:
         configure_worker()
         self.http = http
-        self._proxies = ProxyFleet(ProxyActor, http)
+        nodes = NodeWatch()
+        self._proxies = ProxyFleet(ProxyActor, http, nodes)
         self._spares = SparePool(
             ReplicaActor,
             spare_setting(),
             lambda: code_to_preload(self.core.deployments.values()),
+            nodes,
         )
         self.core = ControllerCore(
-            RayReplicas(self._proxies, self._spares),
+            RayReplicas(self._proxies, nodes, self._spares),
             self._proxies.urls,
             heap=HeapKeeper(),
             spares=self._spares.counts,

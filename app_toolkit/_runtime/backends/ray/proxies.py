@@ -18,6 +18,7 @@ from ray.exceptions import RayTaskError
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from app_toolkit._runtime.backends.ray.cluster import NAMESPACE, PROXY_PREFIX, named_actors, remote
+from app_toolkit._runtime.backends.ray.nodes import NodeWatch
 from app_toolkit.config import HTTPOptions
 from app_toolkit.exceptions import ConfigError
 
@@ -25,14 +26,18 @@ logger = logging.getLogger("app_toolkit.ray")
 
 _CHECK_PERIOD_S = 1.0
 _READY_TIMEOUT_S = 30.0
+#: A leaving node's proxy finishes its connections within 10 s (ProxyActor.stop).
+_RELEASE_TIMEOUT_S = 15.0
 
 
 class ProxyFleet:
     """Keeps the wanted proxies serving; ``urls`` (node id → URL) is what ``status()`` shows."""
 
-    def __init__(self, actor_class: type, http: HTTPOptions) -> None:
+    def __init__(self, actor_class: type, http: HTTPOptions, nodes: NodeWatch) -> None:
         self._actor_class = actor_class
         self._http = http
+        self._nodes = nodes
+        self._leaving: set[str] = set()  # nodes whose proxy was told its node leaves
         #: Node id -> URL of each proxy serving ("": its proxy does not serve now).
         self.urls: dict[str, str] = {}
         self._actors: dict[str, Any] = {}
@@ -83,13 +88,21 @@ class ProxyFleet:
 
     async def _follow_nodes(self) -> None:
         """Retire proxies of nodes that left, start proxies on nodes that joined, and make
-        sure each one serves (``ready()`` is idempotent; a restarted proxy starts again)."""
-        nodes = await asyncio.to_thread(ray.nodes)
-        alive = {str(node["NodeID"]) for node in nodes if node["Alive"]}
+        sure each one serves (``ready()`` is idempotent; a restarted proxy starts again).
+        The proxy of a node that is leaving is told so (its /-/healthz answers 503) and
+        keeps serving until ``release``; none starts there."""
+        nodes = await self._nodes.refresh()
+        alive = nodes.alive
         wanted = alive if self._http.proxy_location == "EveryNode" else {self._home}
         for node in [node for node in self._actors if node not in wanted]:
             logger.info("Retiring the proxy of node %s (gone or not wanted)", node)
             self._retire(node)
+        self._leaving &= alive
+        for node in [node for node in nodes.draining if node in self._actors and node not in self._leaving]:
+            logger.info("The node of proxy %s is leaving: its /-/healthz answers 503", node)
+            self._leaving.add(node)
+            await self._actors[node].leave.remote()
+        wanted = {node for node in wanted if node not in nodes.draining or node in self._actors}
         results = await asyncio.gather(
             *(self._ready(node, exclusive=False) for node in wanted), return_exceptions=True
         )
@@ -113,6 +126,19 @@ class ProxyFleet:
         url, port = await asyncio.wait_for(actor.ready.remote(self._port, exclusive), _READY_TIMEOUT_S)
         self._port = port  # with port 0, the first proxy's pick is everyone's port
         self.urls[node] = url
+
+    async def release(self, node: str) -> None:
+        """A leaving node runs none of our replicas anymore: its proxy stops accepting,
+        finishes its connections (bounded) and stops, so the node can go."""
+        actor = self._actors.get(node)
+        if actor is None or node == self._home:
+            return  # the controller's own node leaving is not handled here
+        try:
+            await asyncio.wait_for(actor.stop.remote(), _RELEASE_TIMEOUT_S)
+        except Exception as exc:  # noqa: BLE001 - stopped it must be, whatever it said
+            logger.warning("The proxy of leaving node %s did not stop cleanly: %s", node, exc)
+        logger.info("Stopped the proxy of leaving node %s", node)
+        self._retire(node)
 
     def _retire(self, node: str) -> None:
         actor = self._actors.pop(node, None)

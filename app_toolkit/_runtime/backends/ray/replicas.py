@@ -19,6 +19,7 @@ from typing import Any
 import ray
 from ray.actor import ActorHandle
 from ray.exceptions import RayActorError, RayTaskError
+from ray.util.placement_group import PlacementGroup
 
 from app_toolkit import metrics
 from app_toolkit._runtime.backends.ray import link, stored
@@ -35,12 +36,24 @@ from app_toolkit._runtime.backends.ray.cluster import (
 )
 from app_toolkit._runtime.backends.ray.codec import dumps
 from app_toolkit._runtime.backends.ray.front import ReplicaFront
+from app_toolkit._runtime.backends.ray.nodes import NodeWatch
+from app_toolkit._runtime.backends.ray.placement import (
+    Placing,
+    actor_placement,
+    find_group,
+    orphan_groups,
+    remove_group,
+    resource_asks,
+    unplaced,
+)
 from app_toolkit._runtime.backends.ray.proxies import ProxyFleet
 from app_toolkit._runtime.backends.ray.spares import SparePool
 from app_toolkit._runtime.channel.server import start_server
 from app_toolkit._runtime.channel.tls import replica_tls
+from app_toolkit._runtime.controller.backend import ClusterView, Seat, Unplaced
 from app_toolkit._runtime.messages import AdoptedReplica, DeploymentID, DeploymentSpec, ReplicaInfo
 from app_toolkit._runtime.replica.replica import ReplicaCore
+from app_toolkit._runtime.request_context import ReplicaRank
 from app_toolkit._runtime.routing import caller_metrics
 from app_toolkit._runtime.tables import Table
 from app_toolkit.config import DeploymentConfig, HTTPOptions
@@ -101,7 +114,7 @@ class ReplicaStart:
     definition: bytes
     init_args: bytes
     code_version: str
-    rank: int = -1
+    world_size: int = 0
     #: The proxy's options when this replica serves client connections itself.
     front: HTTPOptions | None = None
 
@@ -120,6 +133,7 @@ class ReplicaActor:
         #: Seconds each step of ``initialize`` took (``start_phases``).
         self._phases: dict[str, float] = {}
         self._preloaded: list[str] = []  # the code a spare loaded ahead (``preload``)
+        self._rank = ReplicaRank(-1, -1, -1)
         if start is None:  # a spare: what deployments import, ready and out of the collector's way
             _import_web_framework()
             settle_heap()
@@ -150,7 +164,13 @@ class ReplicaActor:
         """The replica this process is (None: a spare not given one yet)."""
         return self._start.replica_id if self._start is not None else None
 
-    async def initialize(self, start: ReplicaStart | None = None) -> ReplicaInfo:
+    def node_id(self) -> str:
+        """The node this process runs on (answered once Ray placed and started it)."""
+        return ray.get_runtime_context().get_node_id()
+
+    async def initialize(self, start: ReplicaStart | None, rank: ReplicaRank) -> ReplicaInfo:
+        """Become the replica ``start`` describes (a spare: given now), at ``rank``."""
+        self._rank = rank
         if start is not None:
             if self._start is not None and self._start != start:
                 raise RuntimeError(f"This process is replica {self._start.replica_id} already")
@@ -167,7 +187,9 @@ class ReplicaActor:
         clock = _Phases(self._phases)
         definition, init_args = pickle.loads(self._start.definition), pickle.loads(self._start.init_args)
         clock.lap("code")
-        core = ReplicaCore(replica_id, deployment, config, definition, init_args, dumps)
+        core = ReplicaCore(
+            replica_id, deployment, config, definition, init_args, dumps, rank, self._start.world_size
+        )
         controller = controller_actor()
         reports = itertools.count()
 
@@ -207,7 +229,7 @@ class ReplicaActor:
             config.max_ongoing_requests,
             ray.get_runtime_context().get_node_id(),
             tls=tls is not None,
-            rank=self._start.rank,
+            rank=rank.rank,
             handoff=handoff,
             actor=ray.get_runtime_context().get_actor_name() or "",
         )
@@ -224,7 +246,10 @@ class ReplicaActor:
         if core.draining:
             return "draining"
         info = dataclasses.replace(self._info, max_ongoing_requests=core.config.max_ongoing_requests)
-        return AdoptedReplica(info, self._start.code_version, core.config, None)
+        rank = self._rank
+        return AdoptedReplica(
+            info, self._start.code_version, core.config, None, rank.node_rank, rank.local_rank
+        )
 
     async def check_health(self) -> None:
         assert self._core is not None
@@ -268,15 +293,20 @@ class ReplicaActor:
 class RayReplicas:
     """The controller's Backend on Ray: replica actors, the GCS, the proxy fleet."""
 
-    def __init__(self, proxies: ProxyFleet, spares: SparePool | None = None) -> None:
+    def __init__(self, proxies: ProxyFleet, nodes: NodeWatch, spares: SparePool | None = None) -> None:
         self._draining: set[asyncio.Future[None]] = set()
         self._proxies = proxies
+        self._nodes = nodes
         #: Started processes that wait to be given a replica (none: every replica starts
         #: its own process).
         self.spares = spares
+        #: Replicas whose actor is being started, by replica id (``cluster_view``).
+        self._placing: dict[str, Placing] = {}
+        #: The placement group of each replica that has one, by its actor handle's id.
+        self._groups: dict[int, PlacementGroup] = {}
 
     async def start_replica(
-        self, replica_id: str, spec: DeploymentSpec, rank: int
+        self, replica_id: str, spec: DeploymentSpec, seat: Seat
     ) -> tuple[ReplicaInfo, Actor]:
         http = self._proxies.http
         direct = spec.http_ingress and spec.config.direct_ingress and http.proxy_location != "Disabled"
@@ -287,41 +317,58 @@ class RayReplicas:
             spec.definition,
             spec.init_args,
             spec.code_version,
-            rank,
+            seat.world_size,
             http if direct else None,
         )
-        options = spec.config.ray_actor_options
-        spare = self.spares.take(options) if self.spares is not None else None
+        config = spec.config
+        spare = self.spares.take(config) if self.spares is not None else None
         if spare is not None:
+            actor, node = spare
             try:
-                return await self._initialize(spare, start)
+                return await self._initialize(actor, start, seat.place(node))
             except _ProcessDied as exc:  # a spare that died waiting: a fresh process then
                 logger.info("A spare process could not become %s (%s); starting a new one", replica_id, exc)
+        placed, group = actor_placement(replica_id, spec.id, config)
         actor_options: dict[str, Any] = {
             "name": f"{REPLICA_PREFIX}{replica_id}",
             "namespace": NAMESPACE,
             "lifetime": "detached",
-            "num_cpus": options.num_cpus,
-            "num_gpus": options.num_gpus,
-            "resources": options.resources,
-            # Replicas of a deployment on different nodes: losing one node loses only some.
-            # Ray ignores the strategy (random node) for actors that request no resources at
-            # all (ray-project/ray#25360); one byte of memory makes the request non-empty.
-            "scheduling_strategy": "SPREAD",
-            "memory": options.memory if options.memory else 1,
+            **placed,
         }
-        if options.runtime_env is not None:
-            actor_options["runtime_env"] = options.runtime_env
+        if config.ray_actor_options.runtime_env is not None:
+            actor_options["runtime_env"] = config.ray_actor_options.runtime_env
         fresh = self.spares.busy() if self.spares is not None else contextlib.nullcontext()
         with fresh:
+            actor = remote(ReplicaActor, **actor_options).remote(start)
+            self._placing[replica_id] = Placing(
+                actor,
+                resource_asks(config),
+                config.max_replicas_per_node,
+                group,
+                list(config.placement_group_bundles or []),
+                config.placement_group_strategy or "PACK",
+            )
             try:
-                return await self._initialize(remote(ReplicaActor, **actor_options).remote(start), None)
+                node = await actor.node_id.remote()  # Ray placed it (and its group)
+                started = await self._initialize(actor, None, seat.place(node))
             except _ProcessDied as exc:
+                remove_group(group)
                 raise DeployError(f"Replica process died while starting: {exc}") from None
+            except BaseException:  # its constructor failed, or the start was abandoned
+                ray.kill(actor, no_restart=True)  # a pending actor is never placed then
+                remove_group(group)
+                raise
+            finally:
+                del self._placing[replica_id]
+        if group is not None:
+            self._groups[id(actor)] = group
+        return started
 
-    async def _initialize(self, actor: Actor, start: ReplicaStart | None) -> tuple[ReplicaInfo, Actor]:
+    async def _initialize(
+        self, actor: Actor, start: ReplicaStart | None, rank: ReplicaRank
+    ) -> tuple[ReplicaInfo, Actor]:
         try:
-            return await actor.initialize.remote(start), actor
+            return await actor.initialize.remote(start, rank), actor
         except RayTaskError as exc:
             ray.kill(actor, no_restart=True)
             cause = exc.cause if exc.cause is not None else exc
@@ -330,7 +377,7 @@ class RayReplicas:
             ray.kill(actor, no_restart=True)
             raise _ProcessDied(str(exc)) from None
 
-    async def stop_replica(self, handle: Actor, graceful: bool) -> None:
+    async def stop_replica(self, handle: Actor, graceful: bool, hurry: bool = False) -> None:
         with self.spares.busy() if self.spares is not None else contextlib.nullcontext():
             if graceful:
                 try:
@@ -338,6 +385,21 @@ class RayReplicas:
                 except Exception as exc:  # noqa: BLE001 - a dead replica needs no draining
                     logger.info("Draining a replica failed: %s", exc)
             ray.kill(handle, no_restart=True)
+            remove_group(self._groups.pop(id(handle), None))
+
+    async def cluster_view(self) -> ClusterView:
+        nodes = await self._nodes.refresh()
+        placing = dict(self._placing)
+        found: dict[str, Unplaced] = {}
+        if placing:
+            names = {f"{REPLICA_PREFIX}{replica_id}": replica_id for replica_id in placing}
+            found = await asyncio.to_thread(unplaced, placing, names, set(nodes.draining))
+        return ClusterView(nodes.seconds_left(), found)
+
+    async def release_node(self, node_id: str) -> None:
+        if self.spares is not None:
+            self.spares.release(node_id)
+        await self._proxies.release(node_id)
 
     async def reconfigure_replica(self, handle: Actor, config: DeploymentConfig) -> None:
         try:
@@ -358,7 +420,8 @@ class RayReplicas:
 
     async def find_replicas(self) -> list[AdoptedReplica]:
         """Replicas left running by a previous controller; those that cannot say what
-        they are (still starting, draining, unresponsive) are stopped."""
+        they are (still starting, draining, unresponsive) are stopped, and so are the
+        placement groups no replica holds any longer."""
         found: list[AdoptedReplica] = []
         for name in named_actors():
             if not name.startswith((REPLICA_PREFIX, SPARE_PREFIX)):
@@ -371,6 +434,9 @@ class RayReplicas:
                 described = f"unresponsive ({exc})"
             if isinstance(described, AdoptedReplica):
                 found.append(dataclasses.replace(described, handle=actor))
+                group = find_group(described.info.replica_id)
+                if group is not None:
+                    self._groups[id(actor)] = group
                 continue
             if described == "spare":  # the new pool starts its own
                 ray.kill(actor, no_restart=True)
@@ -381,6 +447,10 @@ class RayReplicas:
                 self._draining = {task for task in self._draining if not task.done()}
             else:
                 ray.kill(actor, no_restart=True)
+                remove_group(find_group(name[len(REPLICA_PREFIX) :]))
+        draining = {name[len(REPLICA_PREFIX) :] for name in named_actors() if name.startswith(REPLICA_PREFIX)}
+        for group in orphan_groups({f.info.replica_id for f in found} | draining):
+            remove_group(group)
         return found
 
     async def save_checkpoint(self, data: bytes) -> None:

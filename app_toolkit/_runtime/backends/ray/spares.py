@@ -35,8 +35,9 @@ import ray
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from app_toolkit._runtime.backends.ray.cluster import NAMESPACE, SPARE_PREFIX, SPARES_ENV, remote
+from app_toolkit._runtime.backends.ray.nodes import NodeWatch
 from app_toolkit._runtime.controller.deployment_state import DeploymentState
-from app_toolkit.config import RayActorOptions
+from app_toolkit.config import DeploymentConfig
 from app_toolkit.exceptions import ConfigError
 
 logger = logging.getLogger("app_toolkit.ray")
@@ -92,11 +93,14 @@ def spare_setting() -> SpareSetting:
     return SpareSetting(count, always=True)
 
 
-def fits(options: RayActorOptions) -> bool:
-    """Whether a replica with ``options`` can run in a spare: it reserves no more than a
-    spare does and needs no environment of its own."""
+def fits(config: DeploymentConfig) -> bool:
+    """Whether a replica of ``config`` can run in a spare: it reserves no more than a
+    spare does, needs no environment of its own and goes nowhere in particular."""
+    options = config.ray_actor_options
     return (
-        options.num_cpus == 0
+        config.max_replicas_per_node is None
+        and config.placement_group_bundles is None
+        and options.num_cpus == 0
         and options.num_gpus == 0
         and not options.resources
         and not options.memory
@@ -105,7 +109,7 @@ def fits(options: RayActorOptions) -> bool:
 
 
 def _wants_spares(state: DeploymentState) -> bool:
-    return state.autoscaler is not None and not state.deleting and fits(state.spec.config.ray_actor_options)
+    return state.autoscaler is not None and not state.deleting and fits(state.spec.config)
 
 
 def code_to_preload(deployments: Iterable[DeploymentState]) -> dict[str, bytes]:
@@ -144,8 +148,10 @@ class SparePool:
         actor_class: type,
         setting: SpareSetting,
         code: Callable[[], dict[str, bytes]],
+        nodes: NodeWatch,
     ) -> None:
         self._actor_class = actor_class
+        self._nodes = nodes
         self.per_node = setting.per_node
         self._always = setting.always
         self._code = code  # what ready spares load ahead (``code_to_preload``)
@@ -169,13 +175,14 @@ class SparePool:
             node: sum(1 for spare in spares if _up(spare)) for node, spares in self._spares.items() if spares
         }
 
-    def take(self, options: RayActorOptions) -> Any | None:
-        """A spare's actor for a replica with ``options`` (None: start a fresh one). A
-        ready spare first, from the node that has the most; otherwise one still starting
-        (it is ahead of a fresh process)."""
-        if not fits(options):
+    def take(self, config: DeploymentConfig) -> tuple[Any, str] | None:
+        """A spare's actor, and its node, for a replica of ``config`` (None: start a fresh
+        one). A ready spare first, from the node that has the most; otherwise one still
+        starting (it is ahead of a fresh process). Never one on a node that is leaving."""
+        if not fits(config):
             return None
-        nodes = [node for node, spares in self._spares.items() if spares]
+        leaving = self._nodes.draining
+        nodes = [node for node, spares in self._spares.items() if spares and node not in leaving]
         if not nodes:
             return None
         # Ties go round the nodes, so replicas started one after another spread.
@@ -185,7 +192,12 @@ class SparePool:
         spare = next((s for s in spares if _up(s)), spares[0])
         spares.remove(spare)
         self._busy_at = time.monotonic()
-        return spare.actor
+        return spare.actor, spare.node
+
+    def release(self, node: str) -> None:
+        """Stop the spares of a node that is leaving (and start none there)."""
+        for spare in self._spares.pop(node, []):
+            _discard(spare)
 
     @contextlib.contextmanager
     def busy(self) -> Iterator[None]:
@@ -230,8 +242,7 @@ class SparePool:
     async def _fill(self) -> None:
         code = self._code()
         per_node, grow = self._target(code)
-        nodes = await asyncio.to_thread(ray.nodes)
-        alive = {str(node["NodeID"]) for node in nodes if node["Alive"]}
+        alive = (await self._nodes.refresh()).serving  # none on a node that is leaving
         for node in [node for node in self._spares if node not in alive]:
             for spare in self._spares.pop(node):
                 _discard(spare)

@@ -1,0 +1,342 @@
+"""Upgrades (pure): the default surge, its steps when the cluster has no room, Ray Serve's
+rolling_update_percentage and max_surge_percent, a failed version rolled back, replicas
+leaving a node, ranks, and target_capacity. A small simulated cluster with a fixed number
+of slots plays the backend: a start takes a free slot or waits for one, a stop frees its
+slot when the replica has drained."""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from app_toolkit._runtime.controller import upgrade
+from app_toolkit._runtime.controller.capacity import Capacity, next_capacity
+from app_toolkit._runtime.controller.deployment_state import (
+    MAX_START_FAILURES,
+    DeploymentState,
+    StartReplica,
+    apply_event,
+    new_spec,
+    place,
+    plan,
+    set_capacity,
+)
+from app_toolkit._runtime.controller.replica_state import (
+    CancelStart,
+    Placement,
+    Started,
+    StartFailed,
+    Stopped,
+    StopReplica,
+)
+from app_toolkit._runtime.controller.status_view import deployment_status
+from app_toolkit._runtime.messages import DeploymentID, DeploymentSpec, ReplicaInfo
+from app_toolkit.config import AutoscalingConfig, DeploymentConfig
+from app_toolkit.status import DeploymentStatus, ReplicaState
+
+D = DeploymentID("a", "D")
+FULL = "needs {'accel': 1.0}: none free"
+
+
+def spec(version: str, **options: Any) -> DeploymentSpec:
+    config = DeploymentConfig(**{"num_replicas": 2, "health_check_period_s": 3600.0, **options})
+    return DeploymentSpec(D, b"def", b"args", config, True, version)
+
+
+@dataclass
+class Cluster:
+    """``slots`` replicas fit; a start waits for a free slot (reported as unplaced), a
+    graceful stop drains for ``drain_s`` before its slot is free. Starts of versions in
+    ``broken`` fail once placed."""
+
+    state: DeploymentState
+    slots: int
+    drain_s: float = 2.0
+    broken: set[str] = field(default_factory=set)
+    now: float = 0.0
+    waiting: list[StartReplica] = field(default_factory=list)
+    draining: dict[str, float] = field(default_factory=dict)  # replica id -> when its slot frees
+    holding: set[str] = field(default_factory=set)  # replica ids holding a slot
+    lowest_serving: int = 99  # the fewest replicas serving at any step (after the first)
+    max_holding: int = 0
+    _ids: Any = field(default_factory=lambda: (f"r{n}" for n in itertools.count()))
+
+    def step(self, seconds: float = 1.0) -> None:
+        self.now += seconds
+        for replica_id, free_at in list(self.draining.items()):
+            if free_at <= self.now:
+                del self.draining[replica_id]
+                self.holding.discard(replica_id)
+                apply_event(self.state, replica_id, Stopped(), self.now)
+        self._perform(plan(self.state, self.now, lambda: next(self._ids)))
+        self._place_waiting()
+        self.max_holding = max(self.max_holding, len(self.holding))
+
+    def run(self, seconds: float, until: Any = None) -> None:
+        for _ in range(int(seconds)):
+            self.step()
+            serving = sum(1 for r in self.state.replicas.values() if r.serving)
+            self.lowest_serving = min(self.lowest_serving, serving)
+            if until is not None and until():
+                return
+
+    def _perform(self, actions: list[Any]) -> None:
+        for action in actions:
+            if isinstance(action, StartReplica):
+                self.waiting.append(action)
+            elif isinstance(action, CancelStart):
+                self.waiting = [w for w in self.waiting if w.replica_id != action.replica_id]
+                self.holding.discard(action.replica_id)
+                apply_event(self.state, action.replica_id, Stopped(), self.now)
+            elif isinstance(action, StopReplica):
+                self.draining[action.replica_id] = self.now + (self.drain_s if action.graceful else 0)
+
+    def _place_waiting(self) -> None:
+        for start in list(self.waiting):
+            if len(self.holding) < self.slots:
+                self.waiting.remove(start)
+                self.holding.add(start.replica_id)
+                place(self.state, start.replica_id, "node-1")
+                if start.spec.code_version in self.broken:
+                    self.holding.discard(start.replica_id)
+                    self._perform(apply_event(self.state, start.replica_id, StartFailed("boom"), self.now))
+                    continue
+                info = ReplicaInfo(start.replica_id, D, "127.0.0.1", 1, b"t", 100, "node-1", rank=start.rank)
+                self._perform(
+                    apply_event(
+                        self.state,
+                        start.replica_id,
+                        Started(info, start.replica_id, start.spec.config),
+                        self.now,
+                    )
+                )
+            else:
+                apply_event(self.state, start.replica_id, Placement(FULL), self.now)
+
+    def versions(self, serving: bool = True) -> list[str]:
+        return sorted(r.version for r in self.state.replicas.values() if r.serving or not serving)
+
+
+def steady(version: str = "v1", slots: int = 2, **options: Any) -> Cluster:
+    cluster = Cluster(DeploymentState(spec(version, **options)), slots)
+    cluster.run(5)
+    assert cluster.versions() == [version] * cluster.state.target
+    return cluster
+
+
+def deploy(cluster: Cluster, version: str, **options: Any) -> None:
+    new_spec(cluster.state, spec(version, **options), cluster.now)
+
+
+def done(cluster: Cluster, version: str) -> Any:
+    return lambda: cluster.versions(serving=False) == [version, version] and cluster.state.upgrade is None
+
+
+# -------------------------------------------------------------------------- the default
+
+
+def test_with_room_the_new_version_surges_and_serving_never_dips() -> None:
+    cluster = steady(slots=4)
+    deploy(cluster, "v2")
+    cluster.run(30, until=done(cluster, "v2"))
+    assert done(cluster, "v2")()
+    assert cluster.lowest_serving >= 2  # an old replica stops only once a new one runs
+    assert cluster.state.upgrade is None
+
+
+def test_without_room_the_surge_waits_then_goes_in_steps_and_finishes() -> None:
+    cluster = steady(slots=2, surge_timeout_s=10.0)
+    deploy(cluster, "v2", surge_timeout_s=10.0)
+    cluster.run(9)
+    # Waiting for room: nothing old stopped yet, status says what it waits for.
+    assert cluster.versions() == ["v1", "v1"]
+    info = deployment_status(cluster.state, 0.0, cluster.now).upgrade
+    assert info is not None and info.mode == "surge" and info.waiting_for == f"2 replicas {FULL}"
+    cluster.run(60, until=done(cluster, "v2"))
+    assert done(cluster, "v2")()
+    assert cluster.lowest_serving == 1  # one step (20 % of 2, at least one replica) at a time
+    assert cluster.max_holding <= 2
+
+
+def test_the_steps_show_in_status_with_the_step_and_the_wait() -> None:
+    cluster = steady(slots=2, surge_timeout_s=5.0)
+    deploy(cluster, "v2", surge_timeout_s=5.0)
+    cluster.run(7)  # past the wait: the first step has stopped an old replica
+    info = deployment_status(cluster.state, 0.0, cluster.now).upgrade
+    assert info is not None
+    assert (info.mode, info.step, info.steps, info.step_size) == ("steps", 1, 2, 1)
+    assert info.old_replicas == 1 and info.target_replicas == 2
+    assert deployment_status(cluster.state, 0.0, cluster.now).status is DeploymentStatus.UPDATING
+
+
+def test_room_that_appears_lets_the_surge_finish_without_more_steps() -> None:
+    cluster = steady(slots=2, surge_timeout_s=5.0)
+    deploy(cluster, "v2", surge_timeout_s=5.0)
+    cluster.run(3)
+    cluster.slots = 4  # a node joined before the wait ran out
+    cluster.run(30, until=done(cluster, "v2"))
+    assert done(cluster, "v2")() and cluster.lowest_serving == 2
+
+
+def test_a_replica_no_node_could_hold_never_makes_the_upgrade_step() -> None:
+    cluster = steady(slots=2, surge_timeout_s=1.0)
+    deploy(cluster, "v2", surge_timeout_s=1.0)
+    for _ in range(10):  # the cluster says no node could ever hold the new replicas
+        cluster.now += 1
+        for replica in list(cluster.state.replicas.values()):
+            if replica.version == "v2":
+                apply_event(
+                    cluster.state, replica.replica_id, Placement("needs {'accel': 9.0}", True), cluster.now
+                )
+        plan(cluster.state, cluster.now, lambda: "x")
+    assert cluster.versions() == ["v1", "v1"]  # stopping old replicas would not help
+
+
+def test_a_version_that_fails_to_start_brings_the_old_one_back_to_its_full_count() -> None:
+    cluster = steady(slots=2, surge_timeout_s=2.0)
+    cluster.broken.add("v2")
+    deploy(cluster, "v2", surge_timeout_s=2.0)
+    cluster.run(60, until=lambda: cluster.state.failed and cluster.versions() == ["v1", "v1"])
+    assert cluster.state.failed and cluster.versions() == ["v1", "v1"]
+    status = deployment_status(cluster.state, 0.0, cluster.now)
+    assert status.status is DeploymentStatus.DEPLOY_FAILED
+    assert "brought back to the full count" in status.message
+    assert status.upgrade is not None and status.upgrade.mode == "rollback"
+    cluster.run(10)
+    assert cluster.versions(serving=False) == ["v1", "v1"]  # it stays so
+    assert cluster.state.start_failures == MAX_START_FAILURES
+
+
+def test_a_new_deploy_after_a_failed_one_upgrades_from_the_version_that_serves() -> None:
+    cluster = steady(slots=4)
+    cluster.broken.add("v2")
+    deploy(cluster, "v2")
+    cluster.run(30, until=lambda: cluster.state.failed)
+    deploy(cluster, "v3")
+    cluster.run(30, until=done(cluster, "v3"))
+    assert done(cluster, "v3")() and not cluster.state.failed
+
+
+# ------------------------------------------------------------------------ Ray Serve's options
+
+
+def test_rolling_update_percentage_replaces_a_step_at_a_time_without_a_surge() -> None:
+    cluster = steady(slots=4, num_replicas=4)
+    deploy(cluster, "v2", num_replicas=4, rolling_update_percentage=0.5)
+    cluster.step()
+    stopping = [r for r in cluster.state.replicas.values() if r.stop_requested]
+    assert len(stopping) == 2  # int(0.5 * 4): stop two, start their two successors
+    cluster.run(60, until=lambda: sorted(cluster.versions(serving=False)) == ["v2"] * 4)
+    assert cluster.versions(serving=False) == ["v2"] * 4
+    assert cluster.lowest_serving == 2
+
+
+def test_max_surge_percent_starts_that_many_beside_the_old_ones() -> None:
+    cluster = steady(slots=8, num_replicas=4)
+    deploy(cluster, "v2", num_replicas=4, max_surge_percent=25)
+    cluster.step()
+    new = [r for r in cluster.state.replicas.values() if r.version == "v2"]
+    assert len(new) == 1  # 25 % of 4
+    cluster.run(60, until=lambda: cluster.versions(serving=False) == ["v2"] * 4)
+    assert cluster.versions(serving=False) == ["v2"] * 4 and cluster.lowest_serving >= 4
+
+
+@pytest.mark.parametrize(
+    ("fraction", "target", "size"), [(0.2, 2, 1), (0.2, 10, 2), (0.29, 100, 28), (1.0, 3, 3), (0.01, 5, 1)]
+)
+def test_steps_are_rounded_as_ray_serve_rounds_them(fraction: float, target: int, size: int) -> None:
+    assert upgrade.step_size(fraction, target) == size
+
+
+def test_surges_are_rounded_up() -> None:
+    assert [upgrade.surge_size(p, t) for p, t in ((28, 25), (25, 4), (1, 2), (0, 10), (100, 3))] == [
+        7,
+        1,
+        1,
+        0,
+        3,
+    ]
+
+
+# ------------------------------------------------------------------------ leaving nodes
+
+
+def test_a_replica_on_a_leaving_node_serves_until_its_successor_runs_then_drains() -> None:
+    cluster = steady(slots=4)
+    leaving = next(iter(cluster.state.replicas))
+    successors = iter(["s1", "s2"])
+    actions = plan(cluster.state, cluster.now, lambda: next(successors), {"node-1": 1000.0})
+    # Both replicas are on node-1 in this simulation: each gets a successor elsewhere.
+    starts = [a for a in actions if isinstance(a, StartReplica)]
+    assert len(starts) == 2 and cluster.state.replicas[leaving].serving
+    for start in starts:
+        info = ReplicaInfo(start.replica_id, D, "h", 1, b"t", 100, "node-2", rank=start.rank)
+        apply_event(cluster.state, start.replica_id, Started(info, start.replica_id, start.spec.config), 1.0)
+    actions = plan(cluster.state, cluster.now + 1, lambda: "x", {"node-1": 1000.0})
+    on_leaving_node = [r.replica_id for r in cluster.state.replicas.values() if r.node_id == "node-1"]
+    assert len(on_leaving_node) == 2
+    assert sorted(a.replica_id for a in actions if isinstance(a, StopReplica)) == sorted(on_leaving_node)
+
+
+def test_a_replica_on_a_leaving_node_drains_a_grace_period_before_the_deadline() -> None:
+    cluster = steady(slots=2)  # no room for successors
+    grace = 20.0
+    deadline = cluster.now + 100.0
+    actions = plan(cluster.state, cluster.now, lambda: "s1", {"node-1": deadline})
+    assert not any(isinstance(a, StopReplica) for a in actions)
+    actions = plan(cluster.state, deadline - grace, lambda: "s2", {"node-1": deadline})
+    assert len([a for a in actions if isinstance(a, StopReplica)]) == 2
+
+
+# -------------------------------------------------------------------------------- ranks
+
+
+def test_ranks_node_ranks_and_local_ranks_are_the_lowest_free_of_the_version() -> None:
+    state = DeploymentState(spec("v1", num_replicas=4))
+    starts = [a for a in plan(state, 0.0, iter(["a", "b", "c", "d"]).__next__) if isinstance(a, StartReplica)]
+    assert [(s.rank, s.world_size) for s in starts] == [(0, 4), (1, 4), (2, 4), (3, 4)]
+    ranks = [
+        place(state, s.replica_id, node) for s, node in zip(starts, ["n1", "n2", "n1", "n2"], strict=True)
+    ]
+    assert [(r.rank, r.node_rank, r.local_rank) for r in ranks] == [
+        (0, 0, 0),
+        (1, 1, 0),
+        (2, 0, 1),
+        (3, 1, 1),
+    ]
+
+
+# ------------------------------------------------------------------------ target capacity
+
+
+@pytest.mark.parametrize(
+    ("count", "percent", "scaled"),
+    [(3, 50, 2), (5, 50, 3), (10, 25, 3), (7, 15, 1), (1, 0, 0), (0, 50, 0), (4, 100, 4), (4, None, 4)],
+)
+def test_target_capacity_scales_as_ray_serve_rounds(count: int, percent: float | None, scaled: int) -> None:
+    assert Capacity(percent).scale(count) == scaled
+
+
+def test_target_capacity_direction_and_autoscaling_bounds() -> None:
+    first = next_capacity(None, [], 50, ["a"])
+    assert first.rising  # a first file rises
+    assert not next_capacity(first, ["a"], 25, ["a"]).rising
+    assert next_capacity(Capacity(25), ["a"], 50, ["a"]).rising
+    assert next_capacity(first, ["a"], None, ["a"]) == Capacity()
+    config = AutoscalingConfig(min_replicas=2, initial_replicas=4, max_replicas=10)
+    assert Capacity(50, rising=True).bounds(config) == (2, 5)  # initial_replicas while rising
+    assert Capacity(50, rising=False).bounds(config) == (1, 5)
+
+
+def test_a_deployment_at_half_capacity_runs_half_its_replicas() -> None:
+    cluster = steady(slots=8, num_replicas=4)
+    set_capacity(cluster.state, Capacity(50))
+    cluster.run(10)
+    assert len(cluster.versions()) == 2
+    set_capacity(cluster.state, Capacity(100))
+    cluster.run(10)
+    assert len(cluster.versions()) == 4
+    assert all(r.state is ReplicaState.RUNNING for r in cluster.state.replicas.values())
