@@ -18,7 +18,7 @@ from app_toolkit._runtime.backends.base import (
     set_current_session,
 )
 from app_toolkit._runtime.session import Session
-from app_toolkit.build import build_app
+from app_toolkit.build import build_app, reloaded
 from app_toolkit.config import HTTPOptions, parse_application_options, parse_http_options
 from app_toolkit.deployment import Application
 from app_toolkit.exceptions import ConfigError, DeployError
@@ -71,11 +71,14 @@ def run(
     blocking: bool = False,
     backend: str = "auto",
     _local_testing_mode: bool = False,
+    _reload: bool = False,
 ) -> DeploymentHandle:
     """Deploy ``target`` as an application and wait until it is running.
 
     Returns a handle to its ingress deployment. Redeploying an app of the same name
     updates it in place. Raises DeployError with the replica's message if it fails.
+    ``_reload`` (``app-toolkit run --reload``): the replicas it replaces end their streams
+    as soon as they start draining.
     """
     if not isinstance(target, Application):
         raise ConfigError(
@@ -91,6 +94,8 @@ def run(
     else:
         session = start(backend=backend)
     spec = build_app(target, options.name, options.route_prefix, session.serialize)
+    if _reload:
+        spec = reloaded(spec)
     session.deploy(spec)
     wait_for_application(session, options.name)
     handle = DeploymentHandle(spec.ingress, options.name)

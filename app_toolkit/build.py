@@ -72,6 +72,13 @@ def build_app(
     return AppSpec(name, route_prefix, ingress, graph.specs(), table.routes, table.paths)
 
 
+def reloaded(spec: AppSpec) -> AppSpec:
+    """``spec`` as ``app-toolkit run --reload`` deploys it: the replicas it replaces end
+    their streams as their drain starts (a fast reload), not at its deadline."""
+    deployments = tuple(dataclasses.replace(d, reloaded=True) for d in spec.deployments)
+    return dataclasses.replace(spec, deployments=deployments)
+
+
 def _route_table(target: Application) -> RouteTable | None:
     """The ingress's routes with pools or deadlines (None: it is not an ASGI ingress)."""
     asgi = getattr(target.deployment.func_or_class, ASGI_APP_ATTR, None)

@@ -85,6 +85,17 @@ class UpgradeStatusInfo:
     waiting_for: str  # e.g. "1 replica needs {'accel': 1.0}: none free"; "" for nothing
     age_s: float  # since it began
 
+    def describe(self) -> str:
+        """One line for people: counts, mode, step and what it waits for."""
+        line = (
+            f"upgrade to {self.to_version}: {self.new_replicas} new and {self.old_replicas} old "
+            f"running, of {self.target_replicas}; {self.mode}"
+        )
+        if self.steps:
+            size = f"{self.step_size} replica{'s' if self.step_size > 1 else ''}"
+            line += f", step {self.step} of {self.steps} ({size} each)"
+        return line + (f"; waiting for {self.waiting_for}" if self.waiting_for else "")
+
 
 @dataclass(frozen=True)
 class DeploymentStatusInfo:
@@ -233,9 +244,7 @@ class ServeStatus:
             for row in rows:
                 cells = (cell.ljust(width) for cell, width in zip(row, widths, strict=True))
                 lines.append(("  " + "  ".join(cells)).rstrip())
-            lines += [
-                f"  {d.name}: {_upgrade_line(d.upgrade)}" for d in app.deployments.values() if d.upgrade
-            ]
+            lines += [f"  {d.name}: {d.upgrade.describe()}" for d in app.deployments.values() if d.upgrade]
             lines += [f"  {d.name}: {d.message}" for d in app.deployments.values() if d.message]
             lines += [
                 f"  {d.name} traffic: "
@@ -272,17 +281,6 @@ def _shadow_line(shadow: ShadowStatusInfo) -> str:
         f"{shadow.different} different, {shadow.dropped} dropped; p99 {ms(shadow.p99_ms)} "
         f"(primary {ms(shadow.primary_p99_ms)})"
     )
-
-
-def _upgrade_line(upgrade: UpgradeStatusInfo) -> str:
-    line = (
-        f"upgrade to {upgrade.to_version}: {upgrade.new_replicas} new and {upgrade.old_replicas} old "
-        f"running, of {upgrade.target_replicas}; {upgrade.mode}"
-    )
-    if upgrade.steps:
-        size = f"{upgrade.step_size} replica{'s' if upgrade.step_size > 1 else ''}"
-        line += f", step {upgrade.step} of {upgrade.steps} ({size} each)"
-    return line + (f"; waiting for {upgrade.waiting_for}" if upgrade.waiting_for else "")
 
 
 def _rollout_line(rollout: RolloutStatusInfo) -> str:

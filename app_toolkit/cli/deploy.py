@@ -30,7 +30,8 @@ def apply(
     """Build the file's apps where replicas run, apply them, wait until each runs.
 
     ``new_code`` (``--reload`` saw a source change): replace every replica, though the
-    file's entries are unchanged (they alone decide a file's code version otherwise).
+    file's entries are unchanged (they alone decide a file's code version otherwise), and
+    end the streams of the replicas replaced as their drain starts.
     """
     try:
         specs = session.build(building.builds(config.applications))
@@ -39,11 +40,13 @@ def apply(
     if new_code:
         suffix = f"+{time.time_ns():x}"
         specs = [
-            dataclasses.replace(
-                spec,
-                deployments=tuple(
-                    dataclasses.replace(d, code_version=d.code_version + suffix) for d in spec.deployments
-                ),
+            building.reloaded(
+                dataclasses.replace(
+                    spec,
+                    deployments=tuple(
+                        dataclasses.replace(d, code_version=d.code_version + suffix) for d in spec.deployments
+                    ),
+                )
             )
             for spec in specs
         ]

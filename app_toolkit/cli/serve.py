@@ -207,7 +207,7 @@ def _deploy(
         return [app.name for app in config.applications]
     if app is None:
         app = _load(target, name)
-    kwargs: dict[str, Any] = {"name": name}
+    kwargs: dict[str, Any] = {"name": name, "_reload": fresh}
     if route_prefix is not None:
         kwargs["route_prefix"] = route_prefix
     api.run(app, **kwargs)

@@ -308,10 +308,12 @@ def bundles_problem(bundles: list[dict[str, float]], actor: RayActorOptions) -> 
         if negative:
             return f"placement_group_bundles[{index}] asks for a negative amount of {negative[0]}"
     first = bundles[0]
-    asks = {"CPU": actor.num_cpus, "GPU": actor.num_gpus, **actor.resources}
+    asks = {"CPU": actor.num_cpus, "GPU": actor.num_gpus, "memory": actor.memory or 0, **actor.resources}
     for name, amount in asks.items():
         if amount > first.get(name, 0):
-            option = {"CPU": "num_cpus", "GPU": "num_gpus"}.get(name, f"resources[{name!r}]")
+            option = {"CPU": "num_cpus", "GPU": "num_gpus", "memory": "memory"}.get(
+                name, f"resources[{name!r}]"
+            )
             return (
                 "the replica's actor runs in the first placement group bundle, so its "
                 f"ray_actor_options must fit there: {option} is {amount:g} but the first bundle "

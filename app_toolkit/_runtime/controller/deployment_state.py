@@ -493,18 +493,22 @@ def slow_starters(state: DeploymentState, now: float) -> list[Replica]:
 
 
 def slow_start_message(state: DeploymentState, now: float) -> str:
-    """Why replicas may be slow to start: what the cluster lacks for those it cannot
-    place, else what each one asks the cluster for."""
-    slow = slow_starters(state, now)
-    if not slow:
-        return ""
-    unplaced = [r.unplaced for r in slow if r.unplaced]
+    """Why replicas are not running yet: what the cluster lacks for those it cannot place
+    (as soon as it says so), else, for replicas slow to start, what each asks for."""
+    unplaced = [
+        r.unplaced
+        for r in state.replicas.values()
+        if r.state is ReplicaState.STARTING and not r.stop_requested and r.unplaced
+    ]
     if unplaced:
         reasons = sorted(set(unplaced))
         return (
             f"{len(unplaced)} replica(s) cannot be placed yet: {'; '.join(reasons)}. "
             "Replicas already running keep serving."
         )
+    slow = slow_starters(state, now)
+    if not slow:
+        return ""
     asks = state.spec.config.ray_actor_options.model_dump(exclude_defaults=True, exclude={"runtime_env"})
     needs = ", ".join(f"{key}={value}" for key, value in asks.items()) or "no reserved resources"
     return (

@@ -45,6 +45,7 @@ class DeploymentRow(TypedDict):
     running_replicas: int
     queued: float
     autoscaling: dict[str, object] | None  # AutoscalingStatusInfo's fields
+    upgrade: str  # the upgrade under way, in words ("" for none)
     replicas: list[ReplicaRow]
 
 
@@ -183,6 +184,7 @@ def view(
                     "running_replicas": deployment.running_replicas,
                     "queued": queued.get((app.name, deployment.name), 0.0),
                     "autoscaling": dataclasses.asdict(scaling) if scaling is not None else None,
+                    "upgrade": deployment.upgrade.describe() if deployment.upgrade is not None else "",
                     "replicas": replicas,
                 }
             )

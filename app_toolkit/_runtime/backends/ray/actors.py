@@ -119,14 +119,16 @@ class ProxyActor:
             return self._server
 
     async def stats(self) -> dict[str, int]:
-        """Asyncio tasks alive, the process id and the connections it handed to local
-        ingress replicas or served itself (for leak checks and tests)."""
+        """Asyncio tasks alive, the process id, the connections it handed to local
+        ingress replicas or served itself, and whether its node is leaving (1) (for leak
+        checks and tests)."""
         acceptor = self._server.acceptor if self._server is not None else None
         return {
             "tasks": len(asyncio.all_tasks()),
             "pid": os.getpid(),
             "handed_off": acceptor.handed if acceptor is not None else 0,
             "served": acceptor.served if acceptor is not None else 0,
+            "leaving": int(self._front is not None and self._front.leaving),
         }
 
     async def gather(self) -> list[list[FamilySnapshot]]:

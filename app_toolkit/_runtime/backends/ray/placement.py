@@ -76,6 +76,7 @@ def actor_placement(
     bundles = config.placement_group_bundles
     group = None
     if bundles is not None:
+        placed["memory"] = options.memory  # the byte above would not fit a bundle without memory
         group = placement_group(
             [dict(bundle) for bundle in bundles],
             strategy=config.placement_group_strategy or "PACK",

@@ -113,6 +113,8 @@ class ProxyFleet:
 
     async def _ready(self, node: str, *, exclusive: bool) -> None:
         actor = self._actors.get(node)
+        if actor is None and node in self._nodes.draining:
+            return  # leaving (its proxy released meanwhile, or none yet): none starts there
         if actor is None:
             actor = self._actors[node] = remote(
                 self._actor_class,

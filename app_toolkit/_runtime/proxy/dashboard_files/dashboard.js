@@ -58,9 +58,10 @@ function renderApp(app) {
       el("td", {}, scaling(d.autoscaling)),
     ),
   );
-  const messages = app.deployments
-    .filter((d) => d.message)
-    .map((d) => el("tr", {}, el("td", { class: "message", colspan: "5" }, `${d.name}: ${d.message}`)));
+  const notes = (d) => [d.upgrade, d.message].filter((text) => text);
+  const messages = app.deployments.flatMap((d) =>
+    notes(d).map((text) => el("tr", {}, el("td", { class: "message", colspan: "5" }, `${d.name}: ${text}`))),
+  );
   const replicas = app.deployments.flatMap((d) =>
     d.replicas.map((r) =>
       el(
