@@ -61,6 +61,7 @@ def _rank_of(context: tk.ReplicaContext) -> dict[str, Any]:
     }
 
 
+# --8<-- [start:grouped]
 @tk.deployment(
     placement_group_bundles=[{TEST_RESOURCE: 1}, {TEST_RESOURCE: 1}],
     placement_group_strategy="PACK",
@@ -71,6 +72,9 @@ class Grouped:
 
     def where(self) -> str:
         return tk.get_replica_context().replica_id
+
+
+# --8<-- [end:grouped]
 
 
 @tk.deployment(num_replicas=4)

@@ -123,18 +123,6 @@ def test_an_upgrade_that_has_no_room_for_a_second_copy_finishes_under_load(
     assert deployment.running_replicas == 2 and deployment.upgrade is None
 
 
-def test_with_room_for_a_surge_the_upgrade_never_drops_below_two_replicas(ray_toolkit: Toolkit) -> None:
-    """About 6 s: two deploys of two replicas each."""
-    name = ray_toolkit.name()
-    half = {"ray_actor_options": {"resources": {placement.TEST_RESOURCE: 0.5}}, **QUICK}
-    ray_toolkit.run(placement.make_model_app("v1", half), name=name, route_prefix="/roomy")
-    with watching(name) as status:
-        ray_toolkit.run(placement.make_model_app("v2", half), name=name, route_prefix="/roomy")
-    counts = [item for item in status if isinstance(item, int)]
-    assert counts and min(counts) >= 2, counts
-    assert all(u.mode == "surge" for u in upgrades(status))
-
-
 def test_a_version_that_cannot_start_leaves_the_old_one_serving_at_full_count(ray_toolkit: Toolkit) -> None:
     """About 12 s: the wait for room, a step, three failed starts, and an old replica
     started again."""
@@ -160,8 +148,11 @@ def test_a_version_that_cannot_start_leaves_the_old_one_serving_at_full_count(ra
     } == {"v1"}
 
 
-def test_ranks_and_world_size_steady_and_during_an_upgrade(ray_toolkit: Toolkit, tmp_path: Path) -> None:
-    """About 8 s: two deploys; the second waits on a gate while the test reads ranks."""
+def test_with_room_the_upgrade_surges_never_below_two_replicas_and_ranks_follow(
+    ray_toolkit: Toolkit, tmp_path: Path
+) -> None:
+    """About 6 s: two deploys of replicas that take half an accelerator each (room for
+    both versions); the second waits on a gate while the test reads the ranks."""
     name = ray_toolkit.name()
     roomy = {"ray_actor_options": {"resources": {placement.TEST_RESOURCE: 0.5}}, **QUICK}
     ray_toolkit.run(placement.make_model_app("v1", roomy), name=name, route_prefix="/ranks")
@@ -185,18 +176,27 @@ def test_ranks_and_world_size_steady_and_during_an_upgrade(ray_toolkit: Toolkit,
         args=(placement.make_model_app("v2", roomy, gate=str(gate)),),
         kwargs={"name": name, "route_prefix": "/ranks"},
     )
-    upgrade.start()
-    try:
-        # The new replicas are constructed (their ranks written) while the old still serve.
-        starting = wait_for(lambda: len(list(tmp_path.glob("gate.*"))) == 2 and list(tmp_path.glob("gate.*")))
-        new_ranks = {path.name: json.loads(path.read_text())["rank"] for path in starting}
-        assert well_ranked(new_ranks), new_ranks  # the ranks of the replicas they replace
-        assert ranks() == steady  # the old ones keep theirs meanwhile
-    finally:
-        gate.touch()
-        upgrade.join(timeout=60)
-    after = ranks()
+    with watching(name) as status:
+        upgrade.start()
+        try:
+            # The new replicas are constructed (their ranks written) while the old still serve.
+            starting = wait_for(
+                lambda: len(list(tmp_path.glob("gate.*"))) == 2 and list(tmp_path.glob("gate.*"))
+            )
+            new_ranks = {path.name: json.loads(path.read_text())["rank"] for path in starting}
+            assert well_ranked(new_ranks), new_ranks  # the ranks of the replicas they replace
+            # The old ones keep theirs meanwhile (asked until both have answered).
+            seen: dict[str, list[int]] = {}
+            wait_for(lambda: seen.update(ranks()) or seen.keys() == steady.keys(), 30, "both old replicas")
+            assert seen == steady
+        finally:
+            gate.touch()
+            upgrade.join(timeout=60)
+    after = wait_for(lambda: (found := ranks()) and len(found) == 2 and found, 30, "both new replicas")
     assert not after.keys() & steady.keys() and well_ranked(after), after
+    counts = [item for item in status if isinstance(item, int)]
+    assert counts and min(counts) >= 2, counts  # an old replica stopped only once a new one ran
+    assert upgrades(status) and all(u.mode == "surge" for u in upgrades(status))
 
 
 def test_a_placement_group_replica_reserves_its_bundles_and_releases_them(ray_toolkit: Toolkit) -> None:
