@@ -90,6 +90,17 @@ async def test_until_the_routes_arrive_every_path_is_503_never_404() -> None:
         assert (await client.get("/elsewhere")).status_code == 404
 
 
+async def test_a_leaving_nodes_proxy_answers_healthz_503_and_still_serves() -> None:
+    proxy = HTTPFront(NoReplicas(), HTTPOptions())  # type: ignore[arg-type]
+    transport = httpx.ASGITransport(app=proxy)
+    async with httpx.AsyncClient(transport=transport, base_url="http://proxy") as client:
+        assert (await client.get("/-/healthz")).status_code == 200
+        proxy.leaving = True  # Ray drains its node (backends/ray/proxies.py tells it)
+        health = await client.get("/-/healthz")
+        assert health.status_code == 503 and health.json()["status"] == "draining"
+        assert (await client.get("/-/routes")).json() == {"/app": "app"}  # still serving
+
+
 @pytest.mark.parametrize(
     ("headers", "has_body"),
     [

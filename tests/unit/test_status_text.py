@@ -13,6 +13,7 @@ from app_toolkit.status import (
     ReplicaState,
     ReplicaStatusInfo,
     ServeStatus,
+    UpgradeStatusInfo,
 )
 
 
@@ -105,3 +106,29 @@ def test_recent_problems_follow_the_table_and_routine_events_do_not() -> None:
     assert len(shown) == 5 and not any("average load" in line for line in shown)
     assert shown[-1].split(maxsplit=2)[1:] == ["ERROR", "shop/Broken failed to deploy: ValueError: x"]
     assert "r6" in shown[-2] and "r3" in shown[0]  # the newest five
+
+
+def test_an_upgrade_says_its_counts_mode_step_and_wait_and_the_capacity_shows() -> None:
+    upgrade = UpgradeStatusInfo(
+        to_version="3f2a9c1d",
+        old_replicas=1,
+        new_replicas=1,
+        target_replicas=2,
+        mode="steps",
+        step=2,
+        steps=2,
+        step_size=1,
+        waiting_for="1 replica needs {'accel': 1.0}: none free",
+        age_s=12.0,
+    )
+    model = DeploymentStatusInfo(
+        "Model", DeploymentStatus.UPDATING, "", 2, [_replica(ReplicaState.RUNNING)], upgrade=upgrade
+    )
+    app = ApplicationStatusInfo("chat", ApplicationStatus.DEPLOYING, "", "/", "Model", {"Model": model})
+    text = ServeStatus({"chat": app}, target_capacity=50, draining_nodes=["abcdef0123456789"]).to_text()
+    assert (
+        "  Model: upgrade to 3f2a9c1d: 1 new and 1 old running, of 2; steps, step 2 of 2 "
+        "(1 replica each); waiting for 1 replica needs {'accel': 1.0}: none free"
+    ) in text.splitlines()
+    assert "target capacity: 50 %" in text
+    assert "node abcdef012345 is leaving: its replicas move to other nodes" in text
