@@ -66,6 +66,8 @@ def _rank_of(context: tk.ReplicaContext) -> dict[str, Any]:
     placement_group_bundles=[{TEST_RESOURCE: 1}, {TEST_RESOURCE: 1}],
     placement_group_strategy="PACK",
     ray_actor_options=WHOLE,
+    rolling_update_percentage=0.5,  # an upgrade replaces half of the replicas at a time
+    max_surge_percent=25,
 )
 class Grouped:
     """A replica that reserves both accelerators: one for itself, one for a worker."""
@@ -75,6 +77,8 @@ class Grouped:
 
 
 # --8<-- [end:grouped]
+
+grouped_app = as_deployment(Grouped).bind()
 
 
 @tk.deployment(num_replicas=4)

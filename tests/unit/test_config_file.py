@@ -152,3 +152,16 @@ def test_build_writes_a_file_that_loads_back() -> None:
     assert [(a.name, a.route_prefix) for a in config.applications] == [("demo", "/"), ("hello", "/hello")]
     demo = {d.name: d.options for d in config.applications[0].deployments}
     assert demo["Ingress"] == {"num_replicas": 2}
+
+
+def test_upgrade_placement_and_capacity_options_round_trip_through_a_file() -> None:
+    written = describe(["tests.apps.placement:grouped_app"])
+    written["target_capacity"] = 50
+    config = parse_config(yaml.safe_load(dump_config(written)), "built")
+    assert config.target_capacity == 50
+    options = {d.name: d.options for d in config.applications[0].deployments}["Grouped"]
+    assert options["placement_group_bundles"] == [{"test_accelerator": 1.0}, {"test_accelerator": 1.0}]
+    assert options["placement_group_strategy"] == "PACK"
+    assert options["rolling_update_percentage"] == 0.5 and options["max_surge_percent"] == 25
+    with pytest.raises(tk.ConfigError, match="target_capacity: Input should be less than or equal to 100"):
+        parse_config({**written, "target_capacity": 150}, "s")
