@@ -328,6 +328,9 @@ class RayReplicas:
                 return await self._initialize(actor, start, seat.place(node))
             except _ProcessDied as exc:  # a spare that died waiting: a fresh process then
                 logger.info("A spare process could not become %s (%s); starting a new one", replica_id, exc)
+            except asyncio.CancelledError:  # no longer wanted while its constructor ran
+                ray.kill(actor, no_restart=True)
+                raise
         placed, group = actor_placement(replica_id, spec.id, config)
         actor_options: dict[str, Any] = {
             "name": f"{REPLICA_PREFIX}{replica_id}",
