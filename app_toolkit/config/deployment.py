@@ -272,10 +272,20 @@ class DeploymentConfig(Strict):
             raise ValueError(problem)
         return self
 
-    @property
-    def explicit_rollout(self) -> bool:
-        """The upgrade follows Ray Serve's steps (either of its two options is set)."""
-        return self.rolling_update_percentage is not None or self.max_surge_percent is not None
+    def reserved_resources(self) -> dict[str, float]:
+        """What one replica reserves on a node, named as Ray names resources (its actor's,
+        or with placement groups the sum of its bundles)."""
+        if self.placement_group_bundles is not None:
+            total: dict[str, float] = {}
+            for bundle in self.placement_group_bundles:
+                for name, amount in bundle.items():
+                    total[name] = total.get(name, 0.0) + amount
+            return {name: amount for name, amount in total.items() if amount}
+        options = self.ray_actor_options
+        asks = {"CPU": options.num_cpus, "GPU": options.num_gpus, **options.resources}
+        if options.memory:
+            asks["memory"] = float(options.memory)
+        return {name: amount for name, amount in asks.items() if amount}
 
     @classmethod
     def in_place_options(cls) -> frozenset[str]:
@@ -306,7 +316,10 @@ def bundles_problem(bundles: list[dict[str, float]], actor: RayActorOptions) -> 
             return f"placement_group_bundles[{index}] reserves nothing: give it a resource, e.g. {{'CPU': 1}}"
         negative = sorted(name for name, amount in bundle.items() if amount < 0)
         if negative:
-            return f"placement_group_bundles[{index}] asks for a negative amount of {negative[0]}"
+            return (
+                f"placement_group_bundles[{index}] asks for a negative amount of {negative[0]}: "
+                "give every resource a positive amount, or leave it out"
+            )
     first = bundles[0]
     asks = {"CPU": actor.num_cpus, "GPU": actor.num_gpus, "memory": actor.memory or 0, **actor.resources}
     for name, amount in asks.items():

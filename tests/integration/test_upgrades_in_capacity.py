@@ -31,7 +31,7 @@ from tests.deployments import as_deployment
 from tests.waiting import wait_for
 
 #: Upgrade options of every test here: a short wait for room, a short drain.
-QUICK = {"surge_timeout_s": 1.0, "graceful_shutdown_timeout_s": 2.0, "max_ongoing_requests": 2}
+QUICK = {"surge_timeout_s": 2.0, "graceful_shutdown_timeout_s": 2.0, "max_ongoing_requests": 2}
 
 
 @contextmanager
@@ -98,7 +98,7 @@ def upgrades(seen: list[Any]) -> list[tk.UpgradeStatusInfo]:
 def test_an_upgrade_that_has_no_room_for_a_second_copy_finishes_under_load(
     ray_toolkit: Toolkit, surge: int | None
 ) -> None:
-    """About 10 s: two steps of a drain (up to 2 s) and a replica start, after a 1 s wait
+    """About 10 s: two steps of a drain (up to 2 s) and a replica start, after a 2 s wait
     for room in the default case."""
     name = ray_toolkit.name()
     options: dict[str, Any] = {**QUICK} if surge is None else {**QUICK, "max_surge_percent": surge}

@@ -4,19 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import pickle
 from collections.abc import Callable
 from typing import Any
 
 import pytest
 
 from app_toolkit import metrics
+from app_toolkit._runtime.controller import checkpoint, publishing
+from app_toolkit._runtime.controller import cluster as cluster_module
 from app_toolkit._runtime.controller import controller as controller_module
-from app_toolkit._runtime.controller import publishing
 from app_toolkit._runtime.controller.backend import ClusterView, Seat, Unplaced
 from app_toolkit._runtime.controller.capacity import Capacity
 from app_toolkit._runtime.controller.controller import ControllerCore
-from app_toolkit._runtime.controller.deployment_state import MAX_START_FAILURES, plan
+from app_toolkit._runtime.controller.deployment_state import MAX_START_FAILURES
+from app_toolkit._runtime.controller.planning import plan
 from app_toolkit._runtime.messages import AppSpec, DeploymentID, DeploymentSpec, ReplicaInfo
 from app_toolkit._runtime.tables import (
     APPLICATIONS_KEY,
@@ -159,7 +160,16 @@ async def test_apply_config_makes_the_apps_exactly_the_files_and_remembers_it() 
     assert list(core.apps) == ["by-hand"] and core.applied_file is None
     await core.apply_config([app("a", prefix="/a"), app("b", prefix="/b")], file)
     assert sorted(core.apps) == ["a", "b"]  # the app deployed by hand is gone
-    assert pickle.loads(backend.checkpoints[-1]) == (core.apps, file, Capacity(), {}, {})
+    saved = checkpoint.loads(backend.checkpoints[-1])
+    assert saved is not None and (saved.apps, saved.applied_file, saved.capacity) == (
+        core.apps,
+        file,
+        Capacity(),
+    )
+    assert saved.policy == ({}, {}) and set(saved.lifecycles) == {
+        DeploymentID("a", "D"),
+        DeploymentID("b", "D"),
+    }
     # Changed by hand, an app no longer runs what the file says; deleting the others
     # leaves no file at all.
     await core.deploy_app(app("a", version="v2", prefix="/a"))
@@ -174,7 +184,8 @@ async def test_deploy_checkpoints_before_acknowledging_then_reaches_running() ->
     seen_apps: list[list[str]] = []
     backend.on_checkpoint = lambda: seen_apps.append(list(core.apps))
     await core.deploy_app(app())
-    assert seen_apps == [["a"]] and "a" in pickle.loads(backend.checkpoints[-1])[0]
+    saved = checkpoint.loads(backend.checkpoints[-1])
+    assert seen_apps == [["a"]] and saved is not None and "a" in saved.apps
     await until(lambda: core.snapshot().applications["a"].status is ApplicationStatus.RUNNING)
     table = core.longpoll.get(replicas_key(DeploymentID("a", "D")))
     assert isinstance(table, ReplicaTable)
@@ -250,10 +261,14 @@ async def test_failed_rollout_keeps_the_old_replicas_serving() -> None:
     await core.stop()
 
 
+#: A replica holds one of the fake backend's slots (``room``), and an upgrade waits 50 ms for room.
+FILLS_A_SLOT: dict[str, Any] = {"surge_timeout_s": 0.05, "ray_actor_options": {"resources": {"accel": 1}}}
+
+
 @pytest.fixture
 def quick_cluster_view(monkeypatch: pytest.MonkeyPatch) -> None:
     """The controller asks the (fake) cluster every 10 ms instead of every second."""
-    monkeypatch.setattr(controller_module, "_CLUSTER_PERIOD_S", 0.01)
+    monkeypatch.setattr(cluster_module, "PERIOD_S", 0.01)
 
 
 @pytest.mark.usefixtures("quick_cluster_view")
@@ -261,9 +276,9 @@ async def test_an_upgrade_in_a_full_cluster_goes_in_steps_and_finishes() -> None
     backend = FakeBackend()
     backend.room = 2  # two replicas fit: no room for a surge
     core = await started(backend)
-    await core.deploy_app(app(version="v1", surge_timeout_s=0.05))
+    await core.deploy_app(app(version="v1", **FILLS_A_SLOT))
     await until(lambda: sorted(backend.running.values()) == ["v1", "v1"])
-    await core.deploy_app(app(version="v2", surge_timeout_s=0.05))
+    await core.deploy_app(app(version="v2", **FILLS_A_SLOT))
     seen: set[str] = set()
 
     def upgraded() -> bool:
@@ -284,10 +299,10 @@ async def test_a_failed_upgrade_in_a_full_cluster_brings_the_old_version_back() 
     backend = FakeBackend()
     backend.room = 2
     core = await started(backend)
-    await core.deploy_app(app(version="v1", surge_timeout_s=0.05))
+    await core.deploy_app(app(version="v1", **FILLS_A_SLOT))
     await until(lambda: len(backend.running) == 2)
     backend.fail_versions.add("v2")
-    await core.deploy_app(app(version="v2", surge_timeout_s=0.05))
+    await core.deploy_app(app(version="v2", **FILLS_A_SLOT))
     await until(lambda: core.snapshot().applications["a"].status is ApplicationStatus.DEPLOY_FAILED)
     await until(lambda: sorted(backend.running.values()) == ["v1", "v1"])
     assert len(_replicas(core, replicas_key(DeploymentID("a", "D"))).replicas) == 2
@@ -490,6 +505,53 @@ async def test_a_restarted_controller_adopts_running_replicas_instead_of_replaci
     await second.stop()
 
 
+async def _restart(backend: FakeBackend, first: ControllerCore) -> ControllerCore:
+    """Stop ``first`` as a dying controller (its replicas keep running) and start another
+    on the same backend: it reloads the checkpoint and adopts what runs."""
+    from app_toolkit._runtime.messages import AdoptedReplica
+
+    await first.stop()
+    backend.leftovers = [
+        AdoptedReplica(r.info, r.version, r.config, r.handle)  # type: ignore[arg-type]
+        for state in first.deployments.values()
+        for r in state.replicas.values()
+        if r.serving
+    ]
+    return await started(backend)
+
+
+@pytest.mark.usefixtures("quick_cluster_view")
+async def test_a_restarted_controller_keeps_a_failed_upgrade_failed_and_the_old_version_whole() -> None:
+    backend = FakeBackend()
+    backend.room = 2
+    first = await started(backend)
+    await first.deploy_app(app(version="v1", **FILLS_A_SLOT))
+    await until(lambda: len(backend.running) == 2)
+    backend.fail_versions.add("v2")
+    await first.deploy_app(app(version="v2", **FILLS_A_SLOT))
+    await until(lambda: first.snapshot().applications["a"].status is ApplicationStatus.DEPLOY_FAILED)
+    await until(lambda: sorted(backend.running.values()) == ["v1", "v1"])
+    await reconcile_rounds(first, 3)  # the checkpoint of the failure is written
+    attempts = backend.started
+    second = await _restart(backend, first)
+    await reconcile_rounds(second, 10)
+    assert backend.started == attempts  # v2 is not tried again
+    assert sorted(backend.running.values()) == ["v1", "v1"]
+    assert second.snapshot().applications["a"].status is ApplicationStatus.DEPLOY_FAILED
+    await second.stop()
+
+
+async def test_a_restarted_controller_keeps_the_files_target_capacity() -> None:
+    backend = FakeBackend()
+    first = await started(backend)
+    await first.apply_config([app(replicas=4)], {"target_capacity": 50, "applications": [{"name": "a"}]})
+    await until(lambda: len(backend.running) == 2)
+    second = await _restart(backend, first)
+    await reconcile_rounds(second, 10)
+    assert len(backend.running) == 2 and second.snapshot().target_capacity == 50
+    await second.stop()
+
+
 async def test_published_tables_are_stored_when_they_change_and_not_more_often(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -518,7 +580,7 @@ async def test_published_tables_are_stored_when_they_change_and_not_more_often(
 
 async def test_a_pass_plans_only_the_deployments_with_something_due(monkeypatch: pytest.MonkeyPatch) -> None:
     planned: list[DeploymentID] = []
-    real_plan = plan  # what controller_module.plan is: it imports it from deployment_state
+    real_plan = plan  # what controller_module.plan is: it imports it from planning
 
     def counting(state: Any, now: float, new_id: Callable[[], str], draining: Any) -> Any:
         planned.append(state.spec.id)

@@ -4,13 +4,8 @@ from __future__ import annotations
 
 import math
 
-from app_toolkit._runtime.controller.deployment_state import (
-    DeploymentState,
-    StartReplica,
-    apply_event,
-    next_due,
-    plan,
-)
+from app_toolkit._runtime.controller.deployment_state import DeploymentState, StartReplica, apply_event
+from app_toolkit._runtime.controller.planning import next_due, plan
 from app_toolkit._runtime.controller.replica_state import SLOW_START_S, CheckHealth, Replica, Started
 from app_toolkit._runtime.controller.status_view import deployment_status
 from app_toolkit._runtime.messages import DeploymentID, DeploymentSpec, ReplicaInfo

@@ -13,9 +13,9 @@ from app_toolkit._runtime.controller.deployment_state import (
     PublishGone,
     StartReplica,
     apply_event,
-    plan,
     replica_table,
 )
+from app_toolkit._runtime.controller.planning import plan
 from app_toolkit._runtime.controller.replica_state import (
     CancelStart,
     CheckHealth,

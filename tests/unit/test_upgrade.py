@@ -21,9 +21,9 @@ from app_toolkit._runtime.controller.deployment_state import (
     apply_event,
     new_spec,
     place,
-    plan,
     set_capacity,
 )
+from app_toolkit._runtime.controller.planning import plan
 from app_toolkit._runtime.controller.replica_state import (
     CancelStart,
     Placement,
@@ -42,7 +42,13 @@ FULL = "needs {'accel': 1.0}: none free"
 
 
 def spec(version: str, **options: Any) -> DeploymentSpec:
-    config = DeploymentConfig(**{"num_replicas": 2, "health_check_period_s": 3600.0, **options})
+    """Replicas that each hold an accelerator (what the simulated slots stand for)."""
+    defaults = {
+        "num_replicas": 2,
+        "health_check_period_s": 3600.0,
+        "ray_actor_options": {"resources": {"accel": 1}},
+    }
+    config = DeploymentConfig(**{**defaults, **options})
     return DeploymentSpec(D, b"def", b"args", config, True, version)
 
 
@@ -56,10 +62,11 @@ class Cluster:
     slots: int
     drain_s: float = 2.0
     broken: set[str] = field(default_factory=set)
+    costs: dict[str, int] = field(default_factory=dict)  # version -> slots a replica takes (1)
     now: float = 0.0
     waiting: list[StartReplica] = field(default_factory=list)
     draining: dict[str, float] = field(default_factory=dict)  # replica id -> when its slot frees
-    holding: set[str] = field(default_factory=set)  # replica ids holding a slot
+    holding: dict[str, int] = field(default_factory=dict)  # replica id -> slots it holds
     lowest_serving: int = 99  # the fewest replicas serving at any step (after the first)
     max_holding: int = 0
     _ids: Any = field(default_factory=lambda: (f"r{n}" for n in itertools.count()))
@@ -69,11 +76,11 @@ class Cluster:
         for replica_id, free_at in list(self.draining.items()):
             if free_at <= self.now:
                 del self.draining[replica_id]
-                self.holding.discard(replica_id)
+                self.holding.pop(replica_id, None)
                 apply_event(self.state, replica_id, Stopped(), self.now)
         self._perform(plan(self.state, self.now, lambda: next(self._ids)))
         self._place_waiting()
-        self.max_holding = max(self.max_holding, len(self.holding))
+        self.max_holding = max(self.max_holding, sum(self.holding.values()))
 
     def run(self, seconds: float, until: Any = None) -> None:
         for _ in range(int(seconds)):
@@ -89,19 +96,20 @@ class Cluster:
                 self.waiting.append(action)
             elif isinstance(action, CancelStart):
                 self.waiting = [w for w in self.waiting if w.replica_id != action.replica_id]
-                self.holding.discard(action.replica_id)
+                self.holding.pop(action.replica_id, None)
                 apply_event(self.state, action.replica_id, Stopped(), self.now)
             elif isinstance(action, StopReplica):
                 self.draining[action.replica_id] = self.now + (self.drain_s if action.graceful else 0)
 
     def _place_waiting(self) -> None:
         for start in list(self.waiting):
-            if len(self.holding) < self.slots:
+            cost = self.costs.get(start.spec.code_version, 1)
+            if sum(self.holding.values()) + cost <= self.slots:
                 self.waiting.remove(start)
-                self.holding.add(start.replica_id)
+                self.holding[start.replica_id] = cost
                 place(self.state, start.replica_id, "node-1")
                 if start.spec.code_version in self.broken:
-                    self.holding.discard(start.replica_id)
+                    self.holding.pop(start.replica_id)
                     self._perform(apply_event(self.state, start.replica_id, StartFailed("boom"), self.now))
                     continue
                 info = ReplicaInfo(start.replica_id, D, "127.0.0.1", 1, b"t", 100, "node-1", rank=start.rank)
@@ -179,6 +187,31 @@ def test_room_that_appears_lets_the_surge_finish_without_more_steps() -> None:
     cluster.slots = 4  # a node joined before the wait ran out
     cluster.run(30, until=done(cluster, "v2"))
     assert done(cluster, "v2")() and cluster.lowest_serving == 2
+
+
+def test_successors_larger_than_the_room_one_step_frees_get_more_steps_and_finish() -> None:
+    cluster = steady(slots=2, surge_timeout_s=2.0)
+    cluster.costs["v2"] = 2  # a new replica needs what two old ones hold
+    deploy(cluster, "v2", num_replicas=1, surge_timeout_s=2.0)
+    cluster.run(60, until=lambda: cluster.versions(serving=False) == ["v2"])
+    assert cluster.versions(serving=False) == ["v2"] and cluster.max_holding <= 2
+
+
+def test_a_rollback_restores_the_old_versions_own_count() -> None:
+    cluster = steady(slots=8, num_replicas=4)
+    cluster.broken.add("v2")
+    deploy(cluster, "v2", num_replicas=1)
+    cluster.run(60, until=lambda: cluster.state.failed and cluster.versions() == ["v1"] * 4)
+    assert cluster.state.failed and cluster.versions() == ["v1"] * 4
+    cluster.run(10)
+    assert cluster.state.upgrade is None  # the rollback is done; the failure stays in status
+
+
+def test_old_replicas_that_hold_nothing_the_new_ones_wait_for_are_never_stepped_away() -> None:
+    cluster = steady(slots=2, surge_timeout_s=1.0, ray_actor_options={"resources": {"other": 1}})
+    deploy(cluster, "v2", surge_timeout_s=1.0)  # waits for "accel", which v1 does not hold
+    cluster.run(20)
+    assert cluster.versions() == ["v1", "v1"]
 
 
 def test_a_replica_no_node_could_hold_never_makes_the_upgrade_step() -> None:

@@ -64,9 +64,9 @@ class ActionRunner:
         self._record = record
         self._place = place
         self._heap = heap
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Task[Any]] = set()
         #: The starts under way, by replica id (a stop while starting cancels its start).
-        self._starts: dict[str, asyncio.Task[None]] = {}
+        self._starts: dict[str, asyncio.Task[Event]] = {}
 
     def perform(self, deployment: DeploymentID, actions: list[Action]) -> None:
         backend, call = self.backend, functools.partial
@@ -119,20 +119,19 @@ class ActionRunner:
         replica_id = action.replica_id
         seat = Seat(action.rank, action.world_size, functools.partial(self._place, deployment, replica_id))
 
-        async def start() -> None:
-            try:
-                event = await replica_calls.start(self.backend, deployment, action, seat)
-            except asyncio.CancelledError:
-                if self._starts.pop(replica_id, None) is None:
-                    raise  # the runner stops: nobody is told
-                self._on_event(deployment, replica_id, Stopped())
-                return
-            self._starts.pop(replica_id, None)
-            self._on_event(deployment, replica_id, event)
+        async def start() -> Event:
+            return await replica_calls.start(self.backend, deployment, action, seat)
+
+        def ended(task: asyncio.Task[Event]) -> None:
+            self._tasks.discard(task)
+            if self._starts.pop(replica_id, None) is None:
+                return  # the runner stopped: nobody is told
+            # Cancelled (even before it began): the replica was stopped while it started.
+            self._on_event(deployment, replica_id, Stopped() if task.cancelled() else task.result())
 
         task = asyncio.get_running_loop().create_task(start())
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(ended)
         self._starts[replica_id] = task
 
     def _cancel_start(self, replica_id: str) -> None:

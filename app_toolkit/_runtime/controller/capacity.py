@@ -10,7 +10,7 @@ scaled ``min_replicas``.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from decimal import ROUND_HALF_UP, Decimal
 
@@ -33,6 +33,13 @@ class Capacity:
             return 0
         scaled = (Decimal(count * percent) / 100).quantize(Decimal(1), rounding=ROUND_HALF_UP)
         return max(1, int(scaled))
+
+    def change_from(self, before: Capacity) -> str:
+        """The lifecycle line of a change to this capacity (as Ray Serve words it)."""
+        if self.percent is None:
+            return "Target capacity entering 100% at steady state."
+        direction = "up" if self.rising else "down"
+        return f"Target capacity scaling {direction} from {before.percent} to {self.percent}."
 
     def bounds(self, config: AutoscalingConfig) -> tuple[int, int]:
         """An autoscaled deployment's (lower, upper) replica bounds at this capacity."""
@@ -57,3 +64,22 @@ def next_capacity(
         return before
     rising = before.percent is not None and percent > before.percent
     return Capacity(percent, rising)
+
+
+def file_capacity(
+    before: Mapping[str, object] | None, current: Capacity, after: Mapping[str, object]
+) -> Capacity:
+    """The capacity config file ``after`` sets, applied where ``before`` (the file applied
+    last, None for none) set ``current``."""
+
+    def names(file: Mapping[str, object] | None) -> list[str]:
+        applications = file.get("applications", []) if file is not None else []
+        return (
+            [str(app.get("name", "default")) for app in applications]
+            if isinstance(applications, list)
+            else []
+        )
+
+    percent = after.get("target_capacity")
+    wanted = float(percent) if isinstance(percent, int | float) else None
+    return next_capacity(current if before is not None else None, names(before), wanted, names(after))

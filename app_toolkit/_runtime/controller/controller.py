@@ -13,21 +13,21 @@ import asyncio
 import dataclasses
 import functools
 import logging
-import math
-import pickle
 import secrets
 import time
 from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from app_toolkit._runtime.controller import controller_metrics
+from app_toolkit._runtime.controller import checkpoint, controller_metrics
 from app_toolkit._runtime.controller.actions import ActionRunner
 from app_toolkit._runtime.controller.api import ConfigFile
-from app_toolkit._runtime.controller.backend import Backend, ClusterView
-from app_toolkit._runtime.controller.capacity import Capacity, next_capacity
+from app_toolkit._runtime.controller.backend import Backend
+from app_toolkit._runtime.controller.capacity import Capacity, file_capacity
+from app_toolkit._runtime.controller.cluster import ClusterWatch
 from app_toolkit._runtime.controller.deployment_state import (
     DeploymentState,
+    Lifecycle,
     adopt,
     apply_event,
     autoscale,
@@ -35,17 +35,16 @@ from app_toolkit._runtime.controller.deployment_state import (
     hold_models,
     keep_size,
     new_spec,
-    next_due,
     place,
-    plan,
     set_capacity,
 )
 from app_toolkit._runtime.controller.heap import HeapKeeper
 from app_toolkit._runtime.controller.loads import LoadBook
 from app_toolkit._runtime.controller.longpoll import LongPollHost
+from app_toolkit._runtime.controller.planning import next_due, plan
 from app_toolkit._runtime.controller.prefixes import check_prefixes
 from app_toolkit._runtime.controller.publishing import TablePublisher
-from app_toolkit._runtime.controller.replica_state import Event, Placement
+from app_toolkit._runtime.controller.replica_state import Event
 from app_toolkit._runtime.controller.rollout import new_rollout
 from app_toolkit._runtime.controller.status_view import serve_status
 from app_toolkit._runtime.controller.traffic import TrafficPolicy
@@ -61,7 +60,7 @@ from app_toolkit._runtime.tables import (
 )
 from app_toolkit._runtime.waiting import wait_event
 from app_toolkit.config import RolloutOptions
-from app_toolkit.status import EventInfo, ReplicaState, ServeStatus
+from app_toolkit.status import EventInfo, ServeStatus
 
 logger = logging.getLogger("app_toolkit.controller")
 
@@ -73,8 +72,6 @@ _SHUTDOWN_DRAIN_S = 60.0
 LOAD_REPORT_TTL_S = 10.0
 #: Events status() shows (the newest).
 EVENTS_KEPT = 50
-#: How often the cluster is asked which nodes are leaving and which starts wait for room.
-_CLUSTER_PERIOD_S = 1.0
 
 
 class ControllerCore:
@@ -115,29 +112,31 @@ class ControllerCore:
         self.policy = TrafficPolicy()
         #: The config file's target_capacity (for the applications it deployed).
         self.capacity = Capacity()
-        #: Nodes that are leaving: node id -> when they go (this loop's clock).
-        self.draining: dict[str, float] = {}
-        self._released: set[str] = set()  # leaving nodes told that none of our replicas run there
-        self._cluster_at = -math.inf  # when the cluster was last asked (cluster_view)
-        self._cluster_task: asyncio.Task[None] | None = None
         #: Builds and publishes the tables callers follow.
         self.tables = TablePublisher(self)
         #: Performs the actions the transitions return (controller/actions.py).
         self.actions = ActionRunner(
             backend, self.tables, self.longpoll, self._on, self._record, self._place, heap
         )
+        #: Nodes that are leaving, and starts the cluster cannot place (controller/cluster.py).
+        self.cluster = ClusterWatch(backend, self, self._record, self.actions.spawn)
+        self._saved: dict[DeploymentID, Lifecycle] = {}  # the lifecycles last checkpointed
         controller_metrics.track(self)
 
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
-        data = await self.backend.load_checkpoint()
-        if data:
-            apps, self.applied_file, capacity, *rest = pickle.loads(data)
-            self.capacity = capacity
-            self.policy = TrafficPolicy(*rest)
-            for spec in apps.values():
-                self._adopt(spec)
+        saved = checkpoint.loads(await self.backend.load_checkpoint())
+        if saved is not None:
+            self.applied_file, self.capacity = saved.applied_file, saved.capacity
+            self.policy = TrafficPolicy(*saved.policy)
+            in_file = saved.in_file()
+            for spec in saved.apps.values():
+                self._adopt(spec, self.capacity if spec.name in in_file else None)
+            for deployment_id, lifecycle in saved.lifecycles.items():
+                if deployment_id in self.deployments:
+                    self.deployments[deployment_id].restore(lifecycle)
+            self._saved = saved.lifecycles
             logger.info("Restored %d application(s) from the checkpoint", len(self.apps))
         await self._adopt_running_replicas()
         self.tables.routes()
@@ -160,8 +159,7 @@ class ControllerCore:
 
     async def stop(self) -> None:
         """Cancel the loop and every backend call under way, and wait for them."""
-        tasks = [task for task in (self._loop_task, self._cluster_task) if task is not None]
-        await self.actions.stop(*tasks)
+        await self.actions.stop(*([self._loop_task] if self._loop_task is not None else []))
 
     # ------------------------------------------------------------------ API
 
@@ -194,12 +192,9 @@ class ControllerCore:
             for other in specs[index + 1 :]:
                 check_prefixes(spec, other)
         wanted = {spec.name for spec in specs}
-        before = self.applied_file
-        applied_before = [a.get("name", "default") for a in before.get("applications", [])] if before else []
-        percent = config_file.get("target_capacity")
-        capacity = next_capacity(self.capacity if before else None, applied_before, percent, wanted)
+        capacity = file_capacity(self.applied_file, self.capacity, config_file)
         if capacity != self.capacity:
-            self._record(logging.INFO, _capacity_event(self.capacity, capacity))
+            self._record(logging.INFO, capacity.change_from(self.capacity))
         self.capacity = capacity
         for name in [name for name in self.apps if name not in wanted]:
             self._remove_app(name)
@@ -333,7 +328,7 @@ class ControllerCore:
             self.policy,
             self.events,
             spares,
-            self.draining,
+            self.cluster.draining,
         )
         return dataclasses.replace(status, target_capacity=self.capacity.percent)
 
@@ -387,8 +382,18 @@ class ControllerCore:
             self.longpoll.publish(replicas_key(deployment), DeploymentGone())
 
     async def _checkpoint(self) -> None:
-        saved = (self.apps, self.applied_file, self.capacity, *self.policy.saved())
-        await self.backend.save_checkpoint(pickle.dumps(saved))
+        self._saved = self._lifecycles()
+        saved = checkpoint.Checkpoint(
+            self.apps, self.applied_file, self.capacity, self._saved, self.policy.saved()
+        )
+        await self.backend.save_checkpoint(saved.dumps())
+
+    def _lifecycles(self) -> dict[DeploymentID, Lifecycle]:
+        return {
+            deployment_id: state.lifecycle()
+            for deployment_id, state in self.deployments.items()
+            if not state.deleting
+        }
 
     # ------------------------------------------------------------------ reconcile
 
@@ -396,9 +401,11 @@ class ControllerCore:
         while True:
             started = time.perf_counter()
             try:
-                self._follow_cluster()
+                self.cluster.follow()
                 self._reconcile()
-                self._release_nodes()
+                self.cluster.release()
+                if self._lifecycles() != self._saved:  # a version failed, an upgrade began or ended
+                    self.actions.spawn(self._checkpoint())
             except Exception:
                 logger.exception("Reconcile step failed; retrying")
             controller_metrics.RECONCILE.observe(time.perf_counter() - started)
@@ -417,65 +424,21 @@ class ControllerCore:
         for deployment_id, state in list(self.deployments.items()):
             actions = autoscale(state, self.loads.total(deployment_id, now), now)
             if actions or self._due.get(deployment_id, now) <= now:  # a decision moves the target
-                actions += plan(state, now, functools.partial(self._new_replica_id, state), self.draining)
-                self._due[deployment_id] = next_due(state, self.draining)
+                draining = self.cluster.draining
+                actions += plan(state, now, functools.partial(self._new_replica_id, state), draining)
+                self._due[deployment_id] = next_due(state, draining)
             self.actions.perform(deployment_id, actions)
             if state.deleting and not state.replicas:
                 del self.deployments[deployment_id]
                 self._due.pop(deployment_id, None)
 
-    # ------------------------------------------------------------------ the cluster
-
-    def _follow_cluster(self) -> None:
-        """Every ``_CLUSTER_PERIOD_S``: ask the backend which nodes are leaving and which
-        starts the cluster cannot place (one question at a time)."""
-        now = asyncio.get_running_loop().time()
-        if now - self._cluster_at < _CLUSTER_PERIOD_S or self._cluster_task is not None:
-            return
-        self._cluster_at = now
-        self._cluster_task = asyncio.get_running_loop().create_task(self._ask_cluster())
-
-    async def _ask_cluster(self) -> None:
-        try:
-            view = await self.backend.cluster_view()
-        except Exception:
-            logger.exception("Asking the cluster which nodes leave failed; asking again")
-            return
-        finally:
-            self._cluster_task = None
-        self._seen(view)
-
-    def _seen(self, view: ClusterView) -> None:
-        """Take what the cluster said: leaving nodes (their replicas move), and which
-        starting replicas wait for room (an upgrade may then go in steps)."""
-        now = asyncio.get_running_loop().time()
-        draining = {node: now + left for node, left in view.draining.items()}
-        if draining.keys() != self.draining.keys():
-            for node in draining.keys() - self.draining.keys():
-                self._record(logging.WARNING, f"Node {node[:12]} is leaving: moving its replicas")
-            self._due.clear()  # every deployment plans again
-            self._wake.set()
-        self.draining = draining
-        self._released &= draining.keys()
-        for deployment_id, state in self.deployments.items():
-            for replica in list(state.replicas.values()):
-                if replica.state is not ReplicaState.STARTING or replica.stop_requested:
-                    continue
-                seen = view.unplaced.get(replica.replica_id)
-                reason, infeasible = (seen.reason, seen.infeasible) if seen is not None else ("", False)
-                if (reason, infeasible) != (replica.unplaced, replica.infeasible):
-                    apply_event(state, replica.replica_id, Placement(reason, infeasible), now)
-                    self._due.pop(deployment_id, None)
-
-    def _release_nodes(self) -> None:
-        """Tell the backend about each leaving node that none of our replicas run on
-        anymore (once), so what else of ours runs there stops and the node can go."""
-        for node in self.draining.keys() - self._released:
-            if not any(
-                r.node_id == node for state in self.deployments.values() for r in state.replicas.values()
-            ):
-                self._released.add(node)
-                self.actions.spawn(self.backend.release_node(node))
+    def replan(self, deployment: DeploymentID | None = None) -> None:
+        """Plan ``deployment`` (None: every one) on the next pass, and wake the loop."""
+        if deployment is None:
+            self._due.clear()
+        else:
+            self._due.pop(deployment, None)
+        self._wake.set()
 
     def _place(self, deployment: DeploymentID, replica_id: str, node_id: str) -> ReplicaRank:
         state = self.deployments.get(deployment)
@@ -497,11 +460,3 @@ class ControllerCore:
         self.actions.perform(deployment, apply_event(state, replica_id, event, now))
         self._due.pop(deployment, None)
         self._wake.set()
-
-
-def _capacity_event(before: Capacity, after: Capacity) -> str:
-    """The lifecycle line of a target_capacity change (as Ray Serve words it)."""
-    if after.percent is None:
-        return "Target capacity entering 100% at steady state."
-    direction = "up" if after.rising else "down"
-    return f"Target capacity scaling {direction} from {before.percent} to {after.percent}."

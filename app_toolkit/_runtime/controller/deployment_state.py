@@ -2,23 +2,21 @@
 
 ``apply_event(state, replica_id, event, now)`` moves one replica through its life
 (``replica_state.py``) and keeps the deployment's own record (start failures, message,
-whether any replica ever ran) in step; ``plan(state, now, new_id, draining)`` says what
-the deployment needs now: replicas to start or stop (an upgrade's steps:
-``upgrade.py``; replicas on nodes that are leaving: moved), health checks and
-reconfigures due. Both return actions for the controller to perform; neither does I/O or
-reads a clock.
+whether any replica ever ran) in step, returning actions for the controller to perform;
+``planning.py`` says what the deployment needs next. No I/O, no clock of its own.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import itertools
 import logging
 import math
-from collections.abc import Callable, Mapping
+from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from app_toolkit._runtime.controller import upgrade
 from app_toolkit._runtime.controller.autoscaling import Autoscaler
 from app_toolkit._runtime.controller.capacity import Capacity
 from app_toolkit._runtime.controller.replica_state import (
@@ -30,8 +28,6 @@ from app_toolkit._runtime.controller.replica_state import (
     ReplicaAction,
     Started,
     StartFailed,
-    Stop,
-    Tick,
     replica_transition,
 )
 from app_toolkit._runtime.messages import AdoptedReplica, DeploymentSpec
@@ -68,12 +64,26 @@ Action = ReplicaAction | StartReplica | PublishGone
 
 @dataclass
 class Upgrade:
-    """An upgrade under way: since when, how many old replicas it stopped, and whether the
-    default surge found no room and goes in steps."""
+    """An upgrade under way: since when, how many old replicas its steps stopped and when
+    the last one did, and whether the default surge found no room and went in steps."""
 
     since: float
     replaced: int = 0
+    stepped_at: float = -math.inf
     steps: bool = False
+
+
+@dataclass(frozen=True)
+class Lifecycle:
+    """What a deployment's record holds beyond its spec and replicas, kept across a
+    controller restart (the checkpoint): a failed version, what it falls back on, the
+    upgrade under way."""
+
+    failed: bool
+    start_failures: int
+    message: str
+    previous: DeploymentSpec | None
+    upgrade: Upgrade | None
 
 
 @dataclass
@@ -99,11 +109,11 @@ class DeploymentState:
 
     @property
     def target(self) -> int:
-        """Replicas wanted now: the autoscaler's target, else num_replicas (either at the
-        target capacity)."""
+        """Replicas wanted now: the autoscaler's target, else num_replicas of the version
+        that should run (either at the target capacity)."""
         if self.autoscaler is not None:
             return self.autoscaler.target
-        return self.capacity.scale(self.spec.config.num_replicas)
+        return self.capacity.scale(self.serving_spec.config.num_replicas)
 
     @property
     def serving_spec(self) -> DeploymentSpec:
@@ -118,8 +128,18 @@ class DeploymentState:
         """What a replica starting now is told its world size is: the replicas the
         deployment is set to run (num_replicas, Ray Serve's; an autoscaled deployment's
         target)."""
-        config = self.spec.config
+        config = self.serving_spec.config
         return self.target if config.autoscaling_config is not None else config.num_replicas
+
+    def lifecycle(self) -> Lifecycle:
+        """This record's lifecycle, to checkpoint."""
+        upgrade = copy.copy(self.upgrade)
+        return Lifecycle(self.failed, self.start_failures, self.message, self.previous, upgrade)
+
+    def restore(self, saved: Lifecycle) -> None:
+        """Take back a checkpointed lifecycle (a restarted controller, same spec)."""
+        self.failed, self.start_failures, self.message = saved.failed, saved.start_failures, saved.message
+        self.previous, self.upgrade = saved.previous, copy.copy(saved.upgrade)
 
 
 # ------------------------------------------------------------------------------ events
@@ -178,191 +198,13 @@ def place(state: DeploymentState, replica_id: str, node_id: str) -> ReplicaRank:
         node_rank = _lowest_free(set(node_ranks.values()))
     local_rank = _lowest_free({r.local_rank for r in peers if r.node_id == node_id})
     state.replicas[replica_id] = dataclasses.replace(
-        replica, node_id=node_id, node_rank=node_rank, local_rank=local_rank
+        replica, node_id=node_id, node_rank=node_rank, local_rank=local_rank, unplaced="", infeasible=False
     )
     return ReplicaRank(replica.rank, node_rank, local_rank)
 
 
 def _lowest_free(taken: set[int]) -> int:
     return next(rank for rank in itertools.count() if rank not in taken)
-
-
-# -------------------------------------------------------------------------------- plan
-
-
-def plan(
-    state: DeploymentState, now: float, new_id: Callable[[], str], draining: Draining | None = None
-) -> list[Action]:
-    """What the deployment needs now: retire it if deleted; else start or stop replicas
-    toward the target (replacing an older version as ``upgrade.py`` says, moving replicas
-    off ``draining`` nodes), start due health checks and reconfigures, and explain
-    replicas slow to start."""
-    if state.deleting:
-        return _each(state, Stop(), now)
-    draining = draining or {}
-    actions = _move_off(state, now, draining)
-    actions += _scale(state, now, new_id, draining)
-    actions += _each(state, Tick(), now)
-    newly_slow = [replica for replica in slow_starters(state, now) if not replica.slow_start_logged]
-    for replica in newly_slow:
-        state.replicas[replica.replica_id] = dataclasses.replace(replica, slow_start_logged=True)
-    if newly_slow:  # one line for them all: the message counts every slow replica
-        actions.append(Log(logging.WARNING, f"{state.spec.id}: {slow_start_message(state, now)}"))
-    return actions
-
-
-def next_due(state: DeploymentState, draining: Draining | None = None) -> float:
-    """When ``plan`` next has something to do if no event, deploy or new target comes
-    first: the earliest health check due, a start turning slow, an upgrade's wait for room
-    running out, or a leaving node's deadline for its replicas. Until then a plan would
-    return nothing (the controller skips it: ``-inf`` means plan every pass)."""
-    if state.deleting:
-        return -math.inf
-    due = math.inf
-    for replica in state.replicas.values():
-        if replica.state is ReplicaState.RUNNING and not replica.checking:
-            due = min(due, replica.next_health_check)
-            if draining and replica.node_id in draining and not replica.stop_requested:
-                due = min(due, _leave_by(replica, draining))
-        elif replica.state is ReplicaState.STARTING and not (
-            replica.stop_requested or replica.slow_start_logged
-        ):
-            due = min(due, replica.launched_at + SLOW_START_S)
-    if state.upgrade is not None and not state.upgrade.steps:
-        due = min(due, upgrade.room_due(census(state, draining or {}), _options(state)))
-    return due
-
-
-def _each(state: DeploymentState, event: Event, now: float) -> list[Action]:
-    actions: list[Action] = []
-    for replica_id in list(state.replicas):
-        actions += apply_event(state, replica_id, event, now)
-    return actions
-
-
-def census(state: DeploymentState, draining: Draining) -> upgrade.Census:
-    """The replicas as an upgrade counts them: the serving version's are new, the others
-    old. A running replica of the serving version on a leaving node counts as neither
-    (``_move_off`` stops it once its successor runs); old ones there go first."""
-    version = state.serving_spec.code_version
-    new_starting: list[Replica] = []
-    new_running: list[Replica] = []
-    old_starting: list[Replica] = []
-    old_running: list[Replica] = []
-    leaving: list[Replica] = []
-    old_stopping = 0
-    for replica in state.replicas.values():
-        if replica.stop_requested:
-            old_stopping += replica.version != version
-        elif replica.state is ReplicaState.STARTING:
-            (new_starting if replica.version == version else old_starting).append(replica)
-        elif replica.node_id in draining:
-            if replica.version != version:
-                leaving.append(replica)
-        else:
-            (new_running if replica.version == version else old_running).append(replica)
-    return upgrade.Census(
-        state.target,
-        tuple(new_starting),
-        tuple(new_running),
-        tuple(old_starting),
-        tuple(leaving + old_running),
-        old_stopping,
-    )
-
-
-def _options(state: DeploymentState) -> upgrade.Options:
-    """What the upgrade follows: the deployment's options, or after a failed version,
-    the default policy (the version that served before comes back as fast as room allows)."""
-    config = state.spec.config
-    if state.serving_spec is not state.spec:
-        return upgrade.Options(surge_timeout_s=config.surge_timeout_s)
-    return upgrade.Options(config.rolling_update_percentage, config.max_surge_percent, config.surge_timeout_s)
-
-
-def _scale(state: DeploymentState, now: float, new_id: Callable[[], str], draining: Draining) -> list[Action]:
-    spec = state.serving_spec
-    counted = census(state, draining)
-    moves = upgrade.moves(counted, _options(state), now)
-    actions: list[Action] = []
-    if state.failed and spec is state.spec:
-        moves = dataclasses.replace(moves, start=0)  # nothing to fall back on: keep what runs
-    if moves.start:
-        taken = {r.rank for r in counted.new_starting + counted.new_running}
-        free_ranks = (rank for rank in itertools.count() if rank not in taken)
-        world_size = state.world_size
-        for _, rank in zip(range(moves.start), free_ranks, strict=False):
-            replica_id = new_id()
-            state.replicas[replica_id] = Replica(replica_id, spec.code_version, launched_at=now, rank=rank)
-            actions.append(StartReplica(replica_id, spec, rank, world_size))
-    old = 0
-    for replica in moves.stop:
-        outdated = replica.version != spec.code_version
-        old += outdated
-        actions += apply_event(state, replica.replica_id, Stop(hurry=outdated and state.spec.reloaded), now)
-    actions += _follow_upgrade(state, counted, moves, old)
-    return actions
-
-
-def _follow_upgrade(
-    state: DeploymentState, counted: upgrade.Census, moves: upgrade.Moves, stopped_old: int
-) -> list[Action]:
-    """Keep the record of an upgrade under way (for status), and end it once no older
-    replica is left."""
-    record = state.upgrade
-    if record is None:
-        return []
-    record.replaced += stopped_old
-    actions: list[Action] = []
-    if moves.steps and not record.steps:
-        actions.append(
-            Log(
-                logging.WARNING,
-                f"{state.spec.id}: no room for the new version beside the old one "
-                f"({upgrade.waiting_for(counted)}); replacing old replicas in steps",
-            )
-        )
-    record.steps = moves.steps
-    if counted.old_active + counted.old_stopping == 0 and not state.failed:
-        state.upgrade = None
-        state.previous = None  # the version it replaced is gone
-        actions.append(Log(logging.INFO, f"{state.spec.id}: upgrade to {state.spec.code_version} finished"))
-    return actions
-
-
-def _move_off(state: DeploymentState, now: float, draining: Draining) -> list[Action]:
-    """Replicas of the serving version on leaving nodes keep serving until successors run
-    elsewhere (the census does not count them, so they get successors), then drain; any
-    replica there drains anyway once its node's deadline is a grace period away."""
-    if not draining:
-        return []
-    version = state.serving_spec.code_version
-    leaving = [
-        r
-        for r in state.replicas.values()
-        if r.node_id in draining and r.state is ReplicaState.RUNNING and not r.stop_requested
-    ]
-    if not leaving:
-        return []
-    running_elsewhere = sum(
-        1 for r in state.replicas.values() if r.version == version and r.serving and r.node_id not in draining
-    )
-    ours = sorted((r for r in leaving if r.version == version), key=lambda r: _leave_by(r, draining))
-    excess = running_elsewhere + len(ours) - state.target
-    going = ours[: max(excess, 0)]
-    going += [r for r in leaving if r not in going and now >= _leave_by(r, draining)]
-    actions: list[Action] = []
-    for replica in going:
-        where = f"{replica.replica_id} off node {replica.node_id[:12]}"
-        actions.append(Log(logging.INFO, f"{state.spec.id}: draining {where}"))
-        actions += apply_event(state, replica.replica_id, Stop(), now)
-    return actions
-
-
-def _leave_by(replica: Replica, draining: Draining) -> float:
-    """When a replica on a leaving node must start draining to finish before the node goes."""
-    grace = replica.config.graceful_shutdown_timeout_s if replica.config is not None else 20.0
-    return draining[replica.node_id] - grace
 
 
 # ------------------------------------------------------------------------ other changes
@@ -477,10 +319,11 @@ def follow_autoscaling(state: DeploymentState) -> None:
 
 def keep_size(state: DeploymentState) -> None:
     """An autoscaled deployment that already has replicas keeps that many (within its
-    bounds) instead of starting over from initial_replicas."""
-    running = sum(1 for r in state.replicas.values() if not r.stop_requested)
-    if state.autoscaler is not None and running:
-        state.autoscaler.hold(running)
+    bounds) instead of starting over from initial_replicas: as many as its largest version
+    has (an upgrade under way runs two)."""
+    per_version = Counter(r.version for r in state.replicas.values() if not r.stop_requested)
+    if state.autoscaler is not None and per_version:
+        state.autoscaler.hold(max(per_version.values()))
 
 
 def slow_starters(state: DeploymentState, now: float) -> list[Replica]:
@@ -503,8 +346,10 @@ def slow_start_message(state: DeploymentState, now: float) -> str:
     if unplaced:
         reasons = sorted(set(unplaced))
         return (
-            f"{len(unplaced)} replica(s) cannot be placed yet: {'; '.join(reasons)}. "
-            "Replicas already running keep serving."
+            f"{len(unplaced)} replica(s) cannot be placed yet: {'; '.join(reasons)}. Replicas "
+            "already running keep serving. To place it, add a node with room for it, free room "
+            "(scale another deployment down), or ask for less (ray_actor_options, "
+            "placement_group_bundles, max_replicas_per_node)."
         )
     slow = slow_starters(state, now)
     if not slow:

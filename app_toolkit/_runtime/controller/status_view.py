@@ -7,12 +7,8 @@ import math
 from collections.abc import Callable, Iterable, Mapping
 
 from app_toolkit._runtime.controller import upgrade
-from app_toolkit._runtime.controller.deployment_state import (
-    DeploymentState,
-    Draining,
-    census,
-    slow_start_message,
-)
+from app_toolkit._runtime.controller.deployment_state import DeploymentState, Draining, slow_start_message
+from app_toolkit._runtime.controller.planning import census, options
 from app_toolkit._runtime.controller.traffic import TrafficPolicy
 from app_toolkit._runtime.messages import AppSpec, DeploymentID
 from app_toolkit.status import (
@@ -76,12 +72,12 @@ def _upgrade_status(state: DeploymentState, now: float, draining: Draining) -> U
     if record is None:
         return None
     counted = census(state, draining)
-    config = state.spec.config
+    policy = options(state)
     target = counted.target
     if state.serving_spec is not state.spec:
         mode, fraction = "rollback", 0.0
-    elif config.explicit_rollout:
-        mode, fraction = "rolling", config.rolling_update_percentage or upgrade.DEFAULT_STEP
+    elif policy.ray_serve:
+        mode, fraction = "rolling", policy.rolling_update_percentage or upgrade.DEFAULT_STEP
     else:
         mode, fraction = ("steps", upgrade.DEFAULT_STEP) if record.steps else ("surge", 0.0)
     size = upgrade.step_size(fraction, target) if fraction else 0

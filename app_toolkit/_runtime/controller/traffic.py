@@ -26,6 +26,8 @@ from app_toolkit.status import RolloutStatusInfo, ShadowStatusInfo
 
 #: Variant -> its share (the shares of a split add up to 1).
 Weights = tuple[tuple[str, float], ...]
+#: What the checkpoint keeps of the policies: the splits and the shadows.
+SavedPolicy = tuple[dict[str, Weights], dict[str, tuple[str, float, str]]]
 #: What callers get: each variant's deployment and its share.
 Split = tuple[tuple[DeploymentID, float], ...]
 
@@ -175,7 +177,7 @@ class TrafficPolicy:
             endpoint: Shadowing(*saved) for endpoint, saved in (shadows or {}).items()
         }
 
-    def saved(self) -> tuple[dict[str, Weights], dict[str, tuple[str, float, str]]]:
+    def saved(self) -> SavedPolicy:
         """What the checkpoint keeps: the splits and the shadows."""
         return self.traffic, {e: (s.to, s.fraction, s.compare) for e, s in self.shadows.items()}
 

@@ -13,13 +13,17 @@ No I/O and no clock: the controller passes ``now``.
   stops as soon as a new one runs in its place, so serving capacity never dips. When a new
   replica has waited ``surge_timeout_s`` for room the cluster does not have, old replicas
   also go in steps of 20 %: a step stops, its successors take the room it frees, and the
-  next step follows once they run. Room that appears meanwhile lets the surge finish.
+  next step follows once they run — or, if the room a step freed holds no new replica (it
+  asks for more than an old one held), once ``surge_timeout_s`` has passed with none
+  placed. Room that appears meanwhile lets the surge finish. Steps are taken only when
+  the old replicas hold what the new ones wait for (``Options.steps_help``).
 - **A failed version** is rolled back with the default policy: the version that served
   before is the "new" one then (the controller builds the census so).
 """
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from dataclasses import dataclass
 
@@ -57,6 +61,8 @@ class Options:
     rolling_update_percentage: float | None = None
     max_surge_percent: int | None = None
     surge_timeout_s: float = 30.0
+    #: The old replicas hold a resource the new ones ask for: stopping some can make room.
+    steps_help: bool = True
 
     @property
     def ray_serve(self) -> bool:
@@ -83,8 +89,9 @@ def surge_size(percent: int, target: int) -> int:
     return (percent * target + 99) // 100
 
 
-def moves(census: Census, options: Options, now: float) -> Moves:
-    """Starts and stops toward ``census.target`` replicas of the new version."""
+def moves(census: Census, options: Options, now: float, stepped_at: float = -math.inf) -> Moves:
+    """Starts and stops toward ``census.target`` replicas of the new version
+    (``stepped_at``: when the default policy's last step stopped old replicas)."""
     target = census.target
     if not census.old_active:
         return _resize(census)
@@ -97,9 +104,12 @@ def moves(census: Census, options: Options, now: float) -> Moves:
             return _stepwise(census, step_size(fraction, target))
         return _surge(census, surge_size(options.max_surge_percent, target), step_size(fraction, target))
     surged = _surge(census, target, target)
-    if not waits_for_room(census, options, now):
+    if not (options.steps_help and waits_for_room(census, options, now)):
         return surged
-    more = _next_step(census, step_size(DEFAULT_STEP, target), surged.stop)
+    step = step_size(DEFAULT_STEP, target)
+    more = _next_step(census, step, surged.stop)
+    if not more and _stuck(census, surged.stop, options, now, stepped_at):
+        more = tuple(r for r in census.old_running if r not in surged.stop)[:step]
     return Moves(surged.start, surged.stop + more, steps=True)
 
 
@@ -113,15 +123,16 @@ def waits_for_room(census: Census, options: Options, now: float) -> bool:
     )
 
 
-def room_due(census: Census, options: Options) -> float:
-    """When a new replica waiting for room will have waited ``surge_timeout_s`` (the
-    controller plans then); ``inf`` when none waits."""
+def room_due(census: Census, options: Options, stepped_at: float = -math.inf) -> float:
+    """When the default policy next may have to step: a new replica waiting for room will
+    have waited ``surge_timeout_s``, or that long will have passed since the last step
+    (the controller plans then); ``inf`` when none waits."""
     waits = [
-        replica.unplaced_since + options.surge_timeout_s
+        max(replica.unplaced_since, stepped_at) + options.surge_timeout_s
         for replica in census.new_starting
         if replica.unplaced and not replica.infeasible
     ]
-    return min(waits, default=float("inf"))
+    return min(waits, default=math.inf)
 
 
 def waiting_for(census: Census) -> str:
@@ -178,6 +189,21 @@ def _surge(census: Census, surge: int, step: int) -> Moves:
     batch = step - len(stop)
     stop += census.old_running[: min(batch, surplus)]
     return Moves(start=start, stop=stop)
+
+
+def _stuck(
+    census: Census, stopping: tuple[Replica, ...], options: Options, now: float, stepped_at: float
+) -> bool:
+    """The room the last step freed took none of the new replicas waiting for it (each
+    asks for more than an old one held): no new replica is starting in it, nothing old is
+    still stopping, and ``surge_timeout_s`` has passed since that step."""
+    return (
+        not stopping
+        and census.target >= census.old_active
+        and census.old_stopping == 0
+        and all(replica.unplaced for replica in census.new_starting)
+        and now - stepped_at >= options.surge_timeout_s
+    )
 
 
 def _next_step(census: Census, step: int, stopping: tuple[Replica, ...]) -> tuple[Replica, ...]:

@@ -29,19 +29,18 @@ def _draining() -> dict[str, int]:
     return dict(worker.gcs_client.get_draining_nodes(timeout=_GCS_TIMEOUT_S))
 
 
-def _read() -> tuple[set[str], dict[str, float]]:
+def _read(known: dict[str, float]) -> tuple[set[str], dict[str, float]]:
+    """Alive nodes, and the leaving ones among them (``known``: the last reading, kept
+    for the nodes still alive when the GCS does not answer)."""
     alive = {str(node["NodeID"]) for node in ray.nodes() if node["Alive"]}  # type: ignore[no-untyped-call]
     try:
-        deadlines = _draining()
-    except Exception as exc:  # noqa: BLE001 - an older GCS, or a hiccup: nothing drains then
-        logger.debug("Could not read the draining nodes: %s", exc)
-        deadlines = {}
-    draining = {
-        node: (deadline / 1000 if deadline else math.inf)
-        for node, deadline in deadlines.items()
-        if node in alive
-    }
-    return alive, draining
+        draining = {
+            node: (deadline / 1000 if deadline else math.inf) for node, deadline in _draining().items()
+        }
+    except Exception as exc:  # noqa: BLE001 - a hiccup: what was known stays so
+        logger.warning("Could not read which nodes are leaving (%s); keeping the last reading", exc)
+        draining = known
+    return alive, {node: deadline for node, deadline in draining.items() if node in alive}
 
 
 class NodeWatch:
@@ -60,7 +59,7 @@ class NodeWatch:
             self._reading = asyncio.Lock()
         async with self._reading:
             if time.monotonic() - self._read_at >= _FRESH_S:
-                self.alive, self.draining = await asyncio.to_thread(_read)
+                self.alive, self.draining = await asyncio.to_thread(_read, self.draining)
                 self._read_at = time.monotonic()
         return self
 

@@ -14,11 +14,13 @@
 from __future__ import annotations
 
 import logging
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 import ray
 from ray._raylet import IMPLICIT_RESOURCE_PREFIX  # type: ignore[attr-defined]  # Cython: no stub for it
+from ray.autoscaler.v2.sdk import get_cluster_resource_state
 from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
@@ -34,24 +36,29 @@ GROUP_PREFIX = "app_toolkit_group:"
 
 @dataclass
 class Placing:
-    """A replica actor being started: what it asks each node for, and its group."""
+    """A replica actor being started: what it asks each node for (``asks``: as the
+    replica's options say; ``shape``: the resource request Ray schedules, the per-node
+    cap and the byte of memory included), and its group."""
 
     actor: Any
     asks: dict[str, float]
+    shape: dict[str, float]
     per_node: int | None = None
     group: PlacementGroup | None = None
     bundles: list[dict[str, float]] = field(default_factory=list)
     strategy: str = ""
 
 
-def resource_asks(config: DeploymentConfig) -> dict[str, float]:
-    """What one replica's actor asks a node for, named as Ray names resources (the byte
-    of memory every replica asks for is left out: it never keeps one from a node)."""
-    options = config.ray_actor_options
-    asks = {"CPU": options.num_cpus, "GPU": options.num_gpus, **options.resources}
-    if options.memory:
-        asks["memory"] = float(options.memory)
-    return {name: amount for name, amount in asks.items() if amount}
+def request_shape(placed: dict[str, Any]) -> dict[str, float]:
+    """The resource request Ray makes of an actor with options ``placed`` (as its
+    demand reports name it)."""
+    shape = {"CPU": placed.get("num_cpus") or 0, "GPU": placed.get("num_gpus") or 0, **placed["resources"]}
+    shape["memory"] = placed.get("memory") or 0
+    return _rounded(shape)
+
+
+def _rounded(resources: dict[str, float]) -> dict[str, float]:
+    return {name: round(float(amount), 6) for name, amount in resources.items() if amount}
 
 
 def actor_placement(
@@ -128,13 +135,28 @@ def orphan_groups(kept: set[str]) -> list[PlacementGroup]:
 
 
 def unplaced(starting: dict[str, Placing], names: dict[str, str], leaving: set[str]) -> dict[str, Unplaced]:
-    """Replica id -> why Ray cannot place it now, for each of ``starting`` still pending
-    (``names``: its actor's name -> replica id). Blocking GCS reads (~ms): run in a thread."""
-    pending = {
-        names[info["Name"]]
-        for info in ray._private.state.actors(actor_state_name="PENDING_CREATION").values()
-        if info.get("Name") in names
-    }
+    """Replica id -> why Ray cannot place it now, for each of ``starting`` that waits for
+    resources (``names``: its actor's name -> replica id). Blocking GCS reads (~ms): run
+    in a thread.
+
+    Waiting for resources, not merely pending: an actor Ray has given resources stays
+    ``PENDING_CREATION`` while its process starts. Such an actor has a process id, or no
+    longer counts in the cluster's unmet demand (which the raylets report about once a
+    second): of the actors of one shape without a process, as many wait as that demand says.
+    """
+    waiting_shapes = _unmet_demand()
+    pending = []
+    for info in ray._private.state.actors(actor_state_name="PENDING_CREATION").values():
+        replica_id = names.get(info.get("Name", ""))
+        placing = starting.get(replica_id) if replica_id is not None else None
+        if replica_id is None or placing is None or info.get("Pid"):
+            continue
+        if placing.group is None:
+            shape = tuple(sorted(placing.shape.items()))
+            if not waiting_shapes[shape]:
+                continue  # given its resources: starting
+            waiting_shapes[shape] -= 1
+        pending.append(replica_id)
     if not pending:
         return {}
     state: Any = ray._private.state  # its functions are unannotated
@@ -144,12 +166,21 @@ def unplaced(starting: dict[str, Placing], names: dict[str, str], leaving: set[s
     free: dict[str, dict[str, float]] = state.available_resources_per_node()
     found: dict[str, Unplaced] = {}
     for replica_id in pending:
-        placing = starting.get(replica_id)
-        if placing is not None:
-            why = _why(placing, totals, free)
-            if why is not None:
-                found[replica_id] = why
+        why = _why(starting[replica_id], totals, free)
+        if why is not None:
+            found[replica_id] = why
     return found
+
+
+def _unmet_demand() -> Counter[tuple[tuple[str, float], ...]]:
+    """The cluster's resource requests that wait for room, by shape, as the GCS knows them."""
+    worker: Any = ray._private.worker.global_worker  # its GCS client is not annotated
+    state = get_cluster_resource_state(worker.gcs_client)
+    demand: Counter[tuple[tuple[str, float], ...]] = Counter()
+    for request in state.pending_resource_requests:
+        shape = _rounded(dict(request.request.resources_bundle))
+        demand[tuple(sorted(shape.items()))] += request.count
+    return demand
 
 
 def _why(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from typing import Any
 
 import ray
@@ -28,6 +29,9 @@ _CHECK_PERIOD_S = 1.0
 _READY_TIMEOUT_S = 30.0
 #: A leaving node's proxy finishes its connections within 10 s (ProxyActor.stop).
 _RELEASE_TIMEOUT_S = 15.0
+#: A leaving node's proxy answers /-/healthz 503 for at least this long before it stops
+#: (load balancers that check every few seconds stop sending meanwhile).
+_LOAD_BALANCER_S = 5.0
 
 
 class ProxyFleet:
@@ -37,7 +41,8 @@ class ProxyFleet:
         self._actor_class = actor_class
         self._http = http
         self._nodes = nodes
-        self._leaving: set[str] = set()  # nodes whose proxy was told its node leaves
+        #: Leaving nodes whose proxy was told so, and when it first was.
+        self._leaving: dict[str, float] = {}
         #: Node id -> URL of each proxy serving ("": its proxy does not serve now).
         self.urls: dict[str, str] = {}
         self._actors: dict[str, Any] = {}
@@ -97,11 +102,15 @@ class ProxyFleet:
         for node in [node for node in self._actors if node not in wanted]:
             logger.info("Retiring the proxy of node %s (gone or not wanted)", node)
             self._retire(node)
-        self._leaving &= alive
-        for node in [node for node in nodes.draining if node in self._actors and node not in self._leaving]:
-            logger.info("The node of proxy %s is leaving: its /-/healthz answers 503", node)
-            self._leaving.add(node)
-            await self._actors[node].leave.remote()
+        self._leaving = {node: at for node, at in self._leaving.items() if node in nodes.draining}
+        for node in [node for node in nodes.draining if node in self._actors]:
+            if node not in self._leaving:
+                logger.info("The node of proxy %s is leaving: its /-/healthz answers 503", node)
+                self._leaving[node] = time.monotonic()
+            try:  # told on every pass: a proxy Ray restarted meanwhile knows it too
+                await asyncio.wait_for(self._actors[node].leave.remote(), _READY_TIMEOUT_S)
+            except Exception as exc:  # noqa: BLE001 - told again on the next pass
+                logger.warning("Could not tell the proxy of node %s that its node leaves: %s", node, exc)
         wanted = {node for node in wanted if node not in nodes.draining or node in self._actors}
         results = await asyncio.gather(
             *(self._ready(node, exclusive=False) for node in wanted), return_exceptions=True
@@ -135,6 +144,9 @@ class ProxyFleet:
         actor = self._actors.get(node)
         if actor is None or node == self._home:
             return  # the controller's own node leaving is not handled here
+        # Load balancers get a moment to see its /-/healthz say 503 before it stops.
+        told = self._leaving.get(node, time.monotonic())
+        await asyncio.sleep(max(told + _LOAD_BALANCER_S - time.monotonic(), 0.0))
         try:
             await asyncio.wait_for(actor.stop.remote(), _RELEASE_TIMEOUT_S)
         except Exception as exc:  # noqa: BLE001 - stopped it must be, whatever it said

@@ -43,7 +43,7 @@ from app_toolkit._runtime.backends.ray.placement import (
     find_group,
     orphan_groups,
     remove_group,
-    resource_asks,
+    request_shape,
     unplaced,
 )
 from app_toolkit._runtime.backends.ray.proxies import ProxyFleet
@@ -331,38 +331,44 @@ class RayReplicas:
             except asyncio.CancelledError:  # no longer wanted while its constructor ran
                 ray.kill(actor, no_restart=True)
                 raise
-        placed, group = actor_placement(replica_id, spec.id, config)
-        actor_options: dict[str, Any] = {
-            "name": f"{REPLICA_PREFIX}{replica_id}",
-            "namespace": NAMESPACE,
-            "lifetime": "detached",
-            **placed,
-        }
-        if config.ray_actor_options.runtime_env is not None:
-            actor_options["runtime_env"] = config.ray_actor_options.runtime_env
-        fresh = self.spares.busy() if self.spares is not None else contextlib.nullcontext()
-        with fresh:
-            actor = remote(ReplicaActor, **actor_options).remote(start)
+        with self.spares.busy() if self.spares is not None else contextlib.nullcontext():
+            return await self._start_fresh(replica_id, config, start, seat)
+
+    async def _start_fresh(
+        self, replica_id: str, config: DeploymentConfig, start: ReplicaStart, seat: Seat
+    ) -> tuple[ReplicaInfo, Actor]:
+        """Start a replica in a process of its own (and its placement group, if it has
+        one); whatever fails or is abandoned on the way leaves neither behind."""
+        placed, group = actor_placement(replica_id, start.deployment, config)
+        actor = None
+        try:
+            named: dict[str, Any] = {"name": REPLICA_PREFIX + replica_id, "namespace": NAMESPACE}
+            if config.ray_actor_options.runtime_env is not None:
+                named["runtime_env"] = config.ray_actor_options.runtime_env
+            actor = remote(ReplicaActor, lifetime="detached", **named, **placed).remote(start)
+            bundles = list(config.placement_group_bundles or [])
+            strategy = config.placement_group_strategy or "PACK"
             self._placing[replica_id] = Placing(
                 actor,
-                resource_asks(config),
+                config.reserved_resources(),
+                request_shape(placed),
                 config.max_replicas_per_node,
                 group,
-                list(config.placement_group_bundles or []),
-                config.placement_group_strategy or "PACK",
+                bundles,
+                strategy,
             )
-            try:
-                node = await actor.node_id.remote()  # Ray placed it (and its group)
-                started = await self._initialize(actor, None, seat.place(node))
-            except _ProcessDied as exc:
-                remove_group(group)
-                raise DeployError(f"Replica process died while starting: {exc}") from None
-            except BaseException:  # its constructor failed, or the start was abandoned
+            node = await actor.node_id.remote()  # Ray placed it (and its group)
+            started = await self._initialize(actor, None, seat.place(node))
+        except _ProcessDied as exc:
+            remove_group(group)
+            raise DeployError(f"Replica process died while starting: {exc}") from None
+        except BaseException:  # its constructor failed, or the start was abandoned
+            if actor is not None:
                 ray.kill(actor, no_restart=True)  # a pending actor is never placed then
-                remove_group(group)
-                raise
-            finally:
-                del self._placing[replica_id]
+            remove_group(group)
+            raise
+        finally:
+            self._placing.pop(replica_id, None)
         if group is not None:
             self._groups[id(actor)] = group
         return started
@@ -425,36 +431,42 @@ class RayReplicas:
         """Replicas left running by a previous controller; those that cannot say what
         they are (still starting, draining, unresponsive) are stopped, and so are the
         placement groups no replica holds any longer."""
+        names = [name for name in named_actors() if name.startswith((REPLICA_PREFIX, SPARE_PREFIX))]
+        actors = [ray.get_actor(name, namespace=NAMESPACE) for name in names]
+        answers = await asyncio.gather(*(self._describe(actor) for actor in actors))
         found: list[AdoptedReplica] = []
-        for name in named_actors():
-            if not name.startswith((REPLICA_PREFIX, SPARE_PREFIX)):
-                continue
-            actor = ray.get_actor(name, namespace=NAMESPACE)
-            described: AdoptedReplica | str
-            try:
-                described = await asyncio.wait_for(actor.describe.remote(), _DESCRIBE_TIMEOUT_S)
-            except Exception as exc:  # noqa: BLE001 - whatever went wrong, it cannot be adopted
-                described = f"unresponsive ({exc})"
+        for name, actor, described in zip(names, actors, answers, strict=True):
+            replica_id = described.info.replica_id if isinstance(described, AdoptedReplica) else name
+            group = find_group(replica_id.removeprefix(REPLICA_PREFIX))
+            if group is not None:
+                self._groups[id(actor)] = group  # released when the replica stops
             if isinstance(described, AdoptedReplica):
                 found.append(dataclasses.replace(described, handle=actor))
-                group = find_group(described.info.replica_id)
-                if group is not None:
-                    self._groups[id(actor)] = group
-                continue
-            if described == "spare":  # the new pool starts its own
+            elif described == "spare":  # the new pool starts its own
                 ray.kill(actor, no_restart=True)
-                continue
-            logger.warning("Stopping replica %s left by a previous controller: %s", name, described)
-            if described == "draining":  # let its in-flight requests finish first
+            elif described == "draining":  # let its in-flight requests finish first
+                logger.warning("Letting replica %s left by a previous controller drain", name)
                 self._draining.add(asyncio.ensure_future(self.stop_replica(actor, graceful=True)))
                 self._draining = {task for task in self._draining if not task.done()}
             else:
-                ray.kill(actor, no_restart=True)
-                remove_group(find_group(name[len(REPLICA_PREFIX) :]))
-        draining = {name[len(REPLICA_PREFIX) :] for name in named_actors() if name.startswith(REPLICA_PREFIX)}
-        for group in orphan_groups({f.info.replica_id for f in found} | draining):
+                logger.warning("Stopping replica %s left by a previous controller: %s", name, described)
+                await self.stop_replica(actor, graceful=False)
+        kept = {
+            name.removeprefix(REPLICA_PREFIX) for name in named_actors() if name.startswith(REPLICA_PREFIX)
+        }
+        for group in orphan_groups(kept):  # a controller that died while starting a replica
             remove_group(group)
         return found
+
+    @staticmethod
+    async def _describe(actor: Actor) -> AdoptedReplica | str:
+        try:
+            described: AdoptedReplica | str = await asyncio.wait_for(
+                actor.describe.remote(), _DESCRIBE_TIMEOUT_S
+            )
+        except Exception as exc:  # noqa: BLE001 - whatever went wrong, it cannot be adopted
+            return f"unresponsive ({exc})"
+        return described
 
     async def save_checkpoint(self, data: bytes) -> None:
         stored.put(stored.CHECKPOINT_KEY, data)
@@ -466,6 +478,12 @@ class RayReplicas:
         stored.save_tables(tables)
 
     async def stop_proxies(self) -> None:
+        # Whatever did not stop within the shutdown's wait goes now, with what it reserved.
+        for name in named_actors():
+            if name.startswith(REPLICA_PREFIX):
+                ray.kill(ray.get_actor(name, namespace=NAMESPACE), no_restart=True)
+        for group in orphan_groups(set()):
+            remove_group(group)
         if self.spares is not None:
             await self.spares.stop()
         await self._proxies.stop()
