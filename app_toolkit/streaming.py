@@ -207,7 +207,7 @@ class OpenAIErrorEvent:
     """
 
     message: str
-    code: str
+    code: str | None
     type: str = "server_error"
     param: str | None = None
 

@@ -14,10 +14,9 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
-from app_toolkit._runtime.waiting import wait_event
-
 #: How long a drain past its deadline waits for the streams it ended to write their last
-#: event, before it goes on (lifespan shutdown; the process is stopped next).
+#: event (for their requests to end), before it goes on (lifespan shutdown; the process
+#: is stopped next).
 LAST_EVENT_S = 1.0
 
 #: What a watcher does when its stream or WebSocket must end.
@@ -29,14 +28,13 @@ class DrainSignal:
     its grace period is over (at once when hurried). Every open stream and WebSocket
     watches it (:meth:`watch`)."""
 
-    __slots__ = ("started", "deadline", "_open", "_none_open")
+    __slots__ = ("started", "deadline", "watching")
 
     def __init__(self) -> None:
         self.started = asyncio.Event()
         self.deadline = asyncio.Event()
-        self._open = 0  # watchers not closed yet
-        self._none_open = asyncio.Event()
-        self._none_open.set()
+        #: Open streams and WebSockets watching (not ended yet).
+        self.watching = 0
 
     def begin(self, hurry: bool = False) -> None:
         """The drain starts; ``hurry``: every stream and WebSocket ends now, not at the
@@ -50,22 +48,11 @@ class DrainSignal:
         self.started.set()
         self.deadline.set()
 
-    async def last_events(self, timeout_s: float = LAST_EVENT_S) -> bool:
-        """Wait, at most ``timeout_s``, until every watched stream and WebSocket has ended
-        (written its last event); returns whether they all did."""
-        return await wait_event(self._none_open, timeout_s)
-
     def watch(self, end: End, *, at_start: bool = False) -> DrainWatch:
         """Call ``end`` once when the stream or WebSocket watching must end: when the drain
         starts (``at_start``), else at its deadline. Close the watch when it has ended."""
-        self._open += 1
-        self._none_open.clear()
+        self.watching += 1
         return DrainWatch(self, end, at_start)
-
-    def _closed(self) -> None:
-        self._open -= 1
-        if self._open == 0:
-            self._none_open.set()
 
 
 class DrainWatch:
@@ -104,4 +91,4 @@ class DrainWatch:
                 self._task.cancel()
             await asyncio.wait({self._task})
         finally:
-            self._signal._closed()
+            self._signal.watching -= 1

@@ -68,6 +68,14 @@ async def echo(socket: WebSocket) -> None:
         pass
 
 
+@app.websocket("/deaf")
+async def deaf(socket: WebSocket) -> None:
+    """Accepts, then hears nothing (not even its client leaving) for an hour."""
+    await socket.accept()
+    await socket.send_text("hello")
+    await asyncio.sleep(3600)
+
+
 @tk.ingress(app)
 class Ingress:
     pass
@@ -131,9 +139,9 @@ class Requests:
         await wait_for_async(lambda: any(isinstance(a, BodyChunk) for _, a in sink.answers))
         return sink
 
-    async def websocket(self) -> Sink:
+    async def websocket(self, path: str = "/ws") -> Sink:
         sink = Sink(Inbound(lambda credit: None))
-        scope = {**http_scope("/ws"), "type": "websocket", "scheme": "ws", "subprotocols": []}
+        scope = {**http_scope(path), "type": "websocket", "scheme": "ws", "subprotocols": []}
         del scope["method"]
         self._serve(WebSocketOpen(f"ws-{len(self.tasks)}", scope), sink)
         assert sink.inbound is not None
@@ -206,3 +214,20 @@ async def test_a_hurried_drain_ends_streams_and_websockets_at_once() -> None:
     assert b"event: drain" in events.body() and close_code(socket) == 1012
     assert events.ended_at is not None and events.ended_at - began < 5  # not the 30 s grace
     assert plain.ended_at is None
+
+
+async def test_the_drain_gives_what_it_ended_a_moment_only() -> None:
+    core = await started_core()
+    requests = Requests(core)
+    try:
+        socket = await requests.websocket("/deaf")
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        await asyncio.wait_for(core.drain(), GRACE_S + LAST_EVENT_S + 2)
+        took = loop.time() - began
+    finally:
+        await requests.close()
+    # Told to reconnect at the deadline; its app went on, and the drain waited a moment
+    # for it to end, no longer.
+    assert close_code(socket) == 1012 and socket.ended_at is None
+    assert GRACE_S + LAST_EVENT_S <= took < GRACE_S + LAST_EVENT_S + 1

@@ -20,7 +20,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from app_toolkit._runtime import request_context, tracing
 from app_toolkit._runtime.channel.frames import Dumps
 from app_toolkit._runtime.channel.server import ResponseSink
-from app_toolkit._runtime.drain_signal import DrainSignal
+from app_toolkit._runtime.drain_signal import LAST_EVENT_S, DrainSignal
 from app_toolkit._runtime.messages import (
     BUSY,
     DRAINING,
@@ -95,9 +95,9 @@ class ReplicaCore:
         self.instance: object = None
         self.asgi_app: ASGIApp | None = None
         self._lifespan: Lifespan | None = None
-        #: Set once a draining replica has no request left (admit() refuses while draining,
-        #: so only a drain waits for it, and only draining requests end it).
-        self._idle = asyncio.Event()
+        #: Set when a request of a draining replica ends (admit() refuses while draining, so
+        #: only a drain waits for it, and only draining requests end it).
+        self._one_ended = asyncio.Event()
         #: The drain as open streams and WebSockets see it: when to end, and how soon.
         self.drain_signal = DrainSignal()
         self._drained_at = 0.0
@@ -185,10 +185,12 @@ class ReplicaCore:
         self.draining = True
         self.drain_signal.begin(hurry)
         loop = asyncio.get_running_loop()
-        await self._wait_idle(loop.time() + self.config.graceful_shutdown_timeout_s)
+        await self._wait_until(0, loop.time() + self.config.graceful_shutdown_timeout_s)
+        # The grace period is over: the streams and WebSockets still open end now, and get a
+        # moment to write their last event (their requests to end).
+        others = max(self.ongoing - self.drain_signal.watching, 0)
         self.drain_signal.end_streams()
-        if self.ongoing:  # a moment for the streams just ended to write their last event
-            await self.drain_signal.last_events()
+        await self._wait_until(others, loop.time() + LAST_EVENT_S)
         self._drained_at = loop.time()
         if self.ongoing:
             logger.warning("%s stopping with %d requests still running", self.replica_id, self.ongoing)
@@ -196,12 +198,14 @@ class ReplicaCore:
             await self._lifespan.shutdown(timeout_s=max(self.config.graceful_shutdown_timeout_s, 1.0))
         await self._release_instance()
 
-    async def _wait_idle(self, deadline: float) -> None:
-        """Until no request is left, or the loop's clock reaches ``deadline``."""
+    async def _wait_until(self, ongoing: int, deadline: float) -> None:
+        """Until no more than ``ongoing`` requests are left, or the loop's clock reaches
+        ``deadline`` (checked every ``graceful_shutdown_wait_loop_s`` at least)."""
         loop = asyncio.get_running_loop()
-        while self.ongoing and loop.time() < deadline:
+        while self.ongoing > ongoing and loop.time() < deadline:
             wait_s = min(self.config.graceful_shutdown_wait_loop_s, max(deadline - loop.time(), 0))
-            await wait_event(self._idle, wait_s)
+            self._one_ended.clear()
+            await wait_event(self._one_ended, wait_s)
 
     async def _release_instance(self) -> None:
         """The last step of stopping, as Ray Serve orders it: the user's ``__del__`` (an
@@ -325,8 +329,8 @@ class ReplicaCore:
         replica_metrics.REQUESTS.inc(*labels)
         replica_metrics.PROCESSING.observe(time.perf_counter() - started, *labels)
         self.ongoing -= 1
-        if self.ongoing == 0 and self.draining:
-            self._idle.set()
+        if self.draining:
+            self._one_ended.set()
 
     async def _serve_asgi(
         self,
