@@ -57,34 +57,38 @@ class Followed:
 def _openai_chat(base: str, prompt: str, out: Followed) -> None:
     with openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=60) as client:
         messages: list[openai.types.chat.ChatCompletionMessageParam] = [{"role": "user", "content": prompt}]
-        for chunk in client.chat.completions.create(model="echo", messages=messages, stream=True):
-            for choice in chunk.choices:
-                out.piece(choice.delta.content or "")
-                out.finish = choice.finish_reason or out.finish
+        with client.chat.completions.create(model="echo", messages=messages, stream=True) as stream:
+            for chunk in stream:
+                for choice in chunk.choices:
+                    out.piece(choice.delta.content or "")
+                    out.finish = choice.finish_reason or out.finish
 
 
 def _openai_responses(base: str, prompt: str, out: Followed) -> None:
     with openai.OpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=60) as client:
-        for event in client.responses.create(model="echo", input=prompt, stream=True):
-            if event.type == "response.output_text.delta":
-                out.piece(event.delta)
-            elif event.type == "response.completed":
-                out.finish = event.response.status
+        with client.responses.create(model="echo", input=prompt, stream=True) as stream:
+            for event in stream:
+                if event.type == "response.output_text.delta":
+                    out.piece(event.delta)
+                elif event.type == "response.completed":
+                    out.finish = event.response.status
 
 
 def _langchain(responses_api: bool) -> Callable[[str, str, Followed], None]:
     def follow(base: str, prompt: str, out: Followed) -> None:
-        llm = ChatOpenAI(
-            base_url=f"{base}/v1",
-            api_key="unused",
-            model="echo",
-            max_retries=0,
-            use_responses_api=responses_api,
-        )
-        for chunk in llm.stream(prompt):
-            out.piece(chunk.text)
-            said = chunk.response_metadata
-            out.finish = said.get("finish_reason") or said.get("status") or out.finish
+        with httpx.Client(timeout=60) as http:  # closed here, with what a failed stream left open
+            llm = ChatOpenAI(
+                base_url=f"{base}/v1",
+                api_key="unused",
+                model="echo",
+                max_retries=0,
+                use_responses_api=responses_api,
+                http_client=http,
+            )
+            for chunk in llm.stream(prompt):
+                out.piece(chunk.text)
+                said = chunk.response_metadata
+                out.finish = said.get("finish_reason") or said.get("status") or out.finish
 
     return follow
 
