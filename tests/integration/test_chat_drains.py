@@ -201,8 +201,9 @@ def _old_replicas_stopping(app: str, deployments: tuple[str, ...], old: dict[str
 
 
 def test_chat_streams_run_to_their_end_through_an_upgrade(toolkit: Toolkit) -> None:
-    """About 7 s (Ray: 9): a 6 s reply per client, under way when the app is upgraded (every
-    deployment gets a new version); the old replicas drain while the replies run."""
+    """About 9 s: a 6 s reply per client (after the AI SDK's start), under way when the app
+    is upgraded (every deployment gets a new version); the old replicas drain while the
+    replies run."""
     name = toolkit.name()
     toolkit.run(build_app(ECHO), name=name, route_prefix="/")
     # 6 s at 20 words a second: the upgrade starts new replicas before the old ones drain
@@ -241,7 +242,8 @@ def test_chat_streams_run_to_their_end_through_an_upgrade(toolkit: Toolkit) -> N
 
 
 def test_chat_streams_end_with_the_restart_error_at_the_drain_deadline(toolkit: Toolkit) -> None:
-    """About 7 s: 30 s replies are cut at the 5 s deadline of a drain (the app deleted)."""
+    """About 8 s: 30 s replies (after the AI SDK's start) are cut at the 5 s deadline of a drain
+    (the app deleted)."""
     grace_s = 5.0
     name = toolkit.name()
     toolkit.run(build_app(ECHO.model_copy(update={"graceful_shutdown_timeout_s": grace_s})), name=name)
