@@ -64,7 +64,7 @@ from app_toolkit.status import (
     ShadowStatusInfo,
     UpgradeStatusInfo,
 )
-from app_toolkit.streaming import ChatCompletionStream, EventStream
+from app_toolkit.streaming import ChatCompletionStream, EventStream, OpenAIErrorEvent
 from app_toolkit.traffic import rollout, set_traffic, shadow
 
 __version__ = "0.1.0"
@@ -100,6 +100,7 @@ __all__ = [
     "LoggedEvent",
     "MemoryEventLog",
     "MethodNotFoundError",
+    "OpenAIErrorEvent",
     "ProxyStatus",
     "RayActorOptions",
     "RayServeException",

@@ -2,8 +2,10 @@
 
 :class:`EventStream` wraps sse-starlette's ``EventSourceResponse``: ``Cache-Control:
 no-cache``, ``X-Accel-Buffering: no`` (so proxies do not buffer), a comment heartbeat every
-15 s, numbered event ids, and a final ``drain`` event when the replica starts shutting
-down, so clients reconnect elsewhere at once instead of waiting on a stream that ends.
+15 s, numbered event ids, and an end its clients understand when the replica drains: the
+stream runs on until the drain's deadline (``graceful_shutdown_timeout_s``) and then ends
+with a final event, or ends at once if its client resumes elsewhere losing nothing.
+:class:`OpenAIErrorEvent` is the last event of an OpenAI stream that fails or is cut short.
 """
 
 from __future__ import annotations
@@ -14,17 +16,26 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterable, AsyncIterator, Callable, Iterable, Mapping
-from typing import Literal, TypeVar
+from dataclasses import dataclass
+from typing import TypeVar
 
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from app_toolkit._runtime import request_context
 from app_toolkit.event_log import LoggedEvent
+from app_toolkit.exceptions import ReplicaUnavailableError
 
 T = TypeVar("T")
 logger = logging.getLogger("app_toolkit.streaming")
 
 DRAIN_EVENT = ServerSentEvent(event="drain", data="server is shutting down; reconnect", retry=1000)
+
+#: What a stream ends with at its replica's drain: an event, a callable that makes one
+#: when the stream ends (or returns None), or None (no final event).
+FinalEvent = ServerSentEvent | Callable[[], ServerSentEvent | None] | None
+
+#: The ``code`` of the error an OpenAI stream ends with when its server restarts.
+RESTART_CODE = "server_restarting"
 
 
 class EventStream(EventSourceResponse):
@@ -35,6 +46,15 @@ class EventStream(EventSourceResponse):
     events (with their ids: ``EventStream(await log.follow(stream, after=last_event_id))``),
     or any JSON-able value (sent as JSON).
     Events without an id get the next number (``ids=False`` turns that off).
+
+    When its replica drains (a deploy replacing it, a scale-down, a delete), the stream
+    runs on until the drain's deadline (``graceful_shutdown_timeout_s``) and then ends
+    with ``final_event``: an SSE event, a callable that makes it then (a Responses API
+    stream's error needs the next ``sequence_number``), or None. ``end_at_drain=True``
+    ends it as soon as the drain starts instead, for a client that resumes elsewhere
+    losing nothing, or an endless feed whose clients just reconnect (which would
+    otherwise hold every drain for the whole grace period); None, the default, means
+    True for an event log's events (their ids are what the client resumes after).
     """
 
     def __init__(
@@ -43,12 +63,13 @@ class EventStream(EventSourceResponse):
         *,
         ping_s: float = 15.0,
         ids: bool = True,
-        final_event: ServerSentEvent | None = DRAIN_EVENT,
+        final_event: FinalEvent = DRAIN_EVENT,
+        end_at_drain: bool | None = None,
         headers: Mapping[str, str] | None = None,
         status_code: int = 200,
     ) -> None:
         super().__init__(
-            _events(events, ids, final_event),
+            _events(events, ids, final_event, end_at_drain),
             status_code=status_code,
             headers={"Cache-Control": "no-cache", **(headers or {})},
             ping=ping_s,
@@ -56,60 +77,76 @@ class EventStream(EventSourceResponse):
 
 
 async def _events(
-    events: AsyncIterable[object] | Iterable[object], ids: bool, final_event: ServerSentEvent | None
+    events: AsyncIterable[object] | Iterable[object],
+    ids: bool,
+    final_event: FinalEvent,
+    end_at_drain: bool | None,
 ) -> AsyncIterator[ServerSentEvent]:
     source = _as_async(events)
-    draining: asyncio.Event | None = request_context.draining.get()
-    watch = _DrainWatch(draining) if draining is not None else None
+    signal = request_context.drain_signal.get()
+    cut = _Cut()
+    watch = signal.watch(cut.now, at_start=bool(end_at_drain)) if signal is not None else None
     number = 0
     try:
         while True:
             if watch is None:
                 item = await anext(source, _END)
-            elif watch.draining.is_set():
+            elif watch.due:
                 item = _DRAINED
             else:
-                item = await watch.next(source)
+                item = await cut.next(source)
             if item is _DRAINED:
-                if final_event is not None:
-                    yield final_event
+                last = _final(final_event)
+                if last is not None:
+                    yield last
                 return
             if item is _END:
                 return
+            if end_at_drain is None and watch is not None and isinstance(item, LoggedEvent):
+                watch.at_start = True  # resumable: its client resumes after this event's id
             number += 1
             yield _event(item, str(number) if ids else None)
     finally:
         if watch is not None:
-            watch.close()
+            await watch.close()
         aclose = getattr(source, "aclose", None)
         if aclose is not None:
             await aclose()
+
+
+def _final(final_event: FinalEvent) -> ServerSentEvent | None:
+    """The event a stream ends with at a drain (a failing callable: none, logged)."""
+    if not callable(final_event):
+        return final_event
+    try:
+        return final_event()
+    except Exception:
+        logger.exception("Request %s: the stream's final_event failed", request_context.request_id.get())
+        return None
 
 
 _END = object()
 _DRAINED = object()
 
 
-class _DrainWatch:
-    """Ends a stream's wait for its next item when the replica starts draining.
+class _Cut:
+    """Ends a stream's wait for its next item when its drain watch says it must end.
 
-    One waiter per stream cancels the task reading the stream if it is waiting for an
-    item then (the source stops at its ``await``, as on a client leaving); a stream busy
-    elsewhere sees the drain before its next read. Racing each item against the drain
-    instead cost two tasks per item, on every token of a chat reply.
+    The watch cancels the task reading the stream if it is waiting for an item then (the
+    source stops at its ``await``, as on a client leaving); a stream busy elsewhere sees
+    ``watch.due`` before its next read. Racing each item against the drain instead cost
+    two tasks per item, on every token of a chat reply.
     """
 
-    def __init__(self, draining: asyncio.Event) -> None:
-        self.draining = draining
+    __slots__ = ("_reader", "_reading", "_cut")
+
+    def __init__(self) -> None:
         self._reader: asyncio.Task[object] | None = None  # the task waiting for an item
         self._reading = False
         self._cut = False  # the reader was cancelled for the drain
-        self._waiter = asyncio.ensure_future(draining.wait())
-        self._waiter.add_done_callback(self._drained)
 
-    def _drained(self, waiter: asyncio.Future[Literal[True]]) -> None:
-        if waiter.cancelled():  # the stream ended first (close())
-            return
+    async def now(self) -> None:
+        """The stream must end: stop its wait for an item, if it is waiting."""
         if self._reading and self._reader is not None and not self._cut:
             self._cut = True
             self._reader.cancel()
@@ -131,9 +168,6 @@ class _DrainWatch:
             self._reader.uncancel()
             return _DRAINED
         return item
-
-    def close(self) -> None:
-        self._waiter.cancel()
 
 
 async def _as_async(events: AsyncIterable[T] | Iterable[T]) -> AsyncIterator[T]:
@@ -161,13 +195,62 @@ def _event(item: object, number: str | None) -> ServerSentEvent:
     return ServerSentEvent(data=data, id=number)
 
 
+@dataclass(frozen=True, slots=True)
+class OpenAIErrorEvent:
+    """An error that ends an OpenAI-compatible stream, as the last event of each API's
+    stream: the official ``openai`` client (and LangChain, built on it) raises
+    ``openai.APIError`` with ``message``; the AI SDK reports an ``error`` part and
+    finish reason ``"error"``.
+
+    ``OpenAIErrorEvent.restarting()`` is the one a stream ends with at its replica's
+    drain deadline: ``final_event=lambda: OpenAIErrorEvent.restarting().chat_completions()``.
+    """
+
+    message: str
+    code: str | None
+    type: str = "server_error"
+    param: str | None = None
+
+    @classmethod
+    def restarting(cls) -> OpenAIErrorEvent:
+        """The server restarts (the stream's replica stopped): send the request again."""
+        request_id = request_context.request_id.get()
+        said = f" (request id {request_id})" if request_id else ""
+        return cls(f"The server is restarting; retry the request{said}.", RESTART_CODE)
+
+    def chat_completions(self) -> ServerSentEvent:
+        """As a Chat Completions stream's last event (``data: {"error": {...}}``, with no
+        ``[DONE]`` after it). Not a chunk: with ``choices`` the AI SDK would drop the error."""
+        return ServerSentEvent(data=json.dumps({"error": self._error()}))
+
+    def responses(self, sequence_number: int) -> ServerSentEvent:
+        """As a Responses API stream's last event, numbered ``sequence_number`` (the next
+        in the stream): OpenAI's ``error`` event, with the error nested in it too, for
+        openai-python raises only for that (the AI SDK needs the ``sequence_number``)."""
+        data = {
+            "type": "error",
+            "sequence_number": sequence_number,
+            "code": self.code,
+            "message": self.message,
+            "param": self.param,
+            "error": self._error(),
+        }
+        return ServerSentEvent(event="error", data=json.dumps(data))
+
+    def _error(self) -> dict[str, str | None]:
+        return {"message": self.message, "type": self.type, "code": self.code, "param": self.param}
+
+
 class ChatCompletionStream(EventStream):
     """An OpenAI-compatible ``chat.completion.chunk`` stream from text pieces.
 
     Readable unchanged by OpenAI clients: a first chunk with the assistant role, one chunk
     per piece, a last chunk with ``finish_reason``, an optional usage chunk, then
     ``data: [DONE]``. If ``pieces`` raises, the client gets an ``error`` chunk (a generic
-    message with the request id; the traceback goes to the replica log) and no ``[DONE]``.
+    message with the request id; the traceback goes to the replica log) and no ``[DONE]``;
+    if they raise ``ReplicaUnavailableError`` (the deployment streaming them restarted or
+    was lost), or the stream is still open at its replica's drain deadline, the error
+    says the server is restarting (:meth:`OpenAIErrorEvent.restarting`): retry.
 
     ``finish_reason`` and ``completion_tokens`` may be callables, asked once the pieces
     have ended (e.g. ``"length"`` when the model hit ``max_tokens``, or a token count
@@ -189,7 +272,13 @@ class ChatCompletionStream(EventStream):
             _chat_chunks(pieces, model, include_usage, prompt_tokens, finish_reason, completion_tokens),
             ping_s=ping_s,
             ids=False,
+            final_event=_restart_chunk,
+            end_at_drain=False,
         )
+
+
+def _restart_chunk() -> ServerSentEvent:
+    return OpenAIErrorEvent.restarting().chat_completions()
 
 
 async def _chat_chunks(
@@ -199,7 +288,7 @@ async def _chat_chunks(
     prompt_tokens: int,
     finish_reason: str | Callable[[], str],
     completion_tokens: Callable[[], int] | None,
-) -> AsyncIterator[dict[str, str]]:
+) -> AsyncIterator[dict[str, str] | ServerSentEvent]:
     completion_id = f"chatcmpl-{uuid.uuid4().hex}"
     created = int(time.time())
 
@@ -219,15 +308,16 @@ async def _chat_chunks(
         async for piece in _as_async(pieces):
             count += 1
             yield chunk({"content": piece})
+    except ReplicaUnavailableError as exc:  # where the pieces come from stopped (or was lost)
+        logger.warning("Request %s: the chat stream was cut off: %s", request_context.request_id.get(), exc)
+        yield _restart_chunk()
+        return
     except Exception:
         request_id = request_context.request_id.get()
         logger.exception("Request %s: the chat stream failed", request_id)
-        error = {
-            "message": f"Internal Server Error (request id {request_id})",
-            "type": "server_error",
-            "code": "internal_error",
-        }
-        yield {"data": json.dumps({"error": error})}
+        yield OpenAIErrorEvent(
+            f"Internal Server Error (request id {request_id})", "internal_error"
+        ).chat_completions()
         return
     yield chunk({}, finish_reason if isinstance(finish_reason, str) else finish_reason())
     if include_usage:

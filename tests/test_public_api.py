@@ -40,6 +40,7 @@ EXPECTED = [
     "LoggedEvent",
     "MemoryEventLog",
     "MethodNotFoundError",
+    "OpenAIErrorEvent",
     "ProxyStatus",
     "RayActorOptions",
     "RayServeException",

@@ -12,7 +12,12 @@ from typing import Literal
 
 from starlette.types import Message, Scope, Send
 
-from app_toolkit._runtime.messages import CLOSE_INTERNAL_ERROR, HTTPResponse
+from app_toolkit._runtime.messages import (
+    CLOSE_INTERNAL_ERROR,
+    CLOSE_SERVICE_RESTART,
+    RESTART_REASON,
+    HTTPResponse,
+)
 from app_toolkit.exceptions import BackPressureError, ReplicaUnavailableError
 
 REQUEST_ID_HEADER = b"x-request-id"
@@ -154,6 +159,11 @@ def ends_websocket(message: Message) -> bool:
     return kind == "websocket.close" or (
         kind == "websocket.http.response.body" and not message.get("more_body", False)
     )
+
+
+#: What ends a WebSocket still open at its replica's drain deadline, on every path: the
+#: client reconnects (to another replica).
+RESTART_CLOSE: Message = {"type": "websocket.close", "code": CLOSE_SERVICE_RESTART, "reason": RESTART_REASON}
 
 
 def websocket_end(state: HandshakeState, failed: bool, scope: Scope, request_id: str) -> tuple[Message, ...]:

@@ -3,13 +3,13 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AbstractContextManager
 from contextvars import ContextVar, Token
 from dataclasses import dataclass
 
 from app_toolkit._runtime import tracing
+from app_toolkit._runtime.drain_signal import DrainSignal
 
 #: The id of the request being served; downstream handle calls carry it on.
 request_id: ContextVar[str] = ContextVar("app_toolkit_request_id", default="")
@@ -57,8 +57,9 @@ ReportModels = Callable[[tuple[str, ...]], None]
 #: replica while it serves; None outside replicas).
 report_models: ContextVar[ReportModels | None] = ContextVar("app_toolkit_report_models", default=None)
 
-#: Set when the serving replica starts draining (streams end with a final event).
-draining: ContextVar[asyncio.Event | None] = ContextVar("app_toolkit_draining", default=None)
+#: The serving replica's drain, which its open streams and WebSockets watch (None outside
+#: replicas).
+drain_signal: ContextVar[DrainSignal | None] = ContextVar("app_toolkit_drain_signal", default=None)
 
 #: What runs when the serving replica stops, after its last request and lifespan shutdown
 #: (a model cache releasing its models): user-facing helpers add to it. None outside replicas.
@@ -109,7 +110,7 @@ class Serving:
     replica: ReplicaContext
     instance: object  # the user's object: an @ingress route's ``self``
     report_models: ReportModels | None
-    draining: asyncio.Event
+    drain_signal: DrainSignal
     stop_hooks: list[StopHook]
 
 
@@ -125,7 +126,7 @@ _ServingTokens = tuple[
     Token[ReplicaContext | None],
     Token[object],
     Token[ReportModels | None],
-    Token[asyncio.Event | None],
+    Token[DrainSignal | None],
     Token[list[StopHook] | None],
 ]
 
@@ -138,7 +139,7 @@ def _set_serving(serving: Serving) -> _ServingTokens:
         replica.set(serving.replica),
         replica_instance.set(serving.instance),
         report_models.set(serving.report_models),
-        draining.set(serving.draining),
+        drain_signal.set(serving.drain_signal),
         stop_hooks.set(serving.stop_hooks),
     )
 
@@ -146,7 +147,7 @@ def _set_serving(serving: Serving) -> _ServingTokens:
 def _reset_serving(tokens: _ServingTokens) -> None:
     """Undo :func:`_set_serving` (its tokens, in its order)."""
     stop_hooks.reset(tokens[5])
-    draining.reset(tokens[4])
+    drain_signal.reset(tokens[4])
     report_models.reset(tokens[3])
     replica_instance.reset(tokens[2])
     replica.reset(tokens[1])
@@ -169,7 +170,7 @@ def request_scope(
 ) -> AbstractContextManager[None]:
     """Run the code inside as request ``request_id``: its id (log records, downstream
     calls), its span ``trace``, and in a replica (``serving``) the replica, its instance,
-    its draining signal and the request's multiplexed ``model``. All of it is reset on
+    its drain signal and the request's multiplexed ``model``. All of it is reset on
     the way out."""
     return _RequestScope(request_id, trace, serving, model)
 

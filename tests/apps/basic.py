@@ -381,7 +381,7 @@ def make_ws_app(**options: Any) -> tk.App:
     return tk.App(app, **options)
 
 
-def make_ticker_app(outcome: Path) -> tk.App:
+def make_ticker_app(outcome: Path, **options: Any) -> tk.App:
     """A WebSocket that sends 50 ticks, 20 ms apart, then waits for the client to close,
     and writes what its receive() heard to ``outcome`` (or the name of what its send raised)."""
     app = FastAPI()
@@ -398,7 +398,7 @@ def make_ticker_app(outcome: Path) -> tk.App:
             raise
         outcome.write_text((await websocket.receive())["type"])
 
-    return tk.App(app)
+    return tk.App(app, **options)
 
 
 # ----------------------------------------------------------------- versions (upgrades)

@@ -5,13 +5,35 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from typing import Any
 
 from fastapi import FastAPI, HTTPException, Request
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import app_toolkit as tk
 from tests.deployments import as_deployment
 
 app = FastAPI()
+
+
+class _NameTheReplica:
+    """Names the replica that served each response (``x-replica``): a test can drain the
+    one its reader is on."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def named(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                replica = tk.get_replica_context().replica_id.encode()
+                message = {**message, "headers": [*message.get("headers", ()), (b"x-replica", replica)]}
+            await send(message)
+
+        await self.app(scope, receive, named if scope["type"] == "http" else send)
+
+
+app.add_middleware(_NameTheReplica)
 
 
 # --8<-- [start:replies]
@@ -51,5 +73,5 @@ class Replies:
 # --8<-- [end:replies]
 
 
-def make_app(redis_url: str, prefix: str) -> tk.Application:
-    return as_deployment(Replies).bind(tk.RedisEventLog(redis_url, prefix=prefix))
+def make_app(redis_url: str, prefix: str, **options: Any) -> tk.Application:
+    return as_deployment(Replies).options(**options).bind(tk.RedisEventLog(redis_url, prefix=prefix))

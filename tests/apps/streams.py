@@ -6,7 +6,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi import APIRouter
+from fastapi import APIRouter, WebSocket, WebSocketDisconnect
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 
@@ -40,6 +40,34 @@ async def endless() -> tk.EventStream:
             await asyncio.sleep(0.05)
 
     return tk.EventStream(produce())
+
+
+# --8<-- [start:feed]
+@router.get("/prices")
+async def prices() -> tk.EventStream:
+    async def quotes() -> AsyncIterator[dict[str, float]]:
+        price = 100.0
+        while True:
+            yield {"price": price}
+            price += 0.25
+            await asyncio.sleep(0.05)
+
+    # Endless, and a client that reconnects misses nothing it needs: the stream may end as
+    # soon as its replica starts draining, instead of holding the drain to its deadline.
+    return tk.EventStream(quotes(), end_at_drain=True)
+
+
+# --8<-- [end:feed]
+
+
+@router.websocket("/ws")
+async def echo(websocket: WebSocket) -> None:
+    await websocket.accept()
+    try:
+        while True:
+            await websocket.send_text("echo:" + await websocket.receive_text())
+    except WebSocketDisconnect:
+        pass
 
 
 class Message(BaseModel):
@@ -91,5 +119,5 @@ async def firehose(mib: int = 1024) -> StreamingResponse:
     return StreamingResponse(chunks(), media_type="application/octet-stream")
 
 
-def make_app() -> tk.App:
-    return tk.App(router)
+def make_app(**options: Any) -> tk.App:
+    return tk.App(router, **options)

@@ -3,12 +3,14 @@ drops its connection resumes with Last-Event-ID and gets the rest, no repeats, n
 
 from __future__ import annotations
 
+import threading
 import time
 
 import httpx
 
 from tests.apps import resumable
 from tests.conftest import Toolkit
+from tests.draining import StreamReader, drain_replica
 
 
 def _events(response: httpx.Response, stop_after: int | None = None) -> list[tuple[str, str]]:
@@ -42,3 +44,44 @@ def test_a_dropped_reader_resumes_by_last_event_id_on_any_replica(toolkit: Toolk
         assert client.get("/resumable/replies/no-such-reply").status_code == 404
         bad = client.get(f"/resumable/replies/{reply}", headers={"Last-Event-ID": "nonsense"})
         assert bad.status_code == 400 and "event id" in bad.json()["detail"]
+
+
+def _read_events(reader: StreamReader) -> list[tuple[str, str]]:
+    """The (id, data) of each event ``reader`` got but the drain's (which has no id)."""
+    events: list[tuple[str, str]] = []
+    event_id = ""
+    for line in reader.text():
+        if line.startswith("id: "):
+            event_id = line[4:]
+        elif line.startswith("data: ") and event_id:
+            events.append((event_id, line[6:]))
+            event_id = ""
+    return events
+
+
+def test_a_resumable_stream_ends_when_its_replica_drains_and_resumes_on_another(
+    toolkit: Toolkit, redis_url: str
+) -> None:
+    """Its replica's grace period is 30 s, yet the reader's stream ends as soon as the
+    drain starts: the client resumes on the other replica, losing and repeating nothing."""
+    prefix = f"test:sse:{time.monotonic_ns()}:"
+    app = resumable.make_app(redis_url, prefix, graceful_shutdown_timeout_s=30)
+    toolkit.run(app, route_prefix="/resumed")
+    with toolkit.client() as client:
+        reply = client.post("/resumed/replies", params={"count": 40, "delay": 0.05}).json()["reply"]
+    first = StreamReader(toolkit, f"/resumed/replies/{reply}")
+    first.wait_started()
+    began = time.monotonic()
+    draining = threading.Thread(target=drain_replica, args=(toolkit, first.headers["x-replica"]))
+    draining.start()
+    first.join()
+    assert first.text()[-3] == "event: drain"
+    assert first.ended_at is not None and first.ended_at - began < 5  # not at the 30 s deadline
+    seen = _read_events(first)
+    rest = StreamReader(toolkit, f"/resumed/replies/{reply}", headers={"Last-Event-ID": seen[-1][0]})
+    rest.join()
+    draining.join(timeout=30)
+    assert rest.headers["x-replica"] != first.headers["x-replica"]
+    events = seen + _read_events(rest)
+    assert [data for _, data in events] == [f"piece {n}" for n in range(40)]
+    assert len({event_id for event_id, _ in events}) == 40

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import contextlib
+import threading
+import time
 from pathlib import Path
 
 import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
+import app_toolkit as tk
 from tests.apps import basic, serve_compat
 from tests.conftest import Toolkit
 from tests.deployments import as_deployment
@@ -79,36 +82,46 @@ def test_oversized_messages_close_with_1009(toolkit: Toolkit) -> None:
     assert closed.value.rcvd is not None and closed.value.rcvd.code == 1009
 
 
-def test_a_draining_replica_closes_websockets_with_1012(toolkit: Toolkit) -> None:
-    import threading
-    import time
-
-    import app_toolkit as tk
-
+def test_a_draining_replica_serves_websockets_to_its_deadline_then_closes_them_with_1012(
+    toolkit: Toolkit,
+) -> None:
+    """About 3 s: the replica's 2 s grace period runs out while the client talks."""
+    grace_s = 2.0
     name = toolkit.name()
-    toolkit.run(basic.make_ws_app(), name=name, route_prefix="/wsdrain")
+    toolkit.run(basic.make_ws_app(graceful_shutdown_timeout_s=grace_s), name=name, route_prefix="/wsdrain")
     with connect(ws_url(toolkit, "/wsdrain/ws/echo")) as ws:
         ws.send("hello")
         assert ws.recv(timeout=10) == "echo:hello"
         began = time.monotonic()
         deleting = threading.Thread(target=tk.delete, args=(name,))
-        deleting.start()  # the replica drains: open connections are told to reconnect
+        deleting.start()  # the replica drains: open connections go on until its deadline
+        answered: list[float] = []
         with pytest.raises(ConnectionClosed) as closed:
-            ws.recv(timeout=10)
+            while True:
+                ws.send("again")
+                assert ws.recv(timeout=10) == "echo:again"
+                answered.append(time.monotonic() - began)
+                time.sleep(0.1)  # a client that keeps talking, ten messages a second
+        closed_after = time.monotonic() - began
     deleting.join(timeout=30)
+    assert not deleting.is_alive()
+    # Told to reconnect at the deadline, not before (the drain began after `began`; 0.1 s
+    # for the clocks' rounding), and served until then.
     assert closed.value.rcvd is not None and closed.value.rcvd.code == 1012
-    # It did not wait for graceful_shutdown_timeout_s (20 s) with the connection open.
-    assert time.monotonic() - began < 10 and not deleting.is_alive()
+    assert closed_after >= grace_s - 0.1 and answered[-1] >= grace_s - 0.5
 
 
 def test_an_app_still_sending_when_its_replica_drains_hears_its_client_left(
     toolkit: Toolkit, tmp_path: Path
 ) -> None:
-    """After the drain's 1012, what the app still sends is dropped (as after any end of
-    the socket), and its receive() says the client left: its send does not fail."""
+    """After the drain's 1012 (at its deadline, 0.5 s in: the app still sends), what the app
+    still sends is dropped (as after any end of the socket), and its receive() says the
+    client left: its send does not fail."""
     outcome = tmp_path / "outcome"
     name = toolkit.name()
-    toolkit.run(basic.make_ticker_app(outcome), name=name, route_prefix="/wsticks")
+    toolkit.run(
+        basic.make_ticker_app(outcome, graceful_shutdown_timeout_s=0.5), name=name, route_prefix="/wsticks"
+    )
     with connect(ws_url(toolkit, "/wsticks/ticks")) as ws:
         assert ws.recv(timeout=10) == "tick"
         toolkit.cleanup()  # deletes the app: its replica drains

@@ -144,7 +144,8 @@ def _resumed_reply(base_url: str, reply_id: str, deadline: float) -> list[Event]
 
 
 def _redis_settings(redis_url: str, writer_timeout_s: float) -> Settings:
-    """The echo model at 20 words a second, replies in Redis, two Replies replicas."""
+    """The echo model at 20 words a second, replies in Redis, two Replies replicas; model
+    (and ingress) replicas that stop let their replies run on for 1 s only."""
     return Settings(
         backend="echo",
         echo_tokens_per_s=20,
@@ -152,6 +153,7 @@ def _redis_settings(redis_url: str, writer_timeout_s: float) -> Settings:
         redis_url=redis_url,
         reply_replicas=2,
         reply_writer_timeout_s=writer_timeout_s,
+        graceful_shutdown_timeout_s=1.0,
     )
 
 
@@ -164,9 +166,10 @@ def _replies_through_an_upgrade(
     replies: int,
     words: list[str],
 ) -> _Upgrade:
-    """Run the chat app with ``deployment`` (``ChatModel`` or ``Replies``) draining for 1 s,
-    start ``replies`` page replies of ``words``, and while readers follow them, deploy the
-    app again with ``next_version`` of that deployment."""
+    """Run the chat app with ``deployment`` (``ChatModel`` or ``Replies``) draining for 1 s
+    (the model's grace period comes from ``settings``), start ``replies`` page replies of
+    ``words``, and while readers follow them, deploy the app again with ``next_version`` of
+    that deployment."""
     attribute = deployment.name
     monkeypatch.setattr(chat_app, attribute, deployment.options(graceful_shutdown_timeout_s=1.0))
     name = toolkit.name()

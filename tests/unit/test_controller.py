@@ -85,7 +85,8 @@ class FakeBackend:
 
     async def cluster_view(self) -> ClusterView:
         full = {replica_id: Unplaced("needs {'accel': 1.0}: none free") for replica_id in self.waiting}
-        return ClusterView(dict(self.draining), full if self.room is not None else {})
+        unplaced = full if self.room is not None else {}
+        return ClusterView(dict(self.draining), unplaced, frozenset(self.waiting))
 
     async def release_node(self, node_id: str) -> None:
         self.released.append(node_id)

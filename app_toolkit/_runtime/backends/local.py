@@ -107,7 +107,7 @@ class LocalBackend:
 
     async def stop_replica(self, handle: ReplicaCore, graceful: bool, hurry: bool = False) -> None:
         if graceful:
-            await handle.drain()
+            await handle.drain(hurry=hurry)
         self.cores.pop(handle.replica_id, None)
 
     async def cluster_view(self) -> ClusterView:

@@ -45,6 +45,9 @@ class ClusterView:
 
     draining: dict[str, float] = field(default_factory=dict)
     unplaced: dict[str, Unplaced] = field(default_factory=dict)
+    #: The replicas whose starts this view covers (those not in ``unplaced`` are placed,
+    #: or wait for nothing the cluster lacks).
+    starting: frozenset[str] = frozenset()
 
 
 class Backend(Protocol[H]):

@@ -11,7 +11,7 @@ import logging
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from app_toolkit._runtime.controller.backend import Backend, ClusterView
+from app_toolkit._runtime.controller.backend import Backend, ClusterView, Unplaced
 from app_toolkit._runtime.controller.deployment_state import DeploymentState, apply_event
 from app_toolkit._runtime.controller.replica_state import Placement
 from app_toolkit._runtime.messages import DeploymentID
@@ -21,6 +21,8 @@ logger = logging.getLogger("app_toolkit.controller")
 
 #: How often the cluster is asked which nodes are leaving and which starts wait for room.
 PERIOD_S = 1.0
+#: What a start the backend knows of, and does not say waits, is: placed, or starting.
+_PLACED = Unplaced("")
 
 
 class Records(Protocol):
@@ -86,17 +88,17 @@ class ClusterWatch:
         self._released &= draining.keys()
         for deployment_id, state in self._records.deployments.items():
             for replica in list(state.replicas.values()):
-                seen = view.unplaced.get(replica.replica_id)
                 if (
-                    seen is None
+                    replica.replica_id not in view.starting
                     or replica.state is not ReplicaState.STARTING
                     or replica.stop_requested
                     or replica.node_id
-                    or (seen.reason, seen.infeasible) == (replica.unplaced, replica.infeasible)
                 ):
                     continue
-                apply_event(state, replica.replica_id, Placement(seen.reason, seen.infeasible), now)
-                self._records.replan(deployment_id)
+                seen = view.unplaced.get(replica.replica_id, _PLACED)
+                if (seen.reason, seen.infeasible) != (replica.unplaced, replica.infeasible):
+                    apply_event(state, replica.replica_id, Placement(seen.reason, seen.infeasible), now)
+                    self._records.replan(deployment_id)
 
     def release(self) -> None:
         """Tell the backend about each leaving node that none of our replicas run on

@@ -70,6 +70,8 @@ class Upgrade:
     since: float
     replaced: int = 0
     stepped_at: float = -math.inf
+    #: When the last step's old replicas were gone (the room they held free).
+    freed_at: float = -math.inf
     steps: bool = False
 
 

@@ -73,7 +73,7 @@ def next_due(state: DeploymentState, draining: Draining | None = None) -> float:
             due = min(due, replica.launched_at + SLOW_START_S)
     record = state.upgrade
     if record is not None:
-        due = min(due, upgrade.room_due(census(state, draining), options(state), record.stepped_at))
+        due = min(due, upgrade.room_due(census(state, draining), options(state), record.freed_at))
     return due
 
 
@@ -124,7 +124,11 @@ def options(state: DeploymentState) -> upgrade.Options:
     if state.serving_spec is not state.spec:
         return upgrade.Options(surge_timeout_s=config.surge_timeout_s, steps_help=helps)
     return upgrade.Options(
-        config.rolling_update_percentage, config.max_surge_percent, config.surge_timeout_s, helps
+        config.rolling_update_percentage,
+        config.max_surge_percent,
+        config.surge_timeout_s,
+        helps,
+        failing=state.start_failures > 0,
     )
 
 
@@ -140,7 +144,7 @@ def _scale(state: DeploymentState, now: float, new_id: Callable[[], str], draini
     counted = census(state, draining)
     policy = options(state)
     record = state.upgrade
-    moves = upgrade.moves(counted, policy, now, record.stepped_at if record is not None else -math.inf)
+    moves = upgrade.moves(counted, policy, now, record.freed_at if record is not None else -math.inf)
     actions: list[Action] = []
     if state.failed and spec is state.spec:
         moves = dataclasses.replace(moves, start=0)  # nothing to fall back on: keep what runs
@@ -178,6 +182,8 @@ def _follow_upgrade(
     if stepwise and stopped_old:
         record.replaced += stopped_old
         record.stepped_at = now
+    elif record.stepped_at > record.freed_at and counted.old_stopping == 0:
+        record.freed_at = now  # the last step's replicas are gone
     if moves.steps and not record.steps:
         actions.append(
             Log(
@@ -187,7 +193,7 @@ def _follow_upgrade(
             )
         )
         record.steps = True  # for the rest of the upgrade (status says how it went)
-    if counted.old_active + counted.old_stopping == 0 and counted.new_active >= counted.target:
+    if counted.old_active + counted.old_stopping == 0 and len(counted.new_running) >= counted.target:
         state.upgrade = None
         if state.failed:
             version = state.serving_spec.code_version

@@ -63,6 +63,9 @@ class Options:
     surge_timeout_s: float = 30.0
     #: The old replicas hold a resource the new ones ask for: stopping some can make room.
     steps_help: bool = True
+    #: The new version has failed to start: the room a step freed taking none of its
+    #: replicas says nothing of their size, so no further step follows on that account.
+    failing: bool = False
 
     @property
     def ray_serve(self) -> bool:
@@ -89,9 +92,9 @@ def surge_size(percent: int, target: int) -> int:
     return (percent * target + 99) // 100
 
 
-def moves(census: Census, options: Options, now: float, stepped_at: float = -math.inf) -> Moves:
+def moves(census: Census, options: Options, now: float, freed_at: float = -math.inf) -> Moves:
     """Starts and stops toward ``census.target`` replicas of the new version
-    (``stepped_at``: when the default policy's last step stopped old replicas)."""
+    (``freed_at``: when the old replicas of the default policy's last step were gone)."""
     target = census.target
     if not census.old_active:
         return _resize(census)
@@ -108,7 +111,7 @@ def moves(census: Census, options: Options, now: float, stepped_at: float = -mat
         return surged
     step = step_size(DEFAULT_STEP, target)
     more = _next_step(census, step, surged.stop)
-    if not more and _stuck(census, surged.stop, options, now, stepped_at):
+    if not more and not options.failing and _stuck(census, surged.stop, options, now, freed_at):
         more = tuple(r for r in census.old_running if r not in surged.stop)[:step]
     return Moves(surged.start, surged.stop + more, steps=True)
 
@@ -123,12 +126,12 @@ def waits_for_room(census: Census, options: Options, now: float) -> bool:
     )
 
 
-def room_due(census: Census, options: Options, stepped_at: float = -math.inf) -> float:
+def room_due(census: Census, options: Options, freed_at: float = -math.inf) -> float:
     """When the default policy next may have to step: a new replica waiting for room will
-    have waited ``surge_timeout_s``, or that long will have passed since the last step
-    (the controller plans then); ``inf`` when none waits."""
+    have waited ``surge_timeout_s``, or that long will have passed since the last step's
+    room was freed (the controller plans then); ``inf`` when none waits."""
     waits = [
-        max(replica.unplaced_since, stepped_at) + options.surge_timeout_s
+        max(replica.unplaced_since, freed_at) + options.surge_timeout_s
         for replica in census.new_starting
         if replica.unplaced and not replica.infeasible
     ]
@@ -192,17 +195,17 @@ def _surge(census: Census, surge: int, step: int) -> Moves:
 
 
 def _stuck(
-    census: Census, stopping: tuple[Replica, ...], options: Options, now: float, stepped_at: float
+    census: Census, stopping: tuple[Replica, ...], options: Options, now: float, freed_at: float
 ) -> bool:
     """The room the last step freed took none of the new replicas waiting for it (each
     asks for more than an old one held): no new replica is starting in it, nothing old is
-    still stopping, and ``surge_timeout_s`` has passed since that step."""
+    still stopping, and ``surge_timeout_s`` has passed since that room was freed."""
     return (
         not stopping
         and census.target >= census.old_active
         and census.old_stopping == 0
         and all(replica.unplaced for replica in census.new_starting)
-        and now - stepped_at >= options.surge_timeout_s
+        and now - freed_at >= options.surge_timeout_s
     )
 
 

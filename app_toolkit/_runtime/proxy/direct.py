@@ -19,12 +19,8 @@ from typing import Protocol
 from starlette.types import Message, Receive, Scope, Send
 
 from app_toolkit._runtime import answers
-from app_toolkit._runtime.messages import (
-    CLOSE_SERVICE_RESTART,
-    RESTART_REASON,
-    DeploymentID,
-    Rejected,
-)
+from app_toolkit._runtime.drain_signal import DrainSignal
+from app_toolkit._runtime.messages import DeploymentID, Rejected
 from app_toolkit._runtime.proxy.body import BodyReader, refusal_answer
 from app_toolkit._runtime.proxy.client_response import ClientResponse
 from app_toolkit._runtime.proxy.path_match import AppMatcher, match_app
@@ -49,8 +45,8 @@ class LocalIngress(Protocol):
     """The replica in this process that serves its application's requests directly."""
 
     deployment: DeploymentID
-    #: Set when the replica starts draining (open WebSockets are closed with 1012).
-    draining_event: asyncio.Event
+    #: The replica's drain: open WebSockets are closed with 1012 at its deadline.
+    drain_signal: DrainSignal
 
     def admit(self) -> Rejected | None:
         """Take a slot (None), or why not (full or draining: the request is forwarded)."""
@@ -232,13 +228,12 @@ async def serve_websocket_in_replica(
         await send(message)
 
     async def restarting() -> None:
-        # The replica drains: the client is told to reconnect (to another replica), and
-        # the app's next receive() hears that its client is gone.
-        await local.draining_event.wait()
+        # The replica's drain is at its deadline: the client is told to reconnect (to
+        # another replica), and the app's next receive() hears that its client is gone.
         if connected and handshake != "ended":
-            await watch({"type": "websocket.close", "code": CLOSE_SERVICE_RESTART, "reason": RESTART_REASON})
+            await watch(dict(answers.RESTART_CLOSE))
 
-    watcher = asyncio.ensure_future(restarting())
+    drain = local.drain_signal.watch(restarting)
     try:
         await local.serve_direct(request_id, scope, replay, watch, trace)
     except Exception:  # the app's failure: logged with the id, the socket ended
@@ -247,7 +242,7 @@ async def serve_websocket_in_replica(
     else:
         failed = False  # it returned: if without closing, close it (or answer, if never accepted)
     finally:
-        watcher.cancel()
+        await drain.close()
     for message in answers.websocket_end(handshake, failed, scope, request_id):
         await send(message)
 

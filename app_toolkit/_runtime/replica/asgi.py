@@ -6,7 +6,7 @@ import asyncio
 import inspect
 import logging
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -16,7 +16,6 @@ from app_toolkit._runtime.channel.server import ResponseSink
 from app_toolkit._runtime.messages import (
     CLOSE_SERVICE_RESTART,
     END,
-    RESTART_REASON,
     BodyChunk,
     CallFailure,
     HTTPRequest,
@@ -298,10 +297,8 @@ async def serve_websocket(
     scope = dict(request.scope)
     scope["state"] = dict(lifespan_state)
     socket = _WebSocket(sink, sink.inbound, request.request_id, scope)
-    draining = request_context.draining.get()
-    watcher = asyncio.ensure_future(draining.wait()) if draining is not None else None
-    if watcher is not None:
-        watcher.add_done_callback(socket.server_restarting)
+    signal = request_context.drain_signal.get()
+    watch = signal.watch(socket.server_restarting) if signal is not None else None
     try:
         await app(scope, socket.receive, socket.send)
     except asyncio.CancelledError:
@@ -312,8 +309,8 @@ async def serve_websocket(
     else:
         socket.end(failed=False)  # returned without closing: close it (or answer, if never accepted)
     finally:
-        if watcher is not None:
-            watcher.cancel()
+        if watch is not None:
+            await watch.close()
     sink.send(END)
     return request_context.route_template(scope)
 
@@ -345,21 +342,16 @@ class _WebSocket:
         self._sink.send(WebSocketMessage(dict(message)))
         await self._sink.drain()
 
-    def close(self, code: int, reason: str) -> None:
-        if self._handshake != "ended":
-            self._handshake = "ended"
-            self._sink.send(WebSocketMessage({"type": "websocket.close", "code": code, "reason": reason}))
-
     def end(self, failed: bool) -> None:
         """The app raised or returned: end the socket as ``answers.websocket_end`` says."""
         for message in answers.websocket_end(self._handshake, failed, self._scope, self._request_id):
             self._sink.send(WebSocketMessage(message))
         self._handshake = "ended"
 
-    def server_restarting(self, waited: asyncio.Future[Literal[True]]) -> None:
-        """The replica drains: close with 1012 so the client reconnects (to another
-        replica), and tell the app its client is gone."""
-        if waited.cancelled():
-            return
-        self.close(CLOSE_SERVICE_RESTART, RESTART_REASON)
+    async def server_restarting(self) -> None:
+        """The replica's drain is at its deadline: close with 1012 so the client reconnects
+        (to another replica), and tell the app its client is gone."""
+        if self._handshake != "ended":
+            self._handshake = "ended"
+            self._sink.send(WebSocketMessage(dict(answers.RESTART_CLOSE)))
         self._inbound.put({"type": "websocket.disconnect", "code": CLOSE_SERVICE_RESTART})

@@ -20,6 +20,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from app_toolkit._runtime import request_context, tracing
 from app_toolkit._runtime.channel.frames import Dumps
 from app_toolkit._runtime.channel.server import ResponseSink
+from app_toolkit._runtime.drain_signal import LAST_EVENT_S, DrainSignal
 from app_toolkit._runtime.messages import (
     BUSY,
     DRAINING,
@@ -98,11 +99,11 @@ class ReplicaCore:
         self.instance: object = None
         self.asgi_app: ASGIApp | None = None
         self._lifespan: Lifespan | None = None
-        #: Set once a draining replica has no request left (admit() refuses while draining,
-        #: so only a drain waits for it, and only draining requests end it).
-        self._idle = asyncio.Event()
-        #: Set when draining starts, so open streams can end with a final event.
-        self.draining_event = asyncio.Event()
+        #: Set when a request of a draining replica ends (admit() refuses while draining, so
+        #: only a drain waits for it, and only draining requests end it).
+        self._one_ended = asyncio.Event()
+        #: The drain as open streams and WebSockets see it: when to end, and how soon.
+        self.drain_signal = DrainSignal()
         self._drained_at = 0.0
         self._last_refused = 0.0
         #: Set by the host: tells the controller which multiplexed models this replica holds.
@@ -180,21 +181,35 @@ class ReplicaCore:
         if method is not None:
             await call_maybe_async(method)
 
-    async def drain(self) -> None:
-        """Refuse new work, wait for in-flight requests, then run lifespan shutdown."""
+    async def drain(self, hurry: bool = False) -> None:
+        """Refuse new work and let in-flight requests finish, for up to
+        ``graceful_shutdown_timeout_s``; then end the streams and WebSockets still open
+        (each the way its clients understand) and run lifespan shutdown. ``hurry``: every
+        stream and WebSocket ends at once (other requests still get the grace period)."""
         self.draining = True
-        self.draining_event.set()
+        self.drain_signal.begin(hurry)
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.config.graceful_shutdown_timeout_s
-        while self.ongoing and loop.time() < deadline:
-            wait_s = min(self.config.graceful_shutdown_wait_loop_s, max(deadline - loop.time(), 0))
-            await wait_event(self._idle, wait_s)
+        await self._wait_until(0, loop.time() + self.config.graceful_shutdown_timeout_s)
+        # The grace period is over: the streams and WebSockets still open end now, and get a
+        # moment to write their last event (their requests to end).
+        others = max(self.ongoing - self.drain_signal.watching, 0)
+        self.drain_signal.end_streams()
+        await self._wait_until(others, loop.time() + LAST_EVENT_S)
         self._drained_at = loop.time()
         if self.ongoing:
             logger.warning("%s stopping with %d requests still running", self.replica_id, self.ongoing)
         if self._lifespan is not None:
             await self._lifespan.shutdown(timeout_s=max(self.config.graceful_shutdown_timeout_s, 1.0))
         await self._release_instance()
+
+    async def _wait_until(self, ongoing: int, deadline: float) -> None:
+        """Until no more than ``ongoing`` requests are left, or the loop's clock reaches
+        ``deadline`` (checked every ``graceful_shutdown_wait_loop_s`` at least)."""
+        loop = asyncio.get_running_loop()
+        while self.ongoing > ongoing and loop.time() < deadline:
+            wait_s = min(self.config.graceful_shutdown_wait_loop_s, max(deadline - loop.time(), 0))
+            self._one_ended.clear()
+            await wait_event(self._one_ended, wait_s)
 
     async def _release_instance(self) -> None:
         """The last step of stopping, as Ray Serve orders it: the user's ``__del__`` (an
@@ -318,8 +333,8 @@ class ReplicaCore:
         replica_metrics.REQUESTS.inc(*labels)
         replica_metrics.PROCESSING.observe(time.perf_counter() - started, *labels)
         self.ongoing -= 1
-        if self.ongoing == 0 and self.draining:
-            self._idle.set()
+        if self.draining:
+            self._one_ended.set()
 
     async def _serve_asgi(
         self,
@@ -398,7 +413,7 @@ class ReplicaCore:
         """What this replica gives each request (made once it has started)."""
         if self._serves is None:
             self._serves = request_context.Serving(
-                self.context, self.instance, self.report_models, self.draining_event, self._stop_hooks
+                self.context, self.instance, self.report_models, self.drain_signal, self._stop_hooks
             )
         return self._serves
 

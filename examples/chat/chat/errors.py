@@ -34,6 +34,15 @@ def as_chat_error(exc: ChatError | tk.BackPressureError | tk.ReplicaUnavailableE
     return ChatError(503, "The model replica went away; retry.", "server_error", "unavailable")
 
 
+def stream_error(exc: ChatError | tk.BackPressureError | tk.ReplicaUnavailableError) -> tk.OpenAIErrorEvent:
+    """What ends a stream cut off mid-way by one of the :data:`ANSWERED` exceptions; the
+    model replica going away (it restarted, or was lost) is the restart error: retry."""
+    if isinstance(exc, tk.ReplicaUnavailableError):
+        return tk.OpenAIErrorEvent.restarting()
+    error = as_chat_error(exc)
+    return tk.OpenAIErrorEvent(error.message, error.code, error.type, error.param)
+
+
 def invalid_request(errors: Sequence[Any]) -> ChatError:
     """The 400 for a request that failed validation (pydantic's error list); ``param``
     names the first field at fault (``messages[0].content``)."""

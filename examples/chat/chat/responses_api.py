@@ -15,7 +15,7 @@ from typing import Annotated, Any
 import app_toolkit as tk
 from pydantic import BaseModel, ConfigDict, Field
 
-from .errors import ANSWERED, as_chat_error
+from .errors import ANSWERED, stream_error
 from .schemas import (
     MAX_TEXT,
     ChatError,
@@ -142,6 +142,17 @@ class Reply:
         self.text: list[str] = []
         self.completion_tokens = 0
         self.finish_reason: str | None = None
+        self.events = 0  # the sequence_number of the last event streamed
+
+    def next_number(self) -> int:
+        """The sequence_number of the streamed response's next event."""
+        self.events += 1
+        return self.events
+
+    def event(self, kind: str, **fields: Any) -> dict[str, str]:
+        """The next event of the streamed response."""
+        data = {"type": kind, "sequence_number": self.next_number(), **fields}
+        return {"event": kind, "data": json.dumps(data)}
 
     def part(self) -> dict[str, Any]:
         return {"type": "output_text", "text": "".join(self.text), "annotations": [], "logprobs": []}
@@ -216,19 +227,22 @@ async def answer(reply: Reply, stream: Stream) -> dict[str, Any]:
     return reply.response(status)
 
 
+# --8<-- [start:streamed]
 def streamed(reply: Reply, stream: Stream, request_id: str) -> tk.EventStream:
-    """The response as Responses API events, each named by its ``type``."""
-    return tk.EventStream(_events(reply, stream, request_id), ids=False)
+    """The response as Responses API events, each named by its ``type``; one still open at
+    the ingress replica's drain deadline ends with the error that says retry."""
+    return tk.EventStream(
+        _events(reply, stream, request_id),
+        ids=False,
+        final_event=lambda: tk.OpenAIErrorEvent.restarting().responses(reply.next_number()),
+    )
 
 
-async def _events(reply: Reply, stream: Stream, request_id: str) -> AsyncIterator[dict[str, str]]:
-    number = 0
+# --8<-- [end:streamed]
 
-    def event(kind: str, **fields: Any) -> dict[str, str]:
-        nonlocal number
-        number += 1
-        return {"event": kind, "data": json.dumps({"type": kind, "sequence_number": number, **fields})}
 
+async def _events(reply: Reply, stream: Stream, request_id: str) -> AsyncIterator[object]:
+    event = reply.event
     where = {"item_id": reply.message_id, "output_index": 0, "content_index": 0}
     yield event("response.created", response=reply.response("in_progress"))
     yield event("response.in_progress", response=reply.response("in_progress"))
@@ -244,9 +258,8 @@ async def _events(reply: Reply, stream: Stream, request_id: str) -> AsyncIterato
                 yield event("response.output_text.delta", **where, delta=delta.text, logprobs=[])
             if delta.finish_reason is not None:
                 status = reply.end(delta)
-    except ANSWERED as exc:
-        error = as_chat_error(exc)
-        yield event("error", code=error.code, message=error.message, param=error.param)
+    except ANSWERED as exc:  # an error event every client raises (its model replica went away...)
+        yield stream_error(exc).responses(reply.next_number())
         return
     except Exception:
         logger.exception("Request %s: the response stream failed", request_id)

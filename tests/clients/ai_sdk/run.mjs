@@ -1,10 +1,12 @@
-// The Vercel AI SDK against the chat example: `node run.mjs <base url> <scenario>` prints
-// one JSON line with what the SDK returned. Driven by tests/integration/test_chat_clients.py.
+// The Vercel AI SDK against the chat example: `node run.mjs <base url> <scenario> [prompt]`
+// prints one JSON line with what the SDK returned (a `-follow` scenario prints
+// {"started": true} first, at the reply's first piece). Driven by
+// tests/integration/test_chat_clients.py.
 import { generateText, streamText } from "ai";
 import { createOpenAI } from "@ai-sdk/openai";
 import { createOpenAICompatible } from "@ai-sdk/openai-compatible";
 
-const [base, scenario] = process.argv.slice(2);
+const [base, scenario, prompt] = process.argv.slice(2);
 const compatible = createOpenAICompatible({ name: "chat", baseURL: `${base}/v1`, includeUsage: true });
 const openai = createOpenAI({ baseURL: `${base}/v1`, apiKey: "unused" });
 
@@ -39,6 +41,25 @@ async function aborted(model) {
   return { pieces };
 }
 
+async function followed(model) {
+  // The whole stream as the SDK reports it: text pieces, error parts, the finish reason.
+  const result = streamText({ model, prompt, maxRetries: 0, onError: () => {} });
+  const pieces = [];
+  const errors = [];
+  let finish = null;
+  for await (const part of result.fullStream) {
+    if (part.type === "text-delta") {
+      if (!pieces.length) console.log(JSON.stringify({ started: true }));
+      pieces.push(part.text);
+    } else if (part.type === "error") {
+      errors.push(part.error?.message ?? String(part.error));
+    } else if (part.type === "finish") {
+      finish = part.finishReason;
+    }
+  }
+  return { pieces, text: pieces.join(""), finish, errors };
+}
+
 const scenarios = {
   // @ai-sdk/openai-compatible: Chat Completions.
   "compatible-generate": async () => {
@@ -47,6 +68,7 @@ const scenarios = {
   },
   "compatible-stream": () => streamed(compatible("echo")),
   "compatible-abort": () => aborted(compatible("echo")),
+  "compatible-follow": () => followed(compatible("echo")),
   // @ai-sdk/openai's default model: the Responses API.
   "responses-generate": async () => {
     const result = await generateText({ model: openai("echo"), system, messages });
@@ -54,6 +76,7 @@ const scenarios = {
   },
   "responses-stream": () => streamed(openai("echo")),
   "responses-abort": () => aborted(openai("echo")),
+  "responses-follow": () => followed(openai("echo")),
 };
 
 const run = scenarios[scenario];

@@ -273,13 +273,15 @@ class ReplicaActor:
             "preloaded": len(self._preloaded),
         }
 
-    async def drain(self) -> None:
+    async def drain(self, hurry: bool = False) -> None:
+        """Stop serving gracefully (``ReplicaCore.drain``; ``hurry``: open streams and
+        WebSockets end at once), then close the channel server."""
         core, front = self._core, self._front
         if core is not None:
             timeout_s = core.config.graceful_shutdown_timeout_s
             # Its client connections go back to the proxy as they become idle, while the
             # requests running here finish.
-            drained = [core.drain()] if front is None else [core.drain(), front.drain(timeout_s)]
+            drained = [core.drain(hurry)] if front is None else [core.drain(hurry), front.drain(timeout_s)]
             await asyncio.gather(*drained)
             # Callers that still have the old table may send here for a moment: refuse
             # those requests (they are retried elsewhere) rather than die under them.
@@ -390,7 +392,7 @@ class RayReplicas:
         with self.spares.busy() if self.spares is not None else contextlib.nullcontext():
             if graceful:
                 try:
-                    await handle.drain.remote()
+                    await handle.drain.remote(hurry)
                 except Exception as exc:  # noqa: BLE001 - a dead replica needs no draining
                     logger.info("Draining a replica failed: %s", exc)
             ray.kill(handle, no_restart=True)
@@ -403,7 +405,7 @@ class RayReplicas:
         if placing:
             names = {f"{REPLICA_PREFIX}{replica_id}": replica_id for replica_id in placing}
             found = await asyncio.to_thread(unplaced, placing, names, set(nodes.draining))
-        return ClusterView(nodes.seconds_left(), found)
+        return ClusterView(nodes.seconds_left(), found, frozenset(placing))
 
     async def release_node(self, node_id: str) -> None:
         if self.spares is not None:

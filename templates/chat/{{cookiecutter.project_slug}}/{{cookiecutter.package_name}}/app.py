@@ -35,6 +35,8 @@ def build_app(settings: Settings | None = None) -> tk.App:
         },
         # The local model computes on the CPU it reserves; the others only wait on I/O.
         ray_actor_options={"num_cpus": 1 if settings.backend == "local" else 0},
+        # A replica that stops (a redeploy, a scale-down) finishes the replies under way.
+        graceful_shutdown_timeout_s=settings.shutdown_grace_s,
     ).bind(settings, accounts)
     replies = Replies.options(num_replicas=settings.reply_replicas).bind(model, settings)
     api = FastAPI(title="Chat", summary=f"OpenAI-compatible chat with {settings.model_name}")
@@ -51,7 +53,13 @@ def build_app(settings: Settings | None = None) -> tk.App:
     guard = Guard(Access(settings, _session_secret(settings)), accounts)
     api.include_router(openai_api.build_router(settings, model, guard))
     api.include_router(page.build_router(settings, replies, model, guard))
-    return tk.App(api, name="chat", num_replicas=settings.ingress_replicas)
+    # The ingress relays the model's replies: it lets them finish as long as the model does.
+    return tk.App(
+        api,
+        name="chat",
+        num_replicas=settings.ingress_replicas,
+        graceful_shutdown_timeout_s=settings.shutdown_grace_s,
+    )
 
 
 def _session_secret(settings: Settings) -> bytes:

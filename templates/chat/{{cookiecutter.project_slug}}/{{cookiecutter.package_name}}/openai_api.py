@@ -19,7 +19,7 @@ from pydantic import ValidationError
 
 from . import responses_api
 from .access import Guard, SocketAdmit
-from .errors import ANSWERED, as_chat_error, invalid_request
+from .errors import ANSWERED, as_chat_error, invalid_request, stream_error
 from .responses_api import ResponsesRequest
 from .schemas import ChatCompletionRequest, ChatError, Delta, Generation
 from .settings import Settings
@@ -200,13 +200,13 @@ async def _relay(
         answers.cancel()
         return first
 
-    async def chunks() -> AsyncIterator[dict[str, str]]:
+    async def chunks() -> AsyncIterator[object]:
         try:
             yield {"data": json.dumps(first)}
             async for chunk in answers:
                 yield {"data": json.dumps(chunk)}
         except ANSWERED as exc:  # cut off mid-way: an error chunk, and no [DONE]
-            yield {"data": json.dumps(as_chat_error(exc).body())}
+            yield stream_error(exc).chat_completions()
             return
         except Exception:
             logger.exception("A relayed stream failed")
@@ -220,7 +220,10 @@ async def _relay(
             answers.cancel()  # the client left early: the upstream request ends too
         yield {"data": "[DONE]"}
 
-    return tk.EventStream(chunks(), ids=False)
+    # Still open at the ingress replica's drain deadline: the error chunk that says retry.
+    return tk.EventStream(
+        chunks(), ids=False, final_event=lambda: tk.OpenAIErrorEvent.restarting().chat_completions()
+    )
 
 
 async def _send_reply(socket: WebSocket, first: Delta, stream: Reply) -> None:

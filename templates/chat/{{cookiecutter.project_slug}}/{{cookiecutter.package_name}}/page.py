@@ -114,7 +114,9 @@ def build_router(
             first: ReplyEvent | None = await anext(stream, None)
         except ANSWERED as exc:
             raise as_chat_error(exc) from None
-        return tk.EventStream(_sse(first, stream), ids=False)
+        # The page resumes after its Last-Event-ID through any replica: a draining one need
+        # not keep the stream open (the page reconnects at its drain event).
+        return tk.EventStream(_sse(first, stream), ids=False, end_at_drain=True)
 
     @router.post("/api/replies/{reply_id}/stop", status_code=204)
     async def stop_reply(

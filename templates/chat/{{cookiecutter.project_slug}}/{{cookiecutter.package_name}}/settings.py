@@ -9,6 +9,14 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from .keys import MAKER, check_entries
 
+#: The slowest pace a reply of each backend is planned for, in tokens a second: SmolLM2-135M
+#: decoding a full batch of 8 on one CPU core (73.6 tokens/s together, docs/benchmarks.md);
+#: a busy OpenAI-compatible server (set graceful_shutdown_timeout_s for yours).
+REPLY_TOKENS_PER_S = {"local": 8.0, "openai": 20.0}
+#: What a stopping replica's grace period adds to its longest reply: the prompt's pass and
+#: the relay's own steps.
+GRACE_MARGIN_S = 5.0
+
 
 class Settings(BaseSettings):
     """Which model answers, and the limits every part of the service keeps."""
@@ -98,6 +106,14 @@ class Settings(BaseSettings):
         False, description="Send the sign-in cookie over HTTPS only (set it behind TLS)."
     )
     ingress_replicas: int = Field(1, ge=1, le=64, description="Replicas of the HTTP ingress.")
+    graceful_shutdown_timeout_s: float | None = Field(
+        None,
+        ge=0,
+        description="How long a stopping model replica, and an ingress replica relaying its replies, "
+        "let the replies under way finish (a redeploy, a scale-down) before ending them with an error "
+        "that tells the client to retry. None: long enough for a default_max_tokens reply at the "
+        "backend's pace (shutdown_grace_s).",
+    )
     cors_origins: list[str] = Field(
         [],
         description="Web origins whose pages may call the API from the browser (CORS), e.g. "
@@ -121,6 +137,16 @@ class Settings(BaseSettings):
     def keys_on(self) -> bool:
         """Callers must show an API key (or a page sign-in made with one)."""
         return bool(self.api_keys)
+
+    @property
+    def shutdown_grace_s(self) -> float:
+        """The grace period of the model and ingress replicas: ``graceful_shutdown_timeout_s``,
+        or the time a ``default_max_tokens`` reply takes at the backend's slowest pace, plus
+        a margin (echo: 512 tokens at 50 a second, 15.2 s; local: 69 s; openai: 30.6 s)."""
+        if self.graceful_shutdown_timeout_s is not None:
+            return self.graceful_shutdown_timeout_s
+        pace = self.echo_tokens_per_s if self.backend == "echo" else REPLY_TOKENS_PER_S[self.backend]
+        return round(self.default_max_tokens / pace + GRACE_MARGIN_S, 1)
 
     @property
     def model_name(self) -> str:

@@ -1,0 +1,233 @@
+"""A replica's drain, in process (the channel path's answers into a fake sink): open
+streams and WebSockets run on to the deadline (``graceful_shutdown_timeout_s``), each
+then ends the way its clients understand, and the drain goes on once they have; a
+resumable stream ends when the drain starts; a hurried drain ends them all at once."""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import pytest
+from fastapi import FastAPI, WebSocket, WebSocketDisconnect
+from fastapi.responses import StreamingResponse
+from starlette.types import Scope
+
+import app_toolkit as tk
+from app_toolkit._runtime.channel.flow import Inbound
+from app_toolkit._runtime.drain_signal import LAST_EVENT_S
+from app_toolkit._runtime.messages import (
+    Answer,
+    BodyChunk,
+    DeploymentID,
+    HTTPRequest,
+    StreamEnd,
+    WebSocketMessage,
+    WebSocketOpen,
+)
+from app_toolkit._runtime.replica.replica import ReplicaCore
+from app_toolkit.config import DeploymentConfig
+from tests.waiting import wait_for_async
+
+pytestmark = pytest.mark.anyio
+
+GRACE_S = 0.4
+
+app = FastAPI()
+
+
+@app.get("/feed")
+async def feed(resumable: bool = False) -> tk.EventStream:
+    async def ticks() -> AsyncIterator[str]:
+        while True:
+            yield "tick"
+            await asyncio.sleep(0.02)
+
+    return tk.EventStream(ticks(), end_at_drain=resumable)
+
+
+@app.get("/bytes")
+async def plain_bytes() -> StreamingResponse:
+    async def chunks() -> AsyncIterator[bytes]:
+        while True:
+            yield b"x"
+            await asyncio.sleep(0.02)
+
+    return StreamingResponse(chunks())
+
+
+@app.websocket("/ws")
+async def echo(socket: WebSocket) -> None:
+    await socket.accept()
+    try:
+        while True:
+            await socket.send_text(await socket.receive_text())
+    except WebSocketDisconnect:
+        pass
+
+
+@app.websocket("/deaf")
+async def deaf(socket: WebSocket) -> None:
+    """Accepts, then hears nothing (not even its client leaving) for an hour."""
+    await socket.accept()
+    await socket.send_text("hello")
+    await asyncio.sleep(3600)
+
+
+@tk.ingress(app)
+class Ingress:
+    pass
+
+
+@dataclass
+class Sink:
+    """Collects a request's answers, with when (loop time) each came."""
+
+    inbound: Inbound | None = None
+    answers: list[tuple[float, Answer]] = field(default_factory=list)
+
+    def send(self, answer: Answer) -> None:
+        self.answers.append((asyncio.get_running_loop().time(), answer))
+
+    async def drain(self) -> None:
+        await asyncio.sleep(0)
+
+    @property
+    def ended_at(self) -> float | None:
+        return next((at for at, answer in self.answers if isinstance(answer, StreamEnd)), None)
+
+    def body(self) -> bytes:
+        return b"".join(answer.data for _, answer in self.answers if isinstance(answer, BodyChunk))
+
+
+def http_scope(path: str, query: bytes = b"") -> Scope:
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "GET",
+        "scheme": "http",
+        "path": path,
+        "raw_path": path.encode(),
+        "root_path": "",
+        "query_string": query,
+        "headers": [],
+        "server": ("testserver", 80),
+        "client": ("127.0.0.1", 1234),
+    }
+
+
+async def started_core(grace_s: float = GRACE_S) -> ReplicaCore:
+    config = DeploymentConfig(graceful_shutdown_timeout_s=grace_s, graceful_shutdown_wait_loop_s=0.05)
+    core = ReplicaCore("r1", DeploymentID("a", "Ingress"), config, Ingress, ((), {}), pickle.dumps)
+    await core.start()
+    return core
+
+
+class Requests:
+    """Requests served by ``core`` in tasks of their own, as the channel server runs them."""
+
+    def __init__(self, core: ReplicaCore) -> None:
+        self.core = core
+        self.tasks: list[asyncio.Task[None]] = []
+
+    async def http(self, path: str, query: bytes = b"") -> Sink:
+        sink = Sink()
+        self._serve(HTTPRequest(f"req-{len(self.tasks)}", http_scope(path, query), b""), sink)
+        await wait_for_async(lambda: any(isinstance(a, BodyChunk) for _, a in sink.answers))
+        return sink
+
+    async def websocket(self, path: str = "/ws") -> Sink:
+        sink = Sink(Inbound(lambda credit: None))
+        scope = {**http_scope(path), "type": "websocket", "scheme": "ws", "subprotocols": []}
+        del scope["method"]
+        self._serve(WebSocketOpen(f"ws-{len(self.tasks)}", scope), sink)
+        assert sink.inbound is not None
+        sink.inbound.put({"type": "websocket.receive", "text": "hello"})
+        await wait_for_async(lambda: len(sink.answers) >= 2)  # accepted, echoed
+        return sink
+
+    def _serve(self, request: HTTPRequest | WebSocketOpen, sink: Sink) -> None:
+        assert self.core.admit() is None
+        self.tasks.append(asyncio.ensure_future(self.core.serve(request, sink)))
+
+    async def close(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+
+
+def close_code(sink: Sink) -> int | None:
+    closes = [a.message for _, a in sink.answers if isinstance(a, WebSocketMessage)]
+    return next((m.get("code") for m in closes if m["type"] == "websocket.close"), None)
+
+
+async def test_streams_and_websockets_run_to_the_deadline_and_end_as_their_clients_understand() -> None:
+    core = await started_core()
+    requests = Requests(core)
+    try:
+        events, resumable, plain = (
+            await requests.http("/feed"),
+            await requests.http("/feed", b"resumable=true"),
+            await requests.http("/bytes"),
+        )
+        socket = await requests.websocket()
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        drained = asyncio.ensure_future(core.drain())
+        await asyncio.wait_for(asyncio.shield(drained), GRACE_S + LAST_EVENT_S + 2)
+        took = loop.time() - began
+    finally:
+        await requests.close()
+    # The feed marked resumable ended when the drain began, with the drain event.
+    assert resumable.ended_at is not None and resumable.ended_at - began < GRACE_S / 2
+    assert b"event: drain" in resumable.body()
+    # The others ran on, to the deadline: then the SSE stream sent its drain event and the
+    # WebSocket its 1012 (the drain waited for both), while the plain byte stream, which
+    # has no last word, was simply left running (the process is stopped next).
+    assert events.ended_at is not None and events.ended_at - began >= GRACE_S
+    assert events.body().endswith(
+        b"event: drain\r\ndata: server is shutting down; reconnect\r\nretry: 1000\r\n\r\n"
+    )
+    assert close_code(socket) == 1012 and socket.ended_at is not None and socket.ended_at - began >= GRACE_S
+    assert plain.ended_at is None and plain.body().count(b"x") > GRACE_S / 0.02 / 2  # ran meanwhile
+    # The drain did not wait out the moment for last events: they were written at once.
+    assert GRACE_S <= took < GRACE_S + LAST_EVENT_S
+
+
+async def test_a_hurried_drain_ends_streams_and_websockets_at_once() -> None:
+    core = await started_core(grace_s=30)
+    requests = Requests(core)
+    try:
+        events, socket = await requests.http("/feed"), await requests.websocket()
+        plain = await requests.http("/bytes")
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        drained = asyncio.ensure_future(core.drain(hurry=True))
+        await wait_for_async(lambda: events.ended_at and socket.ended_at, 5, "the streams to end")
+        assert not drained.done()  # the plain stream still has its grace period
+        drained.cancel()
+    finally:
+        await requests.close()
+    assert b"event: drain" in events.body() and close_code(socket) == 1012
+    assert events.ended_at is not None and events.ended_at - began < 5  # not the 30 s grace
+    assert plain.ended_at is None
+
+
+async def test_the_drain_gives_what_it_ended_a_moment_only() -> None:
+    core = await started_core()
+    requests = Requests(core)
+    try:
+        socket = await requests.websocket("/deaf")
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        await asyncio.wait_for(core.drain(), GRACE_S + LAST_EVENT_S + 2)
+        took = loop.time() - began
+    finally:
+        await requests.close()
+    # Told to reconnect at the deadline; its app went on, and the drain waited a moment
+    # for it to end, no longer.
+    assert close_code(socket) == 1012 and socket.ended_at is None
+    assert GRACE_S + LAST_EVENT_S <= took < GRACE_S + LAST_EVENT_S + 1
