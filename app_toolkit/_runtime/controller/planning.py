@@ -144,6 +144,8 @@ def _scale(state: DeploymentState, now: float, new_id: Callable[[], str], draini
     counted = census(state, draining)
     policy = options(state)
     record = state.upgrade
+    if record is not None and record.stepped_at > record.freed_at and counted.old_stopping == 0:
+        record.freed_at = now  # the last step's replicas are gone: their room is free
     moves = upgrade.moves(counted, policy, now, record.freed_at if record is not None else -math.inf)
     actions: list[Action] = []
     if state.failed and spec is state.spec:
@@ -182,8 +184,6 @@ def _follow_upgrade(
     if stepwise and stopped_old:
         record.replaced += stopped_old
         record.stepped_at = now
-    elif record.stepped_at > record.freed_at and counted.old_stopping == 0:
-        record.freed_at = now  # the last step's replicas are gone
     if moves.steps and not record.steps:
         actions.append(
             Log(
