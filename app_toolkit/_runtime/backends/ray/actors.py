@@ -23,7 +23,8 @@ from app_toolkit._runtime.backends.ray.cluster import configure_worker, node_add
 from app_toolkit._runtime.backends.ray.node_metrics import NodeMetrics
 from app_toolkit._runtime.backends.ray.nodes import NodeWatch
 from app_toolkit._runtime.backends.ray.proxies import ProxyFleet
-from app_toolkit._runtime.backends.ray.replicas import RayReplicas, ReplicaActor
+from app_toolkit._runtime.backends.ray.replica_actor import ReplicaActor
+from app_toolkit._runtime.backends.ray.replicas import RayReplicas
 from app_toolkit._runtime.backends.ray.spares import SparePool, code_to_preload, spare_setting
 from app_toolkit._runtime.controller.api import ControlCall
 from app_toolkit._runtime.controller.controller import ControllerCore

@@ -1,19 +1,13 @@
-"""Replicas on Ray: the replica actor, and the controller's backend that starts, stops,
-checks, reconfigures and re-adopts replica actors and keeps the checkpoint and the
-published tables in the GCS."""
+"""Replicas on Ray, as the controller runs them: its backend that starts, stops,
+checks, reconfigures and re-adopts replica actors (``replica_actor.py``) and keeps the
+checkpoint and the published tables in the GCS."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import dataclasses
-import importlib
-import itertools
 import logging
-import os
-import pickle
-import secrets
-import time
 from typing import Any
 
 import ray
@@ -21,21 +15,14 @@ from ray.actor import ActorHandle
 from ray.exceptions import RayActorError, RayTaskError
 from ray.util.placement_group import PlacementGroup
 
-from app_toolkit import metrics
-from app_toolkit._runtime.backends.ray import link, stored
+from app_toolkit._runtime.backends.ray import stored
 from app_toolkit._runtime.backends.ray.cluster import (
     NAMESPACE,
     REPLICA_PREFIX,
     SPARE_PREFIX,
-    configure_worker,
-    controller_actor,
-    data_plane_host,
     named_actors,
     remote,
-    settle_heap,
 )
-from app_toolkit._runtime.backends.ray.codec import dumps
-from app_toolkit._runtime.backends.ray.front import ReplicaFront
 from app_toolkit._runtime.backends.ray.nodes import NodeWatch
 from app_toolkit._runtime.backends.ray.placement import (
     Placing,
@@ -47,18 +34,14 @@ from app_toolkit._runtime.backends.ray.placement import (
     unplaced,
 )
 from app_toolkit._runtime.backends.ray.proxies import ProxyFleet
+from app_toolkit._runtime.backends.ray.replica_actor import ReplicaActor, ReplicaStart
 from app_toolkit._runtime.backends.ray.spares import SparePool
-from app_toolkit._runtime.channel.server import start_server
-from app_toolkit._runtime.channel.tls import replica_tls
 from app_toolkit._runtime.controller.backend import ClusterView, Seat, Unplaced
-from app_toolkit._runtime.messages import AdoptedReplica, DeploymentID, DeploymentSpec, ReplicaInfo
-from app_toolkit._runtime.replica.replica import ReplicaCore
+from app_toolkit._runtime.messages import AdoptedReplica, DeploymentSpec, ReplicaInfo
 from app_toolkit._runtime.request_context import ReplicaRank
-from app_toolkit._runtime.routing import caller_metrics
 from app_toolkit._runtime.tables import Table
-from app_toolkit.config import DeploymentConfig, HTTPOptions
+from app_toolkit.config import DeploymentConfig
 from app_toolkit.exceptions import DeployError, ReplicaUnavailableError
-from app_toolkit.metrics import FamilySnapshot
 
 logger = logging.getLogger("app_toolkit.ray")
 
@@ -68,228 +51,8 @@ Actor = ActorHandle[Any]
 _DESCRIBE_TIMEOUT_S = 10.0
 
 
-def _import_web_framework() -> None:
-    """Import what an HTTP deployment's code needs (FastAPI, the toolkit's route table),
-    which the toolkit itself loads only where an app is built."""
-    for module in ("fastapi", "app_toolkit.route_table", "app_toolkit._runtime.replica.docs_pages"):
-        importlib.import_module(module)
-
-
-def _load_quietly(code: dict[str, bytes]) -> list[str]:
-    loaded = []
-    for key, definition in code.items():
-        try:
-            pickle.loads(definition)
-        except Exception as exc:  # noqa: BLE001 - user code: its replica's start says why
-            logger.debug("A spare could not load the code of %s ahead: %s", key, exc)
-            continue
-        loaded.append(key)
-    return loaded
-
-
-class _Phases:
-    """Times the steps of a start into ``into`` (step name -> seconds)."""
-
-    def __init__(self, into: dict[str, float]) -> None:
-        self._into = into
-        self._at = time.perf_counter()
-
-    def lap(self, step: str) -> None:
-        now = time.perf_counter()
-        self._into[step] = now - self._at
-        self._at = now
-
-
 class _ProcessDied(Exception):
     """A replica's process died before it finished starting."""
-
-
-@dataclasses.dataclass(frozen=True)
-class ReplicaStart:
-    """What a replica actor needs to become one replica of a deployment."""
-
-    replica_id: str
-    deployment: DeploymentID
-    config: DeploymentConfig
-    definition: bytes
-    init_args: bytes
-    code_version: str
-    world_size: int = 0
-    #: The proxy's options when this replica serves client connections itself.
-    front: HTTPOptions | None = None
-
-
-class ReplicaActor:
-    """Hosts one ``ReplicaCore`` and its channel server. Started with a ``ReplicaStart``,
-    or without one as a spare (``spares.py``) that gets it in ``initialize``."""
-
-    def __init__(self, start: ReplicaStart | None = None) -> None:
-        configure_worker()
-        self._start = start
-        self._core: ReplicaCore | None = None
-        self._server: asyncio.Server | None = None
-        self._info: ReplicaInfo | None = None
-        self._front: ReplicaFront | None = None
-        #: Seconds each step of ``initialize`` took (``start_phases``).
-        self._phases: dict[str, float] = {}
-        self._preloaded: list[str] = []  # the code a spare loaded ahead (``preload``)
-        self._rank = ReplicaRank(-1, -1, -1)
-        if start is None:  # a spare: what deployments import, ready and out of the collector's way
-            _import_web_framework()
-            settle_heap()
-
-    async def preload(self, code: dict[str, bytes]) -> list[str]:
-        """A spare: load these deployments' code now (``code``: "app/deployment@version"
-        -> serialized definition; their modules are imported, the objects dropped), so
-        that a replica started here later finds it loaded. One that fails is skipped: its
-        replica's own start reports why. Returns the keys loaded."""
-        if self._start is not None:
-            return []  # given a replica meanwhile: its own code is what counts
-        loaded = await asyncio.to_thread(_load_quietly, code)
-        settle_heap()
-        self._preloaded += loaded
-        return loaded
-
-    def loaded_ahead(self) -> list[str]:
-        """The code this process loaded as a spare ("app/deployment@version" keys)."""
-        return list(self._preloaded)
-
-    def start_phases(self) -> dict[str, float]:
-        """Seconds each step of becoming a replica took: loading the deployment's code,
-        its constructor (and lifespan start), the channel server, the client-connection
-        front, the heap settling (for benchmarks and tools)."""
-        return dict(self._phases)
-
-    def replica_id(self) -> str | None:
-        """The replica this process is (None: a spare not given one yet)."""
-        return self._start.replica_id if self._start is not None else None
-
-    def node_id(self) -> str:
-        """The node this process runs on (answered once Ray placed and started it)."""
-        return ray.get_runtime_context().get_node_id()
-
-    async def initialize(self, start: ReplicaStart | None, rank: ReplicaRank) -> ReplicaInfo:
-        """Become the replica ``start`` describes (a spare: given now), at ``rank``."""
-        self._rank = rank
-        if start is not None:
-            if self._start is not None and self._start != start:
-                raise RuntimeError(f"This process is replica {self._start.replica_id} already")
-            self._start = start
-        if self._start is None:
-            raise RuntimeError("A spare replica process was initialized without a replica to be")
-        replica_id, deployment, config = self._start.replica_id, self._start.deployment, self._start.config
-        tls = replica_tls()  # a TLS misconfiguration fails the start before user code runs
-        metrics.set_process_labels(replica=replica_id)  # the user's own metrics, too
-        caller_metrics.set_caller(replica_id)
-        # Handle calls of the user's code run on this actor's loop (before the user's
-        # constructor, which may make some).
-        plane = link.attach(asyncio.get_running_loop()).data_plane
-        clock = _Phases(self._phases)
-        definition, init_args = pickle.loads(self._start.definition), pickle.loads(self._start.init_args)
-        clock.lap("code")
-        core = ReplicaCore(
-            replica_id, deployment, config, definition, init_args, dumps, rank, self._start.world_size
-        )
-        controller = controller_actor()
-        reports = itertools.count()
-
-        def report_models(models: tuple[str, ...]) -> None:
-            sequence = next(reports)  # Ray owns the call: nothing here waits for it
-            controller.run.remote(lambda c: c.record_models(replica_id, models, sequence))
-
-        core.report_models = report_models
-        await core.start()
-        clock.lap("constructor")
-        token = secrets.token_bytes(16)
-        host = data_plane_host()
-        self._server, port = await start_server(core, host, token, dumps, tls)
-        self._core = core
-        clock.lap("channel")
-        handoff = ""
-        if self._start.front is not None:
-            front = ReplicaFront(core, self._start.front, plane.subscriber)
-            try:
-                handoff = await front.start()
-                self._front = front
-                # Requests on the connections it owns reach no caller's dispatcher: this
-                # process reports them, so the autoscaler sees the direct traffic too.
-                plane.subscriber.add_load(deployment, lambda: float(core.direct_ongoing))
-            except OSError as exc:  # serving matters more than the faster path: the proxy forwards
-                logger.warning("%s takes no client connections (its hand-off socket: %s)", replica_id, exc)
-                await front.stop(timeout_s=1.0)
-        clock.lap("front")
-        settle_heap()
-        clock.lap("heap")
-        self._info = ReplicaInfo(
-            replica_id,
-            deployment,
-            host,
-            port,
-            token,
-            config.max_ongoing_requests,
-            ray.get_runtime_context().get_node_id(),
-            tls=tls is not None,
-            rank=rank.rank,
-            handoff=handoff,
-            actor=ray.get_runtime_context().get_actor_name() or "",
-        )
-        return self._info
-
-    async def describe(self) -> AdoptedReplica | str:
-        """What a restarted controller needs to adopt this replica, or why it cannot:
-        "starting" or "draining"."""
-        core = self._core
-        if self._start is None:
-            return "spare"
-        if core is None or self._info is None:
-            return "starting"
-        if core.draining:
-            return "draining"
-        info = dataclasses.replace(self._info, max_ongoing_requests=core.config.max_ongoing_requests)
-        rank = self._rank
-        return AdoptedReplica(
-            info, self._start.code_version, core.config, None, rank.node_rank, rank.local_rank
-        )
-
-    async def check_health(self) -> None:
-        assert self._core is not None
-        await self._core.check_health()
-
-    async def reconfigure(self, config: DeploymentConfig) -> None:
-        assert self._core is not None
-        await self._core.update_config(config)
-
-    async def metrics(self) -> list[FamilySnapshot]:
-        """This replica process's metrics (the node's proxy reads them for /-/metrics)."""
-        return metrics.snapshot()
-
-    async def stats(self) -> dict[str, int]:
-        """Requests running, asyncio tasks alive, the process id and (a spare) how many
-        deployments' code it loaded ahead (for tests and tools)."""
-        return {
-            "ongoing": self._core.ongoing if self._core else 0,
-            "tasks": len(asyncio.all_tasks()),
-            "pid": os.getpid(),
-            "preloaded": len(self._preloaded),
-        }
-
-    async def drain(self, hurry: bool = False) -> None:
-        """Stop serving gracefully (``ReplicaCore.drain``; ``hurry``: open streams and
-        WebSockets end at once), then close the channel server."""
-        core, front = self._core, self._front
-        if core is not None:
-            timeout_s = core.config.graceful_shutdown_timeout_s
-            # Its client connections go back to the proxy as they become idle, while the
-            # requests running here finish.
-            drained = [core.drain(hurry)] if front is None else [core.drain(hurry), front.drain(timeout_s)]
-            await asyncio.gather(*drained)
-            # Callers that still have the old table may send here for a moment: refuse
-            # those requests (they are retried elsewhere) rather than die under them.
-            await core.linger()
-            if front is not None:
-                await front.stop(timeout_s)
-        if self._server is not None:
-            self._server.close()
 
 
 class RayReplicas:
