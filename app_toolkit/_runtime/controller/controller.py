@@ -33,6 +33,7 @@ from app_toolkit._runtime.controller.deployment_state import (
     keep_size,
     new_spec,
     next_due,
+    only_starting,
     plan,
 )
 from app_toolkit._runtime.controller.heap import HeapKeeper
@@ -127,14 +128,17 @@ class ControllerCore:
 
     async def shutdown(self) -> None:
         """Stop serving: delete every application and wait (bounded) until their replicas
-        stopped, forget the desired state, stop the proxies, then this controller's loop."""
+        stopped, forget the desired state, stop the proxies, then this controller's loop.
+
+        Replicas still starting are not waited for: stopping the loop cancels their
+        starts, and the backend stops the processes it was starting."""
         for name in list(self.apps):
             await self.delete_app(name)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + _SHUTDOWN_DRAIN_S
-        while self.deployments and loop.time() < deadline:
+        while not all(map(only_starting, self.deployments.values())) and loop.time() < deadline:
             await asyncio.sleep(0.05)
-        if self.deployments:
+        if not all(map(only_starting, self.deployments.values())):
             logger.warning("Shutting down with %d deployment(s) still stopping", len(self.deployments))
         await self.backend.save_checkpoint(b"")
         await self.backend.stop_proxies()

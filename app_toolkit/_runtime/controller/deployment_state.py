@@ -277,6 +277,12 @@ def keep_size(state: DeploymentState) -> None:
         state.autoscaler.hold(running)
 
 
+def only_starting(state: DeploymentState) -> bool:
+    """Whether every replica left is still starting: none serves or drains (shutdown
+    cancels their starts rather than wait for a constructor, a model loading)."""
+    return all(r.state is ReplicaState.STARTING for r in state.replicas.values())
+
+
 def slow_starters(state: DeploymentState, now: float) -> list[Replica]:
     """Replicas that have been starting for longer than ``SLOW_START_S``."""
     return [

@@ -322,6 +322,9 @@ class RayReplicas:
     async def _initialize(self, actor: Actor, start: ReplicaStart | None) -> tuple[ReplicaInfo, Actor]:
         try:
             return await actor.initialize.remote(start), actor
+        except asyncio.CancelledError:  # the controller stops: the process would outlive it
+            ray.kill(actor, no_restart=True)
+            raise
         except RayTaskError as exc:
             ray.kill(actor, no_restart=True)
             cause = exc.cause if exc.cause is not None else exc
