@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import os
-import signal
 import sys
-import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any, Literal, TypeVar, get_args, get_origin
 
@@ -14,16 +13,19 @@ import click
 
 from app_toolkit import api
 from app_toolkit._runtime import console_pipe, log_format
+from app_toolkit._runtime.backends.base import session_factory
 from app_toolkit._runtime.console_pipe import ConsolePipe
 from app_toolkit._runtime.session import Session
 from app_toolkit.build import as_application
 from app_toolkit.cli.deploy import apply
 from app_toolkit.cli.session import fail
+from app_toolkit.cli.stop_signals import StopSignals
 from app_toolkit.config import LOG_LEVEL_ENV, HTTPOptions, parse_http_options
 from app_toolkit.config.file import load_config
 from app_toolkit.deployment import Application
 from app_toolkit.exceptions import AppToolkitError, ConfigError
 from app_toolkit.import_path import import_attr
+from app_toolkit.status import ServeStatus
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -100,43 +102,97 @@ def run(
     log_format: str,
     **http_flags: Any,
 ) -> None:
-    """Serve an app (module:attribute) or a config file's apps until Ctrl-C.
+    """Serve an app (module:attribute) or a config file's apps until Ctrl-C or SIGTERM.
 
     With a config file, its http_options apply; flags given on the command line win.
     """
-    _set_logging(log_level, log_format)
-    ctx.with_resource(_console_lines(local or bool(address or os.environ.get("RAY_ADDRESS"))))
+    signals = StopSignals()  # first: from here on one SIGINT or SIGTERM stops the command
+    session: Session | None = None
+    serving = False
     try:
-        # Ray worker processes import the user's module too: let them find it here.
-        cwd = os.getcwd()
-        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (cwd, os.environ.get("PYTHONPATH")) if p)
-        # Every log line of the workers reaches this console as written: Ray's driver would
-        # otherwise fold lines from different processes that differ only in their numbers
-        # (two proxies' access lines for one route, say) into "[repeated Nx]", and it
-        # spends more CPU per line doing so. Read before Ray is imported; yours wins.
-        os.environ.setdefault("RAY_DEDUP_LOGS", "0")
-        if _is_config_file(target):
-            if name is not None or route_prefix is not None:
-                raise ConfigError("--name and --route-prefix apply to an import path; set them in the file")
-            config = load_config(target)
-            given = {k: v for k, v in http_flags.items() if _given(ctx, k)}
-            http = parse_http_options({**config.http().model_dump(), **given})
-            logging_config = config.logging_config
-            _set_logging(
-                log_level if _given(ctx, "log_level") else logging_config.level_name(),
-                log_format if _given(ctx, "log_format") else logging_config.encoding.lower(),
-            )
-            app = None
-        else:
-            http = parse_http_options(http_flags)
-            # A wrong import path fails here, before a cluster starts for nothing.
-            app = _load(target, name)
-        session = api.start(http_options=http, backend="local" if local else "auto", address=address)
-        names = _deploy(session, target, name, route_prefix, app=app)
-        current = session.status()
-    except AppToolkitError as exc:
-        fail(exc)
-        return
+        try:
+            ctx.with_resource(_console_lines(local or bool(address or os.environ.get("RAY_ADDRESS"))))
+            http, app = _prepare(ctx, target, name, route_prefix, log_level, log_format, http_flags)
+            session = signals.deferred(lambda: _start(http, local, address))
+            names = _deploy(session, target, name, route_prefix, app=app)
+            _announce(target, names, session.status(), http)
+        except AppToolkitError as exc:
+            fail(exc)
+        serving = True
+        if reload:
+            _redeploy_on_change(lambda: _deploy(session, target, name, route_prefix, fresh=True))
+        while True:
+            time.sleep(60)  # until a stop signal interrupts it
+    except KeyboardInterrupt:
+        received = f"{signals.received.name} received" if signals.received is not None else "interrupted"
+        click.echo(f"app-toolkit: {received}{'' if serving else ' while starting'}; shutting down")
+    try:
+        if session is not None:  # None: stopped before the toolkit started
+            api.shutdown()
+    except KeyboardInterrupt:
+        click.echo("app-toolkit: a second signal: stopped before the shutdown finished", err=True)
+        sys.exit(1)
+    click.echo("app-toolkit: stopped")
+
+
+#: Ray's driver installs abseil's crash handler in this process as it connects, and it
+#: takes SIGTERM too: it prints a stack trace, and aborts the process 3 s later, cutting
+#: the shutdown short. Ray reads this setting when it is imported.
+_NO_CRASH_HANDLER_ENV = "RAY_DISABLE_FAILURE_SIGNAL_HANDLER"
+
+
+def _start(http: HTTPOptions, local: bool, address: str | None) -> Session:
+    """Start (or join) the toolkit; on Ray, without Ray's crash handler in this process
+    (unless the environment asks for one). The cluster's processes, started later, keep
+    theirs: they do not inherit the setting."""
+    if not local:
+        given = os.environ.get(_NO_CRASH_HANDLER_ENV)
+        os.environ.setdefault(_NO_CRASH_HANDLER_ENV, "1")
+        try:
+            session_factory("ray")  # imports Ray
+        finally:
+            if given is None:
+                os.environ.pop(_NO_CRASH_HANDLER_ENV, None)
+    return api.start(http_options=http, backend="local" if local else "auto", address=address)
+
+
+def _prepare(
+    ctx: click.Context,
+    target: str,
+    name: str | None,
+    route_prefix: str | None,
+    log_level: str,
+    log_format: str,
+    http_flags: dict[str, Any],
+) -> tuple[HTTPOptions, Application | None]:
+    """Before anything starts: logging, the environment the workers inherit, the HTTP
+    options, and the app of an import path (imported now: a wrong path fails here, before
+    a cluster starts for nothing)."""
+    _set_logging(log_level, log_format)
+    # Ray worker processes import the user's module too: let them find it here.
+    cwd = os.getcwd()
+    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (cwd, os.environ.get("PYTHONPATH")) if p)
+    # Every log line of the workers reaches this console as written: Ray's driver would
+    # otherwise fold lines from different processes that differ only in their numbers
+    # (two proxies' access lines for one route, say) into "[repeated Nx]", and it
+    # spends more CPU per line doing so. Read before Ray is imported; yours wins.
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    if not _is_config_file(target):
+        return parse_http_options(http_flags), _load(target, name)
+    if name is not None or route_prefix is not None:
+        raise ConfigError("--name and --route-prefix apply to an import path; set them in the file")
+    config = load_config(target)
+    given = {k: v for k, v in http_flags.items() if _given(ctx, k)}
+    logging_config = config.logging_config
+    _set_logging(
+        log_level if _given(ctx, "log_level") else logging_config.level_name(),
+        log_format if _given(ctx, "log_format") else logging_config.encoding.lower(),
+    )
+    return parse_http_options({**config.http().model_dump(), **given}), None
+
+
+def _announce(target: str, names: list[str], current: ServeStatus, http: HTTPOptions) -> None:
+    """Where each application is served, and the live status page."""
     fallback = None if http.proxy_location == "Disabled" else f"http://{http.host}:{http.port}"
     url = next(iter(current.proxy_urls.values()), fallback)
     for app_name in names:
@@ -149,17 +205,6 @@ def run(
         )
     if url is not None:
         click.echo(f"app-toolkit: live status at {url.rstrip('/')}{http.root_path}/-/dashboard")
-    stop = threading.Event()
-    # SIGINT too: a shell that starts a command in the background makes it ignore SIGINT
-    # (no KeyboardInterrupt then), yet supervisors and `kill -INT` still send it.
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
-    if reload:
-        _redeploy_on_change(stop, lambda: _deploy(session, target, name, route_prefix, fresh=True))
-    while not stop.wait(0.5):
-        pass
-    click.echo("app-toolkit: shutting down")
-    api.shutdown()
 
 
 @contextlib.contextmanager
@@ -214,13 +259,14 @@ def _deploy(
     return [name or app.default_name or "default"]
 
 
-def _redeploy_on_change(stop: threading.Event, redeploy: Callable[[], list[str]]) -> None:
-    """Watch the current folder's .py files; redeploy after each change until ``stop``."""
+def _redeploy_on_change(redeploy: Callable[[], list[str]]) -> None:
+    """Watch the current folder's .py files; redeploy after each change until a stop
+    signal interrupts it."""
     import watchfiles
 
     folder = os.getcwd()
     click.echo(f"app-toolkit: watching {folder} for changes")
-    for changes in watchfiles.watch(folder, watch_filter=watchfiles.PythonFilter(), stop_event=stop):
+    for changes in watchfiles.watch(folder, watch_filter=watchfiles.PythonFilter()):
         changed = ", ".join(sorted(os.path.relpath(path, folder) for _, path in changes))
         click.echo(f"app-toolkit: {changed} changed; redeploying")
         try:

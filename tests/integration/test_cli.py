@@ -20,7 +20,7 @@ import yaml
 from click.testing import CliRunner
 
 from app_toolkit.cli import main
-from tests.apps import basic
+from tests.apps import basic, gated
 from tests.conftest import ROOT, Toolkit, free_port
 from tests.waiting import wait_for
 
@@ -41,18 +41,47 @@ def cli_env() -> dict[str, str]:
 
 
 class RunningCLI:
-    """An `app-toolkit run` subprocess whose output goes to a file the test can read."""
+    """An `app-toolkit run` subprocess whose output goes to a file the test can read.
 
-    def __init__(self, args: list[str], cwd: Path, log_path: Path) -> None:
+    It leads a session of its own, so every process it starts (Ray's too) can be found by
+    that session's id: see :meth:`processes`. ``sigint_ignored`` starts it as a shell
+    starts a background job, with SIGINT ignored.
+    """
+
+    def __init__(
+        self,
+        args: list[str],
+        cwd: Path,
+        log_path: Path,
+        env: dict[str, str] | None = None,
+        sigint_ignored: bool = False,
+    ) -> None:
         self._log = log_path.open("w+")
+        # `exec` keeps the ignored disposition, as a background job's command inherits it.
+        shell = ["sh", "-c", 'trap "" INT; exec "$@"', "sh"] if sigint_ignored else []
         self.process = subprocess.Popen(
-            [*CLI, "run", *args],
+            [*shell, *CLI, "run", *args],
             cwd=cwd,
-            env=cli_env(),
+            env={**cli_env(), **(env or {})},
             stdout=self._log,
             stderr=subprocess.STDOUT,
             text=True,
+            start_new_session=True,
         )
+
+    def processes(self) -> list[int]:
+        """The live processes of its session: itself and what it started (Linux)."""
+        found = []
+        for entry in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                stat = Path(f"/proc/{entry}/stat").read_text()
+            except (FileNotFoundError, ProcessLookupError):
+                continue  # it has just ended
+            # pid (comm) state ppid pgrp session ...: comm may hold spaces and parentheses.
+            state, _ppid, _pgrp, session = stat.rsplit(")", 1)[1].split()[:4]
+            if int(session) == self.process.pid and state != "Z":
+                found.append(int(entry))
+        return found
 
     def output(self) -> str:
         self._log.seek(0)
@@ -80,8 +109,8 @@ class RunningCLI:
 
 
 @contextlib.contextmanager
-def running_cli(args: list[str], cwd: Path, log_path: Path) -> Iterator[RunningCLI]:
-    cli = RunningCLI(args, cwd, log_path)
+def running_cli(args: list[str], cwd: Path, log_path: Path, **options: Any) -> Iterator[RunningCLI]:
+    cli = RunningCLI(args, cwd, log_path, **options)
     try:
         yield cli
     finally:
@@ -103,6 +132,79 @@ def test_run_serves_the_demo_and_stops_cleanly(tmp_path: Path, extra: list[str],
         assert response.json() == {"message": "Hello, cli!"}
         assert cli.stop(stop) == 0
         assert "shutting down" in cli.output()
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=30).status_code == 200
+    except httpx.TransportError:
+        return False  # not listening yet
+
+
+def _assert_stopped_cleanly(cli: RunningCLI, stop: int, started: int, while_starting: bool | None) -> None:
+    """``stop`` was sent: the command exits 0, says so in a line (``while_starting``:
+    what that line says about it; None: either), prints no traceback, and leaves no
+    process behind (it had ``started`` processes)."""
+    assert cli.process.wait(timeout=60) == 0, cli.output()  # stopping is bounded
+    output = cli.output()
+    lines = [
+        f"app-toolkit: {signal.Signals(stop).name} received{when}; shutting down"
+        for when, starting in ((" while starting", True), ("", False))
+        if while_starting in (None, starting)
+    ]
+    assert any(line in output.splitlines() for line in lines), output
+    assert output.rstrip().endswith("app-toolkit: stopped"), output
+    assert "Traceback" not in output and "Aborted" not in output, output
+    # Ray's crash handler did not take the signal (it reports "*** SIGTERM received at
+    # time=...", then aborts the process 3 s later, whether the shutdown is done or not).
+    assert "received at time=" not in output, output
+    # Ray's processes end with the command (its shutdown at exit): the deadline only
+    # keeps a failing test from hanging.
+    wait_for(lambda: not cli.processes(), 30, f"the {started} processes of the command to end")
+
+
+@pytest.mark.parametrize("extra", [[], ["--local"]], ids=["ray", "local"])
+def test_one_sigint_stops_run_the_moment_it_first_answers(tmp_path: Path, extra: list[str]) -> None:
+    """One SIGINT sent the moment the app first answers stops the command. It answers
+    about a second before it prints "serving"; it used to install its signal handlers
+    only then, and started as a background job (here, with SIGINT ignored) it ignored
+    that SIGINT. About 8 s on Ray: an `app-toolkit run` of its own."""
+    port = free_port()
+    args = ["tests.apps.gated:app", "--port", str(port), *extra]
+    with running_cli(args, ROOT, tmp_path / "cli.log", sigint_ignored=True) as cli:
+        url = f"http://127.0.0.1:{port}/predict/hi"
+        wait_for(lambda: _answers(url) or cli.process.poll() is not None, 120, "the first answer", 0.02)
+        started = len(cli.processes())  # a /proc scan: milliseconds
+        cli.process.send_signal(signal.SIGINT)
+        if not extra:
+            assert started >= 3, cli.output()  # with Ray's GCS, raylet, replicas...
+        # Whether it had printed "serving" when the signal came is a matter of a moment.
+        _assert_stopped_cleanly(cli, signal.SIGINT, started, while_starting=None)
+
+
+@pytest.mark.parametrize(
+    ("stage", "stop"),
+    [("import", signal.SIGINT), ("import", signal.SIGTERM), ("constructor", signal.SIGTERM)],
+    ids=["importing-the-app-sigint", "importing-the-app-sigterm", "deploying-sigterm"],
+)
+def test_one_signal_stops_run_while_it_starts(tmp_path: Path, stage: str, stop: int) -> None:
+    """A signal while the command imports the app (before Ray starts), or while the
+    deployment's constructor runs (a model loading: the deploy waits). Deploying takes
+    about 8 s: an `app-toolkit run` of its own, on Ray."""
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    env = {gated.GATE_DIR_ENV: str(gate), gated.GATE_STAGE_ENV: stage}
+    args = ["tests.apps.gated:app", "--port", str(free_port())]
+    with running_cli(args, ROOT, tmp_path / "cli.log", env=env) as cli:
+        reached = gate / f"{stage}.reached"
+        wait_for(lambda: reached.exists() or cli.process.poll() is not None, 120, f"the {stage} gate")
+        assert reached.exists(), cli.output()
+        started = len(cli.processes())
+        if stage == "constructor":
+            assert started >= 3, cli.output()  # Ray's GCS, raylet, the replica...
+        cli.process.send_signal(stop)
+        _assert_stopped_cleanly(cli, stop, started, while_starting=True)
+        assert "serving" not in cli.output()
 
 
 def test_bad_import_paths_fail_with_a_fix() -> None:

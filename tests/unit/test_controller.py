@@ -56,11 +56,19 @@ class FakeBackend:
         self.node = "node-1"  # where replicas are placed
         self.ranks: dict[str, tuple[int, int, int, int]] = {}  # replica id -> rank, node, local, world
         self.hurried: list[Any] = []
+        self.hold_starts = False  # starts wait until cancelled (a model that loads for long)
+        self.cancelled_starts: list[str] = []
 
     async def start_replica(
         self, replica_id: str, spec: DeploymentSpec, seat: Seat
     ) -> tuple[ReplicaInfo, Any]:
         await asyncio.sleep(0)
+        if self.hold_starts:
+            try:
+                await asyncio.Event().wait()
+            except asyncio.CancelledError:
+                self.cancelled_starts.append(replica_id)
+                raise
         self.started += 1
         self.waiting.add(replica_id)
         try:
@@ -398,6 +406,23 @@ async def test_delete_stops_replicas_and_closes_tables() -> None:
     assert core.longpoll.get(replicas_key(DeploymentID("a", "D"))) == DeploymentGone()
     await until(lambda: not backend.running and "a" not in core.apps and not core.deployments)
     await core.stop()
+
+
+async def test_shutdown_cancels_replica_starts_instead_of_waiting_for_them() -> None:
+    # A replica still in its constructor (a model loading) serves nothing and has nothing
+    # to drain: shutdown does not wait for its start, which may take minutes; it cancels
+    # it, and the backend stops the process it was starting.
+    backend = FakeBackend()
+    core = await started(backend)
+    await core.deploy_app(app(replicas=1))
+    await until(lambda: len(backend.running) == 1)
+    backend.hold_starts = True
+    await core.deploy_app(app(version="v2", replicas=1))  # v2's start hangs; v1 keeps serving
+    await until(lambda: len(core.deployments[DeploymentID("a", "D")].replicas) == 2)
+    # Well below the shutdown's drain bound (_SHUTDOWN_DRAIN_S): it did not wait for it.
+    async with asyncio.timeout(5):
+        await core.shutdown()
+    assert backend.running == {} and len(backend.cancelled_starts) == 1
 
 
 async def test_route_prefix_conflicts_and_restart_from_checkpoint() -> None:
