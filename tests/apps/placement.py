@@ -81,9 +81,9 @@ class Grouped:
 grouped_app = as_deployment(Grouped).bind()
 
 
-@tk.deployment(num_replicas=4)
+@tk.deployment(num_replicas=2)
 class Pair:
-    """Four replicas of nothing much (target_capacity scales them)."""
+    """Two replicas of nothing much (target_capacity scales them)."""
 
     def ping(self) -> str:
         return "pong"
