@@ -23,6 +23,7 @@ from app_toolkit.status import (
     ReplicaState,
     ReplicaStatusInfo,
     ServeStatus,
+    UpgradeStatusInfo,
 )
 
 BOUNDS = (0.001, 0.01, 0.1, 1.0, float("inf"))
@@ -91,7 +92,8 @@ def _status() -> ServeStatus:
         ReplicaStatusInfo("shop.Ingress.a", ReplicaState.RUNNING, "v1", "node-1"),
         ReplicaStatusInfo("shop.Ingress.b", ReplicaState.STARTING, "v1", "node-2"),
     ]
-    deployment = DeploymentStatusInfo("Ingress", DeploymentStatus.UPDATING, "", 2, replicas)
+    upgrade = UpgradeStatusInfo("v2", 1, 0, 2, "surge", 0, 0, 0, "1 new replica starting", 3.0)
+    deployment = DeploymentStatusInfo("Ingress", DeploymentStatus.UPDATING, "", 2, replicas, upgrade=upgrade)
     app = ApplicationStatusInfo(
         "shop", ApplicationStatus.DEPLOYING, "", "/shop", "Ingress", {"Ingress": deployment}
     )
@@ -117,6 +119,9 @@ def test_the_state_joins_status_with_the_node_s_gauges() -> None:
     (app,) = state["applications"]
     (deployment,) = app["deployments"]
     assert (app["name"], app["status"], deployment["queued"]) == ("shop", "DEPLOYING", 5.0)
+    assert deployment["upgrade"] == (
+        "upgrade to v2: 0 new and 1 old running, of 2; surge; waiting for 1 new replica starting"
+    )
     assert [(r["replica_id"], r["state"], r["ongoing"]) for r in deployment["replicas"]] == [
         ("shop.Ingress.a", "RUNNING", 3.0),
         ("shop.Ingress.b", "STARTING", None),  # not on this node: unknown, not zero
