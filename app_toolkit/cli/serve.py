@@ -127,9 +127,11 @@ def run(
         received = f"{signals.received.name} received" if signals.received is not None else "interrupted"
         click.echo(f"app-toolkit: {received}{'' if serving else ' while starting'}; shutting down")
     try:
-        if session is not None:  # None: stopped before the toolkit started
+        if session is not None and not signals.repeated:  # None: stopped before it started
             api.shutdown()
     except KeyboardInterrupt:
+        pass  # a second signal
+    if signals.repeated:
         click.echo("app-toolkit: a second signal: stopped before the shutdown finished", err=True)
         sys.exit(1)
     click.echo("app-toolkit: stopped")

@@ -28,6 +28,8 @@ from concurrent.futures import Future
 from types import FrameType
 from typing import TypeVar
 
+import click
+
 T = TypeVar("T")
 
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -36,10 +38,11 @@ STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 class StopSignals:
     """From construction on, SIGINT and SIGTERM raise KeyboardInterrupt in the main
     thread (``received`` is the first that came), except in :meth:`deferred`. One that
-    comes after the first raises at once: the user asks to stop now."""
+    comes after the first (``repeated``) raises again: the user asks to stop now."""
 
     def __init__(self) -> None:
         self.received: signal.Signals | None = None
+        self.repeated = False
         self._deferring = False
         self._install()
 
@@ -50,18 +53,22 @@ class StopSignals:
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         if self.received is None:
             self.received = signal.Signals(signum)
-            if self._deferring:
-                return  # raised when the deferred work returns
-        raise KeyboardInterrupt
+            if self._deferring:  # said now, or the user sends another, thinking it lost
+                name = self.received.name
+                click.echo(f"app-toolkit: {name} received; stopping once the toolkit has started")
+        else:
+            self.repeated = True
+        if not self._deferring:
+            raise KeyboardInterrupt
 
     def deferred(self, work: Callable[[], T]) -> T:
-        """``work``'s result; a first stop signal that comes meanwhile raises
-        KeyboardInterrupt once it has returned.
+        """``work``'s result; stop signals that come meanwhile, a second one too, raise
+        KeyboardInterrupt once it has returned (a process that exits half-way through
+        starting Ray leaves the agents behind all the same).
 
         ``work`` runs in a thread of its own while the main thread waits for it: then
         ``ray.init``, which installs a SIGTERM handler of its own (``sys.exit``) when it
-        runs in the main thread, leaves ours in place. A second signal stops the wait at
-        once; the thread, a daemon, ends with the process.
+        runs in the main thread, leaves ours in place.
         """
         done: Future[T] = Future()
 

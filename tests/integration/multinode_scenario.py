@@ -37,6 +37,7 @@ AFTER_RECOVERY_S = 2.0
 @dataclass
 class Outcome:
     at: float  # when the request started: monotonic, then seconds since the node was removed
+    ended: float  # when its answer (or failure) came, likewise
     status: int  # 0: the connection failed
     retry_after: str | None
     node: str
@@ -56,7 +57,7 @@ def _load(url: str, stop: threading.Event, outcomes: list[Outcome]) -> None:
             retry_after, error = response.headers.get("retry-after"), ""
         except httpx.HTTPError as exc:
             status, node, retry_after, error = 0, "", None, type(exc).__name__
-        outcomes.append(Outcome(started, status, retry_after, node, error))
+        outcomes.append(Outcome(started, time.monotonic(), status, retry_after, node, error))
 
 
 def _fresh_status(url: str) -> int:
@@ -148,7 +149,10 @@ def main() -> None:
         result["replica_nodes_after"] = sorted(
             r.node_id for d in status.applications["where"].deployments.values() for r in d.replicas
         )
-        result["outcomes"] = [{**asdict(o), "at": round(o.at - removed, 3)} for o in outcomes]
+        result["outcomes"] = [
+            {**asdict(o), "at": round(o.at - removed, 3), "ended": round(o.ended - removed, 3)}
+            for o in outcomes
+        ]
         tk.shutdown()
     finally:
         print(json.dumps(result), flush=True)

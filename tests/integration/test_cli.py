@@ -105,6 +105,9 @@ class RunningCLI:
         if self.process.poll() is None:
             self.process.kill()
             self.process.wait()
+        for pid in self.processes():  # what a command killed (or a failed test) left behind
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         self._log.close()
 
 

@@ -35,8 +35,13 @@ def test_removing_a_node_moves_its_replicas_and_the_app_keeps_serving() -> None:
     assert result["recovery_s"] < RECOVERY_LIMIT_S
 
     outcomes = result["outcomes"]
-    before = [o for o in outcomes if o["at"] < -0.5]
-    assert before and all(o["status"] == 200 for o in before)
+    # Every request that ended before the removal began was served. Which requests those
+    # are is decided by when they ended, not when they started: the node's processes die
+    # up to a second after remove_node() is called, and on a loaded host a request takes
+    # up to 2 s, so one that started well before the call can still be in flight on the
+    # lost node when it dies, and fail as the next check allows.
+    before = [o for o in outcomes if o["ended"] < 0]
+    assert before and all(o["status"] == 200 for o in before), [o for o in before if o["status"] != 200]
     assert {o["node"] for o in before} == {head, worker}  # both replicas served
     # Only what was in flight on the lost node fails: connections on its proxy (no
     # response) and requests on its replica, never a hang: 502 without Retry-After when
@@ -44,7 +49,7 @@ def test_removing_a_node_moves_its_replicas_and_the_app_keeps_serving() -> None:
     failed = [o for o in outcomes if o["status"] != 200]
     answers = [(o["status"], o["retry_after"]) for o in failed if o["status"] != 0]
     assert all(answer in ((503, "1"), (502, None)) for answer in answers), failed
-    assert all(-1 <= o["at"] <= 2 for o in failed), failed
+    assert all(o["ended"] >= 0 and o["at"] <= 2 and "Timeout" not in o["error"] for o in failed), failed
     assert len(failed) <= 2 * LOADERS, failed
     after = [o for o in outcomes if o["at"] > result["recovery_s"]]
     assert after and all(o["status"] == 200 and o["node"] == head for o in after)
