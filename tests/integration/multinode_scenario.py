@@ -1,4 +1,8 @@
-"""A two-node Ray cluster on this machine loses its second node under load.
+"""Nodes of a two-node Ray cluster on this machine come and go under load: the second
+node is lost (its processes killed), another joins, and that one leaves the way a
+Kubernetes pod whose command is ``ray start --block`` does (SIGTERM to that process: Ray
+drains the node, the toolkit moves its work off before it goes). Also:
+``max_replicas_per_node`` over the two nodes.
 
 Run in its own process by ``test_multinode.py`` (the test session's Ray is a different,
 single-node cluster): ``python -m tests.integration.multinode_scenario``. It prints one
@@ -15,6 +19,9 @@ os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 
 import json
 import logging
+import signal
+import subprocess
+import sys
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -32,6 +39,11 @@ from tests.waiting import wait_for
 LOADERS = 4
 RECOVERY_LIMIT_S = 60.0
 AFTER_RECOVERY_S = 2.0
+#: How long Ray's drain of a node whose ``ray start --block`` got SIGTERM may last (Ray's
+#: RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S; its default, 30 s, here too).
+RAY_DRAIN_S = 30.0
+#: The graceful_shutdown_timeout_s of the replicas on the node that leaves.
+GRACE_S = 2.0
 
 
 @dataclass
@@ -127,15 +139,14 @@ def main() -> None:
                 loader.join(timeout=30)
         status = session.status()
         result["proxies_after"] = status.proxies
-        joined = cluster.add_node(num_cpus=2, node_ip_address="127.0.0.1")
-        result["joined"] = joined.node_id
-        wait_for(lambda: joined.node_id in session.status().proxies, 60, "a proxy on the node that joined")
+        joined_process, joined = _join_worker(cluster.address)
+        result["joined"] = joined
+        wait_for(lambda: joined in session.status().proxies, 60, "a proxy on the node that joined")
         result["proxies_joined"] = session.status().proxy_urls
         # Both replicas run on the head now: its proxy hands connections to them; the new
         # node's proxy has no local replica and forwards what it accepts over the channel.
         proxies: dict[str, Any] = {  # Any: ray types actor methods as Never
-            node: ray.get_actor(PROXY_PREFIX + node, namespace=NAMESPACE)
-            for node in (head_id, joined.node_id)
+            node: ray.get_actor(PROXY_PREFIX + node, namespace=NAMESPACE) for node in (head_id, joined)
         }
         before_stats = {node: ray.get(actor.stats.remote()) for node, actor in proxies.items()}
         result["after_join"] = [_fresh_status(url) for _ in range(40)]
@@ -153,11 +164,112 @@ def main() -> None:
             {**asdict(o), "at": round(o.at - removed, 3), "ended": round(o.ended - removed, 3)}
             for o in outcomes
         ]
+        result["capped"] = _capped(session)
+        result["leaving"] = _leave(session, head_id, joined, joined_process)
         tk.shutdown()
     finally:
         print(json.dumps(result), flush=True)
+        if "joined_process" in locals() and joined_process.poll() is None:
+            joined_process.kill()
         ray.shutdown()
         cluster.shutdown()  # type: ignore[no-untyped-call]  # ray's test Cluster is unannotated
+
+
+def _join_worker(address: str) -> tuple[subprocess.Popen[str], str]:
+    """A worker node started as a pod starts one, ``ray start --block`` (its process is
+    what gets SIGTERM: ``ray_worker_node.py``); returns the process and the node's id."""
+    command = [sys.executable, "-m", "tests.integration.ray_worker_node", address, "2"]
+    env = {**os.environ, "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": str(RAY_DRAIN_S)}
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    assert process.stdout is not None
+    line = process.stdout.readline()  # "node <id>" once it runs (or "" if it died)
+    assert line.startswith("node "), f"the worker node did not start: {line!r}"
+    node = line.split()[1]
+    wait_for(lambda: _alive(node), 60, "the worker node to join")
+    return process, node
+
+
+def _alive(node_id: str) -> bool:
+    return any(n["NodeID"] == node_id and n["Alive"] for n in ray.nodes())  # type: ignore[no-untyped-call]
+
+
+def _capped(session: Any) -> dict[str, Any]:
+    """Three replicas of at most one per node on two nodes: what status says."""
+    from app_toolkit.build import build_app
+
+    app = make_where_app(num_replicas=3, max_replicas_per_node=1)
+    session.deploy(build_app(app, "capped", None, session.serialize))
+
+    def settled() -> Any:
+        deployment = session.status().applications["capped"].deployments["Ingress"]
+        states = sorted(r.state.value for r in deployment.replicas)
+        said = "max_replicas_per_node" in deployment.message
+        return deployment if states == ["RUNNING", "RUNNING", "STARTING"] and said else None
+
+    deployment = wait_for(settled, 90, "two replicas running and a third waiting, saying why")
+    found = {
+        "nodes": sorted(r.node_id for r in deployment.replicas if r.state is tk.ReplicaState.RUNNING),
+        "message": deployment.message,
+    }
+    tk.delete("capped")
+    return found
+
+
+def _leave(session: Any, head: str, node: str, process: subprocess.Popen[str]) -> dict[str, Any]:
+    """A new application with a replica on each node, under load; then the node's
+    ``ray start --block`` gets SIGTERM: what the clients and status saw, and when it went."""
+    tk.run(make_where_app(graceful_shutdown_timeout_s=GRACE_S), name="moving", route_prefix="/moving")
+    url = next(iter(session.status().proxy_urls.values())) + "/moving/where"
+    found: dict[str, Any] = {
+        "replica_nodes_before": sorted(
+            r.node_id for r in session.status().applications["moving"].deployments["Ingress"].replicas
+        )
+    }
+    outcomes: list[Outcome] = []
+    stop = threading.Event()
+    loaders = [threading.Thread(target=_load, args=(url, stop, outcomes)) for _ in range(LOADERS)]
+    for loader in loaders:
+        loader.start()
+    signalled = time.monotonic()
+    try:
+        both = lambda: len({o.node for o in outcomes}) >= 2 and len(outcomes) >= 50  # noqa: E731 - a condition
+        wait_for(both, 60, "both nodes serving")
+        signalled = time.monotonic()
+        process.send_signal(signal.SIGTERM)
+        proxy: Any = ray.get_actor(PROXY_PREFIX + node, namespace=NAMESPACE)  # ray types it Never
+        told = lambda: ray.get(proxy.stats.remote())["leaving"]  # noqa: E731 - a condition
+        wait_for(told, 30, "the proxy told its node leaves")
+        found["proxy_leaving_s"] = round(time.monotonic() - signalled, 2)
+        seen = lambda: node in session.status().draining_nodes  # noqa: E731 - a condition
+        found["draining_seen"] = wait_for(seen, 10, "status to say the node leaves")
+        wait_for(lambda: not _alive(node), RAY_DRAIN_S + 30, "the leaving node gone")
+        found["node_gone_s"] = round(time.monotonic() - signalled, 2)
+        process.wait(timeout=30)
+        found["process_exit_s"] = round(time.monotonic() - signalled, 2)
+
+        def moved() -> bool:
+            deployment = session.status().applications["moving"].deployments["Ingress"]
+            on_head = all(r.node_id == head for r in deployment.replicas)
+            return deployment.running_replicas == 2 and on_head
+
+        wait_for(moved, 60, "both replicas on the head node")
+        after = time.monotonic()
+        wait_for(lambda: time.monotonic() - after > 2, 10, "load after the move")
+    finally:
+        stop.set()
+        for loader in loaders:
+            loader.join(timeout=60)
+    found["replica_nodes_after"] = sorted(
+        r.node_id for r in session.status().applications["moving"].deployments["Ingress"].replicas
+    )
+    found["proxies_after"] = wait_for(
+        lambda: (proxies := list(session.status().proxies)) == [head] and proxies, 30, "one proxy"
+    )
+    found["outcomes"] = [
+        {**asdict(o), "at": round(o.at - signalled, 3), "ended": round(o.ended - signalled, 3)}
+        for o in outcomes
+    ]
+    return found
 
 
 if __name__ == "__main__":

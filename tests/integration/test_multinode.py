@@ -1,4 +1,7 @@
-"""Multi-node: a proxy per node, replicas spread over nodes, and losing a node under load.
+"""Multi-node: a proxy per node, replicas spread over nodes, a node lost under load, a
+node that joins, max_replicas_per_node over two nodes, and a node that leaves (its ``ray
+start --block`` gets SIGTERM, as a Kubernetes pod's main process does: Ray drains the node
+and the toolkit moves its work off) without failing a request.
 
 The cluster (``ray.cluster_utils.Cluster``, two raylets on this machine) runs in its own
 process, ``multinode_scenario.py``, because this session already has its own Ray.
@@ -8,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tests.integration.multinode_scenario import LOADERS, RECOVERY_LIMIT_S
+from tests.integration.multinode_scenario import GRACE_S, LOADERS, RAY_DRAIN_S, RECOVERY_LIMIT_S
 from tests.scenario import run_scenario
 
 
@@ -16,7 +19,9 @@ def _run_scenario() -> dict[str, Any]:
     return run_scenario("tests.integration.multinode_scenario", timeout_s=240)
 
 
-def test_removing_a_node_moves_its_replicas_and_the_app_keeps_serving() -> None:
+def test_nodes_lost_joining_and_leaving_under_load() -> None:
+    """About 45 s: a two-node cluster of its own; a node lost, one joining, and one leaving
+    under load (one scenario: a cluster starts once)."""
     result = _run_scenario()
     head, worker = result["head"], result["worker"]
 
@@ -65,3 +70,24 @@ def test_removing_a_node_moves_its_replicas_and_the_app_keeps_serving() -> None:
         f"recovered {result['recovery_s']} s after the node was removed; "
         f"{len(failed)} of {len(outcomes)} requests failed"
     )
+
+    # max_replicas_per_node=1 on two nodes: one replica on each, a third waits and says why.
+    capped = result["capped"]
+    assert capped["nodes"] == sorted([head, result["joined"]])
+    assert "max_replicas_per_node=1" in capped["message"], capped
+
+    # The joined node leaves (its ray start --block gets SIGTERM): no request fails.
+    leaving = result["leaving"]
+    assert sorted(leaving["replica_nodes_before"]) == sorted([head, result["joined"]])
+    moved = leaving["outcomes"]
+    lost = [o for o in moved if o["status"] != 200]
+    assert not lost, f"{len(lost)} of {len(moved)} requests failed: {lost[:5]}"
+    assert {o["node"] for o in moved if o["ended"] < 0} == {head, result["joined"]}  # both served
+    assert any(o["at"] > leaving["node_gone_s"] for o in moved)  # and the head after
+    assert leaving["draining_seen"] and leaving["proxy_leaving_s"] < 10
+    # Gone well before Ray's own drain deadline would have killed it: once the toolkit's
+    # replicas had moved and drained (the grace period) and its proxy had stopped.
+    assert leaving["node_gone_s"] < GRACE_S + 10 < RAY_DRAIN_S, leaving
+    assert leaving["process_exit_s"] < GRACE_S + 12, leaving
+    assert leaving["replica_nodes_after"] == [head, head]
+    assert leaving["proxies_after"] == [head]
