@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 import socket as socket_module
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -22,6 +22,8 @@ from starlette.types import ASGIApp
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 from websockets.typing import Subprotocol
+
+from tests.waiting import wait_for
 
 #: Response headers that differ between any two servers: when and who answered, and the
 #: toolkit's request id.
@@ -282,32 +284,57 @@ class UvicornThread:
 
     @contextmanager
     def running(self) -> Iterator[UvicornThread]:
-        from tests.waiting import wait_for
-
+        """Serve until the block ends, then tell uvicorn to stop; :meth:`join` waits until
+        it has (0.1-0.2 s: its loop looks at the flag every 0.1 s, then pauses 0.1 s for
+        its connections)."""
         self._thread.start()
         try:
-            wait_for(lambda: self.server.started or not self._thread.is_alive(), 30, "uvicorn to start")
+            wait_for(
+                lambda: self.server.started or not self._thread.is_alive(), 30, "uvicorn to start", 0.005
+            )
             assert self.server.started, "uvicorn did not start (its lifespan failed?)"
             yield self
         finally:
             self.server.should_exit = True
-            self._thread.join(30)
+
+    def join(self) -> None:
+        self._thread.join(30)
+        assert not self._thread.is_alive(), "uvicorn did not stop within 30 s"
+
+    def settle(self) -> None:
+        """Wait until uvicorn has finished every request it took (its request tasks are
+        done), as between two clients' requests: a connection it ends after an answer
+        (uvicorn closes it, unannounced, when an exception escapes the app after the
+        answer) is closed before the next exchange looks for one to reuse. The close is a
+        callback on uvicorn's loop queued before the one that forgets the task."""
+        wait_for(lambda: not self.server.server_state.tasks, 30, "uvicorn to finish its requests", 0.001)
 
 
-def compare(exchanges: Sequence[Exchange], uvicorn_url: str, toolkit_url: str, root: str) -> list[Difference]:
-    """Send every exchange to uvicorn and to the toolkit (below ``root``, the route
-    prefix) in turn; the differing fields (none when the answers agree)."""
-    found: list[Difference] = []
-    with httpx.Client(timeout=30) as uvicorn_client, httpx.Client(timeout=30) as toolkit_client:
+def ask(
+    exchanges: Sequence[Exchange], url: str, root: str, settle: Callable[[], None] = lambda: None
+) -> tuple[Answer, ...]:
+    """Send every exchange in turn to the server at ``url``, below ``root`` (the toolkit's
+    route prefix; empty for uvicorn, whose --root-path the client does not send), on one
+    client's connections, calling ``settle`` after each; its answers in the same order."""
+    answers: list[Answer] = []
+    with httpx.Client(timeout=30) as client:
         for exchange in exchanges:
             if isinstance(exchange, Http):
-                expected = ask_http(uvicorn_client, uvicorn_url, exchange)
-                actual = ask_http(toolkit_client, toolkit_url + root, exchange)
+                answers.append(ask_http(client, url + root, exchange))
             elif isinstance(exchange, Ws):
-                expected = ask_ws(uvicorn_url.replace("http", "ws", 1), exchange)
-                actual = ask_ws(toolkit_url.replace("http", "ws", 1) + root, exchange)
+                answers.append(ask_ws(url.replace("http", "ws", 1) + root, exchange))
             else:
-                expected = ask_raw(uvicorn_url, "", exchange)
-                actual = ask_raw(toolkit_url, root, exchange)
-            found.extend(differences(exchange, expected, actual))
+                answers.append(ask_raw(url, root, exchange))
+            settle()
+    return tuple(answers)
+
+
+def compare(
+    exchanges: Sequence[Exchange], expected: Sequence[Answer], actual: Sequence[Answer]
+) -> list[Difference]:
+    """The fields where ``actual`` (the toolkit's answers) differs from ``expected``
+    (uvicorn's), exchange by exchange; none when the answers agree."""
+    found: list[Difference] = []
+    for exchange, want, got in zip(exchanges, expected, actual, strict=True):
+        found.extend(differences(exchange, want, got))
     return found
