@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import pickle
 import threading
 from typing import Any
 
@@ -22,6 +21,7 @@ from app_toolkit._runtime.backends.ray.cluster import (
     named_actors,
 )
 from app_toolkit._runtime.backends.ray.stored import CHECKPOINT_KEY
+from app_toolkit._runtime.controller import checkpoint
 from tests.apps import basic, ray_only, scaling, serve_compat
 from tests.conftest import TEST_RESOURCE, Toolkit
 from tests.deployments import as_deployment
@@ -40,7 +40,8 @@ def test_deploy_is_checkpointed_in_gcs(ray_toolkit: Toolkit) -> None:
     name = ray_toolkit.name()
     ray_toolkit.run(as_deployment(ray_only.Pid).bind(), name=name, route_prefix=None)
     stored = ray.experimental.internal_kv._internal_kv_get(CHECKPOINT_KEY, namespace=NAMESPACE)
-    assert name in pickle.loads(stored)[0]
+    saved = checkpoint.loads(stored)
+    assert saved is not None and name in saved.apps
 
 
 def _kill_one_replica(handle: tk.DeploymentHandle) -> str:

@@ -15,6 +15,8 @@ def test_started_from_a_thread_that_ends_it_keeps_serving_and_stops_cleanly() ->
         "proxy_urls": {},
         "events": [],
         "spare_replicas": {},
+        "target_capacity": None,
+        "draining_nodes": [],
     }
     assert seen["ray_started_by_status"] is False
     assert seen["http"] == 200

@@ -17,13 +17,14 @@ from app_toolkit._runtime.controller.capacity import Capacity, next_capacity
 from app_toolkit._runtime.controller.deployment_state import (
     MAX_START_FAILURES,
     DeploymentState,
+    Leaving,
     StartReplica,
     apply_event,
     new_spec,
     place,
     set_capacity,
 )
-from app_toolkit._runtime.controller.planning import plan
+from app_toolkit._runtime.controller.planning import LEAVE_MARGIN_S, SUCCESSOR_WAIT_S, plan
 from app_toolkit._runtime.controller.replica_state import (
     CancelStart,
     Placement,
@@ -326,27 +327,36 @@ def test_a_replica_on_a_leaving_node_serves_until_its_successor_runs_then_drains
     cluster = steady(slots=4)
     leaving = next(iter(cluster.state.replicas))
     successors = iter(["s1", "s2"])
-    actions = plan(cluster.state, cluster.now, lambda: next(successors), {"node-1": 1000.0})
+    leaving_node = {"node-1": Leaving(since=cluster.now, deadline=1000.0)}
+    actions = plan(cluster.state, cluster.now, lambda: next(successors), leaving_node)
     # Both replicas are on node-1 in this simulation: each gets a successor elsewhere.
     starts = [a for a in actions if isinstance(a, StartReplica)]
     assert len(starts) == 2 and cluster.state.replicas[leaving].serving
     for start in starts:
         info = ReplicaInfo(start.replica_id, D, "h", 1, b"t", 100, "node-2", rank=start.rank)
         apply_event(cluster.state, start.replica_id, Started(info, start.replica_id, start.spec.config), 1.0)
-    actions = plan(cluster.state, cluster.now + 1, lambda: "x", {"node-1": 1000.0})
+    actions = plan(cluster.state, cluster.now + 1, lambda: "x", leaving_node)
     on_leaving_node = [r.replica_id for r in cluster.state.replicas.values() if r.node_id == "node-1"]
     assert len(on_leaving_node) == 2
     assert sorted(a.replica_id for a in actions if isinstance(a, StopReplica)) == sorted(on_leaving_node)
 
 
-def test_a_replica_on_a_leaving_node_drains_a_grace_period_before_the_deadline() -> None:
+def test_a_replica_on_a_leaving_node_drains_soon_without_a_successor_and_before_the_deadline() -> None:
     cluster = steady(slots=2)  # no room for successors
+    began = cluster.now
+    # A deadline far away: it waits SUCCESSOR_WAIT_S for a successor, then drains anyway.
+    far = {"node-1": Leaving(since=began, deadline=began + 1000.0)}
+    assert not [a for a in plan(cluster.state, began, lambda: "s1", far) if isinstance(a, StopReplica)]
+    late = plan(cluster.state, began + SUCCESSOR_WAIT_S, lambda: "s2", far)
+    assert len([a for a in late if isinstance(a, StopReplica)]) == 2
+    # A deadline near: it drains a grace period and a margin before it, even sooner.
+    cluster = steady(slots=2)
+    began = cluster.now
     grace = 20.0
-    deadline = cluster.now + 100.0
-    actions = plan(cluster.state, cluster.now, lambda: "s1", {"node-1": deadline})
-    assert not any(isinstance(a, StopReplica) for a in actions)
-    actions = plan(cluster.state, deadline - grace, lambda: "s2", {"node-1": deadline})
-    assert len([a for a in actions if isinstance(a, StopReplica)]) == 2
+    near = {"node-1": Leaving(since=began, deadline=began + grace + LEAVE_MARGIN_S + 1.0)}
+    assert not [a for a in plan(cluster.state, began, lambda: "s1", near) if isinstance(a, StopReplica)]
+    soon = plan(cluster.state, began + 1.0, lambda: "s2", near)
+    assert len([a for a in soon if isinstance(a, StopReplica)]) == 2
 
 
 # -------------------------------------------------------------------------------- ranks

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from app_toolkit._runtime.controller.backend import Backend, ClusterView, Unplaced
-from app_toolkit._runtime.controller.deployment_state import DeploymentState, apply_event
+from app_toolkit._runtime.controller.deployment_state import DeploymentState, Leaving, apply_event
 from app_toolkit._runtime.controller.replica_state import Placement
 from app_toolkit._runtime.messages import DeploymentID
 from app_toolkit.status import ReplicaState
@@ -36,7 +36,8 @@ class Records(Protocol):
 
 
 class ClusterWatch:
-    """Leaving nodes (``draining``: node id -> when it goes, on the controller's clock) and
+    """Leaving nodes (``draining``: node id -> since when and until when, on the
+    controller's clock) and
     placement news, kept for one controller. Its question to the backend runs as a task
     of the controller's (``spawn``), one at a time."""
 
@@ -51,7 +52,7 @@ class ClusterWatch:
         self._records = records
         self._record = record
         self._spawn = spawn
-        self.draining: dict[str, float] = {}
+        self.draining: dict[str, Leaving] = {}
         self._released: set[str] = set()  # leaving nodes told that none of our replicas run there
         self._asked_at = -float("inf")
         self._asking = False
@@ -79,7 +80,10 @@ class ClusterWatch:
         starting replicas wait (an upgrade may then go in steps). A replica placed since
         (its node known) is past waiting, whatever an older view says."""
         now = asyncio.get_running_loop().time()
-        draining = {node: now + left for node, left in view.draining.items()}
+        draining = {
+            node: Leaving(self.draining[node].since if node in self.draining else now, now + left)
+            for node, left in view.draining.items()
+        }
         if draining.keys() != self.draining.keys():
             for node in draining.keys() - self.draining.keys():
                 self._record(logging.WARNING, f"Node {node[:12]} is leaving: moving its replicas")

@@ -38,8 +38,18 @@ from app_toolkit.status import ReplicaState
 #: Failed starts of one version after which its deployment is DEPLOY_FAILED.
 MAX_START_FAILURES = 3
 
-#: Node id -> when it leaves (controller clock; ``inf``: no deadline).
-Draining = Mapping[str, float]
+
+@dataclass(frozen=True, slots=True)
+class Leaving:
+    """A node that is leaving: since when (controller clock), and when it goes (``inf``:
+    no deadline)."""
+
+    since: float
+    deadline: float
+
+
+#: Node id -> how it leaves.
+Draining = Mapping[str, Leaving]
 
 
 @dataclass(frozen=True, slots=True)

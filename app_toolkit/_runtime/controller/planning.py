@@ -30,6 +30,9 @@ from app_toolkit.status import ReplicaState
 #: A replica on a leaving node drains at the latest this long plus its grace period before
 #: the node's deadline: its lifespan shutdown, and the node's proxy finishing its requests.
 LEAVE_MARGIN_S = 10.0
+#: ... and at the latest this long after the node began leaving, successor or not: the
+#: node then goes within its replicas' grace period and a few seconds.
+SUCCESSOR_WAIT_S = 5.0
 
 
 def plan(
@@ -236,7 +239,9 @@ def _move_off(state: DeploymentState, now: float, draining: Draining) -> list[Ac
 
 
 def _leave_by(replica: Replica, config: DeploymentConfig, draining: Draining) -> float:
-    """When a replica on a leaving node must start draining to be done before the node
-    goes (``config``: the deployment's, for a replica whose own is not known yet)."""
+    """When a replica on a leaving node drains, successor or not: ``SUCCESSOR_WAIT_S``
+    after the node began leaving, or earlier if it must to be done before the node's
+    deadline (``config``: the deployment's, for a replica whose own is not known yet)."""
     grace = (replica.config or config).graceful_shutdown_timeout_s
-    return draining[replica.node_id] - grace - LEAVE_MARGIN_S
+    leaving = draining[replica.node_id]
+    return min(leaving.since + SUCCESSOR_WAIT_S, leaving.deadline - grace - LEAVE_MARGIN_S)
