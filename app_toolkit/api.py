@@ -23,7 +23,7 @@ from app_toolkit.config import HTTPOptions, parse_application_options, parse_htt
 from app_toolkit.deployment import Application
 from app_toolkit.exceptions import ConfigError, DeployError
 from app_toolkit.handle import DeploymentHandle
-from app_toolkit.status import ApplicationStatus, ServeStatus
+from app_toolkit.status import ApplicationStatus, DeploymentStatus, DeploymentStatusInfo, ServeStatus
 
 logger = logging.getLogger("app_toolkit")
 
@@ -97,16 +97,20 @@ def run(
     if _reload:
         spec = reloaded(spec)
     session.deploy(spec)
-    wait_for_application(session, options.name)
+    # A reload returns once the new code serves: the old replicas drain meanwhile.
+    wait_for_application(session, options.name, serving_is_enough=_reload)
     handle = DeploymentHandle(spec.ingress, options.name)
     if blocking:
         _block_until_interrupted(session)
     return handle
 
 
-def wait_for_application(session: Session, name: str, timeout_s: float | None = None) -> None:
+def wait_for_application(
+    session: Session, name: str, timeout_s: float | None = None, serving_is_enough: bool = False
+) -> None:
     """Block until ``name`` runs; raise DeployError with its message if it fails (or is
-    not running after ``timeout_s``)."""
+    not running after ``timeout_s``). ``serving_is_enough``: return once every deployment
+    serves its new version at its target, old replicas still draining."""
     last_report = began = time.monotonic()
     while True:
         if timeout_s is not None and time.monotonic() - began > timeout_s:
@@ -117,12 +121,28 @@ def wait_for_application(session: Session, name: str, timeout_s: float | None = 
         app = session.status().applications.get(name)
         if app is not None and app.status is ApplicationStatus.RUNNING:
             return
+        if (
+            app is not None
+            and serving_is_enough
+            and all(map(_serves_its_new_version, app.deployments.values()))
+        ):
+            return
         if app is not None and app.status is ApplicationStatus.DEPLOY_FAILED:
             raise DeployError(f"Application {name!r} failed to deploy: {app.message}")
         if time.monotonic() - last_report > 30:
             last_report = time.monotonic()
             logger.warning("Application %r is still deploying: %s", name, app.message if app else "")
         time.sleep(_POLL_S)
+
+
+def _serves_its_new_version(deployment: DeploymentStatusInfo) -> bool:
+    """Running at its target, or upgrading with every new replica running (old ones drain)."""
+    if deployment.status is DeploymentStatus.HEALTHY:
+        return True
+    upgrade = deployment.upgrade
+    return (
+        upgrade is not None and upgrade.mode != "rollback" and upgrade.new_replicas >= upgrade.target_replicas
+    )
 
 
 def delete(name: str, _blocking: bool = True) -> None:

@@ -115,13 +115,13 @@ class EventLog(ABC):
         """The events ``stream`` holds now (a taker-over reads what its writer had done).
         Raises :class:`UnknownStream`."""
 
-    async def follow(self, stream: str, after: str = "") -> AsyncIterator[LoggedEvent]:
+    async def follow(self, stream: str, after: str = "") -> Following:
         """The events of ``stream`` after the one with id ``after`` ("" for all), as they
         come, until it is closed. Checked before it returns (so a route can still answer
         404 or 400): raises :class:`UnknownStream`, or ``ValueError`` for an id the stream
         has not given. While following, raises :class:`StreamAbandoned`."""
         await self._check(stream, after)
-        return self._follow(stream, after)
+        return Following(self._follow(stream, after))
 
     @abstractmethod
     async def _check(self, stream: str, after: str) -> None: ...
@@ -131,6 +131,29 @@ class EventLog(ABC):
 
     async def aclose(self) -> None:  # noqa: B027 - most logs hold nothing open
         """Let go of what the log holds open (connections); the streams stay."""
+
+
+class Following(AsyncIterator[LoggedEvent]):
+    """A reader's events of one stream, as :meth:`EventLog.follow` gives them. An
+    ``EventStream`` over them ends as soon as its replica starts draining: its client
+    reconnects with the last id it saw and gets the rest from any replica."""
+
+    __slots__ = ("_events",)
+
+    def __init__(self, events: AsyncIterator[LoggedEvent]) -> None:
+        self._events = events
+
+    def __aiter__(self) -> Following:
+        return self
+
+    async def __anext__(self) -> LoggedEvent:
+        return await anext(self._events)
+
+    async def aclose(self) -> None:
+        """Stop following (what the reader holds open is let go)."""
+        close = getattr(self._events, "aclose", None)
+        if close is not None:
+            await close()
 
 
 def check_name(stream: str) -> None:

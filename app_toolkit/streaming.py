@@ -22,7 +22,7 @@ from typing import TypeVar
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from app_toolkit._runtime import request_context
-from app_toolkit.event_log import LoggedEvent
+from app_toolkit.event_log import Following, LoggedEvent
 from app_toolkit.exceptions import ReplicaUnavailableError
 
 T = TypeVar("T")
@@ -85,14 +85,19 @@ async def _events(
     source = _as_async(events)
     signal = request_context.drain_signal.get()
     cut = _Cut()
-    watch = signal.watch(cut.now, at_start=bool(end_at_drain)) if signal is not None else None
+    # Unless its author said: an event log's events end it at the drain's start (their ids
+    # are what its client resumes after), from the start or from the first one it sends.
+    resumable = end_at_drain is None
+    at_start = isinstance(events, Following) if end_at_drain is None else end_at_drain
+    watch = signal.watch(cut.now, at_start=at_start) if signal is not None else None
     number = 0
     try:
         while True:
             if watch is None:
                 item = await anext(source, _END)
             elif watch.due:
-                item = _DRAINED
+                # Its end may have come with its last item: then it ends as it would have.
+                item = _DRAINED if await _last_read(source) is not _END else _END
             else:
                 item = await cut.next(source)
             if item is _DRAINED:
@@ -102,16 +107,18 @@ async def _events(
                 return
             if item is _END:
                 return
-            if end_at_drain is None and watch is not None and isinstance(item, LoggedEvent):
-                watch.at_start = True  # resumable: its client resumes after this event's id
+            if resumable and watch is not None and not watch.at_start and isinstance(item, LoggedEvent):
+                watch.end_at_start()
             number += 1
             yield _event(item, str(number) if ids else None)
     finally:
-        if watch is not None:
-            await watch.close()
-        aclose = getattr(source, "aclose", None)
-        if aclose is not None:
-            await aclose()
+        try:
+            if watch is not None:
+                await watch.close()
+        finally:
+            aclose = getattr(source, "aclose", None)
+            if aclose is not None:
+                await aclose()
 
 
 def _final(final_event: FinalEvent) -> ServerSentEvent | None:
@@ -127,6 +134,20 @@ def _final(final_event: FinalEvent) -> ServerSentEvent | None:
 
 _END = object()
 _DRAINED = object()
+#: At its drain's deadline, how long a stream's source gets to say it has ended anyway.
+_LAST_READ_S = 0.05
+
+
+async def _last_read(source: AsyncIterator[object]) -> object:
+    """``_END`` if ``source`` ends at once (a stream that sent its last event just as the
+    deadline came ends as it would have, with no final event after it), else ``_DRAINED``
+    (an item it had ready is dropped: the stream is cut at this point)."""
+    try:
+        async with asyncio.timeout(_LAST_READ_S):
+            item = await anext(source, _END)
+    except TimeoutError:
+        return _DRAINED
+    return _END if item is _END else _DRAINED
 
 
 class _Cut:

@@ -166,6 +166,14 @@ def ends_websocket(message: Message) -> bool:
 RESTART_CLOSE: Message = {"type": "websocket.close", "code": CLOSE_SERVICE_RESTART, "reason": RESTART_REASON}
 
 
+def restart_end(state: HandshakeState) -> tuple[Message, ...]:
+    """What ends a WebSocket at its replica's drain deadline: an accepted one closes with
+    1012 (the client reconnects, to another replica); one not accepted yet, or whose
+    denial is under way, or ended, gets nothing here (its app's own answer, or
+    ``websocket_end`` when the app returns, ends it)."""
+    return (dict(RESTART_CLOSE),) if state == "accepted" else ()
+
+
 def websocket_end(state: HandshakeState, failed: bool, scope: Scope, request_id: str) -> tuple[Message, ...]:
     """What ends a WebSocket whose app raised (``failed``) or returned without closing it.
     No handshake sent: the generic 500 as its answer, as uvicorn answers both. Accepted:

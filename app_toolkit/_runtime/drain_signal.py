@@ -12,7 +12,10 @@ to write it. A hurried drain (``app-toolkit run --reload``) is at its deadline a
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import Awaitable, Callable
+
+logger = logging.getLogger("app_toolkit.replica")
 
 #: How long a drain past its deadline waits for the streams it ended to write their last
 #: event (for their requests to end), before it goes on (lifespan shutdown; the process
@@ -75,11 +78,18 @@ class DrainWatch:
         signal = self._signal
         return signal.deadline.is_set() or (self.at_start and signal.started.is_set())
 
+    def end_at_start(self) -> None:
+        """The stream turned out resumable: it ends as soon as the drain starts."""
+        self.at_start = True
+
     async def _run(self) -> None:
         await self._signal.started.wait()
         if not self.at_start:
             await self._signal.deadline.wait()
-        await self._end()
+        try:
+            await self._end()
+        except Exception:  # a client gone meanwhile, say: the stream ends anyway
+            logger.exception("Ending a stream or WebSocket at its replica's drain failed")
 
     async def close(self) -> None:
         """The stream or WebSocket ended: stop watching (an ``end`` under way is cancelled)."""

@@ -253,7 +253,9 @@ def test_the_page_waits_and_retries_while_the_service_is_busy(browser: Browser, 
         reply_keep_s=0.5,
         max_context_tokens=8192,
         default_max_tokens=4096,
+        max_reply_tokens=4096,
         reply_orphan_s=600,
+        graceful_shutdown_timeout_s=5,  # the test's end need not wait a 4,096-token reply out
     )
     ray_toolkit.run(build_app(settings), route_prefix="/")
     base = ray_toolkit.url

@@ -86,7 +86,9 @@ class FakeBackend:
         info = ReplicaInfo(replica_id, spec.id, "127.0.0.1", 1, b"t", max_ongoing, node, rank=seat.rank)
         return info, replica_id
 
-    async def stop_replica(self, handle: Any, graceful: bool, hurry: bool = False) -> None:
+    async def stop_replica(
+        self, handle: Any, graceful: bool, hurry: bool = False, grace_s: float | None = None
+    ) -> None:
         if hurry:
             self.hurried.append(handle)
         self.running.pop(handle, None)
@@ -406,6 +408,17 @@ async def test_delete_stops_replicas_and_closes_tables() -> None:
     assert core.longpoll.get(replicas_key(DeploymentID("a", "D"))) == DeploymentGone()
     await until(lambda: not backend.running and "a" not in core.apps and not core.deployments)
     await core.stop()
+
+
+async def test_shutdown_hurries_the_drains_of_every_replica() -> None:
+    backend = FakeBackend()
+    core = await started(backend)
+    await core.deploy_app(app(replicas=2))
+    await until(lambda: len(backend.running) == 2)
+    running = set(backend.running)
+    async with asyncio.timeout(5):
+        await core.shutdown()
+    assert set(backend.hurried) == running  # their streams end as their drains start
 
 
 async def test_shutdown_cancels_replica_starts_instead_of_waiting_for_them() -> None:

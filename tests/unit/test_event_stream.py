@@ -16,7 +16,7 @@ from sse_starlette import ServerSentEvent
 
 from app_toolkit._runtime import request_context
 from app_toolkit._runtime.drain_signal import DrainSignal
-from app_toolkit.event_log import LoggedEvent
+from app_toolkit.event_log import LoggedEvent, MemoryEventLog
 from app_toolkit.exceptions import ReplicaUnavailableError
 from app_toolkit.streaming import (
     DRAIN_EVENT,
@@ -108,6 +108,31 @@ async def test_a_resumable_stream_ends_when_the_drain_starts(
     assert await asyncio.wait_for(pending, 5) is DRAIN_EVENT
     await ended(stream)
     assert source.ended == ["cancelled", "closed"]
+
+
+async def test_an_event_log_follower_with_nothing_sent_yet_ends_when_the_drain_starts(
+    signal: DrainSignal,
+) -> None:
+    log = MemoryEventLog()
+    await log.append("reply", "earlier")
+    following = await log.follow("reply", after=(await log.read("reply"))[-1].id)  # at its end: quiet
+    stream = _events(following, True, DRAIN_EVENT, None)
+    pending = asyncio.ensure_future(anext(stream))
+    await asyncio.sleep(0.05)  # it waits for the log's next event
+    assert not pending.done()
+    signal.begin()  # resumable from the start: it need not have sent an event first
+    assert await asyncio.wait_for(pending, 5) is DRAIN_EVENT
+    await ended(stream)
+
+
+async def test_a_stream_that_ended_as_the_deadline_came_gets_no_final_event(signal: DrainSignal) -> None:
+    async def last_events() -> AsyncIterator[object]:
+        yield "the last event"  # and then it ends
+
+    stream = _events(last_events(), True, DRAIN_EVENT, None)
+    assert (await anext(stream)).data == "the last event"
+    signal.end_streams()  # the deadline comes just after its last event went out
+    await ended(stream)  # it ends as it would have: no drain event after its last one
 
 
 async def test_an_event_log_stream_marked_otherwise_waits_for_the_deadline(signal: DrainSignal) -> None:

@@ -16,6 +16,7 @@ from fastapi.responses import StreamingResponse
 from starlette.types import Scope
 
 import app_toolkit as tk
+from app_toolkit._runtime import answers
 from app_toolkit._runtime.channel.flow import Inbound
 from app_toolkit._runtime.drain_signal import LAST_EVENT_S
 from app_toolkit._runtime.messages import (
@@ -176,8 +177,7 @@ async def test_streams_and_websockets_run_to_the_deadline_and_end_as_their_clien
         socket = await requests.websocket()
         loop = asyncio.get_running_loop()
         began = loop.time()
-        drained = asyncio.ensure_future(core.drain())
-        await asyncio.wait_for(asyncio.shield(drained), GRACE_S + LAST_EVENT_S + 2)
+        await asyncio.wait_for(core.drain(), GRACE_S + LAST_EVENT_S + 2)
         took = loop.time() - began
     finally:
         await requests.close()
@@ -209,6 +209,8 @@ async def test_a_hurried_drain_ends_streams_and_websockets_at_once() -> None:
         await wait_for_async(lambda: events.ended_at and socket.ended_at, 5, "the streams to end")
         assert not drained.done()  # the plain stream still has its grace period
         drained.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await drained
     finally:
         await requests.close()
     assert b"event: drain" in events.body() and close_code(socket) == 1012
@@ -231,3 +233,15 @@ async def test_the_drain_gives_what_it_ended_a_moment_only() -> None:
     # for it to end, no longer.
     assert close_code(socket) == 1012 and socket.ended_at is None
     assert GRACE_S + LAST_EVENT_S <= took < GRACE_S + LAST_EVENT_S + 1
+
+
+@pytest.mark.parametrize(
+    ("handshake", "ends_with"),
+    [("accepted", [1012]), ("none", []), ("denying", []), ("ended", [])],
+)
+def test_at_the_deadline_only_an_accepted_websocket_gets_a_restart_close(
+    handshake: answers.HandshakeState, ends_with: list[int]
+) -> None:
+    """A socket not accepted yet, or whose denial is under way, is not closed (a close then
+    would be a 403, or break the denial's messages); its app's own answer ends it."""
+    assert [message["code"] for message in answers.restart_end(handshake)] == ends_with

@@ -357,6 +357,13 @@ def test_a_replica_on_a_leaving_node_drains_soon_without_a_successor_and_before_
     assert not [a for a in plan(cluster.state, began, lambda: "s1", near) if isinstance(a, StopReplica)]
     soon = plan(cluster.state, began + 1.0, lambda: "s2", near)
     assert len([a for a in soon if isinstance(a, StopReplica)]) == 2
+    # A deadline nearer than its grace period: it drains at once, its grace period cut to
+    # what is left (less the margin for its lifespan shutdown and the node's proxy).
+    cluster = steady(slots=2)
+    began = cluster.now
+    nearer = {"node-1": Leaving(since=began, deadline=began + grace / 2 + LEAVE_MARGIN_S)}
+    stops = [a for a in plan(cluster.state, began, lambda: "s3", nearer) if isinstance(a, StopReplica)]
+    assert [stop.grace_s for stop in stops] == [grace / 2, grace / 2]
 
 
 # -------------------------------------------------------------------------------- ranks

@@ -105,9 +105,11 @@ class LocalBackend:
         info = ReplicaInfo(replica_id, spec.id, "local", 0, b"", max_ongoing, rank=seat.rank)
         return info, core
 
-    async def stop_replica(self, handle: ReplicaCore, graceful: bool, hurry: bool = False) -> None:
+    async def stop_replica(
+        self, handle: ReplicaCore, graceful: bool, hurry: bool = False, grace_s: float | None = None
+    ) -> None:
         if graceful:
-            await handle.drain(hurry=hurry)
+            await handle.drain(hurry, grace_s)
         self.cores.pop(handle.replica_id, None)
 
     async def cluster_view(self) -> ClusterView:

@@ -58,9 +58,11 @@ class Backend(Protocol[H]):
         Cancelled (the replica is no longer wanted): abandon the start, leaving nothing."""
         ...
 
-    async def stop_replica(self, handle: H, graceful: bool, hurry: bool = False) -> None:
-        """Drain (if graceful; ``hurry``: its streams end at once) and stop a replica;
-        never raises."""
+    async def stop_replica(
+        self, handle: H, graceful: bool, hurry: bool = False, grace_s: float | None = None
+    ) -> None:
+        """Drain (if graceful; ``hurry``: its streams end at once; ``grace_s``: a grace
+        period shorter than its own) and stop a replica; never raises."""
         ...
 
     async def cluster_view(self) -> ClusterView:

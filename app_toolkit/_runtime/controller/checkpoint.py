@@ -45,7 +45,11 @@ def loads(data: bytes | None) -> Checkpoint | None:
     """The checkpoint in ``data``; None for none, or for one of another layout."""
     if not data:
         return None
-    saved = pickle.loads(data)
+    try:
+        saved = pickle.loads(data)
+    except Exception as exc:  # noqa: BLE001 - a class renamed since, say: as another layout
+        logger.warning("Ignoring a checkpoint this version of app_toolkit cannot read (%s)", exc)
+        return None
     if isinstance(saved, dict) and saved.get("format") == FORMAT:
         checkpoint: Checkpoint = saved["checkpoint"]
         return checkpoint

@@ -146,7 +146,7 @@ class ControllerCore:
         """Stop serving: delete every application and wait (bounded) until their replicas
         stopped, forget the desired state, stop the proxies, then this controller's loop."""
         for name in list(self.apps):
-            await self.delete_app(name)
+            await self.delete_app(name, hurry=True)
         loop = asyncio.get_running_loop()
         deadline = loop.time() + _SHUTDOWN_DRAIN_S
         while self.deployments and loop.time() < deadline:
@@ -175,11 +175,13 @@ class ControllerCore:
         self.tables.splits()
         self._wake.set()
 
-    async def delete_app(self, name: str) -> None:
+    async def delete_app(self, name: str, hurry: bool = False) -> None:
+        """Delete an application; ``hurry`` (a shutdown): its replicas' streams and
+        WebSockets end as their drain starts."""
         if name not in self.apps:
             return
         self._forget_config_of(name)
-        self._remove_app(name)
+        self._remove_app(name, hurry)
         await self._checkpoint()
         self.tables.routes()
         self.tables.splits()
@@ -248,10 +250,10 @@ class ControllerCore:
                 if old.id not in kept:
                     self._retire(old.id)
 
-    def _remove_app(self, name: str) -> None:
+    def _remove_app(self, name: str, hurry: bool = False) -> None:
         app = self.apps.pop(name)
         for spec in app.deployments:
-            self._retire(spec.id)
+            self._retire(spec.id, hurry)
         self.policy.app_removed(name)
 
     def _forget_config_of(self, name: str) -> None:
@@ -374,10 +376,10 @@ class ControllerCore:
         if adopted:
             logger.info("Adopted %d running replica(s)", adopted)
 
-    def _retire(self, deployment: DeploymentID) -> None:
+    def _retire(self, deployment: DeploymentID, hurry: bool = False) -> None:
         state = self.deployments.get(deployment)
         if state is not None:
-            state.deleting = True
+            state.deleting, state.hurried = True, hurry
             self._due.pop(deployment, None)
             self.longpoll.publish(replicas_key(deployment), DeploymentGone())
 

@@ -111,6 +111,7 @@ class DeploymentState:
     message: str = ""
     failed: bool = False
     deleting: bool = False
+    hurried: bool = False  # deleted by a shutdown: its replicas' streams end at once
     ever_ran: bool = False  # a replica of this deployment has been RUNNING
     autoscaler: Autoscaler | None = None
     #: The version that served before this one: what a failed upgrade goes back to.

@@ -43,7 +43,7 @@ def plan(
     off ``draining`` nodes), start due health checks and reconfigures, and explain
     replicas slow to start."""
     if state.deleting:
-        return _each(state, Stop(), now)
+        return _each(state, Stop(hurry=state.hurried), now)
     draining = draining or {}
     actions = _move_off(state, now, draining)
     actions += _scale(state, now, new_id, draining)
@@ -234,7 +234,11 @@ def _move_off(state: DeploymentState, now: float, draining: Draining) -> list[Ac
     for replica in going:
         where = f"{replica.replica_id} off node {replica.node_id[:12]}"
         actions.append(Log(logging.INFO, f"{state.spec.id}: draining {where}"))
-        actions += apply_event(state, replica.replica_id, Stop(), now)
+        # Its drain ends in time for the node: its streams' last events before the node goes.
+        left = max(draining[replica.node_id].deadline - now - LEAVE_MARGIN_S, 0.0)
+        actions += apply_event(
+            state, replica.replica_id, Stop(grace_s=left if left < math.inf else None), now
+        )
     return actions
 
 

@@ -44,7 +44,7 @@ async def stop(backend: Backend[Any], action: StopReplica) -> None:
     if action.graceful:
         try:
             async with asyncio.timeout(action.drain_timeout_s):
-                await backend.stop_replica(action.handle, graceful=True, hurry=action.hurry)
+                await backend.stop_replica(action.handle, True, action.hurry, action.grace_s)
             return
         except TimeoutError:
             logger.warning(

@@ -97,9 +97,11 @@ class Placement:
 @dataclass(frozen=True, slots=True)
 class Stop:
     """The controller wants the replica gone (scale down, new version, deletion).
-    ``hurry``: its streams end when its drain starts (``app-toolkit run --reload``)."""
+    ``hurry``: its streams end when its drain starts (``app-toolkit run --reload``,
+    shutdown); ``grace_s``: a shorter grace period than its own (its node leaves sooner)."""
 
     hurry: bool = False
+    grace_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,6 +161,8 @@ class StopReplica:
     drain_timeout_s: float = 0.0
     #: Its streams and WebSockets end when the drain starts, not at its deadline.
     hurry: bool = False
+    #: A grace period shorter than its own (None: its own).
+    grace_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,9 +178,12 @@ class CancelStart:
 _DRAIN_MARGIN_S = 10.0
 
 
-def drain_timeout_s(config: DeploymentConfig | None) -> float:
-    """The longest a graceful stop of a replica running with ``config`` may take."""
-    grace = config.graceful_shutdown_timeout_s if config is not None else 20.0
+def drain_timeout_s(config: DeploymentConfig | None, grace_s: float | None = None) -> float:
+    """The longest a graceful stop of a replica running with ``config`` (with a grace
+    period of ``grace_s`` if shorter) may take."""
+    grace = (config or DeploymentConfig()).graceful_shutdown_timeout_s
+    if grace_s is not None:
+        grace = min(grace, grace_s)
     return 2 * grace + _DRAIN_MARGIN_S
 
 
@@ -249,7 +256,7 @@ def replica_transition(
     if isinstance(event, Placement):
         return _placement(replica, event, now), []
     if isinstance(event, Stop):
-        return _stop(replica, hurry=event.hurry)
+        return _stop(replica, hurry=event.hurry, grace_s=event.grace_s)
     if isinstance(event, Tick):
         return _tick(replica, spec, now)
     if isinstance(event, HealthPassed):
@@ -291,7 +298,7 @@ def _placement(replica: Replica, event: Placement, now: float) -> Replica:
 
 
 def _stop(
-    replica: Replica, graceful: bool = True, hurry: bool = False
+    replica: Replica, graceful: bool = True, hurry: bool = False, grace_s: float | None = None
 ) -> tuple[Replica, list[ReplicaAction]]:
     if replica.stop_requested:
         return replica, []
@@ -301,7 +308,8 @@ def _stop(
         stopping = dataclasses.replace(replica, stop_requested=True, state=ReplicaState.STOPPING)
         return stopping, [CancelStart(replica.replica_id)]
     stopping = dataclasses.replace(replica, stop_requested=True, state=ReplicaState.STOPPING)
-    stop = StopReplica(replica.replica_id, replica.handle, graceful, drain_timeout_s(replica.config), hurry)
+    drain_s = drain_timeout_s(replica.config, grace_s)
+    stop = StopReplica(replica.replica_id, replica.handle, graceful, drain_s, hurry, grace_s)
     return stopping, [PublishReplicas(), stop]
 
 

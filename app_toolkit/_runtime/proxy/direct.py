@@ -230,8 +230,8 @@ async def serve_websocket_in_replica(
     async def restarting() -> None:
         # The replica's drain is at its deadline: the client is told to reconnect (to
         # another replica), and the app's next receive() hears that its client is gone.
-        if connected and handshake != "ended":
-            await watch(dict(answers.RESTART_CLOSE))
+        for message in answers.restart_end(handshake):
+            await watch(message)
 
     drain = local.drain_signal.watch(restarting)
     try:

@@ -351,7 +351,7 @@ class _WebSocket:
     async def server_restarting(self) -> None:
         """The replica's drain is at its deadline: close with 1012 so the client reconnects
         (to another replica), and tell the app its client is gone."""
-        if self._handshake != "ended":
+        for message in answers.restart_end(self._handshake):
             self._handshake = "ended"
-            self._sink.send(WebSocketMessage(dict(answers.RESTART_CLOSE)))
+            self._sink.send(WebSocketMessage(message))
         self._inbound.put({"type": "websocket.disconnect", "code": CLOSE_SERVICE_RESTART})

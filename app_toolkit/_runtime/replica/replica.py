@@ -96,6 +96,7 @@ class ReplicaCore:
         #: caller's dispatcher counts them, so this process reports them as load itself.
         self.direct_ongoing = 0
         self.draining = False
+        self._grace_s = config.graceful_shutdown_timeout_s  # its drain's (drain() may shorten it)
         self.instance: object = None
         self.asgi_app: ASGIApp | None = None
         self._lifespan: Lifespan | None = None
@@ -181,25 +182,34 @@ class ReplicaCore:
         if method is not None:
             await call_maybe_async(method)
 
-    async def drain(self, hurry: bool = False) -> None:
+    def grace_s(self, shorter: float | None = None) -> float:
+        """The grace period of a drain: ``graceful_shutdown_timeout_s``, or ``shorter``."""
+        grace = self.config.graceful_shutdown_timeout_s
+        return grace if shorter is None else min(grace, shorter)
+
+    async def drain(self, hurry: bool = False, grace_s: float | None = None) -> None:
         """Refuse new work and let in-flight requests finish, for up to
-        ``graceful_shutdown_timeout_s``; then end the streams and WebSockets still open
-        (each the way its clients understand) and run lifespan shutdown. ``hurry``: every
-        stream and WebSocket ends at once (other requests still get the grace period)."""
+        ``graceful_shutdown_timeout_s`` (``grace_s``: a shorter grace period, for a node
+        that leaves sooner); then end the streams and WebSockets still open (each the way
+        its clients understand) and run lifespan shutdown. ``hurry``: every stream and
+        WebSocket ends at once (other requests still get the grace period)."""
         self.draining = True
         self.drain_signal.begin(hurry)
         loop = asyncio.get_running_loop()
-        await self._wait_until(0, loop.time() + self.config.graceful_shutdown_timeout_s)
+        self._grace_s = self.grace_s(grace_s)
+        await self._wait_until(0, loop.time() + self._grace_s)
         # The grace period is over: the streams and WebSockets still open end now, and get a
-        # moment to write their last event (their requests to end).
-        others = max(self.ongoing - self.drain_signal.watching, 0)
+        # moment to write their last event (until every one has ended).
         self.drain_signal.end_streams()
-        await self._wait_until(others, loop.time() + LAST_EVENT_S)
+        last_event_by = loop.time() + LAST_EVENT_S
+        while self.drain_signal.watching and loop.time() < last_event_by:
+            self._one_ended.clear()
+            await wait_event(self._one_ended, min(0.05, last_event_by - loop.time()))
         self._drained_at = loop.time()
         if self.ongoing:
             logger.warning("%s stopping with %d requests still running", self.replica_id, self.ongoing)
         if self._lifespan is not None:
-            await self._lifespan.shutdown(timeout_s=max(self.config.graceful_shutdown_timeout_s, 1.0))
+            await self._lifespan.shutdown(timeout_s=max(self._grace_s, 1.0))
         await self._release_instance()
 
     async def _wait_until(self, ongoing: int, deadline: float) -> None:
@@ -217,7 +227,7 @@ class ReplicaCore:
         closed), then the object let go (the process is killed next)."""
         if self.instance is not None and inspect.isclass(self._definition):
             try:
-                await run_destructor(self.instance, max(self.config.graceful_shutdown_timeout_s, 1.0))
+                await run_destructor(self.instance, max(self._grace_s, 1.0))
             except Exception:
                 logger.exception("The __del__ of %s failed", self.replica_id)
         for hook in self._stop_hooks:

@@ -45,6 +45,13 @@ class Settings(BaseSettings):
     max_batch_size: int = Field(8, ge=1, le=64, description="Chats decoded together by the local model.")
     max_context_tokens: int = Field(2048, ge=64, description="Prompt plus reply, in tokens (local and echo).")
     default_max_tokens: int = Field(512, ge=1, description="Reply length when a request sets none.")
+    max_reply_tokens: int = Field(
+        1024,
+        ge=1,
+        le=32_768,
+        description="The longest reply, in tokens: a request asking for more gets this many (finish "
+        "reason length). Stopping replicas wait this long a reply out (shutdown_grace_s).",
+    )
     default_temperature: float = Field(
         0.3,
         ge=0,
@@ -111,8 +118,8 @@ class Settings(BaseSettings):
         ge=0,
         description="How long a stopping model replica, and an ingress replica relaying its replies, "
         "let the replies under way finish (a redeploy, a scale-down) before ending them with an error "
-        "that tells the client to retry. None: long enough for a default_max_tokens reply at the "
-        "backend's pace (shutdown_grace_s).",
+        "that tells the client to retry. None: long enough for the longest reply (max_reply_tokens) "
+        "at the backend's pace (shutdown_grace_s).",
     )
     cors_origins: list[str] = Field(
         [],
@@ -128,6 +135,11 @@ class Settings(BaseSettings):
                 "and add the entry it prints to CHAT_API_KEYS"
             )
         check_entries(self.api_keys)  # a malformed entry fails the start, saying which
+        if self.default_max_tokens > self.max_reply_tokens:
+            raise ValueError(
+                f"CHAT_DEFAULT_MAX_TOKENS ({self.default_max_tokens}) is more than CHAT_MAX_REPLY_TOKENS "
+                f"({self.max_reply_tokens}), the longest reply: lower the one or raise the other"
+            )
         secret = self.session_secret.get_secret_value()
         if secret and len(secret) < 32:
             raise ValueError("CHAT_SESSION_SECRET must be at least 32 characters (or empty)")
@@ -138,15 +150,21 @@ class Settings(BaseSettings):
         """Callers must show an API key (or a page sign-in made with one)."""
         return bool(self.api_keys)
 
+    def reply_tokens(self, asked: int | None) -> int:
+        """How long a reply may be: what the request asked for (else ``default_max_tokens``),
+        at most ``max_reply_tokens``."""
+        return min(asked or self.default_max_tokens, self.max_reply_tokens)
+
     @property
     def shutdown_grace_s(self) -> float:
         """The grace period of the model and ingress replicas: ``graceful_shutdown_timeout_s``,
-        or the time a ``default_max_tokens`` reply takes at the backend's slowest pace, plus
-        a margin (echo: 512 tokens at 50 a second, 15.2 s; local: 69 s; openai: 30.6 s)."""
+        or the time the longest reply (``max_reply_tokens``) takes at the backend's slowest
+        pace, plus a margin (1,024 tokens: echo at 50 a second, 25.5 s; local, 133 s; openai,
+        56.2 s)."""
         if self.graceful_shutdown_timeout_s is not None:
             return self.graceful_shutdown_timeout_s
         pace = self.echo_tokens_per_s if self.backend == "echo" else REPLY_TOKENS_PER_S[self.backend]
-        return round(self.default_max_tokens / pace + GRACE_MARGIN_S, 1)
+        return round(self.max_reply_tokens / pace + GRACE_MARGIN_S, 1)
 
     @property
     def model_name(self) -> str:

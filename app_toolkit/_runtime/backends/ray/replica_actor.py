@@ -239,15 +239,18 @@ class ReplicaActor:
             "preloaded": len(self._preloaded),
         }
 
-    async def drain(self, hurry: bool = False) -> None:
+    async def drain(self, hurry: bool = False, grace_s: float | None = None) -> None:
         """Stop serving gracefully (``ReplicaCore.drain``; ``hurry``: open streams and
-        WebSockets end at once), then close the channel server."""
+        WebSockets end at once; ``grace_s``: a grace period shorter than its own), then
+        close the channel server."""
         core, front = self._core, self._front
         if core is not None:
-            timeout_s = core.config.graceful_shutdown_timeout_s
+            timeout_s = core.grace_s(grace_s)
             # Its client connections go back to the proxy as they become idle, while the
             # requests running here finish.
-            drained = [core.drain(hurry)] if front is None else [core.drain(hurry), front.drain(timeout_s)]
+            drained = [core.drain(hurry, grace_s)]
+            if front is not None:
+                drained.append(front.drain(timeout_s))
             await asyncio.gather(*drained)
             # Callers that still have the old table may send here for a moment: refuse
             # those requests (they are retried elsewhere) rather than die under them.

@@ -151,11 +151,13 @@ class RayReplicas:
             ray.kill(actor, no_restart=True)
             raise _ProcessDied(str(exc)) from None
 
-    async def stop_replica(self, handle: Actor, graceful: bool, hurry: bool = False) -> None:
+    async def stop_replica(
+        self, handle: Actor, graceful: bool, hurry: bool = False, grace_s: float | None = None
+    ) -> None:
         with self.spares.busy() if self.spares is not None else contextlib.nullcontext():
             if graceful:
                 try:
-                    await handle.drain.remote(hurry)
+                    await handle.drain.remote(hurry, grace_s)
                 except Exception as exc:  # noqa: BLE001 - a dead replica needs no draining
                     logger.info("Draining a replica failed: %s", exc)
             ray.kill(handle, no_restart=True)

@@ -112,7 +112,7 @@ class ResponsesRequest(BaseModel):
             )
         return Generation(
             messages=tuple(turns),
-            max_tokens=self.max_output_tokens or settings.default_max_tokens,
+            max_tokens=settings.reply_tokens(self.max_output_tokens),
             temperature=settings.default_temperature if self.temperature is None else self.temperature,
             top_p=1.0 if self.top_p is None else self.top_p,
         )

@@ -211,7 +211,7 @@ class ChatCompletionRequest(BaseModel):
         stops = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
         return Generation(
             messages=tuple(message.turn(index) for index, message in enumerate(self.messages)),
-            max_tokens=self.max_completion_tokens or self.max_tokens or settings.default_max_tokens,
+            max_tokens=settings.reply_tokens(self.max_completion_tokens or self.max_tokens),
             temperature=settings.default_temperature if self.temperature is None else self.temperature,
             top_p=self.top_p,
             stop=tuple(stop for stop in stops if stop),
