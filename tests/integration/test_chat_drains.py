@@ -201,14 +201,15 @@ def _old_replicas_stopping(app: str, deployments: tuple[str, ...], old: dict[str
 
 
 def test_chat_streams_run_to_their_end_through_an_upgrade(toolkit: Toolkit) -> None:
-    """About 9 s: a 6 s reply per client (after the AI SDK's start), under way when the app
-    is upgraded (every deployment gets a new version); the old replicas drain while the
-    replies run."""
+    """About 14 s: a 12 s reply per client (after the AI SDK's start), under way when the
+    app is upgraded (every deployment gets a new version); the old replicas drain while
+    the replies run."""
     name = toolkit.name()
     toolkit.run(build_app(ECHO), name=name, route_prefix="/")
-    # 6 s at 20 words a second: the upgrade starts new replicas before the old ones drain
-    # (on Ray, 2 to 4 s on a busy 2-core host).
-    words = [f"w{i}" for i in range(120)]
+    # 12 s at 20 words a second: the upgrade starts new replicas before the old ones drain
+    # (on Ray, 2 to 4 s on a busy 2-core host, 8 s once in a full suite's run: a 6 s reply
+    # had ended before the old ingress began to drain).
+    words = [f"w{i}" for i in range(240)]
     readers = follow_replies(toolkit.url, " ".join(words), raw=True)
     relaying = ("Ingress", "ChatModel")
     old = {d: r.replicas[0].code_version for d, r in tk.status().applications[name].deployments.items()}
