@@ -8,8 +8,8 @@ writer's appends keep alive for ``writer_timeout_s``, ``…:end``, set when it c
 Appending and closing are Lua scripts (one round trip each, atomic). Readers wait in
 ``XREAD BLOCK`` for up to a second at a time, each on a connection of its own from a
 pool of ``max_connections`` (a reader that finds none free within ``pool_timeout_s``
-gets ``redis.exceptions.ConnectionError``). In a replica, the connections are closed
-when it stops.
+gets ``redis.exceptions.ConnectionError``). In replicas, the connections are closed
+when the last replica that used them stops (replicas of the local backend share one log).
 """
 
 from __future__ import annotations
@@ -129,10 +129,12 @@ class RedisEventLog(EventLog):
         self._client: Any = None  # redis.asyncio.Redis, made on first use (in the loop that uses it)
         self._scripts: dict[str, Any] = {}
         self._refused: type[Exception] = Exception  # redis's ResponseError, once imported
+        #: The stop hooks of the replicas that used the client (each list is one replica's).
+        self._users: list[list[request_context.StopHook]] = []
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state["_client"], state["_scripts"] = None, {}
+        state["_client"], state["_scripts"], state["_users"] = None, {}, []
         return state
 
     def _redis(self) -> Any:
@@ -164,10 +166,23 @@ class RedisEventLog(EventLog):
                     ("close", _CLOSE),
                 )
             }
-            hooks = request_context.stop_hooks.get()
-            if hooks is not None:  # in a replica: its connections close when it stops
-                hooks.append(self.aclose)
+        self._note_user()
         return self._client
+
+    def _note_user(self) -> None:
+        """In a replica, closes the client when the replica stops, unless another replica
+        still uses it (one log may serve several replicas in one process)."""
+        hooks = request_context.stop_hooks.get()
+        if hooks is None or any(user is hooks for user in self._users):
+            return
+        self._users.append(hooks)
+
+        async def left() -> None:
+            self._users = [user for user in self._users if user is not hooks]
+            if not self._users:
+                await self.aclose()
+
+        hooks.append(left)
 
     def _keys(self, stream: str) -> list[str]:
         check_name(stream)
@@ -277,7 +292,7 @@ class RedisEventLog(EventLog):
             raise StreamAbandoned(f"stream {stream!r}: its writer went silent")
 
     async def aclose(self) -> None:
-        client, self._client, self._scripts = self._client, None, {}
+        client, self._client, self._scripts, self._users = self._client, None, {}, []
         if client is not None:
             await client.aclose()
 

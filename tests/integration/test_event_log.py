@@ -320,3 +320,51 @@ def test_a_replaced_writer_that_wakes_up_cannot_write_next_to_its_successor(make
         assert [e.data for e in await log.read("f2")] == ["piece 0", "piece 1"]
 
     run(make_log(writer_timeout_s=0.5), body)
+
+
+def test_a_redis_log_two_replicas_share_stays_open_until_the_last_of_them_stops(redis_url: str) -> None:
+    """The local backend's replicas share one log object: the first replica to stop must
+    not close the connections another replica's stream is reading from."""
+    import redis.asyncio as aioredis
+
+    from app_toolkit._runtime import request_context
+
+    log = tk.RedisEventLog(redis_url, prefix=f"test:shared:{time.monotonic_ns()}:")
+    first: list[request_context.StopHook] = []
+    second: list[request_context.StopHook] = []
+
+    async def as_replica(hooks: list[request_context.StopHook], call: Awaitable[Any]) -> Any:
+        token = request_context.stop_hooks.set(hooks)
+        try:
+            return await call
+        finally:
+            request_context.stop_hooks.reset(token)
+
+    async def stop(hooks: list[request_context.StopHook]) -> None:
+        for hook in hooks:
+            await hook()
+
+    async def connections(server: Any) -> int:
+        return int((await server.info("clients"))["connected_clients"])
+
+    async def main() -> None:
+        server = aioredis.Redis.from_url(redis_url)
+        try:
+            await as_replica(first, log.append("a", "piece 0"))
+            await as_replica(second, log.append("b", "piece 0"))
+            following = await as_replica(second, log.follow("b"))
+            reader = asyncio.create_task(take(following))
+            await asyncio.sleep(0.3)
+            await stop(first)  # the first replica goes; the second one's reader goes on
+            await as_replica(second, log.append("b", "piece 1"))
+            await as_replica(second, log.close("b"))
+            async with asyncio.timeout(5):
+                assert [e.data for e in await reader] == ["piece 0", "piece 1"]
+            before = await connections(server)
+            await stop(second)  # the last user: its connections close
+            assert await connections(server) < before
+        finally:
+            await server.aclose()
+            await log.aclose()
+
+    asyncio.run(main())
