@@ -9,11 +9,13 @@ Appending and closing are Lua scripts (one round trip each, atomic). Readers wai
 ``XREAD BLOCK`` for up to a second at a time, each on a connection of its own from a
 pool of ``max_connections`` (a reader that finds none free within ``pool_timeout_s``
 gets ``redis.exceptions.ConnectionError``). In replicas, the connections are closed
-when the last replica that used them stops (replicas of the local backend share one log).
+when the last replica that used them stops (replicas of the local backend share one log);
+a log used outside replicas as well is closed by ``aclose``.
 """
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
@@ -129,12 +131,15 @@ class RedisEventLog(EventLog):
         self._client: Any = None  # redis.asyncio.Redis, made on first use (in the loop that uses it)
         self._scripts: dict[str, Any] = {}
         self._refused: type[Exception] = Exception  # redis's ResponseError, once imported
-        #: The stop hooks of the replicas that used the client (each list is one replica's).
-        self._users: list[list[request_context.StopHook]] = []
+        #: The replicas that used the log, each by its list of stop hooks (keyed by the
+        #: list's id: lists compare by content, and every new replica's list is empty).
+        self._replicas: dict[int, list[request_context.StopHook]] = {}
+        #: Used outside any replica (a script, the deploying process): closed by aclose only.
+        self._used_outside = False
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state["_client"], state["_scripts"], state["_users"] = None, {}, []
+        state.update(_client=None, _scripts={}, _replicas={}, _used_outside=False)
         return state
 
     def _redis(self) -> Any:
@@ -166,23 +171,24 @@ class RedisEventLog(EventLog):
                     ("close", _CLOSE),
                 )
             }
-        self._note_user()
+        self._register_user()
         return self._client
 
-    def _note_user(self) -> None:
-        """In a replica, closes the client when the replica stops, unless another replica
-        still uses it (one log may serve several replicas in one process)."""
+    def _register_user(self) -> None:
+        """Notes who uses the client. A replica gets a stop hook that closes the client
+        once no replica uses it (the local backend's replicas share one log object); a use
+        outside replicas keeps it open until ``aclose``."""
         hooks = request_context.stop_hooks.get()
-        if hooks is None or any(user is hooks for user in self._users):
-            return
-        self._users.append(hooks)
+        if hooks is None:
+            self._used_outside = True
+        elif id(hooks) not in self._replicas:
+            self._replicas[id(hooks)] = hooks
+            hooks.append(functools.partial(self._replica_stopped, hooks))
 
-        async def left() -> None:
-            self._users = [user for user in self._users if user is not hooks]
-            if not self._users:
-                await self.aclose()
-
-        hooks.append(left)
+    async def _replica_stopped(self, hooks: list[request_context.StopHook]) -> None:
+        del self._replicas[id(hooks)]
+        if not self._replicas and not self._used_outside:
+            await self.aclose()
 
     def _keys(self, stream: str) -> list[str]:
         check_name(stream)
@@ -292,7 +298,7 @@ class RedisEventLog(EventLog):
             raise StreamAbandoned(f"stream {stream!r}: its writer went silent")
 
     async def aclose(self) -> None:
-        client, self._client, self._scripts, self._users = self._client, None, {}, []
+        client, self._client, self._scripts, self._used_outside = self._client, None, {}, False
         if client is not None:
             await client.aclose()
 

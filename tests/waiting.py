@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
-from collections.abc import Callable
-from typing import Literal, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import Any, Literal, TypeVar, overload
 
 T = TypeVar("T")
 
@@ -28,13 +29,34 @@ def wait_for(
         time.sleep(interval_s)
 
 
+@overload
 async def wait_for_async(
-    condition: Condition[T], timeout_s: float = 5.0, what: str = "the condition", interval_s: float = 0.005
-) -> T:
-    """:func:`wait_for` inside a running event loop (the loop keeps running meanwhile)."""
+    condition: Callable[[], Awaitable[T | None | Literal[False]]],
+    timeout_s: float = ...,
+    what: str = ...,
+    interval_s: float = ...,
+) -> T: ...
+
+
+@overload
+async def wait_for_async(
+    condition: Condition[T], timeout_s: float = ..., what: str = ..., interval_s: float = ...
+) -> T: ...
+
+
+async def wait_for_async(
+    condition: Callable[[], Any],
+    timeout_s: float = 5.0,
+    what: str = "the condition",
+    interval_s: float = 0.005,
+) -> Any:
+    """:func:`wait_for` inside a running event loop (the loop keeps running meanwhile);
+    ``condition`` may be a coroutine function, awaited each time."""
     deadline = asyncio.get_running_loop().time() + timeout_s
     while True:
         value = condition()
+        if inspect.isawaitable(value):
+            value = await value
         if value:
             return value
         if asyncio.get_running_loop().time() > deadline:

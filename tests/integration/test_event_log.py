@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 import app_toolkit as tk
+from tests.waiting import wait_for_async
 
 MakeLog = Callable[..., tk.EventLog]
 
@@ -324,7 +325,8 @@ def test_a_replaced_writer_that_wakes_up_cannot_write_next_to_its_successor(make
 
 def test_a_redis_log_two_replicas_share_stays_open_until_the_last_of_them_stops(redis_url: str) -> None:
     """The local backend's replicas share one log object: the first replica to stop must
-    not close the connections another replica's stream is reading from."""
+    not close the connections another replica's stream is reading from; the last one
+    closes them, unless the log is used outside replicas too (then ``aclose`` does)."""
     import redis.asyncio as aioredis
 
     from app_toolkit._runtime import request_context
@@ -343,26 +345,56 @@ def test_a_redis_log_two_replicas_share_stays_open_until_the_last_of_them_stops(
     async def stop(hooks: list[request_context.StopHook]) -> None:
         for hook in hooks:
             await hook()
-
-    async def connections(server: Any) -> int:
-        return int((await server.info("clients"))["connected_clients"])
+        hooks.clear()
 
     async def main() -> None:
         server = aioredis.Redis.from_url(redis_url)
+
+        async def clients(field: str) -> int:
+            return int((await server.info("clients"))[field])
+
+        async def reader(hooks: list[request_context.StopHook] | None, stream: str) -> asyncio.Task[Any]:
+            """A reader of ``stream`` in a replica (``hooks``) or outside any, once it
+            waits in XREAD on one of the log's connections."""
+            blocked = await clients("blocked_clients")
+            token = request_context.stop_hooks.set(hooks)
+            try:
+                task = asyncio.create_task(take(await log.follow(stream)))
+            finally:
+                request_context.stop_hooks.reset(token)
+
+            async def waiting() -> bool:
+                return await clients("blocked_clients") > blocked
+
+            await wait_for_async(waiting, 5, "the reader to wait in XREAD")
+            return task
+
         try:
             await as_replica(first, log.append("a", "piece 0"))
             await as_replica(second, log.append("b", "piece 0"))
-            following = await as_replica(second, log.follow("b"))
-            reader = asyncio.create_task(take(following))
-            await asyncio.sleep(0.3)
-            await stop(first)  # the first replica goes; the second one's reader goes on
             await as_replica(second, log.append("b", "piece 1"))
+            assert (len(first), len(second)) == (1, 1)  # one stop hook per replica
+            following = await reader(second, "b")
+            before = await clients("connected_clients")
+            await stop(first)  # the first replica goes; the second one's reader goes on
+            await as_replica(second, log.append("b", "piece 2"))
             await as_replica(second, log.close("b"))
             async with asyncio.timeout(5):
-                assert [e.data for e in await reader] == ["piece 0", "piece 1"]
-            before = await connections(server)
-            await stop(second)  # the last user: its connections close
-            assert await connections(server) < before
+                assert [e.data for e in await following] == ["piece 0", "piece 1", "piece 2"]
+            await stop(second)  # the last replica: the client's connections close
+
+            async def closed() -> bool:
+                return await clients("connected_clients") < before
+
+            await wait_for_async(closed, 5, "the log's connections to close")
+            # Used outside replicas too, the log stays open when its last replica stops.
+            await as_replica(first, log.append("c", "piece 0"))
+            outside = await reader(None, "c")
+            await stop(first)
+            await log.append("c", "piece 1")
+            await log.close("c")
+            async with asyncio.timeout(5):
+                assert [e.data for e in await outside] == ["piece 0", "piece 1"]
         finally:
             await server.aclose()
             await log.aclose()
