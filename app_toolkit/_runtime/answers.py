@@ -55,6 +55,12 @@ def error_answer(status: int, detail: str, request_id: str) -> HTTPResponse:
     return json_answer(status, {"detail": detail, "request_id": request_id}, request_id)
 
 
+def no_route(path: str, request_id: str) -> HTTPResponse:
+    """404 for a path that no application (or operator page) serves, naming the path."""
+    detail = f"Not Found: no application serves the path {path!r} (GET /-/routes lists their prefixes)"
+    return error_answer(404, detail, request_id)
+
+
 def replica_lost(request_id: str) -> HTTPResponse:
     """502: the replica that had the request died; it may have run, so a client must not
     be told to simply send it again."""

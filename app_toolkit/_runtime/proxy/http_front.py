@@ -22,6 +22,7 @@ from app_toolkit._runtime import request_context, tracing
 from app_toolkit._runtime.answers import (
     error_answer,
     json_answer,
+    no_route,
     send_answer,
     unavailable,
 )
@@ -188,7 +189,7 @@ class HTTPFront:
                 state.target = path if path in _BUILTINS else ""
                 state.status = await self._builtin(path, request_id, send)
             else:
-                state.status = await send_answer(send, error_answer(404, "Not Found", request_id))
+                state.status = await send_answer(send, no_route(path, request_id))
 
     async def _to_app(
         self,
@@ -364,7 +365,7 @@ class HTTPFront:
             return await send_answer(
                 send, json_answer(200, {r.route_prefix: r.app for r in self.apps}, request_id)
             )
-        return await send_answer(send, error_answer(404, "Not Found", request_id))
+        return await send_answer(send, no_route(path, request_id))
 
     async def _metrics(self, request_id: str, scope: Scope, send: Send) -> int:
         client = scope.get("client")
