@@ -42,8 +42,7 @@ class ReplicaTable:
     """The running replicas of one deployment and how much its callers may queue."""
 
     replicas: tuple[ReplicaInfo, ...]
-    #: Requests each caller may queue; -1 (no bound) until a first replica has run, so a
-    #: request that arrives before its proxy has the new table waits instead of failing.
+    #: Requests each caller may queue (``max_queued_requests``; -1: choice.QUEUE_CAP).
     max_queued_requests: int
     #: With a shard key, when the key's replica is full: wait for it, or use another.
     affinity: Literal["strict", "prefer"] = "strict"

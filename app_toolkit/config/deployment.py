@@ -130,7 +130,8 @@ class DeploymentConfig(Strict):
         ge=-1,
         description="Requests each caller (proxy or handle) may queue for this deployment "
         "while every replica is busy; beyond it callers get 503 / BackPressureError. "
-        "-1 means unbounded.",
+        "-1 (Ray Serve's 'no bound') means a fixed bound of 100,000 per caller. It holds from "
+        "a caller's first request: a new deployment's first replica is awaited within it.",
     )
     backpressure_config: BackpressureConfig = Field(
         default_factory=BackpressureConfig,

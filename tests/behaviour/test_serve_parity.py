@@ -112,7 +112,7 @@ def test_teardown_hooks_run_on_delete_and_on_redeploy(toolkit: Toolkit, tmp_path
 
 
 def test_backpressure_config_sets_the_overload_answer(toolkit: Toolkit, tmp_path: Path) -> None:
-    toolkit.run(as_deployment(apps.Busy).bind(str(tmp_path)), route_prefix="/p-busy")
+    handle = toolkit.run(as_deployment(apps.Busy).bind(str(tmp_path)), route_prefix="/p-busy")
 
     async def burst() -> list[httpx.Response]:
         async with toolkit.async_client() as client:
@@ -126,6 +126,13 @@ def test_backpressure_config_sets_the_overload_answer(toolkit: Toolkit, tmp_path
     assert sorted(r.status_code for r in responses) == [200, 200, 429]
     refused = next(r for r in responses if r.status_code == 429)
     assert refused.headers["retry-after"] == "1" and refused.headers["x-request-id"]
+    # A new caller's first burst (this handle has not been used: it has no routing table
+    # yet) is held to the same bound: one runs, one queues, the newest two are refused.
+    calls = [handle.remote() for _ in range(4)]
+    for call in calls[2:]:
+        with pytest.raises(serve.BackPressureError):
+            call.result(timeout_s=10)
+    assert calls[0].result(timeout_s=30) == "done"  # the queued one finishes 2 s later
 
 
 def test_decorator_forms_and_their_errors(toolkit: Toolkit) -> None:

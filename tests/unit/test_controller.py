@@ -206,7 +206,7 @@ async def test_deploy_checkpoints_before_acknowledging_then_reaches_running() ->
     await core.stop()
 
 
-async def test_callers_may_queue_for_a_new_deployment_until_its_first_replica_runs() -> None:
+async def test_callers_queue_for_a_new_deployment_within_its_bound_from_the_first_table() -> None:
     backend = FakeBackend()
     core = await started(backend)
     gate = asyncio.Event()
@@ -219,10 +219,11 @@ async def test_callers_may_queue_for_a_new_deployment_until_its_first_replica_ru
     backend.start_replica = slow_start  # type: ignore[method-assign]
     await core.deploy_app(app(replicas=1, max_queued_requests=0))
     key = replicas_key(DeploymentID("a", "D"))
-    assert core.longpoll.get(key) == ReplicaTable((), -1)  # starting: wait for the first replica
+    # Starting: callers wait for the first replica, within the configured bound.
+    assert core.longpoll.get(key) == ReplicaTable((), 0)
     gate.set()
     await until(lambda: len(_replicas(core, key).replicas) == 1)
-    assert _replicas(core, key).max_queued_requests == 0  # from then on, the configured bound
+    assert _replicas(core, key).max_queued_requests == 0
     await core.stop()
 
 

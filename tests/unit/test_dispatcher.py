@@ -94,6 +94,27 @@ async def test_queue_is_bounded_and_drains_in_order() -> None:
     assert replica.received == [0, 1, 2]
 
 
+async def test_requests_before_the_first_table_are_held_to_its_bound() -> None:
+    # A caller that has no table yet queues; the first one's bound refuses the newest
+    # beyond it, after the free slots took the oldest.
+    replica = FakeReplica("a", answer)
+    dispatcher = Dispatcher(DEP, lambda i: replica)
+    waiting = [asyncio.ensure_future(dispatcher.send(call(n))) for n in range(5)]
+    await asyncio.sleep(0)
+    assert dispatcher.queued == 5
+    dispatcher.update([info("a", capacity=1)], max_queued_requests=1)
+    await asyncio.sleep(0)
+    assert [w.done() for w in waiting] == [True, False, True, True, True]
+    for refused in waiting[2:]:
+        with pytest.raises(BackPressureError, match="has 1 requests queued"):
+            refused.result()
+    first = waiting[0].result()
+    assert result(first) == "done 0"
+    first.release()
+    assert result(await waiting[1]) == "done 1"
+    assert replica.received == [0, 1]
+
+
 async def test_cancelled_waiter_never_reaches_a_replica() -> None:
     replica = FakeReplica("a", answer)
     dispatcher = make({"a": replica}, max_queued=5)

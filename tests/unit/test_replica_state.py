@@ -231,7 +231,6 @@ def test_a_new_version_replaces_the_old_only_once_it_runs() -> None:
 
 def test_a_version_that_keeps_failing_stops_retrying_and_keeps_the_old_serving() -> None:
     state = DeploymentState(spec("v2", num_replicas=1), {"o1": running("o1", "v0")})
-    state.ever_ran = True
     new_ids = ids()
     for attempt in range(MAX_START_FAILURES):
         (start,) = [a for a in plan(state, now=float(attempt), new_id=new_ids) if isinstance(a, StartReplica)]
@@ -244,7 +243,8 @@ def test_a_version_that_keeps_failing_stops_retrying_and_keeps_the_old_serving()
 
 def test_a_new_deployment_that_never_starts_fails_its_waiting_callers() -> None:
     state = DeploymentState(spec(num_replicas=1))
-    assert replica_table(state).max_queued_requests == -1  # queue until a first replica runs
+    # Callers queue for the first replica within the configured bound.
+    assert replica_table(state).max_queued_requests == state.spec.config.max_queued_requests
     new_ids = ids()
     actions: list[Any] = []
     for attempt in range(MAX_START_FAILURES):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import random
 
 from app_toolkit._runtime.messages import DeploymentID, ReplicaInfo
-from app_toolkit._runtime.routing.choice import ReplicaChooser, queue_is_full
+from app_toolkit._runtime.routing.choice import QUEUE_CAP, ReplicaChooser, queue_is_full
 
 DEP = DeploymentID("app", "d")
 
@@ -75,4 +75,5 @@ def test_queue_bound() -> None:
     assert not queue_is_full(0, 1)
     assert queue_is_full(1, 1)
     assert queue_is_full(0, 0)
-    assert not queue_is_full(10**6, -1)
+    # -1 (Ray Serve's "no bound") is a fixed cap.
+    assert not queue_is_full(QUEUE_CAP - 1, -1) and queue_is_full(QUEUE_CAP, -1)

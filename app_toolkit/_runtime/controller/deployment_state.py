@@ -112,7 +112,6 @@ class DeploymentState:
     failed: bool = False
     deleting: bool = False
     hurried: bool = False  # deleted by a shutdown: its replicas' streams end at once
-    ever_ran: bool = False  # a replica of this deployment has been RUNNING
     autoscaler: Autoscaler | None = None
     #: The version that served before this one: what a failed upgrade goes back to.
     previous: DeploymentSpec | None = None
@@ -170,10 +169,13 @@ def apply_event(state: DeploymentState, replica_id: str, event: Event, now: floa
     else:
         state.replicas[replica_id] = after
     actions: list[Action] = list(replica_actions)
-    if isinstance(event, Started) and after is not None and after.state is ReplicaState.RUNNING:
-        state.ever_ran = True
-        if after.version == spec.code_version:
-            state.message = ""
+    if (
+        isinstance(event, Started)
+        and after is not None
+        and after.state is ReplicaState.RUNNING
+        and after.version == spec.code_version
+    ):
+        state.message = ""
     elif isinstance(event, StartFailed) and replica.version == spec.code_version and not state.failed:
         state.start_failures += 1
         state.message = f"Replica failed to start: {event.error}"
@@ -281,7 +283,6 @@ def adopt(state: DeploymentState, found: AdoptedReplica, now: float) -> None:
         local_rank=found.local_rank,
         node_id=found.info.node_id,
     )
-    state.ever_ran = True
 
 
 def replica_table(state: DeploymentState) -> ReplicaTable:
@@ -290,13 +291,11 @@ def replica_table(state: DeploymentState) -> ReplicaTable:
         (r.info for r in state.replicas.values() if r.serving and r.info is not None),
         key=lambda info: info.replica_id,
     )
-    # Until a first replica runs (a new deployment starting up), callers queue without a
-    # bound: a request that arrives before its proxy has the new table waits for the
-    # replica instead of being refused.
+    # The configured bound from the first table on, a cold start included: requests within
+    # it wait for the first replica, those beyond it are refused.
     config = state.spec.config
-    max_queued = config.max_queued_requests if state.ever_ran else -1
     overload = (config.backpressure_config.status_code, config.backpressure_config.retry_after_s)
-    return ReplicaTable(tuple(infos), max_queued, config.affinity, overload=overload)
+    return ReplicaTable(tuple(infos), config.max_queued_requests, config.affinity, overload=overload)
 
 
 def autoscale(state: DeploymentState, load: float, now: float) -> list[Action]:

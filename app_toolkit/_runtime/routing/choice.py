@@ -209,6 +209,16 @@ def choose_variant(
     return split[-1][0]
 
 
+#: A caller's queue bound where the deployment sets none (``max_queued_requests=-1``, Ray
+#: Serve's "no bound"), and before the caller's first routing table says what it sets.
+QUEUE_CAP = 100_000
+
+
+def queue_bound(max_queued_requests: int) -> int:
+    """The requests a caller may queue for a deployment with ``max_queued_requests``."""
+    return max_queued_requests if max_queued_requests >= 0 else QUEUE_CAP
+
+
 def queue_is_full(waiting: int, max_queued_requests: int) -> bool:
-    """Whether one more request would exceed the caller-side queue bound (-1: no bound)."""
-    return max_queued_requests >= 0 and waiting >= max_queued_requests
+    """Whether one more request would exceed the caller-side queue bound."""
+    return waiting >= queue_bound(max_queued_requests)

@@ -19,7 +19,13 @@ from typing import Protocol
 from app_toolkit._runtime.channel.exchange import Exchange
 from app_toolkit._runtime.messages import Answer, DeploymentID, Rejected, ReplicaInfo, ReplicaLost, Request
 from app_toolkit._runtime.routing import caller_metrics
-from app_toolkit._runtime.routing.choice import Affinity, ReplicaChooser, choose_variant, queue_is_full
+from app_toolkit._runtime.routing.choice import (
+    Affinity,
+    ReplicaChooser,
+    choose_variant,
+    queue_bound,
+    queue_is_full,
+)
 from app_toolkit._runtime.routing.shadow import Shadower
 from app_toolkit._runtime.routing.tally import VariantTally, failed
 from app_toolkit._runtime.tables import Outcomes, ShadowTarget
@@ -98,8 +104,10 @@ class Dispatcher:
         # ("" for none).
         self._waiters: collections.deque[_Waiter] = collections.deque()
         self._keyed_waiters = 0  # of them, with a shard key
-        # Unknown until the first table arrives: queue meanwhile rather than reject.
+        # Unknown until the first table arrives: up to QUEUE_CAP queue meanwhile, and the
+        # first table refuses those beyond its bound (_refuse_beyond_bound).
         self.max_queued_requests = -1
+        self._has_table = False
         self._overload: tuple[int, float | None] = (503, 1.0)  # backpressure_config's answer
         self.affinity: Affinity = "strict"
         self._closed_reason: str | None = None
@@ -134,6 +142,9 @@ class Dispatcher:
             if replica_id not in live:
                 self._retire(replica_id)
         self._wake()
+        if not self._has_table:
+            self._has_table = True
+            self._refuse_beyond_bound()
 
     def close(self, reason: str) -> None:
         """The deployment is gone: fail everything that waits for it."""
@@ -291,8 +302,7 @@ class Dispatcher:
                 self._chooser.acquire(choice.replica_id, model_id, now)
                 return choice
         if queue_is_full(self.queued, self.max_queued_requests):
-            caller_metrics.rejected(self.deployment)
-            raise BackPressureError(str(self.deployment), self.max_queued_requests, *self._overload)
+            raise self._refusal()
         waiter: asyncio.Future[ReplicaInfo] = asyncio.get_running_loop().create_future()
         self._waiters.append((waiter, model_id, shard_key))
         if shard_key:
@@ -306,6 +316,29 @@ class Dispatcher:
             if waiter.done() and not waiter.cancelled() and waiter.exception() is None:
                 self._release(waiter.result().replica_id)
             raise
+
+    def _refusal(self) -> BackPressureError:
+        """A request refused because the queue is full (counted as refused)."""
+        caller_metrics.rejected(self.deployment)
+        bound = queue_bound(self.max_queued_requests)
+        return BackPressureError(str(self.deployment), bound, *self._overload)
+
+    def _refuse_beyond_bound(self) -> None:
+        """The newest waiters beyond the queue's bound are refused: those that came before
+        the caller knew the deployment's bound get what they would have got had it known."""
+        excess = self.queued - queue_bound(self.max_queued_requests)
+        if excess <= 0:
+            return
+        kept: collections.deque[_Waiter] = collections.deque()
+        for waiter in reversed(self._waiters):
+            future, _, shard_key = waiter
+            if excess > 0 and not future.done():
+                excess -= 1
+                self._keyed_waiters -= 1 if shard_key else 0
+                future.set_exception(self._refusal())
+            else:
+                kept.appendleft(waiter)
+        self._waiters = kept
 
     def _release(self, replica_id: str) -> None:
         self._chooser.release(replica_id)
