@@ -307,6 +307,13 @@ class Tokens:
     async def not_a_generator(self) -> int:
         return 1
 
+    @tk.batch(max_batch_size=4, batch_wait_timeout_s=0.5)
+    async def countdowns(self, starts: list[int]) -> AsyncIterator[list[Any]]:
+        """A streaming batch: each caller counts down from its start, and learns how many
+        callers shared the batch."""
+        for step in range(max(starts) + 1):
+            yield [f"{start - step}/{len(starts)}" if step <= start else StopIteration for start in starts]
+
 
 tokens_api = FastAPI()
 
@@ -324,6 +331,16 @@ class TokenFront:
         async def lines() -> AsyncIterator[str]:
             async for token in self.tokens.count.remote(n):
                 yield token + "\n"
+
+        return StreamingResponse(lines(), media_type="text/plain")
+
+    @tokens_api.get("/countdown/{start}")
+    async def countdown(self, start: int) -> Any:
+        from fastapi.responses import StreamingResponse
+
+        async def lines() -> AsyncIterator[str]:
+            async for step in self.tokens.countdowns.remote(start):
+                yield step + "\n"
 
         return StreamingResponse(lines(), media_type="text/plain")
 

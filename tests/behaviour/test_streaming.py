@@ -53,6 +53,18 @@ def test_a_route_streams_a_handle_stream_over_http(toolkit: Toolkit) -> None:
         lines = [line for line in response.iter_lines() if line]
     assert lines == [f"token-{i}" for i in range(5)]
 
+    # A streaming @batch method's results, through a handle stream and over HTTP: three
+    # clients share a batch (within its 0.5 s wait), each gets its own steps, to its end.
+    async def countdowns() -> list[list[str]]:
+        async with toolkit.async_client() as client:
+            answers = await asyncio.gather(*(client.get(f"/http-tok/countdown/{n}") for n in (1, 3, 2)))
+        assert all(a.status_code == 200 for a in answers)
+        return [a.text.split() for a in answers]
+
+    steps = asyncio.run(countdowns())
+    assert [[s.split("/")[0] for s in mine] for mine in steps] == [list("10"), list("3210"), list("210")]
+    assert max(int(s.split("/")[1]) for mine in steps for s in mine) > 1  # some shared a batch
+
 
 def test_a_result_that_cannot_be_sent_fails_the_call_instead_of_hanging(ray_toolkit: Toolkit) -> None:
     # Only Ray pickles results across processes; the local backend hands objects over.
