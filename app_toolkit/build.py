@@ -4,10 +4,11 @@
 - :func:`build_app`: walk the bound graph from the ingress; bound deployments in
   arguments become handles; a FastAPI ingress's ``@replicated`` routes add their pools.
 - :func:`build_spec`: a config entry's ``import_path`` (an application, a FastAPI app or
-  router, or a builder function taking ``args``), with the entry's per-deployment
-  options on top of the code's and the application's ``runtime_env`` on every replica.
-  It runs where the replicas will (on Ray, a task under that ``runtime_env``), given as a
-  :class:`~app_toolkit._runtime.session.Build` (:func:`builds`).
+  router, or a builder function taking ``args``, as :mod:`app_toolkit.app_builder` says),
+  with the entry's per-deployment options on top of the code's and the application's
+  ``runtime_env`` on every replica. It runs where the replicas will (on Ray, a task under
+  that ``runtime_env``), given as a :class:`~app_toolkit._runtime.session.Build`
+  (:func:`builds`).
 - :func:`describe`: the config file for applications in code (``app-toolkit build``).
 """
 
@@ -16,25 +17,22 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
-import inspect
 import io
 import json
 import logging
 import pickle
 import typing
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
-
-from pydantic import BaseModel, ValidationError
 
 from app_toolkit._runtime.messages import AppSpec, DeploymentID, DeploymentSpec
 from app_toolkit._runtime.replica.replica import ASGI_APP_ATTR, ASGI_BUILDER_ATTR
 from app_toolkit._runtime.session import Build, Serialize
+from app_toolkit.app_builder import load_application
 from app_toolkit.config.file import ApplicationConfig, parse_config
 from app_toolkit.deployment import Application, Deployment
-from app_toolkit.exceptions import ConfigError
+from app_toolkit.exceptions import BuilderArgsError, ConfigError
 from app_toolkit.handle import DeploymentHandle
-from app_toolkit.import_path import import_attr
 
 if typing.TYPE_CHECKING:  # FastAPI is imported where an app is built, not by every toolkit process
     from app_toolkit.route_table import RouteTable
@@ -191,59 +189,6 @@ class _HandleSwapper(pickle.Pickler):
         return NotImplemented
 
 
-def as_application(value: object, path: str, name: str | None) -> Application:
-    """What an import path names, as an application (routers are mounted in an App)."""
-    from fastapi import APIRouter, FastAPI
-
-    from app_toolkit.ingress import App
-
-    if isinstance(value, Application):
-        return value
-    if isinstance(value, (FastAPI, APIRouter)):
-        return App(value, name=name or "default")
-    if isinstance(value, Deployment):
-        raise ConfigError(
-            f'"{path}" is a deployment; point at an application such as '
-            f"{value.name}.bind() (assign it to a variable and use that)"
-        )
-    raise ConfigError(
-        f'"{path}" is a {type(value).__name__}; expected an application '
-        "(App(router) or Deployment.bind()), a FastAPI app, an APIRouter or a builder "
-        "function returning one"
-    )
-
-
-def load_application(path: str, args: Mapping[str, object], name: str | None) -> Application:
-    """Import ``path``; a builder function is called with ``args`` (Ray Serve's rule)."""
-    value = import_attr(path)
-    if inspect.isfunction(value):
-        return as_application(_call_builder(value, path, args), path, name)
-    if args:
-        raise ConfigError(
-            f'"{path}" is not a builder function, so it takes no args; remove "args" or point '
-            "import_path at a function that takes them and returns the application"
-        )
-    return as_application(value, path, name)
-
-
-def _call_builder(builder: Callable[..., object], path: str, args: Mapping[str, object]) -> object:
-    parameters = list(inspect.signature(builder).parameters.values())
-    if len(parameters) != 1:
-        raise ConfigError(
-            f'Builder "{path}" must take exactly one argument (the args), it takes {len(parameters)}'
-        )
-    try:
-        annotation = typing.get_type_hints(builder).get(parameters[0].name)
-    except Exception:  # noqa: BLE001 - unresolvable hints: pass the plain dict
-        annotation = None
-    if inspect.isclass(annotation) and issubclass(annotation, BaseModel):
-        try:
-            return builder(annotation.model_validate(dict(args)))
-        except ValidationError as exc:
-            raise ConfigError(f'Invalid args for builder "{path}": {exc}') from None
-    return builder(dict(args))
-
-
 def configure(app: ApplicationConfig) -> Callable[[Deployment], Deployment]:
     """The entry's options for each deployment, and its runtime_env for every replica."""
     overrides = {entry.name: entry.options for entry in app.deployments}
@@ -277,6 +222,8 @@ def build_spec(app: ApplicationConfig, serialize: Serialize) -> AppSpec:
     prove the import: a Ray task under its runtime_env, or this one on the local backend)."""
     try:
         target = load_application(app.import_path, app.args, app.name)
+    except BuilderArgsError as exc:
+        raise BuilderArgsError(f"args: {exc}") from None
     except ConfigError as exc:
         raise ConfigError(f"import_path: {exc}") from None
     spec = build_app(target, app.name, app.route_prefix, serialize, configure(app))

@@ -4,7 +4,9 @@ The tree::
 
     AppToolkitError            (also named RayServeException, Ray Serve's base)
     ├── ConfigError            bad option, bad import path, bad route prefix (a ValueError)
-    │   └── DefinitionError    a decorator applied to what it cannot take (also a TypeError)
+    │   ├── DefinitionError    a decorator applied to what it cannot take (also a TypeError)
+    │   └── BuilderArgsError   arguments an application builder cannot take (a config
+    │                          file's ``args``, ``app-toolkit run``'s KEY=VALUE)
     ├── MethodNotFoundError    a handle called a method the deployment lacks (an AttributeError)
     ├── DeployError            a deploy failed (constructor or lifespan startup raised);
     │                          also a RuntimeError, as Ray Serve's deploy failures are
@@ -33,6 +35,12 @@ RayServeException = AppToolkitError
 
 class ConfigError(AppToolkitError, ValueError):
     """An option, import path or route prefix is invalid; the message says how to fix it."""
+
+
+class BuilderArgsError(ConfigError):
+    """Arguments for an application builder that it cannot take: the import path names no
+    builder, a key is not a field of the builder's model, or a value does not validate.
+    The message names the key or field and the fix."""
 
 
 class MethodNotFoundError(AppToolkitError, AttributeError):

@@ -111,6 +111,7 @@ def test_all_is_sorted_and_complete() -> None:
         "traffic",
         "templates",
         "build",
+        "app_builder",
         "multiplex",
         "tracing",
     }

@@ -6,7 +6,7 @@ import json
 
 import click
 
-from app_toolkit.cli.session import fail, find
+from app_toolkit.cli.session import fail, find, key_values
 from app_toolkit.exceptions import AppToolkitError, ConfigError
 
 
@@ -62,9 +62,8 @@ def new(
             click.echo("\nUsage: app-toolkit new TEMPLATE [-o DIR] [--no-input] [KEY=VALUE]...")
         return
     try:
-        project = scaffold.bake(
-            template, output_dir, context=scaffold.parse_context(values), no_input=no_input, force=force
-        )
+        context = key_values(values, 'project_name="Hello World"')
+        project = scaffold.bake(template, output_dir, context=context, no_input=no_input, force=force)
     except AppToolkitError as exc:
         fail(exc)
         return

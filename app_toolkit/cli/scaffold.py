@@ -36,17 +36,6 @@ def list_templates() -> dict[str, str]:
     return found
 
 
-def parse_context(pairs: tuple[str, ...] | list[str]) -> dict[str, str]:
-    """``["key=value", ...]`` -> a dict, or a ConfigError naming the bad item."""
-    context = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError(f'"{pair}" must look like key=value, e.g. project_name="Hello World"')
-        context[key.strip()] = value
-    return context
-
-
 def bake(
     template: str,
     output_dir: str | Path = ".",

@@ -16,15 +16,14 @@ from app_toolkit._runtime import console_pipe, log_format
 from app_toolkit._runtime.backends.base import session_factory
 from app_toolkit._runtime.console_pipe import ConsolePipe
 from app_toolkit._runtime.session import Session
-from app_toolkit.build import as_application
+from app_toolkit.app_builder import load_application
 from app_toolkit.cli.deploy import apply
-from app_toolkit.cli.session import fail
+from app_toolkit.cli.session import fail, key_values
 from app_toolkit.cli.stop_signals import StopSignals
 from app_toolkit.config import LOG_LEVEL_ENV, HTTPOptions, parse_http_options
 from app_toolkit.config.file import load_config
 from app_toolkit.deployment import Application
-from app_toolkit.exceptions import AppToolkitError, ConfigError
-from app_toolkit.import_path import import_attr
+from app_toolkit.exceptions import AppToolkitError, BuilderArgsError, ConfigError
 from app_toolkit.status import ServeStatus
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -48,8 +47,17 @@ def _http_option(name: str) -> Callable[[F], F]:
 _LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 
 
+def _builder_args(ctx: click.Context, param: click.Parameter, pairs: tuple[str, ...]) -> dict[str, str]:
+    """The ``KEY=VALUE`` arguments, checked as the command line is read (status 2 if bad)."""
+    try:
+        return key_values(pairs, "backend=echo")
+    except ConfigError as exc:
+        raise click.BadParameter(str(exc), ctx, param) from None
+
+
 @click.command()
 @click.argument("target", metavar="IMPORT_PATH|CONFIG.yaml")
+@click.argument("args", nargs=-1, metavar="[KEY=VALUE]...", callback=_builder_args)
 @_http_option("host")
 @_http_option("port")
 @click.option("--address", default=None, help='Ray cluster to join ("auto"); default: start a local one.')
@@ -93,6 +101,7 @@ def run(
     ctx: click.Context,
     /,
     target: str,
+    args: dict[str, str],
     address: str | None,
     local: bool,
     name: str | None,
@@ -104,7 +113,9 @@ def run(
 ) -> None:
     """Serve an app (module:attribute) or a config file's apps until Ctrl-C or SIGTERM.
 
-    With a config file, its http_options apply; flags given on the command line win.
+    KEY=VALUE arguments go to a builder function the import path names, as a config
+    file's args do. With a config file, its http_options apply; flags given on the command
+    line win.
     """
     signals = StopSignals()  # first: from here on one SIGINT or SIGTERM stops the command
     session: Session | None = None
@@ -112,15 +123,15 @@ def run(
     try:
         try:
             ctx.with_resource(_console_lines(local or bool(address or os.environ.get("RAY_ADDRESS"))))
-            http, app = _prepare(ctx, target, name, route_prefix, log_level, log_format, http_flags)
+            http, app = _prepare(ctx, target, args, name, route_prefix, log_level, log_format, http_flags)
             session = signals.deferred(lambda: _start(http, local, address))
-            names = _deploy(session, target, name, route_prefix, app=app)
+            names = _deploy(session, target, args, name, route_prefix, app=app)
             _announce(target, names, session.status(), http)
         except AppToolkitError as exc:
             fail(exc)
         serving = True
         if reload:
-            _redeploy_on_change(lambda: _deploy(session, target, name, route_prefix, fresh=True))
+            _redeploy_on_change(lambda: _deploy(session, target, args, name, route_prefix, fresh=True))
         while True:
             time.sleep(60)  # until a stop signal interrupts it
     except KeyboardInterrupt:
@@ -161,6 +172,7 @@ def _start(http: HTTPOptions, local: bool, address: str | None) -> Session:
 def _prepare(
     ctx: click.Context,
     target: str,
+    args: dict[str, str],
     name: str | None,
     route_prefix: str | None,
     log_level: str,
@@ -169,7 +181,7 @@ def _prepare(
 ) -> tuple[HTTPOptions, Application | None]:
     """Before anything starts: logging, the environment the workers inherit, the HTTP
     options, and the app of an import path (imported now: a wrong path fails here, before
-    a cluster starts for nothing)."""
+    a cluster starts for nothing, and arguments a builder cannot take are a usage error)."""
     _set_logging(log_level, log_format)
     # Ray worker processes import the user's module too: let them find it here.
     cwd = os.getcwd()
@@ -180,7 +192,16 @@ def _prepare(
     # spends more CPU per line doing so. Read before Ray is imported; yours wins.
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
     if not _is_config_file(target):
-        return parse_http_options(http_flags), _load(target, name)
+        try:
+            return parse_http_options(http_flags), load_application(target, args, name)
+        except BuilderArgsError as exc:
+            raise click.UsageError(str(exc), ctx) from None
+    if args:
+        raise click.UsageError(
+            "KEY=VALUE arguments go to the builder an import path names; for a config file's "
+            "application, set them under its args:",
+            ctx,
+        )
     if name is not None or route_prefix is not None:
         raise ConfigError("--name and --route-prefix apply to an import path; set them in the file")
     config = load_config(target)
@@ -231,21 +252,18 @@ def _console_lines(joined_or_local: bool) -> Iterator[None]:
         console.close()
 
 
-def _load(target: str, name: str | None) -> Application:
-    """The application an import path names (imported now)."""
-    return as_application(import_attr(target), target, name)
-
-
 def _deploy(
     session: Session,
     target: str,
+    args: dict[str, str],
     name: str | None,
     route_prefix: str | None,
     fresh: bool = False,
     app: Application | None = None,
 ) -> list[str]:
-    """Deploy an import path (``app``: what it names, if loaded already) or a config file;
-    returns the application names."""
+    """Deploy an import path (``app``: what it names, if loaded already; a builder it
+    names is called with ``args`` again on each reload) or a config file; returns the
+    application names."""
     if fresh:
         _forget_local_modules(os.getcwd())
     if _is_config_file(target):
@@ -253,7 +271,7 @@ def _deploy(
         apply(session, config, target, wait_s=None, new_code=fresh)
         return [app.name for app in config.applications]
     if app is None:
-        app = _load(target, name)
+        app = load_application(target, args, name)
     kwargs: dict[str, Any] = {"name": name, "_reload": fresh}
     if route_prefix is not None:
         kwargs["route_prefix"] = route_prefix

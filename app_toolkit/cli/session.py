@@ -1,10 +1,10 @@
-"""What the CLI's commands share: failing with a message, and reaching the toolkit that
-runs on a cluster."""
+"""What the CLI's commands share: failing with a message, reading KEY=VALUE arguments,
+and reaching the toolkit that runs on a cluster."""
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import NoReturn
 
 import click
@@ -18,6 +18,19 @@ def fail(exc: Exception) -> NoReturn:
     """Print ``exc`` as the command's error and exit with status 1."""
     click.echo(f"Error: {exc}", err=True)
     sys.exit(1)
+
+
+def key_values(pairs: Sequence[str], example: str) -> dict[str, str]:
+    """``KEY=VALUE`` arguments (``run``'s builder arguments, ``new``'s template variables)
+    as a dict: the value is everything after the first ``=`` (it may be empty), the last
+    of a key wins; a ConfigError names an argument without a key or an ``=``."""
+    found: dict[str, str] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f'"{pair}" must look like key=value, e.g. {example}')
+        found[key.strip()] = value
+    return found
 
 
 def find(address: str) -> Session | None:

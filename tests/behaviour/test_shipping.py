@@ -7,7 +7,7 @@ from __future__ import annotations
 from fastapi import FastAPI
 
 import app_toolkit as tk
-from app_toolkit.build import as_application
+from app_toolkit.app_builder import as_application
 from app_toolkit.import_path import import_attr
 from tests.apps import shipping as apps
 from tests.conftest import Toolkit

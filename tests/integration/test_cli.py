@@ -221,6 +221,24 @@ def test_bad_import_paths_fail_with_a_fix() -> None:
     assert "Ray cluster" not in bad.stderr + missing.stderr
 
 
+def test_run_passes_key_value_arguments_to_the_chat_templates_builder(tmp_path: Path) -> None:
+    """``app-toolkit run chat.app:build_app backend=echo`` serves the echo model though the
+    environment says openai; a key the settings lack is refused before anything starts."""
+    chat = ROOT / "examples" / "chat"
+    environment = {**cli_env(), "CHAT_BACKEND": "openai"}
+    typo = [*CLI, "run", "chat.app:build_app", "bakend=echo", "--local"]
+    refused = subprocess.run(typo, cwd=chat, env=environment, capture_output=True, text=True, timeout=60)
+    assert refused.returncode == 2, refused.stderr
+    assert "takes no argument 'bakend': did you mean 'backend'?" in refused.stderr
+    port = free_port()
+    args = ["chat.app:build_app", "backend=echo", "--local", "--port", str(port)]
+    with running_cli(args, chat, tmp_path / "cli.log", env={"CHAT_BACKEND": "openai"}) as cli:
+        cli.wait_for_output("serving chat.app:build_app at", 120)
+        models = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=30).json()
+        assert [model["id"] for model in models["data"]] == ["echo"]  # openai's would be "default"
+        assert cli.stop(signal.SIGTERM) == 0
+
+
 def test_status_reports_the_running_apps(ray_toolkit: Toolkit) -> None:
     name = ray_toolkit.name()
     ray_toolkit.run(basic.make_app(), name=name, route_prefix="/cli-status")
@@ -345,46 +363,50 @@ from fastapi import APIRouter, Request
 
 import app_toolkit as tk
 
-router = APIRouter()
 
+def build(args: dict[str, str]) -> tk.App:
+    router = APIRouter()
 
-@router.get("/where")
-def where(request: Request) -> dict[str, object]:
-    assert request.client is not None
-    return {
-        "version": VERSION,
-        "root_path": request.scope["root_path"],
-        "url": str(request.url_for("where")),
-        "client": request.client.host,
-    }
+    @router.get("/where")
+    def where(request: Request) -> dict[str, object]:
+        assert request.client is not None
+        return {
+            "version": VERSION,
+            "place": args["place"],
+            "root_path": request.scope["root_path"],
+            "url": str(request.url_for("where")),
+            "client": request.client.host,
+        }
 
-
-app = tk.App(router, name="reloadme")
+    return tk.App(router, name="reloadme")
 """
 
 
 def test_run_flags_root_path_forwarded_headers_and_reload(tmp_path: Path) -> None:
+    """A builder's KEY=VALUE arguments reach it again on each reload."""
     (tmp_path / "reloadme.py").write_text("VERSION = 1\n" + RELOADED_APP)
     port = free_port()
     args = [
-        "reloadme:app", "--local", "--port", str(port), "--root-path", "/api",
+        "reloadme:build", "place=here", "--local", "--port", str(port), "--root-path", "/api",
         "--forwarded-allow-ips", "127.0.0.1", "--log-level", "debug", "--reload",
     ]  # fmt: skip
     url = f"http://127.0.0.1:{port}/where"
     with running_cli(args, tmp_path, tmp_path / "cli.log") as cli:
         cli.wait_for_output("watching", 60)
-        assert f"serving reloadme:app at http://127.0.0.1:{port}/api/" in cli.output()
+        assert f"serving reloadme:build at http://127.0.0.1:{port}/api/" in cli.output()
         # Behind a reverse proxy that strips /api and says who the client was:
         forwarded = {"X-Forwarded-For": "10.1.2.3", "X-Forwarded-Proto": "https"}
         first = httpx.get(url, headers=forwarded, timeout=30).json()
         assert first == {
             "version": 1,
+            "place": "here",
             "root_path": "/api",
             "url": f"https://127.0.0.1:{port}/api/where",
             "client": "10.1.2.3",
         }
         (tmp_path / "reloadme.py").write_text("VERSION = 2\n" + RELOADED_APP)
         wait_for(lambda: httpx.get(url, timeout=30).json()["version"] == 2, 60, "the redeploy")
+        assert httpx.get(url, timeout=30).json()["place"] == "here"
         assert "reloadme.py changed; redeploying" in cli.output()
         (tmp_path / "reloadme.py").write_text("VERSION = (\n")  # a syntax error: keep serving
         cli.wait_for_output("redeploy failed", 60)
@@ -402,7 +424,9 @@ def test_reload_redeploys_a_config_files_apps_after_a_code_change(tmp_path: Path
     port = free_port()
     config = {
         "http_options": {"port": port},
-        "applications": [{"name": "r", "route_prefix": "/", "import_path": "reloadme:app"}],
+        "applications": [
+            {"name": "r", "route_prefix": "/", "import_path": "reloadme:build", "args": {"place": "here"}}
+        ],
     }
     (tmp_path / "serve.yaml").write_text(yaml.safe_dump(config))
     url = f"http://127.0.0.1:{port}/where"
@@ -411,6 +435,7 @@ def test_reload_redeploys_a_config_files_apps_after_a_code_change(tmp_path: Path
         assert httpx.get(url, timeout=30).json()["version"] == 1
         (tmp_path / "reloadme.py").write_text("VERSION = 2\n" + RELOADED_APP)
         wait_for(lambda: httpx.get(url, timeout=30).json()["version"] == 2, 60, "the redeploy")
+        assert httpx.get(url, timeout=30).json()["place"] == "here"
         assert cli.stop(signal.SIGTERM) == 0
 
 

@@ -138,7 +138,7 @@ def test_building_fails_on_unknown_deployments_and_bad_args() -> None:
     with pytest.raises(tk.ConfigError, match="Invalid args for builder"):
         build_spec(bad_args.applications[0], _keep)
     not_builder = parse_config(_app(args={"x": 1}), "s")
-    with pytest.raises(tk.ConfigError, match="not a builder function, so it takes no args"):
+    with pytest.raises(tk.ConfigError, match="args: .* not a builder function .*, so it takes no arguments"):
         build_spec(not_builder.applications[0], _keep)
     runtime_env = parse_config(_app(runtime_env={"env_vars": {"A": "1"}}), "s")
     greeter = build_spec(runtime_env.applications[0], _keep).deployment("Ingress")

@@ -1,6 +1,9 @@
 """The chat application: the model pool, the reply store and the HTTP routes, wired.
 
-Run it with ``app-toolkit run chat.app:app`` and open http://127.0.0.1:8000/.
+Run it with ``app-toolkit run chat.app:app`` and open
+http://127.0.0.1:8000/. The builder takes settings on the command line too (fields of
+``Settings``; they win over the environment):
+``app-toolkit run chat.app:build_app backend=echo``.
 """
 
 from __future__ import annotations

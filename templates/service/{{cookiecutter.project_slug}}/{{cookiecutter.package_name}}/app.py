@@ -1,6 +1,8 @@
 """The application: routes plus the deployment they call.
 
-Serve it with ``app-toolkit run {{ cookiecutter.package_name }}.app:app``.
+Serve it with ``app-toolkit run {{ cookiecutter.package_name }}.app:app``. The builder takes
+settings on the command line too (fields of ``Settings``; they win over the environment):
+``app-toolkit run {{ cookiecutter.package_name }}.app:build_app greeting=Hi``.
 """
 
 from __future__ import annotations
