@@ -65,7 +65,6 @@ _NEUTRAL: dict[str, dict[str, tuple[object, ...]]] = {
         "request_router_config": (None, {}),
         "gang_scheduling_config": (None,),
         "deployment_actors": (None, []),
-        "backpressure_config": (None, {}),
     },
 }
 

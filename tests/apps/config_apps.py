@@ -76,3 +76,53 @@ def _which(answer: str) -> tk.App:
 #: Two versions of one app, for traffic splits in a config file.
 blue = _which("blue")
 green = _which("green")
+
+
+# Every deployment option set in code, away from its default (between the two deployments:
+# num_replicas and autoscaling_config, max_replicas_per_node and placement groups exclude
+# each other): app-toolkit build must write each and the file must load it back.
+@tk.deployment(
+    num_replicas=2,
+    max_ongoing_requests=7,
+    max_queued_requests=9,
+    backpressure_config={"status_code": 429, "retry_after_s": 3},
+    affinity="prefer",
+    user_config={"threshold": [1, 2]},
+    health_check_period_s=4,
+    health_check_timeout_s=5,
+    health_check_failure_threshold=2,
+    graceful_shutdown_wait_loop_s=1,
+    graceful_shutdown_timeout_s=6,
+    ray_actor_options={"num_cpus": 0.5, "memory": 2**20, "resources": {"accel": 1}},
+    rolling_update_percentage=0.5,
+    max_surge_percent=10,
+    surge_timeout_s=12,
+    max_replicas_per_node=1,
+)
+class EveryOption:
+    def __init__(self, scaled: tk.DeploymentHandle) -> None:
+        self.scaled = scaled
+
+
+@tk.deployment(
+    autoscaling_config={
+        "min_replicas": 0,
+        "max_replicas": 4,
+        "initial_replicas": 1,
+        "target_ongoing_requests": 3,
+        "upscale_delay_s": 1,
+        "downscale_delay_s": 2,
+        "downscale_to_zero_delay_s": 5,
+        "look_back_period_s": 4,
+        "upscaling_factor": 1.5,
+        "downscaling_factor": 0.5,
+    },
+    placement_group_bundles=[{"CPU": 0.1}, {"CPU": 1}],
+    placement_group_strategy="SPREAD",
+    direct_ingress=False,
+)
+class Scaled:
+    pass
+
+
+every_option = as_deployment(EveryOption).bind(as_deployment(Scaled).bind())

@@ -165,3 +165,28 @@ def test_upgrade_placement_and_capacity_options_round_trip_through_a_file() -> N
     assert options["rolling_update_percentage"] == 0.5 and options["max_surge_percent"] == 25
     with pytest.raises(tk.ConfigError, match="target_capacity: Input should be less than or equal to 100"):
         parse_config({**written, "target_capacity": 150}, "s")
+
+
+def test_every_option_set_in_code_round_trips_through_a_built_file() -> None:
+    """Whatever code can set, a file can set: app-toolkit build writes every option of
+    every deployment of every module-level test application, and the file means the same."""
+    import importlib
+    import pkgutil
+
+    import tests.apps
+    from app_toolkit.build import _deployments
+    from app_toolkit.config import DeploymentConfig
+
+    seen: set[str] = set()
+    for module in pkgutil.iter_modules(tests.apps.__path__):
+        imported = importlib.import_module(f"tests.apps.{module.name}")
+        for attribute, value in vars(imported).items():
+            if not isinstance(value, tk.Application):
+                continue
+            path = f"tests.apps.{module.name}:{attribute}"
+            config = parse_config(yaml.safe_load(dump_config(describe([path]))), path)
+            in_file = {d.name: d.options for d in config.applications[0].deployments}
+            for deployment in _deployments(value):
+                assert DeploymentConfig.model_validate(in_file[deployment.name]) == deployment.config, path
+                seen |= deployment.config.model_fields_set
+    assert seen == set(DeploymentConfig.model_fields)  # tests.apps.config_apps:every_option
