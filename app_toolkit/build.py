@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import hashlib
@@ -163,15 +164,29 @@ class _Graph:
 
     def _handles_inside(self, value: object) -> object:
         """An object holding bound deployments (in its attributes, anywhere) comes back as
-        a copy holding handles, as Ray Serve does; one holding none, or one that plain
-        pickle cannot copy, comes back as it is. Large buffers are not copied."""
+        a copy holding handles, as Ray Serve does; one holding none comes back as it is.
+        Large buffers are not copied."""
         stream, buffers = io.BytesIO(), list[pickle.PickleBuffer]()
         swapper = _HandleSwapper(stream, self, buffers)
         try:
             swapper.dump(value)
-        except Exception:  # noqa: BLE001 - not picklable here: sent as it is (cloudpickle may)
-            return value
+        except Exception:  # noqa: BLE001 - not picklable here (a class defined in a function)
+            return self._handles_in_attributes(value)
         return pickle.loads(stream.getvalue(), buffers=buffers) if swapper.swapped else value
+
+    def _handles_in_attributes(self, value: object) -> object:
+        """An object plain pickle cannot copy (its class defined in a function, which
+        cloudpickle sends by value later): a shallow copy with the bound deployments in its
+        attributes replaced, if it has any."""
+        attributes = getattr(value, "__dict__", None)
+        if not isinstance(attributes, dict):
+            return value
+        swapped = {key: self._handles_for(item) for key, item in attributes.items()}
+        if all(swapped[key] is item for key, item in attributes.items()):
+            return value
+        copied = copy.copy(value)
+        copied.__dict__.update(swapped)
+        return copied
 
 
 class _HandleSwapper(pickle.Pickler):

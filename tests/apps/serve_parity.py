@@ -11,6 +11,7 @@ import asyncio
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 from fastapi import FastAPI
 from fastapi.responses import StreamingResponse
@@ -116,13 +117,13 @@ class Holder:
 
 @serve.deployment
 class UsesHolder:
-    def __init__(self, holder: Holder) -> None:
-        self.holder = holder
+    def __init__(self, *holders: Any) -> None:
+        self.holders = holders
 
     async def __call__(self) -> str:
-        handle = self.holder.inner
-        assert isinstance(handle, DeploymentHandle)
-        return str(await handle.remote())
+        handles = [holder.inner for holder in self.holders]
+        assert all(isinstance(handle, DeploymentHandle) for handle in handles), handles
+        return " ".join([str(await handle.remote()) for handle in handles])
 
 
 # ------------------------------------------------------------------ ingress forms

@@ -64,8 +64,15 @@ def test_async_init_is_awaited_and_one_class_bound_twice_gets_a_second_name(tool
 
 
 def test_a_bound_deployment_inside_a_user_object_becomes_a_handle(toolkit: Toolkit) -> None:
-    app = as_deployment(apps.UsesHolder).bind(apps.Holder(as_deployment(apps.Downstream).bind("inside")))
-    assert toolkit.run(app, route_prefix=None).remote().result(timeout_s=30) == "inside"
+    class LocalHolder:  # defined in a function: plain pickle cannot copy it, cloudpickle can
+        def __init__(self, inner: object) -> None:
+            self.inner = inner
+
+    downstream = as_deployment(apps.Downstream)
+    app = as_deployment(apps.UsesHolder).bind(
+        apps.Holder(downstream.bind("inside")), LocalHolder(downstream.bind("local"))
+    )
+    assert toolkit.run(app, route_prefix=None).remote().result(timeout_s=30) == "inside local"
 
 
 def test_ingress_builders_and_one_app_shared_by_two_classes(toolkit: Toolkit) -> None:
