@@ -2,7 +2,8 @@
 
 ``await handle.method.remote(x)`` in async code, ``handle.remote(x).result(timeout_s=5)``
 in sync code. Requests queue in the caller (``max_queued_requests``; beyond it
-``BackPressureError``) and go to the replica with fewer of this caller's requests in flight.
+``BackPressureError``) and go to the replica with fewer of this caller's requests in flight,
+or by their shard key or session id.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from app_toolkit._runtime.messages import (
     StreamEnd,
     StreamItem,
 )
+from app_toolkit._runtime.request_keys import routing_key
 from app_toolkit._runtime.routing import caller_metrics
 from app_toolkit._runtime.routing.data_plane import DataPlane, InFlight, Pending, in_async_code
 from app_toolkit._runtime.routing.dispatcher import Reply
@@ -210,12 +212,14 @@ class DeploymentHandle(Generic[D]):
         method_name: str = "__call__",
         multiplexed_model_id: str = "",
         shard_key: str = "",
+        session_id: str = "",
     ) -> None:
         self.deployment_name = deployment_name
         self.app_name = app_name
         self.method_name = method_name
         self.multiplexed_model_id = multiplexed_model_id
         self.shard_key = shard_key
+        self.session_id = session_id
         self._id = DeploymentID(app_name, deployment_name)
 
     @overload
@@ -226,6 +230,7 @@ class DeploymentHandle(Generic[D]):
         stream: Literal[True],
         multiplexed_model_id: str | None = None,
         shard_key: str | None = None,
+        session_id: str | None = None,
     ) -> StreamingDeploymentHandle[D]: ...
 
     @overload
@@ -236,6 +241,7 @@ class DeploymentHandle(Generic[D]):
         stream: Literal[False] | None = None,
         multiplexed_model_id: str | None = None,
         shard_key: str | None = None,
+        session_id: str | None = None,
     ) -> DeploymentHandle[D]: ...
 
     def options(
@@ -245,13 +251,16 @@ class DeploymentHandle(Generic[D]):
         stream: bool | None = None,
         multiplexed_model_id: str | None = None,
         shard_key: str | None = None,
+        session_id: str | None = None,
     ) -> DeploymentHandle[D]:
         """A copy calling ``method_name`` by default; ``stream=True`` for generator methods,
         whose ``remote()`` then returns a :class:`DeploymentResponseGenerator`;
         ``multiplexed_model_id`` sends calls to replicas holding that model (see
         :func:`~app_toolkit.multiplexed`); ``shard_key`` sends every call with the same
         key to the same replica while it lives (the deployment's ``affinity`` option says
-        what happens when that replica is full)."""
+        what happens when that replica is full); ``session_id`` (Ray Serve's name) does
+        the same for a session, unless a ``shard_key`` is set too: then the shard key
+        picks the replica."""
         streaming = self.stream if stream is None else stream
         kind = StreamingDeploymentHandle if streaming else DeploymentHandle
         return kind(
@@ -262,6 +271,7 @@ class DeploymentHandle(Generic[D]):
             if multiplexed_model_id is None
             else multiplexed_model_id,
             shard_key=self.shard_key if shard_key is None else shard_key,
+            session_id=self.session_id if session_id is None else session_id,
         )
 
     def __getattr__(self, name: str) -> _MethodCaller[D]:
@@ -280,7 +290,7 @@ class DeploymentHandle(Generic[D]):
             args,
             kwargs,
             model_id=self.multiplexed_model_id,
-            shard_key=self.shard_key,
+            shard_key=routing_key(self.shard_key, self.session_id),
             trace=trace.traceparent if trace else "",
             tracestate=trace.state if trace else "",
         )
@@ -296,6 +306,7 @@ class DeploymentHandle(Generic[D]):
                 self.stream,
                 self.multiplexed_model_id,
                 self.shard_key,
+                self.session_id,
             ),
         )
 
@@ -324,7 +335,7 @@ class StreamingDeploymentHandle(DeploymentHandle[D]):
             kwargs,
             stream=True,
             model_id=self.multiplexed_model_id,
-            shard_key=self.shard_key,
+            shard_key=routing_key(self.shard_key, self.session_id),
             trace=trace.traceparent if trace else "",
             tracestate=trace.state if trace else "",
         )
@@ -349,10 +360,16 @@ def _rebuild_handle(
     stream: bool = False,
     model_id: str = "",
     shard_key: str = "",
+    session_id: str = "",
 ) -> DeploymentHandle[object]:
     kind = StreamingDeploymentHandle if stream else DeploymentHandle
     return kind(
-        deployment_name, app_name, method_name=method_name, multiplexed_model_id=model_id, shard_key=shard_key
+        deployment_name,
+        app_name,
+        method_name=method_name,
+        multiplexed_model_id=model_id,
+        shard_key=shard_key,
+        session_id=session_id,
     )
 
 

@@ -1,6 +1,7 @@
-"""Session affinity by shard key on both backends: over HTTP (the X-SERVE-SHARD-KEY
-header), WebSockets and handle calls, every request with one key reaches one replica,
-and the keys spread over all the replicas."""
+"""Session affinity by shard key and by session id on both backends: over HTTP (the
+X-SERVE-SHARD-KEY and X-Session-Id headers), WebSockets and handle calls, every request
+with one key reaches one replica, the keys spread over all the replicas, and a request
+with both is routed by its shard key."""
 
 from __future__ import annotations
 
@@ -46,9 +47,21 @@ def test_http_requests_with_one_key_reach_one_replica(toolkit: Toolkit) -> None:
                 response = client.get("/aff/state", headers={"x-serve-shard-key": key})
                 assert response.status_code == 200
                 seen[key].add(response.json()["replica"])
-    assert all(len(replicas) == 1 for replicas in seen.values()), seen
-    # 40 keys over 4 replicas: each gets some (all four missed by chance: p ≈ 4e-5).
-    assert len(set().union(*seen.values())) == 4
+        assert all(len(replicas) == 1 for replicas in seen.values()), seen
+        # 40 keys over 4 replicas: each gets some (all four missed by chance: p ≈ 4e-5).
+        assert len(set().union(*seen.values())) == 4
+
+        # Ray Serve's X-Session-Id header, any case: a session id routes as a shard key of
+        # the same value does.
+        for header in ("x-session-id", "X-Session-Id"):
+            for key in KEYS[:20]:
+                response = client.get("/aff/state", headers={header: key})
+                assert response.json()["replica"] in seen[key], (header, key)
+        # Both: the shard key wins (the session alone maps 7 of these 10 keys to another
+        # of the replicas, ranked 0-3).
+        for key in KEYS[:10]:
+            response = client.get("/aff/state", headers={"x-serve-shard-key": key, "x-session-id": f"x{key}"})
+            assert response.json()["replica"] in seen[key], key
 
 
 def test_websockets_with_one_key_reach_one_replica(toolkit: Toolkit) -> None:
@@ -72,7 +85,7 @@ def test_websockets_with_one_key_reach_one_replica(toolkit: Toolkit) -> None:
     assert len(set().union(*seen.values())) >= 3
 
 
-def test_handle_calls_with_one_shard_key_reach_one_replica(toolkit: Toolkit) -> None:
+def test_handle_calls_with_one_shard_key_or_session_reach_one_replica(toolkit: Toolkit) -> None:
     handle = toolkit.run(as_deployment(sharded.Who).bind())
     seen: dict[str, set[str]] = defaultdict(set)
     _until_all_four(lambda: handle.remote().result(timeout_s=30))
@@ -83,3 +96,11 @@ def test_handle_calls_with_one_shard_key_reach_one_replica(toolkit: Toolkit) -> 
     assert len(set().union(*seen.values())) == 4
     # Without a key, calls spread as before.
     assert len({handle.remote().result(timeout_s=30) for _ in range(40)}) >= 2
+
+    # Ray Serve's handle.options(session_id=...): a session id routes as a shard key of the
+    # same value does; with both, the shard key wins (as over HTTP, the same keys).
+    for key in KEYS[:20]:
+        assert handle.options(session_id=key).remote().result(timeout_s=30) in seen[key], key
+    for key in KEYS[:10]:
+        both = handle.options(shard_key=key, session_id=f"x{key}")
+        assert both.remote().result(timeout_s=30) in seen[key], key

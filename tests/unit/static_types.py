@@ -28,6 +28,7 @@ async def handles_say_what_remote_returns(handle: tk.DeploymentHandle) -> None:
         assert_type(item, Any)
     # A bare DeploymentHandle: strict mypy accepts it.
     assert_type(handle.options(method_name="embed"), DeploymentHandle[Any])
+    assert_type(handle.options(session_id="s"), DeploymentHandle[Any])
 
 
 class Model: ...
