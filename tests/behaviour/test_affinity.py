@@ -1,15 +1,18 @@
 """Session affinity by shard key and by session id on both backends: over HTTP (the
 X-SERVE-SHARD-KEY and X-Session-Id headers), WebSockets and handle calls, every request
 with one key reaches one replica, the keys spread over all the replicas, and a request
-with both is routed by its shard key."""
+with both is routed by its shard key. A broadcast reaches every replica."""
 
 from __future__ import annotations
 
+import asyncio
 from collections import defaultdict
 from collections.abc import Callable
 
+import pytest
 from websockets.sync.client import connect
 
+import app_toolkit as tk
 from tests.apps import basic, sharded
 from tests.behaviour.test_websockets import ws_url
 from tests.conftest import Toolkit
@@ -85,8 +88,12 @@ def test_websockets_with_one_key_reach_one_replica(toolkit: Toolkit) -> None:
     assert len(set().union(*seen.values())) >= 3
 
 
-def test_handle_calls_with_one_shard_key_or_session_reach_one_replica(toolkit: Toolkit) -> None:
-    handle = toolkit.run(as_deployment(sharded.Who).bind())
+def test_handle_calls_with_one_shard_key_or_session_reach_one_replica_and_a_broadcast_reaches_all(
+    toolkit: Toolkit,
+) -> None:
+    """One deployment of 4 replicas for both: sessions and broadcasts need several."""
+    name = toolkit.name()
+    handle = toolkit.run(as_deployment(sharded.Who).bind(), name=name)
     seen: dict[str, set[str]] = defaultdict(set)
     _until_all_four(lambda: handle.remote().result(timeout_s=30))
     for _ in range(3):
@@ -104,3 +111,22 @@ def test_handle_calls_with_one_shard_key_or_session_reach_one_replica(toolkit: T
     for key in KEYS[:10]:
         both = handle.options(shard_key=key, session_id=f"x{key}")
         assert both.remote().result(timeout_s=30) in seen[key], key
+
+    # handle.broadcast(): one answer per replica, from each of them.
+    replicas = {r.replica_id for r in tk.status().applications[name].deployments["Who"].replicas}
+    assert len(replicas) == 4
+    answers = handle.broadcast("named", "hi ").results(timeout_s=30)
+    assert sorted(answers) == sorted(f"hi {r}" for r in replicas)
+    # One replica fails: the others still answer; its exception takes its place.
+    victim = sorted(replicas)[0]
+    failing = handle.broadcast("named", "", victim=victim)
+    with pytest.raises(ValueError, match="fails on purpose"):
+        failing.results(timeout_s=30)
+    mixed = failing.results(timeout_s=30, return_exceptions=True)
+    assert sorted(a for a in mixed if isinstance(a, str)) == sorted(replicas - {victim})
+    assert [type(a) for a in mixed if not isinstance(a, str)] == [ValueError]
+
+    async def in_async_code() -> list[str]:
+        return await handle.broadcast("__call__").results_async(timeout_s=30)
+
+    assert sorted(asyncio.run(in_async_code())) == sorted(replicas)
