@@ -45,7 +45,12 @@ from app_toolkit.exceptions import (
     RequestLostError,
     RequestTimeoutError,
 )
-from app_toolkit.handle import DeploymentHandle, DeploymentResponse, DeploymentResponseGenerator
+from app_toolkit.handle import (
+    DeploymentBroadcastResponse,
+    DeploymentHandle,
+    DeploymentResponse,
+    DeploymentResponseGenerator,
+)
 from app_toolkit.ingress import App, ingress
 from app_toolkit.multiplex import get_multiplexed_model_id, multiplexed
 from app_toolkit.routes import deadline, replicated
@@ -86,6 +91,7 @@ __all__ = [
     "Depends",
     "DeployError",
     "Deployment",
+    "DeploymentBroadcastResponse",
     "DeploymentCallError",
     "DeploymentConfig",
     "DeploymentHandle",

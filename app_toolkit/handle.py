@@ -2,14 +2,14 @@
 
 ``await handle.method.remote(x)`` in async code, ``handle.remote(x).result(timeout_s=5)``
 in sync code. Requests queue in the caller (``max_queued_requests``; beyond it
-``BackPressureError``) and go to the replica with fewer of this caller's requests in flight.
+``BackPressureError``) and go to the replica with fewer of this caller's requests in flight,
+or by their shard key or session id. ``handle.broadcast(...)`` calls every replica.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
-import pickle
 import time
 import uuid
 import weakref
@@ -22,17 +22,17 @@ from app_toolkit._runtime import request_context, tracing
 from app_toolkit._runtime.backends.base import current_session
 from app_toolkit._runtime.messages import (
     CallFailure,
-    CallResult,
     DeploymentID,
     MethodCall,
     StreamEnd,
     StreamItem,
 )
-from app_toolkit._runtime.routing import caller_metrics
+from app_toolkit._runtime.request_keys import routing_key
+from app_toolkit._runtime.routing import broadcast, caller_metrics
 from app_toolkit._runtime.routing.data_plane import DataPlane, InFlight, Pending, in_async_code
 from app_toolkit._runtime.routing.dispatcher import Reply
+from app_toolkit._runtime.routing.replies import exception_of, value_of
 from app_toolkit.exceptions import (
-    DeploymentCallError,
     ReplicaUnavailableError,
     RequestTimeoutError,
 )
@@ -106,7 +106,7 @@ class _Stream:
         if isinstance(answer, StreamEnd):
             raise StopAsyncIteration
         if isinstance(answer, CallFailure):
-            raise _exception(answer)
+            raise exception_of(answer)
         raise ReplicaUnavailableError(f"The stream from {self._deployment} was lost")
 
     def finish(self, error: str = "") -> None:
@@ -166,6 +166,54 @@ class DeploymentResponseGenerator(Generic[R]):
         self._plane.call_soon(self._stream.finish)
 
 
+class DeploymentBroadcastResponse:
+    """The answers of a :meth:`DeploymentHandle.broadcast`, one per replica it reached:
+    :meth:`results` in sync code, ``await`` :meth:`results_async` in async code (Ray
+    Serve's name and methods).
+
+    The list holds one entry per replica in the caller's replica table when the broadcast
+    was sent, in no promised order. A replica whose method raised (or that was lost)
+    gives its exception in its place; the other replicas still run the method and answer.
+    """
+
+    __slots__ = ("_pending",)
+
+    def __init__(self, pending: Pending[list[broadcast.Outcome]]) -> None:
+        self._pending = pending
+
+    def results(self, *, timeout_s: float | None = None, return_exceptions: bool = False) -> list[Any]:
+        """Block until every replica has answered (sync code only); return their values.
+
+        A replica's exception is raised (the first in the list's order), or with
+        ``return_exceptions=True`` put in that replica's place. ``timeout_s`` bounds the
+        wait (then ``RequestTimeoutError``, a ``TimeoutError``), not the calls, which go
+        on; a later call of ``results()`` gets their answers (``cancel()`` stops them).
+        """
+        try:
+            outcomes = self._pending.result(timeout_s)
+        except TimeoutError:
+            raise RequestTimeoutError(f"Not every replica answered within {timeout_s} s") from None
+        return broadcast.results(outcomes, return_exceptions)
+
+    async def results_async(
+        self, *, timeout_s: float | None = None, return_exceptions: bool = False
+    ) -> list[Any]:
+        """:meth:`results`, awaited instead of blocking."""
+        try:
+            outcomes = await self._pending.wait(timeout_s)
+        except TimeoutError:
+            raise RequestTimeoutError(f"Not every replica answered within {timeout_s} s") from None
+        return broadcast.results(outcomes, return_exceptions)
+
+    def cancel(self) -> None:
+        """Cancel the calls on every replica that still runs one."""
+        self._pending.cancel()
+
+    def done(self) -> bool:
+        """Every replica has answered (or the broadcast failed or was cancelled)."""
+        return self._pending.done()
+
+
 class _MethodCaller(Generic[D]):
     """``handle.method``: call one method of the deployment."""
 
@@ -210,12 +258,14 @@ class DeploymentHandle(Generic[D]):
         method_name: str = "__call__",
         multiplexed_model_id: str = "",
         shard_key: str = "",
+        session_id: str = "",
     ) -> None:
         self.deployment_name = deployment_name
         self.app_name = app_name
         self.method_name = method_name
         self.multiplexed_model_id = multiplexed_model_id
         self.shard_key = shard_key
+        self.session_id = session_id
         self._id = DeploymentID(app_name, deployment_name)
 
     @overload
@@ -226,6 +276,7 @@ class DeploymentHandle(Generic[D]):
         stream: Literal[True],
         multiplexed_model_id: str | None = None,
         shard_key: str | None = None,
+        session_id: str | None = None,
     ) -> StreamingDeploymentHandle[D]: ...
 
     @overload
@@ -236,6 +287,7 @@ class DeploymentHandle(Generic[D]):
         stream: Literal[False] | None = None,
         multiplexed_model_id: str | None = None,
         shard_key: str | None = None,
+        session_id: str | None = None,
     ) -> DeploymentHandle[D]: ...
 
     def options(
@@ -245,13 +297,16 @@ class DeploymentHandle(Generic[D]):
         stream: bool | None = None,
         multiplexed_model_id: str | None = None,
         shard_key: str | None = None,
+        session_id: str | None = None,
     ) -> DeploymentHandle[D]:
         """A copy calling ``method_name`` by default; ``stream=True`` for generator methods,
         whose ``remote()`` then returns a :class:`DeploymentResponseGenerator`;
         ``multiplexed_model_id`` sends calls to replicas holding that model (see
         :func:`~app_toolkit.multiplexed`); ``shard_key`` sends every call with the same
         key to the same replica while it lives (the deployment's ``affinity`` option says
-        what happens when that replica is full)."""
+        what happens when that replica is full); ``session_id`` (Ray Serve's name) does
+        the same for a session, unless a ``shard_key`` is set too: then the shard key
+        picks the replica."""
         streaming = self.stream if stream is None else stream
         kind = StreamingDeploymentHandle if streaming else DeploymentHandle
         return kind(
@@ -262,6 +317,7 @@ class DeploymentHandle(Generic[D]):
             if multiplexed_model_id is None
             else multiplexed_model_id,
             shard_key=self.shard_key if shard_key is None else shard_key,
+            session_id=self.session_id if session_id is None else session_id,
         )
 
     def __getattr__(self, name: str) -> _MethodCaller[D]:
@@ -280,11 +336,36 @@ class DeploymentHandle(Generic[D]):
             args,
             kwargs,
             model_id=self.multiplexed_model_id,
-            shard_key=self.shard_key,
+            shard_key=routing_key(self.shard_key, self.session_id),
             trace=trace.traceparent if trace else "",
             tracestate=trace.state if trace else "",
         )
         return DeploymentResponse(plane.submit(_call(plane, self._id, call, span)))
+
+    def broadcast(self, method_name: str, *args: object, **kwargs: object) -> DeploymentBroadcastResponse:
+        """Call ``method_name`` with these arguments on every replica of the deployment
+        (reload an adapter, flush a cache), as Ray Serve's ``handle.broadcast`` does.
+
+        It reaches the replicas in this caller's replica table when it is sent: not one
+        still starting or one that starts later (give those what they need in their
+        constructor or through ``user_config``), nor one that is draining. The calls skip
+        the caller-side queue and its ``max_queued_requests`` (never
+        ``BackPressureError``), and each replica runs its call even when it already
+        runs ``max_ongoing_requests``. Unary methods only; ``stream``, ``shard_key`` and
+        ``session_id`` do not apply (a ``multiplexed_model_id`` is passed on)."""
+        plane = _data_plane()
+        trace, span = tracing.client_span(f"broadcast {self.deployment_name}.{method_name}")
+        call = MethodCall(
+            _request_id(),
+            method_name,
+            args,
+            kwargs,
+            model_id=self.multiplexed_model_id,
+            trace=trace.traceparent if trace else "",
+            tracestate=trace.state if trace else "",
+            broadcast=True,
+        )
+        return DeploymentBroadcastResponse(plane.submit(_broadcast(plane, self._id, call, span)))
 
     def __reduce__(self) -> tuple[Callable[..., DeploymentHandle], tuple[str | bool, ...]]:
         return (
@@ -296,6 +377,7 @@ class DeploymentHandle(Generic[D]):
                 self.stream,
                 self.multiplexed_model_id,
                 self.shard_key,
+                self.session_id,
             ),
         )
 
@@ -324,7 +406,7 @@ class StreamingDeploymentHandle(DeploymentHandle[D]):
             kwargs,
             stream=True,
             model_id=self.multiplexed_model_id,
-            shard_key=self.shard_key,
+            shard_key=routing_key(self.shard_key, self.session_id),
             trace=trace.traceparent if trace else "",
             tracestate=trace.state if trace else "",
         )
@@ -349,20 +431,30 @@ def _rebuild_handle(
     stream: bool = False,
     model_id: str = "",
     shard_key: str = "",
+    session_id: str = "",
 ) -> DeploymentHandle[object]:
     kind = StreamingDeploymentHandle if stream else DeploymentHandle
     return kind(
-        deployment_name, app_name, method_name=method_name, multiplexed_model_id=model_id, shard_key=shard_key
+        deployment_name,
+        app_name,
+        method_name=method_name,
+        multiplexed_model_id=model_id,
+        shard_key=shard_key,
+        session_id=session_id,
     )
 
 
 async def _send_call(plane: DataPlane, deployment: DeploymentID, call: MethodCall) -> Reply:
-    """Deliver one call; responses passed as arguments are resolved first (chaining)."""
+    """Deliver one call, its arguments resolved first (:func:`_resolved`)."""
+    dispatcher = plane.dispatcher(deployment)
+    return await dispatcher.send(await _resolved(call), call.model_id, call.shard_key)
+
+
+async def _resolved(call: MethodCall) -> MethodCall:
+    """``call`` with the responses passed as its arguments awaited (chaining)."""
     args = tuple([await _resolve(arg) for arg in call.args])
     kwargs = {key: await _resolve(value) for key, value in call.kwargs.items()}
-    dispatcher = plane.dispatcher(deployment)
-    resolved = dataclasses.replace(call, args=args, kwargs=kwargs)
-    return await dispatcher.send(resolved, call.model_id, call.shard_key)
+    return dataclasses.replace(call, args=args, kwargs=kwargs)
 
 
 async def _resolve(value: object) -> object:
@@ -377,18 +469,9 @@ async def _call(
     started = time.perf_counter()
     outcome = "error"  # unless a result arrives (or the caller cancels)
     try:
-        reply = await _send_call(plane, deployment, call)
-        try:
-            first = reply.first
-            if isinstance(first, CallResult):
-                outcome = "ok"
-                return first.value
-            if isinstance(first, CallFailure):
-                raise _exception(first)
-            raise ReplicaUnavailableError(f"Unexpected answer {type(first).__name__} from {deployment}")
-        finally:
-            reply.exchange.cancel()
-            reply.release()
+        value = value_of(await _send_call(plane, deployment, call), deployment)
+        outcome = "ok"
+        return value
     except asyncio.CancelledError:
         outcome = "cancelled"
         raise
@@ -398,12 +481,17 @@ async def _call(
             span.end("" if outcome == "ok" else outcome)
 
 
-def _exception(failure: CallFailure) -> Exception:
-    if failure.exception is not None:
-        try:
-            exc = pickle.loads(failure.exception)
-            if isinstance(exc, Exception):
-                return exc
-        except Exception:  # noqa: BLE001 - not unpicklable here: fall back to type and message
-            pass
-    return DeploymentCallError(failure.type_name, failure.message)
+async def _broadcast(
+    plane: DataPlane, deployment: DeploymentID, call: MethodCall, span: tracing.Span | None
+) -> list[broadcast.Outcome]:
+    error = "error"
+    try:
+        outcomes = await broadcast.fan_out(plane, deployment, await _resolved(call))
+        error = "" if not any(isinstance(o, broadcast.Failed) for o in outcomes) else "error"
+        return outcomes
+    except asyncio.CancelledError:
+        error = "cancelled"
+        raise
+    finally:
+        if span is not None:
+            span.end(error)

@@ -6,7 +6,8 @@ once however many requests ask for it at the same time, and evicting the least r
 used model when a new one needs the slot. The replica tells the controller which models
 it holds, and callers (proxies and handles) send a request for a model to a replica that
 holds it when one has a free slot. A request names its model with the
-``serve_multiplexed_model_id`` HTTP header or ``handle.options(multiplexed_model_id=...)``;
+``serve_multiplexed_model_id`` HTTP header (or ``serve-multiplexed-model-id``, the form
+proxies that refuse underscores pass on) or ``handle.options(multiplexed_model_id=...)``;
 ``get_multiplexed_model_id()`` reads it inside the replica. Ray Serve's names and meanings.
 """
 
@@ -23,14 +24,14 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Generic, TypeVar, overload
 
 from app_toolkit import metrics
-from app_toolkit._runtime import request_context
+from app_toolkit._runtime import request_context, request_keys
 from app_toolkit.exceptions import ConfigError, DefinitionError
 
 logger = logging.getLogger("app_toolkit.multiplex")
 
 M = TypeVar("M")
 
-MODEL_ID_HEADER = request_context.MODEL_ID_HEADER
+MODEL_ID_HEADER = request_keys.MODEL_ID_HEADER.decode()
 
 
 def get_multiplexed_model_id() -> str:

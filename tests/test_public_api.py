@@ -26,6 +26,7 @@ EXPECTED = [
     "Depends",
     "DeployError",
     "Deployment",
+    "DeploymentBroadcastResponse",
     "DeploymentCallError",
     "DeploymentConfig",
     "DeploymentHandle",

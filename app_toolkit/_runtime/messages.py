@@ -201,10 +201,17 @@ class MethodCall:
     shard_key: str = ""  # handle.options(shard_key=...): routes to the key's replica
     trace: str = ""  # the caller's span as a traceparent ("" outside a traced request)
     tracestate: str = ""
+    #: One of a handle.broadcast()'s calls: the replica admits it even when it is full.
+    broadcast: bool = False
 
 
 #: What a caller sends to open a request.
 Request = HTTPRequest | WebSocketOpen | MethodCall
+
+
+def beyond_limit(request: Request) -> bool:
+    """A replica admits the request beyond ``max_ongoing_requests`` (a broadcast's call)."""
+    return isinstance(request, MethodCall) and request.broadcast
 
 
 def body_follows(request: Request | None) -> bool:

@@ -8,7 +8,7 @@ from contextlib import AbstractContextManager
 from contextvars import ContextVar, Token
 from dataclasses import dataclass
 
-from app_toolkit._runtime import tracing
+from app_toolkit._runtime import request_keys, tracing
 from app_toolkit._runtime.drain_signal import DrainSignal
 
 #: The id of the request being served; downstream handle calls carry it on.
@@ -20,16 +20,11 @@ replica_instance: ContextVar[object] = ContextVar("app_toolkit_replica_instance"
 #: The application the current replica belongs to (for handles to its sibling deployments).
 app_name: ContextVar[str] = ContextVar("app_toolkit_app_name", default="")
 
-#: The HTTP header that names a request's multiplexed model (Ray Serve's name).
-MODEL_ID_HEADER = "serve_multiplexed_model_id"
-
 #: Where a request names its multiplexed model: the id itself (handle calls), or an
 #: HTTP/WebSocket scope's headers, read only if someone asks (see ``current_model_id``).
 ModelSource = str | list[tuple[bytes, bytes]]
 
 model_id: ContextVar[ModelSource] = ContextVar("app_toolkit_model_id", default="")
-
-_MODEL_ID_HEADER_BYTES = MODEL_ID_HEADER.encode()
 
 
 def route_template(scope: Mapping[str, object]) -> str:
@@ -42,12 +37,7 @@ def route_template(scope: Mapping[str, object]) -> str:
 def current_model_id() -> str:
     """The multiplexed model the current request asks for ("" if none)."""
     source = model_id.get()
-    if isinstance(source, str):
-        return source
-    for key, value in source:
-        if key == _MODEL_ID_HEADER_BYTES:  # ASGI header names are lower-case
-            return bytes(value).decode("latin-1")
-    return ""
+    return source if isinstance(source, str) else request_keys.model_id_in(source)
 
 
 #: Tells the controller which multiplexed models a replica holds now.

@@ -11,6 +11,13 @@ class Who:
     def __call__(self) -> str:
         return tk.get_replica_context().replica_id
 
+    async def named(self, prefix: str, *, victim: str = "") -> str:
+        """``prefix`` and this replica's id; raises on replica ``victim`` (broadcast tests)."""
+        replica_id = tk.get_replica_context().replica_id
+        if replica_id == victim:
+            raise ValueError(f"{replica_id} fails on purpose")
+        return f"{prefix}{replica_id}"
+
 
 @tk.deployment
 class Model:

@@ -48,12 +48,17 @@ def test_requests_go_to_replicas_holding_their_model(toolkit: Toolkit) -> None:
     # A model is never loaded twice on one replica (concurrent requests share one load).
     assert all(count == 1 for count in loads_after.values()), loads_after
 
-    # HTTP: the serve_multiplexed_model_id header names the model.
+    # HTTP: the serve_multiplexed_model_id header names the model, or its hyphen form in
+    # any case (what nginx lets through); sent both ways, the underscore form wins.
     model_of = {a["model"]: a["replica"] for a in measured}
     with toolkit.client() as client:
         for model_id in MODELS:
-            answer = client.get(f"/{name}", headers={"serve_multiplexed_model_id": model_id}).json()
-            assert answer["model"] == model_id and answer["replica"] == model_of[model_id]
+            for header in ("serve_multiplexed_model_id", "Serve-Multiplexed-Model-Id"):
+                answer = client.get(f"/{name}", headers={header: model_id}).json()
+                assert answer["model"] == model_id and answer["replica"] == model_of[model_id], header
+        both = [("serve-multiplexed-model-id", MODELS[1]), ("serve_multiplexed_model_id", MODELS[0])]
+        answer = client.get(f"/{name}", headers=both).json()
+        assert answer["model"] == MODELS[0] and answer["replica"] == model_of[MODELS[0]]
 
 
 def test_a_loader_failure_reaches_the_caller_and_the_next_request_retries(toolkit: Toolkit) -> None:

@@ -47,7 +47,7 @@ class Handler:
         self.cancelled = asyncio.Event()
         self.draining = False
 
-    def admit(self) -> Rejected | None:
+    def admit(self, beyond_limit: bool = False) -> Rejected | None:
         if self.draining:
             return DRAINING
         if self.running >= self.capacity:
@@ -397,7 +397,7 @@ class Caller:
 
     draining = False
 
-    def admit(self) -> Rejected | None:
+    def admit(self, beyond_limit: bool = False) -> Rejected | None:
         return None
 
     async def serve(self, message: Request, sink: ResponseSink) -> None:
@@ -471,7 +471,7 @@ class Firehose:
         self.sent = 0
         self.read = 0
 
-    def admit(self) -> Rejected | None:
+    def admit(self, beyond_limit: bool = False) -> Rejected | None:
         return None
 
     async def serve(self, message: Request, sink: ResponseSink) -> None:

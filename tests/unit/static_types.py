@@ -28,6 +28,11 @@ async def handles_say_what_remote_returns(handle: tk.DeploymentHandle) -> None:
         assert_type(item, Any)
     # A bare DeploymentHandle: strict mypy accepts it.
     assert_type(handle.options(method_name="embed"), DeploymentHandle[Any])
+    assert_type(handle.options(session_id="s"), DeploymentHandle[Any])
+    everywhere = handle.broadcast("reload", "adapter", revision=3)
+    assert_type(everywhere, tk.DeploymentBroadcastResponse)
+    assert_type(everywhere.results(timeout_s=5), list[Any])
+    assert_type(await everywhere.results_async(return_exceptions=True), list[Any])
 
 
 class Model: ...

@@ -35,6 +35,7 @@ from app_toolkit._runtime.messages import (
     Request,
     RequestBodyPiece,
     WebSocketOpen,
+    beyond_limit,
     body_follows,
 )
 from app_toolkit._runtime.proxy.http_front import HTTPFront
@@ -202,7 +203,7 @@ class LocalReplicaClient:
         streams_body = body_follows(request)
         if isinstance(request, WebSocketOpen) or streams_body:
             inbound = Inbound(exchange.credited)
-        refused = core.admit()
+        refused = core.admit(beyond_limit(request))
         if refused is not None:
             exchange.push(refused)
             return exchange

@@ -31,6 +31,7 @@ from app_toolkit._runtime.messages import (
     Rejected,
     Request,
     WebSocketOpen,
+    beyond_limit,
     body_follows,
 )
 
@@ -53,8 +54,9 @@ class ResponseSink(Protocol):
 class RequestHandler(Protocol):
     """The replica side: serves one request, sending its answers into ``sink``."""
 
-    def admit(self) -> Rejected | None:
-        """Take a slot (None), or the refusal to answer."""
+    def admit(self, beyond_limit: bool = False) -> Rejected | None:
+        """Take a slot (None), or the refusal to answer; ``beyond_limit``: even when full
+        (``messages.beyond_limit``)."""
         ...
 
     async def serve(self, request: Request, sink: ResponseSink) -> None: ...
@@ -199,7 +201,7 @@ class _ServerConnection(FrameProtocol):
         self.send(kind, number, parts)
 
     def _start(self, number: int, request: Request) -> None:
-        refused = self.handler.admit()
+        refused = self.handler.admit(beyond_limit(request))
         if refused is not None:
             self._answer(number, refused)
             return

@@ -11,9 +11,10 @@ from typing import Any
 
 from starlette.types import Scope
 
-from app_toolkit._runtime import request_context, tracing
+from app_toolkit._runtime import tracing
 from app_toolkit._runtime.answers import REQUEST_ID_HEADER
 from app_toolkit._runtime.proxy.path_match import AppMatcher
+from app_toolkit._runtime.request_keys import KEY_HEADERS, SHARD_KEY_HEADER, KeyHeaders, routing_key
 
 _FORWARDED_KEYS = (
     "type",
@@ -49,7 +50,9 @@ class RequestHeaders:
     content_length: bytes | None
     model_id: str = ""  # the multiplexed model it asks for
     caller: tracing.TraceContext | None = None  # the client's span, from a valid traceparent
-    shard_key: str = ""  # the replica it should go to (session affinity)
+    #: The key of the replica it should go to: its shard key, else its session id
+    #: (``request_keys.routing_key``); "" for none.
+    shard_key: str = ""
     #: It declares a body (a content-length other than 0, or a transfer-encoding); an
     #: HTTP/1.1 request without either has none, and nothing needs to be read.
     has_body: bool = True
@@ -63,12 +66,6 @@ class RequestHeaders:
         return self.caller is not None
 
 
-_MODEL_ID_HEADER = request_context.MODEL_ID_HEADER.encode()
-
-
-#: The header that carries a request's shard key, unless HTTPOptions names another.
-SHARD_KEY_HEADER = b"x-serve-shard-key"
-
 #: The headers :func:`read_headers` reads (besides the shard key's, which is configurable).
 _READ = frozenset(
     {
@@ -76,21 +73,24 @@ _READ = frozenset(
         TIMEOUT_HEADER,
         b"content-length",
         b"transfer-encoding",
-        _MODEL_ID_HEADER,
         tracing.TRACEPARENT_HEADER,
         tracing.TRACESTATE_HEADER,
+        *KEY_HEADERS,
     }
 )
 
 
 def read_headers(scope: Scope, shard_header: bytes = SHARD_KEY_HEADER) -> RequestHeaders:
     request_id = timeout = content_length = None
-    model_id = parent = state = shard_key = ""
+    parent = state = shard_key = ""
+    keys: KeyHeaders | None = None  # made when a request names a model or session
     chunked = names_ids = False
     for key, value in scope["headers"]:
         if key not in _READ and key != shard_header:
             continue  # most headers: one set lookup instead of eight comparisons
-        if key == REQUEST_ID_HEADER:
+        if key == shard_header:  # first: it may be configured to a name read below
+            shard_key = value.decode("latin-1")
+        elif key == REQUEST_ID_HEADER:
             names_ids = True
             text = value.decode("latin-1")
             if 0 < len(text) <= 200 and text.isascii() and text.isprintable():  # it goes into logs
@@ -101,8 +101,9 @@ def read_headers(scope: Scope, shard_header: bytes = SHARD_KEY_HEADER) -> Reques
             content_length = value
         elif key == b"transfer-encoding":
             chunked = True
-        elif key == _MODEL_ID_HEADER:
-            model_id = value.decode("latin-1")
+        elif key in KEY_HEADERS:
+            keys = keys or KeyHeaders()
+            keys.add(key, value)
         elif key == tracing.TRACEPARENT_HEADER:
             parent = value.decode("latin-1")
             names_ids = True
@@ -110,17 +111,15 @@ def read_headers(scope: Scope, shard_header: bytes = SHARD_KEY_HEADER) -> Reques
             text = value.decode("latin-1")
             state = f"{state},{text}" if state else text
             names_ids = True
-        elif key == shard_header:
-            shard_key = value.decode("latin-1")
     caller = tracing.remote(parent, state) if parent else None
     return RequestHeaders(
         request_id or new_request_id(),
         request_id is not None,
         timeout,
         content_length,
-        model_id,
+        keys.model_id if keys is not None else "",
         caller,
-        shard_key,
+        routing_key(shard_key, keys.session_id) if keys is not None else shard_key,
         chunked or (content_length is not None and content_length != b"0"),
         names_ids,
     )

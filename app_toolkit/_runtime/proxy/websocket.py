@@ -29,12 +29,12 @@ from app_toolkit._runtime.proxy import stream_metrics
 from app_toolkit._runtime.proxy.direct import LocalIngress, serve_websocket_in_replica
 from app_toolkit._runtime.proxy.path_match import AppMatcher, match_app
 from app_toolkit._runtime.proxy.scope import (
-    SHARD_KEY_HEADER,
     RequestHeaders,
     forwarded_scope,
     read_headers,
     route_path,
 )
+from app_toolkit._runtime.request_keys import SHARD_KEY_HEADER
 from app_toolkit._runtime.routing.dispatcher import Dispatcher, Reply
 from app_toolkit.exceptions import BackPressureError, ReplicaUnavailableError
 

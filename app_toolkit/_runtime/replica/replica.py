@@ -262,13 +262,15 @@ class ReplicaCore:
                 return
             await asyncio.sleep(quiet_until - loop.time())
 
-    def admit(self) -> Rejected | None:
+    def admit(self, beyond_limit: bool = False) -> Rejected | None:
         """Take a slot for a request (None), or say why not: the one place a replica
-        decides between busy (try another replica) and draining (it is going away)."""
+        decides between busy (try another replica) and draining (it is going away).
+        ``beyond_limit``: a broadcast's call, admitted even when ``max_ongoing_requests``
+        are running (it must reach every replica); a draining replica refuses it too."""
         if self.draining:
             self._last_refused = asyncio.get_running_loop().time()
             return DRAINING
-        if self.ongoing >= self.config.max_ongoing_requests:
+        if self.ongoing >= self.config.max_ongoing_requests and not beyond_limit:
             return BUSY
         self.ongoing += 1
         return None

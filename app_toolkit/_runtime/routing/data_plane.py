@@ -130,12 +130,23 @@ class Pending(Generic[T]):
         self._future = future
 
     def __await__(self) -> Generator[object, None, T]:
+        return self._here().__await__()
+
+    async def wait(self, timeout_s: float | None = None) -> T:
+        """Await the result for up to ``timeout_s`` (then ``TimeoutError``); the work
+        goes on either way (``cancel()`` stops it)."""
+        if timeout_s is None:
+            return await self._here()
+        return await asyncio.wait_for(asyncio.shield(self._here()), timeout_s)
+
+    def _here(self) -> asyncio.Future[T]:
+        """The result as a future of the running loop."""
         future = self._future
         if isinstance(future, concurrent.futures.Future):
-            return asyncio.wrap_future(future).__await__()
+            return asyncio.wrap_future(future)
         if future.get_loop() is asyncio.get_running_loop():
-            return future.__await__()  # the caller is on the data plane's loop: no hop
-        return asyncio.wrap_future(_threadsafe(future)).__await__()
+            return future  # the caller is on the data plane's loop: no hop
+        return asyncio.wrap_future(_threadsafe(future))
 
     def result(self, timeout_s: float | None = None) -> T:
         """Block until done (raises ``TimeoutError`` after ``timeout_s``)."""

@@ -246,51 +246,87 @@ class Dispatcher:
         failures = 0
         while True:
             info = await self._acquire(model_id, shard_key)
-            client = self._clients.get(info.replica_id)
-            if client is None:
-                client = self._clients[info.replica_id] = self._connect(info)
-            self._active[info.replica_id] = self._active.get(info.replica_id, 0) + 1
             try:
-                exchange = await client.open(request)
+                reply = await self._open_on(info, request, on_open)
+            except RequestLostError:
+                raise
             except ReplicaUnavailableError:
-                self._lost(info.replica_id)
-                self._release(info.replica_id)
                 failures += 1
                 if failures >= _MAX_DELIVERY_FAILURES:
                     raise
                 continue
-            except BaseException:
-                self._release(info.replica_id)
-                raise
-            if on_open is not None:
-                on_open(exchange)
-            try:
-                first = await exchange.recv()
-            except BaseException:
-                exchange.cancel()
-                self._release(info.replica_id)
-                raise
-            if isinstance(first, Rejected):
-                if first.draining:
-                    # It is shutting down: send it nothing more, even while the table that
-                    # says so is late (a controller restarting), so it stops refusing and
-                    # can close without a request caught in flight.
-                    self._chooser.remove(info.replica_id)
-                    self._retire(info.replica_id)
-                else:
-                    # Busy: skip it for a back-off; the wake-up after release comes back.
-                    self._chooser.rejected(info.replica_id, _now())
-                self._release(info.replica_id)
-                continue
-            if isinstance(first, ReplicaLost):
-                self._lost(info.replica_id)
-                self._release(info.replica_id)
-                raise RequestLostError(
-                    f"Replica {info.replica_id} of {self.deployment} was lost while it had the "
-                    "request; it may have run"
-                )
-            self._chooser.succeeded(info.replica_id)
-            return Reply(first, exchange, info.replica_id, self._release)
+            if isinstance(reply, Reply):
+                return reply
+
+    def replicas(self) -> list[ReplicaInfo]:
+        """The replicas of the latest table that this caller can reach."""
+        return self._chooser.infos()
+
+    async def send_to(self, info: ReplicaInfo, request: Request) -> Reply | None:
+        """Deliver ``request`` to replica ``info`` itself (a broadcast): past the queue and
+        the chooser, with no retry elsewhere; the replica admits it even when full (a
+        ``MethodCall`` marked ``broadcast``). None: the replica is draining (it takes no
+        new work and is about to leave the table)."""
+        if self._closed_reason is not None:
+            raise ReplicaUnavailableError(self._closed_reason)
+        self._chooser.acquire(info.replica_id)
+        reply = await self._open_on(info, request)
+        if isinstance(reply, Reply):
+            return reply
+        if reply.draining:
+            return None
+        raise ReplicaUnavailableError(f"Replica {info.replica_id} of {self.deployment} refused the request")
+
+    async def _open_on(
+        self, info: ReplicaInfo, request: Request, on_open: OnOpen | None = None
+    ) -> Reply | Rejected:
+        """Open ``request`` on replica ``info``, whose slot the caller took, and wait for
+        its first answer: the reply, or the replica's refusal (its slot given back; a
+        draining replica is sent nothing more). Raises ReplicaUnavailableError when the
+        replica cannot be reached (it is forgotten until a table brings it back), and
+        RequestLostError when it was lost while it had the request."""
+        client = self._clients.get(info.replica_id)
+        if client is None:
+            client = self._clients[info.replica_id] = self._connect(info)
+        self._active[info.replica_id] = self._active.get(info.replica_id, 0) + 1
+        try:
+            exchange = await client.open(request)
+        except ReplicaUnavailableError:
+            self._lost(info.replica_id)
+            self._release(info.replica_id)
+            raise
+        except BaseException:
+            self._release(info.replica_id)
+            raise
+        if on_open is not None:
+            on_open(exchange)
+        try:
+            first = await exchange.recv()
+        except BaseException:
+            exchange.cancel()
+            self._release(info.replica_id)
+            raise
+        if isinstance(first, Rejected):
+            if first.draining:
+                # It is shutting down: send it nothing more, even while the table that
+                # says so is late (a controller restarting), so it stops refusing and
+                # can close without a request caught in flight.
+                self._chooser.remove(info.replica_id)
+                self._retire(info.replica_id)
+            else:
+                # Busy: skip it for a back-off; the wake-up after release comes back.
+                self._chooser.rejected(info.replica_id, _now())
+            self._release(info.replica_id)
+            return first
+        if isinstance(first, ReplicaLost):
+            self._lost(info.replica_id)
+            self._release(info.replica_id)
+            raise RequestLostError(
+                f"Replica {info.replica_id} of {self.deployment} was lost while it had the "
+                "request; it may have run"
+            )
+        self._chooser.succeeded(info.replica_id)
+        return Reply(first, exchange, info.replica_id, self._release)
 
     async def _acquire(self, model_id: str, shard_key: str = "") -> ReplicaInfo:
         if self._closed_reason is not None:

@@ -107,6 +107,13 @@ class TableSubscriber:
             self.watch(replicas_key(deployment), apply)
         return dispatcher
 
+    async def dispatcher_with_table(self, deployment: DeploymentID) -> Dispatcher:
+        """The dispatcher of ``deployment`` once it holds a table (a caller's first use
+        waits for the controller's answer)."""
+        dispatcher = self.dispatcher(deployment)
+        await self._ready[replicas_key(deployment)].wait()
+        return dispatcher
+
     def seed(self, tables: dict[str, Table]) -> None:
         """Serve from ``tables`` (stored by a controller earlier) until the controller
         answers: a key watched before then starts from its stored table."""
