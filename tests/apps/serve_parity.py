@@ -222,14 +222,34 @@ def make_lifespan_app(folder: str, version: int) -> serve.Application:
     return serve.deployment(serve.ingress(app)()).options(graceful_shutdown_timeout_s=1).bind()
 
 
+@serve.deployment
+class Recorder:
+    """Another deployment of the models' application, that their release calls."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+
+    def record(self, what: str) -> None:
+        mark(self.folder, f"recorded-{what}")
+
+
+class RecordedResource:
+    def __init__(self, name: str, recorder: serve.DeploymentHandle) -> None:
+        self.name, self.recorder = name, recorder
+
+    async def aclose(self) -> None:
+        await self.recorder.record.remote(self.name)
+
+
 @serve.deployment(graceful_shutdown_timeout_s=1)
 class Models:
-    def __init__(self, folder: str, version: int = 1) -> None:
-        self.folder, self.version = folder, version
+    def __init__(self, folder: str, version: int = 1, recorder: serve.DeploymentHandle | None = None) -> None:
+        self.folder, self.version, self.recorder = folder, version, recorder
 
     @serve.multiplexed(max_num_models_per_replica=2)
-    async def get_model(self, model_id: str) -> Resource:
-        return Resource(self.folder, f"model-{model_id}-v{self.version}")
+    async def get_model(self, model_id: str) -> Resource | RecordedResource:
+        name = f"model-{model_id}-v{self.version}"
+        return Resource(self.folder, name) if self.recorder is None else RecordedResource(name, self.recorder)
 
     async def __call__(self) -> str:
         model = await self.get_model(serve.get_multiplexed_model_id())

@@ -58,6 +58,8 @@ class FakeBackend:
         self.hurried: list[Any] = []
         self.hold_starts = False  # starts wait until cancelled (a model that loads for long)
         self.cancelled_starts: list[str] = []
+        self.deployment_of: dict[str, str] = {}  # replica id -> its deployment's name
+        self.stop_gates: dict[str, asyncio.Event] = {}  # deployment name -> its stops wait for it
 
     async def start_replica(
         self, replica_id: str, spec: DeploymentSpec, seat: Seat
@@ -82,6 +84,7 @@ class FakeBackend:
         if spec.code_version in self.fail_versions:
             raise DeployError(f"ValueError: version {spec.code_version} is broken")
         self.running[replica_id] = spec.code_version
+        self.deployment_of[replica_id] = spec.id.name
         max_ongoing = spec.config.max_ongoing_requests
         info = ReplicaInfo(replica_id, spec.id, "127.0.0.1", 1, b"t", max_ongoing, node, rank=seat.rank)
         return info, replica_id
@@ -91,6 +94,9 @@ class FakeBackend:
     ) -> None:
         if hurry:
             self.hurried.append(handle)
+        gate = self.stop_gates.get(self.deployment_of.get(handle, ""))
+        if gate is not None:
+            await gate.wait()  # a replica whose stop takes long (its drain, its stop hooks)
         self.running.pop(handle, None)
 
     async def cluster_view(self) -> ClusterView:
@@ -408,6 +414,36 @@ async def test_delete_stops_replicas_and_closes_tables() -> None:
     assert core.longpoll.get(APPLICATIONS_KEY) == ApplicationTable(())
     assert core.longpoll.get(replicas_key(DeploymentID("a", "D"))) == DeploymentGone()
     await until(lambda: not backend.running and "a" not in core.apps and not core.deployments)
+    await core.stop()
+
+
+async def test_a_deployment_is_deleted_once_the_replicas_that_may_call_it_are_gone() -> None:
+    backend = FakeBackend()
+    core = await started(backend)
+    config = DeploymentConfig(num_replicas=1, health_check_period_s=0.01)
+    callee = DeploymentSpec(DeploymentID("a", "Callee"), b"def", b"args", config, False, "v1")
+    caller = DeploymentSpec(DeploymentID("a", "D"), b"def", b"args", config, True, "v1")
+    await core.deploy_app(AppSpec("a", "/a", "D", (callee, caller)))  # D binds Callee
+    await until(lambda: len(backend.running) == 2)
+    stopping = backend.stop_gates["D"] = asyncio.Event()
+    # A new version without Callee: D's old replica may call it until it is gone.
+    await core.deploy_app(AppSpec("a", "/a", "D", (dataclasses.replace(caller, code_version="v2"),)))
+    await reconcile_rounds(core, 5)
+    assert len(_replicas(core, replicas_key(callee.id)).replicas) == 1
+    stopping.set()
+    await until(lambda: core.longpoll.get(replicas_key(callee.id)) == DeploymentGone())
+    await until(lambda: set(backend.running.values()) == {"v2"})
+    # Deleting the application: D goes first, then Callee.
+    await core.deploy_app(AppSpec("a", "/a", "D", (callee, caller)))
+    await until(lambda: len(backend.running) == 2 and set(backend.running.values()) == {"v1"})
+    stopping.clear()
+    await core.delete_app("a")
+    await reconcile_rounds(core, 5)
+    assert core.longpoll.get(replicas_key(caller.id)) == DeploymentGone()
+    assert len(_replicas(core, replicas_key(callee.id)).replicas) == 1
+    stopping.set()
+    gone = DeploymentGone()
+    await until(lambda: core.longpoll.get(replicas_key(callee.id)) == gone and not backend.running)
     await core.stop()
 
 

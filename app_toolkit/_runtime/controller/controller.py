@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from app_toolkit._runtime.controller import checkpoint, controller_metrics
+from app_toolkit._runtime.controller import checkpoint, controller_metrics, teardown
 from app_toolkit._runtime.controller.actions import ActionRunner
 from app_toolkit._runtime.controller.api import ConfigFile
 from app_toolkit._runtime.controller.backend import Backend
@@ -248,12 +248,12 @@ class ControllerCore:
             kept = {d.id for d in spec.deployments}
             for old in previous.deployments:
                 if old.id not in kept:
-                    self._retire(old.id)
+                    self._retire(old.id, callers=teardown.callers_of(previous, old.id))
 
     def _remove_app(self, name: str, hurry: bool = False) -> None:
         app = self.apps.pop(name)
         for spec in app.deployments:
-            self._retire(spec.id, hurry)
+            self._retire(spec.id, hurry, frozenset() if hurry else teardown.callers_of(app, spec.id))
         self.policy.app_removed(name)
 
     def _forget_config_of(self, name: str) -> None:
@@ -376,12 +376,16 @@ class ControllerCore:
         if adopted:
             logger.info("Adopted %d running replica(s)", adopted)
 
-    def _retire(self, deployment: DeploymentID, hurry: bool = False) -> None:
+    def _retire(
+        self, deployment: DeploymentID, hurry: bool = False, callers: frozenset[DeploymentID] = frozenset()
+    ) -> None:
+        """Delete ``deployment``, once no replica of ``callers`` may call it (teardown.py)."""
         state = self.deployments.get(deployment)
         if state is not None:
-            state.deleting, state.hurried = True, hurry
+            state.deleting, state.hurried, state.retire_after = True, hurry, callers
             self._due.pop(deployment, None)
-            self.longpoll.publish(replicas_key(deployment), DeploymentGone())
+            if not callers:
+                self.longpoll.publish(replicas_key(deployment), DeploymentGone())
 
     async def _checkpoint(self) -> None:
         self._saved = self._lifecycles()
@@ -424,6 +428,11 @@ class ControllerCore:
         now = asyncio.get_running_loop().time()
         self._move_rollouts()
         for deployment_id, state in list(self.deployments.items()):
+            if state.retire_after:
+                if teardown.callers_remain(state, self.deployments):
+                    continue  # deleted, it serves the replicas that may still call it
+                state.retire_after = frozenset()
+                self.longpoll.publish(replicas_key(deployment_id), DeploymentGone())
             actions = autoscale(state, self.loads.total(deployment_id, now), now)
             if actions or self._due.get(deployment_id, now) <= now:  # a decision moves the target
                 draining = self.cluster.draining

@@ -30,7 +30,7 @@ from app_toolkit._runtime.controller.replica_state import (
     StartFailed,
     replica_transition,
 )
-from app_toolkit._runtime.messages import AdoptedReplica, DeploymentSpec
+from app_toolkit._runtime.messages import AdoptedReplica, DeploymentID, DeploymentSpec
 from app_toolkit._runtime.request_context import ReplicaRank
 from app_toolkit._runtime.tables import ReplicaTable
 from app_toolkit.status import ReplicaState
@@ -112,6 +112,8 @@ class DeploymentState:
     failed: bool = False
     deleting: bool = False
     hurried: bool = False  # deleted by a shutdown: its replicas' streams end at once
+    #: Deleted, it serves on until no replica of these may call it (controller/teardown.py).
+    retire_after: frozenset[DeploymentID] = frozenset()
     autoscaler: Autoscaler | None = None
     #: The version that served before this one: what a failed upgrade goes back to.
     previous: DeploymentSpec | None = None

@@ -74,9 +74,10 @@ class TablePublisher:
         return split, policy.shadow(app, apps) if app is not None and is_ingress else None
 
     def replicas(self, deployment: DeploymentID) -> None:
-        """Publish ``deployment``'s replica table (not once it is being deleted)."""
+        """Publish ``deployment``'s replica table (not once it is being deleted, unless it
+        still serves its callers: teardown.py)."""
         state = self._records.deployments.get(deployment)
-        if state is not None and not state.deleting:
+        if state is not None and (not state.deleting or state.retire_after):
             table = replica_table(state)
             split, shadow = self._published[deployment] = self._policy_of(deployment)
             if split or shadow:
