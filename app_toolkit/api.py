@@ -18,7 +18,7 @@ from app_toolkit._runtime.backends.base import (
     set_current_session,
 )
 from app_toolkit._runtime.session import Session
-from app_toolkit.build import build_app, reloaded
+from app_toolkit.build import build_app, reloaded, renewed
 from app_toolkit.config import HTTPOptions, parse_application_options, parse_http_options
 from app_toolkit.deployment import Application
 from app_toolkit.exceptions import ConfigError, DeployError
@@ -75,10 +75,12 @@ def run(
 ) -> DeploymentHandle:
     """Deploy ``target`` as an application and wait until it is running.
 
-    Returns a handle to its ingress deployment. Redeploying an app of the same name
-    updates it in place. Raises DeployError with the replica's message if it fails.
-    ``_reload`` (``app-toolkit run --reload``): the replicas it replaces end their streams
-    as soon as they start draining.
+    Returns a handle to its ingress deployment. Running an app of the same name again
+    upgrades it: every replica is replaced, though nothing changed, as Ray Serve's
+    ``serve.run`` does (a config file's deploy changes light options in place). Raises
+    DeployError with the replica's message if it fails. ``_reload`` (``app-toolkit run
+    --reload``): only deployments whose code or heavy options changed are replaced, and
+    the replicas it replaces end their streams as soon as they start draining.
     """
     if not isinstance(target, Application):
         raise ConfigError(
@@ -94,8 +96,7 @@ def run(
     else:
         session = start(backend=backend)
     spec = build_app(target, options.name, options.route_prefix, session.serialize)
-    if _reload:
-        spec = reloaded(spec)
+    spec = reloaded(spec) if _reload else renewed(spec)
     session.deploy(spec)
     # A reload returns once the new code serves: the old replicas drain meanwhile.
     wait_for_application(session, options.name, serving_is_enough=_reload)

@@ -22,6 +22,7 @@ import io
 import json
 import logging
 import pickle
+import time
 import typing
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -69,6 +70,17 @@ def build_app(
             )
         )
     return AppSpec(name, route_prefix, ingress, graph.specs(), table.routes, table.paths)
+
+
+def renewed(spec: AppSpec) -> AppSpec:
+    """``spec`` as a new version of each of its deployments, though nothing in it changed:
+    every replica is replaced (an upgrade). ``run()`` from Python deploys so, as Ray
+    Serve's ``serve.run`` does (how new model files at the same path are picked up), and
+    ``--reload`` of a config file on a source change; a config file deployed again
+    unchanged is a no-op, as ``serve deploy``'s is."""
+    suffix = f"+{time.time_ns():x}"
+    deployments = [dataclasses.replace(d, code_version=d.code_version + suffix) for d in spec.deployments]
+    return dataclasses.replace(spec, deployments=tuple(deployments))
 
 
 def reloaded(spec: AppSpec) -> AppSpec:

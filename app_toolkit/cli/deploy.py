@@ -3,10 +3,8 @@ running cluster."""
 
 from __future__ import annotations
 
-import dataclasses
 import os
 import sys
-import time
 
 import click
 
@@ -38,18 +36,7 @@ def apply(
     except ConfigError as exc:
         raise ConfigError(f"{source}: {exc}") from None
     if new_code:
-        suffix = f"+{time.time_ns():x}"
-        specs = [
-            building.reloaded(
-                dataclasses.replace(
-                    spec,
-                    deployments=tuple(
-                        dataclasses.replace(d, code_version=d.code_version + suffix) for d in spec.deployments
-                    ),
-                )
-            )
-            for spec in specs
-        ]
+        specs = [building.reloaded(building.renewed(spec)) for spec in specs]
     session.apply_config(specs, config.as_written())
     current = session.status().applications
     for app in config.applications:

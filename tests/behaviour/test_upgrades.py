@@ -16,18 +16,35 @@ def replica_ids(app: str, deployment: str) -> set[str]:
     return {r.replica_id for r in tk.status().applications[app].deployments[deployment].replicas}
 
 
-def test_user_config_and_limits_change_in_place_without_restarts(toolkit: Toolkit) -> None:
+def _replaced(name: str, old: set[str]) -> set[str]:
+    """The replicas of ``Configured`` once none of ``old`` is left."""
+
+    def new_ones() -> set[str] | None:
+        now = replica_ids(name, "Configured")
+        return now if now.isdisjoint(old) else None
+
+    return wait_for(new_ones, 30, "the old replicas to go")
+
+
+def test_each_run_from_python_is_a_new_version_as_in_ray_serve(toolkit: Toolkit) -> None:
+    """run() again replaces every replica, as Ray Serve's serve.run does, even when only a
+    light option changed or nothing did (a config file's deploy changes light options in
+    place: tests/integration/test_config_deploy.py)."""
     name = toolkit.name()
     configured = as_deployment(basic.Configured)
     handle = toolkit.run(configured.options(num_replicas=2).bind(), name=name, route_prefix=None)
     assert handle.greet.remote("ann").result(timeout_s=10) == "hi ann"
-    before = replica_ids(name, "Configured")
+    first = replica_ids(name, "Configured")
     changed = configured.options(num_replicas=2, user_config={"greeting": "hello"}, max_ongoing_requests=7)
     handle = toolkit.run(changed.bind(), name=name, route_prefix=None)
-    assert replica_ids(name, "Configured") == before  # the same replicas, reconfigured
+    second = _replaced(name, first)
+    assert len(second) == 2
     assert {handle.greet.remote(str(i)).result(timeout_s=10) for i in range(8)} == {
         f"hello {i}" for i in range(8)
     }
+    toolkit.run(changed.bind(), name=name, route_prefix=None)  # unchanged
+    third = _replaced(name, second)
+    assert len(third) == 2
 
 
 def test_code_change_rolls_out_under_load_with_zero_failures(toolkit: Toolkit) -> None:
