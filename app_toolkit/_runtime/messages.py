@@ -34,6 +34,11 @@ class DeploymentID:
     def __str__(self) -> str:
         return f"{self.app}/{self.name}"
 
+    @property
+    def app_name(self) -> str:
+        """The application's name (Ray Serve's spelling, for autoscaling policies)."""
+        return self.app
+
 
 @compact
 @dataclass(frozen=True, slots=True)
