@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from app_toolkit._runtime.compact import compact
-from app_toolkit.config import DeploymentConfig
+from app_toolkit.config import AutoscalingPolicy, DeploymentConfig
 
 if TYPE_CHECKING:
     from starlette.types import Message, Scope
@@ -130,6 +130,15 @@ class DeploymentSpec:
 
 @compact
 @dataclass(frozen=True, slots=True)
+class ByValue:
+    """Code to serialize with its module's source rather than by reference (an autoscaling
+    policy: the controller, which runs it, does not import the application's modules)."""
+
+    value: object
+
+
+@compact
+@dataclass(frozen=True, slots=True)
 class AppSpec:
     """The desired state of one application."""
 
@@ -139,6 +148,8 @@ class AppSpec:
     deployments: tuple[DeploymentSpec, ...]
     routes: tuple[PathRoute, ...] = ()  # see RouteInfo
     paths: tuple[str, ...] = ()  # every route's path template, to find clashes between apps
+    #: An application-level autoscaling policy (its function serialized, build.py).
+    autoscaling_policy: AutoscalingPolicy | None = None
 
     def deployment(self, name: str) -> DeploymentSpec:
         for spec in self.deployments:

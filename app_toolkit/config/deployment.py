@@ -104,7 +104,9 @@ class AutoscalingPolicy(Strict):
 
     def travelling(self, serialized: bytes) -> AutoscalingPolicy:
         """This policy named by its path, carrying the function as ``serialized`` bytes."""
-        policy = AutoscalingPolicy(policy_function=self.name)
+        # Not validated again: the path of a function defined in another (with
+        # "<locals>") names it for status and logs, though it could not be imported.
+        policy = AutoscalingPolicy.model_construct(policy_function=self.name)
         policy._serialized = serialized
         return policy
 
