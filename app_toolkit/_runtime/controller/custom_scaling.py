@@ -41,8 +41,9 @@ class CustomScaling:
         #: Replicas' custom metrics (``record_autoscaling_stats()``).
         self.stats = StatsBook()
         self._functions: dict[bytes, Callable[[Any], object]] = {}
-        # What each running call was given: its deployments' metrics, for the decision.
-        self._given: dict[Hashable, dict[DeploymentID, Metrics]] = {}
+        # What each running call was given: its deployments' metrics (aggregated, newest),
+        # shown with its decision.
+        self._given: dict[Hashable, dict[DeploymentID, tuple[Metrics, Metrics]]] = {}
         self._errors: dict[Hashable, str] = {}  # the last error logged per policy
 
     def close(self) -> None:
@@ -73,7 +74,8 @@ class CustomScaling:
             else:
                 wanted, policy_state = answer
                 scaler.policy_state = policy_state
-                scaler.follow(now, wanted, len(running), given.get(key))
+                _show(scaler, given.get(key))
+                scaler.follow(now, wanted, len(running), scaler.seen)
                 actions += self._recovered(key, config.policy.name)
         elif isinstance(outcome, Failed):
             actions += self._failed(key, [scaler], config.policy.name, outcome.error)
@@ -82,8 +84,8 @@ class CustomScaling:
             if isinstance(function, str):
                 actions += self._failed(key, [scaler], config.policy.name, function)
             else:
-                context = self.context(state, now)
-                self._given[key] = {key: context.aggregated_metrics}
+                context, latest = self.context(state, now)
+                self._given[key] = {key: (context.aggregated_metrics, latest)}
                 self.calls.start(key, function, context, now)
         return actions + _moved(state, before)
 
@@ -128,8 +130,9 @@ class CustomScaling:
                     scaler = scalers[deployment]
                     if deployment in states_after:
                         scaler.policy_state = states_after[deployment]
+                    _show(scaler, given.get(deployment))
                     if running[deployment]:
-                        scaler.follow(now, wanted, len(running[deployment]), given.get(deployment))
+                        scaler.follow(now, wanted, len(running[deployment]), scaler.seen)
                 for scaler in scalers.values():
                     scaler.problem = ""
                 actions += self._recovered(key, policy.name)
@@ -143,8 +146,11 @@ class CustomScaling:
             if isinstance(function, str):
                 actions += self._failed(key, list(scalers.values()), policy.name, function)
             else:
-                contexts = {deployment: self.context(state, now) for deployment, state in governed.items()}
-                self._given[key] = {d: context.aggregated_metrics for d, context in contexts.items()}
+                built = {deployment: self.context(state, now) for deployment, state in governed.items()}
+                self._given[key] = {
+                    d: (context.aggregated_metrics, latest) for d, (context, latest) in built.items()
+                }
+                contexts = {deployment: context for deployment, (context, _) in built.items()}
                 self.calls.start(key, function, contexts, now)
         first = next(iter(governed))
         moved = [(deployment, _moved(state, before[deployment])) for deployment, state in governed.items()]
@@ -152,17 +158,17 @@ class CustomScaling:
 
     # ------------------------------------------------------------------ shared
 
-    def context(self, state: DeploymentState, now: float) -> AutoscalingContext:
-        """What the policy of ``state``'s deployment sees now."""
+    def context(self, state: DeploymentState, now: float) -> tuple[AutoscalingContext, Metrics]:
+        """What the policy of ``state``'s deployment sees now, and the newest value of
+        each custom metric (for status)."""
         scaler = state.autoscaler
         config = state.spec.config.autoscaling_config
         assert scaler is not None and config is not None
         deployment = state.spec.id
         running = _running(state)
         aggregated, raw, latest = self.stats.window(deployment, running, config, now)
-        scaler.latest = latest
         lower, upper = scaler.limits()
-        return AutoscalingContext(
+        context = AutoscalingContext(
             deployment_id=deployment,
             deployment_name=deployment.name,
             app_name=deployment.app,
@@ -181,6 +187,7 @@ class CustomScaling:
             current_time=now,
             config=config,
         )
+        return context, latest
 
     def forget(self, deployment: DeploymentID) -> None:
         """``deployment`` was deleted: its metrics and its own policy's call go."""
@@ -216,6 +223,12 @@ class CustomScaling:
         if self._errors.pop(key, None) is None:
             return []
         return [Log(logging.INFO, f"{_named(key)}: autoscaling policy {name} answers again")]
+
+
+def _show(scaler: Autoscaler, given: tuple[Metrics, Metrics] | None) -> None:
+    """Status shows the metrics a call was given (aggregated and newest), together."""
+    if given is not None:
+        scaler.seen, scaler.latest = given
 
 
 def _running(state: DeploymentState) -> list[str]:
