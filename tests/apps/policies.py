@@ -8,11 +8,15 @@ from typing import Any
 import app_toolkit as tk
 
 
+# --8<-- [start:policy]
 def scale_on_metric(context: tk.AutoscalingContext) -> tuple[float, dict[str, Any]]:
     """As many replicas as the largest "wanted" any replica reports (aggregated)."""
     wanted = context.aggregated_metrics.get("wanted", {})
     calls = int(context.policy_state.get("calls", 0)) + 1
     return (max(wanted.values()) if wanted else context.target_num_replicas), {"calls": calls}
+
+
+# --8<-- [end:policy]
 
 
 def hold(context: tk.AutoscalingContext) -> tuple[int, dict[str, Any]]:
@@ -24,6 +28,7 @@ def raises(context: tk.AutoscalingContext) -> tuple[int, dict[str, Any]]:
     raise ValueError("the metrics service is down")
 
 
+# --8<-- [start:application]
 def together(
     contexts: dict[tk.autoscaling_policy.DeploymentID, tk.AutoscalingContext],
 ) -> tuple[dict[Any, float], dict[Any, dict[str, Any]]]:
@@ -34,6 +39,10 @@ def together(
     return {deployment: math.ceil(wanted) for deployment in contexts}, {}
 
 
+# --8<-- [end:application]
+
+
+# --8<-- [start:metric]
 class Gauge:
     """Reports the metric "wanted", which a call sets (on one replica, or broadcast)."""
 
@@ -50,3 +59,4 @@ class Gauge:
 
 
 GAUGE = tk.deployment(Gauge)  # (not a class decorator: mypy reads those as the class)
+# --8<-- [end:metric]

@@ -29,12 +29,12 @@ def _deployment(app: str, name: str) -> tk.DeploymentStatusInfo:
 def test_a_policy_scales_on_a_metric_the_replicas_report(toolkit: Toolkit) -> None:
     """1 -> 3 -> 1 replicas as the metric moves: set on one replica, then on all of them."""
     name = toolkit.name()
-    policy = {"policy_function": policies.scale_on_metric}
-    handle = toolkit.run(
-        policies.GAUGE.options(autoscaling_config={**FAST, "policy": policy}).bind(),
-        name=name,
-        route_prefix=None,
-    )
+    # --8<-- [start:options]
+    app = policies.GAUGE.options(
+        autoscaling_config={**FAST, "policy": {"policy_function": policies.scale_on_metric}}
+    ).bind()
+    # --8<-- [end:options]
+    handle = toolkit.run(app, name=name, route_prefix=None)
     assert _deployment(name, "Gauge").running_replicas == 1
     handle.set.remote(3).result()
     wait_for(lambda: _deployment(name, "Gauge").running_replicas == 3, 30, "3 replicas for wanted=3")

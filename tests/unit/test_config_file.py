@@ -95,6 +95,7 @@ def test_errors_name_the_file_and_the_field(data: Any, message: str) -> None:
 
 
 RAY_SERVE_260_AUTOSCALING = """
+# --8<-- [start:ray-serve-autoscaling]
 applications:
 - name: pipeline
   route_prefix: /
@@ -114,6 +115,7 @@ applications:
       downscale_smoothing_factor: null
       policy:
         policy_function: tests.apps.policies.scale_on_metric
+# --8<-- [end:ray-serve-autoscaling]
 """
 
 

@@ -45,6 +45,7 @@ class CustomScaling:
         # shown with its decision.
         self._given: dict[Hashable, dict[DeploymentID, tuple[Metrics, Metrics]]] = {}
         self._errors: dict[Hashable, str] = {}  # the last error logged per policy
+        self._overridden: set[DeploymentID] = set()  # own policies an application's replaces (logged)
 
     def close(self) -> None:
         self.calls.close()
@@ -108,6 +109,13 @@ class CustomScaling:
         if policy is None or not governed:
             return []
         key = ("application", app.name)
+        actions: list[Action] = []
+        for deployment, state in governed.items():
+            own = state.spec.config.autoscaling_config
+            if own is not None and not own.policy.is_default and deployment not in self._overridden:
+                self._overridden.add(deployment)  # as Ray Serve: the application's wins, with a warning
+                message = f"{deployment}: the application's autoscaling policy {policy.name} replaces its own"
+                actions.append(Log(logging.WARNING, message))
         before = {deployment: state.target for deployment, state in governed.items()}
         scalers: dict[DeploymentID, Autoscaler] = {}
         for deployment, state in governed.items():
@@ -117,7 +125,6 @@ class CustomScaling:
             scaler.policy = policy.name
             scalers[deployment] = scaler
         running = {deployment: _running(state) for deployment, state in governed.items()}
-        actions: list[Action] = []
         outcome = self.calls.take(key, now)
         given = self._given.pop(key, {}) if outcome is not None else {}
         if isinstance(outcome, Answered):
@@ -195,6 +202,7 @@ class CustomScaling:
         self.calls.forget(deployment)
         self._given.pop(deployment, None)
         self._errors.pop(deployment, None)
+        self._overridden.discard(deployment)
 
     def _function(self, policy: AutoscalingPolicy) -> Callable[[Any], object] | str:
         """The policy's function, loaded once; or why it cannot be."""
