@@ -103,7 +103,7 @@ applications:
   autoscaling_policy:
     policy_function: tests.apps.policies:together
   deployments:
-  - name: Hello
+  - name: Ingress
     autoscaling_config:
       min_replicas: 1
       max_replicas: 4
@@ -137,6 +137,35 @@ def test_a_ray_serve_260_file_with_custom_autoscaling_loads_and_means_the_same()
     assert not config.policy.is_default
     with pytest.raises(tk.ConfigError, match=r"autoscaling_policy\.policy_function: must be a function"):
         parse_config(_app(autoscaling_policy={"policy_function": "nothing"}), "serve.yaml")
+
+
+def test_building_sends_the_policies_by_value_and_names_a_bad_one() -> None:
+    """The application's and the deployment's policies are imported where the app is
+    built and handed to the serializer by value (the controller imports nothing of the
+    app); a policy that cannot be imported fails the build naming its field."""
+    from app_toolkit._runtime.messages import ByValue
+    from tests.apps import policies
+
+    sent: list[object] = []
+
+    def serialize(value: object) -> bytes:
+        if isinstance(value, ByValue):
+            sent.append(value.value)
+        return _keep(value)
+
+    (app,) = parse_config(yaml.safe_load(RAY_SERVE_260_AUTOSCALING), "serve.yaml").applications
+    spec = build_spec(app, serialize)
+    assert sent == [policies.scale_on_metric, policies.together]
+    assert spec.autoscaling_policy is not None and spec.autoscaling_policy.serialized
+    config = spec.deployment("Ingress").config.autoscaling_config
+    assert config is not None and config.policy.serialized
+    assert config.policy.name == "tests.apps.policies.scale_on_metric"
+    missing = _app(autoscaling_policy={"policy_function": "tests.apps.policies:nowhere"})
+    (bad,) = parse_config(missing, "serve.yaml").applications
+    with pytest.raises(
+        tk.ConfigError, match='autoscaling_policy.policy_function: Module "tests.apps.policies" has no'
+    ):
+        build_spec(bad, _keep)
 
 
 def test_unreadable_and_non_yaml_files(tmp_path: Path) -> None:

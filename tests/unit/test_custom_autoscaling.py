@@ -8,6 +8,7 @@ import math
 import threading
 from collections.abc import Callable
 from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from fractions import Fraction
 from typing import Any
 
 import pytest
@@ -241,3 +242,10 @@ def test_custom_metrics_aggregate_by_the_configured_function() -> None:
     assert aggregate(points, "min", 4.0) == 1.0
     assert aggregate(points, "mean", 4.0) == (4 * 1 + 1 * 2 + 2 * 1) / 4  # each value for as long as it held
     assert aggregate([TimeStampedValue(2.0, 7.0)], "mean", 2.0) == 7.0
+
+
+def test_any_real_number_is_an_answer() -> None:
+    """Not only int and float: NumPy's numbers are real numbers too (a Fraction here)."""
+    state, custom = deployment(lambda context: (Fraction(5, 2), None)), scaling()
+    passes(custom, state, [0.0, 0.1])
+    assert state.target == 3

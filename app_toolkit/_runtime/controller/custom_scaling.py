@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
+import numbers
 from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
@@ -275,7 +276,8 @@ def _named(key: Hashable) -> str:
 
 
 def _number(value: object) -> float | None:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+    """A finite real number (NumPy's too), not a bool, as a float; else None."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
         return None
     return float(value)
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import numbers
 from collections import deque
 
 from app_toolkit._runtime.messages import DeploymentID
@@ -115,7 +116,7 @@ def _metrics(value: object) -> tuple[tuple[str, float], ...] | None:
         if (
             not isinstance(name, str)
             or isinstance(number, bool)
-            or not isinstance(number, int | float)
+            or not isinstance(number, numbers.Real)
             or not math.isfinite(number)
         ):
             return None
