@@ -250,6 +250,8 @@ class ControllerCore:
 
     def _replace_app(self, spec: AppSpec, capacity: Capacity | None = None) -> None:
         previous = self.apps.get(spec.name)
+        if previous is not None and previous.autoscaling_policy != spec.autoscaling_policy:
+            self.custom.forget(spec.name)  # the old policy's call under way is not taken
         self._adopt(spec, capacity)
         if previous is not None:
             kept = {d.id for d in spec.deployments}
@@ -259,6 +261,7 @@ class ControllerCore:
 
     def _remove_app(self, name: str, hurry: bool = False) -> None:
         app = self.apps.pop(name)
+        self.custom.forget(name)
         for spec in app.deployments:
             self._retire(spec.id, hurry, frozenset() if hurry else teardown.callers_of(app, spec.id))
         self.policy.app_removed(name)
@@ -454,6 +457,7 @@ class ControllerCore:
             elif autoscaling is not None and not autoscaling.policy.is_default:
                 actions = self.custom.scale_deployment(state, load, now)
             else:
+                self.custom.forget(deployment_id)  # metrics kept only for a custom policy
                 actions = autoscale(state, load, now)
             if actions or self._due.get(deployment_id, now) <= now:  # a decision moves the target
                 draining = self.cluster.draining

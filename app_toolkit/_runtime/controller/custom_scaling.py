@@ -134,10 +134,10 @@ class CustomScaling:
                 actions += self._failed(key, list(scalers.values()), policy.name, answer)
             else:
                 decisions, states_after = answer
+                for deployment, scaler in scalers.items():  # as Ray Serve: the state returned, or none
+                    scaler.policy_state = states_after.get(deployment, {})
                 for deployment, wanted in decisions.items():
                     scaler = scalers[deployment]
-                    if deployment in states_after:
-                        scaler.policy_state = states_after[deployment]
                     _show(scaler, given.get(deployment))
                     if running[deployment]:
                         scaler.follow(now, wanted, len(running[deployment]), scaler.seen)
@@ -197,13 +197,23 @@ class CustomScaling:
         )
         return context, latest
 
-    def forget(self, deployment: DeploymentID) -> None:
-        """``deployment`` was deleted: its metrics and its own policy's call go."""
-        self.stats.forget(deployment)
-        self.calls.forget(deployment)
-        self._given.pop(deployment, None)
-        self._errors.pop(deployment, None)
-        self._overridden.discard(deployment)
+    def forget(self, key: DeploymentID | str) -> None:
+        """A deployment that was deleted, or that no custom policy decides for any more
+        (its metrics, its policy's call), or an application that was deleted (a str)."""
+        if isinstance(key, str):
+            self.calls.forget(("application", key))
+            self._given.pop(("application", key), None)
+            self._errors.pop(("application", key), None)
+            return
+        if not (
+            self.stats.holds(key) or self.calls.running(key) or key in self._given or key in self._errors
+        ):
+            return  # the usual case, on every pass of every deployment on the built-in policy
+        self.stats.forget(key)
+        self.calls.forget(key)
+        self._given.pop(key, None)
+        self._errors.pop(key, None)
+        self._overridden.discard(key)
 
     def _function(self, policy: AutoscalingPolicy) -> Callable[[Any], object] | str:
         """The policy's function, loaded once; or why it cannot be."""

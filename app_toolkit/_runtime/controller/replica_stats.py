@@ -38,6 +38,9 @@ class StatsBook:
         for age, values in sorted(stats.samples, key=lambda sample: -sample[0]):
             kept.append((now - max(age, 0.0), dict(values)))
 
+    def holds(self, deployment: DeploymentID) -> bool:
+        return deployment in self._samples
+
     def forget(self, deployment: DeploymentID) -> None:
         self._samples.pop(deployment, None)
 
