@@ -11,9 +11,11 @@ from app_toolkit.api import (
     start,
     status,
 )
+from app_toolkit.autoscaling_policy import AutoscalingContext
 from app_toolkit.batching import batch
 from app_toolkit.config import (
     AutoscalingConfig,
+    AutoscalingPolicy,
     BackpressureConfig,
     BatchConfig,
     DeploymentConfig,
@@ -81,6 +83,8 @@ __all__ = [
     "ApplicationStatus",
     "ApplicationStatusInfo",
     "AutoscalingConfig",
+    "AutoscalingContext",
+    "AutoscalingPolicy",
     "AutoscalingStatusInfo",
     "BackPressureError",
     "BackpressureConfig",

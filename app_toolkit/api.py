@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from app_toolkit._runtime import request_context
@@ -19,7 +19,13 @@ from app_toolkit._runtime.backends.base import (
 )
 from app_toolkit._runtime.session import Session
 from app_toolkit.build import build_app, reloaded, renewed
-from app_toolkit.config import HTTPOptions, parse_application_options, parse_http_options
+from app_toolkit.config import (
+    AutoscalingPolicy,
+    HTTPOptions,
+    parse_application_options,
+    parse_http_options,
+    parse_options,
+)
 from app_toolkit.deployment import Application
 from app_toolkit.exceptions import ConfigError, DeployError
 from app_toolkit.handle import DeploymentHandle
@@ -70,6 +76,7 @@ def run(
     route_prefix: str | None = _UNSET,
     blocking: bool = False,
     backend: str = "auto",
+    autoscaling_policy: AutoscalingPolicy | str | Callable[..., Any] | None = None,
     _local_testing_mode: bool = False,
     _reload: bool = False,
 ) -> DeploymentHandle:
@@ -81,6 +88,10 @@ def run(
     DeployError with the replica's message if it fails. ``_reload`` (``app-toolkit run
     --reload``): only deployments whose code or heavy options changed are replaced, and
     the replicas it replaces end their streams as soon as they start draining.
+    ``autoscaling_policy`` (a function, its import path or an ``AutoscalingPolicy``)
+    decides the replicas of all the application's autoscaled deployments at once, as a
+    config file's application ``autoscaling_policy`` does (Ray Serve sets it in files
+    only; docs/autoscaling.md).
     """
     if not isinstance(target, Application):
         raise ConfigError(
@@ -95,7 +106,8 @@ def run(
         session = start(backend="local", proxy_location="Disabled")
     else:
         session = start(backend=backend)
-    spec = build_app(target, options.name, options.route_prefix, session.serialize)
+    policy = _app_policy(autoscaling_policy)
+    spec = build_app(target, options.name, options.route_prefix, session.serialize, None, policy)
     spec = reloaded(spec) if _reload else renewed(spec)
     session.deploy(spec)
     # A reload returns once the new code serves: the old replicas drain meanwhile.
@@ -104,6 +116,12 @@ def run(
     if blocking:
         _block_until_interrupted(session)
     return handle
+
+
+def _app_policy(value: AutoscalingPolicy | str | Callable[..., Any] | None) -> AutoscalingPolicy | None:
+    if value is None or isinstance(value, AutoscalingPolicy):
+        return value
+    return parse_options(AutoscalingPolicy, {"policy_function": value}, "autoscaling_policy")
 
 
 def wait_for_application(

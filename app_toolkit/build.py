@@ -27,14 +27,16 @@ import typing
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from app_toolkit._runtime.messages import AppSpec, DeploymentID, DeploymentSpec
+from app_toolkit._runtime.messages import AppSpec, ByValue, DeploymentID, DeploymentSpec
 from app_toolkit._runtime.replica.replica import ASGI_APP_ATTR, ASGI_BUILDER_ATTR
 from app_toolkit._runtime.session import Build, Serialize
 from app_toolkit.app_builder import load_application
+from app_toolkit.config import AutoscalingPolicy, DeploymentConfig
 from app_toolkit.config.file import ApplicationConfig, parse_config
 from app_toolkit.deployment import Application, Deployment
 from app_toolkit.exceptions import BuilderArgsError, ConfigError
 from app_toolkit.handle import DeploymentHandle
+from app_toolkit.import_path import import_attr
 
 if typing.TYPE_CHECKING:  # FastAPI is imported where an app is built, not by every toolkit process
     from app_toolkit.route_table import RouteTable
@@ -48,10 +50,58 @@ def build_app(
     route_prefix: str | None,
     serialize: Serialize,
     configure: Callable[[Deployment], Deployment] | None = None,
+    autoscaling_policy: AutoscalingPolicy | None = None,
 ) -> AppSpec:
     """The spec of application ``name`` whose ingress is ``target``. ``configure`` may
     replace each deployment (and pool) with a copy of other options (a config file's
-    overrides)."""
+    overrides); ``autoscaling_policy`` decides for all its autoscaled deployments."""
+    spec = _build_graph(target, name, route_prefix, serialize, configure)
+    if autoscaling_policy is None or autoscaling_policy.is_default:
+        return spec
+    policy = travelling_policy(autoscaling_policy, serialize, "autoscaling_policy.policy_function")
+    return dataclasses.replace(spec, autoscaling_policy=policy)
+
+
+def travelling_policy(policy: AutoscalingPolicy, serialize: Serialize, field: str) -> AutoscalingPolicy:
+    """``policy`` as the controller gets it: named by its import path, its function
+    serialized by value (the controller imports nothing of the application). An import
+    path is imported here; a failure names ``field``."""
+    if policy.is_default:
+        return policy
+    function = policy.policy_function
+    if isinstance(function, str):
+        path = function if ":" in function else ":".join(function.rsplit(".", 1))
+        try:
+            function = import_attr(path)
+        except ConfigError as exc:
+            raise ConfigError(f"{field}: {exc}") from None
+    if not callable(function):
+        raise ConfigError(f"{field}: {policy.name} is a {type(function).__name__}, not a function")
+    try:
+        data = serialize(ByValue(function))
+    except Exception as exc:  # noqa: BLE001 - any pickling failure is the user's to fix
+        raise ConfigError(
+            f"{field}: the policy {policy.name} cannot be sent to the controller: {exc}"
+        ) from None
+    return policy.travelling(data)
+
+
+def _travelling_config(config: DeploymentConfig, serialize: Serialize) -> DeploymentConfig:
+    """``config`` with its custom autoscaling policy ready for the controller."""
+    autoscaling = config.autoscaling_config
+    if autoscaling is None or autoscaling.policy.is_default:
+        return config
+    policy = travelling_policy(autoscaling.policy, serialize, "autoscaling_config.policy.policy_function")
+    return config.model_copy(update={"autoscaling_config": autoscaling.model_copy(update={"policy": policy})})
+
+
+def _build_graph(
+    target: Application,
+    name: str,
+    route_prefix: str | None,
+    serialize: Serialize,
+    configure: Callable[[Deployment], Deployment] | None,
+) -> AppSpec:
     graph = _Graph(name, serialize, configure)
     ingress = graph.visit(target)
     if route_prefix is not None:
@@ -145,7 +195,10 @@ class _Graph:
                 f"replicas: {exc}. Keep its code importable or picklable, and its arguments "
                 "plain data, handles or importable objects."
             ) from None
-        config = deployment.config
+        try:
+            config = _travelling_config(deployment.config, self._serialize)
+        except ConfigError as exc:
+            raise ConfigError(f"Deployment {deployment.name!r} of application {self.app!r}: {exc}") from None
         heavy = config.model_dump_json(exclude=set(config.in_place_options())).encode()
         self._specs[deployment.name] = DeploymentSpec(
             id=DeploymentID(self.app, deployment.name),
@@ -253,7 +306,7 @@ def build_spec(app: ApplicationConfig, serialize: Serialize) -> AppSpec:
         raise BuilderArgsError(f"args: {exc}") from None
     except ConfigError as exc:
         raise ConfigError(f"import_path: {exc}") from None
-    spec = build_app(target, app.name, app.route_prefix, serialize, configure(app))
+    spec = build_app(target, app.name, app.route_prefix, serialize, configure(app), app.autoscaling_policy)
     check_overrides(app, [deployment.id.name for deployment in spec.deployments])
     return dataclasses.replace(spec, deployments=tuple(_versioned(app, d) for d in spec.deployments))
 

@@ -63,6 +63,16 @@ class AutoscalingStatusInfo:
     last_decision_from: int | None
     last_decision_to: int | None
     last_decision_age_s: float | None  # seconds since that change
+    #: A custom policy's import path (the deployment's, or its application's); None: the
+    #: built-in policy on requests.
+    policy: str | None = None
+    #: The replicas' custom metrics (record_autoscaling_stats()) as the policy last saw
+    #: them, aggregated over look_back_period_s: metric -> replica id -> value.
+    metrics: dict[str, dict[str, float]] = field(default_factory=dict)
+    #: The newest sample of each, likewise.
+    latest_metrics: dict[str, dict[str, float]] = field(default_factory=dict)
+    #: The custom metrics behind the last change of target (None: no custom decision).
+    last_decision_metrics: dict[str, dict[str, float]] | None = None
 
 
 @dataclass(frozen=True)
@@ -294,6 +304,14 @@ def _clock(unix_time: float) -> str:
     return time.strftime("%H:%M:%S", time.localtime(unix_time))
 
 
+def _metrics_text(metrics: dict[str, dict[str, float]]) -> str:
+    """Custom metrics in a few words: each one's largest value over its replicas."""
+    return ", ".join(
+        f"{name} up to {max(values.values(), default=0.0):g} ({len(values)} replicas)"
+        for name, values in metrics.items()
+    )
+
+
 def _deployment_row(info: DeploymentStatusInfo) -> tuple[str, str, str, str, str, str]:
     states = ", ".join(f"{count} {state}" for state, count in sorted(info.replica_states.items()))
     load = last = "-"
@@ -305,6 +323,10 @@ def _deployment_row(info: DeploymentStatusInfo) -> tuple[str, str, str, str, str
                 f"{scaling.last_decision_from} -> {scaling.last_decision_to} at load "
                 f"{scaling.last_decision_load:.1f}, {scaling.last_decision_age_s:.0f} s ago"
             )
+            if scaling.last_decision_metrics:
+                last += " on " + _metrics_text(scaling.last_decision_metrics)
+        if scaling.policy is not None:
+            last += f" (policy {scaling.policy})"
     return (
         info.name,
         info.status.value,

@@ -16,6 +16,8 @@ EXPECTED = [
     "ApplicationStatus",
     "ApplicationStatusInfo",
     "AutoscalingConfig",
+    "AutoscalingContext",
+    "AutoscalingPolicy",
     "AutoscalingStatusInfo",
     "BackPressureError",
     "BackpressureConfig",
@@ -91,6 +93,7 @@ def test_all_is_sorted_and_complete() -> None:
     public = {name for name in vars(tk) if not name.startswith("_")}
     assert public - set(tk.__all__) <= {
         "api",
+        "autoscaling_policy",
         "batching",
         "config",
         "deployment",

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from app_toolkit._runtime.compact import compact
-from app_toolkit.config import DeploymentConfig
+from app_toolkit.config import AutoscalingPolicy, DeploymentConfig
 
 if TYPE_CHECKING:
     from starlette.types import Message, Scope
@@ -33,6 +33,11 @@ class DeploymentID:
 
     def __str__(self) -> str:
         return f"{self.app}/{self.name}"
+
+    @property
+    def app_name(self) -> str:
+        """The application's name (Ray Serve's spelling, for autoscaling policies)."""
+        return self.app
 
 
 @compact
@@ -125,6 +130,15 @@ class DeploymentSpec:
 
 @compact
 @dataclass(frozen=True, slots=True)
+class ByValue:
+    """Code to serialize with its module's source rather than by reference (an autoscaling
+    policy: the controller, which runs it, does not import the application's modules)."""
+
+    value: object
+
+
+@compact
+@dataclass(frozen=True, slots=True)
 class AppSpec:
     """The desired state of one application."""
 
@@ -134,6 +148,8 @@ class AppSpec:
     deployments: tuple[DeploymentSpec, ...]
     routes: tuple[PathRoute, ...] = ()  # see RouteInfo
     paths: tuple[str, ...] = ()  # every route's path template, to find clashes between apps
+    #: An application-level autoscaling policy (its function serialized, build.py).
+    autoscaling_policy: AutoscalingPolicy | None = None
 
     def deployment(self, name: str) -> DeploymentSpec:
         for spec in self.deployments:

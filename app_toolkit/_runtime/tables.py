@@ -142,9 +142,22 @@ class ShadowOutcome:
     primary_latency_counts: tuple[int, ...]
 
 
-Outcomes = tuple[VariantOutcome | ShadowOutcome, ...]
+@compact
+@dataclass(frozen=True, slots=True)
+class ReplicaStats:
+    """A replica's custom autoscaling metrics (its ``record_autoscaling_stats()``) since
+    its process's last report: each sample's age in seconds when sent (the controller
+    dates it on its own clock) and its values."""
+
+    replica_id: str
+    deployment: DeploymentID
+    samples: tuple[tuple[float, tuple[tuple[str, float], ...]], ...]
+
+
+Outcomes = tuple[VariantOutcome | ShadowOutcome | ReplicaStats, ...]
 
 #: The controller's long-poll call, as a caller makes it.
 Listen = Callable[[Versions, float], Awaitable[Updates]]
-#: The controller's load-report call, as a caller makes it (with what it saw of splits).
+#: The controller's load-report call, as a caller makes it (with what it saw of splits,
+#: and its replicas' custom metrics).
 ReportLoad = Callable[[str, Loads, Outcomes], Awaitable[None]]

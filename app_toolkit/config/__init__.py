@@ -9,6 +9,7 @@ whose message names the option, the bad value and the allowed range. (Config fil
 from app_toolkit.config.application import ApplicationOptions, parse_application_options
 from app_toolkit.config.deployment import (
     AutoscalingConfig,
+    AutoscalingPolicy,
     BackpressureConfig,
     BatchConfig,
     DeploymentConfig,
@@ -26,6 +27,7 @@ __all__ = [
     "NAME_RE",
     "ApplicationOptions",
     "AutoscalingConfig",
+    "AutoscalingPolicy",
     "BackpressureConfig",
     "BatchConfig",
     "DeploymentConfig",

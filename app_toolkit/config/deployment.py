@@ -3,10 +3,18 @@ answer and ``@batch`` (Ray Serve's names and meanings)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
-from pydantic import Field, JsonValue, ValidationError, model_validator
+from pydantic import (
+    Field,
+    JsonValue,
+    PrivateAttr,
+    ValidationError,
+    field_serializer,
+    field_validator,
+    model_validator,
+)
 
 from app_toolkit.config.schema import IN_PLACE, Strict, explain
 from app_toolkit.exceptions import ConfigError, DefinitionError
@@ -29,6 +37,86 @@ class RayActorOptions(Strict):
     )
 
 
+#: Ray Serve's names of its built-in request-count policy: in code or a file they select
+#: the built-in policy here.
+BUILT_IN_POLICIES = frozenset(
+    {
+        "ray.serve.autoscaling_policy:default_autoscaling_policy",
+        "ray.serve.autoscaling_policy.default_autoscaling_policy",
+        "ray.serve.autoscaling_policy:replica_queue_length_autoscaling_policy",
+        "ray.serve.autoscaling_policy.replica_queue_length_autoscaling_policy",
+    }
+)
+DEFAULT_POLICY = "ray.serve.autoscaling_policy:default_autoscaling_policy"
+
+#: How samples over the look-back window become one value (Ray Serve's AggregationFunction).
+AggregationFunction = Literal["mean", "max", "min"]
+
+
+class AutoscalingPolicy(Strict):
+    """A custom autoscaling policy (Ray Serve's ``AutoscalingPolicy``).
+
+    ``policy_function`` is a function, or its import path ("module:function" or
+    "module.function"). A deployment's policy takes an :class:`~app_toolkit.AutoscalingContext`
+    and returns ``(replicas, policy_state)``; an application's (the config file's
+    ``autoscaling_policy``) takes ``{DeploymentID: AutoscalingContext}`` and returns
+    ``({DeploymentID: replicas}, {DeploymentID: policy_state})``. It travels to the
+    controller by value (docs/autoscaling.md).
+    """
+
+    policy_function: str | Callable[..., Any] = Field(
+        DEFAULT_POLICY,
+        description='The policy: a function, or its import path "module:function"; the '
+        "default is the built-in policy on requests queued and running.",
+    )
+    # The function as the backend serialized it (build.py), for the controller.
+    _serialized: bytes = PrivateAttr(b"")
+
+    @field_validator("policy_function")
+    @classmethod
+    def _import_path(cls, value: str | Callable[..., Any]) -> str | Callable[..., Any]:
+        if callable(value):
+            return value
+        module, _, attribute = value.partition(":") if ":" in value else value.rpartition(".")
+        parts = [*module.split("."), *attribute.split(".")]
+        if not (module and attribute and all(part.isidentifier() for part in parts)):
+            raise ValueError('must be a function or an import path like "module:function"')
+        return value
+
+    @field_serializer("policy_function")
+    def _as_path(self, value: str | Callable[..., Any]) -> str:
+        return value if isinstance(value, str) else policy_path(value)
+
+    @property
+    def is_default(self) -> bool:
+        """Whether this is the built-in policy."""
+        return isinstance(self.policy_function, str) and self.policy_function in BUILT_IN_POLICIES
+
+    @property
+    def name(self) -> str:
+        """The policy's import path ("module:function")."""
+        return self._as_path(self.policy_function)
+
+    @property
+    def serialized(self) -> bytes:
+        """The function as the backend wrote it (empty before build)."""
+        return self._serialized
+
+    def travelling(self, serialized: bytes) -> AutoscalingPolicy:
+        """This policy named by its path, carrying the function as ``serialized`` bytes."""
+        # Not validated again: the path of a function defined in another (with
+        # "<locals>") names it for status and logs, though it could not be imported.
+        policy = AutoscalingPolicy.model_construct(policy_function=self.name)
+        policy._serialized = serialized
+        return policy
+
+
+def policy_path(function: Callable[..., Any]) -> str:
+    """``function``'s import path, "module:qualified.name"."""
+    module = getattr(function, "__module__", None) or "__main__"
+    return f"{module}:{getattr(function, '__qualname__', type(function).__qualname__)}"
+
+
 class AutoscalingConfig(Strict):
     """How a deployment's replica count follows its load (Ray Serve's names and meanings).
 
@@ -37,7 +125,8 @@ class AutoscalingConfig(Strict):
     count is that load divided by ``target_ongoing_requests``, within
     ``[min_replicas, max_replicas]``; it moves up only after the load has wanted more
     replicas for ``upscale_delay_s`` (at once from zero replicas) and down only after
-    ``downscale_delay_s`` of wanting fewer.
+    ``downscale_delay_s`` of wanting fewer. A custom ``policy`` replaces the division: it
+    says how many replicas it wants, and the factors, bounds and delays apply on top.
     """
 
     min_replicas: int = Field(1, ge=0, le=10_000, description="Fewest replicas; 0 allows scaling to zero.")
@@ -61,7 +150,19 @@ class AutoscalingConfig(Strict):
         "(min_replicas=0 only); default downscale_delay_s.",
     )
     look_back_period_s: float = Field(
-        30.0, gt=0, description="Seconds of load reports averaged for each decision."
+        30.0, gt=0, description="Seconds of load reports (and custom metrics) aggregated for each decision."
+    )
+    aggregation_function: AggregationFunction = Field(
+        "mean",
+        description="How the samples of the look-back period become one value: mean "
+        "(time-weighted for custom metrics), max (reacts to spikes) or min (cautious).",
+    )
+    metrics_interval_s: float = Field(
+        10.0,
+        gt=0,
+        description="Seconds between calls of a replica's record_autoscaling_stats() "
+        "(custom metrics). Request loads are reported every 0.5 s whatever it says (Ray "
+        "Serve deprecates the field for its load reports).",
     )
     upscaling_factor: float | None = Field(
         None, gt=0, description="Multiplies each upscaling step (below 1: more cautious)."
@@ -69,6 +170,29 @@ class AutoscalingConfig(Strict):
     downscaling_factor: float | None = Field(
         None, gt=0, description="Multiplies each downscaling step (below 1: more cautious)."
     )
+    smoothing_factor: float = Field(
+        1.0,
+        gt=0,
+        description="Deprecated in Ray Serve: both factors, where upscaling_factor, "
+        "downscaling_factor and the smoothing factors below are unset.",
+    )
+    upscale_smoothing_factor: float | None = Field(
+        None, gt=0, description="Deprecated in Ray Serve: upscaling_factor where that is unset."
+    )
+    downscale_smoothing_factor: float | None = Field(
+        None, gt=0, description="Deprecated in Ray Serve: downscaling_factor where that is unset."
+    )
+    policy: AutoscalingPolicy = Field(
+        default_factory=AutoscalingPolicy,
+        description="A custom policy deciding the replica count (docs/autoscaling.md); "
+        "default: the built-in one on requests queued and running.",
+    )
+
+    @field_validator("aggregation_function", mode="before")
+    @classmethod
+    def _lower_case(cls, value: object) -> object:
+        text = getattr(value, "value", value)  # Ray Serve's AggregationFunction enum
+        return text.lower() if isinstance(text, str) else value
 
     @model_validator(mode="after")
     def _check_bounds(self) -> AutoscalingConfig:
@@ -84,6 +208,16 @@ class AutoscalingConfig(Strict):
     @property
     def start_replicas(self) -> int:
         return self.min_replicas if self.initial_replicas is None else self.initial_replicas
+
+    @property
+    def upscale_factor(self) -> float:
+        """The factor of upscaling steps, with Ray Serve's deprecated fallbacks."""
+        return self.upscaling_factor or self.upscale_smoothing_factor or self.smoothing_factor
+
+    @property
+    def downscale_factor(self) -> float:
+        """The factor of downscaling steps, with Ray Serve's deprecated fallbacks."""
+        return self.downscaling_factor or self.downscale_smoothing_factor or self.smoothing_factor
 
 
 class BackpressureConfig(Strict):

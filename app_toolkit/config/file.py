@@ -37,7 +37,14 @@ from pydantic import (
     model_validator,
 )
 
-from app_toolkit.config import ApplicationOptions, DeploymentConfig, HTTPOptions, ShadowOptions, default_of
+from app_toolkit.config import (
+    ApplicationOptions,
+    AutoscalingPolicy,
+    DeploymentConfig,
+    HTTPOptions,
+    ShadowOptions,
+    default_of,
+)
 from app_toolkit.exceptions import ConfigError
 
 ProxyLocation = Literal["EveryNode", "HeadOnly", "Disabled"]
@@ -57,7 +64,6 @@ _NEUTRAL: dict[str, dict[str, tuple[object, ...]]] = {
         "port": (None,),
         "logging_config": (None,),
         "external_scaler_enabled": (False,),
-        "autoscaling_policy": (None,),
     },
     "deployment": {
         "placement_group_bundle_label_selector": (None, []),
@@ -179,6 +185,11 @@ class ApplicationConfig(_Schema):
     )
     shadow: ShadowConfig | None = Field(
         None, description="Copy a share of this application's requests to another (docs/traffic.md)."
+    )
+    autoscaling_policy: AutoscalingPolicy | None = Field(
+        None,
+        description="An application-level autoscaling policy deciding the replicas of all "
+        "its autoscaled deployments at once (docs/autoscaling.md); null: each deployment's own.",
     )
 
     @model_validator(mode="before")

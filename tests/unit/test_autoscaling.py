@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import random
 
-from app_toolkit._runtime.controller.autoscaling import Autoscaler, desired_replicas
+from app_toolkit._runtime.controller.autoscaling import Autoscaler, desired_replicas, scaled_step
 from app_toolkit.config import AutoscalingConfig
 
 
-def config(**options: float | int | None) -> AutoscalingConfig:
-    base: dict[str, float | int | None] = {
+def config(**options: float | int | str | None) -> AutoscalingConfig:
+    base: dict[str, float | int | str | None] = {
         "min_replicas": 1,
         "max_replicas": 10,
         "target_ongoing_requests": 2,
@@ -99,3 +99,59 @@ def test_the_average_over_the_look_back_window_is_kept_as_samples_come_and_go() 
     for tick in range(2000, 2030):
         scaler.record(tick * 0.05, 0.0)
     assert scaler.average_load() == 0.0
+
+
+def test_aggregation_function_max_and_min_over_the_look_back() -> None:
+    """mean (the default), max and min of the load samples within look_back_period_s."""
+    loads = [(0.0, 4.0), (0.5, 1.0), (1.0, 2.0), (1.5, 3.0)]
+    aggregated = {}
+    for aggregation in ("mean", "max", "min"):
+        scaler = Autoscaler.start(config(aggregation_function=aggregation, look_back_period_s=2))
+        for at, load in loads:
+            scaler.record(at, load)
+        aggregated[aggregation] = scaler.average_load()
+        scaler.record(2.6, 2.5)  # the 4 at t=0 and the 1 at t=0.5 leave the window
+        aggregated[aggregation + " later"] = scaler.average_load()
+    assert aggregated == {
+        "mean": 2.5,
+        "mean later": 2.5,
+        "max": 4.0,
+        "max later": 3.0,
+        "min": 1.0,
+        "min later": 2.0,
+    }
+
+
+def test_a_custom_answer_is_stepped_rounded_up_and_clamped_as_ray_serve_does() -> None:
+    """The answer is a raw count: the factor scales the step from the running replicas,
+    the result rounds up, then stays within [min_replicas, max_replicas]."""
+    assert scaled_step(config(), 2.2, 1) == 3  # a fraction rounds up
+    assert scaled_step(config(upscaling_factor=0.5), 9, 1) == 5  # half the step of 8
+    assert scaled_step(config(downscaling_factor=0.5), 1, 9) == 5
+    assert scaled_step(config(downscaling_factor=0.1), 4, 5) == 4  # never stuck: one less
+    assert scaled_step(config(smoothing_factor=0.5), 9, 1) == 5  # Ray Serve's deprecated fallback
+    scaler = Autoscaler.start(config(upscale_delay_s=0, downscale_delay_s=0, min_replicas=2))
+    assert scaler.follow(0, 1000, running=2) == 10  # max_replicas
+    assert scaler.follow(1, -5, running=10) == 2  # min_replicas
+    decision = scaler.last_decision
+    assert decision is not None and (decision.from_replicas, decision.to_replicas) == (10, 2)
+
+
+def test_a_custom_answer_waits_for_the_delays_and_keeps_its_metrics() -> None:
+    scaler = Autoscaler.start(config())  # upscale after 3 s, downscale after 10 s
+    seen = {"queue": {"r1": 7.0}}
+    assert [scaler.follow(at, 4, running=1, metrics=seen) for at in (0, 1, 2)] == [1, 1, 1]
+    assert scaler.follow(3, 4, running=1, metrics=seen) == 4
+    assert scaler.last_decision is not None and scaler.last_decision.metrics == seen
+    assert scaler.last_scale_up_at == 3 and scaler.last_scale_down_at is None
+    assert scaler.follow(4, 1, running=4) == 4 and scaler.follow(14, 1, running=4) == 1
+    assert scaler.last_scale_down_at == 14
+
+
+def test_a_custom_policy_at_zero_replicas_starts_one_on_demand_without_asking() -> None:
+    scaler = Autoscaler.start(config(min_replicas=0))
+    assert scaler.cold_start(0, current_load=0) == 0
+    assert scaler.cold_start(1, current_load=3) == 1
+    # Down to zero only from one replica: from more it stops at one.
+    busy = Autoscaler.start(config(min_replicas=0, initial_replicas=3, downscale_delay_s=0))
+    assert busy.follow(0, 0, running=3) == 1 and busy.follow(1, 0, running=1) == 0

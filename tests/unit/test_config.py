@@ -74,6 +74,69 @@ def test_bad_options_fail_fast_with_the_option_named(options: dict[str, Any], me
             pass
 
 
+@pytest.mark.parametrize(
+    ("autoscaling", "message"),
+    [
+        (
+            {"metrics_interval_s": 0},
+            "autoscaling_config.metrics_interval_s Input should be greater than 0, got 0",
+        ),
+        (
+            {"smoothing_factor": 0},
+            "autoscaling_config.smoothing_factor Input should be greater than 0, got 0",
+        ),
+        ({"upscale_smoothing_factor": -1}, "autoscaling_config.upscale_smoothing_factor .* got -1"),
+        ({"downscale_smoothing_factor": 0}, "autoscaling_config.downscale_smoothing_factor .* got 0"),
+        (
+            {"aggregation_function": "median"},
+            "autoscaling_config.aggregation_function Input should be 'mean', 'max'",
+        ),
+        (
+            {"policy": {"policy_function": "no_colon"}},
+            "autoscaling_config.policy.policy_function must be a function",
+        ),
+        (
+            {"policy": {"policy_function": "m:f", "kind": 1}},
+            "unknown option 'autoscaling_config.policy.kind'",
+        ),
+        ({"prometheus_metrics": ["x"]}, "unknown option 'autoscaling_config.prometheus_metrics'"),
+    ],
+)
+def test_autoscaling_options_are_checked_by_name(autoscaling: dict[str, Any], message: str) -> None:
+    with pytest.raises(tk.ConfigError, match=message):
+        tk.deployment(autoscaling_config=autoscaling)(lambda: None)
+
+
+def test_ray_serve_autoscaling_options_and_their_fallbacks() -> None:
+    """Ray Serve's names, defaults and deprecated fallbacks: the factors fall back to the
+    smoothing factors; the aggregation is case-insensitive; a policy is a function or an
+    import path in either of Ray Serve's forms, and its built-in name is the default."""
+    config = tk.AutoscalingConfig()
+    assert (config.metrics_interval_s, config.aggregation_function, config.smoothing_factor) == (
+        10.0,
+        "mean",
+        1.0,
+    )
+    assert config.policy.is_default and (config.upscale_factor, config.downscale_factor) == (1.0, 1.0)
+    smooth = tk.AutoscalingConfig(smoothing_factor=2, downscale_smoothing_factor=0.5)
+    assert (smooth.upscale_factor, smooth.downscale_factor) == (2, 0.5)
+    assert tk.AutoscalingConfig(upscale_smoothing_factor=3, upscaling_factor=0.5).upscale_factor == 0.5
+    assert tk.AutoscalingConfig(aggregation_function="MAX").aggregation_function == "max"
+    for path in ("tests.apps.policies:scale_on_metric", "tests.apps.policies.scale_on_metric"):
+        assert not tk.AutoscalingPolicy(policy_function=path).is_default
+
+    def mine(context: tk.AutoscalingContext) -> tuple[int, dict[str, Any]]:
+        return 1, {}
+
+    moved = tk.deployment(num_replicas="auto")(lambda: None).options(
+        autoscaling_config={"policy": tk.AutoscalingPolicy(policy_function=mine)}
+    )
+    config_in_code = moved.config.autoscaling_config
+    assert config_in_code is not None and config_in_code.policy.policy_function is mine
+    dumped = config_in_code.model_dump(mode="json")["policy"]["policy_function"]
+    assert dumped.endswith(":test_ray_serve_autoscaling_options_and_their_fallbacks.<locals>.mine")
+
+
 def test_options_merge_and_validate() -> None:
     @tk.deployment(num_replicas=2, ray_actor_options={"num_gpus": 0.5, "memory": 1024})
     class Model:

@@ -94,6 +94,80 @@ def test_errors_name_the_file_and_the_field(data: Any, message: str) -> None:
     assert str(failed.value).startswith(("Invalid config serve.yaml", "serve.yaml"))
 
 
+RAY_SERVE_260_AUTOSCALING = """
+# --8<-- [start:ray-serve-autoscaling]
+applications:
+- name: pipeline
+  route_prefix: /
+  import_path: tests.apps.config_apps:hello
+  autoscaling_policy:
+    policy_function: tests.apps.policies:together
+  deployments:
+  - name: Ingress
+    autoscaling_config:
+      min_replicas: 1
+      max_replicas: 4
+      metrics_interval_s: 2
+      look_back_period_s: 10
+      aggregation_function: MAX
+      smoothing_factor: 0.5
+      upscale_smoothing_factor: 2
+      downscale_smoothing_factor: null
+      policy:
+        policy_function: tests.apps.policies.scale_on_metric
+# --8<-- [end:ray-serve-autoscaling]
+"""
+
+
+def test_a_ray_serve_260_file_with_custom_autoscaling_loads_and_means_the_same() -> None:
+    """Ray Serve's autoscaling fields, the deployment's policy in the dotted form and the
+    application's policy (its 2.60 schema): each means here what it means there."""
+    (app,) = parse_config(yaml.safe_load(RAY_SERVE_260_AUTOSCALING), "serve.yaml").applications
+    assert app.autoscaling_policy is not None
+    assert app.autoscaling_policy.policy_function == "tests.apps.policies:together"
+    config = tk.DeploymentConfig.model_validate(app.deployments[0].options).autoscaling_config
+    assert config is not None
+    assert (config.metrics_interval_s, config.look_back_period_s, config.aggregation_function) == (
+        2,
+        10,
+        "max",
+    )
+    assert (config.upscale_factor, config.downscale_factor) == (2, 0.5)  # Ray Serve's fallbacks
+    assert config.policy.policy_function == "tests.apps.policies.scale_on_metric"
+    assert not config.policy.is_default
+    with pytest.raises(tk.ConfigError, match=r"autoscaling_policy\.policy_function: must be a function"):
+        parse_config(_app(autoscaling_policy={"policy_function": "nothing"}), "serve.yaml")
+
+
+def test_building_sends_the_policies_by_value_and_names_a_bad_one() -> None:
+    """The application's and the deployment's policies are imported where the app is
+    built and handed to the serializer by value (the controller imports nothing of the
+    app); a policy that cannot be imported fails the build naming its field."""
+    from app_toolkit._runtime.messages import ByValue
+    from tests.apps import policies
+
+    sent: list[object] = []
+
+    def serialize(value: object) -> bytes:
+        if isinstance(value, ByValue):
+            sent.append(value.value)
+        return _keep(value)
+
+    (app,) = parse_config(yaml.safe_load(RAY_SERVE_260_AUTOSCALING), "serve.yaml").applications
+    spec = build_spec(app, serialize)
+    assert sent == [policies.scale_on_metric, policies.together]
+    assert spec.autoscaling_policy is not None and spec.autoscaling_policy.serialized
+    config = spec.deployment("Ingress").config.autoscaling_config
+    assert config is not None and config.policy.serialized
+    assert config.policy.name == "tests.apps.policies.scale_on_metric"
+    missing = _app(autoscaling_policy={"policy_function": "tests.apps.policies:nowhere"})
+    (bad,) = parse_config(missing, "serve.yaml").applications
+    with pytest.raises(
+        tk.ConfigError, match='autoscaling_policy.policy_function: Module "tests.apps.policies" has no'
+    ):
+        build_spec(bad, _keep)
+
+
 def test_unreadable_and_non_yaml_files(tmp_path: Path) -> None:
     with pytest.raises(tk.ConfigError, match="Cannot read config file"):
         load_config(tmp_path / "missing.yaml")

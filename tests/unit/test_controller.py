@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import pickle
 from collections.abc import Callable
 from typing import Any
 
@@ -119,6 +120,9 @@ class FakeBackend:
 
     async def find_replicas(self) -> list[Any]:
         return list(self.leftovers)
+
+    def load_object(self, data: bytes) -> object:
+        return pickle.loads(data)  # the tests serialize with pickle.dumps
 
     async def save_checkpoint(self, data: bytes) -> None:
         self.on_checkpoint()

@@ -105,6 +105,7 @@ def test_pyproject_lists_every_package() -> None:
 #: (options, exceptions, status, metrics, import strings). Anything else
 #: there (handles, deployments, building, the CLI) sits above the runtime.
 PUBLIC_ENTRY_POINTS = {
+    "app_toolkit.autoscaling_policy",
     "app_toolkit.config",
     "app_toolkit.exceptions",
     "app_toolkit.status",

@@ -235,3 +235,17 @@ def test_a_response_nested_in_a_value_is_refused_as_ray_serve_refuses_it() -> No
     response = DeploymentResponse.__new__(DeploymentResponse)  # no call behind it: never sent
     with pytest.raises(tk.RayServeException, match="`DeploymentResponse` is not serializable"):
         dumps(("args", [response]))
+
+
+def test_an_autoscaling_policy_travels_with_its_code(monkeypatch: pytest.MonkeyPatch) -> None:
+    """By value, as Ray Serve sends a policy: the controller loads it without importing
+    the application's module (here: the module cannot be imported where it is loaded)."""
+    from app_toolkit._runtime.messages import ByValue
+    from tests.apps import policies
+
+    data = dumps(ByValue(policies.hold))
+    monkeypatch.setitem(sys.modules, "tests.apps.policies", None)  # an import would fail
+    loaded = pickle.loads(data)
+    assert loaded is not policies.hold and loaded.__name__ == "hold"
+    registered = cloudpickle.list_registry_pickle_by_value()  # type: ignore[no-untyped-call]
+    assert registered == set()  # registered for that dump only

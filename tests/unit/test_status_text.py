@@ -132,3 +132,28 @@ def test_an_upgrade_says_its_counts_mode_step_and_wait_and_the_capacity_shows() 
     ) in text.splitlines()
     assert "target capacity: 50 %" in text
     assert "node abcdef012345 is leaving: its replicas move to other nodes" in text
+
+
+def test_a_custom_policy_decision_names_the_policy_and_the_metrics_it_saw() -> None:
+    scaled = DeploymentStatusInfo(
+        "Model",
+        DeploymentStatus.HEALTHY,
+        "",
+        3,
+        [_replica(ReplicaState.RUNNING)],
+        AutoscalingStatusInfo(
+            current_load=0.0,
+            average_load=0.0,
+            last_decision_load=0.0,
+            last_decision_from=1,
+            last_decision_to=3,
+            last_decision_age_s=2.0,
+            policy="policies:scale_on_queue",
+            last_decision_metrics={"queue": {"r1": 7.0, "r2": 2.5}},
+        ),
+    )
+    app = ApplicationStatusInfo("shop", ApplicationStatus.RUNNING, "", "/", "Model", {"Model": scaled})
+    text = ServeStatus({"shop": app}).to_text()
+    assert (
+        "1 -> 3 at load 0.0, 2 s ago on queue up to 7 (2 replicas) (policy policies:scale_on_queue)" in text
+    )

@@ -28,6 +28,7 @@ from app_toolkit._runtime.messages import (
     Answer,
     AppSpec,
     BodyChunk,
+    ByValue,
     ClientMessage,
     DeploymentSpec,
     MethodCall,
@@ -43,6 +44,7 @@ from app_toolkit._runtime.proxy.server import ProxyServer, listen_socket, serve
 from app_toolkit._runtime.replica.replica import InitArgs, ReplicaCore
 from app_toolkit._runtime.routing.data_plane import DataPlane, LoopThread, refuse_nested
 from app_toolkit._runtime.routing.dispatcher import ReplicaClient
+from app_toolkit._runtime.routing.subscriber import TableSubscriber
 from app_toolkit._runtime.session import Build, Session
 from app_toolkit._runtime.tables import Table
 from app_toolkit.config import DeploymentConfig, HTTPOptions
@@ -66,6 +68,8 @@ class LocalBackend:
         self.on_models: Callable[[str, tuple[str, ...], int], None] | None = None
         #: The proxy's server, when it listens.
         self.server: ProxyServer | None = None
+        #: This process's tables and load reports (replicas' custom metrics go with them).
+        self.subscriber: TableSubscriber | None = None
 
     def store(self, value: object) -> bytes:
         """Local "serialization": keep the object, hand out a key.
@@ -73,6 +77,8 @@ class LocalBackend:
         The key is the same for the same object (a class or function) or equal picklable
         arguments, so redeploying unchanged code keeps its version (no restart).
         """
+        if isinstance(value, ByValue):  # nothing is pickled here: by value or not is the same
+            value = value.value
         if callable(value):
             key = hashlib.sha256(b"object %d" % id(value)).digest()
         else:
@@ -102,6 +108,8 @@ class LocalBackend:
         )
         await core.start()
         self.cores[replica_id] = core
+        if core.autoscaling_stats is not None and self.subscriber is not None:
+            self.subscriber.add_stats(replica_id, core.autoscaling_stats.take)
         max_ongoing = spec.config.max_ongoing_requests
         info = ReplicaInfo(replica_id, spec.id, "local", 0, b"", max_ongoing, rank=seat.rank)
         return info, core
@@ -109,8 +117,12 @@ class LocalBackend:
     async def stop_replica(
         self, handle: ReplicaCore, graceful: bool, hurry: bool = False, grace_s: float | None = None
     ) -> None:
+        if self.subscriber is not None:
+            self.subscriber.drop_stats(handle.replica_id)
         if graceful:
             await handle.drain(hurry, grace_s)
+        else:
+            await handle.stop_sampling()
         self.cores.pop(handle.replica_id, None)
 
     async def cluster_view(self) -> ClusterView:
@@ -118,6 +130,9 @@ class LocalBackend:
 
     async def release_node(self, node_id: str) -> None:
         pass  # no nodes
+
+    def load_object(self, data: bytes) -> object:
+        return self.objects[data]
 
     async def check_health(self, handle: ReplicaCore, timeout_s: float) -> None:
         if handle.replica_id not in self.cores:
@@ -246,6 +261,7 @@ class LocalLink:
         http = self._http
 
         async def start() -> None:
+            self.backend.subscriber = plane.subscriber
             self.proxy = proxy = HTTPFront(plane.subscriber, http, status=self.core.status)
             if listen:
                 sock = listen_socket(http.host, http.port, exclusive=True)

@@ -76,6 +76,10 @@ class Backend(Protocol[H]):
         node can go."""
         ...
 
+    def load_object(self, data: bytes) -> object:
+        """User code the backend serialized (an autoscaling policy), loaded here."""
+        ...
+
     async def check_health(self, handle: H, timeout_s: float) -> None:
         """Raise if the replica is unhealthy (ReplicaUnavailableError if it is gone)."""
         ...

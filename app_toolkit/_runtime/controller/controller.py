@@ -25,7 +25,9 @@ from app_toolkit._runtime.controller.api import ConfigFile
 from app_toolkit._runtime.controller.backend import Backend
 from app_toolkit._runtime.controller.capacity import Capacity, file_capacity
 from app_toolkit._runtime.controller.cluster import ClusterWatch
+from app_toolkit._runtime.controller.custom_scaling import CustomScaling
 from app_toolkit._runtime.controller.deployment_state import (
+    Action,
     DeploymentState,
     Lifecycle,
     adopt,
@@ -54,6 +56,7 @@ from app_toolkit._runtime.tables import (
     DeploymentGone,
     Loads,
     Outcomes,
+    ReplicaStats,
     Updates,
     Versions,
     replicas_key,
@@ -121,6 +124,8 @@ class ControllerCore:
         #: Nodes that are leaving, and starts the cluster cannot place (controller/cluster.py).
         self.cluster = ClusterWatch(backend, self, self._record, self.actions.spawn)
         self._saved: dict[DeploymentID, Lifecycle] = {}  # the lifecycles last checkpointed
+        #: Custom autoscaling policies and replicas' custom metrics (controller/custom_scaling.py).
+        self.custom = CustomScaling(backend.load_object)
         controller_metrics.track(self)
 
     # ------------------------------------------------------------------ lifecycle
@@ -158,8 +163,10 @@ class ControllerCore:
         await self.stop()
 
     async def stop(self) -> None:
-        """Cancel the loop and every backend call under way, and wait for them."""
+        """Cancel the loop and every backend call under way, and wait for them; abandon
+        the autoscaling policies' calls under way."""
         await self.actions.stop(*([self._loop_task] if self._loop_task is not None else []))
+        self.custom.close()
 
     # ------------------------------------------------------------------ API
 
@@ -243,6 +250,8 @@ class ControllerCore:
 
     def _replace_app(self, spec: AppSpec, capacity: Capacity | None = None) -> None:
         previous = self.apps.get(spec.name)
+        if previous is not None and previous.autoscaling_policy != spec.autoscaling_policy:
+            self.custom.forget(spec.name)  # the old policy's call under way is not taken
         self._adopt(spec, capacity)
         if previous is not None:
             kept = {d.id for d in spec.deployments}
@@ -252,6 +261,7 @@ class ControllerCore:
 
     def _remove_app(self, name: str, hurry: bool = False) -> None:
         app = self.apps.pop(name)
+        self.custom.forget(name)
         for spec in app.deployments:
             self._retire(spec.id, hurry, frozenset() if hurry else teardown.callers_of(app, spec.id))
         self.policy.app_removed(name)
@@ -295,12 +305,18 @@ class ControllerCore:
                 return
 
     async def record_load(self, caller: str, loads: Loads, outcomes: Outcomes = ()) -> None:
-        """A caller's newest load per deployment (requests queued + running), and what
-        it saw of traffic splits' variants (for rollouts)."""
-        self.loads.record(caller, loads, asyncio.get_running_loop().time())
+        """A caller's newest load per deployment (requests queued + running), what it saw
+        of traffic splits' variants (for rollouts) and its replicas' custom metrics."""
+        now = asyncio.get_running_loop().time()
+        self.loads.record(caller, loads, now)
+        seen_traffic = False
         for outcome in outcomes:
-            self.policy.record(outcome)
-        if outcomes:
+            if isinstance(outcome, ReplicaStats):
+                self.custom.stats.record(outcome, now)
+            else:
+                self.policy.record(outcome)
+                seen_traffic = True
+        if seen_traffic:
             self._move_rollouts()  # a canary that fails is rolled back now, not next tick
         for deployment, load in loads.items():
             state = self.deployments.get(deployment)
@@ -427,13 +443,22 @@ class ControllerCore:
         thousands of replicas, most have nothing due on a given pass)."""
         now = asyncio.get_running_loop().time()
         self._move_rollouts()
+        by_apps = self._scale_by_applications(now)
         for deployment_id, state in list(self.deployments.items()):
             if state.retire_after:
                 if teardown.callers_remain(state, self.deployments):
                     continue  # deleted, it serves the replicas that may still call it
                 state.retire_after = frozenset()
                 self.longpoll.publish(replicas_key(deployment_id), DeploymentGone())
-            actions = autoscale(state, self.loads.total(deployment_id, now), now)
+            load = self.loads.total(deployment_id, now)
+            autoscaling = state.spec.config.autoscaling_config
+            if deployment_id in by_apps:
+                actions = by_apps[deployment_id]
+            elif autoscaling is not None and not autoscaling.policy.is_default:
+                actions = self.custom.scale_deployment(state, load, now)
+            else:
+                self.custom.forget(deployment_id)  # metrics kept only for a custom policy
+                actions = autoscale(state, load, now)
             if actions or self._due.get(deployment_id, now) <= now:  # a decision moves the target
                 draining = self.cluster.draining
                 actions += plan(state, now, functools.partial(self._new_replica_id, state), draining)
@@ -442,6 +467,19 @@ class ControllerCore:
             if state.deleting and not state.replicas:
                 del self.deployments[deployment_id]
                 self._due.pop(deployment_id, None)
+                self.custom.forget(deployment_id)
+
+    def _scale_by_applications(self, now: float) -> dict[DeploymentID, list[Action]]:
+        """Run the applications' autoscaling policies: the actions of each deployment
+        they decide for (those deployments' own policies are not run)."""
+        decided: dict[DeploymentID, list[Action]] = {}
+        for app in self.apps.values():
+            if app.autoscaling_policy is None:
+                continue
+            loads = {spec.id: self.loads.total(spec.id, now) for spec in app.deployments}
+            for deployment, actions in self.custom.scale_app(app, self.deployments, loads, now):
+                decided.setdefault(deployment, []).extend(actions)
+        return decided
 
     def replan(self, deployment: DeploymentID | None = None) -> None:
         """Plan ``deployment`` (None: every one) on the next pass, and wake the loop."""

@@ -50,7 +50,7 @@ def deployment_status(
     return DeploymentStatusInfo(
         name=state.spec.id.name,
         status=status,
-        message=state.message or slow_start_message(state, now),
+        message=state.message or _policy_problem(state) or slow_start_message(state, now),
         target_replicas=state.target,
         replicas=[
             ReplicaStatusInfo(
@@ -110,7 +110,16 @@ def _autoscaling_status(
         last_decision_from=decision.from_replicas if decision else None,
         last_decision_to=decision.to_replicas if decision else None,
         last_decision_age_s=now - decision.at if decision else None,
+        policy=scaler.policy,
+        metrics=scaler.seen,
+        latest_metrics=scaler.latest,
+        last_decision_metrics=decision.metrics if decision else None,
     )
+
+
+def _policy_problem(state: DeploymentState) -> str:
+    """Why a custom autoscaling policy's decisions do not apply ("" when they do)."""
+    return state.autoscaler.problem if state.autoscaler is not None else ""
 
 
 def app_status(deployments: Iterable[DeploymentStatusInfo]) -> ApplicationStatus:

@@ -39,6 +39,7 @@ from app_toolkit._runtime.replica.asgi import (
     serve_http,
     serve_websocket,
 )
+from app_toolkit._runtime.replica.autoscaling_stats import AutoscalingStats
 from app_toolkit._runtime.replica.calls import failure, find_method, run_call
 from app_toolkit._runtime.replica.user_code import (
     call_maybe_async,
@@ -112,6 +113,8 @@ class ReplicaCore:
         self._serves: request_context.Serving | None = None
         #: Run when the replica stops (request_context.stop_hooks).
         self._stop_hooks: list[request_context.StopHook] = []
+        #: Samples the user's record_autoscaling_stats(), if it has one (started by start()).
+        self.autoscaling_stats: AutoscalingStats | None = None
         replica_metrics.track(self)
 
     # ------------------------------------------------------------------ lifecycle
@@ -148,6 +151,16 @@ class ReplicaCore:
                 request_context.replica_instance.reset(token)
         if self.config.user_config is not None:
             await self.reconfigure(self.config.user_config)
+        if AutoscalingStats.wanted(self.instance, self.config):
+            self.autoscaling_stats = AutoscalingStats(
+                self.instance, self.replica_id, self.deployment, self.config
+            )
+            self.autoscaling_stats.start()
+
+    async def stop_sampling(self) -> None:
+        """Stop calling record_autoscaling_stats() (the replica is stopping)."""
+        if self.autoscaling_stats is not None:
+            await self.autoscaling_stats.stop()
 
     async def _ingress_app(self, definition: type) -> ASGIApp | None:
         """The ASGI app an @ingress class serves: given, or made now by its builder."""
@@ -173,6 +186,8 @@ class ReplicaCore:
     async def update_config(self, config: DeploymentConfig) -> None:
         """Take new in-place options; a changed ``user_config`` goes to reconfigure()."""
         old, self.config = self.config, config
+        if self.autoscaling_stats is not None:
+            self.autoscaling_stats.config = config
         if config.user_config is not None and config.user_config != old.user_config:
             await self.reconfigure(config.user_config)
 
@@ -195,6 +210,7 @@ class ReplicaCore:
         WebSocket ends at once (other requests still get the grace period)."""
         self.draining = True
         self.drain_signal.begin(hurry)
+        await self.stop_sampling()
         loop = asyncio.get_running_loop()
         self._grace_s = self.grace_s(grace_s)
         await self._wait_until(0, loop.time() + self._grace_s)

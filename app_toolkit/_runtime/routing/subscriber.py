@@ -21,6 +21,8 @@ from app_toolkit._runtime.tables import (
     DeploymentGone,
     Listen,
     Loads,
+    Outcomes,
+    ReplicaStats,
     ReplicaTable,
     ReportLoad,
     Table,
@@ -61,6 +63,9 @@ class TableSubscriber:
         #: Load this process serves without a dispatcher (an ingress replica's requests on
         #: the client connections it owns), added to what its dispatchers report.
         self._own_loads: dict[DeploymentID, Callable[[], float]] = {}
+        #: Replicas of this process with custom autoscaling metrics: replica id -> what
+        #: takes their samples since the last report (sent with the loads).
+        self._stats: dict[str, Callable[[], ReplicaStats | None]] = {}
         # Per watched key: the version held (-1: none yet), who applies its tables, and
         # the event set once it has one.
         self._versions: dict[str, int] = {}
@@ -77,6 +82,14 @@ class TableSubscriber:
         report period): requests served here that no dispatcher counts, so that the
         autoscaler sees them."""
         self._own_loads[deployment] = load
+
+    def add_stats(self, replica_id: str, take: Callable[[], ReplicaStats | None]) -> None:
+        """Send what ``take()`` returns (a replica's custom autoscaling metrics) with each
+        load report, until ``drop_stats(replica_id)``."""
+        self._stats[replica_id] = take
+
+    def drop_stats(self, replica_id: str) -> None:
+        self._stats.pop(replica_id, None)
 
     def dispatcher(self, deployment: DeploymentID) -> Dispatcher:
         """The dispatcher of ``deployment``; starts following its table on first use."""
@@ -197,9 +210,11 @@ class TableSubscriber:
             for deployment, own in self._own_loads.items():
                 loads[deployment] = loads.get(deployment, 0.0) + own()
             loads = {d: load for d, load in loads.items() if load or sent.get(d)}
-            outcomes = tuple(
+            outcomes: Outcomes = tuple(
                 o for dispatcher in self._dispatchers.values() for o in dispatcher.take_outcomes()
             )
+            stats = [take() for take in self._stats.values()]
+            outcomes += tuple(sample for sample in stats if sample is not None)
             repeat = any(loads.values()) and loop.time() - sent_at >= LOAD_REPEAT_S
             if loads == sent and not repeat and not outcomes:
                 continue

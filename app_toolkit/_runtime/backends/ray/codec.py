@@ -31,6 +31,7 @@ from ray import cloudpickle
 from ray.cloudpickle.cloudpickle import _function_setstate
 from starlette.datastructures import State
 
+from app_toolkit._runtime.messages import ByValue
 from app_toolkit.exceptions import AppToolkitError
 
 logger = logging.getLogger("app_toolkit")
@@ -240,6 +241,8 @@ def dumps(value: object) -> bytes:
     about twice as fast; anything it cannot write or writes differently, and every value
     while a module is registered to be pickled by value, goes to cloudpickle.
     """
+    if isinstance(value, ByValue):
+        return _dumps_by_value(value)
     if not cloudpickle.list_registry_pickle_by_value():  # type: ignore[no-untyped-call]
         buffer = io.BytesIO()
         try:
@@ -256,6 +259,24 @@ def dumps(value: object) -> bytes:
     except Exception as exc:  # noqa: BLE001 - any pickling failure is the user's to fix
         raise TypeError(_cannot_write(value, exc)) from None
     return buffer.getvalue()
+
+
+def _dumps_by_value(value: ByValue) -> bytes:
+    """``value`` with the code of its module (not the toolkit's), as Ray Serve sends an
+    autoscaling policy: where it is loaded, nothing of the application is imported."""
+    module = sys.modules.get(getattr(value.value, "__module__", None) or "")
+    register = (
+        module is not None
+        and _importable(module, _registered_by_value())
+        and module.__name__.partition(".")[0] != "app_toolkit"
+    )
+    if register:
+        cloudpickle.register_pickle_by_value(module)  # type: ignore[no-untyped-call]
+    try:
+        return dumps(value.value)
+    finally:
+        if register:
+            cloudpickle.unregister_pickle_by_value(module)  # type: ignore[no-untyped-call]
 
 
 #: How deep :func:`_cannot_write` follows a value's parts to the one that cannot be written.

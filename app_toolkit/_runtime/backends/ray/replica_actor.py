@@ -165,6 +165,8 @@ class ReplicaActor:
 
         core.report_models = report_models
         await core.start()
+        if core.autoscaling_stats is not None:  # custom metrics go with this process's load reports
+            plane.subscriber.add_stats(replica_id, core.autoscaling_stats.take)
         clock.lap("constructor")
         token = secrets.token_bytes(16)
         host = data_plane_host()

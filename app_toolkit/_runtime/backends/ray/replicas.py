@@ -8,6 +8,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
+import pickle
 from typing import Any
 
 import ray
@@ -234,6 +235,9 @@ class RayReplicas:
         except Exception as exc:  # noqa: BLE001 - whatever went wrong, it cannot be adopted
             return f"unresponsive ({exc})"
         return described
+
+    def load_object(self, data: bytes) -> object:
+        return pickle.loads(data)  # what the codec wrote (ray.cloudpickle is importable here)
 
     async def save_checkpoint(self, data: bytes) -> None:
         stored.put(stored.CHECKPOINT_KEY, data)

@@ -38,12 +38,27 @@ function number(value, digits = 0) {
   return value === null || value === undefined ? "–" : Number(value).toFixed(digits);
 }
 
+function metrics(values) {
+  // Custom metrics, metric -> replica -> value: each metric's largest value and replicas.
+  return Object.entries(values || {})
+    .map(([name, byReplica]) => {
+      const all = Object.values(byReplica);
+      return `${name} ≤ ${number(Math.max(...all), 2)} (${all.length} replicas)`;
+    })
+    .join(", ");
+}
+
 function scaling(auto) {
   if (!auto) return "fixed";
-  const load = `load ${number(auto.current_load, 1)} (avg ${number(auto.average_load, 1)})`;
-  if (auto.last_decision_to === null) return load;
+  let text = `load ${number(auto.current_load, 1)} (avg ${number(auto.average_load, 1)})`;
+  if (auto.policy) {
+    const seen = metrics(auto.metrics);
+    text += `; policy ${auto.policy}${seen ? ` saw ${seen}` : ""}`;
+  }
+  if (auto.last_decision_to === null) return text;
   const age = Math.round(auto.last_decision_age_s);
-  return `${load}; last ${auto.last_decision_from}→${auto.last_decision_to} ${age} s ago`;
+  const why = auto.last_decision_metrics ? ` on ${metrics(auto.last_decision_metrics)}` : "";
+  return `${text}; last ${auto.last_decision_from}→${auto.last_decision_to}${why} ${age} s ago`;
 }
 
 function renderApp(app) {

@@ -1,0 +1,124 @@
+"""A replica's custom autoscaling metrics: the user's ``record_autoscaling_stats()``.
+
+Ray Serve's hook: a deployment class may define ``record_autoscaling_stats(self)``, sync
+or async, returning ``dict[str, float]``. The replica calls it every
+``metrics_interval_s`` (of its autoscaling config), each call bounded by
+``STATS_TIMEOUT_S``; the samples wait here until the process's next load report takes
+them to the controller (``TableSubscriber.add_stats``: the same report, no channel of its
+own). A call that fails, overruns or returns something else is logged (once per
+distinct problem) and skipped; it never stops the replica.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import numbers
+from collections import deque
+
+from app_toolkit._runtime.messages import DeploymentID
+from app_toolkit._runtime.replica.user_code import call_maybe_async
+from app_toolkit._runtime.tables import ReplicaStats
+from app_toolkit.config import DeploymentConfig
+
+logger = logging.getLogger("app_toolkit.replica")
+
+#: The user's method (Ray Serve's name).
+METHOD = "record_autoscaling_stats"
+#: How long one call may take (Ray Serve's RAY_SERVE_RECORD_AUTOSCALING_STATS_TIMEOUT_S).
+STATS_TIMEOUT_S = 10.0
+#: Samples kept for the next report at most (a controller unreachable for long).
+_KEPT = 100
+
+
+class AutoscalingStats:
+    """Samples one replica's ``record_autoscaling_stats()``; owns the sampling task."""
+
+    def __init__(
+        self, instance: object, replica_id: str, deployment: DeploymentID, config: DeploymentConfig
+    ) -> None:
+        self._method = getattr(instance, METHOD)
+        self.replica_id = replica_id
+        self.deployment = deployment
+        self.config = config  # the replica's newest options (metrics_interval_s may change)
+        self._samples: deque[tuple[float, tuple[tuple[str, float], ...]]] = deque(maxlen=_KEPT)
+        self._task: asyncio.Task[None] | None = None
+        self._problem = ""  # the last problem logged
+
+    @staticmethod
+    def wanted(instance: object, config: DeploymentConfig) -> bool:
+        """Whether a replica of ``instance`` reports custom metrics: it defines the method
+        and its deployment autoscales."""
+        return config.autoscaling_config is not None and callable(getattr(instance, METHOD, None))
+
+    def start(self) -> None:
+        self._task = asyncio.get_running_loop().create_task(self._sample())
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+    def take(self) -> ReplicaStats | None:
+        """The samples since the last take, each with its age now (None: there are none)."""
+        if not self._samples:
+            return None
+        now = asyncio.get_running_loop().time()
+        samples = tuple((now - at, values) for at, values in self._samples)
+        self._samples.clear()
+        return ReplicaStats(self.replica_id, self.deployment, samples)
+
+    async def _sample(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            # One call at a time: one that hangs is waited for, never stacked up.
+            call = loop.create_task(call_maybe_async(self._method))
+            started = loop.time()
+            done, _ = await asyncio.wait({call}, timeout=STATS_TIMEOUT_S)
+            if not done:
+                self._report(f"did not return within {STATS_TIMEOUT_S:g} s")
+                await asyncio.gather(call, return_exceptions=True)
+            else:
+                self._keep(call, loop.time())
+            await asyncio.sleep(max(0.0, started + self._interval() - loop.time()))
+
+    def _interval(self) -> float:
+        autoscaling = self.config.autoscaling_config
+        return autoscaling.metrics_interval_s if autoscaling is not None else 10.0
+
+    def _keep(self, call: asyncio.Task[object], now: float) -> None:
+        error = call.exception()
+        if error is not None:
+            self._report(f"raised {type(error).__name__}: {error}")
+            return
+        values = _metrics(call.result())
+        if values is None:
+            self._report(f"returned {call.result()!r:.60}, not a dict of metric names to numbers")
+            return
+        self._problem = ""
+        self._samples.append((now, values))
+
+    def _report(self, problem: str) -> None:
+        if problem != self._problem:
+            self._problem = problem
+            logger.warning(
+                "%s: %s() %s; its custom metrics skip this sample", self.replica_id, METHOD, problem
+            )
+
+
+def _metrics(value: object) -> tuple[tuple[str, float], ...] | None:
+    if not isinstance(value, dict):
+        return None
+    items: list[tuple[str, float]] = []
+    for name, number in value.items():
+        if (
+            not isinstance(name, str)
+            or isinstance(number, bool)
+            or not isinstance(number, numbers.Real)
+            or not math.isfinite(number)
+        ):
+            return None
+        items.append((name, float(number)))
+    return tuple(items)

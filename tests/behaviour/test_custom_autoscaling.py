@@ -1,0 +1,101 @@
+"""Custom autoscaling policies on replica-reported metrics, end to end: a deployment's
+policy, an application's policy over two deployments, aggregation by max, and a policy
+that fails while the deployment keeps serving."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import app_toolkit as tk
+from tests.apps import policies
+from tests.conftest import Toolkit
+from tests.waiting import wait_for
+
+#: Decisions apply at once; replicas sample their metric every 0.1 s.
+FAST: dict[str, Any] = {
+    "min_replicas": 1,
+    "max_replicas": 3,
+    "upscale_delay_s": 0,
+    "downscale_delay_s": 0,
+    "look_back_period_s": 0.5,
+    "metrics_interval_s": 0.1,
+}
+
+
+def _deployment(app: str, name: str) -> tk.DeploymentStatusInfo:
+    return tk.status().applications[app].deployments[name]
+
+
+def test_a_policy_scales_on_a_metric_the_replicas_report(toolkit: Toolkit) -> None:
+    """1 -> 3 -> 1 replicas as the metric moves: set on one replica, then on all of them."""
+    name = toolkit.name()
+    # --8<-- [start:options]
+    app = policies.GAUGE.options(
+        autoscaling_config={**FAST, "policy": {"policy_function": policies.scale_on_metric}}
+    ).bind()
+    # --8<-- [end:options]
+    handle = toolkit.run(app, name=name, route_prefix=None)
+    assert _deployment(name, "Gauge").running_replicas == 1
+    handle.set.remote(3).result()
+    wait_for(lambda: _deployment(name, "Gauge").running_replicas == 3, 30, "3 replicas for wanted=3")
+    scaling = _deployment(name, "Gauge").autoscaling
+    assert scaling is not None and scaling.policy == "tests.apps.policies:scale_on_metric"
+    assert scaling.last_decision_metrics is not None and scaling.last_decision_to == 3
+    # What the policy saw: the time-weighted mean of 1 then 3 over the look-back, above 2
+    # (it rounds up to 3 replicas).
+    assert 2 < max(scaling.last_decision_metrics["wanted"].values()) <= 3
+    handle.broadcast("set", 1).results()
+    wait_for(
+        lambda: (
+            _deployment(name, "Gauge").target_replicas == 1
+            and _deployment(name, "Gauge").running_replicas == 1
+        ),
+        30,
+        "back to 1 replica for wanted=1",
+    )
+
+
+def test_an_application_policy_scales_two_deployments_together_on_the_max(toolkit: Toolkit) -> None:
+    """The application's policy gives both deployments the Front's largest "wanted"; with
+    aggregation_function="max" over a long look-back, a value that fell keeps counting."""
+    name = toolkit.name()
+    held = {**FAST, "look_back_period_s": 60, "aggregation_function": "max"}
+    back = policies.GAUGE.options(name="Back", autoscaling_config=held).bind()
+    front = policies.GAUGE.options(name="Front", autoscaling_config=held).bind(back)
+    handle = toolkit.run(
+        front, name=name, route_prefix=None, autoscaling_policy="tests.apps.policies:together"
+    )
+    handle.set.remote(2).result()
+
+    def both(replicas: int) -> bool:
+        return all(_deployment(name, d).running_replicas == replicas for d in ("Front", "Back"))
+
+    wait_for(lambda: both(2), 30, "2 replicas of each for Front's wanted=2")
+    handle.broadcast("set", 1).results()
+
+    def fell_but_max_holds() -> bool:
+        scaling = _deployment(name, "Front").autoscaling
+        assert scaling is not None
+        latest, seen = scaling.latest_metrics.get("wanted", {}), scaling.metrics.get("wanted", {})
+        return bool(latest) and set(latest.values()) == {1.0} and max(seen.values()) == 2.0
+
+    wait_for(fell_but_max_holds, 30, "the newest samples at 1, their max over the look-back still 2")
+    assert both(2) and _deployment(name, "Back").autoscaling.policy == "tests.apps.policies:together"  # type: ignore[union-attr]
+
+
+def test_a_failing_policy_keeps_the_replicas_serving_and_says_why(toolkit: Toolkit) -> None:
+    name = toolkit.name()
+    policy = {"policy_function": "tests.apps.policies:raises"}
+    handle = toolkit.run(
+        policies.GAUGE.options(autoscaling_config={**FAST, "policy": policy}).bind(),
+        name=name,
+        route_prefix=None,
+    )
+    wait_for(
+        lambda: "raised ValueError: the metrics service is down" in _deployment(name, "Gauge").message,
+        30,
+        "the policy's error in status()",
+    )
+    assert handle.set.remote(2).result()  # it serves on
+    info = _deployment(name, "Gauge")
+    assert info.target_replicas == 1 and "keeping 1 replica(s)" in info.message

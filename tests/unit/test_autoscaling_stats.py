@@ -1,0 +1,53 @@
+"""A replica's record_autoscaling_stats(): sampled every metrics_interval_s, handed to
+the next load report, failures logged once and never fatal."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+
+import pytest
+
+from app_toolkit._runtime.messages import DeploymentID
+from app_toolkit._runtime.replica.autoscaling_stats import AutoscalingStats
+from app_toolkit.config import DeploymentConfig
+
+pytestmark = pytest.mark.anyio
+
+CONFIG = DeploymentConfig(autoscaling_config={"metrics_interval_s": 0.01})
+
+
+class Reporting:
+    def __init__(self) -> None:
+        self.answers: list[object] = []
+
+    async def record_autoscaling_stats(self) -> object:
+        answer = self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+
+async def test_samples_reach_the_report_and_failures_are_logged_once(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    assert not AutoscalingStats.wanted(Reporting(), DeploymentConfig())  # no autoscaling: no sampling
+    assert not AutoscalingStats.wanted(object(), CONFIG)
+    instance = Reporting()
+    instance.answers = [RuntimeError("gpu gone"), RuntimeError("gpu gone"), {"bad": "x"}, {"queue": 3}]
+    stats = AutoscalingStats(instance, "r1", DeploymentID("a", "D"), CONFIG)
+    assert AutoscalingStats.wanted(instance, CONFIG)
+    stats.start()
+    try:
+        for _ in range(200):
+            await asyncio.sleep(0.01)
+            taken = stats.take()
+            if taken is not None:
+                break
+        assert taken is not None and taken.replica_id == "r1" and taken.deployment == DeploymentID("a", "D")
+        assert taken.samples and taken.samples[0][1] == (("queue", 3.0),) and taken.samples[0][0] >= 0
+    finally:
+        await stats.stop()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert sum("raised RuntimeError: gpu gone" in w for w in warnings) == 1  # once per distinct problem
+    assert any("returned {'bad': 'x'}, not a dict of metric names to numbers" in w for w in warnings)
