@@ -32,19 +32,19 @@ def test_each_run_from_python_is_a_new_version_as_in_ray_serve(toolkit: Toolkit)
     place: tests/integration/test_config_deploy.py)."""
     name = toolkit.name()
     configured = as_deployment(basic.Configured)
-    handle = toolkit.run(configured.options(num_replicas=2).bind(), name=name, route_prefix=None)
+    handle = toolkit.run(configured.bind(), name=name, route_prefix=None)
     assert handle.greet.remote("ann").result(timeout_s=10) == "hi ann"
     first = replica_ids(name, "Configured")
-    changed = configured.options(num_replicas=2, user_config={"greeting": "hello"}, max_ongoing_requests=7)
+    changed = configured.options(user_config={"greeting": "hello"}, max_ongoing_requests=7)
     handle = toolkit.run(changed.bind(), name=name, route_prefix=None)
     second = _replaced(name, first)
-    assert len(second) == 2
+    assert len(second) == 1
     assert {handle.greet.remote(str(i)).result(timeout_s=10) for i in range(8)} == {
         f"hello {i}" for i in range(8)
     }
     toolkit.run(changed.bind(), name=name, route_prefix=None)  # unchanged
     third = _replaced(name, second)
-    assert len(third) == 2
+    assert len(third) == 1
 
 
 def test_code_change_rolls_out_under_load_with_zero_failures(toolkit: Toolkit) -> None:
