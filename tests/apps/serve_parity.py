@@ -248,8 +248,11 @@ class Models:
 
     @serve.multiplexed(max_num_models_per_replica=2)
     async def get_model(self, model_id: str) -> Resource | RecordedResource:
+        """A model whose id starts with "recorded" reports its release to the Recorder."""
         name = f"model-{model_id}-v{self.version}"
-        return Resource(self.folder, name) if self.recorder is None else RecordedResource(name, self.recorder)
+        if self.recorder is not None and model_id.startswith("recorded"):
+            return RecordedResource(name, self.recorder)
+        return Resource(self.folder, name)
 
     async def __call__(self) -> str:
         model = await self.get_model(serve.get_multiplexed_model_id())
