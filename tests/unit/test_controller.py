@@ -451,6 +451,25 @@ async def test_a_deployment_is_deleted_once_the_replicas_that_may_call_it_are_go
     await core.stop()
 
 
+async def test_a_hurried_delete_takes_a_dropped_deployment_that_waits_for_its_callers() -> None:
+    backend = FakeBackend()
+    core = await started(backend)
+    config = DeploymentConfig(num_replicas=1, health_check_period_s=0.01)
+    callee = DeploymentSpec(DeploymentID("a", "Callee"), b"def", b"args", config, False, "v1")
+    caller = DeploymentSpec(DeploymentID("a", "D"), b"def", b"args", config, True, "v1")
+    await core.deploy_app(AppSpec("a", "/a", "D", (callee, caller)))
+    await until(lambda: len(backend.running) == 2)
+    stopping = backend.stop_gates["D"] = asyncio.Event()
+    await core.deploy_app(AppSpec("a", "/a", "D", (dataclasses.replace(caller, code_version="v2"),)))
+    await reconcile_rounds(core, 5)
+    assert len(_replicas(core, replicas_key(callee.id)).replicas) == 1  # it waits for D's v1
+    await core.delete_app("a", hurry=True)  # a shutdown: it waits no more
+    assert core.longpoll.get(replicas_key(callee.id)) == DeploymentGone()
+    stopping.set()
+    await until(lambda: not backend.running)
+    await core.stop()
+
+
 async def test_shutdown_hurries_the_drains_of_every_replica() -> None:
     backend = FakeBackend()
     core = await started(backend)

@@ -264,6 +264,10 @@ class ControllerCore:
         self.custom.forget(name)
         for spec in app.deployments:
             self._retire(spec.id, hurry, frozenset() if hurry else teardown.callers_of(app, spec.id))
+        if hurry:  # deployments an upgrade dropped that still wait for their callers go too
+            for deployment, state in list(self.deployments.items()):
+                if deployment.app == name and state.retire_after:
+                    self._retire(deployment, hurry)
         self.policy.app_removed(name)
 
     def _forget_config_of(self, name: str) -> None:

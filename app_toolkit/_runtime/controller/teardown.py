@@ -5,9 +5,15 @@ A replica that stops may still call its application's other deployments — a mu
 model's release, a ``__del__``, a lifespan shutdown, the last requests of its drain. So a
 deployment that is deleted (with its application, or dropped by a new version of it)
 keeps serving until the replicas that may call it are gone: those of the deployments
-bound after it in the application's spec (``build.py`` lists every deployment after the
-ones it binds), while they are being deleted too or are replicas of an older version.
-A shutdown deletes everything at once (it hurries).
+listed after it in the application's spec (``build.py`` lists every deployment after the
+ones it binds, so its callers are among them), while they are being deleted too or are
+replicas of an older version. A shutdown deletes everything at once (it hurries).
+
+Limits: while it waits, the deployment is neither health-checked nor replaced nor shown in
+``status()`` (it belongs to no application's spec any more), and the wait is not
+checkpointed: a controller that restarts meanwhile stops its replicas at once. A dropped
+deployment whose caller's upgrade failed (its old version serving on) waits until the
+application is deployed or deleted again.
 """
 
 from __future__ import annotations
