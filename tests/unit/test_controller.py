@@ -421,12 +421,18 @@ async def test_delete_stops_replicas_and_closes_tables() -> None:
     await core.stop()
 
 
-async def test_a_deployment_is_deleted_once_the_replicas_that_may_call_it_are_gone() -> None:
-    backend = FakeBackend()
-    core = await started(backend)
+def _callee_and_caller() -> tuple[DeploymentSpec, DeploymentSpec]:
+    """Application "a": D (its ingress) binds Callee, so Callee is listed first."""
     config = DeploymentConfig(num_replicas=1, health_check_period_s=0.01)
     callee = DeploymentSpec(DeploymentID("a", "Callee"), b"def", b"args", config, False, "v1")
     caller = DeploymentSpec(DeploymentID("a", "D"), b"def", b"args", config, True, "v1")
+    return callee, caller
+
+
+async def test_a_deployment_is_deleted_once_the_replicas_that_may_call_it_are_gone() -> None:
+    backend = FakeBackend()
+    core = await started(backend)
+    callee, caller = _callee_and_caller()
     await core.deploy_app(AppSpec("a", "/a", "D", (callee, caller)))  # D binds Callee
     await until(lambda: len(backend.running) == 2)
     stopping = backend.stop_gates["D"] = asyncio.Event()
@@ -454,10 +460,8 @@ async def test_a_deployment_is_deleted_once_the_replicas_that_may_call_it_are_go
 async def test_a_hurried_delete_takes_a_dropped_deployment_that_waits_for_its_callers() -> None:
     backend = FakeBackend()
     core = await started(backend)
-    config = DeploymentConfig(num_replicas=1, health_check_period_s=0.01)
-    callee = DeploymentSpec(DeploymentID("a", "Callee"), b"def", b"args", config, False, "v1")
-    caller = DeploymentSpec(DeploymentID("a", "D"), b"def", b"args", config, True, "v1")
-    await core.deploy_app(AppSpec("a", "/a", "D", (callee, caller)))
+    callee, caller = _callee_and_caller()
+    await core.deploy_app(AppSpec("a", "/a", "D", (callee, caller)))  # D binds Callee
     await until(lambda: len(backend.running) == 2)
     stopping = backend.stop_gates["D"] = asyncio.Event()
     await core.deploy_app(AppSpec("a", "/a", "D", (dataclasses.replace(caller, code_version="v2"),)))
