@@ -134,6 +134,9 @@ class FakeBackend:
     async def save_tables(self, tables: dict[str, Any]) -> None:
         self.stored_tables.append(tables)
 
+    async def proxies_hold(self, key: str, version: int, timeout_s: float) -> bool:
+        return True  # there are none
+
     async def stop_proxies(self) -> None:
         return None  # there are none
 

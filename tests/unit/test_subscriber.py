@@ -142,3 +142,19 @@ async def test_a_second_watcher_of_a_key_starts_from_the_table_already_held() ->
     assert ready.is_set() and second == [STORED_ROUTES]  # at once, not at the next change
     subscriber.close()
     await asyncio.sleep(0)
+
+
+async def test_holds_waits_for_the_version_a_deploy_published() -> None:
+    controller = Controller()  # down: the subscriber holds nothing yet
+    subscriber = TableSubscriber(controller.listen, _connect)  # type: ignore[arg-type]
+    subscriber.watch(APPLICATIONS_KEY, lambda table: None)
+    assert not await subscriber.holds(APPLICATIONS_KEY, 1, timeout_s=0.05)
+    waiting = asyncio.ensure_future(subscriber.holds(APPLICATIONS_KEY, 1, timeout_s=5))
+    await asyncio.sleep(0.05)
+    assert not waiting.done()
+    controller.up.set()  # the controller answers with version 1
+    assert await asyncio.wait_for(waiting, 5)
+    assert await subscriber.holds(APPLICATIONS_KEY, 1, timeout_s=0)
+    assert not await subscriber.holds(APPLICATIONS_KEY, 2, timeout_s=0.02)
+    subscriber.close()
+    await asyncio.sleep(0)

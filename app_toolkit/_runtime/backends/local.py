@@ -154,6 +154,11 @@ class LocalBackend:
     async def save_tables(self, tables: dict[str, Table]) -> None:
         return None  # the proxy and handles live and die with this process's controller
 
+    async def proxies_hold(self, key: str, version: int, timeout_s: float) -> bool:
+        if self.subscriber is None:  # no proxy
+            return True
+        return await self.subscriber.holds(key, version, timeout_s)
+
     async def stop_proxies(self) -> None:
         if self.server is not None:
             await self.server.stop(timeout_s=5)

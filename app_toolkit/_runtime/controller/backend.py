@@ -105,6 +105,11 @@ class Backend(Protocol[H]):
         controller is down."""
         ...
 
+    async def proxies_hold(self, key: str, version: int, timeout_s: float) -> bool:
+        """Whether every HTTP proxy holds ``key``'s table at ``version`` or later, waiting
+        up to ``timeout_s`` for them."""
+        ...
+
     async def stop_proxies(self) -> None:
         """At shutdown: stop the HTTP proxies (each finishes its open connections,
         bounded) and forget what would let them start again by themselves."""

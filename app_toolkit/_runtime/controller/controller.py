@@ -53,6 +53,7 @@ from app_toolkit._runtime.controller.traffic import TrafficPolicy
 from app_toolkit._runtime.messages import AppSpec, DeploymentID
 from app_toolkit._runtime.request_context import ReplicaRank
 from app_toolkit._runtime.tables import (
+    APPLICATIONS_KEY,
     DeploymentGone,
     Loads,
     Outcomes,
@@ -70,6 +71,8 @@ logger = logging.getLogger("app_toolkit.controller")
 _LOOP_PERIOD_S = 0.1
 #: At shutdown, replicas get this long to drain before the controller stops anyway.
 _SHUTDOWN_DRAIN_S = 60.0
+#: How long a deploy or delete waits for the proxies to route by its application table.
+_PROXIES_ROUTE_S = 5.0
 #: A caller's load report counts for this long (callers repeat non-zero loads every
 #: ~2 s), so a caller that died does not hold replicas up forever.
 LOAD_REPORT_TTL_S = 10.0
@@ -181,6 +184,7 @@ class ControllerCore:
         self.tables.routes()
         self.tables.splits()
         self._wake.set()
+        await self._proxies_route()
 
     async def delete_app(self, name: str, hurry: bool = False) -> None:
         """Delete an application; ``hurry`` (a shutdown): its replicas' streams and
@@ -193,6 +197,8 @@ class ControllerCore:
         self.tables.routes()
         self.tables.splits()
         self._wake.set()
+        if not hurry:  # a shutdown stops the proxies anyway
+            await self._proxies_route()
 
     async def apply_config(self, specs: list[AppSpec], config_file: ConfigFile) -> None:
         """Make the applications exactly ``specs`` (a config file's), all in one step:
@@ -214,6 +220,15 @@ class ControllerCore:
         self.tables.routes()
         self.tables.splits()
         self._wake.set()
+        await self._proxies_route()
+
+    async def _proxies_route(self) -> None:
+        """Return once every proxy routes by the application table just published, so
+        that a request sent when a deploy returns finds its routes (bounded: a proxy
+        that lags or is gone is logged, not waited for)."""
+        version = self.longpoll.version(APPLICATIONS_KEY)
+        if not await self.backend.proxies_hold(APPLICATIONS_KEY, version, _PROXIES_ROUTE_S):
+            logger.warning("Not every proxy has the new routes after %.0f s; deploying on", _PROXIES_ROUTE_S)
 
     async def set_traffic(self, endpoint: str, weights: dict[str, float]) -> None:
         """Split ``endpoint``'s traffic between applications by weight (ConfigError if the

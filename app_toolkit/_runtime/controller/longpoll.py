@@ -51,6 +51,10 @@ class LongPollHost:
     def get(self, key: str) -> Table | None:
         return self._values.get(key)
 
+    def version(self, key: str) -> int:
+        """The version of ``key``'s current table (0: never published)."""
+        return self._versions.get(key, 0)
+
     def snapshot(self) -> dict[str, Table]:
         """Every key's current table (a copy of the mapping; tables are immutable)."""
         return dict(self._values)

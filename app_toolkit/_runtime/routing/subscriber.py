@@ -42,6 +42,8 @@ _LISTEN_GRACE_S = 10.0
 #: How long a load report may take.
 _REPORT_TIMEOUT_S = 5.0
 _RETRY_S = 0.5
+#: How often ``holds`` looks at the version it waits for.
+_HOLDS_POLL_S = 0.01
 #: How often a caller reports its load; a non-zero load is repeated at least this often.
 LOAD_REPORT_PERIOD_S = 0.5
 LOAD_REPEAT_S = 2.0
@@ -126,6 +128,18 @@ class TableSubscriber:
         dispatcher = self.dispatcher(deployment)
         await self._ready[replicas_key(deployment)].wait()
         return dispatcher
+
+    async def holds(self, key: str, version: int, timeout_s: float) -> bool:
+        """Whether this caller holds ``key``'s table at ``version`` or later, waiting up
+        to ``timeout_s`` for it. (Versions start again at 1 when the controller restarts:
+        until the controller answers, a caller may hold a larger number of an older table.)"""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while self._versions.get(key, -1) < version:
+            if loop.time() >= deadline:
+                return False
+            await asyncio.sleep(_HOLDS_POLL_S)
+        return True
 
     def seed(self, tables: dict[str, Table]) -> None:
         """Serve from ``tables`` (stored by a controller earlier) until the controller

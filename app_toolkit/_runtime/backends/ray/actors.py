@@ -119,6 +119,13 @@ class ProxyActor:
                 settle_heap()
             return self._server
 
+    async def holds(self, key: str, version: int, timeout_s: float) -> bool:
+        """Whether this proxy routes by ``key``'s table at ``version`` or later (waits up
+        to ``timeout_s``). A proxy not serving yet loads the latest before it serves."""
+        if self._front is None:
+            return True
+        return await self._front.subscriber.holds(key, version, timeout_s)
+
     async def stats(self) -> dict[str, int]:
         """Asyncio tasks alive, the process id, the connections it handed to local
         ingress replicas or served itself, and whether its node is leaving (1) (for leak

@@ -138,6 +138,20 @@ class ProxyFleet:
         self._port = port  # with port 0, the first proxy's pick is everyone's port
         self.urls[node] = url
 
+    async def hold(self, key: str, version: int, timeout_s: float) -> bool:
+        """Whether every proxy routes by ``key``'s table at ``version`` or later, waiting
+        up to ``timeout_s``; a proxy that does not answer counts as not holding it."""
+        if not self._actors:
+            return True
+        answers = await asyncio.gather(
+            *(
+                asyncio.wait_for(actor.holds.remote(key, version, timeout_s), timeout_s + 1.0)
+                for actor in self._actors.values()
+            ),
+            return_exceptions=True,
+        )
+        return all(answer is True for answer in answers)
+
     async def release(self, node: str) -> None:
         """A leaving node runs none of our replicas anymore: its proxy stops accepting,
         finishes its connections (bounded) and stops, so the node can go."""

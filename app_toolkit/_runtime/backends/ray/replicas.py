@@ -248,6 +248,9 @@ class RayReplicas:
     async def save_tables(self, tables: dict[str, Table]) -> None:
         stored.save_tables(tables)
 
+    async def proxies_hold(self, key: str, version: int, timeout_s: float) -> bool:
+        return await self._proxies.hold(key, version, timeout_s)
+
     async def stop_proxies(self) -> None:
         # Whatever did not stop within the shutdown's wait goes now, with what it reserved.
         for name in named_actors():
