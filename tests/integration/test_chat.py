@@ -253,7 +253,9 @@ def test_the_page_waits_and_retries_while_the_service_is_busy(browser: Browser, 
         backend="echo",
         echo_tokens_per_s=20,
         max_replies=1,
-        reply_keep_s=0.5,
+        # The page's own reply (three words, 0.15 s) must still be there when its event
+        # stream connects, which on a loaded host can be seconds after the POST (ci11).
+        reply_keep_s=30,
         max_context_tokens=8192,
         default_max_tokens=4096,
         max_reply_tokens=4096,
@@ -287,6 +289,9 @@ def test_the_page_waits_and_retries_while_the_service_is_busy(browser: Browser, 
         assert page.evaluate("document.body.dataset.busy") == "yes"
         assert httpx.post(f"{base}/api/replies/{holder.json()['id']}/stop").status_code == 204
         wait_for(lambda: page.evaluate("document.body.dataset.busy") == "no", timeout_s=20)
+        if not page.locator(".message.assistant").count():  # the page showed an error instead
+            status = page.locator("#status").inner_text(timeout=5000)
+            raise AssertionError(f"no reply; the page shows {status!r}; its requests got {answers}")
         assert last_reply(page) == "after the wait"
         assert page.locator("#status").is_hidden()
     finally:
