@@ -80,7 +80,8 @@ def run(
     _local_testing_mode: bool = False,
     _reload: bool = False,
 ) -> DeploymentHandle:
-    """Deploy ``target`` as an application and wait until it is running.
+    """Deploy ``target`` as an application and wait until it is running (and every
+    proxy routes its prefix).
 
     Returns a handle to its ingress deployment. Running an app of the same name again
     upgrades it: every replica is replaced, though nothing changed, as Ray Serve's
