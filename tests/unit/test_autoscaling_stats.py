@@ -31,12 +31,11 @@ class Reporting:
 async def test_samples_reach_the_report_and_failures_are_logged_once(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    assert not AutoscalingStats.wanted(Reporting(), DeploymentConfig())  # no autoscaling: no sampling
-    assert not AutoscalingStats.wanted(object(), CONFIG)
+    assert not AutoscalingStats.wanted(object())
     instance = Reporting()
     instance.answers = [RuntimeError("gpu gone"), RuntimeError("gpu gone"), {"bad": "x"}, {"queue": 3}]
     stats = AutoscalingStats(instance, "r1", DeploymentID("a", "D"), CONFIG)
-    assert AutoscalingStats.wanted(instance, CONFIG)
+    assert AutoscalingStats.wanted(instance)
     stats.start()
     try:
         for _ in range(200):
@@ -51,3 +50,31 @@ async def test_samples_reach_the_report_and_failures_are_logged_once(
     warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
     assert sum("raised RuntimeError: gpu gone" in w for w in warnings) == 1  # once per distinct problem
     assert any("returned {'bad': 'x'}, not a dict of metric names to numbers" in w for w in warnings)
+
+
+async def test_calls_wait_while_the_deployment_does_not_autoscale_and_start_when_it_does() -> None:
+    calls: list[float] = []
+
+    class Counting:
+        def record_autoscaling_stats(self) -> dict[str, float]:
+            calls.append(1.0)
+            return {"queue": 1.0}
+
+    stats = AutoscalingStats(Counting(), "r1", DeploymentID("a", "D"), DeploymentConfig(num_replicas=1))
+    stats.start()
+    try:
+        await asyncio.sleep(0.1)
+        assert calls == [] and stats.take() is None  # a fixed replica count: nobody reads them
+        stats.update(CONFIG)  # autoscaling turned on in place
+        for _ in range(200):
+            await asyncio.sleep(0.01)
+            if calls:
+                break
+        assert calls and stats.take() is not None
+        stats.update(DeploymentConfig(num_replicas=1))  # and off again: the calls pause
+        await asyncio.sleep(0.05)
+        paused = len(calls)
+        await asyncio.sleep(0.1)
+        assert len(calls) == paused
+    finally:
+        await stats.stop()

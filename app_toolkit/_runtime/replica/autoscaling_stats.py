@@ -41,16 +41,23 @@ class AutoscalingStats:
         self._method = getattr(instance, METHOD)
         self.replica_id = replica_id
         self.deployment = deployment
-        self.config = config  # the replica's newest options (metrics_interval_s may change)
+        self.config = config  # the replica's newest options (see ``update``)
+        self._updated = asyncio.Event()
         self._samples: deque[tuple[float, tuple[tuple[str, float], ...]]] = deque(maxlen=_KEPT)
         self._task: asyncio.Task[None] | None = None
         self._problem = ""  # the last problem logged
 
     @staticmethod
-    def wanted(instance: object, config: DeploymentConfig) -> bool:
-        """Whether a replica of ``instance`` reports custom metrics: it defines the method
-        and its deployment autoscales."""
-        return config.autoscaling_config is not None and callable(getattr(instance, METHOD, None))
+    def wanted(instance: object) -> bool:
+        """Whether a replica of ``instance`` may report custom metrics: it defines the
+        method (it is called while its deployment autoscales)."""
+        return callable(getattr(instance, METHOD, None))
+
+    def update(self, config: DeploymentConfig) -> None:
+        """The replica's new options, changed in place: ``metrics_interval_s`` may change,
+        and autoscaling turned on starts the calls, turned off pauses them."""
+        self.config = config
+        self._updated.set()
 
     def start(self) -> None:
         self._task = asyncio.get_running_loop().create_task(self._sample())
@@ -73,6 +80,10 @@ class AutoscalingStats:
     async def _sample(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
+            if self.config.autoscaling_config is None:  # not autoscaled (now): nobody reads them
+                self._updated.clear()
+                await self._updated.wait()
+                continue
             # One call at a time: one that hangs is waited for, never stacked up.
             call = loop.create_task(call_maybe_async(self._method))
             started = loop.time()

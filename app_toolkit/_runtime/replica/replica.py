@@ -151,7 +151,7 @@ class ReplicaCore:
                 request_context.replica_instance.reset(token)
         if self.config.user_config is not None:
             await self.reconfigure(self.config.user_config)
-        if AutoscalingStats.wanted(self.instance, self.config):
+        if AutoscalingStats.wanted(self.instance):
             self.autoscaling_stats = AutoscalingStats(
                 self.instance, self.replica_id, self.deployment, self.config
             )
@@ -187,7 +187,7 @@ class ReplicaCore:
         """Take new in-place options; a changed ``user_config`` goes to reconfigure()."""
         old, self.config = self.config, config
         if self.autoscaling_stats is not None:
-            self.autoscaling_stats.config = config
+            self.autoscaling_stats.update(config)
         if config.user_config is not None and config.user_config != old.user_config:
             await self.reconfigure(config.user_config)
 
