@@ -15,8 +15,9 @@ per-deployment options that override the ones in code::
 
 Loading validates the whole file before anything is deployed; every error names the file,
 the application and the field path. Ray Serve fields this toolkit does not implement are
-accepted only at their neutral value (what ``serve build`` writes), so a file written for
-Ray Serve either means the same here or fails saying which field to remove.
+accepted only at their neutral value (what ``serve build`` writes; the table is
+``ray_serve_only.py``), so a file written for Ray Serve either means the same here or
+fails naming the field and what to do instead.
 """
 
 from __future__ import annotations
