@@ -16,12 +16,17 @@ from pydantic import (
     model_validator,
 )
 
-from app_toolkit.config.schema import IN_PLACE, Strict, explain
+from app_toolkit.config.ray_serve_only import drop_ray_serve_only
+from app_toolkit.config.schema import IN_PLACE, Strict, explain, field_errors
 from app_toolkit.exceptions import ConfigError, DefinitionError
 
 
 class RayActorOptions(Strict):
-    """Resources each replica actor reserves on the Ray cluster."""
+    """Resources each replica actor reserves on the Ray cluster.
+
+    Ray's ``accelerator_type`` is taken as Ray defines it: 0.001 of the resource
+    ``accelerator_type:<type>``, added to ``resources``.
+    """
 
     num_cpus: float = Field(
         0.0,
@@ -35,6 +40,30 @@ class RayActorOptions(Strict):
     runtime_env: dict[str, JsonValue] | None = Field(
         None, description="Ray runtime environment for the replica processes."
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _ray_serve_fields(cls, data: object) -> object:
+        data = drop_ray_serve_only("ray_actor_options", data)
+        if not isinstance(data, dict):
+            return data
+        # Ray Serve: null CPUs or GPUs take the default.
+        data = {
+            key: value
+            for key, value in data.items()
+            if value is not None or key not in ("num_cpus", "num_gpus")
+        }
+        accelerator = data.pop("accelerator_type", None)
+        if accelerator is not None:
+            # Ray's meaning of accelerator_type: a sliver of the resource every node with
+            # that accelerator has ("accelerator_type:A100").
+            if not isinstance(accelerator, str) or not accelerator:
+                message = 'must name an accelerator type, e.g. "A100"'
+                raise field_errors("ray_actor_options", {"accelerator_type": (accelerator, message)})
+            resources = data.get("resources") or {}
+            if isinstance(resources, dict):
+                data["resources"] = {**resources, f"accelerator_type:{accelerator}": 0.001}
+        return data
 
 
 #: Ray Serve's names of its built-in request-count policy: in code or a file they select
@@ -71,6 +100,11 @@ class AutoscalingPolicy(Strict):
     )
     # The function as the backend serialized it (build.py), for the controller.
     _serialized: bytes = PrivateAttr(b"")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _ray_serve_fields(cls, data: object) -> object:
+        return drop_ray_serve_only("autoscaling_policy", data)
 
     @field_validator("policy_function")
     @classmethod
@@ -373,8 +407,12 @@ class DeploymentConfig(Strict):
     @model_validator(mode="before")
     @classmethod
     def _auto_replicas(cls, data: object) -> object:
+        data = drop_ray_serve_only("deployment", data)
         if not isinstance(data, dict):
             return data
+        if "num_replicas" in data and data["num_replicas"] is None:
+            # Ray Serve's null: not set (serve build writes it beside autoscaling_config).
+            data = {key: value for key, value in data.items() if key != "num_replicas"}
         if data.get("num_replicas") == "auto":
             data = {key: value for key, value in data.items() if key != "num_replicas"}
             if data.get("autoscaling_config") is None:

@@ -15,8 +15,9 @@ per-deployment options that override the ones in code::
 
 Loading validates the whole file before anything is deployed; every error names the file,
 the application and the field path. Ray Serve fields this toolkit does not implement are
-accepted only at their neutral value (what ``serve build`` writes), so a file written for
-Ray Serve either means the same here or fails saying which field to remove.
+accepted only at their neutral value (what ``serve build`` writes; the table is
+``ray_serve_only.py``), so a file written for Ray Serve either means the same here or
+fails naming the field and what to do instead.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 import yaml
 from pydantic import (
@@ -45,54 +46,11 @@ from app_toolkit.config import (
     ShadowOptions,
     default_of,
 )
+from app_toolkit.config.ray_serve_only import drop_ray_serve_only
+from app_toolkit.config.schema import field_errors
 from app_toolkit.exceptions import ConfigError
 
 ProxyLocation = Literal["EveryNode", "HeadOnly", "Disabled"]
-
-#: Ray Serve fields with no counterpart here, and the values that mean "not used"; any other
-#: value fails with a message that names the field (never silently ignored).
-_NEUTRAL: dict[str, dict[str, tuple[object, ...]]] = {
-    "file": {"controller_options": (None, {}), "tracing_config": (None,)},
-    "http": {
-        "ssl_keyfile": (None,),
-        "ssl_certfile": (None,),
-        "ssl_keyfile_password": (None,),
-        "ssl_ca_certs": (None,),
-    },
-    "application": {
-        "host": (None,),
-        "port": (None,),
-        "logging_config": (None,),
-        "external_scaler_enabled": (False,),
-    },
-    "deployment": {
-        "placement_group_bundle_label_selector": (None, []),
-        "logging_config": (None,),
-        "request_router_config": (None, {}),
-        "gang_scheduling_config": (None,),
-        "deployment_actors": (None, []),
-    },
-}
-
-
-T = TypeVar("T")
-
-
-def _drop_neutral(kind: str, data: T) -> T | dict[str, object]:
-    """Remove Ray Serve-only fields left at their neutral value; refuse any other value.
-    (Anything but a mapping is left for the schema to refuse.)"""
-    if not isinstance(data, dict):
-        return data
-    kept: dict[str, object] = dict(data)
-    for field, neutral in _NEUTRAL[kind].items():
-        if field in kept:
-            if kept[field] not in neutral:
-                raise ValueError(
-                    f"{field}={kept[field]!r} is a Ray Serve option app_toolkit does not implement; "
-                    f"remove it (or set it to {neutral[0]!r})"
-                )
-            del kept[field]
-    return kept
 
 
 class _Schema(BaseModel):
@@ -104,20 +62,24 @@ class FileHTTPOptions(HTTPOptions):
 
     @model_validator(mode="before")
     @classmethod
-    def _neutral(cls, data: object) -> object:
-        data = _drop_neutral("http", data)
+    def _top_level_only(cls, data: object) -> object:
         if isinstance(data, dict) and "proxy_location" in data:
             raise ValueError("proxy_location belongs at the top level of the file, not in http_options")
         return data
 
 
 class GRPCOptions(_Schema):
-    """``grpc_options``: accepted as ``serve build`` writes it; gRPC is not served."""
+    """``grpc_options``: accepted as ``serve build`` writes it. Without servicer functions
+    Ray Serve starts no gRPC server either, so the other fields mean nothing here."""
 
     port: int = 9000
-    grpc_servicer_functions: list[str] = Field(default_factory=list, max_length=0)
     request_timeout_s: float | None = None
     enable_reflection: bool | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _ray_serve_fields(cls, data: object) -> object:
+        return drop_ray_serve_only("grpc", data)
 
 
 class LoggingConfig(_Schema):
@@ -155,11 +117,15 @@ class DeploymentOverride(_Schema):
     def _split(cls, data: object) -> object:
         if not isinstance(data, dict):
             return data
-        data = dict(_drop_neutral("deployment", data))
         if "name" not in data:
             raise ValueError("each deployment needs its name (the class or function name, or name=...)")
         options = {key: value for key, value in data.items() if key != "name"}
         DeploymentConfig.model_validate(options)  # types, bounds and unknown fields, now
+        actor = options.get("ray_actor_options")
+        runtime_env = actor.get("runtime_env") if isinstance(actor, dict) else None
+        problem = remote_code_problem(runtime_env) if isinstance(runtime_env, dict) else None
+        if problem is not None:
+            raise field_errors("deployment", {("ray_actor_options", "runtime_env"): (runtime_env, problem)})
         return {"name": data["name"], "options": options}
 
 
@@ -194,8 +160,8 @@ class ApplicationConfig(_Schema):
 
     @model_validator(mode="before")
     @classmethod
-    def _neutral(cls, data: object) -> object:
-        return _drop_neutral("application", data)
+    def _ray_serve_fields(cls, data: object) -> object:
+        return drop_ray_serve_only("application", data)
 
     @model_validator(mode="after")
     def _check(self) -> ApplicationConfig:
@@ -221,16 +187,9 @@ class ApplicationConfig(_Schema):
     @field_validator("runtime_env")
     @classmethod
     def _remote_code_only(cls, value: dict[str, Any]) -> dict[str, Any]:
-        # Replicas start on any node, from the controller: a path on this machine means
-        # nothing there. Ray Serve has the same rule.
-        paths = [*value.get("py_modules", []), *([value["working_dir"]] if "working_dir" in value else [])]
-        for path in paths:
-            if not isinstance(path, str) or "://" not in path:
-                raise ValueError(
-                    f"working_dir and py_modules must be URIs every node can fetch (s3://..., "
-                    f"https://.../x.zip, gcs://...) or local:// paths present on every node, got "
-                    f"{path!r}; or install the code on the cluster's nodes"
-                )
+        problem = remote_code_problem(value)
+        if problem is not None:
+            raise ValueError(problem)
         return value
 
 
@@ -254,8 +213,8 @@ class ServeConfigFile(_Schema):
 
     @model_validator(mode="before")
     @classmethod
-    def _neutral(cls, data: object) -> object:
-        return _drop_neutral("file", data)
+    def _ray_serve_fields(cls, data: object) -> object:
+        return drop_ray_serve_only("file", data)
 
     @model_validator(mode="after")
     def _check(self) -> ServeConfigFile:
@@ -300,6 +259,24 @@ class ServeConfigFile(_Schema):
         )
 
 
+def remote_code_problem(runtime_env: Mapping[str, Any]) -> str | None:
+    """What is wrong with a file's ``runtime_env`` (an application's, or a deployment's
+    ``ray_actor_options``): replicas start on any node, from the controller, so a path on
+    this machine means nothing there. Ray Serve has the same rule."""
+    modules = runtime_env.get("py_modules") or []
+    paths = [*(modules if isinstance(modules, list) else [modules])]
+    if "working_dir" in runtime_env:
+        paths.append(runtime_env["working_dir"])
+    for path in paths:
+        if not isinstance(path, str) or "://" not in path:
+            return (
+                f"working_dir and py_modules must be URIs every node can fetch (s3://..., "
+                f"https://.../x.zip, gcs://...) or local:// paths present on every node, got "
+                f"{path!r}; or install the code on the cluster's nodes"
+            )
+    return None
+
+
 def parse_config(data: object, source: str) -> ServeConfigFile:
     """Validate an already-loaded config (a mapping); ``source`` names it in errors."""
     if not isinstance(data, Mapping):
@@ -338,7 +315,10 @@ def _explain(error: ValidationError, data: object, source: str) -> str:
     for item in error.errors():
         where = _field_path(item["loc"], data)
         if item["type"] == "extra_forbidden":
-            lines.append(f"{where}: unknown field")
+            lines.append(
+                f"{where}: unknown field (in neither Ray Serve's schema nor app_toolkit's): "
+                "remove it or correct its spelling"
+            )
             continue
         if item["type"] == "missing":
             lines.append(f"{where}: required")

@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from app_toolkit.config.ray_serve_only import drop_ray_serve_only
 from app_toolkit.config.schema import Strict, explain
 from app_toolkit.exceptions import ConfigError
 
@@ -126,6 +127,11 @@ class HTTPOptions(Strict):
         "that join get one), only on the head node, or none (Disabled: handles only). "
         "Proxies on one machine share the port.",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _ray_serve_fields(cls, data: object) -> object:
+        return drop_ray_serve_only("http", data)
 
     @model_validator(mode="after")
     def _check_body_budget(self) -> HTTPOptions:

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, JsonValue, ValidationError
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from app_toolkit.exceptions import ConfigError
 
@@ -44,6 +45,24 @@ def explain(error: ValidationError, where: str) -> str:
             message = message[len("Value error, ") :]
         lines.append(f"{field} {message}, got {item.get('input')!r}")
     return f"Invalid {where}: " + "; ".join(lines)
+
+
+def field_errors(title: str, problems: Mapping[str | tuple[str, ...], tuple[object, str]]) -> ValidationError:
+    """A ``ValidationError`` located at each field of ``problems`` (a name or a path of
+    names -> (value, message)), for a check that runs before the fields are validated:
+    raised from a validator, its locations nest under the caller's."""
+    return ValidationError.from_exception_data(
+        title,
+        [
+            # The message goes in as context: a template would read its braces as fields.
+            InitErrorDetails(
+                type=PydanticCustomError("field", "{message}", {"message": message}),
+                loc=(field,) if isinstance(field, str) else field,
+                input=value,
+            )
+            for field, (value, message) in problems.items()
+        ],
+    )
 
 
 def default_of(model: type[BaseModel], name: str) -> Any:

@@ -75,7 +75,7 @@ def test_a_file_ray_serve_build_wrote_loads(tmp_path: Path) -> None:
         (_app(deployments=[{"num_replicas": 2}]), "each deployment needs its name"),
         (
             _app(deployments=[{"name": "D", "gang_scheduling_config": {"gang_size": 2}}]),
-            "gang_scheduling_config=.* is a Ray Serve option app_toolkit does not implement",
+            r"deployments\[0\] \(D\)\.gang_scheduling_config: a Ray Serve option app_toolkit does not",
         ),
         (_app(runtime_env={"working_dir": "."}), "working_dir and py_modules must be URIs"),
         ({"grpc_options": {"grpc_servicer_functions": ["m:f"]}, **_app()}, "grpc_servicer_functions"),

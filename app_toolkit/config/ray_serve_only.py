@@ -1,0 +1,163 @@
+"""Ray Serve options with no counterpart here, and the one rule that handles them.
+
+Each is accepted only at a value that means "not used" (what ``serve build`` writes
+when nobody set it) and then dropped; any other value fails naming the field and what to
+do instead, never silently ignored. Code and config files share the table: each option
+schema calls :func:`drop_ray_serve_only` on its input before validating it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import TypeVar
+
+from app_toolkit.config.schema import field_errors
+
+Neutral = Callable[[object], bool]
+
+
+def _one_of(*values: object) -> Neutral:
+    """Neutral when equal to one of ``values`` and of the same type (``0`` is not ``False``)."""
+    return lambda value: any(type(value) is type(v) and value == v for v in values)
+
+
+def _defaults(**defaults: tuple[object, ...]) -> Neutral:
+    """Neutral when None, or a mapping whose every key is in ``defaults`` with one of its values."""
+
+    def neutral(value: object) -> bool:
+        if value is None:
+            return True
+        return isinstance(value, Mapping) and all(
+            key in defaults and _one_of(*defaults[key])(item) for key, item in value.items()
+        )
+
+    return neutral
+
+
+def _disabled(value: object) -> bool:
+    """Neutral when None or turned off (``enabled: false``; its other fields then mean nothing)."""
+    return value is None or (isinstance(value, Mapping) and value.get("enabled") is False)
+
+
+@dataclass(frozen=True)
+class RayServeOnly:
+    """A Ray Serve option not implemented here: when it means nothing, and what to do."""
+
+    neutral: Neutral
+    instead: str
+
+
+_POW2 = (
+    "ray.serve._private.request_router:PowerOfTwoChoicesRequestRouter",
+    "ray.serve._private.request_router.pow_2_router:PowerOfTwoChoicesRequestRouter",
+)
+_NO_LABELS = (
+    "label selectors are not implemented; remove it, give the chosen nodes a custom "
+    "resource (ray start --resources) and ask for it in "
+)
+
+#: Per schema ("kind"), the Ray Serve fields it accepts only at their neutral value.
+RAY_SERVE_ONLY: dict[str, dict[str, RayServeOnly]] = {
+    "file": {
+        "controller_options": RayServeOnly(
+            _defaults(runtime_env=(None, {})),
+            "the controller reads no RAY_SERVE_* environment variables; remove it (a "
+            "deployment's environment goes in its ray_actor_options.runtime_env)",
+        ),
+        "tracing_config": RayServeOnly(
+            _disabled,
+            "remove it (or set enabled: false) and export spans with "
+            "APP_TOOLKIT_OTEL_SETUP=module:function (docs/observability.md)",
+        ),
+    },
+    "http": {
+        name: RayServeOnly(
+            _one_of(None),
+            "the proxy serves plain HTTP; remove it and terminate TLS in a load balancer or "
+            "reverse proxy in front (docs/security.md)",
+        )
+        for name in ("ssl_keyfile", "ssl_certfile", "ssl_keyfile_password", "ssl_ca_certs")
+    },
+    "grpc": {
+        "grpc_servicer_functions": RayServeOnly(
+            _one_of([]), "gRPC is not served; remove the servicer functions and serve over HTTP"
+        ),
+    },
+    "application": {
+        "host": RayServeOnly(_one_of(None), "remove it and set http_options.host at the top of the file"),
+        "port": RayServeOnly(_one_of(None), "remove it and set http_options.port at the top of the file"),
+        "logging_config": RayServeOnly(_one_of(None), "remove it (or set it to null)"),
+        "external_scaler_enabled": RayServeOnly(
+            _one_of(False),
+            "there is no external scaling API; remove it and set num_replicas (a "
+            "redeploy) or autoscaling_config",
+        ),
+    },
+    "deployment": {
+        "placement_group_bundle_label_selector": RayServeOnly(
+            _one_of(None, []), _NO_LABELS + "placement_group_bundles"
+        ),
+        "logging_config": RayServeOnly(_one_of(None), "remove it (or set it to null)"),
+        "request_router_config": RayServeOnly(
+            _defaults(
+                request_router_class=_POW2,
+                request_router_kwargs=({},),
+                request_routing_stats_period_s=(10, 10.0),
+                request_routing_stats_timeout_s=(30, 30.0),
+                initial_backoff_s=(0.025,),
+                backoff_multiplier=(2, 2.0),
+                max_backoff_s=(0.5,),
+            ),
+            "custom request routers are not implemented (replicas are chosen by power of "
+            "two choices, and by shard key with the affinity option: docs/traffic.md); "
+            "remove it, or keep Ray Serve's default router with its default settings",
+        ),
+        "gang_scheduling_config": RayServeOnly(
+            _one_of(None),
+            "gang scheduling is not implemented; remove it (placement_group_bundles with "
+            "placement_group_strategy STRICT_PACK reserve one replica's resources together)",
+        ),
+        "deployment_actors": RayServeOnly(
+            _one_of(None, []),
+            "deployment-scoped actors are not implemented; remove them and create a named "
+            "Ray actor yourself (ray.get_actor in the replica's constructor)",
+        ),
+    },
+    "ray_actor_options": {
+        "label_selector": RayServeOnly(_one_of(None, {}), _NO_LABELS + "ray_actor_options.resources"),
+        "fallback_strategy": RayServeOnly(
+            _one_of(None, []),
+            "fallback strategies are not implemented; remove it and ask for the resources "
+            "every node that may run the replica has",
+        ),
+    },
+    "autoscaling_policy": {
+        "policy_kwargs": RayServeOnly(
+            _one_of({}),
+            "class policies are not implemented; remove it and make policy_function a "
+            "function (its settings in its module)",
+        ),
+    },
+}
+
+T = TypeVar("T")
+
+
+def drop_ray_serve_only(kind: str, data: T) -> T | dict[str, object]:
+    """``data`` without the Ray Serve-only fields of ``kind`` left at their neutral value;
+    any other value raises a ``ValidationError`` located at the field. (Anything but a
+    mapping is left for the schema to refuse.)"""
+    if not isinstance(data, Mapping):
+        return data
+    kept: dict[str, object] = dict(data)
+    refused: dict[str | tuple[str, ...], tuple[object, str]] = {}
+    for field, option in RAY_SERVE_ONLY[kind].items():
+        if field not in kept:
+            continue
+        value = kept.pop(field)
+        if not option.neutral(value):
+            refused[field] = (value, f"a Ray Serve option app_toolkit does not implement: {option.instead}")
+    if refused:
+        raise field_errors(kind, refused)
+    return kept
