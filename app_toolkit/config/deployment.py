@@ -3,6 +3,7 @@ answer and ``@batch`` (Ray Serve's names and meanings)."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping
 from typing import Any, Literal
 
@@ -90,7 +91,8 @@ class AutoscalingPolicy(Strict):
     and returns ``(replicas, policy_state)``; an application's (the config file's
     ``autoscaling_policy``) takes ``{DeploymentID: AutoscalingContext}`` and returns
     ``({DeploymentID: replicas}, {DeploymentID: policy_state})``. It travels to the
-    controller by value (docs/autoscaling.md).
+    controller by value (docs/autoscaling.md). A class is made once per deployment (or
+    application) with ``policy_kwargs``, and its instance called in the same way.
     """
 
     policy_function: str | Callable[..., Any] = Field(
@@ -98,13 +100,22 @@ class AutoscalingPolicy(Strict):
         description='The policy: a function, or its import path "module:function"; the '
         "default is the built-in policy on requests queued and running.",
     )
+    policy_kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="When policy_function is a class: the keyword arguments it is made "
+        "with (JSON values), once per deployment; its instance is then called.",
+    )
     # The function as the backend serialized it (build.py), for the controller.
     _serialized: bytes = PrivateAttr(b"")
 
-    @model_validator(mode="before")
+    @field_validator("policy_kwargs")
     @classmethod
-    def _ray_serve_fields(cls, data: object) -> object:
-        return drop_ray_serve_only("autoscaling_policy", data)
+    def _json_values(cls, value: dict[str, Any]) -> dict[str, Any]:
+        try:
+            json.dumps(value)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"must hold JSON values only (strings, numbers, lists, dicts): {exc}") from None
+        return value
 
     @field_validator("policy_function")
     @classmethod
@@ -140,7 +151,9 @@ class AutoscalingPolicy(Strict):
         """This policy named by its path, carrying the function as ``serialized`` bytes."""
         # Not validated again: the path of a function defined in another (with
         # "<locals>") names it for status and logs, though it could not be imported.
-        policy = AutoscalingPolicy.model_construct(policy_function=self.name)
+        policy = AutoscalingPolicy.model_construct(
+            policy_function=self.name, policy_kwargs=self.policy_kwargs
+        )
         policy._serialized = serialized
         return policy
 

@@ -132,13 +132,6 @@ RAY_SERVE_ONLY: dict[str, dict[str, RayServeOnly]] = {
             "every node that may run the replica has",
         ),
     },
-    "autoscaling_policy": {
-        "policy_kwargs": RayServeOnly(
-            _one_of({}),
-            "class policies are not implemented; remove it and make policy_function a "
-            "function (its settings in its module)",
-        ),
-    },
 }
 
 T = TypeVar("T")

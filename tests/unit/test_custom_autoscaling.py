@@ -54,11 +54,16 @@ FAST = {"upscale_delay_s": 0, "downscale_delay_s": 0, "look_back_period_s": 10, 
 
 
 def deployment(
-    policy: Callable[..., Any] | None, replicas: int = 1, name: str = "D", **options: Any
+    policy: Callable[..., Any] | None,
+    replicas: int = 1,
+    name: str = "D",
+    policy_kwargs: dict[str, Any] | None = None,
+    **options: Any,
 ) -> DeploymentState:
     autoscaling: dict[str, Any] = {**FAST, **options}
     if policy is not None:
-        travelling = tk.AutoscalingPolicy(policy_function=policy).travelling(serialized(policy))
+        given = tk.AutoscalingPolicy(policy_function=policy, policy_kwargs=policy_kwargs or {})
+        travelling = given.travelling(serialized(policy))
         autoscaling["policy"] = travelling
     config = DeploymentConfig(autoscaling_config=autoscaling)
     spec = DeploymentSpec(DeploymentID("app", name), b"def", b"args", config, False, "v1")
@@ -249,3 +254,39 @@ def test_any_real_number_is_an_answer() -> None:
     state, custom = deployment(lambda context: (Fraction(5, 2), None)), scaling()
     passes(custom, state, [0.0, 0.1])
     assert state.target == 3
+
+
+class Stepping:
+    """A class policy (Ray Serve's): made with its policy_kwargs, keeps state in self."""
+
+    made = 0
+
+    def __init__(self, step: int) -> None:
+        Stepping.made += 1
+        self.step = step
+        self.calls = 0
+
+    def __call__(self, context: tk.AutoscalingContext) -> tuple[int, dict[str, Any]]:
+        self.calls += 1
+        return context.current_num_replicas + self.step * self.calls, {}
+
+
+def test_a_class_policy_is_made_once_per_deployment_with_its_kwargs_and_called() -> None:
+    Stepping.made = 0
+    custom = scaling()
+    first = deployment(Stepping, replicas=1, name="A", policy_kwargs={"step": 1})
+    second = deployment(Stepping, replicas=1, name="B", policy_kwargs={"step": 2})
+    passes(custom, first, [1.0, 1.1])
+    passes(custom, second, [1.0, 1.1])
+    assert (first.target, second.target) == (2, 3)  # 1 + 1 * 1 and 1 + 2 * 1
+    passes(custom, first, [1.2])
+    assert first.target == 3  # its instance counts its calls: 1 + 1 * 2
+    assert Stepping.made == 2  # one per deployment, not one per call
+    changed = deployment(Stepping, replicas=1, name="A", policy_kwargs={"step": 3})
+    passes(custom, changed, [1.3, 1.4])
+    assert Stepping.made == 3 and changed.target == 4  # new kwargs: a new instance
+
+
+def test_policy_kwargs_must_be_json_values() -> None:
+    with pytest.raises(ValueError, match="(?s)policy_kwargs.*JSON values"):
+        tk.AutoscalingPolicy(policy_function=Stepping, policy_kwargs={"step": object()})

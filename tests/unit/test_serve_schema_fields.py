@@ -126,7 +126,6 @@ ROW_KINDS = {
     "`grpc_options`": "grpc",
     "application": "application",
     "deployment": "deployment",
-    "`policy`, `autoscaling_policy`": "autoscaling_policy",
     "`ray_actor_options`": "ray_actor_options",
 }
 
@@ -404,13 +403,6 @@ REFUSED: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
         _file(external_scaler_enabled=True),
         _file(external_scaler_enabled=False),
     ),
-    (
-        "applications[0] (a).autoscaling_policy.policy_kwargs",
-        _file(
-            autoscaling_policy={"policy_function": "tests.apps.policies:together", "policy_kwargs": {"k": 1}}
-        ),
-        _file(autoscaling_policy={"policy_function": "tests.apps.policies:together", "policy_kwargs": {}}),
-    ),
     *[
         (
             f"applications[0] (a).deployments[0] (Greeter).{name}",
@@ -441,11 +433,6 @@ REFUSED: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
             placement_group_bundles=[{"CPU": 1}], placement_group_bundle_label_selector=[{"zone": "a"}]
         ),
         _deployment(placement_group_bundles=[{"CPU": 1}], placement_group_bundle_label_selector=[]),
-    ),
-    (
-        "applications[0] (a).deployments[0] (Greeter).autoscaling_config.policy.policy_kwargs",
-        _deployment(autoscaling_config={"policy": {"policy_kwargs": {"k": 1}}}),
-        _deployment(autoscaling_config={"policy": {"policy_kwargs": {}}}),
     ),
     *[
         (

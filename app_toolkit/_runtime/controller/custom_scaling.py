@@ -9,10 +9,14 @@ previous one still runs (``policy_calls.py``). A call that raises, overruns its 
 answers something that is not a replica count keeps the target where it is: the error
 shows in ``status()`` as the deployment's message and is logged once per distinct error.
 A deployment with no replica running is not asked: demand starts one (``cold_start``).
+A class policy is made once per deployment (or application) with its ``policy_kwargs``,
+on its first call, and its instance is called from then on (Ray Serve's rule).
 """
 
 from __future__ import annotations
 
+import inspect
+import json
 import logging
 import math
 import numbers
@@ -41,7 +45,9 @@ class CustomScaling:
         self.calls = calls or PolicyCalls()
         #: Replicas' custom metrics (``record_autoscaling_stats()``).
         self.stats = StatsBook()
-        self._functions: dict[bytes, Callable[[Any], object]] = {}
+        self._functions: dict[bytes, Callable[..., object]] = {}
+        #: Each deployment's or application's class policy: (its code, its kwargs, it).
+        self._instances: dict[Hashable, tuple[bytes, str, _ClassPolicy]] = {}
         # What each running call was given: its deployments' metrics (aggregated, newest),
         # shown with its decision.
         self._given: dict[Hashable, dict[DeploymentID, tuple[Metrics, Metrics]]] = {}
@@ -82,7 +88,7 @@ class CustomScaling:
         elif isinstance(outcome, Failed):
             actions += self._failed(key, [scaler], config.policy.name, outcome.error)
         if running and not self.calls.running(key):
-            function = self._function(config.policy)
+            function = self._function(key, config.policy)
             if isinstance(function, str):
                 actions += self._failed(key, [scaler], config.policy.name, function)
             else:
@@ -150,7 +156,7 @@ class CustomScaling:
             if not running[deployment]:
                 scaler.cold_start(now, loads.get(deployment, 0.0))
         if not self.calls.running(key):
-            function = self._function(policy)
+            function = self._function(key, policy)
             if isinstance(function, str):
                 actions += self._failed(key, list(scalers.values()), policy.name, function)
             else:
@@ -204,19 +210,26 @@ class CustomScaling:
             self.calls.forget(("application", key))
             self._given.pop(("application", key), None)
             self._errors.pop(("application", key), None)
+            self._instances.pop(("application", key), None)
             return
         if not (
-            self.stats.holds(key) or self.calls.running(key) or key in self._given or key in self._errors
+            self.stats.holds(key)
+            or self.calls.running(key)
+            or key in self._given
+            or key in self._errors
+            or key in self._instances
         ):
             return  # the usual case, on every pass of every deployment on the built-in policy
         self.stats.forget(key)
         self.calls.forget(key)
         self._given.pop(key, None)
         self._errors.pop(key, None)
+        self._instances.pop(key, None)
         self._overridden.discard(key)
 
-    def _function(self, policy: AutoscalingPolicy) -> Callable[[Any], object] | str:
-        """The policy's function, loaded once; or why it cannot be."""
+    def _function(self, key: Hashable, policy: AutoscalingPolicy) -> Callable[[Any], object] | str:
+        """What to call for ``key``'s policy: its function, loaded once; a class policy's
+        instance, one per ``key``; or why it cannot be loaded."""
         data = policy.serialized
         function = self._functions.get(data)
         if function is None:
@@ -227,7 +240,13 @@ class CustomScaling:
             if not callable(loaded):
                 return f"is a {type(loaded).__name__}, not a function"
             function = self._functions[data] = loaded
-        return function
+        if not inspect.isclass(function):
+            return function
+        kwargs = json.dumps(policy.policy_kwargs, sort_keys=True)
+        made = self._instances.get(key)
+        if made is None or made[:2] != (data, kwargs):
+            made = self._instances[key] = (data, kwargs, _ClassPolicy(function, policy.policy_kwargs))
+        return made[2]
 
     def _failed(self, key: Hashable, scalers: list[Autoscaler], name: str, error: str) -> list[Action]:
         """Keep the targets; say why in status(), and in the log once per distinct error."""
@@ -242,6 +261,25 @@ class CustomScaling:
         if self._errors.pop(key, None) is None:
             return []
         return [Log(logging.INFO, f"{_named(key)}: autoscaling policy {name} answers again")]
+
+
+class _ClassPolicy:
+    """A class policy: made with its ``policy_kwargs`` on its first call (in the policy's
+    worker thread, like the calls, so a slow constructor does not hold up the controller;
+    one that raises fails that call and is tried again on the next), then called."""
+
+    def __init__(self, cls: Callable[..., object], kwargs: dict[str, Any]) -> None:
+        self._cls = cls
+        self._kwargs = kwargs
+        self._instance: Callable[[Any], object] | None = None
+
+    def __call__(self, context: object) -> object:
+        if self._instance is None:
+            made = self._cls(**self._kwargs)
+            if not callable(made):
+                raise TypeError(f"{type(made).__name__} defines no __call__(self, context)")
+            self._instance = made
+        return self._instance(context)
 
 
 def _show(scaler: Autoscaler, given: tuple[Metrics, Metrics] | None) -> None:
