@@ -4,6 +4,7 @@ says why, the log says it once)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 from collections.abc import Callable
@@ -285,6 +286,10 @@ def test_a_class_policy_is_made_once_per_deployment_with_its_kwargs_and_called()
     changed = deployment(Stepping, replicas=1, name="A", policy_kwargs={"step": 3})
     passes(custom, changed, [1.3, 1.4])
     assert Stepping.made == 3 and changed.target == 4  # new kwargs: a new instance
+    upgraded = deployment(Stepping, replicas=1, name="A", policy_kwargs={"step": 3})
+    upgraded.spec = dataclasses.replace(upgraded.spec, code_version="v2")
+    passes(custom, upgraded, [1.5, 1.6])
+    assert Stepping.made == 4 and upgraded.target == 4  # a new version: a new instance
 
 
 def test_policy_kwargs_must_be_json_values() -> None:

@@ -47,7 +47,7 @@ class CustomScaling:
         self.stats = StatsBook()
         self._functions: dict[bytes, Callable[..., object]] = {}
         #: Each deployment's or application's class policy: (its code, its kwargs, it).
-        self._instances: dict[Hashable, tuple[bytes, str, _ClassPolicy]] = {}
+        self._instances: dict[Hashable, tuple[tuple[bytes, str, str], _ClassPolicy]] = {}
         # What each running call was given: its deployments' metrics (aggregated, newest),
         # shown with its decision.
         self._given: dict[Hashable, dict[DeploymentID, tuple[Metrics, Metrics]]] = {}
@@ -88,7 +88,7 @@ class CustomScaling:
         elif isinstance(outcome, Failed):
             actions += self._failed(key, [scaler], config.policy.name, outcome.error)
         if running and not self.calls.running(key):
-            function = self._function(key, config.policy)
+            function = self._function(key, config.policy, state.spec.code_version)
             if isinstance(function, str):
                 actions += self._failed(key, [scaler], config.policy.name, function)
             else:
@@ -227,9 +227,12 @@ class CustomScaling:
         self._instances.pop(key, None)
         self._overridden.discard(key)
 
-    def _function(self, key: Hashable, policy: AutoscalingPolicy) -> Callable[[Any], object] | str:
+    def _function(
+        self, key: Hashable, policy: AutoscalingPolicy, version: str = ""
+    ) -> Callable[[Any], object] | str:
         """What to call for ``key``'s policy: its function, loaded once; a class policy's
-        instance, one per ``key``; or why it cannot be loaded."""
+        instance, one per ``key`` and ``version`` of its deployment; or why it cannot be
+        loaded."""
         data = policy.serialized
         function = self._functions.get(data)
         if function is None:
@@ -242,11 +245,11 @@ class CustomScaling:
             function = self._functions[data] = loaded
         if not inspect.isclass(function):
             return function
-        kwargs = json.dumps(policy.policy_kwargs, sort_keys=True)
+        identity = (data, json.dumps(policy.policy_kwargs, sort_keys=True), version)
         made = self._instances.get(key)
-        if made is None or made[:2] != (data, kwargs):
-            made = self._instances[key] = (data, kwargs, _ClassPolicy(function, policy.policy_kwargs))
-        return made[2]
+        if made is None or made[0] != identity:
+            made = self._instances[key] = (identity, _ClassPolicy(function, policy.policy_kwargs))
+        return made[1]
 
     def _failed(self, key: Hashable, scalers: list[Autoscaler], name: str, error: str) -> list[Action]:
         """Keep the targets; say why in status(), and in the log once per distinct error."""
