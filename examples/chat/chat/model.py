@@ -153,10 +153,13 @@ class ChatModel:
             await answers.aclose()  # the upstream request ends with the caller's
         self._replies["finished"] += 1
 
+    # --8<-- [start:stats]
     async def record_autoscaling_stats(self) -> dict[str, float]:
         """This replica's load, for the pool's autoscaling policy (scaling.py): computed
         from what the engine holds, on the event loop, without waiting for anything."""
         return replica_metrics(self._engine.current_load(), self._scale_wait_s)
+
+    # --8<-- [end:stats]
 
     async def stats(self) -> dict[str, int]:
         """This replica's counters: replies by outcome, and the engine's ``active``/``tokens``."""

@@ -103,6 +103,7 @@ def replica_metrics(load: EngineLoad, target_wait_s: float) -> dict[str, float]:
     }
 
 
+# --8<-- [start:policy]
 def scale_on_load(context: tk.AutoscalingContext) -> tuple[int, dict[str, Any]]:
     """The model pool's policy: replicas for the replies that would wait too long.
 
@@ -138,6 +139,9 @@ def scale_on_load(context: tk.AutoscalingContext) -> tuple[int, dict[str, Any]]:
             wanted = min(target, math.ceil(held / slots))
     lower, upper = context.capacity_adjusted_min_replicas, context.capacity_adjusted_max_replicas
     return max(lower, min(upper, wanted)), {}
+
+
+# --8<-- [end:policy]
 
 
 def _newest(context: tk.AutoscalingContext) -> dict[str, dict[str, float]]:
