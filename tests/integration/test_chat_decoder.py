@@ -14,6 +14,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from examples.chat.chat.engines import decoder as decoder_module
 from examples.chat.chat.engines.decoder import Decoder
+from examples.chat.chat.scaling import EngineLoad
 from tests.waiting import wait_for_async
 
 EOS = 1
@@ -84,6 +85,33 @@ def test_a_reader_that_leaves_frees_its_row(model: Any) -> None:
         finally:
             await decoder.close()
             await alone.close()
+
+    asyncio.run(scenario())
+
+
+def test_the_load_it_reports_counts_slots_remaining_tokens_and_the_queue(model: Any) -> None:
+    """What the model pool's autoscaling sees (examples/chat/chat/scaling.py)."""
+
+    async def scenario() -> None:
+        decoder = Decoder(model, set(), max_batch_size=2, repetition_penalty=1.0)  # no EOS: runs to max
+        try:
+            assert decoder.current_load() == EngineLoad(slots=2)
+            busy = [decoder.generate(prompt, 1000, temperature=0) for prompt in PROMPTS[:2]]
+            for stream in busy:
+                await anext(stream)
+            queued = asyncio.ensure_future(reply(decoder, PROMPTS[3], max_tokens=50))
+            await wait_for_async(lambda: decoder.active == 3 and decoder.step_s > 0, timeout_s=10)
+            load = decoder.current_load()  # no await since: nothing decoded meanwhile
+            assert load.slots == 2 and load.queued == ((len(PROMPTS[3]), 50),) and load.step_s > 0
+            assert len(load.running) == 2 and sum(load.running) == 2 * 1000 - decoder.tokens
+            for stream in busy:
+                assert isinstance(stream, AsyncGenerator)  # an async generator function's: it has aclose()
+                await stream.aclose()
+            assert len(await queued) == 50
+            await wait_for_async(lambda: decoder.active == 0, timeout_s=10)
+            assert decoder.current_load().running == () and decoder.current_load().queued == ()
+        finally:
+            await decoder.close()
 
     asyncio.run(scenario())
 

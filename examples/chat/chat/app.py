@@ -14,7 +14,7 @@ import app_toolkit as tk
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
-from . import errors, openai_api, page
+from . import errors, openai_api, page, scaling
 from .access import Access, Guard
 from .accounts import Accounts
 from .model import ChatModel
@@ -31,11 +31,8 @@ def build_app(settings: Settings | None = None) -> tk.App:
             settings
         )
     model = ChatModel.options(
-        autoscaling_config={
-            "min_replicas": 1,
-            "max_replicas": settings.max_model_replicas,
-            "target_ongoing_requests": settings.max_batch_size,
-        },
+        # On its replicas' own load (or requests per replica), between 1 and max_model_replicas.
+        autoscaling_config=scaling.autoscaling_config(settings),
         # The local model computes on the CPU it reserves; the others only wait on I/O.
         ray_actor_options={"num_cpus": 1 if settings.backend == "local" else 0},
         # A replica that stops (a redeploy, a scale-down) finishes the replies under way.

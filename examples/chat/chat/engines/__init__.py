@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from typing import Protocol
 
+from ..scaling import EngineLoad
 from ..schemas import Generation
 from ..settings import Settings
 
@@ -28,6 +29,9 @@ class Engine(Protocol):
 
     def stats(self) -> dict[str, int]:
         """Counters for operators and tests: ``active`` replies and ``tokens`` produced."""
+
+    def current_load(self) -> EngineLoad:
+        """What it holds now, for the pool's autoscaling (scaling.py); cheap, never waits."""
 
     async def close(self) -> None:
         """Free the model or connection."""

@@ -1,4 +1,4 @@
-"""The model pool: a deployment of its own, autoscaled on ongoing requests, called
+"""The model pool: a deployment of its own, autoscaled on its own load (scaling.py), called
 through a streaming handle by the HTTP routes and the reply store."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import app_toolkit as tk
 
 from . import metrics
 from .engines import Engine, make_engine
+from .scaling import replica_metrics
 from .schemas import ChatError, Delta, Generation
 from .settings import Settings
 from .stops import StopFilter
@@ -22,9 +23,7 @@ logger = logging.getLogger(__name__)
 
 
 @tk.deployment(
-    num_replicas="auto",
-    # A replica decodes a batch of replies together; add one when its batch is full.
-    autoscaling_config={"min_replicas": 1, "max_replicas": 2, "target_ongoing_requests": 8},
+    num_replicas="auto",  # build_app gives the pool its autoscaling_config (scaling.py)
     max_ongoing_requests=32,
     max_queued_requests=64,
     ray_actor_options={"num_cpus": 1},  # torch gets as many threads as the actor reserves CPUs
@@ -35,6 +34,7 @@ class ChatModel:
     def __init__(self, settings: Settings, accounts: tk.DeploymentHandle | None = None) -> None:
         self._engine: Engine = make_engine(settings)
         self._engine.load()  # the replica turns RUNNING once the model is in memory
+        self._scale_wait_s = settings.scale_wait_s
         self._replies = {"started": 0, "finished": 0, "stopped": 0, "failed": 0}
         self._accounts = accounts  # with API keys on: where each key's tokens are counted
         self._charges: set[asyncio.Task[None]] = set()
@@ -152,6 +152,14 @@ class ChatModel:
         finally:
             await answers.aclose()  # the upstream request ends with the caller's
         self._replies["finished"] += 1
+
+    # --8<-- [start:stats]
+    async def record_autoscaling_stats(self) -> dict[str, float]:
+        """This replica's load, for the pool's autoscaling policy (scaling.py): computed
+        from what the engine holds, on the event loop, without waiting for anything."""
+        return replica_metrics(self._engine.current_load(), self._scale_wait_s)
+
+    # --8<-- [end:stats]
 
     async def stats(self) -> dict[str, int]:
         """This replica's counters: replies by outcome, and the engine's ``active``/``tokens``."""

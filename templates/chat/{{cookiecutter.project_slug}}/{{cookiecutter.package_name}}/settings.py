@@ -62,6 +62,23 @@ class Settings(BaseSettings):
         1.1, ge=1.0, le=2.0, description="Local model: how much less likely a seen token becomes (1: none)."
     )
     max_model_replicas: int = Field(2, ge=1, description="Most model replicas the autoscaler starts.")
+    scaling: Literal["load", "requests"] = Field(
+        "load",
+        description="What the model pool scales on: load (each replica's own: replies expected to wait "
+        "longer than scale_wait_s for a decode slot; scaling.py) or requests (max_batch_size ongoing "
+        "requests per replica, the toolkit's built-in policy).",
+    )
+    scale_wait_s: float = Field(
+        2.0,
+        gt=0,
+        description="scaling=load: the longest a reply should wait for a decode slot; replies expected "
+        "to wait longer call for model replicas.",
+    )
+    model_autoscaling: dict[str, float] = Field(
+        {},
+        description="autoscaling_config fields of the model pool over its defaults (scaling.DEFAULTS), "
+        'e.g. \'{"upscale_delay_s": 2, "look_back_period_s": 5}\'.',
+    )
     max_replies: int = Field(
         256, ge=1, description="Replies of the page API each Replies replica generates at once."
     )

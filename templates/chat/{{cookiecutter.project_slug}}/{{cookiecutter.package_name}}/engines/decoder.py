@@ -27,11 +27,14 @@ import torch
 from transformers import DynamicCache
 
 from .. import metrics
+from ..scaling import EngineLoad
 
 logger = logging.getLogger(__name__)
 
 #: Prompt tokens read per forward pass (bounds the memory a long prompt's pass takes).
 PREFILL_CHUNK = 256
+#: Weight of the newest decoding step in the step time the load reports (about the last 5 steps).
+STEP_WEIGHT = 0.2
 
 
 class _Abandoned(Exception):
@@ -74,11 +77,24 @@ class Decoder:
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.tokens = 0
+        self.step_s = 0.0  # a decoding step's time lately (0 before the first)
 
     @property
     def active(self) -> int:
         """Sequences holding a place: decoding, reading their prompt, or queued."""
         return len(self._active) + len(self._joining) + len(self._waiting)
+
+    def current_load(self) -> EngineLoad:
+        """The replies in the batch (reading their prompt or decoding) with the tokens each
+        may still produce, the queued ones, and the step time. Cheap: one pass over them."""
+        # A joining reply enters _active in the prefill's thread before it leaves _joining.
+        holding = {id(sequence): sequence for sequence in (*self._joining, *self._active)}
+        return EngineLoad(
+            slots=self._max_batch_size,
+            running=tuple(s.max_tokens - s.generated for s in holding.values() if not s.abandoned),
+            queued=tuple((len(s.prompt), s.max_tokens) for s in self._waiting if not s.abandoned),
+            step_s=self.step_s,
+        )
 
     async def generate(
         self, prompt: list[int], max_tokens: int, temperature: float, top_p: float = 1.0
@@ -150,8 +166,11 @@ class Decoder:
         self._drop_finished()
         if self._active:
             metrics.BATCH_OCCUPANCY.observe(len(self._active))
+            started = time.monotonic()
             tokens = await asyncio.to_thread(self._step)
             if tokens is not None:  # None: a reader left mid-pass; the pass is redone without it
+                took = time.monotonic() - started
+                self.step_s = took if not self.step_s else self.step_s + STEP_WEIGHT * (took - self.step_s)
                 self._deliver(self._active, tokens)
 
     def _deliver(self, sequences: list[_Sequence], tokens: list[int] | list[int | None]) -> None:

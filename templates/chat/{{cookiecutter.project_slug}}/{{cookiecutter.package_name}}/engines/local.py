@@ -17,6 +17,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+from ..scaling import EngineLoad
 from ..schemas import Generation
 from ..settings import Settings
 
@@ -115,6 +116,12 @@ class LocalEngine:
         if self._decoder is None:
             return {"active": 0, "tokens": 0}
         return {"active": self._decoder.active, "tokens": self._decoder.tokens}
+
+    def current_load(self) -> EngineLoad:
+        if self._decoder is None:
+            return EngineLoad(slots=self._max_batch_size)
+        load: EngineLoad = self._decoder.current_load()
+        return load
 
     async def close(self) -> None:
         if self._decoder is not None:

@@ -8,6 +8,7 @@ from typing import Any
 
 import openai
 
+from ..scaling import EngineLoad
 from ..schemas import ChatError, Generation
 from ..settings import Settings
 
@@ -27,6 +28,9 @@ class UpstreamEngine:
         )
         self._active = 0
         self._tokens = 0
+        # Per request under way, the tokens it may still produce (what it asked for, less
+        # the pieces seen; 0 where a relayed request set no limit).
+        self._remaining: dict[int, int] = {}
 
     def load(self) -> None:
         return None
@@ -47,6 +51,8 @@ class UpstreamEngine:
                 )
             messages.append({"role": "assistant", "content": generation.prefix})
             options |= {"continue_final_message": True, "add_generation_prompt": False}  # vLLM's
+        key = id(messages)
+        self._remaining[key] = generation.max_tokens
         self._active += 1
         try:
             chunks = await self._ask(
@@ -64,9 +70,11 @@ class UpstreamEngine:
                     text = chunk.choices[0].delta.content if chunk.choices else None
                     if text:
                         self._tokens += 1
+                        self._remaining[key] = max(0, self._remaining[key] - 1)
                         yield text
         finally:
             self._active -= 1
+            del self._remaining[key]
 
     async def relay(self, body: dict[str, Any]) -> AsyncIterator[dict[str, Any]]:
         """A whole request passed on (tools, ``n``, log probabilities, image parts); the
@@ -77,6 +85,8 @@ class UpstreamEngine:
             options.pop("messages"),
             bool(options.pop("stream", False)),
         )
+        key = id(options)
+        self._remaining[key] = int(options.get("max_completion_tokens") or options.get("max_tokens") or 0)
         self._active += 1
         try:
             answer = await self._ask(model=model, messages=messages, stream=stream, extra_body=options)
@@ -86,9 +96,11 @@ class UpstreamEngine:
             async with answer:
                 async for chunk in answer:
                     self._tokens += 1
+                    self._remaining[key] = max(0, self._remaining[key] - 1)
                     yield chunk.model_dump(mode="json", exclude_unset=True)
         finally:
             self._active -= 1
+            del self._remaining[key]
 
     async def _ask(self, **request: Any) -> Any:
         """The upstream's chat completion (or its stream); its refusal becomes a ChatError."""
@@ -108,6 +120,11 @@ class UpstreamEngine:
 
     def stats(self) -> dict[str, int]:
         return {"active": self._active, "tokens": self._tokens}
+
+    def current_load(self) -> EngineLoad:
+        """No slots known here: the upstream queues and batches out of sight; the requests
+        under way and the tokens they may still produce."""
+        return EngineLoad(slots=0, running=tuple(self._remaining.values()))
 
     async def close(self) -> None:
         await self._client.close()

@@ -1,0 +1,230 @@
+"""The chat model pool scaling under a burst: the request-count policy against the pool's
+own load policy (``examples/chat/chat/scaling.py``).
+
+The chat example with SmolLM2 on the CPU (``CHAT_BACKEND=local``), its model pool
+autoscaled between 1 and 3 replicas, on an embedded Ray that counts 3 logical CPUs so the
+third replica (``num_cpus=1``) can be placed: on a 2-core host the 3 replicas then share
+2 cores, and a replica loading its model takes CPU from the ones decoding. The delays are
+shortened to act within the run (``--upscale-delay``, ``look_back_period_s=5``, replicas
+sampling their load every 0.5 s). For each policy (``CHAT_SCALING=requests``, the toolkit's
+built-in policy at ``max_batch_size`` = 8 requests per replica; then ``load``), one
+replica serves first; then ``--clients`` clients each stream replies of up to
+``--max-tokens`` tokens back to back for ``--duration`` s. Printed per policy: when each
+replica was decided and seen RUNNING (seconds after the burst began), time to first
+token p50/p90 over all replies and over those started once every replica ran, tokens
+streamed, and the server's CPU time per token (every process under this one but itself:
+Ray, proxy, ingress and model replicas, the new replicas' model loading included).
+
+    python -m benchmarks.chat_scaling [--clients 24] [--duration 60] [--max-tokens 128]
+        [--policies requests,load]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import re
+import statistics
+import threading
+import time
+from dataclasses import dataclass, field
+
+import httpx
+
+from benchmarks.http_overhead import ROOT, free_port
+from benchmarks.proc_cpu import cpu_seconds
+
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+# Ray's workers import the chat example (and its policy's module) as this process does.
+os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
+
+import app_toolkit as tk
+
+APP = "chatscale"
+QUESTIONS = [
+    f"Write a long story about {topic}."
+    for topic in ("a dragon", "the sea", "a robot", "a city", "a cat", "the moon", "a forest", "a train")
+]
+_DECISION = re.compile(r"ChatModel: (\d+) -> (\d+) replicas")
+_COMPLETION_TOKENS = re.compile(r'"completion_tokens": (\d+)')
+
+
+def model_status() -> tk.DeploymentStatusInfo:
+    return tk.status().applications[APP].deployments["ChatModel"]
+
+
+class ReplicaWatch:
+    """When the model pool's running replicas reached each count (Unix time, polled every 0.1 s)."""
+
+    def __init__(self) -> None:
+        self.running_at: dict[int, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True)
+        self._thread.start()
+
+    def _watch(self) -> None:
+        while not self._stop.is_set():
+            running = model_status().running_replicas
+            for count in range(1, running + 1):
+                self.running_at.setdefault(count, time.time())
+            self._stop.wait(0.1)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def decisions(since: float) -> list[tuple[float, int, int]]:
+    """(Unix time, from, to) of the controller's scale-ups of the model pool since ``since``."""
+    found = []
+    for event in tk.status().events:
+        matched = _DECISION.search(event.message)
+        if matched is not None and event.time >= since and int(matched.group(2)) > int(matched.group(1)):
+            found.append((event.time, int(matched.group(1)), int(matched.group(2))))
+    return found
+
+
+@dataclass
+class Burst:
+    """Each reply's start (seconds after the burst began), its time to first token, and
+    the tokens streamed."""
+
+    replies: list[tuple[float, float]] = field(default_factory=list)
+    tokens: int = 0
+
+
+async def burst(base: str, clients: int, max_tokens: int, duration_s: float, began: float) -> Burst:
+    result = Burst()
+    deadline = time.monotonic() + duration_s
+
+    async def client_loop(client: httpx.AsyncClient, index: int) -> None:
+        while time.monotonic() < deadline:
+            body = {
+                "model": "SmolLM2-135M-Instruct",
+                "stream": True,
+                "max_tokens": max_tokens,
+                "temperature": 0,
+                "stream_options": {"include_usage": True},
+                "messages": [{"role": "user", "content": QUESTIONS[index % len(QUESTIONS)]}],
+            }
+            sent = time.time()
+            first = None
+            async with client.stream("POST", "/v1/chat/completions", json=body) as response:
+                response.raise_for_status()
+                async for line in response.aiter_lines():
+                    if first is None and '"content": "' in line and '"content": ""' not in line:
+                        first = time.time()
+                    if (usage := _COMPLETION_TOKENS.search(line)) is not None:
+                        result.tokens += int(usage.group(1))
+            if first is None:
+                raise RuntimeError("a reply ended without a token")
+            result.replies.append((sent - began, first - sent))
+
+    limits = httpx.Limits(max_connections=clients)
+    async with httpx.AsyncClient(base_url=base, timeout=300, limits=limits) as client:
+        await asyncio.gather(*(client_loop(client, index) for index in range(clients)))
+    return result
+
+
+def percentiles(values: list[float]) -> str:
+    if not values:
+        return "no replies"
+    ordered = sorted(values)
+    p90 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.9))]
+    return f"p50 {statistics.median(ordered):5.2f} s, p90 {p90:5.2f} s ({len(ordered)} replies)"
+
+
+def run_policy(policy: str, args: argparse.Namespace, base: str) -> float | None:
+    """One policy's run, printed; gives when its first scale-up was decided (s after the burst began)."""
+    from examples.chat.chat.app import build_app
+    from examples.chat.chat.settings import Settings
+
+    scaling = {
+        "upscale_delay_s": args.upscale_delay,
+        "downscale_delay_s": 600,  # no replica leaves within the run
+        "look_back_period_s": 5,
+        "metrics_interval_s": 0.5,
+    }
+    settings = Settings(backend="local", max_model_replicas=3, scaling=policy, model_autoscaling=scaling)
+    loading = time.monotonic()
+    tk.run(build_app(settings), name=APP, route_prefix="/")
+    print(f"{policy} policy: the first replica took {time.monotonic() - loading:.1f} s to load", flush=True)
+    warm = {
+        "model": "SmolLM2-135M-Instruct",
+        "max_tokens": 4,
+        "messages": [{"role": "user", "content": "hi"}],
+    }
+    httpx.post(base + "/v1/chat/completions", json=warm, timeout=120).raise_for_status()
+    time.sleep(args.look_back_settle)  # the warm-up leaves the look-back window
+    watch = ReplicaWatch()
+    began = time.time()
+    cpu_before = cpu_seconds(os.getpid()) - sum(os.times()[:2])
+    result = asyncio.run(burst(base, args.clients, args.max_tokens, args.duration, began))
+    server_cpu = cpu_seconds(os.getpid()) - sum(os.times()[:2]) - cpu_before
+    watch.stop()
+    ups = decisions(began)
+    decided = ", ".join(f"{before} -> {after} at {at - began:.1f} s" for at, before, after in ups) or "none"
+    running = {count: at - began for count, at in sorted(watch.running_at.items()) if count > 1}
+    print(f"  scale-ups decided: {decided}")
+    print(
+        "  replicas RUNNING: "
+        + (", ".join(f"{count} at {at:.1f} s" for count, at in running.items()) or "no replica added")
+    )
+    print(f"  TTFT, all replies: {percentiles([ttft for _, ttft in result.replies])}")
+    if running:
+        first, last = min(running.values()), max(running.values())
+        before = [ttft for start, ttft in result.replies if start < first]
+        after = [ttft for start, ttft in result.replies if start >= last]
+        print(f"  TTFT, replies started before a replica was added: {percentiles(before)}")
+        print(f"  TTFT, replies started once {max(running)} replicas ran: {percentiles(after)}")
+    print(
+        f"  {result.tokens} tokens in {args.duration:g} s ({result.tokens / args.duration:.1f} tokens/s); "
+        f"server CPU per token {1000 * server_cpu / max(result.tokens, 1):.1f} ms",
+        flush=True,
+    )
+    tk.delete(APP)
+    return ups[0][0] - began if ups else None
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--clients", type=int, default=24, help="concurrent streams in the burst")
+    parser.add_argument("--duration", type=float, default=60, help="seconds of the burst")
+    parser.add_argument("--max-tokens", type=int, default=128, help="tokens per reply at most")
+    parser.add_argument("--upscale-delay", type=float, default=2, help="upscale_delay_s of the pool")
+    parser.add_argument(
+        "--look-back-settle", type=float, default=5, help="seconds idle before the burst (the look-back)"
+    )
+    parser.add_argument("--policies", default="requests,load", help="CHAT_SCALING values, in order")
+    args = parser.parse_args()
+    from app_toolkit._runtime.backends.ray.cluster import init_ray
+
+    # Room for 3 model replicas of num_cpus=1 on 2 cores; the replicas' logs stay in Ray's files.
+    init_ray(None, num_cpus=3, log_to_driver=False)
+    port = free_port()
+    tk.start(backend="ray", http_options={"port": port, "access_log": False})
+    print(
+        f"chat model pool under a burst of {args.clients} streams of up to {args.max_tokens} tokens for "
+        f"{args.duration:g} s; 1 to 3 replicas, upscale_delay_s={args.upscale_delay:g}, "
+        "look_back_period_s=5, metrics_interval_s=0.5 (shortened for the run); "
+        f"{os.cpu_count()} cores for 3 replicas of 1 logical CPU each: they compete for the cores",
+        flush=True,
+    )
+    try:
+        first = {
+            policy: run_policy(policy, args, f"http://127.0.0.1:{port}")
+            for policy in args.policies.split(",")
+        }
+    finally:
+        tk.shutdown()
+    print(
+        "first scale-up decided: "
+        + ", ".join(f"{policy} {'never' if at is None else f'{at:.1f} s'}" for policy, at in first.items())
+    )
+
+
+if __name__ == "__main__":
+    main()

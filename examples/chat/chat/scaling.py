@@ -1,0 +1,169 @@
+"""How the model pool scales: each replica reports its own load, and a policy decides on it.
+
+The pattern for any model (docs/autoscaling.md, "Scaling a model on its own load"):
+
+1. The engine says what it holds (:class:`EngineLoad`): the replies in its decode slots
+   with the tokens each may still produce, the replies queued for a slot, and how long
+   a decoding step takes lately.
+2. ``ChatModel.record_autoscaling_stats()`` turns that into numbers
+   (:func:`replica_metrics`): among them ``late``, the queued replies expected to wait
+   longer than ``CHAT_SCALE_WAIT_S`` for a slot.
+3. :func:`scale_on_load`, the pool's autoscaling policy, adds replicas for the late
+   replies that the pool's free slots cannot take, and removes them when fewer replicas
+   would hold every reply.
+
+This module imports nothing of the application at run time: the controller receives the
+policy by value and runs it without the application's modules.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the controller runs the policy without the application's modules
+    import app_toolkit as tk
+
+    from .settings import Settings
+
+#: The pool's autoscaling options before ``CHAT_MODEL_AUTOSCALING`` (production pace: a
+#: backlog must last 10 s to add replicas, an idle replica 10 minutes to go; replicas
+#: report their load every 2 s).
+DEFAULTS: dict[str, float] = {
+    "upscale_delay_s": 10.0,
+    "downscale_delay_s": 600.0,
+    "metrics_interval_s": 2.0,
+}
+
+
+@dataclass(frozen=True, slots=True)
+class EngineLoad:
+    """What one engine holds now.
+
+    ``slots`` is how many replies it decodes at once (0: no limit it knows of; each reply
+    streams on its own, as with the echo and openai engines). ``running`` has, per reply
+    holding a slot, the tokens it may still produce (its max_tokens less those produced:
+    an upper bound, since a reply may end sooner). ``queued`` has, per reply waiting for a
+    slot in queue order, its prompt tokens and max_tokens. ``step_s`` is the time of one
+    decoding step lately (0 before the first).
+    """
+
+    slots: int
+    running: tuple[int, ...] = ()
+    queued: tuple[tuple[int, int], ...] = ()
+    step_s: float = 0.0
+
+
+def slot_waits(load: EngineLoad) -> tuple[list[int], int]:
+    """Decoding steps until each queued reply gets a slot, in queue order, and until a
+    reply arriving after them would.
+
+    Each slot frees when its reply has produced its remaining tokens; the queued replies
+    take the slots in the order they free, then hold them for their max_tokens. Upper
+    bounds, as the remaining tokens are.
+    """
+    if load.slots <= 0:
+        return [0] * len(load.queued), 0
+    frees = sorted(load.running)[: load.slots]
+    frees += [0] * (load.slots - len(frees))  # a free slot is free now
+    heapq.heapify(frees)
+    waits = []
+    for _, max_tokens in load.queued:
+        start = heapq.heappop(frees)
+        waits.append(start)
+        heapq.heappush(frees, start + max_tokens)
+    return waits, frees[0]
+
+
+def replica_metrics(load: EngineLoad, target_wait_s: float) -> dict[str, float]:
+    """A replica's custom autoscaling metrics (all counts are replies):
+
+    - ``running``, ``waiting``: replies holding a decode slot, queued for one;
+    - ``slots``: decode slots (0: no limit); ``free``: slots neither taken nor promised
+      to a queued reply;
+    - ``tokens_waiting``: prompt tokens of the queued replies plus the tokens the running
+      ones may still produce;
+    - ``slot_wait_s``: the estimated wait for a slot of a reply arriving now;
+    - ``late``: queued replies estimated to wait longer than ``target_wait_s``.
+
+    Waits are decoding steps times the step's recent time: prompt reading is left out,
+    and remaining tokens are upper bounds, so the estimates err towards waiting longer.
+    """
+    waits, next_free = slot_waits(load)
+    return {
+        "running": float(len(load.running)),
+        "waiting": float(len(load.queued)),
+        "slots": float(load.slots),
+        "free": float(max(0, load.slots - len(load.running) - len(load.queued))),
+        "tokens_waiting": float(sum(prompt for prompt, _ in load.queued) + sum(load.running)),
+        "slot_wait_s": next_free * load.step_s,
+        "late": float(sum(1 for steps in waits if steps * load.step_s > target_wait_s)),
+    }
+
+
+# --8<-- [start:policy]
+def scale_on_load(context: tk.AutoscalingContext) -> tuple[int, dict[str, Any]]:
+    """The model pool's policy: replicas for the replies that would wait too long.
+
+    - Late replies (newest samples) beyond the pool's free slots want that many more
+      slots: the running replicas plus one replica per ``slots`` of them (never fewer
+      than the target: replicas may still be starting).
+    - Late replies the free slots can take: the target holds (new requests go there).
+    - None late: the fewest replicas whose slots hold every running and queued reply
+      (averaged over the look-back), never more than the target.
+    - Replicas that report no slot limit (echo, openai): requests per replica, as the
+      built-in policy (``target_ongoing_requests``).
+
+    The answer stays within the capacity-adjusted bounds; the config's delays apply to it.
+    """
+    newest = _newest(context)
+    slots = max(newest.get("slots", {}).values(), default=0.0)
+    target = context.target_num_replicas
+    if not newest:  # no replica has reported yet
+        wanted = target
+    elif slots <= 0:
+        per_replica = context.config.target_ongoing_requests if context.config else 1.0
+        wanted = math.ceil(context.total_num_requests / per_replica)
+    else:
+        late = sum(newest.get("late", {}).values())
+        free = sum(newest.get("free", {}).values())
+        if late > free:
+            wanted = max(target, context.current_num_replicas + math.ceil((late - free) / slots))
+        elif late > 0:
+            wanted = target
+        else:
+            averaged = context.aggregated_metrics
+            held = sum(averaged.get("running", {}).values()) + sum(averaged.get("waiting", {}).values())
+            wanted = min(target, math.ceil(held / slots))
+    lower, upper = context.capacity_adjusted_min_replicas, context.capacity_adjusted_max_replicas
+    return max(lower, min(upper, wanted)), {}
+
+
+# --8<-- [end:policy]
+
+
+def _newest(context: tk.AutoscalingContext) -> dict[str, dict[str, float]]:
+    """Each metric's newest sample per replica (a backlog is a fact about now; the
+    upscale delay is what asks it to last)."""
+    return {
+        name: {replica: samples[-1].value for replica, samples in replicas.items() if samples}
+        for name, replicas in context.raw_metrics.items()
+    }
+
+
+def autoscaling_config(settings: Settings) -> dict[str, Any]:
+    """The model pool's ``autoscaling_config``: 1 to ``max_model_replicas`` replicas, this
+    module's policy unless ``scaling`` is ``requests`` (then ``max_batch_size`` requests
+    per replica), ``DEFAULTS`` and ``model_autoscaling`` over them."""
+    config: dict[str, Any] = {
+        "min_replicas": 1,
+        "max_replicas": settings.max_model_replicas,
+        "target_ongoing_requests": settings.max_batch_size,
+        **DEFAULTS,
+        **settings.model_autoscaling,
+    }
+    if settings.scaling == "load":
+        config["policy"] = {"policy_function": scale_on_load}
+    return config
