@@ -438,6 +438,17 @@ class DeploymentConfig(Strict):
         return data
 
     @model_validator(mode="after")
+    def _check_wake_up(self) -> DeploymentConfig:
+        autoscaling = self.autoscaling_config
+        if self.max_queued_requests == 0 and autoscaling is not None and autoscaling.min_replicas == 0:
+            raise ValueError(
+                "max_queued_requests=0 with autoscaling_config.min_replicas=0: at zero replicas "
+                "every request would be refused and none would start a replica; set "
+                "max_queued_requests to 1 or more (or -1), or min_replicas to 1"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _check_placement(self) -> DeploymentConfig:
         bundles = self.placement_group_bundles
         if bundles is None:

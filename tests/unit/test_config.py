@@ -64,6 +64,10 @@ def test_defaults_are_finite() -> None:
             {"placement_group_bundles": [{"CPU": 1}], "ray_actor_options": {"num_cpus": 2}},
             "num_cpus is 2 but the first bundle has 1 CPU; add it to the first bundle or lower num_cpus",
         ),
+        (
+            {"max_queued_requests": 0, "autoscaling_config": {"min_replicas": 0}},
+            "at zero replicas every request would be refused and none would start a replica",
+        ),
     ],
 )
 def test_bad_options_fail_fast_with_the_option_named(options: dict[str, Any], message: str) -> None:

@@ -1,23 +1,60 @@
 """Calls of custom autoscaling policies, off the controller's event loop.
 
-A policy is user code: it may be slow, hang or raise. Each call runs in a thread of a
-small pool this object owns, one call per policy at a time, and is bounded in time: the
-controller starts a call on one pass and takes its outcome on a later one, so its loop
-never waits for user code. A call past its bound is reported once as failed and then
-abandoned (a thread cannot be stopped); until it ends, that policy is not called again.
-``close()`` cancels what has not started and abandons the rest, never waiting.
+A policy is user code: it may be slow, hang or raise. Each call runs in a daemon thread
+of its own (a hung call neither delays another policy's nor keeps the process from
+exiting), one call per policy at a time, and is bounded in time: the controller starts a
+call on one pass and takes its outcome on a later one, so its loop never waits for user
+code. A call past its bound is reported once as failed and then abandoned (a thread
+cannot be stopped); until it ends, that policy is not called again. Abandoned calls
+still running are bounded too: past ``MAX_RUNNING`` a new call fails at once.
+``close()`` abandons what runs, never waiting.
 """
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Hashable
-from concurrent.futures import Executor, Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass
+from typing import Any
 
 #: How long one call of a policy may take before it counts as failed.
 POLICY_TIMEOUT_S = 10.0
-#: Threads running policies at once (a hung call keeps one until it ends).
-_WORKERS = 4
+#: Policy calls running at once at most (hung ones included: a thread cannot be stopped).
+MAX_RUNNING = 64
+
+
+class DaemonThreads(Executor):
+    """Runs each call in a daemon thread of its own; at most ``limit`` at once."""
+
+    def __init__(self, limit: int = MAX_RUNNING) -> None:
+        self._limit = limit
+        self._running = 0
+        self._lock = threading.Lock()
+
+    def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
+        future: Future[Any] = Future()
+        with self._lock:
+            if self._running >= self._limit:
+                future.set_exception(
+                    RuntimeError(f"{self._running} policy calls still run (hung?); this one was not made")
+                )
+                return future
+            self._running += 1
+
+        def run() -> None:
+            try:
+                if future.set_running_or_notify_cancel():
+                    try:
+                        future.set_result(fn(*args, **kwargs))
+                    except BaseException as exc:  # noqa: BLE001 - the future carries it
+                        future.set_exception(exc)
+            finally:
+                with self._lock:
+                    self._running -= 1
+
+        threading.Thread(target=run, name="app-toolkit-policy", daemon=True).start()
+        return future
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +83,7 @@ class PolicyCalls:
 
     def __init__(self, timeout_s: float = POLICY_TIMEOUT_S, executor: Executor | None = None) -> None:
         self.timeout_s = timeout_s
-        self._executor = executor or ThreadPoolExecutor(_WORKERS, thread_name_prefix="app-toolkit-policy")
+        self._executor = executor or DaemonThreads()
         self._calls: dict[Hashable, _Call] = {}
 
     def running(self, key: Hashable) -> bool:
@@ -88,7 +125,7 @@ class PolicyCalls:
             call.future.cancel()
 
     def close(self) -> None:
-        """Cancel the calls that have not started; abandon the running ones."""
+        """Abandon the calls under way (their daemon threads end with the process)."""
         for call in self._calls.values():
             call.future.cancel()
         self._calls.clear()
