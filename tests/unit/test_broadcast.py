@@ -92,9 +92,12 @@ async def test_every_replica_answers_in_its_place_and_a_draining_one_is_left_out
 
 
 @pytest.mark.anyio
-async def test_a_broadcast_to_no_replicas_has_no_results() -> None:
+async def test_a_broadcast_to_no_replicas_has_no_results_and_to_a_deleted_deployment_raises() -> None:
     dispatcher = make({}, max_queued=5)
     assert await broadcast.fan_out(plane_of(dispatcher), DEP, call("reload")) == []
+    dispatcher.close(f"Deployment {DEP} was deleted or failed to deploy")
+    with pytest.raises(ReplicaUnavailableError, match="was deleted"):  # as a call to it would
+        await broadcast.fan_out(plane_of(dispatcher), DEP, call("reload"))
 
 
 @pytest.mark.anyio

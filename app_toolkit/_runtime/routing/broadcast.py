@@ -38,7 +38,8 @@ _LEFT_OUT: Final = object()  # the replica was draining: not one of the broadcas
 
 async def fan_out(plane: DataPlane, deployment: DeploymentID, call: MethodCall) -> list[Outcome]:
     """Send ``call`` (marked ``broadcast``) to every replica of ``deployment``; return what
-    each gave, in the table's order, once all have answered."""
+    each gave, in the table's order, once all have answered (none: no replica runs).
+    Raises ReplicaUnavailableError if the deployment was deleted or never existed."""
     dispatcher = await plane.subscriber.dispatcher_with_table(deployment)
     outcomes = await asyncio.gather(*(_call_one(dispatcher, info, call) for info in dispatcher.replicas()))
     return [outcome for outcome in outcomes if outcome is not _LEFT_OUT]

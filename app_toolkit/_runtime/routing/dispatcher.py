@@ -259,7 +259,10 @@ class Dispatcher:
                 return reply
 
     def replicas(self) -> list[ReplicaInfo]:
-        """The replicas of the latest table that this caller can reach."""
+        """The replicas of the latest table that this caller can reach; raises
+        ReplicaUnavailableError when the deployment is gone (none exist, as a call would)."""
+        if self._closed_reason is not None:
+            raise ReplicaUnavailableError(self._closed_reason)
         return self._chooser.infos()
 
     async def send_to(self, info: ReplicaInfo, request: Request) -> Reply | None:
