@@ -78,3 +78,36 @@ async def test_calls_wait_while_the_deployment_does_not_autoscale_and_start_when
         assert len(calls) == paused
     finally:
         await stats.stop()
+
+
+async def test_a_hung_async_call_is_cancelled_at_its_bound_and_sampling_goes_on(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("app_toolkit._runtime.replica.autoscaling_stats.STATS_TIMEOUT_S", 0.05)
+    cancelled: list[bool] = []
+
+    class HangsOnce:
+        calls = 0
+
+        async def record_autoscaling_stats(self) -> dict[str, float]:
+            self.calls += 1
+            if self.calls == 1:
+                try:
+                    await asyncio.sleep(3600)
+                except asyncio.CancelledError:
+                    cancelled.append(True)
+                    raise
+            return {"queue": 2.0}
+
+    stats = AutoscalingStats(HangsOnce(), "r1", DeploymentID("a", "D"), CONFIG)
+    stats.start()
+    try:
+        taken = None
+        for _ in range(200):
+            await asyncio.sleep(0.01)
+            taken = stats.take()
+            if taken is not None:
+                break
+        assert cancelled == [True] and taken is not None and taken.samples[0][1] == (("queue", 2.0),)
+    finally:
+        await stats.stop()

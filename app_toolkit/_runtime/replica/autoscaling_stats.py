@@ -3,7 +3,8 @@
 Ray Serve's hook: a deployment class may define ``record_autoscaling_stats(self)``, sync
 or async, returning ``dict[str, float]``. The replica calls it every
 ``metrics_interval_s`` (of its autoscaling config), each call bounded by
-``STATS_TIMEOUT_S``; the samples wait here until the process's next load report takes
+``STATS_TIMEOUT_S`` (an async one is cancelled then; a sync one's thread cannot be, and
+is waited for before the next call); the samples wait here until the process's next load report takes
 them to the controller (``TableSubscriber.add_stats``: the same report, no channel of its
 own). A call that fails, overruns or returns something else is logged (once per
 distinct problem) and skipped; it never stops the replica.
@@ -12,6 +13,7 @@ distinct problem) and skipped; it never stops the replica.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import math
 import numbers
@@ -28,7 +30,8 @@ logger = logging.getLogger("app_toolkit.replica")
 METHOD = "record_autoscaling_stats"
 #: How long one call may take (Ray Serve's RAY_SERVE_RECORD_AUTOSCALING_STATS_TIMEOUT_S).
 STATS_TIMEOUT_S = 10.0
-#: Samples kept for the next report at most (a controller unreachable for long).
+#: Samples kept for the next report at most (a report that is slow to come: a caller's
+#: report loop paced by its load, or held up by a slow controller).
 _KEPT = 100
 
 
@@ -39,6 +42,7 @@ class AutoscalingStats:
         self, instance: object, replica_id: str, deployment: DeploymentID, config: DeploymentConfig
     ) -> None:
         self._method = getattr(instance, METHOD)
+        self._is_async = inspect.iscoroutinefunction(self._method)
         self.replica_id = replica_id
         self.deployment = deployment
         self.config = config  # the replica's newest options (see ``update``)
@@ -90,6 +94,9 @@ class AutoscalingStats:
             done, _ = await asyncio.wait({call}, timeout=STATS_TIMEOUT_S)
             if not done:
                 self._report(f"did not return within {STATS_TIMEOUT_S:g} s")
+                if self._is_async:
+                    call.cancel()  # sampled again at the next interval
+                # A sync method's thread cannot be stopped: it is waited for, not stacked up.
                 await asyncio.gather(call, return_exceptions=True)
             else:
                 self._keep(call, loop.time())
