@@ -128,6 +128,16 @@ class AutoscalingPolicy(Strict):
             raise ValueError('must be a function or an import path like "module:function"')
         return value
 
+    def __eq__(self, other: object) -> bool:
+        """Equal by what the user set: a policy serialized in two builds (a config file
+        applied again) is the same policy, though its bytes may differ (as in Ray Serve)."""
+        if not isinstance(other, AutoscalingPolicy):
+            return NotImplemented
+        return (self.name, self.policy_kwargs) == (other.name, other.policy_kwargs)
+
+    def __hash__(self) -> int:
+        return hash((self.name, json.dumps(self.policy_kwargs, sort_keys=True)))
+
     @field_serializer("policy_function")
     def _as_path(self, value: str | Callable[..., Any]) -> str:
         return value if isinstance(value, str) else policy_path(value)

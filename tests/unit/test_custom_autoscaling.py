@@ -310,3 +310,11 @@ def test_policy_calls_run_in_daemon_threads_of_their_own_and_hung_ones_are_bound
     release.set()
     assert hung.result(timeout=5) and second.result(timeout=5)
     assert threads.submit(lambda: 2).result(timeout=5) == 2  # room again
+
+
+def test_a_policy_is_equal_by_what_the_user_set_not_by_its_serialized_bytes() -> None:
+    policy = tk.AutoscalingPolicy(policy_function=Stepping, policy_kwargs={"step": 1})
+    assert policy.travelling(b"one build") == policy.travelling(b"another build")
+    assert hash(policy.travelling(b"one")) == hash(policy.travelling(b"two"))
+    assert policy != tk.AutoscalingPolicy(policy_function=Stepping, policy_kwargs={"step": 2})
+    assert policy != tk.AutoscalingPolicy(policy_function="tests.apps.policies:together")
