@@ -15,11 +15,15 @@ import app_toolkit as tk
 from app_toolkit._runtime import log_format, request_context
 from app_toolkit._runtime.messages import DeploymentID, RouteInfo
 from app_toolkit._runtime.proxy.http_front import HTTPFront
-from app_toolkit._runtime.tables import ApplicationTable
+from app_toolkit._runtime.replica.replica import ReplicaCore
+from app_toolkit._runtime.tables import APPLICATIONS_KEY, ApplicationTable
 from app_toolkit.build import build_app, build_spec
 from app_toolkit.config import DeploymentConfig, HTTPOptions
 from app_toolkit.config.file import parse_config
+from app_toolkit.status import ApplicationStatus
 from tests.deployments import as_deployment
+from tests.unit.test_controller import FakeBackend, started, until
+from tests.unit.test_controller import app as controller_app
 
 
 @tk.deployment("Model")
@@ -190,3 +194,31 @@ def test_a_replica_with_its_own_process_sets_every_logger_and_the_format(
     err = capsys.readouterr().err.splitlines()
     assert err[0].startswith("{") and '"message": "debug shows"' in err[0]
     assert len(err) == 2 and err[1].endswith("user.code: info shows")
+
+
+@pytest.mark.anyio
+async def test_a_new_logging_config_reconfigures_replicas_in_place_and_republishes_the_access_flag() -> None:
+    backend = FakeBackend()
+    core = await started(backend)
+    await core.deploy_app(controller_app())
+    await until(lambda: core.snapshot().applications["a"].status is ApplicationStatus.RUNNING)
+    quiet = {"log_level": "WARNING", "enable_access_log": False}
+    await core.deploy_app(controller_app(logging_config=quiet))  # the same version
+    await until(lambda: len(backend.reconfigured) == 2)
+    assert backend.started == 2  # nothing restarted
+    routes = core.longpoll.get(APPLICATIONS_KEY)
+    assert isinstance(routes, ApplicationTable) and [r.access_log for r in routes.applications] == [False]
+    await core.stop()
+
+
+@pytest.mark.anyio
+async def test_a_replica_follows_its_logging_config_when_it_starts_and_when_it_changes() -> None:
+    deployment = DeploymentID("a", "Quiet")
+    config = DeploymentConfig(logging_config={"log_level": "ERROR"})
+    core = ReplicaCore("r1", deployment, config, lambda: None, ((), {}), lambda value: b"")
+    await core.start()
+    assert log_format._floors[("a", "Quiet")] == logging.ERROR
+    await core.update_config(DeploymentConfig(logging_config={"log_level": "WARNING"}))
+    assert log_format._floors[("a", "Quiet")] == logging.WARNING
+    await core.update_config(DeploymentConfig())
+    assert ("a", "Quiet") not in log_format._floors
