@@ -20,6 +20,7 @@ from app_toolkit.config import (
     BatchConfig,
     DeploymentConfig,
     HTTPOptions,
+    LoggingConfig,
     RayActorOptions,
 )
 from app_toolkit.context import ReplicaContext, ReplicaRank, get_replica_context, get_request_id
@@ -108,6 +109,7 @@ __all__ = [
     "EventStream",
     "HTTPOptions",
     "LoggedEvent",
+    "LoggingConfig",
     "MemoryEventLog",
     "MethodNotFoundError",
     "OpenAIErrorEvent",

@@ -22,6 +22,7 @@ from app_toolkit.build import build_app, reloaded, renewed
 from app_toolkit.config import (
     AutoscalingPolicy,
     HTTPOptions,
+    LoggingConfig,
     parse_application_options,
     parse_http_options,
     parse_options,
@@ -77,6 +78,7 @@ def run(
     blocking: bool = False,
     backend: str = "auto",
     autoscaling_policy: AutoscalingPolicy | str | Callable[..., Any] | None = None,
+    logging_config: LoggingConfig | dict[str, Any] | None = None,
     _local_testing_mode: bool = False,
     _reload: bool = False,
 ) -> DeploymentHandle:
@@ -92,7 +94,8 @@ def run(
     ``autoscaling_policy`` (a function, its import path or an ``AutoscalingPolicy``)
     decides the replicas of all the application's autoscaled deployments at once, as a
     config file's application ``autoscaling_policy`` does (Ray Serve sets it in files
-    only; docs/autoscaling.md).
+    only; docs/autoscaling.md). ``logging_config`` (a dict or a ``LoggingConfig``) is the
+    one of every deployment that sets none of its own (docs/observability.md).
     """
     if not isinstance(target, Application):
         raise ConfigError(
@@ -103,12 +106,16 @@ def run(
     if route_prefix is _UNSET:
         route_prefix = target.default_route_prefix if target.default_route_prefix else "/"
     options = parse_application_options(app_name, route_prefix)
+    if isinstance(logging_config, dict):
+        logging_config = parse_options(LoggingConfig, logging_config, "logging_config")
     if _local_testing_mode:  # Ray Serve's: in this process, handles only (no HTTP server)
         session = start(backend="local", proxy_location="Disabled")
     else:
         session = start(backend=backend)
     policy = _app_policy(autoscaling_policy)
-    spec = build_app(target, options.name, options.route_prefix, session.serialize, None, policy)
+    spec = build_app(
+        target, options.name, options.route_prefix, session.serialize, None, policy, logging_config
+    )
     spec = reloaded(spec) if _reload else renewed(spec)
     session.deploy(spec)
     # A reload returns once the new code serves: the old replicas drain meanwhile.

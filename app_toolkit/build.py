@@ -31,7 +31,7 @@ from app_toolkit._runtime.messages import AppSpec, ByValue, DeploymentID, Deploy
 from app_toolkit._runtime.replica.replica import ASGI_APP_ATTR, ASGI_BUILDER_ATTR
 from app_toolkit._runtime.session import Build, Serialize
 from app_toolkit.app_builder import load_application
-from app_toolkit.config import AutoscalingPolicy, DeploymentConfig
+from app_toolkit.config import AutoscalingPolicy, DeploymentConfig, LoggingConfig
 from app_toolkit.config.file import ApplicationConfig, parse_config
 from app_toolkit.deployment import Application, Deployment
 from app_toolkit.exceptions import BuilderArgsError, ConfigError
@@ -51,11 +51,13 @@ def build_app(
     serialize: Serialize,
     configure: Callable[[Deployment], Deployment] | None = None,
     autoscaling_policy: AutoscalingPolicy | None = None,
+    logging_config: LoggingConfig | None = None,
 ) -> AppSpec:
     """The spec of application ``name`` whose ingress is ``target``. ``configure`` may
     replace each deployment (and pool) with a copy of other options (a config file's
-    overrides); ``autoscaling_policy`` decides for all its autoscaled deployments."""
-    spec = _build_graph(target, name, route_prefix, serialize, configure)
+    overrides); ``autoscaling_policy`` decides for all its autoscaled deployments;
+    ``logging_config`` is the one of every deployment that sets none."""
+    spec = _build_graph(target, name, route_prefix, serialize, configure, logging_config)
     if autoscaling_policy is None or autoscaling_policy.is_default:
         return spec
     policy = travelling_policy(autoscaling_policy, serialize, "autoscaling_policy.policy_function")
@@ -101,8 +103,9 @@ def _build_graph(
     route_prefix: str | None,
     serialize: Serialize,
     configure: Callable[[Deployment], Deployment] | None,
+    logging_config: LoggingConfig | None,
 ) -> AppSpec:
-    graph = _Graph(name, serialize, configure)
+    graph = _Graph(name, serialize, configure, logging_config)
     ingress = graph.visit(target)
     if route_prefix is not None:
         graph.serves_http(ingress)
@@ -154,11 +157,16 @@ class _Graph:
     """The deployments of one application, met while walking its bound graph."""
 
     def __init__(
-        self, app: str, serialize: Serialize, configure: Callable[[Deployment], Deployment] | None
+        self,
+        app: str,
+        serialize: Serialize,
+        configure: Callable[[Deployment], Deployment] | None,
+        logging_config: LoggingConfig | None,
     ) -> None:
         self.app = app
         self._serialize = serialize
         self._configure = configure
+        self._logging = logging_config  # the application's: for deployments with none
         self._specs: dict[str, DeploymentSpec] = {}
         # Bound node -> its deployment name. The node is kept too: an id is unique only
         # while its object lives, and pools are temporary nodes (a freed one's id can
@@ -195,8 +203,11 @@ class _Graph:
                 f"replicas: {exc}. Keep its code importable or picklable, and its arguments "
                 "plain data, handles or importable objects."
             ) from None
+        config = deployment.config
+        if config.logging_config is None and self._logging is not None:  # Ray Serve's rule
+            config = config.model_copy(update={"logging_config": self._logging})
         try:
-            config = _travelling_config(deployment.config, self._serialize)
+            config = _travelling_config(config, self._serialize)
         except ConfigError as exc:
             raise ConfigError(f"Deployment {deployment.name!r} of application {self.app!r}: {exc}") from None
         heavy = config.model_dump_json(exclude=set(config.in_place_options())).encode()
@@ -306,7 +317,15 @@ def build_spec(app: ApplicationConfig, serialize: Serialize) -> AppSpec:
         raise BuilderArgsError(f"args: {exc}") from None
     except ConfigError as exc:
         raise ConfigError(f"import_path: {exc}") from None
-    spec = build_app(target, app.name, app.route_prefix, serialize, configure(app), app.autoscaling_policy)
+    spec = build_app(
+        target,
+        app.name,
+        app.route_prefix,
+        serialize,
+        configure(app),
+        app.autoscaling_policy,
+        app.logging_config,
+    )
     check_overrides(app, [deployment.id.name for deployment in spec.deployments])
     return dataclasses.replace(spec, deployments=tuple(_versioned(app, d) for d in spec.deployments))
 

@@ -41,6 +41,7 @@ EXPECTED = [
     "EventStream",
     "HTTPOptions",
     "LoggedEvent",
+    "LoggingConfig",
     "MemoryEventLog",
     "MethodNotFoundError",
     "OpenAIErrorEvent",

@@ -18,7 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import Literal, TextIO
 
 from app_toolkit._runtime import console_pipe, request_context
-from app_toolkit.config import LOG_LEVEL_ENV
+from app_toolkit.config import LOG_LEVEL_ENV, LoggingConfig
 
 FORMAT_ENV = "APP_TOOLKIT_LOG_FORMAT"
 LogFormat = Literal["text", "json"]
@@ -31,8 +31,14 @@ _TEXT = "%(asctime)s.%(msecs)03d %(levelname)s %(name)s%(where)s: %(message)s"
 _DATE = "%Y-%m-%dT%H:%M:%S"
 
 
+#: The levels of deployments whose replicas share a process with others (the local
+#: backend), by (application, deployment): their records below it are not written.
+_floors: dict[tuple[str, str], int] = {}
+
+
 class _Context(logging.Filter):
-    """Adds the request and replica a record was logged for (unless given as ``extra``)."""
+    """Adds the request and replica a record was logged for (unless given as ``extra``);
+    drops a replica's record below its deployment's level."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         fields = record.__dict__
@@ -40,6 +46,8 @@ class _Context(logging.Filter):
             fields["request_id"] = request_context.request_id.get()
         replica = request_context.replica.get()
         if replica is not None:
+            if _floors and record.levelno < _floors.get((replica.app_name, replica.deployment), 0):
+                return False
             fields.setdefault("application", replica.app_name)
             fields.setdefault("deployment", replica.deployment)
             fields.setdefault("replica", replica.replica_id)
@@ -164,10 +172,8 @@ def batch_writer(logger: logging.Logger) -> BatchWriter | None:
 
 def configure(level: str | None = None, log_format: str | None = None) -> None:
     """Log this process the toolkit's way (arguments default to the environment's)."""
-    level = (level or os.environ.get(LOG_LEVEL_ENV) or "info").lower()
+    level = level.lower() if level and level.lower() in LEVELS else _process_level()
     log_format = (log_format or os.environ.get(FORMAT_ENV) or "text").lower()
-    if level not in LEVELS:
-        level = "info"
     handler = logging.StreamHandler(sys.stderr)
     handler.addFilter(_Context())
     handler.setFormatter(JSONFormatter() if log_format == "json" else _TextFormatter())
@@ -179,3 +185,33 @@ def configure(level: str | None = None, log_format: str | None = None) -> None:
     if root.level > logging.INFO or root.level == logging.NOTSET:
         root.setLevel(logging.INFO)
     logging.getLogger("app_toolkit").setLevel(level.upper())
+
+
+def follow_deployment(app: str, deployment: str, config: LoggingConfig | None, whole_process: bool) -> None:
+    """Log a replica of ``deployment`` by its ``logging_config`` (None: the process's).
+
+    ``whole_process``: the replica has the process to itself (on Ray), so its level is
+    every logger's (the root's, the toolkit's) and its encoding the handler's; access
+    lines keep the process's level (their application's ``enable_access_log`` decides).
+    Otherwise only records logged in its replicas below its level are dropped (the
+    process's format stays; a level below the process's lets nothing more through)."""
+    if not whole_process:
+        if config is None:
+            _floors.pop((app, deployment), None)
+        else:
+            _floors[(app, deployment)] = config.level_number
+        return
+    if config is None:
+        configure()
+        logging.getLogger().setLevel(logging.INFO)  # as configure() leaves a fresh process
+        logging.getLogger("app_toolkit.access").setLevel(logging.NOTSET)
+        return
+    configure(config.level_name(), config.encoding.lower())
+    logging.getLogger().setLevel(config.level_number)
+    logging.getLogger("app_toolkit.access").setLevel(_process_level().upper())
+
+
+def _process_level() -> str:
+    """The level the process was asked for (``APP_TOOLKIT_LOG_LEVEL``), lower-case."""
+    level = (os.environ.get(LOG_LEVEL_ENV) or "info").lower()
+    return level if level in LEVELS else "info"

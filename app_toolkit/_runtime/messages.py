@@ -103,6 +103,8 @@ class RouteInfo:
     app: str
     ingress: DeploymentID
     routes: tuple[PathRoute, ...] = ()
+    #: Its requests get access lines (its ingress's ``logging_config.enable_access_log``).
+    access_log: bool = True
 
 
 @compact

@@ -18,6 +18,7 @@ from app_toolkit.config.deployment import (
     parse_deployment_config,
 )
 from app_toolkit.config.http import HTTPOptions, parse_http_options
+from app_toolkit.config.logging_config import LoggingConfig, logs_access
 from app_toolkit.config.schema import IN_PLACE, LOG_LEVEL_ENV, NAME_RE, default_of, parse_options
 from app_toolkit.config.traffic import RolloutOptions, ShadowOptions
 
@@ -32,10 +33,12 @@ __all__ = [
     "BatchConfig",
     "DeploymentConfig",
     "HTTPOptions",
+    "LoggingConfig",
     "RayActorOptions",
     "RolloutOptions",
     "ShadowOptions",
     "default_of",
+    "logs_access",
     "parse_application_options",
     "parse_batch_config",
     "parse_deployment_config",

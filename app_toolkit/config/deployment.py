@@ -17,6 +17,7 @@ from pydantic import (
     model_validator,
 )
 
+from app_toolkit.config.logging_config import LoggingConfig
 from app_toolkit.config.ray_serve_only import drop_ray_serve_only
 from app_toolkit.config.schema import IN_PLACE, Strict, explain, field_errors
 from app_toolkit.exceptions import ConfigError, DefinitionError
@@ -418,6 +419,13 @@ class DeploymentConfig(Strict):
         None,
         description="How a replica's placement group bundles are spread over nodes "
         "(default PACK); only with placement_group_bundles.",
+    )
+    logging_config: LoggingConfig | None = Field(
+        None,
+        json_schema_extra=IN_PLACE,
+        description="Its replicas' log level and format, and (an ingress) whether its "
+        "application's requests get access lines; None: its application's logging_config, "
+        "else the process's (docs/observability.md).",
     )
     direct_ingress: bool = Field(
         True,

@@ -22,7 +22,6 @@ fails naming the field and what to do instead.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -43,6 +42,7 @@ from app_toolkit.config import (
     AutoscalingPolicy,
     DeploymentConfig,
     HTTPOptions,
+    LoggingConfig,
     ShadowOptions,
     default_of,
 )
@@ -80,30 +80,6 @@ class GRPCOptions(_Schema):
     @classmethod
     def _ray_serve_fields(cls, data: object) -> object:
         return drop_ray_serve_only("grpc", data)
-
-
-class LoggingConfig(_Schema):
-    """``logging_config``: the access log, and the level and format (``encoding``: TEXT or
-    JSON lines) of every toolkit process's logs."""
-
-    encoding: Literal["TEXT", "JSON"] = "TEXT"
-    log_level: str | int = "INFO"
-    logs_dir: None = None
-    enable_access_log: bool = True
-    additional_log_standard_attrs: list[str] = Field(default_factory=list, max_length=0)
-
-    @field_validator("log_level")
-    @classmethod
-    def _known_level(cls, value: str | int) -> str | int:
-        name = logging.getLevelName(value) if isinstance(value, int) else value.upper()
-        if name not in ("CRITICAL", "ERROR", "WARNING", "INFO", "DEBUG"):
-            raise ValueError(f"must be DEBUG, INFO, WARNING, ERROR or CRITICAL (or 10..50), got {value!r}")
-        return value
-
-    def level_name(self) -> str:
-        """The level as a lower-case name (``info``)."""
-        value = self.log_level
-        return str(logging.getLevelName(value) if isinstance(value, int) else value).lower()
 
 
 class DeploymentOverride(_Schema):
@@ -156,6 +132,9 @@ class ApplicationConfig(_Schema):
         None,
         description="An application-level autoscaling policy deciding the replicas of all "
         "its autoscaled deployments at once (docs/autoscaling.md); null: each deployment's own.",
+    )
+    logging_config: LoggingConfig | None = Field(
+        None, description="The logging_config of its deployments that set none of their own."
     )
 
     @model_validator(mode="before")

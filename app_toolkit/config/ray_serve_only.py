@@ -87,7 +87,6 @@ RAY_SERVE_ONLY: dict[str, dict[str, RayServeOnly]] = {
     "application": {
         "host": RayServeOnly(_one_of(None), "remove it and set http_options.host at the top of the file"),
         "port": RayServeOnly(_one_of(None), "remove it and set http_options.port at the top of the file"),
-        "logging_config": RayServeOnly(_one_of(None), "remove it (or set it to null)"),
         "external_scaler_enabled": RayServeOnly(
             _one_of(False),
             "there is no external scaling API; remove it and set num_replicas (a "
@@ -98,7 +97,6 @@ RAY_SERVE_ONLY: dict[str, dict[str, RayServeOnly]] = {
         "placement_group_bundle_label_selector": RayServeOnly(
             _one_of(None, []), _NO_LABELS + "placement_group_bundles"
         ),
-        "logging_config": RayServeOnly(_one_of(None), "remove it (or set it to null)"),
         "request_router_config": RayServeOnly(
             _defaults(
                 request_router_class=_POW2,
@@ -122,6 +120,18 @@ RAY_SERVE_ONLY: dict[str, dict[str, RayServeOnly]] = {
             _one_of(None, []),
             "deployment-scoped actors are not implemented; remove them and create a named "
             "Ray actor yourself (ray.get_actor in the replica's constructor)",
+        ),
+    },
+    "logging": {
+        "logs_dir": RayServeOnly(
+            _one_of(None),
+            "logs go to standard error (on Ray, each worker's is kept in Ray's session "
+            "logs directory: docs/observability.md); remove it",
+        ),
+        "additional_log_standard_attrs": RayServeOnly(
+            _one_of([], None),
+            "log lines carry the request, replica and route, not other record attributes; "
+            "remove it (or set it to [])",
         ),
     },
     "ray_actor_options": {

@@ -98,6 +98,7 @@ green = _which("green")
     max_surge_percent=10,
     surge_timeout_s=12,
     max_replicas_per_node=1,
+    logging_config={"encoding": "JSON", "log_level": "WARNING", "enable_access_log": False},
 )
 class EveryOption:
     def __init__(self, scaled: tk.DeploymentHandle) -> None:

@@ -124,6 +124,7 @@ ROW_KINDS = {
     "top level": "file",
     "`http_options`": "http",
     "`grpc_options`": "grpc",
+    "`logging_config`": "logging",
     "application": "application",
     "deployment": "deployment",
     "`ray_actor_options`": "ray_actor_options",
@@ -158,9 +159,6 @@ def test_the_docs_table_lists_every_ray_serve_field_once_as_the_code_treats_it()
         assert not taken & refused, row
         if row in ROW_KINDS:
             assert refused == set(RAY_SERVE_ONLY[ROW_KINDS[row]]), row
-        elif row == "`logging_config`":
-            # Refused by the schema (LoggingConfig in file.py), not by the table.
-            assert refused == {"logs_dir", "additional_log_standard_attrs"}
         else:
             assert not refused, row
 
@@ -383,6 +381,16 @@ REFUSED: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
         _file({"controller_options": {}}),
     ),
     ("tracing_config", _file({"tracing_config": {"enabled": True}}), _file({"tracing_config": None})),
+    (
+        "logging_config.logs_dir",
+        _file({"logging_config": {"logs_dir": "/var/log/serve"}}),
+        _file({"logging_config": {"logs_dir": None}}),
+    ),
+    (
+        "applications[0] (a).deployments[0] (Greeter).logging_config.additional_log_standard_attrs",
+        _deployment(logging_config={"additional_log_standard_attrs": ["lineno"]}),
+        _deployment(logging_config={"additional_log_standard_attrs": []}),
+    ),
     *[
         (
             f"http_options.{name}",
@@ -457,8 +465,7 @@ def test_a_field_refused_by_design_is_named_with_what_to_do(
 
 def test_every_refused_field_has_a_case() -> None:
     named = {path.rsplit(".", 1)[-1] for path, _, _ in REFUSED}
-    # An application's and a deployment's logging_config are handled elsewhere (#53).
-    table = {field for fields in RAY_SERVE_ONLY.values() for field in fields} - {"logging_config"}
+    table = {field for fields in RAY_SERVE_ONLY.values() for field in fields}
     assert named == table
 
 
@@ -531,6 +538,7 @@ applications:
     max_surge_percent: 20
     surge_timeout_s: 11
     affinity: prefer
+    logging_config: {encoding: JSON, log_level: WARNING, enable_access_log: false}
   - name: Front
     autoscaling_config: {min_replicas: 1, max_replicas: 2}
     placement_group_bundles: [{CPU: 1}]

@@ -15,6 +15,7 @@ from app_toolkit._runtime.controller.longpoll import LongPollHost
 from app_toolkit._runtime.controller.traffic import TrafficPolicy
 from app_toolkit._runtime.messages import AppSpec, DeploymentID, RouteInfo
 from app_toolkit._runtime.tables import APPLICATIONS_KEY, ApplicationTable, ShadowTarget, replicas_key
+from app_toolkit.config import logs_access
 
 logger = logging.getLogger("app_toolkit.controller")
 
@@ -101,7 +102,13 @@ class TablePublisher:
         """Publish the application table."""
         routes = sorted(
             (
-                RouteInfo(app.route_prefix, app.name, DeploymentID(app.name, app.ingress), app.routes)
+                RouteInfo(
+                    app.route_prefix,
+                    app.name,
+                    DeploymentID(app.name, app.ingress),
+                    app.routes,
+                    logs_access(app.deployment(app.ingress).config.logging_config),
+                )
                 for app in self._records.apps.values()
                 if app.route_prefix is not None
             ),

@@ -147,7 +147,7 @@ class HTTPFront:
                 HTTP_REQUESTS.inc(*labels)
                 took = time.perf_counter() - state.arrived
                 HTTP_DURATION.observe(took, *labels)
-                if self.access_log is not None:
+                if self.access_log is not None and state.logged:
                     self.access_log.add(scope, state.status, took, state.request_id, state.app, state.label)
         elif kind == "websocket":
             routes = self.apps if self.loaded else None
@@ -171,7 +171,7 @@ class HTTPFront:
         request_id = state.request_id = headers.request_id
         route = match_app(self.apps, path) if self.loaded and not path.startswith("/-/") else None
         if route is not None:
-            state.app, state.target = route.app, route.route_prefix
+            state.app, state.target, state.logged = route.app, route.route_prefix, route.access_log
             state.prefix = "" if route.route_prefix == "/" else route.route_prefix
             await self._to_app(scope, receive, send, state, route, path, headers)
             return

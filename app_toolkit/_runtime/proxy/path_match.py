@@ -13,12 +13,13 @@ from app_toolkit._runtime.messages import DeploymentID, RouteInfo
 class AppMatcher:
     """One application's prefix, its ingress and its compiled per-route table."""
 
-    __slots__ = ("route_prefix", "app", "ingress", "deployments", "_table")
+    __slots__ = ("route_prefix", "app", "ingress", "access_log", "deployments", "_table")
 
     def __init__(self, info: RouteInfo) -> None:
         self.route_prefix = info.route_prefix
         self.app = info.app
         self.ingress = info.ingress
+        self.access_log = info.access_log  # its requests get access lines
         self._table = [
             (
                 re.compile(route.pattern),

@@ -32,6 +32,7 @@ class RequestState:
         "route",
         "link",
         "uploading",
+        "logged",
     )
 
     def __init__(self, task: asyncio.Task[Any] | None, arrived: float) -> None:
@@ -50,6 +51,7 @@ class RequestState:
         #: The app is reading a body that has not fully arrived (direct ingress): a
         #: deadline passing now is the upload's (408), not the app's (504).
         self.uploading = False
+        self.logged = True  # it gets an access line (its application's enable_access_log)
 
     @property
     def label(self) -> str:

@@ -17,7 +17,7 @@ from typing import cast
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from app_toolkit._runtime import request_context, tracing
+from app_toolkit._runtime import log_format, request_context, tracing
 from app_toolkit._runtime.channel.frames import Dumps
 from app_toolkit._runtime.channel.server import ResponseSink
 from app_toolkit._runtime.drain_signal import LAST_EVENT_S, DrainSignal
@@ -81,8 +81,11 @@ class ReplicaCore:
         dumps: Dumps,
         rank: request_context.ReplicaRank | None = None,
         world_size: int = 0,
+        owns_process: bool = False,
     ) -> None:
         self.replica_id = replica_id
+        #: It is the only replica of its process (on Ray): its logging_config is the process's.
+        self.owns_process = owns_process
         self.labels = (deployment.app, deployment.name, replica_id)  # for its metrics
         self.context = request_context.ReplicaContext(
             deployment.app, deployment.name, replica_id, rank, world_size
@@ -123,6 +126,7 @@ class ReplicaCore:
         """Build the user object, run lifespan startup and apply ``user_config``."""
         args, kwargs = self._init_args
         definition = self._definition
+        self._follow_logging_config()
         request_context.enter_replica(self.context)
         request_context.stop_hooks.set(self._stop_hooks)  # a constructor may preload models
         try:
@@ -188,8 +192,17 @@ class ReplicaCore:
         old, self.config = self.config, config
         if self.autoscaling_stats is not None:
             self.autoscaling_stats.update(config)
+        if config.logging_config != old.logging_config:
+            self._follow_logging_config()
         if config.user_config is not None and config.user_config != old.user_config:
             await self.reconfigure(config.user_config)
+
+    def _follow_logging_config(self) -> None:
+        """Log by this deployment's ``logging_config`` (its own, else its application's)."""
+        deployment = self.deployment
+        log_format.follow_deployment(
+            deployment.app, deployment.name, self.config.logging_config, self.owns_process
+        )
 
     async def check_health(self) -> None:
         """Raises if the user's ``check_health`` does; proves the event loop responds."""

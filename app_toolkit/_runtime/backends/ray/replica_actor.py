@@ -154,7 +154,15 @@ class ReplicaActor:
         definition, init_args = pickle.loads(self._start.definition), pickle.loads(self._start.init_args)
         clock.lap("code")
         core = ReplicaCore(
-            replica_id, deployment, config, definition, init_args, dumps, rank, self._start.world_size
+            replica_id,
+            deployment,
+            config,
+            definition,
+            init_args,
+            dumps,
+            rank,
+            self._start.world_size,
+            owns_process=True,
         )
         controller = controller_actor()
         reports = itertools.count()
