@@ -83,7 +83,7 @@ def run(
     _reload: bool = False,
 ) -> DeploymentHandle:
     """Deploy ``target`` as an application and wait until it is running (and every
-    proxy routes its prefix).
+    proxy routes its prefix, waiting up to 5 s for a proxy that lags).
 
     Returns a handle to its ingress deployment. Running an app of the same name again
     upgrades it: every replica is replaced, though nothing changed, as Ray Serve's

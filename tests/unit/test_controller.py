@@ -61,6 +61,8 @@ class FakeBackend:
         self.cancelled_starts: list[str] = []
         self.deployment_of: dict[str, str] = {}  # replica id -> its deployment's name
         self.stop_gates: dict[str, asyncio.Event] = {}  # deployment name -> its stops wait for it
+        self.route_waits: list[tuple[str, int]] = []  # the tables the proxies were awaited with
+        self.lagging: list[str] = []  # the nodes whose proxies do not catch up
 
     async def start_replica(
         self, replica_id: str, spec: DeploymentSpec, seat: Seat
@@ -134,8 +136,9 @@ class FakeBackend:
     async def save_tables(self, tables: dict[str, Any]) -> None:
         self.stored_tables.append(tables)
 
-    async def proxies_hold(self, key: str, version: int, timeout_s: float) -> bool:
-        return True  # there are none
+    async def proxies_lagging(self, key: str, version: int, timeout_s: float) -> list[str]:
+        self.route_waits.append((key, version))
+        return self.lagging
 
     async def stop_proxies(self) -> None:
         return None  # there are none
@@ -200,6 +203,28 @@ async def test_apply_config_makes_the_apps_exactly_the_files_and_remembers_it() 
     assert core.applied_file == {"applications": [{"name": "b"}]}
     await core.delete_app("b")
     assert core.applied_file is None
+
+
+async def test_deploys_and_deletes_return_once_the_proxies_hold_their_routes(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    backend = FakeBackend()
+    core = await started(backend)
+
+    def published() -> tuple[str, int]:
+        return (APPLICATIONS_KEY, core.longpoll.version(APPLICATIONS_KEY))
+
+    await core.deploy_app(app("a", prefix="/a"))
+    assert backend.route_waits[-1] == published()
+    await core.apply_config([app("a", prefix="/a"), app("b", prefix="/b")], {"applications": []})
+    assert backend.route_waits[-1] == published() and len(backend.route_waits) == 2
+    backend.lagging = ["node-2"]
+    await core.delete_app("b")
+    assert backend.route_waits[-1] == published() and len(backend.route_waits) == 3
+    assert any("The proxies of node-2 do not have the new routes" in r.getMessage() for r in caplog.records)
+    await core.delete_app("a", hurry=True)  # a shutdown: the proxies stop anyway
+    assert len(backend.route_waits) == 3
+    await core.stop()
 
 
 async def test_deploy_checkpoints_before_acknowledging_then_reaches_running() -> None:

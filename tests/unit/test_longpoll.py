@@ -16,7 +16,7 @@ B = ApplicationTable((RouteInfo("/b", "b", DeploymentID("b", "D")),))
 
 
 async def test_listen_returns_new_values_and_waits_for_changes() -> None:
-    host = LongPollHost()
+    host = LongPollHost(first_version=0)
     assert await host.listen({"k": -1}, 1) == {"k": Update(0, None)}
     host.publish("k", A)
     assert await host.listen({"k": 0}, 1) == {"k": Update(1, A)}
@@ -32,7 +32,7 @@ async def test_listen_returns_new_values_and_waits_for_changes() -> None:
 
 
 async def test_a_woken_call_looks_at_the_keys_published_since_it_last_looked() -> None:
-    host = LongPollHost(log_size=3)
+    host = LongPollHost(log_size=3, first_version=0)
     for key in "abc":
         host.publish(key, A)
     known = {"a": 1, "b": 1, "c": 1}
@@ -57,7 +57,7 @@ async def test_a_woken_call_looks_at_the_keys_published_since_it_last_looked() -
 
 
 async def test_a_call_that_sleeps_through_more_publishes_than_the_log_holds_misses_nothing() -> None:
-    host = LongPollHost(log_size=2)
+    host = LongPollHost(log_size=2, first_version=0)
     host.publish("mine", A)
     waiter = asyncio.ensure_future(host.listen({"mine": 1}, 5))
     await asyncio.sleep(0.01)
@@ -69,7 +69,7 @@ async def test_a_call_that_sleeps_through_more_publishes_than_the_log_holds_miss
 
 
 async def test_a_published_update_is_pickled_once_and_unpickles_equal() -> None:
-    host = LongPollHost()
+    host = LongPollHost(first_version=0)
     host.publish("k", B)
     first = (await host.listen({"k": -1}, 1))["k"]
     second = (await host.listen({"k": 0}, 1))["k"]
@@ -80,3 +80,14 @@ async def test_a_published_update_is_pickled_once_and_unpickles_equal() -> None:
     assert back == Update(1, B) and back.packed_form == b""
     never = (await host.listen({"unknown": -1}, 1))["unknown"]
     assert pickle.loads(pickle.dumps(never)) == Update(0, None)
+
+
+async def test_a_restarted_hosts_versions_are_larger_than_its_predecessors() -> None:
+    before = LongPollHost()
+    for index in range(100):
+        before.publish("k", ApplicationTable((RouteInfo(f"/{index}", "a", DeploymentID("a", "D")),)))
+    await asyncio.sleep(0.002)  # a restart takes longer than a microsecond per publish
+    after = LongPollHost()  # the controller restarted
+    after.publish("k", A)
+    assert after.version("k") > before.version("k") > 0
+    assert after.version("never") == 0

@@ -154,10 +154,10 @@ class LocalBackend:
     async def save_tables(self, tables: dict[str, Table]) -> None:
         return None  # the proxy and handles live and die with this process's controller
 
-    async def proxies_hold(self, key: str, version: int, timeout_s: float) -> bool:
-        if self.subscriber is None:  # no proxy
-            return True
-        return await self.subscriber.holds(key, version, timeout_s)
+    async def proxies_lagging(self, key: str, version: int, timeout_s: float) -> list[str]:
+        if self.subscriber is None or await self.subscriber.holds(key, version, timeout_s):
+            return []  # no proxy, or it holds the table
+        return ["this process"]
 
     async def stop_proxies(self) -> None:
         if self.server is not None:

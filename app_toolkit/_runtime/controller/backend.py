@@ -105,9 +105,9 @@ class Backend(Protocol[H]):
         controller is down."""
         ...
 
-    async def proxies_hold(self, key: str, version: int, timeout_s: float) -> bool:
-        """Whether every HTTP proxy holds ``key``'s table at ``version`` or later, waiting
-        up to ``timeout_s`` for them."""
+    async def proxies_lagging(self, key: str, version: int, timeout_s: float) -> list[str]:
+        """The nodes whose HTTP proxy does not hold ``key``'s table at ``version`` or later
+        after up to ``timeout_s`` (empty: every proxy holds it)."""
         ...
 
     async def stop_proxies(self) -> None:

@@ -227,8 +227,14 @@ class ControllerCore:
         that a request sent when a deploy returns finds its routes (bounded: a proxy
         that lags or is gone is logged, not waited for)."""
         version = self.longpoll.version(APPLICATIONS_KEY)
-        if not await self.backend.proxies_hold(APPLICATIONS_KEY, version, _PROXIES_ROUTE_S):
-            logger.warning("Not every proxy has the new routes after %.0f s; deploying on", _PROXIES_ROUTE_S)
+        lagging = await self.backend.proxies_lagging(APPLICATIONS_KEY, version, _PROXIES_ROUTE_S)
+        if lagging:
+            logger.warning(
+                "The proxies of %s do not have the new routes after %.0f s (or did not answer); "
+                "they get them when they reach the controller",
+                ", ".join(lagging),
+                _PROXIES_ROUTE_S,
+            )
 
     async def set_traffic(self, endpoint: str, weights: dict[str, float]) -> None:
         """Split ``endpoint``'s traffic between applications by weight (ConfigError if the
@@ -331,7 +337,9 @@ class ControllerCore:
         seen_traffic = False
         for outcome in outcomes:
             if isinstance(outcome, ReplicaStats):
-                self.custom.stats.record(outcome, now)
+                state = self.deployments.get(outcome.deployment)
+                if state is not None and state.autoscaler is not None and not state.deleting:
+                    self.custom.stats.record(outcome, now)  # late ones of a deleted deployment are dropped
             else:
                 self.policy.record(outcome)
                 seen_traffic = True

@@ -3,6 +3,9 @@
 A caller sends the versions it already has; the call returns as soon as any of those keys
 holds a newer value (or after ``timeout_s`` with nothing). Keys never published have
 version 0 and no table, so a caller that starts with version -1 gets them at once.
+Versions count on from the microseconds since the epoch when the host was made, so a
+restarted controller's tables have larger versions than its predecessor's: a caller's
+"do you hold version N or later?" stays true to its word across restarts.
 
 Every publish wakes every waiting call. A woken call looks only at the keys published
 since it last looked (a bounded log of recent publishes), not at every key it holds: with
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import time
 from collections import deque
 from collections.abc import Iterable
 
@@ -28,8 +32,9 @@ LOG_SIZE = 4096
 class LongPollHost:
     """Holds the published tables; lives inside the controller."""
 
-    def __init__(self, log_size: int = LOG_SIZE) -> None:
+    def __init__(self, log_size: int = LOG_SIZE, first_version: int | None = None) -> None:
         self._versions: dict[str, int] = {}
+        self._first_version = time.time_ns() // 1000 if first_version is None else first_version
         self._values: dict[str, Table] = {}
         self._sent: dict[str, Update] = {}  # what callers get of each key (packed once)
         self._changed = asyncio.Event()
@@ -40,7 +45,7 @@ class LongPollHost:
     def publish(self, key: str, value: Table) -> None:
         if key in self._values and self._values[key] == value:
             return
-        version = self._versions[key] = self._versions.get(key, 0) + 1
+        version = self._versions[key] = self._versions.get(key, self._first_version) + 1
         self._values[key] = value
         self._sent[key] = Update.packed(version, value)
         self.generation += 1

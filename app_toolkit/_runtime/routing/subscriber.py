@@ -131,8 +131,8 @@ class TableSubscriber:
 
     async def holds(self, key: str, version: int, timeout_s: float) -> bool:
         """Whether this caller holds ``key``'s table at ``version`` or later, waiting up
-        to ``timeout_s`` for it. (Versions start again at 1 when the controller restarts:
-        until the controller answers, a caller may hold a larger number of an older table.)"""
+        to ``timeout_s`` for it (a restarted controller's versions are larger than its
+        predecessor's: controller/longpoll.py)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while self._versions.get(key, -1) < version:

@@ -138,19 +138,18 @@ class ProxyFleet:
         self._port = port  # with port 0, the first proxy's pick is everyone's port
         self.urls[node] = url
 
-    async def hold(self, key: str, version: int, timeout_s: float) -> bool:
-        """Whether every proxy routes by ``key``'s table at ``version`` or later, waiting
-        up to ``timeout_s``; a proxy that does not answer counts as not holding it."""
-        if not self._actors:
-            return True
+    async def lagging(self, key: str, version: int, timeout_s: float) -> list[str]:
+        """The nodes whose proxy does not route by ``key``'s table at ``version`` or later
+        after up to ``timeout_s`` (a proxy that does not answer counts among them)."""
+        nodes = list(self._actors)
         answers = await asyncio.gather(
             *(
-                asyncio.wait_for(actor.holds.remote(key, version, timeout_s), timeout_s + 1.0)
-                for actor in self._actors.values()
+                asyncio.wait_for(self._actors[node].holds.remote(key, version, timeout_s), timeout_s + 1.0)
+                for node in nodes
             ),
             return_exceptions=True,
         )
-        return all(answer is True for answer in answers)
+        return [node for node, answer in zip(nodes, answers, strict=True) if answer is not True]
 
     async def release(self, node: str) -> None:
         """A leaving node runs none of our replicas anymore: its proxy stops accepting,

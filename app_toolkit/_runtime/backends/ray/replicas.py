@@ -248,8 +248,8 @@ class RayReplicas:
     async def save_tables(self, tables: dict[str, Table]) -> None:
         stored.save_tables(tables)
 
-    async def proxies_hold(self, key: str, version: int, timeout_s: float) -> bool:
-        return await self._proxies.hold(key, version, timeout_s)
+    async def proxies_lagging(self, key: str, version: int, timeout_s: float) -> list[str]:
+        return await self._proxies.lagging(key, version, timeout_s)
 
     async def stop_proxies(self) -> None:
         # Whatever did not stop within the shutdown's wait goes now, with what it reserved.
