@@ -3,11 +3,12 @@ the one home of their names and of which one wins when a request sends more than
 
 - **Multiplexed model**: Ray Serve's ``serve_multiplexed_model_id``, or its hyphen form
   ``serve-multiplexed-model-id`` (nginx drops headers with underscores by default, and
-  many proxies rewrite ``_`` to ``-``). Sent both ways, the underscore form (Ray Serve's
-  own name) wins.
-- **Session**: Ray Serve's ``x-session-id``, or ``x_session_id``. Sent both ways, the
-  hyphen form (Ray Serve's own name) wins.
+  many proxies rewrite ``_`` to ``-``).
+- **Session**: Ray Serve's ``x-session-id``, or ``x_session_id``.
 - **Shard key**: ``x-serve-shard-key`` (``HTTPOptions.shard_key_header`` names another).
+
+As in Ray Serve's proxy, the two forms of a name are one header, and of several lines of
+one header the last counts (a line with an empty value counts as not sent).
 
 A session id is a shard key by another name: requests with one session id go to one
 replica, as requests with one shard key do. A request that sends both is routed by its
@@ -21,12 +22,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-#: The multiplexed model's header, Ray Serve's name (it wins over the hyphen form).
+#: The multiplexed model's header, Ray Serve's name.
 MODEL_ID_HEADER = b"serve_multiplexed_model_id"
 #: The same header as proxies that refuse or rewrite underscores pass it on.
 MODEL_ID_HEADER_HYPHEN = b"serve-multiplexed-model-id"
 
-#: The session's header, Ray Serve's name (it wins over the underscore form).
+#: The session's header, Ray Serve's name.
 SESSION_ID_HEADER = b"x-session-id"
 SESSION_ID_HEADER_UNDERSCORE = b"x_session_id"
 
@@ -42,35 +43,22 @@ KEY_HEADERS = frozenset(
 class KeyHeaders:
     """The key headers of one request, fed one by one as a server's pass over its headers
     meets them (:meth:`add`); then :attr:`model_id` and :attr:`session_id` say what the
-    request asks for ("" for nothing). A header with an empty value counts as not sent;
-    of a header sent twice, the first line counts."""
+    request asks for ("" for nothing). Either form of a name is the same header; the last
+    line with a value counts."""
 
-    __slots__ = ("_model", "_model_hyphen", "_session", "_session_underscore")
+    __slots__ = ("model_id", "session_id")
 
     def __init__(self) -> None:
-        self._model = self._model_hyphen = self._session = self._session_underscore = ""
+        self.model_id = self.session_id = ""
 
     def add(self, name: bytes, value: bytes) -> None:
         """Take header ``name`` (one of :data:`KEY_HEADERS`; others are ignored)."""
         if not value:
             return
-        text = value.decode("latin-1")
-        if name == MODEL_ID_HEADER:
-            self._model = self._model or text
-        elif name == MODEL_ID_HEADER_HYPHEN:
-            self._model_hyphen = self._model_hyphen or text
-        elif name == SESSION_ID_HEADER:
-            self._session = self._session or text
-        elif name == SESSION_ID_HEADER_UNDERSCORE:
-            self._session_underscore = self._session_underscore or text
-
-    @property
-    def model_id(self) -> str:
-        return self._model or self._model_hyphen
-
-    @property
-    def session_id(self) -> str:
-        return self._session or self._session_underscore
+        if name == MODEL_ID_HEADER or name == MODEL_ID_HEADER_HYPHEN:
+            self.model_id = value.decode("latin-1")
+        elif name == SESSION_ID_HEADER or name == SESSION_ID_HEADER_UNDERSCORE:
+            self.session_id = value.decode("latin-1")
 
 
 def model_id_in(headers: Iterable[tuple[bytes, bytes]]) -> str:

@@ -49,7 +49,7 @@ def test_requests_go_to_replicas_holding_their_model(toolkit: Toolkit) -> None:
     assert all(count == 1 for count in loads_after.values()), loads_after
 
     # HTTP: the serve_multiplexed_model_id header names the model, or its hyphen form in
-    # any case (what nginx lets through); sent both ways, the underscore form wins.
+    # any case (what nginx lets through); sent both ways, the last line counts.
     model_of = {a["model"]: a["replica"] for a in measured}
     with toolkit.client() as client:
         for model_id in MODELS:

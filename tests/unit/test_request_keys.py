@@ -21,9 +21,10 @@ Headers = list[tuple[bytes, bytes]]
     [
         ([(b"serve_multiplexed_model_id", b"m1")], "m1"),
         ([(b"serve-multiplexed-model-id", b"m2")], "m2"),  # what nginx lets through
-        # Both sent: Ray Serve's own (underscore) name wins, in either order.
+        # Both forms are one header: the last line counts, as in Ray Serve's proxy.
         ([(b"serve-multiplexed-model-id", b"m2"), (b"serve_multiplexed_model_id", b"m1")], "m1"),
-        ([(b"serve_multiplexed_model_id", b"m1"), (b"serve-multiplexed-model-id", b"m2")], "m1"),
+        ([(b"serve_multiplexed_model_id", b"m1"), (b"serve-multiplexed-model-id", b"m2")], "m2"),
+        ([(b"serve_multiplexed_model_id", b"m1"), (b"serve_multiplexed_model_id", b"m4")], "m4"),
         (
             [(b"serve_multiplexed_model_id", b""), (b"serve-multiplexed-model-id", b"m2")],
             "m2",
@@ -48,7 +49,8 @@ def test_the_proxy_and_the_replica_read_one_model_from_either_header_form(
     [
         ([(b"x-session-id", b"s1")], "s1"),
         ([(b"x_session_id", b"s2")], "s2"),
-        ([(b"x_session_id", b"s2"), (b"x-session-id", b"s1")], "s1"),  # Ray Serve's (hyphen) name wins
+        ([(b"x_session_id", b"s2"), (b"x-session-id", b"s1")], "s1"),  # the last line counts
+        ([(b"x-session-id", b"s1"), (b"x_session_id", b"s2")], "s2"),
         # A shard key and a session: the shard key picks the replica, in either order.
         ([(b"x-session-id", b"s1"), (b"x-serve-shard-key", b"k1")], "k1"),
         ([(b"x-serve-shard-key", b"k1"), (b"x_session_id", b"s2")], "k1"),
