@@ -19,7 +19,7 @@ import types
 import typing
 from collections.abc import Callable, Mapping
 
-from pydantic import BaseModel, ValidationError
+from pydantic import AliasChoices, AliasPath, BaseModel, ValidationError
 
 from app_toolkit.deployment import Application, Deployment
 from app_toolkit.exceptions import BuilderArgsError, ConfigError
@@ -58,8 +58,11 @@ def validate_args(model: type[BaseModel], path: str, args: Mapping[str, object])
     """``args`` as an instance of ``model``, or an error naming the key or field at fault."""
     if model.model_config.get("extra") != "allow":
         fields = _keys(model)
+        # A pydantic-settings model (case_sensitive False, its default) takes any case.
+        folded = model.model_config.get("case_sensitive") is False
+        known = {field.lower() for field in fields} if folded else set(fields)
         for key in args:
-            if key not in fields:
+            if (str(key).lower() if folded else key) not in known:
                 raise BuilderArgsError(
                     f'Builder "{path}" takes no argument {key!r}: {_suggest(str(key), fields, model)}'
                 )
@@ -107,11 +110,18 @@ def _model_of(builder: Callable[..., object], parameter: str) -> type[BaseModel]
 
 
 def _keys(model: type[BaseModel]) -> list[str]:
-    """The keys ``model`` takes: its fields' names, and their aliases."""
+    """The keys ``model`` takes: its fields' names, and their aliases (each of an
+    ``AliasChoices``; an ``AliasPath``'s first key)."""
     keys = list(model.model_fields)
     for field in model.model_fields.values():
         keys += [alias for alias in (field.alias, field.validation_alias) if isinstance(alias, str)]
-    return keys
+        choices = field.validation_alias.choices if isinstance(field.validation_alias, AliasChoices) else []
+        for choice in [*choices, field.validation_alias]:
+            if isinstance(choice, str):
+                keys.append(choice)
+            elif isinstance(choice, AliasPath) and choice.path and isinstance(choice.path[0], str):
+                keys.append(choice.path[0])
+    return list(dict.fromkeys(keys))
 
 
 def _suggest(key: str, fields: list[str], model: type[BaseModel]) -> str:

@@ -7,7 +7,7 @@ from typing import Any, Optional
 
 import pytest
 from click.testing import CliRunner
-from pydantic import BaseModel, Field
+from pydantic import AliasChoices, BaseModel, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 import app_toolkit as tk
@@ -30,6 +30,7 @@ class EnvKnobs(BaseSettings):
 
     greeting: str = "Hello"
     replicas: int = 1
+    region: str = Field("eu", validation_alias=AliasChoices("region", "zone"))
 
 
 def test_key_value_pairs_become_a_dict_of_strings() -> None:
@@ -102,6 +103,17 @@ def test_arguments_win_over_the_environment_of_a_settings_model(monkeypatch: pyt
     assert validate_args(EnvKnobs, "m:build", {"greeting": "Hi"}) == EnvKnobs(greeting="Hi", replicas=2)
     with pytest.raises(BuilderArgsError, match="takes no argument 'replica': did you mean 'replicas'"):
         validate_args(EnvKnobs, "m:build", {"replica": "3"})
+
+
+def test_a_settings_model_takes_what_it_would_take_itself_any_case_and_alias_choices() -> None:
+    # pydantic-settings matches keyword arguments in any case (case_sensitive=False) and
+    # by each of a field's AliasChoices: so do the builder's arguments.
+    taken = validate_args(EnvKnobs, "m:build", {"GREETING": "Hi", "zone": "us"})
+    assert (taken.greeting, taken.region) == ("Hi", "us")  # type: ignore[attr-defined]
+    with pytest.raises(BuilderArgsError, match="takes no argument 'GREETINGS'"):
+        validate_args(EnvKnobs, "m:build", {"GREETINGS": "Hi"})
+    with pytest.raises(BuilderArgsError, match="takes no argument 'Greeting'"):
+        validate_args(Knobs, "m:build", {"Greeting": "Hi"})  # a plain model: its own case only
 
 
 def test_the_chat_templates_settings_take_arguments(monkeypatch: pytest.MonkeyPatch) -> None:
