@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import time
 from typing import Any
 
 import app_toolkit as tk
@@ -26,6 +27,28 @@ def hold(context: tk.AutoscalingContext) -> tuple[int, dict[str, Any]]:
 
 def raises(context: tk.AutoscalingContext) -> tuple[int, dict[str, Any]]:
     raise ValueError("the metrics service is down")
+
+
+#: What ``misbehaves`` does for each newest "wanted" a replica reports.
+ANSWERS_STRING, RAISES, SCALES_TO_2, ANSWERS_MINUS_5, HANGS = 1, 2, 3, 4, 5
+
+
+def misbehaves(context: tk.AutoscalingContext) -> tuple[object, dict[str, Any]]:
+    """Misbehaves as the newest "wanted" of any replica says (the constants above): a
+    test moves it from one failure to the next."""
+    newest = [samples[-1].value for samples in context.raw_metrics.get("wanted", {}).values() if samples]
+    wanted = max(newest, default=0)
+    if wanted == ANSWERS_STRING:
+        return "three", {}
+    if wanted == RAISES:
+        raise ValueError("the metrics service is down")
+    if wanted == SCALES_TO_2:
+        return 2, {}
+    if wanted == ANSWERS_MINUS_5:
+        return -5, {}
+    if wanted == HANGS:
+        time.sleep(12)  # past the controller's 10 s bound; its thread ends by itself
+    return context.target_num_replicas, {}
 
 
 # --8<-- [start:application]

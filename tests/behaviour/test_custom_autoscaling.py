@@ -83,19 +83,37 @@ def test_an_application_policy_scales_two_deployments_together_on_the_max(toolki
     assert both(2) and _deployment(name, "Back").autoscaling.policy == "tests.apps.policies:together"  # type: ignore[union-attr]
 
 
-def test_a_failing_policy_keeps_the_replicas_serving_and_says_why(toolkit: Toolkit) -> None:
+def test_a_misbehaving_policy_keeps_the_last_decision_serving_and_says_why(toolkit: Toolkit) -> None:
+    """A policy that answers a string, raises, answers -5 (clamped to min_replicas) and
+    hangs past its 10 s bound: the deployment serves on with its last decision, and
+    status() says what went wrong until a good answer clears it."""
     name = toolkit.name()
-    policy = {"policy_function": "tests.apps.policies:raises"}
+    policy = {"policy_function": "tests.apps.policies:misbehaves"}
     handle = toolkit.run(
         policies.GAUGE.options(autoscaling_config={**FAST, "policy": policy}).bind(),
         name=name,
         route_prefix=None,
     )
-    wait_for(
-        lambda: "raised ValueError: the metrics service is down" in _deployment(name, "Gauge").message,
-        30,
-        "the policy's error in status()",
-    )
-    assert handle.set.remote(2).result()  # it serves on
-    info = _deployment(name, "Gauge")
-    assert info.target_replicas == 1 and "keeping 1 replica(s)" in info.message
+
+    def says(text: str) -> bool:
+        return text in _deployment(name, "Gauge").message
+
+    def act(behaviour: int) -> None:
+        handle.broadcast("set", behaviour).results(timeout_s=30)  # every replica reports it
+
+    act(policies.ANSWERS_STRING)
+    wait_for(lambda: says("returned ('three', {}), not (replicas, policy_state)"), 30, "the string answer's error")
+    act(policies.RAISES)
+    wait_for(lambda: says("raised ValueError: the metrics service is down"), 30, "the raised error")
+    assert handle.set.remote(policies.RAISES).result(timeout_s=30)  # it serves on
+    assert _deployment(name, "Gauge").target_replicas == 1 and says("keeping 1 replica(s)")
+    act(policies.SCALES_TO_2)  # a good answer: the message goes
+    wait_for(lambda: _deployment(name, "Gauge").running_replicas == 2, 60, "2 replicas")
+    assert _deployment(name, "Gauge").message == ""
+    act(policies.ANSWERS_MINUS_5)
+    wait_for(lambda: _deployment(name, "Gauge").target_replicas == 1, 30, "-5 clamped to min_replicas (1)")
+    assert _deployment(name, "Gauge").message == ""  # a clamped answer is an answer, not an error
+    act(policies.HANGS)
+    wait_for(lambda: says("did not answer within 10 s"), 40, "the hung call reported")
+    assert handle.set.remote(policies.HANGS).result(timeout_s=30)
+    assert _deployment(name, "Gauge").target_replicas == 1
