@@ -102,7 +102,7 @@ def test_a_misbehaving_policy_keeps_the_last_decision_serving_and_says_why(toolk
         handle.broadcast("set", behaviour).results(timeout_s=30)  # every replica reports it
 
     act(policies.ANSWERS_STRING)
-    wait_for(lambda: says("returned ('three', {}), not (replicas, policy_state)"), 30, "the string answer's error")
+    wait_for(lambda: says("returned ('three', {}), not (replicas, policy_state)"), 30, "the string's error")
     act(policies.RAISES)
     wait_for(lambda: says("raised ValueError: the metrics service is down"), 30, "the raised error")
     assert handle.set.remote(policies.RAISES).result(timeout_s=30)  # it serves on
