@@ -59,6 +59,17 @@ def _read_events(reader: StreamReader) -> list[tuple[str, str]]:
     return events
 
 
+def _reader_elsewhere(toolkit: Toolkit, path: str, replica: str) -> StreamReader:
+    """A reader of ``path`` served by another replica than ``replica`` (those that land on
+    it are left to read to the end)."""
+    for _ in range(30):
+        reader = StreamReader(toolkit, path)
+        reader.wait_started()
+        if reader.headers["x-replica"] != replica:
+            return reader
+    raise AssertionError(f"30 readers in a row were served by {replica}")
+
+
 def test_a_resumable_stream_ends_when_its_replica_drains_and_resumes_on_another(
     toolkit: Toolkit, redis_url: str
 ) -> None:
@@ -68,9 +79,12 @@ def test_a_resumable_stream_ends_when_its_replica_drains_and_resumes_on_another(
     app = resumable.make_app(redis_url, prefix, graceful_shutdown_timeout_s=30)
     toolkit.run(app, route_prefix="/resumed")
     with toolkit.client() as client:
-        reply = client.post("/resumed/replies", params={"count": 40, "delay": 0.05}).json()["reply"]
-    first = StreamReader(toolkit, f"/resumed/replies/{reply}")
-    first.wait_started()
+        started = client.post("/resumed/replies", params={"count": 40, "delay": 0.05})
+    reply, writer = started.json()["reply"], started.headers["x-replica"]
+    # The reader whose replica drains must read on another replica than the writer's: a
+    # drained replica lets go of its instance (as it would before its process ends), and
+    # a writer there stops writing, so there would be nothing more to resume (ci14).
+    first = _reader_elsewhere(toolkit, f"/resumed/replies/{reply}", writer)
     began = time.monotonic()
     draining = threading.Thread(target=drain_replica, args=(toolkit, first.headers["x-replica"]))
     draining.start()
