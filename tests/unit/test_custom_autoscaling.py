@@ -248,6 +248,26 @@ def test_custom_metrics_aggregate_by_the_configured_function() -> None:
     assert aggregate(points, "min", 4.0) == 1.0
     assert aggregate(points, "mean", 4.0) == (4 * 1 + 1 * 2 + 2 * 1) / 4  # each value for as long as it held
     assert aggregate([TimeStampedValue(2.0, 7.0)], "mean", 2.0) == 7.0
+    # From a window's start within the first value's time: 4 held 0.5 of its 3.5 s.
+    assert aggregate(points, "mean", 4.0, since=0.5) == pytest.approx((4 * 0.5 + 1 * 2 + 2 * 1) / 3.5)
+
+
+def test_a_replica_whose_report_is_late_is_seen_at_the_value_it_last_had() -> None:
+    """A sample holds until the next: with a look-back shorter than the reports' pace, a
+    replica whose samples are all older than the window is still counted (it was not, and
+    a policy on the max scaled down while the replica still said 3)."""
+    state, custom = deployment(None, replicas=2, look_back_period_s=0.5), scaling()
+    key = state.spec.id
+    custom.stats.record(ReplicaStats("D-0", key, ((0.0, (("wanted", 3.0),)),)), now=1.0)
+    custom.stats.record(ReplicaStats("D-1", key, ((0.0, (("wanted", 1.0),)),)), now=1.9)
+    context, latest = custom.context(state, now=2.0)
+    assert context.aggregated_metrics["wanted"] == {"D-0": 3.0, "D-1": 1.0}
+    assert latest["wanted"] == {"D-0": 3.0, "D-1": 1.0}
+    custom.stats.record(ReplicaStats("D-0", key, ((0.0, (("wanted", 2.0),)),)), now=2.1)
+    context, _ = custom.context(state, now=2.2)
+    # 3 held from the window's start (1.7) to 2.1, then 2: the old sample before it is gone
+    # only once a newer one also lies before the window.
+    assert context.aggregated_metrics["wanted"]["D-0"] == pytest.approx((3 * 0.4 + 2 * 0.1) / 0.5)
 
 
 def test_any_real_number_is_an_answer() -> None:

@@ -48,7 +48,9 @@ class StatsBook:
         self, deployment: DeploymentID, replicas: Iterable[str], config: AutoscalingConfig, now: float
     ) -> tuple[Metrics, RawMetrics, Metrics]:
         """The metrics of ``replicas`` (others are forgotten) over the look-back window:
-        aggregated, raw, and the newest value of each."""
+        aggregated, raw, and the newest value of each. A sample holds until the next: the
+        last one from before the window is the value at its start, so a replica whose
+        report comes late is still seen, at the value it last had."""
         reported = self._samples.get(deployment, {})
         wanted = set(replicas)
         for gone in [replica for replica in reported if replica not in wanted]:
@@ -58,7 +60,7 @@ class StatsBook:
         raw: RawMetrics = {}
         latest: Metrics = {}
         for replica, samples in reported.items():
-            while samples and samples[0][0] < horizon:
+            while len(samples) > 1 and samples[1][0] <= horizon:
                 samples.popleft()
             series: dict[str, list[TimeStampedValue]] = {}
             for at, values in samples:
@@ -66,23 +68,27 @@ class StatsBook:
                     series.setdefault(name, []).append(TimeStampedValue(at, value))
             for name, points in series.items():
                 raw.setdefault(name, {})[replica] = points
-                aggregated.setdefault(name, {})[replica] = aggregate(points, config.aggregation_function, now)
+                aggregated.setdefault(name, {})[replica] = aggregate(
+                    points, config.aggregation_function, now, since=horizon
+                )
                 latest.setdefault(name, {})[replica] = points[-1].value
         return aggregated, raw, latest
 
 
-def aggregate(points: list[TimeStampedValue], function: str, now: float) -> float:
-    """One value of ``points`` (oldest first, at least one): max, min, or the mean
-    weighted by how long each value held (the last one until ``now``)."""
+def aggregate(points: list[TimeStampedValue], function: str, now: float, since: float | None = None) -> float:
+    """One value of ``points`` (oldest first, at least one) over the window from ``since``
+    (default: the first point) to ``now``: max, min, or the mean weighted by how long each
+    value held within it (the last one until ``now``; one from before ``since`` from then)."""
     if function == "max":
         return max(point.value for point in points)
     if function == "min":
         return min(point.value for point in points)
-    span = now - points[0].timestamp
+    start = points[0].timestamp if since is None else max(points[0].timestamp, since)
+    span = now - start
     if span <= 0:
         return points[-1].value
     total = 0.0
     for point, after in zip(points, [*points[1:], None], strict=True):
         until = after.timestamp if after is not None else now
-        total += point.value * (until - point.timestamp)
+        total += point.value * (until - max(point.timestamp, start))
     return total / span
