@@ -40,6 +40,8 @@ def route_prefix_problem(value: str | None) -> str | None:
         return f"may not end with a trailing '/', e.g. {value.rstrip('/')!r}"
     if "{" in value or "}" in value:
         return "may not contain wildcards: a fixed path without '{parameters}'"
+    if value == "/-" or value.startswith("/-/"):
+        return "may not be under '/-/': the toolkit's own pages (/-/healthz, /-/metrics) are there"
     return None
 
 

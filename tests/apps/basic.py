@@ -398,6 +398,19 @@ def make_ws_app(**options: Any) -> tk.App:
     return tk.App(app, **options)
 
 
+def make_catch_all_ws_app(**options: Any) -> tk.App:
+    """A WebSocket at every path, which sends its path and closes."""
+    app = FastAPI()
+
+    @app.websocket("/{anything:path}")
+    async def anywhere(websocket: WebSocket, anything: str) -> None:
+        await websocket.accept()
+        await websocket.send_text("/" + anything)
+        await websocket.close()
+
+    return tk.App(app, **options)
+
+
 def make_ticker_app(outcome: Path, **options: Any) -> tk.App:
     """A WebSocket that sends 50 ticks, 20 ms apart, then waits for the client to close,
     and writes what its receive() heard to ``outcome`` (or the name of what its send raised)."""

@@ -39,6 +39,16 @@ def test_text_binary_and_close_codes(toolkit: Toolkit) -> None:
     assert denied.value.response.status_code == 403
 
 
+def test_a_websocket_to_the_toolkits_own_pages_never_reaches_an_app(toolkit: Toolkit) -> None:
+    toolkit.run(basic.make_catch_all_ws_app(), name=toolkit.name(), route_prefix="/")
+    with connect(ws_url(toolkit, "/anywhere")) as ws:  # the root app takes every other path
+        assert ws.recv(timeout=10) == "/anywhere"
+    for path in ("/-/x", "/-/healthz", "/-/dashboard/events"):  # as GET /-/x is the front's 404
+        with pytest.raises(InvalidStatus) as refused, connect(ws_url(toolkit, path)):
+            pass
+        assert refused.value.response.status_code == 403, path
+
+
 def test_connections_are_pinned_and_spread_over_replicas(toolkit: Toolkit) -> None:
     toolkit.run(basic.make_ws_app(num_replicas=2), route_prefix="/wspin")
     with contextlib.ExitStack() as stack:

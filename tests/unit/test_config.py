@@ -173,6 +173,8 @@ def test_deployments_cannot_be_called_or_decorated_twice() -> None:
         ("api", "must start with a forward slash"),
         ("/api/", "may not end with a trailing"),
         ("/{x}", "may not contain wildcards"),
+        ("/-", "may not be under '/-/'"),
+        ("/-/mine", "may not be under '/-/'"),
     ],
 )
 def test_route_prefix_rules(prefix: str, message: str) -> None:

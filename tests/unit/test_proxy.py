@@ -59,6 +59,8 @@ def test_longest_prefix_wins_and_prefixes_match_whole_segments() -> None:
     assert match_app(routes, "/a/bc").route_prefix == "/a"  # type: ignore[union-attr]
     assert match_app(routes, "/ab").route_prefix == "/"  # type: ignore[union-attr]
     assert match_app(routes[:2], "/zzz") is None
+    # The toolkit's own pages are no app's, not even the root app's (HTTP and WebSocket).
+    assert match_app(routes, "/-/healthz") is None and match_app(routes, "/-x").route_prefix == "/"  # type: ignore[union-attr]
 
 
 class LateController:

@@ -289,8 +289,6 @@ class LocalIngresses:
         return self._wanted
 
     def choose(self, path: str) -> tuple[str, str] | None:
-        if path.startswith("/-/"):  # the operator endpoints: the proxy's own
-            return None
         app = match_app(self._apps(), path)
         if app is None:
             return None

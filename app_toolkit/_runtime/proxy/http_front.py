@@ -39,7 +39,7 @@ from app_toolkit._runtime.proxy.direct import LocalIngress, serve_in_replica
 from app_toolkit._runtime.proxy.forward import forward
 from app_toolkit._runtime.proxy.http_guard import REQUEST_LINK, RequestLink
 from app_toolkit._runtime.proxy.metrics_page import CONTENT_TYPE, Gather, allowed, parse_networks, render
-from app_toolkit._runtime.proxy.path_match import AppMatcher, match_app
+from app_toolkit._runtime.proxy.path_match import OPERATOR_PREFIX, AppMatcher, match_app
 from app_toolkit._runtime.proxy.request_state import CLIENT_CLOSED, RequestState, watch_disconnect
 from app_toolkit._runtime.proxy.scope import (
     RequestHeaders,
@@ -169,7 +169,7 @@ class HTTPFront:
         path = route_path(scope)
         headers = read_headers(scope, self.shard_header)
         request_id = state.request_id = headers.request_id
-        route = match_app(self.apps, path) if self.loaded and not path.startswith("/-/") else None
+        route = match_app(self.apps, path) if self.loaded else None
         if route is not None:
             state.app, state.target, state.logged = route.app, route.route_prefix, route.access_log
             state.prefix = "" if route.route_prefix == "/" else route.route_prefix
@@ -185,7 +185,7 @@ class HTTPFront:
             elif not self.loaded:
                 why = "the proxy has not loaded its routes yet"
                 state.status = await send_answer(send, unavailable(why, request_id))
-            elif path.startswith("/-/"):
+            elif path.startswith(OPERATOR_PREFIX):
                 state.target = path if path in _BUILTINS else ""
                 state.status = await self._builtin(path, request_id, send)
             else:

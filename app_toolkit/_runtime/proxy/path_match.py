@@ -1,6 +1,7 @@
 """Which deployment serves a request: the app by longest prefix, then its special routes.
 
-Pure; the proxy keeps one :class:`AppMatcher` per application.
+Pure; the proxy keeps one :class:`AppMatcher` per application. The one route match of
+HTTP requests, WebSockets and connection hand-offs alike.
 """
 
 from __future__ import annotations
@@ -8,6 +9,10 @@ from __future__ import annotations
 import re
 
 from app_toolkit._runtime.messages import DeploymentID, RouteInfo
+
+#: The paths of the toolkit's own pages (``/-/healthz``, ``/-/metrics``, ...): no
+#: application's, whatever its prefix (config/application.py refuses a prefix under it).
+OPERATOR_PREFIX = "/-/"
 
 
 class AppMatcher:
@@ -52,7 +57,9 @@ class AppMatcher:
 
 def match_app(apps: list[AppMatcher], path: str) -> AppMatcher | None:
     """Longest prefix wins (``apps`` is sorted longest first); a prefix matches itself
-    and paths below it."""
+    and paths below it. A path under :data:`OPERATOR_PREFIX` matches no app."""
+    if path.startswith(OPERATOR_PREFIX):
+        return None
     for app in apps:
         prefix = app.route_prefix
         if prefix == "/" or path == prefix or path.startswith(prefix + "/"):
