@@ -1,12 +1,14 @@
-"""A short way to the console of ``app-toolkit run`` for lines written at a high rate.
+"""A short way to the console of the process that started an embedded Ray, for lines
+written at a high rate.
 
 Ray shows a worker's standard error on the driver's console by relaying it: its log
 monitor reads the worker's log file, publishes the lines through the GCS, and the driver
 prints them — work in three more processes for every access line, which competes with
-the replicas for the cores. ``app-toolkit run`` instead makes a named pipe in a private
-folder (mode 0700) and names it in the environment, which the Ray it starts passes to the
-workers on its node; their batched lines (``log_format.BatchWriter``: the access log) go
-into the pipe, and a thread of the command copies them to its standard error.
+the replicas for the cores. The process that starts the embedded Ray (``app-toolkit run``,
+or ``tk.run`` from a script: ``backends/ray/cluster.py``) instead makes a named pipe in a
+private folder (mode 0700) and names it in the environment, which its raylet passes to
+the workers on its node; their batched lines (``log_format.BatchWriter``: the access log)
+go into the pipe, and a thread of that process copies them to its standard error.
 
 The pipe holds what the kernel gives it (64 KiB by default): a write that does not fit, a
 line too long for one atomic write, or a pipe with no reader goes to standard error as
@@ -18,13 +20,19 @@ rather than starts, do not have the pipe and log as before.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
+import io
+import logging
 import os
 import select
 import shutil
+import sys
 import tempfile
 import threading
 from typing import BinaryIO
+
+logger = logging.getLogger("app_toolkit.ray")
 
 PIPE_ENV = "APP_TOOLKIT_CONSOLE_PIPE"
 
@@ -143,6 +151,40 @@ class ConsolePipe:
         self._stop.set()
         self._thread.join(timeout=5)
         shutil.rmtree(self._folder, ignore_errors=True)
+
+
+_console: ConsolePipe | None = None
+_console_lock = threading.Lock()
+
+
+def for_workers() -> str | None:
+    """The path of this process's console pipe, made on first call and copied to its
+    standard error until the process exits; None when standard error is not the process's
+    own file descriptor 2 (a notebook, a capturing test runner: Ray's relay shows lines
+    there) or the pipe cannot be made."""
+    global _console
+    with _console_lock:
+        if _console is None:
+            out = _real_stderr()
+            if out is None:
+                return None
+            try:
+                _console = ConsolePipe(out)
+            except OSError as exc:
+                logger.warning("Access lines go through Ray's log relay: %s", exc)
+                return None
+            atexit.register(_console.close)
+        return _console.path
+
+
+def _real_stderr() -> BinaryIO | None:
+    try:
+        if sys.stderr.fileno() != 2:
+            return None
+        out: BinaryIO = sys.stderr.buffer
+    except (AttributeError, OSError, ValueError, io.UnsupportedOperation):
+        return None
+    return out
 
 
 #: Reads (64 KiB each) per wake-up, so a stop is seen between them; and at close.

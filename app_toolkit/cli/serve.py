@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, Literal, TypeVar, get_args, get_origin
 
 import click
 
 from app_toolkit import api
-from app_toolkit._runtime import console_pipe, log_format
+from app_toolkit._runtime import log_format
 from app_toolkit._runtime.backends.base import session_factory
-from app_toolkit._runtime.console_pipe import ConsolePipe
 from app_toolkit._runtime.session import Session
 from app_toolkit.app_builder import load_application
 from app_toolkit.cli.deploy import apply
@@ -122,7 +120,6 @@ def run(
     serving = False
     try:
         try:
-            ctx.with_resource(_console_lines(local or bool(address or os.environ.get("RAY_ADDRESS"))))
             http, app = _prepare(ctx, target, args, name, route_prefix, log_level, log_format, http_flags)
             session = signals.deferred(lambda: _start(http, local, address))
             names = _deploy(session, target, args, name, route_prefix, app=app)
@@ -228,28 +225,6 @@ def _announce(target: str, names: list[str], current: ServeStatus, http: HTTPOpt
         )
     if url is not None:
         click.echo(f"app-toolkit: live status at {url.rstrip('/')}{http.root_path}/-/dashboard")
-
-
-@contextlib.contextmanager
-def _console_lines(joined_or_local: bool) -> Iterator[None]:
-    """While the command runs: the short way to its console for the access lines of the
-    Ray it starts (``console_pipe``), unless it runs locally or joins a cluster, or a
-    named pipe cannot be made (they then go Ray's way)."""
-    if joined_or_local:
-        yield
-        return
-    try:
-        console = ConsolePipe(sys.stderr.buffer)
-    except OSError as exc:
-        click.echo(f"app-toolkit: access lines go through Ray's log relay ({exc})", err=True)
-        yield
-        return
-    os.environ[console_pipe.PIPE_ENV] = console.path  # read by the workers Ray starts
-    try:
-        yield
-    finally:
-        os.environ.pop(console_pipe.PIPE_ENV, None)
-        console.close()
 
 
 def _deploy(

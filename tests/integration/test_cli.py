@@ -41,7 +41,8 @@ def cli_env() -> dict[str, str]:
 
 
 class RunningCLI:
-    """An `app-toolkit run` subprocess whose output goes to a file the test can read.
+    """An `app-toolkit run` subprocess (or ``command``) whose output goes to a file the test
+    can read.
 
     It leads a session of its own, so every process it starts (Ray's too) can be found by
     that session's id: see :meth:`processes`. ``sigint_ignored`` starts it as a shell
@@ -55,12 +56,13 @@ class RunningCLI:
         log_path: Path,
         env: dict[str, str] | None = None,
         sigint_ignored: bool = False,
+        command: list[str] | None = None,
     ) -> None:
         self._log = log_path.open("w+")
         # `exec` keeps the ignored disposition, as a background job's command inherits it.
         shell = ["sh", "-c", 'trap "" INT; exec "$@"', "sh"] if sigint_ignored else []
         self.process = subprocess.Popen(
-            [*shell, *CLI, "run", *args],
+            [*shell, *(command or [*CLI, "run", *args])],
             cwd=cwd,
             env={**cli_env(), **(env or {})},
             stdout=self._log,
@@ -439,11 +441,28 @@ def test_reload_redeploys_a_config_files_apps_after_a_code_change(tmp_path: Path
         assert cli.stop(signal.SIGTERM) == 0
 
 
-@pytest.mark.parametrize("extra", [["--local"], []], ids=["local", "ray"])
+#: The demo served by the Python API from a script, as a user's own program serves it.
+_SCRIPT = """
+import signal, sys
+import app_toolkit as tk
+from examples.demo import app
+tk.start(http_options={"port": int(sys.argv[1])}, backend="ray")
+tk.run(app)
+print("serving examples.demo:app at", flush=True)
+try:
+    signal.pause()
+except KeyboardInterrupt:
+    tk.shutdown()
+"""
+
+
+@pytest.mark.parametrize("extra", [["--local"], [], ["python"]], ids=["local", "ray", "tk.run"])
 def test_json_logs_from_every_process_carry_the_request_id(tmp_path: Path, extra: list[str]) -> None:
     port = free_port()
     args = ["examples.demo:app", "--port", str(port), "--log-format", "json", "--log-level", "info", *extra]
-    with running_cli(args, ROOT, tmp_path / "cli.log") as cli:
+    script = [sys.executable, "-c", _SCRIPT, str(port)] if extra == ["python"] else None
+    env = {"APP_TOOLKIT_LOG_FORMAT": "json", "APP_TOOLKIT_LOG_LEVEL": "INFO"}
+    with running_cli(args, ROOT, tmp_path / "cli.log", env=env, command=script) as cli:
         cli.wait_for_output("serving examples.demo:app at", 120)
         response = httpx.get(f"http://127.0.0.1:{port}/hello/logs", timeout=30)
         assert response.status_code == 200
@@ -459,8 +478,8 @@ def test_json_logs_from_every_process_carry_the_request_id(tmp_path: Path, extra
         assert entry["level"] == "INFO" and entry["timestamp"].endswith("Z")
         assert entry["route"] == "/hello/{name}" and "GET /hello/logs" in entry["message"]
         if extra != ["--local"]:
-            # The access line came the short way (the console pipe), not Ray's relay,
-            # which would prefix it with "(ProxyActor pid=N) ".
+            # The access line came the short way (the console pipe) whichever started the
+            # Ray, not Ray's relay, which would prefix it with "(ProxyActor pid=N) ".
             line = next(
                 line
                 for line in cli.output().splitlines()

@@ -127,3 +127,11 @@ def test_the_writer_is_named_by_the_environment(monkeypatch: pytest.MonkeyPatch)
     made = console_pipe.writer()
     assert made is not None and made is console_pipe.writer()
     assert made.write("x\n") == "x\n"
+
+
+def test_no_pipe_when_standard_error_is_not_the_process_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A notebook's or a capturing runner's stream: Ray's forwarding is what shows lines there.
+    monkeypatch.setattr(console_pipe, "_console", None)
+    monkeypatch.setattr("sys.stderr", io.StringIO())
+    assert console_pipe.for_workers() is None
+    assert console_pipe._console is None

@@ -18,7 +18,7 @@ from typing import Any
 import ray
 from ray.exceptions import RayActorError
 
-from app_toolkit._runtime import log_format, tracing
+from app_toolkit._runtime import console_pipe, log_format, tracing
 from app_toolkit.config import LOG_LEVEL_ENV
 from app_toolkit.exceptions import ConfigError
 
@@ -154,15 +154,22 @@ def _start_or_join(address: str, kwargs: dict[str, Any]) -> None:
         ray.init(address=address, **kwargs)
         return
     # Ray advertises the machine's routable address even for a cluster of one; the
-    # toolkit's sockets stay on loopback (docs/security.md). The raylet, and so every
-    # worker, inherits the setting; this process (and what it starts later) does not.
-    before = os.environ.get(DATA_PLANE_HOST_ENV)
-    os.environ.setdefault(DATA_PLANE_HOST_ENV, "127.0.0.1")
+    # toolkit's sockets stay on loopback (docs/security.md). Access lines take the short
+    # way to this process's console (console_pipe). The raylet, and so every worker,
+    # inherits these settings; this process (and what it starts later) does not.
+    given = {DATA_PLANE_HOST_ENV: "127.0.0.1"}
+    pipe = console_pipe.for_workers()
+    if pipe is not None:
+        given[console_pipe.PIPE_ENV] = pipe
+    before: dict[str, str | None] = {name: os.environ.get(name) for name in given}
+    for name, value in given.items():
+        os.environ.setdefault(name, value)
     try:
         ray.init(address=address, **kwargs)
     finally:
-        if before is None:
-            os.environ.pop(DATA_PLANE_HOST_ENV, None)
+        for name, was in before.items():
+            if was is None:
+                os.environ.pop(name, None)
 
 
 # Ray starts an embedded cluster's processes (GCS, raylet) with PR_SET_PDEATHSIG, and
