@@ -9,7 +9,6 @@ scope the proxy would have forwarded, reads the body as it arrives (within the b
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import random
 import time
@@ -18,9 +17,7 @@ from typing import Protocol
 
 from starlette.types import Message, Receive, Scope, Send
 
-from app_toolkit._runtime import answers
-from app_toolkit._runtime.drain_signal import DrainSignal
-from app_toolkit._runtime.messages import DeploymentID, Rejected
+from app_toolkit._runtime.messages import DeploymentID, HTTPResponse, Rejected
 from app_toolkit._runtime.proxy.body import BodyReader, refusal_answer
 from app_toolkit._runtime.proxy.client_response import ClientResponse
 from app_toolkit._runtime.proxy.path_match import AppMatcher, match_app
@@ -28,6 +25,7 @@ from app_toolkit._runtime.proxy.request_state import RequestState, abort_respons
 from app_toolkit._runtime.proxy.scope import RequestHeaders
 from app_toolkit._runtime.request_context import route_template
 from app_toolkit._runtime.routing.dispatcher import Dispatcher
+from app_toolkit._runtime.run_app import HTTPOut, SocketOut
 from app_toolkit._runtime.tracing import TraceContext
 from app_toolkit.config import HTTPOptions
 
@@ -45,19 +43,17 @@ class LocalIngress(Protocol):
     """The replica in this process that serves its application's requests directly."""
 
     deployment: DeploymentID
-    #: The replica's drain: open WebSockets are closed with 1012 at its deadline.
-    drain_signal: DrainSignal
 
     def admit(self) -> Rejected | None:
         """Take a slot (None), or why not (full or draining: the request is forwarded)."""
         ...
 
     async def serve_direct(
-        self, request_id: str, scope: Scope, receive: Receive, send: Send, trace: TraceContext
+        self, request_id: str, scope: Scope, receive: Receive, out: HTTPOut | SocketOut, trace: TraceContext
     ) -> str:
-        """Run one admitted request through the app; returns the route template.
-        ``trace``: the span the replica's span continues (the client's, the proxy's, or
-        one started for the request)."""
+        """Run one admitted request or WebSocket through the app (``run_app`` answers its
+        failures); returns the route template. ``trace``: the span the replica's span
+        continues (the client's, the proxy's, or one started for the request)."""
         ...
 
 
@@ -100,19 +96,28 @@ class StreamedBody:
 
 
 class _Answer:
-    """The app's ASGI messages, written to the client as every path writes a response
-    (:class:`~app_toolkit._runtime.proxy.client_response.ClientResponse`): its head held
-    until the first body piece, so a whole response leaves in one write, and dropped when
-    the body was refused (the refusal is the answer then)."""
+    """The app's response to its own client (a ``run_app.HTTPOut``), written as every
+    path writes a response (:class:`~app_toolkit._runtime.proxy.client_response.ClientResponse`):
+    its head held until the first body piece, so a whole response leaves in one write, and
+    dropped when the body was refused (the refusal is the answer then)."""
 
-    __slots__ = ("_send", "_response", "_body", "_scope", "_head")
+    __slots__ = ("_response", "_body", "_scope", "_state", "_http", "_send", "_head", "head_seen")
 
-    def __init__(self, send: Send, state: RequestState, body: StreamedBody | None, scope: Scope) -> None:
+    def __init__(
+        self, send: Send, state: RequestState, body: StreamedBody | None, scope: Scope, http: HTTPOptions
+    ) -> None:
         self._send = send
         self._response = ClientResponse(send, state)
         self._body = body
         self._scope = scope  # the app's routing records the matched route in it
+        self._state = state
+        self._http = http
         self._head: Message | None = None
+        self.head_seen = False
+
+    @property
+    def complete(self) -> bool:
+        return self._state.finished
 
     async def send(self, message: Message) -> None:
         if self._body is not None and self._body.refusal:
@@ -120,6 +125,7 @@ class _Answer:
         kind = message["type"]
         if kind == "http.response.start":
             self._head = message
+            self.head_seen = True
             return
         if kind != "http.response.body":  # an extension's message: the server's to judge
             await self._send(message)
@@ -137,17 +143,30 @@ class _Answer:
         else:
             await self._response.whole(status, headers, body, route, head)
 
-    def close(self) -> None:
-        """The response ended (or failed): a streamed one is no longer open."""
+    def end(self) -> None:
+        """The app is done: a streamed response is no longer open."""
         self._response.close()
 
-    async def finish(self) -> None:
-        """After the app returned: a head it sent without a body still goes out."""
-        if self._head is not None:
-            head, self._head = self._head, None
-            await self._response.whole(
-                int(head["status"]), head.get("headers", ()), b"", route_template(self._scope), head
+    def refusal(self) -> HTTPResponse | None:
+        refused = self._body.refusal if self._body is not None else 0
+        if not refused or self._state.started:
+            return None
+        return refusal_answer(refused, self._http, self._state.request_id)
+
+    async def answer(self, response: HTTPResponse) -> None:
+        self._head = None
+        await self._response.whole(
+            response.status, response.headers, response.body, route_template(self._scope)
+        )
+
+    async def cut_off(self, why: str) -> None:
+        head, self._head = self._head, None
+        if head is not None:  # held: it goes out, as uvicorn had sent it at once
+            await self._response.stream(
+                int(head["status"]), head.get("headers", ()), route_template(self._scope)
             )
+            self._response.close()
+        await abort_response(self._state, why)
 
 
 async def serve_in_replica(
@@ -164,87 +183,43 @@ async def serve_in_replica(
     took (it gives it back). ``scope`` is the one the proxy would forward (the prefix as
     root_path); ``trace`` is the span the replica's span continues."""
     body = StreamedBody(receive, headers, http, state) if headers.has_body else None
-    answer = _Answer(send, state, body, scope)
-    request_id = state.request_id
-    logged = {"request_id": request_id}  # the replica's request context has ended
-    try:
-        state.route = await local.serve_direct(
-            request_id, scope, body.receive if body is not None else receive, answer.send, trace
-        )
-        await answer.finish()
-    except asyncio.CancelledError:
-        answer.close()
-        raise
-    except Exception as exc:
-        # The traceback goes to this log with the id; the client gets no internals.
-        answer.close()
-        state.route = route_template(scope)
-        refusal = body.refusal if body is not None else 0
-        if refusal and not state.started:  # the app failed reading a refused body
-            logger.info(
-                "Request %s: body refused (%d) while the app read it", request_id, refusal, extra=logged
-            )
-            state.status = await answers.send_answer(send, refusal_answer(refusal, http, request_id))
-            return
-        logger.exception("Request %s failed", request_id, extra=logged)
-        if state.finished:
-            return  # it raised after its response (Starlette's error middleware does)
-        if state.started:
-            await abort_response(state, "the app failed")
-        else:
-            state.status = await answers.send_answer(send, answers.escaped(exc, request_id))
-        return
-    answer.close()
-    if state.started and not state.finished:
-        logger.error("Request %s: the app returned in the middle of its response", request_id, extra=logged)
-        await abort_response(state, "the app returned in the middle of its response")
-    elif body is not None and body.refusal and not state.started:
-        state.status = await answers.send_answer(send, refusal_answer(body.refusal, http, request_id))
-    elif not state.started:
-        logger.error("Request %s: the app returned without a response", request_id, extra=logged)
-        state.status = await answers.send_answer(send, answers.escaped(None, request_id))
+    answer = _Answer(send, state, body, scope, http)
+    state.route = await local.serve_direct(
+        state.request_id, scope, body.receive if body is not None else receive, answer, trace
+    )
+
+
+class _Socket:
+    """A WebSocket's messages from the app to its own client (a ``run_app.SocketOut``);
+    its ``websocket.connect`` was read already and is given to the app again."""
+
+    __slots__ = ("_receive", "_send", "_connected")
+
+    def __init__(self, receive: Receive, send: Send) -> None:
+        self._receive = receive
+        self._send = send
+        self._connected = False
+
+    async def receive(self) -> Message:
+        if not self._connected:
+            self._connected = True
+            return {"type": "websocket.connect"}
+        return await self._receive()
+
+    async def emit(self, message: Message) -> None:
+        await self._send(message)
+
+    def restarted(self) -> None:
+        pass  # the client, told to reconnect, closes: the app's next receive() hears it
 
 
 async def serve_websocket_in_replica(
     local: LocalIngress, request_id: str, scope: Scope, trace: TraceContext, receive: Receive, send: Send
 ) -> None:
     """Serve one WebSocket with the replica in this process, whose slot ``local.admit()``
-    took; its ``websocket.connect`` message was read already and is given to the app again."""
-    connected = False
-    handshake: answers.HandshakeState = "none"
-
-    async def replay() -> Message:
-        nonlocal connected
-        if not connected:
-            connected = True
-            return {"type": "websocket.connect"}
-        return await receive()
-
-    async def watch(message: Message) -> None:
-        nonlocal handshake
-        if handshake == "ended":
-            return  # e.g. after the drain's close: dropped, as a relayed socket drops it
-        handshake = answers.handshake_after(handshake, message)
-        await send(message)
-
-    async def restarting() -> None:
-        # The replica's drain is at its deadline: the client is told to reconnect (to
-        # another replica), and the app's next receive() hears that its client is gone.
-        for message in answers.restart_end(handshake):
-            await watch(message)
-
-    drain = local.drain_signal.watch(restarting)
-    try:
-        await local.serve_direct(request_id, scope, replay, watch, trace)
-    except Exception:  # the app's failure: logged with the id, the socket ended
-        logger.exception("WebSocket %s failed", request_id)
-        failed = True
-    else:
-        failed = False  # it returned: if without closing, close it (or answer, if never accepted)
-    finally:
-        await drain.close()
-    for message in answers.websocket_end(handshake, failed, scope, request_id):
-        await send(message)
+    took; its ``websocket.connect`` message was read already."""
+    socket = _Socket(receive, send)
+    await local.serve_direct(request_id, scope, socket.receive, socket, trace)
 
 
 class LocalIngresses:

@@ -1,4 +1,6 @@
-"""Running an ASGI app inside a replica: lifespan, and one HTTP request at a time."""
+"""An ASGI app inside a replica: its lifespan, a plain deployment's ``__call__`` as an
+app, and the channel's side of one HTTP request or WebSocket (the rules of running one:
+``run_app.py``)."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app_toolkit._runtime import answers, request_context
+from app_toolkit._runtime import request_context
 from app_toolkit._runtime.channel.flow import Inbound
 from app_toolkit._runtime.channel.server import ResponseSink
 from app_toolkit._runtime.messages import (
@@ -24,6 +26,7 @@ from app_toolkit._runtime.messages import (
     WebSocketMessage,
     WebSocketOpen,
 )
+from app_toolkit._runtime.run_app import run_http, run_websocket
 from app_toolkit.exceptions import DeployError
 
 logger = logging.getLogger("app_toolkit.replica")
@@ -115,30 +118,20 @@ def _last_line(text: str) -> str:
 async def serve_http(
     app: ASGIApp, request: HTTPRequest, lifespan_state: dict[str, object], sink: ResponseSink
 ) -> str:
-    """Run one request through ``app``; answer with one HTTPResponse, or a head, body
-    chunks and the end. Returns the path template of the route that served it."""
+    """Run one request through ``app`` (``run_app.run_http``); answer with one
+    HTTPResponse, or a head, body chunks and the end. Returns the path template of the
+    route that served it."""
     scope = dict(request.scope)
-    scope["state"] = dict(lifespan_state)
     response = _Response(request, scope, sink)
-    try:
-        await app(scope, response.receive, response.send)
-    except asyncio.CancelledError:
-        raise
-    except Exception as exc:
-        logger.exception("Request %s failed", request.request_id)
-        response.fail(exc)
-    finally:
-        response.end()
-    if not response.complete:
-        logger.error("Request %s: the app returned without a complete response", request.request_id)
-        response.fail()
+    await run_http(app, scope, response.receive, response, request.request_id, lifespan_state)
     return response.route
 
 
 class _Response:
-    """One request's ASGI channel inside a replica: the body in (whole, or its start and
-    then the pieces the caller streams into ``sink.inbound``), the response out as
-    answers — one HTTPResponse when the body comes in one piece, else a head, chunks, the end."""
+    """One request's ASGI channel inside a replica (a ``run_app.HTTPOut``): the body in
+    (whole, or its start and then the pieces the caller streams into ``sink.inbound``), the
+    response out as answers — one HTTPResponse when the body comes in one piece, else a
+    head, chunks, the end."""
 
     __slots__ = (
         "_request",
@@ -151,6 +144,7 @@ class _Response:
         "_status",
         "_headers",
         "_started",
+        "head_seen",
         "complete",
     )
 
@@ -167,6 +161,7 @@ class _Response:
         self._status = 500
         self._headers: list[tuple[bytes, bytes]] = []
         self._started = False  # the response head went out as its own frame
+        self.head_seen = False
         self.complete = False
 
     async def receive(self) -> Message:
@@ -187,6 +182,7 @@ class _Response:
     async def send(self, message: Message) -> None:
         kind = message["type"]
         if kind == "http.response.start":
+            self.head_seen = True
             self._status = int(message["status"])
             self._headers = [(bytes(k), bytes(v)) for k, v in message.get("headers", [])]
         elif kind == "http.response.body" and not self.complete:
@@ -214,18 +210,20 @@ class _Response:
         records it in the scope), never the raw path; "" if none did."""
         return request_context.route_template(self._scope)
 
-    def fail(self, error: BaseException | None = None) -> None:
-        """The app failed (raising ``error``) before completing the response: the answer
-        for it (``answers.escaped``: a generic 500, or overload), or, once the head is
-        out, a failure that makes the proxy cut the stream off (a client must not take a
-        truncated body for a whole one)."""
-        if self.complete:
-            return
+    def refusal(self) -> HTTPResponse | None:
+        return None  # the proxy reads the body within its bounds and answers a refusal
+
+    async def answer(self, response: HTTPResponse) -> None:
         self._finish()
-        if self._started:
-            self._sink.send(STREAM_FAILED)
-        else:
-            self._sink.send(answers.escaped(error, self._request.request_id))
+        self._sink.send(response)
+
+    async def cut_off(self, why: str) -> None:
+        # The proxy cuts the client's response off when the stream ends in a failure.
+        self._finish()
+        if not self._started:
+            self._started = True
+            self._sink.send(HTTPResponseStart(self._status, self._headers, self.route))
+        self._sink.send(STREAM_FAILED)
 
     def _finish(self) -> None:
         self.complete = True
@@ -236,16 +234,6 @@ class _Response:
         self._ended = True
         if self._finished is not None:
             self._finished.set()
-
-
-async def run_direct(
-    app: ASGIApp, scope: Scope, receive: Receive, send: Send, lifespan_state: dict[str, object]
-) -> str:
-    """Run one request of a connection the replica owns straight through ``app`` (its
-    front answers failures); returns the path template of the route that served it."""
-    scope["state"] = dict(lifespan_state)
-    await app(scope, receive, send)
-    return request_context.route_template(scope)
 
 
 def request_app(target: Callable[..., Any]) -> ASGIApp:
@@ -290,43 +278,27 @@ def request_app(target: Callable[..., Any]) -> ASGIApp:
 async def serve_websocket(
     app: ASGIApp, request: WebSocketOpen, lifespan_state: dict[str, object], sink: ResponseSink
 ) -> str:
-    """Run one WebSocket connection through ``app``: client messages come from
-    ``sink.inbound``, every message the app sends goes out as a WebSocketMessage, the end last.
-    Returns the path template of the route that served it."""
+    """Run one WebSocket connection through ``app`` (``run_app.run_websocket``): client
+    messages come from ``sink.inbound``, every message the app sends goes out as a
+    WebSocketMessage, the end last. Returns the path template of the route that served it."""
     assert sink.inbound is not None
     scope = dict(request.scope)
-    scope["state"] = dict(lifespan_state)
-    socket = _WebSocket(sink, sink.inbound, request.request_id, scope)
-    signal = request_context.drain_signal.get()
-    watch = signal.watch(socket.server_restarting) if signal is not None else None
-    try:
-        await app(scope, socket.receive, socket.send)
-    except asyncio.CancelledError:
-        raise
-    except Exception:
-        logger.exception("WebSocket %s failed", request.request_id)
-        socket.end(failed=True)
-    else:
-        socket.end(failed=False)  # returned without closing: close it (or answer, if never accepted)
-    finally:
-        if watch is not None:
-            await watch.close()
+    socket = _WebSocket(sink, sink.inbound)
+    drain = request_context.drain_signal.get()
+    await run_websocket(app, scope, socket.receive, socket, request.request_id, lifespan_state, drain)
     sink.send(END)
     return request_context.route_template(scope)
 
 
 class _WebSocket:
-    """One WebSocket's ASGI channel inside a replica."""
+    """One WebSocket's ASGI channel inside a replica (a ``run_app.SocketOut``)."""
 
-    __slots__ = ("_sink", "_inbound", "_request_id", "_scope", "_connected", "_handshake")
+    __slots__ = ("_sink", "_inbound", "_connected")
 
-    def __init__(self, sink: ResponseSink, inbound: Inbound, request_id: str, scope: Scope) -> None:
+    def __init__(self, sink: ResponseSink, inbound: Inbound) -> None:
         self._sink = sink
         self._inbound = inbound
-        self._request_id = request_id
-        self._scope = scope
         self._connected = False
-        self._handshake: answers.HandshakeState = "none"  # "ended": later messages drop
 
     async def receive(self) -> Message:
         if not self._connected:
@@ -335,23 +307,9 @@ class _WebSocket:
         message: Message = await self._inbound.get()
         return message
 
-    async def send(self, message: Message) -> None:
-        if self._handshake == "ended":
-            return
-        self._handshake = answers.handshake_after(self._handshake, message)
+    async def emit(self, message: Message) -> None:
         self._sink.send(WebSocketMessage(dict(message)))
         await self._sink.drain()
 
-    def end(self, failed: bool) -> None:
-        """The app raised or returned: end the socket as ``answers.websocket_end`` says."""
-        for message in answers.websocket_end(self._handshake, failed, self._scope, self._request_id):
-            self._sink.send(WebSocketMessage(message))
-        self._handshake = "ended"
-
-    async def server_restarting(self) -> None:
-        """The replica's drain is at its deadline: close with 1012 so the client reconnects
-        (to another replica), and tell the app its client is gone."""
-        for message in answers.restart_end(self._handshake):
-            self._handshake = "ended"
-            self._sink.send(WebSocketMessage(message))
+    def restarted(self) -> None:
         self._inbound.put({"type": "websocket.disconnect", "code": CLOSE_SERVICE_RESTART})

@@ -15,7 +15,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import cast
 
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope
 
 from app_toolkit._runtime import log_format, request_context, tracing
 from app_toolkit._runtime.channel.frames import Dumps
@@ -35,7 +35,6 @@ from app_toolkit._runtime.replica import replica_metrics
 from app_toolkit._runtime.replica.asgi import (
     Lifespan,
     request_app,
-    run_direct,
     serve_http,
     serve_websocket,
 )
@@ -47,6 +46,7 @@ from app_toolkit._runtime.replica.user_code import (
     install_error_handler,
     run_destructor,
 )
+from app_toolkit._runtime.run_app import HTTPOut, SocketOut, run_http, run_websocket
 from app_toolkit._runtime.waiting import wait_event
 from app_toolkit.config import DeploymentConfig
 from app_toolkit.exceptions import (
@@ -339,12 +339,12 @@ class ReplicaCore:
         request_id: str,
         scope: Scope,
         receive: Receive,
-        send: Send,
+        out: HTTPOut | SocketOut,
         trace: tracing.TraceContext,
     ) -> str:
-        """Serve one admitted HTTP request or WebSocket of a client connection this
-        replica owns (direct ingress: no channel, the app answers the client); returns
-        the route. A failure of the app is raised to the front, which answers it."""
+        """Serve one admitted HTTP request (``out``: an HTTPOut) or WebSocket (a SocketOut)
+        of a client connection this replica owns (direct ingress: no channel, the app
+        answers the client; ``run_app`` answers its failures); returns the route."""
         started = time.perf_counter()
         kind = "websocket" if scope["type"] == "websocket" else "http"
         route = ""
@@ -353,15 +353,17 @@ class ReplicaCore:
             app = self.asgi_app
             if app is None or tracing.exporting():
                 route = await self._serve_asgi(
-                    request_id, scope, lambda app, state: run_direct(app, scope, receive, send, state), trace
+                    request_id,
+                    scope,
+                    lambda app, state: _run_direct(app, scope, receive, out, request_id, state),
+                    trace,
                 )
                 return route
-            # No span to export: what _serve_asgi and run_direct do, without their layers
-            # (most requests).
+            # No span to export: what _serve_asgi does, without its layers (most requests).
             serving = self._serves or self._serving()
             with request_context.request_scope(request_id, tracing.child(trace), serving, scope["headers"]):
-                scope["state"] = dict(self._lifespan.state) if self._lifespan is not None else {}
-                await app(scope, receive, send)
+                state = self._lifespan.state if self._lifespan is not None else {}
+                await _run_direct(app, scope, receive, out, request_id, state)
             route = request_context.route_template(scope)
             return route
         finally:
@@ -467,3 +469,21 @@ def client_error_status(exc: BaseException) -> int:
     400 to 499 (FastAPI's ``HTTPException`` has one); 0 for any other exception."""
     status = getattr(exc, "status_code", None)
     return status if isinstance(status, int) and 400 <= status < 500 else 0
+
+
+async def _run_direct(
+    app: ASGIApp,
+    scope: Scope,
+    receive: Receive,
+    out: HTTPOut | SocketOut,
+    request_id: str,
+    state: dict[str, object],
+) -> str:
+    """One request or WebSocket of a connection the replica owns, through ``app``
+    (``out`` is the scope type's)."""
+    if scope["type"] == "http":
+        await run_http(app, scope, receive, cast(HTTPOut, out), request_id, state)
+    else:
+        drain = request_context.drain_signal.get()
+        await run_websocket(app, scope, receive, cast(SocketOut, out), request_id, state, drain)
+    return request_context.route_template(scope)

@@ -79,6 +79,26 @@ async def fails(scope: Scope, receive: Receive, send: Send) -> None:
     raise RuntimeError("no response started")
 
 
+async def head_then_return(scope: Scope, receive: Receive, send: Send) -> None:
+    await start(send, 200, [(b"content-type", b"text/plain")])
+
+
+async def head_then_raise(scope: Scope, receive: Receive, send: Send) -> None:
+    await start(send, 200, [(b"content-type", b"text/plain")])
+    await body(send, b"part", more=True)
+    raise RuntimeError("failed after the response started")
+
+
+async def return_nothing(scope: Scope, receive: Receive, send: Send) -> None:
+    return
+
+
+async def raise_after_response(scope: Scope, receive: Receive, send: Send) -> None:
+    await start(send, 200, [(b"content-length", b"4")])
+    await body(send, b"done")
+    raise RuntimeError("failed after the whole response")
+
+
 async def not_found(scope: Scope, receive: Receive, send: Send) -> None:
     await start(send, 404, [(b"content-type", b"text/plain")])
     await body(send, b"no such path")
@@ -93,6 +113,10 @@ ROUTES = {
     "/early": early,
     "/read-all": read_all,
     "/fails": fails,
+    "/head-then-return": head_then_return,
+    "/head-then-raise": head_then_raise,
+    "/return-nothing": return_nothing,
+    "/raise-after-response": raise_after_response,
 }
 BIG = bytes(2 << 20)
 EXCHANGES = [
@@ -107,4 +131,8 @@ EXCHANGES = [
     Http("chunked body read whole", method="POST", path="/read-all", body=BIG, chunked=True),
     Http("not found", path="/missing"),
     Http("exception before the response starts", path="/fails"),
+    Http("returned after the head, before a body", path="/head-then-return"),
+    Http("exception after the response started", path="/head-then-raise"),
+    Http("returned without a response", path="/return-nothing"),
+    Http("exception after the whole response", path="/raise-after-response"),
 ]
