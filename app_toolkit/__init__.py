@@ -48,14 +48,10 @@ from app_toolkit.exceptions import (
     RequestLostError,
     RequestTimeoutError,
 )
-from app_toolkit.handle import (
-    DeploymentBroadcastResponse,
-    DeploymentHandle,
-    DeploymentResponse,
-    DeploymentResponseGenerator,
-)
+from app_toolkit.handle import DeploymentHandle
 from app_toolkit.ingress import App, ingress
 from app_toolkit.multiplex import get_multiplexed_model_id, multiplexed
+from app_toolkit.responses import DeploymentBroadcastResponse, DeploymentResponse, DeploymentResponseGenerator
 from app_toolkit.routes import deadline, replicated
 from app_toolkit.status import (
     ApplicationStatus,

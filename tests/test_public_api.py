@@ -104,6 +104,7 @@ def test_all_is_sorted_and_complete() -> None:
         "event_log_redis",
         "exceptions",
         "handle",
+        "responses",
         "ingress",
         "status",
         "dependencies",

@@ -7,9 +7,8 @@ whose message names the option, the bad value and the allowed range. (Config fil
 """
 
 from app_toolkit.config.application import ApplicationOptions, parse_application_options
+from app_toolkit.config.autoscaling import AutoscalingConfig, AutoscalingPolicy
 from app_toolkit.config.deployment import (
-    AutoscalingConfig,
-    AutoscalingPolicy,
     BackpressureConfig,
     BatchConfig,
     DeploymentConfig,

@@ -10,12 +10,8 @@ from __future__ import annotations
 from typing import Any, assert_type
 
 import app_toolkit as tk
-from app_toolkit.handle import (
-    DeploymentHandle,
-    DeploymentResponse,
-    DeploymentResponseGenerator,
-    StreamingDeploymentHandle,
-)
+from app_toolkit.handle import DeploymentHandle, StreamingDeploymentHandle
+from app_toolkit.responses import DeploymentResponse, DeploymentResponseGenerator
 
 
 async def handles_say_what_remote_returns(handle: tk.DeploymentHandle) -> None:

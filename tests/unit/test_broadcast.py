@@ -20,7 +20,7 @@ from app_toolkit._runtime.routing.data_plane import DataPlane
 from app_toolkit._runtime.routing.dispatcher import Dispatcher
 from app_toolkit.config import DeploymentConfig
 from app_toolkit.exceptions import ReplicaUnavailableError, RequestTimeoutError
-from app_toolkit.handle import DeploymentBroadcastResponse
+from app_toolkit.responses import DeploymentBroadcastResponse
 from tests.unit.test_data_plane import NoController
 from tests.unit.test_dispatcher import DEP, FakeReplica, answer, call, info, make, result
 

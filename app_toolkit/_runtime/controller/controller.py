@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from app_toolkit._runtime.controller import checkpoint, controller_metrics, teardown
+from app_toolkit._runtime.controller import controller_metrics, teardown
 from app_toolkit._runtime.controller.actions import ActionRunner
 from app_toolkit._runtime.controller.api import ConfigFile
 from app_toolkit._runtime.controller.backend import Backend
@@ -29,17 +29,12 @@ from app_toolkit._runtime.controller.custom_scaling import CustomScaling
 from app_toolkit._runtime.controller.deployment_state import (
     Action,
     DeploymentState,
-    Lifecycle,
-    adopt,
     apply_event,
     autoscale,
-    follow_autoscaling,
     hold_models,
-    keep_size,
-    new_spec,
     place,
-    set_capacity,
 )
+from app_toolkit._runtime.controller.desired_state import DesiredState
 from app_toolkit._runtime.controller.heap import HeapKeeper
 from app_toolkit._runtime.controller.loads import LoadBook
 from app_toolkit._runtime.controller.longpoll import LongPollHost
@@ -126,27 +121,16 @@ class ControllerCore:
         )
         #: Nodes that are leaving, and starts the cluster cannot place (controller/cluster.py).
         self.cluster = ClusterWatch(backend, self, self._record, self.actions.spawn)
-        self._saved: dict[DeploymentID, Lifecycle] = {}  # the lifecycles last checkpointed
         #: Custom autoscaling policies and replicas' custom metrics (controller/custom_scaling.py).
         self.custom = CustomScaling(backend.load_object)
+        #: Changes to the applications and their deployments, checkpointed (controller/desired_state.py).
+        self.desired = DesiredState(self, self._due)
         controller_metrics.track(self)
 
     # ------------------------------------------------------------------ lifecycle
 
     async def start(self) -> None:
-        saved = checkpoint.loads(await self.backend.load_checkpoint())
-        if saved is not None:
-            self.applied_file, self.capacity = saved.applied_file, saved.capacity
-            self.policy = TrafficPolicy(*saved.policy)
-            in_file = saved.in_file()
-            for spec in saved.apps.values():
-                self._adopt(spec, self.capacity if spec.name in in_file else None)
-            for deployment_id, lifecycle in saved.lifecycles.items():
-                if deployment_id in self.deployments:
-                    self.deployments[deployment_id].restore(lifecycle)
-            self._saved = saved.lifecycles
-            logger.info("Restored %d application(s) from the checkpoint", len(self.apps))
-        await self._adopt_running_replicas()
+        await self.desired.restore()
         self.tables.routes()
         self._loop_task = asyncio.get_running_loop().create_task(self._run())
 
@@ -178,9 +162,9 @@ class ControllerCore:
         for other in self.apps.values():
             if other.name != spec.name:
                 check_prefixes(spec, other)
-        self._forget_config_of(spec.name)
-        self._replace_app(spec)
-        await self._checkpoint()
+        self.desired.forget_config_of(spec.name)
+        self.desired.replace_app(spec)
+        await self.desired.checkpoint()
         self.tables.routes()
         self.tables.splits()
         self._wake.set()
@@ -191,9 +175,9 @@ class ControllerCore:
         WebSockets end as their drain starts."""
         if name not in self.apps:
             return
-        self._forget_config_of(name)
-        self._remove_app(name, hurry)
-        await self._checkpoint()
+        self.desired.forget_config_of(name)
+        self.desired.remove_app(name, hurry)
+        await self.desired.checkpoint()
         self.tables.routes()
         self.tables.splits()
         self._wake.set()
@@ -212,11 +196,11 @@ class ControllerCore:
             self._record(logging.INFO, capacity.change_from(self.capacity))
         self.capacity = capacity
         for name in [name for name in self.apps if name not in wanted]:
-            self._remove_app(name)
+            self.desired.remove_app(name)
         for spec in specs:
-            self._replace_app(spec, capacity)
+            self.desired.replace_app(spec, capacity)
         self.applied_file = config_file
-        await self._checkpoint()
+        await self.desired.checkpoint()
         self.tables.routes()
         self.tables.splits()
         self._wake.set()
@@ -241,7 +225,7 @@ class ControllerCore:
         weights are not valid); takes effect at every caller with the next table. It
         stops a rollout of ``endpoint``."""
         event = self.policy.set(endpoint, weights, self.apps)
-        await self._checkpoint()
+        await self.desired.checkpoint()
         self.tables.splits()
         self._record(logging.INFO, event[0].upper() + event[1:])
 
@@ -250,14 +234,14 @@ class ControllerCore:
         now = asyncio.get_running_loop().time()
         started = new_rollout(endpoint, canary, options, self.apps, now)
         event = self.policy.start_rollout(started, self.apps)
-        await self._checkpoint()
+        await self.desired.checkpoint()
         self.tables.splits()
         self._record(logging.INFO, event)
 
     async def shadow(self, endpoint: str, to: str | None, fraction: float, compare: str = "") -> None:
         """Copy ``fraction`` of ``endpoint``'s requests to ``to`` (routing/shadow.py)."""
         event = self.policy.set_shadow(endpoint, to, fraction, self.apps, compare)
-        await self._checkpoint()
+        await self.desired.checkpoint()
         self.tables.splits()
         self._record(logging.INFO, event)
 
@@ -265,46 +249,9 @@ class ControllerCore:
         events = self.policy.tick(asyncio.get_running_loop().time(), self.apps)
         if events:
             self.tables.splits()
-            self.actions.spawn(self._checkpoint())
+            self.actions.spawn(self.desired.checkpoint())
             for level, message in events:
                 self._record(level, message)
-
-    def _replace_app(self, spec: AppSpec, capacity: Capacity | None = None) -> None:
-        previous = self.apps.get(spec.name)
-        if previous is not None and previous.autoscaling_policy != spec.autoscaling_policy:
-            self.custom.forget(spec.name)  # the old policy's call under way is not taken
-        self._adopt(spec, capacity)
-        if previous is not None:
-            kept = {d.id for d in spec.deployments}
-            for old in previous.deployments:
-                if old.id not in kept:
-                    self._retire(old.id, callers=teardown.callers_of(previous, old.id))
-
-    def _remove_app(self, name: str, hurry: bool = False) -> None:
-        app = self.apps.pop(name)
-        self.custom.forget(name)
-        for spec in app.deployments:
-            self._retire(spec.id, hurry, frozenset() if hurry else teardown.callers_of(app, spec.id))
-        if hurry:  # deployments an upgrade dropped that still wait for their callers go too
-            for deployment, state in list(self.deployments.items()):
-                if deployment.app == name and state.retire_after:
-                    self._retire(deployment, hurry)
-        self.policy.app_removed(name)
-
-    def _forget_config_of(self, name: str) -> None:
-        """An app changed by hand no longer runs what the config file says (nor at its
-        target capacity)."""
-        app = self.apps.get(name)
-        for spec in app.deployments if app is not None else ():
-            state = self.deployments.get(spec.id)
-            if state is not None:
-                set_capacity(state, Capacity())
-        if self.applied_file is None:
-            return
-        apps = [
-            app for app in self.applied_file.get("applications", []) if app.get("name", "default") != name
-        ]
-        self.applied_file = {**self.applied_file, "applications": apps} if apps else None
 
     async def config_file(self) -> ConfigFile | None:
         return self.applied_file
@@ -382,68 +329,6 @@ class ControllerCore:
         logger.log(level, message)
         self.events.append(EventInfo(time.time(), logging.getLevelName(level), message))
 
-    # ------------------------------------------------------------------ desired state
-
-    def _adopt(self, spec: AppSpec, capacity: Capacity | None = None) -> None:
-        """Make ``spec`` the desired state of its application (at ``capacity``: a config
-        file's; None: the capacity its deployments have, or none for new ones)."""
-        self.apps[spec.name] = spec
-        now = asyncio.get_running_loop().time()
-        for dep in spec.deployments:
-            state = self.deployments.get(dep.id)
-            if state is None or state.deleting:
-                replicas = state.replicas if state is not None else {}
-                state = self.deployments[dep.id] = DeploymentState(dep, replicas)
-            elif state.spec != dep:
-                new_spec(state, dep, now)
-            set_capacity(state, capacity if capacity is not None else state.capacity)
-            follow_autoscaling(state)
-            self._due.pop(dep.id, None)
-            self.tables.replicas(dep.id)
-
-    async def _adopt_running_replicas(self) -> None:
-        """Take over the replicas a previous controller left running: callers keep their
-        connections and nothing restarts. Replicas of deployments no longer wanted stop."""
-        now = asyncio.get_running_loop().time()
-        adopted = 0
-        for found in await self.backend.find_replicas():
-            state = self.deployments.get(found.info.deployment)
-            if state is None or state.deleting:
-                await self.backend.stop_replica(found.handle, graceful=True)
-                continue
-            adopt(state, found, now)
-            adopted += 1
-        for deployment_id, state in self.deployments.items():
-            keep_size(state)  # the size the previous life chose
-            self.tables.replicas(deployment_id)
-        if adopted:
-            logger.info("Adopted %d running replica(s)", adopted)
-
-    def _retire(
-        self, deployment: DeploymentID, hurry: bool = False, callers: frozenset[DeploymentID] = frozenset()
-    ) -> None:
-        """Delete ``deployment``, once no replica of ``callers`` may call it (teardown.py)."""
-        state = self.deployments.get(deployment)
-        if state is not None:
-            state.deleting, state.hurried, state.retire_after = True, hurry, callers
-            self._due.pop(deployment, None)
-            if not callers:
-                self.longpoll.publish(replicas_key(deployment), DeploymentGone())
-
-    async def _checkpoint(self) -> None:
-        self._saved = self._lifecycles()
-        saved = checkpoint.Checkpoint(
-            self.apps, self.applied_file, self.capacity, self._saved, self.policy.saved()
-        )
-        await self.backend.save_checkpoint(saved.dumps())
-
-    def _lifecycles(self) -> dict[DeploymentID, Lifecycle]:
-        return {
-            deployment_id: state.lifecycle()
-            for deployment_id, state in self.deployments.items()
-            if not state.deleting
-        }
-
     # ------------------------------------------------------------------ reconcile
 
     async def _run(self) -> None:
@@ -453,8 +338,8 @@ class ControllerCore:
                 self.cluster.follow()
                 self._reconcile()
                 self.cluster.release()
-                if self._lifecycles() != self._saved:  # a version failed, an upgrade began or ended
-                    self.actions.spawn(self._checkpoint())
+                if self.desired.unsaved():
+                    self.actions.spawn(self.desired.checkpoint())
             except Exception:
                 logger.exception("Reconcile step failed; retrying")
             controller_metrics.RECONCILE.observe(time.perf_counter() - started)
