@@ -1,16 +1,18 @@
 """HTTP overhead of app_toolkit against bare uvicorn, same route code, side by side.
 
 Starts ``uvicorn benchmarks.bench_app:fastapi_app`` (one process, without its access
-log) and ``app-toolkit run benchmarks.bench_app:app`` (embedded local Ray: proxy actor +
-replica actor; default settings, so its access log is on), then loads both with wrk on
-127.0.0.1, alternating, and prints per scenario req/s, p50 and p99 latency and the
-toolkit/uvicorn ratios (medians over rounds). ``--uvicorn-access-log`` adds a uvicorn
+log) and the toolkit serving ``benchmarks.bench_app:app`` (embedded local Ray: proxy
+actor + replica actor; default settings, so its access log is on) both ways users start
+it: ``app-toolkit run`` and a Python script calling ``tk.run`` (``benchmarks/run_python.py``;
+``--no-python-api`` leaves it out). Loads them all with wrk on 127.0.0.1, alternating,
+and prints per scenario req/s, p50 and p99 latency, server CPU per request and each
+toolkit's ratio to uvicorn (medians over rounds). ``--uvicorn-access-log`` adds a uvicorn
 with its default access log to the same rounds, a second baseline; ``--production`` the
 production baseline (that, plus a request id and Prometheus metrics per route:
 ``benchmarks/production_app.py``), the one a FastAPI developer compares with.
 
     python -m benchmarks.http_overhead [--duration 10] [--rounds 2] [--replicas 1]
-        [--uvicorn-access-log] [--production]
+        [--uvicorn-access-log] [--production] [--no-python-api]
 
 Needs ``wrk`` (``make bench`` installs it). Ray Serve is not compared here: it is not
 a dependency; its figures on these machines are quoted in docs/benchmarks.md.
@@ -29,15 +31,24 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 
 from benchmarks.proc_cpu import cpu_by_process, cpu_spent
+from benchmarks.toolkit_modes import (
+    BIN,
+    CLI,
+    LABELS,
+    add_mode_arguments,
+    chosen_modes,
+    describe,
+    toolkit_command,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
 
 DONE_HOOK = """
 done = function(summary, latency, requests)
@@ -196,9 +207,13 @@ def start_servers(
     uvicorn_workers: int = 1,
     uvicorns: dict[str, bool] | None = None,
     uvicorn_targets: dict[str, str] | None = None,
+    toolkit_modes: Sequence[str] = (CLI,),
 ) -> tuple[dict[str, subprocess.Popen[bytes]], dict[str, str]]:
-    """Start bare uvicorn and `app-toolkit run` (embedded Ray) side by side; wait for both.
+    """Start bare uvicorn and the toolkit (embedded Ray) side by side; wait for them all.
 
+    ``toolkit_modes``: how the toolkit is started, one server each
+    (``benchmarks/toolkit_modes.py``): ``toolkit``, ``app-toolkit run`` (the default, and
+    the only one unless asked), and ``toolkit-python``, a script calling ``tk.run``.
     The toolkit runs with its defaults: its access log on, written to /dev/null
     (``access_log=False`` turns it off). ``uvicorns``: the uvicorn servers to start, by
     name, each with its access log on or off (on: uvicorn's own default logging, its lines
@@ -209,7 +224,7 @@ def start_servers(
     env = dict(os.environ, PYTHONPATH=str(ROOT), RAY_USAGE_STATS_ENABLED="0")
     env.pop("RAY_ADDRESS", None)
     uvicorns = uvicorns if uvicorns is not None else {"uvicorn": False}
-    ports = {name: free_port() for name in (*uvicorns, "toolkit")}
+    ports = {name: free_port() for name in (*uvicorns, *toolkit_modes)}
     servers: dict[str, subprocess.Popen[bytes]] = {}
     try:
         for name, logged in uvicorns.items():
@@ -228,20 +243,14 @@ def start_servers(
                 env=env,
                 stdout=subprocess.DEVNULL if logged else None,  # uvicorn's access lines
             )
-        servers["toolkit"] = subprocess.Popen(
-            [
-                str(BIN / "app-toolkit"),
-                "run",
-                toolkit_target,
-                "--port",
-                str(ports["toolkit"]),
-                "--access-log" if access_log else "--no-access-log",
-            ],
-            cwd=ROOT,
-            env={**env, **(toolkit_env or {})},
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL if access_log else None,  # the access log's lines
-        )
+        for mode in toolkit_modes:
+            servers[mode] = subprocess.Popen(
+                toolkit_command(mode, toolkit_target, ports[mode], access_log=access_log),
+                cwd=ROOT,
+                env={**env, **(toolkit_env or {})},
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL if access_log else None,  # the access log's lines
+            )
         bases = {name: f"http://127.0.0.1:{port}" for name, port in ports.items()}
         for name, process in servers.items():
             wait_ready(bases[name] + ready_path, process, timeout_s=180)
@@ -252,9 +261,10 @@ def start_servers(
 
 
 def stop_servers(servers: dict[str, subprocess.Popen[bytes]]) -> None:
-    """Stop the servers this script started (by PID): Ctrl-C for the toolkit."""
+    """Stop the servers this script started (by PID): Ctrl-C for the toolkit, either way
+    it was started (each shuts its Ray down)."""
     for name, process in servers.items():
-        if name == "toolkit":
+        if name in LABELS:
             process.send_signal(signal.SIGINT)
         else:
             process.terminate()
@@ -388,10 +398,12 @@ def main() -> None:
         help="split the traffic 50/50 between two applications of one replica each (compare "
         "with --replicas 2: the same replicas without a split)",
     )
+    add_mode_arguments(parser)
     args = parser.parse_args()
     if shutil.which("wrk") is None:
         sys.exit("wrk is not installed: run `make bench` (it installs it) or `apt-get install wrk`")
 
+    modes = chosen_modes(args)
     target = "benchmarks.bench_app:" + ("app2" if args.replicas == 2 else "app")
     if args.proxied:
         target += "_proxied"
@@ -401,6 +413,7 @@ def main() -> None:
             target = split_config(Path(folder))
         elif args.shadow:
             target = shadow_config(Path(folder))
+        print(describe(modes, target), flush=True)
         servers, bases = start_servers(
             "benchmarks.bench_app:fastapi_app",
             target,
@@ -414,6 +427,7 @@ def main() -> None:
                 **({PRODUCTION: True} if args.production else {}),
             },
             uvicorn_targets={PRODUCTION: "benchmarks.production_app:app"},
+            toolkit_modes=modes,
         )
         try:
             for scenario in SCENARIOS:
@@ -428,36 +442,65 @@ def main() -> None:
                         runs[name].append(
                             run_measured(servers[name], bases[name], scenario, script, args.duration)
                         )
-                bare, ours = median(runs["uvicorn"]), median(runs["toolkit"])
-                row = {"scenario": scenario.name, "uvicorn": vars(bare), "toolkit": vars(ours)}
-                rows.append({**row, "ratio": ours.rps / bare.rps})
-                print(
-                    f"{scenario.name:28} uvicorn {bare.rps:8.0f} req/s p50 {bare.p50_ms:6.2f} ms "
-                    f"p99 {bare.p99_ms:7.2f} ms | toolkit {ours.rps:8.0f} req/s p50 {ours.p50_ms:6.2f} ms "
-                    f"p99 {ours.p99_ms:7.2f} ms | ratio {ours.rps / bare.rps:4.2f}x, "
-                    f"p50 {ours.p50_ms - bare.p50_ms:+.2f} ms, failures {bare.failures}/{ours.failures} | "
-                    f"server CPU/request uvicorn {bare.cpu_ms:.3f} ms, toolkit {ours.cpu_ms:.3f} ms",
-                    flush=True,
-                )
-                for baseline, described in BASELINES.items():
-                    if baseline not in runs:
-                        continue
-                    other = median(runs[baseline])
-                    ratio_key = "ratio_to_uvicorn_log" if baseline == LOGGED else f"ratio_to_{baseline}"
-                    rows[-1].update({baseline: vars(other), ratio_key: ours.rps / other.rps})
-                    print(
-                        f"{'':28} {described} {other.rps:8.0f} req/s p50 "
-                        f"{other.p50_ms:6.2f} ms p99 {other.p99_ms:7.2f} ms | ratio "
-                        f"{ours.rps / other.rps:4.2f}x, p50 {ours.p50_ms - other.p50_ms:+.2f} ms, "
-                        f"failures {other.failures} | server CPU/request {other.cpu_ms:.3f} ms",
-                        flush=True,
-                    )
+                rows.append(report(scenario.name, {name: median(results) for name, results in runs.items()}))
                 if args.per_process:
-                    print(f"{'':28} toolkit CPU per request by process: {by_process(ours)}", flush=True)
+                    for mode in modes:
+                        print(
+                            f"{'':28} {LABELS[mode]} CPU per request by process: "
+                            f"{by_process(median(runs[mode]))}",
+                            flush=True,
+                        )
         finally:
             stop_servers(servers)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
+
+
+def report(scenario: str, medians: dict[str, Result]) -> dict[str, object]:
+    """Print one scenario's rows: bare uvicorn against each toolkit mode, then each other
+    baseline against them; returns its results (the JSON row)."""
+    bare = medians["uvicorn"]
+    modes = [mode for mode in LABELS if mode in medians]
+    print(
+        f"{scenario:28} {'uvicorn':25} {bare.rps:8.0f} req/s p50 {bare.p50_ms:6.2f} ms "
+        f"p99 {bare.p99_ms:7.2f} ms "
+        f"| failures {bare.failures} | server CPU/request {bare.cpu_ms:.3f} ms",
+        flush=True,
+    )
+    row: dict[str, object] = {"scenario": scenario, "uvicorn": vars(bare)}
+    for mode in modes:
+        ours = medians[mode]
+        prefix = "" if mode == CLI else "python_"
+        row.update({mode: vars(ours), f"{prefix}ratio": ours.rps / bare.rps})
+        print(
+            f"{'':28} {LABELS[mode]:25} {ours.rps:8.0f} req/s p50 {ours.p50_ms:6.2f} ms "
+            f"p99 {ours.p99_ms:7.2f} ms | ratio {ours.rps / bare.rps:4.2f}x, "
+            f"p50 {ours.p50_ms - bare.p50_ms:+.2f} ms, failures {ours.failures} | "
+            f"server CPU/request {ours.cpu_ms:.3f} ms",
+            flush=True,
+        )
+    for baseline, described in BASELINES.items():
+        if baseline not in medians:
+            continue
+        other = medians[baseline]
+        row[baseline] = vars(other)
+        ratios = []
+        for mode in modes:
+            ours = medians[mode]
+            prefix = "" if mode == CLI else "python_"
+            ratio_key = "ratio_to_uvicorn_log" if baseline == LOGGED else f"ratio_to_{baseline}"
+            row[prefix + ratio_key] = ours.rps / other.rps
+            ratios.append(
+                f"{LABELS[mode].removeprefix('toolkit ')} {ours.rps / other.rps:4.2f}x, "
+                f"p50 {ours.p50_ms - other.p50_ms:+.2f} ms"
+            )
+        print(
+            f"{'':28} {described} {other.rps:8.0f} req/s p50 {other.p50_ms:6.2f} ms p99 "
+            f"{other.p99_ms:7.2f} ms | ratio {'; '.join(ratios)} | failures {other.failures} | "
+            f"server CPU/request {other.cpu_ms:.3f} ms",
+            flush=True,
+        )
+    return row
 
 
 if __name__ == "__main__":

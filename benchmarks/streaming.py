@@ -4,9 +4,11 @@ Same route code in both (``benchmarks/stream_app.py``). SSE: 16 concurrent clien
 reading streams of 100 events for ``--duration`` seconds: streams/s, events/s and time to
 first event (p50/p99), once on an ingress route and once on a route in its own replica
 pool (``@tk.replicated``; a plain route under uvicorn). WebSocket: 1,000 sequential echo
-round trips on one connection (p50/p99). Prints ratios toolkit/uvicorn (medians over rounds).
+round trips on one connection (p50/p99). Prints ratios toolkit/uvicorn (medians over rounds)
+for the toolkit started both ways users start it, ``app-toolkit run`` and a script calling
+``tk.run`` (``benchmarks/toolkit_modes.py``; ``--no-python-api`` leaves the second out).
 
-    python -m benchmarks.streaming [--duration 10] [--rounds 2]
+    python -m benchmarks.streaming [--duration 10] [--rounds 2] [--no-python-api]
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from websockets.sync.client import connect
 
 from benchmarks.http_overhead import start_servers, stop_servers
 from benchmarks.proc_cpu import cpu_seconds
+from benchmarks.toolkit_modes import LABELS, add_mode_arguments, chosen_modes, describe
 
 CLIENTS = 16
 EVENTS = 100
@@ -101,12 +104,15 @@ def main() -> None:
     )
     parser.add_argument("--duration", type=float, default=10)
     parser.add_argument("--rounds", type=int, default=2)
+    add_mode_arguments(parser)
     args = parser.parse_args()
+    modes = chosen_modes(args)
+    print(describe(modes, "benchmarks.stream_app:app"), flush=True)
     servers, bases = start_servers(
-        "benchmarks.stream_app:fastapi_app", "benchmarks.stream_app:app", "/health"
+        "benchmarks.stream_app:fastapi_app", "benchmarks.stream_app:app", "/health", toolkit_modes=modes
     )
     try:
-        results: dict[str, list[dict[str, float]]] = {"uvicorn": [], "toolkit": []}
+        results: dict[str, list[dict[str, float]]] = {name: [] for name in ("uvicorn", *modes)}
         for name in results:  # warm up
             asyncio.run(sse_load(bases[name], 2))
         for _ in range(args.rounds):
@@ -126,30 +132,45 @@ def main() -> None:
             name: {key: statistics.median(run[key] for run in runs) for key in runs[0]}
             for name, runs in results.items()
         }
-        bare, ours = medians["uvicorn"], medians["toolkit"]
+        bare = medians["uvicorn"]
         print(
             f"SSE {CLIENTS} clients x {EVENTS} events: uvicorn {bare['events_per_s']:8.0f} events/s "
-            f"first event p50 {bare['ttfb_p50_ms']:.2f} p99 {bare['ttfb_p99_ms']:.2f} ms | toolkit "
-            f"{ours['events_per_s']:8.0f} events/s first event p50 {ours['ttfb_p50_ms']:.2f} p99 "
-            f"{ours['ttfb_p99_ms']:.2f} ms | throughput {ours['events_per_s'] / bare['events_per_s']:.2f}x, "
-            f"first event p50 {ours['ttfb_p50_ms'] / bare['ttfb_p50_ms']:.2f}x | server CPU/event "
-            f"uvicorn {bare['cpu_us']:.0f} us, toolkit {ours['cpu_us']:.0f} us"
+            f"first event p50 {bare['ttfb_p50_ms']:.2f} p99 {bare['ttfb_p99_ms']:.2f} ms "
+            f"| server CPU/event {bare['cpu_us']:.0f} us"
         )
+        for mode in modes:
+            ours = medians[mode]
+            print(
+                f"  {LABELS[mode]:25} {ours['events_per_s']:8.0f} events/s first event p50 "
+                f"{ours['ttfb_p50_ms']:.2f} p99 {ours['ttfb_p99_ms']:.2f} ms | throughput "
+                f"{ours['events_per_s'] / bare['events_per_s']:.2f}x, first event p50 "
+                f"{ours['ttfb_p50_ms'] / bare['ttfb_p50_ms']:.2f}x | server CPU/event {ours['cpu_us']:.0f} us"
+            )
         print(
-            f"SSE in its own pool: uvicorn {bare['pool_events_per_s']:8.0f} events/s | toolkit "
-            f"{ours['pool_events_per_s']:8.0f} events/s first event p50 {ours['pool_ttfb_p50_ms']:.2f} ms"
-            f" | throughput {ours['pool_events_per_s'] / bare['pool_events_per_s']:.2f}x, first event "
-            f"p50 {ours['pool_ttfb_p50_ms'] / bare['pool_ttfb_p50_ms']:.2f}x | server CPU/event uvicorn "
-            f"{bare['pool_cpu_us']:.0f} us, toolkit {ours['pool_cpu_us']:.0f} us"
+            f"SSE in its own pool: uvicorn {bare['pool_events_per_s']:8.0f} events/s first event p50 "
+            f"{bare['pool_ttfb_p50_ms']:.2f} ms | server CPU/event {bare['pool_cpu_us']:.0f} us"
         )
+        for mode in modes:
+            ours = medians[mode]
+            print(
+                f"  {LABELS[mode]:25} {ours['pool_events_per_s']:8.0f} events/s first event p50 "
+                f"{ours['pool_ttfb_p50_ms']:.2f} ms | throughput "
+                f"{ours['pool_events_per_s'] / bare['pool_events_per_s']:.2f}x, first event p50 "
+                f"{ours['pool_ttfb_p50_ms'] / bare['pool_ttfb_p50_ms']:.2f}x | server CPU/event "
+                f"{ours['pool_cpu_us']:.0f} us"
+            )
         print(
             f"WebSocket echo x{ROUND_TRIPS}: uvicorn p50 {bare['ws_rtt_p50_ms']:.3f} "
-            f"p99 {bare['ws_rtt_p99_ms']:.3f} ms"
-            f" | toolkit p50 {ours['ws_rtt_p50_ms']:.3f} p99 {ours['ws_rtt_p99_ms']:.3f} ms | round trip p50 "
-            f"{ours['ws_rtt_p50_ms'] / bare['ws_rtt_p50_ms']:.2f}x | server CPU/round trip uvicorn "
-            f"{bare['ws_cpu_us']:.0f} us, toolkit {ours['ws_cpu_us']:.0f} us",
-            flush=True,
+            f"p99 {bare['ws_rtt_p99_ms']:.3f} ms | server CPU/round trip {bare['ws_cpu_us']:.0f} us"
         )
+        for mode in modes:
+            ours = medians[mode]
+            print(
+                f"  {LABELS[mode]:25} p50 {ours['ws_rtt_p50_ms']:.3f} p99 {ours['ws_rtt_p99_ms']:.3f} ms "
+                f"| round trip p50 {ours['ws_rtt_p50_ms'] / bare['ws_rtt_p50_ms']:.2f}x | server CPU/round "
+                f"trip {ours['ws_cpu_us']:.0f} us",
+                flush=True,
+            )
     finally:
         stop_servers(servers)
 
