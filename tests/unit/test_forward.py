@@ -8,8 +8,8 @@ from starlette.types import Message
 
 from app_toolkit._runtime.channel.exchange import Exchange
 from app_toolkit._runtime.messages import LOST, DeploymentID, HTTPRequest, HTTPResponse, ReplicaInfo, Request
+from app_toolkit._runtime.proxy.cycle import HTTPCycle
 from app_toolkit._runtime.proxy.forward import forward
-from app_toolkit._runtime.proxy.request_state import RequestState
 from app_toolkit._runtime.routing.dispatcher import Dispatcher
 
 pytestmark = pytest.mark.anyio
@@ -48,9 +48,9 @@ async def _status(dispatcher: Dispatcher, method: str, more_body: bool = False) 
     async def send(message: Message) -> None:
         sent.append(message)
 
-    state = RequestState(None, 0.0)
+    cycle = HTTPCycle(send, None, 0.0)
     request = HTTPRequest("rid", {"type": "http", "method": method, "path": "/"}, b"", more_body)
-    await forward(dispatcher, request, send, state)
+    await forward(dispatcher, request, cycle)
     return int(sent[0]["status"])
 
 

@@ -7,6 +7,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
 import pytest
+from starlette.types import Message
 
 from app_toolkit._runtime.answers import header_dict
 from app_toolkit._runtime.channel.exchange import Exchange
@@ -19,11 +20,16 @@ from app_toolkit._runtime.proxy.body import (
     BodyPump,
     read_body,
 )
+from app_toolkit._runtime.proxy.cycle import CLIENT_CLOSED, HTTPCycle
 from app_toolkit._runtime.proxy.direct import StreamedBody
 from app_toolkit._runtime.proxy.http_guard import RequestLink
-from app_toolkit._runtime.proxy.request_state import CLIENT_CLOSED, RequestState
 from app_toolkit._runtime.proxy.scope import RequestHeaders
 from app_toolkit.config import HTTPOptions
+
+
+async def _no_send(message: Message) -> None:
+    raise AssertionError(f"nothing is sent here: {message}")
+
 
 pytestmark = pytest.mark.anyio
 
@@ -121,7 +127,7 @@ def test_the_budget_must_hold_what_the_proxy_reads_of_one_body() -> None:
 
 
 def _streamed(receive: Callable[[], Awaitable[dict[str, Any]]], link: object = None) -> StreamedBody:
-    state = RequestState(None, 0.0)
+    state = HTTPCycle(_no_send, None, 0.0)
     state.link = link  # type: ignore[assignment]
     headers = RequestHeaders("r", False, None, None)
     return StreamedBody(receive, headers, HTTP, state)
@@ -195,7 +201,7 @@ async def test_the_pump_sends_nothing_before_the_replica_admits_the_request() ->
     # Refused: the pump ends without reading, so the next replica gets the body whole.
     refused, sent, _ = _pumped()
     pending = chunks(b"cd")
-    async with BodyPump(pending, read, HTTP, RequestState(None, 0.0)) as pump:
+    async with BodyPump(pending, read, HTTP, HTTPCycle(_no_send, None, 0.0)) as pump:
         pump.start(refused)
         await _settle()
         refused.push(BUSY)
@@ -203,7 +209,7 @@ async def test_the_pump_sends_nothing_before_the_replica_admits_the_request() ->
     assert sent == [] and (await pending())["body"] == b"cd"  # still with the client
     # Admitted (its first credit): the rest of the body follows, the last piece says so.
     admitted, sent, _ = _pumped()
-    async with BodyPump(chunks(b"cd", b"ef"), read, HTTP, RequestState(None, 0.0)) as pump:
+    async with BodyPump(chunks(b"cd", b"ef"), read, HTTP, HTTPCycle(_no_send, None, 0.0)) as pump:
         pump.start(admitted)
         await _settle()
         assert sent == []
@@ -216,7 +222,9 @@ async def test_the_pump_stays_a_window_ahead_of_the_app() -> None:
     exchange, sent, _ = _pumped()
     piece = b"w" * (STREAM_WINDOW // 2)
     large = HTTPOptions(max_request_body_bytes=1 << 30, max_buffered_body_bytes=1 << 30)
-    async with BodyPump(chunks(*[piece] * 6), Body(b"", more=True), large, RequestState(None, 0.0)) as pump:
+    async with BodyPump(
+        chunks(*[piece] * 6), Body(b"", more=True), large, HTTPCycle(_no_send, None, 0.0)
+    ) as pump:
         pump.start(exchange)
         exchange.credited(STREAM_WINDOW)
         await _settle()
@@ -229,7 +237,7 @@ async def test_the_pump_stays_a_window_ahead_of_the_app() -> None:
 async def test_the_pump_answers_a_body_over_the_limit_or_stalled_in_the_apps_place() -> None:
     for receive, status in ((chunks(b"x" * 99), 413), (chunks(b"x", then_stall=True), 408)):
         exchange, sent, cancelled = _pumped()
-        state = RequestState(None, 0.0)
+        state = HTTPCycle(_no_send, None, 0.0)
         state.request_id = "rid"
         async with BodyPump(receive, Body(b"ab", more=True), HTTP, state) as pump:
             pump.start(exchange)

@@ -15,8 +15,8 @@ from starlette.types import Message, Receive
 from app_toolkit._runtime.answers import error_answer, unavailable
 from app_toolkit._runtime.channel.exchange import Exchange
 from app_toolkit._runtime.messages import HTTPResponse, RequestBodyPiece
+from app_toolkit._runtime.proxy.cycle import CLIENT_CLOSED, HTTPCycle, watch_disconnect
 from app_toolkit._runtime.proxy.http_guard import RequestLink
-from app_toolkit._runtime.proxy.request_state import CLIENT_CLOSED, RequestState, watch_disconnect
 from app_toolkit.config import HTTPOptions
 
 logger = logging.getLogger("app_toolkit.proxy")
@@ -174,7 +174,7 @@ class BodyPump:
 
     Use as ``async with``: the pumps it started end with the block."""
 
-    def __init__(self, receive: Receive, read: Body, http: HTTPOptions, state: RequestState) -> None:
+    def __init__(self, receive: Receive, read: Body, http: HTTPOptions, state: HTTPCycle) -> None:
         self._receive = receive
         self._reader = read.reader or BodyReader(receive, http, state.link, len(read.data))
         self._http = http

@@ -19,9 +19,8 @@ from starlette.types import Message, Receive, Scope, Send
 
 from app_toolkit._runtime.messages import DeploymentID, HTTPResponse, Rejected
 from app_toolkit._runtime.proxy.body import BodyReader, refusal_answer
-from app_toolkit._runtime.proxy.client_response import ClientResponse
+from app_toolkit._runtime.proxy.cycle import HTTPCycle
 from app_toolkit._runtime.proxy.path_match import AppMatcher, match_app
-from app_toolkit._runtime.proxy.request_state import RequestState, abort_response
 from app_toolkit._runtime.proxy.scope import RequestHeaders
 from app_toolkit._runtime.request_context import route_template
 from app_toolkit._runtime.routing.dispatcher import Dispatcher
@@ -65,7 +64,7 @@ class StreamedBody:
     __slots__ = ("_receive", "_reader", "_done", "_state")
 
     def __init__(
-        self, receive: Receive, headers: RequestHeaders, http: HTTPOptions, state: RequestState
+        self, receive: Receive, headers: RequestHeaders, http: HTTPOptions, state: HTTPCycle
     ) -> None:
         self._receive = receive
         self._reader = BodyReader(receive, http, state.link)
@@ -96,28 +95,24 @@ class StreamedBody:
 
 
 class _Answer:
-    """The app's response to its own client (a ``run_app.HTTPOut``), written as every
-    path writes a response (:class:`~app_toolkit._runtime.proxy.client_response.ClientResponse`):
-    its head held until the first body piece, so a whole response leaves in one write, and
-    dropped when the body was refused (the refusal is the answer then)."""
+    """The app's response to its own client (a ``run_app.HTTPOut``), written by the
+    request's :class:`~app_toolkit._runtime.proxy.cycle.HTTPCycle`: its head held until the
+    first body piece, so a whole response leaves in one write, and dropped when the body
+    was refused (the refusal is the answer then)."""
 
-    __slots__ = ("_response", "_body", "_scope", "_state", "_http", "_send", "_head", "head_seen")
+    __slots__ = ("_cycle", "_body", "_scope", "_http", "_head", "head_seen")
 
-    def __init__(
-        self, send: Send, state: RequestState, body: StreamedBody | None, scope: Scope, http: HTTPOptions
-    ) -> None:
-        self._send = send
-        self._response = ClientResponse(send, state)
+    def __init__(self, cycle: HTTPCycle, body: StreamedBody | None, scope: Scope, http: HTTPOptions) -> None:
+        self._cycle = cycle
         self._body = body
         self._scope = scope  # the app's routing records the matched route in it
-        self._state = state
         self._http = http
         self._head: Message | None = None
         self.head_seen = False
 
     @property
     def complete(self) -> bool:
-        return self._state.finished
+        return self._cycle.finished
 
     async def send(self, message: Message) -> None:
         if self._body is not None and self._body.refusal:
@@ -127,54 +122,50 @@ class _Answer:
             self._head = message
             self.head_seen = True
             return
-        if kind != "http.response.body":  # an extension's message: the server's to judge
-            await self._send(message)
+        if kind != "http.response.body":
+            await self._cycle.send_other(message)
             return
         body: bytes = message.get("body", b"")
         more = message.get("more_body", False)
         head = self._head
         if head is None:  # a stream's next piece
-            await self._response.chunks((body,), last=not more)
+            await self._cycle.chunks((body,), last=not more)
             return
         self._head = None
         status, headers, route = int(head["status"]), head.get("headers", ()), route_template(self._scope)
         if more:
-            await self._response.stream(status, headers, route, body, head)
+            await self._cycle.stream(status, headers, route, body, head)
         else:
-            await self._response.whole(status, headers, body, route, head)
+            await self._cycle.whole(status, headers, body, route, head)
 
     def end(self) -> None:
         """The app is done: a streamed response is no longer open."""
-        self._response.close()
+        self._cycle.stream_closed()
 
     def refusal(self) -> HTTPResponse | None:
         refused = self._body.refusal if self._body is not None else 0
-        if not refused or self._state.started:
+        if not refused or self._cycle.started:
             return None
-        return refusal_answer(refused, self._http, self._state.request_id)
+        return refusal_answer(refused, self._http, self._cycle.request_id)
 
     async def answer(self, response: HTTPResponse) -> None:
         self._head = None
-        await self._response.whole(
-            response.status, response.headers, response.body, route_template(self._scope)
-        )
+        self._cycle.route = route_template(self._scope)
+        await self._cycle.answer(response)
 
     async def cut_off(self, why: str) -> None:
         head, self._head = self._head, None
         if head is not None:  # held: it goes out, as uvicorn had sent it at once
-            await self._response.stream(
-                int(head["status"]), head.get("headers", ()), route_template(self._scope)
-            )
-            self._response.close()
-        await abort_response(self._state, why)
+            status, headers, route = int(head["status"]), head.get("headers", ()), route_template(self._scope)
+            await self._cycle.stream(status, headers, route)
+        await self._cycle.abort(why)
 
 
 async def serve_in_replica(
     local: LocalIngress,
     scope: Scope,
     receive: Receive,
-    send: Send,
-    state: RequestState,
+    cycle: HTTPCycle,
     headers: RequestHeaders,
     http: HTTPOptions,
     trace: TraceContext,
@@ -182,10 +173,10 @@ async def serve_in_replica(
     """Serve one request with the replica in this process, whose slot ``local.admit()``
     took (it gives it back). ``scope`` is the one the proxy would forward (the prefix as
     root_path); ``trace`` is the span the replica's span continues."""
-    body = StreamedBody(receive, headers, http, state) if headers.has_body else None
-    answer = _Answer(send, state, body, scope, http)
-    state.route = await local.serve_direct(
-        state.request_id, scope, body.receive if body is not None else receive, answer, trace
+    body = StreamedBody(receive, headers, http, cycle) if headers.has_body else None
+    answer = _Answer(cycle, body, scope, http)
+    cycle.route = await local.serve_direct(
+        cycle.request_id, scope, body.receive if body is not None else receive, answer, trace
     )
 
 

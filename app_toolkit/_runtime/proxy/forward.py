@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import logging
 
-from starlette.types import Send
-
-from app_toolkit._runtime.answers import internal_error, overloaded, replica_lost, send_answer, unavailable
+from app_toolkit._runtime.answers import internal_error, overloaded, replica_lost, unavailable
 from app_toolkit._runtime.channel.exchange import Exchange
 from app_toolkit._runtime.messages import (
     BodyChunk,
@@ -17,8 +15,7 @@ from app_toolkit._runtime.messages import (
     ReplicaLost,
     StreamEnd,
 )
-from app_toolkit._runtime.proxy.client_response import ClientResponse
-from app_toolkit._runtime.proxy.request_state import RequestState, abort_response
+from app_toolkit._runtime.proxy.cycle import HTTPCycle
 from app_toolkit._runtime.routing.dispatcher import Dispatcher, OnOpen
 from app_toolkit.exceptions import BackPressureError, ReplicaUnavailableError, RequestLostError
 
@@ -33,8 +30,7 @@ SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 async def forward(
     dispatcher: Dispatcher,
     request: HTTPRequest,
-    send: Send,
-    state: RequestState,
+    cycle: HTTPCycle,
     model_id: str = "",
     shard_key: str = "",
     on_open: OnOpen | None = None,
@@ -54,36 +50,33 @@ async def forward(
             logger.info("Request %s: %s; sending it again", request_id, exc)
             reply = await dispatcher.send(request, model_id, shard_key, on_open=on_open)
     except BackPressureError as exc:
-        state.status = await send_answer(send, overloaded(exc, request_id))
+        await cycle.answer(overloaded(exc, request_id))
         return
     except RequestLostError as exc:
         logger.warning("Request %s: %s (502)", request_id, exc)
-        state.status = await send_answer(send, replica_lost(request_id))
+        await cycle.answer(replica_lost(request_id))
         return
     except ReplicaUnavailableError as exc:
         logger.warning("Request %s: %s", request_id, exc)
-        state.status = await send_answer(send, unavailable("no replica could serve the request", request_id))
+        await cycle.answer(unavailable("no replica could serve the request", request_id))
         return
-    response = ClientResponse(send, state)
     try:
         first = reply.first
         if isinstance(first, HTTPResponse):
-            await response.whole(first.status, first.headers, first.body, first.route)
+            await cycle.whole(first.status, first.headers, first.body, first.route)
         elif isinstance(first, HTTPResponseStart):
-            await response.stream(first.status, first.headers, first.route)
-            await _relay_stream(reply.exchange, response, state, request_id)
+            await cycle.stream(first.status, first.headers, first.route)
+            await _relay_stream(reply.exchange, cycle)
         else:  # not an HTTP answer: the replica could not take the request as sent
             logger.error("Request %s: the replica answered HTTP with %s", request_id, type(first).__name__)
-            state.status = await send_answer(send, internal_error(request_id))
+            await cycle.answer(internal_error(request_id))
     finally:
-        response.close()
+        cycle.stream_closed()
         reply.exchange.cancel()
         reply.release()
 
 
-async def _relay_stream(
-    exchange: Exchange, response: ClientResponse, state: RequestState, request_id: str
-) -> None:
+async def _relay_stream(exchange: Exchange, cycle: HTTPCycle) -> None:
     """Send a streamed response's body chunks as the replica produces them, each as its
     own chunk (as the app sent it). A stream that fails (the app raised, or its replica
     was lost) aborts the connection: the client sees an incomplete body, never one that
@@ -94,14 +87,14 @@ async def _relay_stream(
             # Chunks that arrived together leave in one write to the client.
             chunks = [answer, *exchange.take_ready(BodyChunk)]
             last = exchange.next_is(StreamEnd)
-            await response.chunks([chunk.data for chunk in chunks], last)
+            await cycle.chunks([chunk.data for chunk in chunks], last)
             if last:
                 return
             continue
         if isinstance(answer, StreamEnd):
-            await response.chunks((b"",), last=True)
+            await cycle.chunks((b"",), last=True)
             return
         why = "replica lost" if isinstance(answer, ReplicaLost) else "the app failed"
-        logger.warning("Request %s: %s mid-stream; aborting the connection", request_id, why)
-        await abort_response(state, why)
+        logger.warning("Request %s: %s mid-stream; aborting the connection", cycle.request_id, why)
+        await cycle.abort(why)
         return

@@ -19,13 +19,7 @@ from starlette.types import Receive, Scope, Send
 
 from app_toolkit import metrics
 from app_toolkit._runtime import request_context, tracing
-from app_toolkit._runtime.answers import (
-    error_answer,
-    json_answer,
-    no_route,
-    send_answer,
-    unavailable,
-)
+from app_toolkit._runtime.answers import error_answer, json_answer, no_route, unavailable
 from app_toolkit._runtime.messages import (
     DeploymentID,
     HTTPRequest,
@@ -33,6 +27,7 @@ from app_toolkit._runtime.messages import (
 )
 from app_toolkit._runtime.proxy.access_log import AccessLog
 from app_toolkit._runtime.proxy.body import Body, BodyBudget, BodyPump, declared_too_large, read_body
+from app_toolkit._runtime.proxy.cycle import CLIENT_CLOSED, HTTPCycle, watch_disconnect
 from app_toolkit._runtime.proxy.dashboard import PREFIX as DASHBOARD
 from app_toolkit._runtime.proxy.dashboard import Dashboard, StatusSource
 from app_toolkit._runtime.proxy.direct import LocalIngress, serve_in_replica
@@ -40,7 +35,6 @@ from app_toolkit._runtime.proxy.forward import forward
 from app_toolkit._runtime.proxy.http_guard import REQUEST_LINK, RequestLink
 from app_toolkit._runtime.proxy.metrics_page import CONTENT_TYPE, Gather, allowed, parse_networks, render
 from app_toolkit._runtime.proxy.path_match import OPERATOR_PREFIX, AppMatcher, match_app
-from app_toolkit._runtime.proxy.request_state import CLIENT_CLOSED, RequestState, watch_disconnect
 from app_toolkit._runtime.proxy.scope import (
     RequestHeaders,
     forward_in_place,
@@ -139,16 +133,11 @@ class HTTPFront:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
         if kind == "http":
-            state = RequestState(asyncio.current_task(), time.perf_counter())
+            cycle = HTTPCycle(send, asyncio.current_task(), time.perf_counter())
             try:
-                await self._http(scope, receive, send, state)
+                await self._http(scope, receive, send, cycle)
             finally:
-                labels = (state.app, state.label, scope["method"], str(state.status))
-                HTTP_REQUESTS.inc(*labels)
-                took = time.perf_counter() - state.arrived
-                HTTP_DURATION.observe(took, *labels)
-                if self.access_log is not None and state.logged:
-                    self.access_log.add(scope, state.status, took, state.request_id, state.app, state.label)
+                cycle.close(scope, self.access_log)
         elif kind == "websocket":
             routes = self.apps if self.loaded else None
             await serve_websocket(
@@ -164,159 +153,86 @@ class HTTPFront:
         elif kind == "lifespan":
             await _lifespan(receive, send)
 
-    async def _http(self, scope: Scope, receive: Receive, send: Send, state: RequestState) -> None:
+    async def _http(self, scope: Scope, receive: Receive, send: Send, cycle: HTTPCycle) -> None:
         """Serve one request: an operator page, a refusal, or its app's (``_to_app``)."""
         path = route_path(scope)
         headers = read_headers(scope, self.shard_header)
-        request_id = state.request_id = headers.request_id
+        request_id = cycle.request_id = headers.request_id
         route = match_app(self.apps, path) if self.loaded else None
         if route is not None:
-            state.app, state.target, state.logged = route.app, route.route_prefix, route.access_log
-            state.prefix = "" if route.route_prefix == "/" else route.route_prefix
-            await self._to_app(scope, receive, send, state, route, path, headers)
+            cycle.app, cycle.target, cycle.logged = route.app, route.route_prefix, route.access_log
+            cycle.prefix = "" if route.route_prefix == "/" else route.route_prefix
+            await self._to_app(scope, receive, cycle, route, path, headers)
             return
         with request_context.request_scope(request_id):  # for this request's log records
             if path == "/-/metrics":  # served before the routes are loaded, too
-                state.target = path
-                state.status = await self._metrics(request_id, scope, send)
+                cycle.target = path
+                await self._metrics(request_id, scope, cycle)
             elif path == DASHBOARD or path.startswith(DASHBOARD + "/"):  # also while the routes load
-                state.target = DASHBOARD
-                state.status = await self.dashboard.serve(path, scope, receive, send, request_id)
+                cycle.target = DASHBOARD
+                cycle.status = await self.dashboard.serve(path, scope, receive, send, request_id)
             elif not self.loaded:
                 why = "the proxy has not loaded its routes yet"
-                state.status = await send_answer(send, unavailable(why, request_id))
+                await cycle.answer(unavailable(why, request_id))
             elif path.startswith(OPERATOR_PREFIX):
-                state.target = path if path in _BUILTINS else ""
-                state.status = await self._builtin(path, request_id, send)
+                cycle.target = path if path in _BUILTINS else ""
+                await self._builtin(path, request_id, cycle)
             else:
-                state.status = await send_answer(send, no_route(path, request_id))
+                await cycle.answer(no_route(path, request_id))
 
     async def _to_app(
         self,
         scope: Scope,
         receive: Receive,
-        send: Send,
-        state: RequestState,
+        cycle: HTTPCycle,
         route: AppMatcher,
         path: str,
         headers: RequestHeaders,
     ) -> None:
-        """Serve the request with the replica in this process on the short path, or
-        (:meth:`_forward`) with every rule a deadline or an exported span needs."""
+        """Serve the request with its app: the one way every request to an app takes.
+        Where it goes is decided once (:meth:`_admitted_here`): the replica in this process,
+        its slot taken, or the app's replicas over the channel. A deadline and an exported
+        span are layers around that, there only when the request has one."""
         deployment, deadline_s = route.target("http", scope["method"], path)
         link: RequestLink | None = scope.get(REQUEST_LINK)
+        cycle.link = link
         if link is not None and (handed := link.handed) is not None:
-            handed.table.set_request_id(handed.slot, state.request_id)  # a 502's, should we die
-        if (
-            link is not None
-            and deadline_s is None
-            and headers.timeout is None
-            and self.http.request_timeout_s is None
-            and not tracing.exporting()
-            and (local := self._admitted_here(deployment, headers, link)) is not None
-        ):
-            await self._in_replica(local, scope, receive, send, state, route, headers, link)
-            return  # the replica entered the request's context
-        with request_context.request_scope(state.request_id):  # for this request's log records
-            await self._forward(scope, receive, send, state, route, headers, deployment, deadline_s, link)
-
-    async def _forward(
-        self,
-        scope: Scope,
-        receive: Receive,
-        send: Send,
-        state: RequestState,
-        route: AppMatcher,
-        headers: RequestHeaders,
-        deployment: DeploymentID,
-        deadline_s: float | None,
-        link: RequestLink | None,
-    ) -> None:
-        """Read the body and forward the request to the app's replicas (or the one in
-        this process), within its deadline, cancelled if the client leaves."""
-        request_id = state.request_id
+            handed.table.set_request_id(handed.slot, cycle.request_id)  # a 502's, should we die
         timeout_s = parse_timeout(headers.timeout)
         if isinstance(timeout_s, str):
-            state.status = await send_answer(send, error_answer(400, timeout_s, request_id))
+            await cycle.answer(error_answer(400, timeout_s, cycle.request_id))
             return
         for limit in (deadline_s, self.http.request_timeout_s):
             if limit is not None and (timeout_s is None or limit < timeout_s):
                 timeout_s = limit
-        body = _NO_BODY
-        watching = False
-        watcher: asyncio.Future[None] | None = None
-        state.link = link
-        span = (
-            tracing.start(f"{scope['method']} {route.route_prefix}", "server", headers.caller)
-            if tracing.exporting()
-            else None
-        )
+        if tracing.exporting():
+            cycle.span = tracing.start(f"{scope['method']} {route.route_prefix}", "server", headers.caller)
+        local = self._admitted_here(deployment, headers, link)
         try:
-            # The deadline covers the upload too (a slow one gets 408, not a replica's time).
-            async with asyncio.timeout(timeout_s) if timeout_s is not None else _NO_DEADLINE:
-                # Served by the replica in this process (direct ingress), if it has a slot.
-                local = self._admitted_here(deployment, headers, link)
-                if headers.has_body and local is None:
-                    body = await read_body(receive, headers.content_length, self.http, self.budget, link)
-                if body.refusal == CLIENT_CLOSED:
-                    state.status = CLIENT_CLOSED  # the client went away before sending its body
-                    return
-                if body.refusal:
-                    state.status = await send_answer(send, body.answer(self.http, request_id))
-                    return
-                # Watch for the client going away: the request is then cancelled wherever
-                # it is (dropped from the queue, or cancelled on the replica). Our HTTP
-                # protocol calls the hook; under another server, a task waits for it.
-                watching = True
-                if link is not None:
-                    link.on_client_left = state.client_left
-                elif not body.more:  # else the body's pump hears it, once the body is sent
-                    watcher = asyncio.ensure_future(watch_disconnect(receive, state))
-                proxy_span = span.trace if span is not None else None
-                if local is not None:
-                    trace = forward_in_place(
-                        scope, route, headers, proxy_span, id_headers=self.http.request_id_headers
-                    )
-                    await serve_in_replica(local, scope, receive, send, state, headers, self.http, trace)
-                    return
-                forwarded, trace = forwarded_scope(
-                    scope, route, headers, proxy_span, id_headers=self.http.request_id_headers
-                )
-                request = HTTPRequest(
-                    request_id, forwarded, body.data, body.more, trace.traceparent, trace.state
-                )
-                dispatcher = self.subscriber.dispatcher(deployment)
-                if not body.more:
-                    await forward(dispatcher, request, send, state, headers.model_id, headers.shard_key)
-                    return
-                async with BodyPump(receive, body, self.http, state) as pump:
-                    await forward(
-                        dispatcher, request, send, state, headers.model_id, headers.shard_key, pump.start
-                    )
+            if timeout_s is None:
+                await self._upstream(scope, receive, cycle, route, headers, deployment, local)
+            else:  # it covers the upload too (a slow one gets 408, not a replica's time)
+                async with asyncio.timeout(timeout_s):
+                    await self._upstream(scope, receive, cycle, route, headers, deployment, local)
         except asyncio.CancelledError:
-            if not state.left():
+            if not cycle.left():
                 raise
         except TimeoutError:
-            if not watching or (state.uploading and not state.started):
+            if cycle.uploading and not cycle.started:
                 logger.info(
-                    "Request %s: the upload outlasted the deadline of %s s (408)", request_id, timeout_s
+                    "Request %s: the upload outlasted the deadline of %s s (408)", cycle.request_id, timeout_s
                 )
                 detail = f"Request Timeout: the body did not arrive within the deadline of {timeout_s} s"
-                state.status = await send_answer(send, error_answer(408, detail, request_id))
+                await cycle.answer(error_answer(408, detail, cycle.request_id))
             else:
-                logger.info("Request %s: deadline of %s s passed (504)", request_id, timeout_s)
-                if not state.started:
+                logger.info("Request %s: deadline of %s s passed (504)", cycle.request_id, timeout_s)
+                if not cycle.started:
                     detail = f"Gateway Timeout: the request took longer than {timeout_s} s"
-                    state.status = await send_answer(send, error_answer(504, detail, request_id))
+                    await cycle.answer(error_answer(504, detail, cycle.request_id))
         finally:
-            state.finished = True
-            self.budget.give(body.held)
-            if watcher is not None:
-                watcher.cancel()
+            cycle.finished = True
             if link is not None:
                 link.on_client_left = None
-            if span is not None:
-                _end_span(span, scope, state)
 
     def _admitted_here(
         self, deployment: DeploymentID, headers: RequestHeaders, link: RequestLink | None
@@ -329,62 +245,98 @@ class HTTPFront:
         local = self.in_replica(deployment, headers)
         return local if local is not None and local.admit() is None else None
 
-    async def _in_replica(
+    async def _upstream(
         self,
-        local: LocalIngress,
         scope: Scope,
         receive: Receive,
-        send: Send,
-        state: RequestState,
+        cycle: HTTPCycle,
         route: AppMatcher,
         headers: RequestHeaders,
-        link: RequestLink,
+        deployment: DeploymentID,
+        local: LocalIngress | None,
     ) -> None:
-        """What :meth:`_to_app` does for a request the replica in this process serves
-        with no deadline and no span to export (most requests on a replica-owned
-        connection), without the steps those need; its slot is taken."""
-        state.link = link
-        link.on_client_left = state.client_left
-        try:
-            trace = forward_in_place(scope, route, headers, None, id_headers=self.http.request_id_headers)
-            await serve_in_replica(local, scope, receive, send, state, headers, self.http, trace)
-        except asyncio.CancelledError:
-            if not state.left():
-                raise
-        finally:
-            state.finished = True
-            link.on_client_left = None
+        """The request to the replica in this process (``local``, whose slot is taken:
+        it gives it back), which reads the body as it arrives and enters the request's
+        context itself; or to the app's replicas over the channel."""
+        span = cycle.span.trace if cycle.span is not None else None
+        if local is None:
+            with request_context.request_scope(cycle.request_id):  # for this request's log records
+                await self._over_channel(scope, receive, cycle, route, headers, deployment, span)
+            return
+        # Our HTTP protocol tells the request that its client went away (cancelled here).
+        cycle.link.on_client_left = cycle.client_left  # type: ignore[union-attr]
+        trace = forward_in_place(scope, route, headers, span, id_headers=self.http.request_id_headers)
+        await serve_in_replica(local, scope, receive, cycle, headers, self.http, trace)
 
-    async def _builtin(self, path: str, request_id: str, send: Send) -> int:
+    async def _over_channel(
+        self,
+        scope: Scope,
+        receive: Receive,
+        cycle: HTTPCycle,
+        route: AppMatcher,
+        headers: RequestHeaders,
+        deployment: DeploymentID,
+        span: tracing.TraceContext | None,
+    ) -> None:
+        """Read the body's start, then forward the request to one of the app's replicas
+        (the rest of the body streams after it), cancelled if the client leaves."""
+        link, request_id = cycle.link, cycle.request_id
+        body = _NO_BODY
+        watcher: asyncio.Future[None] | None = None
+        try:
+            if headers.has_body:
+                cycle.uploading = True  # a deadline passing now is the upload's (408)
+                body = await read_body(receive, headers.content_length, self.http, self.budget, link)
+                cycle.uploading = False
+            if body.refusal == CLIENT_CLOSED:
+                cycle.status = CLIENT_CLOSED  # the client went away before sending its body
+                return
+            if body.refusal:
+                await cycle.answer(body.answer(self.http, request_id))
+                return
+            # Watch for the client going away: the request is then cancelled wherever it
+            # is (dropped from the queue, or cancelled on the replica). Our HTTP protocol
+            # calls the hook; under another server, a task waits for it.
+            if link is not None:
+                link.on_client_left = cycle.client_left
+            elif not body.more:  # else the body's pump hears it, once the body is sent
+                watcher = asyncio.ensure_future(watch_disconnect(receive, cycle))
+            forwarded, trace = forwarded_scope(
+                scope, route, headers, span, id_headers=self.http.request_id_headers
+            )
+            request = HTTPRequest(request_id, forwarded, body.data, body.more, trace.traceparent, trace.state)
+            dispatcher = self.subscriber.dispatcher(deployment)
+            if not body.more:
+                await forward(dispatcher, request, cycle, headers.model_id, headers.shard_key)
+                return
+            async with BodyPump(receive, body, self.http, cycle) as pump:
+                await forward(dispatcher, request, cycle, headers.model_id, headers.shard_key, pump.start)
+        finally:
+            self.budget.give(body.held)
+            if watcher is not None:
+                watcher.cancel()
+
+    async def _builtin(self, path: str, request_id: str, cycle: HTTPCycle) -> None:
         if path == "/-/healthz":
             if self.leaving:
                 body = {"status": "draining", "detail": "This node is being drained."}
-                return await send_answer(send, json_answer(503, body, request_id))
-            return await send_answer(send, json_answer(200, {"status": "ok"}, request_id))
-        if path == "/-/routes":
-            return await send_answer(
-                send, json_answer(200, {r.route_prefix: r.app for r in self.apps}, request_id)
-            )
-        return await send_answer(send, no_route(path, request_id))
+                await cycle.answer(json_answer(503, body, request_id))
+            else:
+                await cycle.answer(json_answer(200, {"status": "ok"}, request_id))
+        elif path == "/-/routes":
+            await cycle.answer(json_answer(200, {r.route_prefix: r.app for r in self.apps}, request_id))
+        else:
+            await cycle.answer(no_route(path, request_id))
 
-    async def _metrics(self, request_id: str, scope: Scope, send: Send) -> int:
+    async def _metrics(self, request_id: str, scope: Scope, cycle: HTTPCycle) -> None:
         client = scope.get("client")
         if not allowed(self.metrics_readers, client[0] if client else None):
             detail = "Forbidden: this address may not read metrics (see metrics_allow_ips)"
-            return await send_answer(send, error_answer(403, detail, request_id))
+            await cycle.answer(error_answer(403, detail, request_id))
+            return
         body = render(await self.gather())
         headers = [(b"content-type", CONTENT_TYPE.encode()), (b"x-request-id", request_id.encode())]
-        return await send_answer(send, HTTPResponse(200, headers, body))
-
-
-def _end_span(span: tracing.Span, scope: Scope, state: RequestState) -> None:
-    if state.route:
-        span.rename(f"{scope['method']} {state.label}")
-        span.set("http.route", state.label)
-    span.set("http.request.method", scope["method"])
-    span.set("http.response.status_code", state.status)
-    span.set("app_toolkit.application", state.app)
-    span.end(f"HTTP {state.status}" if state.status >= 500 else "")
+        await cycle.answer(HTTPResponse(200, headers, body))
 
 
 async def _this_process() -> list[list[FamilySnapshot]]:
@@ -394,17 +346,6 @@ async def _this_process() -> list[list[FamilySnapshot]]:
 _NO_BODY = Body()
 _NO_DEADLINE = contextlib.nullcontext()
 _BUILTINS = ("/-/healthz", "/-/routes", "/-/metrics")
-
-HTTP_REQUESTS = metrics.Counter(
-    "app_toolkit_http_requests_total",
-    "HTTP requests the proxy answered",
-    ("application", "route", "method", "status"),
-)
-HTTP_DURATION = metrics.Histogram(
-    "app_toolkit_http_request_duration_seconds",
-    "From the request's arrival at the proxy to the end of its response",
-    ("application", "route", "method", "status"),
-)
 
 
 async def _lifespan(receive: Receive, send: Send) -> None:

@@ -1,0 +1,274 @@
+"""One HTTP request from its head to its last byte, as the front serves it: the one owner
+of what happens to it (uvicorn's ``RequestResponseCycle`` plays this part for uvicorn).
+
+An :class:`HTTPCycle` is the only writer to the client — the app's response relayed
+from a replica (``forward.py``), the app's own in its replica (``direct.py``) and the
+toolkit's answers (404, 408, 413, 503, 504, ...) alike —, the only place a client that
+went away becomes 499, and the only place the request's record is closed (its access
+line, metrics and span), once, at its end. Writing: the request id goes into the head; a
+whole response's head and body leave in one write where our HTTP protocol lets them; a
+stream's chunks leave as they come, those that came together in one write (each still
+its own chunk); a stream is counted (open streams, time to its first chunk, chunks).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+from starlette.types import Message, Receive, Scope, Send
+
+from app_toolkit import metrics
+from app_toolkit._runtime import tracing
+from app_toolkit._runtime.messages import HTTPResponse
+from app_toolkit._runtime.proxy import stream_metrics
+from app_toolkit._runtime.proxy.access_log import AccessLog
+from app_toolkit._runtime.proxy.http_guard import RequestLink
+from app_toolkit._runtime.proxy.scope import with_request_id
+
+#: nginx's status for "the client closed the connection": it went away first.
+CLIENT_CLOSED = 499
+
+
+class HTTPCycle:
+    """One request while the front serves it, and what its record says once it is done."""
+
+    __slots__ = (
+        "_send",
+        "task",
+        "arrived",
+        "request_id",
+        "app",
+        "prefix",
+        "target",
+        "started",
+        "finished",
+        "disconnected",
+        "status",
+        "route",
+        "link",
+        "uploading",
+        "logged",
+        "span",
+        "_labels",
+        "_first",
+    )
+
+    def __init__(self, send: Send, task: asyncio.Task[Any] | None, arrived: float) -> None:
+        self._send = send
+        self.task = task
+        self.arrived = arrived  # perf_counter() when the request reached the front
+        self.request_id = "-"
+        self.app = ""  # the application it went to
+        self.prefix = ""  # that app's route_prefix, "" for "/"
+        self.target = ""  # what it was sent to (an app's prefix, a /-/ page) until ``route`` is known
+        self.status = 500  # the status sent to the client (499: it left), unless one was sent
+        self.started = False  # the response head went to the client
+        self.finished = False  # the whole response went to the client
+        self.disconnected = False
+        self.route = ""  # the path template the replica's app matched
+        self.link: RequestLink | None = None  # what our HTTP protocol offers beyond ASGI
+        #: The app is reading a body that has not fully arrived: a deadline passing now is
+        #: the upload's (408), not the app's (504).
+        self.uploading = False
+        self.logged = True  # it gets an access line (its application's enable_access_log)
+        self.span: tracing.Span | None = None  # the front's exported span, if spans are made
+        self._labels: tuple[str, str] | None = None  # set while a stream is open
+        self._first = True
+
+    @property
+    def label(self) -> str:
+        """The route for metrics and the access log: the app's prefix and the template
+        its app matched, else what the request was sent to (never the raw path)."""
+        return self.prefix + self.route if self.route else self.target
+
+    # ------------------------------------------------------------------ the client leaving
+
+    def client_left(self) -> None:
+        """The client went away: cancel the request wherever it is (servers also report a
+        "disconnect" once the response is complete; that is not a client going away)."""
+        if not self.finished and self.task is not None:
+            self.disconnected = True
+            self.task.cancel()
+
+    def left(self) -> bool:
+        """In an ``except CancelledError`` around a request: True if the cancellation is
+        the one :meth:`client_left` asked for, now handled (the request's status is 499);
+        False if it came from elsewhere (re-raise it)."""
+        if not self.disconnected:
+            return False
+        if self.task is not None:
+            self.task.uncancel()
+        self.status = CLIENT_CLOSED
+        return True
+
+    # ----------------------------------------------------------------------------- writing
+
+    async def answer(self, response: HTTPResponse) -> None:
+        """A toolkit's answer (or a replica's whole one) as the response."""
+        await self.whole(response.status, response.headers, response.body, self.route)
+
+    async def whole(
+        self,
+        status: int,
+        headers: Iterable[tuple[bytes, bytes]],
+        body: bytes,
+        route: str,
+        start: Message | None = None,
+    ) -> None:
+        """A complete response: its head and body in one write. ``start``: the app's own
+        ``http.response.start``, whose other keys (``trailers``) are kept."""
+        self.route = route
+        self.started = self.finished = True
+        self.status = status
+        head = _head(status, headers, self.request_id, start)
+        link = self.link
+        if link is not None:
+            link.join_head_and_body()
+        try:
+            await self._send(head)
+            await self._send({"type": "http.response.body", "body": body})
+        finally:
+            if link is not None:
+                link.release()
+
+    async def stream(
+        self,
+        status: int,
+        headers: Iterable[tuple[bytes, bytes]],
+        route: str,
+        first: bytes | None = None,
+        start: Message | None = None,
+    ) -> None:
+        """A streamed response's head, with its first chunk if that is here (one write);
+        ``start`` as for :meth:`whole`."""
+        self.route = route
+        self.started = True
+        self.status = status
+        head = _head(status, headers, self.request_id, start)
+        self._labels = (self.app, self.prefix + route if route else self.prefix)
+        stream_metrics.OPEN.inc(self.app, "stream")
+        if first is None:
+            await self._send(head)
+            return
+        link = self.link
+        if link is not None:
+            link.gather_writes()
+        try:
+            await self._send(head)
+            await self._send({"type": "http.response.body", "body": first, "more_body": True})
+        finally:
+            if link is not None:
+                link.release()
+        self._counted((first,))
+
+    async def chunks(self, pieces: Sequence[bytes], last: bool) -> None:
+        """Pieces of the stream's body that are here, in one write; ``last``: the final one
+        is among them (the response is then complete)."""
+        self.finished = last
+        link = self.link
+        if link is not None and len(pieces) > 1:
+            link.gather_writes()
+        try:
+            final = len(pieces) - 1
+            for index, piece in enumerate(pieces):
+                more = not (last and index == final)
+                await self._send({"type": "http.response.body", "body": piece, "more_body": more})
+        finally:
+            if link is not None and len(pieces) > 1:
+                link.release()
+        self._counted(pieces)
+        if last:
+            self.stream_closed()
+
+    async def send_other(self, message: Message) -> None:
+        """An app's message of an ASGI extension: the server's to judge."""
+        await self._send(message)
+
+    def _counted(self, pieces: Sequence[bytes]) -> None:
+        labels = self._labels
+        if labels is None:
+            return
+        sent = sum(1 for piece in pieces if piece)
+        if not sent:
+            return
+        if self._first:
+            self._first = False
+            stream_metrics.FIRST_CHUNK.observe(time.perf_counter() - self.arrived, *labels)
+        stream_metrics.CHUNKS.inc(*labels, amount=sent)
+
+    def stream_closed(self) -> None:
+        """The stream ended (or failed): it is no longer open."""
+        if self._labels is not None:
+            stream_metrics.OPEN.dec(self.app, "stream")
+            self._labels = None
+
+    async def abort(self, why: str) -> None:
+        """End the client's connection without completing the response (it failed after
+        its head went out): the client must not take what it got for a whole response."""
+        self.finished = True
+        self.stream_closed()
+        if self.link is None:  # under another server: raising is how a response is cut off
+            raise ResponseAborted(f"{why} after the response started")
+        self.link.abort()
+        await asyncio.sleep(0)  # the protocol hears the connection end: no "incomplete" error
+
+    # -------------------------------------------------------------------------- its record
+
+    def close(self, scope: Scope, access_log: AccessLog | None) -> None:
+        """The request ended: its metrics, access line and span, once."""
+        labels = (self.app, self.label, scope["method"], str(self.status))
+        HTTP_REQUESTS.inc(*labels)
+        took = time.perf_counter() - self.arrived
+        HTTP_DURATION.observe(took, *labels)
+        if access_log is not None and self.logged:
+            access_log.add(scope, self.status, took, self.request_id, self.app, self.label)
+        span = self.span
+        if span is not None:
+            self.span = None
+            if self.route:
+                span.rename(f"{scope['method']} {self.label}")
+                span.set("http.route", self.label)
+            span.set("http.request.method", scope["method"])
+            span.set("http.response.status_code", self.status)
+            span.set("app_toolkit.application", self.app)
+            span.end(f"HTTP {self.status}" if self.status >= 500 else "")
+
+
+class ResponseAborted(Exception):
+    """Raised to a foreign ASGI server to make it cut a started response off."""
+
+
+async def watch_disconnect(receive: Receive, cycle: HTTPCycle) -> None:
+    """Under a server without our protocol's :class:`RequestLink`: wait on ``receive()``
+    for the ``http.disconnect`` message."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            break
+    cycle.client_left()
+
+
+def _head(
+    status: int, headers: Iterable[tuple[bytes, bytes]], request_id: str, start: Message | None
+) -> Message:
+    head = {
+        "type": "http.response.start",
+        "status": status,
+        "headers": with_request_id(headers, request_id),
+    }
+    return head if start is None else {**start, **head}
+
+
+HTTP_REQUESTS = metrics.Counter(
+    "app_toolkit_http_requests_total",
+    "HTTP requests the proxy answered",
+    ("application", "route", "method", "status"),
+)
+HTTP_DURATION = metrics.Histogram(
+    "app_toolkit_http_request_duration_seconds",
+    "From the request's arrival at the proxy to the end of its response",
+    ("application", "route", "method", "status"),
+)
