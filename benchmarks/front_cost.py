@@ -38,9 +38,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app_toolkit import metrics
 from app_toolkit._runtime import log_format, request_context, tracing
-from app_toolkit._runtime.messages import DeploymentID, RouteInfo
+from app_toolkit._runtime.messages import DeploymentID, HTTPResponse, RouteInfo
 from app_toolkit._runtime.proxy.access_log import AccessLog
-from app_toolkit._runtime.proxy.http_front import HTTP_DURATION, HTTP_REQUESTS, HTTPFront
+from app_toolkit._runtime.proxy.cycle import HTTP_DURATION, HTTP_REQUESTS
+from app_toolkit._runtime.proxy.http_front import HTTPFront
 from app_toolkit._runtime.proxy.http_guard import REQUEST_LINK, RequestLink, _Writes
 from app_toolkit._runtime.replica.replica import ReplicaCore
 from app_toolkit._runtime.tables import ApplicationTable
@@ -109,6 +110,34 @@ async def _replica() -> tuple[ReplicaCore, DeploymentID]:
     return core, ingress.id
 
 
+class _PassOut:
+    """The app's messages straight to ``send`` (a ``run_app.HTTPOut`` that adds nothing)."""
+
+    def __init__(self, send: Send) -> None:
+        self._send = send
+        self.head_seen = False
+        self.complete = False
+
+    async def send(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.head_seen = True
+        elif not message.get("more_body", False):
+            self.complete = True
+        await self._send(message)
+
+    def end(self) -> None:
+        pass
+
+    def refusal(self) -> HTTPResponse | None:
+        return None
+
+    async def answer(self, response: HTTPResponse) -> None:
+        raise AssertionError(f"the bench app failed: {response.status}")
+
+    async def cut_off(self, why: str) -> None:
+        raise AssertionError(f"the bench app failed: {why}")
+
+
 def _floor(core: ReplicaCore, log: AccessLog | None) -> ASGIApp:
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         started = time.perf_counter()
@@ -124,7 +153,7 @@ def _floor(core: ReplicaCore, log: AccessLog | None) -> ASGIApp:
             await send(message)
 
         core.admit()
-        await core.serve_direct(request_id, scope, receive, answer, tracing.new_trace())
+        await core.serve_direct(request_id, scope, receive, _PassOut(answer), tracing.new_trace())
         labels = ("bench", "/small", scope["method"], str(status))
         HTTP_REQUESTS.inc(*labels)
         took = time.perf_counter() - started
@@ -145,7 +174,7 @@ async def _app(mode: str, core: ReplicaCore, deployment: DeploymentID, access_lo
 
     async def replica_only(scope: Scope, receive: Receive, send: Send) -> None:
         core.admit()
-        await core.serve_direct(_REQUEST_ID, scope, receive, send, trace)
+        await core.serve_direct(_REQUEST_ID, scope, receive, _PassOut(send), trace)
 
     return replica_only
 
