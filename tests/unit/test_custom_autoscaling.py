@@ -17,7 +17,7 @@ import pytest
 import app_toolkit as tk
 from app_toolkit._runtime.controller.custom_scaling import CustomScaling
 from app_toolkit._runtime.controller.deployment_state import DeploymentState, follow_autoscaling
-from app_toolkit._runtime.controller.policy_calls import DaemonThreads, PolicyCalls
+from app_toolkit._runtime.controller.policy_calls import PolicyCalls
 from app_toolkit._runtime.controller.replica_state import Log, Replica
 from app_toolkit._runtime.controller.replica_stats import aggregate
 from app_toolkit._runtime.controller.status_view import deployment_status
@@ -315,21 +315,6 @@ def test_a_class_policy_is_made_once_per_deployment_with_its_kwargs_and_called()
 def test_policy_kwargs_must_be_json_values() -> None:
     with pytest.raises(ValueError, match="(?s)policy_kwargs.*JSON values"):
         tk.AutoscalingPolicy(policy_function=Stepping, policy_kwargs={"step": object()})
-
-
-def test_policy_calls_run_in_daemon_threads_of_their_own_and_hung_ones_are_bounded() -> None:
-    release = threading.Event()
-    threads = DaemonThreads(limit=2)
-    hung = threads.submit(release.wait)
-    quick = threads.submit(lambda: threading.current_thread().daemon)
-    assert quick.result(timeout=5) is True  # a daemon thread, not stuck behind the hung one
-    second = threads.submit(release.wait)
-    refused = threads.submit(lambda: 1)  # two hang: the limit
-    with pytest.raises(RuntimeError, match="2 policy calls still run"):
-        refused.result(timeout=5)
-    release.set()
-    assert hung.result(timeout=5) and second.result(timeout=5)
-    assert threads.submit(lambda: 2).result(timeout=5) == 2  # room again
 
 
 def test_a_policy_is_equal_by_what_the_user_set_not_by_its_serialized_bytes() -> None:
