@@ -312,6 +312,34 @@ def test_a_class_policy_is_made_once_per_deployment_with_its_kwargs_and_called()
     assert Stepping.made == 4 and upgraded.target == 4  # a new version: a new instance
 
 
+def test_a_class_policy_serialized_again_keeps_its_instance_and_loads_once() -> None:
+    """A config file applied again from another process: cloudpickle writes the class to
+    other bytes, but the policy (name, policy_kwargs) and the version are the same, so its
+    instance and its state stay (it was made anew), and the class is not loaded again."""
+    Stepping.made = 0
+    loads: list[bytes] = []
+
+    def load(data: bytes) -> object:
+        loads.append(data)
+        return Stepping
+
+    custom = CustomScaling(load, PolicyCalls(10.0, Inline()))
+    policy = tk.AutoscalingPolicy(policy_function=Stepping, policy_kwargs={"step": 1})
+    state = deployment(None, replicas=1, name="A")
+    for build, times in ((b"build in one process", [1.0, 1.1]), (b"build in another", [1.2, 1.3])):
+        autoscaling = state.spec.config.autoscaling_config
+        assert autoscaling is not None
+        travelling = autoscaling.model_copy(update={"policy": policy.travelling(build)})
+        config = state.spec.config.model_copy(update={"autoscaling_config": travelling})
+        state.spec = dataclasses.replace(state.spec, config=config)
+        passes(custom, state, times)
+    assert Stepping.made == 1 and loads == [b"build in one process"]
+    assert state.target == 1 + 1 * 3  # the same instance's third call (a new one's first: 2)
+    custom.forget(state.spec.id)  # no custom policy decides for it any more: nothing kept
+    passes(custom, state, [1.4])
+    assert Stepping.made == 2 and len(loads) == 2
+
+
 def test_policy_kwargs_must_be_json_values() -> None:
     with pytest.raises(ValueError, match="(?s)policy_kwargs.*JSON values"):
         tk.AutoscalingPolicy(policy_function=Stepping, policy_kwargs={"step": object()})
