@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
+from collections.abc import Coroutine
 
 import pytest
 
 from app_toolkit._runtime.messages import DeploymentID
 from app_toolkit._runtime.replica.autoscaling_stats import AutoscalingStats
+from app_toolkit._runtime.tables import ReplicaStats
 from app_toolkit.config import DeploymentConfig
 
 pytestmark = pytest.mark.anyio
@@ -110,4 +113,125 @@ async def test_a_hung_async_call_is_cancelled_at_its_bound_and_sampling_goes_on(
                 break
         assert cancelled == [True] and taken is not None and taken.samples[0][1] == (("queue", 2.0),)
     finally:
+        await stats.stop()
+
+
+async def taken_sample(stats: AutoscalingStats) -> ReplicaStats | None:
+    """The first samples a report takes, polled for up to 2 s."""
+    for _ in range(200):
+        await asyncio.sleep(0.01)
+        taken = stats.take()
+        if taken is not None:
+            return taken
+    return None
+
+
+class HangsOnce:
+    """Hangs on its first call until cancelled (and says so); then answers."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.cancelled = 0
+
+    async def __call__(self) -> dict[str, float]:
+        self.calls += 1
+        if self.calls == 1:
+            try:
+                await asyncio.sleep(3600)
+            except asyncio.CancelledError:
+                self.cancelled += 1
+                raise
+        return {"queue": 2.0}
+
+
+class AsyncCallable:
+    """An object whose async ``__call__`` is the method: no coroutine function itself."""
+
+    def __init__(self) -> None:
+        self.record_autoscaling_stats = HangsOnce()
+
+
+class SyncWrapper:
+    """A sync method returning a coroutine (as a plain decorator makes)."""
+
+    def __init__(self) -> None:
+        self.hangs = HangsOnce()
+
+    def record_autoscaling_stats(self) -> Coroutine[object, object, dict[str, float]]:
+        return self.hangs()
+
+
+@pytest.mark.parametrize("kind", [AsyncCallable, SyncWrapper])
+async def test_any_call_that_runs_on_the_loop_is_cancelled_at_its_bound(
+    monkeypatch: pytest.MonkeyPatch, kind: type[AsyncCallable | SyncWrapper]
+) -> None:
+    """Whatever makes a call async (an async ``__call__``, a returned coroutine), a hung
+    one is cancelled at the bound and sampling goes on (it hung sampling for good)."""
+    monkeypatch.setattr("app_toolkit._runtime.replica.autoscaling_stats.STATS_TIMEOUT_S", 0.05)
+    instance = kind()
+    hangs = instance.record_autoscaling_stats if isinstance(instance, AsyncCallable) else instance.hangs
+    stats = AutoscalingStats(instance, "r1", DeploymentID("a", "D"), CONFIG)
+    stats.start()
+    try:
+        taken = await taken_sample(stats)
+        assert hangs.cancelled == 1 and taken is not None and taken.samples[0][1] == (("queue", 2.0),)
+    finally:
+        await stats.stop()
+
+
+async def test_a_call_that_ignores_its_cancellation_is_not_stacked_nor_holds_up_stop(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr("app_toolkit._runtime.replica.autoscaling_stats.STATS_TIMEOUT_S", 0.05)
+    monkeypatch.setattr("app_toolkit._runtime.replica.autoscaling_stats._STOP_WAIT_S", 0.1)
+    release = asyncio.Event()
+    calls: list[float] = []
+
+    class Stubborn:
+        async def record_autoscaling_stats(self) -> dict[str, float]:
+            calls.append(1.0)
+            while not release.is_set():
+                try:
+                    await release.wait()
+                except asyncio.CancelledError:
+                    pass  # swallowed: the call goes on
+            return {"queue": 1.0}
+
+    stats = AutoscalingStats(Stubborn(), "r1", DeploymentID("a", "D"), CONFIG)
+    stats.start()
+    try:
+        await asyncio.sleep(0.3)  # its bound and many intervals pass
+        assert calls == [1.0] and stats.take() is None  # one call at a time
+        stopping = asyncio.ensure_future(stats.stop())
+        stopped, _ = await asyncio.wait({stopping}, timeout=5)
+        release.set()  # the call ends at last (and a stop() stuck on it with it)
+        await stopping
+        assert stopped  # it waited for the cancelled call without a bound
+    finally:
+        release.set()
+        await stats.stop()
+
+
+async def test_a_hung_sync_call_is_waited_for_not_stacked_up(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its thread cannot be stopped: no new call (no new thread) until it returns."""
+    monkeypatch.setattr("app_toolkit._runtime.replica.autoscaling_stats.STATS_TIMEOUT_S", 0.05)
+    release = threading.Event()
+    calls: list[float] = []
+
+    class Blocking:
+        def record_autoscaling_stats(self) -> dict[str, float]:
+            calls.append(1.0)
+            release.wait(10)
+            return {"queue": 4.0}
+
+    stats = AutoscalingStats(Blocking(), "r1", DeploymentID("a", "D"), CONFIG)
+    stats.start()
+    try:
+        await asyncio.sleep(0.3)
+        assert calls == [1.0] and stats.take() is None
+        release.set()
+        taken = await taken_sample(stats)
+        assert taken is not None and taken.samples[0][1] == (("queue", 4.0),)
+    finally:
+        release.set()
         await stats.stop()

@@ -17,7 +17,7 @@ import pytest
 import app_toolkit as tk
 from app_toolkit._runtime.controller.custom_scaling import CustomScaling
 from app_toolkit._runtime.controller.deployment_state import DeploymentState, follow_autoscaling
-from app_toolkit._runtime.controller.policy_calls import DaemonThreads, PolicyCalls
+from app_toolkit._runtime.controller.policy_calls import PolicyCalls
 from app_toolkit._runtime.controller.replica_state import Log, Replica
 from app_toolkit._runtime.controller.replica_stats import aggregate
 from app_toolkit._runtime.controller.status_view import deployment_status
@@ -312,24 +312,37 @@ def test_a_class_policy_is_made_once_per_deployment_with_its_kwargs_and_called()
     assert Stepping.made == 4 and upgraded.target == 4  # a new version: a new instance
 
 
+def test_a_class_policy_serialized_again_keeps_its_instance_and_loads_once() -> None:
+    """A config file applied again from another process: cloudpickle writes the class to
+    other bytes, but the policy (name, policy_kwargs) and the version are the same, so its
+    instance and its state stay (it was made anew), and the class is not loaded again."""
+    Stepping.made = 0
+    loads: list[bytes] = []
+
+    def load(data: bytes) -> object:
+        loads.append(data)
+        return Stepping
+
+    custom = CustomScaling(load, PolicyCalls(10.0, Inline()))
+    policy = tk.AutoscalingPolicy(policy_function=Stepping, policy_kwargs={"step": 1})
+    state = deployment(None, replicas=1, name="A")
+    for build, times in ((b"build in one process", [1.0, 1.1]), (b"build in another", [1.2, 1.3])):
+        autoscaling = state.spec.config.autoscaling_config
+        assert autoscaling is not None
+        travelling = autoscaling.model_copy(update={"policy": policy.travelling(build)})
+        config = state.spec.config.model_copy(update={"autoscaling_config": travelling})
+        state.spec = dataclasses.replace(state.spec, config=config)
+        passes(custom, state, times)
+    assert Stepping.made == 1 and loads == [b"build in one process"]
+    assert state.target == 1 + 1 * 3  # the same instance's third call (a new one's first: 2)
+    custom.forget(state.spec.id)  # no custom policy decides for it any more: nothing kept
+    passes(custom, state, [1.4])
+    assert Stepping.made == 2 and len(loads) == 2
+
+
 def test_policy_kwargs_must_be_json_values() -> None:
     with pytest.raises(ValueError, match="(?s)policy_kwargs.*JSON values"):
         tk.AutoscalingPolicy(policy_function=Stepping, policy_kwargs={"step": object()})
-
-
-def test_policy_calls_run_in_daemon_threads_of_their_own_and_hung_ones_are_bounded() -> None:
-    release = threading.Event()
-    threads = DaemonThreads(limit=2)
-    hung = threads.submit(release.wait)
-    quick = threads.submit(lambda: threading.current_thread().daemon)
-    assert quick.result(timeout=5) is True  # a daemon thread, not stuck behind the hung one
-    second = threads.submit(release.wait)
-    refused = threads.submit(lambda: 1)  # two hang: the limit
-    with pytest.raises(RuntimeError, match="2 policy calls still run"):
-        refused.result(timeout=5)
-    release.set()
-    assert hung.result(timeout=5) and second.result(timeout=5)
-    assert threads.submit(lambda: 2).result(timeout=5) == 2  # room again
 
 
 def test_a_policy_is_equal_by_what_the_user_set_not_by_its_serialized_bytes() -> None:

@@ -10,13 +10,15 @@ answers something that is not a replica count keeps the target where it is: the 
 shows in ``status()`` as the deployment's message and is logged once per distinct error.
 A deployment with no replica running is not asked: demand starts one (``cold_start``).
 A class policy is made once per deployment (or application) with its ``policy_kwargs``,
-on its first call, and its instance is called from then on (Ray Serve's rule).
+on its first call, and its instance is called from then on (Ray Serve's rule), while the
+policy (what the user set: its name and ``policy_kwargs``) and the deployment's version
+stay the same: a config file applied again, from another process, serializes the class
+to other bytes but keeps the instance and its state.
 """
 
 from __future__ import annotations
 
 import inspect
-import json
 import logging
 import math
 import numbers
@@ -45,9 +47,9 @@ class CustomScaling:
         self.calls = calls or PolicyCalls()
         #: Replicas' custom metrics (``record_autoscaling_stats()``).
         self.stats = StatsBook()
-        self._functions: dict[bytes, Callable[..., object]] = {}
-        #: Each deployment's or application's class policy: (its code, its kwargs, it).
-        self._instances: dict[Hashable, tuple[tuple[bytes, str, str], _ClassPolicy]] = {}
+        #: Each deployment's or application's policy as loaded: (the policy and version it
+        #: was loaded for, what to call). One per key: replaced when either changes.
+        self._loaded: dict[Hashable, tuple[tuple[AutoscalingPolicy, str], Callable[[Any], object]]] = {}
         # What each running call was given: its deployments' metrics (aggregated, newest),
         # shown with its decision.
         self._given: dict[Hashable, dict[DeploymentID, tuple[Metrics, Metrics]]] = {}
@@ -156,7 +158,7 @@ class CustomScaling:
             if not running[deployment]:
                 scaler.cold_start(now, loads.get(deployment, 0.0))
         if not self.calls.running(key):
-            function = self._function(key, policy)
+            function = self._function(key, policy, ",".join(spec.code_version for spec in app.deployments))
             if isinstance(function, str):
                 actions += self._failed(key, list(scalers.values()), policy.name, function)
             else:
@@ -210,46 +212,42 @@ class CustomScaling:
             self.calls.forget(("application", key))
             self._given.pop(("application", key), None)
             self._errors.pop(("application", key), None)
-            self._instances.pop(("application", key), None)
+            self._loaded.pop(("application", key), None)
             return
         if not (
             self.stats.holds(key)
             or self.calls.running(key)
             or key in self._given
             or key in self._errors
-            or key in self._instances
+            or key in self._loaded
         ):
             return  # the usual case, on every pass of every deployment on the built-in policy
         self.stats.forget(key)
         self.calls.forget(key)
         self._given.pop(key, None)
         self._errors.pop(key, None)
-        self._instances.pop(key, None)
+        self._loaded.pop(key, None)
         self._overridden.discard(key)
 
     def _function(
-        self, key: Hashable, policy: AutoscalingPolicy, version: str = ""
+        self, key: Hashable, policy: AutoscalingPolicy, version: str
     ) -> Callable[[Any], object] | str:
-        """What to call for ``key``'s policy: its function, loaded once; a class policy's
-        instance, one per ``key`` and ``version`` of its deployment; or why it cannot be
-        loaded."""
-        data = policy.serialized
-        function = self._functions.get(data)
-        if function is None:
-            try:
-                loaded = self._load_object(data)
-            except Exception as exc:  # noqa: BLE001 - the policy's code or its imports are the user's
-                return f"cannot be loaded on the controller ({type(exc).__name__}: {exc})"
-            if not callable(loaded):
-                return f"is a {type(loaded).__name__}, not a function"
-            function = self._functions[data] = loaded
-        if not inspect.isclass(function):
-            return function
-        identity = (data, json.dumps(policy.policy_kwargs, sort_keys=True), version)
-        made = self._instances.get(key)
-        if made is None or made[0] != identity:
-            made = self._instances[key] = (identity, _ClassPolicy(function, policy.policy_kwargs))
-        return made[1]
+        """What to call for ``key``'s policy: its function, or a class policy's instance,
+        loaded once per ``key``, policy and ``version`` (of its deployments); or why it
+        cannot be loaded. The policy is compared by what the user set, not by its bytes."""
+        identity = (policy, version)
+        loaded = self._loaded.get(key)
+        if loaded is not None and loaded[0] == identity:
+            return loaded[1]
+        try:
+            function = self._load_object(policy.serialized)
+        except Exception as exc:  # noqa: BLE001 - the policy's code or its imports are the user's
+            return f"cannot be loaded on the controller ({type(exc).__name__}: {exc})"
+        if not callable(function):
+            return f"is a {type(function).__name__}, not a function"
+        call = _ClassPolicy(function, policy.policy_kwargs) if inspect.isclass(function) else function
+        self._loaded[key] = (identity, call)
+        return call
 
     def _failed(self, key: Hashable, scalers: list[Autoscaler], name: str, error: str) -> list[Action]:
         """Keep the targets; say why in status(), and in the log once per distinct error."""

@@ -5,8 +5,10 @@ of its own (a hung call neither delays another policy's nor keeps the process fr
 exiting), one call per policy at a time, and is bounded in time: the controller starts a
 call on one pass and takes its outcome on a later one, so its loop never waits for user
 code. A call past its bound is reported once as failed and then abandoned (a thread
-cannot be stopped); until it ends, that policy is not called again. Abandoned calls
-still running are bounded too: past ``MAX_RUNNING`` a new call fails at once.
+cannot be stopped); until it ends, that policy is not called again. A call is abandoned
+too when its deployment or application is forgotten while it runs. Calls within their
+bound are never refused, however many run at once (one per policy); abandoned calls
+still running are bounded: with ``MAX_ABANDONED`` of them, a new call fails at once.
 ``close()`` abandons what runs, never waiting.
 """
 
@@ -20,40 +22,28 @@ from typing import Any
 
 #: How long one call of a policy may take before it counts as failed.
 POLICY_TIMEOUT_S = 10.0
-#: Policy calls running at once at most (hung ones included: a thread cannot be stopped).
-MAX_RUNNING = 64
+#: Abandoned calls (past their bound, or forgotten) still running at most: their threads
+#: cannot be stopped, so past this many a new call is not made.
+MAX_ABANDONED = 64
 
 
 class DaemonThreads(Executor):
-    """Runs each call in a daemon thread of its own; at most ``limit`` at once."""
-
-    def __init__(self, limit: int = MAX_RUNNING) -> None:
-        self._limit = limit
-        self._running = 0
-        self._lock = threading.Lock()
+    """Runs each call in a daemon thread of its own."""
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
         future: Future[Any] = Future()
-        with self._lock:
-            if self._running >= self._limit:
-                future.set_exception(
-                    RuntimeError(f"{self._running} policy calls still run (hung?); this one was not made")
-                )
-                return future
-            self._running += 1
 
         def run() -> None:
-            try:
-                if future.set_running_or_notify_cancel():
-                    try:
-                        future.set_result(fn(*args, **kwargs))
-                    except BaseException as exc:  # noqa: BLE001 - the future carries it
-                        future.set_exception(exc)
-            finally:
-                with self._lock:
-                    self._running -= 1
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn(*args, **kwargs))
+                except BaseException as exc:  # noqa: BLE001 - the future carries it
+                    future.set_exception(exc)
 
-        threading.Thread(target=run, name="app-toolkit-policy", daemon=True).start()
+        try:
+            threading.Thread(target=run, name="app-toolkit-policy", daemon=True).start()
+        except Exception as exc:  # noqa: BLE001 - no thread to be had: this call fails, not the pass
+            future.set_exception(exc)
         return future
 
 
@@ -81,10 +71,19 @@ class _Call:
 class PolicyCalls:
     """One call at a time per key (a deployment, an application), each time-bounded."""
 
-    def __init__(self, timeout_s: float = POLICY_TIMEOUT_S, executor: Executor | None = None) -> None:
+    def __init__(
+        self,
+        timeout_s: float = POLICY_TIMEOUT_S,
+        executor: Executor | None = None,
+        max_abandoned: int = MAX_ABANDONED,
+    ) -> None:
         self.timeout_s = timeout_s
+        self.max_abandoned = max_abandoned
         self._executor = executor or DaemonThreads()
         self._calls: dict[Hashable, _Call] = {}
+        # Abandoned calls not ended yet; each leaves it from its thread as it ends.
+        self._abandoned: set[Future[object]] = set()
+        self._lock = threading.Lock()
 
     def running(self, key: Hashable) -> bool:
         """Whether ``key``'s previous call has not ended (overdue ones included)."""
@@ -96,7 +95,19 @@ class PolicyCalls:
         """Call ``function(argument)`` in a thread; ``now`` is the controller's clock."""
         if key in self._calls:
             raise RuntimeError(f"the autoscaling policy of {key} is still running")
-        self._calls[key] = _Call(self._executor.submit(function, argument), now)
+        with self._lock:
+            abandoned = len(self._abandoned)
+        if abandoned >= self.max_abandoned:
+            future: Future[object] = Future()
+            future.set_exception(
+                RuntimeError(
+                    f"{abandoned} abandoned policy calls (past their bound, or of deleted "
+                    "deployments) still run; this one was not made (does a policy hang?)"
+                )
+            )
+        else:
+            future = self._executor.submit(function, argument)
+        self._calls[key] = _Call(future, now)
 
     def take(self, key: Hashable, now: float) -> Answered | Failed | None:
         """The outcome of ``key``'s call if it has one now: once an answer or failure,
@@ -115,14 +126,15 @@ class PolicyCalls:
             return Answered(call.future.result())
         if not call.overdue and now - call.started > self.timeout_s:
             call.overdue = True
+            self._abandon(call.future)
             return Failed(f"did not answer within {self.timeout_s:g} s")
         return None
 
     def forget(self, key: Hashable) -> None:
         """``key`` is gone: its call, if any, is cancelled or abandoned."""
         call = self._calls.pop(key, None)
-        if call is not None:
-            call.future.cancel()
+        if call is not None and not call.future.cancel():
+            self._abandon(call.future)
 
     def close(self) -> None:
         """Abandon the calls under way (their daemon threads end with the process)."""
@@ -130,3 +142,13 @@ class PolicyCalls:
             call.future.cancel()
         self._calls.clear()
         self._executor.shutdown(wait=False, cancel_futures=True)
+
+    def _abandon(self, future: Future[object]) -> None:
+        """Count ``future`` among the abandoned calls until it ends."""
+        with self._lock:
+            self._abandoned.add(future)
+        future.add_done_callback(self._ended)  # at once if it has ended already
+
+    def _ended(self, future: Future[object]) -> None:
+        with self._lock:
+            self._abandoned.discard(future)

@@ -2,10 +2,12 @@
 window. Pure: ``now`` comes in.
 
 Each replica's ``record_autoscaling_stats()`` samples reach the controller with the load
-reports of its process (``ReplicaStats``). A policy sees, per metric and replica, the
-samples of the last ``look_back_period_s`` (raw) and one value made of them by the
-config's ``aggregation_function``: the time-weighted mean (each sample holds until the
-next, the last one until now), the max or the min.
+reports of its process (``ReplicaStats``). A policy sees, per metric and replica, the raw
+samples: those of the last ``look_back_period_s``, beginning with the last one from
+before it (a sample holds until the next, so that one is the value at the window's
+start); and one value made of them by the config's ``aggregation_function``: the
+time-weighted mean (each sample for as long as it held within the window, the last one
+until now), the max or the min.
 """
 
 from __future__ import annotations

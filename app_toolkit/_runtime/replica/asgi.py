@@ -26,6 +26,7 @@ from app_toolkit._runtime.messages import (
     WebSocketMessage,
     WebSocketOpen,
 )
+from app_toolkit._runtime.replica.user_code import is_async
 from app_toolkit._runtime.run_app import run_http, run_websocket
 from app_toolkit.exceptions import DeployError
 
@@ -246,9 +247,7 @@ def request_app(target: Callable[..., Any]) -> ASGIApp:
     from starlette.requests import Request
     from starlette.responses import JSONResponse, PlainTextResponse, Response
 
-    is_async = inspect.iscoroutinefunction(target) or inspect.iscoroutinefunction(
-        getattr(target, "__call__", None)  # noqa: B004 - an async __call__, not callability
-    )
+    asynchronous = is_async(target)
     try:
         takes_request = bool(inspect.signature(target).parameters)
     except (TypeError, ValueError):  # no signature to read (a builtin): give it the request
@@ -258,7 +257,7 @@ def request_app(target: Callable[..., Any]) -> ASGIApp:
         if scope["type"] != "http":
             raise NotImplementedError(f"{scope['type']} is not served by a plain deployment")
         arguments = (Request(scope, receive),) if takes_request else ()
-        if is_async:
+        if asynchronous:
             result = await target(*arguments)
         else:
             result = await asyncio.to_thread(target, *arguments)

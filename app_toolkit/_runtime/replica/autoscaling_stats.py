@@ -2,25 +2,25 @@
 
 Ray Serve's hook: a deployment class may define ``record_autoscaling_stats(self)``, sync
 or async, returning ``dict[str, float]``. The replica calls it every
-``metrics_interval_s`` (of its autoscaling config), each call bounded by
-``STATS_TIMEOUT_S`` (an async one is cancelled then; a sync one's thread cannot be, and
-is waited for before the next call); the samples wait here until the process's next load report takes
-them to the controller (``TableSubscriber.add_stats``: the same report, no channel of its
-own). A call that fails, overruns or returns something else is logged (once per
-distinct problem) and skipped; it never stops the replica.
+``metrics_interval_s`` (of its autoscaling config), one call at a time, each bounded by
+``STATS_TIMEOUT_S``: past it the call is cancelled, and what cannot be stopped (a sync
+method's thread, a coroutine that ignores its cancellation) is waited for, never stacked
+up: no new call starts until it has ended. The samples wait here until the process's
+next load report takes them to the controller (``TableSubscriber.add_stats``: the same
+report, no channel of its own). A call that fails, overruns or returns something else is
+logged (once per distinct problem) and skipped; it never stops the replica.
 """
 
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import math
 import numbers
 from collections import deque
 
 from app_toolkit._runtime.messages import DeploymentID
-from app_toolkit._runtime.replica.user_code import call_maybe_async
+from app_toolkit._runtime.replica.user_code import call_maybe_async, is_async
 from app_toolkit._runtime.tables import ReplicaStats
 from app_toolkit.config import DeploymentConfig
 
@@ -30,6 +30,8 @@ logger = logging.getLogger("app_toolkit.replica")
 METHOD = "record_autoscaling_stats"
 #: How long one call may take (Ray Serve's RAY_SERVE_RECORD_AUTOSCALING_STATS_TIMEOUT_S).
 STATS_TIMEOUT_S = 10.0
+#: How long ``stop()`` waits for a cancelled call to end (one may ignore its cancellation).
+_STOP_WAIT_S = 1.0
 #: Samples kept for the next report at most (a report that is slow to come: a caller's
 #: report loop paced by its load, or held up by a slow controller).
 _KEPT = 100
@@ -42,7 +44,10 @@ class AutoscalingStats:
         self, instance: object, replica_id: str, deployment: DeploymentID, config: DeploymentConfig
     ) -> None:
         self._method = getattr(instance, METHOD)
-        self._is_async = inspect.iscoroutinefunction(self._method)
+        # A sync method runs in a thread (call_maybe_async): the sampler sees while it does.
+        self._function = self._method if is_async(self._method) else self._method_in_thread
+        self._in_thread = False
+        self._call: asyncio.Task[object] | None = None  # the newest call (owned: stop() ends it)
         self.replica_id = replica_id
         self.deployment = deployment
         self.config = config  # the replica's newest options (see ``update``)
@@ -71,6 +76,10 @@ class AutoscalingStats:
         if task is not None:
             task.cancel()
             await asyncio.gather(task, return_exceptions=True)
+        call, self._call = self._call, None
+        if call is not None and not call.done():
+            call.cancel()
+            await asyncio.wait({call}, timeout=_STOP_WAIT_S)  # abandoned past that
 
     def take(self) -> ReplicaStats | None:
         """The samples since the last take, each with its age now (None: there are none)."""
@@ -88,19 +97,30 @@ class AutoscalingStats:
                 self._updated.clear()
                 await self._updated.wait()
                 continue
-            # One call at a time: one that hangs is waited for, never stacked up.
-            call = loop.create_task(call_maybe_async(self._method))
             started = loop.time()
-            done, _ = await asyncio.wait({call}, timeout=STATS_TIMEOUT_S)
-            if not done:
-                self._report(f"did not return within {STATS_TIMEOUT_S:g} s")
-                if self._is_async:
-                    call.cancel()  # sampled again at the next interval
-                # A sync method's thread cannot be stopped: it is waited for, not stacked up.
-                await asyncio.gather(call, return_exceptions=True)
-            else:
-                self._keep(call, loop.time())
+            if not self._running():  # else the call that overran still runs: no sample now
+                call = self._call = loop.create_task(call_maybe_async(self._function))
+                done, _ = await asyncio.wait({call}, timeout=STATS_TIMEOUT_S)
+                if done:
+                    self._keep(call, loop.time())
+                else:
+                    self._report(f"did not return within {STATS_TIMEOUT_S:g} s")
+                    # Stops an async call, or a coroutine a sync method returned; not a
+                    # thread, nor a coroutine that ignores it (``_running`` waits for those).
+                    call.cancel()
             await asyncio.sleep(max(0.0, started + self._interval() - loop.time()))
+
+    def _method_in_thread(self) -> object:
+        """The sync method, in the thread ``call_maybe_async`` calls it in."""
+        self._in_thread = True
+        try:
+            return self._method()
+        finally:
+            self._in_thread = False
+
+    def _running(self) -> bool:
+        """Whether the newest call has not ended: its task, or a sync method's thread."""
+        return self._in_thread or (self._call is not None and not self._call.done())
 
     def _interval(self) -> float:
         autoscaling = self.config.autoscaling_config

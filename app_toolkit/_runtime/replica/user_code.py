@@ -106,10 +106,18 @@ async def iterate_in_thread(generator: Generator[object, Never, object]) -> Asyn
             asyncio.get_running_loop().run_in_executor(None, close)
 
 
-async def call_maybe_async(function: Callable[..., object], *args: object, **kwargs: object) -> object:
-    if inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(
+def is_async(function: object) -> bool:
+    """Whether ``function`` is awaited on the event loop (a coroutine function, or an
+    object whose ``__call__`` is one) rather than called in a thread."""
+    return inspect.iscoroutinefunction(function) or inspect.iscoroutinefunction(
         getattr(function, "__call__", None)  # noqa: B004 - an async __call__, not callability
-    ):
+    )
+
+
+async def call_maybe_async(function: Callable[..., object], *args: object, **kwargs: object) -> object:
+    """``function``'s result: awaited if it is async (``is_async``), else called in a
+    thread; a coroutine it returns is awaited too."""
+    if is_async(function):
         return await cast(Awaitable[object], function(*args, **kwargs))
     # Sync user code runs in a thread so it never blocks the replica's event loop.
     result = await asyncio.to_thread(function, *args, **kwargs)

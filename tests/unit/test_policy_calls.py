@@ -1,0 +1,80 @@
+"""Calls of custom autoscaling policies: each in a daemon thread of its own, bounded in
+time; calls within their bound never refused, abandoned ones still running bounded."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from app_toolkit._runtime.controller.policy_calls import Answered, DaemonThreads, Failed, PolicyCalls
+
+
+def test_policy_calls_run_in_daemon_threads_of_their_own() -> None:
+    release = threading.Event()
+    threads = DaemonThreads()
+    hung = threads.submit(release.wait)
+    quick = threads.submit(lambda: threading.current_thread().daemon)
+    assert quick.result(timeout=5) is True  # a daemon thread, not stuck behind the hung one
+    release.set()
+    assert hung.result(timeout=5) is True
+
+
+def test_many_policy_calls_within_their_bound_are_never_refused() -> None:
+    """One call per deployment per pass: a cluster of 100 deployments whose policies take
+    a while runs 100 at once, none hung (a bound on all running calls refused 36)."""
+    release = threading.Event()
+    calls = PolicyCalls(timeout_s=60.0)
+    try:
+        for key in range(100):
+            calls.start(key, lambda context: release.wait(10), None, now=0.0)
+        release.set()
+        outcomes: dict[int, object] = {}
+        deadline = time.monotonic() + 10
+        while len(outcomes) < 100 and time.monotonic() < deadline:
+            for key in set(range(100)) - set(outcomes):
+                outcome = calls.take(key, now=1.0)
+                if outcome is not None:
+                    outcomes[key] = outcome
+        assert set(outcomes.values()) == {Answered(True)}
+    finally:
+        release.set()
+        calls.close()
+
+
+def test_abandoned_policy_calls_still_running_are_bounded() -> None:
+    """Past their bound or forgotten, hung calls' threads run on: past the limit of them
+    a new call is not made, until one ends."""
+    release = threading.Event()
+    calls = PolicyCalls(timeout_s=1.0, max_abandoned=2)
+    try:
+        calls.start("overdue", lambda context: release.wait(10), None, now=0.0)
+        calls.start("forgotten", lambda context: release.wait(10), None, now=0.0)
+        calls.start("healthy", lambda context: release.wait(10), None, now=0.0)
+        assert calls.take("overdue", now=2.0) == Failed("did not answer within 1 s")
+        calls.forget("forgotten")
+        calls.start("refused", lambda context: 1, None, now=2.0)
+        refused = calls.take("refused", now=2.0)
+        assert isinstance(refused, Failed) and "2 abandoned policy calls" in refused.error
+        release.set()  # the abandoned calls end: room again
+        outcome = None
+        deadline = time.monotonic() + 5
+        while not isinstance(outcome, Answered) and time.monotonic() < deadline:
+            calls.start("again", lambda context: 2, None, now=3.0)
+            while calls.running("again") and time.monotonic() < deadline:
+                outcome = calls.take("again", now=3.0)
+        assert outcome == Answered(2)
+    finally:
+        release.set()
+        calls.close()
+
+
+def test_a_thread_that_cannot_start_fails_its_call_not_the_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_thread(self: threading.Thread) -> None:
+        raise RuntimeError("can't start new thread")
+
+    monkeypatch.setattr(threading.Thread, "start", no_thread)
+    calls = PolicyCalls()
+    calls.start("D", lambda context: 1, None, now=0.0)
+    assert calls.take("D", now=0.0) == Failed("raised RuntimeError: can't start new thread")
