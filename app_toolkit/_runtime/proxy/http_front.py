@@ -4,8 +4,10 @@ ingress) — which routes each request to an application's ingress.
 
 Longest ``route_prefix`` wins; an unknown path is 404. The proxy honours or creates
 ``x-request-id`` and returns it. Overload is 503 with ``Retry-After``; a replica lost
-mid-request is 503 too. The path is kept whole and the prefix becomes ``root_path``, so
-the app's own routes, ``/docs`` and ``/openapi.json`` work under its prefix.
+after it took the request is 502 (a safe method is sent once more first: ``forward.py``).
+The path is kept whole and the prefix becomes ``root_path``, so the app's own routes,
+``/docs`` and ``/openapi.json`` work under its prefix. Each request is owned by its
+``HTTPCycle`` (``cycle.py``).
 """
 
 from __future__ import annotations

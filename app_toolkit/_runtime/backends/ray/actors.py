@@ -29,7 +29,7 @@ from app_toolkit._runtime.backends.ray.spares import SparePool, code_to_preload,
 from app_toolkit._runtime.controller.api import ControlCall
 from app_toolkit._runtime.controller.controller import ControllerCore
 from app_toolkit._runtime.controller.heap import HeapKeeper
-from app_toolkit._runtime.proxy.direct import LocalIngresses
+from app_toolkit._runtime.proxy.handoff_targets import HandoffTargets
 from app_toolkit._runtime.proxy.http_front import HTTPFront
 from app_toolkit._runtime.proxy.server import ProxyServer, listen_socket, serve
 from app_toolkit._runtime.routing import caller_metrics
@@ -113,7 +113,7 @@ class ProxyActor:
                 proxy = self._front = HTTPFront(plane.subscriber, self._http, node.gather, node.status)
                 # Connections go to the node's ingress replicas where they take them.
                 node_id = ray.get_runtime_context().get_node_id()
-                routes = LocalIngresses(lambda: proxy.apps, proxy.subscriber.dispatcher, node_id)
+                routes = HandoffTargets(lambda: proxy.apps, proxy.subscriber.dispatcher, node_id)
                 self._server = await serve(proxy, self._http, sock, proxy.close, proxy.flush_logs, routes)
                 stored.save_proxy_port(self._server.port)
                 settle_heap()

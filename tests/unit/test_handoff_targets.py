@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 
 from app_toolkit._runtime.messages import DeploymentID, ReplicaInfo, RouteInfo
-from app_toolkit._runtime.proxy.direct import LocalIngresses
+from app_toolkit._runtime.proxy.handoff_targets import HandoffTargets
 from app_toolkit._runtime.proxy.path_match import AppMatcher
 from app_toolkit._runtime.routing.dispatcher import Dispatcher
 
@@ -37,14 +37,14 @@ def _replica(app: str, number: int, node: str = NODE, handoff: bool = True) -> R
     )
 
 
-def _ingresses(dispatchers: dict[str, Dispatcher]) -> LocalIngresses:
+def _ingresses(dispatchers: dict[str, Dispatcher]) -> HandoffTargets:
     apps = [
         AppMatcher(RouteInfo(prefix, name, DeploymentID(name, "Ingress")))
         for name, prefix in (("shop", "/shop"), ("root", "/"))
         if name in dispatchers
     ]
     apps.sort(key=lambda app: len(app.route_prefix), reverse=True)
-    return LocalIngresses(lambda: apps, lambda deployment: dispatchers[deployment.app], NODE)
+    return HandoffTargets(lambda: apps, lambda deployment: dispatchers[deployment.app], NODE)
 
 
 @pytest.mark.anyio  # a dispatcher lives on a loop
