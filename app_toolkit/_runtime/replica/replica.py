@@ -363,8 +363,7 @@ class ReplicaCore:
             serving = self._serves or self._serving()
             with request_context.request_scope(request_id, tracing.child(trace), serving, scope["headers"]):
                 state = self._lifespan.state if self._lifespan is not None else {}
-                await _run_direct(app, scope, receive, out, request_id, state)
-            route = request_context.route_template(scope)
+                route = await _run_direct(app, scope, receive, out, request_id, state)
             return route
         finally:
             self.direct_ongoing -= 1
