@@ -26,7 +26,8 @@ from app_toolkit._runtime.messages import HTTPResponse
 from app_toolkit._runtime.proxy import stream_metrics
 from app_toolkit._runtime.proxy.access_log import AccessLog
 from app_toolkit._runtime.proxy.http_guard import RequestLink
-from app_toolkit._runtime.proxy.scope import with_request_id
+from app_toolkit._runtime.proxy.path_match import AppMatcher
+from app_toolkit._runtime.proxy.scope import RequestHeaders, with_request_id
 
 #: nginx's status for "the client closed the connection": it went away first.
 CLIENT_CLOSED = 499
@@ -52,6 +53,8 @@ class HTTPCycle:
         "uploading",
         "logged",
         "span",
+        "headers",
+        "matched",
         "_labels",
         "_first",
     )
@@ -75,8 +78,16 @@ class HTTPCycle:
         self.uploading = False
         self.logged = True  # it gets an access line (its application's enable_access_log)
         self.span: tracing.Span | None = None  # the front's exported span, if spans are made
+        self.headers: RequestHeaders | None = None  # what the front read from its headers
+        self.matched: AppMatcher | None = None  # the application it goes to
         self._labels: tuple[str, str] | None = None  # set while a stream is open
         self._first = True
+
+    def to_app(self, matched: AppMatcher) -> None:
+        """The request goes to ``matched``'s application."""
+        self.matched = matched
+        self.app, self.target, self.logged = matched.app, matched.route_prefix, matched.access_log
+        self.prefix = "" if matched.route_prefix == "/" else matched.route_prefix
 
     @property
     def label(self) -> str:

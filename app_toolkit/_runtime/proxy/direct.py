@@ -154,14 +154,14 @@ async def serve_in_replica(
     scope: Scope,
     receive: Receive,
     cycle: HTTPCycle,
-    headers: RequestHeaders,
     http: HTTPOptions,
     trace: TraceContext,
 ) -> None:
     """Serve one request with the replica in this process, whose slot ``local.admit()``
     took (it gives it back). ``scope`` is the one the proxy would forward (the prefix as
     root_path); ``trace`` is the span the replica's span continues."""
-    body = StreamedBody(receive, headers, http, cycle) if headers.has_body else None
+    headers = cycle.headers
+    body = StreamedBody(receive, headers, http, cycle) if headers is not None and headers.has_body else None
     answer = _Answer(cycle, body, scope, http)
     cycle.route = await local.serve_direct(
         cycle.request_id, scope, body.receive if body is not None else receive, answer, trace

@@ -158,12 +158,11 @@ class HTTPFront:
     async def _http(self, scope: Scope, receive: Receive, send: Send, cycle: HTTPCycle) -> None:
         """Serve one request: an operator page, a refusal, or its app's (``_to_app``)."""
         path = route_path(scope)
-        headers = read_headers(scope, self.shard_header)
+        headers = cycle.headers = read_headers(scope, self.shard_header)
         request_id = cycle.request_id = headers.request_id
         route = match_app(self.apps, path) if self.loaded else None
         if route is not None:
-            cycle.app, cycle.target, cycle.logged = route.app, route.route_prefix, route.access_log
-            cycle.prefix = "" if route.route_prefix == "/" else route.route_prefix
+            cycle.to_app(route)
             await self._to_app(scope, receive, cycle, route, path, headers)
             return
         with request_context.request_scope(request_id):  # for this request's log records
@@ -263,26 +262,26 @@ class HTTPFront:
         span = cycle.span.trace if cycle.span is not None else None
         if local is None:
             with request_context.request_scope(cycle.request_id):  # for this request's log records
-                await self._over_channel(scope, receive, cycle, route, headers, deployment, span)
+                await self._over_channel(scope, receive, cycle, deployment, span)
             return
         # Our HTTP protocol tells the request that its client went away (cancelled here).
         cycle.link.on_client_left = cycle.client_left  # type: ignore[union-attr]
         trace = forward_in_place(scope, route, headers, span, id_headers=self.http.request_id_headers)
-        await serve_in_replica(local, scope, receive, cycle, headers, self.http, trace)
+        await serve_in_replica(local, scope, receive, cycle, self.http, trace)
 
     async def _over_channel(
         self,
         scope: Scope,
         receive: Receive,
         cycle: HTTPCycle,
-        route: AppMatcher,
-        headers: RequestHeaders,
         deployment: DeploymentID,
         span: tracing.TraceContext | None,
     ) -> None:
         """Read the body's start, then forward the request to one of the app's replicas
         (the rest of the body streams after it), cancelled if the client leaves."""
         link, request_id = cycle.link, cycle.request_id
+        headers, route = cycle.headers, cycle.matched
+        assert headers is not None and route is not None  # set before a request goes to an app
         body = _NO_BODY
         watcher: asyncio.Future[None] | None = None
         try:
