@@ -14,13 +14,12 @@ The pipe holds what the kernel gives it (64 KiB by default): a write that does n
 line too long for one atomic write, or a pipe with no reader goes to standard error as
 before (Ray's relay), so no line is lost and none is torn: each write is of whole lines
 and at most ``PIPE_BUF`` bytes, which the kernel never interleaves with another
-process's. Workers on other nodes, and every process of a cluster the command joins
+process's. Workers on other nodes, and every process of a cluster a process joins
 rather than starts, do not have the pipe and log as before.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import io
 import logging
@@ -89,7 +88,8 @@ _writer: PipeWriter | None = None
 
 
 def writer() -> PipeWriter | None:
-    """This process's writer, if ``app-toolkit run`` named a pipe in its environment."""
+    """This process's writer, if the process that started Ray named a pipe in its
+    environment."""
     global _writer
     if _writer is None:
         path = os.environ.get(PIPE_ENV)
@@ -100,11 +100,12 @@ def writer() -> PipeWriter | None:
 
 
 class ConsolePipe:
-    """The command's end: the pipe, and a thread copying what comes out of it to ``out``
-    until :meth:`close`. Raises OSError if the pipe cannot be made (the caller then logs
+    """The end of the process that started Ray: the pipe, and a thread copying what comes
+    out of it to ``out`` until :meth:`close`. Raises OSError if the pipe cannot be made (the caller then logs
     the usual way)."""
 
     def __init__(self, out: BinaryIO) -> None:
+        self._pid = os.getpid()  # a forked child leaves the pipe to its parent
         self._folder = tempfile.mkdtemp(prefix="app-toolkit-console-")  # mode 0700
         self.path = os.path.join(self._folder, "lines")
         try:
@@ -148,6 +149,8 @@ class ConsolePipe:
     def close(self) -> None:
         """Copy what is left, stop, and remove the pipe: workers that write after this
         find no reader and log the usual way."""
+        if os.getpid() != self._pid:
+            return
         self._stop.set()
         self._thread.join(timeout=5)
         shutil.rmtree(self._folder, ignore_errors=True)
@@ -173,8 +176,17 @@ def for_workers() -> str | None:
             except OSError as exc:
                 logger.warning("Access lines go through Ray's log relay: %s", exc)
                 return None
-            atexit.register(_console.close)
         return _console.path
+
+
+def close() -> None:
+    """Copy what is left and remove this process's pipe, if it made one (after the Ray it
+    started has stopped: its workers' last lines take the pipe)."""
+    global _console
+    with _console_lock:
+        console, _console = _console, None
+    if console is not None:
+        console.close()
 
 
 def _real_stderr() -> BinaryIO | None:

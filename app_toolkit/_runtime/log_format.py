@@ -102,7 +102,8 @@ class _TextFormatter(logging.Formatter):
 class BatchWriter:
     """Writes many records of one logger at once, formatted as the toolkit's handler
     would, in one write: for lines a process produces at a high rate (the access log).
-    Under ``app-toolkit run`` they take the short way to its console (``console_pipe``).
+    When this node's Ray was started by a process here (``app-toolkit run``, ``tk.run``)
+    they take the short way to its console (``console_pipe``).
 
     Only for a logger whose records reach nothing but that handler (see :func:`batch_writer`).
     """

@@ -4,22 +4,25 @@ answer leaves its replica — to its own client on a connection the replica owns
 (``proxy/direct.py``), or to the proxy over the channel (``asgi.py``). Each way is an
 :class:`HTTPOut` or a :class:`SocketOut`; the rules are here.
 
-HTTP: an exception before the response's head is a generic 500 (``answers.escaped``), and
-so is an app that returns without a response; after the head, an exception or a return
+HTTP: an exception before the response's head is a generic 500 (``answers.escaped``: or
+the overload answer of an overload error that escaped), and so is an app that returns
+without a response; after the head, an exception or a return
 before the body's end cuts the response off (a client must not take a truncated body for
 a whole one); an exception after the whole response is only logged. A body the front
 refused (413, 408) is the answer instead, while no head went out.
 
 WebSocket: ``answers.websocket_end`` when the app raises or returns without closing, and
 ``answers.restart_end`` (1012) at the replica's drain deadline; what the app sends after
-its socket ended is dropped.
+its socket ended is dropped. A failure around the app (finding it, entering its context)
+is answered by the same rules (:func:`failed_around`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Protocol
+from collections.abc import Sequence
+from typing import Protocol, cast
 
 from starlette.types import ASGIApp, Message, Receive, Scope
 
@@ -116,7 +119,12 @@ class SocketOut(Protocol):
     """Where one WebSocket's messages from the app go."""
 
     async def emit(self, message: Message) -> None:
-        """Send one of the app's messages on."""
+        """Send one of the app's messages on (waiting for room, as its sends wait)."""
+        ...
+
+    async def close_with(self, messages: Sequence[Message]) -> None:
+        """Send the toolkit's messages that end the socket, without waiting for room (the
+        app's own send may be the one waiting)."""
         ...
 
     def restarted(self) -> None:
@@ -151,8 +159,17 @@ async def run_websocket(
     finally:
         if watch is not None:
             await watch.close()
-    for message in answers.websocket_end(socket.handshake, failed, scope, request_id):
-        await out.emit(message)
+    await out.close_with(answers.websocket_end(socket.handshake, failed, scope, request_id))
+
+
+async def failed_around(scope: Scope, out: HTTPOut | SocketOut, error: Exception, request_id: str) -> None:
+    """Something around the app failed before or after it ran (finding the app, entering
+    the request's context): answered as an app that raised ``error``."""
+    if scope["type"] == "http":
+        await _failed(cast(HTTPOut, out), error, request_id)
+        return
+    logger.error("WebSocket %s failed", request_id, exc_info=error)
+    await cast(SocketOut, out).close_with(answers.websocket_end("none", True, scope, request_id))
 
 
 class _Socket:
@@ -173,7 +190,8 @@ class _Socket:
     async def restarting(self) -> None:
         """The replica's drain is at its deadline: close with 1012 so the client reconnects
         (to another replica), and tell the app its client is gone."""
-        for message in answers.restart_end(self.handshake):
+        closing = answers.restart_end(self.handshake)
+        if closing:
             self.handshake = "ended"
-            await self._out.emit(message)
+            await self._out.close_with(closing)
         self._out.restarted()

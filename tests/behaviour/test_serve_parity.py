@@ -222,6 +222,12 @@ def test_errors_and_status_in_ray_serves_shape(toolkit: Toolkit) -> None:
         response = client.get("/p-500/")
     assert (response.status_code, response.text) == (500, "Internal Server Error")
     assert response.headers["x-request-id"]
+    # No __call__ to serve HTTP with: failing around the app is answered as the app's own.
+    toolkit.run(as_deployment(apps.Methods).bind(), name=toolkit.name(), route_prefix="/p-no-call")
+    with toolkit.client() as client:
+        response = client.get("/p-no-call")
+    assert (response.status_code, response.text) == (500, "Internal Server Error")
+    assert response.headers["x-request-id"]
     if toolkit.backend == "ray":
         assert set(serve.status().proxies.values()) == {serve.ProxyStatus.HEALTHY}
 

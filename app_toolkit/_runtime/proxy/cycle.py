@@ -1,14 +1,18 @@
 """One HTTP request from its head to its last byte, as the front serves it: the one owner
 of what happens to it (uvicorn's ``RequestResponseCycle`` plays this part for uvicorn).
 
-An :class:`HTTPCycle` is the only writer to the client — the app's response relayed
-from a replica (``forward.py``), the app's own in its replica (``direct.py``) and the
-toolkit's answers (404, 408, 413, 503, 504, ...) alike —, the only place a client that
-went away becomes 499, and the only place the request's record is closed (its access
-line, metrics and span), once, at its end. Writing: the request id goes into the head; a
-whole response's head and body leave in one write where our HTTP protocol lets them; a
-stream's chunks leave as they come, those that came together in one write (each still
-its own chunk); a stream is counted (open streams, time to its first chunk, chunks).
+An :class:`HTTPCycle` writes every response of a request to an application or of a
+toolkit page answered in one piece — the app's response relayed from a replica
+(``forward.py``), the app's own in its replica (``direct.py``) and the toolkit's answers
+(404, 408, 413, 503, 504, ...) alike; ``/-/dashboard`` writes its own page and event
+stream —, decides when a client that went away makes the request a 499 (:meth:`left`;
+one that leaves before sending its body is marked so where the body is read), and closes
+the request's record (its access line, metrics and span), once, at its end.
+
+Writing: the request id goes into the head; a whole response's head and body leave in
+one write where our HTTP protocol lets them; a stream's chunks leave as they come, those
+that came together in one write (each still its own chunk); a stream is counted (open
+streams, time to its first chunk, chunks).
 """
 
 from __future__ import annotations

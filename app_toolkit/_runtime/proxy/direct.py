@@ -10,6 +10,7 @@ scope the proxy would have forwarded, reads the body as it arrives (within the b
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 from starlette.types import Message, Receive, Scope, Send
@@ -39,7 +40,7 @@ class LocalIngress(Protocol):
         self, request_id: str, scope: Scope, receive: Receive, out: HTTPOut | SocketOut, trace: TraceContext
     ) -> str:
         """Run one admitted request or WebSocket through the app (``run_app`` answers its
-        failures); returns the route template. ``trace``: the span the replica's span
+        failures, and those around it); returns the route template. ``trace``: the span the replica's span
         continues (the client's, the proxy's, or one started for the request)."""
         ...
 
@@ -145,7 +146,11 @@ class _Answer:
         head, self._head = self._head, None
         if head is not None:  # held: it goes out, as uvicorn had sent it at once
             status, headers, route = int(head["status"]), head.get("headers", ()), route_template(self._scope)
-            await self._cycle.stream(status, headers, route)
+            try:
+                await self._cycle.stream(status, headers, route)
+            finally:
+                await self._cycle.abort(why)
+            return
         await self._cycle.abort(why)
 
 
@@ -187,6 +192,10 @@ class _Socket:
 
     async def emit(self, message: Message) -> None:
         await self._send(message)
+
+    async def close_with(self, messages: Sequence[Message]) -> None:
+        for message in messages:
+            await self._send(message)
 
     def restarted(self) -> None:
         pass  # the client, told to reconnect, closes: the app's next receive() hears it

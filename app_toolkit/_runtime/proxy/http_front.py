@@ -13,7 +13,6 @@ The path is kept whole and the prefix becomes ``root_path``, so the app's own ro
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 
@@ -219,21 +218,26 @@ class HTTPFront:
             if not cycle.left():
                 raise
         except TimeoutError:
-            if cycle.uploading and not cycle.started:
-                logger.info(
-                    "Request %s: the upload outlasted the deadline of %s s (408)", cycle.request_id, timeout_s
-                )
-                detail = f"Request Timeout: the body did not arrive within the deadline of {timeout_s} s"
-                await cycle.answer(error_answer(408, detail, cycle.request_id))
-            else:
-                logger.info("Request %s: deadline of %s s passed (504)", cycle.request_id, timeout_s)
-                if not cycle.started:
-                    detail = f"Gateway Timeout: the request took longer than {timeout_s} s"
-                    await cycle.answer(error_answer(504, detail, cycle.request_id))
+            with request_context.request_scope(cycle.request_id):  # for these log records
+                await self._deadline_passed(cycle, timeout_s)
         finally:
             cycle.finished = True
             if link is not None:
                 link.on_client_left = None
+
+    async def _deadline_passed(self, cycle: HTTPCycle, timeout_s: float | None) -> None:
+        """408 while the body was still arriving, else 504 if no head went out yet."""
+        if cycle.uploading and not cycle.started:
+            logger.info(
+                "Request %s: the upload outlasted the deadline of %s s (408)", cycle.request_id, timeout_s
+            )
+            detail = f"Request Timeout: the body did not arrive within the deadline of {timeout_s} s"
+            await cycle.answer(error_answer(408, detail, cycle.request_id))
+            return
+        logger.info("Request %s: deadline of %s s passed (504)", cycle.request_id, timeout_s)
+        if not cycle.started:
+            detail = f"Gateway Timeout: the request took longer than {timeout_s} s"
+            await cycle.answer(error_answer(504, detail, cycle.request_id))
 
     def _admitted_here(
         self, deployment: DeploymentID, headers: RequestHeaders, link: RequestLink | None
@@ -345,7 +349,6 @@ async def _this_process() -> list[list[FamilySnapshot]]:
 
 
 _NO_BODY = Body()
-_NO_DEADLINE = contextlib.nullcontext()
 _BUILTINS = ("/-/healthz", "/-/routes", "/-/metrics")
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -27,7 +27,6 @@ from app_toolkit._runtime.messages import (
     WebSocketOpen,
 )
 from app_toolkit._runtime.replica.user_code import is_async
-from app_toolkit._runtime.run_app import run_http, run_websocket
 from app_toolkit.exceptions import DeployError
 
 logger = logging.getLogger("app_toolkit.replica")
@@ -116,27 +115,16 @@ def _last_line(text: str) -> str:
     return lines[-1].strip() if lines else text
 
 
-async def serve_http(
-    app: ASGIApp, request: HTTPRequest, lifespan_state: dict[str, object], sink: ResponseSink
-) -> str:
-    """Run one request through ``app`` (``run_app.run_http``); answer with one
-    HTTPResponse, or a head, body chunks and the end. Returns the path template of the
-    route that served it."""
-    scope = dict(request.scope)
-    response = _Response(request, scope, sink)
-    await run_http(app, scope, response.receive, response, request.request_id, lifespan_state)
-    return response.route
-
-
-class _Response:
-    """One request's ASGI channel inside a replica (a ``run_app.HTTPOut``): the body in
+class ChannelResponse:
+    """One request's ASGI channel inside a replica (a ``run_app.HTTPOut``): the scope the
+    app runs on (a copy of the forwarded one), the body in
     (whole, or its start and then the pieces the caller streams into ``sink.inbound``), the
     response out as answers — one HTTPResponse when the body comes in one piece, else a
     head, chunks, the end."""
 
     __slots__ = (
         "_request",
-        "_scope",
+        "scope",
         "_sink",
         "_body_sent",
         "_body_more",
@@ -149,9 +137,9 @@ class _Response:
         "complete",
     )
 
-    def __init__(self, request: HTTPRequest, scope: Scope, sink: ResponseSink) -> None:
+    def __init__(self, request: HTTPRequest, sink: ResponseSink) -> None:
         self._request = request
-        self._scope = scope  # the app's routing writes the matched route into it
+        self.scope = dict(request.scope)  # the app's routing writes the matched route into it
         self._sink = sink
         self._body_sent = False
         self._body_more = request.more_body  # pieces of the body are still to come
@@ -209,7 +197,7 @@ class _Response:
     def route(self) -> str:
         """The path template of the route that matched (Starlette/FastAPI routing
         records it in the scope), never the raw path; "" if none did."""
-        return request_context.route_template(self._scope)
+        return request_context.route_template(self.scope)
 
     def refusal(self) -> HTTPResponse | None:
         return None  # the proxy reads the body within its bounds and answers a refusal
@@ -274,30 +262,19 @@ def request_app(target: Callable[..., Any]) -> ASGIApp:
     return app
 
 
-async def serve_websocket(
-    app: ASGIApp, request: WebSocketOpen, lifespan_state: dict[str, object], sink: ResponseSink
-) -> str:
-    """Run one WebSocket connection through ``app`` (``run_app.run_websocket``): client
-    messages come from ``sink.inbound``, every message the app sends goes out as a
-    WebSocketMessage, the end last. Returns the path template of the route that served it."""
-    assert sink.inbound is not None
-    scope = dict(request.scope)
-    socket = _WebSocket(sink, sink.inbound)
-    drain = request_context.drain_signal.get()
-    await run_websocket(app, scope, socket.receive, socket, request.request_id, lifespan_state, drain)
-    sink.send(END)
-    return request_context.route_template(scope)
+class ChannelSocket:
+    """One WebSocket's ASGI channel inside a replica (a ``run_app.SocketOut``): the scope
+    the app runs on, the client's messages from ``sink.inbound``, every message the app
+    sends out as a WebSocketMessage (the caller sends END after the app's run)."""
 
+    __slots__ = ("_sink", "_inbound", "_connected", "scope")
 
-class _WebSocket:
-    """One WebSocket's ASGI channel inside a replica (a ``run_app.SocketOut``)."""
-
-    __slots__ = ("_sink", "_inbound", "_connected")
-
-    def __init__(self, sink: ResponseSink, inbound: Inbound) -> None:
+    def __init__(self, request: WebSocketOpen, sink: ResponseSink) -> None:
+        assert sink.inbound is not None  # the channel server makes one for every WebSocket
         self._sink = sink
-        self._inbound = inbound
+        self._inbound: Inbound = sink.inbound
         self._connected = False
+        self.scope = dict(request.scope)
 
     async def receive(self) -> Message:
         if not self._connected:
@@ -309,6 +286,10 @@ class _WebSocket:
     async def emit(self, message: Message) -> None:
         self._sink.send(WebSocketMessage(dict(message)))
         await self._sink.drain()
+
+    async def close_with(self, messages: Sequence[Message]) -> None:
+        for message in messages:
+            self._sink.send(WebSocketMessage(dict(message)))
 
     def restarted(self) -> None:
         self._inbound.put({"type": "websocket.disconnect", "code": CLOSE_SERVICE_RESTART})

@@ -24,6 +24,7 @@ from app_toolkit._runtime.drain_signal import LAST_EVENT_S, DrainSignal
 from app_toolkit._runtime.messages import (
     BUSY,
     DRAINING,
+    END,
     DeploymentID,
     HTTPRequest,
     MethodCall,
@@ -33,10 +34,10 @@ from app_toolkit._runtime.messages import (
 )
 from app_toolkit._runtime.replica import replica_metrics
 from app_toolkit._runtime.replica.asgi import (
+    ChannelResponse,
+    ChannelSocket,
     Lifespan,
     request_app,
-    serve_http,
-    serve_websocket,
 )
 from app_toolkit._runtime.replica.autoscaling_stats import AutoscalingStats
 from app_toolkit._runtime.replica.calls import failure, find_method, run_call
@@ -46,7 +47,7 @@ from app_toolkit._runtime.replica.user_code import (
     install_error_handler,
     run_destructor,
 )
-from app_toolkit._runtime.run_app import HTTPOut, SocketOut, run_http, run_websocket
+from app_toolkit._runtime.run_app import HTTPOut, SocketOut, failed_around, run_http, run_websocket
 from app_toolkit._runtime.waiting import wait_event
 from app_toolkit.config import DeploymentConfig
 from app_toolkit.exceptions import (
@@ -313,21 +314,19 @@ class ReplicaCore:
             match request:
                 case HTTPRequest():
                     kind = "http"
-                    route = await self._serve_asgi(
-                        request.request_id,
-                        request.scope,
-                        lambda app, state: serve_http(app, request, state, sink),
-                        tracing.remote(request.trace, request.tracestate),
+                    response = ChannelResponse(request, sink)
+                    trace = tracing.remote(request.trace, request.tracestate)
+                    route = await self._serve_app(
+                        request.request_id, response.scope, response.receive, response, trace
                     )
                 case WebSocketOpen():
                     kind = "websocket"
-                    socket = request
-                    route = await self._serve_asgi(
-                        socket.request_id,
-                        socket.scope,
-                        lambda app, state: serve_websocket(app, socket, state, sink),
-                        tracing.remote(socket.trace, socket.tracestate),
+                    socket = ChannelSocket(request, sink)
+                    trace = tracing.remote(request.trace, request.tracestate)
+                    route = await self._serve_app(
+                        request.request_id, socket.scope, socket.receive, socket, trace
                     )
+                    sink.send(END)
                 case MethodCall():
                     route = request.method
                     await self._serve_call(request, sink)
@@ -352,18 +351,16 @@ class ReplicaCore:
         try:
             app = self.asgi_app
             if app is None or tracing.exporting():
-                route = await self._serve_asgi(
-                    request_id,
-                    scope,
-                    lambda app, state: _run_direct(app, scope, receive, out, request_id, state),
-                    trace,
-                )
+                route = await self._serve_app(request_id, scope, receive, out, trace)
                 return route
             # No span to export: what _serve_asgi does, without its layers (most requests).
             serving = self._serves or self._serving()
             with request_context.request_scope(request_id, tracing.child(trace), serving, scope["headers"]):
                 state = self._lifespan.state if self._lifespan is not None else {}
-                route = await _run_direct(app, scope, receive, out, request_id, state)
+                route = await _run_app(app, scope, receive, out, request_id, state)
+            return route
+        except Exception as exc:  # noqa: BLE001 - around the app (the app's own: run_app): answered alike
+            await failed_around(scope, out, exc, request_id)
             return route
         finally:
             self.direct_ongoing -= 1
@@ -377,6 +374,28 @@ class ReplicaCore:
         self.ongoing -= 1
         if self.draining:
             self._one_ended.set()
+
+    async def _serve_app(
+        self,
+        request_id: str,
+        scope: Scope,
+        receive: Receive,
+        out: HTTPOut | SocketOut,
+        caller: tracing.TraceContext | None,
+    ) -> str:
+        """One HTTP request or WebSocket through the app, its answer going to ``out`` (the
+        channel's, or the client itself); what fails around the app is answered as the
+        app's own failure (``run_app``). Returns the matched route's path template."""
+        try:
+            return await self._serve_asgi(
+                request_id,
+                scope,
+                lambda app, state: _run_app(app, scope, receive, out, request_id, state),
+                caller,
+            )
+        except Exception as exc:  # noqa: BLE001 - around the app (the app's own: run_app): answered alike
+            await failed_around(scope, out, exc, request_id)
+            return ""
 
     async def _serve_asgi(
         self,
@@ -470,7 +489,7 @@ def client_error_status(exc: BaseException) -> int:
     return status if isinstance(status, int) and 400 <= status < 500 else 0
 
 
-async def _run_direct(
+async def _run_app(
     app: ASGIApp,
     scope: Scope,
     receive: Receive,
@@ -478,8 +497,7 @@ async def _run_direct(
     request_id: str,
     state: dict[str, object],
 ) -> str:
-    """One request or WebSocket of a connection the replica owns, through ``app``
-    (``out`` is the scope type's)."""
+    """One request or WebSocket through ``app`` (``out`` is the scope type's)."""
     if scope["type"] == "http":
         await run_http(app, scope, receive, cast(HTTPOut, out), request_id, state)
     else:

@@ -6,6 +6,8 @@ With the other modules of this package, the only ones that import ``ray``.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import gc
 import logging
 import os
@@ -170,6 +172,16 @@ def _start_or_join(address: str, kwargs: dict[str, Any]) -> None:
         for name, was in before.items():
             if was is None:
                 os.environ.pop(name, None)
+    if pipe is not None:
+        # Registered after Ray's own exit handler, so it runs first: the workers' last
+        # lines still take the pipe, which closes once they have stopped.
+        atexit.register(_stop_then_close_console)
+
+
+def _stop_then_close_console() -> None:
+    with contextlib.suppress(Exception):  # at exit: nothing left to tell about a failed stop
+        ray.shutdown()
+    console_pipe.close()
 
 
 # Ray starts an embedded cluster's processes (GCS, raylet) with PR_SET_PDEATHSIG, and
