@@ -26,7 +26,7 @@ from typing import Protocol, cast
 
 from starlette.types import ASGIApp, Message, Receive, Scope
 
-from app_toolkit._runtime import answers
+from app_toolkit._runtime import answers, request_context
 from app_toolkit._runtime.drain_signal import DrainSignal
 from app_toolkit._runtime.messages import HTTPResponse
 
@@ -67,6 +67,24 @@ class HTTPOut(Protocol):
         """End the response after its head without completing it (a head still held goes
         out first, as uvicorn had sent it)."""
         ...
+
+
+async def run_app(
+    app: ASGIApp,
+    scope: Scope,
+    receive: Receive,
+    out: HTTPOut | SocketOut,
+    request_id: str,
+    lifespan_state: dict[str, object],
+) -> str:
+    """One request or WebSocket through ``app`` (``out`` is its scope type's), within its
+    replica's request context; returns the path template of the route that served it."""
+    if scope["type"] == "http":
+        await run_http(app, scope, receive, cast(HTTPOut, out), request_id, lifespan_state)
+    else:
+        drain = request_context.drain_signal.get()
+        await run_websocket(app, scope, receive, cast(SocketOut, out), request_id, lifespan_state, drain)
+    return request_context.route_template(scope)
 
 
 async def run_http(

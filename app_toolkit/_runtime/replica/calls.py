@@ -4,6 +4,7 @@ stream of items sent as they come) and the failure a caller gets when it raises.
 from __future__ import annotations
 
 import inspect
+import logging
 import pickle
 from collections.abc import AsyncIterable, Callable
 from typing import cast
@@ -13,6 +14,8 @@ from app_toolkit._runtime.channel.server import ResponseSink
 from app_toolkit._runtime.messages import END, CallFailure, CallResult, MethodCall, StreamItem
 from app_toolkit._runtime.replica.user_code import call_maybe_async, close_generator, iterate_in_thread
 from app_toolkit.exceptions import MethodNotFoundError
+
+logger = logging.getLogger("app_toolkit.replica")
 
 
 def find_method(target: object, definition: object, name: str, deployment: str) -> Callable[..., object]:
@@ -46,6 +49,25 @@ async def run_call(
             "handle.options(stream=True) to receive its items"
         )
     _send_value(sink, CallResult(result), call, deployment)
+
+
+def client_error_status(exc: BaseException) -> int:
+    """The status of an exception that says the caller erred: an int ``status_code`` from
+    400 to 499 (FastAPI's ``HTTPException`` has one); 0 for any other exception."""
+    status = getattr(exc, "status_code", None)
+    return status if isinstance(status, int) and 400 <= status < 500 else 0
+
+
+def log_call_failure(exc: Exception, call: MethodCall, deployment: str) -> None:
+    """Log a call that raised: the caller's mistake (a 4xx ``status_code``) in a line, any
+    other failure with its traceback, both with the request id."""
+    status = client_error_status(exc)
+    if status:  # the caller's mistake, answered as such: no traceback to read
+        logger.info(
+            "Request %s: %s.%s refused it (%d): %s", call.request_id, deployment, call.method, status, exc
+        )
+    else:
+        logger.exception("Request %s: %s.%s raised", call.request_id, deployment, call.method)
 
 
 def failure(exc: Exception, dumps: Dumps) -> CallFailure:

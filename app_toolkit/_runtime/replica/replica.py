@@ -40,14 +40,14 @@ from app_toolkit._runtime.replica.asgi import (
     request_app,
 )
 from app_toolkit._runtime.replica.autoscaling_stats import AutoscalingStats
-from app_toolkit._runtime.replica.calls import failure, find_method, run_call
+from app_toolkit._runtime.replica.calls import failure, find_method, log_call_failure, run_call
 from app_toolkit._runtime.replica.user_code import (
     call_maybe_async,
     construct,
     install_error_handler,
     run_destructor,
 )
-from app_toolkit._runtime.run_app import HTTPOut, SocketOut, failed_around, run_http, run_websocket
+from app_toolkit._runtime.run_app import HTTPOut, SocketOut, failed_around, run_app
 from app_toolkit._runtime.waiting import wait_event
 from app_toolkit.config import DeploymentConfig
 from app_toolkit.exceptions import (
@@ -357,7 +357,7 @@ class ReplicaCore:
             serving = self._serves or self._serving()
             with request_context.request_scope(request_id, tracing.child(trace), serving, scope["headers"]):
                 state = self._lifespan.state if self._lifespan is not None else {}
-                route = await _run_app(app, scope, receive, out, request_id, state)
+                route = await run_app(app, scope, receive, out, request_id, state)
             return route
         except Exception as exc:  # noqa: BLE001 - around the app (the app's own: run_app): answered alike
             await failed_around(scope, out, exc, request_id)
@@ -390,7 +390,7 @@ class ReplicaCore:
             return await self._serve_asgi(
                 request_id,
                 scope,
-                lambda app, state: _run_app(app, scope, receive, out, request_id, state),
+                lambda app, state: run_app(app, scope, receive, out, request_id, state),
                 caller,
             )
         except Exception as exc:  # noqa: BLE001 - around the app (the app's own: run_app): answered alike
@@ -443,21 +443,8 @@ class ReplicaCore:
                 await run_call(self._method(call.method), call, sink, str(self.deployment))
             except asyncio.CancelledError:
                 raise
-            except Exception as exc:  # the caller gets it; the log has the traceback and the id
-                status = client_error_status(exc)
-                if status:  # the caller's mistake, answered as such: no traceback to read
-                    logger.info(
-                        "Request %s: %s.%s refused it (%d): %s",
-                        call.request_id,
-                        self.deployment,
-                        call.method,
-                        status,
-                        exc,
-                    )
-                else:
-                    logger.exception(
-                        "Request %s: %s.%s raised", call.request_id, self.deployment, call.method
-                    )
+            except Exception as exc:  # noqa: BLE001 - the caller gets it; the log has the traceback and id
+                log_call_failure(exc, call, str(self.deployment))
                 replica_metrics.ERRORS.inc(*self.labels, "call", call.method)
                 error = type(exc).__name__
                 sink.send(failure(exc, self._dumps))
@@ -480,27 +467,3 @@ class ReplicaCore:
 
     def _method(self, name: str) -> Callable[..., object]:
         return find_method(self.instance, self._definition, name, str(self.deployment))
-
-
-def client_error_status(exc: BaseException) -> int:
-    """The status of an exception that says the caller erred: an int ``status_code`` from
-    400 to 499 (FastAPI's ``HTTPException`` has one); 0 for any other exception."""
-    status = getattr(exc, "status_code", None)
-    return status if isinstance(status, int) and 400 <= status < 500 else 0
-
-
-async def _run_app(
-    app: ASGIApp,
-    scope: Scope,
-    receive: Receive,
-    out: HTTPOut | SocketOut,
-    request_id: str,
-    state: dict[str, object],
-) -> str:
-    """One request or WebSocket through ``app`` (``out`` is the scope type's)."""
-    if scope["type"] == "http":
-        await run_http(app, scope, receive, cast(HTTPOut, out), request_id, state)
-    else:
-        drain = request_context.drain_signal.get()
-        await run_websocket(app, scope, receive, cast(SocketOut, out), request_id, state, drain)
-    return request_context.route_template(scope)
