@@ -312,21 +312,16 @@ class ReplicaCore:
         kind = "call"
         try:
             match request:
-                case HTTPRequest():
-                    kind = "http"
-                    response = ChannelResponse(request, sink)
+                case HTTPRequest() | WebSocketOpen():
+                    out: ChannelResponse | ChannelSocket
+                    if isinstance(request, HTTPRequest):
+                        kind, out = "http", ChannelResponse(request, sink)
+                    else:
+                        kind, out = "websocket", ChannelSocket(request, sink)
                     trace = tracing.remote(request.trace, request.tracestate)
-                    route = await self._serve_app(
-                        request.request_id, response.scope, response.receive, response, trace
-                    )
-                case WebSocketOpen():
-                    kind = "websocket"
-                    socket = ChannelSocket(request, sink)
-                    trace = tracing.remote(request.trace, request.tracestate)
-                    route = await self._serve_app(
-                        request.request_id, socket.scope, socket.receive, socket, trace
-                    )
-                    sink.send(END)
+                    route = await self._serve_app(request.request_id, out.scope, out.receive, out, trace)
+                    if kind == "websocket":
+                        sink.send(END)  # after the app's last message
                 case MethodCall():
                     route = request.method
                     await self._serve_call(request, sink)
