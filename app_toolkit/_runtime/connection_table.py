@@ -4,10 +4,11 @@ ingress replica share (direct ingress, docs/architecture.md "When a replica dies
 The proxy keeps its own copy of every connection it hands to a replica, so the
 connection outlives the replica. The replica records, with plain byte stores into this
 table (no system call, no message), the phase of each connection it serves: between
-requests, a request being read, its app running, its response started, done. When the
-replica dies, the proxy reads the phase and does what is right for it: serve the
-connection elsewhere (nothing of a request was read), answer 503 (a request was read but
-never ran) or 502 (it may have run), or close it (a response was under way).
+requests, a request being read, its app running, its response started, its response's
+last bytes being written, done. When the replica dies, the proxy reads the phase and does
+what is right for it: serve the connection elsewhere (nothing of a request was read, or
+the last response is whole), answer 503 (a request was read but never ran) or 502 (it may
+have run), or close it (a response was under way).
 
 One table per (proxy, replica) pair: a ``memfd`` the proxy makes and passes with its first
 hand-off message, one record of :data:`RECORD_BYTES` per slot (the replica's
@@ -20,6 +21,7 @@ import contextlib
 import mmap
 import os
 import socket
+import struct
 from dataclasses import dataclass
 from enum import IntEnum
 
@@ -34,11 +36,18 @@ class Phase(IntEnum):
     RUNNING = 4  # the request's head is whole: its app may have run
     STARTED = 5  # bytes of the response written (or the connection is a WebSocket)
     CLOSED = 6  # the replica is done with it (and shuts it down)
+    #: The response's last bytes being written, and the connection between requests after
+    #: them: whole (so IDLE) once the connection's written bytes (:func:`bytes_written`)
+    #: reach the record's ``end``; short of it, a response under way (STARTED).
+    ENDING = 7
 
 
-#: Bytes per connection: the phase, the request id's length, the request id.
+#: Bytes per connection: the phase, the request id's length, the request id, and (last
+#: eight) the ``end`` of an ENDING response.
 RECORD_BYTES = 256
-_ID_MAX = RECORD_BYTES - 2
+_END_AT = RECORD_BYTES - 8
+_END = struct.Struct("<Q")
+_ID_MAX = _END_AT - 2
 
 
 class ConnectionTable:
@@ -85,7 +94,7 @@ class ConnectionTable:
         self.memory[slot * RECORD_BYTES] = phase
 
     def set_request_id(self, slot: int, request_id: str) -> None:
-        """Record the id of the request the connection is serving (cut to 254 bytes)."""
+        """Record the id of the request the connection is serving (cut to 246 bytes)."""
         data = request_id.encode("latin-1", "replace")[:_ID_MAX]
         start = slot * RECORD_BYTES + 1
         self.memory[start] = len(data)
@@ -95,6 +104,11 @@ class ConnectionTable:
         start = slot * RECORD_BYTES + 1
         length = self.memory[start]
         return self.memory[start + 1 : start + 1 + length].decode("latin-1")
+
+    def end(self, slot: int) -> int:
+        """Where the connection's ENDING response ends, in :func:`bytes_written`."""
+        value: int = _END.unpack_from(self.memory, slot * RECORD_BYTES + _END_AT)[0]
+        return value
 
     def close(self) -> None:
         self.memory.close()
@@ -115,8 +129,39 @@ class Handed:
     def record(self, phase: Phase) -> None:
         self.table.memory[self.offset] = phase
 
+    def ending(self, end: int) -> None:
+        """The response's last bytes are written next, and the connection is between
+        requests after them: the response is whole once :func:`bytes_written` is ``end``."""
+        _END.pack_into(self.table.memory, self.offset + _END_AT, end)
+        self.record(Phase.ENDING)
+
     def done(self) -> None:
         """The replica is done with the connection: the client sees it end now."""
         self.table.memory[self.offset] = Phase.CLOSED
         with contextlib.suppress(OSError):  # the client may have gone already
             self.sock.shutdown(socket.SHUT_RDWR)
+
+
+#: ``struct tcp_info`` (Linux): ``tcpi_notsent_bytes`` (u32, 4.6) and ``tcpi_bytes_sent``,
+#: ``tcpi_bytes_retrans`` (u64 each, 4.19).
+_NOTSENT = struct.Struct("I")
+_NOTSENT_AT = 144
+_SENT_RETRANS = struct.Struct("QQ")
+_SENT_AT = 200
+_INFO_BYTES = _SENT_AT + _SENT_RETRANS.size
+
+
+def bytes_written(sock: socket.socket) -> int | None:
+    """The bytes every process that holds ``sock`` has written to the connection so far
+    (what the kernel took: sent once, or still queued), read in one ``getsockopt`` that
+    outlives the writer; None where the kernel does not say (not TCP, or before 4.19)."""
+    try:
+        info = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _INFO_BYTES)
+    except OSError:
+        return None
+    if len(info) < _INFO_BYTES:
+        return None
+    sent, retransmitted = _SENT_RETRANS.unpack_from(info, _SENT_AT)
+    notsent: int = _NOTSENT.unpack_from(info, _NOTSENT_AT)[0]
+    total: int = sent - retransmitted + notsent
+    return total

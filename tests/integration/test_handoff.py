@@ -15,9 +15,10 @@ import pytest
 from starlette.types import Receive, Scope, Send
 from websockets.sync.client import connect
 
-from app_toolkit._runtime.connection_table import ConnectionTable, Handed, Phase
+from app_toolkit._runtime.connection_table import ConnectionTable, Handed, Phase, bytes_written
 from app_toolkit._runtime.proxy.acceptor import Acceptor, request_target
 from app_toolkit._runtime.proxy.handoff_sender import HandoffSender
+from app_toolkit._runtime.proxy.http_guard import REQUEST_LINK, RequestLink
 from app_toolkit._runtime.proxy.server import ProxyServer, serve
 from app_toolkit._runtime.replica.handoff_listener import HandoffListener
 from app_toolkit.config import HTTPOptions
@@ -220,6 +221,8 @@ def _answer(client: socket.socket) -> bytes:
         (Phase.HEAD, b"HTTP/1.1 503 Service Unavailable"),
         (Phase.RUNNING, b"HTTP/1.1 502 Bad Gateway"),
         (Phase.STARTED, b"half a respon"),
+        (Phase.ENDING, b"served anew"),  # its response's end is all in the kernel
+        (Phase.ENDING, b"the end of a respon"),  # not all of it: cut, so closed
         (Phase.CLOSED, b""),
     ],
 )
@@ -236,6 +239,12 @@ async def test_the_connections_of_a_replica_that_died_are_taken_back_by_phase(
         handed.table.set_request_id(handed.slot, "the-request-id")
     if phase is Phase.STARTED:
         at_replica.sendall(b"half a respon")
+    if phase is Phase.ENDING:
+        sent = bytes_written(at_replica)
+        assert sent is not None
+        at_replica.sendall(b"the end of a respon")
+        whole = expected == b"served anew"
+        handed.ending(sent + len(b"the end of a respon") + (0 if whole else len(b"se")))
     ends.listener.close()  # the replica is gone: the proxy's peer sees its end
     await _until(lambda: not ends.sender.alive(ends.path))
     if expected == b"served anew":
@@ -339,8 +348,13 @@ async def _hello(scope: Scope, receive: Receive, send: Send) -> None:
         return
     if scope["type"] != "http":
         return
+    link: RequestLink | None = scope.get(REQUEST_LINK)
+    if link is not None:  # as the front's whole responses (cycle.py)
+        link.join_head_and_body()
     await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"5")]})
     await send({"type": "http.response.body", "body": b"hello"})
+    if link is not None:
+        link.release()
 
 
 @pytest.fixture
@@ -445,8 +459,44 @@ async def test_a_request_is_recorded_before_its_bytes_leave_the_socket(
         answer = await asyncio.to_thread(_request, client)
         assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"hello")
         await _until(lambda: peeking.seen and peeking.seen[-1][0] is Phase.IDLE)
-        assert [phase for phase, _ in peeking.seen] == [Phase.HEAD, Phase.RUNNING, Phase.STARTED, Phase.IDLE]
+        assert [phase for phase, _ in peeking.seen] == [Phase.HEAD, Phase.RUNNING, Phase.ENDING, Phase.IDLE]
         assert peeking.seen[0][1] == REQUEST  # nothing of it was read yet
+
+
+@dataclass(slots=True)
+class _KilledBeforeIdle(Handed):
+    """A handed connection's record whose replica is killed just before it records IDLE
+    (its response written whole)."""
+
+    killed: bool = False
+
+    def record(self, phase: Phase) -> None:
+        if phase is Phase.IDLE or self.killed:
+            self.killed = True
+            return
+        Handed.record(self, phase)
+
+
+@LOOPS
+async def test_a_replica_killed_after_a_response_but_before_idle_leaves_it_between_requests(
+    front: ProxyServer, tcp_pair: Pair, ends: Ends, anyio_backend: object
+) -> None:
+    """IDLE can only be recorded after the response's end is written: a replica killed
+    in between leaves the connection's next request to be served anew, not closed."""
+    _on_the_loop_asked(anyio_backend)
+    client, server_end = tcp_pair
+    assert ends.sender.send(ends.path, server_end)
+    await _until(lambda: ends.at_replica)
+    at_replica, handed = ends.at_replica[0]
+    assert handed is not None
+    killed = _KilledBeforeIdle(handed.peer, handed.table, handed.slot, handed.offset, at_replica)
+    front.adopt(at_replica, killed)
+    answer = await asyncio.to_thread(_request, client)
+    assert answer.startswith(b"HTTP/1.1 200") and answer.endswith(b"hello")
+    await _until(lambda: killed.killed)
+    ends.listener.close()  # the replica is gone: the proxy's peer sees its end
+    await _until(lambda: not ends.sender.alive(ends.path))
+    assert ends.routed == [server_end]
 
 
 async def test_a_connection_the_proxy_did_not_take_back_records_its_next_request(

@@ -20,7 +20,7 @@ from tests.conftest import Toolkit
 #: Both request paths: the ingress replica owns the client's connection (direct, the
 #: default), or the proxy serves it and forwards each request (direct_ingress=False).
 PATHS = pytest.mark.parametrize("direct", [True, False], ids=["direct", "proxied"])
-IDLE = 10
+IDLE = 20
 
 
 def _owner_pid(client: httpx.Client, prefix: str) -> int:

@@ -183,8 +183,10 @@ class HTTPCycle:
         """Pieces of the stream's body that are here, in one write; ``last``: the final one
         is among them (the response is then complete)."""
         self.finished = last
-        link = self.link
-        if link is not None and len(pieces) > 1:
+        # Gathered, and the last pieces even alone: our protocol writes them when the
+        # response is complete, knowing they end it (http_guard.py, on_response_complete).
+        link = self.link if last or len(pieces) > 1 else None
+        if link is not None:
             link.gather_writes()
         try:
             final = len(pieces) - 1
@@ -192,7 +194,7 @@ class HTTPCycle:
                 more = not (last and index == final)
                 await self._send({"type": "http.response.body", "body": piece, "more_body": more})
         finally:
-            if link is not None and len(pieces) > 1:
+            if link is not None:
                 link.release()
         self._counted(pieces)
         if last:

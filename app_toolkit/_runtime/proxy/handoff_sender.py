@@ -9,8 +9,9 @@ no longer ends it); the proxy learns that from the kernel (``epoll`` hang-up on 
 nothing read) and lets its copy go. When the replica's hand-off socket ends (the replica
 died, or was killed because it hung), the proxy takes every connection back by phase:
 
-- nothing of a request read (handed, or between requests): served anew, by another
-  replica or here;
+- nothing of a request read (handed, or between requests, also when the replica died
+  writing a response's end that the kernel has whole): served anew, by another replica or
+  here;
 - a request read but never run: ``503`` with ``Retry-After``;
 - a request whose app may have run: ``502`` with its request id;
 - a response under way: closed, so the client never takes a cut response for a whole one.
@@ -34,7 +35,7 @@ from dataclasses import dataclass, field
 
 from app_toolkit import metrics
 from app_toolkit._runtime.answers import as_bytes, replica_lost, unavailable
-from app_toolkit._runtime.connection_table import ConnectionTable, Phase
+from app_toolkit._runtime.connection_table import ConnectionTable, Phase, bytes_written
 from app_toolkit._runtime.handoff import (
     BACK,
     CONNECTION,
@@ -228,6 +229,11 @@ class HandoffSender:
             if held is None:
                 continue
             phase = peer.table.phase(slot)
+            if phase is Phase.ENDING:
+                # It died writing a response's end, or after it and before recording IDLE
+                # (that can only follow the write): whole, if the kernel has it all.
+                whole = bytes_written(held) == peer.table.end(slot)
+                phase = Phase.IDLE if whole else Phase.STARTED
             request_id = peer.table.request_id(slot) if phase is Phase.RUNNING else ""
             connection = self._release(peer, slot)
             assert connection is not None

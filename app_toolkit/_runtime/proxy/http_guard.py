@@ -30,7 +30,7 @@ from typing import Any
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 
 from app_toolkit._runtime.answers import as_bytes
-from app_toolkit._runtime.connection_table import Handed, Phase
+from app_toolkit._runtime.connection_table import Handed, Phase, bytes_written
 from app_toolkit._runtime.messages import HTTPResponse
 from app_toolkit.config import HTTPOptions
 
@@ -49,48 +49,68 @@ _buffers = threading.local()
 class _Writes:
     """The transport as uvicorn's response cycles see it: it can hold a response head
     back until its body is written, so a complete response costs one write (one system
-    call, one wake-up of the client) instead of two."""
+    call, one wake-up of the client) instead of two. A whole response (a held head and
+    its body) and gathered writes leave at :meth:`release`, which the protocol calls when
+    the response is complete: there it knows they end the response."""
 
-    __slots__ = ("transport", "hold", "held", "gathered", "starting")
+    __slots__ = ("transport", "hold", "held", "body", "gathered", "starting", "sent")
 
-    def __init__(self, transport: asyncio.Transport) -> None:
+    def __init__(self, transport: asyncio.Transport, sent: int | None = None) -> None:
         self.transport = transport
         self.hold = False  # the next write is a head to hold
         self.held: bytes | None = None
+        self.body: bytes | None = None  # the held head's body
         self.gathered: list[bytes] | None = None  # writes kept for one write (gather_writes)
         #: A handed-off connection whose response has not started: its first write records it.
         self.starting: Handed | None = None
+        #: A handed-off connection's bytes written so far (connection_table.bytes_written).
+        self.sent = sent
 
     def write(self, data: bytes) -> None:
         if self.gathered is not None:
             self.gathered.append(bytes(data))
             return
-        held = self.held
-        if held is None and self.hold:
+        if self.held is None and self.hold:
             self.hold = False
             self.held = bytes(data)
             return
+        if self.held is not None:
+            if self.body is None:  # it leaves with its head when the response is complete
+                self.body = bytes(data)
+                return
+            self.release()
         if self.starting is not None:
             self._started()
-        if held is not None:
-            self.held = None
-            if len(data) < _JOIN_MAX:
-                self.transport.write(held + data)
-                return
-            self.transport.write(held)
+        self._write(data)
+
+    def _write(self, data: bytes) -> None:
+        if self.sent is not None:
+            self.sent += len(data)
         self.transport.write(data)
 
-    def release(self) -> None:
-        """Write what is held or gathered (nothing more is coming to join it)."""
+    def release(self, ending: Handed | None = None) -> None:
+        """Write what is held or gathered (nothing more is coming to join it). ``ending``:
+        it ends the response, and the handed-off connection is between requests after it."""
         self.hold = False
         gathered, self.gathered = self.gathered, None
+        held, body, self.held, self.body = self.held, self.body, None, None
         if gathered:
-            self.write(b"".join(gathered))
-        held, self.held = self.held, None
-        if held is not None:
-            if self.starting is not None:
-                self._started()
-            self.transport.write(held)
+            pieces = [b"".join(gathered)]
+        elif held is None:
+            return
+        elif body is None:
+            pieces = [held]
+        else:
+            pieces = [held + body] if len(body) < _JOIN_MAX else [held, body]
+        if ending is not None and self.sent is not None:
+            # Recorded before the write: a replica killed after it, before IDLE is recorded,
+            # leaves ENDING, which the proxy takes for IDLE once the kernel has ``end``.
+            self.starting = None
+            ending.ending(self.sent + sum(len(piece) for piece in pieces))
+        elif self.starting is not None:
+            self._started()
+        for piece in pieces:
+            self._write(piece)
 
     def _started(self) -> None:
         assert self.starting is not None
@@ -152,7 +172,7 @@ class RequestLink:
         """Cut the connection off (a stream failed mid-way): the client must not take
         what it got for a complete response."""
         self.on_client_left = None
-        self._writes.gathered = self._writes.held = None
+        self._writes.gathered = self._writes.held = self._writes.body = None
         self._writes.transport.abort()
 
 
@@ -192,7 +212,10 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
-        self._writes = _Writes(transport)
+        # A handed-off connection counts what it writes from the kernel's count (what the
+        # proxy or a replica before wrote), so the proxy can tell a response's end arrived.
+        handed = self.handed
+        self._writes = _Writes(transport, bytes_written(handed.sock) if handed is not None else None)
         limit = self.options.max_connections
         if len(self.connections) > limit:
             logger.warning("Refusing a connection: %d are open (max_connections)", limit)
@@ -258,16 +281,29 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def on_response_complete(self) -> None:
         writes, handed, cycle = self._writes, self.handed, self.cycle
-        if writes is not None:
-            writes.release()
         pipelined = bool(self.pipeline)
+        # A handed-off connection with nothing of a next request read is between requests
+        # once this response is out.
+        between = (
+            handed is not None
+            and not pipelined
+            and cycle is not None
+            and not cycle.more_body
+            and self._head_bytes is None
+            and not self.transport.is_closing()
+        )
+        if writes is not None:
+            # What is held ends the response: recorded ENDING before it is written, as
+            # IDLE can only be recorded after it (a replica killed in between would leave
+            # STARTED, and the proxy would close a connection whose response was whole).
+            writes.release(handed if between else None)
         super().on_response_complete()
         if handed is None or writes is None or self.transport.is_closing():
             return
         if pipelined:  # the next request, read already, runs now
             handed.record(Phase.RUNNING)
             writes.starting = handed
-        elif cycle is not None and not cycle.more_body and self._head_bytes is None:
+        elif between:
             handed.record(Phase.IDLE)
             self._between = True
 
