@@ -42,7 +42,7 @@ from app_toolkit._runtime.messages import DeploymentID, HTTPResponse, RouteInfo
 from app_toolkit._runtime.proxy.access_log import AccessLog
 from app_toolkit._runtime.proxy.cycle import HTTP_DURATION, HTTP_REQUESTS
 from app_toolkit._runtime.proxy.http_front import HTTPFront
-from app_toolkit._runtime.proxy.http_guard import REQUEST_LINK, RequestLink, _Writes
+from app_toolkit._runtime.proxy.request_link import REQUEST_LINK, RequestLink, Writes
 from app_toolkit._runtime.replica.replica import ReplicaCore
 from app_toolkit._runtime.tables import ApplicationTable
 from app_toolkit.build import build_app
@@ -190,7 +190,7 @@ async def _measure(mode: str, access_log: bool, requests: int, rounds: int) -> l
 
 
 async def _rounds(app: ASGIApp, requests: int, rounds: int) -> list[float]:
-    writes = _Writes(_NoTransport())  # type: ignore[arg-type]
+    writes = Writes(_NoTransport())  # type: ignore[arg-type]
 
     async def receive() -> Message:
         return {"type": "http.request", "body": b"", "more_body": False}

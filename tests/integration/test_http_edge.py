@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from starlette.types import Receive, Scope, Send
 
-from app_toolkit._runtime.proxy.http_guard import REQUEST_LINK
+from app_toolkit._runtime.proxy.request_link import REQUEST_LINK
 from app_toolkit._runtime.proxy.server import ProxyServer, listen_socket, serve
 from app_toolkit.config import HTTPOptions
 

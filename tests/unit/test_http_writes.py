@@ -8,7 +8,7 @@ import os
 import socket
 
 from app_toolkit._runtime.connection_table import ConnectionTable, Handed, Phase
-from app_toolkit._runtime.proxy.http_guard import _JOIN_MAX, RequestLink, _Writes
+from app_toolkit._runtime.proxy.request_link import JOIN_MAX, RequestLink, Writes
 
 
 class Transport:
@@ -26,9 +26,9 @@ class Transport:
         return self.closed
 
 
-def writes() -> tuple[Transport, _Writes, RequestLink]:
+def writes() -> tuple[Transport, Writes, RequestLink]:
     transport = Transport()
-    held = _Writes(transport)  # type: ignore[arg-type]
+    held = Writes(transport)  # type: ignore[arg-type]
     return transport, held, RequestLink(held)
 
 
@@ -64,7 +64,7 @@ def test_a_large_body_is_not_copied_behind_its_head() -> None:
     transport, held, link = writes()
     link.join_head_and_body()
     held.write(b"head")
-    body = b"x" * _JOIN_MAX
+    body = b"x" * JOIN_MAX
     held.write(body)
     held.release()
     assert transport.writes == [b"head", body]
@@ -112,7 +112,7 @@ def test_the_end_of_a_handed_response_is_recorded_before_it_is_written() -> None
     peer, other = socket.socketpair()
     handed = Handed(peer, table, 0, ConnectionTable.offset(0), peer)
     transport = Recording(table)
-    held = _Writes(transport, sent=100)  # type: ignore[arg-type]
+    held = Writes(transport, sent=100)  # type: ignore[arg-type]
     held.starting = handed
     held.write(b"head")  # a stream's head: the response has started
     held.gathered = []

@@ -22,7 +22,7 @@ from app_toolkit._runtime.proxy.body import (
 )
 from app_toolkit._runtime.proxy.cycle import CLIENT_CLOSED, HTTPCycle
 from app_toolkit._runtime.proxy.direct import StreamedBody
-from app_toolkit._runtime.proxy.http_guard import RequestLink
+from app_toolkit._runtime.proxy.request_link import RequestLink
 from app_toolkit._runtime.proxy.scope import RequestHeaders
 from app_toolkit.config import HTTPOptions
 

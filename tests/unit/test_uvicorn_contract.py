@@ -21,7 +21,8 @@ from packaging.requirements import Requirement
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 from uvicorn.server import ServerState
 
-from app_toolkit._runtime.proxy.http_guard import REQUEST_LINK, RequestLink, guarded_protocol
+from app_toolkit._runtime.proxy.http_guard import guarded_protocol
+from app_toolkit._runtime.proxy.request_link import REQUEST_LINK, RequestLink
 from app_toolkit.config import HTTPOptions
 
 PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"

@@ -29,8 +29,8 @@ from app_toolkit._runtime import tracing
 from app_toolkit._runtime.messages import HTTPResponse
 from app_toolkit._runtime.proxy import stream_metrics
 from app_toolkit._runtime.proxy.access_log import AccessLog
-from app_toolkit._runtime.proxy.http_guard import RequestLink
 from app_toolkit._runtime.proxy.path_match import AppMatcher
+from app_toolkit._runtime.proxy.request_link import RequestLink
 from app_toolkit._runtime.proxy.scope import RequestHeaders, with_request_id
 
 #: nginx's status for "the client closed the connection": it went away first.

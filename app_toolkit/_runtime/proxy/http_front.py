@@ -33,9 +33,9 @@ from app_toolkit._runtime.proxy.dashboard import PREFIX as DASHBOARD
 from app_toolkit._runtime.proxy.dashboard import Dashboard, StatusSource
 from app_toolkit._runtime.proxy.direct import LocalIngress, serve_in_replica
 from app_toolkit._runtime.proxy.forward import forward
-from app_toolkit._runtime.proxy.http_guard import REQUEST_LINK, RequestLink
 from app_toolkit._runtime.proxy.metrics_page import CONTENT_TYPE, Gather, allowed, parse_networks, render
 from app_toolkit._runtime.proxy.path_match import OPERATOR_PREFIX, AppMatcher, match_app
+from app_toolkit._runtime.proxy.request_link import REQUEST_LINK, RequestLink
 from app_toolkit._runtime.proxy.scope import (
     RequestHeaders,
     forward_in_place,

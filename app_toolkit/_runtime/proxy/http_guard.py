@@ -23,157 +23,24 @@ import asyncio
 import logging
 import socket
 import threading
-import weakref
 from collections.abc import Callable
 from typing import Any
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from app_toolkit._runtime.answers import as_bytes
 from app_toolkit._runtime.connection_table import Handed, Phase, bytes_written
 from app_toolkit._runtime.messages import HTTPResponse
+from app_toolkit._runtime.proxy.request_link import REQUEST_LINK, RequestLink, Writes
 from app_toolkit.config import HTTPOptions
 
 logger = logging.getLogger("app_toolkit.proxy")
 
-#: The scope key of a request's :class:`RequestLink` (set by this protocol).
-REQUEST_LINK = "app_toolkit.request_link"
-_JOIN_MAX = 64 << 10  # a held head and a body smaller than this leave as one write
 #: Bytes a handed connection's read takes at most (what asyncio's socket transport reads).
 _READ_BYTES = 256 << 10
 #: One read buffer per thread for every handed connection: the event loop fills it and
 #: passes it on in one call, and what came is copied before anything else runs.
 _buffers = threading.local()
-
-
-class _Writes:
-    """The transport as uvicorn's response cycles see it: it can hold a response head
-    back until its body is written, so a complete response costs one write (one system
-    call, one wake-up of the client) instead of two. A whole response (a held head and
-    its body) and gathered writes leave at :meth:`release`, which the protocol calls when
-    the response is complete: there it knows they end the response."""
-
-    __slots__ = ("transport", "hold", "held", "body", "gathered", "starting", "sent")
-
-    def __init__(self, transport: asyncio.Transport, sent: int | None = None) -> None:
-        self.transport = transport
-        self.hold = False  # the next write is a head to hold
-        self.held: bytes | None = None
-        self.body: bytes | None = None  # the held head's body
-        self.gathered: list[bytes] | None = None  # writes kept for one write (gather_writes)
-        #: A handed-off connection whose response has not started: its first write records it.
-        self.starting: Handed | None = None
-        #: A handed-off connection's bytes written so far (connection_table.bytes_written).
-        self.sent = sent
-
-    def write(self, data: bytes) -> None:
-        if self.gathered is not None:
-            self.gathered.append(bytes(data))
-            return
-        if self.held is None and self.hold:
-            self.hold = False
-            self.held = bytes(data)
-            return
-        if self.held is not None:
-            if self.body is None:  # it leaves with its head when the response is complete
-                self.body = bytes(data)
-                return
-            self.release()
-        if self.starting is not None:
-            self._started()
-        self._write(data)
-
-    def _write(self, data: bytes) -> None:
-        if self.sent is not None:
-            self.sent += len(data)
-        self.transport.write(data)
-
-    def release(self, ending: Handed | None = None) -> None:
-        """Write what is held or gathered (nothing more is coming to join it). ``ending``:
-        it ends the response, and the handed-off connection is between requests after it."""
-        self.hold = False
-        gathered, self.gathered = self.gathered, None
-        held, body, self.held, self.body = self.held, self.body, None, None
-        if gathered:
-            pieces = [b"".join(gathered)]
-        elif held is None:
-            return
-        elif body is None:
-            pieces = [held]
-        else:
-            pieces = [held + body] if len(body) < _JOIN_MAX else [held, body]
-        if ending is not None and self.sent is not None:
-            # Recorded before the write: a replica killed after it, before IDLE is recorded,
-            # leaves ENDING, which the proxy takes for IDLE once the kernel has ``end``.
-            self.starting = None
-            ending.ending(self.sent + sum(len(piece) for piece in pieces))
-        elif self.starting is not None:
-            self._started()
-        for piece in pieces:
-            self._write(piece)
-
-    def _started(self) -> None:
-        assert self.starting is not None
-        self.starting.record(Phase.STARTED)
-        self.starting = None
-
-    def close(self) -> None:
-        self.release()
-        self.transport.close()
-
-    def is_closing(self) -> bool:
-        return self.transport.is_closing()
-
-
-class RequestLink:
-    """What the protocol offers the app for one HTTP request, beyond ASGI.
-
-    ``on_client_left`` (set by the app): called from ``connection_lost`` when the client
-    goes away before its response is complete, so the app need not keep a task per
-    request waiting on ``receive()`` for the ``http.disconnect`` message.
-    """
-
-    __slots__ = ("on_client_left", "handed", "_writes", "_cycle")
-
-    def __init__(
-        self, writes: _Writes, cycle: RequestResponseCycle | None = None, handed: Handed | None = None
-    ) -> None:
-        self.on_client_left: Callable[[], None] | None = None
-        #: The connection's record in the table the proxy shares (a handed-off one).
-        self.handed = handed
-        self._writes = writes
-        # Weak: the link sits in the cycle's scope, and a strong reference back would make
-        # every request's scope, cycle and what they hold a reference cycle, freed only
-        # by the garbage collector (that cost the server about a tenth of its throughput).
-        self._cycle = weakref.ref(cycle) if cycle is not None else None
-
-    def body_ready(self) -> bool:
-        """The app's next ``receive()`` returns at once: a piece of the body (or its end,
-        or the client's leaving) has arrived, so no wait needs a timeout."""
-        cycle = self._cycle() if self._cycle is not None else None
-        if cycle is None:  # not told (or gone): every wait is bounded
-            return False
-        return cycle.message_event.is_set() or cycle.disconnected or cycle.response_complete
-
-    def join_head_and_body(self) -> None:
-        """The response's head and its whole body come next: write them together."""
-        self._writes.hold = True
-
-    def gather_writes(self) -> None:
-        """Keep what the response writes until :meth:`release`, then write it at once
-        (several body chunks, each still its own chunk on the wire, in one write)."""
-        self._writes.gathered = []
-
-    def release(self) -> None:
-        """Write anything still held (after the response, or if sending it failed)."""
-        self._writes.release()
-
-    def abort(self) -> None:
-        """Cut the connection off (a stream failed mid-way): the client must not take
-        what it got for a complete response."""
-        self.on_client_left = None
-        self._writes.gathered = self._writes.held = self._writes.body = None
-        self._writes.transport.abort()
 
 
 def _refusal(status: int, text: str, retry_after_s: int | None = None) -> bytes:
@@ -195,7 +62,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._head_timer: asyncio.TimerHandle | None = None
         self._head_deadline = 0.0  # loop time by which the current head must be whole
         self._link: RequestLink | None = None  # of the latest request (uvicorn's self.cycle)
-        self._writes: _Writes | None = None
+        self._writes: Writes | None = None
         #: A connection the node's proxy handed over and keeps a copy of: its phases go to
         #: the table they share (connection_table.py), and it is shut down when done.
         self.handed: Handed | None = None
@@ -215,7 +82,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         # A handed-off connection counts what it writes from the kernel's count (what the
         # proxy or a replica before wrote), so the proxy can tell a response's end arrived.
         handed = self.handed
-        self._writes = _Writes(transport, bytes_written(handed.sock) if handed is not None else None)
+        self._writes = Writes(transport, bytes_written(handed.sock) if handed is not None else None)
         limit = self.options.max_connections
         if len(self.connections) > limit:
             logger.warning("Refusing a connection: %d are open (max_connections)", limit)
