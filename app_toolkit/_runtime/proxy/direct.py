@@ -40,8 +40,9 @@ class LocalIngress(Protocol):
         self, request_id: str, scope: Scope, receive: Receive, out: HTTPOut | SocketOut, trace: TraceContext
     ) -> str:
         """Run one admitted request or WebSocket through the app (``run_app`` answers its
-        failures, and those around it); returns the route template. ``trace``: the span the replica's span
-        continues (the client's, the proxy's, or one started for the request)."""
+        failures, and those around it); returns the route template. ``trace``: the span
+        the replica's span continues (the client's, the proxy's, or one started for the
+        request)."""
         ...
 
 
@@ -50,16 +51,16 @@ class StreamedBody:
     (:class:`~app_toolkit._runtime.proxy.body.BodyReader`). A body over a bound ends the
     app's reading with a disconnect; ``refusal`` says which (413, 408)."""
 
-    __slots__ = ("_receive", "_reader", "_done", "_state")
+    __slots__ = ("_receive", "_reader", "_done", "_cycle")
 
     def __init__(
-        self, receive: Receive, headers: RequestHeaders, http: HTTPOptions, state: HTTPCycle
+        self, receive: Receive, headers: RequestHeaders, http: HTTPOptions, cycle: HTTPCycle
     ) -> None:
         self._receive = receive
-        self._reader = BodyReader(receive, http, state.link)
+        self._reader = BodyReader(receive, http, cycle.link)
         self._done = not headers.has_body
-        self._state = state
-        state.uploading = not self._done
+        self._cycle = cycle
+        cycle.uploading = not self._done
 
     @property
     def refusal(self) -> int:
@@ -77,9 +78,9 @@ class StreamedBody:
             return _DISCONNECT
         if message["type"] == "http.request":
             self._done = not message.get("more_body", False)
-            self._state.uploading = not self._done
+            self._cycle.uploading = not self._done
         elif message["type"] == "http.disconnect":
-            self._state.uploading = False
+            self._cycle.uploading = False
         return message
 
 
