@@ -22,7 +22,8 @@ import random
 import re
 import time
 from contextvars import ContextVar, Token
-from typing import TYPE_CHECKING, Literal, NamedTuple, TypedDict
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal, TypedDict
 
 from app_toolkit.exceptions import ConfigError
 
@@ -45,9 +46,9 @@ TRACEPARENT_HEADER = b"traceparent"
 TRACESTATE_HEADER = b"tracestate"
 
 
-class TraceContext(NamedTuple):
-    """The span the current code runs in (immutable and hashable; a named tuple, as its
-    making is on every request's path and costs a third of a frozen dataclass's)."""
+@dataclass(frozen=True, slots=True)
+class TraceContext:
+    """The span the current code runs in."""
 
     trace_id: str  # 32 hex digits, the same for every span of the request
     span_id: str  # 16 hex digits, this span

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import re
 from collections.abc import Callable
 from typing import Any
@@ -185,7 +186,7 @@ def test_a_new_trace_has_valid_distinct_ids_and_its_children_keep_its_trace_id()
     assert len({trace.trace_id for trace in traces}) == 200 and len({t.span_id for t in traces}) == 200
     # Public (app_toolkit.tracing.current_trace() returns one): immutable and hashable.
     assert len(set(traces)) == 200
-    with pytest.raises(AttributeError):
+    with pytest.raises(dataclasses.FrozenInstanceError):
         traces[0].span_id = "0" * 16  # type: ignore[misc]
 
 
