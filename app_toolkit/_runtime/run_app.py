@@ -141,8 +141,10 @@ class SocketOut(Protocol):
         ...
 
     async def close_with(self, messages: Sequence[Message]) -> None:
-        """Send the toolkit's messages that end the socket, without waiting for room (the
-        app's own send may be the one waiting)."""
+        """Send the toolkit's messages that end the socket (a client that left is not
+        told). Over the channel they do not wait for the flow-control window the app's own
+        send may be waiting on; to a client of this replica, uvicorn's send waits for the
+        socket to take them, bounded by the drain's ``LAST_EVENT_S``."""
         ...
 
     def restarted(self) -> None:
@@ -181,8 +183,9 @@ async def run_websocket(
 
 
 async def failed_around(scope: Scope, out: HTTPOut | SocketOut, error: Exception, request_id: str) -> None:
-    """Something around the app failed before or after it ran (finding the app, entering
-    the request's context): answered as an app that raised ``error``."""
+    """Something around the app failed before it ran (finding the app, entering the
+    request's context): answered as an app that raised ``error`` (a WebSocket: before its
+    handshake)."""
     if scope["type"] == "http":
         await _failed(cast(HTTPOut, out), error, request_id)
         return

@@ -10,6 +10,7 @@ scope the proxy would have forwarded, reads the body as it arrives (within the b
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -195,8 +196,11 @@ class _Socket:
         await self._send(message)
 
     async def close_with(self, messages: Sequence[Message]) -> None:
-        for message in messages:
-            await self._send(message)
+        # A client that left first has nothing to be told (uvicorn raises ClientDisconnected,
+        # an OSError): the app's return after its client left is no failure.
+        with contextlib.suppress(OSError):
+            for message in messages:
+                await self._send(message)
 
     def restarted(self) -> None:
         pass  # the client, told to reconnect, closes: the app's next receive() hears it

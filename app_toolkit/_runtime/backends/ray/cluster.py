@@ -172,15 +172,20 @@ def _start_or_join(address: str, kwargs: dict[str, Any]) -> None:
         for name, was in before.items():
             if was is None:
                 os.environ.pop(name, None)
-    if pipe is not None:
-        # Registered after Ray's own exit handler, so it runs first: the workers' last
-        # lines still take the pipe, which closes once they have stopped.
+    global _console_closes_at_exit
+    if pipe is not None and not _console_closes_at_exit:
+        # Registered after Ray's own exit handler, so it runs first: Ray stops (with the
+        # pause its own exit gives workers' last lines), then the pipe closes.
+        _console_closes_at_exit = True
         atexit.register(_stop_then_close_console)
+
+
+_console_closes_at_exit = False
 
 
 def _stop_then_close_console() -> None:
     with contextlib.suppress(Exception):  # at exit: nothing left to tell about a failed stop
-        ray.shutdown()
+        ray.shutdown(_exiting_interpreter=True)
     console_pipe.close()
 
 
