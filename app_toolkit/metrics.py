@@ -116,21 +116,32 @@ class _Family:
 
 
 class Counter(_Family):
-    """A count that only goes up."""
+    """A count that only goes up. ``counts``: a histogram with the same labels whose
+    observations this counts (a request's duration observed is a request counted: one
+    record per event, not two); such a counter is read, not increased."""
 
     kind: Kind = "counter"
 
-    def __init__(self, name: str, help: str, labelnames: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, name: str, help: str, labelnames: tuple[str, ...] = (), counts: Histogram | None = None
+    ) -> None:
+        if counts is not None and counts.labelnames != tuple(labelnames):
+            raise ValueError(f"{name} counts {counts.name}, so it takes its labels {counts.labelnames}")
         super().__init__(name, help, labelnames)
         self._values: dict[Labels, float] = {}
+        self._counts = counts
 
     def inc(self, *labels: str, amount: float = 1.0) -> None:
+        if self._counts is not None:
+            raise TypeError(f"{self.name} counts {self._counts.name}'s observations: observe those")
         values = self._values
         if labels not in values:
             self._check(labels)
         values[labels] = values.get(labels, 0.0) + amount
 
     def _samples(self) -> list[tuple[Labels, float | HistogramValue]]:
+        if self._counts is not None:
+            return [(labels, float(found.count)) for labels, found in list(self._counts._values.items())]
         return list(self._values.items())
 
 
@@ -188,7 +199,7 @@ class Histogram(_Family):
     ) -> None:
         super().__init__(name, help, labelnames)
         self.buckets = tuple(sorted(buckets))
-        self._values: dict[Labels, _Buckets] = {}
+        self._values: dict[Labels, _Buckets] = {}  # also read by a Counter that ``counts`` it
 
     def observe(self, value: float, *labels: str) -> None:
         found = self._values.get(labels)

@@ -154,7 +154,7 @@ def enter_serving(serving: Serving) -> None:
 
 def request_scope(
     request_id: str,
-    trace: tracing.TraceContext | None = None,
+    trace: tracing.TraceContext | tracing.LazyTrace | None = None,
     serving: Serving | None = None,
     model: ModelSource = "",
 ) -> AbstractContextManager[None]:
@@ -179,7 +179,11 @@ class _RequestScope(AbstractContextManager[None]):
     )
 
     def __init__(
-        self, request_id: str, trace: tracing.TraceContext | None, serving: Serving | None, model: ModelSource
+        self,
+        request_id: str,
+        trace: tracing.TraceContext | tracing.LazyTrace | None,
+        serving: Serving | None,
+        model: ModelSource,
     ) -> None:
         self._request_id = request_id
         self._trace = trace
@@ -188,7 +192,7 @@ class _RequestScope(AbstractContextManager[None]):
         self._id_token: Token[str] | None = None
         self._serving_tokens: _ServingTokens | None = None  # None: the task had them already
         self._model_token: Token[ModelSource] | None = None
-        self._trace_token: Token[tracing.TraceContext | None] | None = None
+        self._trace_token: Token[tracing.TraceContext | tracing.LazyTrace | None] | None = None
 
     def __enter__(self) -> None:
         serving = self._serving

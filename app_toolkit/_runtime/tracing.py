@@ -62,12 +62,33 @@ class TraceContext:
         return f"00-{self.trace_id}-{self.span_id}-{self.flags}"
 
 
-_current: ContextVar[TraceContext | None] = ContextVar("app_toolkit_trace", default=None)
+class LazyTrace:
+    """The span of a request served in this process, its ids made when first read (most
+    requests' never are): a child of ``parent``, or when None, of a span the front started
+    for the request and exported nothing for (so the trace starts at the front, as when
+    the request was forwarded: :func:`new_trace` there, :func:`child` here)."""
+
+    __slots__ = ("_parent", "_made")
+
+    def __init__(self, parent: TraceContext | None) -> None:
+        self._parent = parent
+        self._made: TraceContext | None = None
+
+    def read(self) -> TraceContext:
+        made = self._made
+        if made is None:
+            parent = self._parent
+            made = self._made = child(parent if parent is not None else new_trace())
+        return made
+
+
+_current: ContextVar[TraceContext | LazyTrace | None] = ContextVar("app_toolkit_trace", default=None)
 
 
 def current_trace() -> TraceContext | None:
     """The span of the request being served (None outside a request)."""
-    return _current.get()
+    found = _current.get()
+    return found.read() if isinstance(found, LazyTrace) else found
 
 
 def parse(traceparent: str) -> tuple[str, str, str] | None:
@@ -119,12 +140,12 @@ def child_of(traceparent: str, tracestate: str = "") -> TraceContext:
     return child(remote(traceparent, tracestate))
 
 
-def enter(trace: TraceContext) -> Token[TraceContext | None]:
+def enter(trace: TraceContext | LazyTrace) -> Token[TraceContext | LazyTrace | None]:
     """Run the current task (and what it calls) in ``trace`` until :func:`leave`."""
     return _current.set(trace)
 
 
-def leave(token: Token[TraceContext | None]) -> None:
+def leave(token: Token[TraceContext | LazyTrace | None]) -> None:
     _current.reset(token)
 
 

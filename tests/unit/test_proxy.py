@@ -152,7 +152,9 @@ def test_the_app_sees_the_headers_its_client_sent_and_the_trace_travels_beside_t
     assert tracing.parse(trace.traceparent) is not None
     in_place = dict(scope)  # direct ingress: the server's own scope, made the forwarded one
     continued = forward_in_place(in_place, _ROUTE, headers, None, id_headers=False)
-    assert (continued.traceparent.encode() == _VALID_PARENT) is kept_parent
+    # In this process, a trace that starts here is made only if read (tracing.LazyTrace).
+    assert (continued is None) is not kept_parent
+    assert continued is None or continued.traceparent.encode() == _VALID_PARENT
     assert in_place["headers"] == client_headers and in_place["root_path"] == "/app"
 
 
@@ -188,6 +190,28 @@ def test_a_new_trace_has_valid_distinct_ids_and_its_children_keep_its_trace_id()
     assert len(set(traces)) == 200
     with pytest.raises(dataclasses.FrozenInstanceError):
         traces[0].span_id = "0" * 16  # type: ignore[misc]
+
+
+def test_a_lazy_trace_is_made_once_when_read_as_the_child_its_parent_would_have() -> None:
+    parent = tracing.new_trace()
+    lazy = tracing.LazyTrace(parent)
+    made = lazy.read()
+    assert lazy.read() is made  # once: every reader of the request sees the same span
+    assert (made.trace_id, made.parent_id) == (
+        parent.trace_id,
+        parent.span_id,
+    ) and made.span_id != parent.span_id
+    # No parent: the trace started at the front (which exported and named nothing), so the
+    # span has a parent span id, as one forwarded from the front has.
+    started = tracing.LazyTrace(None).read()
+    assert re.fullmatch(r"[0-9a-f]{16}", started.parent_id) and started.parent_id != started.span_id
+    token = tracing.enter(tracing.LazyTrace(parent))
+    try:
+        seen = tracing.current_trace()
+        assert seen is not None and seen.parent_id == parent.span_id and tracing.current_trace() is seen
+    finally:
+        tracing.leave(token)
+    assert tracing.current_trace() is None
 
 
 def test_tracestate_lines_make_one_list_and_go_with_their_traceparent() -> None:

@@ -236,18 +236,17 @@ class HTTPCycle:
 
     def close(self, scope: Scope, access_log: AccessLog | None) -> None:
         """The request ended: its metrics, access line and span, once."""
-        labels = (self.app, self.label, scope["method"], str(self.status))
-        HTTP_REQUESTS.inc(*labels)
+        label = self.label
         took = time.perf_counter() - self.arrived
-        HTTP_DURATION.observe(took, *labels)
+        HTTP_DURATION.observe(took, self.app, label, scope["method"], str(self.status))  # and HTTP_REQUESTS
         if access_log is not None and self.logged:
-            access_log.add(scope, self.status, took, self.request_id, self.app, self.label)
+            access_log.add(scope, self.status, took, self.request_id, self.app, label)
         span = self.span
         if span is not None:
             self.span = None
             if self.route:
-                span.rename(f"{scope['method']} {self.label}")
-                span.set("http.route", self.label)
+                span.rename(f"{scope['method']} {label}")
+                span.set("http.route", label)
             span.set("http.request.method", scope["method"])
             span.set("http.response.status_code", self.status)
             span.set("app_toolkit.application", self.app)
@@ -279,13 +278,15 @@ def _head(
     return head if start is None else {**start, **head}
 
 
-HTTP_REQUESTS = metrics.Counter(
-    "app_toolkit_http_requests_total",
-    "HTTP requests the proxy answered",
-    ("application", "route", "method", "status"),
-)
 HTTP_DURATION = metrics.Histogram(
     "app_toolkit_http_request_duration_seconds",
     "From the request's arrival at the proxy to the end of its response",
     ("application", "route", "method", "status"),
+)
+#: Read from HTTP_DURATION: a request timed there is a request answered.
+HTTP_REQUESTS = metrics.Counter(
+    "app_toolkit_http_requests_total",
+    "HTTP requests the proxy answered",
+    ("application", "route", "method", "status"),
+    counts=HTTP_DURATION,
 )

@@ -11,7 +11,7 @@ scope the proxy would have forwarded, reads the body as it arrives (within the b
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Awaitable, Sequence
 from typing import Protocol
 
 from starlette.types import Message, Receive, Scope, Send
@@ -38,12 +38,17 @@ class LocalIngress(Protocol):
         ...
 
     async def serve_direct(
-        self, request_id: str, scope: Scope, receive: Receive, out: HTTPOut | SocketOut, trace: TraceContext
-    ) -> str:
+        self,
+        request_id: str,
+        scope: Scope,
+        receive: Receive,
+        out: HTTPOut | SocketOut,
+        trace: TraceContext | None,
+    ) -> None:
         """Run one admitted request or WebSocket through the app (``run_app`` answers its
-        failures, and those around it); returns the route template. ``trace``: the span
+        failures, and those around it). ``trace``: the span
         the replica's span continues (the client's, the proxy's, or one started for the
-        request)."""
+        request; None: one started for it, whose ids are made only if read)."""
         ...
 
 
@@ -123,14 +128,17 @@ class _Answer:
             await self._cycle.chunks((body,), last=not more)
             return
         self._head = None
-        status, headers, route = int(head["status"]), head.get("headers", ()), route_template(self._scope)
-        if more:
-            await self._cycle.stream(status, headers, route, body, head)
-        else:
-            await self._cycle.whole(status, headers, body, route, head)
+        cycle = self._cycle
+        if more:  # a stream's metrics are labelled with its route from its start
+            route = route_template(self._scope)
+            await cycle.stream(int(head["status"]), head.get("headers", ()), route, body, head)
+        else:  # its route is known when the app is done (end)
+            await cycle.whole(int(head["status"]), head.get("headers", ()), body, cycle.route, head)
 
     def end(self) -> None:
-        """The app is done: a streamed response is no longer open."""
+        """The app is done: its route is known (its routing recorded it in the scope), and
+        a streamed response is no longer open."""
+        self._cycle.route = route_template(self._scope)
         self._cycle.stream_closed()
 
     def refusal(self) -> HTTPResponse | None:
@@ -156,21 +164,22 @@ class _Answer:
         await self._cycle.abort(why)
 
 
-async def serve_in_replica(
+def serve_in_replica(
     local: LocalIngress,
     scope: Scope,
     receive: Receive,
     cycle: HTTPCycle,
     http: HTTPOptions,
-    trace: TraceContext,
-) -> None:
-    """Serve one request with the replica in this process, whose slot ``local.admit()``
-    took (it gives it back). ``scope`` is the one the proxy would forward (the prefix as
-    root_path); ``trace`` is the span the replica's span continues."""
+    trace: TraceContext | None,
+) -> Awaitable[None]:
+    """One request served by the replica in this process, whose slot ``local.admit()``
+    took (it gives it back), to be awaited. ``scope`` is the one the proxy would forward
+    (the prefix as root_path); ``trace`` is the span the replica's span continues (None:
+    the trace starts with the request)."""
     headers = cycle.headers
     body = StreamedBody(receive, headers, http, cycle) if headers is not None and headers.has_body else None
     answer = _Answer(cycle, body, scope, http)
-    cycle.route = await local.serve_direct(
+    return local.serve_direct(
         cycle.request_id, scope, body.receive if body is not None else receive, answer, trace
     )
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Awaitable
 
 from starlette.types import Receive, Scope, Send
 
@@ -136,7 +137,15 @@ class HTTPFront:
         if kind == "http":
             cycle = HTTPCycle(send, asyncio.current_task(), time.perf_counter())
             try:
-                await self._http(scope, receive, send, cycle)
+                path = route_path(scope)
+                headers = cycle.headers = read_headers(scope, self.shard_header)
+                cycle.request_id = headers.request_id
+                route = match_app(self.apps, path) if self.loaded else None
+                if route is None:
+                    await self._toolkit_page(scope, receive, send, cycle, path)
+                else:
+                    cycle.to_app(route)
+                    await self._to_app(scope, receive, cycle, route, path, headers)
             finally:
                 cycle.close(scope, self.access_log)
         elif kind == "websocket":
@@ -154,16 +163,11 @@ class HTTPFront:
         elif kind == "lifespan":
             await _lifespan(receive, send)
 
-    async def _http(self, scope: Scope, receive: Receive, send: Send, cycle: HTTPCycle) -> None:
-        """Serve one request: an operator page, a refusal, or its app's (``_to_app``)."""
-        path = route_path(scope)
-        headers = cycle.headers = read_headers(scope, self.shard_header)
-        request_id = cycle.request_id = headers.request_id
-        route = match_app(self.apps, path) if self.loaded else None
-        if route is not None:
-            cycle.to_app(route)
-            await self._to_app(scope, receive, cycle, route, path, headers)
-            return
+    async def _toolkit_page(
+        self, scope: Scope, receive: Receive, send: Send, cycle: HTTPCycle, path: str
+    ) -> None:
+        """A request no app's route matches: an operator page, or a refusal."""
+        request_id = cycle.request_id
         with request_context.request_scope(request_id):  # for this request's log records
             if path == "/-/metrics":  # served before the routes are loaded, too
                 cycle.target = path
@@ -205,15 +209,25 @@ class HTTPFront:
         for limit in (deadline_s, self.http.request_timeout_s):
             if limit is not None and (timeout_s is None or limit < timeout_s):
                 timeout_s = limit
+        span = None
         if tracing.exporting():
             cycle.span = tracing.start(f"{scope['method']} {route.route_prefix}", "server", headers.caller)
+            span = cycle.span.trace if cycle.span is not None else None
         local = self._admitted_here(deployment, headers, link)
+        upstream: Awaitable[None]
+        if local is None:
+            upstream = self._over_channel(scope, receive, cycle, deployment, span)
+        else:  # its slot is taken: serve_direct gives it back
+            # Our HTTP protocol tells the request that its client went away (cancelled here).
+            cycle.link.on_client_left = cycle.client_left  # type: ignore[union-attr]
+            trace = forward_in_place(scope, route, headers, span, id_headers=self.http.request_id_headers)
+            upstream = serve_in_replica(local, scope, receive, cycle, self.http, trace)
         try:
             if timeout_s is None:
-                await self._upstream(scope, receive, cycle, route, headers, deployment, local)
+                await upstream
             else:  # it covers the upload too (a slow one gets 408, not a replica's time)
                 async with asyncio.timeout(timeout_s):
-                    await self._upstream(scope, receive, cycle, route, headers, deployment, local)
+                    await upstream
         except asyncio.CancelledError:
             if not cycle.left():
                 raise
@@ -250,29 +264,6 @@ class HTTPFront:
         local = self.in_replica(deployment, headers)
         return local if local is not None and local.admit() is None else None
 
-    async def _upstream(
-        self,
-        scope: Scope,
-        receive: Receive,
-        cycle: HTTPCycle,
-        route: AppMatcher,
-        headers: RequestHeaders,
-        deployment: DeploymentID,
-        local: LocalIngress | None,
-    ) -> None:
-        """The request to the replica in this process (``local``, whose slot is taken:
-        it gives it back), which reads the body as it arrives and enters the request's
-        context itself; or to the app's replicas over the channel."""
-        span = cycle.span.trace if cycle.span is not None else None
-        if local is None:
-            with request_context.request_scope(cycle.request_id):  # for this request's log records
-                await self._over_channel(scope, receive, cycle, deployment, span)
-            return
-        # Our HTTP protocol tells the request that its client went away (cancelled here).
-        cycle.link.on_client_left = cycle.client_left  # type: ignore[union-attr]
-        trace = forward_in_place(scope, route, headers, span, id_headers=self.http.request_id_headers)
-        await serve_in_replica(local, scope, receive, cycle, self.http, trace)
-
     async def _over_channel(
         self,
         scope: Scope,
@@ -288,38 +279,41 @@ class HTTPFront:
         assert headers is not None and route is not None  # set before a request goes to an app
         body = _NO_BODY
         watcher: asyncio.Future[None] | None = None
-        try:
-            if headers.has_body:
-                cycle.uploading = True  # a deadline passing now is the upload's (408)
-                body = await read_body(receive, headers.content_length, self.http, self.budget, link)
-                cycle.uploading = False
-            if body.refusal == CLIENT_CLOSED:
-                cycle.status = CLIENT_CLOSED  # the client went away before sending its body
-                return
-            if body.refusal:
-                await cycle.answer(body.answer(self.http, request_id))
-                return
-            # Watch for the client going away: the request is then cancelled wherever it
-            # is (dropped from the queue, or cancelled on the replica). Our HTTP protocol
-            # calls the hook; under another server, a task waits for it.
-            if link is not None:
-                link.on_client_left = cycle.client_left
-            elif not body.more:  # else the body's pump hears it, once the body is sent
-                watcher = asyncio.ensure_future(watch_disconnect(receive, cycle))
-            forwarded, trace = forwarded_scope(
-                scope, route, headers, span, id_headers=self.http.request_id_headers
-            )
-            request = HTTPRequest(request_id, forwarded, body.data, body.more, trace.traceparent, trace.state)
-            dispatcher = self.subscriber.dispatcher(deployment)
-            if not body.more:
-                await forward(dispatcher, request, cycle, headers.model_id, headers.shard_key)
-                return
-            async with BodyPump(receive, body, self.http, cycle) as pump:
-                await forward(dispatcher, request, cycle, headers.model_id, headers.shard_key, pump.start)
-        finally:
-            self.budget.give(body.held)
-            if watcher is not None:
-                watcher.cancel()
+        with request_context.request_scope(request_id):  # for this request's log records
+            try:
+                if headers.has_body:
+                    cycle.uploading = True  # a deadline passing now is the upload's (408)
+                    body = await read_body(receive, headers.content_length, self.http, self.budget, link)
+                    cycle.uploading = False
+                if body.refusal == CLIENT_CLOSED:
+                    cycle.status = CLIENT_CLOSED  # the client went away before sending its body
+                    return
+                if body.refusal:
+                    await cycle.answer(body.answer(self.http, request_id))
+                    return
+                # Watch for the client going away: the request is then cancelled wherever it
+                # is (dropped from the queue, or cancelled on the replica). Our HTTP protocol
+                # calls the hook; under another server, a task waits for it.
+                if link is not None:
+                    link.on_client_left = cycle.client_left
+                elif not body.more:  # else the body's pump hears it, once the body is sent
+                    watcher = asyncio.ensure_future(watch_disconnect(receive, cycle))
+                forwarded, trace = forwarded_scope(
+                    scope, route, headers, span, id_headers=self.http.request_id_headers
+                )
+                request = HTTPRequest(
+                    request_id, forwarded, body.data, body.more, trace.traceparent, trace.state
+                )
+                dispatcher = self.subscriber.dispatcher(deployment)
+                if not body.more:
+                    await forward(dispatcher, request, cycle, headers.model_id, headers.shard_key)
+                    return
+                async with BodyPump(receive, body, self.http, cycle) as pump:
+                    await forward(dispatcher, request, cycle, headers.model_id, headers.shard_key, pump.start)
+            finally:
+                self.budget.give(body.held)
+                if watcher is not None:
+                    watcher.cancel()
 
     async def _builtin(self, path: str, request_id: str, cycle: HTTPCycle) -> None:
         if path == "/-/healthz":

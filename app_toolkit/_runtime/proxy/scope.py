@@ -166,7 +166,8 @@ def forwarded_scope(
     (``HTTPOptions.request_id_headers``): the headers also name the request id and trace,
     as a proxy that adds them would."""
     forwarded = {key: scope[key] for key in _FORWARDED_KEYS if key in scope}
-    return forwarded, _forward(forwarded, scope, route, headers, proxy_span, id_headers)
+    trace = _forward(forwarded, scope, route, headers, proxy_span, id_headers)
+    return forwarded, trace if trace is not None else tracing.new_trace()
 
 
 def forward_in_place(
@@ -176,9 +177,10 @@ def forward_in_place(
     proxy_span: tracing.TraceContext | None,
     *,
     id_headers: bool,
-) -> tracing.TraceContext:
+) -> tracing.TraceContext | None:
     """Make the server's own scope what :func:`forwarded_scope` would forward (the app runs
-    in this process: direct ingress); returns the trace."""
+    in this process: direct ingress); returns the trace, None for one that starts here
+    and nothing names yet (``tracing.LazyTrace`` makes its ids if they are read)."""
     return _forward(scope, scope, route, headers, proxy_span, id_headers)
 
 
@@ -189,12 +191,12 @@ def _forward(
     headers: RequestHeaders,
     proxy_span: tracing.TraceContext | None,
     id_headers: bool,
-) -> tracing.TraceContext:
+) -> tracing.TraceContext | None:
     forwarded["root_path"] = scope.get("root_path", "") + (
         "" if route.route_prefix == "/" else route.route_prefix
     )
     started = proxy_span is None and headers.caller is None  # the trace starts here
-    trace = proxy_span or headers.caller or tracing.new_trace()
+    trace = proxy_span or headers.caller
     if id_headers and (not headers.client_id_used or started or proxy_span is not None):
         replaced = {REQUEST_ID_HEADER} if not headers.client_id_used else set()
         added = [] if headers.client_id_used else [(REQUEST_ID_HEADER, headers.request_id.encode())]
@@ -203,6 +205,7 @@ def _forward(
             added.append((tracing.TRACEPARENT_HEADER, proxy_span.traceparent.encode()))
         elif started:  # an invalid traceparent voids its tracestate too (W3C)
             replaced |= {tracing.TRACEPARENT_HEADER, tracing.TRACESTATE_HEADER}
+            trace = tracing.new_trace()  # named here: the replica's span is its child
             added.append((tracing.TRACEPARENT_HEADER, trace.traceparent.encode()))
         if proxy_span is not None and not headers.traced:
             replaced.add(tracing.TRACESTATE_HEADER)

@@ -47,7 +47,7 @@ from app_toolkit._runtime.replica.user_code import (
     install_error_handler,
     run_destructor,
 )
-from app_toolkit._runtime.run_app import HTTPOut, SocketOut, failed_around, run_app
+from app_toolkit._runtime.run_app import HTTPOut, SocketOut, failed_around, run_app, run_http
 from app_toolkit._runtime.waiting import wait_event
 from app_toolkit.config import DeploymentConfig
 from app_toolkit.exceptions import (
@@ -334,29 +334,32 @@ class ReplicaCore:
         scope: Scope,
         receive: Receive,
         out: HTTPOut | SocketOut,
-        trace: tracing.TraceContext,
-    ) -> str:
+        trace: tracing.TraceContext | None,
+    ) -> None:
         """Serve one admitted HTTP request (``out``: an HTTPOut) or WebSocket (a SocketOut)
         of a client connection this replica owns (direct ingress: no channel, the app
-        answers the client; ``run_app`` answers its failures); returns the route."""
+        answers the client; ``run_app`` answers its failures). ``trace``: the span this
+        replica's continues (None: the request's trace starts at the front, and nothing
+        exported or named it)."""
         started = time.perf_counter()
         kind = "websocket" if scope["type"] == "websocket" else "http"
         route = ""
         self.direct_ongoing += 1
         try:
             app = self.asgi_app
-            if app is None or tracing.exporting():
-                route = await self._serve_app(request_id, scope, receive, out, trace)
-                return route
-            # No span to export: what _serve_asgi does, without its layers (most requests).
+            if app is None or kind == "websocket" or tracing.exporting():
+                started_here = trace if trace is not None else tracing.new_trace()
+                route = await self._serve_app(request_id, scope, receive, out, started_here)
+                return
+            # An HTTP request, no span to export: what _serve_asgi does, without its layers
+            # (most requests); its span's ids are made only if something reads them.
             serving = self._serves or self._serving()
-            with request_context.request_scope(request_id, tracing.child(trace), serving, scope["headers"]):
+            trace_when_read = tracing.LazyTrace(trace)
+            with request_context.request_scope(request_id, trace_when_read, serving, scope["headers"]):
                 state = self._lifespan.state if self._lifespan is not None else {}
-                route = await run_app(app, scope, receive, out, request_id, state)
-            return route
+                await run_http(app, scope, receive, cast(HTTPOut, out), request_id, state)
         except Exception as exc:  # noqa: BLE001 - around the app (the app's own: run_app): answered alike
             await failed_around(scope, out, exc, request_id)
-            return route
         finally:
             self.direct_ongoing -= 1
             self._served(kind, route or request_context.route_template(scope), started)
@@ -364,8 +367,7 @@ class ReplicaCore:
     def _served(self, kind: str, route: str, started: float) -> None:
         """A request ended: count it and give its slot back."""
         labels = (*self.labels, kind, route)
-        replica_metrics.REQUESTS.inc(*labels)
-        replica_metrics.PROCESSING.observe(time.perf_counter() - started, *labels)
+        replica_metrics.PROCESSING.observe(time.perf_counter() - started, *labels)  # and REQUESTS
         self.ongoing -= 1
         if self.draining:
             self._one_ended.set()

@@ -14,13 +14,17 @@ from app_toolkit import metrics
 
 _REPLICA = ("application", "deployment", "replica")
 
-REQUESTS = metrics.Counter(
-    "app_toolkit_replica_requests_total", "Requests a replica finished", (*_REPLICA, "kind", "route")
-)
 PROCESSING = metrics.Histogram(
     "app_toolkit_replica_processing_seconds",
     "Time a replica spent on each request, from admission to the last byte or item",
     (*_REPLICA, "kind", "route"),
+)
+#: Read from PROCESSING: a request observed there is a request finished.
+REQUESTS = metrics.Counter(
+    "app_toolkit_replica_requests_total",
+    "Requests a replica finished",
+    (*_REPLICA, "kind", "route"),
+    counts=PROCESSING,
 )
 ERRORS = metrics.Counter(
     "app_toolkit_replica_errors_total",
