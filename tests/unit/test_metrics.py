@@ -23,6 +23,20 @@ def _no_process_labels() -> Any:
     metrics.set_process_labels()
 
 
+def test_a_counter_of_a_histogram_counts_its_observations_and_is_not_increased() -> None:
+    took = metrics.Histogram("test_took_seconds", "Took", ("route",), buckets=(0.1,))
+    served = metrics.Counter("test_served_total", "Served", ("route",), counts=took)
+    for seconds in (0.05, 0.5, 0.2):
+        took.observe(seconds, "/a")
+    took.observe(0.01, "/b")
+    assert metrics.value("test_served_total", route="/a") == 3
+    assert dict(served.snapshot().samples) == {("/a",): 3.0, ("/b",): 1.0}
+    with pytest.raises(TypeError, match="observe those"):
+        served.inc("/a")
+    with pytest.raises(ValueError, match="takes its labels"):
+        metrics.Counter("test_other_total", "Other", ("app",), counts=took)
+
+
 def test_counters_gauges_and_histograms_record_by_label() -> None:
     orders = metrics.Counter("test_orders_total", "Orders", ("kind",))
     orders.inc("book")
