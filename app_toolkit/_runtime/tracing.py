@@ -200,6 +200,10 @@ def _tracer() -> Tracer | None:
 def exporting() -> bool:
     """Spans are being made (a tracer provider is set): only then is a span's name worth
     building (it is, on every request)."""
+    if _state["tracer"] is not None:
+        return True
+    if _api is None or time.monotonic() < _state["next_check"]:
+        return False  # what _tracer() would say, without the call (asked twice a request)
     return _tracer() is not None
 
 

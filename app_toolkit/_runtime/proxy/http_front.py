@@ -143,9 +143,26 @@ class HTTPFront:
                 route = match_app(self.apps, path) if self.loaded else None
                 if route is None:
                     await self._toolkit_page(scope, receive, send, cycle, path)
-                else:
-                    cycle.to_app(route)
-                    await self._to_app(scope, receive, cycle, route, path, headers)
+                    return
+                cycle.to_app(route)
+                upstream, timeout_s = self._upstream(scope, receive, cycle, route, path, headers)
+                # The request's deadline is a layer around it, there only when it has one.
+                try:
+                    if timeout_s is None:
+                        await upstream
+                    else:  # it covers the upload too (a slow one gets 408, not a replica's time)
+                        async with asyncio.timeout(timeout_s):
+                            await upstream
+                except asyncio.CancelledError:
+                    if not cycle.left():
+                        raise
+                except TimeoutError:
+                    with request_context.request_scope(cycle.request_id):  # for these log records
+                        await self._deadline_passed(cycle, timeout_s)
+                finally:
+                    cycle.finished = True
+                    if cycle.link is not None:
+                        cycle.link.on_client_left = None
             finally:
                 cycle.close(scope, self.access_log)
         elif kind == "websocket":
@@ -184,7 +201,7 @@ class HTTPFront:
             else:
                 await cycle.answer(no_route(path, request_id))
 
-    async def _to_app(
+    def _upstream(
         self,
         scope: Scope,
         receive: Receive,
@@ -192,52 +209,37 @@ class HTTPFront:
         route: AppMatcher,
         path: str,
         headers: RequestHeaders,
-    ) -> None:
-        """Serve the request with its app: the one way every request to an app takes.
-        Where it goes is decided once (:meth:`_admitted_here`): the replica in this process,
-        its slot taken, or the app's replicas over the channel. A deadline and an exported
-        span are layers around that, there only when the request has one."""
+    ) -> tuple[Awaitable[None], float | None]:
+        """The one way every request to an app takes, to be awaited within its deadline
+        (seconds, or None). Where it goes is decided once: the replica in this process,
+        its slot taken (it gives it back), or the app's replicas over the channel; a
+        deadline header that is not a number is answered 400 instead."""
         deployment, deadline_s = route.target("http", scope["method"], path)
         link: RequestLink | None = scope.get(REQUEST_LINK)
         cycle.link = link
         if link is not None and (handed := link.handed) is not None:
             handed.table.set_request_id(handed.slot, cycle.request_id)  # a 502's, should we die
-        timeout_s = parse_timeout(headers.timeout)
+        timeout_s = parse_timeout(headers.timeout) if headers.timeout is not None else None
         if isinstance(timeout_s, str):
-            await cycle.answer(error_answer(400, timeout_s, cycle.request_id))
-            return
+            return cycle.answer(error_answer(400, timeout_s, cycle.request_id)), None
         for limit in (deadline_s, self.http.request_timeout_s):
             if limit is not None and (timeout_s is None or limit < timeout_s):
                 timeout_s = limit
         span = None
-        if tracing.exporting():
+        if tracing.exporting():  # an exported span is a layer too: the replica's continues it
             cycle.span = tracing.start(f"{scope['method']} {route.route_prefix}", "server", headers.caller)
             span = cycle.span.trace if cycle.span is not None else None
-        local = self._admitted_here(deployment, headers, link)
-        upstream: Awaitable[None]
-        if local is None:
-            upstream = self._over_channel(scope, receive, cycle, deployment, span)
-        else:  # its slot is taken: serve_direct gives it back
-            # Our HTTP protocol tells the request that its client went away (cancelled here).
-            cycle.link.on_client_left = cycle.client_left  # type: ignore[union-attr]
-            trace = forward_in_place(scope, route, headers, span, id_headers=self.http.request_id_headers)
-            upstream = serve_in_replica(local, scope, receive, cycle, self.http, trace)
-        try:
-            if timeout_s is None:
-                await upstream
-            else:  # it covers the upload too (a slow one gets 408, not a replica's time)
-                async with asyncio.timeout(timeout_s):
-                    await upstream
-        except asyncio.CancelledError:
-            if not cycle.left():
-                raise
-        except TimeoutError:
-            with request_context.request_scope(cycle.request_id):  # for these log records
-                await self._deadline_passed(cycle, timeout_s)
-        finally:
-            cycle.finished = True
-            if link is not None:
-                link.on_client_left = None
+        # Served here only on a connection this replica owns (with a link), and never with
+        # a body declared too large: that is refused the long way, before any app runs.
+        local = None
+        if link is not None and not declared_too_large(headers.content_length, self.http):
+            local = self.in_replica(deployment, headers)
+        if local is None or local.admit() is not None:
+            return self._over_channel(scope, receive, cycle, deployment, span), timeout_s
+        # Our HTTP protocol tells the request that its client went away (cancelled here).
+        link.on_client_left = cycle.client_left  # type: ignore[union-attr]
+        trace = forward_in_place(scope, route, headers, span, id_headers=self.http.request_id_headers)
+        return serve_in_replica(local, scope, receive, cycle, self.http, trace), timeout_s
 
     async def _deadline_passed(self, cycle: HTTPCycle, timeout_s: float | None) -> None:
         """408 while the body was still arriving, else 504 if no head went out yet."""
@@ -252,17 +254,6 @@ class HTTPFront:
         if not cycle.started:
             detail = f"Gateway Timeout: the request took longer than {timeout_s} s"
             await cycle.answer(error_answer(504, detail, cycle.request_id))
-
-    def _admitted_here(
-        self, deployment: DeploymentID, headers: RequestHeaders, link: RequestLink | None
-    ) -> LocalIngress | None:
-        """The replica in this process, with a slot taken for this request, if it serves
-        it on the connection it owns; None sends the request the long way (a body declared
-        too large is refused there, before any app runs)."""
-        if link is None or declared_too_large(headers.content_length, self.http):
-            return None
-        local = self.in_replica(deployment, headers)
-        return local if local is not None and local.admit() is None else None
 
     async def _over_channel(
         self,

@@ -68,23 +68,27 @@ class Writes:
         self.hold = False
         gathered, self.gathered = self.gathered, None
         held, body, self.held, self.body = self.held, self.body, None, None
+        rest = None  # a large body, written after its head
         if gathered:
-            pieces = [b"".join(gathered)]
+            data = b"".join(gathered)
         elif held is None:
             return
         elif body is None:
-            pieces = [held]
+            data = held
+        elif len(body) < JOIN_MAX:
+            data = held + body
         else:
-            pieces = [held + body] if len(body) < JOIN_MAX else [held, body]
+            data, rest = held, body
         if ending is not None and self.sent is not None:
             # Recorded before the write: a replica killed after it, before IDLE is recorded,
             # leaves ENDING, which the proxy takes for IDLE once the kernel has ``end``.
             self.starting = None
-            ending.ending(self.sent + sum(len(piece) for piece in pieces))
+            ending.ending(self.sent + len(data) + (len(rest) if rest is not None else 0))
         elif self.starting is not None:
             self._started()
-        for piece in pieces:
-            self._write(piece)
+        self._write(data)
+        if rest is not None:
+            self._write(rest)
 
     def _started(self) -> None:
         assert self.starting is not None
