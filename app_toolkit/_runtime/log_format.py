@@ -70,15 +70,22 @@ def _json_line(
 
 
 def _timestamp(created: float) -> str:
-    """``created`` as ISO 8601 UTC with milliseconds (the second's text is cached)."""
-    global _last_second
+    """``created`` as ISO 8601 UTC with milliseconds (the second's text and the last
+    millisecond's are cached: a batch of access lines shares them)."""
+    global _last_second, _last_milli
+    milli = int(created * 1000)
+    if milli == _last_milli[0]:
+        return _last_milli[1]
     second = int(created)
     if second != _last_second[0]:
         _last_second = (second, time.strftime(_DATE, time.gmtime(second)))
-    return f"{_last_second[1]}.{int((created - second) * 1000):03d}"
+    text = f"{_last_second[1]}.{int((created - second) * 1000):03d}"
+    _last_milli = (milli, text)
+    return text
 
 
 _last_second: tuple[int, str] = (-1, "")
+_last_milli: tuple[int, str] = (-1, "")
 
 
 class JSONFormatter(logging.Formatter):

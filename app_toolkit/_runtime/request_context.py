@@ -202,11 +202,11 @@ class _RequestScope(AbstractContextManager[None]):
                 self._serving_tokens = _set_serving(serving)
             self._model_token = model_id.set(self._model)
         if self._trace is not None:
-            self._trace_token = tracing.enter(self._trace)
+            self._trace_token = tracing.CURRENT.set(self._trace)
 
     def __exit__(self, *exc_info: object) -> None:
         if self._trace_token is not None:
-            tracing.leave(self._trace_token)
+            tracing.CURRENT.reset(self._trace_token)
         if self._model_token is not None:
             model_id.reset(self._model_token)
         if self._serving_tokens is not None:

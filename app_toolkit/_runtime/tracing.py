@@ -82,12 +82,13 @@ class LazyTrace:
         return made
 
 
-_current: ContextVar[TraceContext | LazyTrace | None] = ContextVar("app_toolkit_trace", default=None)
+#: The span the current code runs in (set for each request by ``request_context.request_scope``).
+CURRENT: ContextVar[TraceContext | LazyTrace | None] = ContextVar("app_toolkit_trace", default=None)
 
 
 def current_trace() -> TraceContext | None:
     """The span of the request being served (None outside a request)."""
-    found = _current.get()
+    found = CURRENT.get()
     return found.read() if isinstance(found, LazyTrace) else found
 
 
@@ -138,15 +139,6 @@ def child(parent: TraceContext | None) -> TraceContext:
 def child_of(traceparent: str, tracestate: str = "") -> TraceContext:
     """A new span whose parent is ``traceparent``'s (a new trace if it is not valid)."""
     return child(remote(traceparent, tracestate))
-
-
-def enter(trace: TraceContext | LazyTrace) -> Token[TraceContext | LazyTrace | None]:
-    """Run the current task (and what it calls) in ``trace`` until :func:`leave`."""
-    return _current.set(trace)
-
-
-def leave(token: Token[TraceContext | LazyTrace | None]) -> None:
-    _current.reset(token)
 
 
 def with_traceparent(headers: list[tuple[bytes, bytes]], trace: TraceContext) -> list[tuple[bytes, bytes]]:

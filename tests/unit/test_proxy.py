@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import pytest
 
-from app_toolkit._runtime import tracing
+from app_toolkit._runtime import request_context, tracing
 from app_toolkit._runtime.messages import DeploymentID, RouteInfo
 from app_toolkit._runtime.proxy.http_front import HTTPFront
 from app_toolkit._runtime.proxy.path_match import AppMatcher, match_app
@@ -205,12 +205,9 @@ def test_a_lazy_trace_is_made_once_when_read_as_the_child_its_parent_would_have(
     # span has a parent span id, as one forwarded from the front has.
     started = tracing.LazyTrace(None).read()
     assert re.fullmatch(r"[0-9a-f]{16}", started.parent_id) and started.parent_id != started.span_id
-    token = tracing.enter(tracing.LazyTrace(parent))
-    try:
+    with request_context.request_scope("r1", tracing.LazyTrace(parent)):
         seen = tracing.current_trace()
         assert seen is not None and seen.parent_id == parent.span_id and tracing.current_trace() is seen
-    finally:
-        tracing.leave(token)
     assert tracing.current_trace() is None
 
 

@@ -236,7 +236,7 @@ class HTTPCycle:
 
     def close(self, scope: Scope, access_log: AccessLog | None) -> None:
         """The request ended: its metrics, access line and span, once."""
-        label = self.label
+        label = self.prefix + self.route if self.route else self.target  # as self.label
         took = time.perf_counter() - self.arrived
         HTTP_DURATION.observe(took, self.app, label, scope["method"], str(self.status))  # and HTTP_REQUESTS
         if access_log is not None and self.logged:

@@ -255,10 +255,11 @@ class HandedReads(asyncio.BufferedProtocol):
     with uvicorn's WebSocket protocol (``transport.set_protocol``).
     """
 
-    __slots__ = ("http",)
+    __slots__ = ("http", "_view")
 
     def __init__(self, http: GuardedHttpProtocol) -> None:
         self.http = http
+        self._view = _read_buffer()  # this thread's: the event loop's, which serves it
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.http.connection_made(transport)  # type: ignore[arg-type]  # a socket transport
@@ -277,10 +278,10 @@ class HandedReads(asyncio.BufferedProtocol):
 
     def get_buffer(self, sizehint: int) -> memoryview:
         self.http.request_may_start()
-        return _read_buffer()
+        return self._view
 
     def buffer_updated(self, nbytes: int) -> None:
-        self.http.data_received(bytes(_read_buffer()[:nbytes]))
+        self.http.data_received(bytes(self._view[:nbytes]))
 
 
 def _read_buffer() -> memoryview:
