@@ -38,6 +38,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app_toolkit import metrics
 from app_toolkit._runtime import log_format, request_context, tracing
+from app_toolkit._runtime.backends.ray.direct import DirectIngress
 from app_toolkit._runtime.messages import DeploymentID, HTTPResponse, RouteInfo
 from app_toolkit._runtime.proxy.access_log import AccessLog
 from app_toolkit._runtime.proxy.cycle import HTTP_DURATION
@@ -165,7 +166,7 @@ def _floor(core: ReplicaCore, log: AccessLog | None) -> ASGIApp:
 async def _app(mode: str, core: ReplicaCore, deployment: DeploymentID, access_log: bool) -> ASGIApp:
     if mode == "direct":
         subscriber = _OneRoute(deployment)
-        return HTTPFront(subscriber, HTTPOptions(access_log=access_log), local=core)  # type: ignore[arg-type]
+        return HTTPFront(subscriber, HTTPOptions(access_log=access_log), local=DirectIngress(core))  # type: ignore[arg-type]
     if mode == "floor":
         return _floor(core, AccessLog() if access_log else None)
     trace = tracing.new_trace()

@@ -1,7 +1,7 @@
 """One HTTP request or WebSocket through a replica's ASGI app, and what the client gets
 when the app fails: uvicorn's ``run_asgi`` rules, written once for both ways an app's
 answer leaves its replica — to its own client on a connection the replica owns
-(``proxy/direct.py``), or to the proxy over the channel (``asgi.py``). Each way is an
+(``backends/ray/direct.py``), or to the proxy over the channel (``asgi.py``). Each way is an
 :class:`HTTPOut` or a :class:`SocketOut`; the rules are here.
 
 HTTP: an exception before the response's head is a generic 500 (``answers.escaped``: or

@@ -3,7 +3,7 @@ of what happens to it (uvicorn's ``RequestResponseCycle`` plays this part for uv
 
 An :class:`HTTPCycle` writes every response of a request to an application or of a
 toolkit page answered in one piece — the app's response relayed from a replica
-(``forward.py``), the app's own in its replica (``direct.py``) and the toolkit's answers
+(``forward.py``), the app's own in its replica (``backends/ray/direct.py``) and the toolkit's answers
 (404, 408, 413, 503, 504, ...) alike; ``/-/dashboard`` writes its own page and event
 stream —, decides when a client that went away makes the request a 499 (:meth:`left`;
 one that leaves before sending its body is marked so where the body is read), and closes

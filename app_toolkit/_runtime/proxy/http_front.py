@@ -32,8 +32,8 @@ from app_toolkit._runtime.proxy.body import Body, BodyBudget, BodyPump, declared
 from app_toolkit._runtime.proxy.cycle import CLIENT_CLOSED, HTTPCycle, watch_disconnect
 from app_toolkit._runtime.proxy.dashboard import PREFIX as DASHBOARD
 from app_toolkit._runtime.proxy.dashboard import Dashboard, StatusSource
-from app_toolkit._runtime.proxy.direct import LocalIngress, serve_in_replica
 from app_toolkit._runtime.proxy.forward import forward
+from app_toolkit._runtime.proxy.local_ingress import LocalIngress
 from app_toolkit._runtime.proxy.metrics_page import CONTENT_TYPE, Gather, allowed, parse_networks, render
 from app_toolkit._runtime.proxy.path_match import OPERATOR_PREFIX, AppMatcher, match_app
 from app_toolkit._runtime.proxy.request_link import REQUEST_LINK, RequestLink
@@ -239,7 +239,7 @@ class HTTPFront:
         # Our HTTP protocol tells the request that its client went away (cancelled here).
         link.on_client_left = cycle.client_left  # type: ignore[union-attr]
         trace = forward_in_place(scope, route, headers, span, id_headers=self.http.request_id_headers)
-        return serve_in_replica(local, scope, receive, cycle, self.http, trace), timeout_s
+        return local.serve_http(scope, receive, cycle, self.http, trace), timeout_s
 
     async def _deadline_passed(self, cycle: HTTPCycle, timeout_s: float | None) -> None:
         """408 while the body was still arriving, else 504 if no head went out yet."""

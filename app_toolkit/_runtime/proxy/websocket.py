@@ -26,7 +26,7 @@ from app_toolkit._runtime.messages import (
     WebSocketOpen,
 )
 from app_toolkit._runtime.proxy import stream_metrics
-from app_toolkit._runtime.proxy.direct import LocalIngress, serve_websocket_in_replica
+from app_toolkit._runtime.proxy.local_ingress import LocalIngress
 from app_toolkit._runtime.proxy.path_match import AppMatcher, match_app
 from app_toolkit._runtime.proxy.scope import (
     RequestHeaders,
@@ -81,7 +81,7 @@ async def serve_websocket(
     if local is not None and local.admit() is None:
         stream_metrics.OPEN.inc(route.app, "websocket")
         try:
-            await serve_websocket_in_replica(local, request_id, forwarded, trace, receive, send)
+            await local.serve_websocket(request_id, forwarded, trace, receive, send)
         finally:
             stream_metrics.OPEN.dec(route.app, "websocket")
         return

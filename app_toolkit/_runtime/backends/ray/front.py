@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from app_toolkit._runtime.backends.ray.direct import DirectIngress
 from app_toolkit._runtime.backends.ray.node_metrics import NodeMetrics
 from app_toolkit._runtime.proxy.http_front import HTTPFront
 from app_toolkit._runtime.proxy.server import ProxyServer, serve
@@ -47,7 +48,8 @@ class ReplicaFront:
         # The server's requests start from this task: they inherit the replica's values.
         self._core.enter_serving()
         node = NodeMetrics()
-        front = HTTPFront(self._subscriber, self._http, node.from_proxy, node.status, local=self._core)
+        local = DirectIngress(self._core)
+        front = HTTPFront(self._subscriber, self._http, node.from_proxy, node.status, local=local)
         self._server = await serve(front, self._http, None, front.close, front.flush_logs)
         app = self._core.deployment.app
         # Until the front has its application's routes, connections go back to the proxy.

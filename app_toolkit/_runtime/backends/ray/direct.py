@@ -1,55 +1,31 @@
 """Direct ingress: a request of a connection an ingress replica owns, served by that
 replica's app in this process (docs/architecture.md, "Direct ingress").
 
-The front (``http_front.py``) applies every per-request rule as on the proxied path (request
-id, deadline, limits, disconnect, access log, metrics, spans); here the app runs on the
-scope the proxy would have forwarded, reads the body as it arrives (within the bounds of
-``body.BodyReader``, as on every path) and answers the client through the request's
-``HTTPCycle``. Replica-process code.
+The front (``proxy/http_front.py``) applies every per-request rule as on the proxied path
+(request id, deadline, limits, disconnect, access log, metrics, spans) and hands the
+request to :class:`DirectIngress` (its ``proxy/local_ingress.LocalIngress``): here the app
+runs on the scope the proxy would have forwarded, reads the body as it arrives (within
+the bounds of ``body.BodyReader``, as on every path) and answers the client through the
+request's ``HTTPCycle``. Replica-process code.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Awaitable, Sequence
-from typing import Protocol
 
 from starlette.types import Message, Receive, Scope, Send
 
-from app_toolkit._runtime.messages import DeploymentID, HTTPResponse, Rejected
+from app_toolkit._runtime.messages import HTTPResponse
 from app_toolkit._runtime.proxy.body import BodyReader, refusal_answer
 from app_toolkit._runtime.proxy.cycle import HTTPCycle
 from app_toolkit._runtime.proxy.scope import RequestHeaders
+from app_toolkit._runtime.replica.replica import ReplicaCore
 from app_toolkit._runtime.request_context import route_template
-from app_toolkit._runtime.run_app import HTTPOut, SocketOut
 from app_toolkit._runtime.tracing import TraceContext
 from app_toolkit.config import HTTPOptions
 
 _DISCONNECT: Message = {"type": "http.disconnect"}
-
-
-class LocalIngress(Protocol):
-    """The replica in this process that serves its application's requests directly."""
-
-    deployment: DeploymentID
-
-    def admit(self) -> Rejected | None:
-        """Take a slot (None), or why not (full or draining: the request is forwarded)."""
-        ...
-
-    async def serve_direct(
-        self,
-        request_id: str,
-        scope: Scope,
-        receive: Receive,
-        out: HTTPOut | SocketOut,
-        trace: TraceContext | None,
-    ) -> None:
-        """Run one admitted request or WebSocket through the app (``run_app`` answers its
-        failures, and those around it). ``trace``: the span
-        the replica's span continues (the client's, the proxy's, or one started for the
-        request; None: one started for it, whose ids are made only if read)."""
-        ...
 
 
 class StreamedBody:
@@ -164,26 +140,6 @@ class _Answer:
         await self._cycle.abort(why)
 
 
-def serve_in_replica(
-    local: LocalIngress,
-    scope: Scope,
-    receive: Receive,
-    cycle: HTTPCycle,
-    http: HTTPOptions,
-    trace: TraceContext | None,
-) -> Awaitable[None]:
-    """One request served by the replica in this process, whose slot ``local.admit()``
-    took (it gives it back), to be awaited. ``scope`` is the one the proxy would forward
-    (the prefix as root_path); ``trace`` is the span the replica's span continues (None:
-    the trace starts with the request)."""
-    headers = cycle.headers
-    body = StreamedBody(receive, headers, http, cycle) if headers is not None and headers.has_body else None
-    answer = _Answer(cycle, body, scope, http)
-    return local.serve_direct(
-        cycle.request_id, scope, body.receive if body is not None else receive, answer, trace
-    )
-
-
 class _Socket:
     """A WebSocket's messages from the app to its own client (a ``run_app.SocketOut``);
     its ``websocket.connect`` was read already and is given to the app again."""
@@ -215,10 +171,30 @@ class _Socket:
         pass  # the client, told to reconnect, closes: the app's next receive() hears it
 
 
-async def serve_websocket_in_replica(
-    local: LocalIngress, request_id: str, scope: Scope, trace: TraceContext, receive: Receive, send: Send
-) -> None:
-    """Serve one WebSocket with the replica in this process, whose slot ``local.admit()``
-    took; its ``websocket.connect`` message was read already."""
-    socket = _Socket(receive, send)
-    await local.serve_direct(request_id, scope, socket.receive, socket, trace)
+class DirectIngress:
+    """The ingress replica of this process as the front's ``LocalIngress``: it serves the
+    requests and WebSockets the front admits to it on the connections it owns."""
+
+    __slots__ = ("deployment", "admit", "_core")
+
+    def __init__(self, core: ReplicaCore) -> None:
+        self._core = core
+        self.deployment = core.deployment
+        self.admit = core.admit  # bound once: called for every request
+
+    def serve_http(
+        self, scope: Scope, receive: Receive, cycle: HTTPCycle, http: HTTPOptions, trace: TraceContext | None
+    ) -> Awaitable[None]:
+        headers = cycle.headers
+        body = (
+            StreamedBody(receive, headers, http, cycle) if headers is not None and headers.has_body else None
+        )
+        answer = _Answer(cycle, body, scope, http)
+        reads = body.receive if body is not None else receive
+        return self._core.serve_direct(cycle.request_id, scope, reads, answer, trace)
+
+    def serve_websocket(
+        self, request_id: str, scope: Scope, trace: TraceContext, receive: Receive, send: Send
+    ) -> Awaitable[None]:
+        socket = _Socket(receive, send)
+        return self._core.serve_direct(request_id, scope, socket.receive, socket, trace)
