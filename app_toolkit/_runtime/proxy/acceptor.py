@@ -204,3 +204,26 @@ def request_target(head: bytes) -> str | None:
         slash = target.find(b"/", scheme_end + 3)
         target = target[slash:] if slash >= 0 else b"/"
     return unquote(target.decode("latin-1"))
+
+
+class HandOff:
+    """The node's proxy's listener under direct ingress (a ``server.Listener``): its
+    acceptor, and the sender that hands connections to local ingress replicas and takes
+    back the ones they return (``adopt``: served by the proxy's own server)."""
+
+    def __init__(
+        self, listener: socket.socket, adopt: Adopt, routes: HandoffRoutes, keep_alive_s: float, limit: int
+    ) -> None:
+        self.sender = HandoffSender(adopt, self._route, limit)
+        self.acceptor = Acceptor(listener, adopt, routes, self.sender, keep_alive_s, limit)
+        self.acceptor.start()
+
+    def _route(self, connection: socket.socket) -> None:
+        """A connection a replica gave back, with a next request to route."""
+        self.acceptor.take(connection)
+
+    def close(self) -> None:
+        self.acceptor.close()
+
+    def stopped(self) -> None:
+        self.sender.close()

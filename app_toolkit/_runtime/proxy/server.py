@@ -14,13 +14,12 @@ import logging
 import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import uvicorn
 from starlette.types import ASGIApp
 
 from app_toolkit._runtime.connection_table import Handed
-from app_toolkit._runtime.proxy.acceptor import Acceptor, HandoffRoutes
-from app_toolkit._runtime.proxy.handoff_sender import HandoffSender
 from app_toolkit._runtime.proxy.http_guard import GuardedHttpProtocol, guarded_protocol
 from app_toolkit.config import HTTPOptions
 
@@ -122,6 +121,23 @@ class Adopter:
             task.cancel()
 
 
+class Listener(Protocol):
+    """Our own listener in front of the server, where uvicorn does not listen itself (the
+    node's proxy under direct ingress: ``proxy/acceptor.py``'s ``HandOff``)."""
+
+    def close(self) -> None:
+        """Stop accepting connections (the ones taken are served on)."""
+        ...
+
+    def stopped(self) -> None:
+        """The server has stopped: let go of what the listener keeps."""
+        ...
+
+
+#: Makes the :class:`Listener` on a listening socket, its connections served by ``adopt``.
+MakeListener = Callable[[socket.socket, Adopter], Listener]
+
+
 @dataclass
 class ProxyServer:
     """A running uvicorn server for the proxy app (or an ingress replica's front)."""
@@ -134,8 +150,7 @@ class ProxyServer:
     #: Serves a connection accepted elsewhere (see :class:`Adopter`).
     adopt: Adopter = field(init=False)
     #: The listener when it is ours (direct ingress): it hands connections off.
-    acceptor: Acceptor | None = None
-    sender: HandoffSender | None = None
+    listener: Listener | None = None
 
     def __post_init__(self) -> None:
         self.adopt = Adopter(self.server)
@@ -146,8 +161,8 @@ class ProxyServer:
 
     async def stop(self, timeout_s: float) -> None:
         """Stop accepting connections and finish open ones (bounded)."""
-        if self.acceptor is not None:
-            self.acceptor.close()
+        if self.listener is not None:
+            self.listener.close()
             # The connections it took last deliver their first request before the server's
             # shutdown closes the connections that carry none (as idle).
             await asyncio.sleep(_SETTLE_S)
@@ -156,8 +171,8 @@ class ProxyServer:
             self.on_stop()
         await asyncio.wait({self.task}, timeout=timeout_s)
         self.adopt.close()
-        if self.sender is not None:
-            self.sender.close()
+        if self.listener is not None:
+            self.listener.stopped()
         if self.on_stopped is not None:
             self.on_stopped()
 
@@ -168,16 +183,16 @@ async def serve(
     sock: socket.socket | None,
     on_stop: Callable[[], None] | None = None,
     on_stopped: Callable[[], None] | None = None,
-    routes: HandoffRoutes | None = None,
+    listen: MakeListener | None = None,
 ) -> ProxyServer:
     """Serve ``app`` on ``sock`` under uvicorn; returns once it accepts connections. The
     server owns ``sock`` from here (closed if it cannot start). ``on_stop`` runs when the
     server is told to stop (to end streams the app keeps open itself), ``on_stopped``
     once it has stopped (or the wait for it ran out).
 
-    With ``routes`` (direct ingress), our acceptor listens and hands connections to local
-    ingress replicas; without ``sock``, the server serves only the connections given to
-    its ``adopt`` (an ingress replica's front)."""
+    With ``listen`` (direct ingress), our own listener takes ``sock``'s connections (and
+    hands them to local ingress replicas); without ``sock``, the server serves only the
+    connections given to its ``adopt`` (an ingress replica's front)."""
     config = uvicorn.Config(
         app,
         lifespan="off",
@@ -191,7 +206,7 @@ async def serve(
         forwarded_allow_ips=http.forwarded_allow_ips,
     )
     server = uvicorn.Server(config)
-    uvicorn_listens = sock is not None and routes is None
+    uvicorn_listens = sock is not None and listen is None
     sockets = [sock] if uvicorn_listens and sock is not None else []
     task = asyncio.get_running_loop().create_task(server.serve(sockets=sockets))
     try:
@@ -207,16 +222,7 @@ async def serve(
         raise
     port = int(sock.getsockname()[1]) if sock is not None else 0
     running = ProxyServer(server, task, port, on_stop, on_stopped)
-    if sock is not None and routes is not None:
+    if sock is not None and listen is not None:
         sock.listen(config.backlog)  # uvicorn's backlog, as its own listener would use
-
-        def route(connection: socket.socket) -> None:
-            assert running.acceptor is not None
-            running.acceptor.take(connection)
-
-        running.sender = HandoffSender(running.adopt, route, http.max_connections)
-        running.acceptor = Acceptor(
-            sock, running.adopt, routes, running.sender, http.keep_alive_timeout_s, http.max_connections
-        )
-        running.acceptor.start()
+        running.listener = listen(sock, running.adopt)
     return running

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import socket
 import time
 import warnings
 from typing import TypeVar
@@ -29,9 +30,10 @@ from app_toolkit._runtime.backends.ray.spares import SparePool, code_to_preload,
 from app_toolkit._runtime.controller.api import ControlCall
 from app_toolkit._runtime.controller.controller import ControllerCore
 from app_toolkit._runtime.controller.heap import HeapKeeper
+from app_toolkit._runtime.proxy.acceptor import HandOff
 from app_toolkit._runtime.proxy.handoff_targets import HandoffTargets
 from app_toolkit._runtime.proxy.http_front import HTTPFront
-from app_toolkit._runtime.proxy.server import ProxyServer, listen_socket, serve
+from app_toolkit._runtime.proxy.server import Adopter, ProxyServer, listen_socket, serve
 from app_toolkit._runtime.routing import caller_metrics
 from app_toolkit._runtime.tables import Table
 from app_toolkit.config import HTTPOptions
@@ -58,6 +60,7 @@ class ProxyActor:
         configure_worker()
         self._http = http
         self._server: ProxyServer | None = None
+        self._handoff: HandOff | None = None  # its listener: accepts and hands connections off
         self._front: HTTPFront | None = None
         self._node: NodeMetrics | None = None
         self._starting = asyncio.Lock()
@@ -114,7 +117,15 @@ class ProxyActor:
                 # Connections go to the node's ingress replicas where they take them.
                 node_id = ray.get_runtime_context().get_node_id()
                 routes = HandoffTargets(lambda: proxy.apps, proxy.subscriber.dispatcher, node_id)
-                self._server = await serve(proxy, self._http, sock, proxy.close, proxy.flush_logs, routes)
+                http = self._http
+
+                def hand_off(listener: socket.socket, adopt: Adopter) -> HandOff:
+                    made = self._handoff = HandOff(
+                        listener, adopt, routes, http.keep_alive_timeout_s, http.max_connections
+                    )
+                    return made
+
+                self._server = await serve(proxy, http, sock, proxy.close, proxy.flush_logs, hand_off)
                 stored.save_proxy_port(self._server.port)
                 settle_heap()
             return self._server
@@ -130,7 +141,7 @@ class ProxyActor:
         """Asyncio tasks alive, the process id, the connections it handed to local
         ingress replicas or served itself, and whether its node is leaving (1) (for leak
         checks and tests)."""
-        acceptor = self._server.acceptor if self._server is not None else None
+        acceptor = self._handoff.acceptor if self._handoff is not None else None
         return {
             "tasks": len(asyncio.all_tasks()),
             "pid": os.getpid(),
