@@ -21,8 +21,8 @@ from app_toolkit._runtime.backends.base import (
     session_factory,
     set_current_session,
 )
+from app_toolkit._runtime.front.http_front import HTTPFront
 from app_toolkit._runtime.inprocess import InProcessTransport, WebSocketSession
-from app_toolkit._runtime.proxy.http_front import HTTPFront
 from app_toolkit.api import run, shutdown
 from app_toolkit.deployment import Application
 from app_toolkit.exceptions import ConfigError

@@ -39,11 +39,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from app_toolkit import metrics
 from app_toolkit._runtime import log_format, request_context, tracing
 from app_toolkit._runtime.backends.ray.direct import DirectIngress
+from app_toolkit._runtime.front.access_log import AccessLog
+from app_toolkit._runtime.front.cycle import HTTP_DURATION
+from app_toolkit._runtime.front.http_front import HTTPFront
+from app_toolkit._runtime.front.request_link import REQUEST_LINK, RequestLink, Writes
 from app_toolkit._runtime.messages import DeploymentID, HTTPResponse, RouteInfo
-from app_toolkit._runtime.proxy.access_log import AccessLog
-from app_toolkit._runtime.proxy.cycle import HTTP_DURATION
-from app_toolkit._runtime.proxy.http_front import HTTPFront
-from app_toolkit._runtime.proxy.request_link import REQUEST_LINK, RequestLink, Writes
 from app_toolkit._runtime.replica.replica import ReplicaCore
 from app_toolkit._runtime.tables import ApplicationTable
 from app_toolkit.build import build_app

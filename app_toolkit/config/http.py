@@ -12,7 +12,7 @@ from app_toolkit.config.schema import Strict, explain
 from app_toolkit.exceptions import ConfigError
 
 #: The most a proxy holds of one body it forwards: what it reads ahead (up to 64 KiB, plus
-#: the last piece read) before it streams the rest (``proxy/body.py``), with room to spare.
+#: the last piece read) before it streams the rest (``front/body.py``), with room to spare.
 _ONE_BODY_HELD = 1 << 20
 
 
@@ -147,7 +147,7 @@ class HTTPOptions(Strict):
     @field_validator("metrics_allow_ips", "dashboard_allow_ips")
     @classmethod
     def _check_allow_ips(cls, value: str) -> str:
-        from app_toolkit._runtime.proxy.metrics_page import parse_networks
+        from app_toolkit._runtime.front.metrics_page import parse_networks
 
         parse_networks(value)
         return value

@@ -11,7 +11,7 @@ from typing import Any
 
 import httpx
 
-from app_toolkit._runtime.proxy.dashboard import MAX_VIEWERS
+from app_toolkit._runtime.front.dashboard import MAX_VIEWERS
 from tests.apps import basic
 from tests.conftest import Toolkit
 

@@ -16,10 +16,10 @@ from starlette.types import Receive, Scope, Send
 from websockets.sync.client import connect
 
 from app_toolkit._runtime.connection_table import ConnectionTable, Handed, Phase, bytes_written
+from app_toolkit._runtime.front.request_link import REQUEST_LINK, RequestLink
+from app_toolkit._runtime.front.server import ProxyServer, serve
 from app_toolkit._runtime.proxy.acceptor import Acceptor, request_target
 from app_toolkit._runtime.proxy.handoff_sender import HandoffSender
-from app_toolkit._runtime.proxy.request_link import REQUEST_LINK, RequestLink
-from app_toolkit._runtime.proxy.server import ProxyServer, serve
 from app_toolkit._runtime.replica.handoff_listener import HandoffListener
 from app_toolkit.config import HTTPOptions
 

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from starlette.types import Receive, Scope, Send
 
-from app_toolkit._runtime.proxy.request_link import REQUEST_LINK
-from app_toolkit._runtime.proxy.server import ProxyServer, listen_socket, serve
+from app_toolkit._runtime.front.request_link import REQUEST_LINK
+from app_toolkit._runtime.front.server import ProxyServer, listen_socket, serve
 from app_toolkit.config import HTTPOptions
 
 pytestmark = pytest.mark.anyio

@@ -13,7 +13,7 @@ import httpx
 import pytest
 from starlette.types import Receive, Scope, Send
 
-from app_toolkit._runtime.proxy.server import serve
+from app_toolkit._runtime.front.server import serve
 from app_toolkit.config import HTTPOptions
 
 pytestmark = pytest.mark.anyio

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from app_toolkit._runtime.proxy.server import listen_socket
+from app_toolkit._runtime.front.server import listen_socket
 
 
 @pytest.fixture

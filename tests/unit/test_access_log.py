@@ -13,8 +13,8 @@ from collections.abc import Iterator
 import pytest
 
 from app_toolkit._runtime import log_format
-from app_toolkit._runtime.proxy import access_log
-from app_toolkit._runtime.proxy.access_log import AccessLog
+from app_toolkit._runtime.front import access_log
+from app_toolkit._runtime.front.access_log import AccessLog
 
 pytestmark = pytest.mark.anyio
 

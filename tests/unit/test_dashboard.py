@@ -10,8 +10,8 @@ from typing import Any
 import httpx
 import pytest
 
-from app_toolkit._runtime.proxy.dashboard_view import RouteRates, view
-from app_toolkit._runtime.proxy.http_front import HTTPFront
+from app_toolkit._runtime.front.dashboard_view import RouteRates, view
+from app_toolkit._runtime.front.http_front import HTTPFront
 from app_toolkit.config import HTTPOptions
 from app_toolkit.metrics import FamilySnapshot, HistogramValue, quantile
 from app_toolkit.status import (

@@ -7,9 +7,9 @@ import pytest
 from starlette.types import Message
 
 from app_toolkit._runtime.channel.exchange import Exchange
+from app_toolkit._runtime.front.cycle import HTTPCycle
+from app_toolkit._runtime.front.forward import forward
 from app_toolkit._runtime.messages import LOST, DeploymentID, HTTPRequest, HTTPResponse, ReplicaInfo, Request
-from app_toolkit._runtime.proxy.cycle import HTTPCycle
-from app_toolkit._runtime.proxy.forward import forward
 from app_toolkit._runtime.routing.dispatcher import Dispatcher
 
 pytestmark = pytest.mark.anyio

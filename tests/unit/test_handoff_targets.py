@@ -6,9 +6,9 @@ from collections import Counter
 
 import pytest
 
+from app_toolkit._runtime.front.path_match import AppMatcher
 from app_toolkit._runtime.messages import DeploymentID, ReplicaInfo, RouteInfo
 from app_toolkit._runtime.proxy.handoff_targets import HandoffTargets
-from app_toolkit._runtime.proxy.path_match import AppMatcher
 from app_toolkit._runtime.routing.dispatcher import Dispatcher
 
 NODE = "node-a"

@@ -8,7 +8,7 @@ import os
 import socket
 
 from app_toolkit._runtime.connection_table import ConnectionTable, Handed, Phase
-from app_toolkit._runtime.proxy.request_link import JOIN_MAX, RequestLink, Writes
+from app_toolkit._runtime.front.request_link import JOIN_MAX, RequestLink, Writes
 
 
 class Transport:

@@ -117,11 +117,13 @@ PUBLIC_ENTRY_POINTS = {
 #: parts together; no part reaches back up into them or sideways into a peer it serves.
 RUNTIME = "app_toolkit._runtime"
 FORBIDDEN = {
-    "channel": {"backends", "controller", "proxy", "replica", "routing", "session"},
-    "controller": {"backends", "channel", "proxy", "replica", "routing", "session"},
-    "routing": {"backends", "controller", "proxy", "replica", "session"},
-    "replica": {"backends", "controller", "proxy", "routing", "session"},
-    "proxy": {"backends", "controller", "replica", "session"},
+    "channel": {"backends", "controller", "front", "proxy", "replica", "routing", "session"},
+    "controller": {"backends", "channel", "front", "proxy", "replica", "routing", "session"},
+    "routing": {"backends", "controller", "front", "proxy", "replica", "session"},
+    "replica": {"backends", "controller", "front", "proxy", "routing", "session"},
+    # The HTTP front runs in the proxy and in ingress replicas: it names neither's own code.
+    "front": {"backends", "controller", "proxy", "replica", "session"},
+    "proxy": {"backends", "controller", "replica", "session"},  # the node's proxy's own
     "session": {"backends"},
 }
 

@@ -13,8 +13,8 @@ import yaml
 
 import app_toolkit as tk
 from app_toolkit._runtime import log_format, request_context
+from app_toolkit._runtime.front.http_front import HTTPFront
 from app_toolkit._runtime.messages import DeploymentID, RouteInfo
-from app_toolkit._runtime.proxy.http_front import HTTPFront
 from app_toolkit._runtime.replica.replica import ReplicaCore
 from app_toolkit._runtime.tables import APPLICATIONS_KEY, ApplicationTable
 from app_toolkit.build import build_app, build_spec

@@ -11,8 +11,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from app_toolkit import metrics
-from app_toolkit._runtime.proxy.http_front import HTTPFront
-from app_toolkit._runtime.proxy.metrics_page import allowed, parse_networks, render
+from app_toolkit._runtime.front.http_front import HTTPFront
+from app_toolkit._runtime.front.metrics_page import allowed, parse_networks, render
 from app_toolkit.config import HTTPOptions
 from app_toolkit.metrics import FamilySnapshot, HistogramValue
 

@@ -12,10 +12,10 @@ import httpx
 import pytest
 
 from app_toolkit._runtime import request_context, tracing
+from app_toolkit._runtime.front.http_front import HTTPFront
+from app_toolkit._runtime.front.path_match import AppMatcher, match_app
+from app_toolkit._runtime.front.scope import forward_in_place, forwarded_scope, read_headers
 from app_toolkit._runtime.messages import DeploymentID, RouteInfo
-from app_toolkit._runtime.proxy.http_front import HTTPFront
-from app_toolkit._runtime.proxy.path_match import AppMatcher, match_app
-from app_toolkit._runtime.proxy.scope import forward_in_place, forwarded_scope, read_headers
 from app_toolkit._runtime.tables import ApplicationTable
 from app_toolkit.config import HTTPOptions
 

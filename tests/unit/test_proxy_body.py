@@ -13,17 +13,17 @@ from app_toolkit._runtime.answers import header_dict
 from app_toolkit._runtime.backends.ray.direct import StreamedBody
 from app_toolkit._runtime.channel.exchange import Exchange
 from app_toolkit._runtime.channel.flow import STREAM_WINDOW, frame_cost
-from app_toolkit._runtime.messages import BUSY, HTTPRequest, HTTPResponse, RequestBodyPiece
-from app_toolkit._runtime.proxy.body import (
+from app_toolkit._runtime.front.body import (
     READ_AHEAD_BYTES,
     Body,
     BodyBudget,
     BodyPump,
     read_body,
 )
-from app_toolkit._runtime.proxy.cycle import CLIENT_CLOSED, HTTPCycle
-from app_toolkit._runtime.proxy.request_link import RequestLink
-from app_toolkit._runtime.proxy.scope import RequestHeaders
+from app_toolkit._runtime.front.cycle import CLIENT_CLOSED, HTTPCycle
+from app_toolkit._runtime.front.request_link import RequestLink
+from app_toolkit._runtime.front.scope import RequestHeaders
+from app_toolkit._runtime.messages import BUSY, HTTPRequest, HTTPResponse, RequestBodyPiece
 from app_toolkit.config import HTTPOptions
 
 

@@ -10,7 +10,7 @@ import pytest
 
 import app_toolkit as tk
 from app_toolkit._runtime import request_context
-from app_toolkit._runtime.proxy.scope import read_headers
+from app_toolkit._runtime.front.scope import read_headers
 from app_toolkit._runtime.request_keys import model_id_in, routing_key
 
 Headers = list[tuple[bytes, bytes]]

@@ -7,8 +7,8 @@ from fastapi import APIRouter, FastAPI, WebSocket
 
 import app_toolkit as tk
 from app_toolkit._runtime.controller.prefixes import check_prefixes
+from app_toolkit._runtime.front.path_match import AppMatcher
 from app_toolkit._runtime.messages import AppSpec, DeploymentID, RouteInfo
-from app_toolkit._runtime.proxy.path_match import AppMatcher
 from app_toolkit.route_table import route_table
 
 

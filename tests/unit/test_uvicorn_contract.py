@@ -1,6 +1,6 @@
 """The parts of uvicorn the proxy relies on beyond its public API, named one by one.
 
-``proxy/http_guard.py`` subclasses uvicorn's httptools protocol (a private class) to add
+``front/http_guard.py`` subclasses uvicorn's httptools protocol (a private class) to add
 limits and hooks uvicorn does not offer. pyproject.toml pins uvicorn to the range tested
 here; when a new uvicorn is taken, this test says which assumption broke, before any
 behaviour test fails in a less obvious way.
@@ -21,8 +21,8 @@ from packaging.requirements import Requirement
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 from uvicorn.server import ServerState
 
-from app_toolkit._runtime.proxy.http_guard import guarded_protocol
-from app_toolkit._runtime.proxy.request_link import REQUEST_LINK, RequestLink
+from app_toolkit._runtime.front.http_guard import guarded_protocol
+from app_toolkit._runtime.front.request_link import REQUEST_LINK, RequestLink
 from app_toolkit.config import HTTPOptions
 
 PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"

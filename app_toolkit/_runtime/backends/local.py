@@ -22,6 +22,8 @@ from app_toolkit._runtime.channel.flow import FRAME_COST, STREAM_WINDOW, Inbound
 from app_toolkit._runtime.controller.api import ControlCall
 from app_toolkit._runtime.controller.backend import ClusterView, Seat
 from app_toolkit._runtime.controller.controller import ControllerCore
+from app_toolkit._runtime.front.http_front import HTTPFront
+from app_toolkit._runtime.front.server import ProxyServer, listen_socket, serve
 from app_toolkit._runtime.messages import (
     STREAMED,
     AdoptedReplica,
@@ -39,8 +41,6 @@ from app_toolkit._runtime.messages import (
     beyond_limit,
     body_follows,
 )
-from app_toolkit._runtime.proxy.http_front import HTTPFront
-from app_toolkit._runtime.proxy.server import ProxyServer, listen_socket, serve
 from app_toolkit._runtime.replica.replica import InitArgs, ReplicaCore
 from app_toolkit._runtime.routing.data_plane import DataPlane, LoopThread, refuse_nested
 from app_toolkit._runtime.routing.dispatcher import ReplicaClient

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from app_toolkit import metrics
 from app_toolkit._runtime.answers import as_bytes, replica_lost, unavailable
 from app_toolkit._runtime.connection_table import ConnectionTable, Phase, bytes_written
+from app_toolkit._runtime.front.scope import new_request_id
 from app_toolkit._runtime.handoff import (
     BACK,
     CONNECTION,
@@ -47,7 +48,6 @@ from app_toolkit._runtime.handoff import (
     send_message,
     shown,
 )
-from app_toolkit._runtime.proxy.scope import new_request_id
 
 logger = logging.getLogger("app_toolkit.proxy")
 

@@ -9,8 +9,8 @@ import random
 import time
 from collections.abc import Callable
 
+from app_toolkit._runtime.front.path_match import AppMatcher, match_app
 from app_toolkit._runtime.messages import DeploymentID
-from app_toolkit._runtime.proxy.path_match import AppMatcher, match_app
 from app_toolkit._runtime.routing.dispatcher import Dispatcher
 
 # How long the acceptor trusts "some local replica takes connections" (and "none does":

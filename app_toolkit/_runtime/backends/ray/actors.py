@@ -30,10 +30,10 @@ from app_toolkit._runtime.backends.ray.spares import SparePool, code_to_preload,
 from app_toolkit._runtime.controller.api import ControlCall
 from app_toolkit._runtime.controller.controller import ControllerCore
 from app_toolkit._runtime.controller.heap import HeapKeeper
+from app_toolkit._runtime.front.http_front import HTTPFront
+from app_toolkit._runtime.front.server import Adopter, ProxyServer, listen_socket, serve
 from app_toolkit._runtime.proxy.acceptor import HandOff
 from app_toolkit._runtime.proxy.handoff_targets import HandoffTargets
-from app_toolkit._runtime.proxy.http_front import HTTPFront
-from app_toolkit._runtime.proxy.server import Adopter, ProxyServer, listen_socket, serve
 from app_toolkit._runtime.routing import caller_metrics
 from app_toolkit._runtime.tables import Table
 from app_toolkit.config import HTTPOptions

@@ -1,7 +1,7 @@
 """Direct ingress: a request of a connection an ingress replica owns, served by that
 replica's app in this process (docs/architecture.md, "Direct ingress").
 
-The front (``proxy/http_front.py``) applies every per-request rule as on the proxied path
+The front (``front/http_front.py``) applies every per-request rule as on the proxied path
 (request id, deadline, limits, disconnect, access log, metrics, spans) and hands the
 request to :class:`DirectIngress` (its ``proxy/local_ingress.LocalIngress``): here the app
 runs on the scope the proxy would have forwarded, reads the body as it arrives (within
@@ -16,10 +16,10 @@ from collections.abc import Awaitable, Sequence
 
 from starlette.types import Message, Receive, Scope, Send
 
+from app_toolkit._runtime.front.body import BodyReader, refusal_answer
+from app_toolkit._runtime.front.cycle import HTTPCycle
+from app_toolkit._runtime.front.scope import RequestHeaders
 from app_toolkit._runtime.messages import HTTPResponse
-from app_toolkit._runtime.proxy.body import BodyReader, refusal_answer
-from app_toolkit._runtime.proxy.cycle import HTTPCycle
-from app_toolkit._runtime.proxy.scope import RequestHeaders
 from app_toolkit._runtime.replica.replica import ReplicaCore
 from app_toolkit._runtime.request_context import route_template
 from app_toolkit._runtime.tracing import TraceContext
@@ -30,7 +30,7 @@ _DISCONNECT: Message = {"type": "http.disconnect"}
 
 class StreamedBody:
     """The request body as the app reads it, within the bounds every path keeps
-    (:class:`~app_toolkit._runtime.proxy.body.BodyReader`). A body over a bound ends the
+    (:class:`~app_toolkit._runtime.front.body.BodyReader`). A body over a bound ends the
     app's reading with a disconnect; ``refusal`` says which (413, 408)."""
 
     __slots__ = ("_receive", "_reader", "_done", "_cycle")
@@ -68,7 +68,7 @@ class StreamedBody:
 
 class _Answer:
     """The app's response to its own client (a ``run_app.HTTPOut``), written by the
-    request's :class:`~app_toolkit._runtime.proxy.cycle.HTTPCycle`: its head held until the
+    request's :class:`~app_toolkit._runtime.front.cycle.HTTPCycle`: its head held until the
     first body piece, so a whole response leaves in one write, and dropped when the body
     was refused (the refusal is the answer then)."""
 

@@ -21,8 +21,8 @@ import logging
 
 from app_toolkit._runtime.backends.ray.direct import DirectIngress
 from app_toolkit._runtime.backends.ray.node_metrics import NodeMetrics
-from app_toolkit._runtime.proxy.http_front import HTTPFront
-from app_toolkit._runtime.proxy.server import ProxyServer, serve
+from app_toolkit._runtime.front.http_front import HTTPFront
+from app_toolkit._runtime.front.server import ProxyServer, serve
 from app_toolkit._runtime.replica.handoff_listener import HandoffListener
 from app_toolkit._runtime.replica.replica import ReplicaCore
 from app_toolkit._runtime.routing.subscriber import TableSubscriber

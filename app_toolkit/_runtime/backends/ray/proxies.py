@@ -3,7 +3,7 @@ on the controller's node (``HeadOnly``) or none (``Disabled``).
 
 The fleet starts a proxy on every node that joins, starts a proxy's server again after Ray
 restarted its process, and retires the proxy of a node that left. Proxies on one machine
-share the port (``proxy/server.py``, ``listen_socket``). After a controller restart the proxies of
+share the port (``front/server.py``, ``listen_socket``). After a controller restart the proxies of
 its previous life are found by name and kept: they never stopped serving.
 """
 

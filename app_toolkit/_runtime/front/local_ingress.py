@@ -10,8 +10,8 @@ from typing import Protocol
 
 from starlette.types import Receive, Scope, Send
 
+from app_toolkit._runtime.front.cycle import HTTPCycle
 from app_toolkit._runtime.messages import DeploymentID, Rejected
-from app_toolkit._runtime.proxy.cycle import HTTPCycle
 from app_toolkit._runtime.tracing import TraceContext
 from app_toolkit.config import HTTPOptions
 

@@ -22,22 +22,17 @@ from starlette.types import Receive, Scope, Send
 from app_toolkit import metrics
 from app_toolkit._runtime import request_context, tracing
 from app_toolkit._runtime.answers import error_answer, json_answer, no_route, unavailable
-from app_toolkit._runtime.messages import (
-    DeploymentID,
-    HTTPRequest,
-    HTTPResponse,
-)
-from app_toolkit._runtime.proxy.access_log import AccessLog
-from app_toolkit._runtime.proxy.body import Body, BodyBudget, BodyPump, declared_too_large, read_body
-from app_toolkit._runtime.proxy.cycle import CLIENT_CLOSED, HTTPCycle, watch_disconnect
-from app_toolkit._runtime.proxy.dashboard import PREFIX as DASHBOARD
-from app_toolkit._runtime.proxy.dashboard import Dashboard, StatusSource
-from app_toolkit._runtime.proxy.forward import forward
-from app_toolkit._runtime.proxy.local_ingress import LocalIngress
-from app_toolkit._runtime.proxy.metrics_page import CONTENT_TYPE, Gather, allowed, parse_networks, render
-from app_toolkit._runtime.proxy.path_match import OPERATOR_PREFIX, AppMatcher, match_app
-from app_toolkit._runtime.proxy.request_link import REQUEST_LINK, RequestLink
-from app_toolkit._runtime.proxy.scope import (
+from app_toolkit._runtime.front.access_log import AccessLog
+from app_toolkit._runtime.front.body import Body, BodyBudget, BodyPump, declared_too_large, read_body
+from app_toolkit._runtime.front.cycle import CLIENT_CLOSED, HTTPCycle, watch_disconnect
+from app_toolkit._runtime.front.dashboard import PREFIX as DASHBOARD
+from app_toolkit._runtime.front.dashboard import Dashboard, StatusSource
+from app_toolkit._runtime.front.forward import forward
+from app_toolkit._runtime.front.local_ingress import LocalIngress
+from app_toolkit._runtime.front.metrics_page import CONTENT_TYPE, Gather, allowed, parse_networks, render
+from app_toolkit._runtime.front.path_match import OPERATOR_PREFIX, AppMatcher, match_app
+from app_toolkit._runtime.front.request_link import REQUEST_LINK, RequestLink
+from app_toolkit._runtime.front.scope import (
     RequestHeaders,
     forward_in_place,
     forwarded_scope,
@@ -45,7 +40,12 @@ from app_toolkit._runtime.proxy.scope import (
     read_headers,
     route_path,
 )
-from app_toolkit._runtime.proxy.websocket import serve_websocket
+from app_toolkit._runtime.front.websocket import serve_websocket
+from app_toolkit._runtime.messages import (
+    DeploymentID,
+    HTTPRequest,
+    HTTPResponse,
+)
 from app_toolkit._runtime.routing.subscriber import TableSubscriber
 from app_toolkit._runtime.tables import APPLICATIONS_KEY, ApplicationTable, Table
 from app_toolkit.config import HTTPOptions

@@ -13,7 +13,7 @@ from starlette.types import Scope
 
 from app_toolkit._runtime import tracing
 from app_toolkit._runtime.answers import REQUEST_ID_HEADER
-from app_toolkit._runtime.proxy.path_match import AppMatcher
+from app_toolkit._runtime.front.path_match import AppMatcher
 from app_toolkit._runtime.request_keys import KEY_HEADERS, SHARD_KEY_HEADER, KeyHeaders, routing_key
 
 _FORWARDED_KEYS = (

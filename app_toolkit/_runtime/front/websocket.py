@@ -16,6 +16,15 @@ from collections.abc import Callable
 from starlette.types import Receive, Scope, Send
 
 from app_toolkit._runtime.answers import can_deny, denial, ends_websocket, unavailable
+from app_toolkit._runtime.front import stream_metrics
+from app_toolkit._runtime.front.local_ingress import LocalIngress
+from app_toolkit._runtime.front.path_match import AppMatcher, match_app
+from app_toolkit._runtime.front.scope import (
+    RequestHeaders,
+    forwarded_scope,
+    read_headers,
+    route_path,
+)
 from app_toolkit._runtime.messages import (
     CLOSE_INTERNAL_ERROR,
     CLOSE_POLICY,
@@ -24,15 +33,6 @@ from app_toolkit._runtime.messages import (
     StreamEnd,
     WebSocketMessage,
     WebSocketOpen,
-)
-from app_toolkit._runtime.proxy import stream_metrics
-from app_toolkit._runtime.proxy.local_ingress import LocalIngress
-from app_toolkit._runtime.proxy.path_match import AppMatcher, match_app
-from app_toolkit._runtime.proxy.scope import (
-    RequestHeaders,
-    forwarded_scope,
-    read_headers,
-    route_path,
 )
 from app_toolkit._runtime.request_keys import SHARD_KEY_HEADER
 from app_toolkit._runtime.routing.dispatcher import Dispatcher, Reply

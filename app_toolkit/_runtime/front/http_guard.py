@@ -30,8 +30,8 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from app_toolkit._runtime.answers import as_bytes
 from app_toolkit._runtime.connection_table import Handed, Phase, bytes_written
+from app_toolkit._runtime.front.request_link import REQUEST_LINK, RequestLink, Writes
 from app_toolkit._runtime.messages import HTTPResponse
-from app_toolkit._runtime.proxy.request_link import REQUEST_LINK, RequestLink, Writes
 from app_toolkit.config import HTTPOptions
 
 logger = logging.getLogger("app_toolkit.proxy")

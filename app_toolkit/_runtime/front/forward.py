@@ -7,6 +7,7 @@ import logging
 
 from app_toolkit._runtime.answers import internal_error, overloaded, replica_lost, unavailable
 from app_toolkit._runtime.channel.exchange import Exchange
+from app_toolkit._runtime.front.cycle import HTTPCycle
 from app_toolkit._runtime.messages import (
     BodyChunk,
     HTTPRequest,
@@ -15,7 +16,6 @@ from app_toolkit._runtime.messages import (
     ReplicaLost,
     StreamEnd,
 )
-from app_toolkit._runtime.proxy.cycle import HTTPCycle
 from app_toolkit._runtime.routing.dispatcher import Dispatcher, OnOpen
 from app_toolkit.exceptions import BackPressureError, ReplicaUnavailableError, RequestLostError
 

@@ -14,9 +14,9 @@ from starlette.types import Message, Receive
 
 from app_toolkit._runtime.answers import error_answer, unavailable
 from app_toolkit._runtime.channel.exchange import Exchange
+from app_toolkit._runtime.front.cycle import CLIENT_CLOSED, HTTPCycle, watch_disconnect
+from app_toolkit._runtime.front.request_link import RequestLink
 from app_toolkit._runtime.messages import HTTPResponse, RequestBodyPiece
-from app_toolkit._runtime.proxy.cycle import CLIENT_CLOSED, HTTPCycle, watch_disconnect
-from app_toolkit._runtime.proxy.request_link import RequestLink
 from app_toolkit.config import HTTPOptions
 
 logger = logging.getLogger("app_toolkit.proxy")

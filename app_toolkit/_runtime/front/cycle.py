@@ -26,12 +26,12 @@ from starlette.types import Message, Receive, Scope, Send
 
 from app_toolkit import metrics
 from app_toolkit._runtime import tracing
+from app_toolkit._runtime.front import stream_metrics
+from app_toolkit._runtime.front.access_log import AccessLog
+from app_toolkit._runtime.front.path_match import AppMatcher
+from app_toolkit._runtime.front.request_link import RequestLink
+from app_toolkit._runtime.front.scope import RequestHeaders, with_request_id
 from app_toolkit._runtime.messages import HTTPResponse
-from app_toolkit._runtime.proxy import stream_metrics
-from app_toolkit._runtime.proxy.access_log import AccessLog
-from app_toolkit._runtime.proxy.path_match import AppMatcher
-from app_toolkit._runtime.proxy.request_link import RequestLink
-from app_toolkit._runtime.proxy.scope import RequestHeaders, with_request_id
 
 #: nginx's status for "the client closed the connection": it went away first.
 CLIENT_CLOSED = 499

@@ -20,7 +20,7 @@ import uvicorn
 from starlette.types import ASGIApp
 
 from app_toolkit._runtime.connection_table import Handed
-from app_toolkit._runtime.proxy.http_guard import GuardedHttpProtocol, guarded_protocol
+from app_toolkit._runtime.front.http_guard import GuardedHttpProtocol, guarded_protocol
 from app_toolkit.config import HTTPOptions
 
 logger = logging.getLogger("app_toolkit.proxy")
