@@ -76,10 +76,10 @@ def _timestamp(created: float) -> str:
     milli = int(created * 1000)
     if milli == _last_milli[0]:
         return _last_milli[1]
-    second = int(created)
+    second, fraction = divmod(milli, 1000)
     if second != _last_second[0]:
         _last_second = (second, time.strftime(_DATE, time.gmtime(second)))
-    text = f"{_last_second[1]}.{int((created - second) * 1000):03d}"
+    text = f"{_last_second[1]}.{fraction:03d}"
     _last_milli = (milli, text)
     return text
 

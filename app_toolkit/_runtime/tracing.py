@@ -20,6 +20,7 @@ import logging
 import os
 import random
 import re
+import threading
 import time
 from contextvars import ContextVar, Token
 from dataclasses import dataclass
@@ -77,9 +78,17 @@ class LazyTrace:
     def read(self) -> TraceContext:
         made = self._made
         if made is None:
-            parent = self._parent
-            made = self._made = child(parent if parent is not None else new_trace())
+            # Threads the request's context was copied to (a sync endpoint's) share this
+            # object: the first read is made once, whichever thread reads first.
+            with _first_read:
+                made = self._made
+                if made is None:
+                    parent = self._parent
+                    made = self._made = child(parent if parent is not None else new_trace())
         return made
+
+
+_first_read = threading.Lock()
 
 
 #: The span the current code runs in (set for each request by ``request_context.request_scope``).

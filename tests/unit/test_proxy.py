@@ -175,6 +175,10 @@ def test_with_request_id_headers_the_app_sees_one_request_id_and_one_traceparent
     assert (b"tracestate" in values) is kept_parent  # an invalid traceparent voids its tracestate
     assert scope["headers"][1:-1] == sent  # the server's own scope is left as it was
     assert values[b"traceparent"] == trace.traceparent.encode()  # the one the replica continues
+    in_place: dict[str, Any] = dict(scope)  # direct ingress: the trace it names is the one returned
+    named = forward_in_place(in_place, _ROUTE, headers, None, id_headers=True)
+    shown: dict[bytes, bytes] = dict(in_place["headers"])
+    assert named is not None and shown[b"traceparent"] == named.traceparent.encode()
 
 
 def test_a_new_trace_has_valid_distinct_ids_and_its_children_keep_its_trace_id() -> None:

@@ -3,7 +3,7 @@ replica's app in this process (docs/architecture.md, "Direct ingress").
 
 The front (``front/http_front.py``) applies every per-request rule as on the proxied path
 (request id, deadline, limits, disconnect, access log, metrics, spans) and hands the
-request to :class:`DirectIngress` (its ``proxy/local_ingress.LocalIngress``): here the app
+request to :class:`DirectIngress` (its ``front/local_ingress.LocalIngress``): here the app
 runs on the scope the proxy would have forwarded, reads the body as it arrives (within
 the bounds of ``body.BodyReader``, as on every path) and answers the client through the
 request's ``HTTPCycle``. Replica-process code.
@@ -112,10 +112,13 @@ class _Answer:
             await cycle.whole(int(head["status"]), head.get("headers", ()), body, cycle.route, head)
 
     def end(self) -> None:
-        """The app is done: its route is known (its routing recorded it in the scope), and
-        a streamed response is no longer open."""
-        self._cycle.route = route_template(self._scope)
-        self._cycle.stream_closed()
+        """The app is done: a response it started is labelled with the route its routing
+        recorded in the scope (one it never answered keeps its application's label, as on
+        the channel path: a 499, a 504), and a streamed response is no longer open."""
+        cycle = self._cycle
+        if cycle.started:
+            cycle.route = route_template(self._scope)
+        cycle.stream_closed()
 
     def refusal(self) -> HTTPResponse | None:
         refused = self._body.refusal if self._body is not None else 0
