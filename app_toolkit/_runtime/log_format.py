@@ -74,12 +74,14 @@ def _timestamp(created: float) -> str:
     millisecond's are cached: a batch of access lines shares them)."""
     global _last_second, _last_milli
     milli = int(created * 1000)
-    if milli == _last_milli[0]:
-        return _last_milli[1]
+    cached = _last_milli  # read once: another thread may replace it meanwhile
+    if milli == cached[0]:
+        return cached[1]
     second, fraction = divmod(milli, 1000)
-    if second != _last_second[0]:
-        _last_second = (second, time.strftime(_DATE, time.gmtime(second)))
-    text = f"{_last_second[1]}.{fraction:03d}"
+    day = _last_second
+    if second != day[0]:
+        day = _last_second = (second, time.strftime(_DATE, time.gmtime(second)))
+    text = f"{day[1]}.{fraction:03d}"
     _last_milli = (milli, text)
     return text
 

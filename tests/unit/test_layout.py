@@ -122,7 +122,7 @@ FORBIDDEN = {
     "routing": {"backends", "controller", "front", "proxy", "replica", "session"},
     "replica": {"backends", "controller", "front", "proxy", "routing", "session"},
     # The HTTP front runs in the proxy and in ingress replicas: it names neither's own code.
-    "front": {"backends", "controller", "proxy", "replica", "session"},
+    "front": {"backends", "controller", "proxy", "replica", "session", "run_app", "drain_signal"},
     "proxy": {"backends", "controller", "replica", "session"},  # the node's proxy's own
     "session": {"backends"},
 }
