@@ -24,6 +24,7 @@ from app_toolkit._runtime.replica.replica import ReplicaCore
 from app_toolkit._runtime.tables import ApplicationTable
 from app_toolkit.config import DeploymentConfig, HTTPOptions
 from app_toolkit.tracing import current_trace
+from tests.unit.scopes import http_scope
 from tests.waiting import wait_for_async
 
 pytestmark = pytest.mark.anyio
@@ -96,21 +97,8 @@ class Exchange:
 
     def __init__(self, path: str, headers: list[tuple[bytes, bytes]] | None = None) -> None:
         self.link = RequestLink(Writes(_Transport()))  # type: ignore[arg-type]
-        self.scope: dict[str, Any] = {
-            "type": "http",
-            "asgi": {"version": "3.0"},
-            "http_version": "1.1",
-            "method": "GET",
-            "scheme": "http",
-            "path": path,
-            "raw_path": path.encode(),
-            "root_path": "",
-            "query_string": b"",
-            "headers": [(b"host", b"testserver"), *(headers or [])],
-            "server": ("testserver", 80),
-            "client": ("127.0.0.1", 1234),
-            REQUEST_LINK: self.link,
-        }
+        self.scope = http_scope(path, headers=[(b"host", b"testserver"), *(headers or [])])
+        self.scope[REQUEST_LINK] = self.link
         self.sent: list[Message] = []
 
     async def run(self, front: HTTPFront) -> None:

@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 import pytest
 from fastapi import FastAPI, WebSocket, WebSocketDisconnect
 from fastapi.responses import StreamingResponse
-from starlette.types import Scope
 
 import app_toolkit as tk
 from app_toolkit._runtime import answers
@@ -30,6 +29,7 @@ from app_toolkit._runtime.messages import (
 )
 from app_toolkit._runtime.replica.replica import ReplicaCore
 from app_toolkit.config import DeploymentConfig
+from tests.unit.scopes import http_scope
 from tests.waiting import wait_for_async
 
 pytestmark = pytest.mark.anyio
@@ -101,23 +101,6 @@ class Sink:
 
     def body(self) -> bytes:
         return b"".join(answer.data for _, answer in self.answers if isinstance(answer, BodyChunk))
-
-
-def http_scope(path: str, query: bytes = b"") -> Scope:
-    return {
-        "type": "http",
-        "asgi": {"version": "3.0"},
-        "http_version": "1.1",
-        "method": "GET",
-        "scheme": "http",
-        "path": path,
-        "raw_path": path.encode(),
-        "root_path": "",
-        "query_string": query,
-        "headers": [],
-        "server": ("testserver", 80),
-        "client": ("127.0.0.1", 1234),
-    }
 
 
 async def started_core(grace_s: float = GRACE_S) -> ReplicaCore:
