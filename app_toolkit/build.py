@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from app_toolkit._runtime.messages import AppSpec, ByValue, DeploymentID, DeploymentSpec
-from app_toolkit._runtime.replica.replica import ASGI_APP_ATTR, ASGI_BUILDER_ATTR
+from app_toolkit._runtime.replica.ingress_app import ASGI_APP_ATTR, ASGI_BUILDER_ATTR
 from app_toolkit._runtime.session import Build, Serialize
 from app_toolkit.app_builder import load_application
 from app_toolkit.config import AutoscalingPolicy, DeploymentConfig, LoggingConfig

@@ -9,7 +9,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, cast
 
 from app_toolkit._runtime import request_context
-from app_toolkit._runtime.replica.replica import (
+from app_toolkit._runtime.replica.ingress_app import (
     ASGI_APP_ATTR,
     ASGI_BUILDER_ATTR,
     BUILD_ASGI_METHOD,

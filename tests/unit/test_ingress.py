@@ -7,7 +7,7 @@ from fastapi import FastAPI, Request
 from fastapi.routing import APIRoute
 
 import app_toolkit as tk
-from app_toolkit._runtime.replica.replica import ASGI_APP_ATTR
+from app_toolkit._runtime.replica.ingress_app import ASGI_APP_ATTR
 from app_toolkit.testing import TestClient
 from tests.deployments import as_deployment
 

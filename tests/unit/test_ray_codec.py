@@ -22,7 +22,7 @@ from starlette.datastructures import State
 
 import app_toolkit as tk
 from app_toolkit._runtime.backends.ray.codec import dumps
-from app_toolkit._runtime.replica.replica import ASGI_APP_ATTR
+from app_toolkit._runtime.replica.ingress_app import ASGI_APP_ATTR
 from app_toolkit.responses import DeploymentResponse
 from tests.apps import basic, shipping
 from tests.apps.shipping import WSGIMiddleware  # imported there without its deprecation warning

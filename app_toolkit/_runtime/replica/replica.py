@@ -41,12 +41,8 @@ from app_toolkit._runtime.replica.asgi import (
 )
 from app_toolkit._runtime.replica.autoscaling_stats import AutoscalingStats
 from app_toolkit._runtime.replica.calls import failure, find_method, log_call_failure, run_call
-from app_toolkit._runtime.replica.user_code import (
-    call_maybe_async,
-    construct,
-    install_error_handler,
-    run_destructor,
-)
+from app_toolkit._runtime.replica.ingress_app import ingress_app, serving_app
+from app_toolkit._runtime.replica.user_code import call_maybe_async, construct, run_destructor
 from app_toolkit._runtime.run_app import HTTPOut, SocketOut, failed_around, run_app, run_http
 from app_toolkit._runtime.waiting import wait_event
 from app_toolkit.config import DeploymentConfig
@@ -56,13 +52,6 @@ from app_toolkit.exceptions import (
 
 logger = logging.getLogger("app_toolkit.replica")
 
-ASGI_APP_ATTR = "__app_toolkit_asgi_app__"
-#: On an @ingress class whose app is made on the replica: a builder function, called with
-#: no arguments after the constructor, or BUILD_ASGI_METHOD (call that method).
-ASGI_BUILDER_ATTR = "__app_toolkit_asgi_builder__"
-BUILD_ASGI_METHOD = "__serve_build_asgi_app__"  # Ray Serve's name
-#: On an @ingress class: False keeps FastAPI's /docs pages as they are (files from a CDN).
-OFFLINE_DOCS_ATTR = "__app_toolkit_offline_docs__"
 #: A deployment's constructor arguments: positional and keyword.
 InitArgs = tuple[tuple[object, ...], dict[str, object]]
 LINGER_QUIET_S = 0.25  # a drained replica stops once no request came for this long
@@ -133,21 +122,14 @@ class ReplicaCore:
         try:
             if inspect.isclass(definition):
                 self.instance = await construct(definition, args, kwargs)
-                self.asgi_app = await self._ingress_app(definition)
+                self.asgi_app = await ingress_app(definition, self.instance, self.deployment)
             else:
                 self.instance = definition
         except Exception as exc:
             logger.exception("Constructor of %s failed", self.deployment)
             raise DeployError(f"{type(exc).__name__}: {exc}") from None
         if self.asgi_app is not None:
-            from app_toolkit._runtime.replica.app_copy import serving_copy  # ASGI ingresses only
-
-            self.asgi_app = serving_copy(self.asgi_app)  # what is added here stays off the user's app
-            install_error_handler(self.asgi_app)
-            if getattr(definition, OFFLINE_DOCS_ATTR, True):
-                from app_toolkit._runtime.replica.docs_pages import serve_docs_offline  # FastAPI apps only
-
-                serve_docs_offline(self.asgi_app)
+            self.asgi_app = serving_app(self.asgi_app, cast(type, definition))
             self._lifespan = Lifespan(self.asgi_app)
             token = request_context.replica_instance.set(self.instance)
             try:
@@ -166,19 +148,6 @@ class ReplicaCore:
         """Stop calling record_autoscaling_stats() (the replica is stopping)."""
         if self.autoscaling_stats is not None:
             await self.autoscaling_stats.stop()
-
-    async def _ingress_app(self, definition: type) -> ASGIApp | None:
-        """The ASGI app an @ingress class serves: given, or made now by its builder."""
-        builder = getattr(definition, ASGI_BUILDER_ATTR, None)
-        if builder == BUILD_ASGI_METHOD:
-            app = await call_maybe_async(getattr(self.instance, BUILD_ASGI_METHOD))
-        elif builder is not None:
-            app = await call_maybe_async(builder)
-        else:
-            return getattr(definition, ASGI_APP_ATTR, None)
-        if not callable(app):
-            raise TypeError(f"The ASGI app builder of {self.deployment} returned {type(app).__name__}")
-        return cast(ASGIApp, app)
 
     async def reconfigure(self, user_config: object) -> None:
         method = getattr(self.instance, "reconfigure", None)
