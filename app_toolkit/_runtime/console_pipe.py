@@ -10,17 +10,20 @@ private folder (mode 0700) and names it in the environment, which its raylet pas
 the workers on its node; their batched lines (``log_format.BatchWriter``: the access log)
 go into the pipe, and a thread of that process copies them to its standard error.
 
-The pipe holds what the kernel gives it (64 KiB by default): a write that does not fit, a
-line too long for one atomic write, or a pipe with no reader goes to standard error as
-before (Ray's relay), so no line is lost and none is torn: each write is of whole lines
-and at most ``PIPE_BUF`` bytes, which the kernel never interleaves with another
-process's. Workers on other nodes, and every process of a cluster a process joins
-rather than starts, do not have the pipe and log as before.
+The pipe is made to hold :data:`PIPE_BYTES` (the kernel's 64 KiB is less than one
+batch of access lines at a few thousand requests a second, and what overflowed took Ray's
+relay after all): a write that does not fit, a line too long for one atomic write, or a
+pipe with no reader goes to standard error as before (Ray's relay), so no line is lost
+and none is torn: each write is of whole lines and at most ``PIPE_BUF`` bytes, which the
+kernel never interleaves with another process's. Workers on other nodes, and every
+process of a cluster a process joins rather than starts, do not have the pipe and log as
+before.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import io
 import logging
 import os
@@ -37,6 +40,9 @@ PIPE_ENV = "APP_TOOLKIT_CONSOLE_PIPE"
 
 #: The kernel writes at most this many bytes to a pipe in one piece (POSIX: at least 512).
 ATOMIC = select.PIPE_BUF
+#: What the pipe is made to hold (Linux: at most ``/proc/sys/fs/pipe-max-size``, 1 MiB by
+#: default, for a process without CAP_SYS_RESOURCE): several batches of access lines.
+PIPE_BYTES = 1 << 20
 
 
 class PipeWriter:
@@ -116,6 +122,8 @@ class ConsolePipe:
             raise
         # Held open so the reader sees no end of file while no worker has it open.
         self._keep = os.open(self.path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        with contextlib.suppress(OSError):  # the kernel's default stays
+            fcntl.fcntl(self._fd, fcntl.F_SETPIPE_SZ, min(PIPE_BYTES, _pipe_limit()))
         self._out = out
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._copy, name="app-toolkit-console", daemon=True)
@@ -154,6 +162,15 @@ class ConsolePipe:
         self._stop.set()
         self._thread.join(timeout=5)
         shutil.rmtree(self._folder, ignore_errors=True)
+
+
+def _pipe_limit() -> int:
+    """The most a pipe may hold here (``/proc/sys/fs/pipe-max-size``)."""
+    try:
+        with open("/proc/sys/fs/pipe-max-size") as limit:
+            return int(limit.read())
+    except (OSError, ValueError):
+        return PIPE_BYTES
 
 
 _console: ConsolePipe | None = None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import io
 import logging
 import os
@@ -50,6 +51,22 @@ def test_lines_reach_the_console_whole_and_in_order() -> None:
     finally:
         console.close()
     assert not os.path.exists(console.path)
+
+
+def test_the_pipe_holds_several_batches_of_access_lines() -> None:
+    # The kernel's 64 KiB is less than one batch at a few thousand requests a second; what
+    # did not fit went through Ray's relay (three more processes per line).
+    console = ConsolePipe(_Console())
+    try:
+        end = os.open(console.path, os.O_WRONLY | os.O_NONBLOCK)
+        try:
+            held = fcntl.fcntl(end, fcntl.F_GETPIPE_SZ)
+        finally:
+            os.close(end)
+    finally:
+        console.close()
+    assert held == min(console_pipe.PIPE_BYTES, console_pipe._pipe_limit())
+    assert held >= 1 << 20 or console_pipe._pipe_limit() < 1 << 20
 
 
 def test_a_full_pipe_gives_back_the_rest_from_a_line_start(tmp_path: Path) -> None:
