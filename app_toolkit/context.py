@@ -29,4 +29,4 @@ def get_request_id() -> str:
     The app's request headers are the client's as sent; this is where the id is read
     (``HTTPOptions(request_id_headers=True)`` also puts it in the headers).
     """
-    return request_context.request_id.get()
+    return request_context.current_request_id()

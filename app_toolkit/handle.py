@@ -296,7 +296,7 @@ def _data_plane() -> DataPlane:
 
 def _request_id() -> str:
     """The request being served (downstream calls carry its id on), or a new id."""
-    return request_context.request_id.get() or uuid.uuid4().hex
+    return request_context.current_request_id() or uuid.uuid4().hex
 
 
 def _rebuild_handle(

@@ -128,7 +128,7 @@ def _final(final_event: FinalEvent) -> ServerSentEvent | None:
     try:
         return final_event()
     except Exception:
-        logger.exception("Request %s: the stream's final_event failed", request_context.request_id.get())
+        logger.exception("Request %s: the stream's final_event failed", request_context.current_request_id())
         return None
 
 
@@ -235,7 +235,7 @@ class OpenAIErrorEvent:
     @classmethod
     def restarting(cls) -> OpenAIErrorEvent:
         """The server restarts (the stream's replica stopped): send the request again."""
-        request_id = request_context.request_id.get()
+        request_id = request_context.current_request_id()
         said = f" (request id {request_id})" if request_id else ""
         return cls(f"The server is restarting; retry the request{said}.", RESTART_CODE)
 
@@ -330,11 +330,13 @@ async def _chat_chunks(
             count += 1
             yield chunk({"content": piece})
     except ReplicaUnavailableError as exc:  # where the pieces come from stopped (or was lost)
-        logger.warning("Request %s: the chat stream was cut off: %s", request_context.request_id.get(), exc)
+        logger.warning(
+            "Request %s: the chat stream was cut off: %s", request_context.current_request_id(), exc
+        )
         yield _restart_chunk()
         return
     except Exception:
-        request_id = request_context.request_id.get()
+        request_id = request_context.current_request_id()
         logger.exception("Request %s: the chat stream failed", request_id)
         yield OpenAIErrorEvent(
             f"Internal Server Error (request id {request_id})", "internal_error"

@@ -43,7 +43,7 @@ class _Context(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         fields = record.__dict__
         if not fields.get("request_id"):
-            fields["request_id"] = request_context.request_id.get()
+            fields["request_id"] = request_context.current_request_id()
         replica = request_context.replica.get()
         if replica is not None:
             if _floors and record.levelno < _floors.get((replica.app_name, replica.deployment), 0):

@@ -8,11 +8,9 @@ from contextlib import AbstractContextManager
 from contextvars import ContextVar, Token
 from dataclasses import dataclass
 
-from app_toolkit._runtime import request_keys, tracing
+from app_toolkit._runtime import request_keys, request_values, tracing
 from app_toolkit._runtime.drain_signal import DrainSignal
-
-#: The id of the request being served; downstream handle calls carry it on.
-request_id: ContextVar[str] = ContextVar("app_toolkit_request_id", default="")
+from app_toolkit._runtime.request_values import ModelSource, RequestValues
 
 #: The user-class instance of the replica serving this request (for ``@ingress`` classes).
 replica_instance: ContextVar[object] = ContextVar("app_toolkit_replica_instance", default=None)
@@ -20,11 +18,14 @@ replica_instance: ContextVar[object] = ContextVar("app_toolkit_replica_instance"
 #: The application the current replica belongs to (for handles to its sibling deployments).
 app_name: ContextVar[str] = ContextVar("app_toolkit_app_name", default="")
 
-#: Where a request names its multiplexed model: the id itself (handle calls), or an
-#: HTTP/WebSocket scope's headers, read only if someone asks (see ``current_model_id``).
-ModelSource = str | list[tuple[bytes, bytes]]
+_current = request_values.CURRENT
 
-model_id: ContextVar[ModelSource] = ContextVar("app_toolkit_model_id", default="")
+
+def current_request_id() -> str:
+    """The id of the request being served ("" outside one); downstream handle calls
+    carry it on."""
+    values = _current.get()
+    return values.request_id if values is not None else ""
 
 
 def route_template(scope: Mapping[str, object]) -> str:
@@ -36,8 +37,20 @@ def route_template(scope: Mapping[str, object]) -> str:
 
 def current_model_id() -> str:
     """The multiplexed model the current request asks for ("" if none)."""
-    source = model_id.get()
+    values = _current.get()
+    source = values.model if values is not None else ""
     return source if isinstance(source, str) else request_keys.model_id_in(source)
+
+
+def use_model(model: str) -> None:
+    """From here on in this task (and those it starts), the current request asks for
+    ``model`` (a batch's: its callers' one model)."""
+    values = _current.get()
+    _current.set(
+        RequestValues(values.request_id, values.trace, model)
+        if values is not None
+        else RequestValues("", None, model)
+    )
 
 
 #: Tells the controller which multiplexed models a replica holds now.
@@ -104,8 +117,6 @@ class Serving:
     stop_hooks: list[StopHook]
 
 
-_request_id = request_id  # the parameter of request_scope() has the same name
-
 #: The replica values the current task already holds (see :func:`enter_serving`).
 _inherited: ContextVar[Serving | None] = ContextVar("app_toolkit_serving", default=None)
 
@@ -159,57 +170,38 @@ def request_scope(
     model: ModelSource = "",
 ) -> AbstractContextManager[None]:
     """Run the code inside as request ``request_id``: its id (log records, downstream
-    calls), its span ``trace``, and in a replica (``serving``) the replica, its instance,
-    its drain signal and the request's multiplexed ``model``. All of it is reset on
+    calls), its span ``trace`` (None: the enclosing request's, if any), and in a replica
+    (``serving``) the replica, its instance, its drain signal and the request's
+    multiplexed ``model`` (outside one: the enclosing request's). All of it is reset on
     the way out."""
-    return _RequestScope(request_id, trace, serving, model)
+    return _RequestScope(RequestValues(request_id, trace, model), serving)
 
 
 class _RequestScope(AbstractContextManager[None]):
-    # A class, not a generator: it is entered for every request, twice on some paths.
-    __slots__ = (
-        "_request_id",
-        "_trace",
-        "_serving",
-        "_model",
-        "_id_token",
-        "_serving_tokens",
-        "_model_token",
-        "_trace_token",
-    )
+    # A class, not a generator: it is entered for every request, twice on some paths. The
+    # request's own values are one object in one context variable (request_values.py).
+    __slots__ = ("_values", "_serving", "_token", "_serving_tokens")
 
-    def __init__(
-        self,
-        request_id: str,
-        trace: tracing.TraceContext | tracing.LazyTrace | None,
-        serving: Serving | None,
-        model: ModelSource,
-    ) -> None:
-        self._request_id = request_id
-        self._trace = trace
+    def __init__(self, values: RequestValues, serving: Serving | None) -> None:
+        self._values = values
         self._serving = serving
-        self._model = model
-        self._id_token: Token[str] | None = None
+        self._token: Token[RequestValues | None] | None = None
         self._serving_tokens: _ServingTokens | None = None  # None: the task had them already
-        self._model_token: Token[ModelSource] | None = None
-        self._trace_token: Token[tracing.TraceContext | tracing.LazyTrace | None] | None = None
 
     def __enter__(self) -> None:
-        serving = self._serving
-        self._id_token = _request_id.set(self._request_id)
-        if serving is not None:
-            if _inherited.get() is not serving:  # else the replica's values are there already
-                self._serving_tokens = _set_serving(serving)
-            self._model_token = model_id.set(self._model)
-        if self._trace is not None:
-            self._trace_token = tracing.CURRENT.set(self._trace)
+        values, serving = self._values, self._serving
+        outer = _current.get()
+        if outer is not None:  # what this scope does not say stays the enclosing request's
+            if values.trace is None:
+                values.trace = outer.trace
+            if serving is None:
+                values.model = outer.model
+        if serving is not None and _inherited.get() is not serving:  # else they are there already
+            self._serving_tokens = _set_serving(serving)
+        self._token = _current.set(values)
 
     def __exit__(self, *exc_info: object) -> None:
-        if self._trace_token is not None:
-            tracing.CURRENT.reset(self._trace_token)
-        if self._model_token is not None:
-            model_id.reset(self._model_token)
+        if self._token is not None:
+            _current.reset(self._token)
         if self._serving_tokens is not None:
             _reset_serving(self._serving_tokens)
-        if self._id_token is not None:
-            _request_id.reset(self._id_token)

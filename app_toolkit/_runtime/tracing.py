@@ -22,10 +22,11 @@ import random
 import re
 import threading
 import time
-from contextvars import ContextVar, Token
+from contextvars import Token
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal, TypedDict
 
+from app_toolkit._runtime import request_values
 from app_toolkit.exceptions import ConfigError
 
 try:
@@ -91,14 +92,14 @@ class LazyTrace:
 _first_read = threading.Lock()
 
 
-#: The span the current code runs in (set for each request by ``request_context.request_scope``).
-CURRENT: ContextVar[TraceContext | LazyTrace | None] = ContextVar("app_toolkit_trace", default=None)
-
-
 def current_trace() -> TraceContext | None:
-    """The span of the request being served (None outside a request)."""
-    found = CURRENT.get()
-    return found.read() if isinstance(found, LazyTrace) else found
+    """The span of the request being served (None outside a request): its
+    ``request_values``, set for each request by ``request_context.request_scope``."""
+    values = request_values.CURRENT.get()
+    found = values.trace if values is not None else None
+    if isinstance(found, LazyTrace):
+        return found.read()
+    return found if isinstance(found, TraceContext) else None
 
 
 def parse(traceparent: str) -> tuple[str, str, str] | None:

@@ -220,8 +220,7 @@ def data(event: ServerSentEvent | dict[str, str]) -> object:
 
 async def test_a_chat_stream_ends_with_the_restart_error_at_the_deadline(signal: DrainSignal) -> None:
     source = Source("hello ")
-    token = request_context.request_id.set("req-7")
-    try:
+    with request_context.request_scope("req-7"):
         stream = ChatCompletionStream(source.events(), model="toy").body_iterator  # type: ignore[arg-type]
         assert isinstance(stream, AsyncGenerator)
         sent = [await anext(stream), await anext(stream)]  # the role chunk, "hello "
@@ -233,8 +232,6 @@ async def test_a_chat_stream_ends_with_the_restart_error_at_the_deadline(signal:
         signal.end_streams()
         last = await asyncio.wait_for(pending, 5)
         await ended(stream)
-    finally:
-        request_context.request_id.reset(token)
     assert [data(e)["choices"][0]["delta"] for e in sent] == [  # type: ignore[index]
         {"role": "assistant", "content": ""},
         {"content": "hello "},

@@ -18,10 +18,9 @@ def _restore_logging() -> Iterator[None]:
     replica = request_context.replica.set(
         request_context.ReplicaContext("shop", "Ingress", "shop.Ingress.ab12")
     )
-    request_id = request_context.request_id.set("req-7")
-    yield
+    with request_context.request_scope("req-7"):
+        yield
     request_context.replica.reset(replica)
-    request_context.request_id.reset(request_id)
     root = logging.getLogger()
     for handler in [h for h in root.handlers if h.get_name() == "app_toolkit"]:
         root.removeHandler(handler)

@@ -10,6 +10,7 @@ import pytest
 
 import app_toolkit as tk
 from app_toolkit._runtime import request_context
+from app_toolkit._runtime.drain_signal import DrainSignal
 from app_toolkit._runtime.front.scope import read_headers
 from app_toolkit._runtime.request_keys import model_id_in, routing_key
 
@@ -37,11 +38,12 @@ def test_the_proxy_and_the_replica_read_one_model_from_either_header_form(
 ) -> None:
     assert read_headers({"headers": headers}).model_id == model
     assert model_id_in(headers) == model
-    token = request_context.model_id.set(headers)  # the replica reads the scope's headers lazily
-    try:
+    serving = request_context.Serving(
+        request_context.ReplicaContext("app", "Model", "app.Model.ab12"), None, None, DrainSignal(), []
+    )
+    # The replica reads the scope's headers only if asked.
+    with request_context.request_scope("r1", None, serving, headers):
         assert tk.get_multiplexed_model_id() == model
-    finally:
-        request_context.model_id.reset(token)
 
 
 @pytest.mark.parametrize(

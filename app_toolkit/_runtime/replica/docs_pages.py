@@ -14,7 +14,8 @@ from fastapi import FastAPI
 from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
 from starlette.requests import Request
 from starlette.responses import FileResponse, HTMLResponse, Response
-from starlette.routing import Route
+from starlette.routing import Match, Route
+from starlette.types import Scope
 
 _Page = Callable[[Request], Awaitable[Response]]
 
@@ -43,7 +44,22 @@ def serve_docs_offline(app: object) -> None:
         for route in app.router.routes
     ]
     # Ahead of the app's own routes, so a catch-all route of the app cannot hide them.
-    app.router.routes = [Route(f"{_assets_url(app)}/{{name}}", _asset, include_in_schema=False), *replaced]
+    app.router.routes = [_AssetRoute(_assets_url(app)), *replaced]
+
+
+class _AssetRoute(Route):
+    """The files' route. It is tried first for every request the app gets, so it turns
+    away one whose path does not contain its URL with a substring test, before any of
+    Starlette's matching work."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(f"{url}/{{name}}", _asset, include_in_schema=False)
+        self._marker = url + "/"
+
+    def matches(self, scope: Scope) -> tuple[Match, Scope]:
+        if self._marker not in scope.get("path", ""):
+            return Match.NONE, {}
+        return super().matches(scope)
 
 
 def _assets_url(app: FastAPI) -> str:

@@ -139,7 +139,7 @@ def install_error_handler(app: object) -> None:
         return
 
     async def failed(request: StarletteRequest, exc: Exception) -> Response:
-        answer = answers.for_failure(exc, request_context.request_id.get())
+        answer = answers.for_failure(exc, request_context.current_request_id())
         return Response(answer.body, answer.status, headers=answers.header_dict(answer))
 
     handlers = app.exception_handlers
