@@ -27,6 +27,8 @@ logger = logging.getLogger("app_toolkit.proxy")
 
 #: At stop, how long connections accepted last get to be read before the shutdown.
 _SETTLE_S = 0.05
+#: How long a server whose listener could not be made gets to stop before it is cancelled.
+_STOP_FAILED_S = 5.0
 
 
 def _port_error(host: str, port: int, exc: OSError) -> OSError:
@@ -223,6 +225,13 @@ async def serve(
     port = int(sock.getsockname()[1]) if sock is not None else 0
     running = ProxyServer(server, task, port, on_stop, on_stopped)
     if sock is not None and listen is not None:
-        sock.listen(config.backlog)  # uvicorn's backlog, as its own listener would use
-        running.listener = listen(sock, running.adopt)
+        try:
+            sock.listen(config.backlog)  # uvicorn's backlog, as its own listener would use
+            running.listener = listen(sock, running.adopt)
+        except BaseException:  # no listener: the server stops and lets the socket go
+            server.should_exit = True
+            await asyncio.wait({task}, timeout=_STOP_FAILED_S)
+            task.cancel()
+            sock.close()
+            raise
     return running
