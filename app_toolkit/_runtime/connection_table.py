@@ -43,11 +43,14 @@ class Phase(IntEnum):
 
 
 #: Bytes per connection: the phase, the request id's length, the request id, and (last
-#: eight) the ``end`` of an ENDING response.
+#: sixteen) the ``start`` and ``end`` of an ENDING response.
 RECORD_BYTES = 256
+_START_AT = RECORD_BYTES - 16
 _END_AT = RECORD_BYTES - 8
 _END = struct.Struct("<Q")
-_ID_MAX = _END_AT - 2
+_ID_MAX = _START_AT - 2
+#: An ENDING response's ``start`` when bytes of it were written before its end.
+_STARTED_BEFORE = (1 << 64) - 1
 
 
 class ConnectionTable:
@@ -110,6 +113,12 @@ class ConnectionTable:
         value: int = _END.unpack_from(self.memory, slot * RECORD_BYTES + _END_AT)[0]
         return value
 
+    def start(self, slot: int) -> int | None:
+        """Where the connection's ENDING response starts, in :func:`bytes_written`, when
+        all of it is in its last write; None when bytes of it were written before."""
+        value: int = _END.unpack_from(self.memory, slot * RECORD_BYTES + _START_AT)[0]
+        return None if value == _STARTED_BEFORE else value
+
     def close(self) -> None:
         self.memory.close()
 
@@ -129,10 +138,15 @@ class Handed:
     def record(self, phase: Phase) -> None:
         self.table.memory[self.offset] = phase
 
-    def ending(self, end: int) -> None:
+    def ending(self, end: int, start: int | None) -> None:
         """The response's last bytes are written next, and the connection is between
-        requests after them: the response is whole once :func:`bytes_written` is ``end``."""
-        _END.pack_into(self.table.memory, self.offset + _END_AT, end)
+        requests after them: the response is whole once :func:`bytes_written` is ``end``.
+        ``start``: where it starts, when none of it was written before (the whole
+        response leaves in this write; a replica killed before it leaves nothing of it
+        sent, a 502); None when bytes of it were."""
+        memory = self.table.memory
+        _END.pack_into(memory, self.offset + _START_AT, _STARTED_BEFORE if start is None else start)
+        _END.pack_into(memory, self.offset + _END_AT, end)
         self.record(Phase.ENDING)
 
     def done(self) -> None:

@@ -122,6 +122,14 @@ def test_the_end_of_a_handed_response_is_recorded_before_it_is_written() -> None
     assert transport.writes == [b"head", b"last chunk"]
     assert transport.phases == [Phase.STARTED, Phase.ENDING]
     assert table.end(0) == 100 + len(b"headlast chunk")
+    assert table.start(0) is None  # its head left before: a kill now is mid-response
+    held.starting = handed  # the next request: a whole response, held, in one write
+    held.hold = True
+    held.write(b"head")
+    held.write(b"body")
+    held.release(handed)
+    assert table.start(0) == 100 + len(b"headlast chunk")  # nothing of it out before this write
+    assert table.end(0) == 100 + len(b"headlast chunkheadbody")
     peer.close()
     other.close()
     table.close()

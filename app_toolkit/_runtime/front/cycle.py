@@ -183,9 +183,13 @@ class HTTPCycle:
         """Pieces of the stream's body that are here, in one write; ``last``: the final one
         is among them (the response is then complete)."""
         self.finished = last
+        if not last and len(pieces) == 1:  # most of a stream: one piece, written as it comes
+            await self._send({"type": "http.response.body", "body": pieces[0], "more_body": True})
+            self._counted(pieces)
+            return
         # Gathered, and the last pieces even alone: our protocol writes them when the
         # response is complete, knowing they end it (http_guard.py, on_response_complete).
-        link = self.link if last or len(pieces) > 1 else None
+        link = self.link
         if link is not None:
             link.gather_writes()
         try:
@@ -208,7 +212,7 @@ class HTTPCycle:
         labels = self._labels
         if labels is None:
             return
-        sent = sum(1 for piece in pieces if piece)
+        sent = len(pieces) - pieces.count(b"")  # empty pieces are no chunks
         if not sent:
             return
         if self._first:

@@ -55,7 +55,9 @@ class Writes:
             self.release()
         if self.starting is not None:
             self._started()
-        self._write(data)
+        if self.sent is not None:  # as _write(), without its call: every write of a stream comes here
+            self.sent += len(data)
+        self.transport.write(data)
 
     def _write(self, data: bytes) -> None:
         if self.sent is not None:
@@ -81,9 +83,12 @@ class Writes:
             data, rest = held, body
         if ending is not None and self.sent is not None:
             # Recorded before the write: a replica killed after it, before IDLE is recorded,
-            # leaves ENDING, which the proxy takes for IDLE once the kernel has ``end``.
+            # leaves ENDING, which the proxy takes for IDLE once the kernel has ``end``
+            # (and for a request whose response never left, if nothing of it was written).
+            whole = self.starting is not None  # nothing of the response written before
             self.starting = None
-            ending.ending(self.sent + len(data) + (len(rest) if rest is not None else 0))
+            end = self.sent + len(data) + (len(rest) if rest is not None else 0)
+            ending.ending(end, self.sent if whole else None)
         elif self.starting is not None:
             self._started()
         self._write(data)

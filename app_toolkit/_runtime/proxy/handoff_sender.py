@@ -231,9 +231,15 @@ class HandoffSender:
             phase = peer.table.phase(slot)
             if phase is Phase.ENDING:
                 # It died writing a response's end, or after it and before recording IDLE
-                # (that can only follow the write): whole, if the kernel has it all.
-                whole = bytes_written(held) == peer.table.end(slot)
-                phase = Phase.IDLE if whole else Phase.STARTED
+                # (that can only follow the write): whole, if the kernel has it all; as a
+                # request whose app ran (502), if none of its response reached the kernel.
+                written = bytes_written(held)
+                if written == peer.table.end(slot):
+                    phase = Phase.IDLE
+                elif written is not None and written == peer.table.start(slot):
+                    phase = Phase.RUNNING
+                else:
+                    phase = Phase.STARTED
             request_id = peer.table.request_id(slot) if phase is Phase.RUNNING else ""
             connection = self._release(peer, slot)
             assert connection is not None
