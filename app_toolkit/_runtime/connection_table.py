@@ -38,7 +38,8 @@ class Phase(IntEnum):
     CLOSED = 6  # the replica is done with it (and shuts it down)
     #: The response's last bytes being written, and the connection between requests after
     #: them: whole (so IDLE) once the connection's written bytes (:func:`bytes_written`)
-    #: reach the record's ``end``; short of it, a response under way (STARTED).
+    #: reach the record's ``end``; short of it, a response under way (STARTED), unless
+    #: none of it is there and all of it was that last write (its app ran: as RUNNING).
     ENDING = 7
 
 
@@ -97,7 +98,7 @@ class ConnectionTable:
         self.memory[slot * RECORD_BYTES] = phase
 
     def set_request_id(self, slot: int, request_id: str) -> None:
-        """Record the id of the request the connection is serving (cut to 246 bytes)."""
+        """Record the id of the request the connection is serving (cut to 238 bytes)."""
         data = request_id.encode("latin-1", "replace")[:_ID_MAX]
         start = slot * RECORD_BYTES + 1
         self.memory[start] = len(data)

@@ -122,8 +122,7 @@ class ConsolePipe:
             raise
         # Held open so the reader sees no end of file while no worker has it open.
         self._keep = os.open(self.path, os.O_WRONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        with contextlib.suppress(OSError):  # the kernel's default stays
-            fcntl.fcntl(self._fd, fcntl.F_SETPIPE_SZ, min(PIPE_BYTES, _pipe_limit()))
+        _grow(self._fd)
         self._out = out
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._copy, name="app-toolkit-console", daemon=True)
@@ -162,6 +161,18 @@ class ConsolePipe:
         self._stop.set()
         self._thread.join(timeout=5)
         shutil.rmtree(self._folder, ignore_errors=True)
+
+
+def _grow(fd: int) -> None:
+    """Make the pipe hold :data:`PIPE_BYTES`, as far as this system lets it (only Linux
+    can; elsewhere, or over the limit, the kernel's size stays)."""
+    set_size, get_size = getattr(fcntl, "F_SETPIPE_SZ", None), getattr(fcntl, "F_GETPIPE_SZ", None)
+    if set_size is None or get_size is None:
+        return
+    with contextlib.suppress(OSError):
+        wanted = min(PIPE_BYTES, _pipe_limit())
+        if wanted > fcntl.fcntl(fd, get_size):
+            fcntl.fcntl(fd, set_size, wanted)
 
 
 def _pipe_limit() -> int:

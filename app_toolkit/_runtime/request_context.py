@@ -42,15 +42,11 @@ def current_model_id() -> str:
     return source if isinstance(source, str) else request_keys.model_id_in(source)
 
 
-def use_model(model: str) -> None:
-    """From here on in this task (and those it starts), the current request asks for
-    ``model`` (a batch's: its callers' one model)."""
-    values = _current.get()
-    _current.set(
-        RequestValues(values.request_id, values.trace, model)
-        if values is not None
-        else RequestValues("", None, model)
-    )
+def serve_batch(model: str) -> None:
+    """From here on in this task (and those it starts), the code serves a batch of
+    requests that ask for ``model``: no one request's id or span (the context the batch's
+    task was made in may hold whichever request started the batcher)."""
+    _current.set(RequestValues("", None, model))
 
 
 #: Tells the controller which multiplexed models a replica holds now.
@@ -188,7 +184,7 @@ class _RequestScope(AbstractContextManager[None]):
         self._token: Token[RequestValues | None] | None = None
         self._serving_tokens: _ServingTokens | None = None  # None: the task had them already
 
-    def __enter__(self) -> None:
+    def __enter__(self) -> None:  # once: request_scope() makes one per use
         values, serving = self._values, self._serving
         outer = _current.get()
         if outer is not None:  # what this scope does not say stays the enclosing request's

@@ -262,6 +262,28 @@ async def test_the_connections_of_a_replica_that_died_are_taken_back_by_phase(
         assert b"connection: close" in answer
 
 
+async def test_a_response_begun_before_its_last_write_is_closed_not_answered(
+    tcp_pair: Pair, ends: Ends
+) -> None:
+    """A stream whose head left earlier, its replica killed before its last write: none
+    of that write is in the kernel, but the client has part of the response, so a 502
+    after it would corrupt it: the connection is closed."""
+    client, server_end = tcp_pair
+    assert ends.sender.send(ends.path, server_end)
+    await _until(lambda: ends.at_replica)
+    at_replica, handed = ends.at_replica[0]
+    assert handed is not None
+    handed.table.set_request_id(handed.slot, "the-request-id")
+    at_replica.sendall(b"a stream's head")
+    sent = bytes_written(at_replica)
+    assert sent is not None
+    handed.ending(sent + len(b"its last chunk"), None)  # bytes of it were written before
+    ends.listener.close()
+    await _until(lambda: not ends.sender.alive(ends.path))
+    assert not ends.routed and not ends.at_proxy
+    assert await asyncio.to_thread(_answer, client) == b"a stream's head"
+
+
 class _Routes:
     def __init__(self, target: tuple[str, str] | None) -> None:
         self.target = target

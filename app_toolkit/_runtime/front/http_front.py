@@ -185,6 +185,7 @@ class HTTPFront:
     ) -> None:
         """A request no app's route matches: an operator page, or a refusal."""
         request_id = cycle.request_id
+        _link_noting(scope, request_id)
         with request_context.request_scope(request_id):  # for this request's log records
             if path == "/-/metrics":  # served before the routes are loaded, too
                 cycle.target = path
@@ -215,10 +216,7 @@ class HTTPFront:
         its slot taken (it gives it back), or the app's replicas over the channel; a
         deadline header that is not a number is answered 400 instead."""
         deployment, deadline_s = route.target("http", scope["method"], path)
-        link: RequestLink | None = scope.get(REQUEST_LINK)
-        cycle.link = link
-        if link is not None and (handed := link.handed) is not None:
-            handed.table.set_request_id(handed.slot, cycle.request_id)  # a 502's, should we die
+        cycle.link = link = _link_noting(scope, cycle.request_id)
         timeout_s = parse_timeout(headers.timeout) if headers.timeout is not None else None
         if isinstance(timeout_s, str):
             return cycle.answer(error_answer(400, timeout_s, cycle.request_id)), None
@@ -327,6 +325,16 @@ class HTTPFront:
         body = render(await self.gather())
         headers = [(b"content-type", CONTENT_TYPE.encode()), (b"x-request-id", request_id.encode())]
         await cycle.answer(HTTPResponse(200, headers, body))
+
+
+def _link_noting(scope: Scope, request_id: str) -> RequestLink | None:
+    """The request's link to our HTTP protocol; on a connection the node's proxy handed
+    over, the request's id is noted in their shared table first (a 502's, should this
+    replica die before the response leaves)."""
+    link: RequestLink | None = scope.get(REQUEST_LINK)
+    if link is not None and (handed := link.handed) is not None:
+        handed.table.set_request_id(handed.slot, request_id)
+    return link
 
 
 async def _this_process() -> list[list[FamilySnapshot]]:

@@ -10,6 +10,7 @@ a foreign server on the port still makes the bind fail.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
 from collections.abc import Callable
@@ -230,8 +231,12 @@ async def serve(
             running.listener = listen(sock, running.adopt)
         except BaseException:  # no listener: the server stops and lets the socket go
             server.should_exit = True
-            await asyncio.wait({task}, timeout=_STOP_FAILED_S)
-            task.cancel()
-            sock.close()
+            try:
+                await asyncio.wait({task}, timeout=_STOP_FAILED_S)
+            finally:
+                task.cancel()
+                sock.close()
+                with contextlib.suppress(BaseException):  # its own end is not this failure
+                    await task
             raise
     return running

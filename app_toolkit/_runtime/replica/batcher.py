@@ -118,7 +118,7 @@ class Batcher:
     async def _execute(self, batch: list[Pending]) -> None:
         # The batch's model (this task's own context): get_multiplexed_model_id() in the
         # batch function names it, as Ray Serve's batches of one model id do.
-        request_context.use_model(batch[0].group)
+        request_context.serve_batch(batch[0].group)
         for pending in batch:
             pending.started = True
         values = [pending.value for pending in batch]
