@@ -1,15 +1,14 @@
 """The caller-side queue of one deployment: wait for a free replica, send, retry.
 
 The first of the three queues (docs/architecture.md, "Queues"). Requests wait here
-(bounded by ``max_queued_requests``) until the chooser finds a replica with a free slot; a
-request refused by a replica or not delivered because the replica is gone is retried on
-another, since it never started.
+(bounded by ``max_queued_requests``, in its ``waiting_line.WaitingLine``) until the
+chooser finds a replica with a free slot; a request refused by a replica or not
+delivered because the replica is gone is retried on another, since it never started.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import logging
 import random
 from collections.abc import Callable, Sequence
@@ -28,13 +27,13 @@ from app_toolkit._runtime.routing.choice import (
 )
 from app_toolkit._runtime.routing.shadow import Shadower
 from app_toolkit._runtime.routing.tally import VariantTally, failed
+from app_toolkit._runtime.routing.waiting_line import WaitingLine
 from app_toolkit._runtime.tables import Outcomes, ShadowTarget
 from app_toolkit.exceptions import BackPressureError, ReplicaUnavailableError, RequestLostError
 
 logger = logging.getLogger("app_toolkit.router")
 
 _MAX_DELIVERY_FAILURES = 3
-_WAKE_SLACK_S = 0.0005
 
 
 class ReplicaClient(Protocol):
@@ -100,18 +99,13 @@ class Dispatcher:
         # still finish requests (a draining replica): closed after their last reply.
         self._active: dict[str, int] = {}
         self._retiring: dict[str, ReplicaClient] = {}
-        # Waiting requests, each with the multiplexed model and the shard key it asks for
-        # ("" for none).
-        self._waiters: collections.deque[_Waiter] = collections.deque()
-        self._keyed_waiters = 0  # of them, with a shard key
+        self._line = WaitingLine(self._chooser)  # requests waiting for a free replica
         # Unknown until the first table arrives: up to QUEUE_CAP queue meanwhile, and the
-        # first table refuses those beyond its bound (_refuse_beyond_bound).
+        # first table refuses those beyond its bound (WaitingLine.refuse_beyond).
         self.max_queued_requests = -1
         self._has_table = False
         self._overload: tuple[int, float | None] = (503, 1.0)  # backpressure_config's answer
-        self.affinity: Affinity = "strict"
         self._closed_reason: str | None = None
-        self._wake_handle: asyncio.TimerHandle | None = None
         caller_metrics.track(self)
 
     # ------------------------------------------------------------------ table updates
@@ -129,7 +123,7 @@ class Dispatcher:
         self._closed_reason = None
         self.max_queued_requests = max_queued_requests
         self._overload = overload
-        self.affinity = affinity
+        self._line.affinity = affinity
         self._split = split if self._resolve is not None else ()
         if shadow is not None and self._shadower is None and self._resolve is not None:
             self._shadower = Shadower(self.deployment, self._resolve)
@@ -141,10 +135,12 @@ class Dispatcher:
         for replica_id in list(self._clients):
             if replica_id not in live:
                 self._retire(replica_id)
-        self._wake()
+        self._line.wake()
         if not self._has_table:
+            # Those that came before the caller knew the deployment's bound get what
+            # they would have got had it known.
             self._has_table = True
-            self._refuse_beyond_bound()
+            self._line.refuse_beyond(queue_bound(self.max_queued_requests), self._refusal)
 
     def close(self, reason: str) -> None:
         """The deployment is gone: fail everything that waits for it."""
@@ -155,11 +151,7 @@ class Dispatcher:
         self._tables_changed()
         for replica_id in list(self._clients):
             self._retire(replica_id)
-        while self._waiters:
-            waiter = self._waiters.popleft()[0]
-            if not waiter.done():
-                waiter.set_exception(ReplicaUnavailableError(reason))
-        self._keyed_waiters = 0
+        self._line.fail_all(lambda: ReplicaUnavailableError(reason))
 
     def take_outcomes(self) -> Outcomes:
         """What the split's variants and the shadow copies did since the last call (for
@@ -188,8 +180,13 @@ class Dispatcher:
         self._handoffs.clear()
 
     @property
+    def affinity(self) -> Affinity:
+        """Whether a request with a shard key waits for its own replica (the table's)."""
+        return self._line.affinity
+
+    @property
     def queued(self) -> int:
-        return sum(1 for waiter in self._waiters if not waiter[0].done())
+        return self._line.queued
 
     @property
     def in_flight(self) -> int:
@@ -334,7 +331,7 @@ class Dispatcher:
     async def _acquire(self, model_id: str, shard_key: str = "") -> ReplicaInfo:
         if self._closed_reason is not None:
             raise ReplicaUnavailableError(self._closed_reason)
-        if not self._waiters:
+        if not self._line:
             now = _now()
             choice = self._chooser.choose(now, model_id, shard_key, self.affinity)
             if choice is not None:
@@ -342,11 +339,8 @@ class Dispatcher:
                 return choice
         if queue_is_full(self.queued, self.max_queued_requests):
             raise self._refusal()
-        waiter: asyncio.Future[ReplicaInfo] = asyncio.get_running_loop().create_future()
-        self._waiters.append((waiter, model_id, shard_key))
-        if shard_key:
-            self._keyed_waiters += 1
-        self._wake()  # arms the back-off timer if a replica is only skipped for now
+        waiter = self._line.join(model_id, shard_key)
+        self._line.wake()  # arms the back-off timer if a replica is only skipped for now
         if self._on_demand is not None and not self._chooser.replica_ids:
             self._on_demand()
         try:
@@ -362,23 +356,6 @@ class Dispatcher:
         bound = queue_bound(self.max_queued_requests)
         return BackPressureError(str(self.deployment), bound, *self._overload)
 
-    def _refuse_beyond_bound(self) -> None:
-        """The newest waiters beyond the queue's bound are refused: those that came before
-        the caller knew the deployment's bound get what they would have got had it known."""
-        excess = self.queued - queue_bound(self.max_queued_requests)
-        if excess <= 0:
-            return
-        kept: collections.deque[_Waiter] = collections.deque()
-        for waiter in reversed(self._waiters):
-            future, _, shard_key = waiter
-            if excess > 0 and not future.done():
-                excess -= 1
-                self._keyed_waiters -= 1 if shard_key else 0
-                future.set_exception(self._refusal())
-            else:
-                kept.appendleft(waiter)
-        self._waiters = kept
-
     def _release(self, replica_id: str) -> None:
         self._chooser.release(replica_id)
         active = self._active.get(replica_id, 0) - 1
@@ -389,7 +366,7 @@ class Dispatcher:
             retired = self._retiring.pop(replica_id, None)
             if retired is not None:
                 retired.close()
-        self._wake()
+        self._line.wake()
 
     def _retire(self, replica_id: str) -> None:
         """The replica left the table: close its connection once nothing uses it."""
@@ -406,67 +383,7 @@ class Dispatcher:
         client = self._clients.pop(replica_id, None)
         if client is not None:
             client.close()
-        self._wake()
-
-    def _wake(self) -> None:
-        now = _now()
-        if self._keyed_waiters:
-            self._wake_keyed(now)
-            return
-        while self._waiters:
-            head, model_id, _ = self._waiters[0]
-            if head.done():
-                self._waiters.popleft()
-                continue
-            choice = self._chooser.choose(now, model_id)
-            if choice is None:
-                self._wake_later(now)
-                return
-            self._waiters.popleft()
-            self._chooser.acquire(choice.replica_id, model_id, now)
-            head.set_result(choice)
-
-    def _wake_keyed(self, now: float) -> None:
-        """Serve waiters in order, looking past one whose replica is full: a request
-        with another key (or none) may have a free replica. Requests without a key keep
-        their order among themselves."""
-        kept: collections.deque[_Waiter] = collections.deque()
-        unkeyed_stuck = False
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            future, model_id, shard_key = waiter
-            if future.done():
-                self._keyed_waiters -= 1 if shard_key else 0
-                continue
-            choice = None
-            if not (unkeyed_stuck and not shard_key) and self._chooser.any_free(now):
-                choice = self._chooser.choose(now, model_id, shard_key, self.affinity)
-            if choice is None:
-                kept.append(waiter)
-                unkeyed_stuck = unkeyed_stuck or not shard_key
-                continue
-            self._keyed_waiters -= 1 if shard_key else 0
-            self._chooser.acquire(choice.replica_id, model_id, now)
-            future.set_result(choice)
-        self._waiters = kept
-        if kept:
-            self._wake_later(now)
-
-    def _wake_later(self, now: float) -> None:
-        """Requests still wait; if a replica is only skipped for a back-off, come back
-        when it ends (a timer may fire a hair early, so never rely on one)."""
-        unblock = self._chooser.next_unblock(now)
-        if unblock is not None:
-            self._schedule_wake(unblock - now + _WAKE_SLACK_S)
-
-    def _schedule_wake(self, delay_s: float) -> None:
-        if self._wake_handle is not None and not self._wake_handle.cancelled():
-            self._wake_handle.cancel()
-        self._wake_handle = asyncio.get_running_loop().call_later(max(delay_s, 0.0), self._wake)
-
-
-#: A waiting request: its future, multiplexed model id and shard key.
-_Waiter = tuple[asyncio.Future[ReplicaInfo], str, str]
+        self._line.wake()
 
 
 def _now() -> float:
