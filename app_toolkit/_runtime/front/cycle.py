@@ -177,19 +177,26 @@ class HTTPCycle:
         finally:
             if link is not None:
                 link.release()
-        self._counted((first,))
+        self._counted(1 if first else 0)
+
+    async def chunk(self, piece: bytes) -> None:
+        """The stream's next piece, not its last (most of a stream: written as it comes,
+        with less to do than :meth:`chunks`)."""
+        await self._send({"type": "http.response.body", "body": piece, "more_body": True})
+        labels = self._labels
+        if piece and labels is not None:
+            if self._first:
+                self._counted(1)  # the first: its time is measured too
+            else:
+                stream_metrics.CHUNKS.inc(*labels)
 
     async def chunks(self, pieces: Sequence[bytes], last: bool) -> None:
         """Pieces of the stream's body that are here, in one write; ``last``: the final one
         is among them (the response is then complete)."""
         self.finished = last
-        if not last and len(pieces) == 1:  # most of a stream: one piece, written as it comes
-            await self._send({"type": "http.response.body", "body": pieces[0], "more_body": True})
-            self._counted(pieces)
-            return
         # Gathered, and the last pieces even alone: our protocol writes them when the
         # response is complete, knowing they end it (http_guard.py, on_response_complete).
-        link = self.link
+        link = self.link if last or len(pieces) > 1 else None
         if link is not None:
             link.gather_writes()
         try:
@@ -200,7 +207,7 @@ class HTTPCycle:
         finally:
             if link is not None:
                 link.release()
-        self._counted(pieces)
+        self._counted(len(pieces) - pieces.count(b""))  # empty pieces are no chunks
         if last:
             self.stream_closed()
 
@@ -208,12 +215,10 @@ class HTTPCycle:
         """An app's message of an ASGI extension: the server's to judge."""
         await self._send(message)
 
-    def _counted(self, pieces: Sequence[bytes]) -> None:
+    def _counted(self, sent: int) -> None:
+        """``sent`` chunks of the stream went out."""
         labels = self._labels
-        if labels is None:
-            return
-        sent = len(pieces) - pieces.count(b"")  # empty pieces are no chunks
-        if not sent:
+        if labels is None or not sent:
             return
         if self._first:
             self._first = False

@@ -87,22 +87,27 @@ class _Answer:
         return self._cycle.finished
 
     async def send(self, message: Message) -> None:
-        if self._body is not None and self._body.refusal:
+        body_read = self._body
+        if body_read is not None and body_read.refusal:
             return
         kind = message["type"]
-        if kind == "http.response.start":
+        if kind == "http.response.body":
+            head = self._head
+            if head is None:  # a stream's next piece (checked first: a stream sends many)
+                if message.get("more_body", False):
+                    await self._cycle.chunk(message.get("body", b""))
+                else:
+                    await self._cycle.chunks((message.get("body", b""),), last=True)
+                return
+        elif kind == "http.response.start":
             self._head = message
             self.head_seen = True
             return
-        if kind != "http.response.body":
+        else:
             await self._cycle.send_other(message)
             return
         body: bytes = message.get("body", b"")
         more = message.get("more_body", False)
-        head = self._head
-        if head is None:  # a stream's next piece
-            await self._cycle.chunks((body,), last=not more)
-            return
         self._head = None
         cycle = self._cycle
         if more:  # a stream's metrics are labelled with its route from its start
