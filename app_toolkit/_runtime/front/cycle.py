@@ -93,12 +93,6 @@ class HTTPCycle:
         self.app, self.target, self.logged = matched.app, matched.route_prefix, matched.access_log
         self.prefix = "" if matched.route_prefix == "/" else matched.route_prefix
 
-    @property
-    def label(self) -> str:
-        """The route for metrics and the access log: the app's prefix and the template
-        its app matched, else what the request was sent to (never the raw path)."""
-        return self.prefix + self.route if self.route else self.target
-
     # ------------------------------------------------------------------ the client leaving
 
     def client_left(self) -> None:
@@ -183,12 +177,7 @@ class HTTPCycle:
         """The stream's next piece, not its last (most of a stream: written as it comes,
         with less to do than :meth:`chunks`)."""
         await self._send({"type": "http.response.body", "body": piece, "more_body": True})
-        labels = self._labels
-        if piece and labels is not None:
-            if self._first:
-                self._counted(1)  # the first: its time is measured too
-            else:
-                stream_metrics.CHUNKS.inc(*labels)
+        self._counted(1 if piece else 0)
 
     async def chunks(self, pieces: Sequence[bytes], last: bool) -> None:
         """Pieces of the stream's body that are here, in one write; ``last``: the final one
@@ -245,7 +234,9 @@ class HTTPCycle:
 
     def close(self, scope: Scope, access_log: AccessLog | None) -> None:
         """The request ended: its metrics, access line and span, once."""
-        label = self.prefix + self.route if self.route else self.target  # as self.label
+        # Its route for metrics and the access line: the app's prefix and the template its
+        # app matched, else what it was sent to (never the raw path).
+        label = self.prefix + self.route if self.route else self.target
         took = time.perf_counter() - self.arrived
         HTTP_DURATION.observe(took, self.app, label, scope["method"], str(self.status))  # and HTTP_REQUESTS
         if access_log is not None and self.logged:

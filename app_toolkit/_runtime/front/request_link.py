@@ -55,9 +55,7 @@ class Writes:
             self.release()
         if self.starting is not None:
             self._started()
-        if self.sent is not None:  # as _write(), without its call: every write of a stream comes here
-            self.sent += len(data)
-        self.transport.write(data)
+        self._write(data)
 
     def _write(self, data: bytes) -> None:
         if self.sent is not None:

@@ -60,7 +60,6 @@ class ProxyActor:
         configure_worker()
         self._http = http
         self._server: ProxyServer | None = None
-        self._handoff: HandOff | None = None  # its listener: accepts and hands connections off
         self._front: HTTPFront | None = None
         self._node: NodeMetrics | None = None
         self._starting = asyncio.Lock()
@@ -120,10 +119,7 @@ class ProxyActor:
                 http = self._http
 
                 def hand_off(listener: socket.socket, adopt: Adopter) -> HandOff:
-                    made = self._handoff = HandOff(
-                        listener, adopt, routes, http.keep_alive_timeout_s, http.max_connections
-                    )
-                    return made
+                    return HandOff(listener, adopt, routes, http.keep_alive_timeout_s, http.max_connections)
 
                 self._server = await serve(proxy, http, sock, proxy.close, proxy.flush_logs, hand_off)
                 stored.save_proxy_port(self._server.port)
@@ -141,7 +137,8 @@ class ProxyActor:
         """Asyncio tasks alive, the process id, the connections it handed to local
         ingress replicas or served itself, and whether its node is leaving (1) (for leak
         checks and tests)."""
-        acceptor = self._handoff.acceptor if self._handoff is not None else None
+        listener = self._server.listener if self._server is not None else None
+        acceptor = listener.acceptor if isinstance(listener, HandOff) else None
         return {
             "tasks": len(asyncio.all_tasks()),
             "pid": os.getpid(),

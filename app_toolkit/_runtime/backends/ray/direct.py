@@ -93,24 +93,25 @@ class _Answer:
         kind = message["type"]
         if kind == "http.response.body":
             head = self._head
-            if head is None:  # a stream's next piece (checked first: a stream sends many)
-                if message.get("more_body", False):
-                    await self._cycle.chunk(message.get("body", b""))
-                else:
-                    await self._cycle.chunks((message.get("body", b""),), last=True)
-                return
+            if head is not None:
+                self._head = None
+                await self._first_body(head, message)
+            elif message.get("more_body", False):  # a stream's next piece: most of a stream
+                await self._cycle.chunk(message.get("body", b""))
+            else:
+                await self._cycle.chunks((message.get("body", b""),), last=True)
         elif kind == "http.response.start":
             self._head = message
             self.head_seen = True
-            return
         else:
             await self._cycle.send_other(message)
-            return
+
+    async def _first_body(self, head: Message, message: Message) -> None:
+        """The held head goes out with the first body piece: a whole response, or a
+        stream's start."""
         body: bytes = message.get("body", b"")
-        more = message.get("more_body", False)
-        self._head = None
         cycle = self._cycle
-        if more:  # a stream's metrics are labelled with its route from its start
+        if message.get("more_body", False):  # a stream's metrics are labelled with its route from its start
             route = route_template(self._scope)
             await cycle.stream(int(head["status"]), head.get("headers", ()), route, body, head)
         else:  # its route is known when the app is done (end)
