@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import uvicorn
 from packaging.requirements import Requirement
+from uvicorn.protocols.http import httptools_impl
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 from uvicorn.server import ServerState
 
@@ -49,7 +50,22 @@ PROTOCOL_STATE = (
     "pipeline",
 )
 #: Attributes of a request's cycle it reads or sets.
-CYCLE_STATE = ("disconnected", "transport", "scope", "response_complete", "keep_alive", "message_event")
+CYCLE_STATE = (
+    "disconnected",
+    "transport",
+    "scope",
+    "response_complete",
+    "keep_alive",
+    "message_event",
+    # what request_link.RequestLink.write_whole reads and sets as uvicorn's send would
+    "response_started",
+    "waiting_for_100_continue",
+    "chunked_encoding",
+    "expected_content_length",
+    "default_headers",
+    "flow",
+    "on_response",
+)
 
 
 def _pinned(package: str) -> Requirement:
@@ -64,6 +80,18 @@ def test_the_installed_version_is_in_the_pinned_range(package: str) -> None:
     assert any(spec.operator in ("<", "<=", "==", "~=") for spec in requirement.specifier), (
         f"{package} needs an upper bound: only the tested range may install"
     )
+
+
+def test_the_rules_a_whole_response_written_in_one_pass_mirrors_are_uvicorns() -> None:
+    """``RequestLink.write_whole`` writes what ``RequestResponseCycle.send`` would for
+    the responses its pattern admits (tests/unit/test_whole_response.py compares them);
+    the pattern mirrors these of uvicorn's, and takes its status lines."""
+    assert httptools_impl.HEADER_RE.pattern == b'[\x00-\x1f\x7f()<>@,;:\\[\\]={} \t\\\\"]'
+    assert httptools_impl.HEADER_VALUE_RE.pattern == b"[\x00-\x08\x0a-\x1f\x7f]"
+    assert httptools_impl.STATUS_LINE[200] == b"HTTP/1.1 200 OK\r\n"
+    source = inspect.getsource(RequestResponseCycle.send)
+    for rule in ('name == b"content-length"', 'name == b"transfer-encoding"', 'name == b"connection"'):
+        assert rule in source, rule
 
 
 def test_the_protocol_methods_it_overrides_exist_with_their_signatures() -> None:

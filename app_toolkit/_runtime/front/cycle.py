@@ -132,10 +132,12 @@ class HTTPCycle:
         self.route = route
         self.started = self.finished = True
         self.status = status
-        head = _head(status, headers, self.request_id, start)
         link = self.link
-        if link is not None:
+        if link is not None:  # our protocol writes the usual one in one pass
+            if link.write_whole(status, with_request_id(headers, self.request_id), body):
+                return
             link.join_head_and_body()
+        head = _head(status, headers, self.request_id, start)
         try:
             await self._send(head)
             await self._send({"type": "http.response.body", "body": body})

@@ -8,10 +8,11 @@ its bytes leave.
 from __future__ import annotations
 
 import asyncio
+import re
 import weakref
 from collections.abc import Callable
 
-from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, RequestResponseCycle
 
 from app_toolkit._runtime.connection_table import Handed, Phase
 
@@ -136,6 +137,46 @@ class RequestLink:
             return False
         return cycle.message_event.is_set() or cycle.disconnected or cycle.response_complete
 
+    def write_whole(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> bool:
+        """Write a complete response, head and body, in one pass: the bytes uvicorn's
+        two ``send`` calls would write (its default headers first, names in lower case),
+        and the cycle left as they would leave it, the response complete. False, with
+        nothing done, when the response needs what only they do: a ``HEAD`` request, a
+        connection to close, a ``transfer-encoding``, a missing or wrong
+        ``content-length``, a header uvicorn refuses, a status it has no line for, or a
+        paused transport; send it the ASGI way then."""
+        cycle = self._cycle() if self._cycle is not None else None
+        writes = self._writes
+        if (
+            cycle is None
+            or cycle.response_started
+            or cycle.disconnected
+            or not cycle.keep_alive
+            or cycle.flow.write_paused
+            or writes.held is not None
+            or writes.gathered is not None
+            or cycle.scope["method"] == "HEAD"
+        ):
+            return False
+        line = STATUS_LINE.get(status)
+        try:
+            block = b"".join([b"%s: %s\r\n" % header for header in headers])
+        except TypeError:  # not pairs of bytes: uvicorn's send says so
+            return False
+        if line is None or _PLAIN_HEADERS.fullmatch(block) is None:
+            return False
+        found = _CONTENT_LENGTH.search(block)
+        if found is None or not found[1].isdigit() or int(found[1]) != len(body):
+            return False
+        cycle.response_started = cycle.response_complete = True
+        cycle.waiting_for_100_continue = False
+        cycle.chunked_encoding = False
+        cycle.expected_content_length = 0
+        writes.held, writes.body = line + _default_block(cycle.default_headers) + block + b"\r\n", body
+        cycle.message_event.set()
+        cycle.on_response()  # the protocol's on_response_complete
+        return True
+
     def join_head_and_body(self) -> None:
         """The response's head and its whole body come next: write them together."""
         self._writes.hold = True
@@ -155,3 +196,29 @@ class RequestLink:
         self.on_client_left = None
         self._writes.gathered = self._writes.held = self._writes.body = None
         self._writes.transport.abort()
+
+
+#: Response headers uvicorn writes as they are, one per line: names in lower case without
+#: a character its ``HEADER_RE`` refuses, values without one its ``HEADER_VALUE_RE`` refuses
+#: (so without CR or LF: the lines are the headers), and neither ``transfer-encoding`` nor
+#: ``connection`` (they change what uvicorn writes). Anything else takes uvicorn's way.
+_PLAIN_HEADERS = re.compile(
+    rb'(?:(?!(?:transfer-encoding|connection):)[^\x00-\x1f\x7fA-Z()<>@,;:\[\]={} \t\\"]*'
+    rb": [^\x00-\x08\x0a-\x1f\x7f]*\r\n)*"
+)
+#: The first ``content-length`` header's value (the one uvicorn goes by).
+_CONTENT_LENGTH = re.compile(rb"(?:\A|\n)content-length: ([^\r]*)\r")
+
+#: The server's default headers (``date``, ``server``) as bytes, for the list they came in:
+#: uvicorn makes a new list when the date changes (once a second).
+_defaults: tuple[list[tuple[bytes, bytes]] | None, bytes] = (None, b"")
+
+
+def _default_block(headers: list[tuple[bytes, bytes]]) -> bytes:
+    global _defaults
+    cached = _defaults  # read once: another thread's loop may replace it meanwhile
+    if cached[0] is headers:
+        return cached[1]
+    block = b"".join(b"%s: %s\r\n" % (name.lower(), value) for name, value in headers)
+    _defaults = (headers, block)
+    return block

@@ -1,0 +1,157 @@
+"""A complete response written in one pass (``RequestLink.write_whole``) puts on the wire
+exactly what uvicorn's two ``send`` calls would, and leaves the connection as they would;
+what it does not cover, it leaves to them."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+import uvicorn
+from uvicorn.server import ServerState
+
+from app_toolkit._runtime.front.http_guard import guarded_protocol
+from app_toolkit._runtime.front.request_link import REQUEST_LINK, RequestLink
+from app_toolkit.config import HTTPOptions
+
+Headers = list[tuple[bytes, bytes]]
+
+
+class _Transport(asyncio.Transport):
+    def __init__(self) -> None:
+        super().__init__()
+        self.written = bytearray()
+        self.closing = False
+
+    def get_extra_info(self, name: str, default: object = None) -> object:
+        return {"peername": ("127.0.0.1", 50000), "sockname": ("127.0.0.1", 8000)}.get(name, default)
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self.written += data
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+    def close(self) -> None:
+        self.closing = True
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+
+async def _serve(
+    request: bytes, status: int, headers: Headers, body: bytes, one_pass: bool
+) -> dict[str, Any]:
+    """Serve ``request`` twice on one connection with an app that answers
+    (``status``, ``headers``, ``body``): in one pass where it may (``one_pass``), else by
+    ASGI messages. Returns what the client got and what the app saw."""
+    seen: dict[str, Any] = {"one_pass": [], "raised": []}
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        link = scope[REQUEST_LINK]
+        assert isinstance(link, RequestLink)
+        if one_pass and link.write_whole(status, list(headers), body):
+            seen["one_pass"].append(True)
+            return
+        seen["one_pass"].append(False)
+        try:
+            await send({"type": "http.response.start", "status": status, "headers": list(headers)})
+            await send({"type": "http.response.body", "body": body})
+        except Exception as exc:  # what uvicorn refuses, it raises to the app
+            seen["raised"].append(type(exc).__name__)
+            raise
+
+    config = uvicorn.Config(app, lifespan="off", log_level="critical", http=guarded_protocol(HTTPOptions()))
+    config.load()
+    state = ServerState()
+    state.default_headers = [(b"date", b"Fri, 27 Nov 2026 05:00:00 GMT"), *config.encoded_headers]
+    protocol = _protocol(config, state)
+    transport = _Transport()
+    protocol.connection_made(transport)
+    for _ in range(2):
+        if transport.closing:
+            break
+        protocol.data_received(request)
+        for _ in range(50):  # the app runs as a task
+            await asyncio.sleep(0)
+    seen["written"] = bytes(transport.written)
+    seen["closing"] = transport.closing
+    seen["keep_alive_armed"] = protocol.timeout_keep_alive_task is not None
+    protocol.connection_lost(None)
+    return seen
+
+
+def _protocol(config: uvicorn.Config, state: ServerState) -> Any:
+    make: Any = config.http_protocol_class  # uvicorn types it as any asyncio.Protocol
+    return make(config=config, server_state=state, app_state={})
+
+
+GET = b"GET / HTTP/1.1\r\nhost: x\r\n\r\n"
+LENGTH_2: Headers = [(b"content-type", b"application/json"), (b"content-length", b"2")]
+
+#: (request, status, headers, body, written in one pass)
+CASES: list[tuple[bytes, int, Headers, bytes, bool]] = [
+    (GET, 200, LENGTH_2, b"{}", True),
+    (GET, 404, [(b"content-length", b"0")], b"", True),
+    (GET, 204, [(b"content-length", b"0")], b"", True),
+    (GET, 200, [*LENGTH_2, (b"content-length", b"7")], b"{}", True),  # the first one counts
+    (GET, 200, [*LENGTH_2, (b"x-note", b"caf\xc3\xa9\t: a=b, (c)")], b"{}", True),  # values may hold these
+    (GET, 200, [(b"", b"empty name"), *LENGTH_2], b"{}", True),
+    (GET, 200, [(b"Content-Length", b"2")], b"{}", False),  # uvicorn writes names in lower case
+    (GET, 200, [*LENGTH_2, (b"X-Upper", b"V")], b"{}", False),
+    (GET, 200, [(b"content-type", b"text/plain")], b"{}", False),  # no length: chunked
+    (GET, 200, [(b"content-length", b"3")], b"{}", False),  # shorter than said: uvicorn raises
+    (GET, 200, [(b"content-length", b"1")], b"{}", False),  # longer than said: uvicorn raises
+    (GET, 200, [(b"content-length", b" 2")], b"{}", False),  # uvicorn's int() takes it
+    (GET, 200, [(b"content-length", b"x")], b"{}", False),  # uvicorn's int() refuses it
+    (GET, 200, [*LENGTH_2, (b"connection", b"close")], b"{}", False),
+    (GET, 200, [(b"transfer-encoding", b"chunked")], b"{}", False),
+    (GET, 200, [*LENGTH_2, (b"x-bad", b"a\r\nb")], b"{}", False),  # uvicorn refuses the value
+    (GET, 200, [*LENGTH_2, (b"x bad", b"a")], b"{}", False),  # uvicorn refuses the name
+    (GET, 200, [*LENGTH_2, ("x-text", "not bytes")], b"{}", False),  # type: ignore[list-item]
+    (GET, 600, LENGTH_2, b"{}", False),  # uvicorn has no status line for it
+    (b"HEAD / HTTP/1.1\r\nhost: x\r\n\r\n", 200, LENGTH_2, b"{}", False),  # no body is written
+    (b"GET / HTTP/1.1\r\nhost: x\r\nconnection: close\r\n\r\n", 200, LENGTH_2, b"{}", False),
+    (b"GET / HTTP/1.0\r\n\r\n", 200, LENGTH_2, b"{}", False),  # HTTP/1.0: closed after it
+]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(("request_bytes", "status", "headers", "body", "one_pass"), CASES)
+async def test_what_the_client_gets_is_what_uvicorn_writes(
+    request_bytes: bytes, status: int, headers: Headers, body: bytes, one_pass: bool
+) -> None:
+    fast = await _serve(request_bytes, status, headers, body, one_pass=True)
+    asgi = await _serve(request_bytes, status, headers, body, one_pass=False)
+    assert fast["one_pass"] == [one_pass] * len(fast["one_pass"]) and fast["one_pass"]
+    assert fast["written"] == asgi["written"]
+    assert (fast["closing"], fast["keep_alive_armed"]) == (asgi["closing"], asgi["keep_alive_armed"])
+    assert fast["raised"] == asgi["raised"]
+    if one_pass:  # both requests were answered on the one connection, and it stays open
+        assert fast["written"].count(b"HTTP/1.1 ") == 2 and not fast["closing"]
+
+
+@pytest.mark.anyio
+async def test_a_response_already_started_is_left_to_uvicorn() -> None:
+    outcome: list[bool] = []
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": LENGTH_2})
+        outcome.append(scope[REQUEST_LINK].write_whole(200, list(LENGTH_2), b"{}"))
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    config = uvicorn.Config(app, lifespan="off", log_level="critical", http=guarded_protocol(HTTPOptions()))
+    config.load()
+    protocol = _protocol(config, ServerState())
+    transport = _Transport()
+    protocol.connection_made(transport)
+    protocol.data_received(GET)
+    for _ in range(50):
+        await asyncio.sleep(0)
+    assert outcome == [False]
+    assert bytes(transport.written).endswith(b"\r\n\r\n{}")
+    protocol.connection_lost(None)
