@@ -155,3 +155,51 @@ async def test_a_response_already_started_is_left_to_uvicorn() -> None:
     assert outcome == [False]
     assert bytes(transport.written).endswith(b"\r\n\r\n{}")
     protocol.connection_lost(None)
+
+
+async def _stream(request: bytes, headers: Headers, pieces: list[bytes], one_pass: bool) -> dict[str, Any]:
+    """Serve a stream of ``pieces`` (then an empty last one): its middle pieces in one
+    pass where it may (``one_pass``), else by ASGI messages."""
+    seen: dict[str, Any] = {"one_pass": []}
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        link = scope[REQUEST_LINK]
+        await send({"type": "http.response.start", "status": 200, "headers": list(headers)})
+        for piece in pieces:
+            written = one_pass and link.write_piece(piece)
+            seen["one_pass"].append(written)
+            if not written:
+                await send({"type": "http.response.body", "body": piece, "more_body": True})
+        await send({"type": "http.response.body", "body": b""})
+
+    config = uvicorn.Config(app, lifespan="off", log_level="critical", http=guarded_protocol(HTTPOptions()))
+    config.load()
+    protocol = _protocol(config, ServerState())
+    transport = _Transport()
+    protocol.connection_made(transport)
+    protocol.data_received(request)
+    for _ in range(50):
+        await asyncio.sleep(0)
+    seen["written"] = bytes(transport.written)
+    seen["complete"] = protocol.cycle.response_complete
+    protocol.connection_lost(None)
+    return seen
+
+
+#: (request, headers, pieces, written in one pass)
+STREAMS: list[tuple[bytes, Headers, list[bytes], bool]] = [
+    (GET, [(b"content-type", b"text/event-stream")], [b"data: 1\n\n", b"", b"data: 2\n\n"], True),
+    (GET, [(b"content-length", b"4")], [b"ab", b"cd"], False),  # not chunked: uvicorn counts
+    (b"HEAD / HTTP/1.1\r\nhost: x\r\n\r\n", [], [b"ab"], False),  # no body is written
+]
+
+
+@pytest.mark.anyio
+@pytest.mark.parametrize(("request_bytes", "headers", "pieces", "one_pass"), STREAMS)
+async def test_a_streams_pieces_are_written_as_uvicorn_writes_them(
+    request_bytes: bytes, headers: Headers, pieces: list[bytes], one_pass: bool
+) -> None:
+    fast = await _stream(request_bytes, headers, pieces, one_pass=True)
+    asgi = await _stream(request_bytes, headers, pieces, one_pass=False)
+    assert fast["one_pass"] == [one_pass] * len(pieces)
+    assert fast["written"] == asgi["written"] and fast["complete"] and asgi["complete"]

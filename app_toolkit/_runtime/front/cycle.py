@@ -178,7 +178,9 @@ class HTTPCycle:
     async def chunk(self, piece: bytes) -> None:
         """The stream's next piece, not its last (most of a stream: written as it comes,
         with less to do than :meth:`chunks`)."""
-        await self._send({"type": "http.response.body", "body": piece, "more_body": True})
+        link = self.link
+        if link is None or not link.write_piece(piece):
+            await self._send({"type": "http.response.body", "body": piece, "more_body": True})
         self._counted(1 if piece else 0)
 
     async def chunks(self, pieces: Sequence[bytes], last: bool) -> None:

@@ -177,6 +177,24 @@ class RequestLink:
         cycle.on_response()  # the protocol's on_response_complete
         return True
 
+    def write_piece(self, piece: bytes) -> bool:
+        """Write a started stream's next piece, not its last, as uvicorn's ``send`` would
+        (a chunk of its chunked body). False, with nothing done, where that ``send``
+        would do more or other: the stream has a ``content-length``, the request is a
+        ``HEAD``, the client has left, or the transport is paused."""
+        cycle = self._cycle() if self._cycle is not None else None
+        if (
+            cycle is None
+            or not cycle.chunked_encoding
+            or cycle.response_complete
+            or cycle.disconnected
+            or cycle.flow.write_paused
+            or cycle.scope["method"] == "HEAD"
+        ):
+            return False
+        self._writes.write(b"%x\r\n%s\r\n" % (len(piece), piece) if piece else b"")
+        return True
+
     def join_head_and_body(self) -> None:
         """The response's head and its whole body come next: write them together."""
         self._writes.hold = True
