@@ -1,4 +1,4 @@
-"""What the direct path adds to a request, measured in one process without Ray or sockets.
+"""What the direct path adds to a request, measured in one process without Ray.
 
 The bench app's ingress runs in a replica core, as in an ingress replica; each request
 (GET ``/small``, the scope our HTTP server would make) is driven straight into:
@@ -9,14 +9,17 @@ The bench app's ingress runs in a replica core, as in an ingress replica; each r
 - ``direct``: the whole direct path (the front, ``HTTPFront`` with the replica as its local
   ingress, then the replica): what a request on a replica-owned connection runs;
 - ``floor``: the least a front with the toolkit's per-request features could do (a request
-  id in and out, a trace, two metric series, an access line) around the replica's part.
+  id in and out, a trace, two metric series, an access line) around the replica's part;
+- ``wire-bare``, ``wire-direct``: ``bare`` and ``direct`` with the HTTP protocol around
+  them, from the request's bytes to the response's (``front_wire.py``): uvicorn's for
+  bare uvicorn, ours on a connection the proxy handed over for the direct path.
 
 ``--without`` drops features from every mode (``trace``, ``scope``, ``metrics``,
 ``access-log``) to see what each costs. Logs as a replica does (access lines formatted
 in batches), to /dev/null. Prints the thread's CPU time per request, the median and the
 minimum of ``--rounds`` rounds (docs/benchmarks.md quotes them).
 
-    python -m benchmarks.front_cost [--modes bare,replica,direct,floor] [--without trace,metrics]
+    python -m benchmarks.front_cost [--modes bare,direct,wire-bare,wire-direct] [--without trace,metrics]
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ import random
 import statistics
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import uvloop
@@ -48,9 +51,9 @@ from app_toolkit._runtime.replica.replica import ReplicaCore
 from app_toolkit._runtime.tables import ApplicationTable
 from app_toolkit.build import build_app
 from app_toolkit.config import HTTPOptions
-from benchmarks import bench_app
+from benchmarks import bench_app, front_wire
 
-MODES = ("bare", "replica", "direct", "floor")
+MODES = ("bare", "replica", "direct", "floor", *front_wire.MODES)
 FEATURES = ("trace", "scope", "metrics", "access-log")
 _REQUEST_ID = "0123456789abcdef0123456789abcdef"
 
@@ -181,8 +184,13 @@ async def _app(mode: str, core: ReplicaCore, deployment: DeploymentID, access_lo
 async def _measure(mode: str, access_log: bool, requests: int, rounds: int) -> list[float]:
     if mode == "bare":  # no replica at all
         return await _rounds(bench_app.make_fastapi(), requests, rounds)
+    if mode == "wire-bare":
+        return await front_wire.rounds(mode, bench_app.make_fastapi(), requests, rounds, _timed)
     core, deployment = await _replica()
     try:
+        if mode == "wire-direct":
+            app = await _app("direct", core, deployment, access_log)
+            return await front_wire.rounds(mode, app, requests, rounds, _timed)
         return await _rounds(await _app(mode, core, deployment, access_log), requests, rounds)
     finally:
         await core.drain()
@@ -215,6 +223,13 @@ async def _rounds(app: ASGIApp, requests: int, rounds: int) -> list[float]:
             REQUEST_LINK: RequestLink(writes),
         }
         await app(scope, receive, send)
+
+    return await _timed(one, requests, rounds)
+
+
+async def _timed(one: Callable[[], Awaitable[None]], requests: int, rounds: int) -> list[float]:
+    """Run ``one`` request ``requests`` times per round (after half as many to warm up);
+    the thread's CPU time per request of each round, in microseconds."""
 
     async def run(count: int) -> None:
         for done in range(count):

@@ -7,7 +7,7 @@ callgrind, with ``--small`` and ``--large`` requests per round (plus the half of
 ``front_cost`` uses to warm up); the difference, divided by the requests it adds, is
 what one request costs: starting Python and importing the app cancel out.
 
-    python -m benchmarks.front_instructions [--modes bare,replica,direct,floor] [--without access-log]
+    python -m benchmarks.front_instructions [--modes bare,direct,wire-bare,wire-direct] [--without access-log]
 
 Needs ``valgrind`` (``apt-get install valgrind``); each mode takes about a minute.
 """
@@ -52,7 +52,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--modes", default="bare,replica,direct,floor")
+    parser.add_argument("--modes", default="bare,replica,direct,floor,wire-bare,wire-direct")
     parser.add_argument("--without", default="", help="features front_cost drops (see its --without)")
     parser.add_argument("--small", type=int, default=300, help="requests per round, first run")
     parser.add_argument("--large", type=int, default=900, help="requests per round, second run")

@@ -22,7 +22,8 @@ def test_the_front_cost_benchmark_measures_every_mode_and_feature_switch() -> No
     )
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    assert [line.split()[0] for line in lines] == ["bare", "replica", "direct", "floor"]
+    modes = ["bare", "replica", "direct", "floor", "wire-bare", "wire-direct"]
+    assert [line.split()[0] for line in lines] == modes
     for line in lines:
         found = re.search(r"([\d.]+) us per request", line)
         assert found is not None and float(found.group(1)) > 0, line

@@ -132,12 +132,13 @@ class HTTPCycle:
         self.route = route
         self.started = self.finished = True
         self.status = status
+        answered = with_request_id(headers, self.request_id)
         link = self.link
         if link is not None:  # our protocol writes the usual one in one pass
-            if link.write_whole(status, with_request_id(headers, self.request_id), body):
+            if link.write_whole(status, answered, body):
                 return
             link.join_head_and_body()
-        head = _head(status, headers, self.request_id, start)
+        head = _head(status, answered, start)
         try:
             await self._send(head)
             await self._send({"type": "http.response.body", "body": body})
@@ -158,7 +159,7 @@ class HTTPCycle:
         self.route = route
         self.started = True
         self.status = status
-        head = _head(status, headers, self.request_id, start)
+        head = _head(status, with_request_id(headers, self.request_id), start)
         self._labels = (self.app, self.prefix + route if route else self.prefix)
         stream_metrics.OPEN.inc(self.app, "stream")
         if first is None:
@@ -271,14 +272,9 @@ async def watch_disconnect(receive: Receive, cycle: HTTPCycle) -> None:
     cycle.client_left()
 
 
-def _head(
-    status: int, headers: Iterable[tuple[bytes, bytes]], request_id: str, start: Message | None
-) -> Message:
-    head = {
-        "type": "http.response.start",
-        "status": status,
-        "headers": with_request_id(headers, request_id),
-    }
+def _head(status: int, headers: list[tuple[bytes, bytes]], start: Message | None) -> Message:
+    """The ``http.response.start`` message (``headers`` with the request id already)."""
+    head = {"type": "http.response.start", "status": status, "headers": headers}
     return head if start is None else {**start, **head}
 
 

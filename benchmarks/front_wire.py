@@ -1,0 +1,135 @@
+"""``front_cost``'s wire modes: a request from its bytes to its response's bytes, through the
+HTTP protocol as well (what the replica's thread runs for it, but the kernel and the
+event loop's polling), in one process without Ray.
+
+- ``wire-bare``: uvicorn's httptools protocol with the FastAPI app (bare uvicorn);
+- ``wire-direct``: our protocol on a connection the node's proxy handed over (its phases
+  recorded in a connection table), the front and the replica: a request on a
+  replica-owned connection.
+
+The request is ``front_cost``'s (GET ``/small``), written into the protocol as a socket's
+read would deliver it; the transport only counts what is written. A handed connection's
+record needs a TCP socket to read the kernel's count from: one loopback connection is
+made for it, and nothing is sent on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+from collections.abc import Awaitable, Callable
+from email.utils import formatdate
+from typing import Any
+
+import uvicorn
+from starlette.types import ASGIApp
+from uvicorn.server import ServerState
+
+from app_toolkit._runtime.connection_table import ConnectionTable, Handed
+from app_toolkit._runtime.front.http_guard import guarded_protocol
+from app_toolkit.config import HTTPOptions
+
+MODES = ("wire-bare", "wire-direct")
+REQUEST = b"GET /small HTTP/1.1\r\nhost: 127.0.0.1:8000\r\nuser-agent: wrk\r\naccept: */*\r\n\r\n"
+
+
+class _Counting(asyncio.Transport):
+    """A connection's transport that keeps nothing of what is written but its length."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.written = 0
+        self.closing = False
+        self._protocol: asyncio.BaseProtocol | None = None
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return {"peername": ("127.0.0.1", 50000), "sockname": ("127.0.0.1", 8000)}.get(name, default)
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        self.written += len(data)
+
+    def is_closing(self) -> bool:
+        return self.closing
+
+    def close(self) -> None:
+        self.closing = True
+
+    def abort(self) -> None:
+        self.closing = True
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    def set_protocol(self, protocol: asyncio.BaseProtocol) -> None:
+        self._protocol = protocol
+
+    def get_protocol(self) -> asyncio.BaseProtocol:
+        assert self._protocol is not None
+        return self._protocol
+
+
+def _handed() -> tuple[Handed, Callable[[], None]]:
+    """A handed connection's record (its table's one slot) and what lets it go."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(listener.getsockname())
+    served, _ = listener.accept()
+    listener.close()
+    table, fd = ConnectionTable.create(1)
+    os.close(fd)
+    handed = Handed(client, table, 0, ConnectionTable.offset(0), served)
+
+    def let_go() -> None:
+        for end in (client, served):
+            end.close()
+        table.close()
+
+    return handed, let_go
+
+
+#: Runs a request's coroutine function for rounds: (one, requests, rounds) -> figures.
+Timed = Callable[[Callable[[], Awaitable[None]], int, int], Awaitable[list[float]]]
+
+
+async def rounds(mode: str, app: ASGIApp, requests: int, count: int, timed: Timed) -> list[float]:
+    """``count`` rounds of ``requests`` through ``app`` behind the protocol of ``mode``,
+    timed by ``timed`` (``front_cost``'s, which warms up first)."""
+    protocol_kind: Any = guarded_protocol(HTTPOptions()) if mode == "wire-direct" else "httptools"
+    config = uvicorn.Config(app, lifespan="off", log_level="warning", access_log=False, http=protocol_kind)
+    config.load()
+    state = ServerState()
+    state.default_headers = [(b"date", formatdate(usegmt=True).encode()), *config.encoded_headers]
+    make: Any = config.http_protocol_class  # uvicorn types it as any asyncio.Protocol
+    protocol = make(config=config, server_state=state, app_state={})
+    transport = _Counting()
+    let_go: Callable[[], None] | None = None
+    if mode == "wire-direct":
+        handed, let_go = _handed()
+        reads = protocol.handed_reads(handed)
+        reads.connection_made(transport)
+
+        def deliver() -> None:  # as the event loop reads into the buffer the protocol offers
+            view = reads.get_buffer(-1)
+            view[: len(REQUEST)] = REQUEST
+            reads.buffer_updated(len(REQUEST))
+    else:
+        protocol.connection_made(transport)
+
+        def deliver() -> None:
+            protocol.data_received(REQUEST)
+
+    async def one() -> None:
+        before = transport.written
+        deliver()
+        while protocol.cycle is None or not protocol.cycle.response_complete or transport.written == before:
+            await asyncio.sleep(0)  # the app runs as the protocol's task
+
+    try:
+        return await timed(one, requests, count)
+    finally:
+        protocol.connection_lost(None)
+        if let_go is not None:
+            let_go()
