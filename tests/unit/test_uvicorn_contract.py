@@ -25,6 +25,7 @@ from uvicorn.server import ServerState
 from app_toolkit._runtime.front.http_guard import guarded_protocol
 from app_toolkit._runtime.front.request_link import REQUEST_LINK, RequestLink
 from app_toolkit.config import HTTPOptions
+from tests.unit.connections import KeptTransport
 
 PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 
@@ -109,31 +110,6 @@ def test_the_protocol_methods_it_overrides_exist_with_their_signatures() -> None
     assert callable(HttpToolsProtocol.timeout_keep_alive_handler)
 
 
-class _Transport(asyncio.Transport):
-    def __init__(self) -> None:
-        super().__init__()
-        self.written = bytearray()
-        self.closing = False
-
-    def get_extra_info(self, name: str, default: object = None) -> object:
-        return {"peername": ("127.0.0.1", 50000), "sockname": ("127.0.0.1", 8000)}.get(name, default)
-
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        self.written += data
-
-    def is_closing(self) -> bool:
-        return self.closing
-
-    def close(self) -> None:
-        self.closing = True
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
-
-
 @pytest.mark.anyio
 async def test_a_request_goes_through_the_state_it_relies_on() -> None:
     seen: dict[str, object] = {}
@@ -149,7 +125,7 @@ async def test_a_request_goes_through_the_state_it_relies_on() -> None:
     assert isinstance(protocol, HttpToolsProtocol)
     for name in PROTOCOL_STATE:
         assert hasattr(protocol, name), name
-    transport = _Transport()
+    transport = KeptTransport()
     protocol.connection_made(transport)
     assert protocol.timeout_keep_alive_task is not None  # the guard arms it for silent clients
     protocol.data_received(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")
@@ -184,7 +160,7 @@ async def test_the_link_says_whether_a_body_piece_is_waiting() -> None:
     protocol_class = config.http_protocol_class  # uvicorn types it as any asyncio.Protocol
     assert issubclass(protocol_class, HttpToolsProtocol)
     protocol = protocol_class(config=config, server_state=ServerState(), app_state={})
-    protocol.connection_made(_Transport())
+    protocol.connection_made(KeptTransport())
     protocol.data_received(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 4\r\n\r\n")
     await asyncio.wait_for(headers_only.wait(), 5)
     protocol.data_received(b"abcd")

@@ -4,43 +4,15 @@ what it does not cover, it leaves to them."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import pytest
-import uvicorn
 from uvicorn.server import ServerState
 
-from app_toolkit._runtime.front.http_guard import guarded_protocol
 from app_toolkit._runtime.front.request_link import REQUEST_LINK, RequestLink
-from app_toolkit.config import HTTPOptions
+from tests.unit.connections import guarded, served
 
 Headers = list[tuple[bytes, bytes]]
-
-
-class _Transport(asyncio.Transport):
-    def __init__(self) -> None:
-        super().__init__()
-        self.written = bytearray()
-        self.closing = False
-
-    def get_extra_info(self, name: str, default: object = None) -> object:
-        return {"peername": ("127.0.0.1", 50000), "sockname": ("127.0.0.1", 8000)}.get(name, default)
-
-    def write(self, data: bytes | bytearray | memoryview) -> None:
-        self.written += data
-
-    def is_closing(self) -> bool:
-        return self.closing
-
-    def close(self) -> None:
-        self.closing = True
-
-    def pause_reading(self) -> None:
-        pass
-
-    def resume_reading(self) -> None:
-        pass
 
 
 async def _serve(
@@ -65,29 +37,15 @@ async def _serve(
             seen["raised"].append(type(exc).__name__)
             raise
 
-    config = uvicorn.Config(app, lifespan="off", log_level="critical", http=guarded_protocol(HTTPOptions()))
-    config.load()
     state = ServerState()
-    state.default_headers = [(b"date", b"Fri, 27 Nov 2026 05:00:00 GMT"), *config.encoded_headers]
-    protocol = _protocol(config, state)
-    transport = _Transport()
-    protocol.connection_made(transport)
-    for _ in range(2):
-        if transport.closing:
-            break
-        protocol.data_received(request)
-        for _ in range(50):  # the app runs as a task
-            await asyncio.sleep(0)
+    state.default_headers = [(b"date", b"Fri, 27 Nov 2026 05:00:00 GMT"), (b"server", b"uvicorn")]
+    protocol = guarded(app, state, log_level="critical")
+    transport = await served(protocol, request, times=2)
     seen["written"] = bytes(transport.written)
     seen["closing"] = transport.closing
     seen["keep_alive_armed"] = protocol.timeout_keep_alive_task is not None
     protocol.connection_lost(None)
     return seen
-
-
-def _protocol(config: uvicorn.Config, state: ServerState) -> Any:
-    make: Any = config.http_protocol_class  # uvicorn types it as any asyncio.Protocol
-    return make(config=config, server_state=state, app_state={})
 
 
 GET = b"GET / HTTP/1.1\r\nhost: x\r\n\r\n"
@@ -144,14 +102,8 @@ async def test_a_response_already_started_is_left_to_uvicorn() -> None:
         outcome.append(scope[REQUEST_LINK].write_whole(200, list(LENGTH_2), b"{}"))
         await send({"type": "http.response.body", "body": b"{}"})
 
-    config = uvicorn.Config(app, lifespan="off", log_level="critical", http=guarded_protocol(HTTPOptions()))
-    config.load()
-    protocol = _protocol(config, ServerState())
-    transport = _Transport()
-    protocol.connection_made(transport)
-    protocol.data_received(GET)
-    for _ in range(50):
-        await asyncio.sleep(0)
+    protocol = guarded(app, log_level="critical")
+    transport = await served(protocol, GET)
     assert outcome == [False]
     assert bytes(transport.written).endswith(b"\r\n\r\n{}")
     protocol.connection_lost(None)
@@ -172,14 +124,8 @@ async def _stream(request: bytes, headers: Headers, pieces: list[bytes], one_pas
                 await send({"type": "http.response.body", "body": piece, "more_body": True})
         await send({"type": "http.response.body", "body": b""})
 
-    config = uvicorn.Config(app, lifespan="off", log_level="critical", http=guarded_protocol(HTTPOptions()))
-    config.load()
-    protocol = _protocol(config, ServerState())
-    transport = _Transport()
-    protocol.connection_made(transport)
-    protocol.data_received(request)
-    for _ in range(50):
-        await asyncio.sleep(0)
+    protocol = guarded(app, log_level="critical")
+    transport = await served(protocol, request)
     seen["written"] = bytes(transport.written)
     seen["complete"] = protocol.cycle.response_complete
     protocol.connection_lost(None)
