@@ -22,7 +22,6 @@ from app_toolkit._runtime.front.body import (
 )
 from app_toolkit._runtime.front.cycle import CLIENT_CLOSED, HTTPCycle
 from app_toolkit._runtime.front.request_link import RequestLink
-from app_toolkit._runtime.front.scope import RequestHeaders
 from app_toolkit._runtime.messages import BUSY, HTTPRequest, HTTPResponse, RequestBodyPiece
 from app_toolkit.config import HTTPOptions
 
@@ -129,8 +128,7 @@ def test_the_budget_must_hold_what_the_proxy_reads_of_one_body() -> None:
 def _streamed(receive: Callable[[], Awaitable[dict[str, Any]]], link: object = None) -> StreamedBody:
     state = HTTPCycle(_no_send, None, 0.0)
     state.link = link  # type: ignore[assignment]
-    headers = RequestHeaders("r", False, None, None)
-    return StreamedBody(receive, headers, HTTP, state)
+    return StreamedBody(receive, HTTP, state)
 
 
 async def test_a_streamed_body_passes_its_pieces_through() -> None:

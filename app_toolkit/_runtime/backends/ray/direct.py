@@ -18,7 +18,6 @@ from starlette.types import Message, Receive, Scope, Send
 
 from app_toolkit._runtime.front.body import BodyReader, refusal_answer
 from app_toolkit._runtime.front.cycle import HTTPCycle
-from app_toolkit._runtime.front.scope import RequestHeaders
 from app_toolkit._runtime.messages import HTTPResponse
 from app_toolkit._runtime.replica.replica import ReplicaCore
 from app_toolkit._runtime.request_context import route_template
@@ -35,14 +34,12 @@ class StreamedBody:
 
     __slots__ = ("_receive", "_reader", "_done", "_cycle")
 
-    def __init__(
-        self, receive: Receive, headers: RequestHeaders, http: HTTPOptions, cycle: HTTPCycle
-    ) -> None:
+    def __init__(self, receive: Receive, http: HTTPOptions, cycle: HTTPCycle) -> None:
         self._receive = receive
         self._reader = BodyReader(receive, http, cycle.link)
-        self._done = not headers.has_body
+        self._done = False  # made only for a request that declares a body
         self._cycle = cycle
-        cycle.uploading = not self._done
+        cycle.uploading = True
 
     @property
     def refusal(self) -> int:
@@ -195,9 +192,7 @@ class DirectIngress:
         self, scope: Scope, receive: Receive, cycle: HTTPCycle, http: HTTPOptions, trace: TraceContext | None
     ) -> Awaitable[None]:
         headers = cycle.headers
-        body = (
-            StreamedBody(receive, headers, http, cycle) if headers is not None and headers.has_body else None
-        )
+        body = StreamedBody(receive, http, cycle) if headers is not None and headers.has_body else None
         answer = _Answer(cycle, body, scope, http)
         reads = body.receive if body is not None else receive
         return self._core.serve_direct(cycle.request_id, scope, reads, answer, trace)
