@@ -21,6 +21,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from benchmarks import front_cost
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -52,7 +54,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--modes", default="bare,replica,direct,floor,wire-bare,wire-direct")
+    parser.add_argument("--modes", default=",".join(front_cost.MODES))
     parser.add_argument("--without", default="", help="features front_cost drops (see its --without)")
     parser.add_argument("--small", type=int, default=300, help="requests per round, first run")
     parser.add_argument("--large", type=int, default=900, help="requests per round, second run")

@@ -1,9 +1,11 @@
-"""Our HTTP protocol on a connection made in process: a transport that keeps what is
+"""HTTP protocols on connections made in process: a transport that keeps what is
 written, for tests that drive uvicorn's protocol (and ours on it) without sockets."""
 
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Callable
 from typing import Any
 
 import uvicorn
@@ -14,11 +16,12 @@ from app_toolkit.config import HTTPOptions
 
 
 class KeptTransport(asyncio.Transport):
-    """A connection's transport that keeps what is written."""
+    """A connection's transport that keeps what is written, and each write apart."""
 
     def __init__(self) -> None:
         super().__init__()
         self.written = bytearray()
+        self.writes: list[bytes] = []
         self.closing = False
 
     def get_extra_info(self, name: str, default: object = None) -> object:
@@ -26,6 +29,8 @@ class KeptTransport(asyncio.Transport):
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         self.written += data
+        if data:
+            self.writes.append(bytes(data))
 
     def is_closing(self) -> bool:
         return self.closing
@@ -40,24 +45,46 @@ class KeptTransport(asyncio.Transport):
         pass
 
 
-def guarded(app: Any, state: ServerState | None = None, **uvicorn_options: Any) -> Any:
-    """Our protocol (``guarded_protocol``) for ``app``, as uvicorn's server makes one;
-    typed Any: uvicorn types it as any asyncio.Protocol."""
-    config = uvicorn.Config(app, lifespan="off", http=guarded_protocol(HTTPOptions()), **uvicorn_options)
+def _protocol(app: Any, state: ServerState | None, http: Any) -> Any:
+    # log_config=None: uvicorn's own logging set-up would change this process's loggers.
+    config = uvicorn.Config(app, lifespan="off", log_config=None, http=http)
     config.load()
-    make: Any = config.http_protocol_class
+    make: Any = config.http_protocol_class  # uvicorn types it as any asyncio.Protocol
     return make(config=config, server_state=state or ServerState(), app_state={})
 
 
-async def served(protocol: Any, request: bytes, times: int = 1) -> KeptTransport:
+def guarded(app: Any, state: ServerState | None = None) -> Any:
+    """Our protocol (``guarded_protocol``) for ``app``, as uvicorn's server makes one."""
+    return _protocol(app, state, guarded_protocol(HTTPOptions()))
+
+
+def plain(app: Any, state: ServerState | None = None) -> Any:
+    """uvicorn's own httptools protocol for ``app``."""
+    return _protocol(app, state, "httptools")
+
+
+async def served(
+    protocol: Any, request: bytes, times: int = 1, between: Callable[[], None] | None = None
+) -> KeptTransport:
     """Write ``request`` into a new connection of ``protocol`` ``times`` times (while it
-    stays open), each once the app has had its turns; returns the connection's transport."""
+    stays open), each once what it asked for is answered (or the connection closed);
+    ``between`` runs before each next time. Returns the connection's transport."""
     transport = KeptTransport()
     protocol.connection_made(transport)
-    for _ in range(times):
+    for turn in range(times):
         if transport.closing:
             break
+        if turn and between is not None:
+            between()
         protocol.data_received(request)
-        for _ in range(50):  # the app runs as the protocol's task
+        deadline = time.monotonic() + 5
+        while not transport.closing and not _answered(protocol):
+            assert time.monotonic() < deadline, "the app did not answer within 5 s"
             await asyncio.sleep(0)
+        await asyncio.sleep(0)  # the app's task ends
     return transport
+
+
+def _answered(protocol: Any) -> bool:
+    cycle = protocol.cycle
+    return cycle is not None and cycle.response_complete and not protocol.pipeline

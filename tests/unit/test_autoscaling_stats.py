@@ -69,11 +69,13 @@ async def test_calls_wait_while_the_deployment_does_not_autoscale_and_start_when
         await asyncio.sleep(0.1)
         assert calls == [] and stats.take() is None  # a fixed replica count: nobody reads them
         stats.update(CONFIG)  # autoscaling turned on in place
-        for _ in range(200):
+        taken = None
+        for _ in range(200):  # the sample is kept once the call (in a thread) has returned
             await asyncio.sleep(0.01)
-            if calls:
+            taken = stats.take()
+            if taken is not None:
                 break
-        assert calls and stats.take() is not None
+        assert calls and taken is not None
         stats.update(DeploymentConfig(num_replicas=1))  # and off again: the calls pause
         await asyncio.sleep(0.05)
         paused = len(calls)

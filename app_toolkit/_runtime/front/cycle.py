@@ -134,8 +134,8 @@ class HTTPCycle:
         self.status = status
         answered = with_request_id(headers, self.request_id)
         link = self.link
-        if link is not None:  # our protocol writes the usual one in one pass
-            if link.write_whole(status, answered, body):
+        if link is not None:  # our protocol writes it now, without ASGI messages
+            if link.whole(status, answered, body):
                 return
             link.join_head_and_body()
         head = _head(status, answered, start)
@@ -180,7 +180,7 @@ class HTTPCycle:
         """The stream's next piece, not its last (most of a stream: written as it comes,
         with less to do than :meth:`chunks`)."""
         link = self.link
-        if link is None or not link.write_piece(piece):
+        if link is None or not link.piece(piece):
             await self._send({"type": "http.response.body", "body": piece, "more_body": True})
         self._counted(1 if piece else 0)
 

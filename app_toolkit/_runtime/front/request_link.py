@@ -8,13 +8,11 @@ its bytes leave.
 from __future__ import annotations
 
 import asyncio
-import re
 import weakref
 from collections.abc import Callable
 
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE, RequestResponseCycle
-
 from app_toolkit._runtime.connection_table import Handed, Phase
+from app_toolkit._runtime.front.wire_cycle import WireCycle
 
 #: The scope key of a request's :class:`RequestLink` (set by the protocol).
 REQUEST_LINK = "app_toolkit.request_link"
@@ -117,9 +115,7 @@ class RequestLink:
 
     __slots__ = ("on_client_left", "handed", "_writes", "_cycle")
 
-    def __init__(
-        self, writes: Writes, cycle: RequestResponseCycle | None = None, handed: Handed | None = None
-    ) -> None:
+    def __init__(self, writes: Writes, cycle: WireCycle | None = None, handed: Handed | None = None) -> None:
         self.on_client_left: Callable[[], None] | None = None
         #: The connection's record in the table the proxy shares (a handed-off one).
         self.handed = handed
@@ -132,68 +128,39 @@ class RequestLink:
     def body_ready(self) -> bool:
         """The app's next ``receive()`` returns at once: a piece of the body (or its end,
         or the client's leaving) has arrived, so no wait needs a timeout."""
-        cycle = self._cycle() if self._cycle is not None else None
+        cycle = self._live_cycle()
         if cycle is None:  # not told (or gone): every wait is bounded
             return False
         return cycle.message_event.is_set() or cycle.disconnected or cycle.response_complete
 
-    def write_whole(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> bool:
-        """Write a complete response, head and body, in one pass: the bytes uvicorn's
-        two ``send`` calls would write (its default headers first, names in lower case),
-        and the cycle left as they would leave it, the response complete. False, with
-        nothing done, when the response needs what only they do: a ``HEAD`` request, a
-        connection to close, a ``transfer-encoding``, a missing or wrong
-        ``content-length``, a header uvicorn refuses, a status it has no line for, or a
-        paused transport; send it the ASGI way then."""
-        cycle = self._cycle() if self._cycle is not None else None
-        writes = self._writes
-        if (
-            cycle is None
-            or cycle.response_started
-            or cycle.disconnected
-            or not cycle.keep_alive
-            or cycle.flow.write_paused
-            or writes.held is not None
-            or writes.gathered is not None
-            or cycle.scope["method"] == "HEAD"
-        ):
+    def whole(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> bool:
+        """Write a complete response now, its head and body in one write, through the
+        cycle's writer (``wire_cycle.py``: what its ``send`` does for the two messages,
+        without them). False, with nothing done, when it cannot be written at once (the
+        client left, the transport is paused, or a response has started): send it the
+        ASGI way then, which waits or refuses as it must."""
+        cycle = self._live_cycle()
+        if cycle is None or cycle.response_started or not cycle.writable():
             return False
-        line = STATUS_LINE.get(status)
+        self._writes.hold = True
         try:
-            block = b"".join([b"%s: %s\r\n" % header for header in headers])
-        except TypeError:  # not pairs of bytes: uvicorn's send says so
-            return False
-        if line is None or _PLAIN_HEADERS.fullmatch(block) is None:
-            return False
-        found = _CONTENT_LENGTH.search(block)
-        if found is None or not found[1].isdigit() or int(found[1]) != len(body):
-            return False
-        cycle.response_started = cycle.response_complete = True
-        cycle.waiting_for_100_continue = False
-        cycle.chunked_encoding = False
-        cycle.expected_content_length = 0
-        writes.held, writes.body = line + _default_block(cycle.default_headers) + block + b"\r\n", body
-        cycle.message_event.set()
-        cycle.on_response()  # the protocol's on_response_complete
+            cycle.write_head(status, headers)
+            cycle.write_body(body, False)
+        finally:
+            self._writes.release()  # what is held if it failed (a HEAD's head went already)
         return True
 
-    def write_piece(self, piece: bytes) -> bool:
-        """Write a started stream's next piece, not its last, as uvicorn's ``send`` would
-        (a chunk of its chunked body). False, with nothing done, where that ``send``
-        would do more or other: the stream has a ``content-length``, the request is a
-        ``HEAD``, the client has left, or the transport is paused."""
-        cycle = self._cycle() if self._cycle is not None else None
-        if (
-            cycle is None
-            or not cycle.chunked_encoding
-            or cycle.response_complete
-            or cycle.disconnected
-            or cycle.flow.write_paused
-            or cycle.scope["method"] == "HEAD"
-        ):
+    def piece(self, piece: bytes) -> bool:
+        """Write the next piece of a started response's body, not its last, through the
+        cycle's writer; False, with nothing done, as for :meth:`whole`."""
+        cycle = self._live_cycle()
+        if cycle is None or not cycle.response_started or cycle.response_complete or not cycle.writable():
             return False
-        self._writes.write(b"%x\r\n%s\r\n" % (len(piece), piece) if piece else b"")
+        cycle.write_body(piece, True)
         return True
+
+    def _live_cycle(self) -> WireCycle | None:
+        return self._cycle() if self._cycle is not None else None
 
     def join_head_and_body(self) -> None:
         """The response's head and its whole body come next: write them together."""
@@ -214,29 +181,3 @@ class RequestLink:
         self.on_client_left = None
         self._writes.gathered = self._writes.held = self._writes.body = None
         self._writes.transport.abort()
-
-
-#: Response headers uvicorn writes as they are, one per line: names in lower case without
-#: a character its ``HEADER_RE`` refuses, values without one its ``HEADER_VALUE_RE`` refuses
-#: (so without CR or LF: the lines are the headers), and neither ``transfer-encoding`` nor
-#: ``connection`` (they change what uvicorn writes). Anything else takes uvicorn's way.
-_PLAIN_HEADERS = re.compile(
-    rb'(?:(?!(?:transfer-encoding|connection):)[^\x00-\x1f\x7fA-Z()<>@,;:\[\]={} \t\\"]*'
-    rb": [^\x00-\x08\x0a-\x1f\x7f]*\r\n)*"
-)
-#: The first ``content-length`` header's value (the one uvicorn goes by).
-_CONTENT_LENGTH = re.compile(rb"(?:\A|\n)content-length: ([^\r]*)\r")
-
-#: The server's default headers (``date``, ``server``) as bytes, for the list they came in:
-#: uvicorn makes a new list when the date changes (once a second).
-_defaults: tuple[list[tuple[bytes, bytes]] | None, bytes] = (None, b"")
-
-
-def _default_block(headers: list[tuple[bytes, bytes]]) -> bytes:
-    global _defaults
-    cached = _defaults  # read once: another thread's loop may replace it meanwhile
-    if cached[0] is headers:
-        return cached[1]
-    block = b"".join(b"%s: %s\r\n" % (name.lower(), value) for name, value in headers)
-    _defaults = (headers, block)
-    return block
