@@ -132,13 +132,10 @@ class HTTPCycle:
         self.route = route
         self.started = self.finished = True
         self.status = status
-        answered = with_request_id(headers, self.request_id)
+        head = _head(status, headers, self.request_id, start)
         link = self.link
-        if link is not None:  # our protocol writes it now, without ASGI messages
-            if link.whole(status, answered, body):
-                return
+        if link is not None:
             link.join_head_and_body()
-        head = _head(status, answered, start)
         try:
             await self._send(head)
             await self._send({"type": "http.response.body", "body": body})
@@ -159,7 +156,7 @@ class HTTPCycle:
         self.route = route
         self.started = True
         self.status = status
-        head = _head(status, with_request_id(headers, self.request_id), start)
+        head = _head(status, headers, self.request_id, start)
         self._labels = (self.app, self.prefix + route if route else self.prefix)
         stream_metrics.OPEN.inc(self.app, "stream")
         if first is None:
@@ -179,9 +176,7 @@ class HTTPCycle:
     async def chunk(self, piece: bytes) -> None:
         """The stream's next piece, not its last (most of a stream: written as it comes,
         with less to do than :meth:`chunks`)."""
-        link = self.link
-        if link is None or not link.piece(piece):
-            await self._send({"type": "http.response.body", "body": piece, "more_body": True})
+        await self._send({"type": "http.response.body", "body": piece, "more_body": True})
         self._counted(1 if piece else 0)
 
     async def chunks(self, pieces: Sequence[bytes], last: bool) -> None:
@@ -272,9 +267,14 @@ async def watch_disconnect(receive: Receive, cycle: HTTPCycle) -> None:
     cycle.client_left()
 
 
-def _head(status: int, headers: list[tuple[bytes, bytes]], start: Message | None) -> Message:
-    """The ``http.response.start`` message (``headers`` with the request id already)."""
-    head = {"type": "http.response.start", "status": status, "headers": headers}
+def _head(
+    status: int, headers: Iterable[tuple[bytes, bytes]], request_id: str, start: Message | None
+) -> Message:
+    head = {
+        "type": "http.response.start",
+        "status": status,
+        "headers": with_request_id(headers, request_id),
+    }
     return head if start is None else {**start, **head}
 
 

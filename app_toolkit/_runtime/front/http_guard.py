@@ -11,11 +11,10 @@ internet needs and uvicorn leaves out (docs/security.md):
 
 Request bodies are bounded by the front itself (``http_front.py``).
 
-Three things make the proxy cheaper per request (a request's :class:`RequestLink`, in its
+Two things make the proxy cheaper per request (a request's :class:`RequestLink`, in its
 scope): the proxy learns from ``connection_lost`` that a client left, instead of keeping a
-task per request waiting for ``http.disconnect``; a complete response's head is held
-until its body comes, so both leave in one write; and every request's cycle writes its
-response with our writer (``wire_cycle.py``), which the front calls without ASGI messages.
+task per request waiting for ``http.disconnect``; and a complete response's head is held
+until its body comes, so both leave in one write.
 """
 
 from __future__ import annotations
@@ -25,14 +24,13 @@ import logging
 import socket
 import threading
 from collections.abc import Callable
-from typing import Any, cast
+from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 from app_toolkit._runtime.answers import as_bytes
 from app_toolkit._runtime.connection_table import Handed, Phase, bytes_written
 from app_toolkit._runtime.front.request_link import REQUEST_LINK, RequestLink, Writes
-from app_toolkit._runtime.front.wire_cycle import WireCycle
 from app_toolkit._runtime.messages import HTTPResponse
 from app_toolkit.config import HTTPOptions
 
@@ -141,10 +139,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         cycle = self.cycle
         writes, handed = self._writes, self.handed
         if cycle is not None and cycle.scope is self.scope and writes is not None:  # not an upgrade
-            # The cycle uvicorn made, with our writer (same state; its task has not run yet).
-            cycle.__class__ = WireCycle
             cycle.transport = writes  # type: ignore[assignment]
-            link = RequestLink(writes, cast(WireCycle, cycle), handed)
+            link = RequestLink(writes, cycle, handed)
             self._link = self.scope[REQUEST_LINK] = link  # type: ignore[literal-required]
             if handed is not None and not self.pipeline:  # (a pipelined one waits its turn)
                 handed.record(Phase.RUNNING)

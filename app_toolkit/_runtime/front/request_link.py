@@ -11,8 +11,9 @@ import asyncio
 import weakref
 from collections.abc import Callable
 
+from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
+
 from app_toolkit._runtime.connection_table import Handed, Phase
-from app_toolkit._runtime.front.wire_cycle import WireCycle
 
 #: The scope key of a request's :class:`RequestLink` (set by the protocol).
 REQUEST_LINK = "app_toolkit.request_link"
@@ -115,7 +116,9 @@ class RequestLink:
 
     __slots__ = ("on_client_left", "handed", "_writes", "_cycle")
 
-    def __init__(self, writes: Writes, cycle: WireCycle | None = None, handed: Handed | None = None) -> None:
+    def __init__(
+        self, writes: Writes, cycle: RequestResponseCycle | None = None, handed: Handed | None = None
+    ) -> None:
         self.on_client_left: Callable[[], None] | None = None
         #: The connection's record in the table the proxy shares (a handed-off one).
         self.handed = handed
@@ -128,39 +131,10 @@ class RequestLink:
     def body_ready(self) -> bool:
         """The app's next ``receive()`` returns at once: a piece of the body (or its end,
         or the client's leaving) has arrived, so no wait needs a timeout."""
-        cycle = self._live_cycle()
+        cycle = self._cycle() if self._cycle is not None else None
         if cycle is None:  # not told (or gone): every wait is bounded
             return False
         return cycle.message_event.is_set() or cycle.disconnected or cycle.response_complete
-
-    def whole(self, status: int, headers: list[tuple[bytes, bytes]], body: bytes) -> bool:
-        """Write a complete response now, its head and body in one write, through the
-        cycle's writer (``wire_cycle.py``: what its ``send`` does for the two messages,
-        without them). False, with nothing done, when it cannot be written at once (the
-        client left, the transport is paused, or a response has started): send it the
-        ASGI way then, which waits or refuses as it must."""
-        cycle = self._live_cycle()
-        if cycle is None or cycle.response_started or not cycle.writable():
-            return False
-        self._writes.hold = True
-        try:
-            cycle.write_head(status, headers)
-            cycle.write_body(body, False)
-        finally:
-            self._writes.release()  # what is held if it failed (a HEAD's head went already)
-        return True
-
-    def piece(self, piece: bytes) -> bool:
-        """Write the next piece of a started response's body, not its last, through the
-        cycle's writer; False, with nothing done, as for :meth:`whole`."""
-        cycle = self._live_cycle()
-        if cycle is None or not cycle.response_started or cycle.response_complete or not cycle.writable():
-            return False
-        cycle.write_body(piece, True)
-        return True
-
-    def _live_cycle(self) -> WireCycle | None:
-        return self._cycle() if self._cycle is not None else None
 
     def join_head_and_body(self) -> None:
         """The response's head and its whole body come next: write them together."""
