@@ -16,6 +16,7 @@ made for it, and nothing is sent on it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 from collections.abc import Awaitable, Callable
@@ -31,6 +32,8 @@ from app_toolkit._runtime.front.http_guard import guarded_protocol
 from app_toolkit.config import HTTPOptions
 
 MODES = ("wire-bare", "wire-direct")
+#: Loop turns a request may take before it counts as unanswered.
+_TURNS = 1000
 REQUEST = b"GET /small HTTP/1.1\r\nhost: 127.0.0.1:8000\r\nuser-agent: wrk\r\naccept: */*\r\n\r\n"
 
 
@@ -40,6 +43,7 @@ class _Counting(asyncio.Transport):
     def __init__(self) -> None:
         super().__init__()
         self.written = 0
+        self.status = b""
         self.closing = False
         self._protocol: asyncio.BaseProtocol | None = None
 
@@ -48,6 +52,8 @@ class _Counting(asyncio.Transport):
 
     def write(self, data: bytes | bytearray | memoryview) -> None:
         self.written += len(data)
+        if bytes(data[:9]) == b"HTTP/1.1 ":
+            self.status = bytes(data[9:12])  # the latest response's
 
     def is_closing(self) -> bool:
         return self.closing
@@ -72,22 +78,15 @@ class _Counting(asyncio.Transport):
         return self._protocol
 
 
-def _handed() -> tuple[Handed, Callable[[], None]]:
-    """A handed connection's record (its table's one slot) and what lets it go."""
-    listener = socket.create_server(("127.0.0.1", 0))
-    client = socket.create_connection(listener.getsockname())
-    served, _ = listener.accept()
-    listener.close()
+def _handed(cleanup: contextlib.ExitStack) -> Handed:
+    """A handed connection's record (its table's one slot), let go by ``cleanup``."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        client = cleanup.enter_context(socket.create_connection(listener.getsockname()))
+        served = cleanup.enter_context(listener.accept()[0])
     table, fd = ConnectionTable.create(1)
     os.close(fd)
-    handed = Handed(client, table, 0, ConnectionTable.offset(0), served)
-
-    def let_go() -> None:
-        for end in (client, served):
-            end.close()
-        table.close()
-
-    return handed, let_go
+    cleanup.callback(table.close)
+    return Handed(client, table, 0, ConnectionTable.offset(0), served)
 
 
 #: Runs a request's coroutine function for rounds: (one, requests, rounds) -> figures.
@@ -105,31 +104,39 @@ async def rounds(mode: str, app: ASGIApp, requests: int, count: int, timed: Time
     make: Any = config.http_protocol_class  # uvicorn types it as any asyncio.Protocol
     protocol = make(config=config, server_state=state, app_state={})
     transport = _Counting()
-    let_go: Callable[[], None] | None = None
-    if mode == "wire-direct":
-        handed, let_go = _handed()
-        reads = protocol.handed_reads(handed)
-        reads.connection_made(transport)
+    with contextlib.ExitStack() as cleanup:
+        if mode == "wire-direct":
+            handed = _handed(cleanup)
+            reads = protocol.handed_reads(handed)
+            reads.connection_made(transport)
 
-        def deliver() -> None:  # as the event loop reads into the buffer the protocol offers
-            view = reads.get_buffer(-1)
-            view[: len(REQUEST)] = REQUEST
-            reads.buffer_updated(len(REQUEST))
-    else:
-        protocol.connection_made(transport)
+            def deliver() -> None:  # as the event loop reads into the buffer the protocol offers
+                view = reads.get_buffer(-1)
+                view[: len(REQUEST)] = REQUEST
+                reads.buffer_updated(len(REQUEST))
+        else:
+            protocol.connection_made(transport)
 
-        def deliver() -> None:
-            protocol.data_received(REQUEST)
+            def deliver() -> None:
+                protocol.data_received(REQUEST)
+
+        cleanup.callback(protocol.connection_lost, None)
+        return await timed(_one(mode, protocol, transport, deliver), requests, count)
+
+
+def _one(
+    mode: str, protocol: Any, transport: _Counting, deliver: Callable[[], None]
+) -> Callable[[], Awaitable[None]]:
+    """One request: delivered, then the loop turned until its response is whole."""
 
     async def one() -> None:
         before = transport.written
         deliver()
-        while protocol.cycle is None or not protocol.cycle.response_complete or transport.written == before:
-            await asyncio.sleep(0)  # the app runs as the protocol's task
+        for _ in range(_TURNS):  # the app runs as the protocol's task
+            if transport.closing or transport.written > before and protocol.cycle.response_complete:
+                break
+            await asyncio.sleep(0)
+        if transport.status != b"200" or transport.closing:
+            raise RuntimeError(f"{mode}: the request was not answered 200 on an open connection")
 
-    try:
-        return await timed(one, requests, count)
-    finally:
-        protocol.connection_lost(None)
-        if let_go is not None:
-            let_go()
+    return one

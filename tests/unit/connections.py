@@ -4,7 +4,6 @@ written, for tests that drive uvicorn's protocol (and ours on it) without socket
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
 from typing import Any
 
@@ -13,6 +12,7 @@ from uvicorn.server import ServerState
 
 from app_toolkit._runtime.front.http_guard import guarded_protocol
 from app_toolkit.config import HTTPOptions
+from tests.waiting import wait_for_async
 
 
 class KeptTransport(asyncio.Transport):
@@ -43,6 +43,9 @@ class KeptTransport(asyncio.Transport):
 
     def resume_reading(self) -> None:
         pass
+
+    def abort(self) -> None:
+        self.closing = True
 
 
 def _protocol(app: Any, state: ServerState | None, http: Any) -> Any:
@@ -77,10 +80,7 @@ async def served(
         if turn and between is not None:
             between()
         protocol.data_received(request)
-        deadline = time.monotonic() + 5
-        while not transport.closing and not _answered(protocol):
-            assert time.monotonic() < deadline, "the app did not answer within 5 s"
-            await asyncio.sleep(0)
+        await wait_for_async(lambda: transport.closing or _answered(protocol), 5, "the answer", 0)
         await asyncio.sleep(0)  # the app's task ends
     return transport
 

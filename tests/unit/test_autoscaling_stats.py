@@ -14,6 +14,7 @@ from app_toolkit._runtime.messages import DeploymentID
 from app_toolkit._runtime.replica.autoscaling_stats import AutoscalingStats
 from app_toolkit._runtime.tables import ReplicaStats
 from app_toolkit.config import DeploymentConfig
+from tests.waiting import wait_for_async
 
 pytestmark = pytest.mark.anyio
 
@@ -69,13 +70,9 @@ async def test_calls_wait_while_the_deployment_does_not_autoscale_and_start_when
         await asyncio.sleep(0.1)
         assert calls == [] and stats.take() is None  # a fixed replica count: nobody reads them
         stats.update(CONFIG)  # autoscaling turned on in place
-        taken = None
-        for _ in range(200):  # the sample is kept once the call (in a thread) has returned
-            await asyncio.sleep(0.01)
-            taken = stats.take()
-            if taken is not None:
-                break
-        assert calls and taken is not None
+        # The sample is kept once the call (in a thread) has returned, not when it starts.
+        await wait_for_async(stats.take, 2, "a kept sample")
+        assert calls
         stats.update(DeploymentConfig(num_replicas=1))  # and off again: the calls pause
         await asyncio.sleep(0.05)
         paused = len(calls)

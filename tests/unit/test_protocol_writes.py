@@ -22,7 +22,7 @@ WAYS = ("uvicorn", "asgi", "link")
 STATE = ("response_started", "response_complete", "keep_alive", "chunked_encoding", "expected_content_length")
 
 
-def _dated(day: int) -> list[tuple[bytes, bytes]]:
+def _dated(day: int) -> Headers:
     return [(b"date", b"Fri, %d Nov 2026 05:00:00 GMT" % day), (b"server", b"uvicorn")]
 
 
@@ -92,8 +92,8 @@ CASES: list[tuple[bytes, int, Headers, bytes]] = [
     (GET, 200, [*LENGTH_2, (b"connection", b"upgrade")], b"{}"),
     (GET, 200, [*LENGTH_2, (b"x-bad", b"a\r\nb")], b"{}"),  # refused value
     (GET, 200, [*LENGTH_2, (b"x bad", b"a")], b"{}"),  # refused name
-    (GET, 200, [*LENGTH_2, ("x-text", "not bytes")], b"{}"),  # type: ignore[list-item]
-    (GET, 200, [*LENGTH_2, (memoryview(b"x-view"), b"v")], b"{}"),  # type: ignore[list-item]
+    (GET, 200, [*LENGTH_2, ("x-text", "not bytes")], b"{}"),  # type: ignore[list-item]  # on purpose: not bytes
+    (GET, 200, [*LENGTH_2, (memoryview(b"x-view"), b"v")], b"{}"),  # type: ignore[list-item]  # on purpose
     (GET, 600, LENGTH_2, b"{}"),  # no status line for it
     (b"HEAD / HTTP/1.1\r\nhost: x\r\n\r\n", 200, LENGTH_2, b"{}"),  # no body is written
     (b"HEAD / HTTP/1.1\r\nhost: x\r\n\r\n", 200, [], b""),

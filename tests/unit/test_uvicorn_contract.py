@@ -21,10 +21,8 @@ from packaging.requirements import Requirement
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 from uvicorn.server import ServerState
 
-from app_toolkit._runtime.front.http_guard import guarded_protocol
 from app_toolkit._runtime.front.request_link import REQUEST_LINK, RequestLink
-from app_toolkit.config import HTTPOptions
-from tests.unit.connections import KeptTransport
+from tests.unit.connections import KeptTransport, guarded
 
 PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
 
@@ -89,11 +87,7 @@ async def test_a_request_goes_through_the_state_it_relies_on() -> None:
     async def app(scope: dict[str, object], receive: object, send: object) -> None:
         seen["link"] = scope.get(REQUEST_LINK)
 
-    config = uvicorn.Config(app, lifespan="off", http=guarded_protocol(HTTPOptions()))
-    config.load()
-    protocol_class = config.http_protocol_class  # uvicorn types it as any asyncio.Protocol
-    assert issubclass(protocol_class, HttpToolsProtocol)
-    protocol = protocol_class(config=config, server_state=ServerState(), app_state={})
+    protocol = guarded(app)
     assert isinstance(protocol, HttpToolsProtocol)
     for name in PROTOCOL_STATE:
         assert hasattr(protocol, name), name
@@ -127,11 +121,8 @@ async def test_the_link_says_whether_a_body_piece_is_waiting() -> None:
         ready.append(link.body_ready())
         await receive()
 
-    config = uvicorn.Config(app, lifespan="off", http=guarded_protocol(HTTPOptions()))
-    config.load()
-    protocol_class = config.http_protocol_class  # uvicorn types it as any asyncio.Protocol
-    assert issubclass(protocol_class, HttpToolsProtocol)
-    protocol = protocol_class(config=config, server_state=ServerState(), app_state={})
+    protocol = guarded(app)
+    assert isinstance(protocol, HttpToolsProtocol)
     protocol.connection_made(KeptTransport())
     protocol.data_received(b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 4\r\n\r\n")
     await asyncio.wait_for(headers_only.wait(), 5)
@@ -153,7 +144,7 @@ async def test_a_server_without_listeners_takes_connections_made_elsewhere() -> 
         "server_state",
         "app_state",
     ]
-    config = uvicorn.Config(lambda scope, receive, send: None, lifespan="off", log_level="warning")
+    config = uvicorn.Config(lambda scope, receive, send: None, lifespan="off", log_config=None)
     server = uvicorn.Server(config)
     task = asyncio.ensure_future(server.serve(sockets=[]))
     try:
