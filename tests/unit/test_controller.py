@@ -355,7 +355,10 @@ async def test_a_failed_upgrade_in_a_full_cluster_brings_the_old_version_back() 
     await core.deploy_app(app(version="v2", **FILLS_A_SLOT))
     await until(lambda: core.snapshot().applications["a"].status is ApplicationStatus.DEPLOY_FAILED)
     await until(lambda: sorted(backend.running.values()) == ["v1", "v1"])
-    assert len(_replicas(core, replicas_key(DeploymentID("a", "D"))).replicas) == 2
+    # The replica table is published once the controller has seen the second one ready:
+    # a moment after the backend runs it.
+    key = replicas_key(DeploymentID("a", "D"))
+    await until(lambda: len(_replicas(core, key).replicas) == 2)
     await core.stop()
 
 
