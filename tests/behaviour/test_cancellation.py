@@ -87,3 +87,15 @@ def test_the_request_deadline_covers_a_slow_upload(toolkit: Toolkit) -> None:
     assert answer.startswith(b"HTTP/1.1 408 "), answer
     assert b"did not arrive within the deadline of 1.0 s" in answer
     assert time.monotonic() - started < 5
+    # A body that arrived whole, which the app never reads while it overruns the
+    # deadline, is the app's lateness (504), not the upload's.
+    with httpx.Client(base_url=toolkit.url, timeout=10) as client:
+        late = client.request(
+            "GET",
+            "/up/sleep",
+            params={"seconds": 30},
+            content=b"x" * 100,
+            headers={"x-request-timeout-seconds": "1"},
+        )
+    assert late.status_code == 504, late.text
+    assert "took longer than 1.0 s" in late.json()["detail"]

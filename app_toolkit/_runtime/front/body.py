@@ -206,20 +206,21 @@ class BodyPump:
         await exchange.room_to_send()  # the first credit: the replica admitted the request
         if exchange.finished:
             return  # refused (or lost): nothing was read
-        state = self._state
-        # Cancelled meanwhile, it stays set: a deadline that passes now is the upload's (408).
-        state.uploading = True
         sent = await self._send_rest(exchange)
-        state.uploading = False
-        if sent and state.link is None:
-            await watch_disconnect(self._receive, state)
+        if sent and self._state.link is None:
+            await watch_disconnect(self._receive, self._state)
 
     async def _send_rest(self, exchange: Exchange) -> bool:
         """Send the client's pieces until the last; False if the body ended otherwise
         (refused here, the client left, the app answered without it)."""
         state, reader = self._state, self._reader
         while True:
+            # Waiting for the client's bytes, a deadline that passes is the upload's (408);
+            # waiting for the app to take what was sent (room_to_send), it is the app's (504).
+            # Cancelled meanwhile, it stays set.
+            state.uploading = True
             message = await reader.next()
+            state.uploading = False
             if message is None:
                 exchange.refuse(refusal_answer(reader.refusal, self._http, state.request_id))
                 return False

@@ -77,8 +77,8 @@ class HTTPCycle:
         self.disconnected = False
         self.route = ""  # the path template the replica's app matched
         self.link: RequestLink | None = None  # what our HTTP protocol offers beyond ASGI
-        #: The app is reading a body that has not fully arrived: a deadline passing now is
-        #: the upload's (408), not the app's (504).
+        #: The request waits for body bytes the client has not sent yet: a deadline passing
+        #: now is the upload's (408), not the app's (504; also when the app never reads it).
         self.uploading = False
         self.logged = True  # it gets an access line (its application's enable_access_log)
         self.span: tracing.Span | None = None  # the front's exported span, if spans are made

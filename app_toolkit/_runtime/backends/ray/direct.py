@@ -39,7 +39,6 @@ class StreamedBody:
         self._reader = BodyReader(receive, http, cycle.link)
         self._done = False  # made only for a request that declares a body
         self._cycle = cycle
-        cycle.uploading = True
 
     @property
     def refusal(self) -> int:
@@ -52,14 +51,15 @@ class StreamedBody:
             return _DISCONNECT
         if self._done:  # after the body: waiting for the client to leave, for as long as it takes
             return await self._receive()
+        # The app waits for bytes the client has not sent yet: a deadline passing now is
+        # the upload's (408). Cancelled meanwhile, it stays set.
+        self._cycle.uploading = True
         message = await self._reader.next()
+        self._cycle.uploading = False
         if message is None:
             return _DISCONNECT
         if message["type"] == "http.request":
             self._done = not message.get("more_body", False)
-            self._cycle.uploading = not self._done
-        elif message["type"] == "http.disconnect":
-            self._cycle.uploading = False
         return message
 
 
