@@ -28,7 +28,7 @@ from starlette.types import ASGIApp
 from uvicorn.server import ServerState
 
 from app_toolkit._runtime.connection_table import ConnectionTable, Handed
-from app_toolkit._runtime.front.http_guard import guarded_protocol
+from app_toolkit._runtime.front.server import uvicorn_config
 from app_toolkit.config import HTTPOptions
 
 MODES = ("wire-bare", "wire-direct")
@@ -96,8 +96,10 @@ Timed = Callable[[Callable[[], Awaitable[None]], int, int], Awaitable[list[float
 async def rounds(mode: str, app: ASGIApp, requests: int, count: int, timed: Timed) -> list[float]:
     """``count`` rounds of ``requests`` through ``app`` behind the protocol of ``mode``,
     timed by ``timed`` (``front_cost``'s, which warms up first)."""
-    protocol_kind: Any = guarded_protocol(HTTPOptions()) if mode == "wire-direct" else "httptools"
-    config = uvicorn.Config(app, lifespan="off", log_level="warning", access_log=False, http=protocol_kind)
+    if mode == "wire-direct":  # as the toolkit's server has uvicorn serve it, defaults
+        config = uvicorn_config(app, HTTPOptions())
+    else:  # as `uvicorn main:app --no-access-log` would
+        config = uvicorn.Config(app, lifespan="off", log_level="warning", access_log=False, http="httptools")
     config.load()
     state = ServerState()
     state.default_headers = [(b"date", formatdate(usegmt=True).encode()), *config.encoded_headers]

@@ -180,6 +180,23 @@ class ProxyServer:
             self.on_stopped()
 
 
+def uvicorn_config(app: ASGIApp, http: HTTPOptions) -> uvicorn.Config:
+    """How uvicorn serves ``app`` for the toolkit: our guarded protocol, the options'
+    limits, no logging of its own (the front writes the access lines)."""
+    return uvicorn.Config(
+        app,
+        lifespan="off",
+        log_level="warning",
+        access_log=False,
+        http=guarded_protocol(http),
+        timeout_keep_alive=http.keep_alive_timeout_s,
+        ws_max_size=http.websocket_max_message_bytes,
+        root_path=http.root_path,
+        proxy_headers=http.proxy_headers,
+        forwarded_allow_ips=http.forwarded_allow_ips,
+    )
+
+
 async def serve(
     app: ASGIApp,
     http: HTTPOptions,
@@ -196,18 +213,7 @@ async def serve(
     With ``listen`` (direct ingress), our own listener takes ``sock``'s connections (and
     hands them to local ingress replicas); without ``sock``, the server serves only the
     connections given to its ``adopt`` (an ingress replica's front)."""
-    config = uvicorn.Config(
-        app,
-        lifespan="off",
-        log_level="warning",
-        access_log=False,
-        http=guarded_protocol(http),
-        timeout_keep_alive=http.keep_alive_timeout_s,
-        ws_max_size=http.websocket_max_message_bytes,
-        root_path=http.root_path,
-        proxy_headers=http.proxy_headers,
-        forwarded_allow_ips=http.forwarded_allow_ips,
-    )
+    config = uvicorn_config(app, http)
     server = uvicorn.Server(config)
     uvicorn_listens = sock is not None and listen is None
     sockets = [sock] if uvicorn_listens and sock is not None else []
