@@ -126,7 +126,7 @@ class Adopter:
 
 class Listener(Protocol):
     """Our own listener in front of the server, where uvicorn does not listen itself (the
-    node's proxy under direct ingress: ``proxy/acceptor.py``'s ``HandOff``)."""
+    node's proxy under direct ingress: ``proxy/acceptor.py``'s ``DirectListener``)."""
 
     def close(self) -> None:
         """Stop accepting connections (the ones taken are served on)."""

@@ -206,7 +206,7 @@ def request_target(head: bytes) -> str | None:
     return unquote(target.decode("latin-1"))
 
 
-class HandOff:
+class DirectListener:
     """The node's proxy's listener under direct ingress (a ``server.Listener``): its
     acceptor, and the sender that hands connections to local ingress replicas and takes
     back the ones they return (``adopt``: served by the proxy's own server)."""

@@ -32,7 +32,7 @@ from app_toolkit._runtime.controller.controller import ControllerCore
 from app_toolkit._runtime.controller.heap import HeapKeeper
 from app_toolkit._runtime.front.http_front import HTTPFront
 from app_toolkit._runtime.front.server import Adopter, ProxyServer, listen_socket, serve
-from app_toolkit._runtime.proxy.acceptor import HandOff
+from app_toolkit._runtime.proxy.acceptor import DirectListener
 from app_toolkit._runtime.proxy.handoff_targets import HandoffTargets
 from app_toolkit._runtime.routing import caller_metrics
 from app_toolkit._runtime.tables import Table
@@ -118,8 +118,10 @@ class ProxyActor:
                 routes = HandoffTargets(lambda: proxy.apps, proxy.subscriber.dispatcher, node_id)
                 http = self._http
 
-                def hand_off(listener: socket.socket, adopt: Adopter) -> HandOff:
-                    return HandOff(listener, adopt, routes, http.keep_alive_timeout_s, http.max_connections)
+                def hand_off(listener: socket.socket, adopt: Adopter) -> DirectListener:
+                    return DirectListener(
+                        listener, adopt, routes, http.keep_alive_timeout_s, http.max_connections
+                    )
 
                 self._server = await serve(proxy, http, sock, proxy.close, proxy.flush_logs, hand_off)
                 stored.save_proxy_port(self._server.port)
@@ -138,7 +140,7 @@ class ProxyActor:
         ingress replicas or served itself, and whether its node is leaving (1) (for leak
         checks and tests)."""
         listener = self._server.listener if self._server is not None else None
-        acceptor = listener.acceptor if isinstance(listener, HandOff) else None
+        acceptor = listener.acceptor if isinstance(listener, DirectListener) else None
         return {
             "tasks": len(asyncio.all_tasks()),
             "pid": os.getpid(),
