@@ -48,9 +48,12 @@ chat: $(MODEL)
 test: $(MODEL) $(CLIENTS)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
+	@# Bytecode for every process the tests start (each Ray worker imports the package and
+	@# the test apps): with PYTHONDONTWRITEBYTECODE set, each would compile them again.
+	$(PY) -m compileall -q -j 0 -x node_modules app_toolkit tests > /dev/null
 	@echo "mypy and pytest -n 3"
 	@$(VENV)/bin/mypy > $(VENV)/mypy.out 2>&1 & typing=$$!; \
-	$(PY) -m pytest -n 3; tests=$$?; \
+	$(PY) -m pytest -n 3 --durations=15; tests=$$?; \
 	wait $$typing; typed=$$?; echo "mypy: $$(cat $(VENV)/mypy.out)"; \
 	[ $$tests -eq 0 ] && [ $$typed -eq 0 ]
 	$(VENV)/bin/mkdocs build --strict --site-dir .site
