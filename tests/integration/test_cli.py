@@ -441,16 +441,19 @@ def test_reload_redeploys_a_config_files_apps_after_a_code_change(tmp_path: Path
         assert cli.stop(signal.SIGTERM) == 0
 
 
-#: The demo served by the Python API from a script, as a user's own program serves it.
+#: The demo served by the Python API from a script, as a user's own program serves it:
+#: it sleeps in short steps, as tk.run(blocking=True) does. (signal.pause() sleeps on
+#: when the kernel gives the signal to another of the process's threads, Ray's.)
 _SCRIPT = """
-import signal, sys
+import sys, time
 import app_toolkit as tk
 from examples.demo import app
 tk.start(http_options={"port": int(sys.argv[1])}, backend="ray")
 tk.run(app)
 print("serving examples.demo:app at", flush=True)
 try:
-    signal.pause()
+    while True:
+        time.sleep(0.2)
 except KeyboardInterrupt:
     tk.shutdown()
 """
