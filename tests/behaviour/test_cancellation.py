@@ -69,13 +69,13 @@ def test_request_deadline_header_gives_504_and_cancels(toolkit: Toolkit, tmp_pat
         assert "x-request-timeout-seconds must be a number" in bad.json()["detail"]
 
 
-def test_the_request_deadline_covers_a_slow_upload(toolkit: Toolkit) -> None:
-    toolkit.run(basic.make_app(), route_prefix="/up")
+def _answer_to_an_unfinished_upload(toolkit: Toolkit, request_line: str) -> bytes:
+    """What a request whose body never finishes arriving gets, its deadline 1 s."""
     host, port = toolkit.url.removeprefix("http://").split(":")
     with socket.create_connection((host, int(port)), timeout=10) as sock:
         sock.sendall(
-            b"POST /up/items HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-            b'content-length: 100\r\nx-request-timeout-seconds: 1\r\n\r\n{"name": '
+            f"{request_line} HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n".encode()
+            + b'content-length: 100\r\nx-request-timeout-seconds: 1\r\n\r\n{"name": '
         )
         started = time.monotonic()
         answer = b""
@@ -84,11 +84,22 @@ def test_the_request_deadline_covers_a_slow_upload(toolkit: Toolkit) -> None:
             if not chunk:
                 break
             answer += chunk
-    assert answer.startswith(b"HTTP/1.1 408 "), answer
-    assert b"did not arrive within the deadline of 1.0 s" in answer
     assert time.monotonic() - started < 5
+    return answer
+
+
+def test_the_request_deadline_covers_a_slow_upload_not_a_body_the_app_leaves_unread(
+    toolkit: Toolkit,
+) -> None:
+    toolkit.run(basic.make_app(), route_prefix="/up")
+    # A body still arriving when the deadline passes is the upload's lateness (408),
+    # whether the app waits for it or has not asked for it yet.
+    for request_line in ("POST /up/items", "GET /up/sleep?seconds=30"):
+        answer = _answer_to_an_unfinished_upload(toolkit, request_line)
+        assert answer.startswith(b"HTTP/1.1 408 "), (request_line, answer)
+        assert b"did not arrive within the deadline of 1.0 s" in answer
     # A body that arrived whole, which the app never reads while it overruns the
-    # deadline, is the app's lateness (504), not the upload's.
+    # deadline, is the app's (504).
     with httpx.Client(base_url=toolkit.url, timeout=10) as client:
         late = client.request(
             "GET",

@@ -245,6 +245,7 @@ async def test_a_deadline_is_the_uploads_only_while_the_pump_waits_for_the_clien
             exchange.credited(STREAM_WINDOW)
             await _settle()
             assert sent and cycle.uploading is client_owes
+        assert cycle.uploading is client_owes  # as the deadline's handler finds it, the pump cancelled
 
 
 async def test_the_pump_answers_a_body_over_the_limit_or_stalled_in_the_apps_place() -> None:

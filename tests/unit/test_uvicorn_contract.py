@@ -48,7 +48,17 @@ PROTOCOL_STATE = (
     "pipeline",
 )
 #: Attributes of a request's cycle it reads or sets.
-CYCLE_STATE = ("disconnected", "transport", "scope", "response_complete", "keep_alive", "message_event")
+CYCLE_STATE = (
+    "disconnected",
+    "transport",
+    "scope",
+    "response_complete",
+    "keep_alive",
+    "message_event",
+    "more_body",
+    "waiting_for_100_continue",
+    "flow",
+)
 
 
 def _pinned(package: str) -> Requirement:
@@ -130,6 +140,39 @@ async def test_the_link_says_whether_a_body_piece_is_waiting() -> None:
     await asyncio.sleep(0.2)
     assert ready == [False, True]
     protocol.connection_lost(None)
+
+
+@pytest.mark.anyio
+async def test_the_link_says_whether_the_body_is_still_arriving() -> None:
+    # A deadline that passes then is the upload's (408): while the connection reads the
+    # body, not once it is whole, nor while it holds back because the app took nothing
+    # (uvicorn pauses reading), nor while the client waits for 100 Continue.
+    links: list[RequestLink] = []
+
+    async def app(scope: dict[str, object], receive: Any, send: object) -> None:
+        link = scope[REQUEST_LINK]
+        assert isinstance(link, RequestLink)
+        links.append(link)
+        await asyncio.sleep(60)  # it reads nothing
+
+    async def arriving(head: bytes, *pieces: bytes) -> bool:
+        protocol = guarded(app)
+        protocol.connection_made(KeptTransport())
+        protocol.data_received(head)
+        for piece in pieces:
+            protocol.data_received(piece)
+        await asyncio.sleep(0)  # the app's task starts
+        try:
+            return links[-1].body_arriving()
+        finally:
+            protocol.connection_lost(None)
+
+    post = b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n"
+    assert await arriving(post % 10 + b"\r\n", b"abcd")  # 6 bytes still with the client
+    assert not await arriving(post % 10 + b"\r\n", b"abcd", b"efghij")  # whole
+    assert not await arriving(post % 200_000 + b"\r\n", b"x" * 100_000)  # held back
+    assert not await arriving(post % 10 + b"expect: 100-continue\r\n\r\n")  # told nothing yet
+    assert len(links) == 4
 
 
 @pytest.mark.anyio

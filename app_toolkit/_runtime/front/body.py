@@ -215,8 +215,9 @@ class BodyPump:
         (refused here, the client left, the app answered without it)."""
         state, reader = self._state, self._reader
         while True:
-            # Waiting for the client's bytes, a deadline that passes is the upload's (408);
-            # waiting for the app to take what was sent (room_to_send), it is the app's (504).
+            # (Under a server without our protocol's link, what says whose a deadline is,
+            # HTTPCycle.body_arriving.) Waiting for the client's bytes, it is the upload's
+            # (408); for the app to take what was sent (room_to_send), the app's (504).
             # Cancelled meanwhile, it stays set.
             state.uploading = True
             message = await reader.next()

@@ -77,8 +77,8 @@ class HTTPCycle:
         self.disconnected = False
         self.route = ""  # the path template the replica's app matched
         self.link: RequestLink | None = None  # what our HTTP protocol offers beyond ASGI
-        #: The request waits for body bytes the client has not sent yet: a deadline passing
-        #: now is the upload's (408), not the app's (504; also when the app never reads it).
+        #: Under a server without our protocol's link: the front waits for body bytes the
+        #: client has not sent yet (see :meth:`body_arriving`).
         self.uploading = False
         self.logged = True  # it gets an access line (its application's enable_access_log)
         self.span: tracing.Span | None = None  # the front's exported span, if spans are made
@@ -92,6 +92,12 @@ class HTTPCycle:
         self.matched = matched
         self.app, self.target, self.logged = matched.app, matched.route_prefix, matched.access_log
         self.prefix = "" if matched.route_prefix == "/" else matched.route_prefix
+
+    def body_arriving(self) -> bool:
+        """The request's body was still arriving: a deadline that passed is the upload's
+        (408), not the app's (504). Our protocol knows (:class:`RequestLink`); under
+        another server, the front's own reads of the body say it (``uploading``)."""
+        return self.link.body_arriving() if self.link is not None else self.uploading
 
     # ------------------------------------------------------------------ the client leaving
 

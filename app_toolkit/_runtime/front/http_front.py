@@ -241,7 +241,7 @@ class HTTPFront:
 
     async def _deadline_passed(self, cycle: HTTPCycle, timeout_s: float | None) -> None:
         """408 while the body was still arriving, else 504 if no head went out yet."""
-        if cycle.uploading and not cycle.started:
+        if not cycle.started and cycle.body_arriving():
             logger.info(
                 "Request %s: the upload outlasted the deadline of %s s (408)", cycle.request_id, timeout_s
             )
@@ -271,7 +271,7 @@ class HTTPFront:
         with request_context.request_scope(request_id):  # for this request's log records
             try:
                 if headers.has_body:
-                    cycle.uploading = True  # a deadline passing now is the upload's (408)
+                    cycle.uploading = True  # (link-less servers: see HTTPCycle.body_arriving)
                     body = await read_body(receive, headers.content_length, self.http, self.budget, link)
                     cycle.uploading = False
                 if body.refusal == CLIENT_CLOSED:

@@ -136,6 +136,16 @@ class RequestLink:
             return False
         return cycle.message_event.is_set() or cycle.disconnected or cycle.response_complete
 
+    def body_arriving(self) -> bool:
+        """The request's body is still arriving: not all of it is here, and the connection
+        is reading it — not held back because the app has not taken what came (uvicorn
+        pauses reading then), nor waiting for the app's first read to send ``100
+        Continue``. A deadline passing now is the upload's (408), not the app's (504)."""
+        cycle = self._cycle() if self._cycle is not None else None
+        if cycle is None or not cycle.more_body or cycle.disconnected or cycle.waiting_for_100_continue:
+            return False
+        return not cycle.flow.read_paused
+
     def join_head_and_body(self) -> None:
         """The response's head and its whole body come next: write them together."""
         self._writes.hold = True

@@ -51,11 +51,7 @@ class StreamedBody:
             return _DISCONNECT
         if self._done:  # after the body: waiting for the client to leave, for as long as it takes
             return await self._receive()
-        # The app waits for bytes the client has not sent yet: a deadline passing now is
-        # the upload's (408). Cancelled meanwhile, it stays set.
-        self._cycle.uploading = True
         message = await self._reader.next()
-        self._cycle.uploading = False
         if message is None:
             return _DISCONNECT
         if message["type"] == "http.request":
