@@ -44,13 +44,13 @@ chat: $(MODEL)
 
 # pytest runs in three workers (pytest-xdist), each with its own Ray, and mypy beside it
 # (the Ray tests leave the cores idle part of the time); mypy's report follows pytest's,
-# and either failing fails the target. CONTRIBUTING.md says where the time goes.
+# and either failing fails the target. CONTRIBUTING.md says where the time goes. The code
+# the tests' processes import is compiled first: with PYTHONDONTWRITEBYTECODE set, every
+# Ray worker would compile it again (compileall -q prints only what fails).
 test: $(MODEL) $(CLIENTS)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	@# Bytecode for every process the tests start (each Ray worker imports the package and
-	@# the test apps): with PYTHONDONTWRITEBYTECODE set, each would compile them again.
-	$(PY) -m compileall -q -j 0 -x node_modules app_toolkit tests > /dev/null
+	$(PY) -m compileall -q -j 0 -x node_modules app_toolkit tests examples
 	@echo "mypy and pytest -n 3"
 	@$(VENV)/bin/mypy > $(VENV)/mypy.out 2>&1 & typing=$$!; \
 	$(PY) -m pytest -n 3 --durations=15; tests=$$?; \

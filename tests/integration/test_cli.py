@@ -101,7 +101,15 @@ class RunningCLI:
 
     def stop(self, sig: int) -> int:
         self.process.send_signal(sig)
-        return self.process.wait(timeout=120)
+        try:
+            return self.process.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            # A command that registered faulthandler for SIGUSR1 writes where its threads are.
+            self.process.send_signal(signal.SIGUSR1)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.process.wait(timeout=5)
+            name = signal.Signals(sig).name
+            raise AssertionError(f"not stopped 120 s after {name}:\n{self.output()[-30000:]}") from None
 
     def close(self) -> None:
         if self.process.poll() is None:
@@ -445,7 +453,8 @@ def test_reload_redeploys_a_config_files_apps_after_a_code_change(tmp_path: Path
 #: it sleeps in short steps, as tk.run(blocking=True) does. (signal.pause() sleeps on
 #: when the kernel gives the signal to another of the process's threads, Ray's.)
 _SCRIPT = """
-import sys, time
+import faulthandler, signal, sys, time
+faulthandler.register(signal.SIGUSR1, all_threads=True)  # where it is, if it does not stop
 import app_toolkit as tk
 from examples.demo import app
 tk.start(http_options={"port": int(sys.argv[1])}, backend="ray")
