@@ -449,11 +449,13 @@ def test_reload_redeploys_a_config_files_apps_after_a_code_change(tmp_path: Path
         assert cli.stop(signal.SIGTERM) == 0
 
 
-#: The demo served by the Python API from a script, as a user's own program serves it:
-#: it sleeps in short steps, as tk.run(blocking=True) does. (signal.pause() sleeps on
-#: when the kernel gives the signal to another of the process's threads, Ray's.)
+#: The demo served by the Python API from a script, as a user's own program serves it,
+#: waiting as tk.run(blocking=True) does. It takes Ctrl-C's default back first: started
+#: from a background job (a CI runner's, say), it inherits SIGINT ignored, and Python
+#: leaves it so (the CLI installs its own handlers for the same reason).
 _SCRIPT = """
 import faulthandler, signal, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)
 faulthandler.register(signal.SIGUSR1, all_threads=True)  # where it is, if it does not stop
 import app_toolkit as tk
 from examples.demo import app
