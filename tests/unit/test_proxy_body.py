@@ -232,22 +232,6 @@ async def test_the_pump_stays_a_window_ahead_of_the_app() -> None:
         assert len(sent) == 4
 
 
-async def test_a_deadline_is_the_uploads_only_while_the_pump_waits_for_the_client() -> None:
-    """``uploading`` (a deadline passing is then 408) while the client owes bytes; not
-    while the pump waits for the app to take what came (the app is late then: 504)."""
-    piece = b"w" * (STREAM_WINDOW // 2)
-    large = HTTPOptions(max_request_body_bytes=1 << 30, max_buffered_body_bytes=1 << 30)
-    for receive, client_owes in ((chunks(*[piece] * 6), False), (chunks(b"x", then_stall=True), True)):
-        exchange, sent, _ = _pumped()
-        cycle = HTTPCycle(_no_send, None, 0.0)
-        async with BodyPump(receive, Body(b"", more=True), large, cycle) as pump:
-            pump.start(exchange)
-            exchange.credited(STREAM_WINDOW)
-            await _settle()
-            assert sent and cycle.uploading is client_owes
-        assert cycle.uploading is client_owes  # as the deadline's handler finds it, the pump cancelled
-
-
 async def test_the_pump_answers_a_body_over_the_limit_or_stalled_in_the_apps_place() -> None:
     for receive, status in ((chunks(b"x" * 99), 413), (chunks(b"x", then_stall=True), 408)):
         exchange, sent, cancelled = _pumped()

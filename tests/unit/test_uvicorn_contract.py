@@ -172,7 +172,8 @@ async def test_the_link_says_whether_the_body_is_still_arriving() -> None:
     assert not await arriving(post % 10 + b"\r\n", b"abcd", b"efghij")  # whole
     assert not await arriving(post % 200_000 + b"\r\n", b"x" * 100_000)  # held back
     assert not await arriving(post % 10 + b"expect: 100-continue\r\n\r\n")  # told nothing yet
-    assert len(links) == 4
+    assert not await arriving(b"GET / HTTP/1.1\r\nhost: x\r\n\r\n")  # no body at all
+    assert len(links) == 5
 
 
 @pytest.mark.anyio

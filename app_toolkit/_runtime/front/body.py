@@ -206,22 +206,20 @@ class BodyPump:
         await exchange.room_to_send()  # the first credit: the replica admitted the request
         if exchange.finished:
             return  # refused (or lost): nothing was read
+        state = self._state
+        # Cancelled meanwhile, it stays set: a deadline that passes now is the upload's (408).
+        state.uploading = True
         sent = await self._send_rest(exchange)
-        if sent and self._state.link is None:
-            await watch_disconnect(self._receive, self._state)
+        state.uploading = False
+        if sent and state.link is None:
+            await watch_disconnect(self._receive, state)
 
     async def _send_rest(self, exchange: Exchange) -> bool:
         """Send the client's pieces until the last; False if the body ended otherwise
         (refused here, the client left, the app answered without it)."""
         state, reader = self._state, self._reader
         while True:
-            # (Under a server without our protocol's link, what says whose a deadline is,
-            # HTTPCycle.body_arriving.) Waiting for the client's bytes, it is the upload's
-            # (408); for the app to take what was sent (room_to_send), the app's (504).
-            # Cancelled meanwhile, it stays set.
-            state.uploading = True
             message = await reader.next()
-            state.uploading = False
             if message is None:
                 exchange.refuse(refusal_answer(reader.refusal, self._http, state.request_id))
                 return False
