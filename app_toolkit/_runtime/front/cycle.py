@@ -77,8 +77,8 @@ class HTTPCycle:
         self.disconnected = False
         self.route = ""  # the path template the replica's app matched
         self.link: RequestLink | None = None  # what our HTTP protocol offers beyond ASGI
-        #: Under a server without our protocol's link: the front waits for body bytes the
-        #: client has not sent yet (see :meth:`body_arriving`).
+        #: Under a server without our protocol's link: the front is still reading the body
+        #: from the client (``read_body``, the body's pump; see :meth:`body_arriving`).
         self.uploading = False
         self.logged = True  # it gets an access line (its application's enable_access_log)
         self.span: tracing.Span | None = None  # the front's exported span, if spans are made
