@@ -155,9 +155,13 @@ class ProxyActor:
         return await (self._node or NodeMetrics()).gather()
 
     async def stop(self) -> None:
-        """Stop accepting connections and finish open ones (bounded), then return."""
+        """Stop accepting connections and finish open ones (bounded), then stop following
+        the controller: the fleet retires this proxy next, and the controller may be going
+        too (a shutdown), which a poll still under way would log as unreachable."""
         if self._server is not None:
             await self._server.stop(timeout_s=10)
+        if self._front is not None:
+            self._front.subscriber.close()
 
     async def leave(self) -> None:
         """The node is leaving: /-/healthz answers 503 from now on (load balancers send
