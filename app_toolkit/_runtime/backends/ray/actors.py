@@ -161,7 +161,7 @@ class ProxyActor:
         if self._server is not None:
             await self._server.stop(timeout_s=10)
         if self._front is not None:
-            self._front.subscriber.close()
+            link.attach(asyncio.get_running_loop()).data_plane.close()
 
     async def leave(self) -> None:
         """The node is leaving: /-/healthz answers 503 from now on (load balancers send

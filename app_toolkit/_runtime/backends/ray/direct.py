@@ -32,13 +32,12 @@ class StreamedBody:
     (:class:`~app_toolkit._runtime.front.body.BodyReader`). A body over a bound ends the
     app's reading with a disconnect; ``refusal`` says which (413, 408)."""
 
-    __slots__ = ("_receive", "_reader", "_done", "_cycle")
+    __slots__ = ("_receive", "_reader", "_done")
 
     def __init__(self, receive: Receive, http: HTTPOptions, cycle: HTTPCycle) -> None:
         self._receive = receive
         self._reader = BodyReader(receive, http, cycle.link)
         self._done = False  # made only for a request that declares a body
-        self._cycle = cycle
 
     @property
     def refusal(self) -> int:
