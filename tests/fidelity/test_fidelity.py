@@ -35,6 +35,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import pytest
+import uvicorn
 from starlette.types import ASGIApp
 
 import app_toolkit as tk
@@ -126,11 +127,27 @@ class Corpus:
         return f"/fidelity-{self.name}" + ("-proxied" if mode == "ray-proxied" else "")
 
 
+#: uvicorn's sans-I/O WebSocket protocol before 0.42 leaves root_path out of a WebSocket's
+#: scope["path"]; the toolkit's has it, as the ASGI spec, uvicorn's legacy protocol and
+#: later uvicorn do (docs/compatibility.md).
+UVICORN_WS_PATH_WITHOUT_ROOT = tuple(int(part) for part in uvicorn.__version__.split(".")[:2]) < (0, 42)
+
 SOCKETS = (
     Known(
         "deliberate (docs/http.md, WebSockets): an exception after accept closes with a 1011 "
         "close frame; uvicorn drops the connection without one (the client sees 1006)",
         exchanges=("error after accept",),
+    ),
+    *(
+        [
+            Known(
+                "uvicorn < 0.42: its sans-I/O WebSocket scope's path lacks root_path; the "
+                "toolkit's has it, as the ASGI spec and later uvicorn",
+                exchanges=("headers, cookies and query",),
+            )
+        ]
+        if UVICORN_WS_PATH_WITHOUT_ROOT
+        else []
     ),
 )
 

@@ -16,6 +16,8 @@ import os
 # Every node and the driver on 127.0.0.1 (Ray otherwise advertises the machine's address).
 os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+# As the toolkit's own ray.init has it (ray_compat.ENVIRONMENT): Ray 2.52 warns otherwise.
+os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
 
 import json
 import logging
@@ -25,6 +27,7 @@ import sys
 import threading
 import time
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -85,13 +88,15 @@ def main() -> None:
         initialize_head=True,
         head_node_args={"num_cpus": 2, "node_ip_address": "127.0.0.1", "include_dashboard": False},
     )
-    worker = cluster.add_node(num_cpus=2, node_ip_address="127.0.0.1")
+    # The driver joins before the worker node exists: both nodes share 127.0.0.1, and Ray
+    # 2.52 may connect a driver to either (2.60 takes the head); it must be the head's.
     ray.init(
         address=cluster.address,
         _node_ip_address="127.0.0.1",
         logging_level=logging.WARNING,
         include_dashboard=False,
     )
+    worker = cluster.add_node(num_cpus=2, node_ip_address="127.0.0.1")
     head_id = ray.get_runtime_context().get_node_id()
     worker_id = worker.node_id
     result: dict[str, Any] = {"head": head_id, "worker": worker_id}
@@ -189,6 +194,30 @@ def _join_worker(address: str) -> tuple[subprocess.Popen[str], str]:
     return process, node
 
 
+#: Ray drains a node whose ``ray start --block`` gets SIGTERM (RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S)
+#: only in newer releases; Ray 2.52 stops it at once (docs/compatibility.md).
+DRAINS_ON_SIGTERM = hasattr(ray._private.ray_constants, "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S")
+
+
+def _drain(node: str) -> None:
+    """Mark ``node`` as leaving within RAY_DRAIN_S, as an autoscaler or KubeRay does."""
+    command = [
+        str(Path(sys.executable).with_name("ray")), "drain-node", "--address", _gcs_address(),
+        "--node-id", node, "--reason", "DRAIN_NODE_REASON_PREEMPTION", "--reason-message", "leaving",
+        "--deadline-remaining-seconds", str(int(RAY_DRAIN_S)),
+    ]  # fmt: skip
+    subprocess.run(command, check=True, capture_output=True, timeout=60)
+
+
+def _gcs_address() -> str:
+    return str(ray.get_runtime_context().gcs_address)
+
+
+def _replicas_on(session: Any, app: str, node: str) -> int:
+    deployments = session.status().applications[app].deployments.values()
+    return sum(r.node_id == node for d in deployments for r in d.replicas)
+
+
 def _alive(node_id: str) -> bool:
     return any(n["NodeID"] == node_id and n["Alive"] for n in ray.nodes())  # type: ignore[no-untyped-call]
 
@@ -235,13 +264,20 @@ def _leave(session: Any, head: str, node: str, process: subprocess.Popen[str]) -
         both = lambda: len({o.node for o in outcomes}) >= 2 and len(outcomes) >= 50  # noqa: E731 - a condition
         wait_for(both, 60, "both nodes serving")
         signalled = time.monotonic()
-        process.send_signal(signal.SIGTERM)
+        if DRAINS_ON_SIGTERM:
+            process.send_signal(signal.SIGTERM)
+        else:  # older Ray: the node is drained as an autoscaler drains one, then stopped
+            _drain(node)
         proxy: Any = ray.get_actor(PROXY_PREFIX + node, namespace=NAMESPACE)  # ray types it Never
         told = lambda: ray.get(proxy.stats.remote())["leaving"]  # noqa: E731 - a condition
         wait_for(told, 30, "the proxy told its node leaves")
         found["proxy_leaving_s"] = round(time.monotonic() - signalled, 2)
         seen = lambda: node in session.status().draining_nodes  # noqa: E731 - a condition
         found["draining_seen"] = wait_for(seen, 10, "status to say the node leaves")
+        if not DRAINS_ON_SIGTERM:
+            off = lambda: _replicas_on(session, "moving", node) == 0  # noqa: E731 - a condition
+            wait_for(off, GRACE_S + 10, "the leaving node's replica stopped")
+            process.send_signal(signal.SIGTERM)
         wait_for(lambda: not _alive(node), RAY_DRAIN_S + 30, "the leaving node gone")
         found["node_gone_s"] = round(time.monotonic() - signalled, 2)
         process.wait(timeout=30)

@@ -10,6 +10,7 @@ from typing import Any
 import uvicorn
 from uvicorn.server import ServerState
 
+from app_toolkit._runtime.front import uvicorn_compat
 from app_toolkit._runtime.front.http_guard import guarded_protocol
 from app_toolkit.config import HTTPOptions
 from tests.waiting import wait_for_async
@@ -50,7 +51,10 @@ class KeptTransport(asyncio.Transport):
 
 def _protocol(app: Any, state: ServerState | None, http: Any) -> Any:
     # log_config=None: uvicorn's own logging set-up would change this process's loggers.
-    config = uvicorn.Config(app, lifespan="off", log_config=None, http=http)
+    # The front's WebSocket protocol: uvicorn's "auto" before 0.50 loads websockets' legacy
+    # one, deprecated (a warning, an error here) from websockets 14.
+    ws = uvicorn_compat.WebSocketProtocol
+    config = uvicorn.Config(app, lifespan="off", log_config=None, http=http, ws=ws)
     config.load()
     make: Any = config.http_protocol_class  # uvicorn types it as any asyncio.Protocol
     return make(config=config, server_state=state or ServerState(), app_state={})

@@ -26,11 +26,10 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-
 from app_toolkit._runtime.answers import as_bytes
 from app_toolkit._runtime.connection_table import Handed, Phase, bytes_written
 from app_toolkit._runtime.front.request_link import REQUEST_LINK, RequestLink, Writes
+from app_toolkit._runtime.front.uvicorn_compat import HttpToolsProtocol
 from app_toolkit._runtime.messages import HTTPResponse
 from app_toolkit.config import HTTPOptions
 

@@ -12,14 +12,15 @@ import math
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.metrics_core import Metric
 
 from app_toolkit.metrics import FamilySnapshot, HistogramValue
 
 #: Snapshots of every process the page covers, one list per process.
 Gather = Callable[[], Awaitable[list[list[FamilySnapshot]]]]
-CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4
+#: What ``generate_latest`` writes: the text format 0.0.4 (prometheus-client names this
+#: constant only from 0.23 on).
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 Networks = tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] | None
 

@@ -11,9 +11,8 @@ import asyncio
 import weakref
 from collections.abc import Callable
 
-from uvicorn.protocols.http.httptools_impl import RequestResponseCycle
-
 from app_toolkit._runtime.connection_table import Handed, Phase
+from app_toolkit._runtime.front.uvicorn_compat import RequestResponseCycle
 
 #: The scope key of a request's :class:`RequestLink` (set by the protocol).
 REQUEST_LINK = "app_toolkit.request_link"

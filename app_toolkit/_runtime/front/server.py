@@ -21,6 +21,7 @@ import uvicorn
 from starlette.types import ASGIApp
 
 from app_toolkit._runtime.connection_table import Handed
+from app_toolkit._runtime.front import uvicorn_compat
 from app_toolkit._runtime.front.http_guard import GuardedHttpProtocol, guarded_protocol
 from app_toolkit.config import HTTPOptions
 
@@ -189,6 +190,7 @@ def uvicorn_config(app: ASGIApp, http: HTTPOptions) -> uvicorn.Config:
         log_level="warning",
         access_log=False,
         http=guarded_protocol(http),
+        ws=uvicorn_compat.WebSocketProtocol,
         timeout_keep_alive=http.keep_alive_timeout_s,
         ws_max_size=http.websocket_max_message_bytes,
         root_path=http.root_path,

@@ -15,7 +15,6 @@ from typing import Any
 
 from fastapi import APIRouter, Depends, FastAPI, Request, WebSocket
 from fastapi.responses import JSONResponse
-from starlette.exceptions import StarletteDeprecationWarning
 
 import app_toolkit as tk
 from app_toolkit.deployment import Deployment
@@ -23,7 +22,7 @@ from tests.deployments import as_deployment
 from tests.fidelity.compare import Exchange, Http, Ws
 
 with warnings.catch_warnings():
-    warnings.simplefilter("ignore", StarletteDeprecationWarning)  # see mounts.py
+    warnings.simplefilter("ignore")  # see mounts.py
     from starlette.middleware.wsgi import WSGIMiddleware
 
 # ----------------------------------------------------------------- 1: duplicate routes

@@ -12,14 +12,15 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 from fastapi.staticfiles import StaticFiles
-from starlette.exceptions import StarletteDeprecationWarning
 from starlette.routing import Route, Router
 
 from tests.fidelity.compare import Http
 
 with warnings.catch_warnings():
     # Deprecated in favour of a2wsgi (not installed here); still what many apps mount.
-    warnings.simplefilter("ignore", StarletteDeprecationWarning)
+    # Newer Starlette warns with its StarletteDeprecationWarning (a UserWarning), older
+    # with a DeprecationWarning: this import warns with nothing else.
+    warnings.simplefilter("ignore")
     from starlette.middleware.wsgi import WSGIMiddleware
 
 STATIC = Path(__file__).parent / "static"

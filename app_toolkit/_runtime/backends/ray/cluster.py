@@ -12,6 +12,7 @@ import gc
 import logging
 import os
 import queue
+import re
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -21,6 +22,7 @@ import ray
 from ray.exceptions import RayActorError
 
 from app_toolkit._runtime import console_pipe, log_format, tracing
+from app_toolkit._runtime.backends.ray import ray_compat
 from app_toolkit.config import LOG_LEVEL_ENV
 from app_toolkit.exceptions import ConfigError
 
@@ -122,6 +124,8 @@ def init_ray(address: str | None, **options: Any) -> None:
     if ray.is_initialized():
         return
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    for name, value in ray_compat.ENVIRONMENT.items():
+        os.environ.setdefault(name, value)
     address = address or os.environ.get("RAY_ADDRESS") or None
     if address is None:
         # Ray runs workers at nice 15 by default; on a small machine serving replicas then
@@ -151,9 +155,42 @@ def init_ray(address: str | None, **options: Any) -> None:
         _on_lasting_thread(lambda: _start_or_join(address, kwargs))
 
 
+def _join(address: str, kwargs: dict[str, Any]) -> None:
+    """Join the cluster at ``address``; a cluster of another Ray or Python is refused with
+    what differs and what to do (Ray's own refusal is a traceback to most readers)."""
+    try:
+        ray.init(address=address, **kwargs)
+    except RuntimeError as exc:
+        skew = ray_compat.version_skew(exc)
+        if skew is None:
+            raise
+        raise ConfigError(
+            f"The Ray cluster at {address!r} runs Ray {skew.cluster_ray} on Python "
+            f"{skew.cluster_python}; this process has Ray {skew.driver_ray} on Python "
+            f"{skew.driver_python}. A program joins a Ray cluster only with the same Ray and "
+            f"Python versions. Run it from an environment that has them (e.g. "
+            f"pip install 'ray=={skew.cluster_ray}' on Python {skew.cluster_python}; "
+            f"app_toolkit supports Ray {_supported_ray()}), or start the cluster from this "
+            "environment (ray start --head)."
+        ) from None
+
+
+def _supported_ray() -> str:
+    """The Ray range this app_toolkit declares (its installed metadata)."""
+    from importlib.metadata import PackageNotFoundError, requires
+
+    try:
+        declared = requires("app_toolkit") or []
+    except PackageNotFoundError:
+        return "as pyproject.toml says"
+    found = next((item for item in declared if re.match(r"ray\b(?!-)", item) and "extra" not in item), "")
+    bounds = sorted(found.removeprefix("ray").strip().split(","), key=lambda bound: not bound.startswith(">"))
+    return ",".join(bounds) or "as pyproject.toml says"
+
+
 def _start_or_join(address: str, kwargs: dict[str, Any]) -> None:
     if address != "local":
-        ray.init(address=address, **kwargs)
+        _join(address, kwargs)
         return
     # Ray advertises the machine's routable address even for a cluster of one; the
     # toolkit's sockets stay on loopback (docs/security.md). Access lines take the short

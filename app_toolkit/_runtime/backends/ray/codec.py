@@ -28,21 +28,16 @@ import typing
 from typing import Any
 
 from ray import cloudpickle
-from ray.cloudpickle.cloudpickle import _function_setstate
 from starlette.datastructures import State
 
+from app_toolkit._runtime import fastapi_compat
+from app_toolkit._runtime.backends.ray import ray_compat
 from app_toolkit._runtime.messages import ByValue
 from app_toolkit.exceptions import AppToolkitError
 
 logger = logging.getLogger("app_toolkit")
 
 _LOCK_TYPES = (type(threading.Lock()), type(threading.RLock()))
-
-
-def _fastapi_unset() -> object:
-    from fastapi.datastructures import _Unset  # only where a FastAPI app is unpickled
-
-    return _Unset
 
 
 _APP_TYPES: list[tuple[type, ...]] = []  # both classes, once both are loaded
@@ -136,7 +131,7 @@ def _set_function_state(function: types.FunctionType, state: tuple[dict[str, Any
         for name, value in slots.get("__globals__", {}).items():
             function.__globals__.setdefault(name, value)
         slots = {**slots, "__globals__": {}}
-    _function_setstate(function, (own, slots))  # type: ignore[no-untyped-call]  # cloudpickle is unannotated
+    ray_compat.function_setstate(function, (own, slots))
 
 
 class _Pickler(cloudpickle.Pickler):
@@ -148,12 +143,12 @@ class _Pickler(cloudpickle.Pickler):
 
     def __init__(self, file: io.BytesIO, places: dict[int, tuple[str, str]] | None = None) -> None:
         super().__init__(file, protocol=5)  # type: ignore[no-untyped-call]
-        fastapi = sys.modules.get("fastapi.datastructures")  # no FastAPI app without it
-        self._unset = getattr(fastapi, "_Unset", self)
+        unset = fastapi_compat.unset_marker()  # no FastAPI app without it
+        self._unset = self if unset is None else unset
         self._apps = _app_types()
-        # FastAPI >= 0.13x keeps an included router as this entry, with the routes it made
+        # FastAPI >= 0.137 keeps an included router as this entry, with the routes it made
         # from the router's (and their analysed endpoints) as a cache.
-        self._included = getattr(sys.modules.get("fastapi.routing"), "_IncludedRouter", None)
+        self._included = fastapi_compat.included_router_type()
         self._places = places  # found when first needed
         self._globals: dict[str, _ModuleGlobals] = {}
 
@@ -169,7 +164,7 @@ class _Pickler(cloudpickle.Pickler):
     def reducer_override(self, obj: object) -> Any:
         # A type reduced here must also stop the C pickler's attempt (_Plain, _REDUCED).
         if obj is self._unset:
-            return (_fastapi_unset, ())
+            return (fastapi_compat.load_unset_marker, ())
         if type(obj) is _LOCK_TYPES[0]:
             return (threading.Lock, ())
         if type(obj) is _LOCK_TYPES[1]:
@@ -181,7 +176,7 @@ class _Pickler(cloudpickle.Pickler):
             if place is not None:
                 return (_import_attribute, place)
         elif type(obj) is self._included:
-            router = getattr(obj, "original_router", None)
+            router = fastapi_compat.included_router(obj)
             if self.place_of(router) is not None:
                 # The replica makes the routes again from the router it imports, not from
                 # the driver's copies of them (which may hold what cannot be written, as a

@@ -12,9 +12,10 @@ import asyncio
 import logging
 import math
 import time
-from typing import Any
 
 import ray
+
+from app_toolkit._runtime.backends.ray import ray_compat
 
 logger = logging.getLogger("app_toolkit.ray")
 
@@ -23,19 +24,14 @@ _FRESH_S = 0.5
 _GCS_TIMEOUT_S = 5
 
 
-def _draining() -> dict[str, int]:
-    """Node id -> its drain deadline (Unix ms; 0: none), from the GCS."""
-    worker: Any = ray._private.worker.global_worker  # its GCS client is not annotated
-    return dict(worker.gcs_client.get_draining_nodes(timeout=_GCS_TIMEOUT_S))
-
-
 def _read(known: dict[str, float]) -> tuple[set[str], dict[str, float]]:
     """Alive nodes, and the leaving ones among them (``known``: the last reading, kept
     for the nodes still alive when the GCS does not answer)."""
     alive = {str(node["NodeID"]) for node in ray.nodes() if node["Alive"]}  # type: ignore[no-untyped-call]
     try:
         draining = {
-            node: (deadline / 1000 if deadline else math.inf) for node, deadline in _draining().items()
+            node: (deadline / 1000 if deadline else math.inf)
+            for node, deadline in ray_compat.draining_nodes(_GCS_TIMEOUT_S).items()
         }
     except Exception as exc:  # noqa: BLE001 - a hiccup: what was known stays so
         logger.warning("Could not read which nodes are leaving (%s); keeping the last reading", exc)

@@ -19,11 +19,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import ray
-from ray._raylet import IMPLICIT_RESOURCE_PREFIX  # type: ignore[attr-defined]  # Cython: no stub for it
-from ray.autoscaler.v2.sdk import get_cluster_resource_state
 from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
+from app_toolkit._runtime.backends.ray import ray_compat
 from app_toolkit._runtime.controller.backend import Unplaced
 from app_toolkit._runtime.messages import DeploymentID
 from app_toolkit.config import DeploymentConfig
@@ -100,7 +99,7 @@ def actor_placement(
 
 def per_node_resource(deployment: DeploymentID) -> str:
     """The implicit resource every node has one of, shared by a deployment's replicas."""
-    return f"{IMPLICIT_RESOURCE_PREFIX}app_toolkit:{deployment.app}:{deployment.name}"
+    return f"{ray_compat.IMPLICIT_RESOURCE_PREFIX}app_toolkit:{deployment.app}:{deployment.name}"
 
 
 def remove_group(group: PlacementGroup | None) -> None:
@@ -146,7 +145,7 @@ def unplaced(starting: dict[str, Placing], names: dict[str, str], leaving: set[s
     """
     waiting_shapes = _unmet_demand()
     pending = []
-    for info in ray._private.state.actors(actor_state_name="PENDING_CREATION").values():
+    for info in ray_compat.pending_actors():
         replica_id = names.get(info.get("Name", ""))
         placing = starting.get(replica_id) if replica_id is not None else None
         if replica_id is None or placing is None or info.get("Pid"):
@@ -159,11 +158,12 @@ def unplaced(starting: dict[str, Placing], names: dict[str, str], leaving: set[s
         pending.append(replica_id)
     if not pending:
         return {}
-    state: Any = ray._private.state  # its functions are unannotated
-    totals: dict[str, dict[str, float]] = {
-        node: resources for node, resources in state.total_resources_per_node().items() if node not in leaving
+    totals = {
+        node: resources
+        for node, resources in ray_compat.total_resources_per_node().items()
+        if node not in leaving
     }
-    free: dict[str, dict[str, float]] = state.available_resources_per_node()
+    free = ray_compat.available_resources_per_node()
     found: dict[str, Unplaced] = {}
     for replica_id in pending:
         why = _why(starting[replica_id], totals, free)
@@ -174,12 +174,10 @@ def unplaced(starting: dict[str, Placing], names: dict[str, str], leaving: set[s
 
 def _unmet_demand() -> Counter[tuple[tuple[str, float], ...]]:
     """The cluster's resource requests that wait for room, by shape, as the GCS knows them."""
-    worker: Any = ray._private.worker.global_worker  # its GCS client is not annotated
-    state = get_cluster_resource_state(worker.gcs_client)
     demand: Counter[tuple[tuple[str, float], ...]] = Counter()
-    for request in state.pending_resource_requests:
-        shape = _rounded(dict(request.request.resources_bundle))
-        demand[tuple(sorted(shape.items()))] += request.count
+    for resources, count in ray_compat.pending_resource_requests():
+        shape = _rounded(resources)
+        demand[tuple(sorted(shape.items()))] += count
     return demand
 
 

@@ -11,8 +11,7 @@ from __future__ import annotations
 import pickle
 import time
 
-from ray.experimental import internal_kv
-
+from app_toolkit._runtime.backends.ray import ray_compat
 from app_toolkit._runtime.backends.ray.cluster import NAMESPACE
 from app_toolkit._runtime.tables import Table
 
@@ -22,18 +21,18 @@ PROXY_PORT_KEY = b"app_toolkit/proxy_port"
 
 
 def put(key: bytes, data: bytes) -> None:
-    internal_kv._internal_kv_put(key, data, overwrite=True, namespace=NAMESPACE)
+    ray_compat.kv_put(key, data, NAMESPACE)
 
 
 def get(key: bytes) -> bytes | None:
-    data = internal_kv._internal_kv_get(key, namespace=NAMESPACE)
+    data = ray_compat.kv_get(key, NAMESPACE)
     return data if data else None
 
 
 def forget_serving_state() -> None:
     """At shutdown: drop the stored tables and port, so nothing starts from them later."""
     for key in (TABLES_KEY, PROXY_PORT_KEY):
-        internal_kv._internal_kv_del(key, namespace=NAMESPACE)
+        ray_compat.kv_del(key, NAMESPACE)
 
 
 def save_tables(tables: dict[str, Table]) -> None:

@@ -1,0 +1,59 @@
+"""uvicorn beyond its documented API: what the front takes from uvicorn's internals, in one
+place, so that the cap in pyproject.toml (``uvicorn[standard]>=0.38,<0.55``) has one list
+to check when it is lifted (``make compat`` runs the suite on the newest uvicorn and says
+which contract broke; tests/unit/test_uvicorn_contract.py names each assumption).
+
+Each entry: the internal, what the front does with it, and the oldest release it was
+checked on (the newest is the cap's).
+
+- ``HttpToolsProtocol``: ``http_guard.GuardedHttpProtocol`` subclasses it: it overrides
+  ``connection_made``, ``connection_lost``, ``data_received``, ``on_message_begin``,
+  ``on_headers_complete`` and ``on_response_complete``, calling through, and reads the
+  protocol's ``cycle``, ``flow``, ``pipeline``, ``transport`` and keep-alive timer.
+  Checked on 0.38.0.
+- ``RequestResponseCycle``: ``request_link.RequestLink`` reads a request's cycle
+  (``response_complete``, ``more_body``, ``waiting_for_100_continue``, ``flow``) and gives
+  it a transport that joins a response's writes. Checked on 0.38.0.
+- ``Server.serve(sockets=[])`` with ``Config.http_protocol_class`` and the server's
+  ``server_state``: ``server.py`` runs uvicorn without a listener of its own and builds
+  protocols for connections accepted elsewhere. Checked on 0.38.0.
+
+Made here so that every release in the range serves alike:
+
+- ``WebSocketProtocol``: WebSockets on websockets' sans-I/O protocol, what uvicorn's
+  ``auto`` picks from 0.50 on; before, ``auto`` picked the legacy one, which websockets 14
+  and later deprecate (a ``DeprecationWarning`` at every start). Before 0.53, that
+  protocol answered a refused handshake (``websocket.http.response``) with its own
+  ``Content-Length`` and ``Content-Type`` *and* the app's (two lengths: clients reject
+  the response); there the app's two are left out, so such a response is
+  ``text/plain; charset=utf-8`` whatever the app said (docs/compatibility.md).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import uvicorn
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
+from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+from uvicorn.server import ServerState
+
+__all__ = ["HttpToolsProtocol", "RequestResponseCycle", "ServerState", "WebSocketProtocol"]
+
+_RELEASE = tuple(int(part) for part in uvicorn.__version__.split(".")[:2])
+#: Before 0.53 a refusal's response carries uvicorn's length and type besides the app's.
+_DENIAL_DOUBLES_HEADERS = _RELEASE < (0, 53)
+_DOUBLED = (b"content-length", b"content-type")
+
+
+class WebSocketProtocol(WebSocketsSansIOProtocol):
+    """uvicorn's sans-I/O WebSocket protocol, answering a refused handshake alike on every
+    release in the range."""
+
+    async def send(self, message: Any) -> None:
+        if _DENIAL_DOUBLES_HEADERS and message["type"] == "websocket.http.response.start":
+            kept = [
+                (name, value) for name, value in message.get("headers", []) if name.lower() not in _DOUBLED
+            ]
+            message = {**message, "headers": kept}
+        await super().send(message)
