@@ -146,6 +146,15 @@ while True:
             sys.exit("no answer within 180 s")
         time.sleep(0.25)  # polling the condition, with the deadline above
 assert body == {"message": "Hello, wheel!"}, body
+# The files the wheel carries for pages: the dashboard's (package data), /docs' (fastapi-offline).
+for path, expected in (
+    ("/-/dashboard", b"<title>app_toolkit dashboard</title>"),
+    ("/-/dashboard/dashboard.js", b"EventSource"),
+    ("/docs", b"/docs/assets/swagger-ui-bundle.js"),
+    ("/docs/assets/swagger-ui-bundle.js", b"SwaggerUI"),
+):
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=10) as answer:
+        assert answer.status == 200 and expected in answer.read(), f"GET {path}: {answer.status}"
 EOF
 answered=$((SECONDS - start))
 kill -TERM "$server"
@@ -161,7 +170,7 @@ wait "$server" || status=$?
 left=$(pgrep -g "$server" | wc -l || true)
 [ "$left" -eq 0 ] || fail "$left processes of app-toolkit run's session left after it stopped"
 server=""
-ok "run" "200 from 127.0.0.1:$port ${answered} s after start; SIGTERM stopped it and its Ray"
+ok "run" "200 from 127.0.0.1:$port ${answered} s after start (the app, /-/dashboard, /docs); SIGTERM stopped it and its Ray"
 
 # --- the baked projects' own tests (make test, in this venv) ----------------------------
 for template in service chat; do
