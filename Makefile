@@ -11,7 +11,9 @@ LOCK := -c .ci/newest.txt
 AI_SDK := tests/clients/ai_sdk
 CLIENTS := $(AI_SDK)/node_modules/.installed
 
-.PHONY: run chat test test-lowest locks compat bench soak docs clean
+DIST_TOOLS := $(VENV)/.dist-installed
+
+.PHONY: run chat test test-lowest locks compat bench soak docs dist wheel-check clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -127,5 +129,25 @@ soak: $(MODEL)
 docs: $(CORE)
 	$(VENV)/bin/mkdocs serve
 
+$(DIST_TOOLS): pyproject.toml | $(PY)
+	$(PY) -m pip install --quiet -e '.[dist]'
+	touch $(DIST_TOOLS)
+
+# The wheel and the sdist in dist/. build makes the sdist, then the wheel from it: the
+# sdist is shown to hold what the wheel needs. A warning in its log (a data folder missing
+# from pyproject's packages, say) fails the target; twine checks the metadata as an index
+# would. PYTHONDONTWRITEBYTECODE (set on our hosts) would only make setuptools warn that it
+# skips byte-compiling, which a wheel does not ship.
+dist: $(DIST_TOOLS)
+	rm -rf dist && mkdir dist
+	env -u PYTHONDONTWRITEBYTECODE $(PY) -m build --outdir dist . > dist/build.log 2>&1 \
+		|| { cat dist/build.log; exit 1; }
+	@if grep -i warning dist/build.log; then echo "make dist: the build warned (dist/build.log)"; exit 1; fi
+	$(VENV)/bin/twine check --strict dist/*.whl dist/*.tar.gz
+
+# The wheel installed in a fresh virtualenv, as a user gets it (.ci/wheel_check.sh).
+wheel-check: dist
+	.ci/wheel_check.sh dist/app_toolkit-*.whl
+
 clean:
-	rm -rf $(VENV) $(LOWEST) .site .pytest_cache .mypy_cache
+	rm -rf $(VENV) $(LOWEST) .site .pytest_cache .mypy_cache dist

@@ -71,6 +71,7 @@ from app_toolkit.status import (
 from app_toolkit.streaming import ChatCompletionStream, EventStream, OpenAIErrorEvent
 from app_toolkit.traffic import rollout, set_traffic, shadow
 
+# The one source of the version: pyproject.toml reads this literal when the package is built.
 __version__ = "0.1.0"
 
 __all__ = [

@@ -123,13 +123,39 @@ def test_all_is_sorted_and_complete() -> None:
     }
 
 
+#: What ``import app_toolkit`` leaves for the code that needs it: Ray Serve (never), Ray
+#: and the web stack (the backends and apps), the templates' engine (``app-toolkit new``),
+#: Swagger UI's files (the /docs page) and the chat template's model libraries.
+NOT_ON_IMPORT = (
+    "ray.serve",
+    "ray",
+    "fastapi",
+    "httpx",
+    "cookiecutter",
+    "fastapi_offline",
+    "torch",
+    "transformers",
+)
+
+
 def test_importing_never_imports_ray_serve_and_stays_light() -> None:
-    code = (
-        "import sys, app_toolkit; "
-        "print(*(name in sys.modules for name in ('ray.serve', 'ray', 'fastapi', 'httpx')))"
-    )
+    code = f"import sys, app_toolkit; print(*(name in sys.modules for name in {NOT_ON_IMPORT!r}))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
-    assert out.stdout.split() == ["False", "False", "False", "False"]
+    assert out.stdout.split() == ["False"] * len(NOT_ON_IMPORT)
+
+
+def test_the_version_has_one_source() -> None:
+    """pyproject.toml takes the version from ``__version__`` (the built metadata's match is
+    checked on a real wheel: tests/integration/test_templates.py, .ci/wheel_check.sh)."""
+    import tomllib
+    from pathlib import Path
+
+    from packaging.version import Version
+
+    project = tomllib.loads((Path(tk.__file__).parents[1] / "pyproject.toml").read_text())
+    assert "version" not in project["project"] and "version" in project["project"]["dynamic"]
+    assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "app_toolkit.__version__"}
+    assert str(Version(tk.__version__)) == tk.__version__  # a normalised PEP 440 version
 
 
 def test_the_controller_and_proxy_processes_load_no_web_framework_they_do_not_need() -> None:

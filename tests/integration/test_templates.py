@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from app_toolkit import __version__
 from app_toolkit.cli import main, scaffold
 from app_toolkit.exceptions import ConfigError
 from tests.conftest import ROOT
@@ -231,6 +232,9 @@ def test_the_wheel_carries_the_templates(tmp_path: Path) -> None:
     )
     (wheel,) = tmp_path.glob("app_toolkit-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
+    # The metadata's version is __version__ (pyproject reads it from the module).
+    metadata = zipfile.ZipFile(wheel).read(f"app_toolkit-{__version__}.dist-info/METADATA").decode()
+    assert f"\nVersion: {__version__}\n" in metadata
     for template in ("service", "chat"):
         source = ROOT / "templates" / template
         expected = {f"app_toolkit/templates/{template}/{name}" for name in project_files(source)}

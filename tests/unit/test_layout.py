@@ -87,17 +87,34 @@ def test_only_the_backends_name_a_concrete_link() -> None:
     assert importers == set()
 
 
+def _package_folders(root: Path, name: str) -> set[str]:
+    """``name`` for ``root``, and a dotted name for every folder below it that holds files
+    and whose path could be imported: what setuptools takes for a package (one left out of
+    the list draws its warning, "absent from the packages configuration")."""
+    found = {name}
+    for folder in root.rglob("*"):
+        parts = folder.relative_to(root).parts
+        if (
+            folder.is_dir()
+            and all(part.isidentifier() for part in parts)
+            and "__pycache__" not in parts
+            and any(path.is_file() for path in folder.iterdir())
+        ):
+            found.add(".".join((name, *parts)))
+    return found
+
+
 def test_pyproject_lists_every_package() -> None:
-    """Packages are listed by hand (the templates install from outside app_toolkit/)."""
+    """Packages are listed by hand (the templates install from outside app_toolkit/), data
+    folders (the dashboard's files, each template) included."""
     import tomllib
 
     config = tomllib.loads((PACKAGE.parent / "pyproject.toml").read_text())["tool"]["setuptools"]
-    on_disk = {
-        ".".join(folder.relative_to(PACKAGE.parent).parts)
-        for folder in [PACKAGE, *PACKAGE.rglob("*")]
-        if folder.is_dir() and folder.name != "__pycache__" and any(folder.glob("*.py"))
-    }
-    assert on_disk | {"app_toolkit.templates"} == set(config["packages"])
+    on_disk = _package_folders(PACKAGE, "app_toolkit") | _package_folders(
+        PACKAGE.parent / "templates", "app_toolkit.templates"
+    )
+    assert {"app_toolkit._runtime.front.dashboard_files", "app_toolkit.templates.chat.hooks"} <= on_disk
+    assert on_disk == set(config["packages"])
     assert config["package-dir"] == {"app_toolkit.templates": "templates"}
 
 
