@@ -128,8 +128,9 @@ class Session:
 
     # --- control ----------------------------------------------------------------
 
-    def deploy(self, spec: AppSpec) -> None:
-        self._link.call(lambda c: c.deploy_app(spec))
+    def deploy(self, *specs: AppSpec) -> None:
+        """Run these applications, all in one step of the controller."""
+        self._link.call(lambda c: c.deploy_apps(list(specs)))
 
     def delete(self, name: str) -> None:
         self._link.call(lambda c: c.delete_app(name))

@@ -272,6 +272,35 @@ def test_handles_to_other_apps_inside_replicas(toolkit: Toolkit) -> None:
     assert handle.remote().result(timeout_s=30) == "other app|other app"
 
 
+def test_run_many_deploys_several_applications_in_one_call(toolkit: Toolkit) -> None:
+    first, second = toolkit.name(), toolkit.name()
+    downstream = as_deployment(apps.Downstream)
+    handles = toolkit.run_many(
+        [
+            serve.RunTarget(downstream.bind("first"), name=first, route_prefix="/p-many"),
+            serve.RunTarget(apps.no_params.bind(), name=second, route_prefix=None),
+        ]
+    )
+    assert [handle.remote().result(timeout_s=30) for handle in handles] == [
+        "first",
+        "called without the request",
+    ]
+    with toolkit.client() as client:
+        assert client.get("/p-many").text == "first"
+    assert {first, second} <= set(serve.status().applications)
+    # Checked before anything is deployed: a clash between the targets deploys neither.
+    third, fourth = toolkit.name(), toolkit.name()
+    with pytest.raises(serve.ConfigError, match="already used by application"):
+        serve.run_many(
+            [
+                serve.RunTarget(downstream.bind("x"), name=third, route_prefix="/p-clash"),
+                serve.RunTarget(downstream.bind("y"), name=fourth, route_prefix="/p-clash"),
+            ],
+            backend=toolkit.backend,
+        )
+    assert not {third, fourth} & set(serve.status().applications)
+
+
 def test_local_testing_mode_serves_handles_only(no_backend: None) -> None:
     handle = serve.run(as_deployment(apps.Downstream).bind("local"), _local_testing_mode=True)
     try:

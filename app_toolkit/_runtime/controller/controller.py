@@ -158,12 +158,21 @@ class ControllerCore:
     # ------------------------------------------------------------------ API
 
     async def deploy_app(self, spec: AppSpec) -> None:
-        """Record the new desired state, checkpoint it, then acknowledge."""
-        for other in self.apps.values():
-            if other.name != spec.name:
+        """One application: ``deploy_apps`` with it alone."""
+        await self.deploy_apps([spec])
+
+    async def deploy_apps(self, specs: list[AppSpec]) -> None:
+        """Record the new desired state of these applications (their prefixes checked
+        against each other's and the other running applications' first: all or none),
+        checkpoint it, then acknowledge."""
+        names = {spec.name for spec in specs}
+        others = [other for other in self.apps.values() if other.name not in names]
+        for index, spec in enumerate(specs):
+            for other in [*specs[index + 1 :], *others]:
                 check_prefixes(spec, other)
-        self.desired.forget_config_of(spec.name)
-        self.desired.replace_app(spec)
+        for spec in specs:
+            self.desired.forget_config_of(spec.name)
+            self.desired.replace_app(spec)
         await self.desired.checkpoint()
         self.tables.routes()
         self.tables.splits()

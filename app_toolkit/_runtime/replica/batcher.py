@@ -13,7 +13,7 @@ from typing import cast
 
 from app_toolkit import metrics
 from app_toolkit._runtime import request_context
-from app_toolkit._runtime.replica.batch_queue import BatchQueue, Pending
+from app_toolkit._runtime.replica.batch_queue import BatchQueue, Pending, by_group
 from app_toolkit._runtime.waiting import wait_event
 from app_toolkit.config import BatchConfig
 
@@ -112,8 +112,17 @@ class Batcher:
             BATCH_SIZE.observe(sum(p.size for p in batch), self._name)
             BATCH_WAIT.observe(self.loop.time() - batch[0].enqueued_at, self._name)
             BATCHES.inc(self._name)
-            task = self.loop.create_task(self._execute(batch))
+            task = self.loop.create_task(self._execute_groups(by_group(batch)))
             task.add_done_callback(lambda _t: self._slots.release())
+
+    async def _execute_groups(self, groups: list[list[Pending]]) -> None:
+        """One batch, as Ray Serve runs it: a call per multiplexed model, all at once,
+        within the batch's one slot of max_concurrent_batches."""
+        if len(groups) == 1:
+            await self._execute(groups[0])
+            return
+        # A task each: each call's model lives in its own task's context.
+        await asyncio.gather(*(self.loop.create_task(self._execute(group)) for group in groups))
 
     async def _execute(self, batch: list[Pending]) -> None:
         # The batch's model (this task's own context): get_multiplexed_model_id() in the
