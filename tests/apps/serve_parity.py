@@ -307,6 +307,26 @@ class BatchedModels:
         return await self.run(serve.get_multiplexed_model_id())
 
 
+@serve.deployment(num_replicas=2)
+class Ranked:
+    """Declares ``rank`` in reconfigure: Ray Serve calls it at start, with no user_config
+    too, and passes the replica's ReplicaRank."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[object, serve.ReplicaRank | None]] = []
+
+    def reconfigure(self, user_config: object, rank: serve.ReplicaRank | None) -> None:
+        self.calls.append((user_config, rank))
+
+    def calls_seen(self) -> list[tuple[object, int, int, int, bool]]:
+        context_rank = serve.get_replica_context().rank
+        return [
+            (config, rank.rank, rank.node_rank, rank.local_rank, rank == context_rank)
+            for config, rank in self.calls
+            if rank is not None
+        ]
+
+
 # ------------------------------------------------------------------ handles and errors
 
 

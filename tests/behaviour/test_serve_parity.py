@@ -193,6 +193,14 @@ def test_batches_hold_one_multiplexed_model_each(toolkit: Toolkit) -> None:
         assert models == batch_model  # each batch saw one model, and that was its id
 
 
+def test_a_reconfigure_that_declares_rank_gets_the_replicas_rank_at_start(toolkit: Toolkit) -> None:
+    """Two replicas: each reconfigure(None, rank=...) ran once, at start, with its own rank
+    (the one get_replica_context() gives), on one node."""
+    handle = toolkit.run(as_deployment(apps.Ranked).bind(), route_prefix=None)
+    seen = handle.broadcast("calls_seen").results(timeout_s=30)
+    assert sorted(map(tuple, seen)) == [((None, 0, 0, 0, True),), ((None, 1, 0, 1, True),)]
+
+
 def test_handle_errors_say_what_ray_serve_says(toolkit: Toolkit) -> None:
     methods = toolkit.run(as_deployment(apps.Methods).bind(), route_prefix=None)
     with pytest.raises(serve.RayServeException, match=r"Tried to call a method 'nope' that does not exist"):
