@@ -327,6 +327,19 @@ class Ranked:
         ]
 
 
+@serve.deployment(graceful_shutdown_timeout_s=0.2)
+class Hangs:
+    """Never answers: stopped past its grace period, its call is lost."""
+
+    def __init__(self, folder: str) -> None:
+        self.folder = folder
+
+    async def __call__(self) -> str:
+        mark(self.folder, "hangs")
+        await asyncio.Event().wait()
+        return "never"
+
+
 # ------------------------------------------------------------------ handles and errors
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import pickle
 import time
 from pathlib import Path
 
@@ -198,7 +199,34 @@ def test_a_reconfigure_that_declares_rank_gets_the_replicas_rank_at_start(toolki
     (the one get_replica_context() gives), on one node."""
     handle = toolkit.run(as_deployment(apps.Ranked).bind(), route_prefix=None)
     seen = handle.broadcast("calls_seen").results(timeout_s=30)
-    assert sorted(map(tuple, seen)) == [((None, 0, 0, 0, True),), ((None, 1, 0, 1, True),)]
+    assert all(len(calls) == 1 for calls in seen), seen
+    calls = [tuple(replica[0]) for replica in seen]
+    assert sorted((config, rank, node_rank, same) for config, rank, node_rank, _, same in calls) == [
+        (None, 0, 0, True),
+        (None, 1, 0, True),
+    ]
+    assert sorted(local_rank for *_, local_rank, _ in calls) == [0, 1]  # in the order they were placed
+
+
+def test_a_call_lost_with_its_replica_is_a_ray_actor_error_on_ray(toolkit: Toolkit, tmp_path: Path) -> None:
+    """Stopped past graceful_shutdown_timeout_s while it runs the call: RequestLostError,
+    which on Ray is also Ray's RayActorError (what Ray Serve code catches), and keeps its
+    type and message through pickling."""
+    name = toolkit.name()
+    handle = toolkit.run(as_deployment(apps.Hangs).bind(str(tmp_path)), name=name, route_prefix=None)
+    call = handle.remote()
+    wait_for((tmp_path / "hangs").exists, 30, "the call to run")
+    serve.delete(name, _blocking=False)
+    with pytest.raises(serve.RequestLostError) as raised:
+        call.result(timeout_s=30)
+    lost = raised.value
+    if toolkit.backend == "ray":
+        import ray.exceptions
+
+        assert isinstance(lost, ray.exceptions.RayActorError)
+    copy = pickle.loads(pickle.dumps(lost))
+    assert (type(copy), str(copy), copy.args) == (type(lost), str(lost), lost.args)
+    assert "was lost while it had the request" in str(copy)
 
 
 def test_handle_errors_say_what_ray_serve_says(toolkit: Toolkit) -> None:

@@ -25,6 +25,7 @@ from app_toolkit._runtime.controller.controller import ControllerCore
 from app_toolkit._runtime.front.http_front import HTTPFront
 from app_toolkit._runtime.front.server import ProxyServer, listen_socket, serve
 from app_toolkit._runtime.messages import (
+    LOST,
     STREAMED,
     AdoptedReplica,
     Answer,
@@ -48,7 +49,7 @@ from app_toolkit._runtime.routing.subscriber import TableSubscriber
 from app_toolkit._runtime.session import Build, Session
 from app_toolkit._runtime.tables import Table
 from app_toolkit.config import DeploymentConfig, HTTPOptions
-from app_toolkit.exceptions import ConfigError, ReplicaUnavailableError
+from app_toolkit.exceptions import ConfigError, ReplicaUnavailableError, RequestLostError
 
 T = TypeVar("T")
 
@@ -63,6 +64,9 @@ class LocalBackend:
     def __init__(self) -> None:
         self.objects: dict[bytes, object] = {}
         self.cores: dict[str, ReplicaCore] = {}
+        #: Per replica, the requests it runs: lost when it stops with them still running
+        #: (past its grace period), as a stopped process's are on Ray.
+        self.running: dict[str, dict[Exchange, asyncio.Task[None]]] = {}
         self._checkpoint: bytes | None = None
         #: Where replicas report their multiplexed models (the controller, once it exists).
         self.on_models: Callable[[str, tuple[str, ...], int], None] | None = None
@@ -124,6 +128,10 @@ class LocalBackend:
         else:
             await handle.stop_sampling()
         self.cores.pop(handle.replica_id, None)
+        for exchange, task in self.running.pop(handle.replica_id, {}).items():
+            if not exchange.finished:  # its caller has no answer yet: it gets the loss
+                exchange.push(LOST)
+            task.cancel()
 
     async def cluster_view(self) -> ClusterView:
         return ClusterView()  # one process: no node leaves, every replica has room
@@ -230,7 +238,11 @@ class LocalReplicaClient:
         if streams_body:
             exchange.credited(STREAM_WINDOW)  # admitted: the rest of the body may come
         sink = _LocalSink(exchange, inbound)
-        tasks.append(asyncio.get_running_loop().create_task(core.serve(request, sink)))
+        task = asyncio.get_running_loop().create_task(core.serve(request, sink))
+        tasks.append(task)
+        running = self._backend.running.setdefault(self._replica_id, {})
+        running[exchange] = task
+        task.add_done_callback(lambda _task: running.pop(exchange, None))
         return exchange
 
     def close(self) -> None:
@@ -242,6 +254,7 @@ class LocalLink:
     the controller's loop, requests are calls of the replica objects."""
 
     backend_name = "local"
+    lost_error = RequestLostError
 
     def __init__(self, http: HTTPOptions | None = None) -> None:
         self._http = http or HTTPOptions()

@@ -23,7 +23,7 @@ from app_toolkit._runtime.messages import DeploymentID, ReplicaInfo
 from app_toolkit._runtime.routing.dispatcher import Dispatcher, ReplicaClient
 from app_toolkit._runtime.routing.subscriber import TableSubscriber
 from app_toolkit._runtime.tables import Loads, Outcomes, Updates, Versions
-from app_toolkit.exceptions import AppToolkitError, ReplicaUnavailableError
+from app_toolkit.exceptions import AppToolkitError, ReplicaUnavailableError, RequestLostError
 
 logger = logging.getLogger("app_toolkit.data_plane")
 
@@ -39,6 +39,11 @@ class CallerLink(Protocol):
     controller's tables."""
 
     def connect(self, info: ReplicaInfo) -> ReplicaClient: ...
+
+    @property
+    def lost_error(self) -> type[RequestLostError]:
+        """What a request lost with its replica raises (the backend's kind)."""
+        ...
 
     async def listen(self, known: Versions, timeout_s: float) -> Updates: ...
 
@@ -208,7 +213,9 @@ class DataPlane:
     def subscriber(self) -> TableSubscriber:
         """The process's tables and dispatchers (use on the data plane's loop only)."""
         if self._subscriber is None:
-            self._subscriber = TableSubscriber(self._link.listen, self._link.connect, self._link.report_load)
+            self._subscriber = TableSubscriber(
+                self._link.listen, self._link.connect, self._link.report_load, self._link.lost_error
+            )
         return self._subscriber
 
     def dispatcher(self, deployment: DeploymentID) -> Dispatcher:

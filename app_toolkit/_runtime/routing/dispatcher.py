@@ -76,9 +76,13 @@ class Dispatcher:
         connect: Connect,
         on_demand: Callable[[], None] | None = None,
         resolve: Callable[[DeploymentID], Dispatcher] | None = None,
+        lost_error: type[RequestLostError] = RequestLostError,
     ) -> None:
         self.deployment = deployment
         self._connect = connect
+        #: What a request lost with its replica raises (the backend's: on Ray, also Ray's
+        #: RayActorError, as Ray Serve raises).
+        self._lost_error = lost_error
         # The dispatchers of other deployments (a traffic split's variants).
         self._resolve = resolve
         self._split: tuple[tuple[DeploymentID, float], ...] = ()
@@ -321,7 +325,7 @@ class Dispatcher:
         if isinstance(first, ReplicaLost):
             self._lost(info.replica_id)
             self._release(info.replica_id)
-            raise RequestLostError(
+            raise self._lost_error(
                 f"Replica {info.replica_id} of {self.deployment} was lost while it had the "
                 "request; it may have run"
             )
