@@ -211,6 +211,10 @@ def desired_replicas(
         factor = config.downscale_factor
         # Removing a replica needs the load to fit the rest: ceil, never floor.
         desired = current - math.floor((current - ideal) * factor)
+        if desired == current and math.ceil(ideal) < current:
+            # A factor below 1 would keep it here for ever (from 1 to 0 with no load at
+            # all): one replica less, as Ray Serve's policy steps when it is stuck.
+            desired -= 1
         if load > 0:
             desired = max(desired, 1)
     lower, upper = limits or (config.min_replicas, config.max_replicas)
