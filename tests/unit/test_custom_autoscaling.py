@@ -4,6 +4,7 @@ says why, the log says it once)."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import math
 import threading
@@ -27,6 +28,7 @@ from app_toolkit.autoscaling_policy import TimeStampedValue
 from app_toolkit.config import DeploymentConfig
 from app_toolkit.status import ReplicaState
 from tests.apps import policies
+from tests.waiting import wait_for
 
 
 class Inline(Executor):
@@ -310,6 +312,44 @@ def test_a_class_policy_is_made_once_per_deployment_with_its_kwargs_and_called()
     upgraded.spec = dataclasses.replace(upgraded.spec, code_version="v2")
     passes(custom, upgraded, [1.5, 1.6])
     assert Stepping.made == 4 and upgraded.target == 4  # a new version: a new instance
+
+
+class BuildsInTheBackground:
+    """Ray Serve's documented shape: a task on the running loop, started by the policy,
+    builds what it decides by (here: 2 replicas until ``ready``, then 4)."""
+
+    ready = threading.Event()
+
+    def __init__(self) -> None:
+        self.wanted = 2
+        self.task = asyncio.get_running_loop().create_task(self._build())
+
+    async def _build(self) -> None:
+        while not self.ready.is_set():
+            await asyncio.sleep(0.01)
+        self.wanted = 4
+
+    def __call__(self, context: tk.AutoscalingContext) -> tuple[float, dict[str, Any]]:
+        return self.wanted, {}
+
+
+def test_a_class_policy_that_builds_its_state_in_the_background_scales_once_it_is_ready() -> None:
+    """Each policy's calls run on a loop of its own, which runs its tasks between calls."""
+    BuildsInTheBackground.ready.clear()
+    custom = CustomScaling(FUNCTIONS.__getitem__, PolicyCalls(timeout_s=10.0))
+    state = deployment(BuildsInTheBackground, replicas=1)
+    clock = iter(range(1, 10_000))
+
+    def target_after_a_pass() -> int:
+        passes(custom, state, [float(next(clock))])
+        return state.target
+
+    try:
+        wait_for(lambda: target_after_a_pass() == 2, 10, "the policy's first answer")
+        BuildsInTheBackground.ready.set()
+        wait_for(lambda: target_after_a_pass() == 4, 10, "its answer once its background state is ready")
+    finally:
+        custom.close()
 
 
 def test_a_class_policy_serialized_again_keeps_its_instance_and_loads_once() -> None:

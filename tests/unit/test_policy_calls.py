@@ -3,22 +3,39 @@ time; calls within their bound never refused, abandoned ones still running bound
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 
 import pytest
 
-from app_toolkit._runtime.controller.policy_calls import Answered, DaemonThreads, Failed, PolicyCalls
+from app_toolkit._runtime.controller.policy_calls import Answered, Failed, PolicyCalls, PolicyLoop
+from tests.waiting import wait_for
 
 
-def test_policy_calls_run_in_daemon_threads_of_their_own() -> None:
+def test_each_policy_runs_on_a_loop_of_its_own_that_runs_its_tasks_between_calls() -> None:
     release = threading.Event()
-    threads = DaemonThreads()
-    hung = threads.submit(release.wait)
-    quick = threads.submit(lambda: threading.current_thread().daemon)
-    assert quick.result(timeout=5) is True  # a daemon thread, not stuck behind the hung one
-    release.set()
-    assert hung.result(timeout=5) is True
+    hung_loop, other = PolicyLoop(), PolicyLoop()
+    try:
+        hung = hung_loop.submit(release.wait)
+        quick = other.submit(lambda: threading.current_thread().daemon)
+        assert quick.result(timeout=5) is True  # a daemon thread, not stuck behind the hung one
+        release.set()
+        assert hung.result(timeout=5) is True
+        ticks: list[int] = []
+
+        async def tick() -> None:
+            while True:
+                ticks.append(len(ticks))
+                await asyncio.sleep(0.01)
+
+        # A call sees a running loop, and a task it starts there runs after it returned.
+        task = other.submit(lambda: asyncio.get_running_loop().create_task(tick())).result(timeout=5)
+        wait_for(lambda: len(ticks) > 3, 5, "the task to run between calls")
+    finally:
+        hung_loop.shutdown()
+        other.shutdown()
+    assert task.cancelled()  # the loop's shutdown ended it
 
 
 def test_many_policy_calls_within_their_bound_are_never_refused() -> None:

@@ -239,6 +239,8 @@ class CustomScaling:
         loaded = self._loaded.get(key)
         if loaded is not None and loaded[0] == identity:
             return loaded[1]
+        if loaded is not None:  # a new policy: what the old one started on its loop ends
+            self.calls.forget(key)
         try:
             function = self._load_object(policy.serialized)
         except Exception as exc:  # noqa: BLE001 - the policy's code or its imports are the user's

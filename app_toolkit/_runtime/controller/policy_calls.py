@@ -1,8 +1,11 @@
 """Calls of custom autoscaling policies, off the controller's event loop.
 
-A policy is user code: it may be slow, hang or raise. Each call runs in a daemon thread
-of its own (a hung call neither delays another policy's nor keeps the process from
-exiting), one call per policy at a time, and is bounded in time: the controller starts a
+A policy is user code: it may be slow, hang or raise. Each policy's calls run on an
+event loop of its own, in a daemon thread (a hung call neither delays another policy's
+nor keeps the process from exiting), one call at a time; what a call starts on that loop
+(an asyncio task that builds the policy's state in the background, as Ray Serve's
+documented class policies do on the controller's loop) runs on between its calls, until
+the policy is forgotten. Each call is and is bounded in time: the controller starts a
 call on one pass and takes its outcome on a later one, so its loop never waits for user
 code. A call past its bound is reported once as failed and then abandoned (a thread
 cannot be stopped); until it ends, that policy is not called again. A call is abandoned
@@ -14,6 +17,7 @@ still running are bounded: with ``MAX_ABANDONED`` of them, a new call fails at o
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Callable, Hashable
 from concurrent.futures import Executor, Future
@@ -27,8 +31,32 @@ POLICY_TIMEOUT_S = 10.0
 MAX_ABANDONED = 64
 
 
-class DaemonThreads(Executor):
-    """Runs each call in a daemon thread of its own."""
+class PolicyLoop(Executor):
+    """One policy's event loop, in a daemon thread of its own: each call runs on it (so
+    ``asyncio.get_running_loop()`` works in the policy), and the tasks a call starts
+    there run between calls. ``shutdown`` cancels them and ends the thread (once a call
+    under way returns)."""
+
+    def __init__(self, name: str = "app-toolkit-policy") -> None:
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        try:
+            self._thread.start()
+        except BaseException:
+            self._loop.close()
+            raise
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        try:
+            self._loop.run_forever()
+        finally:  # the policy's own tasks end with it: cancelled, and awaited
+            tasks = asyncio.all_tasks(self._loop)
+            for task in tasks:
+                task.cancel()
+            self._loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+            self._loop.run_until_complete(self._loop.shutdown_asyncgens())
+            self._loop.close()
 
     def submit(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Future[Any]:
         future: Future[Any] = Future()
@@ -41,10 +69,18 @@ class DaemonThreads(Executor):
                     future.set_exception(exc)
 
         try:
-            threading.Thread(target=run, name="app-toolkit-policy", daemon=True).start()
-        except Exception as exc:  # noqa: BLE001 - no thread to be had: this call fails, not the pass
+            self._loop.call_soon_threadsafe(run)
+        except RuntimeError as exc:  # the loop was closed: this call fails, not the pass
             future.set_exception(exc)
         return future
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        try:
+            self._loop.call_soon_threadsafe(self._loop.stop)
+        except RuntimeError:
+            return  # closed already
+        if wait and threading.current_thread() is not self._thread:
+            self._thread.join()
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +115,9 @@ class PolicyCalls:
     ) -> None:
         self.timeout_s = timeout_s
         self.max_abandoned = max_abandoned
-        self._executor = executor or DaemonThreads()
+        #: Where every call runs, if given (tests); else each key's own PolicyLoop.
+        self._executor = executor
+        self._loops: dict[Hashable, PolicyLoop] = {}
         self._calls: dict[Hashable, _Call] = {}
         # Abandoned calls not ended yet; each leaves it from its thread as it ends.
         self._abandoned: set[Future[object]] = set()
@@ -92,13 +130,13 @@ class PolicyCalls:
     def start(
         self, key: Hashable, function: Callable[[object], object], argument: object, now: float
     ) -> None:
-        """Call ``function(argument)`` in a thread; ``now`` is the controller's clock."""
+        """Call ``function(argument)`` on ``key``'s loop; ``now`` is the controller's clock."""
         if key in self._calls:
             raise RuntimeError(f"the autoscaling policy of {key} is still running")
         with self._lock:
             abandoned = len(self._abandoned)
+        future: Future[object] = Future()
         if abandoned >= self.max_abandoned:
-            future: Future[object] = Future()
             future.set_exception(
                 RuntimeError(
                     f"{abandoned} abandoned policy calls (past their bound, or of deleted "
@@ -106,8 +144,19 @@ class PolicyCalls:
                 )
             )
         else:
-            future = self._executor.submit(function, argument)
+            try:
+                future = self._executor_of(key).submit(function, argument)
+            except Exception as exc:  # noqa: BLE001 - no thread to be had: this call fails, not the pass
+                future.set_exception(exc)
         self._calls[key] = _Call(future, now)
+
+    def _executor_of(self, key: Hashable) -> Executor:
+        if self._executor is not None:
+            return self._executor
+        loop = self._loops.get(key)
+        if loop is None:
+            loop = self._loops[key] = PolicyLoop(f"app-toolkit-policy-{key}")
+        return loop
 
     def take(self, key: Hashable, now: float) -> Answered | Failed | None:
         """The outcome of ``key``'s call if it has one now: once an answer or failure,
@@ -131,17 +180,25 @@ class PolicyCalls:
         return None
 
     def forget(self, key: Hashable) -> None:
-        """``key`` is gone: its call, if any, is cancelled or abandoned."""
+        """``key`` is gone: its call, if any, is cancelled or abandoned, and its loop (with
+        what the policy started there) stopped."""
         call = self._calls.pop(key, None)
         if call is not None and not call.future.cancel():
             self._abandon(call.future)
+        loop = self._loops.pop(key, None)
+        if loop is not None:
+            loop.shutdown(wait=False)
 
     def close(self) -> None:
         """Abandon the calls under way (their daemon threads end with the process)."""
         for call in self._calls.values():
             call.future.cancel()
         self._calls.clear()
-        self._executor.shutdown(wait=False, cancel_futures=True)
+        for loop in self._loops.values():
+            loop.shutdown(wait=False)
+        self._loops.clear()
+        if self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
 
     def _abandon(self, future: Future[object]) -> None:
         """Count ``future`` among the abandoned calls until it ends."""
