@@ -339,6 +339,11 @@ class Hangs:
         await asyncio.Event().wait()
         return "never"
 
+    async def items(self) -> AsyncIterator[str]:
+        yield "first"
+        mark(self.folder, "streams")
+        await asyncio.Event().wait()
+
 
 # ------------------------------------------------------------------ handles and errors
 

@@ -209,21 +209,26 @@ def test_a_reconfigure_that_declares_rank_gets_the_replicas_rank_at_start(toolki
 
 
 def test_a_call_lost_with_its_replica_is_a_ray_actor_error_on_ray(toolkit: Toolkit, tmp_path: Path) -> None:
-    """Stopped past graceful_shutdown_timeout_s while it runs the call: RequestLostError,
-    which on Ray is also Ray's RayActorError (what Ray Serve code catches), and keeps its
-    type and message through pickling."""
+    """Stopped past graceful_shutdown_timeout_s while it runs a call and a stream:
+    RequestLostError for both, which on Ray is also Ray's RayActorError (what Ray Serve
+    code catches), and keeps its type and message through pickling."""
     name = toolkit.name()
     handle = toolkit.run(as_deployment(apps.Hangs).bind(str(tmp_path)), name=name, route_prefix=None)
     call = handle.remote()
-    wait_for((tmp_path / "hangs").exists, 30, "the call to run")
+    stream = handle.options(stream=True).items.remote()
+    assert next(stream) == "first"
+    wait_for(lambda: (tmp_path / "hangs").exists() and (tmp_path / "streams").exists(), 30, "both to run")
     serve.delete(name, _blocking=False)
     with pytest.raises(serve.RequestLostError) as raised:
         call.result(timeout_s=30)
+    with pytest.raises(serve.RequestLostError) as stream_raised:
+        next(stream)
     lost = raised.value
     if toolkit.backend == "ray":
         import ray.exceptions
 
         assert isinstance(lost, ray.exceptions.RayActorError)
+        assert isinstance(stream_raised.value, ray.exceptions.RayActorError)
     copy = pickle.loads(pickle.dumps(lost))
     assert (type(copy), str(copy), copy.args) == (type(lost), str(lost), lost.args)
     assert "was lost while it had the request" in str(copy)

@@ -22,7 +22,7 @@ from app_toolkit._runtime.routing import shadow as shadow_module
 from app_toolkit._runtime.routing.dispatcher import Reply
 from app_toolkit._runtime.routing.shadow import Shadower
 from app_toolkit._runtime.tables import ReplicaTable, ShadowOutcome, ShadowTarget, replicas_key
-from app_toolkit.exceptions import ConfigError
+from app_toolkit.exceptions import ConfigError, RequestLostError
 from tests.unit.test_controller import FakeBackend, app, started
 
 PRIMARY, SHADOW = DeploymentID("chat", "D"), DeploymentID("chat-v2", "D")
@@ -30,7 +30,9 @@ pytestmark = pytest.mark.anyio
 
 
 def reply(status: int, body: bytes = b"") -> Reply:
-    return Reply(HTTPResponse(status, [], body), Exchange(lambda: None), "r", lambda _: None)
+    return Reply(
+        HTTPResponse(status, [], body), Exchange(lambda: None), "r", lambda _: None, RequestLostError
+    )
 
 
 def same_words(primary: bytes, shadow: bytes) -> bool:
