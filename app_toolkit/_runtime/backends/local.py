@@ -24,6 +24,7 @@ from app_toolkit._runtime.controller.backend import ClusterView, Seat
 from app_toolkit._runtime.controller.controller import ControllerCore
 from app_toolkit._runtime.front.http_front import HTTPFront
 from app_toolkit._runtime.front.server import ProxyServer, listen_socket, serve
+from app_toolkit._runtime.loop_thread import LoopThread
 from app_toolkit._runtime.messages import (
     LOST,
     STREAMED,
@@ -43,7 +44,7 @@ from app_toolkit._runtime.messages import (
     body_follows,
 )
 from app_toolkit._runtime.replica.replica import InitArgs, ReplicaCore
-from app_toolkit._runtime.routing.data_plane import DataPlane, LoopThread, refuse_nested
+from app_toolkit._runtime.routing.data_plane import DataPlane, refuse_nested
 from app_toolkit._runtime.routing.dispatcher import ReplicaClient
 from app_toolkit._runtime.routing.subscriber import TableSubscriber
 from app_toolkit._runtime.session import Build, Session
