@@ -352,6 +352,57 @@ def test_a_class_policy_that_builds_its_state_in_the_background_scales_once_it_i
         custom.close()
 
 
+class StartsATask:
+    """A class policy that starts a task on its loop (as Ray Serve's documented ones do)."""
+
+    tasks: list[asyncio.Task[bool]] = []
+
+    def __init__(self, step: int = 1) -> None:
+        self.tasks.append(asyncio.get_running_loop().create_task(asyncio.Event().wait()))
+
+    def __call__(self, context: tk.AutoscalingContext) -> tuple[float, dict[str, Any]]:
+        return 1, {}
+
+
+def test_the_tasks_a_policy_started_end_when_it_is_deleted_replaced_or_overridden() -> None:
+    StartsATask.tasks.clear()
+    custom = CustomScaling(FUNCTIONS.__getitem__, PolicyCalls(timeout_s=10.0))
+    clock = iter(range(1, 10_000))
+
+    def started(state: DeploymentState) -> asyncio.Task[bool]:
+        """Pass until ``state``'s policy was made: the task it started."""
+        count = len(StartsATask.tasks)
+
+        def made() -> bool:
+            passes(custom, state, [float(next(clock))])
+            return len(StartsATask.tasks) > count
+
+        wait_for(made, 10, "the policy to be made")
+        return StartsATask.tasks[-1]
+
+    try:
+        deleted = deployment(StartsATask, name="Deleted")
+        task = started(deleted)
+        custom.forget(deleted.spec.id)
+        wait_for(task.cancelled, 5, "the deleted deployment's task to end")
+
+        task = started(deployment(StartsATask, name="Replaced", policy_kwargs={"step": 1}))
+        started(deployment(StartsATask, name="Replaced", policy_kwargs={"step": 2}))
+        wait_for(task.cancelled, 5, "the replaced policy's task to end")
+
+        overridden = deployment(StartsATask, name="Overridden")
+        task = started(overridden)
+        policy = tk.AutoscalingPolicy(policy_function=policies.together).travelling(
+            serialized(policies.together)
+        )
+        app = AppSpec("app", "/", "Overridden", (overridden.spec,), autoscaling_policy=policy)
+        custom.scale_app(app, {overridden.spec.id: overridden}, {}, float(next(clock)))
+        wait_for(task.cancelled, 5, "the overridden policy's task to end")
+        wait_for(task.get_loop().is_closed, 5, "its loop to close")
+    finally:
+        custom.close()
+
+
 def test_a_class_policy_serialized_again_keeps_its_instance_and_loads_once() -> None:
     """A config file applied again from another process: cloudpickle writes the class to
     other bytes, but the policy (name, policy_kwargs) and the version are the same, so its
