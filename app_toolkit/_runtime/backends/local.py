@@ -10,8 +10,10 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import itertools
+import logging
 import pickle
 import uuid
+import weakref
 from collections.abc import Callable, Sequence
 from typing import TypeVar, cast
 
@@ -54,6 +56,10 @@ from app_toolkit.exceptions import ConfigError, ReplicaUnavailableError, Request
 
 T = TypeVar("T")
 
+logger = logging.getLogger("app_toolkit.local")
+#: How long a stopped replica's requests may take to end once cancelled.
+_CANCEL_TIMEOUT_S = 5.0
+
 
 def _dumps(value: object) -> bytes:
     return pickle.dumps(value, 5)
@@ -65,9 +71,9 @@ class LocalBackend:
     def __init__(self) -> None:
         self.objects: dict[bytes, object] = {}
         self.cores: dict[str, ReplicaCore] = {}
-        #: Per replica, the requests it runs: lost when it stops with them still running
-        #: (past its grace period), as a stopped process's are on Ray.
-        self.running: dict[str, dict[Exchange, asyncio.Task[None]]] = {}
+        #: Per replica, its callers' clients, which hold the requests it runs: lost when it
+        #: stops with them still running (past its grace period), as a stopped process's are.
+        self.clients: dict[str, weakref.WeakSet[LocalReplicaClient]] = {}
         self._checkpoint: bytes | None = None
         #: Where replicas report their multiplexed models (the controller, once it exists).
         self.on_models: Callable[[str, tuple[str, ...], int], None] | None = None
@@ -129,10 +135,23 @@ class LocalBackend:
         else:
             await handle.stop_sampling()
         self.cores.pop(handle.replica_id, None)
-        for exchange, task in self.running.pop(handle.replica_id, {}).items():
-            if not exchange.finished:  # its caller has no answer yet: it gets the loss
-                exchange.push(LOST)
-            task.cancel()
+        tasks: list[asyncio.Task[None]] = []
+        for client in self.clients.pop(handle.replica_id, ()):
+            for exchange, task in list(client.serving.items()):
+                if not exchange.finished:  # its caller has no answer yet: it gets the loss
+                    exchange.push(LOST)
+                task.cancel()
+                tasks.append(task)
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=_CANCEL_TIMEOUT_S)
+            if pending:
+                logger.warning(
+                    "%d request(s) of %s did not end within %s s of being cancelled (does the "
+                    "deployment catch CancelledError?)",
+                    len(pending),
+                    handle.replica_id,
+                    _CANCEL_TIMEOUT_S,
+                )
 
     async def cluster_view(self) -> ClusterView:
         return ClusterView()  # one process: no node leaves, every replica has room
@@ -184,6 +203,8 @@ class _LocalSink:
         self.inbound = inbound
 
     def send(self, answer: Answer) -> None:
+        if self._exchange.finished:
+            return  # cancelled by its caller, or lost with its replica: it gets nothing more
         if isinstance(answer, BodyChunk):
             data = bytes(answer.data)  # the app may reuse a buffer it sent
             self._exchange.push(BodyChunk(data), frame_cost(len(data)))
@@ -201,6 +222,9 @@ class LocalReplicaClient:
     def __init__(self, backend: LocalBackend, replica_id: str) -> None:
         self._backend = backend
         self._replica_id = replica_id
+        #: The requests this caller has running on the replica, until they end.
+        self.serving: dict[Exchange, asyncio.Task[None]] = {}
+        backend.clients.setdefault(replica_id, weakref.WeakSet()).add(self)
 
     async def open(self, request: Request) -> Exchange:
         core = self._backend.cores.get(self._replica_id)
@@ -239,12 +263,16 @@ class LocalReplicaClient:
         if streams_body:
             exchange.credited(STREAM_WINDOW)  # admitted: the rest of the body may come
         sink = _LocalSink(exchange, inbound)
-        task = asyncio.get_running_loop().create_task(core.serve(request, sink))
-        tasks.append(task)
-        running = self._backend.running.setdefault(self._replica_id, {})
-        running[exchange] = task
-        task.add_done_callback(lambda _task: running.pop(exchange, None))
+        tasks.append(asyncio.get_running_loop().create_task(self._serve(core, request, sink, exchange)))
         return exchange
+
+    async def _serve(self, core: ReplicaCore, request: Request, sink: _LocalSink, exchange: Exchange) -> None:
+        # Counted once it runs (a task cancelled before its first step never enters here).
+        self.serving[exchange] = cast("asyncio.Task[None]", asyncio.current_task())
+        try:
+            await core.serve(request, sink)
+        finally:
+            del self.serving[exchange]
 
     def close(self) -> None:
         pass
