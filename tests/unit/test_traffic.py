@@ -13,7 +13,7 @@ from app_toolkit._runtime.controller.traffic import endpoint_of, normalize, spli
 from app_toolkit._runtime.messages import AppSpec, DeploymentID, ReplicaInfo
 from app_toolkit._runtime.routing.dispatcher import Dispatcher
 from app_toolkit._runtime.tables import ReplicaTable, replicas_key
-from app_toolkit.exceptions import ConfigError
+from app_toolkit.exceptions import ConfigError, RequestLostError
 from tests.unit.test_controller import FakeBackend, app, started, until
 from tests.unit.test_dispatcher import FakeReplica, answer, call
 
@@ -90,7 +90,9 @@ def _split_dispatchers(
     def resolve(deployment: DeploymentID) -> Dispatcher:
         if deployment not in made:
             replica = FakeReplica(f"{deployment.app}-r", answer)
-            made[deployment] = Dispatcher(deployment, lambda _: replica, resolve=resolve)
+            made[deployment] = Dispatcher(
+                deployment, lambda _: replica, resolve=resolve, lost_error=RequestLostError
+            )
             made[deployment].update([ReplicaInfo(replica.replica_id, deployment, "h", 1, b"t", 10_000)], 100)
         return made[deployment]
 

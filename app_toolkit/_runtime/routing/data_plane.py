@@ -169,7 +169,10 @@ class DataPlane:
         """The process's tables and dispatchers (use on the data plane's loop only)."""
         if self._subscriber is None:
             self._subscriber = TableSubscriber(
-                self._link.listen, self._link.connect, self._link.report_load, self._link.lost_error
+                self._link.listen,
+                self._link.connect,
+                self._link.report_load,
+                lost_error=self._link.lost_error,
             )
         return self._subscriber
 

@@ -82,7 +82,8 @@ class Dispatcher:
         connect: Connect,
         on_demand: Callable[[], None] | None = None,
         resolve: Callable[[DeploymentID], Dispatcher] | None = None,
-        lost_error: type[RequestLostError] = RequestLostError,
+        *,
+        lost_error: type[RequestLostError],
     ) -> None:
         self.deployment = deployment
         self._connect = connect

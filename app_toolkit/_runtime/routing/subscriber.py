@@ -58,7 +58,8 @@ class TableSubscriber:
         listen: Listen,
         connect: Connect,
         report: ReportLoad | None = None,
-        lost_error: type[RequestLostError] = RequestLostError,
+        *,
+        lost_error: type[RequestLostError],
     ) -> None:
         self._listen = listen
         self._connect = connect
@@ -106,7 +107,7 @@ class TableSubscriber:
         dispatcher = self._dispatchers.get(deployment)
         if dispatcher is None:
             dispatcher = self._dispatchers[deployment] = Dispatcher(
-                deployment, self._connect, self._demand.set, self.dispatcher, self._lost_error
+                deployment, self._connect, self._demand.set, self.dispatcher, lost_error=self._lost_error
             )
 
             def apply(table: Table | None) -> None:
