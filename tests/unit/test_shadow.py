@@ -130,8 +130,8 @@ async def test_a_slow_shadow_drops_copies_instead_of_holding_anything(
 async def test_the_controller_checks_publishes_and_reports_a_shadow() -> None:
     backend = FakeBackend()
     core = await started(backend)
-    await core.deploy_app(app("chat", prefix="/chat"))
-    await core.deploy_app(app("chat-v2", prefix=None))
+    await core.deploy_apps([app("chat", prefix="/chat")])
+    await core.deploy_apps([app("chat-v2", prefix=None)])
     for to, fraction, message in (
         ("nope", 0.5, "No application 'nope'"),
         ("chat", 0.5, "cannot shadow itself"),

@@ -53,8 +53,8 @@ def test_a_deleted_application_leaves_every_split() -> None:
 async def test_the_controller_publishes_the_split_and_keeps_it_across_a_restart() -> None:
     backend = FakeBackend()
     core = await started(backend)
-    await core.deploy_app(app("v1", prefix="/chat"))
-    await core.deploy_app(app("v2", prefix=None))
+    await core.deploy_apps([app("v1", prefix="/chat")])
+    await core.deploy_apps([app("v2", prefix=None)])
     await until(lambda: len(backend.running) == 4)
     await core.set_traffic("v1", {"v1": 90, "v2": 10})
     table = core.longpoll.get(replicas_key(V1))
