@@ -120,8 +120,8 @@ def run(
     one of every deployment that sets none of its own (docs/observability.md).
     """
     one = RunTarget(target, name, route_prefix, logging_config, external_scaler_enabled, autoscaling_policy)
-    handles = run_many(
-        [one], blocking=blocking, backend=backend, _local_testing_mode=_local_testing_mode, _reload=_reload
+    handles = _run_targets(
+        [one], "run() takes an application", blocking, True, backend, _local_testing_mode, _reload
     )
     return handles[0]
 
@@ -147,12 +147,34 @@ def run_many(
     """
     if not targets:
         raise ConfigError("run_many() needs at least one RunTarget: no applications provided.")
-    checked = [_checked(target) for target in targets]
+    return _run_targets(
+        targets,
+        "run_many() takes RunTarget(app, ...) items whose app is an application",
+        blocking,
+        wait_for_applications_running,
+        backend,
+        _local_testing_mode,
+        _reload,
+    )
+
+
+def _run_targets(
+    targets: Sequence[RunTarget],
+    takes: str,
+    blocking: bool,
+    wait_for_applications_running: bool,
+    backend: str,
+    local_testing_mode: bool,
+    reload: bool,
+) -> list[DeploymentHandle]:
+    """:func:`run_many`'s work, for it and :func:`run`; ``takes`` begins the error that
+    names what the caller takes."""
+    checked = [_checked(target, takes) for target in targets]
     names = [options.name for options, _, _ in checked]
     twice = sorted({name for name in names if names.count(name) > 1})
     if twice:
         raise ConfigError(f"run_many() got application name(s) {', '.join(map(repr, twice))} more than once")
-    if _local_testing_mode:  # Ray Serve's: in this process, handles only (no HTTP server)
+    if local_testing_mode:  # Ray Serve's: in this process, handles only (no HTTP server)
         session = start(backend="local", proxy_location="Disabled")
     else:
         session = start(backend=backend)
@@ -161,12 +183,12 @@ def run_many(
         spec = build_app(
             target.target, options.name, options.route_prefix, session.serialize, None, policy, logging_config
         )
-        specs.append(reloaded(spec) if _reload else renewed(spec))
+        specs.append(reloaded(spec) if reload else renewed(spec))
     session.deploy(*specs)
     if wait_for_applications_running:
         for spec in specs:
             # A reload returns once the new code serves: the old replicas drain meanwhile.
-            wait_for_application(session, spec.name, serving_is_enough=_reload)
+            wait_for_application(session, spec.name, serving_is_enough=reload)
     handles = [DeploymentHandle(spec.ingress, spec.name) for spec in specs]
     if blocking:
         _block_until_interrupted(session)
@@ -174,16 +196,14 @@ def run_many(
 
 
 def _checked(
-    target: RunTarget,
+    target: RunTarget, takes: str
 ) -> tuple[ApplicationOptions, LoggingConfig | None, AutoscalingPolicy | None]:
     """A run target's application options, logging config and policy, validated."""
     if not isinstance(target, RunTarget):
         raise ConfigError(f"run_many() takes RunTarget(app, name=...) items, got {type(target).__name__}")
     app = target.target
     if not isinstance(app, Application):
-        raise ConfigError(
-            f"run() takes an application such as MyDeployment.bind() or App(router), got {type(app).__name__}"
-        )
+        raise ConfigError(f"{takes} such as MyDeployment.bind() or App(router), got {type(app).__name__}")
     name = target.name or app.default_name or "default"
     route_prefix = target.route_prefix
     if route_prefix is _UNSET:

@@ -316,18 +316,24 @@ def test_a_class_policy_is_made_once_per_deployment_with_its_kwargs_and_called()
 
 class BuildsInTheBackground:
     """Ray Serve's documented shape: a task on the running loop, started by the policy,
-    builds what it decides by (here: 2 replicas until ``ready``, then 4)."""
+    builds what it decides by (here: 2 replicas until :meth:`make_ready`, then 4)."""
 
-    ready = threading.Event()
+    made: list[BuildsInTheBackground] = []
 
     def __init__(self) -> None:
         self.wanted = 2
-        self.task = asyncio.get_running_loop().create_task(self._build())
+        self._loop = asyncio.get_running_loop()
+        self._ready = asyncio.Event()
+        self.task = self._loop.create_task(self._build())
+        self.made.append(self)
 
     async def _build(self) -> None:
-        while not self.ready.is_set():
-            await asyncio.sleep(0.01)
+        await self._ready.wait()
         self.wanted = 4
+
+    def make_ready(self) -> None:
+        """From the test's thread: the background state is ready."""
+        self._loop.call_soon_threadsafe(self._ready.set)
 
     def __call__(self, context: tk.AutoscalingContext) -> tuple[float, dict[str, Any]]:
         return self.wanted, {}
@@ -335,7 +341,7 @@ class BuildsInTheBackground:
 
 def test_a_class_policy_that_builds_its_state_in_the_background_scales_once_it_is_ready() -> None:
     """Each policy's calls run on a loop of its own, which runs its tasks between calls."""
-    BuildsInTheBackground.ready.clear()
+    BuildsInTheBackground.made.clear()
     custom = CustomScaling(FUNCTIONS.__getitem__, PolicyCalls(timeout_s=10.0))
     state = deployment(BuildsInTheBackground, replicas=1)
     clock = iter(range(1, 10_000))
@@ -346,7 +352,7 @@ def test_a_class_policy_that_builds_its_state_in_the_background_scales_once_it_i
 
     try:
         wait_for(lambda: target_after_a_pass() == 2, 10, "the policy's first answer")
-        BuildsInTheBackground.ready.set()
+        BuildsInTheBackground.made[0].make_ready()
         wait_for(lambda: target_after_a_pass() == 4, 10, "its answer once its background state is ready")
     finally:
         custom.close()

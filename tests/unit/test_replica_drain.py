@@ -228,38 +228,3 @@ def test_at_the_deadline_only_an_accepted_websocket_gets_a_restart_close(
     """A socket not accepted yet, or whose denial is under way, is not closed (a close then
     would be a 403, or break the denial's messages); its app's own answer ends it."""
     assert [message["code"] for message in answers.restart_end(handshake)] == ends_with
-
-
-class RankedConfig:
-    def __init__(self) -> None:
-        self.calls: list[tuple[object, object]] = []
-
-    async def reconfigure(self, user_config: object, rank: tk.ReplicaRank | None = None) -> None:
-        self.calls.append((user_config, rank))
-
-
-class PlainConfig:
-    def __init__(self) -> None:
-        self.calls: list[object] = []
-
-    def reconfigure(self, user_config: object) -> None:
-        self.calls.append(user_config)
-
-
-async def test_reconfigure_gets_the_rank_when_it_declares_it_as_ray_serve_passes_it() -> None:
-    """Declared: called at start without a user_config too, then on each change, with
-    rank=; not declared: called only with a user_config, and never given a rank."""
-    rank = tk.ReplicaRank(3, 1, 0)
-    ranked = ReplicaCore(
-        "r1", DeploymentID("a", "R"), DeploymentConfig(), RankedConfig, ((), {}), pickle.dumps, rank
-    )
-    await ranked.start()
-    await ranked.update_config(DeploymentConfig(user_config={"k": 1}))
-    assert isinstance(ranked.instance, RankedConfig)
-    assert ranked.instance.calls == [(None, rank), ({"k": 1}, rank)]
-    plain = ReplicaCore(
-        "r2", DeploymentID("a", "P"), DeploymentConfig(), PlainConfig, ((), {}), pickle.dumps, rank
-    )
-    await plain.start()
-    await plain.update_config(DeploymentConfig(user_config={"k": 2}))
-    assert isinstance(plain.instance, PlainConfig) and plain.instance.calls == [{"k": 2}]
