@@ -117,6 +117,10 @@ async def test_the_calls_of_one_batch_run_at_once_each_with_its_own_model_id() -
     )
     assert list(results) == ["a/a/1", "b/b/2", "a/a/3", "b/b/4"]
     assert sorted(started) == ["a", "b"]
+    function = Multiplexed.run.__qualname__  # recorded per call, as Ray Serve records them
+    assert metrics.value("app_toolkit_batches_total", function=function) == 2
+    sizes = metrics.value("app_toolkit_batch_size", function=function)
+    assert isinstance(sizes, metrics.HistogramValue) and sizes.count == 2 and sizes.mean == 2
 
 
 async def test_a_lone_call_waits_at_most_the_timeout() -> None:
