@@ -3,10 +3,12 @@
 import typing as _typing
 
 from app_toolkit.api import (
+    RunTarget,
     delete,
     get_app_handle,
     get_deployment_handle,
     run,
+    run_many,
     shutdown,
     start,
     status,
@@ -122,6 +124,7 @@ __all__ = [
     "RequestLostError",
     "RequestTimeoutError",
     "RolloutStatusInfo",
+    "RunTarget",
     "ServeStatus",
     "ShadowStatusInfo",
     "StreamAbandoned",
@@ -142,6 +145,7 @@ __all__ = [
     "replicated",
     "rollout",
     "run",
+    "run_many",
     "set_traffic",
     "shadow",
     "shutdown",

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from app_toolkit._runtime import request_context
@@ -20,6 +21,7 @@ from app_toolkit._runtime.backends.base import (
 from app_toolkit._runtime.session import Session
 from app_toolkit.build import build_app, reloaded, renewed
 from app_toolkit.config import (
+    ApplicationOptions,
     AutoscalingPolicy,
     HTTPOptions,
     LoggingConfig,
@@ -70,6 +72,25 @@ def start(
     return session
 
 
+@dataclass(frozen=True)
+class RunTarget:
+    """One application for :func:`run_many` (Ray Serve's ``RunTarget``): its ingress
+    ``target`` and how :func:`run` would be told to run it.
+
+    ``name`` None: the application's own default name (``App(..., name=)``), else
+    "default"; ``route_prefix`` left out: its own default, else "/" (None serves no HTTP).
+    ``autoscaling_policy`` is the toolkit's, as in :func:`run`; ``external_scaler_enabled``
+    is Ray Serve's and taken only as False (there is no external scaling API).
+    """
+
+    target: Application
+    name: str | None = None
+    route_prefix: str | None = _UNSET
+    logging_config: LoggingConfig | dict[str, Any] | None = None
+    external_scaler_enabled: bool = False
+    autoscaling_policy: AutoscalingPolicy | str | Callable[..., Any] | None = None
+
+
 def run(
     target: Application,
     *,
@@ -79,6 +100,7 @@ def run(
     backend: str = "auto",
     autoscaling_policy: AutoscalingPolicy | str | Callable[..., Any] | None = None,
     logging_config: LoggingConfig | dict[str, Any] | None = None,
+    external_scaler_enabled: bool = False,
     _local_testing_mode: bool = False,
     _reload: bool = False,
 ) -> DeploymentHandle:
@@ -97,33 +119,100 @@ def run(
     only; docs/autoscaling.md). ``logging_config`` (a dict or a ``LoggingConfig``) is the
     one of every deployment that sets none of its own (docs/observability.md).
     """
-    if not isinstance(target, Application):
-        raise ConfigError(
-            f"run() takes an application such as MyDeployment.bind() or App(router), "
-            f"got {type(target).__name__}"
-        )
-    app_name = name or target.default_name or "default"
-    if route_prefix is _UNSET:
-        route_prefix = target.default_route_prefix if target.default_route_prefix else "/"
-    options = parse_application_options(app_name, route_prefix)
-    if isinstance(logging_config, dict):
-        logging_config = parse_options(LoggingConfig, logging_config, "logging_config")
-    if _local_testing_mode:  # Ray Serve's: in this process, handles only (no HTTP server)
+    one = RunTarget(target, name, route_prefix, logging_config, external_scaler_enabled, autoscaling_policy)
+    handles = _run_targets(
+        [one], "run() takes an application", blocking, True, backend, _local_testing_mode, _reload
+    )
+    return handles[0]
+
+
+def run_many(
+    targets: Sequence[RunTarget],
+    *,
+    blocking: bool = False,
+    wait_for_ingress_deployment_creation: bool = True,
+    wait_for_applications_running: bool = True,
+    backend: str = "auto",
+    _local_testing_mode: bool = False,
+    _reload: bool = False,
+) -> list[DeploymentHandle]:
+    """Deploy several applications in one step and return their ingress handles, in
+    order (Ray Serve's ``serve.run_many``).
+
+    Every target is checked and built before any is deployed; the controller takes them
+    all at once (their route prefixes checked against each other and the running
+    applications). Then, as :func:`run` does, it waits until each is running, unless
+    ``wait_for_applications_running`` is False (it returns once they are recorded: their
+    deployments exist, so ``wait_for_ingress_deployment_creation`` needs no wait here).
+    """
+    if not targets:
+        raise ConfigError("run_many() needs at least one RunTarget: no applications provided.")
+    return _run_targets(
+        targets,
+        "run_many() takes RunTarget(app, ...) items whose app is an application",
+        blocking,
+        wait_for_applications_running,
+        backend,
+        _local_testing_mode,
+        _reload,
+    )
+
+
+def _run_targets(
+    targets: Sequence[RunTarget],
+    takes: str,
+    blocking: bool,
+    wait_for_applications_running: bool,
+    backend: str,
+    local_testing_mode: bool,
+    reload: bool,
+) -> list[DeploymentHandle]:
+    """:func:`run_many`'s work, for it and :func:`run`; ``takes`` begins the error that
+    names what the caller takes."""
+    checked = [_checked(target, takes) for target in targets]
+    names = [options.name for options, _, _ in checked]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise ConfigError(f"run_many() got application name(s) {', '.join(map(repr, twice))} more than once")
+    if local_testing_mode:  # Ray Serve's: in this process, handles only (no HTTP server)
         session = start(backend="local", proxy_location="Disabled")
     else:
         session = start(backend=backend)
-    policy = _app_policy(autoscaling_policy)
-    spec = build_app(
-        target, options.name, options.route_prefix, session.serialize, None, policy, logging_config
-    )
-    spec = reloaded(spec) if _reload else renewed(spec)
-    session.deploy(spec)
-    # A reload returns once the new code serves: the old replicas drain meanwhile.
-    wait_for_application(session, options.name, serving_is_enough=_reload)
-    handle = DeploymentHandle(spec.ingress, options.name)
+    specs = []
+    for target, (options, logging_config, policy) in zip(targets, checked, strict=True):
+        spec = build_app(
+            target.target, options.name, options.route_prefix, session.serialize, None, policy, logging_config
+        )
+        specs.append(reloaded(spec) if reload else renewed(spec))
+    session.deploy(*specs)
+    if wait_for_applications_running:
+        for spec in specs:
+            # A reload returns once the new code serves: the old replicas drain meanwhile.
+            wait_for_application(session, spec.name, serving_is_enough=reload)
+    handles = [DeploymentHandle(spec.ingress, spec.name) for spec in specs]
     if blocking:
         _block_until_interrupted(session)
-    return handle
+    return handles
+
+
+def _checked(
+    target: RunTarget, takes: str
+) -> tuple[ApplicationOptions, LoggingConfig | None, AutoscalingPolicy | None]:
+    """A run target's application options, logging config and policy, validated."""
+    if not isinstance(target, RunTarget):
+        raise ConfigError(f"run_many() takes RunTarget(app, name=...) items, got {type(target).__name__}")
+    app = target.target
+    if not isinstance(app, Application):
+        raise ConfigError(f"{takes} such as MyDeployment.bind() or App(router), got {type(app).__name__}")
+    name = target.name or app.default_name or "default"
+    route_prefix = target.route_prefix
+    if route_prefix is _UNSET:
+        route_prefix = app.default_route_prefix if app.default_route_prefix else "/"
+    options = parse_application_options(name, route_prefix, target.external_scaler_enabled)
+    logging_config = target.logging_config
+    if isinstance(logging_config, dict):
+        logging_config = parse_options(LoggingConfig, logging_config, "logging_config")
+    return options, logging_config, _app_policy(target.autoscaling_policy)
 
 
 def _app_policy(value: AutoscalingPolicy | str | Callable[..., Any] | None) -> AutoscalingPolicy | None:

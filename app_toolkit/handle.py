@@ -24,6 +24,7 @@ from app_toolkit._runtime.messages import (
     CallFailure,
     DeploymentID,
     MethodCall,
+    ReplicaLost,
     StreamEnd,
     StreamItem,
 )
@@ -74,7 +75,11 @@ class _Stream:
             raise StopAsyncIteration
         if isinstance(answer, CallFailure):
             raise exception_of(answer)
-        raise ReplicaUnavailableError(f"The stream from {self._deployment} was lost")
+        if isinstance(answer, ReplicaLost) and self._reply is not None:
+            raise self._reply.lost()  # as a unary call lost with its replica
+        raise ReplicaUnavailableError(
+            f"Unexpected answer {type(answer).__name__} in the stream from {self._deployment}"
+        )
 
     def finish(self, error: str = "") -> None:
         """Stop the stream and give its replica slot back (on the data plane's loop)."""

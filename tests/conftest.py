@@ -71,6 +71,13 @@ class Toolkit:
         self._apps.append(name)
         return tk.run(app, name=name, backend=self.backend, **kwargs)
 
+    def run_many(self, targets: list[tk.RunTarget], **kwargs: Any) -> list[tk.DeploymentHandle]:
+        """``tk.run_many`` on this backend; each target names its application."""
+        for target in targets:
+            assert target.name, "name each target: the test deletes its applications by name"
+            self._apps.append(target.name)
+        return tk.run_many(targets, backend=self.backend, **kwargs)
+
     def client(self, **kwargs: Any) -> httpx.Client:
         return httpx.Client(**{"base_url": self.url, "timeout": 30, **kwargs})
 

@@ -24,6 +24,7 @@ from app_toolkit._runtime.routing.data_plane import DataPlane
 from app_toolkit._runtime.routing.dispatcher import ReplicaClient
 from app_toolkit._runtime.tables import Loads, Outcomes, Updates, Versions
 from app_toolkit.config import RolloutOptions
+from app_toolkit.exceptions import RequestLostError
 from app_toolkit.status import ServeStatus
 
 logger = logging.getLogger("app_toolkit")
@@ -74,6 +75,11 @@ class ControlLink(Protocol):
         """A caller's way to one replica."""
         ...
 
+    @property
+    def lost_error(self) -> type[RequestLostError]:
+        """What a request lost with its replica raises: on Ray, also a RayActorError."""
+        ...
+
     def build(self, builds: Sequence[Build]) -> list[AppSpec]:
         """Build applications where their replicas run; a ConfigError names every failure."""
         ...
@@ -120,6 +126,10 @@ class Session:
     def connect(self, info: ReplicaInfo) -> ReplicaClient:
         return self._link.connect(info)
 
+    @property
+    def lost_error(self) -> type[RequestLostError]:
+        return self._link.lost_error
+
     async def listen(self, known: Versions, timeout_s: float) -> Updates:
         return await self._link.acall(lambda c: c.listen(known, timeout_s))
 
@@ -128,8 +138,9 @@ class Session:
 
     # --- control ----------------------------------------------------------------
 
-    def deploy(self, spec: AppSpec) -> None:
-        self._link.call(lambda c: c.deploy_app(spec))
+    def deploy(self, *specs: AppSpec) -> None:
+        """Run these applications, all in one step of the controller."""
+        self._link.call(lambda c: c.deploy_apps(list(specs)))
 
     def delete(self, name: str) -> None:
         self._link.call(lambda c: c.delete_app(name))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pydantic import Field, ValidationError, field_validator
 
+from app_toolkit.config.ray_serve_only import drop_ray_serve_only
 from app_toolkit.config.schema import NAME_RE, Strict, explain
 from app_toolkit.exceptions import ConfigError
 
@@ -45,12 +46,16 @@ def route_prefix_problem(value: str | None) -> str | None:
     return None
 
 
-def parse_application_options(name: str, route_prefix: str | None) -> ApplicationOptions:
-    """Validate an application's name and route prefix."""
+def parse_application_options(
+    name: str, route_prefix: str | None, external_scaler_enabled: bool = False
+) -> ApplicationOptions:
+    """Validate an application's name and route prefix (and Ray Serve's
+    ``external_scaler_enabled``, taken only as False, as in config files)."""
     problem = route_prefix_problem(route_prefix)
     if problem is not None:  # said as Ray Serve says it (a ValueError too)
         raise ConfigError(f"Invalid route_prefix {route_prefix!r}, {problem}")
     try:
+        drop_ray_serve_only("application", {"external_scaler_enabled": external_scaler_enabled})
         return ApplicationOptions(name=name, route_prefix=route_prefix)
     except ValidationError as exc:
         raise ConfigError(explain(exc, f"application {name!r}")) from None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import pickle
 import time
 from pathlib import Path
 
@@ -16,6 +17,7 @@ import app_toolkit as serve
 from app_toolkit._runtime.backends.base import current_session
 from app_toolkit.build import build_app
 from tests.apps import serve_parity as apps
+from tests.apps import serve_parity_handles as handle_apps
 from tests.conftest import Toolkit
 from tests.deployments import as_deployment
 from tests.waiting import wait_for, wait_for_async
@@ -127,7 +129,7 @@ def test_teardown_hooks_run_on_delete_and_on_redeploy(toolkit: Toolkit, tmp_path
 
 
 def test_backpressure_config_sets_the_overload_answer(toolkit: Toolkit, tmp_path: Path) -> None:
-    handle = toolkit.run(as_deployment(apps.Busy).bind(str(tmp_path)), route_prefix="/p-busy")
+    handle = toolkit.run(as_deployment(handle_apps.Busy).bind(str(tmp_path)), route_prefix="/p-busy")
 
     async def burst() -> list[httpx.Response]:
         async with toolkit.async_client() as client:
@@ -151,8 +153,8 @@ def test_backpressure_config_sets_the_overload_answer(toolkit: Toolkit, tmp_path
 
 
 def test_decorator_forms_and_their_errors(toolkit: Toolkit) -> None:
-    assert as_deployment(apps.NamedFirst).name == "named_first"
-    toolkit.run(as_deployment(apps.BareBatch).bind(), route_prefix="/p-bare")
+    assert as_deployment(handle_apps.NamedFirst).name == "named_first"
+    toolkit.run(as_deployment(handle_apps.BareBatch).bind(), route_prefix="/p-bare")
     with toolkit.client() as client:
         assert client.get("/p-bare", params={"x": 21}).json() == 42
     with pytest.raises(TypeError):
@@ -186,15 +188,55 @@ def test_decorator_forms_and_their_errors(toolkit: Toolkit) -> None:
 
 
 def test_batches_hold_one_multiplexed_model_each(toolkit: Toolkit) -> None:
-    handle = toolkit.run(as_deployment(apps.BatchedModels).bind(), route_prefix=None)
+    handle = toolkit.run(as_deployment(handle_apps.BatchedModels).bind(), route_prefix=None)
     calls = [handle.options(multiplexed_model_id=model).remote() for model in ("a", "b") * 6]
     for call in calls:
         batch_model, models, _ = call.result(timeout_s=30).split(":")
         assert models == batch_model  # each batch saw one model, and that was its id
 
 
+def test_a_reconfigure_that_declares_rank_gets_the_replicas_rank_at_start(toolkit: Toolkit) -> None:
+    """Two replicas: each reconfigure(None, rank=...) ran once, at start, with its own rank
+    (the one get_replica_context() gives), on one node."""
+    handle = toolkit.run(as_deployment(handle_apps.Ranked).bind(), route_prefix=None)
+    seen = handle.broadcast("calls_seen").results(timeout_s=30)
+    assert all(len(calls) == 1 for calls in seen), seen
+    calls = [tuple(replica[0]) for replica in seen]
+    assert sorted((config, rank, node_rank, same) for config, rank, node_rank, _, same in calls) == [
+        (None, 0, 0, True),
+        (None, 1, 0, True),
+    ]
+    assert sorted(local_rank for *_, local_rank, _ in calls) == [0, 1]  # in the order they were placed
+
+
+def test_a_call_lost_with_its_replica_is_a_ray_actor_error_on_ray(toolkit: Toolkit, tmp_path: Path) -> None:
+    """Stopped past graceful_shutdown_timeout_s while it runs a call and a stream:
+    RequestLostError for both, which on Ray is also Ray's RayActorError (what Ray Serve
+    code catches), and keeps its type and message through pickling."""
+    name = toolkit.name()
+    handle = toolkit.run(as_deployment(handle_apps.Hangs).bind(str(tmp_path)), name=name, route_prefix=None)
+    call = handle.remote()
+    stream = handle.options(stream=True).items.remote()
+    assert next(stream) == "first"
+    wait_for(lambda: (tmp_path / "hangs").exists() and (tmp_path / "streams").exists(), 30, "both to run")
+    serve.delete(name, _blocking=False)
+    with pytest.raises(serve.RequestLostError) as raised:
+        call.result(timeout_s=30)
+    with pytest.raises(serve.RequestLostError) as stream_raised:
+        next(stream)
+    lost = raised.value
+    if toolkit.backend == "ray":
+        import ray.exceptions
+
+        assert isinstance(lost, ray.exceptions.RayActorError)
+        assert isinstance(stream_raised.value, ray.exceptions.RayActorError)
+    copy = pickle.loads(pickle.dumps(lost))
+    assert (type(copy), str(copy), copy.args) == (type(lost), str(lost), lost.args)
+    assert "was lost while it had the request" in str(copy)
+
+
 def test_handle_errors_say_what_ray_serve_says(toolkit: Toolkit) -> None:
-    methods = toolkit.run(as_deployment(apps.Methods).bind(), route_prefix=None)
+    methods = toolkit.run(as_deployment(handle_apps.Methods).bind(), route_prefix=None)
     with pytest.raises(serve.RayServeException, match=r"Tried to call a method 'nope' that does not exist"):
         methods.nope.remote().result(timeout_s=30)
     with pytest.raises(AttributeError) as raised:  # and an AttributeError, as before
@@ -223,7 +265,7 @@ def test_errors_and_status_in_ray_serves_shape(toolkit: Toolkit) -> None:
     assert (response.status_code, response.text) == (500, "Internal Server Error")
     assert response.headers["x-request-id"]
     # No __call__ to serve HTTP with: failing around the app is answered as the app's own.
-    toolkit.run(as_deployment(apps.Methods).bind(), name=toolkit.name(), route_prefix="/p-no-call")
+    toolkit.run(as_deployment(handle_apps.Methods).bind(), name=toolkit.name(), route_prefix="/p-no-call")
     with toolkit.client() as client:
         response = client.get("/p-no-call")
     assert (response.status_code, response.text) == (500, "Internal Server Error")
@@ -235,8 +277,8 @@ def test_errors_and_status_in_ray_serves_shape(toolkit: Toolkit) -> None:
 def test_overload_of_a_downstream_call_the_app_does_not_catch_is_overload(
     toolkit: Toolkit, tmp_path: Path
 ) -> None:
-    narrow = as_deployment(apps.Narrow).bind(str(tmp_path))
-    toolkit.run(as_deployment(apps.CallsNarrow).bind(narrow), route_prefix="/p-down")
+    narrow = as_deployment(handle_apps.Narrow).bind(str(tmp_path))
+    toolkit.run(as_deployment(handle_apps.CallsNarrow).bind(narrow), route_prefix="/p-down")
 
     async def burst() -> list[httpx.Response]:
         async with toolkit.async_client() as client:
@@ -258,7 +300,8 @@ def test_overload_of_a_downstream_call_the_app_does_not_catch_is_overload(
 
 def test_a_response_nested_in_an_argument_is_refused_as_ray_serve_refuses_it(toolkit: Toolkit) -> None:
     handle = toolkit.run(
-        as_deployment(apps.PassesNested).bind(as_deployment(apps.Echo).bind()), route_prefix=None
+        as_deployment(handle_apps.PassesNested).bind(as_deployment(handle_apps.Echo).bind()),
+        route_prefix=None,
     )
     assert handle.top_level.remote().result(timeout_s=30) == 1  # a top-level one is awaited for it
     with pytest.raises(serve.RayServeException, match="`DeploymentResponse` is not serializable"):
@@ -268,8 +311,63 @@ def test_a_response_nested_in_an_argument_is_refused_as_ray_serve_refuses_it(too
 def test_handles_to_other_apps_inside_replicas(toolkit: Toolkit) -> None:
     other = toolkit.name()
     toolkit.run(as_deployment(apps.Downstream).bind("other app"), name=other, route_prefix=None)
-    handle = toolkit.run(as_deployment(apps.CrossApp).bind(other), route_prefix=None)
+    handle = toolkit.run(as_deployment(handle_apps.CrossApp).bind(other), route_prefix=None)
     assert handle.remote().result(timeout_s=30) == "other app|other app"
+
+
+def test_run_many_deploys_several_applications_in_one_call(toolkit: Toolkit) -> None:
+    first, second = toolkit.name(), toolkit.name()
+    downstream = as_deployment(apps.Downstream)
+    handles = toolkit.run_many(
+        [
+            serve.RunTarget(downstream.bind("first"), name=first, route_prefix="/p-many"),
+            serve.RunTarget(apps.no_params.bind(), name=second, route_prefix=None),
+        ]
+    )
+    assert [handle.remote().result(timeout_s=30) for handle in handles] == [
+        "first",
+        "called without the request",
+    ]
+    with toolkit.client() as client:
+        assert client.get("/p-many").text == "first"
+    assert {first, second} <= set(serve.status().applications)
+    # Checked and built before anything is deployed: a clash between the targets, a name
+    # given twice or a target whose build fails deploys none of them.
+    third, fourth = toolkit.name(), toolkit.name()
+    with pytest.raises(serve.ConfigError, match="already used by application"):
+        toolkit.run_many(
+            [
+                serve.RunTarget(downstream.bind("x"), name=third, route_prefix="/p-clash"),
+                serve.RunTarget(downstream.bind("y"), name=fourth, route_prefix="/p-clash"),
+            ]
+        )
+    fifth = toolkit.name()
+    with pytest.raises(
+        serve.ConfigError, match=rf"run_many\(\) got application name\(s\) '{fifth}' more than once"
+    ):
+        toolkit.run_many(
+            [serve.RunTarget(downstream.bind(word), name=fifth, route_prefix=None) for word in "xy"]
+        )
+    sixth, seventh = toolkit.name(), toolkit.name()
+    with pytest.raises(serve.ConfigError, match="autoscaling_policy.policy_function"):
+        toolkit.run_many(
+            [
+                serve.RunTarget(downstream.bind("x"), name=sixth, route_prefix=None),
+                serve.RunTarget(
+                    downstream.bind("y"),
+                    name=seventh,
+                    route_prefix=None,
+                    autoscaling_policy="tests.no_such:policy",
+                ),
+            ]
+        )
+    assert not {third, fourth, fifth, sixth, seventh} & set(serve.status().applications)
+    with pytest.raises(
+        serve.ConfigError, match=r"run_many\(\) takes RunTarget\(app, \.\.\.\) items whose app is"
+    ):
+        serve.run_many([serve.RunTarget(downstream, name=toolkit.name())])  # type: ignore[arg-type]  # not bound
+    with pytest.raises(serve.ConfigError, match=r"^run\(\) takes an application such as"):
+        serve.run(downstream)  # type: ignore[arg-type]  # not bound
 
 
 def test_local_testing_mode_serves_handles_only(no_backend: None) -> None:

@@ -64,6 +64,21 @@ def test_bounds_and_factors() -> None:
     assert desired_replicas(config(min_replicas=0), 0.1, 0) == 1
 
 
+def test_factors_below_one_never_leave_a_drained_deployment_stuck() -> None:
+    """Ray Serve's rule: a downscale the factor rounds away still removes one replica,
+    so an idle deployment with min_replicas=0 goes from 1 to 0."""
+    for factor in ("downscaling_factor", "downscale_smoothing_factor", "smoothing_factor"):
+        drained = config(min_replicas=0, **{factor: 0.5})
+        assert desired_replicas(drained, 0, 1) == 0, factor
+        assert desired_replicas(drained, 0, 2) == 1, factor
+        scaler = Autoscaler(drained, 1)
+        assert run(scaler, load=0, start=0, until=10)[-1] == 0, factor  # after downscale_delay_s
+    assert desired_replicas(config(downscaling_factor=0.5), 5.9, 3) == 3  # within the tolerance: kept
+    assert (
+        desired_replicas(config(min_replicas=0, downscaling_factor=0.1), 0.5, 1) == 1
+    )  # some load: one stays
+
+
 def test_scale_from_zero_is_immediate_and_back_to_zero_after_its_own_delay() -> None:
     scaler = Autoscaler.start(config(min_replicas=0, downscale_to_zero_delay_s=4))
     assert scaler.target == 0

@@ -11,7 +11,8 @@ import pytest
 
 import app_toolkit as tk
 from app_toolkit import metrics
-from app_toolkit._runtime.replica.batch_queue import BatchQueue, Pending
+from app_toolkit._runtime.replica.batch_queue import BatchQueue, Pending, by_group
+from app_toolkit._runtime.request_values import CURRENT, RequestValues
 
 pytestmark = pytest.mark.anyio
 
@@ -40,6 +41,18 @@ def test_take_respects_sizes_and_lets_an_oversized_item_go_alone() -> None:
     assert [p.value for p in queue.take()] == ["c"]
     assert [p.value for p in queue.take()] == ["huge"]
     assert [p.value for p in queue.take()] == ["d"]
+
+
+def test_a_batch_fills_with_every_model_and_runs_as_one_call_per_model() -> None:
+    """Ray Serve fills a batch up to max_batch_size whatever the models, then splits it
+    by model id (each call sees one)."""
+    queue = BatchQueue(max_batch_size=4, batch_wait_timeout_s=30)
+    for value, model in (("a1", "a"), ("b1", "b"), ("a2", "a"), ("c1", "c"), ("b2", "b")):
+        queue.add(Pending(value, 0.0, model))
+    assert queue.ready(0.0)  # full: four items of three models, long before the timeout
+    groups = by_group(queue.take())
+    assert [[p.value for p in group] for group in groups] == [["a1", "a2"], ["b1"], ["c1"]]
+    assert [p.value for p in queue.items] == ["b2"]
 
 
 # ----------------------------------------------------------------- behaviour on a real loop
@@ -74,6 +87,40 @@ async def test_concurrent_calls_are_grouped_and_each_gets_its_own_result() -> No
     results = await asyncio.gather(*(model.double(i) for i in range(10)))
     assert results == [2 * i for i in range(10)]
     assert [len(b) for b in model.batches] == [4, 4, 2]
+
+
+async def test_the_calls_of_one_batch_run_at_once_each_with_its_own_model_id() -> None:
+    """One batch of two models (full long before its 30 s wait) runs as two calls at once
+    within max_concurrent_batches=1: each waits for the other to start, then still reads
+    its own model id (each call's context is its own)."""
+    started: list[str] = []
+    both = asyncio.Event()
+
+    class Multiplexed:
+        @tk.batch(max_batch_size=4, batch_wait_timeout_s=30)
+        async def run(self, items: list[str]) -> list[str]:
+            before = tk.get_multiplexed_model_id()
+            started.append(before)
+            if len(started) == 2:
+                both.set()
+            await both.wait()
+            return [f"{before}/{tk.get_multiplexed_model_id()}/{item}" for item in items]
+
+    model = Multiplexed()
+
+    async def call(model_id: str, item: str) -> str:
+        CURRENT.set(RequestValues("", None, model_id))  # this caller's request asks for model_id
+        return await model.run(item)
+
+    results = await asyncio.wait_for(
+        asyncio.gather(call("a", "1"), call("b", "2"), call("a", "3"), call("b", "4")), 10
+    )
+    assert list(results) == ["a/a/1", "b/b/2", "a/a/3", "b/b/4"]
+    assert sorted(started) == ["a", "b"]
+    function = Multiplexed.run.__qualname__  # recorded per call, as Ray Serve records them
+    assert metrics.value("app_toolkit_batches_total", function=function) == 2
+    sizes = metrics.value("app_toolkit_batch_size", function=function)
+    assert isinstance(sizes, metrics.HistogramValue) and sizes.count == 2 and sizes.mean == 2
 
 
 async def test_a_lone_call_waits_at_most_the_timeout() -> None:

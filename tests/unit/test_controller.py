@@ -180,7 +180,7 @@ async def started(backend: FakeBackend) -> ControllerCore:
 async def test_apply_config_makes_the_apps_exactly_the_files_and_remembers_it() -> None:
     backend = FakeBackend()
     core = await started(backend)
-    await core.deploy_app(app("by-hand", prefix="/x"))
+    await core.deploy_apps([app("by-hand", prefix="/x")])
     file = {"applications": [{"name": "a"}, {"name": "b"}]}
     with pytest.raises(ConfigError, match="already used"):  # checked before anything changes
         await core.apply_config([app("a", prefix="/p"), app("b", prefix="/p")], file)
@@ -199,7 +199,7 @@ async def test_apply_config_makes_the_apps_exactly_the_files_and_remembers_it() 
     }
     # Changed by hand, an app no longer runs what the file says; deleting the others
     # leaves no file at all.
-    await core.deploy_app(app("a", version="v2", prefix="/a"))
+    await core.deploy_apps([app("a", version="v2", prefix="/a")])
     assert core.applied_file == {"applications": [{"name": "b"}]}
     await core.delete_app("b")
     assert core.applied_file is None
@@ -214,7 +214,7 @@ async def test_deploys_and_deletes_return_once_the_proxies_hold_their_routes(
     def published() -> tuple[str, int]:
         return (APPLICATIONS_KEY, core.longpoll.version(APPLICATIONS_KEY))
 
-    await core.deploy_app(app("a", prefix="/a"))
+    await core.deploy_apps([app("a", prefix="/a")])
     assert backend.route_waits[-1] == published()
     await core.apply_config([app("a", prefix="/a"), app("b", prefix="/b")], {"applications": []})
     assert backend.route_waits[-1] == published() and len(backend.route_waits) == 2
@@ -232,7 +232,7 @@ async def test_deploy_checkpoints_before_acknowledging_then_reaches_running() ->
     core = await started(backend)
     seen_apps: list[list[str]] = []
     backend.on_checkpoint = lambda: seen_apps.append(list(core.apps))
-    await core.deploy_app(app())
+    await core.deploy_apps([app()])
     saved = checkpoint.loads(backend.checkpoints[-1])
     assert seen_apps == [["a"]] and saved is not None and "a" in saved.apps
     await until(lambda: core.snapshot().applications["a"].status is ApplicationStatus.RUNNING)
@@ -255,7 +255,7 @@ async def test_callers_queue_for_a_new_deployment_within_its_bound_from_the_firs
         return await original(replica_id, spec, seat)
 
     backend.start_replica = slow_start  # type: ignore[method-assign]
-    await core.deploy_app(app(replicas=1, max_queued_requests=0))
+    await core.deploy_apps([app(replicas=1, max_queued_requests=0)])
     key = replicas_key(DeploymentID("a", "D"))
     # Starting: callers wait for the first replica, within the configured bound.
     assert core.longpoll.get(key) == ReplicaTable((), 0)
@@ -269,7 +269,7 @@ async def test_failing_starts_are_retried_then_deploy_failed_with_the_message() 
     backend = FakeBackend()
     backend.fail_versions.add("bad")
     core = await started(backend)
-    await core.deploy_app(app(version="bad"))
+    await core.deploy_apps([app(version="bad")])
     await until(lambda: core.snapshot().applications["a"].status is ApplicationStatus.DEPLOY_FAILED)
     deployment = core.snapshot().applications["a"].deployments["D"]
     assert "version bad is broken" in deployment.message
@@ -290,9 +290,9 @@ async def test_failing_starts_are_retried_then_deploy_failed_with_the_message() 
 async def test_new_version_replaces_old_only_once_it_runs() -> None:
     backend = FakeBackend()
     core = await started(backend)
-    await core.deploy_app(app(version="v1"))
+    await core.deploy_apps([app(version="v1")])
     await until(lambda: sorted(backend.running.values()) == ["v1", "v1"])
-    await core.deploy_app(app(version="v2"))
+    await core.deploy_apps([app(version="v2")])
     await until(lambda: sorted(backend.running.values()) == ["v2", "v2"])
     assert core.snapshot().applications["a"].deployments["D"].status is DeploymentStatus.HEALTHY
     await core.stop()
@@ -301,10 +301,10 @@ async def test_new_version_replaces_old_only_once_it_runs() -> None:
 async def test_failed_rollout_keeps_the_old_replicas_serving() -> None:
     backend = FakeBackend()
     core = await started(backend)
-    await core.deploy_app(app(version="v1"))
+    await core.deploy_apps([app(version="v1")])
     await until(lambda: len(backend.running) == 2)
     backend.fail_versions.add("v2")
-    await core.deploy_app(app(version="v2"))
+    await core.deploy_apps([app(version="v2")])
     await until(lambda: core.snapshot().applications["a"].status is ApplicationStatus.DEPLOY_FAILED)
     assert sorted(backend.running.values()) == ["v1", "v1"]
     assert len(_replicas(core, replicas_key(DeploymentID("a", "D"))).replicas) == 2
@@ -326,9 +326,9 @@ async def test_an_upgrade_in_a_full_cluster_goes_in_steps_and_finishes() -> None
     backend = FakeBackend()
     backend.room = 2  # two replicas fit: no room for a surge
     core = await started(backend)
-    await core.deploy_app(app(version="v1", **FILLS_A_SLOT))
+    await core.deploy_apps([app(version="v1", **FILLS_A_SLOT)])
     await until(lambda: sorted(backend.running.values()) == ["v1", "v1"])
-    await core.deploy_app(app(version="v2", **FILLS_A_SLOT))
+    await core.deploy_apps([app(version="v2", **FILLS_A_SLOT)])
     seen: set[str] = set()
 
     def upgraded() -> bool:
@@ -349,10 +349,10 @@ async def test_a_failed_upgrade_in_a_full_cluster_brings_the_old_version_back() 
     backend = FakeBackend()
     backend.room = 2
     core = await started(backend)
-    await core.deploy_app(app(version="v1", **FILLS_A_SLOT))
+    await core.deploy_apps([app(version="v1", **FILLS_A_SLOT)])
     await until(lambda: len(backend.running) == 2)
     backend.fail_versions.add("v2")
-    await core.deploy_app(app(version="v2", **FILLS_A_SLOT))
+    await core.deploy_apps([app(version="v2", **FILLS_A_SLOT)])
     await until(lambda: core.snapshot().applications["a"].status is ApplicationStatus.DEPLOY_FAILED)
     await until(lambda: sorted(backend.running.values()) == ["v1", "v1"])
     # The replica table is published once the controller has seen the second one ready:
@@ -366,7 +366,7 @@ async def test_a_failed_upgrade_in_a_full_cluster_brings_the_old_version_back() 
 async def test_replicas_leave_a_draining_node_and_the_node_is_released() -> None:
     backend = FakeBackend()
     core = await started(backend)
-    await core.deploy_app(app(replicas=2))
+    await core.deploy_apps([app(replicas=2)])
     await until(lambda: len(backend.running) == 2)
     before = set(backend.running)
     backend.node = "node-2"  # where successors go
@@ -388,7 +388,7 @@ async def test_target_capacity_scales_a_config_files_deployments() -> None:
     assert core.snapshot().target_capacity == 50
     await core.apply_config([app(replicas=4)], {**file, "target_capacity": 100})
     await until(lambda: len(backend.running) == 4)
-    await core.deploy_app(app(replicas=4))  # by hand: no longer the file's, at full capacity
+    await core.deploy_apps([app(replicas=4)])  # by hand: no longer the file's, at full capacity
     assert core.snapshot().target_capacity == 100
     await core.stop()
 
@@ -396,14 +396,14 @@ async def test_target_capacity_scales_a_config_files_deployments() -> None:
 async def test_a_reload_hurries_the_streams_of_the_replicas_it_replaces() -> None:
     backend = FakeBackend()
     core = await started(backend)
-    await core.deploy_app(app(version="v1"))
+    await core.deploy_apps([app(version="v1")])
     await until(lambda: len(backend.running) == 2)
     old = set(backend.running)
     reload = app(version="v2")
     reload = dataclasses.replace(
         reload, deployments=tuple(dataclasses.replace(d, reloaded=True) for d in reload.deployments)
     )
-    await core.deploy_app(reload)
+    await core.deploy_apps([reload])
     await until(lambda: sorted(backend.running.values()) == ["v2", "v2"])
     assert set(backend.hurried) == old
     await core.stop()
@@ -412,7 +412,7 @@ async def test_a_reload_hurries_the_streams_of_the_replicas_it_replaces() -> Non
 async def test_dead_replica_is_replaced_and_scaling_follows_num_replicas() -> None:
     backend = FakeBackend()
     core = await started(backend)
-    await core.deploy_app(app(replicas=2))
+    await core.deploy_apps([app(replicas=2)])
     await until(lambda: len(backend.running) == 2)
     key = replicas_key(DeploymentID("a", "D"))
     ranks = {info.replica_id: info.rank for info in _replicas(core, key).replicas}
@@ -427,7 +427,7 @@ async def test_dead_replica_is_replaced_and_scaling_follows_num_replicas() -> No
     now = {info.replica_id: info.rank for info in _replicas(core, key).replicas}
     (newcomer,) = set(now) - set(ranks)
     assert now[newcomer] == ranks[victim]
-    await core.deploy_app(app(replicas=3))  # same version: scale out, no restart
+    await core.deploy_apps([app(replicas=3)])  # same version: scale out, no restart
     await until(lambda: len(backend.running) == 3)
     assert backend.started == 4
     await until(lambda: sorted(info.rank for info in _replicas(core, key).replicas) == [0, 1, 2])
@@ -443,7 +443,7 @@ def _replacements(reason: str) -> float:
 async def test_delete_stops_replicas_and_closes_tables() -> None:
     backend = FakeBackend()
     core = await started(backend)
-    await core.deploy_app(app())
+    await core.deploy_apps([app()])
     await until(lambda: len(backend.running) == 2)
     await core.delete_app("a")
     assert core.longpoll.get(APPLICATIONS_KEY) == ApplicationTable(())
@@ -464,18 +464,18 @@ async def test_a_deployment_is_deleted_once_the_replicas_that_may_call_it_are_go
     backend = FakeBackend()
     core = await started(backend)
     callee, caller = _callee_and_caller()
-    await core.deploy_app(AppSpec("a", "/a", "D", (callee, caller)))  # D binds Callee
+    await core.deploy_apps([AppSpec("a", "/a", "D", (callee, caller))])  # D binds Callee
     await until(lambda: len(backend.running) == 2)
     stopping = backend.stop_gates["D"] = asyncio.Event()
     # A new version without Callee: D's old replica may call it until it is gone.
-    await core.deploy_app(AppSpec("a", "/a", "D", (dataclasses.replace(caller, code_version="v2"),)))
+    await core.deploy_apps([AppSpec("a", "/a", "D", (dataclasses.replace(caller, code_version="v2"),))])
     await reconcile_rounds(core, 5)
     assert len(_replicas(core, replicas_key(callee.id)).replicas) == 1
     stopping.set()
     await until(lambda: core.longpoll.get(replicas_key(callee.id)) == DeploymentGone())
     await until(lambda: set(backend.running.values()) == {"v2"})
     # Deleting the application: D goes first, then Callee.
-    await core.deploy_app(AppSpec("a", "/a", "D", (callee, caller)))
+    await core.deploy_apps([AppSpec("a", "/a", "D", (callee, caller))])
     await until(lambda: len(backend.running) == 2 and set(backend.running.values()) == {"v1"})
     stopping.clear()
     await core.delete_app("a")
@@ -492,10 +492,10 @@ async def test_a_hurried_delete_takes_a_dropped_deployment_that_waits_for_its_ca
     backend = FakeBackend()
     core = await started(backend)
     callee, caller = _callee_and_caller()
-    await core.deploy_app(AppSpec("a", "/a", "D", (callee, caller)))  # D binds Callee
+    await core.deploy_apps([AppSpec("a", "/a", "D", (callee, caller))])  # D binds Callee
     await until(lambda: len(backend.running) == 2)
     stopping = backend.stop_gates["D"] = asyncio.Event()
-    await core.deploy_app(AppSpec("a", "/a", "D", (dataclasses.replace(caller, code_version="v2"),)))
+    await core.deploy_apps([AppSpec("a", "/a", "D", (dataclasses.replace(caller, code_version="v2"),))])
     await reconcile_rounds(core, 5)
     assert len(_replicas(core, replicas_key(callee.id)).replicas) == 1  # it waits for D's v1
     await core.delete_app("a", hurry=True)  # a shutdown: it waits no more
@@ -508,7 +508,7 @@ async def test_a_hurried_delete_takes_a_dropped_deployment_that_waits_for_its_ca
 async def test_shutdown_hurries_the_drains_of_every_replica() -> None:
     backend = FakeBackend()
     core = await started(backend)
-    await core.deploy_app(app(replicas=2))
+    await core.deploy_apps([app(replicas=2)])
     await until(lambda: len(backend.running) == 2)
     running = set(backend.running)
     async with asyncio.timeout(5):
@@ -522,10 +522,10 @@ async def test_shutdown_cancels_replica_starts_instead_of_waiting_for_them() -> 
     # it, and the backend stops the process it was starting.
     backend = FakeBackend()
     core = await started(backend)
-    await core.deploy_app(app(replicas=1))
+    await core.deploy_apps([app(replicas=1)])
     await until(lambda: len(backend.running) == 1)
     backend.hold_starts = True
-    await core.deploy_app(app(version="v2", replicas=1))  # v2's start hangs; v1 keeps serving
+    await core.deploy_apps([app(version="v2", replicas=1)])  # v2's start hangs; v1 keeps serving
     await until(lambda: len(core.deployments[DeploymentID("a", "D")].replicas) == 2)
     # Well below the shutdown's drain bound (_SHUTDOWN_DRAIN_S): it did not wait for it.
     async with asyncio.timeout(5):
@@ -536,9 +536,9 @@ async def test_shutdown_cancels_replica_starts_instead_of_waiting_for_them() -> 
 async def test_route_prefix_conflicts_and_restart_from_checkpoint() -> None:
     backend = FakeBackend()
     core = await started(backend)
-    await core.deploy_app(app("a", prefix="/x"))
+    await core.deploy_apps([app("a", prefix="/x")])
     with pytest.raises(ConfigError, match="already used by application 'a'"):
-        await core.deploy_app(app("b", prefix="/x"))
+        await core.deploy_apps([app("b", prefix="/x")])
     await core.stop()
     restarted = await started(backend)  # a new controller reads the checkpoint
     assert list(restarted.apps) == ["a"]
@@ -559,7 +559,7 @@ async def test_the_loop_survives_a_failing_step() -> None:
         original()
 
     core._reconcile = flaky  # type: ignore[method-assign]
-    await core.deploy_app(app())
+    await core.deploy_apps([app()])
     await until(lambda: len(backend.running) == 2)
     await core.stop()
 
@@ -578,7 +578,7 @@ async def test_autoscaled_deployment_follows_reported_load_and_expires_silent_ca
     }
     config = DeploymentConfig(autoscaling_config=scaling, health_check_period_s=0.01)
     spec = DeploymentSpec(DeploymentID("s", "D"), b"def", b"args", config, True, "v1")
-    await core.deploy_app(AppSpec("s", "/s", "D", (spec,)))
+    await core.deploy_apps([AppSpec("s", "/s", "D", (spec,))])
     await reconcile_rounds(core, 5)
     assert backend.running == {} and core.snapshot().applications["s"].status is ApplicationStatus.RUNNING
     await core.record_load("proxy-1", {spec.id: 1.0})  # a request waits: scale from zero
@@ -601,7 +601,7 @@ async def test_autoscaled_deployment_follows_reported_load_and_expires_silent_ca
 async def test_a_failing_health_check_replaces_the_replica_after_the_threshold() -> None:
     backend = FakeBackend()
     core = await started(backend)
-    await core.deploy_app(app(replicas=1, health_check_failure_threshold=4))
+    await core.deploy_apps([app(replicas=1, health_check_failure_threshold=4)])
     await until(lambda: len(backend.running) == 1)
     sick = next(iter(backend.running))
     backend.failing.add(sick)
@@ -616,7 +616,7 @@ async def test_a_restarted_controller_adopts_running_replicas_instead_of_replaci
 
     backend = FakeBackend()
     first = await started(backend)
-    await first.deploy_app(app(replicas=2))
+    await first.deploy_apps([app(replicas=2)])
     await until(lambda: len(backend.running) == 2)
     await first.stop()  # the controller "dies"; its replicas keep running
     state = first.deployments[DeploymentID("a", "D")]
@@ -659,10 +659,10 @@ async def test_a_restarted_controller_keeps_a_failed_upgrade_failed_and_the_old_
     backend = FakeBackend()
     backend.room = 2
     first = await started(backend)
-    await first.deploy_app(app(version="v1", **FILLS_A_SLOT))
+    await first.deploy_apps([app(version="v1", **FILLS_A_SLOT)])
     await until(lambda: len(backend.running) == 2)
     backend.fail_versions.add("v2")
-    await first.deploy_app(app(version="v2", **FILLS_A_SLOT))
+    await first.deploy_apps([app(version="v2", **FILLS_A_SLOT)])
     await until(lambda: first.snapshot().applications["a"].status is ApplicationStatus.DEPLOY_FAILED)
     await until(lambda: sorted(backend.running.values()) == ["v1", "v1"])
     await reconcile_rounds(first, 3)  # the checkpoint of the failure is written
@@ -691,7 +691,7 @@ async def test_published_tables_are_stored_when_they_change_and_not_more_often(
 ) -> None:
     backend = FakeBackend()
     core = await started(backend)
-    await core.deploy_app(app())
+    await core.deploy_apps([app()])
     await until(lambda: core.snapshot().applications["a"].status is ApplicationStatus.RUNNING)
     # The loop stores what callers would need if the controller were gone now.
     await until(lambda: bool(backend.stored_tables) and backend.stored_tables[-1] == core.longpoll.snapshot())
@@ -723,8 +723,8 @@ async def test_a_pass_plans_only_the_deployments_with_something_due(monkeypatch:
     monkeypatch.setattr(controller_module, "plan", counting)
     backend = FakeBackend()
     core = await started(backend)
-    await core.deploy_app(app("idle", replicas=2, health_check_period_s=3600.0))
-    await core.deploy_app(app("busy", prefix="/busy", replicas=1))  # checked every 10 ms
+    await core.deploy_apps([app("idle", replicas=2, health_check_period_s=3600.0)])
+    await core.deploy_apps([app("busy", prefix="/busy", replicas=1)])  # checked every 10 ms
     await until(lambda: len(backend.running) == 3)
     await reconcile_rounds(core, 3)
     planned.clear()
@@ -732,6 +732,6 @@ async def test_a_pass_plans_only_the_deployments_with_something_due(monkeypatch:
     assert DeploymentID("idle", "D") not in planned  # nothing due for an hour
     assert DeploymentID("busy", "D") in planned
     # A deploy plans its deployment on the next pass.
-    await core.deploy_app(app("idle", replicas=3, health_check_period_s=3600.0))
+    await core.deploy_apps([app("idle", replicas=3, health_check_period_s=3600.0)])
     await until(lambda: sum(r.startswith("idle") for r in backend.running) == 3)
     await core.stop()

@@ -4,6 +4,7 @@ says why, the log says it once)."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import math
 import threading
@@ -27,6 +28,7 @@ from app_toolkit.autoscaling_policy import TimeStampedValue
 from app_toolkit.config import DeploymentConfig
 from app_toolkit.status import ReplicaState
 from tests.apps import policies
+from tests.waiting import wait_for
 
 
 class Inline(Executor):
@@ -310,6 +312,101 @@ def test_a_class_policy_is_made_once_per_deployment_with_its_kwargs_and_called()
     upgraded.spec = dataclasses.replace(upgraded.spec, code_version="v2")
     passes(custom, upgraded, [1.5, 1.6])
     assert Stepping.made == 4 and upgraded.target == 4  # a new version: a new instance
+
+
+class BuildsInTheBackground:
+    """Ray Serve's documented shape: a task on the running loop, started by the policy,
+    builds what it decides by (here: 2 replicas until :meth:`make_ready`, then 4)."""
+
+    made: list[BuildsInTheBackground] = []
+
+    def __init__(self) -> None:
+        self.wanted = 2
+        self._loop = asyncio.get_running_loop()
+        self._ready = asyncio.Event()
+        self.task = self._loop.create_task(self._build())
+        self.made.append(self)
+
+    async def _build(self) -> None:
+        await self._ready.wait()
+        self.wanted = 4
+
+    def make_ready(self) -> None:
+        """From the test's thread: the background state is ready."""
+        self._loop.call_soon_threadsafe(self._ready.set)
+
+    def __call__(self, context: tk.AutoscalingContext) -> tuple[float, dict[str, Any]]:
+        return self.wanted, {}
+
+
+def test_a_class_policy_that_builds_its_state_in_the_background_scales_once_it_is_ready() -> None:
+    """Each policy's calls run on a loop of its own, which runs its tasks between calls."""
+    BuildsInTheBackground.made.clear()
+    custom = CustomScaling(FUNCTIONS.__getitem__, PolicyCalls(timeout_s=10.0))
+    state = deployment(BuildsInTheBackground, replicas=1)
+    clock = iter(range(1, 10_000))
+
+    def target_after_a_pass() -> int:
+        passes(custom, state, [float(next(clock))])
+        return state.target
+
+    try:
+        wait_for(lambda: target_after_a_pass() == 2, 10, "the policy's first answer")
+        BuildsInTheBackground.made[0].make_ready()
+        wait_for(lambda: target_after_a_pass() == 4, 10, "its answer once its background state is ready")
+    finally:
+        custom.close()
+
+
+class StartsATask:
+    """A class policy that starts a task on its loop (as Ray Serve's documented ones do)."""
+
+    tasks: list[asyncio.Task[bool]] = []
+
+    def __init__(self, step: int = 1) -> None:
+        self.tasks.append(asyncio.get_running_loop().create_task(asyncio.Event().wait()))
+
+    def __call__(self, context: tk.AutoscalingContext) -> tuple[float, dict[str, Any]]:
+        return 1, {}
+
+
+def test_the_tasks_a_policy_started_end_when_it_is_deleted_replaced_or_overridden() -> None:
+    StartsATask.tasks.clear()
+    custom = CustomScaling(FUNCTIONS.__getitem__, PolicyCalls(timeout_s=10.0))
+    clock = iter(range(1, 10_000))
+
+    def started(state: DeploymentState) -> asyncio.Task[bool]:
+        """Pass until ``state``'s policy was made: the task it started."""
+        count = len(StartsATask.tasks)
+
+        def made() -> bool:
+            passes(custom, state, [float(next(clock))])
+            return len(StartsATask.tasks) > count
+
+        wait_for(made, 10, "the policy to be made")
+        return StartsATask.tasks[-1]
+
+    try:
+        deleted = deployment(StartsATask, name="Deleted")
+        task = started(deleted)
+        custom.forget(deleted.spec.id)
+        wait_for(task.cancelled, 5, "the deleted deployment's task to end")
+
+        task = started(deployment(StartsATask, name="Replaced", policy_kwargs={"step": 1}))
+        started(deployment(StartsATask, name="Replaced", policy_kwargs={"step": 2}))
+        wait_for(task.cancelled, 5, "the replaced policy's task to end")
+
+        overridden = deployment(StartsATask, name="Overridden")
+        task = started(overridden)
+        policy = tk.AutoscalingPolicy(policy_function=policies.together).travelling(
+            serialized(policies.together)
+        )
+        app = AppSpec("app", "/", "Overridden", (overridden.spec,), autoscaling_policy=policy)
+        custom.scale_app(app, {overridden.spec.id: overridden}, {}, float(next(clock)))
+        wait_for(task.cancelled, 5, "the overridden policy's task to end")
+        wait_for(task.get_loop().is_closed, 5, "its loop to close")
+    finally:
+        custom.close()
 
 
 def test_a_class_policy_serialized_again_keeps_its_instance_and_loads_once() -> None:

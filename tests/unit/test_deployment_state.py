@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import math
 
-from app_toolkit._runtime.controller.deployment_state import DeploymentState, StartReplica, apply_event
+from app_toolkit._runtime.controller.deployment_state import (
+    DeploymentState,
+    StartReplica,
+    apply_event,
+    follow_autoscaling,
+    new_spec,
+)
 from app_toolkit._runtime.controller.planning import next_due, plan
 from app_toolkit._runtime.controller.replica_state import SLOW_START_S, CheckHealth, Replica, Started
 from app_toolkit._runtime.controller.status_view import deployment_status
@@ -80,3 +86,22 @@ def test_next_due_of_a_deployment_going_away_is_every_pass_and_of_an_idle_one_ne
     assert next_due(state) == math.inf  # waits for events only
     state.deleting = True
     assert next_due(state) == -math.inf
+
+
+def test_a_redeploy_with_a_new_initial_replicas_starts_from_it_and_other_changes_keep_the_count() -> None:
+    """Ray Serve's rule for a changed initial_replicas; any other change to the
+    autoscaling config keeps the replicas the autoscaler had decided."""
+
+    def autoscaled(**autoscaling: object) -> DeploymentSpec:
+        config = DeploymentConfig(autoscaling_config={"min_replicas": 1, "max_replicas": 8, **autoscaling})
+        return DeploymentSpec(DeploymentID("a", "D"), b"def", b"args", config, True, "v1")
+
+    state = DeploymentState(autoscaled(initial_replicas=2))
+    follow_autoscaling(state)
+    assert state.target == 2
+    assert state.autoscaler is not None
+    state.autoscaler.hold(5)  # the autoscaler moved it
+    new_spec(state, autoscaled(initial_replicas=2, max_replicas=7))
+    assert state.target == 5
+    new_spec(state, autoscaled(initial_replicas=3, max_replicas=7))
+    assert state.target == 3

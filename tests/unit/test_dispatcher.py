@@ -71,7 +71,7 @@ def result(reply: Reply) -> Any:
 
 
 def make(replicas: dict[str, FakeReplica], max_queued: int, capacity: int = 1) -> Dispatcher:
-    dispatcher = Dispatcher(DEP, lambda i: replicas[i.replica_id])
+    dispatcher = Dispatcher(DEP, lambda i: replicas[i.replica_id], lost_error=RequestLostError)
     dispatcher.update([info(name, capacity) for name in replicas], max_queued)
     return dispatcher
 
@@ -98,7 +98,7 @@ async def test_requests_before_the_first_table_are_held_to_its_bound() -> None:
     # A caller that has no table yet queues; the first one's bound refuses the newest
     # beyond it, after the free slots took the oldest.
     replica = FakeReplica("a", answer)
-    dispatcher = Dispatcher(DEP, lambda i: replica)
+    dispatcher = Dispatcher(DEP, lambda i: replica, lost_error=RequestLostError)
     waiting = [asyncio.ensure_future(dispatcher.send(call(n))) for n in range(5)]
     await asyncio.sleep(0)
     assert dispatcher.queued == 5
@@ -179,7 +179,7 @@ async def test_lost_after_sending_is_an_error_not_a_retry() -> None:
 
 
 async def test_requests_wait_for_the_first_replica_then_run() -> None:
-    dispatcher = Dispatcher(DEP, lambda i: replica)
+    dispatcher = Dispatcher(DEP, lambda i: replica, lost_error=RequestLostError)
     replica = FakeReplica("a", answer)
     pending = asyncio.ensure_future(dispatcher.send(call("early")))
     await asyncio.sleep(0.01)
@@ -189,7 +189,7 @@ async def test_requests_wait_for_the_first_replica_then_run() -> None:
 
 
 async def test_closing_fails_waiters_instead_of_hanging() -> None:
-    dispatcher = Dispatcher(DEP, lambda i: FakeReplica("a", answer))
+    dispatcher = Dispatcher(DEP, lambda i: FakeReplica("a", answer), lost_error=RequestLostError)
     pending = asyncio.ensure_future(dispatcher.send(call("x")))
     await asyncio.sleep(0)
     dispatcher.close("Deployment app/d was deleted")

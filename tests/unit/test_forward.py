@@ -11,6 +11,7 @@ from app_toolkit._runtime.front.cycle import HTTPCycle
 from app_toolkit._runtime.front.forward import forward
 from app_toolkit._runtime.messages import LOST, DeploymentID, HTTPRequest, HTTPResponse, ReplicaInfo, Request
 from app_toolkit._runtime.routing.dispatcher import Dispatcher
+from app_toolkit.exceptions import RequestLostError
 
 pytestmark = pytest.mark.anyio
 
@@ -37,7 +38,8 @@ class Replica:
 
 def _dispatcher(*replicas: Replica) -> Dispatcher:
     by_id = {replica.replica_id: replica for replica in replicas}
-    dispatcher = Dispatcher(DEP, lambda info: by_id[info.replica_id])  # a stand-in with open() and close()
+    # by_id holds stand-ins with open() and close()
+    dispatcher = Dispatcher(DEP, lambda info: by_id[info.replica_id], lost_error=RequestLostError)
     dispatcher.update([ReplicaInfo(r.replica_id, DEP, "127.0.0.1", 1, b"t", 10) for r in replicas], 100)
     return dispatcher
 

@@ -10,6 +10,7 @@ from app_toolkit._runtime.front.path_match import AppMatcher
 from app_toolkit._runtime.messages import DeploymentID, ReplicaInfo, RouteInfo
 from app_toolkit._runtime.proxy.handoff_targets import HandoffTargets
 from app_toolkit._runtime.routing.dispatcher import Dispatcher
+from app_toolkit.exceptions import RequestLostError
 
 NODE = "node-a"
 
@@ -17,7 +18,7 @@ NODE = "node-a"
 def _dispatcher(replicas: list[ReplicaInfo], split: bool = False) -> Dispatcher:
     """A real dispatcher with ``replicas`` as its table (and a traffic split, if asked)."""
     deployment = DeploymentID(replicas[0].deployment.app, "Ingress")
-    made = Dispatcher(deployment, lambda info: None, resolve=lambda other: made)  # type: ignore[arg-type, return-value]  # never connects
+    made = Dispatcher(deployment, lambda info: None, resolve=lambda other: made, lost_error=RequestLostError)  # type: ignore[arg-type, return-value]  # never connects
     shares = ((deployment, 0.5), (DeploymentID("other", "Ingress"), 0.5)) if split else ()
     made.update(replicas, 100, split=shares)
     assert made.has_policy is split

@@ -200,10 +200,10 @@ def test_a_replica_with_its_own_process_sets_every_logger_and_the_format(
 async def test_a_new_logging_config_reconfigures_replicas_in_place_and_republishes_the_access_flag() -> None:
     backend = FakeBackend()
     core = await started(backend)
-    await core.deploy_app(controller_app())
+    await core.deploy_apps([controller_app()])
     await until(lambda: core.snapshot().applications["a"].status is ApplicationStatus.RUNNING)
     quiet = {"log_level": "WARNING", "enable_access_log": False}
-    await core.deploy_app(controller_app(logging_config=quiet))  # the same version
+    await core.deploy_apps([controller_app(logging_config=quiet)])  # the same version
     await until(lambda: len(backend.reconfigured) == 2)
     assert backend.started == 2  # nothing restarted
     routes = core.longpoll.get(APPLICATIONS_KEY)

@@ -1,24 +1,46 @@
-"""Calls of custom autoscaling policies: each in a daemon thread of its own, bounded in
-time; calls within their bound never refused, abandoned ones still running bounded."""
+"""Calls of custom autoscaling policies: each on a loop in a daemon thread of its own,
+bounded in time; calls within their bound never refused, abandoned ones still running bounded."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 
 import pytest
 
-from app_toolkit._runtime.controller.policy_calls import Answered, DaemonThreads, Failed, PolicyCalls
+from app_toolkit._runtime.controller.policy_calls import Answered, Failed, PolicyCalls
+from tests.waiting import wait_for
 
 
-def test_policy_calls_run_in_daemon_threads_of_their_own() -> None:
+def test_each_policy_runs_on_a_loop_of_its_own_that_runs_its_tasks_between_calls() -> None:
     release = threading.Event()
-    threads = DaemonThreads()
-    hung = threads.submit(release.wait)
-    quick = threads.submit(lambda: threading.current_thread().daemon)
-    assert quick.result(timeout=5) is True  # a daemon thread, not stuck behind the hung one
-    release.set()
-    assert hung.result(timeout=5) is True
+    calls = PolicyCalls(timeout_s=60.0)
+    ticks: list[int] = []
+
+    async def tick() -> None:
+        while True:
+            ticks.append(len(ticks))
+            await asyncio.sleep(0.01)
+
+    def start_ticking(context: object) -> asyncio.Task[None]:
+        return asyncio.get_running_loop().create_task(tick())  # a call sees a running loop
+
+    try:
+        calls.start("hung", lambda context: release.wait(10), None, now=0.0)
+        calls.start("other", lambda context: threading.current_thread().daemon, None, now=0.0)
+        assert wait_for(lambda: calls.take("other", now=1.0), 5) == Answered(True)  # not behind "hung"
+        calls.start("other", start_ticking, None, now=1.0)
+        task = wait_for(lambda: calls.take("other", now=1.0), 5)
+        assert isinstance(task, Answered) and isinstance(task.value, asyncio.Task)
+        wait_for(lambda: len(ticks) > 3, 5, "the task to run between calls")
+        calls.forget("other")  # returns at once; the loop cancels and awaits the task, then ends
+        wait_for(task.value.cancelled, 5, "the forgotten policy's task to end")
+    finally:
+        release.set()
+        calls.close()
+    ours = {"app-toolkit-policy-hung", "app-toolkit-policy-other"}
+    assert not [thread for thread in threading.enumerate() if thread.name in ours]  # close() joined them
 
 
 def test_many_policy_calls_within_their_bound_are_never_refused() -> None:

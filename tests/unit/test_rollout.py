@@ -96,7 +96,7 @@ async def test_the_controller_rolls_back_when_callers_report_failures() -> None:
     backend = FakeBackend()
     core = await started(backend)
     for spec in APPS.values():
-        await core.deploy_app(spec)
+        await core.deploy_apps([spec])
     await core.rollout("chat", "chat-v2", RolloutOptions(steps=(10, 100), max_error_rate=0.05))
     ingress = replicas_key(DeploymentID("chat", "D"))
     table = core.longpoll.get(ingress)

@@ -22,7 +22,7 @@ from app_toolkit._runtime.routing import shadow as shadow_module
 from app_toolkit._runtime.routing.dispatcher import Reply
 from app_toolkit._runtime.routing.shadow import Shadower
 from app_toolkit._runtime.tables import ReplicaTable, ShadowOutcome, ShadowTarget, replicas_key
-from app_toolkit.exceptions import ConfigError
+from app_toolkit.exceptions import ConfigError, RequestLostError
 from tests.unit.test_controller import FakeBackend, app, started
 
 PRIMARY, SHADOW = DeploymentID("chat", "D"), DeploymentID("chat-v2", "D")
@@ -30,7 +30,9 @@ pytestmark = pytest.mark.anyio
 
 
 def reply(status: int, body: bytes = b"") -> Reply:
-    return Reply(HTTPResponse(status, [], body), Exchange(lambda: None), "r", lambda _: None)
+    return Reply(
+        HTTPResponse(status, [], body), Exchange(lambda: None), "r", lambda _: None, RequestLostError
+    )
 
 
 def same_words(primary: bytes, shadow: bytes) -> bool:
@@ -128,8 +130,8 @@ async def test_a_slow_shadow_drops_copies_instead_of_holding_anything(
 async def test_the_controller_checks_publishes_and_reports_a_shadow() -> None:
     backend = FakeBackend()
     core = await started(backend)
-    await core.deploy_app(app("chat", prefix="/chat"))
-    await core.deploy_app(app("chat-v2", prefix=None))
+    await core.deploy_apps([app("chat", prefix="/chat")])
+    await core.deploy_apps([app("chat-v2", prefix=None)])
     for to, fraction, message in (
         ("nope", 0.5, "No application 'nope'"),
         ("chat", 0.5, "cannot shadow itself"),

@@ -11,6 +11,7 @@ import pytest
 from app_toolkit._runtime.messages import DeploymentID, ReplicaInfo
 from app_toolkit._runtime.routing.choice import ReplicaChooser, stable_hash
 from app_toolkit._runtime.routing.dispatcher import Dispatcher
+from app_toolkit.exceptions import RequestLostError
 from tests.unit.test_dispatcher import FakeReplica, answer, call, result
 
 DEP = DeploymentID("app", "d")
@@ -84,7 +85,7 @@ def test_a_full_owner_makes_strict_wait_and_prefer_go_elsewhere() -> None:
 @pytest.mark.anyio
 async def test_a_strict_request_waits_for_its_replica_without_holding_up_the_others() -> None:
     replicas = {name: FakeReplica(name, answer) for name in FOUR}
-    dispatcher = Dispatcher(DEP, lambda info: replicas[info.replica_id])
+    dispatcher = Dispatcher(DEP, lambda info: replicas[info.replica_id], lost_error=RequestLostError)
     dispatcher.update([ReplicaInfo(r, DEP, "127.0.0.1", 1, b"t", 1) for r in FOUR], 10)
     owner = ReplicaChooser()
     owner.set_replicas(ReplicaInfo(r, DEP, "127.0.0.1", 1, b"t", 1) for r in FOUR)

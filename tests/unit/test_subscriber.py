@@ -20,6 +20,7 @@ from app_toolkit._runtime.tables import (
     Versions,
     replicas_key,
 )
+from app_toolkit.exceptions import RequestLostError
 from tests.waiting import wait_for_async
 
 pytestmark = pytest.mark.anyio
@@ -53,7 +54,7 @@ def _connect(info: ReplicaInfo) -> object:
 
 async def test_stored_tables_serve_until_the_controller_answers() -> None:
     controller = Controller()
-    subscriber = TableSubscriber(controller.listen, _connect)  # type: ignore[arg-type]
+    subscriber = TableSubscriber(controller.listen, _connect, lost_error=RequestLostError)  # type: ignore[arg-type]
     subscriber.seed(
         {
             APPLICATIONS_KEY: STORED_ROUTES,
@@ -82,7 +83,7 @@ async def test_a_controller_that_never_answers_is_polled_again(monkeypatch: pyte
     monkeypatch.setattr(subscriber_module, "_LISTEN_GRACE_S", 0.05)
     monkeypatch.setattr(subscriber_module, "_RETRY_S", 0.01)
     controller = Controller()  # stopped: never answers
-    subscriber = TableSubscriber(controller.listen, _connect)  # type: ignore[arg-type]
+    subscriber = TableSubscriber(controller.listen, _connect, lost_error=RequestLostError)  # type: ignore[arg-type]
     subscriber.watch(APPLICATIONS_KEY, lambda table: None)
     await wait_for_async(lambda: controller.calls >= 3, what="the poll to give up and try again")
     subscriber.close()
@@ -112,7 +113,7 @@ class CountingController:
 
 async def test_one_long_poll_covers_every_key_and_a_new_key_joins_it() -> None:
     controller = CountingController()
-    subscriber = TableSubscriber(controller.listen, _connect)  # type: ignore[arg-type]
+    subscriber = TableSubscriber(controller.listen, _connect, lost_error=RequestLostError)  # type: ignore[arg-type]
     seen: dict[str, list[Table | None]] = {}
     keys = [f"key-{i}" for i in range(50)]
     for key in keys:
@@ -133,7 +134,7 @@ async def test_one_long_poll_covers_every_key_and_a_new_key_joins_it() -> None:
 
 async def test_a_second_watcher_of_a_key_starts_from_the_table_already_held() -> None:
     controller = CountingController()
-    subscriber = TableSubscriber(controller.listen, _connect)  # type: ignore[arg-type]
+    subscriber = TableSubscriber(controller.listen, _connect, lost_error=RequestLostError)  # type: ignore[arg-type]
     first: list[Table | None] = []
     subscriber.watch("key", first.append)
     await wait_for_async(lambda: first == [STORED_ROUTES], what="the first watcher's table")
@@ -146,7 +147,7 @@ async def test_a_second_watcher_of_a_key_starts_from_the_table_already_held() ->
 
 async def test_holds_waits_for_the_version_a_deploy_published() -> None:
     controller = Controller()  # down: the subscriber holds nothing yet
-    subscriber = TableSubscriber(controller.listen, _connect)  # type: ignore[arg-type]
+    subscriber = TableSubscriber(controller.listen, _connect, lost_error=RequestLostError)  # type: ignore[arg-type]
     subscriber.watch(APPLICATIONS_KEY, lambda table: None)
     assert not await subscriber.holds(APPLICATIONS_KEY, 1, timeout_s=0.05)
     waiting = asyncio.ensure_future(subscriber.holds(APPLICATIONS_KEY, 1, timeout_s=5))

@@ -13,7 +13,7 @@ from app_toolkit._runtime.controller.traffic import endpoint_of, normalize, spli
 from app_toolkit._runtime.messages import AppSpec, DeploymentID, ReplicaInfo
 from app_toolkit._runtime.routing.dispatcher import Dispatcher
 from app_toolkit._runtime.tables import ReplicaTable, replicas_key
-from app_toolkit.exceptions import ConfigError
+from app_toolkit.exceptions import ConfigError, RequestLostError
 from tests.unit.test_controller import FakeBackend, app, started, until
 from tests.unit.test_dispatcher import FakeReplica, answer, call
 
@@ -53,8 +53,8 @@ def test_a_deleted_application_leaves_every_split() -> None:
 async def test_the_controller_publishes_the_split_and_keeps_it_across_a_restart() -> None:
     backend = FakeBackend()
     core = await started(backend)
-    await core.deploy_app(app("v1", prefix="/chat"))
-    await core.deploy_app(app("v2", prefix=None))
+    await core.deploy_apps([app("v1", prefix="/chat")])
+    await core.deploy_apps([app("v2", prefix=None)])
     await until(lambda: len(backend.running) == 4)
     await core.set_traffic("v1", {"v1": 90, "v2": 10})
     table = core.longpoll.get(replicas_key(V1))
@@ -90,7 +90,9 @@ def _split_dispatchers(
     def resolve(deployment: DeploymentID) -> Dispatcher:
         if deployment not in made:
             replica = FakeReplica(f"{deployment.app}-r", answer)
-            made[deployment] = Dispatcher(deployment, lambda _: replica, resolve=resolve)
+            made[deployment] = Dispatcher(
+                deployment, lambda _: replica, resolve=resolve, lost_error=RequestLostError
+            )
             made[deployment].update([ReplicaInfo(replica.replica_id, deployment, "h", 1, b"t", 10_000)], 100)
         return made[deployment]
 

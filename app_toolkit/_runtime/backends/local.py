@@ -10,8 +10,10 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import itertools
+import logging
 import pickle
 import uuid
+import weakref
 from collections.abc import Callable, Sequence
 from typing import TypeVar, cast
 
@@ -24,7 +26,9 @@ from app_toolkit._runtime.controller.backend import ClusterView, Seat
 from app_toolkit._runtime.controller.controller import ControllerCore
 from app_toolkit._runtime.front.http_front import HTTPFront
 from app_toolkit._runtime.front.server import ProxyServer, listen_socket, serve
+from app_toolkit._runtime.loop_thread import LoopThread
 from app_toolkit._runtime.messages import (
+    LOST,
     STREAMED,
     AdoptedReplica,
     Answer,
@@ -42,15 +46,19 @@ from app_toolkit._runtime.messages import (
     body_follows,
 )
 from app_toolkit._runtime.replica.replica import InitArgs, ReplicaCore
-from app_toolkit._runtime.routing.data_plane import DataPlane, LoopThread, refuse_nested
+from app_toolkit._runtime.routing.data_plane import DataPlane, refuse_nested
 from app_toolkit._runtime.routing.dispatcher import ReplicaClient
 from app_toolkit._runtime.routing.subscriber import TableSubscriber
 from app_toolkit._runtime.session import Build, Session
 from app_toolkit._runtime.tables import Table
 from app_toolkit.config import DeploymentConfig, HTTPOptions
-from app_toolkit.exceptions import ConfigError, ReplicaUnavailableError
+from app_toolkit.exceptions import ConfigError, ReplicaUnavailableError, RequestLostError
 
 T = TypeVar("T")
+
+logger = logging.getLogger("app_toolkit.local")
+#: How long a stopped replica's requests may take to end once cancelled.
+_CANCEL_TIMEOUT_S = 5.0
 
 
 def _dumps(value: object) -> bytes:
@@ -63,6 +71,9 @@ class LocalBackend:
     def __init__(self) -> None:
         self.objects: dict[bytes, object] = {}
         self.cores: dict[str, ReplicaCore] = {}
+        #: Per replica, its callers' clients, which hold the requests it runs: lost when it
+        #: stops with them still running (past its grace period), as a stopped process's are.
+        self.clients: dict[str, weakref.WeakSet[LocalReplicaClient]] = {}
         self._checkpoint: bytes | None = None
         #: Where replicas report their multiplexed models (the controller, once it exists).
         self.on_models: Callable[[str, tuple[str, ...], int], None] | None = None
@@ -124,6 +135,23 @@ class LocalBackend:
         else:
             await handle.stop_sampling()
         self.cores.pop(handle.replica_id, None)
+        tasks: list[asyncio.Task[None]] = []
+        for client in self.clients.pop(handle.replica_id, ()):
+            for exchange, task in list(client.serving.items()):
+                if not exchange.finished:  # its caller has no answer yet: it gets the loss
+                    exchange.push(LOST)
+                task.cancel()
+                tasks.append(task)
+        if tasks:
+            _, pending = await asyncio.wait(tasks, timeout=_CANCEL_TIMEOUT_S)
+            if pending:
+                logger.warning(
+                    "%d request(s) of %s did not end within %s s of being cancelled (does the "
+                    "deployment catch CancelledError?)",
+                    len(pending),
+                    handle.replica_id,
+                    _CANCEL_TIMEOUT_S,
+                )
 
     async def cluster_view(self) -> ClusterView:
         return ClusterView()  # one process: no node leaves, every replica has room
@@ -175,6 +203,8 @@ class _LocalSink:
         self.inbound = inbound
 
     def send(self, answer: Answer) -> None:
+        if self._exchange.finished:
+            return  # cancelled by its caller, or lost with its replica: it gets nothing more
         if isinstance(answer, BodyChunk):
             data = bytes(answer.data)  # the app may reuse a buffer it sent
             self._exchange.push(BodyChunk(data), frame_cost(len(data)))
@@ -192,6 +222,9 @@ class LocalReplicaClient:
     def __init__(self, backend: LocalBackend, replica_id: str) -> None:
         self._backend = backend
         self._replica_id = replica_id
+        #: The requests this caller has running on the replica, until they end.
+        self.serving: dict[Exchange, asyncio.Task[None]] = {}
+        backend.clients.setdefault(replica_id, weakref.WeakSet()).add(self)
 
     async def open(self, request: Request) -> Exchange:
         core = self._backend.cores.get(self._replica_id)
@@ -230,8 +263,16 @@ class LocalReplicaClient:
         if streams_body:
             exchange.credited(STREAM_WINDOW)  # admitted: the rest of the body may come
         sink = _LocalSink(exchange, inbound)
-        tasks.append(asyncio.get_running_loop().create_task(core.serve(request, sink)))
+        tasks.append(asyncio.get_running_loop().create_task(self._serve(core, request, sink, exchange)))
         return exchange
+
+    async def _serve(self, core: ReplicaCore, request: Request, sink: _LocalSink, exchange: Exchange) -> None:
+        # Counted once it runs (a task cancelled before its first step never enters here).
+        self.serving[exchange] = cast("asyncio.Task[None]", asyncio.current_task())
+        try:
+            await core.serve(request, sink)
+        finally:
+            del self.serving[exchange]
 
     def close(self) -> None:
         pass
@@ -242,6 +283,7 @@ class LocalLink:
     the controller's loop, requests are calls of the replica objects."""
 
     backend_name = "local"
+    lost_error = RequestLostError
 
     def __init__(self, http: HTTPOptions | None = None) -> None:
         self._http = http or HTTPOptions()

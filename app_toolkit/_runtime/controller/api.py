@@ -25,8 +25,9 @@ ConfigFile = dict[str, Any]
 class ControllerAPI(Protocol):
     """What any process may ask of the controller."""
 
-    async def deploy_app(self, spec: AppSpec) -> None:
-        """Run ``spec`` (replacing the application of its name); returns once checkpointed."""
+    async def deploy_apps(self, specs: list[AppSpec]) -> None:
+        """Run ``specs`` (each replacing the application of its name), all in one step;
+        returns once checkpointed."""
         ...
 
     async def delete_app(self, name: str) -> None: ...

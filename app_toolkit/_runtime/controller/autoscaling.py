@@ -188,10 +188,16 @@ def scaled_step(config: AutoscalingConfig, wanted: float, current: int) -> int:
     would round away still removes one replica."""
     step = wanted - current
     factor = config.upscale_factor if step > 0 else config.downscale_factor
-    replicas = math.ceil(current + factor * step)
-    if math.ceil(wanted) < current and replicas == current:
-        replicas -= 1
-    return replicas
+    return _unstuck(wanted, current, math.ceil(current + factor * step))
+
+
+def _unstuck(wanted: float, current: int, stepped: int) -> int:
+    """``stepped``, or one replica less when it is ``current`` but ``wanted`` is fewer: a
+    downscale factor below 1 would round the step away for ever (from 1 to 0 with no load
+    at all), so Ray Serve removes one replica when it is stuck."""
+    if stepped == current and math.ceil(wanted) < current:
+        return current - 1
+    return stepped
 
 
 def desired_replicas(
@@ -210,7 +216,7 @@ def desired_replicas(
     else:
         factor = config.downscale_factor
         # Removing a replica needs the load to fit the rest: ceil, never floor.
-        desired = current - math.floor((current - ideal) * factor)
+        desired = _unstuck(ideal, current, current - math.floor((current - ideal) * factor))
         if load > 0:
             desired = max(desired, 1)
     lower, upper = limits or (config.min_replicas, config.max_replicas)

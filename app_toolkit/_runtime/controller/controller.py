@@ -39,7 +39,7 @@ from app_toolkit._runtime.controller.heap import HeapKeeper
 from app_toolkit._runtime.controller.loads import LoadBook
 from app_toolkit._runtime.controller.longpoll import LongPollHost
 from app_toolkit._runtime.controller.planning import next_due, plan
-from app_toolkit._runtime.controller.prefixes import check_prefixes
+from app_toolkit._runtime.controller.prefixes import check_all_prefixes
 from app_toolkit._runtime.controller.publishing import TablePublisher
 from app_toolkit._runtime.controller.replica_state import Event
 from app_toolkit._runtime.controller.rollout import new_rollout
@@ -157,18 +157,16 @@ class ControllerCore:
 
     # ------------------------------------------------------------------ API
 
-    async def deploy_app(self, spec: AppSpec) -> None:
-        """Record the new desired state, checkpoint it, then acknowledge."""
-        for other in self.apps.values():
-            if other.name != spec.name:
-                check_prefixes(spec, other)
-        self.desired.forget_config_of(spec.name)
-        self.desired.replace_app(spec)
-        await self.desired.checkpoint()
-        self.tables.routes()
-        self.tables.splits()
-        self._wake.set()
-        await self._proxies_route()
+    async def deploy_apps(self, specs: list[AppSpec]) -> None:
+        """Record the new desired state of these applications (their prefixes checked
+        against each other's and the other running applications' first: all or none),
+        checkpoint it, then acknowledge."""
+        names = {spec.name for spec in specs}
+        check_all_prefixes(specs, [other for other in self.apps.values() if other.name not in names])
+        for spec in specs:
+            self.desired.forget_config_of(spec.name)
+            self.desired.replace_app(spec)
+        await self._publish()
 
     async def delete_app(self, name: str, hurry: bool = False) -> None:
         """Delete an application; ``hurry`` (a shutdown): its replicas' streams and
@@ -177,19 +175,12 @@ class ControllerCore:
             return
         self.desired.forget_config_of(name)
         self.desired.remove_app(name, hurry)
-        await self.desired.checkpoint()
-        self.tables.routes()
-        self.tables.splits()
-        self._wake.set()
-        if not hurry:  # a shutdown stops the proxies anyway
-            await self._proxies_route()
+        await self._publish(proxies_route=not hurry)  # a shutdown stops the proxies anyway
 
     async def apply_config(self, specs: list[AppSpec], config_file: ConfigFile) -> None:
         """Make the applications exactly ``specs`` (a config file's), all in one step:
         new ones start, changed ones update, the others are deleted."""
-        for index, spec in enumerate(specs):
-            for other in specs[index + 1 :]:
-                check_prefixes(spec, other)
+        check_all_prefixes(specs)
         wanted = {spec.name for spec in specs}
         capacity = file_capacity(self.applied_file, self.capacity, config_file)
         if capacity != self.capacity:
@@ -200,11 +191,17 @@ class ControllerCore:
         for spec in specs:
             self.desired.replace_app(spec, capacity)
         self.applied_file = config_file
+        await self._publish()
+
+    async def _publish(self, proxies_route: bool = True) -> None:
+        """The applications changed: checkpoint, publish their routes and splits, wake the
+        loop, and (``proxies_route``) wait for the proxies to route by them."""
         await self.desired.checkpoint()
         self.tables.routes()
         self.tables.splits()
         self._wake.set()
-        await self._proxies_route()
+        if proxies_route:
+            await self._proxies_route()
 
     async def _proxies_route(self) -> None:
         """Return once every proxy routes by the application table just published, so

@@ -120,6 +120,7 @@ class CustomScaling:
         key = ("application", app.name)
         actions: list[Action] = []
         for deployment, state in governed.items():
+            self._drop_policy(deployment)  # its own policy, if it ran before: its call, loop and tasks end
             own = state.spec.config.autoscaling_config
             if own is not None and not own.policy.is_default and deployment not in self._overridden:
                 self._overridden.add(deployment)  # as Ray Serve: the application's wins, with a warning
@@ -209,25 +210,23 @@ class CustomScaling:
         """A deployment that was deleted, or that no custom policy decides for any more
         (its metrics, its policy's call), or an application that was deleted (a str)."""
         if isinstance(key, str):
-            self.calls.forget(("application", key))
-            self._given.pop(("application", key), None)
-            self._errors.pop(("application", key), None)
-            self._loaded.pop(("application", key), None)
+            self._drop_policy(("application", key))
             return
-        if not (
-            self.stats.holds(key)
-            or self.calls.running(key)
-            or key in self._given
-            or key in self._errors
-            or key in self._loaded
-        ):
+        if not (self.stats.holds(key) or key in self._loaded or key in self._errors):
             return  # the usual case, on every pass of every deployment on the built-in policy
         self.stats.forget(key)
+        self._drop_policy(key)
+        self._overridden.discard(key)
+
+    def _drop_policy(self, key: Hashable) -> None:
+        """``key``'s policy decides no more: its call is abandoned, its loop (with the tasks
+        it started) stopped, its instance and last error dropped; cheap when it has none."""
+        if key not in self._loaded and key not in self._errors and not self.calls.running(key):
+            return
         self.calls.forget(key)
         self._given.pop(key, None)
         self._errors.pop(key, None)
         self._loaded.pop(key, None)
-        self._overridden.discard(key)
 
     def _function(
         self, key: Hashable, policy: AutoscalingPolicy, version: str
@@ -239,6 +238,8 @@ class CustomScaling:
         loaded = self._loaded.get(key)
         if loaded is not None and loaded[0] == identity:
             return loaded[1]
+        if loaded is not None:  # a new policy: what the old one started on its loop ends
+            self.calls.forget(key)
         try:
             function = self._load_object(policy.serialized)
         except Exception as exc:  # noqa: BLE001 - the policy's code or its imports are the user's

@@ -325,7 +325,13 @@ def follow_autoscaling(state: DeploymentState) -> None:
         state.autoscaler = Autoscaler.start(config)
         keep_size(state)  # taking over a running deployment
     elif state.autoscaler.config != config:
-        state.autoscaler = Autoscaler(config, state.autoscaler.target)
+        before = state.autoscaler
+        # A new initial_replicas is where the deployment starts again (Ray Serve's rule);
+        # other changes keep its current count.
+        restart = (
+            config.initial_replicas is not None and config.initial_replicas != before.config.initial_replicas
+        )
+        state.autoscaler = Autoscaler(config, config.start_replicas if restart else before.target)
         state.autoscaler.hold(state.autoscaler.target)
     if state.autoscaler is not None and config is not None:
         state.autoscaler.bound(state.capacity.bounds(config) if state.capacity.percent is not None else None)

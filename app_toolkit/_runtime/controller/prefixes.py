@@ -3,8 +3,18 @@ hide another's routes (the proxy picks the longest prefix). Pure."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from app_toolkit._runtime.messages import AppSpec
 from app_toolkit.exceptions import ConfigError
+
+
+def check_all_prefixes(specs: Sequence[AppSpec], others: Sequence[AppSpec] = ()) -> None:
+    """Check ``specs`` (deployed in one step) against each other and against ``others``
+    (the running applications they do not replace), before any is deployed."""
+    for index, spec in enumerate(specs):
+        for other in [*specs[index + 1 :], *others]:
+            check_prefixes(spec, other)
 
 
 def check_prefixes(new: AppSpec, other: AppSpec) -> None:

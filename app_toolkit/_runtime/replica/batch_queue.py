@@ -17,7 +17,7 @@ class Pending:
 
     value: object  # the caller's item, handed to the user's function as it is
     enqueued_at: float
-    #: Items batch only with items of their group: the multiplexed model they ask for.
+    #: The multiplexed model it asks for: a batch runs as one call per model (by_group).
     group: str = ""
     size: int = 1
     started: bool = False
@@ -56,34 +56,30 @@ class BatchQueue:
         return self.items[0].enqueued_at + self.batch_wait_timeout_s
 
     def is_full(self) -> bool:
-        """The next batch (the oldest item's group) has max_batch_size units waiting."""
-        if not self.items:
-            return False
-        group = self.items[0].group
-        return sum(item.size for item in self.items if item.group == group) >= self.max_batch_size
+        """max_batch_size units are waiting (of any models: Ray Serve fills a batch, then
+        splits it by model)."""
+        return sum(item.size for item in self.items) >= self.max_batch_size
 
     def ready(self, now: float) -> bool:
         flush_at = self.flush_at()
         return flush_at is not None and (self.is_full() or now >= flush_at)
 
     def take(self) -> list[Pending]:
-        """The next batch: items of the oldest item's group, oldest first, within
-        max_batch_size (an oversized item goes alone); other groups keep their places."""
-        if not self.items:
-            return []
-        group = self.items[0].group
+        """The next batch: the oldest items within max_batch_size (an oversized item goes
+        alone); the rest keep their order."""
         batch: list[Pending] = []
-        kept: collections.deque[Pending] = collections.deque()
         total = 0
-        while self.items:
+        while self.items and (not batch or total + self.items[0].size <= self.max_batch_size):
             item = self.items.popleft()
-            if item.group != group or (batch and total + item.size > self.max_batch_size):
-                kept.append(item)
-                if item.group == group:
-                    break  # the batch is full: the rest keeps its order
-                continue
             batch.append(item)
             total += item.size
-        kept.extend(self.items)
-        self.items = kept
         return batch
+
+
+def by_group(batch: list[Pending]) -> list[list[Pending]]:
+    """``batch`` split into one sub-batch per group (multiplexed model), in the order
+    each group first appears, each keeping its items' order (Ray Serve's split)."""
+    groups: dict[str, list[Pending]] = {}
+    for item in batch:
+        groups.setdefault(item.group, []).append(item)
+    return list(groups.values())

@@ -13,7 +13,7 @@ from typing import cast
 
 from app_toolkit import metrics
 from app_toolkit._runtime import request_context
-from app_toolkit._runtime.replica.batch_queue import BatchQueue, Pending
+from app_toolkit._runtime.replica.batch_queue import BatchQueue, Pending, by_group
 from app_toolkit._runtime.waiting import wait_event
 from app_toolkit.config import BatchConfig
 
@@ -26,12 +26,17 @@ BatchFunction = Callable[[list[object]], object]
 SizeOf = Callable[[object], int]
 
 BATCH_SIZE = metrics.Histogram(
-    "app_toolkit_batch_size", "Units in each batch run", ("function",), metrics.SIZE_BUCKETS
+    "app_toolkit_batch_size",
+    "Units in each batch run (per call of the batch function)",
+    ("function",),
+    metrics.SIZE_BUCKETS,
 )
 BATCH_WAIT = metrics.Histogram(
     "app_toolkit_batch_wait_seconds", "How long a batch's first item waited for it to run", ("function",)
 )
-BATCHES = metrics.Counter("app_toolkit_batches_total", "Batches run", ("function",))
+BATCHES = metrics.Counter(
+    "app_toolkit_batches_total", "Batches run (calls of the batch function)", ("function",)
+)
 
 
 class Batcher:
@@ -109,16 +114,27 @@ class Batcher:
             if not batch:
                 self._slots.release()
                 continue
-            BATCH_SIZE.observe(sum(p.size for p in batch), self._name)
-            BATCH_WAIT.observe(self.loop.time() - batch[0].enqueued_at, self._name)
-            BATCHES.inc(self._name)
-            task = self.loop.create_task(self._execute(batch))
+            task = self.loop.create_task(self._execute_groups(by_group(batch)))
             task.add_done_callback(lambda _t: self._slots.release())
+
+    async def _execute_groups(self, groups: list[list[Pending]]) -> None:
+        """One batch, as Ray Serve runs it: a call per multiplexed model, all at once,
+        within the batch's one slot of max_concurrent_batches."""
+        if len(groups) == 1:
+            await self._execute(groups[0])
+            return
+        # A task each: each call's model lives in its own task's context.
+        await asyncio.gather(*(self.loop.create_task(self._execute(group)) for group in groups))
 
     async def _execute(self, batch: list[Pending]) -> None:
         # The batch's model (this task's own context): get_multiplexed_model_id() in the
         # batch function names it, as Ray Serve's batches of one model id do.
         request_context.serve_batch(batch[0].group)
+        # Per call of the batch function (a model's share of a multiplexed batch), as Ray
+        # Serve records its batches.
+        BATCH_SIZE.observe(sum(p.size for p in batch), self._name)
+        BATCH_WAIT.observe(self.loop.time() - batch[0].enqueued_at, self._name)
+        BATCHES.inc(self._name)
         for pending in batch:
             pending.started = True
         values = [pending.value for pending in batch]

@@ -15,15 +15,15 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-import threading
 from collections.abc import Awaitable, Callable, Coroutine, Generator
 from typing import Generic, Protocol, TypeVar
 
+from app_toolkit._runtime.loop_thread import STOP_TIMEOUT_S, LoopThread
 from app_toolkit._runtime.messages import DeploymentID, ReplicaInfo
 from app_toolkit._runtime.routing.dispatcher import Dispatcher, ReplicaClient
 from app_toolkit._runtime.routing.subscriber import TableSubscriber
 from app_toolkit._runtime.tables import Loads, Outcomes, Updates, Versions
-from app_toolkit.exceptions import AppToolkitError, ReplicaUnavailableError
+from app_toolkit.exceptions import AppToolkitError, ReplicaUnavailableError, RequestLostError
 
 logger = logging.getLogger("app_toolkit.data_plane")
 
@@ -31,7 +31,6 @@ T = TypeVar("T")
 #: A coroutine as asyncio drives it: what it yields is the event loop's business, and it
 #: is resumed with None.
 _Coroutine = Coroutine[object, None, T]
-_STOP_TIMEOUT_S = 10.0
 
 
 class CallerLink(Protocol):
@@ -40,53 +39,14 @@ class CallerLink(Protocol):
 
     def connect(self, info: ReplicaInfo) -> ReplicaClient: ...
 
+    @property
+    def lost_error(self) -> type[RequestLostError]:
+        """What a request lost with its replica raises (the backend's kind)."""
+        ...
+
     async def listen(self, known: Versions, timeout_s: float) -> Updates: ...
 
     async def report_load(self, caller: str, loads: Loads, outcomes: Outcomes = ()) -> None: ...
-
-
-class LoopThread:
-    """An event loop running in a daemon thread."""
-
-    def __init__(self, name: str) -> None:
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        try:
-            self.loop.run_forever()
-        finally:
-            self.loop.run_until_complete(self.loop.shutdown_asyncgens())
-            self.loop.close()
-
-    def run(self, coroutine: _Coroutine[T], timeout_s: float | None = None) -> T:
-        """Run ``coroutine`` on the loop and wait for its result. On the loop's own thread
-        (code the loop runs, such as a replica of the local backend) only a coroutine that
-        never waits can run: it runs to its end at once (reading the controller's state);
-        one that would wait raises RuntimeError (blocking there would stop the loop)."""
-        if threading.current_thread() is self._thread:
-            return _run_without_waiting(coroutine)
-        return asyncio.run_coroutine_threadsafe(coroutine, self.loop).result(timeout_s)
-
-    def stop(self) -> None:
-        """Cancel what still runs on the loop, wait for it (bounded), end the thread."""
-
-        async def cancel_all() -> None:
-            current = asyncio.current_task()
-            tasks = [task for task in asyncio.all_tasks() if task is not current]
-            for task in tasks:
-                task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-
-        if self.loop.is_running() and threading.current_thread() is not self._thread:
-            try:
-                asyncio.run_coroutine_threadsafe(cancel_all(), self.loop).result(_STOP_TIMEOUT_S)
-            except Exception:  # noqa: BLE001 - a stuck task must not stop shutdown
-                logger.warning("Tasks on %s did not finish within %s s", self._thread.name, _STOP_TIMEOUT_S)
-            self.loop.call_soon_threadsafe(self.loop.stop)
-            self._thread.join(timeout=_STOP_TIMEOUT_S)
 
 
 class InFlight:
@@ -208,7 +168,12 @@ class DataPlane:
     def subscriber(self) -> TableSubscriber:
         """The process's tables and dispatchers (use on the data plane's loop only)."""
         if self._subscriber is None:
-            self._subscriber = TableSubscriber(self._link.listen, self._link.connect, self._link.report_load)
+            self._subscriber = TableSubscriber(
+                self._link.listen,
+                self._link.connect,
+                self._link.report_load,
+                lost_error=self._link.lost_error,
+            )
         return self._subscriber
 
     def dispatcher(self, deployment: DeploymentID) -> Dispatcher:
@@ -253,9 +218,9 @@ class DataPlane:
             return
         if self.loop.is_running():
             try:
-                asyncio.run_coroutine_threadsafe(self._drain(), self.loop).result(_STOP_TIMEOUT_S)
+                asyncio.run_coroutine_threadsafe(self._drain(), self.loop).result(STOP_TIMEOUT_S)
             except Exception:  # noqa: BLE001 - a stuck task must not stop shutdown
-                logger.warning("Caller-side tasks did not finish within %s s", _STOP_TIMEOUT_S)
+                logger.warning("Caller-side tasks did not finish within %s s", STOP_TIMEOUT_S)
         if self._thread is not None:
             self._thread.stop()
 
@@ -293,19 +258,6 @@ class DataPlane:
     async def _drain(self) -> None:
         tasks = self._close_now()
         await asyncio.gather(*tasks, return_exceptions=True)
-
-
-def _run_without_waiting(coroutine: _Coroutine[T]) -> T:
-    try:
-        coroutine.send(None)
-    except StopIteration as finished:
-        result: T = finished.value
-        return result
-    coroutine.close()
-    raise RuntimeError(
-        "This call waits for the toolkit's event loop, which runs the code that made it; make "
-        "it from a thread (asyncio.to_thread) or before serving starts"
-    )
 
 
 def in_async_code() -> bool:

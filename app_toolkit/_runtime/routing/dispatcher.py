@@ -58,6 +58,7 @@ class Reply:
     exchange: Exchange
     replica_id: str
     _release: Callable[[str], None]
+    _lost: Callable[[str], RequestLostError]
     _released: bool = False
 
     def release(self) -> None:
@@ -65,6 +66,11 @@ class Reply:
         if not self._released:
             self._released = True
             self._release(self.replica_id)
+
+    def lost(self) -> RequestLostError:
+        """The error to raise when the replica was lost before the reply ended (a stream
+        cut off), as a request lost before its first answer raises."""
+        return self._lost(self.replica_id)
 
 
 class Dispatcher:
@@ -76,9 +82,14 @@ class Dispatcher:
         connect: Connect,
         on_demand: Callable[[], None] | None = None,
         resolve: Callable[[DeploymentID], Dispatcher] | None = None,
+        *,
+        lost_error: type[RequestLostError],
     ) -> None:
         self.deployment = deployment
         self._connect = connect
+        #: What a request lost with its replica raises (the backend's: on Ray, also Ray's
+        #: RayActorError, as Ray Serve raises).
+        self._lost_error = lost_error
         # The dispatchers of other deployments (a traffic split's variants).
         self._resolve = resolve
         self._split: tuple[tuple[DeploymentID, float], ...] = ()
@@ -319,14 +330,10 @@ class Dispatcher:
             self._release(info.replica_id)
             return first
         if isinstance(first, ReplicaLost):
-            self._lost(info.replica_id)
             self._release(info.replica_id)
-            raise RequestLostError(
-                f"Replica {info.replica_id} of {self.deployment} was lost while it had the "
-                "request; it may have run"
-            )
+            raise self._lost_request(info.replica_id)
         self._chooser.succeeded(info.replica_id)
-        return Reply(first, exchange, info.replica_id, self._release)
+        return Reply(first, exchange, info.replica_id, self._release, self._lost_request)
 
     async def _acquire(self, model_id: str, shard_key: str = "") -> ReplicaInfo:
         if self._closed_reason is not None:
@@ -377,6 +384,13 @@ class Dispatcher:
             self._retiring[replica_id] = client
         else:
             client.close()
+
+    def _lost_request(self, replica_id: str) -> RequestLostError:
+        """Forget ``replica_id``, lost while it had a request; the error that request raises."""
+        self._lost(replica_id)
+        return self._lost_error(
+            f"Replica {replica_id} of {self.deployment} was lost while it had the request; it may have run"
+        )
 
     def _lost(self, replica_id: str) -> None:
         self._chooser.remove(replica_id)

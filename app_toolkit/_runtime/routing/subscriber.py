@@ -29,6 +29,7 @@ from app_toolkit._runtime.tables import (
     replicas_key,
 )
 from app_toolkit._runtime.waiting import wait_event
+from app_toolkit.exceptions import RequestLostError
 
 logger = logging.getLogger("app_toolkit.subscriber")
 
@@ -52,9 +53,17 @@ LOAD_REPEAT_S = 2.0
 class TableSubscriber:
     """Dispatchers for the deployments one caller talks to, fed by the controller."""
 
-    def __init__(self, listen: Listen, connect: Connect, report: ReportLoad | None = None) -> None:
+    def __init__(
+        self,
+        listen: Listen,
+        connect: Connect,
+        report: ReportLoad | None = None,
+        *,
+        lost_error: type[RequestLostError],
+    ) -> None:
         self._listen = listen
         self._connect = connect
+        self._lost_error = lost_error
         self._report = report
         self._caller_id = uuid.uuid4().hex
         self._demand = asyncio.Event()
@@ -98,7 +107,7 @@ class TableSubscriber:
         dispatcher = self._dispatchers.get(deployment)
         if dispatcher is None:
             dispatcher = self._dispatchers[deployment] = Dispatcher(
-                deployment, self._connect, self._demand.set, self.dispatcher
+                deployment, self._connect, self._demand.set, self.dispatcher, lost_error=self._lost_error
             )
 
             def apply(table: Table | None) -> None:

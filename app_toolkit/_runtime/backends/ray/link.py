@@ -16,6 +16,7 @@ from app_toolkit._runtime.backends.base import current_session, set_current_sess
 from app_toolkit._runtime.backends.ray.build import build_on_cluster
 from app_toolkit._runtime.backends.ray.cluster import controller_actor, named_actors
 from app_toolkit._runtime.backends.ray.codec import dumps
+from app_toolkit._runtime.backends.ray.errors import RayRequestLostError
 from app_toolkit._runtime.channel.client import ChannelClient, UnreachableReplica
 from app_toolkit._runtime.channel.tls import caller_tls
 from app_toolkit._runtime.controller.api import ControlCall
@@ -37,6 +38,7 @@ class RayLink:
 
     backend_name = "ray"
     proxy_app = None  # the proxies are actors of their own
+    lost_error = RayRequestLostError
 
     def __init__(self, controller: Any) -> None:
         self.controller = controller
