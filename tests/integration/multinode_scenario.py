@@ -277,6 +277,7 @@ def _leave(session: Any, head: str, node: str, process: subprocess.Popen[str]) -
         if not DRAINS_ON_SIGTERM:
             off = lambda: _replicas_on(session, "moving", node) == 0  # noqa: E731 - a condition
             wait_for(off, GRACE_S + 10, "the leaving node's replica stopped")
+            found["stopped_s"] = round(time.monotonic() - signalled, 2)  # what Ray waits for
             process.send_signal(signal.SIGTERM)
         wait_for(lambda: not _alive(node), RAY_DRAIN_S + 30, "the leaving node gone")
         found["node_gone_s"] = round(time.monotonic() - signalled, 2)

@@ -86,8 +86,12 @@ def test_nodes_lost_joining_and_leaving_under_load() -> None:
     assert any(o["at"] > leaving["node_gone_s"] for o in moved)  # and the head after
     assert leaving["draining_seen"] and leaving["proxy_leaving_s"] < 10
     # Gone well before Ray's own drain deadline would have killed it: once the toolkit's
-    # replicas had moved and drained (the grace period) and its proxy had stopped.
-    assert leaving["node_gone_s"] < GRACE_S + 10 < RAY_DRAIN_S, leaving
-    assert leaving["process_exit_s"] < GRACE_S + 12, leaving
+    # replicas had moved and drained (the grace period) and its proxy had stopped. Where
+    # Ray does not drain a node on SIGTERM (2.52), the scenario drained it as an autoscaler
+    # does and stopped it once the toolkit had moved its replica: from then on, the same.
+    stopped = leaving.get("stopped_s", 0.0)
+    assert stopped < GRACE_S + 10, leaving
+    assert leaving["node_gone_s"] - stopped < GRACE_S + 10 < RAY_DRAIN_S, leaving
+    assert leaving["process_exit_s"] - stopped < GRACE_S + 12, leaving
     assert leaving["replica_nodes_after"] == [head, head]
     assert leaving["proxies_after"] == [head]
