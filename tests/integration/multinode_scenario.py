@@ -268,6 +268,7 @@ def _leave(session: Any, head: str, node: str, process: subprocess.Popen[str]) -
             process.send_signal(signal.SIGTERM)
         else:  # older Ray: the node is drained as an autoscaler drains one, then stopped
             _drain(node)
+            signalled = time.monotonic()  # the drain's start (the ray CLI took seconds to start)
         proxy: Any = ray.get_actor(PROXY_PREFIX + node, namespace=NAMESPACE)  # ray types it Never
         told = lambda: ray.get(proxy.stats.remote())["leaving"]  # noqa: E731 - a condition
         wait_for(told, 30, "the proxy told its node leaves")
@@ -299,8 +300,10 @@ def _leave(session: Any, head: str, node: str, process: subprocess.Popen[str]) -
     found["replica_nodes_after"] = sorted(
         r.node_id for r in session.status().applications["moving"].deployments["Ingress"].replicas
     )
+    # Within a pass of the proxy fleet, which may wait up to its 30 s bound on a call to the
+    # proxy of a node being stopped (seen on Ray 2.52, which stops it at once on SIGTERM).
     found["proxies_after"] = wait_for(
-        lambda: (proxies := list(session.status().proxies)) == [head] and proxies, 30, "one proxy"
+        lambda: (proxies := list(session.status().proxies)) == [head] and proxies, 45, "one proxy"
     )
     found["outcomes"] = [
         {**asdict(o), "at": round(o.at - signalled, 3), "ended": round(o.ended - signalled, 3)}
