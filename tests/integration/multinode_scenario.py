@@ -275,10 +275,12 @@ def _leave(session: Any, head: str, node: str, process: subprocess.Popen[str]) -
         found["proxy_leaving_s"] = round(time.monotonic() - signalled, 2)
         seen = lambda: node in session.status().draining_nodes  # noqa: E731 - a condition
         found["draining_seen"] = wait_for(seen, 10, "status to say the node leaves")
-        if not DRAINS_ON_SIGTERM:
+        if not DRAINS_ON_SIGTERM:  # stopped once the toolkit let the node go, as Ray 2.60 waits
             off = lambda: _replicas_on(session, "moving", node) == 0  # noqa: E731 - a condition
             wait_for(off, GRACE_S + 10, "the leaving node's replica stopped")
-            found["stopped_s"] = round(time.monotonic() - signalled, 2)  # what Ray waits for
+            released = lambda: node not in session.status().proxies  # noqa: E731 - a condition
+            wait_for(released, GRACE_S + 10, "the leaving node's proxy released")
+            found["stopped_s"] = round(time.monotonic() - signalled, 2)
             process.send_signal(signal.SIGTERM)
         wait_for(lambda: not _alive(node), RAY_DRAIN_S + 30, "the leaving node gone")
         found["node_gone_s"] = round(time.monotonic() - signalled, 2)
