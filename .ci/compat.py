@@ -70,17 +70,21 @@ def main() -> int:
     python = str(VENV / "bin/python")
     broken: list[str] = []
     for path, package in CONTRACTS.items():
-        done = _run(python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rf", path)
+        done = _run(python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-rfE", path)
         failed = [line for line in done.stdout.splitlines() if line.startswith("FAILED")]
         if done.returncode != 0:
             broken.append(f"{package}: {path}")
             print(*(failed or done.stdout.splitlines()[-20:]), sep="\n  ")
-    done = _run(python, "-m", "pytest", "-q", "-n", "3", "-p", "no:cacheprovider", "-rf", *_lowest_tests())
+    done = _run(python, "-m", "pytest", "-q", "-n", "3", "-p", "no:cacheprovider", "-rfE", *_lowest_tests())
     print(done.stdout.splitlines()[-1] if done.stdout else done.stderr[-2000:])
     failed = [line for line in done.stdout.splitlines() if line.startswith(("FAILED", "ERROR"))]
     if failed:
         broken.append("behaviour: " + ", ".join(sorted({line.split("::")[0].split()[-1] for line in failed})))
         print(*failed, sep="\n  ")
+    elif done.returncode != 0:  # no test run (5), a collection error, a crashed worker
+        broken.append(
+            f"the test run itself (pytest exit {done.returncode}): {done.stdout[-1500:]}{done.stderr[-1500:]}"
+        )
     if broken:
         print("\nBroke on the newest releases:", *broken, sep="\n  ")
         return 1

@@ -30,7 +30,7 @@ PYTHON = "3.11"
 UV = str(Path(sys.executable).with_name("uv"))  # the dev extra's, beside this Python
 #: The extras ``make test`` installs.
 EXTRAS = ("dev", "embeddings", "chat")
-#: What the lowest job's tests import beyond the runtime (tests/lowest.txt lists the tests).
+#: What the lowest job's tests import beyond the runtime (the Makefile's LOWEST_TESTS).
 TEST_TOOLS = (
     "pytest",
     "pytest-xdist",

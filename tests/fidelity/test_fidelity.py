@@ -35,11 +35,11 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import pytest
-import uvicorn
 from starlette.types import ASGIApp
 
 import app_toolkit as tk
 from app_toolkit._runtime.backends.base import current_session
+from app_toolkit._runtime.front import uvicorn_compat
 from app_toolkit._runtime.session import Session
 from app_toolkit.api import wait_for_application
 from app_toolkit.build import build_app
@@ -130,7 +130,7 @@ class Corpus:
 #: uvicorn's sans-I/O WebSocket protocol before 0.42 leaves root_path out of a WebSocket's
 #: scope["path"]; the toolkit's has it, as the ASGI spec, uvicorn's legacy protocol and
 #: later uvicorn do (docs/compatibility.md).
-UVICORN_WS_PATH_WITHOUT_ROOT = tuple(int(part) for part in uvicorn.__version__.split(".")[:2]) < (0, 42)
+UVICORN_WS_PATH_WITHOUT_ROOT = uvicorn_compat.RELEASE < (0, 42)
 
 SOCKETS = (
     Known(

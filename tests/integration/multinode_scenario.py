@@ -302,10 +302,8 @@ def _leave(session: Any, head: str, node: str, process: subprocess.Popen[str]) -
     found["replica_nodes_after"] = sorted(
         r.node_id for r in session.status().applications["moving"].deployments["Ingress"].replicas
     )
-    # Within a pass of the proxy fleet, which may wait up to its 30 s bound on a call to the
-    # proxy of a node being stopped (seen on Ray 2.52, which stops it at once on SIGTERM).
     found["proxies_after"] = wait_for(
-        lambda: (proxies := list(session.status().proxies)) == [head] and proxies, 45, "one proxy"
+        lambda: (proxies := list(session.status().proxies)) == [head] and proxies, 30, "one proxy"
     )
     found["outcomes"] = [
         {**asdict(o), "at": round(o.at - signalled, 3), "ended": round(o.ended - signalled, 3)}

@@ -18,6 +18,7 @@ import pytest
 import ray
 
 from app_toolkit._runtime.backends.ray import ray_compat
+from app_toolkit._runtime.backends.ray.cluster import _skew_fix, _supported_ray
 from tests.conftest import ROOT, free_port
 from tests.waiting import wait_for
 
@@ -44,6 +45,18 @@ def test_rays_refusal_is_read_as_the_versions_it_names() -> None:
         "2.0.0", "3.9.1", ray.__version__, ".".join(map(str, sys.version_info[:3]))
     )
     assert ray_compat.version_skew(RuntimeError("something else")) is None
+
+
+def test_the_fix_it_names_fits_what_differs() -> None:
+    older = _skew_fix(ray_compat.VersionSkew("2.52.0", "3.11.7", "2.60.0", "3.11.7"))
+    assert older.startswith("Install the cluster's Ray here (pip install 'ray==2.52.0')")
+    unsupported = _skew_fix(ray_compat.VersionSkew("2.40.0", "3.11.7", "2.60.0", "3.11.7"))
+    supported = _supported_ray()  # as installed: pyproject.toml's range, lower bound first
+    assert supported is not None and supported.startswith(">=")
+    assert f"supports Ray {supported}, which 2.40.0 is not" in unsupported
+    assert "pip install" not in unsupported
+    python = _skew_fix(ray_compat.VersionSkew("2.60.0", "3.12.1", "2.60.0", "3.11.7"))
+    assert python == "Run this program on Python 3.12.1, the cluster's."
 
 
 @pytest.mark.skipif(
@@ -87,6 +100,7 @@ def test_joining_a_cluster_of_another_ray_fails_at_once_naming_both_versions() -
     assert f"runs Ray {theirs} on Python {python}" in done.stderr
     assert f"this process has Ray {ours} on Python {python}" in done.stderr
     assert f"pip install 'ray=={theirs}'" in done.stderr
+    assert "Run this program on Python" not in done.stderr  # the same Python: no such advice
     assert "Traceback" not in done.stderr
 
 

@@ -209,3 +209,21 @@ async def test_a_server_without_listeners_takes_connections_made_elsewhere() -> 
     finally:
         server.should_exit = True
         await asyncio.wait_for(task, 10)
+
+
+@pytest.mark.anyio
+async def test_the_websocket_protocol_holds_its_sends_while_the_transport_is_paused() -> None:
+    """Every uvicorn in range: a slow reader pauses the app's sends (the buffer has a bound),
+    and a connection lost while paused lets a waiting send end."""
+    ws = uvicorn_compat.WebSocketProtocol
+    config = uvicorn.Config(lambda scope, receive, send: None, lifespan="off", log_config=None, ws=ws)
+    config.load()
+    protocol = uvicorn_compat.WebSocketProtocol(config=config, server_state=ServerState(), app_state={})
+    protocol.connection_made(KeptTransport())
+    protocol.pause_writing()
+    assert not protocol.writable.is_set()
+    protocol.resume_writing()
+    assert protocol.writable.is_set()
+    protocol.pause_writing()
+    protocol.connection_lost(None)
+    assert protocol.writable.is_set()

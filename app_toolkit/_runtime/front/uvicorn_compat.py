@@ -22,11 +22,14 @@ Made here so that every release in the range serves alike:
 
 - ``WebSocketProtocol``: WebSockets on websockets' sans-I/O protocol, what uvicorn's
   ``auto`` picks from 0.50 on; before, ``auto`` picked the legacy one, which websockets 14
-  and later deprecate (a ``DeprecationWarning`` at every start). Before 0.53, that
-  protocol answered a refused handshake (``websocket.http.response``) with its own
-  ``Content-Length`` and ``Content-Type`` *and* the app's (two lengths: clients reject
-  the response); there the app's two are left out, so such a response is
-  ``text/plain; charset=utf-8`` whatever the app said (docs/compatibility.md).
+  and later deprecate (a ``DeprecationWarning`` at every start). Before 0.53 that one
+  - answered a refused handshake (``websocket.http.response``) with its own
+    ``Content-Length`` and ``Content-Type`` *and* the app's (two lengths: clients reject
+    the response): there the app's two are left out, so such a response is
+    ``text/plain; charset=utf-8`` whatever the app said (docs/compatibility.md);
+  - never paused its sends when the client reads slowly (no ``pause_writing``: the
+    transport's buffer grew without bound): here it pauses them as 0.53 does.
+  Before 0.44 it sends no pings (docs/compatibility.md).
 """
 
 from __future__ import annotations
@@ -38,20 +41,34 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResp
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 from uvicorn.server import ServerState
 
-__all__ = ["HttpToolsProtocol", "RequestResponseCycle", "ServerState", "WebSocketProtocol"]
+__all__ = ["RELEASE", "HttpToolsProtocol", "RequestResponseCycle", "ServerState", "WebSocketProtocol"]
 
-_RELEASE = tuple(int(part) for part in uvicorn.__version__.split(".")[:2])
-#: Before 0.53 a refusal's response carries uvicorn's length and type besides the app's.
-_DENIAL_DOUBLES_HEADERS = _RELEASE < (0, 53)
+#: uvicorn's release, (major, minor): the one place the toolkit reads it.
+RELEASE = tuple(int(part) for part in uvicorn.__version__.split(".")[:2])
+#: Before 0.53 a refusal's response carries uvicorn's length and type besides the app's,
+#: and sends do not wait while the transport is paused.
+_BEFORE_0_53 = RELEASE < (0, 53)
 _DOUBLED = (b"content-length", b"content-type")
 
 
 class WebSocketProtocol(WebSocketsSansIOProtocol):
-    """uvicorn's sans-I/O WebSocket protocol, answering a refused handshake alike on every
-    release in the range."""
+    """uvicorn's sans-I/O WebSocket protocol, with 0.53's valid refusals and paused sends
+    on the releases before it (unchanged from 0.53 on)."""
+
+    if _BEFORE_0_53:
+
+        def pause_writing(self) -> None:
+            self.writable.clear()  # send() waits on it
+
+        def resume_writing(self) -> None:
+            self.writable.set()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            super().connection_lost(exc)
+            self.writable.set()  # a send waiting on a paused transport that is gone ends
 
     async def send(self, message: Any) -> None:
-        if _DENIAL_DOUBLES_HEADERS and message["type"] == "websocket.http.response.start":
+        if _BEFORE_0_53 and message["type"] == "websocket.http.response.start":
             kept = [
                 (name, value) for name, value in message.get("headers", []) if name.lower() not in _DOUBLED
             ]

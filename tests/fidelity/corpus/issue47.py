@@ -22,7 +22,8 @@ from tests.deployments import as_deployment
 from tests.fidelity.compare import Exchange, Http, Ws
 
 with warnings.catch_warnings():
-    warnings.simplefilter("ignore")  # see mounts.py
+    warnings.simplefilter("ignore", UserWarning)  # see mounts.py
+    warnings.simplefilter("ignore", DeprecationWarning)
     from starlette.middleware.wsgi import WSGIMiddleware
 
 # ----------------------------------------------------------------- 1: duplicate routes

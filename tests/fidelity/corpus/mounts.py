@@ -19,8 +19,9 @@ from tests.fidelity.compare import Http
 with warnings.catch_warnings():
     # Deprecated in favour of a2wsgi (not installed here); still what many apps mount.
     # Newer Starlette warns with its StarletteDeprecationWarning (a UserWarning), older
-    # with a DeprecationWarning: this import warns with nothing else.
-    warnings.simplefilter("ignore")
+    # with a DeprecationWarning.
+    warnings.simplefilter("ignore", UserWarning)
+    warnings.simplefilter("ignore", DeprecationWarning)
     from starlette.middleware.wsgi import WSGIMiddleware
 
 STATIC = Path(__file__).parent / "static"

@@ -12,13 +12,14 @@ import gc
 import logging
 import os
 import queue
-import re
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
 import ray
+from packaging.requirements import Requirement  # Ray's own dependency
+from packaging.specifiers import SpecifierSet
 from ray.exceptions import RayActorError
 
 from app_toolkit._runtime import console_pipe, log_format, tracing
@@ -168,24 +169,43 @@ def _join(address: str, kwargs: dict[str, Any]) -> None:
             f"The Ray cluster at {address!r} runs Ray {skew.cluster_ray} on Python "
             f"{skew.cluster_python}; this process has Ray {skew.driver_ray} on Python "
             f"{skew.driver_python}. A program joins a Ray cluster only with the same Ray and "
-            f"Python versions. Run it from an environment that has them (e.g. "
-            f"pip install 'ray=={skew.cluster_ray}' on Python {skew.cluster_python}; "
-            f"app_toolkit supports Ray {_supported_ray()}), or start the cluster from this "
-            "environment (ray start --head)."
+            f"Python versions. {_skew_fix(skew)}"
         ) from None
 
 
-def _supported_ray() -> str:
-    """The Ray range this app_toolkit declares (its installed metadata)."""
+def _skew_fix(skew: ray_compat.VersionSkew) -> str:
+    """What to do about ``skew``: this environment to the cluster's versions where this
+    app_toolkit supports the cluster's Ray, else the cluster to a Ray it supports."""
+    fixes = []
+    if skew.cluster_ray != skew.driver_ray:
+        supported = _supported_ray()
+        if supported is None or SpecifierSet(supported).contains(skew.cluster_ray):
+            fixes.append(
+                f"Install the cluster's Ray here (pip install 'ray=={skew.cluster_ray}'), or start "
+                "the cluster from this environment (ray start --head)."
+            )
+        else:
+            fixes.append(
+                f"This app_toolkit supports Ray {supported}, which {skew.cluster_ray} is not: run "
+                f"the cluster on a Ray in that range ({skew.driver_ray}, as here, is one)."
+            )
+    if skew.cluster_python != skew.driver_python:
+        fixes.append(f"Run this program on Python {skew.cluster_python}, the cluster's.")
+    return " ".join(fixes)
+
+
+def _supported_ray() -> str | None:
+    """The Ray range this app_toolkit declares (its installed metadata), if it can be read."""
     from importlib.metadata import PackageNotFoundError, requires
 
     try:
         declared = requires("app_toolkit") or []
     except PackageNotFoundError:
-        return "as pyproject.toml says"
-    found = next((item for item in declared if re.match(r"ray\b(?!-)", item) and "extra" not in item), "")
-    bounds = sorted(found.removeprefix("ray").strip().split(","), key=lambda bound: not bound.startswith(">"))
-    return ",".join(bounds) or "as pyproject.toml says"
+        return None
+    found = next((Requirement(item) for item in declared if Requirement(item).name == "ray"), None)
+    if found is None or found.marker is not None:
+        return None
+    return ",".join(sorted(map(str, found.specifier), key=lambda bound: not bound.startswith(">")))
 
 
 def _start_or_join(address: str, kwargs: dict[str, Any]) -> None:
