@@ -29,3 +29,15 @@ def test_the_files_route_takes_only_paths_under_its_url() -> None:
         assert files.matches(_scope("/docs", root))[0] is Match.NONE
     # The catch-all comes after it: the files win.
     assert [getattr(route, "path", "") for route in app.router.routes][0] == "/docs/assets/{name}"
+
+
+def test_every_file_the_pages_serve_is_in_fastapi_offlines_static_folder() -> None:
+    """The internal fastapi-offline's cap in pyproject.toml stands for (docs/compatibility.md):
+    the file names under its static/ folder."""
+    from importlib import resources
+
+    from app_toolkit._runtime.replica.docs_pages import _TYPES
+
+    folder = resources.files("fastapi_offline").joinpath("static")
+    missing = [name for name in _TYPES if not folder.joinpath(name).is_file()]
+    assert missing == [], missing

@@ -42,7 +42,13 @@ from app_toolkit._runtime.replica.asgi import (
 from app_toolkit._runtime.replica.autoscaling_stats import AutoscalingStats
 from app_toolkit._runtime.replica.calls import failure, find_method, log_call_failure, run_call
 from app_toolkit._runtime.replica.ingress_app import ingress_app, serving_app
-from app_toolkit._runtime.replica.user_code import call_maybe_async, construct, run_destructor
+from app_toolkit._runtime.replica.user_code import (
+    call_maybe_async,
+    call_reconfigure,
+    construct,
+    run_destructor,
+    wants_reconfigure,
+)
 from app_toolkit._runtime.run_app import HTTPOut, SocketOut, failed_around, run_app, run_http
 from app_toolkit._runtime.waiting import wait_event
 from app_toolkit.config import DeploymentConfig
@@ -136,7 +142,7 @@ class ReplicaCore:
                 await self._lifespan.startup()
             finally:
                 request_context.replica_instance.reset(token)
-        if self.config.user_config is not None or _takes_rank(self.instance):
+        if wants_reconfigure(self.instance, self.config.user_config):
             await self.reconfigure(self.config.user_config)
         if AutoscalingStats.wanted(self.instance):
             self.autoscaling_stats = AutoscalingStats(
@@ -150,17 +156,7 @@ class ReplicaCore:
             await self.autoscaling_stats.stop()
 
     async def reconfigure(self, user_config: object) -> None:
-        """Call the user's ``reconfigure(user_config)``, with ``rank=`` (this replica's
-        ReplicaRank) when it declares a ``rank`` parameter, as Ray Serve does."""
-        method = getattr(self.instance, "reconfigure", None)
-        if method is None:
-            raise DeployError(
-                f"{self.deployment} got a user_config but defines no reconfigure(self, config) method"
-            )
-        if _takes_rank(self.instance):
-            await call_maybe_async(method, user_config, rank=self.context.rank)
-        else:
-            await call_maybe_async(method, user_config)
+        await call_reconfigure(self.instance, user_config, self.context.rank, str(self.deployment))
 
     async def update_config(self, config: DeploymentConfig) -> None:
         """Take new in-place options; a changed ``user_config`` goes to reconfigure()."""
@@ -169,9 +165,7 @@ class ReplicaCore:
             self.autoscaling_stats.update(config)
         if config.logging_config != old.logging_config:
             self._follow_logging_config()
-        if config.user_config != old.user_config and (
-            config.user_config is not None or _takes_rank(self.instance)
-        ):
+        if config.user_config != old.user_config and wants_reconfigure(self.instance, config.user_config):
             await self.reconfigure(config.user_config)
 
     def _follow_logging_config(self) -> None:
@@ -440,15 +434,3 @@ class ReplicaCore:
 
     def _method(self, name: str) -> Callable[..., object]:
         return find_method(self.instance, self._definition, name, str(self.deployment))
-
-
-def _takes_rank(instance: object) -> bool:
-    """Whether the user's ``reconfigure`` declares a ``rank`` parameter: Ray Serve then
-    calls it at start (with or without a user_config) and passes the replica's rank."""
-    method = getattr(instance, "reconfigure", None)
-    if method is None or inspect.isclass(instance):
-        return False
-    try:
-        return "rank" in inspect.signature(method).parameters
-    except (TypeError, ValueError):  # a builtin or C callable without a signature
-        return False

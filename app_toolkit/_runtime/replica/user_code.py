@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Generator
 from typing import Never, cast
 
 from app_toolkit._runtime import answers, request_context
-from app_toolkit.exceptions import BackPressureError, ReplicaUnavailableError
+from app_toolkit.exceptions import BackPressureError, DeployError, ReplicaUnavailableError
 
 
 async def construct(cls: type, args: tuple[object, ...], kwargs: dict[str, object]) -> object:
@@ -124,6 +124,34 @@ async def call_maybe_async(function: Callable[..., object], *args: object, **kwa
     if inspect.iscoroutine(result):  # a plain callable that returned a coroutine: await it here
         result = await result
     return result
+
+
+def wants_reconfigure(instance: object, user_config: object) -> bool:
+    """Whether ``instance`` gets a ``reconfigure`` call for ``user_config``: when there is
+    one, or (as Ray Serve calls it) when its ``reconfigure`` declares ``rank``."""
+    return user_config is not None or _takes_rank(instance)
+
+
+async def call_reconfigure(instance: object, user_config: object, rank: object, deployment: str) -> None:
+    """The user's ``reconfigure(user_config)``, with ``rank=`` (the replica's ReplicaRank)
+    when it declares a ``rank`` parameter, as Ray Serve calls it."""
+    method = getattr(instance, "reconfigure", None)
+    if method is None:
+        raise DeployError(f"{deployment} got a user_config but defines no reconfigure(self, config) method")
+    if _takes_rank(instance):
+        await call_maybe_async(method, user_config, rank=rank)
+    else:
+        await call_maybe_async(method, user_config)
+
+
+def _takes_rank(instance: object) -> bool:
+    method = getattr(instance, "reconfigure", None)
+    if method is None or inspect.isclass(instance):
+        return False
+    try:
+        return "rank" in inspect.signature(method).parameters
+    except (TypeError, ValueError):  # a builtin or C callable without a signature
+        return False
 
 
 def install_error_handler(app: object) -> None:
