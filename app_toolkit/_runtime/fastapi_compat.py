@@ -1,5 +1,5 @@
-"""FastAPI beyond its documented API: the internals the toolkit reads, one function each,
-and where the releases in pyproject.toml's range (``fastapi>=0.133``) differ.
+"""FastAPI beyond its documented API: the internals the toolkit reads, through the
+functions here, and where the releases in pyproject.toml's range (``fastapi>=0.133``) differ.
 
 Each entry: the internal, what the toolkit uses it for, the releases that have it, and
 the releases it was checked on.

@@ -118,8 +118,8 @@ class LoopThread:
         return True
 
     def stop(self, timeout_s: float = STOP_TIMEOUT_S) -> None:
-        """Cancel what runs on the loop, wait for it and for the thread, each up to
-        ``timeout_s``."""
+        """Cancel what runs on the loop and wait for it (up to ``timeout_s``), then for its
+        executor and thread: joined for ``2 * timeout_s`` in all."""
         self.stop_soon(timeout_s)
         self.join(2 * timeout_s)
 

@@ -224,12 +224,15 @@ class LocalReplicaClient:
         self._replica_id = replica_id
         #: The requests this caller has running on the replica, until they end.
         self.serving: dict[Exchange, asyncio.Task[None]] = {}
-        backend.clients.setdefault(replica_id, weakref.WeakSet()).add(self)
+        self._known = False  # listed in backend.clients (once it has had a running replica)
 
     async def open(self, request: Request) -> Exchange:
         core = self._backend.cores.get(self._replica_id)
         if core is None:
             raise ReplicaUnavailableError(f"Replica {self._replica_id} is not running")
+        if not self._known:  # a stopped replica's key is not made again by a late client
+            self._backend.clients.setdefault(self._replica_id, weakref.WeakSet()).add(self)
+            self._known = True
         if isinstance(request, MethodCall):  # what pickling refuses on Ray, refused here too
             refuse_nested([*request.args, *request.kwargs.values()])
         tasks: list[asyncio.Task[None]] = []

@@ -39,9 +39,8 @@ from typing import Any
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
-from uvicorn.server import ServerState
 
-__all__ = ["RELEASE", "HttpToolsProtocol", "RequestResponseCycle", "ServerState", "WebSocketProtocol"]
+__all__ = ["RELEASE", "HttpToolsProtocol", "RequestResponseCycle", "WebSocketProtocol"]
 
 #: uvicorn's release, (major, minor): the one place the toolkit reads it.
 RELEASE = tuple(int(part) for part in uvicorn.__version__.split(".")[:2])

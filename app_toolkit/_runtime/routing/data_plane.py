@@ -15,10 +15,10 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import logging
-from collections.abc import Awaitable, Callable, Coroutine, Generator
+from collections.abc import Awaitable, Callable, Generator
 from typing import Generic, Protocol, TypeVar
 
-from app_toolkit._runtime.loop_thread import STOP_TIMEOUT_S, LoopThread
+from app_toolkit._runtime.loop_thread import STOP_TIMEOUT_S, LoopThread, _Coroutine
 from app_toolkit._runtime.messages import DeploymentID, ReplicaInfo
 from app_toolkit._runtime.routing.dispatcher import Dispatcher, ReplicaClient
 from app_toolkit._runtime.routing.subscriber import TableSubscriber
@@ -28,9 +28,6 @@ from app_toolkit.exceptions import AppToolkitError, ReplicaUnavailableError, Req
 logger = logging.getLogger("app_toolkit.data_plane")
 
 T = TypeVar("T")
-#: A coroutine as asyncio drives it: what it yields is the event loop's business, and it
-#: is resumed with None.
-_Coroutine = Coroutine[object, None, T]
 
 
 class CallerLink(Protocol):

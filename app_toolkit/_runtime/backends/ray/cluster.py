@@ -202,7 +202,7 @@ def _supported_ray() -> str | None:
         declared = requires("app_toolkit") or []
     except PackageNotFoundError:
         return None
-    found = next((Requirement(item) for item in declared if Requirement(item).name == "ray"), None)
+    found = next((req for req in map(Requirement, declared) if req.name == "ray"), None)
     if found is None or found.marker is not None:
         return None
     return ",".join(sorted(map(str, found.specifier), key=lambda bound: not bound.startswith(">")))
