@@ -3,7 +3,9 @@
 Each is accepted only at a value that means "not used" (what ``serve build`` writes
 when nobody set it) and then dropped; any other value fails naming the field and what to
 do instead, never silently ignored. Code and config files share the table: each option
-schema calls :func:`drop_ray_serve_only` on its input before validating it.
+schema calls :func:`drop_ray_serve_only` on its input before validating it. Ray Serve
+LLM's options have their own table (``app_toolkit/llm/refused.py``) under the same rule,
+:func:`drop_refused`.
 """
 
 from __future__ import annotations
@@ -17,25 +19,25 @@ from app_toolkit.config.schema import field_errors
 Neutral = Callable[[object], bool]
 
 
-def _one_of(*values: object) -> Neutral:
+def one_of(*values: object) -> Neutral:
     """Neutral when equal to one of ``values`` and of the same type (``0`` is not ``False``)."""
     return lambda value: any(type(value) is type(v) and value == v for v in values)
 
 
-def _defaults(**defaults: tuple[object, ...]) -> Neutral:
-    """Neutral when None, or a mapping whose every key is in ``defaults`` with one of its values."""
+def defaults(**fields: tuple[object, ...]) -> Neutral:
+    """Neutral when None, or a mapping whose every key is in ``fields`` with one of its values."""
 
     def neutral(value: object) -> bool:
         if value is None:
             return True
         return isinstance(value, Mapping) and all(
-            key in defaults and _one_of(*defaults[key])(item) for key, item in value.items()
+            key in fields and one_of(*fields[key])(item) for key, item in value.items()
         )
 
     return neutral
 
 
-def _disabled(value: object) -> bool:
+def disabled(value: object) -> bool:
     """Neutral when None or turned off (``enabled: false``; its other fields then mean nothing)."""
     return value is None or (isinstance(value, Mapping) and value.get("enabled") is False)
 
@@ -61,19 +63,19 @@ _NO_LABELS = (
 RAY_SERVE_ONLY: dict[str, dict[str, RayServeOnly]] = {
     "file": {
         "controller_options": RayServeOnly(
-            _defaults(runtime_env=(None, {})),
+            defaults(runtime_env=(None, {})),
             "the controller reads no RAY_SERVE_* environment variables; remove it (a "
             "deployment's environment goes in its ray_actor_options.runtime_env)",
         ),
         "tracing_config": RayServeOnly(
-            _disabled,
+            disabled,
             "remove it (or set enabled: false) and export spans with "
             "APP_TOOLKIT_OTEL_SETUP=module:function (docs/observability.md)",
         ),
     },
     "http": {
         name: RayServeOnly(
-            _one_of(None),
+            one_of(None),
             "the proxy serves plain HTTP; remove it and terminate TLS in a load balancer or "
             "reverse proxy in front (docs/security.md)",
         )
@@ -81,24 +83,24 @@ RAY_SERVE_ONLY: dict[str, dict[str, RayServeOnly]] = {
     },
     "grpc": {
         "grpc_servicer_functions": RayServeOnly(
-            _one_of([]), "gRPC is not served; remove the servicer functions and serve over HTTP"
+            one_of([]), "gRPC is not served; remove the servicer functions and serve over HTTP"
         ),
     },
     "application": {
-        "host": RayServeOnly(_one_of(None), "remove it and set http_options.host at the top of the file"),
-        "port": RayServeOnly(_one_of(None), "remove it and set http_options.port at the top of the file"),
+        "host": RayServeOnly(one_of(None), "remove it and set http_options.host at the top of the file"),
+        "port": RayServeOnly(one_of(None), "remove it and set http_options.port at the top of the file"),
         "external_scaler_enabled": RayServeOnly(
-            _one_of(False),
+            one_of(False),
             "there is no external scaling API; remove it and set num_replicas (a "
             "redeploy) or autoscaling_config",
         ),
     },
     "deployment": {
         "placement_group_bundle_label_selector": RayServeOnly(
-            _one_of(None, []), _NO_LABELS + "placement_group_bundles"
+            one_of(None, []), _NO_LABELS + "placement_group_bundles"
         ),
         "request_router_config": RayServeOnly(
-            _defaults(
+            defaults(
                 request_router_class=_POW2,
                 request_router_kwargs=({},),
                 request_routing_stats_period_s=(10, 10.0),
@@ -112,32 +114,32 @@ RAY_SERVE_ONLY: dict[str, dict[str, RayServeOnly]] = {
             "remove it, or keep Ray Serve's default router with its default settings",
         ),
         "gang_scheduling_config": RayServeOnly(
-            _one_of(None),
+            one_of(None),
             "gang scheduling is not implemented; remove it (placement_group_bundles with "
             "placement_group_strategy STRICT_PACK reserve one replica's resources together)",
         ),
         "deployment_actors": RayServeOnly(
-            _one_of(None, []),
+            one_of(None, []),
             "deployment-scoped actors are not implemented; remove them and create a named "
             "Ray actor yourself (ray.get_actor in the replica's constructor)",
         ),
     },
     "logging": {
         "logs_dir": RayServeOnly(
-            _one_of(None),
+            one_of(None),
             "logs go to standard error (on Ray, each worker's is kept in Ray's session "
             "logs directory: docs/observability.md); remove it",
         ),
         "additional_log_standard_attrs": RayServeOnly(
-            _one_of([], None),
+            one_of([], None),
             "log lines carry the request, replica and route, not other record attributes; "
             "remove it (or set it to [])",
         ),
     },
     "ray_actor_options": {
-        "label_selector": RayServeOnly(_one_of(None, {}), _NO_LABELS + "ray_actor_options.resources"),
+        "label_selector": RayServeOnly(one_of(None, {}), _NO_LABELS + "ray_actor_options.resources"),
         "fallback_strategy": RayServeOnly(
-            _one_of(None, []),
+            one_of(None, []),
             "fallback strategies are not implemented; remove it and ask for the resources "
             "every node that may run the replica has",
         ),
@@ -146,21 +148,33 @@ RAY_SERVE_ONLY: dict[str, dict[str, RayServeOnly]] = {
 
 T = TypeVar("T")
 
+#: What a refused field is called in its error, before what to do instead.
+NOT_IMPLEMENTED = "a Ray Serve option app_toolkit does not implement"
+
 
 def drop_ray_serve_only(kind: str, data: T) -> T | dict[str, object]:
     """``data`` without the Ray Serve-only fields of ``kind`` left at their neutral value;
     any other value raises a ``ValidationError`` located at the field. (Anything but a
     mapping is left for the schema to refuse.)"""
+    return drop_refused(kind, data, RAY_SERVE_ONLY[kind])
+
+
+def drop_refused(
+    title: str, data: T, table: Mapping[str, RayServeOnly], what: str = NOT_IMPLEMENTED
+) -> T | dict[str, object]:
+    """``data`` without the fields of ``table`` left at their neutral value; any other
+    value raises a ``ValidationError`` located at the field, saying ``what`` it is and
+    what to do instead. (Anything but a mapping is left for the schema to refuse.)"""
     if not isinstance(data, Mapping):
         return data
     kept: dict[str, object] = dict(data)
     refused: dict[str | tuple[str, ...], tuple[object, str]] = {}
-    for field, option in RAY_SERVE_ONLY[kind].items():
+    for field, option in table.items():
         if field not in kept:
             continue
         value = kept.pop(field)
         if not option.neutral(value):
-            refused[field] = (value, f"a Ray Serve option app_toolkit does not implement: {option.instead}")
+            refused[field] = (value, f"{what}: {option.instead}")
     if refused:
-        raise field_errors(kind, refused)
+        raise field_errors(title, refused)
     return kept

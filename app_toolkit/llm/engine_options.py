@@ -1,0 +1,123 @@
+"""``engine_kwargs``: vLLM's engine arguments that mean the same for the engines here.
+
+An ``LLMConfig`` written for Ray Serve LLM passes vLLM's arguments; those with a
+counterpart are taken under vLLM's name (:class:`EngineKwargs`) and handed to the engine
+as :class:`EngineOptions`, in the engine's own terms. Every other argument is refused by
+name: a few with their own advice (``refused.py``), the rest as unknown to the engines.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from app_toolkit.config.ray_serve_only import drop_refused
+from app_toolkit.config.schema import Strict
+from app_toolkit.llm.refused import RAY_SERVE_LLM_ONLY, VLLM_ARGUMENT, refuse_unknown
+
+TorchDtype = Literal["auto", "float16", "bfloat16", "float32"]
+#: vLLM's dtype names, and the torch dtype each means ("auto": the checkpoint's own).
+DTYPES: dict[str, TorchDtype] = {
+    "auto": "auto",
+    "half": "float16",
+    "float16": "float16",
+    "bfloat16": "bfloat16",
+    "float": "float32",
+    "float32": "float32",
+}
+#: The engines (``app_toolkit.llm.engines``) an LLM deployment can run.
+EngineName = Literal["transformers", "echo", "embeddings"]
+
+
+@dataclass(frozen=True, slots=True)
+class EngineOptions:
+    """What an engine is built with, from ``engine_kwargs`` (vLLM's name in brackets)."""
+
+    #: Most tokens of one sequence, prompt and reply (``max_model_len``); None: the
+    #: model's own context window. A longer cap than the model's is refused when it loads.
+    context_window: int | None = None
+    #: Replies decoded at once in one batch (``max_num_seqs``); more wait for a slot.
+    slots: int = 8
+    #: Keep the KV cache of a prompt's prefix for later prompts that start alike
+    #: (``enable_prefix_caching``).
+    prefix_caching: bool = True
+    #: The weights' dtype once loaded (``dtype``; vLLM's "half" and "float" as torch names).
+    dtype: TorchDtype = "auto"
+    #: Serve LoRA adapters on this model (``enable_lora``), at most ``max_loras`` in one
+    #: batch (``max_loras``), each of rank at most ``max_lora_rank`` (``max_lora_rank``).
+    lora: bool = False
+    max_loras: int = 1
+    max_lora_rank: int = 16
+
+
+class EngineKwargs(Strict):
+    """``LLMConfig.engine_kwargs``: the vLLM engine arguments the engines here take."""
+
+    max_model_len: int | None = Field(
+        None, ge=1, description="Most tokens of one sequence (prompt and reply); null: the model's own."
+    )
+    max_num_seqs: int = Field(
+        8,
+        ge=1,
+        le=1024,
+        description="Replies decoded at once (decoding slots); more wait for a slot. vLLM's "
+        "default is 256 on a GPU; 8 suits a small model on a few CPU cores.",
+    )
+    enable_prefix_caching: bool = Field(
+        True, description="Reuse the KV cache of a prompt prefix seen before (vLLM's default: on)."
+    )
+    dtype: Literal["auto", "half", "float16", "bfloat16", "float", "float32"] = Field(
+        "auto", description="The weights' dtype once loaded; \"auto\": the checkpoint's own."
+    )
+    enable_lora: bool = Field(False, description="Serve LoRA adapters on this model (docs/llm.md).")
+    max_loras: int = Field(1, ge=1, description="Most LoRA adapters in one batch.")
+    max_lora_rank: int = Field(16, ge=1, description="Highest rank of a LoRA adapter it loads.")
+    runner: Literal["auto", "generate", "pooling"] = Field(
+        "auto",
+        description='"pooling" serves the model as an embedding model (/v1/embeddings); '
+        '"auto" and "generate": as a generative model.',
+    )
+    task: Literal["auto", "generate", "embed", "embedding"] = Field(
+        "auto", description='Older vLLM releases\' name for runner: "embed" is runner "pooling".'
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse(cls, data: object) -> object:
+        data = drop_refused("engine_kwargs", data, RAY_SERVE_LLM_ONLY["engine_kwargs"], VLLM_ARGUMENT)
+        taken = ", ".join(sorted(cls.model_fields))
+        message = (
+            f"{VLLM_ARGUMENT}: remove it (they take {taken}, and tensor_parallel_size at 1; "
+            "docs/llm.md says what each means)"
+        )
+        return refuse_unknown("engine_kwargs", data, cls.model_fields, message)
+
+    @property
+    def embeds(self) -> bool:
+        """The model is served as an embedding model (``runner: pooling`` or ``task: embed``)."""
+        return self.runner == "pooling" or self.task in ("embed", "embedding")
+
+    @model_validator(mode="after")
+    def _one_runner(self) -> EngineKwargs:
+        if (self.runner == "generate" and self.task in ("embed", "embedding")) or (
+            self.runner == "pooling" and self.task == "generate"
+        ):
+            raise ValueError(
+                f"runner {self.runner!r} and task {self.task!r} disagree; keep runner (task is "
+                "its older name)"
+            )
+        return self
+
+    def options(self) -> EngineOptions:
+        """The engine's options these arguments mean."""
+        return EngineOptions(
+            context_window=self.max_model_len,
+            slots=self.max_num_seqs,
+            prefix_caching=self.enable_prefix_caching,
+            dtype=DTYPES[self.dtype],
+            lora=self.enable_lora,
+            max_loras=self.max_loras,
+            max_lora_rank=self.max_lora_rank,
+        )

@@ -1,0 +1,122 @@
+"""Ray Serve LLM's options and vLLM's engine arguments with no counterpart here.
+
+The rule is Ray Serve's (``config/ray_serve_only.py``): a field is accepted only at the
+value that means "not used", then dropped; any other value fails naming the field and
+what to do instead. These are the tables it reads for ``app_toolkit.llm``'s schemas.
+Where Ray takes any key (``engine_kwargs``, ``experimental_configs``), a key in neither
+the table nor the schema is refused by :func:`refuse_unknown`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from app_toolkit.config.ray_serve_only import RayServeOnly, defaults, one_of
+from app_toolkit.config.schema import field_errors
+
+#: What a refused engine argument is called in its error, before what to do instead.
+VLLM_ARGUMENT = "a vLLM engine argument app_toolkit's engines do not take"
+
+_CALLBACK_BASE = (
+    "ray.llm._internal.common.callbacks.base.CallbackBase",
+    "ray.llm._internal.common.callbacks.base:CallbackBase",
+)
+_OPENAI_INGRESS = (
+    "ray.serve.llm.ingress.OpenAiIngress",
+    "ray.serve.llm.ingress:OpenAiIngress",
+    "ray.llm._internal.serve.core.ingress.ingress.OpenAiIngress",
+    "ray.llm._internal.serve.core.ingress.ingress:OpenAiIngress",
+)
+_ONE_ENGINE = (
+    "each replica runs one engine in its own process; remove it (or set 1) and scale out "
+    "with deployment_config.num_replicas or its autoscaling_config"
+)
+
+#: Per schema ("kind"), the Ray Serve LLM fields it accepts only at their neutral value.
+RAY_SERVE_LLM_ONLY: dict[str, dict[str, RayServeOnly]] = {
+    "llm_config": {
+        "accelerator_config": RayServeOnly(
+            defaults(kind=("cpu",)),
+            "the engines run on the CPU; remove it (or set kind: cpu), and set accelerator_type "
+            "to place the replica on nodes with that accelerator",
+        ),
+        "placement_group_config": RayServeOnly(
+            one_of(None, {}),
+            "the engine runs inside the replica, with no workers of its own to place; remove it "
+            "and give the replica its resources in deployment_config.ray_actor_options (num_cpus, "
+            "memory, resources), or deployment_config.placement_group_bundles",
+        ),
+        "server_cls": RayServeOnly(
+            one_of(None),
+            "the server is app_toolkit.llm's own; remove it (to serve other routes, write a "
+            "deployment of your own beside build_openai_app's: docs/llm.md)",
+        ),
+        "log_engine_metrics": RayServeOnly(
+            one_of(True, None),
+            "each model's engine series are always on /-/metrics (docs/llm.md); remove it",
+        ),
+        "callback_config": RayServeOnly(
+            defaults(
+                callback_class=_CALLBACK_BASE,
+                callback_kwargs=({},),
+                raise_error_on_callback=(True, False),
+            ),
+            "model loading callbacks are not implemented; remove it and prepare files before "
+            "the deployment starts (model_source takes a local folder)",
+        ),
+    },
+    "experimental_configs": {
+        "num_ingress_replicas": RayServeOnly(
+            one_of(None),
+            "set the ingress's replicas in LLMServingArgs.ingress_deployment_config "
+            "(num_replicas or autoscaling_config) instead",
+        ),
+    },
+    "llm_serving_args": {
+        "ingress_cls_config": RayServeOnly(
+            defaults(ingress_cls=_OPENAI_INGRESS, ingress_extra_kwargs=({}, None)),
+            "the ingress is app_toolkit.llm's own; remove it (to serve other routes, write a "
+            "deployment of your own beside build_openai_app's: docs/llm.md)",
+        ),
+    },
+    "engine_kwargs": {
+        "tensor_parallel_size": RayServeOnly(one_of(1), _ONE_ENGINE),
+        "pipeline_parallel_size": RayServeOnly(one_of(1), _ONE_ENGINE),
+        "data_parallel_size": RayServeOnly(one_of(1), _ONE_ENGINE),
+        "gpu_memory_utilization": RayServeOnly(
+            one_of(None),
+            "the engines run on the CPU and keep a KV cache per decoding slot; remove it and "
+            "bound memory with max_num_seqs and max_model_len",
+        ),
+        "trust_remote_code": RayServeOnly(
+            one_of(False, None),
+            "models run on transformers' own architectures, never on code from the model's files; remove it",
+        ),
+        "quantization": RayServeOnly(
+            one_of(None),
+            "a .gguf model_source carries its own quantization; remove it and give a .gguf file",
+        ),
+        "enable_auto_tool_choice": RayServeOnly(
+            one_of(True, None),  # true, as a Ray Serve LLM config with tools writes it
+            "tools are always served, enforced by constrained decoding (docs/llm.md); remove it",
+        ),
+        "tool_call_parser": RayServeOnly(
+            one_of(None),
+            "tool calls are produced by constrained decoding, not parsed from text; remove it",
+        ),
+    },
+}
+
+
+def refuse_unknown(title: str, data: object, known: Iterable[str], message: str) -> object:
+    """``data``, or a ``ValidationError`` located at each of its keys not in ``known``,
+    saying ``message`` (what the key is and what to do)."""
+    if not isinstance(data, Mapping):
+        return data
+    names = set(known)
+    unknown: dict[str | tuple[str, ...], tuple[object, str]] = {
+        str(key): (value, message) for key, value in data.items() if key not in names
+    }
+    if unknown:
+        raise field_errors(title, unknown)
+    return data
