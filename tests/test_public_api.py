@@ -122,7 +122,33 @@ def test_all_is_sorted_and_complete() -> None:
         "app_builder",
         "multiplex",
         "tracing",
+        "llm",  # app_toolkit.llm: imported by its users, not by app_toolkit
     }
+
+
+#: app_toolkit.llm's names: Ray Serve LLM's (ray.serve.llm), and EngineOptions.
+EXPECTED_LLM = [
+    "EngineOptions",
+    "LLMConfig",
+    "LLMServer",
+    "LLMServingArgs",
+    "LoraConfig",
+    "ModelLoadingConfig",
+    "build_llm_deployment",
+    "build_openai_app",
+]
+
+
+def test_the_llm_module_has_a_small_sorted_surface_and_imports_no_model_library() -> None:
+    import app_toolkit.llm as llm
+
+    assert llm.__all__ == EXPECTED_LLM
+    assert all(getattr(llm, name) is not None for name in llm.__all__)
+    code = (
+        "import sys, app_toolkit.llm; print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
 
 
 #: What ``import app_toolkit`` leaves for the code that needs it: Ray Serve (never), Ray

@@ -2,18 +2,19 @@
 CPU (docs/llm.md). Install with ``pip install 'app_toolkit[llm]'``; importing this module
 imports no model library (the engines do, in their replicas)."""
 
+from app_toolkit.llm.app import build_llm_deployment, build_openai_app
 from app_toolkit.llm.config import LLMConfig, LoraConfig, ModelLoadingConfig
 from app_toolkit.llm.engine_options import EngineOptions
-from app_toolkit.llm.model_source import ModelFiles, resolve_model_source
-from app_toolkit.llm.serving_args import LLMServingArgs, serving_args
+from app_toolkit.llm.server import LLMServer
+from app_toolkit.llm.serving_args import LLMServingArgs
 
 __all__ = [
     "EngineOptions",
     "LLMConfig",
+    "LLMServer",
     "LLMServingArgs",
     "LoraConfig",
-    "ModelFiles",
     "ModelLoadingConfig",
-    "resolve_model_source",
-    "serving_args",
+    "build_llm_deployment",
+    "build_openai_app",
 ]

@@ -8,7 +8,7 @@ only what differs: loading, tokenizing, and producing the next token.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -67,6 +67,8 @@ class TextEngine(Protocol):
     context_window: int
     #: Replies decoded at once (vLLM's ``max_num_seqs``); 0: no limit it knows of.
     slots: int
+    #: Token ids run from 0 to ``vocab_size - 1``.
+    vocab_size: int
     #: The Hugging Face tokenizer (chat templates, grammars); None for engines without one.
     tokenizer: Any
 
@@ -86,11 +88,17 @@ class TextEngine(Protocol):
         assistant's turn (``messages`` in OpenAI's shape, content already text)."""
 
     def generate(
-        self, prompt: list[int], sampling: Sampling, constraint: Constraint | None = None
-    ) -> AsyncIterator[int]:
+        self,
+        prompt: list[int],
+        sampling: Sampling,
+        constraint: Constraint | None = None,
+        on_slot: Callable[[], None] | None = None,
+    ) -> AsyncGenerator[int, None]:
         """Token ids of one reply, as each is decoded; ends at an end-of-sequence or stop
         token (not yielded), at ``sampling.max_tokens``, or when ``constraint`` is
-        finished. Closing the iterator takes the reply out of the batch at once."""
+        finished. Closing the iterator takes the reply out of the batch at once.
+        ``on_slot`` is called when the reply leaves the engine's queue for a slot (its
+        time in the queue is a metric)."""
 
     def current_load(self) -> EngineLoad:
         """What it holds now; cheap, never waits."""
@@ -105,6 +113,8 @@ class EmbeddingEngine(Protocol):
     context_window: int
     #: Length of every vector it returns.
     dimensions: int
+    #: Token ids run from 0 to ``vocab_size - 1``.
+    vocab_size: int
     tokenizer: Any
 
     def load(self) -> None:

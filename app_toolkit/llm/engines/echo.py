@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
 from typing import Any
 
 from ..engine import Constraint, EngineLoad, Sampling
@@ -31,6 +31,7 @@ class EchoEngine:
     """
 
     slots = 0
+    vocab_size = VOCAB_SIZE
     tokenizer: Any = None  # bytes need no Hugging Face tokenizer
     eos_token_ids = frozenset({EOS_ID})
 
@@ -64,8 +65,12 @@ class EchoEngine:
         return self.encode(str(said))
 
     async def generate(
-        self, prompt: list[int], sampling: Sampling, constraint: Constraint | None = None
-    ) -> AsyncIterator[int]:
+        self,
+        prompt: list[int],
+        sampling: Sampling,
+        constraint: Constraint | None = None,
+        on_slot: Callable[[], None] | None = None,
+    ) -> AsyncGenerator[int, None]:
         """The prompt's tokens back, one every ``1 / tokens_per_s`` seconds on a fixed
         schedule (a late token does not delay the next ones).
 
@@ -75,6 +80,8 @@ class EchoEngine:
         """
         key = object()
         self._remaining[id(key)] = sampling.max_tokens
+        if on_slot is not None:
+            on_slot()  # no queue: every reply streams at once
         try:
             loop = asyncio.get_running_loop()
             interval = 1.0 / self.tokens_per_s

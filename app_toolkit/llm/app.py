@@ -1,0 +1,75 @@
+"""Ray Serve LLM's builders: ``build_llm_deployment`` (one model's deployment) and
+``build_openai_app`` (every model behind one OpenAI-compatible ingress)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import app_toolkit as tk
+from app_toolkit.llm.config import LLMConfig
+from app_toolkit.llm.openai.ingress import OpenAIIngress
+from app_toolkit.llm.server import LLMServer
+from app_toolkit.llm.serving_args import LLMServingArgs, serving_args
+
+#: Replies admitted per model replica, per engine slot, unless deployment_config says
+#: (a bound, where Ray Serve LLM admits 1e9); the rest wait in the caller's queue.
+ONGOING_PER_SLOT = 2
+#: Admitted by a replica whose engine has no slot limit (the echo engine).
+ONGOING_WITHOUT_SLOTS = 64
+#: The ingress's admission (Ray Serve LLM's ingress takes 1e9): it only relays.
+INGRESS_ONGOING = 1_000
+
+
+def build_llm_deployment(
+    llm_config: LLMConfig | Mapping[str, Any],
+    *,
+    name_prefix: str | None = None,
+    bind_kwargs: Mapping[str, Any] | None = None,
+    override_serve_options: Mapping[str, Any] | None = None,
+    deployment_cls: type[LLMServer] | None = None,
+) -> tk.Application:
+    """One model's deployment, ready to bind into an application or run alone (reached
+    through a handle: ``generate``, ``embed``, ``tokenize``, ``detokenize``).
+
+    ``name_prefix`` replaces the name's ``LLMServer-`` prefix; ``override_serve_options``
+    win over ``deployment_config``; ``deployment_cls`` is a subclass of :class:`LLMServer`.
+    """
+    config = llm_config if isinstance(llm_config, LLMConfig) else LLMConfig.model_validate(dict(llm_config))
+    name = config.deployment_name
+    if name_prefix is not None and config.deployment_config.name is None:
+        name = name_prefix + name.removeprefix("LLMServer-")
+    options = {
+        "max_ongoing_requests": _ongoing(config),
+        **config.deployment_options(),
+        **(override_serve_options or {}),
+    }
+    target = deployment_cls or LLMServer
+    if not (isinstance(target, type) and issubclass(target, LLMServer)):
+        raise TypeError(f"deployment_cls must be a subclass of LLMServer, got {target!r}")
+    return tk.deployment(name=name, **options)(target).bind(config, **dict(bind_kwargs or {}))
+
+
+def build_openai_app(llm_serving_args: LLMServingArgs | Mapping[str, Any]) -> tk.Application:
+    """An OpenAI-compatible application: every model of ``llm_serving_args`` in its own
+    deployment, behind one ingress (``/v1/models``, ``/v1/chat/completions``,
+    ``/v1/completions``, ``/v1/embeddings``, ``/tokenize``, ``/detokenize``).
+
+    ``llm_serving_args`` is :class:`LLMServingArgs` or a dict of its fields (a config
+    file's ``args``: ``import_path: app_toolkit.llm:build_openai_app``, or Ray Serve's
+    ``ray.serve.llm:build_openai_app``, which names this one).
+    """
+    args = serving_args(llm_serving_args)
+    models = {config.model_id: build_llm_deployment(config) for config in args.llm_configs}
+    kinds = {
+        config.model_id: "embed" if config.engine_name == "embeddings" else "generate"
+        for config in args.llm_configs
+    }
+    options = {"max_ongoing_requests": INGRESS_ONGOING, **args.ingress_deployment_config.options()}
+    name = args.ingress_deployment_config.name or "OpenAiIngress"
+    return tk.deployment(name=name, **options)(OpenAIIngress).bind(models, kinds)
+
+
+def _ongoing(config: LLMConfig) -> int:
+    slots = config.engine_options().slots if config.engine_name == "transformers" else 0
+    return slots * ONGOING_PER_SLOT if slots else ONGOING_WITHOUT_SLOTS

@@ -1,0 +1,61 @@
+"""What the OpenAI ingress and a model's replicas say to each other: typed, picklable."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from app_toolkit.llm.engine import Sampling
+
+
+@dataclass(frozen=True, slots=True)
+class Generation:
+    """One reply to produce: a conversation (``messages``, through the chat template) or a
+    ``prompt`` (text or token ids), how to sample, and what must shape the output."""
+
+    sampling: Sampling
+    messages: tuple[dict[str, Any], ...] = ()
+    prompt: str | tuple[int, ...] | None = None
+    #: Whether ``sampling.max_tokens`` was the client's (over the window: 400) or the default.
+    max_tokens_given: bool = False
+    stops: tuple[str, ...] = ()
+    response_format: dict[str, Any] | None = None
+    tools: tuple[dict[str, Any], ...] = ()
+    tool_choice: str | dict[str, Any] | None = None
+    #: ``time.time()`` when the ingress took the request: the framework's share of TTFT.
+    received_at: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Delta:
+    """A piece of a reply. The first has no text and counts the prompt; the last carries
+    why the reply ended and how many tokens it took; those between carry text or tool-call
+    fragments (OpenAI's ``delta.tool_calls`` items)."""
+
+    text: str = ""
+    tool_calls: tuple[dict[str, Any], ...] = ()
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    finish_reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ModelCard:
+    """What ``/v1/models`` says of one model, and what the ingress needs to route to it."""
+
+    id: str
+    kind: str  # "generate" or "embed"
+    context_window: int
+    created: int
+    dimensions: int = 0
+
+    def entry(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "object": "model",
+            "created": self.created,
+            "owned_by": "app_toolkit",
+            "root": self.id,
+            "parent": None,
+            "max_model_len": self.context_window,
+        }

@@ -1,0 +1,94 @@
+"""``/v1/chat/completions``: a request to a :class:`Generation`, and the reply back as a
+``chat.completion`` or a stream of ``chat.completion.chunk`` objects."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import app_toolkit as tk
+from app_toolkit.llm.engine import Sampling
+from app_toolkit.llm.events import Delta, Generation
+from app_toolkit.llm.openai.replies import Stream, Whole, dumps, relayed, usage
+from app_toolkit.llm.protocol import MAX_TOKENS, ChatCompletionRequest
+from app_toolkit.streaming import OpenAIErrorEvent
+
+#: Temperature when a request names none (OpenAI's default).
+DEFAULT_TEMPERATURE = 1.0
+
+
+def generation(request: ChatCompletionRequest, received_at: float) -> Generation:
+    """What the model's replica produces for ``request``."""
+    given = request.max_completion_tokens or request.max_tokens
+    return Generation(
+        sampling=Sampling(
+            max_tokens=given or MAX_TOKENS,
+            temperature=DEFAULT_TEMPERATURE if request.temperature is None else request.temperature,
+            top_p=request.top_p,
+            seed=request.seed,
+            stop_token_ids=tuple(request.stop_token_ids or ()),
+            ignore_eos=request.ignore_eos,
+        ),
+        messages=tuple(request.messages),
+        max_tokens_given=given is not None,
+        stops=request.stops,
+        response_format=request.response_format,
+        tools=tuple(request.tools or ()),
+        tool_choice=request.tool_choice,
+        received_at=received_at,
+    )
+
+
+def completion(whole: Whole, model: str) -> dict[str, Any]:
+    """The ``chat.completion`` object of a reply read whole."""
+    message: dict[str, Any] = {"role": "assistant", "content": whole.text or None, "refusal": None}
+    if whole.tool_calls:
+        message["tool_calls"] = whole.tool_calls
+    else:
+        message["content"] = whole.text
+    return {
+        "id": f"chatcmpl-{uuid.uuid4().hex}",
+        "object": "chat.completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": whole.finish_reason}],
+        "usage": usage(whole.prompt_tokens, whole.completion_tokens),
+    }
+
+
+def streamed(first: Delta, stream: Stream, model: str, include_usage: bool) -> tk.EventStream:
+    """The reply as OpenAI streams it: the assistant's role first, a chunk per piece, the
+    finish reason, the usage chunk if asked (``stream_options.include_usage``), ``[DONE]``."""
+    head = (
+        f'{{"id":"chatcmpl-{uuid.uuid4().hex}","object":"chat.completion.chunk",'
+        f'"created":{int(time.time())},"model":{dumps(model)},"choices":'
+    )
+    tail = ',"usage":null}' if include_usage else "}"
+
+    def chunk(delta: dict[str, Any], reason: str | None = None) -> str:
+        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
+        return f"{head}[{dumps(choice)}]{tail}"
+
+    def piece(delta: Delta) -> str | None:
+        if delta.tool_calls:
+            return chunk({"tool_calls": list(delta.tool_calls)})
+        return chunk({"content": delta.text}) if delta.text else None
+
+    def last(delta: Delta) -> list[str]:
+        chunks = [chunk({}, delta.finish_reason)]
+        if include_usage:
+            chunks.append(f'{head}[],"usage":{dumps(usage(first.prompt_tokens, delta.completion_tokens))}}}')
+        return chunks
+
+    async def events() -> Any:
+        yield chunk({"role": "assistant", "content": ""})
+        async for event in relayed(stream, piece, last, OpenAIErrorEvent.chat_completions):
+            yield event
+
+    return tk.EventStream(
+        events(),
+        ids=False,
+        final_event=lambda: OpenAIErrorEvent.restarting().chat_completions(),
+        end_at_drain=False,
+    )

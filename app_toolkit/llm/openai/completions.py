@@ -1,0 +1,82 @@
+"""``/v1/completions``: a prompt to a :class:`Generation`, and the reply back as a
+``text_completion`` object or a stream of them."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import app_toolkit as tk
+from app_toolkit.llm.engine import Sampling
+from app_toolkit.llm.events import Delta, Generation
+from app_toolkit.llm.openai.replies import Stream, Whole, dumps, relayed, usage
+from app_toolkit.llm.protocol import MAX_TOKENS, CompletionRequest
+from app_toolkit.streaming import OpenAIErrorEvent
+
+DEFAULT_TEMPERATURE = 1.0
+
+
+def generation(request: CompletionRequest, received_at: float) -> Generation:
+    prompt = request.single_prompt()
+    return Generation(
+        sampling=Sampling(
+            max_tokens=request.max_tokens or MAX_TOKENS,
+            temperature=DEFAULT_TEMPERATURE if request.temperature is None else request.temperature,
+            top_p=request.top_p,
+            seed=request.seed,
+            stop_token_ids=tuple(request.stop_token_ids or ()),
+            ignore_eos=request.ignore_eos,
+        ),
+        prompt=prompt if isinstance(prompt, str) else tuple(prompt),
+        max_tokens_given="max_tokens" in request.model_fields_set,
+        stops=request.stops,
+        received_at=received_at,
+    )
+
+
+def completion(whole: Whole, model: str, echoed: str) -> dict[str, Any]:
+    return {
+        "id": f"cmpl-{uuid.uuid4().hex}",
+        "object": "text_completion",
+        "created": int(time.time()),
+        "model": model,
+        "choices": [
+            {"index": 0, "text": echoed + whole.text, "logprobs": None, "finish_reason": whole.finish_reason}
+        ],
+        "usage": usage(whole.prompt_tokens, whole.completion_tokens),
+    }
+
+
+def streamed(first: Delta, stream: Stream, model: str, include_usage: bool, echoed: str) -> tk.EventStream:
+    head = (
+        f'{{"id":"cmpl-{uuid.uuid4().hex}","object":"text_completion",'
+        f'"created":{int(time.time())},"model":{dumps(model)},"choices":'
+    )
+    tail = ',"usage":null}' if include_usage else "}"
+
+    def chunk(text: str, reason: str | None = None) -> str:
+        choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": reason}
+        return f"{head}[{dumps(choice)}]{tail}"
+
+    def piece(delta: Delta) -> str | None:
+        return chunk(delta.text) if delta.text else None
+
+    def last(delta: Delta) -> list[str]:
+        chunks = [chunk("", delta.finish_reason)]
+        if include_usage:
+            chunks.append(f'{head}[],"usage":{dumps(usage(first.prompt_tokens, delta.completion_tokens))}}}')
+        return chunks
+
+    async def events() -> Any:
+        if echoed:
+            yield chunk(echoed)
+        async for event in relayed(stream, piece, last, OpenAIErrorEvent.chat_completions):
+            yield event
+
+    return tk.EventStream(
+        events(),
+        ids=False,
+        final_event=lambda: OpenAIErrorEvent.restarting().chat_completions(),
+        end_at_drain=False,
+    )

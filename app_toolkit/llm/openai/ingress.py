@@ -1,0 +1,131 @@
+"""The OpenAI-compatible ingress: one deployment in front of every model's replicas,
+routing each request by its ``model`` (Ray Serve LLM's ``OpenAiIngress``; vLLM's paths)."""
+
+from __future__ import annotations
+
+import base64
+import struct
+import time
+from typing import Any
+
+from fastapi import FastAPI
+
+import app_toolkit as tk
+from app_toolkit.llm import errors
+from app_toolkit.llm.errors import OpenAIError, bad_parameter, unknown_model
+from app_toolkit.llm.events import ModelCard
+from app_toolkit.llm.openai import chat, completions
+from app_toolkit.llm.openai.replies import open_reply, read_whole, usage
+from app_toolkit.llm.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    EmbeddingRequest,
+    TokenizeRequest,
+)
+
+api = FastAPI(title="OpenAI-compatible API", summary="app_toolkit.llm")
+errors.install(api)
+
+
+@tk.ingress(api)
+class OpenAIIngress:
+    """Routes OpenAI requests to the model each names (``models`` maps a model id to the
+    handle of its deployment; ``kinds`` says which generate text and which embed)."""
+
+    def __init__(self, models: dict[str, tk.DeploymentHandle], kinds: dict[str, str]) -> None:
+        self._models = models
+        self._kinds = kinds
+        self._cards: dict[str, ModelCard] = {}
+
+    def _pick(self, model: str | None, kind: str | None = None) -> tuple[str, tk.DeploymentHandle]:
+        """The model a request names; with none named, the one model served (of ``kind``)."""
+        if model:
+            handle = self._models.get(model)
+            if handle is None:
+                raise unknown_model(model, list(self._models))
+            return model, handle
+        fitting = [name for name, served in self._kinds.items() if kind is None or served == kind]
+        if len(fitting) != 1:
+            raise bad_parameter(
+                "model",
+                f"Name the model: this server has {', '.join(repr(n) for n in self._models)}.",
+                "missing_model",
+            )
+        return fitting[0], self._models[fitting[0]]
+
+    async def _card(self, model: str) -> ModelCard:
+        card = self._cards.get(model)
+        if card is None:
+            card = self._cards[model] = await self._models[model].card.remote()
+        return card
+
+    @api.get("/v1/models")
+    async def list_models(self) -> dict[str, Any]:
+        return {"object": "list", "data": [(await self._card(name)).entry() for name in self._models]}
+
+    @api.get("/v1/models/{model:path}")
+    async def get_model(self, model: str) -> dict[str, Any]:
+        if model not in self._models:
+            raise unknown_model(model, list(self._models))
+        return (await self._card(model)).entry()
+
+    @api.post("/v1/chat/completions", response_model=None)
+    async def chat_completions(self, request: ChatCompletionRequest) -> dict[str, Any] | tk.EventStream:
+        received_at = time.time()
+        name, handle = self._pick(request.checked().model, "generate")
+        first, stream = await open_reply(handle, chat.generation(request, received_at))
+        if request.stream:
+            return chat.streamed(first, stream, name, request.include_usage)
+        return chat.completion(await read_whole(first, stream), name)
+
+    @api.post("/v1/completions", response_model=None)
+    async def text_completions(self, request: CompletionRequest) -> dict[str, Any] | tk.EventStream:
+        received_at = time.time()
+        name, handle = self._pick(request.checked().model, "generate")
+        generation = completions.generation(request, received_at)
+        echoed = ""
+        if request.echo:
+            prompt = generation.prompt
+            echoed = prompt if isinstance(prompt, str) else await handle.detokenize.remote(list(prompt or ()))
+        first, stream = await open_reply(handle, generation)
+        if request.stream:
+            return completions.streamed(first, stream, name, request.include_usage, echoed)
+        return completions.completion(await read_whole(first, stream), name, echoed)
+
+    @api.post("/v1/embeddings")
+    async def embeddings(self, request: EmbeddingRequest) -> dict[str, Any]:
+        texts = request.texts()
+        name, handle = self._pick(request.model, "embed")
+        vectors, tokens = await handle.embed.remote(texts, request.dimensions)
+        encode = _base64 if request.encoding_format == "base64" else list
+        return {
+            "object": "list",
+            "data": [
+                {"object": "embedding", "index": index, "embedding": encode(vector)}
+                for index, vector in enumerate(vectors)
+            ],
+            "model": name,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+        }
+
+    @api.post("/tokenize")
+    async def tokenize(self, request: TokenizeRequest) -> dict[str, Any]:
+        if (request.prompt is None) == (request.messages is None):
+            raise bad_parameter("prompt", "Give either prompt or messages.")
+        _, handle = self._pick(request.model)
+        answer: dict[str, Any] = await handle.tokenize.remote(request.model_dump())
+        return answer
+
+    @api.post("/detokenize")
+    async def detokenize(self, request: DetokenizeRequest) -> dict[str, Any]:
+        _, handle = self._pick(request.model)
+        return {"prompt": await handle.detokenize.remote(request.tokens)}
+
+
+def _base64(vector: list[float]) -> str:
+    """OpenAI's ``encoding_format: base64``: the floats as little-endian float32, base64."""
+    return base64.b64encode(struct.pack(f"<{len(vector)}f", *vector)).decode()
+
+
+__all__ = ["OpenAIError", "OpenAIIngress", "usage"]

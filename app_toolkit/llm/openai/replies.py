@@ -1,0 +1,123 @@
+"""A reply from a model's replica as the ingress reads it: opened so that a refusal is an
+HTTP error before any byte is sent, then read whole or relayed as a stream of chunks."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from sse_starlette import ServerSentEvent
+
+import app_toolkit as tk
+from app_toolkit._runtime import request_context
+from app_toolkit.llm.errors import ANSWERED, as_openai_error, stream_error
+from app_toolkit.llm.events import Delta, Generation
+from app_toolkit.streaming import OpenAIErrorEvent
+
+logger = logging.getLogger("app_toolkit.llm")
+
+Stream = tk.DeploymentResponseGenerator[Delta]
+
+
+async def open_reply(model: tk.DeploymentHandle, generation: Generation) -> tuple[Delta, Stream]:
+    """Start a reply on the model's replicas; its first item (the prompt's size) is read
+    here, so a refusal becomes an HTTP error before any response byte is sent."""
+    stream: Stream = model.options(method_name="generate", stream=True).remote(generation)
+    try:
+        return await anext(stream), stream
+    except ANSWERED as exc:
+        stream.cancel()
+        raise as_openai_error(exc) from None
+    except BaseException:
+        stream.cancel()
+        raise
+
+
+@dataclass
+class Whole:
+    """A reply read to its end."""
+
+    text: str = ""
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    finish_reason: str = "stop"
+
+
+async def read_whole(first: Delta, stream: Stream) -> Whole:
+    """The reply's text and tool calls, joined (tool-call fragments merged by index)."""
+    whole = Whole(prompt_tokens=first.prompt_tokens)
+    texts: list[str] = []
+    try:
+        async for delta in stream:
+            texts.append(delta.text)
+            for fragment in delta.tool_calls:
+                _merge(whole.tool_calls, fragment)
+            if delta.finish_reason is not None:
+                whole.finish_reason = delta.finish_reason
+                whole.completion_tokens = delta.completion_tokens
+    except ANSWERED as exc:
+        raise as_openai_error(exc) from None
+    finally:
+        stream.cancel()  # a client that left early stops the model's work too
+    whole.text = "".join(texts)
+    return whole
+
+
+def _merge(calls: list[dict[str, Any]], fragment: dict[str, Any]) -> None:
+    index = fragment["index"]
+    while len(calls) <= index:
+        calls.append({"id": "", "type": "function", "function": {"name": "", "arguments": ""}})
+    call = calls[index]
+    call["id"] = fragment.get("id") or call["id"]
+    function = fragment.get("function") or {}
+    call["function"]["name"] += function.get("name") or ""
+    call["function"]["arguments"] += function.get("arguments") or ""
+
+
+def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+    }
+
+
+async def relayed(
+    stream: Stream,
+    chunk: Callable[[Delta], str | None],
+    last: Callable[[Delta], list[str]],
+    error: Callable[[OpenAIErrorEvent], ServerSentEvent],
+) -> AsyncIterator[str | ServerSentEvent]:
+    """SSE ``data`` for each delta (``chunk``; None sends nothing), the last delta's
+    chunks (``last``), then ``[DONE]``; a reply cut off ends with ``error``'s event and
+    no ``[DONE]``, as OpenAI's streams do."""
+    try:
+        async for delta in stream:
+            if delta.finish_reason is None:
+                data = chunk(delta)
+                if data is not None:
+                    yield data
+                continue
+            for data in last(delta):
+                yield data
+    except ANSWERED as exc:
+        logger.warning("Request %s: the reply was cut off: %s", request_context.current_request_id(), exc)
+        yield error(stream_error(exc))
+        return
+    except Exception:
+        logger.exception("Request %s: the reply failed", request_context.current_request_id())
+        request_id = request_context.current_request_id()
+        yield error(OpenAIErrorEvent(f"The model failed mid-reply (request id {request_id}).", None))
+        return
+    finally:
+        stream.cancel()  # the client left early: the model stops this reply
+    yield "[DONE]"
+
+
+def dumps(value: object) -> str:
+    """Compact JSON, as OpenAI's servers write it."""
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False)

@@ -1,0 +1,234 @@
+"""OpenAI's request shapes, as the official client and vLLM's server send and read them:
+what this server honours is a field; every other option is kept, then ignored, refused
+by name, or accepted only at its default (:func:`checked_options`)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from app_toolkit.llm.errors import OpenAIError, bad_parameter
+
+#: The longest text a message or prompt may carry, in characters.
+MAX_TEXT = 1_000_000
+#: The most tokens one request may ask for (its model's context window bounds it further).
+MAX_TOKENS = 131_072
+
+
+@dataclass(frozen=True)
+class OptionRules:
+    """What an endpoint does with options it reads no further: ``refused`` maps a name to
+    the values accepted (defaults only); ``ignored`` names options that change nothing here."""
+
+    refused: dict[str, tuple[Any, ...]]
+    ignored: frozenset[str]
+
+
+#: Sent by OpenAI's clients and harmless to leave unread.
+_IGNORED = frozenset(
+    {
+        "user",
+        "store",
+        "metadata",
+        "service_tier",
+        "safety_identifier",
+        "prompt_cache_key",
+        "parallel_tool_calls",
+    }
+)
+
+CHAT_RULES = OptionRules(
+    refused={
+        "n": (None, 1),
+        "logprobs": (None, False),
+        "top_logprobs": (None, 0),
+        "frequency_penalty": (None, 0, 0.0),
+        "presence_penalty": (None, 0, 0.0),
+        "logit_bias": (None, {}),
+        "functions": (None, []),
+        "function_call": (None, "none", "auto"),
+        "audio": (None,),
+        "modalities": (None, ["text"]),
+        "prediction": (None,),
+        "web_search_options": (None,),
+        "reasoning_effort": (None,),
+        "verbosity": (None,),
+    },
+    ignored=_IGNORED,
+)
+
+COMPLETION_RULES = OptionRules(
+    refused={
+        "n": (None, 1),
+        "best_of": (None, 1),
+        "logprobs": (None, 0),
+        "suffix": (None, ""),
+        "frequency_penalty": (None, 0, 0.0),
+        "presence_penalty": (None, 0, 0.0),
+        "logit_bias": (None, {}),
+    },
+    ignored=_IGNORED,
+)
+
+EMBEDDING_RULES = OptionRules(refused={}, ignored=_IGNORED)
+
+
+def checked_options(given: dict[str, Any], rules: OptionRules) -> None:
+    """Raises the 400 OpenAI answers for an option this server cannot honour, or for one it
+    does not know, naming it."""
+    for name, value in given.items():
+        if name in rules.ignored:
+            continue
+        accepted = rules.refused.get(name)
+        if accepted is None:
+            raise OpenAIError(
+                400,
+                f"Unrecognized request argument supplied: {name}",
+                "invalid_request_error",
+                "unknown_parameter",
+                name,
+            )
+        if value not in accepted:
+            raise bad_parameter(
+                name,
+                f"{name}={json.dumps(value)[:100]} is not supported by this server.",
+                "unsupported_parameter",
+            )
+
+
+class StreamOptions(BaseModel):
+    include_usage: bool = False
+    continuous_usage_stats: bool = False  # vLLM's; usage on every chunk
+
+
+class _Request(BaseModel):
+    """Fields every generating endpoint reads."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    # vLLM's sampling extras.
+    stop_token_ids: list[int] | None = Field(None, max_length=64)
+    ignore_eos: bool = False
+
+    @field_validator("stop")
+    @classmethod
+    def _few_stops(cls, stop: str | list[str] | None) -> str | list[str] | None:
+        if isinstance(stop, list) and (len(stop) > 16 or not all(stop)):
+            raise ValueError("stop takes at most 16 non-empty strings")
+        return stop
+
+    @property
+    def stops(self) -> tuple[str, ...]:
+        stops = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
+        return tuple(stop for stop in stops if stop)
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class ChatCompletionRequest(_Request):
+    """``POST /v1/chat/completions``."""
+
+    messages: list[dict[str, Any]] = Field(min_length=1, max_length=2_000)
+    max_completion_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS)
+    response_format: dict[str, Any] | None = None
+    tools: list[dict[str, Any]] | None = Field(None, max_length=128)
+    tool_choice: str | dict[str, Any] | None = None
+
+    def checked(self) -> ChatCompletionRequest:
+        checked_options(dict(self.model_extra or {}), CHAT_RULES)
+        return self
+
+
+class CompletionRequest(_Request):
+    """``POST /v1/completions``: a prompt as text, token ids, or one of either in a list."""
+
+    prompt: str | list[str] | list[int] | list[list[int]]
+    max_tokens: int | None = Field(16, ge=1, le=MAX_TOKENS)  # OpenAI's default for completions
+    echo: bool = False
+
+    def checked(self) -> CompletionRequest:
+        checked_options(dict(self.model_extra or {}), COMPLETION_RULES)
+        return self
+
+    def single_prompt(self) -> str | list[int]:
+        """The one prompt this server completes per request (several would need ``n``
+        choices, refused by name)."""
+        prompt = self.prompt
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
+            if len(prompt) != 1:
+                raise bad_parameter(
+                    "prompt", "This server completes one prompt per request; send a list of one."
+                )
+            prompt = prompt[0]
+        if isinstance(prompt, str):
+            if len(prompt) > MAX_TEXT:
+                raise bad_parameter("prompt", f"prompt is longer than {MAX_TEXT} characters.")
+            return prompt
+        if not prompt:
+            raise bad_parameter("prompt", "prompt is empty.")
+        return [int(token) for token in prompt]  # type: ignore[arg-type]  # list[int] by the schema
+
+
+class EmbeddingRequest(BaseModel):
+    """``POST /v1/embeddings``."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+    input: str | list[str] | list[int] | list[list[int]]
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: int | None = Field(None, ge=1)
+
+    def texts(self) -> list[str]:
+        """The texts to embed; token ids are refused by name (this server embeds text)."""
+        checked_options(dict(self.model_extra or {}), EMBEDDING_RULES)
+        given = [self.input] if isinstance(self.input, str) else self.input
+        if not given:
+            raise bad_parameter("input", "input is empty.")
+        if not all(isinstance(item, str) for item in given):
+            raise bad_parameter(
+                "input",
+                "input holds token ids; this server embeds text. Send strings (LangChain: "
+                "OpenAIEmbeddings(check_embedding_ctx_length=False)).",
+                "unsupported_parameter",
+            )
+        if len(given) > 2_048:
+            raise bad_parameter("input", "input holds more than 2048 texts.")
+        if any(not text for text in given):
+            raise bad_parameter("input", "input holds an empty string.")
+        return [str(text) for text in given]
+
+
+class TokenizeRequest(BaseModel):
+    """``POST /tokenize`` (vLLM's): a prompt, or chat messages through the model's template."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = None
+    prompt: str | None = Field(None, max_length=MAX_TEXT)
+    messages: list[dict[str, Any]] | None = Field(None, max_length=2_000)
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+    return_token_strs: bool = False
+
+
+class DetokenizeRequest(BaseModel):
+    """``POST /detokenize`` (vLLM's)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str | None = None
+    tokens: list[int] = Field(max_length=MAX_TOKENS)

@@ -1,0 +1,299 @@
+"""A model's replica: one engine, and the rules every reply follows whatever the engine —
+the context window, stop strings, structured output, the stream's pace and the metrics.
+
+The OpenAI ingress (``openai/``) reaches it through a handle: ``generate`` streams
+:class:`~app_toolkit.llm.events.Delta` items, ``embed``, ``tokenize`` and ``detokenize``
+answer at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+from app_toolkit.llm import metrics
+from app_toolkit.llm.config import LLMConfig
+from app_toolkit.llm.detokenize import Detokenizer, StopFilter
+from app_toolkit.llm.engine import EmbeddingEngine, EngineLoad, Sampling, TextEngine
+from app_toolkit.llm.errors import OpenAIError, bad_parameter
+from app_toolkit.llm.events import Delta, Generation, ModelCard
+from app_toolkit.llm.loading import engine_for
+from app_toolkit.llm.shaping import Structure, structure_for
+
+logger = logging.getLogger("app_toolkit.llm")
+
+#: Prompt tokens decoded with a reply's first tokens, so its first piece keeps a leading space.
+CONTEXT_TOKENS = 4
+
+
+class LLMServer:
+    """Serves the model ``llm_config`` describes, from the engine it names. After a reply's
+    first piece, which goes at once, ``experimental_configs.stream_batching_interval_ms``
+    > 0 sends the pieces at most that often (Ray Serve LLM's pacing)."""
+
+    def __init__(self, llm_config: LLMConfig) -> None:
+        self._config = llm_config
+        self._model = llm_config.model_id
+        self._engine = engine_for(llm_config)
+        self._interval_s = llm_config.experimental_configs.stream_batching_interval_ms / 1000
+        self._embeds = not hasattr(self._engine, "generate")
+        self._engine.load()
+        self._card = ModelCard(
+            id=self._model,
+            kind="embed" if self._embeds else "generate",
+            context_window=self._engine.context_window,
+            created=int(time.time()),
+            dimensions=getattr(self._engine, "dimensions", 0),
+        )
+
+    async def __del__(self) -> None:
+        """The replica stops: the engine lets go of the model."""
+        await self._engine.close()
+
+    def card(self) -> ModelCard:
+        return self._card
+
+    def current_load(self) -> EngineLoad:
+        return self._text_engine().current_load()
+
+    async def generate(self, generation: Generation) -> AsyncIterator[Delta]:
+        """The first item counts the prompt; then text pieces (or tool-call fragments); the
+        last says why the reply ended. Raises :class:`OpenAIError` before any item when the
+        request cannot be served (the prompt does not fit, a bad grammar)."""
+        engine = self._text_engine()
+        prompt = self._prompt(engine, generation)
+        sampling = self._fitted(engine, generation, len(prompt))
+        structure = structure_for(
+            engine.tokenizer, generation.response_format, generation.tools, generation.tool_choice
+        )
+        yield Delta(prompt_tokens=len(prompt))
+        replies = _Reply(self._model, engine, prompt, sampling, structure, generation, self._interval_s)
+        async for delta in replies.deltas():
+            yield delta
+
+    async def embed(self, texts: list[str], dimensions: int | None = None) -> tuple[list[list[float]], int]:
+        """One vector per text, and the tokens they took."""
+        engine = self._embedding_engine()
+        if dimensions is not None and dimensions != engine.dimensions:
+            raise bad_parameter(
+                "dimensions",
+                f"This model's embeddings have {engine.dimensions} dimensions; got dimensions={dimensions}.",
+            )
+        counts = [len(engine.encode(text)) for text in texts]
+        longest = max(counts)
+        if longest > engine.context_window:
+            raise OpenAIError(
+                400,
+                f"This model's maximum context length is {engine.context_window} tokens; an input "
+                f"takes {longest}. Shorten it.",
+                "invalid_request_error",
+                "context_length_exceeded",
+                "input",
+            )
+        vectors = await engine.embed(texts)
+        metrics.PROMPT_TOKENS.inc(self._model, amount=sum(counts))
+        return vectors, sum(counts)
+
+    def tokenize(self, request: dict[str, Any]) -> dict[str, Any]:
+        """vLLM's ``/tokenize`` answer for ``request`` (a checked TokenizeRequest's fields)."""
+        engine = self._engine
+        if request.get("messages") is not None:
+            text_engine = self._text_engine()
+            tokens = text_engine.chat_prompt(_text_messages(request["messages"]))
+        elif request.get("prompt") is not None:
+            tokens = engine.encode(
+                request["prompt"], add_special_tokens=request.get("add_special_tokens", True)
+            )
+        else:
+            raise bad_parameter("prompt", "Give a prompt or messages to tokenize.")
+        answer: dict[str, Any] = {
+            "count": len(tokens),
+            "max_model_len": engine.context_window,
+            "tokens": tokens,
+        }
+        if request.get("return_token_strs"):
+            answer["token_strs"] = [engine.decode([token]) for token in tokens]
+        return answer
+
+    def detokenize(self, tokens: list[int]) -> str:
+        """The text of ``tokens``; an id outside the vocabulary is a 400 naming ``tokens``."""
+        size = self._engine.vocab_size
+        if any(not 0 <= token < size for token in tokens):
+            raise bad_parameter("tokens", f"This model's token ids run from 0 to {size - 1}.")
+        return self._engine.decode(tokens)
+
+    def _text_engine(self) -> TextEngine:
+        if self._embeds:
+            raise bad_parameter("model", f"{self._model!r} is an embedding model; it does not generate text.")
+        engine: TextEngine = self._engine  # type: ignore[assignment]  # generate() checked above
+        return engine
+
+    def _embedding_engine(self) -> EmbeddingEngine:
+        if not self._embeds:
+            raise bad_parameter("model", f"{self._model!r} generates text; it does not make embeddings.")
+        engine: EmbeddingEngine = self._engine  # type: ignore[assignment]  # no generate(): an embedder
+        return engine
+
+    def _prompt(self, engine: TextEngine, generation: Generation) -> list[int]:
+        if generation.messages:
+            return engine.chat_prompt(_text_messages(generation.messages), list(generation.tools) or None)
+        if isinstance(generation.prompt, str):
+            return engine.encode(generation.prompt)
+        return list(generation.prompt or ())
+
+    def _fitted(self, engine: TextEngine, generation: Generation, prompt_tokens: int) -> Sampling:
+        """The sampling with ``max_tokens`` cut to what the context window leaves; a prompt
+        that leaves nothing, or a ``max_tokens`` asked for beyond it, is a 400."""
+        window = engine.context_window
+        param = "messages" if generation.messages else "prompt"
+        requested = generation.sampling.max_tokens
+        if prompt_tokens >= window or (generation.max_tokens_given and prompt_tokens + requested > window):
+            asked = f" and {requested} for the reply" if generation.max_tokens_given else ""
+            raise OpenAIError(
+                400,
+                f"This model's maximum context length is {window} tokens. However, you requested "
+                f"{prompt_tokens + (requested if generation.max_tokens_given else 0)} tokens "
+                f"({prompt_tokens} in the {param}{asked}). Shorten the {param} or lower max_tokens.",
+                "invalid_request_error",
+                "context_length_exceeded",
+                param,
+            )
+        room = window - prompt_tokens
+        if requested <= room:
+            return generation.sampling
+        return Sampling(
+            max_tokens=room,
+            temperature=generation.sampling.temperature,
+            top_p=generation.sampling.top_p,
+            seed=generation.sampling.seed,
+            stop_token_ids=generation.sampling.stop_token_ids,
+            ignore_eos=generation.sampling.ignore_eos,
+        )
+
+
+class _Reply:
+    """One reply's stream: token ids to text pieces, cut at stop strings, shaped into tool
+    calls where asked, paced, and counted."""
+
+    def __init__(
+        self,
+        model: str,
+        engine: TextEngine,
+        prompt: list[int],
+        sampling: Sampling,
+        structure: Structure | None,
+        generation: Generation,
+        interval_s: float,
+    ) -> None:
+        self._model = model
+        self._engine = engine
+        self._prompt = prompt
+        self._sampling = sampling
+        self._structure = structure
+        self._generation = generation
+        self._interval_s = interval_s
+        self.produced = 0
+
+    async def deltas(self) -> AsyncIterator[Delta]:
+        detokenizer = Detokenizer(self._engine.decode, self._prompt[-CONTEXT_TOKENS:])
+        stops = StopFilter(self._generation.stops)
+        structure = self._structure
+        held: list[Delta] = []
+        flushed = 0.0
+        sent = False  # the first piece goes at once; the pace applies after it
+        started = time.monotonic()
+        last = started
+        finish = "stop"
+        outcome = "cancelled"
+        constraint = structure.constraint if structure is not None else None
+        received_at = self._generation.received_at
+        if received_at:
+            metrics.FRAMEWORK_TIME.observe(max(0.0, time.time() - received_at), self._model)
+        metrics.PROMPT_TOKENS.inc(self._model, amount=len(self._prompt))
+        model = self._model
+
+        def on_slot() -> None:
+            metrics.QUEUE_TIME.observe(time.monotonic() - started, model)
+
+        tokens = self._engine.generate(self._prompt, self._sampling, constraint, on_slot)
+        try:
+            async for token in tokens:
+                self.produced += 1
+                now = time.monotonic()
+                if self.produced == 1:
+                    first_s = time.time() - received_at if received_at else now - started
+                    metrics.TIME_TO_FIRST_TOKEN.observe(first_s, self._model)
+                else:
+                    metrics.TIME_PER_OUTPUT_TOKEN.observe(now - last, self._model)
+                last = now
+                text = stops.feed(detokenizer.feed(token))
+                if text:
+                    held.extend(self._shaped(text))
+                if stops.stopped:
+                    break
+                if held and (not sent or now - flushed >= self._interval_s):
+                    yield _joined(held)
+                    held = []
+                    flushed = now
+                    sent = True
+            else:
+                if self.produced >= self._sampling.max_tokens and not (
+                    constraint is not None and constraint.finished
+                ):
+                    finish = "length"
+            tail = stops.feed(detokenizer.flush()) + stops.flush() if not stops.stopped else ""
+            if tail:
+                held.extend(self._shaped(tail))
+            if structure is not None:
+                held.extend(structure.finish())
+                if structure.called:
+                    finish = "tool_calls" if finish == "stop" else finish
+            if held:
+                yield _joined(held)
+            outcome = finish
+        finally:
+            await tokens.aclose()  # stops the engine's work on it now, not when collected
+            metrics.GENERATION_TOKENS.inc(self._model, amount=self.produced)
+            metrics.REPLIES.inc(self._model, outcome)
+        yield Delta(prompt_tokens=len(self._prompt), completion_tokens=self.produced, finish_reason=finish)
+
+    def _shaped(self, text: str) -> list[Delta]:
+        if self._structure is None:
+            return [Delta(text=text)]
+        return self._structure.feed(text)
+
+
+def _joined(deltas: list[Delta]) -> Delta:
+    """Pieces held by the stream's pace, sent as one."""
+    if len(deltas) == 1:
+        return deltas[0]
+    return Delta(
+        text="".join(d.text for d in deltas), tool_calls=tuple(c for d in deltas for c in d.tool_calls)
+    )
+
+
+def _text_messages(messages: Any) -> list[dict[str, Any]]:
+    """OpenAI messages with their content as text (parts joined); other part types refused."""
+    converted = []
+    for index, message in enumerate(messages):
+        content = message.get("content")
+        if isinstance(content, list):
+            texts = []
+            for number, part in enumerate(content):
+                if not isinstance(part, dict) or part.get("type") not in (
+                    "text",
+                    "input_text",
+                    "output_text",
+                ):
+                    kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                    raise bad_parameter(
+                        f"messages[{index}].content[{number}].type",
+                        f"Content parts of type {kind!r} are not supported: this model reads text only.",
+                        "unsupported_parameter",
+                    )
+                texts.append(str(part.get("text", "")))
+            message = {**message, "content": "\n".join(texts)}
+        converted.append(message)
+    return converted

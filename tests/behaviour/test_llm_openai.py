@@ -1,0 +1,229 @@
+"""app_toolkit.llm's OpenAI endpoints on both backends, with the echo engine (no model):
+the official openai client reads every endpoint, streamed and not; errors come in OpenAI's
+shape with its status codes; the per-model metrics appear at /-/metrics."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+import app_toolkit as tk
+from app_toolkit.llm import build_openai_app
+from tests.conftest import Toolkit
+
+ECHO = "org/echo-1"  # a model id with a "/", as Hugging Face names them
+SECOND = "echo-two"
+PREFIX = "/llm"
+
+
+@pytest.fixture
+def served(toolkit: Toolkit) -> Iterator[openai.OpenAI]:
+    """Two echo models (one paced by stream_batching_interval_ms) behind one ingress."""
+    args = {
+        "llm_configs": [
+            {"model_loading_config": {"model_id": ECHO}, "llm_engine": "echo"},
+            {
+                "model_loading_config": {"model_id": SECOND},
+                "llm_engine": "echo",
+                "engine_kwargs": {"max_model_len": 64},
+                "experimental_configs": {"stream_batching_interval_ms": 100},
+            },
+        ]
+    }
+    toolkit.run(build_openai_app(args), route_prefix=PREFIX)
+    with openai.OpenAI(
+        base_url=toolkit.url + PREFIX + "/v1", api_key="none", max_retries=0, timeout=30
+    ) as client:
+        yield client
+
+
+def test_models_are_listed_and_found_by_ids_with_slashes(served: openai.OpenAI) -> None:
+    assert sorted(model.id for model in served.models.list()) == sorted([ECHO, SECOND])
+    model = served.models.retrieve(ECHO)
+    assert model.id == ECHO and model.object == "model"
+    with pytest.raises(openai.NotFoundError) as caught:
+        served.models.retrieve("nope/nothing")
+    assert caught.value.body["code"] == "model_not_found"  # type: ignore[index]
+
+
+def test_chat_whole_and_streamed_with_usage(served: openai.OpenAI) -> None:
+    said = "Hello there, café ☕ world"
+    whole = served.chat.completions.create(model=ECHO, messages=[{"role": "user", "content": said}])
+    assert whole.choices[0].message.content == said
+    assert whole.choices[0].finish_reason == "stop"
+    size = len(said.encode())
+    assert whole.usage is not None and (whole.usage.prompt_tokens, whole.usage.completion_tokens) == (
+        size,
+        size,
+    )
+
+    chunks = list(
+        served.chat.completions.create(
+            model=ECHO,
+            messages=[{"role": "user", "content": said}],
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == said
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finishes == ["stop"]
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == size
+
+
+def test_max_tokens_cuts_the_reply_with_finish_reason_length(served: openai.OpenAI) -> None:
+    reply = served.chat.completions.create(
+        model=ECHO, messages=[{"role": "user", "content": "abcdefgh"}], max_tokens=3
+    )
+    assert (reply.choices[0].message.content, reply.choices[0].finish_reason) == ("abc", "length")
+
+
+def test_stop_strings_end_the_reply_without_them(served: openai.OpenAI) -> None:
+    reply = served.chat.completions.create(
+        model=ECHO, messages=[{"role": "user", "content": "one two STOP three"}], stop=["STOP"]
+    )
+    assert (reply.choices[0].message.content, reply.choices[0].finish_reason) == ("one two ", "stop")
+
+
+def test_completions_whole_streamed_and_echoed(served: openai.OpenAI) -> None:
+    whole = served.completions.create(model=ECHO, prompt="complete me", max_tokens=100)
+    assert whole.object == "text_completion" and whole.choices[0].text == "complete me"
+    default = served.completions.create(model=ECHO, prompt="x" * 40)
+    assert (
+        default.choices[0].finish_reason == "length" and len(default.choices[0].text) == 16
+    )  # OpenAI's default
+    streamed = served.completions.create(model=ECHO, prompt="piece by piece", max_tokens=100, stream=True)
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == "piece by piece"
+    echoed = served.completions.create(model=ECHO, prompt="ab", max_tokens=100, echo=True)
+    assert echoed.choices[0].text == "abab"
+    ids = served.completions.create(model=ECHO, prompt=[104, 105], max_tokens=100)  # token ids
+    assert ids.choices[0].text == "hi"
+
+
+def test_model_may_be_left_out_only_when_one_model_fits(toolkit: Toolkit, served: openai.OpenAI) -> None:
+    with toolkit.client() as client:
+        answer = client.post(
+            PREFIX + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]}
+        )
+    assert answer.status_code == 400
+    assert answer.json()["error"]["param"] == "model"
+
+
+def test_errors_come_in_openai_shape_naming_the_parameter(served: openai.OpenAI) -> None:
+    message: Any = [{"role": "user", "content": "hi"}]
+    with pytest.raises(openai.NotFoundError) as missing:
+        served.chat.completions.create(model="gpt-nothing", messages=message)
+    assert missing.value.body["code"] == "model_not_found"  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError) as several:
+        served.chat.completions.create(model=ECHO, messages=message, n=2)
+    assert several.value.body["param"] == "n"  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError) as unknown:
+        served.chat.completions.create(model=ECHO, messages=message, extra_body={"frobnicate": 1})
+    assert unknown.value.body["param"] == "frobnicate"  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError) as bad:
+        served.chat.completions.create(model=ECHO, messages=message, temperature=5)
+    assert bad.value.body["param"] == "temperature"  # type: ignore[index]
+    long: Any = [{"role": "user", "content": "y" * 100}]  # SECOND's window is 64 tokens
+    with pytest.raises(openai.BadRequestError) as too_long:
+        served.chat.completions.create(model=SECOND, messages=long)
+    assert too_long.value.body["code"] == "context_length_exceeded"  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError) as too_many:
+        served.chat.completions.create(model=SECOND, messages=message, max_tokens=63)
+    assert too_many.value.body["code"] == "context_length_exceeded"  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError) as image:
+        served.chat.completions.create(
+            model=ECHO,
+            messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:,"}}]}],
+        )
+    assert image.value.body["param"] == "messages[0].content[0].type"  # type: ignore[index]
+
+
+def test_tokenize_and_detokenize(toolkit: Toolkit, served: openai.OpenAI) -> None:
+    with toolkit.client() as client:
+        tokens = client.post(PREFIX + "/tokenize", json={"model": ECHO, "prompt": "hé"}).json()
+        assert tokens["tokens"] == list("hé".encode()) and tokens["count"] == 3
+        assert tokens["max_model_len"] == 4096
+        chat = client.post(
+            PREFIX + "/tokenize", json={"model": ECHO, "messages": [{"role": "user", "content": "ab"}]}
+        ).json()
+        assert chat["tokens"] == [97, 98]
+        text = client.post(PREFIX + "/detokenize", json={"model": ECHO, "tokens": tokens["tokens"]}).json()
+        assert text == {"prompt": "hé"}
+        bad = client.post(PREFIX + "/detokenize", json={"model": ECHO, "tokens": [10**9]})
+        assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
+
+
+def test_stream_batching_applies_after_the_first_piece(toolkit: Toolkit, served: openai.OpenAI) -> None:
+    """SECOND sends pieces at most every 100 ms after the first: the first piece is one
+    token, and the 30 more (30 ms at the echo's 1000 tokens/s) come in few chunks."""
+    with toolkit.client() as client:
+        body = {"model": SECOND, "stream": True, "messages": [{"role": "user", "content": "z" * 31}]}
+        with client.stream("POST", PREFIX + "/v1/chat/completions", json=body) as response:
+            pieces = [
+                json.loads(line[6:])["choices"][0]["delta"].get("content")
+                for line in response.iter_lines()
+                if line.startswith("data: {")
+            ]
+    texts = [piece for piece in pieces if piece]
+    assert texts[0] == "z" and "".join(texts) == "z" * 31
+    assert len(texts) <= 3
+
+
+def test_per_model_metrics_after_a_request(toolkit: Toolkit, served: openai.OpenAI) -> None:
+    served.chat.completions.create(model=ECHO, messages=[{"role": "user", "content": "count me"}])
+    wanted = {
+        "llm_time_to_first_token_seconds_count",
+        "llm_time_per_output_token_seconds_count",
+        "llm_framework_seconds_count",
+        "llm_queue_seconds_count",
+        "llm_prompt_tokens_total",
+        "llm_generation_tokens_total",
+    }
+    deadline = time.monotonic() + 20
+    found: set[str] = set()
+    with httpx.Client(base_url=toolkit.url, timeout=10) as client:
+        while time.monotonic() < deadline:
+            text = client.get("/-/metrics").text
+            found = {
+                sample.name
+                for family in text_string_to_metric_families(text)
+                for sample in family.samples
+                if sample.labels.get("model") == ECHO and sample.value > 0
+            }
+            if wanted <= found:
+                break
+            time.sleep(0.2)
+    assert wanted <= found, wanted - found
+
+
+def test_a_model_needing_an_accelerator_the_cluster_lacks_shows_as_unplaced(ray_toolkit: Toolkit) -> None:
+    """Never a silent hang: status() names the resource the model's replica waits for."""
+    name = ray_toolkit.name()
+    config = {
+        "model_loading_config": {"model_id": "needs-a10g"},
+        "llm_engine": "echo",
+        "accelerator_type": "A10G",
+    }
+    ray_toolkit.run_many(
+        [tk.RunTarget(build_openai_app({"llm_configs": [config]}), name=name, route_prefix="/unplaced")],
+        wait_for_applications_running=False,
+    )
+    deadline = time.monotonic() + 30
+    message = ""
+    while time.monotonic() < deadline and "accelerator_type:A10G" not in message:
+        app = tk.status().applications.get(name)
+        deployment = app.deployments.get("LLMServer-needs-a10g") if app else None
+        message = deployment.message if deployment else ""
+        time.sleep(0.2)
+    assert "accelerator_type:A10G" in message, message
+    assert "no nodes can hold it" in message or "no node has" in message, message
