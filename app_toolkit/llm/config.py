@@ -77,8 +77,8 @@ class ModelLoadingConfig(Schema):
 
 
 class LoraConfig(Schema):
-    """LoRA adapters of a model, read from a local folder (served from the next issue on:
-    docs/llm.md)."""
+    """LoRA adapters of a model, read from a local folder. The fields are taken and checked
+    now; adapters are served from the sequel on (LoRA and prefix-aware routing, docs/llm.md)."""
 
     dynamic_lora_loading_path: str | None = Field(
         None,
