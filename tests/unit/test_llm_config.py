@@ -19,19 +19,12 @@ from app_toolkit.config import DeploymentConfig
 from app_toolkit.config.file import parse_config
 from app_toolkit.exceptions import BuilderArgsError
 from app_toolkit.import_path import import_attr, ray_serve_counterpart
-from app_toolkit.llm import (
-    EngineOptions,
-    LLMConfig,
-    LLMServingArgs,
-    LoraConfig,
-    ModelFiles,
-    ModelLoadingConfig,
-    resolve_model_source,
-    serving_args,
-)
+from app_toolkit.llm import EngineOptions, LLMConfig, LLMServingArgs, LoraConfig, ModelLoadingConfig
 from app_toolkit.llm.config import ExperimentalConfigs
 from app_toolkit.llm.engine_options import EngineKwargs
+from app_toolkit.llm.model_source import ModelFiles, resolve_model_source
 from app_toolkit.llm.refused import RAY_SERVE_LLM_ONLY
+from app_toolkit.llm.serving_args import serving_args
 
 #: The fields of Ray Serve LLM 2.60's classes (ray/llm/_internal/serve/core/configs/
 #: llm_config.py, core/ingress/builder.py) and the experimental keys LLMConfig documents,
