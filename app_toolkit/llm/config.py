@@ -77,8 +77,8 @@ class ModelLoadingConfig(Schema):
 
 
 class LoraConfig(Schema):
-    """LoRA adapters of a model, read from a local folder (served from the next issue on:
-    docs/llm.md)."""
+    """LoRA adapters of a model, read from a local folder. The fields are taken and checked
+    now; adapters are served from the sequel on (LoRA and prefix-aware routing, docs/llm.md)."""
 
     dynamic_lora_loading_path: str | None = Field(
         None,
@@ -192,11 +192,15 @@ class LLMConfig(Schema):
             return data
         deployment = data.get("deployment_config")
         if isinstance(deployment, DeploymentConfig):  # code may pass the options' own model
-            deployment = deployment.model_dump(exclude_unset=True)
+            data["deployment_config"] = deployment = deployment.model_dump(exclude_unset=True)
         accelerator, runtime_env = data.get("accelerator_type"), data.get("runtime_env")
         if (accelerator is None and not runtime_env) or not isinstance(deployment, Mapping | None):
-            return data if deployment is None else {**data, "deployment_config": deployment}
-        actor = dict((deployment or {}).get("ray_actor_options") or {})
+            return data  # nothing to fold, or a wrong type the schema names
+        deployment = deployment or {}
+        actor = deployment.get("ray_actor_options") or {}
+        if not isinstance(actor, Mapping):
+            return data
+        actor = dict(actor)
         if accelerator is not None:
             if accelerator == "A10":
                 accelerator = data["accelerator_type"] = "A10G"  # Ray's rename
@@ -207,9 +211,10 @@ class LLMConfig(Schema):
                 )
                 raise field_errors("llm_config", {"accelerator_type": (accelerator, problem)})
             actor["accelerator_type"] = accelerator
-        if isinstance(runtime_env, Mapping) and runtime_env:
-            actor["runtime_env"] = {**(actor.get("runtime_env") or {}), **runtime_env}
-        return {**data, "deployment_config": {**(deployment or {}), "ray_actor_options": actor}}
+        own = actor.get("runtime_env") or {}
+        if isinstance(runtime_env, Mapping) and runtime_env and isinstance(own, Mapping):
+            actor["runtime_env"] = {**own, **runtime_env}
+        return {**data, "deployment_config": {**deployment, "ray_actor_options": actor}}
 
     @model_validator(mode="after")
     def _engine_agrees(self) -> LLMConfig:

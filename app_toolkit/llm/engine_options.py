@@ -33,23 +33,24 @@ EngineName = Literal["transformers", "echo", "embeddings"]
 
 @dataclass(frozen=True, slots=True)
 class EngineOptions:
-    """What an engine is built with, from ``engine_kwargs`` (vLLM's name in brackets)."""
+    """What an engine is built with, from ``engine_kwargs`` (vLLM's name in brackets).
+    Made by :meth:`EngineKwargs.options`, where the defaults live (``EngineKwargs().options()``)."""
 
     #: Most tokens of one sequence, prompt and reply (``max_model_len``); None: the
-    #: model's own context window. A longer cap than the model's is refused when it loads.
-    context_window: int | None = None
+    #: model's own context window.
+    context_window: int | None
     #: Replies decoded at once in one batch (``max_num_seqs``); more wait for a slot.
-    slots: int = 8
+    slots: int
     #: Keep the KV cache of a prompt's prefix for later prompts that start alike
     #: (``enable_prefix_caching``).
-    prefix_caching: bool = True
+    prefix_caching: bool
     #: The weights' dtype once loaded (``dtype``; vLLM's "half" and "float" as torch names).
-    dtype: TorchDtype = "auto"
+    dtype: TorchDtype
     #: Serve LoRA adapters on this model (``enable_lora``), at most ``max_loras`` in one
     #: batch (``max_loras``), each of rank at most ``max_lora_rank`` (``max_lora_rank``).
-    lora: bool = False
-    max_loras: int = 1
-    max_lora_rank: int = 16
+    lora: bool
+    max_loras: int
+    max_lora_rank: int
 
 
 class EngineKwargs(Strict):
@@ -61,7 +62,6 @@ class EngineKwargs(Strict):
     max_num_seqs: int = Field(
         8,
         ge=1,
-        le=1024,
         description="Replies decoded at once (decoding slots); more wait for a slot. vLLM's "
         "default is 256 on a GPU; 8 suits a small model on a few CPU cores.",
     )

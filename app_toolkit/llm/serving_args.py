@@ -69,6 +69,10 @@ def serving_args(builder_config: LLMServingArgs | Mapping[str, Any]) -> LLMServi
     :class:`LLMServingArgs`; a BuilderArgsError lists each field at fault, by its path."""
     if isinstance(builder_config, LLMServingArgs):
         return builder_config
+    if not isinstance(builder_config, Mapping):
+        raise BuilderArgsError(
+            f"LLMServingArgs must be a mapping with llm_configs, got {type(builder_config).__name__}"
+        )
     try:
         return LLMServingArgs.model_validate(dict(builder_config))
     except ValidationError as exc:

@@ -19,19 +19,12 @@ from app_toolkit.config import DeploymentConfig
 from app_toolkit.config.file import parse_config
 from app_toolkit.exceptions import BuilderArgsError
 from app_toolkit.import_path import import_attr, ray_serve_counterpart
-from app_toolkit.llm import (
-    EngineOptions,
-    LLMConfig,
-    LLMServingArgs,
-    LoraConfig,
-    ModelFiles,
-    ModelLoadingConfig,
-    resolve_model_source,
-    serving_args,
-)
+from app_toolkit.llm import EngineOptions, LLMConfig, LLMServingArgs, LoraConfig, ModelLoadingConfig
 from app_toolkit.llm.config import ExperimentalConfigs
 from app_toolkit.llm.engine_options import EngineKwargs
+from app_toolkit.llm.model_source import ModelFiles, resolve_model_source
 from app_toolkit.llm.refused import RAY_SERVE_LLM_ONLY
+from app_toolkit.llm.serving_args import serving_args
 
 #: The fields of Ray Serve LLM 2.60's classes (ray/llm/_internal/serve/core/configs/
 #: llm_config.py, core/ingress/builder.py) and the experimental keys LLMConfig documents,
@@ -360,6 +353,26 @@ def test_accelerator_type_asks_for_rays_accelerator_resource() -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("fields", "path"),
+    [
+        (
+            {"accelerator_type": "T4", "deployment_config": {"ray_actor_options": [1]}},
+            "deployment_config.ray_actor_options",
+        ),
+        ({"runtime_env": {"pip": ["x"]}, "deployment_config": "big"}, "deployment_config"),
+        (
+            {"runtime_env": {"pip": ["x"]}, "deployment_config": {"ray_actor_options": {"runtime_env": [1]}}},
+            "deployment_config.ray_actor_options.runtime_env",
+        ),
+    ],
+)
+def test_folding_into_the_replicas_options_leaves_wrong_types_to_the_schema(
+    fields: dict[str, Any], path: str
+) -> None:
+    assert f"\n  {AT}{path}: " in _refusal(_args(**fields))
+
+
 def test_runtime_env_goes_over_the_replicas_own() -> None:
     config = LLMConfig.model_validate(
         _model(
@@ -427,6 +440,8 @@ def test_serving_args_check_their_models() -> None:
     args = serving_args({"llm_configs": [model], "ingress_deployment_config": {"num_replicas": 2}})
     assert args.llm_configs == [model] and args.ingress_deployment_config.num_replicas == 2
     assert serving_args(args) is args
+    with pytest.raises(BuilderArgsError, match="LLMServingArgs must be a mapping with llm_configs, got list"):
+        serving_args([_model()])  # type: ignore[arg-type]  # what a wrong file's args would be
 
 
 # model_source
