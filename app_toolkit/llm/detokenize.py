@@ -1,0 +1,99 @@
+"""From token ids to text as a reply streams: every engine user turns the ids an engine
+yields into text pieces here, and cuts them at stop strings.
+
+:class:`Detokenizer` decodes a small window of tokens per new token (never the whole reply
+again), and holds a piece back while it ends in half a multi-byte character.
+:class:`StopFilter` holds back text that may begin a stop string until the next piece
+shows whether it does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+#: What ``bytes.decode(errors="replace")`` and the Hugging Face tokenizers put where a
+#: multi-byte character is cut: the rest of it is in the next token.
+REPLACEMENT = "\ufffd"
+
+
+class Detokenizer:
+    """Feed token ids one by one; get the text each adds (often "" while a character is
+    incomplete).
+
+    ``decode`` is the engine's (special tokens skipped). ``context`` is a few tokens
+    before the reply (the prompt's last ones): decoded with the first tokens, they keep
+    a leading space that a tokenizer drops at the start of a text.
+
+    Each token costs two decodes of the window since the last piece sent (the algorithm
+    of text-generation-inference and vLLM), so a reply costs O(its tokens).
+    """
+
+    def __init__(self, decode: Callable[[Sequence[int]], str], context: Sequence[int] = ()) -> None:
+        self._decode = decode
+        self._tokens: list[int] = list(context)
+        # _tokens[_start:_sent] is text already sent, decoded again as the next piece's context;
+        # _tokens[_sent:] is not sent yet.
+        self._start = 0
+        self._sent = len(self._tokens)
+
+    def feed(self, token_id: int) -> str:
+        """The text ``token_id`` completes ("" while it ends in half a character)."""
+        self._tokens.append(token_id)
+        return self._advance(final=False)
+
+    def flush(self) -> str:
+        """What is still held when the reply ends: a cut character, as U+FFFD."""
+        return self._advance(final=True)
+
+    def _advance(self, final: bool) -> str:
+        if self._sent == len(self._tokens):
+            return ""
+        before = self._decode(self._tokens[self._start : self._sent])
+        after = self._decode(self._tokens[self._start :])
+        if (after.endswith(REPLACEMENT) and not final) or len(after) <= len(before):
+            return ""  # half a character, or a token with no text of its own yet
+        self._start, self._sent = self._sent, len(self._tokens)
+        del self._tokens[: self._start]  # the window is all the next tokens need
+        self._sent -= self._start
+        self._start = 0
+        return after[len(before) :]
+
+
+class StopFilter:
+    """Feed text pieces; get back the text that is safe to send.
+
+    Text that could be the start of a stop string is held back until the next piece
+    shows whether it is one; once one is found, ``stopped`` is True and nothing more
+    (the stop string included) is sent.
+    """
+
+    def __init__(self, stops: Sequence[str]) -> None:
+        self._stops = tuple(stop for stop in stops if stop)
+        self._held = ""
+        self.stopped = False
+
+    def feed(self, piece: str) -> str:
+        """The part of ``piece`` (after what was held) that is safe to send now."""
+        if self.stopped:
+            return ""
+        text = self._held + piece
+        cut = min((index for index in (text.find(stop) for stop in self._stops) if index >= 0), default=-1)
+        if cut >= 0:
+            self.stopped, self._held = True, ""
+            return text[:cut]
+        keep = max((_overlap(text, stop) for stop in self._stops), default=0)
+        self._held = text[len(text) - keep :]
+        return text[: len(text) - keep]
+
+    def flush(self) -> str:
+        """What is still held when the stream ends without a stop."""
+        held, self._held = self._held, ""
+        return "" if self.stopped else held
+
+
+def _overlap(text: str, stop: str) -> int:
+    """Length of the longest end of ``text`` that begins ``stop``."""
+    for size in range(min(len(text), len(stop) - 1), 0, -1):
+        if stop.startswith(text[-size:]):
+            return size
+    return 0
