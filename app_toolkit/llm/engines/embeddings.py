@@ -58,7 +58,9 @@ class SentenceEngine:
             raise RuntimeError(f"{self.path} does not say its longest text: set max_model_len")
         model.max_seq_length = min(self._max_model_len or own, own)
         self.context_window = int(model.max_seq_length)
-        dimensions = model.get_sentence_embedding_dimension()
+        # sentence-transformers 6 renamed the method (the old name warns).
+        named = getattr(model, "get_embedding_dimension", None) or model.get_sentence_embedding_dimension
+        dimensions = named()
         if dimensions is None:
             raise RuntimeError(f"{self.path} does not say its vectors' length: it is not an embedding model")
         self.dimensions = int(dimensions)
