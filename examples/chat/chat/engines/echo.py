@@ -34,8 +34,8 @@ class EchoEngine:
         return said + len(self._engine.encode(generation.prefix))
 
     def stream(self, generation: Generation) -> AsyncIterator[str]:
-        messages = [{"role": role, "content": content} for role, content in generation.messages]
-        prompt = self._engine.chat_prompt(messages)
+        said = " ".join(generation.last_user_message.split())  # word by word, one space between
+        prompt = self._engine.chat_prompt([{"role": "user", "content": said}])
         done = len(self._engine.encode(generation.prefix))  # a continued reply: the words it has already
         return stream_text(self._engine, prompt[done:], generation)
 
