@@ -18,6 +18,7 @@ from app_toolkit.app_builder import load_application
 from app_toolkit.cli.deploy import apply
 from app_toolkit.cli.session import fail, key_values
 from app_toolkit.cli.stop_signals import StopSignals
+from app_toolkit.code_sources import is_user_source
 from app_toolkit.config import LOG_LEVEL_ENV, HTTPOptions, parse_http_options
 from app_toolkit.config.file import load_config
 from app_toolkit.deployment import Application
@@ -243,7 +244,7 @@ def _deploy(
         _forget_local_modules(os.getcwd())
     if _is_config_file(target):
         config = load_config(target)
-        apply(session, config, target, wait_s=None, new_code=fresh)
+        apply(session, config, target, wait_s=None, reload=fresh)
         return [app.name for app in config.applications]
     if app is None:
         app = load_application(target, args, name)
@@ -273,13 +274,13 @@ def _redeploy_on_change(redeploy: Callable[[], list[str]]) -> None:
 
 
 def _forget_local_modules(folder: str) -> None:
-    """Drop modules loaded from ``folder`` (not installed packages) so they import anew."""
+    """Drop the user's modules loaded from ``folder`` (not installed packages, not the
+    toolkit) so they import anew."""
     root = os.path.join(os.path.realpath(folder), "")
     for module_name, module in list(sys.modules.items()):
         path = getattr(module, "__file__", None)
-        if path and os.path.realpath(path).startswith(root) and "site-packages" not in path:
-            if not module_name.startswith("app_toolkit"):
-                del sys.modules[module_name]
+        if path and os.path.realpath(path).startswith(root) and is_user_source(path):
+            del sys.modules[module_name]
 
 
 def _set_logging(level: str, fmt: str) -> None:
