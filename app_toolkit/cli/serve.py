@@ -123,13 +123,13 @@ def run(
         try:
             http, app = _prepare(ctx, target, args, name, route_prefix, log_level, log_format, http_flags)
             session = signals.deferred(lambda: _start(http, local, address))
-            names = _deploy(session, target, args, name, route_prefix, app=app)
+            names = _deploy(session, target, args, name, route_prefix, reload, app=app)
             _announce(target, names, session.status(), http)
         except AppToolkitError as exc:
             fail(exc)
         serving = True
         if reload:
-            _redeploy_on_change(lambda: _deploy(session, target, args, name, route_prefix, fresh=True))
+            _redeploy_on_change(lambda: _deploy(session, target, args, name, route_prefix, True, fresh=True))
         while True:
             time.sleep(60)  # until a stop signal interrupts it
     except KeyboardInterrupt:
@@ -234,21 +234,24 @@ def _deploy(
     args: dict[str, str],
     name: str | None,
     route_prefix: str | None,
+    reload: bool,
     fresh: bool = False,
     app: Application | None = None,
 ) -> list[str]:
     """Deploy an import path (``app``: what it names, if loaded already; a builder it
     names is called with ``args`` again on each reload) or a config file; returns the
-    application names."""
+    application names. ``reload``: as ``--reload`` deploys, the first time too (only
+    what changed since is replaced: a first deploy renewed as ``tk.run``'s is would have
+    versions no reload makes again); ``fresh``: import the user's modules anew first."""
     if fresh:
         _forget_local_modules(os.getcwd())
     if _is_config_file(target):
         config = load_config(target)
-        apply(session, config, target, wait_s=None, reload=fresh)
+        apply(session, config, target, wait_s=None, reload=reload)
         return [app.name for app in config.applications]
     if app is None:
         app = load_application(target, args, name)
-    kwargs: dict[str, Any] = {"name": name, "_reload": fresh}
+    kwargs: dict[str, Any] = {"name": name, "_reload": reload}
     if route_prefix is not None:
         kwargs["route_prefix"] = route_prefix
     api.run(app, **kwargs)
