@@ -19,8 +19,8 @@ import app_toolkit as tk
 from app_toolkit import code_sources
 from app_toolkit.build import build_app
 from app_toolkit.code_sources import (
-    code_roots,
     code_name,
+    code_roots,
     imported_modules,
     is_user_source,
     sources_digest,
@@ -100,7 +100,8 @@ def test_imported_modules_resolves_each_import_statement(
 def test_user_sources_follow_imports_through_the_users_modules_only(project: Path) -> None:
     # Nothing is imported: the files are found on sys.path.
     model = user_sources({"shop_model"})
-    assert model == {name: str(project / f"{name}.py") for name in ("shop_model", "shop_weights", "shop_lazy")}
+    expected = ("shop_model", "shop_weights", "shop_lazy")
+    assert model == {name: str(project / f"{name}.py") for name in expected}
     ingress = user_sources({"shop_ingress"})
     assert set(ingress) == {*model, "shop_ingress", "shop_pages"}  # not json, fastapi, app_toolkit
     assert "shop_model" not in sys.modules
