@@ -17,7 +17,7 @@ import pytest
 
 import app_toolkit as tk
 from app_toolkit import code_sources
-from app_toolkit.build import build_app
+from app_toolkit.build import build_app, build_spec
 from app_toolkit.code_sources import (
     code_name,
     code_roots,
@@ -26,6 +26,7 @@ from app_toolkit.code_sources import (
     sources_digest,
     user_sources,
 )
+from app_toolkit.config.file import parse_config
 
 #: A tiny project: an ingress that binds a model; the model imports a helper of its own.
 PROJECT = {
@@ -162,18 +163,34 @@ def _local_serializer() -> Callable[[object], bytes]:
     return serialize
 
 
-def _versions(module: str) -> dict[str, str]:
-    app = _reimport(module).app
-    assert isinstance(app, tk.App)
-    spec = build_app(app, "shop", "/", _local_serializer())
+def _versions(mode: str) -> dict[str, str]:
+    """Each deployment's code version, built as ``app-toolkit run`` builds it after a
+    reload: from an import path (in this process), or from a config file's entry."""
+    if mode == "import-path":
+        app = _reimport("shop_ingress").app
+        assert isinstance(app, tk.App)
+        spec = build_app(app, "shop", "/", _local_serializer())
+    else:
+        _forget()
+        config = parse_config({"applications": [{"name": "shop", "import_path": "shop_ingress:app"}]}, "f")
+        spec = build_spec(config.applications[0], _local_serializer())
     return {deployment.id.name: deployment.code_version for deployment in spec.deployments}
 
 
-def test_a_reimport_keeps_the_model_s_version_until_its_own_files_change(project: Path) -> None:
-    first = _versions("shop_ingress")
+@pytest.mark.parametrize("mode", ["import-path", "config-file"])
+def test_a_reimport_keeps_the_model_s_version_until_its_own_files_change(project: Path, mode: str) -> None:
+    first = _versions(mode)
+    (project / "shop_unused.py").write_text("# edited\n")
+    unrelated = _versions(mode)
+    assert unrelated["Model"] == first["Model"]
+    # tk.App's ingress is made anew by each import: an import path's is another version,
+    # a config file's entry knows it by its import path and files.
+    assert (unrelated["Ingress"] == first["Ingress"]) is (mode == "config-file")
     (project / "shop_ingress.py").write_text(PROJECT["shop_ingress.py"].replace("return 1", "return 2"))
-    second = _versions("shop_ingress")
+    second = _versions(mode)
     assert second["Model"] == first["Model"]
     assert second["Ingress"] != first["Ingress"]
     (project / "shop_model.py").write_text(PROJECT["shop_model.py"] + "# edited\n")
-    assert _versions("shop_ingress")["Model"] != second["Model"]
+    third = _versions(mode)
+    assert third["Model"] != second["Model"]
+    assert third["Ingress"] != second["Ingress"]  # its routes' module imports the model's
