@@ -86,6 +86,17 @@ def user_sources(roots: Iterable[str]) -> dict[str, str]:
     return found
 
 
+def dependents(modules: Iterable[str], files: Iterable[str]) -> set[str]:
+    """The ``modules`` whose user sources include one of ``files`` (the modules to import
+    anew after an edit of them)."""
+    edited = {os.path.realpath(path) for path in files}
+    return {
+        name
+        for name in modules
+        if any(os.path.realpath(path) in edited for path in user_sources([name]).values())
+    }
+
+
 def imported_modules(source: str, module: str, is_package: bool) -> set[str]:
     """The modules the import statements of ``module`` (whose source is ``source``) may
     name: ``import a.b`` names ``a.b``; ``from a import b`` names ``a`` and ``a.b`` (``b``

@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from tests.conftest import free_port
-from tests.integration.test_cli import running_cli
+from tests.integration.test_cli import RunningCLI, running_cli
 from tests.waiting import wait_for
 
 INGRESS = """
@@ -35,8 +35,9 @@ async def info(model: tk.DeploymentHandle = tk.Depends(Model)) -> dict[str, obje
 app = tk.App(router, name="shop")
 """
 
-#: Each load appends a line to loads.log (not a .py file: the watcher ignores it), so the
-#: count survives the module's re-imports and the replica's process.
+#: Each load appends a line to loads.log, and each import of the module one to
+#: imports.log (not .py files: the watcher ignores them), so the counts survive the
+#: module's re-imports and the replica's process.
 MODEL = """
 import os
 from pathlib import Path
@@ -45,6 +46,8 @@ import app_toolkit as tk
 
 VERSION = {version}
 LOADS = Path(__file__).with_name("loads.log")
+with Path(__file__).with_name("imports.log").open("a") as imports:
+    imports.write(f"{{os.getpid()}}\\n")
 
 
 @tk.deployment
@@ -63,9 +66,20 @@ RAY_START_S = 120
 RELOAD_S = 60
 
 
-def _write(folder: Path, ingress: int, model: int) -> None:
-    (folder / "ingress.py").write_text(INGRESS.format(version=ingress))
-    (folder / "model.py").write_text(MODEL.format(version=model))
+def _lines(path: Path, pid: int | None = None) -> int:
+    """How many lines ``path`` has (only those written by ``pid``, if given)."""
+    return sum(1 for line in path.read_text().splitlines() if pid is None or line == str(pid))
+
+
+def _wait_for_reload(cli: RunningCLI, file: str) -> None:
+    """Until a change of ``file`` was seen and every redeploy begun since has ended."""
+    cli.wait_for_output(f"{file} changed; redeploying", RELOAD_S)
+
+    def settled() -> bool:
+        output = cli.output()
+        return output.count("app-toolkit: redeployed") == output.count("; redeploying")
+
+    wait_for(settled, RELOAD_S, "the redeploys to end", interval_s=0.1)
 
 
 @pytest.mark.parametrize("backend", ["ray", "local"])
@@ -73,7 +87,8 @@ def _write(folder: Path, ingress: int, model: int) -> None:
 def test_reload_keeps_the_model_warm_across_ingress_edits(tmp_path: Path, mode: str, backend: str) -> None:
     project = tmp_path / "project"
     project.mkdir()
-    _write(project, ingress=1, model=1)
+    (project / "ingress.py").write_text(INGRESS.format(version=1))
+    (project / "model.py").write_text(MODEL.format(version=1))
     port = free_port()
     if mode == "config-file":
         config = {
@@ -97,12 +112,20 @@ def test_reload_keeps_the_model_warm_across_ingress_edits(tmp_path: Path, mode: 
         cli.wait_for_output("watching", RAY_START_S)
         first = info()
         assert first["ingress"] == 1 and first["model"]["load"] == 1, first
+        # The command's own imports (a Ray replica of the ingress imports model.py too: a
+        # new one does again).
+        imports = _lines(project / "imports.log", cli.process.pid)
 
-        _write(project, ingress=2, model=1)  # the model's file is written, unchanged
-        cli.wait_for_output("app-toolkit: redeployed", RELOAD_S)
+        (project / "ingress.py").write_text(INGRESS.format(version=2))
+        _wait_for_reload(cli, "ingress.py")
         wait_for(lambda: info()["ingress"] == 2, RELOAD_S, "the new ingress to serve")
         assert info()["model"] == first["model"], "the model was replaced by an ingress edit"
-        assert len((project / "loads.log").read_text().splitlines()) == 1
+        assert _lines(project / "loads.log") == 1
+        assert _lines(project / "imports.log", cli.process.pid) == imports, "model.py was imported anew"
+
+        (project / "model.py").write_text(MODEL.format(version=1))  # saved again, unchanged
+        _wait_for_reload(cli, "model.py")
+        assert info()["model"] == first["model"], "the model was replaced by a save that changed nothing"
 
         (project / "model.py").write_text(MODEL.format(version=2))
         wait_for(lambda: info()["model"]["version"] == 2, RELOAD_S, "the new model to serve")

@@ -21,6 +21,7 @@ from app_toolkit.build import build_app, build_spec
 from app_toolkit.code_sources import (
     code_name,
     code_roots,
+    dependents,
     imported_modules,
     is_user_source,
     sources_digest,
@@ -74,7 +75,8 @@ def _forget() -> None:
 
 
 def _reimport(module: str) -> Any:
-    """``module`` imported anew, as ``--reload`` does (every project module forgotten)."""
+    """``module`` imported anew with every project module (as a config file's build on Ray
+    does, in a fresh process: the most a reload imports again)."""
     _forget()
     return importlib.import_module(module)
 
@@ -106,6 +108,18 @@ def test_user_sources_follow_imports_through_the_users_modules_only(project: Pat
     ingress = user_sources({"shop_ingress"})
     assert set(ingress) == {*model, "shop_ingress", "shop_pages"}  # not json, fastapi, app_toolkit
     assert "shop_model" not in sys.modules
+
+
+def test_dependents_are_the_modules_to_import_anew_after_an_edit(project: Path) -> None:
+    modules = ["shop_ingress", "shop_model", "shop_pages", "shop_unused", "shop_weights"]
+    assert dependents(modules, [str(project / "shop_weights.py")]) == {
+        "shop_weights",
+        "shop_model",
+        "shop_ingress",
+        "shop_unused",
+    }
+    assert dependents(modules, [str(project / "shop_pages.py")]) == {"shop_pages", "shop_ingress"}
+    assert dependents(modules, [str(project / "elsewhere.py")]) == set()
 
 
 def test_a_package_module_depends_on_its_package(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -183,8 +197,8 @@ def test_a_reimport_keeps_the_model_s_version_until_its_own_files_change(project
     (project / "shop_unused.py").write_text("# edited\n")
     unrelated = _versions(mode)
     assert unrelated["Model"] == first["Model"]
-    # tk.App's ingress is made anew by each import: an import path's is another version,
-    # a config file's entry knows it by its import path and files.
+    # tk.App's ingress is made anew by each import of its module: an import path's is
+    # another version, a config file's entry knows it by its import path and files.
     assert (unrelated["Ingress"] == first["Ingress"]) is (mode == "config-file")
     (project / "shop_ingress.py").write_text(PROJECT["shop_ingress.py"].replace("return 1", "return 2"))
     second = _versions(mode)
