@@ -188,8 +188,11 @@ def _locate(name: str) -> tuple[str, bool] | None:
     it has no file (built in, namespace package) or cannot be found."""
     module = sys.modules.get(name)
     if module is not None:
-        path = getattr(module, "__file__", None)
-        return (path, hasattr(module, "__path__")) if isinstance(path, str) else None
+        try:
+            path, is_package = getattr(module, "__file__", None), hasattr(module, "__path__")
+        except Exception:  # noqa: BLE001 - what a library put in sys.modules may raise anything
+            return None
+        return (path, is_package) if isinstance(path, str) else None
     parent, _, _ = name.rpartition(".")
     search: list[str] | None = None
     if parent:
