@@ -57,6 +57,10 @@ OBJECT_DOCUMENT = {
     "landmarks": ["Eiffel Tower", "Louvre"],
     "mayor": {"name": "Anne Hidalgo", "since": 2014},
 }
+PROSE = (
+    "Ada Lovelace wrote the first published program for Babbage's Analytical Engine, "
+    "and saw that such a machine could act on things other than numbers, music included."
+)
 GRAMMARS = {
     "json_schema": (json.dumps(SCHEMA), json.dumps(SCHEMA_DOCUMENT)),
     "json_object": (json.dumps({"type": "object"}), json.dumps(OBJECT_DOCUMENT)),
@@ -198,14 +202,24 @@ def measure_constraint(tokenizer: Any, rounds: int) -> list[tuple[str, str, Any]
 
     toolkit_grammar.grammar_constraint(tokenizer, "start: /a/")  # llguidance's tokenizer, built once
     rows: list[tuple[str, str, Any]] = []
-    formats: dict[str, dict[str, Any]] = {
-        "json_schema": {"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA}},
-        "json_object": {"type": "json_object"},
+    tools = [{"type": "function", "function": {"name": "save_person", "parameters": SCHEMA}}]
+    call = f'<tool_call>\n{{"name": "save_person", "arguments": {json.dumps(SCHEMA_DOCUMENT)}}}\n</tool_call>'
+    formats: dict[str, tuple[dict[str, Any], str]] = {
+        "json_schema": (
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "person", "schema": SCHEMA}}},
+            GRAMMARS["json_schema"][1],
+        ),
+        "json_object": ({"response_format": {"type": "json_object"}}, GRAMMARS["json_object"][1]),
+        "tools, required: one call": (
+            {"tools": tools, "tool_choice": "required", "parallel_tool_calls": False},
+            call,
+        ),
+        "tools, auto: text": ({"tools": tools}, PROSE),
     }
-    for grammar, response_format in formats.items():
-        tokens = tokenizer.encode(GRAMMARS[grammar][1], add_special_tokens=False)
+    for grammar, (fields, document) in formats.items():
+        tokens = tokenizer.encode(document, add_special_tokens=False)
         start = time.perf_counter()
-        chosen = reply_format(response_format)  # checks the schema (no tokenizer)
+        chosen = reply_format(**fields)  # checks the schemas (no tokenizer)
         first = chosen.constraint(tokenizer)  # compiles for the tokenizer
         assert first is not None
         first.allowed(tokenizer.vocab_size)
@@ -220,7 +234,7 @@ def measure_constraint(tokenizer: Any, rounds: int) -> list[tuple[str, str, Any]
                 constraint.accept(token)
 
             per_token += walk(step, tokens)
-            assert constraint.finished
+            assert constraint.finished or document is PROSE
         rows.append(("toolkit Constraint (llguidance)", grammar, (per_token, compile_s, len(tokens))))
     return rows
 
