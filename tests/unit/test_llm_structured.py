@@ -78,12 +78,10 @@ def tokenizer() -> Any:
 @pytest.fixture(scope="module")
 def closers(tokenizer: Any) -> torch.Tensor:
     """Tokens that hold a character ending a JSON value: a walk leans on them now and then,
-    so its strings end within the step bound."""
-    table = torch.zeros(len(tokenizer), dtype=torch.bool)
-    for token_id in range(len(tokenizer)):
-        text = tokenizer.decode([token_id])
-        table[token_id] = any(char in text for char in '"}],')
-    return table
+    so its strings end within the step bound. (In the byte-level alphabet of the token
+    strings, these ASCII characters stand for themselves.)"""
+    strings = tokenizer.convert_ids_to_tokens(list(range(len(tokenizer))))
+    return torch.tensor([any(char in string for char in '"}],') for string in strings])
 
 
 def walk(constraint: Constraint, tokenizer: Any, seed: int, closers: torch.Tensor) -> list[int]:
