@@ -18,6 +18,9 @@ import torch
 
 from app_toolkit.llm import grammar
 from app_toolkit.llm.engine import Constraint
+from app_toolkit.llm.errors import OpenAIError
+from app_toolkit.llm.events import Delta
+from app_toolkit.llm.shaping import structure_for
 from app_toolkit.llm.structured import ReplyFormat, StructuredOutputError, reply_format
 from app_toolkit.llm.tool_calls import ToolCallStream, merge_fragments, parse_tool_calls, tool_instructions
 
@@ -369,3 +372,27 @@ def test_tool_instructions_show_each_function_and_the_call_format() -> None:
     assert '"name": "get_weather", "description": "Weather now"' in text
     assert json.dumps(TIME) in text
     assert '<tool_call>\n{"name": <function name>, "arguments": <arguments object>}\n</tool_call>' in text
+
+
+def test_the_server_shapes_replies_through_these_parsers(tokenizer: Any) -> None:
+    assert structure_for(tokenizer, None, (), None) is None
+    assert structure_for(tokenizer, None, tuple(TOOLS), "none") is None
+    document = structure_for(tokenizer, {"type": "json_object"}, (), None)
+    assert document is not None and document.constraint is not None
+    assert document.feed('{"a": 1}') == [Delta(text='{"a": 1}')] and not document.called
+    calls = structure_for(tokenizer, None, tuple(TOOLS), "required")
+    assert calls is not None and calls.constraint is not None
+    deltas = calls.feed('<tool_call>\n{"name": "get_time", "arguments": {"tz": "UTC"}}\n</tool_call>')
+    deltas += calls.finish()
+    assert [d.text for d in deltas] == [""] and calls.called
+    assert [
+        (c["function"]["name"], c["function"]["arguments"])
+        for c in merge_fragments(list(deltas[0].tool_calls))
+    ] == [("get_time", '{"tz": "UTC"}')]
+
+
+def test_the_server_answers_a_field_that_cannot_be_enforced_with_a_400_naming_it(tokenizer: Any) -> None:
+    with pytest.raises(OpenAIError) as caught:
+        structure_for(tokenizer, None, tuple(TOOLS), {"type": "function", "function": {"name": "nope"}})
+    assert (caught.value.status, caught.value.param) == (400, "tool_choice")
+    assert "'nope', which is not among the request's tools" in caught.value.message
