@@ -31,11 +31,16 @@ def structure_for(
     response_format: dict[str, Any] | None,
     tools: tuple[dict[str, Any], ...],
     tool_choice: str | dict[str, Any] | None,
+    parallel_tool_calls: bool = False,
 ) -> Structure | None:
     """The structure a request asks for, or None for free text; a field that cannot be
-    enforced is a 400 naming it (``structured.reply_format``'s check)."""
+    enforced is a 400 naming it (``structured.reply_format``'s check).
+
+    One tool call per reply unless ``parallel_tool_calls``: OpenAI's default is several,
+    but a small model allowed another call tends to repeat the first (SmolLM2-135M does),
+    and clients such as instructor take one; the endpoints do not pass the field yet."""
     try:
-        chosen = reply_format(response_format, tools, tool_choice)
+        chosen = reply_format(response_format, tools, tool_choice, parallel_tool_calls)
         constraint = chosen.constraint(tokenizer)
     except StructuredOutputError as error:
         raise bad_parameter(error.param, error.message) from None

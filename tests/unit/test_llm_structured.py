@@ -382,13 +382,26 @@ def test_the_server_shapes_replies_through_these_parsers(tokenizer: Any) -> None
     assert document.feed('{"a": 1}') == [Delta(text='{"a": 1}')] and not document.called
     calls = structure_for(tokenizer, None, tuple(TOOLS), "required")
     assert calls is not None and calls.constraint is not None
-    deltas = calls.feed('<tool_call>\n{"name": "get_time", "arguments": {"tz": "UTC"}}\n</tool_call>')
-    deltas += calls.finish()
+    call = '<tool_call>\n{"name": "get_time", "arguments": {"tz": "UTC"}}\n</tool_call>'
+    follow(calls.constraint, tokenizer, call)
+    assert calls.constraint.finished, "one call per reply unless parallel_tool_calls"
+    deltas = calls.feed(call) + calls.finish()
     assert [d.text for d in deltas] == [""] and calls.called
     assert [
         (c["function"]["name"], c["function"]["arguments"])
         for c in merge_fragments(list(deltas[0].tool_calls))
     ] == [("get_time", '{"tz": "UTC"}')]
+
+
+def test_the_server_allows_several_calls_when_asked(tokenizer: Any) -> None:
+    calls = structure_for(tokenizer, None, tuple(TOOLS), "required", parallel_tool_calls=True)
+    assert calls is not None and calls.constraint is not None
+    follow(
+        calls.constraint,
+        tokenizer,
+        '<tool_call>\n{"name": "get_time", "arguments": {"tz": "UTC"}}\n</tool_call>',
+    )
+    assert not calls.constraint.finished and calls.constraint.allowed(len(tokenizer))[tokenizer.eos_token_id]
 
 
 def test_the_server_answers_a_field_that_cannot_be_enforced_with_a_400_naming_it(tokenizer: Any) -> None:
