@@ -122,6 +122,7 @@ def test_all_is_sorted_and_complete() -> None:
         "app_builder",
         "multiplex",
         "tracing",
+        "code_sources",
         "llm",  # app_toolkit.llm: imported by its users, not by app_toolkit
     }
 

@@ -22,6 +22,8 @@ class Generation:
     response_format: dict[str, Any] | None = None
     tools: tuple[dict[str, Any], ...] = ()
     tool_choice: str | dict[str, Any] | None = None
+    #: Several tool calls in one reply (OpenAI's default); one unless the request says so.
+    parallel_tool_calls: bool = False
     #: ``time.time()`` when the ingress took the request: the framework's share of TTFT.
     received_at: float = 0.0
 

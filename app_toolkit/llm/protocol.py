@@ -146,6 +146,7 @@ class ChatCompletionRequest(_Request):
     response_format: dict[str, Any] | None = None
     tools: list[dict[str, Any]] | None = Field(None, max_length=128)
     tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
 
     def checked(self) -> ChatCompletionRequest:
         checked_options(dict(self.model_extra or {}), CHAT_RULES)

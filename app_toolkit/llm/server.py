@@ -20,7 +20,7 @@ from app_toolkit.llm.engine import EmbeddingEngine, EngineLoad, Sampling, TextEn
 from app_toolkit.llm.errors import OpenAIError, bad_parameter
 from app_toolkit.llm.events import Delta, Generation, ModelCard
 from app_toolkit.llm.loading import engine_for
-from app_toolkit.llm.shaping import Structure, structure_for
+from app_toolkit.llm.shaping import Structure, prompt_messages, structure_for, template_takes_tools
 
 logger = logging.getLogger("app_toolkit.llm")
 
@@ -66,7 +66,11 @@ class LLMServer:
         prompt = self._prompt(engine, generation)
         sampling = self._fitted(engine, generation, len(prompt))
         structure = structure_for(
-            engine.tokenizer, generation.response_format, generation.tools, generation.tool_choice
+            engine.tokenizer,
+            generation.response_format,
+            generation.tools,
+            generation.tool_choice,
+            generation.parallel_tool_calls,
         )
         yield Delta(prompt_tokens=len(prompt))
         replies = _Reply(self._model, engine, prompt, sampling, structure, generation, self._interval_s)
@@ -138,7 +142,10 @@ class LLMServer:
 
     def _prompt(self, engine: TextEngine, generation: Generation) -> list[int]:
         if generation.messages:
-            return engine.chat_prompt(_text_messages(generation.messages), list(generation.tools) or None)
+            tools = list(generation.tools)
+            shown = template_takes_tools(engine.tokenizer)
+            messages = prompt_messages(_text_messages(generation.messages), tools, shown)
+            return engine.chat_prompt(messages, tools if shown and tools else None)
         if isinstance(generation.prompt, str):
             return engine.encode(generation.prompt)
         return list(generation.prompt or ())

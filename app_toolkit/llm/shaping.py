@@ -3,13 +3,20 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any, Protocol
 
 from app_toolkit.llm.engine import Constraint
 from app_toolkit.llm.errors import bad_parameter
 from app_toolkit.llm.events import Delta
 from app_toolkit.llm.structured import StructuredOutputError, reply_format
-from app_toolkit.llm.tool_calls import ToolCallStream
+from app_toolkit.llm.tool_calls import (
+    CALL_CLOSE,
+    CALL_OPEN,
+    CALL_SEPARATOR,
+    ToolCallStream,
+    tool_instructions,
+)
 
 
 class Structure(Protocol):
@@ -75,3 +82,60 @@ def _deltas(content: str, fragments: list[dict[str, Any]]) -> list[Delta]:
     if fragments:
         deltas.append(Delta(tool_calls=tuple(fragments)))
     return deltas
+
+
+def prompt_messages(
+    messages: list[dict[str, Any]], tools: list[dict[str, Any]], template_takes_tools: bool
+) -> list[dict[str, Any]]:
+    """The conversation as the chat template gets it. A template that shows tools gets the
+    messages as they are; for one that does not, the tools are described in the system
+    message, earlier calls are written as the model writes them, and tool results are
+    passed as ``tool`` turns of text."""
+    if template_takes_tools or not (tools or any(_calls_or_results(m) for m in messages)):
+        return messages
+    converted = [_as_text(message) for message in messages]
+    if tools:
+        instructions = tool_instructions(tools)
+        if converted and converted[0].get("role") in ("system", "developer"):
+            first = converted[0]
+            converted[0] = {**first, "content": f"{first.get('content') or ''}\n\n{instructions}".strip()}
+        else:
+            converted.insert(0, {"role": "system", "content": instructions})
+    return converted
+
+
+def template_takes_tools(tokenizer: Any) -> bool:
+    """Whether the tokenizer's chat template renders a ``tools`` argument."""
+    template = getattr(tokenizer, "chat_template", None)
+    return isinstance(template, str) and "tools" in template
+
+
+def _calls_or_results(message: dict[str, Any]) -> bool:
+    return bool(message.get("tool_calls")) or message.get("role") == "tool"
+
+
+def _as_text(message: dict[str, Any]) -> dict[str, Any]:
+    """An assistant's calls as its text; a tool result as a ``tool`` turn."""
+    calls = message.get("tool_calls")
+    if calls:
+        written = CALL_SEPARATOR.join(
+            CALL_OPEN
+            + json.dumps(
+                {"name": call["function"]["name"], "arguments": _arguments(call)}, ensure_ascii=False
+            )
+            + CALL_CLOSE
+            for call in calls
+        )
+        text = message.get("content") or ""
+        return {"role": "assistant", "content": f"{text}\n{written}".strip() if text else written}
+    if message.get("role") == "tool":
+        return {"role": "tool", "content": message.get("content") or ""}
+    return message
+
+
+def _arguments(call: dict[str, Any]) -> Any:
+    text = call.get("function", {}).get("arguments") or "{}"
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text

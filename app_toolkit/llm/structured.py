@@ -28,8 +28,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import llguidance
-
 from ..exceptions import AppToolkitError
 from .engine import Constraint
 from .tool_calls import TEXT_RULE, calls_rules, json_rule
@@ -230,6 +228,8 @@ def _checked_json_rule(schema: Mapping[str, Any], param: str, where: str) -> str
 @functools.lru_cache(maxsize=256)
 def _refusal(rule: str) -> str:
     """Why llguidance refuses ``rule`` ("" if it takes it); needs no tokenizer."""
+    import llguidance  # the llm extra's: imported where a request asks for structure
+
     from .grammar import library_reason
 
     refused, messages = llguidance.LLMatcher.validate_grammar_with_warnings(

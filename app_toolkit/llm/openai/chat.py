@@ -36,6 +36,7 @@ def generation(request: ChatCompletionRequest, received_at: float) -> Generation
         response_format=request.response_format,
         tools=tuple(request.tools or ()),
         tool_choice=request.tool_choice,
+        parallel_tool_calls=bool(request.parallel_tool_calls),
         received_at=received_at,
     )
 
