@@ -12,6 +12,7 @@ another replica's response finds none.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections import OrderedDict
@@ -78,7 +79,7 @@ class ResponseStore:
         self._log = MemoryEventLog(
             max_streams=max_kept, max_events=MAX_EVENTS, keep_s=keep_s, writer_timeout_s=PRODUCER_SILENCE_S
         )
-        self._producing: set[asyncio.Task[None]] = set()
+        self._producing: dict[asyncio.Task[None], Reply] = {}
 
     def __len__(self) -> int:
         return len(self._kept)
@@ -138,17 +139,16 @@ class ResponseStore:
             await _closed(events)
             raise
         task = asyncio.get_running_loop().create_task(self._write(reply, events))
-        self._producing.add(task)
-        task.add_done_callback(self._producing.discard)
+        self._producing[task] = reply
+        task.add_done_callback(self._producing.pop)
         return await self.follow(reply.id, None)
 
     async def _write(self, reply: Reply, events: AsyncIterator[Event]) -> None:
         try:
             async for kind, data in events:
                 await self._log.append(reply.id, data, kind)
-        except asyncio.CancelledError:  # the ingress replica stops: its readers hear retry
-            kind, data = reply.error_event(OpenAIErrorEvent.restarting())
-            await self._log.append(reply.id, data, kind)
+        except asyncio.CancelledError:
+            await self._interrupt(reply)
             raise
         except Exception:
             logger.exception("Response %s: its events could not be kept", reply.id)
@@ -177,12 +177,23 @@ class ResponseStore:
             ) from None
         return Followed(response_id, following, -1 if starting_after is None else starting_after)
 
+    async def _interrupt(self, reply: Reply) -> None:
+        """End a response cut off by the ingress replica stopping: its readers hear retry."""
+        if reply.done:
+            return
+        kind, data = reply.error_event(OpenAIErrorEvent.restarting())
+        with contextlib.suppress(ValueError):  # closed already: its writer failed
+            await self._log.append(reply.id, data, kind)
+        await self._log.close(reply.id)
+
     async def close(self) -> None:
         """Stop the responses still being produced (the ingress replica stops), and wait."""
-        tasks = list(self._producing)
-        for task in tasks:
+        producing = dict(self._producing)
+        for task in producing:
             task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await asyncio.gather(*producing, return_exceptions=True)
+        for reply in producing.values():  # a task cancelled before it started ran no code
+            await self._interrupt(reply)
 
 
 class Followed:
