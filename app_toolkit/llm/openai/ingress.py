@@ -120,7 +120,11 @@ class OpenAIIngress:
         events = responses.produced(reply, stream)
         if not request.store:
             return responses.streamed(events, reply.next_number)
-        followed = await self._responses.produce(reply, events)
+        try:
+            followed = await self._responses.produce(reply, events)
+        except BaseException:
+            stream.cancel()  # refused (503): the model stops this reply
+            raise
         return responses.streamed(followed.events, followed.next_number)
 
     @api.get("/v1/responses/{response_id}", response_model=None)
