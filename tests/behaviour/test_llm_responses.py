@@ -6,11 +6,11 @@ while the reply goes on without any reader."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
 import openai
 import pytest
 
@@ -32,12 +32,12 @@ def served(toolkit: Toolkit) -> Iterator[openai.OpenAI]:
         yield client
 
 
-def _events(response: httpx.Response, count: int | None = None) -> list[dict[str, Any]]:
-    """The first ``count`` events of a Responses stream (all: None), each checked to be
-    named by its ``type``."""
+def _events(lines: Iterator[str], count: int | None = None) -> list[dict[str, Any]]:
+    """The next ``count`` events of a Responses stream's lines (all: None), each checked to
+    be named by its ``type``."""
     events: list[dict[str, Any]] = []
     name = ""
-    for line in response.iter_lines():
+    for line in lines:
         if line.startswith("event: "):
             name = line[len("event: ") :]
         elif line.startswith("data: "):
@@ -149,12 +149,12 @@ def test_a_dropped_stream_resumes_after_its_last_sequence_number(
     body = {"model": ECHO, "input": said, "stream": True}
     with toolkit.client() as client:
         with client.stream("POST", PREFIX + "/v1/responses", json=body) as posted:
-            head = _events(posted, 5)
+            head = _events(posted.iter_lines(), 5)
         response_id = head[0]["response"]["id"]
         url = f"{PREFIX}/v1/responses/{response_id}"
         resume = {"stream": "true", "starting_after": str(head[-1]["sequence_number"])}
         with client.stream("GET", url, params=resume) as resumed:
-            middle = _events(resumed, 5)
+            middle = _events(resumed.iter_lines(), 5)
         assert client.get(url).json()["status"] == "in_progress"
 
         deadline = time.monotonic() + 20
@@ -164,9 +164,9 @@ def test_a_dropped_stream_resumes_after_its_last_sequence_number(
 
         rest_from = {"stream": "true", "starting_after": str(middle[-1]["sequence_number"])}
         with client.stream("GET", url, params=rest_from) as rest_stream:
-            rest = _events(rest_stream)
+            rest = _events(rest_stream.iter_lines())
         with client.stream("GET", url, params={"stream": "true"}) as replay:
-            everything = _events(replay)
+            everything = _events(replay.iter_lines())
 
     parts = head + middle + rest
     assert [e["sequence_number"] for e in parts] == list(range(len(parts)))
@@ -179,3 +179,25 @@ def test_a_dropped_stream_resumes_after_its_last_sequence_number(
     with served.responses.stream(response_id=response_id, starting_after=4) as again:
         numbers = [event.sequence_number for event in again]
     assert numbers == list(range(5, len(parts)))
+
+
+def test_a_stream_open_at_the_ingress_drain_deadline_ends_with_the_retry_error(toolkit: Toolkit) -> None:
+    """The app is deleted mid-reply: at the ingress's drain deadline (1 s) the stream ends
+    with OpenAI's error event saying the server restarts, numbered after what was sent."""
+    args = {
+        "llm_configs": [{"model_loading_config": {"model_id": ECHO}, "llm_engine": "echo"}],
+        "ingress_deployment_config": {"graceful_shutdown_timeout_s": 1},
+    }
+    toolkit.run(build_openai_app(args), route_prefix=PREFIX)
+    body = {"input": "x" * 3000, "stream": True}  # 3 s at the echo's pace
+    with toolkit.client() as client, client.stream("POST", PREFIX + "/v1/responses", json=body) as posted:
+        lines = posted.iter_lines()
+        head = _events(lines, 5)
+        deleting = threading.Thread(target=toolkit.cleanup)
+        deleting.start()
+        rest = _events(lines)
+        deleting.join()
+    last = rest[-1]
+    assert (last["type"], last["code"]) == ("error", "server_restarting")
+    assert last["sequence_number"] > (rest[-2] if len(rest) > 1 else head[-1])["sequence_number"]
+    assert not any(event["type"] == "response.completed" for event in rest)
