@@ -92,6 +92,18 @@ def test_kept_responses_are_retrieved_continued_and_deleted(served: openai.OpenA
     third = served.responses.create(model=ECHO, input="and this", previous_response_id=second.id)
     assert third.output_text == "and this"
 
+    # The AI SDK sends an earlier reply as a reference to its output message.
+    referring: Any = [
+        {"role": "user", "content": "again"},
+        {"type": "item_reference", "id": first.output[0].id},
+        {"role": "user", "content": "once more"},
+    ]
+    assert served.responses.create(model=ECHO, input=referring).output_text == "once more"
+    referring[1]["id"] = "msg_nothing"
+    with pytest.raises(openai.NotFoundError) as unreferable:
+        served.responses.create(model=ECHO, input=referring)
+    assert unreferable.value.body["param"] == "input[1].id"  # type: ignore[index]
+
     served.responses.delete(first.id)
     with pytest.raises(openai.NotFoundError):
         served.responses.retrieve(first.id)

@@ -77,6 +77,11 @@ def test_previous_response_id_continues_an_ended_response_only() -> None:
     with pytest.raises(OpenAIError) as missing:
         store.conversation("resp_nothing")
     assert (missing.value.status, missing.value.param) == (404, "previous_response_id")
+    assert store.referenced(done.message_id, "input[0].id") == {"role": "assistant", "content": "first"}
+    for unknown in (running.message_id, "msg_nothing"):
+        with pytest.raises(OpenAIError) as not_referable:
+            store.referenced(unknown, "input[1].id")
+        assert (not_referable.value.status, not_referable.value.param) == (404, "input[1].id")
 
 
 def test_a_produced_stream_is_followed_from_a_sequence_number() -> None:

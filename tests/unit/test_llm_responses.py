@@ -12,6 +12,10 @@ from app_toolkit.llm.errors import OpenAIError, bad_parameter
 from app_toolkit.llm.openai.responses import ResponsesRequest, generation, renamed
 
 
+def _nothing_kept(item_id: str, param: str) -> dict[str, Any]:
+    raise AssertionError(f"no reference expected, got {item_id} at {param}")
+
+
 def test_input_items_become_chat_messages_after_the_instructions() -> None:
     earlier = ({"role": "user", "content": "before"}, {"role": "assistant", "content": "reply"})
     request = ResponsesRequest(
@@ -23,7 +27,7 @@ def test_input_items_become_chat_messages_after_the_instructions() -> None:
         instructions="system says",
         max_output_tokens=5,
     )
-    made = generation(request, earlier + request.messages(), 0.0)
+    made = generation(request, earlier + request.messages(_nothing_kept), 0.0)
     assert made.messages == (
         {"role": "system", "content": "system says"},
         *earlier,

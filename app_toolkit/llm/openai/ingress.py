@@ -106,7 +106,7 @@ class OpenAIIngress:
         request.checked()
         earlier = self._responses.conversation(request.previous_response_id)
         name, handle = self._pick(request.model, "generate")
-        conversation = earlier + request.messages()
+        conversation = earlier + request.messages(self._responses.referenced)
         try:
             first, stream = await open_reply(handle, responses.generation(request, conversation, received_at))
         except OpenAIError as refused:

@@ -126,6 +126,21 @@ class ResponseStore:
             )
         return previous.continued()
 
+    def referenced(self, item_id: str, param: str) -> dict[str, Any]:
+        """The kept, ended reply whose output message is ``item_id``, as a chat message."""
+        now = self._clock()
+        for kept_at, reply in self._kept.values():
+            if reply.message_id == item_id and reply.done and now - kept_at <= self._keep_s:
+                return {"role": "assistant", "content": "".join(reply.text)}
+        raise OpenAIError(
+            404,
+            f"Item with id {item_id!r} not found: this server keeps the output messages of ended, "
+            "kept responses only (send the message itself instead).",
+            "invalid_request_error",
+            None,
+            param,
+        )
+
     async def produce(self, reply: Reply, events: AsyncIterator[Event]) -> Followed:
         """Keep ``reply`` and write its ``events`` into its log from a task of this store's,
         which goes on if the client leaves; the client's stream follows the log."""

@@ -60,6 +60,11 @@ RULES = OptionRules(
 )
 
 
+#: The message a kept response's output item id names, as a chat message; the second
+#: argument is the parameter that named it (``input[2].id``), for the 404.
+Referenced = Callable[[str, str], dict[str, Any]]
+
+
 class InputItem(BaseModel):
     """An item of ``input``: a message (``type`` may be left out); other item types are
     refused by name when the request is read."""
@@ -104,11 +109,12 @@ class ResponsesRequest(BaseModel):
         checked_options(dict(self.model_extra or {}), RULES)
         return self
 
-    def messages(self) -> tuple[dict[str, Any], ...]:
-        """This request's input as chat messages (text parts joined by newlines)."""
+    def messages(self, referenced: Referenced) -> tuple[dict[str, Any], ...]:
+        """This request's input as chat messages (text parts joined by newlines); an
+        ``item_reference`` (the AI SDK sends earlier replies so) is the message it names."""
         if isinstance(self.input, str):
             return ({"role": "user", "content": self.input},)
-        return tuple(_message(item, index) for index, item in enumerate(self.input))
+        return tuple(_message(item, index, referenced) for index, item in enumerate(self.input))
 
     def response_format(self) -> dict[str, Any] | None:
         """``text.format`` as Chat Completions' ``response_format`` (None: plain text)."""
@@ -127,12 +133,15 @@ class ResponsesRequest(BaseModel):
         )
 
 
-def _message(item: InputItem, index: int) -> dict[str, Any]:
+def _message(item: InputItem, index: int, referenced: Referenced) -> dict[str, Any]:
+    if item.type == "item_reference":
+        return referenced(str((item.model_extra or {}).get("id", "")), f"input[{index}].id")
     if item.type != "message":
         raise bad_parameter(
             f"input[{index}].type",
             f"Input items of type {item.type!r} are not supported: this server takes messages "
-            "only (send earlier replies as assistant messages, or use previous_response_id).",
+            "and item_reference only (send earlier replies as assistant messages, or use "
+            "previous_response_id).",
             "unsupported_parameter",
         )
     role = ROLES.get(item.role or "")
