@@ -167,6 +167,7 @@ class ResponseStore:
             raise
         except Exception:
             logger.exception("Response %s: its events could not be kept", reply.id)
+            reply.fail("The response's events could not be kept.")  # its place may go to another
         finally:
             await _closed(events)  # the model's stream is let go now
             await self._log.close(reply.id)

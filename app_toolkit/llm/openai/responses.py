@@ -256,10 +256,14 @@ class Reply:
     def event(self, kind: str, **fields: Any) -> Event:
         return Event(kind, dumps({"type": kind, "sequence_number": self.next_number(), **fields}))
 
+    def fail(self, message: str, code: str = "server_error") -> None:
+        """The response ended without its reply."""
+        self.status = "failed"
+        self.error = {"code": code, "message": message}
+
     def error_event(self, error: OpenAIErrorEvent) -> Event:
         """The event that ends a stream cut off by ``error``; the response failed."""
-        self.status = "failed"
-        self.error = {"code": error.code or "server_error", "message": error.message}
+        self.fail(error.message, error.code or "server_error")
         sent = error.responses(self.next_number())
         return Event(str(sent.event), str(sent.data))
 
@@ -354,8 +358,7 @@ async def produced(reply: Reply, stream: Stream) -> AsyncIterator[Event]:
     except Exception:
         logger.exception("Response %s failed", reply.id)
         request_id = request_context.current_request_id()
-        reply.status = "failed"
-        reply.error = {"code": "server_error", "message": f"The model failed (request id {request_id})."}
+        reply.fail(f"The model failed (request id {request_id}).")
         yield event("response.failed", response={**reply.response(), "output": [], "usage": None})
         return
     finally:
