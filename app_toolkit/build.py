@@ -31,6 +31,7 @@ from app_toolkit._runtime.messages import AppSpec, ByValue, DeploymentID, Deploy
 from app_toolkit._runtime.replica.ingress_app import ASGI_APP_ATTR, ASGI_BUILDER_ATTR
 from app_toolkit._runtime.session import Build, Serialize
 from app_toolkit.app_builder import load_application
+from app_toolkit.code_sources import code_name, sources_digest
 from app_toolkit.config import AutoscalingPolicy, DeploymentConfig, LoggingConfig
 from app_toolkit.config.file import ApplicationConfig, parse_config
 from app_toolkit.deployment import Application, Deployment
@@ -128,9 +129,9 @@ def _build_graph(
 def renewed(spec: AppSpec) -> AppSpec:
     """``spec`` as a new version of each of its deployments, though nothing in it changed:
     every replica is replaced (an upgrade). ``run()`` from Python deploys so, as Ray
-    Serve's ``serve.run`` does (how new model files at the same path are picked up), and
-    ``--reload`` of a config file on a source change; a config file deployed again
-    unchanged is a no-op, as ``serve deploy``'s is."""
+    Serve's ``serve.run`` does (how new model files at the same path are picked up); a
+    config file deployed again unchanged is a no-op, as ``serve deploy``'s is, and
+    ``--reload`` replaces only what changed (:mod:`app_toolkit.code_sources`)."""
     suffix = f"+{time.time_ns():x}"
     deployments = [dataclasses.replace(d, code_version=d.code_version + suffix) for d in spec.deployments]
     return dataclasses.replace(spec, deployments=tuple(deployments))
@@ -211,6 +212,12 @@ class _Graph:
         except ConfigError as exc:
             raise ConfigError(f"Deployment {deployment.name!r} of application {self.app!r}: {exc}") from None
         heavy = config.model_dump_json(exclude=set(config.in_place_options())).encode()
+        sources = sources_digest(deployment.func_or_class)
+        # Code with a name is known by it and its source files: a re-import (``--reload``)
+        # makes another object of it, which serializes to other bytes (the local backend's
+        # key, cloudpickle's class tracker id), though the code is the same.
+        by_name = code_name(deployment.func_or_class)
+        code = definition if by_name is None else by_name.encode()
         self._specs[deployment.name] = DeploymentSpec(
             id=DeploymentID(self.app, deployment.name),
             definition=definition,
@@ -218,7 +225,8 @@ class _Graph:
             config=config,
             is_asgi=hasattr(deployment.func_or_class, ASGI_APP_ATTR)
             or hasattr(deployment.func_or_class, ASGI_BUILDER_ATTR),
-            code_version=hashlib.sha256(definition + init_args + heavy).hexdigest()[:16],
+            code_version=hashlib.sha256(code + init_args + heavy + sources.encode()).hexdigest()[:16],
+            sources=sources,
         )
         return deployment.name
 
@@ -337,9 +345,10 @@ def builds(apps: Sequence[ApplicationConfig]) -> list[Build]:
 
 def _versioned(app: ApplicationConfig, spec: DeploymentSpec) -> DeploymentSpec:
     """A file's deployment keeps its replicas while its entry's code (import path,
-    runtime_env, args) and heavy options stay the same, as in Ray Serve: code built in
-    another process pickles to other bytes, so the bytes cannot tell."""
-    code = [app.import_path, app.runtime_env, app.args, spec.id.name]
+    runtime_env, args), the source files its code depends on and its heavy options stay
+    the same: code built in another process pickles to other bytes, so the bytes cannot
+    tell."""
+    code = [app.import_path, app.runtime_env, app.args, spec.id.name, spec.sources]
     entry = json.dumps(code, sort_keys=True, default=str)
     heavy = spec.config.model_dump_json(exclude=set(spec.config.in_place_options()))
     version = hashlib.sha256((entry + heavy).encode()).hexdigest()[:16]

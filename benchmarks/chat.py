@@ -168,7 +168,7 @@ async def model_part() -> None:
     print("SmolLM2-135M-Instruct on the CPU, in process, 48 tokens per reply, aggregate tokens/s")
     results: dict[int, dict[int, float]] = {8: {}, 1: {}}
     for batch, row in results.items():
-        engine._decoder._max_batch_size = batch  # the same model, decoded together or one at a time
+        engine._engine._decoder._max_batch_size = batch  # the same model, decoded together or one at a time
         for chats in (1, 4, 8):
             row[chats] = await model_load(engine, chats, 48)
     for chats in (1, 4, 8):

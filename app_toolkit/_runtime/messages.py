@@ -128,6 +128,9 @@ class DeploymentSpec:
     #: Deployed by ``app-toolkit run --reload``: the replicas of older versions it replaces
     #: end their streams as their drain starts, not at its deadline (a fast reload).
     reloaded: bool = False
+    #: The digest of the user's source files its code depends on ("" if none), part of
+    #: ``code_version`` (app_toolkit/code_sources.py).
+    sources: str = ""
 
 
 @compact

@@ -23,20 +23,20 @@ def apply(
     source: str,
     wait_s: float | None,
     wait: bool = True,
-    new_code: bool = False,
+    reload: bool = False,
 ) -> None:
     """Build the file's apps where replicas run, apply them, wait until each runs.
 
-    ``new_code`` (``--reload`` saw a source change): replace every replica, though the
-    file's entries are unchanged (they alone decide a file's code version otherwise), and
-    end the streams of the replicas replaced as their drain starts.
+    ``reload`` (``--reload`` saw a source change): the deployments whose source files
+    changed are replaced (their code version says so, as for any deploy), and the streams
+    of the replicas replaced end as their drain starts.
     """
     try:
         specs = session.build(building.builds(config.applications))
     except ConfigError as exc:
         raise ConfigError(f"{source}: {exc}") from None
-    if new_code:
-        specs = [building.reloaded(building.renewed(spec)) for spec in specs]
+    if reload:
+        specs = [building.reloaded(spec) for spec in specs]
     session.apply_config(specs, config.as_written())
     current = session.status().applications
     for app in config.applications:

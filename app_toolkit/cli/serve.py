@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any, Literal, TypeVar, get_args, get_origin
 
 import click
@@ -18,6 +18,7 @@ from app_toolkit.app_builder import load_application
 from app_toolkit.cli.deploy import apply
 from app_toolkit.cli.session import fail, key_values
 from app_toolkit.cli.stop_signals import StopSignals
+from app_toolkit.code_sources import dependents, is_user_source
 from app_toolkit.config import LOG_LEVEL_ENV, HTTPOptions, parse_http_options
 from app_toolkit.config.file import load_config
 from app_toolkit.deployment import Application
@@ -122,13 +123,15 @@ def run(
         try:
             http, app = _prepare(ctx, target, args, name, route_prefix, log_level, log_format, http_flags)
             session = signals.deferred(lambda: _start(http, local, address))
-            names = _deploy(session, target, args, name, route_prefix, app=app)
+            names = _deploy(session, target, args, name, route_prefix, reload, app=app)
             _announce(target, names, session.status(), http)
         except AppToolkitError as exc:
             fail(exc)
         serving = True
         if reload:
-            _redeploy_on_change(lambda: _deploy(session, target, args, name, route_prefix, fresh=True))
+            _redeploy_on_change(
+                lambda changed: _deploy(session, target, args, name, route_prefix, True, changed=changed)
+            )
         while True:
             time.sleep(60)  # until a stop signal interrupts it
     except KeyboardInterrupt:
@@ -233,30 +236,34 @@ def _deploy(
     args: dict[str, str],
     name: str | None,
     route_prefix: str | None,
-    fresh: bool = False,
+    reload: bool,
+    changed: Collection[str] = (),
     app: Application | None = None,
 ) -> list[str]:
     """Deploy an import path (``app``: what it names, if loaded already; a builder it
     names is called with ``args`` again on each reload) or a config file; returns the
-    application names."""
-    if fresh:
-        _forget_local_modules(os.getcwd())
+    application names. ``reload``: as ``--reload`` deploys, the first time too (only
+    what changed since is replaced: a first deploy renewed as ``tk.run``'s is would have
+    versions no reload makes again); ``changed``: the files an edit changed, whose
+    modules (and those that import them) are imported anew first."""
+    if changed:
+        _forget_stale_modules(os.getcwd(), changed)
     if _is_config_file(target):
         config = load_config(target)
-        apply(session, config, target, wait_s=None, new_code=fresh)
+        apply(session, config, target, wait_s=None, reload=reload)
         return [app.name for app in config.applications]
     if app is None:
         app = load_application(target, args, name)
-    kwargs: dict[str, Any] = {"name": name, "_reload": fresh}
+    kwargs: dict[str, Any] = {"name": name, "_reload": reload}
     if route_prefix is not None:
         kwargs["route_prefix"] = route_prefix
     api.run(app, **kwargs)
     return [name or app.default_name or "default"]
 
 
-def _redeploy_on_change(redeploy: Callable[[], list[str]]) -> None:
-    """Watch the current folder's .py files; redeploy after each change until a stop
-    signal interrupts it."""
+def _redeploy_on_change(redeploy: Callable[[set[str]], list[str]]) -> None:
+    """Watch the current folder's .py files; redeploy after each change (given the files
+    it changed) until a stop signal interrupts it."""
     import watchfiles
 
     folder = os.getcwd()
@@ -265,21 +272,25 @@ def _redeploy_on_change(redeploy: Callable[[], list[str]]) -> None:
         changed = ", ".join(sorted(os.path.relpath(path, folder) for _, path in changes))
         click.echo(f"app-toolkit: {changed} changed; redeploying")
         try:
-            redeploy()
+            redeploy({path for _, path in changes})
         except Exception as exc:  # noqa: BLE001 - keep serving the last good version
             click.echo(f"app-toolkit: redeploy failed, the previous version keeps serving: {exc}", err=True)
         else:
             click.echo("app-toolkit: redeployed")
 
 
-def _forget_local_modules(folder: str) -> None:
-    """Drop modules loaded from ``folder`` (not installed packages) so they import anew."""
+def _forget_stale_modules(folder: str, changed: Collection[str]) -> None:
+    """Drop the user's modules loaded from ``folder`` that depend on a ``changed`` file
+    (code_sources.py's rule) so they import anew; the others stay as they are (a model
+    module's import-time work is not done again for an edit elsewhere)."""
     root = os.path.join(os.path.realpath(folder), "")
+    local = []
     for module_name, module in list(sys.modules.items()):
         path = getattr(module, "__file__", None)
-        if path and os.path.realpath(path).startswith(root) and "site-packages" not in path:
-            if not module_name.startswith("app_toolkit"):
-                del sys.modules[module_name]
+        if isinstance(path, str) and os.path.realpath(path).startswith(root) and is_user_source(path):
+            local.append(module_name)
+    for module_name in dependents(local, changed):
+        del sys.modules[module_name]
 
 
 def _set_logging(level: str, fmt: str) -> None:

@@ -67,8 +67,11 @@ class TextEngine(Protocol):
     context_window: int
     #: Replies decoded at once (vLLM's ``max_num_seqs``); 0: no limit it knows of.
     slots: int
-    #: Token ids run from 0 to ``vocab_size - 1``.
-    vocab_size: int
+
+    @property
+    def vocab_size(self) -> int:
+        """Token ids run from 0 to ``vocab_size - 1``."""
+
     #: The Hugging Face tokenizer (chat templates, grammars); None for engines without one.
     tokenizer: Any
 
@@ -113,8 +116,11 @@ class EmbeddingEngine(Protocol):
     context_window: int
     #: Length of every vector it returns.
     dimensions: int
-    #: Token ids run from 0 to ``vocab_size - 1``.
-    vocab_size: int
+
+    @property
+    def vocab_size(self) -> int:
+        """Token ids run from 0 to ``vocab_size - 1``."""
+
     tokenizer: Any
 
     def load(self) -> None:

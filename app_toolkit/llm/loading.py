@@ -19,10 +19,10 @@ def engine_for(config: LLMConfig) -> TextEngine | EmbeddingEngine:
         return make_engine("echo", context_window=options.context_window or ECHO_WINDOW)
     files = config.model_files()
     if name == "embeddings":
-        return make_engine("embeddings", directory=files.directory, max_model_len=options.context_window)
+        return make_engine("embeddings", path=files.directory, max_model_len=options.context_window)
     return make_engine(
         "transformers",
-        directory=files.directory,
+        path=files.directory,
         gguf_file=files.gguf_file,
         max_model_len=options.context_window,
         slots=options.slots,

@@ -166,3 +166,15 @@ def test_stop_strings_are_found_across_pieces_and_what_may_begin_one_is_held() -
     unstopped = StopFilter(["STOP"])
     assert unstopped.feed("a ST") == "a " and unstopped.flush() == "ST"  # held text ends the stream
     assert StopFilter([]).feed("anything") == "anything"
+
+
+def test_the_words_tokenizer_counts_words_with_their_spaces() -> None:
+    engine = EchoEngine(tokens_per_s=100_000, tokenizer="words")
+    prompt = engine.chat_prompt([{"role": "user", "content": "hello brave  new hello "}])
+    assert len(prompt) == 4 and prompt[0] == prompt[3] and 0 not in prompt  # one id per word
+    tokens = reply(prompt, Sampling(max_tokens=3), engine=engine)
+    assert [engine.decode([token]) for token in tokens] == ["hello ", "brave  ", "new "]
+    assert engine.decode(engine.encode("  lead, and trail ")) == "  lead, and trail "
+    assert engine.decode([0, *prompt]) == "hello brave  new hello "  # 0 ends a sequence: no text
+    with pytest.raises(ValueError, match="not one of bytes, words"):
+        EchoEngine(tokenizer="letters")  # type: ignore[arg-type]

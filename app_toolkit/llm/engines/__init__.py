@@ -37,4 +37,12 @@ def make_engine(name: str, **options: Any) -> TextEngine | EmbeddingEngine:
         from .echo import EchoEngine
 
         return EchoEngine(**options)
+    if name == "transformers":
+        from .transformers import TransformersEngine
+
+        return TransformersEngine(**options)
+    if name == "embeddings":
+        from .embeddings import SentenceEngine
+
+        return SentenceEngine(**options)
     raise ValueError(f"Unknown engine {name!r}: choose one of {', '.join(ENGINE_NAMES)}")

@@ -1,61 +1,119 @@
 """A deterministic engine with no model, for tests and load tests: the reply repeats the
-last user message, byte by byte, at a steady pace.
+last user message, token by token, at a steady pace.
 
-Its tokenizer is bytes: a token id is one byte of the UTF-8 text (0-255), and
-:data:`EOS_ID` ends a sequence. Replies go through the same path as a model's (token ids,
-detokenizing, stop strings, constraints), so what a test sees is what a model would
-produce with this tokenizer.
+Its tokenizer is bytes by default: a token id is one byte of the UTF-8 text (0-255), and
+:data:`EOS_ID` ends a sequence. With ``tokenizer="words"`` a token is a word with the
+spaces after it (ids given as words are first seen, from 1; 0 ends a sequence), so
+counts read as words (the chat example's tests and load tests). Replies go through the
+same path as a model's (token ids, detokenizing, stop strings, constraints), so what a
+test sees is what a model would produce with this tokenizer.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+import re
 from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from ..engine import Constraint, EngineLoad, Sampling
 
-#: The end-of-sequence token: after the 256 byte values.
+#: The end-of-sequence token of the bytes tokenizer: after the 256 byte values.
 EOS_ID = 256
-#: Token ids run from 0 to EOS_ID.
+#: The bytes tokenizer's ids run from 0 to EOS_ID.
 VOCAB_SIZE = EOS_ID + 1
+#: A word token: a word and the spaces after it (or the spaces a text starts with).
+_WORD = re.compile(r"\S+\s*|\s+")
+
+
+class _Bytes:
+    eos_token_id = EOS_ID
+    vocab_size = VOCAB_SIZE
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode())
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return bytes(token for token in token_ids if 0 <= token < EOS_ID).decode(errors="replace")
+
+
+class _Words:
+    """Ids given to words as they are first seen (the vocabulary grows with the texts)."""
+
+    eos_token_id = 0
+
+    def __init__(self) -> None:
+        self._words = [""]  # id 0: the end of a sequence
+        self._ids: dict[str, int] = {}
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self._words)
+
+    def encode(self, text: str) -> list[int]:
+        return [self._ids.get(word) or self._add(word) for word in _WORD.findall(text)]
+
+    def _add(self, word: str) -> int:
+        self._ids[word] = len(self._words)
+        self._words.append(word)
+        return self._ids[word]
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        return "".join(self._words[token] for token in token_ids if 0 < token < len(self._words))
 
 
 class EchoEngine:
     """Repeats the prompt's tokens at ``tokens_per_s`` (every reply at once: no slots).
 
     ``generate`` echoes the prompt it is given; ``chat_prompt`` gives the last user
-    message's bytes, so a chat reply repeats what the user said. With ``ignore_eos`` the
+    message's tokens, so a chat reply repeats what the user said. With ``ignore_eos`` the
     prompt repeats until ``max_tokens``.
     """
 
     slots = 0
-    vocab_size = VOCAB_SIZE
-    tokenizer: Any = None  # bytes need no Hugging Face tokenizer
-    eos_token_ids = frozenset({EOS_ID})
+    tokenizer: Any = None  # bytes and words need no Hugging Face tokenizer
 
-    def __init__(self, context_window: int = 2048, tokens_per_s: float = 1000.0) -> None:
+    def __init__(
+        self,
+        context_window: int = 2048,
+        tokens_per_s: float = 1000.0,
+        tokenizer: Literal["bytes", "words"] = "bytes",
+    ) -> None:
         if context_window < 1:
             raise ValueError(f"context_window must be >= 1, got {context_window}")
         if tokens_per_s <= 0:
             raise ValueError(f"tokens_per_s must be > 0, got {tokens_per_s}")
+        if tokenizer not in ("bytes", "words"):
+            raise ValueError(f"tokenizer {tokenizer!r} is not one of bytes, words")
         self.context_window = context_window
         self.tokens_per_s = tokens_per_s
+        self._tokens = _Bytes() if tokenizer == "bytes" else _Words()
+        self.eos_token_ids = frozenset({self._tokens.eos_token_id})
         self._remaining: dict[int, int] = {}  # per reply under way: tokens it may still produce
         self.tokens = 0  # produced since the start, for tests and stats
 
     def load(self) -> None:
         """Nothing to load."""
 
+    @property
+    def vocab_size(self) -> int:
+        """Token ids run from 0 to this less one (words: as many as seen so far)."""
+        return self._tokens.vocab_size
+
+    @property
+    def active(self) -> int:
+        """Replies under way."""
+        return len(self._remaining)
+
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        """The UTF-8 bytes of ``text`` (there are no special tokens to add)."""
-        return list(text.encode())
+        """The tokens of ``text`` (there are no special tokens to add)."""
+        return self._tokens.encode(text)
 
     def decode(self, token_ids: Sequence[int]) -> str:
-        """The text of the byte tokens (the end-of-sequence token skipped; a cut
+        """The text of the tokens (the end-of-sequence token skipped; with bytes, a cut
         character shows as U+FFFD)."""
-        return bytes(token for token in token_ids if token < EOS_ID).decode(errors="replace")
+        return self._tokens.decode(token_ids)
 
     def chat_prompt(
         self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
@@ -79,7 +137,10 @@ class EchoEngine:
         does the prompt's end.
         """
         key = object()
-        self._remaining[id(key)] = sampling.max_tokens
+        # What it will produce, at most: the prompt's end ends it unless it repeats.
+        self._remaining[id(key)] = (
+            sampling.max_tokens if sampling.ignore_eos else min(sampling.max_tokens, len(prompt))
+        )
         if on_slot is not None:
             on_slot()  # no queue: every reply streams at once
         try:
@@ -91,10 +152,10 @@ class EchoEngine:
                     return
                 due += interval
                 await asyncio.sleep(max(0.0, due - loop.time()))
-                token = echoed if constraint is None else _allowed(echoed, constraint)
+                token = echoed if constraint is None else _allowed(echoed, constraint, self.vocab_size)
                 if token is None or token in sampling.stop_token_ids:
                     return
-                if token == EOS_ID and not sampling.ignore_eos:
+                if token in self.eos_token_ids and not sampling.ignore_eos:
                     return
                 if constraint is not None:
                     constraint.accept(token)
@@ -122,9 +183,9 @@ class EchoEngine:
         """Nothing to free."""
 
 
-def _allowed(token: int, constraint: Constraint) -> int | None:
+def _allowed(token: int, constraint: Constraint, vocab_size: int) -> int | None:
     """``token`` if the constraint allows it, else the lowest id it allows (None: none)."""
-    mask = constraint.allowed(VOCAB_SIZE)
+    mask = constraint.allowed(vocab_size)
     if bool(mask[token]):
         return token
-    return next((candidate for candidate in range(VOCAB_SIZE) if bool(mask[candidate])), None)
+    return next((candidate for candidate in range(vocab_size) if bool(mask[candidate])), None)

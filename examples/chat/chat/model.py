@@ -11,13 +11,13 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import app_toolkit as tk
+from app_toolkit.llm.detokenize import StopFilter
 
 from . import metrics
 from .engines import Engine, make_engine
 from .scaling import replica_metrics
 from .schemas import ChatError, Delta, Generation
 from .settings import Settings
-from .stops import StopFilter
 
 logger = logging.getLogger(__name__)
 

