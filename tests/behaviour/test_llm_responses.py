@@ -140,6 +140,8 @@ def test_options_this_server_cannot_honour_are_refused_by_name(
         ({"input": [{"type": "function_call_output", "call_id": "c", "output": "x"}]}, "input[0].type"),
         ({"input": [{"role": "user", "content": [{"type": "input_image"}]}]}, "input[0].content[0].type"),
         ({"frobnicate": 1}, "frobnicate"),
+        # Passed on as chat's response_format; the model's replica refuses it, named as here.
+        ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format"),
     ]
     with toolkit.client() as client:
         for extra, param in refused:
