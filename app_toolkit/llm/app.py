@@ -53,7 +53,7 @@ def build_llm_deployment(
 def build_openai_app(llm_serving_args: LLMServingArgs | Mapping[str, Any]) -> tk.Application:
     """An OpenAI-compatible application: every model of ``llm_serving_args`` in its own
     deployment, behind one ingress (``/v1/models``, ``/v1/chat/completions``,
-    ``/v1/completions``, ``/v1/embeddings``, ``/tokenize``, ``/detokenize``).
+    ``/v1/completions``, ``/v1/responses``, ``/v1/embeddings``, ``/tokenize``, ``/detokenize``).
 
     ``llm_serving_args`` is :class:`LLMServingArgs` or a dict of its fields (a config
     file's ``args``: ``import_path: app_toolkit.llm:build_openai_app``, or Ray Serve's

@@ -8,14 +8,16 @@ import struct
 import time
 from typing import Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Query
 
 import app_toolkit as tk
 from app_toolkit.llm import errors
 from app_toolkit.llm.errors import OpenAIError, bad_parameter, unknown_model
 from app_toolkit.llm.events import ModelCard
-from app_toolkit.llm.openai import chat, completions
+from app_toolkit.llm.openai import chat, completions, responses
 from app_toolkit.llm.openai.replies import open_reply, read_whole, usage
+from app_toolkit.llm.openai.response_store import ResponseStore
+from app_toolkit.llm.openai.responses import ResponsesRequest
 from app_toolkit.llm.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -37,6 +39,11 @@ class OpenAIIngress:
         self._models = models
         self._kinds = kinds
         self._cards: dict[str, ModelCard] = {}
+        self._responses = ResponseStore()
+
+    async def __del__(self) -> None:
+        """The replica stops: the responses still being produced stop too."""
+        await self._responses.close()
 
     def _pick(self, model: str | None, kind: str | None = None) -> tuple[str, tk.DeploymentHandle]:
         """The model a request names; with none named, the one model served (of ``kind``)."""
@@ -92,6 +99,47 @@ class OpenAIIngress:
         if request.stream:
             return completions.streamed(first, stream, name, request.include_usage, echoed)
         return completions.completion(await read_whole(first, stream), name, echoed)
+
+    @api.post("/v1/responses", response_model=None)
+    async def create_response(self, request: ResponsesRequest) -> dict[str, Any] | tk.EventStream:
+        received_at = time.time()
+        request.checked()
+        earlier = self._responses.conversation(request.previous_response_id)
+        name, handle = self._pick(request.model, "generate")
+        conversation = earlier + request.messages(self._responses.referenced)
+        try:
+            first, stream = await open_reply(handle, responses.generation(request, conversation, received_at))
+        except OpenAIError as refused:
+            raise responses.renamed(refused) from None
+        reply = responses.Reply(request, name, first.prompt_tokens, conversation)
+        if not request.stream:
+            answer = reply.read(await read_whole(first, stream))
+            if request.store:
+                self._responses.keep(reply)
+            return answer
+        events = responses.produced(reply, stream)
+        if not request.store:
+            return responses.streamed(events, reply.next_number)
+        try:
+            followed = await self._responses.produce(reply, events)
+        except BaseException:
+            stream.cancel()  # refused (503): the model stops this reply
+            raise
+        return responses.streamed(followed.events, followed.next_number)
+
+    @api.get("/v1/responses/{response_id}", response_model=None)
+    async def get_response(
+        self, response_id: str, stream: bool = False, starting_after: int | None = Query(None, ge=0)
+    ) -> dict[str, Any] | tk.EventStream:
+        if not stream:
+            return self._responses.get(response_id).response()
+        followed = await self._responses.follow(response_id, starting_after)
+        return responses.streamed(followed.events, followed.next_number)
+
+    @api.delete("/v1/responses/{response_id}")
+    async def delete_response(self, response_id: str) -> dict[str, Any]:
+        self._responses.delete(response_id)
+        return {"id": response_id, "object": "response", "deleted": True}
 
     @api.post("/v1/embeddings")
     async def embeddings(self, request: EmbeddingRequest) -> dict[str, Any]:

@@ -1,0 +1,392 @@
+"""``/v1/responses``: OpenAI's Responses API as the official client and the AI SDK read it —
+a request to a :class:`Generation`, and the reply back as a ``response`` object or its
+stream of events (``response.created`` ... ``response.completed``), each numbered by its
+``sequence_number`` from 0. Which responses are kept, and their events for resuming a
+stream, is :mod:`~app_toolkit.llm.openai.response_store`'s."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from typing import Annotated, Any, NamedTuple
+
+from pydantic import BaseModel, ConfigDict, Field
+from sse_starlette import ServerSentEvent
+
+import app_toolkit as tk
+from app_toolkit._runtime import request_context
+from app_toolkit.llm.engine import Sampling
+from app_toolkit.llm.errors import ANSWERED, OpenAIError, bad_parameter, stream_error
+from app_toolkit.llm.events import Delta, Generation
+from app_toolkit.llm.openai.chat import DEFAULT_TEMPERATURE
+from app_toolkit.llm.openai.replies import Stream, Whole, dumps
+from app_toolkit.llm.protocol import MAX_TEXT, MAX_TOKENS, OptionRules, checked_options
+from app_toolkit.streaming import OpenAIErrorEvent
+
+logger = logging.getLogger("app_toolkit.llm")
+
+#: Input roles, as the chat template takes them (``developer`` is newer clients' ``system``).
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+#: Content part types that carry text: the user's, and earlier replies' sent back.
+TEXT_PARTS = frozenset({"input_text", "output_text", "text"})
+#: Options read no further: the default is accepted, anything else refused by name.
+RULES = OptionRules(
+    refused={
+        "tools": (None, []),
+        "tool_choice": (None, "none", "auto"),
+        "reasoning": (None, {}),
+        "top_logprobs": (None, 0),
+        "conversation": (None,),
+        "prompt": (None,),
+        "max_tool_calls": (None,),
+        "context_management": (None,),
+    },
+    ignored=frozenset(
+        {
+            "user",
+            "metadata",
+            "service_tier",
+            "parallel_tool_calls",
+            "safety_identifier",
+            "prompt_cache_key",
+            "prompt_cache_retention",
+            "include",
+            "truncation",
+            "stream_options",
+        }
+    ),
+)
+
+
+#: The message a kept response's output item id names, as a chat message; the second
+#: argument is the parameter that named it (``input[2].id``), for the 404.
+Referenced = Callable[[str, str], dict[str, Any]]
+
+
+class InputItem(BaseModel):
+    """An item of ``input``: a message (``type`` may be left out); other item types are
+    refused by name when the request is read."""
+
+    model_config = ConfigDict(extra="allow")  # id, status: sent back with earlier output
+
+    type: str = Field("message", max_length=64)
+    role: str | None = Field(None, max_length=64)
+    content: str | list[dict[str, Any]] | None = None
+
+
+class ResponsesRequest(BaseModel):
+    """``POST /v1/responses``: what this server answers is a field; other options are
+    refused by name unless they change nothing (:data:`RULES`)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+    input: (
+        Annotated[str, Field(max_length=MAX_TEXT)]
+        | Annotated[list[InputItem], Field(min_length=1, max_length=2_000)]
+    )
+    instructions: str | None = Field(None, max_length=MAX_TEXT)
+    stream: bool = False
+    store: bool = True  # OpenAI's default: the response is kept
+    background: bool = False
+    previous_response_id: str | None = Field(None, max_length=200)
+    max_output_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    text: dict[str, Any] | None = None
+
+    def checked(self) -> ResponsesRequest:
+        if self.background:
+            raise bad_parameter(
+                "background",
+                "Background responses are not supported by this server. Stream the response "
+                "instead (stream: true, store: true): it goes on if the connection drops, and "
+                "GET /v1/responses/{id}?stream=true&starting_after=<sequence_number> resumes it.",
+                "unsupported_parameter",
+            )
+        checked_options(dict(self.model_extra or {}), RULES)
+        return self
+
+    def messages(self, referenced: Referenced) -> tuple[dict[str, Any], ...]:
+        """This request's input as chat messages (text parts joined by newlines); an
+        ``item_reference`` (the AI SDK sends earlier replies so) is the message it names."""
+        if isinstance(self.input, str):
+            return ({"role": "user", "content": self.input},)
+        return tuple(_message(item, index, referenced) for index, item in enumerate(self.input))
+
+    def response_format(self) -> dict[str, Any] | None:
+        """``text.format`` as Chat Completions' ``response_format`` (None: plain text)."""
+        given = (self.text or {}).get("format") or {"type": "text"}
+        kind = given.get("type")
+        if kind == "text":
+            return None
+        if kind == "json_object":
+            return {"type": "json_object"}
+        if kind == "json_schema":
+            schema = {key: given[key] for key in ("name", "schema", "strict", "description") if key in given}
+            return {"type": "json_schema", "json_schema": schema}
+        raise bad_parameter(
+            "text.format.type",
+            f"text.format of type {kind!r} is not supported; use text, json_object or json_schema.",
+        )
+
+
+def _message(item: InputItem, index: int, referenced: Referenced) -> dict[str, Any]:
+    if item.type == "item_reference":
+        return referenced(str((item.model_extra or {}).get("id", "")), f"input[{index}].id")
+    if item.type != "message":
+        raise bad_parameter(
+            f"input[{index}].type",
+            f"Input items of type {item.type!r} are not supported: this server takes messages "
+            "and item_reference only (send earlier replies as assistant messages, or use "
+            "previous_response_id).",
+            "unsupported_parameter",
+        )
+    role = ROLES.get(item.role or "")
+    if role is None:
+        raise bad_parameter(
+            f"input[{index}].role",
+            f"The role {item.role!r} is not supported; use system, developer, user or assistant.",
+            "unsupported_parameter",
+        )
+    content = item.content
+    if isinstance(content, list):
+        texts = []
+        for number, part in enumerate(content):
+            if part.get("type") not in TEXT_PARTS or not isinstance(part.get("text"), str):
+                raise bad_parameter(
+                    f"input[{index}].content[{number}].type",
+                    f"Content parts of type {part.get('type')!r} are not supported: this model "
+                    "reads text only (input_text, output_text).",
+                    "unsupported_parameter",
+                )
+            texts.append(part["text"])
+        content = "\n".join(texts)
+    return {"role": role, "content": content or ""}
+
+
+def generation(
+    request: ResponsesRequest, conversation: tuple[dict[str, Any], ...], received_at: float
+) -> Generation:
+    """What the model's replica produces: ``instructions`` as the system message, then
+    ``conversation`` (an earlier response's, then this request's input)."""
+    if not any(message["role"] == "user" for message in conversation):
+        raise bad_parameter("input", "input holds no user message (nor does previous_response_id's).")
+    system = ({"role": "system", "content": request.instructions},) if request.instructions else ()
+    given = request.max_output_tokens
+    return Generation(
+        sampling=Sampling(
+            max_tokens=given or MAX_TOKENS,
+            temperature=DEFAULT_TEMPERATURE if request.temperature is None else request.temperature,
+            top_p=1.0 if request.top_p is None else request.top_p,
+        ),
+        messages=system + conversation,
+        max_tokens_given=given is not None,
+        response_format=request.response_format(),
+        received_at=received_at,
+    )
+
+
+#: Chat Completions' parameter names, as this API names them (a model's refusal names the former).
+_PARAMS = (
+    ("response_format.json_schema", "text.format"),
+    ("response_format", "text.format"),
+    ("messages", "input"),
+)
+
+
+def renamed(error: OpenAIError) -> OpenAIError:
+    """A model's refusal, naming this API's parameter (``text.format``, ``input``)."""
+    param = error.param or ""
+    for chat, ours in _PARAMS:
+        if param.startswith(chat):
+            param = ours + param[len(chat) :]
+            return OpenAIError(error.status, error.message, error.type, error.code, param)
+    return error
+
+
+class Event(NamedTuple):
+    """One event of a streamed response: its ``type`` and its JSON."""
+
+    kind: str
+    data: str
+
+
+class Reply:
+    """One response as it grows: the same fields in every event and answer that carries it.
+    ``conversation`` is what the model read but the instructions; a later request's
+    ``previous_response_id`` continues it with this reply's text (:meth:`continued`)."""
+
+    def __init__(
+        self,
+        request: ResponsesRequest,
+        model: str,
+        prompt_tokens: int,
+        conversation: tuple[dict[str, Any], ...],
+    ) -> None:
+        self.id = f"resp_{uuid.uuid4().hex}"
+        self.message_id = f"msg_{uuid.uuid4().hex}"
+        self.created_at = int(time.time())
+        self.request = request
+        self.model = model
+        self.conversation = conversation
+        self.prompt_tokens = prompt_tokens
+        self.text: list[str] = []
+        self.completion_tokens = 0
+        self.status = "in_progress"
+        self.finish_reason: str | None = None
+        self.error: dict[str, str | None] | None = None
+        self.sequence = -1  # the sequence_number of the last event made
+
+    @property
+    def done(self) -> bool:
+        return self.status != "in_progress"
+
+    def continued(self) -> tuple[dict[str, Any], ...]:
+        """The conversation a later request continues: this one and its reply."""
+        return (*self.conversation, {"role": "assistant", "content": "".join(self.text)})
+
+    def next_number(self) -> int:
+        """The sequence_number of the next event."""
+        self.sequence += 1
+        return self.sequence
+
+    def event(self, kind: str, **fields: Any) -> Event:
+        return Event(kind, dumps({"type": kind, "sequence_number": self.next_number(), **fields}))
+
+    def fail(self, message: str, code: str = "server_error") -> None:
+        """The response ended without its reply."""
+        self.status = "failed"
+        self.error = {"code": code, "message": message}
+
+    def error_event(self, error: OpenAIErrorEvent) -> Event:
+        """The event that ends a stream cut off by ``error``; the response failed."""
+        self.fail(error.message, error.code or "server_error")
+        sent = error.responses(self.next_number())
+        return Event(str(sent.event), str(sent.data))
+
+    def part(self) -> dict[str, Any]:
+        return {"type": "output_text", "text": "".join(self.text), "annotations": [], "logprobs": []}
+
+    def message(self, status: str) -> dict[str, Any]:
+        content = [self.part()] if status == "completed" else []
+        return {
+            "id": self.message_id,
+            "type": "message",
+            "status": status,
+            "role": "assistant",
+            "content": content,
+        }
+
+    def response(self) -> dict[str, Any]:
+        """The ``response`` object as it stands."""
+        ended = self.status in ("completed", "incomplete")
+        request = self.request
+        return {
+            "id": self.id,
+            "object": "response",
+            "created_at": self.created_at,
+            "status": self.status,
+            "model": self.model,
+            "output": [self.message("completed")] if ended else [],
+            "output_text": "".join(self.text) if ended else "",
+            "usage": self.usage() if ended else None,
+            "incomplete_details": {"reason": "max_output_tokens"} if self.status == "incomplete" else None,
+            "error": self.error,
+            "instructions": request.instructions,
+            "max_output_tokens": request.max_output_tokens,
+            "temperature": request.temperature,
+            "top_p": request.top_p,
+            "previous_response_id": request.previous_response_id,
+            "parallel_tool_calls": False,
+            "tool_choice": "none",
+            "tools": [],
+            "text": {"format": (request.text or {}).get("format") or {"type": "text"}},
+            "truncation": "disabled",
+            "store": request.store,
+            "background": False,
+            "metadata": {},
+        }
+
+    def usage(self) -> dict[str, Any]:
+        return {
+            "input_tokens": self.prompt_tokens,
+            "input_tokens_details": {"cached_tokens": 0},
+            "output_tokens": self.completion_tokens,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+        }
+
+    def end(self, last: Delta) -> None:
+        """Take the reply's last item (why it ended, the tokens it took)."""
+        self.completion_tokens = last.completion_tokens
+        self.finish_reason = last.finish_reason
+        self.status = "incomplete" if last.finish_reason == "length" else "completed"
+
+    def read(self, whole: Whole) -> dict[str, Any]:
+        """The response of a reply read whole."""
+        self.text = [whole.text]
+        self.end(Delta(completion_tokens=whole.completion_tokens, finish_reason=whole.finish_reason))
+        return self.response()
+
+
+async def produced(reply: Reply, stream: Stream) -> AsyncIterator[Event]:
+    """The response's events as the model's deltas come; ``reply`` follows along. A reply
+    cut off ends with OpenAI's ``error`` event (the model's replica went away: retry), a
+    failure with ``response.failed``."""
+    event = reply.event
+    where = {"item_id": reply.message_id, "output_index": 0, "content_index": 0}
+    yield event("response.created", response=reply.response())
+    yield event("response.in_progress", response=reply.response())
+    yield event("response.output_item.added", output_index=0, item=reply.message("in_progress"))
+    yield event(
+        "response.content_part.added", **where, part={"type": "output_text", "text": "", "annotations": []}
+    )
+    try:
+        async for delta in stream:
+            if delta.text:
+                reply.text.append(delta.text)
+                yield event("response.output_text.delta", **where, delta=delta.text, logprobs=[])
+            if delta.finish_reason is not None:
+                reply.end(delta)
+    except ANSWERED as exc:
+        logger.warning("Response %s was cut off: %s", reply.id, exc)
+        yield reply.error_event(stream_error(exc))
+        return
+    except Exception:
+        logger.exception("Response %s failed", reply.id)
+        request_id = request_context.current_request_id()
+        reply.fail(f"The model failed (request id {request_id}).")
+        yield event("response.failed", response={**reply.response(), "output": [], "usage": None})
+        return
+    finally:
+        stream.cancel()  # ended early (a stream dropped, the ingress stopping): the model stops too
+    if not reply.done:
+        reply.end(Delta(completion_tokens=reply.completion_tokens, finish_reason="stop"))
+    yield event("response.output_text.done", **where, text="".join(reply.text), logprobs=[])
+    yield event("response.content_part.done", **where, part=reply.part())
+    yield event("response.output_item.done", output_index=0, item=reply.message("completed"))
+    yield event(f"response.{reply.status}", response=reply.response())
+
+
+def streamed(events: AsyncIterator[Event], next_number: Callable[[], int]) -> tk.EventStream:
+    """The events as SSE, each named by its ``type``; one still open at the ingress
+    replica's drain deadline ends with the error that says retry, numbered ``next_number()``."""
+
+    async def sent() -> AsyncIterator[ServerSentEvent]:
+        try:
+            async for kind, data in events:
+                yield ServerSentEvent(data=data, event=kind)
+        finally:
+            close = getattr(events, "aclose", None)  # the client left: what it read stops now
+            if close is not None:
+                await close()
+
+    return tk.EventStream(
+        sent(),
+        ids=False,
+        final_event=lambda: OpenAIErrorEvent.restarting().responses(next_number()),
+        end_at_drain=False,
+    )
