@@ -4,6 +4,7 @@ status codes OpenAI's clients map to their exception classes (400 ``BadRequestEr
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,13 +31,17 @@ class OpenAIError(Exception):
         type_: str = "invalid_request_error",
         code: str | None = None,
         param: str | None = None,
+        retry_after: float | None = None,
     ) -> None:
-        super().__init__(status, message, type_, code, param)  # all args survive pickling
+        super().__init__(status, message, type_, code, param, retry_after)  # all args survive pickling
         self.status = status
         self.message = message
         self.type = type_
         self.code = code
         self.param = param
+        #: Seconds after which a retry may succeed (a 429's limit window): the answer's
+        #: ``Retry-After``, in whole seconds, at least 1. A 503 without it says 1.
+        self.retry_after = retry_after
 
     @property
     def status_code(self) -> int:
@@ -113,9 +118,16 @@ def _param(location: Sequence[Any]) -> str:
 
 
 def answer(error: OpenAIError) -> JSONResponse:
-    """The JSON response for ``error``; a 503 says when to retry."""
-    retry = {"Retry-After": "1"} if error.status == 503 else None
-    return JSONResponse(error.body(), status_code=error.status, headers=retry)
+    """The JSON response for ``error``; a 503, or an error that knows, says when to retry."""
+    return JSONResponse(error.body(), status_code=error.status, headers=retry_headers(error))
+
+
+def retry_headers(error: OpenAIError) -> dict[str, str] | None:
+    """``Retry-After`` for ``error``: its ``retry_after`` in whole seconds (at least 1), else
+    1 for a 503; None when a retry would not help."""
+    if error.retry_after is not None:
+        return {"Retry-After": str(max(1, math.ceil(error.retry_after)))}
+    return {"Retry-After": "1"} if error.status == 503 else None
 
 
 def install(app: FastAPI) -> None:
