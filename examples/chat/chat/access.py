@@ -20,18 +20,17 @@ import uuid
 from collections.abc import Awaitable, Callable
 
 import app_toolkit as tk
+from app_toolkit.llm.errors import ANSWERED, OpenAIError, as_openai_error
 from fastapi import Request, WebSocket, WebSocketException, status
 
-from .errors import ANSWERED, as_chat_error
 from .keys import check_entries, key_hash
-from .schemas import ChatError
 from .settings import Settings
 
 COOKIE = "chat_session"
 
 
-def unauthorized(why: str) -> ChatError:
-    return ChatError(401, why, "invalid_request_error", "invalid_api_key")
+def unauthorized(why: str) -> OpenAIError:
+    return OpenAIError(401, why, "invalid_request_error", "invalid_api_key")
 
 
 class KeyRing:
@@ -119,7 +118,7 @@ class Access:
         self.replies = ReplyIds(secret)
 
     def caller(self, authorization: str | None, cookie: str | None) -> str:
-        """The caller's owner name ("" with keys off); raises a 401 :class:`ChatError`."""
+        """The caller's owner name ("" with keys off); raises a 401 :class:`OpenAIError`."""
         if not self.keys_on:
             return ""
         if authorization:
@@ -173,7 +172,7 @@ class Guard:
         if accounts_app is None:
 
             async def uncounted(request: Request) -> dict[str, object]:
-                raise ChatError(
+                raise OpenAIError(
                     404, "Usage is counted per API key; this server asks for none.", "invalid_request_error"
                 )
 
@@ -202,7 +201,7 @@ class Guard:
         ) -> SocketAdmit:
             try:
                 owner = self.socket_caller(socket)
-            except ChatError as refused:
+            except OpenAIError as refused:
                 raise WebSocketException(status.WS_1008_POLICY_VIOLATION, refused.message) from None
 
             async def admit_one() -> str:
@@ -214,7 +213,7 @@ class Guard:
         return gate
 
 
-#: Admits one more message of a WebSocket's caller; returns the caller (raises ChatError 429).
+#: Admits one more message of a WebSocket's caller; returns the caller (raises OpenAIError 429).
 SocketAdmit = Callable[[], Awaitable[str]]
 
 
@@ -223,8 +222,8 @@ async def _everyone() -> str:
 
 
 async def admit(accounts: tk.DeploymentHandle, owner: str) -> None:
-    """Let ``owner`` make one more request, or raise the 429 (or 503) :class:`ChatError`."""
+    """Let ``owner`` make one more request, or raise the 429 (or 503) :class:`OpenAIError`."""
     try:
         await accounts.admit.remote(owner)
     except ANSWERED as exc:
-        raise as_chat_error(exc) from None
+        raise as_openai_error(exc) from None

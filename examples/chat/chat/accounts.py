@@ -18,8 +18,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import app_toolkit as tk
+from app_toolkit.llm.errors import OpenAIError
 
-from .schemas import ChatError
 from .settings import Settings
 
 WINDOW_MS = 60_000.0  # the allowance refills over a minute
@@ -195,13 +195,13 @@ class Accounts:
         self._limits = {"requests": settings.requests_per_min, "tokens": settings.tokens_per_min}
 
     async def admit(self, owner: str) -> None:
-        """Raises the 429 :class:`ChatError` (OpenAI's ``rate_limit_exceeded``) when
+        """Raises the 429 :class:`OpenAIError` (OpenAI's ``rate_limit_exceeded``) when
         ``owner`` is over its requests or tokens per minute."""
         refused = await self._ledger.admit(owner)
         if refused is None:
             return
         wait = max(refused.retry_after_s, 0.001)
-        raise ChatError(
+        raise OpenAIError(
             429,
             f"Rate limit reached for {owner} on {refused.kind} per min: limit "
             f"{self._limits[refused.kind]}. Please try again in {wait:.1f}s.",

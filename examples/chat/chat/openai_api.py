@@ -14,14 +14,14 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import app_toolkit as tk
+from app_toolkit.llm.errors import ANSWERED, OpenAIError, as_openai_error, invalid_request, stream_error
 from fastapi import APIRouter, Depends, WebSocket, WebSocketDisconnect
 from pydantic import ValidationError
 
 from . import responses_api
 from .access import Guard, SocketAdmit
-from .errors import ANSWERED, as_chat_error, invalid_request, stream_error
 from .responses_api import ResponsesRequest
-from .schemas import ChatCompletionRequest, ChatError, Delta, Generation
+from .schemas import ChatCompletionRequest, Delta, Generation
 from .settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -37,7 +37,7 @@ async def open_reply(model: tk.DeploymentHandle, generation: Generation) -> tupl
         return await anext(stream), stream
     except ANSWERED as exc:
         stream.cancel()
-        raise as_chat_error(exc) from None
+        raise as_openai_error(exc) from None
     except BaseException:
         stream.cancel()
         raise
@@ -49,7 +49,7 @@ def build_router(settings: Settings, model_app: tk.Application, guard: Guard) ->
 
     def generation_of(request: ChatCompletionRequest | ResponsesRequest, owner: str) -> Generation:
         if request.model not in (None, "", model_name):
-            raise ChatError(
+            raise OpenAIError(
                 404,
                 f"The model {request.model!r} does not exist; this server has {model_name!r}.",
                 "invalid_request_error",
@@ -67,7 +67,7 @@ def build_router(settings: Settings, model_app: tk.Application, guard: Guard) ->
     @router.get("/v1/models/{model_id:path}")
     async def model(model_id: str, owner: str = Depends(guard.caller)) -> dict[str, Any]:
         if model_id != model_name:
-            raise ChatError(
+            raise OpenAIError(
                 404,
                 f"The model {model_id!r} does not exist; this server has {model_name!r}.",
                 "invalid_request_error",
@@ -148,7 +148,7 @@ def build_router(settings: Settings, model_app: tk.Application, guard: Guard) ->
                         {"type": "error", "error": invalid_request(exc.errors()).body()["error"]}
                     )
                     continue
-                except ChatError as exc:
+                except OpenAIError as exc:
                     await socket.send_json({"type": "error", "error": exc.body()["error"]})
                     continue
                 await _send_reply(socket, first, stream)
@@ -192,7 +192,7 @@ async def _relay(
         first = await anext(answers)
     except ANSWERED as exc:
         answers.cancel()
-        raise as_chat_error(exc) from None
+        raise as_openai_error(exc) from None
     except BaseException:
         answers.cancel()
         raise
@@ -212,7 +212,7 @@ async def _relay(
             logger.exception("A relayed stream failed")
             yield {
                 "data": json.dumps(
-                    ChatError(502, "The model server failed mid-reply.", "upstream_error").body()
+                    OpenAIError(502, "The model server failed mid-reply.", "upstream_error").body()
                 )
             }
             return
@@ -243,11 +243,11 @@ async def _send_reply(socket: WebSocket, first: Delta, stream: Reply) -> None:
             try:
                 delta = item.result()
             except ANSWERED as exc:
-                await socket.send_json({"type": "error", "error": as_chat_error(exc).body()["error"]})
+                await socket.send_json({"type": "error", "error": as_openai_error(exc).body()["error"]})
                 return
             except Exception:  # the client hears of a failed reply; the socket stays usable
                 logger.exception("A reply over the WebSocket failed")
-                error = ChatError(500, "The model failed; try again.", "server_error")
+                error = OpenAIError(500, "The model failed; try again.", "server_error")
                 await socket.send_json({"type": "error", "error": error.body()["error"]})
                 return
             if delta.finish_reason is None:

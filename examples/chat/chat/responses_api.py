@@ -13,12 +13,11 @@ from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 import app_toolkit as tk
+from app_toolkit.llm.errors import ANSWERED, OpenAIError, stream_error
 from pydantic import BaseModel, ConfigDict, Field
 
-from .errors import ANSWERED, stream_error
 from .schemas import (
     MAX_TEXT,
-    ChatError,
     ContentPart,
     Delta,
     Generation,
@@ -107,7 +106,7 @@ class ResponsesRequest(BaseModel):
         else:
             turns.extend(_turn(item, index) for index, item in enumerate(self.input))
         if not any(role == "user" for role, _ in turns):
-            raise ChatError(
+            raise OpenAIError(
                 400, "input holds no user message.", "invalid_request_error", "invalid_value", "input"
             )
         return Generation(

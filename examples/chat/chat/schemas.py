@@ -7,6 +7,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from app_toolkit.llm.errors import OpenAIError, bad_parameter
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .settings import Settings
@@ -69,7 +70,7 @@ def joined_text(content: str | list[ContentPart] | None, param: str, text_parts:
         texts.append(part.text)
     text = "\n".join(texts)
     if len(text) > MAX_TEXT:
-        raise ChatError(
+        raise OpenAIError(
             400,
             f"{param} is longer than {MAX_TEXT} characters.",
             "invalid_request_error",
@@ -79,8 +80,8 @@ def joined_text(content: str | list[ContentPart] | None, param: str, text_parts:
     return text
 
 
-def unsupported(param: str, message: str) -> ChatError:
-    return ChatError(400, message, "invalid_request_error", "unsupported_parameter", param)
+def unsupported(param: str, message: str) -> OpenAIError:
+    return bad_parameter(param, message, "unsupported_parameter")
 
 
 class StreamOptions(BaseModel):
@@ -156,7 +157,7 @@ def checked_options(given: dict[str, Any], backend: str, rules: OptionRules) -> 
                     name, f"{name}={json.dumps(value)[:100]} is not supported by this server{passed_on}."
                 )
         else:
-            raise ChatError(
+            raise OpenAIError(
                 400,
                 f"Unrecognized request argument supplied: {name}",
                 "invalid_request_error",
@@ -198,7 +199,7 @@ class ChatCompletionRequest(BaseModel):
         try:
             self.generation(settings)
             return None  # text in, text out: the usual path answers it
-        except ChatError as exc:
+        except OpenAIError as exc:
             if exc.code != "unsupported_parameter":
                 raise
         body = self.model_dump(mode="json", exclude_unset=True)
@@ -268,33 +269,3 @@ class Delta:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     finish_reason: str | None = None
-
-
-class ChatError(Exception):
-    """An error the client caused or should hear about, in OpenAI's error shape."""
-
-    def __init__(
-        self,
-        status: int,
-        message: str,
-        type_: str,
-        code: str | None = None,
-        param: str | None = None,
-        retry_after: float | None = None,
-    ) -> None:
-        super().__init__(status, message, type_, code, param, retry_after)  # all args survive pickling
-        self.status = status
-        self.message = message
-        self.type = type_
-        self.code = code
-        self.param = param
-        #: Seconds after which a retry may succeed (429 and 503 answers say it as Retry-After).
-        self.retry_after = retry_after
-
-    @property
-    def status_code(self) -> int:
-        """The toolkit logs a raised 4xx as the caller's mistake: one line, no traceback."""
-        return self.status
-
-    def body(self) -> dict[str, dict[str, str | None]]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}

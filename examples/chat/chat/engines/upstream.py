@@ -7,9 +7,10 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import openai
+from app_toolkit.llm.errors import OpenAIError
 
 from ..scaling import EngineLoad
-from ..schemas import ChatError, Generation
+from ..schemas import Generation
 from ..settings import Settings
 
 
@@ -43,7 +44,7 @@ class UpstreamEngine:
         options = dict(generation.upstream_options)  # seed, response_format, …
         if generation.prefix:  # a continued reply: the upstream goes on from its text
             if not self._continues:
-                raise ChatError(
+                raise OpenAIError(
                     502,
                     "The model server cannot continue a reply its first replica lost "
                     "(CHAT_UPSTREAM_CONTINUES=true tells this service a vLLM server can).",
@@ -103,18 +104,18 @@ class UpstreamEngine:
             del self._remaining[key]
 
     async def _ask(self, **request: Any) -> Any:
-        """The upstream's chat completion (or its stream); its refusal becomes a ChatError."""
+        """The upstream's chat completion (or its stream); its refusal becomes a OpenAIError."""
         try:
             return await self._client.chat.completions.create(**request)
         except openai.APIStatusError as exc:
             status = exc.status_code if 400 <= exc.status_code < 500 else 502
             error = exc.body if isinstance(exc.body, dict) else {}  # OpenAI's error object
             message = error.get("message") or exc.message
-            raise ChatError(
+            raise OpenAIError(
                 status, f"The model server refused: {message}", "upstream_error", param=error.get("param")
             ) from None
         except openai.APIError as exc:
-            raise ChatError(
+            raise OpenAIError(
                 502, f"The model server is unreachable: {exc.message}", "upstream_error"
             ) from None
 

@@ -9,10 +9,11 @@ import json
 import httpx
 import openai
 import pytest
+from app_toolkit.llm.errors import OpenAIError
 
 from {{ cookiecutter.package_name }}.engines.echo import EchoEngine
 from {{ cookiecutter.package_name }}.engines.upstream import UpstreamEngine
-from {{ cookiecutter.package_name }}.schemas import ChatError, Generation
+from {{ cookiecutter.package_name }}.schemas import Generation
 
 from .conftest import ECHO
 
@@ -41,7 +42,7 @@ def test_an_upstream_continues_a_reply_only_if_told_it_can() -> None:
         async for _ in engine.stream(_generation(prefix="one two ")):
             break
 
-    with pytest.raises(ChatError, match="CHAT_UPSTREAM_CONTINUES"):
+    with pytest.raises(OpenAIError, match="CHAT_UPSTREAM_CONTINUES"):
         asyncio.run(first_piece())
 
 

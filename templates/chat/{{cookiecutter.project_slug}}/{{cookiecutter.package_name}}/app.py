@@ -11,10 +11,11 @@ from __future__ import annotations
 import secrets
 
 import app_toolkit as tk
+from app_toolkit.llm import errors
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
-from . import errors, openai_api, page, scaling
+from . import openai_api, page, scaling
 from .access import Access, Guard
 from .accounts import Accounts
 from .model import ChatModel

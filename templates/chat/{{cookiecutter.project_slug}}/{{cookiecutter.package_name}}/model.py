@@ -12,11 +12,12 @@ from typing import Any
 
 import app_toolkit as tk
 from app_toolkit.llm.detokenize import StopFilter
+from app_toolkit.llm.errors import OpenAIError
 
 from . import metrics
 from .engines import Engine, make_engine
 from .scaling import replica_metrics
-from .schemas import ChatError, Delta, Generation
+from .schemas import Delta, Generation
 from .settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -47,12 +48,12 @@ class ChatModel:
     async def generate(self, generation: Generation) -> AsyncIterator[Delta]:
         """The first item counts the prompt; then text pieces; the last says why it ended.
 
-        Raises :class:`ChatError` (400) before any item when the prompt does not fit.
+        Raises :class:`OpenAIError` (400) before any item when the prompt does not fit.
         """
         prompt_tokens = self._engine.count_prompt(generation)
         window = self._engine.context_window
         if prompt_tokens >= window:
-            raise ChatError(
+            raise OpenAIError(
                 400,
                 f"The conversation takes {prompt_tokens} tokens; this model's context window is {window}. "
                 "Shorten the messages.",
@@ -135,7 +136,7 @@ class ChatModel:
         charged to ``owner``."""
         relay = getattr(self._engine, "relay", None)
         if relay is None:
-            raise ChatError(400, "Only the openai backend relays requests.", "invalid_request_error")
+            raise OpenAIError(400, "Only the openai backend relays requests.", "invalid_request_error")
         self._replies["started"] += 1
         answers = relay(body)
         try:

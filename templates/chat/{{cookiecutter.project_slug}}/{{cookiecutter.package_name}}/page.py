@@ -10,14 +10,14 @@ from importlib import resources
 from typing import Any
 
 import app_toolkit as tk
+from app_toolkit.llm.errors import ANSWERED, OpenAIError, as_openai_error
 from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request, Response
 from fastapi.responses import HTMLResponse
 from pydantic import BaseModel, Field
 
 from .access import COOKIE, Guard, unauthorized
-from .errors import ANSWERED, as_chat_error
 from .replies import ReplyEvent
-from .schemas import ChatCompletionRequest, ChatError
+from .schemas import ChatCompletionRequest
 from .settings import Settings
 
 ASSETS = {"chat.js": "text/javascript", "chat.css": "text/css", "favicon.svg": "image/svg+xml"}
@@ -94,7 +94,7 @@ def build_router(
         try:
             await replies.options(shard_key=reply_id).start.remote(reply_id, generation)
         except ANSWERED as exc:
-            raise as_chat_error(exc) from None
+            raise as_openai_error(exc) from None
         return {"id": reply_id}
 
     @router.get("/api/replies/{reply_id}/events")
@@ -113,7 +113,7 @@ def build_router(
         try:
             first: ReplyEvent | None = await anext(stream, None)
         except ANSWERED as exc:
-            raise as_chat_error(exc) from None
+            raise as_openai_error(exc) from None
         # The page resumes after its Last-Event-ID through any replica: a draining one need
         # not keep the stream open (the page reconnects at its drain event).
         return tk.EventStream(_sse(first, stream), ids=False, end_at_drain=True)
@@ -142,9 +142,9 @@ def build_router(
     return router
 
 
-def _no_reply(reply_id: str) -> ChatError:
+def _no_reply(reply_id: str) -> OpenAIError:
     """A reply that does not exist, or is not the caller's: the same answer for both."""
-    return ChatError(404, f"No reply {reply_id[:100]!r}.", "invalid_request_error", "reply_not_found")
+    return OpenAIError(404, f"No reply {reply_id[:100]!r}.", "invalid_request_error", "reply_not_found")
 
 
 async def _sse(

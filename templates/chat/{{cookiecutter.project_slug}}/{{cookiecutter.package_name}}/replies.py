@@ -28,9 +28,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import app_toolkit as tk
+from app_toolkit.llm.errors import OpenAIError
 
 from . import metrics
-from .schemas import ChatError, Delta, Generation
+from .schemas import Delta, Generation
 from .settings import Settings
 
 logger = logging.getLogger(__name__)
@@ -87,8 +88,8 @@ async def _read_into(stream: Any, came: asyncio.Queue[Delta | Exception]) -> Non
         await came.put(failed)
 
 
-def _overloaded(what: str) -> ChatError:
-    return ChatError(503, f"{what}; retry shortly.", "server_error", "overloaded")
+def _overloaded(what: str) -> OpenAIError:
+    return OpenAIError(503, f"{what}; retry shortly.", "server_error", "overloaded")
 
 
 @tk.deployment(max_ongoing_requests=1000)
@@ -129,7 +130,7 @@ class Replies:
     async def start(self, reply_id: str, generation: Generation) -> None:
         """Admit reply ``reply_id`` (a new uuid) and start generating it.
 
-        Raises :class:`ChatError` (503 when full, or what the model refused with).
+        Raises :class:`OpenAIError` (503 when full, or what the model refused with).
         """
         if len(self._pumps) + self._admitting >= self._settings.max_replies:
             raise _overloaded("Too many replies in progress")
@@ -220,7 +221,7 @@ class Replies:
                 return
             usage = {"prompt_tokens": prompt_tokens, "completion_tokens": len(pieces)}
             ended = await self._end(reply_id, "done", {"finish_reason": "stopped", "usage": usage}, writer)
-        except ChatError as refused:  # e.g. an upstream that cannot continue a reply
+        except OpenAIError as refused:  # e.g. an upstream that cannot continue a reply
             logger.warning("Reply %s failed: %s", reply_id, refused.message)
             failure = refused.message
         except Exception:
@@ -349,14 +350,14 @@ class Replies:
         try:
             return await self._log.follow(reply_id, after)
         except tk.UnknownStream:
-            raise ChatError(
+            raise OpenAIError(
                 404,
                 f"No reply {reply_id!r} (finished replies are kept for a while only).",
                 "invalid_request_error",
                 "reply_not_found",
             ) from None
         except ValueError as bad:
-            raise ChatError(400, str(bad), "invalid_request_error", "invalid_event_id") from None
+            raise OpenAIError(400, str(bad), "invalid_request_error", "invalid_event_id") from None
 
     async def _take_over(self, reply_id: str) -> _Pump | None:
         """Become the writer of a reply whose writer was lost, and go on generating it from
