@@ -16,6 +16,11 @@ from app_toolkit.llm.errors import OpenAIError, bad_parameter
 MAX_TEXT = 1_000_000
 #: The most tokens one request may ask for (its model's context window bounds it further).
 MAX_TOKENS = 131_072
+#: Message roles, as chat templates take them (``developer`` is newer clients' ``system``).
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+#: Content part types that carry text: Chat Completions' (``text``), and the Responses
+#: API's (``input_text``, and earlier replies' ``output_text`` sent back).
+TEXT_PARTS = frozenset({"text", "input_text", "output_text"})
 
 
 @dataclass(frozen=True)
@@ -97,6 +102,38 @@ def checked_options(given: dict[str, Any], rules: OptionRules) -> None:
                 f"{name}={json.dumps(value)[:100]} is not supported by this server.",
                 "unsupported_parameter",
             )
+
+
+def role_of(role: str, param: str) -> str:
+    """The chat template's role for a message's (:data:`ROLES`); any other is the 400
+    naming ``param``."""
+    known = ROLES.get(role)
+    if known is None:
+        raise bad_parameter(
+            param,
+            f"The role {role!r} is not supported; use system, developer, user or assistant.",
+            "unsupported_parameter",
+        )
+    return known
+
+
+def text_content(content: Any, param: str) -> str:
+    """A message's content as text: a string as it is, text parts joined by newlines; a
+    part of any other type is the 400 naming it (``messages[0].content[1].type``)."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    texts = []
+    for number, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+        if kind not in TEXT_PARTS or not isinstance(part.get("text"), str):
+            raise bad_parameter(
+                f"{param}[{number}].type",
+                f"Content parts of type {kind!r} are not supported: this model reads text only "
+                f"({', '.join(sorted(TEXT_PARTS))}).",
+                "unsupported_parameter",
+            )
+        texts.append(part["text"])
+    return "\n".join(texts)
 
 
 class StreamOptions(BaseModel):

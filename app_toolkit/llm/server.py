@@ -20,6 +20,7 @@ from app_toolkit.llm.engine import EmbeddingEngine, EngineLoad, Sampling, TextEn
 from app_toolkit.llm.errors import OpenAIError, bad_parameter
 from app_toolkit.llm.events import Delta, Generation, ModelCard
 from app_toolkit.llm.loading import engine_for
+from app_toolkit.llm.protocol import text_content
 from app_toolkit.llm.shaping import Structure, prompt_messages, structure_for, template_takes_tools
 
 logger = logging.getLogger("app_toolkit.llm")
@@ -283,24 +284,9 @@ def _joined(deltas: list[Delta]) -> Delta:
 
 def _text_messages(messages: Any) -> list[dict[str, Any]]:
     """OpenAI messages with their content as text (parts joined); other part types refused."""
-    converted = []
-    for index, message in enumerate(messages):
-        content = message.get("content")
-        if isinstance(content, list):
-            texts = []
-            for number, part in enumerate(content):
-                if not isinstance(part, dict) or part.get("type") not in (
-                    "text",
-                    "input_text",
-                    "output_text",
-                ):
-                    kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                    raise bad_parameter(
-                        f"messages[{index}].content[{number}].type",
-                        f"Content parts of type {kind!r} are not supported: this model reads text only.",
-                        "unsupported_parameter",
-                    )
-                texts.append(str(part.get("text", "")))
-            message = {**message, "content": "\n".join(texts)}
-        converted.append(message)
-    return converted
+    return [
+        {**message, "content": text_content(message["content"], f"messages[{index}].content")}
+        if isinstance(message.get("content"), list)
+        else message
+        for index, message in enumerate(messages)
+    ]

@@ -22,9 +22,12 @@ logger = logging.getLogger("app_toolkit.llm")
 Stream = tk.DeploymentResponseGenerator[Delta]
 
 
-async def open_reply(model: tk.DeploymentHandle, generation: Generation) -> tuple[Delta, Stream]:
+async def open_reply(model: tk.DeploymentHandle, generation: Generation | object) -> tuple[Delta, Stream]:
     """Start a reply on the model's replicas; its first item (the prompt's size) is read
-    here, so a refusal becomes an HTTP error before any response byte is sent."""
+    here, so a refusal becomes an HTTP error before any response byte is sent.
+
+    ``generation`` is what the model's ``generate`` takes: a :class:`Generation`, or an
+    app's own request to a model of its own that streams :class:`Delta` items."""
     stream: Stream = model.options(method_name="generate", stream=True).remote(generation)
     try:
         return await anext(stream), stream

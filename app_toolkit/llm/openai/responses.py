@@ -22,15 +22,11 @@ from app_toolkit.llm.errors import ANSWERED, OpenAIError, bad_parameter, stream_
 from app_toolkit.llm.events import Delta, Generation
 from app_toolkit.llm.openai.chat import DEFAULT_TEMPERATURE
 from app_toolkit.llm.openai.replies import Stream, Whole, dumps
-from app_toolkit.llm.protocol import MAX_TEXT, MAX_TOKENS, OptionRules, checked_options
+from app_toolkit.llm.protocol import MAX_TEXT, MAX_TOKENS, OptionRules, checked_options, role_of, text_content
 from app_toolkit.streaming import OpenAIErrorEvent
 
 logger = logging.getLogger("app_toolkit.llm")
 
-#: Input roles, as the chat template takes them (``developer`` is newer clients' ``system``).
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
-#: Content part types that carry text: the user's, and earlier replies' sent back.
-TEXT_PARTS = frozenset({"input_text", "output_text", "text"})
 #: Options read no further: the default is accepted, anything else refused by name.
 RULES = OptionRules(
     refused={
@@ -144,27 +140,8 @@ def _message(item: InputItem, index: int, referenced: Referenced) -> dict[str, A
             "previous_response_id).",
             "unsupported_parameter",
         )
-    role = ROLES.get(item.role or "")
-    if role is None:
-        raise bad_parameter(
-            f"input[{index}].role",
-            f"The role {item.role!r} is not supported; use system, developer, user or assistant.",
-            "unsupported_parameter",
-        )
-    content = item.content
-    if isinstance(content, list):
-        texts = []
-        for number, part in enumerate(content):
-            if part.get("type") not in TEXT_PARTS or not isinstance(part.get("text"), str):
-                raise bad_parameter(
-                    f"input[{index}].content[{number}].type",
-                    f"Content parts of type {part.get('type')!r} are not supported: this model "
-                    "reads text only (input_text, output_text).",
-                    "unsupported_parameter",
-                )
-            texts.append(part["text"])
-        content = "\n".join(texts)
-    return {"role": role, "content": content or ""}
+    role = role_of(item.role or "", f"input[{index}].role")
+    return {"role": role, "content": text_content(item.content, f"input[{index}].content")}
 
 
 def generation(

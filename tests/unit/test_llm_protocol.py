@@ -1,0 +1,43 @@
+"""Message content as the model reads it: text parts joined, other parts refused by name."""
+
+from __future__ import annotations
+
+import pytest
+
+from app_toolkit.llm.errors import OpenAIError
+from app_toolkit.llm.protocol import role_of, text_content
+
+
+def test_text_parts_of_both_apis_are_joined_by_newlines() -> None:
+    parts = [
+        {"type": "text", "text": "red"},
+        {"type": "input_text", "text": "green"},
+        {"type": "output_text", "text": "blue", "annotations": []},
+    ]
+    assert text_content(parts, "messages[0].content") == "red\ngreen\nblue"
+    assert text_content("as it is", "messages[0].content") == "as it is"
+    assert text_content(None, "messages[0].content") == ""
+
+
+@pytest.mark.parametrize(
+    ("part", "kind"),
+    [
+        ({"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}, "'image_url'"),
+        ({"type": "text"}, "'text'"),  # a text part without its text
+        ("just a string", "'str'"),
+    ],
+)
+def test_any_other_part_is_refused_naming_its_place(part: object, kind: str) -> None:
+    with pytest.raises(OpenAIError) as refused:
+        text_content([{"type": "text", "text": "hi"}, part], "input[2].content")
+    error = refused.value
+    assert (error.status, error.code) == (400, "unsupported_parameter")
+    assert error.param == "input[2].content[1].type"
+    assert kind in error.message
+
+
+def test_roles_are_the_chat_templates_and_any_other_is_refused_by_name() -> None:
+    assert role_of("developer", "input[0].role") == "system"
+    with pytest.raises(OpenAIError) as refused:
+        role_of("tool", "input[3].role")
+    assert (refused.value.param, refused.value.code) == ("input[3].role", "unsupported_parameter")
