@@ -8,39 +8,32 @@ import contextlib
 import dataclasses
 import json
 import logging
-import time
-import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
 import app_toolkit as tk
-from app_toolkit.llm.errors import ANSWERED, OpenAIError, as_openai_error, invalid_request, stream_error
+from app_toolkit.llm.errors import (
+    ANSWERED,
+    OpenAIError,
+    as_openai_error,
+    bad_parameter,
+    invalid_request,
+    stream_error,
+    unknown_model,
+)
+from app_toolkit.llm.events import Delta
+from app_toolkit.llm.openai import chat as openai_chat
+from app_toolkit.llm.openai import responses as openai_responses
+from app_toolkit.llm.openai.replies import Stream, open_reply, read_whole, usage
+from app_toolkit.llm.openai.responses import ResponsesRequest
 from fastapi import APIRouter, Depends, WebSocket, WebSocketDisconnect
 from pydantic import ValidationError
 
-from . import responses_api
 from .access import Guard, SocketAdmit
-from .responses_api import ResponsesRequest
-from .schemas import ChatCompletionRequest, Delta, Generation
+from .schemas import ChatCompletionRequest, Generation
 from .settings import Settings
 
 logger = logging.getLogger(__name__)
-
-Reply = tk.DeploymentResponseGenerator[Delta]
-
-
-async def open_reply(model: tk.DeploymentHandle, generation: Generation) -> tuple[Delta, Reply]:
-    """Start a reply on the model pool; its first item (the prompt's size) is read here, so
-    a refusal becomes an HTTP error before any response byte is sent."""
-    stream: Reply = model.options(method_name="generate", stream=True).remote(generation)
-    try:
-        return await anext(stream), stream
-    except ANSWERED as exc:
-        stream.cancel()
-        raise as_openai_error(exc) from None
-    except BaseException:
-        stream.cancel()
-        raise
 
 
 def build_router(settings: Settings, model_app: tk.Application, guard: Guard) -> APIRouter:
@@ -49,13 +42,9 @@ def build_router(settings: Settings, model_app: tk.Application, guard: Guard) ->
 
     def generation_of(request: ChatCompletionRequest | ResponsesRequest, owner: str) -> Generation:
         if request.model not in (None, "", model_name):
-            raise OpenAIError(
-                404,
-                f"The model {request.model!r} does not exist; this server has {model_name!r}.",
-                "invalid_request_error",
-                "model_not_found",
-                "model",
-            )
+            raise unknown_model(request.model, [model_name])
+        if isinstance(request, ResponsesRequest):
+            return dataclasses.replace(_responses_generation(request, settings), owner=owner)
         return dataclasses.replace(request.generation(settings), owner=owner)
 
     entry = {"id": model_name, "object": "model", "created": 0, "owned_by": "app_toolkit"}
@@ -67,13 +56,7 @@ def build_router(settings: Settings, model_app: tk.Application, guard: Guard) ->
     @router.get("/v1/models/{model_id:path}")
     async def model(model_id: str, owner: str = Depends(guard.caller)) -> dict[str, Any]:
         if model_id != model_name:
-            raise OpenAIError(
-                404,
-                f"The model {model_id!r} does not exist; this server has {model_name!r}.",
-                "invalid_request_error",
-                "model_not_found",
-                "model",
-            )
+            raise unknown_model(model_id, [model_name])
         return entry
 
     @router.post("/v1/chat/completions", response_model=None)
@@ -81,35 +64,15 @@ def build_router(settings: Settings, model_app: tk.Application, guard: Guard) ->
         request: ChatCompletionRequest,
         owner: str = Depends(guard.admitted),
         model: tk.DeploymentHandle = tk.Depends(model_app),
-    ) -> dict[str, Any] | tk.ChatCompletionStream | tk.EventStream:
+    ) -> dict[str, Any] | tk.EventStream:
         relayed = request.relayed(settings)
         if relayed is not None:  # tool calls, several choices…: the upstream answers it whole
             return await _relay(model, relayed, owner)
         first, stream = await open_reply(model, generation_of(request, owner))
         if request.stream:
-            return _streamed(first, stream, model_name, request)
-        text: list[str] = []
-        last = first
-        try:
-            async for delta in stream:
-                text.append(delta.text)
-                last = delta
-        finally:
-            stream.cancel()  # a client that left early stops the model's work too
-        return {
-            "id": f"chatcmpl-{uuid.uuid4().hex}",
-            "object": "chat.completion",
-            "created": int(time.time()),
-            "model": model_name,
-            "choices": [
-                {
-                    "index": 0,
-                    "message": {"role": "assistant", "content": "".join(text)},
-                    "finish_reason": last.finish_reason,
-                }
-            ],
-            "usage": _usage(first.prompt_tokens, last.completion_tokens),
-        }
+            include_usage = bool(request.stream_options and request.stream_options.include_usage)
+            return openai_chat.streamed(first, stream, model_name, include_usage)
+        return openai_chat.completion(await read_whole(first, stream), model_name)
 
     @router.post("/v1/responses", response_model=None)
     async def responses(
@@ -117,12 +80,15 @@ def build_router(settings: Settings, model_app: tk.Application, guard: Guard) ->
         owner: str = Depends(guard.admitted),
         model: tk.DeploymentHandle = tk.Depends(model_app),
     ) -> dict[str, Any] | tk.EventStream:
-        """OpenAI's Responses API: text input and output, plain or streamed."""
+        """OpenAI's Responses API (the module's): text input and output, plain or streamed;
+        this server keeps no responses."""
+        request = request.checked()
         first, stream = await open_reply(model, generation_of(request, owner))
-        reply = responses_api.Reply(request, model_name, first.prompt_tokens)
+        kept_nowhere = request.model_copy(update={"store": False})
+        reply = openai_responses.Reply(kept_nowhere, model_name, first.prompt_tokens, conversation=())
         if request.stream:
-            return responses_api.streamed(reply, stream, tk.get_request_id())
-        return await responses_api.answer(reply, stream)
+            return openai_responses.streamed(openai_responses.produced(reply, stream), reply.next_number)
+        return reply.read(await read_whole(first, stream))
 
     @router.get("/v1/usage")
     async def usage(counts: dict[str, object] = Depends(guard.usage)) -> dict[str, object]:
@@ -154,31 +120,6 @@ def build_router(settings: Settings, model_app: tk.Application, guard: Guard) ->
                 await _send_reply(socket, first, stream)
 
     return router
-
-
-def _streamed(
-    first: Delta, stream: Reply, model: str, request: ChatCompletionRequest
-) -> tk.ChatCompletionStream:
-    last: list[Delta] = [first]
-
-    async def pieces() -> AsyncIterator[str]:
-        try:
-            async for delta in stream:
-                last[0] = delta
-                if delta.text:
-                    yield delta.text
-        finally:
-            stream.cancel()  # the client left early: the model stops this reply
-
-    include_usage = bool(request.stream_options and request.stream_options.include_usage)
-    return tk.ChatCompletionStream(
-        pieces(),
-        model=model,
-        include_usage=include_usage,
-        prompt_tokens=first.prompt_tokens,
-        finish_reason=lambda: last[0].finish_reason or "stop",
-        completion_tokens=lambda: last[0].completion_tokens,
-    )
 
 
 async def _relay(
@@ -226,7 +167,7 @@ async def _relay(
     )
 
 
-async def _send_reply(socket: WebSocket, first: Delta, stream: Reply) -> None:
+async def _send_reply(socket: WebSocket, first: Delta, stream: Stream) -> None:
     """Send one reply over the socket; a ``{"type": "stop"}`` from the client ends it early."""
     await socket.send_json({"type": "start", "prompt_tokens": first.prompt_tokens})
     stop = asyncio.ensure_future(_stop_requested(socket))
@@ -253,8 +194,8 @@ async def _send_reply(socket: WebSocket, first: Delta, stream: Reply) -> None:
             if delta.finish_reason is None:
                 await socket.send_json({"type": "delta", "text": delta.text})
                 continue
-            usage = _usage(first.prompt_tokens, delta.completion_tokens)
-            await socket.send_json({"type": "done", "finish_reason": delta.finish_reason, "usage": usage})
+            counted = usage(first.prompt_tokens, delta.completion_tokens)
+            await socket.send_json({"type": "done", "finish_reason": delta.finish_reason, "usage": counted})
             return
     finally:
         stream.cancel()  # stopped or disconnected: the model stops this reply
@@ -268,5 +209,32 @@ async def _stop_requested(socket: WebSocket) -> None:
         pass
 
 
-def _usage(prompt: int, completion: int) -> dict[str, int]:
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+def _responses_generation(request: ResponsesRequest, settings: Settings) -> Generation:
+    """What the model produces for a Responses API request, read as the module reads it
+    (:func:`app_toolkit.llm.openai.responses.generation`), with this server's defaults."""
+    if request.previous_response_id:
+        raise bad_parameter(
+            "previous_response_id",
+            "This server keeps no responses; send the whole conversation in input.",
+            "unsupported_parameter",
+        )
+    read = openai_responses.generation(request, request.messages(_no_reference), received_at=0.0)
+    if read.response_format is not None:
+        raise bad_parameter(
+            "text.format", "This server writes text only: leave text.format out.", "unsupported_parameter"
+        )
+    return Generation(
+        messages=tuple((message["role"], message["content"]) for message in read.messages),
+        max_tokens=settings.reply_tokens(request.max_output_tokens),
+        temperature=settings.default_temperature if request.temperature is None else request.temperature,
+        top_p=read.sampling.top_p,
+    )
+
+
+def _no_reference(item_id: str, param: str) -> dict[str, Any]:
+    raise bad_parameter(
+        param,
+        "This server keeps no responses: send earlier replies as assistant messages "
+        "(with the AI SDK, set providerOptions.openai.store to false).",
+        "unsupported_parameter",
+    )

@@ -12,8 +12,10 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
+from app_toolkit.llm.events import Delta
+
 from chat.replies import Replies
-from chat.schemas import Delta, Generation
+from chat.schemas import Generation
 from chat.settings import Settings
 
 WORDS = [f"w{i}" for i in range(12)]

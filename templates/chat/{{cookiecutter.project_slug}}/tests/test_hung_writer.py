@@ -12,8 +12,10 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
+from app_toolkit.llm.events import Delta
+
 from {{ cookiecutter.package_name }}.replies import Replies
-from {{ cookiecutter.package_name }}.schemas import Delta, Generation
+from {{ cookiecutter.package_name }}.schemas import Generation
 from {{ cookiecutter.package_name }}.settings import Settings
 
 WORDS = [f"w{i}" for i in range(12)]

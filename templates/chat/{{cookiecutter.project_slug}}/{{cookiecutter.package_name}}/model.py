@@ -13,11 +13,12 @@ from typing import Any
 import app_toolkit as tk
 from app_toolkit.llm.detokenize import StopFilter
 from app_toolkit.llm.errors import OpenAIError
+from app_toolkit.llm.events import Delta
 
 from . import metrics
 from .engines import Engine, make_engine
 from .scaling import replica_metrics
-from .schemas import Delta, Generation
+from .schemas import Generation
 from .settings import Settings
 
 logger = logging.getLogger(__name__)

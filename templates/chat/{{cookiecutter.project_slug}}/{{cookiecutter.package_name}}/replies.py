@@ -29,9 +29,10 @@ from typing import Any
 
 import app_toolkit as tk
 from app_toolkit.llm.errors import OpenAIError
+from app_toolkit.llm.events import Delta
 
 from . import metrics
-from .schemas import Delta, Generation
+from .schemas import Generation
 from .settings import Settings
 
 logger = logging.getLogger(__name__)

@@ -1,108 +1,56 @@
-"""What crosses the wire: OpenAI's request shape, and the messages between deployments."""
+"""What crosses the wire: OpenAI's chat request as this service answers it (read by the
+module's rules: :mod:`app_toolkit.llm.protocol`), and the messages between deployments."""
 
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass
 from typing import Any
 
+from app_toolkit.llm import protocol
 from app_toolkit.llm.errors import OpenAIError, bad_parameter
+from app_toolkit.llm.protocol import OptionRules, StreamOptions, checked_options, role_of, text_content
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .settings import Settings
 
 #: The longest text a message may carry, in characters.
 MAX_TEXT = 200_000
-#: Roles a conversation may hold; ``developer`` is what newer OpenAI clients call ``system``.
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
-
-
-class ContentPart(BaseModel):
-    """One part of a message's content (``{"type": "text", "text": ...}``); parts of other
-    types (images, audio, files) are refused by name when the request is read."""
-
-    model_config = ConfigDict(extra="allow")
-
-    type: str = Field(max_length=64)
-    text: str | None = Field(None, max_length=MAX_TEXT)
 
 
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")  # name, refusal, …: not used
 
     role: str = Field(max_length=64)
-    content: str | list[ContentPart] | None = Field(None, max_length=MAX_TEXT)
+    content: str | list[dict[str, Any]] | None = Field(None, max_length=MAX_TEXT)
     tool_calls: list[Any] | None = None
 
     def turn(self, index: int) -> tuple[str, str]:
         """``(role, text)`` for the model: text parts joined by newlines."""
         role = role_of(self.role, f"messages[{index}].role")
         if self.tool_calls:
-            raise unsupported(f"messages[{index}].tool_calls", "This server does not call tools.")
-        return role, joined_text(self.content, f"messages[{index}].content", frozenset({"text"}))
-
-
-def role_of(role: str, param: str) -> str:
-    """The model's role for a message's; ``tool`` and ``function`` are refused."""
-    known = ROLES.get(role)
-    if known is None:
-        raise unsupported(
-            param,
-            f"The role {role!r} is not supported; use system, developer, user or assistant "
-            "(this server does not call tools).",
-        )
-    return known
-
-
-def joined_text(content: str | list[ContentPart] | None, param: str, text_parts: frozenset[str]) -> str:
-    """The text of a message's content; a part that is not text is refused by its type."""
-    if content is None or isinstance(content, str):
-        return content or ""
-    texts = []
-    for number, part in enumerate(content):
-        if part.type not in text_parts or part.text is None:
-            raise unsupported(
-                f"{param}[{number}].type",
-                f"Content parts of type {part.type!r} are not supported: this model reads text only "
-                f"({', '.join(sorted(text_parts))} parts).",
+            raise bad_parameter(
+                f"messages[{index}].tool_calls", "This server does not call tools.", "unsupported_parameter"
             )
-        texts.append(part.text)
-    text = "\n".join(texts)
-    if len(text) > MAX_TEXT:
-        raise OpenAIError(
-            400,
-            f"{param} is longer than {MAX_TEXT} characters.",
-            "invalid_request_error",
-            "string_above_max_length",
-            param,
-        )
-    return text
+        return role, text_content(self.content, f"messages[{index}].content")
 
 
-def unsupported(param: str, message: str) -> OpenAIError:
-    return bad_parameter(param, message, "unsupported_parameter")
-
-
-class StreamOptions(BaseModel):
-    include_usage: bool = False
-
-
-@dataclass(frozen=True)
-class OptionRules:
-    """What an API does with the options it reads no further: ``{name: values accepted}``
-    for ``refused`` (defaults only) and ``forwarded`` (the ``openai`` backend passes any
-    value to its upstream; the others accept the default only), and names ``ignored``."""
-
-    refused: dict[str, tuple[Any, ...]]
-    forwarded: dict[str, tuple[Any, ...]]
-    ignored: frozenset[str]
-
+#: Options that shape the text only, with the values every backend takes: the ``openai``
+#: backend passes any other value to its upstream; the local and echo models cannot.
+FORWARDED: dict[str, tuple[Any, ...]] = {
+    "seed": (None,),
+    "response_format": (None, {"type": "text"}),
+    "frequency_penalty": (None, 0),
+    "presence_penalty": (None, 0),
+    "logit_bias": (None, {}),
+    "reasoning_effort": (None,),
+    "verbosity": (None,),
+}
 
 #: Chat Completions options beyond what :class:`ChatCompletionRequest` reads. Refused: the
 #: answer would need tool calls, several choices or log probabilities (the ``openai``
-#: backend relays such a request whole: :meth:`ChatCompletionRequest.relayed`). Forwarded:
-#: they shape the text only, which an upstream can do and the local and echo models cannot.
+#: backend relays such a request whole: :meth:`ChatCompletionRequest.relayed`); and
+#: :data:`FORWARDED`, but for the ``openai`` backend. Ignored: as the module ignores them.
 CHAT_RULES = OptionRules(
     refused={
         "n": (None, 1),
@@ -116,54 +64,18 @@ CHAT_RULES = OptionRules(
         "modalities": (None, ["text"]),
         "prediction": (None,),
         "web_search_options": (None,),
+        **FORWARDED,
     },
-    forwarded={
-        "seed": (None,),
-        "response_format": (None, {"type": "text"}),
-        "frequency_penalty": (None, 0),
-        "presence_penalty": (None, 0),
-        "logit_bias": (None, {}),
-        "reasoning_effort": (None,),
-        "verbosity": (None,),
-    },
-    ignored=frozenset(
-        {
-            "user",
-            "store",
-            "metadata",
-            "service_tier",
-            "parallel_tool_calls",
-            "safety_identifier",
-            "prompt_cache_key",
-        }
-    ),
+    ignored=protocol.CHAT_RULES.ignored,
 )
 
 
-def checked_options(given: dict[str, Any], backend: str, rules: OptionRules) -> dict[str, Any]:
-    """The options to pass to an upstream; raises the 400 OpenAI answers for an option
-    this server cannot honour, or for one it does not know, naming it."""
-    forwarded = {}
-    for name, value in given.items():
-        if name in rules.ignored:
-            continue
-        if name in rules.forwarded and backend == "openai":
-            forwarded[name] = value
-        elif name in rules.forwarded or name in rules.refused:
-            accepted = rules.forwarded.get(name) or rules.refused[name]
-            if value not in accepted:
-                passed_on = " (the openai backend passes it on)" if name in rules.forwarded else ""
-                raise unsupported(
-                    name, f"{name}={json.dumps(value)[:100]} is not supported by this server{passed_on}."
-                )
-        else:
-            raise OpenAIError(
-                400,
-                f"Unrecognized request argument supplied: {name}",
-                "invalid_request_error",
-                "unknown_parameter",
-                name,
-            )
+def upstream_options(given: dict[str, Any], backend: str) -> dict[str, Any]:
+    """The options to pass to an upstream (:data:`FORWARDED`, with the ``openai``
+    backend); any other this server cannot honour, or does not know, is the module's 400
+    naming it (:func:`~app_toolkit.llm.protocol.checked_options`)."""
+    forwarded = {name: value for name, value in given.items() if backend == "openai" and name in FORWARDED}
+    checked_options({name: value for name, value in given.items() if name not in forwarded}, CHAT_RULES)
     return forwarded
 
 
@@ -208,7 +120,7 @@ class ChatCompletionRequest(BaseModel):
 
     def generation(self, settings: Settings) -> Generation:
         """What to generate, with the server's defaults where the request sets nothing."""
-        upstream = checked_options(dict(self.model_extra or {}), settings.backend, CHAT_RULES)
+        upstream = upstream_options(dict(self.model_extra or {}), settings.backend)
         stops = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
         return Generation(
             messages=tuple(message.turn(index) for index, message in enumerate(self.messages)),
@@ -258,14 +170,3 @@ class Generation:
     @property
     def last_user_message(self) -> str:
         return next((content for role, content in reversed(self.messages) if role == "user"), "")
-
-
-@dataclass(frozen=True)
-class Delta:
-    """A piece of a reply. The first has no text and counts the prompt; the last carries
-    why the reply ended and how many tokens it took."""
-
-    text: str = ""
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
-    finish_reason: str | None = None
