@@ -348,6 +348,7 @@ async def produced(reply: Reply, stream: Stream) -> AsyncIterator[Event]:
     yield event(f"response.{reply.status}", response=reply.response())
 
 
+# --8<-- [start:streamed]
 def streamed(events: AsyncIterator[Event], next_number: Callable[[], int]) -> tk.EventStream:
     """The events as SSE, each named by its ``type``; one still open at the ingress
     replica's drain deadline ends with the error that says retry, numbered ``next_number()``."""
@@ -367,3 +368,6 @@ def streamed(events: AsyncIterator[Event], next_number: Callable[[], int]) -> tk
         final_event=lambda: OpenAIErrorEvent.restarting().responses(next_number()),
         end_at_drain=False,
     )
+
+
+# --8<-- [end:streamed]
