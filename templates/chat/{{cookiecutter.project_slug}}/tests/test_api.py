@@ -163,6 +163,8 @@ def test_responses_with_the_official_client(client: tk.testing.TestClient) -> No
         ({"input": "hi", "previous_response_id": "resp_1"}, "previous_response_id"),
         ({"input": [{"type": "function_call_output", "call_id": "c", "output": "{}"}]}, "input[0].type"),
         ({"input": "hi", "tools": [{"type": "web_search"}]}, "tools"),
+        ({"input": "hi", "text": {"format": {"type": "json_object"}}}, "text.format"),  # text only here
+        ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].id"),  # nothing is kept
         (
             {"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]},
             "input[0].content[0].type",
