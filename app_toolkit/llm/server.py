@@ -260,6 +260,9 @@ class _Reply:
             if held:
                 yield _joined(held)
             outcome = finish
+        except Exception:
+            outcome = "error"
+            raise
         finally:
             await tokens.aclose()  # stops the engine's work on it now, not when collected
             metrics.GENERATION_TOKENS.inc(self._model, amount=self.produced)
