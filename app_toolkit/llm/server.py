@@ -8,6 +8,7 @@ answer at once.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -29,17 +30,21 @@ CONTEXT_TOKENS = 4
 
 
 class LLMServer:
-    """Serves the model ``llm_config`` describes, from the engine it names. After a reply's
-    first piece, which goes at once, ``experimental_configs.stream_batching_interval_ms``
-    > 0 sends the pieces at most that often (Ray Serve LLM's pacing)."""
+    """Serves the model ``llm_config`` describes, from the engine it names. Its constructor
+    is async, as Ray Serve LLM's ``LLMServer``'s is (a subclass awaits
+    ``super().__init__(llm_config)``). After a reply's first piece, which goes at once,
+    ``experimental_configs.stream_batching_interval_ms`` > 0 sends the pieces at most that
+    often (Ray Serve LLM's pacing)."""
 
-    def __init__(self, llm_config: LLMConfig) -> None:
+    async def __init__(self, llm_config: LLMConfig) -> None:  # type: ignore[misc]  # awaited, as Ray Serve does
         self._config = llm_config
         self._model = llm_config.model_id
         self._engine = engine_for(llm_config)
         self._interval_s = llm_config.experimental_configs.stream_batching_interval_ms / 1000
         self._embeds = not hasattr(self._engine, "generate")
-        self._engine.load()
+        # In a worker thread: the replica's event loop keeps answering (health checks; on
+        # the local backend, every other part of the process) while the weights load.
+        await asyncio.to_thread(self._engine.load)
         self._card = ModelCard(
             id=self._model,
             kind="embed" if self._embeds else "generate",
