@@ -17,6 +17,8 @@ from app_toolkit.llm.serving_args import LLMServingArgs, serving_args
 ONGOING_PER_SLOT = 2
 #: Admitted by a replica whose engine has no slot limit (the echo engine).
 ONGOING_WITHOUT_SLOTS = 64
+#: Requests an embedding model's replica computes at once (each in a worker thread).
+EMBEDDING_ONGOING = 8
 #: CPUs a model's replica reserves unless deployment_config.ray_actor_options says.
 MODEL_CPUS = 1
 #: The ingress's admission (Ray Serve LLM's ingress takes 1e9): it only relays.
@@ -72,5 +74,7 @@ def build_openai_app(llm_serving_args: LLMServingArgs | Mapping[str, Any]) -> tk
 
 
 def _ongoing(config: LLMConfig) -> int:
+    if config.engine_name == "embeddings":
+        return EMBEDDING_ONGOING
     slots = config.engine_options().slots if config.engine_name == "transformers" else 0
     return slots * ONGOING_PER_SLOT if slots else ONGOING_WITHOUT_SLOTS
