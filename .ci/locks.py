@@ -29,7 +29,7 @@ LOWEST = ROOT / ".ci" / "lowest.txt"
 PYTHON = "3.11"
 UV = str(Path(sys.executable).with_name("uv"))  # the dev extra's, beside this Python
 #: The extras ``make test`` installs.
-EXTRAS = ("dev", "embeddings", "chat")
+EXTRAS = ("dev", "embeddings", "chat", "llm")
 #: What the lowest job's tests import beyond the runtime (the Makefile's LOWEST_TESTS).
 TEST_TOOLS = (
     "pytest",

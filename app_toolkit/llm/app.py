@@ -17,6 +17,10 @@ from app_toolkit.llm.serving_args import LLMServingArgs, serving_args
 ONGOING_PER_SLOT = 2
 #: Admitted by a replica whose engine has no slot limit (the echo engine).
 ONGOING_WITHOUT_SLOTS = 64
+#: Requests an embedding model's replica computes at once (each in a worker thread).
+EMBEDDING_ONGOING = 8
+#: CPUs a model's replica reserves unless deployment_config.ray_actor_options says.
+MODEL_CPUS = 1
 #: The ingress's admission (Ray Serve LLM's ingress takes 1e9): it only relays.
 INGRESS_ONGOING = 1_000
 
@@ -39,11 +43,10 @@ def build_llm_deployment(
     name = config.deployment_name
     if name_prefix is not None and config.deployment_config.name is None:
         name = name_prefix + name.removeprefix("LLMServer-")
-    options = {
-        "max_ongoing_requests": _ongoing(config),
-        **config.deployment_options(),
-        **(override_serve_options or {}),
-    }
+    options: dict[str, Any] = {"max_ongoing_requests": _ongoing(config), **config.deployment_options()}
+    if config.engine_name != "echo":  # a model computes on the CPU it reserves (torch: one thread per CPU)
+        options["ray_actor_options"] = {"num_cpus": MODEL_CPUS, **(options.get("ray_actor_options") or {})}
+    options.update(override_serve_options or {})
     target = deployment_cls or LLMServer
     if not (isinstance(target, type) and issubclass(target, LLMServer)):
         raise TypeError(f"deployment_cls must be a subclass of LLMServer, got {target!r}")
@@ -71,5 +74,7 @@ def build_openai_app(llm_serving_args: LLMServingArgs | Mapping[str, Any]) -> tk
 
 
 def _ongoing(config: LLMConfig) -> int:
+    if config.engine_name == "embeddings":
+        return EMBEDDING_ONGOING
     slots = config.engine_options().slots if config.engine_name == "transformers" else 0
     return slots * ONGOING_PER_SLOT if slots else ONGOING_WITHOUT_SLOTS

@@ -59,5 +59,5 @@ class ModelCard:
             "owned_by": "app_toolkit",
             "root": self.id,
             "parent": None,
-            "max_model_len": self.context_window,
+            "max_model_len": self.context_window or None,  # 0: not known yet (not loaded)
         }

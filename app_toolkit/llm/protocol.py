@@ -138,7 +138,14 @@ def text_content(content: Any, param: str) -> str:
 
 class StreamOptions(BaseModel):
     include_usage: bool = False
-    continuous_usage_stats: bool = False  # vLLM's; usage on every chunk
+    continuous_usage_stats: bool = False  # vLLM's; usage on every chunk: refused
+
+    @field_validator("continuous_usage_stats")
+    @classmethod
+    def _no_continuous_usage(cls, value: bool) -> bool:
+        if value:
+            raise ValueError("usage on every chunk is not supported; use include_usage")
+        return value
 
 
 class _Request(BaseModel):

@@ -8,9 +8,12 @@ answer at once.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import dataclasses
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
 from app_toolkit.llm import metrics
@@ -30,17 +33,21 @@ CONTEXT_TOKENS = 4
 
 
 class LLMServer:
-    """Serves the model ``llm_config`` describes, from the engine it names. After a reply's
-    first piece, which goes at once, ``experimental_configs.stream_batching_interval_ms``
-    > 0 sends the pieces at most that often (Ray Serve LLM's pacing)."""
+    """Serves the model ``llm_config`` describes, from the engine it names. Its constructor
+    is async, as Ray Serve LLM's ``LLMServer``'s is (a subclass awaits
+    ``super().__init__(llm_config)``). After a reply's first piece, which goes at once,
+    ``experimental_configs.stream_batching_interval_ms`` > 0 sends the pieces at most that
+    often (Ray Serve LLM's pacing)."""
 
-    def __init__(self, llm_config: LLMConfig) -> None:
+    async def __init__(self, llm_config: LLMConfig) -> None:  # type: ignore[misc]  # awaited, as Ray Serve does
         self._config = llm_config
         self._model = llm_config.model_id
         self._engine = engine_for(llm_config)
         self._interval_s = llm_config.experimental_configs.stream_batching_interval_ms / 1000
         self._embeds = not hasattr(self._engine, "generate")
-        self._engine.load()
+        # In a worker thread: the replica's event loop keeps answering (health checks; on
+        # the local backend, every other part of the process) while the weights load.
+        await asyncio.to_thread(self._engine.load)
         self._card = ModelCard(
             id=self._model,
             kind="embed" if self._embeds else "generate",
@@ -64,23 +71,32 @@ class LLMServer:
         last says why the reply ended. Raises :class:`OpenAIError` before any item when the
         request cannot be served (the prompt does not fit, a bad grammar)."""
         engine = self._text_engine()
+        structure = None
+        if generation.response_format is not None or generation.tools:
+            # Checked before the prompt is built from the tools; a grammar compiles in a
+            # worker thread (llguidance's first view of a tokenizer takes a fraction of a
+            # second), so the replies streaming meanwhile are not held up.
+            structure = await asyncio.to_thread(
+                structure_for,
+                engine.tokenizer,
+                generation.response_format,
+                generation.tools,
+                generation.tool_choice,
+                generation.parallel_tool_calls,
+            )
         prompt = self._prompt(engine, generation)
         sampling = self._fitted(engine, generation, len(prompt))
-        structure = structure_for(
-            engine.tokenizer,
-            generation.response_format,
-            generation.tools,
-            generation.tool_choice,
-            generation.parallel_tool_calls,
-        )
         yield Delta(prompt_tokens=len(prompt))
-        replies = _Reply(self._model, engine, prompt, sampling, structure, generation, self._interval_s)
-        async for delta in replies.deltas():
-            yield delta
+        reply = _Reply(self._model, engine, prompt, sampling, structure, generation, self._interval_s)
+        async with contextlib.aclosing(reply.deltas()) as deltas:  # closed with this stream, now
+            async for delta in deltas:
+                yield delta
 
     async def embed(self, texts: list[str], dimensions: int | None = None) -> tuple[list[list[float]], int]:
         """One vector per text, and the tokens they took."""
         engine = self._embedding_engine()
+        if not texts:
+            return [], 0
         if dimensions is not None and dimensions != engine.dimensions:
             raise bad_parameter(
                 "dimensions",
@@ -149,7 +165,11 @@ class LLMServer:
             return engine.chat_prompt(messages, tools if shown and tools else None)
         if isinstance(generation.prompt, str):
             return engine.encode(generation.prompt)
-        return list(generation.prompt or ())
+        prompt = list(generation.prompt or ())
+        size = engine.vocab_size
+        if any(not 0 <= token < size for token in prompt):
+            raise bad_parameter("prompt", f"This model's token ids run from 0 to {size - 1}.")
+        return prompt
 
     def _fitted(self, engine: TextEngine, generation: Generation, prompt_tokens: int) -> Sampling:
         """The sampling with ``max_tokens`` cut to what the context window leaves; a prompt
@@ -171,14 +191,7 @@ class LLMServer:
         room = window - prompt_tokens
         if requested <= room:
             return generation.sampling
-        return Sampling(
-            max_tokens=room,
-            temperature=generation.sampling.temperature,
-            top_p=generation.sampling.top_p,
-            seed=generation.sampling.seed,
-            stop_token_ids=generation.sampling.stop_token_ids,
-            ignore_eos=generation.sampling.ignore_eos,
-        )
+        return dataclasses.replace(generation.sampling, max_tokens=room)
 
 
 class _Reply:
@@ -204,7 +217,7 @@ class _Reply:
         self._interval_s = interval_s
         self.produced = 0
 
-    async def deltas(self) -> AsyncIterator[Delta]:
+    async def deltas(self) -> AsyncGenerator[Delta, None]:
         detokenizer = Detokenizer(self._engine.decode, self._prompt[-CONTEXT_TOKENS:])
         stops = StopFilter(self._generation.stops)
         structure = self._structure
@@ -261,6 +274,9 @@ class _Reply:
             if held:
                 yield _joined(held)
             outcome = finish
+        except Exception:
+            outcome = "error"
+            raise
         finally:
             await tokens.aclose()  # stops the engine's work on it now, not when collected
             metrics.GENERATION_TOKENS.inc(self._model, amount=self.produced)
@@ -274,12 +290,19 @@ class _Reply:
 
 
 def _joined(deltas: list[Delta]) -> Delta:
-    """Pieces held by the stream's pace, sent as one."""
-    if len(deltas) == 1:
+    """Pieces held by the stream's pace, sent as one: text joined, and tool-call fragments
+    of one call (one ``index``) merged into one, as OpenAI's clients expect a chunk's."""
+    if len(deltas) == 1 and len(deltas[0].tool_calls) < 2:
         return deltas[0]
-    return Delta(
-        text="".join(d.text for d in deltas), tool_calls=tuple(c for d in deltas for c in d.tool_calls)
-    )
+    calls: dict[int, dict[str, Any]] = {}
+    for fragment in (c for d in deltas for c in d.tool_calls):
+        merged = calls.get(fragment["index"])
+        if merged is None:
+            calls[fragment["index"]] = {**fragment, "function": dict(fragment.get("function") or {})}
+            continue
+        arguments = (fragment.get("function") or {}).get("arguments") or ""
+        merged["function"]["arguments"] = (merged["function"].get("arguments") or "") + arguments
+    return Delta(text="".join(d.text for d in deltas), tool_calls=tuple(calls[i] for i in sorted(calls)))
 
 
 def _text_messages(messages: Any) -> list[dict[str, Any]]:

@@ -45,7 +45,8 @@ def structure_for(
 
     One tool call per reply unless ``parallel_tool_calls``: OpenAI's default is several,
     but a small model allowed another call tends to repeat the first (SmolLM2-135M does),
-    and clients such as instructor take one; the endpoints do not pass the field yet."""
+    and clients such as instructor take one; a request's ``parallel_tool_calls: true``
+    allows several."""
     try:
         chosen = reply_format(response_format, tools, tool_choice, parallel_tool_calls)
         constraint = chosen.constraint(tokenizer)
@@ -93,7 +94,7 @@ def prompt_messages(
     passed as ``tool`` turns of text."""
     if template_takes_tools or not (tools or any(_calls_or_results(m) for m in messages)):
         return messages
-    converted = [_as_text(message) for message in messages]
+    converted = [_as_text(message, index) for index, message in enumerate(messages)]
     if tools:
         instructions = tool_instructions(tools)
         if converted and converted[0].get("role") in ("system", "developer"):
@@ -114,10 +115,17 @@ def _calls_or_results(message: dict[str, Any]) -> bool:
     return bool(message.get("tool_calls")) or message.get("role") == "tool"
 
 
-def _as_text(message: dict[str, Any]) -> dict[str, Any]:
+def _as_text(message: dict[str, Any], index: int) -> dict[str, Any]:
     """An assistant's calls as its text; a tool result as a ``tool`` turn."""
     calls = message.get("tool_calls")
     if calls:
+        for number, call in enumerate(calls if isinstance(calls, list) else [calls]):
+            function = call.get("function") if isinstance(call, dict) else None
+            if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+                raise bad_parameter(
+                    f"messages[{index}].tool_calls[{number}]",
+                    'A tool call needs {"type": "function", "function": {"name": ..., "arguments": ...}}.',
+                )
         written = CALL_SEPARATOR.join(
             CALL_OPEN
             + json.dumps(

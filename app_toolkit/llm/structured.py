@@ -2,8 +2,8 @@
 ``parallel_tool_calls`` allow its reply to be, as one grammar enforced while decoding.
 
 :func:`reply_format` reads the request's fields (OpenAI's JSON) and checks them, including
-each schema against the grammar library, so a bad request gets its 400 before it reaches a
-model; it needs no tokenizer and runs wherever the request is read. The
+each schema against the grammar library, so a bad request gets its 400 before any token is
+generated; it needs no tokenizer (the model's replica calls it, before building the prompt). The
 :class:`ReplyFormat` it returns is small and picklable: the model's replica turns it into
 one :class:`~app_toolkit.llm.engine.Constraint` per reply with :meth:`ReplyFormat.constraint`
 (``grammar.py``), and the text back into tool calls with ``tool_calls.py``'s parsers.

@@ -148,6 +148,35 @@ def test_errors_come_in_openai_shape_naming_the_parameter(served: openai.OpenAI)
     assert image.value.body["param"] == "messages[0].content[0].type"  # type: ignore[index]
 
 
+def test_bad_token_ids_tools_and_stream_options_are_400s_naming_the_field(served: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as outside:
+        served.completions.create(model=ECHO, prompt=[104, 10**6])  # beyond the vocabulary
+    assert outside.value.body["param"] == "prompt"  # type: ignore[index]
+    message: Any = [{"role": "user", "content": "hi"}]
+    with pytest.raises(openai.BadRequestError) as tool:
+        served.chat.completions.create(model=ECHO, messages=message, tools=[{"type": "web_search"}])  # type: ignore[list-item]
+    assert tool.value.body["param"].startswith("tools")  # type: ignore[index]
+    call: Any = [
+        *message,
+        {"role": "assistant", "tool_calls": [{"id": "x"}]},
+        {"role": "user", "content": "go"},
+    ]
+    with pytest.raises(openai.BadRequestError) as bad_call:
+        served.chat.completions.create(model=ECHO, messages=call, tools=[_TOOL], tool_choice="none")
+    assert bad_call.value.body["param"] == "messages[1].tool_calls[0]"  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError) as usage:
+        usage_options: Any = {"continuous_usage_stats": True}  # vLLM's, not in openai's types
+        served.chat.completions.create(
+            model=ECHO, messages=message, stream=True, stream_options=usage_options
+        )
+    assert "continuous_usage_stats" in usage.value.body["param"]  # type: ignore[index]
+    unbounded = served.completions.create(model=ECHO, prompt="no cap", max_tokens=None)
+    assert unbounded.choices[0].text == "no cap"  # null: up to the context window, as vLLM reads it
+
+
+_TOOL: Any = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+
+
 def test_tokenize_and_detokenize(toolkit: Toolkit, served: openai.OpenAI) -> None:
     with toolkit.client() as client:
         tokens = client.post(PREFIX + "/tokenize", json={"model": ECHO, "prompt": "hé"}).json()

@@ -82,8 +82,13 @@ def _wait_for_reload(cli: RunningCLI, file: str) -> None:
     wait_for(settled, RELOAD_S, "the redeploys to end", interval_s=0.1)
 
 
-@pytest.mark.parametrize("backend", ["ray", "local"])
-@pytest.mark.parametrize("mode", ["import-path", "config-file"])
+#: Both run modes on the local backend; on Ray (a run of its own: ~20 s), the config file,
+#: whose versions take the longer way (entries, not import paths). The rule is one function
+#: (code_sources) whichever backend runs the replicas.
+CASES = [("import-path", "local"), ("config-file", "local"), ("config-file", "ray")]
+
+
+@pytest.mark.parametrize(("mode", "backend"), CASES, ids=[f"{mode}-{backend}" for mode, backend in CASES])
 def test_reload_keeps_the_model_warm_across_ingress_edits(tmp_path: Path, mode: str, backend: str) -> None:
     project = tmp_path / "project"
     project.mkdir()

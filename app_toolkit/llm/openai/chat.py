@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from typing import Any
@@ -73,7 +74,8 @@ def streamed(first: Delta, stream: Stream, model: str, include_usage: bool) -> t
 
     def piece(delta: Delta) -> str | None:
         if delta.tool_calls:
-            return chunk({"tool_calls": list(delta.tool_calls)})
+            calls: dict[str, Any] = {"tool_calls": list(delta.tool_calls)}
+            return chunk({"content": delta.text, **calls} if delta.text else calls)
         return chunk({"content": delta.text}) if delta.text else None
 
     def last(delta: Delta) -> list[str]:
@@ -83,9 +85,14 @@ def streamed(first: Delta, stream: Stream, model: str, include_usage: bool) -> t
         return chunks
 
     async def events() -> Any:
-        yield chunk({"role": "assistant", "content": ""})
-        async for event in relayed(stream, piece, last, OpenAIErrorEvent.chat_completions):
-            yield event
+        try:  # a client gone before the first piece stops the model's work too
+            yield chunk({"role": "assistant", "content": ""})
+            relaying = relayed(stream, piece, last, OpenAIErrorEvent.chat_completions)
+            async with contextlib.aclosing(relaying):
+                async for event in relaying:
+                    yield event
+        finally:
+            stream.cancel()
 
     return tk.EventStream(
         events(),

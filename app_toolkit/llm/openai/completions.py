@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
 from typing import Any
@@ -29,7 +30,7 @@ def generation(request: CompletionRequest, received_at: float) -> Generation:
             ignore_eos=request.ignore_eos,
         ),
         prompt=prompt if isinstance(prompt, str) else tuple(prompt),
-        max_tokens_given="max_tokens" in request.model_fields_set,
+        max_tokens_given=request.max_tokens is not None and "max_tokens" in request.model_fields_set,
         stops=request.stops,
         received_at=received_at,
     )
@@ -69,10 +70,15 @@ def streamed(first: Delta, stream: Stream, model: str, include_usage: bool, echo
         return chunks
 
     async def events() -> Any:
-        if echoed:
-            yield chunk(echoed)
-        async for event in relayed(stream, piece, last, OpenAIErrorEvent.chat_completions):
-            yield event
+        try:  # a client gone before the first piece stops the model's work too
+            if echoed:
+                yield chunk(echoed)
+            relaying = relayed(stream, piece, last, OpenAIErrorEvent.chat_completions)
+            async with contextlib.aclosing(relaying):
+                async for event in relaying:
+                    yield event
+        finally:
+            stream.cancel()
 
     return tk.EventStream(
         events(),

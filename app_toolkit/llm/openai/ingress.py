@@ -3,6 +3,7 @@ routing each request by its ``model`` (Ray Serve LLM's ``OpenAiIngress``; vLLM's
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import struct
 import time
@@ -12,7 +13,7 @@ from fastapi import FastAPI, Query
 
 import app_toolkit as tk
 from app_toolkit.llm import errors
-from app_toolkit.llm.errors import OpenAIError, bad_parameter, unknown_model
+from app_toolkit.llm.errors import ANSWERED, OpenAIError, bad_parameter, unknown_model
 from app_toolkit.llm.events import ModelCard
 from app_toolkit.llm.openai import chat, completions, responses
 from app_toolkit.llm.openai.replies import open_reply, read_whole, usage
@@ -25,6 +26,9 @@ from app_toolkit.llm.protocol import (
     EmbeddingRequest,
     TokenizeRequest,
 )
+
+#: How long /v1/models waits for a model's replica to describe it.
+CARD_TIMEOUT_S = 2.0
 
 api = FastAPI(title="OpenAI-compatible API", summary="app_toolkit.llm")
 errors.install(api)
@@ -62,9 +66,16 @@ class OpenAIIngress:
         return fitting[0], self._models[fitting[0]]
 
     async def _card(self, model: str) -> ModelCard:
+        """The model's card from its replica (kept once read); a model not answering within
+        :data:`CARD_TIMEOUT_S` (not placed, scaled to zero) is listed without its window."""
         card = self._cards.get(model)
-        if card is None:
-            card = self._cards[model] = await self._models[model].card.remote()
+        if card is not None:
+            return card
+        try:
+            async with asyncio.timeout(CARD_TIMEOUT_S):
+                card = self._cards[model] = await self._models[model].card.remote()
+        except (TimeoutError, *ANSWERED):
+            card = ModelCard(id=model, kind=self._kinds[model], context_window=0, created=int(time.time()))
         return card
 
     @api.get("/v1/models")

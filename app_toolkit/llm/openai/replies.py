@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -94,7 +94,7 @@ async def relayed(
     chunk: Callable[[Delta], str | None],
     last: Callable[[Delta], list[str]],
     error: Callable[[OpenAIErrorEvent], ServerSentEvent],
-) -> AsyncIterator[str | ServerSentEvent]:
+) -> AsyncGenerator[str | ServerSentEvent, None]:
     """SSE ``data`` for each delta (``chunk``; None sends nothing), the last delta's
     chunks (``last``), then ``[DONE]``; a reply cut off ends with ``error``'s event and
     no ``[DONE]``, as OpenAI's streams do."""

