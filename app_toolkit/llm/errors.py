@@ -43,6 +43,9 @@ class OpenAIError(Exception):
         #: ``Retry-After``, in whole seconds, at least 1. A 503 without it says 1.
         self.retry_after = retry_after
 
+    def __str__(self) -> str:
+        return self.message
+
     @property
     def status_code(self) -> int:
         """The toolkit logs a raised 4xx as the caller's mistake: one line, no traceback."""
@@ -81,8 +84,12 @@ def as_openai_error(exc: BaseException) -> OpenAIError:
     """The answer for one of the :data:`ANSWERED` exceptions."""
     if isinstance(exc, OpenAIError):
         return exc
-    if isinstance(exc, BackPressureError):
-        return OpenAIError(503, "The model is busy; retry shortly.", "server_error", "overloaded")
+    if isinstance(exc, BackPressureError):  # the deployment's backpressure_config: status, Retry-After
+        code = "rate_limit_exceeded" if exc.status_code == 429 else "overloaded"
+        kind = "rate_limit_error" if exc.status_code == 429 else "server_error"
+        return OpenAIError(
+            exc.status_code, "The model is busy; retry shortly.", kind, code, None, exc.retry_after_s
+        )
     return OpenAIError(503, "The model replica went away; retry.", "server_error", "unavailable")
 
 

@@ -24,7 +24,13 @@ from app_toolkit.llm.errors import OpenAIError, bad_parameter
 from app_toolkit.llm.events import Delta, Generation, ModelCard
 from app_toolkit.llm.loading import engine_for
 from app_toolkit.llm.protocol import text_content
-from app_toolkit.llm.shaping import Structure, prompt_messages, structure_for, template_takes_tools
+from app_toolkit.llm.shaping import (
+    Structure,
+    checked_calls,
+    prompt_messages,
+    structure_for,
+    template_takes_tools,
+)
 
 logger = logging.getLogger("app_toolkit.llm")
 
@@ -44,6 +50,7 @@ class LLMServer:
         self._model = llm_config.model_id
         self._engine = engine_for(llm_config)
         self._interval_s = llm_config.experimental_configs.stream_batching_interval_ms / 1000
+        self._embedding = asyncio.Lock()
         self._embeds = not hasattr(self._engine, "generate")
         # In a worker thread: the replica's event loop keeps answering (health checks; on
         # the local backend, every other part of the process) while the weights load.
@@ -72,7 +79,7 @@ class LLMServer:
         request cannot be served (the prompt does not fit, a bad grammar)."""
         engine = self._text_engine()
         structure = None
-        if generation.response_format is not None or generation.tools:
+        if generation.response_format is not None or generation.tools or generation.tool_choice is not None:
             # Checked before the prompt is built from the tools; a grammar compiles in a
             # worker thread (llguidance's first view of a tokenizer takes a fraction of a
             # second), so the replies streaming meanwhile are not held up.
@@ -102,6 +109,10 @@ class LLMServer:
                 "dimensions",
                 f"This model's embeddings have {engine.dimensions} dimensions; got dimensions={dimensions}.",
             )
+        async with self._embedding:  # one batch at a time: the tokenizer is shared with its thread
+            return await self._embedded(engine, texts)
+
+    async def _embedded(self, engine: EmbeddingEngine, texts: list[str]) -> tuple[list[list[float]], int]:
         counts = [len(engine.encode(text)) for text in texts]
         longest = max(counts)
         if longest > engine.context_window:
@@ -161,7 +172,9 @@ class LLMServer:
         if generation.messages:
             tools = list(generation.tools)
             shown = template_takes_tools(engine.tokenizer)
-            messages = prompt_messages(_text_messages(generation.messages), tools, shown)
+            texts = _text_messages(generation.messages)
+            checked_calls(texts)
+            messages = prompt_messages(texts, tools, shown)
             return engine.chat_prompt(messages, tools if shown and tools else None)
         if isinstance(generation.prompt, str):
             return engine.encode(generation.prompt)

@@ -94,7 +94,7 @@ def prompt_messages(
     passed as ``tool`` turns of text."""
     if template_takes_tools or not (tools or any(_calls_or_results(m) for m in messages)):
         return messages
-    converted = [_as_text(message, index) for index, message in enumerate(messages)]
+    converted = [_as_text(message) for message in messages]
     if tools:
         instructions = tool_instructions(tools)
         if converted and converted[0].get("role") in ("system", "developer"):
@@ -115,22 +115,37 @@ def _calls_or_results(message: dict[str, Any]) -> bool:
     return bool(message.get("tool_calls")) or message.get("role") == "tool"
 
 
-def _as_text(message: dict[str, Any], index: int) -> dict[str, Any]:
-    """An assistant's calls as its text; a tool result as a ``tool`` turn."""
-    calls = message.get("tool_calls")
-    if calls:
-        for number, call in enumerate(calls if isinstance(calls, list) else [calls]):
+def checked_calls(messages: list[dict[str, Any]]) -> None:
+    """Earlier tool calls in the conversation have OpenAI's shape (a 400 naming the first
+    that does not), whichever way the template then shows them."""
+    for index, message in enumerate(messages):
+        calls = message.get("tool_calls")
+        if calls is None:
+            continue
+        if not isinstance(calls, list):
+            raise bad_parameter(f"messages[{index}].tool_calls", "tool_calls is a list of tool calls.")
+        for number, call in enumerate(calls):
             function = call.get("function") if isinstance(call, dict) else None
-            if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            arguments = function.get("arguments") if isinstance(function, dict) else None
+            if (
+                not isinstance(function, dict)
+                or not isinstance(function.get("name"), str)
+                or not isinstance(arguments, str | dict | None)
+            ):
                 raise bad_parameter(
                     f"messages[{index}].tool_calls[{number}]",
-                    'A tool call needs {"type": "function", "function": {"name": ..., "arguments": ...}}.',
+                    'A tool call is {"type": "function", "function": {"name": ..., "arguments": "<JSON>"}}.',
                 )
+
+
+def _as_text(message: dict[str, Any]) -> dict[str, Any]:
+    """An assistant's calls (checked: :func:`checked_calls`) as its text; a tool result as
+    a ``tool`` turn."""
+    calls = message.get("tool_calls")
+    if calls:
         written = CALL_SEPARATOR.join(
             CALL_OPEN
-            + json.dumps(
-                {"name": call["function"]["name"], "arguments": _arguments(call)}, ensure_ascii=False
-            )
+            + json.dumps({"name": call["function"]["name"], "arguments": _arguments(call)})
             + CALL_CLOSE
             for call in calls
         )
@@ -142,8 +157,10 @@ def _as_text(message: dict[str, Any], index: int) -> dict[str, Any]:
 
 
 def _arguments(call: dict[str, Any]) -> Any:
-    text = call.get("function", {}).get("arguments") or "{}"
+    arguments = call["function"].get("arguments") or "{}"
+    if not isinstance(arguments, str):
+        return arguments
     try:
-        return json.loads(text)
+        return json.loads(arguments)
     except ValueError:
-        return text
+        return arguments

@@ -149,13 +149,21 @@ def test_errors_come_in_openai_shape_naming_the_parameter(served: openai.OpenAI)
 
 
 def test_bad_token_ids_tools_and_stream_options_are_400s_naming_the_field(served: openai.OpenAI) -> None:
-    with pytest.raises(openai.BadRequestError) as outside:
-        served.completions.create(model=ECHO, prompt=[104, 10**6])  # beyond the vocabulary
-    assert outside.value.body["param"] == "prompt"  # type: ignore[index]
+    for echo in (False, True):
+        with pytest.raises(openai.BadRequestError) as outside:
+            served.completions.create(model=ECHO, prompt=[104, 10**6], echo=echo)  # beyond the vocabulary
+        assert outside.value.body["param"] == "prompt"  # type: ignore[index]
     message: Any = [{"role": "user", "content": "hi"}]
     with pytest.raises(openai.BadRequestError) as tool:
         served.chat.completions.create(model=ECHO, messages=message, tools=[{"type": "web_search"}])  # type: ignore[list-item]
     assert tool.value.body["param"].startswith("tools")  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError) as no_tools:
+        served.chat.completions.create(model=ECHO, messages=message, tool_choice="required")
+    assert no_tools.value.body["param"] == "tool_choice"  # type: ignore[index]
+    as_dict: Any = [*message, {"role": "assistant", "tool_calls": {"id": "x"}}]
+    with pytest.raises(openai.BadRequestError) as not_a_list:
+        served.chat.completions.create(model=ECHO, messages=as_dict)
+    assert not_a_list.value.body["param"] == "messages[1].tool_calls"  # type: ignore[index]
     call: Any = [
         *message,
         {"role": "assistant", "tool_calls": [{"id": "x"}]},

@@ -80,7 +80,8 @@ class OpenAIIngress:
 
     @api.get("/v1/models")
     async def list_models(self) -> dict[str, Any]:
-        return {"object": "list", "data": [(await self._card(name)).entry() for name in self._models]}
+        cards = await asyncio.gather(*(self._card(name) for name in self._models))  # 2 s at most in all
+        return {"object": "list", "data": [card.entry() for card in cards]}
 
     @api.get("/v1/models/{model:path}")
     async def get_model(self, model: str) -> dict[str, Any]:
@@ -102,11 +103,17 @@ class OpenAIIngress:
         received_at = time.time()
         name, handle = self._pick(request.checked().model, "generate")
         generation = completions.generation(request, received_at)
+        first, stream = await open_reply(handle, generation)  # checks the prompt (a 400 names it)
         echoed = ""
         if request.echo:
             prompt = generation.prompt
-            echoed = prompt if isinstance(prompt, str) else await handle.detokenize.remote(list(prompt or ()))
-        first, stream = await open_reply(handle, generation)
+            try:
+                echoed = (
+                    prompt if isinstance(prompt, str) else await handle.detokenize.remote(list(prompt or ()))
+                )
+            except BaseException:
+                stream.cancel()
+                raise
         if request.stream:
             return completions.streamed(first, stream, name, request.include_usage, echoed)
         return completions.completion(await read_whole(first, stream), name, echoed)
