@@ -199,11 +199,18 @@ def test_a_stream_open_at_the_ingress_drain_deadline_ends_with_the_retry_error(t
     """The app is deleted mid-reply: at the ingress's drain deadline (1 s) the stream ends
     with OpenAI's error event saying the server restarts, numbered after what was sent."""
     args = {
-        "llm_configs": [{"model_loading_config": {"model_id": ECHO}, "llm_engine": "echo"}],
+        "llm_configs": [
+            {
+                "model_loading_config": {"model_id": ECHO},
+                "llm_engine": "echo",
+                "engine_kwargs": {"max_model_len": 32_768},
+            }
+        ],
         "ingress_deployment_config": {"graceful_shutdown_timeout_s": 1},
     }
     toolkit.run(build_openai_app(args), route_prefix=PREFIX)
-    body = {"input": "x" * 3000, "stream": True}  # 3 s at the echo's pace
+    # 12 s at the echo's pace: still under way at the deadline however slowly the delete begins.
+    body = {"input": "x" * 12_000, "stream": True}
     with toolkit.client() as client, client.stream("POST", PREFIX + "/v1/responses", json=body) as posted:
         lines = posted.iter_lines()
         head = _events(lines, 5)

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import time
 import uuid
 from typing import Any
@@ -13,7 +12,6 @@ from app_toolkit.llm.engine import Sampling
 from app_toolkit.llm.events import Delta, Generation
 from app_toolkit.llm.openai.replies import Stream, Whole, dumps, relayed, usage
 from app_toolkit.llm.protocol import MAX_TOKENS, CompletionRequest
-from app_toolkit.streaming import OpenAIErrorEvent
 
 DEFAULT_TEMPERATURE = 1.0
 
@@ -69,20 +67,4 @@ def streamed(first: Delta, stream: Stream, model: str, include_usage: bool, echo
             chunks.append(f'{head}[],"usage":{dumps(usage(first.prompt_tokens, delta.completion_tokens))}}}')
         return chunks
 
-    async def events() -> Any:
-        try:  # a client gone before the first piece stops the model's work too
-            if echoed:
-                yield chunk(echoed)
-            relaying = relayed(stream, piece, last, OpenAIErrorEvent.chat_completions)
-            async with contextlib.aclosing(relaying):
-                async for event in relaying:
-                    yield event
-        finally:
-            stream.cancel()
-
-    return tk.EventStream(
-        events(),
-        ids=False,
-        final_event=lambda: OpenAIErrorEvent.restarting().chat_completions(),
-        end_at_drain=False,
-    )
+    return relayed(stream, [chunk(echoed)] if echoed else [], piece, last)

@@ -89,35 +89,55 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
     }
 
 
-async def relayed(
+def relayed(
     stream: Stream,
+    opening: list[str],
     chunk: Callable[[Delta], str | None],
     last: Callable[[Delta], list[str]],
-    error: Callable[[OpenAIErrorEvent], ServerSentEvent],
+) -> tk.EventStream:
+    """The reply as an OpenAI chunk stream: ``opening``'s chunks, the ``data`` of each
+    delta (``chunk``; None sends nothing), the last delta's chunks (``last``), then
+    ``[DONE]``. A reply cut off ends with an error event and no ``[DONE]``, as OpenAI's
+    streams do; one still open at the ingress's drain deadline, with the restart error.
+    A client that leaves, at any point, cancels the model's reply."""
+    return tk.EventStream(
+        _events(stream, opening, chunk, last),
+        ids=False,
+        final_event=lambda: OpenAIErrorEvent.restarting().chat_completions(),
+        end_at_drain=False,
+    )
+
+
+async def _events(
+    stream: Stream,
+    opening: list[str],
+    chunk: Callable[[Delta], str | None],
+    last: Callable[[Delta], list[str]],
 ) -> AsyncGenerator[str | ServerSentEvent, None]:
-    """SSE ``data`` for each delta (``chunk``; None sends nothing), the last delta's
-    chunks (``last``), then ``[DONE]``; a reply cut off ends with ``error``'s event and
-    no ``[DONE]``, as OpenAI's streams do."""
     try:
+        for data in opening:
+            yield data
         async for delta in stream:
             if delta.finish_reason is None:
-                data = chunk(delta)
-                if data is not None:
-                    yield data
+                piece = chunk(delta)
+                if piece is not None:
+                    yield piece
                 continue
             for data in last(delta):
                 yield data
     except ANSWERED as exc:
         logger.warning("Request %s: the reply was cut off: %s", request_context.current_request_id(), exc)
-        yield error(stream_error(exc))
+        yield stream_error(exc).chat_completions()
         return
     except Exception:
         logger.exception("Request %s: the reply failed", request_context.current_request_id())
         request_id = request_context.current_request_id()
-        yield error(OpenAIErrorEvent(f"The model failed mid-reply (request id {request_id}).", None))
+        yield OpenAIErrorEvent(
+            f"The model failed mid-reply (request id {request_id}).", None
+        ).chat_completions()
         return
     finally:
-        stream.cancel()  # the client left early: the model stops this reply
+        stream.cancel()  # the client left early (or the reply ended): the model stops this reply
     yield "[DONE]"
 
 
