@@ -25,7 +25,7 @@ def wait_for(
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what} (last: {value!r:.300})")
         time.sleep(interval_s)
 
 

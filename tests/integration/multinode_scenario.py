@@ -302,9 +302,12 @@ def _leave(session: Any, head: str, node: str, process: subprocess.Popen[str]) -
     found["replica_nodes_after"] = sorted(
         r.node_id for r in session.status().applications["moving"].deployments["Ingress"].replicas
     )
-    found["proxies_after"] = wait_for(
-        lambda: (proxies := list(session.status().proxies)) == [head] and proxies, 30, "one proxy"
-    )
+    one_proxy = lambda: list(session.status().proxies) == [head]  # noqa: E731 - a condition
+    try:
+        wait_for(one_proxy, 30, "one proxy")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; the proxies: {session.status().proxies}") from None
+    found["proxies_after"] = list(session.status().proxies)
     found["outcomes"] = [
         {**asdict(o), "at": round(o.at - signalled, 3), "ended": round(o.ended - signalled, 3)}
         for o in outcomes

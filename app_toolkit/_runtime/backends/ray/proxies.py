@@ -116,7 +116,7 @@ class ProxyFleet:
             *(self._ready(node, exclusive=False) for node in wanted), return_exceptions=True
         )
         for node, result in zip(wanted, results, strict=True):
-            if isinstance(result, BaseException):
+            if isinstance(result, BaseException) and node in self._actors:
                 logger.warning("The proxy on node %s is not serving yet: %s", node, result)
                 self.urls[node] = ""  # status() shows it UNHEALTHY
 
@@ -136,7 +136,8 @@ class ProxyFleet:
             ).remote(self._http)
         url, port = await asyncio.wait_for(actor.ready.remote(self._port, exclusive), _READY_TIMEOUT_S)
         self._port = port  # with port 0, the first proxy's pick is everyone's port
-        self.urls[node] = url
+        if self._actors.get(node) is actor:  # not released (a leaving node) meanwhile
+            self.urls[node] = url
 
     async def lagging(self, key: str, version: int, timeout_s: float) -> list[str]:
         """The nodes whose proxy does not route by ``key``'s table at ``version`` or later
