@@ -7,7 +7,8 @@ internet needs and uvicorn leaves out (docs/security.md):
 - a head that has not fully arrived ``header_timeout_s`` after its first byte gets 408
   (slowloris), and a connection that sends nothing is closed after the keep-alive timeout;
 - beyond ``max_connections`` open connections, a new one is answered 503 with
-  ``Retry-After`` and closed before anything of it is read.
+  ``Retry-After`` and closed before anything of it is read;
+- a chunked body's trailer fields are dropped, never added to the request's headers.
 
 Request bodies are bounded by the front itself (``http_front.py``).
 
@@ -129,6 +130,15 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         super().on_message_begin()
         self._head_bytes = 0
         self._head_deadline = self.loop.time() + self.options.header_timeout_s
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if self._head_bytes is None:
+            # A trailer field (after a chunked body's last chunk): httptools reports it as a
+            # header, and uvicorn would add it to the scope's headers, which the app may read
+            # later, or not, as the reads fell. Never part of the request's head here:
+            # dropped (ASGI has no request trailers; docs/http.md).
+            return
+        super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
         self._head_bytes = None
