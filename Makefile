@@ -13,7 +13,7 @@ CLIENTS := $(AI_SDK)/node_modules/.installed
 
 DIST_TOOLS := $(VENV)/.dist-installed
 
-.PHONY: run chat test test-lowest locks compat bench soak docs dist wheel-check clean
+.PHONY: run chat test test-lowest locks compat bench soak fuzz docs dist wheel-check clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -136,6 +136,13 @@ bench: $(MODEL)
 # Half an hour of mixed traffic with a replica killed every 5 minutes (docs/benchmarks.md).
 soak: $(MODEL)
 	$(PY) -m benchmarks.soak
+
+# The HTTP front's differential fuzzer, for as long as MINUTES says (docs/http.md,
+# "Fuzzed against uvicorn"); every failure it finds is added to tests/fuzz/corpus.jsonl.
+MINUTES ?= 10
+SEED ?= 1
+fuzz: $(CORE)
+	$(PY) -m tests.fuzz.run --minutes $(MINUTES) --seed $(SEED)
 
 docs: $(CORE)
 	$(VENV)/bin/mkdocs serve

@@ -90,6 +90,20 @@ def test_closing_writes_what_is_held_first() -> None:
     assert transport.writes == [b"head"] and transport.closed and held.is_closing()
 
 
+def test_nothing_is_written_once_the_connection_closes_under_a_response() -> None:
+    """The parser answered 400 to bytes that followed a request and closed the connection
+    while that request's response was on its way: none of it follows the 400 (uvloop's
+    transport raises on such a write; found by tests/fuzz/)."""
+    transport, held, link = writes()
+    link.join_head_and_body()
+    held.write(b"head")
+    transport.close()
+    held.write(b"body")
+    held.release()
+    held.write(b"more")
+    assert transport.writes == []
+
+
 class Recording(Transport):
     """A transport that notes the connection's phase at each write."""
 

@@ -57,6 +57,11 @@ class Writes:
         self._write(data)
 
     def _write(self, data: bytes) -> None:
+        if self.transport.is_closing():
+            # Closed under the response (the parser answered 400 to bytes that followed
+            # its request, and closed): nothing more may follow on the wire, and uvloop's
+            # transport raises rather than drop it.
+            return
         if self.sent is not None:
             self.sent += len(data)
         self.transport.write(data)

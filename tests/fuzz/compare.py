@@ -1,0 +1,143 @@
+"""Whether the toolkit's outcome of a case is uvicorn's, or differs only in a way listed
+here (each one stricter, and documented in docs/http.md, "Fuzzed against uvicorn").
+
+Never allowed: a crash (a 5xx from the echo app's server, a reset, a hang), bytes that do
+not parse as responses, or a request the app sees that uvicorn's app would not.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from tests.fuzz.grammar import Case
+from tests.fuzz.servers import Outcomes
+from tests.fuzz.wire import Outcome
+
+#: Headers the toolkit adds to what its app sees (docs/observability.md), not the client's.
+ADDED_HEADERS = frozenset({"x-request-id", "traceparent", "tracestate"})
+
+
+@dataclass(frozen=True)
+class Difference:
+    """A listed way the toolkit answers a case otherwise than uvicorn."""
+
+    name: str
+    #: Whether it explains these outcomes (uvicorn's, then the toolkit's).
+    explains: Callable[[Case, Outcome, Outcome], bool]
+
+
+def _trailers_dropped(case: Case, uvicorn: Outcome, toolkit: Outcome) -> bool:
+    """A chunked body's trailer fields: uvicorn adds them to the request's headers when
+    they arrive before its app reads the scope; the toolkit never does."""
+    if uvicorn.statuses != toolkit.statuses or len(uvicorn.responses) != len(toolkit.responses):
+        return False
+    for theirs, ours in _pairs(uvicorn, toolkit):
+        if theirs is None or ours is None:
+            if (theirs is None) != (ours is None):
+                return False
+            continue
+        if {**theirs, "headers": None} != {**ours, "headers": None}:
+            return False
+        if theirs["headers"][: len(ours["headers"])] != ours["headers"]:
+            return False
+    return b"0\r\n" in case.data or b"0\n" in case.data
+
+
+def _no_continue_for_no_content(case: Case, uvicorn: Outcome, toolkit: Outcome) -> bool:
+    """``Expect: 100-continue`` on a request whose framing says it has no content (or
+    whose content has all arrived): the toolkit may skip the interim 100, as RFC 9110
+    (10.1.1) allows; uvicorn sends it whenever its app reads the body."""
+    if b"100-continue" not in case.data.lower():
+        return False
+    interim = Outcome(tuple(r for r in uvicorn.responses if r.status != 100), uvicorn.fate, uvicorn.garbled)
+    return _same(interim, toolkit)
+
+
+def _in_flight_dropped_at_a_parse_error(case: Case, uvicorn: Outcome, toolkit: Outcome) -> bool:
+    """Bytes after a request that do not parse get their 400 at once and close the
+    connection; a response still being made then is dropped (uvicorn's protocol does the
+    same; its app, in the same process, had answered first). The toolkit's outcome is
+    uvicorn's without such answers just before the closing 4xx."""
+    if toolkit.fate != "closed" or not toolkit.statuses or not 400 <= toolkit.statuses[-1] < 500:
+        return False
+    if uvicorn.statuses[-1:] != toolkit.statuses[-1:]:
+        return False
+    kept, theirs = toolkit.responses[:-1], uvicorn.responses[:-1]
+    before = Outcome(theirs[: len(kept)], "closed")
+    if not _same(before, Outcome(kept, "closed")):
+        return False
+    return all(200 <= response.status < 300 for response in theirs[len(kept) :])
+
+
+DIFFERENCES: tuple[Difference, ...] = (
+    Difference("trailer fields are not request headers", _trailers_dropped),
+    Difference("no 100 Continue for a request with no content to wait for", _no_continue_for_no_content),
+    Difference("a response in flight at a parse error is dropped", _in_flight_dropped_at_a_parse_error),
+)
+
+
+def _request(seen: dict[str, Any], theirs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What the toolkit's app saw, without the headers the toolkit added (those of
+    ``ADDED_HEADERS`` that uvicorn's app, given the same bytes, did not see)."""
+    sent = [] if theirs is None else theirs["headers"]
+    headers = [pair for pair in seen["headers"] if pair[0] not in ADDED_HEADERS or pair in sent]
+    return {**seen, "headers": headers}
+
+
+def _pairs(uvicorn: Outcome, toolkit: Outcome) -> list[tuple[dict[str, Any] | None, dict[str, Any] | None]]:
+    """What each server's app saw, response by response (the toolkit's normalised)."""
+    pairs = []
+    for index, ours in enumerate(toolkit.responses):
+        theirs = uvicorn.responses[index].seen if index < len(uvicorn.responses) else None
+        pairs.append((theirs, None if ours.seen is None else _request(ours.seen, theirs)))
+    return pairs
+
+
+def _same(uvicorn: Outcome, toolkit: Outcome) -> bool:
+    if uvicorn.statuses != toolkit.statuses or uvicorn.fate != toolkit.fate:
+        return False
+    return all(theirs == ours for theirs, ours in _pairs(uvicorn, toolkit))
+
+
+def problem(case: Case, outcomes: Outcomes) -> str | None:
+    """What is wrong with the toolkit's outcome of ``case``, or None."""
+    uvicorn, toolkit = outcomes.uvicorn, outcomes.toolkit
+    if toolkit.fate in ("hung", "reset") and uvicorn.fate != toolkit.fate:
+        return f"the toolkit's connection {toolkit.fate}"
+    if toolkit.garbled and not uvicorn.garbled:
+        return f"bytes that are not a response: {toolkit.garbled[:120]!r}"
+    if any(status >= 500 for status in toolkit.statuses):
+        return f"a server error: {toolkit.statuses}"
+    if _same(uvicorn, toolkit):
+        return None
+    if case.close_early and _close_early_consistent(uvicorn, toolkit):
+        return None
+    for difference in DIFFERENCES:
+        if difference.explains(case, uvicorn, toolkit):
+            return None
+    return "a difference not listed"
+
+
+def _close_early_consistent(uvicorn: Outcome, toolkit: Outcome) -> bool:
+    """A client that shuts its side down after its last byte races the servers' answers
+    (each may cancel a request it was serving): the toolkit's app saw only requests
+    uvicorn's saw, in order."""
+    theirs = [response.seen for response in uvicorn.responses if response.seen is not None]
+    seen = [response.seen for response in toolkit.responses if response.seen is not None]
+    ours = [_request(one, theirs[i] if i < len(theirs) else None) for i, one in enumerate(seen)]
+    return ours == theirs[: len(ours)]
+
+
+def describe(case: Case, outcomes: Outcomes) -> str:
+    """A failing case and both outcomes, for the test's message."""
+
+    def one(outcome: Outcome) -> str:
+        seen = [r.seen for r in outcome.responses]
+        return f"statuses {outcome.statuses}, {outcome.fate}, garbled {outcome.garbled[:80]!r}, saw {seen}"
+
+    return (
+        f"case {case.data!r} split at {case.splits} close_early={case.close_early}\n"
+        f"  uvicorn: {one(outcomes.uvicorn)}\n  toolkit: {one(outcomes.toolkit)}"
+    )
