@@ -1,7 +1,8 @@
 """The toolkit's own HTTP answers, each built in one place: a JSON body that carries the
-request id, ``503`` with ``Retry-After`` for overload or a lost replica, and the generic
-``500`` that never shows a traceback; and how a WebSocket whose app failed or returned
-ends (its state by what the app sent, the messages that end it)."""
+request id, ``503`` with ``Retry-After`` for overload or a lost replica, ``502`` for a
+replica lost with the request or a malformed reply, and the generic ``500`` that never
+shows a traceback; and how a WebSocket whose app failed or returned ends (its state by
+what the app sent, the messages that end it)."""
 
 from __future__ import annotations
 
@@ -65,6 +66,13 @@ def replica_lost(request_id: str) -> HTTPResponse:
     """502: the replica that had the request died; it may have run, so a client must not
     be told to simply send it again."""
     detail = "Bad Gateway: the replica was lost while it had the request; it may have run"
+    return error_answer(502, detail, request_id)
+
+
+def bad_reply(request_id: str) -> HTTPResponse:
+    """502: the replica's reply broke HTTP or the channel's order (front/reply_check.py);
+    the request may have run."""
+    detail = "Bad Gateway: the replica sent a malformed reply; the request may have run"
     return error_answer(502, detail, request_id)
 
 

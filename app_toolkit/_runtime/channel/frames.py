@@ -274,13 +274,18 @@ class FrameProtocol(asyncio.Protocol):
                     break
                 try:
                     self.on_frame(Kind(kind), number, view[offset + HEADER.size : end])
-                except Exception:
-                    logger.exception("Dropping a malformed frame; closing the connection")
-                    self.drop()  # a fresh buffer: the traceback may still hold views of this one
-                    return
-                if self._dropped:
-                    return
-                offset = end
+                except Exception as exc:  # noqa: BLE001 - the peer broke the protocol: cut it off
+                    # The peer's fault (a kind no frame has, a payload that does not
+                    # decode), said as text: the traceback would hold views of the buffer.
+                    error = f"{type(exc).__name__}: {exc}"
+                else:
+                    if self._dropped:
+                        return
+                    offset = end
+                    continue
+                logger.warning("Dropping a malformed frame (%s); closing the connection", error)
+                self.drop()  # a fresh buffer, and what still arrives is ignored
+                return
         if oversized:
             self.drop()
             return

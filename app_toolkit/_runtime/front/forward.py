@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import logging
 
-from app_toolkit._runtime.answers import internal_error, overloaded, replica_lost, unavailable
+from app_toolkit._runtime.answers import bad_reply, overloaded, replica_lost, unavailable
 from app_toolkit._runtime.channel.exchange import Exchange
 from app_toolkit._runtime.front.cycle import HTTPCycle
+from app_toolkit._runtime.front.reply_check import BodyLength, reply_fault
 from app_toolkit._runtime.messages import (
     BodyChunk,
+    CallFailure,
     HTTPRequest,
     HTTPResponse,
     HTTPResponseStart,
@@ -62,39 +64,56 @@ async def forward(
         return
     try:
         first = reply.first
-        if isinstance(first, HTTPResponse):
+        method = request.scope.get("method", "")
+        fault = reply_fault(first, method)
+        if fault is not None:  # nothing went out yet: the replica's fault is a 502
+            logger.error("Request %s: the replica's reply is malformed (%s); 502", request_id, fault)
+            await cycle.answer(bad_reply(request_id))
+        elif isinstance(first, HTTPResponse):
             await cycle.whole(first.status, first.headers, first.body, first.route)
         elif isinstance(first, HTTPResponseStart):
             await cycle.stream(first.status, first.headers, first.route)
-            await _relay_stream(reply.exchange, cycle)
-        else:  # not an HTTP answer: the replica could not take the request as sent
-            logger.error("Request %s: the replica answered HTTP with %s", request_id, type(first).__name__)
-            await cycle.answer(internal_error(request_id))
+            await _relay_stream(reply.exchange, cycle, BodyLength.of(first, method))
     finally:
         cycle.stream_closed()
         reply.exchange.cancel()
         reply.release()
 
 
-async def _relay_stream(exchange: Exchange, cycle: HTTPCycle) -> None:
+async def _relay_stream(exchange: Exchange, cycle: HTTPCycle, length: BodyLength) -> None:
     """Send a streamed response's body chunks as the replica produces them, each as its
-    own chunk (as the app sent it). A stream that fails (the app raised, or its replica
-    was lost) aborts the connection: the client sees an incomplete body, never one that
-    looks complete."""
+    own chunk (as the app sent it). A stream that fails aborts the connection: the client
+    sees an incomplete body, never one that looks complete."""
+    why = await _relay_body(exchange, cycle, length)
+    if why is not None:
+        logger.warning("Request %s: %s mid-stream; aborting the connection", cycle.request_id, why)
+        await cycle.abort(why)
+
+
+async def _relay_body(exchange: Exchange, cycle: HTTPCycle, length: BodyLength) -> str | None:
+    """Relay the body to its end (None), or until it fails: the app raised, its replica
+    was lost, or its reply broke the channel's order or the ``length`` its head declared
+    (why, and what broke it is not written)."""
     while True:
         answer = await exchange.recv()
         if isinstance(answer, BodyChunk):
             # Chunks that arrived together leave in one write to the client.
             chunks = [answer, *exchange.take_ready(BodyChunk)]
             last = exchange.next_is(StreamEnd)
+            why = length.take(sum(len(chunk.data) for chunk in chunks)) or (length.end() if last else None)
+            if why is not None:
+                return why
             await cycle.chunks([chunk.data for chunk in chunks], last)
             if last:
-                return
+                return None
             continue
         if isinstance(answer, StreamEnd):
-            await cycle.chunks((b"",), last=True)
-            return
-        why = "replica lost" if isinstance(answer, ReplicaLost) else "the app failed"
-        logger.warning("Request %s: %s mid-stream; aborting the connection", cycle.request_id, why)
-        await cycle.abort(why)
-        return
+            why = length.end()
+            if why is None:
+                await cycle.chunks((b"",), last=True)
+            return why
+        if isinstance(answer, ReplicaLost):
+            return "replica lost"
+        if isinstance(answer, CallFailure):
+            return "the app failed"
+        return f"{type(answer).__name__} in its body"

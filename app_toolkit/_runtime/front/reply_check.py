@@ -1,0 +1,106 @@
+"""What the proxy relays of a replica's reply to an HTTP request: a complete response or
+a head that HTTP can carry, and a body that keeps to the length its head declares.
+
+The replica's app chose its status and headers, and a replica can break the channel's
+order of answers; the proxy is a gateway and checks both before a byte reaches the
+client. A reply that breaks them before anything went out is answered 502; a stream whose
+body breaks them later is cut off (docs/http.md, "A replica's malformed reply"). Without
+the check, uvicorn would refuse the head or the body in the middle of writing them (a
+traceback in the proxy's log, and a connection closed with nothing, or a response whose
+framing lies).
+"""
+
+from __future__ import annotations
+
+import re
+
+from app_toolkit._runtime.messages import Answer, HTTPResponse, HTTPResponseStart
+
+#: RFC 9110's token: a field name.
+_NAME = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+#: What a field value may not hold: control characters other than horizontal tab.
+_VALUE_FORBIDDEN = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
+_DIGITS = re.compile(rb"[0-9]+")
+#: Statuses whose responses never have a body (RFC 9110 §15.3.5, §15.4.5).
+_NO_BODY = frozenset({204, 304})
+
+
+def reply_fault(answer: Answer, method: str) -> str | None:
+    """Why the replica's first answer to an HTTP request cannot be relayed, or None: it
+    must be a complete response or a stream's head, with a valid head, and a complete
+    response's body must be as long as its head declares."""
+    if not isinstance(answer, HTTPResponse | HTTPResponseStart):
+        return f"an HTTP request was answered with {type(answer).__name__}"
+    fault = _head_fault(answer.status, answer.headers, answer.route)
+    if fault is not None or not isinstance(answer, HTTPResponse):
+        return fault
+    length = BodyLength.of(answer, method)
+    return length.take(len(answer.body)) or length.end()
+
+
+def _head_fault(status: object, headers: object, route: object) -> str | None:
+    if type(status) is not int or not 200 <= status <= 599:
+        return f"status {status!r} is not a final HTTP status"
+    if not isinstance(route, str):
+        return "its route is not text"
+    if not isinstance(headers, list | tuple):
+        return "its headers are not a list"
+    lengths: set[bytes] = set()
+    chunked = False
+    for pair in headers:
+        if not (isinstance(pair, tuple | list) and len(pair) == 2 and all(type(p) is bytes for p in pair)):
+            return f"header {pair!r:.80} is not a pair of bytes"
+        name, value = pair
+        if not _NAME.fullmatch(name):
+            return f"header name {name!r:.80} is not a token"
+        if _VALUE_FORBIDDEN.search(value):
+            return f"header {name!r:.80} has a control character in its value"
+        lowered = name.lower()
+        if lowered == b"content-length":
+            if not _DIGITS.fullmatch(value):
+                return f"content-length {value!r:.80} is not a number"
+            lengths.add(value.lstrip(b"0") or b"0")
+        elif lowered == b"transfer-encoding":
+            chunked = True
+    if len(lengths) > 1:
+        return "it declares two content lengths"
+    if lengths and chunked:
+        return "it declares both a content length and a transfer encoding"
+    if status in _NO_BODY and lengths - {b"0"}:
+        return f"a {status} declares a body"
+    return None
+
+
+class BodyLength:
+    """The body a relayed response may still carry: what its head declared (a
+    ``content-length``; none for a 204 or 304), or any length (None) when it declared
+    none or the request was a HEAD (whose body nobody writes)."""
+
+    __slots__ = ("left",)
+
+    def __init__(self, left: int | None) -> None:
+        self.left = left
+
+    @classmethod
+    def of(cls, head: HTTPResponse | HTTPResponseStart, method: str) -> BodyLength:
+        """The length ``head`` (checked by :func:`reply_fault`) declares."""
+        if method == "HEAD":
+            return cls(None)
+        if head.status in _NO_BODY:
+            return cls(0)
+        return cls(next((int(v) for k, v in head.headers if k.lower() == b"content-length"), None))
+
+    def take(self, size: int) -> str | None:
+        """``size`` more bytes of the body arrived: why they break the head, or None."""
+        if self.left is None:
+            return None
+        if size > self.left:
+            return "its body is longer than its head declares"
+        self.left -= size
+        return None
+
+    def end(self) -> str | None:
+        """The body ended: why that breaks the head, or None."""
+        if self.left:
+            return "its body is shorter than its head declares"
+        return None
