@@ -169,12 +169,12 @@ RULES: tuple[tuple[str, Rule], ...] = (
         ),
     ),
     (
-        "resumable reply abandoned: its writer's replica was killed",
+        "resumable reply abandoned: its writer's replica was killed (its reader is cut at each resume)",
         lambda r, k: (
             in_flight(r, k)
             and (
                 r.kind == "resumable"
-                and r.outcome in ("abandoned", "store-lost")
+                and r.outcome in ("abandoned", "store-lost", "closed")
                 and (
                     (k.kind == "ingress" and k.target == r.writer)
                     or (k.kind == "node" and k.node in (r.writer_node, ""))

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
-from websockets.exceptions import ConnectionClosed
+from websockets.exceptions import ConnectionClosed, InvalidMessage
 
 import app_toolkit as tk
 from benchmarks.soak_processes import ProxyFinder
@@ -61,7 +61,8 @@ def failure(exc: BaseException) -> tuple[str, str]:
         return "refused", detail
     if any(isinstance(c, ConnectionResetError) for c in causes) or "reset" in detail.lower():
         return "reset", detail
-    if isinstance(exc, (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError, ConnectionClosed)):
+    closed = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError, ConnectionClosed, InvalidMessage)
+    if isinstance(exc, closed):  # InvalidMessage: a WebSocket's handshake cut before its answer
         return "closed", detail
     return "error", detail
 

@@ -146,3 +146,10 @@ def test_a_refused_connection_is_explained_until_the_killed_proxy_is_back() -> N
 def test_a_cut_just_after_a_short_kill_is_still_that_kills() -> None:
     record = _record("resumable", start=10.5, end=12, cuts=[10.6])
     assert classify(record, [_kill("redis", 10, node="", app="")]) == "intact"
+
+
+def test_a_reader_cut_at_each_resume_of_a_reply_whose_writer_died_is_explained() -> None:
+    record = _record(
+        "resumable", "closed", start=9, end=30, head=True, writer="r1", replica="r2", cuts=[10.2, 14]
+    )
+    assert classify(record, [_kill("ingress", 10, "r1")]).startswith("resumable reply abandoned")
