@@ -133,9 +133,13 @@ bench: $(MODEL)
 	$(PY) -m benchmarks.scale --sizes 100x10x1,1000x100x100,10000x500x1000 --plot docs/img/scale.png
 	$(PY) -m benchmarks.scale_ray
 
-# Half an hour of mixed traffic with a replica killed every 5 minutes (docs/benchmarks.md).
+# Half an hour of mixed traffic on a local multi-node cluster while a replica, a proxy, the
+# controller, a worker node or Redis is killed every 10-30 s (docs/benchmarks.md).
+# `make soak SEED=7`, `make soak SOAK_ARGS="--replay soak-schedule.json"`.
+SEED ?= 1
+SOAK_ARGS ?=
 soak: $(MODEL)
-	$(PY) -m benchmarks.soak
+	$(PY) -m benchmarks.soak --seed $(SEED) $(SOAK_ARGS)
 
 # The HTTP front's differential fuzzer, for as long as MINUTES says (docs/http.md,
 # "Fuzzed against uvicorn"); every failure it finds is added to tests/fuzz/corpus.jsonl.

@@ -1,5 +1,5 @@
-"""What the overload and soak benchmarks serve: the toolkit's default options, a route that
-costs real CPU, and a stream, a WebSocket and a handle-called deployment for the soak."""
+"""What the overload benchmark serves (the toolkit's default options, a route that costs
+real CPU, a stream and a WebSocket) and the handle-called deployment of the soak."""
 
 from __future__ import annotations
 
@@ -70,8 +70,5 @@ class Adder:
         return a + b
 
 
-#: The soak deploys both: an HTTP app on two replicas and a handle-only deployment.
-soak_http = tk.App(
-    make_fastapi(), name="soak", num_replicas=2, health_check_period_s=1, health_check_timeout_s=2
-)
+#: The soak's handle-only deployment (its HTTP apps: benchmarks/soak_apps.py).
 soak_handles = Adder.bind()

@@ -1,247 +1,204 @@
-"""Soak: mixed traffic for a long while, with a replica killed every few minutes.
+"""Chaos soak: mixed traffic on a multi-node local Ray cluster while processes of every
+kind are killed on a seeded schedule, and every request is judged.
 
-Runs in this process on an embedded Ray (``tk.run``): an HTTP app on two replicas and a
-handle-only deployment on two (``benchmarks/overload_app.py``), and at once:
+A head node and ``--workers`` worker nodes (``ray.cluster_utils.Cluster``, all on
+127.0.0.1, sharing the proxies' port) serve three applications (``soak_apps``): an
+ingress app with GETs, uploads, SSE, resumable SSE on a Redis event log and WebSockets;
+a deployment called through a handle; the LLM module's OpenAI app on the echo engine.
+Clients (``soak_traffic``, ``soak_streams``) send all of it at once and check everything
+they get back: upload digests, event numbers, every word of a streamed chat reply.
 
-- HTTP GETs that burn 1 ms of CPU (closed loop), SSE streams of 20 events, WebSocket
-  echo sessions, handle calls, and clients that leave in the middle of a stream;
-- every ``--kill-every`` seconds a SIGKILL to one replica (alternating between the two
-  deployments, processes this script started).
+Every ``uniform(--kill-min, --kill-max)`` seconds one of these dies (``soak_kills``),
+the kinds dealt in shuffled rounds: an ingress replica, a model replica, a node's proxy,
+the controller, a worker node (its raylet and all on it; a new node joins), the reply
+store's Redis (started again, empty). The schedule is printed and written as JSON;
+``--replay FILE`` repeats one.
 
-It prints, per kind of traffic, what succeeded and what failed, and sorts failures into
-those a kill explains (502 / RequestLostError while the killed replica had them, within a
-few seconds of a kill) and the rest, which must be none. Every 30 s it samples each
-toolkit process's RSS and open file descriptors; at the end (after a quiet moment) it
-compares them, and the asyncio tasks of the proxy and replicas, with their values after
-warm-up.
+Each request ends intact or explained by a documented rule (``soak_rules``); anything
+else is printed in full. The budget: 0 unexplained, 0 corrupted or repeated stream data,
+0 resets while the node's proxy lives, >= 95 % of the requests not in flight at a kill
+intact; RSS, open file descriptors and asyncio tasks per role flat over the processes
+alive for ``--steady`` seconds or more.
 
-    python -m benchmarks.soak [--duration 1800] [--kill-every 300] [--warmup 120]
+    python -m benchmarks.soak [--duration 1800] [--seed 1] [--kill-min 10] [--kill-max 30]
+                              [--replay soak-schedule.json] [--report soak-report.json]
 """
 
 from __future__ import annotations
 
+import os
+
+# Every node and the driver on 127.0.0.1, as tests/integration/multinode_scenario.py has it.
+os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"
+os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
+
 import argparse
 import asyncio
-import os
-import signal
+import json
+import logging
 import sys
+import threading
 import time
-from collections import Counter
-from dataclasses import dataclass, field
+from pathlib import Path
 
-import httpx
 import ray
-from websockets.asyncio.client import connect
+from ray.cluster_utils import Cluster
 
 import app_toolkit as tk
-from app_toolkit._runtime.backends.ray.cluster import (
-    NAMESPACE,
-    PROXY_PREFIX,
-    REPLICA_PREFIX,
-    SPARE_PREFIX,
-    replica_actor,
-)
 from benchmarks.http_overhead import free_port
-from benchmarks.loadgen import Client
-from benchmarks.overload_app import soak_handles, soak_http
-from benchmarks.proc_cpu import _rss_mb, open_fds
-
-KILL_GRACE_S = 5.0  # failures this soon after a kill may be the killed replica's requests
-
-
-@dataclass
-class Ledger:
-    ok: Counter[str] = field(default_factory=Counter)
-    failures: list[tuple[float, str, str]] = field(default_factory=list)  # (when, kind, what)
-    kills: list[float] = field(default_factory=list)
-
-    def fail(self, kind: str, what: str) -> None:
-        self.failures.append((time.monotonic(), kind, what))
-
-    def explained(self, when: float, what: str) -> bool:
-        """A failure a kill explains: the killed replica had the request (502, or 503 when
-        it had read but not run it), or a stream it was sending was cut. A reset or a
-        timeout never is."""
-        lost = what.startswith(("502", "503")) or "RequestLostError" in what or "lost" in what.lower()
-        return lost and any(0 <= when - kill <= KILL_GRACE_S for kill in self.kills)
+from benchmarks.soak_apps import LLM_PREFIX, handle_app, ingress_app, llm_app
+from benchmarks.soak_kills import Killer, RedisServer
+from benchmarks.soak_processes import ProxyFinder
+from benchmarks.soak_report import Samples, print_summary, report
+from benchmarks.soak_rules import Kill, Record, judge
+from benchmarks.soak_schedule import Schedule, make_schedule
+from benchmarks.soak_streams import chat_exchange, completion_exchange, resumable_exchange, websocket_loop
+from benchmarks.soak_traffic import (
+    Traffic,
+    handle_loop,
+    http_exchange,
+    run_loop,
+    sse_exchange,
+    upload_exchange,
+)
 
 
-async def http_loop(ledger: Ledger, port: int, end: float) -> None:
-    client = Client("127.0.0.1", port)
-    while time.monotonic() < end:
-        outcome = await client.get("/work?ms=1")
-        if outcome.status == 200:
-            ledger.ok["http"] += 1
-        else:
-            ledger.fail("http", f"{outcome.status} {outcome.error}")
-    client.close()
-
-
-async def sse_loop(ledger: Ledger, base: str, end: float) -> None:
-    async with httpx.AsyncClient(base_url=base, timeout=30) as client:
-        while time.monotonic() < end:
-            try:
-                async with client.stream("GET", "/stream", params={"events": 20}) as response:
-                    if response.status_code != 200:
-                        ledger.fail("sse", str(response.status_code))
-                        continue
-                    events = [line async for line in response.aiter_lines() if line.startswith("data:")]
-                if len(events) == 20:
-                    ledger.ok["sse"] += 1
-                else:
-                    ledger.fail("sse", f"{len(events)} of 20 events (stream lost)")
-            except httpx.HTTPError as exc:
-                ledger.fail("sse", f"{type(exc).__name__}: {exc} (stream lost)")
-
-
-async def leaving_loop(ledger: Ledger, base: str, end: float) -> None:
-    """Clients that go away mid-stream: not failures, but the server must clean up."""
-    async with httpx.AsyncClient(base_url=base, timeout=30) as client:
-        while time.monotonic() < end:
-            try:
-                async with client.stream("GET", "/stream", params={"events": 200}) as response:
-                    async for line in response.aiter_lines():
-                        if line.startswith("data: 3"):
-                            break
-                ledger.ok["left mid-stream"] += 1
-            except httpx.HTTPError as exc:
-                ledger.fail("left mid-stream", f"{type(exc).__name__}: {exc} (stream lost)")
-
-
-async def websocket_loop(ledger: Ledger, port: int, end: float) -> None:
-    while time.monotonic() < end:
-        try:
-            async with connect(f"ws://127.0.0.1:{port}/echo") as socket:
-                for number in range(10):
-                    await socket.send(str(number))
-                    if await asyncio.wait_for(socket.recv(), 30) != str(number):
-                        raise RuntimeError("wrong echo")
-            ledger.ok["websocket"] += 1
-        except Exception as exc:  # noqa: BLE001 - every failure is recorded and judged later
-            ledger.fail("websocket", f"{type(exc).__name__}: {exc} (lost)")
-
-
-async def handle_loop(ledger: Ledger, handle: tk.DeploymentHandle, end: float) -> None:
-    number = 0
-    while time.monotonic() < end:
-        number += 1
-        try:
-            if await handle.add.remote(number, 1) == number + 1:
-                ledger.ok["handle"] += 1
-            else:
-                ledger.fail("handle", "wrong result")
-        except Exception as exc:  # noqa: BLE001 - every failure is recorded and judged later
-            ledger.fail("handle", f"{type(exc).__name__}: {exc}")
-
-
-def replica_pids(app: str) -> dict[str, int]:
-    pids = {}
-    for deployment in tk.status().applications[app].deployments.values():
-        for replica in deployment.replicas:
-            if replica.state is tk.ReplicaState.RUNNING:
-                actor = replica_actor(replica.replica_id)
-                pids[replica.replica_id] = ray.get(actor.stats.remote(), timeout=30)["pid"]
-    return pids
-
-
-async def killer(ledger: Ledger, every_s: float, end: float) -> None:
-    apps = ["soak", "soakh"]
-    while time.monotonic() + every_s < end:
-        await asyncio.sleep(every_s)
-        app = apps[len(ledger.kills) % 2]
-        try:
-            replica_id, pid = sorted((await asyncio.to_thread(replica_pids, app)).items())[0]
-        except Exception as exc:  # noqa: BLE001 - a soak goes on; the next kill tries again
-            print(f"could not find a replica of {app} to kill: {exc}", flush=True)
-            continue
-        ledger.kills.append(time.monotonic())
-        os.kill(pid, signal.SIGKILL)
-        print(f"[{time.strftime('%H:%M:%S')}] killed replica {replica_id} (pid {pid})", flush=True)
-
-
-def actor_stats() -> dict[str, dict[str, int]]:
-    """Tasks and pid of every toolkit proxy and replica actor."""
-    found = {}
-    for actor in ray.util.list_named_actors(all_namespaces=True):
-        name = actor["name"]
-        if actor["namespace"] == NAMESPACE and name.startswith((PROXY_PREFIX, REPLICA_PREFIX, SPARE_PREFIX)):
-            try:
-                found[name] = ray.get(ray.get_actor(name, namespace=NAMESPACE).stats.remote(), timeout=10)
-            except Exception:  # noqa: BLE001 - one being replaced right now
-                continue
-    return found
-
-
-def sample() -> dict[int, tuple[str, float, int]]:
-    """pid -> (actor name, RSS in MB, open file descriptors)."""
-    return {
-        stats["pid"]: (name, _rss_mb(stats["pid"]), open_fds(stats["pid"]))
-        for name, stats in actor_stats().items()
-    }
-
-
-async def sampler(samples: list[tuple[float, dict[int, tuple[str, float, int]]]], end: float) -> None:
-    while time.monotonic() < end:
-        samples.append((time.monotonic(), await asyncio.to_thread(sample)))
-        await asyncio.sleep(30)
-
-
-async def soak(args: argparse.Namespace, port: int, handle: tk.DeploymentHandle) -> Ledger:
-    ledger = Ledger()
-    base = f"http://127.0.0.1:{port}"
-    start = time.monotonic()
-    end = start + args.duration
-    samples: list[tuple[float, dict[int, tuple[str, float, int]]]] = []
-    await asyncio.gather(
-        *(http_loop(ledger, port, end) for _ in range(4)),
-        *(sse_loop(ledger, base, end) for _ in range(2)),
-        leaving_loop(ledger, base, end),
-        websocket_loop(ledger, port, end),
-        *(handle_loop(ledger, handle, end) for _ in range(2)),
-        killer(ledger, args.kill_every, end),
-        sampler(samples, end),
-    )
-    await asyncio.sleep(5)  # quiet: what is left now is held, not in flight
-    samples.append((time.monotonic(), await asyncio.to_thread(sample)))
-    warm = next((s for t, s in samples if t - start >= args.warmup), samples[0][1])
-    last = samples[-1][1]
-    print("\nper process, after warm-up -> at the end (RSS, open file descriptors):")
-    for pid, (name, rss, fds) in sorted(last.items(), key=lambda item: item[1][0]):
-        first = warm.get(pid) or next(s[pid] for _, s in samples if pid in s)  # a replacement
-        growth = (rss - first[1]) / first[1] * 100 if first[1] else 0.0
-        print(f"  {name}: RSS {first[1]:.0f} -> {rss:.0f} MB ({growth:+.1f} %), fds {first[2]} -> {fds}")
-    print("asyncio tasks at the end (after 5 s of quiet):")
-    for name, stats in sorted((await asyncio.to_thread(actor_stats)).items()):
-        print(f"  {name}: {stats['tasks']} tasks, {stats.get('ongoing', 0)} requests running")
-    return ledger
-
-
-def main() -> None:
+def _arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--duration", type=int, default=1800)
-    parser.add_argument("--kill-every", type=int, default=300)
-    parser.add_argument("--warmup", type=int, default=120)
-    args = parser.parse_args()
-    port = free_port()
-    tk.start(http_options={"port": port, "access_log": False})
-    tk.run(soak_http, name="soak", route_prefix="/")
-    handle = tk.run(soak_handles, name="soakh", route_prefix=None)
+    parser.add_argument("--duration", type=float, default=1800, help="seconds of traffic")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--kill-min", type=float, default=10, help="shortest gap between kills, s")
+    parser.add_argument("--kill-max", type=float, default=30, help="longest gap between kills, s")
+    parser.add_argument("--replay", help="a schedule a previous run wrote: repeat its kills")
+    parser.add_argument("--workers", type=int, default=1, help="worker nodes besides the head")
+    parser.add_argument("--steady", type=float, default=300, help="compare processes alive this long, s")
+    parser.add_argument("--sample-every", type=float, default=30, help="seconds between process samples")
+    parser.add_argument("--schedule-out", default="soak-schedule.json")
+    parser.add_argument("--report", default="soak-report.json")
+    return parser.parse_args()
+
+
+def _kill_on_schedule(killer: Killer, schedule: Schedule, kills: list[Kill], start: float) -> None:
+    """The schedule's kills, on this (the main) thread, each at its time or, when the
+    recovery from the last one took longer, as soon after as it can."""
+    for planned in schedule.kills:
+        time.sleep(max(0.0, start + planned.at_s - time.monotonic()))
+        if time.monotonic() >= start + schedule.duration_s:
+            return
+        try:
+            kill, said = killer.kill(planned)
+        except Exception as exc:  # noqa: BLE001 - a soak goes on; the report counts what was made
+            print(f"[{time.monotonic() - start:7.1f} s] no {planned.kind} kill: {type(exc).__name__}: {exc}")
+            continue
+        kills.append(kill)
+        print(f"[{kill.started - start:7.1f} s] killed {said}", flush=True)
+
+
+async def _watch_proxies(traffic: Traffic) -> None:
+    """Keep the proxies' pids current (a killed proxy comes back with a new one)."""
+    while not traffic.done():
+        try:
+            await asyncio.to_thread(traffic.proxies.refresh)
+        except Exception:  # noqa: BLE001 - the controller may be restarting; next time
+            pass
+        await asyncio.sleep(2)
+
+
+async def _traffic(traffic: Traffic, handle: tk.DeploymentHandle, samples: Samples, every_s: float) -> None:
+    await asyncio.to_thread(traffic.proxies.refresh)
+    await asyncio.gather(
+        *(run_loop(traffic, "http", http_exchange(traffic), n) for n in range(2)),
+        run_loop(traffic, "upload", upload_exchange(traffic), 0),
+        run_loop(traffic, "sse", sse_exchange(traffic), 0),
+        *(run_loop(traffic, "resumable", resumable_exchange(traffic), n) for n in range(2)),
+        websocket_loop(traffic, 0),
+        handle_loop(traffic, handle),
+        *(run_loop(traffic, "chat", chat_exchange(traffic), n) for n in range(2)),
+        run_loop(traffic, "completion", completion_exchange(traffic), 0),
+        _watch_proxies(traffic),
+        samples.run(traffic.end, every_s),
+    )
+    await asyncio.sleep(5)  # quiet: what is left now is held, not in flight
+    await samples.take()
+
+
+def _soak(
+    args: argparse.Namespace, schedule: Schedule, killer: Killer, port: int, handle: tk.DeploymentHandle
+) -> tuple[list[Record], list[Kill], Samples, float]:
+    """The traffic on a thread of its own, the kills on this one."""
+    start = time.monotonic()
+    records: list[Record] = []
+    kills: list[Kill] = []
+    traffic = Traffic(port, start + schedule.duration_s, records, ProxyFinder(port), args.seed)
+    samples = Samples(start)
+    clients = threading.Thread(
+        target=asyncio.run, args=(_traffic(traffic, handle, samples, args.sample_every),), name="soak-traffic"
+    )
+    clients.start()
+    _kill_on_schedule(killer, schedule, kills, start)
+    clients.join()
+    return records, kills, samples, start
+
+
+def _wait(condition: object, what: str, timeout_s: float = 120) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            raise SystemExit(f"gave up waiting for {what}")
+        time.sleep(0.5)
+
+
+def main() -> None:
+    args = _arguments()
+    schedule = (
+        Schedule.load(args.replay)
+        if args.replay
+        else make_schedule(args.seed, args.duration, args.kill_min, args.kill_max)
+    )
+    print(schedule.describe(), flush=True)
+    Path(args.schedule_out).write_text(schedule.to_json())
+    print(
+        f"schedule written to {args.schedule_out} (repeat it with --replay {args.schedule_out})", flush=True
+    )
+    redis = RedisServer()
+    redis.start()
+    cluster = Cluster(
+        initialize_head=True,
+        head_node_args={"num_cpus": 2, "node_ip_address": "127.0.0.1", "include_dashboard": False},
+    )
     try:
-        ledger = asyncio.run(soak(args, port, handle))
+        ray.init(
+            address=cluster.address,
+            _node_ip_address="127.0.0.1",
+            logging_level=logging.WARNING,
+            log_to_driver=False,  # the processes' logs stay in Ray's session folder
+            include_dashboard=False,
+        )
+        killer = Killer(cluster, redis, ray.get_runtime_context().get_node_id())
+        for _ in range(args.workers):
+            killer.add_worker()
+        port = free_port()
+        tk.start(http_options={"port": port, "access_log": False})
+        tk.run(ingress_app(redis.url), name="soak", route_prefix="/")
+        handle = tk.run(handle_app(), name="soakh", route_prefix=None)
+        tk.run(llm_app(), name="llm", route_prefix=LLM_PREFIX)
+        _wait(lambda: len(tk.status().proxies) == 1 + args.workers, "a proxy on every node")
+        records, kills, samples, start = _soak(args, schedule, killer, port, handle)
     finally:
-        tk.shutdown()
-    unexplained = [
-        (when, kind, what) for when, kind, what in ledger.failures if not ledger.explained(when, what)
-    ]
-    print(f"\n{args.duration} s, {len(ledger.kills)} replica kills")
-    print("succeeded: " + ", ".join(f"{kind} {count}" for kind, count in sorted(ledger.ok.items())))
-    explained = len(ledger.failures) - len(unexplained)
-    print(f"failed: {explained} while a killed replica had them, {len(unexplained)} otherwise")
-    for _when, kind, what in unexplained[:20]:
-        print(f"  {kind}: {what}")
-    sys.exit(1 if unexplained else 0)
+        try:
+            tk.shutdown()
+        finally:
+            ray.shutdown()
+            cluster.shutdown()  # type: ignore[no-untyped-call]  # ray's test Cluster is unannotated
+            redis.stop()
+    verdict = judge(records, kills)
+    print_summary(verdict, kills, samples, args.steady, start)
+    Path(args.report).write_text(json.dumps(report(args, schedule, verdict, kills, samples, start), indent=1))
+    print(f"report written to {args.report}")
+    sys.exit(0 if verdict.passed() else 1)
 
 
 if __name__ == "__main__":
