@@ -144,7 +144,6 @@ soak: $(MODEL)
 # The HTTP front's differential fuzzer, for as long as MINUTES says (docs/http.md,
 # "Fuzzed against uvicorn"); every failure it finds is added to tests/fuzz/corpus.jsonl.
 MINUTES ?= 10
-SEED ?= 1
 fuzz: $(CORE)
 	$(PY) -m tests.fuzz.run --minutes $(MINUTES) --seed $(SEED)
 
