@@ -8,7 +8,7 @@ import logging
 from app_toolkit._runtime.answers import bad_reply, overloaded, replica_lost, unavailable
 from app_toolkit._runtime.channel.exchange import Exchange
 from app_toolkit._runtime.front.cycle import HTTPCycle
-from app_toolkit._runtime.front.reply_check import BodyLength, reply_fault
+from app_toolkit._runtime.front.reply_check import BodyLength, checked
 from app_toolkit._runtime.messages import (
     BodyChunk,
     CallFailure,
@@ -64,16 +64,15 @@ async def forward(
         return
     try:
         first = reply.first
-        method = request.scope.get("method", "")
-        fault = reply_fault(first, method)
-        if fault is not None:  # nothing went out yet: the replica's fault is a 502
-            logger.error("Request %s: the replica's reply is malformed (%s); 502", request_id, fault)
+        length = checked(first, request.scope.get("method", ""))
+        if isinstance(length, str):  # nothing went out yet: the replica's fault is a 502
+            logger.error("Request %s: the replica's reply is malformed (%s); 502", request_id, length)
             await cycle.answer(bad_reply(request_id))
         elif isinstance(first, HTTPResponse):
             await cycle.whole(first.status, first.headers, first.body, first.route)
         elif isinstance(first, HTTPResponseStart):
             await cycle.stream(first.status, first.headers, first.route)
-            await _relay_stream(reply.exchange, cycle, BodyLength.of(first, method))
+            await _relay_stream(reply.exchange, cycle, length)
     finally:
         cycle.stream_closed()
         reply.exchange.cancel()

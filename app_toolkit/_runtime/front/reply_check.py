@@ -21,21 +21,51 @@ _NAME = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 #: What a field value may not hold: control characters other than horizontal tab.
 _VALUE_FORBIDDEN = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
 _DIGITS = re.compile(rb"[0-9]+")
+#: Token names other than the two that frame a body (``_head_fault`` checks those).
+_PLAIN_NAME = re.compile(rb"(?!(?i:content-length|transfer-encoding)$)[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 #: Statuses whose responses never have a body (RFC 9110 §15.3.5, §15.4.5).
 _NO_BODY = frozenset({204, 304})
 
 
-def reply_fault(answer: Answer, method: str) -> str | None:
-    """Why the replica's first answer to an HTTP request cannot be relayed, or None: it
-    must be a complete response or a stream's head, with a valid head, and a complete
-    response's body must be as long as its head declares."""
+def checked(answer: Answer, method: str) -> BodyLength | str:
+    """The body the replica's first answer to an HTTP request may carry after its head
+    (what is left of it, for a stream), or why the answer cannot be relayed: it must be a
+    complete response or a stream's head, with a valid head, and a complete response's
+    body must be as long as its head declares."""
     if not isinstance(answer, HTTPResponse | HTTPResponseStart):
         return f"an HTTP request was answered with {type(answer).__name__}"
-    fault = _head_fault(answer.status, answer.headers, answer.route)
-    if fault is not None or not isinstance(answer, HTTPResponse):
-        return fault
-    length = BodyLength.of(answer, method)
-    return length.take(len(answer.body)) or length.end()
+    declared = _plain_length(answer.status, answer.headers)
+    if declared is None or not isinstance(answer.route, str):  # look closer
+        fault = _head_fault(answer.status, answer.headers, answer.route)
+        if fault is not None:
+            return fault
+        declared = next((int(v) for k, v in answer.headers if k.lower() == b"content-length"), -1)
+    length = BodyLength.of(answer.status, declared, method)
+    if isinstance(answer, HTTPResponse):
+        return length.take(len(answer.body)) or length.end() or length
+    return length
+
+
+def _plain_length(status: object, headers: object) -> int | None:
+    """The content length a head declares (-1: none) if the head is beyond doubt, which
+    the usual one is, checked in one cheap pass; None when :func:`_head_fault` must look
+    closer (it may still find nothing wrong)."""
+    if type(status) is not int or not 200 <= status <= 599 or type(headers) is not list:
+        return None
+    declared = -1
+    try:
+        for name, value in headers:
+            if _VALUE_FORBIDDEN.search(value):
+                return None
+            if _PLAIN_NAME.fullmatch(name) is None:
+                if declared >= 0 or name.lower() != b"content-length" or _DIGITS.fullmatch(value) is None:
+                    return None  # a second length, a transfer-encoding, not a token, not digits
+                declared = int(value)
+    except (TypeError, ValueError):  # not pairs, or not bytes
+        return None
+    if declared > 0 and status in _NO_BODY:
+        return None
+    return declared
 
 
 def _head_fault(status: object, headers: object, route: object) -> str | None:
@@ -82,13 +112,14 @@ class BodyLength:
         self.left = left
 
     @classmethod
-    def of(cls, head: HTTPResponse | HTTPResponseStart, method: str) -> BodyLength:
-        """The length ``head`` (checked by :func:`reply_fault`) declares."""
+    def of(cls, status: int, declared: int, method: str) -> BodyLength:
+        """The length a head with ``status`` that declared ``declared`` bytes (-1: no
+        length) lets its body have."""
         if method == "HEAD":
             return cls(None)
-        if head.status in _NO_BODY:
+        if status in _NO_BODY:
             return cls(0)
-        return cls(next((int(v) for k, v in head.headers if k.lower() == b"content-length"), None))
+        return cls(declared if declared >= 0 else None)
 
     def take(self, size: int) -> str | None:
         """``size`` more bytes of the body arrived: why they break the head, or None."""
