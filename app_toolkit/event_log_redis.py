@@ -2,10 +2,16 @@
 they outlive any one of them (``pip install 'app_toolkit[redis]'``).
 
 A stream ``s`` is the Redis stream ``{prefix}{s}`` (its entries' ids are the events' ids,
-so an SSE client's ``Last-Event-ID`` is one), beside three small keys: ``…:w``, which the
-writer's appends keep alive for ``writer_timeout_s``, ``…:end``, set when it closes, and
-``…:writer``, the name of its writer (once one is named).
-Appending and closing are Lua scripts (one round trip each, atomic). Readers wait in
+so an SSE client's ``Last-Event-ID`` is one), beside four small keys: ``…:w``, which the
+writer's appends keep alive for ``writer_timeout_s``, ``…:end``, set when it closes,
+``…:writer``, the name of its writer (once one is named), and ``…:last``, the token and ids
+of its latest append (which makes an append safe to send again).
+Appending and closing are Lua scripts (one round trip each, atomic). A command that fails
+with a connection error (sent on a connection to a Redis that has restarted since) is sent
+once more on a fresh connection, which does nothing twice: reads and the lease scripts
+repeat harmlessly, and an append's token makes its second sending return the first one's
+ids. (A take-over done but unanswered answers False the second time: no one writes the
+stream until its lease runs out and another caller takes it over.) Readers wait in
 ``XREAD BLOCK`` for up to a second at a time, each on a connection of its own from a
 pool of ``max_connections`` (a reader that finds none free within ``pool_timeout_s``
 gets ``redis.exceptions.ConnectionError``). In replicas, the connections are closed
@@ -17,6 +23,7 @@ from __future__ import annotations
 
 import functools
 import re
+import secrets
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
@@ -34,7 +41,7 @@ from app_toolkit.event_log import (
 _ID = re.compile(r"(\d{1,20})-(\d{1,20})")
 _WAIT_MS = 1000  # longest single XREAD BLOCK; the writer's lease is checked between them
 
-#: Every script gets the keys [stream, lease, end, writer] and refuses a named writer
+#: Every script gets the keys [stream, lease, end, writer, last] and refuses a named writer
 #: (ARGV[1]; "" names none) that another one replaced; the first named is the writer.
 _WRITER = """
 local function replaced()
@@ -43,17 +50,28 @@ local function replaced()
   return current and current ~= ARGV[1]
 end
 """
+#: ARGV[5] is the append's token: the stream's latest one is kept with the ids it got
+#: ("token id id ..."), and an append bearing that token again (sent again because its
+#: answer was lost) gets those ids back and adds nothing. Checked first: the append was
+#: done, whatever happened to the stream since.
 _APPEND = (
     _WRITER
     + """
+local last = redis.call('GET', KEYS[5])
+if last and string.sub(last, 1, #ARGV[5] + 1) == ARGV[5] .. ' ' then
+  local done = {}
+  for event_id in string.gmatch(string.sub(last, #ARGV[5] + 2), '%S+') do done[#done + 1] = event_id end
+  return done
+end
 if redis.call('EXISTS', KEYS[3]) == 1 then return redis.error_reply('closed') end
 if replaced() then return redis.error_reply('replaced') end
 local ids = {}
-for i = 5, #ARGV, 2 do
+for i = 6, #ARGV, 2 do
   ids[#ids + 1] = redis.call('XADD', KEYS[1], 'MAXLEN', ARGV[2], '*', 'e', ARGV[i], 'd', ARGV[i + 1])
 end
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
 redis.call('SET', KEYS[2], '1', 'PX', ARGV[4])
+redis.call('SET', KEYS[5], ARGV[5] .. ' ' .. table.concat(ids, ' '), 'PX', ARGV[3])
 if ARGV[1] ~= '' then redis.call('SET', KEYS[4], ARGV[1], 'PX', ARGV[3])
 else redis.call('PEXPIRE', KEYS[4], ARGV[3]) end
 return ids
@@ -96,6 +114,7 @@ if redis.call('EXISTS', KEYS[3]) == 1 then return 0 end
 if replaced() then return redis.error_reply('replaced') end
 redis.call('XADD', KEYS[1], 'MAXLEN', ARGV[2], '*', 'end', '1')
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
+redis.call('PEXPIRE', KEYS[5], ARGV[3])
 redis.call('SET', KEYS[3], '1', 'PX', ARGV[3])
 redis.call('DEL', KEYS[2], KEYS[4])
 return 1
@@ -146,6 +165,9 @@ class RedisEventLog(EventLog):
         if self._client is None:
             try:
                 import redis.asyncio as aioredis
+                from redis.asyncio.retry import Retry
+                from redis.backoff import NoBackoff
+                from redis.exceptions import ConnectionError as ConnectionLost
                 from redis.exceptions import ResponseError
             except ImportError as missing:  # pragma: no cover - depends on the install
                 raise ImportError(
@@ -158,6 +180,10 @@ class RedisEventLog(EventLog):
                 decode_responses=True,
                 socket_connect_timeout=5.0,
                 socket_timeout=_WAIT_MS / 1000 + 10.0,  # a blocked XREAD answers within its wait
+                # The one retry the module's docstring describes: at once, on the same
+                # connection reconnected. Not on timeouts: a Redis slow to answer is not
+                # helped by a second command.
+                retry=Retry(NoBackoff(), 1, supported_errors=(ConnectionLost,)),
             )
             self._client = aioredis.Redis.from_pool(pool)  # closed with the client
             self._refused = ResponseError
@@ -192,8 +218,8 @@ class RedisEventLog(EventLog):
 
     def _keys(self, stream: str) -> list[str]:
         check_name(stream)
-        key = f"{self.prefix}{{{stream}}}"  # one hash slot for the four keys (Redis Cluster)
-        return [key, key + ":w", key + ":end", key + ":writer"]
+        key = f"{self.prefix}{{{stream}}}"  # one hash slot for the five keys (Redis Cluster)
+        return [key, key + ":w", key + ":end", key + ":writer", key + ":last"]
 
     def _ms(self, seconds: float) -> int:
         return max(1, int(seconds * 1000))
@@ -207,6 +233,17 @@ class RedisEventLog(EventLog):
     ) -> list[str]:
         if not events:
             return []
+        return await self._append(stream, events, writer, secrets.token_hex(8))
+
+    async def _append(
+        self, stream: str, events: Sequence[tuple[str, str]], writer: str, token: str
+    ) -> list[str]:
+        """Appends ``events`` once per ``token``: sent again with the token of the stream's
+        latest append (its answer lost on the way), it returns that append's ids and adds
+        nothing. Only the latest token is kept, so what is guaranteed is that a retry of
+        the stream's latest append is never applied twice. The connection's one retry
+        follows its failed attempt at once, so it is the latest unless another caller
+        appended to the same stream in between."""
         keys = self._keys(stream)
         self._redis()
         args: list[Any] = [
@@ -214,6 +251,7 @@ class RedisEventLog(EventLog):
             self.max_events,
             self._ms(self.writer_timeout_s + self.keep_s),
             self._ms(self.writer_timeout_s),
+            token,
         ]
         for data, event in events:
             args += [event, data]
@@ -276,7 +314,7 @@ class RedisEventLog(EventLog):
             raise ValueError(f"stream {stream!r} has no event {after!r} yet")
 
     async def _follow(self, stream: str, after: str) -> AsyncIterator[LoggedEvent]:
-        key, lease, end, _ = self._keys(stream)
+        key, lease, end, _, _ = self._keys(stream)
         client = self._redis()
         last = after or "0-0"
         wait_ms = min(_WAIT_MS, self._ms(self.writer_timeout_s))

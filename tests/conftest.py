@@ -188,5 +188,5 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 @pytest.fixture(scope="session")
 def redis_url() -> Iterator[str]:
     """A real redis-server of this test session on 127.0.0.1 (tests/redis_server.py)."""
-    with redis_server() as url:
-        yield url
+    with redis_server() as server:
+        yield server.url
