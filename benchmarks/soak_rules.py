@@ -188,9 +188,17 @@ INTACT = "intact"
 
 
 def _cut_explained(record: Record, at: float, kills: Iterable[Kill]) -> bool:
-    """A resumable stream's cut that its client resumed: a kill of what carried it."""
+    """A resumable stream's cut that its client resumed: a kill of what carried it (a
+    replica of its application, which may have been its reader's or its writer's; its
+    node; the proxy of its connection; the store)."""
     return any(
-        kill.kind != "controller" and kill.started <= at <= kill.ended + CUT_AFTER_KILL_S for kill in kills
+        kill.started <= at <= kill.ended + CUT_AFTER_KILL_S
+        and (
+            kill.kind in ("redis", "node")
+            or (kill.kind == "ingress" and kill.app == APP_OF[record.kind])
+            or _proxy_lost(record, kill)
+        )
+        for kill in kills
     )
 
 

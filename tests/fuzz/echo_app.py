@@ -32,10 +32,39 @@ async def app(scope: Scope, receive: Receive, send: Send) -> None:
     elif scope["type"] == "http":
         await _http(scope, receive, send)
     elif scope["type"] == "websocket":
-        await _websocket(scope, receive, send)
+        global _serving
+        _serving += 1
+        try:
+            await _websocket(scope, receive, send)
+        finally:
+            _serving -= 1
+
+
+#: Requests this process's app is serving now, answered at ``INFLIGHT_PATH`` (under either
+#: prefix): a request the client has left must not stay here (a hang).
+_serving = 0
+INFLIGHT_PATH = "/__inflight"
 
 
 async def _http(scope: Scope, receive: Receive, send: Send) -> None:
+    global _serving
+    if scope["path"].endswith(INFLIGHT_PATH):
+        await _answer(send, str(_serving).encode())
+        return
+    _serving += 1
+    try:
+        await _echo(scope, receive, send)
+    finally:
+        _serving -= 1
+
+
+async def _answer(send: Send, answer: bytes) -> None:
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(answer)).encode())]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": answer})
+
+
+async def _echo(scope: Scope, receive: Receive, send: Send) -> None:
     body, more = b"", True
     while more and len(body) <= MAX_BODY:
         message = await receive()
@@ -52,10 +81,7 @@ async def _http(scope: Scope, receive: Receive, send: Send) -> None:
         "headers": [[_text(name), _text(value)] for name, value in scope["headers"]],
         "body": _text(body),
     }
-    answer = json.dumps(seen).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(answer)).encode())]
-    await send({"type": "http.response.start", "status": 200, "headers": headers})
-    await send({"type": "http.response.body", "body": answer})
+    await _answer(send, json.dumps(seen).encode())
 
 
 async def _websocket(scope: Scope, receive: Receive, send: Send) -> None:

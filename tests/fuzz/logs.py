@@ -4,6 +4,7 @@ invalid requests are not)."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +32,24 @@ class LogWatch:
 
     def __init__(self, apps: list[str]) -> None:
         logs = Path(ray._private.worker._global_node.get_logs_dir_path())  # type: ignore[attr-defined]
-        self._files = [path for pid in _pids(apps) for path in logs.glob(f"worker-*-{pid}.*")]
+        pids = _pids(apps)
+        self._files = [path for pid in pids for path in logs.glob(f"worker-*-{pid}.*")]
+        found = {int(path.stem.rsplit("-", 1)[1]) for path in self._files}
+        assert found == set(pids), f"no log files in {logs} for processes {set(pids) - found}"
         self._offsets = {path: path.stat().st_size for path in self._files}
+
+    def settled(self, quiet_s: float = 0.3, limit_s: float = 5.0) -> list[str]:
+        """:meth:`tracebacks`, once the logs have not grown for ``quiet_s`` (a traceback
+        may be written just after the response that went with it)."""
+        deadline, quiet_since, sizes = time.monotonic() + limit_s, time.monotonic(), self._sizes()
+        while time.monotonic() < deadline and time.monotonic() - quiet_since < quiet_s:
+            time.sleep(0.05)
+            if (now := self._sizes()) != sizes:
+                sizes, quiet_since = now, time.monotonic()
+        return self.tracebacks()
+
+    def _sizes(self) -> list[int]:
+        return [path.stat().st_size for path in self._files]
 
     def tracebacks(self) -> list[str]:
         """Each traceback written since the last call, with the lines after it."""

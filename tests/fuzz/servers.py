@@ -18,7 +18,7 @@ import app_toolkit as tk
 from tests.deployments import as_deployment
 from tests.fuzz.echo_app import PROXIED_PREFIX, DirectEcho, ProxiedEcho
 from tests.fuzz.grammar import Case
-from tests.fuzz.wire import Outcome, exchange
+from tests.fuzz.wire import QUIET_S, Outcome, exchange
 from tests.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -36,11 +36,11 @@ class Servers:
     toolkit_port: int
     pool: ThreadPoolExecutor
 
-    def run(self, case: Case) -> Outcomes:
+    def run(self, case: Case, quiet_s: float = QUIET_S) -> Outcomes:
         """``case`` sent to uvicorn and to the toolkit at once (its target says which of
         the toolkit's paths serves it: the proxied copy's prefix, or direct ingress)."""
-        uvicorn = self.pool.submit(exchange, self.uvicorn_port, case)
-        toolkit = self.pool.submit(exchange, self.toolkit_port, case)
+        uvicorn = self.pool.submit(exchange, self.uvicorn_port, case, quiet_s)
+        toolkit = self.pool.submit(exchange, self.toolkit_port, case, quiet_s)
         return Outcomes(uvicorn.result(), toolkit.result())
 
 

@@ -15,11 +15,12 @@ from hypothesis import HealthCheck, given, seed, settings
 
 import app_toolkit as tk
 from tests.conftest import _ensure_backend, free_port
-from tests.fuzz.compare import describe, problem
+from tests.fuzz.compare import describe, verdict
 from tests.fuzz.corpus import entries
 from tests.fuzz.grammar import Case, cases
 from tests.fuzz.logs import LogWatch
 from tests.fuzz.servers import Servers, deploy_echo, uvicorn_echo
+from tests.fuzz.wire import PATIENT_S
 
 #: Generated cases ``make test`` runs (about 10 s on CI's two cores), and their seed.
 GENERATED = 120
@@ -36,8 +37,8 @@ class Fuzzing:
     def check(self, case: Case) -> None:
         """``case`` to every server: the toolkit answers as uvicorn does (or as listed), and
         its processes log no traceback."""
-        outcomes = self.servers.run(case)
-        assert problem(case, outcomes) is None, f"{problem(case, outcomes)}: {describe(case, outcomes)}"
+        wrong, outcomes = verdict(self.servers, case)
+        assert wrong is None, f"{wrong}: {describe(case, outcomes)}"
         tracebacks = self.logs.tracebacks()
         assert not tracebacks, f"a traceback after {case}:\n{tracebacks[0]}"
 
@@ -73,7 +74,7 @@ def test_trailer_fields_never_reach_the_app_as_headers(fuzzing: Fuzzing, path: s
         "3\r\nabc\r\n0\r\nX-T: 1\r\nX-Request-ID: forged\r\n\r\n"
     ).encode()
     for fed in (Case(data), Case(data).bytewise()):
-        outcome = fuzzing.servers.run(fed).toolkit
+        outcome = fuzzing.servers.run(fed, quiet_s=PATIENT_S).toolkit
         assert outcome.statuses == [200]
         seen = outcome.responses[0].seen
         assert seen is not None and seen["body"] == "abc"
@@ -97,4 +98,4 @@ def test_generated_cases(fuzzing: Fuzzing) -> None:
     assert (
         httpx.get(f"http://127.0.0.1:{fuzzing.servers.toolkit_port}/-/healthz", timeout=10).status_code == 200
     )
-    assert not fuzzing.logs.tracebacks()
+    assert not fuzzing.logs.settled()

@@ -108,6 +108,9 @@ class FakeReplica:
     def admit(self, beyond_limit: bool = False) -> Rejected | None:
         return None
 
+    def unserved(self) -> None:
+        pass  # admit counts nothing
+
     def event(self, name: str) -> asyncio.Event:
         return self.events.setdefault(name, asyncio.Event())
 
@@ -143,6 +146,9 @@ class GoodReplica:
 
     def admit(self, beyond_limit: bool = False) -> Rejected | None:
         return None
+
+    def unserved(self) -> None:
+        pass  # admit counts nothing
 
     async def serve(self, request: Request, sink: ResponseSink) -> None:
         case = _case(request)

@@ -10,8 +10,8 @@ from app_toolkit._runtime.channel import handshake
 from app_toolkit._runtime.channel import server as server_module
 from app_toolkit._runtime.channel.client import ChannelClient
 from app_toolkit._runtime.channel.flow import FRAME_COST, STREAM_WINDOW
-from app_toolkit._runtime.channel.frames import HEADER, Kind, plain_dumps
-from app_toolkit._runtime.channel.server import ResponseSink, start_server
+from app_toolkit._runtime.channel.frames import HEADER, Kind, encode_request, plain_dumps
+from app_toolkit._runtime.channel.server import ResponseSink, _Connections, _ServerConnection, start_server
 from app_toolkit._runtime.messages import (
     BUSY,
     DRAINING,
@@ -33,6 +33,7 @@ from app_toolkit._runtime.messages import (
     WebSocketOpen,
 )
 from app_toolkit.exceptions import ReplicaUnavailableError
+from tests.waiting import wait_for_async
 
 pytestmark = pytest.mark.anyio
 
@@ -75,6 +76,9 @@ class Handler:
                 sink.send(HTTPResponse(200, [(b"k", b"v")], message.body))
         finally:
             self.running -= 1
+
+    def unserved(self) -> None:
+        self.running -= 1
 
 
 def request(body: bytes) -> HTTPRequest:
@@ -130,6 +134,27 @@ async def test_cancel_reaches_the_server_task() -> None:
     finally:
         client.close()
         server.close()
+
+
+@pytest.mark.parametrize("how", ["cancel frame", "connection lost"])
+async def test_a_request_cancelled_before_it_started_gives_its_slot_back(how: str) -> None:
+    """Its cancel arrives with it (one read): its task is cancelled before it ran, so
+    ``serve``'s own ``finally`` never runs; the slot comes back all the same (found by the
+    fuzzer: a proxied replica's slots leaked one by one)."""
+    handler = Handler()
+    connection = _ServerConnection(handler, TOKEN, plain_dumps, _Connections())
+    connection.authenticated = True
+    kind, parts = encode_request(request(b"hang"), plain_dumps)
+    for number in range(1, 4):
+        connection.on_frame(kind, number, memoryview(b"".join(parts)))
+    assert handler.running == 3
+    if how == "cancel frame":
+        for number in range(1, 4):
+            connection.on_frame(Kind.CANCEL, number, memoryview(b""))
+    else:
+        connection.on_lost()
+    await wait_for_async(lambda: handler.running == 0 and not connection.tasks, 5, "every slot given back")
+    assert not handler.hanging.is_set()  # none of them ran
 
 
 async def test_a_refusal_says_whether_the_server_is_full_or_draining() -> None:
@@ -400,6 +425,9 @@ class Caller:
     def admit(self, beyond_limit: bool = False) -> Rejected | None:
         return None
 
+    def unserved(self) -> None:
+        pass  # admit counts nothing
+
     async def serve(self, message: Request, sink: ResponseSink) -> None:
         assert isinstance(message, MethodCall)
         if message.method == "slow":
@@ -473,6 +501,9 @@ class Firehose:
 
     def admit(self, beyond_limit: bool = False) -> Rejected | None:
         return None
+
+    def unserved(self) -> None:
+        pass  # admit counts nothing
 
     async def serve(self, message: Request, sink: ResponseSink) -> None:
         if isinstance(message, WebSocketOpen):

@@ -101,6 +101,15 @@ def test_the_protocol_methods_it_overrides_exist_with_their_signatures() -> None
     assert callable(HttpToolsProtocol.timeout_keep_alive_handler)
 
 
+def test_its_header_rules_are_what_a_replicas_reply_is_checked_by() -> None:
+    """reply_check.py holds a replica's reply to uvicorn's rule for header names and
+    values, read from uvicorn (what its send would refuse)."""
+    from app_toolkit._runtime.front.uvicorn_compat import HEADER_RE, HEADER_VALUE_RE
+
+    assert HEADER_RE.search(b"x y") and HEADER_RE.search(b"x:y") and not HEADER_RE.search(b"x-custom")
+    assert HEADER_VALUE_RE.search(b"a\r\nb") and not HEADER_VALUE_RE.search(b"a\tb")
+
+
 @pytest.mark.anyio
 async def test_a_request_goes_through_the_state_it_relies_on() -> None:
     seen: dict[str, object] = {}

@@ -48,6 +48,9 @@ if TYPE_CHECKING:
 logger = logging.getLogger("app_toolkit.channel")
 
 HEADER = struct.Struct("!IQB")
+#: What a frame that does not decode raises (an unknown kind, a payload that is not what
+#: its kind says): the peer's fault. Anything else a frame's handling raises is ours.
+_UNDECODABLE = (ValueError, struct.error, pickle.UnpicklingError, EOFError)
 MAX_FRAME_BYTES = 1 << 31  # the largest frame either side sends or accepts
 _HIGH_WATER = 4 << 20
 _SOON_MAX = 64 << 10  # bigger frames, or this many bytes waiting, are written at once
@@ -274,18 +277,20 @@ class FrameProtocol(asyncio.Protocol):
                     break
                 try:
                     self.on_frame(Kind(kind), number, view[offset + HEADER.size : end])
-                except Exception as exc:  # noqa: BLE001 - the peer broke the protocol: cut it off
+                except _UNDECODABLE as exc:
                     # The peer's fault (a kind no frame has, a payload that does not
-                    # decode), said as text: the traceback would hold views of the buffer.
+                    # decode): said in a line, not a traceback.
                     error = f"{type(exc).__name__}: {exc}"
-                else:
-                    if self._dropped:
-                        return
-                    offset = end
-                    continue
-                logger.warning("Dropping a malformed frame (%s); closing the connection", error)
-                self.drop()  # a fresh buffer, and what still arrives is ignored
-                return
+                    logger.warning("Dropping a malformed frame (%s); closing the connection", error)
+                    self.drop()  # a fresh buffer, and what still arrives is ignored
+                    return
+                except Exception:
+                    logger.exception("Handling a frame failed; closing the connection")
+                    self.drop()
+                    return
+                if self._dropped:
+                    return
+                offset = end
         if oversized:
             self.drop()
             return

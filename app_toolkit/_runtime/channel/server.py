@@ -4,6 +4,7 @@ requests, send their replies back as frames (see ``frames.py``)."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import logging
 import ssl
 from typing import Protocol
@@ -60,6 +61,12 @@ class RequestHandler(Protocol):
         ...
 
     async def serve(self, request: Request, sink: ResponseSink) -> None: ...
+
+    def unserved(self) -> None:
+        """Give back the slot ``admit`` took for a request whose ``serve`` never ran (it
+        was cancelled before its task started: the coroutine's body, and so its own
+        ``finally``, never runs)."""
+        ...
 
 
 class _ServerSink:
@@ -162,7 +169,7 @@ class _ServerConnection(FrameProtocol):
         if kind is Kind.CANCEL:
             task = self.tasks.get(number)
             if task is not None:
-                task.cancel()
+                self._cancel(task)
             return
         if kind is Kind.CREDIT:
             sink = self.sinks.get(number)
@@ -228,7 +235,14 @@ class _ServerConnection(FrameProtocol):
             self._counted = False
             self._connections.count -= 1
         for task in list(self.tasks.values()):
-            task.cancel()
+            self._cancel(task)
+
+    def _cancel(self, task: asyncio.Task[None]) -> None:
+        """Cancel a request's task; one cancelled before it started never serves, so its
+        slot is given back here (a cancel that arrives with its request, in one read)."""
+        if inspect.getcoroutinestate(task.get_coro()) == inspect.CORO_CREATED:  # type: ignore[arg-type]
+            self.handler.unserved()
+        task.cancel()
 
 
 async def start_server(

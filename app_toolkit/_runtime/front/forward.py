@@ -99,9 +99,12 @@ async def _relay_body(exchange: Exchange, cycle: HTTPCycle, length: BodyLength) 
             # Chunks that arrived together leave in one write to the client.
             chunks = [answer, *exchange.take_ready(BodyChunk)]
             last = exchange.next_is(StreamEnd)
-            why = length.take(sum(len(chunk.data) for chunk in chunks)) or (length.end() if last else None)
-            if why is not None:
-                return why
+            if length.left is not None:  # a declared length: the body keeps to it
+                why = length.take(sum(len(chunk.data) for chunk in chunks)) or (
+                    length.end() if last else None
+                )
+                if why is not None:
+                    return why
             await cycle.chunks([chunk.data for chunk in chunks], last)
             if last:
                 return None

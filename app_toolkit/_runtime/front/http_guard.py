@@ -131,20 +131,16 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._head_bytes = 0
         self._head_deadline = self.loop.time() + self.options.header_timeout_s
 
-    def on_header(self, name: bytes, value: bytes) -> None:
-        if self._head_bytes is None:
-            # A trailer field (after a chunked body's last chunk): httptools reports it as a
-            # header, and uvicorn would add it to the scope's headers, which the app may read
-            # later, or not, as the reads fell. Never part of the request's head here:
-            # dropped (ASGI has no request trailers; docs/http.md).
-            return
-        super().on_header(name, value)
-
     def on_headers_complete(self) -> None:
         self._head_bytes = None
         if self._head_timer is not None:
             self._stop_head_timer()
         super().on_headers_complete()
+        # A chunked body's trailer fields come to on_header too, which appends them to
+        # the list the scope holds: the app would see them among the request's headers,
+        # or not, as the reads fell. From here on they go to a copy (dropped: ASGI has no
+        # request trailers; docs/http.md).
+        self.headers = list(self.headers)
         cycle = self.cycle
         writes, handed = self._writes, self.handed
         if cycle is not None and cycle.scope is self.scope and writes is not None:  # not an upgrade

@@ -7,22 +7,20 @@ client. A reply that breaks them before anything went out is answered 502; a str
 body breaks them later is cut off (docs/http.md, "A replica's malformed reply"). Without
 the check, uvicorn would refuse the head or the body in the middle of writing them (a
 traceback in the proxy's log, and a connection closed with nothing, or a response whose
-framing lies).
+framing lies). Header names and values are held to uvicorn's own rule (what it would
+refuse), so a reply the proxied path relays is one direct ingress would write too; the
+framing headers are held to HTTP's (one decimal ``content-length``, not beside a
+``transfer-encoding``), which uvicorn would relay as the app wrote them.
 """
 
 from __future__ import annotations
 
 import re
 
+from app_toolkit._runtime.front.uvicorn_compat import HEADER_RE, HEADER_VALUE_RE
 from app_toolkit._runtime.messages import Answer, HTTPResponse, HTTPResponseStart
 
-#: RFC 9110's token: a field name.
-_NAME = re.compile(rb"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
-#: What a field value may not hold: control characters other than horizontal tab.
-_VALUE_FORBIDDEN = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
 _DIGITS = re.compile(rb"[0-9]+")
-#: Token names other than the two that frame a body (``_head_fault`` checks those).
-_PLAIN_NAME = re.compile(rb"(?!(?i:content-length|transfer-encoding)$)[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 #: Statuses whose responses never have a body (RFC 9110 §15.3.5, §15.4.5).
 _NO_BODY = frozenset({204, 304})
 
@@ -55,12 +53,14 @@ def _plain_length(status: object, headers: object) -> int | None:
     declared = -1
     try:
         for name, value in headers:
-            if _VALUE_FORBIDDEN.search(value):
+            if not name or HEADER_RE.search(name) or HEADER_VALUE_RE.search(value):
                 return None
-            if _PLAIN_NAME.fullmatch(name) is None:
-                if declared >= 0 or name.lower() != b"content-length" or _DIGITS.fullmatch(value) is None:
-                    return None  # a second length, a transfer-encoding, not a token, not digits
+            if len(name) == 14 and name.lower() == b"content-length":
+                if declared >= 0 or _DIGITS.fullmatch(value) is None:
+                    return None  # a second length, or not digits
                 declared = int(value)
+            elif len(name) == 17 and name.lower() == b"transfer-encoding":
+                return None
     except (TypeError, ValueError):  # not pairs, or not bytes
         return None
     if declared > 0 and status in _NO_BODY:
@@ -81,9 +81,9 @@ def _head_fault(status: object, headers: object, route: object) -> str | None:
         if not (isinstance(pair, tuple | list) and len(pair) == 2 and all(type(p) is bytes for p in pair)):
             return f"header {pair!r:.80} is not a pair of bytes"
         name, value = pair
-        if not _NAME.fullmatch(name):
-            return f"header name {name!r:.80} is not a token"
-        if _VALUE_FORBIDDEN.search(value):
+        if not name or HEADER_RE.search(name):
+            return f"header name {name!r:.80} is not one HTTP can carry"
+        if HEADER_VALUE_RE.search(value):
             return f"header {name!r:.80} has a control character in its value"
         lowered = name.lower()
         if lowered == b"content-length":

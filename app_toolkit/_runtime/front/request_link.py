@@ -59,8 +59,8 @@ class Writes:
     def _write(self, data: bytes) -> None:
         if self.transport.is_closing():
             # Closed under the response (the parser answered 400 to bytes that followed
-            # its request, and closed): nothing more may follow on the wire, and uvloop's
-            # transport raises rather than drop it.
+            # its request, and closed): nothing more may follow that answer on the wire
+            # (and once the close is done, uvloop's transport raises on a write).
             return
         if self.sent is not None:
             self.sent += len(data)

@@ -338,6 +338,11 @@ class ReplicaCore:
         """A request ended: count it and give its slot back."""
         labels = (*self.labels, kind, route)
         replica_metrics.PROCESSING.observe(time.perf_counter() - started, *labels)  # and REQUESTS
+        self.unserved()
+
+    def unserved(self) -> None:
+        """Give back a slot ``admit`` took (a request that ended, or one cancelled before
+        ``serve`` ever ran: the channel server's ``_cancel``)."""
         self.ongoing -= 1
         if self.draining:
             self._one_ended.set()

@@ -118,7 +118,6 @@ class ProxyFleet:
         for node, result in zip(wanted, results, strict=True):
             if isinstance(result, BaseException) and node in self._actors:
                 logger.warning("The proxy on node %s is not serving yet: %s", node, result)
-                self.urls[node] = ""  # status() shows it UNHEALTHY
 
     async def _ready(self, node: str, *, exclusive: bool) -> None:
         actor = self._actors.get(node)
@@ -134,9 +133,14 @@ class ProxyFleet:
                 max_restarts=-1,
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
             ).remote(self._http)
-        url, port = await asyncio.wait_for(actor.ready.remote(self._port, exclusive), _READY_TIMEOUT_S)
+        try:
+            url, port = await asyncio.wait_for(actor.ready.remote(self._port, exclusive), _READY_TIMEOUT_S)
+        except Exception:
+            if self._actors.get(node) is actor:  # not released (a leaving node) meanwhile
+                self.urls[node] = ""  # status() shows it UNHEALTHY
+            raise
         self._port = port  # with port 0, the first proxy's pick is everyone's port
-        if self._actors.get(node) is actor:  # not released (a leaving node) meanwhile
+        if self._actors.get(node) is actor:
             self.urls[node] = url
 
     async def lagging(self, key: str, version: int, timeout_s: float) -> list[str]:
