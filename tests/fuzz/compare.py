@@ -97,10 +97,25 @@ def _in_flight_dropped_at_a_parse_error(case: Case, uvicorn: Outcome, toolkit: O
     return all(200 <= response.status < 300 for response in theirs[len(kept) :])
 
 
+def _the_toolkits_own_paths(case: Case, uvicorn: Outcome, toolkit: Outcome) -> bool:
+    """Paths under ``/-/`` are the toolkit's built-in endpoints (docs/http.md): one it
+    does not have is its 404, where uvicorn's app answered; everything else the same."""
+    if len(uvicorn.responses) != len(toolkit.responses) or uvicorn.fate != toolkit.fate:
+        return False
+    for theirs, ours in zip(uvicorn.responses, toolkit.responses, strict=True):
+        if theirs.seen is not None and theirs.seen["path"].startswith("/-/"):
+            if ours.status != 404:
+                return False
+        elif not _same(Outcome((theirs,), "open"), Outcome((ours,), "open")):
+            return False
+    return True
+
+
 DIFFERENCES: tuple[Difference, ...] = (
     Difference("trailer fields are not request headers", _trailers_dropped),
     Difference("no 100 Continue for a request with no content to wait for", _no_continue_for_no_content),
     Difference("a response in flight at a parse error is dropped", _in_flight_dropped_at_a_parse_error),
+    Difference("paths under /-/ are the toolkit's own", _the_toolkits_own_paths),
 )
 
 
