@@ -100,9 +100,11 @@ def _in_flight_dropped_at_a_parse_error(case: Case, uvicorn: Outcome, toolkit: O
 def _the_toolkits_own_paths(case: Case, uvicorn: Outcome, toolkit: Outcome) -> bool:
     """Paths under ``/-/`` are the toolkit's built-in endpoints (docs/http.md): one it
     does not have is its 404, where uvicorn's app answered; everything else the same."""
-    if len(uvicorn.responses) != len(toolkit.responses) or uvicorn.fate != toolkit.fate:
+    theirs_final = [r for r in uvicorn.responses if r.status != 100]  # no 100 before a 404
+    ours_final = [r for r in toolkit.responses if r.status != 100]
+    if len(theirs_final) != len(ours_final) or uvicorn.fate != toolkit.fate:
         return False
-    for theirs, ours in zip(uvicorn.responses, toolkit.responses, strict=True):
+    for theirs, ours in zip(theirs_final, ours_final, strict=True):
         if theirs.seen is not None and theirs.seen["path"].startswith("/-/"):
             if ours.status != 404:
                 return False
