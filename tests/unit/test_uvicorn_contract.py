@@ -101,13 +101,21 @@ def test_the_protocol_methods_it_overrides_exist_with_their_signatures() -> None
     assert callable(HttpToolsProtocol.timeout_keep_alive_handler)
 
 
-def test_its_header_rules_are_what_a_replicas_reply_is_checked_by() -> None:
-    """reply_check.py holds a replica's reply to uvicorn's rule for header names and
-    values, read from uvicorn (what its send would refuse)."""
-    from app_toolkit._runtime.front.uvicorn_compat import HEADER_RE, HEADER_VALUE_RE
+@pytest.mark.skipif(
+    uvicorn_compat.RELEASE < (0, 39), reason="0.38's HEADER_RE has a misplaced bracket (reply_check.py)"
+)
+def test_a_replicas_reply_is_held_to_uvicorns_header_rules() -> None:
+    """reply_check.py writes out uvicorn's rule for header names and values: the same
+    bytes are refused."""
+    from uvicorn.protocols.http import httptools_impl
 
-    assert HEADER_RE.search(b"x y") and HEADER_RE.search(b"x:y") and not HEADER_RE.search(b"x-custom")
-    assert HEADER_VALUE_RE.search(b"a\r\nb") and not HEADER_VALUE_RE.search(b"a\tb")
+    from app_toolkit._runtime.front import reply_check
+
+    for byte in (bytes([b]) for b in range(256)):
+        assert bool(reply_check.HEADER_RE.search(byte)) == bool(httptools_impl.HEADER_RE.search(byte)), byte
+        assert bool(reply_check.HEADER_VALUE_RE.search(byte)) == bool(
+            httptools_impl.HEADER_VALUE_RE.search(byte)
+        )
 
 
 @pytest.mark.anyio

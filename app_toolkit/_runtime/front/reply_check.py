@@ -7,7 +7,7 @@ client. A reply that breaks them before anything went out is answered 502; a str
 body breaks them later is cut off (docs/http.md, "A replica's malformed reply"). Without
 the check, uvicorn would refuse the head or the body in the middle of writing them (a
 traceback in the proxy's log, and a connection closed with nothing, or a response whose
-framing lies). Header names and values are held to uvicorn's own rule (what it would
+framing lies). Header names and values are held to uvicorn's rule (what it would
 refuse), so a reply the proxied path relays is one direct ingress would write too; the
 framing headers are held to HTTP's (one decimal ``content-length``, not beside a
 ``transfer-encoding``), which uvicorn would relay as the app wrote them.
@@ -17,10 +17,14 @@ from __future__ import annotations
 
 import re
 
-from app_toolkit._runtime.front.uvicorn_compat import HEADER_RE, HEADER_VALUE_RE
 from app_toolkit._runtime.messages import Answer, HTTPResponse, HTTPResponseStart
 
 _DIGITS = re.compile(rb"[0-9]+")
+#: What uvicorn refuses in a response's header names and values (its HEADER_RE and
+#: HEADER_VALUE_RE since 0.39; 0.38's name pattern has a misplaced bracket and refuses
+#: nothing, so the rule is written here rather than read from it).
+HEADER_RE = re.compile(rb'[\x00-\x1f\x7f()<>@,;:\[\]={} \t\\"]')
+HEADER_VALUE_RE = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
 #: Statuses whose responses never have a body (RFC 9110 §15.3.5, §15.4.5).
 _NO_BODY = frozenset({204, 304})
 

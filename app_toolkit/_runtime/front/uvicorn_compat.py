@@ -14,9 +14,6 @@ checked on (the newest is the cap's).
 - ``RequestResponseCycle``: ``request_link.RequestLink`` reads a request's cycle
   (``response_complete``, ``more_body``, ``waiting_for_100_continue``, ``flow``) and gives
   it a transport that joins a response's writes. Checked on 0.38.0.
-- ``HEADER_RE`` and ``HEADER_VALUE_RE``: what uvicorn refuses in a response's header
-  names and values (it raises in the middle of a send); ``reply_check.py`` checks a
-  replica's reply by the same rule before the proxy relays it. Checked on 0.38.0.
 - ``Server.serve(sockets=[])`` with ``Config.http_protocol_class`` and the server's
   ``server_state``: ``server.py`` runs uvicorn without a listener of its own and builds
   protocols for connections accepted elsewhere. Checked on 0.38.0.
@@ -40,22 +37,10 @@ from __future__ import annotations
 from typing import Any
 
 import uvicorn
-from uvicorn.protocols.http.httptools_impl import (
-    HEADER_RE,
-    HEADER_VALUE_RE,
-    HttpToolsProtocol,
-    RequestResponseCycle,
-)
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
 
-__all__ = [
-    "HEADER_RE",
-    "HEADER_VALUE_RE",
-    "RELEASE",
-    "HttpToolsProtocol",
-    "RequestResponseCycle",
-    "WebSocketProtocol",
-]
+__all__ = ["RELEASE", "HttpToolsProtocol", "RequestResponseCycle", "WebSocketProtocol"]
 
 #: uvicorn's release, (major, minor): the one place the toolkit reads it.
 RELEASE = tuple(int(part) for part in uvicorn.__version__.split(".")[:2])
