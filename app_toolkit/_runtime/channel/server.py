@@ -240,7 +240,8 @@ class _ServerConnection(FrameProtocol):
     def _cancel(self, task: asyncio.Task[None]) -> None:
         """Cancel a request's task; one cancelled before it started never serves, so its
         slot is given back here (a cancel that arrives with its request, in one read)."""
-        if inspect.getcoroutinestate(task.get_coro()) == inspect.CORO_CREATED:  # type: ignore[arg-type]
+        created = inspect.getcoroutinestate(task.get_coro()) == inspect.CORO_CREATED  # type: ignore[arg-type]
+        if created and not task.cancelling():  # (once: a second cancel finds it cancelling)
             self.handler.unserved()
         task.cancel()
 

@@ -51,6 +51,16 @@ def _refusal(status: int, text: str, retry_after_s: int | None = None) -> bytes:
     return as_bytes(HTTPResponse(status, headers, body))
 
 
+class _Sealed(list[tuple[bytes, bytes]]):
+    """A request's head fields once the head is complete: what is appended after (a
+    chunked body's trailer fields) is dropped."""
+
+    __slots__ = ()
+
+    def append(self, field: tuple[bytes, bytes]) -> None:
+        pass
+
+
 class GuardedHttpProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with limits; see :func:`guarded_protocol`."""
 
@@ -138,9 +148,10 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         super().on_headers_complete()
         # A chunked body's trailer fields come to on_header too, which appends them to
         # the list the scope holds: the app would see them among the request's headers,
-        # or not, as the reads fell. From here on they go to a copy (dropped: ASGI has no
-        # request trailers; docs/http.md).
-        self.headers = list(self.headers)
+        # or not, as the reads fell. From here on they go nowhere (ASGI has no request
+        # trailers; docs/http.md), and nothing a trailer says changes what uvicorn reads
+        # of the head (its upgrade check reads this list) or grows unbounded.
+        self.headers = _Sealed(self.headers)
         cycle = self.cycle
         writes, handed = self._writes, self.handed
         if cycle is not None and cycle.scope is self.scope and writes is not None:  # not an upgrade

@@ -19,7 +19,8 @@ import re
 
 from app_toolkit._runtime.messages import Answer, HTTPResponse, HTTPResponseStart
 
-_DIGITS = re.compile(rb"[0-9]+")
+#: A content length as HTTP writes it (18 digits at most: what a 64-bit length holds).
+_DIGITS = re.compile(rb"[0-9]{1,18}")
 #: What uvicorn refuses in a response's header names and values (its HEADER_RE and
 #: HEADER_VALUE_RE since 0.39; 0.38's name pattern has a misplaced bracket and refuses
 #: nothing, so the rule is written here rather than read from it).
@@ -92,7 +93,7 @@ def _head_fault(status: object, headers: object, route: object) -> str | None:
         lowered = name.lower()
         if lowered == b"content-length":
             if not _DIGITS.fullmatch(value):
-                return f"content-length {value!r:.80} is not a number"
+                return f"content-length {value!r:.80} is not a decimal number of at most 18 digits"
             lengths.add(value.lstrip(b"0") or b"0")
         elif lowered == b"transfer-encoding":
             chunked = True
