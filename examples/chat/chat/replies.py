@@ -332,6 +332,8 @@ class Replies:
                             yield ReplyEvent(event.id, event.event, event.data)
                     return
                 except tk.StreamAbandoned:
+                    if self._handing_over:
+                        return  # this replica stops: its reader resumes on another, which takes over
                     if takeovers == _MAX_TAKEOVERS:
                         message = "The reply was lost with the process generating it; try again."
                         yield ReplyEvent("", "failed", json.dumps({"message": message}))
