@@ -16,6 +16,11 @@ A writer may name itself (``writer=``, any string unique to it, e.g. a uuid per 
 once another writer has taken the stream over, the writes of the one replaced (a process
 that hung past ``writer_timeout_s`` and woke up) raise :class:`WriterReplaced` instead of
 landing next to its successor's. Writes that name no writer are never refused this way.
+
+A stream this log has written is never made again by a later append: if it is gone
+meanwhile (Redis restarted without persistence, or it was dropped after a silence of
+``writer_timeout_s + keep_s``), the append raises :class:`UnknownStream`, as its readers
+get, instead of starting it again from an id its readers never saw.
 """
 
 from __future__ import annotations
@@ -41,7 +46,8 @@ class LoggedEvent:
 
 
 class UnknownStream(LookupError):
-    """No stream has this name (never written, or dropped after its ``keep_s``)."""
+    """No stream has this name (never written, dropped after its ``keep_s``, or lost
+    with the store that kept it)."""
 
 
 class StreamAbandoned(RuntimeError):
@@ -72,8 +78,9 @@ class EventLog(ABC):
     async def append(self, stream: str, data: str, event: str = "", *, writer: str = "") -> str:
         """Add an event to ``stream`` (made on first use); returns the event's id.
         Raises ``ValueError`` if the stream was closed, :class:`WriterReplaced` (a
-        ``ValueError``) if ``writer`` was replaced by a take-over; the first ``writer``
-        named on a stream is its writer."""
+        ``ValueError``) if ``writer`` was replaced by a take-over (the first ``writer``
+        named on a stream is its writer), :class:`UnknownStream` if this log wrote the
+        stream before and it is gone (the writer should stop: its readers lost it too)."""
 
     async def append_many(
         self, stream: str, events: Sequence[tuple[str, str]], *, writer: str = ""
@@ -162,6 +169,36 @@ def check_name(stream: str) -> None:
         raise ValueError(f"a stream name is 1 to 200 printable characters but braces, got {stream!r}")
 
 
+class WrittenStreams:
+    """The streams a log has written and not closed, newest last: an append to one of
+    them must find it still there. Bounded (the oldest names go first): a writer that
+    never closes its streams costs at most ``limit`` names, and a name forgotten only
+    loses the check."""
+
+    __slots__ = ("_names", "limit")
+
+    def __init__(self, limit: int = 65_536) -> None:
+        self._names: dict[str, None] = {}
+        self.limit = limit
+
+    def __contains__(self, stream: str) -> bool:
+        return stream in self._names
+
+    def add(self, stream: str) -> None:
+        if stream not in self._names:
+            if len(self._names) >= self.limit:
+                del self._names[next(iter(self._names))]
+            self._names[stream] = None
+
+    def discard(self, stream: str) -> None:
+        self._names.pop(stream, None)
+
+
+def lost(stream: str) -> UnknownStream:
+    """What an append to a stream that is gone since this log wrote it raises."""
+    return UnknownStream(f"{stream} (gone since this log wrote it: its events were lost)")
+
+
 def new_writer() -> str:
     """A writer name for a take-over that names none: it still fences out the writer
     it replaces."""
@@ -216,6 +253,7 @@ class MemoryEventLog(EventLog):
         self.max_streams = max_streams
         self._streams: dict[str, _Stream] = {}
         self._closed: deque[str] = deque()  # names in the order they were closed (some since dropped)
+        self._written = WrittenStreams(max(65_536, 2 * max_streams))
 
     def __len__(self) -> int:
         return len(self._streams)
@@ -225,6 +263,8 @@ class MemoryEventLog(EventLog):
         kept = self._streams.get(stream)
         if kept is None:
             check_name(stream)
+            if stream in self._written:
+                raise lost(stream)
             if len(self._streams) >= self.max_streams:
                 self._drop_old(now)
                 if len(self._streams) >= self.max_streams:
@@ -233,6 +273,7 @@ class MemoryEventLog(EventLog):
         elif kept.closed_at is not None:
             raise ValueError(f"stream {stream!r} is closed")
         kept.check_writer(stream, writer)
+        self._written.add(stream)
         if len(kept.events) == self.max_events:
             kept.first += 1  # the oldest falls out of the deque
         number = kept.first + len(kept.events)
@@ -254,6 +295,7 @@ class MemoryEventLog(EventLog):
             raise UnknownStream(stream)
         if kept.closed_at is None:
             kept.check_writer(stream, writer)
+            self._written.discard(stream)
             kept.closed_at = time.monotonic()
             kept.wake()
             self._closed.append(stream)
@@ -265,6 +307,7 @@ class MemoryEventLog(EventLog):
             return False
         kept.written_at = now
         kept.writer = writer or new_writer()
+        self._written.add(stream)
         return True
 
     async def release(self, stream: str, *, writer: str = "") -> None:

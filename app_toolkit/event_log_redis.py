@@ -11,7 +11,9 @@ with a connection error (sent on a connection to a Redis that has restarted sinc
 once more on a fresh connection, which does nothing twice: reads and the lease scripts
 repeat harmlessly, and an append's token makes its second sending return the first one's
 ids. (A take-over done but unanswered answers False the second time: no one writes the
-stream until its lease runs out and another caller takes it over.) Readers wait in
+stream until its lease runs out and another caller takes it over.) An append to a stream
+this log wrote before must find it there (ARGV[6]): one lost with a restarted Redis is
+refused, never made again from a first id its readers never saw. Readers wait in
 ``XREAD BLOCK`` for up to a second at a time, each on a connection of its own from a
 pool of ``max_connections`` (a reader that finds none free within ``pool_timeout_s``
 gets ``redis.exceptions.ConnectionError``). In replicas, the connections are closed
@@ -34,7 +36,9 @@ from app_toolkit.event_log import (
     StreamAbandoned,
     UnknownStream,
     WriterReplaced,
+    WrittenStreams,
     check_name,
+    lost,
     new_writer,
 )
 
@@ -50,6 +54,7 @@ local function replaced()
   return current and current ~= ARGV[1]
 end
 """
+#: ARGV[6] is "1" when this log wrote the stream before: it must still exist.
 #: ARGV[5] is the append's token: the stream's latest one is kept with the ids it got
 #: ("token id id ..."), and an append bearing that token again (sent again because its
 #: answer was lost) gets those ids back and adds nothing. Checked first: the append was
@@ -64,9 +69,10 @@ if last and string.sub(last, 1, #ARGV[5] + 1) == ARGV[5] .. ' ' then
   return done
 end
 if redis.call('EXISTS', KEYS[3]) == 1 then return redis.error_reply('closed') end
+if ARGV[6] == '1' and redis.call('EXISTS', KEYS[1]) == 0 then return redis.error_reply('lost') end
 if replaced() then return redis.error_reply('replaced') end
 local ids = {}
-for i = 6, #ARGV, 2 do
+for i = 7, #ARGV, 2 do
   ids[#ids + 1] = redis.call('XADD', KEYS[1], 'MAXLEN', ARGV[2], '*', 'e', ARGV[i], 'd', ARGV[i + 1])
 end
 redis.call('PEXPIRE', KEYS[1], ARGV[3])
@@ -150,6 +156,7 @@ class RedisEventLog(EventLog):
         self._client: Any = None  # redis.asyncio.Redis, made on first use (in the loop that uses it)
         self._scripts: dict[str, Any] = {}
         self._refused: type[Exception] = Exception  # redis's ResponseError, once imported
+        self._written = WrittenStreams()
         #: The replicas that used the log, each by its list of stop hooks (keyed by the
         #: list's id: lists compare by content, and every new replica's list is empty).
         self._replicas: dict[int, list[request_context.StopHook]] = {}
@@ -158,7 +165,7 @@ class RedisEventLog(EventLog):
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
-        state.update(_client=None, _scripts={}, _replicas={}, _used_outside=False)
+        state.update(_client=None, _scripts={}, _replicas={}, _used_outside=False, _written=WrittenStreams())
         return state
 
     def _redis(self) -> Any:
@@ -252,22 +259,29 @@ class RedisEventLog(EventLog):
             self._ms(self.writer_timeout_s + self.keep_s),
             self._ms(self.writer_timeout_s),
             token,
+            "1" if stream in self._written else "",
         ]
         for data, event in events:
             args += [event, data]
         try:
-            return [str(event_id) for event_id in await self._scripts["append"](keys=keys, args=args)]
+            ids = [str(event_id) for event_id in await self._scripts["append"](keys=keys, args=args)]
         except self._refused as refused:
+            if "lost" in str(refused):
+                self._written.discard(stream)
+                raise lost(stream) from None
             if "closed" in str(refused):
                 raise ValueError(f"stream {stream!r} is closed") from None
             if "replaced" in str(refused):
                 raise WriterReplaced(f"stream {stream!r} is written by another writer now") from None
             raise
+        self._written.add(stream)
+        return ids
 
     async def touch(self, stream: str, *, writer: str = "") -> None:
         await self._call("touch", stream, [writer, self._ms(self.writer_timeout_s)])
 
     async def close(self, stream: str, *, writer: str = "") -> None:
+        self._written.discard(stream)
         await self._call("close", stream, [writer, self.max_events + 1, self._ms(self.keep_s)])
 
     async def take_over(self, stream: str, *, writer: str = "") -> bool:
@@ -276,7 +290,10 @@ class RedisEventLog(EventLog):
             self._ms(self.writer_timeout_s),
             self._ms(self.writer_timeout_s + self.keep_s),
         ]
-        return bool(await self._call("take_over", stream, args))
+        taken = bool(await self._call("take_over", stream, args))
+        if taken:
+            self._written.add(stream)
+        return taken
 
     async def release(self, stream: str, *, writer: str = "") -> None:
         await self._call("release", stream, [writer])

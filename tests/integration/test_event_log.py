@@ -216,6 +216,25 @@ def test_a_stream_keeps_its_newest_events_and_is_dropped_after_keep_s(make_log: 
     run(make_log(max_events=3, keep_s=0.4), body)
 
 
+def test_a_writer_whose_stream_was_dropped_is_told_so_and_does_not_make_it_again(make_log: MakeLog) -> None:
+    async def body(log: tk.EventLog) -> None:
+        await log.append("dropped", "0")
+        await log.append("filler", "0")
+        await asyncio.sleep(0.5)  # both silent past writer_timeout_s + keep_s: dropped
+        await log.append("other", "x")  # (the memory log drops them to make room for it)
+        with pytest.raises(tk.UnknownStream, match="gone since this log wrote it"):
+            await log.append("dropped", "1")
+        with pytest.raises(tk.UnknownStream):
+            await log.follow("dropped")
+        await log.append("other", "y")  # a stream that is there takes appends as ever
+        assert [e.data for e in await log.read("other")] == ["x", "y"]
+
+    log = make_log(writer_timeout_s=0.1, keep_s=0.2)
+    if isinstance(log, tk.MemoryEventLog):
+        log = tk.MemoryEventLog(max_streams=2, writer_timeout_s=0.1, keep_s=0.2)
+    run(log, body)
+
+
 def test_the_memory_log_holds_at_most_max_streams() -> None:
     async def body(log: tk.EventLog) -> None:
         await log.append("a", "x")

@@ -1,6 +1,7 @@
 """tk.RedisEventLog when its Redis restarts: the pooled connections lead to the killed
-server, and each command failing on one is sent once more on a fresh connection; an
-append sent again with its token is not applied twice."""
+server, and each command failing on one is sent once more on a fresh connection; a
+stream lost with the server is refused to its writer, never made again; an append sent
+again with its token is not applied twice."""
 
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ async def take(events: AsyncIterator[tk.LoggedEvent]) -> list[str]:
     return [event.data async for event in events]
 
 
-def test_appends_reads_and_readers_go_on_after_redis_restarts() -> None:
+def test_after_redis_restarts_a_lost_stream_is_refused_to_its_writer_and_readers_and_new_ones_work() -> None:
     import redis.asyncio as aioredis
 
     with redis_server() as server:
@@ -41,15 +42,24 @@ def test_appends_reads_and_readers_go_on_after_redis_restarts() -> None:
                 # the reader's) learn of it only from their next command, as commands
                 # racing a restart do.
                 server.restart()
-                after = await log.append("s", "after")
-                # No persistence: what the killed server held is gone.
-                assert [(e.id, e.data) for e in await log.read("s")] == [(after, "after")]
+                # No persistence: what the killed server held is gone, and the writer is
+                # told so rather than starting the stream again from an id its readers
+                # never saw; the reader waiting across the restart learns it too.
+                with pytest.raises(tk.UnknownStream, match="gone since this log wrote it"):
+                    await log.append("s", "after")
+                with pytest.raises(tk.UnknownStream):
+                    await log.read("s")
                 async with asyncio.timeout(5):
-                    assert (await waiting).data == "after"  # the reader waiting across it
-                    late = await log.follow("s")
-                    assert (await anext(late)).id == after
-                    await log.close("s")
-                    assert await take(late) == []
+                    with pytest.raises(tk.UnknownStream):
+                        await waiting
+                    # New streams are written and followed on fresh connections.
+                    first = await log.append("t", "new")
+                    following = await log.follow("t")
+                    assert (await anext(following)).id == first
+                    waiting = asyncio.create_task(anext(following))
+                    await log.append("t", "next")
+                    assert (await waiting).data == "next"
+                    await log.close("t")
                     assert await take(following) == []
             finally:
                 await watcher.aclose()

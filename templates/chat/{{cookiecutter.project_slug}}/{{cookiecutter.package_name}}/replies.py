@@ -258,8 +258,8 @@ class Replies:
                     events = [(json.dumps({"text": text}), "token") for text in texts]
                     try:
                         await self._log.append_many(reply_id, events, writer=writer)
-                    except ValueError:  # closed by a stop elsewhere, or taken over (WriterReplaced)
-                        stream.cancel()
+                    except (ValueError, tk.UnknownStream):  # closed by a stop elsewhere, taken
+                        stream.cancel()  # over (WriterReplaced), or lost with the store (Redis)
                         return Delta(finish_reason=_CLOSED)
                     pieces.extend(texts)
                 if isinstance(end, Exception):
