@@ -12,7 +12,9 @@ Every ``uniform(--kill-min, --kill-max)`` seconds one of these dies (``soak_kill
 the kinds dealt in shuffled rounds: an ingress replica, a model replica, a node's proxy,
 the controller, a worker node (its raylet and all on it; a new node joins), the reply
 store's Redis (started again, empty). The schedule is printed and written as JSON;
-``--replay FILE`` repeats one.
+``--replay FILE`` repeats one. The last ``--spare-last`` seconds (7 minutes) kill no
+controller or proxy, so that those roles' processes live long enough for the figures
+below (a worker node's kill still takes its proxy).
 
 Each request ends intact or explained by a documented rule (``soak_rules``); anything
 else is printed in full. The budget: 0 unexplained, 0 corrupted or repeated stream data,
@@ -21,7 +23,8 @@ intact; RSS, open file descriptors and asyncio tasks per role flat over the proc
 alive for ``--steady`` seconds or more.
 
     python -m benchmarks.soak [--duration 1800] [--seed 1] [--kill-min 10] [--kill-max 30]
-                              [--replay soak-schedule.json] [--report soak-report.json]
+                              [--spare-last 420] [--replay soak-schedule.json]
+                              [--report soak-report.json]
 """
 
 from __future__ import annotations
@@ -72,6 +75,12 @@ def _arguments() -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--kill-min", type=float, default=10, help="shortest gap between kills, s")
     parser.add_argument("--kill-max", type=float, default=30, help="longest gap between kills, s")
+    parser.add_argument(
+        "--spare-last",
+        type=float,
+        default=420,
+        help="the last seconds kill no controller or proxy (their processes' figures), s",
+    )
     parser.add_argument("--replay", help="a schedule a previous run wrote: repeat its kills")
     parser.add_argument("--workers", type=int, default=1, help="worker nodes besides the head")
     parser.add_argument("--steady", type=float, default=300, help="compare processes alive this long, s")
@@ -156,7 +165,9 @@ def main() -> None:
     schedule = (
         Schedule.load(args.replay)
         if args.replay
-        else make_schedule(args.seed, args.duration, args.kill_min, args.kill_max)
+        else make_schedule(
+            args.seed, args.duration, args.kill_min, args.kill_max, spare_last_s=args.spare_last
+        )
     )
     print(schedule.describe(), flush=True)
     Path(args.schedule_out).write_text(schedule.to_json())

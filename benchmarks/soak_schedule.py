@@ -56,19 +56,32 @@ class Schedule:
         return "\n".join(lines)
 
 
+#: What the last ``spare_last_s`` seconds of a schedule do not kill: the one-per-run
+#: roles (the controller, the head node's proxy) then live long enough for the report's
+#: RSS, fd and task figures (``--steady``); a worker node's kill still takes its proxy.
+SPARED = ("controller", "proxy")
+
+
 def make_schedule(
     seed: int,
     duration_s: float,
     kill_min_s: float = 10.0,
     kill_max_s: float = 30.0,
     kinds: tuple[str, ...] = KINDS,
+    spare_last_s: float = 0.0,
 ) -> Schedule:
     """A kill every ``uniform(kill_min_s, kill_max_s)`` seconds, the kinds dealt in shuffled
     rounds (each round kills every kind once, so the kinds stay within one of each other);
-    the last kill leaves ``kill_min_s`` before the end for the recovery to be seen."""
+    the last kill leaves ``kill_min_s`` before the end for the recovery to be seen. In the
+    last ``spare_last_s`` seconds a kind of :data:`SPARED` drawn is replaced by another
+    kind, drawn at random (the times and picks are those the seed makes without it)."""
     if not 0 < kill_min_s <= kill_max_s:
         raise ValueError(f"need 0 < kill_min_s <= kill_max_s, got {kill_min_s} and {kill_max_s}")
+    if not 0 <= spare_last_s < duration_s:
+        raise ValueError(f"need 0 <= spare_last_s < duration_s, got {spare_last_s} and {duration_s}")
     rng = random.Random(seed)
+    instead = random.Random(f"{seed} spared")  # apart: the times and picks stay the seed's
+    others = [kind for kind in kinds if kind not in SPARED]
     kills: list[PlannedKill] = []
     at = 0.0
     while True:
@@ -78,4 +91,6 @@ def make_schedule(
             at += rng.uniform(kill_min_s, kill_max_s)
             if at > duration_s - kill_min_s:
                 return Schedule(seed, duration_s, tuple(kills))
+            if kind in SPARED and at > duration_s - spare_last_s and others:
+                kind = instead.choice(others)
             kills.append(PlannedKill(round(at, 3), kind, round(rng.random(), 6)))

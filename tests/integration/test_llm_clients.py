@@ -33,6 +33,7 @@ import tiktoken
 import yaml
 from instructor.core import IncompleteOutputException
 from langchain_openai import ChatOpenAI, OpenAIEmbeddings
+from openai.types.responses import ResponseTextDeltaEvent
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic_ai import Agent, NativeOutput
 from pydantic_ai.models.openai import OpenAIChatModel
@@ -185,6 +186,11 @@ def test_openai_client_on_every_endpoint(client: openai.OpenAI, base_url: str) -
         raw = base64.b64decode(text)
         assert list(struct.unpack(f"<{len(raw) // 4}f", raw)) == as_float.embedding
     assert packed.usage == floats.usage
+    same = client.embeddings.create(model=EMBED, input=texts, dimensions=384)
+    assert [item.embedding for item in same.data] == [item.embedding for item in floats.data]
+    with pytest.raises(openai.BadRequestError) as refused:
+        client.embeddings.create(model=EMBED, input=texts, dimensions=128)  # MiniLM's are 384
+    assert refused.value.param == "dimensions"
 
     response = client.responses.create(model=CHAT, input=QUESTION, max_output_tokens=8, temperature=0)
     assert response.output_text == said
@@ -194,6 +200,11 @@ def test_openai_client_on_every_endpoint(client: openai.OpenAI, base_url: str) -
         usage.prompt_tokens,
         usage.completion_tokens,
     )
+    events = list(
+        client.responses.create(model=CHAT, input=QUESTION, max_output_tokens=8, temperature=0, stream=True)
+    )
+    assert "".join(e.delta for e in events if isinstance(e, ResponseTextDeltaEvent)) == said
+    assert events[-1].type in ("response.completed", "response.incomplete")
 
 
 #: A tiktoken encoding made here, one token per byte: OpenAIEmbeddings' default path

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from benchmarks.soak_rules import UNEXPLAINED, Kill, Record, classify, judge
-from benchmarks.soak_schedule import KINDS, Schedule, make_schedule
+from benchmarks.soak_schedule import KINDS, SPARED, Schedule, make_schedule
 
 
 def test_a_seed_makes_one_schedule_and_another_seed_another() -> None:
@@ -24,6 +24,19 @@ def test_half_an_hour_kills_every_kind_five_times_10_to_30_s_apart(seed: int) ->
     assert all(0 <= kill.pick < 1 for kill in schedule.kills)
 
 
+@pytest.mark.parametrize("seed", range(20))
+def test_a_spared_tail_kills_no_controller_or_proxy_and_every_kind_still_five_times(seed: int) -> None:
+    spared = make_schedule(seed, 1800, 10, 30, spare_last_s=420)
+    assert all(spared.counts()[kind] >= 5 for kind in KINDS), spared.counts()
+    assert not [kill for kill in spared.kills if kill.kind in SPARED and kill.at_s > 1800 - 420]
+    # Before the tail it is the schedule the seed makes without one; the times stay.
+    whole = make_schedule(seed, 1800, 10, 30)
+    assert [k for k in spared.kills if k.at_s <= 1380] == [k for k in whole.kills if k.at_s <= 1380]
+    tail = [k.kind for k in spared.kills if k.at_s > 1380]
+    assert len(set(tail)) >= 3  # the other kinds go on being killed
+    assert [(k.at_s, k.pick) for k in spared.kills] == [(k.at_s, k.pick) for k in whole.kills]
+
+
 def test_a_written_schedule_replays_as_it_was() -> None:
     schedule = make_schedule(3, 600, 5, 10)
     assert Schedule.from_json(schedule.to_json()) == schedule
@@ -39,6 +52,8 @@ def test_a_replayed_schedule_with_an_unknown_kind_is_refused() -> None:
 def test_bad_gaps_are_refused() -> None:
     with pytest.raises(ValueError, match="kill_min_s"):
         make_schedule(1, 60, 10, 5)
+    with pytest.raises(ValueError, match="spare_last_s"):
+        make_schedule(1, 60, 10, 30, spare_last_s=60)
 
 
 HEAD, WORKER = "head-node", "worker-node"
