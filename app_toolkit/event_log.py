@@ -125,8 +125,10 @@ class EventLog(ABC):
     async def follow(self, stream: str, after: str = "") -> Following:
         """The events of ``stream`` after the one with id ``after`` ("" for all), as they
         come, until it is closed. Checked before it returns (so a route can still answer
-        404 or 400): raises :class:`UnknownStream`, or ``ValueError`` for an id the stream
-        has not given. While following, raises :class:`StreamAbandoned`."""
+        404, 400 or 410): raises :class:`UnknownStream`, ``ValueError`` for an id the
+        stream has not given, and :class:`StreamAbandoned` when its writer is gone and the
+        reader has every event it holds. While following, raises :class:`StreamAbandoned`
+        once the reader has the events there are and the writer is gone."""
         await self._check(stream, after)
         return Following(self._follow(stream, after))
 
@@ -323,8 +325,12 @@ class MemoryEventLog(EventLog):
         if after and not (after.isdigit() and len(after) < 20):
             raise ValueError(f"not an event id of this log: {after!r}")
         kept = self._live(stream)
-        if int(after or 0) >= kept.first + len(kept.events):
+        last = kept.first + len(kept.events) - 1  # the number of the newest event
+        if int(after or 0) > last:
             raise ValueError(f"stream {stream!r} has no event {after!r} yet")
+        silent = time.monotonic() - kept.written_at > self.writer_timeout_s
+        if kept.closed_at is None and silent and int(after or 0) == last:
+            raise StreamAbandoned(f"stream {stream!r}: its writer went silent")
 
     async def _follow(self, stream: str, after: str) -> AsyncIterator[LoggedEvent]:
         sent = int(after or 0)  # the number of the last event the reader has

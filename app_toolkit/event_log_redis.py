@@ -321,14 +321,19 @@ class RedisEventLog(EventLog):
             raise
 
     async def _check(self, stream: str, after: str) -> None:
-        key = self._keys(stream)[0]
+        key, lease, end, _, _ = self._keys(stream)
         if after and _ID.fullmatch(after) is None:
             raise ValueError(f"not an event id of this log: {after!r}")
-        newest = await self._redis().xrevrange(key, count=1)
+        async with self._redis().pipeline(transaction=False) as checks:
+            newest, writer_alive, closed = (
+                await checks.xrevrange(key, count=1).exists(lease).exists(end).execute()
+            )
         if not newest:
             raise UnknownStream(stream)
         if after and _order(after) > _order(newest[0][0]):
             raise ValueError(f"stream {stream!r} has no event {after!r} yet")
+        if after == newest[0][0] and not writer_alive and not closed:
+            raise StreamAbandoned(f"stream {stream!r}: its writer went silent")
 
     async def _follow(self, stream: str, after: str) -> AsyncIterator[LoggedEvent]:
         key, lease, end, _, _ = self._keys(stream)

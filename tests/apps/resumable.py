@@ -65,6 +65,8 @@ class Replies:
             events = await self.log.follow(reply, after=request.headers.get("last-event-id", ""))
         except tk.UnknownStream:
             raise HTTPException(404, f"No reply {reply!r}") from None
+        except tk.StreamAbandoned:  # its writer died and the client has all it wrote
+            raise HTTPException(410, f"Reply {reply!r} was abandoned by its writer") from None
         except ValueError as bad:
             raise HTTPException(400, str(bad)) from None
         return tk.EventStream(events)

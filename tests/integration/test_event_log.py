@@ -152,6 +152,33 @@ def test_a_silent_writer_is_reported_to_readers_instead_of_waited_for(make_log: 
     run(make_log(writer_timeout_s=0.5), body)
 
 
+def test_a_reader_with_every_event_of_an_abandoned_stream_is_refused_before_following(
+    make_log: MakeLog,
+) -> None:
+    async def body(log: tk.EventLog) -> None:
+        first = await log.append("a1", "piece 0")
+        second = await log.append("a1", "piece 1")
+        assert [e.data for e in await take(await log.follow("a1"), 2)] == ["piece 0", "piece 1"]
+        await log.release("a1")  # its writer's process stops
+        # A reader behind gets the rest first, then hears of it while following ...
+        behind = await log.follow("a1", after=first)
+        assert (await anext(behind)).data == "piece 1"
+        with pytest.raises(tk.StreamAbandoned):
+            await anext(behind)
+        # ... and one that has it all hears of it at once (a route can answer 410).
+        with pytest.raises(tk.StreamAbandoned):
+            await log.follow("a1", after=second)
+        assert await log.take_over("a1")  # a new writer: followed again
+        waiting = await log.follow("a1", after=second)
+        await log.append("a1", "piece 2")
+        assert (await anext(waiting)).data == "piece 2"
+        await log.close("a1")
+        await log.release("a1")  # closed: nothing to let go of, and followed to its end
+        assert [e.data for e in await take(await log.follow("a1", after=second))] == ["piece 2"]
+
+    run(make_log(writer_timeout_s=30), body)
+
+
 def test_one_taker_becomes_the_writer_of_an_abandoned_stream_and_readers_follow_it(
     make_log: MakeLog,
 ) -> None:

@@ -12,6 +12,7 @@ import pytest
 
 from app_toolkit.llm.errors import OpenAIError
 from app_toolkit.llm.events import Delta
+from app_toolkit.llm.openai import response_store
 from app_toolkit.llm.openai.response_store import ResponseStore
 from app_toolkit.llm.openai.responses import Event, Reply, ResponsesRequest
 
@@ -136,5 +137,34 @@ def test_close_stops_the_responses_still_produced_with_the_retry_error() -> None
             async with asyncio.timeout(5):  # not the 600 s a silent producer is given
                 kinds = [e.kind async for e in followed.events]
             assert kinds == ["response.created", "error"] and reply.status == "failed"
+
+    asyncio.run(body())
+
+
+def test_a_silent_producer_ends_its_readers_streams_with_an_error_event(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A reader still behind gets the rest first; one that has it all gets the error at once."""
+    monkeypatch.setattr(response_store, "PRODUCER_SILENCE_S", 0.2)
+
+    async def body() -> None:
+        store = ResponseStore(max_kept=3, keep_s=60, max_producing=1)
+        reply = _reply(ended=False)
+
+        async def events() -> AsyncIterator[Event]:
+            yield reply.event("response.created")
+            yield reply.event("response.output_text.delta")
+            await asyncio.Event().wait()  # a model that hangs
+            yield reply.event("response.completed")
+
+        followed = await store.produce(reply, events())
+        async with asyncio.timeout(5):
+            behind = [(e.kind, json.loads(e.data)["sequence_number"]) async for e in followed.events]
+            assert behind == [("response.created", 0), ("response.output_text.delta", 1), ("error", 2)]
+            caught_up = await store.follow(reply.id, 1)
+            assert [(e.kind, json.loads(e.data)["sequence_number"]) async for e in caught_up.events] == [
+                ("error", 2)
+            ]
+        await store.close()
 
     asyncio.run(body())

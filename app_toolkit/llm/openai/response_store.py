@@ -179,7 +179,9 @@ class ResponseStore:
         self.get(response_id)
         after = "" if starting_after is None else str(starting_after + 1)  # log ids count from 1
         try:
-            following = await self._log.follow(response_id, after)
+            following: AsyncIterator[Any] = await self._log.follow(response_id, after)
+        except StreamAbandoned as abandoned:  # the reader has it all: its stream says so at once
+            following = _raising(abandoned)
         except UnknownStream:
             raise bad_parameter(
                 "stream",
@@ -238,6 +240,12 @@ class Followed:
             yield Event(str(sent.event), str(sent.data))
         finally:
             await _closed(self._following)
+
+
+async def _raising(error: Exception) -> AsyncIterator[Any]:
+    """Events that are none but ``error``, raised when the first is asked for."""
+    raise error
+    yield  # an async generator: the raise waits for the reader
 
 
 async def _closed(events: AsyncIterator[Any]) -> None:

@@ -318,7 +318,6 @@ class Replies:
         A reply whose writer was lost (its replica died: the store is Redis) is taken over
         here: this replica continues it from what was stored, and the reader goes on.
         """
-        events = await self._open(reply_id, after)
         pump = self._pumps.get(reply_id)
         if pump is not None:
             pump.readers += 1
@@ -326,12 +325,12 @@ class Replies:
         try:
             while True:
                 try:
-                    async for event in events:
+                    async for event in await self._open(reply_id, after):
                         after = event.id
                         if event.event != "started":
                             yield ReplyEvent(event.id, event.event, event.data)
                     return
-                except tk.StreamAbandoned:
+                except tk.StreamAbandoned:  # on opening (read to its end) or while reading
                     if self._handing_over:
                         return  # this replica stops: its reader resumes on another, which takes over
                     if takeovers == _MAX_TAKEOVERS:
@@ -343,7 +342,6 @@ class Replies:
                     if taken is not None and pump is None:
                         pump = taken
                         pump.readers += 1
-                    events = await self._open(reply_id, after)
         finally:
             if pump is not None:
                 pump.readers -= 1
