@@ -77,6 +77,9 @@ class Record:
     writer_node: str = ""
     head: bool = False  # the response's head (or the WebSocket's handshake) had come
     cuts: list[float] = field(default_factory=list)  # resumable: when its stream was cut and resumed
+    #: resumable: the node whose proxy held the connection each cut ended ("" if unknown);
+    #: ``proxy_node`` is the last connection's, which a resumption changes.
+    cut_proxies: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,11 +119,12 @@ def _replica_lost(record: Record, kill: Kill) -> bool:
     return record.replica in ("", kill.target)
 
 
-def _proxy_lost(record: Record, kill: Kill) -> bool:
-    """The kill took the proxy that accepted this request's connection."""
+def _proxy_lost(record: Record, kill: Kill, proxy_node: str | None = None) -> bool:
+    """The kill took the proxy that accepted this request's connection (``proxy_node``'s:
+    by default the record's last)."""
     if record.kind not in THROUGH_PROXY or kill.kind not in ("proxy", "node"):
         return False
-    return record.proxy_node in ("", kill.node)
+    return (record.proxy_node if proxy_node is None else proxy_node) in ("", kill.node)
 
 
 Rule = Callable[[Record, Kill], bool]
@@ -187,16 +191,16 @@ UNEXPLAINED = "UNEXPLAINED"
 INTACT = "intact"
 
 
-def _cut_explained(record: Record, at: float, kills: Iterable[Kill]) -> bool:
+def _cut_explained(record: Record, at: float, proxy_node: str, kills: Iterable[Kill]) -> bool:
     """A resumable stream's cut that its client resumed: a kill of what carried it (a
     replica of its application, which may have been its reader's or its writer's; its
-    node; the proxy of its connection; the store)."""
+    node; the proxy of the connection it cut; the store)."""
     return any(
         kill.started <= at <= kill.ended + CUT_AFTER_KILL_S
         and (
             kill.kind in ("redis", "node")
             or (kill.kind == "ingress" and kill.app == APP_OF[record.kind])
-            or _proxy_lost(record, kill)
+            or _proxy_lost(record, kill, proxy_node)
         )
         for kill in kills
     )
@@ -205,7 +209,9 @@ def _cut_explained(record: Record, at: float, kills: Iterable[Kill]) -> bool:
 def classify(record: Record, kills: Iterable[Kill]) -> str:
     """``intact``, the name of the rule that explains the failure, or ``UNEXPLAINED``."""
     if record.outcome == INTACT:
-        return INTACT if all(_cut_explained(record, at, kills) for at in record.cuts) else UNEXPLAINED
+        proxies = record.cut_proxies or [record.proxy_node] * len(record.cuts)  # older reports
+        cuts = zip(record.cuts, proxies, strict=True)
+        return INTACT if all(_cut_explained(record, at, node, kills) for at, node in cuts) else UNEXPLAINED
     kills = [kill for kill in kills if while_down(record, kill)]
     for name, holds in RULES:
         if any(holds(record, kill) for kill in kills):

@@ -48,6 +48,7 @@ def resumable_exchange(traffic: Traffic) -> Exchange:
         give_up = time.monotonic() + RESUME_FOR_S
         while True:
             ended = False
+            record.proxy_node = ""  # this connection's, once its answer comes
             try:
                 headers = {"last-event-id": last_id} if last_id else {}
                 async with client.stream("GET", f"/replies/{reply}", headers=headers) as response:
@@ -74,6 +75,7 @@ def resumable_exchange(traffic: Traffic) -> Exchange:
             if time.monotonic() > give_up:
                 return  # the last failure stands
             record.cuts.append(time.monotonic())
+            record.cut_proxies.append(record.proxy_node)
             await asyncio.sleep(0.2)
         if wrong := check_sequence(got, REPLY_EVENTS):
             record.outcome, record.detail = "corrupt", wrong

@@ -168,3 +168,12 @@ def test_a_reader_cut_at_each_resume_of_a_reply_whose_writer_died_is_explained()
         "resumable", "closed", start=9, end=30, head=True, writer="r1", replica="r2", cuts=[10.2, 14]
     )
     assert classify(record, [_kill("ingress", 10, "r1")]).startswith("resumable reply abandoned")
+
+
+def test_a_cut_is_judged_by_the_proxy_of_the_connection_it_cut_not_the_last_one() -> None:
+    """Resumed on a connection to another node's proxy: the cut was the killed proxy's."""
+    kill = _kill("proxy", 10, WORKER, node=WORKER, app="")
+    resumed = _record("resumable", start=9, end=12, cuts=[10.05], cut_proxies=[WORKER], proxy_node=HEAD)
+    assert classify(resumed, [kill]) == "intact"
+    elsewhere = _record("resumable", start=9, end=12, cuts=[10.05], cut_proxies=[HEAD], proxy_node=WORKER)
+    assert classify(elsewhere, [kill]) == UNEXPLAINED

@@ -67,7 +67,11 @@ class ProxyActor:
         context = ray.get_runtime_context()
         with warnings.catch_warnings():  # Ray's own properties use its deprecated actor_id
             warnings.simplefilter("ignore", DeprecationWarning)
-            if context.was_current_actor_reconstructed:
+            #: Ray restarted this process (it died): whichever call starts it serving
+            #: (``resume``, or the controller's ``ready`` if it comes first), it starts
+            #: from the stored tables, not with no routes until the controller answers.
+            self._restarted = bool(context.was_current_actor_reconstructed)
+            if self._restarted:
                 # Retried: sent while Ray still reports this actor as restarting, the call
                 # can fail at once ("The actor is restarting"), and the proxy would then
                 # wait for the controller instead of serving from the stored tables.
@@ -75,7 +79,7 @@ class ProxyActor:
 
     async def ready(self, port: int, exclusive: bool) -> tuple[str, int]:
         """Serve on ``port`` (idempotent); returns this proxy's URL and port."""
-        server = await self._serve(port, exclusive, seed=None)
+        server = await self._serve(port, exclusive)
         host = self._http.host
         if host in ("0.0.0.0", "::", ""):  # listening everywhere: name the node's address
             host = node_address()
@@ -89,24 +93,28 @@ class ProxyActor:
         port = stored.load_proxy_port()
         if port is None:
             return  # never served: the controller's fleet will call ready()
-        tables = stored.load_tables()
-        seed = None
-        if tables is not None:
-            stored_at, seed = tables
-            logger.info(
-                "Restarted: serving on port %d from the tables stored %.1f s ago until the "
-                "controller answers",
-                port,
-                time.time() - stored_at,
-            )
         try:
-            await self._serve(port, exclusive=False, seed=seed)
+            await self._serve(port, exclusive=False)
         except Exception:
             logger.exception("Restarted, but could not serve on port %d yet", port)
 
-    async def _serve(self, port: int, exclusive: bool, seed: dict[str, Table] | None) -> ProxyServer:
+    def _stored_seed(self, port: int) -> dict[str, Table] | None:
+        """The tables a restarted proxy serves from until the controller answers."""
+        tables = stored.load_tables() if self._restarted else None
+        if tables is None:
+            return None
+        stored_at, seed = tables
+        logger.info(
+            "Restarted: serving on port %d from the tables stored %.1f s ago until the controller answers",
+            port,
+            time.time() - stored_at,
+        )
+        return seed
+
+    async def _serve(self, port: int, exclusive: bool) -> ProxyServer:
         async with self._starting:
             if self._server is None:
+                seed = self._stored_seed(port)
                 sock = listen_socket(self._http.host, port, exclusive=exclusive)
                 plane = link.attach(asyncio.get_running_loop()).data_plane
                 if seed is not None:

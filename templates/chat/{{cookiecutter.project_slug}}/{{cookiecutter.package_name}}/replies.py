@@ -370,7 +370,7 @@ class Replies:
             stored = await self._log.read(reply_id)
         except tk.UnknownStream:
             return None
-        started = next((json.loads(e.data) for e in stored if e.event == "started"), {})
+        started: dict[str, Any] = next((json.loads(e.data) for e in stored if e.event == "started"), {})
         if "generation" not in started:  # written by an older version: cannot be continued
             await self._end(reply_id, "failed", {"message": "The reply was lost; try again."}, pump.writer)
             return None
