@@ -173,7 +173,7 @@ RULES: tuple[tuple[str, Rule], ...] = (
         ),
     ),
     (
-        "resumable reply abandoned: its writer's replica was killed (its reader is cut at each resume)",
+        "resumable reply abandoned: its writer's replica was killed (a cut, then 410 on resuming)",
         lambda r, k: (
             in_flight(r, k)
             and (
