@@ -187,10 +187,12 @@ class WrittenStreams:
         return stream in self._names
 
     def add(self, stream: str) -> None:
-        if stream not in self._names:
-            if len(self._names) >= self.limit:
-                del self._names[next(iter(self._names))]
-            self._names[stream] = None
+        """Note ``stream`` as written now (it moves to the newest end)."""
+        if stream in self._names:
+            del self._names[stream]  # put back below, at the newest end
+        elif len(self._names) >= self.limit:
+            del self._names[next(iter(self._names))]  # the one written longest ago
+        self._names[stream] = None
 
     def discard(self, stream: str) -> None:
         self._names.pop(stream, None)

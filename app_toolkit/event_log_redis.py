@@ -57,14 +57,14 @@ end
 #: ARGV[6] is "1" when this log wrote the stream before: it must still exist.
 #: ARGV[5] is the append's token: the stream's latest one is kept with the ids it got
 #: ("token id id ..."), and an append bearing that token again (sent again because its
-#: answer was lost) gets those ids back and adds nothing. Checked first: the append was
-#: done, whatever happened to the stream since.
+#: answer was lost) gets those ids back, after the word "again", and adds nothing. Checked
+#: first: the append was done, whatever happened to the stream since.
 _APPEND = (
     _WRITER
     + """
 local last = redis.call('GET', KEYS[5])
 if last and string.sub(last, 1, #ARGV[5] + 1) == ARGV[5] .. ' ' then
-  local done = {}
+  local done = {'again'}
   for event_id in string.gmatch(string.sub(last, #ARGV[5] + 2), '%S+') do done[#done + 1] = event_id end
   return done
 end
@@ -267,13 +267,14 @@ class RedisEventLog(EventLog):
             ids = [str(event_id) for event_id in await self._scripts["append"](keys=keys, args=args)]
         except self._refused as refused:
             if "lost" in str(refused):
-                self._written.discard(stream)
-                raise lost(stream) from None
+                raise lost(stream) from None  # and at every later append: it stays noted
             if "closed" in str(refused):
                 raise ValueError(f"stream {stream!r} is closed") from None
             if "replaced" in str(refused):
                 raise WriterReplaced(f"stream {stream!r} is written by another writer now") from None
             raise
+        if ids[:1] == ["again"]:
+            return ids[1:]  # done before (perhaps closed since): nothing new to note
         self._written.add(stream)
         return ids
 
@@ -281,8 +282,8 @@ class RedisEventLog(EventLog):
         await self._call("touch", stream, [writer, self._ms(self.writer_timeout_s)])
 
     async def close(self, stream: str, *, writer: str = "") -> None:
-        self._written.discard(stream)
         await self._call("close", stream, [writer, self.max_events + 1, self._ms(self.keep_s)])
+        self._written.discard(stream)  # closed (a lost one stays noted: its appends raise)
 
     async def take_over(self, stream: str, *, writer: str = "") -> bool:
         args = [

@@ -43,8 +43,10 @@ class EventStream(EventSourceResponse):
 
     Items may be strings (sent as ``data``), dicts of SSE fields (``data``, ``event``,
     ``id``, ``retry``), ``ServerSentEvent`` objects, an :class:`~app_toolkit.EventLog`'s
-    events (with their ids: ``EventStream(await log.follow(stream, after=last_event_id))``),
-    or any JSON-able value (sent as JSON).
+    events (with their ids: ``EventStream(await log.follow(stream, after=last_event_id))``;
+    ``follow`` raises ``UnknownStream``, ``ValueError`` or ``StreamAbandoned`` before the
+    stream starts, for the route to answer 404, 400 or 410), or any JSON-able value (sent
+    as JSON).
     Events without an id get the next number (``ids=False`` turns that off).
 
     When its replica drains (a deploy replacing it, a scale-down, a delete), the stream

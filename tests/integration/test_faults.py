@@ -117,6 +117,7 @@ def test_a_replica_killed_under_load_fails_only_its_running_requests(
 def test_a_killed_proxy_is_restarted_and_relearns_the_routes(ray_toolkit: Toolkit) -> None:
     name = ray_toolkit.name()
     ray_toolkit.run(basic.make_versioned_app("v1"), name=name, route_prefix="/proxied")
+    wait_for(lambda: _stored_with(name, "/proxied"), 10, "the controller to store the tables with the app")
     proxy = _proxy()
     pid = ray.get(proxy.stats.remote(), timeout=30)["pid"]
     statuses: list[int] = []
@@ -137,20 +138,7 @@ def test_a_proxy_restarted_while_the_controller_is_down_serves_from_the_stored_t
     name = ray_toolkit.name()
     ray_toolkit.run(basic.make_versioned_app("v1"), name=name, route_prefix="/stored")
 
-    def stored_with_the_app() -> bool:
-        tables = stored.load_tables()
-        if tables is None:
-            return False
-        apps = tables[1].get(APPLICATIONS_KEY)
-        replicas = tables[1].get(replicas_key(DeploymentID(name, "Ingress")))
-        return (
-            isinstance(apps, ApplicationTable)
-            and any(a.route_prefix == "/stored" for a in apps.applications)
-            and isinstance(replicas, ReplicaTable)
-            and len(replicas.replicas) == 1
-        )
-
-    wait_for(stored_with_the_app, 10, "the controller to store the tables with the app")
+    wait_for(lambda: _stored_with(name, "/stored"), 10, "the controller to store the tables with the app")
     # Any: ray types actor methods as Never.
     controller: Any = ray.get_actor(CONTROLLER_NAME, namespace=NAMESPACE)
     controller_pid = ray.get(controller.stats.remote(), timeout=30)["pid"]
@@ -185,6 +173,21 @@ def _proxy() -> Any:
         if a["namespace"] == NAMESPACE and a["name"].startswith("app_toolkit_proxy:")
     ]
     return ray.get_actor(names[0], namespace=NAMESPACE)
+
+
+def _stored_with(name: str, route_prefix: str) -> bool:
+    """Whether the tables the controller stored route ``route_prefix`` to the app's one replica."""
+    tables = stored.load_tables()
+    if tables is None:
+        return False
+    apps = tables[1].get(APPLICATIONS_KEY)
+    replicas = tables[1].get(replicas_key(DeploymentID(name, "Ingress")))
+    return (
+        isinstance(apps, ApplicationTable)
+        and any(a.route_prefix == route_prefix for a in apps.applications)
+        and isinstance(replicas, ReplicaTable)
+        and len(replicas.replicas) == 1
+    )
 
 
 def _serves_v1(url: str, statuses: list[int] | None = None) -> bool:

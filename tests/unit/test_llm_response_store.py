@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
+from app_toolkit.event_log import StreamAbandoned
 from app_toolkit.llm.errors import OpenAIError
 from app_toolkit.llm.events import Delta
 from app_toolkit.llm.openai import response_store
@@ -161,6 +162,8 @@ def test_a_silent_producer_ends_its_readers_streams_with_an_error_event(
         async with asyncio.timeout(5):
             behind = [(e.kind, json.loads(e.data)["sequence_number"]) async for e in followed.events]
             assert behind == [("response.created", 0), ("response.output_text.delta", 1), ("error", 2)]
+            with pytest.raises(StreamAbandoned):  # refused before following: no wait for it
+                await store._log.follow(reply.id, "2")
             caught_up = await store.follow(reply.id, 1)
             assert [(e.kind, json.loads(e.data)["sequence_number"]) async for e in caught_up.events] == [
                 ("error", 2)

@@ -170,7 +170,8 @@ class ResponseStore:
             reply.fail("The response's events could not be kept.")  # its place may go to another
         finally:
             await _closed(events)  # the model's stream is let go now
-            await self._log.close(reply.id)
+            with contextlib.suppress(UnknownStream):  # dropped after a silence: nothing to close
+                await self._log.close(reply.id)
 
     async def follow(self, response_id: str, starting_after: int | None) -> Followed:
         """The response's events after ``starting_after`` (a ``sequence_number``; None: all),
@@ -200,9 +201,9 @@ class ResponseStore:
         if reply.done:
             return
         kind, data = reply.error_event(OpenAIErrorEvent.restarting())
-        with contextlib.suppress(ValueError):  # closed already: its writer failed
+        with contextlib.suppress(ValueError, UnknownStream):  # closed already (its writer failed), or dropped
             await self._log.append(reply.id, data, kind)
-        await self._log.close(reply.id)
+            await self._log.close(reply.id)
 
     async def close(self) -> None:
         """Stop the responses still being produced (the ingress replica stops), and wait."""
