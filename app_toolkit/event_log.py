@@ -172,10 +172,10 @@ def check_name(stream: str) -> None:
 
 
 class WrittenStreams:
-    """The streams a log has written and not closed, newest last: an append to one of
-    them must find it still there. Bounded (the oldest names go first): a writer that
-    never closes its streams costs at most ``limit`` names, and a name forgotten only
-    loses the check."""
+    """Stream names a log keeps for the lost-stream check (the Redis log: those it has
+    written and not closed; the memory log: those it dropped unclosed), newest last.
+    Bounded (the oldest names go first): at most ``limit`` names, and a name forgotten
+    only loses the check."""
 
     __slots__ = ("_names", "limit")
 
@@ -257,7 +257,9 @@ class MemoryEventLog(EventLog):
         self.max_streams = max_streams
         self._streams: dict[str, _Stream] = {}
         self._closed: deque[str] = deque()  # names in the order they were closed (some since dropped)
-        self._written = WrittenStreams(max(65_536, 2 * max_streams))
+        #: Abandoned streams it dropped (the one way it loses a stream still written):
+        #: their writer's next append is refused, never made again.
+        self._dropped = WrittenStreams(max(65_536, 2 * max_streams))
 
     def __len__(self) -> int:
         return len(self._streams)
@@ -267,7 +269,7 @@ class MemoryEventLog(EventLog):
         kept = self._streams.get(stream)
         if kept is None:
             check_name(stream)
-            if stream in self._written:
+            if stream in self._dropped:
                 raise lost(stream)
             if len(self._streams) >= self.max_streams:
                 self._drop_old(now)
@@ -277,7 +279,6 @@ class MemoryEventLog(EventLog):
         elif kept.closed_at is not None:
             raise ValueError(f"stream {stream!r} is closed")
         kept.check_writer(stream, writer)
-        self._written.add(stream)
         if len(kept.events) == self.max_events:
             kept.first += 1  # the oldest falls out of the deque
         number = kept.first + len(kept.events)
@@ -299,7 +300,6 @@ class MemoryEventLog(EventLog):
             raise UnknownStream(stream)
         if kept.closed_at is None:
             kept.check_writer(stream, writer)
-            self._written.discard(stream)
             kept.closed_at = time.monotonic()
             kept.wake()
             self._closed.append(stream)
@@ -311,7 +311,6 @@ class MemoryEventLog(EventLog):
             return False
         kept.written_at = now
         kept.writer = writer or new_writer()
-        self._written.add(stream)
         return True
 
     async def release(self, stream: str, *, writer: str = "") -> None:
@@ -369,6 +368,7 @@ class MemoryEventLog(EventLog):
                     del self._streams[name]
             elif now - kept.written_at > self.writer_timeout_s + self.keep_s:
                 del self._streams[name]  # abandoned, and its readers told so long ago
+                self._dropped.add(name)
         while len(self._streams) >= self.max_streams and self._closed:
             name = self._closed.popleft()
             closed = self._streams.get(name)
