@@ -128,6 +128,8 @@ bench: $(MODEL)
 	$(PY) -m benchmarks.chat_scaling
 	$(PY) -m benchmarks.llm_grammar
 	$(PY) -m benchmarks.llm_overhead
+	$(PY) -m benchmarks.llm_prefix
+	$(PY) -m benchmarks.llm_lora
 	$(PY) -m benchmarks.overload
 	$(PY) -m benchmarks.startup
 	$(PY) -m benchmarks.scale --sizes 100x10x1,1000x100x100,10000x500x1000 --plot docs/img/scale.png

@@ -124,6 +124,7 @@ def test_all_is_sorted_and_complete() -> None:
         "tracing",
         "code_sources",
         "llm",  # app_toolkit.llm: imported by its users, not by app_toolkit
+        "request_router",  # routers' interface: what request_router_config names
     }
 
 

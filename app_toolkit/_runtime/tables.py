@@ -38,6 +38,16 @@ class ShadowTarget:
 
 @compact
 @dataclass(frozen=True, slots=True)
+class RouterChoice:
+    """A deployment's request router other than the callers' own power of two choices:
+    its class's import path and its ``request_router_kwargs`` as JSON (docs/routing.md)."""
+
+    path: str
+    kwargs: str = "{}"
+
+
+@compact
+@dataclass(frozen=True, slots=True)
 class ReplicaTable:
     """The running replicas of one deployment and how much its callers may queue."""
 
@@ -54,6 +64,8 @@ class ReplicaTable:
     #: The HTTP answer to a request refused for overload: status and Retry-After seconds
     #: (None: no header); the deployment's backpressure_config.
     overload: tuple[int, float | None] = (503, 1.0)
+    #: The deployment's request router; None: power of two choices.
+    router: RouterChoice | None = None
 
 
 @compact

@@ -11,6 +11,7 @@ from pydantic import Field, JsonValue, ValidationError, model_validator
 from app_toolkit.config.autoscaling import AutoscalingConfig
 from app_toolkit.config.logging_config import LoggingConfig
 from app_toolkit.config.ray_serve_only import drop_ray_serve_only
+from app_toolkit.config.request_router import RequestRouterConfig
 from app_toolkit.config.schema import IN_PLACE, Strict, explain, field_errors
 from app_toolkit.exceptions import ConfigError, DefinitionError
 
@@ -118,6 +119,13 @@ class DeploymentConfig(Strict):
         description="Requests with a shard key (the X-SERVE-SHARD-KEY header, or "
         "handle.options(shard_key=...)) go to the replica the key maps to. When it is at "
         "max_ongoing_requests: strict waits for it, prefer sends to another replica.",
+    )
+    request_router_config: RequestRouterConfig | None = Field(
+        None,
+        json_schema_extra=IN_PLACE,
+        description="The router each caller picks this deployment's replicas with "
+        "(request_router_class and request_router_kwargs; docs/routing.md); null: power of "
+        "two choices on the caller's requests in flight.",
     )
     user_config: Any = Field(
         None,

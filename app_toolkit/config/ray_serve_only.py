@@ -50,10 +50,6 @@ class RayServeOnly:
     instead: str
 
 
-_POW2 = (
-    "ray.serve._private.request_router:PowerOfTwoChoicesRequestRouter",
-    "ray.serve._private.request_router.pow_2_router:PowerOfTwoChoicesRequestRouter",
-)
 _NO_LABELS = (
     "label selectors are not implemented; remove it, give the chosen nodes a custom "
     "resource (ray start --resources) and ask for it in "
@@ -98,20 +94,6 @@ RAY_SERVE_ONLY: dict[str, dict[str, RayServeOnly]] = {
     "deployment": {
         "placement_group_bundle_label_selector": RayServeOnly(
             one_of(None, []), _NO_LABELS + "placement_group_bundles"
-        ),
-        "request_router_config": RayServeOnly(
-            defaults(
-                request_router_class=_POW2,
-                request_router_kwargs=({},),
-                request_routing_stats_period_s=(10, 10.0),
-                request_routing_stats_timeout_s=(30, 30.0),
-                initial_backoff_s=(0.025,),
-                backoff_multiplier=(2, 2.0),
-                max_backoff_s=(0.5,),
-            ),
-            "custom request routers are not implemented (replicas are chosen by power of "
-            "two choices, and by shard key with the affinity option: docs/traffic.md); "
-            "remove it, or keep Ray Serve's default router with its default settings",
         ),
         "gang_scheduling_config": RayServeOnly(
             one_of(None),

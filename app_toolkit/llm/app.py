@@ -7,14 +7,18 @@ from collections.abc import Mapping
 from typing import Any
 
 import app_toolkit as tk
+from app_toolkit.config import DeploymentConfig
+from app_toolkit.config.request_router import PREFIX_AWARE
 from app_toolkit.llm.config import LLMConfig
 from app_toolkit.llm.openai.ingress import OpenAIIngress
 from app_toolkit.llm.server import LLMServer
 from app_toolkit.llm.serving_args import LLMServingArgs, serving_args
 
 #: Replies admitted per model replica, per engine slot, unless deployment_config says
-#: (a bound, where Ray Serve LLM admits 1e9); the rest wait in the caller's queue.
-ONGOING_PER_SLOT = 2
+#: (Ray Serve LLM admits 1e9): one, so that no reply waits inside a replica for a slot;
+#: the rest wait in the caller's queue, where any replica that frees a slot or starts
+#: takes them.
+ONGOING_PER_SLOT = 1
 #: Admitted by a replica whose engine has no slot limit (the echo engine).
 ONGOING_WITHOUT_SLOTS = 64
 #: Requests an embedding model's replica computes at once (each in a worker thread).
@@ -38,6 +42,8 @@ def build_llm_deployment(
 
     ``name_prefix`` replaces the name's ``LLMServer-`` prefix; ``override_serve_options``
     win over ``deployment_config``; ``deployment_cls`` is a subclass of :class:`LLMServer`.
+    A model that may run on more than one replica routes by prompt prefix
+    (``PrefixCacheAffinityRouter``) unless ``request_router_config`` says otherwise.
     """
     config = llm_config if isinstance(llm_config, LLMConfig) else LLMConfig.model_validate(dict(llm_config))
     name = config.deployment_name
@@ -47,6 +53,9 @@ def build_llm_deployment(
     if config.engine_name != "echo":  # a model computes on the CPU it reserves (torch: one thread per CPU)
         options["ray_actor_options"] = {"num_cpus": MODEL_CPUS, **(options.get("ray_actor_options") or {})}
     options.update(override_serve_options or {})
+    if "request_router_config" not in options and _most_replicas(options) > 1:
+        # Replies that share a prompt prefix go where its keys and values are cached.
+        options["request_router_config"] = {"request_router_class": PREFIX_AWARE}
     target = deployment_cls or LLMServer
     if not (isinstance(target, type) and issubclass(target, LLMServer)):
         raise TypeError(f"deployment_cls must be a subclass of LLMServer, got {target!r}")
@@ -70,7 +79,15 @@ def build_openai_app(llm_serving_args: LLMServingArgs | Mapping[str, Any]) -> tk
     }
     options = {"max_ongoing_requests": INGRESS_ONGOING, **args.ingress_deployment_config.options()}
     name = args.ingress_deployment_config.name or "OpenAiIngress"
-    return tk.deployment(name=name, **options)(OpenAIIngress).bind(models, kinds)
+    lora = tuple(config.model_id for config in args.llm_configs if config.lora_config is not None)
+    return tk.deployment(name=name, **options)(OpenAIIngress).bind(models, kinds, lora)
+
+
+def _most_replicas(options: dict[str, Any]) -> int:
+    """The most replicas a deployment with ``options`` runs."""
+    config = DeploymentConfig.model_validate(options)
+    autoscaling = config.autoscaling_config
+    return autoscaling.max_replicas if autoscaling is not None else config.num_replicas
 
 
 def _ongoing(config: LLMConfig) -> int:

@@ -77,8 +77,8 @@ class ModelLoadingConfig(Schema):
 
 
 class LoraConfig(Schema):
-    """LoRA adapters of a model, read from a local folder. The fields are taken and checked
-    now; adapters are served from the sequel on (LoRA and prefix-aware routing, docs/llm.md)."""
+    """LoRA adapters of a model, read from a local folder and applied with peft; clients
+    name them "model_id:adapter" (docs/llm.md, "LoRA adapters")."""
 
     dynamic_lora_loading_path: str | None = Field(
         None,
@@ -215,6 +215,15 @@ class LLMConfig(Schema):
         if isinstance(runtime_env, Mapping) and runtime_env and isinstance(own, Mapping):
             actor["runtime_env"] = {**own, **runtime_env}
         return {**data, "deployment_config": {**deployment, "ray_actor_options": actor}}
+
+    @model_validator(mode="after")
+    def _adapters_need_a_model(self) -> LLMConfig:
+        if self.lora_config is not None and self.engine_name != "transformers":
+            raise ValueError(
+                f"lora_config needs a generative model on the transformers engine; llm_engine "
+                f"{self.llm_engine!r} runs {self.engine_name}: remove lora_config"
+            )
+        return self
 
     @model_validator(mode="after")
     def _engine_agrees(self) -> LLMConfig:

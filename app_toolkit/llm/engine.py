@@ -96,12 +96,16 @@ class TextEngine(Protocol):
         sampling: Sampling,
         constraint: Constraint | None = None,
         on_slot: Callable[[], None] | None = None,
+        on_prompt: Callable[[int], None] | None = None,
+        adapter: str = "",
     ) -> AsyncGenerator[int, None]:
-        """Token ids of one reply, as each is decoded; ends at an end-of-sequence or stop
+        """Token ids of one reply, as each is decoded (with LoRA adapter ``adapter``, one
+        the engine loaded; "": the base model); ends at an end-of-sequence or stop
         token (not yielded), at ``sampling.max_tokens``, or when ``constraint`` is
         finished. Closing the iterator takes the reply out of the batch at once.
         ``on_slot`` is called when the reply leaves the engine's queue for a slot (its
-        time in the queue is a metric)."""
+        time in the queue is a metric); ``on_prompt`` once the prompt is read, with how
+        many of its tokens came from a prefix cache (0: none, or no cache)."""
 
     def current_load(self) -> EngineLoad:
         """What it holds now; cheap, never waits."""

@@ -27,6 +27,8 @@ DTYPES: dict[str, TorchDtype] = {
     "float": "float32",
     "float32": "float32",
 }
+#: The bytes the prefix cache keeps where ``kv_cache_memory_bytes`` says none.
+PREFIX_CACHE_BYTES = 1 << 30
 #: The engines (``app_toolkit.llm.engines``) an LLM deployment can run.
 EngineName = Literal["transformers", "echo", "embeddings"]
 
@@ -42,8 +44,9 @@ class EngineOptions:
     #: Replies decoded at once in one batch (``max_num_seqs``); more wait for a slot.
     slots: int
     #: Keep the KV cache of a prompt's prefix for later prompts that start alike
-    #: (``enable_prefix_caching``).
+    #: (``enable_prefix_caching``), up to ``prefix_cache_bytes`` (``kv_cache_memory_bytes``).
     prefix_caching: bool
+    prefix_cache_bytes: int
     #: The weights' dtype once loaded (``dtype``; vLLM's "half" and "float" as torch names).
     dtype: TorchDtype
     #: Serve LoRA adapters on this model (``enable_lora``), at most ``max_loras`` in one
@@ -67,6 +70,13 @@ class EngineKwargs(Strict):
     )
     enable_prefix_caching: bool = Field(
         True, description="Reuse the KV cache of a prompt prefix seen before (vLLM's default: on)."
+    )
+    kv_cache_memory_bytes: int | None = Field(
+        None,
+        ge=0,
+        description="The memory, in bytes, the keys and values of sequences read before may take "
+        "for prefix caching (vLLM: the whole KV cache; the running batch's own is bounded here by "
+        "max_num_seqs and max_model_len); null: 1 GiB.",
     )
     dtype: Literal["auto", "half", "float16", "bfloat16", "float", "float32"] = Field(
         "auto", description="The weights' dtype once loaded; \"auto\": the checkpoint's own."
@@ -116,6 +126,9 @@ class EngineKwargs(Strict):
             context_window=self.max_model_len,
             slots=self.max_num_seqs,
             prefix_caching=self.enable_prefix_caching,
+            prefix_cache_bytes=(
+                PREFIX_CACHE_BYTES if self.kv_cache_memory_bytes is None else self.kv_cache_memory_bytes
+            ),
             dtype=DTYPES[self.dtype],
             lora=self.enable_lora,
             max_loras=self.max_loras,

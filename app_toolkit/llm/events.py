@@ -61,3 +61,8 @@ class ModelCard:
             "parent": None,
             "max_model_len": self.context_window or None,  # 0: not known yet (not loaded)
         }
+
+    def adapter_entry(self, adapter: str) -> dict[str, Any]:
+        """What ``/v1/models`` says of a LoRA adapter of this model (``adapter``: "model:name"),
+        as vLLM lists one: its parent is the model."""
+        return {**self.entry(), "id": adapter, "root": adapter, "parent": self.id}

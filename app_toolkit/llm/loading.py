@@ -18,6 +18,13 @@ def engine_for(config: LLMConfig) -> TextEngine | EmbeddingEngine:
     if name == "echo":
         return make_engine("echo", context_window=options.context_window or ECHO_WINDOW)
     files = config.model_files()
+    lora = config.lora_config
+    folder = lora.dynamic_lora_loading_path if lora is not None else None
+    kwargs = config.engine_kwargs
+    # Adapters in one batch: vLLM's max_loras when set, else every adapter a replica holds.
+    in_batch = kwargs.max_loras
+    if lora is not None and "max_loras" not in kwargs.model_fields_set:
+        in_batch = lora.max_num_adapters_per_replica
     if name == "embeddings":
         return make_engine("embeddings", path=files.directory, max_model_len=options.context_window)
     return make_engine(
@@ -27,4 +34,8 @@ def engine_for(config: LLMConfig) -> TextEngine | EmbeddingEngine:
         max_model_len=options.context_window,
         slots=options.slots,
         dtype=options.dtype,
+        prefix_cache_bytes=options.prefix_cache_bytes if options.prefix_caching else 0,
+        adapters_path=folder,
+        max_adapters_in_batch=in_batch,
+        max_lora_rank=options.max_lora_rank,
     )

@@ -30,6 +30,12 @@ TIME_PER_OUTPUT_TOKEN = Histogram(
     ("model",),
     buckets=TOKEN_BUCKETS,
 )
+PREFIX_CACHE_QUERIES = Counter(
+    "llm_prefix_cache_queries_total", "Prompt tokens looked up in the prefix cache", ("model",)
+)
+PREFIX_CACHE_HITS = Counter(
+    "llm_prefix_cache_hits_total", "Prompt tokens found in the prefix cache (not read again)", ("model",)
+)
 PROMPT_TOKENS = Counter("llm_prompt_tokens_total", "Tokens read from prompts", ("model",))
 GENERATION_TOKENS = Counter("llm_generation_tokens_total", "Tokens generated", ("model",))
 REPLIES = Counter("llm_replies_total", "Replies by how they ended", ("model", "finish_reason"))

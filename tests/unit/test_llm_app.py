@@ -8,6 +8,7 @@ from typing import Any, cast
 import pytest
 
 from app_toolkit.config import DeploymentConfig
+from app_toolkit.config.request_router import POWER_OF_TWO, PREFIX_AWARE
 from app_toolkit.llm import LLMServer, build_llm_deployment, build_openai_app
 from app_toolkit.llm.app import INGRESS_ONGOING, ONGOING_PER_SLOT, ONGOING_WITHOUT_SLOTS
 
@@ -18,7 +19,7 @@ def test_a_models_deployment_is_named_after_it_and_bounded_by_its_slots() -> Non
     app = build_llm_deployment({"model_loading_config": SMOL, "engine_kwargs": {"max_num_seqs": 3}})
     deployment = app.deployment
     assert deployment.name == "LLMServer-org--smol_1"
-    assert deployment.config.max_ongoing_requests == 3 * ONGOING_PER_SLOT
+    assert deployment.config.max_ongoing_requests == 3 == 3 * ONGOING_PER_SLOT  # none waits inside for a slot
     assert deployment.config.ray_actor_options.num_cpus == 1  # torch: one thread per CPU reserved
     echo = build_llm_deployment({"model_loading_config": {"model_id": "e"}, "llm_engine": "echo"}).deployment
     assert echo.config.max_ongoing_requests == ONGOING_WITHOUT_SLOTS
@@ -72,3 +73,15 @@ def test_the_openai_app_binds_every_model_behind_one_ingress() -> None:
         "minilm": "LLMServer-minilm",
     }
     assert kinds == {"org/smol.1": "generate", "minilm": "embed"}
+
+
+def test_a_model_on_more_than_one_replica_routes_by_prompt_prefix_unless_told() -> None:
+    echo: dict[str, Any] = {"model_loading_config": {"model_id": "e"}, "llm_engine": "echo"}
+    assert build_llm_deployment(echo).deployment.config.request_router_config is None  # one replica
+    for deployment in ({"num_replicas": 2}, {"autoscaling_config": {"min_replicas": 1, "max_replicas": 3}}):
+        config = build_llm_deployment({**echo, "deployment_config": deployment}).deployment.config
+        assert config.request_router_config is not None
+        assert config.request_router_config.class_path == PREFIX_AWARE
+    chosen = {"num_replicas": 2, "request_router_config": {"request_router_class": POWER_OF_TWO}}
+    config = build_llm_deployment({**echo, "deployment_config": chosen}).deployment.config
+    assert config.request_router_config is not None and config.request_router_config.is_default

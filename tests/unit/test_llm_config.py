@@ -21,7 +21,7 @@ from app_toolkit.exceptions import BuilderArgsError
 from app_toolkit.import_path import import_attr, ray_serve_counterpart
 from app_toolkit.llm import EngineOptions, LLMConfig, LLMServingArgs, LoraConfig, ModelLoadingConfig
 from app_toolkit.llm.config import ExperimentalConfigs
-from app_toolkit.llm.engine_options import EngineKwargs
+from app_toolkit.llm.engine_options import PREFIX_CACHE_BYTES, EngineKwargs
 from app_toolkit.llm.model_source import ModelFiles, resolve_model_source
 from app_toolkit.llm.refused import RAY_SERVE_LLM_ONLY
 from app_toolkit.llm.serving_args import serving_args
@@ -245,6 +245,7 @@ def test_engine_kwargs_map_to_the_engines_options() -> None:
         context_window=None,
         slots=8,
         prefix_caching=True,
+        prefix_cache_bytes=PREFIX_CACHE_BYTES,
         dtype="auto",
         lora=False,
         max_loras=1,
@@ -254,6 +255,7 @@ def test_engine_kwargs_map_to_the_engines_options() -> None:
         "max_model_len": 4096,
         "max_num_seqs": 3,
         "enable_prefix_caching": False,
+        "kv_cache_memory_bytes": 1000,
         "dtype": "half",
         "enable_lora": True,
         "max_loras": 2,
@@ -264,6 +266,7 @@ def test_engine_kwargs_map_to_the_engines_options() -> None:
         context_window=4096,
         slots=3,
         prefix_caching=False,
+        prefix_cache_bytes=1000,
         dtype="float16",
         lora=True,
         max_loras=2,
@@ -412,6 +415,8 @@ def test_lora_config_takes_a_local_folder_and_refuses_cloud_storage() -> None:
         f"\n  {AT}lora_config.dynamic_lora_loading_path: 's3://bucket/adapters' is cloud storage" in message
     )
     assert "local folder" in message
+    echo = _refusal(_args(llm_engine="echo", lora_config={"dynamic_lora_loading_path": "/models/adapters"}))
+    assert "lora_config needs a generative model on the transformers engine" in echo
 
 
 @pytest.mark.parametrize(

@@ -418,23 +418,10 @@ REFUSED: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
             _deployment(**{name: None}),
         )
         for name, used in (
-            ("request_router_config", {"request_router_class": "my.routers:Prefix"}),
             ("gang_scheduling_config", {"gang_size": 2}),
             ("deployment_actors", [{"name": "tree", "actor_class": "my.actors:Tree"}]),
         )
     ],
-    (
-        "applications[0] (a).deployments[0] (Greeter).request_router_config",
-        _deployment(request_router_config={"request_routing_stats_period_s": 5}),
-        _deployment(
-            request_router_config={
-                "request_router_class": "ray.serve._private.request_router:PowerOfTwoChoicesRequestRouter",
-                "request_router_kwargs": {},
-                "request_routing_stats_period_s": 10,
-                "max_backoff_s": 0.5,
-            }
-        ),
-    ),
     (
         "applications[0] (a).deployments[0] (Greeter).placement_group_bundle_label_selector",
         _deployment(
@@ -461,6 +448,23 @@ def test_a_field_refused_by_design_is_named_with_what_to_do(
     with pytest.raises(tk.ConfigError) as failed:
         parse_config(used, "serve.yaml")
     assert f"\n  {path}: a Ray Serve option app_toolkit does not implement: " in str(failed.value)
+
+
+def test_a_files_request_router_config_is_taken_and_a_field_not_implemented_is_named() -> None:
+    routing = {
+        "request_router_class": "ray.serve.llm.request_router:PrefixCacheAffinityRouter",
+        "request_router_kwargs": {"imbalanced_threshold": 3},
+        "request_routing_stats_period_s": 10,  # Ray's default, as serve build writes it
+    }
+    config = parse_config(_deployment(request_router_config=routing), "serve.yaml")
+    options = DeploymentConfig.model_validate(config.applications[0].deployments[0].options)
+    assert options.request_router_config is not None
+    assert options.request_router_config.class_path.endswith("prefix_aware:PrefixCacheAffinityRouter")
+    with pytest.raises(tk.ConfigError) as failed:
+        parse_config(_deployment(request_router_config={"request_routing_stats_period_s": 5}), "serve.yaml")
+    assert "deployments[0] (Greeter).request_router_config: request_routing_stats_period_s=5 is not" in str(
+        failed.value
+    )
 
 
 def test_every_refused_field_has_a_case() -> None:
@@ -544,6 +548,9 @@ applications:
     placement_group_bundles: [{CPU: 1}]
     placement_group_strategy: SPREAD
     direct_ingress: false
+    request_router_config:
+      request_router_class: ray.serve.llm.request_router:PrefixCacheAffinityRouter
+      request_router_kwargs: {imbalanced_threshold: 4}
 """
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import itertools
+import json
 import logging
 import math
 from collections import Counter
@@ -32,7 +33,7 @@ from app_toolkit._runtime.controller.replica_state import (
 )
 from app_toolkit._runtime.messages import AdoptedReplica, DeploymentID, DeploymentSpec
 from app_toolkit._runtime.request_context import ReplicaRank
-from app_toolkit._runtime.tables import ReplicaTable
+from app_toolkit._runtime.tables import ReplicaTable, RouterChoice
 from app_toolkit.status import ReplicaState
 
 #: Failed starts of one version after which its deployment is DEPLOY_FAILED.
@@ -297,7 +298,13 @@ def replica_table(state: DeploymentState) -> ReplicaTable:
     # it wait for the first replica, those beyond it are refused.
     config = state.spec.config
     overload = (config.backpressure_config.status_code, config.backpressure_config.retry_after_s)
-    return ReplicaTable(tuple(infos), config.max_queued_requests, config.affinity, overload=overload)
+    routing = config.request_router_config
+    router = None
+    if routing is not None and not routing.is_default:
+        router = RouterChoice(routing.class_path, json.dumps(routing.request_router_kwargs, sort_keys=True))
+    return ReplicaTable(
+        tuple(infos), config.max_queued_requests, config.affinity, overload=overload, router=router
+    )
 
 
 def autoscale(state: DeploymentState, load: float, now: float) -> list[Action]:

@@ -13,17 +13,28 @@ or leaves only the keys whose best replica it is move. A replacement takes the r
 the replica it replaces, so it gets back that replica's keys and no others. (Two replicas
 share a rank during a rolling upgrade: the table's order breaks the tie, the same for
 every caller.)
+
+A deployment with a request router of its own (``request_router_config``) has its other
+requests ranked by it (``app_toolkit.request_router``): the first rank with a free
+replica gets the request, to the one of them with the fewest requests in flight.
 """
 
 from __future__ import annotations
 
 import hashlib
+import json
+import logging
 import random
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
-from app_toolkit._runtime.messages import DeploymentID, ReplicaInfo
+from app_toolkit._runtime.messages import DeploymentID, HTTPRequest, MethodCall, ReplicaInfo, Request
+from app_toolkit._runtime.tables import RouterChoice
+from app_toolkit.request_router import PendingRequest, RequestRouter, RunningReplica
+from app_toolkit.request_router.loading import make_router
+
+logger = logging.getLogger("app_toolkit.router")
 
 _BACKOFF_START_S = 0.002
 _BACKOFF_MAX_S = 0.1
@@ -50,6 +61,8 @@ def _score(key_hash: int, replica_seed: int) -> int:
 #: replica as holding it (it loads it), until its own report reaches the replica table.
 MODEL_HINT_S = 5.0
 _MAX_HINTS = 256  # per replica
+#: A failing request router is logged at most this often (each failure routes by power of two).
+_ROUTER_LOG_S = 60.0
 
 
 @dataclass
@@ -61,9 +74,12 @@ class _Replica:
     sent: dict[str, float] = field(default_factory=dict)  # model id -> when last sent here
     seed: int = 0  # for shard keys: stable_hash of its rank (of its id if it has none)
 
+    running: RunningReplica = field(init=False)  # as request routers see it
+
     def __post_init__(self) -> None:
         rank = self.info.rank
         self.seed = stable_hash(f"rank {rank}" if rank >= 0 else self.info.replica_id)
+        self.running = _running(self.info)
 
     def free(self, now: float) -> bool:
         return self.in_flight < self.info.max_ongoing_requests and self.blocked_until <= now
@@ -83,6 +99,10 @@ class ReplicaChooser:
     def __init__(self, rng: random.Random | None = None) -> None:
         self._replicas: dict[str, _Replica] = {}
         self._rng = rng or random.Random()
+        self._choice: RouterChoice | None = None
+        #: The deployment's request router (None: power of two choices here).
+        self.router: RequestRouter | None = None
+        self._router_failed_at = -_ROUTER_LOG_S
 
     def set_replicas(self, infos: Iterable[ReplicaInfo]) -> None:
         """Adopt a new replica table; counts of replicas that stay are kept."""
@@ -90,15 +110,35 @@ class ReplicaChooser:
         for info in infos:
             known = self._replicas.get(info.replica_id)
             if known is not None:
-                known.info = info
+                if known.info != info:
+                    known.info, known.running = info, _running(info)
                 fresh[info.replica_id] = known
             else:
                 fresh[info.replica_id] = _Replica(info)
         self._replicas = fresh
+        self._tell_router("update_replicas", [replica.running for replica in fresh.values()])
+
+    def set_router(self, choice: RouterChoice | None) -> None:
+        """Route by the request router ``choice`` names (None: power of two choices). A
+        router this process cannot make is logged, and power of two choices route."""
+        if choice == self._choice:
+            return
+        self._choice, self.router = choice, None
+        if choice is None:
+            return
+        try:
+            router = make_router(choice.path, json.loads(choice.kwargs))
+        except Exception as exc:  # noqa: BLE001 - whatever its import raised: logged, never fatal
+            logger.error("Routing by power of two choices: the request router cannot be made here: %s", exc)
+            return
+        router.bind_queue_lens(self.in_flight)
+        self.router = router
+        self._tell_router("update_replicas", [replica.running for replica in self._replicas.values()])
 
     def remove(self, replica_id: str) -> None:
         """Forget a replica that cannot be reached (until a table brings it back)."""
-        self._replicas.pop(replica_id, None)
+        if self._replicas.pop(replica_id, None) is not None:
+            self._tell_router("on_replica_actor_died", replica_id)
 
     @property
     def replica_ids(self) -> list[str]:
@@ -121,14 +161,20 @@ class ReplicaChooser:
         return max(self._replicas.values(), key=lambda r: _score(key_hash, r.seed), default=None)
 
     def choose(
-        self, now: float, model_id: str = "", shard_key: str = "", affinity: Affinity = "strict"
+        self,
+        now: float,
+        model_id: str = "",
+        shard_key: str = "",
+        affinity: Affinity = "strict",
+        pending: PendingRequest | None = None,
     ) -> ReplicaInfo | None:
         """Pick a replica with a free slot, or None if every replica is busy or blocked.
 
         For a multiplexed ``model_id``: a replica holding the model if one is free, else
         one holding the fewest models (the least likely to evict one in use). For a
         ``shard_key``: the key's replica; when it is not free, None (``strict``: wait for
-        it) or another as without a key (``prefer``).
+        it) or another as without a key (``prefer``). Other requests of a deployment with
+        a request router: as its ranks of ``pending`` say.
         """
         if shard_key:
             owner = self._owner(stable_hash(shard_key))
@@ -136,6 +182,10 @@ class ReplicaChooser:
                 return owner.info
             if affinity == "strict":
                 return None
+        elif self.router is not None and not model_id:
+            routed = self._routed(now, pending)
+            if routed is not False:
+                return routed
         free = [r for r in self._replicas.values() if r.free(now)]
         if model_id and free:
             holders = [r for r in free if r.holds(model_id, now)]
@@ -152,6 +202,46 @@ class ReplicaChooser:
         first, second = self._rng.sample(free, 2)
         return (first if first.in_flight <= second.in_flight else second).info
 
+    def _routed(self, now: float, pending: PendingRequest | None) -> ReplicaInfo | Literal[False] | None:
+        """The request router's choice: the free replica with the fewest requests in
+        flight in its first rank that has one; None: none is free (wait); False: the
+        router failed (logged; power of two choices route)."""
+        router = self.router
+        assert router is not None
+        candidates = [r.running for r in self._replicas.values() if r.blocked_until <= now]
+        if not candidates:
+            return None
+        try:
+            ranks = router.choose_replicas(candidates, pending)
+        except Exception:  # noqa: BLE001 - a router never breaks serving (STYLE 11); logged there
+            self._router_failed(now)
+            return False
+        for rank in ranks:
+            free = [
+                replica
+                for replica in (self._replicas.get(running.replica_id) for running in rank)
+                if replica is not None and replica.free(now)
+            ]
+            if free:
+                return min(free, key=lambda replica: replica.in_flight).info
+        return None
+
+    def _router_failed(self, now: float) -> None:
+        if now - self._router_failed_at >= _ROUTER_LOG_S:
+            self._router_failed_at = now
+            logger.exception(
+                "The request router %s failed; routing by power of two choices (logged once a minute)",
+                self._choice.path if self._choice else "?",
+            )
+
+    def _tell_router(self, hook: str, *args: object) -> None:
+        if self.router is None:
+            return
+        try:
+            getattr(self.router, hook)(*args)
+        except Exception:  # a router never breaks serving (STYLE 11)
+            logger.exception("The request router's %s failed", hook)
+
     def any_free(self, now: float) -> bool:
         """Some replica has a free slot and is not skipped."""
         return any(r.free(now) for r in self._replicas.values())
@@ -164,6 +254,10 @@ class ReplicaChooser:
             if r.blocked_until > now and r.in_flight < r.info.max_ongoing_requests
         ]
         return min(times) if times else None
+
+    def routed(self, pending: PendingRequest, replica_id: str) -> None:
+        """The replica accepted ``pending``: its router hears of it."""
+        self._tell_router("on_request_routed", pending, replica_id)
 
     def acquire(self, replica_id: str, model_id: str = "", now: float = 0.0) -> None:
         replica = self._replicas.get(replica_id)
@@ -194,6 +288,20 @@ class ReplicaChooser:
         replica.backoff_s = min(max(replica.backoff_s * 2, _BACKOFF_START_S), _BACKOFF_MAX_S)
         replica.blocked_until = now + replica.backoff_s
         return replica.backoff_s
+
+
+def _running(info: ReplicaInfo) -> RunningReplica:
+    return RunningReplica(info.replica_id, info.node_id, info.max_ongoing_requests, frozenset(info.models))
+
+
+def pending_request(request: Request) -> PendingRequest:
+    """``request`` as request routers see it: a handle call's arguments, an HTTP request's
+    body as far as it came with the head."""
+    if isinstance(request, MethodCall):
+        return PendingRequest(request.request_id, request.args, request.kwargs, request.model_id)
+    if isinstance(request, HTTPRequest):
+        return PendingRequest(request.request_id, body=request.body, body_complete=not request.more_body)
+    return PendingRequest(getattr(request, "request_id", ""))
 
 
 def choose_variant(

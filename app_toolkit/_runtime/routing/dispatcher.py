@@ -22,14 +22,16 @@ from app_toolkit._runtime.routing.choice import (
     Affinity,
     ReplicaChooser,
     choose_variant,
+    pending_request,
     queue_bound,
     queue_is_full,
 )
 from app_toolkit._runtime.routing.shadow import Shadower
 from app_toolkit._runtime.routing.tally import VariantTally, failed
 from app_toolkit._runtime.routing.waiting_line import WaitingLine
-from app_toolkit._runtime.tables import Outcomes, ShadowTarget
+from app_toolkit._runtime.tables import Outcomes, RouterChoice, ShadowTarget
 from app_toolkit.exceptions import BackPressureError, ReplicaUnavailableError, RequestLostError
+from app_toolkit.request_router import PendingRequest
 
 logger = logging.getLogger("app_toolkit.router")
 
@@ -129,9 +131,11 @@ class Dispatcher:
         split: tuple[tuple[DeploymentID, float], ...] = (),
         shadow: ShadowTarget | None = None,
         overload: tuple[int, float | None] = (503, 1.0),
+        router: RouterChoice | None = None,
     ) -> None:
         """Adopt the controller's newest replica table for this deployment."""
         self._closed_reason = None
+        self._chooser.set_router(router)
         self.max_queued_requests = max_queued_requests
         self._overload = overload
         self._line.affinity = affinity
@@ -252,8 +256,12 @@ class Dispatcher:
     ) -> Reply:
         """Send to a replica of this deployment; retry on another while it never started."""
         failures = 0
+        # What the deployment's request router reads: when it has one, or may have (the
+        # first table, which names it, may come while the request waits).
+        routed = self._chooser.router is not None or not self._has_table
+        pending = pending_request(request) if routed else None
         while True:
-            info = await self._acquire(model_id, shard_key)
+            info = await self._acquire(model_id, shard_key, pending)
             try:
                 reply = await self._open_on(info, request, on_open)
             except RequestLostError:
@@ -264,6 +272,8 @@ class Dispatcher:
                     raise
                 continue
             if isinstance(reply, Reply):
+                if pending is not None and self._chooser.router is not None:
+                    self._chooser.routed(pending, info.replica_id)
                 return reply
 
     def replicas(self) -> list[ReplicaInfo]:
@@ -335,18 +345,20 @@ class Dispatcher:
         self._chooser.succeeded(info.replica_id)
         return Reply(first, exchange, info.replica_id, self._release, self._lost_request)
 
-    async def _acquire(self, model_id: str, shard_key: str = "") -> ReplicaInfo:
+    async def _acquire(
+        self, model_id: str, shard_key: str = "", pending: PendingRequest | None = None
+    ) -> ReplicaInfo:
         if self._closed_reason is not None:
             raise ReplicaUnavailableError(self._closed_reason)
         if not self._line:
             now = _now()
-            choice = self._chooser.choose(now, model_id, shard_key, self.affinity)
+            choice = self._chooser.choose(now, model_id, shard_key, self.affinity, pending)
             if choice is not None:
                 self._chooser.acquire(choice.replica_id, model_id, now)
                 return choice
         if queue_is_full(self.queued, self.max_queued_requests):
             raise self._refusal()
-        waiter = self._line.join(model_id, shard_key)
+        waiter = self._line.join(model_id, shard_key, pending)
         self._line.wake()  # arms the back-off timer if a replica is only skipped for now
         if self._on_demand is not None and not self._chooser.replica_ids:
             self._on_demand()

@@ -119,6 +119,7 @@ class TableSubscriber:
                         table.split,
                         table.shadow,
                         table.overload,
+                        table.router,
                     )
                 else:
                     reason = (

@@ -15,12 +15,14 @@ from collections.abc import Callable
 
 from app_toolkit._runtime.messages import ReplicaInfo
 from app_toolkit._runtime.routing.choice import Affinity, ReplicaChooser
+from app_toolkit.request_router import PendingRequest
 
 #: A timer may fire a hair early: a wake-up for a back-off's end comes this much later.
 _WAKE_SLACK_S = 0.0005
 
-#: A waiting request: its future, multiplexed model id and shard key.
-_Waiter = tuple[asyncio.Future[ReplicaInfo], str, str]
+#: A waiting request: its future, multiplexed model id, shard key, and what the
+#: deployment's request router reads of it (None without one).
+_Waiter = tuple[asyncio.Future[ReplicaInfo], str, str, PendingRequest | None]
 
 
 class WaitingLine:
@@ -42,11 +44,13 @@ class WaitingLine:
         """Requests waiting now (those given up on while waiting are not counted)."""
         return sum(1 for waiter in self._waiters if not waiter[0].done())
 
-    def join(self, model_id: str, shard_key: str) -> asyncio.Future[ReplicaInfo]:
+    def join(
+        self, model_id: str, shard_key: str, pending: PendingRequest | None = None
+    ) -> asyncio.Future[ReplicaInfo]:
         """A request waits: the future it gets is set to the replica it may use (whose
         slot it holds), or to an error."""
         future: asyncio.Future[ReplicaInfo] = asyncio.get_running_loop().create_future()
-        self._waiters.append((future, model_id, shard_key))
+        self._waiters.append((future, model_id, shard_key, pending))
         if shard_key:
             self._keyed += 1
         return future
@@ -66,7 +70,7 @@ class WaitingLine:
             return
         kept: collections.deque[_Waiter] = collections.deque()
         for waiter in reversed(self._waiters):
-            future, _, shard_key = waiter
+            future, _, shard_key, _ = waiter
             if excess > 0 and not future.done():
                 excess -= 1
                 self._keyed -= 1 if shard_key else 0
@@ -82,11 +86,11 @@ class WaitingLine:
             self._wake_keyed(now)
             return
         while self._waiters:
-            head, model_id, _ = self._waiters[0]
+            head, model_id, _, pending = self._waiters[0]
             if head.done():
                 self._waiters.popleft()
                 continue
-            choice = self._chooser.choose(now, model_id)
+            choice = self._chooser.choose(now, model_id, pending=pending)
             if choice is None:
                 self._wake_later(now)
                 return
@@ -102,13 +106,13 @@ class WaitingLine:
         unkeyed_stuck = False
         while self._waiters:
             waiter = self._waiters.popleft()
-            future, model_id, shard_key = waiter
+            future, model_id, shard_key, pending = waiter
             if future.done():
                 self._keyed -= 1 if shard_key else 0
                 continue
             choice = None
             if not (unkeyed_stuck and not shard_key) and self._chooser.any_free(now):
-                choice = self._chooser.choose(now, model_id, shard_key, self.affinity)
+                choice = self._chooser.choose(now, model_id, shard_key, self.affinity, pending)
             if choice is None:
                 kept.append(waiter)
                 unkeyed_stuck = unkeyed_stuck or not shard_key

@@ -12,6 +12,15 @@ checks before each layer whether a reader of a row it computes left, and stops; 
 decoding step's cache is cut back to where it was and the step is done again without
 that row.
 
+A prompt that starts like a sequence read before reads only the rest: with a
+:class:`~.prefix_cache.PrefixCache`, a prompt's keys and values are kept once read, and a
+reply's (prompt and tokens) once it ends.
+
+Replies may each name a LoRA adapter (``adapters.py``): rows of different adapters share a
+batch (peft's ``adapter_names``), up to ``max_adapters`` adapters in a batch. Adapters are
+attached and detached between two passes (:meth:`Decoder.attach`, :meth:`Decoder.detach`);
+one still used by a reply is detached once no reply uses it.
+
 Each reply samples on its own terms (:class:`~app_toolkit.llm.engine.Sampling`: its
 temperature, top-p, seed and stop tokens) and, given a
 :class:`~app_toolkit.llm.engine.Constraint`, only among the tokens the constraint allows.
@@ -22,7 +31,6 @@ token) reaches them through :class:`DecoderHooks`.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import logging
 import time
 from collections.abc import AsyncGenerator, Callable, Collection, Sequence
@@ -30,9 +38,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from transformers import DynamicCache
 
 from ..engine import Constraint, EngineLoad, Sampling
+from .adapters import AdapterFiles, AttachedAdapters
+from .batch_cache import BatchCache, cache_argument, cache_from, cache_of
+from .prefix_cache import LayerKV, PrefixCache
 from .sampling import NOTHING_ALLOWED, choose, penalise, restrict
 
 logger = logging.getLogger(__name__)
@@ -76,6 +86,11 @@ class _Sequence:
     stage: str = "queued"  # then "prefill", then "decode": where a cancellation finds it
     queued_at: float = field(default_factory=time.monotonic)
     on_slot: Callable[[], None] | None = None  # its reader's: called when it leaves the queue
+    on_prompt: Callable[[int], None] | None = None  # its reader's: called with the tokens cached
+    cached: int = -1  # prompt tokens found in the prefix cache (-1: the prompt is not read yet)
+    reply: list[int] = field(default_factory=list)  # the tokens sent
+    adapter: str = ""  # the LoRA adapter it decodes with ("": the base model)
+    finished: bool = False  # ended by the decoder (not left by its reader)
 
 
 class Decoder:
@@ -88,21 +103,28 @@ class Decoder:
         max_batch_size: int,
         repetition_penalty: float = 1.0,
         hooks: DecoderHooks | None = None,
+        prefix_cache: PrefixCache | None = None,
+        max_adapters: int = 0,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if repetition_penalty <= 0:
             raise ValueError(f"repetition_penalty must be > 0 (1: none), got {repetition_penalty}")
         self._model = model
-        self._cache_argument = _cache_argument(model)
+        self._cache_argument = cache_argument(model)
         self._eos = frozenset(eos_ids)
         self._max_batch_size = max_batch_size
         self._penalty = repetition_penalty
         self._hooks = hooks or DecoderHooks()
+        self._prefixes = prefix_cache
+        # Ended replies' keys and values (views of the batch's) for the prefix cache.
+        self._to_keep: list[tuple[list[int], list[LayerKV], str]] = []
+        self._max_adapters = max_adapters  # distinct adapters in one batch (0: no limit)
+        self._adapters = AttachedAdapters()
         self._waiting: list[_Sequence] = []
         self._joining: list[_Sequence] = []  # reading their prompts (prefill)
         self._active: list[_Sequence] = []
-        self._reset_batch()
+        self._batch = BatchCache()
         # A forward pass checks these sequences before each layer and stops when one was
         # abandoned, so a cancelled reply frees its place within a layer's time, not a pass's.
         self._watched: list[_Sequence] = []
@@ -136,20 +158,31 @@ class Decoder:
         sampling: Sampling,
         constraint: Constraint | None = None,
         on_slot: Callable[[], None] | None = None,
+        on_prompt: Callable[[int], None] | None = None,
+        adapter: str = "",
     ) -> AsyncGenerator[int, None]:
         """Token ids of one reply (as :meth:`TextEngine.generate
         <app_toolkit.llm.engine.TextEngine.generate>` says); closing the iterator takes the
-        sequence out of the batch."""
+        sequence out of the batch. ``adapter``: an attached LoRA adapter to decode with."""
+        if adapter and adapter not in self._adapters.names:
+            raise ValueError(f"The adapter {adapter!r} is not attached: attach it first")
         if not prompt:
             raise ValueError("The prompt is empty: a reply needs at least one token to follow")
         if sampling.max_tokens < 1:
             return
         generator = None if sampling.seed is None else torch.Generator().manual_seed(sampling.seed)
-        sequence = _Sequence(prompt, sampling, constraint, generator, set(prompt), on_slot=on_slot)
+        sequence = _Sequence(
+            prompt,
+            sampling,
+            constraint,
+            generator,
+            set(prompt),
+            on_slot=on_slot,
+            on_prompt=on_prompt,
+            adapter=adapter,
+        )
         self._waiting.append(sequence)
-        if self._task is None:
-            self._task = asyncio.get_running_loop().create_task(self._run(), name="decoder")
-        self._wake.set()
+        self._start()
         finished = False
         try:
             while (item := await sequence.out.get()) is not None:
@@ -163,6 +196,51 @@ class Decoder:
             sequence.abandoned = True  # the loop drops it before the next step
             if sequence.stage == "queued" and sequence in self._waiting:
                 self._waiting.remove(sequence)  # its place in the queue is free now
+
+    @property
+    def adapters(self) -> set[str]:
+        """The adapters attached."""
+        return self._adapters.names
+
+    async def attach(self, adapter: AdapterFiles) -> float:
+        """Add ``adapter`` to the model between two passes (at once if it is attached, or
+        was to be detached: it stays). Returns how long the passes waited for it (s)."""
+        done = self._adapters.attach(adapter)
+        if done is None:
+            return 0.0
+        self._start()
+        return await done
+
+    def detach(self, adapter_id: str) -> None:
+        """Remove an adapter once no reply uses it (between two passes); its prefix cache
+        entries go with it."""
+        if self._adapters.detach(adapter_id):
+            self._start()
+
+    def _start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name="decoder")
+        self._wake.set()
+
+    def hold(self, adapter_id: str) -> None:
+        """A request will decode with ``adapter_id`` (attached): it is not detached until
+        :meth:`release`, even before the request's reply joins the queue."""
+        self._adapters.hold(adapter_id)
+
+    def release(self, adapter_id: str) -> None:
+        self._adapters.release(adapter_id)
+        if self._adapters.pending:
+            self._start()
+
+    async def _between_passes(self) -> None:
+        """The adapters' work on the model, in the passes' thread, while no pass runs."""
+
+        def in_use() -> set[str]:
+            return {s.adapter for s in (*self._waiting, *self._joining, *self._active) if not s.abandoned}
+
+        forget = self._prefixes.clear if self._prefixes is not None else lambda adapter: None
+        self._model = await self._adapters.work(self._model, in_use, forget)
+        self._cache_argument = cache_argument(self._model)
 
     def _stop_if_abandoned(self, module: Any, args: Any) -> None:
         if any(sequence.abandoned for sequence in self._watched):
@@ -191,6 +269,8 @@ class Decoder:
     async def _run(self) -> None:
         while True:
             self._drop_finished()
+            if self._adapters.pending:
+                await self._between_passes()
             if not self._active and not self._waiting:
                 self._wake.clear()
                 await self._wake.wait()
@@ -204,12 +284,11 @@ class Decoder:
                         sequence.out.put_nowait(exc)
                         sequence.abandoned = True
                 self._active, self._joining, self._waiting = [], [], []
-                self._reset_batch()
+                self._batch.reset()
 
     async def _advance(self) -> None:
         """Admit waiting sequences while there is room, then decode one token for each row."""
-        room = self._max_batch_size - len(self._active)
-        joining, self._waiting = self._waiting[:room], self._waiting[room:]
+        joining, self._waiting = self._joiners(self._max_batch_size - len(self._active))
         if joining:
             now = time.monotonic()
             for sequence in joining:
@@ -220,6 +299,9 @@ class Decoder:
             self._joining = joining  # a failure below ends them with the others (_run)
             firsts = await asyncio.to_thread(self._prefill, joining)
             self._joining = []
+            for sequence in joining:
+                if sequence.on_prompt is not None and sequence.cached >= 0:
+                    self._report_to(sequence.on_prompt, sequence.cached)
             self._deliver(joining, firsts)
         self._drop_finished()
         if self._active:
@@ -231,6 +313,27 @@ class Decoder:
                 self._report("stepped", len(self._active), took)
                 self._deliver(self._active, tokens)
 
+    def _joiners(self, room: int) -> tuple[list[_Sequence], list[_Sequence]]:
+        """The waiting sequences that join now, in order, and those that keep waiting: up
+        to ``room``, and while the batch holds at most ``max_adapters`` adapters."""
+        if not self._max_adapters:
+            return self._waiting[:room], self._waiting[room:]
+        batch = {sequence.adapter for sequence in self._active if sequence.adapter}
+        joining: list[_Sequence] = []
+        waiting: list[_Sequence] = []
+        blocked = False  # an adapter's reply waits for room: none of another adapter passes it
+        for sequence in self._waiting:
+            fits = not sequence.adapter or sequence.adapter in batch or len(batch) < self._max_adapters
+            fits = fits and not (blocked and sequence.adapter)
+            blocked = blocked or (bool(sequence.adapter) and not fits)
+            if len(joining) < room and fits:
+                joining.append(sequence)
+                if sequence.adapter:
+                    batch.add(sequence.adapter)
+            else:
+                waiting.append(sequence)
+        return joining, waiting
+
     def _deliver(self, sequences: list[_Sequence], tokens: Sequence[int | None]) -> None:
         """Send each row's token to its reader, or end its reply: at an end-of-sequence or
         stop token (not sent), at max_tokens, when its constraint is finished or allows
@@ -241,16 +344,17 @@ class Decoder:
             sequence.stage = "decode"
             if token == NOTHING_ALLOWED or self._ends(sequence, token):
                 sequence.out.put_nowait(None)
-                sequence.abandoned = True  # finished: its row goes at the next drop
+                sequence.abandoned = sequence.finished = True  # its row goes at the next drop
                 continue
             self.tokens += 1
             sequence.generated += 1
             sequence.seen.add(token)
+            sequence.reply.append(token)
             sequence.out.put_nowait(token)
             constrained = sequence.constraint
             if sequence.generated >= sequence.sampling.max_tokens or (constrained and constrained.finished):
                 sequence.out.put_nowait(None)
-                sequence.abandoned = True
+                sequence.abandoned = sequence.finished = True
 
     def _ends(self, sequence: _Sequence, token: int) -> bool:
         """``token`` ends the reply unsent: an end-of-sequence (unless ignored) or stop token."""
@@ -258,43 +362,61 @@ class Decoder:
             token in self._eos and not sequence.sampling.ignore_eos
         )
 
-    def _reset_batch(self) -> None:
-        self._cache: Any = None  # DynamicCache of the active rows, left-padded
-        self._mask = torch.zeros(0, 0, dtype=torch.long)  # 1 where a row has a token
-        self._last = torch.zeros(0, 1, dtype=torch.long)  # each row's newest token
-
     def _drop_finished(self) -> None:
         self._waiting = [sequence for sequence in self._waiting if not sequence.abandoned]
         keep = [index for index, sequence in enumerate(self._active) if not sequence.abandoned]
         if len(keep) == len(self._active):
             return
+        self._keep_finished([index for index in range(len(self._active)) if index not in keep])
         self._active = [self._active[index] for index in keep]
-        if not keep:
-            self._reset_batch()
+        self._batch.keep(keep)
+
+    def _keep_finished(self, rows: list[int]) -> None:
+        """Keep the keys and values of the replies in ``rows`` that ended (not those left
+        by their readers) in the prefix cache: their prompt and the tokens the batch has
+        read of their reply (all but the last sent, or all when a stop token ended it)."""
+        if self._prefixes is None:
             return
-        self._cache.batch_select_indices(torch.tensor(keep))
-        self._mask, self._last = self._mask[keep], self._last[keep]
-        start = int(self._mask.any(dim=0).nonzero()[0])  # columns now padding in every row
-        if start:
-            self._cache = _sliced(self._cache, start)
-            self._mask = self._mask[:, start:]
+        for row in rows:
+            sequence = self._active[row]
+            if sequence.finished:
+                width, layers = self._batch.row(row)  # views: copied in the passes' thread
+                self._to_keep.append(((sequence.prompt + sequence.reply)[:width], layers, sequence.adapter))
+
+    def _store_kept(self) -> None:
+        """Copy the ended replies' keys and values into the prefix cache (in the passes'
+        thread: a long sequence's copy takes milliseconds the event loop should not)."""
+        kept, self._to_keep = self._to_keep, []
+        for tokens, layers, adapter in kept:
+            copies = [(keys.clone(), values.clone()) for keys, values in layers]
+            assert self._prefixes is not None
+            self._prefixes.store(tokens, copies, adapter)
 
     @torch.inference_mode()
     def _prefill(self, joining: list[_Sequence]) -> list[int | None]:
-        """Run each new prompt alone, ``PREFILL_CHUNK`` tokens at a time, then merge its
-        cache into the batch. A sequence abandoned meanwhile (its reader left) stops at
-        the next layer and gets None instead of a first token."""
+        """Run each new prompt alone, ``PREFILL_CHUNK`` tokens at a time, from the end of
+        its longest cached prefix, then merge its cache into the batch. A sequence abandoned
+        meanwhile (its reader left) stops at the next layer and gets None instead of a
+        first token."""
+        self._store_kept()
         firsts: list[int | None] = []
         for sequence in joining:
             cache: Any = None
             output: Any = None
+            cached = 0
+            if self._prefixes is not None:
+                found = self._prefixes.lookup(sequence.prompt, sequence.adapter)
+                cached = found.tokens
+                if cached:
+                    cache = cache_from(found.layers)
             self._watched = [sequence]
             try:
-                for start in range(0, len(sequence.prompt), PREFILL_CHUNK):
+                for start in range(cached, len(sequence.prompt), PREFILL_CHUNK):
                     ids = torch.tensor([sequence.prompt[start : start + PREFILL_CHUNK]])
                     carried = {} if cache is None else {self._cache_argument: cache}
-                    output = self._model(input_ids=ids, use_cache=True, **carried)
-                    cache = _cache_of(output)
+                    adapter = self._adapters.names_for([sequence.adapter])
+                    output = self._model(input_ids=ids, use_cache=True, **carried, **adapter)
+                    cache = cache_of(output)
             except _Abandoned:
                 output = None  # its cache was its own: nothing else to undo
             finally:
@@ -302,29 +424,16 @@ class Decoder:
             if sequence.abandoned or output is None:
                 firsts.append(None)
                 continue
+            if self._prefixes is not None:
+                self._prefixes.store(
+                    sequence.prompt, [(layer.keys, layer.values) for layer in cache.layers], sequence.adapter
+                )
+            sequence.cached = cached
             token = self._sample(output.logits[:, -1], [sequence])[0]
-            self._merge(cache, len(sequence.prompt), max(token, 0))  # a row that ends feeds any token
+            self._batch.add(cache, len(sequence.prompt), max(token, 0))  # a row that ends feeds any token
             self._active.append(sequence)
             firsts.append(token)
         return firsts
-
-    def _merge(self, cache: Any, length: int, token: int) -> None:
-        if self._cache is None:
-            self._cache, self._mask = cache, torch.ones(1, length, dtype=torch.long)
-            self._last = torch.tensor([[token]])
-            return
-        width = max(self._mask.shape[1], length)
-        merged = DynamicCache()
-        for index, (old, new) in enumerate(zip(self._cache.layers, cache.layers, strict=True)):
-            keys = torch.cat([_left_pad(old.keys, width), _left_pad(new.keys, width)])
-            values = torch.cat([_left_pad(old.values, width), _left_pad(new.values, width)])
-            merged.update(keys, values, index)
-        self._cache = merged
-        mask = torch.zeros(len(self._active) + 1, width, dtype=torch.long)
-        mask[:-1, width - self._mask.shape[1] :] = self._mask
-        mask[-1, width - length :] = 1
-        self._mask = mask
-        self._last = torch.cat([self._last, torch.tensor([[token]])])
 
     def _sample(self, logits: torch.Tensor, sequences: list[_Sequence]) -> list[int]:
         """One token per row: greedy at temperature 0, else sampled from the tempered
@@ -348,55 +457,16 @@ class Decoder:
     def _step(self) -> list[int] | None:
         """One token for each row; None if a row was abandoned mid-pass (the layers that
         ran have their new position cut off again, so the pass can be redone without it)."""
-        positions = self._mask.sum(dim=1, keepdim=True)  # each row's own length so far
-        width = self._mask.shape[1]
-        self._mask = torch.cat([self._mask, torch.ones(len(self._active), 1, dtype=torch.long)], dim=1)
+        self._store_kept()
+        inputs, width = self._batch.step_inputs(self._cache_argument)
         self._watched = self._active
         try:
-            output = self._model(
-                input_ids=self._last,
-                attention_mask=self._mask,
-                position_ids=positions,
-                use_cache=True,
-                **{self._cache_argument: self._cache},
-            )
+            output = self._model(**inputs, **self._adapters.names_for([s.adapter for s in self._active]))
         except _Abandoned:
-            self._cache = _cut(self._cache, width)
-            self._mask = self._mask[:, :width]
+            self._batch.undo(width)
             return None
         finally:
             self._watched = []
-        self._cache = _cache_of(output)
         tokens = self._sample(output.logits[:, -1], self._active)
-        self._last = torch.tensor([[max(token, 0)] for token in tokens])  # a row that ends feeds any token
+        self._batch.stepped(cache_of(output), tokens)
         return tokens
-
-
-def _cache_argument(model: Any) -> str:
-    """The forward keyword that takes the key/value cache: transformers 5.24 renamed
-    ``past_key_values`` to ``cache`` (the old name warns, and goes in 5.40)."""
-    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
-
-
-def _cache_of(output: Any) -> Any:
-    cache = getattr(output, "cache", None)  # the field's name from transformers 5.24 on
-    return cache if cache is not None else output.past_key_values
-
-
-def _left_pad(tensor: torch.Tensor, width: int) -> torch.Tensor:
-    return torch.nn.functional.pad(tensor, (0, 0, width - tensor.shape[2], 0))
-
-
-def _cut(cache: Any, width: int) -> Any:
-    """The cache's first ``width`` positions, in every layer (some may hold one more)."""
-    kept = DynamicCache()
-    for index, layer in enumerate(cache.layers):
-        kept.update(layer.keys[:, :, :width], layer.values[:, :, :width], index)
-    return kept
-
-
-def _sliced(cache: Any, start: int) -> Any:
-    trimmed = DynamicCache()
-    for index, layer in enumerate(cache.layers):
-        trimmed.update(layer.keys[:, :, start:], layer.values[:, :, start:], index)
-    return trimmed

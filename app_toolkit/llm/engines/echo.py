@@ -128,6 +128,8 @@ class EchoEngine:
         sampling: Sampling,
         constraint: Constraint | None = None,
         on_slot: Callable[[], None] | None = None,
+        on_prompt: Callable[[int], None] | None = None,
+        adapter: str = "",
     ) -> AsyncGenerator[int, None]:
         """The prompt's tokens back, one every ``1 / tokens_per_s`` seconds on a fixed
         schedule (a late token does not delay the next ones).
@@ -136,6 +138,8 @@ class EchoEngine:
         allowed ends the reply). A stop or end-of-sequence token ends the reply unsent; so
         does the prompt's end.
         """
+        if adapter:
+            raise ValueError("The echo engine has no model to apply a LoRA adapter to")
         key = object()
         # What it will produce, at most: the prompt's end ends it unless it repeats.
         self._remaining[id(key)] = (
@@ -143,6 +147,8 @@ class EchoEngine:
         )
         if on_slot is not None:
             on_slot()  # no queue: every reply streams at once
+        if on_prompt is not None:
+            on_prompt(0)  # no model: nothing read, nothing cached
         try:
             loop = asyncio.get_running_loop()
             interval = 1.0 / self.tokens_per_s

@@ -8,6 +8,8 @@ a 2-core CPU). Nothing is downloaded: the folder must hold every file.
 
 from __future__ import annotations
 
+import asyncio
+import collections
 import dataclasses
 import logging
 import os
@@ -17,7 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from ..engine import Constraint, EngineLoad, Sampling
+from . import adapters
 from .decoder import Decoder, DecoderHooks
+from .prefix_cache import PrefixCache
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +44,11 @@ class TransformersEngine:
         dtype: The weights' type in memory: one of :data:`DTYPES`.
         repetition_penalty: How much less likely a token already seen becomes (1: none).
         hooks: What the decoder reports to (queue waits, batch sizes, cancellations).
+        prefix_cache_bytes: The most the keys and values of sequences read before may
+            take, for prompts that start like them (``prefix_cache.py``); 0: none kept.
+        adapters_path: The folder of LoRA adapters (``adapters.py``); None: no adapters.
+        max_adapters_in_batch: Most adapters decoded in one batch (0: no limit).
+        max_lora_rank: The highest rank of an adapter it loads.
     """
 
     def __init__(
@@ -52,6 +61,10 @@ class TransformersEngine:
         dtype: str = "auto",
         repetition_penalty: float = 1.0,
         hooks: DecoderHooks | None = None,
+        prefix_cache_bytes: int = 0,
+        adapters_path: str | os.PathLike[str] | None = None,
+        max_adapters_in_batch: int = 0,
+        max_lora_rank: int = 16,
     ) -> None:
         if slots < 1:
             raise ValueError(f"slots (max_num_seqs) must be >= 1, got {slots}")
@@ -61,6 +74,13 @@ class TransformersEngine:
             raise ValueError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
         if repetition_penalty <= 0:
             raise ValueError(f"repetition_penalty must be > 0 (1: none), got {repetition_penalty}")
+        #: Sequences read before (None: prefix caching off); its counts are the cache's hits.
+        self.prefix_cache = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes > 0 else None
+        self.adapters_path = None if adapters_path is None else Path(adapters_path)
+        self._max_adapters_in_batch = max_adapters_in_batch
+        self._max_lora_rank = max_lora_rank
+        #: How long each adapter's attaching held the passes up (s), the newest last.
+        self.adapter_stalls: collections.deque[float] = collections.deque(maxlen=100)
         self.path = Path(path)
         self.gguf_file = gguf_file
         self.slots = slots
@@ -110,7 +130,15 @@ class TransformersEngine:
         self.context_window = min(self._max_model_len or window, window)
         self.tokenizer = tokenizer
         self.eos_token_ids = _eos_ids(model, tokenizer)
-        self._decoder = Decoder(model, self.eos_token_ids, self.slots, self._repetition_penalty, self._hooks)
+        self._decoder = Decoder(
+            model,
+            self.eos_token_ids,
+            self.slots,
+            self._repetition_penalty,
+            self._hooks,
+            self.prefix_cache,
+            self._max_adapters_in_batch,
+        )
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of ``text``."""
@@ -138,9 +166,11 @@ class TransformersEngine:
         sampling: Sampling,
         constraint: Constraint | None = None,
         on_slot: Callable[[], None] | None = None,
+        on_prompt: Callable[[int], None] | None = None,
+        adapter: str = "",
     ) -> AsyncGenerator[int, None]:
         """Token ids of one reply (``TextEngine.generate``); at most the context window's
-        room after the prompt."""
+        room after the prompt. ``adapter``: a loaded adapter (:meth:`load_adapter`)."""
         decoder = self._loaded_decoder()
         room = self.context_window - len(prompt)
         if room < 1:
@@ -150,12 +180,54 @@ class TransformersEngine:
             )
         if sampling.max_tokens > room:
             sampling = dataclasses.replace(sampling, max_tokens=room)
-        tokens = decoder.generate(prompt, sampling, constraint, on_slot)
+        tokens = decoder.generate(prompt, sampling, constraint, on_slot, on_prompt, adapter)
         try:
             async for token in tokens:
                 yield token
         finally:
             await tokens.aclose()  # the reply leaves the batch now, not when collected
+
+    def adapter_ids(self) -> list[str]:
+        """The adapters its folder holds now (none without a folder)."""
+        return [] if self.adapters_path is None else adapters.adapter_ids(self.adapters_path)
+
+    def has_adapter(self, adapter_id: str) -> bool:
+        """Whether its folder holds adapter ``adapter_id`` now."""
+        return self.adapters_path is not None and adapters.holds(self.adapters_path, adapter_id)
+
+    async def load_adapter(self, adapter_id: str) -> None:
+        """Read adapter ``adapter_id`` (beside the passes) and attach it between two passes.
+        AdapterNotFound / AdapterRefused when it cannot be served."""
+        decoder = self._loaded_decoder()
+        if self.adapters_path is None:
+            raise adapters.AdapterNotFound(adapter_id)
+        started = time.monotonic()
+        files = await asyncio.to_thread(adapters.read, self.adapters_path, adapter_id, self._max_lora_rank)
+        read = time.monotonic()
+        stalled = await decoder.attach(files)
+        self.adapter_stalls.append(stalled)
+        logger.info(
+            "Loaded adapter %r (rank %d) in %.3f s: read in %.3f s beside the passes, attached "
+            "between two passes in %.4f s (the replies decoding waited that long)",
+            adapter_id,
+            files.rank,
+            time.monotonic() - started,
+            read - started,
+            stalled,
+        )
+
+    def hold_adapter(self, adapter_id: str) -> None:
+        """A request will decode with a loaded adapter: it stays until :meth:`release_adapter`."""
+        self._loaded_decoder().hold(adapter_id)
+
+    def release_adapter(self, adapter_id: str) -> None:
+        if self._decoder is not None:
+            self._decoder.release(adapter_id)
+
+    def unload_adapter(self, adapter_id: str) -> None:
+        """Detach an adapter once no reply uses it."""
+        if self._decoder is not None:
+            self._decoder.detach(adapter_id)
 
     @property
     def active(self) -> int:

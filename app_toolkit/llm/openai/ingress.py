@@ -29,6 +29,8 @@ from app_toolkit.llm.protocol import (
 
 #: How long /v1/models waits for a model's replica to describe it.
 CARD_TIMEOUT_S = 2.0
+#: How long a model's list of LoRA adapters is served before its replica is asked again.
+ADAPTERS_TTL_S = 5.0
 
 api = FastAPI(title="OpenAI-compatible API", summary="app_toolkit.llm")
 errors.install(api)
@@ -37,11 +39,16 @@ errors.install(api)
 @tk.ingress(api)
 class OpenAIIngress:
     """Routes OpenAI requests to the model each names (``models`` maps a model id to the
-    handle of its deployment; ``kinds`` says which generate text and which embed)."""
+    handle of its deployment; ``kinds`` says which generate text and which embed; models in
+    ``lora`` serve LoRA adapters, named "model_id:adapter")."""
 
-    def __init__(self, models: dict[str, tk.DeploymentHandle], kinds: dict[str, str]) -> None:
+    def __init__(
+        self, models: dict[str, tk.DeploymentHandle], kinds: dict[str, str], lora: tuple[str, ...] = ()
+    ) -> None:
         self._models = models
         self._kinds = kinds
+        self._lora = frozenset(lora)
+        self._adapter_lists: dict[str, tuple[float, list[str]]] = {}  # model -> (when, adapters)
         self._cards: dict[str, ModelCard] = {}
         self._responses = ResponseStore()
 
@@ -53,9 +60,14 @@ class OpenAIIngress:
         """The model a request names; with none named, the one model served (of ``kind``)."""
         if model:
             handle = self._models.get(model)
-            if handle is None:
-                raise unknown_model(model, list(self._models))
-            return model, handle
+            if handle is not None:
+                return model, handle
+            base, _, adapter = model.partition(":")
+            if adapter and base in self._lora:
+                # The adapter is a multiplexed model of the base's deployment: replicas that
+                # hold it are preferred; the replica answers 404 if it does not exist.
+                return model, self._models[base].options(multiplexed_model_id=model)
+            raise unknown_model(model, list(self._models))
         fitting = [name for name, served in self._kinds.items() if kind is None or served == kind]
         if len(fitting) != 1:
             raise bad_parameter(
@@ -78,16 +90,40 @@ class OpenAIIngress:
             card = ModelCard(id=model, kind=self._kinds[model], context_window=0, created=int(time.time()))
         return card
 
+    async def _adapters(self, model: str) -> list[str]:
+        """The adapters of a model serving LoRA, as its replica found them at most
+        :data:`ADAPTERS_TTL_S` ago; the last list known when no replica answers within
+        :data:`CARD_TIMEOUT_S` (every slot busy with replies, say)."""
+        if model not in self._lora:
+            return []
+        listed_at, known = self._adapter_lists.get(model, (-ADAPTERS_TTL_S, []))
+        if time.monotonic() - listed_at < ADAPTERS_TTL_S:
+            return known
+        try:
+            async with asyncio.timeout(CARD_TIMEOUT_S):
+                found: list[str] = await self._models[model].adapters.remote()
+        except (TimeoutError, *ANSWERED):
+            return known
+        self._adapter_lists[model] = (time.monotonic(), found)
+        return found
+
+    async def _entries(self, model: str) -> list[dict[str, Any]]:
+        card, adapters = await asyncio.gather(self._card(model), self._adapters(model))
+        return [card.entry(), *(card.adapter_entry(adapter) for adapter in adapters)]
+
     @api.get("/v1/models")
     async def list_models(self) -> dict[str, Any]:
-        cards = await asyncio.gather(*(self._card(name) for name in self._models))  # 2 s at most in all
-        return {"object": "list", "data": [card.entry() for card in cards]}
+        listed = await asyncio.gather(*(self._entries(name) for name in self._models))  # 2 s at most in all
+        return {"object": "list", "data": [entry for entries in listed for entry in entries]}
 
     @api.get("/v1/models/{model:path}")
     async def get_model(self, model: str) -> dict[str, Any]:
-        if model not in self._models:
-            raise unknown_model(model, list(self._models))
-        return (await self._card(model)).entry()
+        if model in self._models:
+            return (await self._card(model)).entry()
+        base = model.partition(":")[0]
+        if base in self._lora and model in await self._adapters(base):
+            return (await self._card(base)).adapter_entry(model)
+        raise unknown_model(model, list(self._models))
 
     @api.post("/v1/chat/completions", response_model=None)
     async def chat_completions(self, request: ChatCompletionRequest) -> dict[str, Any] | tk.EventStream:

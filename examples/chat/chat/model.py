@@ -26,7 +26,7 @@ logger = logging.getLogger(__name__)
 
 @tk.deployment(
     num_replicas="auto",  # build_app gives the pool its autoscaling_config (scaling.py)
-    max_ongoing_requests=32,
+    max_ongoing_requests=32,  # the local model: max_batch_size (build_app)
     max_queued_requests=64,
     ray_actor_options={"num_cpus": 1},  # torch gets as many threads as the actor reserves CPUs
 )

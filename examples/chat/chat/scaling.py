@@ -93,9 +93,11 @@ def replica_metrics(load: EngineLoad, target_wait_s: float) -> dict[str, float]:
 def scale_on_load(context: tk.AutoscalingContext) -> tuple[int, dict[str, Any]]:
     """The model pool's policy: replicas for the replies that would wait too long.
 
-    - Late replies (newest samples) beyond the pool's free slots want that many more
-      slots: the running replicas plus one replica per ``slots`` of them (never fewer
-      than the target: replicas may still be starting).
+    - Late replies (newest samples; the replies waiting in the callers' queues, which
+      ``total_num_requests`` counts beyond what the replicas hold on average, count as late) beyond
+      the pool's free slots want that many more slots: the running replicas plus one
+      replica per ``slots`` of them (never fewer than the target: replicas may still be
+      starting).
     - Late replies the free slots can take: the target holds (new requests go there).
     - None late: the fewest replicas whose slots hold every running and queued reply
       (averaged over the look-back), never more than the target.
@@ -113,16 +115,18 @@ def scale_on_load(context: tk.AutoscalingContext) -> tuple[int, dict[str, Any]]:
         per_replica = context.config.target_ongoing_requests if context.config else 1.0
         wanted = math.ceil(context.total_num_requests / per_replica)
     else:
-        late = sum(newest.get("late", {}).values())
+        # Replies admitted only to free slots: the rest wait at the callers, beyond what
+        # the replicas hold, and will wait for a slot too (both averaged over the look-back).
+        averaged = context.aggregated_metrics
+        in_replicas = sum(averaged.get("running", {}).values()) + sum(averaged.get("waiting", {}).values())
+        late = sum(newest.get("late", {}).values()) + max(0.0, context.total_num_requests - in_replicas)
         free = sum(newest.get("free", {}).values())
         if late > free:
             wanted = max(target, context.current_num_replicas + math.ceil((late - free) / slots))
         elif late > 0:
             wanted = target
         else:
-            averaged = context.aggregated_metrics
-            held = sum(averaged.get("running", {}).values()) + sum(averaged.get("waiting", {}).values())
-            wanted = min(target, math.ceil(held / slots))
+            wanted = min(target, math.ceil(in_replicas / slots))
     lower, upper = context.capacity_adjusted_min_replicas, context.capacity_adjusted_max_replicas
     return max(lower, min(upper, wanted)), {}
 

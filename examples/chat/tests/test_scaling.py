@@ -98,6 +98,19 @@ def test_the_policy_adds_a_replica_per_batch_of_late_replies_the_free_slots_cann
     assert scale_on_load(context({"a": full(late=9)}, target=3)) == (3, {})
 
 
+def test_replies_waiting_in_the_callers_queues_count_as_late() -> None:
+    # Admitted only to free slots: 8 run, 12 more wait at the callers (total_num_requests 20);
+    # the look-back's averages, as the requests are.
+    held = {"running": {"a": 8.0}, "waiting": {"a": 0.0}}
+    twelve_wait = context({"a": full(late=0)}, requests=20, averaged=held)
+    assert scale_on_load(twelve_wait) == (3, {})  # 1 + ceil(12 / 8)
+    four_wait = context({"a": full(late=0)}, requests=12, averaged=held)
+    assert scale_on_load(four_wait) == (2, {})  # 1 + ceil(4 / 8)
+    half = {"running": {"a": 4.0}, "waiting": {"a": 0.0}}
+    free_slots_take_them = context({"a": full(late=0, free=4)}, requests=6, averaged=half)
+    assert scale_on_load(free_slots_take_them) == (1, {})
+
+
 def test_the_policy_holds_while_free_slots_can_take_the_late_replies() -> None:
     # A new replica runs with free slots; the queue of the first is still late.
     late_but_room = context({"a": full(late=6), "b": full(late=0, free=8)}, target=2)

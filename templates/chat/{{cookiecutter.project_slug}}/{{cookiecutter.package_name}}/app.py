@@ -34,6 +34,10 @@ def build_app(settings: Settings | None = None) -> tk.App:
     model = ChatModel.options(
         # On its replicas' own load (or requests per replica), between 1 and max_model_replicas.
         autoscaling_config=scaling.autoscaling_config(settings),
+        # The local model: one reply per decode slot, so that none waits inside a busy
+        # replica; the rest wait in the callers' queues, where a replica that frees a slot
+        # or starts takes them. The others have no slots: their replies stream at once.
+        max_ongoing_requests=settings.max_batch_size if settings.backend == "local" else 32,
         # The local model computes on the CPU it reserves; the others only wait on I/O.
         ray_actor_options={"num_cpus": 1 if settings.backend == "local" else 0},
         # A replica that stops (a redeploy, a scale-down) finishes the replies under way.

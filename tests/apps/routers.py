@@ -1,0 +1,53 @@
+"""Request routers of a user's own, for the routing tests (importable by every caller)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import app_toolkit as tk
+from app_toolkit.request_router import PendingRequest, RequestRouter, RunningReplica
+
+
+class LowestIdRouter(RequestRouter):
+    """Ranks replicas by id; ``prefer`` (kwarg) first when given."""
+
+    def initialize_state(self, prefer: str = "", **kwargs: Any) -> None:
+        super().initialize_state(**kwargs)
+        self.prefer = prefer
+        self.routed: list[tuple[str, str]] = []
+        self.replica_ids: list[str] = []
+
+    def update_replicas(self, replicas: list[RunningReplica]) -> None:
+        self.replica_ids = sorted(replica.replica_id for replica in replicas)
+
+    def choose_replicas(
+        self, candidate_replicas: list[RunningReplica], pending_request: PendingRequest | None = None
+    ) -> list[list[RunningReplica]]:
+        ordered = sorted(candidate_replicas, key=lambda replica: replica.replica_id)
+        first = [replica for replica in ordered if replica.replica_id.startswith(self.prefer or "\0")]
+        return [first, *([replica] for replica in ordered)]
+
+    def on_request_routed(self, pending_request: PendingRequest, replica_id: str, result: Any = None) -> None:
+        self.routed.append((pending_request.request_id, replica_id))
+
+
+class BrokenRouter(RequestRouter):
+    def choose_replicas(
+        self, candidate_replicas: list[RunningReplica], pending_request: PendingRequest | None = None
+    ) -> list[list[RunningReplica]]:
+        raise RuntimeError("broken on purpose")
+
+
+class AsyncRouter(RequestRouter):
+    async def choose_replicas(  # type: ignore[override]  # what the config refuses
+        self, candidate_replicas: list[RunningReplica], pending_request: PendingRequest | None = None
+    ) -> list[list[RunningReplica]]:
+        return [candidate_replicas]
+
+
+@tk.deployment(num_replicas=2, max_ongoing_requests=4)
+class Conversations:
+    """Answers which replica took each request (the prefix-aware router's tests)."""
+
+    def answer(self, request: dict[str, Any]) -> str:
+        return tk.get_replica_context().replica_id
