@@ -46,6 +46,9 @@ class PendingRequest:
     multiplexed_model_id: str = ""
     body: bytes = b""
     body_complete: bool = False
+    #: What routers derived from it, kept for the next time it is routed (a request that
+    #: waits is ranked again at each free slot): name -> value.
+    memo: dict[str, Any] = field(default_factory=dict, init=False, repr=False, compare=False)
 
 
 class RequestRouter:

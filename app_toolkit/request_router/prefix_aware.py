@@ -140,7 +140,14 @@ class PrefixCacheAffinityRouter(PowerOfTwoChoicesRequestRouter):
 
 def request_text(request: PendingRequest) -> str | None:
     """The text a request's prompt starts with, as the module's docstring says; None:
-    it carries none that can be read."""
+    it carries none that can be read. Read once per request (kept in its memo)."""
+    if "text" not in request.memo:
+        request.memo["text"] = _read_text(request)
+    text: str | None = request.memo["text"]
+    return text
+
+
+def _read_text(request: PendingRequest) -> str | None:
     for argument in (*request.args, *request.kwargs.values()):
         text = _text_of(argument)
         if text is not None:
