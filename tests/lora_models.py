@@ -17,7 +17,7 @@ SMOLLM2_LAYERS = 30
 SMOLLM2_PROJECTIONS = {"q_proj": (576, 576), "v_proj": (576, 192)}
 
 
-def peft_adapter(model: Any, folder: Path, seed: int, rank: int = 4) -> Path:
+def peft_adapter(model: Any, folder: Path, seed: int, rank: int = 4, dora: bool = False) -> Path:
     """An adapter of ``model`` (its q and v projections) saved by peft into ``folder``,
     initialised at random (non-zero, so it changes the replies); ``model`` is unchanged."""
     from peft import LoraConfig, get_peft_model
@@ -26,7 +26,11 @@ def peft_adapter(model: Any, folder: Path, seed: int, rank: int = 4) -> Path:
     copy.load_state_dict(model.state_dict())
     torch.manual_seed(seed)
     config = LoraConfig(
-        r=rank, lora_alpha=2 * rank, target_modules=["q_proj", "v_proj"], init_lora_weights=False
+        r=rank,
+        lora_alpha=2 * rank,
+        target_modules=["q_proj", "v_proj"],
+        init_lora_weights=False,
+        use_dora=dora,
     )
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", GRADIENT_CHECKPOINTING, FutureWarning)

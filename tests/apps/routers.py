@@ -51,3 +51,12 @@ class Conversations:
 
     def answer(self, request: dict[str, Any]) -> str:
         return tk.get_replica_context().replica_id
+
+
+class FlatRouter(RequestRouter):
+    """Returns replicas where ranks (lists of them) are due: a router's bug."""
+
+    def choose_replicas(  # type: ignore[override]  # the bug under test
+        self, candidate_replicas: list[RunningReplica], pending_request: PendingRequest | None = None
+    ) -> list[RunningReplica]:
+        return candidate_replicas

@@ -438,6 +438,9 @@ def test_an_adapter_for_another_model_is_refused_and_leaves_the_model_as_it_was(
     )
     peft_adapter(other, tmp_path / "elsewhere", seed=3)
     peft_adapter(model, tmp_path / "here", seed=4)
+    peft_adapter(model, tmp_path / "dora", seed=5, dora=True)
+    with pytest.raises(AdapterRefused, match="is a DoRA adapter: only plain LoRA adapters"):
+        read(tmp_path, "dora", max_rank=16)  # peft mixes no DoRA adapter in a batch
 
     async def scenario() -> None:
         served = type(model)(model.config)

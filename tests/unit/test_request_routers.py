@@ -138,6 +138,10 @@ def test_a_failing_router_is_logged_and_power_of_two_routes(caplog: pytest.LogCa
         assert chooser.choose(0.0, pending=PendingRequest("r")) is not None
         assert chooser.choose(1.0, pending=PendingRequest("r")) is not None
     assert [r.getMessage().count("failed; routing by power of two") for r in caplog.records] == [1]
+    # Ranks of the wrong shape are the router's failure too.
+    flat = routed_chooser("tests.apps.routers:FlatRouter")
+    with caplog.at_level(logging.ERROR, "app_toolkit.router"):
+        assert flat.choose(0.0, pending=PendingRequest("r")) is not None
     # A router this process cannot make: power of two choices, logged.
     with caplog.at_level(logging.ERROR, "app_toolkit.router"):
         chooser.set_router(RouterChoice("tests.apps.routers:Missing"))

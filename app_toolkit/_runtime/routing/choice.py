@@ -128,10 +128,10 @@ class ReplicaChooser:
             return
         try:
             router = make_router(choice.path, json.loads(choice.kwargs))
+            router.bind_queue_lens(self.in_flight)
         except Exception as exc:  # noqa: BLE001 - whatever its import raised: logged, never fatal
             logger.error("Routing by power of two choices: the request router cannot be made here: %s", exc)
             return
-        router.bind_queue_lens(self.in_flight)
         self.router = router
         self._tell_router("update_replicas", [replica.running for replica in self._replicas.values()])
 
@@ -212,18 +212,17 @@ class ReplicaChooser:
         if not candidates:
             return None
         try:
-            ranks = router.choose_replicas(candidates, pending)
+            for rank in router.choose_replicas(candidates, pending):
+                free = [
+                    replica
+                    for replica in (self._replicas.get(running.replica_id) for running in rank)
+                    if replica is not None and replica.free(now)
+                ]
+                if free:
+                    return min(free, key=lambda replica: replica.in_flight).info
         except Exception:  # noqa: BLE001 - a router never breaks serving (STYLE 11); logged there
             self._router_failed(now)
             return False
-        for rank in ranks:
-            free = [
-                replica
-                for replica in (self._replicas.get(running.replica_id) for running in rank)
-                if replica is not None and replica.free(now)
-            ]
-            if free:
-                return min(free, key=lambda replica: replica.in_flight).info
         return None
 
     def _router_failed(self, now: float) -> None:

@@ -91,9 +91,11 @@ def read(folder: Path, adapter_id: str, max_rank: int) -> AdapterFiles:
         config = LoraConfig.from_pretrained(str(path))
     except (TypeError, ValueError, KeyError) as exc:
         raise AdapterRefused(f"adapter {adapter_id!r} is not a LoRA adapter peft can read: {exc}") from None
-    if not isinstance(config, LoraConfig):
+    if type(config) is not LoraConfig or getattr(config, "use_dora", False):
+        kind = "a DoRA adapter" if getattr(config, "use_dora", False) else f"a {type(config).__name__}"
         raise AdapterRefused(
-            f"adapter {adapter_id!r} is a {type(config).__name__}: only LoRA adapters are served"
+            f"adapter {adapter_id!r} is {kind}: only plain LoRA adapters are served (peft mixes only "
+            "those in one batch)"
         )
     if int(config.r) > max_rank:
         raise AdapterRefused(
@@ -112,14 +114,14 @@ def attach(model: Any, adapter: AdapterFiles) -> Any:
     from peft import PeftModel, get_peft_model, set_peft_model_state_dict
 
     name = peft_name(adapter.adapter_id)
-    with warnings.catch_warnings():
-        # peft asks transformers for a property transformers 5 deprecated: not the user's to act on.
-        warnings.filterwarnings("ignore", GRADIENT_CHECKPOINTING, FutureWarning)
-        if isinstance(model, PeftModel):
-            model.add_adapter(name, adapter.config)
-        else:
-            model = get_peft_model(model, adapter.config, adapter_name=name)
     try:
+        with warnings.catch_warnings():
+            # peft asks transformers for a property transformers 5 deprecated: not the user's to act on.
+            warnings.filterwarnings("ignore", GRADIENT_CHECKPOINTING, FutureWarning)
+            if isinstance(model, PeftModel):
+                model.add_adapter(name, adapter.config)
+            else:
+                model = get_peft_model(model, adapter.config, adapter_name=name)
         loaded: Any = set_peft_model_state_dict(model, adapter.weights, adapter_name=name)
         if loaded.unexpected_keys:
             raise AdapterRefused(
@@ -127,7 +129,8 @@ def attach(model: Any, adapter: AdapterFiles) -> Any:
                 f"({', '.join(sorted(loaded.unexpected_keys)[:3])}, ...): it was trained for another model"
             )
     except Exception as exc:  # whatever peft raised, the model is put back, then it is told
-        detach(model, adapter.adapter_id)  # its modules go again (the base model is as it was)
+        if name in getattr(model, "peft_config", {}):
+            detach(model, adapter.adapter_id)  # its modules go again (the base model is as it was)
         if isinstance(exc, AdapterRefused):
             raise
         raise AdapterRefused(f"adapter {adapter.adapter_id!r} does not fit this model: {exc}") from None
@@ -166,6 +169,11 @@ class AttachedAdapters:
         self._held[adapter_id] -= 1
         if self._held[adapter_id] <= 0:
             del self._held[adapter_id]
+
+    @property
+    def detaching_now(self) -> str | None:
+        """The adapter being detached at this moment (its name no longer serves)."""
+        return self._detaching_now
 
     @property
     def pending(self) -> bool:

@@ -164,7 +164,7 @@ class Decoder:
         """Token ids of one reply (as :meth:`TextEngine.generate
         <app_toolkit.llm.engine.TextEngine.generate>` says); closing the iterator takes the
         sequence out of the batch. ``adapter``: an attached LoRA adapter to decode with."""
-        if adapter and adapter not in self._adapters.names:
+        if adapter and (adapter not in self._adapters.names or adapter == self._adapters.detaching_now):
             raise ValueError(f"The adapter {adapter!r} is not attached: attach it first")
         if not prompt:
             raise ValueError("The prompt is empty: a reply needs at least one token to follow")
@@ -238,6 +238,8 @@ class Decoder:
         def in_use() -> set[str]:
             return {s.adapter for s in (*self._waiting, *self._joining, *self._active) if not s.abandoned}
 
+        if self._to_keep:  # kept first, so an adapter detached now takes its entries with it
+            await asyncio.to_thread(self._store_kept)
         forget = self._prefixes.clear if self._prefixes is not None else lambda adapter: None
         self._model = await self._adapters.work(self._model, in_use, forget)
         self._cache_argument = cache_argument(self._model)
@@ -272,6 +274,8 @@ class Decoder:
             if self._adapters.pending:
                 await self._between_passes()
             if not self._active and not self._waiting:
+                if self._to_keep:  # idle: the ended replies' views would hold the last batch
+                    await asyncio.to_thread(self._store_kept)
                 self._wake.clear()
                 await self._wake.wait()
                 continue

@@ -103,7 +103,7 @@ class OpenAIIngress:
             async with asyncio.timeout(CARD_TIMEOUT_S):
                 found: list[str] = await self._models[model].adapters.remote()
         except (TimeoutError, *ANSWERED):
-            return known
+            found = known  # asked again after the TTL, not at every call meanwhile
         self._adapter_lists[model] = (time.monotonic(), found)
         return found
 

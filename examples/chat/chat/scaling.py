@@ -119,7 +119,9 @@ def scale_on_load(context: tk.AutoscalingContext) -> tuple[int, dict[str, Any]]:
         # the replicas hold, and will wait for a slot too (both averaged over the look-back).
         averaged = context.aggregated_metrics
         in_replicas = sum(averaged.get("running", {}).values()) + sum(averaged.get("waiting", {}).values())
-        late = sum(newest.get("late", {}).values()) + max(0.0, context.total_num_requests - in_replicas)
+        # Whole replies only: an average's fraction is requests in transit, not a queue.
+        at_callers = max(0, math.floor(context.total_num_requests - in_replicas))
+        late = sum(newest.get("late", {}).values()) + at_callers
         free = sum(newest.get("free", {}).values())
         if late > free:
             wanted = max(target, context.current_num_replicas + math.ceil((late - free) / slots))
