@@ -69,12 +69,20 @@ def test_abandoned_policy_calls_still_running_are_bounded() -> None:
     """Past their bound or forgotten, hung calls' threads run on: past the limit of them
     a new call is not made, until one ends."""
     release = threading.Event()
+    forgotten_runs = threading.Event()
     calls = PolicyCalls(timeout_s=1.0, max_abandoned=2)
+
+    def hang_forgotten(context: object) -> bool:
+        forgotten_runs.set()
+        return release.wait(10)
+
     try:
         calls.start("overdue", lambda context: release.wait(10), None, now=0.0)
-        calls.start("forgotten", lambda context: release.wait(10), None, now=0.0)
+        calls.start("forgotten", hang_forgotten, None, now=0.0)
         calls.start("healthy", lambda context: release.wait(10), None, now=0.0)
         assert calls.take("overdue", now=2.0) == Failed("did not answer within 1 s")
+        # Forgotten once it runs: a call not started yet is cancelled instead (not abandoned).
+        assert forgotten_runs.wait(10)
         calls.forget("forgotten")
         calls.start("refused", lambda context: 1, None, now=2.0)
         refused = calls.take("refused", now=2.0)
