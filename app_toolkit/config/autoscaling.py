@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from pydantic import Field, PrivateAttr, field_serializer, field_validator, model_validator
 
-from app_toolkit.config.schema import Strict
+from app_toolkit.config.schema import Strict, json_values
 
 #: Ray Serve's names of its built-in request-count policy: in code or a file they select
 #: the built-in policy here.
@@ -55,11 +55,7 @@ class AutoscalingPolicy(Strict):
     @field_validator("policy_kwargs")
     @classmethod
     def _json_values(cls, value: dict[str, Any]) -> dict[str, Any]:
-        try:
-            json.dumps(value)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"must hold JSON values only (strings, numbers, lists, dicts): {exc}") from None
-        return value
+        return json_values(value)
 
     @field_validator("policy_function")
     @classmethod

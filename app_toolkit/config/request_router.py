@@ -12,12 +12,11 @@ import (it is made in each proxy and handle, by its import path).
 from __future__ import annotations
 
 import inspect
-import json
 from typing import Any
 
 from pydantic import Field, field_validator, model_validator
 
-from app_toolkit.config.schema import Strict
+from app_toolkit.config.schema import Strict, json_values
 
 #: The default router: power of two choices (routed by the callers' own chooser).
 POWER_OF_TWO = "app_toolkit.request_router:PowerOfTwoChoicesRequestRouter"
@@ -92,11 +91,7 @@ class RequestRouterConfig(Strict):
     @field_validator("request_router_kwargs")
     @classmethod
     def _json_values(cls, value: dict[str, Any]) -> dict[str, Any]:
-        try:
-            json.dumps(value)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"must hold JSON values only: {exc}") from None
-        return value
+        return json_values(value)
 
     @model_validator(mode="after")
     def _makes_a_router(self) -> RequestRouterConfig:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Mapping
 from typing import Any, TypeVar
@@ -76,3 +77,13 @@ def parse_options(model: type[M], options: Mapping[str, object], where: str) -> 
         return model.model_validate(dict(options))
     except ValidationError as exc:
         raise ConfigError(explain(exc, where)) from None
+
+
+def json_values(value: dict[str, Any]) -> dict[str, Any]:
+    """``value`` if it holds JSON values only (kwargs that travel to other processes and into
+    config files); ValueError naming the one that does not."""
+    try:
+        json.dumps(value)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"must hold JSON values only (strings, numbers, lists, dicts): {exc}") from None
+    return value
