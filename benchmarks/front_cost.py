@@ -41,11 +41,11 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app_toolkit import metrics
 from app_toolkit._runtime import log_format, request_context, tracing
-from app_toolkit._runtime.backends.ray.direct import DirectIngress
+from app_toolkit._runtime.direct_ingress.replica_upstream import ReplicaUpstream
 from app_toolkit._runtime.front.access_log import AccessLog
-from app_toolkit._runtime.front.cycle import HTTP_DURATION
+from app_toolkit._runtime.front.front_metrics import HTTP_DURATION
 from app_toolkit._runtime.front.http_front import HTTPFront
-from app_toolkit._runtime.front.request_link import REQUEST_LINK, RequestLink, Writes
+from app_toolkit._runtime.front.request_link import REQUEST_LINK, ConnectionLink, Writes
 from app_toolkit._runtime.messages import DeploymentID, HTTPResponse, RouteInfo
 from app_toolkit._runtime.replica.replica import ReplicaCore
 from app_toolkit._runtime.tables import ApplicationTable
@@ -132,8 +132,8 @@ class _PassOut:
     def end(self) -> None:
         pass
 
-    def refusal(self) -> HTTPResponse | None:
-        return None
+    def refused(self) -> bool:
+        return False
 
     async def answer(self, response: HTTPResponse) -> None:
         raise AssertionError(f"the bench app failed: {response.status}")
@@ -156,8 +156,8 @@ def _floor(core: ReplicaCore, log: AccessLog | None) -> ASGIApp:
                 message["headers"] = [*message.get("headers", ()), (b"x-request-id", request_id.encode())]
             await send(message)
 
-        core.admit()
-        await core.serve_direct(request_id, scope, receive, _PassOut(answer), None)  # the trace starts here
+        async with core.slot():  # the trace starts here (None)
+            await core.serve_direct(request_id, scope, receive, _PassOut(answer), None)
         took = time.perf_counter() - started
         HTTP_DURATION.observe(took, "bench", "/small", scope["method"], str(status))  # and the request count
         if log is not None:
@@ -169,14 +169,14 @@ def _floor(core: ReplicaCore, log: AccessLog | None) -> ASGIApp:
 async def _app(mode: str, core: ReplicaCore, deployment: DeploymentID, access_log: bool) -> ASGIApp:
     if mode == "direct":
         subscriber = _OneRoute(deployment)
-        return HTTPFront(subscriber, HTTPOptions(access_log=access_log), local=DirectIngress(core))  # type: ignore[arg-type]
+        return HTTPFront(subscriber, HTTPOptions(access_log=access_log), local=ReplicaUpstream(core))  # type: ignore[arg-type]
     if mode == "floor":
         return _floor(core, AccessLog() if access_log else None)
     trace = tracing.new_trace()
 
     async def replica_only(scope: Scope, receive: Receive, send: Send) -> None:
-        core.admit()
-        await core.serve_direct(_REQUEST_ID, scope, receive, _PassOut(send), trace)
+        async with core.slot():
+            await core.serve_direct(_REQUEST_ID, scope, receive, _PassOut(send), trace)
 
     return replica_only
 
@@ -220,7 +220,7 @@ async def _rounds(app: ASGIApp, requests: int, rounds: int) -> list[float]:
             "query_string": b"",
             "headers": [(b"host", b"127.0.0.1:8000"), (b"user-agent", b"wrk"), (b"accept", b"*/*")],
             "state": {},
-            REQUEST_LINK: RequestLink(writes),
+            REQUEST_LINK: ConnectionLink(writes),
         }
         await app(scope, receive, send)
 

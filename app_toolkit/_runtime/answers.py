@@ -1,8 +1,8 @@
 """The toolkit's own HTTP answers, each built in one place: a JSON body that carries the
-request id, ``503`` with ``Retry-After`` for overload or a lost replica, ``502`` for a
-replica lost with the request or a malformed reply, and the generic ``500`` that never
-shows a traceback; and how a WebSocket whose app failed or returned ends (its state by
-what the app sent, the messages that end it)."""
+request id, ``503`` with ``Retry-After`` for overload or no replica to send to, ``502``
+for a replica lost while it had the request or a malformed reply, and the generic
+``500`` that never shows a traceback; and how a WebSocket whose app failed or returned
+ends (its state by what the app sent, the messages that end it)."""
 
 from __future__ import annotations
 
@@ -57,8 +57,9 @@ def error_answer(status: int, detail: str, request_id: str) -> HTTPResponse:
 
 
 def no_route(path: str, request_id: str) -> HTTPResponse:
-    """404 for a path that no application (or operator page) serves, naming the path."""
-    detail = f"Not Found: no application serves the path {path!r} (GET /-/routes lists their prefixes)"
+    """404 for a path that no application (or operator page) serves, naming the path in
+    Ray Serve's words (clients and tests of Ray Serve match that text)."""
+    detail = f"Path '{path}' not found. Ping http://.../-/routes for available routes."
     return error_answer(404, detail, request_id)
 
 

@@ -3,7 +3,9 @@
 :class:`InProcessTransport` is an httpx transport whose responses stream: the status
 and headers arrive as soon as the app sends them, and the body is read chunk by chunk
 while the app is still producing it (SSE line by line). Closing the response early is a
-client disconnect: the app's ``receive()`` returns ``http.disconnect``.
+client disconnect: the app's ``receive()`` returns ``http.disconnect``, and the request's
+:class:`MemoryLink` (the front's ``RequestLink``, over these in-memory writes) tells the
+front at once, as our HTTP protocol does from ``connection_lost``.
 :class:`WebSocketSession` is the same for a WebSocket. Both keep at most
 ``MAX_BUFFERED`` unread messages from the app; the app waits when the reader falls behind.
 """
@@ -13,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import queue
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import httpx
@@ -21,6 +23,8 @@ from starlette.types import ASGIApp, Message, Scope
 from starlette.websockets import WebSocketDisconnect
 
 from app_toolkit._runtime.answers import DENIAL_EXTENSION
+from app_toolkit._runtime.connection_table import Handed
+from app_toolkit._runtime.front.request_link import REQUEST_LINK
 from app_toolkit._runtime.routing.data_plane import DataPlane, Pending
 
 MAX_BUFFERED = 64
@@ -44,6 +48,11 @@ class _Outbox:
 
     def end(self, error: BaseException | None) -> None:
         self._messages.put(error)  # None: the app returned
+
+    def cut_off(self) -> None:
+        """The response was cut off after its head: the reader's next read fails, as a
+        client's read of a connection aborted mid-response does."""
+        self._messages.put(httpx.RemoteProtocolError("The server cut the response off"))
 
     def get(self, timeout_s: float | None) -> Message | BaseException | None:
         try:
@@ -94,23 +103,68 @@ class _HTTPExchange:
 
     def __init__(self, body: bytes) -> None:
         self._body = body
-        self._sent_body = False
-        self._disconnected: asyncio.Event | None = None
+        self.sent_body = False  # its one piece was read
+        self.disconnected = False
+        self._gone: asyncio.Event | None = None
+        self.link: MemoryLink | None = None  # made with the request's scope
 
     async def receive(self) -> Message:
-        if not self._sent_body:
-            self._sent_body = True
+        if not self.sent_body:
+            self.sent_body = True
             return {"type": "http.request", "body": self._body, "more_body": False}
-        if self._disconnected is None:
-            self._disconnected = asyncio.Event()
-        await self._disconnected.wait()
+        if self._gone is None:
+            self._gone = asyncio.Event()
+        await self._gone.wait()
         return {"type": "http.disconnect"}
+
+    def body_ready(self) -> bool:
+        """The body is here whole: the next ``receive()`` returns at once until it was
+        taken, then only once the client has gone."""
+        return not self.sent_body or self.disconnected
 
     def disconnect(self) -> None:
         """On the loop: the client has gone."""
-        if self._disconnected is None:
-            self._disconnected = asyncio.Event()
-        self._disconnected.set()
+        self.disconnected = True
+        if self._gone is None:
+            self._gone = asyncio.Event()
+        self._gone.set()
+        left = self.link.on_client_left if self.link is not None else None
+        if left is not None:
+            left()
+
+
+class MemoryLink:
+    """The front's ``RequestLink`` for a request sent in memory (the in-process transport):
+    writes are messages handed over as they come (nothing to hold or gather); ``ready``
+    says whether the next ``receive()`` returns at once; ``cut_off`` makes the reader
+    fail, as a client's read of a connection aborted mid-response does."""
+
+    __slots__ = ("on_client_left", "handed", "_ready", "_cut_off")
+
+    def __init__(self, ready: Callable[[], bool], cut_off: Callable[[], None]) -> None:
+        self.on_client_left: Callable[[], None] | None = None
+        self.handed: Handed | None = None  # no connection, so none handed over
+        self._ready = ready
+        self._cut_off = cut_off
+
+    def body_ready(self) -> bool:
+        return self._ready()
+
+    def body_arriving(self) -> bool:
+        return False  # it arrived whole, with the request
+
+    def join_head_and_body(self) -> None:
+        pass  # each message is handed over as it comes: nothing to join
+
+    def gather_writes(self) -> None:
+        pass
+
+    def release(self) -> None:
+        pass
+
+    def abort(self) -> None:
+        self.on_client_left = None
+        self._cut_off()
 
 
 class _ResponseBody(httpx.SyncByteStream):
@@ -168,6 +222,7 @@ class InProcessTransport(httpx.BaseTransport):
         exchange = _HTTPExchange(request.read())
         outbox = _Outbox(self._plane)
         scope = _scope("http", request.url, request.headers, request.method)
+        scope[REQUEST_LINK] = exchange.link = MemoryLink(exchange.body_ready, outbox.cut_off)
         task = self._plane.submit(_drive(self._app, scope, exchange.receive, outbox))
         timeout_s = _timeout(request)
         body = _ResponseBody(self._plane, exchange, outbox, task, timeout_s)

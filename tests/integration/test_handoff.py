@@ -16,11 +16,11 @@ from starlette.types import Receive, Scope, Send
 from websockets.sync.client import connect
 
 from app_toolkit._runtime.connection_table import ConnectionTable, Handed, Phase, bytes_written
+from app_toolkit._runtime.direct_ingress.handoff_listener import HandoffListener
 from app_toolkit._runtime.front.request_link import REQUEST_LINK, RequestLink
 from app_toolkit._runtime.front.server import ProxyServer, serve
 from app_toolkit._runtime.proxy.acceptor import Acceptor, request_target
 from app_toolkit._runtime.proxy.handoff_sender import HandoffSender
-from app_toolkit._runtime.replica.handoff_listener import HandoffListener
 from app_toolkit.config import HTTPOptions
 
 pytestmark = pytest.mark.anyio
@@ -372,13 +372,11 @@ async def _hello(scope: Scope, receive: Receive, send: Send) -> None:
         return
     if scope["type"] != "http":
         return
-    link: RequestLink | None = scope.get(REQUEST_LINK)
-    if link is not None:  # as the front's whole responses (cycle.py)
-        link.join_head_and_body()
+    link: RequestLink = scope[REQUEST_LINK]  # our protocol gives every request one
+    link.join_head_and_body()  # as the front's whole responses (cycle.py)
     await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"5")]})
     await send({"type": "http.response.body", "body": b"hello"})
-    if link is not None:
-        link.release()
+    link.release()
 
 
 @pytest.fixture

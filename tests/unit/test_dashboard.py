@@ -25,6 +25,7 @@ from app_toolkit.status import (
     ServeStatus,
     UpgradeStatusInfo,
 )
+from tests.unit.scopes import linked
 
 BOUNDS = (0.001, 0.01, 0.1, 1.0, float("inf"))
 LABELS = ("application", "route", "method", "status")
@@ -144,7 +145,7 @@ class _Loaded:
 
 async def _get(options: HTTPOptions, client_address: str, path: str, **kwargs: Any) -> httpx.Response:
     proxy = HTTPFront(_Loaded(), options)  # type: ignore[arg-type]
-    transport = httpx.ASGITransport(app=proxy, client=(client_address, 5000))
+    transport = httpx.ASGITransport(app=linked(proxy), client=(client_address, 5000))
     async with httpx.AsyncClient(transport=transport, base_url="http://proxy") as client:
         return await client.get(path, **kwargs)
 

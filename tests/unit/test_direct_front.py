@@ -1,4 +1,4 @@
-"""The front with the ingress replica of its own process as its local ingress (direct
+"""The front with the ingress replica of its own process as its upstream (direct
 ingress), in process: what a request served there is labelled with in metrics, and the
 span its app runs in."""
 
@@ -16,9 +16,9 @@ from starlette.types import Message
 
 import app_toolkit as tk
 from app_toolkit import metrics
-from app_toolkit._runtime.backends.ray.direct import DirectIngress
+from app_toolkit._runtime.direct_ingress.replica_upstream import ReplicaUpstream
 from app_toolkit._runtime.front.http_front import HTTPFront
-from app_toolkit._runtime.front.request_link import REQUEST_LINK, RequestLink, Writes
+from app_toolkit._runtime.front.request_link import REQUEST_LINK, ConnectionLink, Writes
 from app_toolkit._runtime.messages import DeploymentID, RouteInfo
 from app_toolkit._runtime.replica.replica import ReplicaCore
 from app_toolkit._runtime.tables import ApplicationTable
@@ -96,7 +96,7 @@ class Exchange:
     """One request to the front as our HTTP protocol gives it (with a RequestLink)."""
 
     def __init__(self, path: str, headers: list[tuple[bytes, bytes]] | None = None) -> None:
-        self.link = RequestLink(Writes(_Transport()))  # type: ignore[arg-type]
+        self.link = ConnectionLink(Writes(_Transport()))  # type: ignore[arg-type]
         self.scope = http_scope(path, headers=[(b"host", b"testserver"), *(headers or [])])
         self.scope[REQUEST_LINK] = self.link
         self.sent: list[Message] = []
@@ -127,7 +127,7 @@ def _answered(route: str, status: str) -> float:
 
 
 def _front(core: ReplicaCore, **options: Any) -> HTTPFront:
-    return HTTPFront(OneApp(), HTTPOptions(**options), local=DirectIngress(core))  # type: ignore[arg-type]
+    return HTTPFront(OneApp(), HTTPOptions(**options), local=ReplicaUpstream(core))  # type: ignore[arg-type]
 
 
 async def test_a_request_served_in_the_replica_is_labelled_by_its_route_and_a_499_by_its_app(

@@ -7,11 +7,11 @@ import pytest
 from starlette.types import Message
 
 from app_toolkit._runtime.channel.exchange import Exchange
-from app_toolkit._runtime.front.cycle import HTTPCycle
 from app_toolkit._runtime.front.forward import forward
 from app_toolkit._runtime.messages import LOST, DeploymentID, HTTPRequest, HTTPResponse, ReplicaInfo, Request
 from app_toolkit._runtime.routing.dispatcher import Dispatcher
 from app_toolkit.exceptions import RequestLostError
+from tests.unit.scopes import cycle_for
 
 pytestmark = pytest.mark.anyio
 
@@ -50,7 +50,7 @@ async def _status(dispatcher: Dispatcher, method: str, more_body: bool = False) 
     async def send(message: Message) -> None:
         sent.append(message)
 
-    cycle = HTTPCycle(send, None, 0.0)
+    cycle = cycle_for(send, method)
     request = HTTPRequest("rid", {"type": "http", "method": method, "path": "/"}, b"", more_body)
     await forward(dispatcher, request, cycle)
     return int(sent[0]["status"])

@@ -8,7 +8,7 @@ import os
 import socket
 
 from app_toolkit._runtime.connection_table import ConnectionTable, Handed, Phase
-from app_toolkit._runtime.front.request_link import JOIN_MAX, RequestLink, Writes
+from app_toolkit._runtime.front.request_link import JOIN_MAX, ConnectionLink, Writes
 
 
 class Transport:
@@ -26,10 +26,10 @@ class Transport:
         return self.closed
 
 
-def writes() -> tuple[Transport, Writes, RequestLink]:
+def writes() -> tuple[Transport, Writes, ConnectionLink]:
     transport = Transport()
     held = Writes(transport)  # type: ignore[arg-type]
-    return transport, held, RequestLink(held)
+    return transport, held, ConnectionLink(held)
 
 
 def test_a_held_head_leaves_with_its_body() -> None:

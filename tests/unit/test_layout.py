@@ -139,10 +139,12 @@ RUNTIME = "app_toolkit._runtime"
 FORBIDDEN = {
     "channel": {"backends", "controller", "front", "proxy", "replica", "routing", "session"},
     "controller": {"backends", "channel", "front", "proxy", "replica", "routing", "session"},
-    "routing": {"backends", "controller", "front", "proxy", "replica", "session"},
-    "replica": {"backends", "controller", "front", "proxy", "routing", "session"},
+    "routing": {"backends", "controller", "direct_ingress", "front", "proxy", "replica", "session"},
+    "replica": {"backends", "controller", "direct_ingress", "front", "proxy", "routing", "session"},
     # The HTTP front runs in the proxy and in ingress replicas: it names neither's own code.
-    "front": {"backends", "controller", "proxy", "replica", "session", "run_app", "drain_signal"},
+    "front": {"backends", "controller", "direct_ingress", "proxy", "replica", "session", "drain_signal"},
+    # The replica's side of direct ingress: the front and the replica, put together by a backend.
+    "direct_ingress": {"backends", "controller", "proxy", "session"},
     "proxy": {"backends", "controller", "replica", "session"},  # the node's proxy's own
     "session": {"backends"},
 }

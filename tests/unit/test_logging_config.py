@@ -22,6 +22,7 @@ from app_toolkit.config import DeploymentConfig, HTTPOptions
 from app_toolkit.config.file import parse_config
 from app_toolkit.status import ApplicationStatus
 from tests.deployments import as_deployment
+from tests.unit.scopes import linked
 from tests.unit.test_controller import FakeBackend, started, until
 from tests.unit.test_controller import app as controller_app
 
@@ -125,13 +126,16 @@ class TwoApps:
 @pytest.mark.anyio
 async def test_the_front_writes_no_access_line_for_an_application_that_turned_them_off() -> None:
     front = HTTPFront(TwoApps(), HTTPOptions(max_request_body_bytes=1))  # type: ignore[arg-type]
-    assert front.access_log is not None
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=front), base_url="http://x") as client:
+    access_log = front.rules.access_log
+    assert access_log is not None
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=linked(front)), base_url="http://x"
+    ) as client:
         for path in ("/loud/a", "/quiet/a", "/nowhere"):  # 413s: no replica asked
             await client.post(path, content=b"xx")
-    pending = front.access_log._pending
+    pending = access_log._pending
     assert [(entry[3], entry[9]) for entry in pending] == [("/loud/a", "loud"), ("/nowhere", "")]
-    front.access_log._cancel_timer()
+    access_log._cancel_timer()
 
 
 @pytest.fixture

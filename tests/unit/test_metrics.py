@@ -15,6 +15,7 @@ from app_toolkit._runtime.front.http_front import HTTPFront
 from app_toolkit._runtime.front.metrics_page import allowed, parse_networks, render
 from app_toolkit.config import HTTPOptions
 from app_toolkit.metrics import FamilySnapshot, HistogramValue
+from tests.unit.scopes import linked
 
 
 @pytest.fixture(autouse=True)
@@ -124,7 +125,7 @@ async def test_the_endpoint_answers_allowed_addresses_only_even_before_routes_lo
         ("10.1.2.3", HTTPOptions(metrics_allow_ips="10.0.0.0/8"), 200),
     ):
         proxy = HTTPFront(_Loaded(), options)  # type: ignore[arg-type]
-        transport = httpx.ASGITransport(app=proxy, client=(client_address, 5000))
+        transport = httpx.ASGITransport(app=linked(proxy), client=(client_address, 5000))
         async with httpx.AsyncClient(transport=transport, base_url="http://proxy") as client:
             response = await client.get("/-/metrics")
         assert response.status_code == status, (client_address, response.text)

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from uvicorn.server import ServerState
 
-from app_toolkit._runtime.front.request_link import REQUEST_LINK, RequestLink
+from app_toolkit._runtime.front.request_link import REQUEST_LINK, ConnectionLink
 from tests.unit.connections import guarded, plain, served
 
 Headers = list[tuple[bytes, bytes]]
@@ -35,7 +35,7 @@ async def _serve(way: str, request: bytes, status: int, headers: Headers, body: 
     async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
         link = scope.get(REQUEST_LINK)
         if way == "link":
-            assert isinstance(link, RequestLink)
+            assert isinstance(link, ConnectionLink)
             link.join_head_and_body()
             seen["linked"].append(True)
         try:

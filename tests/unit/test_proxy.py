@@ -18,6 +18,7 @@ from app_toolkit._runtime.front.scope import forward_in_place, forwarded_scope, 
 from app_toolkit._runtime.messages import DeploymentID, RouteInfo
 from app_toolkit._runtime.tables import ApplicationTable
 from app_toolkit.config import HTTPOptions
+from tests.unit.scopes import linked
 
 pytestmark = pytest.mark.anyio
 
@@ -35,7 +36,7 @@ class NoReplicas:
 
 async def test_bodies_over_the_limit_get_413_before_any_replica_is_asked() -> None:
     proxy = HTTPFront(NoReplicas(), HTTPOptions(max_request_body_bytes=10))  # type: ignore[arg-type]
-    transport = httpx.ASGITransport(app=proxy)
+    transport = httpx.ASGITransport(app=linked(proxy))
     async with httpx.AsyncClient(transport=transport, base_url="http://proxy") as client:
         declared = await client.post("/app/upload", content=b"x" * 11)
         assert declared.status_code == 413
@@ -80,7 +81,7 @@ class LateController:
 async def test_until_the_routes_arrive_every_path_is_503_never_404() -> None:
     subscriber = LateController()
     proxy = HTTPFront(subscriber, HTTPOptions())  # type: ignore[arg-type]
-    transport = httpx.ASGITransport(app=proxy)
+    transport = httpx.ASGITransport(app=linked(proxy))
     async with httpx.AsyncClient(transport=transport, base_url="http://proxy") as client:
         for path in ("/-/healthz", "/app/items/1", "/-/routes"):
             response = await client.get(path)
@@ -94,7 +95,7 @@ async def test_until_the_routes_arrive_every_path_is_503_never_404() -> None:
 
 async def test_a_leaving_nodes_proxy_answers_healthz_503_and_still_serves() -> None:
     proxy = HTTPFront(NoReplicas(), HTTPOptions())  # type: ignore[arg-type]
-    transport = httpx.ASGITransport(app=proxy)
+    transport = httpx.ASGITransport(app=linked(proxy))
     async with httpx.AsyncClient(transport=transport, base_url="http://proxy") as client:
         assert (await client.get("/-/healthz")).status_code == 200
         proxy.leaving = True  # Ray drains its node (backends/ray/proxies.py tells it)

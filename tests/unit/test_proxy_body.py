@@ -1,34 +1,30 @@
-"""Reading request bodies within the proxy's bounds (size, budget, stalls)."""
+"""Reading request bodies within the front's bounds (size, budget, stalls), through the
+request's one reader: read ahead, pumped to a replica, or read by an app in its replica."""
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Any, cast
+from typing import Any
 
 import pytest
-from starlette.types import Message
 
 from app_toolkit._runtime.answers import header_dict
-from app_toolkit._runtime.backends.ray.direct import StreamedBody
 from app_toolkit._runtime.channel.exchange import Exchange
 from app_toolkit._runtime.channel.flow import STREAM_WINDOW, frame_cost
 from app_toolkit._runtime.front.body import (
+    CLIENT_CLOSED,
     READ_AHEAD_BYTES,
     Body,
     BodyBudget,
     BodyPump,
-    read_body,
+    BodyReader,
+    declared_too_large,
+    read_ahead,
+    refusal_answer,
 )
-from app_toolkit._runtime.front.cycle import CLIENT_CLOSED, HTTPCycle
-from app_toolkit._runtime.front.request_link import RequestLink
-from app_toolkit._runtime.messages import BUSY, HTTPRequest, HTTPResponse, RequestBodyPiece
+from app_toolkit._runtime.messages import BUSY, HTTPRequest, RequestBodyPiece
 from app_toolkit.config import HTTPOptions
-
-
-async def _no_send(message: Message) -> None:
-    raise AssertionError(f"nothing is sent here: {message}")
-
 
 pytestmark = pytest.mark.anyio
 
@@ -36,7 +32,7 @@ HTTP = HTTPOptions(max_request_body_bytes=100, max_buffered_body_bytes=150, body
 
 
 class _Link:
-    """What our HTTP protocol says of the next piece: here already, or not."""
+    """What the server says of the next piece: here already, or not."""
 
     def __init__(self, ready: bool) -> None:
         self.ready = ready
@@ -46,9 +42,11 @@ class _Link:
 
 
 ARRIVED: Any = _Link(ready=True)
+NOT_YET: Any = _Link(ready=False)
+Receive = Callable[[], Awaitable[dict[str, Any]]]
 
 
-def chunks(*parts: bytes, then_stall: bool = False) -> Callable[[], Awaitable[dict[str, Any]]]:
+def chunks(*parts: bytes, then_stall: bool = False) -> Receive:
     pending = list(parts)
 
     async def receive() -> dict[str, Any]:
@@ -62,14 +60,31 @@ def chunks(*parts: bytes, then_stall: bool = False) -> Callable[[], Awaitable[di
     return receive
 
 
+def reader(receive: Receive, link: Any = NOT_YET, http: HTTPOptions = HTTP) -> BodyReader:
+    return BodyReader(receive, http, link)
+
+
+async def _ahead(
+    receive: Receive,
+    length: bytes | None,
+    budget: BodyBudget,
+    link: Any = NOT_YET,
+    http: HTTPOptions = HTTP,
+) -> tuple[Body, int]:
+    """What read-ahead made of a body: the body, and its refusal (0: none)."""
+    body, read = Body(), reader(receive, link, http)
+    await read_ahead(body, read, link, length, budget)
+    return body, read.refusal
+
+
 async def test_declared_bodies_are_counted_up_front_and_given_back() -> None:
     budget = BodyBudget(HTTP.max_buffered_body_bytes)
-    first = await read_body(chunks(b"a" * 80), b"80", HTTP, budget)
-    assert first.data == b"a" * 80 and first.held == 80 and budget.held == 80
-    second = await read_body(chunks(b"b" * 80), b"80", HTTP, budget)
-    assert second.refusal == 503 and budget.held == 80  # nothing read, nothing taken
-    assert second.answer(HTTP, "rid").status == 503
-    assert ("retry-after", "1") in header_dict(second.answer(HTTP, "rid")).items()
+    first, refused = await _ahead(chunks(b"a" * 80), b"80", budget)
+    assert (first.data, first.held, refused, budget.held) == (b"a" * 80, 80, 0, 80)
+    second, refused = await _ahead(chunks(b"b" * 80), b"80", budget)
+    assert refused == 503 and second.held == 0 and budget.held == 80  # nothing read, nothing taken
+    answer = refusal_answer(refused, HTTP, "rid")
+    assert answer.status == 503 and ("retry-after", "1") in header_dict(answer).items()
     budget.give(first.held)
     assert budget.held == 0
 
@@ -77,39 +92,38 @@ async def test_declared_bodies_are_counted_up_front_and_given_back() -> None:
 async def test_bodies_without_a_length_are_counted_as_they_arrive() -> None:
     budget = BodyBudget(HTTP.max_buffered_body_bytes)
     budget.take(100)
-    body = await read_body(chunks(b"x" * 30, b"y" * 30), None, HTTP, budget, ARRIVED)
-    assert body.refusal == 503 and body.held == 30  # the caller gives back what was taken
+    body, refused = await _ahead(chunks(b"x" * 30, b"y" * 30), None, budget, ARRIVED)
+    assert refused == 503 and body.held == 30  # the caller gives back what was taken
     budget.give(body.held)
     assert budget.held == 100
 
 
 async def test_too_large_stalled_and_abandoned_bodies() -> None:
     budget = BodyBudget(HTTP.max_buffered_body_bytes)
-    assert (await read_body(chunks(b""), b"101", HTTP, budget)).refusal == 413
-    assert (await read_body(chunks(b"z" * 60, b"z" * 60), None, HTTP, budget, ARRIVED)).refusal == 413
-    stalled = await read_body(chunks(then_stall=True), b"50", HTTP, budget)  # nothing comes
-    assert stalled.refusal == 408 and "0.2 s (body_timeout_s)" in stalled.answer(HTTP, "r").body.decode()
-    assert (await read_body(chunks(), None, HTTP, budget)).refusal == CLIENT_CLOSED
+    assert declared_too_large(b"101", HTTP) and not declared_too_large(b"100", HTTP)
+    assert not declared_too_large(b"1e9", HTTP)  # not a length: read, and counted as it comes
+    assert (await _ahead(chunks(b"z" * 60, b"z" * 60), None, budget, ARRIVED))[1] == 413
+    stalled = await _ahead(chunks(then_stall=True), b"50", budget)  # nothing comes
+    assert stalled[1] == 408 and "0.2 s (body_timeout_s)" in refusal_answer(408, HTTP, "r").body.decode()
+    assert (await _ahead(chunks(), None, budget))[1] == CLIENT_CLOSED
 
 
 async def test_what_has_not_arrived_is_left_for_the_pump() -> None:
     budget = BodyBudget(HTTP.max_buffered_body_bytes)
     # The next piece is not here yet: forward with what came (the rest streams).
-    not_yet = cast(RequestLink, _Link(ready=False))  # a stand-in with the one member read_body uses
-    body = await read_body(chunks(b"ab", b"cd"), None, HTTP, budget, not_yet)
-    assert (body.data, body.more, body.refusal) == (b"ab", True, 0)
-    # Under a server without our protocol's link, the first piece alone.
-    body = await read_body(chunks(b"ab", b"cd"), None, HTTP, budget)
-    assert (body.data, body.more) == (b"ab", True)
+    body, refused = await _ahead(chunks(b"ab", b"cd"), None, budget, NOT_YET)
+    assert (body.data, body.more, refused) == (b"ab", True, 0)
     # Pieces that are here are read, until the whole body or READ_AHEAD_BYTES.
-    body = await read_body(chunks(b"ab", b"cd"), None, HTTP, budget, ARRIVED)
+    body, _ = await _ahead(chunks(b"ab", b"cd"), None, budget, ARRIVED)
     assert (body.data, body.more) == (b"abcd", False)
     large = HTTPOptions(max_request_body_bytes=1 << 20)
     piece = b"p" * (READ_AHEAD_BYTES // 2)
-    body = await read_body(chunks(piece, piece, piece), None, large, BodyBudget(1 << 20), ARRIVED)
+    body, _ = await _ahead(chunks(piece, piece, piece), None, BodyBudget(1 << 20), ARRIVED, large)
     assert (len(body.data), body.more) == (READ_AHEAD_BYTES, True)
     # A declared length takes only what read-ahead may hold from the budget.
-    declared = await read_body(chunks(piece, then_stall=True), b"1000000", large, BodyBudget(1 << 20))
+    declared, _ = await _ahead(
+        chunks(piece, then_stall=True), b"1000000", BodyBudget(1 << 20), NOT_YET, large
+    )
     assert (declared.held, declared.more) == (READ_AHEAD_BYTES, True)
 
 
@@ -125,14 +139,8 @@ def test_the_budget_must_hold_what_the_proxy_reads_of_one_body() -> None:
 # The direct path: the app reads the body as it arrives, within the same bounds.
 
 
-def _streamed(receive: Callable[[], Awaitable[dict[str, Any]]], link: object = None) -> StreamedBody:
-    state = HTTPCycle(_no_send, None, 0.0)
-    state.link = link  # type: ignore[assignment]
-    return StreamedBody(receive, HTTP, state)
-
-
-async def test_a_streamed_body_passes_its_pieces_through() -> None:
-    body = _streamed(chunks(b"ab", b"cd"))
+async def test_an_apps_read_passes_the_pieces_through() -> None:
+    body = reader(chunks(b"ab", b"cd"))
     first, second = await body.receive(), await body.receive()
     assert (first["body"], first["more_body"], second["body"], second["more_body"]) == (
         b"ab",
@@ -140,19 +148,19 @@ async def test_a_streamed_body_passes_its_pieces_through() -> None:
         b"cd",
         False,
     )
-    assert body.refusal == 0
+    assert body.refusal == 0 and body.done
 
 
-async def test_a_streamed_body_over_the_limit_ends_with_a_disconnect_and_413() -> None:
-    body = _streamed(chunks(b"x" * 60, b"x" * 60))
+async def test_an_apps_read_over_the_limit_ends_with_a_disconnect_and_413() -> None:
+    body = reader(chunks(b"x" * 60, b"x" * 60))
     assert (await body.receive())["type"] == "http.request"
     assert (await body.receive())["type"] == "http.disconnect"
     assert body.refusal == 413
     assert (await body.receive())["type"] == "http.disconnect"  # and it stays refused
 
 
-async def test_a_stalled_streamed_body_ends_with_a_disconnect_and_408() -> None:
-    body = _streamed(chunks(b"ab", then_stall=True))
+async def test_a_stalled_body_ends_the_apps_read_with_a_disconnect_and_408() -> None:
+    body = reader(chunks(b"ab", then_stall=True))
     await body.receive()
     started = asyncio.get_running_loop().time()
     assert (await body.receive())["type"] == "http.disconnect"
@@ -161,15 +169,15 @@ async def test_a_stalled_streamed_body_ends_with_a_disconnect_and_408() -> None:
 
 
 async def test_a_piece_that_has_arrived_is_read_without_a_timer() -> None:
-    # The protocol says the piece is there: nothing to bound (a slow receive here is
+    # The link says the piece is there: nothing to bound (a slow receive here is
     # only this test's, to show no timeout applies).
     async def slow_receive() -> dict[str, Any]:
         await asyncio.sleep(0.3)  # longer than body_timeout_s
         return {"type": "http.request", "body": b"ab", "more_body": False}
 
-    body = _streamed(slow_receive, _Link(ready=True))
+    body = reader(slow_receive, ARRIVED)
     assert (await body.receive())["body"] == b"ab"
-    stalled = _streamed(slow_receive, _Link(ready=False))
+    stalled = reader(slow_receive, NOT_YET)
     assert (await stalled.receive())["type"] == "http.disconnect" and stalled.refusal == 408
 
 
@@ -194,12 +202,15 @@ async def _settle() -> None:
         await asyncio.sleep(0)
 
 
+def _never_stopped() -> None:
+    raise AssertionError("the request is not stopped here")
+
+
 async def test_the_pump_sends_nothing_before_the_replica_admits_the_request() -> None:
-    read = Body(b"ab", more=True)
     # Refused: the pump ends without reading, so the next replica gets the body whole.
     refused, sent, _ = _pumped()
     pending = chunks(b"cd")
-    async with BodyPump(pending, read, HTTP, HTTPCycle(_no_send, None, 0.0)) as pump:
+    async with BodyPump(reader(pending), _never_stopped) as pump:
         pump.start(refused)
         await _settle()
         refused.push(BUSY)
@@ -207,7 +218,7 @@ async def test_the_pump_sends_nothing_before_the_replica_admits_the_request() ->
     assert sent == [] and (await pending())["body"] == b"cd"  # still with the client
     # Admitted (its first credit): the rest of the body follows, the last piece says so.
     admitted, sent, _ = _pumped()
-    async with BodyPump(chunks(b"cd", b"ef"), read, HTTP, HTTPCycle(_no_send, None, 0.0)) as pump:
+    async with BodyPump(reader(chunks(b"cd", b"ef")), _never_stopped) as pump:
         pump.start(admitted)
         await _settle()
         assert sent == []
@@ -220,9 +231,7 @@ async def test_the_pump_stays_a_window_ahead_of_the_app() -> None:
     exchange, sent, _ = _pumped()
     piece = b"w" * (STREAM_WINDOW // 2)
     large = HTTPOptions(max_request_body_bytes=1 << 30, max_buffered_body_bytes=1 << 30)
-    async with BodyPump(
-        chunks(*[piece] * 6), Body(b"", more=True), large, HTTPCycle(_no_send, None, 0.0)
-    ) as pump:
+    async with BodyPump(reader(chunks(*[piece] * 6), http=large), _never_stopped) as pump:
         pump.start(exchange)
         exchange.credited(STREAM_WINDOW)
         await _settle()
@@ -232,15 +241,27 @@ async def test_the_pump_stays_a_window_ahead_of_the_app() -> None:
         assert len(sent) == 4
 
 
-async def test_the_pump_answers_a_body_over_the_limit_or_stalled_in_the_apps_place() -> None:
-    for receive, status in ((chunks(b"x" * 99), 413), (chunks(b"x", then_stall=True), 408)):
-        exchange, sent, cancelled = _pumped()
-        state = HTTPCycle(_no_send, None, 0.0)
-        state.request_id = "rid"
-        async with BodyPump(receive, Body(b"ab", more=True), HTTP, state) as pump:
-            pump.start(exchange)
-            exchange.credited(STREAM_WINDOW)
-            answer = await asyncio.wait_for(exchange.recv(), 5)
-        assert isinstance(answer, HTTPResponse) and answer.status == status
-        assert cancelled == ["cancel"] and not state.uploading  # the replica stops the app
-        assert header_dict(answer)["x-request-id"] == "rid"
+async def _pump_until_stopped(receive: Receive) -> tuple[list[int], list[RequestBodyPiece], list[str]]:
+    """Pump a body that breaks a bound: the refusals its request was stopped with, the
+    pieces sent before, and the cancels of the exchange."""
+    exchange, sent, cancelled = _pumped()
+    stopped: list[int] = []
+    body = BodyReader(receive, HTTP, NOT_YET)
+    body.size = 2  # what read-ahead read of it
+    async with BodyPump(body, lambda: stopped.append(body.refusal)) as pump:
+        pump.start(exchange)
+        exchange.credited(STREAM_WINDOW)
+        for _ in range(100):
+            if stopped:
+                break
+            await asyncio.sleep(0.01)
+    return stopped, sent, cancelled
+
+
+async def test_the_pump_stops_the_request_when_the_body_breaks_a_bound() -> None:
+    # The request's cycle answers the refusal in the app's place (413, 408), once stopped;
+    # its forward cancels the exchange, which tells the replica.
+    stopped, sent, cancelled = await _pump_until_stopped(chunks(b"x" * 99))
+    assert (stopped, sent, cancelled) == ([413], [], [])
+    stopped, sent, cancelled = await _pump_until_stopped(chunks(b"x", then_stall=True))
+    assert (stopped, sent, cancelled) == ([408], [RequestBodyPiece(b"x", True)], [])

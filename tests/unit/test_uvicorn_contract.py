@@ -23,7 +23,7 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResp
 from uvicorn.server import ServerState
 
 from app_toolkit._runtime.front import uvicorn_compat
-from app_toolkit._runtime.front.request_link import REQUEST_LINK, RequestLink
+from app_toolkit._runtime.front.request_link import REQUEST_LINK, ConnectionLink
 from tests.unit.connections import KeptTransport, guarded
 
 PYPROJECT = Path(__file__).resolve().parents[2] / "pyproject.toml"
@@ -140,7 +140,7 @@ async def test_a_request_goes_through_the_state_it_relies_on() -> None:
     # The guard gave the cycle its write-joining transport and the request its link.
     assert cycle.transport is not transport
     await asyncio.sleep(0.05)  # the app runs as a task
-    assert isinstance(seen["link"], RequestLink)
+    assert isinstance(seen["link"], ConnectionLink)
     protocol.connection_lost(None)
 
 
@@ -152,7 +152,7 @@ async def test_the_link_says_whether_a_body_piece_is_waiting() -> None:
 
     async def app(scope: dict[str, object], receive: Any, send: object) -> None:
         link = scope[REQUEST_LINK]
-        assert isinstance(link, RequestLink)
+        assert isinstance(link, ConnectionLink)
         ready.append(link.body_ready())
         headers_only.set()
         await asyncio.sleep(0.05)  # the body arrives meanwhile
@@ -175,11 +175,11 @@ async def test_the_link_says_whether_the_body_is_still_arriving() -> None:
     # A deadline that passes then is the upload's (408): while the connection reads the
     # body, not once it is whole, nor while it holds back because the app took nothing
     # (uvicorn pauses reading), nor while the client waits for 100 Continue.
-    links: list[RequestLink] = []
+    links: list[ConnectionLink] = []
 
     async def app(scope: dict[str, object], receive: Any, send: object) -> None:
         link = scope[REQUEST_LINK]
-        assert isinstance(link, RequestLink)
+        assert isinstance(link, ConnectionLink)
         links.append(link)
         await asyncio.sleep(60)  # it reads nothing
 

@@ -1,20 +1,23 @@
-"""Reading a request body in the proxy, within three bounds: its own size
+"""Reading a request body in the front, within three bounds: its own size
 (``max_request_body_bytes``, 413), the bytes of all bodies the proxy holds at once
 (``max_buffered_body_bytes``, 503 with Retry-After) and the longest pause between two of its
-pieces (``body_timeout_s``, 408). The proxy reads ahead what has arrived, up to
-``READ_AHEAD_BYTES``, and streams the rest to the replica as the client sends it."""
+pieces (``body_timeout_s``, 408). Over the channel, the front reads ahead what has
+arrived, up to ``READ_AHEAD_BYTES``, and pumps the rest to the replica as the client
+sends it; in an ingress replica's own process the app reads it through the same reader.
+A body that breaks a bound is refused on its request's :class:`BodyReader`; the request's
+cycle answers the refusal (``cycle.py``)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from starlette.types import Message, Receive
 
 from app_toolkit._runtime.answers import error_answer, unavailable
 from app_toolkit._runtime.channel.exchange import Exchange
-from app_toolkit._runtime.front.cycle import CLIENT_CLOSED, HTTPCycle, watch_disconnect
 from app_toolkit._runtime.front.request_link import RequestLink
 from app_toolkit._runtime.messages import HTTPResponse, RequestBodyPiece
 from app_toolkit.config import HTTPOptions
@@ -24,6 +27,9 @@ logger = logging.getLogger("app_toolkit.proxy")
 #: The most of a body the proxy reads before it forwards the request (of what has
 #: arrived already); the rest streams to the replica as it arrives.
 READ_AHEAD_BYTES = 64 << 10
+#: nginx's status for "the client closed the connection": it went away first.
+CLIENT_CLOSED = 499
+_DISCONNECT: Message = {"type": "http.disconnect"}
 
 
 class BodyBudget:
@@ -44,27 +50,29 @@ class BodyBudget:
 
 
 class BodyReader:
-    """A request's body as it comes from the client, within its bounds: the one place
-    they are kept, on every path (read before forwarding, pumped to a replica, read by an
-    app in its replica). ``max_request_body_bytes`` over the whole body (413) and
-    ``body_timeout_s`` between pieces (408); a wait is bounded only when the protocol
-    (``link``) does not say the next piece has arrived already."""
+    """A request's body as it comes from the client, within its bounds: the one reader
+    of it, on every path (read ahead and pumped to a replica, or read by an app in its
+    replica). ``max_request_body_bytes`` over the whole body (413) and ``body_timeout_s``
+    between pieces (408); a wait is bounded only when the link does not say the next
+    piece has arrived already. A bound broken, or the client gone before the body's end
+    (499), is recorded in ``refusal``; the app then reads a disconnect."""
 
-    __slots__ = ("_receive", "_link", "_limit", "_timeout_s", "size", "refusal")
+    __slots__ = ("_receive", "_link", "_limit", "_timeout_s", "size", "refusal", "done")
 
-    def __init__(self, receive: Receive, http: HTTPOptions, link: RequestLink | None, size: int = 0) -> None:
+    def __init__(self, receive: Receive, http: HTTPOptions, link: RequestLink) -> None:
         self._receive = receive
         self._link = link
         self._limit = http.max_request_body_bytes
         self._timeout_s = http.body_timeout_s
-        self.size = size  # bytes of the body read so far
-        self.refusal = 0  # 413 or 408 once a bound is broken
+        self.size = 0  # bytes of the body read so far
+        self.refusal = 0  # 413, 408 or CLIENT_CLOSED once the body ended that way
+        self.done = False  # its last piece was read
 
     async def next(self) -> Message | None:
-        """The client's next message (a piece of the body, or its leaving); None when the
-        body broke a bound (``refusal`` says which)."""
-        link = self._link
-        if link is not None and link.body_ready():  # here already: no wait to bound
+        """The body's next piece; None when it was refused (``refusal`` says why)."""
+        if self.refusal:
+            return None
+        if self._link.body_ready():  # here already: no wait to bound
             message = await self._receive()
         else:
             try:
@@ -73,12 +81,23 @@ class BodyReader:
             except TimeoutError:
                 self.refusal = 408
                 return None
-        if message["type"] == "http.request":
-            self.size += len(message.get("body", b""))
-            if self.size > self._limit:
-                self.refusal = 413
-                return None
+        if message["type"] != "http.request":
+            self.refusal = CLIENT_CLOSED
+            return None
+        self.size += len(message.get("body", b""))
+        if self.size > self._limit:
+            self.refusal = 413
+            return None
+        self.done = not message.get("more_body", False)
         return message
+
+    async def receive(self) -> Message:
+        """The app's ``receive``: the body's pieces, a disconnect once it was refused, and
+        after its end what the server says (the client leaving, for as long as it takes)."""
+        if self.done:
+            return await self._receive()
+        message = await self.next()
+        return _DISCONNECT if message is None else message
 
 
 def declared_too_large(content_length: bytes | None, http: HTTPOptions) -> bool:
@@ -89,22 +108,6 @@ def declared_too_large(content_length: bytes | None, http: HTTPOptions) -> bool:
         and content_length.isdigit()
         and int(content_length) > http.max_request_body_bytes
     )
-
-
-@dataclass(slots=True)
-class Body:
-    """A request body as read before forwarding: ``data`` (whole, or with ``more`` its
-    start), else why not (``refusal``)."""
-
-    data: bytes = b""
-    held: int = 0  # bytes taken from the budget; give them back when the request ends
-    refusal: int = 0  # 0: read; else 413, 503, 408 or CLIENT_CLOSED
-    more: bool = False  # the rest is still with the client: stream it (BodyPump)
-    reader: BodyReader | None = None  # what read it (the pump goes on with it)
-
-    def answer(self, http: HTTPOptions, request_id: str) -> HTTPResponse:
-        """The answer to a refused body (not for CLIENT_CLOSED: nobody is listening)."""
-        return refusal_answer(self.refusal, http, request_id)
 
 
 def refusal_answer(status: int, http: HTTPOptions, request_id: str) -> HTTPResponse:
@@ -119,66 +122,59 @@ def refusal_answer(status: int, http: HTTPOptions, request_id: str) -> HTTPRespo
     return error_answer(408, detail, request_id)
 
 
-async def read_body(
-    receive: Receive,
-    content_length: bytes | None,
-    http: HTTPOptions,
-    budget: BodyBudget,
-    link: RequestLink | None = None,
-) -> Body:
-    """Read what the request is forwarded with: the whole body, or its start (``more``)
-    when the rest has not arrived yet or it is over ``READ_AHEAD_BYTES`` — the first piece
-    and the pieces that came with it (``link`` says which are here; without one, the
-    first alone). Bytes are taken from ``budget`` (up front when a length is declared, as
-    far as read-ahead goes, else as they arrive)."""
-    reader = BodyReader(receive, http, link)
-    body = Body(reader=reader)
-    if declared_too_large(content_length, http):
-        body.refusal = 413
-        return body
+@dataclass(slots=True)
+class Body:
+    """A request body as read before forwarding: ``data`` (whole, or with ``more`` its
+    start), and the bytes it holds of the proxy's budget (given back when the request
+    ends, whatever ended it)."""
+
+    data: bytes = b""
+    held: int = 0
+    more: bool = False  # the rest is still with the client: pump it (BodyPump)
+
+
+async def read_ahead(
+    body: Body, reader: BodyReader, link: RequestLink, content_length: bytes | None, budget: BodyBudget
+) -> bool:
+    """Read into ``body`` what the request is forwarded with: the whole body, or its start
+    (``more``) when the rest has not arrived yet or it is over ``READ_AHEAD_BYTES`` — the
+    first piece and the pieces that came with it. Bytes are taken from ``budget`` (up
+    front when a length is declared, as far as read-ahead goes, else as they arrive).
+    False: refused (on ``reader``; 503 when the budget is spent)."""
     if content_length is not None and content_length.isdigit():
         if not budget.take(min(int(content_length), READ_AHEAD_BYTES)):
-            body.refusal = 503
-            return body
+            reader.refusal = 503
+            return False
         body.held = min(int(content_length), READ_AHEAD_BYTES)
     chunks = []
     while True:
         message = await reader.next()
         if message is None:
-            body.refusal = reader.refusal
-            return body
-        if message["type"] == "http.disconnect":
-            body.refusal = CLIENT_CLOSED
-            return body
-        chunk = message.get("body", b"")
+            return False
         size = reader.size
         if size > body.held:  # more than declared, or no length declared
             if not budget.take(size - body.held):
-                body.refusal = 503
-                return body
+                reader.refusal = 503
+                return False
             body.held = size
-        chunks.append(chunk)
-        body.more = message.get("more_body", False)
-        if not body.more or size >= READ_AHEAD_BYTES or link is None or not link.body_ready():
+        chunks.append(message.get("body", b""))
+        body.more = not reader.done
+        if reader.done or size >= READ_AHEAD_BYTES or not link.body_ready():
             body.data = chunks[0] if len(chunks) == 1 else b"".join(chunks)
-            return body
+            return True
 
 
 class BodyPump:
-    """The rest of a body that :func:`read_body` read the start of, sent to the replica
-    that admits the request as the client sends it (at most a flow-control window ahead
-    of the app), within the same bounds: ``max_request_body_bytes`` (413) and
-    ``body_timeout_s`` between pieces (408), answered in the app's place. Under a server
-    without our protocol's link it also hears the client leave once the body is sent
-    (nothing else may call ``receive()`` meanwhile).
+    """The rest of a body :func:`read_ahead` read the start of, sent to the replica that
+    admits the request as the client sends it (at most a flow-control window ahead of the
+    app), through the request's reader. A refusal meanwhile stops the request (``stop``:
+    its cycle's, which answers the refusal in the app's place).
 
     Use as ``async with``: the pumps it started end with the block."""
 
-    def __init__(self, receive: Receive, read: Body, http: HTTPOptions, state: HTTPCycle) -> None:
-        self._receive = receive
-        self._reader = read.reader or BodyReader(receive, http, state.link, len(read.data))
-        self._http = http
-        self._state = state
+    def __init__(self, reader: BodyReader, stop: Callable[[], None]) -> None:
+        self._reader = reader
+        self._stop = stop
         self._tasks: set[asyncio.Task[None]] = set()
 
     async def __aenter__(self) -> BodyPump:
@@ -204,34 +200,13 @@ class BodyPump:
 
     async def _pump(self, exchange: Exchange) -> None:
         await exchange.room_to_send()  # the first credit: the replica admitted the request
-        if exchange.finished:
-            return  # refused (or lost): nothing was read
-        state = self._state
-        # Cancelled meanwhile, it stays set: a deadline that passes now is the upload's (408).
-        state.uploading = True
-        sent = await self._send_rest(exchange)
-        state.uploading = False
-        if sent and state.link is None:
-            await watch_disconnect(self._receive, state)
-
-    async def _send_rest(self, exchange: Exchange) -> bool:
-        """Send the client's pieces until the last; False if the body ended otherwise
-        (refused here, the client left, the app answered without it)."""
-        state, reader = self._state, self._reader
-        while True:
+        reader = self._reader
+        while not exchange.finished:  # else refused, lost, or answered without the rest
             message = await reader.next()
-            if message is None:
-                exchange.refuse(refusal_answer(reader.refusal, self._http, state.request_id))
-                return False
-            if message["type"] == "http.disconnect":
-                if state.link is None:  # else our protocol tells the request itself
-                    state.client_left()
-                return False
-            chunk = message.get("body", b"")
-            more = bool(message.get("more_body", False))
-            exchange.send(RequestBodyPiece(chunk, more))
-            if not more:
-                return True
+            if message is None:  # refused, or the client left: the request stops
+                self._stop()
+                return
+            exchange.send(RequestBodyPiece(message.get("body", b""), not reader.done))
+            if reader.done:
+                return
             await exchange.room_to_send()
-            if exchange.finished:
-                return False  # the app answered without the rest of the body

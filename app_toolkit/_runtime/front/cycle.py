@@ -1,125 +1,256 @@
-"""One HTTP request from its head to its last byte, as the front serves it: the one owner
-of what happens to it (uvicorn's ``RequestResponseCycle`` plays this part for uvicorn).
+"""One HTTP request from its head to its last byte, as the front serves it: its responder
+(Starlette's sense; uvicorn's ``RequestResponseCycle`` plays this part for uvicorn).
 
-An :class:`HTTPCycle` writes every response of a request to an application or of a
-toolkit page answered in one piece — the app's response relayed from a replica
-(``forward.py``), the app's own in its replica (``backends/ray/direct.py``) and the toolkit's answers
-(404, 408, 413, 503, 504, ...) alike; ``/-/dashboard`` writes its own page and event
-stream —, decides when a client that went away makes the request a 499 (:meth:`left`;
-one that leaves before sending its body is marked so where the body is read), and closes
-the request's record (its access line, metrics and span), once, at its end.
+An :class:`HTTPCycle` is made once per request from its scope, ``receive``, ``send``, the
+application route it matched and the front's rules. :meth:`HTTPCycle.run` is the
+request's one control flow: the deadline (400 for a bad one; 408 while the body still
+arrives, else 504), a body declared too large (413 before any upstream runs), the client
+leaving (499), a body refused on its reader (answered while no head went out; a response
+it cut short is aborted), and the record closed once at the end (access line, metrics,
+span). What runs in between is an ``Upstream`` (``upstream.py``): over the channel, or
+in this replica. The cycle owns the request's one body reader (``body.py``) and writes
+every response: the app's relayed from a replica, the app's own in its replica, and the
+toolkit's answers (``/-/dashboard`` writes its own page and stream).
 
 Writing: the request id goes into the head; a whole response's head and body leave in
-one write where our HTTP protocol lets them; a stream's chunks leave as they come, those
-that came together in one write (each still its own chunk); a stream is counted (open
-streams, time to its first chunk, chunks).
+one write where the link lets them; a stream's chunks leave as they come, those that
+came together in one write (each still its own chunk); a stream is counted (open streams,
+time to its first chunk, chunks).
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
-from collections.abc import Iterable, Sequence
-from typing import Any
+from collections.abc import Awaitable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, cast
 
 from starlette.types import Message, Receive, Scope, Send
 
-from app_toolkit import metrics
-from app_toolkit._runtime import tracing
-from app_toolkit._runtime.front import stream_metrics
+from app_toolkit._runtime import request_context, tracing
+from app_toolkit._runtime.answers import error_answer
+from app_toolkit._runtime.front import front_metrics
 from app_toolkit._runtime.front.access_log import AccessLog
+from app_toolkit._runtime.front.body import CLIENT_CLOSED, BodyReader, declared_too_large, refusal_answer
+from app_toolkit._runtime.front.front_metrics import HTTP_DURATION
 from app_toolkit._runtime.front.path_match import AppMatcher
-from app_toolkit._runtime.front.request_link import RequestLink
-from app_toolkit._runtime.front.scope import RequestHeaders, with_request_id
-from app_toolkit._runtime.messages import HTTPResponse
+from app_toolkit._runtime.front.request_link import REQUEST_LINK, RequestLink
+from app_toolkit._runtime.front.scope import parse_timeout, read_headers, with_request_id
+from app_toolkit._runtime.messages import DeploymentID, HTTPResponse
+from app_toolkit.config import HTTPOptions
 
-#: nginx's status for "the client closed the connection": it went away first.
-CLIENT_CLOSED = 499
+logger = logging.getLogger("app_toolkit.proxy")
+
+
+@dataclass(frozen=True, slots=True)
+class FrontRules:
+    """What every request of one front is served by: its options, the shard key header
+    (lowercased bytes) and its access log (None: off)."""
+
+    http: HTTPOptions
+    shard_header: bytes
+    access_log: AccessLog | None
+
+
+class Responder(Protocol):
+    """What serves a request once its cycle runs: an ``Upstream``, or the toolkit's pages."""
+
+    def http(self, cycle: HTTPCycle) -> Awaitable[None]: ...
 
 
 class HTTPCycle:
     """One request while the front serves it, and what its record says once it is done."""
 
     __slots__ = (
+        "scope",
+        "_receive",
         "_send",
+        "link",
         "task",
         "arrived",
+        "http",
+        "_access_log",
+        "headers",
         "request_id",
+        "reader",
+        "matched",
+        "deployment",
+        "_deadline_s",
         "app",
         "prefix",
         "target",
+        "status",
         "started",
         "finished",
         "disconnected",
-        "status",
+        "_stopped",
         "route",
-        "link",
-        "uploading",
         "logged",
         "span",
-        "headers",
-        "matched",
         "_labels",
         "_first",
     )
 
-    def __init__(self, send: Send, task: asyncio.Task[Any] | None, arrived: float) -> None:
+    def __init__(
+        self,
+        scope: Scope,
+        receive: Receive,
+        send: Send,
+        rules: FrontRules,
+        matched: AppMatcher | None,
+        path: str,
+    ) -> None:
+        self.scope = scope
+        self._receive = receive
         self._send = send
-        self.task = task
-        self.arrived = arrived  # perf_counter() when the request reached the front
-        self.request_id = "-"
+        self.link: RequestLink = scope[REQUEST_LINK]  # every server of the front gives one
+        self.task = cast("asyncio.Task[Any]", asyncio.current_task())
+        self.arrived = time.perf_counter()
+        self.http = rules.http
+        self._access_log = rules.access_log
+        self.headers = headers = read_headers(scope, rules.shard_header)
+        self.request_id = headers.request_id
+        if (handed := self.link.handed) is not None:  # noted first: a 502's, should the replica die
+            handed.table.set_request_id(handed.slot, self.request_id)
+        self.reader = BodyReader(receive, rules.http, self.link)
+        self.matched = matched  # the application it goes to (None: a toolkit page, or a refusal)
         self.app = ""  # the application it went to
         self.prefix = ""  # that app's route_prefix, "" for "/"
         self.target = ""  # what it was sent to (an app's prefix, a /-/ page) until ``route`` is known
+        self.logged = True  # it gets an access line (its application's enable_access_log)
+        self.deployment: DeploymentID | None = None
+        self._deadline_s: float | None = None
+        if matched is not None:
+            self.deployment, self._deadline_s = matched.target("http", scope["method"], path)
+            self.app, self.target, self.logged = matched.app, matched.route_prefix, matched.access_log
+            self.prefix = "" if matched.route_prefix == "/" else matched.route_prefix
         self.status = 500  # the status sent to the client (499: it left), unless one was sent
         self.started = False  # the response head went to the client
         self.finished = False  # the whole response went to the client
         self.disconnected = False
+        self._stopped = False  # cancelled by the cycle itself (the client left, the body refused)
         self.route = ""  # the path template the replica's app matched
-        self.link: RequestLink | None = None  # what our HTTP protocol offers beyond ASGI
-        #: Under a server without our protocol's link: the front is still reading the body
-        #: from the client (``read_body``, the body's pump; see :meth:`body_arriving`).
-        self.uploading = False
-        self.logged = True  # it gets an access line (its application's enable_access_log)
         self.span: tracing.Span | None = None  # the front's exported span, if spans are made
-        self.headers: RequestHeaders | None = None  # what the front read from its headers
-        self.matched: AppMatcher | None = None  # the application it goes to
         self._labels: tuple[str, str] | None = None  # set while a stream is open
         self._first = True
 
-    def to_app(self, matched: AppMatcher) -> None:
-        """The request goes to ``matched``'s application."""
-        self.matched = matched
-        self.app, self.target, self.logged = matched.app, matched.route_prefix, matched.access_log
-        self.prefix = "" if matched.route_prefix == "/" else matched.route_prefix
+    @property
+    def app_receive(self) -> Receive:
+        """The ``receive`` an app in this process reads: the body within its bounds."""
+        return self.reader.receive if self.headers.has_body else self._receive
 
-    def body_arriving(self) -> bool:
-        """The request's body was still arriving: a deadline that passed is the upload's
-        (408), not the app's (504). Our protocol knows (:class:`RequestLink`); under
-        another server, the front's own reads of the body say it (``uploading``)."""
-        return self.link.body_arriving() if self.link is not None else self.uploading
+    @property
+    def span_trace(self) -> tracing.TraceContext | None:
+        """The front's exported span, as the replica's span continues it."""
+        return self.span.trace if self.span is not None else None
 
-    # ------------------------------------------------------------------ the client leaving
+    # --------------------------------------------------------------------- the control flow
 
-    def client_left(self) -> None:
-        """The client went away: cancel the request wherever it is (servers also report a
-        "disconnect" once the response is complete; that is not a client going away)."""
-        if not self.finished and self.task is not None:
+    async def run(self, upstream: Responder) -> None:
+        """Serve the request through ``upstream`` under every rule above, then close its
+        record."""
+        try:
+            if self.matched is None:
+                await upstream.http(self)  # a toolkit page: no deadline, no body read
+            else:
+                await self._to_app(upstream)
+        finally:
+            self._close()
+
+    async def _to_app(self, upstream: Responder) -> None:
+        timeout_s = parse_timeout(self.headers.timeout)
+        if isinstance(timeout_s, str):
+            await self.answer(error_answer(400, timeout_s, self.request_id))
+            return
+        for limit in (self._deadline_s, self.http.request_timeout_s):
+            if limit is not None and (timeout_s is None or limit < timeout_s):
+                timeout_s = limit
+        if declared_too_large(self.headers.content_length, self.http):
+            await self.answer(refusal_answer(413, self.http, self.request_id))
+            return
+        if tracing.exporting():  # an exported span: the replica's continues it
+            assert self.matched is not None
+            name = f"{self.scope['method']} {self.matched.route_prefix}"
+            self.span = tracing.start(name, "server", self.headers.caller)
+        link = self.link
+        link.on_client_left = self._client_left
+        try:
+            if timeout_s is None:
+                await upstream.http(self)
+            else:  # it covers the upload too (a slow one gets 408, not a replica's time)
+                async with asyncio.timeout(timeout_s):
+                    await upstream.http(self)
+        except asyncio.CancelledError:
+            if not self._stopped:
+                raise
+            self.task.uncancel()
+        except TimeoutError:
+            await self._deadline_passed(timeout_s)
+        finally:
+            link.on_client_left = None
+        await self._body_ended()
+        self.finished = True
+
+    async def _body_ended(self) -> None:
+        """The upstream is done, or was stopped: what a refused body or a client that left
+        makes of the request."""
+        refusal = self.reader.refusal
+        if self.disconnected or refusal == CLIENT_CLOSED:
+            self.status = CLIENT_CLOSED
+        elif not refusal:
+            return
+        elif not self.started:
+            logger.info("Request %s: body refused (%d)", self.request_id, refusal)
+            await self.answer(refusal_answer(refusal, self.http, self.request_id))
+        elif not self.finished:
+            await self.abort("the request body was refused")
+
+    async def _deadline_passed(self, timeout_s: float | None) -> None:
+        """408 while the body was still arriving, else 504 if no head went out yet."""
+        with request_context.request_scope(self.request_id):  # for these log records
+            if not self.started and self.link.body_arriving():
+                logger.info(
+                    "Request %s: the upload outlasted the deadline of %s s (408)", self.request_id, timeout_s
+                )
+                detail = f"Request Timeout: the body did not arrive within the deadline of {timeout_s} s"
+                await self.answer(error_answer(408, detail, self.request_id))
+                return
+            logger.info("Request %s: deadline of %s s passed (504)", self.request_id, timeout_s)
+            if not self.started:
+                detail = f"Gateway Timeout: the request took longer than {timeout_s} s"
+                await self.answer(error_answer(504, detail, self.request_id))
+
+    def _client_left(self) -> None:
+        """The link says the client went away: cancel the request wherever it is."""
+        if not self.finished:
             self.disconnected = True
+            self._stop()
+
+    def stop_for_body(self) -> None:
+        """The body was refused (or its client left) while it was pumped to a replica:
+        stop the request (:meth:`run` answers the refusal)."""
+        if not self.finished:
+            self._stop()
+
+    def _stop(self) -> None:
+        if not self._stopped:
+            self._stopped = True
             self.task.cancel()
 
-    def left(self) -> bool:
-        """In an ``except CancelledError`` around a request: True if the cancellation is
-        the one :meth:`client_left` asked for, now handled (the request's status is 499);
-        False if it came from elsewhere (re-raise it)."""
-        if not self.disconnected:
-            return False
-        if self.task is not None:
-            self.task.uncancel()
-        self.status = CLIENT_CLOSED
-        return True
-
     # ----------------------------------------------------------------------------- writing
+
+    def served_page(self, target: str, status: int | None = None) -> None:
+        """A toolkit page answers: ``target`` labels its record; ``status``: the one it
+        wrote itself (the dashboard's)."""
+        self.target = target
+        if status is not None:
+            self.status = status
+
+    def routed(self, template: str) -> None:
+        """The app's routing matched ``template`` (what the record is labelled with)."""
+        self.route = template
 
     async def answer(self, response: HTTPResponse) -> None:
         """A toolkit's answer (or a replica's whole one) as the response."""
@@ -140,14 +271,12 @@ class HTTPCycle:
         self.status = status
         head = _head(status, headers, self.request_id, start)
         link = self.link
-        if link is not None:
-            link.join_head_and_body()
+        link.join_head_and_body()
         try:
             await self._send(head)
             await self._send({"type": "http.response.body", "body": body})
         finally:
-            if link is not None:
-                link.release()
+            link.release()
 
     async def stream(
         self,
@@ -164,19 +293,17 @@ class HTTPCycle:
         self.status = status
         head = _head(status, headers, self.request_id, start)
         self._labels = (self.app, self.prefix + route if route else self.prefix)
-        stream_metrics.OPEN.inc(self.app, "stream")
+        front_metrics.OPEN.inc(self.app, "stream")
         if first is None:
             await self._send(head)
             return
         link = self.link
-        if link is not None:
-            link.gather_writes()
+        link.gather_writes()
         try:
             await self._send(head)
             await self._send({"type": "http.response.body", "body": first, "more_body": True})
         finally:
-            if link is not None:
-                link.release()
+            link.release()
         self._counted(1 if first else 0)
 
     async def chunk(self, piece: bytes) -> None:
@@ -191,17 +318,17 @@ class HTTPCycle:
         self.finished = last
         # Gathered, and the last pieces even alone: our protocol writes them when the
         # response is complete, knowing they end it (http_guard.py, on_response_complete).
-        link = self.link if last or len(pieces) > 1 else None
-        if link is not None:
-            link.gather_writes()
+        gather = last or len(pieces) > 1
+        if gather:
+            self.link.gather_writes()
         try:
             final = len(pieces) - 1
             for index, piece in enumerate(pieces):
                 more = not (last and index == final)
                 await self._send({"type": "http.response.body", "body": piece, "more_body": more})
         finally:
-            if link is not None:
-                link.release()
+            if gather:
+                self.link.release()
         self._counted(len(pieces) - pieces.count(b""))  # empty pieces are no chunks
         if last:
             self.stream_closed()
@@ -217,36 +344,36 @@ class HTTPCycle:
             return
         if self._first:
             self._first = False
-            stream_metrics.FIRST_CHUNK.observe(time.perf_counter() - self.arrived, *labels)
-        stream_metrics.CHUNKS.inc(*labels, amount=sent)
+            front_metrics.FIRST_CHUNK.observe(time.perf_counter() - self.arrived, *labels)
+        front_metrics.CHUNKS.inc(*labels, amount=sent)
 
     def stream_closed(self) -> None:
         """The stream ended (or failed): it is no longer open."""
         if self._labels is not None:
-            stream_metrics.OPEN.dec(self.app, "stream")
+            front_metrics.OPEN.dec(self.app, "stream")
             self._labels = None
 
     async def abort(self, why: str) -> None:
         """End the client's connection without completing the response (it failed after
         its head went out): the client must not take what it got for a whole response."""
+        logger.debug("Request %s: %s after the response started", self.request_id, why)
         self.finished = True
         self.stream_closed()
-        if self.link is None:  # under another server: raising is how a response is cut off
-            raise ResponseAborted(f"{why} after the response started")
         self.link.abort()
         await asyncio.sleep(0)  # the protocol hears the connection end: no "incomplete" error
 
     # -------------------------------------------------------------------------- its record
 
-    def close(self, scope: Scope, access_log: AccessLog | None) -> None:
+    def _close(self) -> None:
         """The request ended: its metrics, access line and span, once."""
+        scope = self.scope
         # Its route for metrics and the access line: the app's prefix and the template its
         # app matched, else what it was sent to (never the raw path).
         label = self.prefix + self.route if self.route else self.target
         took = time.perf_counter() - self.arrived
         HTTP_DURATION.observe(took, self.app, label, scope["method"], str(self.status))  # and HTTP_REQUESTS
-        if access_log is not None and self.logged:
-            access_log.add(scope, self.status, took, self.request_id, self.app, label)
+        if self._access_log is not None and self.logged:
+            self._access_log.add(scope, self.status, took, self.request_id, self.app, label)
         span = self.span
         if span is not None:
             self.span = None
@@ -259,20 +386,6 @@ class HTTPCycle:
             span.end(f"HTTP {self.status}" if self.status >= 500 else "")
 
 
-class ResponseAborted(Exception):
-    """Raised to a foreign ASGI server to make it cut a started response off."""
-
-
-async def watch_disconnect(receive: Receive, cycle: HTTPCycle) -> None:
-    """Under a server without our protocol's :class:`RequestLink`: wait on ``receive()``
-    for the ``http.disconnect`` message."""
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            break
-    cycle.client_left()
-
-
 def _head(
     status: int, headers: Iterable[tuple[bytes, bytes]], request_id: str, start: Message | None
 ) -> Message:
@@ -282,17 +395,3 @@ def _head(
         "headers": with_request_id(headers, request_id),
     }
     return head if start is None else {**start, **head}
-
-
-HTTP_DURATION = metrics.Histogram(
-    "app_toolkit_http_request_duration_seconds",
-    "From the request's arrival at the proxy to the end of its response",
-    ("application", "route", "method", "status"),
-)
-#: Read from HTTP_DURATION: a request timed there is a request answered.
-HTTP_REQUESTS = metrics.Counter(
-    "app_toolkit_http_requests_total",
-    "HTTP requests the proxy answered",
-    ("application", "route", "method", "status"),
-    counts=HTTP_DURATION,
-)

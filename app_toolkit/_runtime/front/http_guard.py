@@ -10,9 +10,9 @@ internet needs and uvicorn leaves out (docs/security.md):
   ``Retry-After`` and closed before anything of it is read;
 - a chunked body's trailer fields are dropped, never added to the request's headers.
 
-Request bodies are bounded by the front itself (``http_front.py``).
+Request bodies are bounded by the front itself (``body.py``, the request's one reader).
 
-Two things make the proxy cheaper per request (a request's :class:`RequestLink`, in its
+Two things make the proxy cheaper per request (a request's :class:`ConnectionLink`, in its
 scope): the proxy learns from ``connection_lost`` that a client left, instead of keeping a
 task per request waiting for ``http.disconnect``; and a complete response's head is held
 until its body comes, so both leave in one write.
@@ -29,7 +29,7 @@ from typing import Any
 
 from app_toolkit._runtime.answers import as_bytes
 from app_toolkit._runtime.connection_table import Handed, Phase, bytes_written
-from app_toolkit._runtime.front.request_link import REQUEST_LINK, RequestLink, Writes
+from app_toolkit._runtime.front.request_link import REQUEST_LINK, ConnectionLink, Writes
 from app_toolkit._runtime.front.uvicorn_compat import HttpToolsProtocol
 from app_toolkit._runtime.messages import HTTPResponse
 from app_toolkit.config import HTTPOptions
@@ -71,7 +71,6 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._head_bytes: int | None = None  # bytes of the request head so far; None: not in one
         self._head_timer: asyncio.TimerHandle | None = None
         self._head_deadline = 0.0  # loop time by which the current head must be whole
-        self._link: RequestLink | None = None  # of the latest request (uvicorn's self.cycle)
         self._writes: Writes | None = None
         #: A connection the node's proxy handed over and keeps a copy of: its phases go to
         #: the table they share (connection_table.py), and it is shut down when done.
@@ -108,10 +107,13 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._stop_head_timer()
         if self.handed is not None and not self._given_back:
             self.handed.done()  # the proxy's copy would keep the connection open
-        cycle, link = self.cycle, self._link
+        cycle = self.cycle
         super().connection_lost(exc)
-        if link is not None and link.on_client_left is not None and cycle is not None and cycle.disconnected:
-            link.on_client_left()
+        if cycle is not None and cycle.disconnected:  # its response is not complete
+            # An upgrade's cycle has no link: the WebSocket protocol took the connection.
+            left = getattr(cycle.scope.get(REQUEST_LINK), "on_client_left", None)
+            if left is not None:
+                left()
 
     def request_may_start(self) -> None:
         """Bytes are about to be read (:class:`HandedReads`): if the connection is between
@@ -156,8 +158,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         writes, handed = self._writes, self.handed
         if cycle is not None and cycle.scope is self.scope and writes is not None:  # not an upgrade
             cycle.transport = writes  # type: ignore[assignment]
-            link = RequestLink(writes, cycle, handed)
-            self._link = self.scope[REQUEST_LINK] = link  # type: ignore[literal-required]
+            self.scope[REQUEST_LINK] = ConnectionLink(writes, cycle, handed)  # type: ignore[literal-required]
             if handed is not None and not self.pipeline:  # (a pipelined one waits its turn)
                 handed.record(Phase.RUNNING)
                 writes.starting = handed

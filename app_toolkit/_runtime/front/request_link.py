@@ -1,8 +1,9 @@
-"""What our HTTP protocol (``http_guard.py``) offers one request beyond ASGI: its
-:class:`RequestLink`, in the request's scope, and the connection's :class:`Writes`, which
-hold a complete response's head until its body comes (both leave in one write), gather a
+"""What a server of the front offers one request beyond ASGI: its :class:`RequestLink`,
+in the request's scope. Every server the front runs under gives one: our HTTP protocol
+(``http_guard.py``: a :class:`ConnectionLink` over the connection's :class:`Writes`, which
+hold a complete response's head until its body comes so both leave in one write, gather a
 stream's chunks that came together, and record the phases of a handed-off connection as
-its bytes leave.
+its bytes leave), and the in-process test client's transport (``inprocess.MemoryLink``).
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import weakref
 from collections.abc import Callable
+from typing import Protocol
 
 from app_toolkit._runtime.connection_table import Handed, Phase
 from app_toolkit._runtime.front.uvicorn_compat import RequestResponseCycle
@@ -110,13 +112,48 @@ class Writes:
         return self.transport.is_closing()
 
 
-class RequestLink:
-    """What the protocol offers the app for one HTTP request, beyond ASGI.
+class RequestLink(Protocol):
+    """What the server offers the front for one HTTP request, beyond ASGI.
 
-    ``on_client_left`` (set by the app): called from ``connection_lost`` when the client
-    goes away before its response is complete, so the app need not keep a task per
-    request waiting on ``receive()`` for the ``http.disconnect`` message.
+    ``on_client_left`` (set by the front): called when the client goes away before its
+    response is complete, so the front need not keep a task per request waiting on
+    ``receive()`` for the ``http.disconnect`` message. ``handed``: the connection's record
+    in the table the node's proxy shares (a handed-off connection), else None.
     """
+
+    on_client_left: Callable[[], None] | None
+    handed: Handed | None
+
+    def body_ready(self) -> bool:
+        """The next ``receive()`` returns at once (no wait needs a timeout)."""
+        ...
+
+    def body_arriving(self) -> bool:
+        """The body is still arriving from the client: a deadline passing now is the
+        upload's (408), not the app's (504)."""
+        ...
+
+    def join_head_and_body(self) -> None:
+        """The response's head and its whole body come next: write them together."""
+        ...
+
+    def gather_writes(self) -> None:
+        """Keep what the response writes until :meth:`release`, then write it at once."""
+        ...
+
+    def release(self) -> None:
+        """Write anything still held (after the response, or if sending it failed)."""
+        ...
+
+    def abort(self) -> None:
+        """Cut the response off (it failed after its head): the client must not take what
+        it got for a complete response."""
+        ...
+
+
+class ConnectionLink:
+    """Our HTTP protocol's :class:`RequestLink`: ``on_client_left`` is called from
+    ``connection_lost``; writes go to the connection's :class:`Writes`."""
 
     __slots__ = ("on_client_left", "handed", "_writes", "_cycle")
 

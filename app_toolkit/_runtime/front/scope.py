@@ -1,6 +1,7 @@
-"""What the proxy reads from a request and what it forwards: the request id, the
-deadline header, and the scope the replica sees (HTTP and WebSocket alike): the client's
-headers as sent, unless ``HTTPOptions.request_id_headers`` adds the ids. Pure."""
+"""What the front reads from a request and what it forwards: the request id (made here
+when the client sent none), the deadline header, and the scope the replica sees (HTTP and
+WebSocket alike): the client's headers as sent, unless ``HTTPOptions.request_id_headers``
+adds the ids. No I/O: functions of the scope and the options."""
 
 from __future__ import annotations
 

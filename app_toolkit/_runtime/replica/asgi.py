@@ -199,8 +199,8 @@ class ChannelResponse:
         records it in the scope), never the raw path; "" if none did."""
         return request_context.route_template(self.scope)
 
-    def refusal(self) -> HTTPResponse | None:
-        return None  # the proxy reads the body within its bounds and answers a refusal
+    def refused(self) -> bool:
+        return False  # the proxy reads the body within its bounds and answers a refusal
 
     async def answer(self, response: HTTPResponse) -> None:
         self._finish()

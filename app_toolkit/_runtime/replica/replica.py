@@ -12,7 +12,7 @@ import gc
 import inspect
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable
 from typing import cast
 
 from starlette.types import ASGIApp, Receive, Scope
@@ -42,6 +42,7 @@ from app_toolkit._runtime.replica.asgi import (
 from app_toolkit._runtime.replica.autoscaling_stats import AutoscalingStats
 from app_toolkit._runtime.replica.calls import failure, find_method, log_call_failure, run_call
 from app_toolkit._runtime.replica.ingress_app import ingress_app, serving_app
+from app_toolkit._runtime.replica.run_app import HTTPOut, SocketOut, failed_around, run_app
 from app_toolkit._runtime.replica.user_code import (
     call_maybe_async,
     call_reconfigure,
@@ -49,7 +50,6 @@ from app_toolkit._runtime.replica.user_code import (
     run_destructor,
     wants_reconfigure,
 )
-from app_toolkit._runtime.run_app import HTTPOut, SocketOut, failed_around, run_app, run_http
 from app_toolkit._runtime.waiting import wait_event
 from app_toolkit.config import DeploymentConfig
 from app_toolkit.exceptions import (
@@ -92,8 +92,8 @@ class ReplicaCore:
         self._init_args = init_args
         self._dumps = dumps
         self.ongoing = 0
-        #: Of those, requests on client connections this replica owns (direct ingress): no
-        #: caller's dispatcher counts them, so this process reports them as load itself.
+        #: Of those, requests on client connections this replica owns (direct ingress,
+        #: :meth:`slot`): no caller's dispatcher counts them, so this process reports them.
         self.direct_ongoing = 0
         self.draining = False
         self._grace_s = config.graceful_shutdown_timeout_s  # its drain's (drain() may shorten it)
@@ -263,10 +263,12 @@ class ReplicaCore:
             await asyncio.sleep(quiet_until - loop.time())
 
     def admit(self, beyond_limit: bool = False) -> Rejected | None:
-        """Take a slot for a request (None), or say why not: the one place a replica
-        decides between busy (try another replica) and draining (it is going away).
-        ``beyond_limit``: a broadcast's call, admitted even when ``max_ongoing_requests``
-        are running (it must reach every replica); a draining replica refuses it too."""
+        """Take a slot for a request over the channel (None), or say why not: the one
+        place a replica decides between busy (try another replica) and draining (it is
+        going away). ``beyond_limit``: a broadcast's call, admitted even when
+        ``max_ongoing_requests`` are running (it must reach every replica); a draining
+        replica refuses it too. ``serve`` gives the slot back (or ``unserved``, for a
+        request cancelled before it ran)."""
         if self.draining:
             self._last_refused = asyncio.get_running_loop().time()
             return DRAINING
@@ -275,8 +277,22 @@ class ReplicaCore:
         self.ongoing += 1
         return None
 
+    def has_room(self) -> bool:
+        """A request on a client connection this replica owns would be admitted now (see
+        :meth:`admit`); its :meth:`slot` is taken in the same step of the event loop."""
+        if self.draining:
+            self._last_refused = asyncio.get_running_loop().time()
+            return False
+        return self.ongoing < self.config.max_ongoing_requests
+
+    def slot(self) -> DirectSlot:
+        """The slot of a request or WebSocket of a client connection this replica owns
+        (direct ingress), held with ``async with`` once :meth:`has_room` said yes: no
+        caller's dispatcher counts it, so this process reports it as load itself."""
+        return DirectSlot(self)
+
     async def serve(self, request: Request, sink: ResponseSink) -> None:
-        """Serve one admitted request (``admit()`` took its slot)."""
+        """Serve one request over the channel, admitted by :meth:`admit`."""
         started = time.perf_counter()
         route = ""
         kind = "call"
@@ -289,14 +305,15 @@ class ReplicaCore:
                     else:
                         kind, out = "websocket", ChannelSocket(request, sink)
                     trace = tracing.remote(request.trace, request.tracestate)
-                    route = await self._serve_app(request.request_id, out.scope, out.receive, out, trace)
+                    route = await self.serve_app(request.request_id, out.scope, out.receive, out, trace)
                     if kind == "websocket":
                         sink.send(END)  # after the app's last message
                 case MethodCall():
                     route = request.method
                     await self._serve_call(request, sink)
         finally:
-            self._served(kind, route, started)
+            self.served(kind, route, started)
+            self.unserved()
 
     async def serve_direct(
         self,
@@ -306,39 +323,21 @@ class ReplicaCore:
         out: HTTPOut | SocketOut,
         trace: tracing.TraceContext | None,
     ) -> None:
-        """Serve one admitted HTTP request (``out``: an HTTPOut) or WebSocket (a SocketOut)
-        of a client connection this replica owns (direct ingress: no channel, the app
-        answers the client; ``run_app`` answers its failures). ``trace``: the span this
-        replica's continues (None: the request's trace starts at the front, and nothing
-        exported or named it)."""
+        """Serve one HTTP request (``out``: an HTTPOut) or WebSocket (a SocketOut) of a
+        client connection this replica owns, its :meth:`slot` held by the caller (direct
+        ingress: no channel, the app answers the client)."""
         started = time.perf_counter()
-        kind = "websocket" if scope["type"] == "websocket" else "http"
         route = ""
-        self.direct_ongoing += 1
         try:
-            app = self.asgi_app
-            if app is None or kind == "websocket" or tracing.exporting():
-                started_here = trace if trace is not None else tracing.new_trace()
-                route = await self._serve_app(request_id, scope, receive, out, started_here)
-                return
-            # An HTTP request, no span to export: what _serve_asgi does, without its layers
-            # (most requests); its span's ids are made only if something reads them.
-            serving = self._serves or self._serving()
-            trace_when_read = tracing.LazyTrace(trace)
-            with request_context.request_scope(request_id, trace_when_read, serving, scope["headers"]):
-                state = self._lifespan.state if self._lifespan is not None else {}
-                await run_http(app, scope, receive, cast(HTTPOut, out), request_id, state)
-        except Exception as exc:  # noqa: BLE001 - around the app (the app's own: run_app): answered alike
-            await failed_around(scope, out, exc, request_id)
+            route = await self.serve_app(request_id, scope, receive, out, trace)
         finally:
-            self.direct_ongoing -= 1
-            self._served(kind, route or request_context.route_template(scope), started)
+            kind = "websocket" if scope["type"] == "websocket" else "http"
+            self.served(kind, route or request_context.route_template(scope), started)
 
-    def _served(self, kind: str, route: str, started: float) -> None:
-        """A request ended: count it and give its slot back."""
+    def served(self, kind: str, route: str, started: float) -> None:
+        """A request of ``kind`` that ``started`` (perf_counter) ended: count it."""
         labels = (*self.labels, kind, route)
         replica_metrics.PROCESSING.observe(time.perf_counter() - started, *labels)  # and REQUESTS
-        self.unserved()
 
     def unserved(self) -> None:
         """Give back a slot ``admit`` took (a request that ended, or one cancelled before
@@ -347,7 +346,7 @@ class ReplicaCore:
         if self.draining:
             self._one_ended.set()
 
-    async def _serve_app(
+    async def serve_app(
         self,
         request_id: str,
         scope: Scope,
@@ -355,46 +354,38 @@ class ReplicaCore:
         out: HTTPOut | SocketOut,
         caller: tracing.TraceContext | None,
     ) -> str:
-        """One HTTP request or WebSocket through the app, its answer going to ``out`` (the
-        channel's, or the client itself); what fails around the app is answered as the
-        app's own failure (``run_app``). Returns the matched route's path template."""
-        try:
-            return await self._serve_asgi(
-                request_id,
-                scope,
-                lambda app, state: run_app(app, scope, receive, out, request_id, state),
-                caller,
-            )
-        except Exception as exc:  # noqa: BLE001 - around the app (the app's own: run_app): answered alike
-            await failed_around(scope, out, exc, request_id)
-            return ""
-
-    async def _serve_asgi(
-        self,
-        request_id: str,
-        scope: Scope,
-        run: Callable[[ASGIApp, dict[str, object]], Awaitable[str]],
-        caller: tracing.TraceContext | None = None,
-    ) -> str:
-        """Run one HTTP request or WebSocket through the app (``run`` drives it), with the
-        request's context; returns the matched route's path template. ``caller``: the
-        span the proxy passed with the request (None: the trace starts here)."""
-        if self.asgi_app is None:
-            self.asgi_app = request_app(self._method("__call__"))
-        method = scope.get("method", "WEBSOCKET")
-        name = f"{self.deployment} {method}" if tracing.exporting() else ""  # unused without spans
-        trace, span = tracing.begin(name, "server", caller)
-        if span is not None:
-            # Spans are exported (the user set up OpenTelemetry): the app's own
-            # instrumentation (FastAPI's spans) reads its parent from the traceparent
-            # header, so the app sees this span's there (docs/observability.md).
-            scope["headers"] = tracing.with_traceparent(scope.get("headers", []), trace)
+        """One HTTP request or WebSocket through the app, with the request's context, its
+        answer going to ``out`` (the channel's, or the client itself: direct ingress);
+        what fails around the app is answered as the app's own failure (``run_app``).
+        Returns the matched route's path template. ``caller``: the span this replica's
+        continues (None: the trace starts at the front, and nothing exported or named
+        it); the span's ids are made only if something reads them, unless spans are
+        exported."""
         route = error = ""
+        span = None
+        method = scope.get("method", "WEBSOCKET")
         try:
-            with request_context.request_scope(request_id, trace, self._serving(), scope.get("headers", [])):
+            app = self.asgi_app
+            if app is None:
+                app = self.asgi_app = request_app(self._method("__call__"))
+            trace: tracing.TraceContext | tracing.LazyTrace
+            if tracing.exporting():
+                trace, span = tracing.begin(
+                    f"{self.deployment} {scope.get('method', 'WEBSOCKET')}", "server", caller
+                )
+                # The app's own instrumentation (FastAPI's spans) reads its parent from the
+                # traceparent header, so the app sees this span's there (docs/observability.md).
+                scope["headers"] = tracing.with_traceparent(scope.get("headers", []), trace)
+            else:
+                trace = tracing.LazyTrace(caller)
+            with request_context.request_scope(
+                request_id, trace, self._serves or self._serving(), scope["headers"]
+            ):
                 state = self._lifespan.state if self._lifespan is not None else {}
-                route = await run(self.asgi_app, state)
-            return route
+                route = await run_app(app, scope, receive, out, request_id, state)
+        except Exception as exc:  # noqa: BLE001 - around the app (the app's own: run_app): answered alike
+            error = type(exc).__name__
+            await failed_around(scope, out, exc, request_id)
         except BaseException as exc:
             error = type(exc).__name__
             raise
@@ -404,6 +395,7 @@ class ReplicaCore:
                     span.rename(f"{self.deployment} {method} {route}")
                     span.set("http.route", route)
                 span.end(error)
+        return route
 
     async def _serve_call(self, call: MethodCall, sink: ResponseSink) -> None:
         trace, span = tracing.begin(
@@ -439,3 +431,22 @@ class ReplicaCore:
 
     def _method(self, name: str) -> Callable[..., object]:
         return find_method(self.instance, self._definition, name, str(self.deployment))
+
+
+class DirectSlot:
+    """One slot of a replica, held by a request or WebSocket of a connection it owns."""
+
+    __slots__ = ("_core",)
+
+    def __init__(self, core: ReplicaCore) -> None:
+        self._core = core
+
+    async def __aenter__(self) -> None:
+        core = self._core
+        core.ongoing += 1
+        core.direct_ongoing += 1
+
+    async def __aexit__(self, *exc_info: object) -> None:
+        core = self._core
+        core.direct_ongoing -= 1
+        core.unserved()

@@ -25,9 +25,10 @@ from app_toolkit._runtime.backends.ray.cluster import (
     settle_heap,
 )
 from app_toolkit._runtime.backends.ray.codec import dumps
-from app_toolkit._runtime.backends.ray.front import ReplicaFront
+from app_toolkit._runtime.backends.ray.node_metrics import NodeMetrics
 from app_toolkit._runtime.channel.server import start_server
 from app_toolkit._runtime.channel.tls import replica_tls
+from app_toolkit._runtime.direct_ingress.replica_server import ReplicaFront
 from app_toolkit._runtime.messages import AdoptedReplica, DeploymentID, ReplicaInfo
 from app_toolkit._runtime.replica.replica import ReplicaCore
 from app_toolkit._runtime.request_context import ReplicaRank
@@ -183,7 +184,8 @@ class ReplicaActor:
         clock.lap("channel")
         handoff = ""
         if self._start.front is not None:
-            front = ReplicaFront(core, self._start.front, plane.subscriber)
+            node = NodeMetrics()
+            front = ReplicaFront(core, self._start.front, plane.subscriber, node.from_proxy, node.status)
             try:
                 handoff = await front.start()
                 self._front = front

@@ -1,15 +1,16 @@
 """One HTTP request or WebSocket through a replica's ASGI app, and what the client gets
 when the app fails: uvicorn's ``run_asgi`` rules, written once for both ways an app's
 answer leaves its replica — to its own client on a connection the replica owns
-(``backends/ray/direct.py``), or to the proxy over the channel (``asgi.py``). Each way is an
+(``direct_ingress/replica_upstream.py``), or to the proxy over the channel (``asgi.py``). Each way is an
 :class:`HTTPOut` or a :class:`SocketOut`; the rules are here.
 
 HTTP: an exception before the response's head is a generic 500 (``answers.escaped``: or
 the overload answer of an overload error that escaped), and so is an app that returns
 without a response; after the head, an exception or a return
 before the body's end cuts the response off (a client must not take a truncated body for
-a whole one); an exception after the whole response is only logged. A body the front
-refused (413, 408) is the answer instead, while no head went out.
+a whole one); an exception after the whole response is only logged. An app that fails
+reading a body the front refused (413, 408) is not answered here: the front answers the
+refusal.
 
 WebSocket: ``answers.websocket_end`` when the app raises or returns without closing, and
 ``answers.restart_end`` (1012) at the replica's drain deadline; what the app sends after
@@ -54,9 +55,8 @@ class HTTPOut(Protocol):
         """The app returned, raised or was cancelled: nothing more comes from it."""
         ...
 
-    def refusal(self) -> HTTPResponse | None:
-        """The answer to a body the front refused while the app read it, if it did and no
-        head went to the client yet."""
+    def refused(self) -> bool:
+        """The front refused the body while the app read it (and answers that itself)."""
         ...
 
     async def answer(self, response: HTTPResponse) -> None:
@@ -113,10 +113,8 @@ async def run_http(
 
 async def _failed(out: HTTPOut, error: Exception | None, request_id: str) -> None:
     """The app raised ``error`` (None: returned) without a complete response, or after it."""
-    refusal = out.refusal()
-    if refusal is not None:  # the app failed (or gave up) reading a body the front refused
-        logger.info("Request %s: body refused (%d) while the app read it", request_id, refusal.status)
-        await out.answer(refusal)
+    if out.refused():  # the app failed (or gave up) reading a body the front refused
+        logger.info("Request %s: the body was refused while the app read it", request_id)
         return
     if error is not None:
         # The traceback goes to the log with the id; the client gets no internals.

@@ -19,11 +19,12 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from app_toolkit._runtime.backends.ray.direct import DirectIngress
-from app_toolkit._runtime.backends.ray.node_metrics import NodeMetrics
+from app_toolkit._runtime.direct_ingress.handoff_listener import HandoffListener
+from app_toolkit._runtime.direct_ingress.replica_upstream import ReplicaUpstream
+from app_toolkit._runtime.front.dashboard import StatusSource
 from app_toolkit._runtime.front.http_front import HTTPFront
+from app_toolkit._runtime.front.metrics_page import Gather
 from app_toolkit._runtime.front.server import ProxyServer, serve
-from app_toolkit._runtime.replica.handoff_listener import HandoffListener
 from app_toolkit._runtime.replica.replica import ReplicaCore
 from app_toolkit._runtime.routing.subscriber import TableSubscriber
 from app_toolkit.config import HTTPOptions
@@ -36,10 +37,19 @@ _GIVE_BACK_EVERY_S = 0.02  # while draining: how often connections that became i
 class ReplicaFront:
     """Serves the connections handed to one ingress replica."""
 
-    def __init__(self, core: ReplicaCore, http: HTTPOptions, subscriber: TableSubscriber) -> None:
+    def __init__(
+        self,
+        core: ReplicaCore,
+        http: HTTPOptions,
+        subscriber: TableSubscriber,
+        gather: Gather | None = None,
+        status: StatusSource | None = None,
+    ) -> None:
         self._core = core
         self._http = http
         self._subscriber = subscriber
+        self._gather = gather  # the node's metrics for /-/metrics, and its status page's
+        self._status = status
         self._server: ProxyServer | None = None
         self._listener: HandoffListener | None = None
 
@@ -47,9 +57,8 @@ class ReplicaFront:
         """Start serving; returns the hand-off socket's path (for the replica's info)."""
         # The server's requests start from this task: they inherit the replica's values.
         self._core.enter_serving()
-        node = NodeMetrics()
-        local = DirectIngress(self._core)
-        front = HTTPFront(self._subscriber, self._http, node.from_proxy, node.status, local=local)
+        local = ReplicaUpstream(self._core)
+        front = HTTPFront(self._subscriber, self._http, self._gather, self._status, local=local)
         self._server = await serve(front, self._http, None, front.close, front.flush_logs)
         app = self._core.deployment.app
         # Until the front has its application's routes, connections go back to the proxy.

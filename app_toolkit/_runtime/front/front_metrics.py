@@ -1,0 +1,36 @@
+"""What the front records: every request's duration (and so their count), and of streams
+the connections open now (streamed HTTP responses, SSE included, and WebSockets), the
+time to a streamed response's first chunk, and chunks."""
+
+from __future__ import annotations
+
+from app_toolkit import metrics
+
+OPEN = metrics.Gauge(
+    "app_toolkit_open_streams",
+    "Streamed HTTP responses (SSE included) and WebSocket connections open at the proxy",
+    ("application", "kind"),
+)
+FIRST_CHUNK = metrics.Histogram(
+    "app_toolkit_stream_first_chunk_seconds",
+    "From a streamed request's arrival at the proxy to its first body chunk leaving",
+    ("application", "route"),
+)
+CHUNKS = metrics.Counter(
+    "app_toolkit_stream_chunks_total",
+    "Body chunks of streamed responses the proxy sent",
+    ("application", "route"),
+)
+
+HTTP_DURATION = metrics.Histogram(
+    "app_toolkit_http_request_duration_seconds",
+    "From the request's arrival at the proxy to the end of its response",
+    ("application", "route", "method", "status"),
+)
+#: Read from HTTP_DURATION: a request timed there is a request answered.
+HTTP_REQUESTS = metrics.Counter(
+    "app_toolkit_http_requests_total",
+    "HTTP requests the proxy answered",
+    ("application", "route", "method", "status"),
+    counts=HTTP_DURATION,
+)
