@@ -27,17 +27,17 @@ import typing
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from app_toolkit._runtime.messages import AppSpec, ByValue, DeploymentID, DeploymentSpec
+from app_toolkit._runtime.messages import AppSpec, DeploymentID, DeploymentSpec
 from app_toolkit._runtime.replica.ingress_app import ASGI_APP_ATTR, ASGI_BUILDER_ATTR
 from app_toolkit._runtime.session import Build, Serialize
 from app_toolkit.app_builder import load_application
 from app_toolkit.code_sources import code_name, sources_digest
-from app_toolkit.config import AutoscalingPolicy, DeploymentConfig, LoggingConfig
+from app_toolkit.config import AutoscalingPolicy, LoggingConfig
 from app_toolkit.config.file import ApplicationConfig, parse_config
 from app_toolkit.deployment import Application, Deployment
 from app_toolkit.exceptions import BuilderArgsError, ConfigError
 from app_toolkit.handle import DeploymentHandle
-from app_toolkit.import_path import import_attr
+from app_toolkit.travelling_policy import travelling_config, travelling_policy
 
 if typing.TYPE_CHECKING:  # FastAPI is imported where an app is built, not by every toolkit process
     from app_toolkit.route_table import RouteTable
@@ -63,39 +63,6 @@ def build_app(
         return spec
     policy = travelling_policy(autoscaling_policy, serialize, "autoscaling_policy.policy_function")
     return dataclasses.replace(spec, autoscaling_policy=policy)
-
-
-def travelling_policy(policy: AutoscalingPolicy, serialize: Serialize, field: str) -> AutoscalingPolicy:
-    """``policy`` as the controller gets it: named by its import path, its function
-    serialized by value (the controller imports nothing of the application). An import
-    path is imported here; a failure names ``field``."""
-    if policy.is_default:
-        return policy
-    function = policy.policy_function
-    if isinstance(function, str):
-        path = function if ":" in function else ":".join(function.rsplit(".", 1))
-        try:
-            function = import_attr(path)
-        except ConfigError as exc:
-            raise ConfigError(f"{field}: {exc}") from None
-    if not callable(function):
-        raise ConfigError(f"{field}: {policy.name} is a {type(function).__name__}, not a function")
-    try:
-        data = serialize(ByValue(function))
-    except Exception as exc:  # noqa: BLE001 - any pickling failure is the user's to fix
-        raise ConfigError(
-            f"{field}: the policy {policy.name} cannot be sent to the controller: {exc}"
-        ) from None
-    return policy.travelling(data)
-
-
-def _travelling_config(config: DeploymentConfig, serialize: Serialize) -> DeploymentConfig:
-    """``config`` with its custom autoscaling policy ready for the controller."""
-    autoscaling = config.autoscaling_config
-    if autoscaling is None or autoscaling.policy.is_default:
-        return config
-    policy = travelling_policy(autoscaling.policy, serialize, "autoscaling_config.policy.policy_function")
-    return config.model_copy(update={"autoscaling_config": autoscaling.model_copy(update={"policy": policy})})
 
 
 def _build_graph(
@@ -208,7 +175,7 @@ class _Graph:
         if config.logging_config is None and self._logging is not None:  # Ray Serve's rule
             config = config.model_copy(update={"logging_config": self._logging})
         try:
-            config = _travelling_config(config, self._serialize)
+            config = travelling_config(config, self._serialize)
         except ConfigError as exc:
             raise ConfigError(f"Deployment {deployment.name!r} of application {self.app!r}: {exc}") from None
         heavy = config.model_dump_json(exclude=set(config.in_place_options())).encode()

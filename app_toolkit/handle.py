@@ -31,7 +31,7 @@ from app_toolkit._runtime.messages import (
 from app_toolkit._runtime.request_keys import routing_key
 from app_toolkit._runtime.routing import broadcast, caller_metrics
 from app_toolkit._runtime.routing.data_plane import DataPlane
-from app_toolkit._runtime.routing.dispatcher import Reply
+from app_toolkit._runtime.routing.replica_client import Reply
 from app_toolkit._runtime.routing.replies import exception_of, value_of
 from app_toolkit.exceptions import ReplicaUnavailableError
 from app_toolkit.responses import DeploymentBroadcastResponse, DeploymentResponse, DeploymentResponseGenerator

@@ -61,6 +61,9 @@ _REQUEST_ID = "0123456789abcdef0123456789abcdef"
 class _NoPolicy:
     has_policy = False
 
+    def serving_here(self, replica_id: str, started: bool) -> None:
+        pass
+
 
 class _OneRoute:
     """The proxy's table subscriber, with the bench app at ``/`` and nothing else."""
@@ -169,7 +172,8 @@ def _floor(core: ReplicaCore, log: AccessLog | None) -> ASGIApp:
 async def _app(mode: str, core: ReplicaCore, deployment: DeploymentID, access_log: bool) -> ASGIApp:
     if mode == "direct":
         subscriber = _OneRoute(deployment)
-        return HTTPFront(subscriber, HTTPOptions(access_log=access_log), local=ReplicaUpstream(core))  # type: ignore[arg-type]
+        local = ReplicaUpstream(core, subscriber)  # type: ignore[arg-type]
+        return HTTPFront(subscriber, HTTPOptions(access_log=access_log), local=local)  # type: ignore[arg-type]
     if mode == "floor":
         return _floor(core, AccessLog() if access_log else None)
     trace = tracing.new_trace()

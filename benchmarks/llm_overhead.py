@@ -53,7 +53,7 @@ from app_toolkit.llm.detokenize import Detokenizer
 from app_toolkit.llm.engine import Sampling
 from app_toolkit.llm.engines.transformers import TransformersEngine
 from app_toolkit.llm.loading import engine_for
-from app_toolkit.llm.server import CONTEXT_TOKENS
+from app_toolkit.llm.reply_stream import CONTEXT_TOKENS
 from benchmarks.http_overhead import start_servers, stop_servers
 from benchmarks.proc_cpu import cpu_seconds
 

@@ -21,7 +21,7 @@ from starlette.types import ASGIApp
 from app_toolkit._runtime.controller.api import ConfigFile, ControlCall
 from app_toolkit._runtime.messages import AppSpec, ReplicaInfo
 from app_toolkit._runtime.routing.data_plane import DataPlane
-from app_toolkit._runtime.routing.dispatcher import ReplicaClient
+from app_toolkit._runtime.routing.replica_client import ReplicaClient
 from app_toolkit._runtime.tables import Loads, Outcomes, Updates, Versions
 from app_toolkit.config import RolloutOptions
 from app_toolkit.exceptions import RequestLostError

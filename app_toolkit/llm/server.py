@@ -1,5 +1,6 @@
 """A model's replica: one engine, and the rules every reply follows whatever the engine —
 the context window, stop strings, structured output, the stream's pace and the metrics.
+Each reply streams through a :class:`~app_toolkit.llm.reply_stream.ReplyStream`.
 
 The OpenAI ingress (``openai/``) reaches it through a handle: ``generate`` streams
 :class:`~app_toolkit.llm.events.Delta` items, ``embed``, ``tokenize`` and ``detokenize``
@@ -19,26 +20,17 @@ from typing import Any
 import app_toolkit as tk
 from app_toolkit.llm import metrics
 from app_toolkit.llm.config import LLMConfig
-from app_toolkit.llm.detokenize import Detokenizer, StopFilter
 from app_toolkit.llm.engine import EmbeddingEngine, EngineLoad, Sampling, TextEngine
 from app_toolkit.llm.engines.adapters import AdapterNotFound, AdapterRefused
 from app_toolkit.llm.errors import OpenAIError, bad_parameter, unknown_model
 from app_toolkit.llm.events import Delta, Generation, ModelCard
 from app_toolkit.llm.loading import engine_for
 from app_toolkit.llm.protocol import text_content
-from app_toolkit.llm.shaping import (
-    Structure,
-    checked_calls,
-    prompt_messages,
-    structure_for,
-    template_takes_tools,
-)
+from app_toolkit.llm.reply_stream import ReplyStream
+from app_toolkit.llm.shaping import checked_calls, prompt_messages, structure_for, template_takes_tools
 from app_toolkit.multiplex import _ModelCache
 
 logger = logging.getLogger("app_toolkit.llm")
-
-#: Prompt tokens decoded with a reply's first tokens, so its first piece keeps a leading space.
-CONTEXT_TOKENS = 4
 
 
 class LLMServer:
@@ -154,7 +146,7 @@ class LLMServer:
         prompt = self._prompt(engine, generation)
         sampling = self._fitted(engine, generation, len(prompt))
         yield Delta(prompt_tokens=len(prompt))
-        reply = _Reply(
+        reply = ReplyStream(
             self._model, engine, prompt, sampling, structure, generation, self._interval_s, adapter
         )
         async with contextlib.aclosing(reply.deltas()) as deltas:  # closed with this stream, now
@@ -269,114 +261,6 @@ class LLMServer:
         return dataclasses.replace(generation.sampling, max_tokens=room)
 
 
-class _Reply:
-    """One reply's stream: token ids to text pieces, cut at stop strings, shaped into tool
-    calls where asked, paced, and counted."""
-
-    def __init__(
-        self,
-        model: str,
-        engine: TextEngine,
-        prompt: list[int],
-        sampling: Sampling,
-        structure: Structure | None,
-        generation: Generation,
-        interval_s: float,
-        adapter: str = "",
-    ) -> None:
-        self._model = model
-        self._adapter = adapter
-        self._engine = engine
-        self._prompt = prompt
-        self._sampling = sampling
-        self._structure = structure
-        self._generation = generation
-        self._interval_s = interval_s
-        self.produced = 0
-        self.cached = 0  # prompt tokens the engine found in its prefix cache
-
-    async def deltas(self) -> AsyncGenerator[Delta, None]:
-        detokenizer = Detokenizer(self._engine.decode, self._prompt[-CONTEXT_TOKENS:])
-        stops = StopFilter(self._generation.stops)
-        structure = self._structure
-        held: list[Delta] = []
-        flushed = 0.0
-        sent = False  # the first piece goes at once; the pace applies after it
-        started = time.monotonic()
-        last = started
-        finish = "stop"
-        outcome = "cancelled"
-        constraint = structure.constraint if structure is not None else None
-        received_at = self._generation.received_at
-        if received_at:
-            metrics.FRAMEWORK_TIME.observe(max(0.0, time.time() - received_at), self._model)
-        metrics.PROMPT_TOKENS.inc(self._model, amount=len(self._prompt))
-        model = self._model
-
-        def on_slot() -> None:
-            metrics.QUEUE_TIME.observe(time.monotonic() - started, model)
-
-        caching = getattr(self._engine, "prefix_cache", None) is not None
-
-        def on_prompt(cached: int) -> None:
-            self.cached = cached
-            if caching:  # an engine without a prefix cache has no hit rate to show
-                metrics.PREFIX_CACHE_QUERIES.inc(model, amount=len(self._prompt))
-                metrics.PREFIX_CACHE_HITS.inc(model, amount=cached)
-
-        tokens = self._engine.generate(
-            self._prompt, self._sampling, constraint, on_slot, on_prompt, self._adapter
-        )
-        try:
-            async for token in tokens:
-                self.produced += 1
-                now = time.monotonic()
-                if self.produced == 1:
-                    first_s = time.time() - received_at if received_at else now - started
-                    metrics.TIME_TO_FIRST_TOKEN.observe(first_s, self._model)
-                else:
-                    metrics.TIME_PER_OUTPUT_TOKEN.observe(now - last, self._model)
-                last = now
-                text = stops.feed(detokenizer.feed(token))
-                if text:
-                    held.extend(self._shaped(text))
-                if stops.stopped:
-                    break
-                if held and (not sent or now - flushed >= self._interval_s):
-                    yield _joined(held)
-                    held = []
-                    flushed = now
-                    sent = True
-            else:
-                if self.produced >= self._sampling.max_tokens and not (
-                    constraint is not None and constraint.finished
-                ):
-                    finish = "length"
-            tail = stops.feed(detokenizer.flush()) + stops.flush() if not stops.stopped else ""
-            if tail:
-                held.extend(self._shaped(tail))
-            if structure is not None:
-                held.extend(structure.finish())
-                if structure.called:
-                    finish = "tool_calls" if finish == "stop" else finish
-            if held:
-                yield _joined(held)
-            outcome = finish
-        except Exception:
-            outcome = "error"
-            raise
-        finally:
-            await tokens.aclose()  # stops the engine's work on it now, not when collected
-            metrics.GENERATION_TOKENS.inc(self._model, amount=self.produced)
-            metrics.REPLIES.inc(self._model, outcome)
-        yield Delta(prompt_tokens=len(self._prompt), completion_tokens=self.produced, finish_reason=finish)
-
-    def _shaped(self, text: str) -> list[Delta]:
-        if self._structure is None:
-            return [Delta(text=text)]
-        return self._structure.feed(text)
-
-
 class _Adapter:
     """A loaded adapter, as the multiplexed cache holds it: evicted, it is detached once no
     reply uses it."""
@@ -387,22 +271,6 @@ class _Adapter:
 
     async def aclose(self) -> None:
         self._engine.unload_adapter(self.adapter_id)
-
-
-def _joined(deltas: list[Delta]) -> Delta:
-    """Pieces held by the stream's pace, sent as one: text joined, and tool-call fragments
-    of one call (one ``index``) merged into one, as OpenAI's clients expect a chunk's."""
-    if len(deltas) == 1 and len(deltas[0].tool_calls) < 2:
-        return deltas[0]
-    calls: dict[int, dict[str, Any]] = {}
-    for fragment in (c for d in deltas for c in d.tool_calls):
-        merged = calls.get(fragment["index"])
-        if merged is None:
-            calls[fragment["index"]] = {**fragment, "function": dict(fragment.get("function") or {})}
-            continue
-        arguments = (fragment.get("function") or {}).get("arguments") or ""
-        merged["function"]["arguments"] = (merged["function"].get("arguments") or "") + arguments
-    return Delta(text="".join(d.text for d in deltas), tool_calls=tuple(calls[i] for i in sorted(calls)))
 
 
 def _text_messages(messages: Any) -> list[dict[str, Any]]:

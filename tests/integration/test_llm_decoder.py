@@ -15,7 +15,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from app_toolkit.llm.engine import EngineLoad, Sampling
-from app_toolkit.llm.engines import decoder as decoder_module
+from app_toolkit.llm.engines import forward_passes
 from app_toolkit.llm.engines.decoder import Decoder, DecoderHooks
 from app_toolkit.llm.engines.prefix_cache import PrefixCache
 from tests.waiting import wait_for_async
@@ -132,9 +132,9 @@ def test_a_long_prompt_read_in_chunks_gives_the_tokens_of_one_pass_and_a_cancell
         decoder = Decoder(model, {EOS}, max_batch_size=2, repetition_penalty=1.0)
         try:
             chunked = await reply(decoder, long_prompt)
-            monkeypatch.setattr(decoder_module, "PREFILL_CHUNK", 10_000)  # the whole prompt in one pass
+            monkeypatch.setattr(forward_passes, "PREFILL_CHUNK", 10_000)  # the whole prompt in one pass
             assert await reply(decoder, long_prompt) == chunked
-            monkeypatch.setattr(decoder_module, "PREFILL_CHUNK", 64)
+            monkeypatch.setattr(forward_passes, "PREFILL_CHUNK", 64)
 
             # The batch is full; a third reply waits in the queue and its reader leaves.
             busy = [decoder.generate(prompt, greedy(10_000)) for prompt in PROMPTS[:2]]
@@ -283,7 +283,7 @@ def test_the_hooks_hear_of_admissions_steps_and_early_cancellations(model: Any) 
 def test_a_prompt_that_starts_like_a_sequence_read_before_reads_only_the_rest(
     model: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(decoder_module, "PREFILL_CHUNK", 4)  # the rest is read in chunks too
+    monkeypatch.setattr(forward_passes, "PREFILL_CHUNK", 4)  # the rest is read in chunks too
 
     async def scenario() -> None:
         plain = Decoder(model, set(), max_batch_size=3, repetition_penalty=1.1)  # no EOS: to max_tokens
@@ -313,6 +313,21 @@ def test_a_prompt_that_starts_like_a_sequence_read_before_reads_only_the_rest(
         finally:
             await plain.close()
             await cached.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_request_that_comes_while_the_idle_decoder_keeps_ended_replies_is_served(model: Any) -> None:
+    # Idle with ended replies to keep, the decoder copies them into the prefix cache in its
+    # thread; a request that arrives meanwhile must wake it (its wake-up was once cleared).
+    async def scenario() -> None:
+        decoder = Decoder(model, set(), max_batch_size=2, prefix_cache=PrefixCache(max_bytes=1 << 24))
+        try:
+            for turn in range(12):
+                said = await asyncio.wait_for(reply(decoder, PROMPTS[turn % len(PROMPTS)], 4), 20)
+                assert said
+        finally:
+            await decoder.close()
 
     asyncio.run(scenario())
 

@@ -16,13 +16,16 @@ from starlette.types import Message
 
 import app_toolkit as tk
 from app_toolkit import metrics
+from app_toolkit._runtime.channel.exchange import Exchange as ChannelExchange
 from app_toolkit._runtime.direct_ingress.replica_upstream import ReplicaUpstream
 from app_toolkit._runtime.front.http_front import HTTPFront
 from app_toolkit._runtime.front.request_link import REQUEST_LINK, ConnectionLink, Writes
-from app_toolkit._runtime.messages import DeploymentID, RouteInfo
+from app_toolkit._runtime.messages import BUSY, DeploymentID, HTTPResponse, ReplicaInfo, Request, RouteInfo
 from app_toolkit._runtime.replica.replica import ReplicaCore
+from app_toolkit._runtime.routing.dispatcher import Dispatcher
 from app_toolkit._runtime.tables import ApplicationTable
 from app_toolkit.config import DeploymentConfig, HTTPOptions
+from app_toolkit.exceptions import RequestLostError
 from app_toolkit.tracing import current_trace
 from tests.unit.scopes import http_scope
 from tests.waiting import wait_for_async
@@ -62,6 +65,9 @@ class Ingress:
 
 class _NoPolicy:
     has_policy = False
+
+    def serving_here(self, replica_id: str, started: bool) -> None:
+        pass
 
 
 class OneApp:
@@ -127,7 +133,8 @@ def _answered(route: str, status: str) -> float:
 
 
 def _front(core: ReplicaCore, **options: Any) -> HTTPFront:
-    return HTTPFront(OneApp(), HTTPOptions(**options), local=ReplicaUpstream(core))  # type: ignore[arg-type]
+    tables = OneApp()
+    return HTTPFront(tables, HTTPOptions(**options), local=ReplicaUpstream(core, tables))  # type: ignore[arg-type]
 
 
 async def test_a_request_served_in_the_replica_is_labelled_by_its_route_and_a_499_by_its_app(
@@ -169,3 +176,65 @@ async def test_the_replicas_span_continues_the_clients_or_one_the_front_started(
     await named.run(_front(core, request_id_headers=True))
     header = dict(named.scope["headers"])[b"traceparent"].decode().split("-")
     assert named.json()["trace"] == header[1] and named.json()["parent"] == header[2]
+
+
+class _OtherReplica:
+    """A replica of the deployment in another process: counts what it is sent; answers
+    200, or BUSY as a full replica's admission does (``busy``)."""
+
+    def __init__(self, replica_id: str, busy: bool) -> None:
+        self.replica_id = replica_id
+        self.busy = busy
+        self.opened = 0
+
+    async def open(self, request: Request) -> ChannelExchange:
+        self.opened += 1
+        exchange = ChannelExchange(lambda: None)
+        exchange.push(BUSY if self.busy else HTTPResponse(200, [(b"content-length", b"2")], b"{}"))
+        return exchange
+
+    def close(self) -> None:
+        pass
+
+
+class TwoReplicas(OneApp):
+    """The tables an ingress replica's front follows: this replica ("r1") and another."""
+
+    def __init__(self, core: ReplicaCore, other: _OtherReplica) -> None:
+        # Its own replica over the channel (loopback), answering as its admission would.
+        self.itself = _OtherReplica(core.replica_id, busy=True)
+        replicas = {"r1": self.itself, other.replica_id: other}
+        self.table_dispatcher = Dispatcher(
+            DEPLOYMENT,
+            lambda info: replicas[info.replica_id],
+            lost_error=RequestLostError,
+        )
+        infos = [ReplicaInfo(replica_id, DEPLOYMENT, "127.0.0.1", 1, b"t", 1) for replica_id in replicas]
+        self.table_dispatcher.update(infos, 100)
+
+    def dispatcher(self, deployment: DeploymentID) -> Dispatcher:  # type: ignore[override]
+        return self.table_dispatcher
+
+
+async def test_a_full_ingress_replica_sends_nothing_to_itself_over_the_channel() -> None:
+    config = DeploymentConfig(max_ongoing_requests=1)
+    core = ReplicaCore("r1", DEPLOYMENT, config, Ingress, ((), {}), pickle.dumps)
+    await core.start()
+    core.enter_serving()
+    other = _OtherReplica("r2", busy=False)
+    tables = TwoReplicas(core, other)
+    front = HTTPFront(tables, HTTPOptions(), local=ReplicaUpstream(core, tables))  # type: ignore[arg-type]
+    try:
+        held = Exchange("/shop/slow")  # takes this replica's one slot
+        running = asyncio.ensure_future(held.run(front))
+        await wait_for_async(lambda: core.direct_ongoing == 1)
+        for _ in range(8):  # its slot is taken: each goes to the other replica, in one hop
+            sent = Exchange("/shop/items/1")
+            await sent.run(front)
+            assert sent.status == 200
+        assert (tables.itself.opened, other.opened) == (0, 8)
+        assert held.link.on_client_left is not None
+        held.link.on_client_left()
+        await asyncio.wait_for(running, 5)
+    finally:
+        await core.drain()

@@ -19,7 +19,8 @@ from app_toolkit._runtime.messages import (
     ReplicaInfo,
     Request,
 )
-from app_toolkit._runtime.routing.dispatcher import Dispatcher, Reply
+from app_toolkit._runtime.routing.dispatcher import Dispatcher
+from app_toolkit._runtime.routing.replica_client import Reply
 from app_toolkit.exceptions import BackPressureError, ReplicaUnavailableError, RequestLostError
 
 pytestmark = pytest.mark.anyio

@@ -19,7 +19,7 @@ from app_toolkit._runtime.messages import (
     WebSocketOpen,
 )
 from app_toolkit._runtime.routing import shadow as shadow_module
-from app_toolkit._runtime.routing.dispatcher import Reply
+from app_toolkit._runtime.routing.replica_client import Reply
 from app_toolkit._runtime.routing.shadow import Shadower
 from app_toolkit._runtime.tables import ReplicaTable, ShadowOutcome, ShadowTarget, replicas_key
 from app_toolkit.exceptions import ConfigError, RequestLostError

@@ -47,7 +47,7 @@ from app_toolkit._runtime.messages import (
 )
 from app_toolkit._runtime.replica.replica import InitArgs, ReplicaCore
 from app_toolkit._runtime.routing.data_plane import DataPlane, refuse_nested
-from app_toolkit._runtime.routing.dispatcher import ReplicaClient
+from app_toolkit._runtime.routing.replica_client import ReplicaClient
 from app_toolkit._runtime.routing.subscriber import TableSubscriber
 from app_toolkit._runtime.session import Build, Session
 from app_toolkit._runtime.tables import Table
@@ -293,7 +293,7 @@ class LocalLink:
         self._loop = LoopThread("app-toolkit-local")
         self.backend = LocalBackend()
         self.core = ControllerCore(self.backend)
-        self.backend.on_models = self.core.note_models
+        self.backend.on_models = self.core.reports.note_models
         self._loop.run(self.core.start())
         self.proxy: HTTPFront | None = None
 

@@ -31,7 +31,6 @@ from app_toolkit._runtime.controller.deployment_state import (
     DeploymentState,
     apply_event,
     autoscale,
-    hold_models,
     place,
 )
 from app_toolkit._runtime.controller.desired_state import DesiredState
@@ -42,6 +41,7 @@ from app_toolkit._runtime.controller.planning import next_due, plan
 from app_toolkit._runtime.controller.prefixes import check_all_prefixes
 from app_toolkit._runtime.controller.publishing import TablePublisher
 from app_toolkit._runtime.controller.replica_state import Event
+from app_toolkit._runtime.controller.reports import ReportIntake
 from app_toolkit._runtime.controller.rollout import new_rollout
 from app_toolkit._runtime.controller.status_view import serve_status
 from app_toolkit._runtime.controller.traffic import TrafficPolicy
@@ -52,7 +52,6 @@ from app_toolkit._runtime.tables import (
     DeploymentGone,
     Loads,
     Outcomes,
-    ReplicaStats,
     Updates,
     Versions,
     replicas_key,
@@ -100,8 +99,6 @@ class ControllerCore:
         self.proxies: dict[str, str] = proxies if proxies is not None else {}
         self._wake = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
-        # replica id -> sequence number of its last multiplexed-models report.
-        self._model_reports: dict[str, int] = {}
         #: Each caller's load per deployment (requests queued + running), summed.
         self.loads = LoadBook(LOAD_REPORT_TTL_S)
         # When each deployment next needs a plan() with no event before then
@@ -125,6 +122,8 @@ class ControllerCore:
         self.custom = CustomScaling(backend.load_object)
         #: Changes to the applications and their deployments, checkpointed (controller/desired_state.py).
         self.desired = DesiredState(self, self._due)
+        #: What callers and replicas report, taken where it counts (controller/reports.py).
+        self.reports = ReportIntake(self, self._move_rollouts, self._wake.set)
         controller_metrics.track(self)
 
     # ------------------------------------------------------------------ lifecycle
@@ -254,45 +253,10 @@ class ControllerCore:
         return self.applied_file
 
     async def record_models(self, replica_id: str, models: tuple[str, ...], sequence: int) -> None:
-        self.note_models(replica_id, models, sequence)
-
-    def note_models(self, replica_id: str, models: tuple[str, ...], sequence: int) -> None:
-        """A replica's multiplexed models changed: callers route by them. Reports may
-        arrive out of order (Ray runs an async actor's calls concurrently): ``sequence``
-        counts a replica's reports, and an older one than the last is ignored. (Replicas
-        on the controller's own loop report here directly.)"""
-        if sequence <= self._model_reports.get(replica_id, -1):
-            return
-        self._model_reports[replica_id] = sequence
-        if len(self._model_reports) > 2 * sum(len(d.replicas) for d in self.deployments.values()) + 100:
-            live = {r for d in self.deployments.values() for r in d.replicas}
-            self._model_reports = {r: n for r, n in self._model_reports.items() if r in live}
-        for deployment_id, state in self.deployments.items():
-            if replica_id in state.replicas:
-                if hold_models(state, replica_id, tuple(models)):
-                    self.tables.replicas(deployment_id)
-                return
+        self.reports.note_models(replica_id, models, sequence)
 
     async def record_load(self, caller: str, loads: Loads, outcomes: Outcomes = ()) -> None:
-        """A caller's newest load per deployment (requests queued + running), what it saw
-        of traffic splits' variants (for rollouts) and its replicas' custom metrics."""
-        now = asyncio.get_running_loop().time()
-        self.loads.record(caller, loads, now)
-        seen_traffic = False
-        for outcome in outcomes:
-            if isinstance(outcome, ReplicaStats):
-                state = self.deployments.get(outcome.deployment)
-                if state is not None and state.autoscaler is not None and not state.deleting:
-                    self.custom.stats.record(outcome, now)  # late ones of a deleted deployment are dropped
-            else:
-                self.policy.record(outcome)
-                seen_traffic = True
-        if seen_traffic:
-            self._move_rollouts()  # a canary that fails is rolled back now, not next tick
-        for deployment, load in loads.items():
-            state = self.deployments.get(deployment)
-            if load and state is not None and state.autoscaler is not None and state.target == 0:
-                self._wake.set()  # demand at zero replicas: scale up now, not next tick
+        self.reports.record_load(caller, loads, outcomes)
 
     async def app_exists(self, name: str) -> bool:
         return name in self.apps or any(d.app == name for d in self.deployments)

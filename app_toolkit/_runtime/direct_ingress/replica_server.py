@@ -57,7 +57,7 @@ class ReplicaFront:
         """Start serving; returns the hand-off socket's path (for the replica's info)."""
         # The server's requests start from this task: they inherit the replica's values.
         self._core.enter_serving()
-        local = ReplicaUpstream(self._core)
+        local = ReplicaUpstream(self._core, self._subscriber)
         front = HTTPFront(self._subscriber, self._http, self._gather, self._status, local=local)
         self._server = await serve(front, self._http, None, front.close, front.flush_logs)
         app = self._core.deployment.app

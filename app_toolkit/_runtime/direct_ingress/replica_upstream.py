@@ -23,6 +23,7 @@ from app_toolkit._runtime.front.websocket import SocketCycle
 from app_toolkit._runtime.messages import DeploymentID, HTTPResponse
 from app_toolkit._runtime.replica.replica import ReplicaCore
 from app_toolkit._runtime.request_context import route_template
+from app_toolkit._runtime.routing.subscriber import TableSubscriber
 
 
 class _Answer:
@@ -77,13 +78,8 @@ class _Answer:
             await cycle.whole(int(head["status"]), head.get("headers", ()), body, cycle.route, head)
 
     def end(self) -> None:
-        """The app is done: a response it started is labelled with the route its routing
-        recorded in the scope (one it never answered keeps its application's label, as on
-        the channel path: a 499, a 504), and a streamed response is no longer open."""
-        cycle = self._cycle
-        if cycle.started:
-            cycle.routed(route_template(cycle.scope))
-        cycle.stream_closed()
+        """The app is done: a streamed response is no longer open."""
+        self._cycle.stream_closed()
 
     async def answer(self, response: HTTPResponse) -> None:
         self._head = None
@@ -136,14 +132,22 @@ class _Socket:
 
 class ReplicaUpstream:
     """The ingress replica of this process as the front's ``InReplica``: it serves the
-    requests and WebSockets placed on it, each holding one of its slots while it runs."""
+    requests and WebSockets placed on it, each holding one of its slots while it runs.
+    ``subscriber``: the front's tables; its dispatcher of this deployment counts the slots
+    held here, so a request the replica has no room for goes to another replica over the
+    channel, never to this one (which would refuse it busy)."""
 
-    __slots__ = ("deployment", "has_room", "_core")
+    __slots__ = ("deployment", "has_room", "_core", "_here")
 
-    def __init__(self, core: ReplicaCore) -> None:
+    def __init__(self, core: ReplicaCore, subscriber: TableSubscriber) -> None:
         self._core = core
         self.deployment: DeploymentID = core.deployment
         self.has_room = core.has_room  # bound once: asked for every request
+        self._here = subscriber.dispatcher(core.deployment)
+        core.on_direct = self._held
+
+    def _held(self, started: bool) -> None:
+        self._here.serving_here(self._core.replica_id, started)
 
     async def http(self, cycle: HTTPCycle) -> None:
         assert cycle.matched is not None  # the cycle runs apps' requests here
@@ -152,7 +156,9 @@ class ReplicaUpstream:
             scope, cycle.matched, cycle.headers, cycle.span_trace, id_headers=cycle.http.request_id_headers
         )
         async with core.slot():
-            await core.serve_direct(cycle.request_id, scope, cycle.app_receive, _Answer(cycle), trace)
+            route = await core.serve_direct(cycle.request_id, scope, cycle.app_receive, _Answer(cycle), trace)
+        if cycle.started:  # labelled by the route its app matched (one never answered keeps
+            cycle.routed(route)  # its application's label, as on the channel path: a 499, a 504)
 
     async def websocket(self, socket: SocketCycle) -> None:
         assert socket.matched is not None

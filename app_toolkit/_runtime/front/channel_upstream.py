@@ -21,7 +21,7 @@ from app_toolkit._runtime.messages import (
     WebSocketMessage,
     WebSocketOpen,
 )
-from app_toolkit._runtime.routing.dispatcher import Reply
+from app_toolkit._runtime.routing.replica_client import Reply
 from app_toolkit._runtime.routing.subscriber import TableSubscriber
 from app_toolkit.exceptions import BackPressureError, ReplicaUnavailableError
 

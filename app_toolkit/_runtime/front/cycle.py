@@ -65,6 +65,7 @@ class HTTPCycle:
 
     __slots__ = (
         "scope",
+        "path",
         "_receive",
         "_send",
         "link",
@@ -103,6 +104,7 @@ class HTTPCycle:
         path: str,
     ) -> None:
         self.scope = scope
+        self.path = path  # what routes match: without the server's root_path
         self._receive = receive
         self._send = send
         self.link: RequestLink = scope[REQUEST_LINK]  # every server of the front gives one

@@ -26,8 +26,7 @@ from app_toolkit._runtime.front.cycle import FrontRules, HTTPCycle
 from app_toolkit._runtime.front.dashboard import Dashboard, StatusSource
 from app_toolkit._runtime.front.metrics_page import Gather
 from app_toolkit._runtime.front.pages import ToolkitPages
-from app_toolkit._runtime.front.path_match import AppMatcher, match_app
-from app_toolkit._runtime.front.scope import route_path
+from app_toolkit._runtime.front.path_match import AppMatcher, match_app, route_path
 from app_toolkit._runtime.front.upstream import InReplica, Placement
 from app_toolkit._runtime.front.websocket import SocketCycle
 from app_toolkit._runtime.routing.subscriber import TableSubscriber

@@ -14,7 +14,6 @@ from app_toolkit._runtime.front.dashboard import PREFIX as DASHBOARD
 from app_toolkit._runtime.front.dashboard import Dashboard
 from app_toolkit._runtime.front.metrics_page import CONTENT_TYPE, Gather, allowed, parse_networks, render
 from app_toolkit._runtime.front.path_match import OPERATOR_PREFIX, AppMatcher
-from app_toolkit._runtime.front.scope import route_path
 from app_toolkit._runtime.messages import HTTPResponse
 from app_toolkit.config import HTTPOptions
 
@@ -40,8 +39,7 @@ class ToolkitPages:
         self._metrics_readers = parse_networks(front.http.metrics_allow_ips)
 
     async def http(self, cycle: HTTPCycle) -> None:
-        front, request_id, scope = self._front, cycle.request_id, cycle.scope
-        path = route_path(scope)
+        front, request_id, scope, path = self._front, cycle.request_id, cycle.scope, cycle.path
         with request_context.request_scope(request_id):  # for this request's log records
             if path == "/-/metrics":  # served before the routes are loaded, too
                 cycle.served_page(path)

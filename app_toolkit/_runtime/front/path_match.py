@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import re
 
+from starlette.types import Scope
+
 from app_toolkit._runtime.messages import DeploymentID, RouteInfo
 
 #: The paths of the toolkit's own pages (``/-/healthz``, ``/-/metrics``, ...): no
@@ -65,3 +67,13 @@ def match_app(apps: list[AppMatcher], path: str) -> AppMatcher | None:
         if prefix == "/" or path == prefix or path.startswith(prefix + "/"):
             return app
     return None
+
+
+def route_path(scope: Scope) -> str:
+    """The path routes are matched on: without the server's ``root_path`` (set by
+    ``--root-path`` behind a reverse proxy that strips it), which uvicorn puts in front."""
+    path: str = scope["path"]
+    root: str = scope.get("root_path", "")
+    if root and path.startswith(root):
+        return path[len(root) :] or "/"
+    return path

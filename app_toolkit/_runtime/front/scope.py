@@ -142,16 +142,6 @@ def parse_timeout(value: bytes | None) -> float | None | str:
     return seconds
 
 
-def route_path(scope: Scope) -> str:
-    """The path routes are matched on: without the server's ``root_path`` (set by
-    ``--root-path`` behind a reverse proxy that strips it), which uvicorn puts in front."""
-    path: str = scope["path"]
-    root: str = scope.get("root_path", "")
-    if root and path.startswith(root):
-        return path[len(root) :] or "/"
-    return path
-
-
 def forwarded_scope(
     scope: Scope,
     route: AppMatcher,

@@ -225,6 +225,17 @@ class ChannelResponse:
             self._finished.set()
 
 
+def failing_app(error: Exception) -> ASGIApp:
+    """What serves a request when something around its app failed (finding the app,
+    entering the request's context): an app that raises ``error``, so the client gets
+    what an app that raised gets (``run_app.py``), by the same rules."""
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        raise error
+
+    return app
+
+
 def request_app(target: Callable[..., Any]) -> ASGIApp:
     """Serve a plain deployment's ``__call__(request)`` over HTTP (Ray Serve's basic form).
 

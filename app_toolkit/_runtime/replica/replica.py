@@ -1,13 +1,13 @@
 """The replica: hosts one user class instance, function or ASGI app and serves requests.
 
 Backend-independent: the Ray actor and the local backend both wrap a ``ReplicaCore``.
-It never runs more than ``max_ongoing_requests`` at once: ``admit()`` refuses beyond that
-and the caller's router retries elsewhere (requests wait in the caller's queue).
+It never runs more than ``max_ongoing_requests`` at once (its slots: ``slots.py``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import inspect
 import logging
@@ -22,13 +22,10 @@ from app_toolkit._runtime.channel.frames import Dumps
 from app_toolkit._runtime.channel.server import ResponseSink
 from app_toolkit._runtime.drain_signal import LAST_EVENT_S, DrainSignal
 from app_toolkit._runtime.messages import (
-    BUSY,
-    DRAINING,
     END,
     DeploymentID,
     HTTPRequest,
     MethodCall,
-    Rejected,
     Request,
     WebSocketOpen,
 )
@@ -37,12 +34,14 @@ from app_toolkit._runtime.replica.asgi import (
     ChannelResponse,
     ChannelSocket,
     Lifespan,
+    failing_app,
     request_app,
 )
 from app_toolkit._runtime.replica.autoscaling_stats import AutoscalingStats
 from app_toolkit._runtime.replica.calls import failure, find_method, log_call_failure, run_call
 from app_toolkit._runtime.replica.ingress_app import ingress_app, serving_app
-from app_toolkit._runtime.replica.run_app import HTTPOut, SocketOut, failed_around, run_app
+from app_toolkit._runtime.replica.run_app import HTTPOut, SocketOut, run_app
+from app_toolkit._runtime.replica.slots import ReplicaSlots
 from app_toolkit._runtime.replica.user_code import (
     call_maybe_async,
     call_reconfigure,
@@ -60,11 +59,9 @@ logger = logging.getLogger("app_toolkit.replica")
 
 #: A deployment's constructor arguments: positional and keyword.
 InitArgs = tuple[tuple[object, ...], dict[str, object]]
-LINGER_QUIET_S = 0.25  # a drained replica stops once no request came for this long
-LINGER_MAX_S = 2.0
 
 
-class ReplicaCore:
+class ReplicaCore(ReplicaSlots):
     """One replica's serving logic, independent of how it is hosted."""
 
     def __init__(
@@ -91,22 +88,13 @@ class ReplicaCore:
         self._definition = definition
         self._init_args = init_args
         self._dumps = dumps
-        self.ongoing = 0
-        #: Of those, requests on client connections this replica owns (direct ingress,
-        #: :meth:`slot`): no caller's dispatcher counts them, so this process reports them.
-        self.direct_ongoing = 0
-        self.draining = False
+        super().__init__()  # its slots
         self._grace_s = config.graceful_shutdown_timeout_s  # its drain's (drain() may shorten it)
         self.instance: object = None
         self.asgi_app: ASGIApp | None = None
         self._lifespan: Lifespan | None = None
-        #: Set when a request of a draining replica ends (admit() refuses while draining, so
-        #: only a drain waits for it, and only draining requests end it).
-        self._one_ended = asyncio.Event()
         #: The drain as open streams and WebSockets see it: when to end, and how soon.
         self.drain_signal = DrainSignal()
-        self._drained_at = 0.0
-        self._last_refused = 0.0
         #: Set by the host: tells the controller which multiplexed models this replica holds.
         self.report_models: request_context.ReportModels | None = None
         self._serves: request_context.Serving | None = None
@@ -197,7 +185,7 @@ class ReplicaCore:
         await self.stop_sampling()
         loop = asyncio.get_running_loop()
         self._grace_s = self.grace_s(grace_s)
-        await self._wait_until(0, loop.time() + self._grace_s)
+        await self.wait_until(0, loop.time() + self._grace_s)
         # The grace period is over: the streams and WebSockets still open end now, and get a
         # moment to write their last event (until every one has ended).
         self.drain_signal.end_streams()
@@ -211,15 +199,6 @@ class ReplicaCore:
         if self._lifespan is not None:
             await self._lifespan.shutdown(timeout_s=max(self._grace_s, 1.0))
         await self._release_instance()
-
-    async def _wait_until(self, ongoing: int, deadline: float) -> None:
-        """Until no more than ``ongoing`` requests are left, or the loop's clock reaches
-        ``deadline`` (checked every ``graceful_shutdown_wait_loop_s`` at least)."""
-        loop = asyncio.get_running_loop()
-        while self.ongoing > ongoing and loop.time() < deadline:
-            wait_s = min(self.config.graceful_shutdown_wait_loop_s, max(deadline - loop.time(), 0))
-            self._one_ended.clear()
-            await wait_event(self._one_ended, wait_s)
 
     async def _release_instance(self) -> None:
         """The last step of stopping, as Ray Serve orders it: the user's ``__del__`` (an
@@ -247,49 +226,6 @@ class ReplicaCore:
         gc.collect()
 
     # ------------------------------------------------------------------ requests
-
-    async def linger(self) -> None:
-        """After draining, keep refusing late requests until none arrived for a moment.
-
-        A caller that has not yet seen the table without this replica may still send to
-        it; refused (not lost), such a request is retried on another replica.
-        """
-        loop = asyncio.get_running_loop()
-        give_up = loop.time() + LINGER_MAX_S
-        while loop.time() < give_up:
-            quiet_until = max(self._drained_at, self._last_refused) + LINGER_QUIET_S
-            if loop.time() >= quiet_until:
-                return
-            await asyncio.sleep(quiet_until - loop.time())
-
-    def admit(self, beyond_limit: bool = False) -> Rejected | None:
-        """Take a slot for a request over the channel (None), or say why not: the one
-        place a replica decides between busy (try another replica) and draining (it is
-        going away). ``beyond_limit``: a broadcast's call, admitted even when
-        ``max_ongoing_requests`` are running (it must reach every replica); a draining
-        replica refuses it too. ``serve`` gives the slot back (or ``unserved``, for a
-        request cancelled before it ran)."""
-        if self.draining:
-            self._last_refused = asyncio.get_running_loop().time()
-            return DRAINING
-        if self.ongoing >= self.config.max_ongoing_requests and not beyond_limit:
-            return BUSY
-        self.ongoing += 1
-        return None
-
-    def has_room(self) -> bool:
-        """A request on a client connection this replica owns would be admitted now (see
-        :meth:`admit`); its :meth:`slot` is taken in the same step of the event loop."""
-        if self.draining:
-            self._last_refused = asyncio.get_running_loop().time()
-            return False
-        return self.ongoing < self.config.max_ongoing_requests
-
-    def slot(self) -> DirectSlot:
-        """The slot of a request or WebSocket of a client connection this replica owns
-        (direct ingress), held with ``async with`` once :meth:`has_room` said yes: no
-        caller's dispatcher counts it, so this process reports it as load itself."""
-        return DirectSlot(self)
 
     async def serve(self, request: Request, sink: ResponseSink) -> None:
         """Serve one request over the channel, admitted by :meth:`admit`."""
@@ -322,29 +258,24 @@ class ReplicaCore:
         receive: Receive,
         out: HTTPOut | SocketOut,
         trace: tracing.TraceContext | None,
-    ) -> None:
+    ) -> str:
         """Serve one HTTP request (``out``: an HTTPOut) or WebSocket (a SocketOut) of a
         client connection this replica owns, its :meth:`slot` held by the caller (direct
-        ingress: no channel, the app answers the client)."""
+        ingress: no channel, the app answers the client); returns the route its app
+        matched."""
         started = time.perf_counter()
         route = ""
         try:
             route = await self.serve_app(request_id, scope, receive, out, trace)
         finally:
             kind = "websocket" if scope["type"] == "websocket" else "http"
-            self.served(kind, route or request_context.route_template(scope), started)
+            self.served(kind, route, started)
+        return route
 
     def served(self, kind: str, route: str, started: float) -> None:
         """A request of ``kind`` that ``started`` (perf_counter) ended: count it."""
         labels = (*self.labels, kind, route)
         replica_metrics.PROCESSING.observe(time.perf_counter() - started, *labels)  # and REQUESTS
-
-    def unserved(self) -> None:
-        """Give back a slot ``admit`` took (a request that ended, or one cancelled before
-        ``serve`` ever ran: the channel server's ``_cancel``)."""
-        self.ongoing -= 1
-        if self.draining:
-            self._one_ended.set()
 
     async def serve_app(
         self,
@@ -355,12 +286,11 @@ class ReplicaCore:
         caller: tracing.TraceContext | None,
     ) -> str:
         """One HTTP request or WebSocket through the app, with the request's context, its
-        answer going to ``out`` (the channel's, or the client itself: direct ingress);
-        what fails around the app is answered as the app's own failure (``run_app``).
+        answer going to ``out`` (the channel's, or the client itself: direct ingress).
         Returns the matched route's path template. ``caller``: the span this replica's
         continues (None: the trace starts at the front, and nothing exported or named
         it); the span's ids are made only if something reads them, unless spans are
-        exported."""
+        exported. What fails around the app is answered as the app's own failure."""
         route = error = ""
         span = None
         method = scope.get("method", "WEBSOCKET")
@@ -370,22 +300,20 @@ class ReplicaCore:
                 app = self.asgi_app = request_app(self._method("__call__"))
             trace: tracing.TraceContext | tracing.LazyTrace
             if tracing.exporting():
-                trace, span = tracing.begin(
-                    f"{self.deployment} {scope.get('method', 'WEBSOCKET')}", "server", caller
-                )
+                trace, span = tracing.begin(f"{self.deployment} {method}", "server", caller)
                 # The app's own instrumentation (FastAPI's spans) reads its parent from the
                 # traceparent header, so the app sees this span's there (docs/observability.md).
                 scope["headers"] = tracing.with_traceparent(scope.get("headers", []), trace)
             else:
                 trace = tracing.LazyTrace(caller)
-            with request_context.request_scope(
-                request_id, trace, self._serves or self._serving(), scope["headers"]
-            ):
+            serving = self._serves or self._serving()
+            context = request_context.request_scope(request_id, trace, serving, scope["headers"])
+        except Exception as exc:  # noqa: BLE001 - answered as the app's own failure (run_app.py)
+            app, context = failing_app(exc), contextlib.nullcontext()
+        try:
+            with context:
                 state = self._lifespan.state if self._lifespan is not None else {}
                 route = await run_app(app, scope, receive, out, request_id, state)
-        except Exception as exc:  # noqa: BLE001 - around the app (the app's own: run_app): answered alike
-            error = type(exc).__name__
-            await failed_around(scope, out, exc, request_id)
         except BaseException as exc:
             error = type(exc).__name__
             raise
@@ -431,22 +359,3 @@ class ReplicaCore:
 
     def _method(self, name: str) -> Callable[..., object]:
         return find_method(self.instance, self._definition, name, str(self.deployment))
-
-
-class DirectSlot:
-    """One slot of a replica, held by a request or WebSocket of a connection it owns."""
-
-    __slots__ = ("_core",)
-
-    def __init__(self, core: ReplicaCore) -> None:
-        self._core = core
-
-    async def __aenter__(self) -> None:
-        core = self._core
-        core.ongoing += 1
-        core.direct_ongoing += 1
-
-    async def __aexit__(self, *exc_info: object) -> None:
-        core = self._core
-        core.direct_ongoing -= 1
-        core.unserved()

@@ -15,7 +15,7 @@ refusal.
 WebSocket: ``answers.websocket_end`` when the app raises or returns without closing, and
 ``answers.restart_end`` (1012) at the replica's drain deadline; what the app sends after
 its socket ended is dropped. A failure around the app (finding it, entering its context)
-is answered by the same rules (:func:`failed_around`).
+is the app's own: the replica runs an app that raises it (``asgi.failing_app``).
 """
 
 from __future__ import annotations
@@ -178,17 +178,6 @@ async def run_websocket(
         if watch is not None:
             await watch.close()
     await out.close_with(answers.websocket_end(socket.handshake, failed, scope, request_id))
-
-
-async def failed_around(scope: Scope, out: HTTPOut | SocketOut, error: Exception, request_id: str) -> None:
-    """Something around the app failed before it ran (finding the app, entering the
-    request's context): answered as an app that raised ``error`` (a WebSocket: before its
-    handshake)."""
-    if scope["type"] == "http":
-        await _failed(cast(HTTPOut, out), error, request_id)
-        return
-    logger.error("WebSocket %s failed", request_id, exc_info=error)
-    await cast(SocketOut, out).close_with(answers.websocket_end("none", True, scope, request_id))
 
 
 class _Socket:

@@ -20,7 +20,8 @@ from typing import Generic, Protocol, TypeVar
 
 from app_toolkit._runtime.loop_thread import STOP_TIMEOUT_S, LoopThread, _Coroutine
 from app_toolkit._runtime.messages import DeploymentID, ReplicaInfo
-from app_toolkit._runtime.routing.dispatcher import Dispatcher, ReplicaClient
+from app_toolkit._runtime.routing.dispatcher import Dispatcher
+from app_toolkit._runtime.routing.replica_client import ReplicaClient
 from app_toolkit._runtime.routing.subscriber import TableSubscriber
 from app_toolkit._runtime.tables import Loads, Outcomes, Updates, Versions
 from app_toolkit.exceptions import AppToolkitError, ReplicaUnavailableError, RequestLostError

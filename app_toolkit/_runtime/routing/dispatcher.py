@@ -12,11 +12,9 @@ import asyncio
 import logging
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from typing import Protocol
 
 from app_toolkit._runtime.channel.exchange import Exchange
-from app_toolkit._runtime.messages import Answer, DeploymentID, Rejected, ReplicaInfo, ReplicaLost, Request
+from app_toolkit._runtime.messages import DeploymentID, Rejected, ReplicaInfo, ReplicaLost, Request
 from app_toolkit._runtime.routing import caller_metrics
 from app_toolkit._runtime.routing.choice import (
     Affinity,
@@ -26,6 +24,7 @@ from app_toolkit._runtime.routing.choice import (
     queue_bound,
     queue_is_full,
 )
+from app_toolkit._runtime.routing.replica_client import Connect, ReplicaClient, Reply
 from app_toolkit._runtime.routing.shadow import Shadower
 from app_toolkit._runtime.routing.tally import VariantTally, failed
 from app_toolkit._runtime.routing.waiting_line import WaitingLine
@@ -38,41 +37,9 @@ logger = logging.getLogger("app_toolkit.router")
 _MAX_DELIVERY_FAILURES = 3
 
 
-class ReplicaClient(Protocol):
-    """A caller's way to one replica (a channel connection, or an in-process call)."""
-
-    async def open(self, request: Request) -> Exchange: ...
-
-    def close(self) -> None: ...
-
-
-Connect = Callable[[ReplicaInfo], ReplicaClient]
 #: Called with each exchange a request opens, before its first answer is awaited (the
 #: proxy streams a request body into it).
 OnOpen = Callable[[Exchange], None]
-
-
-@dataclass
-class Reply:
-    """The first answer of an accepted request, the exchange for the rest, and its slot."""
-
-    first: Answer
-    exchange: Exchange
-    replica_id: str
-    _release: Callable[[str], None]
-    _lost: Callable[[str], RequestLostError]
-    _released: bool = False
-
-    def release(self) -> None:
-        """Give the replica slot back; call once the response has been fully read."""
-        if not self._released:
-            self._released = True
-            self._release(self.replica_id)
-
-    def lost(self) -> RequestLostError:
-        """The error to raise when the replica was lost before the reply ended (a stream
-        cut off), as a request lost before its first answer raises."""
-        return self._lost(self.replica_id)
 
 
 class Dispatcher:
@@ -206,6 +173,17 @@ class Dispatcher:
     @property
     def in_flight(self) -> int:
         return sum(self._chooser.in_flight(r) for r in self._chooser.replica_ids)
+
+    def serving_here(self, replica_id: str, started: bool) -> None:
+        """A request or WebSocket this process serves in its own replica ``replica_id``
+        (direct ingress) ``started``, or ended: it counts among that replica's requests in
+        flight, so this caller sends the replica nothing it has no slot for (it would come
+        back busy, one hop later)."""
+        if started:
+            self._chooser.acquire(replica_id)
+        else:
+            self._chooser.release(replica_id)
+            self._line.wake()
 
     @property
     def load(self) -> int:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pickle
 
 from app_toolkit._runtime.messages import CallFailure, CallResult, DeploymentID
-from app_toolkit._runtime.routing.dispatcher import Reply
+from app_toolkit._runtime.routing.replica_client import Reply
 from app_toolkit.exceptions import DeploymentCallError, ReplicaUnavailableError
 
 

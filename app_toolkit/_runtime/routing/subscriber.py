@@ -16,7 +16,8 @@ import uuid
 from collections.abc import Callable
 
 from app_toolkit._runtime.messages import DeploymentID
-from app_toolkit._runtime.routing.dispatcher import Connect, Dispatcher
+from app_toolkit._runtime.routing.dispatcher import Dispatcher
+from app_toolkit._runtime.routing.replica_client import Connect
 from app_toolkit._runtime.tables import (
     DeploymentGone,
     Listen,

@@ -10,7 +10,8 @@ A reply whose reader leaves frees its place within one layer's time, not a pass'
 queued one leaves the queue at once; a pass (a prompt being read, or a decoding step)
 checks before each layer whether a reader of a row it computes left, and stops; a
 decoding step's cache is cut back to where it was and the step is done again without
-that row.
+that row. The passes themselves, and the sampling of each row's token, are
+``forward_passes.py``'s; this module is the loop around them.
 
 A prompt that starts like a sequence read before reads only the rest: with a
 :class:`~.prefix_cache.PrefixCache`, a prompt's keys and values are kept once read, and a
@@ -41,14 +42,12 @@ import torch
 
 from ..engine import Constraint, EngineLoad, Sampling
 from .adapters import AdapterFiles, AttachedAdapters
-from .batch_cache import BatchCache, cache_argument, cache_from, cache_of
-from .prefix_cache import LayerKV, PrefixCache
-from .sampling import NOTHING_ALLOWED, choose, penalise, restrict
+from .forward_passes import ForwardPasses
+from .prefix_cache import PrefixCache
+from .sampling import NOTHING_ALLOWED
 
 logger = logging.getLogger(__name__)
 
-#: Prompt tokens read per forward pass (bounds the memory a long prompt's pass takes).
-PREFILL_CHUNK = 256
 #: Weight of the newest decoding step in the step time the load reports (about the last 5 steps).
 STEP_WEIGHT = 0.2
 
@@ -66,10 +65,6 @@ class DecoderHooks:
     def cancelled(self, stage: str) -> None:
         """A reader left before its reply's first token, while it was ``"queued"`` or in
         ``"prefill"`` (reading its prompt). Leaving later is the reader's to count."""
-
-
-class _Abandoned(Exception):
-    """Raised between two layers of a forward pass when a reader of a row it computes left."""
 
 
 @dataclass(eq=False)
@@ -110,26 +105,15 @@ class Decoder:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if repetition_penalty <= 0:
             raise ValueError(f"repetition_penalty must be > 0 (1: none), got {repetition_penalty}")
-        self._model = model
-        self._cache_argument = cache_argument(model)
-        self._eos = frozenset(eos_ids)
         self._max_batch_size = max_batch_size
-        self._penalty = repetition_penalty
         self._hooks = hooks or DecoderHooks()
-        self._prefixes = prefix_cache
-        # Ended replies' keys and values (views of the batch's) for the prefix cache.
-        self._to_keep: list[tuple[list[int], list[LayerKV], str]] = []
         self._max_adapters = max_adapters  # distinct adapters in one batch (0: no limit)
         self._adapters = AttachedAdapters()
+        # The model, the batch's keys and values and the passes over them (in a worker thread).
+        self._passes = ForwardPasses(model, eos_ids, repetition_penalty, self._adapters, prefix_cache)
         self._waiting: list[_Sequence] = []
         self._joining: list[_Sequence] = []  # reading their prompts (prefill)
-        self._active: list[_Sequence] = []
-        self._batch = BatchCache()
-        # A forward pass checks these sequences before each layer and stops when one was
-        # abandoned, so a cancelled reply frees its place within a layer's time, not a pass's.
-        self._watched: list[_Sequence] = []
-        layers = getattr(getattr(model, "model", None), "layers", None) or []
-        self._layer_hooks = [layer.register_forward_pre_hook(self._stop_if_abandoned) for layer in layers]
+        self._active: list[_Sequence] = []  # in the batch's rows, in order
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self.tokens = 0
@@ -238,15 +222,11 @@ class Decoder:
         def in_use() -> set[str]:
             return {s.adapter for s in (*self._waiting, *self._joining, *self._active) if not s.abandoned}
 
-        if self._to_keep:  # kept first, so an adapter detached now takes its entries with it
-            await asyncio.to_thread(self._store_kept)
-        forget = self._prefixes.clear if self._prefixes is not None else lambda adapter: None
-        self._model = await self._adapters.work(self._model, in_use, forget)
-        self._cache_argument = cache_argument(self._model)
-
-    def _stop_if_abandoned(self, module: Any, args: Any) -> None:
-        if any(sequence.abandoned for sequence in self._watched):
-            raise _Abandoned
+        passes = self._passes
+        if passes.to_keep:  # kept first, so an adapter detached now takes its entries with it
+            await asyncio.to_thread(passes.store_kept)
+        forget = passes.prefixes.clear if passes.prefixes is not None else lambda adapter: None
+        passes.use(await self._adapters.work(passes.model, in_use, forget))
 
     def _report(self, hook: str, *args: Any) -> None:
         self._report_to(getattr(self._hooks, hook), *args)
@@ -260,9 +240,7 @@ class Decoder:
             )
 
     async def close(self) -> None:
-        for hook in self._layer_hooks:
-            hook.remove()
-        self._layer_hooks = []
+        self._passes.close()
         if self._task is not None:
             self._task.cancel()
             await asyncio.wait({self._task})
@@ -274,8 +252,12 @@ class Decoder:
             if self._adapters.pending:
                 await self._between_passes()
             if not self._active and not self._waiting:
-                if self._to_keep:  # idle: the ended replies' views would hold the last batch
-                    await asyncio.to_thread(self._store_kept)
+                if self._passes.to_keep:  # idle: the ended replies' views would hold the last batch
+                    try:
+                        await asyncio.to_thread(self._passes.store_kept)
+                    except Exception:  # the cache misses them; decoding goes on
+                        logger.exception("Keeping ended replies in the prefix cache failed")
+                    continue  # a request may have come meanwhile: its wake-up must not be cleared
                 self._wake.clear()
                 await self._wake.wait()
                 continue
@@ -288,7 +270,7 @@ class Decoder:
                         sequence.out.put_nowait(exc)
                         sequence.abandoned = True
                 self._active, self._joining, self._waiting = [], [], []
-                self._batch.reset()
+                self._passes.batch.reset()
 
     async def _advance(self) -> None:
         """Admit waiting sequences while there is room, then decode one token for each row."""
@@ -301,7 +283,7 @@ class Decoder:
                 if sequence.on_slot is not None:
                     self._report_to(sequence.on_slot)
             self._joining = joining  # a failure below ends them with the others (_run)
-            firsts = await asyncio.to_thread(self._prefill, joining)
+            firsts = await asyncio.to_thread(self._passes.prefill, joining, self._active)
             self._joining = []
             for sequence in joining:
                 if sequence.on_prompt is not None and sequence.cached >= 0:
@@ -310,7 +292,7 @@ class Decoder:
         self._drop_finished()
         if self._active:
             started = time.monotonic()
-            tokens = await asyncio.to_thread(self._step)
+            tokens = await asyncio.to_thread(self._passes.step, self._active)
             if tokens is not None:  # None: a reader left mid-pass; the pass is redone without it
                 took = time.monotonic() - started
                 self.step_s = took if not self.step_s else self.step_s + STEP_WEIGHT * (took - self.step_s)
@@ -346,7 +328,7 @@ class Decoder:
             if sequence.abandoned or token is None:
                 continue
             sequence.stage = "decode"
-            if token == NOTHING_ALLOWED or self._ends(sequence, token):
+            if token == NOTHING_ALLOWED or self._passes.ends(sequence, token):
                 sequence.out.put_nowait(None)
                 sequence.abandoned = sequence.finished = True  # its row goes at the next drop
                 continue
@@ -360,117 +342,10 @@ class Decoder:
                 sequence.out.put_nowait(None)
                 sequence.abandoned = sequence.finished = True
 
-    def _ends(self, sequence: _Sequence, token: int) -> bool:
-        """``token`` ends the reply unsent: an end-of-sequence (unless ignored) or stop token."""
-        return token in sequence.sampling.stop_token_ids or (
-            token in self._eos and not sequence.sampling.ignore_eos
-        )
-
     def _drop_finished(self) -> None:
         self._waiting = [sequence for sequence in self._waiting if not sequence.abandoned]
         keep = [index for index, sequence in enumerate(self._active) if not sequence.abandoned]
         if len(keep) == len(self._active):
             return
-        self._keep_finished([index for index in range(len(self._active)) if index not in keep])
+        self._passes.keep_rows(self._active, keep)
         self._active = [self._active[index] for index in keep]
-        self._batch.keep(keep)
-
-    def _keep_finished(self, rows: list[int]) -> None:
-        """Keep the keys and values of the replies in ``rows`` that ended (not those left
-        by their readers) in the prefix cache: their prompt and the tokens the batch has
-        read of their reply (all but the last sent, or all when a stop token ended it)."""
-        if self._prefixes is None:
-            return
-        for row in rows:
-            sequence = self._active[row]
-            if sequence.finished:
-                width, layers = self._batch.row(row)  # views: copied in the passes' thread
-                self._to_keep.append(((sequence.prompt + sequence.reply)[:width], layers, sequence.adapter))
-
-    def _store_kept(self) -> None:
-        """Copy the ended replies' keys and values into the prefix cache (in the passes'
-        thread: a long sequence's copy takes milliseconds the event loop should not)."""
-        kept, self._to_keep = self._to_keep, []
-        for tokens, layers, adapter in kept:
-            copies = [(keys.clone(), values.clone()) for keys, values in layers]
-            assert self._prefixes is not None
-            self._prefixes.store(tokens, copies, adapter)
-
-    @torch.inference_mode()
-    def _prefill(self, joining: list[_Sequence]) -> list[int | None]:
-        """Run each new prompt alone, ``PREFILL_CHUNK`` tokens at a time, from the end of
-        its longest cached prefix, then merge its cache into the batch. A sequence abandoned
-        meanwhile (its reader left) stops at the next layer and gets None instead of a
-        first token."""
-        self._store_kept()
-        firsts: list[int | None] = []
-        for sequence in joining:
-            cache: Any = None
-            output: Any = None
-            cached = 0
-            if self._prefixes is not None:
-                found = self._prefixes.lookup(sequence.prompt, sequence.adapter)
-                cached = found.tokens
-                if cached:
-                    cache = cache_from(found.layers)
-            self._watched = [sequence]
-            try:
-                for start in range(cached, len(sequence.prompt), PREFILL_CHUNK):
-                    ids = torch.tensor([sequence.prompt[start : start + PREFILL_CHUNK]])
-                    carried = {} if cache is None else {self._cache_argument: cache}
-                    adapter = self._adapters.names_for([sequence.adapter])
-                    output = self._model(input_ids=ids, use_cache=True, **carried, **adapter)
-                    cache = cache_of(output)
-            except _Abandoned:
-                output = None  # its cache was its own: nothing else to undo
-            finally:
-                self._watched = []
-            if sequence.abandoned or output is None:
-                firsts.append(None)
-                continue
-            if self._prefixes is not None:
-                self._prefixes.store(
-                    sequence.prompt, [(layer.keys, layer.values) for layer in cache.layers], sequence.adapter
-                )
-            sequence.cached = cached
-            token = self._sample(output.logits[:, -1], [sequence])[0]
-            self._batch.add(cache, len(sequence.prompt), max(token, 0))  # a row that ends feeds any token
-            self._active.append(sequence)
-            firsts.append(token)
-        return firsts
-
-    def _sample(self, logits: torch.Tensor, sequences: list[_Sequence]) -> list[int]:
-        """One token per row: greedy at temperature 0, else sampled from the tempered
-        distribution cut to its top-p mass (with the reply's own generator when seeded);
-        tokens already seen are penalised first, tokens the constraint refuses masked out.
-        A constrained row's token is accepted here (NOTHING_ALLOWED: the constraint
-        allows none; ``_deliver`` ends it)."""
-        tokens = []
-        for row, sequence in zip(logits.float(), sequences, strict=True):
-            penalise(row, sequence.seen, self._penalty)
-            if sequence.constraint is not None and not restrict(row, sequence.constraint):
-                tokens.append(NOTHING_ALLOWED)
-                continue
-            token = choose(row, sequence.sampling, sequence.generator)
-            if sequence.constraint is not None and not self._ends(sequence, token):
-                sequence.constraint.accept(token)
-            tokens.append(token)
-        return tokens
-
-    @torch.inference_mode()
-    def _step(self) -> list[int] | None:
-        """One token for each row; None if a row was abandoned mid-pass (the layers that
-        ran have their new position cut off again, so the pass can be redone without it)."""
-        self._store_kept()
-        inputs, width = self._batch.step_inputs(self._cache_argument)
-        self._watched = self._active
-        try:
-            output = self._model(**inputs, **self._adapters.names_for([s.adapter for s in self._active]))
-        except _Abandoned:
-            self._batch.undo(width)
-            return None
-        finally:
-            self._watched = []
-        tokens = self._sample(output.logits[:, -1], self._active)
-        self._batch.stepped(cache_of(output), tokens)
-        return tokens

@@ -21,7 +21,7 @@ from app_toolkit._runtime.channel.client import ChannelClient, UnreachableReplic
 from app_toolkit._runtime.channel.tls import caller_tls
 from app_toolkit._runtime.controller.api import ControlCall
 from app_toolkit._runtime.messages import AppSpec, ReplicaInfo
-from app_toolkit._runtime.routing.dispatcher import ReplicaClient
+from app_toolkit._runtime.routing.replica_client import ReplicaClient
 from app_toolkit._runtime.session import Build, Session
 from app_toolkit.exceptions import ConfigError
 
