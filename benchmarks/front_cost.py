@@ -43,9 +43,9 @@ from app_toolkit import metrics
 from app_toolkit._runtime import log_format, request_context, tracing
 from app_toolkit._runtime.direct_ingress.replica_upstream import ReplicaUpstream
 from app_toolkit._runtime.front.access_log import AccessLog
-from app_toolkit._runtime.front.front_metrics import HTTP_DURATION
 from app_toolkit._runtime.front.http_front import HTTPFront
 from app_toolkit._runtime.front.request_link import REQUEST_LINK, ConnectionLink, Writes
+from app_toolkit._runtime.front.request_metrics import HTTP_DURATION
 from app_toolkit._runtime.messages import DeploymentID, HTTPResponse, RouteInfo
 from app_toolkit._runtime.replica.replica import ReplicaCore
 from app_toolkit._runtime.tables import ApplicationTable

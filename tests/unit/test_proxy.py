@@ -14,7 +14,7 @@ import pytest
 from app_toolkit._runtime import request_context, tracing
 from app_toolkit._runtime.front.http_front import HTTPFront
 from app_toolkit._runtime.front.path_match import AppMatcher, match_app
-from app_toolkit._runtime.front.scope import forward_in_place, forwarded_scope, read_headers
+from app_toolkit._runtime.front.scope import forward_in_place, forwarded_copy, read_headers
 from app_toolkit._runtime.messages import DeploymentID, RouteInfo
 from app_toolkit._runtime.tables import ApplicationTable
 from app_toolkit.config import HTTPOptions
@@ -145,7 +145,8 @@ def test_the_app_sees_the_headers_its_client_sent_and_the_trace_travels_beside_t
     client_headers = [(b"host", b"h"), *sent, (b"accept", b"*/*")]
     scope = {"type": "http", "root_path": "", "headers": list(client_headers)}
     headers = read_headers(scope)
-    forwarded, trace = forwarded_scope(scope, _ROUTE, headers, None, id_headers=False)
+    forwarded = forwarded_copy(scope)
+    trace = forward_in_place(forwarded, _ROUTE, headers, None, id_headers=False) or tracing.new_trace()
     assert forwarded["headers"] == client_headers and forwarded["root_path"] == "/app"
     # The replica's span continues the client's valid traceparent, or one started here.
     assert (trace.traceparent.encode() == _VALID_PARENT) is kept_parent
@@ -165,7 +166,8 @@ def test_with_request_id_headers_the_app_sees_one_request_id_and_one_traceparent
 ) -> None:
     scope = {"type": "http", "root_path": "", "headers": [(b"host", b"h"), *sent, (b"accept", b"*/*")]}
     headers = read_headers(scope)
-    forwarded, trace = forwarded_scope(scope, _ROUTE, headers, None, id_headers=True)
+    forwarded = forwarded_copy(scope)
+    trace = forward_in_place(forwarded, _ROUTE, headers, None, id_headers=True) or tracing.new_trace()
     names = [name for name, _ in forwarded["headers"]]
     assert names.count(b"x-request-id") == 1 and names.count(b"traceparent") == 1
     assert forwarded["root_path"] == "/app" and names[:1] == [b"host"] and b"accept" in names

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from starlette.types import Message, Receive, Send
 
 from app_toolkit._runtime.front.cycle import HTTPCycle
-from app_toolkit._runtime.front.scope import forward_in_place, forwarded_scope
+from app_toolkit._runtime.front.scope import forward_in_place
 from app_toolkit._runtime.front.websocket import SocketCycle
 from app_toolkit._runtime.messages import DeploymentID, HTTPResponse
 from app_toolkit._runtime.replica.replica import ReplicaCore
@@ -162,9 +162,8 @@ class ReplicaUpstream:
 
     async def websocket(self, socket: SocketCycle) -> None:
         assert socket.matched is not None
-        forwarded, trace = forwarded_scope(
-            socket.scope, socket.matched, socket.headers, None, id_headers=socket.http.request_id_headers
-        )
+        scope, id_headers = socket.scope, socket.http.request_id_headers
+        trace = forward_in_place(scope, socket.matched, socket.headers, None, id_headers=id_headers)
         out, core = _Socket(socket.receive, socket.send), self._core
         async with core.slot():
-            await core.serve_direct(socket.request_id, forwarded, out.receive, out, trace)
+            await core.serve_direct(socket.request_id, scope, out.receive, out, trace)

@@ -7,12 +7,12 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from app_toolkit._runtime import request_context
+from app_toolkit._runtime import request_context, tracing
 from app_toolkit._runtime.answers import ends_websocket
 from app_toolkit._runtime.front.body import Body, BodyBudget, BodyPump, read_ahead
 from app_toolkit._runtime.front.cycle import HTTPCycle
 from app_toolkit._runtime.front.forward import forward
-from app_toolkit._runtime.front.scope import forwarded_scope
+from app_toolkit._runtime.front.scope import forward_in_place, forwarded_copy
 from app_toolkit._runtime.front.websocket import SocketCycle
 from app_toolkit._runtime.messages import (
     CLOSE_INTERNAL_ERROR,
@@ -51,9 +51,10 @@ class ChannelUpstream:
                     body, cycle.reader, cycle.link, headers.content_length, self.budget
                 ):
                     return  # refused on the reader: the cycle answers
-                forwarded, trace = forwarded_scope(
-                    cycle.scope, route, headers, cycle.span_trace, id_headers=cycle.http.request_id_headers
-                )
+                forwarded = forwarded_copy(cycle.scope)
+                id_headers = cycle.http.request_id_headers
+                trace = forward_in_place(forwarded, route, headers, cycle.span_trace, id_headers=id_headers)
+                trace = trace or tracing.new_trace()  # the replica's span continues it
                 request = HTTPRequest(
                     cycle.request_id, forwarded, body.data, body.more, trace.traceparent, trace.state
                 )
@@ -70,9 +71,9 @@ class ChannelUpstream:
         """Open the connection on one of the app's replicas and relay its messages."""
         route, deployment, headers = socket.matched, socket.deployment, socket.headers
         assert route is not None and deployment is not None
-        forwarded, trace = forwarded_scope(
-            socket.scope, route, headers, None, id_headers=socket.http.request_id_headers
-        )
+        forwarded = forwarded_copy(socket.scope)
+        trace = forward_in_place(forwarded, route, headers, None, id_headers=socket.http.request_id_headers)
+        trace = trace or tracing.new_trace()
         opening = WebSocketOpen(socket.request_id, forwarded, trace.traceparent, trace.state)
         try:
             reply = await self._subscriber.dispatcher(deployment).send(

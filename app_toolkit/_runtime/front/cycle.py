@@ -31,12 +31,12 @@ from starlette.types import Message, Receive, Scope, Send
 
 from app_toolkit._runtime import request_context, tracing
 from app_toolkit._runtime.answers import error_answer
-from app_toolkit._runtime.front import front_metrics
+from app_toolkit._runtime.front import stream_metrics
 from app_toolkit._runtime.front.access_log import AccessLog
 from app_toolkit._runtime.front.body import CLIENT_CLOSED, BodyReader, declared_too_large, refusal_answer
-from app_toolkit._runtime.front.front_metrics import HTTP_DURATION
 from app_toolkit._runtime.front.path_match import AppMatcher
 from app_toolkit._runtime.front.request_link import REQUEST_LINK, RequestLink
+from app_toolkit._runtime.front.request_metrics import HTTP_DURATION
 from app_toolkit._runtime.front.scope import parse_timeout, read_headers, with_request_id
 from app_toolkit._runtime.messages import DeploymentID, HTTPResponse
 from app_toolkit.config import HTTPOptions
@@ -295,7 +295,7 @@ class HTTPCycle:
         self.status = status
         head = _head(status, headers, self.request_id, start)
         self._labels = (self.app, self.prefix + route if route else self.prefix)
-        front_metrics.OPEN.inc(self.app, "stream")
+        stream_metrics.OPEN.inc(self.app, "stream")
         if first is None:
             await self._send(head)
             return
@@ -346,13 +346,13 @@ class HTTPCycle:
             return
         if self._first:
             self._first = False
-            front_metrics.FIRST_CHUNK.observe(time.perf_counter() - self.arrived, *labels)
-        front_metrics.CHUNKS.inc(*labels, amount=sent)
+            stream_metrics.FIRST_CHUNK.observe(time.perf_counter() - self.arrived, *labels)
+        stream_metrics.CHUNKS.inc(*labels, amount=sent)
 
     def stream_closed(self) -> None:
         """The stream ended (or failed): it is no longer open."""
         if self._labels is not None:
-            front_metrics.OPEN.dec(self.app, "stream")
+            stream_metrics.OPEN.dec(self.app, "stream")
             self._labels = None
 
     async def abort(self, why: str) -> None:

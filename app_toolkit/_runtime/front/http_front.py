@@ -27,6 +27,7 @@ from app_toolkit._runtime.front.dashboard import Dashboard, StatusSource
 from app_toolkit._runtime.front.metrics_page import Gather
 from app_toolkit._runtime.front.pages import ToolkitPages
 from app_toolkit._runtime.front.path_match import AppMatcher, match_app, route_path
+from app_toolkit._runtime.front.scope import read_headers
 from app_toolkit._runtime.front.upstream import InReplica, Placement
 from app_toolkit._runtime.front.websocket import SocketCycle
 from app_toolkit._runtime.routing.subscriber import TableSubscriber
@@ -110,7 +111,9 @@ class HTTPFront:
         elif kind == "websocket":
             path = route_path(scope)
             matched = match_app(self.apps, path) if self.loaded else None
-            socket = SocketCycle(scope, receive, send, self.rules, matched, path)
+            headers = read_headers(scope, self.rules.shard_header)
+            deployment = matched.target("websocket", None, path)[0] if matched is not None else None
+            socket = SocketCycle(scope, receive, send, self.http, headers, matched, deployment)
             await socket.run(self.placement.choose if self.loaded else None)
         elif kind == "lifespan":
             await _lifespan(receive, send)

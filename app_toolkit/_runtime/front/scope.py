@@ -25,6 +25,7 @@ _FORWARDED_KEYS = (
     "scheme",
     "path",
     "raw_path",
+    "root_path",
     "query_string",
     "headers",
     "client",
@@ -142,48 +143,30 @@ def parse_timeout(value: bytes | None) -> float | None | str:
     return seconds
 
 
-def forwarded_scope(
-    scope: Scope,
-    route: AppMatcher,
-    headers: RequestHeaders,
-    proxy_span: tracing.TraceContext | None,
-    *,
-    id_headers: bool,
-) -> tuple[dict[str, Any], tracing.TraceContext]:
-    """The scope the replica sees, and the trace its span continues: the path kept
-    whole, the prefix as root_path, the headers as the client sent them. The trace is the
-    proxy's own span when it exports one (``proxy_span``), else the client's, else one
-    started here; it travels beside the scope, as the request id does. ``id_headers``
-    (``HTTPOptions.request_id_headers``): the headers also name the request id and trace,
-    as a proxy that adds them would."""
-    forwarded = {key: scope[key] for key in _FORWARDED_KEYS if key in scope}
-    trace = _forward(forwarded, scope, route, headers, proxy_span, id_headers)
-    return forwarded, trace if trace is not None else tracing.new_trace()
+def forwarded_copy(scope: Scope) -> dict[str, Any]:
+    """The keys of ``scope`` a replica gets over the channel (a copy: the server's own
+    scope is left as it is); :func:`forward_in_place` then makes it what the replica sees."""
+    return {key: scope[key] for key in _FORWARDED_KEYS if key in scope}
 
 
 def forward_in_place(
-    scope: Scope,
+    scope: MutableMapping[str, Any],
     route: AppMatcher,
     headers: RequestHeaders,
     proxy_span: tracing.TraceContext | None,
     *,
     id_headers: bool,
 ) -> tracing.TraceContext | None:
-    """Make the server's own scope what :func:`forwarded_scope` would forward (the app runs
-    in this process: direct ingress); returns the trace, None for one that starts here
-    and nothing names yet (``tracing.LazyTrace`` makes its ids if they are read)."""
-    return _forward(scope, scope, route, headers, proxy_span, id_headers)
-
-
-def _forward(
-    forwarded: MutableMapping[str, Any],
-    scope: Scope,
-    route: AppMatcher,
-    headers: RequestHeaders,
-    proxy_span: tracing.TraceContext | None,
-    id_headers: bool,
-) -> tracing.TraceContext | None:
-    forwarded["root_path"] = scope.get("root_path", "") + (
+    """Make ``scope`` the scope the replica sees (a :func:`forwarded_copy`, or the server's
+    own when the app runs in this process: direct ingress): the path kept whole, the
+    prefix added to root_path, the headers as the client sent them. Returns the trace the
+    replica's span continues: the proxy's own span when it exports one (``proxy_span``),
+    else the client's, else one started here — None when nothing names it yet (made where
+    it is read: ``tracing.LazyTrace``, or ``tracing.new_trace`` to send it on). It travels
+    beside the scope, as the request id does. ``id_headers``
+    (``HTTPOptions.request_id_headers``): the headers also name the request id and trace,
+    as a proxy that adds them would."""
+    scope["root_path"] = scope.get("root_path", "") + (
         "" if route.route_prefix == "/" else route.route_prefix
     )
     started = proxy_span is None and headers.caller is None  # the trace starts here
@@ -201,9 +184,9 @@ def _forward(
         if proxy_span is not None and not headers.traced:
             replaced.add(tracing.TRACESTATE_HEADER)
         if headers.names_ids:
-            forwarded["headers"] = [*(item for item in scope["headers"] if item[0] not in replaced), *added]
+            scope["headers"] = [*(item for item in scope["headers"] if item[0] not in replaced), *added]
         else:  # nothing to replace (most requests): the headers as they are, and ours
-            forwarded["headers"] = [*scope["headers"], *added]
+            scope["headers"] = [*scope["headers"], *added]
     return trace
 
 

@@ -1,7 +1,7 @@
 """One WebSocket connection as the front serves it: its owner, :class:`SocketCycle`.
 
-Made once from the scope, ``receive``, ``send``, the application route it matched and
-the front's rules; :meth:`SocketCycle.run` reads the client's ``websocket.connect``,
+Made once by the front from the scope, ``receive``, ``send``, its headers and the
+application route it matched; :meth:`SocketCycle.run` reads the client's ``websocket.connect``,
 refuses what no replica may take, and hands the connection to an ``Upstream``
 (``upstream.py``), which pins it to one replica for its life: over the channel, or in
 this replica. The connection holds a replica slot while open, so it counts as load.
@@ -13,16 +13,17 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 from starlette.types import Receive, Scope, Send
 
 from app_toolkit._runtime.answers import can_deny, denial, unavailable
-from app_toolkit._runtime.front import front_metrics
-from app_toolkit._runtime.front.cycle import FrontRules
+from app_toolkit._runtime.front import stream_metrics
 from app_toolkit._runtime.front.path_match import AppMatcher
-from app_toolkit._runtime.front.scope import RequestHeaders, read_headers
+from app_toolkit._runtime.front.scope import RequestHeaders
 from app_toolkit._runtime.messages import CLOSE_POLICY, CLOSE_TRY_AGAIN_LATER, DeploymentID
+from app_toolkit.config import HTTPOptions
 
 logger = logging.getLogger("app_toolkit.proxy")
 
@@ -37,30 +38,23 @@ class SocketResponder(Protocol):
 Choose = Callable[[DeploymentID, RequestHeaders], SocketResponder]
 
 
+@dataclass(slots=True, eq=False)
 class SocketCycle:
-    """One WebSocket connection while the front serves it."""
+    """One WebSocket connection while the front serves it: its scope, ``receive`` and
+    ``send``, what its headers say, and the application route it matched (None: none)
+    with the deployment that serves it there."""
 
-    __slots__ = ("scope", "receive", "send", "http", "headers", "request_id", "matched", "deployment")
+    scope: Scope
+    receive: Receive
+    send: Send
+    http: HTTPOptions
+    headers: RequestHeaders
+    matched: AppMatcher | None
+    deployment: DeploymentID | None
 
-    def __init__(
-        self,
-        scope: Scope,
-        receive: Receive,
-        send: Send,
-        rules: FrontRules,
-        matched: AppMatcher | None,
-        path: str,
-    ) -> None:
-        self.scope = scope
-        self.receive = receive
-        self.send = send
-        self.http = rules.http
-        self.headers: RequestHeaders = read_headers(scope, rules.shard_header)
-        self.request_id = self.headers.request_id
-        self.matched = matched
-        self.deployment: DeploymentID | None = (
-            matched.target("websocket", None, path)[0] if matched is not None else None
-        )
+    @property
+    def request_id(self) -> str:
+        return self.headers.request_id
 
     async def run(self, choose: Choose | None) -> None:
         """Serve the connection through the upstream ``choose`` picks once the client's
@@ -76,11 +70,11 @@ class SocketCycle:
             return
         upstream = choose(self.deployment, self.headers)  # its slot is taken in this step
         app = self.matched.app
-        front_metrics.OPEN.inc(app, "websocket")
+        stream_metrics.OPEN.inc(app, "websocket")
         try:
             await upstream.websocket(self)
         finally:
-            front_metrics.OPEN.dec(app, "websocket")
+            stream_metrics.OPEN.dec(app, "websocket")
 
     async def refuse(self, why: str) -> None:
         """No replica takes the connection: tell the client to retry later, the way it can
