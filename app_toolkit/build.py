@@ -30,6 +30,7 @@ from typing import Any
 from app_toolkit._runtime.messages import AppSpec, DeploymentID, DeploymentSpec
 from app_toolkit._runtime.replica.ingress_app import ASGI_APP_ATTR, ASGI_BUILDER_ATTR
 from app_toolkit._runtime.session import Build, Serialize
+from app_toolkit._runtime.travelling_policy import travelling_config, travelling_policy
 from app_toolkit.app_builder import load_application
 from app_toolkit.code_sources import code_name, sources_digest
 from app_toolkit.config import AutoscalingPolicy, LoggingConfig
@@ -37,7 +38,6 @@ from app_toolkit.config.file import ApplicationConfig, parse_config
 from app_toolkit.deployment import Application, Deployment
 from app_toolkit.exceptions import BuilderArgsError, ConfigError
 from app_toolkit.handle import DeploymentHandle
-from app_toolkit.travelling_policy import travelling_config, travelling_policy
 
 if typing.TYPE_CHECKING:  # FastAPI is imported where an app is built, not by every toolkit process
     from app_toolkit.route_table import RouteTable

@@ -119,7 +119,6 @@ def test_all_is_sorted_and_complete() -> None:
         "traffic",
         "templates",
         "build",
-        "travelling_policy",  # build's: custom autoscaling policies readied for the controller
         "app_builder",
         "multiplex",
         "tracing",

@@ -1,6 +1,6 @@
 """Connection hand-off between the node's proxy and its ingress replicas (direct ingress,
 docs/architecture.md): the messages both ends exchange (the proxy's end is
-``proxy/handoff_sender.py``, the replica's ``replica/handoff_listener.py``).
+``proxy/handoff_sender.py``, the replica's ``direct_ingress/handoff_listener.py``).
 
 The proxy connects to each replica's hand-off socket: a Unix ``SOCK_SEQPACKET`` socket with
 an abstract name (Linux; no file, so a replica killed with SIGKILL leaves nothing behind).

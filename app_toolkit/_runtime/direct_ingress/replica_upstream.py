@@ -32,11 +32,11 @@ class _Answer:
     first body piece, so a whole response leaves in one write, and dropped once the body
     was refused (the cycle answers the refusal)."""
 
-    __slots__ = ("_cycle", "_refused", "_head", "head_seen")
+    __slots__ = ("_cycle", "_reader", "_head", "head_seen")
 
     def __init__(self, cycle: HTTPCycle) -> None:
         self._cycle = cycle
-        self._refused = cycle.reader  # its refusal, once the body broke a bound
+        self._reader = cycle.reader  # says the body's refusal, once it broke a bound
         self._head: Message | None = None
         self.head_seen = False
 
@@ -45,10 +45,10 @@ class _Answer:
         return self._cycle.finished
 
     def refused(self) -> bool:
-        return self._refused.refusal != 0
+        return self._reader.refusal != 0
 
     async def send(self, message: Message) -> None:
-        if self._refused.refusal:
+        if self._reader.refusal:
             return
         kind = message["type"]
         if kind == "http.response.body":
@@ -78,8 +78,14 @@ class _Answer:
             await cycle.whole(int(head["status"]), head.get("headers", ()), body, cycle.route, head)
 
     def end(self) -> None:
-        """The app is done: a streamed response is no longer open."""
-        self._cycle.stream_closed()
+        """The app is done (returned, raised or cancelled): a response it started, or the
+        refusal of a body it read, is labelled with the route its routing recorded in the
+        scope (one it never answered keeps its application's label, as on the channel
+        path: a 499, a 504), and a streamed response is no longer open."""
+        cycle = self._cycle
+        if cycle.started or self._reader.refusal:
+            cycle.routed(route_template(cycle.scope))
+        cycle.stream_closed()
 
     async def answer(self, response: HTTPResponse) -> None:
         self._head = None
@@ -134,8 +140,8 @@ class ReplicaUpstream:
     """The ingress replica of this process as the front's ``InReplica``: it serves the
     requests and WebSockets placed on it, each holding one of its slots while it runs.
     ``subscriber``: the front's tables; its dispatcher of this deployment counts the slots
-    held here, so a request the replica has no room for goes to another replica over the
-    channel, never to this one (which would refuse it busy)."""
+    held here, so it sends this replica nothing over the channel for them (a request would
+    come back busy, one hop later)."""
 
     __slots__ = ("deployment", "has_room", "_core", "_here")
 
@@ -156,9 +162,7 @@ class ReplicaUpstream:
             scope, cycle.matched, cycle.headers, cycle.span_trace, id_headers=cycle.http.request_id_headers
         )
         async with core.slot():
-            route = await core.serve_direct(cycle.request_id, scope, cycle.app_receive, _Answer(cycle), trace)
-        if cycle.started:  # labelled by the route its app matched (one never answered keeps
-            cycle.routed(route)  # its application's label, as on the channel path: a 499, a 504)
+            await core.serve_direct(cycle.request_id, scope, cycle.app_receive, _Answer(cycle), trace)
 
     async def websocket(self, socket: SocketCycle) -> None:
         assert socket.matched is not None
@@ -166,4 +170,5 @@ class ReplicaUpstream:
         trace = forward_in_place(scope, socket.matched, socket.headers, None, id_headers=id_headers)
         out, core = _Socket(socket.receive, socket.send), self._core
         async with core.slot():
-            await core.serve_direct(socket.request_id, scope, out.receive, out, trace)
+            with socket.open():
+                await core.serve_direct(socket.request_id, scope, out.receive, out, trace)

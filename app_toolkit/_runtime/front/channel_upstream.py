@@ -87,7 +87,8 @@ class ChannelUpstream:
             await socket.refuse("no replica could serve the connection")
             return
         try:
-            await _relay(reply, socket)
+            with socket.open():
+                await _relay(reply, socket)
         finally:
             reply.exchange.cancel()
             reply.release()

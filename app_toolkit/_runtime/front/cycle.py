@@ -12,10 +12,9 @@ in this replica. The cycle owns the request's one body reader (``body.py``) and 
 every response: the app's relayed from a replica, the app's own in its replica, and the
 toolkit's answers (``/-/dashboard`` writes its own page and stream).
 
-Writing: the request id goes into the head; a whole response's head and body leave in
-one write where the link lets them; a stream's chunks leave as they come, those that
-came together in one write (each still its own chunk); a stream is counted (open streams,
-time to its first chunk, chunks).
+Writing: the request id goes into the head; a whole response leaves in one write where
+the link lets it; a stream's chunks leave as they come (those that came together in one
+write), counted (open streams, time to the first chunk, chunks).
 """
 
 from __future__ import annotations
@@ -57,7 +56,9 @@ class FrontRules:
 class Responder(Protocol):
     """What serves a request once its cycle runs: an ``Upstream``, or the toolkit's pages."""
 
-    def http(self, cycle: HTTPCycle) -> Awaitable[None]: ...
+    def http(self, cycle: HTTPCycle) -> Awaitable[None]:
+        """Serve one request; its answer goes to the client through ``cycle``."""
+        ...
 
 
 class HTTPCycle:
@@ -151,8 +152,7 @@ class HTTPCycle:
     # --------------------------------------------------------------------- the control flow
 
     async def run(self, upstream: Responder) -> None:
-        """Serve the request through ``upstream`` under every rule above, then close its
-        record."""
+        """Serve the request through ``upstream`` under every rule above; close its record."""
         try:
             if self.matched is None:
                 await upstream.http(self)  # a toolkit page: no deadline, no body read
@@ -169,15 +169,16 @@ class HTTPCycle:
         for limit in (self._deadline_s, self.http.request_timeout_s):
             if limit is not None and (timeout_s is None or limit < timeout_s):
                 timeout_s = limit
-        if declared_too_large(self.headers.content_length, self.http):
-            await self.answer(refusal_answer(413, self.http, self.request_id))
-            return
         if tracing.exporting():  # an exported span: the replica's continues it
             assert self.matched is not None
             name = f"{self.scope['method']} {self.matched.route_prefix}"
             self.span = tracing.start(name, "server", self.headers.caller)
-        link = self.link
+        if declared_too_large(self.headers.content_length, self.http):
+            await self.answer(refusal_answer(413, self.http, self.request_id))
+            return
+        link, task = self.link, self.task
         link.on_client_left = self._client_left
+        cancelling = task.cancelling()  # cancellations asked of it from elsewhere, before
         try:
             if timeout_s is None:
                 await upstream.http(self)
@@ -185,9 +186,10 @@ class HTTPCycle:
                 async with asyncio.timeout(timeout_s):
                     await upstream.http(self)
         except asyncio.CancelledError:
-            if not self._stopped:
+            # Ours (the client left, the body was refused) is handled here; one asked from
+            # elsewhere too (the server stopping) goes on up.
+            if not self._stopped or task.uncancel() > cancelling:
                 raise
-            self.task.uncancel()
         except TimeoutError:
             await self._deadline_passed(timeout_s)
         finally:
@@ -199,7 +201,7 @@ class HTTPCycle:
         """The upstream is done, or was stopped: what a refused body or a client that left
         makes of the request."""
         refusal = self.reader.refusal
-        if self.disconnected or refusal == CLIENT_CLOSED:
+        if self.disconnected or (refusal == CLIENT_CLOSED and not self.finished):
             self.status = CLIENT_CLOSED
         elif not refusal:
             return
@@ -231,8 +233,7 @@ class HTTPCycle:
             self._stop()
 
     def stop_for_body(self) -> None:
-        """The body was refused (or its client left) while it was pumped to a replica:
-        stop the request (:meth:`run` answers the refusal)."""
+        """The body was refused while it was pumped: stop the request (run answers it)."""
         if not self.finished:
             self._stop()
 
@@ -244,8 +245,7 @@ class HTTPCycle:
     # ----------------------------------------------------------------------------- writing
 
     def served_page(self, target: str, status: int | None = None) -> None:
-        """A toolkit page answers: ``target`` labels its record; ``status``: the one it
-        wrote itself (the dashboard's)."""
+        """A toolkit page answers: ``target`` labels its record (``status``: one it wrote)."""
         self.target = target
         if status is not None:
             self.status = status

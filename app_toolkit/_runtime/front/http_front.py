@@ -14,8 +14,6 @@ work under its prefix.
 
 from __future__ import annotations
 
-import logging
-
 from starlette.types import Receive, Scope, Send
 
 from app_toolkit import metrics
@@ -34,8 +32,6 @@ from app_toolkit._runtime.routing.subscriber import TableSubscriber
 from app_toolkit._runtime.tables import APPLICATIONS_KEY, ApplicationTable, Table
 from app_toolkit.config import HTTPOptions
 from app_toolkit.metrics import FamilySnapshot
-
-logger = logging.getLogger("app_toolkit.proxy")
 
 
 class HTTPFront:
@@ -58,9 +54,11 @@ class HTTPFront:
         channel = ChannelUpstream(subscriber, BodyBudget(http.max_buffered_body_bytes))
         self.placement = Placement(subscriber, channel, local)
         self.local = local
-        #: Snapshots for /-/metrics: this process's, unless the backend knows more.
-        self.dashboard = Dashboard(http, status, gather or _this_process)
-        self.pages = ToolkitPages(self, gather or _this_process)
+        # Snapshots for /-/metrics and the dashboard: this process's, unless the backend
+        # knows more (a node's, a cluster's).
+        gather = gather or _this_process
+        self.dashboard = Dashboard(http, status, gather)
+        self.pages = ToolkitPages(self, gather)
         self.apps: list[AppMatcher] = []  # longest route_prefix first
         #: The controller has answered with the application table: until then every path,
         #: /-/healthz included, is 503 (a route not loaded yet is not a missing route).

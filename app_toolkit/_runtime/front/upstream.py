@@ -11,23 +11,16 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from app_toolkit._runtime.front.cycle import HTTPCycle
+from app_toolkit._runtime.front.cycle import Responder
 from app_toolkit._runtime.front.scope import RequestHeaders
-from app_toolkit._runtime.front.websocket import SocketCycle
+from app_toolkit._runtime.front.websocket import SocketResponder
 from app_toolkit._runtime.messages import DeploymentID
 from app_toolkit._runtime.routing.subscriber import TableSubscriber
 
 
-class Upstream(Protocol):
-    """Serves an application's requests and WebSockets, each answered through its owner."""
-
-    async def http(self, cycle: HTTPCycle) -> None:
-        """Serve one request; its answer goes to the client through ``cycle``."""
-        ...
-
-    async def websocket(self, socket: SocketCycle) -> None:
-        """Serve one WebSocket (its ``websocket.connect`` was read) for its whole life."""
-        ...
+class Upstream(Responder, SocketResponder, Protocol):
+    """Serves an application's requests (``http(cycle)``: answered through the cycle) and
+    WebSockets (``websocket(socket)``: its ``websocket.connect`` read, for its whole life)."""
 
 
 class InReplica(Upstream, Protocol):

@@ -11,8 +11,8 @@ accept-then-close 1013; other clients get a 503 denial response.
 
 from __future__ import annotations
 
-import logging
-from collections.abc import Callable
+import contextlib
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -25,13 +25,13 @@ from app_toolkit._runtime.front.scope import RequestHeaders
 from app_toolkit._runtime.messages import CLOSE_POLICY, CLOSE_TRY_AGAIN_LATER, DeploymentID
 from app_toolkit.config import HTTPOptions
 
-logger = logging.getLogger("app_toolkit.proxy")
-
 
 class SocketResponder(Protocol):
     """What serves a WebSocket once its owner runs (an ``Upstream``)."""
 
-    async def websocket(self, socket: SocketCycle) -> None: ...
+    def websocket(self, socket: SocketCycle) -> Awaitable[None]:
+        """Serve one WebSocket (its ``websocket.connect`` was read) for its whole life."""
+        ...
 
 
 #: Chooses a connection's upstream, once its handshake began (``Placement.choose``).
@@ -68,11 +68,16 @@ class SocketCycle:
         if self.matched is None or self.deployment is None:
             await self.send({"type": "websocket.close", "code": CLOSE_POLICY})
             return
-        upstream = choose(self.deployment, self.headers)  # its slot is taken in this step
+        await choose(self.deployment, self.headers).websocket(self)  # its slot taken in this step
+
+    @contextlib.contextmanager
+    def open(self) -> Iterator[None]:
+        """Counted among the open streams while a replica serves the connection."""
+        assert self.matched is not None
         app = self.matched.app
         stream_metrics.OPEN.inc(app, "websocket")
         try:
-            await upstream.websocket(self)
+            yield
         finally:
             stream_metrics.OPEN.dec(app, "websocket")
 

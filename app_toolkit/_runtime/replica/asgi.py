@@ -227,8 +227,8 @@ class ChannelResponse:
 
 def failing_app(error: Exception) -> ASGIApp:
     """What serves a request when something around its app failed (finding the app,
-    entering the request's context): an app that raises ``error``, so the client gets
-    what an app that raised gets (``run_app.py``), by the same rules."""
+    starting its span, making its context): an app that raises ``error``, so the client
+    gets what an app that raised gets (``run_app.py``), by the same rules."""
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         raise error

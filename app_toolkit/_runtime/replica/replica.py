@@ -258,19 +258,17 @@ class ReplicaCore(ReplicaSlots):
         receive: Receive,
         out: HTTPOut | SocketOut,
         trace: tracing.TraceContext | None,
-    ) -> str:
+    ) -> None:
         """Serve one HTTP request (``out``: an HTTPOut) or WebSocket (a SocketOut) of a
         client connection this replica owns, its :meth:`slot` held by the caller (direct
-        ingress: no channel, the app answers the client); returns the route its app
-        matched."""
+        ingress: no channel, the app answers the client)."""
         started = time.perf_counter()
         route = ""
         try:
             route = await self.serve_app(request_id, scope, receive, out, trace)
         finally:
             kind = "websocket" if scope["type"] == "websocket" else "http"
-            self.served(kind, route, started)
-        return route
+            self.served(kind, route, started)  # "" if cancelled, as over the channel
 
     def served(self, kind: str, route: str, started: float) -> None:
         """A request of ``kind`` that ``started`` (perf_counter) ended: count it."""
@@ -309,6 +307,7 @@ class ReplicaCore(ReplicaSlots):
             serving = self._serves or self._serving()
             context = request_context.request_scope(request_id, trace, serving, scope["headers"])
         except Exception as exc:  # noqa: BLE001 - answered as the app's own failure (run_app.py)
+            # (Entering the context below only sets context variables: it does not fail.)
             app, context = failing_app(exc), contextlib.nullcontext()
         try:
             with context:

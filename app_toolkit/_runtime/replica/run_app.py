@@ -14,8 +14,9 @@ refusal.
 
 WebSocket: ``answers.websocket_end`` when the app raises or returns without closing, and
 ``answers.restart_end`` (1012) at the replica's drain deadline; what the app sends after
-its socket ended is dropped. A failure around the app (finding it, entering its context)
-is the app's own: the replica runs an app that raises it (``asgi.failing_app``).
+its socket ended is dropped. A failure around the app (finding it, starting its span,
+making its context) is the app's own: the replica runs an app that raises it
+(``asgi.failing_app``).
 """
 
 from __future__ import annotations

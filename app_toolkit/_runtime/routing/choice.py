@@ -103,6 +103,9 @@ class ReplicaChooser:
         #: The deployment's request router (None: power of two choices here).
         self.router: RequestRouter | None = None
         self._router_failed_at = -_ROUTER_LOG_S
+        #: Requests this process serves in its own replica (direct ingress), by replica id:
+        #: counted in that replica's in flight, apart from what was sent to it.
+        self._here: dict[str, int] = {}
 
     def set_replicas(self, infos: Iterable[ReplicaInfo]) -> None:
         """Adopt a new replica table; counts of replicas that stay are kept."""
@@ -113,8 +116,8 @@ class ReplicaChooser:
                 if known.info != info:
                     known.info, known.running = info, _running(info)
                 fresh[info.replica_id] = known
-            else:
-                fresh[info.replica_id] = _Replica(info)
+            else:  # (this process's own replica may be serving already)
+                fresh[info.replica_id] = _Replica(info, in_flight=self._here.get(info.replica_id, 0))
         self._replicas = fresh
         self._tell_router("update_replicas", [replica.running for replica in fresh.values()])
 
@@ -151,6 +154,32 @@ class ReplicaChooser:
     def in_flight(self, replica_id: str) -> int:
         replica = self._replicas.get(replica_id)
         return replica.in_flight if replica else 0
+
+    def sent_in_flight(self) -> int:
+        """Requests sent to the replicas that run now (not those served here)."""
+        return sum(replica.in_flight for replica in self._replicas.values()) - sum(
+            here for replica_id, here in self._here.items() if replica_id in self._replicas
+        )
+
+    def serving_here(self, replica_id: str, started: bool) -> bool:
+        """A request this process serves in its own replica ``replica_id`` started, or
+        ended (see ``Dispatcher.serving_here``); True when a slot was given back."""
+        here = self._here.get(replica_id, 0)
+        replica = self._replicas.get(replica_id)
+        if started:
+            self._here[replica_id] = here + 1
+            if replica is not None:
+                replica.in_flight += 1
+            return False
+        if not here:
+            return False
+        if here > 1:
+            self._here[replica_id] = here - 1
+        else:
+            del self._here[replica_id]
+        if replica is not None and replica.in_flight > 0:
+            replica.in_flight -= 1
+        return True
 
     def owner(self, shard_key: str) -> ReplicaInfo | None:
         """The replica ``shard_key`` maps to (None without replicas)."""

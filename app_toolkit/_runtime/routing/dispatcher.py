@@ -172,17 +172,16 @@ class Dispatcher:
 
     @property
     def in_flight(self) -> int:
-        return sum(self._chooser.in_flight(r) for r in self._chooser.replica_ids)
+        """Requests this caller sent to the replicas and that run now."""
+        return self._chooser.sent_in_flight()
 
     def serving_here(self, replica_id: str, started: bool) -> None:
         """A request or WebSocket this process serves in its own replica ``replica_id``
         (direct ingress) ``started``, or ended: it counts among that replica's requests in
-        flight, so this caller sends the replica nothing it has no slot for (it would come
-        back busy, one hop later)."""
-        if started:
-            self._chooser.acquire(replica_id)
-        else:
-            self._chooser.release(replica_id)
+        flight, so this caller sends the replica nothing for the slots it holds itself (a
+        request would come back busy, one hop later). What fills the replica from other
+        callers is unseen here, as for any replica: a busy answer makes it skipped."""
+        if self._chooser.serving_here(replica_id, started):
             self._line.wake()
 
     @property
