@@ -4,7 +4,7 @@ The bench app's ingress runs in a replica core, as in an ingress replica; each r
 (GET ``/small``, the scope our HTTP server would make) is driven straight into:
 
 - ``bare``: the FastAPI app alone (what bare uvicorn runs);
-- ``replica``: the replica's part only (``ReplicaCore.serve_direct``: request context,
+- ``replica``: the replica's part only (``ReplicaCore.serve_app``: request context,
   span, its two metric series) around the app;
 - ``direct``: the whole direct path (the front, ``HTTPFront`` with the replica as its local
   ingress, then the replica): what a request on a replica-owned connection runs;
@@ -160,7 +160,7 @@ def _floor(core: ReplicaCore, log: AccessLog | None) -> ASGIApp:
             await send(message)
 
         async with core.slot():  # the trace starts here (None)
-            await core.serve_direct(request_id, scope, receive, _PassOut(answer), None)
+            await core.serve_app(request_id, scope, receive, _PassOut(answer), None, started)
         took = time.perf_counter() - started
         HTTP_DURATION.observe(took, "bench", "/small", scope["method"], str(status))  # and the request count
         if log is not None:
@@ -180,7 +180,7 @@ async def _app(mode: str, core: ReplicaCore, deployment: DeploymentID, access_lo
 
     async def replica_only(scope: Scope, receive: Receive, send: Send) -> None:
         async with core.slot():
-            await core.serve_direct(_REQUEST_ID, scope, receive, _PassOut(send), trace)
+            await core.serve_app(_REQUEST_ID, scope, receive, _PassOut(send), trace, time.perf_counter())
 
     return replica_only
 

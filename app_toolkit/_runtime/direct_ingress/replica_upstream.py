@@ -13,6 +13,8 @@ Replica-process code.
 from __future__ import annotations
 
 import contextlib
+import functools
+import time
 from collections.abc import Sequence
 
 from starlette.types import Message, Receive, Send
@@ -143,17 +145,14 @@ class ReplicaUpstream:
     held here, so it sends this replica nothing over the channel for them (a request would
     come back busy, one hop later)."""
 
-    __slots__ = ("deployment", "has_room", "_core", "_here")
+    __slots__ = ("deployment", "has_room", "_core")
 
     def __init__(self, core: ReplicaCore, subscriber: TableSubscriber) -> None:
         self._core = core
         self.deployment: DeploymentID = core.deployment
         self.has_room = core.has_room  # bound once: asked for every request
-        self._here = subscriber.dispatcher(core.deployment)
-        core.on_direct = self._held
-
-    def _held(self, started: bool) -> None:
-        self._here.serving_here(self._core.replica_id, started)
+        here = subscriber.dispatcher(core.deployment)
+        core.on_direct = functools.partial(here.serving_here, core.replica_id)
 
     async def http(self, cycle: HTTPCycle) -> None:
         assert cycle.matched is not None  # the cycle runs apps' requests here
@@ -162,7 +161,8 @@ class ReplicaUpstream:
             scope, cycle.matched, cycle.headers, cycle.span_trace, id_headers=cycle.http.request_id_headers
         )
         async with core.slot():
-            await core.serve_direct(cycle.request_id, scope, cycle.app_receive, _Answer(cycle), trace)
+            started = time.perf_counter()
+            await core.serve_app(cycle.request_id, scope, cycle.app_receive, _Answer(cycle), trace, started)
 
     async def websocket(self, socket: SocketCycle) -> None:
         assert socket.matched is not None
@@ -171,4 +171,4 @@ class ReplicaUpstream:
         out, core = _Socket(socket.receive, socket.send), self._core
         async with core.slot():
             with socket.open():
-                await core.serve_direct(socket.request_id, scope, out.receive, out, trace)
+                await core.serve_app(socket.request_id, scope, out.receive, out, trace, time.perf_counter())

@@ -230,45 +230,24 @@ class ReplicaCore(ReplicaSlots):
     async def serve(self, request: Request, sink: ResponseSink) -> None:
         """Serve one request over the channel, admitted by :meth:`admit`."""
         started = time.perf_counter()
-        route = ""
-        kind = "call"
         try:
             match request:
-                case HTTPRequest() | WebSocketOpen():
-                    out: ChannelResponse | ChannelSocket
-                    if isinstance(request, HTTPRequest):
-                        kind, out = "http", ChannelResponse(request, sink)
-                    else:
-                        kind, out = "websocket", ChannelSocket(request, sink)
+                case HTTPRequest():
+                    out: ChannelResponse | ChannelSocket = ChannelResponse(request, sink)
                     trace = tracing.remote(request.trace, request.tracestate)
-                    route = await self.serve_app(request.request_id, out.scope, out.receive, out, trace)
-                    if kind == "websocket":
-                        sink.send(END)  # after the app's last message
+                    await self.serve_app(request.request_id, out.scope, out.receive, out, trace, started)
+                case WebSocketOpen():
+                    out = ChannelSocket(request, sink)
+                    trace = tracing.remote(request.trace, request.tracestate)
+                    await self.serve_app(request.request_id, out.scope, out.receive, out, trace, started)
+                    sink.send(END)  # after the app's last message
                 case MethodCall():
-                    route = request.method
-                    await self._serve_call(request, sink)
+                    try:
+                        await self._serve_call(request, sink)
+                    finally:
+                        self.served("call", request.method, started)
         finally:
-            self.served(kind, route, started)
             self.unserved()
-
-    async def serve_direct(
-        self,
-        request_id: str,
-        scope: Scope,
-        receive: Receive,
-        out: HTTPOut | SocketOut,
-        trace: tracing.TraceContext | None,
-    ) -> None:
-        """Serve one HTTP request (``out``: an HTTPOut) or WebSocket (a SocketOut) of a
-        client connection this replica owns, its :meth:`slot` held by the caller (direct
-        ingress: no channel, the app answers the client)."""
-        started = time.perf_counter()
-        route = ""
-        try:
-            route = await self.serve_app(request_id, scope, receive, out, trace)
-        finally:
-            kind = "websocket" if scope["type"] == "websocket" else "http"
-            self.served(kind, route, started)  # "" if cancelled, as over the channel
 
     def served(self, kind: str, route: str, started: float) -> None:
         """A request of ``kind`` that ``started`` (perf_counter) ended: count it."""
@@ -282,13 +261,16 @@ class ReplicaCore(ReplicaSlots):
         receive: Receive,
         out: HTTPOut | SocketOut,
         caller: tracing.TraceContext | None,
-    ) -> str:
+        started: float,
+    ) -> None:
         """One HTTP request or WebSocket through the app, with the request's context, its
-        answer going to ``out`` (the channel's, or the client itself: direct ingress).
-        Returns the matched route's path template. ``caller``: the span this replica's
-        continues (None: the trace starts at the front, and nothing exported or named
-        it); the span's ids are made only if something reads them, unless spans are
-        exported. What fails around the app is answered as the app's own failure."""
+        answer going to ``out`` (the channel's, or the client itself on a connection this
+        replica owns: direct ingress, its :meth:`slot` held by the caller); counted as it
+        ends, from ``started`` (perf_counter), by the route its app matched ("" if
+        cancelled). ``caller``: the span this replica's continues (None: the trace starts
+        at the front, and nothing exported or named it); the span's ids are made only if
+        something reads them, unless spans are exported. What fails around the app is
+        answered as the app's own failure."""
         route = error = ""
         span = None
         method = scope.get("method", "WEBSOCKET")
@@ -317,12 +299,12 @@ class ReplicaCore(ReplicaSlots):
             error = type(exc).__name__
             raise
         finally:
+            self.served(scope["type"], route, started)
             if span is not None:
                 if route:
                     span.rename(f"{self.deployment} {method} {route}")
                     span.set("http.route", route)
                 span.end(error)
-        return route
 
     async def _serve_call(self, call: MethodCall, sink: ResponseSink) -> None:
         trace, span = tracing.begin(

@@ -181,7 +181,7 @@ class Dispatcher:
         flight, so this caller sends the replica nothing for the slots it holds itself (a
         request would come back busy, one hop later). What fills the replica from other
         callers is unseen here, as for any replica: a busy answer makes it skipped."""
-        if self._chooser.serving_here(replica_id, started):
+        if self._chooser.serving_here(replica_id, started) and self._line:
             self._line.wake()
 
     @property
