@@ -61,7 +61,7 @@ _REQUEST_ID = "0123456789abcdef0123456789abcdef"
 class _NoPolicy:
     has_policy = False
 
-    def serving_here(self, replica_id: str, started: bool) -> None:
+    def serving_here(self, replica_id: str, count: Callable[[], int]) -> None:
         pass
 
 

@@ -66,7 +66,7 @@ class Ingress:
 class _NoPolicy:
     has_policy = False
 
-    def serving_here(self, replica_id: str, started: bool) -> None:
+    def serving_here(self, replica_id: str, count: Callable[[], int]) -> None:
         pass
 
 

@@ -228,28 +228,30 @@ async def test_a_lone_replica_that_refuses_is_retried_until_it_accepts() -> None
         reply.release()
 
 
-async def test_requests_served_in_the_callers_own_replica_count_apart_from_those_sent() -> None:
+async def test_requests_served_in_the_callers_own_replica_count_when_it_chooses() -> None:
     # An ingress replica's front serves some requests in its own process (direct
-    # ingress): its dispatcher sends that replica nothing for the slots they hold, keeps
-    # them apart from what it sent (a late end never gives back a sent request's slot),
-    # and counts them again for a replica that (re)joins its table.
+    # ingress): its dispatcher counts them when it chooses a replica (sending that replica
+    # nothing for the slots they hold), apart from what it sent, and again for a replica
+    # that (re)joins its table.
     own, other = FakeReplica("own", answer), FakeReplica("other", answer)
     dispatcher = make({"own": own, "other": other}, max_queued=4)
-    dispatcher.serving_here("own", started=True)
+    here = 1
+    dispatcher.serving_here("own", lambda: here)
     first = await dispatcher.send(call(0))
     second = asyncio.ensure_future(dispatcher.send(call(1)))
     await asyncio.sleep(0)
     assert (own.received, other.received, dispatcher.queued) == ([], [0], 1)  # it waits...
-    assert dispatcher.in_flight == 1  # ...and only what was sent is running from here
-    dispatcher.serving_here("own", started=False)  # the own replica's slot is free: it goes there
-    replies = [first, await asyncio.wait_for(second, 5)]
-    dispatcher.serving_here("own", started=False)  # one too many: nothing of the sent ones
-    assert [result(reply) for reply in replies] == ["done 0", "done 1"] and own.received == [1]
-    assert dispatcher.in_flight == 2
+    assert dispatcher.in_flight == 1  # ...and only what was sent runs from here
+    first.release()  # "other" is free again: the waiting one goes there, not to "own"
+    replies = [await asyncio.wait_for(second, 5)]
+    assert (own.received, other.received) == ([], [0, 1])
+    here = 0  # the own replica's requests ended: it is chosen again
+    replies.append(await dispatcher.send(call(2)))
+    assert own.received == [2] and dispatcher.in_flight == 2
     for reply in replies:
         reply.release()
-    dispatcher.update([info("other")], 4)  # the own replica leaves the table, busy here
-    dispatcher.serving_here("own", started=True)
+    here = 1
+    dispatcher.update([info("other")], 4)  # the own replica leaves the table, and comes back
     dispatcher.update([info("own"), info("other")], 4)
     assert result(await asyncio.wait_for(dispatcher.send(call(9)), 5)) == "done 9"
-    assert other.received == [0, 9]
+    assert other.received == [0, 1, 9]

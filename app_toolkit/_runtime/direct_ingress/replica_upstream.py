@@ -13,7 +13,6 @@ Replica-process code.
 from __future__ import annotations
 
 import contextlib
-import functools
 import time
 from collections.abc import Sequence
 
@@ -142,8 +141,8 @@ class ReplicaUpstream:
     """The ingress replica of this process as the front's ``InReplica``: it serves the
     requests and WebSockets placed on it, each holding one of its slots while it runs.
     ``subscriber``: the front's tables; its dispatcher of this deployment counts the slots
-    held here, so it sends this replica nothing over the channel for them (a request would
-    come back busy, one hop later)."""
+    held here when it chooses a replica, so it sends this one nothing over the channel for
+    them (a request would come back busy, one hop later)."""
 
     __slots__ = ("deployment", "has_room", "_core")
 
@@ -151,8 +150,7 @@ class ReplicaUpstream:
         self._core = core
         self.deployment: DeploymentID = core.deployment
         self.has_room = core.has_room  # bound once: asked for every request
-        here = subscriber.dispatcher(core.deployment)
-        core.on_direct = functools.partial(here.serving_here, core.replica_id)
+        subscriber.dispatcher(core.deployment).serving_here(core.replica_id, core.direct_count)
 
     async def http(self, cycle: HTTPCycle) -> None:
         assert cycle.matched is not None  # the cycle runs apps' requests here

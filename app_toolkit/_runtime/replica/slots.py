@@ -12,7 +12,6 @@ none came for a moment (:meth:`ReplicaSlots.linger`).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 
 from app_toolkit._runtime.messages import BUSY, DRAINING, Rejected
 from app_toolkit._runtime.waiting import wait_event
@@ -38,10 +37,6 @@ class ReplicaSlots:
         self._one_ended = asyncio.Event()
         self._drained_at = 0.0
         self._last_refused = 0.0
-        #: Told True when a direct slot is taken, False when it is given back (the front's
-        #: dispatcher of this deployment counts them, so it sends this replica no request
-        #: it has no slot for).
-        self.on_direct: Callable[[bool], None] | None = None
 
     def admit(self, beyond_limit: bool = False) -> Rejected | None:
         """Take a slot for a request over the channel (None), or say why not: the one
@@ -70,6 +65,10 @@ class ReplicaSlots:
             self._last_refused = asyncio.get_running_loop().time()
             return False
         return self.ongoing < self.config.max_ongoing_requests
+
+    def direct_count(self) -> int:
+        """Requests and WebSockets of connections this replica owns that run now."""
+        return self.direct_ongoing
 
     def slot(self) -> DirectSlot:
         """The slot of a request or WebSocket of a client connection this replica owns,
@@ -112,12 +111,8 @@ class DirectSlot:
         slots = self._slots
         slots.ongoing += 1
         slots.direct_ongoing += 1
-        if slots.on_direct is not None:
-            slots.on_direct(True)
 
     async def __aexit__(self, *exc_info: object) -> None:
         slots = self._slots
         slots.direct_ongoing -= 1
         slots.unserved()
-        if slots.on_direct is not None:
-            slots.on_direct(False)

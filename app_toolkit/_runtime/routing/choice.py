@@ -25,7 +25,7 @@ import hashlib
 import json
 import logging
 import random
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -68,7 +68,7 @@ _ROUTER_LOG_S = 60.0
 @dataclass
 class _Replica:
     info: ReplicaInfo
-    in_flight: int = 0
+    in_flight: int = 0  # requests this caller sent it that run now
     blocked_until: float = 0.0
     backoff_s: float = 0.0
     sent: dict[str, float] = field(default_factory=dict)  # model id -> when last sent here
@@ -81,8 +81,17 @@ class _Replica:
         self.seed = stable_hash(f"rank {rank}" if rank >= 0 else self.info.replica_id)
         self.running = _running(self.info)
 
+    #: This process's own replica (direct ingress): the requests it serves here, read
+    #: when a choice is made (no cost per request served).
+    here: Callable[[], int] | None = None
+
+    def load(self) -> int:
+        """Its requests running as this caller knows them."""
+        here = self.here
+        return self.in_flight if here is None else self.in_flight + here()
+
     def free(self, now: float) -> bool:
-        return self.in_flight < self.info.max_ongoing_requests and self.blocked_until <= now
+        return self.load() < self.info.max_ongoing_requests and self.blocked_until <= now
 
     def holds(self, model_id: str, now: float) -> bool:
         return model_id in self.info.models or self.sent.get(model_id, -MODEL_HINT_S) > now - MODEL_HINT_S
@@ -103,9 +112,8 @@ class ReplicaChooser:
         #: The deployment's request router (None: power of two choices here).
         self.router: RequestRouter | None = None
         self._router_failed_at = -_ROUTER_LOG_S
-        #: Requests this process serves in its own replica (direct ingress), by replica id:
-        #: counted in that replica's in flight, apart from what was sent to it.
-        self._here: dict[str, int] = {}
+        #: This process's own replica (direct ingress) and how many requests it serves.
+        self._here: tuple[str, Callable[[], int]] | None = None
 
     def set_replicas(self, infos: Iterable[ReplicaInfo]) -> None:
         """Adopt a new replica table; counts of replicas that stay are kept."""
@@ -116,9 +124,10 @@ class ReplicaChooser:
                 if known.info != info:
                     known.info, known.running = info, _running(info)
                 fresh[info.replica_id] = known
-            else:  # (this process's own replica may be serving already)
-                fresh[info.replica_id] = _Replica(info, in_flight=self._here.get(info.replica_id, 0))
+            else:
+                fresh[info.replica_id] = _Replica(info)
         self._replicas = fresh
+        self._count_here()
         self._tell_router("update_replicas", [replica.running for replica in fresh.values()])
 
     def set_router(self, choice: RouterChoice | None) -> None:
@@ -153,33 +162,24 @@ class ReplicaChooser:
 
     def in_flight(self, replica_id: str) -> int:
         replica = self._replicas.get(replica_id)
+        return replica.load() if replica else 0
+
+    def sent(self, replica_id: str) -> int:
+        """Requests this caller sent to ``replica_id`` that run now."""
+        replica = self._replicas.get(replica_id)
         return replica.in_flight if replica else 0
 
-    def sent_in_flight(self) -> int:
-        """Requests sent to the replicas that run now (not those served here)."""
-        return sum(replica.in_flight for replica in self._replicas.values()) - sum(
-            here for replica_id, here in self._here.items() if replica_id in self._replicas
-        )
+    def serving_here(self, replica_id: str, count: Callable[[], int]) -> None:
+        """``replica_id`` is this process's own replica, serving ``count()`` requests of
+        its own connections (see ``Dispatcher.serving_here``)."""
+        self._here = (replica_id, count)
+        self._count_here()
 
-    def serving_here(self, replica_id: str, started: bool) -> bool:
-        """A request this process serves in its own replica ``replica_id`` started, or
-        ended (see ``Dispatcher.serving_here``); True when a slot was given back."""
-        here = self._here.get(replica_id, 0)
-        replica = self._replicas.get(replica_id)
-        if started:
-            self._here[replica_id] = here + 1
+    def _count_here(self) -> None:
+        if self._here is not None:
+            replica = self._replicas.get(self._here[0])
             if replica is not None:
-                replica.in_flight += 1
-            return False
-        if not here:
-            return False
-        if here > 1:
-            self._here[replica_id] = here - 1
-        else:
-            del self._here[replica_id]
-        if replica is not None and replica.in_flight > 0:
-            replica.in_flight -= 1
-        return True
+                replica.here = self._here[1]
 
     def owner(self, shard_key: str) -> ReplicaInfo | None:
         """The replica ``shard_key`` maps to (None without replicas)."""
@@ -229,7 +229,7 @@ class ReplicaChooser:
         if len(free) == 1:
             return free[0].info
         first, second = self._rng.sample(free, 2)
-        return (first if first.in_flight <= second.in_flight else second).info
+        return (first if first.load() <= second.load() else second).info
 
     def _routed(self, now: float, pending: PendingRequest | None) -> ReplicaInfo | Literal[False] | None:
         """The request router's choice: the free replica with the fewest requests in
@@ -248,7 +248,7 @@ class ReplicaChooser:
                     if replica is not None and replica.free(now)
                 ]
                 if free:
-                    return min(free, key=lambda replica: replica.in_flight).info
+                    return min(free, key=lambda replica: replica.load()).info
         except Exception:  # noqa: BLE001 - a router never breaks serving (STYLE 11); logged there
             self._router_failed(now)
             return False
@@ -279,7 +279,7 @@ class ReplicaChooser:
         times = [
             r.blocked_until
             for r in self._replicas.values()
-            if r.blocked_until > now and r.in_flight < r.info.max_ongoing_requests
+            if r.blocked_until > now and r.load() < r.info.max_ongoing_requests
         ]
         return min(times) if times else None
 

@@ -173,16 +173,16 @@ class Dispatcher:
     @property
     def in_flight(self) -> int:
         """Requests this caller sent to the replicas and that run now."""
-        return self._chooser.sent_in_flight()
+        chooser = self._chooser
+        return sum(chooser.sent(r) for r in chooser.replica_ids)
 
-    def serving_here(self, replica_id: str, started: bool) -> None:
-        """A request or WebSocket this process serves in its own replica ``replica_id``
-        (direct ingress) ``started``, or ended: it counts among that replica's requests in
-        flight, so this caller sends the replica nothing for the slots it holds itself (a
-        request would come back busy, one hop later). What fills the replica from other
-        callers is unseen here, as for any replica: a busy answer makes it skipped."""
-        if self._chooser.serving_here(replica_id, started) and self._line:
-            self._line.wake()
+    def serving_here(self, replica_id: str, count: Callable[[], int]) -> None:
+        """``replica_id`` is this process's own replica (direct ingress), serving
+        ``count()`` requests of its own connections: they count among its requests in
+        flight when a replica is chosen, so this caller sends it nothing for the slots
+        they hold (a request would come back busy, one hop later). What fills it from
+        other callers is unseen here, as for any replica: a busy answer makes it skipped."""
+        self._chooser.serving_here(replica_id, count)
 
     @property
     def load(self) -> int:
