@@ -36,7 +36,7 @@ from app_toolkit._runtime.front.body import CLIENT_CLOSED, BodyReader, declared_
 from app_toolkit._runtime.front.path_match import AppMatcher
 from app_toolkit._runtime.front.request_link import REQUEST_LINK, RequestLink
 from app_toolkit._runtime.front.request_metrics import HTTP_DURATION
-from app_toolkit._runtime.front.scope import parse_timeout, read_headers, with_request_id
+from app_toolkit._runtime.front.scope import read_headers, request_deadline, with_request_id
 from app_toolkit._runtime.messages import DeploymentID, HTTPResponse
 from app_toolkit.config import HTTPOptions
 
@@ -156,52 +156,44 @@ class HTTPCycle:
         try:
             if self.matched is None:
                 await upstream.http(self)  # a toolkit page: no deadline, no body read
-                return
-            timeout_s = self._timeout_s()
-            if isinstance(timeout_s, str):
-                await self.answer(error_answer(400, timeout_s, self.request_id))
-                return
-            if tracing.exporting():  # an exported span: the replica's continues it
-                name = f"{self.scope['method']} {self.matched.route_prefix}"
-                self.span = tracing.start(name, "server", self.headers.caller)
-            if declared_too_large(self.headers.content_length, self.http):
-                await self.answer(refusal_answer(413, self.http, self.request_id))
-                return
-            link, task = self.link, self.task
-            link.on_client_left = self._client_left
-            cancelling = task.cancelling()  # cancellations asked of it from elsewhere, before
-            try:
-                if timeout_s is None:
-                    await upstream.http(self)
-                else:  # it covers the upload too (a slow one gets 408, not a replica's time)
-                    async with asyncio.timeout(timeout_s):
-                        await upstream.http(self)
-            except asyncio.CancelledError:
-                # Ours (the client left, the body was refused) is handled here; one asked
-                # from elsewhere too (the server stopping) goes on up.
-                if not self._stopped or task.uncancel() > cancelling:
-                    raise
-            except TimeoutError:
-                await self._deadline_passed(timeout_s)
-            finally:
-                link.on_client_left = None
-            if self.disconnected or self.reader.refusal:
-                await self._body_ended()
-            self.finished = True
+            else:
+                await self._to_app(upstream)
         finally:
             self._close()
 
-    def _timeout_s(self) -> float | None | str:
-        """The request's deadline: the least of its header's, its route's and
-        ``request_timeout_s`` (None: none); a header that is not a number: why."""
-        header = self.headers.timeout
-        timeout_s = parse_timeout(header) if header is not None else None
+    async def _to_app(self, upstream: Responder) -> None:
+        assert self.matched is not None  # (run sends the toolkit's pages elsewhere)
+        timeout_s = request_deadline(self.headers.timeout, self._deadline_s, self.http.request_timeout_s)
         if isinstance(timeout_s, str):
-            return timeout_s
-        for limit in (self._deadline_s, self.http.request_timeout_s):
-            if limit is not None and (timeout_s is None or limit < timeout_s):
-                timeout_s = limit
-        return timeout_s
+            await self.answer(error_answer(400, timeout_s, self.request_id))
+            return
+        if tracing.exporting():  # an exported span: the replica's continues it
+            name = f"{self.scope['method']} {self.matched.route_prefix}"
+            self.span = tracing.start(name, "server", self.headers.caller)
+        if declared_too_large(self.headers.content_length, self.http):
+            await self.answer(refusal_answer(413, self.http, self.request_id))
+            return
+        link, task = self.link, self.task
+        link.on_client_left = self._client_left
+        cancelling = task.cancelling()  # cancellations asked of it from elsewhere, before
+        try:
+            if timeout_s is None:
+                await upstream.http(self)
+            else:  # it covers the upload too (a slow one gets 408, not a replica's time)
+                async with asyncio.timeout(timeout_s):
+                    await upstream.http(self)
+        except asyncio.CancelledError:
+            # Ours (the client left, the body was refused) is handled here; one asked
+            # from elsewhere too (the server stopping) goes on up.
+            if not self._stopped or task.uncancel() > cancelling:
+                raise
+        except TimeoutError:
+            await self._deadline_passed(timeout_s)
+        finally:
+            link.on_client_left = None
+        if self.disconnected or self.reader.refusal:
+            await self._body_ended()
+        self.finished = True
 
     async def _body_ended(self) -> None:
         """The upstream is done, or was stopped: what a refused body or a client that left

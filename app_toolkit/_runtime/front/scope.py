@@ -143,6 +143,18 @@ def parse_timeout(value: bytes | None) -> float | None | str:
     return seconds
 
 
+def request_deadline(header: bytes | None, *limits: float | None) -> float | None | str:
+    """The request's deadline in seconds: the least of its header's and ``limits`` (its
+    route's, ``request_timeout_s``; None: none); a header that is not a number: why."""
+    timeout_s = parse_timeout(header) if header is not None else None
+    if isinstance(timeout_s, str):
+        return timeout_s
+    for limit in limits:
+        if limit is not None and (timeout_s is None or limit < timeout_s):
+            timeout_s = limit
+    return timeout_s
+
+
 def forwarded_copy(scope: Scope) -> dict[str, Any]:
     """The keys of ``scope`` a replica gets over the channel (a copy: the server's own
     scope is left as it is); :func:`forward_in_place` then makes it what the replica sees."""
