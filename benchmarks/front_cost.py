@@ -61,8 +61,12 @@ _REQUEST_ID = "0123456789abcdef0123456789abcdef"
 class _NoPolicy:
     has_policy = False
 
-    def serving_here(self, replica_id: str, count: Callable[[], int]) -> None:
-        pass
+    def serving_here(self, replica_id: str, count: Callable[[], int]) -> Callable[[], None]:
+        return _nothing
+
+
+def _nothing() -> None:
+    pass
 
 
 class _OneRoute:

@@ -66,8 +66,8 @@ class Ingress:
 class _NoPolicy:
     has_policy = False
 
-    def serving_here(self, replica_id: str, count: Callable[[], int]) -> None:
-        pass
+    def serving_here(self, replica_id: str, count: Callable[[], int]) -> Callable[[], None]:
+        return _nothing
 
 
 class OneApp:
@@ -238,3 +238,7 @@ async def test_a_full_ingress_replica_sends_nothing_to_itself_over_the_channel()
         await asyncio.wait_for(running, 5)
     finally:
         await core.drain()
+
+
+def _nothing() -> None:
+    pass

@@ -150,7 +150,8 @@ class ReplicaUpstream:
         self._core = core
         self.deployment: DeploymentID = core.deployment
         self.has_room = core.has_room  # bound once: asked for every request
-        subscriber.dispatcher(core.deployment).serving_here(core.replica_id, core.direct_count)
+        here = subscriber.dispatcher(core.deployment)
+        core.on_direct_end = here.serving_here(core.replica_id, core.direct_count)
 
     async def http(self, cycle: HTTPCycle) -> None:
         assert cycle.matched is not None  # the cycle runs apps' requests here

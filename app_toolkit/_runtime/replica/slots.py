@@ -12,6 +12,7 @@ none came for a moment (:meth:`ReplicaSlots.linger`).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 from app_toolkit._runtime.messages import BUSY, DRAINING, Rejected
 from app_toolkit._runtime.waiting import wait_event
@@ -37,6 +38,9 @@ class ReplicaSlots:
         self._one_ended = asyncio.Event()
         self._drained_at = 0.0
         self._last_refused = 0.0
+        #: Called when a direct slot is given back (the front's dispatcher of this
+        #: deployment: a request waiting there for a slot here may go).
+        self.on_direct_end: Callable[[], None] | None = None
 
     def admit(self, beyond_limit: bool = False) -> Rejected | None:
         """Take a slot for a request over the channel (None), or say why not: the one
@@ -116,3 +120,5 @@ class DirectSlot:
         slots = self._slots
         slots.direct_ongoing -= 1
         slots.unserved()
+        if slots.on_direct_end is not None:
+            slots.on_direct_end()

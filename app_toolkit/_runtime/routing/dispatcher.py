@@ -176,13 +176,19 @@ class Dispatcher:
         chooser = self._chooser
         return sum(chooser.sent(r) for r in chooser.replica_ids)
 
-    def serving_here(self, replica_id: str, count: Callable[[], int]) -> None:
+    def serving_here(self, replica_id: str, count: Callable[[], int]) -> Callable[[], None]:
         """``replica_id`` is this process's own replica (direct ingress), serving
         ``count()`` requests of its own connections: they count among its requests in
         flight when a replica is chosen, so this caller sends it nothing for the slots
         they hold (a request would come back busy, one hop later). What fills it from
-        other callers is unseen here, as for any replica: a busy answer makes it skipped."""
+        other callers is unseen here, as for any replica: a busy answer makes it skipped.
+        Returns what to call when one of those requests ends (one waiting here may go)."""
         self._chooser.serving_here(replica_id, count)
+        return self._slot_freed_here
+
+    def _slot_freed_here(self) -> None:
+        if self._line:
+            self._line.wake()
 
     @property
     def load(self) -> int:
