@@ -166,11 +166,17 @@ def test_code_name_is_where_a_replica_finds_the_code(project: Path) -> None:
     assert code_name(_reimport("shop_ingress").app.deployment.func_or_class) is None  # tk.App made it
 
 
+_KEPT: list[object] = []  # what the serializer keyed by id(), alive as the backend keeps it
+
+
 def _local_serializer() -> Callable[[object], bytes]:
-    """The local backend's keys: code by object (a re-import is another), data by value."""
+    """The local backend's keys: code by object (a re-import is another), data by value.
+    Like the backend, it keeps what it keyed by ``id()``: a freed object's id may be the
+    next one's, and a re-import would then look like the same code."""
 
     def serialize(value: object) -> bytes:
         if callable(value):
+            _KEPT.append(value)
             return hashlib.sha256(b"object %d" % id(value)).digest()
         return hashlib.sha256(pickle.dumps(value)).digest()
 
