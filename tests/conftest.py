@@ -28,7 +28,13 @@ if str(ROOT) not in sys.path:
 
 import app_toolkit as tk  # noqa: E402
 from app_toolkit._runtime.backends.base import current_session  # noqa: E402
+from tests.leftovers import mark_this_process, stop_leftovers  # noqa: E402
 from tests.redis_server import redis_server  # noqa: E402
+
+#: Every process this test process starts carries this mark (tests/leftovers.py).
+_OWNER = mark_this_process()
+#: How long Ray's processes may take to end after ray.shutdown() before they count as left.
+_LEFTOVER_GRACE_S = 15.0
 
 #: Custom Ray resource of the test cluster, to check ray_actor_options reach Ray.
 TEST_RESOURCE = "test_accelerator"
@@ -175,7 +181,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.ray)
 
 
-def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+def _shut_down() -> None:
     if current_session(create=False) is not None:
         tk.shutdown()
     if "ray" in sys.modules:
@@ -183,6 +189,22 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
         if ray.is_initialized():
             ray.shutdown()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _no_process_left_behind() -> Iterator[None]:
+    """After the session's last test (this fixture is torn down last): the backends shut
+    down, then no process this test process started may still run. What does is killed by
+    PID and fails the run (reported as an error in the last test's teardown), so a test
+    that timed out cannot leave its cluster running after the job."""
+    yield
+    _shut_down()
+    left = stop_leftovers(_OWNER, _LEFTOVER_GRACE_S)
+    assert not left, f"processes left running by this test session, now killed: {left}"
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    _shut_down()  # a session that ran no test never set up the fixture above
 
 
 @pytest.fixture(scope="session")

@@ -1,0 +1,70 @@
+"""Processes a test session leaves behind: found by a mark in their environment.
+
+Every process this pytest process starts (a scenario, a CLI, Redis, Ray's own GCS,
+raylets and workers) inherits ``OWNER_VARIABLE`` set to this process's id, even when it
+moved to a session of its own or was re-parented to init after its parent was killed. At
+the end of the session ``leftovers()`` lists those still running; the suite's conftest
+stops them by PID and fails the run, naming them, so a test that times out cannot leave a
+cluster running after the job that started it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+#: The environment variable that marks a process as started by this test session.
+OWNER_VARIABLE = "APP_TOOLKIT_TEST_OWNER"
+
+
+@dataclass(frozen=True)
+class Leftover:
+    pid: int
+    command: str
+
+
+def mark_this_process() -> str:
+    """Mark every process started from now on as this session's; returns the mark."""
+    mark = str(os.getpid())
+    os.environ[OWNER_VARIABLE] = mark
+    return mark
+
+
+def leftovers(mark: str) -> list[Leftover]:
+    """Live processes other than this one whose environment carries ``mark``."""
+    wanted = f"{OWNER_VARIABLE}={mark}".encode()
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+            continue
+        try:
+            environment = (entry / "environ").read_bytes().split(b"\0")
+            if wanted not in environment or _is_zombie(entry):
+                continue
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:  # gone meanwhile, or not ours to read
+            continue
+        found.append(Leftover(int(entry.name), command.strip()[:200]))
+    return found
+
+
+def _is_zombie(entry: Path) -> bool:
+    # /proc/PID/stat: "pid (comm) state ..."; comm may hold spaces and parentheses.
+    return (entry / "stat").read_text().rpartition(")")[2].split()[0] == "Z"
+
+
+def stop_leftovers(mark: str, grace_s: float) -> list[Leftover]:
+    """Wait up to ``grace_s`` for this session's processes to end (Ray's shut down in the
+    background), then kill what remains; returns what had to be killed."""
+    deadline = time.monotonic() + grace_s
+    while (remaining := leftovers(mark)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for process in remaining:
+        try:
+            os.kill(process.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    return remaining
