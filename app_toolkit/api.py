@@ -93,19 +93,22 @@ class RunTarget:
 
 def run(
     target: Application,
-    *,
+    blocking: bool = False,
     name: str | None = None,
     route_prefix: str | None = _UNSET,
-    blocking: bool = False,
+    logging_config: LoggingConfig | dict[str, Any] | None = None,
+    _local_testing_mode: bool = False,
+    external_scaler_enabled: bool = False,
+    *,
     backend: str = "auto",
     autoscaling_policy: AutoscalingPolicy | str | Callable[..., Any] | None = None,
-    logging_config: LoggingConfig | dict[str, Any] | None = None,
-    external_scaler_enabled: bool = False,
-    _local_testing_mode: bool = False,
     _reload: bool = False,
 ) -> DeploymentHandle:
     """Deploy ``target`` as an application and wait until it is running (and every
     proxy routes its prefix, waiting up to 5 s for a proxy that lags).
+
+    The parameters up to ``external_scaler_enabled`` are Ray Serve 2.60's, in its order;
+    the toolkit's own (``backend``, ``autoscaling_policy``) are keyword-only.
 
     Returns a handle to its ingress deployment. Running an app of the same name again
     upgrades it: every replica is replaced, though nothing changed, as Ray Serve's
@@ -128,16 +131,17 @@ def run(
 
 def run_many(
     targets: Sequence[RunTarget],
-    *,
     blocking: bool = False,
     wait_for_ingress_deployment_creation: bool = True,
     wait_for_applications_running: bool = True,
-    backend: str = "auto",
     _local_testing_mode: bool = False,
+    *,
+    backend: str = "auto",
     _reload: bool = False,
 ) -> list[DeploymentHandle]:
     """Deploy several applications in one step and return their ingress handles, in
-    order (Ray Serve's ``serve.run_many``).
+    order (Ray Serve's ``serve.run_many``: its parameters, in its order, without
+    ``controller_options``; ``backend`` is keyword-only).
 
     Every target is checked and built before any is deployed; the controller takes them
     all at once (their route prefixes checked against each other and the running

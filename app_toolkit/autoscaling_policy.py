@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from app_toolkit._runtime.messages import DeploymentID
 from app_toolkit.config import AutoscalingConfig
+from app_toolkit.deployment_id import DeploymentID
 
 __all__ = ["AutoscalingContext", "DeploymentID", "TimeStampedValue"]
 

@@ -5,13 +5,15 @@ from __future__ import annotations
 
 from app_toolkit._runtime import request_context
 from app_toolkit._runtime.request_context import ReplicaContext, ReplicaRank
+from app_toolkit.replica_id import ReplicaID
 
-__all__ = ["ReplicaContext", "ReplicaRank", "get_replica_context", "get_request_id"]
+__all__ = ["ReplicaContext", "ReplicaID", "ReplicaRank", "get_replica_context", "get_request_id"]
 
 
 def get_replica_context() -> ReplicaContext:
-    """The application, deployment and replica id of the replica running this code, and
-    its rank (``rank``, ``node_rank``, ``local_rank``) of ``world_size``.
+    """The application, deployment and replica id of the replica running this code, its
+    rank (``rank``, ``node_rank``, ``local_rank``) of ``world_size``, and Ray Serve's
+    other fields: ``replica_tag``, ``servable_object``, ``code_version``, ``gang_context``.
 
     Works in constructors, routes and deployment methods; raises RuntimeError elsewhere.
     """

@@ -28,10 +28,16 @@ class DeploymentStatus(str, Enum):
 
 
 class ProxyStatus(str, Enum):
-    """Whether a node's proxy serves (Ray Serve's values)."""
+    """Whether a node's proxy serves (Ray Serve's values): STARTING until it first
+    answers, HEALTHY, UNHEALTHY when it did not answer, DRAINING while its node leaves
+    (it serves on; its ``/-/healthz`` says 503). DRAINED, Ray Serve's moment between a
+    drained proxy and its removal, is never shown (in Ray Serve either)."""
 
+    STARTING = "STARTING"
     HEALTHY = "HEALTHY"
     UNHEALTHY = "UNHEALTHY"
+    DRAINING = "DRAINING"
+    DRAINED = "DRAINED"
 
 
 class ReplicaState(str, Enum):

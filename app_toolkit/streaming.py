@@ -268,9 +268,10 @@ class ChatCompletionStream(EventStream):
     """An OpenAI-compatible ``chat.completion.chunk`` stream from text pieces.
 
     Readable unchanged by OpenAI clients: a first chunk with the assistant role, one chunk
-    per piece, a last chunk with ``finish_reason``, an optional usage chunk, then
-    ``data: [DONE]``. If ``pieces`` raises, the client gets an ``error`` chunk (a generic
-    message with the request id; the traceback goes to the replica log) and no ``[DONE]``;
+    per piece, a last chunk with ``finish_reason``, an optional usage chunk (the chunks
+    before it then carry ``"usage": null``, as OpenAI's do), then ``data: [DONE]``. If
+    ``pieces`` raises, the client gets an ``error`` chunk (a generic message with the
+    request id; the traceback goes to the replica log) and no ``[DONE]``;
     if they raise ``ReplicaUnavailableError`` (the deployment streaming them restarted or
     was lost), or the stream is still open at its replica's drain deadline, the error
     says the server is restarting (:meth:`OpenAIErrorEvent.restarting`): retry.
@@ -316,13 +317,15 @@ async def _chat_chunks(
     created = int(time.time())
 
     def chunk(delta: dict[str, str], reason: str | None = None) -> dict[str, str]:
-        body = {
+        body: dict[str, object] = {
             "id": completion_id,
             "object": "chat.completion.chunk",
             "created": created,
             "model": model,
-            "choices": [{"index": 0, "delta": delta, "finish_reason": reason}],
+            "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}],
         }
+        if include_usage:  # OpenAI: every chunk before the usage chunk has "usage": null
+            body["usage"] = None
         return {"data": json.dumps(body)}
 
     yield chunk({"role": "assistant", "content": ""})

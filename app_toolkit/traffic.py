@@ -61,11 +61,11 @@ def shadow(
 ) -> None:
     """Copy ``fraction`` of application ``app``'s requests (HTTP and handle calls) to the
     application ``to``: its answers are compared with the primary's (status, latency)
-    into ``status()`` and thrown away. ``compare`` ("module:function") also compares
-    bodies: it gets the primary's and the shadow's (HTTP body bytes, or call results)
-    and returns whether they agree. The primary never waits for its shadow; copies the
-    shadow cannot take in time are dropped and counted. Streams and WebSockets are not
-    copied. ``to=None`` stops it."""
+    into ``status()`` and thrown away. ``compare`` ("module:function" or
+    "module.function") also compares bodies: it gets the primary's and the shadow's (HTTP
+    body bytes, or call results) and returns whether they agree. The primary never waits
+    for its shadow; copies the shadow cannot take in time are dropped and counted. Streams
+    and WebSockets are not copied. ``to=None`` stops it."""
     session = _running("a shadow")
     session.shadow(app, to, fraction, compare or "")
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import subprocess
 import sys
 
@@ -125,7 +126,44 @@ def test_all_is_sorted_and_complete() -> None:
         "code_sources",
         "llm",  # app_toolkit.llm: imported by its users, not by app_toolkit
         "request_router",  # routers' interface: what request_router_config names
+        "replica_id",  # ReplicaID: what get_replica_context().replica_id is
+        "deployment_id",  # DeploymentID: a ReplicaID's and a custom policy's deployment
     }
+
+
+#: Ray Serve 2.60's parameters of serve.run and serve.run_many (ray/serve/api.py), in its
+#: order, positional or keyword, less its ``controller_options``.
+RAY_SERVE_RUN = {
+    "run": [
+        "target",
+        "blocking",
+        "name",
+        "route_prefix",
+        "logging_config",
+        "_local_testing_mode",
+        "external_scaler_enabled",
+    ],
+    "run_many": [
+        "targets",
+        "blocking",
+        "wait_for_ingress_deployment_creation",
+        "wait_for_applications_running",
+        "_local_testing_mode",
+    ],
+}
+
+
+def test_run_and_run_many_take_ray_serves_parameters_in_its_order() -> None:
+    # A Ray Serve program may pass them by position; the toolkit's own come after them,
+    # keyword-only (``backend``, ``autoscaling_policy``).
+    for name, ray_parameters in RAY_SERVE_RUN.items():
+        parameters = list(inspect.signature(getattr(tk, name)).parameters.values())
+        head, rest = parameters[: len(ray_parameters)], parameters[len(ray_parameters) :]
+        assert [(p.name, p.kind) for p in head] == [
+            (n, inspect.Parameter.POSITIONAL_OR_KEYWORD) for n in ray_parameters
+        ]
+        assert all(p.kind is inspect.Parameter.KEYWORD_ONLY for p in rest)
+        assert "backend" in {p.name for p in rest}
 
 
 #: app_toolkit.llm's names: Ray Serve LLM's (ray.serve.llm), and EngineOptions.

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING
 
 from app_toolkit._runtime.compact import compact
 from app_toolkit.config import AutoscalingPolicy, DeploymentConfig
+from app_toolkit.deployment_id import DeploymentID as DeploymentID  # the runtime's name for it too
 
 if TYPE_CHECKING:
     from starlette.types import Message, Scope
@@ -21,23 +22,6 @@ CLOSE_SERVICE_RESTART = 1012  # the replica drains: reconnect (to another one)
 #: The reason sent with CLOSE_SERVICE_RESTART.
 RESTART_REASON = "server restarting; reconnect"
 CLOSE_TRY_AGAIN_LATER = 1013  # overloaded
-
-
-@compact
-@dataclass(frozen=True, slots=True)
-class DeploymentID:
-    """Names one deployment inside one application."""
-
-    app: str
-    name: str
-
-    def __str__(self) -> str:
-        return f"{self.app}/{self.name}"
-
-    @property
-    def app_name(self) -> str:
-        """The application's name (Ray Serve's spelling, for autoscaling policies)."""
-        return self.app
 
 
 @compact

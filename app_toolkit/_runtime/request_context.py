@@ -11,6 +11,8 @@ from dataclasses import dataclass
 from app_toolkit._runtime import request_keys, request_values, tracing
 from app_toolkit._runtime.drain_signal import DrainSignal
 from app_toolkit._runtime.request_values import ModelSource, RequestValues
+from app_toolkit.deployment_id import DeploymentID
+from app_toolkit.replica_id import ReplicaID
 
 #: The user-class instance of the replica serving this request (for ``@ingress`` classes).
 replica_instance: ContextVar[object] = ContextVar("app_toolkit_replica_instance", default=None)
@@ -81,15 +83,37 @@ class ReplicaRank:
 
 @dataclass(frozen=True, slots=True)
 class ReplicaContext:
-    """Which replica is running the current code, and its place among its deployment's
-    replicas (``rank``; None on a replica whose controller did not assign one) out of
-    ``world_size`` (the replicas the deployment was set to run when it started)."""
+    """Which replica is running the current code (Ray Serve's ``ReplicaContext``), and
+    its place among its deployment's replicas (``rank``; None on a replica whose
+    controller did not assign one) out of ``world_size`` (the replicas the deployment was
+    set to run when it started).
+
+    ``replica_id`` is a :class:`ReplicaID`: the id string, with Ray Serve's ``unique_id``
+    and ``deployment_id`` (a plain string given here is made one). ``servable_object`` is
+    the user's instance (its function, for a function deployment); None while its
+    constructor runs, as in Ray Serve. ``code_version`` is the version of the code it
+    runs. ``gang_context`` is always None: gang scheduling is not supported, and Ray Serve
+    gives None to a replica outside a gang.
+    """
 
     app_name: str
     deployment: str
-    replica_id: str
+    replica_id: ReplicaID
     rank: ReplicaRank | None = None
     world_size: int = 0
+    servable_object: object = None
+    code_version: str | None = None
+    gang_context: None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.replica_id, ReplicaID):
+            replica_id = ReplicaID(self.replica_id, DeploymentID(self.app_name, self.deployment))
+            object.__setattr__(self, "replica_id", replica_id)  # frozen: set once, here
+
+    @property
+    def replica_tag(self) -> str:
+        """The replica's ``unique_id`` (Ray Serve 2.60 has both names)."""
+        return self.replica_id.unique_id
 
 
 #: The replica running the current code (None outside replicas).

@@ -164,7 +164,8 @@ def with_traceparent(headers: list[tuple[bytes, bytes]], trace: TraceContext) ->
 
 logger = logging.getLogger("app_toolkit.tracing")
 
-#: ``module:function`` to call once in every toolkit process to set a tracer provider.
+#: The import path (``module:function`` or ``module.function``) of a function to call once
+#: in every toolkit process to set a tracer provider.
 SETUP_ENV = "APP_TOOLKIT_OTEL_SETUP"
 _INSTRUMENTATION = "app_toolkit"
 

@@ -20,9 +20,8 @@ def travelling_policy(policy: AutoscalingPolicy, serialize: Serialize, field: st
         return policy
     function = policy.policy_function
     if isinstance(function, str):
-        path = function if ":" in function else ":".join(function.rsplit(".", 1))
         try:
-            function = import_attr(path)
+            function = import_attr(function)
         except ConfigError as exc:
             raise ConfigError(f"{field}: {exc}") from None
     if not callable(function):

@@ -54,7 +54,7 @@ def apply(
 @click.argument("import_paths", nargs=-1, required=True, metavar="IMPORT_PATH...")
 @click.option("-o", "--output", "output", default=None, help="Write the config here (default: print it).")
 def build(import_paths: tuple[str, ...], output: str | None) -> None:
-    """Write a config file for the apps at IMPORT_PATH... (module:attribute each).
+    """Write a config file for the apps at IMPORT_PATH... (module:attribute or module.attribute).
 
     Each deployment gets the options its code sets; edit the file, then apply it with
     `app-toolkit deploy FILE` (or run it with `app-toolkit run FILE`).

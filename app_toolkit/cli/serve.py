@@ -110,7 +110,7 @@ def run(
     log_format: str,
     **http_flags: Any,
 ) -> None:
-    """Serve an app (module:attribute) or a config file's apps until Ctrl-C or SIGTERM.
+    """Serve an app (module:attribute or module.attribute) or a config file's apps until Ctrl-C or SIGTERM.
 
     KEY=VALUE arguments go to a builder function the import path names, as a config
     file's args do. With a config file, its http_options apply; flags given on the command

@@ -10,6 +10,8 @@ from typing import Any, Literal
 from pydantic import Field, PrivateAttr, field_serializer, field_validator, model_validator
 
 from app_toolkit.config.schema import Strict, json_values
+from app_toolkit.exceptions import ConfigError
+from app_toolkit.import_path import split_import_path
 
 #: Ray Serve's names of its built-in request-count policy: in code or a file they select
 #: the built-in policy here.
@@ -41,8 +43,8 @@ class AutoscalingPolicy(Strict):
 
     policy_function: str | Callable[..., Any] = Field(
         DEFAULT_POLICY,
-        description='The policy: a function, or its import path "module:function"; the '
-        "default is the built-in policy on requests queued and running.",
+        description='The policy: a function, or its import path ("module:function" or '
+        '"module.function"); the default is the built-in policy on requests queued and running.',
     )
     policy_kwargs: dict[str, Any] = Field(
         default_factory=dict,
@@ -60,12 +62,11 @@ class AutoscalingPolicy(Strict):
     @field_validator("policy_function")
     @classmethod
     def _import_path(cls, value: str | Callable[..., Any]) -> str | Callable[..., Any]:
-        if callable(value):
-            return value
-        module, _, attribute = value.partition(":") if ":" in value else value.rpartition(".")
-        parts = [*module.split("."), *attribute.split(".")]
-        if not (module and attribute and all(part.isidentifier() for part in parts)):
-            raise ValueError('must be a function or an import path like "module:function"')
+        if not callable(value):
+            try:
+                split_import_path(value)
+            except ConfigError as exc:
+                raise ValueError(f"must be a function or its import path: {exc}") from None
         return value
 
     def __eq__(self, other: object) -> bool:

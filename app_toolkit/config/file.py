@@ -49,6 +49,7 @@ from app_toolkit.config import (
 from app_toolkit.config.ray_serve_only import drop_ray_serve_only
 from app_toolkit.config.schema import field_errors
 from app_toolkit.exceptions import ConfigError
+from app_toolkit.import_path import split_import_path
 
 ProxyLocation = Literal["EveryNode", "HeadOnly", "Disabled"]
 
@@ -154,13 +155,7 @@ class ApplicationConfig(_Schema):
     @field_validator("import_path")
     @classmethod
     def _module_and_attribute(cls, value: str) -> str:
-        module, _, attribute = value.partition(":")
-        if not (
-            module
-            and attribute
-            and all(p.isidentifier() for p in [*module.split("."), *attribute.split(".")])
-        ):
-            raise ValueError(f'must look like "package.module:attribute", e.g. "chat.app:app", got {value!r}')
+        split_import_path(value)
         return value
 
     @field_validator("runtime_env")

@@ -7,6 +7,7 @@ from typing import Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 
+from app_toolkit.config.allow_ips import parse_networks
 from app_toolkit.config.ray_serve_only import drop_ray_serve_only
 from app_toolkit.config.schema import Strict, explain
 from app_toolkit.exceptions import ConfigError
@@ -147,8 +148,6 @@ class HTTPOptions(Strict):
     @field_validator("metrics_allow_ips", "dashboard_allow_ips")
     @classmethod
     def _check_allow_ips(cls, value: str) -> str:
-        from app_toolkit._runtime.front.metrics_page import parse_networks
-
         parse_networks(value)
         return value
 

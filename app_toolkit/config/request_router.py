@@ -1,12 +1,13 @@
 """``request_router_config``: which request router a deployment's callers use (Ray Serve's
 ``RequestRouterConfig``; docs/routing.md).
 
-``request_router_class`` is a class or its import path. Ray Serve's names of its
-power-of-two router and of Ray Serve LLM's prefix-aware router select this toolkit's
-(:data:`RAY_ROUTERS`); Ray's other routers, and classes built on Ray's private router
-API, are refused by name. A class of your own subclasses
-:class:`app_toolkit.request_router.RequestRouter` and lives in a module every caller can
-import (it is made in each proxy and handle, by its import path).
+``request_router_class`` is a class or its import path (``"module:Class"`` or
+``"module.Class"``, as Ray reads it). Ray Serve's names of its power-of-two router and of
+Ray Serve LLM's prefix-aware router select this toolkit's (:data:`RAY_ROUTERS`); Ray's
+other routers, and classes built on Ray's private router API, are refused by name. A
+class of your own subclasses :class:`app_toolkit.request_router.RequestRouter` and lives
+in a module every caller can import (it is made in each proxy and handle, by its import
+path).
 """
 
 from __future__ import annotations
@@ -17,17 +18,23 @@ from typing import Any
 from pydantic import Field, field_validator, model_validator
 
 from app_toolkit.config.schema import Strict, json_values
+from app_toolkit.import_path import colon_form
 
 #: The default router: power of two choices (routed by the callers' own chooser).
 POWER_OF_TWO = "app_toolkit.request_router:PowerOfTwoChoicesRequestRouter"
 #: The prefix-aware router (``request_router/prefix_aware.py``).
 PREFIX_AWARE = "app_toolkit.request_router.prefix_aware:PrefixCacheAffinityRouter"
-#: Ray Serve's names of the routers implemented here.
+#: Ray Serve's names of the routers implemented here, written "module:Class" (a path
+#: written "module.Class" is looked up in this form).
 RAY_ROUTERS = {
     "ray.serve._private.request_router:PowerOfTwoChoicesRequestRouter": POWER_OF_TWO,
     "ray.serve._private.request_router.pow_2_router:PowerOfTwoChoicesRequestRouter": POWER_OF_TWO,
     "ray.serve.request_router:PowerOfTwoChoicesRequestRouter": POWER_OF_TWO,
     "ray.serve.llm.request_router:PrefixCacheAffinityRouter": PREFIX_AWARE,
+    # Where Ray 2.60 keeps the class ray.serve.llm.request_router re-exports.
+    "ray.llm._internal.serve.routing_policies.prefix_aware.prefix_aware_router:PrefixCacheAffinityRouter": (
+        PREFIX_AWARE
+    ),
     "ray.llm._internal.serve.request_router.prefix_aware.prefix_aware_router:PrefixCacheAffinityRouter": (
         PREFIX_AWARE
     ),
@@ -51,8 +58,8 @@ class RequestRouterConfig(Strict):
     request_router_class: str | type = Field(
         POWER_OF_TWO,
         description="The router: a RequestRouter subclass, or its import path "
-        '"module:Class" (Ray Serve\'s names of its power-of-two and prefix-aware routers '
-        "select this toolkit's).",
+        '("module:Class" or "module.Class"; Ray Serve\'s names of its power-of-two and '
+        "prefix-aware routers select this toolkit's).",
     )
     request_router_kwargs: dict[str, Any] = Field(
         default_factory=dict,
@@ -78,11 +85,11 @@ class RequestRouterConfig(Strict):
     @field_validator("request_router_class")
     @classmethod
     def _class_path(cls, value: str | type) -> str:
-        path = value if isinstance(value, str) else _path_of(value)
+        path = colon_form(value) if isinstance(value, str) else _path_of(value)
         path = RAY_ROUTERS.get(path, path)
         if path.startswith("ray."):
             raise ValueError(
-                f"{path} is one of Ray Serve's routers that app_toolkit does not implement (it needs "
+                f"{value} is one of Ray Serve's routers that app_toolkit does not implement (it needs "
                 "Ray's private router API); use PowerOfTwoChoicesRequestRouter or "
                 "PrefixCacheAffinityRouter, or a class of your own (docs/routing.md)"
             )

@@ -6,6 +6,7 @@ from __future__ import annotations
 from pydantic import Field, field_validator
 
 from app_toolkit.config.schema import Strict
+from app_toolkit.import_path import split_import_path
 
 
 class RolloutOptions(Strict):
@@ -40,13 +41,14 @@ class ShadowOptions(Strict):
 
     fraction: float = Field(0.1, gt=0, le=1, strict=True, description="The share of requests copied.")
     compare: str = Field(
-        "", description='"module:function" saying whether two answers agree; "" compares statuses only.'
+        "",
+        description='The import path ("module:function" or "module.function") of a function '
+        'saying whether two answers agree; "" compares statuses only.',
     )
 
     @field_validator("compare")
     @classmethod
     def _names_a_function(cls, compare: str) -> str:
-        module, _, function = compare.partition(":")
-        if compare and not (module and function and all(p.isidentifier() for p in module.split("."))):
-            raise ValueError('must name a function as "module:function"')
+        if compare:
+            split_import_path(compare)
         return compare

@@ -3,7 +3,8 @@ engine there finds their keys and values in its prefix cache (Ray Serve LLM's
 ``PrefixCacheAffinityRouter``, with Ray 2.60's rule).
 
 Per request, while the callers' loads are balanced (the most and fewest requests in
-flight on the replicas differ by at most ``imbalanced_threshold``): the replicas whose
+flight on the replicas differ by at most ``imbalanced_threshold``, 10 by default where
+Ray 2.60's is infinity): the replicas whose
 routed texts share the longest prefix with this one, if that prefix is at least
 ``match_rate_threshold`` of the text; else the replicas holding the fewest characters.
 When the loads are imbalanced, or the request carries no text: power of two choices.
@@ -27,8 +28,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from app_toolkit._runtime.shared_prefix import shared_prefix
 from app_toolkit.request_router import PendingRequest, PowerOfTwoChoicesRequestRouter, RunningReplica
+from app_toolkit.request_router.shared_prefix import shared_prefix
 
 #: Most body bytes a router parses to find the text (a longer body is routed without it).
 MAX_BODY_BYTES = 1 << 20
@@ -50,9 +51,12 @@ class PrefixCacheAffinityRouter(PowerOfTwoChoicesRequestRouter):
         eviction_target_chars: int | None = 360_000,
         eviction_interval_secs: float | None = 10,
     ) -> None:
-        """Ray's kwargs and defaults. ``do_eviction`` and ``eviction_interval_secs`` are
-        taken with no effect: the record is always bounded, and cut back as it grows past
-        the threshold, not on a timer."""
+        """Ray's kwargs, and its defaults but one: ``imbalanced_threshold`` is 10 where Ray
+        2.60's is infinity (its router then never falls back to power of two choices), so
+        that a prefix many requests share cannot pile them onto one replica while others
+        idle. ``do_eviction`` and ``eviction_interval_secs`` are taken with no effect: the
+        record is always bounded, and cut back as it grows past the threshold, not on a
+        timer."""
         self._imbalanced_threshold = math.inf if imbalanced_threshold is None else float(imbalanced_threshold)
         self._match_rate_threshold = 0.1 if match_rate_threshold is None else float(match_rate_threshold)
         threshold = 400_000 if eviction_threshold_chars is None else int(eviction_threshold_chars)

@@ -81,6 +81,30 @@ class Ranked:
         ]
 
 
+@serve.deployment
+class ContextFields:
+    """Reads get_replica_context() as a Ray Serve 2.60 program does: in its constructor
+    (servable_object None there) and in a call."""
+
+    def __init__(self) -> None:
+        self.in_constructor = serve.get_replica_context().servable_object
+
+    def fields(self) -> dict[str, object]:
+        context = serve.get_replica_context()
+        replica_id = context.replica_id
+        return {
+            "unique_id": replica_id.unique_id,
+            "replica_tag": context.replica_tag,
+            "deployment": (replica_id.deployment_id.app_name, replica_id.deployment_id.name),
+            "full_id": replica_id.to_full_id_str(),
+            "is_me": context.servable_object is self,
+            "in_constructor": self.in_constructor,
+            "code_version": context.code_version,
+            "gang_context": context.gang_context,
+            "id": str(replica_id),
+        }
+
+
 @serve.deployment(graceful_shutdown_timeout_s=0.2)
 class Hangs:
     """Never answers: stopped past its grace period, its call is lost."""

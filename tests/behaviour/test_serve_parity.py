@@ -209,6 +209,21 @@ def test_a_reconfigure_that_declares_rank_gets_the_replicas_rank_at_start(toolki
     assert sorted(local_rank for *_, local_rank, _ in calls) == [0, 1]  # in the order they were placed
 
 
+def test_get_replica_context_has_ray_serves_fields(toolkit: Toolkit) -> None:
+    """Ray Serve 2.60's ReplicaContext: replica_id a ReplicaID (still the id string here),
+    replica_tag, servable_object (None in the constructor), code_version, gang_context."""
+    name = toolkit.name()
+    handle = toolkit.run(as_deployment(handle_apps.ContextFields).bind(), name=name, route_prefix=None)
+    fields = handle.fields.remote().result(timeout_s=30)
+    replica = serve.status().applications[name].deployments["ContextFields"].replicas[0]
+    assert fields["id"] == replica.replica_id == f"{name}.ContextFields.{fields['unique_id']}"
+    assert fields["replica_tag"] == fields["unique_id"]
+    assert fields["deployment"] == (name, "ContextFields")
+    assert fields["full_id"] == f"SERVE_REPLICA::{name}#ContextFields#{fields['unique_id']}"
+    assert (fields["is_me"], fields["in_constructor"], fields["gang_context"]) == (True, None, None)
+    assert fields["code_version"] == replica.code_version
+
+
 def test_a_call_lost_with_its_replica_is_a_ray_actor_error_on_ray(toolkit: Toolkit, tmp_path: Path) -> None:
     """Stopped past graceful_shutdown_timeout_s while it runs a call and a stream:
     RequestLostError for both, which on Ray is also Ray's RayActorError (what Ray Serve

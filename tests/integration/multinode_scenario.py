@@ -83,6 +83,15 @@ def _fresh_status(url: str) -> int:
         return 0
 
 
+#: When each phase of the scenario ended, in seconds since it started (the test prints them).
+PHASES: dict[str, float] = {}
+_STARTED = time.monotonic()
+
+
+def _phase(name: str) -> None:
+    PHASES[name] = round(time.monotonic() - _STARTED, 1)
+
+
 def main() -> None:
     cluster = Cluster(
         initialize_head=True,
@@ -99,20 +108,24 @@ def main() -> None:
     worker = cluster.add_node(num_cpus=2, node_ip_address="127.0.0.1")
     head_id = ray.get_runtime_context().get_node_id()
     worker_id = worker.node_id
-    result: dict[str, Any] = {"head": head_id, "worker": worker_id}
+    result: dict[str, Any] = {"head": head_id, "worker": worker_id, "phases": PHASES}
+    _phase("cluster of two nodes")
     try:
         session = tk.start(http_options={"port": 0, "access_log": False}, proxy_location="HeadOnly")
         result["proxies_head_only"] = session.status().proxies
         tk.shutdown()
+        _phase("head-only proxies")
 
         session = tk.start(http_options={"port": 0, "access_log": False})
         tk.run(make_where_app(), name="where", route_prefix="/")
-        wait_for(lambda: len(session.status().proxies) == 2, 60, "a proxy on each node")
+        healthy = lambda: list(session.status().proxies.values()) == [tk.ProxyStatus.HEALTHY] * 2  # noqa: E731 - a condition
+        wait_for(healthy, 60, "a proxy serving on each node")  # each STARTING first
         status = session.status()
         result["proxies_before"] = status.proxy_urls
         result["proxy_states"] = [state.value for state in status.proxies.values()]
         url = next(iter(status.proxy_urls.values())) + "/where"
         replicas = session.status().applications["where"].deployments
+        _phase("an app on both nodes")
         result["replica_nodes_before"] = sorted(r.node_id for d in replicas.values() for r in d.replicas)
 
         outcomes: list[Outcome] = []
@@ -135,6 +148,7 @@ def main() -> None:
                 )
 
             wait_for(recovered, RECOVERY_LIMIT_S, "replicas moved to the surviving node")
+            _phase("a node lost, recovered")
             result["recovery_s"] = round(time.monotonic() - removed, 2)
             recovered_at = time.monotonic()
             wait_for(lambda: time.monotonic() - recovered_at > AFTER_RECOVERY_S, 10, "load after recovery")
@@ -146,8 +160,10 @@ def main() -> None:
         result["proxies_after"] = status.proxies
         joined_process, joined = _join_worker(cluster.address)
         result["joined"] = joined
-        wait_for(lambda: joined in session.status().proxies, 60, "a proxy on the node that joined")
+        serving = lambda: session.status().proxies.get(joined) == tk.ProxyStatus.HEALTHY  # noqa: E731 - a condition
+        wait_for(serving, 60, "a proxy serving on the node that joined")
         result["proxies_joined"] = session.status().proxy_urls
+        _phase("a node joined")
         # Both replicas run on the head now: its proxy hands connections to them; the new
         # node's proxy has no local replica and forwards what it accepts over the channel.
         proxies: dict[str, Any] = {  # Any: ray types actor methods as Never
@@ -170,7 +186,9 @@ def main() -> None:
             for o in outcomes
         ]
         result["capped"] = _capped(session)
+        _phase("max_replicas_per_node")
         result["leaving"] = _leave(session, head_id, joined, joined_process)
+        _phase("a node left")
         tk.shutdown()
     finally:
         print(json.dumps(result), flush=True)
@@ -273,6 +291,8 @@ def _leave(session: Any, head: str, node: str, process: subprocess.Popen[str]) -
         told = lambda: ray.get(proxy.stats.remote())["leaving"]  # noqa: E731 - a condition
         wait_for(told, 30, "the proxy told its node leaves")
         found["proxy_leaving_s"] = round(time.monotonic() - signalled, 2)
+        draining = lambda: session.status().proxies.get(node) == tk.ProxyStatus.DRAINING  # noqa: E731 - a condition
+        found["proxy_draining"] = wait_for(draining, 10, "status to say the leaving node's proxy drains")
         seen = lambda: node in session.status().draining_nodes  # noqa: E731 - a condition
         found["draining_seen"] = wait_for(seen, 10, "status to say the node leaves")
         if not DRAINS_ON_SIGTERM:  # stopped once the toolkit let the node go, as Ray 2.60 waits

@@ -223,7 +223,8 @@ def test_one_signal_stops_run_while_it_starts(tmp_path: Path, stage: str, stop: 
 def test_bad_import_paths_fail_with_a_fix() -> None:
     bad = run_cli("run", "examples.demo")
     assert bad.returncode == 1
-    assert 'must look like "module:attribute"' in bad.stderr
+    # A module, not what is in it (a dotted path is split at its last dot, as Ray does).
+    assert '"examples.demo" is a module: name what in it to import, e.g. "examples.demo:app"' in bad.stderr
     missing = run_cli("run", "examples.demo:Greeter")
     assert missing.returncode == 1
     assert "is a deployment; point at an application such as Greeter.bind()" in missing.stderr

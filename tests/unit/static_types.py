@@ -54,3 +54,13 @@ async def a_batched_function_takes_one_item_and_returns_one_result(embedder: Emb
     assert_type(await embedder.embed("x"), list[float])
     assert_type(await lengths("x"), int)
     await embedder.embed(3)  # type: ignore[arg-type]  # one text, not an int
+
+
+def the_replica_context_types_ray_serves_fields_and_the_id_is_still_a_string() -> None:
+    context = tk.get_replica_context()
+    assert_type(context.replica_id.unique_id, str)
+    assert_type(context.replica_id.deployment_id.app_name, str)
+    assert_type(context.replica_tag, str)
+    assert_type(context.code_version, str | None)
+    replica_id: str = context.replica_id  # what the toolkit's users wrote before
+    print(replica_id)

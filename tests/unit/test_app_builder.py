@@ -14,10 +14,12 @@ import app_toolkit as tk
 from app_toolkit.app_builder import call_builder, load_application, validate_args
 from app_toolkit.build import build_spec
 from app_toolkit.cli import main
+from app_toolkit.cli.serve import _is_config_file
 from app_toolkit.cli.session import key_values
 from app_toolkit.config.file import parse_config
 from app_toolkit.exceptions import BuilderArgsError
 from examples.chat.chat.settings import Settings as ChatSettings
+from tests.apps import config_apps
 
 
 class Knobs(BaseModel):  # extra="ignore", pydantic's default
@@ -131,6 +133,16 @@ def test_only_a_builder_takes_arguments() -> None:
     with pytest.raises(BuilderArgsError, match=r"not a builder function \(it is a App\), so it takes no arg"):
         load_application("examples.demo:app", {"x": "1"}, None)
     assert isinstance(load_application("tests.apps.config_apps:build", {}, None), tk.Application)
+
+
+def test_run_reads_a_dotted_target_as_an_import_path() -> None:
+    """``app-toolkit run chat.app.app`` as Ray Serve's ``serve run`` takes it: a name ending
+    .yaml/.yml, or a file without a colon, is a config file; anything else an import path."""
+    assert not _is_config_file("tests.apps.config_apps.hello")
+    assert _is_config_file("serve.yaml") and not _is_config_file("tests.apps.config_apps:hello")
+    assert load_application("tests.apps.config_apps.hello", {}, None) is config_apps.hello
+    built = load_application("tests.apps.config_apps.build", {"greeting": "Hi"}, None)
+    assert isinstance(built, tk.Application)
 
 
 def test_a_config_files_args_go_by_the_same_rule() -> None:

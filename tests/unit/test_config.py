@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 import app_toolkit as tk
 from app_toolkit.config import parse_application_options, parse_http_options
-from app_toolkit.import_path import import_attr
+from app_toolkit.import_path import colon_form, import_attr, split_import_path
 from tests.deployments import as_deployment
 
 
@@ -196,13 +197,61 @@ def test_http_options_and_app_names() -> None:
 
 
 def test_import_paths_say_what_they_must_look_like() -> None:
-    with pytest.raises(tk.ConfigError, match='must look like "module:attribute"'):
-        import_attr("examples.demo")
+    with pytest.raises(tk.ConfigError, match='must look like "module:attribute" or "module.attribute"'):
+        import_attr("demo")
     with pytest.raises(tk.ConfigError, match='Could not import module "no_such_module_xyz"'):
         import_attr("no_such_module_xyz:app")
     with pytest.raises(tk.ConfigError, match='has no attribute "nope"'):
         import_attr("examples.demo:nope")
     assert isinstance(import_attr("examples.demo:app"), tk.Application)
+
+
+@pytest.mark.parametrize(
+    ("path", "parts"),
+    [
+        ("chat.app:app", ("chat.app", "app")),
+        ("chat.app:Model.bind", ("chat.app", "Model.bind")),  # after a colon, a dotted attribute
+        ("chat.app.app", ("chat.app", "app")),  # no colon: split at the last dot
+        (
+            "ray.serve.llm.request_router.PrefixCacheAffinityRouter",
+            ("ray.serve.llm.request_router", "PrefixCacheAffinityRouter"),
+        ),
+    ],
+)
+def test_import_paths_are_split_as_rays_import_attr_splits_them(path: str, parts: tuple[str, str]) -> None:
+    assert split_import_path(path) == parts
+    assert colon_form(path) == ":".join(parts)
+
+
+@pytest.mark.parametrize(
+    "path", ["app", "", "a:b:c", "no colon", ":app", "chat.app:", "chat.", ".app", "a..b"]
+)
+def test_a_malformed_import_path_is_refused_naming_both_forms(path: str) -> None:
+    with pytest.raises(
+        tk.ConfigError, match=f'"{path}" must look like "module:attribute" or "module.attribute"'
+    ):
+        split_import_path(path)
+
+
+def test_a_dotted_import_path_imports_what_its_colon_form_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert import_attr("examples.demo.app") is import_attr("examples.demo:app")
+    with pytest.raises(tk.ConfigError, match='Module "examples.demo" has no attribute "nope"'):
+        import_attr("examples.demo.nope")
+    # A module not imported yet, named as if it were the attribute: how to name what is in it.
+    package = tmp_path / "dotted_paths_pkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "chat.py").write_text("app = 1\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(
+        tk.ConfigError,
+        match='"dotted_paths_pkg.chat" is a module: name what in it to import, e.g. '
+        '"dotted_paths_pkg.chat:app"',
+    ):
+        import_attr("dotted_paths_pkg.chat")
+    assert import_attr("dotted_paths_pkg.chat.app") == 1
 
 
 def test_each_option_has_one_home() -> None:

@@ -11,6 +11,7 @@ import yaml
 import app_toolkit as tk
 from app_toolkit.build import build_spec, describe
 from app_toolkit.config.file import dump_config, load_config, parse_config
+from app_toolkit.config.request_router import PREFIX_AWARE
 
 #: What `serve build` of Ray Serve 2.x writes (neutral gRPC and logging sections included).
 RAY_SERVE_BUILT = """
@@ -66,7 +67,11 @@ def test_a_file_ray_serve_build_wrote_loads(tmp_path: Path) -> None:
         ({"http_options": {"port": 70000}, **_app()}, "http_options.port: Input should be less than"),
         ({"http_options": {"proxy_location": "HeadOnly"}, **_app()}, "proxy_location belongs at the top"),
         (_app(colour="red"), r"applications\[0\] \(a\)\.colour: unknown field"),
-        (_app(import_path="no colon"), r"applications\[0\] \(a\)\.import_path: must look like"),
+        (
+            _app(import_path="no colon"),
+            r'applications\[0\] \(a\)\.import_path: Import string "no colon" must look like '
+            r'"module:attribute" or "module.attribute"',
+        ),
         (_app(route_prefix="api"), r"applications\[0\] \(a\)\.route_prefix: must start with a forward slash"),
         (
             _app(deployments=[{"name": "D", "max_ongoing_requests": 0}]),
@@ -166,6 +171,50 @@ def test_building_sends_the_policies_by_value_and_names_a_bad_one() -> None:
         tk.ConfigError, match='autoscaling_policy.policy_function: Module "tests.apps.policies" has no'
     ):
         build_spec(bad, _keep)
+
+
+#: Import paths as Ray Serve's docs write them too: dotted, no colon (its
+#: RequestRouterConfig's docstring names the prefix-aware router so).
+DOTTED_PATHS = """
+applications:
+- name: app1
+  route_prefix: /
+  import_path: tests.apps.config_apps.build
+  deployments:
+  - name: Greeter
+    request_router_config:
+      request_router_class: ray.serve.llm.request_router.PrefixCacheAffinityRouter
+  - name: Front
+    request_router_config:
+      request_router_class: tests.apps.routers.LowestIdRouter
+  shadow: {to: app2, compare: tests.unit.test_shadow.same_words}
+- name: app2
+  route_prefix: /two
+  import_path: tests.apps.config_apps.hello
+"""
+
+
+def test_a_file_with_dotted_import_paths_builds_with_our_routers(tmp_path: Path) -> None:
+    path = tmp_path / "serve.yaml"
+    path.write_text(DOTTED_PATHS)
+    first, second = load_config(path).applications
+    assert (first.import_path, second.import_path) == (
+        "tests.apps.config_apps.build",
+        "tests.apps.config_apps.hello",
+    )
+    assert first.shadow is not None and first.shadow.compare == "tests.unit.test_shadow.same_words"
+    spec = build_spec(first, _keep)
+    greeter = spec.deployment("Greeter").config.request_router_config
+    front = spec.deployment("Front").config.request_router_config
+    assert greeter is not None and greeter.class_path == PREFIX_AWARE
+    assert front is not None and front.class_path == "tests.apps.routers:LowestIdRouter"
+    assert build_spec(second, _keep).deployment("Ingress")
+
+
+def test_build_writes_a_dotted_import_path_as_given() -> None:
+    written = describe(["tests.apps.config_apps.hello"])
+    (app,) = parse_config(yaml.safe_load(dump_config(written)), "built").applications
+    assert (app.name, app.import_path) == ("hello", "tests.apps.config_apps.hello")
 
 
 def test_unreadable_and_non_yaml_files(tmp_path: Path) -> None:

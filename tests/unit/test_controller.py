@@ -19,6 +19,7 @@ from app_toolkit._runtime.controller.capacity import Capacity
 from app_toolkit._runtime.controller.controller import ControllerCore
 from app_toolkit._runtime.controller.deployment_state import MAX_START_FAILURES
 from app_toolkit._runtime.controller.planning import plan
+from app_toolkit._runtime.controller.proxy_states import ProxyStates
 from app_toolkit._runtime.messages import AppSpec, DeploymentID, DeploymentSpec, ReplicaInfo
 from app_toolkit._runtime.tables import (
     APPLICATIONS_KEY,
@@ -30,7 +31,7 @@ from app_toolkit._runtime.tables import (
 from app_toolkit.config import DeploymentConfig
 from app_toolkit.exceptions import ConfigError, DeployError, ReplicaUnavailableError
 from app_toolkit.metrics import HistogramValue
-from app_toolkit.status import ApplicationStatus, DeploymentStatus
+from app_toolkit.status import ApplicationStatus, DeploymentStatus, ProxyStatus
 from tests.waiting import wait_for_async
 
 pytestmark = pytest.mark.anyio
@@ -734,4 +735,33 @@ async def test_a_pass_plans_only_the_deployments_with_something_due(monkeypatch:
     # A deploy plans its deployment on the next pass.
     await core.deploy_apps([app("idle", replicas=3, health_check_period_s=3600.0)])
     await until(lambda: sum(r.startswith("idle") for r in backend.running) == 3)
+    await core.stop()
+
+
+async def test_status_says_each_proxys_ray_serve_status_as_the_backend_records_it() -> None:
+    # Ray Serve's ProxyStatus: STARTING until a proxy first answers, HEALTHY, UNHEALTHY
+    # when it did not answer, DRAINING while its node leaves (it serves on); gone once
+    # stopped (Ray Serve's DRAINED is a moment it never shows).
+    proxies = ProxyStates()
+    core = ControllerCore(FakeBackend(), proxies)
+    await core.start()
+    proxies.starting("head")
+    proxies.starting("worker")
+    assert core.snapshot().proxies == {"head": ProxyStatus.STARTING, "worker": ProxyStatus.STARTING}
+    assert core.snapshot().proxy_urls == {}
+    proxies.serving("head", "http://10.0.0.1:8000")
+    proxies.not_serving("worker")
+    status = core.snapshot()
+    assert (status.proxies, status.proxy_urls) == (
+        {"head": ProxyStatus.HEALTHY, "worker": ProxyStatus.UNHEALTHY},
+        {"head": "http://10.0.0.1:8000"},
+    )
+    proxies.serving("worker", "http://10.0.0.2:8000")
+    proxies.leaving("worker")
+    status = core.snapshot()
+    assert status.proxies == {"head": ProxyStatus.HEALTHY, "worker": ProxyStatus.DRAINING}
+    assert status.proxy_urls["worker"] == "http://10.0.0.2:8000"  # it still serves
+    proxies.removed("worker")
+    assert core.snapshot().proxies == {"head": ProxyStatus.HEALTHY}
+    assert [s.value for s in ProxyStatus] == ["STARTING", "HEALTHY", "UNHEALTHY", "DRAINING", "DRAINED"]
     await core.stop()

@@ -263,6 +263,26 @@ async def test_a_chat_stream_whose_source_replica_went_away_ends_with_the_restar
     assert "[DONE]" not in chunks and len(chunks) == 3  # role, "one ", the error
 
 
+async def test_a_chat_stream_has_openais_chunk_fields_and_null_usage_before_the_usage_chunk() -> None:
+    # As OpenAI streams with stream_options.include_usage (and app_toolkit.llm's server):
+    # each choice has "logprobs": null, every chunk before the usage chunk "usage": null.
+    chunks = [data(chunk) async for chunk in _chat_chunks(["Hel", "lo"], "toy", True, 3, "stop", None)]
+    assert chunks[-1] == "[DONE]"
+    *streamed, usage = chunks[:-1]
+    assert [c["choices"][0] for c in streamed] == [  # type: ignore[index]
+        {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None},
+        {"index": 0, "delta": {"content": "Hel"}, "logprobs": None, "finish_reason": None},
+        {"index": 0, "delta": {"content": "lo"}, "logprobs": None, "finish_reason": None},
+        {"index": 0, "delta": {}, "logprobs": None, "finish_reason": "stop"},
+    ]
+    assert all(isinstance(c, dict) and "usage" in c and c["usage"] is None for c in streamed)
+    assert usage["choices"] == []  # type: ignore[index]
+    assert usage["usage"] == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}  # type: ignore[index]
+    # Without include_usage no chunk has the field, as OpenAI's.
+    plain = [data(chunk) async for chunk in _chat_chunks(["Hi"], "toy", False, 0, "stop", None)]
+    assert not any(isinstance(c, dict) and "usage" in c for c in plain)
+
+
 def test_the_openai_error_events_have_the_shapes_every_client_raises() -> None:
     error = OpenAIErrorEvent("The server is restarting.", "server_restarting")
     chat = error.chat_completions()

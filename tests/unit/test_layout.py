@@ -25,20 +25,48 @@ def _modules() -> dict[str, Path]:
 MODULES = _modules()
 
 
-def _imports(name: str) -> set[str]:
-    """Every module ``name`` imports, at the top or inside functions."""
+def _imports_in(name: str, source: str, package: bool = False) -> set[str]:
+    """Every module the source of module ``name`` (a package's ``__init__`` when
+    ``package``) imports, at the top or inside functions: relative imports resolved to
+    absolute names, so ``from .._runtime import x`` counts as ``app_toolkit._runtime.x``."""
     found: set[str] = set()
-    for node in ast.walk(ast.parse(MODULES[name].read_text())):
+    for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.add(node.module)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level == 0:
+                module = node.module or ""
+            else:  # the package the dots name: its own for one dot, its parent's for two...
+                parts = name.split(".") if package else name.split(".")[:-1]
+                base = parts[: len(parts) - (node.level - 1)]
+                module = ".".join([*base, node.module] if node.module else base)
+            found.add(module)
             found.update(
-                f"{node.module}.{alias.name}"
-                for alias in node.names
-                if f"{node.module}.{alias.name}" in MODULES
+                f"{module}.{alias.name}" for alias in node.names if f"{module}.{alias.name}" in MODULES
             )
     return found
+
+
+def _imports(name: str) -> set[str]:
+    """Every module the package's module ``name`` imports."""
+    path = MODULES[name]
+    return _imports_in(name, path.read_text(), package=path.name == "__init__.py")
+
+
+def test_relative_imports_are_read_as_the_modules_they_name() -> None:
+    assert _imports_in("app_toolkit.llm.engines.decoder", "from ..engine import Sampling") == {
+        "app_toolkit.llm.engine"
+    }
+    assert _imports_in("app_toolkit.llm.engines", "from . import echo", package=True) >= {
+        "app_toolkit.llm.engines.echo"
+    }
+    assert _imports_in("app_toolkit.autoscaling_policy", "def f():\n    from ._runtime import messages") >= {
+        "app_toolkit._runtime.messages"
+    }
+    # The package's own relative imports are among what the rules below read.
+    assert {"app_toolkit.llm.engine", "app_toolkit.llm.engines.prefix_cache"} <= _imports(
+        "app_toolkit.llm.engines.decoder"
+    )
 
 
 def test_the_package_has_no_import_circles() -> None:
@@ -118,20 +146,27 @@ def test_pyproject_lists_every_package() -> None:
     assert config["package-dir"] == {"app_toolkit.templates": "templates"}
 
 
-#: What code under _runtime/ may import from the public layer: the shared vocabulary
-#: (options, exceptions, status, metrics, import strings, the request router interface
-#: callers route with). Anything else
-#: there (handles, deployments, building, the CLI) sits above the runtime.
-PUBLIC_ENTRY_POINTS = {
+#: The layers, lowest first: the shared vocabulary (these modules and packages, with all
+#: below them: options, exceptions, status, metrics, import strings, deployment ids, the
+#: request routers callers route with), which imports nothing else of the package; the
+#: runtime (``_runtime/``), which imports only the vocabulary; the rest of the public layer
+#: (handles, deployments, building, the CLI, ``llm/``) above both.
+VOCABULARY = {
     "app_toolkit.autoscaling_policy",
     "app_toolkit.config",
+    "app_toolkit.deployment_id",
+    "app_toolkit.replica_id",
     "app_toolkit.exceptions",
     "app_toolkit.status",
     "app_toolkit.metrics",
     "app_toolkit.import_path",
     "app_toolkit.request_router",
-    "app_toolkit.request_router.loading",
 }
+
+
+def _in_vocabulary(module: str) -> bool:
+    return any(module == entry or module.startswith(entry + ".") for entry in VOCABULARY)
+
 
 #: The parts of the runtime and the parts each must not import: the backends put the
 #: parts together; no part reaches back up into them or sideways into a peer it serves.
@@ -161,9 +196,60 @@ def test_the_runtime_imports_only_the_public_vocabulary() -> None:
         for name in MODULES
         if name.startswith(RUNTIME)
         for dep in _imported_modules(name)
-        if not dep.startswith(RUNTIME) and dep != "app_toolkit" and dep not in PUBLIC_ENTRY_POINTS
+        if not dep.startswith(RUNTIME) and dep != "app_toolkit" and not _in_vocabulary(dep)
     }
     assert upward == set()
+
+
+def _above_the_vocabulary(imports: dict[str, set[str]]) -> set[tuple[str, str]]:
+    """The (module, import) pairs by which vocabulary modules reach a layer above theirs:
+    any of the package's modules outside the vocabulary, the runtime's included (``from
+    app_toolkit import x`` counts when ``x`` is a module)."""
+    return {
+        (name, dep)
+        for name, deps in imports.items()
+        if _in_vocabulary(name)
+        for dep in deps
+        if dep.startswith("app_toolkit.") and not _in_vocabulary(dep)
+    }
+
+
+def test_the_vocabulary_imports_nothing_above_it() -> None:
+    assert _above_the_vocabulary({name: _imports(name) for name in MODULES}) == set()
+
+
+def test_the_vocabulary_rule_catches_an_import_back_up() -> None:
+    """The three imports that once ran back up, written absolute and relative."""
+    imports = {
+        "app_toolkit.config.http": _imports_in(
+            "app_toolkit.config.http",
+            "def check():\n    from .._runtime.front.metrics_page import parse_networks",
+        ),
+        "app_toolkit.request_router.prefix_aware": _imports_in(
+            "app_toolkit.request_router.prefix_aware",
+            "from app_toolkit._runtime.shared_prefix import shared_prefix",
+        ),
+        "app_toolkit.autoscaling_policy": _imports_in(
+            "app_toolkit.autoscaling_policy", "from ._runtime.messages import DeploymentID"
+        ),
+    }
+    assert _above_the_vocabulary(imports) == {
+        ("app_toolkit.config.http", "app_toolkit._runtime.front.metrics_page"),
+        ("app_toolkit.request_router.prefix_aware", "app_toolkit._runtime.shared_prefix"),
+        ("app_toolkit.autoscaling_policy", "app_toolkit._runtime.messages"),
+    }
+
+
+def test_llm_uses_the_toolkit_as_an_application_does() -> None:
+    """``llm/`` reaches the toolkit through public names, never the runtime's internals."""
+    reaching_in = {
+        (name, dep)
+        for name in MODULES
+        if name.startswith("app_toolkit.llm.") or name == "app_toolkit.llm"
+        for dep in _imports(name)
+        if dep == RUNTIME or dep.startswith(RUNTIME + ".")
+    }
+    assert reaching_in == set()
 
 
 def test_no_part_of_the_runtime_imports_upward_or_sideways() -> None:

@@ -624,8 +624,12 @@ def test_ray_serve_llms_import_paths_name_ours() -> None:
     )
     assert ray_serve_counterpart("chat.app:app") == "chat.app:app"
     assert ray_serve_counterpart("ray_serve_fork.llm:app") == "ray_serve_fork.llm:app"
+    # Ray's other form, split at the last dot.
+    assert ray_serve_counterpart("ray.serve.llm.build_openai_app") == "app_toolkit.llm:build_openai_app"
+    assert ray_serve_counterpart("chat.app.app") == "chat.app.app"
+    assert import_attr("ray.serve.llm.build_openai_app") is import_attr("app_toolkit.llm:build_openai_app")
     imported = "ray.serve" in sys.modules
-    for path in ("ray.serve.llm:build_pd_openai_app", "ray.serve:run"):
+    for path in ("ray.serve.llm:build_pd_openai_app", "ray.serve:run", "ray.serve.llm.build_pd_openai_app"):
         with pytest.raises(
             tk.ConfigError, match="is in Ray Serve, which app_toolkit replaces and never imports"
         ):

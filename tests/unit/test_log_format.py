@@ -10,13 +10,17 @@ from collections.abc import Iterator
 import pytest
 
 from app_toolkit._runtime import log_format, request_context
+from app_toolkit.deployment_id import DeploymentID
+from app_toolkit.replica_id import ReplicaID
 
 
 @pytest.fixture(autouse=True)
 def _restore_logging() -> Iterator[None]:
     level = logging.getLogger("app_toolkit").level
     replica = request_context.replica.set(
-        request_context.ReplicaContext("shop", "Ingress", "shop.Ingress.ab12")
+        request_context.ReplicaContext(
+            "shop", "Ingress", ReplicaID("shop.Ingress.ab12", DeploymentID("shop", "Ingress"))
+        )
     )
     with request_context.request_scope("req-7"):
         yield

@@ -20,6 +20,7 @@ from app_toolkit._runtime.tables import APPLICATIONS_KEY, ApplicationTable
 from app_toolkit.build import build_app, build_spec
 from app_toolkit.config import DeploymentConfig, HTTPOptions
 from app_toolkit.config.file import parse_config
+from app_toolkit.replica_id import ReplicaID
 from app_toolkit.status import ApplicationStatus
 from tests.deployments import as_deployment
 from tests.unit.scopes import linked
@@ -153,7 +154,8 @@ def toolkit_handler() -> Iterator[None]:
 
 
 def _log_in_replica(app: str, deployment: str) -> None:
-    token = request_context.replica.set(request_context.ReplicaContext(app, deployment, f"{deployment}#1"))
+    replica_id = ReplicaID(f"{deployment}#1", DeploymentID(app, deployment))
+    token = request_context.replica.set(request_context.ReplicaContext(app, deployment, replica_id))
     try:
         logging.getLogger("user.code").info("%s says info", deployment)
         logging.getLogger("user.code").warning("%s says warning", deployment)

@@ -12,8 +12,9 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from app_toolkit import metrics
 from app_toolkit._runtime.front.http_front import HTTPFront
-from app_toolkit._runtime.front.metrics_page import allowed, parse_networks, render
+from app_toolkit._runtime.front.metrics_page import render
 from app_toolkit.config import HTTPOptions
+from app_toolkit.config.allow_ips import allowed, parse_networks
 from app_toolkit.metrics import FamilySnapshot, HistogramValue
 from tests.unit.scopes import linked
 

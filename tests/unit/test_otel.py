@@ -29,7 +29,7 @@ def fresh(monkeypatch: pytest.MonkeyPatch) -> Iterator[pytest.MonkeyPatch]:
         ("no_such_module_here:setup", 'Could not import module "no_such_module_here"'),
         ("tests.unit.test_otel:missing", 'has no attribute "missing"'),
         ("tests.unit.test_otel:NOT_A_FUNCTION", "must name a function that sets a tracer provider"),
-        ("no colon", 'must look like "module:attribute"'),
+        ("no colon", 'must look like "module:attribute" or "module.attribute"'),
     ],
 )
 def test_a_bad_setup_fails_fast_with_what_to_fix(fresh: pytest.MonkeyPatch, path: str, message: str) -> None:
@@ -38,10 +38,11 @@ def test_a_bad_setup_fails_fast_with_what_to_fix(fresh: pytest.MonkeyPatch, path
         tracing.setup_from_env()
 
 
+@pytest.mark.parametrize("path", ["tests.unit.test_otel:sets_nothing", "tests.unit.test_otel.sets_nothing"])
 def test_a_setup_that_sets_no_provider_is_reported(
-    fresh: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    fresh: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, path: str
 ) -> None:
-    fresh.setenv(tracing.SETUP_ENV, "tests.unit.test_otel:sets_nothing")
+    fresh.setenv(tracing.SETUP_ENV, path)
     tracing.setup_from_env()
     assert "set no tracer provider" in caplog.text
     assert tracing.start("x", "client", None) is None

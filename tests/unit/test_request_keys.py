@@ -13,6 +13,8 @@ from app_toolkit._runtime import request_context
 from app_toolkit._runtime.drain_signal import DrainSignal
 from app_toolkit._runtime.front.scope import read_headers
 from app_toolkit._runtime.request_keys import model_id_in, routing_key
+from app_toolkit.deployment_id import DeploymentID
+from app_toolkit.replica_id import ReplicaID
 
 Headers = list[tuple[bytes, bytes]]
 
@@ -39,7 +41,13 @@ def test_the_proxy_and_the_replica_read_one_model_from_either_header_form(
     assert read_headers({"headers": headers}).model_id == model
     assert model_id_in(headers) == model
     serving = request_context.Serving(
-        request_context.ReplicaContext("app", "Model", "app.Model.ab12"), None, None, DrainSignal(), []
+        request_context.ReplicaContext(
+            "app", "Model", ReplicaID("app.Model.ab12", DeploymentID("app", "Model"))
+        ),
+        None,
+        None,
+        DrainSignal(),
+        [],
     )
     # The replica reads the scope's headers only if asked.
     with request_context.request_scope("r1", None, serving, headers):

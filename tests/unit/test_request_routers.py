@@ -45,8 +45,21 @@ def asking(text: str, request_id: str = "r") -> PendingRequest:
     [
         ("ray.serve._private.request_router:PowerOfTwoChoicesRequestRouter", POWER_OF_TWO),
         ("ray.serve.llm.request_router:PrefixCacheAffinityRouter", PREFIX_AWARE),
+        # Ray's import paths may be dotted (its RequestRouterConfig docstring's example).
+        ("ray.serve.llm.request_router.PrefixCacheAffinityRouter", PREFIX_AWARE),
+        (
+            "ray.llm._internal.serve.routing_policies.prefix_aware.prefix_aware_router:PrefixCacheAffinityRouter",
+            PREFIX_AWARE,
+        ),
+        (
+            "ray.llm._internal.serve.routing_policies.prefix_aware.prefix_aware_router.PrefixCacheAffinityRouter",
+            PREFIX_AWARE,
+        ),
+        ("ray.serve._private.request_router.PowerOfTwoChoicesRequestRouter", POWER_OF_TWO),
+        ("app_toolkit.request_router.PowerOfTwoChoicesRequestRouter", POWER_OF_TWO),
         (PrefixCacheAffinityRouter, PREFIX_AWARE),
         ("tests.apps.routers:LowestIdRouter", "tests.apps.routers:LowestIdRouter"),
+        ("tests.apps.routers.LowestIdRouter", "tests.apps.routers:LowestIdRouter"),
         (LowestIdRouter, "tests.apps.routers:LowestIdRouter"),
     ],
 )
@@ -70,6 +83,11 @@ def _local_class() -> type[RequestRouter]:
     ("given", "fix"),
     [
         ({"request_router_class": "ray.serve.llm.request_router:KVAwareRouter"}, "does not implement"),
+        ({"request_router_class": "ray.serve.llm.request_router.KVAwareRouter"}, "does not implement"),
+        (
+            {"request_router_class": "LowestIdRouter"},
+            'must look like "module:attribute" or "module.attribute"',
+        ),
         ({"request_router_class": "tests.apps.routers:AsyncRouter"}, "is async; make it a plain def"),
         ({"request_router_class": "tests.apps.routers:Missing"}, "has no attribute"),
         (

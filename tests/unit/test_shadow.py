@@ -22,6 +22,7 @@ from app_toolkit._runtime.routing import shadow as shadow_module
 from app_toolkit._runtime.routing.replica_client import Reply
 from app_toolkit._runtime.routing.shadow import Shadower
 from app_toolkit._runtime.tables import ReplicaTable, ShadowOutcome, ShadowTarget, replicas_key
+from app_toolkit.config import ShadowOptions
 from app_toolkit.exceptions import ConfigError, RequestLostError
 from tests.unit.test_controller import FakeBackend, app, started
 
@@ -108,6 +109,18 @@ async def test_a_compare_function_judges_the_bodies(caplog: pytest.LogCaptureFix
     shadower.close()
 
 
+async def test_a_compare_function_may_be_named_by_its_dotted_path(caplog: pytest.LogCaptureFixture) -> None:
+    path = "tests.unit.test_shadow.same_words"  # Ray's other form of an import path
+    assert ShadowOptions(compare=path).compare == path
+    fake = FakeShadow([200], bodies=[b"goodbye"])
+    shadower = Shadower(PRIMARY, lambda _: fake)
+    shadower.configure(ShadowTarget(SHADOW, 1.0, path))
+    shadower.offer(request(0), "", reply(200, b"hello world"), 0.002)
+    assert (await drained(shadower, 1)).different == 1  # the bodies were compared
+    assert "cannot be imported" not in caplog.text
+    shadower.close()
+
+
 async def test_a_slow_shadow_drops_copies_instead_of_holding_anything(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -139,7 +152,7 @@ async def test_the_controller_checks_publishes_and_reports_a_shadow() -> None:
     ):
         with pytest.raises(ConfigError, match=message):
             await core.shadow("chat", to, fraction)
-    with pytest.raises(ConfigError, match='"module:function"'):
+    with pytest.raises(ConfigError, match='must look like "module:attribute" or "module.attribute"'):
         await core.shadow("chat", "chat-v2", 0.5, "not a path")
     await core.shadow("chat", "chat-v2", 0.25)
     table = core.longpoll.get(replicas_key(PRIMARY))

@@ -19,6 +19,7 @@ from typing import TypeVar, cast
 
 from starlette.types import ASGIApp, Message
 
+from app_toolkit._runtime.backends.cpu_threads import PROCESS_THREADS, ProcessThreads
 from app_toolkit._runtime.channel.exchange import Exchange
 from app_toolkit._runtime.channel.flow import FRAME_COST, STREAM_WINDOW, Inbound, frame_cost
 from app_toolkit._runtime.controller.api import ControlCall
@@ -81,6 +82,8 @@ class LocalBackend:
         self.server: ProxyServer | None = None
         #: This process's tables and load reports (replicas' custom metrics go with them).
         self.subscriber: TableSubscriber | None = None
+        #: The threads its replicas' numerical libraries take, as Ray would set them.
+        self.threads: ProcessThreads = PROCESS_THREADS
 
     def store(self, value: object) -> bytes:
         """Local "serialization": keep the object, hand out a key.
@@ -112,12 +115,18 @@ class LocalBackend:
             _dumps,
             seat.place(""),  # one "node": this process
             seat.world_size,
+            code_version=spec.code_version,
         )
         reports = itertools.count()
         core.report_models = lambda models: (
             self.on_models(replica_id, models, next(reports)) if self.on_models else None
         )
-        await core.start()
+        self.threads.started(replica_id, spec.config.ray_actor_options.num_cpus)
+        try:
+            await core.start()
+        except BaseException:
+            self.threads.stopped(replica_id)
+            raise
         self.cores[replica_id] = core
         if core.autoscaling_stats is not None and self.subscriber is not None:
             self.subscriber.add_stats(replica_id, core.autoscaling_stats.take)
@@ -135,6 +144,7 @@ class LocalBackend:
         else:
             await handle.stop_sampling()
         self.cores.pop(handle.replica_id, None)
+        self.threads.stopped(handle.replica_id)
         tasks: list[asyncio.Task[None]] = []
         for client in self.clients.pop(handle.replica_id, ()):
             for exchange, task in list(client.serving.items()):

@@ -39,6 +39,7 @@ from app_toolkit._runtime.controller.loads import LoadBook
 from app_toolkit._runtime.controller.longpoll import LongPollHost
 from app_toolkit._runtime.controller.planning import next_due, plan
 from app_toolkit._runtime.controller.prefixes import check_all_prefixes
+from app_toolkit._runtime.controller.proxy_states import ProxyStates
 from app_toolkit._runtime.controller.publishing import TablePublisher
 from app_toolkit._runtime.controller.replica_state import Event
 from app_toolkit._runtime.controller.reports import ReportIntake
@@ -80,7 +81,7 @@ class ControllerCore:
     def __init__(
         self,
         backend: Backend[Any],
-        proxies: dict[str, str] | None = None,
+        proxies: ProxyStates | None = None,
         heap: HeapKeeper | None = None,
         spares: Callable[[], dict[str, int]] | None = None,
     ) -> None:
@@ -95,8 +96,8 @@ class ControllerCore:
         self.applied_file: ConfigFile | None = None
         self.deployments: dict[DeploymentID, DeploymentState] = {}
         self.longpoll = LongPollHost()
-        #: The proxies serving (node id -> URL), as the backend keeps them.
-        self.proxies: dict[str, str] = proxies if proxies is not None else {}
+        #: The proxies (their status and URL), as the backend keeps them.
+        self.proxies = proxies if proxies is not None else ProxyStates()
         self._wake = asyncio.Event()
         self._loop_task: asyncio.Task[None] | None = None
         #: Each caller's load per deployment (requests queued + running), summed.

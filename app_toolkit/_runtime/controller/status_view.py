@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterable, Mapping
 from app_toolkit._runtime.controller import upgrade
 from app_toolkit._runtime.controller.deployment_state import DeploymentState, Draining, slow_start_message
 from app_toolkit._runtime.controller.planning import census, options
+from app_toolkit._runtime.controller.proxy_states import ProxyStates
 from app_toolkit._runtime.controller.traffic import TrafficPolicy
 from app_toolkit._runtime.messages import AppSpec, DeploymentID
 from app_toolkit.status import (
@@ -18,7 +19,6 @@ from app_toolkit.status import (
     DeploymentStatus,
     DeploymentStatusInfo,
     EventInfo,
-    ProxyStatus,
     ReplicaState,
     ReplicaStatusInfo,
     ServeStatus,
@@ -137,7 +137,7 @@ def serve_status(
     deployments: Mapping[DeploymentID, DeploymentState],
     load_of: Callable[[DeploymentID], float],
     now: float,
-    proxies: Mapping[str, str],
+    proxies: ProxyStates,
     policy: TrafficPolicy,
     events: Iterable[EventInfo],
     spares: Mapping[str, int] | None = None,
@@ -171,10 +171,8 @@ def serve_status(
         result[name] = ApplicationStatusInfo(name, ApplicationStatus.DELETING, "", None, "")
     return ServeStatus(
         applications=result,
-        proxies={
-            node: ProxyStatus.HEALTHY if url else ProxyStatus.UNHEALTHY for node, url in proxies.items()
-        },
-        proxy_urls={node: url for node, url in proxies.items() if url},
+        proxies=proxies.statuses(),
+        proxy_urls=proxies.urls(),
         events=list(events),
         spare_replicas=dict(spares or {}),
         draining_nodes=sorted(draining or {}),

@@ -131,7 +131,11 @@ class HTTPCycle:
             self.prefix = "" if matched.route_prefix == "/" else matched.route_prefix
         self.status = 500  # the status sent to the client (499: it left), unless one was sent
         self.started = False  # the response head went to the client
-        self.finished = False  # the whole response went to the client
+        # Nothing more of the response is ours to write: its last piece was handed to ``send``
+        # (set before that write, so it may still be under way), it was aborted, or the upstream
+        # is done (returned, timed out or stopped). From then on a client leaving or a refused
+        # body stops nothing.
+        self.finished = False
         self.disconnected = False
         self._stopped = False  # cancelled by the cycle itself (the client left, the body refused)
         self.route = ""  # the path template the replica's app matched

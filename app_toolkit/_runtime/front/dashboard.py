@@ -26,9 +26,10 @@ from starlette.types import Receive, Scope, Send
 
 from app_toolkit._runtime.answers import error_answer, send_answer, unavailable
 from app_toolkit._runtime.front.dashboard_view import RouteRates, view
-from app_toolkit._runtime.front.metrics_page import Gather, Networks, allowed, parse_networks
+from app_toolkit._runtime.front.metrics_page import Gather
 from app_toolkit._runtime.messages import HTTPResponse
 from app_toolkit.config import HTTPOptions
+from app_toolkit.config.allow_ips import Networks, allowed, parse_networks
 from app_toolkit.metrics import snapshot
 from app_toolkit.status import ServeStatus
 

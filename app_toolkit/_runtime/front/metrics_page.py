@@ -2,12 +2,12 @@
 
 The proxy gathers the snapshots (``app_toolkit.metrics``) of its own process and of the
 node's other toolkit processes when scraped, off the request path, and renders them with
-prometheus-client. Who may read it is ``HTTPOptions.metrics_allow_ips``.
+prometheus-client. Who may read it is ``HTTPOptions.metrics_allow_ips``
+(``config/allow_ips.py``).
 """
 
 from __future__ import annotations
 
-import ipaddress
 import math
 from collections.abc import Awaitable, Callable, Iterable, Iterator
 
@@ -21,37 +21,6 @@ Gather = Callable[[], Awaitable[list[list[FamilySnapshot]]]]
 #: What ``generate_latest`` writes: the text format 0.0.4 (prometheus-client names this
 #: constant only from 0.23 on).
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-
-Networks = tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...] | None
-
-
-def parse_networks(text: str) -> Networks:
-    """``"127.0.0.1, ::1, 10.0.0.0/8"`` → networks; ``"*"`` → None (anyone). Raises
-    ValueError naming a bad entry."""
-    entries = [entry.strip() for entry in text.split(",") if entry.strip()]
-    if "*" in entries:
-        return None
-    networks = []
-    for entry in entries:
-        try:
-            networks.append(ipaddress.ip_network(entry, strict=False))
-        except ValueError:
-            raise ValueError(f"{entry!r} is not an IP address or network (like 10.0.0.0/8)") from None
-    return tuple(networks)
-
-
-def allowed(networks: Networks, client: str | None) -> bool:
-    if networks is None:
-        return True
-    if client is None:
-        return False
-    try:
-        address = ipaddress.ip_address(client)
-    except ValueError:
-        return False
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
-    return any(address in network for network in networks)
 
 
 def render(processes: Iterable[list[FamilySnapshot]]) -> bytes:

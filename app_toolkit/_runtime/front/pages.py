@@ -12,10 +12,11 @@ from app_toolkit._runtime.answers import error_answer, json_answer, no_route, un
 from app_toolkit._runtime.front.cycle import HTTPCycle
 from app_toolkit._runtime.front.dashboard import PREFIX as DASHBOARD
 from app_toolkit._runtime.front.dashboard import Dashboard
-from app_toolkit._runtime.front.metrics_page import CONTENT_TYPE, Gather, allowed, parse_networks, render
+from app_toolkit._runtime.front.metrics_page import CONTENT_TYPE, Gather, render
 from app_toolkit._runtime.front.path_match import OPERATOR_PREFIX, AppMatcher
 from app_toolkit._runtime.messages import HTTPResponse
 from app_toolkit.config import HTTPOptions
+from app_toolkit.config.allow_ips import allowed, parse_networks
 
 _BUILTINS = ("/-/healthz", "/-/routes", "/-/metrics")
 

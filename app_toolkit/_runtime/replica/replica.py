@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import gc
 import inspect
 import logging
@@ -54,6 +55,7 @@ from app_toolkit.config import DeploymentConfig
 from app_toolkit.exceptions import (
     DeployError,
 )
+from app_toolkit.replica_id import ReplicaID
 
 logger = logging.getLogger("app_toolkit.replica")
 
@@ -75,13 +77,19 @@ class ReplicaCore(ReplicaSlots):
         rank: request_context.ReplicaRank | None = None,
         world_size: int = 0,
         owns_process: bool = False,
+        code_version: str | None = None,
     ) -> None:
         self.replica_id = replica_id
         #: It is the only replica of its process (on Ray): its logging_config is the process's.
         self.owns_process = owns_process
         self.labels = (deployment.app, deployment.name, replica_id)  # for its metrics
         self.context = request_context.ReplicaContext(
-            deployment.app, deployment.name, replica_id, rank, world_size
+            deployment.app,
+            deployment.name,
+            ReplicaID(replica_id, deployment),
+            rank,
+            world_size,
+            code_version=code_version,
         )
         self.deployment = deployment
         self.config = config
@@ -122,6 +130,9 @@ class ReplicaCore(ReplicaSlots):
         except Exception as exc:
             logger.exception("Constructor of %s failed", self.deployment)
             raise DeployError(f"{type(exc).__name__}: {exc}") from None
+        # From here on (lifespan startup, reconfigure, requests) it names the instance.
+        self.context = dataclasses.replace(self.context, servable_object=self.instance)
+        request_context.enter_replica(self.context)
         if self.asgi_app is not None:
             self.asgi_app = serving_app(self.asgi_app, cast(type, definition))
             self._lifespan = Lifespan(self.asgi_app)

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from app_toolkit._runtime.shared_prefix import shared_prefix
+from app_toolkit.request_router.shared_prefix import shared_prefix
 
 #: One layer's keys and values, each ``[1, heads, tokens, head_dim]``.
 LayerKV = tuple[torch.Tensor, torch.Tensor]

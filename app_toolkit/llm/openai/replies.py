@@ -12,7 +12,6 @@ from typing import Any
 from sse_starlette import ServerSentEvent
 
 import app_toolkit as tk
-from app_toolkit._runtime import request_context
 from app_toolkit.llm.errors import ANSWERED, as_openai_error, stream_error
 from app_toolkit.llm.events import Delta, Generation
 from app_toolkit.streaming import OpenAIErrorEvent
@@ -126,12 +125,12 @@ async def _events(
             for data in last(delta):
                 yield data
     except ANSWERED as exc:
-        logger.warning("Request %s: the reply was cut off: %s", request_context.current_request_id(), exc)
+        logger.warning("Request %s: the reply was cut off: %s", tk.get_request_id(), exc)
         yield stream_error(exc).chat_completions()
         return
     except Exception:
-        logger.exception("Request %s: the reply failed", request_context.current_request_id())
-        request_id = request_context.current_request_id()
+        logger.exception("Request %s: the reply failed", tk.get_request_id())
+        request_id = tk.get_request_id()
         yield OpenAIErrorEvent(
             f"The model failed mid-reply (request id {request_id}).", None
         ).chat_completions()

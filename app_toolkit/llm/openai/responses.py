@@ -16,7 +16,6 @@ from pydantic import BaseModel, ConfigDict, Field
 from sse_starlette import ServerSentEvent
 
 import app_toolkit as tk
-from app_toolkit._runtime import request_context
 from app_toolkit.llm.engine import Sampling
 from app_toolkit.llm.errors import ANSWERED, OpenAIError, bad_parameter, stream_error
 from app_toolkit.llm.events import Delta, Generation
@@ -334,7 +333,7 @@ async def produced(reply: Reply, stream: Stream) -> AsyncIterator[Event]:
         return
     except Exception:
         logger.exception("Response %s failed", reply.id)
-        request_id = request_context.current_request_id()
+        request_id = tk.get_request_id()
         reply.fail(f"The model failed (request id {request_id}).")
         yield event("response.failed", response={**reply.response(), "output": [], "usage": None})
         return

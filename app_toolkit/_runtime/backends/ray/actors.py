@@ -198,7 +198,7 @@ class ControllerActor:
         )
         self.core = ControllerCore(
             RayReplicas(self._proxies, nodes, self._spares),
-            self._proxies.urls,
+            self._proxies.states,
             heap=HeapKeeper(),
             spares=self._spares.counts,
         )

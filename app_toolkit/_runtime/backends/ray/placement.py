@@ -29,7 +29,7 @@ from app_toolkit.config import DeploymentConfig
 
 logger = logging.getLogger("app_toolkit.ray")
 
-#: A replica's placement group is named after the replica (``find_groups`` reads it back).
+#: A replica's placement group is named after the replica (``find_group`` reads it back).
 GROUP_PREFIX = "app_toolkit_group:"
 
 

@@ -20,6 +20,7 @@ from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from app_toolkit._runtime.backends.ray.cluster import NAMESPACE, PROXY_PREFIX, named_actors, remote
 from app_toolkit._runtime.backends.ray.nodes import NodeWatch
+from app_toolkit._runtime.controller.proxy_states import ProxyStates
 from app_toolkit.config import HTTPOptions
 from app_toolkit.exceptions import ConfigError
 
@@ -35,7 +36,7 @@ _LOAD_BALANCER_S = 5.0
 
 
 class ProxyFleet:
-    """Keeps the wanted proxies serving; ``urls`` (node id → URL) is what ``status()`` shows."""
+    """Keeps the wanted proxies serving; ``states`` is what ``status()`` shows of them."""
 
     def __init__(self, actor_class: type, http: HTTPOptions, nodes: NodeWatch) -> None:
         self._actor_class = actor_class
@@ -43,8 +44,8 @@ class ProxyFleet:
         self._nodes = nodes
         #: Leaving nodes whose proxy was told so, and when it first was.
         self._leaving: dict[str, float] = {}
-        #: Node id -> URL of each proxy serving ("": its proxy does not serve now).
-        self.urls: dict[str, str] = {}
+        #: Each proxy's status and URL.
+        self.states = ProxyStates()
         self._actors: dict[str, Any] = {}
         self._port = http.port
         self._home = ray.get_runtime_context().get_node_id()
@@ -109,6 +110,7 @@ class ProxyFleet:
                 self._leaving[node] = time.monotonic()
             try:  # told on every pass: a proxy Ray restarted meanwhile knows it too
                 await asyncio.wait_for(self._actors[node].leave.remote(), _READY_TIMEOUT_S)
+                self.states.leaving(node)  # DRAINING: it serves on, its /-/healthz says 503
             except Exception as exc:  # noqa: BLE001 - told again on the next pass
                 logger.warning("Could not tell the proxy of node %s that its node leaves: %s", node, exc)
         wanted = {node for node in wanted if node not in nodes.draining or node in self._actors}
@@ -133,15 +135,16 @@ class ProxyFleet:
                 max_restarts=-1,
                 scheduling_strategy=NodeAffinitySchedulingStrategy(node, soft=False),
             ).remote(self._http)
+            self.states.starting(node)
         try:
             url, port = await asyncio.wait_for(actor.ready.remote(self._port, exclusive), _READY_TIMEOUT_S)
         except Exception:
             if self._actors.get(node) is actor:  # not released (a leaving node) meanwhile
-                self.urls[node] = ""  # status() shows it UNHEALTHY
+                self.states.not_serving(node)  # status() shows it UNHEALTHY
             raise
         self._port = port  # with port 0, the first proxy's pick is everyone's port
         if self._actors.get(node) is actor:
-            self.urls[node] = url
+            self.states.serving(node, url)
 
     async def lagging(self, key: str, version: int, timeout_s: float) -> list[str]:
         """The nodes whose proxy does not route by ``key``'s table at ``version`` or later
@@ -174,6 +177,6 @@ class ProxyFleet:
 
     def _retire(self, node: str) -> None:
         actor = self._actors.pop(node, None)
-        self.urls.pop(node, None)
+        self.states.removed(node)
         if actor is not None:
             ray.kill(actor, no_restart=True)

@@ -164,6 +164,7 @@ class ReplicaActor:
             rank,
             self._start.world_size,
             owns_process=True,
+            code_version=self._start.code_version,
         )
         controller = controller_actor()
         reports = itertools.count()

@@ -1,6 +1,6 @@
-"""The length of the prefix two sequences share (token ids, or text): what the prefix
-cache (``llm/engines/prefix_cache.py``) and the prefix-aware router
-(``request_router/prefix_aware.py``) both measure."""
+"""The length of the prefix two sequences share (token ids, or text): what the
+prefix-aware router (``prefix_aware.py``) measures, and the LLM engines' prefix cache
+(``llm/engines/prefix_cache.py``) with it."""
 
 from __future__ import annotations
 
