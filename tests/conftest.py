@@ -143,6 +143,20 @@ def toolkit(request: pytest.FixtureRequest) -> Iterator[Toolkit]:
     yield from _toolkit_for(request.param)
 
 
+@pytest.fixture(scope="module", params=["local", "ray"])
+def module_toolkit(request: pytest.FixtureRequest) -> Iterator[Toolkit]:
+    """The toolkit on each backend for a whole module: what its tests share (one deploy
+    they only read from) is deployed once per backend and deleted after its last test.
+    Test ids read ``[local]`` and ``[ray]`` as with ``toolkit``."""
+    yield from _toolkit_for(request.param)
+
+
+@pytest.fixture(scope="module", params=["ray"])
+def module_ray_toolkit(request: pytest.FixtureRequest) -> Iterator[Toolkit]:
+    """``module_toolkit`` on Ray only."""
+    yield from _toolkit_for(request.param)
+
+
 @pytest.fixture
 def no_backend() -> Iterator[None]:
     """For tests that bring their own backend (TestClient): stop the shared one first."""

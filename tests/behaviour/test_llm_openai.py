@@ -23,8 +23,8 @@ SECOND = "echo-two"
 PREFIX = "/llm"
 
 
-@pytest.fixture
-def served(toolkit: Toolkit) -> Iterator[openai.OpenAI]:
+@pytest.fixture(scope="module")
+def served(module_toolkit: Toolkit) -> Iterator[openai.OpenAI]:
     """Two echo models (one paced by stream_batching_interval_ms) behind one ingress."""
     args = {
         "llm_configs": [
@@ -37,9 +37,9 @@ def served(toolkit: Toolkit) -> Iterator[openai.OpenAI]:
             },
         ]
     }
-    toolkit.run(build_openai_app(args), route_prefix=PREFIX)
+    module_toolkit.run(build_openai_app(args), route_prefix=PREFIX)
     with openai.OpenAI(
-        base_url=toolkit.url + PREFIX + "/v1", api_key="none", max_retries=0, timeout=30
+        base_url=module_toolkit.url + PREFIX + "/v1", api_key="none", max_retries=0, timeout=30
     ) as client:
         yield client
 
@@ -110,8 +110,10 @@ def test_completions_whole_streamed_and_echoed(served: openai.OpenAI) -> None:
     assert ids.choices[0].text == "hi"
 
 
-def test_model_may_be_left_out_only_when_one_model_fits(toolkit: Toolkit, served: openai.OpenAI) -> None:
-    with toolkit.client() as client:
+def test_model_may_be_left_out_only_when_one_model_fits(
+    module_toolkit: Toolkit, served: openai.OpenAI
+) -> None:
+    with module_toolkit.client() as client:
         answer = client.post(
             PREFIX + "/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}]}
         )
@@ -185,8 +187,8 @@ def test_bad_token_ids_tools_and_stream_options_are_400s_naming_the_field(served
 _TOOL: Any = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
 
 
-def test_tokenize_and_detokenize(toolkit: Toolkit, served: openai.OpenAI) -> None:
-    with toolkit.client() as client:
+def test_tokenize_and_detokenize(module_toolkit: Toolkit, served: openai.OpenAI) -> None:
+    with module_toolkit.client() as client:
         tokens = client.post(PREFIX + "/tokenize", json={"model": ECHO, "prompt": "hé"}).json()
         assert tokens["tokens"] == list("hé".encode()) and tokens["count"] == 3
         assert tokens["max_model_len"] == 4096
@@ -200,10 +202,12 @@ def test_tokenize_and_detokenize(toolkit: Toolkit, served: openai.OpenAI) -> Non
         assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
 
 
-def test_stream_batching_applies_after_the_first_piece(toolkit: Toolkit, served: openai.OpenAI) -> None:
+def test_stream_batching_applies_after_the_first_piece(
+    module_toolkit: Toolkit, served: openai.OpenAI
+) -> None:
     """SECOND sends pieces at most every 100 ms after the first: the first piece is one
     token, and the 30 more (30 ms at the echo's 1000 tokens/s) come in few chunks."""
-    with toolkit.client() as client:
+    with module_toolkit.client() as client:
         body = {"model": SECOND, "stream": True, "messages": [{"role": "user", "content": "z" * 31}]}
         with client.stream("POST", PREFIX + "/v1/chat/completions", json=body) as response:
             pieces = [
@@ -216,7 +220,7 @@ def test_stream_batching_applies_after_the_first_piece(toolkit: Toolkit, served:
     assert len(texts) <= 3
 
 
-def test_per_model_metrics_after_a_request(toolkit: Toolkit, served: openai.OpenAI) -> None:
+def test_per_model_metrics_after_a_request(module_toolkit: Toolkit, served: openai.OpenAI) -> None:
     served.chat.completions.create(model=ECHO, messages=[{"role": "user", "content": "count me"}])
     wanted = {
         "llm_time_to_first_token_seconds_count",
@@ -228,7 +232,7 @@ def test_per_model_metrics_after_a_request(toolkit: Toolkit, served: openai.Open
     }
     deadline = time.monotonic() + 20
     found: set[str] = set()
-    with httpx.Client(base_url=toolkit.url, timeout=10) as client:
+    with httpx.Client(base_url=module_toolkit.url, timeout=10) as client:
         while time.monotonic() < deadline:
             text = client.get("/-/metrics").text
             found = {

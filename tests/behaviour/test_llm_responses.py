@@ -19,15 +19,17 @@ from tests.conftest import Toolkit
 
 ECHO = "org/echo-1"
 PREFIX = "/llm"
+#: The drain test's own app, beside the module's shared one.
+DRAINED = "/llm-drained"
 
 
-@pytest.fixture
-def served(toolkit: Toolkit) -> Iterator[openai.OpenAI]:
+@pytest.fixture(scope="module")
+def served(module_toolkit: Toolkit) -> Iterator[openai.OpenAI]:
     """One echo model (it repeats the last user message at 1000 tokens/s, a byte a token)."""
     args = {"llm_configs": [{"model_loading_config": {"model_id": ECHO}, "llm_engine": "echo"}]}
-    toolkit.run(build_openai_app(args), route_prefix=PREFIX)
+    module_toolkit.run(build_openai_app(args), route_prefix=PREFIX)
     with openai.OpenAI(
-        base_url=toolkit.url + PREFIX + "/v1", api_key="none", max_retries=0, timeout=30
+        base_url=module_toolkit.url + PREFIX + "/v1", api_key="none", max_retries=0, timeout=30
     ) as client:
         yield client
 
@@ -132,7 +134,7 @@ def test_store_false_keeps_nothing(served: openai.OpenAI) -> None:
 
 
 def test_options_this_server_cannot_honour_are_refused_by_name(
-    toolkit: Toolkit, served: openai.OpenAI
+    module_toolkit: Toolkit, served: openai.OpenAI
 ) -> None:
     refused: list[tuple[dict[str, Any], str]] = [
         ({"background": True}, "background"),
@@ -143,7 +145,7 @@ def test_options_this_server_cannot_honour_are_refused_by_name(
         # Passed on as chat's response_format; the model's replica refuses it, named as here.
         ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text.format"),
     ]
-    with toolkit.client() as client:
+    with module_toolkit.client() as client:
         for extra, param in refused:
             answer = client.post(PREFIX + "/v1/responses", json={"model": ECHO, "input": "hi", **extra})
             assert answer.status_code == 400, (extra, answer.text)
@@ -154,14 +156,14 @@ def test_options_this_server_cannot_honour_are_refused_by_name(
 
 
 def test_a_dropped_stream_resumes_after_its_last_sequence_number(
-    toolkit: Toolkit, served: openai.OpenAI
+    module_toolkit: Toolkit, served: openai.OpenAI
 ) -> None:
     """2,000 bytes take the echo 2 s: the client reads a few events and leaves, comes back
     for a few more and leaves again; the reply ends with no reader; the rest is then read.
     Together the parts are the whole stream, no event missing or repeated."""
     said = "".join(f"{n:04d} " for n in range(400))
     body = {"model": ECHO, "input": said, "stream": True}
-    with toolkit.client() as client:
+    with module_toolkit.client() as client:
         with client.stream("POST", PREFIX + "/v1/responses", json=body) as posted:
             head = _events(posted.iter_lines(), 5)
         response_id = head[0]["response"]["id"]
@@ -208,10 +210,10 @@ def test_a_stream_open_at_the_ingress_drain_deadline_ends_with_the_retry_error(t
         ],
         "ingress_deployment_config": {"graceful_shutdown_timeout_s": 1},
     }
-    toolkit.run(build_openai_app(args), route_prefix=PREFIX)
+    toolkit.run(build_openai_app(args), route_prefix=DRAINED)
     # 12 s at the echo's pace: still under way at the deadline however slowly the delete begins.
     body = {"input": "x" * 12_000, "stream": True}
-    with toolkit.client() as client, client.stream("POST", PREFIX + "/v1/responses", json=body) as posted:
+    with toolkit.client() as client, client.stream("POST", DRAINED + "/v1/responses", json=body) as posted:
         lines = posted.iter_lines()
         head = _events(lines, 5)
         deleting = threading.Thread(target=toolkit.cleanup)

@@ -41,10 +41,12 @@ LONG = "word " * 400
 PARTS = [{"type": "text", "text": "red green"}, {"type": "text", "text": "blue"}]
 
 
-@pytest.fixture
-def chat_url(ray_toolkit: Toolkit) -> str:
-    ray_toolkit.run(build_app(ECHO), route_prefix="/")
-    return ray_toolkit.url
+@pytest.fixture(scope="module")
+def chat_url(module_ray_toolkit: Toolkit) -> str:
+    """The chat app, deployed once for the module's clients (each reads its own replies;
+    the counters they check are read before and after)."""
+    module_ray_toolkit.run(build_app(ECHO), route_prefix="/")
+    return module_ray_toolkit.url
 
 
 def stats(base: str) -> dict[str, int]:
@@ -200,9 +202,9 @@ def test_the_openai_backend_relays_tool_calls_and_choices(ray_toolkit: Toolkit) 
     client's tool loop works through the chat app, plain and streamed."""
     ray_toolkit.run(openai_upstream.make_app(), route_prefix="/upstream")
     relay = Settings(backend="openai", upstream_url=f"{ray_toolkit.url}/upstream/v1", upstream_model="tooled")
-    ray_toolkit.run(build_app(relay), route_prefix="/")
+    ray_toolkit.run(build_app(relay), route_prefix="/relayed")  # the module's echo chat has "/"
     question: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Weather in Paris?"}]
-    with openai.OpenAI(base_url=f"{ray_toolkit.url}/v1", api_key="unused", max_retries=0) as client:
+    with openai.OpenAI(base_url=f"{ray_toolkit.url}/relayed/v1", api_key="unused", max_retries=0) as client:
         called = client.chat.completions.create(model="tooled", messages=question, tools=[WEATHER])
         (call,) = called.choices[0].message.tool_calls or []
         assert called.choices[0].finish_reason == "tool_calls"
