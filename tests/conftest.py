@@ -31,10 +31,18 @@ from app_toolkit._runtime.backends.base import current_session  # noqa: E402
 from tests.leftovers import mark_this_process, stop_leftovers  # noqa: E402
 from tests.redis_server import redis_server  # noqa: E402
 
-#: Every process this test process starts carries this mark (tests/leftovers.py).
-_OWNER = mark_this_process()
-#: How long Ray's processes may take to end after ray.shutdown() before they count as left.
-_LEFTOVER_GRACE_S = 15.0
+#: Every process this test session starts carries this mark (tests/leftovers.py); set in
+#: pytest_configure, so a process that merely imports this module marks nothing.
+_OWNER = ""
+#: How long Ray's processes may take to end after ray.shutdown() (which does not wait for
+#: them) before they count as left behind: generous, on a loaded 2-core host.
+_LEFTOVER_GRACE_S = 30.0
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global _OWNER
+    _OWNER = mark_this_process()
+
 
 #: Custom Ray resource of the test cluster, to check ray_actor_options reach Ray.
 TEST_RESOURCE = "test_accelerator"
@@ -212,8 +220,10 @@ def _no_process_left_behind() -> Iterator[None]:
     PID and fails the run (reported as an error in the last test's teardown), so a test
     that timed out cannot leave its cluster running after the job."""
     yield
-    _shut_down()
-    left = stop_leftovers(_OWNER, _LEFTOVER_GRACE_S)
+    try:
+        _shut_down()
+    finally:  # a backend that failed to shut down is what this check is for
+        left = stop_leftovers(_OWNER, _LEFTOVER_GRACE_S)
     assert not left, f"processes left running by this test session, now killed: {left}"
 
 

@@ -1,7 +1,7 @@
 """Processes a test session leaves behind: found by a mark in their environment.
 
 Every process this pytest process starts (a scenario, a CLI, Redis, Ray's own GCS,
-raylets and workers) inherits ``OWNER_VARIABLE`` set to this process's id, even when it
+raylets and workers) inherits ``OWNER_VARIABLE`` set to a mark of this session's, even when it
 moved to a session of its own or was re-parented to init after its parent was killed. At
 the end of the session ``leftovers()`` lists those still running; the suite's conftest
 stops them by PID and fails the run, naming them, so a test that times out cannot leave a
@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import signal
 import time
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,18 +28,27 @@ class Leftover:
 
 
 def mark_this_process() -> str:
-    """Mark every process started from now on as this session's; returns the mark."""
-    mark = str(os.getpid())
+    """Mark every process started from now on as this session's; returns the mark (new
+    for each session: a process left by an earlier one is never taken for this one's)."""
+    mark = uuid.uuid4().hex
     os.environ[OWNER_VARIABLE] = mark
     return mark
 
 
 def leftovers(mark: str) -> list[Leftover]:
     """Live processes other than this one whose environment carries ``mark``."""
+    return leftovers_among(
+        mark, [int(entry.name) for entry in Path("/proc").iterdir() if entry.name.isdigit()]
+    )
+
+
+def leftovers_among(mark: str, pids: list[int]) -> list[Leftover]:
+    """Those of ``pids`` that are live processes other than this one carrying ``mark``."""
     wanted = f"{OWNER_VARIABLE}={mark}".encode()
     found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or int(entry.name) == os.getpid():
+    for pid in pids:
+        entry = Path("/proc") / str(pid)
+        if pid == os.getpid():
             continue
         try:
             environment = (entry / "environ").read_bytes().split(b"\0")
@@ -47,7 +57,7 @@ def leftovers(mark: str) -> list[Leftover]:
             command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:  # gone meanwhile, or not ours to read
             continue
-        found.append(Leftover(int(entry.name), command.strip()[:200]))
+        found.append(Leftover(pid, command.strip()[:200]))
     return found
 
 
@@ -63,8 +73,13 @@ def stop_leftovers(mark: str, grace_s: float) -> list[Leftover]:
     while (remaining := leftovers(mark)) and time.monotonic() < deadline:
         time.sleep(0.2)
     for process in remaining:
-        try:
-            os.kill(process.pid, signal.SIGKILL)
+        try:  # through a pidfd, the mark read again: a PID reused meanwhile is left alone
+            descriptor = os.pidfd_open(process.pid)
         except ProcessLookupError:
-            pass
+            continue
+        try:
+            if process in leftovers_among(mark, [process.pid]):
+                signal.pidfd_send_signal(descriptor, signal.SIGKILL)
+        finally:
+            os.close(descriptor)
     return remaining

@@ -8,18 +8,22 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 from tests.conftest import ROOT
+
+#: How long the pipes of a scenario that was killed are read for what it had printed.
+_DRAIN_S = 10.0
 
 
 def run_scenario(
     module: str, *args: str, timeout_s: float, env_extra: dict[str, str] | None = None
 ) -> dict[str, Any]:
     """Run ``python -m module args`` from the repository root (with ``env_extra`` in its
-    environment); its last JSON line. The scenario and every process it starts (its Ray
-    cluster's) run in a process group of their own: past ``timeout_s`` the whole group is
-    killed, not only the scenario's own process."""
+    environment); its last JSON line. The scenario runs in a session of its own: past
+    ``timeout_s``, and once it ended, every process still in that session (its Ray
+    cluster's, whatever process group they moved to) is killed."""
     env = dict(os.environ)
     env.pop("RAY_ADDRESS", None)
     env.update(env_extra or {})
@@ -35,24 +39,30 @@ def run_scenario(
         try:
             stdout, stderr = process.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            os.killpg(process.pid, signal.SIGKILL)
-            stdout, stderr = process.communicate()
+            _kill_session(process.pid)
+            try:
+                stdout, stderr = process.communicate(timeout=_DRAIN_S)
+            except subprocess.TimeoutExpired:  # a process outside the session holds the pipes
+                stdout, stderr = "", "(its output could not be read)"
             raise AssertionError(
                 f"scenario {module} ran past its {timeout_s} s bound and was killed:\n"
                 f"{stdout[-3000:]}\n{stderr[-6000:]}"
             ) from None
         finally:
-            _stop_group(process.pid)
+            _kill_session(process.pid)
     lines = [line for line in stdout.splitlines() if line.startswith("{")]
     assert process.returncode == 0 and lines, f"scenario failed:\n{stdout[-3000:]}\n{stderr[-6000:]}"
     result: dict[str, Any] = json.loads(lines[-1])
     return result
 
 
-def _stop_group(group: int) -> None:
-    """Whatever of the scenario's group still runs once it ended (a Ray process that
-    outlived its driver) is stopped."""
-    try:
-        os.killpg(group, signal.SIGKILL)
-    except ProcessLookupError:  # the group is empty: everything ended
-        pass
+def _kill_session(session: int) -> None:
+    """Kill every process of ``session`` (a process may leave its group, not its session)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if os.getsid(int(entry.name)) == session:
+                os.kill(int(entry.name), signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):  # gone meanwhile
+            continue

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AbstractContextManager
 from contextvars import ContextVar, Token
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from app_toolkit._runtime import request_keys, request_values, tracing
 from app_toolkit._runtime.drain_signal import DrainSignal
@@ -101,7 +101,7 @@ class ReplicaContext:
     replica_id: ReplicaID
     rank: ReplicaRank | None = None
     world_size: int = 0
-    servable_object: object = None
+    servable_object: object = field(default=None, compare=False, repr=False)  # the user's object
     code_version: str | None = None
     gang_context: None = None
 

@@ -89,7 +89,10 @@ _STARTED = time.monotonic()
 
 
 def _phase(name: str) -> None:
+    """Note a phase's end; told at once on stderr too, which a scenario killed at its bound
+    still leaves to read."""
     PHASES[name] = round(time.monotonic() - _STARTED, 1)
+    print(f"phase: {name} at {PHASES[name]} s", file=sys.stderr, flush=True)
 
 
 def main() -> None:

@@ -21,8 +21,10 @@ def _run_scenario() -> dict[str, Any]:
 
 
 def test_nodes_lost_joining_and_leaving_under_load() -> None:
-    """About 45 s: a two-node cluster of its own; a node lost, one joining, and one leaving
-    under load (one scenario: a cluster starts once)."""
+    """About 80 s alone (Ray 2.52), up to 240 s beside the suite's other workers: a
+    two-node cluster of its own; a node lost, one joining, and one leaving under load (one
+    scenario: a cluster starts once). The scenario waits for the leaving node's proxy to
+    show Ray Serve's DRAINING (it fails otherwise)."""
     result = _run_scenario()
     print("phases (s since the scenario started):", result["phases"])
     head, worker = result["head"], result["worker"]
@@ -88,7 +90,6 @@ def test_nodes_lost_joining_and_leaving_under_load() -> None:
     assert {o["node"] for o in moved if o["ended"] < 0} == {head, result["joined"]}  # both served
     assert any(o["at"] > leaving["node_gone_s"] for o in moved)  # and the head after
     assert leaving["draining_seen"] and leaving["proxy_leaving_s"] < 10
-    assert leaving["proxy_draining"]  # Ray Serve's DRAINING: it serves on, /-/healthz says 503
     # Gone well before Ray's own drain deadline would have killed it: once the toolkit's
     # replicas had moved and drained (the grace period) and its proxy had stopped. Where
     # Ray does not drain a node on SIGTERM (2.52), the scenario drained it as an autoscaler

@@ -48,6 +48,11 @@ class ProcessThreads:
         if self._replicas.pop(replica_id, None) is not None:
             self._apply()
 
+    def forget_all(self) -> None:
+        """The session ended: no replica runs here any more, whether or not each said so."""
+        self._replicas.clear()
+        self._apply()
+
     def _apply(self) -> None:
         current = os.environ.get(_VARIABLE)
         if current is not None and current != self._set:

@@ -139,12 +139,14 @@ class LocalBackend:
     ) -> None:
         if self.subscriber is not None:
             self.subscriber.drop_stats(handle.replica_id)
-        if graceful:
-            await handle.drain(hurry, grace_s)
-        else:
-            await handle.stop_sampling()
+        try:
+            if graceful:
+                await handle.drain(hurry, grace_s)
+            else:
+                await handle.stop_sampling()
+        finally:
+            self.threads.stopped(handle.replica_id)  # a failed drain must not keep the count
         self.cores.pop(handle.replica_id, None)
-        self.threads.stopped(handle.replica_id)
         tasks: list[asyncio.Task[None]] = []
         for client in self.clients.pop(handle.replica_id, ()):
             for exchange, task in list(client.serving.items()):
@@ -362,6 +364,7 @@ class LocalLink:
 
     def close(self) -> None:
         self._loop.stop()
+        self.backend.threads.forget_all()  # replicas a stopped loop never stopped
 
 
 class _LocalFactory:
