@@ -49,7 +49,8 @@ chat: $(MODEL)
 
 # pytest runs in three workers (pytest-xdist), each with its own Ray, and mypy beside it
 # (the Ray tests leave the cores idle part of the time); mypy's report follows pytest's,
-# and either failing fails the target. CONTRIBUTING.md says where the time goes. The code
+# and either failing fails the target. CONTRIBUTING.md says where the time goes (its table:
+# python .ci/time_table.py .venv/pytest.xml, each test's time as the run wrote it). The code
 # the tests' processes import is compiled first: with PYTHONDONTWRITEBYTECODE set, every
 # Ray worker would compile it again (compileall -q prints only what fails).
 test: $(MODEL) $(CLIENTS)
@@ -59,7 +60,7 @@ test: $(MODEL) $(CLIENTS)
 	$(PY) -m compileall -q -j 0 -x node_modules app_toolkit tests examples
 	@echo "mypy and pytest -n 3"
 	@$(VENV)/bin/mypy > $(VENV)/mypy.out 2>&1 & typing=$$!; \
-	$(PY) -m pytest -n 3 --durations=15; tests=$$?; \
+	$(PY) -m pytest -n 3 --durations=15 --junitxml=$(VENV)/pytest.xml; tests=$$?; \
 	wait $$typing; typed=$$?; echo "mypy: $$(cat $(VENV)/mypy.out)"; \
 	[ $$tests -eq 0 ] && [ $$typed -eq 0 ]
 	$(VENV)/bin/mkdocs build --strict --site-dir .site
@@ -99,7 +100,7 @@ $(LOWEST)/.installed: .ci/lowest.txt pyproject.toml | $(CORE)
 test-lowest: $(LOWEST)/.installed
 	$(LOWEST)/bin/python .ci/locks.py --check .ci/lowest.txt
 	$(LOWEST)/bin/python -m compileall -q -j 0 -x node_modules app_toolkit tests
-	$(LOWEST)/bin/python -m pytest -n 3 --durations=10 $(LOWEST_RAY_LEAK) $(LOWEST_TESTS) $(LOWEST_SKIPS)
+	$(LOWEST)/bin/python -m pytest -n 3 --durations=10 --junitxml=$(LOWEST)/pytest.xml $(LOWEST_RAY_LEAK) $(LOWEST_TESTS) $(LOWEST_SKIPS)
 
 # Both locks again from the index (the newest releases, and the lowest the ranges allow).
 locks: $(CORE)
