@@ -28,6 +28,10 @@ logger = logging.getLogger("app_toolkit.ray")
 
 _CHECK_PERIOD_S = 1.0
 _READY_TIMEOUT_S = 30.0
+#: A new proxy's first answer includes its process's start (Python, Ray's worker, the
+#: front's imports): on a loaded 2-core node that took over 30 s. Ray itself gives a
+#: worker process 60 s to register (worker_register_timeout_seconds).
+_START_TIMEOUT_S = 60.0
 #: A leaving node's proxy finishes its connections within 10 s (ProxyActor.stop).
 _RELEASE_TIMEOUT_S = 15.0
 #: A leaving node's proxy answers /-/healthz 503 for at least this long before it stops
@@ -125,7 +129,9 @@ class ProxyFleet:
         actor = self._actors.get(node)
         if actor is None and node in self._nodes.draining:
             return  # leaving (its proxy released meanwhile, or none yet): none starts there
+        timeout_s = _READY_TIMEOUT_S
         if actor is None:
+            timeout_s = _START_TIMEOUT_S  # its process starts first
             actor = self._actors[node] = remote(
                 self._actor_class,
                 name=f"{PROXY_PREFIX}{node}",
@@ -137,7 +143,7 @@ class ProxyFleet:
             ).remote(self._http)
             self.states.starting(node)
         try:
-            url, port = await asyncio.wait_for(actor.ready.remote(self._port, exclusive), _READY_TIMEOUT_S)
+            url, port = await asyncio.wait_for(actor.ready.remote(self._port, exclusive), timeout_s)
         except Exception:
             if self._actors.get(node) is actor:  # not released (a leaving node) meanwhile
                 self.states.not_serving(node)  # status() shows it UNHEALTHY
