@@ -28,6 +28,7 @@ if str(ROOT) not in sys.path:
 
 import app_toolkit as tk  # noqa: E402
 from app_toolkit._runtime.backends.base import current_session  # noqa: E402
+from tests import plain_http  # noqa: E402
 from tests.leftovers import mark_this_process, stop_leftovers  # noqa: E402
 from tests.redis_server import redis_server  # noqa: E402
 
@@ -93,10 +94,10 @@ class Toolkit:
         return tk.run_many(targets, backend=self.backend, **kwargs)
 
     def client(self, **kwargs: Any) -> httpx.Client:
-        return httpx.Client(**{"base_url": self.url, "timeout": 30, **kwargs})
+        return httpx.Client(**{"base_url": self.url, "timeout": 30, "verify": plain_http.TLS, **kwargs})
 
     def async_client(self, **kwargs: Any) -> httpx.AsyncClient:
-        return httpx.AsyncClient(**{"base_url": self.url, "timeout": 30, **kwargs})
+        return httpx.AsyncClient(**{"base_url": self.url, "timeout": 30, "verify": plain_http.TLS, **kwargs})
 
     def cleanup(self) -> None:
         for name in self._apps:

@@ -7,9 +7,8 @@ import asyncio
 import time
 from collections.abc import Callable
 
-import httpx
-
 import app_toolkit as tk
+from tests import plain_http
 from tests.apps import scaling
 from tests.conftest import Toolkit
 from tests.waiting import wait_for
@@ -86,7 +85,7 @@ def test_status_explains_the_last_decision(toolkit: Toolkit) -> None:
         "last_decision_load",
         "last_decision_age_s",
     }
-    httpx.get(toolkit.url + "/explain/work", params={"seconds": 0}, timeout=30).raise_for_status()
+    plain_http.get(toolkit.url + "/explain/work", params={"seconds": 0}, timeout=30).raise_for_status()
 
 
 def test_requests_on_connections_a_replica_owns_count_as_its_load(toolkit: Toolkit) -> None:

@@ -9,6 +9,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from tests import plain_http
 from tests.apps import basic
 from tests.conftest import Toolkit
 from tests.waiting import wait_for
@@ -24,7 +25,7 @@ def test_disconnect_cancels_the_running_handler(toolkit: Toolkit, tmp_path: Path
     params: dict[str, str | int] = {"seconds": 30, "marker": str(started), "cancelled": str(cancelled)}
     with pytest.raises(httpx.ReadTimeout):
         # The client gives up after 2 s (the handler would take 30) and hangs up.
-        httpx.get(toolkit.url + "/dc/sleep", params=params, timeout=2.0)
+        plain_http.get(toolkit.url + "/dc/sleep", params=params, timeout=2.0)
     wait_for_file(started)
     wait_for_file(cancelled)  # the handler saw CancelledError
     with toolkit.client() as client:  # and the slot is free again
@@ -44,7 +45,9 @@ def test_disconnect_while_queued_never_runs(toolkit: Toolkit, tmp_path: Path) ->
         holder.start()
         wait_for_file(first)
         with pytest.raises(httpx.ReadTimeout):
-            httpx.get(toolkit.url + "/dq/sleep", params={"seconds": 0, "marker": str(queued)}, timeout=0.5)
+            plain_http.get(
+                toolkit.url + "/dq/sleep", params={"seconds": 0, "marker": str(queued)}, timeout=0.5
+            )
         holder.join()
         assert client.get("/dq/items/2").status_code == 200
     assert not queued.exists()  # it was dropped from the queue, never sent

@@ -5,10 +5,10 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
-import httpx
 import pytest
 
 import app_toolkit as tk
+from tests import plain_http
 from tests.apps import basic
 from tests.conftest import Toolkit
 from tests.deployments import as_deployment
@@ -61,7 +61,7 @@ def test_delete_drains_requests_in_flight(toolkit: Toolkit, tmp_path: Path) -> N
     results: list[int] = []
 
     def slow_request() -> None:
-        response = httpx.get(
+        response = plain_http.get(
             toolkit.url + "/drain/sleep", timeout=30, params={"seconds": 1.5, "marker": str(started)}
         )
         results.append(response.status_code)

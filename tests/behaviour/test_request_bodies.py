@@ -8,10 +8,10 @@ import asyncio
 import socket
 import time
 
-import httpx
 from fastapi import APIRouter, Request
 
 import app_toolkit as tk
+from tests import plain_http
 from tests.conftest import Toolkit
 from tests.waiting import wait_for
 
@@ -114,7 +114,7 @@ def test_a_forwarded_body_over_the_limit_gets_413_midway(local_toolkit: Toolkit)
         # The replica serves on.
         small = client.post(f"{prefix}/pieces/{local_toolkit.name()}", content=b"tiny")
         assert small.json() == {"sizes": [4]}
-    assert httpx.get(f"{local_toolkit.url}{prefix}/seen/{name}", timeout=30).status_code == 200
+    assert plain_http.get(f"{local_toolkit.url}{prefix}/seen/{name}", timeout=30).status_code == 200
 
 
 def test_a_client_that_leaves_mid_upload_cancels_the_app(toolkit: Toolkit) -> None:

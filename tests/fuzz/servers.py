@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 
 import app_toolkit as tk
+from tests import plain_http
 from tests.deployments import as_deployment
 from tests.fuzz.echo_app import PROXIED_PREFIX, DirectEcho, ProxiedEcho
 from tests.fuzz.grammar import Case
@@ -72,6 +73,6 @@ def deploy_echo(name: str) -> list[str]:
 
 def _answers(port: int) -> bool:
     try:
-        return httpx.get(f"http://127.0.0.1:{port}/", timeout=2).status_code == 200
+        return plain_http.get(f"http://127.0.0.1:{port}/", timeout=2).status_code == 200
     except httpx.HTTPError:
         return False

@@ -9,11 +9,11 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-import httpx
 import pytest
 from hypothesis import HealthCheck, given, seed, settings
 
 import app_toolkit as tk
+from tests import plain_http
 from tests.conftest import _ensure_backend, free_port
 from tests.fuzz.compare import describe, verdict
 from tests.fuzz.corpus import entries
@@ -96,6 +96,7 @@ def test_generated_cases(fuzzing: Fuzzing) -> None:
     same_as_uvicorn()
     # The proxy still serves everyone else, and logged nothing more meanwhile.
     assert (
-        httpx.get(f"http://127.0.0.1:{fuzzing.servers.toolkit_port}/-/healthz", timeout=10).status_code == 200
+        plain_http.get(f"http://127.0.0.1:{fuzzing.servers.toolkit_port}/-/healthz", timeout=10).status_code
+        == 200
     )
     assert not fuzzing.logs.settled()

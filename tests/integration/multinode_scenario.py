@@ -36,6 +36,7 @@ from ray.cluster_utils import Cluster
 
 import app_toolkit as tk
 from app_toolkit._runtime.backends.ray.cluster import NAMESPACE, PROXY_PREFIX
+from tests import plain_http
 from tests.apps.ray_only import make_where_app
 from tests.waiting import wait_for
 
@@ -64,7 +65,7 @@ def _load(url: str, stop: threading.Event, outcomes: list[Outcome]) -> None:
     while not stop.is_set():
         started = time.monotonic()
         try:
-            response = httpx.get(url, timeout=10)
+            response = plain_http.get(url, timeout=10)
             status, node = (
                 response.status_code,
                 response.json().get("node", "") if response.status_code == 200 else "",
@@ -78,7 +79,7 @@ def _load(url: str, stop: threading.Event, outcomes: list[Outcome]) -> None:
 def _fresh_status(url: str) -> int:
     """One request on a new connection (the kernel picks which proxy accepts it)."""
     try:
-        return httpx.get(url, timeout=10).status_code
+        return plain_http.get(url, timeout=10).status_code
     except httpx.HTTPError:
         return 0
 

@@ -11,7 +11,6 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import openai
 import pytest
 from openai.types.chat import ChatCompletionMessageParam
@@ -19,6 +18,7 @@ from playwright.sync_api import Browser, Page
 
 from examples.chat.chat.app import build_app
 from examples.chat.chat.settings import Settings
+from tests import plain_http
 from tests.browser import chromium
 from tests.conftest import Toolkit, free_port
 from tests.waiting import wait_for
@@ -162,7 +162,7 @@ def in_view(page: Page, selector: str) -> bool:
 
 
 def stats(base: str) -> dict[str, int]:
-    counters: dict[str, int] = httpx.get(f"{base}/api/stats", timeout=10).json()
+    counters: dict[str, int] = plain_http.get(f"{base}/api/stats", timeout=10).json()
     return counters
 
 
@@ -264,7 +264,9 @@ def test_the_page_waits_and_retries_while_the_service_is_busy(browser: Browser, 
     )
     ray_toolkit.run(build_app(settings), route_prefix="/")
     base = ray_toolkit.url
-    holder = httpx.post(f"{base}/api/replies", json={"messages": [{"role": "user", "content": "w " * 2000}]})
+    holder = plain_http.post(
+        f"{base}/api/replies", json={"messages": [{"role": "user", "content": "w " * 2000}]}
+    )
     assert holder.status_code == 201  # the only place is taken
     page = browser.new_page()
     answers: list[str] = []  # what the page's requests got, for a failure to say
@@ -287,7 +289,7 @@ def test_the_page_waits_and_retries_while_the_service_is_busy(browser: Browser, 
             seen = f"status {status!r}, busy {page.evaluate('document.body.dataset.busy')!r}"
             raise AssertionError(f"{late}; the page shows {seen}; its requests got {answers}") from None
         assert page.evaluate("document.body.dataset.busy") == "yes"
-        assert httpx.post(f"{base}/api/replies/{holder.json()['id']}/stop").status_code == 204
+        assert plain_http.post(f"{base}/api/replies/{holder.json()['id']}/stop").status_code == 204
         wait_for(lambda: page.evaluate("document.body.dataset.busy") == "no", timeout_s=20)
         if not page.locator(".message.assistant").count():  # the page showed an error instead
             status = page.locator("#status").inner_text(timeout=5000)
@@ -342,7 +344,7 @@ def test_an_openai_compatible_upstream(ray_toolkit: Toolkit) -> None:
         backend="openai", upstream_url=f"http://127.0.0.1:{free_port()}/v1", upstream_timeout_s=5
     )
     ray_toolkit.run(build_app(nowhere), route_prefix="/down")
-    response = httpx.post(
+    response = plain_http.post(
         f"{ray_toolkit.url}/down/v1/chat/completions", json={"messages": question}, timeout=30
     )
     assert response.status_code == 502

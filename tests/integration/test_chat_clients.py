@@ -16,7 +16,6 @@ import sys
 import time
 from typing import Any, cast
 
-import httpx
 import openai
 import pytest
 from langchain_core.messages import HumanMessage, SystemMessage
@@ -30,6 +29,7 @@ from openai.types.chat import (
 
 from examples.chat.chat.app import build_app
 from examples.chat.chat.settings import Settings
+from tests import plain_http
 from tests.apps import openai_upstream
 from tests.conftest import ROOT, Toolkit
 from tests.waiting import wait_for
@@ -50,7 +50,7 @@ def chat_url(module_ray_toolkit: Toolkit) -> str:
 
 
 def stats(base: str) -> dict[str, int]:
-    counters: dict[str, int] = httpx.get(f"{base}/api/stats", timeout=10).json()
+    counters: dict[str, int] = plain_http.get(f"{base}/api/stats", timeout=10).json()
     return counters
 
 
@@ -210,7 +210,7 @@ def test_the_openai_backend_relays_tool_calls_and_choices(ray_toolkit: Toolkit) 
         assert called.choices[0].finish_reason == "tool_calls"
         assert isinstance(call, ChatCompletionMessageFunctionToolCall)  # WEATHER is a function
         assert (call.function.name, json.loads(call.function.arguments)) == ("weather", {"city": "Paris"})
-        sent = httpx.get(f"{ray_toolkit.url}/upstream/last", timeout=10).json()
+        sent = plain_http.get(f"{ray_toolkit.url}/upstream/last", timeout=10).json()
         assert sent["tools"] == [WEATHER] and sent["model"] == "tooled"
 
         # The tool's result goes back as a `tool` message; the upstream answers in text.
@@ -222,7 +222,8 @@ def test_the_openai_backend_relays_tool_calls_and_choices(ray_toolkit: Toolkit) 
         answered = client.chat.completions.create(model="tooled", messages=follow_up, tools=[WEATHER])
         assert answered.choices[0].message.content == "It is sunny. (0)"
         assert (
-            httpx.get(f"{ray_toolkit.url}/upstream/last", timeout=10).json()["messages"][-1]["role"] == "tool"
+            plain_http.get(f"{ray_toolkit.url}/upstream/last", timeout=10).json()["messages"][-1]["role"]
+            == "tool"
         )
 
         stream = client.chat.completions.create(

@@ -23,6 +23,7 @@ from langchain_openai import ChatOpenAI
 import app_toolkit as tk
 from examples.chat.chat.app import build_app
 from examples.chat.chat.settings import Settings
+from tests import plain_http
 from tests.conftest import ROOT, Toolkit
 from tests.draining import drain_replica, replica_ids
 from tests.waiting import wait_for
@@ -96,7 +97,7 @@ def _langchain(responses_api: bool) -> Callable[[str, str, Followed], None]:
 def _raw_chat(base: str, prompt: str, out: Followed) -> None:
     """The Chat Completions stream's lines, to see its ``[DONE]``."""
     body = {"model": "echo", "messages": [{"role": "user", "content": prompt}], "stream": True}
-    with httpx.stream("POST", f"{base}/v1/chat/completions", json=body, timeout=60) as response:
+    with plain_http.stream("POST", f"{base}/v1/chat/completions", json=body, timeout=60) as response:
         for line in response.iter_lines():
             if not line.startswith("data: "):
                 continue

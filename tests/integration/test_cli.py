@@ -20,6 +20,7 @@ import yaml
 from click.testing import CliRunner
 
 from app_toolkit.cli import main
+from tests import plain_http
 from tests.apps import basic, gated
 from tests.conftest import ROOT, Toolkit, free_port
 from tests.waiting import wait_for
@@ -139,7 +140,7 @@ def test_run_serves_the_demo_and_stops_cleanly(tmp_path: Path) -> None:
     with running_cli(args, ROOT, tmp_path / "cli.log") as cli:
         cli.wait_for_output("serving examples.demo:app at", 120)
         assert f"at http://127.0.0.1:{port}/" in cli.output()
-        response = httpx.get(f"http://127.0.0.1:{port}/hello/cli", timeout=30)
+        response = plain_http.get(f"http://127.0.0.1:{port}/hello/cli", timeout=30)
         assert response.json() == {"message": "Hello, cli!"}
         assert cli.stop(stop) == 0
         assert "shutting down" in cli.output()
@@ -147,7 +148,7 @@ def test_run_serves_the_demo_and_stops_cleanly(tmp_path: Path) -> None:
 
 def _demo_answers(url: str) -> bool:
     try:
-        response = httpx.get(url, timeout=30)
+        response = plain_http.get(url, timeout=30)
         return response.status_code == 200 and response.json() == {"message": "Hello, cli!"}
     except httpx.TransportError:
         return False  # not listening yet
@@ -245,7 +246,7 @@ def test_run_passes_key_value_arguments_to_the_chat_templates_builder(tmp_path: 
     args = ["chat.app:build_app", "backend=echo", "--local", "--port", str(port)]
     with running_cli(args, chat, tmp_path / "cli.log", env={"CHAT_BACKEND": "openai"}) as cli:
         cli.wait_for_output("serving chat.app:build_app at", 120)
-        models = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=30).json()
+        models = plain_http.get(f"http://127.0.0.1:{port}/v1/models", timeout=30).json()
         assert [model["id"] for model in models["data"]] == ["echo"]  # openai's would be "default"
         assert cli.stop(signal.SIGTERM) == 0
 
@@ -340,8 +341,8 @@ def test_build_then_run_the_file_in_process(tmp_path: Path) -> None:
     (tmp_path / "serve.yaml").write_text(yaml.safe_dump(config))
     with running_cli([str(tmp_path / "serve.yaml"), "--local"], ROOT, tmp_path / "cli.log") as cli:
         cli.wait_for_output("app-toolkit: serving", 60, count=2)
-        assert httpx.get(f"http://127.0.0.1:{port}/hello", timeout=30).json() == "hello"
-        greeting = httpx.get(f"http://127.0.0.1:{port}/demo/hello/file", timeout=30).json()
+        assert plain_http.get(f"http://127.0.0.1:{port}/hello", timeout=30).json() == "hello"
+        greeting = plain_http.get(f"http://127.0.0.1:{port}/demo/hello/file", timeout=30).json()
         assert greeting == {"message": "Hello, file!"}
         assert cli.stop(signal.SIGTERM) == 0
 
@@ -360,7 +361,9 @@ def test_a_config_file_splits_traffic_and_refuses_an_unknown_variant(tmp_path: P
     (tmp_path / "serve.yaml").write_text(yaml.safe_dump(config))
     with running_cli([str(tmp_path / "serve.yaml"), "--local"], ROOT, tmp_path / "cli.log") as cli:
         cli.wait_for_output("app-toolkit: serving", 60, count=2)
-        answers = {httpx.get(f"http://127.0.0.1:{port}/color/which", timeout=30).json() for _ in range(20)}
+        answers = {
+            plain_http.get(f"http://127.0.0.1:{port}/color/which", timeout=30).json() for _ in range(20)
+        }
         assert answers == {"green"}
         assert cli.stop(signal.SIGTERM) == 0
     config["applications"][0]["traffic"] = {"blue": 50, "purple": 50}
@@ -407,7 +410,7 @@ def test_run_flags_root_path_forwarded_headers_and_reload(tmp_path: Path) -> Non
         assert f"serving reloadme:build at http://127.0.0.1:{port}/api/" in cli.output()
         # Behind a reverse proxy that strips /api and says who the client was:
         forwarded = {"X-Forwarded-For": "10.1.2.3", "X-Forwarded-Proto": "https"}
-        first = httpx.get(url, headers=forwarded, timeout=30).json()
+        first = plain_http.get(url, headers=forwarded, timeout=30).json()
         assert first == {
             "version": 1,
             "place": "here",
@@ -416,12 +419,12 @@ def test_run_flags_root_path_forwarded_headers_and_reload(tmp_path: Path) -> Non
             "client": "10.1.2.3",
         }
         (tmp_path / "reloadme.py").write_text("VERSION = 2\n" + RELOADED_APP)
-        wait_for(lambda: httpx.get(url, timeout=30).json()["version"] == 2, 60, "the redeploy")
-        assert httpx.get(url, timeout=30).json()["place"] == "here"
+        wait_for(lambda: plain_http.get(url, timeout=30).json()["version"] == 2, 60, "the redeploy")
+        assert plain_http.get(url, timeout=30).json()["place"] == "here"
         assert "reloadme.py changed; redeploying" in cli.output()
         (tmp_path / "reloadme.py").write_text("VERSION = (\n")  # a syntax error: keep serving
         cli.wait_for_output("redeploy failed", 60)
-        assert httpx.get(url, timeout=30).json()["version"] == 2
+        assert plain_http.get(url, timeout=30).json()["version"] == 2
         assert cli.stop(signal.SIGTERM) == 0
 
 
@@ -443,10 +446,10 @@ def test_reload_redeploys_a_config_files_apps_after_a_code_change(tmp_path: Path
     url = f"http://127.0.0.1:{port}/where"
     with running_cli(["serve.yaml", "--local", "--reload"], tmp_path, tmp_path / "cli.log") as cli:
         cli.wait_for_output("watching", 60)
-        assert httpx.get(url, timeout=30).json()["version"] == 1
+        assert plain_http.get(url, timeout=30).json()["version"] == 1
         (tmp_path / "reloadme.py").write_text("VERSION = 2\n" + RELOADED_APP)
-        wait_for(lambda: httpx.get(url, timeout=30).json()["version"] == 2, 60, "the redeploy")
-        assert httpx.get(url, timeout=30).json()["place"] == "here"
+        wait_for(lambda: plain_http.get(url, timeout=30).json()["version"] == 2, 60, "the redeploy")
+        assert plain_http.get(url, timeout=30).json()["place"] == "here"
         assert cli.stop(signal.SIGTERM) == 0
 
 
@@ -479,7 +482,7 @@ def test_json_logs_from_every_process_carry_the_request_id(tmp_path: Path, extra
     env = {"APP_TOOLKIT_LOG_FORMAT": "json", "APP_TOOLKIT_LOG_LEVEL": "INFO"}
     with running_cli(args, ROOT, tmp_path / "cli.log", env=env, command=script) as cli:
         cli.wait_for_output("serving examples.demo:app at", 120)
-        response = httpx.get(f"http://127.0.0.1:{port}/hello/logs", timeout=30)
+        response = plain_http.get(f"http://127.0.0.1:{port}/hello/logs", timeout=30)
         assert response.status_code == 200
         request_id = response.headers["x-request-id"]
 

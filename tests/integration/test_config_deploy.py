@@ -12,10 +12,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import yaml
 
+from tests import plain_http
 from tests.conftest import ROOT, free_port
 from tests.waiting import wait_for
 
@@ -104,9 +104,9 @@ def test_deploy_update_fail_and_show_config(head: Head, tmp_path: Path) -> None:
     done = head.cli("deploy", str(first), "--wait")
     assert done.returncode == 0, done.stderr
     # The CLI has exited; the controller, proxy and replicas outlive it.
-    greeted = httpx.get(f"{head.url}/greet/ann", timeout=30).json()
+    greeted = plain_http.get(f"{head.url}/greet/ann", timeout=30).json()
     assert greeted["text"] == "Hi, ann?"
-    assert httpx.get(f"{head.url}/h/hello", timeout=30).json() == "hello"
+    assert plain_http.get(f"{head.url}/h/hello", timeout=30).json() == "hello"
 
     shown = head.cli("config")
     assert shown.returncode == 0 and yaml.safe_load(shown.stdout) == yaml.safe_load(first.read_text())
@@ -116,9 +116,11 @@ def test_deploy_update_fail_and_show_config(head: Head, tmp_path: Path) -> None:
     second = _write(tmp_path / "serve2.yaml", head, [light])
     done = head.cli("deploy", str(second), "--wait")
     assert done.returncode == 0, done.stderr
-    again = httpx.get(f"{head.url}/greet/ann", timeout=30).json()
+    again = plain_http.get(f"{head.url}/greet/ann", timeout=30).json()
     assert again == {"text": "Hi, ann!!", "replica": greeted["replica"]}  # same replica
-    wait_for(lambda: httpx.get(f"{head.url}/h/hello", timeout=30).status_code == 404, 30, "hello removed")
+    wait_for(
+        lambda: plain_http.get(f"{head.url}/h/hello", timeout=30).status_code == 404, 30, "hello removed"
+    )
 
     # An update whose replicas cannot start: --wait fails with the app's message and the
     # previous version keeps serving.
@@ -128,7 +130,7 @@ def test_deploy_update_fail_and_show_config(head: Head, tmp_path: Path) -> None:
     )
     assert done.returncode == 1
     assert "the greeter was told to fail" in done.stderr
-    assert httpx.get(f"{head.url}/greet/bob", timeout=30).json()["text"] == "Hi, bob!!"
+    assert plain_http.get(f"{head.url}/greet/bob", timeout=30).json()["text"] == "Hi, bob!!"
 
     # Invalid files change nothing and say where the problem is.
     bad = dict(light, deployments=[{"name": "Greeter", "num_replicas": "many", "color": "red"}])
@@ -141,4 +143,4 @@ def test_deploy_update_fail_and_show_config(head: Head, tmp_path: Path) -> None:
     assert done.returncode == 1
     assert "missing.yaml" in done.stderr and "applications[0] (greet)" in done.stderr
     assert 'import_path: Could not import module "tests.apps.no_such_module"' in done.stderr
-    assert httpx.get(f"{head.url}/greet/bob", timeout=30).json()["text"] == "Hi, bob!!"
+    assert plain_http.get(f"{head.url}/greet/bob", timeout=30).json()["text"] == "Hi, bob!!"

@@ -18,6 +18,7 @@ from fastapi import APIRouter, Request
 
 import app_toolkit as tk
 from app_toolkit._runtime.backends.ray.cluster import NAMESPACE, PROXY_PREFIX
+from tests import plain_http
 from tests.apps.ray_only import make_where_app
 from tests.conftest import LARGE_BODY_LIMIT, Toolkit
 from tests.waiting import wait_for
@@ -45,7 +46,7 @@ def test_the_ingress_replica_owns_the_client_connection(ray_toolkit: Toolkit) ->
             assert answer["owns"] is True
             pids.add(answer["pid"])
     assert len(pids) == 2
-    metrics = httpx.get(f"{ray_toolkit.url}/-/metrics", timeout=30).text
+    metrics = plain_http.get(f"{ray_toolkit.url}/-/metrics", timeout=30).text
     assert "app_toolkit_proxy_connections_handed_off_total" in metrics
 
 
@@ -89,7 +90,9 @@ def test_a_replica_at_capacity_sends_requests_through_the_queue(ray_toolkit: Too
     with concurrent.futures.ThreadPoolExecutor(2) as pool:
         answers = list(
             pool.map(
-                lambda _: httpx.get(f"{ray_toolkit.url}{prefix}/slow", params={"seconds": 0.5}, timeout=30),
+                lambda _: plain_http.get(
+                    f"{ray_toolkit.url}{prefix}/slow", params={"seconds": 0.5}, timeout=30
+                ),
                 range(2),
             )
         )
@@ -128,7 +131,7 @@ def test_a_killed_replicas_connections_and_new_ones_go_to_the_other(ray_toolkit:
 
 def _fresh_request(url: str) -> dict[str, object] | None:
     try:
-        response = httpx.get(url, timeout=2)
+        response = plain_http.get(url, timeout=2)
     except httpx.TransportError:
         return None
     return response.json() if response.status_code == 200 else None

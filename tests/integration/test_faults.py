@@ -21,6 +21,7 @@ from app_toolkit._runtime.backends.ray import stored
 from app_toolkit._runtime.backends.ray.cluster import CONTROLLER_NAME, NAMESPACE, replica_actor
 from app_toolkit._runtime.messages import DeploymentID
 from app_toolkit._runtime.tables import APPLICATIONS_KEY, ApplicationTable, ReplicaTable, replicas_key
+from tests import plain_http
 from tests.apps import basic, hung, streams
 from tests.conftest import Toolkit
 from tests.waiting import wait_for
@@ -152,8 +153,8 @@ def test_a_proxy_restarted_while_the_controller_is_down_serves_from_the_stored_t
         killed_at = time.monotonic()
         wait_for(lambda: _serves_v1(url, statuses), 60, "the restarted proxy to serve", 0.1)
         served_after = time.monotonic() - killed_at
-        assert httpx.get(ray_toolkit.url + "/-/healthz", timeout=5).status_code == 200
-        assert httpx.get(ray_toolkit.url + "/nowhere", timeout=5).status_code == 404  # a real 404 now
+        assert plain_http.get(ray_toolkit.url + "/-/healthz", timeout=5).status_code == 200
+        assert plain_http.get(ray_toolkit.url + "/nowhere", timeout=5).status_code == 404  # a real 404 now
         assert set(statuses) <= {200, 503}, statuses  # a route it knows is never 404
         assert _process_state(controller_pid) == "T"  # all of it while the controller was stopped
     finally:
@@ -192,7 +193,7 @@ def _stored_with(name: str, route_prefix: str) -> bool:
 
 def _serves_v1(url: str, statuses: list[int] | None = None) -> bool:
     try:
-        response = httpx.get(url, timeout=5)
+        response = plain_http.get(url, timeout=5)
     except httpx.HTTPError:
         return False  # the proxy is not listening yet
     if statuses is not None:
@@ -215,7 +216,7 @@ def _gone(pid: int) -> bool:
 def _fetch_in_thread(url: str, results: list[httpx.Response | Exception]) -> threading.Thread:
     def fetch() -> None:
         try:
-            results.append(httpx.get(url, timeout=60))
+            results.append(plain_http.get(url, timeout=60))
         except httpx.HTTPError as exc:
             results.append(exc)
 

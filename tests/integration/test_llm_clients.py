@@ -40,6 +40,7 @@ from pydantic_ai.models.openai import OpenAIChatModel
 from pydantic_ai.providers.openai import OpenAIProvider
 from pydantic_ai.settings import ModelSettings
 
+from tests import plain_http
 from tests.conftest import ROOT, free_port
 from tests.integration.test_cli import run_cli, running_cli
 from tests.lora_models import written_adapter
@@ -273,7 +274,7 @@ def test_lora_adapters_are_named_model_colon_adapter_and_the_least_recently_used
     assert "nowhere" in str(unknown.value)
 
     def counted(name: str) -> float:
-        text = httpx.get(base_url + "/-/metrics", timeout=10).text
+        text = plain_http.get(base_url + "/-/metrics", timeout=10).text
         return sum(
             float(line.rsplit(" ", 1)[1])
             for line in text.splitlines()

@@ -22,6 +22,7 @@ from app_toolkit._runtime.backends.ray.cluster import (
 )
 from app_toolkit._runtime.backends.ray.stored import CHECKPOINT_KEY
 from app_toolkit._runtime.controller import checkpoint
+from tests import plain_http
 from tests.apps import basic, ray_only, scaling, serve_compat
 from tests.conftest import TEST_RESOURCE, Toolkit
 from tests.deployments import as_deployment
@@ -214,7 +215,7 @@ def test_shutdown_stops_everything(ray_toolkit: Toolkit) -> None:
     wait_until(lambda: sum(tk.status().spare_replicas.values()) == 1, what="a spare replica process")
     tk.shutdown()
     with pytest.raises(httpx.ConnectError):
-        httpx.get(ray_toolkit.url + "/-/healthz", timeout=5)
+        plain_http.get(ray_toolkit.url + "/-/healthz", timeout=5)
     actors = [a for a in ray.util.list_named_actors(all_namespaces=True) if a["namespace"] == NAMESPACE]
     assert actors == []
     # Nothing left for a proxy to start from later.

@@ -9,10 +9,10 @@ import signal
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 import yaml
 
+from tests import plain_http
 from tests.conftest import free_port
 from tests.integration.test_cli import RunningCLI, running_cli
 from tests.waiting import wait_for
@@ -108,7 +108,7 @@ def test_reload_keeps_the_model_warm_across_ingress_edits(tmp_path: Path, mode: 
     url = f"http://127.0.0.1:{port}/info"
 
     def info() -> dict[str, Any]:
-        reply = httpx.get(url, timeout=30)
+        reply = plain_http.get(url, timeout=30)
         reply.raise_for_status()
         answer: dict[str, Any] = reply.json()
         return answer

@@ -25,6 +25,7 @@ from app_toolkit._runtime.backends.base import current_session
 from app_toolkit._runtime.backends.ray.placement import GROUP_PREFIX
 from app_toolkit.cli.deploy import apply
 from app_toolkit.config.file import parse_config
+from tests import plain_http
 from tests.apps import placement
 from tests.conftest import Toolkit
 from tests.deployments import as_deployment
@@ -146,7 +147,9 @@ def test_upgrades_that_have_no_room_for_a_second_copy_finish_under_load_or_roll_
     deployment = tk.status().applications[name].deployments["Model"]
     assert deployment.status is tk.DeploymentStatus.DEPLOY_FAILED
     assert "brought back to the full count" in deployment.message
-    answers = {httpx.get(f"{ray_toolkit.url}/model/infer", timeout=30).json()["version"] for _ in range(6)}
+    answers = {
+        plain_http.get(f"{ray_toolkit.url}/model/infer", timeout=30).json()["version"] for _ in range(6)
+    }
     assert answers == {"v3"}
 
 
@@ -161,7 +164,7 @@ def test_with_room_the_upgrade_surges_never_below_two_replicas_and_ranks_follow(
 
     def ranks() -> dict[str, list[int]]:
         # A connection each: direct ingress hands a connection to one replica.
-        answers = [httpx.get(f"{ray_toolkit.url}/ranks/infer", timeout=30).json() for _ in range(12)]
+        answers = [plain_http.get(f"{ray_toolkit.url}/ranks/infer", timeout=30).json() for _ in range(12)]
         assert all(answer["world_size"] == 2 for answer in answers)
         return {answer["replica"]: answer["rank"] for answer in answers}
 

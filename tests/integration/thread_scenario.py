@@ -11,11 +11,11 @@ import sys
 import threading
 import time
 
-import httpx
 import ray
 from fastapi import APIRouter
 
 import app_toolkit as tk
+from tests import plain_http
 
 router = APIRouter()
 
@@ -38,7 +38,7 @@ def main(port: int) -> None:
     starter.start()
     starter.join()
     time.sleep(1.0)  # the starting thread is gone; before the fix, so was the cluster
-    seen["http"] = httpx.get(f"http://127.0.0.1:{port}/where", timeout=30).status_code
+    seen["http"] = plain_http.get(f"http://127.0.0.1:{port}/where", timeout=30).status_code
     seen["apps"] = sorted(tk.status().applications)
     began = time.monotonic()
     tk.shutdown()

@@ -10,7 +10,6 @@ import json
 import socket
 import sys
 
-import httpx
 from fastapi import APIRouter
 
 import app_toolkit as tk
@@ -18,6 +17,7 @@ from app_toolkit._runtime.backends.ray import stored
 from app_toolkit._runtime.channel.tls import client_context, tls_files
 from app_toolkit._runtime.messages import ReplicaInfo
 from app_toolkit._runtime.tables import ReplicaTable
+from tests import plain_http
 from tests.deployments import as_deployment
 from tests.waiting import wait_for
 
@@ -55,7 +55,7 @@ def main(port: int) -> None:
     tk.start(http_options={"host": "127.0.0.1", "port": port})
     tk.run(tk.App(router, name="tls"), name="tls")
     # Proxy -> ingress replica -> Echo replica: two data-plane hops.
-    response = httpx.get(f"http://127.0.0.1:{port}/shout", params={"text": "hi"}, timeout=30)
+    response = plain_http.get(f"http://127.0.0.1:{port}/shout", params={"text": "hi"}, timeout=30)
     seen["http"] = [response.status_code, response.json()]
     replicas = wait_for(_stored_replicas, 30, "both replicas in the stored tables")
     seen["replicas_tls"] = sorted({info.tls for info in replicas})
