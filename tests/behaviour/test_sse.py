@@ -89,15 +89,16 @@ def test_a_reload_ends_the_replaced_replicas_streams_and_websockets_at_once(tool
         )
         draining.start()
         with pytest.raises(ConnectionClosed) as closed:
-            socket.recv(timeout=20)
+            socket.recv(timeout=25)  # below the 30 s grace: waiting it out fails here
         closed_after = time.monotonic() - began
         events.join()
     draining.join(timeout=30)
     assert not draining.is_alive()
     assert closed.value.rcvd is not None and closed.value.rcvd.code == 1012
     assert events.text()[-3] == "event: drain"
-    # Well below the 30 s grace period: the streams did not wait for its deadline.
-    assert events.ended_at is not None and events.ended_at - began < 10 and closed_after < 10
+    # Below the 30 s grace period: the streams did not wait for its deadline. The new
+    # version's replica starts first: 2-5 s, 11 s once on a loaded 2-core host; hence 20.
+    assert events.ended_at is not None and events.ended_at - began < 20 and closed_after < 20
 
 
 def test_chat_stream_is_read_by_the_official_openai_client(toolkit: Toolkit) -> None:
