@@ -35,22 +35,8 @@ def post(url: str, **kwargs: Any) -> httpx.Response:
     return request("POST", url, **kwargs)
 
 
-def put(url: str, **kwargs: Any) -> httpx.Response:
-    return request("PUT", url, **kwargs)
-
-
-def delete(url: str, **kwargs: Any) -> httpx.Response:
-    return request("DELETE", url, **kwargs)
-
-
 @contextmanager
 def stream(method: str, url: str, **kwargs: Any) -> Iterator[httpx.Response]:
     kwargs.setdefault("verify", TLS)
     with httpx.stream(method, url, **kwargs) as response:
         yield response
-
-
-def client(**kwargs: Any) -> httpx.Client:
-    """An ``httpx.Client`` with the shared context."""
-    kwargs.setdefault("verify", TLS)
-    return httpx.Client(**kwargs)
