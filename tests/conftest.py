@@ -28,13 +28,16 @@ if str(ROOT) not in sys.path:
 
 import app_toolkit as tk  # noqa: E402
 from app_toolkit._runtime.backends.base import current_session  # noqa: E402
+from app_toolkit._runtime.backends.ray.cluster import SPARES_ENV  # noqa: E402
 from tests import plain_http  # noqa: E402
+from tests.cpu_meter import CpuMeter  # noqa: E402
 from tests.leftovers import mark_this_process, stop_leftovers  # noqa: E402
 from tests.redis_server import redis_server  # noqa: E402
 
 #: Every process this test session starts carries this mark (tests/leftovers.py); set in
 #: pytest_configure, so a process that merely imports this module marks nothing.
 _OWNER = ""
+_METER: CpuMeter | None = None
 #: How long Ray's processes may take to end after ray.shutdown() (which does not wait for
 #: them) before they count as left behind: generous, on a loaded 2-core host.
 _LEFTOVER_GRACE_S = 30.0
@@ -43,6 +46,25 @@ _LEFTOVER_GRACE_S = 30.0
 def pytest_configure(config: pytest.Config) -> None:
     global _OWNER
     _OWNER = mark_this_process()
+
+
+_CPU_AT_SETUP = pytest.StashKey[float]()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    global _METER
+    if _METER is None:  # started by the first test: pytest-xdist's controller runs none
+        _METER = CpuMeter(_OWNER)
+    item.stash[_CPU_AT_SETUP] = _METER.seconds()
+
+
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> None:
+    """Each test's CPU (its set-up, call and teardown, in every process this session
+    started: tests/cpu_meter.py) beside its time in the JUnit XML, which takes a test's
+    properties from its teardown report."""
+    if call.when == "teardown" and _METER is not None and _CPU_AT_SETUP in item.stash:
+        item.user_properties.append(("cpu_s", f"{_METER.seconds() - item.stash[_CPU_AT_SETUP]:.2f}"))
 
 
 #: Custom Ray resource of the test cluster, to check ray_actor_options reach Ray.
@@ -111,7 +133,22 @@ _ports: dict[str, int] = {}
 LARGE_BODY_LIMIT = 2 << 30
 
 
-def _ensure_backend(backend: str) -> Toolkit:
+#: The spare replica processes the session's Ray clusters keep (backends/ray/spares.py):
+#: none. A spare hides a new replica's process start from a later scale-up; in a suite
+#: whose tests deploy and delete within seconds, each spare started is a Ray worker
+#: (about 1.5 s of a core here) that no later scale-up needed. The tests of spares run on
+#: a cluster with the default setting (``spares_ray_toolkit``). A value set before the
+#: session wins.
+_SESSION_SPARES = os.environ.get(SPARES_ENV, "0")
+#: The setting the running test cluster was started with (a Ray cluster's processes
+#: inherit it when it starts: changing it means a new cluster).
+_cluster_spares: str | None = None
+
+
+def _ensure_backend(backend: str, spares: str = _SESSION_SPARES) -> Toolkit:
+    global _cluster_spares
+    if backend == "ray" and _cluster_spares not in (None, spares):
+        _shut_down()  # a cluster with the other spare setting
     session = current_session(create=False)
     if session is not None and session.backend_name != backend:
         tk.shutdown()
@@ -119,7 +156,8 @@ def _ensure_backend(backend: str) -> Toolkit:
     port = _ports.setdefault(backend, free_port())
     if session is None:
         if backend == "ray":
-            _init_test_ray()
+            _init_test_ray(spares)
+            _cluster_spares = spares
         # The Ray proxy's access log would print every test request to the console; the
         # local backend keeps it on (its records stay in this process, for caplog). On
         # Ray, bodies up to 2 GiB are allowed: a 1 GiB upload streams into an app
@@ -131,15 +169,23 @@ def _ensure_backend(backend: str) -> Toolkit:
     return Toolkit(backend, port)
 
 
-def _init_test_ray() -> None:
+def _init_test_ray(spares: str) -> None:
+    import ray
+
     from app_toolkit._runtime.backends.ray.cluster import init_ray
 
+    if ray.is_initialized():
+        return
+    if spares:
+        os.environ[SPARES_ENV] = spares
+    else:
+        os.environ.pop(SPARES_ENV, None)
     # The embedded cluster users get, with a resource to check ray_actor_options by.
     init_ray(None, num_cpus=2, resources={TEST_RESOURCE: 2})
 
 
-def _toolkit_for(backend: str) -> Iterator[Toolkit]:
-    kit = _ensure_backend(backend)
+def _toolkit_for(backend: str, spares: str = _SESSION_SPARES) -> Iterator[Toolkit]:
+    kit = _ensure_backend(backend, spares)
     try:
         yield kit
     finally:
@@ -164,6 +210,14 @@ def module_toolkit(request: pytest.FixtureRequest) -> Iterator[Toolkit]:
 def module_ray_toolkit(request: pytest.FixtureRequest) -> Iterator[Toolkit]:
     """``module_toolkit`` on Ray only."""
     yield from _toolkit_for(request.param)
+
+
+@pytest.fixture(params=["ray"])
+def spares_ray_toolkit(request: pytest.FixtureRequest) -> Iterator[Toolkit]:
+    """``ray_toolkit`` on a cluster whose nodes keep spare replica processes as users'
+    do (the default setting; the session's clusters keep none): for the tests of spares.
+    Consecutive such tests share the cluster; the next other Ray test starts a new one."""
+    yield from _toolkit_for(request.param, spares="")
 
 
 @pytest.fixture
@@ -205,6 +259,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 def _shut_down() -> None:
+    global _cluster_spares
     if current_session(create=False) is not None:
         tk.shutdown()
     if "ray" in sys.modules:
@@ -212,6 +267,7 @@ def _shut_down() -> None:
 
         if ray.is_initialized():
             ray.shutdown()
+    _cluster_spares = None
 
 
 @pytest.fixture(scope="session", autouse=True)

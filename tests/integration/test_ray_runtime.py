@@ -205,17 +205,17 @@ def test_a_ray_serve_program_runs_unchanged(ray_toolkit: Toolkit) -> None:
     assert name not in serve.status().applications
 
 
-def test_shutdown_stops_everything(ray_toolkit: Toolkit) -> None:
+def test_shutdown_stops_everything(spares_ray_toolkit: Toolkit) -> None:
     import httpx
 
-    ray_toolkit.run(as_deployment(ray_only.Pid).bind(), route_prefix="/pid")
+    spares_ray_toolkit.run(as_deployment(ray_only.Pid).bind(), route_prefix="/pid")
     # An autoscaling application: the pool keeps a spare, which shutdown must stop too.
-    ray_toolkit.run(scaling.make_app(), name=ray_toolkit.name(), route_prefix="/scaling")
-    ray_toolkit._apps.clear()
+    spares_ray_toolkit.run(scaling.make_app(), name=spares_ray_toolkit.name(), route_prefix="/scaling")
+    spares_ray_toolkit._apps.clear()
     wait_until(lambda: sum(tk.status().spare_replicas.values()) == 1, what="a spare replica process")
     tk.shutdown()
     with pytest.raises(httpx.ConnectError):
-        plain_http.get(ray_toolkit.url + "/-/healthz", timeout=5)
+        plain_http.get(spares_ray_toolkit.url + "/-/healthz", timeout=5)
     actors = [a for a in ray.util.list_named_actors(all_namespaces=True) if a["namespace"] == NAMESPACE]
     assert actors == []
     # Nothing left for a proxy to start from later.

@@ -59,16 +59,16 @@ def keep_spares_wanted(toolkit: Toolkit) -> None:
     toolkit.run(scaling.make_app(), name=toolkit.name(), route_prefix="/keeper")
 
 
-def test_a_replica_from_zero_starts_in_a_spare_and_the_spare_is_replaced(ray_toolkit: Toolkit) -> None:
-    name = ray_toolkit.name()
-    ray_toolkit.run(scaling.make_app(), name=name, route_prefix="/spare")
+def test_a_replica_from_zero_starts_in_a_spare_and_the_spare_is_replaced(spares_ray_toolkit: Toolkit) -> None:
+    name = spares_ray_toolkit.name()
+    spares_ray_toolkit.run(scaling.make_app(), name=name, route_prefix="/spare")
     wait_for(lambda: ready_spares() == PER_NODE, 60, "a spare replica process")
     [spare] = waiting_spares()
     spare_actor: Any = ray.get_actor(spare, namespace=NAMESPACE)  # Any: ray types actor methods as Never
     spare_pid = ray.get(spare_actor.stats.remote(), timeout=30)["pid"]
 
     started = time.monotonic()
-    with ray_toolkit.client() as client:  # zero replicas: the request waits, never fails
+    with spares_ray_toolkit.client() as client:  # zero replicas: the request waits, never fails
         response = client.get("/spare/work", params={"seconds": 0})
     elapsed = time.monotonic() - started
     assert response.status_code == 200, response.text
@@ -85,7 +85,7 @@ def test_a_replica_from_zero_starts_in_a_spare_and_the_spare_is_replaced(ray_too
     assert waiting_spares() != [spare]
 
 
-def test_the_pool_never_holds_more_than_its_bound(ray_toolkit: Toolkit) -> None:
+def test_the_pool_never_holds_more_than_its_bound(spares_ray_toolkit: Toolkit) -> None:
     counts: list[int] = []
     stop = threading.Event()
 
@@ -98,9 +98,10 @@ def test_the_pool_never_holds_more_than_its_bound(ray_toolkit: Toolkit) -> None:
     watcher.start()
     try:
         # Three replicas at once, then two more: spares go, and come back, several times.
-        name = ray_toolkit.name()
-        ray_toolkit.run(scaling.make_app(min_replicas=3, max_replicas=3), name=name, route_prefix="/many")
-        ray_toolkit.run(scaling.make_app(min_replicas=5, max_replicas=5), name=name, route_prefix="/many")
+        name = spares_ray_toolkit.name()
+        kit = spares_ray_toolkit
+        kit.run(scaling.make_app(min_replicas=3, max_replicas=3), name=name, route_prefix="/many")
+        kit.run(scaling.make_app(min_replicas=5, max_replicas=5), name=name, route_prefix="/many")
         wait_for(lambda: ready_spares() == PER_NODE, 60, "the spares to be replaced")
     finally:
         stop.set()
@@ -122,14 +123,14 @@ def test_a_bad_spares_setting_fails_with_how_to_fix_it() -> None:
 
 
 def test_a_restarted_controller_adopts_replicas_in_spares_and_stops_idle_spares(
-    ray_toolkit: Toolkit,
+    spares_ray_toolkit: Toolkit,
 ) -> None:
     from app_toolkit._runtime.backends.ray.cluster import CONTROLLER_NAME
 
-    name = ray_toolkit.name()
-    keep_spares_wanted(ray_toolkit)
+    name = spares_ray_toolkit.name()
+    keep_spares_wanted(spares_ray_toolkit)
     wait_for(lambda: ready_spares() == PER_NODE, 60, "a spare replica process")
-    ray_toolkit.run(scaling.make_app(min_replicas=1, max_replicas=1), name=name, route_prefix="/adopt")
+    spares_ray_toolkit.run(scaling.make_app(min_replicas=1, max_replicas=1), name=name, route_prefix="/adopt")
     [replica] = tk.status().applications[name].deployments["Ingress"].replicas
     assert REPLICA_PREFIX + replica.replica_id not in named_actors()  # it runs in the spare
     wait_for(lambda: len(waiting_spares()) == PER_NODE, 60, "the spare to be replaced")
@@ -145,14 +146,16 @@ def test_a_restarted_controller_adopts_replicas_in_spares_and_stops_idle_spares(
     assert [r.replica_id for r in tk.status().applications[name].deployments["Ingress"].replicas] == [
         replica.replica_id
     ]
-    with ray_toolkit.client() as client:
+    with spares_ray_toolkit.client() as client:
         assert client.get("/adopt/work", params={"seconds": 0}).json()["replica"] == replica.replica_id
     # The previous life's idle spare is stopped; the new controller keeps one of its own.
     wait_for(lambda: idle not in named_actors(), 60, "the old spare to stop")
     wait_for(lambda: len(waiting_spares()) == PER_NODE, 60, "a new spare")
 
 
-def test_a_spare_that_died_is_replaced_and_one_dying_unseen_is_passed_over(ray_toolkit: Toolkit) -> None:
+def test_a_spare_that_died_is_replaced_and_one_dying_unseen_is_passed_over(
+    spares_ray_toolkit: Toolkit,
+) -> None:
     def kill_the_spare() -> str:
         wait_for(lambda: ready_spares() == PER_NODE and len(waiting_spares()) == PER_NODE, 60, "a spare")
         [spare] = waiting_spares()
@@ -161,21 +164,21 @@ def test_a_spare_that_died_is_replaced_and_one_dying_unseen_is_passed_over(ray_t
         os.kill(pid, signal.SIGKILL)
         return spare
 
-    keep_spares_wanted(ray_toolkit)
+    keep_spares_wanted(spares_ray_toolkit)
     # The pool asks its ready spares every 10 s whether they live, and replaces a dead one.
     dead = kill_the_spare()
     wait_for(lambda: waiting_spares() not in ([], [dead]) and ready_spares() == PER_NODE, 60, "a new spare")
     # A replica that starts before the pool noticed: it starts in a process of its own.
     kill_the_spare()
-    name = ray_toolkit.name()
-    ray_toolkit.run(scaling.make_app(min_replicas=1, max_replicas=1), name=name, route_prefix="/dead")
-    with ray_toolkit.client() as client:
+    name = spares_ray_toolkit.name()
+    spares_ray_toolkit.run(scaling.make_app(min_replicas=1, max_replicas=1), name=name, route_prefix="/dead")
+    with spares_ray_toolkit.client() as client:
         assert client.get("/dead/work", params={"seconds": 0}).status_code == 200
 
 
-def test_spares_are_kept_only_while_an_application_autoscales(ray_toolkit: Toolkit) -> None:
-    keeper = ray_toolkit.name()
-    ray_toolkit.run(scaling.make_app(), name=keeper, route_prefix="/keeper")
+def test_spares_are_kept_only_while_an_application_autoscales(spares_ray_toolkit: Toolkit) -> None:
+    keeper = spares_ray_toolkit.name()
+    spares_ray_toolkit.run(scaling.make_app(), name=keeper, route_prefix="/keeper")
     wait_for(lambda: ready_spares() == PER_NODE, 60, "a spare while an application autoscales")
     tk.delete(keeper)
     # Nothing autoscales: the spare stops (10 s after; longer is a CI machine's slowness).
@@ -183,8 +186,8 @@ def test_spares_are_kept_only_while_an_application_autoscales(ray_toolkit: Toolk
 
     # A fixed-size application gets no spare: its replicas start once, in their own processes.
     fixed = tk.App(scaling.router, name="fixed", num_replicas=2)
-    ray_toolkit.run(fixed, name=ray_toolkit.name(), route_prefix="/fixed")
-    with ray_toolkit.client() as client:
+    spares_ray_toolkit.run(fixed, name=spares_ray_toolkit.name(), route_prefix="/fixed")
+    with spares_ray_toolkit.client() as client:
         assert client.get("/fixed/work", params={"seconds": 0}).status_code == 200
     deadline = time.monotonic() + 3  # the pool looks every second
     while time.monotonic() < deadline:
@@ -192,11 +195,11 @@ def test_spares_are_kept_only_while_an_application_autoscales(ray_toolkit: Toolk
         time.sleep(0.2)
 
 
-def test_a_spare_loads_the_code_of_autoscaled_deployments_ahead(ray_toolkit: Toolkit) -> None:
+def test_a_spare_loads_the_code_of_autoscaled_deployments_ahead(spares_ray_toolkit: Toolkit) -> None:
     from tests.apps import slow_import  # its import takes IMPORT_S (here, in the driver, too)
 
-    name = ray_toolkit.name()
-    ray_toolkit.run(slow_import.make_app(), name=name, route_prefix="/slow")
+    name = spares_ray_toolkit.name()
+    spares_ray_toolkit.run(slow_import.make_app(), name=name, route_prefix="/slow")
 
     def preloaded_spare() -> bool:  # one that loaded this app's code (others' may be there too)
         for spare in waiting_spares():
@@ -210,7 +213,7 @@ def test_a_spare_loads_the_code_of_autoscaled_deployments_ahead(ray_toolkit: Too
         return False
 
     wait_for(preloaded_spare, 60, "a spare that loaded the deployment's code")
-    with ray_toolkit.client() as client:
+    with spares_ray_toolkit.client() as client:
         response = client.get("/slow/work")
     assert response.status_code == 200, response.text
     phases = ray.get(replica_actor(response.json()["replica"]).start_phases.remote(), timeout=30)

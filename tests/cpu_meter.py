@@ -1,0 +1,76 @@
+"""The CPU a test costs the machine: this test process's and every process it started
+(Ray's GCS, raylets and workers, a CLI's cluster, a scenario's nodes), recorded in the
+JUnit XML beside the test's time (``.ci/time_table.py`` reads it).
+
+The suite runs on 2 cores in 3 workers: a test's wall time grows with what the other
+workers do, its CPU does not, so CPU is what tells the costly tests from the slow ones.
+
+A process's CPU cannot be read once it has ended, and its parent's children's time does
+not always get it (Ray's raylet reaps its workers without counting them), so a thread
+reads every process carrying this session's mark twice a second and keeps the last
+figure of those that ended. What a process spends in its last half second (and one that
+lives less) is missed.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import threading
+from pathlib import Path
+
+from tests.leftovers import OWNER_VARIABLE
+
+_TICKS = os.sysconf("SC_CLK_TCK")
+_PERIOD_S = 0.5
+
+
+class CpuMeter:
+    """CPU seconds of this process and of every process carrying ``mark``, ended or not."""
+
+    def __init__(self, mark: str) -> None:
+        self._wanted = f"{OWNER_VARIABLE}={mark}".encode()
+        self._lock = threading.Lock()
+        #: pid and start time (a reused pid is another process) -> whether it is ours.
+        self._ours: dict[tuple[str, str], bool] = {}
+        self._live: dict[tuple[str, str], float] = {}
+        self._ended = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="cpu-meter", daemon=True)
+        self._thread.start()
+
+    def seconds(self) -> float:
+        self._sample()
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        with self._lock:
+            return usage.ru_utime + usage.ru_stime + self._ended + sum(self._live.values())
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        while not self._stop.wait(_PERIOD_S):
+            self._sample()
+
+    def _sample(self) -> None:
+        with self._lock:  # the thread and seconds() both sample
+            present: dict[tuple[str, str], bool] = {}
+            live: dict[tuple[str, str], float] = {}
+            me = str(os.getpid())
+            for entry in Path("/proc").iterdir():
+                if not entry.name.isdigit() or entry.name == me:
+                    continue
+                try:
+                    fields = (entry / "stat").read_text().rpartition(")")[2].split()
+                    key = (entry.name, fields[19])  # field 22 of stat: the start time
+                    ours = self._ours.get(key)
+                    if ours is None:
+                        ours = self._wanted in (entry / "environ").read_bytes().split(b"\0")
+                except OSError:  # gone meanwhile, or not ours to read
+                    continue
+                present[key] = ours
+                if ours:
+                    live[key] = (int(fields[11]) + int(fields[12])) / _TICKS  # utime, stime
+            self._ended += sum(cpu for key, cpu in self._live.items() if key not in live)
+            self._live = live
+            self._ours = present
