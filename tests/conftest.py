@@ -23,6 +23,10 @@ ROOT = Path(__file__).resolve().parents[1]
 os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
 os.environ.pop("RAY_ADDRESS", None)
+# The de-quantized copies of GGUF models (llm/engines/gguf_cache.py) in the venv running
+# the tests, shared by its workers and runs, not in the user's cache; a clean clone starts
+# without one.
+os.environ.setdefault("APP_TOOLKIT_GGUF_CACHE", str(Path(sys.prefix) / "gguf-cache"))
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
@@ -139,7 +143,7 @@ LARGE_BODY_LIMIT = 2 << 30
 #: (about 1.5 s of a core here) that no later scale-up needed. The tests of spares run on
 #: a cluster with the default setting (``spares_ray_toolkit``). A value set before the
 #: session wins.
-_SESSION_SPARES = os.environ.get(SPARES_ENV, "0")
+_SESSION_SPARES = os.environ.setdefault(SPARES_ENV, "0")  # the CLI's clusters too
 #: The setting the running test cluster was started with (a Ray cluster's processes
 #: inherit it when it starts: changing it means a new cluster).
 _cluster_spares: str | None = None

@@ -6,6 +6,7 @@ import contextlib
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
@@ -66,7 +67,17 @@ def test_connections_are_pinned_and_spread_over_replicas(toolkit: Toolkit) -> No
 
 def test_overload_closes_1013_for_browsers_and_503_for_others(toolkit: Toolkit) -> None:
     toolkit.run(basic.make_ws_app(max_ongoing_requests=1, max_queued_requests=0), route_prefix="/wsfull")
-    with connect(ws_url(toolkit, "/wsfull/ws/who")) as holder:
+
+    def first_connection() -> Any:
+        # With no queue, a request the proxy gets before it has heard of the new replica
+        # is refused, as Ray Serve's caller refuses one (seen on a loaded host): retry.
+        try:
+            return connect(ws_url(toolkit, "/wsfull/ws/who"))
+        except InvalidStatus as refused:
+            assert refused.response.status_code == 503
+            return None
+
+    with wait_for(first_connection, 30, "the proxy to know the replica") as holder:
         holder.send("x")
         holder.recv(timeout=10)  # the only slot is taken for as long as this stays open
         with connect(
