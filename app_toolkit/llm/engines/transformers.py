@@ -2,8 +2,9 @@
 (``decoder.py``).
 
 The model is a folder (a Hugging Face checkpoint, or one holding a GGUF file named by
-``gguf_file``, which transformers de-quantizes: SmolLM2-135M-Instruct takes about 35 s on
-a 2-core CPU). Nothing is downloaded: the folder must hold every file.
+``gguf_file``, which transformers de-quantizes: SmolLM2-135M-Instruct takes about 35 s of
+a core; the first load keeps the result on disk for the next, ``gguf_cache.py``). Nothing
+is downloaded: the folder must hold every file.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..engine import Constraint, EngineLoad, Sampling
-from . import adapters
+from . import adapters, gguf_cache
 from .decoder import Decoder, DecoderHooks
 from .prefix_cache import PrefixCache
 
@@ -110,22 +111,31 @@ class TransformersEngine:
             raise FileNotFoundError(
                 f"{self.path} holds no {self.gguf_file}: name a GGUF file that is in the folder"
             )
+        source = self.path
         files: dict[str, Any] = {"gguf_file": self.gguf_file} if self.gguf_file else {}
-        imported = time.monotonic()
-        tokenizer = AutoTokenizer.from_pretrained(self.path, local_files_only=True, **files)
-        tokenized = time.monotonic()
         if self._dtype != "auto":
             files["dtype"] = getattr(torch, self._dtype)
-        model = AutoModelForCausalLM.from_pretrained(self.path, local_files_only=True, **files)
+        gguf = self.path / self.gguf_file if self.gguf_file else None
+        copy = gguf_cache.find(gguf, self._dtype) if gguf else None
+        if copy is not None:  # de-quantized by an earlier load
+            source, files = copy[0], {"dtype": getattr(torch, copy[1])}
+        imported = time.monotonic()
+        read_from = {"gguf_file": files["gguf_file"]} if "gguf_file" in files else {}
+        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True, **read_from)
+        tokenized = time.monotonic()
+        model = AutoModelForCausalLM.from_pretrained(source, local_files_only=True, **files)
         model.eval()  # type: ignore[no-untyped-call]  # transformers: unannotated
         logger.info(
-            "Loaded %s in %.1f s (imports %.1f s, tokenizer %.1f s, weights %.1f s)",
+            "Loaded %s in %.1f s (imports %.1f s, tokenizer %.1f s, weights %.1f s)%s",
             self.path / (self.gguf_file or ""),
             time.monotonic() - started,
             imported - started,
             tokenized - imported,
             time.monotonic() - tokenized,
+            f", from its de-quantized copy in {source}" if copy else "",
         )
+        if gguf is not None and copy is None:
+            gguf_cache.store(gguf, self._dtype, model, tokenizer)
         window = int(model.config.max_position_embeddings)
         self.context_window = min(self._max_model_len or window, window)
         self.tokenizer = tokenizer
