@@ -5,14 +5,17 @@ transformers reads a GGUF file by de-quantizing every tensor and rebuilding the 
 from the file's vocabulary: SmolLM2-135M-Instruct takes about 35 s of a core each time a
 replica starts. The first load writes what it built (config, weights as safetensors,
 tokenizer) to a folder named after the file (its path, size and modification time) and
-the transformers and torch versions; the later ones read that folder, in about 2 s.
+the transformers and torch versions; the later ones read that folder (0.7 s on this project's 2-core host).
 
 Where: ``$APP_TOOLKIT_GGUF_CACHE``, else ``$XDG_CACHE_HOME/app_toolkit/gguf``, else
-``~/.cache/app_toolkit/gguf``; ``APP_TOOLKIT_GGUF_CACHE=off`` keeps no copy. A copy is
+``~/.cache/app_toolkit/gguf`` (on each node: a Ray worker reads its own environment);
+``APP_TOOLKIT_GGUF_CACHE=off`` keeps no copy. A copy is
 written only while the weights take at most :data:`MAX_BYTES` (the copy holds them
 de-quantized: four bytes a weight in float32), whole or not at all (written beside,
-then renamed), and readable only by its owner. A copy that cannot be written (a
-read-only or full disk) is logged and skipped: the model loads either way.
+then renamed), readable only by its owner, and read only while it still is (a folder
+that is a link, another user's or open to others is passed over). A copy that cannot be
+written (a read-only or full disk) is logged and skipped, and one that cannot be read is
+logged, removed and written again: the model loads either way.
 """
 
 from __future__ import annotations
@@ -22,9 +25,14 @@ import json
 import logging
 import os
 import shutil
+import stat
 import tempfile
+import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from app_toolkit.exceptions import ConfigError
 
 logger = logging.getLogger(__name__)
 
@@ -33,51 +41,89 @@ CACHE_ENV = "APP_TOOLKIT_GGUF_CACHE"
 _OFF = ("off", "0", "false", "no")
 #: The largest de-quantized weights a copy is written for (bytes).
 MAX_BYTES = 2 << 30
+#: The types a copy's weights may have.
+DTYPES = ("float32", "bfloat16", "float16")
 _ABOUT = "app_toolkit.json"  # written last: a folder without it is not a copy
+_WRITING = ".writing-"
+#: A folder being written for longer than this was left by a process that died.
+_ABANDONED_AFTER_S = 3600.0
+
+
+@dataclass(frozen=True)
+class Copy:
+    """A de-quantized copy: its folder and the type of its weights."""
+
+    folder: Path
+    dtype: str
 
 
 def root() -> Path | None:
-    """The cache's folder, or None when the cache is off."""
+    """The cache's folder, or None when the cache is off (ConfigError for a relative
+    path: each process would read it from its own working directory)."""
     configured = os.environ.get(CACHE_ENV, "").strip()
     if configured.lower() in _OFF:
         return None
     if configured:
-        return Path(configured).expanduser()
+        folder = Path(configured).expanduser()
+        if not folder.is_absolute():
+            raise ConfigError(
+                f"{CACHE_ENV}={configured!r} is a relative path; give an absolute one, or 'off' to keep no "
+                "de-quantized copies"
+            )
+        return folder
     base = os.environ.get("XDG_CACHE_HOME", "").strip() or str(Path.home() / ".cache")
     return Path(base) / "app_toolkit" / "gguf"
 
 
-def _key(gguf: Path, dtype: str) -> str:
+def folder_for(gguf: Path, dtype: str) -> Path | None:
+    """Where the copy of ``gguf`` loaded as ``dtype`` is kept (None: the cache is off).
+    Named after the file's path, size and modification time, the dtype and the
+    transformers and torch versions."""
     import torch
     import transformers
 
-    stat = gguf.stat()
+    folder = root()
+    if folder is None:
+        return None
+    facts = gguf.stat()
     versions = (transformers.__version__, torch.__version__)
-    parts = (str(gguf.resolve()), stat.st_size, stat.st_mtime_ns, dtype, *versions)
-    return hashlib.sha256("\0".join(map(str, parts)).encode()).hexdigest()[:32]
+    parts = (str(gguf.resolve()), facts.st_size, facts.st_mtime_ns, dtype, *versions)
+    return folder / hashlib.sha256("\0".join(map(str, parts)).encode()).hexdigest()[:32]
 
 
-def find(gguf: Path, dtype: str) -> tuple[Path, str] | None:
-    """The copy of ``gguf`` loaded as ``dtype`` and the type its weights have, if one
-    was written."""
-    folder = root()
+def find(gguf: Path, dtype: str) -> Copy | None:
+    """The copy of ``gguf`` loaded as ``dtype``, if one was written and is still this
+    user's alone."""
+    folder = folder_for(gguf, dtype)
     if folder is None:
         return None
-    copy = folder / _key(gguf, dtype)
     try:
-        about = json.loads((copy / _ABOUT).read_text())
-        return copy, str(about["dtype"])
-    except (OSError, ValueError, KeyError, TypeError):
+        facts = folder.lstat()
+        if not _private(facts):
+            logger.warning(
+                "Passing over %s: a copy must be a folder of this user's, closed to others", folder
+            )
+            return None
+        about = json.loads((folder / _ABOUT).read_text())
+    except (OSError, ValueError):
         return None
+    found = about.get("dtype") if isinstance(about, dict) else None
+    return Copy(folder, found) if found in DTYPES else None
 
 
-def store(gguf: Path, dtype: str, model: Any, tokenizer: Any) -> Path | None:
-    """Write the copy of ``gguf`` (as loaded with ``dtype``): the folder, or None when
-    none was written (the cache off, the weights too large, the disk refused)."""
-    folder = root()
-    if folder is None:
+def discard(copy: Copy) -> None:
+    """Remove a copy that could not be read, so that the next load writes it again."""
+    shutil.rmtree(copy.folder, ignore_errors=True)
+
+
+def store(gguf: Path, dtype: str, model: Any, tokenizer: Any) -> Copy | None:
+    """Write the copy of ``gguf`` (as loaded with ``dtype``), or None when none was
+    written (the cache off, the weights too large, the disk refused)."""
+    copy = folder_for(gguf, dtype)
+    if copy is None:
         return None
-    size = sum(tensor.numel() * tensor.element_size() for tensor in model.state_dict().values())
+    tensors = {tensor.data_ptr(): tensor for tensor in model.state_dict().values()}  # tied: once
+    size = sum(tensor.numel() * tensor.element_size() for tensor in tensors.values())
     if size > MAX_BYTES:
         logger.info(
             "Not keeping a de-quantized copy of %s: its weights take %.1f GiB, above the %.0f GiB a copy "
@@ -87,27 +133,51 @@ def store(gguf: Path, dtype: str, model: Any, tokenizer: Any) -> Path | None:
             MAX_BYTES / 2**30,
         )
         return None
-    copy = folder / _key(gguf, dtype)
+    folder = copy.parent
     try:
         folder.mkdir(mode=0o700, parents=True, exist_ok=True)
-        written = Path(tempfile.mkdtemp(prefix=".writing-", dir=folder))
+        _remove_abandoned(folder)
+        written = Path(tempfile.mkdtemp(prefix=_WRITING, dir=folder))
     except OSError as exc:
         logger.warning("Could not keep a de-quantized copy of %s in %s: %s", gguf, folder, exc)
         return None
     try:
-        _write(written, gguf, model, tokenizer)
+        kept = _write(written, gguf, model, tokenizer)
         os.rename(written, copy)  # whole or not at all; another replica may have won
-    except OSError as exc:
-        shutil.rmtree(written, ignore_errors=True)
-        if (copy / _ABOUT).is_file():
-            return copy
+    except Exception as exc:  # noqa: BLE001 - the model is loaded: a copy not kept is only slower next time
+        if isinstance(exc, OSError) and (raced := find(gguf, dtype)) is not None:
+            return raced
         logger.warning("Could not keep a de-quantized copy of %s in %s: %s", gguf, folder, exc)
         return None
+    finally:
+        shutil.rmtree(written, ignore_errors=True)  # gone once renamed
     logger.info("Kept a de-quantized copy of %s in %s: the next load reads it", gguf, copy)
-    return copy
+    return Copy(copy, kept)
 
 
-def _write(folder: Path, gguf: Path, model: Any, tokenizer: Any) -> None:
+def _private(facts: os.stat_result) -> bool:
+    return (
+        stat.S_ISDIR(facts.st_mode)
+        and facts.st_uid == os.getuid()
+        and stat.S_IMODE(facts.st_mode) & 0o077 == 0
+    )
+
+
+def _remove_abandoned(folder: Path) -> None:
+    """Folders left half-written by a process that died while writing (a replica stopped
+    during its first load)."""
+    now = time.time()
+    for entry in folder.glob(f"{_WRITING}*"):
+        try:
+            if now - entry.lstat().st_mtime > _ABANDONED_AFTER_S:
+                shutil.rmtree(entry, ignore_errors=True)
+        except OSError:
+            continue
+
+
+def _write(folder: Path, gguf: Path, model: Any, tokenizer: Any) -> str:
+    """The copy's files in ``folder``, on disk before it is renamed; returns the weights'
+    type."""
     from safetensors.torch import save_model  # transformers' own dependency
 
     # Not model.save_pretrained: transformers refuses it for a model read from GGUF.
@@ -116,5 +186,9 @@ def _write(folder: Path, gguf: Path, model: Any, tokenizer: Any) -> None:
         model.generation_config.save_pretrained(folder)
     save_model(model, str(folder / "model.safetensors"))  # tied weights stored once
     tokenizer.save_pretrained(folder)
-    about = {"gguf": str(gguf), "dtype": str(model.dtype).removeprefix("torch.")}
-    (folder / _ABOUT).write_text(json.dumps(about))
+    kept = str(model.dtype).removeprefix("torch.")
+    (folder / _ABOUT).write_text(json.dumps({"gguf": str(gguf), "dtype": kept}))
+    for written in folder.iterdir():
+        with written.open("rb") as file:
+            os.fsync(file.fileno())
+    return kept

@@ -99,7 +99,7 @@ class TransformersEngine:
         os.environ.setdefault("TQDM_DISABLE", "1")  # the GGUF reader draws a progress bar of its own
         started = time.monotonic()
         import torch
-        from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: F401 - timed as the imports
         from transformers.utils import logging as hf_logging
 
         hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]  # transformers: unannotated
@@ -111,20 +111,26 @@ class TransformersEngine:
             raise FileNotFoundError(
                 f"{self.path} holds no {self.gguf_file}: name a GGUF file that is in the folder"
             )
-        source = self.path
         files: dict[str, Any] = {"gguf_file": self.gguf_file} if self.gguf_file else {}
         if self._dtype != "auto":
             files["dtype"] = getattr(torch, self._dtype)
         gguf = self.path / self.gguf_file if self.gguf_file else None
         copy = gguf_cache.find(gguf, self._dtype) if gguf else None
-        if copy is not None:  # de-quantized by an earlier load
-            source, files = copy[0], {"dtype": getattr(torch, copy[1])}
         imported = time.monotonic()
-        read_from = {"gguf_file": files["gguf_file"]} if "gguf_file" in files else {}
-        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True, **read_from)
-        tokenized = time.monotonic()
-        model = AutoModelForCausalLM.from_pretrained(source, local_files_only=True, **files)
-        model.eval()  # type: ignore[no-untyped-call]  # transformers: unannotated
+        if copy is not None:  # de-quantized by an earlier load
+            try:
+                kept = {"dtype": getattr(torch, copy.dtype), "use_safetensors": True}  # nothing else
+                tokenizer, model, tokenized = _read(copy.folder, kept)
+            except MemoryError:
+                raise  # the copy is fine; de-quantizing would need more
+            except Exception as exc:  # noqa: BLE001 - a damaged copy: the file is still there
+                logger.warning(
+                    "Could not read the copy of %s in %s (%s): reading the file", gguf, copy.folder, exc
+                )
+                gguf_cache.discard(copy)
+                copy = None
+        if copy is None:
+            tokenizer, model, tokenized = _read(self.path, files)
         logger.info(
             "Loaded %s in %.1f s (imports %.1f s, tokenizer %.1f s, weights %.1f s)%s",
             self.path / (self.gguf_file or ""),
@@ -132,7 +138,7 @@ class TransformersEngine:
             imported - started,
             tokenized - imported,
             time.monotonic() - tokenized,
-            f", from its de-quantized copy in {source}" if copy else "",
+            f", from its de-quantized copy in {copy.folder}" if copy else "",
         )
         if gguf is not None and copy is None:
             gguf_cache.store(gguf, self._dtype, model, tokenizer)
@@ -273,6 +279,20 @@ class TransformersEngine:
         if self._decoder is None:
             raise RuntimeError("The engine is not loaded: call load() first (once per replica)")
         return self._decoder
+
+
+def _read(source: Path, files: dict[str, Any]) -> tuple[Any, Any, float]:
+    """The tokenizer and the model (in eval mode) in ``source``, and when the tokenizer
+    was read (``files``: ``gguf_file``, ``dtype``, ``use_safetensors``, as transformers
+    takes them)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    gguf = {"gguf_file": files["gguf_file"]} if "gguf_file" in files else {}
+    tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True, **gguf)
+    tokenized = time.monotonic()
+    model = AutoModelForCausalLM.from_pretrained(source, local_files_only=True, **files)
+    model.eval()  # type: ignore[no-untyped-call]  # transformers: unannotated
+    return tokenizer, model, tokenized
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
