@@ -4,8 +4,9 @@ CPU (summed over tests; the workers run them side by side) and the costliest tes
     python .ci/time_table.py .venv/pytest.xml [--slowest 15]
 
 A test's time is its wall time, which grows with what the other workers do beside it;
-its CPU (tests/cpu_meter.py: the test process's and every process it started) does not,
-so the tests are ranked by CPU, what the suite's two cores spend on them.
+its CPU (tests/cpu_meter.py: the test process's and every process it started) much less,
+so the tests are ranked by CPU, what the suite's two cores spend on them (by time, in an
+XML written before the suite recorded CPU).
 """
 
 from __future__ import annotations
@@ -18,12 +19,15 @@ from dataclasses import dataclass
 
 @dataclass(frozen=True)
 class Test:
+    """One test's id, wall time and CPU (0 when the XML has none)."""
+
     name: str
     seconds: float
     cpu_s: float
 
 
 def read(path: str) -> list[Test]:
+    """The tests of a JUnit XML file."""
     tests = []
     for case in ET.parse(path).iter("testcase"):
         module = case.get("classname", "").replace(".", "/") + ".py"
@@ -43,7 +47,7 @@ def main() -> None:
         parts = test.name.split("/")
         folders["/".join(parts[:2]) + "/" if len(parts) > 2 else test.name.partition("::")[0]].append(test)
     print("| folder | tests | time (s, summed) | CPU (s, summed) |\n| --- | ---: | ---: | ---: |")
-    for folder, members in sorted(folders.items(), key=lambda item: -sum(t.cpu_s for t in item[1])):
+    for folder, members in sorted(folders.items(), key=lambda item: (-sum(t.cpu_s for t in item[1]), -sum(t.seconds for t in item[1]))):
         seconds, cpu = sum(t.seconds for t in members), sum(t.cpu_s for t in members)
         print(f"| `{folder}` | {len(members)} | {seconds:.0f} | {cpu:.0f} |")
     print(f"| all | {len(tests)} | {sum(t.seconds for t in tests):.0f} | {sum(t.cpu_s for t in tests):.0f} |")

@@ -140,9 +140,9 @@ LARGE_BODY_LIMIT = 2 << 30
 #: The spare replica processes the session's Ray clusters keep (backends/ray/spares.py):
 #: none. A spare hides a new replica's process start from a later scale-up; in a suite
 #: whose tests deploy and delete within seconds, each spare started is a Ray worker
-#: (about 1.5 s of a core here) that no later scale-up needed. The tests of spares run on
-#: a cluster with the default setting (``spares_ray_toolkit``). A value set before the
-#: session wins.
+#: (0.7-1.5 s of a core, by host) that no later scale-up needed. The tests of spares run
+#: on a cluster with the default setting (``spares_ray_toolkit``), after every other Ray
+#: test (``pytest_collection_modifyitems``). A value set before the session wins.
 _SESSION_SPARES = os.environ.setdefault(SPARES_ENV, "0")  # the CLI's clusters too
 #: The setting the running test cluster was started with (a Ray cluster's processes
 #: inherit it when it starts: changing it means a new cluster).
@@ -151,8 +151,8 @@ _cluster_spares: str | None = None
 
 def _ensure_backend(backend: str, spares: str = _SESSION_SPARES) -> Toolkit:
     global _cluster_spares
-    if backend == "ray" and _cluster_spares not in (None, spares):
-        _shut_down()  # a cluster with the other spare setting
+    if backend == "ray" and _cluster_spares != spares:
+        _shut_down()  # a cluster with the other setting, or one this fixture did not start
     session = current_session(create=False)
     if session is not None and session.backend_name != backend:
         tk.shutdown()
@@ -180,12 +180,19 @@ def _init_test_ray(spares: str) -> None:
 
     if ray.is_initialized():
         return
+    before = os.environ.get(SPARES_ENV)
     if spares:
         os.environ[SPARES_ENV] = spares
     else:
         os.environ.pop(SPARES_ENV, None)
-    # The embedded cluster users get, with a resource to check ray_actor_options by.
-    init_ray(None, num_cpus=2, resources={TEST_RESOURCE: 2})
+    try:  # the cluster's processes inherit the setting as Ray starts them
+        # The embedded cluster users get, with a resource to check ray_actor_options by.
+        init_ray(None, num_cpus=2, resources={TEST_RESOURCE: 2})
+    finally:  # the clusters of CLIs and scenarios keep the session's
+        if before is None:
+            os.environ.pop(SPARES_ENV, None)
+        else:
+            os.environ[SPARES_ENV] = before
 
 
 def _toolkit_for(backend: str, spares: str = _SESSION_SPARES) -> Iterator[Toolkit]:
@@ -219,8 +226,8 @@ def module_ray_toolkit(request: pytest.FixtureRequest) -> Iterator[Toolkit]:
 @pytest.fixture(params=["ray"])
 def spares_ray_toolkit(request: pytest.FixtureRequest) -> Iterator[Toolkit]:
     """``ray_toolkit`` on a cluster whose nodes keep spare replica processes as users'
-    do (the default setting; the session's clusters keep none): for the tests of spares.
-    Consecutive such tests share the cluster; the next other Ray test starts a new one."""
+    do (the default setting; the session's clusters keep none): for the tests of spares,
+    which run after every other Ray test and share that cluster."""
     yield from _toolkit_for(request.param, spares="")
 
 
@@ -256,22 +263,32 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # Every local-backend test before the Ray ones: each backend starts once per process.
     # Under pytest-xdist (`make test` runs -n 3) each worker still runs its tests in this
     # order (its load scheduling hands them out so), and starts a Ray cluster of its own.
-    items.sort(key=lambda item: _on_ray(item.nodeid))
+    # The tests of spares come last: a worker that runs one starts its second cluster (the
+    # default spare setting) once, and never goes back.
+    items.sort(
+        key=lambda item: (_on_ray(item.nodeid), "spares_ray_toolkit" in getattr(item, "fixturenames", ()))
+    )
     for item in items:
         if _on_ray(item.nodeid):
             item.add_marker(pytest.mark.ray)
 
 
+def _fixtures(item: pytest.Item) -> tuple[str, ...]:
+    return tuple(getattr(item, "fixturenames", ()))
+
+
 def _shut_down() -> None:
     global _cluster_spares
-    if current_session(create=False) is not None:
-        tk.shutdown()
-    if "ray" in sys.modules:
-        import ray
+    try:
+        if current_session(create=False) is not None:
+            tk.shutdown()
+    finally:
+        if "ray" in sys.modules:
+            import ray
 
-        if ray.is_initialized():
-            ray.shutdown()
-    _cluster_spares = None
+            if ray.is_initialized():
+                ray.shutdown()
+        _cluster_spares = None
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -289,6 +306,8 @@ def _no_process_left_behind() -> Iterator[None]:
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if _METER is not None:
+        _METER.stop()
     _shut_down()  # a session that ran no test never set up the fixture above
 
 

@@ -9,7 +9,9 @@ A process's CPU cannot be read once it has ended, and its parent's children's ti
 not always get it (Ray's raylet reaps its workers without counting them), so a thread
 reads every process carrying this session's mark twice a second and keeps the last
 figure of those that ended. What a process spends in its last half second (and one that
-lives less) is missed.
+lives less) is missed. The figures include what the sampling costs (a few ms each half
+second) and the worker's own idle Ray cluster while the test runs, which grows with the
+test's wall time: the first Ray test of a worker also carries its cluster's start.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from tests.leftovers import OWNER_VARIABLE
 
 _TICKS = os.sysconf("SC_CLK_TCK")
 _PERIOD_S = 0.5
+_YOUNG_S = 2.0
 
 
 class CpuMeter:
@@ -57,20 +60,28 @@ class CpuMeter:
             present: dict[tuple[str, str], bool] = {}
             live: dict[tuple[str, str], float] = {}
             me = str(os.getpid())
+            uptime = float(Path("/proc/uptime").read_text().split()[0])
             for entry in Path("/proc").iterdir():
                 if not entry.name.isdigit() or entry.name == me:
                     continue
                 try:
                     fields = (entry / "stat").read_text().rpartition(")")[2].split()
                     key = (entry.name, fields[19])  # field 22 of stat: the start time
+                    cpu = (int(fields[11]) + int(fields[12])) / _TICKS  # utime, stime
                     ours = self._ours.get(key)
                     if ours is None:
                         ours = self._wanted in (entry / "environ").read_bytes().split(b"\0")
-                except OSError:  # gone meanwhile, or not ours to read
+                except (OSError, IndexError, ValueError):  # gone meanwhile, or not ours to read
+                    # Still listed: its last figure stays live (not counted as ended, then
+                    # again when read next).
+                    live.update((key, cpu) for key, cpu in self._live.items() if key[0] == entry.name)
                     continue
-                present[key] = ours
+                # A process seen between fork and exec still shows its parent's first
+                # environment: a young one is asked again next time.
+                if ours or uptime - int(fields[19]) / _TICKS > _YOUNG_S:
+                    present[key] = ours
                 if ours:
-                    live[key] = (int(fields[11]) + int(fields[12])) / _TICKS  # utime, stime
+                    live[key] = cpu
             self._ended += sum(cpu for key, cpu in self._live.items() if key not in live)
             self._live = live
             self._ours = present

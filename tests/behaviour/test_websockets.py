@@ -6,11 +6,10 @@ import contextlib
 import threading
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 from websockets.exceptions import ConnectionClosed, InvalidStatus
-from websockets.sync.client import connect
+from websockets.sync.client import ClientConnection, connect
 
 import app_toolkit as tk
 from tests.apps import basic, serve_compat
@@ -68,7 +67,7 @@ def test_connections_are_pinned_and_spread_over_replicas(toolkit: Toolkit) -> No
 def test_overload_closes_1013_for_browsers_and_503_for_others(toolkit: Toolkit) -> None:
     toolkit.run(basic.make_ws_app(max_ongoing_requests=1, max_queued_requests=0), route_prefix="/wsfull")
 
-    def first_connection() -> Any:
+    def first_connection() -> ClientConnection | None:
         # With no queue, a request the proxy gets before it has heard of the new replica
         # is refused, as Ray Serve's caller refuses one (seen on a loaded host): retry.
         try:
