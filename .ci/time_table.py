@@ -47,7 +47,11 @@ def main() -> None:
         parts = test.name.split("/")
         folders["/".join(parts[:2]) + "/" if len(parts) > 2 else test.name.partition("::")[0]].append(test)
     print("| folder | tests | time (s, summed) | CPU (s, summed) |\n| --- | ---: | ---: | ---: |")
-    for folder, members in sorted(folders.items(), key=lambda item: (-sum(t.cpu_s for t in item[1]), -sum(t.seconds for t in item[1]))):
+
+    def cost(item: tuple[str, list[Test]]) -> tuple[float, float]:
+        return -sum(t.cpu_s for t in item[1]), -sum(t.seconds for t in item[1])
+
+    for folder, members in sorted(folders.items(), key=cost):
         seconds, cpu = sum(t.seconds for t in members), sum(t.cpu_s for t in members)
         print(f"| `{folder}` | {len(members)} | {seconds:.0f} | {cpu:.0f} |")
     print(f"| all | {len(tests)} | {sum(t.seconds for t in tests):.0f} | {sum(t.cpu_s for t in tests):.0f} |")
