@@ -265,9 +265,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     # order (its load scheduling hands them out so), and starts a Ray cluster of its own.
     # The tests of spares come last: a worker that runs one starts its second cluster (the
     # default spare setting) once, and never goes back.
-    items.sort(
-        key=lambda item: (_on_ray(item.nodeid), "spares_ray_toolkit" in getattr(item, "fixturenames", ()))
-    )
+    items.sort(key=lambda item: (_on_ray(item.nodeid), "spares_ray_toolkit" in _fixtures(item)))
     for item in items:
         if _on_ray(item.nodeid):
             item.add_marker(pytest.mark.ray)

@@ -117,14 +117,24 @@ def test_off_too_large_unwritable_or_failing_keeps_no_copy(
     cache = tmp_path / "cache"
     monkeypatch.setenv(gguf_cache.CACHE_ENV, str(cache))
     caplog.set_level(logging.INFO, logger="app_toolkit.llm.engines")
+    # A tied weight counts once: twice, this one would be above the bound.
+    assert gguf_cache.store(gguf, "auto", _Model(gguf_cache.MAX_BYTES // 8 + 1), object()) is None
+    assert "Not keeping a de-quantized copy" not in caplog.text
+    shutil.rmtree(cache)
     assert gguf_cache.store(gguf, "auto", _Model(gguf_cache.MAX_BYTES // 4 + 1), object()) is None
     assert "Not keeping a de-quantized copy" in caplog.text
     assert not cache.exists()
 
-    # A write that fails with anything (here the tokenizer's) leaves no folder behind.
+    # A write that fails with anything (here: the fake model has no config) leaves no
+    # folder behind.
     assert gguf_cache.store(gguf, "auto", _Model(1), object()) is None
     assert "Could not keep a de-quantized copy" in caplog.text
     assert list(cache.iterdir()) == []
+
+    # The file gone while the model loaded: nothing kept, nothing raised.
+    assert gguf_cache.store(tmp_path / "gone.gguf", "auto", _Model(1), object()) is None
+    assert not gguf_cache.out_of_memory(ValueError("header too large"))
+    assert gguf_cache.out_of_memory(RuntimeError("DefaultCPUAllocator: not enough memory: you tried"))
 
     blocked = tmp_path / "a-file"
     blocked.write_text("")

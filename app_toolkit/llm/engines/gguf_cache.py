@@ -94,10 +94,10 @@ def folder_for(gguf: Path, dtype: str) -> Path | None:
 def find(gguf: Path, dtype: str) -> Copy | None:
     """The copy of ``gguf`` loaded as ``dtype``, if one was written and is still this
     user's alone."""
-    folder = folder_for(gguf, dtype)
-    if folder is None:
-        return None
     try:
+        folder = folder_for(gguf, dtype)
+        if folder is None:
+            return None
         facts = folder.lstat()
         if not _private(facts):
             logger.warning(
@@ -111,6 +111,14 @@ def find(gguf: Path, dtype: str) -> Copy | None:
     return Copy(folder, found) if found in DTYPES else None
 
 
+def out_of_memory(error: BaseException) -> bool:
+    """Whether reading a copy failed for want of memory (torch raises RuntimeError), not
+    because the copy is damaged: such a copy is kept."""
+    return (
+        isinstance(error, MemoryError) or "not enough memory" in str(error) or "out of memory" in str(error)
+    )
+
+
 def discard(copy: Copy) -> None:
     """Remove a copy that could not be read, so that the next load writes it again."""
     shutil.rmtree(copy.folder, ignore_errors=True)
@@ -118,8 +126,12 @@ def discard(copy: Copy) -> None:
 
 def store(gguf: Path, dtype: str, model: Any, tokenizer: Any) -> Copy | None:
     """Write the copy of ``gguf`` (as loaded with ``dtype``), or None when none was
-    written (the cache off, the weights too large, the disk refused)."""
-    copy = folder_for(gguf, dtype)
+    written (the cache off, the weights too large, the disk refused, the file gone)."""
+    try:
+        copy = folder_for(gguf, dtype)
+    except OSError as exc:  # the file removed or replaced while the model loaded
+        logger.warning("Could not keep a de-quantized copy of %s: %s", gguf, exc)
+        return None
     if copy is None:
         return None
     tensors = {tensor.data_ptr(): tensor for tensor in model.state_dict().values()}  # tied: once

@@ -121,9 +121,9 @@ class TransformersEngine:
             try:
                 kept = {"dtype": getattr(torch, copy.dtype), "use_safetensors": True}  # nothing else
                 tokenizer, model, tokenized = _read(copy.folder, kept)
-            except MemoryError:
-                raise  # the copy is fine; de-quantizing would need more
-            except Exception as exc:  # noqa: BLE001 - a damaged copy: the file is still there
+            except Exception as exc:  # a damaged copy: the file is still there
+                if gguf_cache.out_of_memory(exc):
+                    raise  # the copy is fine; de-quantizing would need more
                 logger.warning(
                     "Could not read the copy of %s in %s (%s): reading the file", gguf, copy.folder, exc
                 )
