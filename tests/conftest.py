@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import httpx
 import pytest
@@ -174,25 +175,13 @@ def _ensure_backend(backend: str, spares: str = _SESSION_SPARES) -> Toolkit:
 
 
 def _init_test_ray(spares: str) -> None:
-    import ray
-
     from app_toolkit._runtime.backends.ray.cluster import init_ray
 
-    if ray.is_initialized():
-        return
-    before = os.environ.get(SPARES_ENV)
-    if spares:
-        os.environ[SPARES_ENV] = spares
-    else:
-        os.environ.pop(SPARES_ENV, None)
-    try:  # the cluster's processes inherit the setting as Ray starts them
+    # The cluster's processes inherit the setting as Ray starts them ("": the default);
+    # the clusters CLIs and scenarios start later keep the session's.
+    with mock.patch.dict(os.environ, {SPARES_ENV: spares}):
         # The embedded cluster users get, with a resource to check ray_actor_options by.
         init_ray(None, num_cpus=2, resources={TEST_RESOURCE: 2})
-    finally:  # the clusters of CLIs and scenarios keep the session's
-        if before is None:
-            os.environ.pop(SPARES_ENV, None)
-        else:
-            os.environ[SPARES_ENV] = before
 
 
 def _toolkit_for(backend: str, spares: str = _SESSION_SPARES) -> Iterator[Toolkit]:

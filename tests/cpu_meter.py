@@ -21,7 +21,7 @@ import resource
 import threading
 from pathlib import Path
 
-from tests.leftovers import OWNER_VARIABLE
+from tests.leftovers import carries, mark_bytes, stat_fields
 
 _TICKS = os.sysconf("SC_CLK_TCK")
 _PERIOD_S = 0.5
@@ -32,7 +32,7 @@ class CpuMeter:
     """CPU seconds of this process and of every process carrying ``mark``, ended or not."""
 
     def __init__(self, mark: str) -> None:
-        self._wanted = f"{OWNER_VARIABLE}={mark}".encode()
+        self._wanted = mark_bytes(mark)
         self._lock = threading.Lock()
         #: pid and start time (a reused pid is another process) -> whether it is ours.
         self._ours: dict[tuple[str, str], bool] = {}
@@ -65,12 +65,12 @@ class CpuMeter:
                 if not entry.name.isdigit() or entry.name == me:
                     continue
                 try:
-                    fields = (entry / "stat").read_text().rpartition(")")[2].split()
+                    fields = stat_fields(entry)
                     key = (entry.name, fields[19])  # field 22 of stat: the start time
                     cpu = (int(fields[11]) + int(fields[12])) / _TICKS  # utime, stime
                     ours = self._ours.get(key)
                     if ours is None:
-                        ours = self._wanted in (entry / "environ").read_bytes().split(b"\0")
+                        ours = carries(entry, self._wanted)
                 except (OSError, IndexError, ValueError):  # gone meanwhile, or not ours to read
                     # Still listed: its last figure stays live (not counted as ended, then
                     # again when read next).

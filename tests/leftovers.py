@@ -35,6 +35,23 @@ def mark_this_process() -> str:
     return mark
 
 
+def mark_bytes(mark: str) -> bytes:
+    """How ``mark`` reads in a process's /proc/PID/environ."""
+    return f"{OWNER_VARIABLE}={mark}".encode()
+
+
+def carries(entry: Path, wanted: bytes) -> bool:
+    """Whether process ``entry`` (its /proc folder) started with the mark ``wanted``
+    (``mark_bytes``). OSError when it is gone or not ours to read."""
+    return wanted in (entry / "environ").read_bytes().split(b"\0")
+
+
+def stat_fields(entry: Path) -> list[str]:
+    """The fields of process ``entry``'s /proc/PID/stat after "pid (comm)" (comm may hold
+    spaces and parentheses): its state first. OSError when it is gone."""
+    return (entry / "stat").read_text().rpartition(")")[2].split()
+
+
 def leftovers(mark: str) -> list[Leftover]:
     """Live processes other than this one whose environment carries ``mark``."""
     return leftovers_among(
@@ -44,26 +61,20 @@ def leftovers(mark: str) -> list[Leftover]:
 
 def leftovers_among(mark: str, pids: list[int]) -> list[Leftover]:
     """Those of ``pids`` that are live processes other than this one carrying ``mark``."""
-    wanted = f"{OWNER_VARIABLE}={mark}".encode()
+    wanted = mark_bytes(mark)
     found = []
     for pid in pids:
         entry = Path("/proc") / str(pid)
         if pid == os.getpid():
             continue
         try:
-            environment = (entry / "environ").read_bytes().split(b"\0")
-            if wanted not in environment or _is_zombie(entry):
+            if not carries(entry, wanted) or stat_fields(entry)[0] == "Z":  # a zombie
                 continue
             command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:  # gone meanwhile, or not ours to read
             continue
         found.append(Leftover(pid, command.strip()[:200]))
     return found
-
-
-def _is_zombie(entry: Path) -> bool:
-    # /proc/PID/stat: "pid (comm) state ..."; comm may hold spaces and parentheses.
-    return (entry / "stat").read_text().rpartition(")")[2].split()[0] == "Z"
 
 
 def stop_leftovers(mark: str, grace_s: float) -> list[Leftover]:

@@ -9,7 +9,7 @@ the transformers and torch versions; the later ones read that folder (0.7 s on t
 
 Where: ``$APP_TOOLKIT_GGUF_CACHE``, else ``$XDG_CACHE_HOME/app_toolkit/gguf``, else
 ``~/.cache/app_toolkit/gguf`` (on each node: a Ray worker reads its own environment);
-``APP_TOOLKIT_GGUF_CACHE=off`` keeps no copy. A copy is
+``APP_TOOLKIT_GGUF_CACHE=off`` (or ``0``, ``false``, ``no``) keeps no copy. A copy is
 written only while the weights take at most :data:`MAX_BYTES` (the copy holds them
 de-quantized: four bytes a weight in float32), whole or not at all (written beside,
 then renamed), readable only by its owner, and read only while it still is (a folder
@@ -41,7 +41,7 @@ CACHE_ENV = "APP_TOOLKIT_GGUF_CACHE"
 _OFF = ("off", "0", "false", "no")
 #: The largest de-quantized weights a copy is written for (bytes).
 MAX_BYTES = 2 << 30
-#: The types a copy's weights may have.
+#: The types a copy's weights may have: the weights' types the transformers engine takes.
 DTYPES = ("float32", "bfloat16", "float16")
 _ABOUT = "app_toolkit.json"  # written last: a folder without it is not a copy
 _WRITING = ".writing-"

@@ -27,7 +27,7 @@ from .prefix_cache import PrefixCache
 logger = logging.getLogger(__name__)
 
 #: The ``dtype`` values taken (vLLM's names); "auto" keeps the checkpoint's own.
-DTYPES = ("auto", "float32", "bfloat16", "float16")
+DTYPES = ("auto", *gguf_cache.DTYPES)
 #: Tokens that end an assistant's turn in common chat templates (ChatML, Llama 3, Phi,
 #: Gemma): a reply ends there even when the checkpoint names another end-of-sequence token.
 END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>")
