@@ -14,7 +14,6 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
 import httpx
 import pytest
@@ -178,10 +177,14 @@ def _init_test_ray(spares: str) -> None:
     from app_toolkit._runtime.backends.ray.cluster import init_ray
 
     # The cluster's processes inherit the setting as Ray starts them ("": the default);
-    # the clusters CLIs and scenarios start later keep the session's.
-    with mock.patch.dict(os.environ, {SPARES_ENV: spares}):
-        # The embedded cluster users get, with a resource to check ray_actor_options by.
+    # the clusters CLIs and scenarios start later keep the session's. Only this one
+    # variable is put back: ray.init() sets others (RAY_AUTH_MODE) the CLIs need.
+    session = os.environ.get(SPARES_ENV, _SESSION_SPARES)
+    os.environ[SPARES_ENV] = spares
+    try:  # the embedded cluster users get, with a resource to check ray_actor_options by
         init_ray(None, num_cpus=2, resources={TEST_RESOURCE: 2})
+    finally:
+        os.environ[SPARES_ENV] = session
 
 
 def _toolkit_for(backend: str, spares: str = _SESSION_SPARES) -> Iterator[Toolkit]:
