@@ -12,7 +12,7 @@ from app_toolkit import api
 from app_toolkit import build as building
 from app_toolkit._runtime.backends.base import session_factory
 from app_toolkit._runtime.session import Session
-from app_toolkit.cli.session import fail, find
+from app_toolkit.cli.session import fail, find, no_cluster
 from app_toolkit.config.file import ServeConfigFile, dump_config, load_config
 from app_toolkit.exceptions import AppToolkitError, ConfigError, DeployError
 
@@ -103,9 +103,7 @@ def _join(address: str, config: ServeConfigFile) -> Session:
     try:
         return factory.start(address, config.http())
     except ConnectionError as exc:
-        raise ConfigError(
-            f"No Ray cluster at {address!r} ({exc}); start one with `ray start --head` or pass --address"
-        ) from None
+        raise no_cluster(address, exc) from None
 
 
 @click.command(name="config")

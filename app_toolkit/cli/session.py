@@ -3,6 +3,7 @@ and reaching the toolkit that runs on a cluster."""
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable, Sequence
 from typing import NoReturn
@@ -33,12 +34,25 @@ def key_values(pairs: Sequence[str], example: str) -> dict[str, str]:
     return found
 
 
+def no_cluster(address: str, exc: Exception) -> ConfigError:
+    """The error for a Ray cluster ``address`` that could not be joined, with the way out
+    of the usual cause: Ray (2.59 on) starts its clusters with token authentication, and
+    a client joining by an explicit address uses it only when ``RAY_AUTH_MODE=token``."""
+    hint = "start one with `ray start --head` or pass --address"
+    if address != "auto" and "RAY_AUTH_MODE" not in os.environ:
+        hint += (
+            "; if the cluster uses Ray's token authentication (on by default for clusters"
+            " ray.init() starts), set RAY_AUTH_MODE=token"
+        )
+    return ConfigError(f"No Ray cluster at {address!r} ({exc}); {hint}")
+
+
 def find(address: str) -> Session | None:
     """The toolkit running on the Ray cluster at ``address`` (None: not running there)."""
     try:
         return session_factory("ray").find(address)
     except Exception as exc:  # noqa: BLE001 - ray.init failing to find a cluster
-        fail(ConfigError(f"No Ray cluster at {address!r}: {exc}"))
+        fail(no_cluster(address, exc))
 
 
 def act(address: str, action: Callable[[Session], None]) -> Session:
