@@ -31,9 +31,32 @@ def _owner(client: httpx.Client, prefix: str = "") -> dict[str, object]:
     return answer
 
 
+def _fresh_owner(kit: Toolkit, prefix: str) -> dict[str, object]:
+    """``_owner`` over a connection of its own."""
+    with kit.client() as client:
+        return _owner(client, prefix)
+
+
+def _handed_off(kit: Toolkit, prefix: str, replicas: int) -> None:
+    """Wait until new connections to ``prefix`` reach each of its ``replicas`` ingress
+    replicas: the proxy hands them over once its tables list the replicas' hand-off
+    addresses, which may come a moment after ``tk.run`` returns (until then the proxy
+    serves the connection itself, as the app's answers show)."""
+    pids: set[object] = set()
+
+    def each_replica_owns_one() -> bool:
+        answer = _fresh_owner(kit, prefix)
+        if answer["owns"]:
+            pids.add(answer["pid"])
+        return len(pids) == replicas
+
+    wait_for(each_replica_owns_one, what=f"connections handed to each of {replicas} ingress replicas")
+
+
 def test_the_ingress_replica_owns_the_client_connection(ray_toolkit: Toolkit) -> None:
     prefix = "/" + ray_toolkit.name()
     ray_toolkit.run(make_where_app(), route_prefix=prefix)
+    _handed_off(ray_toolkit, prefix, replicas=2)
     with ray_toolkit.client() as client:  # one kept-alive connection
         first = _owner(client, prefix)
         second = _owner(client, prefix)
@@ -41,10 +64,9 @@ def test_the_ingress_replica_owns_the_client_connection(ray_toolkit: Toolkit) ->
     # A fresh connection each time: each is handed to one of the two replicas.
     pids = set()
     for _ in range(12):
-        with ray_toolkit.client() as client:
-            answer = _owner(client, prefix)
-            assert answer["owns"] is True
-            pids.add(answer["pid"])
+        answer = _fresh_owner(ray_toolkit, prefix)
+        assert answer["owns"] is True
+        pids.add(answer["pid"])
     assert len(pids) == 2
     metrics = plain_http.get(f"{ray_toolkit.url}/-/metrics", timeout=30).text
     assert "app_toolkit_proxy_connections_handed_off_total" in metrics
@@ -61,6 +83,7 @@ def test_one_connection_serves_requests_of_two_applications(ray_toolkit: Toolkit
     first, second = "/" + ray_toolkit.name(), "/" + ray_toolkit.name()
     ray_toolkit.run(make_where_app(num_replicas=1), route_prefix=first)
     ray_toolkit.run(make_where_app(num_replicas=1), route_prefix=second)
+    _handed_off(ray_toolkit, first, replicas=1)
     with ray_toolkit.client() as client:
         mine = _owner(client, first)  # the connection goes to the first app's replica
         theirs = _owner(client, second)  # forwarded by it to the second app's replica
