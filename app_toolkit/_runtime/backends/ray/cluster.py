@@ -115,7 +115,8 @@ def remote(cls: type, **options: object) -> Any:
 #: request body of a MiB or more hands the pages back to the kernel, and the next body
 #: faults them in again: 256 page faults per MiB, per copy. Bodies below 32 MiB now come
 #: from the heap, and up to 64 MiB of freed memory stays for the next one. POST 1 MiB:
-#: replica CPU per request 1.23 -> 0.47 ms, proxy 1.27 -> 0.68 ms (docs/benchmarks.md).
+#: replica CPU per request 1.23 -> 0.47 ms, proxy 1.27 -> 0.68 ms
+#: (docs/benchmarks-history.md, 2026-11-23 morning).
 MALLOC_ENV = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(64 << 20)}
 
 
