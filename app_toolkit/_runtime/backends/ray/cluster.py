@@ -23,7 +23,7 @@ from packaging.specifiers import SpecifierSet
 from ray.exceptions import RayActorError
 
 from app_toolkit._runtime import console_pipe, log_format, tracing
-from app_toolkit._runtime.backends.ray import ray_compat
+from app_toolkit._runtime.backends.ray import bytecode, ray_compat
 from app_toolkit.config import LOG_LEVEL_ENV
 from app_toolkit.exceptions import ConfigError
 
@@ -125,6 +125,7 @@ def init_ray(address: str | None, **options: Any) -> None:
     (``options`` go to ``ray.init``)."""
     if ray.is_initialized():
         return
+    bytecode.warn_if_compiled_at_each_start()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     for name, value in ray_compat.ENVIRONMENT.items():
         os.environ.setdefault(name, value)

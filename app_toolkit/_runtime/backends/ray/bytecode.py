@@ -1,0 +1,46 @@
+"""Whether this node's Ray install has bytecode its processes can use.
+
+Every process of a Ray cluster (each worker, so each replica, and Ray's agents and
+monitors) imports Ray as it starts. Python keeps the compiled form of a module next to its
+source (``__pycache__``), written on first import. Where it cannot be written
+(``PYTHONDONTWRITEBYTECODE`` set, as many container images do, or an install this user
+cannot write to) and the installer wrote none (uv without ``--compile-bytecode``; pip
+writes it), each process compiles Ray from source again: measured on a 2-core host,
+``import ray`` took 1.9 s of CPU instead of 0.8 s, and a replica's start 3.3 s instead
+of 1.9 s.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+from types import ModuleType
+
+import ray
+
+logger = logging.getLogger("app_toolkit.ray")
+
+
+def compiled(module: ModuleType) -> bool:
+    """Whether ``module``'s bytecode is where Python looks for it (True for a module that
+    has no source file to compile)."""
+    source = getattr(module, "__file__", None)
+    if not source or not source.endswith(".py"):
+        return True
+    return os.path.exists(importlib.util.cache_from_source(source))
+
+
+def warn_if_compiled_at_each_start(module: ModuleType = ray) -> None:
+    """Log a warning, saying what to do, when ``module`` (Ray) is compiled from source by
+    each process that imports it."""
+    if compiled(module):
+        return
+    logger.warning(
+        "%s's modules have no bytecode here (%s is missing), and Python cannot write it: every "
+        "Ray process compiles them again as it starts, about a second of CPU each (docs/deploy.md). "
+        "Install with bytecode (pip does; uv pip install --compile-bytecode, or "
+        "UV_COMPILE_BYTECODE=1), or run `python -m compileall -q` on the install.",
+        module.__name__,
+        importlib.util.cache_from_source(str(module.__file__)),
+    )
