@@ -57,7 +57,7 @@ test: $(MODEL) $(CLIENTS)
 	$(PY) .ci/locks.py --check .ci/newest.txt
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	$(PY) -m compileall -q -j 0 -x node_modules app_toolkit tests examples
+	$(PY) -m compileall -q -j 0 -x node_modules app_toolkit tests examples benchmarks
 	@echo "mypy and pytest -n 3"
 	@$(VENV)/bin/mypy > $(VENV)/mypy.out 2>&1 & typing=$$!; \
 	$(PY) -m pytest -n 3 --durations=15 --junitxml=$(VENV)/pytest.xml; tests=$$?; \
@@ -103,7 +103,7 @@ $(LOWEST)/.installed: .ci/lowest.txt pyproject.toml | $(CORE)
 
 test-lowest: $(LOWEST)/.installed
 	$(LOWEST)/bin/python .ci/locks.py --check .ci/lowest.txt
-	$(LOWEST)/bin/python -m compileall -q -j 0 -x node_modules app_toolkit tests
+	$(LOWEST)/bin/python -m compileall -q -j 0 -x node_modules app_toolkit tests benchmarks
 	$(LOWEST)/bin/python -m pytest -n 3 --durations=10 --junitxml=$(LOWEST)/pytest.xml $(LOWEST_RAY_LEAK) $(LOWEST_TESTS) $(LOWEST_SKIPS)
 
 # Both locks again from the index (the newest releases, and the lowest the ranges allow).
