@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import random
+import secrets
 import socket
 import sys
 import uuid
@@ -144,6 +145,12 @@ LARGE_BODY_LIMIT = 2 << 30
 #: on a cluster with the default setting (``spares_ray_toolkit``), after every other Ray
 #: test (``pytest_collection_modifyitems``). A value set before the session wins.
 _SESSION_SPARES = os.environ.setdefault(SPARES_ENV, "0")  # the CLI's clusters too
+#: Ray's token authentication (on by default for the clusters ``ray.init()`` starts, Ray
+#: 2.59 on) takes its token from here, not ~/.ray/auth_token: a worker's clusters and the
+#: CLIs and scenarios it starts share it, nothing is written to the user's home, and
+#: workers that start Ray at the same moment on a host without that file cannot each
+#: write a different token into it (a CLI would read the other's and be refused).
+os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
 #: The setting the running test cluster was started with (a Ray cluster's processes
 #: inherit it when it starts: changing it means a new cluster).
 _cluster_spares: str | None = None
