@@ -98,7 +98,7 @@ $(LOWEST)/.installed: .ci/lowest.txt pyproject.toml | $(CORE)
 	rm -rf $(LOWEST)
 	$(VENV)/bin/uv venv --quiet --python $(PY) $(LOWEST)
 	$(VENV)/bin/uv pip install --quiet --compile-bytecode --python $(LOWEST)/bin/python -r .ci/lowest.txt
-	$(VENV)/bin/uv pip install --quiet --python $(LOWEST)/bin/python --no-deps -e .
+	$(VENV)/bin/uv pip install --quiet --compile-bytecode --python $(LOWEST)/bin/python --no-deps -e .
 	touch $@
 
 test-lowest: $(LOWEST)/.installed

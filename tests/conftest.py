@@ -185,13 +185,14 @@ def _init_test_ray(spares: str) -> None:
 
     # The cluster's processes inherit the setting as Ray starts them ("": the default);
     # the clusters CLIs and scenarios start later keep the session's. Only this one
-    # variable is put back: ray.init() sets others (RAY_AUTH_MODE) the CLIs need.
-    session = os.environ.get(SPARES_ENV, _SESSION_SPARES)
+    # variable is put back: what init_ray and ray.init() set stays for the session, as it
+    # does in a user's program (RAY_AUTH_MODE=token: the CLIs need it to join).
+    before = os.environ.get(SPARES_ENV, _SESSION_SPARES)
     os.environ[SPARES_ENV] = spares
     try:  # the embedded cluster users get, with a resource to check ray_actor_options by
         init_ray(None, num_cpus=2, resources={TEST_RESOURCE: 2})
     finally:
-        os.environ[SPARES_ENV] = session
+        os.environ[SPARES_ENV] = before
 
 
 def _toolkit_for(backend: str, spares: str = _SESSION_SPARES) -> Iterator[Toolkit]:

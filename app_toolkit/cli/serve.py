@@ -16,7 +16,7 @@ from app_toolkit._runtime.backends.base import session_factory
 from app_toolkit._runtime.session import Session
 from app_toolkit.app_builder import load_application
 from app_toolkit.cli.deploy import apply
-from app_toolkit.cli.session import fail, key_values
+from app_toolkit.cli.session import fail, key_values, no_cluster
 from app_toolkit.cli.stop_signals import StopSignals
 from app_toolkit.code_sources import dependents, is_user_source
 from app_toolkit.config import LOG_LEVEL_ENV, HTTPOptions, parse_http_options
@@ -166,7 +166,10 @@ def _start(http: HTTPOptions, local: bool, address: str | None) -> Session:
         finally:
             if given is None:
                 os.environ.pop(_NO_CRASH_HANDLER_ENV, None)
-    return api.start(http_options=http, backend="local" if local else "auto", address=address)
+    try:
+        return api.start(http_options=http, backend="local" if local else "auto", address=address)
+    except ConnectionError as exc:
+        raise no_cluster(address or "auto", exc) from None
 
 
 def _prepare(

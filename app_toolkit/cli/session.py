@@ -36,21 +36,27 @@ def key_values(pairs: Sequence[str], example: str) -> dict[str, str]:
 
 def no_cluster(address: str, exc: Exception) -> ConfigError:
     """The error for a Ray cluster ``address`` that could not be joined, with the way out
-    of the usual cause: Ray (2.59 on) starts its clusters with token authentication, and
-    a client joining by an explicit address uses it only when ``RAY_AUTH_MODE=token``."""
+    of the usual cause: Ray (2.59 on) starts its clusters with token authentication, and a
+    client joining by an explicit address (``--address host:port`` or ``RAY_ADDRESS``)
+    uses it only when ``RAY_AUTH_MODE=token``."""
+    given = os.environ.get("RAY_ADDRESS", "") if address == "auto" else address
+    where = f"{address!r} (RAY_ADDRESS={given!r})" if address == "auto" and given else repr(address)
     hint = "start one with `ray start --head` or pass --address"
-    if address != "auto" and "RAY_AUTH_MODE" not in os.environ:
+    if isinstance(exc, ConnectionError) and given not in ("", "auto") and "RAY_AUTH_MODE" not in os.environ:
         hint += (
-            "; if the cluster uses Ray's token authentication (on by default for clusters"
-            " ray.init() starts), set RAY_AUTH_MODE=token"
+            "; if the cluster uses Ray's token authentication (from Ray 2.59 on, clusters"
+            " ray.init() starts do), set RAY_AUTH_MODE=token, with the cluster's token in"
+            " ~/.ray/auth_token or RAY_AUTH_TOKEN"
         )
-    return ConfigError(f"No Ray cluster at {address!r} ({exc}); {hint}")
+    return ConfigError(f"No Ray cluster at {where} ({exc}); {hint}")
 
 
 def find(address: str) -> Session | None:
     """The toolkit running on the Ray cluster at ``address`` (None: not running there)."""
     try:
         return session_factory("ray").find(address)
+    except ConfigError as exc:  # the cluster's Ray or Python differs: its own message says what to do
+        fail(exc)
     except Exception as exc:  # noqa: BLE001 - ray.init failing to find a cluster
         fail(no_cluster(address, exc))
 

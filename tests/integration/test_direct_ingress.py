@@ -19,7 +19,7 @@ from fastapi import APIRouter, Request
 import app_toolkit as tk
 from app_toolkit._runtime.backends.ray.cluster import NAMESPACE, PROXY_PREFIX
 from tests import plain_http
-from tests.apps.ray_only import make_where_app
+from tests.apps.ray_only import make_where_app, where_router
 from tests.conftest import LARGE_BODY_LIMIT, Toolkit
 from tests.waiting import wait_for
 
@@ -40,8 +40,9 @@ def _fresh_owner(kit: Toolkit, prefix: str) -> dict[str, object]:
 def _handed_off(kit: Toolkit, prefix: str, replicas: int) -> None:
     """Wait until new connections to ``prefix`` reach each of its ``replicas`` ingress
     replicas: the proxy hands them over once its tables list the replicas' hand-off
-    addresses, which may come a moment after ``tk.run`` returns (until then the proxy
-    serves the connection itself, as the app's answers show)."""
+    addresses, and a replica keeps one once its own front has the app's routes; both may
+    come a moment after ``tk.run`` returns (until then the proxy serves the connection
+    itself, as the app's answers show)."""
     pids: set[object] = set()
 
     def each_replica_owns_one() -> bool:
@@ -84,6 +85,7 @@ def test_one_connection_serves_requests_of_two_applications(ray_toolkit: Toolkit
     ray_toolkit.run(make_where_app(num_replicas=1), route_prefix=first)
     ray_toolkit.run(make_where_app(num_replicas=1), route_prefix=second)
     _handed_off(ray_toolkit, first, replicas=1)
+    _handed_off(ray_toolkit, second, replicas=1)  # the tables name the second app by now
     with ray_toolkit.client() as client:
         mine = _owner(client, first)  # the connection goes to the first app's replica
         theirs = _owner(client, second)  # forwarded by it to the second app's replica
@@ -126,6 +128,7 @@ def test_a_replica_at_capacity_sends_requests_through_the_queue(ray_toolkit: Too
 def test_a_killed_replicas_connections_and_new_ones_go_to_the_other(ray_toolkit: Toolkit) -> None:
     prefix = "/" + ray_toolkit.name()
     ray_toolkit.run(make_where_app(), route_prefix=prefix)
+    _handed_off(ray_toolkit, prefix, replicas=2)
     clients = [ray_toolkit.client() for _ in range(8)]
     try:
         owners = [_owner(client, prefix)["pid"] for client in clients]
@@ -171,6 +174,7 @@ def test_a_connection_that_never_sends_is_closed(ray_toolkit: Toolkit) -> None:
 
 
 upload_router = APIRouter()
+upload_router.include_router(where_router)  # /owner: whether the connection was handed over
 
 
 @upload_router.post("/upload")
@@ -191,6 +195,8 @@ def _peak_kb(pid: int) -> int:
 def test_a_1_gib_upload_streams_into_the_app(ray_toolkit: Toolkit, direct: bool) -> None:
     prefix = "/" + ray_toolkit.name()
     ray_toolkit.run(tk.App(upload_router, direct_ingress=direct), route_prefix=prefix)
+    if direct:  # the proxy must not be holding the connection the body goes through
+        _handed_off(ray_toolkit, prefix, replicas=1)
     # Any: ray types actor methods as Never.
     proxy: Any = ray.get_actor(PROXY_PREFIX + ray.get_runtime_context().get_node_id(), namespace=NAMESPACE)
     proxy_pid = ray.get(proxy.stats.remote())["pid"]

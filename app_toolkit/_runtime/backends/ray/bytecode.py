@@ -23,24 +23,30 @@ logger = logging.getLogger("app_toolkit.ray")
 
 
 def compiled(module: ModuleType) -> bool:
-    """Whether ``module``'s bytecode is where Python looks for it (True for a module that
-    has no source file to compile)."""
+    """Whether ``module``'s bytecode is where Python looks for it. Called after the module
+    was imported here, which wrote that file if it could. The plain ``.pyc`` is looked for
+    (Ray's workers run without ``-O``); True where it cannot be told (no source file, no
+    cache for this interpreter)."""
     source = getattr(module, "__file__", None)
     if not source or not source.endswith(".py"):
         return True
-    return os.path.exists(importlib.util.cache_from_source(source))
+    try:
+        cached = importlib.util.cache_from_source(source, optimization="")
+    except NotImplementedError:  # sys.implementation.cache_tag is None: no bytecode at all
+        return True
+    return os.path.exists(cached)
 
 
 def warn_if_compiled_at_each_start(module: ModuleType = ray) -> None:
     """Log a warning, saying what to do, when ``module`` (Ray) is compiled from source by
-    each process that imports it."""
+    each process of the embedded cluster, which runs from this install."""
     if compiled(module):
         return
     logger.warning(
         "%s's modules have no bytecode here (%s is missing), and Python cannot write it: every "
-        "Ray process compiles them again as it starts, about a second of CPU each (docs/deploy.md). "
-        "Install with bytecode (pip does; uv pip install --compile-bytecode, or "
-        "UV_COMPILE_BYTECODE=1), or run `python -m compileall -q` on the install.",
+        "process of the cluster compiles them again as it starts, about a second of CPU each "
+        "(docs/deploy.md). Install with bytecode (pip does; uv pip install --compile-bytecode, "
+        "or UV_COMPILE_BYTECODE=1), or run `python -m compileall -q` on the install.",
         module.__name__,
-        importlib.util.cache_from_source(str(module.__file__)),
+        importlib.util.cache_from_source(str(module.__file__), optimization=""),
     )

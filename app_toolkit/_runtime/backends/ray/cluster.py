@@ -125,12 +125,12 @@ def init_ray(address: str | None, **options: Any) -> None:
     (``options`` go to ``ray.init``)."""
     if ray.is_initialized():
         return
-    bytecode.warn_if_compiled_at_each_start()
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     for name, value in ray_compat.ENVIRONMENT.items():
         os.environ.setdefault(name, value)
     address = address or os.environ.get("RAY_ADDRESS") or None
     if address is None:
+        bytecode.warn_if_compiled_at_each_start()  # the embedded cluster runs from this install
         # Ray runs workers at nice 15 by default; on a small machine serving replicas then
         # lose the CPU to everything else. The embedded cluster runs them at normal priority.
         os.environ.setdefault("RAY_worker_niceness", "0")
