@@ -166,9 +166,12 @@ def _start(http: HTTPOptions, local: bool, address: str | None) -> Session:
         finally:
             if given is None:
                 os.environ.pop(_NO_CRASH_HANDLER_ENV, None)
+    joining = not local and bool(address or os.environ.get("RAY_ADDRESS"))
     try:
         return api.start(http_options=http, backend="local" if local else "auto", address=address)
     except ConnectionError as exc:
+        if not joining:  # not from finding a cluster: its own traceback says more
+            raise
         raise no_cluster(address or "auto", exc) from None
 
 

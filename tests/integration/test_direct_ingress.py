@@ -85,7 +85,7 @@ def test_one_connection_serves_requests_of_two_applications(ray_toolkit: Toolkit
     ray_toolkit.run(make_where_app(num_replicas=1), route_prefix=first)
     ray_toolkit.run(make_where_app(num_replicas=1), route_prefix=second)
     _handed_off(ray_toolkit, first, replicas=1)
-    _handed_off(ray_toolkit, second, replicas=1)  # the tables name the second app by now
+    _handed_off(ray_toolkit, second, replicas=1)  # the proxy's tables name the second app by now
     with ray_toolkit.client() as client:
         mine = _owner(client, first)  # the connection goes to the first app's replica
         theirs = _owner(client, second)  # forwarded by it to the second app's replica

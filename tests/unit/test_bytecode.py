@@ -49,3 +49,18 @@ def test_no_warning_once_compiled_or_with_nothing_to_compile(
         warn_if_compiled_at_each_start(_import_fresh(tmp_path, "compiled_ahead"))
         warn_if_compiled_at_each_start(sys)  # built in: no source file
     assert caplog.records == []
+
+
+def test_no_warning_where_the_first_process_writes_the_bytecode(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
+    (tmp_path / "written_later.py").write_text("VALUE = 3\n")
+    module = _import_fresh(tmp_path, "written_later")
+    assert not compiled(module)
+    # A process allowed to write it, in a folder it may write to (tmp_path): the cluster's
+    # first worker writes it, and the others read it.
+    monkeypatch.setattr(sys, "dont_write_bytecode", False)
+    with caplog.at_level(logging.WARNING, logger="app_toolkit.ray"):
+        warn_if_compiled_at_each_start(module)
+    assert caplog.records == []

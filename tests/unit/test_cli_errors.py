@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from click.testing import CliRunner
 
+from app_toolkit import api
+from app_toolkit.cli import main, session
 from app_toolkit.cli.session import no_cluster
+from app_toolkit.exceptions import ConfigError
 
 REFUSED = ConnectionError("Failed to connect to Ray cluster at 10.0.0.5:6379")
 
@@ -44,3 +48,32 @@ def test_no_auth_hint_where_it_would_not_help(
     message = str(no_cluster(address, error))
     assert "RAY_AUTH_MODE" not in message
     assert message.endswith("start one with `ray start --head` or pass --address")
+
+
+def test_run_that_cannot_join_its_address_says_why(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+
+    def refused(**_: object) -> None:
+        raise REFUSED  # what ray.init raises for a cluster it cannot join
+
+    monkeypatch.setattr(api, "start", refused)
+    result = CliRunner().invoke(main, ["run", "examples.demo:app", "--address", "10.0.0.5:6379"])
+    assert result.exit_code == 1, result.output
+    assert "Error: No Ray cluster at '10.0.0.5:6379'" in result.output
+    assert "set RAY_AUTH_MODE=token" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_a_cluster_of_another_ray_keeps_its_own_message(monkeypatch: pytest.MonkeyPatch) -> None:
+    skew = ConfigError("The Ray cluster at '10.0.0.5:6379' runs Ray 2.52.0 on Python 3.11.7; ...")
+
+    class Skewed:
+        def find(self, address: str) -> None:
+            raise skew
+
+    monkeypatch.setattr(session, "session_factory", lambda backend: Skewed())
+    result = CliRunner().invoke(main, ["status", "--address", "10.0.0.5:6379"])
+    assert result.exit_code == 1
+    assert result.output.strip() == f"Error: {skew}"

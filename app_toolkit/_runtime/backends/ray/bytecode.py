@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
+import sys
 from types import ModuleType
 
 import ray
@@ -39,8 +40,9 @@ def compiled(module: ModuleType) -> bool:
 
 def warn_if_compiled_at_each_start(module: ModuleType = ray) -> None:
     """Log a warning, saying what to do, when ``module`` (Ray) is compiled from source by
-    each process of the embedded cluster, which runs from this install."""
-    if compiled(module):
+    each process of the embedded cluster, which runs from this install (where Python may
+    write the bytecode, the first worker does, and no warning is due)."""
+    if compiled(module) or not _unwritable(module):
         return
     logger.warning(
         "%s's modules have no bytecode here (%s is missing), and Python cannot write it: every "
@@ -50,3 +52,10 @@ def warn_if_compiled_at_each_start(module: ModuleType = ray) -> None:
         module.__name__,
         importlib.util.cache_from_source(str(module.__file__), optimization=""),
     )
+
+
+def _unwritable(module: ModuleType) -> bool:
+    """Whether Python may not write ``module``'s bytecode: told not to, or its folder is
+    not this user's to write."""
+    folder = os.path.dirname(str(module.__file__))
+    return sys.dont_write_bytecode or not os.access(folder, os.W_OK)
