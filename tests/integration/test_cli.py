@@ -41,6 +41,10 @@ def cli_env() -> dict[str, str]:
     return env
 
 
+#: What ``ray.init`` raises when the node's raylet did not register within Ray's 30 s.
+_RAY_START_TIMED_OUT = "The current node timed out during startup"
+
+
 class RunningCLI:
     """An `app-toolkit run` subprocess (or ``command``) whose output goes to a file the test
     can read.
@@ -62,10 +66,16 @@ class RunningCLI:
         self._log = log_path.open("w+")
         # `exec` keeps the ignored disposition, as a background job's command inherits it.
         shell = ["sh", "-c", 'trap "" INT; exec "$@"', "sh"] if sigint_ignored else []
-        self.process = subprocess.Popen(
-            [*shell, *(command or [*CLI, "run", *args])],
-            cwd=cwd,
-            env={**cli_env(), **(env or {})},
+        self._command = [*shell, *(command or [*CLI, "run", *args])]
+        self._cwd, self._env = cwd, {**cli_env(), **(env or {})}
+        self.process = self._launch()
+        self._started_again = False
+
+    def _launch(self) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            self._command,
+            cwd=self._cwd,
+            env=self._env,
             stdout=self._log,
             stderr=subprocess.STDOUT,
             text=True,
@@ -91,13 +101,31 @@ class RunningCLI:
         return self._log.read()
 
     def wait_for_output(self, text: str, timeout_s: float, count: int = 1) -> None:
-        """Until ``text`` was printed ``count`` times (fails early if the command exited)."""
+        """Until ``text`` was printed ``count`` times (fails early if the command exited).
+
+        A command whose embedded Ray did not start because its raylet took longer than the
+        30 s Ray allows to register (hard-coded in ``ray._private.node``; seen on a
+        2-core host running three test workers) is started once more, its first
+        attempt's processes stopped: that is the host's load, not the command's doing.
+        """
         wait_for(
             lambda: self.output().count(text) >= count or self.process.poll() is not None,
             timeout_s,
             f"the CLI to print {text!r}",
             interval_s=0.2,
         )
+        if (
+            self.output().count(text) < count
+            and _RAY_START_TIMED_OUT in self.output()
+            and not self._started_again
+        ):
+            self._started_again = True
+            self._stop_session()
+            self._log.write("\n--- started again: Ray's node start timed out (test_cli.py) ---\n")
+            self._log.flush()
+            self.process = self._launch()
+            self.wait_for_output(text, timeout_s, count)
+            return
         assert self.output().count(text) >= count, self.output()
 
     def stop(self, sig: int) -> int:
@@ -113,13 +141,16 @@ class RunningCLI:
             raise AssertionError(f"not stopped 120 s after {name}:\n{self.output()[-30000:]}") from None
 
     def close(self) -> None:
+        self._stop_session()
+        self._log.close()
+
+    def _stop_session(self) -> None:
         if self.process.poll() is None:
             self.process.kill()
             self.process.wait()
         for pid in self.processes():  # what a command killed (or a failed test) left behind
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-        self._log.close()
 
 
 @contextlib.contextmanager
