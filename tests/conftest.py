@@ -28,6 +28,8 @@ os.environ.pop("RAY_ADDRESS", None)
 # the tests, shared by its workers and runs, not in the user's cache; a clean clone starts
 # without one.
 os.environ.setdefault("APP_TOOLKIT_GGUF_CACHE", str(Path(sys.prefix) / "gguf-cache"))
+# tests/vllm/ runs on vLLM, in a venv of its own (make test-vllm, with --noconftest).
+collect_ignore = ["vllm"]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 

@@ -11,6 +11,7 @@ from app_toolkit.config import DeploymentConfig
 from app_toolkit.config.request_router import PREFIX_AWARE
 from app_toolkit.llm.config import LLMConfig
 from app_toolkit.llm.openai.ingress import OpenAIIngress
+from app_toolkit.llm.placement import with_replica
 from app_toolkit.llm.server import LLMServer
 from app_toolkit.llm.serving_args import LLMServingArgs, serving_args
 
@@ -52,6 +53,15 @@ def build_llm_deployment(
     options: dict[str, Any] = {"max_ongoing_requests": _ongoing(config), **config.deployment_options()}
     if config.engine_name != "echo":  # a model computes on the CPU it reserves (torch: one thread per CPU)
         options["ray_actor_options"] = {"num_cpus": MODEL_CPUS, **(options.get("ray_actor_options") or {})}
+    bundles = config.placement_bundles()
+    if bundles and "placement_group_bundles" not in (override_serve_options or {}):
+        # One bundle per device of the engine; the replica runs in the first (placement.py).
+        options["placement_group_bundles"] = with_replica(
+            bundles, options.get("ray_actor_options") or {"num_cpus": 0}
+        )
+        options["placement_group_strategy"] = (
+            config.placement_group_config.strategy if config.placement_group_config is not None else "PACK"
+        )
     options.update(override_serve_options or {})
     if "request_router_config" not in options and _most_replicas(options) > 1:
         # Replies that share a prompt prefix go where its keys and values are cached.

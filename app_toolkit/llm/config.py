@@ -22,6 +22,7 @@ from app_toolkit.config.ray_serve_only import drop_refused
 from app_toolkit.config.schema import NAME_RE, Strict, field_errors
 from app_toolkit.llm.engine_options import EngineKwargs, EngineName, EngineOptions
 from app_toolkit.llm.model_source import ModelFiles, cloud_problem, is_cloud_uri, resolve_model_source
+from app_toolkit.llm.placement import PlacementGroupConfig, engine_bundles
 from app_toolkit.llm.refused import RAY_SERVE_LLM_ONLY, refuse_unknown
 
 
@@ -147,6 +148,25 @@ class LLMDeploymentConfig(DeploymentConfig):
             raise ValueError(f"must use only letters, digits, '_', '.' and '-', got {value!r}")
         return value
 
+    @model_validator(mode="before")
+    @classmethod
+    def _no_bundles(cls, data: object) -> object:
+        if isinstance(data, Mapping):
+            given = {
+                key: data[key]
+                for key in ("placement_group_bundles", "placement_group_strategy")
+                if data.get(key)
+            }
+            if given:
+                problem = (
+                    "a model's placement group comes from its LLMConfig (Ray Serve LLM refuses it here "
+                    "too); remove it and set placement_group_config in the LLMConfig"
+                )
+                raise field_errors(
+                    "deployment_config", {key: (value, problem) for key, value in given.items()}
+                )
+        return data
+
     def options(self) -> dict[str, Any]:
         """The options as set, less the name: what ``deployment(name=..., **options)`` takes."""
         return self.model_dump(exclude_unset=True, exclude={"name"})
@@ -159,8 +179,9 @@ class LLMConfig(Schema):
     model_loading_config: ModelLoadingConfig = Field(description="The model, and its name for clients.")
     llm_engine: Literal["vLLM", "transformers", "echo", "embeddings"] = Field(
         "vLLM",
-        description='The engine: "vLLM" (Ray\'s only value) picks transformers, or embeddings '
-        'with engine_kwargs.runner "pooling"; "echo" repeats the prompt (no model).',
+        description='The engine: "vLLM" (Ray\'s only value) runs vLLM where the replica has it '
+        'installed, else transformers (or embeddings with engine_kwargs.runner "pooling"); '
+        '"transformers" the CPU engine; "echo" repeats the prompt (no model).',
     )
     engine_kwargs: EngineKwargs = Field(
         default_factory=EngineKwargs, description="vLLM's engine arguments that mean the same here."
@@ -169,6 +190,12 @@ class LLMConfig(Schema):
         None,
         description="Run on nodes with this accelerator: the replica asks for Ray's resource "
         '"accelerator_type:<type>" (as ray_actor_options.accelerator_type does).',
+    )
+    placement_group_config: PlacementGroupConfig | None = Field(
+        None,
+        description="The placement group of each replica: its bundles (or one per device, "
+        "bundle_per_worker) and strategy, as Ray Serve LLM takes it; null: one bundle per device "
+        'of the engine (docs/llm.md, "Placement").',
     )
     lora_config: LoraConfig | None = Field(None, description="LoRA adapters, from a local folder.")
     deployment_config: LLMDeploymentConfig = Field(
@@ -226,6 +253,17 @@ class LLMConfig(Schema):
         return self
 
     @model_validator(mode="after")
+    def _vllm_arguments_need_vllm(self) -> LLMConfig:
+        given = sorted(self.engine_kwargs.vllm_arguments)
+        if given and self.llm_engine != "vLLM":
+            raise ValueError(
+                f"engine_kwargs {', '.join(given)}: vLLM's own engine arguments, which llm_engine "
+                f"{self.llm_engine!r} does not take; set llm_engine to vLLM (with vllm installed "
+                "where the model runs) or remove them"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _engine_agrees(self) -> LLMConfig:
         if self.engine_kwargs.embeds and self.llm_engine not in ("vLLM", "embeddings"):
             raise ValueError(
@@ -250,6 +288,29 @@ class LLMConfig(Schema):
         if self.llm_engine == "vLLM":
             return "embeddings" if self.engine_kwargs.embeds else "transformers"
         return self.llm_engine
+
+    @property
+    def devices(self) -> int:
+        """The devices one replica's engine runs on: vLLM's tensor_parallel_size ×
+        pipeline_parallel_size (1 unless engine_kwargs sets them)."""
+        arguments = self.engine_kwargs.vllm_arguments
+        sizes = (arguments.get("tensor_parallel_size") or 1, arguments.get("pipeline_parallel_size") or 1)
+        if not all(isinstance(size, int) and not isinstance(size, bool) and size >= 1 for size in sizes):
+            return 1  # vLLM refuses the value when the engine starts, naming it
+        return int(sizes[0]) * int(sizes[1])
+
+    def placement_bundles(self) -> list[dict[str, float]]:
+        """The engine's bundles per replica, before the replica's own resources join the
+        first (``placement.py``); empty: no placement group."""
+        return engine_bundles(self.devices, self.accelerator_type, self.placement_group_config)
+
+    @property
+    def needs_vllm(self) -> bool:
+        """Only vLLM can serve this model: engine_kwargs has vLLM's own arguments, or the
+        replica asks for an accelerator (the transformers engine computes on the CPU)."""
+        return self.llm_engine == "vLLM" and (
+            bool(self.engine_kwargs.vllm_arguments) or self.accelerator_type is not None
+        )
 
     def engine_options(self) -> EngineOptions:
         """What the engine is built with (``engine_kwargs``, in the engine's terms)."""

@@ -47,7 +47,11 @@ class EngineLoad:
 class Constraint(Protocol):
     """Structured output for one reply (``structured.py`` makes them from a grammar): which
     tokens may come next. The engine asks before sampling each token and reports the one
-    it chose."""
+    it chose; an engine that enforces grammars itself (vLLM) reads ``grammar`` instead of
+    asking, and still reports each token."""
+
+    #: The grammar's text, in llguidance's Lark syntax.
+    grammar: str
 
     def allowed(self, vocab_size: int) -> Any:
         """A boolean ``torch.Tensor`` of ``vocab_size``: True where a token may come next."""
@@ -62,6 +66,9 @@ class Constraint(Protocol):
 
 class TextEngine(Protocol):
     """A causal language model behind continuous batching."""
+
+    #: Which engine it is ("vllm", "transformers", "echo", "embeddings").
+    name: str
 
     #: Tokens the model reads and writes in one sequence (prompt + reply).
     context_window: int
@@ -116,6 +123,9 @@ class TextEngine(Protocol):
 
 class EmbeddingEngine(Protocol):
     """A model that turns texts into vectors."""
+
+    #: Which engine it is ("vllm", "transformers", "echo", "embeddings").
+    name: str
 
     context_window: int
     #: Length of every vector it returns.

@@ -8,14 +8,16 @@ name: a few with their own advice (``refused.py``), the rest as unknown to the e
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
 from app_toolkit.config.ray_serve_only import drop_refused
-from app_toolkit.config.schema import Strict
-from app_toolkit.llm.refused import RAY_SERVE_LLM_ONLY, VLLM_ARGUMENT, refuse_unknown
+from app_toolkit.config.schema import Strict, field_errors
+from app_toolkit.llm.engines import vllm
+from app_toolkit.llm.refused import RAY_SERVE_LLM_ONLY, VLLM_ARGUMENT
 
 TorchDtype = Literal["auto", "float16", "bfloat16", "float32"]
 #: vLLM's dtype names, and the torch dtype each means ("auto": the checkpoint's own).
@@ -93,16 +95,34 @@ class EngineKwargs(Strict):
         "auto", description='Older vLLM releases\' name for runner: "embed" is runner "pooling".'
     )
 
+    vllm_arguments: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Every other key of engine_kwargs: vLLM's own engine arguments, which only "
+        "the vLLM engine takes (docs/llm.md); a config with one needs vLLM in the replica.",
+    )
+
     @model_validator(mode="before")
     @classmethod
     def _refuse(cls, data: object) -> object:
         data = drop_refused("engine_kwargs", data, RAY_SERVE_LLM_ONLY["engine_kwargs"], VLLM_ARGUMENT)
-        taken = ", ".join(sorted(cls.model_fields))
-        message = (
-            f"{VLLM_ARGUMENT}: remove it (they take {taken}, and tensor_parallel_size at 1; "
-            "docs/llm.md says what each means)"
-        )
-        return refuse_unknown("engine_kwargs", data, cls.model_fields, message)
+        if not isinstance(data, Mapping):
+            return data
+        named = {key: value for key, value in data.items() if key in ("model", "served_model_name")}
+        if named:
+            problem = (
+                "not taken in engine_kwargs (Ray Serve LLM refuses it too); set "
+                "model_loading_config.model_id and model_source instead"
+            )
+            raise field_errors("engine_kwargs", {key: (value, problem) for key, value in named.items()})
+        typed = {
+            key: value for key, value in data.items() if key in cls.model_fields and key != "vllm_arguments"
+        }
+        others = {key: value for key, value in data.items() if key not in typed}
+        if others and vllm.available():  # vLLM's own check, where it is installed (the replica checks too)
+            problems = vllm.unknown_arguments(sorted(others))
+            if problems:
+                raise field_errors("engine_kwargs", {key: (others[key], problems[key]) for key in problems})
+        return {**typed, "vllm_arguments": others} if others else typed
 
     @property
     def embeds(self) -> bool:
@@ -119,6 +139,15 @@ class EngineKwargs(Strict):
                 "its older name)"
             )
         return self
+
+    def for_vllm(self) -> dict[str, Any]:
+        """vLLM's engine arguments these mean: the keys set here, as vLLM names them
+        (``max_num_seqs`` always: this toolkit's default, 8, sizes the replica's
+        admission), and vLLM's own arguments."""
+        shared = self.model_dump(
+            include=self.model_fields_set - {"runner", "task", "vllm_arguments"}, exclude_none=True
+        )
+        return {**shared, "max_num_seqs": self.max_num_seqs, **self.vllm_arguments}
 
     def options(self) -> EngineOptions:
         """The engine's options these arguments mean."""

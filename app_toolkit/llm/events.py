@@ -50,13 +50,16 @@ class ModelCard:
     context_window: int
     created: int
     dimensions: int = 0
+    #: The engine serving it (its ``name``): "vllm", "transformers", "echo" or "embeddings".
+    engine: str = ""
 
     def entry(self) -> dict[str, Any]:
         return {
             "id": self.id,
             "object": "model",
             "created": self.created,
-            "owned_by": "app_toolkit",
+            # vLLM's server says "vllm"; this toolkit's own engines say "app_toolkit".
+            "owned_by": "vllm" if self.engine == "vllm" else "app_toolkit",
             "root": self.id,
             "parent": None,
             "max_model_len": self.context_window or None,  # 0: not known yet (not loaded)

@@ -86,7 +86,7 @@ def grammar_constraint(hf_tokenizer: Any, lark: str) -> GrammarConstraint:
     """A constraint that holds one reply to ``lark`` (llguidance's Lark syntax) over a
     Hugging Face fast tokenizer. Raises :class:`GrammarError` if llguidance refuses it."""
     grammars = _grammars_for(hf_tokenizer)
-    return GrammarConstraint(grammars.matcher(lark), grammars.tokenizer.vocab_size)
+    return GrammarConstraint(grammars.matcher(lark), grammars.tokenizer.vocab_size, lark)
 
 
 class GrammarConstraint:
@@ -98,9 +98,11 @@ class GrammarConstraint:
     allowed.
     """
 
-    __slots__ = ("_matcher", "_bits", "_words", "_allowed", "_tensor")
+    __slots__ = ("_matcher", "_bits", "_words", "_allowed", "_tensor", "grammar")
 
-    def __init__(self, matcher: llguidance.LLMatcher, tokenizer_size: int) -> None:
+    def __init__(self, matcher: llguidance.LLMatcher, tokenizer_size: int, grammar: str) -> None:
+        #: The grammar's text (llguidance's Lark), for an engine that enforces it itself.
+        self.grammar = grammar
         self._matcher = matcher
         self._words = np.zeros((tokenizer_size + 31) // 32, dtype=np.int32)
         self._bits = self._words.view(np.uint8)

@@ -15,7 +15,7 @@ from app_toolkit.config.ray_serve_only import RayServeOnly, defaults, one_of
 from app_toolkit.config.schema import field_errors
 
 #: What a refused engine argument is called in its error, before what to do instead.
-VLLM_ARGUMENT = "a vLLM engine argument app_toolkit's engines do not take"
+VLLM_ARGUMENT = "a vLLM argument app_toolkit.llm's server does not take"
 
 _CALLBACK_BASE = (
     "ray.llm._internal.common.callbacks.base.CallbackBase",
@@ -27,11 +27,6 @@ _OPENAI_INGRESS = (
     "ray.llm._internal.serve.core.ingress.ingress.OpenAiIngress",
     "ray.llm._internal.serve.core.ingress.ingress:OpenAiIngress",
 )
-_ONE_ENGINE = (
-    "each replica runs one engine in its own process; remove it (or set 1) and scale out "
-    "with deployment_config.num_replicas or its autoscaling_config"
-)
-
 #: Per schema ("kind"), the Ray Serve LLM fields it accepts only at their neutral value.
 RAY_SERVE_LLM_ONLY: dict[str, dict[str, RayServeOnly]] = {
     "llm_config": {
@@ -39,12 +34,6 @@ RAY_SERVE_LLM_ONLY: dict[str, dict[str, RayServeOnly]] = {
             defaults(kind=("cpu",)),
             "the engines run on the CPU; remove it (or set kind: cpu), and set accelerator_type "
             "to place the replica on nodes with that accelerator",
-        ),
-        "placement_group_config": RayServeOnly(
-            one_of(None, {}),
-            "the engine runs inside the replica, with no workers of its own to place; remove it "
-            "and give the replica its resources in deployment_config.ray_actor_options (num_cpus, "
-            "memory, resources), or deployment_config.placement_group_bundles",
         ),
         "server_cls": RayServeOnly(
             one_of(None),
@@ -80,22 +69,6 @@ RAY_SERVE_LLM_ONLY: dict[str, dict[str, RayServeOnly]] = {
         ),
     },
     "engine_kwargs": {
-        "tensor_parallel_size": RayServeOnly(one_of(1), _ONE_ENGINE),
-        "pipeline_parallel_size": RayServeOnly(one_of(1), _ONE_ENGINE),
-        "data_parallel_size": RayServeOnly(one_of(1), _ONE_ENGINE),
-        "gpu_memory_utilization": RayServeOnly(
-            one_of(None),
-            "the engines run on the CPU and keep a KV cache per decoding slot; remove it and "
-            "bound memory with max_num_seqs and max_model_len",
-        ),
-        "trust_remote_code": RayServeOnly(
-            one_of(False, None),
-            "models run on transformers' own architectures, never on code from the model's files; remove it",
-        ),
-        "quantization": RayServeOnly(
-            one_of(None),
-            "a .gguf model_source carries its own quantization; remove it and give a .gguf file",
-        ),
         "enable_auto_tool_choice": RayServeOnly(
             one_of(True, None),  # true, as a Ray Serve LLM config with tools writes it
             "tools are always served, enforced by constrained decoding (docs/llm.md); remove it",

@@ -64,7 +64,9 @@ class LLMServer:
             context_window=self._engine.context_window,
             created=int(time.time()),
             dimensions=getattr(self._engine, "dimensions", 0),
+            engine=self._engine.name,
         )
+        logger.info("%s is served by the %s engine", self._model, self._engine.name)
 
     async def __del__(self) -> None:
         """The replica stops: the engine lets go of its adapters and the model."""

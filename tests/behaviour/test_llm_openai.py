@@ -4,9 +4,11 @@ shape with its status codes; the per-model metrics appear at /-/metrics."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -15,8 +17,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import app_toolkit as tk
-from app_toolkit.llm import build_openai_app
+from app_toolkit.llm import LLMConfig, LLMServer, build_llm_deployment, build_openai_app
+from app_toolkit.llm.openai.ingress import OpenAIIngress
 from tests.conftest import Toolkit
+from tests.waiting import wait_for
 
 ECHO = "org/echo-1"  # a model id with a "/", as Hugging Face names them
 SECOND = "echo-two"
@@ -268,3 +272,49 @@ def test_a_model_needing_an_accelerator_the_cluster_lacks_shows_as_unplaced(ray_
         time.sleep(0.2)
     assert "accelerator_type:A10G" in message, message
     assert "no nodes can hold it" in message or "no node has" in message, message
+
+
+class GatedServer(LLMServer):
+    """A model whose replica loads only once the file ``gate`` exists (a slow load)."""
+
+    async def __init__(self, llm_config: LLMConfig, gate: str) -> None:  # type: ignore[misc]  # awaited, as Ray Serve does
+        deadline = time.monotonic() + 60
+        while not Path(gate).exists() and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        await super().__init__(llm_config)
+
+
+def test_a_model_is_listed_once_it_can_answer(toolkit: Toolkit, tmp_path: Path) -> None:
+    gate = tmp_path / "loaded"
+    model = build_llm_deployment(
+        {"model_loading_config": {"model_id": "gated"}, "llm_engine": "echo"},
+        deployment_cls=GatedServer,
+        bind_kwargs={"gate": str(gate)},
+    )
+    app = tk.deployment(name="OpenAiIngress")(OpenAIIngress).bind({"gated": model}, {"gated": "generate"})
+    name = toolkit.name()
+    toolkit.run_many(
+        [tk.RunTarget(app, name=name, route_prefix="/gated")], wait_for_applications_running=False
+    )
+    with toolkit.client() as client:
+
+        def routed() -> httpx.Response | None:
+            answer = client.get("/gated/v1/models")
+            return answer if answer.status_code == 200 else None
+
+        # Loading: not listed (a client polling for readiness waits), and asked for by name,
+        # a 503 that says when to retry.
+        assert wait_for(routed, 60, "the ingress routed").json() == {"object": "list", "data": []}
+        one = client.get("/gated/v1/models/gated")
+        assert one.status_code == 503 and one.headers["retry-after"] == "1"
+        assert one.json()["error"]["code"] == "model_not_ready"
+        gate.touch()
+
+        def listed() -> list[dict[str, Any]]:
+            return list(client.get("/gated/v1/models").json()["data"])
+
+        (entry,) = wait_for(listed, 60, "the model listed once loaded")
+        assert entry["id"] == "gated" and entry["max_model_len"] == 4096
+        assert entry["owned_by"] == "app_toolkit"  # this toolkit's own engine (vLLM's say "vllm")
+        assert listed() == [entry]  # the same card each time: `created` does not change
+        assert client.get("/gated/v1/models/gated").json() == entry

@@ -2,7 +2,10 @@
 node is lost (its processes killed), another joins, and that one leaves the way a
 Kubernetes pod whose command is ``ray start --block`` does (SIGTERM to that process: Ray
 drains the node, the toolkit moves its work off before it goes). Also:
-``max_replicas_per_node`` over the two nodes.
+``max_replicas_per_node`` over the two nodes, and a model of ``tensor_parallel_size: 2``
+with an ``accelerator_type`` reserving its bundles on a node that joins with two GPUs and
+that accelerator's resource declared (Ray's resources are counts: it stands in for a GPU
+node).
 
 Run in its own process by ``test_multinode.py`` (the test session's Ray is a different,
 single-node cluster): ``python -m tests.integration.multinode_scenario``. It prints one
@@ -193,6 +196,8 @@ def main() -> None:
         _phase("max_replicas_per_node")
         result["leaving"] = _leave(session, head_id, joined, joined_process)
         _phase("a node left")
+        result["gpu_shaped"] = _gpu_shaped(session, cluster)
+        _phase("a model's bundles on a GPU-shaped node")
         tk.shutdown()
     finally:
         print(json.dumps(result), flush=True)
@@ -242,6 +247,56 @@ def _replicas_on(session: Any, app: str, node: str) -> int:
 
 def _alive(node_id: str) -> bool:
     return any(n["NodeID"] == node_id and n["Alive"] for n in ray.nodes())  # type: ignore[no-untyped-call]
+
+
+def _gpu_shaped(session: Any, cluster: Cluster) -> dict[str, Any]:
+    """A model needing two L4 GPUs: where its placement group goes, with what bundles, and
+    what its deploy says where vLLM is not installed (this venv has none)."""
+    import tempfile
+
+    from ray.util import placement_group_table
+
+    from app_toolkit._runtime.backends.ray.placement import GROUP_PREFIX
+    from app_toolkit.build import build_app
+    from app_toolkit.llm import build_llm_deployment
+
+    gpus = cluster.add_node(
+        num_cpus=2, num_gpus=2, resources={"accelerator_type:L4": 1.0}, node_ip_address="127.0.0.1"
+    )
+    folder = Path(tempfile.mkdtemp(prefix="gpu-model-"))
+    (folder / "config.json").write_text("{}")  # a model folder: vLLM would read it
+    model = {
+        "model_loading_config": {"model_id": "big", "model_source": str(folder)},
+        "accelerator_type": "L4",
+        "engine_kwargs": {"tensor_parallel_size": 2},
+        "deployment_config": {"health_check_period_s": 1},
+    }
+    session.deploy(build_app(build_llm_deployment(model), "gpu", None, session.serialize))
+
+    def grouped() -> Any:
+        groups = [
+            group
+            for group in placement_group_table().values()
+            if group["name"].startswith(GROUP_PREFIX) and group["state"] == "CREATED"
+        ]
+        return groups[0] if groups else None
+
+    group = wait_for(grouped, 60, "the model replica's placement group")
+
+    def failed() -> Any:
+        deployment = session.status().applications["gpu"].deployments["LLMServer-big"]
+        return deployment if "needs vLLM" in deployment.message else None
+
+    deployment = wait_for(failed, 90, "the deploy failing for want of vLLM")
+    found = {
+        "node": gpus.node_id,
+        "bundles": [group["bundles"][index] for index in sorted(group["bundles"])],
+        "bundle_nodes": sorted(set(group["bundles_to_node_id"].values())),
+        "strategy": group["strategy"],
+        "message": deployment.message,
+    }
+    tk.delete("gpu")
+    return found
 
 
 def _capped(session: Any) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from safetensors import safe_open
 
 from app_toolkit.exceptions import ConfigError
 from app_toolkit.llm.engines import gguf_cache
@@ -51,6 +52,13 @@ def test_a_load_keeps_a_copy_the_next_reads_with_the_same_weights_and_tokenizer(
     assert stat.S_IMODE(folder.stat().st_mode) == 0o700  # its owner's only
     assert not list(folder.parent.glob(".writing-*"))
     assert gguf_cache.find(gguf, "bfloat16") is None  # another dtype is another copy
+    # A plain checkpoint, as vLLM reads one: the class named, no GGUF quantization, and the
+    # tied output layer stored once, under the input embeddings' name.
+    config = json.loads((folder / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLM"] and "quantization_config" not in config
+    with safe_open(str(folder / "model.safetensors"), "pt") as weights:
+        names = set(weights.keys())
+    assert "model.embed_tokens.weight" in names and "lm_head.weight" not in names
     caplog.clear()
 
     second = TransformersEngine(model_dir(), GGUF)

@@ -388,8 +388,8 @@ def test_instructor_through_json_schema_and_tools(client: openai.OpenAI, mode: i
 @pytest.mark.parametrize(
     ("change", "named"),
     [
-        ({"engine_kwargs.gpu_memory_utilization": 0.9}, "engine_kwargs.gpu_memory_utilization"),
-        ({"placement_group_config": {"bundles": [{"CPU": 1}]}}, "placement_group_config"),
+        ({"engine_kwargs.tool_call_parser": "hermes"}, "engine_kwargs.tool_call_parser"),
+        ({"server_cls": "my.servers:Server"}, "server_cls"),
     ],
     ids=["engine-kwarg", "llm-config-field"],
 )

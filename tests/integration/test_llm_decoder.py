@@ -193,6 +193,8 @@ def test_a_pass_stopped_between_layers_for_a_leaving_reader_is_redone_without_it
 class Only:
     """A toy constraint: only ``tokens`` may come; finished after ``length`` of them."""
 
+    grammar = ""  # no text: the decoder reads allowed()
+
     def __init__(self, tokens: set[int], length: int) -> None:
         self.tokens, self.length = tokens, length
         self.asked: list[int] = []

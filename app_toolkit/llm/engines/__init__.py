@@ -1,6 +1,6 @@
-"""The engines an LLM deployment can run, chosen by name (``"transformers"``, ``"echo"``,
-``"embeddings"``); each is imported only when chosen, so that choosing the echo engine
-imports no torch."""
+"""The engines an LLM deployment can run, chosen by name (``"vllm"``, ``"transformers"``,
+``"echo"``, ``"embeddings"``); each is imported only when chosen, so that choosing the echo
+engine imports no torch, and no engine but vLLM's imports vLLM."""
 
 from __future__ import annotations
 
@@ -9,11 +9,11 @@ from typing import Any, Literal, overload
 from ..engine import EmbeddingEngine, TextEngine
 
 #: The names :func:`make_engine` takes.
-ENGINE_NAMES = ("transformers", "echo", "embeddings")
+ENGINE_NAMES = ("vllm", "transformers", "echo", "embeddings")
 
 
 @overload
-def make_engine(name: Literal["transformers", "echo"], **options: Any) -> TextEngine: ...
+def make_engine(name: Literal["vllm", "transformers", "echo"], **options: Any) -> TextEngine: ...
 
 
 @overload
@@ -28,6 +28,7 @@ def make_engine(name: str, **options: Any) -> TextEngine | EmbeddingEngine:
     """The engine ``name`` names, constructed with ``options`` (not loaded yet: call its
     ``load()`` in the replica).
 
+    - ``"vllm"``: :class:`~.vllm.VLLMEngine` (vLLM's async engine; needs ``vllm`` installed);
     - ``"transformers"``: :class:`~.transformers.TransformersEngine` (a causal LM read by
       transformers, continuous batching);
     - ``"echo"``: :class:`~.echo.EchoEngine` (no model; repeats the prompt);
@@ -37,6 +38,10 @@ def make_engine(name: str, **options: Any) -> TextEngine | EmbeddingEngine:
         from .echo import EchoEngine
 
         return EchoEngine(**options)
+    if name == "vllm":
+        from .vllm import VLLMEngine
+
+        return VLLMEngine(**options)
     if name == "transformers":
         from .transformers import TransformersEngine
 

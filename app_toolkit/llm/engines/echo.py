@@ -71,6 +71,9 @@ class EchoEngine:
     prompt repeats until ``max_tokens``.
     """
 
+    #: The engine's name, as the start-up log and ``/v1/models`` give it.
+    name = "echo"
+
     slots = 0
     tokenizer: Any = None  # bytes and words need no Hugging Face tokenizer
 

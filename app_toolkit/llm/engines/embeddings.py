@@ -28,6 +28,9 @@ class SentenceEngine:
             ``max_seq_length``; None: that). Longer texts are cut.
     """
 
+    #: The engine's name, as the start-up log and ``/v1/models`` give it.
+    name = "embeddings"
+
     def __init__(self, path: str | os.PathLike[str], *, max_model_len: int | None = None) -> None:
         if max_model_len is not None and max_model_len < 1:
             raise ValueError(f"max_model_len must be >= 1, got {max_model_len}")

@@ -28,6 +28,7 @@ import shutil
 import stat
 import tempfile
 import time
+from copy import deepcopy
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,10 @@ _ABOUT = "app_toolkit.json"  # written last: a folder without it is not a copy
 _WRITING = ".writing-"
 #: A folder being written for longer than this was left by a process that died.
 _ABANDONED_AFTER_S = 3600.0
+#: The copies' layout, part of their folders' names: a copy written by an older layout is
+#: passed over (2: a plain checkpoint, its config naming the architecture and no GGUF
+#: quantization, so that vLLM reads it too).
+_LAYOUT = 2
 
 
 @dataclass(frozen=True)
@@ -87,7 +92,7 @@ def folder_for(gguf: Path, dtype: str) -> Path | None:
         return None
     facts = gguf.stat()
     versions = (transformers.__version__, torch.__version__)
-    parts = (str(gguf.resolve()), facts.st_size, facts.st_mtime_ns, dtype, *versions)
+    parts = (str(gguf.resolve()), facts.st_size, facts.st_mtime_ns, dtype, *versions, _LAYOUT)
     return folder / hashlib.sha256("\0".join(map(str, parts)).encode()).hexdigest()[:32]
 
 
@@ -167,6 +172,20 @@ def store(gguf: Path, dtype: str, model: Any, tokenizer: Any) -> Copy | None:
     return Copy(copy, kept)
 
 
+def _untied(model: Any) -> dict[str, Any]:
+    """The model's weights by name, a tied tensor once, under the input embeddings' name
+    when it is theirs (a checkpoint's layout: vLLM reads a tied output layer from the
+    embeddings and skips ``lm_head.weight``)."""
+    layer = model.get_input_embeddings()
+    preferred = next(f"{name}.weight" for name, module in model.named_modules() if module is layer)
+    named: dict[int, tuple[str, Any]] = {}
+    for name, tensor in model.state_dict().items():
+        key = tensor.data_ptr()
+        if key not in named or name == preferred:
+            named[key] = (name, tensor)
+    return {name: tensor.contiguous() for name, tensor in named.values()}
+
+
 def _private(facts: os.stat_result) -> bool:
     return (
         stat.S_ISDIR(facts.st_mode)
@@ -190,13 +209,19 @@ def _remove_abandoned(folder: Path) -> None:
 def _write(folder: Path, gguf: Path, model: Any, tokenizer: Any) -> str:
     """The copy's files in ``folder``, on disk before it is renamed; returns the weights'
     type."""
-    from safetensors.torch import save_model  # transformers' own dependency
+    from safetensors.torch import save_file  # transformers' own dependency
 
-    # Not model.save_pretrained: transformers refuses it for a model read from GGUF.
-    model.config.save_pretrained(folder)
+    # Not model.save_pretrained: transformers refuses it for a model read from GGUF. The
+    # config is a plain checkpoint's: the weights are de-quantized, and vLLM finds the
+    # model's class by the architecture it names.
+    config = deepcopy(model.config)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    config.architectures = [type(model).__name__]
+    config.save_pretrained(folder)
     if getattr(model, "generation_config", None) is not None:
         model.generation_config.save_pretrained(folder)
-    save_model(model, str(folder / "model.safetensors"))  # tied weights stored once
+    save_file(_untied(model), str(folder / "model.safetensors"))
     tokenizer.save_pretrained(folder)
     kept = str(model.dtype).removeprefix("torch.")
     (folder / _ABOUT).write_text(json.dumps({"gguf": str(gguf), "dtype": kept}))
@@ -204,3 +229,30 @@ def _write(folder: Path, gguf: Path, model: Any, tokenizer: Any) -> str:
         with written.open("rb") as file:
             os.fsync(file.fileno())
     return kept
+
+
+def checkpoint(gguf: Path, dtype: str, scratch: Path) -> Path:
+    """A folder holding ``gguf`` de-quantized as a plain Hugging Face checkpoint, for an
+    engine that reads only those (vLLM): the kept copy, made now if there is none. Where no
+    copy can be kept (the cache off, the weights too large, the disk refused), the
+    checkpoint is written in ``scratch`` (a folder of the caller's, removed by it)."""
+    found = find(gguf, dtype)
+    if found is not None:
+        return found.folder
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    files: dict[str, Any] = {"gguf_file": gguf.name, "local_files_only": True}
+    weights = dict(files)
+    if dtype != "auto":
+        import torch
+
+        weights["dtype"] = getattr(torch, dtype)
+    started = time.monotonic()
+    tokenizer = AutoTokenizer.from_pretrained(gguf.parent, **files)
+    model = AutoModelForCausalLM.from_pretrained(gguf.parent, **weights)
+    logger.info("De-quantized %s in %.1f s", gguf, time.monotonic() - started)
+    kept = store(gguf, dtype, model, tokenizer)
+    if kept is not None:
+        return kept.folder
+    _write(scratch, gguf, model, tokenizer)
+    return scratch

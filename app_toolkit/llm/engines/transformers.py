@@ -15,13 +15,14 @@ import dataclasses
 import logging
 import os
 import time
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable
 from pathlib import Path
 from typing import Any
 
 from ..engine import Constraint, EngineLoad, Sampling
 from . import adapters, gguf_cache
 from .decoder import Decoder, DecoderHooks
+from .hf_tokenizer import TokenizerText
 from .prefix_cache import PrefixCache
 
 logger = logging.getLogger(__name__)
@@ -33,7 +34,7 @@ DTYPES = ("auto", *gguf_cache.DTYPES)
 END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>")
 
 
-class TransformersEngine:
+class TransformersEngine(TokenizerText):
     """Replies from a transformers causal LM, ``slots`` decoded together.
 
     Args:
@@ -51,6 +52,9 @@ class TransformersEngine:
         max_adapters_in_batch: Most adapters decoded in one batch (0: no limit).
         max_lora_rank: The highest rank of an adapter it loads.
     """
+
+    #: The engine's name, as the start-up log and ``/v1/models`` give it.
+    name = "transformers"
 
     def __init__(
         self,
@@ -156,26 +160,6 @@ class TransformersEngine:
             self._max_adapters_in_batch,
         )
 
-    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        """Token ids of ``text``."""
-        return list(self._loaded_tokenizer().encode(text, add_special_tokens=add_special_tokens))
-
-    def decode(self, token_ids: Sequence[int]) -> str:
-        """Text of ``token_ids``, special tokens skipped."""
-        return str(self._loaded_tokenizer().decode(list(token_ids), skip_special_tokens=True))
-
-    def chat_prompt(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
-    ) -> list[int]:
-        """The conversation through the tokenizer's chat template, ready for the assistant's
-        turn; ``tools`` (OpenAI's shape) go to the template, which shows them if it can."""
-        extra = {"tools": tools} if tools else {}
-        encoded = self._loaded_tokenizer().apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=True, **extra
-        )
-        # transformers 5 returns a BatchEncoding (a mapping); older releases a plain list.
-        return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
-
     async def generate(
         self,
         prompt: list[int],
@@ -264,16 +248,6 @@ class TransformersEngine:
         if self._decoder is not None:
             await self._decoder.close()
             self._decoder = None
-
-    @property
-    def vocab_size(self) -> int:
-        """Token ids run from 0 to this less one (the tokenizer's, added tokens too)."""
-        return len(self._loaded_tokenizer())
-
-    def _loaded_tokenizer(self) -> Any:
-        if self.tokenizer is None:
-            raise RuntimeError("The engine is not loaded: call load() first (once per replica)")
-        return self.tokenizer
 
     def _loaded_decoder(self) -> Decoder:
         if self._decoder is None:

