@@ -167,8 +167,12 @@ async def in_process_load(engine: TransformersEngine, clients: int, tokens: int,
     return summary(first_token, received, elapsed, time.process_time() - before)
 
 
-async def toolkit_load(base: str, server_pid: int, clients: int, tokens: int, duration_s: float) -> Load:
-    """Clients streaming chat completions over HTTP; CPU is the server's whole tree."""
+async def toolkit_load(
+    base: str, server_pid: int, clients: int, tokens: int, duration_s: float, *, toolkit: bool = True
+) -> Load:
+    """Clients streaming chat completions over HTTP; CPU is the server's whole tree.
+    ``toolkit``: the server is the toolkit's, whose histograms are read too (False: another
+    OpenAI server, such as ``vllm serve``)."""
     limits = httpx.Limits(max_connections=clients)
     async with httpx.AsyncClient(base_url=base, timeout=300, limits=limits) as client:
 
@@ -197,10 +201,10 @@ async def toolkit_load(base: str, server_pid: int, clients: int, tokens: int, du
             return first_s, produced
 
         before = cpu_seconds(server_pid)
-        seen_before = await histograms(client)
+        seen_before = await histograms(client) if toolkit else {}
         first_token, received, elapsed = await clients_for(clients, duration_s, reply)
         spent = cpu_seconds(server_pid) - before
-        seen_after = await histograms(client)
+        seen_after = await histograms(client) if toolkit else {}
     result = summary(first_token, received, elapsed, spent)
     for key, (total, count) in seen_after.items():
         replies = count - seen_before[key][1]

@@ -59,9 +59,7 @@ def build_llm_deployment(
         options["placement_group_bundles"] = with_replica(
             bundles, options.get("ray_actor_options") or {"num_cpus": 0}
         )
-        options["placement_group_strategy"] = (
-            config.placement_group_config.strategy if config.placement_group_config is not None else "PACK"
-        )
+        options["placement_group_strategy"] = config.placement_strategy()
     options.update(override_serve_options or {})
     if "request_router_config" not in options and _most_replicas(options) > 1:
         # Replies that share a prompt prefix go where its keys and values are cached.

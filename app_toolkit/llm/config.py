@@ -20,9 +20,10 @@ from pydantic import ConfigDict, Field, field_validator, model_validator
 from app_toolkit.config import DeploymentConfig
 from app_toolkit.config.ray_serve_only import drop_refused
 from app_toolkit.config.schema import NAME_RE, Strict, field_errors
+from app_toolkit.llm import vllm_arguments
 from app_toolkit.llm.engine_options import EngineKwargs, EngineName, EngineOptions
 from app_toolkit.llm.model_source import ModelFiles, cloud_problem, is_cloud_uri, resolve_model_source
-from app_toolkit.llm.placement import PlacementGroupConfig, engine_bundles
+from app_toolkit.llm.placement import PlacementGroupConfig, default_strategy, engine_bundles
 from app_toolkit.llm.refused import RAY_SERVE_LLM_ONLY, refuse_unknown
 
 
@@ -155,7 +156,7 @@ class LLMDeploymentConfig(DeploymentConfig):
             given = {
                 key: data[key]
                 for key in ("placement_group_bundles", "placement_group_strategy")
-                if data.get(key)
+                if data.get(key) is not None
             }
             if given:
                 problem = (
@@ -254,7 +255,7 @@ class LLMConfig(Schema):
 
     @model_validator(mode="after")
     def _vllm_arguments_need_vllm(self) -> LLMConfig:
-        given = sorted(self.engine_kwargs.vllm_arguments)
+        given = vllm_arguments.only_vllm(self.engine_kwargs.vllm_arguments)
         if given and self.llm_engine != "vLLM":
             raise ValueError(
                 f"engine_kwargs {', '.join(given)}: vLLM's own engine arguments, which llm_engine "
@@ -293,24 +294,31 @@ class LLMConfig(Schema):
     def devices(self) -> int:
         """The devices one replica's engine runs on: vLLM's tensor_parallel_size ×
         pipeline_parallel_size (1 unless engine_kwargs sets them)."""
-        arguments = self.engine_kwargs.vllm_arguments
-        sizes = (arguments.get("tensor_parallel_size") or 1, arguments.get("pipeline_parallel_size") or 1)
-        if not all(isinstance(size, int) and not isinstance(size, bool) and size >= 1 for size in sizes):
-            return 1  # vLLM refuses the value when the engine starts, naming it
-        return int(sizes[0]) * int(sizes[1])
+        arguments = self.engine_kwargs.vllm_arguments  # whole numbers >= 1 (engine_options.py)
+        return int(arguments.get("tensor_parallel_size", 1)) * int(arguments.get("pipeline_parallel_size", 1))
 
     def placement_bundles(self) -> list[dict[str, float]]:
         """The engine's bundles per replica, before the replica's own resources join the
-        first (``placement.py``); empty: no placement group."""
+        first (``placement.py``); empty: no placement group. Only ``llm_engine: vLLM`` runs
+        on devices: the engines named otherwise compute on the replica's CPU."""
+        if self.llm_engine != "vLLM":
+            return []
         return engine_bundles(self.devices, self.accelerator_type, self.placement_group_config)
+
+    def placement_strategy(self) -> str:
+        """The strategy of :meth:`placement_bundles`: ``placement_group_config``'s, else
+        ``placement.default_strategy``."""
+        if self.placement_group_config is not None:
+            return self.placement_group_config.strategy
+        return default_strategy(self.devices, self.accelerator_type)
 
     @property
     def needs_vllm(self) -> bool:
-        """Only vLLM can serve this model: engine_kwargs has vLLM's own arguments, or the
-        replica asks for an accelerator (the transformers engine computes on the CPU)."""
-        return self.llm_engine == "vLLM" and (
-            bool(self.engine_kwargs.vllm_arguments) or self.accelerator_type is not None
-        )
+        """Only vLLM can serve this model: engine_kwargs sets vLLM's own arguments to
+        something only vLLM does (``vllm_arguments.NEUTRAL`` aside), or the replica asks for
+        an accelerator (the transformers engine computes on the CPU)."""
+        own = vllm_arguments.only_vllm(self.engine_kwargs.vllm_arguments)
+        return self.llm_engine == "vLLM" and (bool(own) or self.accelerator_type is not None)
 
     def engine_options(self) -> EngineOptions:
         """What the engine is built with (``engine_kwargs``, in the engine's terms)."""

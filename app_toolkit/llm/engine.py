@@ -92,10 +92,15 @@ class TextEngine(Protocol):
         """Text of ``token_ids`` (special tokens skipped)."""
 
     def chat_prompt(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> list[int]:
         """Token ids of a conversation through the model's chat template, ready for the
-        assistant's turn (``messages`` in OpenAI's shape, content already text)."""
+        assistant's turn (``messages`` in OpenAI's shape, content already text);
+        ``template_kwargs``: more variables for the template (vLLM's
+        ``chat_template_kwargs``)."""
 
     def generate(
         self,

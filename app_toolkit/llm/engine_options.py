@@ -12,11 +12,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
 from app_toolkit.config.ray_serve_only import drop_refused
 from app_toolkit.config.schema import Strict, field_errors
-from app_toolkit.llm.engines import vllm
+from app_toolkit.llm import vllm_arguments
 from app_toolkit.llm.refused import RAY_SERVE_LLM_ONLY, VLLM_ARGUMENT
 
 TorchDtype = Literal["auto", "float16", "bfloat16", "float32"]
@@ -32,7 +32,7 @@ DTYPES: dict[str, TorchDtype] = {
 #: The bytes the prefix cache keeps where ``kv_cache_memory_bytes`` says none.
 PREFIX_CACHE_BYTES = 1 << 30
 #: The engines (``app_toolkit.llm.engines``) an LLM deployment can run.
-EngineName = Literal["transformers", "echo", "embeddings"]
+EngineName = Literal["vllm", "transformers", "echo", "embeddings"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,22 +107,32 @@ class EngineKwargs(Strict):
         data = drop_refused("engine_kwargs", data, RAY_SERVE_LLM_ONLY["engine_kwargs"], VLLM_ARGUMENT)
         if not isinstance(data, Mapping):
             return data
-        named = {key: value for key, value in data.items() if key in ("model", "served_model_name")}
-        if named:
-            problem = (
+        problems: dict[str, str] = {}
+        for key in ("model", "served_model_name"):
+            problems[key] = (
                 "not taken in engine_kwargs (Ray Serve LLM refuses it too); set "
                 "model_loading_config.model_id and model_source instead"
             )
-            raise field_errors("engine_kwargs", {key: (value, problem) for key, value in named.items()})
-        typed = {
-            key: value for key, value in data.items() if key in cls.model_fields and key != "vllm_arguments"
+        problems["vllm_arguments"] = "give vLLM's arguments as keys of engine_kwargs itself"
+        named: dict[str | tuple[str, ...], tuple[object, str]] = {
+            key: (data[key], problem) for key, problem in problems.items() if key in data
         }
+        if named:
+            raise field_errors("engine_kwargs", named)
+        typed = {key: value for key, value in data.items() if key in cls.model_fields}
         others = {key: value for key, value in data.items() if key not in typed}
-        if others and vllm.available():  # vLLM's own check, where it is installed (the replica checks too)
-            problems = vllm.unknown_arguments(sorted(others))
-            if problems:
-                raise field_errors("engine_kwargs", {key: (others[key], problems[key]) for key in problems})
+        wrong = vllm_arguments.refused(others) | _parallel_sizes(others)
+        if not wrong and others and vllm_arguments.available():  # vLLM's check (the replica's too)
+            wrong = vllm_arguments.unknown_arguments(sorted(others))
+        if wrong:
+            raise field_errors("engine_kwargs", {key: (others.get(key), wrong[key]) for key in wrong})
         return {**typed, "vllm_arguments": others} if others else typed
+
+    @model_serializer(mode="wrap")
+    def _flat(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+        """Dumped as it is written: vLLM's own arguments as keys of engine_kwargs."""
+        dumped: dict[str, Any] = handler(self)
+        return {**{k: v for k, v in dumped.items() if k != "vllm_arguments"}, **self.vllm_arguments}
 
     @property
     def embeds(self) -> bool:
@@ -163,3 +173,15 @@ class EngineKwargs(Strict):
             max_loras=self.max_loras,
             max_lora_rank=self.max_lora_rank,
         )
+
+
+def _parallel_sizes(arguments: dict[str, Any]) -> dict[str, str]:
+    """A device count that is not a whole number of at least 1, named: the replica reserves
+    a bundle per device, so the count must be what vLLM will read."""
+    names = ("tensor_parallel_size", "pipeline_parallel_size")
+    sizes = {name: arguments[name] for name in names if name in arguments}
+    return {
+        name: "a whole number of devices, at least 1"
+        for name, size in sizes.items()
+        if not (isinstance(size, int) and not isinstance(size, bool) and size >= 1)
+    }

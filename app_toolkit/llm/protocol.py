@@ -16,6 +16,13 @@ from app_toolkit.llm.errors import OpenAIError, bad_parameter
 MAX_TEXT = 1_000_000
 #: The most tokens one request may ask for (its model's context window bounds it further).
 MAX_TOKENS = 131_072
+#: The seeds taken: a signed 64-bit integer, as vLLM bounds them (torch's seed overflows past).
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+#: The chat template's arguments the server sets itself, which ``chat_template_kwargs`` may
+#: not (vLLM refuses a request's ``chat_template`` unless told to trust it).
+TEMPLATE_ARGUMENTS = frozenset(
+    {"chat_template", "conversation", "add_generation_prompt", "tokenize", "tools", "return_dict"}
+)
 #: Message roles, as chat templates take them (``developer`` is newer clients' ``system``).
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 #: Content part types that carry text: Chat Completions' (``text``), and the Responses
@@ -160,7 +167,7 @@ class _Request(BaseModel):
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)  # vLLM's bounds (torch's long)
     # vLLM's sampling extras.
     stop_token_ids: list[int] | None = Field(None, max_length=64)
     ignore_eos: bool = False
@@ -181,6 +188,10 @@ class _Request(BaseModel):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
+    def _checked_stream_options(self) -> None:
+        if self.stream_options is not None and self.stream_options.model_fields_set and not self.stream:
+            raise bad_parameter("stream_options", "Stream options can only be defined when `stream=True`.")
+
 
 class ChatCompletionRequest(_Request):
     """``POST /v1/chat/completions``."""
@@ -191,9 +202,21 @@ class ChatCompletionRequest(_Request):
     tools: list[dict[str, Any]] | None = Field(None, max_length=128)
     tool_choice: str | dict[str, Any] | None = None
     parallel_tool_calls: bool | None = None
+    #: vLLM's: more variables for the chat template (``{"enable_thinking": false}``).
+    chat_template_kwargs: dict[str, Any] | None = None
 
     def checked(self) -> ChatCompletionRequest:
         checked_options(dict(self.model_extra or {}), CHAT_RULES)
+        self._checked_stream_options()
+        taken = sorted(TEMPLATE_ARGUMENTS.intersection(self.chat_template_kwargs or {}))
+        if taken:
+            raise bad_parameter(
+                "chat_template_kwargs",
+                f"chat_template_kwargs may not set {', '.join(taken)}: the server's own arguments to "
+                "the chat template (a request cannot replace the template).",
+            )
+        if self.tool_choice is not None and self.tool_choice != "none" and self.tools is None:
+            raise bad_parameter("tool_choice", "When using `tool_choice`, `tools` must be set.")
         return self
 
 
@@ -206,6 +229,7 @@ class CompletionRequest(_Request):
 
     def checked(self) -> CompletionRequest:
         checked_options(dict(self.model_extra or {}), COMPLETION_RULES)
+        self._checked_stream_options()
         return self
 
     def single_prompt(self) -> str | list[int]:

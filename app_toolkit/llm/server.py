@@ -146,6 +146,9 @@ class LLMServer:
                 generation.parallel_tool_calls,
             )
         prompt = self._prompt(engine, generation)
+        size = engine.vocab_size
+        if any(not 0 <= token < size for token in generation.sampling.stop_token_ids):
+            raise bad_parameter("stop_token_ids", f"This model's token ids run from 0 to {size - 1}.")
         sampling = self._fitted(engine, generation, len(prompt))
         yield Delta(prompt_tokens=len(prompt))
         reply = ReplyStream(
@@ -231,7 +234,9 @@ class LLMServer:
             texts = _text_messages(generation.messages)
             checked_calls(texts)
             messages = prompt_messages(texts, tools, shown)
-            return engine.chat_prompt(messages, tools if shown and tools else None)
+            return engine.chat_prompt(
+                messages, tools if shown and tools else None, generation.template_kwargs
+            )
         if isinstance(generation.prompt, str):
             return engine.encode(generation.prompt)
         prompt = list(generation.prompt or ())

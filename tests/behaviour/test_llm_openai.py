@@ -184,11 +184,43 @@ def test_bad_token_ids_tools_and_stream_options_are_400s_naming_the_field(served
             model=ECHO, messages=message, stream=True, stream_options=usage_options
         )
     assert "continuous_usage_stats" in usage.value.body["param"]  # type: ignore[index]
+    # The chat template's variables, as tool-calling clients send them; never its own arguments.
+    thinking: Any = {"chat_template_kwargs": {"enable_thinking": False}}
+    assert served.chat.completions.create(model=ECHO, messages=message, extra_body=thinking).choices
+    with pytest.raises(openai.BadRequestError) as replaced:
+        own: Any = {"chat_template_kwargs": {"chat_template": "{{ 'x' }}"}}
+        served.chat.completions.create(model=ECHO, messages=message, extra_body=own)
+    assert replaced.value.body["param"] == "chat_template_kwargs"  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError) as auto_without_tools:
+        served.chat.completions.create(model=ECHO, messages=message, tool_choice="auto")
+    assert auto_without_tools.value.body["param"] == "tool_choice"  # type: ignore[index]
+    assert "`tools` must be set" in auto_without_tools.value.body["message"]  # type: ignore[index]
+    for create in (served.chat.completions.create, served.completions.create):
+        whole: Any = {"messages": message} if create == served.chat.completions.create else {"prompt": "hi"}
+        with pytest.raises(openai.BadRequestError) as not_streamed:
+            create(model=ECHO, stream=False, stream_options={"include_usage": True}, **whole)
+        assert not_streamed.value.body["param"] == "stream_options"  # type: ignore[index]
+        for seed in (2**63, -(2**63) - 1):  # past a signed 64-bit integer, as vLLM bounds it
+            with pytest.raises(openai.BadRequestError) as too_big:
+                create(model=ECHO, seed=seed, **whole)
+            assert too_big.value.body["param"] == "seed"  # type: ignore[index]
+        assert create(model=ECHO, seed=2**63 - 1, max_tokens=2, **whole).choices
+        for stop_token in (-1, 10**6):  # outside the vocabulary
+            with pytest.raises(openai.BadRequestError) as outside_stop:
+                create(model=ECHO, extra_body={"stop_token_ids": [stop_token]}, **whole)
+            assert outside_stop.value.body["param"] == "stop_token_ids"  # type: ignore[index]
     unbounded = served.completions.create(model=ECHO, prompt="no cap", max_tokens=None)
     assert unbounded.choices[0].text == "no cap"  # null: up to the context window, as vLLM reads it
 
 
 _TOOL: Any = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+
+
+def test_health_and_version_answer_as_vllms(module_toolkit: Toolkit, served: openai.OpenAI) -> None:
+    with module_toolkit.client() as client:
+        health = client.get(PREFIX + "/health")
+        assert (health.status_code, health.content) == (200, b"")
+        assert client.get(PREFIX + "/version").json() == {"version": tk.__version__}
 
 
 def test_tokenize_and_detokenize(module_toolkit: Toolkit, served: openai.OpenAI) -> None:
@@ -278,7 +310,7 @@ class GatedServer(LLMServer):
     """A model whose replica loads only once the file ``gate`` exists (a slow load)."""
 
     async def __init__(self, llm_config: LLMConfig, gate: str) -> None:  # type: ignore[misc]  # awaited, as Ray Serve does
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 600  # only so that a failed test leaves no replica waiting
         while not Path(gate).exists() and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         await super().__init__(llm_config)

@@ -91,11 +91,18 @@ def test_the_package_has_no_import_circles() -> None:
     assert circles == []
 
 
+#: Outside the Ray backend, the one module that reads Ray: the vLLM engine hands the
+#: replica's placement group to vLLM's Ray executor (its engine core is a process of its own,
+#: which cannot find the group), as Ray Serve LLM does; only for a model on accelerators.
+RAY_READERS = {"app_toolkit.llm.engines.vllm"}
+
+
 def test_only_the_ray_backend_imports_ray() -> None:
     importers = {
         name for name in MODULES if any(dep == "ray" or dep.startswith("ray.") for dep in _imports(name))
     }
-    assert importers and all(name.startswith(RAY_BACKEND) for name in importers), importers
+    outside = importers - RAY_READERS
+    assert outside and all(name.startswith(RAY_BACKEND) for name in outside), importers
 
 
 def test_only_the_backends_name_a_concrete_link() -> None:

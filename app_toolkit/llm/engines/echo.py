@@ -119,9 +119,13 @@ class EchoEngine:
         return self._tokens.decode(token_ids)
 
     def chat_prompt(
-        self, messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None = None
+        self,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None = None,
+        template_kwargs: dict[str, Any] | None = None,
     ) -> list[int]:
-        """The last user message's bytes (the rest of the conversation is not echoed)."""
+        """The last user message's bytes (the rest of the conversation is not echoed; no
+        template reads ``template_kwargs``)."""
         said = next((m.get("content") or "" for m in reversed(messages) if m.get("role") == "user"), "")
         return self.encode(str(said))
 

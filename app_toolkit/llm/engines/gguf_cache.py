@@ -178,9 +178,10 @@ def _untied(model: Any) -> dict[str, Any]:
     embeddings and skips ``lm_head.weight``)."""
     layer = model.get_input_embeddings()
     preferred = next(f"{name}.weight" for name, module in model.named_modules() if module is layer)
-    named: dict[int, tuple[str, Any]] = {}
+    named: dict[object, tuple[str, Any]] = {}
     for name, tensor in model.state_dict().items():
-        key = tensor.data_ptr()
+        # Tied: the same memory, shape and type; empty tensors share no memory.
+        key = (tensor.data_ptr(), tuple(tensor.shape), tensor.dtype) if tensor.numel() else name
         if key not in named or name == preferred:
             named[key] = (name, tensor)
     return {name: tensor.contiguous() for name, tensor in named.values()}
@@ -231,14 +232,14 @@ def _write(folder: Path, gguf: Path, model: Any, tokenizer: Any) -> str:
     return kept
 
 
-def checkpoint(gguf: Path, dtype: str, scratch: Path) -> Path:
+def checkpoint(gguf: Path, dtype: str) -> tuple[Path, bool]:
     """A folder holding ``gguf`` de-quantized as a plain Hugging Face checkpoint, for an
-    engine that reads only those (vLLM): the kept copy, made now if there is none. Where no
-    copy can be kept (the cache off, the weights too large, the disk refused), the
-    checkpoint is written in ``scratch`` (a folder of the caller's, removed by it)."""
+    engine that reads only those (vLLM): the kept copy, made now if there is none; and
+    whether the folder is the caller's to remove (True where no copy can be kept: the cache
+    off, the weights too large, the disk refused; it is a new temporary folder then)."""
     found = find(gguf, dtype)
     if found is not None:
-        return found.folder
+        return found.folder, False
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     files: dict[str, Any] = {"gguf_file": gguf.name, "local_files_only": True}
@@ -253,6 +254,11 @@ def checkpoint(gguf: Path, dtype: str, scratch: Path) -> Path:
     logger.info("De-quantized %s in %.1f s", gguf, time.monotonic() - started)
     kept = store(gguf, dtype, model, tokenizer)
     if kept is not None:
-        return kept.folder
-    _write(scratch, gguf, model, tokenizer)
-    return scratch
+        return kept.folder, False
+    scratch = Path(tempfile.mkdtemp(prefix="app_toolkit-gguf-"))
+    try:
+        _write(scratch, gguf, model, tokenizer)
+    except BaseException:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
+    return scratch, True

@@ -22,16 +22,13 @@ from typing import Any
 from ..engine import Constraint, EngineLoad, Sampling
 from . import adapters, gguf_cache
 from .decoder import Decoder, DecoderHooks
-from .hf_tokenizer import TokenizerText
+from .hf_tokenizer import TokenizerText, end_of_turn_ids
 from .prefix_cache import PrefixCache
 
 logger = logging.getLogger(__name__)
 
 #: The ``dtype`` values taken (vLLM's names); "auto" keeps the checkpoint's own.
 DTYPES = ("auto", *gguf_cache.DTYPES)
-#: Tokens that end an assistant's turn in common chat templates (ChatML, Llama 3, Phi,
-#: Gemma): a reply ends there even when the checkpoint names another end-of-sequence token.
-END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>")
 
 
 class TransformersEngine(TokenizerText):
@@ -282,6 +279,5 @@ def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
             found.add(configured)
         elif isinstance(configured, list | tuple):
             found.update(token for token in configured if isinstance(token, int))
-    vocabulary = tokenizer.get_vocab()
-    found.update(vocabulary[name] for name in END_OF_TURN_TOKENS if name in vocabulary)
+    found.update(end_of_turn_ids(tokenizer))
     return frozenset(found)

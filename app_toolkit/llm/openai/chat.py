@@ -37,6 +37,7 @@ def generation(request: ChatCompletionRequest, received_at: float) -> Generation
         tool_choice=request.tool_choice,
         parallel_tool_calls=bool(request.parallel_tool_calls),
         received_at=received_at,
+        template_kwargs=request.chat_template_kwargs,
     )
 
 

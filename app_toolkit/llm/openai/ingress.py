@@ -9,7 +9,7 @@ import struct
 import time
 from typing import Any
 
-from fastapi import FastAPI, Query
+from fastapi import FastAPI, Query, Response
 
 import app_toolkit as tk
 from app_toolkit.llm import errors
@@ -122,6 +122,17 @@ class OpenAIIngress:
         if card is None:
             return []
         return [card.entry(), *(card.adapter_entry(adapter) for adapter in adapters)]
+
+    @api.get("/health")
+    async def health(self) -> Response:
+        """vLLM's health check: 200 with no body while the ingress serves (each model's
+        replicas have their own health checks: ``status()``)."""
+        return Response(status_code=200)
+
+    @api.get("/version")
+    async def version(self) -> dict[str, str]:
+        """vLLM's ``/version``: here the toolkit's version."""
+        return {"version": tk.__version__}
 
     @api.get("/v1/models")
     async def list_models(self) -> dict[str, Any]:
