@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -66,7 +67,10 @@ def model_folder() -> Path:
     assert files.gguf_file is not None
     folder, scratch = gguf_cache.checkpoint(files.directory / files.gguf_file, "float32")
     if scratch:
-        raise RuntimeError(f"no de-quantized copy could be kept ({folder}): turn the GGUF cache on")
+        shutil.rmtree(folder, ignore_errors=True)
+        raise RuntimeError(
+            "no de-quantized copy could be kept: turn the GGUF cache on (APP_TOOLKIT_GGUF_CACHE)"
+        )
     return folder
 
 

@@ -265,6 +265,22 @@ class LLMConfig(Schema):
         return self
 
     @model_validator(mode="after")
+    def _executor_fits_placement(self) -> LLMConfig:
+        given = self.engine_kwargs.vllm_arguments.get("distributed_executor_backend")
+        wanted = "ray" if self.accelerator_type is not None else "mp"
+        if given is not None and given != wanted and (self.accelerator_type is not None or self.devices > 1):
+            where = (
+                "on accelerators, in the replica's placement group"
+                if wanted == "ray"
+                else ("on a CPU, as processes of the replica")
+            )
+            raise ValueError(
+                f"engine_kwargs.distributed_executor_backend {given!r}: vLLM's workers run {where} "
+                f"(as Ray Serve LLM places them); set {wanted!r} or remove it"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _engine_agrees(self) -> LLMConfig:
         if self.engine_kwargs.embeds and self.llm_engine not in ("vLLM", "embeddings"):
             raise ValueError(

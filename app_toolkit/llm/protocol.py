@@ -18,10 +18,28 @@ MAX_TEXT = 1_000_000
 MAX_TOKENS = 131_072
 #: The seeds taken: a signed 64-bit integer, as vLLM bounds them (torch's seed overflows past).
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
-#: The chat template's arguments the server sets itself, which ``chat_template_kwargs`` may
-#: not (vLLM refuses a request's ``chat_template`` unless told to trust it).
+#: The arguments of transformers' ``apply_chat_template`` (and the names it gives the
+#: conversation), which ``chat_template_kwargs`` may not set: only the template's own
+#: variables go through (vLLM refuses a request's ``chat_template`` unless told to trust it).
 TEMPLATE_ARGUMENTS = frozenset(
-    {"chat_template", "conversation", "add_generation_prompt", "tokenize", "tools", "return_dict"}
+    {
+        "chat_template",
+        "conversation",
+        "conversations",
+        "messages",
+        "tools",
+        "add_generation_prompt",
+        "continue_final_message",
+        "tokenize",
+        "padding",
+        "truncation",
+        "max_length",
+        "return_tensors",
+        "return_dict",
+        "return_assistant_tokens_mask",
+        "tokenizer_kwargs",
+        "sanitize_control_tokens",
+    }
 )
 #: Message roles, as chat templates take them (``developer`` is newer clients' ``system``).
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -212,8 +230,8 @@ class ChatCompletionRequest(_Request):
         if taken:
             raise bad_parameter(
                 "chat_template_kwargs",
-                f"chat_template_kwargs may not set {', '.join(taken)}: the server's own arguments to "
-                "the chat template (a request cannot replace the template).",
+                f"chat_template_kwargs may not set {', '.join(taken)}: they say how the prompt is "
+                "made, they are not variables of the chat template.",
             )
         if self.tool_choice is not None and self.tool_choice != "none" and self.tools is None:
             raise bad_parameter("tool_choice", "When using `tool_choice`, `tools` must be set.")

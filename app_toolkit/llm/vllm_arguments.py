@@ -71,8 +71,8 @@ def refused(arguments: Mapping[str, Any]) -> dict[str, str]:
     structured-output backend other than the one the server's grammars need."""
     problems = {name: REFUSED[name] for name in only_vllm(arguments) if name in REFUSED}
     structured = arguments.get("structured_outputs_config")
-    backend = structured.get("backend") if isinstance(structured, Mapping) else None
-    if backend not in (None, GRAMMAR_BACKEND):
+    backend = structured.get("backend", GRAMMAR_BACKEND) if isinstance(structured, Mapping) else None
+    if isinstance(structured, Mapping) and backend != GRAMMAR_BACKEND:
         problems["structured_outputs_config"] = (
             f"backend {backend!r}: the server's grammars (structured output, tools) are "
             f"llguidance's, which vLLM's {GRAMMAR_BACKEND!r} backend reads; set it or leave it out"

@@ -188,7 +188,7 @@ def test_bad_token_ids_tools_and_stream_options_are_400s_naming_the_field(served
     thinking: Any = {"chat_template_kwargs": {"enable_thinking": False}}
     assert served.chat.completions.create(model=ECHO, messages=message, extra_body=thinking).choices
     with pytest.raises(openai.BadRequestError) as replaced:
-        own: Any = {"chat_template_kwargs": {"chat_template": "{{ 'x' }}"}}
+        own: Any = {"chat_template_kwargs": {"chat_template": "{{ 'x' }}", "truncation": True}}
         served.chat.completions.create(model=ECHO, messages=message, extra_body=own)
     assert replaced.value.body["param"] == "chat_template_kwargs"  # type: ignore[index]
     with pytest.raises(openai.BadRequestError) as auto_without_tools:

@@ -697,6 +697,7 @@ def test_vllms_arguments_at_their_neutral_values_run_on_either_engine() -> None:
         ({"pipeline_parallel_size": 0}, "pipeline_parallel_size", "a whole number of devices"),
         ({"structured_outputs_config": {"backend": "xgrammar"}}, "structured_outputs_config", "'guidance'"),
         ({"vllm_arguments": {"enforce_eager": True}}, "vllm_arguments", "as keys of engine_kwargs itself"),
+        ({"structured_outputs_config": {"backend": None}}, "structured_outputs_config", "'guidance'"),
     ],
 )
 def test_vllm_arguments_that_cannot_work_are_refused_naming_them(
@@ -795,3 +796,16 @@ def test_a_models_deployment_config_may_not_set_its_bundles() -> None:
     assert "placement_group_config.bundles[0].CPU: Input should be greater than or equal to 0" in negative
     empty = _refusal(_args(deployment_config={"placement_group_bundles": []}))
     assert "placement_group_bundles: a model's placement group comes from its LLMConfig" in empty
+
+
+def test_vllms_workers_are_placed_as_the_bundles_say() -> None:
+    """On a CPU, vLLM's workers are processes of the replica (its bundles STRICT_PACK); on
+    accelerators, Ray actors in its placement group; another backend is refused."""
+    cpu = LLMConfig.model_validate(_model(engine_kwargs={"tensor_parallel_size": 2}))
+    assert cpu.placement_strategy() == "STRICT_PACK"
+    message = _refusal(
+        _args(engine_kwargs={"tensor_parallel_size": 2, "distributed_executor_backend": "ray"})
+    )
+    assert "distributed_executor_backend 'ray': vLLM's workers run on a CPU, as processes" in message
+    message = _refusal(_args(accelerator_type="L4", engine_kwargs={"distributed_executor_backend": "mp"}))
+    assert "set 'ray' or remove it" in message

@@ -98,6 +98,7 @@ class VLLMEngine(TokenizerText):
         started = time.monotonic()
         from transformers import AutoTokenizer
         from vllm import AsyncEngineArgs
+        from vllm.config import StructuredOutputsConfig
         from vllm.platforms import current_platform
         from vllm.v1.engine.async_llm import AsyncLLM
 
@@ -108,7 +109,9 @@ class VLLMEngine(TokenizerText):
             arguments["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
         # The server's grammars are llguidance's Lark (structured.py): vLLM's guidance reads them.
         structured = dict(arguments.get("structured_outputs_config") or {})
-        arguments["structured_outputs_config"] = {"backend": GRAMMAR_BACKEND, **structured}
+        arguments["structured_outputs_config"] = StructuredOutputsConfig(
+            **{**structured, "backend": GRAMMAR_BACKEND}
+        )
         arguments.setdefault("enable_log_requests", False)
         tokenizer = self._tokenizer_path or folder
         engine_args = AsyncEngineArgs(
