@@ -56,9 +56,7 @@ def build_llm_deployment(
     bundles = config.placement_bundles()
     if bundles and "placement_group_bundles" not in (override_serve_options or {}):
         # One bundle per device of the engine; the replica runs in the first (placement.py).
-        options["placement_group_bundles"] = with_replica(
-            bundles, options.get("ray_actor_options") or {"num_cpus": 0}
-        )
+        options["placement_group_bundles"] = with_replica(bundles, options["ray_actor_options"])
         options["placement_group_strategy"] = config.placement_strategy()
     options.update(override_serve_options or {})
     if "request_router_config" not in options and _most_replicas(options) > 1:

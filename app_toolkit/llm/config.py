@@ -267,8 +267,8 @@ class LLMConfig(Schema):
     @model_validator(mode="after")
     def _executor_fits_placement(self) -> LLMConfig:
         given = self.engine_kwargs.vllm_arguments.get("distributed_executor_backend")
-        wanted = "ray" if self.accelerator_type is not None else "mp"
-        if given is not None and given != wanted and (self.accelerator_type is not None or self.devices > 1):
+        wanted = self.executor_backend
+        if given is not None and wanted is not None and given != wanted:
             where = (
                 "on accelerators, in the replica's placement group"
                 if wanted == "ray"
@@ -320,6 +320,16 @@ class LLMConfig(Schema):
         if self.llm_engine != "vLLM":
             return []
         return engine_bundles(self.devices, self.accelerator_type, self.placement_group_config)
+
+    @property
+    def executor_backend(self) -> str | None:
+        """Where vLLM's workers run, as the bundles place them: Ray actors in the replica's
+        placement group on accelerators (Ray Serve LLM's choice), processes of the replica
+        on a CPU of several devices (``mp``, the bundles STRICT_PACK); None: vLLM's own
+        choice (one device on a CPU)."""
+        if self.accelerator_type is not None:
+            return "ray"
+        return "mp" if self.devices > 1 else None
 
     def placement_strategy(self) -> str:
         """The strategy of :meth:`placement_bundles`: ``placement_group_config``'s, else

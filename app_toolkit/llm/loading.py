@@ -61,11 +61,8 @@ def engine_for(config: LLMConfig) -> TextEngine | EmbeddingEngine:
         if problems:
             raise ConfigError(f"{config.model_id}: engine_kwargs " + "; ".join(problems.values()))
         arguments = config.engine_kwargs.for_vllm()
-        # vLLM's workers: Ray actors in the replica's bundles on accelerators (Ray Serve
-        # LLM's choice), the replica's processes on a CPU (the bundles are STRICT_PACK there).
-        backend = "ray" if config.accelerator_type is not None else "mp"
-        if config.devices > 1 or config.accelerator_type is not None:
-            arguments.setdefault("distributed_executor_backend", backend)
+        if config.executor_backend is not None:
+            arguments.setdefault("distributed_executor_backend", config.executor_backend)
         tokenizer = config.tokenizer_files()
         return make_engine(
             "vllm",

@@ -70,7 +70,8 @@ def engine_bundles(
 
 def default_strategy(devices: int, accelerator_type: str | None) -> str:
     """The strategy of the bundles :func:`engine_bundles` makes: on the CPU, vLLM's workers
-    are processes of the replica (``mp``), so every bundle must be on its node."""
+    are processes of the replica (``mp``: ``LLMConfig.executor_backend``), so every bundle
+    must be on its node."""
     return "STRICT_PACK" if accelerator_type is None and devices > 1 else "PACK"
 
 

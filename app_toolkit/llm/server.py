@@ -14,7 +14,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from typing import Any
 
 import app_toolkit as tk
@@ -132,6 +132,8 @@ class LLMServer:
     async def _generated(
         self, engine: TextEngine, generation: Generation, adapter: str
     ) -> AsyncGenerator[Delta, None]:
+        if generation.sampling.stop_token_ids:  # before the grammar and the prompt are made
+            _check_ids(engine, generation.sampling.stop_token_ids, "stop_token_ids")
         structure = None
         if generation.response_format is not None or generation.tools or generation.tool_choice is not None:
             # Checked before the prompt is built from the tools; a grammar compiles in a
@@ -146,9 +148,6 @@ class LLMServer:
                 generation.parallel_tool_calls,
             )
         prompt = self._prompt(engine, generation)
-        size = engine.vocab_size
-        if any(not 0 <= token < size for token in generation.sampling.stop_token_ids):
-            raise bad_parameter("stop_token_ids", f"This model's token ids run from 0 to {size - 1}.")
         sampling = self._fitted(engine, generation, len(prompt))
         yield Delta(prompt_tokens=len(prompt))
         reply = ReplyStream(
@@ -210,9 +209,7 @@ class LLMServer:
 
     def detokenize(self, tokens: list[int]) -> str:
         """The text of ``tokens``; an id outside the vocabulary is a 400 naming ``tokens``."""
-        size = self._engine.vocab_size
-        if any(not 0 <= token < size for token in tokens):
-            raise bad_parameter("tokens", f"This model's token ids run from 0 to {size - 1}.")
+        _check_ids(self._engine, tokens, "tokens")
         return self._engine.decode(tokens)
 
     def _text_engine(self) -> TextEngine:
@@ -240,9 +237,7 @@ class LLMServer:
         if isinstance(generation.prompt, str):
             return engine.encode(generation.prompt)
         prompt = list(generation.prompt or ())
-        size = engine.vocab_size
-        if any(not 0 <= token < size for token in prompt):
-            raise bad_parameter("prompt", f"This model's token ids run from 0 to {size - 1}.")
+        _check_ids(engine, prompt, "prompt")
         return prompt
 
     def _fitted(self, engine: TextEngine, generation: Generation, prompt_tokens: int) -> Sampling:
@@ -288,3 +283,10 @@ def _text_messages(messages: Any) -> list[dict[str, Any]]:
         else message
         for index, message in enumerate(messages)
     ]
+
+
+def _check_ids(engine: TextEngine | EmbeddingEngine, tokens: Sequence[int], param: str) -> None:
+    """A 400 naming ``param`` when a token id is outside the model's vocabulary."""
+    size = engine.vocab_size
+    if any(not 0 <= token < size for token in tokens):
+        raise bad_parameter(param, f"This model's token ids run from 0 to {size - 1}.")

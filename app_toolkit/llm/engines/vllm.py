@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from ..engine import Constraint, EngineLoad, Sampling
+from ..engine_options import DTYPES
 from ..vllm_arguments import GRAMMAR_BACKEND, version
 from . import gguf_cache
 from .hf_tokenizer import TokenizerText, end_of_turn_ids
@@ -157,9 +158,8 @@ class VLLMEngine(TokenizerText):
             raise FileNotFoundError(
                 f"{self.path} holds no {self.gguf_file}: name a GGUF file that is in the folder"
             )
-        dtype = str(self._arguments.get("dtype") or "auto")
-        dtype = {"half": "float16", "float": "float32"}.get(dtype, dtype)
-        folder, scratch = gguf_cache.checkpoint(gguf, dtype if dtype in gguf_cache.DTYPES else "auto")
+        dtype = DTYPES[self._arguments.get("dtype", "auto")]  # vLLM's name, as torch names it
+        folder, scratch = gguf_cache.checkpoint(gguf, dtype)
         self._scratch = folder if scratch else None
         return folder
 
