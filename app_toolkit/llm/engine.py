@@ -15,16 +15,48 @@ from typing import Any, Protocol, runtime_checkable
 
 @dataclass(frozen=True, slots=True)
 class Sampling:
-    """How one reply's tokens are chosen (OpenAI's and vLLM's request fields, checked)."""
+    """How one reply's tokens are chosen (OpenAI's and vLLM's request fields, checked),
+    applied in vLLM's order: ``logit_bias`` and ``min_tokens``, then the three penalties,
+    then greedy (temperature 0) or the tempered distribution cut by ``min_p``, ``top_k``
+    and ``top_p``."""
 
     max_tokens: int
     temperature: float = 1.0
     top_p: float = 1.0
+    #: Only the ``top_k`` likeliest tokens may come (0: no limit).
+    top_k: int = 0
+    #: Tokens less likely than ``min_p`` times the likeliest one may not come (0: none cut).
+    min_p: float = 0.0
     seed: int | None = None
+    #: Tokens of the prompt or the reply: a positive score divided by it, a negative one
+    #: multiplied (transformers' and vLLM's; 1: none).
+    repetition_penalty: float = 1.0
+    #: Subtracted from the score of each token the reply holds (OpenAI's; 0: none).
+    presence_penalty: float = 0.0
+    #: Subtracted from a token's score once per time the reply holds it (OpenAI's; 0: none).
+    frequency_penalty: float = 0.0
+    #: (token id, bias) pairs added to those tokens' scores (OpenAI's ``logit_bias``).
+    logit_bias: tuple[tuple[int, float], ...] = ()
+    #: The reply's end-of-sequence and stop tokens may not come before this many tokens.
+    min_tokens: int = 0
     #: Token ids that end the reply besides the model's end-of-sequence tokens.
     stop_token_ids: tuple[int, ...] = ()
     #: Generate past the end-of-sequence tokens (vLLM's ``ignore_eos``; benchmarks).
     ignore_eos: bool = False
+
+    @property
+    def greedy(self) -> bool:
+        """The likeliest token is taken (temperature below vLLM's 1e-5)."""
+        return self.temperature < GREEDY_BELOW
+
+    @property
+    def penalised(self) -> bool:
+        """A penalty changes the scores."""
+        return self.repetition_penalty != 1.0 or bool(self.presence_penalty) or bool(self.frequency_penalty)
+
+
+#: Temperatures below it take the likeliest token (vLLM's ``_SAMPLING_EPS``).
+GREEDY_BELOW = 1e-5
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,12 +5,16 @@ by name, or accepted only at its default (:func:`checked_options`)."""
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from app_toolkit.llm.engine import Sampling
 from app_toolkit.llm.errors import OpenAIError, bad_parameter
+
+logger = logging.getLogger("app_toolkit.llm")
 
 #: The longest text a message or prompt may carry, in characters.
 MAX_TEXT = 1_000_000
@@ -18,6 +22,12 @@ MAX_TEXT = 1_000_000
 MAX_TOKENS = 131_072
 #: The seeds taken: a signed 64-bit integer, as vLLM bounds them (torch's seed overflows past).
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+#: The most tokens one ``logit_bias`` may name.
+MAX_LOGIT_BIAS = 1_024
+#: A ``logit_bias`` value is cut to this range, as vLLM cuts it (OpenAI's documented range).
+BIAS_LIMIT = 100.0
+#: How many unknown field names are logged (each once); later ones are not.
+MAX_UNKNOWN_LOGGED = 256
 #: The arguments of transformers' ``apply_chat_template`` (and the names it gives the
 #: conversation), which ``chat_template_kwargs`` may not set: only the template's own
 #: variables go through (vLLM refuses a request's ``chat_template`` unless told to trust it).
@@ -51,10 +61,13 @@ TEXT_PARTS = frozenset({"text", "input_text", "output_text"})
 @dataclass(frozen=True)
 class OptionRules:
     """What an endpoint does with options it reads no further: ``refused`` maps a name to
-    the values accepted (defaults only); ``ignored`` names options that change nothing here."""
+    the values accepted (defaults only); ``ignored`` names options that change nothing here;
+    any other is ``unknown``: a 400 naming it (``"refuse"``, OpenAI's answer), or ignored
+    and logged once per name at info (``"log"``, vLLM's way; it logs at debug)."""
 
     refused: dict[str, tuple[Any, ...]]
     ignored: frozenset[str]
+    unknown: Literal["refuse", "log"] = "refuse"
 
 
 #: Sent by OpenAI's clients and harmless to leave unread.
@@ -75,9 +88,6 @@ CHAT_RULES = OptionRules(
         "n": (None, 1),
         "logprobs": (None, False),
         "top_logprobs": (None, 0),
-        "frequency_penalty": (None, 0, 0.0),
-        "presence_penalty": (None, 0, 0.0),
-        "logit_bias": (None, {}),
         "functions": (None, []),
         "function_call": (None, "none", "auto"),
         "audio": (None,),
@@ -88,6 +98,7 @@ CHAT_RULES = OptionRules(
         "verbosity": (None,),
     },
     ignored=_IGNORED,
+    unknown="log",
 )
 
 COMPLETION_RULES = OptionRules(
@@ -96,23 +107,24 @@ COMPLETION_RULES = OptionRules(
         "best_of": (None, 1),
         "logprobs": (None, 0),
         "suffix": (None, ""),
-        "frequency_penalty": (None, 0, 0.0),
-        "presence_penalty": (None, 0, 0.0),
-        "logit_bias": (None, {}),
     },
     ignored=_IGNORED,
+    unknown="log",
 )
 
-EMBEDDING_RULES = OptionRules(refused={}, ignored=_IGNORED)
+EMBEDDING_RULES = OptionRules(refused={}, ignored=_IGNORED, unknown="log")
 
 
 def checked_options(given: dict[str, Any], rules: OptionRules) -> None:
     """Raises the 400 OpenAI answers for an option this server cannot honour, or for one it
-    does not know, naming it."""
+    does not know (unless ``rules`` ignore those: logged once), naming it."""
     for name, value in given.items():
         if name in rules.ignored:
             continue
         accepted = rules.refused.get(name)
+        if accepted is None and rules.unknown == "log":
+            _log_unknown(name)
+            continue
         if accepted is None:
             raise OpenAIError(
                 400,
@@ -127,6 +139,17 @@ def checked_options(given: dict[str, Any], rules: OptionRules) -> None:
                 f"{name}={json.dumps(value)[:100]} is not supported by this server.",
                 "unsupported_parameter",
             )
+
+
+_unknown_logged: set[str] = set()
+
+
+def _log_unknown(name: str) -> None:
+    """Say once per field name (up to :data:`MAX_UNKNOWN_LOGGED` names) that it was ignored."""
+    if name in _unknown_logged or len(_unknown_logged) >= MAX_UNKNOWN_LOGGED:
+        return
+    _unknown_logged.add(name)
+    logger.info("A request field this server does not know was ignored: %s", name[:100])
 
 
 def role_of(role: str, param: str) -> str:
@@ -186,7 +209,14 @@ class _Request(BaseModel):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     stop: str | list[str] | None = None
     seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)  # vLLM's bounds (torch's long)
-    # vLLM's sampling extras.
+    # OpenAI's penalties and bias, and vLLM's sampling extras, with vLLM's bounds.
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    repetition_penalty: float | None = Field(None, gt=0.0, allow_inf_nan=False)
+    logit_bias: dict[str, float] | None = Field(None, max_length=MAX_LOGIT_BIAS)
+    top_k: int | None = Field(None, ge=-1)  # -1 and 0: no limit
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    min_tokens: int = Field(0, ge=0, le=MAX_TOKENS)
     stop_token_ids: list[int] | None = Field(None, max_length=64)
     ignore_eos: bool = False
 
@@ -196,6 +226,31 @@ class _Request(BaseModel):
         if isinstance(stop, list) and (len(stop) > 16 or not all(stop)):
             raise ValueError("stop takes at most 16 non-empty strings")
         return stop
+
+    def sampling(self, max_tokens: int | None, default_temperature: float) -> Sampling:
+        """How the reply's tokens are chosen, ``max_tokens`` at most (None: as many as the
+        context window leaves); a ``logit_bias`` key that is not a token id, or
+        ``min_tokens`` above ``max_tokens``, is the 400 naming it."""
+        if max_tokens is not None and self.min_tokens > max_tokens:
+            raise bad_parameter(
+                "min_tokens",
+                f"min_tokens must be less than or equal to max_tokens={max_tokens}, got {self.min_tokens}.",
+            )
+        return Sampling(
+            max_tokens=MAX_TOKENS if max_tokens is None else max_tokens,
+            temperature=default_temperature if self.temperature is None else self.temperature,
+            top_p=self.top_p,
+            top_k=max(0, self.top_k or 0),
+            min_p=self.min_p or 0.0,
+            seed=self.seed,
+            repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
+            presence_penalty=self.presence_penalty or 0.0,
+            frequency_penalty=self.frequency_penalty or 0.0,
+            logit_bias=_biases(self.logit_bias or {}),
+            min_tokens=self.min_tokens,
+            stop_token_ids=tuple(self.stop_token_ids or ()),
+            ignore_eos=self.ignore_eos,
+        )
 
     @property
     def stops(self) -> tuple[str, ...]:
@@ -209,6 +264,25 @@ class _Request(BaseModel):
     def _checked_stream_options(self) -> None:
         if self.stream_options is not None and self.stream_options.model_fields_set and not self.stream:
             raise bad_parameter("stream_options", "Stream options can only be defined when `stream=True`.")
+
+
+def _biases(given: dict[str, float]) -> tuple[tuple[int, float], ...]:
+    """``logit_bias`` as (token id, bias) pairs, each bias cut to ±:data:`BIAS_LIMIT` as
+    vLLM cuts it; a key that is not a token id is the 400 naming ``logit_bias``."""
+    pairs = []
+    for key, amount in given.items():
+        try:
+            token = int(key)
+        except ValueError:
+            raise bad_parameter(
+                "logit_bias", f"logit_bias keys are token ids (integers as strings), got {key[:50]!r}."
+            ) from None
+        if token < 0:
+            raise bad_parameter("logit_bias", f"logit_bias keys are token ids (>= 0), got {token}.")
+        if amount != amount:  # NaN
+            raise bad_parameter("logit_bias", f"logit_bias[{key!r}] is not a number.")
+        pairs.append((token, max(-BIAS_LIMIT, min(BIAS_LIMIT, amount))))
+    return tuple(pairs)
 
 
 class ChatCompletionRequest(_Request):

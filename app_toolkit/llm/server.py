@@ -132,8 +132,11 @@ class LLMServer:
     async def _generated(
         self, engine: TextEngine, generation: Generation, adapter: str
     ) -> AsyncGenerator[Delta, None]:
-        if generation.sampling.stop_token_ids:  # before the grammar and the prompt are made
-            _check_ids(engine, generation.sampling.stop_token_ids, "stop_token_ids")
+        sampling = generation.sampling  # its token ids are checked before the grammar and the prompt are made
+        if sampling.stop_token_ids:
+            _check_ids(engine, sampling.stop_token_ids, "stop_token_ids")
+        if sampling.logit_bias:
+            _check_ids(engine, [token for token, _ in sampling.logit_bias], "logit_bias")
         structure = None
         if generation.response_format is not None or generation.tools or generation.tool_choice is not None:
             # Checked before the prompt is built from the tools; a grammar compiles in a
@@ -258,6 +261,12 @@ class LLMServer:
                 param,
             )
         room = window - prompt_tokens
+        if generation.sampling.min_tokens > min(room, requested):
+            raise bad_parameter(
+                "min_tokens",
+                f"min_tokens must be less than or equal to the {min(room, requested)} tokens the reply "
+                f"may take, got {generation.sampling.min_tokens}.",
+            )
         if requested <= room:
             return generation.sampling
         return dataclasses.replace(generation.sampling, max_tokens=room)

@@ -224,6 +224,34 @@ def test_openai_client_on_every_endpoint(client: openai.OpenAI, base_url: str) -
     assert events[-1].type in ("response.completed", "response.incomplete")
 
 
+def test_sampling_fields_reach_the_transformers_engine(client: openai.OpenAI, base_url: str) -> None:
+    """logit_bias and min_tokens on a real model (vLLM's job checks every sampling field
+    against vLLM's own sampler: tests/vllm)."""
+    with httpx.Client(base_url=base_url, timeout=TIMEOUT_S) as http:
+        word = {"model": CHAT, "prompt": " Paris", "add_special_tokens": False}
+        (paris,) = http.post("/tokenize", json=word).json()["tokens"]
+        (end,) = http.post("/tokenize", json={"model": CHAT, "prompt": "<|im_end|>"}).json()["tokens"]
+    forced = client.completions.create(
+        model=CHAT, prompt=QUESTION, max_tokens=3, temperature=0, logit_bias={str(paris): 100}
+    )
+    assert forced.choices[0].text == " Paris Paris Paris"
+    asked: Any = [{"role": "user", "content": QUESTION}]
+    ended = client.chat.completions.create(
+        model=CHAT, messages=asked, max_tokens=8, temperature=0, logit_bias={str(end): 100}
+    )
+    assert ended.usage is not None and ended.usage.completion_tokens == 0
+    held = client.chat.completions.create(
+        model=CHAT,
+        messages=asked,
+        max_tokens=8,
+        temperature=0,
+        logit_bias={str(end): 100},
+        extra_body={"min_tokens": 4},
+    )
+    assert held.usage is not None and held.usage.completion_tokens == 4
+    assert held.choices[0].finish_reason == "stop"
+
+
 #: A tiktoken encoding made here, one token per byte: OpenAIEmbeddings' default path
 #: (check_embedding_ctx_length=True) tokenises with cl100k_base, which tiktoken downloads;
 #: offline, this one stands in for it, and the request keeps its shape (token ids).

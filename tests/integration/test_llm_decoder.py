@@ -50,8 +50,8 @@ async def reply(decoder: Decoder, prompt: list[int], max_tokens: int = 12) -> li
 
 def test_batched_replies_equal_replies_decoded_alone(model: Any) -> None:
     async def scenario() -> None:
-        alone = Decoder(model, {EOS}, max_batch_size=1, repetition_penalty=1.0)
-        together = Decoder(model, {EOS}, max_batch_size=4, repetition_penalty=1.0)
+        alone = Decoder(model, {EOS}, max_batch_size=1)
+        together = Decoder(model, {EOS}, max_batch_size=4)
         try:
             expected = [await reply(alone, prompt) for prompt in PROMPTS]
             # All at once, and staggered: later replies join a batch already decoding.
@@ -72,8 +72,8 @@ def test_batched_replies_equal_replies_decoded_alone(model: Any) -> None:
 
 def test_a_reader_that_leaves_frees_its_row(model: Any) -> None:
     async def scenario() -> None:
-        decoder = Decoder(model, set(), max_batch_size=2, repetition_penalty=1.1)  # no EOS: runs to max
-        alone = Decoder(model, set(), max_batch_size=1, repetition_penalty=1.1)
+        decoder = Decoder(model, set(), max_batch_size=2)  # no EOS: runs to max
+        alone = Decoder(model, set(), max_batch_size=1)
         try:
             expected = await reply(alone, PROMPTS[1], max_tokens=300)
             long_reply = decoder.generate(PROMPTS[0], greedy(10_000))
@@ -100,7 +100,7 @@ def test_the_load_it_reports_counts_slots_remaining_tokens_and_the_queue(model: 
     """What a model pool's autoscaling sees (examples/chat/chat/scaling.py)."""
 
     async def scenario() -> None:
-        decoder = Decoder(model, set(), max_batch_size=2, repetition_penalty=1.0)  # no EOS: runs to max
+        decoder = Decoder(model, set(), max_batch_size=2)  # no EOS: runs to max
         try:
             assert decoder.current_load() == EngineLoad(slots=2)
             busy = [decoder.generate(prompt, greedy(1000)) for prompt in PROMPTS[:2]]
@@ -129,7 +129,7 @@ def test_a_long_prompt_read_in_chunks_gives_the_tokens_of_one_pass_and_a_cancell
     long_prompt = [(7 * index) % 60 + 2 for index in range(100)]  # 100 tokens: two chunks of 64
 
     async def scenario() -> None:
-        decoder = Decoder(model, {EOS}, max_batch_size=2, repetition_penalty=1.0)
+        decoder = Decoder(model, {EOS}, max_batch_size=2)
         try:
             chunked = await reply(decoder, long_prompt)
             monkeypatch.setattr(forward_passes, "PREFILL_CHUNK", 10_000)  # the whole prompt in one pass
@@ -157,8 +157,8 @@ def test_a_long_prompt_read_in_chunks_gives_the_tokens_of_one_pass_and_a_cancell
 
 def test_a_pass_stopped_between_layers_for_a_leaving_reader_is_redone_without_its_row(model: Any) -> None:
     async def scenario() -> None:
-        decoder = Decoder(model, set(), max_batch_size=2, repetition_penalty=1.1)
-        alone = Decoder(model, set(), max_batch_size=1, repetition_penalty=1.1)
+        decoder = Decoder(model, set(), max_batch_size=2)
+        alone = Decoder(model, set(), max_batch_size=1)
         hook = None
         try:
             expected = await reply(alone, PROMPTS[1], max_tokens=40)
@@ -216,7 +216,7 @@ class Only:
 
 def test_each_reply_samples_on_its_own_terms(model: Any) -> None:
     async def scenario() -> None:
-        decoder = Decoder(model, {EOS}, max_batch_size=4, repetition_penalty=1.0)
+        decoder = Decoder(model, {EOS}, max_batch_size=4)
 
         async def sampled(prompt: list[int], sampling: Sampling, constraint: Any = None) -> list[int]:
             return [token async for token in decoder.generate(prompt, sampling, constraint)]
@@ -288,9 +288,9 @@ def test_a_prompt_that_starts_like_a_sequence_read_before_reads_only_the_rest(
     monkeypatch.setattr(forward_passes, "PREFILL_CHUNK", 4)  # the rest is read in chunks too
 
     async def scenario() -> None:
-        plain = Decoder(model, set(), max_batch_size=3, repetition_penalty=1.1)  # no EOS: to max_tokens
+        plain = Decoder(model, set(), max_batch_size=3)  # no EOS: to max_tokens
         prefixes = PrefixCache(max_bytes=1 << 24)
-        cached = Decoder(model, set(), max_batch_size=3, repetition_penalty=1.1, prefix_cache=prefixes)
+        cached = Decoder(model, set(), max_batch_size=3, prefix_cache=prefixes)
         reads: list[int] = []
 
         async def answer(decoder: Decoder, prompt: list[int], note: bool = False) -> list[int]:
@@ -376,7 +376,7 @@ def test_lora_replies_equal_peft_alone_and_in_a_mixed_batch(model: Any, tmp_path
     async def scenario() -> None:
         served = type(model)(model.config)
         served.load_state_dict(model.state_dict())
-        decoder = Decoder(served.eval(), set(), max_batch_size=3, repetition_penalty=1.0)
+        decoder = Decoder(served.eval(), set(), max_batch_size=3)
         try:
             plain = await reply(decoder, prompts[2], max_tokens=8)  # before any adapter
             for name in ("first", "second"):
@@ -416,9 +416,7 @@ def test_an_adapter_in_use_is_detached_once_its_replies_end_and_takes_its_cache_
         served = type(model)(model.config)
         served.load_state_dict(model.state_dict())
         prefixes = PrefixCache(max_bytes=1 << 24)
-        decoder = Decoder(
-            served.eval(), set(), max_batch_size=2, repetition_penalty=1.0, prefix_cache=prefixes
-        )
+        decoder = Decoder(served.eval(), set(), max_batch_size=2, prefix_cache=prefixes)
         try:
             stalled = await decoder.attach(read(tmp_path, "legal", max_rank=16))
             assert 0 <= stalled < 5  # the passes waited that long (measured, not a bound)
@@ -462,7 +460,7 @@ def test_an_adapter_for_another_model_is_refused_and_leaves_the_model_as_it_was(
     async def scenario() -> None:
         served = type(model)(model.config)
         served.load_state_dict(model.state_dict())
-        decoder = Decoder(served.eval(), set(), max_batch_size=2, repetition_penalty=1.0)
+        decoder = Decoder(served.eval(), set(), max_batch_size=2)
         try:
             before = await reply(decoder, PROMPTS[0], max_tokens=6)
             for attached in ((), ("here",)):  # the first adapter, and one beside another

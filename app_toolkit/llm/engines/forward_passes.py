@@ -21,7 +21,7 @@ from ..engine import Constraint, Sampling
 from .adapters import AttachedAdapters
 from .batch_cache import BatchCache, cache_argument, cache_from, cache_of
 from .prefix_cache import LayerKV, PrefixCache
-from .sampling import NOTHING_ALLOWED, choose, penalise, restrict
+from .sampling import NOTHING_ALLOWED, bias, choose, penalise, restrict
 
 #: Prompt tokens read per forward pass (bounds the memory a long prompt's pass takes).
 PREFILL_CHUNK = 256
@@ -57,14 +57,12 @@ class ForwardPasses:
         self,
         model: Any,
         eos_ids: Collection[int],
-        repetition_penalty: float,
         adapters: AttachedAdapters,
         prefix_cache: PrefixCache | None,
     ) -> None:
         self.model = model
         self._cache_argument = cache_argument(model)
         self._eos = frozenset(eos_ids)
-        self._penalty = repetition_penalty
         self._adapters = adapters
         self.prefixes = prefix_cache
         self.batch = BatchCache()
@@ -166,18 +164,22 @@ class ForwardPasses:
         return firsts
 
     def _sample(self, logits: torch.Tensor, sequences: Sequence[Row]) -> list[int]:
-        """One token per row: greedy at temperature 0, else sampled from the tempered
-        distribution cut to its top-p mass (with the reply's own generator when seeded);
-        tokens already seen are penalised first, tokens the constraint refuses masked out.
-        A constrained row's token is accepted here (NOTHING_ALLOWED: the constraint
-        allows none; the decoder ends its reply)."""
+        """One token per row, chosen on the row's own terms (``sampling.py``, in vLLM's
+        order; with the reply's own generator when seeded), the tokens its constraint
+        refuses masked out before the choice. A constrained row's token is accepted here
+        (NOTHING_ALLOWED: the constraint allows none; the decoder ends its reply)."""
         tokens = []
         for row, sequence in zip(logits.float(), sequences, strict=True):
-            penalise(row, sequence.seen, self._penalty)
+            sampling = sequence.sampling
+            if sampling.logit_bias or sampling.min_tokens:
+                stops = set(sampling.stop_token_ids) | (set() if sampling.ignore_eos else set(self._eos))
+                bias(row, sampling, len(sequence.reply), stops)
+            if sampling.penalised:
+                penalise(row, sampling, sequence.seen, sequence.reply)
             if sequence.constraint is not None and not restrict(row, sequence.constraint):
                 tokens.append(NOTHING_ALLOWED)
                 continue
-            token = choose(row, sequence.sampling, sequence.generator)
+            token = choose(row, sampling, sequence.generator)
             if sequence.constraint is not None and not self.ends(sequence, token):
                 sequence.constraint.accept(token)
             tokens.append(token)

@@ -1,25 +1,45 @@
-"""Choosing one reply's next token from the model's scores: the repetition penalty, the
-tokens a constraint allows, then greedy or tempered top-p sampling with the reply's own
-random numbers when it has a seed. Each function takes one row of scores (the logits of
-one reply) and changes it in place."""
+"""Choosing one reply's next token from the model's scores, in vLLM's order (its
+``v1/sample/sampler.py``): ``logit_bias`` and ``min_tokens``, the three penalties, the
+tokens a constraint allows, then greedy or tempered sampling cut by ``min_p``, ``top_k`` and
+``top_p``, with the reply's own random numbers when it has a seed. Each function takes one
+row of scores (the logits of one reply) and changes it in place."""
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 
 import torch
 
 from ..engine import Constraint, Sampling
 
 
-def penalise(row: torch.Tensor, seen: Collection[int], penalty: float) -> None:
-    """Make the ``seen`` tokens less likely by ``penalty`` (1: no change), as transformers'
-    and vLLM's ``repetition_penalty`` does: positive scores divided, negative multiplied."""
-    if penalty == 1.0 or not seen:
-        return
-    index = torch.tensor(sorted(seen))
-    scores = row[index]
-    row[index] = torch.where(scores > 0, scores / penalty, scores * penalty)
+def bias(row: torch.Tensor, sampling: Sampling, generated: int, stops: Collection[int]) -> None:
+    """Add ``sampling.logit_bias`` to its tokens' scores, and refuse the ``stops`` (the
+    end-of-sequence and stop tokens) while the reply has fewer than ``min_tokens``."""
+    width = row.shape[-1]
+    if sampling.logit_bias:
+        tokens = torch.tensor([token for token, _ in sampling.logit_bias], dtype=torch.long)
+        amounts = torch.tensor([amount for _, amount in sampling.logit_bias], dtype=row.dtype)
+        inside = tokens < width  # a padded vocabulary is wider than the tokenizer's, never narrower
+        row.index_add_(0, tokens[inside], amounts[inside])
+    if generated < sampling.min_tokens and stops:
+        row[torch.tensor([token for token in stops if token < width], dtype=torch.long)] = float("-inf")
+
+
+def penalise(row: torch.Tensor, sampling: Sampling, seen: Collection[int], reply: Sequence[int]) -> None:
+    """The penalties, as vLLM applies them: ``repetition_penalty`` on the tokens ``seen``
+    (the prompt's and the reply's: a positive score divided, a negative one multiplied),
+    then ``frequency_penalty`` times each token's count in the ``reply``, and
+    ``presence_penalty`` once for each token it holds, subtracted."""
+    penalty = sampling.repetition_penalty
+    if penalty != 1.0 and seen:
+        index = torch.tensor(sorted(seen), dtype=torch.long)
+        scores = row[index]
+        row[index] = torch.where(scores > 0, scores / penalty, scores * penalty)
+    if reply and (sampling.frequency_penalty or sampling.presence_penalty):
+        counts = torch.bincount(torch.tensor(reply, dtype=torch.long), minlength=row.shape[-1])
+        counts = counts[: row.shape[-1]].to(row.dtype)
+        row -= sampling.frequency_penalty * counts + sampling.presence_penalty * (counts > 0).to(row.dtype)
 
 
 #: A constrained row whose constraint allows no token: its reply ends.
@@ -42,13 +62,22 @@ def restrict(row: torch.Tensor, constraint: Constraint) -> bool:
 
 
 def choose(row: torch.Tensor, sampling: Sampling, generator: torch.Generator | None) -> int:
-    """The highest-scoring token at temperature 0; else one drawn from the tempered
-    distribution cut to the smallest set above ``top_p`` (``generator``: a seeded reply's)."""
-    if sampling.temperature <= 0:
+    """The highest-scoring token when greedy; else one drawn from the tempered
+    distribution less the tokens below ``min_p`` times the likeliest one, outside the
+    ``top_k`` likeliest, and outside the smallest set whose mass reaches ``top_p``
+    (``generator``: a seeded reply's)."""
+    if sampling.greedy:
         return int(row.argmax())
-    probabilities = torch.softmax(row / sampling.temperature, dim=-1)
+    scores = row / sampling.temperature
+    if sampling.min_p > 0:
+        probabilities = torch.softmax(scores, dim=-1)
+        scores.masked_fill_(probabilities < sampling.min_p * probabilities.max(), float("-inf"))
+    if 0 < sampling.top_k < scores.shape[-1]:
+        kth = torch.topk(scores, sampling.top_k).values[-1]
+        scores.masked_fill_(scores < kth, float("-inf"))
+    probabilities = torch.softmax(scores, dim=-1)
     if sampling.top_p < 1.0:
         ordered, order = probabilities.sort(descending=True)
-        ordered[ordered.cumsum(0) - ordered > sampling.top_p] = 0  # keep the smallest set above top_p
+        ordered[ordered.cumsum(0) - ordered > sampling.top_p] = 0  # keep the smallest set reaching top_p
         return int(order[torch.multinomial(ordered, 1, generator=generator)])
     return int(torch.multinomial(probabilities, 1, generator=generator))

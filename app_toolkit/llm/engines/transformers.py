@@ -41,7 +41,6 @@ class TransformersEngine(TokenizerText):
             ``max_position_embeddings``; None: that).
         slots: Replies decoded together (vLLM's ``max_num_seqs``); the rest queue.
         dtype: The weights' type in memory: one of :data:`DTYPES`.
-        repetition_penalty: How much less likely a token already seen becomes (1: none).
         hooks: What the decoder reports to (queue waits, batch sizes, cancellations).
         prefix_cache_bytes: The most the keys and values of sequences read before may
             take, for prompts that start like them (``prefix_cache.py``); 0: none kept.
@@ -61,7 +60,6 @@ class TransformersEngine(TokenizerText):
         max_model_len: int | None = None,
         slots: int = 8,
         dtype: str = "auto",
-        repetition_penalty: float = 1.0,
         hooks: DecoderHooks | None = None,
         prefix_cache_bytes: int = 0,
         adapters_path: str | os.PathLike[str] | None = None,
@@ -74,8 +72,6 @@ class TransformersEngine(TokenizerText):
             raise ValueError(f"max_model_len must be >= 2 (a prompt and a reply), got {max_model_len}")
         if dtype not in DTYPES:
             raise ValueError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
-        if repetition_penalty <= 0:
-            raise ValueError(f"repetition_penalty must be > 0 (1: none), got {repetition_penalty}")
         #: Sequences read before (None: prefix caching off); its counts are the cache's hits.
         self.prefix_cache = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes > 0 else None
         self.adapters_path = None if adapters_path is None else Path(adapters_path)
@@ -89,7 +85,6 @@ class TransformersEngine(TokenizerText):
         self.context_window = max_model_len or 0  # the model's own limit, once loaded
         self._max_model_len = max_model_len
         self._dtype = dtype
-        self._repetition_penalty = repetition_penalty
         self._hooks = hooks
         self.tokenizer: Any = None
         self.eos_token_ids: frozenset[int] = frozenset()
@@ -151,7 +146,6 @@ class TransformersEngine(TokenizerText):
             model,
             self.eos_token_ids,
             self.slots,
-            self._repetition_penalty,
             self._hooks,
             self.prefix_cache,
             self._max_adapters_in_batch,

@@ -8,10 +8,9 @@ import uuid
 from typing import Any
 
 import app_toolkit as tk
-from app_toolkit.llm.engine import Sampling
 from app_toolkit.llm.events import Delta, Generation
 from app_toolkit.llm.openai.replies import Stream, Whole, dumps, relayed, usage
-from app_toolkit.llm.protocol import MAX_TOKENS, ChatCompletionRequest
+from app_toolkit.llm.protocol import ChatCompletionRequest
 
 #: Temperature when a request names none (OpenAI's default).
 DEFAULT_TEMPERATURE = 1.0
@@ -21,14 +20,7 @@ def generation(request: ChatCompletionRequest, received_at: float) -> Generation
     """What the model's replica produces for ``request``."""
     given = request.max_completion_tokens or request.max_tokens
     return Generation(
-        sampling=Sampling(
-            max_tokens=given or MAX_TOKENS,
-            temperature=DEFAULT_TEMPERATURE if request.temperature is None else request.temperature,
-            top_p=request.top_p,
-            seed=request.seed,
-            stop_token_ids=tuple(request.stop_token_ids or ()),
-            ignore_eos=request.ignore_eos,
-        ),
+        sampling=request.sampling(given, DEFAULT_TEMPERATURE),
         messages=tuple(request.messages),
         max_tokens_given=given is not None,
         stops=request.stops,

@@ -8,10 +8,9 @@ import uuid
 from typing import Any
 
 import app_toolkit as tk
-from app_toolkit.llm.engine import Sampling
 from app_toolkit.llm.events import Delta, Generation
 from app_toolkit.llm.openai.replies import Stream, Whole, dumps, relayed, usage
-from app_toolkit.llm.protocol import MAX_TOKENS, CompletionRequest
+from app_toolkit.llm.protocol import CompletionRequest
 
 DEFAULT_TEMPERATURE = 1.0
 
@@ -19,14 +18,7 @@ DEFAULT_TEMPERATURE = 1.0
 def generation(request: CompletionRequest, received_at: float) -> Generation:
     prompt = request.single_prompt()
     return Generation(
-        sampling=Sampling(
-            max_tokens=request.max_tokens or MAX_TOKENS,
-            temperature=DEFAULT_TEMPERATURE if request.temperature is None else request.temperature,
-            top_p=request.top_p,
-            seed=request.seed,
-            stop_token_ids=tuple(request.stop_token_ids or ()),
-            ignore_eos=request.ignore_eos,
-        ),
+        sampling=request.sampling(request.max_tokens, DEFAULT_TEMPERATURE),  # 16 unless given
         prompt=prompt if isinstance(prompt, str) else tuple(prompt),
         max_tokens_given=request.max_tokens is not None and "max_tokens" in request.model_fields_set,
         stops=request.stops,
