@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from app_toolkit.llm.engine import Sampling
+from app_toolkit.llm.engine import EngineRequest, Sampling
 from app_toolkit.llm.engines.transformers import TransformersEngine
 from app_toolkit.llm.model_source import resolve_model_source
 from tests.lora_models import written_adapter
@@ -40,9 +40,10 @@ class Gaps:
 
 
 async def base_reply(engine: TransformersEngine, prompt: list[int], gaps: Gaps, stop: asyncio.Event) -> None:
+    request = EngineRequest(prompt, Sampling(max_tokens=64, temperature=0, ignore_eos=True))
     while not stop.is_set():
         last = time.monotonic()
-        async for _ in engine.generate(prompt, Sampling(max_tokens=64, temperature=0, ignore_eos=True)):
+        async for _ in engine.generate(request):
             now = time.monotonic()
             if last >= gaps.loading_from:
                 gaps.during.append(now - last)
@@ -80,7 +81,7 @@ async def run(args: argparse.Namespace) -> None:
         reads.append(time.monotonic() - started)
         marks.append((time.monotonic(), f"{name} reply"))
         sampling = Sampling(max_tokens=4, temperature=0)
-        assert [token async for token in engine.generate(prompt, sampling, adapter=name)]
+        assert [token async for token in engine.generate(EngineRequest(prompt, sampling, adapter=name))]
         marks.append((time.monotonic(), f"{name} reply done"))
     stop.set()
     await asyncio.gather(*replies)

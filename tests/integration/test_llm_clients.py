@@ -224,9 +224,9 @@ def test_openai_client_on_every_endpoint(client: openai.OpenAI, base_url: str) -
     assert events[-1].type in ("response.completed", "response.incomplete")
 
 
-def test_sampling_fields_reach_the_transformers_engine(client: openai.OpenAI, base_url: str) -> None:
-    """logit_bias and min_tokens on a real model (vLLM's job checks every sampling field
-    against vLLM's own sampler: tests/vllm)."""
+def test_sampling_fields_and_logprobs_on_transformers(client: openai.OpenAI, base_url: str) -> None:
+    """logit_bias, min_tokens and logprobs on a real model (vLLM's job checks every sampling
+    field against vLLM's own sampler: tests/vllm)."""
     with httpx.Client(base_url=base_url, timeout=TIMEOUT_S) as http:
         word = {"model": CHAT, "prompt": " Paris", "add_special_tokens": False}
         (paris,) = http.post("/tokenize", json=word).json()["tokens"]
@@ -250,6 +250,19 @@ def test_sampling_fields_reach_the_transformers_engine(client: openai.OpenAI, ba
     )
     assert held.usage is not None and held.usage.completion_tokens == 4
     assert held.choices[0].finish_reason == "stop"
+    # Log-probabilities: greedy, each token ranks first; their bytes make the text, a
+    # character cut across tokens included.
+    french: Any = [{"role": "user", "content": "Write « café » three times."}]
+    shown = client.chat.completions.create(
+        model=CHAT, messages=french, max_tokens=12, temperature=0, logprobs=True, top_logprobs=2
+    )
+    content = shown.choices[0].logprobs.content  # type: ignore[union-attr]
+    assert content is not None and len(content) == shown.usage.completion_tokens  # type: ignore[union-attr]
+    for entry in content:
+        assert (entry.top_logprobs[0].token, entry.top_logprobs[0].logprob) == (entry.token, entry.logprob)
+        assert len(entry.top_logprobs) == 2 and entry.logprob <= 0
+    said = bytes(b for entry in content for b in entry.bytes or ()).decode()
+    assert said == shown.choices[0].message.content
 
 
 #: A tiktoken encoding made here, one token per byte: OpenAIEmbeddings' default path

@@ -14,7 +14,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from app_toolkit.llm.engine import EngineLoad, Sampling
+from app_toolkit.llm.engine import EngineLoad, EngineRequest, Sampling
 from app_toolkit.llm.engines import forward_passes
 from app_toolkit.llm.engines.decoder import Decoder, DecoderHooks
 from app_toolkit.llm.engines.prefix_cache import PrefixCache
@@ -45,7 +45,7 @@ def greedy(max_tokens: int) -> Sampling:
 
 
 async def reply(decoder: Decoder, prompt: list[int], max_tokens: int = 12) -> list[int]:
-    return [token async for token in decoder.generate(prompt, greedy(max_tokens))]
+    return [token.id async for token in decoder.generate(EngineRequest(prompt, greedy(max_tokens)))]
 
 
 def test_batched_replies_equal_replies_decoded_alone(model: Any) -> None:
@@ -76,7 +76,7 @@ def test_a_reader_that_leaves_frees_its_row(model: Any) -> None:
         alone = Decoder(model, set(), max_batch_size=1)
         try:
             expected = await reply(alone, PROMPTS[1], max_tokens=300)
-            long_reply = decoder.generate(PROMPTS[0], greedy(10_000))
+            long_reply = decoder.generate(EngineRequest(PROMPTS[0], greedy(10_000)))
             assert isinstance(long_reply, AsyncGenerator)  # an async generator function's: it has aclose()
             await anext(long_reply)
             other = asyncio.ensure_future(reply(decoder, PROMPTS[1], max_tokens=300))
@@ -103,7 +103,7 @@ def test_the_load_it_reports_counts_slots_remaining_tokens_and_the_queue(model: 
         decoder = Decoder(model, set(), max_batch_size=2)  # no EOS: runs to max
         try:
             assert decoder.current_load() == EngineLoad(slots=2)
-            busy = [decoder.generate(prompt, greedy(1000)) for prompt in PROMPTS[:2]]
+            busy = [decoder.generate(EngineRequest(prompt, greedy(1000))) for prompt in PROMPTS[:2]]
             for stream in busy:
                 await anext(stream)
             queued = asyncio.ensure_future(reply(decoder, PROMPTS[3], max_tokens=50))
@@ -137,7 +137,7 @@ def test_a_long_prompt_read_in_chunks_gives_the_tokens_of_one_pass_and_a_cancell
             monkeypatch.setattr(forward_passes, "PREFILL_CHUNK", 64)
 
             # The batch is full; a third reply waits in the queue and its reader leaves.
-            busy = [decoder.generate(prompt, greedy(10_000)) for prompt in PROMPTS[:2]]
+            busy = [decoder.generate(EngineRequest(prompt, greedy(10_000))) for prompt in PROMPTS[:2]]
             for stream in busy:
                 await anext(stream)
             queued = asyncio.ensure_future(reply(decoder, PROMPTS[2]))
@@ -162,7 +162,7 @@ def test_a_pass_stopped_between_layers_for_a_leaving_reader_is_redone_without_it
         hook = None
         try:
             expected = await reply(alone, PROMPTS[1], max_tokens=40)
-            leaving = decoder.generate(PROMPTS[0], greedy(10_000))
+            leaving = decoder.generate(EngineRequest(PROMPTS[0], greedy(10_000)))
             assert isinstance(leaving, AsyncGenerator)  # an async generator function's: it has aclose()
             await anext(leaving)
             other = asyncio.ensure_future(reply(decoder, PROMPTS[1], max_tokens=40))
@@ -219,7 +219,7 @@ def test_each_reply_samples_on_its_own_terms(model: Any) -> None:
         decoder = Decoder(model, {EOS}, max_batch_size=4)
 
         async def sampled(prompt: list[int], sampling: Sampling, constraint: Any = None) -> list[int]:
-            return [token async for token in decoder.generate(prompt, sampling, constraint)]
+            return [token.id async for token in decoder.generate(EngineRequest(prompt, sampling, constraint))]
 
         try:
             seeded = Sampling(max_tokens=30, temperature=1.5, seed=7, ignore_eos=True)
@@ -265,7 +265,7 @@ def test_the_hooks_hear_of_admissions_steps_and_early_cancellations(model: Any) 
     async def scenario() -> None:
         decoder = Decoder(model, set(), max_batch_size=1, hooks=Hooks())
         try:
-            busy = decoder.generate(PROMPTS[0], greedy(10_000))
+            busy = decoder.generate(EngineRequest(PROMPTS[0], greedy(10_000)))
             assert isinstance(busy, AsyncGenerator)  # an async generator function's: it has aclose()
             await anext(busy)
             queued = asyncio.ensure_future(reply(decoder, PROMPTS[1]))
@@ -294,8 +294,10 @@ def test_a_prompt_that_starts_like_a_sequence_read_before_reads_only_the_rest(
         reads: list[int] = []
 
         async def answer(decoder: Decoder, prompt: list[int], note: bool = False) -> list[int]:
-            tokens = decoder.generate(prompt, greedy(6), on_prompt=reads.append if note else None)
-            return [token async for token in tokens]
+            tokens = decoder.generate(
+                EngineRequest(prompt, greedy(6), on_prompt=reads.append if note else None)
+            )
+            return [token.id async for token in tokens]
 
         try:
             first = PROMPTS[1]
@@ -383,9 +385,9 @@ def test_lora_replies_equal_peft_alone_and_in_a_mixed_batch(model: Any, tmp_path
                 await decoder.attach(read(tmp_path, name, max_rank=16))
             alone = [
                 [
-                    t
+                    t.id
                     async for t in decoder.generate(
-                        prompt, greedy(8), adapter=name if name != "__base__" else ""
+                        EngineRequest(prompt, greedy(8), adapter=name if name != "__base__" else "")
                     )
                 ]
                 for prompt, name in zip(prompts, names, strict=True)
@@ -394,7 +396,9 @@ def test_lora_replies_equal_peft_alone_and_in_a_mixed_batch(model: Any, tmp_path
 
             async def one(prompt: list[int], name: str) -> list[int]:
                 adapter = "" if name == "__base__" else name
-                return [t async for t in decoder.generate(prompt, greedy(8), adapter=adapter)]
+                return [
+                    t.id async for t in decoder.generate(EngineRequest(prompt, greedy(8), adapter=adapter))
+                ]
 
             mixed = await asyncio.gather(*(one(p, n) for p, n in zip(prompts, names, strict=True)))
             assert mixed == expected
@@ -421,8 +425,8 @@ def test_an_adapter_in_use_is_detached_once_its_replies_end_and_takes_its_cache_
             stalled = await decoder.attach(read(tmp_path, "legal", max_rank=16))
             assert 0 <= stalled < 5  # the passes waited that long (measured, not a bound)
             with pytest.raises(ValueError, match="is not attached"):
-                await anext(decoder.generate(PROMPTS[0], greedy(4), adapter="medical"))
-            long_reply = decoder.generate(PROMPTS[1], greedy(10_000), adapter="legal")
+                await anext(decoder.generate(EngineRequest(PROMPTS[0], greedy(4), adapter="medical")))
+            long_reply = decoder.generate(EngineRequest(PROMPTS[1], greedy(10_000), adapter="legal"))
             assert isinstance(long_reply, AsyncGenerator)
             await anext(long_reply)
             decoder.detach("legal")  # evicted while a reply uses it: it stays until that ends
@@ -474,3 +478,34 @@ def test_an_adapter_for_another_model_is_refused_and_leaves_the_model_as_it_was(
             await decoder.close()
 
     asyncio.run(scenario())
+
+
+def test_logprobs_are_the_models_log_softmax_and_the_greedy_token_ranks_first(model: Any) -> None:
+    """Each token's log-probability is the model's own (before any penalty or bias, as
+    vLLM's raw logprobs), within 1e-4 of a forward pass over the prompt and the reply so far."""
+    penalised = Sampling(max_tokens=6, temperature=0, logprobs=3, repetition_penalty=1.5)
+    tokens = asyncio.run(_logprobs_reply(model, PROMPTS[1], penalised))
+    assert len(tokens) == 6
+    sequence = list(PROMPTS[1])
+    for token in tokens:
+        with torch.inference_mode():
+            logits = model(input_ids=torch.tensor([sequence])).logits[0, -1].float()
+        expected = torch.log_softmax(logits, dim=-1)
+        assert token.logprobs.logprob == pytest.approx(float(expected[token.id]), abs=1e-4)
+        likeliest = torch.topk(expected, 3)
+        assert [candidate for candidate, _ in token.logprobs.top] == likeliest.indices.tolist()
+        assert [value for _, value in token.logprobs.top] == pytest.approx(
+            likeliest.values.tolist(), abs=1e-4
+        )
+        sequence.append(token.id)
+    # Without a penalty the greedy token is the likeliest: it ranks first among the top.
+    plain = asyncio.run(_logprobs_reply(model, PROMPTS[0], Sampling(max_tokens=6, temperature=0, logprobs=2)))
+    assert all(token.logprobs.top[0] == (token.id, token.logprobs.logprob) for token in plain)
+
+
+async def _logprobs_reply(model: Any, prompt: list[int], sampling: Sampling) -> list[Any]:
+    decoder = Decoder(model, set(), max_batch_size=2)
+    try:
+        return [token async for token in decoder.generate(EngineRequest(prompt, sampling))]
+    finally:
+        await decoder.close()

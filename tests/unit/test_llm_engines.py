@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from app_toolkit.llm.detokenize import Detokenizer, StopFilter
-from app_toolkit.llm.engine import EngineLoad, Sampling, TextEngine
+from app_toolkit.llm.engine import EngineLoad, EngineRequest, Sampling, TextEngine
 from app_toolkit.llm.engines import make_engine
 from app_toolkit.llm.engines.echo import EOS_ID, VOCAB_SIZE, EchoEngine
 from app_toolkit.llm.engines.hf_tokenizer import TokenizerText
@@ -22,7 +22,8 @@ FAST = EchoEngine(tokens_per_s=100_000)
 async def _reply(
     engine: EchoEngine, prompt: list[int], sampling: Sampling, constraint: object = None
 ) -> list[int]:
-    return [token async for token in engine.generate(prompt, sampling, constraint)]  # type: ignore[arg-type]
+    request = EngineRequest(prompt, sampling, constraint)  # type: ignore[arg-type]  # a stand-in constraint
+    return [token.id async for token in engine.generate(request)]
 
 
 def reply(
@@ -92,7 +93,7 @@ def test_the_echo_engine_keeps_a_steady_pace_that_does_not_drift() -> None:
     async def timed() -> tuple[list[float], EngineLoad]:
         started = time.monotonic()
         stamps = []
-        reply = engine.generate(list(b"x" * 40), Sampling(max_tokens=40))
+        reply = engine.generate(EngineRequest(list(b"x" * 40), Sampling(max_tokens=40)))
         assert isinstance(reply, AsyncGenerator)
         async for _ in reply:
             stamps.append(time.monotonic() - started)
@@ -112,9 +113,9 @@ def test_closing_an_echo_reply_frees_it_at_once() -> None:
     engine = EchoEngine(tokens_per_s=100)
 
     async def scenario() -> None:
-        reply = engine.generate(list(b"abcdef"), Sampling(max_tokens=6))
+        reply = engine.generate(EngineRequest(list(b"abcdef"), Sampling(max_tokens=6)))
         assert isinstance(reply, AsyncGenerator)
-        assert await anext(reply) == ord("a")
+        assert (await anext(reply)).id == ord("a")
         assert engine.current_load().running == (5,)
         await reply.aclose()
         assert engine.current_load() == EngineLoad(slots=0)

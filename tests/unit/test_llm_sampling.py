@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from app_toolkit.llm import protocol
 from app_toolkit.llm.engine import Sampling
-from app_toolkit.llm.engines.sampling import bias, choose, penalise
+from app_toolkit.llm.engines.sampling import bias, choose, logprobs_of, penalise
 from app_toolkit.llm.errors import OpenAIError
 from app_toolkit.llm.protocol import ChatCompletionRequest, CompletionRequest
 
@@ -166,3 +166,39 @@ def test_unknown_names_logged_are_bounded(monkeypatch: pytest.MonkeyPatch) -> No
     for number in range(protocol.MAX_UNKNOWN_LOGGED + 10):
         protocol.checked_options({f"field{number}": 1}, protocol.CHAT_RULES)
     assert len(protocol._unknown_logged) == protocol.MAX_UNKNOWN_LOGGED
+
+
+def test_logprobs_are_the_rows_log_softmax_with_the_likeliest_first() -> None:
+    raw = torch.log_softmax(scores(1.0, 3.0, 2.0, 0.0), dim=-1)
+    found = logprobs_of(raw, token=2, count=2)
+    assert found.logprob == pytest.approx(float(raw[2]))
+    assert [token for token, _ in found.top] == [1, 2]
+    assert [value for _, value in found.top] == pytest.approx([float(raw[1]), float(raw[2])])
+    assert logprobs_of(raw, token=0, count=0).top == ()
+
+
+def test_logprobs_fields_become_the_samplings_count() -> None:
+    chat = ChatCompletionRequest(messages=MESSAGES, logprobs=True, top_logprobs=3).checked()
+    assert chat.sampling(None, 1.0).logprobs == 3
+    assert ChatCompletionRequest(messages=MESSAGES, logprobs=True).checked().sampling(None, 1.0).logprobs == 0
+    assert ChatCompletionRequest(messages=MESSAGES).checked().sampling(None, 1.0).logprobs is None
+    with pytest.raises(OpenAIError) as alone:
+        ChatCompletionRequest(messages=MESSAGES, top_logprobs=2).checked()
+    assert alone.value.param == "top_logprobs"
+    with pytest.raises(ValidationError):
+        ChatCompletionRequest(messages=MESSAGES, logprobs=True, top_logprobs=21)
+    assert CompletionRequest(prompt="x", logprobs=0).checked().sampling(16, 1.0).logprobs == 0
+    with pytest.raises(OpenAIError) as echoed:
+        CompletionRequest(prompt="x", logprobs=1, echo=True).checked()
+    assert echoed.value.param == "logprobs"
+
+
+def test_vllms_request_fields_not_honoured_are_refused_not_ignored() -> None:
+    for field, value in (("prompt_logprobs", 1), ("skip_special_tokens", False), ("use_beam_search", True)):
+        with pytest.raises(OpenAIError) as refused:
+            CompletionRequest(prompt="x", **{field: value}).checked()
+        assert refused.value.param == field
+        CompletionRequest(prompt="x", **{field: None}).checked()  # "not used" is taken
+    with pytest.raises(OpenAIError) as template:
+        ChatCompletionRequest(messages=MESSAGES, continue_final_message=True).checked()
+    assert template.value.param == "continue_final_message"

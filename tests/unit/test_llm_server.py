@@ -23,7 +23,7 @@ def test_held_tool_call_fragments_merge_by_index_with_their_text() -> None:
             )
         ),
     ]
-    joined = _joined(held)
+    joined = _joined(held, [])
     assert joined.text == "a"
     assert joined.tool_calls == (
         {"index": 0, "id": "call_1", "type": "function", "function": {"name": "f", "arguments": '{"x": 1}'}},
@@ -31,4 +31,4 @@ def test_held_tool_call_fragments_merge_by_index_with_their_text() -> None:
     )
     assert first["function"] == {"name": "f", "arguments": ""}  # the fragments themselves unchanged
     alone = Delta(text="b")
-    assert _joined([alone]) is alone
+    assert _joined([alone], []) is alone

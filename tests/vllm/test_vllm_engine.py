@@ -246,6 +246,8 @@ def test_a_required_tool_call_is_made(served: Served) -> None:
     assert call["function"]["name"] == "weather" and "city" in json.loads(call["function"]["arguments"])
 
 
+#: How far vLLM's log-probabilities may be from the transformers engine's at float32.
+LOGPROB_TOLERANCE = 1e-3
 #: Requests whose sampling fields change a greedy reply (or, with top_k 1 and min_p 1, make a
 #: sampled reply greedy): the transformers engine must give vLLM's text for each.
 SAMPLED: list[dict[str, Any]] = [
@@ -264,6 +266,7 @@ def test_sampling_fields_give_the_transformers_engines_replies(served: Served) -
     tokens for the same fields, at float32 (one prompt, greedy unless said)."""
     import asyncio
 
+    from app_toolkit.llm.engine import EngineRequest
     from app_toolkit.llm.loading import engine_for
     from app_toolkit.llm.protocol import CompletionRequest
 
@@ -286,9 +289,25 @@ def test_sampling_fields_give_the_transformers_engines_replies(served: Served) -
             vllm_text = _post(served, "/v1/completions", body).json()["choices"][0]["text"]
             request = CompletionRequest.model_validate(body).checked()
             sampling = request.sampling(request.max_tokens, 1.0)
-            tokens = [token async for token in engine.generate(engine.encode(body["prompt"]), sampling)]
+            asked = EngineRequest(engine.encode(body["prompt"]), sampling)
+            tokens = [token.id async for token in engine.generate(asked)]
             assert engine.decode(tokens) == vllm_text, fields
             changed.append(vllm_text != plain)
+        # Log-probabilities: vLLM's raw ones and the transformers engine's agree.
+        body = {**base, "logprobs": 3}
+        shown = _post(served, "/v1/completions", body).json()["choices"][0]["logprobs"]
+        request = CompletionRequest.model_validate(body).checked()
+        sampling = request.sampling(request.max_tokens, 1.0)
+        ours = [
+            token async for token in engine.generate(EngineRequest(engine.encode(body["prompt"]), sampling))
+        ]
+        assert shown["tokens"] == [engine.decode([token.id]) for token in ours]
+        assert shown["token_logprobs"] == pytest.approx(
+            [t.logprobs.logprob for t in ours], abs=LOGPROB_TOLERANCE
+        )
+        for top, token in zip(shown["top_logprobs"], ours, strict=True):
+            assert list(top) == [engine.decode([candidate]) for candidate, _ in token.logprobs.top]
+            assert list(top)[0] == engine.decode([token.id])  # greedy: the token ranks first
         return changed
 
     async def scenario() -> list[bool]:  # one event loop: the engine's decoder lives in it

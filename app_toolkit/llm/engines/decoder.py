@@ -40,7 +40,7 @@ from typing import Any
 
 import torch
 
-from ..engine import Constraint, EngineLoad, Sampling
+from ..engine import Constraint, EngineLoad, EngineRequest, Logprobs, Sampling, Token
 from .adapters import AdapterFiles, AttachedAdapters
 from .forward_passes import ForwardPasses
 from .prefix_cache import PrefixCache
@@ -75,7 +75,7 @@ class _Sequence:
     generator: torch.Generator | None  # a seeded reply's own random numbers
     seen: set[int]  # token ids in the prompt and the reply so far (repetition_penalty)
     # At most max_tokens + 1 items: the tokens, then None (done) or the error that ended it.
-    out: asyncio.Queue[int | Exception | None] = field(default_factory=asyncio.Queue)
+    out: asyncio.Queue[Token | Exception | None] = field(default_factory=asyncio.Queue)
     generated: int = 0
     abandoned: bool = False
     stage: str = "queued"  # then "prefill", then "decode": where a cancellation finds it
@@ -86,6 +86,7 @@ class _Sequence:
     reply: list[int] = field(default_factory=list)  # the tokens sent
     adapter: str = ""  # the LoRA adapter it decodes with ("": the base model)
     finished: bool = False  # ended by the decoder (not left by its reader)
+    logprobs: Logprobs | None = None  # the newest token's, when the reply asks for them
 
 
 class Decoder:
@@ -133,18 +134,11 @@ class Decoder:
             step_s=self.step_s,
         )
 
-    async def generate(
-        self,
-        prompt: list[int],
-        sampling: Sampling,
-        constraint: Constraint | None = None,
-        on_slot: Callable[[], None] | None = None,
-        on_prompt: Callable[[int], None] | None = None,
-        adapter: str = "",
-    ) -> AsyncGenerator[int, None]:
-        """Token ids of one reply (as :meth:`TextEngine.generate
+    async def generate(self, request: EngineRequest) -> AsyncGenerator[Token, None]:
+        """The tokens of one reply (as :meth:`TextEngine.generate
         <app_toolkit.llm.engine.TextEngine.generate>` says); closing the iterator takes the
-        sequence out of the batch. ``adapter``: an attached LoRA adapter to decode with."""
+        sequence out of the batch. ``request.adapter``: an attached LoRA adapter."""
+        prompt, sampling, adapter = request.prompt, request.sampling, request.adapter
         if adapter and (adapter not in self._adapters.names or adapter == self._adapters.detaching_now):
             raise ValueError(f"The adapter {adapter!r} is not attached: attach it first")
         if not prompt:
@@ -155,11 +149,11 @@ class Decoder:
         sequence = _Sequence(
             prompt,
             sampling,
-            constraint,
+            request.constraint,
             generator,
             set(prompt),
-            on_slot=on_slot,
-            on_prompt=on_prompt,
+            on_slot=request.on_slot,
+            on_prompt=request.on_prompt,
             adapter=adapter,
         )
         self._waiting.append(sequence)
@@ -333,7 +327,7 @@ class Decoder:
             sequence.generated += 1
             sequence.seen.add(token)
             sequence.reply.append(token)
-            sequence.out.put_nowait(token)
+            sequence.out.put_nowait(Token(token, sequence.logprobs))
             constrained = sequence.constraint
             if sequence.generated >= sequence.sampling.max_tokens or (constrained and constrained.finished):
                 sequence.out.put_nowait(None)

@@ -14,10 +14,10 @@ from __future__ import annotations
 import asyncio
 import itertools
 import re
-from collections.abc import AsyncGenerator, Callable, Iterator, Sequence
+from collections.abc import AsyncGenerator, Iterator, Sequence
 from typing import Any, Literal
 
-from ..engine import Constraint, EngineLoad, Sampling
+from ..engine import Constraint, EngineLoad, EngineRequest, Logprobs, Sampling, Token
 
 #: The end-of-sequence token of the bytes tokenizer: after the 256 byte values.
 EOS_ID = 256
@@ -118,6 +118,12 @@ class EchoEngine:
         character shows as U+FFFD)."""
         return self._tokens.decode(token_ids)
 
+    def token_bytes(self, token_id: int) -> bytes:
+        """The token's bytes: one byte (a bytes token), or its word's."""
+        if isinstance(self._tokens, _Bytes):
+            return bytes([token_id]) if 0 <= token_id < EOS_ID else b""
+        return self.decode([token_id]).encode()
+
     def chat_prompt(
         self,
         messages: list[dict[str, Any]],
@@ -129,24 +135,19 @@ class EchoEngine:
         said = next((m.get("content") or "" for m in reversed(messages) if m.get("role") == "user"), "")
         return self.encode(str(said))
 
-    async def generate(
-        self,
-        prompt: list[int],
-        sampling: Sampling,
-        constraint: Constraint | None = None,
-        on_slot: Callable[[], None] | None = None,
-        on_prompt: Callable[[int], None] | None = None,
-        adapter: str = "",
-    ) -> AsyncGenerator[int, None]:
+    async def generate(self, request: EngineRequest) -> AsyncGenerator[Token, None]:
         """The prompt's tokens back, one every ``1 / tokens_per_s`` seconds on a fixed
         schedule (a late token does not delay the next ones).
 
         A token the constraint does not allow is replaced by the lowest one it does (none
         allowed ends the reply). A stop or end-of-sequence token ends the reply unsent; so
-        does the prompt's end.
+        does the prompt's end. There is no model: every token was certain (log-probability
+        0, and the only one among the likeliest), whatever the sampling fields say.
         """
-        if adapter:
+        if request.adapter:
             raise ValueError("The echo engine has no model to apply a LoRA adapter to")
+        prompt, sampling, constraint = request.prompt, request.sampling, request.constraint
+        on_slot, on_prompt = request.on_slot, request.on_prompt
         key = object()
         # What it will produce, at most: the prompt's end ends it unless it repeats.
         self._remaining[id(key)] = (
@@ -174,7 +175,7 @@ class EchoEngine:
                     constraint.accept(token)
                 self.tokens += 1
                 self._remaining[id(key)] -= 1
-                yield token
+                yield Token(token, None if sampling.logprobs is None else _certain(token, sampling.logprobs))
                 if constraint is not None and constraint.finished:
                     return
         finally:
@@ -194,6 +195,11 @@ class EchoEngine:
 
     async def close(self) -> None:
         """Nothing to free."""
+
+
+def _certain(token: int, count: int) -> Logprobs:
+    """A token with no alternative: log-probability 0, the only one among the likeliest."""
+    return Logprobs(0.0, ((token, 0.0),)[:count])
 
 
 def _allowed(token: int, constraint: Constraint, vocab_size: int) -> int | None:

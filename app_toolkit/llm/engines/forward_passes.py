@@ -17,11 +17,11 @@ from typing import Any, Protocol, TypeVar
 
 import torch
 
-from ..engine import Constraint, Sampling
+from ..engine import Constraint, Logprobs, Sampling
 from .adapters import AttachedAdapters
 from .batch_cache import BatchCache, cache_argument, cache_from, cache_of
 from .prefix_cache import LayerKV, PrefixCache
-from .sampling import NOTHING_ALLOWED, bias, choose, penalise, restrict
+from .sampling import NOTHING_ALLOWED, bias, choose, logprobs_of, penalise, restrict
 
 #: Prompt tokens read per forward pass (bounds the memory a long prompt's pass takes).
 PREFILL_CHUNK = 256
@@ -41,6 +41,7 @@ class Row(Protocol):
     reply: list[int]
     adapter: str
     finished: bool
+    logprobs: Logprobs | None
 
 
 _R = TypeVar("_R", bound=Row)
@@ -171,6 +172,8 @@ class ForwardPasses:
         tokens = []
         for row, sequence in zip(logits.float(), sequences, strict=True):
             sampling = sequence.sampling
+            # The model's own log-probabilities, before the row changes (vLLM's raw logprobs).
+            raw = None if sampling.logprobs is None else torch.log_softmax(row, dim=-1)
             if sampling.logit_bias or sampling.min_tokens:
                 stops = set(sampling.stop_token_ids) | (set() if sampling.ignore_eos else set(self._eos))
                 bias(row, sampling, len(sequence.reply), stops)
@@ -182,6 +185,8 @@ class ForwardPasses:
             token = choose(row, sampling, sequence.generator)
             if sequence.constraint is not None and not self.ends(sequence, token):
                 sequence.constraint.accept(token)
+            if raw is not None:
+                sequence.logprobs = logprobs_of(raw, token, sampling.logprobs or 0)
             tokens.append(token)
         return tokens
 

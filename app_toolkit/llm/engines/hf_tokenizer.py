@@ -3,7 +3,9 @@ a Hugging Face model folder does the same way (the transformers and vLLM engines
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
+from functools import cache
 from typing import Any
 
 from ..protocol import TEMPLATE_ARGUMENTS
@@ -19,9 +21,25 @@ def end_of_turn_ids(tokenizer: Any) -> set[int]:
     return {vocabulary[name] for name in END_OF_TURN_TOKENS if name in vocabulary}
 
 
+#: A byte-fallback token of a SentencePiece vocabulary (``<0xE2>``): one byte.
+_BYTE_TOKEN = re.compile(r"<0x([0-9A-Fa-f]{2})>")
+#: SentencePiece's mark for a space.
+_SPACE_MARK = "\u2581"
+
+
+@cache
+def _byte_level_bytes() -> dict[str, int]:
+    """Byte-level BPE's alphabet (GPT-2's): each character back to the byte it stands for."""
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    table: dict[int, str] = bytes_to_unicode()  # type: ignore[no-untyped-call]  # transformers: unannotated
+    return {character: byte for byte, character in table.items()}
+
+
 class TokenizerText:
-    """``encode``, ``decode``, ``chat_prompt`` and ``vocab_size`` (``TextEngine``'s) over
-    ``self.tokenizer``, which the engine sets when it loads (None before)."""
+    """``encode``, ``decode``, ``token_bytes``, ``chat_prompt`` and ``vocab_size``
+    (``TextEngine``'s) over ``self.tokenizer``, which the engine sets when it loads (None
+    before)."""
 
     tokenizer: Any = None
 
@@ -32,6 +50,23 @@ class TokenizerText:
     def decode(self, token_ids: Sequence[int]) -> str:
         """Text of ``token_ids``, special tokens skipped."""
         return str(self._loaded_tokenizer().decode(list(token_ids), skip_special_tokens=True))
+
+    def token_bytes(self, token_id: int) -> bytes:
+        """The bytes token ``token_id`` stands for: part of a character for some (a byte-level
+        vocabulary's, a byte-fallback token), which its text cannot show."""
+        tokenizer = self._loaded_tokenizer()
+        piece = tokenizer.convert_ids_to_tokens(token_id)
+        if isinstance(piece, str):
+            decoder = getattr(getattr(tokenizer, "backend_tokenizer", None), "decoder", None)
+            alphabet = _byte_level_bytes() if type(decoder).__name__ == "ByteLevel" else None
+            if alphabet is not None and all(character in alphabet for character in piece):
+                return bytes(alphabet[character] for character in piece)
+            one = _BYTE_TOKEN.fullmatch(piece)
+            if one is not None:
+                return bytes([int(one.group(1), 16)])
+            if _SPACE_MARK in piece:
+                return piece.replace(_SPACE_MARK, " ").encode()
+        return self.decode([token_id]).encode()
 
     def chat_prompt(
         self,

@@ -10,7 +10,7 @@ from collections.abc import Collection, Sequence
 
 import torch
 
-from ..engine import Constraint, Sampling
+from ..engine import Constraint, Logprobs, Sampling
 
 
 def bias(row: torch.Tensor, sampling: Sampling, generated: int, stops: Collection[int]) -> None:
@@ -81,3 +81,11 @@ def choose(row: torch.Tensor, sampling: Sampling, generator: torch.Generator | N
         ordered[ordered.cumsum(0) - ordered > sampling.top_p] = 0  # keep the smallest set reaching top_p
         return int(order[torch.multinomial(ordered, 1, generator=generator)])
     return int(torch.multinomial(probabilities, 1, generator=generator))
+
+
+def logprobs_of(log_probabilities: torch.Tensor, token: int, count: int) -> Logprobs:
+    """``token``'s log-probability and the ``count`` likeliest tokens' (likeliest first),
+    from a row's log-softmax (taken before the row was changed: vLLM's raw logprobs)."""
+    top = torch.topk(log_probabilities, count) if count else None
+    likeliest = () if top is None else tuple(zip(top.indices.tolist(), top.values.tolist(), strict=True))
+    return Logprobs(float(log_probabilities[token]), likeliest)

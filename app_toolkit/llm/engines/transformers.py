@@ -15,11 +15,11 @@ import dataclasses
 import logging
 import os
 import time
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Any
 
-from ..engine import Constraint, EngineLoad, Sampling
+from ..engine import EngineLoad, EngineRequest, Token
 from . import adapters, gguf_cache
 from .decoder import Decoder, DecoderHooks
 from .hf_tokenizer import TokenizerText, end_of_turn_ids
@@ -151,27 +151,20 @@ class TransformersEngine(TokenizerText):
             self._max_adapters_in_batch,
         )
 
-    async def generate(
-        self,
-        prompt: list[int],
-        sampling: Sampling,
-        constraint: Constraint | None = None,
-        on_slot: Callable[[], None] | None = None,
-        on_prompt: Callable[[int], None] | None = None,
-        adapter: str = "",
-    ) -> AsyncGenerator[int, None]:
-        """Token ids of one reply (``TextEngine.generate``); at most the context window's
-        room after the prompt. ``adapter``: a loaded adapter (:meth:`load_adapter`)."""
+    async def generate(self, request: EngineRequest) -> AsyncGenerator[Token, None]:
+        """The tokens of one reply (``TextEngine.generate``); at most the context window's
+        room after the prompt. ``request.adapter``: a loaded adapter (:meth:`load_adapter`)."""
         decoder = self._loaded_decoder()
-        room = self.context_window - len(prompt)
+        room = self.context_window - len(request.prompt)
         if room < 1:
             raise ValueError(
-                f"The prompt takes {len(prompt)} tokens; the context window is {self.context_window}: "
-                "shorten the prompt"
+                f"The prompt takes {len(request.prompt)} tokens; the context window is "
+                f"{self.context_window}: shorten the prompt"
             )
-        if sampling.max_tokens > room:
-            sampling = dataclasses.replace(sampling, max_tokens=room)
-        tokens = decoder.generate(prompt, sampling, constraint, on_slot, on_prompt, adapter)
+        if request.sampling.max_tokens > room:
+            fitted = dataclasses.replace(request.sampling, max_tokens=room)
+            request = dataclasses.replace(request, sampling=fitted)
+        tokens = decoder.generate(request)
         try:
             async for token in tokens:
                 yield token

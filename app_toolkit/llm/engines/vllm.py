@@ -16,12 +16,12 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..engine import Constraint, EngineLoad, Sampling
+from ..engine import EngineLoad, EngineRequest, Logprobs, Token
 from ..engine_options import DTYPES
 from ..vllm_arguments import GRAMMAR_BACKEND, version
 from . import gguf_cache
@@ -34,6 +34,10 @@ logger = logging.getLogger(__name__)
 CPU_KV_CACHE_BYTES = 2 << 30
 #: The variable vLLM's CPU build reads its KV cache's size from (GiB).
 CPU_KV_CACHE_ENV = "VLLM_CPU_KVCACHE_SPACE"
+
+
+#: The log-probability given where vLLM gave none (vLLM's own stand-in for minus infinity).
+UNLIKELY = -9999.0
 
 
 class EngineFailed(RuntimeError):
@@ -163,16 +167,8 @@ class VLLMEngine(TokenizerText):
         self._scratch = folder if scratch else None
         return folder
 
-    async def generate(
-        self,
-        prompt: list[int],
-        sampling: Sampling,
-        constraint: Constraint | None = None,
-        on_slot: Callable[[], None] | None = None,
-        on_prompt: Callable[[int], None] | None = None,
-        adapter: str = "",
-    ) -> AsyncGenerator[int, None]:
-        """Token ids of one reply (``TextEngine.generate``), as vLLM produces them; closing
+    async def generate(self, request: EngineRequest) -> AsyncGenerator[Token, None]:
+        """The tokens of one reply (``TextEngine.generate``), as vLLM produces them; closing
         it aborts the request in vLLM. ``on_slot`` is called with the first tokens (vLLM
         does not say when a request leaves its queue: its wait includes reading the prompt).
         Raises :class:`EngineFailed` when vLLM ends the reply with an error or aborts it."""
@@ -181,6 +177,10 @@ class VLLMEngine(TokenizerText):
         from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
 
         llm = self._loaded()
+        prompt, sampling, constraint = request.prompt, request.sampling, request.constraint
+        on_slot, on_prompt = request.on_slot, request.on_prompt
+        if request.adapter:
+            raise ValueError("the vLLM engine serves no LoRA adapters yet")
         if constraint is not None and not constraint.grammar:
             raise ValueError(
                 "the vLLM engine enforces grammars itself: the constraint must carry its grammar"
@@ -199,6 +199,7 @@ class VLLMEngine(TokenizerText):
             frequency_penalty=sampling.frequency_penalty,
             logit_bias=dict(sampling.logit_bias) or None,
             min_tokens=sampling.min_tokens,
+            logprobs=sampling.logprobs,
             stop_token_ids=stops,
             ignore_eos=sampling.ignore_eos,
             detokenize=False,
@@ -227,11 +228,12 @@ class VLLMEngine(TokenizerText):
                     and not isinstance(completion.stop_reason, str)
                 ):
                     tokens.pop()
-                for token in tokens:
+                logprobs = completion.logprobs or ()
+                for index, token in enumerate(tokens):
                     reply.produced += 1
                     if constraint is not None:
                         constraint.accept(token)  # vLLM's backend chose it: keeps ``finished`` true
-                    yield token
+                    yield Token(token, _logprobs(logprobs, index, token, sampling.logprobs))
                     if constraint is not None and constraint.finished:
                         return  # the grammar is complete (with ignore_eos vLLM would go on)
         finally:
@@ -265,6 +267,18 @@ class VLLMEngine(TokenizerText):
         if self._llm is None:
             raise RuntimeError("The engine is not loaded: call load() first (once per replica)")
         return self._llm
+
+
+def _logprobs(given: Any, index: int, token: int, count: int | None) -> Logprobs | None:
+    """The ``index``-th token's log-probabilities, from vLLM's (a mapping per token of
+    token id to its ``Logprob``: the chosen token's and the ``count`` likeliest)."""
+    if count is None or index >= len(given):
+        return None
+    step = given[index]
+    ranked = sorted((entry.rank, candidate, entry.logprob) for candidate, entry in step.items())
+    top = tuple((candidate, float(logprob)) for rank, candidate, logprob in ranked if rank <= count)
+    chosen = step.get(token)
+    return Logprobs(float(chosen.logprob) if chosen is not None else UNLIKELY, top[:count])
 
 
 def _kv_cache_sized(arguments: dict[str, Any]) -> bool:

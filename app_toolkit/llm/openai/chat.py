@@ -9,6 +9,7 @@ from typing import Any
 
 import app_toolkit as tk
 from app_toolkit.llm.events import Delta, Generation
+from app_toolkit.llm.openai import logprobs
 from app_toolkit.llm.openai.replies import Stream, Whole, dumps, relayed, usage
 from app_toolkit.llm.protocol import ChatCompletionRequest
 
@@ -33,8 +34,9 @@ def generation(request: ChatCompletionRequest, received_at: float) -> Generation
     )
 
 
-def completion(whole: Whole, model: str) -> dict[str, Any]:
-    """The ``chat.completion`` object of a reply read whole."""
+def completion(whole: Whole, model: str, with_logprobs: bool = False) -> dict[str, Any]:
+    """The ``chat.completion`` object of a reply read whole (``with_logprobs``: the
+    request asked for them)."""
     message: dict[str, Any] = {"role": "assistant", "content": whole.text or None, "refusal": None}
     if whole.tool_calls:
         message["tool_calls"] = whole.tool_calls
@@ -45,32 +47,43 @@ def completion(whole: Whole, model: str) -> dict[str, Any]:
         "object": "chat.completion",
         "created": int(time.time()),
         "model": model,
-        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": whole.finish_reason}],
+        "choices": [
+            {
+                "index": 0,
+                "message": message,
+                "logprobs": logprobs.chat(whole.logprobs) if with_logprobs else None,
+                "finish_reason": whole.finish_reason,
+            }
+        ],
         "usage": usage(whole.prompt_tokens, whole.completion_tokens),
     }
 
 
-def streamed(first: Delta, stream: Stream, model: str, include_usage: bool) -> tk.EventStream:
-    """The reply as OpenAI streams it: the assistant's role first, a chunk per piece, the
-    finish reason, the usage chunk if asked (``stream_options.include_usage``), ``[DONE]``."""
+def streamed(
+    first: Delta, stream: Stream, model: str, include_usage: bool, with_logprobs: bool = False
+) -> tk.EventStream:
+    """The reply as OpenAI streams it: the assistant's role first, a chunk per piece (with
+    its tokens' log-probabilities when asked), the finish reason, the usage chunk if asked
+    (``stream_options.include_usage``), ``[DONE]``."""
     head = (
         f'{{"id":"chatcmpl-{uuid.uuid4().hex}","object":"chat.completion.chunk",'
         f'"created":{int(time.time())},"model":{dumps(model)},"choices":'
     )
     tail = ',"usage":null}' if include_usage else "}"
 
-    def chunk(delta: dict[str, Any], reason: str | None = None) -> str:
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": reason}
+    def chunk(delta: dict[str, Any], reason: str | None = None, of: Delta | None = None) -> str:
+        shown = logprobs.chat(of.logprobs) if with_logprobs and of is not None and of.logprobs else None
+        choice = {"index": 0, "delta": delta, "logprobs": shown, "finish_reason": reason}
         return f"{head}[{dumps(choice)}]{tail}"
 
     def piece(delta: Delta) -> str | None:
         if delta.tool_calls:
             calls: dict[str, Any] = {"tool_calls": list(delta.tool_calls)}
-            return chunk({"content": delta.text, **calls} if delta.text else calls)
-        return chunk({"content": delta.text}) if delta.text else None
+            return chunk({"content": delta.text, **calls} if delta.text else calls, of=delta)
+        return chunk({"content": delta.text}, of=delta) if delta.text or delta.logprobs else None
 
     def last(delta: Delta) -> list[str]:
-        chunks = [chunk({}, delta.finish_reason)]
+        chunks = [chunk({}, delta.finish_reason, delta)]
         if include_usage:
             chunks.append(f'{head}[],"usage":{dumps(usage(first.prompt_tokens, delta.completion_tokens))}}}')
         return chunks

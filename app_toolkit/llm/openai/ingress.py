@@ -154,8 +154,8 @@ class OpenAIIngress:
         name, handle = self._pick(request.checked().model, "generate")
         first, stream = await open_reply(handle, chat.generation(request, received_at))
         if request.stream:
-            return chat.streamed(first, stream, name, request.include_usage)
-        return chat.completion(await read_whole(first, stream), name)
+            return chat.streamed(first, stream, name, request.include_usage, request.logprobs)
+        return chat.completion(await read_whole(first, stream), name, request.logprobs)
 
     @api.post("/v1/completions", response_model=None)
     async def text_completions(self, request: CompletionRequest) -> dict[str, Any] | tk.EventStream:
@@ -173,9 +173,10 @@ class OpenAIIngress:
             except BaseException:
                 stream.cancel()
                 raise
+        wanted = request.logprobs is not None
         if request.stream:
-            return completions.streamed(first, stream, name, request.include_usage, echoed)
-        return completions.completion(await read_whole(first, stream), name, echoed)
+            return completions.streamed(first, stream, name, request.include_usage, echoed, wanted)
+        return completions.completion(await read_whole(first, stream), name, echoed, wanted)
 
     @api.post("/v1/responses", response_model=None)
     async def create_response(self, request: ResponsesRequest) -> dict[str, Any] | tk.EventStream:

@@ -13,7 +13,7 @@ from sse_starlette import ServerSentEvent
 
 import app_toolkit as tk
 from app_toolkit.llm.errors import ANSWERED, as_openai_error, stream_error
-from app_toolkit.llm.events import Delta, Generation
+from app_toolkit.llm.events import Delta, Generation, TokenLogprob
 from app_toolkit.streaming import OpenAIErrorEvent
 
 logger = logging.getLogger("app_toolkit.llm")
@@ -47,6 +47,7 @@ class Whole:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     finish_reason: str = "stop"
+    logprobs: list[TokenLogprob] = field(default_factory=list)
 
 
 async def read_whole(first: Delta, stream: Stream) -> Whole:
@@ -56,6 +57,7 @@ async def read_whole(first: Delta, stream: Stream) -> Whole:
     try:
         async for delta in stream:
             texts.append(delta.text)
+            whole.logprobs.extend(delta.logprobs)
             for fragment in delta.tool_calls:
                 _merge(whole.tool_calls, fragment)
             if delta.finish_reason is not None:

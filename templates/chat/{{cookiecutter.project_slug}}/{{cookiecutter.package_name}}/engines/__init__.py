@@ -11,7 +11,7 @@ from contextlib import aclosing
 from typing import Protocol
 
 from app_toolkit.llm.detokenize import Detokenizer
-from app_toolkit.llm.engine import Sampling, TextEngine
+from app_toolkit.llm.engine import EngineRequest, Sampling, TextEngine
 
 from ..scaling import EngineLoad
 from ..schemas import Generation
@@ -49,18 +49,24 @@ class Engine(Protocol):
         """Free the model or connection."""
 
 
-async def stream_text(engine: TextEngine, prompt: list[int], generation: Generation) -> AsyncIterator[str]:
+async def stream_text(
+    engine: TextEngine, prompt: list[int], generation: Generation, repetition_penalty: float = 1.0
+) -> AsyncIterator[str]:
     """The text of the reply ``engine`` makes to ``prompt``, as it is decoded: one piece per
     token that completes some text (a token ending in half a character waits for the
-    rest). Closing the iterator takes the reply out of the engine's batch at once."""
+    rest). Closing the iterator takes the reply out of the engine's batch at once.
+    ``repetition_penalty``: how much less likely a token already seen becomes (1: none)."""
     detokenizer = Detokenizer(engine.decode, context=prompt[-CONTEXT_TOKENS:])
     sampling = Sampling(
-        max_tokens=generation.max_tokens, temperature=generation.temperature, top_p=generation.top_p
+        max_tokens=generation.max_tokens,
+        temperature=generation.temperature,
+        top_p=generation.top_p,
+        repetition_penalty=repetition_penalty,
     )
     # The engines' generate is an async generator function's: it has aclose().
-    async with aclosing(engine.generate(prompt, sampling)) as tokens:  # type: ignore[type-var]
+    async with aclosing(engine.generate(EngineRequest(prompt, sampling))) as tokens:
         async for token in tokens:
-            piece = detokenizer.feed(token)
+            piece = detokenizer.feed(token.id)
             if piece:
                 yield piece
         tail = detokenizer.flush()

@@ -73,7 +73,6 @@ class LocalEngine:
             GGUF_FILE,
             max_model_len=self._settings.max_context_tokens,
             slots=self._settings.max_batch_size,
-            repetition_penalty=self._settings.repetition_penalty,
             hooks=Metrics(),
         )
         self._engine.load()
@@ -90,7 +89,8 @@ class LocalEngine:
         return len(self._prompt(generation))
 
     def stream(self, generation: Generation) -> AsyncIterator[str]:
-        return stream_text(self._engine, self._prompt(generation), generation)
+        penalty = self._settings.repetition_penalty
+        return stream_text(self._engine, self._prompt(generation), generation, penalty)
 
     def stats(self) -> dict[str, int]:
         if self._engine is None:
