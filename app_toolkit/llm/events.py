@@ -28,6 +28,8 @@ class Generation:
     received_at: float = 0.0
     #: More variables for the chat template (vLLM's ``chat_template_kwargs``).
     template_kwargs: dict[str, Any] | None = None
+    #: Replies to the prompt, each its own choice (OpenAI's ``n``).
+    n: int = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +56,8 @@ class Delta:
     finish_reason: str | None = None
     #: The log-probabilities of the tokens since the last piece, when the request asks.
     logprobs: tuple[TokenLogprob, ...] = ()
+    #: The choice it belongs to (with ``n`` > 1).
+    index: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,6 +22,8 @@ MAX_TEXT = 1_000_000
 MAX_TOKENS = 131_072
 #: The seeds taken: a signed 64-bit integer, as vLLM bounds them (torch's seed overflows past).
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+#: The most choices (``n``) one request may ask for: each is a reply of its own.
+MAX_CHOICES = 16
 #: The most tokens one ``logit_bias`` may name.
 MAX_LOGIT_BIAS = 1_024
 #: A ``logit_bias`` value is cut to this range, as vLLM cuts it (OpenAI's documented range).
@@ -130,7 +132,6 @@ CHAT_RULES = OptionRules(
         "chat_template": (None,),
         "include_reasoning": (None, True),
         "return_prompt_text": (None, False),
-        "n": (None, 1),
         "functions": (None, []),
         "function_call": (None, "none", "auto"),
         "audio": (None,),
@@ -150,7 +151,6 @@ COMPLETION_RULES = OptionRules(
         "add_special_tokens": (None, True),
         "response_format": (None,),
         "prompt_embeds": (None,),
-        "n": (None, 1),
         "best_of": (None, 1),
         "suffix": (None, ""),
     },
@@ -248,6 +248,7 @@ class _Request(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     model: str | None = None
+    n: int = Field(1, ge=1, le=MAX_CHOICES)
     stream: bool = False
     stream_options: StreamOptions | None = None
     max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS)

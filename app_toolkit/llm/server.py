@@ -19,6 +19,7 @@ from typing import Any
 
 import app_toolkit as tk
 from app_toolkit.llm import metrics
+from app_toolkit.llm.choices import merged, seeded
 from app_toolkit.llm.config import LLMConfig
 from app_toolkit.llm.engine import EmbeddingEngine, EngineLoad, Sampling, TextEngine
 from app_toolkit.llm.engines.adapters import AdapterNotFound, AdapterRefused
@@ -27,7 +28,13 @@ from app_toolkit.llm.events import Delta, Generation, ModelCard
 from app_toolkit.llm.loading import engine_for
 from app_toolkit.llm.protocol import text_content
 from app_toolkit.llm.reply_stream import ReplyStream
-from app_toolkit.llm.shaping import checked_calls, prompt_messages, structure_for, template_takes_tools
+from app_toolkit.llm.shaping import (
+    Structure,
+    checked_calls,
+    prompt_messages,
+    structures_for,
+    template_takes_tools,
+)
 from app_toolkit.multiplex import _ModelCache
 
 logger = logging.getLogger("app_toolkit.llm")
@@ -137,26 +144,38 @@ class LLMServer:
             _check_ids(engine, sampling.stop_token_ids, "stop_token_ids")
         if sampling.logit_bias:
             _check_ids(engine, [token for token, _ in sampling.logit_bias], "logit_bias")
-        structure = None
+        structures: list[Structure | None] = [None] * generation.n
         if generation.response_format is not None or generation.tools or generation.tool_choice is not None:
             # Checked before the prompt is built from the tools; a grammar compiles in a
             # worker thread (llguidance's first view of a tokenizer takes a fraction of a
             # second), so the replies streaming meanwhile are not held up.
-            structure = await asyncio.to_thread(
-                structure_for,
+            structures = await asyncio.to_thread(
+                structures_for,
                 engine.tokenizer,
                 generation.response_format,
                 generation.tools,
                 generation.tool_choice,
                 generation.parallel_tool_calls,
+                generation.n,
             )
         prompt = self._prompt(engine, generation)
         sampling = self._fitted(engine, generation, len(prompt))
         yield Delta(prompt_tokens=len(prompt))
-        reply = ReplyStream(
-            self._model, engine, prompt, sampling, structure, generation, self._interval_s, adapter
-        )
-        async with contextlib.aclosing(reply.deltas()) as deltas:  # closed with this stream, now
+        replies = [
+            ReplyStream(
+                self._model,
+                engine,
+                prompt,
+                seeded(sampling, index),
+                structure,
+                generation,
+                self._interval_s,
+                adapter,
+            ).deltas()
+            for index, structure in enumerate(structures)
+        ]
+        # Closed with this stream, now.
+        async with contextlib.aclosing(replies[0] if len(replies) == 1 else merged(replies)) as deltas:
             async for delta in deltas:
                 yield delta
 

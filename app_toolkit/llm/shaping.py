@@ -47,14 +47,29 @@ def structure_for(
     but a small model allowed another call tends to repeat the first (SmolLM2-135M does),
     and clients such as instructor take one; a request's ``parallel_tool_calls: true``
     allows several."""
+    return structures_for(tokenizer, response_format, tools, tool_choice, parallel_tool_calls)[0]
+
+
+def structures_for(
+    tokenizer: Any,
+    response_format: dict[str, Any] | None,
+    tools: tuple[dict[str, Any], ...],
+    tool_choice: str | dict[str, Any] | None,
+    parallel_tool_calls: bool = False,
+    count: int = 1,
+) -> list[Structure | None]:
+    """:func:`structure_for`, one for each of ``count`` replies (``n`` choices): each
+    follows its own grammar state."""
     try:
         chosen = reply_format(response_format, tools, tool_choice, parallel_tool_calls)
-        constraint = chosen.constraint(tokenizer)
+        constraints = [chosen.constraint(tokenizer) for _ in range(count)]
     except StructuredOutputError as error:
         raise bad_parameter(error.param, error.message) from None
-    if constraint is None and not chosen.tool_names:
-        return None
-    return _Shaped(constraint, ToolCallStream() if chosen.tool_names else None)
+    if constraints[0] is None and not chosen.tool_names:
+        return [None] * count
+    return [
+        _Shaped(constraint, ToolCallStream() if chosen.tool_names else None) for constraint in constraints
+    ]
 
 
 class _Shaped:

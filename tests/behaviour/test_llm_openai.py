@@ -150,6 +150,33 @@ def test_logprobs_come_in_openai_shapes_whole_and_streamed(served: openai.OpenAI
     assert offsets == [0, 1, 2]
 
 
+def test_n_choices_whole_and_streamed(served: openai.OpenAI) -> None:
+    message: Any = [{"role": "user", "content": "again"}]
+    whole = served.chat.completions.create(model=ECHO, messages=message, n=3, logprobs=True)
+    assert [choice.index for choice in whole.choices] == [0, 1, 2]
+    assert [choice.message.content for choice in whole.choices] == ["again"] * 3
+    assert all(len(choice.logprobs.content or ()) == 5 for choice in whole.choices)  # type: ignore[union-attr]
+    assert whole.usage is not None and whole.usage.completion_tokens == 15  # the choices' tokens, summed
+    chunks = list(
+        served.chat.completions.create(
+            model=ECHO, messages=message, n=2, stream=True, stream_options={"include_usage": True}
+        )
+    )
+    said = ["", ""]
+    finished = []
+    for chunk in chunks[:-1]:
+        (choice,) = chunk.choices
+        said[choice.index] += choice.delta.content or ""
+        if choice.finish_reason:
+            finished.append(choice.index)
+    assert said == ["again", "again"] and sorted(finished) == [0, 1]
+    assert (
+        chunks[-1].choices == [] and chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 10
+    )
+    texts = served.completions.create(model=ECHO, prompt="ab", n=2, echo=True, max_tokens=100)
+    assert [(choice.index, choice.text) for choice in texts.choices] == [(0, "abab"), (1, "abab")]
+
+
 def test_model_may_be_left_out_only_when_one_model_fits(
     module_toolkit: Toolkit, served: openai.OpenAI
 ) -> None:
@@ -167,7 +194,7 @@ def test_errors_come_in_openai_shape_naming_the_parameter(served: openai.OpenAI)
         served.chat.completions.create(model="gpt-nothing", messages=message)
     assert missing.value.body["code"] == "model_not_found"  # type: ignore[index]
     with pytest.raises(openai.BadRequestError) as several:
-        served.chat.completions.create(model=ECHO, messages=message, n=2)
+        served.chat.completions.create(model=ECHO, messages=message, n=17)  # at most 16 choices
     assert several.value.body["param"] == "n"  # type: ignore[index]
     # A field this server does not know is ignored (and logged once), as vLLM ignores it.
     assert served.chat.completions.create(model=ECHO, messages=message, extra_body={"frobnicate": 1}).choices

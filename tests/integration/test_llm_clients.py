@@ -263,6 +263,19 @@ def test_sampling_fields_and_logprobs_on_transformers(client: openai.OpenAI, bas
         assert len(entry.top_logprobs) == 2 and entry.logprob <= 0
     said = bytes(b for entry in content for b in entry.bytes or ()).decode()
     assert said == shown.choices[0].message.content
+    # n choices: each its own draw (the seed plus its index, as vLLM's), repeated by the same seed.
+    asked_three: Any = {
+        "model": CHAT,
+        "prompt": QUESTION,
+        "max_tokens": 8,
+        "temperature": 1.0,
+        "seed": 5,
+        "n": 3,
+    }
+    first = client.completions.create(**asked_three)
+    again = client.completions.create(**asked_three)
+    assert [choice.text for choice in first.choices] == [choice.text for choice in again.choices]
+    assert len({choice.text for choice in first.choices}) > 1
 
 
 #: A tiktoken encoding made here, one token per byte: OpenAIEmbeddings' default path

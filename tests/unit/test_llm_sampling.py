@@ -152,8 +152,8 @@ def test_unknown_fields_are_ignored_and_logged_once_each(caplog: pytest.LogCaptu
     assert said == ["A request field this server does not know was ignored: frobnicate"]
     # Options this server cannot honour are still refused by name.
     with pytest.raises(OpenAIError) as refused:
-        ChatCompletionRequest(messages=MESSAGES, n=2).checked()
-    assert refused.value.param == "n"
+        ChatCompletionRequest(messages=MESSAGES, functions=[{"name": "f"}]).checked()
+    assert refused.value.param == "functions"
     # Rules that refuse the unknown (the chat template's) still do.
     rules = protocol.OptionRules(refused={}, ignored=frozenset())
     with pytest.raises(OpenAIError) as unknown:

@@ -246,6 +246,39 @@ def test_a_required_tool_call_is_made(served: Served) -> None:
     assert call["function"]["name"] == "weather" and "city" in json.loads(call["function"]["arguments"])
 
 
+def test_n_choices_and_chat_logprobs_on_vllm(served: Served) -> None:
+    chat = {
+        "model": "smollm2",
+        "messages": [{"role": "user", "content": "Write « café »."}],
+        "max_tokens": 8,
+        "temperature": 0,
+        "n": 2,
+        "logprobs": True,
+        "top_logprobs": 2,
+    }
+    reply = _post(served, "/v1/chat/completions", chat).json()
+    first, second = reply["choices"]
+    assert first["message"]["content"] == second["message"]["content"]  # greedy: the same
+    for entry in first["logprobs"]["content"]:
+        assert (entry["top_logprobs"][0]["token"], entry["top_logprobs"][0]["logprob"]) == (
+            entry["token"],
+            entry["logprob"],
+        )
+    said = bytes(b for entry in first["logprobs"]["content"] for b in entry["bytes"]).decode()
+    assert said == first["message"]["content"]
+    seeded = {
+        "model": "smollm2",
+        "prompt": "Once upon a time",
+        "max_tokens": 8,
+        "temperature": 1.0,
+        "seed": 3,
+        "n": 3,
+    }
+    texts = [choice["text"] for choice in _post(served, "/v1/completions", seeded).json()["choices"]]
+    assert texts == [choice["text"] for choice in _post(served, "/v1/completions", seeded).json()["choices"]]
+    assert len(set(texts)) > 1
+
+
 #: How far vLLM's log-probabilities may be from the transformers engine's at float32.
 LOGPROB_TOLERANCE = 1e-3
 #: Requests whose sampling fields change a greedy reply (or, with top_k 1 and min_p 1, make a

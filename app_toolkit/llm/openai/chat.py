@@ -30,18 +30,17 @@ def generation(request: ChatCompletionRequest, received_at: float) -> Generation
         tool_choice=request.tool_choice,
         parallel_tool_calls=bool(request.parallel_tool_calls),
         received_at=received_at,
+        n=request.n,
         template_kwargs=request.chat_template_kwargs,
     )
 
 
-def completion(whole: Whole, model: str, with_logprobs: bool = False) -> dict[str, Any]:
-    """The ``chat.completion`` object of a reply read whole (``with_logprobs``: the
-    request asked for them)."""
-    message: dict[str, Any] = {"role": "assistant", "content": whole.text or None, "refusal": None}
-    if whole.tool_calls:
-        message["tool_calls"] = whole.tool_calls
-    else:
-        message["content"] = whole.text
+def completion(wholes: Whole | list[Whole], model: str, with_logprobs: bool = False) -> dict[str, Any]:
+    """The ``chat.completion`` object of the replies read whole, one choice each (one
+    reply: a Whole, as projects made from the chat template pass it); ``with_logprobs``:
+    the request asked for them."""
+    if isinstance(wholes, Whole):
+        wholes = [wholes]
     return {
         "id": f"chatcmpl-{uuid.uuid4().hex}",
         "object": "chat.completion",
@@ -49,43 +48,57 @@ def completion(whole: Whole, model: str, with_logprobs: bool = False) -> dict[st
         "model": model,
         "choices": [
             {
-                "index": 0,
-                "message": message,
+                "index": index,
+                "message": _message(whole),
                 "logprobs": logprobs.chat(whole.logprobs) if with_logprobs else None,
                 "finish_reason": whole.finish_reason,
             }
+            for index, whole in enumerate(wholes)
         ],
-        "usage": usage(whole.prompt_tokens, whole.completion_tokens),
+        "usage": usage(wholes[0].prompt_tokens, sum(whole.completion_tokens for whole in wholes)),
     }
 
 
+def _message(whole: Whole) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": whole.text or None, "refusal": None}
+    if whole.tool_calls:
+        message["tool_calls"] = whole.tool_calls
+    else:
+        message["content"] = whole.text
+    return message
+
+
 def streamed(
-    first: Delta, stream: Stream, model: str, include_usage: bool, with_logprobs: bool = False
+    first: Delta, stream: Stream, model: str, include_usage: bool, with_logprobs: bool = False, n: int = 1
 ) -> tk.EventStream:
-    """The reply as OpenAI streams it: the assistant's role first, a chunk per piece (with
-    its tokens' log-probabilities when asked), the finish reason, the usage chunk if asked
-    (``stream_options.include_usage``), ``[DONE]``."""
+    """The replies as OpenAI streams them: the assistant's role first (per choice), a chunk
+    per piece (with its tokens' log-probabilities when asked), each choice's finish reason,
+    once every choice is done the usage chunk if asked (``stream_options.include_usage``),
+    ``[DONE]``."""
     head = (
         f'{{"id":"chatcmpl-{uuid.uuid4().hex}","object":"chat.completion.chunk",'
         f'"created":{int(time.time())},"model":{dumps(model)},"choices":'
     )
     tail = ',"usage":null}' if include_usage else "}"
+    ended: list[int] = []  # each ended choice's completion tokens
 
-    def chunk(delta: dict[str, Any], reason: str | None = None, of: Delta | None = None) -> str:
+    def chunk(delta: dict[str, Any], index: int, reason: str | None = None, of: Delta | None = None) -> str:
         shown = logprobs.chat(of.logprobs) if with_logprobs and of is not None and of.logprobs else None
-        choice = {"index": 0, "delta": delta, "logprobs": shown, "finish_reason": reason}
+        choice = {"index": index, "delta": delta, "logprobs": shown, "finish_reason": reason}
         return f"{head}[{dumps(choice)}]{tail}"
 
     def piece(delta: Delta) -> str | None:
         if delta.tool_calls:
             calls: dict[str, Any] = {"tool_calls": list(delta.tool_calls)}
-            return chunk({"content": delta.text, **calls} if delta.text else calls, of=delta)
-        return chunk({"content": delta.text}, of=delta) if delta.text or delta.logprobs else None
+            return chunk({"content": delta.text, **calls} if delta.text else calls, delta.index, of=delta)
+        return chunk({"content": delta.text}, delta.index, of=delta) if delta.text or delta.logprobs else None
 
     def last(delta: Delta) -> list[str]:
-        chunks = [chunk({}, delta.finish_reason, delta)]
-        if include_usage:
-            chunks.append(f'{head}[],"usage":{dumps(usage(first.prompt_tokens, delta.completion_tokens))}}}')
+        chunks = [chunk({}, delta.index, delta.finish_reason, delta)]
+        ended.append(delta.completion_tokens)
+        if include_usage and len(ended) == n:
+            chunks.append(f'{head}[],"usage":{dumps(usage(first.prompt_tokens, sum(ended)))}}}')
         return chunks
 
-    return relayed(stream, [chunk({"role": "assistant", "content": ""})], piece, last)
+    opening = [chunk({"role": "assistant", "content": ""}, index) for index in range(n)]
+    return relayed(stream, opening, piece, last)

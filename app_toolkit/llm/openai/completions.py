@@ -24,50 +24,66 @@ def generation(request: CompletionRequest, received_at: float) -> Generation:
         max_tokens_given=request.max_tokens is not None and "max_tokens" in request.model_fields_set,
         stops=request.stops,
         received_at=received_at,
+        n=request.n,
     )
 
 
-def completion(whole: Whole, model: str, echoed: str, with_logprobs: bool = False) -> dict[str, Any]:
-    shown = logprobs.completion(whole.logprobs, len(echoed)) if with_logprobs else None
+def completion(wholes: list[Whole], model: str, echoed: str, with_logprobs: bool = False) -> dict[str, Any]:
+    """The ``text_completion`` object of the replies read whole, one choice each."""
     return {
         "id": f"cmpl-{uuid.uuid4().hex}",
         "object": "text_completion",
         "created": int(time.time()),
         "model": model,
         "choices": [
-            {"index": 0, "text": echoed + whole.text, "logprobs": shown, "finish_reason": whole.finish_reason}
+            {
+                "index": index,
+                "text": echoed + whole.text,
+                "logprobs": logprobs.completion(whole.logprobs, len(echoed)) if with_logprobs else None,
+                "finish_reason": whole.finish_reason,
+            }
+            for index, whole in enumerate(wholes)
         ],
-        "usage": usage(whole.prompt_tokens, whole.completion_tokens),
+        "usage": usage(wholes[0].prompt_tokens, sum(whole.completion_tokens for whole in wholes)),
     }
 
 
 def streamed(
-    first: Delta, stream: Stream, model: str, include_usage: bool, echoed: str, with_logprobs: bool = False
+    first: Delta,
+    stream: Stream,
+    model: str,
+    include_usage: bool,
+    echoed: str,
+    with_logprobs: bool = False,
+    n: int = 1,
 ) -> tk.EventStream:
+    """The replies as OpenAI streams them: each choice's echo first, a chunk per piece,
+    each choice's finish reason, once every choice is done the usage chunk if asked,
+    ``[DONE]``."""
     head = (
         f'{{"id":"cmpl-{uuid.uuid4().hex}","object":"text_completion",'
         f'"created":{int(time.time())},"model":{dumps(model)},"choices":'
     )
     tail = ',"usage":null}' if include_usage else "}"
+    offsets = [len(echoed)] * n  # where each choice's next tokens start in its text
+    ended: list[int] = []  # each ended choice's completion tokens
 
-    offset = len(echoed)  # where the next chunk's tokens start in the choice's text
-
-    def chunk(text: str, reason: str | None = None, of: Delta | None = None) -> str:
-        nonlocal offset
+    def chunk(text: str, index: int, reason: str | None = None, of: Delta | None = None) -> str:
         shown = None
         if with_logprobs and of is not None and of.logprobs:
-            shown = logprobs.completion(of.logprobs, offset)
-            offset += sum(len(entry.token) for entry in of.logprobs)
-        choice = {"index": 0, "text": text, "logprobs": shown, "finish_reason": reason}
+            shown = logprobs.completion(of.logprobs, offsets[index])
+            offsets[index] += sum(len(entry.token) for entry in of.logprobs)
+        choice = {"index": index, "text": text, "logprobs": shown, "finish_reason": reason}
         return f"{head}[{dumps(choice)}]{tail}"
 
     def piece(delta: Delta) -> str | None:
-        return chunk(delta.text, of=delta) if delta.text or delta.logprobs else None
+        return chunk(delta.text, delta.index, of=delta) if delta.text or delta.logprobs else None
 
     def last(delta: Delta) -> list[str]:
-        chunks = [chunk("", delta.finish_reason, delta)]
-        if include_usage:
-            chunks.append(f'{head}[],"usage":{dumps(usage(first.prompt_tokens, delta.completion_tokens))}}}')
+        chunks = [chunk("", delta.index, delta.finish_reason, delta)]
+        ended.append(delta.completion_tokens)
+        if include_usage and len(ended) == n:
+            chunks.append(f'{head}[],"usage":{dumps(usage(first.prompt_tokens, sum(ended)))}}}')
         return chunks
 
-    return relayed(stream, [chunk(echoed)] if echoed else [], piece, last)
+    return relayed(stream, [chunk(echoed, index) for index in range(n)] if echoed else [], piece, last)

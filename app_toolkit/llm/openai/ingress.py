@@ -16,7 +16,7 @@ from app_toolkit.llm import errors
 from app_toolkit.llm.errors import ANSWERED, OpenAIError, bad_parameter, unknown_model
 from app_toolkit.llm.events import ModelCard
 from app_toolkit.llm.openai import chat, completions, responses
-from app_toolkit.llm.openai.replies import open_reply, read_whole, usage
+from app_toolkit.llm.openai.replies import open_reply, read_choices, read_whole, usage
 from app_toolkit.llm.openai.response_store import ResponseStore
 from app_toolkit.llm.openai.responses import ResponsesRequest
 from app_toolkit.llm.protocol import (
@@ -154,8 +154,8 @@ class OpenAIIngress:
         name, handle = self._pick(request.checked().model, "generate")
         first, stream = await open_reply(handle, chat.generation(request, received_at))
         if request.stream:
-            return chat.streamed(first, stream, name, request.include_usage, request.logprobs)
-        return chat.completion(await read_whole(first, stream), name, request.logprobs)
+            return chat.streamed(first, stream, name, request.include_usage, request.logprobs, request.n)
+        return chat.completion(await read_choices(first, stream, request.n), name, request.logprobs)
 
     @api.post("/v1/completions", response_model=None)
     async def text_completions(self, request: CompletionRequest) -> dict[str, Any] | tk.EventStream:
@@ -175,8 +175,8 @@ class OpenAIIngress:
                 raise
         wanted = request.logprobs is not None
         if request.stream:
-            return completions.streamed(first, stream, name, request.include_usage, echoed, wanted)
-        return completions.completion(await read_whole(first, stream), name, echoed, wanted)
+            return completions.streamed(first, stream, name, request.include_usage, echoed, wanted, request.n)
+        return completions.completion(await read_choices(first, stream, request.n), name, echoed, wanted)
 
     @api.post("/v1/responses", response_model=None)
     async def create_response(self, request: ResponsesRequest) -> dict[str, Any] | tk.EventStream:

@@ -52,11 +52,17 @@ class Whole:
 
 async def read_whole(first: Delta, stream: Stream) -> Whole:
     """The reply's text and tool calls, joined (tool-call fragments merged by index)."""
-    whole = Whole(prompt_tokens=first.prompt_tokens)
-    texts: list[str] = []
+    return (await read_choices(first, stream, 1))[0]
+
+
+async def read_choices(first: Delta, stream: Stream, n: int) -> list[Whole]:
+    """Each of the ``n`` replies (choices) read whole, in index order."""
+    wholes = [Whole(prompt_tokens=first.prompt_tokens) for _ in range(n)]
+    texts: list[list[str]] = [[] for _ in range(n)]
     try:
         async for delta in stream:
-            texts.append(delta.text)
+            whole = wholes[delta.index]
+            texts[delta.index].append(delta.text)
             whole.logprobs.extend(delta.logprobs)
             for fragment in delta.tool_calls:
                 _merge(whole.tool_calls, fragment)
@@ -67,8 +73,9 @@ async def read_whole(first: Delta, stream: Stream) -> Whole:
         raise as_openai_error(exc) from None
     finally:
         stream.cancel()  # a client that left early stops the model's work too
-    whole.text = "".join(texts)
-    return whole
+    for whole, pieces in zip(wholes, texts, strict=True):
+        whole.text = "".join(pieces)
+    return wholes
 
 
 def _merge(calls: list[dict[str, Any]], fragment: dict[str, Any]) -> None:

@@ -1,0 +1,57 @@
+"""A request's ``n`` choices: ``n`` replies to one prompt, each sampled on its own (a seeded
+request's choice ``i`` takes the seed plus ``i``, as vLLM's children do), their pieces sent
+as they come, each marked with its choice's index."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+from collections.abc import AsyncGenerator, Sequence
+
+from app_toolkit.llm.engine import Sampling
+from app_toolkit.llm.events import Delta
+
+#: A seed is a signed 64-bit integer: a choice's seed past it wraps around.
+_SEEDS = 2**64
+_LOWEST_SEED = -(2**63)
+
+
+def seeded(sampling: Sampling, index: int) -> Sampling:
+    """Choice ``index``'s sampling: the seed plus ``index`` (a seedless one stays so)."""
+    if sampling.seed is None or index == 0:
+        return sampling
+    seed = (sampling.seed + index - _LOWEST_SEED) % _SEEDS + _LOWEST_SEED
+    return dataclasses.replace(sampling, seed=seed)
+
+
+async def merged(replies: Sequence[AsyncGenerator[Delta, None]]) -> AsyncGenerator[Delta, None]:
+    """The pieces of every reply as each comes, marked with the reply's index; the first
+    reply to fail ends them all with its error. Closing it closes every reply at once."""
+    # Each reply has at most one piece waiting: a slow reader holds every reply back.
+    queue: asyncio.Queue[tuple[int, Delta | Exception | None]] = asyncio.Queue(maxsize=len(replies))
+
+    async def pump(index: int, reply: AsyncGenerator[Delta, None]) -> None:
+        try:
+            async with contextlib.aclosing(reply):
+                async for delta in reply:
+                    await queue.put((index, delta))
+            await queue.put((index, None))
+        except Exception as exc:  # noqa: BLE001 - handed to the reader, who raises it
+            await queue.put((index, exc))
+
+    tasks = [asyncio.create_task(pump(index, reply)) for index, reply in enumerate(replies)]
+    try:
+        running = len(tasks)
+        while running:
+            index, item = await queue.get()
+            if item is None:
+                running -= 1
+            elif isinstance(item, Exception):
+                raise item
+            else:
+                yield dataclasses.replace(item, index=index)
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
