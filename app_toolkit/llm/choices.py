@@ -5,9 +5,8 @@ as they come, each marked with its choice's index."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import dataclasses
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 
 from app_toolkit.llm.engine import Sampling
 from app_toolkit.llm.events import Delta
@@ -25,17 +24,24 @@ def seeded(sampling: Sampling, index: int) -> Sampling:
     return dataclasses.replace(sampling, seed=seed)
 
 
-async def merged(replies: Sequence[AsyncGenerator[Delta, None]]) -> AsyncGenerator[Delta, None]:
-    """The pieces of every reply as each comes, marked with the reply's index; the first
-    reply to fail ends them all with its error. Closing it closes every reply at once."""
+async def merged(
+    replies: Sequence[AsyncIterator[Delta]], offsets: Sequence[int] | None = None
+) -> AsyncGenerator[Delta, None]:
+    """The pieces of every reply as each comes, marked with the reply's index (reply ``i``'s
+    pieces: ``offsets[i]`` plus their own index, with ``offsets``); the first reply to
+    fail ends them all with its error. Closing it closes every reply it holds at once."""
+    starts = list(range(len(replies))) if offsets is None else list(offsets)
     # Each reply has at most one piece waiting: a slow reader holds every reply back.
     queue: asyncio.Queue[tuple[int, Delta | Exception | None]] = asyncio.Queue(maxsize=len(replies))
 
-    async def pump(index: int, reply: AsyncGenerator[Delta, None]) -> None:
+    async def pump(index: int, reply: AsyncIterator[Delta]) -> None:
         try:
-            async with contextlib.aclosing(reply):
+            try:
                 async for delta in reply:
                     await queue.put((index, delta))
+            finally:
+                if isinstance(reply, AsyncGenerator):
+                    await reply.aclose()
             await queue.put((index, None))
         except Exception as exc:  # noqa: BLE001 - handed to the reader, who raises it
             await queue.put((index, exc))
@@ -50,7 +56,7 @@ async def merged(replies: Sequence[AsyncGenerator[Delta, None]]) -> AsyncGenerat
             elif isinstance(item, Exception):
                 raise item
             else:
-                yield dataclasses.replace(item, index=index)
+                yield dataclasses.replace(item, index=starts[index] + item.index)
     finally:
         for task in tasks:
             task.cancel()

@@ -72,11 +72,16 @@ class StopFilter:
         self._held = ""
         self.stopped = False
 
-    def feed(self, piece: str) -> str:
-        """The part of ``piece`` (after what was held) that is safe to send now."""
+    def feed(self, piece: str, matching: bool = True) -> str:
+        """The part of ``piece`` (after what was held) that is safe to send now; with
+        ``matching`` False (the reply is not yet ``min_tokens`` long), all of it: a stop
+        string counts only in text after that, as in vLLM."""
         if self.stopped:
             return ""
         text = self._held + piece
+        if not matching:
+            self._held = ""
+            return text
         cut = min((index for index in (text.find(stop) for stop in self._stops) if index >= 0), default=-1)
         if cut >= 0:
             self.stopped, self._held = True, ""

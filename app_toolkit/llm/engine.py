@@ -16,9 +16,9 @@ from typing import Any, Protocol, runtime_checkable
 @dataclass(frozen=True, slots=True)
 class Sampling:
     """How one reply's tokens are chosen (OpenAI's and vLLM's request fields, checked),
-    applied in vLLM's order: ``logit_bias`` and ``min_tokens``, then the three penalties,
-    then greedy (temperature 0) or the tempered distribution cut by ``min_p``, ``top_k``
-    and ``top_p``."""
+    applied in vLLM's order: the grammar, ``logit_bias`` and ``min_tokens``, then the three
+    penalties, then greedy (temperature 0) or the tempered distribution cut by ``min_p``,
+    ``top_k`` and ``top_p``."""
 
     max_tokens: int
     temperature: float = 1.0
@@ -49,8 +49,8 @@ class Sampling:
 
     @property
     def greedy(self) -> bool:
-        """The likeliest token is taken (temperature below vLLM's 1e-5)."""
-        return self.temperature < GREEDY_BELOW
+        """The likeliest token is taken (temperature 0, as in vLLM)."""
+        return self.temperature <= 0
 
     @property
     def penalised(self) -> bool:
@@ -58,8 +58,6 @@ class Sampling:
         return self.repetition_penalty != 1.0 or bool(self.presence_penalty) or bool(self.frequency_penalty)
 
 
-#: Temperatures below it take the likeliest token (vLLM's ``_SAMPLING_EPS``).
-GREEDY_BELOW = 1e-5
 #: The most likeliest tokens a reply's token may come with (vLLM's ``max_logprobs``).
 MAX_LOGPROBS = 20
 

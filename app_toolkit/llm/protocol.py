@@ -24,6 +24,10 @@ MAX_TOKENS = 131_072
 INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 #: The most choices (``n``) one request may ask for: each is a reply of its own.
 MAX_CHOICES = 16
+#: The most prompts one completions request may hold.
+MAX_PROMPTS = 64
+#: The most choices one completions request may make in all (prompts times ``n``).
+MAX_CHOICES_IN_ALL = 64
 #: The most tokens one ``logit_bias`` may name.
 MAX_LOGIT_BIAS = 1_024
 #: A ``logit_bias`` value is cut to this range, as vLLM cuts it (OpenAI's documented range).
@@ -192,10 +196,11 @@ _unknown_logged: set[str] = set()
 
 def _log_unknown(name: str) -> None:
     """Say once per field name (up to :data:`MAX_UNKNOWN_LOGGED` names) that it was ignored."""
+    name = name[:100]
     if name in _unknown_logged or len(_unknown_logged) >= MAX_UNKNOWN_LOGGED:
         return
     _unknown_logged.add(name)
-    logger.info("A request field this server does not know was ignored: %s", name[:100])
+    logger.info("A request field this server does not know was ignored: %s", name)
 
 
 def role_of(role: str, param: str) -> str:
@@ -261,7 +266,7 @@ class _Request(BaseModel):
     frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
     repetition_penalty: float | None = Field(None, gt=0.0, allow_inf_nan=False)
     logit_bias: dict[str, float] | None = Field(None, max_length=MAX_LOGIT_BIAS)
-    top_k: int | None = Field(None, ge=-1)  # -1 and 0: no limit
+    top_k: int | None = Field(None, ge=-1, le=2**31 - 1)  # -1 and 0: no limit
     min_p: float | None = Field(None, ge=0.0, le=1.0)
     min_tokens: int = Field(0, ge=0, le=MAX_TOKENS)
     stop_token_ids: list[int] | None = Field(None, max_length=64)
@@ -322,7 +327,7 @@ class _Request(BaseModel):
 def _biases(given: dict[str, float]) -> tuple[tuple[int, float], ...]:
     """``logit_bias`` as (token id, bias) pairs, each bias cut to ±:data:`BIAS_LIMIT` as
     vLLM cuts it; a key that is not a token id is the 400 naming ``logit_bias``."""
-    pairs = []
+    pairs: dict[int, float] = {}  # one bias a token ("1" and "01" name one: the last counts)
     for key, amount in given.items():
         try:
             token = int(key)
@@ -334,8 +339,8 @@ def _biases(given: dict[str, float]) -> tuple[tuple[int, float], ...]:
             raise bad_parameter("logit_bias", f"logit_bias keys are token ids (>= 0), got {token}.")
         if amount != amount:  # NaN
             raise bad_parameter("logit_bias", f"logit_bias[{key!r}] is not a number.")
-        pairs.append((token, max(-BIAS_LIMIT, min(BIAS_LIMIT, amount))))
-    return tuple(pairs)
+        pairs[token] = max(-BIAS_LIMIT, min(BIAS_LIMIT, amount))
+    return tuple(pairs.items())
 
 
 class ChatCompletionRequest(_Request):
@@ -349,7 +354,7 @@ class ChatCompletionRequest(_Request):
     parallel_tool_calls: bool | None = None
     #: vLLM's: more variables for the chat template (``{"enable_thinking": false}``).
     chat_template_kwargs: dict[str, Any] | None = None
-    logprobs: bool = False
+    logprobs: bool | None = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
 
     @property
@@ -398,23 +403,33 @@ class CompletionRequest(_Request):
             )
         return self
 
-    def single_prompt(self) -> str | list[int]:
-        """The one prompt this server completes per request (several would need ``n``
-        choices, refused by name)."""
+    def prompts(self) -> list[str | list[int]]:
+        """The prompts to complete: one (text or token ids), or each of a list, at most
+        :data:`MAX_PROMPTS`, and at most :data:`MAX_CHOICES_IN_ALL` choices with ``n``."""
         prompt = self.prompt
-        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
-            if len(prompt) != 1:
-                raise bad_parameter(
-                    "prompt", "This server completes one prompt per request; send a list of one."
-                )
-            prompt = prompt[0]
-        if isinstance(prompt, str):
-            if len(prompt) > MAX_TEXT:
-                raise bad_parameter("prompt", f"prompt is longer than {MAX_TEXT} characters.")
-            return prompt
-        if not prompt:
-            raise bad_parameter("prompt", "prompt is empty.")
-        return [int(token) for token in prompt]  # type: ignore[arg-type]  # list[int] by the schema
+        listed = isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], str | list)
+        given: list[Any] = list(prompt) if listed else [prompt]
+        if len(given) > MAX_PROMPTS:
+            raise bad_parameter("prompt", f"prompt holds more than {MAX_PROMPTS} prompts.")
+        if len(given) * self.n > MAX_CHOICES_IN_ALL:
+            raise bad_parameter(
+                "n", f"{len(given)} prompts with n={self.n} make more than {MAX_CHOICES_IN_ALL} choices."
+            )
+        return [
+            _one_prompt(one, f"prompt[{index}]" if listed else "prompt") for index, one in enumerate(given)
+        ]
+
+
+def _one_prompt(prompt: str | list[int], param: str) -> str | list[int]:
+    if isinstance(prompt, str):
+        if len(prompt) > MAX_TEXT:
+            raise bad_parameter(param, f"{param} is longer than {MAX_TEXT} characters.")
+        return prompt
+    if not prompt:
+        raise bad_parameter(param, f"{param} is empty.")
+    if not all(isinstance(token, int) for token in prompt):
+        raise bad_parameter(param, f"{param} mixes token ids with other values.")
+    return [int(token) for token in prompt]
 
 
 class EmbeddingRequest(BaseModel):

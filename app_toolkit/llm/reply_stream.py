@@ -93,7 +93,7 @@ class ReplyStream:
                 else:
                     metrics.TIME_PER_OUTPUT_TOKEN.observe(now - last, self._model)
                 last = now
-                text = stops.feed(detokenizer.feed(token))
+                text = stops.feed(detokenizer.feed(token), self.produced > self._sampling.min_tokens)
                 if text:
                     held.extend(self._shaped(text))
                 if stops.stopped:
@@ -135,18 +135,27 @@ class ReplyStream:
 
     def _shown(self, token: int, logprobs: Logprobs) -> TokenLogprob:
         """A token's log-probabilities as the client reads them: tokens as text."""
-        decode, raw = self._engine.decode, self._engine.token_bytes
+        raw = self._engine.token_bytes
+        mine = raw(token)
         return TokenLogprob(
-            decode([token]),
+            _text(mine),
             max(LOWEST_LOGPROB, logprobs.logprob),
-            raw(token),
-            tuple((decode([other]), max(LOWEST_LOGPROB, value), raw(other)) for other, value in logprobs.top),
+            mine,
+            tuple(
+                (_text(raw(other)), max(LOWEST_LOGPROB, value), raw(other)) for other, value in logprobs.top
+            ),
         )
 
     def _shaped(self, text: str) -> list[Delta]:
         if self._structure is None:
             return [Delta(text=text)]
         return self._structure.feed(text)
+
+
+def _text(raw: bytes) -> str:
+    """A token's text as logprobs show it: its bytes, a cut character as U+FFFD, special
+    tokens and SentencePiece's spaces kept."""
+    return raw.decode(errors="replace")
 
 
 def _joined(deltas: list[Delta], logprobs: list[TokenLogprob]) -> Delta:

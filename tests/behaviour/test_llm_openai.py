@@ -97,6 +97,11 @@ def test_stop_strings_end_the_reply_without_them(served: openai.OpenAI) -> None:
         model=ECHO, messages=[{"role": "user", "content": "one two STOP three"}], stop=["STOP"]
     )
     assert (reply.choices[0].message.content, reply.choices[0].finish_reason) == ("one two ", "stop")
+    # A stop string counts only in text after min_tokens tokens, as in vLLM (a token a byte here).
+    plain = served.completions.create(model=ECHO, prompt="a.b.c", stop=["."], max_tokens=100)
+    held: Any = {"min_tokens": 3}
+    later = served.completions.create(model=ECHO, prompt="a.b.c", stop=["."], max_tokens=100, extra_body=held)
+    assert (plain.choices[0].text, later.choices[0].text) == ("a", "a.b")
 
 
 def test_completions_whole_streamed_and_echoed(served: openai.OpenAI) -> None:
@@ -175,6 +180,47 @@ def test_n_choices_whole_and_streamed(served: openai.OpenAI) -> None:
     )
     texts = served.completions.create(model=ECHO, prompt="ab", n=2, echo=True, max_tokens=100)
     assert [(choice.index, choice.text) for choice in texts.choices] == [(0, "abab"), (1, "abab")]
+
+
+def test_a_list_of_prompts_gets_n_choices_each(served: openai.OpenAI) -> None:
+    """vLLM's numbering: prompt i's choices are i * n to i * n + n - 1."""
+    whole = served.completions.create(model=ECHO, prompt=["ab", "cde"], n=2, max_tokens=100, echo=True)
+    assert [(choice.index, choice.text) for choice in whole.choices] == [
+        (0, "abab"),
+        (1, "abab"),
+        (2, "cdecde"),
+        (3, "cdecde"),
+    ]
+    assert whole.usage is not None and (whole.usage.prompt_tokens, whole.usage.completion_tokens) == (5, 10)
+    ids = served.completions.create(model=ECHO, prompt=[[104, 105], [106]], max_tokens=100)
+    assert [choice.text for choice in ids.choices] == ["hi", "j"]
+    chunks = list(
+        served.completions.create(
+            model=ECHO,
+            prompt=["ab", "c"],
+            max_tokens=100,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    said = ["", ""]
+    for chunk in chunks[:-1]:
+        for choice in chunk.choices:
+            said[choice.index] += choice.text
+    assert said == ["ab", "c"]
+    assert chunks[-1].usage is not None and (
+        chunks[-1].usage.prompt_tokens,
+        chunks[-1].usage.completion_tokens,
+    ) == (3, 3)
+    with pytest.raises(openai.BadRequestError) as outside:
+        served.completions.create(model=ECHO, prompt=[[104], [10**6]])  # the second beyond the vocabulary
+    assert outside.value.body["param"] == "prompt"  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError) as too_many:
+        served.completions.create(model=ECHO, prompt=["x"] * 65)
+    assert too_many.value.body["param"] == "prompt"  # type: ignore[index]
+    with pytest.raises(openai.BadRequestError) as too_many_choices:
+        served.completions.create(model=ECHO, prompt=["x"] * 8, n=9)
+    assert too_many_choices.value.body["param"] == "n"  # type: ignore[index]
 
 
 def test_model_may_be_left_out_only_when_one_model_fits(

@@ -248,6 +248,45 @@ def test_each_reply_samples_on_its_own_terms(model: Any) -> None:
     asyncio.run(scenario())
 
 
+class Failing(Only):
+    """A constraint whose check fails at its third token."""
+
+    def accept(self, token_id: int) -> None:
+        if len(self.accepted) == 2:
+            raise ValueError("the grammar broke")
+        super().accept(token_id)
+
+
+def test_a_reply_whose_token_cannot_be_chosen_ends_alone(model: Any) -> None:
+    """A failure choosing one row's token (its grammar, its numbers) ends that reply with
+    the error; the replies decoded with it go on. min_tokens never leaves a grammar nothing."""
+
+    async def scenario() -> None:
+        decoder = Decoder(model, {EOS}, max_batch_size=4)
+        try:
+            expected = await reply(decoder, PROMPTS[1], max_tokens=12)
+            broken = decoder.generate(EngineRequest(PROMPTS[0], greedy(20), Failing({20, 30}, length=10)))
+            others = asyncio.ensure_future(reply(decoder, PROMPTS[1], max_tokens=12))
+            with pytest.raises(RuntimeError, match="failed while decoding") as failed:
+                async for _ in broken:
+                    pass
+            assert isinstance(failed.value.__cause__, ValueError)
+            assert await others == expected
+            # A grammar allowing only the end of sequence: min_tokens gives way, the reply ends.
+            only_end = Only({EOS}, length=5)
+            held = Sampling(max_tokens=8, temperature=0, min_tokens=3)
+            assert [t async for t in decoder.generate(EngineRequest(PROMPTS[2], held, only_end))] == []
+            unsure = Sampling(
+                max_tokens=4, temperature=0.7, seed=3, repetition_penalty=1e-40
+            )  # scores overflow
+            assert len([t async for t in decoder.generate(EngineRequest(PROMPTS[2], unsure))]) <= 4
+            assert decoder.active == 0
+        finally:
+            await decoder.close()
+
+    asyncio.run(scenario())
+
+
 def test_the_hooks_hear_of_admissions_steps_and_early_cancellations(model: Any) -> None:
     heard: list[tuple[str, object]] = []
 

@@ -66,3 +66,42 @@ def test_one_failing_reply_ends_them_all_and_closing_stops_every_reply() -> None
 
     asyncio.run(leaving())
     assert sorted(closed[1:]) == [1, 2]
+
+
+class _FakeStream:
+    """A model's stream as the ingress holds it: deltas, and ``cancel``."""
+
+    def __init__(self, text: str) -> None:
+        self.text, self.cancelled = text, False
+
+    def __aiter__(self) -> AsyncGenerator[Delta, None]:
+        return self._deltas()
+
+    async def _deltas(self) -> AsyncGenerator[Delta, None]:
+        for piece in self.text:
+            await asyncio.sleep(0.01)
+            yield Delta(text=piece)
+        yield Delta(finish_reason="stop", completion_tokens=len(self.text))
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+def test_joined_prompts_number_choices_as_vllm_and_cancel_stops_every_reader() -> None:
+    from app_toolkit.llm.openai.replies import Joined
+
+    async def scenario() -> None:
+        streams = [_FakeStream("ab"), _FakeStream("xyz")]
+        joined = Joined(streams, n=2)  # type: ignore[arg-type]  # stand-ins for the model's streams
+        indexes = {delta.index async for delta in joined}
+        assert indexes == {0, 2}  # prompt i's first choice is i * n
+        leaving = [_FakeStream("a" * 100), _FakeStream("b" * 100)]
+        early = Joined(leaving, n=1)  # type: ignore[arg-type]
+        await anext(aiter(early))
+        before = len(asyncio.all_tasks())
+        early.cancel()
+        await asyncio.sleep(0.05)
+        assert all(stream.cancelled for stream in leaving)
+        assert len(asyncio.all_tasks()) < before  # its two readers ended
+
+    asyncio.run(scenario())

@@ -42,3 +42,12 @@ def test_completion_logprobs_are_four_lists_with_offsets_into_the_text() -> None
         "tokens": [" Par", "\ufffd"],
         "top_logprobs": [{" Par": -0.25, " Lyon": -2.0}, {"\ufffd": -0.5, "e": -1.5}],
     }
+    # The token itself always comes first, the likeliest after it (vLLM's logprobs + 1).
+    drawn = TokenLogprob(" Nice", -3.0, b" Nice", ((" Par", -0.25, b" Par"),))
+    assert logprobs.completion([drawn], offset=0)["top_logprobs"] == [{" Nice": -3.0, " Par": -0.25}]
+    assert logprobs.completion([TokenLogprob("a", -0.1, b"a")], offset=0) == {
+        "text_offset": [0],
+        "token_logprobs": [-0.1],
+        "tokens": ["a"],
+        "top_logprobs": [{"a": -0.1}],
+    }

@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from app_toolkit.llm import protocol
 from app_toolkit.llm.engine import Sampling
-from app_toolkit.llm.engines.sampling import bias, choose, logprobs_of, penalise
+from app_toolkit.llm.engines.sampling import bias, choose, hold_stops, logprobs_of, penalise
 from app_toolkit.llm.errors import OpenAIError
 from app_toolkit.llm.protocol import ChatCompletionRequest, CompletionRequest
 
@@ -27,11 +27,16 @@ def scores(*values: float) -> torch.Tensor:
 def test_logit_bias_adds_to_its_tokens_and_min_tokens_refuses_the_stops_until_reached() -> None:
     sampling = Sampling(max_tokens=8, logit_bias=((1, 2.5), (3, -1.0)), min_tokens=2)
     row = scores(0.0, 1.0, 2.0, 3.0)
-    bias(row, sampling, generated=1, stops={0, 2})
+    bias(row, sampling)
+    hold_stops(row, sampling, generated=1, stops={0, 2})
     assert row.tolist() == [float("-inf"), 3.5, float("-inf"), 2.0]
     row = scores(0.0, 1.0, 2.0, 3.0)
-    bias(row, sampling, generated=2, stops={0, 2})  # min_tokens reached: the stops may come
-    assert row.tolist() == [0.0, 3.5, 2.0, 2.0]
+    hold_stops(row, sampling, generated=2, stops={0, 2})  # min_tokens reached: the stops may come
+    assert row.tolist() == [0.0, 1.0, 2.0, 3.0]
+    # Where only stops are left (a grammar allowing nothing else), they stay, as in vLLM.
+    row = scores(float("-inf"), 1.0, float("-inf"), float("-inf"))
+    hold_stops(row, sampling, generated=0, stops={1})
+    assert row.tolist()[1] == 1.0
 
 
 def test_penalties_as_vllm_applies_them() -> None:
@@ -48,7 +53,14 @@ def test_penalties_as_vllm_applies_them() -> None:
 def test_greedy_takes_the_likeliest_whatever_the_cuts() -> None:
     row = scores(0.1, 3.0, 2.9)
     assert choose(row, Sampling(max_tokens=1, temperature=0, top_k=1, min_p=0.9, top_p=0.1), None) == 1
-    assert choose(row, Sampling(max_tokens=1, temperature=1e-6), None) == 1  # below vLLM's 1e-5: greedy
+
+
+def test_scores_that_are_not_numbers_never_break_the_draw() -> None:
+    generator = torch.Generator().manual_seed(1)
+    tiny = Sampling(max_tokens=1, temperature=1e-9)  # below vLLM's 0.01: taken as 0.01
+    assert choose(scores(1.0, float("nan"), 0.0), tiny, generator) == 0
+    assert choose(scores(float("inf"), 0.0, float("inf")), Sampling(max_tokens=1), generator) in (0, 2)
+    assert choose(scores(float("nan"), float("nan")), Sampling(max_tokens=1), generator) in (0, 1)
 
 
 def test_top_k_min_p_and_top_p_cut_what_may_be_drawn() -> None:
@@ -86,7 +98,7 @@ def test_a_requests_sampling_fields_become_its_sampling() -> None:
         presence_penalty=0.5,
         frequency_penalty=-0.5,
         repetition_penalty=1.2,
-        logit_bias={"12": 300.0, "7": -5.0},
+        logit_bias={"12": 300.0, "7": -5.0, "012": 1.0},  # "012" names 12 again: the last counts
         min_tokens=3,
         stop_token_ids=[9],
     ).checked()
@@ -99,7 +111,7 @@ def test_a_requests_sampling_fields_become_its_sampling() -> None:
         presence_penalty=0.5,
         frequency_penalty=-0.5,
         repetition_penalty=1.2,
-        logit_bias=((12, 100.0), (7, -5.0)),  # cut to ±100, as vLLM does
+        logit_bias=((12, 1.0), (7, -5.0)),  # one bias a token, cut to ±100 as vLLM does
         min_tokens=3,
         stop_token_ids=(9,),
     )
@@ -175,6 +187,7 @@ def test_logprobs_are_the_rows_log_softmax_with_the_likeliest_first() -> None:
     assert [token for token, _ in found.top] == [1, 2]
     assert [value for _, value in found.top] == pytest.approx([float(raw[1]), float(raw[2])])
     assert logprobs_of(raw, token=0, count=0).top == ()
+    assert len(logprobs_of(raw, token=0, count=20).top) == 4  # no more than the vocabulary
 
 
 def test_logprobs_fields_become_the_samplings_count() -> None:
@@ -182,6 +195,9 @@ def test_logprobs_fields_become_the_samplings_count() -> None:
     assert chat.sampling(None, 1.0).logprobs == 3
     assert ChatCompletionRequest(messages=MESSAGES, logprobs=True).checked().sampling(None, 1.0).logprobs == 0
     assert ChatCompletionRequest(messages=MESSAGES).checked().sampling(None, 1.0).logprobs is None
+    assert (
+        ChatCompletionRequest(messages=MESSAGES, logprobs=None).checked().sampling(None, 1.0).logprobs is None
+    )
     with pytest.raises(OpenAIError) as alone:
         ChatCompletionRequest(messages=MESSAGES, top_logprobs=2).checked()
     assert alone.value.param == "top_logprobs"

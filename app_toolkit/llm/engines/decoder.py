@@ -87,6 +87,7 @@ class _Sequence:
     adapter: str = ""  # the LoRA adapter it decodes with ("": the base model)
     finished: bool = False  # ended by the decoder (not left by its reader)
     logprobs: Logprobs | None = None  # the newest token's, when the reply asks for them
+    failure: Exception | None = None  # why choosing its token failed (its reply ends with it)
 
 
 class Decoder:
@@ -319,6 +320,11 @@ class Decoder:
             if sequence.abandoned or token is None:
                 continue
             sequence.stage = "decode"
+            if sequence.failure is not None:
+                logger.error("Choosing a reply's token failed; ending that reply", exc_info=sequence.failure)
+                sequence.out.put_nowait(sequence.failure)
+                sequence.abandoned = True
+                continue
             if token == NOTHING_ALLOWED or self._passes.ends(sequence, token):
                 sequence.out.put_nowait(None)
                 sequence.abandoned = sequence.finished = True  # its row goes at the next drop

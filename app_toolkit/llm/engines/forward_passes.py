@@ -21,7 +21,7 @@ from ..engine import Constraint, Logprobs, Sampling
 from .adapters import AttachedAdapters
 from .batch_cache import BatchCache, cache_argument, cache_from, cache_of
 from .prefix_cache import LayerKV, PrefixCache
-from .sampling import NOTHING_ALLOWED, bias, choose, logprobs_of, penalise, restrict
+from .sampling import NOTHING_ALLOWED, allowed_mask, bias, choose, hold_stops, logprobs_of, penalise
 
 #: Prompt tokens read per forward pass (bounds the memory a long prompt's pass takes).
 PREFILL_CHUNK = 256
@@ -42,6 +42,7 @@ class Row(Protocol):
     adapter: str
     finished: bool
     logprobs: Logprobs | None
+    failure: Exception | None
 
 
 _R = TypeVar("_R", bound=Row)
@@ -166,29 +167,39 @@ class ForwardPasses:
 
     def _sample(self, logits: torch.Tensor, sequences: Sequence[Row]) -> list[int]:
         """One token per row, chosen on the row's own terms (``sampling.py``, in vLLM's
-        order; with the reply's own generator when seeded), the tokens its constraint
-        refuses masked out before the choice. A constrained row's token is accepted here
-        (NOTHING_ALLOWED: the constraint allows none; the decoder ends its reply)."""
+        order; with the reply's own generator when seeded). A constrained row's token is
+        accepted here (NOTHING_ALLOWED: the constraint allows none, or choosing failed,
+        ``failure`` saying why; the decoder ends that reply alone)."""
         tokens = []
         for row, sequence in zip(logits.float(), sequences, strict=True):
-            sampling = sequence.sampling
-            # The model's own log-probabilities, before the row changes (vLLM's raw logprobs).
-            raw = None if sampling.logprobs is None else torch.log_softmax(row, dim=-1)
-            if sampling.logit_bias or sampling.min_tokens:
-                stops = set(sampling.stop_token_ids) | (set() if sampling.ignore_eos else set(self._eos))
-                bias(row, sampling, len(sequence.reply), stops)
-            if sampling.penalised:
-                penalise(row, sampling, sequence.seen, sequence.reply)
-            if sequence.constraint is not None and not restrict(row, sequence.constraint):
+            try:
+                tokens.append(self._chosen(row, sequence))
+            except Exception as exc:  # noqa: BLE001 - this reply ends with it; the others go on
+                sequence.failure = exc
                 tokens.append(NOTHING_ALLOWED)
-                continue
-            token = choose(row, sampling, sequence.generator)
-            if sequence.constraint is not None and not self.ends(sequence, token):
-                sequence.constraint.accept(token)
-            if raw is not None:
-                sequence.logprobs = logprobs_of(raw, token, sampling.logprobs or 0)
-            tokens.append(token)
         return tokens
+
+    def _chosen(self, row: torch.Tensor, sequence: Row) -> int:
+        sampling = sequence.sampling
+        if sequence.constraint is not None:
+            allowed = allowed_mask(row, sequence.constraint)
+            if not bool(allowed.any()):
+                return NOTHING_ALLOWED
+            row.masked_fill_(~allowed, float("-inf"))
+        # The model's own log-probabilities under the grammar, before bias and penalties
+        # (vLLM's raw logprobs: its grammar masks the logits before its sampler).
+        raw = None if sampling.logprobs is None else torch.log_softmax(row, dim=-1)
+        bias(row, sampling)
+        if sampling.min_tokens:  # vLLM holds back the end of sequence even with ignore_eos
+            hold_stops(row, sampling, len(sequence.reply), {*sampling.stop_token_ids, *self._eos})
+        if sampling.penalised:
+            penalise(row, sampling, sequence.seen, sequence.reply)
+        token = choose(row, sampling, sequence.generator)
+        if sequence.constraint is not None and not self.ends(sequence, token):
+            sequence.constraint.accept(token)
+        if raw is not None:
+            sequence.logprobs = logprobs_of(raw, token, sampling.logprobs or 0)
+        return token
 
     @torch.inference_mode()
     def step(self, active: Sequence[Row]) -> list[int] | None:

@@ -5,31 +5,40 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 import app_toolkit as tk
 from app_toolkit.llm.events import Delta, Generation
 from app_toolkit.llm.openai import logprobs
-from app_toolkit.llm.openai.replies import Stream, Whole, dumps, relayed, usage
+from app_toolkit.llm.openai.replies import Replies, Whole, dumps, relayed, usage
 from app_toolkit.llm.protocol import CompletionRequest
 
 DEFAULT_TEMPERATURE = 1.0
 
 
-def generation(request: CompletionRequest, received_at: float) -> Generation:
-    prompt = request.single_prompt()
-    return Generation(
-        sampling=request.sampling(request.max_tokens, DEFAULT_TEMPERATURE),  # 16 unless given
-        prompt=prompt if isinstance(prompt, str) else tuple(prompt),
-        max_tokens_given=request.max_tokens is not None and "max_tokens" in request.model_fields_set,
-        stops=request.stops,
-        received_at=received_at,
-        n=request.n,
-    )
+def generations(request: CompletionRequest, received_at: float) -> list[Generation]:
+    """What the model's replicas produce: one generation (of ``n`` choices) per prompt."""
+    sampling = request.sampling(request.max_tokens, DEFAULT_TEMPERATURE)  # 16 unless given
+    return [
+        Generation(
+            sampling=sampling,
+            prompt=prompt if isinstance(prompt, str) else tuple(prompt),
+            max_tokens_given=request.max_tokens is not None and "max_tokens" in request.model_fields_set,
+            stops=request.stops,
+            received_at=received_at,
+            n=request.n,
+        )
+        for prompt in request.prompts()
+    ]
 
 
-def completion(wholes: list[Whole], model: str, echoed: str, with_logprobs: bool = False) -> dict[str, Any]:
-    """The ``text_completion`` object of the replies read whole, one choice each."""
+def completion(
+    wholes: list[Whole], model: str, echoed: Sequence[str], with_logprobs: bool = False, n: int = 1
+) -> dict[str, Any]:
+    """The ``text_completion`` object of the replies read whole, one choice each: prompt
+    ``i``'s ``n`` choices are ``i * n`` to ``i * n + n - 1``, each after its prompt's echo
+    (``echoed``: one per prompt, "" without ``echo``)."""
     return {
         "id": f"cmpl-{uuid.uuid4().hex}",
         "object": "text_completion",
@@ -38,34 +47,40 @@ def completion(wholes: list[Whole], model: str, echoed: str, with_logprobs: bool
         "choices": [
             {
                 "index": index,
-                "text": echoed + whole.text,
-                "logprobs": logprobs.completion(whole.logprobs, len(echoed)) if with_logprobs else None,
+                "text": echoed[index // n] + whole.text,
+                "logprobs": logprobs.completion(whole.logprobs, len(echoed[index // n]))
+                if with_logprobs
+                else None,
                 "finish_reason": whole.finish_reason,
             }
             for index, whole in enumerate(wholes)
         ],
-        "usage": usage(wholes[0].prompt_tokens, sum(whole.completion_tokens for whole in wholes)),
+        "usage": usage(
+            sum(whole.prompt_tokens for whole in wholes[::n]),
+            sum(whole.completion_tokens for whole in wholes),
+        ),
     }
 
 
 def streamed(
-    first: Delta,
-    stream: Stream,
+    prompt_tokens: int,
+    stream: Replies,
     model: str,
     include_usage: bool,
-    echoed: str,
+    echoed: Sequence[str],
     with_logprobs: bool = False,
     n: int = 1,
 ) -> tk.EventStream:
     """The replies as OpenAI streams them: each choice's echo first, a chunk per piece,
     each choice's finish reason, once every choice is done the usage chunk if asked,
-    ``[DONE]``."""
+    ``[DONE]`` (choices numbered as :func:`completion` numbers them)."""
     head = (
         f'{{"id":"cmpl-{uuid.uuid4().hex}","object":"text_completion",'
         f'"created":{int(time.time())},"model":{dumps(model)},"choices":'
     )
     tail = ',"usage":null}' if include_usage else "}"
-    offsets = [len(echoed)] * n  # where each choice's next tokens start in its text
+    choices = len(echoed) * n
+    offsets = [len(echoed[index // n]) for index in range(choices)]  # where each choice's next tokens start
     ended: list[int] = []  # each ended choice's completion tokens
 
     def chunk(text: str, index: int, reason: str | None = None, of: Delta | None = None) -> str:
@@ -82,8 +97,9 @@ def streamed(
     def last(delta: Delta) -> list[str]:
         chunks = [chunk("", delta.index, delta.finish_reason, delta)]
         ended.append(delta.completion_tokens)
-        if include_usage and len(ended) == n:
-            chunks.append(f'{head}[],"usage":{dumps(usage(first.prompt_tokens, sum(ended)))}}}')
+        if include_usage and len(ended) == choices:
+            chunks.append(f'{head}[],"usage":{dumps(usage(prompt_tokens, sum(ended)))}}}')
         return chunks
 
-    return relayed(stream, [chunk(echoed, index) for index in range(n)] if echoed else [], piece, last)
+    opening = [chunk(echoed[index // n], index) for index in range(choices) if echoed[index // n]]
+    return relayed(stream, opening, piece, last)

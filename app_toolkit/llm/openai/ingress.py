@@ -16,7 +16,7 @@ from app_toolkit.llm import errors
 from app_toolkit.llm.errors import ANSWERED, OpenAIError, bad_parameter, unknown_model
 from app_toolkit.llm.events import ModelCard
 from app_toolkit.llm.openai import chat, completions, responses
-from app_toolkit.llm.openai.replies import open_reply, read_choices, read_whole, usage
+from app_toolkit.llm.openai.replies import open_replies, open_reply, read_choices, read_whole, usage
 from app_toolkit.llm.openai.response_store import ResponseStore
 from app_toolkit.llm.openai.responses import ResponsesRequest
 from app_toolkit.llm.protocol import (
@@ -154,29 +154,40 @@ class OpenAIIngress:
         name, handle = self._pick(request.checked().model, "generate")
         first, stream = await open_reply(handle, chat.generation(request, received_at))
         if request.stream:
-            return chat.streamed(first, stream, name, request.include_usage, request.logprobs, request.n)
-        return chat.completion(await read_choices(first, stream, request.n), name, request.logprobs)
+            return chat.streamed(
+                first, stream, name, request.include_usage, bool(request.logprobs), request.n
+            )
+        return chat.completion(await read_choices(first, stream, request.n), name, bool(request.logprobs))
 
     @api.post("/v1/completions", response_model=None)
     async def text_completions(self, request: CompletionRequest) -> dict[str, Any] | tk.EventStream:
         received_at = time.time()
         name, handle = self._pick(request.checked().model, "generate")
-        generation = completions.generation(request, received_at)
-        first, stream = await open_reply(handle, generation)  # checks the prompt (a 400 names it)
-        echoed = ""
+        generations = completions.generations(request, received_at)
+        firsts, stream = await open_replies(handle, generations)  # checks the prompts (a 400 names one)
+        echoed = [""] * len(generations)
         if request.echo:
-            prompt = generation.prompt
             try:
-                echoed = (
-                    prompt if isinstance(prompt, str) else await handle.detokenize.remote(list(prompt or ()))
-                )
+                echoed = [await self._echoed(handle, generation.prompt) for generation in generations]
             except BaseException:
                 stream.cancel()
                 raise
         wanted = request.logprobs is not None
         if request.stream:
-            return completions.streamed(first, stream, name, request.include_usage, echoed, wanted, request.n)
-        return completions.completion(await read_choices(first, stream, request.n), name, echoed, wanted)
+            prompt_tokens = sum(first.prompt_tokens for first in firsts)
+            return completions.streamed(
+                prompt_tokens, stream, name, request.include_usage, echoed, wanted, request.n
+            )
+        wholes = await read_choices(firsts, stream, request.n)
+        return completions.completion(wholes, name, echoed, wanted, request.n)
+
+    @staticmethod
+    async def _echoed(handle: tk.DeploymentHandle, prompt: str | tuple[int, ...] | None) -> str:
+        """A prompt's text, as ``echo`` repeats it (token ids detokenized by the model)."""
+        if isinstance(prompt, str):
+            return prompt
+        text: str = await handle.detokenize.remote(list(prompt or ()))
+        return text
 
     @api.post("/v1/responses", response_model=None)
     async def create_response(self, request: ResponsesRequest) -> dict[str, Any] | tk.EventStream:

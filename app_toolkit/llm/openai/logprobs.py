@@ -40,5 +40,9 @@ def completion(entries: Sequence[TokenLogprob], offset: int) -> dict[str, Any]:
         "text_offset": offsets,
         "token_logprobs": [entry.logprob for entry in entries],
         "tokens": [entry.token for entry in entries],
-        "top_logprobs": [{text: logprob for text, logprob, _ in entry.top} for entry in entries],
+        # The token itself first, then the likeliest (up to logprobs + 1 entries), as vLLM's.
+        "top_logprobs": [
+            {entry.token: entry.logprob, **{text: logprob for text, logprob, _ in entry.top}}
+            for entry in entries
+        ],
     }
