@@ -71,6 +71,8 @@ class StopFilter:
         self._stops = tuple(stop for stop in stops if stop)
         self._held = ""
         self.stopped = False
+        #: The stop string that ended the text (None: none did).
+        self.found: str | None = None
 
     def feed(self, piece: str, matching: bool = True) -> str:
         """The part of ``piece`` (after what was held) that is safe to send now; with
@@ -82,8 +84,9 @@ class StopFilter:
         if not matching:
             self._held = ""
             return text
-        cut = min((index for index in (text.find(stop) for stop in self._stops) if index >= 0), default=-1)
-        if cut >= 0:
+        found = [(index, stop) for stop in self._stops if (index := text.find(stop)) >= 0]
+        if found:
+            cut, self.found = min(found)
             self.stopped, self._held = True, ""
             return text[:cut]
         keep = max((_overlap(text, stop) for stop in self._stops), default=0)

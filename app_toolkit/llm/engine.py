@@ -80,6 +80,9 @@ class Token:
     id: int
     #: With ``Sampling.logprobs`` set; None otherwise.
     logprobs: Logprobs | None = None
+    #: The token that ended the reply (an end of sequence or a stop token id): the last one,
+    #: counted in the reply's usage as vLLM counts it, never shown as text.
+    ends: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,8 +184,9 @@ class TextEngine(Protocol):
 
     def generate(self, request: EngineRequest) -> AsyncGenerator[Token, None]:
         """The tokens of one reply, as each is decoded; ends at an end-of-sequence or stop
-        token (not yielded), at ``sampling.max_tokens``, or when the constraint is
-        finished. Closing the iterator takes the reply out of the batch at once."""
+        token (yielded last, marked ``ends``), at ``sampling.max_tokens``, or when the
+        constraint is finished. Closing the iterator takes the reply out of the batch at
+        once."""
 
     def current_load(self) -> EngineLoad:
         """What it holds now; cheap, never waits."""

@@ -58,6 +58,8 @@ class Delta:
     logprobs: tuple[TokenLogprob, ...] = ()
     #: The choice it belongs to (with ``n`` > 1).
     index: int = 0
+    #: With the finish reason: the stop string or stop token id that ended the reply (vLLM's).
+    stop_reason: str | int | None = None
 
 
 @dataclass(frozen=True, slots=True)

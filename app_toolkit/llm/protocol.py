@@ -283,6 +283,8 @@ class _Request(BaseModel):
         """How the reply's tokens are chosen, ``max_tokens`` at most (None: as many as the
         context window leaves); a ``logit_bias`` key that is not a token id, or
         ``min_tokens`` above ``max_tokens``, is the 400 naming it."""
+        if self.n > 1 and self.temperature == 0:
+            raise bad_parameter("n", f"n must be 1 when using greedy sampling, got {self.n}.")
         if max_tokens is not None and self.min_tokens > max_tokens:
             raise bad_parameter(
                 "min_tokens",

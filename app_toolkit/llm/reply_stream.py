@@ -60,6 +60,7 @@ class ReplyStream:
         finish = "stop"
         outcome = "cancelled"
         constraint = structure.constraint if structure is not None else None
+        ended_by: int | None = None  # the token that ended the reply, if one did
         received_at = self._generation.received_at
         if received_at:
             metrics.FRAMEWORK_TIME.observe(max(0.0, time.time() - received_at), self._model)
@@ -93,6 +94,9 @@ class ReplyStream:
                 else:
                     metrics.TIME_PER_OUTPUT_TOKEN.observe(now - last, self._model)
                 last = now
+                if produced.ends:  # an end of sequence or a stop token id: counted, not shown
+                    ended_by = token
+                    continue
                 text = stops.feed(detokenizer.feed(token), self.produced > self._sampling.min_tokens)
                 if text:
                     held.extend(self._shaped(text))
@@ -104,8 +108,10 @@ class ReplyStream:
                     flushed = now
                     sent = True
             else:
-                if self.produced >= self._sampling.max_tokens and not (
-                    constraint is not None and constraint.finished
+                if (
+                    ended_by is None
+                    and self.produced >= self._sampling.max_tokens
+                    and not (constraint is not None and constraint.finished)
                 ):
                     finish = "length"
             tail = stops.feed(detokenizer.flush()) + stops.flush() if not stops.stopped else ""
@@ -126,11 +132,17 @@ class ReplyStream:
             await tokens.aclose()  # stops the engine's work on it now, not when collected
             metrics.GENERATION_TOKENS.inc(self._model, amount=self.produced)
             metrics.REPLIES.inc(self._model, outcome)
+        # What ended it, as vLLM's stop_reason says: a stop string, a stop token id (not
+        # the end of sequence), else None.
+        reason: str | int | None = stops.found
+        if ended_by is not None and ended_by in self._sampling.stop_token_ids:
+            reason = ended_by
         yield Delta(
             prompt_tokens=len(self._prompt),
             completion_tokens=self.produced,
             finish_reason=finish,
             logprobs=tuple(logprobs),
+            stop_reason=reason,
         )
 
     def _shown(self, token: int, logprobs: Logprobs) -> TokenLogprob:

@@ -268,6 +268,12 @@ class LLMServer:
         window = engine.context_window
         param = "messages" if generation.messages else "prompt"
         requested = generation.sampling.max_tokens
+        if generation.max_tokens_given and requested > window:  # whatever the prompt, as vLLM says
+            raise bad_parameter(
+                "max_tokens",
+                f"max_tokens={requested} cannot be greater than max_model_len={window}. "
+                "Please request fewer output tokens.",
+            )
         if prompt_tokens >= window or (generation.max_tokens_given and prompt_tokens + requested > window):
             asked = f" and {requested} for the reply" if generation.max_tokens_given else ""
             raise OpenAIError(

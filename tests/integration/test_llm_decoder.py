@@ -45,7 +45,11 @@ def greedy(max_tokens: int) -> Sampling:
 
 
 async def reply(decoder: Decoder, prompt: list[int], max_tokens: int = 12) -> list[int]:
-    return [token.id async for token in decoder.generate(EngineRequest(prompt, greedy(max_tokens)))]
+    return [
+        token.id
+        async for token in decoder.generate(EngineRequest(prompt, greedy(max_tokens)))
+        if not token.ends
+    ]
 
 
 def test_batched_replies_equal_replies_decoded_alone(model: Any) -> None:
@@ -219,7 +223,11 @@ def test_each_reply_samples_on_its_own_terms(model: Any) -> None:
         decoder = Decoder(model, {EOS}, max_batch_size=4)
 
         async def sampled(prompt: list[int], sampling: Sampling, constraint: Any = None) -> list[int]:
-            return [token.id async for token in decoder.generate(EngineRequest(prompt, sampling, constraint))]
+            return [
+                t.id
+                async for t in decoder.generate(EngineRequest(prompt, sampling, constraint))
+                if not t.ends
+            ]
 
         try:
             seeded = Sampling(max_tokens=30, temperature=1.5, seed=7, ignore_eos=True)
@@ -275,7 +283,8 @@ def test_a_reply_whose_token_cannot_be_chosen_ends_alone(model: Any) -> None:
             # A grammar allowing only the end of sequence: min_tokens gives way, the reply ends.
             only_end = Only({EOS}, length=5)
             held = Sampling(max_tokens=8, temperature=0, min_tokens=3)
-            assert [t async for t in decoder.generate(EngineRequest(PROMPTS[2], held, only_end))] == []
+            ended = [t async for t in decoder.generate(EngineRequest(PROMPTS[2], held, only_end))]
+            assert [(t.id, t.ends) for t in ended] == [(EOS, True)]
             unsure = Sampling(
                 max_tokens=4, temperature=0.7, seed=3, repetition_penalty=1e-40
             )  # scores overflow

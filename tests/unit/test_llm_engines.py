@@ -23,7 +23,7 @@ async def _reply(
     engine: EchoEngine, prompt: list[int], sampling: Sampling, constraint: object = None
 ) -> list[int]:
     request = EngineRequest(prompt, sampling, constraint)  # type: ignore[arg-type]  # a stand-in constraint
-    return [token.id async for token in engine.generate(request)]
+    return [token.id async for token in engine.generate(request) if not token.ends]
 
 
 def reply(
@@ -54,6 +54,13 @@ def test_the_echo_engine_honours_max_tokens_stop_ids_and_ignore_eos() -> None:
     assert reply(prompt, Sampling(max_tokens=100, stop_token_ids=(ord("l"),))) == list(b"he")
     assert reply(prompt, Sampling(max_tokens=12, ignore_eos=True)) == list(b"hellohellohe")
     assert reply(prompt + [EOS_ID, ord("x")], Sampling(max_tokens=100)) == prompt  # the EOS ends it
+
+    async def every(sampling: Sampling) -> list[tuple[int, bool]]:
+        return [(token.id, token.ends) async for token in FAST.generate(EngineRequest(prompt, sampling))]
+
+    # The token that ended it comes last, marked: counted in usage, never shown.
+    stopped = asyncio.run(every(Sampling(max_tokens=100, stop_token_ids=(ord("l"),))))
+    assert stopped == [(ord("h"), False), (ord("e"), False), (ord("l"), True)]
 
 
 class Only:

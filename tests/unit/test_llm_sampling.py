@@ -218,3 +218,11 @@ def test_vllms_request_fields_not_honoured_are_refused_not_ignored() -> None:
     with pytest.raises(OpenAIError) as template:
         ChatCompletionRequest(messages=MESSAGES, continue_final_message=True).checked()
     assert template.value.param == "continue_final_message"
+
+
+def test_n_choices_of_a_greedy_reply_are_refused_as_vllm_refuses_them() -> None:
+    request = CompletionRequest(prompt="x", n=2, temperature=0).checked()
+    with pytest.raises(OpenAIError) as refused:
+        request.sampling(16, 1.0)
+    assert refused.value.param == "n"
+    assert CompletionRequest(prompt="x", n=2).checked().sampling(16, 1.0).temperature == 1.0

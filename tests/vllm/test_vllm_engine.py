@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -174,9 +175,9 @@ def test_a_chat_reply_streams_and_ends_at_the_end_of_turn(served: Served) -> Non
     text = "".join(pieces)
     assert "Paris" in text
     assert finish == ["stop"]  # the end of turn, before max_tokens
-    # Every token produced is in the text, the end of turn aside (not yielded, not counted).
+    # Every token produced is in the text, and the end of turn is counted too, as vLLM counts it.
     counted = _post(served, "/tokenize", {"model": "smollm2", "prompt": text, "add_special_tokens": False})
-    assert usage["completion_tokens"] == counted.json()["count"], (usage, text)
+    assert usage["completion_tokens"] == counted.json()["count"] + 1, (usage, text)
 
 
 def test_stop_token_ids_and_ignore_eos_reach_vllm(served: Served) -> None:
@@ -251,20 +252,25 @@ def test_n_choices_and_chat_logprobs_on_vllm(served: Served) -> None:
         "model": "smollm2",
         "messages": [{"role": "user", "content": "Write « café »."}],
         "max_tokens": 8,
-        "temperature": 0,
+        "temperature": 0.01,  # as good as greedy (n > 1 at temperature 0 is a 400, as in vLLM)
+        "seed": 4,
         "n": 2,
         "logprobs": True,
         "top_logprobs": 2,
     }
     reply = _post(served, "/v1/chat/completions", chat).json()
     first, second = reply["choices"]
-    assert first["message"]["content"] == second["message"]["content"]  # greedy: the same
+    assert first["message"]["content"] == second["message"]["content"]  # nearly greedy: the same
     for entry in first["logprobs"]["content"]:
         assert (entry["top_logprobs"][0]["token"], entry["top_logprobs"][0]["logprob"]) == (
             entry["token"],
             entry["logprob"],
         )
-    said = bytes(b for entry in first["logprobs"]["content"] for b in entry["bytes"]).decode()
+    # The text's tokens, then the end of turn (counted and listed, as vLLM lists it).
+    entries = first["logprobs"]["content"]
+    assert first["finish_reason"] == "length" or entries[-1]["token"] == "<|im_end|>"
+    shown = entries if first["finish_reason"] == "length" else entries[:-1]
+    said = bytes(b for entry in shown for b in entry["bytes"]).decode()
     assert said == first["message"]["content"]
     seeded = {
         "model": "smollm2",
@@ -277,6 +283,262 @@ def test_n_choices_and_chat_logprobs_on_vllm(served: Served) -> None:
     texts = [choice["text"] for choice in _post(served, "/v1/completions", seeded).json()["choices"]]
     assert texts == [choice["text"] for choice in _post(served, "/v1/completions", seeded).json()["choices"]]
     assert len(set(texts)) > 1
+
+
+#: The differential corpus: (path, body, param) sent one at a time to ``vllm serve`` and
+#: to ``app-toolkit run`` on the vLLM engine (same folder, dtype, enforce_eager, KV cache);
+#: ``param`` None: both answer 200 with the same choices (text, finish and stop reasons,
+#: log-probabilities), usage and fields; else both refuse with vLLM's status and this
+#: server names ``param``.
+QUESTION_MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
+CORPUS: list[tuple[str, dict[str, Any], str | None]] = [
+    ("/v1/completions", {"prompt": "The capital of France is", "max_tokens": 8, "temperature": 0}, None),
+    (
+        "/v1/completions",
+        {"prompt": "The capital of France is", "max_tokens": 8, "temperature": 0, "stream": True},
+        None,
+    ),
+    (
+        "/v1/completions",
+        {"prompt": "The capital of France is", "max_tokens": 5, "temperature": 0, "logprobs": 2},
+        None,
+    ),
+    (
+        "/v1/completions",
+        {"prompt": "The capital of France is", "max_tokens": 6, "temperature": 0, "echo": True},
+        None,
+    ),
+    (
+        "/v1/completions",
+        {"prompt": "The capital of France is", "max_tokens": 8, "temperature": 0, "stop": ["."]},
+        None,
+    ),
+    (
+        "/v1/completions",
+        {"prompt": "The capital of France is", "max_tokens": 8, "temperature": 0, "stop_token_ids": [30]},
+        None,
+    ),
+    ("/v1/completions", {"prompt": [504, 3575, 282, 4649, 314], "max_tokens": 4, "temperature": 0}, None),
+    (
+        "/v1/completions",
+        {"prompt": ["The capital of France is", "Once upon a time"], "max_tokens": 4, "temperature": 0},
+        None,
+    ),
+    (
+        "/v1/completions",
+        {"prompt": "Once upon a time", "max_tokens": 8, "temperature": 1.0, "seed": 3, "n": 2},
+        None,
+    ),
+    (
+        "/v1/completions",
+        {
+            "prompt": "Once upon a time",
+            "max_tokens": 8,
+            "temperature": 0.8,
+            "top_k": 5,
+            "top_p": 0.9,
+            "seed": 7,
+        },
+        None,
+    ),
+    (
+        "/v1/completions",
+        {"prompt": "Once upon a time", "max_tokens": 8, "temperature": 0.9, "min_p": 0.1, "seed": 8},
+        None,
+    ),
+    (
+        "/v1/completions",
+        {
+            "prompt": "The capital of France is",
+            "max_tokens": 12,
+            "temperature": 0,
+            "repetition_penalty": 1.3,
+            "frequency_penalty": 0.5,
+            "presence_penalty": 0.2,
+        },
+        None,
+    ),
+    (
+        "/v1/completions",
+        {
+            "prompt": "The capital of France is",
+            "max_tokens": 6,
+            "temperature": 0,
+            "logit_bias": {"7042": -100},
+        },
+        None,
+    ),
+    (
+        "/v1/completions",
+        {
+            "prompt": "The capital of France is",
+            "max_tokens": 12,
+            "temperature": 0,
+            "min_tokens": 10,
+            "stop": ["\n"],
+        },
+        None,
+    ),
+    ("/v1/completions", {"prompt": "Hi", "max_tokens": 6, "temperature": 0, "ignore_eos": True}, None),
+    ("/v1/completions", {"prompt": "x", "max_tokens": 1, "temperature": 0, "frobnicate": 1}, None),
+    ("/v1/chat/completions", {"messages": QUESTION_MESSAGES, "max_tokens": 40, "temperature": 0}, None),
+    (
+        "/v1/chat/completions",
+        {
+            "messages": QUESTION_MESSAGES,
+            "max_tokens": 40,
+            "temperature": 0,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        },
+        None,
+    ),
+    (
+        "/v1/chat/completions",
+        {
+            "messages": QUESTION_MESSAGES,
+            "max_tokens": 40,
+            "temperature": 0,
+            "logprobs": True,
+            "top_logprobs": 2,
+        },
+        None,
+    ),
+    (
+        "/v1/chat/completions",
+        {"messages": QUESTION_MESSAGES, "max_tokens": 6, "temperature": 0.7, "seed": 1, "n": 2},
+        None,
+    ),
+    ("/v1/chat/completions", {"messages": QUESTION_MESSAGES, "temperature": 0, "n": 2}, "n"),
+    (
+        "/v1/chat/completions",
+        {
+            "messages": QUESTION_MESSAGES,
+            "max_tokens": 10,
+            "temperature": 0,
+            "chat_template_kwargs": {"enable_thinking": False},
+        },
+        None,
+    ),
+    ("/v1/completions", {"prompt": "x", "temperature": 5}, "temperature"),
+    ("/v1/completions", {"prompt": "x", "presence_penalty": 3}, "presence_penalty"),
+    ("/v1/chat/completions", {"messages": QUESTION_MESSAGES, "top_logprobs": 2}, "top_logprobs"),
+    ("/v1/completions", {"prompt": "x", "seed": 2**63}, "seed"),
+    ("/v1/completions", {"prompt": "x", "max_tokens": 100000}, "max_tokens"),
+    ("/v1/completions", {"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options"),
+    ("/v1/chat/completions", {"messages": QUESTION_MESSAGES, "tool_choice": "auto"}, "tool_choice"),
+    ("/v1/completions", {"prompt": "x", "n": 0}, "n"),
+    ("/v1/completions", {"prompt": "x", "min_tokens": 9, "max_tokens": 8}, "min_tokens"),
+    ("/v1/chat/completions", {"messages": []}, "messages"),
+    ("/v1/completions", {"prompt": "x", "logit_bias": {"abc": 1}}, "logit_bias"),
+    ("/v1/completions", {"prompt": "x", "logit_bias": {"99999": 1}}, "logit_bias"),
+    ("/v1/completions", {"prompt": "x", "top_k": -2}, "top_k"),
+    ("/v1/completions", {"prompt": "x", "min_p": 2}, "min_p"),
+    ("/v1/completions", {"prompt": "x", "logprobs": 21}, "logprobs"),
+    ("/v1/completions", {"prompt": "x", "stop_token_ids": [99999]}, "stop_token_ids"),
+    ("/v1/completions", {"prompt": [1, 99999]}, "prompt"),
+]
+#: Fields vLLM's replies carry that this server leaves out: vLLM's own extensions, null
+#: unless asked for by vLLM-only options this server refuses (token ids, prompt logprobs,
+#: KV transfer, metrics), and its chat message's null OpenAI fields.
+VLLM_ONLY = frozenset(
+    {
+        "token_ids",
+        "prompt_logprobs",
+        "prompt_token_ids",
+        "prompt_text",
+        "routed_experts",
+        "kv_transfer_params",
+        "ec_transfer_params",
+        "metrics",
+        "annotations",
+        "audio",
+        "function_call",
+        "reasoning",
+        "prompt_tokens_details",
+        "completion_tokens_details",
+    }
+)
+
+
+@pytest.fixture(scope="module")
+def reference() -> Iterator[str]:
+    """``vllm serve`` on the same checkpoint as the served model's (its benchmark's setup)."""
+    from benchmarks import llm_vllm
+
+    folder = llm_vllm.model_folder()
+    with tempfile.TemporaryDirectory() as work:
+        process, url = llm_vllm.start(llm_vllm.VLLM, folder, Path(work))
+        try:
+            yield url
+        finally:
+            llm_vllm.stop(process)
+
+
+def _ask(url: str, model: str, path: str, body: dict[str, Any]) -> tuple[int, Any]:
+    """Status and JSON of a reply; a stream's chunks folded into one reply's shape."""
+    sent = {"model": model, **body}
+    if not body.get("stream"):
+        answer = httpx.post(url + path, json=sent, timeout=120)
+        return answer.status_code, answer.json()
+    choices: dict[int, dict[str, Any]] = {}
+    usage = None
+    with httpx.stream("POST", url + path, json=sent, timeout=120) as answer:
+        for line in answer.iter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            usage = chunk.get("usage") or usage
+            for choice in chunk["choices"]:
+                folded = choices.setdefault(choice["index"], {"text": "", "finish_reason": None})
+                folded["text"] += choice.get("text") or (choice.get("delta") or {}).get("content") or ""
+                folded["finish_reason"] = choice["finish_reason"] or folded["finish_reason"]
+    return answer.status_code, {"choices": [choices[index] for index in sorted(choices)], "usage": usage}
+
+
+def _missing(ours: Any, theirs: Any, where: str) -> list[str]:
+    """Fields vLLM's reply has that ours lacks (vLLM-only ones aside), recursively."""
+    if not isinstance(theirs, dict) or not isinstance(ours, dict):
+        return []
+    found = [f"{where}.{key}" for key in theirs if key not in ours and key not in VLLM_ONLY]
+    for key, value in theirs.items():
+        if key in ours:
+            if isinstance(value, list) and isinstance(ours[key], list):
+                for index, (mine, its) in enumerate(zip(ours[key], value, strict=False)):
+                    found += _missing(mine, its, f"{where}.{key}[{index}]")
+            else:
+                found += _missing(ours[key], value, f"{where}.{key}")
+    return found
+
+
+def test_the_differential_corpus_answers_as_vllm_serve(served: Served, reference: str) -> None:
+    differences = []
+    for path, body, param in CORPUS:
+        status, ours = _ask(served.url, "smollm2", path, body)
+        vllm_status, theirs = _ask(reference, "smol", path, body)
+        case = f"{path} {json.dumps(body)[:120]}"
+        if param is not None:
+            if (status, ours["error"].get("param")) != (vllm_status, param) or vllm_status != 400:
+                differences.append(f"{case}: ours {status} {ours}, vLLM's {vllm_status} {theirs}")
+            continue
+        if status != 200 or vllm_status != 200:
+            differences.append(f"{case}: ours {status} {ours}, vLLM's {vllm_status} {theirs}")
+            continue
+        for mine, its in zip(ours["choices"], theirs["choices"], strict=True):
+            for field in ("index", "text", "finish_reason", "stop_reason", "message"):
+                if field in its and (mine.get(field) != its[field] and field != "message"):
+                    differences.append(f"{case}: {field} {mine.get(field)!r} != vLLM's {its[field]!r}")
+            if "message" in its and mine["message"]["content"] != its["message"]["content"]:
+                differences.append(
+                    f"{case}: content {mine['message']['content']!r} != {its['message']['content']!r}"
+                )
+            if its.get("logprobs") != mine.get("logprobs"):
+                differences.append(f"{case}: logprobs differ")
+        counted = theirs["usage"] and {k: v for k, v in theirs["usage"].items() if k not in VLLM_ONLY}
+        if ours["usage"] != counted:
+            differences.append(f"{case}: usage {ours['usage']} != vLLM's {theirs['usage']}")
+        differences += [f"{case}: missing {field}" for field in _missing(ours, theirs, "")]
+    assert not differences, "\n".join(differences)
 
 
 #: How far vLLM's log-probabilities may be from the transformers engine's at float32.

@@ -326,6 +326,8 @@ class Decoder:
                 sequence.abandoned = True
                 continue
             if token == NOTHING_ALLOWED or self._passes.ends(sequence, token):
+                if token != NOTHING_ALLOWED:  # the end of sequence or stop token: counted, not shown
+                    sequence.out.put_nowait(Token(token, sequence.logprobs, ends=True))
                 sequence.out.put_nowait(None)
                 sequence.abandoned = sequence.finished = True  # its row goes at the next drop
                 continue

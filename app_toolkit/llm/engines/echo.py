@@ -167,9 +167,13 @@ class EchoEngine:
                 due += interval
                 await asyncio.sleep(max(0.0, due - loop.time()))
                 token = echoed if constraint is None else _allowed(echoed, constraint, self.vocab_size)
-                if token is None or token in sampling.stop_token_ids:
+                if token is None:
                     return
-                if token in self.eos_token_ids and not sampling.ignore_eos:
+                if token in sampling.stop_token_ids or (
+                    token in self.eos_token_ids and not sampling.ignore_eos
+                ):
+                    certain = None if sampling.logprobs is None else _certain(token, sampling.logprobs)
+                    yield Token(token, certain, ends=True)  # the ending token: counted, not shown
                     return
                 if constraint is not None:
                     constraint.accept(token)

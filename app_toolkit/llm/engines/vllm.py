@@ -221,16 +221,20 @@ class VLLMEngine(TokenizerText):
                     raise EngineFailed(f"vLLM ended the reply: {completion.finish_reason}")
                 tokens = list(completion.token_ids)
                 # vLLM gives the token that ended the reply (end of sequence, a stop token
-                # id); the contract is that it is not yielded.
-                if (
-                    tokens
+                # id) last: it is yielded marked ``ends``, as the contract says.
+                ending = (
+                    len(tokens) - 1
+                    if tokens
                     and completion.finish_reason == "stop"
                     and not isinstance(completion.stop_reason, str)
-                ):
-                    tokens.pop()
+                    else -1
+                )
                 logprobs = completion.logprobs or ()
                 for index, token in enumerate(tokens):
                     reply.produced += 1
+                    if index == ending:
+                        yield Token(token, _logprobs(logprobs, index, token, sampling.logprobs), ends=True)
+                        return
                     if constraint is not None:
                         constraint.accept(token)  # vLLM's backend chose it: keeps ``finished`` true
                     yield Token(token, _logprobs(logprobs, index, token, sampling.logprobs))

@@ -10,7 +10,7 @@ from typing import Any
 import app_toolkit as tk
 from app_toolkit.llm.events import Delta, Generation
 from app_toolkit.llm.openai import logprobs
-from app_toolkit.llm.openai.replies import Stream, Whole, dumps, relayed, usage
+from app_toolkit.llm.openai.replies import UNSET_FIELDS, Stream, Whole, dumps, relayed, usage
 from app_toolkit.llm.protocol import ChatCompletionRequest
 
 #: Temperature when a request names none (OpenAI's default).
@@ -52,9 +52,11 @@ def completion(wholes: Whole | list[Whole], model: str, with_logprobs: bool = Fa
                 "message": _message(whole),
                 "logprobs": logprobs.chat(whole.logprobs) if with_logprobs else None,
                 "finish_reason": whole.finish_reason,
+                "stop_reason": whole.stop_reason,
             }
             for index, whole in enumerate(wholes)
         ],
+        **UNSET_FIELDS,
         "usage": usage(wholes[0].prompt_tokens, sum(whole.completion_tokens for whole in wholes)),
     }
 
@@ -84,7 +86,9 @@ def streamed(
 
     def chunk(delta: dict[str, Any], index: int, reason: str | None = None, of: Delta | None = None) -> str:
         shown = logprobs.chat(of.logprobs) if with_logprobs and of is not None and of.logprobs else None
-        choice = {"index": index, "delta": delta, "logprobs": shown, "finish_reason": reason}
+        choice: dict[str, Any] = {"index": index, "delta": delta, "logprobs": shown, "finish_reason": reason}
+        if reason is not None and of is not None:
+            choice["stop_reason"] = of.stop_reason
         return f"{head}[{dumps(choice)}]{tail}"
 
     def piece(delta: Delta) -> str | None:

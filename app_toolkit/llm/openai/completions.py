@@ -11,7 +11,7 @@ from typing import Any
 import app_toolkit as tk
 from app_toolkit.llm.events import Delta, Generation
 from app_toolkit.llm.openai import logprobs
-from app_toolkit.llm.openai.replies import Replies, Whole, dumps, relayed, usage
+from app_toolkit.llm.openai.replies import UNSET_FIELDS, Replies, Whole, dumps, relayed, usage
 from app_toolkit.llm.protocol import CompletionRequest
 
 DEFAULT_TEMPERATURE = 1.0
@@ -52,9 +52,11 @@ def completion(
                 if with_logprobs
                 else None,
                 "finish_reason": whole.finish_reason,
+                "stop_reason": whole.stop_reason,
             }
             for index, whole in enumerate(wholes)
         ],
+        **UNSET_FIELDS,
         "usage": usage(
             sum(whole.prompt_tokens for whole in wholes[::n]),
             sum(whole.completion_tokens for whole in wholes),
@@ -88,7 +90,9 @@ def streamed(
         if with_logprobs and of is not None and of.logprobs:
             shown = logprobs.completion(of.logprobs, offsets[index])
             offsets[index] += sum(len(entry.token) for entry in of.logprobs)
-        choice = {"index": index, "text": text, "logprobs": shown, "finish_reason": reason}
+        choice: dict[str, Any] = {"index": index, "text": text, "logprobs": shown, "finish_reason": reason}
+        if reason is not None and of is not None:
+            choice["stop_reason"] = of.stop_reason
         return f"{head}[{dumps(choice)}]{tail}"
 
     def piece(delta: Delta) -> str | None:

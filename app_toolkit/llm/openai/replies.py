@@ -97,6 +97,7 @@ class Whole:
     completion_tokens: int = 0
     finish_reason: str = "stop"
     logprobs: list[TokenLogprob] = field(default_factory=list)
+    stop_reason: str | int | None = None
 
 
 async def read_whole(first: Delta, stream: Replies) -> Whole:
@@ -120,6 +121,7 @@ async def read_choices(first: Delta | Sequence[Delta], stream: Replies, n: int) 
             if delta.finish_reason is not None:
                 whole.finish_reason = delta.finish_reason
                 whole.completion_tokens = delta.completion_tokens
+                whole.stop_reason = delta.stop_reason
     except ANSWERED as exc:
         raise as_openai_error(exc) from None
     finally:
@@ -146,6 +148,10 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
     }
+
+
+#: The fields OpenAI's replies carry that this server has no value for (vLLM's are null too).
+UNSET_FIELDS: dict[str, Any] = {"service_tier": None, "system_fingerprint": None}
 
 
 def relayed(

@@ -66,6 +66,8 @@ async def stream_text(
     # The engines' generate is an async generator function's: it has aclose().
     async with aclosing(engine.generate(EngineRequest(prompt, sampling))) as tokens:
         async for token in tokens:
+            if token.ends:  # the end of sequence: not text
+                break
             piece = detokenizer.feed(token.id)
             if piece:
                 yield piece
