@@ -24,14 +24,10 @@ def seeded(sampling: Sampling, index: int) -> Sampling:
     return dataclasses.replace(sampling, seed=seed)
 
 
-async def merged(
-    replies: Sequence[AsyncIterator[Delta]], offsets: Sequence[int] | None = None
-) -> AsyncGenerator[Delta, None]:
-    """The pieces of every reply as each comes, marked with the reply's index (reply ``i``'s
-    pieces: ``offsets[i]`` plus their own index, with ``offsets``); the first reply to
-    fail ends them all with its error. Closing it closes every reply it holds at once."""
-    starts = list(range(len(replies))) if offsets is None else list(offsets)
-    # Each reply has at most one piece waiting: a slow reader holds every reply back.
+async def merged(replies: Sequence[AsyncIterator[Delta]]) -> AsyncGenerator[Delta, None]:
+    """The pieces of every reply as each comes, marked with the reply's index; the first
+    reply to fail ends them all with its error. Closing it closes every reply at once."""
+    # A bounded queue: a slow reader holds every reply back.
     queue: asyncio.Queue[tuple[int, Delta | Exception | None]] = asyncio.Queue(maxsize=len(replies))
 
     async def pump(index: int, reply: AsyncIterator[Delta]) -> None:
@@ -45,6 +41,11 @@ async def merged(
             await queue.put((index, None))
         except Exception as exc:  # noqa: BLE001 - handed to the reader, who raises it
             await queue.put((index, exc))
+        except asyncio.CancelledError as cancelled:
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise  # the reader left: merged() cancels its pumps
+            await queue.put((index, RuntimeError(f"reply {index} was cancelled: {cancelled}")))
 
     tasks = [asyncio.create_task(pump(index, reply)) for index, reply in enumerate(replies)]
     try:
@@ -56,7 +57,7 @@ async def merged(
             elif isinstance(item, Exception):
                 raise item
             else:
-                yield dataclasses.replace(item, index=starts[index] + item.index)
+                yield dataclasses.replace(item, index=index)
     finally:
         for task in tasks:
             task.cancel()

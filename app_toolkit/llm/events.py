@@ -30,6 +30,9 @@ class Generation:
     template_kwargs: dict[str, Any] | None = None
     #: Replies to the prompt, each its own choice (OpenAI's ``n``).
     n: int = 1
+    #: A completion of several prompts (``prompt`` unused then): prompt ``i``'s ``n``
+    #: choices are numbered from ``i * n``.
+    prompts: tuple[str | tuple[int, ...], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -144,7 +144,13 @@ class LLMServer:
             _check_ids(engine, sampling.stop_token_ids, "stop_token_ids")
         if sampling.logit_bias:
             _check_ids(engine, [token for token, _ in sampling.logit_bias], "logit_bias")
-        structures: list[Structure | None] = [None] * generation.n
+        # Each prompt (a completion's several, or the one) with its n choices, all checked
+        # before any reply starts.
+        asked = [dataclasses.replace(generation, prompt=one, prompts=()) for one in generation.prompts] or [
+            generation
+        ]
+        count = len(asked) * generation.n
+        structures: list[Structure | None] = [None] * count
         if generation.response_format is not None or generation.tools or generation.tool_choice is not None:
             # Checked before the prompt is built from the tools; a grammar compiles in a
             # worker thread (llguidance's first view of a tokenizer takes a fraction of a
@@ -156,23 +162,30 @@ class LLMServer:
                 generation.tools,
                 generation.tool_choice,
                 generation.parallel_tool_calls,
-                generation.n,
+                count,
             )
-        prompt = self._prompt(engine, generation)
-        sampling = self._fitted(engine, generation, len(prompt))
-        yield Delta(prompt_tokens=len(prompt))
+        prompts = [self._prompt(engine, one) for one in asked]
+        samplings = [
+            self._fitted(engine, one, len(prompt)) for one, prompt in zip(asked, prompts, strict=True)
+        ]
+        yield Delta(prompt_tokens=sum(len(prompt) for prompt in prompts))
+        # Choice i * n + j: prompt i's j-th (seeded with the seed plus j, as vLLM's children).
         replies = [
             ReplyStream(
                 self._model,
                 engine,
                 prompt,
-                seeded(sampling, index),
-                structure,
+                seeded(sampling, index % generation.n),
+                structures[index],
                 generation,
                 self._interval_s,
                 adapter,
             ).deltas()
-            for index, structure in enumerate(structures)
+            for index, (prompt, sampling) in enumerate(
+                (prompt, sampling)
+                for prompt, sampling in zip(prompts, samplings, strict=True)
+                for _ in range(generation.n)
+            )
         ]
         # Closed with this stream, now.
         async with contextlib.aclosing(replies[0] if len(replies) == 1 else merged(replies)) as deltas:

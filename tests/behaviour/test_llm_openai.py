@@ -38,6 +38,8 @@ def served(module_toolkit: Toolkit) -> Iterator[openai.OpenAI]:
                 "llm_engine": "echo",
                 "engine_kwargs": {"max_model_len": 64},
                 "experimental_configs": {"stream_batching_interval_ms": 100},
+                # Two replies admitted at once: a request of more prompts must not wait on itself.
+                "deployment_config": {"max_ongoing_requests": 2},
             },
         ]
     }
@@ -215,6 +217,11 @@ def test_a_list_of_prompts_gets_n_choices_each(served: openai.OpenAI) -> None:
     with pytest.raises(openai.BadRequestError) as outside:
         served.completions.create(model=ECHO, prompt=[[104], [10**6]])  # the second beyond the vocabulary
     assert outside.value.body["param"] == "prompt"  # type: ignore[index]
+    # More prompts than the model admits replies at once: one request, fanned out in the replica.
+    many = served.completions.create(
+        model=SECOND, prompt=[f"p{k}" for k in range(6)], max_tokens=8, echo=True
+    )
+    assert [choice.text for choice in many.choices] == [f"p{k}p{k}" for k in range(6)]
     with pytest.raises(openai.BadRequestError) as too_many:
         served.completions.create(model=ECHO, prompt=["x"] * 65)
     assert too_many.value.body["param"] == "prompt"  # type: ignore[index]

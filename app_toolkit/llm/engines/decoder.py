@@ -314,7 +314,7 @@ class Decoder:
 
     def _deliver(self, sequences: list[_Sequence], tokens: Sequence[int | None]) -> None:
         """Send each row's token to its reader, or end its reply: at an end-of-sequence or
-        stop token (not sent), at max_tokens, when its constraint is finished or allows
+        stop token (sent marked ``ends``), at max_tokens, when its constraint is finished or allows
         nothing (``NOTHING_ALLOWED``)."""
         for sequence, token in zip(sequences, tokens, strict=True):
             if sequence.abandoned or token is None:

@@ -140,7 +140,7 @@ class EchoEngine:
         schedule (a late token does not delay the next ones).
 
         A token the constraint does not allow is replaced by the lowest one it does (none
-        allowed ends the reply). A stop or end-of-sequence token ends the reply unsent; so
+        allowed ends the reply). A stop or end-of-sequence token ends the reply (yielded marked ``ends``); so
         does the prompt's end. There is no model: every token was certain (log-probability
         0, and the only one among the likeliest), whatever the sampling fields say.
         """

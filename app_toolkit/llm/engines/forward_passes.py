@@ -87,7 +87,8 @@ class ForwardPasses:
         self._layer_hooks = []
 
     def ends(self, sequence: Row, token: int) -> bool:
-        """``token`` ends the reply unsent: an end-of-sequence (unless ignored) or stop token."""
+        """``token`` ends the reply (yielded marked ``ends``, never shown): an end of sequence
+        (unless ignored) or a stop token."""
         return token in sequence.sampling.stop_token_ids or (
             token in self._eos and not sequence.sampling.ignore_eos
         )
@@ -194,6 +195,8 @@ class ForwardPasses:
             hold_stops(row, sampling, len(sequence.reply), {*sampling.stop_token_ids, *self._eos})
         if sampling.penalised:
             penalise(row, sampling, sequence.seen, sequence.reply)
+        if not bool(torch.isfinite(row).any()):  # scores that overflowed: no token to choose
+            raise ValueError("no token has a finite score (a penalty or bias out of range)")
         token = choose(row, sampling, sequence.generator)
         if sequence.constraint is not None and not self.ends(sequence, token):
             sequence.constraint.accept(token)

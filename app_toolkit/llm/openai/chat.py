@@ -35,13 +35,18 @@ def generation(request: ChatCompletionRequest, received_at: float) -> Generation
     )
 
 
-def completion(wholes: Whole | list[Whole], model: str, with_logprobs: bool = False) -> dict[str, Any]:
+def completion(
+    wholes: Whole | list[Whole], model: str, with_logprobs: bool = False, vllm_fields: bool = False
+) -> dict[str, Any]:
     """The ``chat.completion`` object of the replies read whole, one choice each (one
     reply: a Whole, as projects made from the chat template pass it); ``with_logprobs``:
-    the request asked for them."""
+    the request asked for them; ``vllm_fields``: with vLLM's ``stop_reason`` and OpenAI's
+    null ``service_tier`` and ``system_fingerprint``, as ``build_openai_app`` answers (a
+    project made from the chat template answers without them)."""
     if isinstance(wholes, Whole):
         wholes = [wholes]
-    return {
+    extra = UNSET_FIELDS if vllm_fields else {}
+    answer = {
         "id": f"chatcmpl-{uuid.uuid4().hex}",
         "object": "chat.completion",
         "created": int(time.time()),
@@ -52,13 +57,14 @@ def completion(wholes: Whole | list[Whole], model: str, with_logprobs: bool = Fa
                 "message": _message(whole),
                 "logprobs": logprobs.chat(whole.logprobs) if with_logprobs else None,
                 "finish_reason": whole.finish_reason,
-                "stop_reason": whole.stop_reason,
+                **({"stop_reason": whole.stop_reason} if vllm_fields else {}),
             }
             for index, whole in enumerate(wholes)
         ],
-        **UNSET_FIELDS,
+        **extra,
         "usage": usage(wholes[0].prompt_tokens, sum(whole.completion_tokens for whole in wholes)),
     }
+    return answer
 
 
 def _message(whole: Whole) -> dict[str, Any]:
@@ -71,7 +77,13 @@ def _message(whole: Whole) -> dict[str, Any]:
 
 
 def streamed(
-    first: Delta, stream: Stream, model: str, include_usage: bool, with_logprobs: bool = False, n: int = 1
+    first: Delta,
+    stream: Stream,
+    model: str,
+    include_usage: bool,
+    with_logprobs: bool = False,
+    n: int = 1,
+    vllm_fields: bool = False,
 ) -> tk.EventStream:
     """The replies as OpenAI streams them: the assistant's role first (per choice), a chunk
     per piece (with its tokens' log-probabilities when asked), each choice's finish reason,
@@ -87,7 +99,7 @@ def streamed(
     def chunk(delta: dict[str, Any], index: int, reason: str | None = None, of: Delta | None = None) -> str:
         shown = logprobs.chat(of.logprobs) if with_logprobs and of is not None and of.logprobs else None
         choice: dict[str, Any] = {"index": index, "delta": delta, "logprobs": shown, "finish_reason": reason}
-        if reason is not None and of is not None:
+        if vllm_fields and reason is not None and of is not None:
             choice["stop_reason"] = of.stop_reason
         return f"{head}[{dumps(choice)}]{tail}"
 

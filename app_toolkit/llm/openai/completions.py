@@ -11,26 +11,25 @@ from typing import Any
 import app_toolkit as tk
 from app_toolkit.llm.events import Delta, Generation
 from app_toolkit.llm.openai import logprobs
-from app_toolkit.llm.openai.replies import UNSET_FIELDS, Replies, Whole, dumps, relayed, usage
+from app_toolkit.llm.openai.replies import UNSET_FIELDS, Stream, Whole, dumps, relayed, usage
 from app_toolkit.llm.protocol import CompletionRequest
 
 DEFAULT_TEMPERATURE = 1.0
 
 
-def generations(request: CompletionRequest, received_at: float) -> list[Generation]:
-    """What the model's replicas produce: one generation (of ``n`` choices) per prompt."""
-    sampling = request.sampling(request.max_tokens, DEFAULT_TEMPERATURE)  # 16 unless given
-    return [
-        Generation(
-            sampling=sampling,
-            prompt=prompt if isinstance(prompt, str) else tuple(prompt),
-            max_tokens_given=request.max_tokens is not None and "max_tokens" in request.model_fields_set,
-            stops=request.stops,
-            received_at=received_at,
-            n=request.n,
-        )
-        for prompt in request.prompts()
-    ]
+def generation(request: CompletionRequest, received_at: float) -> Generation:
+    """What the model's replica produces: ``n`` choices to the prompt, or to each prompt of
+    a list (the replica checks them all before it starts any)."""
+    prompts = [prompt if isinstance(prompt, str) else tuple(prompt) for prompt in request.prompts()]
+    return Generation(
+        sampling=request.sampling(request.max_tokens, DEFAULT_TEMPERATURE),  # 16 unless given
+        prompt=prompts[0] if len(prompts) == 1 else None,
+        prompts=tuple(prompts) if len(prompts) > 1 else (),
+        max_tokens_given=request.max_tokens is not None and "max_tokens" in request.model_fields_set,
+        stops=request.stops,
+        received_at=received_at,
+        n=request.n,
+    )
 
 
 def completion(
@@ -57,16 +56,13 @@ def completion(
             for index, whole in enumerate(wholes)
         ],
         **UNSET_FIELDS,
-        "usage": usage(
-            sum(whole.prompt_tokens for whole in wholes[::n]),
-            sum(whole.completion_tokens for whole in wholes),
-        ),
+        "usage": usage(wholes[0].prompt_tokens, sum(whole.completion_tokens for whole in wholes)),
     }
 
 
 def streamed(
     prompt_tokens: int,
-    stream: Replies,
+    stream: Stream,
     model: str,
     include_usage: bool,
     echoed: Sequence[str],

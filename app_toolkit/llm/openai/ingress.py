@@ -16,7 +16,7 @@ from app_toolkit.llm import errors
 from app_toolkit.llm.errors import ANSWERED, OpenAIError, bad_parameter, unknown_model
 from app_toolkit.llm.events import ModelCard
 from app_toolkit.llm.openai import chat, completions, responses
-from app_toolkit.llm.openai.replies import open_replies, open_reply, read_choices, read_whole, usage
+from app_toolkit.llm.openai.replies import open_reply, read_choices, read_whole, usage
 from app_toolkit.llm.openai.response_store import ResponseStore
 from app_toolkit.llm.openai.responses import ResponsesRequest
 from app_toolkit.llm.protocol import (
@@ -155,30 +155,36 @@ class OpenAIIngress:
         first, stream = await open_reply(handle, chat.generation(request, received_at))
         if request.stream:
             return chat.streamed(
-                first, stream, name, request.include_usage, bool(request.logprobs), request.n
+                first,
+                stream,
+                name,
+                request.include_usage,
+                bool(request.logprobs),
+                request.n,
+                vllm_fields=True,
             )
-        return chat.completion(await read_choices(first, stream, request.n), name, bool(request.logprobs))
+        wholes = await read_choices(first, stream, request.n)
+        return chat.completion(wholes, name, bool(request.logprobs), vllm_fields=True)
 
     @api.post("/v1/completions", response_model=None)
     async def text_completions(self, request: CompletionRequest) -> dict[str, Any] | tk.EventStream:
         received_at = time.time()
         name, handle = self._pick(request.checked().model, "generate")
-        generations = completions.generations(request, received_at)
-        firsts, stream = await open_replies(handle, generations)  # checks the prompts (a 400 names one)
-        echoed = [""] * len(generations)
-        if request.echo:
-            try:
-                echoed = [await self._echoed(handle, generation.prompt) for generation in generations]
-            except BaseException:
-                stream.cancel()
-                raise
+        generation = completions.generation(request, received_at)
+        prompts = generation.prompts or (generation.prompt,)
+        # Echoed text first: a detokenizing call ends before the reply holds a place.
+        echoed = (
+            [await self._echoed(handle, prompt) for prompt in prompts]
+            if request.echo
+            else [""] * len(prompts)
+        )
+        first, stream = await open_reply(handle, generation)  # checks the prompts (a 400 names one)
         wanted = request.logprobs is not None
         if request.stream:
-            prompt_tokens = sum(first.prompt_tokens for first in firsts)
             return completions.streamed(
-                prompt_tokens, stream, name, request.include_usage, echoed, wanted, request.n
+                first.prompt_tokens, stream, name, request.include_usage, echoed, wanted, request.n
             )
-        wholes = await read_choices(firsts, stream, request.n)
+        wholes = await read_choices(first, stream, len(prompts) * request.n)
         return completions.completion(wholes, name, echoed, wanted, request.n)
 
     @staticmethod
@@ -186,7 +192,13 @@ class OpenAIIngress:
         """A prompt's text, as ``echo`` repeats it (token ids detokenized by the model)."""
         if isinstance(prompt, str):
             return prompt
-        text: str = await handle.detokenize.remote(list(prompt or ()))
+        try:
+            text: str = await handle.detokenize.remote(list(prompt or ()))
+        except OpenAIError as refused:
+            if refused.param != "tokens":
+                raise
+            # An id outside the vocabulary: the prompt's.
+            raise OpenAIError(refused.status, refused.message, refused.type, refused.code, "prompt") from None
         return text
 
     @api.post("/v1/responses", response_model=None)

@@ -3,17 +3,15 @@ HTTP error before any byte is sent, then read whole or relayed as a stream of ch
 
 from __future__ import annotations
 
-import asyncio
 import json
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any
 
 from sse_starlette import ServerSentEvent
 
 import app_toolkit as tk
-from app_toolkit.llm.choices import merged
 from app_toolkit.llm.errors import ANSWERED, as_openai_error, stream_error
 from app_toolkit.llm.events import Delta, Generation, TokenLogprob
 from app_toolkit.streaming import OpenAIErrorEvent
@@ -21,53 +19,6 @@ from app_toolkit.streaming import OpenAIErrorEvent
 logger = logging.getLogger("app_toolkit.llm")
 
 Stream = tk.DeploymentResponseGenerator[Delta]
-
-
-class Replies(Protocol):
-    """What the ingress reads a reply from: a model's stream of deltas, or several as one."""
-
-    def __aiter__(self) -> AsyncIterator[Delta]: ...
-
-    def cancel(self) -> None:
-        """The model stops producing it (the client left, or it was read)."""
-
-
-class Joined:
-    """Several replies (a completion's prompts) read as one: their pieces as they come,
-    reply ``i``'s choices numbered from ``i * n`` as vLLM numbers them."""
-
-    def __init__(self, streams: Sequence[Stream], n: int) -> None:
-        self._streams = list(streams)
-        self._deltas = merged(self._streams, [index * n for index in range(len(self._streams))])
-        self._closing: asyncio.Future[None] | None = None
-
-    def __aiter__(self) -> AsyncIterator[Delta]:
-        return self._deltas
-
-    def cancel(self) -> None:
-        for stream in self._streams:
-            stream.cancel()
-        # Its readers stop at once (not when collected): none waits on a piece nobody takes.
-        self._closing = asyncio.ensure_future(self._deltas.aclose())
-
-
-async def open_replies(
-    model: tk.DeploymentHandle, generations: Sequence[Generation]
-) -> tuple[list[Delta], Replies]:
-    """:func:`open_reply` for each generation, at once; the first refusal cancels the others
-    and is the HTTP error. One generation's reply is read as it is; several, joined."""
-    opened = await asyncio.gather(
-        *(open_reply(model, generation) for generation in generations), return_exceptions=True
-    )
-    failed = [outcome for outcome in opened if isinstance(outcome, BaseException)]
-    if failed:
-        for outcome in opened:
-            if not isinstance(outcome, BaseException):
-                outcome[1].cancel()
-        raise failed[0]
-    firsts = [outcome[0] for outcome in opened if not isinstance(outcome, BaseException)]
-    streams = [outcome[1] for outcome in opened if not isinstance(outcome, BaseException)]
-    return firsts, streams[0] if len(streams) == 1 else Joined(streams, generations[0].n)
 
 
 async def open_reply(model: tk.DeploymentHandle, generation: Generation | object) -> tuple[Delta, Stream]:
@@ -100,16 +51,15 @@ class Whole:
     stop_reason: str | int | None = None
 
 
-async def read_whole(first: Delta, stream: Replies) -> Whole:
+async def read_whole(first: Delta, stream: Stream) -> Whole:
     """The reply's text and tool calls, joined (tool-call fragments merged by index)."""
     return (await read_choices(first, stream, 1))[0]
 
 
-async def read_choices(first: Delta | Sequence[Delta], stream: Replies, n: int) -> list[Whole]:
-    """Each of the ``n`` replies (choices) to each prompt read whole, in index order (one
-    first delta per prompt: each choice counts its prompt's tokens)."""
-    firsts = [first] if isinstance(first, Delta) else list(first)
-    wholes = [Whole(prompt_tokens=firsts[index // n].prompt_tokens) for index in range(len(firsts) * n)]
+async def read_choices(first: Delta, stream: Stream, count: int) -> list[Whole]:
+    """Each of the ``count`` replies (choices) read whole, in index order (each counts the
+    prompt tokens of the whole request, as its usage does)."""
+    wholes = [Whole(prompt_tokens=first.prompt_tokens) for _ in range(count)]
     texts: list[list[str]] = [[] for _ in wholes]
     try:
         async for delta in stream:
@@ -155,7 +105,7 @@ UNSET_FIELDS: dict[str, Any] = {"service_tier": None, "system_fingerprint": None
 
 
 def relayed(
-    stream: Replies,
+    stream: Stream,
     opening: list[str],
     chunk: Callable[[Delta], str | None],
     last: Callable[[Delta], list[str]],
@@ -174,7 +124,7 @@ def relayed(
 
 
 async def _events(
-    stream: Replies,
+    stream: Stream,
     opening: list[str],
     chunk: Callable[[Delta], str | None],
     last: Callable[[Delta], list[str]],
