@@ -11,7 +11,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from app_toolkit.llm import protocol
+from app_toolkit.llm import protocol, request_options
 from app_toolkit.llm.engine import Sampling
 from app_toolkit.llm.engines.sampling import bias, choose, hold_stops, logprobs_of, penalise
 from app_toolkit.llm.errors import OpenAIError
@@ -155,7 +155,7 @@ def test_bad_bias_keys_and_min_tokens_past_max_tokens_are_400s(fields: dict[str,
 
 
 def test_unknown_fields_are_ignored_and_logged_once_each(caplog: pytest.LogCaptureFixture) -> None:
-    protocol._unknown_logged.discard("frobnicate")
+    request_options._unknown_logged.discard("frobnicate")
     with caplog.at_level(logging.INFO, logger="app_toolkit.llm"):
         for _ in range(3):
             ChatCompletionRequest(messages=MESSAGES, frobnicate=1).checked()
@@ -174,10 +174,10 @@ def test_unknown_fields_are_ignored_and_logged_once_each(caplog: pytest.LogCaptu
 
 
 def test_unknown_names_logged_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(protocol, "_unknown_logged", set())
-    for number in range(protocol.MAX_UNKNOWN_LOGGED + 10):
+    monkeypatch.setattr(request_options, "_unknown_logged", set())
+    for number in range(request_options.MAX_UNKNOWN_LOGGED + 10):
         protocol.checked_options({f"field{number}": 1}, protocol.CHAT_RULES)
-    assert len(protocol._unknown_logged) == protocol.MAX_UNKNOWN_LOGGED
+    assert len(request_options._unknown_logged) == request_options.MAX_UNKNOWN_LOGGED
 
 
 def test_logprobs_are_the_rows_log_softmax_with_the_likeliest_first() -> None:
