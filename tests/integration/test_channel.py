@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import socket
 
 import pytest
 
@@ -192,6 +193,39 @@ async def test_connection_loss_ends_pending_requests() -> None:
     assert isinstance(await asyncio.wait_for(exchange.recv(), 5), ReplicaLost)
     client.close()
     server.close()
+
+
+class RecordingHandler(Handler):
+    """Keeps the server's end of each connection a request arrived on."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.connections: list[_ServerConnection] = []
+        self.served = 0
+
+    async def serve(self, message: Request, sink: ResponseSink) -> None:
+        self.connections.append(sink._conn)  # type: ignore[attr-defined]
+        self.served += 1
+        await super().serve(message, sink)
+
+
+async def test_a_request_to_a_replica_that_just_died_is_not_sent_and_says_so() -> None:
+    """The replica's process is gone (its end closed) but this loop has not read that yet:
+    the request must fail as not sent, which the caller retries elsewhere, not come back
+    as lost, which it must not (found in CI: a handle's call after a replica was killed)."""
+    handler = RecordingHandler()
+    server, client = await serve(handler)
+    try:
+        first = await client.open(request(b"x"))
+        assert isinstance(await first.recv(), HTTPResponse)
+        sock = handler.connections[0].transport.get_extra_info("socket")  # type: ignore[union-attr]
+        sock.shutdown(socket.SHUT_RDWR)  # the replica's end closes; no await before open()
+        with pytest.raises(ReplicaUnavailableError, match="nothing was sent"):
+            await client.open(request(b"x"))
+        assert handler.served == 1
+    finally:
+        client.close()
+        server.close()
 
 
 async def test_unreachable_replica_raises() -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import select
 import ssl
 
 from app_toolkit._runtime.channel import handshake
@@ -45,10 +46,26 @@ class _ClientConnection(FrameProtocol):
         #: Done once the replica has proven it holds the token (False: it failed to).
         self.proven: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
         self.max_receive = handshake.MAX_HANDSHAKE_FRAME  # until the replica has proven itself
+        self._fd = -1
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
+        sock = transport.get_extra_info("socket")
+        self._fd = sock.fileno() if sock is not None else -1
         self.send(Kind.HELLO, 0, [self._nonce])
+
+    def peer_gone(self) -> bool:
+        """Whether the replica has closed its end while this side has not read that yet
+        (its process died a moment ago, and the loop has not run the read since): a
+        request written now could not run, yet would come back as lost. One poll, no
+        wait."""
+        if self._fd < 0:
+            return False
+        poller = select.poll()
+        poller.register(self._fd, select.POLLRDHUP)
+        return any(
+            events & (select.POLLRDHUP | select.POLLHUP | select.POLLERR) for _, events in poller.poll(0)
+        )
 
     def _check_replica(self, kind: Kind, payload: memoryview) -> None:
         """The caller's side of the handshake (handshake.py)."""
@@ -159,8 +176,13 @@ class ChannelClient:
     async def open(self, request: Request) -> Exchange:
         """Send one request; raises ReplicaUnavailableError if it could not be sent."""
         conn = await self._connection()
-        if conn.closed:
-            raise ReplicaUnavailableError(f"Connection to {self.host}:{self.port} closed")
+        # An idle connection is checked before use: the replica may have died since its
+        # last answer. (A busy one is read all the time; what it has in flight is lost
+        # with it whatever this request does.)
+        if conn.closed or (not conn.pending and conn.peer_gone()):
+            conn.drop()
+            self._conn = None
+            raise ReplicaUnavailableError(f"Connection to {self.host}:{self.port} closed; nothing was sent")
         self._next += 1
         number = self._next
         kind, parts = encode_request(request, self.dumps)
