@@ -67,6 +67,8 @@ async def run(args: argparse.Namespace) -> None:
         max_lora_rank=args.rank,
     )
     engine.load()
+    adapters = engine.adapters
+    assert adapters is not None
     prompt = engine.chat_prompt([{"role": "user", "content": "Write a long story about the sea."}])
     gaps, stop = Gaps(), asyncio.Event()
     replies = [asyncio.create_task(base_reply(engine, prompt, gaps, stop)) for _ in range(args.replies)]
@@ -77,7 +79,7 @@ async def run(args: argparse.Namespace) -> None:
     for name in names:
         started = time.monotonic()
         marks.append((started, f"{name} load"))
-        await engine.load_adapter(name)
+        await adapters.load(name)
         reads.append(time.monotonic() - started)
         marks.append((time.monotonic(), f"{name} reply"))
         sampling = Sampling(max_tokens=4, temperature=0)
@@ -88,7 +90,7 @@ async def run(args: argparse.Namespace) -> None:
     await engine.close()
     steps = sorted(gaps.before[len(gaps.before) // 4 :])  # past the first passes' warm-up
     print(f"SmolLM2, {args.replies} base replies decoding; {args.adapters} adapters of rank {args.rank}")
-    for name, load_s, stall_s in zip(names, reads, engine.adapter_stalls, strict=True):
+    for name, load_s, stall_s in zip(names, reads, adapters.stalls, strict=True):
         print(f"  {name}: loaded in {load_s:.3f} s; the passes waited {1000 * stall_s:.1f} ms for it")
     median_ms, longest_ms = 1000 * statistics.median(steps), 1000 * max(steps)
     print(

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +102,11 @@ class EngineRequest:
     adapter: str = ""
     on_slot: Callable[[], None] | None = None
     on_prompt: Callable[[int], None] | None = None
+    #: The reply's tokens already produced (by a replica lost mid-reply): the engine reads
+    #: them after the prompt and produces the rest. They count towards ``max_tokens`` and
+    #: ``min_tokens`` and, for the penalties, as the reply's own; ``constraint`` has
+    #: accepted them already. Only where the engine's ``capabilities.continuation`` allows.
+    produced: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +123,48 @@ class EngineLoad:
     running: tuple[int, ...] = ()
     queued: tuple[tuple[int, int], ...] = ()
     step_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What a text engine can do beyond producing tokens, declared (read after ``load()``:
+    some depend on the engine's arguments), so the server asks no engine what it has. LoRA
+    is declared by ``TextEngine.adapters`` (None: none)."""
+
+    #: It reads a prompt that starts like one read before from a cache (``on_prompt`` says
+    #: how many tokens came from it).
+    prefix_cache: bool = False
+    #: It gives its tokens' log-probabilities (``Sampling.logprobs``).
+    logprobs: bool = False
+    #: How it keeps to a :class:`Constraint`: "masks" asks ``allowed`` before each token,
+    #: "native" compiles ``grammar`` itself; "" takes no constraint (no structured output).
+    structured: Literal["masks", "native", ""] = ""
+    #: Which replies it continues from the tokens already produced
+    #: (``EngineRequest.produced``): "all", "unconstrained" (none under a constraint), or "".
+    continuation: Literal["all", "unconstrained", ""] = ""
+
+
+class Adapters(Protocol):
+    """The LoRA adapters of an engine's folder, as the server loads and uses them."""
+
+    def ids(self) -> list[str]:
+        """The adapters its folder holds now."""
+
+    def holds(self, adapter_id: str) -> bool:
+        """Whether its folder holds adapter ``adapter_id`` now."""
+
+    async def load(self, adapter_id: str) -> None:
+        """Make ``adapter_id`` ready for replies; AdapterNotFound / AdapterRefused
+        (``engines/adapters.py``) when it cannot be served."""
+
+    def hold(self, adapter_id: str) -> None:
+        """A reply will use the loaded ``adapter_id``: it stays until :meth:`release`."""
+
+    def release(self, adapter_id: str) -> None:
+        """A reply that held ``adapter_id`` ended."""
+
+    def unload(self, adapter_id: str) -> None:
+        """Let go of ``adapter_id`` once no reply holds it."""
 
 
 @runtime_checkable
@@ -146,6 +193,14 @@ class TextEngine(Protocol):
 
     #: Which engine it is ("vllm", "transformers", "echo", "embeddings").
     name: str
+    #: What it serves (an :class:`EmbeddingEngine` says "embed").
+    task: Literal["generate"]
+    #: What it can do (valid once loaded).
+    capabilities: Capabilities
+
+    @property
+    def adapters(self) -> Adapters | None:
+        """Its LoRA adapters; None: it serves the base model only."""
 
     #: Tokens the model reads and writes in one sequence (prompt + reply).
     context_window: int
@@ -183,10 +238,10 @@ class TextEngine(Protocol):
         ``chat_template_kwargs``)."""
 
     def generate(self, request: EngineRequest) -> AsyncGenerator[Token, None]:
-        """The tokens of one reply, as each is decoded; ends at an end-of-sequence or stop
-        token (yielded last, marked ``ends``), at ``sampling.max_tokens``, or when the
-        constraint is finished. Closing the iterator takes the reply out of the batch at
-        once."""
+        """The tokens of one reply (after ``request.produced``), as each is decoded; ends at
+        an end-of-sequence or stop token (yielded last, marked ``ends``), at
+        ``sampling.max_tokens``, or when the constraint is finished. Closing the iterator
+        takes the reply out of the batch at once."""
 
     def current_load(self) -> EngineLoad:
         """What it holds now; cheap, never waits."""
@@ -200,6 +255,8 @@ class EmbeddingEngine(Protocol):
 
     #: Which engine it is ("vllm", "transformers", "echo", "embeddings").
     name: str
+    #: What it serves (a :class:`TextEngine` says "generate").
+    task: Literal["embed"]
 
     context_window: int
     #: Length of every vector it returns.

@@ -70,7 +70,7 @@ class ReplyStream:
         def on_slot() -> None:
             metrics.QUEUE_TIME.observe(time.monotonic() - started, model)
 
-        caching = getattr(self._engine, "prefix_cache", None) is not None
+        caching = self._engine.capabilities.prefix_cache
 
         def on_prompt(cached: int) -> None:
             self.cached = cached

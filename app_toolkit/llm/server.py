@@ -18,10 +18,11 @@ from collections.abc import AsyncGenerator, AsyncIterator, Sequence
 from typing import Any
 
 import app_toolkit as tk
+from app_toolkit.exceptions import ConfigError
 from app_toolkit.llm import metrics
 from app_toolkit.llm.choices import merged, seeded
 from app_toolkit.llm.config import LLMConfig
-from app_toolkit.llm.engine import EmbeddingEngine, EngineLoad, Sampling, TextEngine
+from app_toolkit.llm.engine import Adapters, EmbeddingEngine, EngineLoad, Sampling, TextEngine
 from app_toolkit.llm.engines.adapters import AdapterNotFound, AdapterRefused
 from app_toolkit.llm.errors import OpenAIError, bad_parameter, unknown_model
 from app_toolkit.llm.events import Delta, Generation, ModelCard
@@ -50,15 +51,21 @@ class LLMServer:
     async def __init__(self, llm_config: LLMConfig) -> None:  # type: ignore[misc]  # awaited, as Ray Serve does
         self._config = llm_config
         self._model = llm_config.model_id
-        self._engine = engine_for(llm_config)
+        engine = self._engine = engine_for(llm_config)
         self._interval_s = llm_config.experimental_configs.stream_batching_interval_ms / 1000
         self._embedding = asyncio.Lock()
-        self._embeds = not hasattr(self._engine, "generate")
         # LoRA adapters, as multiplexed models ("model_id:adapter"): the least recently used
         # goes beyond max_num_adapters_per_replica, and callers prefer replicas holding one.
         lora = llm_config.lora_config
         self._adapters: _ModelCache[_Adapter] | None = None
+        self._engine_adapters: Adapters | None = None
         if lora is not None and lora.dynamic_lora_loading_path is not None:
+            if engine.task == "embed" or engine.adapters is None:
+                raise ConfigError(
+                    f"{self._model}: the {engine.name} engine serves no LoRA adapters; remove "
+                    "lora_config, or serve the model on an engine that has them (transformers)"
+                )
+            self._engine_adapters = engine.adapters
             self._adapters = _ModelCache(
                 self._load_adapter, lora.max_num_adapters_per_replica, f"{self._model} LoRA adapters"
             )
@@ -67,11 +74,11 @@ class LLMServer:
         await asyncio.to_thread(self._engine.load)
         self._card = ModelCard(
             id=self._model,
-            kind="embed" if self._embeds else "generate",
-            context_window=self._engine.context_window,
+            kind=engine.task,
+            context_window=engine.context_window,
             created=int(time.time()),
-            dimensions=getattr(self._engine, "dimensions", 0),
-            engine=self._engine.name,
+            dimensions=engine.dimensions if engine.task == "embed" else 0,
+            engine=engine.name,
         )
         logger.info("%s is served by the %s engine", self._model, self._engine.name)
 
@@ -89,16 +96,17 @@ class LLMServer:
 
     def adapters(self) -> list[str]:
         """The LoRA adapters its folder holds now, as clients name them ("model_id:adapter")."""
-        if self._adapters is None:
+        if self._engine_adapters is None:
             return []
-        found: list[str] = getattr(self._engine, "adapter_ids", list)()
-        return [f"{self._model}:{adapter}" for adapter in found]
+        return [f"{self._model}:{adapter}" for adapter in self._engine_adapters.ids()]
 
     async def _load_adapter(self, model_id: str) -> _Adapter:
         """The multiplexed loader: ``model_id`` is "model_id:adapter"."""
+        adapters = self._engine_adapters
+        assert adapters is not None  # the cache exists only with them
         adapter = model_id.partition(":")[2]
-        await self._engine.load_adapter(adapter)  # type: ignore[union-attr]  # only with adapters
-        return _Adapter(self._engine, adapter)
+        await adapters.load(adapter)
+        return _Adapter(adapters, adapter)
 
     async def _adapter_of(self, model_id: str) -> str:
         """The adapter a request names (its multiplexed model id "model_id:adapter"),
@@ -106,9 +114,9 @@ class LLMServer:
         if not model_id or model_id == self._model:
             return ""
         base, _, adapter = model_id.partition(":")
-        engine: Any = self._engine
+        found = self._engine_adapters
         # Checked before the adapters' cache: a name that is not there evicts none that is.
-        if base != self._model or self._adapters is None or not engine.has_adapter(adapter):
+        if base != self._model or self._adapters is None or found is None or not found.holds(adapter):
             raise unknown_model(model_id, [self._model, *self.adapters()])
         try:
             await self._adapters.get(model_id)
@@ -124,22 +132,25 @@ class LLMServer:
         request cannot be served (the prompt does not fit, a bad grammar)."""
         engine = self._text_engine()
         adapter = await self._adapter_of(tk.get_multiplexed_model_id())
-        held: Any = engine
-        if adapter:
-            held.hold_adapter(adapter)  # at once: no eviction unloads it under this request
+        adapters = self._engine_adapters
+        if adapter and adapters is not None:
+            adapters.hold(adapter)  # at once: no eviction unloads it under this request
         try:
             # Closed with this stream, at once: the engine stops the reply now.
             async with contextlib.aclosing(self._generated(engine, generation, adapter)) as deltas:
                 async for delta in deltas:
                     yield delta
         finally:
-            if adapter:
-                held.release_adapter(adapter)
+            if adapter and adapters is not None:
+                adapters.release(adapter)
 
     async def _generated(
         self, engine: TextEngine, generation: Generation, adapter: str
     ) -> AsyncGenerator[Delta, None]:
         sampling = generation.sampling  # its token ids are checked before the grammar and the prompt are made
+        able = engine.capabilities
+        if sampling.logprobs is not None and not able.logprobs:
+            raise bad_parameter("logprobs", f"The {engine.name} engine gives no log-probabilities.")
         if sampling.stop_token_ids:
             _check_ids(engine, sampling.stop_token_ids, "stop_token_ids")
         if sampling.logit_bias:
@@ -163,6 +174,7 @@ class LLMServer:
                 generation.tool_choice,
                 generation.parallel_tool_calls,
                 count,
+                "" if able.structured else engine.name,
             )
         prompts = [self._prompt(engine, one) for one in asked]
         samplings = [
@@ -248,15 +260,15 @@ class LLMServer:
         return self._engine.decode(tokens)
 
     def _text_engine(self) -> TextEngine:
-        if self._embeds:
+        engine = self._engine
+        if engine.task == "embed":
             raise bad_parameter("model", f"{self._model!r} is an embedding model; it does not generate text.")
-        engine: TextEngine = self._engine  # type: ignore[assignment]  # generate() checked above
         return engine
 
     def _embedding_engine(self) -> EmbeddingEngine:
-        if not self._embeds:
+        engine = self._engine
+        if engine.task == "generate":
             raise bad_parameter("model", f"{self._model!r} generates text; it does not make embeddings.")
-        engine: EmbeddingEngine = self._engine  # type: ignore[assignment]  # no generate(): an embedder
         return engine
 
     def _prompt(self, engine: TextEngine, generation: Generation) -> list[int]:
@@ -314,12 +326,12 @@ class _Adapter:
     """A loaded adapter, as the multiplexed cache holds it: evicted, it is detached once no
     reply uses it."""
 
-    def __init__(self, engine: Any, adapter_id: str) -> None:
-        self._engine = engine
+    def __init__(self, adapters: Adapters, adapter_id: str) -> None:
+        self._adapters = adapters
         self.adapter_id = adapter_id
 
     async def aclose(self) -> None:
-        self._engine.unload_adapter(self.adapter_id)
+        self._adapters.unload(self.adapter_id)
 
 
 def _text_messages(messages: Any) -> list[dict[str, Any]]:

@@ -57,11 +57,16 @@ def structures_for(
     tool_choice: str | dict[str, Any] | None,
     parallel_tool_calls: bool = False,
     count: int = 1,
+    engine: str = "",
 ) -> list[Structure | None]:
     """:func:`structure_for`, one for each of ``count`` replies (``n`` choices): each
-    follows its own grammar state."""
+    follows its own grammar state. ``engine``: the name of an engine that takes no
+    constraint, for the 400 a grammar gets ("": it takes them)."""
     try:
         chosen = reply_format(response_format, tools, tool_choice, parallel_tool_calls)
+        if chosen.grammar is not None and engine:
+            field = "tool_choice" if chosen.tool_names else "response_format"
+            raise StructuredOutputError(field, f"The {engine} engine gives no structured output.")
         constraints = [chosen.constraint(tokenizer) for _ in range(count)]
     except StructuredOutputError as error:
         raise bad_parameter(error.param, error.message) from None

@@ -6,6 +6,7 @@ and each reply samples on its own terms (seed, stop tokens, a constraint)."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import warnings
 from collections.abc import AsyncGenerator
 from typing import Any
@@ -249,6 +250,57 @@ def test_each_reply_samples_on_its_own_terms(model: Any) -> None:
             assert len(constrained) == 4 and set(constrained) <= {20, 30, 40}  # finished ends it
             assert only.accepted == constrained and set(only.asked) == {64}  # asked for the row's width
             assert await sampled(PROMPTS[2], greedy(5), Only(set(), length=1)) == []  # nothing allowed
+            assert decoder.active == 0
+        finally:
+            await decoder.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_continued_reply_goes_on_exactly_as_the_whole_reply_did(model: Any) -> None:
+    """A reply carried over from a lost replica (``produced``) reads its tokens after the
+    prompt and counts them as its own: with penalties and min_tokens, greedy, the rest is
+    the whole reply's rest; read as prompt instead, the penalties would see other tokens."""
+    sampling = Sampling(
+        max_tokens=16,
+        temperature=0,
+        presence_penalty=1.5,
+        frequency_penalty=0.5,
+        repetition_penalty=1.3,
+        min_tokens=12,
+    )
+
+    async def scenario() -> None:
+        decoder = Decoder(model, {EOS}, max_batch_size=2, prefix_cache=PrefixCache(max_bytes=1 << 24))
+
+        async def sampled(request: EngineRequest) -> list[int]:
+            return [t.id async for t in decoder.generate(request) if not t.ends]
+
+        try:
+            prompt = PROMPTS[1]
+            whole = await sampled(EngineRequest(prompt, sampling))
+            assert len(whole) >= 12
+            for cut in (1, 6, len(whole) - 1):
+                rest = await sampled(EngineRequest(prompt, sampling, produced=tuple(whole[:cut])))
+                assert rest == whole[cut:], cut
+            assert await sampled(EngineRequest(prompt, sampling, produced=tuple(whole) + (5,) * 4)) == []
+            # A negative presence penalty favours the reply's own tokens: the carried ones
+            # count (the rest repeats them), where read as the prompt they would not.
+            echoing = Sampling(max_tokens=12, temperature=0, presence_penalty=-2.0)
+            whole = await sampled(EngineRequest(prompt, echoing))
+            rest = await sampled(EngineRequest(prompt, echoing, produced=tuple(whole[:4])))
+            naive = await sampled(
+                EngineRequest(prompt + whole[:4], dataclasses.replace(echoing, max_tokens=8))
+            )
+            assert rest == whole[4:] and naive != rest
+            only = Only({20, 30, 40, 50}, length=8)
+            free = Sampling(max_tokens=50, temperature=0, presence_penalty=1.0)
+            constrained = await sampled(EngineRequest(PROMPTS[2], free, only))
+            carried = Only({20, 30, 40, 50}, length=8)
+            for token in constrained[:3]:
+                carried.accept(token)  # the caller's grammar has read the carried tokens
+            rest = await sampled(EngineRequest(PROMPTS[2], free, carried, produced=tuple(constrained[:3])))
+            assert rest == constrained[3:] and carried.accepted == constrained
             assert decoder.active == 0
         finally:
             await decoder.close()

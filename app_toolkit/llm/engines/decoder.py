@@ -88,6 +88,7 @@ class _Sequence:
     finished: bool = False  # ended by the decoder (not left by its reader)
     logprobs: Logprobs | None = None  # the newest token's, when the reply asks for them
     failure: Exception | None = None  # why choosing its token failed (its reply ends with it)
+    context: list[int] = field(default_factory=list)  # what its prompt pass reads: prompt and carried tokens
 
 
 class Decoder:
@@ -131,20 +132,27 @@ class Decoder:
         return EngineLoad(
             slots=self._max_batch_size,
             running=tuple(s.sampling.max_tokens - s.generated for s in holding.values() if not s.abandoned),
-            queued=tuple((len(s.prompt), s.sampling.max_tokens) for s in self._waiting if not s.abandoned),
+            queued=tuple(
+                (len(s.context), s.sampling.max_tokens - s.generated)
+                for s in self._waiting
+                if not s.abandoned
+            ),
             step_s=self.step_s,
         )
 
     async def generate(self, request: EngineRequest) -> AsyncGenerator[Token, None]:
         """The tokens of one reply (as :meth:`TextEngine.generate
         <app_toolkit.llm.engine.TextEngine.generate>` says); closing the iterator takes the
-        sequence out of the batch. ``request.adapter``: an attached LoRA adapter."""
+        sequence out of the batch. ``request.adapter``: an attached LoRA adapter. A reply
+        continued (``request.produced``) reads its tokens after the prompt, in the same
+        pass, and counts them as its own."""
         prompt, sampling, adapter = request.prompt, request.sampling, request.adapter
+        produced = list(request.produced)
         if adapter and (adapter not in self._adapters.names or adapter == self._adapters.detaching_now):
             raise ValueError(f"The adapter {adapter!r} is not attached: attach it first")
         if not prompt:
             raise ValueError("The prompt is empty: a reply needs at least one token to follow")
-        if sampling.max_tokens < 1:
+        if sampling.max_tokens <= len(produced):
             return
         generator = None if sampling.seed is None else torch.Generator().manual_seed(sampling.seed)
         sequence = _Sequence(
@@ -152,10 +160,13 @@ class Decoder:
             sampling,
             request.constraint,
             generator,
-            set(prompt),
+            {*prompt, *produced},
             on_slot=request.on_slot,
             on_prompt=request.on_prompt,
+            reply=produced,
+            generated=len(produced),
             adapter=adapter,
+            context=prompt + produced,
         )
         self._waiting.append(sequence)
         self._start()

@@ -17,7 +17,7 @@ import re
 from collections.abc import AsyncGenerator, Iterator, Sequence
 from typing import Any, Literal
 
-from ..engine import Constraint, EngineLoad, EngineRequest, Logprobs, Sampling, Token
+from ..engine import Adapters, Capabilities, Constraint, EngineLoad, EngineRequest, Logprobs, Sampling, Token
 
 #: The end-of-sequence token of the bytes tokenizer: after the 256 byte values.
 EOS_ID = 256
@@ -73,6 +73,11 @@ class EchoEngine:
 
     #: The engine's name, as the start-up log and ``/v1/models`` give it.
     name = "echo"
+    task: Literal["generate"] = "generate"
+    #: No model: every token certain (log-probability 0); a continued reply echoes on from
+    #: where it was; no adapters.
+    capabilities = Capabilities(logprobs=True, structured="masks", continuation="all")
+    adapters: Adapters | None = None
 
     slots = 0
     tokenizer: Any = None  # bytes and words need no Hugging Face tokenizer
@@ -137,7 +142,8 @@ class EchoEngine:
 
     async def generate(self, request: EngineRequest) -> AsyncGenerator[Token, None]:
         """The prompt's tokens back, one every ``1 / tokens_per_s`` seconds on a fixed
-        schedule (a late token does not delay the next ones).
+        schedule (a late token does not delay the next ones); a continued reply goes on
+        after the tokens it carries.
 
         A token the constraint does not allow is replaced by the lowest one it does (none
         allowed ends the reply). A stop or end-of-sequence token ends the reply (yielded marked ``ends``); so
@@ -149,9 +155,11 @@ class EchoEngine:
         prompt, sampling, constraint = request.prompt, request.sampling, request.constraint
         on_slot, on_prompt = request.on_slot, request.on_prompt
         key = object()
+        carried = len(request.produced)
         # What it will produce, at most: the prompt's end ends it unless it repeats.
-        self._remaining[id(key)] = (
-            sampling.max_tokens if sampling.ignore_eos else min(sampling.max_tokens, len(prompt))
+        self._remaining[id(key)] = max(
+            0,
+            (sampling.max_tokens if sampling.ignore_eos else min(sampling.max_tokens, len(prompt))) - carried,
         )
         if on_slot is not None:
             on_slot()  # no queue: every reply streams at once
@@ -161,7 +169,8 @@ class EchoEngine:
             loop = asyncio.get_running_loop()
             interval = 1.0 / self.tokens_per_s
             due = loop.time()
-            for produced, echoed in enumerate(self._echoed(prompt, sampling), start=1):
+            echoes = itertools.islice(self._echoed(prompt, sampling), carried, None)
+            for produced, echoed in enumerate(echoes, start=carried + 1):
                 if produced > sampling.max_tokens:
                     return
                 due += interval

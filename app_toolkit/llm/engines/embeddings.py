@@ -14,7 +14,7 @@ import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +30,7 @@ class SentenceEngine:
 
     #: The engine's name, as the start-up log and ``/v1/models`` give it.
     name = "embeddings"
+    task: Literal["embed"] = "embed"
 
     def __init__(self, path: str | os.PathLike[str], *, max_model_len: int | None = None) -> None:
         if max_model_len is not None and max_model_len < 1:

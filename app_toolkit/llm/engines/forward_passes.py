@@ -32,6 +32,8 @@ class Row(Protocol):
     ``decoder.py`` imports this module)."""
 
     prompt: list[int]
+    #: What the prompt pass reads: the prompt, then the tokens a continued reply carries.
+    context: list[int]
     sampling: Sampling
     constraint: Constraint | None
     generator: torch.Generator | None
@@ -136,14 +138,14 @@ class ForwardPasses:
             output: Any = None
             cached = 0
             if self.prefixes is not None:
-                found = self.prefixes.lookup(sequence.prompt, sequence.adapter)
+                found = self.prefixes.lookup(sequence.context, sequence.adapter)
                 cached = found.tokens
                 if cached:
                     cache = cache_from(found.layers)
             self._watched = [sequence]
             try:
-                for start in range(cached, len(sequence.prompt), PREFILL_CHUNK):
-                    ids = torch.tensor([sequence.prompt[start : start + PREFILL_CHUNK]])
+                for start in range(cached, len(sequence.context), PREFILL_CHUNK):
+                    ids = torch.tensor([sequence.context[start : start + PREFILL_CHUNK]])
                     carried = {} if cache is None else {self._cache_argument: cache}
                     adapter = self._adapters.names_for([sequence.adapter])
                     output = self.model(input_ids=ids, use_cache=True, **carried, **adapter)
@@ -157,11 +159,11 @@ class ForwardPasses:
                 continue
             if self.prefixes is not None:
                 self.prefixes.store(
-                    sequence.prompt, [(layer.keys, layer.values) for layer in cache.layers], sequence.adapter
+                    sequence.context, [(layer.keys, layer.values) for layer in cache.layers], sequence.adapter
                 )
             sequence.cached = cached
             token = self._sample(output.logits[:, -1], [sequence])[0]
-            self.batch.add(cache, len(sequence.prompt), max(token, 0))  # a row that ends feeds any token
+            self.batch.add(cache, len(sequence.context), max(token, 0))  # a row that ends feeds any token
             active.append(sequence)
             firsts.append(token)
         return firsts

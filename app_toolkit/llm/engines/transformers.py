@@ -9,19 +9,18 @@ is downloaded: the folder must hold every file.
 
 from __future__ import annotations
 
-import asyncio
-import collections
 import dataclasses
 import logging
 import os
 import time
 from collections.abc import AsyncGenerator
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from ..engine import EngineLoad, EngineRequest, Token
-from . import adapters, gguf_cache
+from ..engine import Capabilities, EngineLoad, EngineRequest, Token
+from . import gguf_cache
 from .decoder import Decoder, DecoderHooks
+from .folder_adapters import FolderAdapters
 from .hf_tokenizer import TokenizerText, end_of_turn_ids
 from .prefix_cache import PrefixCache
 
@@ -51,6 +50,7 @@ class TransformersEngine(TokenizerText):
 
     #: The engine's name, as the start-up log and ``/v1/models`` give it.
     name = "transformers"
+    task: Literal["generate"] = "generate"
 
     def __init__(
         self,
@@ -74,11 +74,15 @@ class TransformersEngine(TokenizerText):
             raise ValueError(f"dtype {dtype!r} is not one of {', '.join(DTYPES)}")
         #: Sequences read before (None: prefix caching off); its counts are the cache's hits.
         self.prefix_cache = PrefixCache(prefix_cache_bytes) if prefix_cache_bytes > 0 else None
-        self.adapters_path = None if adapters_path is None else Path(adapters_path)
+        self.adapters: FolderAdapters | None = (
+            None
+            if adapters_path is None
+            else FolderAdapters(Path(adapters_path), max_lora_rank, lambda: self._decoder)
+        )
         self._max_adapters_in_batch = max_adapters_in_batch
-        self._max_lora_rank = max_lora_rank
-        #: How long each adapter's attaching held the passes up (s), the newest last.
-        self.adapter_stalls: collections.deque[float] = collections.deque(maxlen=100)
+        self.capabilities = Capabilities(
+            prefix_cache=self.prefix_cache is not None, logprobs=True, structured="masks", continuation="all"
+        )
         self.path = Path(path)
         self.gguf_file = gguf_file
         self.slots = slots
@@ -152,8 +156,9 @@ class TransformersEngine(TokenizerText):
         )
 
     async def generate(self, request: EngineRequest) -> AsyncGenerator[Token, None]:
-        """The tokens of one reply (``TextEngine.generate``); at most the context window's
-        room after the prompt. ``request.adapter``: a loaded adapter (:meth:`load_adapter`)."""
+        """The tokens of one reply (``TextEngine.generate``); the reply takes at most the
+        context window's room after the prompt. ``request.adapter``: a loaded adapter
+        (:attr:`adapters`)."""
         decoder = self._loaded_decoder()
         room = self.context_window - len(request.prompt)
         if room < 1:
@@ -170,48 +175,6 @@ class TransformersEngine(TokenizerText):
                 yield token
         finally:
             await tokens.aclose()  # the reply leaves the batch now, not when collected
-
-    def adapter_ids(self) -> list[str]:
-        """The adapters its folder holds now (none without a folder)."""
-        return [] if self.adapters_path is None else adapters.adapter_ids(self.adapters_path)
-
-    def has_adapter(self, adapter_id: str) -> bool:
-        """Whether its folder holds adapter ``adapter_id`` now."""
-        return self.adapters_path is not None and adapters.holds(self.adapters_path, adapter_id)
-
-    async def load_adapter(self, adapter_id: str) -> None:
-        """Read adapter ``adapter_id`` (beside the passes) and attach it between two passes.
-        AdapterNotFound / AdapterRefused when it cannot be served."""
-        decoder = self._loaded_decoder()
-        if self.adapters_path is None:
-            raise adapters.AdapterNotFound(adapter_id)
-        started = time.monotonic()
-        files = await asyncio.to_thread(adapters.read, self.adapters_path, adapter_id, self._max_lora_rank)
-        read = time.monotonic()
-        stalled = await decoder.attach(files)
-        self.adapter_stalls.append(stalled)
-        logger.info(
-            "Loaded adapter %r (rank %d) in %.3f s: read in %.3f s beside the passes, attached "
-            "between two passes in %.4f s (the replies decoding waited that long)",
-            adapter_id,
-            files.rank,
-            time.monotonic() - started,
-            read - started,
-            stalled,
-        )
-
-    def hold_adapter(self, adapter_id: str) -> None:
-        """A request will decode with a loaded adapter: it stays until :meth:`release_adapter`."""
-        self._loaded_decoder().hold(adapter_id)
-
-    def release_adapter(self, adapter_id: str) -> None:
-        if self._decoder is not None:
-            self._decoder.release(adapter_id)
-
-    def unload_adapter(self, adapter_id: str) -> None:
-        """Detach an adapter once no reply uses it."""
-        if self._decoder is not None:
-            self._decoder.detach(adapter_id)
 
     @property
     def active(self) -> int:

