@@ -103,9 +103,11 @@ class EngineRequest:
     on_slot: Callable[[], None] | None = None
     on_prompt: Callable[[int], None] | None = None
     #: The reply's tokens already produced (by a replica lost mid-reply): the engine reads
-    #: them after the prompt and produces the rest. They count towards ``max_tokens`` and
-    #: ``min_tokens`` and, for the penalties, as the reply's own; ``constraint`` has
-    #: accepted them already. Only where the engine's ``capabilities.continuation`` allows.
+    #: them after the prompt and produces the rest. They count towards ``max_tokens``;
+    #: an engine that can counts them towards ``min_tokens`` and the penalties as the
+    #: reply's own (transformers), or reads them as prompt (vLLM: ``repetition_penalty``
+    #: only); ``constraint`` has accepted them already. Only where the engine's
+    #: ``capabilities.continuation`` allows.
     produced: tuple[int, ...] = ()
 
 

@@ -257,10 +257,12 @@ def test_each_reply_samples_on_its_own_terms(model: Any) -> None:
     asyncio.run(scenario())
 
 
-def test_a_continued_reply_goes_on_exactly_as_the_whole_reply_did(model: Any) -> None:
+@pytest.mark.parametrize("cached", [True, False], ids=["prefix-cache", "no-cache"])
+def test_a_continued_reply_goes_on_exactly_as_the_whole_reply_did(model: Any, cached: bool) -> None:
     """A reply carried over from a lost replica (``produced``) reads its tokens after the
     prompt and counts them as its own: with penalties and min_tokens, greedy, the rest is
-    the whole reply's rest; read as prompt instead, the penalties would see other tokens."""
+    the whole reply's rest; read as prompt instead, the penalties would see other tokens.
+    Its prompt's cached tokens, as reported, are its prompt's only."""
     sampling = Sampling(
         max_tokens=16,
         temperature=0,
@@ -271,7 +273,8 @@ def test_a_continued_reply_goes_on_exactly_as_the_whole_reply_did(model: Any) ->
     )
 
     async def scenario() -> None:
-        decoder = Decoder(model, {EOS}, max_batch_size=2, prefix_cache=PrefixCache(max_bytes=1 << 24))
+        prefixes = PrefixCache(max_bytes=1 << 24) if cached else None
+        decoder = Decoder(model, {EOS}, max_batch_size=2, prefix_cache=prefixes)
 
         async def sampled(request: EngineRequest) -> list[int]:
             return [t.id async for t in decoder.generate(request) if not t.ends]
@@ -281,8 +284,12 @@ def test_a_continued_reply_goes_on_exactly_as_the_whole_reply_did(model: Any) ->
             whole = await sampled(EngineRequest(prompt, sampling))
             assert len(whole) >= 12
             for cut in (1, 6, len(whole) - 1):
-                rest = await sampled(EngineRequest(prompt, sampling, produced=tuple(whole[:cut])))
+                reported: list[int] = []
+                produced = tuple(whole[:cut])
+                continued = EngineRequest(prompt, sampling, on_prompt=reported.append, produced=produced)
+                rest = await sampled(continued)
                 assert rest == whole[cut:], cut
+                assert reported == ([len(prompt)] if cached else [0]), cut
             assert await sampled(EngineRequest(prompt, sampling, produced=tuple(whole) + (5,) * 4)) == []
             # A negative presence penalty favours the reply's own tokens: the carried ones
             # count (the rest repeats them), where read as the prompt they would not.

@@ -28,6 +28,14 @@ from app_toolkit.exceptions import ReplicaUnavailableError
 
 logger = logging.getLogger("app_toolkit.channel")
 
+#: poll() events that say the replica's end is closed (none where poll() is missing;
+#: POLLRDHUP, a peer's close with nothing left to read, is Linux's).
+_CLOSED_EVENTS = (
+    getattr(select, "POLLRDHUP", 0) | select.POLLHUP | select.POLLERR | select.POLLNVAL
+    if hasattr(select, "poll")
+    else 0
+)
+
 
 def _undecodable(kind: Kind, error: str) -> CallFailure:
     what = "stream item" if kind is Kind.ITEM else "reply"
@@ -59,13 +67,14 @@ class _ClientConnection(FrameProtocol):
         (its process died a moment ago, and the loop has not run the read since): a
         request written now could not run, yet would come back as lost. One poll, no
         wait."""
-        if self._fd < 0:
+        transport = self.transport
+        if transport is not None and transport.is_closing():
+            return True  # TLS: its socket may be closed a turn before connection_lost
+        if self._fd < 0 or not _CLOSED_EVENTS:
             return False
         poller = select.poll()
-        poller.register(self._fd, select.POLLRDHUP)
-        return any(
-            events & (select.POLLRDHUP | select.POLLHUP | select.POLLERR) for _, events in poller.poll(0)
-        )
+        poller.register(self._fd, _CLOSED_EVENTS)
+        return any(events & _CLOSED_EVENTS for _, events in poller.poll(0))
 
     def _check_replica(self, kind: Kind, payload: memoryview) -> None:
         """The caller's side of the handshake (handshake.py)."""
@@ -181,7 +190,8 @@ class ChannelClient:
         # with it whatever this request does.)
         if conn.closed or (not conn.pending and conn.peer_gone()):
             conn.drop()
-            self._conn = None
+            if self._conn is conn:
+                self._conn = None
             raise ReplicaUnavailableError(f"Connection to {self.host}:{self.port} closed; nothing was sent")
         self._next += 1
         number = self._next

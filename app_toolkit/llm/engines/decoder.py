@@ -88,7 +88,11 @@ class _Sequence:
     finished: bool = False  # ended by the decoder (not left by its reader)
     logprobs: Logprobs | None = None  # the newest token's, when the reply asks for them
     failure: Exception | None = None  # why choosing its token failed (its reply ends with it)
-    context: list[int] = field(default_factory=list)  # what its prompt pass reads: prompt and carried tokens
+    context: list[int] = field(default_factory=list)  # what its prompt pass reads (prompt + reply)
+
+    def __post_init__(self) -> None:
+        if not self.context:
+            self.context = self.prompt + self.reply
 
 
 class Decoder:
@@ -166,7 +170,6 @@ class Decoder:
             reply=produced,
             generated=len(produced),
             adapter=adapter,
-            context=prompt + produced,
         )
         self._waiting.append(sequence)
         self._start()
@@ -290,7 +293,8 @@ class Decoder:
             self._joining = []
             for sequence in joining:
                 if sequence.on_prompt is not None and sequence.cached >= 0:
-                    self._report_to(sequence.on_prompt, sequence.cached)
+                    # Carried tokens found cached are no prompt tokens of the reply's.
+                    self._report_to(sequence.on_prompt, min(sequence.cached, len(sequence.prompt)))
             self._deliver(joining, firsts)
         self._drop_finished()
         if self._active:

@@ -230,7 +230,8 @@ class VLLMEngine(TokenizerText):
                     if on_slot is not None:
                         on_slot()
                     if on_prompt is not None:
-                        on_prompt(int(output.num_cached_tokens or 0))
+                        # Carried tokens found cached are no prompt tokens of the reply's.
+                        on_prompt(min(int(output.num_cached_tokens or 0), len(request.prompt)))
                 if completion.finish_reason in ("error", "abort"):
                     raise EngineFailed(f"vLLM ended the reply: {completion.finish_reason}")
                 tokens = list(completion.token_ids)
