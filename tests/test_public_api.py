@@ -166,29 +166,100 @@ def test_run_and_run_many_take_ray_serves_parameters_in_its_order() -> None:
         assert "backend" in {p.name for p in rest}
 
 
-#: app_toolkit.llm's names: Ray Serve LLM's (ray.serve.llm), and EngineOptions.
+#: app_toolkit.llm's names: Ray Serve LLM's (ray.serve.llm) and EngineOptions, then what a
+#: service of one's own builds on (the chat template's projects): engines, text, errors,
+#: OpenAI's shapes.
 EXPECTED_LLM = [
+    "ANSWERED",
+    "Adapters",
+    "CHAT_RULES",
+    "Capabilities",
+    "Constraint",
+    "DecoderHooks",
+    "Delta",
+    "DeltaStream",
+    "Detokenizer",
+    "EchoEngine",
+    "EmbeddingEngine",
+    "EngineLoad",
     "EngineOptions",
+    "EngineRequest",
     "LLMConfig",
     "LLMServer",
     "LLMServingArgs",
+    "Logprobs",
     "LoraConfig",
     "ModelLoadingConfig",
+    "OpenAIError",
+    "OptionRules",
+    "ResponsesReply",
+    "ResponsesRequest",
+    "Sampling",
+    "StopFilter",
+    "StreamOptions",
+    "TextEngine",
+    "Token",
+    "TransformersEngine",
+    "as_openai_error",
+    "bad_parameter",
     "build_llm_deployment",
     "build_openai_app",
+    "chat_completion",
+    "chat_stream",
+    "checked_options",
+    "install_error_handlers",
+    "invalid_request",
+    "open_reply",
+    "read_whole",
+    "responses_events",
+    "responses_generation",
+    "responses_stream",
+    "role_of",
+    "stream_error",
+    "text_content",
+    "unknown_model",
+    "usage",
 ]
 
 
-def test_the_llm_module_has_a_small_sorted_surface_and_imports_no_model_library() -> None:
+def test_the_llm_module_has_a_sorted_surface_and_imports_no_model_library() -> None:
     import app_toolkit.llm as llm
 
+    assert llm.__all__ == sorted(llm.__all__, key=lambda name: (name[0].islower(), name))
     assert llm.__all__ == EXPECTED_LLM
-    assert all(getattr(llm, name) is not None for name in llm.__all__)
     code = (
-        "import sys, app_toolkit.llm; print(sorted(m for m in ('torch', 'transformers') if m in sys.modules))"
+        "import sys, app_toolkit.llm; "
+        "print(sorted(m for m in ('torch', 'transformers', 'vllm') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+    # Every name exists (the two that import torch, on first use).
+    assert all(getattr(llm, name) is not None for name in llm.__all__)
+    with pytest.raises(AttributeError, match="no attribute 'TransformerEngine'"):
+        llm.TransformerEngine  # noqa: B018
+
+
+def test_the_chat_template_imports_only_published_llm_names() -> None:
+    """A project made from the template survives the toolkit's renames: it reads
+    ``app_toolkit.llm``'s published names, never its modules (examples/chat is the template
+    baked, checked in tests/integration/test_templates.py)."""
+    import ast
+    from pathlib import Path
+
+    import app_toolkit.llm as llm
+
+    project = Path(tk.__file__).parents[1] / "examples" / "chat"
+    found: dict[str, set[str]] = {}
+    for path in sorted(project.rglob("*.py")):
+        if "node_modules" in path.parts:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("app_toolkit.llm"):
+                found.setdefault(node.module or "", set()).update(alias.name for alias in node.names)
+            elif isinstance(node, ast.Import):
+                assert not any(alias.name.startswith("app_toolkit.llm") for alias in node.names), path
+    assert set(found) == {"app_toolkit.llm"}, sorted(found)
+    assert found["app_toolkit.llm"] <= set(llm.__all__), sorted(found["app_toolkit.llm"] - set(llm.__all__))
 
 
 #: What ``import app_toolkit`` leaves for the code that needs it: Ray Serve (never), Ray

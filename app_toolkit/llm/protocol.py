@@ -96,6 +96,8 @@ def text_content(content: Any, param: str) -> str:
 
 
 class StreamOptions(BaseModel):
+    """A request's ``stream_options``: ``include_usage`` adds the usage chunk at the end."""
+
     include_usage: bool = False
     continuous_usage_stats: bool = False  # vLLM's; usage on every chunk: refused
 

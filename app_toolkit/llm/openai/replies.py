@@ -18,6 +18,8 @@ from app_toolkit.streaming import OpenAIErrorEvent
 
 logger = logging.getLogger("app_toolkit.llm")
 
+#: A model deployment's reply: the :class:`~app_toolkit.llm.events.Delta` items its
+#: ``generate`` streams.
 Stream = tk.DeploymentResponseGenerator[Delta]
 
 
@@ -93,6 +95,7 @@ def _merge(calls: list[dict[str, Any]], fragment: dict[str, Any]) -> None:
 
 
 def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
+    """OpenAI's ``usage`` object: the two counts and their total."""
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,

@@ -10,7 +10,7 @@ from importlib import resources
 from typing import Any
 
 import app_toolkit as tk
-from app_toolkit.llm.errors import ANSWERED, OpenAIError, as_openai_error
+from app_toolkit.llm import ANSWERED, OpenAIError, as_openai_error
 from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request, Response
 from fastapi.responses import HTMLResponse
 from pydantic import BaseModel, Field

@@ -1,5 +1,5 @@
 """What crosses the wire: OpenAI's chat request as this service answers it (read by the
-module's rules: :mod:`app_toolkit.llm.protocol`), and the messages between deployments."""
+module's rules: :data:`app_toolkit.llm.CHAT_RULES`), and the messages between deployments."""
 
 from __future__ import annotations
 
@@ -7,9 +7,16 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from app_toolkit.llm import protocol
-from app_toolkit.llm.errors import OpenAIError, bad_parameter
-from app_toolkit.llm.protocol import OptionRules, StreamOptions, checked_options, role_of, text_content
+from app_toolkit.llm import (
+    CHAT_RULES,
+    OpenAIError,
+    OptionRules,
+    StreamOptions,
+    bad_parameter,
+    checked_options,
+    role_of,
+    text_content,
+)
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from .settings import Settings
@@ -66,14 +73,14 @@ CHAT_RULES = OptionRules(
         "web_search_options": (None,),
         **FORWARDED,
     },
-    ignored=protocol.CHAT_RULES.ignored,
+    ignored=CHAT_RULES.ignored,
 )
 
 
 def upstream_options(given: dict[str, Any], backend: str) -> dict[str, Any]:
     """The options to pass to an upstream (:data:`FORWARDED`, with the ``openai``
     backend); any other this server cannot honour, or does not know, is the module's 400
-    naming it (:func:`~app_toolkit.llm.protocol.checked_options`)."""
+    naming it (:func:`~app_toolkit.llm.checked_options`)."""
     forwarded = {name: value for name, value in given.items() if backend == "openai" and name in FORWARDED}
     checked_options({name: value for name, value in given.items() if name not in forwarded}, CHAT_RULES)
     return forwarded

@@ -9,7 +9,7 @@ import json
 import httpx
 import openai
 import pytest
-from app_toolkit.llm.errors import OpenAIError
+from app_toolkit.llm import OpenAIError
 
 from chat.engines.echo import EchoEngine
 from chat.engines.upstream import UpstreamEngine

@@ -12,7 +12,7 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-from app_toolkit.llm.events import Delta
+from app_toolkit.llm import Delta
 
 from chat.replies import Replies
 from chat.schemas import Generation

@@ -1,6 +1,6 @@
 """Model backends. Each turns a :class:`~..schemas.Generation` into a stream of text pieces.
 
-The local and echo backends wrap the toolkit's engines (``app_toolkit.llm.engines``),
+The local and echo backends wrap the toolkit's engines (``app_toolkit.llm``'s),
 which work in token ids: :func:`stream_text` turns their tokens into text pieces.
 """
 
@@ -10,8 +10,7 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Protocol
 
-from app_toolkit.llm.detokenize import Detokenizer
-from app_toolkit.llm.engine import EngineRequest, Sampling, TextEngine
+from app_toolkit.llm import Detokenizer, EngineRequest, Sampling, TextEngine
 
 from ..scaling import EngineLoad
 from ..schemas import Generation

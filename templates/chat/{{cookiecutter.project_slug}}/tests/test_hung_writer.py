@@ -12,7 +12,7 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-from app_toolkit.llm.events import Delta
+from app_toolkit.llm import Delta
 
 from {{ cookiecutter.package_name }}.replies import Replies
 from {{ cookiecutter.package_name }}.schemas import Generation

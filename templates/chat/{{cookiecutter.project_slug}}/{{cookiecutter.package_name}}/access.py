@@ -20,7 +20,7 @@ import uuid
 from collections.abc import Awaitable, Callable
 
 import app_toolkit as tk
-from app_toolkit.llm.errors import ANSWERED, OpenAIError, as_openai_error
+from app_toolkit.llm import ANSWERED, OpenAIError, as_openai_error
 from fastapi import Request, WebSocket, WebSocketException, status
 
 from .keys import check_entries, key_hash

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import app_toolkit as tk
-from app_toolkit.llm.errors import OpenAIError
+from app_toolkit.llm import OpenAIError
 
 from .settings import Settings
 

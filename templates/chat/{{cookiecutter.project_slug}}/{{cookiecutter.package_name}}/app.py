@@ -11,7 +11,7 @@ from __future__ import annotations
 import secrets
 
 import app_toolkit as tk
-from app_toolkit.llm import errors
+from app_toolkit.llm import install_error_handlers
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
@@ -45,7 +45,7 @@ def build_app(settings: Settings | None = None) -> tk.App:
     ).bind(settings, accounts)
     replies = Replies.options(num_replicas=settings.reply_replicas).bind(model, settings)
     api = FastAPI(title="Chat", summary=f"OpenAI-compatible chat with {settings.model_name}")
-    errors.install(api)
+    install_error_handlers(api)
     if settings.cors_origins:  # browser front ends on other origins calling the API directly
         api.add_middleware(
             CORSMiddleware,

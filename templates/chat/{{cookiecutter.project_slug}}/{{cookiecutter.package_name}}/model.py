@@ -11,9 +11,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import app_toolkit as tk
-from app_toolkit.llm.detokenize import StopFilter
-from app_toolkit.llm.errors import OpenAIError
-from app_toolkit.llm.events import Delta
+from app_toolkit.llm import Delta, OpenAIError, StopFilter
 
 from . import metrics
 from .engines import Engine, make_engine

@@ -12,20 +12,27 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import app_toolkit as tk
-from app_toolkit.llm.errors import (
+from app_toolkit.llm import (
     ANSWERED,
+    Delta,
+    DeltaStream,
     OpenAIError,
+    ResponsesReply,
+    ResponsesRequest,
     as_openai_error,
     bad_parameter,
+    chat_completion,
+    chat_stream,
     invalid_request,
+    open_reply,
+    read_whole,
+    responses_events,
+    responses_generation,
+    responses_stream,
     stream_error,
     unknown_model,
+    usage,
 )
-from app_toolkit.llm.events import Delta
-from app_toolkit.llm.openai import chat as openai_chat
-from app_toolkit.llm.openai import responses as openai_responses
-from app_toolkit.llm.openai.replies import Stream, open_reply, read_whole, usage
-from app_toolkit.llm.openai.responses import ResponsesRequest
 from fastapi import APIRouter, Depends, WebSocket, WebSocketDisconnect
 from pydantic import ValidationError
 
@@ -71,8 +78,8 @@ def build_router(settings: Settings, model_app: tk.Application, guard: Guard) ->
         first, stream = await open_reply(model, generation_of(request, owner))
         if request.stream:
             include_usage = bool(request.stream_options and request.stream_options.include_usage)
-            return openai_chat.streamed(first, stream, model_name, include_usage)
-        return openai_chat.completion(await read_whole(first, stream), model_name)
+            return chat_stream(first, stream, model_name, include_usage)
+        return chat_completion(await read_whole(first, stream), model_name)
 
     @router.post("/v1/responses", response_model=None)
     async def responses(
@@ -85,9 +92,9 @@ def build_router(settings: Settings, model_app: tk.Application, guard: Guard) ->
         request = request.checked()
         first, stream = await open_reply(model, generation_of(request, owner))
         kept_nowhere = request.model_copy(update={"store": False})
-        reply = openai_responses.Reply(kept_nowhere, model_name, first.prompt_tokens, conversation=())
+        reply = ResponsesReply(kept_nowhere, model_name, first.prompt_tokens, conversation=())
         if request.stream:
-            return openai_responses.streamed(openai_responses.produced(reply, stream), reply.next_number)
+            return responses_stream(responses_events(reply, stream), reply.next_number)
         return reply.read(await read_whole(first, stream))
 
     @router.get("/v1/usage")
@@ -167,7 +174,7 @@ async def _relay(
     )
 
 
-async def _send_reply(socket: WebSocket, first: Delta, stream: Stream) -> None:
+async def _send_reply(socket: WebSocket, first: Delta, stream: DeltaStream) -> None:
     """Send one reply over the socket; a ``{"type": "stop"}`` from the client ends it early."""
     await socket.send_json({"type": "start", "prompt_tokens": first.prompt_tokens})
     stop = asyncio.ensure_future(_stop_requested(socket))
@@ -211,14 +218,14 @@ async def _stop_requested(socket: WebSocket) -> None:
 
 def _responses_generation(request: ResponsesRequest, settings: Settings) -> Generation:
     """What the model produces for a Responses API request, read as the module reads it
-    (:func:`app_toolkit.llm.openai.responses.generation`), with this server's defaults."""
+    (:func:`app_toolkit.llm.responses_generation`), with this server's defaults."""
     if request.previous_response_id:
         raise bad_parameter(
             "previous_response_id",
             "This server keeps no responses; send the whole conversation in input.",
             "unsupported_parameter",
         )
-    read = openai_responses.generation(request, request.messages(_no_reference), received_at=0.0)
+    read = responses_generation(request, request.messages(_no_reference), received_at=0.0)
     if read.response_format is not None:
         raise bad_parameter(
             "text.format", "This server writes text only: leave text.format out.", "unsupported_parameter"

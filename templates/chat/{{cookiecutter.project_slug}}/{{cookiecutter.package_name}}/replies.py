@@ -28,8 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import app_toolkit as tk
-from app_toolkit.llm.errors import OpenAIError
-from app_toolkit.llm.events import Delta
+from app_toolkit.llm import Delta, OpenAIError
 
 from . import metrics
 from .schemas import Generation

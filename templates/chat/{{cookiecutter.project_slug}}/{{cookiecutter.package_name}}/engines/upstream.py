@@ -7,7 +7,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import openai
-from app_toolkit.llm.errors import OpenAIError
+from app_toolkit.llm import OpenAIError
 
 from ..scaling import EngineLoad
 from ..schemas import Generation
