@@ -14,6 +14,7 @@ the same scrape, labelled with the replica they come from.
 from __future__ import annotations
 
 import bisect
+import logging
 import math
 import threading
 from collections.abc import Callable, Sequence
@@ -39,6 +40,8 @@ SECONDS_BUCKETS = (
     10.0,
     30.0,
 )
+
+logger = logging.getLogger("app_toolkit.metrics")
 
 Kind = Literal["counter", "gauge", "histogram"]
 Labels = tuple[str, ...]
@@ -70,6 +73,9 @@ class FamilySnapshot:
 
 _lock = threading.Lock()
 _families: dict[str, _Family] = {}
+#: Families this process keeps elsewhere, read at each snapshot (``add_source``).
+_sources: dict[str, Callable[[], list[FamilySnapshot]]] = {}
+_failing: set[str] = set()  # sources whose failure is logged (once, until they read again)
 #: Labels added to every sample of this process (e.g. the replica it is), set once at start.
 _process_labels: dict[str, str] = {}
 
@@ -104,15 +110,24 @@ class _Family:
         raise NotImplementedError
 
     def snapshot(self) -> FamilySnapshot:
-        extra = tuple(key for key in _process_labels if key not in self.labelnames)
-        added = tuple(_process_labels[key] for key in extra)
-        return FamilySnapshot(
-            self.name,
-            self.kind,
-            self.help,
-            self.labelnames + extra,
-            tuple((labels + added, value) for labels, value in self._samples()),
+        return _labelled(
+            FamilySnapshot(self.name, self.kind, self.help, self.labelnames, tuple(self._samples()))
         )
+
+
+def _labelled(family: FamilySnapshot) -> FamilySnapshot:
+    """``family`` with this process's labels added (those it has not of its own)."""
+    extra = tuple(key for key in _process_labels if key not in family.labelnames)
+    if not extra:
+        return family
+    added = tuple(_process_labels[key] for key in extra)
+    return FamilySnapshot(
+        family.name,
+        family.kind,
+        family.help,
+        family.labelnames + extra,
+        tuple((labels + added, value) for labels, value in family.samples),
+    )
 
 
 class Counter(_Family):
@@ -221,11 +236,37 @@ class Histogram(_Family):
         return samples
 
 
+def add_source(name: str, read: Callable[[], list[FamilySnapshot]]) -> None:
+    """Add the families a library keeps in this process (vLLM's Prometheus series), read
+    at each :func:`snapshot` and labelled as this process's own; ``name`` replaces a source
+    added before under it. A source that fails is left out of the snapshot (logged once,
+    until it reads again)."""
+    with _lock:
+        _sources[name] = read
+
+
+def remove_source(name: str) -> None:
+    """Stop reading the source added as ``name`` (none: nothing happens)."""
+    with _lock:
+        _sources.pop(name, None)
+
+
 def snapshot() -> list[FamilySnapshot]:
     """Every metric of this process, with its current samples."""
     with _lock:
         families = list(_families.values())
-    return [family.snapshot() for family in families]
+        sources = list(_sources.items())
+    found = [family.snapshot() for family in families]
+    for name, read in sources:
+        try:
+            found.extend(_labelled(family) for family in read())
+        except Exception:  # a library's registry must not break the scrape
+            if name not in _failing:
+                logger.warning("Metrics source %s failed; left out while it fails", name, exc_info=True)
+            _failing.add(name)
+        else:
+            _failing.discard(name)
+    return found
 
 
 def value(name: str, **labels: str) -> float | HistogramValue | None:

@@ -113,18 +113,42 @@ class EngineRequest:
 
 @dataclass(frozen=True, slots=True)
 class EngineLoad:
-    """What one engine holds now, for autoscaling and routing.
+    """What one engine holds now, for autoscaling and routing: counts every engine gives,
+    and per-reply detail where the engine keeps it (vLLM's scheduler gives counts only).
 
     ``slots`` is how many replies it decodes at once (0: no limit it knows of). ``running``
-    has, per reply holding a slot, the tokens it may still produce. ``queued`` has, per
-    reply waiting for a slot in queue order, its prompt tokens and max_tokens. ``step_s`` is
-    the time of one decoding step lately (0 before the first).
+    replies hold a slot (reading their prompt or decoding); ``waiting`` ones wait for one.
+    ``kv_cache_use`` is the share of its KV cache in use, 0 to 1 (0 where it bounds none).
+    ``step_s`` is the time of one decoding step lately (0 before the first, or not known).
+    The detail, when given, has one item per reply: ``remaining``, per running reply, the
+    tokens it may still produce; ``queued``, per waiting reply in queue order, its prompt
+    tokens and the tokens it may produce.
     """
 
     slots: int
-    running: tuple[int, ...] = ()
-    queued: tuple[tuple[int, int], ...] = ()
+    running: int = 0
+    waiting: int = 0
+    kv_cache_use: float = 0.0
     step_s: float = 0.0
+    remaining: tuple[int, ...] | None = None
+    queued: tuple[tuple[int, int], ...] | None = None
+
+    def __post_init__(self) -> None:
+        if self.remaining is not None and len(self.remaining) != self.running:
+            raise ValueError(f"EngineLoad: {len(self.remaining)} remaining, {self.running} running")
+        if self.queued is not None and len(self.queued) != self.waiting:
+            raise ValueError(f"EngineLoad: {len(self.queued)} queued, {self.waiting} waiting")
+
+    @classmethod
+    def of(
+        cls,
+        slots: int,
+        remaining: tuple[int, ...],
+        queued: tuple[tuple[int, int], ...] = (),
+        step_s: float = 0.0,
+    ) -> EngineLoad:
+        """The load of an engine that keeps every reply's detail: the counts are its length."""
+        return cls(slots, len(remaining), len(queued), step_s=step_s, remaining=remaining, queued=queued)
 
 
 @dataclass(frozen=True, slots=True)

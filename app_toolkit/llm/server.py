@@ -94,6 +94,21 @@ class LLMServer:
     def current_load(self) -> EngineLoad:
         return self._text_engine().current_load()
 
+    async def record_autoscaling_stats(self) -> dict[str, float]:
+        """The engine's load as custom autoscaling metrics, sampled while the deployment
+        autoscales (docs/llm.md, "Autoscaling on the engine's load"): replies ``running``
+        and ``waiting``, decode ``slots`` (0: no limit known) and ``kv_cache_use`` (0 to
+        1). On the event loop, waiting for nothing; an embedding model's: none."""
+        if self._engine.task == "embed":
+            return {}
+        load = self._engine.current_load()
+        return {
+            "running": float(load.running),
+            "waiting": float(load.waiting),
+            "slots": float(load.slots),
+            "kv_cache_use": load.kv_cache_use,
+        }
+
     def adapters(self) -> list[str]:
         """The LoRA adapters its folder holds now, as clients name them ("model_id:adapter")."""
         if self._engine_adapters is None:

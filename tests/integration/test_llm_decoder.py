@@ -107,7 +107,7 @@ def test_the_load_it_reports_counts_slots_remaining_tokens_and_the_queue(model: 
     async def scenario() -> None:
         decoder = Decoder(model, set(), max_batch_size=2)  # no EOS: runs to max
         try:
-            assert decoder.current_load() == EngineLoad(slots=2)
+            assert decoder.current_load() == EngineLoad.of(2, ())
             busy = [decoder.generate(EngineRequest(prompt, greedy(1000))) for prompt in PROMPTS[:2]]
             for stream in busy:
                 await anext(stream)
@@ -115,13 +115,14 @@ def test_the_load_it_reports_counts_slots_remaining_tokens_and_the_queue(model: 
             await wait_for_async(lambda: decoder.active == 3 and decoder.step_s > 0, timeout_s=10)
             load = decoder.current_load()  # no await since: nothing decoded meanwhile
             assert load.slots == 2 and load.queued == ((len(PROMPTS[3]), 50),) and load.step_s > 0
-            assert len(load.running) == 2 and sum(load.running) == 2 * 1000 - decoder.tokens
+            assert load.remaining is not None and load.running == 2 and load.waiting == 1
+            assert sum(load.remaining) == 2 * 1000 - decoder.tokens
             for stream in busy:
                 assert isinstance(stream, AsyncGenerator)  # an async generator function's: it has aclose()
                 await stream.aclose()
             assert len(await queued) == 50
             await wait_for_async(lambda: decoder.active == 0, timeout_s=10)
-            assert decoder.current_load().running == () and decoder.current_load().queued == ()
+            assert decoder.current_load() == EngineLoad.of(2, (), step_s=decoder.step_s)
         finally:
             await decoder.close()
 

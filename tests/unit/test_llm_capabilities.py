@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import Any
 
@@ -96,5 +97,25 @@ def test_the_echo_engine_continues_a_reply_where_it_was() -> None:
         assert await reply(dataclasses.replace(sampling, ignore_eos=False), tuple(whole[:3])) == list(b"lo")
         assert await reply(sampling, tuple(whole)) == []
         assert engine.active == 0
+
+    asyncio.run(scenario())
+
+
+def test_the_server_reports_its_engines_load_as_autoscaling_metrics(monkeypatch: pytest.MonkeyPatch) -> None:
+    engine = EchoEngine(tokens_per_s=50)  # 20 ms a token: the reply is still running when read
+    monkeypatch.setattr(server_module, "engine_for", lambda config: engine)
+
+    async def scenario() -> None:
+        server = await _server(ECHO)
+        idle = {"running": 0.0, "waiting": 0.0, "slots": 0.0, "kv_cache_use": 0.0}
+        assert await server.record_autoscaling_stats() == idle
+        reply = server.generate(Generation(Sampling(max_tokens=5), prompt="hello"))
+        assert isinstance(reply, AsyncGenerator)  # an async generator function's: it has aclose()
+        await anext(reply)  # the prompt's count
+        await anext(reply)  # the first piece
+        assert await server.record_autoscaling_stats() == {**idle, "running": 1.0}
+        await reply.aclose()
+        assert await server.record_autoscaling_stats() == idle
+        await LLMServer.__del__(server)
 
     asyncio.run(scenario())

@@ -110,8 +110,8 @@ def test_the_echo_engine_keeps_a_steady_pace_that_does_not_drift() -> None:
         return stamps, load
 
     stamps, load = asyncio.run(timed())
-    assert load == EngineLoad(slots=0, running=(30,))  # max_tokens 40, 10 sent
-    assert engine.current_load() == EngineLoad(slots=0)
+    assert load == EngineLoad.of(0, (30,))  # max_tokens 40, 10 sent
+    assert engine.current_load() == EngineLoad.of(0, ())
     assert stamps[0] >= 0.004 and stamps[9] >= 0.045  # a pace, not a burst
     assert 0.195 <= stamps[-1] < 0.28  # 40 tokens at 5 ms: the 100 ms stall was caught up
 
@@ -123,9 +123,9 @@ def test_closing_an_echo_reply_frees_it_at_once() -> None:
         reply = engine.generate(EngineRequest(list(b"abcdef"), Sampling(max_tokens=6)))
         assert isinstance(reply, AsyncGenerator)
         assert (await anext(reply)).id == ord("a")
-        assert engine.current_load().running == (5,)
+        assert engine.current_load().remaining == (5,)
         await reply.aclose()
-        assert engine.current_load() == EngineLoad(slots=0)
+        assert engine.current_load() == EngineLoad.of(0, ())
 
     asyncio.run(scenario())
 

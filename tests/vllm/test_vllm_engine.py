@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 import pytest
 import yaml
+from prometheus_client.parser import text_string_to_metric_families
 
 from app_toolkit.llm import LLMConfig
 from tests.waiting import wait_for
@@ -147,6 +148,22 @@ def test_a_greedy_completion_is_vllms(served: Served) -> None:
     assert reply["choices"][0]["text"] == " Paris."
     assert reply["choices"][0]["finish_reason"] == "length"
     assert reply["usage"] == {"prompt_tokens": 5, "completion_tokens": 2, "total_tokens": 7}
+
+
+def test_vllms_own_series_are_on_the_metrics_page(served: Served) -> None:
+    body = {"model": "smollm2", "prompt": "The capital of France is", "max_tokens": 2, "temperature": 0}
+    assert _post(served, "/v1/completions", body).status_code == 200
+    page = httpx.get(served.url + "/-/metrics", timeout=10)
+    assert page.status_code == 200
+    families = {family.name: family for family in text_string_to_metric_families(page.text)}
+    tokens = [s for s in families["vllm:generation_tokens"].samples if s.name.endswith("_total")]
+    assert tokens and sum(s.value for s in tokens) >= 2
+    assert all(s.labels["model_name"] == "smollm2" and s.labels["replica"] for s in tokens), tokens
+    assert {"vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc"} <= set(
+        families
+    )
+    latency = families["vllm:e2e_request_latency_seconds"].samples
+    assert any(s.name.endswith("_count") and s.value >= 1 for s in latency)
 
 
 def test_a_chat_reply_streams_and_ends_at_the_end_of_turn(served: Served) -> None:

@@ -133,10 +133,10 @@ class Decoder:
         may still produce, the queued ones, and the step time. Cheap: one pass over them."""
         # A joining reply enters _active in the prefill's thread before it leaves _joining.
         holding = {id(sequence): sequence for sequence in (*self._joining, *self._active)}
-        return EngineLoad(
-            slots=self._max_batch_size,
-            running=tuple(s.sampling.max_tokens - s.generated for s in holding.values() if not s.abandoned),
-            queued=tuple(
+        return EngineLoad.of(
+            self._max_batch_size,
+            tuple(s.sampling.max_tokens - s.generated for s in holding.values() if not s.abandoned),
+            tuple(
                 (len(s.context), s.sampling.max_tokens - s.generated)
                 for s in self._waiting
                 if not s.abandoned

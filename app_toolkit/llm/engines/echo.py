@@ -204,7 +204,7 @@ class EchoEngine:
 
     def current_load(self) -> EngineLoad:
         """No slots: every reply streams at once; each has the tokens it may still produce."""
-        return EngineLoad(slots=0, running=tuple(self._remaining.values()))
+        return EngineLoad.of(0, tuple(self._remaining.values()))
 
     async def close(self) -> None:
         """Nothing to free."""

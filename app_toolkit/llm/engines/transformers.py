@@ -188,7 +188,7 @@ class TransformersEngine(TokenizerText):
 
     def current_load(self) -> EngineLoad:
         """What the decoder holds now (``EngineLoad``)."""
-        return EngineLoad(slots=self.slots) if self._decoder is None else self._decoder.current_load()
+        return EngineLoad.of(self.slots, ()) if self._decoder is None else self._decoder.current_load()
 
     async def close(self) -> None:
         """Stop decoding and let go of the model."""

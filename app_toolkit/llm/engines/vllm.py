@@ -17,14 +17,16 @@ import shutil
 import time
 import uuid
 from collections.abc import AsyncGenerator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
+
+from app_toolkit import metrics
 
 from ..engine import Adapters, Capabilities, EngineLoad, EngineRequest, Logprobs, Token
 from ..engine_options import DTYPES
 from ..vllm_arguments import GRAMMAR_BACKEND, version
-from . import gguf_cache
+from . import gguf_cache, prometheus_series
 from .hf_tokenizer import TokenizerText, end_of_turn_ids
 
 logger = logging.getLogger(__name__)
@@ -36,6 +38,9 @@ CPU_KV_CACHE_BYTES = 2 << 30
 CPU_KV_CACHE_ENV = "VLLM_CPU_KVCACHE_SPACE"
 
 
+#: The name vLLM's Prometheus series are read under (``metrics.add_source``).
+METRICS_SOURCE = "vllm"
+
 #: The log-probability given where vLLM gave none (vLLM's own stand-in for minus infinity).
 UNLIKELY = -9999.0
 
@@ -44,13 +49,40 @@ class EngineFailed(RuntimeError):
     """vLLM ended a reply with an error, or aborted it, before it was complete."""
 
 
-@dataclass(slots=True)
-class _Reply:
-    """One reply in vLLM, as :meth:`VLLMEngine.current_load` counts it."""
+class _Scheduler:
+    """vLLM's scheduler as it last reported (its stats come with each step's outputs): a
+    stat logger of vLLM's interface (``vllm.v1.metrics.loggers.StatLoggerBase``, whose
+    factory :meth:`logger` is), one report per engine core."""
 
-    prompt_tokens: int
-    max_tokens: int
-    produced: int = 0
+    def __init__(self) -> None:
+        self._reports: dict[int, tuple[int, float]] = {}  # engine core: running, KV cache use
+
+    @property
+    def running(self) -> int:
+        return sum(running for running, _ in self._reports.values())
+
+    @property
+    def kv_cache_use(self) -> float:
+        return max((use for _, use in self._reports.values()), default=0.0)
+
+    def logger(self, vllm_config: Any, engine_index: int) -> _Scheduler:
+        """vLLM's per-engine stat logger factory."""
+        return self
+
+    def record(
+        self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None, engine_idx: int = 0
+    ) -> None:
+        if scheduler_stats is not None:
+            self._reports[engine_idx] = (
+                int(scheduler_stats.num_running_reqs),
+                float(scheduler_stats.kv_cache_usage),
+            )
+
+    def log(self) -> None:
+        """Nothing to log: :meth:`VLLMEngine.current_load` reads the report."""
+
+    def log_engine_initialized(self) -> None:
+        """Nothing to log."""
 
 
 class VLLMEngine(TokenizerText):
@@ -94,7 +126,8 @@ class VLLMEngine(TokenizerText):
         self._scratch: Path | None = None
         #: End-of-turn tokens vLLM does not end a reply on by itself (not its EOS ids).
         self._end_of_turn: tuple[int, ...] = ()
-        self._replies: dict[str, _Reply] = {}
+        self._replies: set[str] = set()  # vLLM's ids of the replies in it
+        self._scheduler = _Scheduler()
 
     def load(self) -> None:
         """Start vLLM's engine on the model (its engine core runs in a process of its own);
@@ -137,9 +170,14 @@ class VLLMEngine(TokenizerText):
             config.parallel_config.placement_group = ray.util.get_current_placement_group()
         self._llm = AsyncLLM.from_vllm_config(
             config,
+            # The scheduler's reports feed current_load() (with disable_log_stats too: then
+            # vLLM keeps its Prometheus series but logs no throughput lines).
+            stat_loggers=[self._scheduler.logger],
             enable_log_requests=bool(arguments["enable_log_requests"]),
             disable_log_stats=engine_args.disable_log_stats,
         )
+        # vLLM's own series (vllm:*, in prometheus-client's registry) on /-/metrics.
+        metrics.add_source(METRICS_SOURCE, prometheus_series.series("vllm:"))
         self.context_window = int(config.model_config.max_model_len)
         self.slots = int(config.scheduler_config.max_num_seqs)
         self.capabilities = replace(
@@ -221,12 +259,14 @@ class VLLMEngine(TokenizerText):
             structured_outputs=StructuredOutputsParams(grammar=constraint.grammar) if constraint else None,
         )
         request_id = uuid.uuid4().hex
-        reply = self._replies[request_id] = _Reply(len(prompt), sampling.max_tokens - carried)
+        self._replies.add(request_id)
         outputs = llm.generate(TokensPrompt(prompt_token_ids=prompt), params, request_id)
+        first = True
         try:
             async for output in outputs:
                 completion = output.outputs[0]
-                if reply.produced == 0:
+                if first:
+                    first = False
                     if on_slot is not None:
                         on_slot()
                     if on_prompt is not None:
@@ -246,7 +286,6 @@ class VLLMEngine(TokenizerText):
                 )
                 logprobs = completion.logprobs or ()
                 for index, token in enumerate(tokens):
-                    reply.produced += 1
                     if index == ending:
                         yield Token(token, _logprobs(logprobs, index, token, sampling.logprobs), ends=True)
                         return
@@ -256,16 +295,19 @@ class VLLMEngine(TokenizerText):
                     if constraint is not None and constraint.finished:
                         return  # the grammar is complete (with ignore_eos vLLM would go on)
         finally:
-            self._replies.pop(request_id, None)
+            self._replies.discard(request_id)
             await outputs.aclose()  # aborts the request in vLLM if it is still running
 
     def current_load(self) -> EngineLoad:
-        """The replies in vLLM now: those producing (tokens left each) and those waiting or
-        reading their prompt (no token yet)."""
-        replies = list(self._replies.values())
-        running = tuple(max(0, r.max_tokens - r.produced) for r in replies if r.produced)
-        queued = tuple((r.prompt_tokens, r.max_tokens) for r in replies if not r.produced)
-        return EngineLoad(slots=self.slots, running=running, queued=queued)
+        """The replies in vLLM now (counts: its scheduler keeps no per-reply detail we
+        could read), split as its scheduler last reported: those running, and the rest
+        waiting (sent since the report, or queued by the scheduler); the share of its KV
+        cache in use. Nothing in it: no load, whatever the last report said."""
+        replies = len(self._replies)
+        if not replies:
+            return EngineLoad(self.slots)
+        running = min(self._scheduler.running, replies)
+        return EngineLoad(self.slots, running, replies - running, kv_cache_use=self._scheduler.kv_cache_use)
 
     async def close(self) -> None:
         """Abort the replies in vLLM, stop its engine (its processes end) and remove a
@@ -275,6 +317,7 @@ class VLLMEngine(TokenizerText):
         await asyncio.to_thread(self._stop)
 
     def _stop(self) -> None:
+        metrics.remove_source(METRICS_SOURCE)
         if self._llm is not None:
             self._llm.shutdown()
             self._llm = None

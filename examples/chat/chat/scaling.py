@@ -3,8 +3,8 @@
 The pattern for any model (docs/autoscaling.md, "Scaling a model on its own load"):
 
 1. The engine says what it holds (:class:`EngineLoad`): the replies in its decode slots
-   with the tokens each may still produce, the replies queued for a slot, and how long
-   a decoding step takes lately.
+   and those queued for one, its KV cache's use, and, where it keeps them, the tokens each
+   reply may still produce and how long a decoding step takes lately.
 2. ``ChatModel.record_autoscaling_stats()`` turns that into numbers
    (:func:`replica_metrics`): among them ``late``, the queued replies expected to wait
    longer than ``CHAT_SCALE_WAIT_S`` for a slot.
@@ -23,8 +23,8 @@ import heapq
 import math
 from typing import TYPE_CHECKING, Any
 
-# What an engine holds (slots, running and queued replies, step time): the toolkit's LLM
-# engines report it; a module with no other import, so the policy stays light.
+# What an engine holds (slots, running and waiting replies, KV cache use, step time): the
+# toolkit's LLM engines report it; a module with no other import, so the policy stays light.
 from app_toolkit.llm import EngineLoad
 
 if TYPE_CHECKING:  # the controller runs the policy without the application's modules
@@ -48,11 +48,13 @@ def slot_waits(load: EngineLoad) -> tuple[list[int], int]:
 
     Each slot frees when its reply has produced its remaining tokens; the queued replies
     take the slots in the order they free, then hold them for their max_tokens. Upper
-    bounds, as the remaining tokens are.
+    bounds, as the remaining tokens are. Needs the load's per-reply detail.
     """
+    if load.remaining is None or load.queued is None:
+        raise ValueError("slot_waits needs the replies' detail: this engine reports counts only")
     if load.slots <= 0:
         return [0] * len(load.queued), 0
-    frees = sorted(load.running)[: load.slots]
+    frees = sorted(load.remaining)[: load.slots]
     frees += [0] * (load.slots - len(frees))  # a free slot is free now
     heapq.heapify(frees)
     waits = []
@@ -69,6 +71,7 @@ def replica_metrics(load: EngineLoad, target_wait_s: float) -> dict[str, float]:
     - ``running``, ``waiting``: replies holding a decode slot, queued for one;
     - ``slots``: decode slots (0: no limit); ``free``: slots neither taken nor promised
       to a queued reply;
+    - ``kv_cache_use``: the share of the engine's KV cache in use (0 to 1);
     - ``tokens_waiting``: prompt tokens of the queued replies plus the tokens the running
       ones may still produce;
     - ``slot_wait_s``: the estimated wait for a slot of a reply arriving now;
@@ -76,14 +79,22 @@ def replica_metrics(load: EngineLoad, target_wait_s: float) -> dict[str, float]:
 
     Waits are decoding steps times the step's recent time: prompt reading is left out,
     and remaining tokens are upper bounds, so the estimates err towards waiting longer.
+    An engine that reports counts only (vLLM) gives no estimate: each queued reply counts
+    as late, and ``tokens_waiting`` and ``slot_wait_s`` are 0.
     """
+    counts = {
+        "running": float(load.running),
+        "waiting": float(load.waiting),
+        "slots": float(load.slots),
+        "free": float(max(0, load.slots - load.running - load.waiting)),
+        "kv_cache_use": load.kv_cache_use,
+    }
+    if load.remaining is None or load.queued is None:
+        return {**counts, "tokens_waiting": 0.0, "slot_wait_s": 0.0, "late": float(load.waiting)}
     waits, next_free = slot_waits(load)
     return {
-        "running": float(len(load.running)),
-        "waiting": float(len(load.queued)),
-        "slots": float(load.slots),
-        "free": float(max(0, load.slots - len(load.running) - len(load.queued))),
-        "tokens_waiting": float(sum(prompt for prompt, _ in load.queued) + sum(load.running)),
+        **counts,
+        "tokens_waiting": float(sum(prompt for prompt, _ in load.queued) + sum(load.remaining)),
         "slot_wait_s": next_free * load.step_s,
         "late": float(sum(1 for steps in waits if steps * load.step_s > target_wait_s)),
     }

@@ -125,7 +125,7 @@ class UpstreamEngine:
     def current_load(self) -> EngineLoad:
         """No slots known here: the upstream queues and batches out of sight; the requests
         under way and the tokens they may still produce."""
-        return EngineLoad(slots=0, running=tuple(self._remaining.values()))
+        return EngineLoad.of(0, tuple(self._remaining.values()))
 
     async def close(self) -> None:
         await self._client.close()

@@ -28,16 +28,16 @@ from .conftest import ECHO
 
 def test_queued_replies_take_the_slots_in_the_order_they_free() -> None:
     # 2 slots free in 5 and 3 steps; 3 queued replies of at most 4 tokens each.
-    load = EngineLoad(slots=2, running=(5, 3), queued=((10, 4), (10, 4), (10, 4)))
+    load = EngineLoad.of(2, (5, 3), ((10, 4), (10, 4), (10, 4)))
     waits, arriving = slot_waits(load)
     assert waits == [3, 5, 7]  # the third takes the first one's slot again (3 + 4)
     assert arriving == 9  # then the slots free at 9 and 11
-    assert slot_waits(EngineLoad(slots=3, running=(5,), queued=((1, 4),))) == ([0], 0)  # free slots
-    assert slot_waits(EngineLoad(slots=0, running=(5, 5), queued=())) == ([], 0)  # no slot limit
+    assert slot_waits(EngineLoad.of(3, (5,), ((1, 4),))) == ([0], 0)  # free slots
+    assert slot_waits(EngineLoad.of(0, (5, 5))) == ([], 0)  # no slot limit
 
 
 def test_a_replica_reports_its_late_replies_by_the_step_time() -> None:
-    load = EngineLoad(slots=2, running=(5, 3), queued=((10, 4), (20, 4), (30, 4)), step_s=0.5)
+    load = EngineLoad.of(2, (5, 3), ((10, 4), (20, 4), (30, 4)), step_s=0.5)
     metrics = replica_metrics(load, target_wait_s=2.0)
     # Waits of 1.5, 2.5 and 3.5 s: two over the target.
     assert metrics == {
@@ -45,12 +45,29 @@ def test_a_replica_reports_its_late_replies_by_the_step_time() -> None:
         "waiting": 3,
         "slots": 2,
         "free": 0,
+        "kv_cache_use": 0.0,
         "tokens_waiting": 60 + 8,  # the queued prompts and the running replies' remaining tokens
         "slot_wait_s": 4.5,
         "late": 2,
     }
-    idle = replica_metrics(EngineLoad(slots=8, running=(100,), step_s=0.5), target_wait_s=2.0)
+    idle = replica_metrics(EngineLoad.of(8, (100,), step_s=0.5), target_wait_s=2.0)
     assert idle["free"] == 7 and idle["late"] == 0 and idle["slot_wait_s"] == 0
+
+
+def test_an_engine_that_reports_counts_only_has_its_waiting_replies_count_as_late() -> None:
+    load = EngineLoad(slots=4, running=4, waiting=2, kv_cache_use=0.75)  # as vLLM's engine reports
+    assert replica_metrics(load, target_wait_s=2.0) == {
+        "running": 4,
+        "waiting": 2,
+        "slots": 4,
+        "free": 0,
+        "kv_cache_use": 0.75,
+        "tokens_waiting": 0,
+        "slot_wait_s": 0,
+        "late": 2,
+    }
+    with pytest.raises(ValueError, match="counts only"):
+        slot_waits(load)
 
 
 def context(
@@ -147,13 +164,13 @@ def test_the_echo_engine_reports_the_words_its_replies_have_left() -> None:
     generation = Generation(messages=(("user", "one two three four five"),), max_tokens=3)
 
     async def scenario() -> None:
-        assert engine.current_load() == EngineLoad(slots=0)
+        assert engine.current_load() == EngineLoad.of(0, ())
         reply = engine.stream(generation)
         assert isinstance(reply, AsyncGenerator)  # an async generator function's: it has aclose()
         await anext(reply)
-        assert engine.current_load() == EngineLoad(slots=0, running=(2,))  # max_tokens 3, one sent
+        assert engine.current_load() == EngineLoad.of(0, (2,))  # max_tokens 3, one sent
         await reply.aclose()
-        assert engine.current_load() == EngineLoad(slots=0)
+        assert engine.current_load() == EngineLoad.of(0, ())
 
     asyncio.run(scenario())
 

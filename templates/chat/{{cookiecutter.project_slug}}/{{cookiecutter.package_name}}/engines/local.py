@@ -98,7 +98,7 @@ class LocalEngine:
 
     def current_load(self) -> EngineLoad:
         if self._engine is None:
-            return EngineLoad(slots=self._settings.max_batch_size)
+            return EngineLoad.of(self._settings.max_batch_size, ())
         load: EngineLoad = self._engine.current_load()
         return load
 
