@@ -261,11 +261,14 @@ def snapshot() -> list[FamilySnapshot]:
         try:
             found.extend(_labelled(family) for family in read())
         except Exception:  # a library's registry must not break the scrape
-            if name not in _failing:
+            with _lock:
+                first = name not in _failing
+                _failing.add(name)
+            if first:
                 logger.warning("Metrics source %s failed; left out while it fails", name, exc_info=True)
-            _failing.add(name)
         else:
-            _failing.discard(name)
+            with _lock:
+                _failing.discard(name)
     return found
 
 

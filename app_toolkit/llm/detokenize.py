@@ -63,12 +63,13 @@ class StopFilter:
     """Feed text pieces; get back the text that is safe to send.
 
     Text that could be the start of a stop string is held back until the next piece
-    shows whether it is one; once one is found, ``stopped`` is True and nothing more
-    (the stop string included) is sent.
+    shows whether it is one; once one is found, ``stopped`` is True and nothing more is
+    sent: the stop string neither, unless ``include`` (vLLM's ``include_stop_str_in_output``).
     """
 
-    def __init__(self, stops: Sequence[str]) -> None:
+    def __init__(self, stops: Sequence[str], include: bool = False) -> None:
         self._stops = tuple(stop for stop in stops if stop)
+        self._include = include
         self._held = ""
         self.stopped = False
         #: The stop string that ended the text (None: none did).
@@ -86,9 +87,9 @@ class StopFilter:
             return text
         found = [(index, stop) for stop in self._stops if (index := text.find(stop)) >= 0]
         if found:
-            cut, self.found = min(found)
-            self.stopped, self._held = True, ""
-            return text[:cut]
+            cut, stop = min(found)
+            self.found, self.stopped, self._held = stop, True, ""
+            return text[: cut + len(stop)] if self._include else text[:cut]
         keep = max((_overlap(text, stop) for stop in self._stops), default=0)
         self._held = text[len(text) - keep :]
         return text[: len(text) - keep]

@@ -134,6 +134,10 @@ class EngineLoad:
     queued: tuple[tuple[int, int], ...] | None = None
 
     def __post_init__(self) -> None:
+        if not (isinstance(self.running, int) and isinstance(self.waiting, int)):
+            raise TypeError("EngineLoad: running and waiting are counts (ints)")
+        if min(self.slots, self.running, self.waiting) < 0 or not 0.0 <= self.kv_cache_use <= 1.0:
+            raise ValueError(f"EngineLoad: counts below 0, or a KV cache use outside 0 to 1: {self}")
         if self.remaining is not None and len(self.remaining) != self.running:
             raise ValueError(f"EngineLoad: {len(self.remaining)} remaining, {self.running} running")
         if self.queued is not None and len(self.queued) != self.waiting:
@@ -146,9 +150,18 @@ class EngineLoad:
         remaining: tuple[int, ...],
         queued: tuple[tuple[int, int], ...] = (),
         step_s: float = 0.0,
+        kv_cache_use: float = 0.0,
     ) -> EngineLoad:
         """The load of an engine that keeps every reply's detail: the counts are its length."""
-        return cls(slots, len(remaining), len(queued), step_s=step_s, remaining=remaining, queued=queued)
+        return cls(
+            slots,
+            len(remaining),
+            len(queued),
+            kv_cache_use=kv_cache_use,
+            step_s=step_s,
+            remaining=remaining,
+            queued=queued,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -257,11 +270,16 @@ class TextEngine(Protocol):
         messages: list[dict[str, Any]],
         tools: list[dict[str, Any]] | None = None,
         template_kwargs: dict[str, Any] | None = None,
+        *,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
     ) -> list[int]:
         """Token ids of a conversation through the model's chat template, ready for the
         assistant's turn (``messages`` in OpenAI's shape, content already text);
         ``template_kwargs``: more variables for the template (vLLM's
-        ``chat_template_kwargs``)."""
+        ``chat_template_kwargs``); ``add_generation_prompt`` False: without the assistant's
+        turn opened; ``continue_final_message``: the last message left open, for the reply
+        to go on with it (raises ValueError where the template cannot show it so)."""
 
     def generate(self, request: EngineRequest) -> AsyncGenerator[Token, None]:
         """The tokens of one reply (after ``request.produced``), as each is decoded; ends at

@@ -19,6 +19,8 @@ class Generation:
     #: Whether ``sampling.max_tokens`` was the client's (over the window: 400) or the default.
     max_tokens_given: bool = False
     stops: tuple[str, ...] = ()
+    #: The stop string that ends the reply stays in its text (vLLM's option).
+    include_stop_str_in_output: bool = False
     response_format: dict[str, Any] | None = None
     tools: tuple[dict[str, Any], ...] = ()
     tool_choice: str | dict[str, Any] | None = None
@@ -28,6 +30,10 @@ class Generation:
     received_at: float = 0.0
     #: More variables for the chat template (vLLM's ``chat_template_kwargs``).
     template_kwargs: dict[str, Any] | None = None
+    #: The template ends the prompt with the assistant's turn opened (vLLM's option).
+    add_generation_prompt: bool = True
+    #: The reply goes on with the last message, left open (vLLM's option: a prefill).
+    continue_final_message: bool = False
     #: Replies to the prompt, each its own choice (OpenAI's ``n``).
     n: int = 1
     #: A completion of several prompts (``prompt`` unused then): prompt ``i``'s ``n``

@@ -132,6 +132,7 @@ class _Request(BaseModel):
     min_p: float | None = Field(None, ge=0.0, le=1.0)
     min_tokens: int = Field(0, ge=0, le=MAX_TOKENS)
     stop_token_ids: list[int] | None = Field(None, max_length=64)
+    include_stop_str_in_output: bool = False
     ignore_eos: bool = False
 
     @field_validator("stop")
@@ -218,6 +219,10 @@ class ChatCompletionRequest(_Request):
     parallel_tool_calls: bool | None = None
     #: vLLM's: more variables for the chat template (``{"enable_thinking": false}``).
     chat_template_kwargs: dict[str, Any] | None = None
+    #: vLLM's: the prompt ends with the assistant's turn opened; or, with
+    #: ``continue_final_message``, the last message is left open for the reply to go on.
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
     logprobs: bool | None = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
 
@@ -234,6 +239,11 @@ class ChatCompletionRequest(_Request):
                 "chat_template_kwargs",
                 f"chat_template_kwargs may not set {', '.join(taken)}: they say how the prompt is "
                 "made, they are not variables of the chat template.",
+            )
+        if self.continue_final_message and self.add_generation_prompt:
+            raise bad_parameter(
+                "continue_final_message",
+                "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
             )
         if self.top_logprobs and not self.logprobs:
             raise bad_parameter("top_logprobs", "when using `top_logprobs`, `logprobs` must be set to true.")

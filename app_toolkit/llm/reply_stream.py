@@ -50,7 +50,7 @@ class ReplyStream:
 
     async def deltas(self) -> AsyncGenerator[Delta, None]:
         detokenizer = Detokenizer(self._engine.decode, self._prompt[-CONTEXT_TOKENS:])
-        stops = StopFilter(self._generation.stops)
+        stops = StopFilter(self._generation.stops, self._generation.include_stop_str_in_output)
         structure = self._structure
         held: list[Delta] = []
         flushed = 0.0

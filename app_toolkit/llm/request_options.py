@@ -50,7 +50,6 @@ _VLLM_REFUSED: dict[str, tuple[Any, ...]] = {
     "use_beam_search": (None, False),
     "length_penalty": (None, 1, 1.0),
     "watermarking": (None,),
-    "include_stop_str_in_output": (None, False),
     "skip_special_tokens": (None, True),
     "spaces_between_special_tokens": (None, True),
     "truncate_prompt_tokens": (None,),
@@ -83,8 +82,6 @@ CHAT_RULES = OptionRules(
     refused={
         **_VLLM_REFUSED,
         "echo": (None, False),
-        "add_generation_prompt": (None, True),
-        "continue_final_message": (None, False),
         "add_special_tokens": (None, False),
         "documents": (None,),
         "chat_template": (None,),

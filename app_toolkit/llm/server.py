@@ -101,7 +101,7 @@ class LLMServer:
         1). On the event loop, waiting for nothing; an embedding model's: none."""
         if self._engine.task == "embed":
             return {}
-        load = self._engine.current_load()
+        load = self.current_load()
         return {
             "running": float(load.running),
             "waiting": float(load.waiting),
@@ -253,7 +253,10 @@ class LLMServer:
         engine = self._engine
         if request.get("messages") is not None:
             text_engine = self._text_engine()
-            tokens = text_engine.chat_prompt(_text_messages(request["messages"]))
+            tokens = text_engine.chat_prompt(
+                _text_messages(request["messages"]),
+                add_generation_prompt=request.get("add_generation_prompt", True),
+            )
         elif request.get("prompt") is not None:
             tokens = engine.encode(
                 request["prompt"], add_special_tokens=request.get("add_special_tokens", True)
@@ -293,9 +296,19 @@ class LLMServer:
             texts = _text_messages(generation.messages)
             checked_calls(texts)
             messages = prompt_messages(texts, tools, shown)
-            return engine.chat_prompt(
-                messages, tools if shown and tools else None, generation.template_kwargs
-            )
+            try:
+                return engine.chat_prompt(
+                    messages,
+                    tools if shown and tools else None,
+                    generation.template_kwargs,
+                    add_generation_prompt=generation.add_generation_prompt,
+                    continue_final_message=generation.continue_final_message,
+                )
+            except ValueError as exc:
+                if not generation.continue_final_message:
+                    raise
+                # The template cannot leave the last message open (transformers' reason).
+                raise bad_parameter("continue_final_message", str(exc)) from None
         if isinstance(generation.prompt, str):
             return engine.encode(generation.prompt)
         prompt = list(generation.prompt or ())

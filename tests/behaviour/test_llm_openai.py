@@ -104,6 +104,20 @@ def test_stop_strings_end_the_reply_without_them(served: openai.OpenAI) -> None:
     held: Any = {"min_tokens": 3}
     later = served.completions.create(model=ECHO, prompt="a.b.c", stop=["."], max_tokens=100, extra_body=held)
     assert (plain.choices[0].text, later.choices[0].text) == ("a", "a.b")
+    # vLLM's include_stop_str_in_output keeps the stop string, whole and streamed.
+    kept: Any = {"include_stop_str_in_output": True}
+    included = served.completions.create(
+        model=ECHO, prompt="a.b.c", stop=["."], max_tokens=100, extra_body=kept
+    )
+    assert (included.choices[0].text, included.choices[0].finish_reason) == ("a.", "stop")
+    pieces = served.chat.completions.create(
+        model=ECHO,
+        messages=[{"role": "user", "content": "one STOP two"}],
+        stop=["STOP"],
+        stream=True,
+        extra_body=kept,
+    )
+    assert "".join(chunk.choices[0].delta.content or "" for chunk in pieces if chunk.choices) == "one STOP"
 
 
 def test_completions_whole_streamed_and_echoed(served: openai.OpenAI) -> None:
@@ -306,6 +320,13 @@ def test_bad_token_ids_tools_and_stream_options_are_400s_naming_the_field(served
         own: Any = {"chat_template_kwargs": {"chat_template": "{{ 'x' }}", "truncation": True}}
         served.chat.completions.create(model=ECHO, messages=message, extra_body=own)
     assert replaced.value.body["param"] == "chat_template_kwargs"  # type: ignore[index]
+    # A prefill goes on with the last message; asking for the assistant's turn too is a 400.
+    prefill: Any = {"add_generation_prompt": False, "continue_final_message": True}
+    said = [*message, {"role": "assistant", "content": "Hel"}]
+    assert served.chat.completions.create(model=ECHO, messages=said, extra_body=prefill).choices
+    with pytest.raises(openai.BadRequestError) as both:
+        served.chat.completions.create(model=ECHO, messages=said, extra_body={"continue_final_message": True})
+    assert both.value.body["param"] == "continue_final_message"  # type: ignore[index]
     with pytest.raises(openai.BadRequestError) as auto_without_tools:
         served.chat.completions.create(model=ECHO, messages=message, tool_choice="auto")
     assert auto_without_tools.value.body["param"] == "tool_choice"  # type: ignore[index]

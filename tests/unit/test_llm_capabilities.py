@@ -119,3 +119,28 @@ def test_the_server_reports_its_engines_load_as_autoscaling_metrics(monkeypatch:
         await LLMServer.__del__(server)
 
     asyncio.run(scenario())
+
+
+def test_a_template_that_cannot_leave_the_last_message_open_is_a_400(monkeypatch: pytest.MonkeyPatch) -> None:
+    engine = EchoEngine(tokens_per_s=100_000)
+    monkeypatch.setattr(server_module, "engine_for", lambda config: engine)
+
+    def no_prefill(*args: Any, continue_final_message: bool = False, **kwargs: Any) -> list[int]:
+        if continue_final_message:
+            raise ValueError("continue_final_message is set but the final message does not appear")
+        return [104, 105]
+
+    monkeypatch.setattr(engine, "chat_prompt", no_prefill)
+    said = ({"role": "user", "content": "hi"}, {"role": "assistant", "content": ""})
+
+    async def scenario() -> None:
+        server = await _server(ECHO)
+        prefill = Generation(Sampling(max_tokens=2), messages=said, add_generation_prompt=False)
+        refused = await _refusal(server, dataclasses.replace(prefill, continue_final_message=True))
+        assert (refused.status, refused.param) == (400, "continue_final_message")
+        assert "final message does not appear" in refused.message
+        deltas = [delta async for delta in server.generate(prefill)]  # no prefill: as before
+        assert "".join(delta.text for delta in deltas) == "hi"
+        await LLMServer.__del__(server)
+
+    asyncio.run(scenario())

@@ -179,6 +179,10 @@ def test_stop_strings_are_found_across_pieces_and_what_may_begin_one_is_held() -
     assert unstopped.feed("a ST") == "a " and unstopped.flush() == "ST"  # held text ends the stream
     assert StopFilter([]).feed("anything") == "anything"
 
+    kept = StopFilter(["END"], include=True)  # vLLM's include_stop_str_in_output
+    assert kept.feed("one E") == "one " and kept.feed("ND two") == "END" and kept.stopped
+    assert kept.found == "END" and kept.feed("more") == "" and kept.flush() == ""
+
 
 def test_the_words_tokenizer_counts_words_with_their_spaces() -> None:
     engine = EchoEngine(tokens_per_s=100_000, tokenizer="words")
@@ -208,7 +212,10 @@ def test_a_requests_template_variables_reach_the_template_but_never_the_servers_
     text.tokenizer = template = _Template()
     messages = [{"role": "user", "content": "hi"}]
     assert text.chat_prompt(messages, None, {"enable_thinking": False, "tokenize": False}) == [1]
-    assert template.given == {"add_generation_prompt": True, "tokenize": True, "enable_thinking": False}
+    shape = {"add_generation_prompt": True, "continue_final_message": False, "tokenize": True}
+    assert template.given == {**shape, "enable_thinking": False}
     tools = [{"type": "function", "function": {"name": "f"}}]
     text.chat_prompt(messages, tools, {"tools": [], "chat_template": "{{ 'x' }}"})
-    assert template.given == {"add_generation_prompt": True, "tokenize": True, "tools": tools}
+    assert template.given == {**shape, "tools": tools}
+    text.chat_prompt(messages, add_generation_prompt=False, continue_final_message=True)  # a prefill
+    assert template.given == {**shape, "add_generation_prompt": False, "continue_final_message": True}

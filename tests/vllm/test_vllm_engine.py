@@ -396,6 +396,17 @@ CORPUS: list[tuple[str, dict[str, Any], str | None]] = [
         },
         None,
     ),
+    (
+        "/v1/completions",
+        {
+            "prompt": "The capital of France is",
+            "max_tokens": 8,
+            "temperature": 0,
+            "stop": ["."],
+            "include_stop_str_in_output": True,
+        },
+        None,
+    ),
     ("/v1/completions", {"prompt": "Hi", "max_tokens": 6, "temperature": 0, "ignore_eos": True}, None),
     ("/v1/completions", {"prompt": "x", "max_tokens": 1, "temperature": 0, "frobnicate": 1}, None),
     ("/v1/chat/completions", {"messages": QUESTION_MESSAGES, "max_tokens": 40, "temperature": 0}, None),
@@ -425,6 +436,27 @@ CORPUS: list[tuple[str, dict[str, Any], str | None]] = [
         "/v1/chat/completions",
         {"messages": QUESTION_MESSAGES, "max_tokens": 6, "temperature": 0.7, "seed": 1, "n": 2},
         None,
+    ),
+    (
+        "/v1/chat/completions",
+        {
+            "messages": [*QUESTION_MESSAGES, {"role": "assistant", "content": "The capital of France"}],
+            "max_tokens": 8,
+            "temperature": 0,
+            "add_generation_prompt": False,
+            "continue_final_message": True,
+        },
+        None,
+    ),
+    (
+        "/v1/chat/completions",
+        {"messages": QUESTION_MESSAGES, "max_tokens": 8, "temperature": 0, "add_generation_prompt": False},
+        None,
+    ),
+    (
+        "/v1/chat/completions",
+        {"messages": QUESTION_MESSAGES, "add_generation_prompt": True, "continue_final_message": True},
+        "continue_final_message",
     ),
     ("/v1/chat/completions", {"messages": QUESTION_MESSAGES, "temperature": 0, "n": 2}, "n"),
     (

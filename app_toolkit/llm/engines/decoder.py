@@ -88,11 +88,10 @@ class _Sequence:
     finished: bool = False  # ended by the decoder (not left by its reader)
     logprobs: Logprobs | None = None  # the newest token's, when the reply asks for them
     failure: Exception | None = None  # why choosing its token failed (its reply ends with it)
-    context: list[int] = field(default_factory=list)  # what its prompt pass reads (prompt + reply)
+    context: list[int] = field(init=False)  # what its prompt pass reads: prompt + reply (carried)
 
     def __post_init__(self) -> None:
-        if not self.context:
-            self.context = self.prompt + self.reply
+        self.context = self.prompt + self.reply
 
 
 class Decoder:

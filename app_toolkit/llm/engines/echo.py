@@ -134,9 +134,13 @@ class EchoEngine:
         messages: list[dict[str, Any]],
         tools: list[dict[str, Any]] | None = None,
         template_kwargs: dict[str, Any] | None = None,
+        *,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
     ) -> list[int]:
-        """The last user message's bytes (the rest of the conversation is not echoed; no
-        template reads ``template_kwargs``)."""
+        """The last user message's bytes (the rest of the conversation is not echoed; there
+        is no template for ``template_kwargs``, ``add_generation_prompt`` and
+        ``continue_final_message`` to change)."""
         said = next((m.get("content") or "" for m in reversed(messages) if m.get("role") == "user"), "")
         return self.encode(str(said))
 

@@ -73,15 +73,19 @@ class TokenizerText:
         messages: list[dict[str, Any]],
         tools: list[dict[str, Any]] | None = None,
         template_kwargs: dict[str, Any] | None = None,
+        *,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
     ) -> list[int]:
         """The conversation through the tokenizer's chat template, ready for the assistant's
-        turn; ``tools`` (OpenAI's shape) go to the template, which shows them if it can;
-        ``template_kwargs`` are more of the template's variables (as vLLM passes them:
-        ones the template does not read change nothing)."""
+        turn (``TextEngine.chat_prompt``); ``tools`` (OpenAI's shape) go to the template,
+        which shows them if it can; ``template_kwargs`` are more of the template's variables
+        (as vLLM passes them: ones the template does not read change nothing)."""
         extra: dict[str, Any] = {"tools": tools} if tools else {}
         encoded = self._loaded_tokenizer().apply_chat_template(
             messages,
-            add_generation_prompt=True,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
             tokenize=True,
             **extra,
             **{key: value for key, value in (template_kwargs or {}).items() if key not in TEMPLATE_ARGUMENTS},

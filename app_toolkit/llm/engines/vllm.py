@@ -55,15 +55,23 @@ class _Scheduler:
     factory :meth:`logger` is), one report per engine core."""
 
     def __init__(self) -> None:
-        self._reports: dict[int, tuple[int, float]] = {}  # engine core: running, KV cache use
+        # Per engine core: replies running, waiting, and its KV cache's use.
+        self._reports: dict[int, tuple[int, int, float]] = {}
+        #: Replies sent to vLLM since its last report (not in it yet).
+        self.sent = 0
 
     @property
     def running(self) -> int:
-        return sum(running for running, _ in self._reports.values())
+        return sum(running for running, _, _ in self._reports.values())
+
+    @property
+    def waiting(self) -> int:
+        """Replies in the scheduler's queue, and those sent since it reported."""
+        return sum(waiting for _, waiting, _ in self._reports.values()) + self.sent
 
     @property
     def kv_cache_use(self) -> float:
-        return max((use for _, use in self._reports.values()), default=0.0)
+        return max((use for _, _, use in self._reports.values()), default=0.0)
 
     def logger(self, vllm_config: Any, engine_index: int) -> _Scheduler:
         """vLLM's per-engine stat logger factory."""
@@ -73,10 +81,13 @@ class _Scheduler:
         self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None, engine_idx: int = 0
     ) -> None:
         if scheduler_stats is not None:
+            waiting = scheduler_stats.num_waiting_reqs + scheduler_stats.num_skipped_waiting_reqs
             self._reports[engine_idx] = (
                 int(scheduler_stats.num_running_reqs),
-                float(scheduler_stats.kv_cache_usage),
+                int(waiting),
+                min(1.0, max(0.0, float(scheduler_stats.kv_cache_usage))),
             )
+            self.sent = 0
 
     def log(self) -> None:
         """Nothing to log: :meth:`VLLMEngine.current_load` reads the report."""
@@ -260,6 +271,7 @@ class VLLMEngine(TokenizerText):
         )
         request_id = uuid.uuid4().hex
         self._replies.add(request_id)
+        self._scheduler.sent += 1
         outputs = llm.generate(TokensPrompt(prompt_token_ids=prompt), params, request_id)
         first = True
         try:
@@ -299,15 +311,18 @@ class VLLMEngine(TokenizerText):
             await outputs.aclose()  # aborts the request in vLLM if it is still running
 
     def current_load(self) -> EngineLoad:
-        """The replies in vLLM now (counts: its scheduler keeps no per-reply detail we
-        could read), split as its scheduler last reported: those running, and the rest
-        waiting (sent since the report, or queued by the scheduler); the share of its KV
-        cache in use. Nothing in it: no load, whatever the last report said."""
+        """The replies in vLLM now as its scheduler last reported them (counts: it keeps no
+        per-reply detail we could read): running, and waiting (in its queue, or sent since
+        the report); the share of its KV cache in use. Never more than the replies still
+        open here (a reply vLLM has finished but its reader has not read whole is neither);
+        none open: no load, whatever the last report said."""
         replies = len(self._replies)
         if not replies:
             return EngineLoad(self.slots)
-        running = min(self._scheduler.running, replies)
-        return EngineLoad(self.slots, running, replies - running, kv_cache_use=self._scheduler.kv_cache_use)
+        scheduler = self._scheduler
+        running = min(scheduler.running, replies)
+        waiting = min(scheduler.waiting, replies - running)
+        return EngineLoad(self.slots, running, waiting, kv_cache_use=scheduler.kv_cache_use)
 
     async def close(self) -> None:
         """Abort the replies in vLLM, stop its engine (its processes end) and remove a
@@ -317,7 +332,8 @@ class VLLMEngine(TokenizerText):
         await asyncio.to_thread(self._stop)
 
     def _stop(self) -> None:
-        metrics.remove_source(METRICS_SOURCE)
+        # The series source stays: vLLM's registry is the process's, another engine here
+        # may still fill it, and it reads as nothing once none does.
         if self._llm is not None:
             self._llm.shutdown()
             self._llm = None

@@ -25,6 +25,7 @@ def generation(request: ChatCompletionRequest, received_at: float) -> Generation
         messages=tuple(request.messages),
         max_tokens_given=given is not None,
         stops=request.stops,
+        include_stop_str_in_output=request.include_stop_str_in_output,
         response_format=request.response_format,
         tools=tuple(request.tools or ()),
         tool_choice=request.tool_choice,
@@ -32,6 +33,8 @@ def generation(request: ChatCompletionRequest, received_at: float) -> Generation
         received_at=received_at,
         n=request.n,
         template_kwargs=request.chat_template_kwargs,
+        add_generation_prompt=request.add_generation_prompt,
+        continue_final_message=request.continue_final_message,
     )
 
 

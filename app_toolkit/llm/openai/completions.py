@@ -27,6 +27,7 @@ def generation(request: CompletionRequest, received_at: float) -> Generation:
         prompts=tuple(prompts) if len(prompts) > 1 else (),
         max_tokens_given=request.max_tokens is not None and "max_tokens" in request.model_fields_set,
         stops=request.stops,
+        include_stop_str_in_output=request.include_stop_str_in_output,
         received_at=received_at,
         n=request.n,
     )

@@ -1,5 +1,6 @@
 """What crosses the wire: OpenAI's chat request as this service answers it (read by the
-module's rules: :data:`app_toolkit.llm.CHAT_RULES`), and the messages between deployments."""
+module's rules: :data:`app_toolkit.llm.CHAT_RULES`, here ``MODULE_RULES``), and the
+messages between deployments."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
+from app_toolkit.llm import CHAT_RULES as MODULE_RULES
 from app_toolkit.llm import (
-    CHAT_RULES,
     OpenAIError,
     OptionRules,
     StreamOptions,
@@ -73,7 +74,7 @@ CHAT_RULES = OptionRules(
         "web_search_options": (None,),
         **FORWARDED,
     },
-    ignored=CHAT_RULES.ignored,
+    ignored=MODULE_RULES.ignored,
 )
 
 
