@@ -85,9 +85,14 @@ class StopFilter:
         if not matching:
             self._held = ""
             return text
-        found = [(index, stop) for stop in self._stops if (index := text.find(stop)) >= 0]
+        # The one that ends first (ties: the first listed), as vLLM picks it.
+        found = [
+            (index + len(stop), order, index, stop)
+            for order, stop in enumerate(self._stops)
+            if (index := text.find(stop)) >= 0
+        ]
         if found:
-            cut, stop = min(found)
+            _, _, cut, stop = min(found)
             self.found, self.stopped, self._held = stop, True, ""
             return text[: cut + len(stop)] if self._include else text[:cut]
         keep = max((_overlap(text, stop) for stop in self._stops), default=0)

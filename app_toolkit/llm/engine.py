@@ -279,7 +279,8 @@ class TextEngine(Protocol):
         ``template_kwargs``: more variables for the template (vLLM's
         ``chat_template_kwargs``); ``add_generation_prompt`` False: without the assistant's
         turn opened; ``continue_final_message``: the last message left open, for the reply
-        to go on with it (raises ValueError where the template cannot show it so)."""
+        to go on with it. Raises ValueError for what the template refuses (its own checks;
+        a last message it cannot leave open)."""
 
     def generate(self, request: EngineRequest) -> AsyncGenerator[Token, None]:
         """The tokens of one reply (after ``request.produced``), as each is decoded; ends at

@@ -346,6 +346,7 @@ class TokenizeRequest(BaseModel):
     messages: list[dict[str, Any]] | None = Field(None, max_length=2_000)
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
+    continue_final_message: bool = False
     return_token_strs: bool = False
 
 

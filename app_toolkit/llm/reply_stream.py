@@ -95,8 +95,9 @@ class ReplyStream:
                     metrics.TIME_PER_OUTPUT_TOKEN.observe(now - last, self._model)
                 last = now
                 if produced.ends:  # an end of sequence or a stop token id: counted, not shown
-                    ended_by = token
-                    continue
+                    ended_by = token  # (unless include_stop_str_in_output: shown, as vLLM shows it)
+                    if not self._generation.include_stop_str_in_output:
+                        continue
                 text = stops.feed(detokenizer.feed(token), self.produced > self._sampling.min_tokens)
                 if text:
                     held.extend(self._shaped(text))

@@ -253,9 +253,15 @@ class LLMServer:
         engine = self._engine
         if request.get("messages") is not None:
             text_engine = self._text_engine()
-            tokens = text_engine.chat_prompt(
-                _text_messages(request["messages"]),
-                add_generation_prompt=request.get("add_generation_prompt", True),
+            prefill = bool(request.get("continue_final_message"))
+            shape = {"add_generation_prompt": request.get("add_generation_prompt", True)}
+            if prefill and shape["add_generation_prompt"]:
+                raise bad_parameter(
+                    "continue_final_message",
+                    "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
+                )
+            tokens = _templated(
+                text_engine, _text_messages(request["messages"]), continue_final_message=prefill, **shape
             )
         elif request.get("prompt") is not None:
             tokens = engine.encode(
@@ -296,19 +302,14 @@ class LLMServer:
             texts = _text_messages(generation.messages)
             checked_calls(texts)
             messages = prompt_messages(texts, tools, shown)
-            try:
-                return engine.chat_prompt(
-                    messages,
-                    tools if shown and tools else None,
-                    generation.template_kwargs,
-                    add_generation_prompt=generation.add_generation_prompt,
-                    continue_final_message=generation.continue_final_message,
-                )
-            except ValueError as exc:
-                if not generation.continue_final_message:
-                    raise
-                # The template cannot leave the last message open (transformers' reason).
-                raise bad_parameter("continue_final_message", str(exc)) from None
+            return _templated(
+                engine,
+                messages,
+                tools if shown and tools else None,
+                generation.template_kwargs,
+                add_generation_prompt=generation.add_generation_prompt,
+                continue_final_message=generation.continue_final_message,
+            )
         if isinstance(generation.prompt, str):
             return engine.encode(generation.prompt)
         prompt = list(generation.prompt or ())
@@ -360,6 +361,31 @@ class _Adapter:
 
     async def aclose(self) -> None:
         self._adapters.unload(self.adapter_id)
+
+
+def _templated(
+    engine: TextEngine,
+    messages: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None = None,
+    template_kwargs: dict[str, Any] | None = None,
+    *,
+    add_generation_prompt: bool,
+    continue_final_message: bool,
+) -> list[int]:
+    """The conversation through the engine's chat template. What the template refuses (its
+    own checks, such as the order of roles; a last message it cannot leave open) is a 400
+    naming ``messages``, or ``continue_final_message`` for the latter, as vLLM answers."""
+    try:
+        return engine.chat_prompt(
+            messages,
+            tools,
+            template_kwargs,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
+        )
+    except ValueError as exc:
+        prefill = continue_final_message and "final message" in str(exc)
+        raise bad_parameter("continue_final_message" if prefill else "messages", str(exc)) from None
 
 
 def _text_messages(messages: Any) -> list[dict[str, Any]]:

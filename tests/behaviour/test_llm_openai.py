@@ -327,6 +327,15 @@ def test_bad_token_ids_tools_and_stream_options_are_400s_naming_the_field(served
     with pytest.raises(openai.BadRequestError) as both:
         served.chat.completions.create(model=ECHO, messages=said, extra_body={"continue_final_message": True})
     assert both.value.body["param"] == "continue_final_message"  # type: ignore[index]
+    # Without a generation prompt the reply goes on with the last message: its role, as vLLM.
+    unprompted: Any = {"add_generation_prompt": False}
+    continued = served.chat.completions.create(model=ECHO, messages=message, extra_body=unprompted)
+    role: str = continued.choices[0].message.role  # openai's types say "assistant" only
+    assert role == "user"
+    streamed = served.chat.completions.create(
+        model=ECHO, messages=message, extra_body=unprompted, stream=True
+    )
+    assert [chunk.choices[0].delta.role for chunk in streamed if chunk.choices][0] == "user"
     with pytest.raises(openai.BadRequestError) as auto_without_tools:
         served.chat.completions.create(model=ECHO, messages=message, tool_choice="auto")
     assert auto_without_tools.value.body["param"] == "tool_choice"  # type: ignore[index]
@@ -383,6 +392,18 @@ def test_tokenize_and_detokenize(module_toolkit: Toolkit, served: openai.OpenAI)
             PREFIX + "/tokenize", json={"model": ECHO, "messages": [{"role": "user", "content": "ab"}]}
         ).json()
         assert chat["tokens"] == [97, 98]
+        said = [{"role": "user", "content": "ab"}, {"role": "assistant", "content": "c"}]
+        both = client.post(
+            PREFIX + "/tokenize", json={"model": ECHO, "messages": said, "continue_final_message": True}
+        )
+        assert both.status_code == 400 and both.json()["error"]["param"] == "continue_final_message"
+        prefill = {
+            "model": ECHO,
+            "messages": said,
+            "continue_final_message": True,
+            "add_generation_prompt": False,
+        }
+        assert client.post(PREFIX + "/tokenize", json=prefill).json()["tokens"] == [97, 98]
         text = client.post(PREFIX + "/detokenize", json={"model": ECHO, "tokens": tokens["tokens"]}).json()
         assert text == {"prompt": "hé"}
         bad = client.post(PREFIX + "/detokenize", json={"model": ECHO, "tokens": [10**9]})

@@ -179,6 +179,11 @@ def test_stop_strings_are_found_across_pieces_and_what_may_begin_one_is_held() -
     assert unstopped.feed("a ST") == "a " and unstopped.flush() == "ST"  # held text ends the stream
     assert StopFilter([]).feed("anything") == "anything"
 
+    # Of two stop strings in one piece, the one that ends first (ties: the first listed), as vLLM.
+    first = StopFilter(["b", "abc"])
+    assert first.feed("abc") == "a" and first.found == "b"
+    tied = StopFilter(["cd", "bcd"])
+    assert tied.feed("abcde") == "ab" and tied.found == "cd"  # both end at 4: the first listed
     kept = StopFilter(["END"], include=True)  # vLLM's include_stop_str_in_output
     assert kept.feed("one E") == "one " and kept.feed("ND two") == "END" and kept.stopped
     assert kept.found == "END" and kept.feed("more") == "" and kept.flush() == ""

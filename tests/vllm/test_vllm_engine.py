@@ -407,6 +407,17 @@ CORPUS: list[tuple[str, dict[str, Any], str | None]] = [
         },
         None,
     ),
+    (
+        "/v1/completions",
+        {
+            "prompt": "The capital of France is",
+            "max_tokens": 8,
+            "temperature": 0,
+            "stop_token_ids": [30],
+            "include_stop_str_in_output": True,
+        },
+        None,
+    ),
     ("/v1/completions", {"prompt": "Hi", "max_tokens": 6, "temperature": 0, "ignore_eos": True}, None),
     ("/v1/completions", {"prompt": "x", "max_tokens": 1, "temperature": 0, "frobnicate": 1}, None),
     ("/v1/chat/completions", {"messages": QUESTION_MESSAGES, "max_tokens": 40, "temperature": 0}, None),

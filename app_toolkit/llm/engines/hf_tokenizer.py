@@ -81,15 +81,21 @@ class TokenizerText:
         turn (``TextEngine.chat_prompt``); ``tools`` (OpenAI's shape) go to the template,
         which shows them if it can; ``template_kwargs`` are more of the template's variables
         (as vLLM passes them: ones the template does not read change nothing)."""
+        from jinja2 import TemplateError
+
         extra: dict[str, Any] = {"tools": tools} if tools else {}
-        encoded = self._loaded_tokenizer().apply_chat_template(
-            messages,
-            add_generation_prompt=add_generation_prompt,
-            continue_final_message=continue_final_message,
-            tokenize=True,
-            **extra,
-            **{key: value for key, value in (template_kwargs or {}).items() if key not in TEMPLATE_ARGUMENTS},
-        )
+        variables = template_kwargs or {}
+        extra.update((key, value) for key, value in variables.items() if key not in TEMPLATE_ARGUMENTS)
+        try:
+            encoded = self._loaded_tokenizer().apply_chat_template(
+                messages,
+                add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message,
+                tokenize=True,
+                **extra,
+            )
+        except TemplateError as exc:  # the template's own check (raise_exception), as TextEngine says
+            raise ValueError(f"The chat template refused the conversation: {exc}") from exc
         # transformers 5 returns a BatchEncoding (a mapping); older releases a plain list.
         return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
 

@@ -332,8 +332,9 @@ class VLLMEngine(TokenizerText):
         await asyncio.to_thread(self._stop)
 
     def _stop(self) -> None:
-        # The series source stays: vLLM's registry is the process's, another engine here
-        # may still fill it, and it reads as nothing once none does.
+        # The series source stays: vLLM's registry is the process's and another engine here
+        # may still fill it (the series keep their last values until vLLM's next engine in
+        # this process registers them anew).
         if self._llm is not None:
             self._llm.shutdown()
             self._llm = None

@@ -39,13 +39,18 @@ def generation(request: ChatCompletionRequest, received_at: float) -> Generation
 
 
 def completion(
-    wholes: Whole | list[Whole], model: str, with_logprobs: bool = False, vllm_fields: bool = False
+    wholes: Whole | list[Whole],
+    model: str,
+    with_logprobs: bool = False,
+    vllm_fields: bool = False,
+    role: str = "assistant",
 ) -> dict[str, Any]:
     """The ``chat.completion`` object of the replies read whole, one choice each (one
     reply: a Whole, as projects made from the chat template pass it); ``with_logprobs``:
     the request asked for them; ``vllm_fields``: with vLLM's ``stop_reason`` and OpenAI's
     null ``service_tier`` and ``system_fingerprint``, as ``build_openai_app`` answers (a
-    project made from the chat template answers without them)."""
+    project made from the chat template answers without them); ``role``: the messages'
+    (:func:`reply_role`)."""
     if isinstance(wholes, Whole):
         wholes = [wholes]
     extra = UNSET_FIELDS if vllm_fields else {}
@@ -57,7 +62,7 @@ def completion(
         "choices": [
             {
                 "index": index,
-                "message": _message(whole),
+                "message": _message(whole, role),
                 "logprobs": logprobs.chat(whole.logprobs) if with_logprobs else None,
                 "finish_reason": whole.finish_reason,
                 **({"stop_reason": whole.stop_reason} if vllm_fields else {}),
@@ -70,8 +75,17 @@ def completion(
     return answer
 
 
-def _message(whole: Whole) -> dict[str, Any]:
-    message: dict[str, Any] = {"role": "assistant", "content": whole.text or None, "refusal": None}
+def reply_role(request: ChatCompletionRequest) -> str:
+    """The role a reply's message has: the assistant's, or, without a generation prompt
+    (the reply goes on with the conversation's last message), that message's, as vLLM
+    answers."""
+    if request.add_generation_prompt:
+        return "assistant"
+    return str(request.messages[-1].get("role") or "assistant")
+
+
+def _message(whole: Whole, role: str) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": role, "content": whole.text or None, "refusal": None}
     if whole.tool_calls:
         message["tool_calls"] = whole.tool_calls
     else:
@@ -87,6 +101,7 @@ def streamed(
     with_logprobs: bool = False,
     n: int = 1,
     vllm_fields: bool = False,
+    role: str = "assistant",
 ) -> tk.EventStream:
     """The replies as OpenAI streams them: the assistant's role first (per choice), a chunk
     per piece (with its tokens' log-probabilities when asked), each choice's finish reason,
@@ -119,5 +134,5 @@ def streamed(
             chunks.append(f'{head}[],"usage":{dumps(usage(first.prompt_tokens, sum(ended)))}}}')
         return chunks
 
-    opening = [chunk({"role": "assistant", "content": ""}, index) for index in range(n)]
+    opening = [chunk({"role": role, "content": ""}, index) for index in range(n)]
     return relayed(stream, opening, piece, last)

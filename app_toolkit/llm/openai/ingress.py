@@ -162,9 +162,11 @@ class OpenAIIngress:
                 bool(request.logprobs),
                 request.n,
                 vllm_fields=True,
+                role=chat.reply_role(request),
             )
         wholes = await read_choices(first, stream, request.n)
-        return chat.completion(wholes, name, bool(request.logprobs), vllm_fields=True)
+        role = chat.reply_role(request)
+        return chat.completion(wholes, name, bool(request.logprobs), vllm_fields=True, role=role)
 
     @api.post("/v1/completions", response_model=None)
     async def text_completions(self, request: CompletionRequest) -> dict[str, Any] | tk.EventStream:
