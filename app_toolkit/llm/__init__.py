@@ -11,7 +11,7 @@ import torch when first read from here.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from app_toolkit.llm.app import build_llm_deployment, build_openai_app
 from app_toolkit.llm.config import LLMConfig, LoraConfig, ModelLoadingConfig
@@ -128,7 +128,7 @@ def __dir__() -> list[str]:
     return sorted({*globals(), *_LAZY})
 
 
-def __getattr__(name: str) -> Any:
+def __getattr__(name: str) -> object:
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

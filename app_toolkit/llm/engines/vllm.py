@@ -19,7 +19,7 @@ import uuid
 from collections.abc import AsyncGenerator
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
 from app_toolkit import metrics
 
@@ -49,6 +49,15 @@ class EngineFailed(RuntimeError):
     """vLLM ended a reply with an error, or aborted it, before it was complete."""
 
 
+class _SchedulerStats(Protocol):
+    """What this engine reads of vLLM's ``SchedulerStats`` (``vllm.v1.metrics.stats``)."""
+
+    num_running_reqs: int
+    num_waiting_reqs: int
+    num_skipped_waiting_reqs: int
+    kv_cache_usage: float
+
+
 class _Scheduler:
     """vLLM's scheduler as it last reported (its stats come with each step's outputs): a
     stat logger of vLLM's interface (``vllm.v1.metrics.loggers.StatLoggerBase``, whose
@@ -73,12 +82,16 @@ class _Scheduler:
     def kv_cache_use(self) -> float:
         return max((use for _, _, use in self._reports.values()), default=0.0)
 
-    def logger(self, vllm_config: Any, engine_index: int) -> _Scheduler:
-        """vLLM's per-engine stat logger factory."""
+    def logger(self, vllm_config: object, engine_index: int) -> _Scheduler:
+        """vLLM's per-engine stat logger factory (the config and index are not needed)."""
         return self
 
     def record(
-        self, scheduler_stats: Any, iteration_stats: Any, mm_cache_stats: Any = None, engine_idx: int = 0
+        self,
+        scheduler_stats: _SchedulerStats | None,
+        iteration_stats: object,
+        mm_cache_stats: object = None,
+        engine_idx: int = 0,
     ) -> None:
         if scheduler_stats is not None:
             waiting = scheduler_stats.num_waiting_reqs + scheduler_stats.num_skipped_waiting_reqs
