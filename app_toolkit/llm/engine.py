@@ -322,8 +322,9 @@ class EmbeddingEngine(Protocol):
     def decode(self, token_ids: Sequence[int]) -> str:
         """Text of ``token_ids``."""
 
-    async def embed(self, texts: list[str]) -> list[list[float]]:
-        """One normalised vector per text, in order (a batch)."""
+    async def embed(self, inputs: Sequence[str | Sequence[int]]) -> list[list[float]]:
+        """One normalised vector per input, in order (a batch): a text, or token ids read
+        as they are (no special tokens added)."""
 
     async def close(self) -> None:
         """Free the model."""

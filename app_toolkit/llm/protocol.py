@@ -316,24 +316,31 @@ class EmbeddingRequest(BaseModel):
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: int | None = Field(None, ge=1)
 
-    def texts(self) -> list[str]:
-        """The texts to embed; token ids are refused by name (this server embeds text)."""
+    def inputs(self) -> list[str] | list[list[int]]:
+        """What to embed: texts, or token ids (one list per input), as vLLM takes them."""
         checked_options(dict(self.model_extra or {}), EMBEDDING_RULES)
-        given = [self.input] if isinstance(self.input, str) else self.input
+        given: list[str] | list[list[int]]
+        if isinstance(self.input, str):
+            given = [self.input]
+        elif self.input and all(isinstance(item, int) for item in self.input):
+            given = [[int(item) for item in self.input if isinstance(item, int)]]  # one input, as ids
+        else:
+            # Texts or lists of ids (validated: never both).
+            given = [item for item in self.input if isinstance(item, str)] or [
+                item for item in self.input if isinstance(item, list)
+            ]
         if not given:
             raise bad_parameter("input", "input is empty.")
-        if not all(isinstance(item, str) for item in given):
-            raise bad_parameter(
-                "input",
-                "input holds token ids; this server embeds text. Send strings (LangChain: "
-                "OpenAIEmbeddings(check_embedding_ctx_length=False)).",
-                "unsupported_parameter",
-            )
         if len(given) > 2_048:
-            raise bad_parameter("input", "input holds more than 2048 texts.")
-        if any(not text for text in given):
-            raise bad_parameter("input", "input holds an empty string.")
-        return [str(text) for text in given]
+            raise bad_parameter("input", "input holds more than 2048 inputs.")
+        if any(not item for item in given):
+            raise bad_parameter("input", "input holds an empty string or an empty list of token ids.")
+        if all(isinstance(item, str) for item in given):
+            return [str(item) for item in given]
+        tokens = [item for item in given if isinstance(item, list)]
+        if any(token < 0 for ids in tokens for token in ids):
+            raise bad_parameter("input", "input holds a negative token id.")
+        return tokens
 
 
 class TokenizeRequest(BaseModel):

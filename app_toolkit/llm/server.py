@@ -219,10 +219,12 @@ class LLMServer:
             async for delta in deltas:
                 yield delta
 
-    async def embed(self, texts: list[str], dimensions: int | None = None) -> tuple[list[list[float]], int]:
-        """One vector per text, and the tokens they took."""
+    async def embed(
+        self, inputs: list[str] | list[list[int]], dimensions: int | None = None
+    ) -> tuple[list[list[float]], int]:
+        """One vector per input (a text or its token ids), and the tokens they took."""
         engine = self._embedding_engine()
-        if not texts:
+        if not inputs:
             return [], 0
         if dimensions is not None and dimensions != engine.dimensions:
             raise bad_parameter(
@@ -230,10 +232,18 @@ class LLMServer:
                 f"This model's embeddings have {engine.dimensions} dimensions; got dimensions={dimensions}.",
             )
         async with self._embedding:  # one batch at a time: the tokenizer is shared with its thread
-            return await self._embedded(engine, texts)
+            return await self._embedded(engine, inputs)
 
-    async def _embedded(self, engine: EmbeddingEngine, texts: list[str]) -> tuple[list[list[float]], int]:
-        counts = [len(engine.encode(text)) for text in texts]
+    async def _embedded(
+        self, engine: EmbeddingEngine, inputs: list[str] | list[list[int]]
+    ) -> tuple[list[list[float]], int]:
+        counts = [len(engine.encode(item)) if isinstance(item, str) else len(item) for item in inputs]
+        highest = max((max(item) for item in inputs if not isinstance(item, str)), default=-1)
+        if highest >= engine.vocab_size:
+            raise bad_parameter(
+                "input",
+                f"Token id {highest} is out of vocabulary (this model's ids are below {engine.vocab_size}).",
+            )
         longest = max(counts)
         if longest > engine.context_window:
             raise OpenAIError(
@@ -244,7 +254,7 @@ class LLMServer:
                 "context_length_exceeded",
                 "input",
             )
-        vectors = await engine.embed(texts)
+        vectors = await engine.embed(inputs)
         metrics.PROMPT_TOKENS.inc(self._model, amount=sum(counts))
         return vectors, sum(counts)
 

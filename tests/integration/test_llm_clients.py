@@ -209,6 +209,24 @@ def test_openai_client_on_every_endpoint(client: openai.OpenAI, base_url: str) -
     with pytest.raises(openai.BadRequestError) as refused:
         client.embeddings.create(model=EMBED, input=texts, dimensions=128)  # MiniLM's are 384
     assert refused.value.param == "dimensions"
+    # Token ids are the model's own, read as they are: a text's ids (its special tokens
+    # included, as /tokenize gives them) embed as the text does.
+    tokenized = [
+        plain_http.post(base_url + "/tokenize", json={"model": EMBED, "prompt": text}, timeout=10)
+        for text in texts
+    ]
+    ids: list[list[int]] = [answer.json()["tokens"] for answer in tokenized]
+    by_ids = client.embeddings.create(model=EMBED, input=ids)
+    assert by_ids.usage.prompt_tokens == sum(len(tokens) for tokens in ids) == floats.usage.prompt_tokens
+    for item, as_text in zip(by_ids.data, floats.data, strict=True):
+        assert item.embedding == pytest.approx(as_text.embedding, abs=1e-5)
+    one = client.embeddings.create(model=EMBED, input=ids[0])  # one list of ids: one input
+    assert [item.embedding for item in one.data] == [by_ids.data[0].embedding]
+    wrongs: list[list[list[int]]] = [[[0, 30_522]], [[]], [[-1]]]  # MiniLM's ids run to 30,521
+    for wrong in wrongs:
+        with pytest.raises(openai.BadRequestError) as refused:
+            client.embeddings.create(model=EMBED, input=wrong)
+        assert refused.value.param == "input"
 
     response = client.responses.create(model=CHAT, input=QUESTION, max_output_tokens=8, temperature=0)
     assert response.output_text == said
@@ -380,12 +398,14 @@ def test_langchain_chat_and_embeddings(base_url: str, monkeypatch: pytest.Monkey
     assert [len(vector) for vector in documents] == [384, 384]
     assert embeddings.embed_query("a cat sits on the mat") == pytest.approx(documents[0], abs=1e-6)
 
+    # check_embedding_ctx_length=True, its default, sends tiktoken's ids, which the server
+    # reads as the model's own (as vLLM does): here, one id per byte.
     monkeypatch.setitem(tiktoken.registry.ENCODINGS, "cl100k_base", BYTES_ENCODING)
-    by_ids = _embeddings(base_url)  # check_embedding_ctx_length=True, its default
-    with pytest.raises(openai.BadRequestError) as refused:
-        by_ids.embed_documents(["a cat sits on the mat"])
-    body: Any = refused.value.body
-    assert body["param"] == "input" and "check_embedding_ctx_length=False" in body["message"]
+    by_ids = _embeddings(base_url).embed_documents(["a cat sits on the mat"])
+    sent = openai.OpenAI(base_url=base_url + "/v1", api_key="x", max_retries=0).embeddings.create(
+        model=EMBED, input=[list(b"a cat sits on the mat")]
+    )
+    assert by_ids[0] == pytest.approx(sent.data[0].embedding, abs=1e-6)
 
 
 def _embeddings(base_url: str, **options: Any) -> OpenAIEmbeddings:

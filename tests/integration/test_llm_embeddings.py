@@ -67,3 +67,9 @@ def test_sentence_embeddings_are_normalised_and_put_like_texts_close(
 
     assert cosine(cat, kitten) > cosine(cat, tax) + 0.3
     assert embedder.decode(embedder.encode("a cat")) == "a cat" and run(loop, embedder.embed([])) == []
+    # A text's token ids (special tokens included) embed as the text; a shorter input padded
+    # beside a longer one as it would alone.
+    ids = embedder.encode("A cat sits on the mat.")
+    by_ids, short = run(loop, embedder.embed([ids, ids[:4]]))
+    assert by_ids == pytest.approx(cat, abs=1e-5)
+    assert run(loop, embedder.embed([ids[:4]]))[0] == pytest.approx(short, abs=1e-5)

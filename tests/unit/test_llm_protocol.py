@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from app_toolkit.llm.errors import OpenAIError
-from app_toolkit.llm.protocol import role_of, text_content
+from app_toolkit.llm.protocol import EmbeddingRequest, role_of, text_content
 
 
 def test_text_parts_of_both_apis_are_joined_by_newlines() -> None:
@@ -41,3 +41,23 @@ def test_roles_are_the_chat_templates_and_any_other_is_refused_by_name() -> None
     with pytest.raises(OpenAIError) as refused:
         role_of("tool", "input[3].role")
     assert (refused.value.param, refused.value.code) == ("input[3].role", "unsupported_parameter")
+
+
+@pytest.mark.parametrize(
+    ("given", "inputs"),
+    [
+        ("one text", ["one text"]),
+        (["a", "b"], ["a", "b"]),
+        ([101, 7, 102], [[101, 7, 102]]),  # one input as token ids
+        ([[101, 102], [5]], [[101, 102], [5]]),
+    ],
+)
+def test_embeddings_take_texts_or_token_ids(given: object, inputs: list[object]) -> None:
+    assert EmbeddingRequest.model_validate({"input": given}).inputs() == inputs
+
+
+@pytest.mark.parametrize("given", ["", [], ["a", ""], [[1], []], [[3, -1]], ["x"] * 2_049])
+def test_an_empty_input_a_negative_id_or_too_many_are_a_400_naming_input(given: object) -> None:
+    with pytest.raises(OpenAIError) as refused:
+        EmbeddingRequest.model_validate({"input": given}).inputs()
+    assert refused.value.status == 400 and refused.value.param == "input"

@@ -85,13 +85,36 @@ class SentenceEngine:
         """Text of ``token_ids``, special tokens skipped."""
         return str(self._loaded().tokenizer.decode(list(token_ids), skip_special_tokens=True))
 
-    async def embed(self, texts: list[str]) -> list[list[float]]:
-        """One vector of length ``dimensions`` and norm 1 per text, in order."""
+    async def embed(self, inputs: Sequence[str | Sequence[int]]) -> list[list[float]]:
+        """One vector of length ``dimensions`` and norm 1 per input, in order: a text, or
+        token ids read as they are (no special tokens added, as vLLM reads them)."""
         model = self._loaded()
-        if not texts:
+        if not inputs:
             return []
-        vectors = await asyncio.to_thread(model.encode, texts, normalize_embeddings=True)
-        return [[float(value) for value in vector] for vector in vectors]
+        return await asyncio.to_thread(self._vectors, model, list(inputs))
+
+    @staticmethod
+    def _vectors(model: Any, inputs: list[str | Sequence[int]]) -> list[list[float]]:
+        import torch
+
+        texts = [index for index, item in enumerate(inputs) if isinstance(item, str)]
+        ids = [index for index, item in enumerate(inputs) if not isinstance(item, str)]
+        vectors: dict[int, list[float]] = {}
+        if texts:
+            made = model.encode([inputs[index] for index in texts], normalize_embeddings=True)
+            vectors.update(zip(texts, made.tolist(), strict=True))
+        if ids:
+            rows = [list(inputs[index]) for index in ids]
+            longest = max(len(row) for row in rows)
+            pad = model.tokenizer.pad_token_id or 0
+            features = {
+                "input_ids": torch.tensor([row + [pad] * (longest - len(row)) for row in rows]),
+                "attention_mask": torch.tensor([[1] * len(row) + [0] * (longest - len(row)) for row in rows]),
+            }
+            with torch.inference_mode():
+                pooled = model(features)["sentence_embedding"]
+            vectors.update(zip(ids, torch.nn.functional.normalize(pooled, p=2, dim=1).tolist(), strict=True))
+        return [vectors[index] for index in range(len(inputs))]
 
     async def close(self) -> None:
         """Let go of the model."""

@@ -246,9 +246,9 @@ class OpenAIIngress:
 
     @api.post("/v1/embeddings")
     async def embeddings(self, request: EmbeddingRequest) -> dict[str, Any]:
-        texts = request.texts()
+        inputs = request.inputs()
         name, handle = self._pick(request.model, "embed")
-        vectors, tokens = await handle.embed.remote(texts, request.dimensions)
+        vectors, tokens = await handle.embed.remote(inputs, request.dimensions)
         encode = _base64 if request.encoding_format == "base64" else list
         return {
             "object": "list",
