@@ -291,6 +291,10 @@ class TextEngine(Protocol):
     def current_load(self) -> EngineLoad:
         """What it holds now; cheap, never waits."""
 
+    async def check_health(self) -> None:
+        """Raise if the engine can serve no more (a process of its died, its loop ended):
+        the replica's health check fails and the replica is replaced."""
+
     async def close(self) -> None:
         """Free the model."""
 
@@ -321,6 +325,9 @@ class EmbeddingEngine(Protocol):
 
     def decode(self, token_ids: Sequence[int]) -> str:
         """Text of ``token_ids``."""
+
+    async def check_health(self) -> None:
+        """Raise if the engine can serve no more."""
 
     async def embed(self, inputs: Sequence[str | Sequence[int]]) -> list[list[float]]:
         """One normalised vector per input, in order (a batch): a text, or token ids read

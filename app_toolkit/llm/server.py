@@ -88,6 +88,11 @@ class LLMServer:
             await self._adapters.release_all()
         await self._engine.close()
 
+    async def check_health(self) -> None:
+        """The replica's health check (Ray Serve LLM's too): fails once the engine can serve
+        no more, and the replica is replaced."""
+        await self._engine.check_health()
+
     def card(self) -> ModelCard:
         return self._card
 
@@ -238,12 +243,7 @@ class LLMServer:
         self, engine: EmbeddingEngine, inputs: list[str] | list[list[int]]
     ) -> tuple[list[list[float]], int]:
         counts = [len(engine.encode(item)) if isinstance(item, str) else len(item) for item in inputs]
-        highest = max((max(item) for item in inputs if not isinstance(item, str)), default=-1)
-        if highest >= engine.vocab_size:
-            raise bad_parameter(
-                "input",
-                f"Token id {highest} is out of vocabulary (this model's ids are below {engine.vocab_size}).",
-            )
+        _check_ids(engine, [token for item in inputs if not isinstance(item, str) for token in item], "input")
         longest = max(counts)
         if longest > engine.context_window:
             raise OpenAIError(

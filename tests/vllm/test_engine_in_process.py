@@ -13,6 +13,7 @@ from collections.abc import AsyncGenerator, Iterator
 import pytest
 
 from app_toolkit.llm import EngineLoad, EngineRequest, LLMConfig, Sampling, TextEngine
+from app_toolkit.llm.engines.vllm import VLLMEngine
 from app_toolkit.llm.loading import engine_for
 from tests.vllm.test_vllm_engine import ENGINE_KWARGS
 
@@ -100,3 +101,24 @@ def test_a_continued_reply_goes_on_as_the_whole_reply(
     # 128 of its 129 tokens are cached: only the prompt's 122 are reported as the prompt's.
     assert reported == [len(prompt)]
     assert loop.run_until_complete(reply(tuple(whole))) == []  # nothing left to produce
+
+
+def test_a_reply_closed_early_leaves_vllm_and_a_live_engine_is_healthy(
+    engine: TextEngine, loop: asyncio.AbstractEventLoop
+) -> None:
+    """What a client leaving, and a drain's deadline, do to a reply (its stream closes)."""
+    assert isinstance(engine, VLLMEngine)
+    llm = engine._loaded()  # vLLM's AsyncLLM: its own count of requests
+
+    async def scenario() -> None:
+        prompt = engine.encode("Count to one hundred:")
+        request = EngineRequest(prompt, Sampling(max_tokens=500, ignore_eos=True))
+        reply = engine.generate(request)
+        assert isinstance(reply, AsyncGenerator)
+        await anext(reply)
+        assert llm.get_num_unfinished_requests() == 1
+        await reply.aclose()
+        assert llm.get_num_unfinished_requests() == 0  # aborted: not decoded to its 500 tokens
+        await engine.check_health()
+
+    loop.run_until_complete(scenario())

@@ -3,8 +3,8 @@
 One ``app-toolkit run`` of a Ray Serve LLM config file with vLLM's own engine arguments
 serves SmolLM2 for the whole module (a vLLM engine takes about 30 s to start on a 2-core
 host), as a user starts it. The main suite does not collect this folder (tests/conftest.py);
-this job runs it with ``--noconftest``. The last two tests kill the model's replica and then
-stop the command: they run last (pytest keeps the file's order).
+this job runs it with ``--noconftest``. The last three tests kill the model's engine core,
+then its replica, then stop the command: they run last (pytest keeps the file's order).
 """
 
 from __future__ import annotations
@@ -693,6 +693,29 @@ def test_an_argument_vllm_does_not_know_is_named_before_deploying() -> None:
         )
 
 
+def _answered(served: Served) -> httpx.Response | None:
+    body = {"model": "smollm2", "prompt": "The capital of France is", "max_tokens": 2, "temperature": 0}
+    try:
+        reply = _post(served, "/v1/completions", body)
+    except httpx.HTTPError:
+        return None
+    return reply if reply.status_code == 200 else None
+
+
+def test_a_replica_whose_engine_core_died_fails_its_health_check_and_is_replaced(served: Served) -> None:
+    replicas = {pid for pid, name in served.processes() if name == "ray::ReplicaAct"}
+    cores = [pid for pid, name in served.processes() if name.startswith("VLLM::EngineCor")]
+    assert len(cores) == 1, served.processes()
+    owner = next(pid for pid in replicas if cores[0] in _children(pid))
+    os.kill(cores[0], signal.SIGKILL)
+    # vLLM marks its engine dead; the replica's health check (LLMServer.check_health) fails
+    # and the controller stops it and starts another.
+    wait_for(lambda: owner not in {pid for pid, _ in served.processes()}, START_S, "the replica stopping")
+    reply = wait_for(lambda: _answered(served), START_S, "a new replica answering", interval_s=2)
+    assert reply.json()["choices"][0]["text"] == " Paris."
+    assert "health check" in served.log.read_text().lower()
+
+
 def test_a_killed_replica_leaves_no_engine_process_and_is_replaced(served: Served) -> None:
     replicas = [pid for pid, name in served.processes() if name == "ray::ReplicaAct"]
     engines = {pid: name for pid, name in served.processes() if name.startswith("VLLM::")}
@@ -705,16 +728,7 @@ def test_a_killed_replica_leaves_no_engine_process_and_is_replaced(served: Serve
         return not set(engines) & {pid for pid, _ in served.processes()}
 
     wait_for(engines_gone, 30, f"vLLM's processes ending with their replica ({engines})")
-    body = {"model": "smollm2", "prompt": "The capital of France is", "max_tokens": 2, "temperature": 0}
-
-    def answered() -> httpx.Response | None:
-        try:
-            reply = _post(served, "/v1/completions", body)
-        except httpx.HTTPError:
-            return None
-        return reply if reply.status_code == 200 else None
-
-    reply = wait_for(answered, START_S, "a new replica answering", interval_s=2)
+    reply = wait_for(lambda: _answered(served), START_S, "a new replica answering", interval_s=2)
     assert reply.json()["choices"][0]["text"] == " Paris."
 
 

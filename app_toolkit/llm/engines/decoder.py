@@ -244,6 +244,12 @@ class Decoder:
                 "The decoder's %s hook failed; decoding goes on", getattr(callback, "__name__", callback)
             )
 
+    def check_health(self) -> None:
+        """Raise if the decoding loop has ended (it ends only by close() or a fault)."""
+        task = self._task
+        if task is not None and task.done() and not task.cancelled():
+            raise RuntimeError("The decoder's loop has ended") from task.exception()
+
     async def close(self) -> None:
         self._passes.close()
         if self._task is not None:

@@ -210,6 +210,9 @@ class EchoEngine:
         """No slots: every reply streams at once; each has the tokens it may still produce."""
         return EngineLoad.of(0, tuple(self._remaining.values()))
 
+    async def check_health(self) -> None:
+        """Nothing can fail apart from the replica."""
+
     async def close(self) -> None:
         """Nothing to free."""
 

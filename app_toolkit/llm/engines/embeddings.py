@@ -116,6 +116,9 @@ class SentenceEngine:
             vectors.update(zip(ids, torch.nn.functional.normalize(pooled, p=2, dim=1).tolist(), strict=True))
         return [vectors[index] for index in range(len(inputs))]
 
+    async def check_health(self) -> None:
+        """The model runs in the replica's process: it lives as long as the replica."""
+
     async def close(self) -> None:
         """Let go of the model."""
         self._model = None

@@ -190,6 +190,11 @@ class TransformersEngine(TokenizerText):
         """What the decoder holds now (``EngineLoad``)."""
         return EngineLoad.of(self.slots, ()) if self._decoder is None else self._decoder.current_load()
 
+    async def check_health(self) -> None:
+        """Raise if decoding has stopped for good (its loop ended by a fault)."""
+        if self._decoder is not None:
+            self._decoder.check_health()
+
     async def close(self) -> None:
         """Stop decoding and let go of the model."""
         if self._decoder is not None:

@@ -337,6 +337,11 @@ class VLLMEngine(TokenizerText):
         waiting = min(scheduler.waiting, replies - running)
         return EngineLoad(self.slots, running, waiting, kv_cache_use=scheduler.kv_cache_use)
 
+    async def check_health(self) -> None:
+        """Raise vLLM's EngineDeadError once its engine core has died (vLLM watches the
+        process): the replica is then replaced."""
+        await self._loaded().check_health()
+
     async def close(self) -> None:
         """Abort the replies in vLLM, stop its engine (its processes end) and remove a
         scratch checkpoint."""
