@@ -101,6 +101,37 @@ def test_a_reader_that_leaves_frees_its_row(model: Any) -> None:
     asyncio.run(scenario())
 
 
+def test_a_decoder_whose_loop_ended_by_a_fault_fails_its_health_check(
+    model: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def scenario() -> None:
+        decoder = Decoder(model, {EOS}, max_batch_size=1)
+        try:
+            assert len(await reply(decoder, PROMPTS[0], max_tokens=2)) == 2
+            decoder.check_health()  # its loop waits for work: healthy
+
+            def fault() -> None:
+                raise MemoryError("a fault outside a pass")
+
+            monkeypatch.setattr(decoder, "_drop_finished", fault)  # the loop's first step
+            waiting = asyncio.ensure_future(reply(decoder, PROMPTS[1], max_tokens=2))
+
+            async def unhealthy() -> RuntimeError | None:
+                try:
+                    decoder.check_health()
+                except RuntimeError as exc:
+                    return exc
+                return None
+
+            failed = await wait_for_async(unhealthy, timeout_s=10, what="the health check failing")
+            assert "loop has ended" in str(failed) and isinstance(failed.__cause__, MemoryError)
+            waiting.cancel()
+        finally:
+            await decoder.close()
+
+    asyncio.run(scenario())
+
+
 def test_the_load_it_reports_counts_slots_remaining_tokens_and_the_queue(model: Any) -> None:
     """What a model pool's autoscaling sees (examples/chat/chat/scaling.py)."""
 
