@@ -39,6 +39,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -74,8 +75,11 @@ def model_folder() -> Path:
     return folder
 
 
-def start(setup: str, folder: Path, work: Path) -> tuple[subprocess.Popen[bytes], str]:
-    """One server, ready: its process and base URL."""
+def start(
+    setup: str, folder: Path, work: Path, vllm_options: Sequence[str] = ()
+) -> tuple[subprocess.Popen[bytes], str]:
+    """One server, ready: its process and base URL (``vllm_options``: more of ``vllm serve``'s
+    options, for the tests)."""
     port = free_port()
     env = dict(os.environ, VLLM_NO_USAGE_STATS="1", RAY_USAGE_STATS_ENABLED="0")
     env.pop("RAY_ADDRESS", None)
@@ -103,6 +107,7 @@ def start(setup: str, folder: Path, work: Path) -> tuple[subprocess.Popen[bytes]
             "127.0.0.1",
             "--port",
             str(port),
+            *vllm_options,
         ]
     else:
         config = {

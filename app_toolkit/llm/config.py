@@ -79,8 +79,9 @@ class ModelLoadingConfig(Schema):
 
 
 class LoraConfig(Schema):
-    """LoRA adapters of a model, read from a local folder and applied with peft; clients
-    name them "model_id:adapter" (docs/llm.md, "LoRA adapters")."""
+    """LoRA adapters of a model, read from a local folder and applied by the engine (vLLM's
+    LoRA, or peft on the transformers engine); clients name them "model_id:adapter"
+    (docs/llm.md, "LoRA adapters")."""
 
     dynamic_lora_loading_path: str | None = Field(
         None,
@@ -248,7 +249,7 @@ class LLMConfig(Schema):
     def _adapters_need_a_model(self) -> LLMConfig:
         if self.lora_config is not None and self.engine_name != "transformers":
             raise ValueError(
-                f"lora_config needs a generative model on the transformers engine; llm_engine "
+                f"lora_config needs a generative model (the vLLM or transformers engine); llm_engine "
                 f"{self.llm_engine!r} runs {self.engine_name}: remove lora_config"
             )
         return self

