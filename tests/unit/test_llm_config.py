@@ -724,7 +724,10 @@ def test_which_engine_serves_a_config_with_vllm_installed_or_not() -> None:
     assert chosen(True) == "vllm" and chosen(False) == "transformers"
     assert chosen(True, llm_engine="transformers") == "transformers"
     assert chosen(True, llm_engine="echo") == "echo"
-    assert chosen(True, engine_kwargs={"runner": "pooling"}) == "embeddings"
+    pooling = {"runner": "pooling"}
+    assert (
+        chosen(True, engine_kwargs=pooling) == "vllm" and chosen(False, engine_kwargs=pooling) == "embeddings"
+    )
     lora = {"dynamic_lora_loading_path": "/tmp"}
     assert chosen(True, lora_config=lora) == "vllm" and chosen(False, lora_config=lora) == "transformers"
     with pytest.raises(
@@ -736,8 +739,9 @@ def test_which_engine_serves_a_config_with_vllm_installed_or_not() -> None:
     ):
         chosen(False, accelerator_type="L4")
     assert chosen(True, lora_config=lora, engine_kwargs={"max_num_batched_tokens": 8}) == "vllm"
-    with pytest.raises(tk.ConfigError, match="an embedding model .* runs on the embeddings engine"):
-        chosen(True, engine_kwargs={"runner": "pooling", "max_num_batched_tokens": 8})
+    assert chosen(True, engine_kwargs={**pooling, "max_num_batched_tokens": 8}) == "vllm"
+    with pytest.raises(tk.ConfigError, match="or remove them to run the embeddings engine"):
+        chosen(False, engine_kwargs={**pooling, "max_num_batched_tokens": 8})
 
 
 def _bundles(**fields: Any) -> Any:

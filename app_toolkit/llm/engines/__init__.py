@@ -1,6 +1,6 @@
 """The engines an LLM deployment can run, chosen by name (``"vllm"``, ``"transformers"``,
-``"echo"``, ``"embeddings"``); each is imported only when chosen, so that choosing the echo
-engine imports no torch, and no engine but vLLM's imports vLLM."""
+``"echo"``, ``"embeddings"``, ``"vllm-pooling"``); each is imported only when chosen, so
+that choosing the echo engine imports no torch, and no engine but vLLM's imports vLLM."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any, Literal, overload
 from ..engine import EmbeddingEngine, TextEngine
 
 #: The names :func:`make_engine` takes.
-ENGINE_NAMES = ("vllm", "transformers", "echo", "embeddings")
+ENGINE_NAMES = ("vllm", "transformers", "echo", "embeddings", "vllm-pooling")
 
 
 @overload
@@ -17,7 +17,7 @@ def make_engine(name: Literal["vllm", "transformers", "echo"], **options: Any) -
 
 
 @overload
-def make_engine(name: Literal["embeddings"], **options: Any) -> EmbeddingEngine: ...
+def make_engine(name: Literal["embeddings", "vllm-pooling"], **options: Any) -> EmbeddingEngine: ...
 
 
 @overload
@@ -32,7 +32,9 @@ def make_engine(name: str, **options: Any) -> TextEngine | EmbeddingEngine:
     - ``"transformers"``: :class:`~.transformers.TransformersEngine` (a causal LM read by
       transformers, continuous batching);
     - ``"echo"``: :class:`~.echo.EchoEngine` (no model; repeats the prompt);
-    - ``"embeddings"``: :class:`~.embeddings.SentenceEngine` (sentence embeddings).
+    - ``"embeddings"``: :class:`~.embeddings.SentenceEngine` (sentence embeddings);
+    - ``"vllm-pooling"``: :class:`~.vllm_pooling.VLLMPoolingEngine` (embeddings on vLLM's
+      pooling runner; needs ``vllm`` installed).
     """
     if name == "echo":
         from .echo import EchoEngine
@@ -50,4 +52,8 @@ def make_engine(name: str, **options: Any) -> TextEngine | EmbeddingEngine:
         from .embeddings import SentenceEngine
 
         return SentenceEngine(**options)
+    if name == "vllm-pooling":
+        from .vllm_pooling import VLLMPoolingEngine
+
+        return VLLMPoolingEngine(**options)
     raise ValueError(f"Unknown engine {name!r}: choose one of {', '.join(ENGINE_NAMES)}")

@@ -16,10 +16,10 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
 
 from app_toolkit import metrics
 
@@ -29,6 +29,9 @@ from ..vllm_arguments import GRAMMAR_BACKEND, version
 from . import gguf_cache, prometheus_series
 from .hf_tokenizer import TokenizerText, end_of_turn_ids
 from .vllm_adapters import VLLMAdapters
+
+if TYPE_CHECKING:
+    from vllm.v1.engine.async_llm import AsyncLLM
 
 logger = logging.getLogger(__name__)
 
@@ -132,7 +135,7 @@ class VLLMEngine(TokenizerText):
         path: str | os.PathLike[str],
         gguf_file: str | None,
         model_id: str,
-        arguments: dict[str, Any],
+        arguments: Mapping[str, object],
         tokenizer_path: str | os.PathLike[str] | None = None,
         adapters_path: str | os.PathLike[str] | None = None,
     ) -> None:
@@ -143,14 +146,14 @@ class VLLMEngine(TokenizerText):
         self._model_id = model_id
         self._arguments = dict(arguments)
         self._tokenizer_path = None if tokenizer_path is None else Path(tokenizer_path)
-        self.context_window = int(arguments.get("max_model_len") or 0)  # the model's own, once loaded
-        self.slots = int(arguments.get("max_num_seqs") or 0)
+        self.context_window = _count(arguments.get("max_model_len"))  # the model's own, once loaded
+        self.slots = _count(arguments.get("max_num_seqs"))
         #: What it can do; whether vLLM keeps a prefix cache is known once it is loaded.
         #: A continued reply reads its tokens as part of the prompt: they count for
         #: ``repetition_penalty`` (as the prompt does) but not for the presence and frequency
         #: penalties, and vLLM's grammar would start again after them (no continuation under one).
         self.capabilities = Capabilities(logprobs=True, structured="native", continuation="unconstrained")
-        self._llm: Any = None
+        self._llm: AsyncLLM | None = None
         self._scratch: Path | None = None
         #: End-of-turn tokens vLLM does not end a reply on by itself (not its EOS ids).
         self._end_of_turn: tuple[int, ...] = ()
@@ -183,10 +186,11 @@ class VLLMEngine(TokenizerText):
         imported = time.monotonic()
         folder = self._checkpoint()
         arguments = dict(self._arguments)
-        if current_platform.is_cpu() and not _kv_cache_sized(arguments):
+        if current_platform.is_cpu() and not kv_cache_sized(arguments):
             arguments["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
         # The server's grammars are llguidance's Lark (structured.py): vLLM's guidance reads them.
-        structured = dict(arguments.get("structured_outputs_config") or {})
+        given = arguments.get("structured_outputs_config")
+        structured = dict(given) if isinstance(given, Mapping) else {}
         arguments["structured_outputs_config"] = StructuredOutputsConfig(
             **{**structured, "backend": GRAMMAR_BACKEND}
         )
@@ -231,7 +235,7 @@ class VLLMEngine(TokenizerText):
             imported - started,
             self.context_window,
             self.slots,
-            _kv_cache_said(arguments),
+            kv_cache_said(arguments),
         )
 
     def _checkpoint(self) -> Path:
@@ -242,7 +246,7 @@ class VLLMEngine(TokenizerText):
             raise FileNotFoundError(
                 f"{self.path} holds no {self.gguf_file}: name a GGUF file that is in the folder"
             )
-        dtype = DTYPES[self._arguments.get("dtype", "auto")]  # vLLM's name, as torch names it
+        dtype = DTYPES[str(self._arguments.get("dtype", "auto"))]  # vLLM's name, as torch names it
         folder, scratch = gguf_cache.checkpoint(gguf, dtype)
         self._scratch = folder if scratch else None
         return folder
@@ -373,25 +377,34 @@ class VLLMEngine(TokenizerText):
             shutil.rmtree(self._scratch, ignore_errors=True)
             self._scratch = None
 
-    def _loaded(self) -> Any:
+    def _loaded(self) -> AsyncLLM:
         if self._llm is None:
             raise RuntimeError("The engine is not loaded: call load() first (once per replica)")
         return self._llm
 
 
-def _logprobs(given: Any, index: int, token: int, count: int | None) -> Logprobs | None:
+class _Logprob(Protocol):
+    """What this engine reads of vLLM's ``Logprob``."""
+
+    logprob: float
+    rank: int | None
+
+
+def _logprobs(
+    given: Sequence[Mapping[int, _Logprob]], index: int, token: int, count: int | None
+) -> Logprobs | None:
     """The ``index``-th token's log-probabilities, from vLLM's (a mapping per token of
     token id to its ``Logprob``: the chosen token's and the ``count`` likeliest)."""
     if count is None or index >= len(given):
         return None
     step = given[index]
-    ranked = sorted((entry.rank, candidate, entry.logprob) for candidate, entry in step.items())
+    ranked = sorted((entry.rank or 0, candidate, entry.logprob) for candidate, entry in step.items())
     top = tuple((candidate, float(logprob)) for rank, candidate, logprob in ranked if rank <= count)
     chosen = step.get(token)
     return Logprobs(float(chosen.logprob) if chosen is not None else UNLIKELY, top[:count])
 
 
-def _kv_cache_sized(arguments: dict[str, Any]) -> bool:
+def kv_cache_sized(arguments: Mapping[str, object]) -> bool:
     """Whether the user sized vLLM's KV cache (an argument, or vLLM's CPU variable)."""
     return (
         arguments.get("kv_cache_memory_bytes") is not None
@@ -400,10 +413,16 @@ def _kv_cache_sized(arguments: dict[str, Any]) -> bool:
     )
 
 
-def _kv_cache_said(arguments: dict[str, Any]) -> str:
+def kv_cache_said(arguments: Mapping[str, object]) -> str:
+    """The KV cache's size as the start-up log gives it."""
     size = arguments.get("kv_cache_memory_bytes")
-    if size is not None:
+    if isinstance(size, int | float):
         return f"{int(size) / 2**30:.2f} GiB"
     if os.environ.get(CPU_KV_CACHE_ENV):
         return f"{os.environ[CPU_KV_CACHE_ENV]} GiB ({CPU_KV_CACHE_ENV})"
     return "vLLM's default"
+
+
+def _count(value: object) -> int:
+    """An argument's count (0 where it is not set)."""
+    return value if isinstance(value, int) else 0

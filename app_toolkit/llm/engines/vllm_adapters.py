@@ -10,10 +10,14 @@ import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from . import adapters
 from .adapters import AdapterNotFound, AdapterRefused
+
+if TYPE_CHECKING:
+    from vllm.lora.request import LoRARequest
+    from vllm.v1.engine.async_llm import AsyncLLM
 
 logger = logging.getLogger(__name__)
 
@@ -22,10 +26,10 @@ class VLLMAdapters:
     """The adapters of ``folder`` (one subfolder each, as ``adapters.py`` finds them), for
     the ``AsyncLLM`` that ``llm()`` gives once the engine is loaded."""
 
-    def __init__(self, folder: Path, llm: Callable[[], Any]) -> None:
+    def __init__(self, folder: Path, llm: Callable[[], AsyncLLM]) -> None:
         self.folder = folder
         self._llm = llm
-        self._loaded: dict[str, Any] = {}  # adapter id -> its LoRARequest
+        self._loaded: dict[str, LoRARequest] = {}
         self._held: collections.Counter[str] = collections.Counter()
         self._evicted: set[str] = set()  # unloaded while a reply held it: removed on release
         self._next_id = 1  # vLLM's adapter ids are positive integers
@@ -57,7 +61,7 @@ class VLLMAdapters:
         self._loaded[adapter_id] = request
         logger.info("vLLM loaded adapter %r in %.3f s", adapter_id, time.monotonic() - started)
 
-    def request(self, adapter_id: str) -> Any:
+    def request(self, adapter_id: str) -> LoRARequest:
         """The ``LoRARequest`` a reply with ``adapter_id`` (loaded) sends."""
         loaded = self._loaded.get(adapter_id)
         if loaded is None:

@@ -1,0 +1,150 @@
+"""vLLM's pooling runner in the model's replica: an embedding model (``engine_kwargs.runner:
+pooling``) on ``llm_engine: vLLM`` where the ``vllm`` module imports.
+
+vLLM reads the model's folder as it reads it for ``vllm serve --runner pooling`` (a
+sentence-transformers folder: its pooling and normalisation from ``modules.json``); the
+server sends token ids and gets one vector per input, normalised (vLLM's
+``use_activation``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+import uuid
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from app_toolkit import metrics
+
+from . import prometheus_series
+from .hf_tokenizer import TokenizerText
+from .vllm import CPU_KV_CACHE_BYTES, METRICS_SOURCE, kv_cache_said, kv_cache_sized
+
+if TYPE_CHECKING:
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+logger = logging.getLogger(__name__)
+
+
+class VLLMPoolingEngine(TokenizerText):
+    """Embeddings from vLLM's ``AsyncLLM`` on its pooling runner, batched by its scheduler.
+
+    Args:
+        path: The model's folder (a Hugging Face or sentence-transformers checkpoint).
+        model_id: The name clients use (vLLM's ``served_model_name``).
+        arguments: vLLM's engine arguments (``AsyncEngineArgs``' fields), less ``model``
+            and ``runner``.
+        tokenizer_path: The tokenizer's folder (``tokenizer_source``); None: the model's.
+    """
+
+    #: The engine's name, as the start-up log and ``/v1/models`` give it.
+    name = "vllm"
+    task: Literal["embed"] = "embed"
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        model_id: str,
+        arguments: dict[str, object],
+        tokenizer_path: str | os.PathLike[str] | None = None,
+    ) -> None:
+        self.path = Path(path)
+        self._model_id = model_id
+        self._arguments = {key: value for key, value in arguments.items() if key not in ("runner", "task")}
+        self._tokenizer_path = None if tokenizer_path is None else Path(tokenizer_path)
+        self.context_window = 0  # the model's, once loaded
+        self.dimensions = 0  # known once loaded
+        self._llm: AsyncLLM | None = None
+
+    def load(self) -> None:
+        """Start vLLM's engine on the model (its engine core runs in a process of its own);
+        what a failed start made is undone."""
+        started = time.monotonic()
+        from transformers import AutoTokenizer
+        from vllm import AsyncEngineArgs
+        from vllm.platforms import current_platform
+        from vllm.v1.engine.async_llm import AsyncLLM
+
+        arguments = dict(self._arguments)
+        if current_platform.is_cpu() and not kv_cache_sized(arguments):
+            arguments["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
+        arguments.setdefault("enable_log_requests", False)
+        tokenizer = self._tokenizer_path or self.path
+        engine_args = AsyncEngineArgs(
+            model=str(self.path),
+            tokenizer=str(tokenizer),
+            served_model_name=[self._model_id],
+            runner="pooling",
+            **arguments,
+        )
+        config = engine_args.create_engine_config()
+        try:
+            llm = AsyncLLM.from_vllm_config(
+                config,
+                enable_log_requests=bool(arguments["enable_log_requests"]),
+                disable_log_stats=engine_args.disable_log_stats,
+            )
+            self._llm = llm
+            self.context_window = int(config.model_config.max_model_len)
+            self.dimensions = int(config.model_config.embedding_size)
+            self.tokenizer = AutoTokenizer.from_pretrained(
+                tokenizer, local_files_only=True, trust_remote_code=bool(arguments.get("trust_remote_code"))
+            )
+        except BaseException:
+            self._stop()
+            raise
+        metrics.add_source(METRICS_SOURCE, prometheus_series.series("vllm:"))
+        logger.info(
+            "vLLM serves %s on its pooling runner in %.1f s: max_model_len %d, %d dimensions, KV cache %s",
+            self.path,
+            time.monotonic() - started,
+            self.context_window,
+            self.dimensions,
+            kv_cache_said(arguments),
+        )
+
+    async def embed(self, inputs: Sequence[str | Sequence[int]]) -> list[list[float]]:
+        """One vector of length ``dimensions`` and norm 1 per input, in order: a text
+        (tokenised with its special tokens) or token ids read as they are."""
+        from vllm import PoolingParams
+        from vllm.inputs import TokensPrompt
+
+        llm = self._loaded()
+
+        async def one(tokens: list[int]) -> list[float]:
+            request_id = uuid.uuid4().hex
+            pooling = PoolingParams(task="embed", use_activation=True)  # one vector, normalised
+            outputs = llm.encode(TokensPrompt(prompt_token_ids=tokens), pooling, request_id)
+            vector: list[float] = []
+            try:
+                async for output in outputs:
+                    vector = [float(value) for value in output.outputs.data.tolist()]
+            finally:
+                await outputs.aclose()  # aborts the request in vLLM if it is still running
+            return vector
+
+        prompts = [self.encode(item) if isinstance(item, str) else list(item) for item in inputs]
+        return list(await asyncio.gather(*(one(tokens) for tokens in prompts)))
+
+    async def check_health(self) -> None:
+        """Raise vLLM's EngineDeadError once its engine core has died: the replica is then
+        replaced."""
+        await self._loaded().check_health()
+
+    async def close(self) -> None:
+        """Stop vLLM's engine (its processes end)."""
+        await asyncio.to_thread(self._stop)
+
+    def _stop(self) -> None:
+        if self._llm is not None:
+            self._llm.shutdown()
+            self._llm = None
+
+    def _loaded(self) -> AsyncLLM:
+        if self._llm is None:
+            raise RuntimeError("The engine is not loaded: call load() first (once per replica)")
+        return self._llm
