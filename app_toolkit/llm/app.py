@@ -31,11 +31,11 @@ INGRESS_ONGOING = 1_000
 
 
 def build_llm_deployment(
-    llm_config: LLMConfig | Mapping[str, Any],
+    llm_config: LLMConfig | Mapping[str, object],
     *,
     name_prefix: str | None = None,
-    bind_kwargs: Mapping[str, Any] | None = None,
-    override_serve_options: Mapping[str, Any] | None = None,
+    bind_kwargs: Mapping[str, object] | None = None,
+    override_serve_options: Mapping[str, object] | None = None,
     deployment_cls: type[LLMServer] | None = None,
 ) -> tk.Application:
     """One model's deployment, ready to bind into an application or run alone (reached
@@ -50,6 +50,7 @@ def build_llm_deployment(
     name = config.deployment_name
     if name_prefix is not None and config.deployment_config.name is None:
         name = name_prefix + name.removeprefix("LLMServer-")
+    # deployment()'s keyword arguments (DeploymentConfig's fields, dumped); ray_actor_options is read below.
     options: dict[str, Any] = {"max_ongoing_requests": _ongoing(config), **config.deployment_options()}
     if config.engine_name != "echo":  # a model computes on the CPU it reserves (torch: one thread per CPU)
         options["ray_actor_options"] = {"num_cpus": MODEL_CPUS, **(options.get("ray_actor_options") or {})}
@@ -68,7 +69,7 @@ def build_llm_deployment(
     return tk.deployment(name=name, **options)(target).bind(config, **dict(bind_kwargs or {}))
 
 
-def build_openai_app(llm_serving_args: LLMServingArgs | Mapping[str, Any]) -> tk.Application:
+def build_openai_app(llm_serving_args: LLMServingArgs | Mapping[str, object]) -> tk.Application:
     """An OpenAI-compatible application: every model of ``llm_serving_args`` in its own
     deployment, behind one ingress (``/v1/models``, ``/v1/chat/completions``,
     ``/v1/completions``, ``/v1/responses``, ``/v1/embeddings``, ``/tokenize``, ``/detokenize``).
@@ -89,7 +90,7 @@ def build_openai_app(llm_serving_args: LLMServingArgs | Mapping[str, Any]) -> tk
     return tk.deployment(name=name, **options)(OpenAIIngress).bind(models, kinds, lora)
 
 
-def _most_replicas(options: dict[str, Any]) -> int:
+def _most_replicas(options: Mapping[str, object]) -> int:
     """The most replicas a deployment with ``options`` runs."""
     config = DeploymentConfig.model_validate(options)
     autoscaling = config.autoscaling_config

@@ -203,7 +203,7 @@ class LLMConfig(Schema):
     deployment_config: LLMDeploymentConfig = Field(
         default_factory=LLMDeploymentConfig, description="The model deployment's options."
     )
-    runtime_env: dict[str, Any] | None = Field(
+    runtime_env: dict[str, object] | None = Field(
         None,
         description="The model replica's runtime_env, over deployment_config.ray_actor_options.runtime_env.",
     )

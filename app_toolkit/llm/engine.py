@@ -8,9 +8,13 @@ only what differs: loading, tokenizing, and producing the next token.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedTokenizerBase
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,7 +220,7 @@ class Constraint(Protocol):
     #: The grammar's text, in llguidance's Lark syntax.
     grammar: str
 
-    def allowed(self, vocab_size: int) -> Any:
+    def allowed(self, vocab_size: int) -> torch.Tensor:
         """A boolean ``torch.Tensor`` of ``vocab_size``: True where a token may come next."""
 
     def accept(self, token_id: int) -> None:
@@ -250,7 +254,8 @@ class TextEngine(Protocol):
     def vocab_size(self) -> int:
         """Token ids run from 0 to ``vocab_size - 1``."""
 
-    #: The Hugging Face tokenizer (chat templates, grammars); None for engines without one.
+    #: The Hugging Face tokenizer (chat templates, grammars: a fast one); None for engines
+    #: without one. Any: each engine holds its own tokenizer class.
     tokenizer: Any
 
     def load(self) -> None:
@@ -267,9 +272,9 @@ class TextEngine(Protocol):
 
     def chat_prompt(
         self,
-        messages: list[dict[str, Any]],
-        tools: list[dict[str, Any]] | None = None,
-        template_kwargs: dict[str, Any] | None = None,
+        messages: Sequence[Mapping[str, object]],
+        tools: Sequence[Mapping[str, object]] | None = None,
+        template_kwargs: Mapping[str, object] | None = None,
         *,
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
@@ -315,7 +320,9 @@ class EmbeddingEngine(Protocol):
     def vocab_size(self) -> int:
         """Token ids run from 0 to ``vocab_size - 1``."""
 
-    tokenizer: Any
+    @property
+    def tokenizer(self) -> PreTrainedTokenizerBase | None:
+        """The model's Hugging Face tokenizer (None before it loads)."""
 
     def load(self) -> None:
         """Load the model (once per replica)."""

@@ -129,9 +129,9 @@ class EngineKwargs(Strict):
         return {**typed, "vllm_arguments": others} if others else typed
 
     @model_serializer(mode="wrap")
-    def _flat(self, handler: SerializerFunctionWrapHandler) -> dict[str, Any]:
+    def _flat(self, handler: SerializerFunctionWrapHandler) -> dict[str, object]:
         """Dumped as it is written: vLLM's own arguments as keys of engine_kwargs."""
-        dumped: dict[str, Any] = handler(self)
+        dumped: dict[str, object] = handler(self)
         return {**{k: v for k, v in dumped.items() if k != "vllm_arguments"}, **self.vllm_arguments}
 
     @property
@@ -175,7 +175,7 @@ class EngineKwargs(Strict):
         )
 
 
-def _parallel_sizes(arguments: dict[str, Any]) -> dict[str, str]:
+def _parallel_sizes(arguments: Mapping[str, object]) -> dict[str, str]:
     """A device count that is not a whole number of at least 1, named: the replica reserves
     a bundle per device, so the count must be what vLLM will read."""
     names = ("tensor_parallel_size", "pipeline_parallel_size")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import TypedDict
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -101,7 +101,15 @@ def stream_error(exc: BaseException) -> OpenAIErrorEvent:
     return as_openai_error(exc).event()
 
 
-def invalid_request(errors: Sequence[Any]) -> OpenAIError:
+class InvalidField(TypedDict):
+    """A field at fault, as :func:`invalid_request` reads it of pydantic's errors (their
+    ``ErrorDetails`` have these keys and more)."""
+
+    loc: tuple[int | str, ...]
+    msg: str
+
+
+def invalid_request(errors: Sequence[InvalidField]) -> OpenAIError:
     """The 400 for a request that failed validation (pydantic's error list); ``param``
     names the first field at fault (``messages[0].content``)."""
     places = [_param(error["loc"]) for error in errors]
@@ -115,7 +123,7 @@ def invalid_request(errors: Sequence[Any]) -> OpenAIError:
     )
 
 
-def _param(location: Sequence[Any]) -> str:
+def _param(location: Sequence[int | str]) -> str:
     param = ""
     for part in location:
         if part == "body":

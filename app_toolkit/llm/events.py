@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from app_toolkit.llm.engine import Sampling
+from app_toolkit.llm.openai_shapes import ChatMessage, JSONObject, ModelEntry
+
+if TYPE_CHECKING:
+    from app_toolkit.llm.tool_calls import Fragment
 
 
 @dataclass(frozen=True, slots=True)
@@ -14,22 +19,22 @@ class Generation:
     ``prompt`` (text or token ids), how to sample, and what must shape the output."""
 
     sampling: Sampling
-    messages: tuple[dict[str, Any], ...] = ()
+    messages: tuple[ChatMessage, ...] = ()
     prompt: str | tuple[int, ...] | None = None
     #: Whether ``sampling.max_tokens`` was the client's (over the window: 400) or the default.
     max_tokens_given: bool = False
     stops: tuple[str, ...] = ()
     #: The stop string that ends the reply stays in its text (vLLM's option).
     include_stop_str_in_output: bool = False
-    response_format: dict[str, Any] | None = None
-    tools: tuple[dict[str, Any], ...] = ()
-    tool_choice: str | dict[str, Any] | None = None
+    response_format: Mapping[str, object] | None = None
+    tools: tuple[JSONObject, ...] = ()
+    tool_choice: str | Mapping[str, object] | None = None
     #: Several tool calls in one reply (OpenAI's default); one unless the request says so.
     parallel_tool_calls: bool = False
     #: ``time.time()`` when the ingress took the request: the framework's share of TTFT.
     received_at: float = 0.0
     #: More variables for the chat template (vLLM's ``chat_template_kwargs``).
-    template_kwargs: dict[str, Any] | None = None
+    template_kwargs: JSONObject | None = None
     #: The template ends the prompt with the assistant's turn opened (vLLM's option).
     add_generation_prompt: bool = True
     #: The reply goes on with the last message, left open (vLLM's option: a prefill).
@@ -59,7 +64,7 @@ class Delta:
     fragments (OpenAI's ``delta.tool_calls`` items)."""
 
     text: str = ""
-    tool_calls: tuple[dict[str, Any], ...] = ()
+    tool_calls: tuple[Fragment, ...] = ()
     prompt_tokens: int = 0
     completion_tokens: int = 0
     finish_reason: str | None = None
@@ -83,7 +88,7 @@ class ModelCard:
     #: The engine serving it (its ``name``): "vllm", "transformers", "echo" or "embeddings".
     engine: str = ""
 
-    def entry(self) -> dict[str, Any]:
+    def entry(self) -> ModelEntry:
         return {
             "id": self.id,
             "object": "model",
@@ -95,7 +100,7 @@ class ModelCard:
             "max_model_len": self.context_window or None,  # 0: not known yet (not loaded)
         }
 
-    def adapter_entry(self, adapter: str) -> dict[str, Any]:
+    def adapter_entry(self, adapter: str) -> ModelEntry:
         """What ``/v1/models`` says of a LoRA adapter of this model (``adapter``: "model:name"),
         as vLLM lists one: its parent is the model."""
         return {**self.entry(), "id": adapter, "root": adapter, "parent": self.id}

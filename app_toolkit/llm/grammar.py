@@ -13,13 +13,15 @@ from __future__ import annotations
 import threading
 import weakref
 from collections import OrderedDict
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import llguidance
 import numpy as np
 
 if TYPE_CHECKING:
+    import numpy.typing as npt
     import torch
+    from transformers import PreTrainedTokenizerFast
 
 #: Compiled grammars kept per tokenizer (least recently used dropped first).
 GRAMMAR_CACHE_SIZE = 64
@@ -41,7 +43,7 @@ def library_reason(message: str) -> str:
 class _TokenizerGrammars:
     """One tokenizer's llguidance view and the grammars compiled for it."""
 
-    def __init__(self, hf_tokenizer: Any) -> None:
+    def __init__(self, hf_tokenizer: PreTrainedTokenizerFast) -> None:
         import llguidance.hf  # imports transformers: only where a model has been loaded
 
         self.tokenizer = llguidance.hf.from_tokenizer(hf_tokenizer)
@@ -70,11 +72,13 @@ class _TokenizerGrammars:
         return compiled
 
 
-_tokenizers: weakref.WeakKeyDictionary[Any, _TokenizerGrammars] = weakref.WeakKeyDictionary()
+_tokenizers: weakref.WeakKeyDictionary[PreTrainedTokenizerFast, _TokenizerGrammars] = (
+    weakref.WeakKeyDictionary()
+)
 _tokenizers_lock = threading.Lock()
 
 
-def _grammars_for(hf_tokenizer: Any) -> _TokenizerGrammars:
+def _grammars_for(hf_tokenizer: PreTrainedTokenizerFast) -> _TokenizerGrammars:
     with _tokenizers_lock:
         grammars = _tokenizers.get(hf_tokenizer)
         if grammars is None:
@@ -82,7 +86,7 @@ def _grammars_for(hf_tokenizer: Any) -> _TokenizerGrammars:
         return grammars
 
 
-def grammar_constraint(hf_tokenizer: Any, lark: str) -> GrammarConstraint:
+def grammar_constraint(hf_tokenizer: PreTrainedTokenizerFast, lark: str) -> GrammarConstraint:
     """A constraint that holds one reply to ``lark`` (llguidance's Lark syntax) over a
     Hugging Face fast tokenizer. Raises :class:`GrammarError` if llguidance refuses it."""
     grammars = _grammars_for(hf_tokenizer)
@@ -136,7 +140,7 @@ class GrammarConstraint:
         return bool(self._matcher.is_stopped())
 
 
-def _tensor(array: np.ndarray[Any, np.dtype[np.bool_]]) -> torch.Tensor:
+def _tensor(array: npt.NDArray[np.bool_]) -> torch.Tensor:
     """A tensor sharing ``array``'s memory (torch is imported here, where replies are
     decoded: ``structured.py`` imports this module's errors where requests are read)."""
     import torch

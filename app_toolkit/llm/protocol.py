@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from app_toolkit.llm.engine import MAX_LOGPROBS, Sampling
 from app_toolkit.llm.errors import bad_parameter
+from app_toolkit.llm.openai_shapes import JSONObject
 
 # The chat template imports these from here (projects made from it must keep working).
 from app_toolkit.llm.request_options import CHAT_RULES as CHAT_RULES
@@ -211,14 +212,14 @@ def _biases(given: dict[str, float]) -> tuple[tuple[int, float], ...]:
 class ChatCompletionRequest(_Request):
     """``POST /v1/chat/completions``."""
 
-    messages: list[dict[str, Any]] = Field(min_length=1, max_length=2_000)
+    messages: list[JSONObject] = Field(min_length=1, max_length=2_000)
     max_completion_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS)
-    response_format: dict[str, Any] | None = None
-    tools: list[dict[str, Any]] | None = Field(None, max_length=128)
-    tool_choice: str | dict[str, Any] | None = None
+    response_format: JSONObject | None = None
+    tools: list[JSONObject] | None = Field(None, max_length=128)
+    tool_choice: str | JSONObject | None = None
     parallel_tool_calls: bool | None = None
     #: vLLM's: more variables for the chat template (``{"enable_thinking": false}``).
-    chat_template_kwargs: dict[str, Any] | None = None
+    chat_template_kwargs: JSONObject | None = None
     #: vLLM's: the prompt ends with the assistant's turn opened; or, with
     #: ``continue_final_message``, the last message is left open for the reply to go on.
     add_generation_prompt: bool = True
@@ -282,7 +283,7 @@ class CompletionRequest(_Request):
         :data:`MAX_PROMPTS`, and at most :data:`MAX_CHOICES_IN_ALL` choices with ``n``."""
         prompt = self.prompt
         listed = isinstance(prompt, list) and bool(prompt) and isinstance(prompt[0], str | list)
-        given: list[Any] = list(prompt) if listed else [prompt]
+        given: list[Any] = list(prompt) if listed else [prompt]  # each text or ids: listed says so
         if len(given) > MAX_PROMPTS:
             raise bad_parameter("prompt", f"prompt holds more than {MAX_PROMPTS} prompts.")
         if len(given) * self.n > MAX_CHOICES_IN_ALL:
@@ -350,7 +351,7 @@ class TokenizeRequest(BaseModel):
 
     model: str | None = None
     prompt: str | None = Field(None, max_length=MAX_TEXT)
-    messages: list[dict[str, Any]] | None = Field(None, max_length=2_000)
+    messages: list[JSONObject] | None = Field(None, max_length=2_000)
     add_special_tokens: bool = True
     add_generation_prompt: bool = True
     continue_final_message: bool = False

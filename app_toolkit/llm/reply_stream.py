@@ -9,13 +9,16 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import AsyncGenerator
-from typing import Any
+from typing import TYPE_CHECKING
 
 from app_toolkit.llm import metrics
 from app_toolkit.llm.detokenize import Detokenizer, StopFilter
 from app_toolkit.llm.engine import EngineRequest, Logprobs, Sampling, TextEngine
 from app_toolkit.llm.events import Delta, Generation, TokenLogprob
 from app_toolkit.llm.shaping import Structure
+
+if TYPE_CHECKING:
+    from app_toolkit.llm.tool_calls import Fragment
 
 #: Prompt tokens decoded with a reply's first tokens, so its first piece keeps a leading space.
 CONTEXT_TOKENS = 4
@@ -177,7 +180,7 @@ def _joined(deltas: list[Delta], logprobs: list[TokenLogprob]) -> Delta:
     one, as OpenAI's clients expect a chunk's."""
     if len(deltas) == 1 and len(deltas[0].tool_calls) < 2:
         return dataclasses.replace(deltas[0], logprobs=tuple(logprobs)) if logprobs else deltas[0]
-    calls: dict[int, dict[str, Any]] = {}
+    calls: dict[int, Fragment] = {}
     for fragment in (c for d in deltas for c in d.tool_calls):
         merged = calls.get(fragment["index"])
         if merged is None:

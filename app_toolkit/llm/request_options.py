@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Literal
 
 from app_toolkit.llm.errors import OpenAIError, bad_parameter
 
@@ -25,7 +26,7 @@ class OptionRules:
     any other is ``unknown``: a 400 naming it (``"refuse"``, OpenAI's answer), or ignored
     and logged once per name at info (``"log"``, vLLM's way; it logs at debug)."""
 
-    refused: dict[str, tuple[Any, ...]]
+    refused: dict[str, tuple[object, ...]]
     ignored: frozenset[str]
     unknown: Literal["refuse", "log"] = "refuse"
 
@@ -46,7 +47,7 @@ _IGNORED = frozenset(
 #: vLLM's request fields this server does not honour yet (docs/llm.md lists why), each
 #: taken at the value that means "not used" and otherwise a 400 naming it: known to vLLM,
 #: they are not ignored as unknown fields are.
-_VLLM_REFUSED: dict[str, tuple[Any, ...]] = {
+_VLLM_REFUSED: dict[str, tuple[object, ...]] = {
     "use_beam_search": (None, False),
     "length_penalty": (None, 1, 1.0),
     "watermarking": (None,),
@@ -116,7 +117,7 @@ COMPLETION_RULES = OptionRules(
 EMBEDDING_RULES = OptionRules(refused={}, ignored=_IGNORED, unknown="log")
 
 
-def checked_options(given: dict[str, Any], rules: OptionRules) -> None:
+def checked_options(given: Mapping[str, object], rules: OptionRules) -> None:
     """Raises the 400 OpenAI answers for an option this server cannot honour, or for one it
     does not know (unless ``rules`` ignore those: logged once), naming it."""
     for name, value in given.items():

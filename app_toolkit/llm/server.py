@@ -14,8 +14,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 
 import app_toolkit as tk
 from app_toolkit.exceptions import ConfigError
@@ -27,7 +26,8 @@ from app_toolkit.llm.engines.adapters import AdapterNotFound, AdapterRefused
 from app_toolkit.llm.errors import OpenAIError, bad_parameter, unknown_model
 from app_toolkit.llm.events import Delta, Generation, ModelCard
 from app_toolkit.llm.loading import engine_for
-from app_toolkit.llm.protocol import text_content
+from app_toolkit.llm.openai_shapes import JSONObject
+from app_toolkit.llm.protocol import TokenizeRequest, text_content
 from app_toolkit.llm.reply_stream import ReplyStream
 from app_toolkit.llm.shaping import (
     Structure,
@@ -258,33 +258,33 @@ class LLMServer:
         metrics.PROMPT_TOKENS.inc(self._model, amount=sum(counts))
         return vectors, sum(counts)
 
-    def tokenize(self, request: dict[str, Any]) -> dict[str, Any]:
-        """vLLM's ``/tokenize`` answer for ``request`` (a checked TokenizeRequest's fields)."""
+    def tokenize(self, request: TokenizeRequest) -> dict[str, object]:
+        """vLLM's ``/tokenize`` answer for ``request``."""
         engine = self._engine
-        if request.get("messages") is not None:
+        if request.messages is not None:
             text_engine = self._text_engine()
-            prefill = bool(request.get("continue_final_message"))
-            shape = {"add_generation_prompt": request.get("add_generation_prompt", True)}
-            if prefill and shape["add_generation_prompt"]:
+            prefill, opened = request.continue_final_message, request.add_generation_prompt
+            if prefill and opened:
                 raise bad_parameter(
                     "continue_final_message",
                     "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
                 )
             tokens = _templated(
-                text_engine, _text_messages(request["messages"]), continue_final_message=prefill, **shape
+                text_engine,
+                _text_messages(request.messages),
+                add_generation_prompt=opened,
+                continue_final_message=prefill,
             )
-        elif request.get("prompt") is not None:
-            tokens = engine.encode(
-                request["prompt"], add_special_tokens=request.get("add_special_tokens", True)
-            )
+        elif request.prompt is not None:
+            tokens = engine.encode(request.prompt, add_special_tokens=request.add_special_tokens)
         else:
             raise bad_parameter("prompt", "Give a prompt or messages to tokenize.")
-        answer: dict[str, Any] = {
+        answer: dict[str, object] = {
             "count": len(tokens),
             "max_model_len": engine.context_window,
             "tokens": tokens,
         }
-        if request.get("return_token_strs"):
+        if request.return_token_strs:
             answer["token_strs"] = [engine.decode([token]) for token in tokens]
         return answer
 
@@ -375,9 +375,9 @@ class _Adapter:
 
 def _templated(
     engine: TextEngine,
-    messages: list[dict[str, Any]],
-    tools: list[dict[str, Any]] | None = None,
-    template_kwargs: dict[str, Any] | None = None,
+    messages: Sequence[Mapping[str, object]],
+    tools: Sequence[Mapping[str, object]] | None = None,
+    template_kwargs: Mapping[str, object] | None = None,
     *,
     add_generation_prompt: bool,
     continue_final_message: bool,
@@ -398,12 +398,12 @@ def _templated(
         raise bad_parameter("continue_final_message" if prefill else "messages", str(exc)) from None
 
 
-def _text_messages(messages: Any) -> list[dict[str, Any]]:
+def _text_messages(messages: Sequence[Mapping[str, object]]) -> list[JSONObject]:
     """OpenAI messages with their content as text (parts joined); other part types refused."""
     return [
         {**message, "content": text_content(message["content"], f"messages[{index}].content")}
         if isinstance(message.get("content"), list)
-        else message
+        else dict(message)
         for index, message in enumerate(messages)
     ]
 

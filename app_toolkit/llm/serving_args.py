@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from pydantic import Field, ValidationError, model_validator
+from pydantic_core import ErrorDetails
 
 from app_toolkit.config.ray_serve_only import drop_refused
 from app_toolkit.config.schema import field_errors
@@ -64,7 +64,7 @@ class LLMServingArgs(Schema):
         return self
 
 
-def serving_args(builder_config: LLMServingArgs | Mapping[str, Any]) -> LLMServingArgs:
+def serving_args(builder_config: LLMServingArgs | Mapping[str, object]) -> LLMServingArgs:
     """``build_openai_app``'s argument (a config file's ``args``, or the model itself) as
     :class:`LLMServingArgs`; a BuilderArgsError lists each field at fault, by its path."""
     if isinstance(builder_config, LLMServingArgs):
@@ -107,7 +107,7 @@ def _quiet_yaml(path: Path) -> object:
         return None
 
 
-def _message(error: Any) -> str:
+def _message(error: ErrorDetails) -> str:
     if error["type"] == "extra_forbidden":
         return (
             "unknown field (in neither Ray Serve LLM's schema nor app_toolkit's): remove it or "

@@ -4,7 +4,8 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Protocol
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from app_toolkit.llm.engine import Constraint
 from app_toolkit.llm.errors import bad_parameter
@@ -14,9 +15,15 @@ from app_toolkit.llm.tool_calls import (
     CALL_CLOSE,
     CALL_OPEN,
     CALL_SEPARATOR,
+    Fragment,
     ToolCallStream,
     tool_instructions,
 )
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
+
+    from app_toolkit.llm.openai_shapes import ChatMessage, JSONObject
 
 
 class Structure(Protocol):
@@ -34,10 +41,10 @@ class Structure(Protocol):
 
 
 def structure_for(
-    tokenizer: Any,
-    response_format: dict[str, Any] | None,
-    tools: tuple[dict[str, Any], ...],
-    tool_choice: str | dict[str, Any] | None,
+    tokenizer: PreTrainedTokenizerFast | None,
+    response_format: Mapping[str, object] | None,
+    tools: Sequence[Mapping[str, object]],
+    tool_choice: str | Mapping[str, object] | None,
     parallel_tool_calls: bool = False,
 ) -> Structure | None:
     """The structure a request asks for, or None for free text; a field that cannot be
@@ -51,10 +58,10 @@ def structure_for(
 
 
 def structures_for(
-    tokenizer: Any,
-    response_format: dict[str, Any] | None,
-    tools: tuple[dict[str, Any], ...],
-    tool_choice: str | dict[str, Any] | None,
+    tokenizer: PreTrainedTokenizerFast | None,
+    response_format: Mapping[str, object] | None,
+    tools: Sequence[Mapping[str, object]],
+    tool_choice: str | Mapping[str, object] | None,
     parallel_tool_calls: bool = False,
     count: int = 1,
     engine: str = "",
@@ -98,7 +105,7 @@ class _Shaped:
         return self._calls is not None and self._calls.calls > 0
 
 
-def _deltas(content: str, fragments: list[dict[str, Any]]) -> list[Delta]:
+def _deltas(content: str, fragments: list[Fragment]) -> list[Delta]:
     deltas = [Delta(text=content)] if content else []
     if fragments:
         deltas.append(Delta(tool_calls=tuple(fragments)))
@@ -106,8 +113,8 @@ def _deltas(content: str, fragments: list[dict[str, Any]]) -> list[Delta]:
 
 
 def prompt_messages(
-    messages: list[dict[str, Any]], tools: list[dict[str, Any]], template_takes_tools: bool
-) -> list[dict[str, Any]]:
+    messages: list[JSONObject], tools: Sequence[Mapping[str, object]], template_takes_tools: bool
+) -> list[JSONObject]:
     """The conversation as the chat template gets it. A template that shows tools gets the
     messages as they are; for one that does not, the tools are described in the system
     message, earlier calls are written as the model writes them, and tool results are
@@ -125,17 +132,17 @@ def prompt_messages(
     return converted
 
 
-def template_takes_tools(tokenizer: Any) -> bool:
+def template_takes_tools(tokenizer: object) -> bool:
     """Whether the tokenizer's chat template renders a ``tools`` argument."""
     template = getattr(tokenizer, "chat_template", None)
     return isinstance(template, str) and "tools" in template
 
 
-def _calls_or_results(message: dict[str, Any]) -> bool:
+def _calls_or_results(message: ChatMessage) -> bool:
     return bool(message.get("tool_calls")) or message.get("role") == "tool"
 
 
-def checked_calls(messages: list[dict[str, Any]]) -> None:
+def checked_calls(messages: Sequence[ChatMessage]) -> None:
     """Earlier tool calls in the conversation have OpenAI's shape (a 400 naming the first
     that does not), whichever way the template then shows them."""
     for index, message in enumerate(messages):
@@ -158,9 +165,10 @@ def checked_calls(messages: list[dict[str, Any]]) -> None:
                 )
 
 
-def _as_text(message: dict[str, Any]) -> dict[str, Any]:
+def _as_text(message: dict[str, Any]) -> JSONObject:
     """An assistant's calls (checked: :func:`checked_calls`) as its text; a tool result as
-    a ``tool`` turn."""
+    a ``tool`` turn. (``message``'s values read as JSON: its calls have the shape
+    :func:`checked_calls` checked.)"""
     calls = message.get("tool_calls")
     if calls:
         written = CALL_SEPARATOR.join(
@@ -176,7 +184,7 @@ def _as_text(message: dict[str, Any]) -> dict[str, Any]:
     return message
 
 
-def _arguments(call: dict[str, Any]) -> Any:
+def _arguments(call: Mapping[str, Any]) -> object:
     arguments = call["function"].get("arguments") or "{}"
     if not isinstance(arguments, str):
         return arguments

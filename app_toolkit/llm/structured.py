@@ -26,15 +26,18 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from ..exceptions import AppToolkitError
 from .engine import Constraint
 from .tool_calls import TEXT_RULE, calls_rules, json_rule
 
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
+
 #: Function names OpenAI accepts.
 _FUNCTION_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
-_NO_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
+_NO_PARAMETERS: Mapping[str, object] = {"type": "object", "properties": {}, "additionalProperties": False}
 
 
 class StructuredOutputError(AppToolkitError, ValueError):
@@ -66,7 +69,7 @@ class ReplyFormat:
     grammar: str | None = None
     tool_names: tuple[str, ...] = ()
 
-    def constraint(self, tokenizer: Any) -> Constraint | None:
+    def constraint(self, tokenizer: PreTrainedTokenizerFast | None) -> Constraint | None:
         """A new constraint for one reply over ``tokenizer`` (the engine's Hugging Face
         tokenizer); None when the reply is free text. One per reply: it holds the
         reply's position in the grammar."""
@@ -88,9 +91,9 @@ class ReplyFormat:
 
 
 def reply_format(
-    response_format: Mapping[str, Any] | None = None,
-    tools: Sequence[Mapping[str, Any]] | None = None,
-    tool_choice: str | Mapping[str, Any] | None = None,
+    response_format: Mapping[str, object] | None = None,
+    tools: Sequence[Mapping[str, object]] | None = None,
+    tool_choice: str | Mapping[str, object] | None = None,
     parallel_tool_calls: bool = True,
 ) -> ReplyFormat:
     """The :class:`ReplyFormat` a request's fields ask for, checked; raises
@@ -112,7 +115,7 @@ def reply_format(
     return ReplyFormat(grammar, tuple(callable_tools))
 
 
-def _reply_rule(response_format: Mapping[str, Any] | None) -> str | None:
+def _reply_rule(response_format: Mapping[str, object] | None) -> str | None:
     """The Lark body of a reply that is not a call (None: any text)."""
     if response_format is None:
         return None
@@ -137,15 +140,15 @@ def _reply_rule(response_format: Mapping[str, Any] | None) -> str | None:
     return _checked_json_rule(schema, "response_format", "response_format.json_schema.schema")
 
 
-def _kinds_expected(got: Any) -> str:
+def _kinds_expected(got: object) -> str:
     return f"response_format.type must be 'text', 'json_object' or 'json_schema', got {_shown(got)}"
 
 
-def _tool_schemas(tools: Sequence[Mapping[str, Any]]) -> dict[str, Mapping[str, Any]]:
+def _tool_schemas(tools: Sequence[Mapping[str, object]]) -> dict[str, Mapping[str, object]]:
     """Each function tool's name → its parameters schema, checked."""
     if not isinstance(tools, Sequence) or isinstance(tools, str):
         raise StructuredOutputError("tools", f"tools must be a list of tools, got {_shown(tools)}")
-    schemas: dict[str, Mapping[str, Any]] = {}
+    schemas: dict[str, Mapping[str, object]] = {}
     for index, tool in enumerate(tools):
         where = f"tools[{index}]"
         function = tool.get("function") if isinstance(tool, Mapping) else None
@@ -180,8 +183,8 @@ def _tool_schemas(tools: Sequence[Mapping[str, Any]]) -> dict[str, Mapping[str, 
 
 
 def _chosen_tools(
-    tool_choice: str | Mapping[str, Any] | None, schemas: dict[str, Mapping[str, Any]]
-) -> dict[str, Mapping[str, Any]]:
+    tool_choice: str | Mapping[str, object] | None, schemas: dict[str, Mapping[str, object]]
+) -> dict[str, Mapping[str, object]]:
     """The tools the reply may call under ``tool_choice`` (empty: none)."""
     if tool_choice is None:
         return schemas
@@ -209,14 +212,14 @@ def _chosen_tools(
     return schemas
 
 
-def _choices_expected(got: Any) -> str:
+def _choices_expected(got: object) -> str:
     return (
         "tool_choice must be 'none', 'auto', 'required' or {'type': 'function', 'function': "
         f"{{'name': ...}}}}, got {_shown(got)}"
     )
 
 
-def _checked_json_rule(schema: Mapping[str, Any], param: str, where: str) -> str:
+def _checked_json_rule(schema: Mapping[str, object], param: str, where: str) -> str:
     """``schema``'s Lark rule, once the grammar library has accepted it."""
     rule = json_rule(schema)
     reason = _refusal(rule)
@@ -238,7 +241,7 @@ def _refusal(rule: str) -> str:
     return library_reason(messages[0]) if refused else ""
 
 
-def _shown(value: Any) -> str:
+def _shown(value: object) -> str:
     """``value`` in an error message, cut short."""
     text = (
         json.dumps(value)

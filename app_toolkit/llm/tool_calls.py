@@ -25,7 +25,10 @@ from __future__ import annotations
 import json
 import secrets
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .openai_shapes import ToolCall
 
 #: Opens a call block.
 CALL_OPEN = "<tool_call>\n"
@@ -43,13 +46,13 @@ _ARGUMENTS_PREFIX = '", "arguments": '
 _CALL_END = "}" + CALL_CLOSE
 
 
-def json_rule(schema: Mapping[str, Any]) -> str:
+def json_rule(schema: Mapping[str, object]) -> str:
     """llguidance's Lark body for a JSON document that follows ``schema``, in the compact
     layout (``JSON_LAYOUT`` overrides any ``x-guidance`` the schema carries)."""
     return "%json " + json.dumps({**schema, "x-guidance": JSON_LAYOUT})
 
 
-def calls_rules(tools: Mapping[str, Mapping[str, Any]], *, several: bool) -> str:
+def calls_rules(tools: Mapping[str, Mapping[str, object]], *, several: bool) -> str:
     """Lark rules defining ``calls``: one call block (``several``: one or more) to a tool
     of ``tools`` (name → its ``parameters`` schema)."""
     alternatives, rules = [], []
@@ -61,7 +64,7 @@ def calls_rules(tools: Mapping[str, Mapping[str, Any]], *, several: bool) -> str
     return "\n".join([calls, "call: " + "\n    | ".join(alternatives), *rules])
 
 
-def tool_instructions(tools: Sequence[Mapping[str, Any]]) -> str:
+def tool_instructions(tools: Sequence[Mapping[str, object]]) -> str:
     """System-prompt text for a model whose chat template has no tools: the request's
     ``tools`` (OpenAI's list, as ``reply_format`` checked it) and how to write a call. The
     grammar enforces the format either way; a model that has read it is likelier to call
@@ -76,7 +79,10 @@ def new_call_id() -> str:
     return "call_" + secrets.token_hex(12)
 
 
-#: One fragment of ``delta.tool_calls`` (OpenAI's ChoiceDeltaToolCall, as JSON).
+#: One fragment of ``delta.tool_calls`` (OpenAI's ChoiceDeltaToolCall, as JSON): the
+#: first of a call ``{"index", "id", "type", "function": {"name", "arguments": ""}}``,
+#: the next ``{"index", "function": {"arguments": <a piece>}}``. A plain JSON object, as
+#: ``Delta.tool_calls`` (events.py) carries it.
 Fragment = dict[str, Any]
 
 
@@ -190,10 +196,10 @@ class ToolCallStream:
         return {"index": self.calls - 1, "function": {"arguments": piece}}
 
 
-def merge_fragments(fragments: list[Fragment]) -> list[dict[str, Any]]:
+def merge_fragments(fragments: list[Fragment]) -> list[ToolCall]:
     """Whole ``tool_calls`` from streamed fragments (arguments pieces joined per index),
     as a client assembles them."""
-    calls: dict[int, dict[str, Any]] = {}
+    calls: dict[int, ToolCall] = {}
     for fragment in fragments:
         index = fragment["index"]
         if index not in calls:
@@ -206,9 +212,7 @@ def merge_fragments(fragments: list[Fragment]) -> list[dict[str, Any]]:
     return [calls[index] for index in sorted(calls)]
 
 
-def parse_tool_calls(
-    text: str, new_id: Callable[[], str] = new_call_id
-) -> tuple[str | None, list[dict[str, Any]]]:
+def parse_tool_calls(text: str, new_id: Callable[[], str] = new_call_id) -> tuple[str | None, list[ToolCall]]:
     """A whole reply's content (None when it is only calls) and its ``tool_calls`` in
     OpenAI's shape; the same reading as :class:`ToolCallStream`'s."""
     stream = ToolCallStream(new_id)

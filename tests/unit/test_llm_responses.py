@@ -66,3 +66,7 @@ def test_refusals_name_this_apis_parameters() -> None:
     with pytest.raises(OpenAIError) as grammar:
         ResponsesRequest(input="x", text={"format": {"type": "regex"}}).response_format()
     assert grammar.value.param == "text.format.type"
+    for wrong in ("json", ["json_object"]):  # not an object: a 400 naming it, not a 500
+        with pytest.raises(OpenAIError) as shape:
+            ResponsesRequest(input="x", text={"format": wrong}).response_format()
+        assert (shape.value.status, shape.value.param) == (400, "text.format")

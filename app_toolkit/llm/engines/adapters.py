@@ -20,7 +20,11 @@ import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    import torch
+    from peft import LoraConfig
 
 logger = logging.getLogger(__name__)
 
@@ -47,8 +51,8 @@ class AdapterFiles:
     """An adapter read from its folder, not applied yet."""
 
     adapter_id: str
-    config: Any  # peft's LoraConfig
-    weights: dict[str, Any]  # parameter name -> tensor
+    config: LoraConfig
+    weights: dict[str, torch.Tensor]  # parameter name -> tensor
 
     @property
     def rank(self) -> int:
@@ -108,7 +112,14 @@ def read(folder: Path, adapter_id: str, max_rank: int) -> AdapterFiles:
     return AdapterFiles(adapter_id, config, load_peft_weights(str(path), device="cpu"))
 
 
-def attach(model: Any, adapter: AdapterFiles) -> Any:
+class _LoadResult(Protocol):
+    """What ``set_peft_model_state_dict`` returns (peft annotates it ``namedtuple``)."""
+
+    @property
+    def unexpected_keys(self) -> list[str]: ...
+
+
+def attach(model: torch.nn.Module, adapter: AdapterFiles) -> torch.nn.Module:
     """``model`` with ``adapter`` added (the first wraps the base model in peft's
     ``PeftModel``); call between forward passes. Returns the model to run from now on."""
     from peft import PeftModel, get_peft_model, set_peft_model_state_dict
@@ -122,7 +133,7 @@ def attach(model: Any, adapter: AdapterFiles) -> Any:
                 model.add_adapter(name, adapter.config)
             else:
                 model = get_peft_model(model, adapter.config, adapter_name=name)
-        loaded: Any = set_peft_model_state_dict(model, adapter.weights, adapter_name=name)
+        loaded: _LoadResult = set_peft_model_state_dict(model, adapter.weights, adapter_name=name)
         if loaded.unexpected_keys:
             raise AdapterRefused(
                 f"adapter {adapter.adapter_id!r} holds weights this model has no place for "
@@ -139,8 +150,11 @@ def attach(model: Any, adapter: AdapterFiles) -> Any:
 
 
 def detach(model: Any, adapter_id: str) -> Any:
-    """``model`` without adapter ``adapter_id``'s modules (the last one gone: the base model
-    unwrapped); call between forward passes. Returns the model to run from now on."""
+    """``model`` (peft's ``PeftModel``) without adapter ``adapter_id``'s modules (the last one
+    gone: the base model unwrapped); call between forward passes. Returns the model to run
+    from now on."""
+    # Untyped: callers hold the model as a torch module (torch types its other attributes as
+    # tensors or modules); here it is a PeftModel, whose unload() peft forwards untyped.
     name = peft_name(adapter_id)
     if list(model.peft_config) == [name]:
         return model.unload()
@@ -157,7 +171,7 @@ class AttachedAdapters:
         self.names: set[str] = set()  # attached
         self._detaching: set[str] = set()  # attached, to detach once no reply uses them
         self._detaching_now: str | None = None  # being detached (an attach then waits for it)
-        self._jobs: list[tuple[Callable[[Any], Any], asyncio.Future[float]]] = []
+        self._jobs: list[tuple[Callable[[torch.nn.Module], torch.nn.Module], asyncio.Future[float]]] = []
         #: Requests holding an adapter from its load until their reply ends: never detached under them.
         self._held: collections.Counter[str] = collections.Counter()
 
@@ -188,7 +202,7 @@ class AttachedAdapters:
         if name in self.names and name != self._detaching_now:
             return None
 
-        def attaching(model: Any) -> Any:
+        def attaching(model: torch.nn.Module) -> torch.nn.Module:
             if name in self.names:  # attached meanwhile by another caller
                 return model
             model = attach(model, adapter)
@@ -206,7 +220,9 @@ class AttachedAdapters:
         self._detaching.add(adapter_id)
         return True
 
-    async def work(self, model: Any, in_use: Callable[[], set[str]], forget: Callable[[str], None]) -> Any:
+    async def work(
+        self, model: torch.nn.Module, in_use: Callable[[], set[str]], forget: Callable[[str], None]
+    ) -> torch.nn.Module:
         """Between two passes: detach what no reply uses or holds (``in_use()``, asked
         again before each: requests come meanwhile), ``forget`` each (its cache entries);
         then run the attach jobs. Returns the model to run from now on. A detach that
@@ -239,7 +255,7 @@ class AttachedAdapters:
                     done.set_result(time.monotonic() - started)
         return model
 
-    def names_for(self, adapters: Sequence[str]) -> dict[str, Any]:
+    def names_for(self, adapters: Sequence[str]) -> dict[str, list[str]]:
         """The forward's ``adapter_names`` for rows of ``adapters`` ("": the base model),
         once the model has any adapter; else no argument."""
         if not self.names and not self._detaching:

@@ -36,7 +36,6 @@ import logging
 import time
 from collections.abc import AsyncGenerator, Callable, Collection, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 
@@ -99,7 +98,7 @@ class Decoder:
 
     def __init__(
         self,
-        model: Any,
+        model: torch.nn.Module,
         eos_ids: Collection[int],
         max_batch_size: int,
         hooks: DecoderHooks | None = None,
@@ -233,10 +232,10 @@ class Decoder:
         forget = passes.prefixes.clear if passes.prefixes is not None else lambda adapter: None
         passes.use(await self._adapters.work(passes.model, in_use, forget))
 
-    def _report(self, hook: str, *args: Any) -> None:
+    def _report(self, hook: str, *args: object) -> None:
         self._report_to(getattr(self._hooks, hook), *args)
 
-    def _report_to(self, callback: Callable[..., None], *args: Any) -> None:
+    def _report_to(self, callback: Callable[..., None], *args: object) -> None:
         try:
             callback(*args)
         except Exception:  # a hook never breaks decoding (STYLE 11)

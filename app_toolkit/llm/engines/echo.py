@@ -14,8 +14,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import re
-from collections.abc import AsyncGenerator, Iterator, Sequence
-from typing import Any, Literal
+from collections.abc import AsyncGenerator, Iterator, Mapping, Sequence
+from typing import Literal
 
 from ..engine import Adapters, Capabilities, Constraint, EngineLoad, EngineRequest, Logprobs, Sampling, Token
 
@@ -80,7 +80,7 @@ class EchoEngine:
     adapters: Adapters | None = None
 
     slots = 0
-    tokenizer: Any = None  # bytes and words need no Hugging Face tokenizer
+    tokenizer: None = None  # bytes and words need no Hugging Face tokenizer
 
     def __init__(
         self,
@@ -131,9 +131,9 @@ class EchoEngine:
 
     def chat_prompt(
         self,
-        messages: list[dict[str, Any]],
-        tools: list[dict[str, Any]] | None = None,
-        template_kwargs: dict[str, Any] | None = None,
+        messages: Sequence[Mapping[str, object]],
+        tools: Sequence[Mapping[str, object]] | None = None,
+        template_kwargs: Mapping[str, object] | None = None,
         *,
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,

@@ -14,7 +14,11 @@ import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from sentence_transformers import SentenceTransformer
+    from transformers import PreTrainedTokenizerBase
 
 logger = logging.getLogger(__name__)
 
@@ -39,8 +43,8 @@ class SentenceEngine:
         self._max_model_len = max_model_len
         self.context_window = max_model_len or 0  # the model's own limit, once loaded
         self.dimensions = 0  # known once loaded
-        self.tokenizer: Any = None
-        self._model: Any = None
+        self.tokenizer: PreTrainedTokenizerBase | None = None
+        self._model: SentenceTransformer | None = None
 
     def load(self) -> None:
         """Read the model (a second or two for MiniLM)."""
@@ -94,7 +98,7 @@ class SentenceEngine:
         return await asyncio.to_thread(self._vectors, model, list(inputs))
 
     @staticmethod
-    def _vectors(model: Any, inputs: list[str | Sequence[int]]) -> list[list[float]]:
+    def _vectors(model: SentenceTransformer, inputs: list[str | Sequence[int]]) -> list[list[float]]:
         import torch
 
         texts = [index for index, item in enumerate(inputs) if isinstance(item, str)]
@@ -123,7 +127,7 @@ class SentenceEngine:
         """Let go of the model."""
         self._model = None
 
-    def _loaded(self) -> Any:
+    def _loaded(self) -> SentenceTransformer:
         if self._model is None:
             raise RuntimeError("The engine is not loaded: call load() first (once per replica)")
         return self._model

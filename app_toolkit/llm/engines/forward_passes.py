@@ -13,13 +13,13 @@ ended are kept, and copied into the prefix cache here, in the passes' thread.
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 import torch
 
 from ..engine import Constraint, Logprobs, Sampling
 from .adapters import AttachedAdapters
-from .batch_cache import BatchCache, cache_argument, cache_from, cache_of
+from .batch_cache import BatchCache, ForwardOutput, KVCache, cache_argument, cache_from, cache_of
 from .prefix_cache import LayerKV, PrefixCache
 from .sampling import NOTHING_ALLOWED, allowed_mask, bias, choose, hold_stops, logprobs_of, penalise
 
@@ -59,7 +59,7 @@ class ForwardPasses:
 
     def __init__(
         self,
-        model: Any,
+        model: torch.nn.Module,
         eos_ids: Collection[int],
         adapters: AttachedAdapters,
         prefix_cache: PrefixCache | None,
@@ -78,7 +78,7 @@ class ForwardPasses:
         layers = getattr(getattr(model, "model", None), "layers", None) or []
         self._layer_hooks = [layer.register_forward_pre_hook(self._stop_if_abandoned) for layer in layers]
 
-    def use(self, model: Any) -> None:
+    def use(self, model: torch.nn.Module) -> None:
         """Pass through ``model`` from now on (the model, its adapters changed)."""
         self.model = model
         self._cache_argument = cache_argument(model)
@@ -95,7 +95,7 @@ class ForwardPasses:
             token in self._eos and not sequence.sampling.ignore_eos
         )
 
-    def _stop_if_abandoned(self, module: Any, args: Any) -> None:
+    def _stop_if_abandoned(self, module: torch.nn.Module, args: tuple[object, ...]) -> None:
         if any(sequence.abandoned for sequence in self._watched):
             raise _Abandoned
 
@@ -134,8 +134,8 @@ class ForwardPasses:
         self.store_kept()
         firsts: list[int | None] = []
         for sequence in joining:
-            cache: Any = None
-            output: Any = None
+            cache: KVCache | None = None
+            output: ForwardOutput | None = None
             cached = 0
             if self.prefixes is not None:
                 found = self.prefixes.lookup(sequence.context, sequence.adapter)
@@ -157,6 +157,7 @@ class ForwardPasses:
             if sequence.abandoned or output is None:
                 firsts.append(None)
                 continue
+            assert cache is not None  # the pass that set output set it
             if self.prefixes is not None:
                 self.prefixes.store(
                     sequence.context, [(layer.keys, layer.values) for layer in cache.layers], sequence.adapter

@@ -31,9 +31,13 @@ import time
 from copy import deepcopy
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 from app_toolkit.exceptions import ConfigError
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +56,15 @@ _ABANDONED_AFTER_S = 3600.0
 #: passed over (2: a plain checkpoint, its config naming the architecture and no GGUF
 #: quantization, so that vLLM reads it too).
 _LAYOUT = 2
+
+
+class FromPretrained(TypedDict, total=False):
+    """What transformers' ``from_pretrained`` is told of a model's files."""
+
+    gguf_file: str
+    dtype: torch.dtype
+    use_safetensors: bool
+    local_files_only: bool
 
 
 @dataclass(frozen=True)
@@ -131,7 +144,9 @@ def discard(copy: Copy) -> None:
 
 def store(gguf: Path, dtype: str, model: Any, tokenizer: Any) -> Copy | None:
     """Write the copy of ``gguf`` (as loaded with ``dtype``), or None when none was
-    written (the cache off, the weights too large, the disk refused, the file gone)."""
+    written (the cache off, the weights too large, the disk refused, the file gone).
+    ``model``: a ``PreTrainedModel``, ``tokenizer`` a ``PreTrainedTokenizerBase`` (untyped:
+    only the weights' sizes are read here, and tests pass stand-ins for both)."""
     try:
         copy = folder_for(gguf, dtype)
     except OSError as exc:  # the file removed or replaced while the model loaded
@@ -172,13 +187,13 @@ def store(gguf: Path, dtype: str, model: Any, tokenizer: Any) -> Copy | None:
     return Copy(copy, kept)
 
 
-def _untied(model: Any) -> dict[str, Any]:
+def _untied(model: PreTrainedModel) -> dict[str, torch.Tensor]:
     """The model's weights by name, a tied tensor once, under the input embeddings' name
     when it is theirs (a checkpoint's layout: vLLM reads a tied output layer from the
     embeddings and skips ``lm_head.weight``)."""
     layer = model.get_input_embeddings()
     preferred = next(f"{name}.weight" for name, module in model.named_modules() if module is layer)
-    named: dict[object, tuple[str, Any]] = {}
+    named: dict[object, tuple[str, torch.Tensor]] = {}
     for name, tensor in model.state_dict().items():
         # Tied: the same memory, shape and type; empty tensors share no memory.
         key = (tensor.data_ptr(), tuple(tensor.shape), tensor.dtype) if tensor.numel() else name
@@ -207,7 +222,7 @@ def _remove_abandoned(folder: Path) -> None:
             continue
 
 
-def _write(folder: Path, gguf: Path, model: Any, tokenizer: Any) -> str:
+def _write(folder: Path, gguf: Path, model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> str:
     """The copy's files in ``folder``, on disk before it is renamed; returns the weights'
     type."""
     from safetensors.torch import save_file  # transformers' own dependency
@@ -242,8 +257,8 @@ def checkpoint(gguf: Path, dtype: str) -> tuple[Path, bool]:
         return found.folder, False
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    files: dict[str, Any] = {"gguf_file": gguf.name, "local_files_only": True}
-    weights = dict(files)
+    files: FromPretrained = {"gguf_file": gguf.name, "local_files_only": True}
+    weights = files.copy()
     if dtype != "auto":
         import torch
 

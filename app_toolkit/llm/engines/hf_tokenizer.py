@@ -4,18 +4,21 @@ a Hugging Face model folder does the same way (the transformers and vLLM engines
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from functools import cache
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..protocol import TEMPLATE_ARGUMENTS
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 #: Tokens that end an assistant's turn in common chat templates (ChatML, Llama 3, Phi,
 #: Gemma): a reply ends there even when the checkpoint names another end-of-sequence token.
 END_OF_TURN_TOKENS = ("<|im_end|>", "<|eot_id|>", "<|end|>", "<end_of_turn>")
 
 
-def end_of_turn_ids(tokenizer: Any) -> set[int]:
+def end_of_turn_ids(tokenizer: PreTrainedTokenizerBase) -> set[int]:
     """The ids of :data:`END_OF_TURN_TOKENS` in ``tokenizer``'s vocabulary."""
     vocabulary = tokenizer.get_vocab()
     return {vocabulary[name] for name in END_OF_TURN_TOKENS if name in vocabulary}
@@ -34,6 +37,28 @@ def _byte_level_bytes() -> dict[str, int]:
 
     table: dict[int, str] = bytes_to_unicode()  # type: ignore[no-untyped-call]  # transformers: unannotated
     return {character: byte for byte, character in table.items()}
+
+
+class _Tokenizer(Protocol):
+    """What :class:`TokenizerText` reads of a Hugging Face tokenizer."""
+
+    def encode(self, text: str, *, add_special_tokens: bool) -> list[int]: ...
+
+    def decode(self, token_ids: list[int], *, skip_special_tokens: bool) -> str: ...
+
+    def convert_ids_to_tokens(self, ids: int) -> str | list[str]: ...
+
+    def apply_chat_template(
+        self,
+        conversation: Sequence[Mapping[str, object]],
+        *,
+        add_generation_prompt: bool,
+        continue_final_message: bool,
+        tokenize: bool,
+        **variables: object,
+    ) -> Any: ...  # transformers 5: a BatchEncoding (a mapping); before: a list of ids
+
+    def __len__(self) -> int: ...
 
 
 class TokenizerText:
@@ -70,9 +95,9 @@ class TokenizerText:
 
     def chat_prompt(
         self,
-        messages: list[dict[str, Any]],
-        tools: list[dict[str, Any]] | None = None,
-        template_kwargs: dict[str, Any] | None = None,
+        messages: Sequence[Mapping[str, object]],
+        tools: Sequence[Mapping[str, object]] | None = None,
+        template_kwargs: Mapping[str, object] | None = None,
         *,
         add_generation_prompt: bool = True,
         continue_final_message: bool = False,
@@ -83,7 +108,7 @@ class TokenizerText:
         (as vLLM passes them: ones the template does not read change nothing)."""
         from jinja2 import TemplateError
 
-        extra: dict[str, Any] = {"tools": tools} if tools else {}
+        extra: dict[str, object] = {"tools": tools} if tools else {}
         variables = template_kwargs or {}
         extra.update((key, value) for key, value in variables.items() if key not in TEMPLATE_ARGUMENTS)
         try:
@@ -104,7 +129,8 @@ class TokenizerText:
         """Token ids run from 0 to this less one (the tokenizer's, added tokens too)."""
         return len(self._loaded_tokenizer())
 
-    def _loaded_tokenizer(self) -> Any:
-        if self.tokenizer is None:
+    def _loaded_tokenizer(self) -> _Tokenizer:
+        tokenizer: _Tokenizer | None = self.tokenizer
+        if tokenizer is None:
             raise RuntimeError("The engine is not loaded: call load() first (once per replica)")
-        return self.tokenizer
+        return tokenizer

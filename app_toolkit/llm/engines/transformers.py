@@ -15,7 +15,7 @@ import os
 import time
 from collections.abc import AsyncGenerator
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Literal
 
 from ..engine import Capabilities, EngineLoad, EngineRequest, Token
 from . import gguf_cache
@@ -23,6 +23,9 @@ from .decoder import Decoder, DecoderHooks
 from .folder_adapters import FolderAdapters
 from .hf_tokenizer import TokenizerText, end_of_turn_ids
 from .prefix_cache import PrefixCache
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 logger = logging.getLogger(__name__)
 
@@ -90,7 +93,7 @@ class TransformersEngine(TokenizerText):
         self._max_model_len = max_model_len
         self._dtype = dtype
         self._hooks = hooks
-        self.tokenizer: Any = None
+        self.tokenizer: PreTrainedTokenizerBase | None = None
         self.eos_token_ids: frozenset[int] = frozenset()
         self._decoder: Decoder | None = None
 
@@ -111,7 +114,7 @@ class TransformersEngine(TokenizerText):
             raise FileNotFoundError(
                 f"{self.path} holds no {self.gguf_file}: name a GGUF file that is in the folder"
             )
-        files: dict[str, Any] = {"gguf_file": self.gguf_file} if self.gguf_file else {}
+        files: gguf_cache.FromPretrained = {"gguf_file": self.gguf_file} if self.gguf_file else {}
         if self._dtype != "auto":
             files["dtype"] = getattr(torch, self._dtype)
         gguf = self.path / self.gguf_file if self.gguf_file else None
@@ -119,7 +122,10 @@ class TransformersEngine(TokenizerText):
         imported = time.monotonic()
         if copy is not None:  # de-quantized by an earlier load
             try:
-                kept = {"dtype": getattr(torch, copy.dtype), "use_safetensors": True}  # nothing else
+                kept: gguf_cache.FromPretrained = {  # nothing else
+                    "dtype": getattr(torch, copy.dtype),
+                    "use_safetensors": True,
+                }
                 tokenizer, model, tokenized = _read(copy.folder, kept)
             except Exception as exc:  # a damaged copy: the file is still there
                 if gguf_cache.out_of_memory(exc):
@@ -207,7 +213,9 @@ class TransformersEngine(TokenizerText):
         return self._decoder
 
 
-def _read(source: Path, files: dict[str, Any]) -> tuple[Any, Any, float]:
+def _read(
+    source: Path, files: gguf_cache.FromPretrained
+) -> tuple[PreTrainedTokenizerBase, PreTrainedModel, float]:
     """The tokenizer and the model (in eval mode) in ``source``, and when the tokenizer
     was read (``files``: ``gguf_file``, ``dtype``, ``use_safetensors``, as transformers
     takes them)."""
@@ -221,7 +229,7 @@ def _read(source: Path, files: dict[str, Any]) -> tuple[Any, Any, float]:
     return tokenizer, model, tokenized
 
 
-def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
+def _eos_ids(model: PreTrainedModel, tokenizer: PreTrainedTokenizerBase) -> frozenset[int]:
     """The tokens that end a reply: the tokenizer's and the model's end-of-sequence tokens,
     and the chat template's end of turn where the vocabulary has one."""
     found: set[int] = set()

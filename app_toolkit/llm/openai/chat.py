@@ -5,16 +5,29 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import Any
+from typing import TypedDict
 
 import app_toolkit as tk
 from app_toolkit.llm.events import Delta, Generation
 from app_toolkit.llm.openai import logprobs
 from app_toolkit.llm.openai.replies import UNSET_FIELDS, Stream, Whole, dumps, relayed, usage
+from app_toolkit.llm.openai_shapes import (
+    AssistantMessage,
+    ChatChunkChoice,
+    ChatChunkDelta,
+    ChatCompletion,
+    UnsetFields,
+)
 from app_toolkit.llm.protocol import ChatCompletionRequest
 
 #: Temperature when a request names none (OpenAI's default).
 DEFAULT_TEMPERATURE = 1.0
+
+
+class _VllmStop(TypedDict, total=False):
+    """vLLM's ``stop_reason``, which a choice carries with ``vllm_fields`` only."""
+
+    stop_reason: str | int | None
 
 
 def generation(request: ChatCompletionRequest, received_at: float) -> Generation:
@@ -44,7 +57,7 @@ def completion(
     with_logprobs: bool = False,
     vllm_fields: bool = False,
     role: str = "assistant",
-) -> dict[str, Any]:
+) -> ChatCompletion:
     """The ``chat.completion`` object of the replies read whole, one choice each (one
     reply: a Whole, as projects made from the chat template pass it); ``with_logprobs``:
     the request asked for them; ``vllm_fields``: with vLLM's ``stop_reason`` and OpenAI's
@@ -53,8 +66,8 @@ def completion(
     (:func:`reply_role`)."""
     if isinstance(wholes, Whole):
         wholes = [wholes]
-    extra = UNSET_FIELDS if vllm_fields else {}
-    answer = {
+    extra: UnsetFields = UNSET_FIELDS if vllm_fields else {}
+    answer: ChatCompletion = {
         "id": f"chatcmpl-{uuid.uuid4().hex}",
         "object": "chat.completion",
         "created": int(time.time()),
@@ -65,7 +78,7 @@ def completion(
                 "message": _message(whole, role),
                 "logprobs": logprobs.chat(whole.logprobs) if with_logprobs else None,
                 "finish_reason": whole.finish_reason,
-                **({"stop_reason": whole.stop_reason} if vllm_fields else {}),
+                **(_VllmStop(stop_reason=whole.stop_reason) if vllm_fields else _VllmStop()),
             }
             for index, whole in enumerate(wholes)
         ],
@@ -84,8 +97,8 @@ def reply_role(request: ChatCompletionRequest) -> str:
     return str(request.messages[-1].get("role") or "assistant")
 
 
-def _message(whole: Whole, role: str) -> dict[str, Any]:
-    message: dict[str, Any] = {"role": role, "content": whole.text or None, "refusal": None}
+def _message(whole: Whole, role: str) -> AssistantMessage:
+    message: AssistantMessage = {"role": role, "content": whole.text or None, "refusal": None}
     if whole.tool_calls:
         message["tool_calls"] = whole.tool_calls
     else:
@@ -114,16 +127,16 @@ def streamed(
     tail = ',"usage":null}' if include_usage else "}"
     ended: list[int] = []  # each ended choice's completion tokens
 
-    def chunk(delta: dict[str, Any], index: int, reason: str | None = None, of: Delta | None = None) -> str:
+    def chunk(delta: ChatChunkDelta, index: int, reason: str | None = None, of: Delta | None = None) -> str:
         shown = logprobs.chat(of.logprobs) if with_logprobs and of is not None and of.logprobs else None
-        choice: dict[str, Any] = {"index": index, "delta": delta, "logprobs": shown, "finish_reason": reason}
+        choice: ChatChunkChoice = {"index": index, "delta": delta, "logprobs": shown, "finish_reason": reason}
         if vllm_fields and reason is not None and of is not None:
             choice["stop_reason"] = of.stop_reason
         return f"{head}[{dumps(choice)}]{tail}"
 
     def piece(delta: Delta) -> str | None:
         if delta.tool_calls:
-            calls: dict[str, Any] = {"tool_calls": list(delta.tool_calls)}
+            calls: ChatChunkDelta = {"tool_calls": list(delta.tool_calls)}
             return chunk({"content": delta.text, **calls} if delta.text else calls, delta.index, of=delta)
         return chunk({"content": delta.text}, delta.index, of=delta) if delta.text or delta.logprobs else None
 

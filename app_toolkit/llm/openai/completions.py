@@ -6,12 +6,12 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import Sequence
-from typing import Any
 
 import app_toolkit as tk
 from app_toolkit.llm.events import Delta, Generation
 from app_toolkit.llm.openai import logprobs
 from app_toolkit.llm.openai.replies import UNSET_FIELDS, Stream, Whole, dumps, relayed, usage
+from app_toolkit.llm.openai_shapes import CompletionChoice, TextCompletion
 from app_toolkit.llm.protocol import CompletionRequest
 
 DEFAULT_TEMPERATURE = 1.0
@@ -35,7 +35,7 @@ def generation(request: CompletionRequest, received_at: float) -> Generation:
 
 def completion(
     wholes: list[Whole], model: str, echoed: Sequence[str], with_logprobs: bool = False, n: int = 1
-) -> dict[str, Any]:
+) -> TextCompletion:
     """The ``text_completion`` object of the replies read whole, one choice each: prompt
     ``i``'s ``n`` choices are ``i * n`` to ``i * n + n - 1``, each after its prompt's echo
     (``echoed``: one per prompt, "" without ``echo``)."""
@@ -87,7 +87,7 @@ def streamed(
         if with_logprobs and of is not None and of.logprobs:
             shown = logprobs.completion(of.logprobs, offsets[index])
             offsets[index] += sum(len(entry.token) for entry in of.logprobs)
-        choice: dict[str, Any] = {"index": index, "text": text, "logprobs": shown, "finish_reason": reason}
+        choice: CompletionChoice = {"index": index, "text": text, "logprobs": shown, "finish_reason": reason}
         if reason is not None and of is not None:
             choice["stop_reason"] = of.stop_reason
         return f"{head}[{dumps(choice)}]{tail}"

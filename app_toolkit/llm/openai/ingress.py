@@ -7,7 +7,7 @@ import asyncio
 import base64
 import struct
 import time
-from typing import Any
+from collections.abc import Mapping
 
 from fastapi import FastAPI, Query, Response
 
@@ -19,6 +19,7 @@ from app_toolkit.llm.openai import chat, completions, responses
 from app_toolkit.llm.openai.replies import open_reply, read_choices, read_whole, usage
 from app_toolkit.llm.openai.response_store import ResponseStore
 from app_toolkit.llm.openai.responses import ResponsesRequest
+from app_toolkit.llm.openai_shapes import ChatCompletion, ModelEntry, ResponseObject, TextCompletion
 from app_toolkit.llm.protocol import (
     ChatCompletionRequest,
     CompletionRequest,
@@ -117,7 +118,7 @@ class OpenAIIngress:
         self._adapter_lists[model] = (time.monotonic(), found)
         return found
 
-    async def _entries(self, model: str) -> list[dict[str, Any]]:
+    async def _entries(self, model: str) -> list[ModelEntry]:
         card, adapters = await asyncio.gather(self._card(model), self._adapters(model))
         if card is None:
             return []
@@ -134,13 +135,15 @@ class OpenAIIngress:
         """vLLM's ``/version``: here the toolkit's version."""
         return {"version": tk.__version__}
 
+    # Where FastAPI makes the return annotation the response model, it is a plain JSON object
+    # (a TypedDict would be validated and published as a schema of its own).
     @api.get("/v1/models")
-    async def list_models(self) -> dict[str, Any]:
+    async def list_models(self) -> dict[str, object]:
         listed = await asyncio.gather(*(self._entries(name) for name in self._models))  # 2 s at most in all
         return {"object": "list", "data": [entry for entries in listed for entry in entries]}
 
     @api.get("/v1/models/{model:path}")
-    async def get_model(self, model: str) -> dict[str, Any]:
+    async def get_model(self, model: str) -> Mapping[str, object]:
         if model in self._models:
             return (await self._ready_card(model)).entry()
         base = model.partition(":")[0]
@@ -149,7 +152,7 @@ class OpenAIIngress:
         raise unknown_model(model, list(self._models))
 
     @api.post("/v1/chat/completions", response_model=None)
-    async def chat_completions(self, request: ChatCompletionRequest) -> dict[str, Any] | tk.EventStream:
+    async def chat_completions(self, request: ChatCompletionRequest) -> ChatCompletion | tk.EventStream:
         received_at = time.time()
         name, handle = self._pick(request.checked().model, "generate")
         first, stream = await open_reply(handle, chat.generation(request, received_at))
@@ -169,7 +172,7 @@ class OpenAIIngress:
         return chat.completion(wholes, name, bool(request.logprobs), vllm_fields=True, role=role)
 
     @api.post("/v1/completions", response_model=None)
-    async def text_completions(self, request: CompletionRequest) -> dict[str, Any] | tk.EventStream:
+    async def text_completions(self, request: CompletionRequest) -> TextCompletion | tk.EventStream:
         received_at = time.time()
         name, handle = self._pick(request.checked().model, "generate")
         generation = completions.generation(request, received_at)
@@ -204,7 +207,7 @@ class OpenAIIngress:
         return text
 
     @api.post("/v1/responses", response_model=None)
-    async def create_response(self, request: ResponsesRequest) -> dict[str, Any] | tk.EventStream:
+    async def create_response(self, request: ResponsesRequest) -> ResponseObject | tk.EventStream:
         received_at = time.time()
         request.checked()
         earlier = self._responses.conversation(request.previous_response_id)
@@ -233,19 +236,19 @@ class OpenAIIngress:
     @api.get("/v1/responses/{response_id}", response_model=None)
     async def get_response(
         self, response_id: str, stream: bool = False, starting_after: int | None = Query(None, ge=0)
-    ) -> dict[str, Any] | tk.EventStream:
+    ) -> ResponseObject | tk.EventStream:
         if not stream:
             return self._responses.get(response_id).response()
         followed = await self._responses.follow(response_id, starting_after)
         return responses.streamed(followed.events, followed.next_number)
 
     @api.delete("/v1/responses/{response_id}")
-    async def delete_response(self, response_id: str) -> dict[str, Any]:
+    async def delete_response(self, response_id: str) -> dict[str, object]:
         self._responses.delete(response_id)
         return {"id": response_id, "object": "response", "deleted": True}
 
     @api.post("/v1/embeddings")
-    async def embeddings(self, request: EmbeddingRequest) -> dict[str, Any]:
+    async def embeddings(self, request: EmbeddingRequest) -> dict[str, object]:
         inputs = request.inputs()
         name, handle = self._pick(request.model, "embed")
         vectors, tokens = await handle.embed.remote(inputs, request.dimensions)
@@ -261,15 +264,15 @@ class OpenAIIngress:
         }
 
     @api.post("/tokenize")
-    async def tokenize(self, request: TokenizeRequest) -> dict[str, Any]:
+    async def tokenize(self, request: TokenizeRequest) -> dict[str, object]:
         if (request.prompt is None) == (request.messages is None):
             raise bad_parameter("prompt", "Give either prompt or messages.")
         _, handle = self._pick(request.model)
-        answer: dict[str, Any] = await handle.tokenize.remote(request.model_dump())
+        answer: dict[str, object] = await handle.tokenize.remote(request)
         return answer
 
     @api.post("/detokenize")
-    async def detokenize(self, request: DetokenizeRequest) -> dict[str, Any]:
+    async def detokenize(self, request: DetokenizeRequest) -> dict[str, object]:
         _, handle = self._pick(request.model)
         return {"prompt": await handle.detokenize.remote(request.tokens)}
 

@@ -5,12 +5,12 @@ completions' four lists (``tokens``, ``token_logprobs``, ``top_logprobs``, ``tex
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from app_toolkit.llm.events import TokenLogprob
+from app_toolkit.llm.openai_shapes import ChatLogprobs, CompletionLogprobs, TopLogprob
 
 
-def chat(entries: Sequence[TokenLogprob]) -> dict[str, Any]:
+def chat(entries: Sequence[TokenLogprob]) -> ChatLogprobs:
     """Chat's ``logprobs`` of ``entries``."""
     return {
         "content": [
@@ -23,13 +23,13 @@ def chat(entries: Sequence[TokenLogprob]) -> dict[str, Any]:
     }
 
 
-def _token(text: str, logprob: float, raw: bytes) -> dict[str, Any]:
+def _token(text: str, logprob: float, raw: bytes) -> TopLogprob:
     """One token: ``bytes`` are the token's own (part of a character, for some), as OpenAI
     gives them; vLLM gives its text's, encoded."""
     return {"token": text, "logprob": logprob, "bytes": list(raw)}
 
 
-def completion(entries: Sequence[TokenLogprob], offset: int) -> dict[str, Any]:
+def completion(entries: Sequence[TokenLogprob], offset: int) -> CompletionLogprobs:
     """The completions' ``logprobs`` of ``entries``, whose text starts ``offset``
     characters into the choice's text (after what came before: an echo, earlier chunks)."""
     offsets = []

@@ -7,14 +7,18 @@ import json
 import logging
 from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 from sse_starlette import ServerSentEvent
 
 import app_toolkit as tk
 from app_toolkit.llm.errors import ANSWERED, as_openai_error, stream_error
 from app_toolkit.llm.events import Delta, Generation, TokenLogprob
+from app_toolkit.llm.openai_shapes import ToolCall, UnsetFields
 from app_toolkit.streaming import OpenAIErrorEvent
+
+if TYPE_CHECKING:
+    from app_toolkit.llm.tool_calls import Fragment
 
 logger = logging.getLogger("app_toolkit.llm")
 
@@ -45,7 +49,7 @@ class Whole:
     """A reply read to its end."""
 
     text: str = ""
-    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+    tool_calls: list[ToolCall] = field(default_factory=list)
     prompt_tokens: int = 0
     completion_tokens: int = 0
     finish_reason: str = "stop"
@@ -83,7 +87,7 @@ async def read_choices(first: Delta, stream: Stream, count: int) -> list[Whole]:
     return wholes
 
 
-def _merge(calls: list[dict[str, Any]], fragment: dict[str, Any]) -> None:
+def _merge(calls: list[ToolCall], fragment: Fragment) -> None:
     index = fragment["index"]
     while len(calls) <= index:
         calls.append({"id": "", "type": "function", "function": {"name": "", "arguments": ""}})
@@ -104,7 +108,7 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
 
 
 #: The fields OpenAI's replies carry that this server has no value for (vLLM's are null too).
-UNSET_FIELDS: dict[str, Any] = {"service_tier": None, "system_fingerprint": None}
+UNSET_FIELDS: UnsetFields = {"service_tier": None, "system_fingerprint": None}
 
 
 def relayed(

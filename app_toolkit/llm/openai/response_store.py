@@ -17,11 +17,11 @@ import logging
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable
-from typing import Any
 
-from app_toolkit.event_log import MemoryEventLog, StreamAbandoned, UnknownStream
+from app_toolkit.event_log import LoggedEvent, MemoryEventLog, StreamAbandoned, UnknownStream
 from app_toolkit.llm.errors import OpenAIError, bad_parameter
 from app_toolkit.llm.openai.responses import Event, Reply
+from app_toolkit.llm.openai_shapes import ChatMessage, TextMessage
 from app_toolkit.llm.protocol import MAX_TOKENS
 from app_toolkit.streaming import OpenAIErrorEvent
 
@@ -111,7 +111,7 @@ class ResponseStore:
         self.get(response_id)
         del self._kept[response_id]
 
-    def conversation(self, previous_response_id: str | None) -> tuple[dict[str, Any], ...]:
+    def conversation(self, previous_response_id: str | None) -> tuple[ChatMessage, ...]:
         """What ``previous_response_id`` continues: its conversation and its reply."""
         if previous_response_id is None:
             return ()
@@ -126,7 +126,7 @@ class ResponseStore:
             )
         return previous.continued()
 
-    def referenced(self, item_id: str, param: str) -> dict[str, Any]:
+    def referenced(self, item_id: str, param: str) -> TextMessage:
         """The kept, ended reply whose output message is ``item_id``, as a chat message."""
         now = self._clock()
         for kept_at, reply in self._kept.values():
@@ -180,7 +180,7 @@ class ResponseStore:
         self.get(response_id)
         after = "" if starting_after is None else str(starting_after + 1)  # log ids count from 1
         try:
-            following: AsyncIterator[Any] = await self._log.follow(response_id, after)
+            following: AsyncIterator[LoggedEvent] = await self._log.follow(response_id, after)
         except StreamAbandoned as abandoned:  # the reader has it all: its stream says so at once
             following = _raising(abandoned)
         except UnknownStream:
@@ -219,7 +219,7 @@ class Followed:
     """A reader's events of one kept response, and the ``sequence_number`` an event that
     ends its stream early takes (:meth:`next_number`)."""
 
-    def __init__(self, response_id: str, following: AsyncIterator[Any], last: int) -> None:
+    def __init__(self, response_id: str, following: AsyncIterator[LoggedEvent], last: int) -> None:
         self._response_id = response_id
         self._following = following
         self._last = last
@@ -243,13 +243,13 @@ class Followed:
             await _closed(self._following)
 
 
-async def _raising(error: Exception) -> AsyncIterator[Any]:
+async def _raising(error: Exception) -> AsyncIterator[LoggedEvent]:
     """Events that are none but ``error``, raised when the first is asked for."""
     raise error
     yield  # an async generator: the raise waits for the reader
 
 
-async def _closed(events: AsyncIterator[Any]) -> None:
+async def _closed(events: AsyncIterator[object]) -> None:
     """Close an async generator (its ``finally`` runs now, not when it is collected)."""
     close = getattr(events, "aclose", None)
     if close is not None:

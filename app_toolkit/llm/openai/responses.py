@@ -21,6 +21,14 @@ from app_toolkit.llm.errors import ANSWERED, OpenAIError, bad_parameter, stream_
 from app_toolkit.llm.events import Delta, Generation
 from app_toolkit.llm.openai.chat import DEFAULT_TEMPERATURE
 from app_toolkit.llm.openai.replies import Stream, Whole, dumps
+from app_toolkit.llm.openai_shapes import (
+    ChatMessage,
+    JSONObject,
+    OutputMessage,
+    OutputText,
+    ResponseObject,
+    ResponseUsage,
+)
 from app_toolkit.llm.protocol import MAX_TEXT, MAX_TOKENS, OptionRules, checked_options, role_of, text_content
 from app_toolkit.streaming import OpenAIErrorEvent
 
@@ -57,7 +65,7 @@ RULES = OptionRules(
 
 #: The message a kept response's output item id names, as a chat message; the second
 #: argument is the parameter that named it (``input[2].id``), for the 404.
-Referenced = Callable[[str, str], dict[str, Any]]
+Referenced = Callable[[str, str], ChatMessage]
 
 
 class InputItem(BaseModel):
@@ -68,7 +76,7 @@ class InputItem(BaseModel):
 
     type: str = Field("message", max_length=64)
     role: str | None = Field(None, max_length=64)
-    content: str | list[dict[str, Any]] | None = None
+    content: str | list[JSONObject] | None = None
 
 
 class ResponsesRequest(BaseModel):
@@ -90,7 +98,7 @@ class ResponsesRequest(BaseModel):
     max_output_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS)
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
-    text: dict[str, Any] | None = None
+    text: dict[str, Any] | None = None  # text.format's keys are read as sent: response_format()
 
     def checked(self) -> ResponsesRequest:
         if self.background:
@@ -104,16 +112,18 @@ class ResponsesRequest(BaseModel):
         checked_options(dict(self.model_extra or {}), RULES)
         return self
 
-    def messages(self, referenced: Referenced) -> tuple[dict[str, Any], ...]:
+    def messages(self, referenced: Referenced) -> tuple[ChatMessage, ...]:
         """This request's input as chat messages (text parts joined by newlines); an
         ``item_reference`` (the AI SDK sends earlier replies so) is the message it names."""
         if isinstance(self.input, str):
             return ({"role": "user", "content": self.input},)
         return tuple(_message(item, index, referenced) for index, item in enumerate(self.input))
 
-    def response_format(self) -> dict[str, Any] | None:
+    def response_format(self) -> JSONObject | None:
         """``text.format`` as Chat Completions' ``response_format`` (None: plain text)."""
         given = (self.text or {}).get("format") or {"type": "text"}
+        if not isinstance(given, dict):
+            raise bad_parameter("text.format", "text.format must be an object with a type.")
         kind = given.get("type")
         if kind == "text":
             return None
@@ -128,7 +138,7 @@ class ResponsesRequest(BaseModel):
         )
 
 
-def _message(item: InputItem, index: int, referenced: Referenced) -> dict[str, Any]:
+def _message(item: InputItem, index: int, referenced: Referenced) -> ChatMessage:
     if item.type == "item_reference":
         return referenced(str((item.model_extra or {}).get("id", "")), f"input[{index}].id")
     if item.type != "message":
@@ -144,13 +154,15 @@ def _message(item: InputItem, index: int, referenced: Referenced) -> dict[str, A
 
 
 def generation(
-    request: ResponsesRequest, conversation: tuple[dict[str, Any], ...], received_at: float
+    request: ResponsesRequest, conversation: tuple[ChatMessage, ...], received_at: float
 ) -> Generation:
     """What the model's replica produces: ``instructions`` as the system message, then
     ``conversation`` (an earlier response's, then this request's input)."""
     if not any(message["role"] == "user" for message in conversation):
         raise bad_parameter("input", "input holds no user message (nor does previous_response_id's).")
-    system = ({"role": "system", "content": request.instructions},) if request.instructions else ()
+    system: tuple[ChatMessage, ...] = (
+        ({"role": "system", "content": request.instructions},) if request.instructions else ()
+    )
     given = request.max_output_tokens
     return Generation(
         sampling=Sampling(
@@ -200,7 +212,7 @@ class Reply:
         request: ResponsesRequest,
         model: str,
         prompt_tokens: int,
-        conversation: tuple[dict[str, Any], ...],
+        conversation: tuple[ChatMessage, ...],
     ) -> None:
         self.id = f"resp_{uuid.uuid4().hex}"
         self.message_id = f"msg_{uuid.uuid4().hex}"
@@ -220,7 +232,7 @@ class Reply:
     def done(self) -> bool:
         return self.status != "in_progress"
 
-    def continued(self) -> tuple[dict[str, Any], ...]:
+    def continued(self) -> tuple[ChatMessage, ...]:
         """The conversation a later request continues: this one and its reply."""
         return (*self.conversation, {"role": "assistant", "content": "".join(self.text)})
 
@@ -229,7 +241,7 @@ class Reply:
         self.sequence += 1
         return self.sequence
 
-    def event(self, kind: str, **fields: Any) -> Event:
+    def event(self, kind: str, **fields: object) -> Event:
         return Event(kind, dumps({"type": kind, "sequence_number": self.next_number(), **fields}))
 
     def fail(self, message: str, code: str = "server_error") -> None:
@@ -243,10 +255,10 @@ class Reply:
         sent = error.responses(self.next_number())
         return Event(str(sent.event), str(sent.data))
 
-    def part(self) -> dict[str, Any]:
+    def part(self) -> OutputText:
         return {"type": "output_text", "text": "".join(self.text), "annotations": [], "logprobs": []}
 
-    def message(self, status: str) -> dict[str, Any]:
+    def message(self, status: str) -> OutputMessage:
         content = [self.part()] if status == "completed" else []
         return {
             "id": self.message_id,
@@ -256,7 +268,7 @@ class Reply:
             "content": content,
         }
 
-    def response(self) -> dict[str, Any]:
+    def response(self) -> ResponseObject:
         """The ``response`` object as it stands."""
         ended = self.status in ("completed", "incomplete")
         request = self.request
@@ -286,7 +298,7 @@ class Reply:
             "metadata": {},
         }
 
-    def usage(self) -> dict[str, Any]:
+    def usage(self) -> ResponseUsage:
         return {
             "input_tokens": self.prompt_tokens,
             "input_tokens_details": {"cached_tokens": 0},
@@ -301,7 +313,7 @@ class Reply:
         self.finish_reason = last.finish_reason
         self.status = "incomplete" if last.finish_reason == "length" else "completed"
 
-    def read(self, whole: Whole) -> dict[str, Any]:
+    def read(self, whole: Whole) -> ResponseObject:
         """The response of a reply read whole."""
         self.text = [whole.text]
         self.end(Delta(completion_tokens=whole.completion_tokens, finish_reason=whole.finish_reason))
