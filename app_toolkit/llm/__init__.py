@@ -58,7 +58,7 @@ from app_toolkit.llm.protocol import (
     role_of,
     text_content,
 )
-from app_toolkit.llm.server import LLMServer
+from app_toolkit.llm.replica.server import LLMServer
 from app_toolkit.llm.serving_args import LLMServingArgs
 
 if TYPE_CHECKING:

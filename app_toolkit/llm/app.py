@@ -12,7 +12,7 @@ from app_toolkit.config.request_router import PREFIX_AWARE
 from app_toolkit.llm.config import LLMConfig
 from app_toolkit.llm.openai.ingress import OpenAIIngress
 from app_toolkit.llm.placement import with_replica
-from app_toolkit.llm.server import LLMServer
+from app_toolkit.llm.replica.server import LLMServer
 from app_toolkit.llm.serving_args import LLMServingArgs, serving_args
 
 #: Replies admitted per model replica, per engine slot, unless deployment_config says

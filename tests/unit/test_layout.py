@@ -259,6 +259,50 @@ def test_llm_uses_the_toolkit_as_an_application_does() -> None:
     assert reaching_in == set()
 
 
+#: The parts of ``llm/`` and the parts each must not import: the ingress (``openai/``) loads
+#: no model, so it names neither the model's replica nor the engines; the engines know
+#: nothing of the server that drives them; the replica answers its callers through handles.
+LLM = "app_toolkit.llm"
+LLM_FORBIDDEN = {
+    "openai": {"replica", "engines"},
+    "engines": {"replica", "openai"},
+    "replica": {"openai"},
+}
+
+
+def _llm_part(module: str) -> str:
+    return module[len(LLM) + 1 :].split(".")[0] if module.startswith(LLM + ".") else ""
+
+
+def _llm_crossings(imports: dict[str, set[str]]) -> set[tuple[str, str]]:
+    return {
+        (name, dep)
+        for name, deps in imports.items()
+        for dep in deps
+        if _llm_part(dep) in LLM_FORBIDDEN.get(_llm_part(name), set())
+    }
+
+
+def test_the_parts_of_llm_import_only_what_they_may() -> None:
+    assert _llm_crossings({name: _imported_modules(name) for name in MODULES}) == set()
+
+
+def test_the_llm_rule_catches_a_crossing() -> None:
+    imports = {
+        "app_toolkit.llm.openai.chat": _imports_in(
+            "app_toolkit.llm.openai.chat", "from ..replica.shaping import structure_for"
+        ),
+        "app_toolkit.llm.engines.echo": _imports_in(
+            "app_toolkit.llm.engines.echo", "def f():\n    from app_toolkit.llm.replica import server"
+        ),
+    }
+    assert _llm_crossings(imports) == {
+        ("app_toolkit.llm.openai.chat", "app_toolkit.llm.replica.shaping"),
+        ("app_toolkit.llm.engines.echo", "app_toolkit.llm.replica"),
+        ("app_toolkit.llm.engines.echo", "app_toolkit.llm.replica.server"),
+    }
+
+
 def test_no_part_of_the_runtime_imports_upward_or_sideways() -> None:
     def part(module: str) -> str:
         return module[len(RUNTIME) + 1 :].split(".")[0] if module.startswith(RUNTIME + ".") else ""

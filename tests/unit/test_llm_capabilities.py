@@ -15,11 +15,11 @@ import pytest
 
 from app_toolkit.exceptions import ConfigError
 from app_toolkit.llm import LLMConfig, LLMServer
-from app_toolkit.llm import server as server_module
 from app_toolkit.llm.engine import Capabilities, EngineRequest, Sampling
 from app_toolkit.llm.engines.echo import EchoEngine
 from app_toolkit.llm.errors import OpenAIError
 from app_toolkit.llm.events import Generation
+from app_toolkit.llm.replica import server as server_module
 
 ECHO: dict[str, Any] = {"model_loading_config": {"model_id": "e"}, "llm_engine": "echo"}
 

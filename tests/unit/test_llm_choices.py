@@ -8,9 +8,9 @@ from collections.abc import AsyncGenerator
 
 import pytest
 
-from app_toolkit.llm.choices import merged, seeded
 from app_toolkit.llm.engine import Sampling
 from app_toolkit.llm.events import Delta
+from app_toolkit.llm.replica.choices import merged, seeded
 
 
 def test_a_choice_takes_the_seed_plus_its_index_wrapping_past_int64() -> None:

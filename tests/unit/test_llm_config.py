@@ -716,7 +716,7 @@ def test_engine_kwargs_dump_as_written() -> None:
 
 
 def test_which_engine_serves_a_config_with_vllm_installed_or_not() -> None:
-    from app_toolkit.llm.loading import choose_engine
+    from app_toolkit.llm.replica.loading import choose_engine
 
     def chosen(installed: bool, **fields: Any) -> str:
         return choose_engine(LLMConfig.model_validate(_model(**fields)), installed)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from app_toolkit.llm.events import Delta
-from app_toolkit.llm.reply_stream import _joined
+from app_toolkit.llm.replica.reply_stream import _joined
 
 
 def test_held_tool_call_fragments_merge_by_index_with_their_text() -> None:

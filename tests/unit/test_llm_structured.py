@@ -16,12 +16,12 @@ import jsonschema
 import pytest
 import torch
 
-from app_toolkit.llm import grammar
 from app_toolkit.llm.engine import Constraint
 from app_toolkit.llm.errors import OpenAIError
 from app_toolkit.llm.events import Delta
-from app_toolkit.llm.shaping import structure_for
-from app_toolkit.llm.structured import ReplyFormat, StructuredOutputError, reply_format
+from app_toolkit.llm.replica import grammar
+from app_toolkit.llm.replica.shaping import structure_for
+from app_toolkit.llm.replica.structured import ReplyFormat, StructuredOutputError, reply_format
 from app_toolkit.llm.tool_calls import ToolCallStream, merge_fragments, parse_tool_calls, tool_instructions
 
 PERSON = {

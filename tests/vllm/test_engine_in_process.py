@@ -18,7 +18,7 @@ import pytest
 from app_toolkit.llm import EngineLoad, EngineRequest, LLMConfig, Sampling, TextEngine
 from app_toolkit.llm.engines.adapters import AdapterNotFound, AdapterRefused
 from app_toolkit.llm.engines.vllm import VLLMEngine
-from app_toolkit.llm.loading import engine_for
+from app_toolkit.llm.replica.loading import engine_for
 from tests.lora_models import written_adapter
 from tests.vllm.test_vllm_engine import ENGINE_KWARGS
 from tests.waiting import wait_for_async

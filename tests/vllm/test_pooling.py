@@ -21,8 +21,8 @@ import pytest
 
 from app_toolkit.llm import LLMConfig
 from app_toolkit.llm.engine import EmbeddingEngine
-from app_toolkit.llm.loading import engine_for
 from app_toolkit.llm.model_source import resolve_model_source
+from app_toolkit.llm.replica.loading import engine_for
 from tests.vllm.test_vllm_engine import START_S, _free_port
 
 pytestmark = [

@@ -660,8 +660,8 @@ def test_sampling_fields_give_the_transformers_engines_replies(served: Served) -
     import asyncio
 
     from app_toolkit.llm.engine import EngineRequest
-    from app_toolkit.llm.loading import engine_for
     from app_toolkit.llm.protocol import CompletionRequest
+    from app_toolkit.llm.replica.loading import engine_for
 
     config = LLMConfig.model_validate(
         {

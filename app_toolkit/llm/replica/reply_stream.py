@@ -15,7 +15,7 @@ from app_toolkit.llm import metrics
 from app_toolkit.llm.detokenize import Detokenizer, StopFilter
 from app_toolkit.llm.engine import EngineRequest, Logprobs, Sampling, TextEngine
 from app_toolkit.llm.events import Delta, Generation, TokenLogprob
-from app_toolkit.llm.shaping import Structure
+from app_toolkit.llm.replica.shaping import Structure
 
 if TYPE_CHECKING:
     from app_toolkit.llm.tool_calls import Fragment

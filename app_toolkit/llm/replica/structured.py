@@ -28,9 +28,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from ..exceptions import AppToolkitError
-from .engine import Constraint
-from .tool_calls import TEXT_RULE, calls_rules, json_rule
+from app_toolkit.exceptions import AppToolkitError
+from app_toolkit.llm.engine import Constraint
+from app_toolkit.llm.tool_calls import TEXT_RULE, calls_rules, json_rule
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast

@@ -1,6 +1,6 @@
 """A model's replica: one engine, and the rules every reply follows whatever the engine —
 the context window, stop strings, structured output, the stream's pace and the metrics.
-Each reply streams through a :class:`~app_toolkit.llm.reply_stream.ReplyStream`.
+Each reply streams through a :class:`~app_toolkit.llm.replica.reply_stream.ReplyStream`.
 
 The OpenAI ingress (``openai/``) reaches it through a handle: ``generate`` streams
 :class:`~app_toolkit.llm.events.Delta` items, ``embed``, ``tokenize`` and ``detokenize``
@@ -19,17 +19,17 @@ from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
 import app_toolkit as tk
 from app_toolkit.exceptions import ConfigError
 from app_toolkit.llm import metrics
-from app_toolkit.llm.choices import merged, seeded
 from app_toolkit.llm.config import LLMConfig
 from app_toolkit.llm.engine import Adapters, EmbeddingEngine, EngineLoad, Sampling, TextEngine
 from app_toolkit.llm.engines.adapters import AdapterNotFound, AdapterRefused
 from app_toolkit.llm.errors import OpenAIError, bad_parameter, unknown_model
 from app_toolkit.llm.events import Delta, Generation, ModelCard
-from app_toolkit.llm.loading import engine_for
 from app_toolkit.llm.openai_shapes import JSONObject
 from app_toolkit.llm.protocol import TokenizeRequest, text_content
-from app_toolkit.llm.reply_stream import ReplyStream
-from app_toolkit.llm.shaping import (
+from app_toolkit.llm.replica.choices import merged, seeded
+from app_toolkit.llm.replica.loading import engine_for
+from app_toolkit.llm.replica.reply_stream import ReplyStream
+from app_toolkit.llm.replica.shaping import (
     Structure,
     checked_calls,
     prompt_messages,

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from app_toolkit.llm.engine import Constraint
 from app_toolkit.llm.errors import bad_parameter
 from app_toolkit.llm.events import Delta
-from app_toolkit.llm.structured import StructuredOutputError, reply_format
+from app_toolkit.llm.replica.structured import StructuredOutputError, reply_format
 from app_toolkit.llm.tool_calls import (
     CALL_CLOSE,
     CALL_OPEN,
