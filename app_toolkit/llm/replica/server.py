@@ -27,7 +27,7 @@ from app_toolkit.llm.events import Delta, Generation, ModelCard
 from app_toolkit.llm.openai_shapes import JSONObject
 from app_toolkit.llm.protocol import TokenizeRequest, text_content
 from app_toolkit.llm.replica.choices import merged, seeded
-from app_toolkit.llm.replica.loading import engine_for
+from app_toolkit.llm.replica.loading import chat_template_text, engine_for
 from app_toolkit.llm.replica.reply_stream import ReplyStream
 from app_toolkit.llm.replica.shaping import (
     Structure,
@@ -39,6 +39,9 @@ from app_toolkit.llm.replica.shaping import (
 from app_toolkit.multiplex import _ModelCache
 
 logger = logging.getLogger("app_toolkit.llm")
+
+#: Why a model cannot take engine_kwargs.chat_template.
+_NO_TEMPLATE = "chat_template needs a chat model with a tokenizer: remove chat_template"
 
 
 class LLMServer:
@@ -71,7 +74,14 @@ class LLMServer:
             )
         # In a worker thread: the replica's event loop keeps answering (health checks; on
         # the local backend, every other part of the process) while the weights load.
+        template = llm_config.engine_kwargs.chat_template
+        if template is not None and engine.task == "embed":
+            raise ConfigError(f"{self._model}: engine_kwargs.{_NO_TEMPLATE}")
         await asyncio.to_thread(self._engine.load)
+        if template is not None:
+            if engine.tokenizer is None:
+                raise ConfigError(f"{self._model}: engine_kwargs.{_NO_TEMPLATE} ({engine.name} engine)")
+            engine.tokenizer.chat_template = chat_template_text(template)
         self._card = ModelCard(
             id=self._model,
             kind=engine.task,
