@@ -9,7 +9,7 @@ shows whether it does.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 #: What ``bytes.decode(errors="replace")`` and the Hugging Face tokenizers put where a
 #: multi-byte character is cut: the rest of it is in the next token.
@@ -20,26 +20,47 @@ class Detokenizer:
     """Feed token ids one by one; get the text each adds (often "" while a character is
     incomplete).
 
-    ``decode`` is the engine's (special tokens skipped). ``context`` is a few tokens
-    before the reply (the prompt's last ones): decoded with the first tokens, they keep
-    a leading space that a tokenizer drops at the start of a text.
+    ``decode`` is the engine's (special tokens skipped, or their text kept: vLLM's
+    ``skip_special_tokens``). ``context`` is a few tokens before the reply (the prompt's
+    last ones): decoded with the first tokens, they keep a leading space that a tokenizer
+    drops at the start of a text.
+
+    ``unspaced`` (vLLM's ``spaces_between_special_tokens`` false, special tokens kept): the
+    model's added tokens by id, with their text. One that comes right after another is
+    sent as its text alone, without the space a tokenizer's decoder may put between them
+    (WordPiece's does; byte-level BPE's puts none), as vLLM's detokenizer sends it.
 
     Each token costs two decodes of the window since the last piece sent (the algorithm
     of text-generation-inference and vLLM), so a reply costs O(its tokens).
     """
 
-    def __init__(self, decode: Callable[[Sequence[int]], str], context: Sequence[int] = ()) -> None:
+    def __init__(
+        self,
+        decode: Callable[[Sequence[int]], str],
+        context: Sequence[int] = (),
+        *,
+        unspaced: Mapping[int, str] | None = None,
+    ) -> None:
         self._decode = decode
         self._tokens: list[int] = list(context)
         # _tokens[_start:_sent] is text already sent, decoded again as the next piece's context;
         # _tokens[_sent:] is not sent yet.
         self._start = 0
         self._sent = len(self._tokens)
+        self._unspaced = unspaced or {}
+        self._after_unspaced = False  # the last token fed was one of them (the prompt's are not)
 
     def feed(self, token_id: int) -> str:
         """The text ``token_id`` completes ("" while it ends in half a character)."""
+        alone = self._sent == len(self._tokens)  # nothing held back: the piece is this token's
         self._tokens.append(token_id)
-        return self._advance(final=False)
+        piece = self._advance(final=False)
+        if self._unspaced:
+            own = self._unspaced.get(token_id)
+            if own is not None and self._after_unspaced and alone and piece:
+                piece = own
+            self._after_unspaced = own is not None
+        return piece
 
     def flush(self) -> str:
         """What is still held when the reply ends: a cut character, as U+FFFD."""

@@ -264,8 +264,13 @@ class TextEngine(Protocol):
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of ``text``."""
 
-    def decode(self, token_ids: Sequence[int]) -> str:
-        """Text of ``token_ids`` (special tokens skipped)."""
+    def decode(self, token_ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
+        """Text of ``token_ids``, special tokens skipped unless ``skip_special_tokens`` is
+        False (vLLM's request field: then their text shows)."""
+
+    def added_tokens(self) -> Mapping[int, str]:
+        """The tokens added to the model's vocabulary (its special tokens among them) by id,
+        with their text: vLLM's ``spaces_between_special_tokens`` false joins these."""
 
     def token_bytes(self, token_id: int) -> bytes:
         """The bytes one token stands for (part of a character, for some)."""

@@ -14,6 +14,26 @@ if TYPE_CHECKING:
 
 
 @dataclass(frozen=True, slots=True)
+class StructuredOutputs:
+    """vLLM's ``structured_outputs`` as the request sent it, with the ``response_format``
+    sent beside it (vLLM reads the two together); the model's replica checks both
+    (``replica/structured.py``), where the grammar library is."""
+
+    given: JSONObject
+    response_format: JSONObject | None = None
+
+
+def reply_format_asked(
+    response_format: JSONObject | None, structured_outputs: JSONObject | None
+) -> JSONObject | StructuredOutputs | None:
+    """What :attr:`Generation.response_format` carries for a request's two fields: the
+    ``response_format`` alone, or vLLM's ``structured_outputs`` with it."""
+    if structured_outputs is None:
+        return response_format
+    return StructuredOutputs(structured_outputs, response_format)
+
+
+@dataclass(frozen=True, slots=True)
 class Generation:
     """One reply to produce: a conversation (``messages``, through the chat template) or a
     ``prompt`` (text or token ids), how to sample, and what must shape the output."""
@@ -26,7 +46,14 @@ class Generation:
     stops: tuple[str, ...] = ()
     #: The stop string that ends the reply stays in its text (vLLM's option).
     include_stop_str_in_output: bool = False
-    response_format: Mapping[str, object] | None = None
+    #: Special tokens the model writes show no text (vLLM's option; False: their text shows).
+    skip_special_tokens: bool = True
+    #: With special tokens shown, two in a row keep the space a tokenizer may put between
+    #: them (vLLM's option; it changes nothing for a byte-level BPE tokenizer's).
+    spaces_between_special_tokens: bool = True
+    #: What the reply's text must be: the request's ``response_format``, or vLLM's
+    #: ``structured_outputs`` (:func:`reply_format_asked`); the model's replica reads it.
+    response_format: Mapping[str, object] | StructuredOutputs | None = None
     tools: tuple[JSONObject, ...] = ()
     tool_choice: str | Mapping[str, object] | None = None
     #: Several tool calls in one reply (OpenAI's default); one unless the request says so.

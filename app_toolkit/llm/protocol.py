@@ -119,6 +119,9 @@ class _Request(BaseModel):
     n: int = Field(1, ge=1, le=MAX_CHOICES)
     stream: bool = False
     stream_options: StreamOptions | None = None
+    #: vLLM's: what the reply must be (json, regex, choice, grammar, json_object), read in
+    #: the model's replica with ``response_format`` (``events.reply_format_asked``).
+    structured_outputs: JSONObject | None = None
     max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS)
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
@@ -135,6 +138,10 @@ class _Request(BaseModel):
     stop_token_ids: list[int] | None = Field(None, max_length=64)
     include_stop_str_in_output: bool = False
     ignore_eos: bool = False
+    # vLLM's: the text of special tokens the model writes shows (false), and two in a row
+    # are joined without a space (false; only where the tokenizer's decoder puts one).
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
 
     @field_validator("stop")
     @classmethod

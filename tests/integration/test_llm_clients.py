@@ -24,6 +24,7 @@ import base64
 import importlib.util
 import json
 import os
+import re
 import signal
 import struct
 from collections.abc import Iterator
@@ -485,6 +486,51 @@ def test_instructor_through_json_schema_and_tools(client: openai.OpenAI, mode: i
         )
     assert cut.value.last_completion is not None
     assert cut.value.last_completion.choices[0].finish_reason == "length"
+
+
+def test_vllms_structured_outputs_constrain_each_kind(client: openai.OpenAI) -> None:
+    """vLLM's ``structured_outputs`` (the ``openai`` client sends it in ``extra_body``): each
+    kind holds a greedy reply to it, where the model left free says "The capital of France
+    is Paris." (chat) or " Paris.\\n\\nThe answer is: ..." (completion)."""
+    asked: Any = [{"role": "user", "content": QUESTION}]
+
+    def chat(structured_outputs: dict[str, Any]) -> str:
+        reply = client.chat.completions.create(
+            model=CHAT,
+            messages=asked,
+            temperature=0,
+            max_tokens=40,
+            extra_body={"structured_outputs": structured_outputs},
+        )
+        assert reply.choices[0].finish_reason == "stop", reply
+        return reply.choices[0].message.content or ""
+
+    cities = ["Paris", "London", "Berlin"]
+    assert chat({"choice": cities}) in cities
+    schema = {
+        "type": "object",
+        "properties": {
+            "city": {"type": "string", "maxLength": 20},
+            "country": {"type": "string", "maxLength": 20},
+        },
+        "required": ["city", "country"],
+        "additionalProperties": False,
+    }
+    jsonschema.validate(json.loads(chat({"json": schema})), schema)
+    assert chat({"grammar": 'root ::= "The answer is " ("Paris" | "Lyon") "."'}) in (
+        "The answer is Paris.",
+        "The answer is Lyon.",
+    )
+    pattern = r" [A-Z][a-z]{1,12}( [A-Z][a-z]{1,12})?"  # at most 26 tokens: never cut
+    completion = client.completions.create(
+        model=CHAT,
+        prompt="The capital of France is",
+        temperature=0,
+        max_tokens=30,
+        extra_body={"structured_outputs": {"regex": pattern}},
+    )
+    assert completion.choices[0].finish_reason == "stop"
+    assert re.fullmatch(pattern, completion.choices[0].text), completion.choices[0].text
 
 
 @ON_TRANSFORMERS_ONLY  # refused while the file is read: no engine runs

@@ -18,7 +18,7 @@ from app_toolkit.llm import LLMConfig, LLMServer
 from app_toolkit.llm.engine import Capabilities, EngineRequest, Sampling
 from app_toolkit.llm.engines.echo import EchoEngine
 from app_toolkit.llm.errors import OpenAIError
-from app_toolkit.llm.events import Generation
+from app_toolkit.llm.events import Generation, StructuredOutputs
 from app_toolkit.llm.replica import server as server_module
 
 ECHO: dict[str, Any] = {"model_loading_config": {"model_id": "e"}, "llm_engine": "echo"}
@@ -61,6 +61,29 @@ def test_what_the_engine_cannot_do_is_a_400_naming_the_field_and_the_engine() ->
         # What it can do still works: a reply with neither.
         deltas = [delta async for delta in server.generate(Generation(Sampling(max_tokens=3), prompt="hey"))]
         assert "".join(delta.text for delta in deltas) == "hey"
+        await LLMServer.__del__(server)
+
+    asyncio.run(scenario())
+
+
+def test_structured_outputs_reach_the_replicas_check_and_its_engines() -> None:
+    async def scenario() -> None:
+        server = await _server(ECHO)
+        engine = server._engine
+        assert isinstance(engine, EchoEngine)
+        engine.capabilities = Capabilities()
+        asked = StructuredOutputs({"regex": "(?<=a)b"})  # checked first: a 400 naming the sub-field
+        refused = await _refusal(
+            server, Generation(Sampling(max_tokens=4), prompt="hi", response_format=asked)
+        )
+        assert (refused.status, refused.param) == (400, "structured_outputs.regex")
+        assert "look-around" in refused.message
+        asked = StructuredOutputs({"choice": ["a", "b"]})
+        refused = await _refusal(
+            server, Generation(Sampling(max_tokens=4), prompt="hi", response_format=asked)
+        )
+        assert (refused.status, refused.param) == (400, "structured_outputs")
+        assert refused.message == "The echo engine gives no structured output."
         await LLMServer.__del__(server)
 
     asyncio.run(scenario())

@@ -210,7 +210,7 @@ def test_logprobs_fields_become_the_samplings_count() -> None:
 
 
 def test_vllms_request_fields_not_honoured_are_refused_not_ignored() -> None:
-    for field, value in (("prompt_logprobs", 1), ("skip_special_tokens", False), ("use_beam_search", True)):
+    for field, value in (("prompt_logprobs", 1), ("bad_words", ["x"]), ("use_beam_search", True)):
         with pytest.raises(OpenAIError) as refused:
             CompletionRequest(prompt="x", **{field: value}).checked()
         assert refused.value.param == field

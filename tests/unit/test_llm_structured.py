@@ -1,6 +1,7 @@
 """Structured output on SmolLM2's real tokenizer, model-free: each constraint is walked token
 by token, choosing among the tokens it allows with a seeded RNG (or following a target
-document), as an engine would sample; what comes out must parse and follow its schema."""
+document), as an engine would sample; what comes out must parse and follow its schema (or
+regex, choice or grammar: vLLM's ``structured_outputs``)."""
 
 from __future__ import annotations
 
@@ -9,18 +10,22 @@ import json
 import os
 import pickle
 import random
+import re
 from collections.abc import Iterator
 from typing import Any
 
 import jsonschema
 import pytest
 import torch
+from pydantic import ValidationError
 
 from app_toolkit.llm.engine import Constraint
 from app_toolkit.llm.errors import OpenAIError
-from app_toolkit.llm.events import Delta
+from app_toolkit.llm.events import Delta, StructuredOutputs
+from app_toolkit.llm.openai import chat, completions
+from app_toolkit.llm.protocol import ChatCompletionRequest, CompletionRequest
 from app_toolkit.llm.replica import grammar
-from app_toolkit.llm.replica.shaping import structure_for
+from app_toolkit.llm.replica.shaping import structure_for, structures_for
 from app_toolkit.llm.replica.structured import ReplyFormat, StructuredOutputError, reply_format
 from app_toolkit.llm.tool_calls import ToolCallStream, merge_fragments, parse_tool_calls, tool_instructions
 
@@ -409,3 +414,227 @@ def test_the_server_answers_a_field_that_cannot_be_enforced_with_a_400_naming_it
         structure_for(tokenizer, None, tuple(TOOLS), {"type": "function", "function": {"name": "nope"}})
     assert (caught.value.status, caught.value.param) == (400, "tool_choice")
     assert "'nope', which is not among the request's tools" in caught.value.message
+
+
+# vLLM's structured_outputs: each kind, its refusals, and how it meets response_format and tools.
+
+
+def vllm_format(
+    given: dict[str, Any], response_format: dict[str, Any] | None = None, **fields: Any
+) -> ReplyFormat:
+    return reply_format(StructuredOutputs(given, response_format), **fields)
+
+
+@pytest.mark.parametrize("seed", [10, 11, 12])
+def test_a_choice_walks_to_one_of_its_strings(tokenizer: Any, closers: torch.Tensor, seed: int) -> None:
+    strings = ["Paris", "Paris, France", 'café "au lait"\n', "Lyon"]
+    constraint = vllm_format({"choice": strings}).constraint(tokenizer)
+    assert constraint is not None
+    assert tokenizer.decode(walk(constraint, tokenizer, seed, closers)) in strings
+
+
+@pytest.mark.parametrize("seed", [13, 14])
+def test_a_regex_walks_to_text_it_matches_whole(tokenizer: Any, closers: torch.Tensor, seed: int) -> None:
+    pattern = r"[A-Z][a-z]{2,8}/\d{1,3}( (kg|g))?"  # a slash, which Lark's /.../ must escape
+    constraint = vllm_format({"regex": pattern}).constraint(tokenizer)
+    assert constraint is not None
+    text = tokenizer.decode(walk(constraint, tokenizer, seed, closers))
+    assert re.fullmatch(pattern, text), text
+
+
+@pytest.mark.parametrize(
+    "given",
+    [{"json": PERSON}, {"json": json.dumps(PERSON)}],  # the schema, or its JSON text (vLLM takes both)
+    ids=["object", "text"],
+)
+def test_a_json_schema_walks_to_a_document_that_follows_it(
+    tokenizer: Any, closers: torch.Tensor, given: dict[str, Any]
+) -> None:
+    chosen = vllm_format(given)
+    response_format = {"type": "json_schema", "json_schema": {"name": "p", "schema": PERSON}}
+    assert chosen.grammar == reply_format(response_format).grammar, "one grammar as response_format's"
+    constraint = chosen.constraint(tokenizer)
+    assert constraint is not None
+    jsonschema.validate(json.loads(tokenizer.decode(walk(constraint, tokenizer, 15, closers))), PERSON)
+
+
+def test_json_object_is_response_formats_json_object() -> None:
+    chosen = vllm_format({"json_object": True})
+    assert chosen.grammar == reply_format({"type": "json_object"}).grammar
+    assert chosen.source == "structured_outputs.json_object"
+
+
+@pytest.mark.parametrize(
+    "grammar",
+    ['start: answer\nanswer: "yes" | "no" | "maybe " NUMBER\nNUMBER: /[0-9]+/', 'root ::= "yes" | "no"'],
+    ids=["lark", "gbnf"],
+)
+def test_a_grammar_is_the_whole_reply_in_lark_or_gbnf(tokenizer: Any, grammar: str) -> None:
+    chosen = vllm_format({"grammar": grammar})
+    assert chosen.grammar is not None and "start:" in chosen.grammar
+    yes = chosen.constraint(tokenizer)
+    assert yes is not None
+    follow(yes, tokenizer, "yes")
+    assert yes.finished
+    other = chosen.constraint(tokenizer)
+    assert (
+        other is not None
+        and not other.allowed(len(tokenizer))[tokenizer.encode("Hi", add_special_tokens=False)[0]]
+    )
+
+
+def test_options_vllm_takes_change_nothing() -> None:
+    options = {
+        "disable_any_whitespace": True,
+        "disable_additional_properties": True,
+        "whitespace_pattern": " ",
+    }
+    assert vllm_format({"regex": "a+", **options, "disable_fallback": True}) == vllm_format({"regex": "a+"})
+    assert vllm_format({"regex": "a+", "choice": None, "json": None}) == vllm_format({"regex": "a+"})
+
+
+def test_response_format_of_the_same_kind_sets_it_as_in_vllm() -> None:
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    given = {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}}
+    assert vllm_format({"json": {"type": "string"}}, given) == reply_format(given)
+    assert vllm_format({"json_object": True}, {"type": "json_object"}) == reply_format(
+        {"type": "json_object"}
+    )
+    text = vllm_format({"choice": ["a", "b"]}, {"type": "text"})  # text: structured_outputs alone
+    assert text.grammar == 'start: reply\nreply: "a" | "b"'
+
+
+def test_tools_with_structured_outputs_follow_response_formats_rules(tokenizer: Any) -> None:
+    required = vllm_format({"regex": "[a-z]+"}, tools=TOOLS, tool_choice="required")
+    assert required == reply_format(tools=TOOLS, tool_choice="required"), "a call, whatever else is asked"
+    auto = vllm_format({"choice": ["sunny", "rainy"]}, tools=TOOLS)
+    assert auto.tool_names == ("get_weather", "get_time")
+    for reply in ("sunny", '<tool_call>\n{"name": "get_time", "arguments": {"tz": "UTC"}}\n</tool_call>'):
+        constraint = auto.constraint(tokenizer)
+        assert constraint is not None
+        follow(constraint, tokenizer, reply)
+        assert constraint.finished or constraint.allowed(len(tokenizer))[tokenizer.eos_token_id]
+    named = {"type": "function", "function": {"name": "get_time"}}
+    grammar = vllm_format({"grammar": 'start: "x"'}, tools=TOOLS, tool_choice=named)
+    assert grammar == reply_format(tools=TOOLS, tool_choice=named)
+    assert vllm_format({"grammar": 'start: "x"'}, tools=TOOLS, tool_choice="none").grammar == 'start: "x"'
+
+
+NAMED = {"type": "function", "function": {"name": "get_time"}}
+
+
+@pytest.mark.parametrize(
+    ("given", "fields", "param", "words"),
+    [
+        ({}, {}, "structured_outputs", "got none"),
+        ({"regex": None}, {}, "structured_outputs", "got none"),
+        ({"regex": "a", "choice": ["b"]}, {}, "structured_outputs", "got regex and choice"),
+        (
+            {"grammar": 'start: "a"', "json_object": True},
+            {},
+            "structured_outputs",
+            "got grammar and json_object",
+        ),
+        ({"json": {"type": "foo"}}, {}, "structured_outputs.json", "Invalid type: foo"),
+        ({"json": "{not json"}, {}, "structured_outputs.json", "structured_outputs.json is not JSON"),
+        ({"json": [1]}, {}, "structured_outputs.json", "must be a JSON schema"),
+        ({"json_object": False}, {}, "structured_outputs.json_object", "must be true"),
+        ({"regex": "(?=a)b"}, {}, "structured_outputs.regex", "look-around"),
+        ({"regex": 7}, {}, "structured_outputs.regex", "must be a regular expression"),
+        ({"choice": []}, {}, "structured_outputs.choice", "must be a list of strings"),
+        ({"choice": ["a", 1]}, {}, "structured_outputs.choice", "must be a list of strings"),
+        ({"grammar": "start: word"}, {}, "structured_outputs.grammar", 'at 1(8): unknown name: "word"'),
+        ({"grammar": "root ::= ("}, {}, "structured_outputs.grammar", "cannot be read as Lark or GBNF"),
+        ({"grammar": " "}, {}, "structured_outputs.grammar", "must be a grammar"),
+        (
+            {"regex": "a", "disable_any_whitespace": "yes"},
+            {},
+            "structured_outputs.disable_any_whitespace",
+            "must be a boolean",
+        ),
+        ({"regex": "a", "whitespace_pattern": 1}, {}, "structured_outputs.whitespace_pattern", "a string"),
+        # vLLM's rules between fields: one kind, whichever field names it...
+        (
+            {"regex": "a"},
+            {"response_format": {"type": "json_object"}},
+            "structured_outputs",
+            'structured_outputs.regex and response_format "json_object"',
+        ),
+        (
+            {"json_object": True},
+            {"response_format": {"type": "json_schema", "json_schema": {"schema": PERSON}}},
+            "structured_outputs",
+            "both say what the reply is",
+        ),
+        ({"regex": "a"}, {"response_format": {"type": "xml"}}, "response_format", "response_format.type"),
+        # ... no json, regex or choice with a named function...
+        (
+            {"choice": ["a"]},
+            {"tools": TOOLS, "tool_choice": NAMED},
+            "structured_outputs",
+            "named tool_choice",
+        ),
+        # ... and a grammar of the client's has no room for calls the model may choose.
+        ({"grammar": 'start: "a"'}, {"tools": TOOLS}, "structured_outputs.grammar", "tool_choice 'none'"),
+    ],
+)
+def test_structured_outputs_that_cannot_be_enforced_name_the_sub_field(
+    given: dict[str, Any], fields: dict[str, Any], param: str, words: str
+) -> None:
+    response_format = fields.pop("response_format", None)
+    with pytest.raises(StructuredOutputError) as caught:
+        vllm_format(given, response_format, **fields)
+    assert (caught.value.param, caught.value.code) == (param, "invalid_value")
+    assert words in caught.value.message
+
+
+def test_a_structural_tag_is_refused_as_unsupported(tokenizer: Any) -> None:
+    with pytest.raises(OpenAIError) as caught:
+        structure_for(tokenizer, StructuredOutputs({"structural_tag": "{}"}), (), None)
+    error = caught.value
+    assert (error.status, error.param, error.code) == (
+        400,
+        "structured_outputs.structural_tag",
+        "unsupported_parameter",
+    )
+    copy = pickle.loads(pickle.dumps(StructuredOutputError("p", "m", "unsupported_parameter")))
+    assert (copy.param, copy.message, copy.code) == ("p", "m", "unsupported_parameter")
+
+
+def test_an_engine_that_cannot_enforce_it_names_structured_outputs(tokenizer: Any) -> None:
+    with pytest.raises(StructuredOutputError, match="without structured_outputs and tools") as caught:
+        vllm_format({"regex": "a"}).constraint(None)
+    assert caught.value.param == "structured_outputs"
+    with pytest.raises(OpenAIError) as refused:
+        structures_for(tokenizer, StructuredOutputs({"choice": ["a"]}), (), None, engine="echo")
+    assert (refused.value.param, refused.value.message) == (
+        "structured_outputs",
+        "The echo engine gives no structured output.",
+    )
+
+
+def test_the_ingress_sends_structured_outputs_with_response_format_to_the_replica() -> None:
+    asked = {"regex": "[0-9]+", "disable_fallback": True}
+    chat_request = ChatCompletionRequest.model_validate(
+        {"messages": [{"role": "user", "content": "hi"}], "structured_outputs": asked}
+    ).checked()
+    assert chat.generation(chat_request, 0.0).response_format == StructuredOutputs(asked)
+    with_format = ChatCompletionRequest.model_validate(
+        {
+            "messages": [{"role": "user", "content": "hi"}],
+            "structured_outputs": asked,
+            "response_format": {"type": "json_object"},
+        }
+    ).checked()
+    assert chat.generation(with_format, 0.0).response_format == StructuredOutputs(
+        asked, {"type": "json_object"}
+    )
+    plain = ChatCompletionRequest.model_validate(
+        {"messages": [{"role": "user", "content": "hi"}], "response_format": {"type": "json_object"}}
+    ).checked()
+    assert chat.generation(plain, 0.0).response_format == {"type": "json_object"}
+    completion = CompletionRequest.model_validate({"prompt": "x", "structured_outputs": asked}).checked()
+    assert completions.generation(completion, 0.0).response_format == StructuredOutputs(asked)
+    assert completions.generation(CompletionRequest(prompt="x").checked(), 0.0).response_format is None
+    with pytest.raises(ValidationError):
+        CompletionRequest.model_validate({"prompt": "x", "structured_outputs": "a+"})

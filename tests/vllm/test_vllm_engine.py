@@ -230,6 +230,21 @@ def test_stop_token_ids_and_ignore_eos_reach_vllm(served: Served) -> None:
     assert endless["choices"][0]["finish_reason"] == "length"
 
 
+def test_special_tokens_text_shows_when_not_skipped(served: Served) -> None:
+    chat = {
+        "model": "smollm2",
+        "messages": [{"role": "user", "content": "What is the capital of France?"}],
+        "max_tokens": 12,
+        "temperature": 0,
+        "ignore_eos": True,  # past the end of turn: "Paris.<|im_end|>\n<|im_end|><|im_start|>..."
+    }
+    kept = _post(served, "/v1/chat/completions", {**chat, "skip_special_tokens": False}).json()
+    skipped = _post(served, "/v1/chat/completions", chat).json()
+    text, plain = kept["choices"][0]["message"]["content"], skipped["choices"][0]["message"]["content"]
+    assert "Paris.<|im_end|>" in text and "<|im_end|>" not in plain, (text, plain)
+    assert text.replace("<|im_end|>", "").replace("<|im_start|>", "") == plain
+
+
 def test_structured_output_runs_on_vllms_own_backend(served: Served) -> None:
     schema = {
         "type": "object",
@@ -500,6 +515,63 @@ CORPUS: list[tuple[str, dict[str, Any], str | None]] = [
         },
         None,
     ),
+    # vLLM's structured_outputs, greedy, cut by max_tokens before the grammar is complete:
+    # a reply whose grammar is complete ends there, where vLLM writes (and counts) its end
+    # of sequence after it.
+    (
+        "/v1/chat/completions",
+        {
+            "messages": QUESTION_MESSAGES,
+            "max_tokens": 8,
+            "temperature": 0,
+            "structured_outputs": {
+                "choice": [
+                    "The capital of France is Paris, a city on the Seine.",
+                    "The capital of France is Lyon, a city on the Rhone.",
+                    "France has no capital city at all, as far as I know.",
+                ]
+            },
+        },
+        None,
+    ),
+    (
+        "/v1/completions",
+        {
+            "prompt": "The capital of France is",
+            "max_tokens": 8,
+            "temperature": 0,
+            "structured_outputs": {"regex": "( [A-Za-z]+)+"},
+        },
+        None,
+    ),
+    # Past the end of turn (ignore_eos), SmolLM2 writes special tokens mid-reply, greedy:
+    # "The capital of France is Paris.<|im_end|>\n<|im_end|><|im_start|>system"; kept in the
+    # text (vLLM's detokenizer), two of them in a row among them.
+    (
+        "/v1/chat/completions",
+        {
+            "messages": QUESTION_MESSAGES,
+            "max_tokens": 12,
+            "temperature": 0,
+            "ignore_eos": True,
+            "skip_special_tokens": False,
+            "logprobs": True,
+        },
+        None,
+    ),
+    (
+        "/v1/completions",
+        {
+            "prompt": "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n",
+            "max_tokens": 12,
+            "temperature": 0,
+            "ignore_eos": True,
+            "skip_special_tokens": False,
+            "spaces_between_special_tokens": False,
+            "stream": True,
+        },
+        None,
+    ),
     ("/v1/completions", {"prompt": "x", "temperature": 5}, "temperature"),
     ("/v1/completions", {"prompt": "x", "presence_penalty": 3}, "presence_penalty"),
     ("/v1/chat/completions", {"messages": QUESTION_MESSAGES, "top_logprobs": 2}, "top_logprobs"),
@@ -517,6 +589,33 @@ CORPUS: list[tuple[str, dict[str, Any], str | None]] = [
     ("/v1/completions", {"prompt": "x", "logprobs": 21}, "logprobs"),
     ("/v1/completions", {"prompt": "x", "stop_token_ids": [99999]}, "stop_token_ids"),
     ("/v1/completions", {"prompt": [1, 99999]}, "prompt"),
+    (
+        "/v1/completions",
+        {"prompt": "x", "structured_outputs": {"regex": "a", "choice": ["b"]}},
+        "structured_outputs",
+    ),
+    ("/v1/chat/completions", {"messages": QUESTION_MESSAGES, "structured_outputs": {}}, "structured_outputs"),
+    (
+        "/v1/chat/completions",
+        {
+            "messages": QUESTION_MESSAGES,
+            "structured_outputs": {"regex": "a+"},
+            "response_format": {"type": "json_object"},
+        },
+        "structured_outputs",
+    ),
+    (
+        "/v1/chat/completions",
+        {
+            "messages": QUESTION_MESSAGES,
+            "tools": [
+                {"type": "function", "function": {"name": "weather", "parameters": {"type": "object"}}}
+            ],
+            "tool_choice": {"type": "function", "function": {"name": "weather"}},
+            "structured_outputs": {"regex": "a+"},
+        },
+        "structured_outputs",
+    ),
 ]
 #: Fields vLLM's replies carry that this server leaves out: vLLM's own extensions, null
 #: unless asked for by vLLM-only options this server refuses (token ids, prompt logprobs,

@@ -118,10 +118,14 @@ class EchoEngine:
         """The tokens of ``text`` (there are no special tokens to add)."""
         return self._tokens.encode(text)
 
-    def decode(self, token_ids: Sequence[int]) -> str:
-        """The text of the tokens (the end-of-sequence token skipped; with bytes, a cut
-        character shows as U+FFFD)."""
+    def decode(self, token_ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
+        """The text of the tokens (the end-of-sequence token has none, skipped or kept: it
+        is the only special token; with bytes, a cut character shows as U+FFFD)."""
         return self._tokens.decode(token_ids)
+
+    def added_tokens(self) -> Mapping[int, str]:
+        """None: its vocabulary is bytes or words, with nothing added."""
+        return {}
 
     def token_bytes(self, token_id: int) -> bytes:
         """The token's bytes: one byte (a bytes token), or its word's."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from functools import cache
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Protocol
 
 from ..protocol import TEMPLATE_ARGUMENTS
@@ -39,12 +40,22 @@ def _byte_level_bytes() -> dict[str, int]:
     return {character: byte for byte, character in table.items()}
 
 
+class _AddedToken(Protocol):
+    """What :class:`TokenizerText` reads of a tokenizer's added token."""
+
+    @property
+    def content(self) -> str: ...
+
+
 class _Tokenizer(Protocol):
     """What :class:`TokenizerText` reads of a Hugging Face tokenizer."""
 
     def encode(self, text: str, *, add_special_tokens: bool) -> list[int]: ...
 
     def decode(self, token_ids: list[int], *, skip_special_tokens: bool) -> str: ...
+
+    @property
+    def added_tokens_decoder(self) -> Mapping[int, _AddedToken]: ...
 
     def convert_ids_to_tokens(self, ids: int) -> str | list[str]: ...
 
@@ -62,19 +73,30 @@ class _Tokenizer(Protocol):
 
 
 class TokenizerText:
-    """``encode``, ``decode``, ``token_bytes``, ``chat_prompt`` and ``vocab_size``
-    (``TextEngine``'s) over ``self.tokenizer``, which the engine sets when it loads (None
+    """``encode``, ``decode``, ``added_tokens``, ``token_bytes``, ``chat_prompt`` and
+    ``vocab_size`` (``TextEngine``'s) over ``self.tokenizer``, which the engine sets when it loads (None
     before)."""
 
     tokenizer: Any = None
+    #: The tokenizer whose added tokens were read, and them (read once, when first asked).
+    _added: tuple[object, Mapping[int, str]] | None = None
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of ``text``."""
         return list(self._loaded_tokenizer().encode(text, add_special_tokens=add_special_tokens))
 
-    def decode(self, token_ids: Sequence[int]) -> str:
-        """Text of ``token_ids``, special tokens skipped."""
-        return str(self._loaded_tokenizer().decode(list(token_ids), skip_special_tokens=True))
+    def decode(self, token_ids: Sequence[int], *, skip_special_tokens: bool = True) -> str:
+        """Text of ``token_ids``, special tokens skipped unless ``skip_special_tokens`` is False."""
+        tokenizer = self._loaded_tokenizer()
+        return str(tokenizer.decode(list(token_ids), skip_special_tokens=skip_special_tokens))
+
+    def added_tokens(self) -> Mapping[int, str]:
+        """The tokenizer's added tokens (its special ones among them) by id, with their text."""
+        tokenizer = self._loaded_tokenizer()
+        if self._added is None or self._added[0] is not tokenizer:
+            added = {token_id: token.content for token_id, token in tokenizer.added_tokens_decoder.items()}
+            self._added = (tokenizer, MappingProxyType(added))
+        return self._added[1]
 
     def token_bytes(self, token_id: int) -> bytes:
         """The bytes token ``token_id`` stands for: part of a character for some (a byte-level
@@ -91,7 +113,8 @@ class TokenizerText:
                 return bytes([int(one.group(1), 16)])
             if _SPACE_MARK in piece:
                 return piece.replace(_SPACE_MARK, " ").encode()
-        return self.decode([token_id]).encode()
+        # A special token's text too, as vLLM's logprobs show it whatever skip_special_tokens says.
+        return self.decode([token_id], skip_special_tokens=False).encode()
 
     def chat_prompt(
         self,

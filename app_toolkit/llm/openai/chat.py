@@ -8,7 +8,7 @@ import uuid
 from typing import TypedDict
 
 import app_toolkit as tk
-from app_toolkit.llm.events import Delta, Generation
+from app_toolkit.llm.events import Delta, Generation, reply_format_asked
 from app_toolkit.llm.openai import logprobs
 from app_toolkit.llm.openai.replies import UNSET_FIELDS, Stream, Whole, dumps, relayed, usage
 from app_toolkit.llm.openai_shapes import (
@@ -39,7 +39,9 @@ def generation(request: ChatCompletionRequest, received_at: float) -> Generation
         max_tokens_given=given is not None,
         stops=request.stops,
         include_stop_str_in_output=request.include_stop_str_in_output,
-        response_format=request.response_format,
+        skip_special_tokens=request.skip_special_tokens,
+        spaces_between_special_tokens=request.spaces_between_special_tokens,
+        response_format=reply_format_asked(request.response_format, request.structured_outputs),
         tools=tuple(request.tools or ()),
         tool_choice=request.tool_choice,
         parallel_tool_calls=bool(request.parallel_tool_calls),

@@ -8,7 +8,7 @@ import uuid
 from collections.abc import Sequence
 
 import app_toolkit as tk
-from app_toolkit.llm.events import Delta, Generation
+from app_toolkit.llm.events import Delta, Generation, reply_format_asked
 from app_toolkit.llm.openai import logprobs
 from app_toolkit.llm.openai.replies import UNSET_FIELDS, Stream, Whole, dumps, relayed, usage
 from app_toolkit.llm.openai_shapes import CompletionChoice, TextCompletion
@@ -28,6 +28,9 @@ def generation(request: CompletionRequest, received_at: float) -> Generation:
         max_tokens_given=request.max_tokens is not None and "max_tokens" in request.model_fields_set,
         stops=request.stops,
         include_stop_str_in_output=request.include_stop_str_in_output,
+        skip_special_tokens=request.skip_special_tokens,
+        spaces_between_special_tokens=request.spaces_between_special_tokens,
+        response_format=reply_format_asked(None, request.structured_outputs),
         received_at=received_at,
         n=request.n,
     )

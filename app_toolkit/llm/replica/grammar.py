@@ -28,16 +28,19 @@ GRAMMAR_CACHE_SIZE = 64
 
 
 class GrammarError(ValueError):
-    """llguidance refused a grammar; the message is its reason, first line only."""
+    """llguidance refused a grammar; the message is its reason (:func:`library_reason`)."""
 
 
-def library_reason(message: str) -> str:
+def library_reason(message: str, positions: bool = False) -> str:
     """llguidance's error without its position in our generated grammar text (``at 1(8):
     failed to compile JSON schema: Invalid type: foo`` and the source lines after it):
-    the part that speaks of the caller's schema."""
-    first = message.strip().splitlines()[0] if message.strip() else "invalid grammar"
-    head, colon, rest = first.partition(": ")
-    return rest if colon and head.startswith("at ") else first
+    the part that speaks of the caller's schema, with the regex parser's own ``error:``
+    line when it gives one. ``positions``: keep the position (the grammar is the caller's)."""
+    lines = message.strip().splitlines() or ["invalid grammar"]
+    head, colon, rest = lines[0].partition(": ")
+    reason = rest if colon and head.startswith("at ") and not positions else lines[0]
+    detail = next((line.strip() for line in lines[1:] if line.strip().startswith("error: ")), "")
+    return f"{reason.rstrip(': ')}: {detail.removeprefix('error: ')}" if detail else reason
 
 
 class _TokenizerGrammars:

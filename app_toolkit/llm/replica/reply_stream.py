@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from typing import TYPE_CHECKING
 
 from app_toolkit.llm import metrics
@@ -52,7 +52,7 @@ class ReplyStream:
         self.cached = 0  # prompt tokens the engine found in its prefix cache
 
     async def deltas(self) -> AsyncGenerator[Delta, None]:
-        detokenizer = Detokenizer(self._engine.decode, self._prompt[-CONTEXT_TOKENS:])
+        detokenizer = _detokenizer(self._engine, self._prompt, self._generation)
         stops = StopFilter(self._generation.stops, self._generation.include_stop_str_in_output)
         structure = self._structure
         held: list[Delta] = []
@@ -166,6 +166,22 @@ class ReplyStream:
         if self._structure is None:
             return [Delta(text=text)]
         return self._structure.feed(text)
+
+
+def _detokenizer(engine: TextEngine, prompt: Sequence[int], generation: Generation) -> Detokenizer:
+    """The reply's detokenizer, as vLLM's request fields ask: special tokens skipped (the
+    default) or their text shown, and then two in a row joined without a space unless
+    ``spaces_between_special_tokens`` (which, as in vLLM, changes nothing while they are
+    skipped)."""
+    context = prompt[-CONTEXT_TOKENS:]
+    if generation.skip_special_tokens:
+        return Detokenizer(engine.decode, context)
+
+    def decode(token_ids: Sequence[int]) -> str:
+        return engine.decode(token_ids, skip_special_tokens=False)
+
+    unspaced = None if generation.spaces_between_special_tokens else engine.added_tokens()
+    return Detokenizer(decode, context, unspaced=unspaced)
 
 
 def _text(raw: bytes) -> str:

@@ -1,5 +1,6 @@
-"""What shapes a reply beyond text: a grammar from ``response_format``, tool calls from
-``tools`` / ``tool_choice`` (structured.py compiles them), and the deltas that carry them."""
+"""What shapes a reply beyond text: a grammar from ``response_format`` (or vLLM's
+``structured_outputs``), tool calls from ``tools`` / ``tool_choice`` (structured.py compiles
+them), and the deltas that carry them."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from app_toolkit.llm.engine import Constraint
 from app_toolkit.llm.errors import bad_parameter
-from app_toolkit.llm.events import Delta
+from app_toolkit.llm.events import Delta, StructuredOutputs
 from app_toolkit.llm.replica.structured import StructuredOutputError, reply_format
 from app_toolkit.llm.tool_calls import (
     CALL_CLOSE,
@@ -42,7 +43,7 @@ class Structure(Protocol):
 
 def structure_for(
     tokenizer: PreTrainedTokenizerFast | None,
-    response_format: Mapping[str, object] | None,
+    response_format: Mapping[str, object] | StructuredOutputs | None,
     tools: Sequence[Mapping[str, object]],
     tool_choice: str | Mapping[str, object] | None,
     parallel_tool_calls: bool = False,
@@ -59,7 +60,7 @@ def structure_for(
 
 def structures_for(
     tokenizer: PreTrainedTokenizerFast | None,
-    response_format: Mapping[str, object] | None,
+    response_format: Mapping[str, object] | StructuredOutputs | None,
     tools: Sequence[Mapping[str, object]],
     tool_choice: str | Mapping[str, object] | None,
     parallel_tool_calls: bool = False,
@@ -72,11 +73,10 @@ def structures_for(
     try:
         chosen = reply_format(response_format, tools, tool_choice, parallel_tool_calls)
         if chosen.grammar is not None and engine:
-            field = "tool_choice" if chosen.tool_names else "response_format"
-            raise StructuredOutputError(field, f"The {engine} engine gives no structured output.")
+            raise StructuredOutputError(chosen.field, f"The {engine} engine gives no structured output.")
         constraints = [chosen.constraint(tokenizer) for _ in range(count)]
     except StructuredOutputError as error:
-        raise bad_parameter(error.param, error.message) from None
+        raise bad_parameter(error.param, error.message, error.code) from None
     if constraints[0] is None and not chosen.tool_names:
         return [None] * count
     return [

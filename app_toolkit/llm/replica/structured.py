@@ -1,5 +1,6 @@
-"""Structured output: what a request's ``response_format``, ``tools``, ``tool_choice`` and
-``parallel_tool_calls`` allow its reply to be, as one grammar enforced while decoding.
+"""Structured output: what a request's ``response_format`` (or vLLM's ``structured_outputs``),
+``tools``, ``tool_choice`` and ``parallel_tool_calls`` allow its reply to be, as one grammar
+enforced while decoding.
 
 :func:`reply_format` reads the request's fields (OpenAI's JSON) and checks them, including
 each schema against the grammar library, so a bad request gets its 400 before any token is
@@ -13,6 +14,10 @@ What a reply may be:
 - ``response_format`` ``text`` (or none) and no tool calls: anything (no constraint);
 - ``json_object``: one JSON object; ``json_schema``: one JSON document that follows its
   ``schema`` (``strict`` or not: always enforced);
+- vLLM's ``structured_outputs``, read as vLLM reads it: one of ``json`` (as
+  ``json_schema``), ``json_object``, ``regex`` (text the regular expression matches whole),
+  ``choice`` (one of the strings) or ``grammar`` (the client's own, Lark or GBNF, as vLLM's
+  ``guidance`` backend takes it: the whole grammar of the reply);
 - ``tool_choice`` ``"required"``: tool calls only (one with ``parallel_tool_calls``
   false); a named function: one call to it; ``"auto"`` (the default with tools): the
   reply of ``response_format`` or tool calls, chosen by the model's first tokens;
@@ -30,6 +35,7 @@ from typing import TYPE_CHECKING
 
 from app_toolkit.exceptions import AppToolkitError
 from app_toolkit.llm.engine import Constraint
+from app_toolkit.llm.events import StructuredOutputs
 from app_toolkit.llm.tool_calls import TEXT_RULE, calls_rules, json_rule
 
 if TYPE_CHECKING:
@@ -38,19 +44,38 @@ if TYPE_CHECKING:
 #: Function names OpenAI accepts.
 _FUNCTION_NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 _NO_PARAMETERS: Mapping[str, object] = {"type": "object", "properties": {}, "additionalProperties": False}
+#: vLLM's kinds of ``structured_outputs``, of which a request names one (its
+#: ``StructuredOutputsParams``: a kind set to null is not named).
+_KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
+#: The kind each ``response_format`` type sets, as vLLM merges the two fields.
+_FORMAT_KINDS = {"json_object": "json_object", "json_schema": "json"}
+#: vLLM's options beside the kind, and their types. None changes a reply, in vLLM either:
+#: its backends read the server's ``structured_outputs_config``, not the request's.
+_OPTIONS: Mapping[str, type] = {
+    "disable_any_whitespace": bool,
+    "disable_additional_properties": bool,
+    "whitespace_pattern": str,
+}
 
 
 class StructuredOutputError(AppToolkitError, ValueError):
     """A request's ``param`` cannot be enforced; ``message`` says why and what to send
-    instead (the server answers 400 ``invalid_request_error`` naming ``param``)."""
+    instead (the server answers 400 ``invalid_request_error`` naming ``param``, with
+    ``code``)."""
 
-    def __init__(self, param: str, message: str) -> None:
-        super().__init__(param, message)
+    def __init__(self, param: str, message: str, code: str = "invalid_value") -> None:
+        super().__init__(param, message, code)
 
     @property
     def param(self) -> str:
-        """The request field at fault (``response_format``, ``tools``, ``tool_choice``)."""
+        """The request field at fault (``response_format``, ``tools``, ``tool_choice``,
+        ``structured_outputs.regex``...)."""
         return str(self.args[0])
+
+    @property
+    def code(self) -> str:
+        """OpenAI's error code: ``invalid_value``, or ``unsupported_parameter``."""
+        return str(self.args[2])
 
     @property
     def message(self) -> str:
@@ -64,10 +89,19 @@ class StructuredOutputError(AppToolkitError, ValueError):
 @dataclass(frozen=True, slots=True)
 class ReplyFormat:
     """What one request's replies may be: a grammar (llguidance's Lark syntax; None: free
-    text) and the tools they may call (empty: the reply is never read for calls)."""
+    text) and the tools they may call (empty: the reply is never read for calls); ``source``
+    is the field that asked for the grammar when no tool may be called
+    (``structured_outputs.regex``...)."""
 
     grammar: str | None = None
     tool_names: tuple[str, ...] = ()
+    source: str = "response_format"
+
+    @property
+    def field(self) -> str:
+        """The request field that asked for a grammar: the one an engine that cannot
+        enforce it refuses."""
+        return "tool_choice" if self.tool_names else self.source.split(".")[0]
 
     def constraint(self, tokenizer: PreTrainedTokenizerFast | None) -> Constraint | None:
         """A new constraint for one reply over ``tokenizer`` (the engine's Hugging Face
@@ -77,41 +111,69 @@ class ReplyFormat:
             return None
         if tokenizer is None:
             raise StructuredOutputError(
-                "tool_choice" if self.tool_names else "response_format",
-                "this model's engine has no tokenizer to constrain its replies with: send "
-                "the request without response_format and tools, or serve a model that has one",
+                self.field,
+                "this model's engine has no tokenizer to constrain its replies with: send the request "
+                f"without {self.source.split('.')[0]} and tools, or serve a model that has one",
             )
         from .grammar import GrammarError, grammar_constraint  # torch: the model's replica only
 
         try:
             return grammar_constraint(tokenizer, self.grammar)
         except GrammarError as error:  # reply_format checked each schema: a limit of the whole
-            param = "tools" if self.tool_names else "response_format"
+            param = "tools" if self.tool_names else self.source
             raise StructuredOutputError(param, f"the reply's grammar cannot be compiled: {error}") from None
 
 
+@dataclass(frozen=True, slots=True)
+class _Reply:
+    """What a reply that is not a tool call may be, as the field ``source`` asks: a Lark
+    rule's body (``rule``), a whole grammar of the client's (``grammar``), or any text."""
+
+    source: str
+    rule: str | None = None
+    grammar: str | None = None
+
+    def alone(self) -> ReplyFormat:
+        """The format of a reply that may call no tool."""
+        if self.grammar is not None:
+            return ReplyFormat(self.grammar, source=self.source)
+        if self.rule is None:
+            return ReplyFormat()
+        return ReplyFormat(f"start: reply\nreply: {self.rule}", source=self.source)
+
+
 def reply_format(
-    response_format: Mapping[str, object] | None = None,
+    response_format: Mapping[str, object] | StructuredOutputs | None = None,
     tools: Sequence[Mapping[str, object]] | None = None,
     tool_choice: str | Mapping[str, object] | None = None,
     parallel_tool_calls: bool = True,
 ) -> ReplyFormat:
     """The :class:`ReplyFormat` a request's fields ask for, checked; raises
-    :class:`StructuredOutputError` naming the field at fault."""
-    reply = _reply_rule(response_format)
+    :class:`StructuredOutputError` naming the field at fault. ``response_format`` is the
+    request's, or vLLM's ``structured_outputs`` with it (``events.reply_format_asked``)."""
+    if isinstance(response_format, StructuredOutputs):
+        reply = _structured_outputs_reply(response_format, tool_choice)
+    else:
+        reply = _Reply("response_format", _reply_rule(response_format))
     schemas = _tool_schemas(tools or ())
     callable_tools = _chosen_tools(tool_choice, schemas)
     if not callable_tools:
-        return ReplyFormat() if reply is None else ReplyFormat(f"start: reply\nreply: {reply}")
+        return reply.alone()
     forced = tool_choice is not None and tool_choice != "auto"
     several = parallel_tool_calls and not isinstance(tool_choice, Mapping)
     calls = calls_rules(callable_tools, several=several)
-    if forced:
+    if forced:  # a call, whatever else was asked (vLLM's tool parsers replace it too)
         grammar = f"start: calls\n{calls}"
-    elif reply is None:
+    elif reply.grammar is not None:  # its rules' names are the client's: no room for calls
+        raise StructuredOutputError(
+            reply.source,
+            f"{reply.source} cannot be combined with tools the model may call: send tool_choice "
+            "'none' (or 'required' for a call), or leave out the tools",
+        )
+    elif reply.rule is None:
         grammar = f"start: TEXT | calls\n{TEXT_RULE}\n{calls}"
     else:
-        grammar = f"start: reply | calls\nreply: {reply}\n{calls}"
+        grammar = f"start: reply | calls\nreply: {reply.rule}\n{calls}"
     return ReplyFormat(grammar, tuple(callable_tools))
 
 
@@ -142,6 +204,116 @@ def _reply_rule(response_format: Mapping[str, object] | None) -> str | None:
 
 def _kinds_expected(got: object) -> str:
     return f"response_format.type must be 'text', 'json_object' or 'json_schema', got {_shown(got)}"
+
+
+def _structured_outputs_reply(asked: StructuredOutputs, tool_choice: object) -> _Reply:
+    """The reply vLLM's ``structured_outputs`` asks for, checked as vLLM checks it: one kind
+    named; beside a ``response_format`` (not ``text``), the same kind, which
+    ``response_format`` then sets; no ``json``, ``regex`` or ``choice`` with a named
+    ``tool_choice``."""
+    given = asked.given
+    named = [kind for kind in _KINDS if given.get(kind) is not None]
+    if len(named) != 1:
+        raise StructuredOutputError(
+            "structured_outputs",
+            f"structured_outputs takes one kind of constraint ({', '.join(_KINDS)}), got "
+            f"{' and '.join(named) or 'none'}: send one",
+        )
+    kind = named[0]
+    for option, option_type in _OPTIONS.items():
+        value = given.get(option)
+        if value is not None and not isinstance(value, option_type):
+            expected = "a boolean" if option_type is bool else "a string"
+            raise StructuredOutputError(
+                f"structured_outputs.{option}",
+                f"structured_outputs.{option} must be {expected}, got {_shown(value)}",
+            )
+    if isinstance(tool_choice, Mapping) and kind in ("json", "regex", "choice"):
+        raise StructuredOutputError(
+            "structured_outputs",
+            f"structured_outputs.{kind} and a named tool_choice both say what the reply is: send "
+            "one (with tool_choice 'none', 'auto' or 'required', structured_outputs is taken)",
+        )
+    response_format = asked.response_format
+    if response_format is not None and response_format.get("type") != "text":
+        rule = _reply_rule(response_format)  # checked as without structured_outputs
+        if _FORMAT_KINDS.get(str(response_format.get("type"))) != kind:
+            raise StructuredOutputError(
+                "structured_outputs",
+                f"structured_outputs.{kind} and response_format {_shown(response_format.get('type'))} "
+                "both say what the reply is: send one of them",
+            )
+        return _Reply("response_format", rule)  # vLLM's response_format sets the kind they share
+    return _kind_reply(kind, given[kind])
+
+
+def _kind_reply(kind: str, value: object) -> _Reply:
+    """The reply of one kind of ``structured_outputs`` (``value``: the client's, not null)."""
+    param = f"structured_outputs.{kind}"
+    if kind == "json":
+        return _Reply(param, _checked_json_rule(_schema_of(value, param), param, param))
+    if kind == "json_object":
+        if value is not True:
+            raise StructuredOutputError(param, f"{param} must be true (or left out), got {_shown(value)}")
+        return _Reply(param, json_rule({"type": "object"}))
+    if kind == "regex":
+        if not isinstance(value, str):
+            raise StructuredOutputError(
+                param, f"{param} must be a regular expression (a string), got {_shown(value)}"
+            )
+        import llguidance  # the llm extra's: imported where a request asks for structure
+
+        # Lark's /.../ as llguidance writes a regex grammar (Rust's regex syntax, Unicode).
+        return _Reply(param, _checked_rule(f"/{llguidance.regex_to_lark(value, '')}/", param))
+    if kind == "choice":
+        if not isinstance(value, list) or not value or not all(isinstance(one, str) for one in value):
+            raise StructuredOutputError(
+                param, f"{param} must be a list of strings (the reply is one of them), got {_shown(value)}"
+            )
+        return _Reply(param, _checked_rule(" | ".join(json.dumps(one) for one in value), param))
+    if kind == "grammar":
+        return _Reply(param, grammar=_checked_grammar(value, param))
+    raise StructuredOutputError(
+        param,
+        f"{param} is not supported by this server: send tools for tool calls, or "
+        "structured_outputs.json for a JSON document",
+        "unsupported_parameter",
+    )
+
+
+def _schema_of(value: object, param: str) -> Mapping[str, object]:
+    """A JSON schema given as an object or as its JSON text (vLLM takes both)."""
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError as error:
+            raise StructuredOutputError(param, f"{param} is not JSON: {error}") from None
+    if not isinstance(value, Mapping):
+        raise StructuredOutputError(param, f"{param} must be a JSON schema (an object), got {_shown(value)}")
+    return value
+
+
+def _checked_grammar(value: object, param: str) -> str:
+    """The client's grammar as llguidance's Lark (GBNF converted, as vLLM's ``guidance``
+    backend converts it), once llguidance has accepted it."""
+    if not isinstance(value, str) or not value.strip():
+        raise StructuredOutputError(
+            param, f"{param} must be a grammar (Lark or GBNF text), got {_shown(value)}"
+        )
+    from llguidance.gbnf_to_lark import any_to_lark
+
+    try:
+        lark = any_to_lark(value)
+    except Exception as error:  # noqa: BLE001  # its GBNF reader raises bare Exception too
+        raise StructuredOutputError(param, f"{param} cannot be read as Lark or GBNF: {error}") from None
+    reason = _refusal(lark)
+    if reason:
+        from .grammar import library_reason
+
+        raise StructuredOutputError(
+            param, f"{param} cannot be enforced: {library_reason(reason, positions=True)}"
+        )
+    return lark
 
 
 def _tool_schemas(tools: Sequence[Mapping[str, object]]) -> dict[str, Mapping[str, object]]:
@@ -221,24 +393,28 @@ def _choices_expected(got: object) -> str:
 
 def _checked_json_rule(schema: Mapping[str, object], param: str, where: str) -> str:
     """``schema``'s Lark rule, once the grammar library has accepted it."""
-    rule = json_rule(schema)
-    reason = _refusal(rule)
+    return _checked_rule(json_rule(schema), param, where)
+
+
+def _checked_rule(rule: str, param: str, where: str = "") -> str:
+    """``rule`` (a Lark rule's body), once the grammar library has accepted it."""
+    reason = _refusal(f"start: {rule}")
     if reason:
-        raise StructuredOutputError(param, f"{where} cannot be enforced: {reason}")
+        from .grammar import library_reason
+
+        raise StructuredOutputError(param, f"{where or param} cannot be enforced: {library_reason(reason)}")
     return rule
 
 
 @functools.lru_cache(maxsize=256)
-def _refusal(rule: str) -> str:
-    """Why llguidance refuses ``rule`` ("" if it takes it); needs no tokenizer."""
+def _refusal(grammar: str) -> str:
+    """llguidance's message refusing ``grammar`` (Lark; "" if it takes it); needs no tokenizer."""
     import llguidance  # the llm extra's: imported where a request asks for structure
 
-    from .grammar import library_reason
-
     refused, messages = llguidance.LLMatcher.validate_grammar_with_warnings(
-        llguidance.LLMatcher.grammar_from_lark(f"start: {rule}")
+        llguidance.LLMatcher.grammar_from_lark(grammar)
     )
-    return library_reason(messages[0]) if refused else ""
+    return messages[0] if refused else ""
 
 
 def _shown(value: object) -> str:
