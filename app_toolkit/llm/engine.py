@@ -201,7 +201,8 @@ class Adapters(Protocol):
         (``engines/adapters.py``) when it cannot be served."""
 
     def hold(self, adapter_id: str) -> None:
-        """A reply will use the loaded ``adapter_id``: it stays until :meth:`release`."""
+        """A reply will use ``adapter_id`` (held from before its load: the server holds it,
+        then loads it): once loaded, it stays until :meth:`release`."""
 
     def release(self, adapter_id: str) -> None:
         """A reply that held ``adapter_id`` ended."""

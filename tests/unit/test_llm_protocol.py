@@ -56,8 +56,8 @@ def test_embeddings_take_texts_or_token_ids(given: object, inputs: list[object])
     assert EmbeddingRequest.model_validate({"input": given}).inputs() == inputs
 
 
-@pytest.mark.parametrize("given", ["", [], ["a", ""], [[1], []], [[3, -1]], ["x"] * 2_049])
-def test_an_empty_input_a_negative_id_or_too_many_are_a_400_naming_input(given: object) -> None:
+@pytest.mark.parametrize("given", ["", [], ["a", ""], [[1], []], ["x"] * 2_049])
+def test_an_empty_input_or_too_many_are_a_400_naming_input(given: object) -> None:
     with pytest.raises(OpenAIError) as refused:
         EmbeddingRequest.model_validate({"input": given}).inputs()
     assert refused.value.status == 400 and refused.value.param == "input"

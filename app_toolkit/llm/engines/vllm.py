@@ -31,6 +31,8 @@ from .hf_tokenizer import TokenizerText, end_of_turn_ids
 from .vllm_adapters import VLLMAdapters
 
 if TYPE_CHECKING:
+    from vllm import AsyncEngineArgs
+    from vllm.config import VllmConfig
     from vllm.v1.engine.async_llm import AsyncLLM
 
 logger = logging.getLogger(__name__)
@@ -180,42 +182,23 @@ class VLLMEngine(TokenizerText):
         from transformers import AutoTokenizer
         from vllm import AsyncEngineArgs
         from vllm.config import StructuredOutputsConfig
-        from vllm.platforms import current_platform
-        from vllm.v1.engine.async_llm import AsyncLLM
 
         imported = time.monotonic()
         folder = self._checkpoint()
-        arguments = dict(self._arguments)
-        if current_platform.is_cpu() and not kv_cache_sized(arguments):
-            arguments["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
+        arguments = sized(self._arguments)
         # The server's grammars are llguidance's Lark (structured.py): vLLM's guidance reads them.
         given = arguments.get("structured_outputs_config")
         structured = dict(given) if isinstance(given, Mapping) else {}
         arguments["structured_outputs_config"] = StructuredOutputsConfig(
             **{**structured, "backend": GRAMMAR_BACKEND}
         )
-        arguments.setdefault("enable_log_requests", False)
         tokenizer = self._tokenizer_path or folder
         engine_args = AsyncEngineArgs(
             model=str(folder), tokenizer=str(tokenizer), served_model_name=[self._model_id], **arguments
         )
-        config = engine_args.create_engine_config()
-        if config.parallel_config.distributed_executor_backend == "ray":
-            # vLLM's workers go in the replica's placement group, as Ray Serve LLM's do: its
-            # engine core runs in a process of its own, which cannot find the group itself.
-            import ray
-
-            config.parallel_config.placement_group = ray.util.get_current_placement_group()
-        self._llm = AsyncLLM.from_vllm_config(
-            config,
-            # The scheduler's reports feed current_load() (with disable_log_stats too: then
-            # vLLM keeps its Prometheus series but logs no throughput lines).
-            stat_loggers=[self._scheduler.logger],
-            enable_log_requests=bool(arguments["enable_log_requests"]),
-            disable_log_stats=engine_args.disable_log_stats,
-        )
-        # vLLM's own series (vllm:*, in prometheus-client's registry) on /-/metrics.
-        metrics.add_source(METRICS_SOURCE, prometheus_series.series("vllm:"))
+        # The scheduler's reports feed current_load() (with disable_log_stats too: then vLLM
+        # keeps its Prometheus series but logs no throughput lines).
+        self._llm, config = start_engine(engine_args, [self._scheduler.logger])
         self.context_window = int(config.model_config.max_model_len)
         self.slots = int(config.scheduler_config.max_num_seqs)
         self.capabilities = replace(
@@ -362,6 +345,8 @@ class VLLMEngine(TokenizerText):
     async def close(self) -> None:
         """Abort the replies in vLLM, stop its engine (its processes end) and remove a
         scratch checkpoint."""
+        if self._lora is not None:
+            await self._lora.aclose()
         if self._llm is not None and self._replies:
             await self._llm.abort(list(self._replies))
         await asyncio.to_thread(self._stop)
@@ -426,3 +411,39 @@ def kv_cache_said(arguments: Mapping[str, object]) -> str:
 def _count(value: object) -> int:
     """An argument's count (0 where it is not set)."""
     return value if isinstance(value, int) else 0
+
+
+def sized(arguments: Mapping[str, object]) -> dict[str, object]:
+    """vLLM's engine arguments with this toolkit's defaults: on a CPU, a KV cache of
+    :data:`CPU_KV_CACHE_BYTES` unless sized; no log line per request unless asked."""
+    from vllm.platforms import current_platform
+
+    given = dict(arguments)
+    if current_platform.is_cpu() and not kv_cache_sized(given):
+        given["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
+    given.setdefault("enable_log_requests", False)
+    return given
+
+
+def start_engine(
+    engine_args: AsyncEngineArgs, stat_loggers: Sequence[object] = ()
+) -> tuple[AsyncLLM, VllmConfig]:
+    """vLLM's ``AsyncLLM`` on ``engine_args`` (its engine core a process of its own), and its
+    config; vLLM's own series (``vllm:*``) go on ``/-/metrics``. With Ray's executor, vLLM's
+    workers go in the replica's placement group, as Ray Serve LLM's do: the engine core
+    cannot find the group itself."""
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    config = engine_args.create_engine_config()
+    if config.parallel_config.distributed_executor_backend == "ray":
+        import ray
+
+        config.parallel_config.placement_group = ray.util.get_current_placement_group()
+    llm = AsyncLLM.from_vllm_config(
+        config,
+        stat_loggers=list(stat_loggers) or None,
+        enable_log_requests=bool(engine_args.enable_log_requests),
+        disable_log_stats=engine_args.disable_log_stats,
+    )
+    metrics.add_source(METRICS_SOURCE, prometheus_series.series("vllm:"))
+    return llm, config

@@ -34,6 +34,7 @@ class VLLMAdapters:
         self._evicted: set[str] = set()  # unloaded while a reply held it: removed on release
         self._next_id = 1  # vLLM's adapter ids are positive integers
         self._removing: set[asyncio.Task[object]] = set()
+        self._closed = False
 
     def ids(self) -> list[str]:
         return adapters.adapter_ids(self.folder)
@@ -54,9 +55,12 @@ class VLLMAdapters:
         started = time.monotonic()
         request = LoRARequest(adapter_id, self._next_id, str(self.folder / adapter_id))
         self._next_id += 1
+        llm = self._llm()
         try:
-            await self._llm().add_lora(request)
-        except Exception as exc:  # noqa: BLE001 - vLLM raises its engine core's refusals as Exception
+            await llm.add_lora(request)
+        except Exception as exc:  # vLLM raises its engine core's refusals as Exception
+            if llm.errored:  # no refusal: the engine is dead (its health check says so)
+                raise
             raise AdapterRefused(f"vLLM refused adapter {adapter_id!r}: {exc}") from None
         self._loaded[adapter_id] = request
         logger.info("vLLM loaded adapter %r in %.3f s", adapter_id, time.monotonic() - started)
@@ -69,7 +73,8 @@ class VLLMAdapters:
         return loaded
 
     def hold(self, adapter_id: str) -> None:
-        self.request(adapter_id)
+        """A reply will use ``adapter_id`` (held before it loads: the server holds it, then
+        waits for the load)."""
         self._held[adapter_id] += 1
 
     def release(self, adapter_id: str) -> None:
@@ -85,11 +90,19 @@ class VLLMAdapters:
         else:
             self._remove(adapter_id)
 
+    async def aclose(self) -> None:
+        """The engine stops: the removals under way end (vLLM forgets every adapter with it)."""
+        self._closed = True
+        for task in list(self._removing):
+            task.cancel()
+        await asyncio.gather(*self._removing, return_exceptions=True)
+
     def _remove(self, adapter_id: str) -> None:
-        """Take ``adapter_id`` out of vLLM (a task of its own: ``unload`` cannot wait)."""
+        """Take ``adapter_id`` out of vLLM (a task of its own, owned here: ``unload`` cannot
+        wait)."""
         self._evicted.discard(adapter_id)
         request = self._loaded.pop(adapter_id, None)
-        if request is None:
+        if request is None or self._closed:
             return
         task = asyncio.get_running_loop().create_task(self._llm().remove_lora(request.lora_int_id))
         self._removing.add(task)

@@ -18,11 +18,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from app_toolkit import metrics
-
-from . import prometheus_series
 from .hf_tokenizer import TokenizerText
-from .vllm import CPU_KV_CACHE_BYTES, METRICS_SOURCE, kv_cache_said, kv_cache_sized
+from .vllm import kv_cache_said, sized, start_engine
 
 if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM
@@ -59,6 +56,7 @@ class VLLMPoolingEngine(TokenizerText):
         self.context_window = 0  # the model's, once loaded
         self.dimensions = 0  # known once loaded
         self._llm: AsyncLLM | None = None
+        self._requests: set[str] = set()  # vLLM's ids of the inputs in it
 
     def load(self) -> None:
         """Start vLLM's engine on the model (its engine core runs in a process of its own);
@@ -66,13 +64,8 @@ class VLLMPoolingEngine(TokenizerText):
         started = time.monotonic()
         from transformers import AutoTokenizer
         from vllm import AsyncEngineArgs
-        from vllm.platforms import current_platform
-        from vllm.v1.engine.async_llm import AsyncLLM
 
-        arguments = dict(self._arguments)
-        if current_platform.is_cpu() and not kv_cache_sized(arguments):
-            arguments["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
-        arguments.setdefault("enable_log_requests", False)
+        arguments = sized(self._arguments)
         tokenizer = self._tokenizer_path or self.path
         engine_args = AsyncEngineArgs(
             model=str(self.path),
@@ -81,14 +74,8 @@ class VLLMPoolingEngine(TokenizerText):
             runner="pooling",
             **arguments,
         )
-        config = engine_args.create_engine_config()
         try:
-            llm = AsyncLLM.from_vllm_config(
-                config,
-                enable_log_requests=bool(arguments["enable_log_requests"]),
-                disable_log_stats=engine_args.disable_log_stats,
-            )
-            self._llm = llm
+            self._llm, config = start_engine(engine_args)
             self.context_window = int(config.model_config.max_model_len)
             self.dimensions = int(config.model_config.embedding_size)
             self.tokenizer = AutoTokenizer.from_pretrained(
@@ -97,7 +84,6 @@ class VLLMPoolingEngine(TokenizerText):
         except BaseException:
             self._stop()
             raise
-        metrics.add_source(METRICS_SOURCE, prometheus_series.series("vllm:"))
         logger.info(
             "vLLM serves %s on its pooling runner in %.1f s: max_model_len %d, %d dimensions, KV cache %s",
             self.path,
@@ -117,6 +103,7 @@ class VLLMPoolingEngine(TokenizerText):
 
         async def one(tokens: list[int]) -> list[float]:
             request_id = uuid.uuid4().hex
+            self._requests.add(request_id)
             pooling = PoolingParams(task="embed", use_activation=True)  # one vector, normalised
             outputs = llm.encode(TokensPrompt(prompt_token_ids=tokens), pooling, request_id)
             vector: list[float] = []
@@ -124,11 +111,15 @@ class VLLMPoolingEngine(TokenizerText):
                 async for output in outputs:
                     vector = [float(value) for value in output.outputs.data.tolist()]
             finally:
+                self._requests.discard(request_id)
                 await outputs.aclose()  # aborts the request in vLLM if it is still running
             return vector
 
         prompts = [self.encode(item) if isinstance(item, str) else list(item) for item in inputs]
-        return list(await asyncio.gather(*(one(tokens) for tokens in prompts)))
+        # One request per input, batched by vLLM's scheduler; one that fails cancels the rest.
+        async with asyncio.TaskGroup() as group:
+            tasks = [group.create_task(one(tokens)) for tokens in prompts]
+        return [task.result() for task in tasks]
 
     async def check_health(self) -> None:
         """Raise vLLM's EngineDeadError once its engine core has died: the replica is then
@@ -136,7 +127,9 @@ class VLLMPoolingEngine(TokenizerText):
         await self._loaded().check_health()
 
     async def close(self) -> None:
-        """Stop vLLM's engine (its processes end)."""
+        """Abort the inputs in vLLM, and stop its engine (its processes end)."""
+        if self._llm is not None and self._requests:
+            await self._llm.abort(list(self._requests))
         await asyncio.to_thread(self._stop)
 
     def _stop(self) -> None:

@@ -74,14 +74,16 @@ class LLMServer:
             )
         # In a worker thread: the replica's event loop keeps answering (health checks; on
         # the local backend, every other part of the process) while the weights load.
-        template = llm_config.engine_kwargs.chat_template
-        if template is not None and engine.task == "embed":
+        given = llm_config.engine_kwargs.chat_template
+        if given is not None and engine.task == "embed":
             raise ConfigError(f"{self._model}: engine_kwargs.{_NO_TEMPLATE}")
+        template = None if given is None else chat_template_text(given)  # before the weights load
         await asyncio.to_thread(self._engine.load)
         if template is not None:
             if engine.tokenizer is None:
+                await engine.close()
                 raise ConfigError(f"{self._model}: engine_kwargs.{_NO_TEMPLATE} ({engine.name} engine)")
-            engine.tokenizer.chat_template = chat_template_text(template)
+            engine.tokenizer.chat_template = template
         self._card = ModelCard(
             id=self._model,
             kind=engine.task,
@@ -138,9 +140,9 @@ class LLMServer:
         await adapters.load(adapter)
         return _Adapter(adapters, adapter)
 
-    async def _adapter_of(self, model_id: str) -> str:
-        """The adapter a request names (its multiplexed model id "model_id:adapter"),
-        loaded; "" for the base model. 404 for an adapter this model does not have."""
+    def _adapter_named(self, model_id: str) -> str:
+        """The adapter a request names (its multiplexed model id "model_id:adapter"); "" for
+        the base model. 404 for an adapter this model does not have."""
         if not model_id or model_id == self._model:
             return ""
         base, _, adapter = model_id.partition(":")
@@ -148,24 +150,33 @@ class LLMServer:
         # Checked before the adapters' cache: a name that is not there evicts none that is.
         if base != self._model or self._adapters is None or found is None or not found.holds(adapter):
             raise unknown_model(model_id, [self._model, *self.adapters()])
+        return adapter
+
+    async def _load_named(self, model_id: str) -> None:
+        """Load the adapter ``model_id`` names (:meth:`_adapter_named` checked it)."""
+        assert self._adapters is not None  # a named adapter exists only with them
         try:
             await self._adapters.get(model_id)
         except AdapterNotFound:
             raise unknown_model(model_id, [self._model, *self.adapters()]) from None
         except AdapterRefused as exc:
             raise bad_parameter("model", str(exc)) from None
-        return adapter
 
     async def generate(self, generation: Generation) -> AsyncIterator[Delta]:
         """The first item counts the prompt; then text pieces (or tool-call fragments); the
         last says why the reply ended. Raises :class:`OpenAIError` before any item when the
         request cannot be served (the prompt does not fit, a bad grammar)."""
         engine = self._text_engine()
-        adapter = await self._adapter_of(tk.get_multiplexed_model_id())
+        model_id = tk.get_multiplexed_model_id()
+        adapter = self._adapter_named(model_id)
         adapters = self._engine_adapters
         if adapter and adapters is not None:
-            adapters.hold(adapter)  # at once: no eviction unloads it under this request
+            # Held before it loads: an eviction while this request waits for the load (or
+            # for the loop after it) leaves it to the reply, which releases it at its end.
+            adapters.hold(adapter)
         try:
+            if adapter:
+                await self._load_named(model_id)
             # Closed with this stream, at once: the engine stops the reply now.
             async with contextlib.aclosing(self._generated(engine, generation, adapter)) as deltas:
                 async for delta in deltas:
