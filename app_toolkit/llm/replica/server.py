@@ -72,12 +72,12 @@ class LLMServer:
             self._adapters = _ModelCache(
                 self._load_adapter, lora.max_num_adapters_per_replica, f"{self._model} LoRA adapters"
             )
-        # In a worker thread: the replica's event loop keeps answering (health checks; on
-        # the local backend, every other part of the process) while the weights load.
         given = llm_config.engine_kwargs.chat_template
         if given is not None and engine.task == "embed":
             raise ConfigError(f"{self._model}: engine_kwargs.{_NO_TEMPLATE}")
         template = None if given is None else chat_template_text(given)  # before the weights load
+        # In a worker thread: the replica's event loop keeps answering (health checks; on
+        # the local backend, every other part of the process) while the weights load.
         await asyncio.to_thread(self._engine.load)
         if template is not None:
             if engine.tokenizer is None:
