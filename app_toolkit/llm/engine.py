@@ -342,9 +342,9 @@ class EmbeddingEngine(Protocol):
     async def check_health(self) -> None:
         """Raise if the engine can serve no more."""
 
-    async def embed(self, inputs: Sequence[str | Sequence[int]]) -> list[list[float]]:
-        """One normalised vector per input, in order (a batch): a text, or token ids read
-        as they are (no special tokens added)."""
+    async def embed(self, inputs: Sequence[Sequence[int]]) -> list[list[float]]:
+        """One normalised vector per input, in order (a batch): token ids read as they are
+        (no special tokens added: a text's are, by the :meth:`encode` that counted it)."""
 
     async def close(self) -> None:
         """Free the model."""

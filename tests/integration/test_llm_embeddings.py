@@ -15,7 +15,6 @@ from typing import TypeVar
 
 import pytest
 
-from app_toolkit.llm.engine import EmbeddingEngine
 from app_toolkit.llm.engines import make_engine
 from app_toolkit.llm.engines.embeddings import SentenceEngine
 
@@ -50,13 +49,11 @@ def embedder(loop: asyncio.AbstractEventLoop) -> Iterator[SentenceEngine]:
 
 
 def test_sentence_embeddings_are_normalised_and_put_like_texts_close(
-    embedder: EmbeddingEngine, loop: asyncio.AbstractEventLoop
+    embedder: SentenceEngine, loop: asyncio.AbstractEventLoop
 ) -> None:
     assert embedder.dimensions == 384 and embedder.context_window == 256
-    cat, kitten, tax = run(
-        loop,
-        embedder.embed(["A cat sits on the mat.", "A kitten rests on a rug.", "Quarterly tax filing rules."]),
-    )
+    texts = ["A cat sits on the mat.", "A kitten rests on a rug.", "Quarterly tax filing rules."]
+    cat, kitten, tax = run(loop, embedder.embed([embedder.encode(text) for text in texts]))
     assert all(
         len(vector) == 384 and math.isclose(math.hypot(*vector), 1.0, rel_tol=1e-4)
         for vector in (cat, kitten, tax)
@@ -67,9 +64,13 @@ def test_sentence_embeddings_are_normalised_and_put_like_texts_close(
 
     assert cosine(cat, kitten) > cosine(cat, tax) + 0.3
     assert embedder.decode(embedder.encode("a cat")) == "a cat" and run(loop, embedder.embed([])) == []
-    # A text's token ids (special tokens included) embed as the text; a shorter input padded
-    # beside a longer one as it would alone.
-    ids = embedder.encode("A cat sits on the mat.")
+    # A text's token ids (special tokens included) embed as sentence-transformers embeds the
+    # text itself; a shorter input padded beside a longer one as it would alone.
+    from sentence_transformers import SentenceTransformer
+
+    reference = SentenceTransformer(str(embedder.path), device="cpu", local_files_only=True)
+    assert cat == pytest.approx(reference.encode(texts[0], normalize_embeddings=True).tolist(), abs=1e-5)
+    ids = embedder.encode(texts[0])
     by_ids, short = run(loop, embedder.embed([ids, ids[:4]]))
     assert by_ids == pytest.approx(cat, abs=1e-5)
     assert run(loop, embedder.embed([ids[:4]]))[0] == pytest.approx(short, abs=1e-5)

@@ -45,6 +45,7 @@ class SentenceEngine:
         self.dimensions = 0  # known once loaded
         self.tokenizer: PreTrainedTokenizerBase | None = None
         self._model: SentenceTransformer | None = None
+        self._running = asyncio.Lock()
 
     def load(self) -> None:
         """Read the model (a second or two for MiniLM)."""
@@ -89,36 +90,31 @@ class SentenceEngine:
         """Text of ``token_ids``, special tokens skipped."""
         return str(self._loaded().tokenizer.decode(list(token_ids), skip_special_tokens=True))
 
-    async def embed(self, inputs: Sequence[str | Sequence[int]]) -> list[list[float]]:
-        """One vector of length ``dimensions`` and norm 1 per input, in order: a text, or
-        token ids read as they are (no special tokens added, as vLLM reads them)."""
+    async def embed(self, inputs: Sequence[Sequence[int]]) -> list[list[float]]:
+        """One vector of length ``dimensions`` and norm 1 per input, in order: token ids
+        read as they are (a text's, with its special tokens, from :meth:`encode`)."""
         model = self._loaded()
         if not inputs:
             return []
-        return await asyncio.to_thread(self._vectors, model, list(inputs))
+        # One batch at a time: a forward pass already takes every core torch has.
+        async with self._running:
+            return await asyncio.to_thread(self._vectors, model, [list(row) for row in inputs])
 
     @staticmethod
-    def _vectors(model: SentenceTransformer, inputs: list[str | Sequence[int]]) -> list[list[float]]:
+    def _vectors(model: SentenceTransformer, rows: list[list[int]]) -> list[list[float]]:
+        """The model on ``rows``, each padded to the longest and masked as it would be
+        alone (the thread never touches the tokenizer, which the event loop uses)."""
         import torch
 
-        texts = [index for index, item in enumerate(inputs) if isinstance(item, str)]
-        ids = [index for index, item in enumerate(inputs) if not isinstance(item, str)]
-        vectors: dict[int, list[float]] = {}
-        if texts:
-            made = model.encode([inputs[index] for index in texts], normalize_embeddings=True)
-            vectors.update(zip(texts, made.tolist(), strict=True))
-        if ids:
-            rows = [list(inputs[index]) for index in ids]
-            longest = max(len(row) for row in rows)
-            pad = model.tokenizer.pad_token_id or 0
-            features = {
-                "input_ids": torch.tensor([row + [pad] * (longest - len(row)) for row in rows]),
-                "attention_mask": torch.tensor([[1] * len(row) + [0] * (longest - len(row)) for row in rows]),
-            }
-            with torch.inference_mode():
-                pooled = model(features)["sentence_embedding"]
-            vectors.update(zip(ids, torch.nn.functional.normalize(pooled, p=2, dim=1).tolist(), strict=True))
-        return [vectors[index] for index in range(len(inputs))]
+        longest = max(len(row) for row in rows)
+        pad = model.tokenizer.pad_token_id or 0
+        features = {
+            "input_ids": torch.tensor([row + [pad] * (longest - len(row)) for row in rows]),
+            "attention_mask": torch.tensor([[1] * len(row) + [0] * (longest - len(row)) for row in rows]),
+        }
+        with torch.inference_mode():
+            pooled = model(features)["sentence_embedding"]
+        return [list(vector) for vector in torch.nn.functional.normalize(pooled, p=2, dim=1).tolist()]
 
     async def check_health(self) -> None:
         """The model runs in the replica's process: it lives as long as the replica."""

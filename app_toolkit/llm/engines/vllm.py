@@ -16,7 +16,7 @@ import os
 import shutil
 import time
 import uuid
-from collections.abc import AsyncGenerator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Collection, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol
@@ -347,9 +347,7 @@ class VLLMEngine(TokenizerText):
         scratch checkpoint."""
         if self._lora is not None:
             await self._lora.aclose()
-        if self._llm is not None and self._replies:
-            await self._llm.abort(list(self._replies))
-        await asyncio.to_thread(self._stop)
+        await abort_and_stop(self._llm, self._replies, self._stop)
 
     def _stop(self) -> None:
         # The series source stays: vLLM's registry is the process's and another engine here
@@ -423,6 +421,16 @@ def sized(arguments: Mapping[str, object]) -> dict[str, object]:
         given["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
     given.setdefault("enable_log_requests", False)
     return given
+
+
+async def abort_and_stop(
+    llm: AsyncLLM | None, request_ids: Collection[str], stop: Callable[[], None]
+) -> None:
+    """Abort ``request_ids`` in ``llm`` (their streams end at once), then call ``stop``,
+    which shuts the engine down, in a thread (vLLM's shutdown waits for its processes)."""
+    if llm is not None and request_ids:
+        await llm.abort(list(request_ids))
+    await asyncio.to_thread(stop)
 
 
 def start_engine(

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from .hf_tokenizer import TokenizerText
-from .vllm import kv_cache_said, sized, start_engine
+from .vllm import abort_and_stop, kv_cache_said, sized, start_engine
 
 if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM
@@ -93,9 +93,9 @@ class VLLMPoolingEngine(TokenizerText):
             kv_cache_said(arguments),
         )
 
-    async def embed(self, inputs: Sequence[str | Sequence[int]]) -> list[list[float]]:
-        """One vector of length ``dimensions`` and norm 1 per input, in order: a text
-        (tokenised with its special tokens) or token ids read as they are."""
+    async def embed(self, inputs: Sequence[Sequence[int]]) -> list[list[float]]:
+        """One vector of length ``dimensions`` and norm 1 per input, in order: token ids
+        read as they are (a text's, with its special tokens, from :meth:`encode`)."""
         from vllm import PoolingParams
         from vllm.inputs import TokensPrompt
 
@@ -115,10 +115,9 @@ class VLLMPoolingEngine(TokenizerText):
                 await outputs.aclose()  # aborts the request in vLLM if it is still running
             return vector
 
-        prompts = [self.encode(item) if isinstance(item, str) else list(item) for item in inputs]
         # One request per input, batched by vLLM's scheduler; one that fails cancels the rest.
         async with asyncio.TaskGroup() as group:
-            tasks = [group.create_task(one(tokens)) for tokens in prompts]
+            tasks = [group.create_task(one(list(tokens))) for tokens in inputs]
         return [task.result() for task in tasks]
 
     async def check_health(self) -> None:
@@ -128,9 +127,7 @@ class VLLMPoolingEngine(TokenizerText):
 
     async def close(self) -> None:
         """Abort the inputs in vLLM, and stop its engine (its processes end)."""
-        if self._llm is not None and self._requests:
-            await self._llm.abort(list(self._requests))
-        await asyncio.to_thread(self._stop)
+        await abort_and_stop(self._llm, self._requests, self._stop)
 
     def _stop(self) -> None:
         if self._llm is not None:

@@ -56,7 +56,6 @@ class LLMServer:
         self._model = llm_config.model_id
         engine = self._engine = engine_for(llm_config)
         self._interval_s = llm_config.experimental_configs.stream_batching_interval_ms / 1000
-        self._embedding = asyncio.Lock()
         # LoRA adapters, as multiplexed models ("model_id:adapter"): the least recently used
         # goes beyond max_num_adapters_per_replica, and callers prefer replicas holding one.
         lora = llm_config.lora_config
@@ -257,15 +256,10 @@ class LLMServer:
                 "dimensions",
                 f"This model's embeddings have {engine.dimensions} dimensions; got dimensions={dimensions}.",
             )
-        async with self._embedding:  # one batch at a time: the tokenizer is shared with its thread
-            return await self._embedded(engine, inputs)
-
-    async def _embedded(
-        self, engine: EmbeddingEngine, inputs: list[str] | list[list[int]]
-    ) -> tuple[list[list[float]], int]:
-        counts = [len(engine.encode(item)) if isinstance(item, str) else len(item) for item in inputs]
+        # A text is tokenised once, here: its ids are counted, checked and sent.
+        rows = [engine.encode(item) if isinstance(item, str) else item for item in inputs]
         _check_ids(engine, [token for item in inputs if not isinstance(item, str) for token in item], "input")
-        longest = max(counts)
+        longest = max(len(row) for row in rows)
         if longest > engine.context_window:
             raise OpenAIError(
                 400,
@@ -275,9 +269,10 @@ class LLMServer:
                 "context_length_exceeded",
                 "input",
             )
-        vectors = await engine.embed(inputs)
-        metrics.PROMPT_TOKENS.inc(self._model, amount=sum(counts))
-        return vectors, sum(counts)
+        vectors = await engine.embed(rows)
+        counted = sum(len(row) for row in rows)
+        metrics.PROMPT_TOKENS.inc(self._model, amount=counted)
+        return vectors, counted
 
     def tokenize(self, request: TokenizeRequest) -> dict[str, object]:
         """vLLM's ``/tokenize`` answer for ``request``."""
