@@ -533,6 +533,53 @@ def test_vllms_structured_outputs_constrain_each_kind(client: openai.OpenAI) -> 
     assert re.fullmatch(pattern, completion.choices[0].text), completion.choices[0].text
 
 
+def test_special_tokens_show_in_the_reply_only_when_not_skipped(client: openai.OpenAI) -> None:
+    """vLLM's ``skip_special_tokens``: SmolLM2, asked to go on past its end of turn
+    (``ignore_eos``), writes ``<|im_end|>`` and ``<|im_start|>`` mid-reply. Skipped (the
+    default), they show no text; with ``skip_special_tokens: false`` their text is in the
+    reply, whole and streamed, as vLLM shows it. The log-probabilities show every token's
+    text either way, as vLLM's do."""
+    asked: dict[str, Any] = {
+        "model": CHAT,
+        "messages": [{"role": "user", "content": "What is the capital of France?"}],
+        "max_tokens": 12,
+        "temperature": 0,
+    }
+
+    def chat(**fields: Any) -> Any:
+        return client.chat.completions.create(**asked, extra_body={"ignore_eos": True, **fields})
+
+    skipped = chat()
+    kept = chat(skip_special_tokens=False, logprobs=True)
+    text, plain = kept.choices[0].message.content, skipped.choices[0].message.content
+    assert "<|im_end|>" in text, text  # greedy: a short answer, then the end of turn
+    for special in ("<|im_end|>", "<|im_start|>"):
+        assert special not in plain
+        text = text.replace(special, "")
+    assert text == plain  # the same tokens: only the special ones' text differs
+    assert skipped.usage.completion_tokens == kept.usage.completion_tokens == 12
+    # Every token's text, the special ones' too, makes the kept reply (byte-level BPE).
+    entries = kept.choices[0].logprobs.content
+    assert "".join(entry.token for entry in entries) == kept.choices[0].message.content
+    # Streamed: the same text; spaces_between_special_tokens false joins nothing here (a
+    # byte-level tokenizer puts no space between special tokens), as in vLLM.
+    chunks = client.chat.completions.create(
+        **asked,
+        stream=True,
+        extra_body={"ignore_eos": True, "skip_special_tokens": False, "spaces_between_special_tokens": False},
+    )
+    streamed = "".join(chunk.choices[0].delta.content or "" for chunk in chunks if chunk.choices)
+    assert streamed == kept.choices[0].message.content
+    completion = client.completions.create(
+        model=CHAT,
+        prompt="<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n",
+        max_tokens=12,
+        temperature=0,
+        extra_body={"ignore_eos": True, "skip_special_tokens": False},
+    )
+    assert "<|im_end|>" in completion.choices[0].text
+
+
 @ON_TRANSFORMERS_ONLY  # refused while the file is read: no engine runs
 @pytest.mark.parametrize(
     ("change", "named"),
