@@ -47,6 +47,9 @@ class ReplicaInfo:
     #: The name of its Ray actor ("" on the local backend): the replica's own, or that of
     #: the spare process it started in (backends/ray/spares.py).
     actor: str = ""
+    #: Its newest routing stats (its ``record_routing_stats()``) as JSON, as it last
+    #: reported them ("": none yet); request routers read them (``RunningReplica``).
+    routing_stats: str = ""
 
 
 @compact

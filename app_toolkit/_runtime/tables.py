@@ -166,10 +166,24 @@ class ReplicaStats:
     samples: tuple[tuple[float, tuple[tuple[str, float], ...]], ...]
 
 
-Outcomes = tuple[VariantOutcome | ShadowOutcome | ReplicaStats, ...]
+@compact
+@dataclass(frozen=True, slots=True)
+class ReplicaRoutingStats:
+    """A replica's newest routing stats (its ``record_routing_stats()``), as JSON: the
+    controller puts them in its replica table entry (``ReplicaInfo.routing_stats``), where
+    request routers read them. ``sequence`` counts the replica's samples: a report that
+    arrives after a newer one is ignored."""
+
+    replica_id: str
+    deployment: DeploymentID
+    stats: str
+    sequence: int
+
+
+Outcomes = tuple[VariantOutcome | ShadowOutcome | ReplicaStats | ReplicaRoutingStats, ...]
 
 #: The controller's long-poll call, as a caller makes it.
 Listen = Callable[[Versions, float], Awaitable[Updates]]
 #: The controller's load-report call, as a caller makes it (with what it saw of splits,
-#: and its replicas' custom metrics).
+#: and its replicas' custom metrics and routing stats).
 ReportLoad = Callable[[str, Loads, Outcomes], Awaitable[None]]

@@ -7,7 +7,8 @@ Ray Serve LLM's prefix-aware router select this toolkit's (:data:`RAY_ROUTERS`);
 other routers, and classes built on Ray's private router API, are refused by name. A
 class of your own subclasses :class:`app_toolkit.request_router.RequestRouter` and lives
 in a module every caller can import (it is made in each proxy and handle, by its import
-path).
+path). ``request_routing_stats_period_s`` and ``request_routing_stats_timeout_s`` pace a
+replica's ``record_routing_stats()`` (``_runtime/replica/routing_stats.py``).
 """
 
 from __future__ import annotations
@@ -44,8 +45,6 @@ RAY_ROUTERS = {
 }
 #: Ray Serve's routing fields with no counterpart here, and the only values taken (Ray's defaults).
 _RAY_DEFAULTS: dict[str, float] = {
-    "request_routing_stats_period_s": 10.0,
-    "request_routing_stats_timeout_s": 30.0,
     "initial_backoff_s": 0.025,
     "backoff_multiplier": 2.0,
     "max_backoff_s": 0.5,
@@ -65,11 +64,26 @@ class RequestRouterConfig(Strict):
         default_factory=dict,
         description="Keyword arguments of the router's initialize_state (JSON values).",
     )
+    request_routing_stats_period_s: float = Field(
+        10.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="Seconds between calls of a replica's record_routing_stats(), whose result "
+        "request routers read as RunningReplica.routing_stats (made while the deployment has a "
+        "request router other than plain power of two choices).",
+    )
+    request_routing_stats_timeout_s: float = Field(
+        30.0,
+        gt=0,
+        allow_inf_nan=False,
+        description="Seconds one record_routing_stats() call may take; past it the call is "
+        "cancelled, logged, and routers keep the replica's last stats.",
+    )
 
     @model_validator(mode="before")
     @classmethod
     def _ray_only(cls, data: object) -> object:
-        """Ray's routing-stats and back-off fields: taken at Ray's defaults, dropped."""
+        """Ray's back-off fields: taken at Ray's defaults, dropped."""
         if not isinstance(data, dict):
             return data
         data = dict(data)

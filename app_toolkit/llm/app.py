@@ -28,6 +28,11 @@ EMBEDDING_ONGOING = 8
 MODEL_CPUS = 1
 #: The ingress's admission (Ray Serve LLM's ingress takes 1e9): it only relays.
 INGRESS_ONGOING = 1_000
+#: Seconds between a model replica's routing stats (its engine's load, read by the
+#: prefix-aware router) where the toolkit picks the router; Ray's default is 10. A busy
+#: replica's stats change at every sample, and each change is one load report and one
+#: table update per caller of the model (its ingress replicas): docs/llm.md#routing.
+ROUTING_STATS_PERIOD_S = 2.0
 
 
 def build_llm_deployment(
@@ -62,7 +67,10 @@ def build_llm_deployment(
     options.update(override_serve_options or {})
     if "request_router_config" not in options and _most_replicas(options) > 1:
         # Replies that share a prompt prefix go where its keys and values are cached.
-        options["request_router_config"] = {"request_router_class": PREFIX_AWARE}
+        options["request_router_config"] = {
+            "request_router_class": PREFIX_AWARE,
+            "request_routing_stats_period_s": ROUTING_STATS_PERIOD_S,
+        }
     target = deployment_cls or LLMServer
     if not (isinstance(target, type) and issubclass(target, LLMServer)):
         raise TypeError(f"deployment_cls must be a subclass of LLMServer, got {target!r}")

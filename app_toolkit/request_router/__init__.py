@@ -30,6 +30,11 @@ class RunningReplica:
     max_ongoing_requests: int
     #: The multiplexed models it reported holding.
     multiplexed_model_ids: frozenset[str] = frozenset()
+    #: What its deployment's ``record_routing_stats()`` last returned (Ray Serve's name):
+    #: sampled every ``request_routing_stats_period_s``, so up to that old; empty before
+    #: the first result, or without the method. Read it, never change it. Not part of the
+    #: replica's equality or hash (a replica stays the same replica as its stats move).
+    routing_stats: Mapping[str, Any] = field(default_factory=dict, compare=False)
 
 
 @dataclass(frozen=True, slots=True)

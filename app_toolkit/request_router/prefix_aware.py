@@ -2,15 +2,25 @@
 engine there finds their keys and values in its prefix cache (Ray Serve LLM's
 ``PrefixCacheAffinityRouter``, with Ray 2.60's rule).
 
-Per request, while the callers' loads are balanced (the most and fewest requests in
-flight on the replicas differ by at most ``imbalanced_threshold``, 10 by default where
-Ray 2.60's is infinity): the replicas whose
-routed texts share the longest prefix with this one, if that prefix is at least
-``match_rate_threshold`` of the text; else the replicas holding the fewest characters.
-When the loads are imbalanced, or the request carries no text: power of two choices.
-Where Ray's router then only retries those replicas, a request whose chosen replicas are
-all full goes to another with a free slot (power of two), so that it never waits while a
-replica idles.
+Per request, while the replicas' loads are balanced (the most and fewest requests on
+the replicas differ by at most ``imbalanced_threshold``, 10 by default where Ray 2.60's
+is infinity): among the replicas whose KV cache is not near full, those whose routed
+texts share the longest prefix with this one, if that prefix is at least
+``match_rate_threshold`` of the text; else those holding the fewest characters; the
+least loaded of them first. When the loads are imbalanced, or the request carries no
+text: power of two choices on the loads. Where Ray's router then only retries those
+replicas, a request whose chosen replicas are all full goes to another with a free slot
+(power of two), so that it never waits while a replica idles.
+
+A replica's load is the larger of this caller's requests in flight on it
+(``queue_len``) and the requests its engine reported running and waiting
+(``routing_stats["running"] + routing_stats["waiting"]``, as an ``app_toolkit.llm`` model
+replica's ``record_routing_stats()`` gives them): the report sees every caller's requests
+but is up to a period old, the caller's count is current but sees only its own; adding
+them would count this caller's requests twice. A KV cache is near full when the replica
+reported ``kv_cache_use`` (0 to 1) at or above ``kv_cache_full_threshold`` (0.95): its
+engine would evict cached prefixes, or make new replies wait, to hold one more. Replicas
+without stats are read as reporting nothing: the rule is Ray's.
 
 The text is the request's ``messages`` (their contents joined) or ``prompt``: from a
 handle call's first argument that has either (an attribute or a key), or from an HTTP
@@ -50,19 +60,24 @@ class PrefixCacheAffinityRouter(PowerOfTwoChoicesRequestRouter):
         eviction_threshold_chars: int | None = 400_000,
         eviction_target_chars: int | None = 360_000,
         eviction_interval_secs: float | None = 10,
+        kv_cache_full_threshold: float | None = 0.95,
     ) -> None:
         """Ray's kwargs, and its defaults but one: ``imbalanced_threshold`` is 10 where Ray
         2.60's is infinity (its router then never falls back to power of two choices), so
         that a prefix many requests share cannot pile them onto one replica while others
         idle. ``do_eviction`` and ``eviction_interval_secs`` are taken with no effect: the
         record is always bounded, and cut back as it grows past the threshold, not on a
-        timer."""
+        timer. ``kv_cache_full_threshold`` is this toolkit's: the reported KV-cache use
+        from which a replica is passed over (module docstring)."""
         self._imbalanced_threshold = math.inf if imbalanced_threshold is None else float(imbalanced_threshold)
         self._match_rate_threshold = 0.1 if match_rate_threshold is None else float(match_rate_threshold)
         threshold = 400_000 if eviction_threshold_chars is None else int(eviction_threshold_chars)
         target = threshold if eviction_target_chars is None else int(eviction_target_chars)
+        self._kv_full = 0.95 if kv_cache_full_threshold is None else float(kv_cache_full_threshold)
         if not 0 <= self._match_rate_threshold <= 1:
             raise ValueError(f"match_rate_threshold must be within [0, 1], got {match_rate_threshold}")
+        if not 0 < self._kv_full <= 1:
+            raise ValueError(f"kv_cache_full_threshold must be within (0, 1], got {kv_cache_full_threshold}")
         if threshold < 1 or not 0 <= target <= threshold:
             raise ValueError(
                 "eviction_threshold_chars must be >= 1 and eviction_target_chars within [0, it], got "
@@ -86,25 +101,35 @@ class PrefixCacheAffinityRouter(PowerOfTwoChoicesRequestRouter):
     def choose_replicas(
         self, candidate_replicas: list[RunningReplica], pending_request: PendingRequest | None = None
     ) -> list[list[RunningReplica]]:
-        fallback = super().choose_replicas(candidate_replicas, pending_request)
+        loads = {replica.replica_id: self.load(replica) for replica in candidate_replicas}
+        fallback = self._power_of_two(candidate_replicas, loads)
         text = request_text(pending_request) if pending_request is not None else None
         if not text or not candidate_replicas:
             return fallback
-        loads = [self.queue_len(replica.replica_id) for replica in candidate_replicas]
-        if max(loads) - min(loads) > self._imbalanced_threshold:
+        if max(loads.values()) - min(loads.values()) > self._imbalanced_threshold:
             return fallback
-        matched = {
-            replica.replica_id: self._longest(replica.replica_id, text) for replica in candidate_replicas
-        }
+        # A full KV cache is passed over; when every one is full, none is.
+        roomy = [r for r in candidate_replicas if kv_cache_use(r) < self._kv_full] or candidate_replicas
+        matched = {replica.replica_id: self._longest(replica.replica_id, text) for replica in roomy}
         longest = max(matched.values())
         if longest and longest / len(text) >= self._match_rate_threshold:
-            best = [replica for replica in candidate_replicas if matched[replica.replica_id] == longest]
+            best = [replica for replica in roomy if matched[replica.replica_id] == longest]
         else:
-            fewest = min(self._chars.get(replica.replica_id, 0) for replica in candidate_replicas)
-            best = [
-                replica for replica in candidate_replicas if self._chars.get(replica.replica_id, 0) == fewest
-            ]
-        return [best, *fallback]
+            fewest = min(self._chars.get(replica.replica_id, 0) for replica in roomy)
+            best = [replica for replica in roomy if self._chars.get(replica.replica_id, 0) == fewest]
+        return [*_by_load(best, loads), *fallback]
+
+    def load(self, replica: RunningReplica) -> int:
+        """The requests on ``replica`` as this caller knows them (module docstring): its
+        own in flight, or its engine's report of running and waiting, the larger."""
+        return max(self.queue_len(replica.replica_id), engine_load(replica))
+
+    def _power_of_two(
+        self, candidate_replicas: list[RunningReplica], loads: Mapping[str, int]
+    ) -> list[list[RunningReplica]]:
+        """Power of two choices, on ``loads``: the pair's less loaded replica ranks first."""
+        ranks = super().choose_replicas(candidate_replicas)
+        return [rank for pair in ranks for rank in _by_load(pair, loads)]
 
     def on_request_routed(self, pending_request: PendingRequest, replica_id: str, result: Any = None) -> None:
         text = request_text(pending_request)
@@ -140,6 +165,36 @@ class PrefixCacheAffinityRouter(PowerOfTwoChoicesRequestRouter):
     def _forget(self, replica_id: str) -> None:
         self._texts.pop(replica_id, None)
         self._chars.pop(replica_id, None)
+
+
+def _by_load(replicas: list[RunningReplica], loads: Mapping[str, int]) -> list[list[RunningReplica]]:
+    """``replicas`` in ranks of equal load, the least loaded first (the chooser breaks
+    the ties left by its own count of requests in flight)."""
+    ranks: dict[int, list[RunningReplica]] = {}
+    for replica in replicas:
+        ranks.setdefault(loads[replica.replica_id], []).append(replica)
+    return [ranks[load] for load in sorted(ranks)]
+
+
+def engine_load(replica: RunningReplica) -> int:
+    """The replies ``replica``'s engine reported running and waiting (0 when it reported
+    neither: no stats, or a deployment whose stats are others)."""
+    return int(_stat(replica, "running") + _stat(replica, "waiting"))
+
+
+def kv_cache_use(replica: RunningReplica) -> float:
+    """The share of ``replica``'s KV cache its engine reported in use, 0 to 1 (0 when it
+    reported none)."""
+    return min(_stat(replica, "kv_cache_use"), 1.0)
+
+
+def _stat(replica: RunningReplica, name: str) -> float:
+    """A number ``replica`` reported, 0 when it is missing, negative or not a number
+    (stats are whatever its deployment's ``record_routing_stats()`` returned)."""
+    value = replica.routing_stats.get(name)
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
+        return 0.0
+    return float(value)
 
 
 def request_text(request: PendingRequest) -> str | None:

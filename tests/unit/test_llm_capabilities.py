@@ -124,7 +124,9 @@ def test_the_echo_engine_continues_a_reply_where_it_was() -> None:
     asyncio.run(scenario())
 
 
-def test_the_server_reports_its_engines_load_as_autoscaling_metrics(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_server_reports_its_engines_load_as_autoscaling_metrics_and_routing_stats(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     engine = EchoEngine(tokens_per_s=50)  # 20 ms a token: the reply is still running when read
     monkeypatch.setattr(server_module, "engine_for", lambda config: engine)
 
@@ -137,6 +139,7 @@ def test_the_server_reports_its_engines_load_as_autoscaling_metrics(monkeypatch:
         await anext(reply)  # the prompt's count
         await anext(reply)  # the first piece
         assert await server.record_autoscaling_stats() == {**idle, "running": 1.0}
+        assert await server.record_routing_stats() == {**idle, "running": 1.0}  # the same, for routers
         await reply.aclose()
         assert await server.record_autoscaling_stats() == idle
         await LLMServer.__del__(server)

@@ -18,7 +18,12 @@ from app_toolkit._runtime.tables import RouterChoice
 from app_toolkit.config import DeploymentConfig
 from app_toolkit.config.request_router import POWER_OF_TWO, PREFIX_AWARE, RequestRouterConfig
 from app_toolkit.request_router import PendingRequest, RequestRouter, RunningReplica
-from app_toolkit.request_router.prefix_aware import PrefixCacheAffinityRouter, request_text
+from app_toolkit.request_router.prefix_aware import (
+    PrefixCacheAffinityRouter,
+    engine_load,
+    kv_cache_use,
+    request_text,
+)
 from tests.apps.routers import LowestIdRouter
 
 DEP = DeploymentID("app", "model")
@@ -29,8 +34,8 @@ def info(replica_id: str, capacity: int = 4) -> ReplicaInfo:
     return ReplicaInfo(replica_id, DEP, "127.0.0.1", 1, b"t", capacity)
 
 
-def running(replica_id: str, capacity: int = 4) -> RunningReplica:
-    return RunningReplica(replica_id, "", capacity)
+def running(replica_id: str, capacity: int = 4, **stats: Any) -> RunningReplica:
+    return RunningReplica(replica_id, "", capacity, routing_stats=stats)
 
 
 def asking(text: str, request_id: str = "r") -> PendingRequest:
@@ -72,6 +77,16 @@ def test_a_router_is_named_by_class_or_path_and_ray_names_select_ours(given: Any
     assert DeploymentConfig(request_router_config=written).request_router_config == config
 
 
+def test_the_routing_stats_period_and_timeout_are_taken() -> None:
+    config = RequestRouterConfig(request_routing_stats_period_s=0.5, request_routing_stats_timeout_s=2)
+    assert (config.request_routing_stats_period_s, config.request_routing_stats_timeout_s) == (0.5, 2.0)
+    assert config.is_default  # still the callers' own power of two choices (which reads none)
+    assert (
+        RequestRouterConfig().request_routing_stats_period_s,
+        RequestRouterConfig().request_routing_stats_timeout_s,
+    ) == (10, 30)  # Ray's defaults
+
+
 def _local_class() -> type[RequestRouter]:
     class Local(RequestRouter):
         pass
@@ -101,6 +116,11 @@ def _local_class() -> type[RequestRouter]:
         ),
         ({"request_router_kwargs": {"unknown": 1}}, "takes no request_router_kwargs"),
         ({"max_backoff_s": 2.0}, "max_backoff_s=2.0 is not implemented"),
+        # Ray's bounds: positive numbers of seconds.
+        ({"request_routing_stats_period_s": 0}, "greater than 0"),
+        ({"request_routing_stats_timeout_s": -1.0}, "greater than 0"),
+        ({"request_routing_stats_period_s": float("inf")}, "finite number"),
+        ({"request_routing_stats_timeout_s": "soon"}, "valid number"),
     ],
 )
 def test_a_router_that_cannot_route_here_is_refused_naming_the_fix(given: dict[str, Any], fix: str) -> None:
@@ -222,10 +242,12 @@ def test_imbalanced_loads_and_requests_without_text_go_by_power_of_two() -> None
     router.on_request_routed(asking(SYSTEM), "a")
     loads.update(a=3, b=0, c=1)  # 3 - 0 > 2: imbalanced
     ranks = router.choose_replicas([running(name) for name in "abc"], asking(SYSTEM + "?"))
-    assert len(ranks) == 1 and len(ranks[0]) == 2  # only power of two's pair
+    assert len(ranks) == 2 and [len(rank) for rank in ranks] == [1, 1]  # only power of two's pair
+    assert loads[ranks[0][0].replica_id] < loads[ranks[1][0].replica_id]  # the less loaded first
     loads.update(a=2)
     assert best(router, SYSTEM + "?") == ["a"]
-    assert len(router.choose_replicas([running(name) for name in "abc"], PendingRequest("r"))) == 1
+    no_text = router.choose_replicas([running(name) for name in "abc"], PendingRequest("r"))
+    assert sum(map(len, no_text)) == 2  # power of two's pair only
 
 
 def test_each_replicas_record_is_cut_back_least_recently_used_first() -> None:
@@ -236,3 +258,66 @@ def test_each_replicas_record_is_cut_back_least_recently_used_first() -> None:
     assert best(router, "3" * 30) == ["a"]
     router.on_replica_actor_died("a")
     assert best(router, "3" * 30) == ["a", "b", "c"]  # nothing held anywhere: all hold the least
+
+
+# ------------------------------------------------ prefix-aware, on the replicas' stats
+
+
+def ranked(router: PrefixCacheAffinityRouter, replicas: list[RunningReplica], text: str) -> list[list[str]]:
+    return [
+        [replica.replica_id for replica in rank] for rank in router.choose_replicas(replicas, asking(text))
+    ]
+
+
+def test_the_engines_reported_requests_count_in_the_balance_and_the_ties() -> None:
+    router, loads = prefix_router(imbalanced_threshold=4)
+    # Other callers' requests, as the engines reported them: a runs 5 and queues 1.
+    replicas = [running("a", running=5.0, waiting=1.0), running("b"), running("c", running=2.0)]
+    ranks = ranked(router, replicas, "A new conversation, nothing held anywhere")
+    assert sum(map(len, ranks)) == 2  # 6 - 0 > 4: imbalanced, power of two's pair only
+    assert ranks[0] != ["a"]  # and never a first, though this caller sent it nothing
+    # Balanced: every replica holds as little (a new conversation), the least loaded first.
+    replicas[0] = running("a", running=3.0)
+    assert ranked(router, replicas, "A new conversation, nothing held anywhere")[:3] == [["b"], ["c"], ["a"]]
+    # This caller's own count is current where the report is old: the larger one counts
+    # (their sum would count this caller's requests twice).
+    loads.update(b=2, c=1)
+    assert ranked(router, replicas, "A new conversation, nothing held anywhere")[:2] == [["b", "c"], ["a"]]
+    # Without stats, the rule is Ray's: this caller's counts alone.
+    assert ranked(router, [running(name) for name in "abc"], "Another new one")[:2] == [["a"], ["c"]]
+
+
+def test_a_replica_whose_kv_cache_is_near_full_is_passed_over_for_its_prefix() -> None:
+    router, _ = prefix_router()
+    router.on_request_routed(asking(SYSTEM + "Clause 1?"), "a")
+    router.on_request_routed(asking(SYSTEM + "Clause 9?"), "b")
+    full = [running("a", kv_cache_use=0.97), running("b", kv_cache_use=0.5), running("c")]
+    assert ranked(router, full, SYSTEM + "Clause 1? And 2?")[0] == ["b"]  # the same prefix, with room
+    room = [running("a", kv_cache_use=0.9), running("b", kv_cache_use=0.5), running("c")]
+    assert ranked(router, room, SYSTEM + "Clause 1? And 2?")[0] == ["a"]
+    # Every replica that holds the prefix is full: a new one goes where the least is held.
+    both = [running("a", kv_cache_use=0.97), running("b", kv_cache_use=0.99), running("c")]
+    assert ranked(router, both, SYSTEM + "Clause 1? And 2?")[0] == ["c"]
+    # Every replica is full: none is passed over.
+    every = [running(name, kv_cache_use=1.0) for name in "abc"]
+    assert ranked(router, every, SYSTEM + "Clause 1? And 2?")[0] == ["a"]
+    tolerant, _ = prefix_router(kv_cache_full_threshold=0.99)
+    tolerant.on_request_routed(asking(SYSTEM + "Clause 1?"), "a")
+    assert ranked(tolerant, full, SYSTEM + "Clause 1? And 2?")[0] == ["a"]
+    with pytest.raises(ValueError, match="kv_cache_full_threshold must be within"):
+        prefix_router(kv_cache_full_threshold=0)
+
+
+@pytest.mark.parametrize(
+    "stats",
+    [
+        {"running": "many", "waiting": True, "kv_cache_use": "full"},
+        {"running": -3, "waiting": float("nan"), "kv_cache_use": float("inf")},
+        {"running": None, "waiting": [1], "kv_cache_use": -1},
+        {"answered": 3},  # a deployment whose stats are others
+    ],
+)
+def test_stats_that_are_not_counts_read_as_none(stats: dict[str, Any]) -> None:
+    assert engine_load(running("a", **stats)) == 0
+    assert kv_cache_use(running("a", **stats)) == 0.0
+    assert kv_cache_use(running("a", kv_cache_use=1.5)) == 1.0  # a share: at most all of it

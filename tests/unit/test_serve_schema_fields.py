@@ -454,17 +454,22 @@ def test_a_files_request_router_config_is_taken_and_a_field_not_implemented_is_n
     routing = {
         "request_router_class": "ray.serve.llm.request_router:PrefixCacheAffinityRouter",
         "request_router_kwargs": {"imbalanced_threshold": 3},
-        "request_routing_stats_period_s": 10,  # Ray's default, as serve build writes it
+        "request_routing_stats_period_s": 2,
+        "request_routing_stats_timeout_s": 5,
+        "initial_backoff_s": 0.025,  # Ray's default, as serve build writes it
     }
     config = parse_config(_deployment(request_router_config=routing), "serve.yaml")
     options = DeploymentConfig.model_validate(config.applications[0].deployments[0].options)
-    assert options.request_router_config is not None
-    assert options.request_router_config.class_path.endswith("prefix_aware:PrefixCacheAffinityRouter")
+    routing_config = options.request_router_config
+    assert routing_config is not None
+    assert routing_config.class_path.endswith("prefix_aware:PrefixCacheAffinityRouter")
+    assert (
+        routing_config.request_routing_stats_period_s,
+        routing_config.request_routing_stats_timeout_s,
+    ) == (2, 5)
     with pytest.raises(tk.ConfigError) as failed:
-        parse_config(_deployment(request_router_config={"request_routing_stats_period_s": 5}), "serve.yaml")
-    assert "deployments[0] (Greeter).request_router_config: request_routing_stats_period_s=5 is not" in str(
-        failed.value
-    )
+        parse_config(_deployment(request_router_config={"initial_backoff_s": 0.1}), "serve.yaml")
+    assert "deployments[0] (Greeter).request_router_config: initial_backoff_s=0.1 is not" in str(failed.value)
 
 
 def test_every_refused_field_has_a_case() -> None:

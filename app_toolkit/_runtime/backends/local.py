@@ -128,8 +128,8 @@ class LocalBackend:
             self.threads.stopped(replica_id)
             raise
         self.cores[replica_id] = core
-        if core.autoscaling_stats is not None and self.subscriber is not None:
-            self.subscriber.add_stats(replica_id, core.autoscaling_stats.take)
+        if core.samples_stats and self.subscriber is not None:
+            self.subscriber.add_stats(replica_id, core.take_stats)
         max_ongoing = spec.config.max_ongoing_requests
         info = ReplicaInfo(replica_id, spec.id, "local", 0, b"", max_ongoing, rank=seat.rank)
         return info, core

@@ -271,6 +271,17 @@ def hold_models(state: DeploymentState, replica_id: str, models: tuple[str, ...]
     return True
 
 
+def hold_routing_stats(state: DeploymentState, replica_id: str, stats: str) -> bool:
+    """A replica reported its routing stats (JSON); True if its table entry changed."""
+    replica = state.replicas.get(replica_id)
+    if replica is None or replica.info is None or replica.info.routing_stats == stats:
+        return False
+    state.replicas[replica_id] = dataclasses.replace(
+        replica, info=dataclasses.replace(replica.info, routing_stats=stats)
+    )
+    return True
+
+
 def adopt(state: DeploymentState, found: AdoptedReplica, now: float) -> None:
     """Take over a replica that a previous controller left running."""
     state.replicas[found.info.replica_id] = Replica(

@@ -41,6 +41,7 @@ from app_toolkit._runtime.replica.asgi import (
 from app_toolkit._runtime.replica.autoscaling_stats import AutoscalingStats
 from app_toolkit._runtime.replica.calls import failure, find_method, log_call_failure, run_call
 from app_toolkit._runtime.replica.ingress_app import ingress_app, serving_app
+from app_toolkit._runtime.replica.routing_stats import RoutingStats
 from app_toolkit._runtime.replica.run_app import HTTPOut, SocketOut, run_app
 from app_toolkit._runtime.replica.slots import ReplicaSlots
 from app_toolkit._runtime.replica.user_code import (
@@ -50,6 +51,7 @@ from app_toolkit._runtime.replica.user_code import (
     run_destructor,
     wants_reconfigure,
 )
+from app_toolkit._runtime.tables import Outcomes
 from app_toolkit._runtime.waiting import wait_event
 from app_toolkit.config import DeploymentConfig
 from app_toolkit.exceptions import (
@@ -110,6 +112,8 @@ class ReplicaCore(ReplicaSlots):
         self._stop_hooks: list[request_context.StopHook] = []
         #: Samples the user's record_autoscaling_stats(), if it has one (started by start()).
         self.autoscaling_stats: AutoscalingStats | None = None
+        #: Samples the user's record_routing_stats(), if it has one (started by start()).
+        self.routing_stats: RoutingStats | None = None
         replica_metrics.track(self)
 
     # ------------------------------------------------------------------ lifecycle
@@ -148,11 +152,30 @@ class ReplicaCore(ReplicaSlots):
                 self.instance, self.replica_id, self.deployment, self.config
             )
             self.autoscaling_stats.start()
+        if RoutingStats.wanted(self.instance):
+            self.routing_stats = RoutingStats(self.instance, self.replica_id, self.deployment, self.config)
+            self.routing_stats.start()
+
+    @property
+    def samples_stats(self) -> bool:
+        """Whether it calls a statistics hook of the user's, whose results go with its
+        process's load reports (``take_stats``)."""
+        return self.autoscaling_stats is not None or self.routing_stats is not None
+
+    def take_stats(self) -> Outcomes:
+        """What its statistics hooks gave since the last take, for the next load report."""
+        taken = (
+            self.autoscaling_stats.take() if self.autoscaling_stats is not None else None,
+            self.routing_stats.take() if self.routing_stats is not None else None,
+        )
+        return tuple(sample for sample in taken if sample is not None)
 
     async def stop_sampling(self) -> None:
-        """Stop calling record_autoscaling_stats() (the replica is stopping)."""
-        if self.autoscaling_stats is not None:
-            await self.autoscaling_stats.stop()
+        """Stop calling record_autoscaling_stats() and record_routing_stats() (the
+        replica is stopping)."""
+        for hook in (self.autoscaling_stats, self.routing_stats):
+            if hook is not None:
+                await hook.stop()
 
     async def reconfigure(self, user_config: object) -> None:
         await call_reconfigure(self.instance, user_config, self.context.rank, str(self.deployment))
@@ -160,8 +183,9 @@ class ReplicaCore(ReplicaSlots):
     async def update_config(self, config: DeploymentConfig) -> None:
         """Take new in-place options; a changed ``user_config`` goes to reconfigure()."""
         old, self.config = self.config, config
-        if self.autoscaling_stats is not None:
-            self.autoscaling_stats.update(config)
+        for hook in (self.autoscaling_stats, self.routing_stats):
+            if hook is not None:
+                hook.update(config)
         if config.logging_config != old.logging_config:
             self._follow_logging_config()
         if config.user_config != old.user_config and wants_reconfigure(self.instance, config.user_config):

@@ -23,7 +23,6 @@ from app_toolkit._runtime.tables import (
     Listen,
     Loads,
     Outcomes,
-    ReplicaStats,
     ReplicaTable,
     ReportLoad,
     Table,
@@ -75,9 +74,10 @@ class TableSubscriber:
         #: Load this process serves without a dispatcher (an ingress replica's requests on
         #: the client connections it owns), added to what its dispatchers report.
         self._own_loads: dict[DeploymentID, Callable[[], float]] = {}
-        #: Replicas of this process with custom autoscaling metrics: replica id -> what
-        #: takes their samples since the last report (sent with the loads).
-        self._stats: dict[str, Callable[[], ReplicaStats | None]] = {}
+        #: Replicas of this process with statistics hooks (custom autoscaling metrics,
+        #: routing stats): replica id -> what takes their samples since the last report
+        #: (sent with the loads).
+        self._stats: dict[str, Callable[[], Outcomes]] = {}
         # Per watched key: the version held (-1: none yet), who applies its tables, and
         # the event set once it has one.
         self._versions: dict[str, int] = {}
@@ -95,9 +95,9 @@ class TableSubscriber:
         autoscaler sees them."""
         self._own_loads[deployment] = load
 
-    def add_stats(self, replica_id: str, take: Callable[[], ReplicaStats | None]) -> None:
-        """Send what ``take()`` returns (a replica's custom autoscaling metrics) with each
-        load report, until ``drop_stats(replica_id)``."""
+    def add_stats(self, replica_id: str, take: Callable[[], Outcomes]) -> None:
+        """Send what ``take()`` returns (a replica's custom autoscaling metrics and routing
+        stats) with each load report, until ``drop_stats(replica_id)``."""
         self._stats[replica_id] = take
 
     def drop_stats(self, replica_id: str) -> None:
@@ -238,8 +238,7 @@ class TableSubscriber:
             outcomes: Outcomes = tuple(
                 o for dispatcher in self._dispatchers.values() for o in dispatcher.take_outcomes()
             )
-            stats = [take() for take in self._stats.values()]
-            outcomes += tuple(sample for sample in stats if sample is not None)
+            outcomes += tuple(sample for take in self._stats.values() for sample in take())
             repeat = any(loads.values()) and loop.time() - sent_at >= LOAD_REPEAT_S
             if loads == sent and not repeat and not outcomes:
                 continue

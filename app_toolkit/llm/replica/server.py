@@ -112,9 +112,18 @@ class LLMServer:
 
     async def record_autoscaling_stats(self) -> dict[str, float]:
         """The engine's load as custom autoscaling metrics, sampled while the deployment
-        autoscales (docs/llm.md, "Autoscaling on the engine's load"): replies ``running``
-        and ``waiting``, decode ``slots`` (0: no limit known) and ``kv_cache_use`` (0 to
-        1). On the event loop, waiting for nothing; an embedding model's: none."""
+        autoscales (docs/llm.md, "Autoscaling on the engine's load"; :meth:`_load_stats`)."""
+        return self._load_stats()
+
+    async def record_routing_stats(self) -> dict[str, float]:
+        """The engine's load as routing stats, sampled while the deployment has a request
+        router (the prefix-aware router reads them: docs/routing.md; :meth:`_load_stats`)."""
+        return self._load_stats()
+
+    def _load_stats(self) -> dict[str, float]:
+        """What the stats hooks report: replies ``running`` and ``waiting``, decode
+        ``slots`` (0: no limit known) and ``kv_cache_use`` (0 to 1). On the event loop,
+        waiting for nothing; an embedding model's: none."""
         if self._engine.task == "embed":
             return {}
         load = self.current_load()

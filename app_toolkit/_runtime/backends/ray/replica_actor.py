@@ -175,8 +175,8 @@ class ReplicaActor:
 
         core.report_models = report_models
         await core.start()
-        if core.autoscaling_stats is not None:  # custom metrics go with this process's load reports
-            plane.subscriber.add_stats(replica_id, core.autoscaling_stats.take)
+        if core.samples_stats:  # custom metrics and routing stats go with this process's load reports
+            plane.subscriber.add_stats(replica_id, core.take_stats)
         clock.lap("constructor")
         token = secrets.token_bytes(16)
         host = data_plane_host()
@@ -224,7 +224,11 @@ class ReplicaActor:
             return "starting"
         if core.draining:
             return "draining"
-        info = dataclasses.replace(self._info, max_ongoing_requests=core.config.max_ongoing_requests)
+        # Its newest routing stats too: a restarted controller's tables have them at once.
+        stats = core.routing_stats.latest if core.routing_stats is not None else ""
+        info = dataclasses.replace(
+            self._info, max_ongoing_requests=core.config.max_ongoing_requests, routing_stats=stats
+        )
         rank = self._rank
         return AdoptedReplica(
             info, self._start.code_version, core.config, None, rank.node_rank, rank.local_rank
