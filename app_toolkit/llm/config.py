@@ -266,6 +266,16 @@ class LLMConfig(Schema):
         return self
 
     @model_validator(mode="after")
+    def _parsers_read_replies(self) -> LLMConfig:
+        given = self.engine_kwargs.parsers
+        if given and self.engine_name not in ("transformers", "vllm"):
+            raise ValueError(
+                f"engine_kwargs {', '.join(given)}: vLLM's parsers read a generative model's replies, "
+                f"which llm_engine {self.llm_engine!r} ({self.engine_name}) does not write; remove them"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _executor_fits_placement(self) -> LLMConfig:
         given = self.engine_kwargs.vllm_arguments.get("distributed_executor_backend")
         wanted = self.executor_backend
@@ -342,10 +352,12 @@ class LLMConfig(Schema):
     @property
     def needs_vllm(self) -> bool:
         """Only vLLM can serve this model: engine_kwargs sets vLLM's own arguments to
-        something only vLLM does (``vllm_arguments.NEUTRAL`` aside), or the replica asks for
-        an accelerator (the transformers engine computes on the CPU)."""
+        something only vLLM does (``vllm_arguments.NEUTRAL`` aside) or names vLLM's parsers,
+        or the replica asks for an accelerator (the transformers engine computes on the
+        CPU)."""
         own = vllm_arguments.only_vllm(self.engine_kwargs.vllm_arguments)
-        return self.llm_engine == "vLLM" and (bool(own) or self.accelerator_type is not None)
+        wanted = bool(own) or bool(self.engine_kwargs.parsers) or self.accelerator_type is not None
+        return self.llm_engine == "vLLM" and wanted
 
     def engine_options(self) -> EngineOptions:
         """What the engine is built with (``engine_kwargs``, in the engine's terms)."""

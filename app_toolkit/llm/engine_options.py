@@ -2,8 +2,10 @@
 
 An ``LLMConfig`` written for Ray Serve LLM passes vLLM's arguments; those with a
 counterpart are taken under vLLM's name (:class:`EngineKwargs`) and handed to the engine
-as :class:`EngineOptions`, in the engine's own terms. Every other argument is refused by
-name: a few with their own advice (``refused.py``), the rest as unknown to the engines.
+as :class:`EngineOptions`, in the engine's own terms; vLLM's parsers of a reply
+(``tool_call_parser``, ``reasoning_parser``) are read by the model's replica
+(``replica/parsers.py``). Every other argument is vLLM's own, for the vLLM engine, or
+refused by name (``vllm_arguments.py``).
 """
 
 from __future__ import annotations
@@ -14,10 +16,8 @@ from typing import Any, Literal
 
 from pydantic import Field, SerializerFunctionWrapHandler, model_serializer, model_validator
 
-from app_toolkit.config.ray_serve_only import drop_refused
 from app_toolkit.config.schema import Strict, field_errors
 from app_toolkit.llm import vllm_arguments
-from app_toolkit.llm.refused import RAY_SERVE_LLM_ONLY, VLLM_ARGUMENT
 
 TorchDtype = Literal["auto", "float16", "bfloat16", "float32"]
 #: vLLM's dtype names, and the torch dtype each means ("auto": the checkpoint's own).
@@ -101,6 +101,24 @@ class EngineKwargs(Strict):
         "that runs the model.",
     )
 
+    tool_call_parser: str | None = Field(
+        None,
+        description="vLLM's tool-call parser (vLLM's frontend argument, by its name: hermes, "
+        'llama3_json...): with enable_auto_tool_choice, a tool_choice "auto" reply is generated '
+        "freely and its text parsed into tool calls, as vllm serve does; null: tool calls come from "
+        "constrained decoding (docs/llm.md). Needs vLLM in the replica.",
+    )
+    enable_auto_tool_choice: bool = Field(
+        False,
+        description='Parse tool_choice "auto" replies with tool_call_parser (which it needs, as in vLLM).',
+    )
+    reasoning_parser: str | None = Field(
+        None,
+        description="vLLM's reasoning parser (by its name: qwen3, deepseek_r1...): a chat reply's "
+        "reasoning goes to the message's reasoning field, as vllm serve does. Needs vLLM in the "
+        "replica.",
+    )
+
     vllm_arguments: dict[str, Any] = Field(
         default_factory=dict,
         description="Every other key of engine_kwargs: vLLM's own engine arguments, which only "
@@ -110,7 +128,6 @@ class EngineKwargs(Strict):
     @model_validator(mode="before")
     @classmethod
     def _refuse(cls, data: object) -> object:
-        data = drop_refused("engine_kwargs", data, RAY_SERVE_LLM_ONLY["engine_kwargs"], VLLM_ARGUMENT)
         if not isinstance(data, Mapping):
             return data
         problems: dict[str, str] = {}
@@ -146,6 +163,35 @@ class EngineKwargs(Strict):
         return self.runner == "pooling" or self.task in ("embed", "embedding")
 
     @model_validator(mode="after")
+    def _parsers_known(self) -> EngineKwargs:
+        """vLLM's rule (``validate_parsed_serve_args``): auto tool choice needs a parser; and
+        each parser is one vLLM has, checked where vLLM imports (the replica checks again)."""
+        if self.enable_auto_tool_choice and not self.tool_call_parser:
+            raise field_errors(
+                "engine_kwargs",
+                {
+                    "enable_auto_tool_choice": (
+                        True,
+                        "enable_auto_tool_choice requires tool_call_parser (as vLLM's "
+                        "--enable-auto-tool-choice does): name one, or remove it",
+                    )
+                },
+            )
+        given = self.parsers
+        if given and vllm_arguments.available():
+            unknown = vllm_arguments.unknown_parsers(**given)
+            if unknown:
+                raise field_errors("engine_kwargs", {key: (given[key], unknown[key]) for key in unknown})
+        return self
+
+    @property
+    def parsers(self) -> dict[str, str]:
+        """vLLM's parsers these arguments name, by argument (``tool_call_parser``,
+        ``reasoning_parser``); empty: none."""
+        named = {"tool_call_parser": self.tool_call_parser, "reasoning_parser": self.reasoning_parser}
+        return {key: name for key, name in named.items() if name}
+
+    @model_validator(mode="after")
     def _one_runner(self) -> EngineKwargs:
         if (self.runner == "generate" and self.task in ("embed", "embedding")) or (
             self.runner == "pooling" and self.task == "generate"
@@ -159,10 +205,11 @@ class EngineKwargs(Strict):
     def for_vllm(self) -> dict[str, Any]:
         """vLLM's engine arguments these mean: the keys set here, as vLLM names them
         (``max_num_seqs`` always: this toolkit's default, 8, sizes the replica's
-        admission), and vLLM's own arguments."""
+        admission; ``reasoning_parser`` too, as ``vllm serve`` gives it to its engine, where
+        a grammar waits for the reasoning's end), and vLLM's own arguments."""
+        frontend = {"runner", "task", "chat_template", "tool_call_parser", "enable_auto_tool_choice"}
         shared = self.model_dump(
-            include=self.model_fields_set - {"runner", "task", "chat_template", "vllm_arguments"},
-            exclude_none=True,
+            include=self.model_fields_set - frontend - {"vllm_arguments"}, exclude_none=True
         )
         return {**shared, "max_num_seqs": self.max_num_seqs, **self.vllm_arguments}
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from app_toolkit.llm.engine import Sampling
 from app_toolkit.llm.openai_shapes import ChatMessage, JSONObject, ModelEntry
@@ -56,8 +56,9 @@ class Generation:
     response_format: Mapping[str, object] | StructuredOutputs | None = None
     tools: tuple[JSONObject, ...] = ()
     tool_choice: str | Mapping[str, object] | None = None
-    #: Several tool calls in one reply (OpenAI's default); one unless the request says so.
-    parallel_tool_calls: bool = False
+    #: Several tool calls in one reply (OpenAI's default): the grammar allows one unless the
+    #: request says true; None: not said (vLLM's parsers then keep every call they find).
+    parallel_tool_calls: bool | None = None
     #: ``time.time()`` when the ingress took the request: the framework's share of TTFT.
     received_at: float = 0.0
     #: More variables for the chat template (vLLM's ``chat_template_kwargs``).
@@ -68,6 +69,10 @@ class Generation:
     continue_final_message: bool = False
     #: Replies to the prompt, each its own choice (OpenAI's ``n``).
     n: int = 1
+    #: How vLLM's parsers (``engine_kwargs.tool_call_parser``, ``reasoning_parser``) read
+    #: the replies, where the model has them: "whole" (the ingress reads the reply whole) or
+    #: "streamed", as ``vllm serve``'s chat completions read them; "": not read (completions).
+    parse: Literal["", "whole", "streamed"] = ""
     #: A completion of several prompts (``prompt`` unused then): prompt ``i``'s ``n``
     #: choices are numbered from ``i * n``.
     prompts: tuple[str | tuple[int, ...], ...] = ()
@@ -87,8 +92,8 @@ class TokenLogprob:
 @dataclass(frozen=True, slots=True)
 class Delta:
     """A piece of a reply. The first has no text and counts the prompt; the last carries
-    why the reply ended and how many tokens it took; those between carry text or tool-call
-    fragments (OpenAI's ``delta.tool_calls`` items)."""
+    why the reply ended and how many tokens it took; those between carry text, reasoning or
+    tool-call fragments (OpenAI's ``delta.tool_calls`` items)."""
 
     text: str = ""
     tool_calls: tuple[Fragment, ...] = ()
@@ -101,6 +106,8 @@ class Delta:
     index: int = 0
     #: With the finish reason: the stop string or stop token id that ended the reply (vLLM's).
     stop_reason: str | int | None = None
+    #: The model's reasoning, split from its text by vLLM's reasoning parser (vLLM's field).
+    reasoning: str = ""
 
 
 @dataclass(frozen=True, slots=True)

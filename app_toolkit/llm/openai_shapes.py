@@ -84,12 +84,14 @@ class UnsetFields(TypedDict, total=False):
 
 
 class AssistantMessage(TypedDict):
-    """A chat choice's ``message``: text, or tool calls (``content`` null)."""
+    """A chat choice's ``message``: text, or tool calls (``content`` null); with vLLM's
+    ``reasoning`` where its reasoning parser found some."""
 
     role: str
     content: str | None
     refusal: None
     tool_calls: NotRequired[list[ToolCall]]
+    reasoning: NotRequired[str]
 
 
 class ChatChoice(TypedDict):
@@ -116,11 +118,13 @@ class ChatCompletion(TypedDict):
 
 
 class ChatChunkDelta(TypedDict, total=False):
-    """A ``chat.completion.chunk`` choice's ``delta``: the role first, then text or
-    tool-call fragments (passed on as the model's replica made them); empty at the end."""
+    """A ``chat.completion.chunk`` choice's ``delta``: the role first, then text, vLLM's
+    ``reasoning`` or tool-call fragments (passed on as the model's replica made them);
+    empty at the end."""
 
     role: str
     content: str
+    reasoning: str
     tool_calls: Sequence[Mapping[str, object]]
 
 

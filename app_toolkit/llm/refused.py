@@ -3,8 +3,9 @@
 The rule is Ray Serve's (``config/ray_serve_only.py``): a field is accepted only at the
 value that means "not used", then dropped; any other value fails naming the field and
 what to do instead. These are the tables it reads for ``app_toolkit.llm``'s schemas.
-Where Ray takes any key (``engine_kwargs``, ``experimental_configs``), a key in neither
-the table nor the schema is refused by :func:`refuse_unknown`.
+Where Ray takes any key (``experimental_configs``), a key in neither the table nor the
+schema is refused by :func:`refuse_unknown`; ``engine_kwargs`` are vLLM's arguments,
+checked by ``engine_options.py``.
 """
 
 from __future__ import annotations
@@ -13,9 +14,6 @@ from collections.abc import Iterable, Mapping
 
 from app_toolkit.config.ray_serve_only import RayServeOnly, defaults, one_of
 from app_toolkit.config.schema import field_errors
-
-#: What a refused engine argument is called in its error, before what to do instead.
-VLLM_ARGUMENT = "a vLLM argument app_toolkit.llm's server does not take"
 
 _CALLBACK_BASE = (
     "ray.llm._internal.common.callbacks.base.CallbackBase",
@@ -66,16 +64,6 @@ RAY_SERVE_LLM_ONLY: dict[str, dict[str, RayServeOnly]] = {
             defaults(ingress_cls=_OPENAI_INGRESS, ingress_extra_kwargs=({}, None)),
             "the ingress is app_toolkit.llm's own; remove it (to serve other routes, write a "
             "deployment of your own beside build_openai_app's: docs/llm.md)",
-        ),
-    },
-    "engine_kwargs": {
-        "enable_auto_tool_choice": RayServeOnly(
-            one_of(True, None),  # true, as a Ray Serve LLM config with tools writes it
-            "tools are always served, enforced by constrained decoding (docs/llm.md); remove it",
-        ),
-        "tool_call_parser": RayServeOnly(
-            one_of(None),
-            "tool calls are produced by constrained decoding, not parsed from text; remove it",
         ),
     },
 }

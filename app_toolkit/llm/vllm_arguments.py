@@ -103,3 +103,26 @@ def unknown_arguments(names: list[str]) -> dict[str, str]:
         elif name not in engine:
             problems[name] = f"Unknown engine argument: {name} (vLLM {version()}); remove it or correct it"
     return problems
+
+
+def unknown_parsers(
+    tool_call_parser: str | None = None, reasoning_parser: str | None = None
+) -> dict[str, str]:
+    """Per parser argument naming a parser vLLM does not have, why, with the names it has
+    (vLLM refuses them as its server starts). Imports vLLM's parser registries (seconds);
+    empty when they cannot be imported here (the replica, where the parsers run, checks
+    again)."""
+    try:
+        from vllm.reasoning import ReasoningParserManager
+        from vllm.tool_parsers import ToolParserManager
+    except Exception:  # noqa: BLE001 - vLLM's import fails many ways; the replica's start names it
+        return {}
+    registered = {
+        "tool_call_parser": (tool_call_parser, ToolParserManager.list_registered()),
+        "reasoning_parser": (reasoning_parser, ReasoningParserManager.list_registered()),
+    }
+    return {
+        argument: f"vLLM {version()} has no {argument} {name!r}; name one of: {', '.join(sorted(names))}"
+        for argument, (name, names) in registered.items()
+        if name and name not in names
+    }

@@ -584,7 +584,8 @@ def test_special_tokens_show_in_the_reply_only_when_not_skipped(client: openai.O
 @pytest.mark.parametrize(
     ("change", "named"),
     [
-        ({"engine_kwargs.tool_call_parser": "hermes"}, "engine_kwargs.tool_call_parser"),
+        # vLLM's rule: auto tool choice needs a tool-call parser.
+        ({"engine_kwargs.enable_auto_tool_choice": True}, "engine_kwargs.enable_auto_tool_choice"),
         ({"server_cls": "my.servers:Server"}, "server_cls"),
     ],
     ids=["engine-kwarg", "llm-config-field"],

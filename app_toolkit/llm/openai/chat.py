@@ -44,12 +44,13 @@ def generation(request: ChatCompletionRequest, received_at: float) -> Generation
         response_format=reply_format_asked(request.response_format, request.structured_outputs),
         tools=tuple(request.tools or ()),
         tool_choice=request.tool_choice,
-        parallel_tool_calls=bool(request.parallel_tool_calls),
+        parallel_tool_calls=request.parallel_tool_calls,
         received_at=received_at,
         n=request.n,
         template_kwargs=request.chat_template_kwargs,
         add_generation_prompt=request.add_generation_prompt,
         continue_final_message=request.continue_final_message,
+        parse="streamed" if request.stream else "whole",
     )
 
 
@@ -100,11 +101,15 @@ def reply_role(request: ChatCompletionRequest) -> str:
 
 
 def _message(whole: Whole, role: str) -> AssistantMessage:
+    """A choice's message: its text (null beside tool calls or reasoning when it has none,
+    as vLLM's parsers leave it) and tool calls, and vLLM's ``reasoning`` when it has some."""
     message: AssistantMessage = {"role": role, "content": whole.text or None, "refusal": None}
     if whole.tool_calls:
         message["tool_calls"] = whole.tool_calls
-    else:
+    elif not whole.reasoning:
         message["content"] = whole.text
+    if whole.reasoning:
+        message["reasoning"] = whole.reasoning
     return message
 
 
@@ -137,10 +142,16 @@ def streamed(
         return f"{head}[{dumps(choice)}]{tail}"
 
     def piece(delta: Delta) -> str | None:
+        shown: ChatChunkDelta = {}
+        if delta.reasoning:
+            shown["reasoning"] = delta.reasoning
+        if delta.text or not (delta.reasoning or delta.tool_calls):
+            shown["content"] = delta.text
         if delta.tool_calls:
-            calls: ChatChunkDelta = {"tool_calls": list(delta.tool_calls)}
-            return chunk({"content": delta.text, **calls} if delta.text else calls, delta.index, of=delta)
-        return chunk({"content": delta.text}, delta.index, of=delta) if delta.text or delta.logprobs else None
+            shown["tool_calls"] = list(delta.tool_calls)
+        if delta.text or delta.reasoning or delta.tool_calls or delta.logprobs:
+            return chunk(shown, delta.index, of=delta)
+        return None
 
     def last(delta: Delta) -> list[str]:
         chunks = [chunk({}, delta.index, delta.finish_reason, delta)]

@@ -50,6 +50,8 @@ class Whole:
 
     text: str = ""
     tool_calls: list[ToolCall] = field(default_factory=list)
+    #: vLLM's reasoning parser's part of the reply ("": none).
+    reasoning: str = ""
     prompt_tokens: int = 0
     completion_tokens: int = 0
     finish_reason: str = "stop"
@@ -58,7 +60,7 @@ class Whole:
 
 
 async def read_whole(first: Delta, stream: Stream) -> Whole:
-    """The reply's text and tool calls, joined (tool-call fragments merged by index)."""
+    """The reply's text, reasoning and tool calls, joined (tool-call fragments merged by index)."""
     return (await read_choices(first, stream, 1))[0]
 
 
@@ -67,10 +69,12 @@ async def read_choices(first: Delta, stream: Stream, count: int) -> list[Whole]:
     prompt tokens of the whole request, as its usage does)."""
     wholes = [Whole(prompt_tokens=first.prompt_tokens) for _ in range(count)]
     texts: list[list[str]] = [[] for _ in wholes]
+    reasonings: list[list[str]] = [[] for _ in wholes]
     try:
         async for delta in stream:
             whole = wholes[delta.index]
             texts[delta.index].append(delta.text)
+            reasonings[delta.index].append(delta.reasoning)
             whole.logprobs.extend(delta.logprobs)
             for fragment in delta.tool_calls:
                 _merge(whole.tool_calls, fragment)
@@ -82,8 +86,9 @@ async def read_choices(first: Delta, stream: Stream, count: int) -> list[Whole]:
         raise as_openai_error(exc) from None
     finally:
         stream.cancel()  # a client that left early stops the model's work too
-    for whole, pieces in zip(wholes, texts, strict=True):
+    for whole, pieces, reasoning in zip(wholes, texts, reasonings, strict=True):
         whole.text = "".join(pieces)
+        whole.reasoning = "".join(reasoning)
     return wholes
 
 

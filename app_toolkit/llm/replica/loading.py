@@ -106,6 +106,9 @@ def _vllm_missing(config: LLMConfig) -> str:
     """Why a config that only vLLM can serve cannot run here, and the fix."""
     given = vllm_arguments.only_vllm(config.engine_kwargs.vllm_arguments)
     why = [f"engine_kwargs {', '.join(given)} (vLLM's own engine arguments)"] if given else []
+    parsers = config.engine_kwargs.parsers
+    if parsers:
+        why.append(f"engine_kwargs {', '.join(parsers)} (vLLM's parsers)")
     if config.accelerator_type is not None:
         why.append(
             f"accelerator_type {config.accelerator_type!r} (the {config.engine_name} engine computes "

@@ -84,9 +84,11 @@ class ReplyStream:
         request = EngineRequest(self._prompt, self._sampling, constraint, self._adapter, on_slot, on_prompt)
         tokens = self._engine.generate(request)
         logprobs: list[TokenLogprob] = []  # of the tokens since the last piece sent
+        unread: list[int] = []  # the tokens whose text the structure has not read yet
         try:
             async for produced in tokens:
                 token = produced.id
+                unread.append(token)
                 if produced.logprobs is not None:
                     logprobs.append(self._shown(token, produced.logprobs))
                 self.produced += 1
@@ -103,7 +105,8 @@ class ReplyStream:
                         continue
                 text = stops.feed(detokenizer.feed(token), self.produced > self._sampling.min_tokens)
                 if text:
-                    held.extend(self._shaped(text))
+                    held.extend(self._shaped(text, unread))
+                    unread = []
                 if stops.stopped:
                     break
                 if held and (not sent or now - flushed >= self._interval_s):
@@ -120,11 +123,11 @@ class ReplyStream:
                     finish = "length"
             tail = stops.feed(detokenizer.flush()) + stops.flush() if not stops.stopped else ""
             if tail:
-                held.extend(self._shaped(tail))
+                held.extend(self._shaped(tail, unread))
+                unread = []
             if structure is not None:
-                held.extend(structure.finish())
-                if structure.called:
-                    finish = "tool_calls" if finish == "stop" else finish
+                held.extend(structure.finish(unread))
+                finish = structure.finish_reason(finish)
             if held:
                 yield _joined(held, logprobs)
                 logprobs = []
@@ -162,10 +165,10 @@ class ReplyStream:
             ),
         )
 
-    def _shaped(self, text: str) -> list[Delta]:
+    def _shaped(self, text: str, token_ids: Sequence[int]) -> list[Delta]:
         if self._structure is None:
             return [Delta(text=text)]
-        return self._structure.feed(text)
+        return self._structure.feed(text, token_ids)
 
 
 def _detokenizer(engine: TextEngine, prompt: Sequence[int], generation: Generation) -> Detokenizer:
@@ -192,8 +195,8 @@ def _text(raw: bytes) -> str:
 
 def _joined(deltas: list[Delta], logprobs: list[TokenLogprob]) -> Delta:
     """Pieces held by the stream's pace, sent as one with the log-probabilities of their
-    tokens: text joined, and tool-call fragments of one call (one ``index``) merged into
-    one, as OpenAI's clients expect a chunk's."""
+    tokens: text and reasoning joined, and tool-call fragments of one call (one ``index``)
+    merged into one, as OpenAI's clients expect a chunk's."""
     if len(deltas) == 1 and len(deltas[0].tool_calls) < 2:
         return dataclasses.replace(deltas[0], logprobs=tuple(logprobs)) if logprobs else deltas[0]
     calls: dict[int, Fragment] = {}
@@ -206,6 +209,7 @@ def _joined(deltas: list[Delta], logprobs: list[TokenLogprob]) -> Delta:
         merged["function"]["arguments"] = (merged["function"].get("arguments") or "") + arguments
     return Delta(
         text="".join(d.text for d in deltas),
+        reasoning="".join(d.reasoning for d in deltas),
         tool_calls=tuple(calls[i] for i in sorted(calls)),
         logprobs=tuple(logprobs),
     )

@@ -28,6 +28,7 @@ from app_toolkit.llm.openai_shapes import JSONObject
 from app_toolkit.llm.protocol import TokenizeRequest, text_content
 from app_toolkit.llm.replica.choices import merged, seeded
 from app_toolkit.llm.replica.loading import chat_template_text, engine_for
+from app_toolkit.llm.replica.parsers import ReplyParsers, check_installed
 from app_toolkit.llm.replica.reply_stream import ReplyStream
 from app_toolkit.llm.replica.shaping import (
     Structure,
@@ -75,6 +76,7 @@ class LLMServer:
         if given is not None and engine.task == "embed":
             raise ConfigError(f"{self._model}: engine_kwargs.{_NO_TEMPLATE}")
         template = None if given is None else chat_template_text(given)  # before the weights load
+        check_installed(llm_config)  # vLLM's parsers: before the weights load too
         # In a worker thread: the replica's event loop keeps answering (health checks; on
         # the local backend, every other part of the process) while the weights load.
         await asyncio.to_thread(self._engine.load)
@@ -83,6 +85,15 @@ class LLMServer:
                 await engine.close()
                 raise ConfigError(f"{self._model}: engine_kwargs.{_NO_TEMPLATE} ({engine.name} engine)")
             engine.tokenizer.chat_template = template
+        self._parsers: ReplyParsers | None = None
+        if llm_config.engine_kwargs.parsers:
+            if engine.tokenizer is None:
+                await engine.close()
+                raise ConfigError(
+                    f"{self._model}: engine_kwargs {', '.join(llm_config.engine_kwargs.parsers)} need a "
+                    f"chat model with a tokenizer ({engine.name} engine): remove them"
+                )
+            self._parsers = ReplyParsers(llm_config, engine.tokenizer)
         self._card = ModelCard(
             id=self._model,
             kind=engine.task,
@@ -211,6 +222,9 @@ class LLMServer:
         ]
         count = len(asked) * generation.n
         structures: list[Structure | None] = [None] * count
+        # vLLM's parsers read a chat reply (parsers.py); "auto" tool calls are then parsed
+        # from free text, not made by the grammar.
+        parsed_calls = self._parsers is not None and self._parsers.parses_calls(generation)
         if generation.response_format is not None or generation.tools or generation.tool_choice is not None:
             # Checked before the prompt is built from the tools; a grammar compiles in a
             # worker thread (llguidance's first view of a tokenizer takes a fraction of a
@@ -220,12 +234,18 @@ class LLMServer:
                 engine.tokenizer,
                 generation.response_format,
                 generation.tools,
-                generation.tool_choice,
-                generation.parallel_tool_calls,
+                "none" if parsed_calls else generation.tool_choice,
+                bool(generation.parallel_tool_calls),
                 count,
                 "" if able.structured else engine.name,
             )
-        prompts = [self._prompt(engine, one) for one in asked]
+        reading = None if self._parsers is None else self._parsers.reading(generation)
+        prompts = [self._prompt(engine, one, as_given=reading is not None) for one in asked]
+        if reading is not None:  # a chat request: one prompt
+            generation = asked[0] = reading.generation
+            structures = [
+                reading.structure(None if one is None else one.constraint, prompts[0]) for one in structures
+            ]
         samplings = [
             self._fitted(engine, one, len(prompt)) for one, prompt in zip(asked, prompts, strict=True)
         ]
@@ -330,13 +350,16 @@ class LLMServer:
             raise bad_parameter("model", f"{self._model!r} generates text; it does not make embeddings.")
         return engine
 
-    def _prompt(self, engine: TextEngine, generation: Generation) -> list[int]:
+    def _prompt(self, engine: TextEngine, generation: Generation, as_given: bool = False) -> list[int]:
+        """The prompt's token ids. A conversation whose replies vLLM's parsers read goes to the
+        chat template ``as_given``, with its tools, as vLLM renders it; otherwise, where the
+        template shows no tools, they are described to the model (``prompt_messages``)."""
         if generation.messages:
             tools = list(generation.tools)
-            shown = template_takes_tools(engine.tokenizer)
+            shown = as_given or template_takes_tools(engine.tokenizer)
             texts = _text_messages(generation.messages)
             checked_calls(texts)
-            messages = prompt_messages(texts, tools, shown)
+            messages = texts if as_given else prompt_messages(texts, tools, shown)
             return _templated(
                 engine,
                 messages,

