@@ -57,6 +57,9 @@ class ReplicaStatusInfo:
     code_version: str
     node_id: str = ""  # the Ray node it runs on, once started ("" on the local backend)
     models: tuple[str, ...] = ()  # multiplexed models it holds, least recently used first
+    #: Its newest ``record_routing_stats()`` result, as routers read it (empty: none yet;
+    #: an ``app_toolkit.llm`` model replica's name its engine).
+    routing_stats: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import pickle
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from app_toolkit._runtime.compact import compact
 from app_toolkit.config import AutoscalingPolicy, DeploymentConfig
@@ -50,6 +51,10 @@ class ReplicaInfo:
     #: Its newest routing stats (its ``record_routing_stats()``) as JSON, as it last
     #: reported them ("": none yet); request routers read them (``RunningReplica``).
     routing_stats: str = ""
+
+    def stats(self) -> dict[str, Any]:
+        """Its newest routing stats, read (empty: none yet)."""
+        return dict(json.loads(self.routing_stats)) if self.routing_stats else {}
 
 
 @compact

@@ -383,6 +383,24 @@ def test_health_and_version_answer_as_vllms(module_toolkit: Toolkit, served: ope
         assert client.get(PREFIX + "/version").json() == {"version": tk.__version__}
 
 
+def test_status_names_the_engine_each_model_replica_runs(
+    module_toolkit: Toolkit, served: openai.OpenAI
+) -> None:
+    """Which engine runs is never silent: each model replica's routing stats name it."""
+
+    def engines() -> dict[str, set[object]]:
+        found: dict[str, set[object]] = {}
+        for app in tk.status().applications.values():
+            for name, deployment in app.deployments.items():
+                if name.startswith("LLMServer"):
+                    found[name] = {replica.routing_stats.get("engine") for replica in deployment.replicas}
+        return found
+
+    # The first sample is taken as a replica starts; it reaches the controller with the
+    # replica's next load report.
+    wait_for(lambda: len(engines()) == 2 and all(seen == {"echo"} for seen in engines().values()), 20)
+
+
 def test_tokenize_and_detokenize(module_toolkit: Toolkit, served: openai.OpenAI) -> None:
     with module_toolkit.client() as client:
         tokens = client.post(PREFIX + "/tokenize", json={"model": ECHO, "prompt": "hé"}).json()

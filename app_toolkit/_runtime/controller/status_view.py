@@ -59,6 +59,7 @@ def deployment_status(
                 r.version,
                 r.info.node_id if r.info else "",
                 r.info.models if r.info else (),
+                r.info.stats() if r.info else {},
             )
             for r in state.replicas.values()
         ],

@@ -4,9 +4,9 @@ Ray Serve's hook: a deployment class may define ``record_routing_stats(self)``, 
 async, returning ``dict[str, Any]``. The replica calls it every
 ``request_router_config.request_routing_stats_period_s``, each call bounded by
 ``request_routing_stats_timeout_s`` (``hook_sampler.py``: one call at a time, problems
-logged once and skipped), while its deployment has a request router (the callers' own
-power of two choices reads none). A result must be JSON of at most ``MAX_STATS_BYTES``:
-it travels in the replica tables to every caller.
+logged once and skipped), whatever its deployment's router, as Ray Serve's controller
+calls it (``status()`` shows the newest result too). A result must be JSON of at most
+``MAX_STATS_BYTES``: it travels in the replica tables to every caller.
 
 The newest result waits here until the process's next load report takes it to the
 controller (``TableSubscriber.add_stats``), which writes it into the replica's table
@@ -27,6 +27,7 @@ from app_toolkit._runtime.messages import DeploymentID
 from app_toolkit._runtime.replica.hook_sampler import HookSampler
 from app_toolkit._runtime.tables import ReplicaRoutingStats
 from app_toolkit.config import DeploymentConfig
+from app_toolkit.config.request_router import RequestRouterConfig
 
 #: The user's method (Ray Serve's name).
 METHOD = "record_routing_stats"
@@ -65,8 +66,7 @@ class RoutingStats:
         return callable(getattr(instance, METHOD, None))
 
     def update(self, config: DeploymentConfig) -> None:
-        """The replica's new options, changed in place: the period and timeout may change,
-        and a request router named (or dropped) starts (or pauses) the calls."""
+        """The replica's new options, changed in place: the period and timeout may change."""
         self.config = config
         self._sampler.wake()
 
@@ -86,9 +86,7 @@ class RoutingStats:
         return ReplicaRoutingStats(self.replica_id, self.deployment, self.latest, next(self._samples))
 
     def _schedule(self) -> tuple[float, float] | None:
-        routing = self.config.request_router_config
-        if routing is None or routing.is_default:  # power of two choices: no router reads them
-            return None
+        routing = self.config.request_router_config or RequestRouterConfig()  # Ray's defaults
         return routing.request_routing_stats_period_s, routing.request_routing_stats_timeout_s
 
     def _keep(self, value: object, now: float) -> str:

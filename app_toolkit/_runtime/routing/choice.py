@@ -320,9 +320,8 @@ class ReplicaChooser:
 
 def _running(info: ReplicaInfo) -> RunningReplica:
     """``info`` as request routers see it (made once per table that changes it)."""
-    stats = json.loads(info.routing_stats) if info.routing_stats else {}
     return RunningReplica(
-        info.replica_id, info.node_id, info.max_ongoing_requests, frozenset(info.models), stats
+        info.replica_id, info.node_id, info.max_ongoing_requests, frozenset(info.models), info.stats()
     )
 
 

@@ -126,10 +126,11 @@ class LLMServer:
         autoscales (docs/llm.md, "Autoscaling on the engine's load"; :meth:`_load_stats`)."""
         return self._load_stats()
 
-    async def record_routing_stats(self) -> dict[str, float]:
-        """The engine's load as routing stats, sampled while the deployment has a request
-        router (the prefix-aware router reads them: docs/routing.md; :meth:`_load_stats`)."""
-        return self._load_stats()
+    async def record_routing_stats(self) -> dict[str, float | str]:
+        """The engine's load as routing stats (the prefix-aware router reads them:
+        docs/routing.md; :meth:`_load_stats`), and the ``engine`` that runs (its name, as
+        ``/v1/models``' ``owned_by`` tells it apart), which ``status()`` shows per replica."""
+        return {"engine": self._engine.name, **self._load_stats()}
 
     def _load_stats(self) -> dict[str, float]:
         """What the stats hooks report: replies ``running`` and ``waiting``, decode
