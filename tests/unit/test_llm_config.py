@@ -774,6 +774,24 @@ def test_which_engine_serves_a_config_with_vllm_installed_or_not() -> None:
         chosen(False, engine_kwargs={**pooling, "max_num_batched_tokens": 8})
 
 
+def test_a_vllm_outside_the_supported_range_fails_the_replica_naming_the_fix(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Not run on a vLLM whose argument classes and parsers may have moved."""
+    from app_toolkit.llm import vllm_arguments
+    from app_toolkit.llm.replica.loading import engine_for
+
+    for found, wrong in (("", False), ("0.32.0", False), ("0.32.1.dev3", False), ("0.29.0", True)):
+        monkeypatch.setattr(vllm_arguments, "version", lambda found=found: found)
+        assert bool(vllm_arguments.unsupported()) is wrong, found
+    monkeypatch.setattr(vllm_arguments, "available", lambda: True)
+    with pytest.raises(
+        tk.ConfigError,
+        match=r"smol: vLLM 0.29.0 is installed .* on vLLM 0.32.x only.* or set llm_engine: transformers",
+    ):
+        engine_for(LLMConfig.model_validate(_model()))
+
+
 def test_a_config_naming_vllms_parsers_fails_where_vllm_is_not_installed() -> None:
     """On either engine, before any weights load: the package to install is named."""
     from app_toolkit.llm.replica.loading import choose_engine

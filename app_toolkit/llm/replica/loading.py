@@ -39,6 +39,8 @@ def engine_for(config: LLMConfig) -> TextEngine | EmbeddingEngine:
     options = config.engine_options()
     installed = vllm_arguments.available()
     name = choose_engine(config, installed)
+    if name == "vllm" and (wrong := vllm_arguments.unsupported()):  # before any file is read
+        raise ConfigError(f"{config.model_id}: {wrong}")
     if name == "echo":
         return make_engine("echo", context_window=options.context_window or ECHO_WINDOW)
     files = config.model_files()
