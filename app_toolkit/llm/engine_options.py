@@ -145,7 +145,7 @@ class EngineKwargs(Strict):
         typed = {key: value for key, value in data.items() if key in cls.model_fields}
         others = {key: value for key, value in data.items() if key not in typed}
         wrong = vllm_arguments.refused(others) | _parallel_sizes(others)
-        if not wrong and others and vllm_arguments.available():  # vLLM's check (the replica's too)
+        if not wrong and others and vllm_arguments.usable():  # vLLM's check (the replica's too)
             wrong = vllm_arguments.unknown_arguments(sorted(others))
         if wrong:
             raise field_errors("engine_kwargs", {key: (others.get(key), wrong[key]) for key in wrong})
@@ -178,7 +178,7 @@ class EngineKwargs(Strict):
                 },
             )
         given = self.parsers
-        if given and vllm_arguments.available():
+        if given and vllm_arguments.usable():
             unknown = vllm_arguments.unknown_parsers(**given)
             if unknown:
                 raise field_errors("engine_kwargs", {key: (given[key], unknown[key]) for key in unknown})

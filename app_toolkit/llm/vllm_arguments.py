@@ -48,6 +48,12 @@ def available() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
+def usable() -> bool:
+    """Whether vLLM is installed here in the supported range, so that its own checks of
+    argument and parser names apply (outside it, the replica names the release to install)."""
+    return available() and not unsupported()
+
+
 def unsupported() -> str:
     """Why the installed vLLM cannot run the vLLM engine, and the fix ("": it can, or
     none is installed)."""

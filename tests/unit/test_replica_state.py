@@ -13,6 +13,7 @@ from app_toolkit._runtime.controller.deployment_state import (
     PublishGone,
     StartReplica,
     apply_event,
+    hold_routing_stats,
     replica_table,
 )
 from app_toolkit._runtime.controller.planning import plan
@@ -86,6 +87,21 @@ def test_a_started_replica_runs_and_is_published_with_its_first_check_within_a_p
     period = spec().config.health_check_period_s
     assert after.next_health_check == 5.0 + first_check_in("r1", period) and after.handle == "h"
     assert actions == [PublishReplicas()]
+
+
+def test_routing_stats_reported_before_the_start_is_told_go_into_its_table_entry() -> None:
+    """A replica's first load report may reach the controller before the backend says it
+    started: its stats wait in the record, not dropped (it sends them again only when
+    they change, or half a minute later)."""
+    state = DeploymentState(spec(num_replicas=1), {"s1": Replica("s1", "v1", launched_at=0.0)})
+    assert not hold_routing_stats(state, "s1", '{"engine":"echo"}')  # no table entry yet
+    assert not hold_routing_stats(state, "gone", "{}")  # a replica no longer known: dropped
+    apply_event(state, "s1", Started(info("s1"), "h", state.spec.config), now=1.0)
+    running_info = state.replicas["s1"].info
+    assert running_info is not None and running_info.routing_stats == '{"engine":"echo"}'
+    assert state.replicas["s1"].early_routing_stats == ""
+    assert [entry.routing_stats for entry in replica_table(state).replicas] == ['{"engine":"echo"}']
+    assert hold_routing_stats(state, "s1", '{"engine":"vllm"}')  # a change once it runs: a new table
 
 
 def test_replicas_started_together_get_their_first_checks_spread_over_half_a_period() -> None:

@@ -272,8 +272,12 @@ def hold_models(state: DeploymentState, replica_id: str, models: tuple[str, ...]
 
 
 def hold_routing_stats(state: DeploymentState, replica_id: str, stats: str) -> bool:
-    """A replica reported its routing stats (JSON); True if its table entry changed."""
+    """A replica reported its routing stats (JSON); True if its table entry changed. Its
+    load report may come before the backend tells of its start: then they wait for it."""
     replica = state.replicas.get(replica_id)
+    if replica is not None and replica.info is None:
+        state.replicas[replica_id] = dataclasses.replace(replica, early_routing_stats=stats)
+        return False
     if replica is None or replica.info is None or replica.info.routing_stats == stats:
         return False
     state.replicas[replica_id] = dataclasses.replace(

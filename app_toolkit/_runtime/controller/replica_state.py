@@ -58,6 +58,9 @@ class Replica:
     unplaced: str = ""
     unplaced_since: float = 0.0
     infeasible: bool = False
+    #: Routing stats it reported before the backend told of its start (JSON, at most
+    #: ``routing_stats.MAX_STATS_BYTES``): they go into its table entry at Started.
+    early_routing_stats: str = ""
 
     @property
     def serving(self) -> bool:
@@ -236,12 +239,16 @@ def replica_transition(
     """
     config = spec.config
     if isinstance(event, Started):
+        info = event.info
+        if replica.early_routing_stats and not info.routing_stats:
+            info = dataclasses.replace(info, routing_stats=replica.early_routing_stats)
         started = dataclasses.replace(
             replica,
-            info=event.info,
+            info=info,
+            early_routing_stats="",
             handle=event.handle,
             config=event.config,
-            node_id=event.info.node_id,
+            node_id=info.node_id,
             unplaced="",
             infeasible=False,
         )

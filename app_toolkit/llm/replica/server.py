@@ -80,20 +80,11 @@ class LLMServer:
         # In a worker thread: the replica's event loop keeps answering (health checks; on
         # the local backend, every other part of the process) while the weights load.
         await asyncio.to_thread(self._engine.load)
-        if template is not None:
-            if engine.tokenizer is None:
-                await engine.close()
-                raise ConfigError(f"{self._model}: engine_kwargs.{_NO_TEMPLATE} ({engine.name} engine)")
-            engine.tokenizer.chat_template = template
-        self._parsers: ReplyParsers | None = None
-        if llm_config.engine_kwargs.parsers:
-            if engine.tokenizer is None:
-                await engine.close()
-                raise ConfigError(
-                    f"{self._model}: engine_kwargs {', '.join(llm_config.engine_kwargs.parsers)} need a "
-                    f"chat model with a tokenizer ({engine.name} engine): remove them"
-                )
-            self._parsers = ReplyParsers(llm_config, engine.tokenizer)
+        try:
+            self._parsers = self._fitted_to_model(llm_config, template)
+        except BaseException:
+            await engine.close()  # a failed start lets go of the model (vLLM: its processes)
+            raise
         self._card = ModelCard(
             id=self._model,
             kind=engine.task,
@@ -103,6 +94,24 @@ class LLMServer:
             engine=engine.name,
         )
         logger.info("%s is served by the %s engine", self._model, self._engine.name)
+
+    def _fitted_to_model(self, config: LLMConfig, template: str | None) -> ReplyParsers | None:
+        """What needs the loaded model: the chat template set on its tokenizer, and vLLM's
+        parsers of its replies made (None: none named). ConfigError where neither fits."""
+        engine = self._engine
+        if template is not None:
+            if engine.tokenizer is None:
+                raise ConfigError(f"{self._model}: engine_kwargs.{_NO_TEMPLATE} ({engine.name} engine)")
+            engine.tokenizer.chat_template = template
+        named = config.engine_kwargs.parsers
+        if not named:
+            return None
+        if engine.tokenizer is None:
+            raise ConfigError(
+                f"{self._model}: engine_kwargs {', '.join(named)} need a chat model with a tokenizer "
+                f"({engine.name} engine): remove them"
+            )
+        return ReplyParsers(config, engine.tokenizer)
 
     async def __del__(self) -> None:
         """The replica stops: the engine lets go of its adapters and the model."""
