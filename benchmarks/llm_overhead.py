@@ -120,11 +120,18 @@ def summary(first_token_s: list[float], tokens: int, elapsed_s: float, cpu_s: fl
     }
 
 
+#: Replies whose connection failed, over the whole benchmark (when, which client, why).
+FAILED: list[str] = []
+
+
 async def clients_for(
     clients: int, duration_s: float, reply: Callable[[int, int], Awaitable[tuple[float, int]]]
 ) -> tuple[list[float], int, float]:
     """``clients`` loops calling ``reply(client, request)`` back to back until the deadline
-    (a reply under way then runs to its end): times to first token, tokens, seconds."""
+    (a reply under way then runs to its end): times to first token, tokens, seconds. A
+    reply whose connection fails (``httpx.TransportError``: closed without an answer, say)
+    is printed with its time and counted in :data:`FAILED`, and its client goes on: one
+    lost reply does not lose the run's figures (the run's line shows the count)."""
     first_token: list[float] = []
     received = 0
     deadline = time.monotonic() + duration_s
@@ -133,9 +140,15 @@ async def clients_for(
         nonlocal received
         request = 0
         while time.monotonic() < deadline:
-            first_s, tokens = await reply(client, request)
-            first_token.append(first_s)
-            received += tokens
+            sent = time.time()
+            try:
+                first_s, tokens = await reply(client, request)
+            except httpx.TransportError as exc:
+                FAILED.append(f"{time.strftime('%H:%M:%S', time.localtime(sent))} client {client}: {exc!r}")
+                print(f"  a reply failed: {FAILED[-1]}", flush=True)
+            else:
+                first_token.append(first_s)
+                received += tokens
             request += 1
 
     started = time.monotonic()

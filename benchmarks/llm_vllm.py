@@ -48,7 +48,7 @@ import httpx
 from app_toolkit.llm.engines import gguf_cache
 from app_toolkit.llm.model_source import resolve_model_source
 from benchmarks.http_overhead import free_port
-from benchmarks.llm_overhead import CONCURRENCY, MODEL, Load, _row, config_file, medians, toolkit_load
+from benchmarks.llm_overhead import CONCURRENCY, FAILED, MODEL, Load, _row, config_file, medians, toolkit_load
 
 ENGINE_KWARGS: dict[str, Any] = {
     "enforce_eager": True,
@@ -186,6 +186,7 @@ def main() -> None:
             f"{ours['tokens_per_s'] / theirs['tokens_per_s']:.2f}x, CPU per token "
             f"{ours['cpu_us_per_token'] / theirs['cpu_us_per_token']:.2f}x"
         )
+    print(f"replies whose connection failed: {len(FAILED)}" + "".join(f"\n  {line}" for line in FAILED))
 
 
 async def _runs(
