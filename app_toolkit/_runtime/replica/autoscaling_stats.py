@@ -17,12 +17,10 @@ import numbers
 from collections import deque
 
 from app_toolkit._runtime.messages import DeploymentID
-from app_toolkit._runtime.replica.hook_sampler import HookSampler
+from app_toolkit._runtime.replica.hook_sampler import StatsHook
 from app_toolkit._runtime.tables import ReplicaStats
 from app_toolkit.config import DeploymentConfig
 
-#: The user's method (Ray Serve's name).
-METHOD = "record_autoscaling_stats"
 #: How long one call may take (Ray Serve's RAY_SERVE_RECORD_AUTOSCALING_STATS_TIMEOUT_S).
 STATS_TIMEOUT_S = 10.0
 #: Samples kept for the next report at most (a report that is slow to come: a caller's
@@ -30,41 +28,19 @@ STATS_TIMEOUT_S = 10.0
 _KEPT = 100
 
 
-class AutoscalingStats:
-    """Samples one replica's ``record_autoscaling_stats()``; owns its sampler."""
+class AutoscalingStats(StatsHook):
+    """Samples one replica's ``record_autoscaling_stats()`` while its deployment autoscales
+    (``metrics_interval_s`` apart; autoscaling turned off in place pauses the calls); owns
+    its sampler."""
+
+    METHOD = "record_autoscaling_stats"
+    SKIPPED = "its custom metrics skip this sample"
 
     def __init__(
         self, instance: object, replica_id: str, deployment: DeploymentID, config: DeploymentConfig
     ) -> None:
-        self.replica_id = replica_id
-        self.deployment = deployment
-        self.config = config  # the replica's newest options (see ``update``)
         self._samples: deque[tuple[float, tuple[tuple[str, float], ...]]] = deque(maxlen=_KEPT)
-        self._sampler = HookSampler(
-            getattr(instance, METHOD),
-            f"{replica_id}: {METHOD}()",
-            self._schedule,
-            self._keep,
-            "its custom metrics skip this sample",
-        )
-
-    @staticmethod
-    def wanted(instance: object) -> bool:
-        """Whether a replica of ``instance`` may report custom metrics: it defines the
-        method (it is called while its deployment autoscales)."""
-        return callable(getattr(instance, METHOD, None))
-
-    def update(self, config: DeploymentConfig) -> None:
-        """The replica's new options, changed in place: ``metrics_interval_s`` may change,
-        and autoscaling turned on starts the calls, turned off pauses them."""
-        self.config = config
-        self._sampler.wake()
-
-    def start(self) -> None:
-        self._sampler.start()
-
-    async def stop(self) -> None:
-        await self._sampler.stop()
+        super().__init__(instance, replica_id, deployment, config)
 
     def take(self) -> ReplicaStats | None:
         """The samples since the last take, each with its age now (None: there are none)."""

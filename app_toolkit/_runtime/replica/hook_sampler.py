@@ -15,9 +15,12 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable
+from typing import ClassVar
 
+from app_toolkit._runtime.messages import DeploymentID
 from app_toolkit._runtime.replica.user_code import call_maybe_async, is_async
 from app_toolkit._runtime.waiting import wait_event
+from app_toolkit.config import DeploymentConfig
 
 logger = logging.getLogger("app_toolkit.replica")
 
@@ -122,3 +125,52 @@ class HookSampler:
         if problem != self._problem:
             self._problem = problem
             logger.warning("%s %s; %s", self._label, problem, self._skipped)
+
+
+class StatsHook:
+    """One replica's statistics hook: the user's method (``METHOD``, Ray Serve's name) and
+    the sampler that owns its calls. A subclass says when to call (``_schedule``, from the
+    replica's newest options) and what it keeps of a result (``_keep``)."""
+
+    #: The user's method.
+    METHOD: ClassVar[str]
+    #: What a skipped call means for the results' readers (the end of its log line).
+    SKIPPED: ClassVar[str]
+
+    def __init__(
+        self, instance: object, replica_id: str, deployment: DeploymentID, config: DeploymentConfig
+    ) -> None:
+        self.replica_id = replica_id
+        self.deployment = deployment
+        self.config = config  # the replica's newest options (see ``update``)
+        self._sampler = HookSampler(
+            getattr(instance, self.METHOD),
+            f"{replica_id}: {self.METHOD}()",
+            self._schedule,
+            self._keep,
+            self.SKIPPED,
+        )
+
+    @classmethod
+    def wanted(cls, instance: object) -> bool:
+        """Whether a replica of ``instance`` has the hook: it defines the method."""
+        return callable(getattr(instance, cls.METHOD, None))
+
+    def update(self, config: DeploymentConfig) -> None:
+        """The replica's new options, changed in place: the schedule is read again now."""
+        self.config = config
+        self._sampler.wake()
+
+    def start(self) -> None:
+        self._sampler.start()
+
+    async def stop(self) -> None:
+        await self._sampler.stop()
+
+    def _schedule(self) -> tuple[float, float] | None:
+        """(period, timeout) in seconds; None: no calls now."""
+        raise NotImplementedError
+
+    def _keep(self, value: object, now: float) -> str:
+        """Take one call's result; "" once kept, else the problem."""
+        raise NotImplementedError

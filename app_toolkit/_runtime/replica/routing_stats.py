@@ -24,13 +24,11 @@ import itertools
 import json
 
 from app_toolkit._runtime.messages import DeploymentID
-from app_toolkit._runtime.replica.hook_sampler import HookSampler
+from app_toolkit._runtime.replica.hook_sampler import StatsHook
 from app_toolkit._runtime.tables import ReplicaRoutingStats
 from app_toolkit.config import DeploymentConfig
 from app_toolkit.config.request_router import RequestRouterConfig
 
-#: The user's method (Ray Serve's name).
-METHOD = "record_routing_stats"
 #: The largest result taken, as compact JSON: every caller of the deployment gets each
 #: replica's stats with every table (counts and a few names fit many times over).
 MAX_STATS_BYTES = 4096
@@ -38,43 +36,21 @@ MAX_STATS_BYTES = 4096
 RESEND_S = 30.0
 
 
-class RoutingStats:
+class RoutingStats(StatsHook):
     """Samples one replica's ``record_routing_stats()``; owns its sampler."""
+
+    METHOD = "record_routing_stats"
+    SKIPPED = "request routers keep its last stats"
 
     def __init__(
         self, instance: object, replica_id: str, deployment: DeploymentID, config: DeploymentConfig
     ) -> None:
-        self.replica_id = replica_id
-        self.deployment = deployment
-        self.config = config  # the replica's newest options (see ``update``)
         #: The newest good result, as JSON ("": none yet).
         self.latest = ""
         self._taken = ""  # the result the last take sent
         self._taken_at = float("-inf")
         self._samples = itertools.count()
-        self._sampler = HookSampler(
-            getattr(instance, METHOD),
-            f"{replica_id}: {METHOD}()",
-            self._schedule,
-            self._keep,
-            "request routers keep its last stats",
-        )
-
-    @staticmethod
-    def wanted(instance: object) -> bool:
-        """Whether a replica of ``instance`` has routing stats: it defines the method."""
-        return callable(getattr(instance, METHOD, None))
-
-    def update(self, config: DeploymentConfig) -> None:
-        """The replica's new options, changed in place: the period and timeout may change."""
-        self.config = config
-        self._sampler.wake()
-
-    def start(self) -> None:
-        self._sampler.start()
-
-    async def stop(self) -> None:
-        await self._sampler.stop()
+        super().__init__(instance, replica_id, deployment, config)
 
     def take(self) -> ReplicaRoutingStats | None:
         """The newest result, if the controller should hear of it now: it changed since
