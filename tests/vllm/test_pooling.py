@@ -24,10 +24,7 @@ from app_toolkit.llm.model_source import resolve_model_source
 from tests.vllm.engines import loaded
 from tests.vllm.test_vllm_engine import START_S, _free_port
 
-pytestmark = [
-    pytest.mark.filterwarnings("ignore::DeprecationWarning"),
-    pytest.mark.filterwarnings("ignore:Unclosed context:ResourceWarning"),
-]
+pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
 #: vLLM's arguments on both sides: no compiling, float32, a small KV cache.
 ARGUMENTS = {"enforce_eager": True, "dtype": "float32", "kv_cache_memory_bytes": 1 << 28}

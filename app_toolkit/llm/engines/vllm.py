@@ -47,6 +47,9 @@ CPU_KV_CACHE_ENV = "VLLM_CPU_KVCACHE_SPACE"
 #: The name vLLM's Prometheus series are read under (``metrics.add_source``).
 METRICS_SOURCE = "vllm"
 
+#: How long a closing engine waits for vLLM's output handler to end once cancelled.
+OUTPUT_HANDLER_END_S = 5.0
+
 #: The log-probability given where vLLM gave none (vLLM's own stand-in for minus infinity).
 UNLIKELY = -9999.0
 
@@ -426,11 +429,26 @@ def sized(arguments: Mapping[str, object]) -> dict[str, object]:
 async def abort_and_stop(
     llm: AsyncLLM | None, request_ids: Collection[str], stop: Callable[[], None]
 ) -> None:
-    """Abort ``request_ids`` in ``llm`` (their streams end at once), then call ``stop``,
-    which shuts the engine down, in a thread (vLLM's shutdown waits for its processes)."""
-    if llm is not None and request_ids:
-        await llm.abort(list(request_ids))
+    """Abort ``request_ids`` in ``llm`` (their streams end at once), end its output handler,
+    then call ``stop``, which shuts the engine down, in a thread (vLLM's shutdown waits for
+    its processes)."""
+    if llm is not None:
+        if request_ids:
+            await llm.abort(list(request_ids))
+        await _end_output_handler(llm)
     await asyncio.to_thread(stop)
+
+
+async def _end_output_handler(llm: AsyncLLM) -> None:
+    """vLLM's shutdown stops its engine core before it cancels its output handler (a task
+    on the loop of the engine's first reply), which meanwhile fails on the stopped core and
+    logs "AsyncLLM output_handler failed" with a traceback at every stop. Cancelled first,
+    here, it ends quietly."""
+    handler: asyncio.Task[None] | None = getattr(llm, "output_handler", None)
+    if handler is None or handler.done() or handler.get_loop() is not asyncio.get_running_loop():
+        return  # never started, already ended, or not ours to wait for: vLLM cancels it
+    handler.cancel()
+    await asyncio.wait({handler}, timeout=OUTPUT_HANDLER_END_S)
 
 
 def start_engine(
