@@ -94,7 +94,7 @@ def test_the_package_has_no_import_circles() -> None:
 #: Outside the Ray backend, the one module that reads Ray: the vLLM engine hands the
 #: replica's placement group to vLLM's Ray executor (its engine core is a process of its own,
 #: which cannot find the group), as Ray Serve LLM does; only for a model on accelerators.
-RAY_READERS = {"app_toolkit.llm.engines.vllm"}
+RAY_READERS = {"app_toolkit.llm.engines.vllm_start"}
 
 
 def test_only_the_ray_backend_imports_ray() -> None:

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from .hf_tokenizer import TokenizerText
-from .vllm import abort_and_stop, kv_cache_said, sized, start_engine
+from .vllm_start import abort_and_stop, kv_cache_said, sized, start_engine
 
 if TYPE_CHECKING:
     from vllm.v1.engine.async_llm import AsyncLLM

@@ -1,0 +1,113 @@
+"""Starting and stopping vLLM's async engine in a model's replica, for both vLLM engines
+(``vllm.py``'s text engine and ``vllm_pooling.py``'s): the KV cache's default on a CPU,
+vLLM's series on ``/-/metrics``, the replica's placement group for Ray's executor, and a
+stop that ends the engine's replies and its output handler first."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from app_toolkit import metrics
+
+from . import prometheus_series
+
+if TYPE_CHECKING:
+    from vllm import AsyncEngineArgs
+    from vllm.config import VllmConfig
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+#: The KV cache a vLLM replica on a CPU takes where nothing says (bytes): vLLM's own default
+#: there is most of the machine's memory, so that two engines cannot start on one node.
+CPU_KV_CACHE_BYTES = 2 << 30
+#: The variable vLLM's CPU build reads its KV cache's size from (GiB).
+CPU_KV_CACHE_ENV = "VLLM_CPU_KVCACHE_SPACE"
+
+
+#: The name vLLM's Prometheus series are read under (``metrics.add_source``).
+METRICS_SOURCE = "vllm"
+
+#: How long a closing engine waits for vLLM's output handler to end once cancelled.
+OUTPUT_HANDLER_END_S = 5.0
+
+
+def kv_cache_sized(arguments: Mapping[str, object]) -> bool:
+    """Whether the user sized vLLM's KV cache (an argument, or vLLM's CPU variable)."""
+    return (
+        arguments.get("kv_cache_memory_bytes") is not None
+        or arguments.get("gpu_memory_utilization") is not None
+        or bool(os.environ.get(CPU_KV_CACHE_ENV))
+    )
+
+
+def kv_cache_said(arguments: Mapping[str, object]) -> str:
+    """The KV cache's size as the start-up log gives it."""
+    size = arguments.get("kv_cache_memory_bytes")
+    if isinstance(size, int | float):
+        return f"{int(size) / 2**30:.2f} GiB"
+    if os.environ.get(CPU_KV_CACHE_ENV):
+        return f"{os.environ[CPU_KV_CACHE_ENV]} GiB ({CPU_KV_CACHE_ENV})"
+    return "vLLM's default"
+
+
+def sized(arguments: Mapping[str, object]) -> dict[str, object]:
+    """vLLM's engine arguments with this toolkit's defaults: on a CPU, a KV cache of
+    :data:`CPU_KV_CACHE_BYTES` unless sized; no log line per request unless asked."""
+    from vllm.platforms import current_platform
+
+    given = dict(arguments)
+    if current_platform.is_cpu() and not kv_cache_sized(given):
+        given["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
+    given.setdefault("enable_log_requests", False)
+    return given
+
+
+async def abort_and_stop(
+    llm: AsyncLLM | None, request_ids: Collection[str], stop: Callable[[], None]
+) -> None:
+    """Abort ``request_ids`` in ``llm`` (their streams end at once), end its output handler,
+    then call ``stop``, which shuts the engine down, in a thread (vLLM's shutdown waits for
+    its processes)."""
+    if llm is not None:
+        if request_ids:
+            await llm.abort(list(request_ids))
+        await _end_output_handler(llm)
+    await asyncio.to_thread(stop)
+
+
+async def _end_output_handler(llm: AsyncLLM) -> None:
+    """vLLM's shutdown stops its engine core before it cancels its output handler (a task
+    on the loop of the engine's first reply), which meanwhile fails on the stopped core and
+    logs "AsyncLLM output_handler failed" with a traceback at every stop. Cancelled first,
+    here, it ends quietly."""
+    handler: asyncio.Task[None] | None = getattr(llm, "output_handler", None)
+    if handler is None or handler.done() or handler.get_loop() is not asyncio.get_running_loop():
+        return  # never started, already ended, or not ours to wait for: vLLM cancels it
+    handler.cancel()
+    await asyncio.wait({handler}, timeout=OUTPUT_HANDLER_END_S)
+
+
+def start_engine(
+    engine_args: AsyncEngineArgs, stat_loggers: Sequence[object] = ()
+) -> tuple[AsyncLLM, VllmConfig]:
+    """vLLM's ``AsyncLLM`` on ``engine_args`` (its engine core a process of its own), and its
+    config; vLLM's own series (``vllm:*``) go on ``/-/metrics``. With Ray's executor, vLLM's
+    workers go in the replica's placement group, as Ray Serve LLM's do: the engine core
+    cannot find the group itself."""
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    config = engine_args.create_engine_config()
+    if config.parallel_config.distributed_executor_backend == "ray":
+        import ray
+
+        config.parallel_config.placement_group = ray.util.get_current_placement_group()
+    llm = AsyncLLM.from_vllm_config(
+        config,
+        stat_loggers=list(stat_loggers) or None,
+        enable_log_requests=bool(engine_args.enable_log_requests),
+        disable_log_stats=engine_args.disable_log_stats,
+    )
+    metrics.add_source(METRICS_SOURCE, prometheus_series.series("vllm:"))
+    return llm, config
