@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, cast
 
 from app_toolkit.exceptions import ConfigError
 from app_toolkit.llm import vllm_arguments
@@ -30,8 +30,16 @@ from app_toolkit.llm.config import LLMConfig
 from app_toolkit.llm.engine import Constraint
 from app_toolkit.llm.errors import bad_parameter
 from app_toolkit.llm.events import Delta, Generation
+from app_toolkit.llm.openai_shapes import JSONObject
 
 if TYPE_CHECKING:
+    from vllm.entrypoints.generate.base.protocol import FunctionCall
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+    from vllm.parser import Parser
+    from vllm.tokenizers import TokenizerLike
+    from vllm.tokenizers.hf import HfTokenizer
+    from vllm.tool_parsers.abstract_tool_parser import Tool
+
     from app_toolkit.llm.replica.shaping import Structure
     from app_toolkit.llm.tool_calls import Fragment
 
@@ -65,13 +73,15 @@ class ReplyParsers:
     """vLLM's parsers of one model's chat replies, composed as vLLM composes them
     (``ParserManager.get_parser``, which checks the names and the tokenizer)."""
 
-    def __init__(self, config: LLMConfig, tokenizer: Any) -> None:
+    def __init__(self, config: LLMConfig, tokenizer: HfTokenizer) -> None:
         from vllm.parser import ParserManager
         from vllm.tokenizers.hf import get_cached_tokenizer
 
         # vLLM's server hands its parsers this copy: each parser reads the vocabulary, which
         # a plain Hugging Face tokenizer builds anew at every call (a dict per parser made).
-        tokenizer = get_cached_tokenizer(tokenizer)
+        # (vLLM's protocol, TokenizerLike, is what its parsers read; its types do not count its
+        # Hugging Face tokenizers as one.)
+        cached = cast("TokenizerLike", get_cached_tokenizer(tokenizer))
 
         kwargs = config.engine_kwargs
         self._model = config.model_id
@@ -81,11 +91,11 @@ class ReplyParsers:
                 reasoning_parser_name=kwargs.reasoning_parser or None,
                 enable_auto_tools=kwargs.enable_auto_tool_choice,
                 model_name=config.model_id,
-                tokenizer=tokenizer,
+                tokenizer=cached,
             )
         except TypeError as exc:  # vLLM's words: a name it has not registered, a tokenizer it cannot read
             raise ConfigError(f"{config.model_id}: engine_kwargs: {exc}") from None
-        self._tokenizer = tokenizer
+        self._tokenizer = cached
         #: tool_choice "auto" replies are parsed for calls (tool_call_parser alone does not, in vLLM).
         self.auto_tools = self._class is not None and self._class.tool_parser_cls is not None
 
@@ -101,7 +111,8 @@ class ReplyParsers:
         # Adjusted as vLLM's renderer adjusts it (its online_renderer.py).
         request = _request(self._model, generation)
         if cls.always_adjust_request or cls.reasoning_parser_cls is not None or request.tool_choice != "none":
-            request = self.parser(request, generation.template_kwargs).adjust_request(request)
+            adjusted = self.parser(request, generation.template_kwargs).adjust_request(request)
+            request = cast("ChatCompletionRequest", adjusted)  # the request's own class, adjusted
         return Reading(self, request, generation, parsed_calls)
 
     def parses_calls(self, generation: Generation) -> bool:
@@ -114,10 +125,11 @@ class ReplyParsers:
             and generation.tool_choice in (None, "auto")
         )
 
-    def parser(self, request: Any, template_kwargs: object) -> Any:
+    def parser(self, request: ChatCompletionRequest, template_kwargs: JSONObject | None) -> Parser:
         """A new parser (one per reply: they keep the reply's state)."""
         assert self._class is not None  # reading() returns None without one
-        return self._class(self._tokenizer, request.tools, chat_template_kwargs=template_kwargs or {})
+        tools: list[Tool] | None = list(request.tools) if request.tools is not None else None
+        return self._class(self._tokenizer, tools, chat_template_kwargs=template_kwargs or {})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,7 +138,7 @@ class Reading:
     adjusted it) and whether the replies are parsed for tool calls."""
 
     parsers: ReplyParsers
-    request: Any  # vLLM's ChatCompletionRequest
+    request: ChatCompletionRequest
     asked: Generation
     parsed_calls: bool
 
@@ -145,7 +157,7 @@ class Reading:
         return ParsedReply(parser, self, constraint, list(prompt))
 
 
-def _request(model: str, generation: Generation) -> Any:
+def _request(model: str, generation: Generation) -> ChatCompletionRequest:
     """vLLM's ChatCompletionRequest of ``generation``'s fields the parsers read."""
     from pydantic import ValidationError
     from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
@@ -181,7 +193,7 @@ class ParsedReply:
     read whole."""
 
     def __init__(
-        self, parser: Any, reading: Reading, constraint: Constraint | None, prompt: list[int]
+        self, parser: Parser, reading: Reading, constraint: Constraint | None, prompt: list[int]
     ) -> None:
         self.constraint = constraint
         self._parser = parser
@@ -258,7 +270,7 @@ class ParsedReply:
         return [delta] if delta.text or delta.reasoning or delta.tool_calls else []
 
 
-def _whole_call(index: int, call: Any) -> Fragment:
+def _whole_call(index: int, call: FunctionCall) -> Fragment:
     """A parsed call (vLLM's FunctionCall) as one whole ``tool_calls`` fragment, its id
     vLLM's (the parser's, else a new one as vLLM makes it)."""
     from vllm.renderers.chat_utils import make_tool_call_id
