@@ -14,29 +14,30 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator
 
 import app_toolkit as tk
 from app_toolkit.exceptions import ConfigError
 from app_toolkit.llm import metrics
 from app_toolkit.llm.config import LLMConfig
-from app_toolkit.llm.engine import Adapters, EmbeddingEngine, EngineLoad, Sampling, TextEngine
+from app_toolkit.llm.engine import Adapters, EmbeddingEngine, EngineLoad, TextEngine
 from app_toolkit.llm.engines.adapters import AdapterNotFound, AdapterRefused
 from app_toolkit.llm.errors import OpenAIError, bad_parameter, unknown_model
 from app_toolkit.llm.events import Delta, Generation, ModelCard
-from app_toolkit.llm.openai_shapes import JSONObject
-from app_toolkit.llm.protocol import TokenizeRequest, text_content
+from app_toolkit.llm.protocol import TokenizeRequest
 from app_toolkit.llm.replica.choices import merged, seeded
 from app_toolkit.llm.replica.loading import chat_template_text, engine_for
 from app_toolkit.llm.replica.parsers import ReplyParsers, check_installed
 from app_toolkit.llm.replica.reply_stream import ReplyStream
-from app_toolkit.llm.replica.shaping import (
-    Structure,
-    checked_calls,
-    prompt_messages,
-    structures_for,
-    template_takes_tools,
+from app_toolkit.llm.replica.requests import (
+    check_ids,
+    check_sampling,
+    fitted,
+    prompt_ids,
+    templated,
+    text_messages,
 )
+from app_toolkit.llm.replica.shaping import Structure, structures_for
 from app_toolkit.multiplex import _ModelCache
 
 logger = logging.getLogger("app_toolkit.llm")
@@ -217,14 +218,8 @@ class LLMServer:
     async def _generated(
         self, engine: TextEngine, generation: Generation, adapter: str
     ) -> AsyncGenerator[Delta, None]:
-        sampling = generation.sampling  # its token ids are checked before the grammar and the prompt are made
+        check_sampling(engine, generation.sampling)  # before the grammar and the prompt are made
         able = engine.capabilities
-        if sampling.logprobs is not None and not able.logprobs:
-            raise bad_parameter("logprobs", f"The {engine.name} engine gives no log-probabilities.")
-        if sampling.stop_token_ids:
-            _check_ids(engine, sampling.stop_token_ids, "stop_token_ids")
-        if sampling.logit_bias:
-            _check_ids(engine, [token for token, _ in sampling.logit_bias], "logit_bias")
         # Each prompt (a completion's several, or the one) with its n choices, all checked
         # before any reply starts.
         asked = [dataclasses.replace(generation, prompt=one, prompts=()) for one in generation.prompts] or [
@@ -250,15 +245,13 @@ class LLMServer:
                 "" if able.structured else engine.name,
             )
         reading = None if self._parsers is None else self._parsers.reading(generation)
-        prompts = [self._prompt(engine, one, as_given=reading is not None) for one in asked]
+        prompts = [prompt_ids(engine, one, as_given=reading is not None) for one in asked]
         if reading is not None:  # a chat request: one prompt
             generation = asked[0] = reading.generation
             structures = [
                 reading.structure(None if one is None else one.constraint, prompts[0]) for one in structures
             ]
-        samplings = [
-            self._fitted(engine, one, len(prompt)) for one, prompt in zip(asked, prompts, strict=True)
-        ]
+        samplings = [fitted(engine, one, len(prompt)) for one, prompt in zip(asked, prompts, strict=True)]
         yield Delta(prompt_tokens=sum(len(prompt) for prompt in prompts))
         # Choice i * n + j: prompt i's j-th (seeded with the seed plus j, as vLLM's children).
         replies = [
@@ -297,7 +290,7 @@ class LLMServer:
             )
         # A text is tokenised once, here: its ids are counted, checked and sent.
         rows = [engine.encode(item) if isinstance(item, str) else item for item in inputs]
-        _check_ids(engine, [token for item in inputs if not isinstance(item, str) for token in item], "input")
+        check_ids(engine, [token for item in inputs if not isinstance(item, str) for token in item], "input")
         longest = max(len(row) for row in rows)
         if longest > engine.context_window:
             raise OpenAIError(
@@ -324,9 +317,9 @@ class LLMServer:
                     "continue_final_message",
                     "Cannot set both `continue_final_message` and `add_generation_prompt` to True.",
                 )
-            tokens = _templated(
+            tokens = templated(
                 text_engine,
-                _text_messages(request.messages),
+                text_messages(request.messages),
                 add_generation_prompt=opened,
                 continue_final_message=prefill,
             )
@@ -345,7 +338,7 @@ class LLMServer:
 
     def detokenize(self, tokens: list[int]) -> str:
         """The text of ``tokens``; an id outside the vocabulary is a 400 naming ``tokens``."""
-        _check_ids(self._engine, tokens, "tokens")
+        check_ids(self._engine, tokens, "tokens")
         return self._engine.decode(tokens)
 
     def _text_engine(self) -> TextEngine:
@@ -360,64 +353,6 @@ class LLMServer:
             raise bad_parameter("model", f"{self._model!r} generates text; it does not make embeddings.")
         return engine
 
-    def _prompt(self, engine: TextEngine, generation: Generation, as_given: bool = False) -> list[int]:
-        """The prompt's token ids. A conversation whose replies vLLM's parsers read goes to the
-        chat template ``as_given``, with its tools, as vLLM renders it; otherwise, where the
-        template shows no tools, they are described to the model (``prompt_messages``)."""
-        if generation.messages:
-            tools = list(generation.tools)
-            shown = as_given or template_takes_tools(engine.tokenizer)
-            texts = _text_messages(generation.messages)
-            checked_calls(texts)
-            messages = texts if as_given else prompt_messages(texts, tools, shown)
-            return _templated(
-                engine,
-                messages,
-                tools if shown and tools else None,
-                generation.template_kwargs,
-                add_generation_prompt=generation.add_generation_prompt,
-                continue_final_message=generation.continue_final_message,
-            )
-        if isinstance(generation.prompt, str):
-            return engine.encode(generation.prompt)
-        prompt = list(generation.prompt or ())
-        _check_ids(engine, prompt, "prompt")
-        return prompt
-
-    def _fitted(self, engine: TextEngine, generation: Generation, prompt_tokens: int) -> Sampling:
-        """The sampling with ``max_tokens`` cut to what the context window leaves; a prompt
-        that leaves nothing, or a ``max_tokens`` asked for beyond it, is a 400."""
-        window = engine.context_window
-        param = "messages" if generation.messages else "prompt"
-        requested = generation.sampling.max_tokens
-        if generation.max_tokens_given and requested > window:  # whatever the prompt, as vLLM says
-            raise bad_parameter(
-                "max_tokens",
-                f"max_tokens={requested} cannot be greater than max_model_len={window}. "
-                "Please request fewer output tokens.",
-            )
-        if prompt_tokens >= window or (generation.max_tokens_given and prompt_tokens + requested > window):
-            asked = f" and {requested} for the reply" if generation.max_tokens_given else ""
-            raise OpenAIError(
-                400,
-                f"This model's maximum context length is {window} tokens. However, you requested "
-                f"{prompt_tokens + (requested if generation.max_tokens_given else 0)} tokens "
-                f"({prompt_tokens} in the {param}{asked}). Shorten the {param} or lower max_tokens.",
-                "invalid_request_error",
-                "context_length_exceeded",
-                param,
-            )
-        room = window - prompt_tokens
-        if generation.sampling.min_tokens > min(room, requested):
-            raise bad_parameter(
-                "min_tokens",
-                f"min_tokens must be less than or equal to the {min(room, requested)} tokens the reply "
-                f"may take, got {generation.sampling.min_tokens}.",
-            )
-        if requested <= room:
-            return generation.sampling
-        return dataclasses.replace(generation.sampling, max_tokens=room)
-
 
 class _Adapter:
     """A loaded adapter, as the multiplexed cache holds it: evicted, it is detached once no
@@ -429,45 +364,3 @@ class _Adapter:
 
     async def aclose(self) -> None:
         self._adapters.unload(self.adapter_id)
-
-
-def _templated(
-    engine: TextEngine,
-    messages: Sequence[Mapping[str, object]],
-    tools: Sequence[Mapping[str, object]] | None = None,
-    template_kwargs: Mapping[str, object] | None = None,
-    *,
-    add_generation_prompt: bool,
-    continue_final_message: bool,
-) -> list[int]:
-    """The conversation through the engine's chat template. What the template refuses (its
-    own checks, such as the order of roles; a last message it cannot leave open) is a 400
-    naming ``messages``, or ``continue_final_message`` for the latter, as vLLM answers."""
-    try:
-        return engine.chat_prompt(
-            messages,
-            tools,
-            template_kwargs,
-            add_generation_prompt=add_generation_prompt,
-            continue_final_message=continue_final_message,
-        )
-    except ValueError as exc:
-        prefill = continue_final_message and "final message" in str(exc)
-        raise bad_parameter("continue_final_message" if prefill else "messages", str(exc)) from None
-
-
-def _text_messages(messages: Sequence[Mapping[str, object]]) -> list[JSONObject]:
-    """OpenAI messages with their content as text (parts joined); other part types refused."""
-    return [
-        {**message, "content": text_content(message["content"], f"messages[{index}].content")}
-        if isinstance(message.get("content"), list)
-        else dict(message)
-        for index, message in enumerate(messages)
-    ]
-
-
-def _check_ids(engine: TextEngine | EmbeddingEngine, tokens: Sequence[int], param: str) -> None:
-    """A 400 naming ``param`` when a token id is outside the model's vocabulary."""
-    size = engine.vocab_size
-    if any(not 0 <= token < size for token in tokens):
-        raise bad_parameter(param, f"This model's token ids run from 0 to {size - 1}.")
