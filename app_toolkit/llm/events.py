@@ -67,6 +67,8 @@ class Generation:
     add_generation_prompt: bool = True
     #: The reply goes on with the last message, left open (vLLM's option: a prefill).
     continue_final_message: bool = False
+    #: The reasoning a reasoning parser splits off is sent (vLLM's option; False: dropped).
+    include_reasoning: bool = True
     #: Replies to the prompt, each its own choice (OpenAI's ``n``).
     n: int = 1
     #: How vLLM's parsers (``engine_kwargs.tool_call_parser``, ``reasoning_parser``) read
@@ -108,6 +110,9 @@ class Delta:
     stop_reason: str | int | None = None
     #: The model's reasoning, split from its text by vLLM's reasoning parser (vLLM's field).
     reasoning: str = ""
+    #: With the finish reason, where a reasoning parser read the reply: its tokens that
+    #: parser counts as reasoning (vLLM's ``completion_tokens_details.reasoning_tokens``).
+    reasoning_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -104,6 +104,20 @@ class ChatChoice(TypedDict):
     stop_reason: NotRequired[str | int | None]  # vLLM's
 
 
+class CompletionTokensDetails(TypedDict):
+    reasoning_tokens: int
+
+
+class Usage(TypedDict):
+    """A reply's ``usage``: ``completion_tokens_details`` where a reasoning parser counted
+    the reasoning's tokens (vLLM's)."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+    completion_tokens_details: NotRequired[CompletionTokensDetails]
+
+
 class ChatCompletion(TypedDict):
     """A ``chat.completion`` object: the replies read whole."""
 
@@ -114,7 +128,7 @@ class ChatCompletion(TypedDict):
     choices: list[ChatChoice]
     service_tier: NotRequired[None]
     system_fingerprint: NotRequired[None]
-    usage: dict[str, int]
+    usage: Usage
 
 
 class ChatChunkDelta(TypedDict, total=False):
@@ -159,7 +173,7 @@ class TextCompletion(TypedDict):
     choices: list[CompletionChoice]
     service_tier: NotRequired[None]
     system_fingerprint: NotRequired[None]
-    usage: dict[str, int]
+    usage: Usage
 
 
 class ModelEntry(TypedDict):

@@ -231,6 +231,8 @@ class ChatCompletionRequest(_Request):
     #: ``continue_final_message``, the last message is left open for the reply to go on.
     add_generation_prompt: bool = True
     continue_final_message: bool = False
+    #: vLLM's: with a reasoning parser, False leaves the reasoning out of the reply.
+    include_reasoning: bool = True
     logprobs: bool | None = False
     top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
 

@@ -83,7 +83,6 @@ CHAT_RULES = OptionRules(
         "add_special_tokens": (None, False),
         "documents": (None,),
         "chat_template": (None,),
-        "include_reasoning": (None, True),
         "return_prompt_text": (None, False),
         "functions": (None, []),
         "function_call": (None, "none", "auto"),

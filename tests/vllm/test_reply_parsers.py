@@ -8,6 +8,8 @@ OpenAI's objects. No engine runs: the text is what a model could write.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
@@ -16,6 +18,7 @@ import pytest
 from app_toolkit.exceptions import BuilderArgsError
 from app_toolkit.llm import LLMConfig
 from app_toolkit.llm.engine import Sampling
+from app_toolkit.llm.errors import OpenAIError
 from app_toolkit.llm.events import Delta, Generation
 from app_toolkit.llm.openai import chat
 from app_toolkit.llm.openai.replies import Whole, read_choices
@@ -93,7 +96,11 @@ def _replied(
     for token in tokenizer.encode(text):
         deltas += structure.feed(tokenizer.decode([token]), [token])
     deltas += structure.finish([tokenizer.eos_token_id])
-    last = Delta(finish_reason=structure.finish_reason(finish), completion_tokens=len(deltas))
+    last = Delta(
+        finish_reason=structure.finish_reason(finish),
+        completion_tokens=len(deltas),
+        reasoning_tokens=structure.reasoning_tokens(),
+    )
     (whole,) = asyncio.run(read_choices(Delta(prompt_tokens=len(prompt)), _Stream([*deltas, last]), 1))  # type: ignore[arg-type]
     return deltas, whole
 
@@ -134,6 +141,73 @@ def test_a_reply_without_a_call_is_text(tokenizer: Any, parse: str) -> None:
         "stop",
     )
     assert chat.completion(whole, "smollm2")["choices"][0]["message"]["content"] == "It is sunny in Paris."
+
+
+@pytest.mark.parametrize("parse", ["whole", "streamed"])
+def test_reasoning_tokens_are_counted_in_the_usage_as_vllm_counts_them(tokenizer: Any, parse: str) -> None:
+    text = "<think>The user wants the weather.</think>Let me check."
+    deltas, whole = _replied(tokenizer, text, parse, tools=TOOLS)
+    # The parser's own count of every token the reply wrote, its end of sequence included.
+    counter = ReplyParsers(_config(**PARSERS), tokenizer).parser(_vllm_request(), None)
+    expected = counter.count_reasoning_tokens([*tokenizer.encode(text), tokenizer.eos_token_id])
+    assert whole.reasoning_tokens == expected > 0
+    answered = chat.completion(whole, "smollm2")["usage"]
+    assert answered.get("completion_tokens_details") == {"reasoning_tokens": expected}
+    if parse == "streamed":  # the usage chunk, as the ingress streams it
+        last = Delta(finish_reason="stop", completion_tokens=9, reasoning_tokens=expected)
+        chunks = _chunks(chat.streamed(Delta(prompt_tokens=3), _Stream([*deltas, last]), "smollm2", True))  # type: ignore[arg-type]
+        assert chunks[-1]["usage"] == {
+            "prompt_tokens": 3,
+            "completion_tokens": 9,
+            "total_tokens": 12,
+            "completion_tokens_details": {"reasoning_tokens": expected},
+        }
+    # Without a reasoning parser nothing is counted, and the usage has no details.
+    tools_only = {"tool_call_parser": "hermes", "enable_auto_tool_choice": True}
+    _, untold = _replied(tokenizer, text, parse, "stop", tools_only)
+    assert untold.reasoning_tokens is None
+    assert "completion_tokens_details" not in chat.completion(untold, "smollm2")["usage"]
+
+
+@pytest.mark.parametrize("parse", ["whole", "streamed"])
+def test_include_reasoning_false_leaves_the_reasoning_out(tokenizer: Any, parse: str) -> None:
+    text = "<think>The user wants the weather.</think>Let me check." + CALL
+    deltas, whole = _replied(tokenizer, text, parse, tools=TOOLS, include_reasoning=False)
+    assert not any(delta.reasoning for delta in deltas)
+    assert (whole.reasoning, whole.text) == ("", "Let me check.")
+    assert _calls(whole) == [("weather", '{"city": "Paris"}')]
+    assert whole.reasoning_tokens is not None and whole.reasoning_tokens > 0  # still counted, as vLLM does
+
+
+def test_include_reasoning_false_with_logprobs_is_refused(tokenizer: Any) -> None:
+    """vLLM's server answers such a request with logprobs null (they would show the
+    reasoning's tokens); this one refuses it, naming the field."""
+    parsers = ReplyParsers(_config(**PARSERS), tokenizer)
+    asked = Generation(
+        sampling=dataclasses.replace(SAMPLING, logprobs=0),
+        messages=MESSAGES,
+        parse="whole",
+        include_reasoning=False,
+    )
+    with pytest.raises(OpenAIError) as refused:
+        parsers.reading(asked)
+    assert refused.value.status == 400 and refused.value.param == "include_reasoning"
+    assert parsers.reading(dataclasses.replace(asked, include_reasoning=True)) is not None
+
+
+def _chunks(events: Any) -> list[dict[str, Any]]:
+    """A chat stream's chunks (``[DONE]`` left out)."""
+
+    async def read() -> list[str]:
+        return [getattr(item, "data", item) async for item in events.body_iterator]
+
+    return [json.loads(data) for data in asyncio.run(read()) if data != "[DONE]"]
+
+
+def _vllm_request() -> Any:
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+
+    return ChatCompletionRequest.model_validate({"model": "smollm2", "messages": list(MESSAGES)})
 
 
 def test_qwen3_reads_text_before_any_end_of_thinking_as_reasoning(tokenizer: Any) -> None:

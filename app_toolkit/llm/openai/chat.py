@@ -10,7 +10,15 @@ from typing import TypedDict
 import app_toolkit as tk
 from app_toolkit.llm.events import Delta, Generation, reply_format_asked
 from app_toolkit.llm.openai import logprobs
-from app_toolkit.llm.openai.replies import UNSET_FIELDS, Stream, Whole, dumps, relayed, usage
+from app_toolkit.llm.openai.replies import (
+    UNSET_FIELDS,
+    Stream,
+    Whole,
+    dumps,
+    reasoning_counted,
+    relayed,
+    usage,
+)
 from app_toolkit.llm.openai_shapes import (
     AssistantMessage,
     ChatChunkChoice,
@@ -50,6 +58,7 @@ def generation(request: ChatCompletionRequest, received_at: float) -> Generation
         template_kwargs=request.chat_template_kwargs,
         add_generation_prompt=request.add_generation_prompt,
         continue_final_message=request.continue_final_message,
+        include_reasoning=request.include_reasoning,
         parse="streamed" if request.stream else "whole",
     )
 
@@ -86,7 +95,11 @@ def completion(
             for index, whole in enumerate(wholes)
         ],
         **extra,
-        "usage": usage(wholes[0].prompt_tokens, sum(whole.completion_tokens for whole in wholes)),
+        "usage": usage(
+            wholes[0].prompt_tokens,
+            sum(whole.completion_tokens for whole in wholes),
+            reasoning_counted([whole.reasoning_tokens for whole in wholes]),
+        ),
     }
     return answer
 
@@ -133,6 +146,7 @@ def streamed(
     )
     tail = ',"usage":null}' if include_usage else "}"
     ended: list[int] = []  # each ended choice's completion tokens
+    reasoned: list[int | None] = []  # and its reasoning tokens, where counted
 
     def chunk(delta: ChatChunkDelta, index: int, reason: str | None = None, of: Delta | None = None) -> str:
         shown = logprobs.chat(of.logprobs) if with_logprobs and of is not None and of.logprobs else None
@@ -156,8 +170,10 @@ def streamed(
     def last(delta: Delta) -> list[str]:
         chunks = [chunk({}, delta.index, delta.finish_reason, delta)]
         ended.append(delta.completion_tokens)
+        reasoned.append(delta.reasoning_tokens)
         if include_usage and len(ended) == n:
-            chunks.append(f'{head}[],"usage":{dumps(usage(first.prompt_tokens, sum(ended)))}}}')
+            counted = usage(first.prompt_tokens, sum(ended), reasoning_counted(reasoned))
+            chunks.append(f'{head}[],"usage":{dumps(counted)}}}')
         return chunks
 
     opening = [chunk({"role": role, "content": ""}, index) for index in range(n)]

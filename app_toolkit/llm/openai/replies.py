@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -14,7 +14,7 @@ from sse_starlette import ServerSentEvent
 import app_toolkit as tk
 from app_toolkit.llm.errors import ANSWERED, as_openai_error, stream_error
 from app_toolkit.llm.events import Delta, Generation, TokenLogprob
-from app_toolkit.llm.openai_shapes import ToolCall, UnsetFields
+from app_toolkit.llm.openai_shapes import ToolCall, UnsetFields, Usage
 from app_toolkit.streaming import OpenAIErrorEvent
 
 if TYPE_CHECKING:
@@ -57,6 +57,8 @@ class Whole:
     finish_reason: str = "stop"
     logprobs: list[TokenLogprob] = field(default_factory=list)
     stop_reason: str | int | None = None
+    #: The reply's tokens a reasoning parser counted as reasoning (None: none counted).
+    reasoning_tokens: int | None = None
 
 
 async def read_whole(first: Delta, stream: Stream) -> Whole:
@@ -82,6 +84,7 @@ async def read_choices(first: Delta, stream: Stream, count: int) -> list[Whole]:
                 whole.finish_reason = delta.finish_reason
                 whole.completion_tokens = delta.completion_tokens
                 whole.stop_reason = delta.stop_reason
+                whole.reasoning_tokens = delta.reasoning_tokens
     except ANSWERED as exc:
         raise as_openai_error(exc) from None
     finally:
@@ -103,13 +106,23 @@ def _merge(calls: list[ToolCall], fragment: Fragment) -> None:
     call["function"]["arguments"] += function.get("arguments") or ""
 
 
-def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
-    """OpenAI's ``usage`` object: the two counts and their total."""
-    return {
+def usage(prompt_tokens: int, completion_tokens: int, reasoning_tokens: int | None = None) -> Usage:
+    """OpenAI's ``usage`` object: the two counts and their total, and where a reasoning
+    parser counted them (not None), the reasoning's tokens, as vLLM's server gives them."""
+    counted: Usage = {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
     }
+    if reasoning_tokens is not None:
+        counted["completion_tokens_details"] = {"reasoning_tokens": reasoning_tokens}
+    return counted
+
+
+def reasoning_counted(counts: Sequence[int | None]) -> int | None:
+    """The reasoning tokens of several choices: their sum, None where none was counted."""
+    given = [count for count in counts if count is not None]
+    return sum(given) if given else None
 
 
 #: The fields OpenAI's replies carry that this server has no value for (vLLM's are null too).

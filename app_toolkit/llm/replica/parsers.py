@@ -98,6 +98,9 @@ class ReplyParsers:
         self._tokenizer = cached
         #: tool_choice "auto" replies are parsed for calls (tool_call_parser alone does not, in vLLM).
         self.auto_tools = self._class is not None and self._class.tool_parser_cls is not None
+        #: The replies' reasoning tokens are counted in their usage (vLLM's server counts them
+        #: whenever it has a reasoning parser).
+        self.counts_reasoning = self._class is not None and self._class.reasoning_parser_cls is not None
 
     def reading(self, generation: Generation) -> Reading | None:
         """How the parsers read ``generation``'s replies; None when they do not: nothing to
@@ -105,6 +108,14 @@ class ReplyParsers:
         cls = self._class
         if cls is None or not generation.parse:
             return None
+        if not generation.include_reasoning and generation.sampling.logprobs is not None:
+            # vLLM's server drops such a reply's logprobs (they would show the reasoning's
+            # tokens) and answers logprobs: null; this server refuses the pair instead.
+            raise bad_parameter(
+                "include_reasoning",
+                "include_reasoning: false hides the reasoning, which logprobs would show: leave out "
+                "logprobs, or include_reasoning.",
+            )
         parsed_calls = self.parses_calls(generation)
         if generation.tools and generation.tool_choice != "none" and not parsed_calls:
             return None
@@ -166,6 +177,7 @@ def _request(model: str, generation: Generation) -> ChatCompletionRequest:
         "model": model,
         "messages": list(generation.messages),
         "skip_special_tokens": generation.skip_special_tokens,
+        "include_reasoning": generation.include_reasoning,
     }
     if generation.tools:
         data["tools"] = list(generation.tools)
@@ -207,16 +219,16 @@ class ParsedReply:
             parser.set_prompt_token_ids(prompt)
 
     def feed(self, text: str, token_ids: Sequence[int] = ()) -> list[Delta]:
+        self._ids.extend(token_ids)
         if self._whole:
             self._text.append(text)
-            self._ids.extend(token_ids)
             return []
         return self._streamed(text, token_ids, finished=False)
 
     def finish(self, token_ids: Sequence[int] = ()) -> list[Delta]:
+        self._ids.extend(token_ids)
         if not self._whole:
             return self._streamed("", token_ids, finished=True)
-        self._ids.extend(token_ids)
         request = self._reading.request
         reasoning, content, calls = self._parser.parse(
             "".join(self._text),
@@ -228,6 +240,8 @@ class ParsedReply:
             calls = []
         if request.parallel_tool_calls is False:
             calls = (calls or [])[:1]
+        if not request.include_reasoning:  # as vLLM's server drops it (parse_delta does, streamed)
+            reasoning = None
         fragments = tuple(_whole_call(index, call) for index, call in enumerate(calls or []))
         self._called = bool(fragments)
         delta = Delta(text=content or "", reasoning=reasoning or "", tool_calls=fragments)
@@ -240,6 +254,12 @@ class ParsedReply:
     @property
     def called(self) -> bool:
         return self._called
+
+    def reasoning_tokens(self) -> int | None:
+        """The reply's tokens the reasoning parser counts as reasoning (None without one)."""
+        if not self._reading.parsers.counts_reasoning:
+            return None
+        return int(self._parser.count_reasoning_tokens(self._ids))
 
     def finish_reason(self, finish: str) -> str:
         """vLLM's: read whole, ``tool_calls`` whenever calls were parsed; streamed, when

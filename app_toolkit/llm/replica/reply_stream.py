@@ -150,6 +150,7 @@ class ReplyStream:
             finish_reason=finish,
             logprobs=tuple(logprobs),
             stop_reason=reason,
+            reasoning_tokens=None if structure is None else structure.reasoning_tokens(),
         )
 
     def _shown(self, token: int, logprobs: Logprobs) -> TokenLogprob:

@@ -45,6 +45,10 @@ class Structure(Protocol):
         """The reply's finish reason, given the engine's (``stop``, ``length``)."""
         ...
 
+    def reasoning_tokens(self) -> int | None:
+        """The reply's tokens a reasoning parser counts as reasoning; None without one."""
+        ...
+
 
 def structure_for(
     tokenizer: PreTrainedTokenizerFast | None,
@@ -112,6 +116,9 @@ class _Shaped:
     def finish_reason(self, finish: str) -> str:
         """``tool_calls`` for a reply that stopped after calls (one cut keeps ``length``)."""
         return "tool_calls" if self.called and finish == "stop" else finish
+
+    def reasoning_tokens(self) -> int | None:
+        return None
 
 
 def _deltas(content: str, fragments: list[Fragment]) -> list[Delta]:
