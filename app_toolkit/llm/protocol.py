@@ -110,21 +110,15 @@ class StreamOptions(BaseModel):
         return value
 
 
-class _Request(BaseModel):
-    """Fields every generating endpoint reads."""
+class SamplingFields(BaseModel):
+    """vLLM's sampling fields, as its three generating endpoints (chat, completions and
+    the Responses API) take them, with vLLM's bounds."""
 
     model_config = ConfigDict(extra="allow")
 
-    model: str | None = None
-    n: int = Field(1, ge=1, le=MAX_CHOICES)
-    stream: bool = False
-    stream_options: StreamOptions | None = None
     #: vLLM's: what the reply must be (json, regex, choice, grammar, json_object), read in
     #: the model's replica with ``response_format`` (``events.reply_format_asked``).
     structured_outputs: JSONObject | None = None
-    max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS)
-    temperature: float | None = Field(None, ge=0.0, le=2.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
     stop: str | list[str] | None = None
     seed: int | None = Field(None, ge=INT64_MIN, le=INT64_MAX)  # vLLM's bounds (torch's long)
     # OpenAI's penalties and bias, and vLLM's sampling extras, with vLLM's bounds.
@@ -134,14 +128,11 @@ class _Request(BaseModel):
     logit_bias: dict[str, float] | None = Field(None, max_length=MAX_LOGIT_BIAS)
     top_k: int | None = Field(None, ge=-1, le=2**31 - 1)  # -1 and 0: no limit
     min_p: float | None = Field(None, ge=0.0, le=1.0)
-    min_tokens: int = Field(0, ge=0, le=MAX_TOKENS)
     stop_token_ids: list[int] | None = Field(None, max_length=64)
     include_stop_str_in_output: bool = False
     ignore_eos: bool = False
-    # vLLM's: the text of special tokens the model writes shows (false), and two in a row
-    # are joined without a space (false; only where the tokenizer's decoder puts one).
+    # vLLM's: the text of special tokens the model writes shows (false).
     skip_special_tokens: bool = True
-    spaces_between_special_tokens: bool = True
 
     @field_validator("stop")
     @classmethod
@@ -149,6 +140,54 @@ class _Request(BaseModel):
         if isinstance(stop, list) and (len(stop) > 16 or not all(stop)):
             raise ValueError("stop takes at most 16 non-empty strings")
         return stop
+
+    def sampled(
+        self,
+        max_tokens: int,
+        temperature: float,
+        top_p: float,
+        logprobs: int | None = None,
+        min_tokens: int = 0,
+    ) -> Sampling:
+        """How the reply's tokens are chosen, with these fields; a ``logit_bias`` key that
+        is not a token id is the 400 naming it."""
+        return Sampling(
+            max_tokens=max_tokens,
+            temperature=temperature,
+            top_p=top_p,
+            top_k=max(0, self.top_k or 0),
+            min_p=self.min_p or 0.0,
+            seed=self.seed,
+            repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
+            presence_penalty=self.presence_penalty or 0.0,
+            frequency_penalty=self.frequency_penalty or 0.0,
+            logit_bias=_biases(self.logit_bias or {}),
+            min_tokens=min_tokens,
+            stop_token_ids=tuple(self.stop_token_ids or ()),
+            ignore_eos=self.ignore_eos,
+            logprobs=logprobs,
+        )
+
+    @property
+    def stops(self) -> tuple[str, ...]:
+        stops = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
+        return tuple(stop for stop in stops if stop)
+
+
+class _Request(SamplingFields):
+    """Fields chat and completions read."""
+
+    model: str | None = None
+    n: int = Field(1, ge=1, le=MAX_CHOICES)
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    min_tokens: int = Field(0, ge=0, le=MAX_TOKENS)
+    # vLLM's: with special tokens shown, two in a row are joined without a space (false;
+    # only where the tokenizer's decoder puts one).
+    spaces_between_special_tokens: bool = True
 
     def sampling(self, max_tokens: int | None, default_temperature: float) -> Sampling:
         """How the reply's tokens are chosen, ``max_tokens`` at most (None: as many as the
@@ -161,32 +200,18 @@ class _Request(BaseModel):
                 "min_tokens",
                 f"min_tokens must be less than or equal to max_tokens={max_tokens}, got {self.min_tokens}.",
             )
-        return Sampling(
-            max_tokens=MAX_TOKENS if max_tokens is None else max_tokens,
-            temperature=default_temperature if self.temperature is None else self.temperature,
-            top_p=self.top_p,
-            top_k=max(0, self.top_k or 0),
-            min_p=self.min_p or 0.0,
-            seed=self.seed,
-            repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
-            presence_penalty=self.presence_penalty or 0.0,
-            frequency_penalty=self.frequency_penalty or 0.0,
-            logit_bias=_biases(self.logit_bias or {}),
-            min_tokens=self.min_tokens,
-            stop_token_ids=tuple(self.stop_token_ids or ()),
-            ignore_eos=self.ignore_eos,
-            logprobs=self.logprobs_wanted,
+        return self.sampled(
+            MAX_TOKENS if max_tokens is None else max_tokens,
+            default_temperature if self.temperature is None else self.temperature,
+            self.top_p,
+            self.logprobs_wanted,
+            self.min_tokens,
         )
 
     @property
     def logprobs_wanted(self) -> int | None:
         """How many of the likeliest tokens each token comes with (None: no logprobs)."""
         return None
-
-    @property
-    def stops(self) -> tuple[str, ...]:
-        stops = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
-        return tuple(stop for stop in stops if stop)
 
     @property
     def include_usage(self) -> bool:

@@ -76,6 +76,13 @@ def test_a_response_whole_and_streamed(served: openai.OpenAI) -> None:
     cut = served.responses.create(model=ECHO, input="abcdefgh", max_output_tokens=3)
     assert (cut.status, cut.output_text) == ("incomplete", "abc")
     assert cut.incomplete_details is not None and cut.incomplete_details.reason == "max_output_tokens"
+    # vLLM's sampling fields, as its server takes them here.
+    stopped = served.responses.create(model=ECHO, input=said, extra_body={"stop": [" there"]})
+    assert (stopped.status, stopped.output_text) == ("completed", "Hello")
+    kept = served.responses.create(
+        model=ECHO, input=said, extra_body={"stop": [" there"], "include_stop_str_in_output": True}
+    )
+    assert kept.output_text == "Hello there"
 
 
 def test_kept_responses_are_retrieved_continued_and_deleted(served: openai.OpenAI) -> None:

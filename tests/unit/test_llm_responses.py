@@ -7,9 +7,12 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from pydantic import ValidationError
 
 from app_toolkit.llm.errors import OpenAIError, bad_parameter
+from app_toolkit.llm.events import StructuredOutputs
 from app_toolkit.llm.openai.responses import ResponsesRequest, generation, renamed
+from app_toolkit.llm.protocol import ChatCompletionRequest
 
 
 def _nothing_kept(item_id: str, param: str) -> dict[str, Any]:
@@ -70,3 +73,36 @@ def test_refusals_name_this_apis_parameters() -> None:
         with pytest.raises(OpenAIError) as shape:
             ResponsesRequest(input="x", text={"format": wrong}).response_format()
         assert (shape.value.status, shape.value.param) == (400, "text.format")
+
+
+def test_vllms_sampling_fields_reach_the_replica_as_chat_completions_take_them() -> None:
+    """vLLM's server takes its sampling fields on /v1/responses too (they were an unknown
+    parameter's 400 here): each reaches the generation as chat's does."""
+    fields: dict[str, Any] = {
+        "top_k": 5,
+        "min_p": 0.1,
+        "seed": 7,
+        "presence_penalty": 0.5,
+        "frequency_penalty": -0.5,
+        "repetition_penalty": 1.2,
+        "logit_bias": {"3": 2.0},
+        "stop": ["END"],
+        "stop_token_ids": [2],
+        "ignore_eos": True,
+        "include_stop_str_in_output": True,
+        "skip_special_tokens": False,
+        "structured_outputs": {"choice": ["yes", "no"]},
+    }
+    request = ResponsesRequest(input="x", temperature=0.0, max_output_tokens=9, **fields).checked()
+    made = generation(request, request.messages(_nothing_kept), 0.0)
+    chat = ChatCompletionRequest(messages=[{"role": "user", "content": "x"}], temperature=0.0, **fields)
+    assert made.sampling == chat.checked().sampling(9, 1.0)
+    assert made.stops == ("END",) and made.include_stop_str_in_output and not made.skip_special_tokens
+    assert made.response_format == StructuredOutputs({"choice": ["yes", "no"]})
+    # The two ways of asking a format at once are refused, as vLLM's server refuses them.
+    with pytest.raises(OpenAIError) as both:
+        ResponsesRequest(input="x", text={"format": {"type": "json_object"}}, **fields).checked()
+    assert (both.value.status, both.value.param) == (400, "structured_outputs")
+    # Out of vLLM's bounds: the request's own validation (a 400 at the endpoint).
+    with pytest.raises(ValidationError):
+        ResponsesRequest(input="x", min_p=2.0)

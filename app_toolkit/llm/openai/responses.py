@@ -16,9 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from sse_starlette import ServerSentEvent
 
 import app_toolkit as tk
-from app_toolkit.llm.engine import Sampling
 from app_toolkit.llm.errors import ANSWERED, OpenAIError, bad_parameter, stream_error
-from app_toolkit.llm.events import Delta, Generation
+from app_toolkit.llm.events import Delta, Generation, reply_format_asked
 from app_toolkit.llm.openai.chat import DEFAULT_TEMPERATURE
 from app_toolkit.llm.openai.replies import Stream, Whole, dumps
 from app_toolkit.llm.openai_shapes import (
@@ -29,7 +28,15 @@ from app_toolkit.llm.openai_shapes import (
     ResponseObject,
     ResponseUsage,
 )
-from app_toolkit.llm.protocol import MAX_TEXT, MAX_TOKENS, OptionRules, checked_options, role_of, text_content
+from app_toolkit.llm.protocol import (
+    MAX_TEXT,
+    MAX_TOKENS,
+    OptionRules,
+    SamplingFields,
+    checked_options,
+    role_of,
+    text_content,
+)
 from app_toolkit.streaming import OpenAIErrorEvent
 
 logger = logging.getLogger("app_toolkit.llm")
@@ -79,11 +86,10 @@ class InputItem(BaseModel):
     content: str | list[JSONObject] | None = None
 
 
-class ResponsesRequest(BaseModel):
-    """``POST /v1/responses``: what this server answers is a field; other options are
-    refused by name unless they change nothing (:data:`RULES`)."""
-
-    model_config = ConfigDict(extra="allow")
+class ResponsesRequest(SamplingFields):
+    """``POST /v1/responses``: what this server answers is a field (vLLM's sampling fields
+    among them, as vLLM's server takes them here); other options are refused by name
+    unless they change nothing (:data:`RULES`)."""
 
     model: str | None = None
     input: (
@@ -110,6 +116,10 @@ class ResponsesRequest(BaseModel):
                 "unsupported_parameter",
             )
         checked_options(dict(self.model_extra or {}), RULES)
+        if self.structured_outputs is not None and (self.text or {}).get("format") is not None:
+            raise bad_parameter(
+                "structured_outputs", "Cannot specify both structured_outputs and text.format"
+            )
         return self
 
     def messages(self, referenced: Referenced) -> tuple[ChatMessage, ...]:
@@ -165,14 +175,17 @@ def generation(
     )
     given = request.max_output_tokens
     return Generation(
-        sampling=Sampling(
-            max_tokens=given or MAX_TOKENS,
-            temperature=DEFAULT_TEMPERATURE if request.temperature is None else request.temperature,
-            top_p=1.0 if request.top_p is None else request.top_p,
+        sampling=request.sampled(
+            given or MAX_TOKENS,
+            DEFAULT_TEMPERATURE if request.temperature is None else request.temperature,
+            1.0 if request.top_p is None else request.top_p,
         ),
         messages=system + conversation,
         max_tokens_given=given is not None,
-        response_format=request.response_format(),
+        stops=request.stops,
+        include_stop_str_in_output=request.include_stop_str_in_output,
+        skip_special_tokens=request.skip_special_tokens,
+        response_format=reply_format_asked(request.response_format(), request.structured_outputs),
         received_at=received_at,
     )
 
