@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from sse_starlette import EventSourceResponse, ServerSentEvent
+from starlette.types import Message, Send
 
 from app_toolkit._runtime import request_context
 from app_toolkit.event_log import Following, LoggedEvent
@@ -76,6 +77,15 @@ class EventStream(EventSourceResponse):
             headers={"Cache-Control": "no-cache", **(headers or {})},
             ping=ping_s,
         )
+
+    async def _send_with_timeout(self, send: Send, message: Message) -> None:
+        """One send, as sse-starlette makes it (its releases from 3.4.x; earlier ones send
+        inline), without the anyio cancel scope it opens around every send even when no
+        ``send_timeout`` is set: about 11 µs a chunk, a chat stream's every token."""
+        if self.send_timeout is None:
+            await send(message)
+        else:
+            await super()._send_with_timeout(send, message)
 
 
 async def _events(

@@ -21,6 +21,7 @@ from app_toolkit.exceptions import ReplicaUnavailableError
 from app_toolkit.streaming import (
     DRAIN_EVENT,
     ChatCompletionStream,
+    EventStream,
     FinalEvent,
     OpenAIErrorEvent,
     _chat_chunks,
@@ -314,3 +315,37 @@ def test_the_openai_error_events_have_the_shapes_every_client_raises() -> None:
             "param": None,
         },
     }
+
+
+async def test_a_send_without_a_timeout_opens_no_cancel_scope(monkeypatch: pytest.MonkeyPatch) -> None:
+    """sse-starlette wraps every send in an anyio cancel scope (about 11 µs, a chat
+    stream's every token) even with no ``send_timeout``; an EventStream sends directly
+    then, and keeps sse-starlette's timeout when one is set."""
+    import anyio
+    from sse_starlette.sse import EventSourceResponse, SendTimeoutError
+
+    if not hasattr(EventSourceResponse, "_send_with_timeout"):
+        pytest.skip("this sse-starlette sends inline (before 3.4.x)")
+    scopes: list[float | None] = []
+    real = anyio.move_on_after
+
+    def counted(delay: float | None, shield: bool = False) -> anyio.CancelScope:
+        scopes.append(delay)
+        return real(delay, shield=shield)
+
+    monkeypatch.setattr(anyio, "move_on_after", counted)
+    sent: list[object] = []
+
+    async def send(message: object) -> None:
+        sent.append(message)
+
+    async def stuck(message: object) -> None:
+        await asyncio.sleep(10)
+
+    stream = EventStream(["x"])
+    await stream._send_with_timeout(send, {"type": "http.response.body", "body": b"x"})
+    assert sent == [{"type": "http.response.body", "body": b"x"}] and scopes == []
+    stream.send_timeout = 0.01
+    with pytest.raises(SendTimeoutError):
+        await stream._send_with_timeout(stuck, {"type": "http.response.body", "body": b"y"})
+    assert scopes == [0.01]
