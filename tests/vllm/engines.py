@@ -6,41 +6,93 @@ import asyncio
 import gc
 import logging
 import warnings
-from collections.abc import Iterator
+from collections.abc import AsyncGenerator, Iterator
 from contextlib import contextmanager
 from typing import Any
 
 import zmq
 
 from app_toolkit.llm import LLMConfig
-from app_toolkit.llm.engine import EmbeddingEngine, TextEngine
+from app_toolkit.llm.engine import EmbeddingEngine, EngineRequest, Sampling, TextEngine, Token
+from app_toolkit.llm.engines.vllm import EngineFailed
 from app_toolkit.llm.replica.loading import engine_for
+
+#: How long a reply open when its engine closes may take to end.
+ENDED_S = 10.0
 
 
 @contextmanager
 def loaded(loop: asyncio.AbstractEventLoop, config: dict[str, Any]) -> Iterator[TextEngine | EmbeddingEngine]:
     """The engine ``config`` names, loaded as a replica loads it (off ``loop``), then
-    closed on ``loop``: vLLM's output handler runs on the loop of its first reply."""
+    closed on ``loop``: vLLM's output handler runs on the loop of its first reply. Closed
+    after the body went well, it must end a reply still open, log no error, and leave
+    nothing of vLLM behind (its ZeroMQ contexts)."""
     engine = engine_for(LLMConfig.model_validate(config))
     assert engine.name == "vllm", engine.name
     loop.run_until_complete(asyncio.to_thread(engine.load))
     try:
         yield engine
+    except BaseException:
+        _closed(loop, engine)
+        raise
+    reply = _an_open_reply(loop, engine) if engine.task == "generate" else None
+    failures = _Records()
+    logging.getLogger("vllm").addHandler(failures)
+    try:
+        with _unclosed_contexts_ignored():  # the reply's last reference may hold the context
+            _closed(loop, engine)
+            if reply is not None:  # it ends at the close: aborted, not run to its 500 tokens
+                assert loop.run_until_complete(asyncio.wait_for(_rest(reply), ENDED_S)) < 500
+                del reply
+                gc.collect()
     finally:
-        # vLLM leaves its ZeroMQ context to the collector, which warns of it whenever it
-        # runs: here, not in a later module's test, where the warning is an error.
-        failures = _Records()
-        logging.getLogger("vllm").addHandler(failures)
-        try:
-            with warnings.catch_warnings():
-                warnings.filterwarnings("ignore", "Unclosed context", ResourceWarning)
-                loop.run_until_complete(engine.close())
-                _settle(loop)
-        finally:
-            logging.getLogger("vllm").removeHandler(failures)
-        assert not failures.records, [record.getMessage() for record in failures.records]
-        held = [o for o in gc.get_objects() if issubclass(type(o), zmq.Context) and not o.closed]
-        assert not held, f"vLLM's ZeroMQ contexts outlive its engine: {held}"
+        logging.getLogger("vllm").removeHandler(failures)
+    assert not failures.records, [record.getMessage() for record in failures.records]
+    held = [o for o in gc.get_objects() if issubclass(type(o), zmq.Context) and not o.closed]
+    assert not held, f"vLLM's ZeroMQ contexts outlive its engine: {held}"
+
+
+def _closed(loop: asyncio.AbstractEventLoop, engine: TextEngine | EmbeddingEngine) -> None:
+    """``engine`` closed, and what vLLM left on ``loop`` ended and collected."""
+    with _unclosed_contexts_ignored():
+        loop.run_until_complete(engine.close())
+        # The tasks vLLM's shutdown cancelled, and its sockets' closing (its shutdown thread
+        # closes them through the loop), end now.
+        loop.run_until_complete(asyncio.sleep(0))
+        pending = asyncio.all_tasks(loop)
+        if pending:
+            loop.run_until_complete(asyncio.wait(pending, timeout=30))
+        assert not [task for task in pending if not task.done()], pending
+        gc.collect()
+
+
+@contextmanager
+def _unclosed_contexts_ignored() -> Iterator[None]:
+    """vLLM leaves its ZeroMQ context to be freed, which warns of it whenever that comes:
+    while its engine closes, not in a later module's test, where the warning is an error."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "Unclosed context", ResourceWarning)
+        yield
+
+
+def _an_open_reply(loop: asyncio.AbstractEventLoop, engine: TextEngine) -> AsyncGenerator[Token, None]:
+    """A reply of 500 tokens, its first read: still open when the engine closes."""
+    request = EngineRequest(engine.encode("Count to one hundred:"), Sampling(max_tokens=500, ignore_eos=True))
+    reply = engine.generate(request)
+    assert isinstance(reply, AsyncGenerator)
+    loop.run_until_complete(anext(reply))
+    return reply
+
+
+async def _rest(reply: AsyncGenerator[Token, None]) -> int:
+    """The tokens a reply still gives before it ends (with vLLM's abort: an EngineFailed)."""
+    count = 1
+    try:
+        async for _ in reply:
+            count += 1
+    except EngineFailed:
+        pass
+    return count
 
 
 class _Records(logging.Handler):
@@ -53,13 +105,3 @@ class _Records(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         self.records.append(record)
-
-
-def _settle(loop: asyncio.AbstractEventLoop) -> None:
-    """Let the tasks vLLM's shutdown cancelled on ``loop`` end and its sockets close (its
-    shutdown thread closes them through ``loop``), then collect what they held."""
-    loop.run_until_complete(asyncio.sleep(0))
-    pending = asyncio.all_tasks(loop)
-    if pending:
-        loop.run_until_complete(asyncio.wait(pending, timeout=30))
-    gc.collect()

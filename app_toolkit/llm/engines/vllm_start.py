@@ -6,6 +6,7 @@ stop that ends the engine's replies and its output handler first."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import TYPE_CHECKING
@@ -18,6 +19,8 @@ if TYPE_CHECKING:
     from vllm import AsyncEngineArgs
     from vllm.config import VllmConfig
     from vllm.v1.engine.async_llm import AsyncLLM
+
+logger = logging.getLogger(__name__)
 
 #: The KV cache a vLLM replica on a CPU takes where nothing says (bytes): vLLM's own default
 #: there is most of the machine's memory, so that two engines cannot start on one node.
@@ -67,14 +70,21 @@ def sized(arguments: Mapping[str, object]) -> dict[str, object]:
 async def abort_and_stop(
     llm: AsyncLLM | None, request_ids: Collection[str], stop: Callable[[], None]
 ) -> None:
-    """Abort ``request_ids`` in ``llm`` (their streams end at once), end its output handler,
-    then call ``stop``, which shuts the engine down, in a thread (vLLM's shutdown waits for
-    its processes)."""
-    if llm is not None:
-        if request_ids:
-            await llm.abort(list(request_ids))
-        await _end_output_handler(llm)
+    """End ``llm``'s output handler (vLLM then takes no new request), abort ``request_ids``
+    (their streams end at once), then call ``stop``, which shuts the engine down, in a
+    thread (vLLM's shutdown waits for its processes). A request that got past vLLM's check
+    before the handler ended and into it after the abort ends with vLLM's engine-dead
+    error once the engine is down, as vLLM's own handler ends every stream when it fails."""
+    if llm is None:
+        await asyncio.to_thread(stop)
+        return
+    await _end_output_handler(llm)
+    if request_ids:
+        await llm.abort(list(request_ids))
     await asyncio.to_thread(stop)
+    from vllm.v1.engine.exceptions import EngineDeadError
+
+    llm.output_processor.propagate_error(EngineDeadError())
 
 
 async def _end_output_handler(llm: AsyncLLM) -> None:
@@ -86,7 +96,12 @@ async def _end_output_handler(llm: AsyncLLM) -> None:
     if handler is None or handler.done() or handler.get_loop() is not asyncio.get_running_loop():
         return  # never started, already ended, or not ours to wait for: vLLM cancels it
     handler.cancel()
-    await asyncio.wait({handler}, timeout=OUTPUT_HANDLER_END_S)
+    _, pending = await asyncio.wait({handler}, timeout=OUTPUT_HANDLER_END_S)
+    if pending:
+        logger.warning(
+            "vLLM's output handler did not end within %.0f s of its cancellation; stopping the engine anyway",
+            OUTPUT_HANDLER_END_S,
+        )
 
 
 def start_engine(
