@@ -174,8 +174,11 @@ class SamplingFields(BaseModel):
         return tuple(stop for stop in stops if stop)
 
 
-class _Request(SamplingFields):
-    """Fields chat and completions read."""
+class _Head(BaseModel):
+    """The fields chat and completions requests start with: a request's validation errors
+    are read in field order, and the first names the 400's ``param``."""
+
+    model_config = ConfigDict(extra="allow")
 
     model: str | None = None
     n: int = Field(1, ge=1, le=MAX_CHOICES)
@@ -184,6 +187,11 @@ class _Request(SamplingFields):
     max_tokens: int | None = Field(None, ge=1, le=MAX_TOKENS)
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
+
+
+class _Request(SamplingFields, _Head):  # (pydantic puts the last base's fields first)
+    """Fields chat and completions read."""
+
     min_tokens: int = Field(0, ge=0, le=MAX_TOKENS)
     # vLLM's: with special tokens shown, two in a row are joined without a space (false;
     # only where the tokenizer's decoder puts one).

@@ -3,9 +3,16 @@
 from __future__ import annotations
 
 import pytest
+from pydantic import ValidationError
 
-from app_toolkit.llm.errors import OpenAIError
-from app_toolkit.llm.protocol import EmbeddingRequest, role_of, text_content
+from app_toolkit.llm.errors import OpenAIError, invalid_request
+from app_toolkit.llm.protocol import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    EmbeddingRequest,
+    role_of,
+    text_content,
+)
 
 
 def test_text_parts_of_both_apis_are_joined_by_newlines() -> None:
@@ -61,3 +68,15 @@ def test_an_empty_input_or_too_many_are_a_400_naming_input(given: object) -> Non
     with pytest.raises(OpenAIError) as refused:
         EmbeddingRequest.model_validate({"input": given}).inputs()
     assert refused.value.status == 400 and refused.value.param == "input"
+
+
+def test_a_requests_first_invalid_field_is_named_in_the_order_it_always_was() -> None:
+    """The sampling fields chat, completions and the Responses API share come after the
+    head of chat's and completions' requests: a 400 with several faults names ``n``."""
+    for kind, required in ((ChatCompletionRequest, {"messages": []}), (CompletionRequest, {"prompt": "x"})):
+        assert list(kind.model_fields)[:7] == [
+            "model", "n", "stream", "stream_options", "max_tokens", "temperature", "top_p",
+        ]  # fmt: skip
+        with pytest.raises(ValidationError) as failed:
+            kind.model_validate({**required, "n": 0, "seed": "x"})
+        assert invalid_request(failed.value.errors()).param == "n"
