@@ -200,6 +200,7 @@ EXPECTED_LLM = [
     "TextEngine",
     "Token",
     "TransformersEngine",
+    "Usage",
     "as_openai_error",
     "bad_parameter",
     "build_llm_deployment",

@@ -47,6 +47,7 @@ from app_toolkit.llm.openai.replies import Stream as DeltaStream
 from app_toolkit.llm.openai.replies import open_reply, read_whole, usage
 from app_toolkit.llm.openai.responses import Reply as ResponsesReply
 from app_toolkit.llm.openai.responses import ResponsesRequest
+from app_toolkit.llm.openai_shapes import Usage
 from app_toolkit.llm.openai.responses import generation as responses_generation
 from app_toolkit.llm.openai.responses import produced as responses_events
 from app_toolkit.llm.openai.responses import streamed as responses_stream
@@ -96,6 +97,7 @@ __all__ = [
     "TextEngine",
     "Token",
     "TransformersEngine",
+    "Usage",
     "as_openai_error",
     "bad_parameter",
     "build_llm_deployment",

