@@ -24,18 +24,20 @@ ENDED_S = 10.0
 @contextmanager
 def loaded(loop: asyncio.AbstractEventLoop, config: dict[str, Any]) -> Iterator[TextEngine | EmbeddingEngine]:
     """The engine ``config`` names, loaded as a replica loads it (off ``loop``), then
-    closed on ``loop``: vLLM's output handler runs on the loop of its first reply. Closed
-    after the body went well, it must end a reply still open, log no error, and leave
-    nothing of vLLM behind (its ZeroMQ contexts)."""
+    closed on ``loop``: vLLM's output handler runs on the loop of its first reply. Unless
+    the body raised (a module fixture's body does not see its tests fail: the checks run
+    after failed tests too), the close must end a reply still open, log no error, and
+    leave nothing of vLLM behind (its ZeroMQ contexts)."""
     engine = engine_for(LLMConfig.model_validate(config))
     assert engine.name == "vllm", engine.name
     loop.run_until_complete(asyncio.to_thread(engine.load))
     try:
         yield engine
+        reply = _an_open_reply(loop, engine) if engine.task == "generate" else None
+        embedding = _an_open_embedding(loop, engine) if engine.task == "embed" else None
     except BaseException:
         _closed(loop, engine)
         raise
-    reply = _an_open_reply(loop, engine) if engine.task == "generate" else None
     failures = _Records()
     logging.getLogger("vllm").addHandler(failures)
     try:
@@ -44,6 +46,12 @@ def loaded(loop: asyncio.AbstractEventLoop, config: dict[str, Any]) -> Iterator[
             if reply is not None:  # it ends at the close: aborted, not run to its 500 tokens
                 assert loop.run_until_complete(asyncio.wait_for(_rest(reply), ENDED_S)) < 500
                 del reply
+                gc.collect()
+            if embedding is not None:  # it ends at the close, aborted: no empty vectors
+                done, _ = loop.run_until_complete(asyncio.wait({embedding}, timeout=ENDED_S))
+                assert done, f"an embedding in flight did not end within {ENDED_S:.0f} s of the close"
+                assert isinstance(embedding.exception(), EngineFailed), embedding
+                del embedding, done  # its error's frames hold the engine
                 gc.collect()
     finally:
         logging.getLogger("vllm").removeHandler(failures)
@@ -82,6 +90,18 @@ def _an_open_reply(loop: asyncio.AbstractEventLoop, engine: TextEngine) -> Async
     assert isinstance(reply, AsyncGenerator)
     loop.run_until_complete(anext(reply))
     return reply
+
+
+def _an_open_embedding(
+    loop: asyncio.AbstractEventLoop, engine: EmbeddingEngine
+) -> asyncio.Task[list[list[float]]]:
+    """64 inputs of 250 tokens each, submitted to vLLM: still in flight when the engine
+    closes."""
+    inputs = [[engine.encode("word", add_special_tokens=False)[0]] * 250 for _ in range(64)]
+    embedding = loop.create_task(engine.embed(inputs))
+    loop.run_until_complete(asyncio.sleep(0.05))  # the requests reach vLLM's engine
+    assert not embedding.done(), "the embeddings ended before the close: make them larger"
+    return embedding
 
 
 async def _rest(reply: AsyncGenerator[Token, None]) -> int:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
 from .hf_tokenizer import TokenizerText
+from .vllm import EngineFailed
 from .vllm_start import abort_and_stop, kv_cache_said, sized, start_engine
 
 if TYPE_CHECKING:
@@ -95,7 +96,8 @@ class VLLMPoolingEngine(TokenizerText):
 
     async def embed(self, inputs: Sequence[Sequence[int]]) -> list[list[float]]:
         """One vector of length ``dimensions`` and norm 1 per input, in order: token ids
-        read as they are (a text's, with its special tokens, from :meth:`encode`)."""
+        read as they are (a text's, with its special tokens, from :meth:`encode`). Raises
+        :class:`EngineFailed` when vLLM aborts one (the engine closing)."""
         from vllm import PoolingParams
         from vllm.inputs import TokensPrompt
 
@@ -107,17 +109,25 @@ class VLLMPoolingEngine(TokenizerText):
             pooling = PoolingParams(task="embed", use_activation=True)  # one vector, normalised
             outputs = llm.encode(TokensPrompt(prompt_token_ids=tokens), pooling, request_id)
             vector: list[float] = []
+            finished = False
             try:
                 async for output in outputs:
                     vector = [float(value) for value in output.outputs.data.tolist()]
+                    finished = output.finished
             finally:
                 self._requests.discard(request_id)
                 await outputs.aclose()  # aborts the request in vLLM if it is still running
+            if not (finished and vector):  # vLLM's final output of an aborted request is empty
+                raise EngineFailed("vLLM ended the embedding before it was complete: aborted")
             return vector
 
-        # One request per input, batched by vLLM's scheduler; one that fails cancels the rest.
-        async with asyncio.TaskGroup() as group:
-            tasks = [group.create_task(one(list(tokens))) for tokens in inputs]
+        # One request per input, batched by vLLM's scheduler; one that fails cancels the rest
+        # and its error is raised.
+        try:
+            async with asyncio.TaskGroup() as group:
+                tasks = [group.create_task(one(list(tokens))) for tokens in inputs]
+        except ExceptionGroup as failed:
+            raise failed.exceptions[0] from None
         return [task.result() for task in tasks]
 
     async def check_health(self) -> None:

@@ -72,29 +72,35 @@ async def abort_and_stop(
 ) -> None:
     """End ``llm``'s output handler (vLLM then takes no new request), abort ``request_ids``
     (their streams end at once), then call ``stop``, which shuts the engine down, in a
-    thread (vLLM's shutdown waits for its processes). A request that got past vLLM's check
-    before the handler ended and into it after the abort ends with vLLM's engine-dead
-    error once the engine is down, as vLLM's own handler ends every stream when it fails."""
+    thread (vLLM's shutdown waits for its processes). Whatever stream is still open then
+    (one that got past vLLM's check before the handler ended and into it after the abort,
+    or any, if the abort or the stop failed) ends with vLLM's engine-dead error, as vLLM's
+    own handler ends every stream when it fails."""
     if llm is None:
         await asyncio.to_thread(stop)
         return
-    await _end_output_handler(llm)
-    if request_ids:
-        await llm.abort(list(request_ids))
-    await asyncio.to_thread(stop)
-    from vllm.v1.engine.exceptions import EngineDeadError
+    replies_loop = await _end_output_handler(llm)
+    try:
+        if request_ids:
+            await llm.abort(list(request_ids))
+    finally:
+        try:
+            await asyncio.to_thread(stop)
+        finally:
+            _end_open_streams(llm, replies_loop)
 
-    llm.output_processor.propagate_error(EngineDeadError())
 
-
-async def _end_output_handler(llm: AsyncLLM) -> None:
+async def _end_output_handler(llm: AsyncLLM) -> asyncio.AbstractEventLoop:
     """vLLM's shutdown stops its engine core before it cancels its output handler (a task
     on the loop of the engine's first reply), which meanwhile fails on the stopped core and
     logs "AsyncLLM output_handler failed" with a traceback at every stop. Cancelled first,
-    here, it ends quietly."""
+    here, it ends quietly. Returns the loop the replies' streams are read on."""
+    running = asyncio.get_running_loop()
     handler: asyncio.Task[None] | None = getattr(llm, "output_handler", None)
-    if handler is None or handler.done() or handler.get_loop() is not asyncio.get_running_loop():
-        return  # never started, already ended, or not ours to wait for: vLLM cancels it
+    if handler is None or handler.done():
+        return running  # never started or already ended
+    if handler.get_loop() is not running:
+        return handler.get_loop()  # not ours to wait for: vLLM's shutdown cancels it
     handler.cancel()
     _, pending = await asyncio.wait({handler}, timeout=OUTPUT_HANDLER_END_S)
     if pending:
@@ -102,6 +108,21 @@ async def _end_output_handler(llm: AsyncLLM) -> None:
             "vLLM's output handler did not end within %.0f s of its cancellation; stopping the engine anyway",
             OUTPUT_HANDLER_END_S,
         )
+    return running
+
+
+def _end_open_streams(llm: AsyncLLM, replies_loop: asyncio.AbstractEventLoop) -> None:
+    """Every stream of ``llm`` still open gets vLLM's engine-dead error, on the loop its
+    reader waits on (a stream's wake-up is not thread-safe); none if that loop is closed."""
+    from vllm.v1.engine.exceptions import EngineDeadError
+
+    def fail() -> None:
+        llm.output_processor.propagate_error(EngineDeadError())
+
+    if replies_loop is asyncio.get_running_loop():
+        fail()
+    elif not replies_loop.is_closed():
+        replies_loop.call_soon_threadsafe(fail)
 
 
 def start_engine(
