@@ -175,10 +175,9 @@ class SamplingFields(BaseModel):
 
 
 class _Head(BaseModel):
-    """The fields chat and completions requests start with: a request's validation errors
-    are read in field order, and the first names the 400's ``param``."""
-
-    model_config = ConfigDict(extra="allow")
+    """The fields chat and completions requests start with, before the shared sampling
+    fields and then each request's own: a request's validation errors are read in field
+    order, and the first names the 400's ``param``."""
 
     model: str | None = None
     n: int = Field(1, ge=1, le=MAX_CHOICES)

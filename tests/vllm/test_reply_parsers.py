@@ -182,7 +182,8 @@ def test_include_reasoning_false_leaves_the_reasoning_out(tokenizer: Any, parse:
 
 def test_include_reasoning_false_with_logprobs_is_refused(tokenizer: Any) -> None:
     """vLLM's server answers such a request with logprobs null (they would show the
-    reasoning's tokens); this one refuses it, naming the field."""
+    reasoning's tokens); this one refuses it, naming the field, where the parsers read the
+    reply."""
     parsers = ReplyParsers(_config(**PARSERS), tokenizer)
     asked = Generation(
         sampling=dataclasses.replace(SAMPLING, logprobs=0),
@@ -194,6 +195,9 @@ def test_include_reasoning_false_with_logprobs_is_refused(tokenizer: Any) -> Non
         parsers.reading(asked)
     assert refused.value.status == 400 and refused.value.param == "include_reasoning"
     assert parsers.reading(dataclasses.replace(asked, include_reasoning=True)) is not None
+    # Under the grammar's tool calls the parsers read nothing, so nothing is hidden.
+    forced = dataclasses.replace(asked, tools=TOOLS, tool_choice="required")
+    assert parsers.reading(forced) is None
 
 
 def _chunks(events: Any) -> list[dict[str, Any]]:

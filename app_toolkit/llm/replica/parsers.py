@@ -108,21 +108,22 @@ class ReplyParsers:
         cls = self._class
         if cls is None or not generation.parse:
             return None
+        parsed_calls = self.parses_calls(generation)
+        if generation.tools and generation.tool_choice != "none" and not parsed_calls:
+            return None
         if (
             self.counts_reasoning
             and not generation.include_reasoning
             and generation.sampling.logprobs is not None
         ):
             # vLLM's server drops such a reply's logprobs (they would show the reasoning's
-            # tokens) and answers logprobs: null; this server refuses the pair instead.
+            # tokens) and answers logprobs: null; this server refuses the pair instead. (Not
+            # under the grammar's tool calls, above: their replies hide nothing.)
             raise bad_parameter(
                 "include_reasoning",
                 "include_reasoning: false hides the reasoning, which logprobs would show: leave out "
                 "logprobs, or include_reasoning.",
             )
-        parsed_calls = self.parses_calls(generation)
-        if generation.tools and generation.tool_choice != "none" and not parsed_calls:
-            return None
         # Adjusted as vLLM's renderer adjusts it (its online_renderer.py).
         request = _request(self._model, generation)
         if cls.always_adjust_request or cls.reasoning_parser_cls is not None or request.tool_choice != "none":
