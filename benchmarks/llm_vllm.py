@@ -13,7 +13,8 @@ default) and its output to /dev/null.
 on, to /dev/null), the file in Ray Serve LLM's shape with the same model and
 ``engine_kwargs`` (``enforce_eager``, ``dtype``, ``max_model_len``,
 ``kv_cache_memory_bytes``; ``max_num_seqs`` is the toolkit's default, 8, which vLLM gets
-too). Both use vLLM's default CPU thread binding.
+too). Both use vLLM's default CPU thread binding. ``--local`` runs the toolkit as
+``app-toolkit run --local`` instead: one process without Ray, as ``vllm serve`` is.
 
 Clients (``llm_overhead``'s): at 1 and 16 clients, each streaming ``POST
 /v1/chat/completions`` back to back for ``--duration`` seconds (``max_tokens`` 64, greedy,
@@ -76,10 +77,10 @@ def model_folder() -> Path:
 
 
 def start(
-    setup: str, folder: Path, work: Path, vllm_options: Sequence[str] = ()
+    setup: str, folder: Path, work: Path, vllm_options: Sequence[str] = (), local: bool = False
 ) -> tuple[subprocess.Popen[bytes], str]:
     """One server, ready: its process and base URL (``vllm_options``: more of ``vllm serve``'s
-    options, for the tests)."""
+    options, for the tests; ``local``: the toolkit runs with ``--local``)."""
     port = free_port()
     env = dict(os.environ, VLLM_NO_USAGE_STATS="1", RAY_USAGE_STATS_ENABLED="0")
     env.pop("RAY_ADDRESS", None)
@@ -121,6 +122,7 @@ def start(
             str(target),
             "--port",
             str(port),
+            *(["--local"] if local else []),
         ]
     process = subprocess.Popen(
         command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True
@@ -158,19 +160,21 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3, help="runs per server and concurrency")
     parser.add_argument("--tokens", type=int, default=64, help="output tokens per reply (max_tokens)")
     parser.add_argument("--duration", type=float, default=60, help="seconds of requests per run")
+    parser.add_argument("--local", action="store_true", help="the toolkit with --local (one process, no Ray)")
     args = parser.parse_args()
     folder = model_folder()
     results: dict[tuple[str, int], list[Load]] = {}
     print(
         f"SmolLM2-135M-Instruct, float32, enforce_eager, max_num_seqs 8, KV cache 1 GiB on both; "
-        f"{args.tokens} tokens per reply, {args.duration:g} s per run, medians of {args.rounds} rounds",
+        f"{args.tokens} tokens per reply, {args.duration:g} s per run, medians of {args.rounds} rounds"
+        + ("; the toolkit with --local" if args.local else ""),
         flush=True,
     )
     with tempfile.TemporaryDirectory() as work:
         for round_index in range(args.rounds):
             order = SETUPS if round_index % 2 == 0 else SETUPS[::-1]
             for setup in order:
-                process, base = start(setup, folder, Path(work))
+                process, base = start(setup, folder, Path(work), local=args.local)
                 try:
                     asyncio.run(_runs(setup, process.pid, base, args, round_index, results))
                 finally:
