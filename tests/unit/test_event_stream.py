@@ -13,6 +13,7 @@ import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Iterator
 
 import pytest
+from packaging.version import Version
 from sse_starlette import ServerSentEvent
 
 from app_toolkit._runtime import request_context
@@ -325,8 +326,7 @@ async def test_a_send_without_a_timeout_opens_no_cancel_scope(monkeypatch: pytes
     import anyio
     from sse_starlette.sse import EventSourceResponse, SendTimeoutError
 
-    release = tuple(int(part) for part in importlib.metadata.version("sse-starlette").split(".")[:3])
-    if release < (3, 4, 10):
+    if Version(importlib.metadata.version("sse-starlette")) < Version("3.4.10"):
         pytest.skip("this sse-starlette sends inline (before 3.4.10)")
     assert hasattr(EventSourceResponse, "_send_with_timeout"), (
         "sse-starlette renamed the send an EventStream overrides"

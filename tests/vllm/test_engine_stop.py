@@ -2,7 +2,7 @@
 for vLLM's ``AsyncLLM``: its output handler ends first, then the open replies are aborted,
 then the engine stops, then any stream still open ends with vLLM's engine-dead error —
 that last step even when the abort or the stop fails, and on the loop the streams are
-read on."""
+read on (the abort too)."""
 
 from __future__ import annotations
 
@@ -54,6 +54,7 @@ class _Engine:
 
     async def abort(self, request_ids: list[str]) -> None:
         self.steps.append(f"abort {request_ids}")
+        self.output_processor.threads.append(threading.get_ident())
         if self.abort_fails:
             raise RuntimeError("abort failed")
 
@@ -86,7 +87,7 @@ def test_the_handler_ends_then_replies_abort_then_the_engine_stops_then_open_str
         engine = _Engine(steps)
         await engine.start_handler()
         await abort_and_stop(cast(Any, engine), ["a", "b"], _stop(steps))
-        assert engine.output_processor.threads == [threading.get_ident()]
+        assert engine.output_processor.threads == [threading.get_ident()] * 2  # the abort, the failing
         return steps
 
     assert asyncio.run(run()) == [
@@ -116,12 +117,14 @@ def test_streams_read_on_another_loop_fail_on_that_loop(other_loop: asyncio.Abst
     asyncio.run_coroutine_threadsafe(engine.start_handler(), other_loop).result(timeout=5)
 
     async def run() -> None:
-        await abort_and_stop(cast(Any, engine), [], _stop(steps))
+        await abort_and_stop(cast(Any, engine), ["a"], _stop(steps))
 
     asyncio.run(run())
     asyncio.run_coroutine_threadsafe(asyncio.sleep(0), other_loop).result(timeout=5)  # its queued calls ran
-    assert steps == ["stop", "fail streams: EngineDeadError"]  # the handler is vLLM's to cancel there
-    assert engine.output_processor.threads and engine.output_processor.threads[0] != threading.get_ident()
+    # The handler is vLLM's to cancel there; the abort and the failing run on that loop.
+    assert steps == ["abort ['a']", "stop", "fail streams: EngineDeadError"]
+    threads = engine.output_processor.threads
+    assert len(threads) == 2 and threading.get_ident() not in threads
     assert engine.output_handler is not None and not engine.output_handler.done()
     asyncio.run_coroutine_threadsafe(_cancelled(engine.output_handler), other_loop).result(timeout=5)
 

@@ -97,9 +97,10 @@ class VLLMPoolingEngine(TokenizerText):
     async def embed(self, inputs: Sequence[Sequence[int]]) -> list[list[float]]:
         """One vector of length ``dimensions`` and norm 1 per input, in order: token ids
         read as they are (a text's, with its special tokens, from :meth:`encode`). Raises
-        :class:`EngineFailed` when vLLM aborts one (the engine closing)."""
+        :class:`EngineFailed` when vLLM aborts one or its engine stops (the engine closing)."""
         from vllm import PoolingParams
         from vllm.inputs import TokensPrompt
+        from vllm.v1.engine.exceptions import EngineDeadError
 
         llm = self._loaded()
 
@@ -114,6 +115,8 @@ class VLLMPoolingEngine(TokenizerText):
                 async for output in outputs:
                     vector = [float(value) for value in output.outputs.data.tolist()]
                     finished = output.finished
+            except EngineDeadError as exc:  # the engine closed around the request
+                raise EngineFailed("vLLM's engine stopped before the embedding was complete") from exc
             finally:
                 self._requests.discard(request_id)
                 await outputs.aclose()  # aborts the request in vLLM if it is still running
@@ -122,12 +125,16 @@ class VLLMPoolingEngine(TokenizerText):
             return vector
 
         # One request per input, batched by vLLM's scheduler; one that fails cancels the rest
-        # and its error is raised.
+        # and its error is raised (outside the handler: raised in it, the error and the
+        # group would hold each other, and the engine's frames, until a collection).
+        first: BaseException | None = None
         try:
             async with asyncio.TaskGroup() as group:
                 tasks = [group.create_task(one(list(tokens))) for tokens in inputs]
         except ExceptionGroup as failed:
-            raise failed.exceptions[0] from None
+            first = failed.exceptions[0]
+        if first is not None:
+            raise first
         return [task.result() for task in tasks]
 
     async def check_health(self) -> None:

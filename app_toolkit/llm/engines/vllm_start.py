@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Coroutine, Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from app_toolkit import metrics
@@ -82,7 +82,7 @@ async def abort_and_stop(
     replies_loop = await _end_output_handler(llm)
     try:
         if request_ids:
-            await llm.abort(list(request_ids))
+            await _on(replies_loop, llm.abort(list(request_ids)))
     finally:
         try:
             await asyncio.to_thread(stop)
@@ -97,10 +97,12 @@ async def _end_output_handler(llm: AsyncLLM) -> asyncio.AbstractEventLoop:
     here, it ends quietly. Returns the loop the replies' streams are read on."""
     running = asyncio.get_running_loop()
     handler: asyncio.Task[None] | None = getattr(llm, "output_handler", None)
-    if handler is None or handler.done():
-        return running  # never started or already ended
+    if handler is None:
+        return running  # never started: no reply was ever read
     if handler.get_loop() is not running:
         return handler.get_loop()  # not ours to wait for: vLLM's shutdown cancels it
+    if handler.done():
+        return running
     handler.cancel()
     _, pending = await asyncio.wait({handler}, timeout=OUTPUT_HANDLER_END_S)
     if pending:
@@ -121,8 +123,29 @@ def _end_open_streams(llm: AsyncLLM, replies_loop: asyncio.AbstractEventLoop) ->
 
     if replies_loop is asyncio.get_running_loop():
         fail()
-    elif not replies_loop.is_closed():
+        return
+    try:
         replies_loop.call_soon_threadsafe(fail)
+    except RuntimeError:  # that loop is closed: nothing reads those streams any more
+        pass
+
+
+async def _on(loop: asyncio.AbstractEventLoop, step: Coroutine[object, object, None]) -> None:
+    """``step`` run on ``loop`` (vLLM's request states belong to the loop its replies are
+    read on), waited for up to :data:`OUTPUT_HANDLER_END_S` when that loop is another's;
+    dropped if that loop is closed."""
+    if loop is asyncio.get_running_loop():
+        await step
+        return
+    try:
+        done = asyncio.run_coroutine_threadsafe(step, loop)
+    except RuntimeError:  # closed
+        step.close()
+        return
+    try:
+        await asyncio.wait_for(asyncio.wrap_future(done), OUTPUT_HANDLER_END_S)
+    except TimeoutError:
+        logger.warning("vLLM's abort on its replies' loop did not end within %.0f s", OUTPUT_HANDLER_END_S)
 
 
 def start_engine(
