@@ -12,9 +12,23 @@ from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
+from app_toolkit.exceptions import ReplicaUnavailableError
+
 if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedTokenizerBase
+
+
+class EngineFailed(RuntimeError):
+    """The engine ended a reply or an embedding with an error before it was complete."""
+
+
+class EngineStopped(ReplicaUnavailableError):
+    """The engine stopped before a reply or an embedding was complete: closed as its
+    replica ends (past the drain's deadline), or its process died. For its callers this is
+    the model's replica going away (``tk.ReplicaUnavailableError``): another replica may
+    serve the request, and it is answered as a lost replica is (a 503 with
+    ``Retry-After``; a stream under way ends with the restart error)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -297,7 +311,9 @@ class TextEngine(Protocol):
         """The tokens of one reply (after ``request.produced``), as each is decoded; ends at
         an end-of-sequence or stop token (yielded last, marked ``ends``), at
         ``sampling.max_tokens``, or when the constraint is finished. Closing the iterator
-        takes the reply out of the batch at once."""
+        takes the reply out of the batch at once. Raises :class:`EngineStopped` once the
+        engine has closed or died, :class:`EngineFailed` when it ends the reply with an
+        error of its own."""
 
     def current_load(self) -> EngineLoad:
         """What it holds now; cheap, never waits."""
@@ -307,7 +323,7 @@ class TextEngine(Protocol):
         the replica's health check fails and the replica is replaced."""
 
     async def close(self) -> None:
-        """Free the model."""
+        """Free the model; every reply still open ends with :class:`EngineStopped`."""
 
 
 class EmbeddingEngine(Protocol):
@@ -344,7 +360,8 @@ class EmbeddingEngine(Protocol):
 
     async def embed(self, inputs: Sequence[Sequence[int]]) -> list[list[float]]:
         """One normalised vector per input, in order (a batch): token ids read as they are
-        (no special tokens added: a text's are, by the :meth:`encode` that counted it)."""
+        (no special tokens added: a text's are, by the :meth:`encode` that counted it).
+        Raises :class:`EngineStopped` when the engine closes or dies first."""
 
     async def close(self) -> None:
         """Free the model."""

@@ -95,7 +95,8 @@ def as_openai_error(exc: BaseException) -> OpenAIError:
 
 def stream_error(exc: BaseException) -> OpenAIErrorEvent:
     """What ends a stream cut off mid-way by one of the :data:`ANSWERED` exceptions; a
-    model replica that went away is the restart error (retry)."""
+    model replica that went away (or whose engine stopped: ``EngineStopped``) is the
+    restart error (retry)."""
     if isinstance(exc, ReplicaUnavailableError):
         return OpenAIErrorEvent.restarting()
     return as_openai_error(exc).event()

@@ -15,7 +15,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from app_toolkit.llm.engine import EngineLoad, EngineRequest, Sampling
+from app_toolkit.llm.engine import EngineLoad, EngineRequest, EngineStopped, Sampling
 from app_toolkit.llm.engines import forward_passes
 from app_toolkit.llm.engines.decoder import Decoder, DecoderHooks
 from app_toolkit.llm.engines.prefix_cache import PrefixCache
@@ -128,6 +128,30 @@ def test_a_decoder_whose_loop_ended_by_a_fault_fails_its_health_check(
             waiting.cancel()
         finally:
             await decoder.close()
+
+    asyncio.run(scenario())
+
+
+def test_the_replies_open_at_the_close_end_with_engine_stopped(model: Any) -> None:
+    """A reply decoding and one queued behind it when the decoder closes (its replica ends
+    past the drain's deadline) each end with EngineStopped, which the model's server
+    answers as a 503, rather than waiting for tokens that never come; a reply asked
+    after the close is refused with it."""
+
+    async def scenario() -> None:
+        decoder = Decoder(model, set(), max_batch_size=1)  # no EOS: the first runs to max
+        running = decoder.generate(EngineRequest(PROMPTS[0], greedy(10_000)))
+        await anext(running)
+        queued = asyncio.ensure_future(reply(decoder, PROMPTS[1], max_tokens=4))
+        await wait_for_async(lambda: decoder.current_load().waiting == 1, timeout_s=10)
+        await decoder.close()
+        with pytest.raises(EngineStopped):
+            async for _ in running:
+                pass
+        with pytest.raises(EngineStopped):
+            await asyncio.wait_for(queued, timeout=10)  # the bound: a reply left waiting hangs
+        with pytest.raises(EngineStopped):
+            await reply(decoder, PROMPTS[2], max_tokens=2)
 
     asyncio.run(scenario())
 

@@ -13,13 +13,15 @@ from typing import Any
 
 import pytest
 
+import app_toolkit as tk
 from app_toolkit.exceptions import ConfigError
-from app_toolkit.llm import LLMConfig, LLMServer
-from app_toolkit.llm.engine import Capabilities, EngineRequest, Sampling
+from app_toolkit.llm import LLMConfig, LLMServer, errors
+from app_toolkit.llm.engine import Capabilities, EngineRequest, EngineStopped, Sampling
 from app_toolkit.llm.engines.echo import EchoEngine
-from app_toolkit.llm.errors import OpenAIError
+from app_toolkit.llm.errors import ANSWERED, OpenAIError, as_openai_error, stream_error
 from app_toolkit.llm.events import Generation, StructuredOutputs
 from app_toolkit.llm.replica import server as server_module
+from app_toolkit.streaming import RESTART_CODE, OpenAIErrorEvent
 
 ECHO: dict[str, Any] = {"model_loading_config": {"model_id": "e"}, "llm_engine": "echo"}
 
@@ -146,6 +148,41 @@ def test_the_server_reports_its_engines_load_as_autoscaling_metrics_and_routing_
         await LLMServer.__del__(server)
 
     asyncio.run(scenario())
+
+
+def test_an_engine_that_stops_under_a_reply_is_answered_with_the_restart_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A replica whose engine stops (closed past the drain's deadline, or dead) ends the
+    reply still running with EngineStopped, and so a request that comes after: for its
+    callers the replica went away (a chat example's reply goes on elsewhere), and the
+    ingress answers it so: a 503 in OpenAI's shape with Retry-After, or a stream's restart
+    error, rather than a 500 for a failure of the model's."""
+    engine = EchoEngine(tokens_per_s=50)  # 20 ms a token: the reply is still running at the close
+    monkeypatch.setattr(server_module, "engine_for", lambda config: engine)
+
+    async def scenario() -> None:
+        server = await _server(ECHO)
+        reply = server.generate(Generation(Sampling(max_tokens=50, ignore_eos=True), prompt="hello"))
+        await anext(reply)  # the prompt's count
+        await anext(reply)  # the first piece
+        await engine.close()
+        with pytest.raises(EngineStopped):
+            async for _ in reply:
+                pass
+        with pytest.raises(EngineStopped):
+            async for _ in server.generate(Generation(Sampling(max_tokens=2), prompt="hi")):
+                pass
+        await LLMServer.__del__(server)
+
+    asyncio.run(scenario())
+    stopped = EngineStopped("The engine stopped before the reply was complete")
+    assert isinstance(stopped, tk.ReplicaUnavailableError) and isinstance(stopped, ANSWERED)
+    error = as_openai_error(stopped)
+    assert (error.status, error.type, error.code) == (503, "server_error", "unavailable")
+    assert errors.retry_headers(error) == {"Retry-After": "1"}
+    assert stream_error(stopped) == OpenAIErrorEvent.restarting()
+    assert stream_error(stopped).code == RESTART_CODE
 
 
 def test_a_template_that_cannot_leave_the_last_message_open_is_a_400(monkeypatch: pytest.MonkeyPatch) -> None:

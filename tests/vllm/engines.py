@@ -13,8 +13,7 @@ from typing import Any
 import zmq
 
 from app_toolkit.llm import LLMConfig
-from app_toolkit.llm.engine import EmbeddingEngine, EngineRequest, Sampling, TextEngine, Token
-from app_toolkit.llm.engines.vllm import EngineFailed
+from app_toolkit.llm.engine import EmbeddingEngine, EngineRequest, EngineStopped, Sampling, TextEngine, Token
 from app_toolkit.llm.replica.loading import engine_for
 
 #: How long a reply open when its engine closes may take to end.
@@ -43,14 +42,14 @@ def loaded(loop: asyncio.AbstractEventLoop, config: dict[str, Any]) -> Iterator[
     try:
         with _unclosed_contexts_ignored():  # the reply's last reference may hold the context
             _closed(loop, engine)
-            if reply is not None:  # it ends at the close: aborted, not run to its 500 tokens
+            if reply is not None:  # it ends at the close, stopped, not run to its 500 tokens
                 assert loop.run_until_complete(asyncio.wait_for(_rest(reply), ENDED_S)) < 500
                 del reply
                 gc.collect()
-            if embedding is not None:  # it ends at the close, aborted: no empty vectors
+            if embedding is not None:  # it ends at the close, stopped: no empty vectors
                 done, _ = loop.run_until_complete(asyncio.wait({embedding}, timeout=ENDED_S))
                 assert done, f"an embedding in flight did not end within {ENDED_S:.0f} s of the close"
-                assert isinstance(embedding.exception(), EngineFailed), embedding
+                assert isinstance(embedding.exception(), EngineStopped), embedding
                 del embedding, done  # its error's frames hold the engine
                 gc.collect()
     finally:
@@ -105,14 +104,14 @@ def _an_open_embedding(
 
 
 async def _rest(reply: AsyncGenerator[Token, None]) -> int:
-    """The tokens a reply still gives before it ends (with vLLM's abort: an EngineFailed)."""
+    """The tokens a reply gives before it ends with EngineStopped (its engine closed)."""
     count = 1
     try:
         async for _ in reply:
             count += 1
-    except EngineFailed:
-        pass
-    return count
+    except EngineStopped:
+        return count
+    raise AssertionError(f"a reply open at the close ended after {count} tokens without EngineStopped")
 
 
 class _Records(logging.Handler):

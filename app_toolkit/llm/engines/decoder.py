@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..engine import Constraint, EngineLoad, EngineRequest, Logprobs, Sampling, Token
+from ..engine import Constraint, EngineLoad, EngineRequest, EngineStopped, Logprobs, Sampling, Token
 from .adapters import AdapterFiles, AttachedAdapters
 from .forward_passes import ForwardPasses
 from .prefix_cache import PrefixCache
@@ -118,6 +118,7 @@ class Decoder:
         self._active: list[_Sequence] = []  # in the batch's rows, in order
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
+        self._closed = False
         self.tokens = 0
         self.step_s = 0.0  # a decoding step's time lately (0 before the first)
 
@@ -154,6 +155,8 @@ class Decoder:
             raise ValueError(f"The adapter {adapter!r} is not attached: attach it first")
         if not prompt:
             raise ValueError("The prompt is empty: a reply needs at least one token to follow")
+        if self._closed:
+            raise EngineStopped("The engine has stopped: it takes no more replies")
         if sampling.max_tokens <= len(produced):
             return
         generator = None if sampling.seed is None else torch.Generator().manual_seed(sampling.seed)
@@ -174,6 +177,8 @@ class Decoder:
         finished = False
         try:
             while (item := await sequence.out.get()) is not None:
+                if isinstance(item, EngineStopped):
+                    raise item
                 if isinstance(item, Exception):
                     raise RuntimeError("The model failed while decoding") from item
                 yield item
@@ -250,11 +255,24 @@ class Decoder:
             raise RuntimeError("The decoder's loop has ended") from task.exception()
 
     async def close(self) -> None:
+        """Stop decoding; every reply still open ends with :class:`EngineStopped`."""
+        self._closed = True
         self._passes.close()
         if self._task is not None:
             self._task.cancel()
             await asyncio.wait({self._task})
             self._task = None
+        self._end_all(None)
+
+    def _end_all(self, error: Exception | None) -> None:
+        """End every reply in flight with ``error`` (None: the engine stopped, each reply
+        with an :class:`EngineStopped` of its own)."""
+        for sequence in self._active + self._joining + self._waiting:
+            if not sequence.abandoned:
+                stopped = EngineStopped("The engine stopped before the reply was complete")
+                sequence.out.put_nowait(stopped if error is None else error)
+                sequence.abandoned = True
+        self._active, self._joining, self._waiting = [], [], []
 
     async def _run(self) -> None:
         while True:
@@ -275,11 +293,7 @@ class Decoder:
                 await self._advance()
             except Exception as exc:  # every reply in flight ends with the error; the loop goes on
                 logger.exception("Decoding failed; ending %d replies", self.active)
-                for sequence in self._active + self._joining + self._waiting:
-                    if not sequence.abandoned:
-                        sequence.out.put_nowait(exc)
-                        sequence.abandoned = True
-                self._active, self._joining, self._waiting = [], [], []
+                self._end_all(exc)
                 self._passes.batch.reset()
 
     async def _advance(self) -> None:

@@ -17,7 +17,17 @@ import re
 from collections.abc import AsyncGenerator, Iterator, Mapping, Sequence
 from typing import Literal
 
-from ..engine import Adapters, Capabilities, Constraint, EngineLoad, EngineRequest, Logprobs, Sampling, Token
+from ..engine import (
+    Adapters,
+    Capabilities,
+    Constraint,
+    EngineLoad,
+    EngineRequest,
+    EngineStopped,
+    Logprobs,
+    Sampling,
+    Token,
+)
 
 #: The end-of-sequence token of the bytes tokenizer: after the 256 byte values.
 EOS_ID = 256
@@ -100,6 +110,7 @@ class EchoEngine:
         self.eos_token_ids = frozenset({self._tokens.eos_token_id})
         self._remaining: dict[int, int] = {}  # per reply under way: tokens it may still produce
         self.tokens = 0  # produced since the start, for tests and stats
+        self._closed = False
 
     def load(self) -> None:
         """Nothing to load."""
@@ -160,6 +171,8 @@ class EchoEngine:
         """
         if request.adapter:
             raise ValueError("The echo engine has no model to apply a LoRA adapter to")
+        if self._closed:
+            raise EngineStopped("The engine has stopped: it takes no more requests")
         prompt, sampling, constraint = request.prompt, request.sampling, request.constraint
         on_slot, on_prompt = request.on_slot, request.on_prompt
         key = object()
@@ -183,6 +196,8 @@ class EchoEngine:
                     return
                 due += interval
                 await asyncio.sleep(max(0.0, due - loop.time()))
+                if self._closed:
+                    raise EngineStopped("The engine stopped before the reply was complete")
                 token = echoed if constraint is None else _allowed(echoed, constraint, self.vocab_size)
                 if token is None:
                     return
@@ -218,7 +233,9 @@ class EchoEngine:
         """Nothing can fail apart from the replica."""
 
     async def close(self) -> None:
-        """Nothing to free."""
+        """Nothing to free; each reply still open ends with :class:`EngineStopped` where its
+        next token was due."""
+        self._closed = True
 
 
 def _certain(token: int, count: int) -> Logprobs:

@@ -16,6 +16,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from ..engine import EngineStopped
+
 if TYPE_CHECKING:
     from sentence_transformers import SentenceTransformer
     from transformers import PreTrainedTokenizerBase
@@ -45,6 +47,7 @@ class SentenceEngine:
         self.dimensions = 0  # known once loaded
         self.tokenizer: PreTrainedTokenizerBase | None = None
         self._model: SentenceTransformer | None = None
+        self._closed = False
         self._running = asyncio.Lock()
 
     def load(self) -> None:
@@ -120,10 +123,13 @@ class SentenceEngine:
         """The model runs in the replica's process: it lives as long as the replica."""
 
     async def close(self) -> None:
-        """Let go of the model."""
+        """Let go of the model (an embedding being computed still completes)."""
+        self._closed = True
         self._model = None
 
     def _loaded(self) -> SentenceTransformer:
+        if self._closed:
+            raise EngineStopped("The engine has stopped: it takes no more requests")
         if self._model is None:
             raise RuntimeError("The engine is not loaded: call load() first (once per replica)")
         return self._model

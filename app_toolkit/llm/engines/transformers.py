@@ -17,7 +17,7 @@ from collections.abc import AsyncGenerator
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from ..engine import Capabilities, EngineLoad, EngineRequest, Token
+from ..engine import Capabilities, EngineLoad, EngineRequest, EngineStopped, Token
 from . import gguf_cache
 from .decoder import Decoder, DecoderHooks
 from .folder_adapters import FolderAdapters
@@ -96,6 +96,7 @@ class TransformersEngine(TokenizerText):
         self.tokenizer: PreTrainedTokenizerBase | None = None
         self.eos_token_ids: frozenset[int] = frozenset()
         self._decoder: Decoder | None = None
+        self._closed = False
 
     def load(self) -> None:
         """Read the tokenizer and the weights (logged as one line with the time each took)."""
@@ -202,12 +203,16 @@ class TransformersEngine(TokenizerText):
             self._decoder.check_health()
 
     async def close(self) -> None:
-        """Stop decoding and let go of the model."""
+        """Stop decoding (the replies still open end with :class:`EngineStopped`) and let go
+        of the model."""
+        self._closed = True
         if self._decoder is not None:
             await self._decoder.close()
             self._decoder = None
 
     def _loaded_decoder(self) -> Decoder:
+        if self._closed:
+            raise EngineStopped("The engine has stopped: it takes no more requests")
         if self._decoder is None:
             raise RuntimeError("The engine is not loaded: call load() first (once per replica)")
         return self._decoder

@@ -20,7 +20,16 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, Protocol
 
-from ..engine import Adapters, Capabilities, EngineLoad, EngineRequest, Logprobs, Token
+from ..engine import (
+    Adapters,
+    Capabilities,
+    EngineFailed,
+    EngineLoad,
+    EngineRequest,
+    EngineStopped,
+    Logprobs,
+    Token,
+)
 from ..engine_options import DTYPES
 from ..vllm_arguments import GRAMMAR_BACKEND, version
 from . import gguf_cache
@@ -35,10 +44,6 @@ logger = logging.getLogger(__name__)
 
 #: The log-probability given where vLLM gave none (vLLM's own stand-in for minus infinity).
 UNLIKELY = -9999.0
-
-
-class EngineFailed(RuntimeError):
-    """vLLM ended a reply with an error, or aborted it, before it was complete."""
 
 
 class _SchedulerStats(Protocol):
@@ -142,6 +147,7 @@ class VLLMEngine(TokenizerText):
         #: penalties, and vLLM's grammar would start again after them (no continuation under one).
         self.capabilities = Capabilities(logprobs=True, structured="native", continuation="unconstrained")
         self._llm: AsyncLLM | None = None
+        self._closed = False
         self._scratch: Path | None = None
         #: End-of-turn tokens vLLM does not end a reply on by itself (not its EOS ids).
         self._end_of_turn: tuple[int, ...] = ()
@@ -224,10 +230,12 @@ class VLLMEngine(TokenizerText):
         """The tokens of one reply (``TextEngine.generate``), as vLLM produces them; closing
         it aborts the request in vLLM. ``on_slot`` is called with the first tokens (vLLM
         does not say when a request leaves its queue: its wait includes reading the prompt).
-        Raises :class:`EngineFailed` when vLLM ends the reply with an error or aborts it."""
+        Raises :class:`EngineStopped` when vLLM's engine stops (it aborts the reply, or its
+        engine core is dead), :class:`EngineFailed` when vLLM ends the reply with an error."""
         from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind, StructuredOutputsParams
+        from vllm.v1.engine.exceptions import EngineDeadError
 
         llm = self._loaded()
         prompt, sampling, constraint = request.prompt, request.sampling, request.constraint
@@ -283,8 +291,10 @@ class VLLMEngine(TokenizerText):
                     if on_prompt is not None:
                         # Carried tokens found cached are no prompt tokens of the reply's.
                         on_prompt(min(int(output.num_cached_tokens or 0), len(request.prompt)))
-                if completion.finish_reason in ("error", "abort"):
-                    raise EngineFailed(f"vLLM ended the reply: {completion.finish_reason}")
+                if completion.finish_reason == "abort":  # only a closing engine aborts a reply read
+                    raise EngineStopped("vLLM's engine stopped before the reply was complete: aborted")
+                if completion.finish_reason == "error":
+                    raise EngineFailed("vLLM ended the reply with an error")
                 tokens = list(completion.token_ids)
                 # vLLM gives the token that ended the reply (end of sequence, a stop token
                 # id) last: it is yielded marked ``ends``, as the contract says.
@@ -305,6 +315,8 @@ class VLLMEngine(TokenizerText):
                     yield Token(token, _logprobs(logprobs, index, token, sampling.logprobs))
                     if constraint is not None and constraint.finished:
                         return  # the grammar is complete (with ignore_eos vLLM would go on)
+        except EngineDeadError as exc:  # the engine closed around the reply, or its core died
+            raise EngineStopped("vLLM's engine stopped before the reply was complete") from exc
         finally:
             self._replies.discard(request_id)
             await outputs.aclose()  # aborts the request in vLLM if it is still running
@@ -330,7 +342,8 @@ class VLLMEngine(TokenizerText):
 
     async def close(self) -> None:
         """Abort the replies in vLLM, stop its engine (its processes end) and remove a
-        scratch checkpoint."""
+        scratch checkpoint. The replies still open end with :class:`EngineStopped`."""
+        self._closed = True
         if self._lora is not None:
             await self._lora.aclose()
         await abort_and_stop(self._llm, self._replies, self._stop)
@@ -347,6 +360,8 @@ class VLLMEngine(TokenizerText):
             self._scratch = None
 
     def _loaded(self) -> AsyncLLM:
+        if self._closed:
+            raise EngineStopped("The engine has stopped: it takes no more requests")
         if self._llm is None:
             raise RuntimeError("The engine is not loaded: call load() first (once per replica)")
         return self._llm

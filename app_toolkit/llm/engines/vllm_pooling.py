@@ -18,8 +18,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
+from ..engine import EngineStopped
 from .hf_tokenizer import TokenizerText
-from .vllm import EngineFailed
 from .vllm_start import abort_and_stop, kv_cache_said, sized, start_engine
 
 if TYPE_CHECKING:
@@ -57,6 +57,7 @@ class VLLMPoolingEngine(TokenizerText):
         self.context_window = 0  # the model's, once loaded
         self.dimensions = 0  # known once loaded
         self._llm: AsyncLLM | None = None
+        self._closed = False
         self._requests: set[str] = set()  # vLLM's ids of the inputs in it
 
     def load(self) -> None:
@@ -97,7 +98,8 @@ class VLLMPoolingEngine(TokenizerText):
     async def embed(self, inputs: Sequence[Sequence[int]]) -> list[list[float]]:
         """One vector of length ``dimensions`` and norm 1 per input, in order: token ids
         read as they are (a text's, with its special tokens, from :meth:`encode`). Raises
-        :class:`EngineFailed` when vLLM aborts one or its engine stops (the engine closing)."""
+        :class:`EngineStopped` when vLLM's engine stops first (it aborts one, or its engine
+        core is dead)."""
         from vllm import PoolingParams
         from vllm.inputs import TokensPrompt
         from vllm.v1.engine.exceptions import EngineDeadError
@@ -116,12 +118,12 @@ class VLLMPoolingEngine(TokenizerText):
                     vector = [float(value) for value in output.outputs.data.tolist()]
                     finished = output.finished
             except EngineDeadError as exc:  # the engine closed around the request
-                raise EngineFailed("vLLM's engine stopped before the embedding was complete") from exc
+                raise EngineStopped("vLLM's engine stopped before the embedding was complete") from exc
             finally:
                 self._requests.discard(request_id)
                 await outputs.aclose()  # aborts the request in vLLM if it is still running
             if not (finished and vector):  # vLLM's final output of an aborted request is empty
-                raise EngineFailed("vLLM ended the embedding before it was complete: aborted")
+                raise EngineStopped("vLLM's engine stopped before the embedding was complete: aborted")
             return vector
 
         # One request per input, batched by vLLM's scheduler; one that fails cancels the rest
@@ -143,7 +145,9 @@ class VLLMPoolingEngine(TokenizerText):
         await self._loaded().check_health()
 
     async def close(self) -> None:
-        """Abort the inputs in vLLM, and stop its engine (its processes end)."""
+        """Abort the inputs in vLLM, and stop its engine (its processes end). The embeddings
+        still open end with :class:`EngineStopped`."""
+        self._closed = True
         await abort_and_stop(self._llm, self._requests, self._stop)
 
     def _stop(self) -> None:
@@ -152,6 +156,8 @@ class VLLMPoolingEngine(TokenizerText):
             self._llm = None
 
     def _loaded(self) -> AsyncLLM:
+        if self._closed:
+            raise EngineStopped("The engine has stopped: it takes no more requests")
         if self._llm is None:
             raise RuntimeError("The engine is not loaded: call load() first (once per replica)")
         return self._llm

@@ -195,7 +195,9 @@ class LLMServer:
     async def generate(self, generation: Generation) -> AsyncIterator[Delta]:
         """The first item counts the prompt; then text pieces (or tool-call fragments); the
         last says why the reply ended. Raises :class:`OpenAIError` before any item when the
-        request cannot be served (the prompt does not fit, a bad grammar)."""
+        request cannot be served (the prompt does not fit, a bad grammar); the engine's
+        :class:`~app_toolkit.llm.engine.EngineStopped` when it stops under the reply (a
+        ``ReplicaUnavailableError``: the ingress answers it as a lost replica's)."""
         engine = self._text_engine()
         model_id = tk.get_multiplexed_model_id()
         adapter = self._adapter_named(model_id)
