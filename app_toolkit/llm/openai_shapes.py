@@ -207,6 +207,25 @@ class OutputMessage(TypedDict):
     content: list[OutputText]
 
 
+class ReasoningText(TypedDict):
+    """A Responses API reasoning item's text part."""
+
+    type: str  # "reasoning_text"
+    text: str
+
+
+class ReasoningItem(TypedDict):
+    """A Responses API ``response``'s output item: what a reasoning parser split off the
+    reply, as vLLM's server gives it (``content`` None until the item is done)."""
+
+    id: str
+    type: str  # "reasoning"
+    summary: list[object]
+    content: list[ReasoningText] | None
+    encrypted_content: str | None
+    status: str
+
+
 class ResponseUsage(TypedDict):
     """A Responses API ``response``'s ``usage``."""
 
@@ -225,7 +244,7 @@ class ResponseObject(TypedDict):
     created_at: int
     status: str
     model: str
-    output: list[OutputMessage]
+    output: list[OutputMessage | ReasoningItem]
     output_text: str
     usage: ResponseUsage | None
     incomplete_details: dict[str, str] | None

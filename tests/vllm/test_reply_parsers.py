@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -20,11 +20,13 @@ from app_toolkit.llm import LLMConfig, LLMServer
 from app_toolkit.llm.engine import Sampling
 from app_toolkit.llm.errors import OpenAIError
 from app_toolkit.llm.events import Delta, Generation
-from app_toolkit.llm.openai import chat
+from app_toolkit.llm.openai import chat, responses
 from app_toolkit.llm.openai.replies import Whole, read_choices
+from app_toolkit.llm.openai.responses import ResponsesRequest
 from app_toolkit.llm.protocol import ChatCompletionRequest
 from app_toolkit.llm.replica.parsers import ReplyParsers
 from app_toolkit.llm.serving_args import serving_args
+from tests.model_replies import GivenReply
 
 pytestmark = pytest.mark.filterwarnings("ignore::DeprecationWarning")
 
@@ -61,23 +63,6 @@ def tokenizer() -> Iterator[Any]:
     yield AutoTokenizer.from_pretrained(llm_vllm.model_folder())
 
 
-class _Stream:
-    """The deltas as the ingress reads a model's reply (a handle's stream of them)."""
-
-    def __init__(self, deltas: Sequence[Delta]) -> None:
-        self._deltas = list(deltas)
-
-    def __aiter__(self) -> AsyncIterator[Delta]:
-        return self._iterate()
-
-    async def _iterate(self) -> AsyncIterator[Delta]:
-        for delta in self._deltas:
-            yield delta
-
-    def cancel(self) -> None:
-        pass
-
-
 def _replied(
     tokenizer: Any,
     text: str,
@@ -102,7 +87,7 @@ def _replied(
         completion_tokens=len(deltas),
         reasoning_tokens=structure.reasoning_tokens(),
     )
-    (whole,) = asyncio.run(read_choices(Delta(prompt_tokens=len(prompt)), _Stream([*deltas, last]), 1))  # type: ignore[arg-type]
+    (whole,) = asyncio.run(read_choices(Delta(prompt_tokens=len(prompt)), GivenReply([*deltas, last]), 1))  # type: ignore[arg-type]
     return deltas, whole
 
 
@@ -156,7 +141,7 @@ def test_reasoning_tokens_are_counted_in_the_usage_as_vllm_counts_them(tokenizer
     assert answered.get("completion_tokens_details") == {"reasoning_tokens": expected}
     if parse == "streamed":  # the usage chunk, as the ingress streams it
         last = Delta(finish_reason="stop", completion_tokens=9, reasoning_tokens=expected)
-        chunks = _chunks(chat.streamed(Delta(prompt_tokens=3), _Stream([*deltas, last]), "smollm2", True))  # type: ignore[arg-type]
+        chunks = _chunks(chat.streamed(Delta(prompt_tokens=3), GivenReply([*deltas, last]), "smollm2", True))  # type: ignore[arg-type]
         assert chunks[-1]["usage"] == {
             "prompt_tokens": 3,
             "completion_tokens": 9,
@@ -307,7 +292,7 @@ def test_the_replica_counts_the_reasoning_and_leaves_it_out_when_asked() -> None
         async def replied(**fields: Any) -> tuple[list[Delta], Whole]:
             request = ChatCompletionRequest.model_validate({**body, **fields}).checked()
             deltas = [delta async for delta in server.generate(chat.generation(request, 0.0))]
-            (whole,) = await read_choices(deltas[0], _Stream(deltas[1:]), 1)  # type: ignore[arg-type]
+            (whole,) = await read_choices(deltas[0], GivenReply(deltas[1:]), 1)  # type: ignore[arg-type]
             return deltas, whole
 
         try:
@@ -323,6 +308,19 @@ def test_the_replica_counts_the_reasoning_and_leaves_it_out_when_asked() -> None
             with pytest.raises(OpenAIError) as refused:
                 await replied(include_reasoning=False, logprobs=True)
             assert (refused.value.status, refused.value.param) == (400, "include_reasoning")
+            # /v1/responses asks the replica the same: the reasoning is its own item, counted.
+            asked = ResponsesRequest.model_validate(
+                {"input": MESSAGES[0]["content"], "max_output_tokens": 6, "temperature": 0}
+            ).checked()
+            conversation: Any = MESSAGES
+            deltas = [
+                delta async for delta in server.generate(responses.generation(asked, conversation, 0.0))
+            ]
+            (read,) = await read_choices(deltas[0], GivenReply(deltas[1:]), 1)  # type: ignore[arg-type]
+            answered = responses.Reply(asked, "smollm2", deltas[0].prompt_tokens, conversation).read(read)
+            assert [item["type"] for item in answered["output"]] == ["reasoning", "message"]
+            assert answered["usage"] is not None
+            assert answered["usage"]["output_tokens_details"]["reasoning_tokens"] == whole.reasoning_tokens
         finally:
             await LLMServer.__del__(server)
 

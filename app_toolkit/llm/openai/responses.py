@@ -25,6 +25,8 @@ from app_toolkit.llm.openai_shapes import (
     JSONObject,
     OutputMessage,
     OutputText,
+    ReasoningItem,
+    ReasoningText,
     ResponseObject,
     ResponseUsage,
 )
@@ -105,6 +107,8 @@ class ResponsesRequest(SamplingFields):
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
     text: dict[str, Any] | None = None  # text.format's keys are read as sent: response_format()
+    #: vLLM's: with a reasoning parser, False leaves the reasoning out of the response.
+    include_reasoning: bool = True
 
     def checked(self) -> ResponsesRequest:
         if self.background:
@@ -187,6 +191,8 @@ def generation(
         skip_special_tokens=request.skip_special_tokens,
         response_format=reply_format_asked(request.response_format(), request.structured_outputs),
         received_at=received_at,
+        include_reasoning=request.include_reasoning,
+        parse="streamed" if request.stream else "whole",
     )
 
 
@@ -218,7 +224,11 @@ class Event(NamedTuple):
 class Reply:
     """One response as it grows: the same fields in every event and answer that carries it.
     ``conversation`` is what the model read but the instructions; a later request's
-    ``previous_response_id`` continues it with this reply's text (:meth:`continued`)."""
+    ``previous_response_id`` continues it with this reply's text (:meth:`continued`: the
+    reasoning is not carried, as vLLM does not carry it).
+
+    Its output is the reasoning a reasoning parser split off (``engine_kwargs.
+    reasoning_parser``), if any, as a ``reasoning`` item, then the message."""
 
     def __init__(
         self,
@@ -229,13 +239,16 @@ class Reply:
     ) -> None:
         self.id = f"resp_{uuid.uuid4().hex}"
         self.message_id = f"msg_{uuid.uuid4().hex}"
+        self.reasoning_id = f"rs_{uuid.uuid4().hex}"
         self.created_at = int(time.time())
         self.request = request
         self.model = model
         self.conversation = conversation
         self.prompt_tokens = prompt_tokens
         self.text: list[str] = []
+        self.reasoning: list[str] = []
         self.completion_tokens = 0
+        self.reasoning_tokens: int | None = None  # None: no reasoning parser counted them
         self.status = "in_progress"
         self.finish_reason: str | None = None
         self.error: dict[str, str | None] | None = None
@@ -281,6 +294,26 @@ class Reply:
             "content": content,
         }
 
+    def reasoning_part(self) -> ReasoningText:
+        return {"type": "reasoning_text", "text": "".join(self.reasoning)}
+
+    def reasoning_item(self, status: str) -> ReasoningItem:
+        return {
+            "id": self.reasoning_id,
+            "type": "reasoning",
+            "summary": [],
+            "content": [self.reasoning_part()] if status == "completed" else None,
+            "encrypted_content": None,
+            "status": status,
+        }
+
+    def output(self) -> list[OutputMessage | ReasoningItem]:
+        """The output of a response that ended: its reasoning (if any), then the message."""
+        reasoning: list[OutputMessage | ReasoningItem] = (
+            [self.reasoning_item("completed")] if self.reasoning else []
+        )
+        return [*reasoning, self.message("completed")]
+
     def response(self) -> ResponseObject:
         """The ``response`` object as it stands."""
         ended = self.status in ("completed", "incomplete")
@@ -291,7 +324,7 @@ class Reply:
             "created_at": self.created_at,
             "status": self.status,
             "model": self.model,
-            "output": [self.message("completed")] if ended else [],
+            "output": self.output() if ended else [],
             "output_text": "".join(self.text) if ended else "",
             "usage": self.usage() if ended else None,
             "incomplete_details": {"reason": "max_output_tokens"} if self.status == "incomplete" else None,
@@ -314,42 +347,60 @@ class Reply:
     def usage(self) -> ResponseUsage:
         return {
             "input_tokens": self.prompt_tokens,
-            "input_tokens_details": {"cached_tokens": 0},
+            # cache_write_tokens: newer openai clients' types require it (vLLM 0.32 leaves it out).
+            "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
             "output_tokens": self.completion_tokens,
-            "output_tokens_details": {"reasoning_tokens": 0},
+            "output_tokens_details": {"reasoning_tokens": self.reasoning_tokens or 0},
             "total_tokens": self.prompt_tokens + self.completion_tokens,
         }
 
     def end(self, last: Delta) -> None:
         """Take the reply's last item (why it ended, the tokens it took)."""
         self.completion_tokens = last.completion_tokens
+        self.reasoning_tokens = last.reasoning_tokens
         self.finish_reason = last.finish_reason
         self.status = "incomplete" if last.finish_reason == "length" else "completed"
 
     def read(self, whole: Whole) -> ResponseObject:
         """The response of a reply read whole."""
         self.text = [whole.text]
-        self.end(Delta(completion_tokens=whole.completion_tokens, finish_reason=whole.finish_reason))
+        self.reasoning = [whole.reasoning] if whole.reasoning else []
+        self.end(
+            Delta(
+                completion_tokens=whole.completion_tokens,
+                finish_reason=whole.finish_reason,
+                reasoning_tokens=whole.reasoning_tokens,
+            )
+        )
         return self.response()
 
 
 async def produced(reply: Reply, stream: Stream) -> AsyncIterator[Event]:
-    """The response's events as the model's deltas come; ``reply`` follows along. A reply
-    cut off ends with OpenAI's ``error`` event (the model's replica went away: retry), a
-    failure with ``response.failed``."""
+    """The response's events as the model's deltas come; ``reply`` follows along. The
+    reasoning (a reasoning parser's) is an item of its own, opened at its first piece and
+    done when the message's first piece comes, as vLLM's server sends them; the message is
+    sent even when empty. A reply cut off ends with OpenAI's ``error`` event (the model's
+    replica went away: retry), a failure with ``response.failed``."""
     event = reply.event
-    where = {"item_id": reply.message_id, "output_index": 0, "content_index": 0}
+    items = _Items(reply)
     yield event("response.created", response=reply.response())
     yield event("response.in_progress", response=reply.response())
-    yield event("response.output_item.added", output_index=0, item=reply.message("in_progress"))
-    yield event(
-        "response.content_part.added", **where, part={"type": "output_text", "text": "", "annotations": []}
-    )
     try:
         async for delta in stream:
+            # vLLM's reasoning parsers send the reasoning before the answer: a piece of it
+            # after the answer began (which none sends) would have no item left to go in.
+            if delta.reasoning and not items.message_open:
+                for sent in items.open_reasoning():
+                    yield sent
+                reply.reasoning.append(delta.reasoning)
+                yield event("response.reasoning_text.delta", **items.where_reasoning, delta=delta.reasoning)
             if delta.text:
+                for sent in items.open_message():
+                    yield sent
                 reply.text.append(delta.text)
-                yield event("response.output_text.delta", **where, delta=delta.text, logprobs=[])
+                yield event(
+                    "response.output_text.delta", **items.where_message, delta=delta.text, logprobs=[]
+                )
             if delta.finish_reason is not None:
                 reply.end(delta)
     except ANSWERED as exc:
@@ -366,10 +417,79 @@ async def produced(reply: Reply, stream: Stream) -> AsyncIterator[Event]:
         stream.cancel()  # ended early (a stream dropped, the ingress stopping): the model stops too
     if not reply.done:
         reply.end(Delta(completion_tokens=reply.completion_tokens, finish_reason="stop"))
+    for sent in items.open_message():
+        yield sent
+    where = items.where_message
     yield event("response.output_text.done", **where, text="".join(reply.text), logprobs=[])
     yield event("response.content_part.done", **where, part=reply.part())
-    yield event("response.output_item.done", output_index=0, item=reply.message("completed"))
+    yield event(
+        "response.output_item.done", output_index=where["output_index"], item=reply.message("completed")
+    )
     yield event(f"response.{reply.status}", response=reply.response())
+
+
+class _Items:
+    """The output items of a streamed response, opened as their first piece comes: the
+    reasoning (index 0), then the message (index 1 after reasoning, else 0)."""
+
+    def __init__(self, reply: Reply) -> None:
+        self._reply = reply
+        self.reasoning_open = False
+        self.message_open = False
+        self.where_reasoning: dict[str, str | int] = {
+            "item_id": reply.reasoning_id,
+            "output_index": 0,
+            "content_index": 0,
+        }
+        self.where_message: dict[str, str | int] = {
+            "item_id": reply.message_id,
+            "output_index": 0,
+            "content_index": 0,
+        }
+
+    def open_reasoning(self) -> list[Event]:
+        """The reasoning item's opening events (none once it is open)."""
+        if self.reasoning_open:
+            return []
+        self.reasoning_open = True
+        event, where = self._reply.event, self.where_reasoning
+        return [
+            event(
+                "response.output_item.added", output_index=0, item=self._reply.reasoning_item("in_progress")
+            ),
+            event("response.content_part.added", **where, part={"type": "reasoning_text", "text": ""}),
+        ]
+
+    def open_message(self) -> list[Event]:
+        """The reasoning item's closing events if it is open, then the message's opening
+        events (none once it is open)."""
+        if self.message_open:
+            return []
+        self.message_open = True
+        reply, event, sent = self._reply, self._reply.event, []
+        if self.reasoning_open:
+            where = self.where_reasoning
+            text = "".join(reply.reasoning)
+            sent += [
+                event("response.reasoning_text.done", **where, text=text),
+                event("response.content_part.done", **where, part=reply.reasoning_part()),
+                event("response.output_item.done", output_index=0, item=reply.reasoning_item("completed")),
+            ]
+            self.where_message["output_index"] = 1
+        where = self.where_message
+        sent += [
+            event(
+                "response.output_item.added",
+                output_index=where["output_index"],
+                item=reply.message("in_progress"),
+            ),
+            event(
+                "response.content_part.added",
+                **where,
+                part={"type": "output_text", "text": "", "annotations": []},
+            ),
+        ]
+        return sent
 
 
 # --8<-- [start:streamed]
