@@ -48,6 +48,7 @@ import httpx
 
 from app_toolkit.llm.engines import gguf_cache
 from app_toolkit.llm.model_source import resolve_model_source
+from benchmarks.client_share import clients_first
 from benchmarks.http_overhead import free_port
 from benchmarks.llm_overhead import CONCURRENCY, FAILED, MODEL, Load, _row, config_file, medians, toolkit_load
 
@@ -170,7 +171,8 @@ def main() -> None:
         + ("; the toolkit with --local" if args.local else ""),
         flush=True,
     )
-    with tempfile.TemporaryDirectory() as work:
+    with tempfile.TemporaryDirectory() as work, clients_first() as share:
+        print(f"the clients' CPU share: {share}", flush=True)
         for round_index in range(args.rounds):
             order = SETUPS if round_index % 2 == 0 else SETUPS[::-1]
             for setup in order:
