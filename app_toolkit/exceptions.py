@@ -12,9 +12,11 @@ The tree::
     │                          also a RuntimeError, as Ray Serve's deploy failures are
     ├── BackPressureError      the caller-side queue is full (HTTP: 503 + Retry-After)
     ├── ReplicaUnavailableError  no replica could take the request (HTTP: 503)
-    │   └── RequestLostError   the replica was lost while it had the request, which may
-    │                          have run (HTTP: 502); on Ray also ray's RayActorError
-    │                          (backends/ray/errors.py), as Ray Serve raises
+    │   ├── RequestLostError   the replica was lost while it had the request, which may
+    │   │                      have run (HTTP: 502); on Ray also ray's RayActorError
+    │   │                      (backends/ray/errors.py), as Ray Serve raises
+    │   └── EngineStopped      (app_toolkit.llm) a model's engine stopped under the
+    │                          request: its replica ends, or the engine died
     ├── RequestTimeoutError    ``result(timeout_s=...)`` ran out
     └── DeploymentCallError    a deployment method raised an exception that could not
                                be sent back as itself (not picklable)

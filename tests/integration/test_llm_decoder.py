@@ -125,7 +125,12 @@ def test_a_decoder_whose_loop_ended_by_a_fault_fails_its_health_check(
 
             failed = await wait_for_async(unhealthy, timeout_s=10, what="the health check failing")
             assert "loop has ended" in str(failed) and isinstance(failed.__cause__, MemoryError)
-            waiting.cancel()
+            # The reply it held ends, rather than waiting for a loop that is gone, and so
+            # does one asked now: the engine is dead (EngineStopped: elsewhere, retried).
+            with pytest.raises(EngineStopped):
+                await asyncio.wait_for(waiting, timeout=10)
+            with pytest.raises(EngineStopped):
+                await reply(decoder, PROMPTS[2], max_tokens=2)
         finally:
             await decoder.close()
 
@@ -152,6 +157,35 @@ def test_the_replies_open_at_the_close_end_with_engine_stopped(model: Any) -> No
             await asyncio.wait_for(queued, timeout=10)  # the bound: a reply left waiting hangs
         with pytest.raises(EngineStopped):
             await reply(decoder, PROMPTS[2], max_tokens=2)
+
+    asyncio.run(scenario())
+
+
+def test_an_attach_waiting_at_the_close_ends_with_engine_stopped(model: Any, tmp_path: Any) -> None:
+    """A LoRA adapter waiting to be attached between two passes when the decoder closes
+    (its request loading it) ends with EngineStopped, rather than waiting for a loop that
+    is gone; an attach asked after the close is refused with it."""
+    from app_toolkit.llm.engines.adapters import read
+    from tests.lora_models import peft_adapter
+
+    peft_adapter(model, tmp_path / "late", 3)
+    files = read(tmp_path, "late", max_rank=16)
+
+    async def scenario() -> None:
+        served = type(model)(model.config)
+        served.load_state_dict(model.state_dict())
+        decoder = Decoder(served.eval(), set(), max_batch_size=1)  # no EOS: the reply runs on
+        running = decoder.generate(EngineRequest(PROMPTS[0], greedy(10_000)))
+        await anext(running)
+        attaching = asyncio.ensure_future(decoder.attach(files))
+        await asyncio.sleep(0)  # listed: it waits for the moment between two passes
+        await decoder.close()
+        with pytest.raises(EngineStopped):
+            await asyncio.wait_for(attaching, timeout=10)  # the bound: an attach left waiting hangs
+        with pytest.raises(EngineStopped):
+            await decoder.attach(files)
+        with pytest.raises(EngineStopped):
+            await anext(running)
 
     asyncio.run(scenario())
 

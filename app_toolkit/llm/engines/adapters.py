@@ -22,6 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from ..engine import EngineStopped
+
 if TYPE_CHECKING:
     import torch
     from peft import LoraConfig
@@ -194,6 +196,13 @@ class AttachedAdapters:
         """Work waits for the next pause between passes."""
         return bool(self._jobs or set(self._detaching).difference(self._held))
 
+    def stopped(self) -> None:
+        """The decoder stopped: every attach still waiting ends with EngineStopped."""
+        jobs, self._jobs = self._jobs, []
+        for _, done in jobs:
+            if not done.done():
+                done.set_exception(EngineStopped("The engine stopped before the adapter was attached"))
+
     def attach(self, adapter: AdapterFiles) -> asyncio.Future[float] | None:
         """Ask for ``adapter`` to be attached at the next pause: the future gets how long
         the passes waited for it (s). None: it is attached (and stays, if it was to go)."""
@@ -242,15 +251,17 @@ class AttachedAdapters:
             forget(name)
             self._detaching.discard(name)
             self.names.discard(name)
-        jobs, self._jobs = self._jobs, []
-        for job, done in jobs:
+        while self._jobs:  # each stays listed until done: a close meanwhile ends it (stopped())
+            job, done = self._jobs[0]
             started = time.monotonic()
             try:
                 model = await asyncio.to_thread(job, model)
             except Exception as exc:  # noqa: BLE001 - its caller gets it
+                del self._jobs[0]
                 if not done.done():
                     done.set_exception(exc)
             else:
+                del self._jobs[0]
                 if not done.done():
                     done.set_result(time.monotonic() - started)
         return model

@@ -155,7 +155,7 @@ class Decoder:
             raise ValueError(f"The adapter {adapter!r} is not attached: attach it first")
         if not prompt:
             raise ValueError("The prompt is empty: a reply needs at least one token to follow")
-        if self._closed:
+        if self._closed or (self._task is not None and self._task.done()):  # closed, or its loop died
             raise EngineStopped("The engine has stopped: it takes no more replies")
         if sampling.max_tokens <= len(produced):
             return
@@ -197,7 +197,10 @@ class Decoder:
 
     async def attach(self, adapter: AdapterFiles) -> float:
         """Add ``adapter`` to the model between two passes (at once if it is attached, or
-        was to be detached: it stays). Returns how long the passes waited for it (s)."""
+        was to be detached: it stays). Returns how long the passes waited for it (s).
+        Raises EngineStopped once the decoder has closed (or closes before the attach)."""
+        if self._closed:
+            raise EngineStopped("The engine has stopped: it attaches no more adapters")
         done = self._adapters.attach(adapter)
         if done is None:
             return 0.0
@@ -211,6 +214,8 @@ class Decoder:
             self._start()
 
     def _start(self) -> None:
+        if self._closed:  # nothing decodes any more (a release after the close, say)
+            return
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run(), name="decoder")
         self._wake.set()
@@ -263,6 +268,7 @@ class Decoder:
             await asyncio.wait({self._task})
             self._task = None
         self._end_all(None)
+        self._adapters.stopped()
 
     def _end_all(self, error: Exception | None) -> None:
         """End every reply in flight with ``error`` (None: the engine stopped, each reply
@@ -275,6 +281,15 @@ class Decoder:
         self._active, self._joining, self._waiting = [], [], []
 
     async def _run(self) -> None:
+        try:
+            await self._decoding()
+        except Exception:  # a fault outside a pass: the replies and attaches in flight end
+            logger.exception("The decoding loop ended; ending %d replies", self.active)
+            self._end_all(None)
+            self._adapters.stopped()
+            raise  # check_health() reads it: the replica is replaced
+
+    async def _decoding(self) -> None:
         while True:
             self._drop_finished()
             if self._adapters.pending:

@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from ..engine import EngineStopped
 from . import adapters
 from .decoder import Decoder
 
@@ -68,6 +69,6 @@ class FolderAdapters:
 
     def _loaded(self) -> Decoder:
         decoder = self._decoder()
-        if decoder is None:
-            raise RuntimeError("The engine is not loaded: call load() first (once per replica)")
+        if decoder is None:  # the engine has closed (or never loaded: the server loads it first)
+            raise EngineStopped("The engine is not running: it has stopped, or was never loaded")
         return decoder

@@ -291,10 +291,10 @@ class VLLMEngine(TokenizerText):
                     if on_prompt is not None:
                         # Carried tokens found cached are no prompt tokens of the reply's.
                         on_prompt(min(int(output.num_cached_tokens or 0), len(request.prompt)))
-                if completion.finish_reason == "abort":  # only a closing engine aborts a reply read
+                if completion.finish_reason == "abort" and self._closed:  # close() aborted it
                     raise EngineStopped("vLLM's engine stopped before the reply was complete: aborted")
-                if completion.finish_reason == "error":
-                    raise EngineFailed("vLLM ended the reply with an error")
+                if completion.finish_reason in ("abort", "error"):
+                    raise EngineFailed(f"vLLM ended the reply: {completion.finish_reason}")
                 tokens = list(completion.token_ids)
                 # vLLM gives the token that ended the reply (end of sequence, a stop token
                 # id) last: it is yielded marked ``ends``, as the contract says.
@@ -338,7 +338,9 @@ class VLLMEngine(TokenizerText):
     async def check_health(self) -> None:
         """Raise vLLM's EngineDeadError once its engine core has died (vLLM watches the
         process): the replica is then replaced."""
-        await self._loaded().check_health()
+        if self._closed or self._llm is None:  # not EngineStopped: the replica is not gone
+            raise RuntimeError("The engine is not running")
+        await self._llm.check_health()
 
     async def close(self) -> None:
         """Abort the replies in vLLM, stop its engine (its processes end) and remove a

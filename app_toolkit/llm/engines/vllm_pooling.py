@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from ..engine import EngineStopped
+from ..engine import EngineFailed, EngineStopped
 from .hf_tokenizer import TokenizerText
 from .vllm_start import abort_and_stop, kv_cache_said, sized, start_engine
 
@@ -99,7 +99,7 @@ class VLLMPoolingEngine(TokenizerText):
         """One vector of length ``dimensions`` and norm 1 per input, in order: token ids
         read as they are (a text's, with its special tokens, from :meth:`encode`). Raises
         :class:`EngineStopped` when vLLM's engine stops first (it aborts one, or its engine
-        core is dead)."""
+        core is dead), :class:`EngineFailed` when vLLM ends one unfinished otherwise."""
         from vllm import PoolingParams
         from vllm.inputs import TokensPrompt
         from vllm.v1.engine.exceptions import EngineDeadError
@@ -123,7 +123,9 @@ class VLLMPoolingEngine(TokenizerText):
                 self._requests.discard(request_id)
                 await outputs.aclose()  # aborts the request in vLLM if it is still running
             if not (finished and vector):  # vLLM's final output of an aborted request is empty
-                raise EngineStopped("vLLM's engine stopped before the embedding was complete: aborted")
+                if self._closed:  # close() aborted it
+                    raise EngineStopped("vLLM's engine stopped before the embedding was complete: aborted")
+                raise EngineFailed("vLLM ended the embedding before it was complete")
             return vector
 
         # One request per input, batched by vLLM's scheduler; one that fails cancels the rest
@@ -142,7 +144,9 @@ class VLLMPoolingEngine(TokenizerText):
     async def check_health(self) -> None:
         """Raise vLLM's EngineDeadError once its engine core has died: the replica is then
         replaced."""
-        await self._loaded().check_health()
+        if self._closed or self._llm is None:  # not EngineStopped: the replica is not gone
+            raise RuntimeError("The engine is not running")
+        await self._llm.check_health()
 
     async def close(self) -> None:
         """Abort the inputs in vLLM, and stop its engine (its processes end). The embeddings
