@@ -1,7 +1,8 @@
 """``/v1/responses`` with a reasoning parser's split: the reasoning is an output item of its
 own before the message, whole and streamed, in the order and shapes vLLM's server sends
 (its ``SimpleStreamingEventProcessor``), read back with the official client's types; its
-tokens count in the usage; a reply without reasoning is the message alone."""
+tokens count in the usage; a reply without reasoning is the message alone; reasoning a
+client sends back is left out of the next prompt."""
 
 from __future__ import annotations
 
@@ -14,9 +15,11 @@ import pytest
 from openai.types.responses import Response, ResponseStreamEvent
 from pydantic import TypeAdapter
 
+from app_toolkit.llm.errors import OpenAIError
 from app_toolkit.llm.events import Delta, Generation
 from app_toolkit.llm.openai import responses
 from app_toolkit.llm.openai.replies import Whole
+from app_toolkit.llm.openai.response_store import ResponseStore
 from app_toolkit.llm.openai.responses import Event, Reply, ResponsesRequest
 from tests.model_replies import GivenReply
 
@@ -158,3 +161,32 @@ def test_the_request_asks_the_model_to_parse_the_reply_and_may_leave_the_reasoni
         assert (asked.parse, asked.include_reasoning) == (parse, True)
     hidden = ResponsesRequest.model_validate({"input": "hi", "include_reasoning": False}).checked()
     assert responses.generation(hidden, conversation, 0.0).include_reasoning is False
+
+
+def test_reasoning_sent_back_is_left_out_of_the_next_prompt() -> None:
+    """Clients send a response's whole output back (the openai client's ``input +=
+    response.output``), or refer to its items by id (the AI SDK): the reasoning item is
+    taken and left out of the prompt, as vLLM leaves a response's reasoning out of the next
+    turn; its message comes back as the assistant's."""
+    store = ResponseStore(max_kept=10, keep_s=60, max_producing=1, clock=lambda: 0.0)
+    earlier = _reply()
+    answered = earlier.read(
+        Whole(text="It is sunny.", reasoning="The user wants the weather.", completion_tokens=9)
+    )
+    store.keep(earlier)
+    sent_back = [*answered["output"], {"role": "user", "content": "And tomorrow?"}]
+    asked = ResponsesRequest.model_validate({"input": sent_back}).checked()
+    assert asked.messages(store.referenced) == (
+        {"role": "assistant", "content": "It is sunny."},
+        {"role": "user", "content": "And tomorrow?"},
+    )
+    by_id = [{"type": "item_reference", "id": item["id"]} for item in answered["output"]]
+    referring = ResponsesRequest.model_validate(
+        {"input": [*by_id, {"role": "user", "content": "And tomorrow?"}]}
+    )
+    assert referring.checked().messages(store.referenced) == asked.messages(store.referenced)
+    with pytest.raises(OpenAIError) as unknown:  # an id no kept response has is still a 404
+        ResponsesRequest.model_validate({"input": [{"type": "item_reference", "id": "rs_x"}]}).messages(
+            store.referenced
+        )
+    assert (unknown.value.status, unknown.value.param) == (404, "input[0].id")

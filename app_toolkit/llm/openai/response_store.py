@@ -126,12 +126,17 @@ class ResponseStore:
             )
         return previous.continued()
 
-    def referenced(self, item_id: str, param: str) -> TextMessage:
-        """The kept, ended reply whose output message is ``item_id``, as a chat message."""
+    def referenced(self, item_id: str, param: str) -> TextMessage | None:
+        """The kept, ended reply whose output message is ``item_id``, as a chat message;
+        None where ``item_id`` is its reasoning (left out of the prompt, as vLLM leaves a
+        response's reasoning out of the next turn)."""
         now = self._clock()
         for kept_at, reply in self._kept.values():
-            if reply.message_id == item_id and reply.done and now - kept_at <= self._keep_s:
-                return {"role": "assistant", "content": "".join(reply.text)}
+            if reply.done and now - kept_at <= self._keep_s:
+                if reply.message_id == item_id:
+                    return {"role": "assistant", "content": "".join(reply.text)}
+                if reply.reasoning_id == item_id and reply.reasoning:
+                    return None
         raise OpenAIError(
             404,
             f"Item with id {item_id!r} not found: this server keeps the output messages of ended, "

@@ -72,9 +72,10 @@ RULES = OptionRules(
 )
 
 
-#: The message a kept response's output item id names, as a chat message; the second
-#: argument is the parameter that named it (``input[2].id``), for the 404.
-Referenced = Callable[[str, str], ChatMessage]
+#: The message a kept response's output item id names, as a chat message (None: an item
+#: that adds nothing to the prompt, its reasoning); the second argument is the parameter
+#: that named it (``input[2].id``), for the 404.
+Referenced = Callable[[str, str], ChatMessage | None]
 
 
 class InputItem(BaseModel):
@@ -128,10 +129,14 @@ class ResponsesRequest(SamplingFields):
 
     def messages(self, referenced: Referenced) -> tuple[ChatMessage, ...]:
         """This request's input as chat messages (text parts joined by newlines); an
-        ``item_reference`` (the AI SDK sends earlier replies so) is the message it names."""
+        ``item_reference`` (the AI SDK sends earlier replies so) is the message it names.
+        Earlier reasoning, sent back as an item or by reference (clients that send a
+        response's whole ``output`` back do), is left out of the prompt: vLLM does not
+        carry a response's reasoning into the next turn either."""
         if isinstance(self.input, str):
             return ({"role": "user", "content": self.input},)
-        return tuple(_message(item, index, referenced) for index, item in enumerate(self.input))
+        messages = (_message(item, index, referenced) for index, item in enumerate(self.input))
+        return tuple(message for message in messages if message is not None)
 
     def response_format(self) -> JSONObject | None:
         """``text.format`` as Chat Completions' ``response_format`` (None: plain text)."""
@@ -152,15 +157,17 @@ class ResponsesRequest(SamplingFields):
         )
 
 
-def _message(item: InputItem, index: int, referenced: Referenced) -> ChatMessage:
+def _message(item: InputItem, index: int, referenced: Referenced) -> ChatMessage | None:
     if item.type == "item_reference":
         return referenced(str((item.model_extra or {}).get("id", "")), f"input[{index}].id")
+    if item.type == "reasoning":
+        return None
     if item.type != "message":
         raise bad_parameter(
             f"input[{index}].type",
-            f"Input items of type {item.type!r} are not supported: this server takes messages "
-            "and item_reference only (send earlier replies as assistant messages, or use "
-            "previous_response_id).",
+            f"Input items of type {item.type!r} are not supported: this server takes messages, "
+            "item_reference and reasoning only (send earlier replies as assistant messages, or "
+            "use previous_response_id).",
             "unsupported_parameter",
         )
     role = role_of(item.role or "", f"input[{index}].role")
