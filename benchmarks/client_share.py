@@ -13,7 +13,10 @@ benchmark, the same for every server measured, and says what it did.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import signal
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,9 +31,11 @@ _OURS = Path("/proc/self/autogroup")
 def clients_first(nice: int = NICE) -> Iterator[str]:
     """Run the block with this process's scheduling weight raised to ``nice``: its
     session's autogroup where autogroups are on (every process of the session: the
-    clients and this benchmark), else this thread's nice value. Yields a line saying
-    which, or why nothing changed (lowering a nice value needs ``CAP_SYS_NICE``); the
-    previous value is restored at the end."""
+    clients and this benchmark, and the shell that started it), else this thread's nice
+    value. Yields a line saying which, or why nothing changed (lowering a nice value needs
+    ``CAP_SYS_NICE``); the previous value is restored at the end (a SIGTERM included, as
+    :func:`ended_by_sigterm` makes it; after a SIGKILL, ``echo 0 > /proc/self/autogroup``
+    in that shell restores it)."""
     grouped = _AUTOGROUPS.is_file() and _AUTOGROUPS.read_text().strip() == "1" and _OURS.is_file()
     if grouped:
         previous = int(_OURS.read_text().split()[-1])  # "/autogroup-881 nice 0"
@@ -41,12 +46,22 @@ def clients_first(nice: int = NICE) -> Iterator[str]:
     try:
         _set(grouped, nice)
     except OSError as exc:  # EPERM: lowering a nice value needs CAP_SYS_NICE
-        yield f"{what} left at nice {previous}: {exc.strerror} (lowering it needs CAP_SYS_NICE)"
+        needs = " (lowering it needs CAP_SYS_NICE)" if exc.errno == errno.EPERM else ""
+        yield f"{what} left at nice {previous}: {exc.strerror}{needs}"
         return
     try:
         yield f"{what} at nice {nice} (was {previous})"
     finally:
-        _set(grouped, previous)
+        try:
+            _set(grouped, previous)
+        except OSError as exc:  # EAGAIN: an autogroup's nice changes at most every 100 ms unprivileged
+            print(f"{what} stays at nice {nice}: {exc.strerror}; set it back to {previous} yourself")
+
+
+def ended_by_sigterm() -> None:
+    """A SIGTERM ends this process as an exception would (SystemExit, status 143): the
+    ``finally`` blocks run, so the servers started stop and the weight goes back."""
+    signal.signal(signal.SIGTERM, lambda number, frame: sys.exit(128 + number))
 
 
 def _set(grouped: bool, nice: int) -> None:

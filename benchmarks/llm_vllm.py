@@ -48,7 +48,7 @@ import httpx
 
 from app_toolkit.llm.engines import gguf_cache
 from app_toolkit.llm.model_source import resolve_model_source
-from benchmarks.client_share import clients_first
+from benchmarks.client_share import clients_first, ended_by_sigterm
 from benchmarks.http_overhead import free_port
 from benchmarks.llm_overhead import CONCURRENCY, FAILED, MODEL, Load, _row, config_file, medians, toolkit_load
 
@@ -163,6 +163,7 @@ def main() -> None:
     parser.add_argument("--duration", type=float, default=60, help="seconds of requests per run")
     parser.add_argument("--local", action="store_true", help="the toolkit with --local (one process, no Ray)")
     args = parser.parse_args()
+    ended_by_sigterm()
     folder = model_folder()
     results: dict[tuple[str, int], list[Load]] = {}
     print(
