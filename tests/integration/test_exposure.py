@@ -4,6 +4,7 @@ single-machine cluster every socket it listens on is on loopback."""
 from __future__ import annotations
 
 import ipaddress
+import os
 import socket
 from pathlib import Path
 
@@ -20,9 +21,9 @@ from tests.conftest import Toolkit
 _LISTEN = "0A"
 
 
-def listening_addresses(port: int) -> set[str]:
-    """The local addresses of every TCP socket on this machine listening on ``port``."""
-    found: set[str] = set()
+def listening_sockets(port: int) -> dict[int, str]:
+    """Every TCP socket on this machine listening on ``port``: its inode and local address."""
+    found: dict[int, str] = {}
     for table, family in (("/proc/net/tcp", socket.AF_INET), ("/proc/net/tcp6", socket.AF_INET6)):
         path = Path(table)
         if not path.exists():
@@ -35,15 +36,49 @@ def listening_addresses(port: int) -> set[str]:
             raw = bytes.fromhex(address)
             # /proc prints each 32-bit word in host (little-endian) order.
             raw = b"".join(raw[i : i + 4][::-1] for i in range(0, len(raw), 4))
-            found.add(socket.inet_ntop(family, raw))
+            found[int(fields[9])] = socket.inet_ntop(family, raw)
     return found
 
 
-def test_listening_addresses_read_from_proc() -> None:
+def sockets_of(pid: int) -> set[int]:
+    """The inodes of the sockets process ``pid`` holds open."""
+    inodes: set[int] = set()
+    try:
+        descriptors = list(Path(f"/proc/{pid}/fd").iterdir())
+    except OSError:  # it ended meanwhile
+        return inodes
+    for descriptor in descriptors:
+        try:
+            target = os.readlink(descriptor)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(int(target[len("socket:[") : -1]))
+    return inodes
+
+
+def owners_addresses(port: int) -> set[str]:
+    """The addresses on which the process listening on ``port`` on loopback listens on that
+    port (the empty set: nothing listens there on loopback). Sockets of other processes on
+    the same port number, on another address (another test's, say), are not its."""
+    listening = listening_sockets(port)
+    on_loopback = [inode for inode, address in listening.items() if ipaddress.ip_address(address).is_loopback]
+    if not on_loopback:
+        return set(listening.values())
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and on_loopback[0] in (sockets := sockets_of(int(entry.name))):
+            return {address for inode, address in listening.items() if inode in sockets}
+    return set()
+
+
+def test_listening_sockets_read_from_proc() -> None:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         sock.listen()
-        assert listening_addresses(sock.getsockname()[1]) == {"127.0.0.1"}
+        port = sock.getsockname()[1]
+        assert set(listening_sockets(port).values()) == {"127.0.0.1"}
+        assert set(listening_sockets(port)) <= sockets_of(os.getpid())
+        assert owners_addresses(port) == {"127.0.0.1"}
 
 
 def test_replicas_and_proxy_listen_on_loopback_only_on_the_embedded_cluster(ray_toolkit: Toolkit) -> None:
@@ -62,10 +97,10 @@ def test_replicas_and_proxy_listen_on_loopback_only_on_the_embedded_cluster(ray_
     assert len(replicas) >= 3
     for info in replicas:
         assert ipaddress.ip_address(info.host).is_loopback, info
-        addresses = listening_addresses(info.port)
+        addresses = owners_addresses(info.port)
         assert addresses and all(ipaddress.ip_address(a).is_loopback for a in addresses), (info, addresses)
     proxy_port = int(ray_toolkit.url.rsplit(":", 1)[1])
-    assert listening_addresses(proxy_port) == {"127.0.0.1"}
+    assert owners_addresses(proxy_port) == {"127.0.0.1"}
 
 
 @pytest.mark.parametrize("wildcard", ["0.0.0.0", "::", "*"])
