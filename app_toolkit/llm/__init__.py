@@ -47,11 +47,11 @@ from app_toolkit.llm.openai.chat import completion as chat_completion
 from app_toolkit.llm.openai.chat import streamed as chat_stream
 from app_toolkit.llm.openai.replies import Stream as DeltaStream
 from app_toolkit.llm.openai.replies import open_reply, read_whole, usage
+from app_toolkit.llm.openai.response_events import produced as responses_events
+from app_toolkit.llm.openai.response_events import streamed as responses_stream
 from app_toolkit.llm.openai.responses import Reply as ResponsesReply
 from app_toolkit.llm.openai.responses import ResponsesRequest
 from app_toolkit.llm.openai.responses import generation as responses_generation
-from app_toolkit.llm.openai.responses import produced as responses_events
-from app_toolkit.llm.openai.responses import streamed as responses_stream
 from app_toolkit.llm.openai_shapes import Usage
 from app_toolkit.llm.protocol import (
     CHAT_RULES,

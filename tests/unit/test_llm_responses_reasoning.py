@@ -17,7 +17,7 @@ from pydantic import TypeAdapter
 
 from app_toolkit.llm.errors import OpenAIError
 from app_toolkit.llm.events import Delta, Generation
-from app_toolkit.llm.openai import responses
+from app_toolkit.llm.openai import response_events, responses
 from app_toolkit.llm.openai.replies import Whole
 from app_toolkit.llm.openai.response_store import ResponseStore
 from app_toolkit.llm.openai.responses import Event, Reply, ResponsesRequest
@@ -35,7 +35,7 @@ def _reply(**fields: Any) -> Reply:
 
 def _streamed(deltas: Sequence[Delta]) -> list[dict[str, Any]]:
     async def read() -> list[Event]:
-        return [event async for event in responses.produced(_reply(stream=True), GivenReply(deltas))]  # type: ignore[arg-type]
+        return [event async for event in response_events.produced(_reply(stream=True), GivenReply(deltas))]  # type: ignore[arg-type]
 
     events = [json.loads(data) for _, data in asyncio.run(read())]
     for event in events:

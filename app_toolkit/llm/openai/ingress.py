@@ -15,7 +15,7 @@ import app_toolkit as tk
 from app_toolkit.llm import errors
 from app_toolkit.llm.errors import ANSWERED, OpenAIError, bad_parameter, unknown_model
 from app_toolkit.llm.events import ModelCard
-from app_toolkit.llm.openai import chat, completions, responses
+from app_toolkit.llm.openai import chat, completions, response_events, responses
 from app_toolkit.llm.openai.replies import open_reply, read_choices, read_whole, usage
 from app_toolkit.llm.openai.response_store import ResponseStore
 from app_toolkit.llm.openai.responses import ResponsesRequest
@@ -223,15 +223,15 @@ class OpenAIIngress:
             if request.store:
                 self._responses.keep(reply)
             return answer
-        events = responses.produced(reply, stream)
+        events = response_events.produced(reply, stream)
         if not request.store:
-            return responses.streamed(events, reply.next_number)
+            return response_events.streamed(events, reply.next_number)
         try:
             followed = await self._responses.produce(reply, events)
         except BaseException:
             stream.cancel()  # refused (503): the model stops this reply
             raise
-        return responses.streamed(followed.events, followed.next_number)
+        return response_events.streamed(followed.events, followed.next_number)
 
     @api.get("/v1/responses/{response_id}", response_model=None)
     async def get_response(
@@ -240,7 +240,7 @@ class OpenAIIngress:
         if not stream:
             return self._responses.get(response_id).response()
         followed = await self._responses.follow(response_id, starting_after)
-        return responses.streamed(followed.events, followed.next_number)
+        return response_events.streamed(followed.events, followed.next_number)
 
     @api.delete("/v1/responses/{response_id}")
     async def delete_response(self, response_id: str) -> dict[str, object]:
