@@ -102,8 +102,13 @@ def test_a_reader_that_leaves_frees_its_row(model: Any) -> None:
 
 
 def test_a_decoder_whose_loop_ended_by_a_fault_fails_its_health_check(
-    model: Any, monkeypatch: pytest.MonkeyPatch
+    model: Any, monkeypatch: pytest.MonkeyPatch, tmp_path: Any
 ) -> None:
+    from app_toolkit.llm.engines.adapters import read
+    from tests.lora_models import peft_adapter
+
+    peft_adapter(model, tmp_path / "late", 3)
+
     async def scenario() -> None:
         decoder = Decoder(model, {EOS}, max_batch_size=1)
         try:
@@ -131,6 +136,8 @@ def test_a_decoder_whose_loop_ended_by_a_fault_fails_its_health_check(
                 await asyncio.wait_for(waiting, timeout=10)
             with pytest.raises(EngineStopped):
                 await reply(decoder, PROMPTS[2], max_tokens=2)
+            with pytest.raises(EngineStopped):  # nor does an adapter's attach wait for it
+                await asyncio.wait_for(decoder.attach(read(tmp_path, "late", max_rank=16)), timeout=10)
         finally:
             await decoder.close()
 

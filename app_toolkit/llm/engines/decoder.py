@@ -39,7 +39,16 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..engine import Constraint, EngineLoad, EngineRequest, EngineStopped, Logprobs, Sampling, Token
+from ..engine import (
+    Constraint,
+    EngineFailed,
+    EngineLoad,
+    EngineRequest,
+    EngineStopped,
+    Logprobs,
+    Sampling,
+    Token,
+)
 from .adapters import AdapterFiles, AttachedAdapters
 from .forward_passes import ForwardPasses
 from .prefix_cache import PrefixCache
@@ -155,7 +164,7 @@ class Decoder:
             raise ValueError(f"The adapter {adapter!r} is not attached: attach it first")
         if not prompt:
             raise ValueError("The prompt is empty: a reply needs at least one token to follow")
-        if self._closed or (self._task is not None and self._task.done()):  # closed, or its loop died
+        if self._stopped:
             raise EngineStopped("The engine has stopped: it takes no more replies")
         if sampling.max_tokens <= len(produced):
             return
@@ -180,7 +189,7 @@ class Decoder:
                 if isinstance(item, EngineStopped):
                     raise item
                 if isinstance(item, Exception):
-                    raise RuntimeError("The model failed while decoding") from item
+                    raise EngineFailed("The model failed while decoding") from item
                 yield item
             finished = True
         finally:
@@ -199,7 +208,7 @@ class Decoder:
         """Add ``adapter`` to the model between two passes (at once if it is attached, or
         was to be detached: it stays). Returns how long the passes waited for it (s).
         Raises EngineStopped once the decoder has closed (or closes before the attach)."""
-        if self._closed:
+        if self._stopped:
             raise EngineStopped("The engine has stopped: it attaches no more adapters")
         done = self._adapters.attach(adapter)
         if done is None:
@@ -213,8 +222,13 @@ class Decoder:
         if self._adapters.detach(adapter_id):
             self._start()
 
+    @property
+    def _stopped(self) -> bool:
+        """Closed, or its loop died of a fault: nothing decodes any more."""
+        return self._closed or (self._task is not None and self._task.done())
+
     def _start(self) -> None:
-        if self._closed:  # nothing decodes any more (a release after the close, say)
+        if self._stopped:  # nothing decodes any more (a release after the close, say)
             return
         if self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._run(), name="decoder")

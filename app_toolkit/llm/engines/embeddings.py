@@ -101,6 +101,8 @@ class SentenceEngine:
             return []
         # One batch at a time: a forward pass already takes every core torch has.
         async with self._running:
+            if self._closed:  # closed while it waited for the batch before it
+                raise EngineStopped("The engine stopped before the embedding was computed")
             return await asyncio.to_thread(self._vectors, model, [list(row) for row in inputs])
 
     @staticmethod

@@ -6,7 +6,6 @@ events for resuming a stream, :mod:`~app_toolkit.llm.openai.response_store`'s.""
 
 from __future__ import annotations
 
-import logging
 import time
 import uuid
 from collections.abc import Callable
@@ -38,8 +37,6 @@ from app_toolkit.llm.protocol import (
     text_content,
 )
 from app_toolkit.streaming import OpenAIErrorEvent
-
-logger = logging.getLogger("app_toolkit.llm")
 
 #: Options read no further: the default is accepted, anything else refused by name.
 RULES = OptionRules(
