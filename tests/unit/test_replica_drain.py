@@ -22,6 +22,7 @@ from app_toolkit._runtime.messages import (
     BodyChunk,
     DeploymentID,
     HTTPRequest,
+    HTTPResponse,
     StreamEnd,
     WebSocketMessage,
     WebSocketOpen,
@@ -88,6 +89,29 @@ class Ingress:
     pass
 
 
+held = FastAPI()
+#: The requests each waiting, in ``/held``, for the replica's ``__del__`` to end them.
+HELD: list[asyncio.Future[None]] = []
+
+
+@held.get("/held")
+async def wait_held() -> str:
+    waiting = asyncio.get_running_loop().create_future()
+    HELD.append(waiting)
+    await waiting
+    return "served"
+
+
+@tk.ingress(held)
+class Holder:
+    """Its requests run until its ``__del__`` ends them, as a model's engine ends its
+    replies when it closes."""
+
+    async def __del__(self) -> None:
+        for waiting in HELD:
+            waiting.set_exception(RuntimeError("the engine stopped"))
+
+
 @dataclass
 class Sink:
     """Collects a request's answers, with when (loop time) each came."""
@@ -109,9 +133,10 @@ class Sink:
         return b"".join(answer.data for _, answer in self.answers if isinstance(answer, BodyChunk))
 
 
-async def started_core(grace_s: float = GRACE_S) -> ReplicaCore:
+async def started_core(grace_s: float = GRACE_S, definition: type = Ingress) -> ReplicaCore:
     config = DeploymentConfig(graceful_shutdown_timeout_s=grace_s, graceful_shutdown_wait_loop_s=0.05)
-    core = ReplicaCore("r1", DeploymentID("a", "Ingress"), config, Ingress, ((), {}), pickle.dumps)
+    deployment = DeploymentID("a", definition.__name__)
+    core = ReplicaCore("r1", deployment, config, definition, ((), {}), pickle.dumps)
     await core.start()
     return core
 
@@ -226,6 +251,32 @@ async def test_the_drain_gives_what_it_ended_a_moment_only(monkeypatch: pytest.M
     # for it to end, no longer.
     assert close_code(socket) == 1012 and socket.ended_at is None
     assert GRACE_S + SHORT_MOMENT_S <= took < GRACE_S + SHORT_MOMENT_S + 5  # its app: an hour
+
+
+async def test_a_request_its_destructor_ends_answers_before_the_drain_returns(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Past the deadline, ``__del__`` ends what still runs (a model's engine closes under its
+    replies): those requests answer their callers before the process is stopped, rather than
+    being lost with it."""
+    monkeypatch.setattr(replica, "LAST_EVENT_S", LONG_MOMENT_S)
+    HELD.clear()
+    core = await started_core(definition=Holder)
+    requests = Requests(core)
+    sink = Sink()
+    try:
+        requests._serve(HTTPRequest("held", http_scope("/held"), b""), sink)
+        await wait_for_async(lambda: HELD, 5, "the request to wait")
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        async with asyncio.timeout(GRACE_S + LONG_MOMENT_S + 2):
+            await core.drain()  # awaited here: the answers are read right as it returns
+        took = loop.time() - began
+        statuses = [answer.status for _, answer in sink.answers if isinstance(answer, HTTPResponse)]
+    finally:
+        await requests.close()
+    assert statuses == [500]  # the app's answer to its ended request, sent before the stop
+    assert took < GRACE_S + LONG_MOMENT_S / 2  # it answered at once: the moment is not waited out
 
 
 @pytest.mark.parametrize(

@@ -237,13 +237,17 @@ class ReplicaCore(ReplicaSlots):
 
     async def _release_instance(self) -> None:
         """The last step of stopping, as Ray Serve orders it: the user's ``__del__`` (an
-        ``async def __del__`` awaited), then the stop hooks (models released, connections
-        closed), then the object let go (the process is killed next)."""
+        ``async def __del__`` awaited; the requests it ended get ``LAST_EVENT_S`` to
+        answer), then the stop hooks (models released, connections closed), then the
+        object let go (the process is killed next)."""
         if self.instance is not None and inspect.isclass(self._definition):
             try:
-                await run_destructor(self.instance, max(self._grace_s, 1.0))
+                ran = await run_destructor(self.instance, max(self._grace_s, 1.0))
             except Exception:
+                ran = True
                 logger.exception("The __del__ of %s failed", self.replica_id)
+            if ran:  # what it ended (a model's engine closed under its replies) answers first
+                await self.wait_until(0, asyncio.get_running_loop().time() + LAST_EVENT_S)
         for hook in self._stop_hooks:
             try:
                 await hook()

@@ -25,16 +25,16 @@ async def construct(cls: type, args: tuple[object, ...], kwargs: dict[str, objec
     return cls(*args, **kwargs)
 
 
-async def run_destructor(instance: object, timeout_s: float) -> None:
+async def run_destructor(instance: object, timeout_s: float) -> bool:
     """Call the instance's ``__del__`` once, as Ray Serve does when a replica stops: an
     ``async def __del__`` is awaited (for up to ``timeout_s``), a plain one called here.
     Its class is then swapped for a subclass whose ``__del__`` does nothing, so the
     object's collection later does not run it a second time (or leave a coroutine that
-    nobody awaits). Raises what the destructor raised."""
+    nobody awaits). Raises what the destructor raised; False when it has none."""
     cls = type(instance)
     finalizer = getattr(cls, "__del__", None)
     if finalizer is None:
-        return
+        return False
     try:
         result = finalizer(instance)
         if inspect.isawaitable(result):
@@ -45,6 +45,7 @@ async def run_destructor(instance: object, timeout_s: float) -> None:
             instance.__class__ = _ran_once(cls)
         except TypeError:  # a class whose instances cannot change class: collected as it is
             pass
+    return True
 
 
 _RAN_ONCE: weakref.WeakKeyDictionary[type, type] = weakref.WeakKeyDictionary()
