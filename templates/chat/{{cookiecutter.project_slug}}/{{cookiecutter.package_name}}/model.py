@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import app_toolkit as tk
-from app_toolkit.llm import Delta, OpenAIError, StopFilter
+from app_toolkit.llm import Delta, EngineStopped, OpenAIError, StopFilter
 
 from . import metrics
 from .engines import Engine, make_engine
@@ -96,6 +96,9 @@ class ChatModel:
                 metrics.CANCELLATIONS.inc("decode")
             elif not self._engine.counts_cancellations:  # the local engine tells queued from prefill
                 metrics.CANCELLATIONS.inc("prefill")
+            raise
+        except EngineStopped:  # the replica stops under it: the caller continues it elsewhere
+            outcome = "stopped"
             raise
         finally:
             await pieces.aclose()  # stops the engine's generation now, not when collected
