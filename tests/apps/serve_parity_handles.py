@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 from starlette.requests import Request
 
@@ -18,13 +19,23 @@ from tests.apps.serve_parity import mark
 
 @serve.deployment(max_ongoing_requests=1, max_queued_requests=1, backpressure_config={"status_code": 429})
 class Busy:
+    """Each request holds the only slot until the test opens the gate (``open_gate``)."""
+
     def __init__(self, folder: str) -> None:
         self.folder = folder
 
     async def __call__(self) -> str:
         mark(self.folder, "busy")
-        await asyncio.sleep(2)
+        gate = Path(self.folder) / "open"
+        async with asyncio.timeout(60):  # the test opens it; bounded all the same
+            while not gate.exists():
+                await asyncio.sleep(0.02)
         return "done"
+
+
+def open_gate(folder: str) -> None:
+    """Let :class:`Busy`'s requests finish."""
+    (Path(folder) / "open").touch()
 
 
 @serve.deployment("named_first", num_replicas=1)

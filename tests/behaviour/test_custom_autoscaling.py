@@ -85,8 +85,8 @@ def test_an_application_policy_scales_two_deployments_together_on_the_max(toolki
 
 def test_a_misbehaving_policy_keeps_the_last_decision_serving_and_says_why(toolkit: Toolkit) -> None:
     """A policy that answers a string, raises, answers -5 (clamped to min_replicas) and
-    hangs past its 10 s bound: the deployment serves on with its last decision, and
-    status() says what went wrong until a good answer clears it."""
+    hangs past its 10 s bound (waited out on one backend): the deployment serves on with
+    its last decision, and status() says what went wrong until a good answer clears it."""
     name = toolkit.name()
     policy = {"policy_function": "tests.apps.policies:misbehaves"}
     handle = toolkit.run(
@@ -113,6 +113,8 @@ def test_a_misbehaving_policy_keeps_the_last_decision_serving_and_says_why(toolk
     act(policies.ANSWERS_MINUS_5)
     wait_for(lambda: _deployment(name, "Gauge").target_replicas == 1, 30, "-5 clamped to min_replicas (1)")
     assert _deployment(name, "Gauge").message == ""  # a clamped answer is an answer, not an error
+    if toolkit.backend != "local":
+        return  # the hang's bound is the controller's own code, the same on Ray: its 10 s once
     act(policies.HANGS)
     wait_for(lambda: says("did not answer within 10 s"), 40, "the hung call reported")
     assert handle.set.remote(policies.HANGS).result(timeout_s=30)

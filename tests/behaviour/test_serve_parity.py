@@ -135,9 +135,12 @@ def test_backpressure_config_sets_the_overload_answer(toolkit: Toolkit, tmp_path
         async with toolkit.async_client() as client:
             first = asyncio.ensure_future(client.get("/p-busy"))
             await wait_for_async((tmp_path / "busy").exists, 20, "the first request to run", 0.02)
-            # One of these takes the only queue place, the other is refused.
-            second, third = await asyncio.gather(client.get("/p-busy"), client.get("/p-busy"))
-            return [await first, second, third]
+            # One of these takes the only queue place, the other is refused at once, while
+            # the first still holds the slot.
+            others = [asyncio.ensure_future(client.get("/p-busy")) for _ in range(2)]
+            await asyncio.wait(others, timeout=20, return_when=asyncio.FIRST_COMPLETED)
+            handle_apps.open_gate(str(tmp_path))
+            return [await first, *[await other for other in others]]
 
     responses = asyncio.run(burst())
     assert sorted(r.status_code for r in responses) == [200, 200, 429]
@@ -145,11 +148,13 @@ def test_backpressure_config_sets_the_overload_answer(toolkit: Toolkit, tmp_path
     assert refused.headers["retry-after"] == "1" and refused.headers["x-request-id"]
     # A new caller's first burst (this handle has not been used: it has no routing table
     # yet) is held to the same bound: one runs, one queues, the newest two are refused.
+    (tmp_path / "open").unlink()
     calls = [handle.remote() for _ in range(4)]
     for call in calls[2:]:
         with pytest.raises(serve.BackPressureError):
             call.result(timeout_s=10)
-    assert calls[0].result(timeout_s=30) == "done"  # the queued one finishes 2 s later
+    handle_apps.open_gate(str(tmp_path))
+    assert [call.result(timeout_s=30) for call in calls[:2]] == ["done", "done"]  # ran, then the queued one
 
 
 def test_decorator_forms_and_their_errors(toolkit: Toolkit) -> None:

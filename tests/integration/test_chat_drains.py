@@ -245,16 +245,16 @@ def test_chat_streams_run_to_their_end_through_an_upgrade(toolkit: Toolkit) -> N
 
 
 def test_chat_streams_end_with_the_restart_error_at_the_drain_deadline(toolkit: Toolkit) -> None:
-    """About 8 s: 30 s replies (after the AI SDK's start) are cut at the 5 s deadline of a drain
+    """About 6 s: 30 s replies (after the AI SDK's start) are cut at the 3 s deadline of a drain
     (the app deleted)."""
-    grace_s = 5.0
+    grace_s = 3.0
     name = toolkit.name()
     toolkit.run(build_app(ECHO.model_copy(update={"graceful_shutdown_timeout_s": grace_s})), name=name)
     words = [f"w{i}" for i in range(600)]  # 30 s at 20 words a second
     readers = follow_replies(toolkit.url, " ".join(words))
     began = time.monotonic()
     deleting = threading.Thread(target=tk.delete, args=(name,))
-    deleting.start()  # every replica drains, with 5 s of grace
+    deleting.start()  # every replica drains, with 3 s of grace
     replies = readers.join()
     deleting.join(60)
     for reply in replies:
@@ -263,7 +263,7 @@ def test_chat_streams_end_with_the_restart_error_at_the_drain_deadline(toolkit: 
         # Not at once, as when streams ended as their drain began (the drain began after
         # `began`; 0.5 s for the clocks and the client's own steps) ...
         assert took >= grace_s - 0.5, (reply.client, took)
-        # ... and well before the reply's own end (30 s) and the drain's kill (2 x 5 + 10 s):
+        # ... and well before the reply's own end (30 s) and the drain's kill (2 x 3 + 10 s):
         # the deadline ended it.
         assert took < 15, (reply.client, took)
         assert 0 < len(reply.text.split()) < len(words), reply.client
