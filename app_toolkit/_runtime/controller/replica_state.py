@@ -177,7 +177,8 @@ class CancelStart:
 
 
 #: What a drain may take beyond twice graceful_shutdown_timeout_s (in-flight work, then the
-#: app's lifespan shutdown): the replica's lingering for late requests, and the calls.
+#: app's lifespan shutdown or ``__del__``): the moments for last events and for what
+#: ``__del__`` ended (a second each), the replica's lingering for late requests, the calls.
 _DRAIN_MARGIN_S = 10.0
 
 

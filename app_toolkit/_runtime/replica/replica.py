@@ -229,31 +229,35 @@ class ReplicaCore(ReplicaSlots):
             self._one_ended.clear()
             await wait_event(self._one_ended, min(0.05, last_event_by - loop.time()))
         self._drained_at = loop.time()
-        if self.ongoing:
-            logger.warning("%s stopping with %d requests still running", self.replica_id, self.ongoing)
         if self._lifespan is not None:
             await self._lifespan.shutdown(timeout_s=max(self._grace_s, 1.0))
         await self._release_instance()
+        if self.ongoing:
+            logger.warning("%s stopping with %d requests still running", self.replica_id, self.ongoing)
 
     async def _release_instance(self) -> None:
         """The last step of stopping, as Ray Serve orders it: the user's ``__del__`` (an
-        ``async def __del__`` awaited; the requests it ended get ``LAST_EVENT_S`` to
-        answer), then the stop hooks (models released, connections closed), then the
-        object let go (the process is killed next)."""
+        ``async def __del__`` awaited), then the stop hooks (models released, connections
+        closed), then the object let go (the process is killed next). When either ran, the
+        requests still running get ``LAST_EVENT_S`` to end: what they ended (a model's
+        engine closed under its replies) answers its callers rather than dying with the
+        process."""
+        ran = False
         if self.instance is not None and inspect.isclass(self._definition):
             try:
                 ran = await run_destructor(self.instance, max(self._grace_s, 1.0))
             except Exception:
                 ran = True
                 logger.exception("The __del__ of %s failed", self.replica_id)
-            if ran:  # what it ended (a model's engine closed under its replies) answers first
-                await self.wait_until(0, asyncio.get_running_loop().time() + LAST_EVENT_S)
+        ran = ran or bool(self._stop_hooks)
         for hook in self._stop_hooks:
             try:
                 await hook()
             except Exception:
                 logger.exception("A stop hook of %s failed", self.replica_id)
         self._stop_hooks.clear()
+        if ran:
+            await self.wait_until(0, asyncio.get_running_loop().time() + LAST_EVENT_S)
         if not inspect.isclass(self._definition):
             return  # a function deployment: nothing was built
         self.instance = self._serves = self._lifespan = None

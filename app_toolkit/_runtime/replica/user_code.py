@@ -30,7 +30,7 @@ async def run_destructor(instance: object, timeout_s: float) -> bool:
     ``async def __del__`` is awaited (for up to ``timeout_s``), a plain one called here.
     Its class is then swapped for a subclass whose ``__del__`` does nothing, so the
     object's collection later does not run it a second time (or leave a coroutine that
-    nobody awaits). Raises what the destructor raised; False when it has none."""
+    nobody awaits). Returns whether a ``__del__`` ran; raises what it raised."""
     cls = type(instance)
     finalizer = getattr(cls, "__del__", None)
     if finalizer is None:
