@@ -85,8 +85,9 @@ def test_an_application_policy_scales_two_deployments_together_on_the_max(toolki
 
 def test_a_misbehaving_policy_keeps_the_last_decision_serving_and_says_why(toolkit: Toolkit) -> None:
     """A policy that answers a string, raises, answers -5 (clamped to min_replicas) and
-    hangs past its 10 s bound (waited out on one backend): the deployment serves on with
-    its last decision, and status() says what went wrong until a good answer clears it."""
+    hangs past its 10 s bound (waited out on the local backend only): the deployment serves
+    on with its last decision, and status() says what went wrong until a good answer
+    clears it."""
     name = toolkit.name()
     policy = {"policy_function": "tests.apps.policies:misbehaves"}
     handle = toolkit.run(

@@ -134,12 +134,14 @@ def test_backpressure_config_sets_the_overload_answer(toolkit: Toolkit, tmp_path
     async def burst() -> list[httpx.Response]:
         async with toolkit.async_client() as client:
             first = asyncio.ensure_future(client.get("/p-busy"))
-            await wait_for_async((tmp_path / "busy").exists, 20, "the first request to run", 0.02)
-            # One of these takes the only queue place, the other is refused at once, while
-            # the first still holds the slot.
-            others = [asyncio.ensure_future(client.get("/p-busy")) for _ in range(2)]
-            await asyncio.wait(others, timeout=20, return_when=asyncio.FIRST_COMPLETED)
-            handle_apps.open_gate(str(tmp_path))
+            try:
+                await wait_for_async((tmp_path / "busy").exists, 20, "the first request to run", 0.02)
+                # One of these takes the only queue place, the other is refused at once,
+                # while the first still holds the slot.
+                others = [asyncio.ensure_future(client.get("/p-busy")) for _ in range(2)]
+                await asyncio.wait(others, timeout=20, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                handle_apps.open_gate(str(tmp_path))
             return [await first, *[await other for other in others]]
 
     responses = asyncio.run(burst())
@@ -150,10 +152,12 @@ def test_backpressure_config_sets_the_overload_answer(toolkit: Toolkit, tmp_path
     # yet) is held to the same bound: one runs, one queues, the newest two are refused.
     (tmp_path / "open").unlink()
     calls = [handle.remote() for _ in range(4)]
-    for call in calls[2:]:
-        with pytest.raises(serve.BackPressureError):
-            call.result(timeout_s=10)
-    handle_apps.open_gate(str(tmp_path))
+    try:
+        for call in calls[2:]:
+            with pytest.raises(serve.BackPressureError):
+                call.result(timeout_s=10)
+    finally:
+        handle_apps.open_gate(str(tmp_path))
     assert [call.result(timeout_s=30) for call in calls[:2]] == ["done", "done"]  # ran, then the queued one
 
 
