@@ -13,6 +13,7 @@ benchmark, the same for every server measured, and says what it did.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import errno
 import os
 import signal
@@ -27,13 +28,25 @@ _AUTOGROUPS = Path("/proc/sys/kernel/sched_autogroup_enabled")
 _OURS = Path("/proc/self/autogroup")
 
 
+@dataclasses.dataclass(frozen=True)
+class Share:
+    """What :func:`clients_first` did: ``said``, a line for the report, and
+    ``server_prefix``, what to put before the command of each server the benchmark starts
+    (``nice -n K``, back to the value before, where the fallback raised this thread's
+    weight, which a child inherits; nothing with autogroups: a server started in a
+    session of its own is a group of its own, at nice 0)."""
+
+    said: str
+    server_prefix: tuple[str, ...] = ()
+
+
 @contextlib.contextmanager
-def clients_first(nice: int = NICE) -> Iterator[str]:
+def clients_first(nice: int = NICE) -> Iterator[Share]:
     """Run the block with this process's scheduling weight raised to ``nice``: its
     session's autogroup where autogroups are on (every process of the session: the
     clients and this benchmark, and the shell that started it), else this thread's nice
-    value. Yields a line saying which, or why nothing changed (lowering a nice value needs
-    ``CAP_SYS_NICE``); the previous value is restored at the end (a SIGTERM included, as
+    value. Yields a :class:`Share` saying which, or why nothing changed (lowering a nice
+    value needs ``CAP_SYS_NICE``); the previous value is restored at the end (a SIGTERM included, as
     :func:`ended_by_sigterm` makes it; after a SIGKILL, ``echo 0 > /proc/self/autogroup``
     in that shell restores it)."""
     grouped = _AUTOGROUPS.is_file() and _AUTOGROUPS.read_text().strip() == "1" and _OURS.is_file()
@@ -47,10 +60,11 @@ def clients_first(nice: int = NICE) -> Iterator[str]:
         _set(grouped, nice)
     except OSError as exc:  # EPERM: lowering a nice value needs CAP_SYS_NICE
         needs = " (lowering it needs CAP_SYS_NICE)" if exc.errno == errno.EPERM else ""
-        yield f"{what} left at nice {previous}: {exc.strerror}{needs}"
+        yield Share(f"{what} left at nice {previous}: {exc.strerror}{needs}")
         return
+    prefix = () if grouped else ("nice", "-n", str(previous - nice))
     try:
-        yield f"{what} at nice {nice} (was {previous})"
+        yield Share(f"{what} at nice {nice} (was {previous})", prefix)
     finally:
         try:
             _set(grouped, previous)

@@ -103,19 +103,20 @@ def config_file(folder: Path, config: dict[str, Any]) -> Path:
     return path
 
 
+def quantile_ms(seconds: list[float], q: float) -> float:
+    """The ``q`` quantile of ``seconds``, in ms: the value at rank ``int(len * q)``."""
+    ordered = sorted(seconds)
+    return 1000 * ordered[min(len(ordered) - 1, int(len(ordered) * q))]
+
+
 def summary(first_token_s: list[float], tokens: int, elapsed_s: float, cpu_s: float) -> Load:
-    ordered = sorted(first_token_s)
-
-    def quantile(q: float) -> float:
-        return 1000 * ordered[min(len(ordered) - 1, int(len(ordered) * q))]
-
     return {
-        "replies": len(ordered),
+        "replies": len(first_token_s),
         "tokens": tokens,
         "tokens_per_s": tokens / elapsed_s,
-        "ttft_p50_ms": quantile(0.5),
-        "ttft_p90_ms": quantile(0.9),
-        "ttft_mean_ms": 1000 * statistics.fmean(ordered),
+        "ttft_p50_ms": quantile_ms(first_token_s, 0.5),
+        "ttft_p90_ms": quantile_ms(first_token_s, 0.9),
+        "ttft_mean_ms": 1000 * statistics.fmean(first_token_s),
         "cpu_us_per_token": 1e6 * cpu_s / tokens,
     }
 
@@ -181,11 +182,19 @@ async def in_process_load(engine: TransformersEngine, clients: int, tokens: int,
 
 
 async def toolkit_load(
-    base: str, server_pid: int, clients: int, tokens: int, duration_s: float, *, toolkit: bool = True
+    base: str,
+    server_pid: int,
+    clients: int,
+    tokens: int,
+    duration_s: float,
+    *,
+    toolkit: bool = True,
+    first_tokens: list[float] | None = None,
 ) -> Load:
     """Clients streaming chat completions over HTTP; CPU is the server's whole tree.
     ``toolkit``: the server is the toolkit's, whose histograms are read too (False: another
-    OpenAI server, such as ``vllm serve``)."""
+    OpenAI server, such as ``vllm serve``). ``first_tokens`` gets each reply's time to
+    first token (seconds), to pool across runs."""
     limits = httpx.Limits(max_connections=clients)
     async with httpx.AsyncClient(base_url=base, timeout=300, limits=limits) as client:
 
@@ -218,6 +227,8 @@ async def toolkit_load(
         first_token, received, elapsed = await clients_for(clients, duration_s, reply)
         spent = cpu_seconds(server_pid) - before
         seen_after = await histograms(client) if toolkit else {}
+    if first_tokens is not None:
+        first_tokens.extend(first_token)
     result = summary(first_token, received, elapsed, spent)
     for key, (total, count) in seen_after.items():
         replies = count - seen_before[key][1]

@@ -21,8 +21,14 @@ Clients (``llm_overhead``'s): at 1 and 16 clients, each streaming ``POST
 ``ignore_eos``): time to first token p50 and p90, output tokens/s, and server CPU per token
 (every process of each server, from /proc: vLLM's engine core and worker; the toolkit's
 Ray processes too). The two servers run one at a time (both fit in memory, but they would
-share the two cores), alternating within each round; medians of ``--rounds``, and the
-toolkit's ``llm_framework_seconds`` mean (ingress to engine) beside its row.
+share the two cores), alternating within each round, each started afresh and warmed up
+for ``WARM_S`` first; medians of ``--rounds``, and the toolkit's ``llm_framework_seconds``
+mean (ingress to engine) beside its row. A 1-client run of 60 s is 17 replies, whose
+TTFT p50 moves by up to ±10 ms from run to run on a 2-core host (docs/benchmarks.md), as
+much as the difference measured; so each round's TTFT p50 difference is printed too, with
+the median of those differences, and each server's TTFT p50 over every reply of all
+rounds pooled (which narrows the noise of a run's 17 replies, not that of a server's
+start). ``--rounds`` is best even: the two servers then go first in as many rounds.
 
 Run it in the vLLM job's venv (``make test-vllm`` makes it):
 
@@ -36,6 +42,7 @@ import asyncio
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -50,7 +57,17 @@ from app_toolkit.llm.engines import gguf_cache
 from app_toolkit.llm.model_source import resolve_model_source
 from benchmarks.client_share import clients_first, ended_by_sigterm
 from benchmarks.http_overhead import free_port
-from benchmarks.llm_overhead import CONCURRENCY, FAILED, MODEL, Load, _row, config_file, medians, toolkit_load
+from benchmarks.llm_overhead import (
+    CONCURRENCY,
+    FAILED,
+    MODEL,
+    Load,
+    _row,
+    config_file,
+    medians,
+    quantile_ms,
+    toolkit_load,
+)
 
 ENGINE_KWARGS: dict[str, Any] = {
     "enforce_eager": True,
@@ -62,6 +79,9 @@ VLLM = "vllm serve"
 TOOLKIT = "toolkit"
 SETUPS = (VLLM, TOOLKIT)
 START_S = 600.0
+#: Seconds of 2 clients' replies after each start, not measured: the first requests' passes
+#: and connections (a run right after a start was the slowest of a start's runs).
+WARM_S = 15.0
 
 
 def model_folder() -> Path:
@@ -78,10 +98,16 @@ def model_folder() -> Path:
 
 
 def start(
-    setup: str, folder: Path, work: Path, vllm_options: Sequence[str] = (), local: bool = False
+    setup: str,
+    folder: Path,
+    work: Path,
+    vllm_options: Sequence[str] = (),
+    local: bool = False,
+    prefix: Sequence[str] = (),
 ) -> tuple[subprocess.Popen[bytes], str]:
     """One server, ready: its process and base URL (``vllm_options``: more of ``vllm serve``'s
-    options, for the tests; ``local``: the toolkit runs with ``--local``)."""
+    options, for the tests; ``local``: the toolkit runs with ``--local``; ``prefix``: what
+    its command runs under, ``client_share.Share.server_prefix``)."""
     port = free_port()
     env = dict(os.environ, VLLM_NO_USAGE_STATS="1", RAY_USAGE_STATS_ENABLED="0")
     env.pop("RAY_ADDRESS", None)
@@ -126,7 +152,11 @@ def start(
             *(["--local"] if local else []),
         ]
     process = subprocess.Popen(
-        command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True
+        [*prefix, *command],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+        start_new_session=True,
     )
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + START_S
@@ -166,6 +196,7 @@ def main() -> None:
     ended_by_sigterm()
     folder = model_folder()
     results: dict[tuple[str, int], list[Load]] = {}
+    pooled: dict[tuple[str, int], list[float]] = {}  # every reply's TTFT (s), all rounds
     print(
         f"SmolLM2-135M-Instruct, float32, enforce_eager, max_num_seqs 8, KV cache 1 GiB on both; "
         f"{args.tokens} tokens per reply, {args.duration:g} s per run, medians of {args.rounds} rounds"
@@ -173,13 +204,13 @@ def main() -> None:
         flush=True,
     )
     with tempfile.TemporaryDirectory() as work, clients_first() as share:
-        print(f"the clients' CPU share: {share}", flush=True)
+        print(f"the clients' CPU share: {share.said}", flush=True)
         for round_index in range(args.rounds):
             order = SETUPS if round_index % 2 == 0 else SETUPS[::-1]
             for setup in order:
-                process, base = start(setup, folder, Path(work), local=args.local)
+                process, base = start(setup, folder, Path(work), local=args.local, prefix=share.server_prefix)
                 try:
-                    asyncio.run(_runs(setup, process.pid, base, args, round_index, results))
+                    asyncio.run(_runs(setup, process.pid, base, args, round_index, results, pooled))
                 finally:
                     stop(process)
     for clients in CONCURRENCY:
@@ -193,6 +224,18 @@ def main() -> None:
             f"{ours['tokens_per_s'] / theirs['tokens_per_s']:.2f}x, CPU per token "
             f"{ours['cpu_us_per_token'] / theirs['cpu_us_per_token']:.2f}x"
         )
+        paired = [
+            mine["ttft_p50_ms"] - other["ttft_p50_ms"]
+            for mine, other in zip(results[TOOLKIT, clients], results[VLLM, clients], strict=True)
+        ]
+        theirs_all, ours_all = (quantile_ms(pooled[setup, clients], 0.5) for setup in (VLLM, TOOLKIT))
+        print(
+            f"     TTFT p50 difference per round: {', '.join(f'{one:+.1f}' for one in paired)} ms; "
+            f"median of the differences {statistics.median(paired):+.1f} ms\n"
+            f"     TTFT p50 of all rounds' replies pooled ({len(pooled[TOOLKIT, clients])} and "
+            f"{len(pooled[VLLM, clients])}): toolkit {ours_all:.1f} ms, vllm serve {theirs_all:.1f} ms, "
+            f"{ours_all - theirs_all:+.1f} ms"
+        )
     print(f"replies whose connection failed: {len(FAILED)}" + "".join(f"\n  {line}" for line in FAILED))
 
 
@@ -203,11 +246,15 @@ async def _runs(
     args: argparse.Namespace,
     round_index: int,
     results: dict[tuple[str, int], list[Load]],
+    pooled: dict[tuple[str, int], list[float]],
 ) -> None:
     toolkit = setup == TOOLKIT
-    await toolkit_load(base, pid, 2, 8, 3, toolkit=toolkit)  # warm up: first passes, connections
+    await toolkit_load(base, pid, 2, args.tokens, WARM_S, toolkit=toolkit)  # not measured
     for clients in CONCURRENCY:
-        load = await toolkit_load(base, pid, clients, args.tokens, args.duration, toolkit=toolkit)
+        first_tokens = pooled.setdefault((setup, clients), [])
+        load = await toolkit_load(
+            base, pid, clients, args.tokens, args.duration, toolkit=toolkit, first_tokens=first_tokens
+        )
         results.setdefault((setup, clients), []).append(load)
         print(f"  round {round_index + 1} {setup:<10} N={clients:<2} " + _row(load), flush=True)
 
