@@ -23,8 +23,8 @@ Clients (``llm_overhead``'s): at 1 and 16 clients, each streaming ``POST
 Ray processes too). The two servers run one at a time (both fit in memory, but they would
 share the two cores), alternating within each round, each started afresh and warmed up
 for ``WARM_S`` first; medians of ``--rounds``, and the toolkit's ``llm_framework_seconds``
-mean (ingress to engine) beside its row. A 1-client run of 60 s is 17 replies, whose
-TTFT p50 moves by up to ±10 ms from run to run on a 2-core host (docs/benchmarks.md), as
+mean (ingress to engine) beside its row. A 1-client run of 60 s is 17 to 19 replies,
+whose TTFT p50 moves by 5–12 ms from run to run on a 2-core host (docs/benchmarks.md), as
 much as the difference measured; so each round's TTFT p50 difference is printed too, with
 the median of those differences, and each server's TTFT p50 over every reply of all
 rounds pooled (which narrows the noise of a run's 17 replies, not that of a server's
@@ -32,7 +32,7 @@ start). ``--rounds`` is best even: the two servers then go first in as many roun
 
 Run it in the vLLM job's venv (``make test-vllm`` makes it):
 
-    .venv-vllm/bin/python -m benchmarks.llm_vllm [--rounds 3] [--duration 60]
+    .venv-vllm/bin/python -m benchmarks.llm_vllm [--rounds 4] [--duration 60]
 """
 
 from __future__ import annotations
@@ -188,7 +188,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--rounds", type=int, default=3, help="runs per server and concurrency")
+    parser.add_argument("--rounds", type=int, default=4, help="runs per server and concurrency")
     parser.add_argument("--tokens", type=int, default=64, help="output tokens per reply (max_tokens)")
     parser.add_argument("--duration", type=float, default=60, help="seconds of requests per run")
     parser.add_argument("--local", action="store_true", help="the toolkit with --local (one process, no Ray)")

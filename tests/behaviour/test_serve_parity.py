@@ -151,8 +151,8 @@ def test_backpressure_config_sets_the_overload_answer(toolkit: Toolkit, tmp_path
     # A new caller's first burst (this handle has not been used: it has no routing table
     # yet) is held to the same bound: one runs, one queues, the newest two are refused.
     (tmp_path / "open").unlink()
-    calls = [handle.remote() for _ in range(4)]
     try:
+        calls = [handle.remote() for _ in range(4)]
         for call in calls[2:]:
             with pytest.raises(serve.BackPressureError):
                 call.result(timeout_s=10)

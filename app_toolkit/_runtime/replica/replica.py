@@ -237,27 +237,25 @@ class ReplicaCore(ReplicaSlots):
 
     async def _release_instance(self) -> None:
         """The last step of stopping, as Ray Serve orders it: the user's ``__del__`` (an
-        ``async def __del__`` awaited), then the stop hooks (models released, connections
-        closed), then the object let go (the process is killed next). When either ran, the
-        requests still running get ``LAST_EVENT_S`` to end: what they ended (a model's
-        engine closed under its replies) answers its callers rather than dying with the
-        process."""
-        ran = False
+        ``async def __del__`` awaited; then the requests still running get ``LAST_EVENT_S``
+        to end, so that what it ended, a model's engine closed under its replies, answers
+        the callers rather than dying with the process), then the stop hooks (models
+        released, connections closed: after that moment, which may still use them), then
+        the object let go (the process is killed next)."""
         if self.instance is not None and inspect.isclass(self._definition):
             try:
                 ran = await run_destructor(self.instance, max(self._grace_s, 1.0))
             except Exception:
                 ran = True
                 logger.exception("The __del__ of %s failed", self.replica_id)
-        ran = ran or bool(self._stop_hooks)
+            if ran:
+                await self.wait_until(0, asyncio.get_running_loop().time() + LAST_EVENT_S)
         for hook in self._stop_hooks:
             try:
                 await hook()
             except Exception:
                 logger.exception("A stop hook of %s failed", self.replica_id)
         self._stop_hooks.clear()
-        if ran:
-            await self.wait_until(0, asyncio.get_running_loop().time() + LAST_EVENT_S)
         if not inspect.isclass(self._definition):
             return  # a function deployment: nothing was built
         self.instance = self._serves = self._lifespan = None
