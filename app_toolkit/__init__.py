@@ -25,7 +25,7 @@ from app_toolkit.config import (
     LoggingConfig,
     RayActorOptions,
 )
-from app_toolkit.context import ReplicaContext, ReplicaRank, get_replica_context, get_request_id
+from app_toolkit.context import ReplicaContext, ReplicaRank, api_key_name, get_replica_context, get_request_id
 from app_toolkit.dependencies import Depends
 from app_toolkit.deployment import Application, Deployment, deployment
 from app_toolkit.event_log import (
@@ -54,7 +54,7 @@ from app_toolkit.handle import DeploymentHandle
 from app_toolkit.ingress import App, ingress
 from app_toolkit.multiplex import get_multiplexed_model_id, multiplexed
 from app_toolkit.responses import DeploymentBroadcastResponse, DeploymentResponse, DeploymentResponseGenerator
-from app_toolkit.routes import deadline, replicated
+from app_toolkit.routes import deadline, open_route, replicated
 from app_toolkit.status import (
     ApplicationStatus,
     ApplicationStatusInfo,
@@ -131,6 +131,7 @@ __all__ = [
     "UnknownStream",
     "UpgradeStatusInfo",
     "WriterReplaced",
+    "api_key_name",
     "batch",
     "deadline",
     "delete",
@@ -142,6 +143,7 @@ __all__ = [
     "get_request_id",
     "ingress",
     "multiplexed",
+    "open_route",
     "replicated",
     "rollout",
     "run",

@@ -1,13 +1,23 @@
-"""Where the current code runs: ``get_replica_context()`` inside a replica, and
-``get_request_id()`` while it serves a request."""
+"""Where the current code runs: ``get_replica_context()`` inside a replica,
+``get_request_id()`` while it serves a request, and ``api_key_name(request)``: who called."""
 
 from __future__ import annotations
 
+from starlette.requests import HTTPConnection
+
 from app_toolkit._runtime import request_context
+from app_toolkit._runtime.front.scope import API_KEY_NAME
 from app_toolkit._runtime.request_context import ReplicaContext, ReplicaRank
 from app_toolkit.replica_id import ReplicaID
 
-__all__ = ["ReplicaContext", "ReplicaID", "ReplicaRank", "get_replica_context", "get_request_id"]
+__all__ = [
+    "ReplicaContext",
+    "ReplicaID",
+    "ReplicaRank",
+    "api_key_name",
+    "get_replica_context",
+    "get_request_id",
+]
 
 
 def get_replica_context() -> ReplicaContext:
@@ -32,3 +42,12 @@ def get_request_id() -> str:
     (``HTTPOptions(request_id_headers=True)`` also puts it in the headers).
     """
     return request_context.current_request_id()
+
+
+def api_key_name(connection: HTTPConnection) -> str | None:
+    """The name of the API key the request or WebSocket presented (``http_options.api_keys``),
+    or None: keys are off, its route is open (``@open_route``) and it sent no valid key, or
+    it came through a handle (handles inside the cluster are trusted). Also a FastAPI
+    dependency: ``name: str | None = Depends(tk.api_key_name)``."""
+    name = connection.scope.get(API_KEY_NAME)
+    return name if isinstance(name, str) else None

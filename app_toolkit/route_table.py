@@ -1,7 +1,7 @@
 """Read an app's routes at build time: pools, deadlines, the proxy's table, hidden routes.
 
 The proxy normally sends every request below an app's ``route_prefix`` to its ingress.
-When routes carry ``@replicated`` or ``@deadline``, the proxy also needs the app's routes
+When routes carry ``@replicated``, ``@deadline`` or ``@open_route``, the proxy also needs the app's routes
 in FastAPI's own matching order (first full match wins, as in Starlette), so that a
 request reaches the route FastAPI would pick. Routes after the last special one never
 need matching, so the table stops there.
@@ -70,11 +70,12 @@ def route_table(app: object) -> RouteTable:
                 )
         if route.pattern is None:
             continue
-        table.append(PathRoute(route.pattern, route.methods, route.scope_types, pool, deadline_s))
-        if pool is not None or deadline_s is not None:
+        keyless = options.keyless if options else False
+        table.append(PathRoute(route.pattern, route.methods, route.scope_types, pool, deadline_s, keyless))
+        if pool is not None or deadline_s is not None or keyless:
             special = len(table)
     if any(route.pattern is None and route_options(route.endpoint) for route in routes):
-        raise ConfigError("@replicated/@deadline routes need a path the proxy can match")
+        raise ConfigError("@replicated/@deadline/@open_route routes need a path the proxy can match")
     paths = tuple(route.path for route in routes)
     return RouteTable(pools, tuple(table[:special]), paths, _hidden(routes))
 

@@ -1,4 +1,5 @@
-"""Per-route options on ordinary FastAPI endpoints: ``@replicated`` and ``@deadline``.
+"""Per-route options on ordinary FastAPI endpoints: ``@replicated``, ``@deadline`` and
+``@open_route``.
 
 ``@replicated(...)`` gives one route its own replica pool: a deployment with its own
 options that serves only that route, while the rest of the app stays in the ingress::
@@ -9,7 +10,10 @@ options that serves only that route, while the rest of the app stays in the ingr
 
 ``@deadline(seconds)`` cancels a route's request after ``seconds`` and answers 504.
 
-Both only mark the endpoint function; :func:`app_toolkit.route_table.route_table` reads
+``@open_route`` lets a route's requests in without an API key when ``http_options`` has
+keys (a sign-in page, a status probe).
+
+They only mark the endpoint function; :func:`app_toolkit.route_table.route_table` reads
 the marks when the application is built. The decorators work above or below
 ``@router.get(...)``.
 """
@@ -36,6 +40,7 @@ class RouteOptions:
     pool: str | None = None  # name of the route's own deployment
     pool_options: tuple[tuple[str, object], ...] = ()  # its deployment options, sorted
     deadline_s: float | None = None
+    keyless: bool = False
 
 
 def replicated(*, name: str | None = None, **deployment_options: object) -> Callable[[F], F]:
@@ -81,6 +86,17 @@ def deadline(seconds: float) -> Callable[[F], F]:
         return endpoint
 
     return mark
+
+
+def open_route(endpoint: F) -> F:
+    """Serve this route without an API key when ``http_options`` has keys.
+
+    The proxy checks keys before any app code runs, so it must know the route: the mark
+    puts it in the proxy's route table. Its requests carry no key name
+    (:func:`~app_toolkit.api_key_name` is None) unless they present a valid key.
+    """
+    _set(endpoint, keyless=True)
+    return endpoint
 
 
 def route_options(endpoint: object) -> RouteOptions | None:

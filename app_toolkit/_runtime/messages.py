@@ -62,8 +62,8 @@ class ReplicaInfo:
 class PathRoute:
     """One route of an app, as the proxy matches it (in the app's own route order).
 
-    Only apps with per-route pools or deadlines have these; every other request of an app
-    goes to its ingress.
+    Only apps with per-route pools, deadlines or open routes have these; every other
+    request of an app goes to its ingress.
     """
 
     pattern: str  # regular expression over the path below the app's route_prefix
@@ -71,6 +71,7 @@ class PathRoute:
     scope_types: frozenset[str]  # "http", "websocket" or both (mounts)
     deployment: str | None  # the deployment serving it; None for the ingress
     deadline_s: float | None = None
+    keyless: bool = False  # served without an API key (``@open_route``)
 
 
 @compact

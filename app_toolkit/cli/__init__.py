@@ -1,11 +1,12 @@
-"""The ``app-toolkit`` command: run, build, deploy, config, status, shutdown, new, and
-the traffic policies (traffic, rollout, shadow)."""
+"""The ``app-toolkit`` command: run, build, deploy, config, status, shutdown, new, keys,
+and the traffic policies (traffic, rollout, shadow)."""
 
 from __future__ import annotations
 
 import click
 
 from app_toolkit.cli.deploy import build, deploy, show_config
+from app_toolkit.cli.keys import keys
 from app_toolkit.cli.manage import new, shutdown, status
 from app_toolkit.cli.serve import run
 from app_toolkit.cli.traffic import rollout, shadow, traffic
@@ -19,5 +20,5 @@ def main() -> None:
     """Serve FastAPI routers as a scalable service on Ray."""
 
 
-for _command in (run, build, deploy, show_config, status, shutdown, new, traffic, rollout, shadow):
+for _command in (run, build, deploy, show_config, status, shutdown, new, keys, traffic, rollout, shadow):
     main.add_command(_command)

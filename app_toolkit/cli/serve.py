@@ -43,6 +43,19 @@ def _http_option(name: str) -> Callable[[F], F]:
     return click.option(flag, name, **kwargs)
 
 
+def _env_option(name: str) -> Callable[[F], F]:
+    """A ``run`` flag for an HTTP option that may also come from ``APP_TOOLKIT_<NAME>``
+    (a secret, or a path to one, kept out of the command line)."""
+    return click.option(
+        f"--{name.replace('_', '-')}",
+        name,
+        default=None,
+        envvar=f"APP_TOOLKIT_{name.upper()}",
+        show_envvar=True,
+        help=HTTPOptions.model_fields[name].description,
+    )
+
+
 _LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 
 
@@ -87,14 +100,8 @@ def _builder_args(ctx: click.Context, param: click.Parameter, pairs: tuple[str, 
 @_http_option("forwarded_allow_ips")
 @_http_option("metrics_allow_ips")
 @_http_option("dashboard_allow_ips")
-@click.option(
-    "--dashboard-token",
-    "dashboard_token",
-    default=None,
-    envvar="APP_TOOLKIT_DASHBOARD_TOKEN",
-    show_envvar=True,
-    help=HTTPOptions.model_fields["dashboard_token"].description,
-)
+@_env_option("dashboard_token")
+@_env_option("api_keys_file")
 @click.pass_context
 def run(
     ctx: click.Context,

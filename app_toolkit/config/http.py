@@ -8,6 +8,7 @@ from typing import Literal
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 from app_toolkit.config.allow_ips import parse_networks
+from app_toolkit.config.api_keys import APIKey, check_unique, read_keys_file
 from app_toolkit.config.ray_serve_only import drop_ray_serve_only
 from app_toolkit.config.schema import Strict, explain
 from app_toolkit.exceptions import ConfigError
@@ -122,6 +123,19 @@ class HTTPOptions(Strict):
         description="A secret that also opens /-/dashboard from any address (?token=... once, "
         "or Authorization: Bearer ...); at least 16 characters. Unset: no token opens it.",
     )
+    api_keys: tuple[APIKey, ...] = Field(
+        (),
+        description="API keys that open the apps' routes (name, hash: sha256:<hex>, optional "
+        "expires_at); with any key here or in api_keys_file, a request without a valid key gets "
+        "401. app-toolkit keys new NAME makes one.",
+    )
+    api_keys_file: str | None = Field(
+        None,
+        min_length=1,
+        description="A YAML file of API keys (a list like api_keys), read again when it "
+        "changes: keys are added, revoked or given an expiry without a restart. The same path "
+        "on every node.",
+    )
     proxy_location: Literal["EveryNode", "HeadOnly", "Disabled"] = Field(
         "EveryNode",
         description="Run a proxy on every node of the cluster (each serves every app; nodes "
@@ -144,6 +158,18 @@ class HTTPOptions(Strict):
                 "could never be read"
             )
         return self
+
+    @model_validator(mode="after")
+    def _check_api_keys(self) -> HTTPOptions:
+        check_unique(self.api_keys)
+        if self.api_keys_file is not None:
+            check_unique((*self.api_keys, *read_keys_file(self.api_keys_file)))  # fails at start
+        return self
+
+    @property
+    def keys_required(self) -> bool:
+        """Requests to the apps need an API key."""
+        return bool(self.api_keys) or self.api_keys_file is not None
 
     @field_validator("metrics_allow_ips", "dashboard_allow_ips")
     @classmethod

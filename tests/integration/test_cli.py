@@ -20,6 +20,7 @@ import yaml
 from click.testing import CliRunner
 
 from app_toolkit.cli import main
+from app_toolkit.config.api_keys import key_hash, new_key
 from tests import plain_http
 from tests.apps import basic, gated
 from tests.conftest import ROOT, Toolkit, free_port
@@ -511,9 +512,22 @@ def test_json_logs_from_every_process_carry_the_request_id(tmp_path: Path, extra
     args = ["examples.demo:app", "--port", str(port), "--log-format", "json", "--log-level", "info", *extra]
     script = [sys.executable, "-c", _SCRIPT, str(port)] if extra == ["python"] else None
     env = {"APP_TOOLKIT_LOG_FORMAT": "json", "APP_TOOLKIT_LOG_LEVEL": "INFO"}
+    # app-toolkit run takes API keys from the environment too: the request needs one, on Ray
+    # where the proxy hands the connection to the ingress replica, and no log line of any
+    # process shows it, its hash or its header.
+    key, sent = new_key(), dict[str, str]()
+    if script is None:
+        keys_file = tmp_path / "keys.yaml"
+        keys_file.write_text(f"- {{name: logs, hash: '{key_hash(key)}'}}\n")
+        env["APP_TOOLKIT_API_KEYS_FILE"] = str(keys_file)
+        sent = {"authorization": f"Bearer {key}"}
     with running_cli(args, ROOT, tmp_path / "cli.log", env=env, command=script) as cli:
         cli.wait_for_output("serving examples.demo:app at", 120)
-        response = plain_http.get(f"http://127.0.0.1:{port}/hello/logs", timeout=30)
+        url = f"http://127.0.0.1:{port}/hello/logs"
+        if sent:
+            refused = plain_http.get(url, headers={"authorization": f"Bearer {key}x"}, timeout=30)
+            assert refused.status_code == 401 and refused.json()["error"]["code"] == "invalid_api_key"
+        response = plain_http.get(url, headers=sent, timeout=30)
         assert response.status_code == 200
         request_id = response.headers["x-request-id"]
 
@@ -536,6 +550,8 @@ def test_json_logs_from_every_process_carry_the_request_id(tmp_path: Path, extra
             )
             assert line.startswith("{"), line
         assert cli.stop(signal.SIGINT) == 0
+        for secret in (key, key_hash(key)[7:]):
+            assert secret not in cli.output()
 
 
 def _json_lines(output: str) -> list[dict[str, Any]]:

@@ -62,13 +62,13 @@ def test_requests_reach_the_route_fastapi_would_pick() -> None:
     table = route_table(make_app())
     app = AppMatcher(RouteInfo("/shop", "shop", DeploymentID("shop", "Ingress"), table.routes))
     pool = DeploymentID("shop", "thing")
-    assert app.target("http", "GET", "/shop/api/v1/things/12") == (pool, None)
+    assert app.target("http", "GET", "/shop/api/v1/things/12") == (pool, None, False)
     assert app.target("http", "GET", "/shop/api/v1/things/twelve")[0] == app.ingress  # int only
     assert app.target("http", "POST", "/shop/api/v1/things/12")[0] == app.ingress  # 405 there
-    assert app.target("websocket", None, "/shop/api/v1/live") == (pool, None)
+    assert app.target("websocket", None, "/shop/api/v1/live") == (pool, None, False)
     assert app.target("http", "GET", "/shop/api/v1/live")[0] == app.ingress
-    assert app.target("http", "GET", "/shop/slow") == (app.ingress, 2.5)
-    assert app.target("http", "GET", "/shop") == (app.ingress, None)
+    assert app.target("http", "GET", "/shop/slow") == (app.ingress, 2.5, False)
+    assert app.target("http", "GET", "/shop") == (app.ingress, None, False)
     assert app.deployments == {app.ingress, pool}
 
 

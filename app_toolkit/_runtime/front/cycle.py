@@ -80,6 +80,7 @@ class HTTPCycle:
         "matched",
         "deployment",
         "_deadline_s",
+        "keyless",
         "app",
         "prefix",
         "target",
@@ -125,8 +126,9 @@ class HTTPCycle:
         self.logged = True  # it gets an access line (its application's enable_access_log)
         self.deployment: DeploymentID | None = None
         self._deadline_s: float | None = None
+        self.keyless = False  # its route is served without an API key (``@open_route``)
         if matched is not None:
-            self.deployment, self._deadline_s = matched.target("http", scope["method"], path)
+            self.deployment, self._deadline_s, self.keyless = matched.target("http", scope["method"], path)
             self.app, self.target, self.logged = matched.app, matched.route_prefix, matched.access_log
             self.prefix = "" if matched.route_prefix == "/" else matched.route_prefix
         self.status = 500  # the status sent to the client (499: it left), unless one was sent

@@ -22,6 +22,7 @@ from app_toolkit._runtime.front.body import BodyBudget
 from app_toolkit._runtime.front.channel_upstream import ChannelUpstream
 from app_toolkit._runtime.front.cycle import FrontRules, HTTPCycle
 from app_toolkit._runtime.front.dashboard import Dashboard, StatusSource
+from app_toolkit._runtime.front.key_check import KeyRing, unauthorized
 from app_toolkit._runtime.front.metrics_page import Gather
 from app_toolkit._runtime.front.pages import ToolkitPages
 from app_toolkit._runtime.front.path_match import AppMatcher, match_app, route_path
@@ -54,6 +55,7 @@ class HTTPFront:
         channel = ChannelUpstream(subscriber, BodyBudget(http.max_buffered_body_bytes))
         self.placement = Placement(subscriber, channel, local)
         self.local = local
+        self.keys = KeyRing(http) if http.keys_required else None
         # Snapshots for /-/metrics and the dashboard: this process's, unless the backend
         # knows more (a node's, a cluster's).
         gather = gather or _this_process
@@ -104,17 +106,41 @@ class HTTPFront:
             cycle = HTTPCycle(scope, receive, send, self.rules, matched, path)
             if cycle.deployment is None:
                 await cycle.run(self.pages)
+            elif self.keys is not None and not self.keys.admits(scope, cycle.headers, cycle.keyless):
+                await cycle.run(_NO_KEY)
             else:
                 await cycle.run(self.placement.choose(cycle.deployment, cycle.headers))
         elif kind == "websocket":
             path = route_path(scope)
             matched = match_app(self.apps, path) if self.loaded else None
             headers = read_headers(scope, self.rules.shard_header)
-            deployment = matched.target("websocket", None, path)[0] if matched is not None else None
+            deployment, _, keyless = (
+                matched.target("websocket", None, path) if matched is not None else _NOWHERE
+            )
             socket = SocketCycle(scope, receive, send, self.http, headers, matched, deployment)
-            await socket.run(self.placement.choose if self.loaded else None)
+            if (
+                deployment is not None
+                and self.keys is not None
+                and not self.keys.admits(scope, headers, keyless)
+            ):
+                await socket.refuse_key()
+            else:
+                await socket.run(self.placement.choose if self.loaded else None)
         elif kind == "lifespan":
             await _lifespan(receive, send)
+
+
+_NOWHERE = (None, None, False)
+
+
+class _NoKey:
+    """Answers a request that presented no valid API key (``key_check``)."""
+
+    async def http(self, cycle: HTTPCycle) -> None:
+        await cycle.answer(unauthorized(cycle.request_id))
+
+
+_NO_KEY = _NoKey()
 
 
 async def _this_process() -> list[list[FamilySnapshot]]:

@@ -34,27 +34,31 @@ class AppMatcher:
                 route.scope_types,
                 DeploymentID(info.app, route.deployment) if route.deployment else info.ingress,
                 route.deadline_s,
+                route.keyless,
             )
             for route in info.routes
         ]
         #: Every deployment requests of this app may go to.
         self.deployments = {info.ingress, *(entry[3] for entry in self._table)}
 
-    def target(self, scope_type: str, method: str | None, path: str) -> tuple[DeploymentID, float | None]:
-        """The deployment for this request and the route's deadline, if any.
+    def target(
+        self, scope_type: str, method: str | None, path: str
+    ) -> tuple[DeploymentID, float | None, bool]:
+        """The deployment for this request, the route's deadline, if any, and whether it is
+        served without an API key (``@open_route``).
 
         As in Starlette, the first route that matches both path and method wins; a request
         no special route takes goes to the ingress (which answers 404/405 itself).
         """
         if not self._table:
-            return self.ingress, None
+            return self.ingress, None, False
         below = path if self.route_prefix == "/" else path[len(self.route_prefix) :]
-        for regex, methods, scope_types, deployment, deadline_s in self._table:
+        for regex, methods, scope_types, deployment, deadline_s, keyless in self._table:
             if scope_type not in scope_types or (methods is not None and method not in methods):
                 continue
             if regex.match(below):
-                return deployment, deadline_s
-        return self.ingress, None
+                return deployment, deadline_s, keyless
+        return self.ingress, None, False
 
 
 def match_app(apps: list[AppMatcher], path: str) -> AppMatcher | None:

@@ -17,6 +17,9 @@ from app_toolkit._runtime.answers import REQUEST_ID_HEADER
 from app_toolkit._runtime.front.path_match import AppMatcher
 from app_toolkit._runtime.request_keys import KEY_HEADERS, SHARD_KEY_HEADER, KeyHeaders, routing_key
 
+#: The scope key that names the API key a request presented (``app_toolkit.api_key_name``).
+API_KEY_NAME = "app_toolkit.api_key"
+
 _FORWARDED_KEYS = (
     "type",
     "asgi",
@@ -32,9 +35,12 @@ _FORWARDED_KEYS = (
     "server",
     "subprotocols",
     "extensions",
+    API_KEY_NAME,
 )
 
 TIMEOUT_HEADER = b"x-request-timeout-seconds"
+AUTHORIZATION_HEADER = b"authorization"
+API_KEY_HEADER = b"x-api-key"
 
 
 def new_request_id() -> str:
@@ -61,6 +67,9 @@ class RequestHeaders:
     #: It has an x-request-id, traceparent or tracestate header, valid or not (one the
     #: proxy may have to replace in what it forwards).
     names_ids: bool = True
+    #: Its ``Authorization`` and ``X-API-Key`` values (``key_check`` reads a key from them).
+    authorization: bytes | None = None
+    api_key: bytes | None = None
 
     @property
     def traced(self) -> bool:
@@ -75,6 +84,8 @@ _READ = frozenset(
         TIMEOUT_HEADER,
         b"content-length",
         b"transfer-encoding",
+        AUTHORIZATION_HEADER,
+        API_KEY_HEADER,
         tracing.TRACEPARENT_HEADER,
         tracing.TRACESTATE_HEADER,
         *KEY_HEADERS,
@@ -83,7 +94,7 @@ _READ = frozenset(
 
 
 def read_headers(scope: Scope, shard_header: bytes = SHARD_KEY_HEADER) -> RequestHeaders:
-    request_id = timeout = content_length = None
+    request_id = timeout = content_length = authorization = api_key = None
     parent = state = shard_key = ""
     keys: KeyHeaders | None = None  # made when a request names a model or session
     chunked = names_ids = False
@@ -106,6 +117,10 @@ def read_headers(scope: Scope, shard_header: bytes = SHARD_KEY_HEADER) -> Reques
         elif key in KEY_HEADERS:
             keys = keys or KeyHeaders()
             keys.add(key, value)
+        elif key == AUTHORIZATION_HEADER:
+            authorization = value
+        elif key == API_KEY_HEADER:
+            api_key = value
         elif key == tracing.TRACEPARENT_HEADER:
             parent = value.decode("latin-1")
             names_ids = True
@@ -124,6 +139,8 @@ def read_headers(scope: Scope, shard_header: bytes = SHARD_KEY_HEADER) -> Reques
         routing_key(shard_key, keys.session_id) if keys is not None else shard_key,
         chunked or (content_length is not None and content_length != b"0"),
         names_ids,
+        authorization,
+        api_key,
     )
 
 

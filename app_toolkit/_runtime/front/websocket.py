@@ -20,6 +20,7 @@ from starlette.types import Receive, Scope, Send
 
 from app_toolkit._runtime.answers import can_deny, denial, unavailable
 from app_toolkit._runtime.front import stream_metrics
+from app_toolkit._runtime.front.key_check import unauthorized
 from app_toolkit._runtime.front.path_match import AppMatcher
 from app_toolkit._runtime.front.scope import RequestHeaders
 from app_toolkit._runtime.messages import CLOSE_POLICY, CLOSE_TRY_AGAIN_LATER, DeploymentID
@@ -69,6 +70,17 @@ class SocketCycle:
             await self.send({"type": "websocket.close", "code": CLOSE_POLICY})
             return
         await choose(self.deployment, self.headers).websocket(self)  # its slot taken in this step
+
+    async def refuse_key(self) -> None:
+        """No valid API key: refused before it is accepted, with the 401 where the server
+        can send a denial response (else the server's 403)."""
+        if (await self.receive())["type"] != "websocket.connect":
+            return
+        if can_deny(self.scope):
+            for message in denial(unauthorized(self.request_id)):
+                await self.send(message)
+        else:
+            await self.send({"type": "websocket.close", "code": CLOSE_POLICY})
 
     @contextlib.contextmanager
     def open(self) -> Iterator[None]:

@@ -1,0 +1,115 @@
+"""API keys as the options hold them: a name, the key's SHA-256 and an optional expiry.
+
+A key itself is never stored: ``http_options.api_keys`` and the keys file hold only
+``sha256:<hex>`` of each, so a settings file or an environment dump gives no usable key.
+:func:`new_key` makes a key (256 random bits) and :func:`key_hash` what to store for it
+(``app-toolkit keys new NAME`` prints both, the key once). The keys file
+(``http_options.api_keys_file``) holds the same entries as YAML, and the proxies read it
+again when it changes: keys are added, revoked and given an expiry without a restart.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from datetime import UTC, datetime
+from pathlib import Path
+
+import yaml
+from pydantic import Field, TypeAdapter, ValidationError, field_validator
+
+from app_toolkit.config.schema import Strict, explain
+from app_toolkit.exceptions import ConfigError
+
+#: What a key made here starts with: its kind, readable in a log a user pastes by mistake.
+KEY_PREFIX = "atk_"
+_HASH_PREFIX = "sha256:"
+
+
+class APIKey(Strict):
+    """One API key: who holds it (a name, a metric label) and the SHA-256 of the key."""
+
+    name: str = Field(
+        pattern=r"^[A-Za-z0-9_.@-]{1,64}$",
+        description="Who holds the key: letters, digits, '_', '.', '@' or '-' (it labels metrics).",
+    )
+    hash: str = Field(
+        pattern=r"^sha256:[0-9a-f]{64}$",
+        description="sha256:<64 hex digits> of the key (app-toolkit keys new NAME prints it).",
+    )
+    expires_at: datetime | None = Field(
+        None, description="When the key stops opening (ISO 8601; no zone: UTC). Unset: never."
+    )
+
+    @field_validator("expires_at")
+    @classmethod
+    def _utc(cls, value: datetime | None) -> datetime | None:
+        return value.replace(tzinfo=UTC) if value is not None and value.tzinfo is None else value
+
+    @property
+    def digest(self) -> bytes:
+        """The key's SHA-256, as :func:`digest_of` gives it for a presented key."""
+        return bytes.fromhex(self.hash[len(_HASH_PREFIX) :])
+
+    @property
+    def expires_s(self) -> float | None:
+        """The expiry as a Unix time (None: never)."""
+        return self.expires_at.timestamp() if self.expires_at is not None else None
+
+
+_KEY_LIST = TypeAdapter(tuple[APIKey, ...])
+
+
+def new_key() -> str:
+    """A fresh API key: 256 random bits, URL-safe, with :data:`KEY_PREFIX` before them."""
+    return KEY_PREFIX + secrets.token_urlsafe(32)
+
+
+def digest_of(key: bytes) -> bytes:
+    """The SHA-256 of a presented key (what keys are looked up by)."""
+    return hashlib.sha256(key).digest()
+
+
+def key_hash(key: str) -> str:
+    """What the options store for ``key``: ``sha256:<hex>``."""
+    return _HASH_PREFIX + hashlib.sha256(key.encode()).hexdigest()
+
+
+def check_unique(keys: tuple[APIKey, ...]) -> None:
+    """Two entries with one name or one hash would make a key's name ambiguous."""
+    for what in ("name", "hash"):
+        seen: set[str] = set()
+        for key in keys:
+            value = getattr(key, what)
+            if value in seen:
+                shown = value if what == "name" else f"of the key named {key.name!r}"
+                raise ValueError(f"two API keys have the same {what} ({shown}); each key needs its own")
+            seen.add(value)
+
+
+def read_keys_file(path: str) -> tuple[APIKey, ...]:
+    """The keys in the YAML file at ``path``: a list of ``{name, hash, expires_at}``, or
+    a mapping with that list under ``keys``. ConfigError naming the file if it cannot be
+    read or is not such a list."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"Cannot read the API keys file {path!r}: {exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"The API keys file {path!r} is not valid YAML: {exc}") from None
+    if isinstance(data, dict) and set(data) == {"keys"}:
+        data = data["keys"]
+    if data is None:
+        return ()
+    try:
+        keys = _KEY_LIST.validate_python(data)
+        check_unique(keys)
+    except ValidationError as exc:
+        raise ConfigError(
+            explain(exc, f"API keys file {path!r} (a list of name, hash, expires_at)")
+        ) from None
+    except ValueError as exc:
+        raise ConfigError(f"The API keys file {path!r}: {exc}") from None
+    return keys
