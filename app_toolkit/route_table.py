@@ -57,6 +57,7 @@ def route_table(app: object) -> RouteTable:
     pools: dict[str, dict[str, Any]] = {}
     table: list[PathRoute] = []
     special = 0
+    unmatchable = ""  # a route before this one that the proxy cannot match by path
     for route in routes:
         options = route_options(route.endpoint)
         pool = options.pool if options else None
@@ -69,14 +70,21 @@ def route_table(app: object) -> RouteTable:
                     "one of them another @replicated(name=...) or the same options"
                 )
         if route.pattern is None:
+            unmatchable = unmatchable or (route.path or "a Host route")
             continue
         keyless = options.keyless if options else False
+        if keyless and unmatchable:
+            raise ConfigError(
+                f"@open_route {route.path!r} comes after {unmatchable!r}, which the proxy cannot "
+                "match by path (it could take requests the proxy lets in without a key): move "
+                "the open route before it"
+            )
         table.append(PathRoute(route.pattern, route.methods, route.scope_types, pool, deadline_s, keyless))
         if pool is not None or deadline_s is not None or keyless:
             special = len(table)
     if any(route.pattern is None and route_options(route.endpoint) for route in routes):
         raise ConfigError("@replicated/@deadline/@open_route routes need a path the proxy can match")
-    paths = tuple(route.path for route in routes)
+    paths = tuple(route.path for route in routes if route.path)
     return RouteTable(pools, tuple(table[:special]), paths, _hidden(routes))
 
 
@@ -89,8 +97,9 @@ def _routes(app: object) -> Iterator[_Route]:
     for context in contexts:
         original = getattr(context, "original_route", context)
         path = getattr(context, "path", None)
-        if not isinstance(path, str):
-            continue  # Host routes match on the host name, not the path
+        if not isinstance(path, str):  # a Host route: matched on the host name, not the path
+            yield _Route("", None, None, frozenset({"http", "websocket"}), None)
+            continue
         regex = getattr(context, "path_regex", None)
         if isinstance(original, Mount):
             kinds = frozenset({"http", "websocket"})

@@ -131,7 +131,12 @@ def escaped(error: BaseException | None, request_id: str) -> HTTPResponse:
     """The answer when ``error`` escaped the app before its response started (None: the
     app returned without one): :func:`for_failure`'s, and the connection closes after it,
     as uvicorn closes it."""
-    answer = for_failure(error, request_id)
+    return closing(for_failure(error, request_id))
+
+
+def closing(answer: HTTPResponse) -> HTTPResponse:
+    """``answer`` with ``connection: close``: the connection ends after it (lingering, if
+    the request's body is still arriving: front/linger.py)."""
     return HTTPResponse(answer.status, [*answer.headers, (b"connection", b"close")], answer.body)
 
 

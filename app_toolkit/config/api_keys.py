@@ -97,8 +97,10 @@ def read_keys_file(path: str) -> tuple[APIKey, ...]:
         raise ConfigError(f"Cannot read the API keys file {path!r}: {exc}") from None
     try:
         data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"The API keys file {path!r} is not valid YAML: {exc}") from None
+    except yaml.YAMLError as exc:  # where, not what: the line may hold a key pasted by mistake
+        mark = getattr(exc, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark is not None else ""
+        raise ConfigError(f"The API keys file {path!r} is not valid YAML{where}") from None
     if isinstance(data, dict) and set(data) == {"keys"}:
         data = data["keys"]
     if data is None:

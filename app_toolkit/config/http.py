@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Literal
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 from app_toolkit.config.allow_ips import parse_networks
 from app_toolkit.config.api_keys import APIKey, check_unique, read_keys_file
@@ -159,12 +160,22 @@ class HTTPOptions(Strict):
             )
         return self
 
-    @model_validator(mode="after")
-    def _check_api_keys(self) -> HTTPOptions:
-        check_unique(self.api_keys)
-        if self.api_keys_file is not None:
-            check_unique((*self.api_keys, *read_keys_file(self.api_keys_file)))  # fails at start
-        return self
+    @field_validator("api_keys")
+    @classmethod
+    def _check_api_keys(cls, keys: tuple[APIKey, ...]) -> tuple[APIKey, ...]:
+        check_unique(keys)
+        return keys
+
+    @field_validator("api_keys_file")
+    @classmethod
+    def _check_api_keys_file(cls, path: str | None, info: ValidationInfo) -> str | None:
+        """The file read now (a missing or bad one fails the start, naming it), and its
+        path made absolute: every process of the cluster reads it, from its own folder."""
+        if path is None:
+            return None
+        path = os.path.abspath(path)
+        check_unique((*info.data.get("api_keys", ()), *read_keys_file(path)))
+        return path
 
     @property
     def keys_required(self) -> bool:

@@ -34,6 +34,11 @@ class Strict(BaseModel):
 M = TypeVar("M", bound=BaseModel)
 
 
+#: Options whose values an error message never repeats: secrets, and what may hold one by
+#: mistake (a key pasted where its hash goes).
+SECRET_OPTIONS = frozenset({"api_keys", "hash", "dashboard_token"})
+
+
 def explain(error: ValidationError, where: str) -> str:
     lines = []
     for item in error.errors():
@@ -44,7 +49,13 @@ def explain(error: ValidationError, where: str) -> str:
         message = item["msg"]
         if message.startswith("Value error, "):
             message = message[len("Value error, ") :]
-        lines.append(f"{field} {message}, got {item.get('input')!r}")
+        value = item.get("input")
+        if SECRET_OPTIONS.intersection(item["loc"]) or (
+            isinstance(value, Mapping) and SECRET_OPTIONS.intersection(value)
+        ):
+            lines.append(f"{field} {message}")  # the value may hold a secret
+        else:
+            lines.append(f"{field} {message}, got {value!r}")
     return f"Invalid {where}: " + "; ".join(lines)
 
 

@@ -12,7 +12,7 @@ from fastapi import APIRouter, Request
 
 import app_toolkit as tk
 from tests import plain_http
-from tests.conftest import Toolkit
+from tests.conftest import LARGE_BODY_LIMIT, Toolkit
 from tests.waiting import wait_for
 
 router = APIRouter()
@@ -115,6 +115,26 @@ def test_a_forwarded_body_over_the_limit_gets_413_midway(local_toolkit: Toolkit)
         small = client.post(f"{prefix}/pieces/{local_toolkit.name()}", content=b"tiny")
         assert small.json() == {"sizes": [4]}
     assert plain_http.get(f"{local_toolkit.url}{prefix}/seen/{name}", timeout=30).status_code == 200
+
+
+def test_a_client_still_sending_a_body_declared_too_large_reads_its_413(toolkit: Toolkit) -> None:
+    """The 413 comes before the app reads anything, and the connection ends with a
+    lingering close (front/linger.py): the body the client goes on sending is read and
+    dropped, so the client reads the 413 and the end, not a reset."""
+    prefix = "/" + toolkit.name()
+    toolkit.run(_proxied_app(), route_prefix=prefix)
+    declared = tk.HTTPOptions().max_request_body_bytes + 1
+    if toolkit.backend == "ray":
+        declared = LARGE_BODY_LIMIT + 1  # the Ray session's proxies take larger bodies
+    with _connect(toolkit) as upload:
+        upload.sendall(f"POST {prefix}/pieces/{toolkit.name()} HTTP/1.1\r\nhost: x\r\n".encode())
+        upload.sendall(f"content-length: {declared}\r\n\r\n".encode())
+        upload.sendall(b"x" * (4 << 20))  # on with the body, the 413 on its way meanwhile
+        answer = b""
+        while data := upload.recv(65536):
+            answer += data
+    assert answer.startswith(b"HTTP/1.1 413 "), answer[:200]
+    assert b"max_request_body_bytes" in answer and b"\r\nconnection: close\r\n" in answer.lower()
 
 
 def test_a_client_that_leaves_mid_upload_cancels_the_app(toolkit: Toolkit) -> None:

@@ -2,9 +2,9 @@
 here (each one stricter, and documented in docs/http.md, "Fuzzed against uvicorn").
 
 Never allowed: a crash (a 5xx from the echo app's server, a reset, a hang), bytes that do
-not parse as responses, or a request the app sees that uvicorn's app would not. (A reset
-after the same answers as uvicorn's, the last a 4xx that closed the connection, is the
-kernel's answer to the client's later bytes, as uvicorn's own closes can get: a close.)
+not parse as responses, or a request the app sees that uvicorn's app would not. (Where
+uvicorn resets after a 4xx that closed the connection, the kernel's answer to the
+client's later bytes, the toolkit, which lingers, closes: that close is uvicorn's reset.)
 """
 
 from __future__ import annotations
@@ -150,28 +150,32 @@ def _same(uvicorn: Outcome, toolkit: Outcome) -> bool:
     return all(theirs == ours for theirs, ours in _pairs(uvicorn, toolkit))
 
 
-def _reset_after_a_closing_refusal(uvicorn: Outcome, toolkit: Outcome) -> Outcome:
-    """The toolkit's outcome, with a reset that loses nothing counted as the close it is.
+def _reset_as_the_toolkit_closes(uvicorn: Outcome, toolkit: Outcome) -> Outcome:
+    """uvicorn's outcome, with a reset after a closing refusal counted as the close the
+    toolkit's lingering gives (front/linger.py).
 
-    A server that refuses a request with a 4xx closes the connection at once, neither
-    uvicorn nor the toolkit lingering to read what the client still sends: bytes that
-    arrive after the close meet a closed socket, and the server's kernel answers them
-    with a reset. Which of the two servers closed before the client's next write is a
-    matter of timing (CI saw it go both ways for one seeded case). When the toolkit gave
-    every answer uvicorn gave, ending with that refusal, its reset is such a close."""
-    if toolkit.fate != "reset" or uvicorn.fate not in ("closed", "reset"):
-        return toolkit
+    uvicorn closes at once after a 4xx that ends the connection: bytes the client still
+    sends meet a closed socket, and the kernel answers them with a reset, which may also
+    destroy the refusal before the client reads it. The toolkit reads and drops those bytes
+    first, so its client reads the refusal and then the close. When the toolkit's outcome is
+    that close after uvicorn's answers (with the refusal the reset may have destroyed),
+    uvicorn's reset counts as it."""
+    if uvicorn.fate != "reset" or toolkit.fate != "closed":
+        return uvicorn
     if not toolkit.statuses or not 400 <= toolkit.statuses[-1] < 500:
-        return toolkit
-    if not _same(Outcome(uvicorn.responses, "closed"), Outcome(toolkit.responses, "closed")):
-        return toolkit
-    return Outcome(toolkit.responses, uvicorn.fate, toolkit.garbled)
+        return uvicorn
+    theirs = uvicorn.responses
+    if not _same(Outcome(theirs, "closed"), Outcome(toolkit.responses, "closed")):
+        theirs = (*theirs, toolkit.responses[-1])  # its refusal was lost to the reset
+        if not _same(Outcome(theirs, "closed"), Outcome(toolkit.responses, "closed")):
+            return uvicorn
+    return Outcome(theirs, "closed", uvicorn.garbled)
 
 
 def problem(case: Case, outcomes: Outcomes) -> str | None:
     """What is wrong with the toolkit's outcome of ``case``, or None."""
-    uvicorn = outcomes.uvicorn
-    toolkit = _reset_after_a_closing_refusal(uvicorn, outcomes.toolkit)
+    toolkit = outcomes.toolkit
+    uvicorn = _reset_as_the_toolkit_closes(outcomes.uvicorn, toolkit)
     if toolkit.fate in ("hung", "reset") and uvicorn.fate != toolkit.fate:
         return f"the toolkit's connection {toolkit.fate}"
     if toolkit.garbled and not uvicorn.garbled:

@@ -10,7 +10,7 @@ from tests.fuzz.servers import Outcomes
 from tests.fuzz.wire import Outcome, Response
 
 CASE = Case(b"POST /echo HTTP/1.1\r\nHost: localhost\r\nContent-Length: 1\r\n\r\na\x01\r\n\r\n", requests=2)
-SEEN = {"method": "POST", "path": "/echo", "body": "a"}
+SEEN = {"method": "POST", "path": "/echo", "body": "a", "headers": [["host", "localhost"]]}
 
 
 def _outcome(*statuses: int, fate: str = "closed") -> Outcome:
@@ -27,3 +27,13 @@ def test_nothing_else_is_excused() -> None:
     assert problem(CASE, Outcomes(_outcome(400), _outcome(404, 400))) == not_listed  # not a dropped 2xx
     assert problem(CASE, Outcomes(_outcome(400), _outcome(200, 431))) == not_listed  # another refusal
     assert problem(CASE, Outcomes(_outcome(400, fate="open"), _outcome(200, 400))) == not_listed
+
+
+def test_the_toolkit_closes_where_uvicorn_resets_after_a_closing_refusal() -> None:
+    """The toolkit lingers after a refusal (front/linger.py): its client reads the 4xx and
+    the close where uvicorn's gets a reset, which may have destroyed uvicorn's 4xx too."""
+    assert problem(CASE, Outcomes(_outcome(200, 400, fate="reset"), _outcome(200, 400))) is None
+    assert problem(CASE, Outcomes(_outcome(200, fate="reset"), _outcome(200, 400))) is None
+    # A reset from the toolkit is never excused, nor a close after other answers.
+    assert problem(CASE, Outcomes(_outcome(200, 400), _outcome(200, 400, fate="reset"))) is not None
+    assert problem(CASE, Outcomes(_outcome(400, fate="reset"), _outcome(404, 400))) is not None

@@ -15,12 +15,13 @@ import sys
 from typing import Any
 
 import httpx
-from fastapi import APIRouter
+from fastapi import APIRouter, Request
 from opentelemetry import trace
 
 import app_toolkit as tk
 from app_toolkit.tracing import current_trace
 from tests.apps.otel_setup import SPANS_FILE_ENV
+from tests.apps.ray_only import holds_connection_from
 from tests.conftest import free_port
 from tests.deployments import as_deployment
 from tests.waiting import wait_for
@@ -63,9 +64,21 @@ async def spans(middle: tk.DeploymentHandle = tk.Depends(chain)) -> list[dict[st
     return [_seen(), *(await middle.chain.remote())]
 
 
+@router.get("/owner")
+async def owner(request: Request) -> bool:
+    """Whether this replica's process holds the client's connection (direct ingress)."""
+    assert request.client is not None
+    return holds_connection_from(request.client.port)
+
+
 @router.get("/fail")
 async def fail(failing: tk.DeploymentHandle = tk.Depends(last)) -> None:
     await failing.fail.remote()
+
+
+def _owned(port: int) -> bool:
+    with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:  # a fresh connection
+        return bool(client.get("/otel/owner").json())
 
 
 def _exported(path: str) -> list[dict[str, Any]]:
@@ -81,6 +94,8 @@ def main(backend: str) -> None:
     tk.start(http_options={"port": port}, backend=backend)
     try:
         tk.run(tk.App(router), name="otel", route_prefix="/otel")
+        if backend == "ray":  # the proxy hands connections over a moment after run() returns
+            wait_for(lambda: _owned(port), 30, "a connection handed to the ingress replica")
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
             seen = client.get("/otel/spans", headers={"traceparent": CLIENT_TRACEPARENT}).json()
             failed = client.get("/otel/fail").status_code

@@ -4,6 +4,8 @@ backend, with keys in the options and in a keys file, read by httpx and websocke
 from __future__ import annotations
 
 import logging
+import re
+import socket
 import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
@@ -16,7 +18,6 @@ from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
 import app_toolkit as tk
-from app_toolkit._runtime.front import key_check
 from app_toolkit.config.api_keys import key_hash, new_key
 from tests.conftest import free_port
 from tests.deployments import as_deployment
@@ -85,19 +86,31 @@ def _refused(response: httpx.Response) -> None:
     assert response.json()["error"]["type"] == "invalid_request_error"
 
 
+def _counted(client: httpx.Client) -> tuple[float, float]:
+    """alice's admissions and the refusals, as /-/metrics shows them now."""
+    page = client.get("/-/metrics").text  # loopback may read it
+    admitted = re.search(r'^app_toolkit_api_key_requests_total\{key="alice"\} (\S+)$', page, re.M)
+    refused = re.search(r"^app_toolkit_api_key_refusals_total (\S+)$", page, re.M)
+    return (float(admitted[1]) if admitted else 0.0), (float(refused[1]) if refused else 0.0)
+
+
 def test_only_a_valid_key_opens_the_apps_routes(
     keyed: tuple[str, Path], caplog: pytest.LogCaptureFixture
 ) -> None:
     url, _ = keyed
     caplog.set_level(logging.DEBUG)
     with httpx.Client(base_url=url, timeout=10) as client:
+        admitted_before, refused_before = _counted(client)
         refusals = [
             client.get("/who"),
             client.get("/who", headers={"authorization": f"Basic {ALICE}"}),  # malformed
             client.get("/who", headers={"authorization": "Bearer"}),
             client.get("/who", headers={"authorization": f"Bearer {ALICE}x"}),  # unknown
             client.get("/who", headers={"x-api-key": OLD}),  # expired
+            client.get("/who", headers=[("x-api-key", ALICE), ("x-api-key", "other")]),  # twice
+            # Refused before anything else of the request is looked at.
             client.post("/who", headers={"x-api-key": "nope"}, content=b"x" * 1000),
+            client.get("/who", headers={"x-request-timeout-seconds": "never"}),
             client.head("/who"),
             client.options("/who"),
         ]
@@ -113,14 +126,31 @@ def test_only_a_valid_key_opens_the_apps_routes(
         assert client.get("/signin", headers={"x-api-key": ALICE}).json() == {"open": True, "key": "alice"}
         # The toolkit's pages keep their own rules: health checks stay open.
         assert client.get("/-/healthz").status_code == 200
-        page = client.get("/-/metrics").text  # loopback may read it
-    assert 'app_toolkit_api_key_requests_total{key="alice"} 4' in page
-    assert "app_toolkit_api_key_refusals_total 8" in page
+        admitted, refused = _counted(client)
+        page = client.get("/-/metrics").text
+    assert (admitted - admitted_before, refused - refused_before) == (4, len(refusals))
     # No key, hash or header value reaches a log line or a metric.
     logged = "\n".join(record.getMessage() for record in caplog.records)
     assert "/who" in logged  # the access lines were captured
-    for secret in (ALICE, OLD, key_hash(ALICE), key_hash(ALICE)[7:], key_hash(OLD)[7:]):
+    for secret in (ALICE, OLD, key_hash(ALICE)[7:], key_hash(OLD)[7:]):
         assert secret not in logged and secret not in page
+
+
+@pytest.mark.parametrize(
+    "target",
+    ["//who", "/%77ho", "/who?x=1", "http://127.0.0.1/who", "/signin/../who", "/%2Fwho"],
+)
+def test_no_target_form_reaches_a_keyed_route_without_a_key(keyed: tuple[str, Path], target: str) -> None:
+    url, _ = keyed
+    port = int(url.rsplit(":", 1)[1])
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
+        raw.sendall(f"GET {target} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n".encode())
+        answer = b""
+        while piece := raw.recv(65536):
+            answer += piece
+    status = int(answer.split(b" ", 2)[1])
+    assert status in (401, 404), answer  # refused, or a path no route serves: never the app's 200
+    assert b'"key"' not in answer
 
 
 def test_a_websocket_without_a_key_is_refused_before_it_is_accepted(keyed: tuple[str, Path]) -> None:
@@ -134,18 +164,30 @@ def test_a_websocket_without_a_key_is_refused_before_it_is_accepted(keyed: tuple
         assert socket.recv(timeout=10) == "alice"
 
 
-def test_keys_in_the_file_come_and_go_without_a_restart(keyed: tuple[str, Path]) -> None:
+def test_keys_in_the_file_come_and_go_without_a_restart(
+    keyed: tuple[str, Path], caplog: pytest.LogCaptureFixture
+) -> None:
     url, keys_file = keyed
     with httpx.Client(base_url=url, timeout=10) as client:
+
+        def bob() -> int:
+            return client.get("/who", headers={"x-api-key": BOB}).status_code
+
         _refused(client.get("/who", headers={"x-api-key": BOB}))
         keys_file.write_text(f"keys:\n  - {{name: bob, hash: '{key_hash(BOB)}'}}\n")
-        assert _eventually(lambda: client.get("/who", headers={"x-api-key": BOB}).status_code == 200)
+        assert _eventually(lambda: bob() == 200)
         assert client.get("/who", headers={"x-api-key": BOB}).json() == {"key": "bob"}
         keys_file.write_text("keys: [{name: bob, hash: nonsense}]\n")  # a bad edit keeps the keys
-        time.sleep(key_check.FILE_CHECK_S * 1.5)
-        assert client.get("/who", headers={"x-api-key": BOB}).status_code == 200
+        # (The file is looked at when requests come.)
+        assert _eventually(lambda: bob() == 200 and "the keys read before it stay in use" in caplog.text)
+        keys_file.write_text(f"- {{name: bob, hash: '{key_hash(BOB)}'}}\n")
+        keys_file.unlink()  # gone: its keys go with it
+        assert _eventually(lambda: bob() == 401)
+        assert "its keys are revoked" in caplog.text
+        keys_file.write_text(f"- {{name: bob, hash: '{key_hash(BOB)}'}}\n")
+        assert _eventually(lambda: bob() == 200)
         keys_file.write_text("[]\n")  # revoked
-        assert _eventually(lambda: client.get("/who", headers={"x-api-key": BOB}).status_code == 401)
+        assert _eventually(lambda: bob() == 401)
         assert client.get("/who", headers={"x-api-key": ALICE}).status_code == 200  # the options' stay
 
 

@@ -288,9 +288,13 @@ class _Routes:
     def __init__(self, target: tuple[str, str] | None) -> None:
         self.target = target
         self.paths: list[str] = []
+        self.key = b""  # "": keys are off; else the X-API-Key a head must present
 
     def wanted(self) -> bool:
         return True
+
+    def opens(self, head: bytes) -> bool:
+        return not self.key or b"\r\nx-api-key: " + self.key + b"\r\n" in head
 
     def choose(self, path: str) -> tuple[str, str] | None:
         self.paths.append(path)
@@ -334,6 +338,15 @@ async def test_the_acceptor_hands_off_by_the_first_request_line(
         with socket.create_connection(listen.getsockname()) as client:
             client.sendall(b"GET /split-req")  # no whole line in the first segment: served here
             await _until(lambda: len(here) == 2)
+        # With API keys, a head that presents none is served here: it reaches no replica.
+        routes.target, routes.key = ("app", listener.path), b"k"
+        with socket.create_connection(listen.getsockname()) as client:
+            client.sendall(b"GET /app/x HTTP/1.1\r\nhost: t\r\n\r\n")
+            await _until(lambda: len(here) == 3)
+        with socket.create_connection(listen.getsockname()) as client:
+            client.sendall(b"GET /app/y HTTP/1.1\r\nx-api-key: k\r\n\r\n")
+            await _until(lambda: len(at_replica) == 2)
+        assert len(here) == 3
     finally:
         acceptor.close()
         sender.close()

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from starlette.types import Receive, Scope, Send
 
+from app_toolkit._runtime.front import linger
 from app_toolkit._runtime.front.request_link import REQUEST_LINK
 from app_toolkit._runtime.front.server import ProxyServer, listen_socket, serve
 from app_toolkit.config import HTTPOptions
@@ -52,24 +53,55 @@ async def get(port: int, opened: list[asyncio.StreamWriter]) -> bytes:
 
 
 async def test_a_request_head_over_the_limit_gets_431_and_is_not_buffered(
-    opened: list[asyncio.StreamWriter],
+    opened: list[asyncio.StreamWriter], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """The client still sending its head reads the 431 and the end of the server's side
+    (a lingering close: front/linger.py); what it sends on is read and dropped, never
+    buffered, up to the linger's bound, and then the connection is closed."""
+    monkeypatch.setattr(linger, "LINGER_BYTES", 4 << 20)
     server = await start(max_header_bytes=16384)
     try:
         reader, writer = await connect(server.port, opened)
-        answer = asyncio.ensure_future(reader.read(65536))  # what arrives before the close
-        writer.write(b"GET / HTTP/1.1\r\nhost: x\r\nx-big: ")
+        writer.write(b"GET / HTTP/1.1\r\nhost: x\r\nx-big: " + b"a" * (1 << 20))
+        await writer.drain()
+        assert (await asyncio.wait_for(reader.read(), 5)).startswith(b"HTTP/1.1 431 ")  # then the end
         sent = 0
-        with pytest.raises(ConnectionError):  # the server closes while 50 MiB are still coming
+        with pytest.raises(ConnectionError):  # closed while 50 MiB are still coming
             for _ in range(800):
                 writer.write(b"a" * 65536)
                 await writer.drain()
                 sent += 65536
-        # Closed long before the 50 MiB were sent: what went through is what the two
-        # kernels' socket buffers took (up to tcp_wmem + tcp_rmem, a few MiB), not the server.
+        # Closed long before the 50 MiB were sent: once it had read its bound (4 MiB here),
+        # give or take what the two kernels' socket buffers took (a few MiB).
         assert sent < 16 << 20
-        assert (await asyncio.wait_for(answer, 5)).startswith(b"HTTP/1.1 431 ")
         assert (await get(server.port, opened)).startswith(b"HTTP/1.1 200 ")
+    finally:
+        await server.stop(5)
+
+
+async def test_a_refused_connection_lingers_only_while_the_client_sends(
+    opened: list[asyncio.StreamWriter], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A 400 for bytes that do not parse: the client reads it and the end, while the bytes
+    it goes on sending are dropped; once it pauses longer than a linger's read bound, the
+    connection is closed."""
+    monkeypatch.setattr(linger, "LINGER_READ_S", 0.5)
+    server = await start()
+    try:
+        reader, writer = await connect(server.port, opened)
+        writer.write(b"GET / HTTP/1.1\r\nhost: x\r\n\x01bad\r\n\r\n")
+        for _ in range(8):  # more of it, after the refusal was sent
+            writer.write(b"b" * 65536)
+            await writer.drain()
+            await asyncio.sleep(0.05)
+        answer = await asyncio.wait_for(reader.read(), 5)
+        assert answer.startswith(b"HTTP/1.1 400 ") and answer.endswith(b"Invalid HTTP request received.")
+        await asyncio.sleep(1.0)  # a pause beyond the bound: closed
+        with pytest.raises(ConnectionError):
+            for _ in range(20):
+                writer.write(b"b")
+                await writer.drain()
+                await asyncio.sleep(0.05)
     finally:
         await server.stop(5)
 

@@ -1,5 +1,6 @@
-"""The API key check's pure parts (docs/security.md): the same work for every key, keys
-that fail at start, and ``app-toolkit keys new``. The front serving with keys:
+"""The API key check's pure parts (docs/security.md): the same work for every key, what a
+peeked head presents, keys that fail at start without repeating a secret, open routes the
+proxy can match, and ``app-toolkit keys new``. The front serving with keys:
 tests/integration/test_api_keys.py."""
 
 from __future__ import annotations
@@ -8,49 +9,112 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from fastapi import FastAPI
 
+import app_toolkit as tk
 from app_toolkit._runtime.front import key_check
 from app_toolkit._runtime.front.scope import read_headers
 from app_toolkit.cli import main
-from app_toolkit.config import HTTPOptions, api_keys, parse_http_options
-from app_toolkit.config.api_keys import APIKey, key_hash, new_key
+from app_toolkit.config import HTTPOptions, parse_http_options
+from app_toolkit.config.api_keys import APIKey, digest_of, key_hash, new_key
 from app_toolkit.exceptions import ConfigError
+from app_toolkit.route_table import route_table
 
 ALICE = new_key()
 BOB = new_key()
+RING_OPTIONS = HTTPOptions(api_keys=(APIKey(name="alice", hash=key_hash(ALICE)),))
 
 
-def test_the_check_does_the_same_work_whatever_is_presented(monkeypatch: pytest.MonkeyPatch) -> None:
-    ring = key_check.KeyRing(HTTPOptions(api_keys=(APIKey(name="alice", hash=key_hash(ALICE)),)))
+def _holder(ring: key_check.KeyRing, headers: list[tuple[bytes, bytes]]) -> str | None:
+    read = read_headers({"headers": headers})
+    return ring.holder(read.authorization, read.api_key)
+
+
+def test_the_check_does_the_same_work_whatever_is_presented() -> None:
     hashed: list[bytes] = []
-    real = api_keys.digest_of
 
     def counted(key: bytes) -> bytes:
         hashed.append(key)
-        return real(key)
+        return digest_of(key)
 
-    monkeypatch.setattr(api_keys, "digest_of", counted)
+    ring = key_check.KeyRing(RING_OPTIONS, counted)
     presented = {
         "right": [(b"authorization", f"Bearer {ALICE}".encode())],
         "wrong": [(b"authorization", f"Bearer {BOB}".encode())],
         "malformed": [(b"authorization", f"Token {ALICE}".encode())],
         "none": [],
     }
-    names = {what: ring.holder(read_headers({"headers": headers})) for what, headers in presented.items()}
+    names = {what: _holder(ring, headers) for what, headers in presented.items()}
     assert names == {"right": "alice", "wrong": None, "malformed": None, "none": None}
     assert len(hashed) == len(presented)  # one hash and one lookup each, whatever came
 
 
-def test_bad_keys_fail_at_start_naming_the_file(tmp_path: Path) -> None:
+def test_a_key_sent_twice_opens_nothing() -> None:
+    ring = key_check.KeyRing(RING_OPTIONS)
+    right = (b"authorization", f"Bearer {ALICE}".encode())
+    assert _holder(ring, [right]) == "alice"
+    assert _holder(ring, [right, right]) is None
+    assert _holder(ring, [(b"x-api-key", ALICE.encode())] * 2) is None
+
+
+def test_a_peeked_head_opens_only_whole_and_with_a_valid_key() -> None:
+    """What the acceptor asks before it hands a connection to a replica."""
+    ring = key_check.KeyRing(RING_OPTIONS)
+    keyed = f"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization:  Bearer {ALICE} \r\n\r\n".encode()
+    assert ring.opens(keyed)
+    assert ring.opens(f"GET / HTTP/1.1\r\nX-API-KEY: {ALICE}\r\n\r\nbody".encode())
+    assert not ring.opens(keyed[:-2])  # the head is not whole: the proxy serves it
+    assert not ring.opens(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+    twice = f"GET / HTTP/1.1\r\nx-api-key: {ALICE}\r\nx-api-key: {ALICE}\r\n\r\n".encode()
+    assert not ring.opens(twice)
+
+
+def test_bad_keys_fail_at_start_naming_the_file_and_never_the_key(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="Cannot read the API keys file .*keys.yaml"):
         parse_http_options({"api_keys_file": str(tmp_path / "keys.yaml")})
     bad = tmp_path / "bad.yaml"
-    bad.write_text("- {name: a, hash: 'sha256:12'}\n")
-    with pytest.raises(ConfigError, match="bad.yaml"):
+    bad.write_text(f"- {{name: a, hash: '{ALICE}'}}\n")  # the key pasted where its hash goes
+    with pytest.raises(ConfigError, match="bad.yaml") as in_file:
         parse_http_options({"api_keys_file": str(bad)})
+    bad.write_text(f"- {{name: a, hash: {ALICE}\n")  # not YAML either
+    with pytest.raises(ConfigError, match=r"bad.yaml' is not valid YAML \(line") as not_yaml:
+        parse_http_options({"api_keys_file": str(bad)})
+    with pytest.raises(ConfigError, match="api_keys.0.hash") as in_options:
+        parse_http_options({"api_keys": [{"name": "a", "hash": ALICE}], "dashboard_token": "t" * 16})
     twice = {"name": "a", "hash": key_hash(ALICE)}
-    with pytest.raises(ConfigError, match="same name"):
+    with pytest.raises(ConfigError, match="same name") as same:
         parse_http_options({"api_keys": [twice, {**twice, "hash": key_hash(BOB)}]})
+    for error in (in_file, not_yaml, in_options, same):
+        assert ALICE not in str(error.value) and key_hash(ALICE) not in str(error.value)
+    assert "t" * 16 not in str(in_options.value)
+
+
+def test_the_keys_file_path_is_made_absolute(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "keys.yaml").write_text("[]\n")
+    monkeypatch.chdir(tmp_path)
+    assert parse_http_options({"api_keys_file": "keys.yaml"}).api_keys_file == str(tmp_path / "keys.yaml")
+
+
+def test_open_routes_are_in_the_proxys_table_and_after_no_route_it_cannot_match() -> None:
+    app = FastAPI()
+
+    @app.get("/health")
+    @tk.open_route
+    async def health() -> str:
+        return "ok"
+
+    @app.get("/private")
+    async def private() -> str:
+        return "secret"
+
+    table = route_table(app)
+    assert table.routes[-1].keyless and table.routes[-1].pattern.startswith("^/health")
+    assert not any(route.keyless for route in table.routes[:-1])  # FastAPI's docs pages, first
+    hosted = FastAPI()
+    hosted.host("admin.example.com", FastAPI())
+    hosted.get("/health")(tk.open_route(health))
+    with pytest.raises(ConfigError, match="@open_route '/health' comes after 'a Host route'"):
+        route_table(hosted)
 
 
 def test_keys_new_prints_the_key_once_and_the_entry_that_opens_with_it(tmp_path: Path) -> None:
@@ -61,6 +125,6 @@ def test_keys_new_prints_the_key_once_and_the_entry_that_opens_with_it(tmp_path:
     keys_file = tmp_path / "keys.yaml"
     keys_file.write_text(entry + "\n")
     ring = key_check.KeyRing(HTTPOptions(api_keys_file=str(keys_file)))
-    assert ring.holder(read_headers({"headers": [(b"x-api-key", key.encode())]})) == "carol"
+    assert _holder(ring, [(b"x-api-key", key.encode())]) == "carol"
     assert key not in entry
     assert CliRunner().invoke(main, ["keys", "new", "no spaces"]).exit_code == 2

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from starlette.types import Message, Receive
 
-from app_toolkit._runtime.answers import error_answer, unavailable
+from app_toolkit._runtime.answers import closing, error_answer, unavailable
 from app_toolkit._runtime.channel.exchange import Exchange
 from app_toolkit._runtime.front.request_link import RequestLink
 from app_toolkit._runtime.messages import HTTPResponse, RequestBodyPiece
@@ -112,14 +112,15 @@ def declared_too_large(content_length: bytes | None, http: HTTPOptions) -> bool:
 
 def refusal_answer(status: int, http: HTTPOptions, request_id: str) -> HTTPResponse:
     """The answer to a body refused with ``status``: 413 (too large), 503 (too many
-    bodies held) or 408 (it stalled)."""
+    bodies held) or 408 (it stalled). The connection ends after it, lingering while the
+    rest of the body arrives (front/linger.py), instead of reading all of it."""
     if status == 413:
         detail = f"Request body larger than {http.max_request_body_bytes} bytes (max_request_body_bytes)"
-        return error_answer(413, detail, request_id)
+        return closing(error_answer(413, detail, request_id))
     if status == 503:
-        return unavailable("too many request bodies in flight", request_id)
+        return closing(unavailable("too many request bodies in flight", request_id))
     detail = f"The request body stalled for over {http.body_timeout_s} s (body_timeout_s)"
-    return error_answer(408, detail, request_id)
+    return closing(error_answer(408, detail, request_id))
 
 
 @dataclass(slots=True)

@@ -29,7 +29,7 @@ from typing import Any, Protocol, cast
 from starlette.types import Message, Receive, Scope, Send
 
 from app_toolkit._runtime import request_context, tracing
-from app_toolkit._runtime.answers import error_answer
+from app_toolkit._runtime.answers import closing, error_answer
 from app_toolkit._runtime.front import stream_metrics
 from app_toolkit._runtime.front.access_log import AccessLog
 from app_toolkit._runtime.front.body import CLIENT_CLOSED, BodyReader, declared_too_large, refusal_answer
@@ -167,6 +167,14 @@ class HTTPCycle:
         finally:
             self._close()
 
+    async def refuse(self, answer: HTTPResponse) -> None:
+        """Answer ``answer`` before anything else of the request is looked at (no valid
+        API key: no deadline, body or app), and close its record."""
+        try:
+            await self.answer(answer)
+        finally:
+            self._close()
+
     async def _to_app(self, upstream: Responder) -> None:
         assert self.matched is not None  # (run sends the toolkit's pages elsewhere)
         timeout_s = request_deadline(self.headers.timeout, self._deadline_s, self.http.request_timeout_s)
@@ -223,7 +231,7 @@ class HTTPCycle:
                     "Request %s: the upload outlasted the deadline of %s s (408)", self.request_id, timeout_s
                 )
                 detail = f"Request Timeout: the body did not arrive within the deadline of {timeout_s} s"
-                await self.answer(error_answer(408, detail, self.request_id))
+                await self.answer(closing(error_answer(408, detail, self.request_id)))
                 return
             logger.info("Request %s: deadline of %s s passed (504)", self.request_id, timeout_s)
             if not self.started:

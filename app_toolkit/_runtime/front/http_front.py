@@ -107,7 +107,7 @@ class HTTPFront:
             if cycle.deployment is None:
                 await cycle.run(self.pages)
             elif self.keys is not None and not self.keys.admits(scope, cycle.headers, cycle.keyless):
-                await cycle.run(_NO_KEY)
+                await cycle.refuse(unauthorized(cycle.request_id))
             else:
                 await cycle.run(self.placement.choose(cycle.deployment, cycle.headers))
         elif kind == "websocket":
@@ -131,16 +131,6 @@ class HTTPFront:
 
 
 _NOWHERE = (None, None, False)
-
-
-class _NoKey:
-    """Answers a request that presented no valid API key (``key_check``)."""
-
-    async def http(self, cycle: HTTPCycle) -> None:
-        await cycle.answer(unauthorized(cycle.request_id))
-
-
-_NO_KEY = _NoKey()
 
 
 async def _this_process() -> list[list[FamilySnapshot]]:

@@ -8,7 +8,9 @@ internet needs and uvicorn leaves out (docs/security.md):
   (slowloris), and a connection that sends nothing is closed after the keep-alive timeout;
 - beyond ``max_connections`` open connections, a new one is answered 503 with
   ``Retry-After`` and closed before anything of it is read;
-- a chunked body's trailer fields are dropped, never added to the request's headers.
+- a chunked body's trailer fields are dropped, never added to the request's headers;
+- after a refusal that ends the connection (400, 408, 431), it lingers as nginx does
+  (``linger.py``), so the client reads the refusal, not a reset.
 
 Request bodies are bounded by the front itself (``body.py``, the request's one reader).
 
@@ -29,6 +31,7 @@ from typing import Any
 
 from app_toolkit._runtime.answers import as_bytes
 from app_toolkit._runtime.connection_table import Handed, Phase, bytes_written
+from app_toolkit._runtime.front.linger import Lingering
 from app_toolkit._runtime.front.request_link import REQUEST_LINK, ConnectionLink, Writes
 from app_toolkit._runtime.front.uvicorn_compat import HttpToolsProtocol
 from app_toolkit._runtime.messages import HTTPResponse
@@ -77,6 +80,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self.handed: Handed | None = None
         self._between = False  # handed: between requests (the next bytes start one)
         self._given_back = False
+        self._lingering: Lingering | None = None  # after a refusal (linger.py)
 
     def handed_reads(self, handed: Handed) -> HandedReads:
         """Record this handed-off connection's phases in ``handed``'s table; returns the
@@ -91,7 +95,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         # A handed-off connection counts what it writes from the kernel's count (what the
         # proxy or a replica before wrote), so the proxy can tell a response's end arrived.
         handed = self.handed
-        self._writes = Writes(transport, bytes_written(handed.sock) if handed is not None else None)
+        self._writes = writes = Writes(transport, bytes_written(handed.sock) if handed is not None else None)
+        writes.closing = self._close_after_response
         limit = self.options.max_connections
         if len(self.connections) > limit:
             logger.warning("Refusing a connection: %d are open (max_connections)", limit)
@@ -105,6 +110,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._stop_head_timer()
+        if self._lingering is not None:
+            self._lingering.stop()
         if self.handed is not None and not self._given_back:
             self.handed.done()  # the proxy's copy would keep the connection open
         cycle = self.cycle
@@ -124,6 +131,9 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self._between = False
 
     def data_received(self, data: bytes) -> None:
+        if self._lingering is not None:
+            self._lingering.discard(len(data))
+            return
         super().data_received(data)
         if self._head_bytes is None or self.transport.is_closing():
             return
@@ -182,6 +192,9 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             # STARTED, and the proxy would close a connection whose response was whole).
             writes.release(handed if between else None)
         super().on_response_complete()
+        if self._lingering is not None:  # ended: no keep-alive timer, no next request
+            self._unset_keepalive_if_required()
+            return
         if handed is None or writes is None or self.transport.is_closing():
             return
         if pipelined:  # the next request, read already, runs now
@@ -243,16 +256,61 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     def _refuse(self, status: int, text: str) -> None:
         self._head_bytes = None
         self._stop_head_timer()
-        if self.transport.is_closing():
+        if self.transport.is_closing() or self._lingering is not None:
             return
         client = f"{self.client[0]}:{self.client[1]}" if self.client else "-"
         logger.info("%s: %d, closing the connection (%s)", client, status, text)
         if self.cycle is None or self.cycle.response_complete:
             self.transport.write(_refusal(status, text + "\n"))
-            self.transport.close()
+            self.linger()
         else:  # a response is on its way: it finishes, then the connection closes
             self.cycle.keep_alive = False
             self.flow.pause_reading()
+
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's 400 for bytes that do not parse, ending in a lingering close."""
+        transport = self.transport
+        kept = _CloseAsked(transport)
+        self.transport = kept  # type: ignore[assignment]  # all send_400_response uses
+        try:
+            super().send_400_response(msg)
+        finally:
+            self.transport = transport
+        if kept.close_asked:
+            self.linger()
+
+    def _close_after_response(self) -> None:
+        """A response cycle ends the connection (keep-alive off): lingering if the request's
+        body, or a next request, is still arriving."""
+        cycle = self.cycle
+        if (cycle is not None and cycle.more_body) or self._head_bytes is not None:
+            self.linger()
+        else:
+            self.transport.close()
+
+    def linger(self) -> None:
+        """End the connection after a refusal written to it (``linger.py``)."""
+        if self._lingering is None and not self.transport.is_closing():
+            self._unset_keepalive_if_required()
+            self._head_bytes = None  # no head is read any more
+            self._stop_head_timer()
+            if self._writes is not None:
+                self._writes.ended = True
+            self._lingering = Lingering(self.transport, self.loop)
+
+
+class _CloseAsked:
+    """A transport as uvicorn's ``send_400_response`` uses it: it writes, and a close
+    is noted, for the protocol to linger instead."""
+
+    __slots__ = ("write", "close_asked")
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self.write = transport.write
+        self.close_asked = False
+
+    def close(self) -> None:
+        self.close_asked = True
 
 
 class HandedReads(asyncio.BufferedProtocol):

@@ -1,12 +1,17 @@
 """The API key check at the front door: which key a request presents, and its holder's name.
 
 A key arrives as ``Authorization: Bearer <key>`` (OpenAI's clients) or ``X-API-Key: <key>``
-(``scope.read_headers`` reads both in its one pass over the headers). The check hashes
-what was presented and looks the hash up: the same work for a right key, a wrong one, a
-malformed header and none (a missing key hashes the empty string). The keys come from
-``http_options.api_keys`` and ``api_keys_file``; the file is read again when its
-modification time or size changes, looked at no more than once a second, and a file that
-turns bad keeps the keys read before it (logged once per change).
+(``scope.read_headers`` reads both in its one pass over the headers; either sent twice
+opens nothing). The check hashes what was presented and looks the hash up: the same work
+for a right key, a wrong one, a malformed header and none (a missing key hashes the empty
+string). The keys come from ``http_options.api_keys`` and ``api_keys_file``. The file is
+looked at no more than once a second and read again when it changed (its inode, size or
+times); a file that no longer parses keeps the keys read before it, and a file that is
+gone takes its keys with it. Both are logged once per change.
+
+Under direct ingress the proxy's acceptor asks :meth:`KeyRing.opens` of a connection's
+first request, peeked, before it hands the connection to a replica: a caller without a
+valid key is answered by the proxy and reaches no replica process.
 
 Refusals are 401 in OpenAI's error shape with ``WWW-Authenticate: Bearer``, one message for
 every reason, so a caller learns nothing about which keys exist. No key, hash or header
@@ -18,21 +23,26 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
 from app_toolkit import metrics
 from app_toolkit._runtime.answers import json_answer
-from app_toolkit._runtime.front.scope import API_KEY_NAME, RequestHeaders
+from app_toolkit._runtime.front.scope import (
+    API_KEY_HEADER,
+    API_KEY_NAME,
+    AUTHORIZATION_HEADER,
+    RequestHeaders,
+)
 from app_toolkit._runtime.messages import HTTPResponse
-from app_toolkit.config import HTTPOptions, api_keys
-from app_toolkit.config.api_keys import APIKey, check_unique, read_keys_file
+from app_toolkit.config import HTTPOptions
+from app_toolkit.config.api_keys import APIKey, check_unique, digest_of, read_keys_file
 from app_toolkit.exceptions import ConfigError
 
 logger = logging.getLogger("app_toolkit.proxy")
 
-#: Seconds between two looks at the keys file's modification time.
+#: Seconds between two looks at the keys file.
 FILE_CHECK_S = 1.0
 
 REFUSED = metrics.Counter(
@@ -47,6 +57,9 @@ ADMITTED = metrics.Counter(
 
 _BEARER = b"bearer "
 _MESSAGE = "Missing or invalid API key: send it as 'Authorization: Bearer <key>' or 'X-API-Key: <key>'."
+#: What identifies the keys file's content on disk: an edit or a replacement changes it.
+_FileState = tuple[int, int, int, int]
+_GONE: _FileState = (-1, -1, -1, -1)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,21 +69,23 @@ class _Holder:
 
 
 class KeyRing:
-    """The keys one front accepts, by the SHA-256 of each, kept up to date with the file."""
+    """The keys one front accepts, by the SHA-256 of each, kept up to date with the file.
+    ``digest``: how a presented key is hashed (tests count its calls)."""
 
-    def __init__(self, http: HTTPOptions) -> None:
+    def __init__(self, http: HTTPOptions, digest: Callable[[bytes], bytes] = digest_of) -> None:
         self._given = http.api_keys
         self._path = http.api_keys_file
+        self._digest = digest
         self._by_digest: dict[bytes, _Holder] = {}
-        self._file_state: tuple[int, int] | None = None  # (mtime_ns, size) of the file last read
+        self._file_state: _FileState | None = None  # the file as last looked at
         self._next_look = 0.0
-        self._load(self._given)
+        self._load(())
         self._look_at_file()
 
     def admits(self, scope: MutableMapping[str, Any], headers: RequestHeaders, keyless: bool) -> bool:
         """Whether the request may go on to its app: it presents a valid key (whose name
         goes into ``scope`` for the app: ``api_key_name``), or its route is open."""
-        name = self.holder(headers)
+        name = self.holder(headers.authorization, headers.api_key)
         if name is not None:
             scope[API_KEY_NAME] = name
             ADMITTED.inc(name)
@@ -79,20 +94,36 @@ class KeyRing:
             REFUSED.inc()
         return keyless
 
-    def holder(self, headers: RequestHeaders) -> str | None:
-        """The name of the key the request presents, or None: no key, a malformed header,
-        an unknown or an expired key (the same steps for each)."""
+    def opens(self, head: bytes) -> bool:
+        """Whether the request head at the start of ``head`` (peeked bytes: its request
+        line and headers, whole) presents a valid key. False for a head that is not whole:
+        the proxy serves that connection, whose front checks it."""
+        end = head.find(b"\r\n\r\n")
+        if end < 0:
+            return False
+        authorization = api_key = None
+        for line in head[:end].split(b"\r\n")[1:]:
+            name, _, value = line.partition(b":")
+            name = name.lower()
+            if name == AUTHORIZATION_HEADER:
+                authorization = value.strip(b" \t") if authorization is None else b""
+            elif name == API_KEY_HEADER:
+                api_key = value.strip(b" \t") if api_key is None else b""
+        return self.holder(authorization, api_key) is not None
+
+    def holder(self, authorization: bytes | None, api_key: bytes | None) -> str | None:
+        """The name of the key presented in these headers' values, or None: no key, a
+        malformed header, an unknown or an expired key (the same steps for each)."""
         now = time.monotonic()
         if now >= self._next_look:
             self._look_at_file(now)
-        authorization = headers.authorization
         if authorization is not None:
             well_formed = authorization[:7].lower() == _BEARER
             presented = authorization[7:].strip(b" \t") if well_formed else authorization
         else:
-            presented = headers.api_key if headers.api_key is not None else b""
-            well_formed = headers.api_key is not None
-        found = self._by_digest.get(api_keys.digest_of(presented))
+            well_formed = api_key is not None
+            presented = api_key if api_key is not None else b""
+        found = self._by_digest.get(self._digest(presented))
         if found is None or not well_formed:
             return None
         if found.expires_s is not None and found.expires_s <= time.time():
@@ -106,28 +137,28 @@ class KeyRing:
         try:
             info = os.stat(self._path)
         except OSError as exc:
-            self._keep_old((-1, -1), f"cannot be read ({exc.strerror})")
+            if self._file_state != _GONE:
+                self._file_state = _GONE
+                self._load(())
+                logger.error(
+                    "The API keys file %s cannot be read (%s): its keys are revoked", self._path, exc.strerror
+                )
             return
-        state = (info.st_mtime_ns, info.st_size)
+        state = (info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
         if state == self._file_state:
             return
+        self._file_state = state  # logged once per change, whatever comes of it
         try:
             from_file = read_keys_file(self._path)
             check_unique((*self._given, *from_file))
         except (ConfigError, ValueError) as exc:
-            self._keep_old(state, str(exc))
+            logger.error("%s; the keys read before it stay in use", exc)
             return
-        self._file_state = state
-        self._load((*self._given, *from_file))
+        self._load(from_file)
         logger.info("API keys: %d from %s and the options", len(self._by_digest), self._path)
 
-    def _keep_old(self, state: tuple[int, int], why: str) -> None:
-        if state != self._file_state:  # logged once per change
-            self._file_state = state
-            logger.error("The API keys file %s %s; the keys read before stay in use", self._path, why)
-
-    def _load(self, keys: tuple[APIKey, ...]) -> None:
-        self._by_digest = {key.digest: _Holder(key.name, key.expires_s) for key in keys}
+    def _load(self, from_file: tuple[APIKey, ...]) -> None:
+        self._by_digest = {key.digest: _Holder(key.name, key.expires_s) for key in (*self._given, *from_file)}
 
 
 def unauthorized(request_id: str) -> HTTPResponse:

@@ -28,7 +28,7 @@ class Writes:
     its body) and gathered writes leave at :meth:`release`, which the protocol calls when
     the response is complete: there it knows they end the response."""
 
-    __slots__ = ("transport", "hold", "held", "body", "gathered", "starting", "sent")
+    __slots__ = ("transport", "hold", "held", "body", "gathered", "starting", "sent", "closing", "ended")
 
     def __init__(self, transport: asyncio.Transport, sent: int | None = None) -> None:
         self.transport = transport
@@ -40,6 +40,10 @@ class Writes:
         self.starting: Handed | None = None
         #: A handed-off connection's bytes written so far (connection_table.bytes_written).
         self.sent = sent
+        #: How the connection ends when a response cycle closes it (the protocol's choice:
+        #: lingering while the request's body still arrives); None: the transport's close.
+        self.closing: Callable[[], None] | None = None
+        self.ended = False  # the server's side has ended (a lingering close): nothing more is written
 
     def write(self, data: bytes) -> None:
         if self.gathered is not None:
@@ -59,7 +63,7 @@ class Writes:
         self._write(data)
 
     def _write(self, data: bytes) -> None:
-        if self.transport.is_closing():
+        if self.ended or self.transport.is_closing():
             # Closed under the response (the parser answered 400 to bytes that followed
             # its request, and closed): nothing more may follow that answer on the wire
             # (and once the close is done, uvloop's transport raises on a write).
@@ -106,7 +110,10 @@ class Writes:
 
     def close(self) -> None:
         self.release()
-        self.transport.close()
+        if self.closing is not None:
+            self.closing()
+        else:
+            self.transport.close()
 
     def is_closing(self) -> bool:
         return self.transport.is_closing()

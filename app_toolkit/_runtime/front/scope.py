@@ -67,7 +67,8 @@ class RequestHeaders:
     #: It has an x-request-id, traceparent or tracestate header, valid or not (one the
     #: proxy may have to replace in what it forwards).
     names_ids: bool = True
-    #: Its ``Authorization`` and ``X-API-Key`` values (``key_check`` reads a key from them).
+    #: Its ``Authorization`` and ``X-API-Key`` values (``key_check`` reads a key from them);
+    #: ``b""`` for one sent twice.
     authorization: bytes | None = None
     api_key: bytes | None = None
 
@@ -117,10 +118,10 @@ def read_headers(scope: Scope, shard_header: bytes = SHARD_KEY_HEADER) -> Reques
         elif key in KEY_HEADERS:
             keys = keys or KeyHeaders()
             keys.add(key, value)
-        elif key == AUTHORIZATION_HEADER:
-            authorization = value
+        elif key == AUTHORIZATION_HEADER:  # sent twice: no key (the app may read either line)
+            authorization = value if authorization is None else b""
         elif key == API_KEY_HEADER:
-            api_key = value
+            api_key = value if api_key is None else b""
         elif key == tracing.TRACEPARENT_HEADER:
             parent = value.decode("latin-1")
             names_ids = True

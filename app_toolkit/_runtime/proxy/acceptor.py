@@ -4,7 +4,9 @@ local ingress replica of the application its first request is for, or is served 
 The first request line is read without being consumed (``MSG_PEEK``), so the replica
 parses the request as if it had accepted the connection itself. A connection is served
 by the proxy when no local ingress replica of its application exists, when its request
-line did not arrive whole in the first segment, or when the hand-off fails.
+line did not arrive whole in the first segment, when API keys are on and its first
+request's head (whole in the first segment) presents no valid key, or when the hand-off
+fails.
 """
 
 from __future__ import annotations
@@ -36,7 +38,8 @@ SERVED_HERE = metrics.Counter(
     "app_toolkit_proxy_connections_served_total",
     "Client connections the proxy served itself, by why: no_replica (no local ingress "
     "replica of the application), unrouted (no whole request line to route by), "
-    "refused (the replica did not take it).",
+    "refused (the replica did not take it), no_key (API keys are on and the first request's "
+    "head, whole in its first bytes, presents no valid key).",
     ("why",),
 )
 
@@ -50,6 +53,11 @@ class HandoffRoutes(Protocol):
 
     def choose(self, path: str) -> tuple[str, str] | None:
         """The application and hand-off socket path for a first request to ``path``."""
+        ...
+
+    def opens(self, head: bytes) -> bool:
+        """The request head at the start of ``head`` may go to a replica: API keys are off,
+        or it presents a valid one (else the proxy answers it: no key reaches a replica)."""
         ...
 
 
@@ -165,6 +173,9 @@ class Acceptor:
         path = request_target(head)
         if path is None:
             self._keep(connection, "unrouted")
+            return
+        if not self._routes.opens(head):
+            self._keep(connection, "no_key")
             return
         try:
             target = self._routes.choose(path)

@@ -9,6 +9,7 @@ import random
 import time
 from collections.abc import Callable
 
+from app_toolkit._runtime.front.key_check import KeyRing
 from app_toolkit._runtime.front.path_match import AppMatcher, match_app
 from app_toolkit._runtime.messages import DeploymentID
 from app_toolkit._runtime.routing.dispatcher import Dispatcher
@@ -35,8 +36,10 @@ class HandoffTargets:
         apps: Callable[[], list[AppMatcher]],
         dispatcher_for: Callable[[DeploymentID], Dispatcher],
         node_id: str,
+        keys: KeyRing | None = None,
     ) -> None:
         self._apps = apps
+        self._keys = keys
         self._dispatcher_for = dispatcher_for
         self._node_id = node_id
         self._handed: dict[str, int] = {}  # hand-off path -> connections handed
@@ -60,6 +63,9 @@ class HandoffTargets:
             self._fade_at = now + _FADE_EVERY_S
             self._handed = {path: count // 2 for path, count in self._handed.items() if count > 1}
         return self._wanted
+
+    def opens(self, head: bytes) -> bool:
+        return self._keys is None or self._keys.opens(head)
 
     def choose(self, path: str) -> tuple[str, str] | None:
         app = match_app(self._apps(), path)

@@ -123,7 +123,7 @@ class ProxyActor:
                 proxy = self._front = HTTPFront(plane.subscriber, self._http, node.gather, node.status)
                 # Connections go to the node's ingress replicas where they take them.
                 node_id = ray.get_runtime_context().get_node_id()
-                routes = HandoffTargets(lambda: proxy.apps, proxy.subscriber.dispatcher, node_id)
+                routes = HandoffTargets(lambda: proxy.apps, proxy.subscriber.dispatcher, node_id, proxy.keys)
                 http = self._http
 
                 def hand_off(listener: socket.socket, adopt: Adopter) -> DirectListener:

@@ -20,6 +20,7 @@ from app_toolkit._runtime.backends.ray.link import RayLink
 from app_toolkit._runtime.backends.ray.spares import spare_setting
 from app_toolkit._runtime.session import Session
 from app_toolkit.config import HTTPOptions
+from app_toolkit.config.schema import SECRET_OPTIONS
 from app_toolkit.exceptions import ConfigError
 
 
@@ -47,9 +48,13 @@ class _RayFactory:
         ).remote(http or HTTPOptions())
         running = ray.get(controller.http_options.remote())
         if http is not None and running != http:
+            differ = [
+                name for name in HTTPOptions.model_fields if getattr(running, name) != getattr(http, name)
+            ]
+            shown = {name: getattr(running, name) for name in differ if name not in SECRET_OPTIONS}
             raise ConfigError(
-                f"The toolkit already runs with HTTP options {running.model_dump()}; shut it down "
-                f"first (app-toolkit shutdown) to use {http.model_dump()}"
+                f"The toolkit already runs with other HTTP options ({', '.join(differ)}: {shown} there); "
+                "shut it down first (app-toolkit shutdown) to use these"
             )
         ray.get(controller.ready.remote())
         return Session(RayLink(controller))
