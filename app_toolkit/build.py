@@ -90,7 +90,7 @@ def _build_graph(
                 Deployment(target.deployment.func_or_class, pool, options), target.args, target.kwargs
             )
         )
-    return AppSpec(name, route_prefix, ingress, graph.specs(), table.routes, table.paths)
+    return AppSpec(name, route_prefix, ingress, graph.specs(), table.routes, table.paths, cors=table.cors)
 
 
 def renewed(spec: AppSpec) -> AppSpec:

@@ -19,9 +19,10 @@ from typing import Any
 
 import fastapi.routing
 from fastapi.routing import APIRouter
+from starlette.middleware.cors import CORSMiddleware
 from starlette.routing import Mount, WebSocketRoute
 
-from app_toolkit._runtime.messages import PathRoute
+from app_toolkit._runtime.messages import CORSOptions, PathRoute
 from app_toolkit.exceptions import ConfigError
 from app_toolkit.routes import route_options
 
@@ -40,6 +41,7 @@ class RouteTable:
     routes: tuple[PathRoute, ...]  # the proxy's table; empty when nothing is special
     paths: tuple[str, ...]  # every route's path template
     hidden: tuple[str, ...] = ()  # one line per route an earlier one hides
+    cors: CORSOptions | None = None  # the app's CORSMiddleware's keyword arguments
 
 
 @dataclass(frozen=True)
@@ -85,7 +87,17 @@ def route_table(app: object) -> RouteTable:
     if any(route.pattern is None and route_options(route.endpoint) for route in routes):
         raise ConfigError("@replicated/@deadline/@open_route routes need a path the proxy can match")
     paths = tuple(route.path for route in routes if route.path)
-    return RouteTable(pools, tuple(table[:special]), paths, _hidden(routes))
+    return RouteTable(pools, tuple(table[:special]), paths, _hidden(routes), _cors(app))
+
+
+def _cors(app: object) -> CORSOptions | None:
+    """The keyword arguments of the app's own ``CORSMiddleware`` (``add_middleware``), if
+    it has one given by keywords only."""
+    for middleware in getattr(app, "user_middleware", ()):
+        cls = getattr(middleware, "cls", None)
+        if isinstance(cls, type) and issubclass(cls, CORSMiddleware) and not middleware.args:
+            return tuple(sorted(middleware.kwargs.items()))
+    return None
 
 
 def _routes(app: object) -> Iterator[_Route]:

@@ -57,6 +57,10 @@ class ReplicaInfo:
         return dict(json.loads(self.routing_stats)) if self.routing_stats else {}
 
 
+#: A ``CORSMiddleware``'s keyword arguments, sorted by name.
+CORSOptions = tuple[tuple[str, object], ...]
+
+
 @compact
 @dataclass(frozen=True, slots=True)
 class PathRoute:
@@ -98,6 +102,9 @@ class RouteInfo:
     routes: tuple[PathRoute, ...] = ()
     #: Its requests get access lines (its ingress's ``logging_config.enable_access_log``).
     access_log: bool = True
+    #: The keyword arguments of the app's ``CORSMiddleware``, if it has one: with API keys
+    #: on, the front answers CORS preflights with them (a browser sends no key with one).
+    cors: CORSOptions | None = None
 
 
 @compact
@@ -148,6 +155,7 @@ class AppSpec:
     paths: tuple[str, ...] = ()  # every route's path template, to find clashes between apps
     #: An application-level autoscaling policy (its function serialized, build.py).
     autoscaling_policy: AutoscalingPolicy | None = None
+    cors: CORSOptions | None = None  # see RouteInfo
 
     def deployment(self, name: str) -> DeploymentSpec:
         for spec in self.deployments:

@@ -7,13 +7,14 @@ import logging
 import re
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
 import pytest
-from fastapi import Depends, FastAPI, WebSocket
+from fastapi import Depends, FastAPI, Request, Response, WebSocket
+from fastapi.middleware.cors import CORSMiddleware
 from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
@@ -27,6 +28,19 @@ OLD = new_key()  # expired
 BOB = new_key()  # only in the file, later
 
 api = FastAPI()
+api.add_middleware(
+    CORSMiddleware,
+    allow_origins=["https://chat.example"],
+    allow_methods=["*"],
+    allow_headers=["authorization"],
+)
+REACHED: list[str] = []  # the method of every request that reached the app (local backend: this process)
+
+
+@api.middleware("http")  # outside the CORS middleware: it sees every request the app gets
+async def count(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+    REACHED.append(request.method)
+    return await call_next(request)
 
 
 @api.get("/who")
@@ -198,3 +212,25 @@ def _eventually(check: Callable[[], bool], within_s: float = 5.0) -> bool:
             return True
         time.sleep(0.1)
     return False
+
+
+def test_a_cors_preflight_is_answered_by_the_apps_policy_before_the_key_check(
+    keyed: tuple[str, Path],
+) -> None:
+    """A browser sends no key with a preflight: the front answers it as the app's own
+    CORSMiddleware would, and it reaches no app code; the request after it needs its key."""
+    url, _ = keyed
+    asked = {"origin": "https://chat.example", "access-control-request-method": "POST"}
+    with httpx.Client(base_url=url, timeout=10) as client:
+        REACHED.clear()
+        allowed = client.options("/who", headers={**asked, "access-control-request-headers": "authorization"})
+        other = client.options("/who", headers={**asked, "origin": "https://evil.example"})
+        assert REACHED == []
+        assert allowed.status_code == 200
+        assert allowed.headers["access-control-allow-origin"] == "https://chat.example"
+        assert "authorization" in allowed.headers["access-control-allow-headers"].lower()
+        assert other.status_code == 400 and other.text == "Disallowed CORS origin"
+        _refused(client.get("/who", headers={"origin": "https://chat.example"}))  # not a preflight
+        keyed_get = client.get("/who", headers={"origin": "https://chat.example", "x-api-key": ALICE})
+        assert keyed_get.headers["access-control-allow-origin"] == "https://chat.example"
+        assert REACHED == ["GET"]

@@ -108,6 +108,7 @@ class TablePublisher:
                     DeploymentID(app.name, app.ingress),
                     app.routes,
                     logs_access(app.deployment(app.ingress).config.logging_config),
+                    app.cors,
                 )
                 for app in self._records.apps.values()
                 if app.route_prefix is not None

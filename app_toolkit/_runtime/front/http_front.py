@@ -22,13 +22,14 @@ from app_toolkit._runtime.front.body import BodyBudget
 from app_toolkit._runtime.front.channel_upstream import ChannelUpstream
 from app_toolkit._runtime.front.cycle import FrontRules, HTTPCycle
 from app_toolkit._runtime.front.dashboard import Dashboard, StatusSource
-from app_toolkit._runtime.front.key_check import KeyRing, unauthorized
+from app_toolkit._runtime.front.key_check import KeyRing, preflight, unauthorized
 from app_toolkit._runtime.front.metrics_page import Gather
 from app_toolkit._runtime.front.pages import ToolkitPages
 from app_toolkit._runtime.front.path_match import AppMatcher, match_app, route_path
 from app_toolkit._runtime.front.scope import read_headers
 from app_toolkit._runtime.front.upstream import InReplica, Placement
 from app_toolkit._runtime.front.websocket import SocketCycle
+from app_toolkit._runtime.messages import HTTPResponse
 from app_toolkit._runtime.routing.subscriber import TableSubscriber
 from app_toolkit._runtime.tables import APPLICATIONS_KEY, ApplicationTable, Table
 from app_toolkit.config import HTTPOptions
@@ -98,6 +99,18 @@ class HTTPFront:
         if self.rules.access_log is not None:
             self.rules.access_log.flush()
 
+    @staticmethod
+    def _at_the_door(keys: KeyRing, scope: Scope, cycle: HTTPCycle) -> HTTPResponse | None:
+        """With API keys on, the answer a request to an app gets before it goes anywhere
+        (a CORS preflight's, by the app's own policy; else 401 without a valid key), or
+        None: it goes on."""
+        assert cycle.matched is not None
+        if scope["method"] == "OPTIONS" and (answer := preflight(scope, cycle.matched.cors)) is not None:
+            return answer
+        if keys.admits(scope, cycle.headers, cycle.keyless):
+            return None
+        return unauthorized(cycle.request_id)
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
         if kind == "http":
@@ -106,8 +119,8 @@ class HTTPFront:
             cycle = HTTPCycle(scope, receive, send, self.rules, matched, path)
             if cycle.deployment is None:
                 await cycle.run(self.pages)
-            elif self.keys is not None and not self.keys.admits(scope, cycle.headers, cycle.keyless):
-                await cycle.refuse(unauthorized(cycle.request_id))
+            elif self.keys is not None and (early := self._at_the_door(self.keys, scope, cycle)) is not None:
+                await cycle.refuse(early)
             else:
                 await cycle.run(self.placement.choose(cycle.deployment, cycle.headers))
         elif kind == "websocket":

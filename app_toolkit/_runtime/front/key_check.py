@@ -13,6 +13,10 @@ Under direct ingress the proxy's acceptor asks :meth:`KeyRing.opens` of a connec
 first request, peeked, before it hands the connection to a replica: a caller without a
 valid key is answered by the proxy and reaches no replica process.
 
+A CORS preflight carries no key (browsers send none with it): with keys on, the front
+answers it by the app's own ``CORSMiddleware`` policy (:func:`preflight`), before the key
+check, and it reaches no app. An app without one gets a 401 for it.
+
 Refusals are 401 in OpenAI's error shape with ``WWW-Authenticate: Bearer``, one message for
 every reason, so a caller learns nothing about which keys exist. No key, hash or header
 value goes into a log line: only the file's path and what is wrong with it.
@@ -26,6 +30,10 @@ import time
 from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
+
+from starlette.datastructures import Headers
+from starlette.middleware.cors import CORSMiddleware
+from starlette.types import Scope
 
 from app_toolkit import metrics
 from app_toolkit._runtime.answers import json_answer
@@ -159,6 +167,20 @@ class KeyRing:
 
     def _load(self, from_file: tuple[APIKey, ...]) -> None:
         self._by_digest = {key.digest: _Holder(key.name, key.expires_s) for key in (*self._given, *from_file)}
+
+
+def preflight(scope: Scope, policy: CORSMiddleware | None) -> HTTPResponse | None:
+    """The answer to a CORS preflight (``OPTIONS`` with ``Origin`` and
+    ``Access-Control-Request-Method``) by the app's own CORS policy, as its middleware would
+    give it; None for any other request, or an app without a policy. A browser sends no
+    key with a preflight, so with keys on the front answers it and it reaches no app."""
+    if policy is None:
+        return None
+    headers = Headers(scope=scope)
+    if "origin" not in headers or "access-control-request-method" not in headers:
+        return None
+    response = policy.preflight_response(request_headers=headers)
+    return HTTPResponse(response.status_code, response.raw_headers, bytes(response.body))
 
 
 def unauthorized(request_id: str) -> HTTPResponse:

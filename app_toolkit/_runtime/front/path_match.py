@@ -7,10 +7,12 @@ HTTP requests, WebSockets and connection hand-offs alike.
 from __future__ import annotations
 
 import re
+from typing import Any
 
-from starlette.types import Scope
+from starlette.middleware.cors import CORSMiddleware
+from starlette.types import Receive, Scope, Send
 
-from app_toolkit._runtime.messages import DeploymentID, RouteInfo
+from app_toolkit._runtime.messages import CORSOptions, DeploymentID, RouteInfo
 
 #: The paths of the toolkit's own pages (``/-/healthz``, ``/-/metrics``, ...): no
 #: application's, whatever its prefix (config/application.py refuses a prefix under it).
@@ -20,13 +22,15 @@ OPERATOR_PREFIX = "/-/"
 class AppMatcher:
     """One application's prefix, its ingress and its compiled per-route table."""
 
-    __slots__ = ("route_prefix", "app", "ingress", "access_log", "deployments", "_table")
+    __slots__ = ("route_prefix", "app", "ingress", "access_log", "deployments", "cors", "_table")
 
     def __init__(self, info: RouteInfo) -> None:
         self.route_prefix = info.route_prefix
         self.app = info.app
         self.ingress = info.ingress
         self.access_log = info.access_log  # its requests get access lines
+        #: The app's CORS policy, for the preflights the front answers (API keys on).
+        self.cors = _cors_policy(info.cors) if info.cors is not None else None
         self._table = [
             (
                 re.compile(route.pattern),
@@ -59,6 +63,20 @@ class AppMatcher:
             if regex.match(below):
                 return deployment, deadline_s, keyless
         return self.ingress, None, False
+
+
+def _cors_policy(options: CORSOptions) -> CORSMiddleware | None:
+    """The app's ``CORSMiddleware``, made again from its keyword arguments (None if they
+    do not make one: then the app itself fails on its first request)."""
+    kwargs: dict[str, Any] = dict(options)
+    try:
+        return CORSMiddleware(_no_app, **kwargs)
+    except (TypeError, ValueError):
+        return None
+
+
+async def _no_app(scope: Scope, receive: Receive, send: Send) -> None:
+    raise AssertionError("the front uses a CORS policy only to answer preflights")
 
 
 def match_app(apps: list[AppMatcher], path: str) -> AppMatcher | None:
