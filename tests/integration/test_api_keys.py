@@ -12,6 +12,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import httpx
+import openai
 import pytest
 from fastapi import Depends, FastAPI, Request, Response, WebSocket
 from fastapi.middleware.cors import CORSMiddleware
@@ -19,6 +20,7 @@ from websockets.exceptions import InvalidStatus
 from websockets.sync.client import connect
 
 import app_toolkit as tk
+from app_toolkit._runtime.backends.base import current_session
 from app_toolkit.config.api_keys import key_hash, new_key
 from tests.conftest import free_port
 from tests.deployments import as_deployment
@@ -67,10 +69,13 @@ class Guarded:
     pass
 
 
-@pytest.fixture
-def keyed(no_backend: None, tmp_path: Path) -> Iterator[tuple[str, Path]]:
-    """The local backend with ALICE and OLD in the options, a keys file, and the app."""
-    keys_file = tmp_path / "keys.yaml"
+@pytest.fixture(scope="module")
+def keyed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
+    """The local backend with ALICE and OLD in the options, a keys file, and the app, for
+    the module's tests (the shared backend is stopped first, as ``no_backend`` does)."""
+    if current_session(create=False) is not None:
+        tk.shutdown()
+    keys_file = tmp_path_factory.mktemp("keys") / "keys.yaml"
     keys_file.write_text("[]\n")
     port = free_port()
     expired = (datetime.now(UTC) - timedelta(minutes=1)).isoformat()
@@ -234,3 +239,14 @@ def test_a_cors_preflight_is_answered_by_the_apps_policy_before_the_key_check(
         keyed_get = client.get("/who", headers={"origin": "https://chat.example", "x-api-key": ALICE})
         assert keyed_get.headers["access-control-allow-origin"] == "https://chat.example"
         assert REACHED == ["GET"]
+
+
+def test_the_official_openai_client_sends_its_key_as_the_front_reads_it(keyed: tuple[str, Path]) -> None:
+    url, _ = keyed
+    wrong = openai.OpenAI(base_url=f"{url}/v1", api_key="not-a-key", max_retries=0)
+    with pytest.raises(openai.AuthenticationError) as refused:
+        wrong.models.list()
+    assert refused.value.status_code == 401 and refused.value.code == "invalid_api_key"
+    right = openai.OpenAI(base_url=f"{url}/v1", api_key=ALICE, max_retries=0)
+    with pytest.raises(openai.NotFoundError):  # let in: this app has no /v1/models
+        right.models.list()
