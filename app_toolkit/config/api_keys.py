@@ -49,7 +49,12 @@ class APIKey(Strict):
     @property
     def digest(self) -> bytes:
         """The key's SHA-256, as :func:`digest_of` gives it for a presented key."""
-        return bytes.fromhex(self.hash[len(_HASH_PREFIX) :])
+        return self.digest_of_hash(self.hash)
+
+    @staticmethod
+    def digest_of_hash(stored: str) -> bytes:
+        """The SHA-256 a stored ``sha256:<hex>`` names."""
+        return bytes.fromhex(stored.removeprefix(_HASH_PREFIX))
 
     @property
     def expires_s(self) -> float | None:
@@ -68,6 +73,25 @@ def new_key() -> str:
 def digest_of(key: bytes) -> bytes:
     """The SHA-256 of a presented key (what keys are looked up by)."""
     return hashlib.sha256(key).digest()
+
+
+#: The message of every 401 for a missing, malformed, unknown or expired key: one for all,
+#: so a caller learns nothing of which keys exist.
+UNAUTHORIZED_MESSAGE = (
+    "Missing or invalid API key: send it as 'Authorization: Bearer <key>' or 'X-API-Key: <key>'."
+)
+_BEARER = b"bearer "
+
+
+def presented_key(authorization: bytes | None, api_key: bytes | None) -> tuple[bytes, bool]:
+    """The key a request presents in its ``Authorization`` and ``X-API-Key`` values (``b""``
+    for one sent twice), and whether it is well formed: ``Bearer <key>``, else the
+    ``X-API-Key``. What comes back is hashed and looked up whatever it is (a missing key
+    is ``b""``), so the check does the same work for every request."""
+    if authorization is not None:
+        well_formed = authorization[:7].lower() == _BEARER
+        return (authorization[7:].strip(b" \t") if well_formed else authorization), well_formed
+    return (api_key if api_key is not None else b""), api_key is not None
 
 
 def key_hash(key: str) -> str:

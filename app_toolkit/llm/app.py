@@ -4,11 +4,13 @@
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping
 from typing import Any
 
 import app_toolkit as tk
 from app_toolkit.config import DeploymentConfig
+from app_toolkit.config.api_keys import key_hash
 from app_toolkit.config.request_router import PREFIX_AWARE
 from app_toolkit.llm.config import LLMConfig
 from app_toolkit.llm.openai.ingress import OpenAIIngress
@@ -21,6 +23,8 @@ from app_toolkit.llm.serving_args import LLMServingArgs, serving_args
 #: the engine has the next reply at hand when a slot frees, as vLLM's own queue has it
 #: (measured against `vllm serve`: docs/benchmarks.md); the rest wait in the caller's
 #: queue, where any replica that frees a slot or starts takes them.
+#: vLLM's environment variable with its server's API key (``--api-key`` wins over it).
+API_KEY_ENV = "VLLM_API_KEY"
 RESERVE_PER_SLOT = 0.25
 #: Admitted by a replica whose engine has no slot limit (the echo engine).
 ONGOING_WITHOUT_SLOTS = 64
@@ -97,7 +101,9 @@ def build_openai_app(llm_serving_args: LLMServingArgs | Mapping[str, object]) ->
     options = {"max_ongoing_requests": INGRESS_ONGOING, **args.ingress_deployment_config.options()}
     name = args.ingress_deployment_config.name or "OpenAiIngress"
     lora = tuple(config.model_id for config in args.llm_configs if config.lora_config is not None)
-    return tk.deployment(name=name, **options)(OpenAIIngress).bind(models, kinds, lora)
+    keys = args.api_key or ([os.environ[API_KEY_ENV]] if os.environ.get(API_KEY_ENV) else [])
+    hashes = tuple(key_hash(key) for key in keys)  # what the ingress's arguments hold
+    return tk.deployment(name=name, **options)(OpenAIIngress).bind(models, kinds, lora, hashes)
 
 
 def _most_replicas(options: Mapping[str, object]) -> int:

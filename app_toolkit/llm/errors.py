@@ -135,7 +135,10 @@ def _param(location: Sequence[int | str]) -> str:
 
 def answer(error: OpenAIError) -> JSONResponse:
     """The JSON response for ``error``; a 503, or an error that knows, says when to retry."""
-    return JSONResponse(error.body(), status_code=error.status, headers=retry_headers(error))
+    headers = retry_headers(error) or {}
+    if error.status == 401:  # a missing or wrong API key (RFC 9110: a 401 names its scheme)
+        headers["WWW-Authenticate"] = "Bearer"
+    return JSONResponse(error.body(), status_code=error.status, headers=headers or None)
 
 
 def retry_headers(error: OpenAIError) -> dict[str, str] | None:

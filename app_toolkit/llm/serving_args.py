@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_core import ErrorDetails
 
 from app_toolkit.config.ray_serve_only import drop_refused
@@ -28,6 +28,24 @@ class LLMServingArgs(Schema):
     ingress_deployment_config: LLMDeploymentConfig = Field(
         default_factory=LLMDeploymentConfig, description="The OpenAI ingress deployment's options."
     )
+    api_key: list[str] = Field(
+        default_factory=list,
+        description="vLLM's --api-key: keys (plaintext, as vLLM takes them) that every route of "
+        "the app needs as 'Authorization: Bearer <key>' (or X-API-Key); unset: VLLM_API_KEY "
+        "where the app is built, if set. http_options.api_keys keeps hashes instead (docs/llm.md).",
+    )
+
+    @field_validator("api_key", mode="before")
+    @classmethod
+    def _one_or_many(cls, value: object) -> object:
+        return [value] if isinstance(value, str) else value
+
+    @field_validator("api_key")
+    @classmethod
+    def _not_empty(cls, keys: list[str]) -> list[str]:
+        if any(not key.strip() for key in keys):
+            raise ValueError("an API key may not be empty")  # (the keys are not repeated)
+        return keys
 
     @model_validator(mode="before")
     @classmethod

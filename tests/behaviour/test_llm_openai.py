@@ -540,3 +540,42 @@ def test_a_model_is_listed_once_it_can_answer(toolkit: Toolkit, tmp_path: Path) 
         assert entry["owned_by"] == "app_toolkit"  # this toolkit's own engine (vLLM's say "vllm")
         assert listed() == [entry]  # the same card each time: `created` does not change
         assert client.get("/gated/v1/models/gated").json() == entry
+
+
+def test_the_api_key_argument_guards_every_route_as_vllms_does(
+    local_toolkit: Toolkit, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``LLMServingArgs.api_key`` (vLLM's --api-key, plaintext) and ``VLLM_API_KEY``: every
+    route of the app needs a key, /tokenize included; the one 401 of the front's keys."""
+    echo = {"model_loading_config": {"model_id": ECHO}, "llm_engine": "echo"}
+    prefix = "/" + local_toolkit.name()
+    local_toolkit.run(
+        build_openai_app({"llm_configs": [echo], "api_key": ["first", "second"]}), route_prefix=prefix
+    )
+    monkeypatch.setenv("VLLM_API_KEY", "from-the-environment")
+    local_toolkit.run(build_openai_app({"llm_configs": [echo]}), route_prefix=prefix + "-env")
+    with local_toolkit.client() as client:
+        for path in ("/v1/models", "/health", "/version"):
+            refused = client.get(prefix + path)
+            assert refused.status_code == 401, path
+            assert refused.headers["www-authenticate"] == "Bearer"
+            assert refused.json()["error"]["code"] == "invalid_api_key"
+        tokenize = {"model": ECHO, "prompt": "ab"}
+        assert client.post(f"{prefix}/tokenize", json=tokenize).status_code == 401
+        assert (
+            client.post(f"{prefix}/tokenize", json=tokenize, headers={"x-api-key": "first"}).status_code
+            == 200
+        )
+        twice = [("x-api-key", "first"), ("x-api-key", "first")]
+        assert client.get(f"{prefix}/v1/models", headers=twice).status_code == 401
+        env = client.get(f"{prefix}-env/v1/models", headers={"authorization": "Bearer from-the-environment"})
+        assert env.status_code == 200
+        assert (
+            client.get(f"{prefix}-env/v1/models", headers={"authorization": "Bearer first"}).status_code
+            == 401
+        )
+    with openai.OpenAI(base_url=f"{local_toolkit.url}{prefix}/v1", api_key="second", max_retries=0) as keyed:
+        assert [model.id for model in keyed.models.list()] == [ECHO]
+    with openai.OpenAI(base_url=f"{local_toolkit.url}{prefix}/v1", api_key="third", max_retries=0) as wrong:
+        with pytest.raises(openai.AuthenticationError):
+            wrong.models.list()

@@ -45,7 +45,14 @@ from app_toolkit._runtime.front.scope import (
 )
 from app_toolkit._runtime.messages import HTTPResponse
 from app_toolkit.config import HTTPOptions
-from app_toolkit.config.api_keys import APIKey, check_unique, digest_of, read_keys_file
+from app_toolkit.config.api_keys import (
+    UNAUTHORIZED_MESSAGE,
+    APIKey,
+    check_unique,
+    digest_of,
+    presented_key,
+    read_keys_file,
+)
 from app_toolkit.exceptions import ConfigError
 
 logger = logging.getLogger("app_toolkit.proxy")
@@ -63,8 +70,6 @@ ADMITTED = metrics.Counter(
     ("key",),
 )
 
-_BEARER = b"bearer "
-_MESSAGE = "Missing or invalid API key: send it as 'Authorization: Bearer <key>' or 'X-API-Key: <key>'."
 #: What identifies the keys file's content on disk: an edit or a replacement changes it.
 _FileState = tuple[int, int, int, int]
 _GONE: _FileState = (-1, -1, -1, -1)
@@ -125,12 +130,7 @@ class KeyRing:
         now = time.monotonic()
         if now >= self._next_look:
             self._look_at_file(now)
-        if authorization is not None:
-            well_formed = authorization[:7].lower() == _BEARER
-            presented = authorization[7:].strip(b" \t") if well_formed else authorization
-        else:
-            well_formed = api_key is not None
-            presented = api_key if api_key is not None else b""
+        presented, well_formed = presented_key(authorization, api_key)
         found = self._by_digest.get(self._digest(presented))
         if found is None or not well_formed:
             return None
@@ -185,5 +185,10 @@ def preflight(scope: Scope, policy: CORSMiddleware | None) -> HTTPResponse | Non
 
 def unauthorized(request_id: str) -> HTTPResponse:
     """401 in OpenAI's error shape, with ``WWW-Authenticate: Bearer``."""
-    error = {"message": _MESSAGE, "type": "invalid_request_error", "param": None, "code": "invalid_api_key"}
+    error = {
+        "message": UNAUTHORIZED_MESSAGE,
+        "type": "invalid_request_error",
+        "param": None,
+        "code": "invalid_api_key",
+    }
     return json_answer(401, {"error": error}, request_id, ((b"www-authenticate", b"Bearer"),))

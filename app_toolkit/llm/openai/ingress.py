@@ -9,9 +9,10 @@ import struct
 import time
 from collections.abc import Mapping
 
-from fastapi import FastAPI, Query, Response
+from fastapi import Depends, FastAPI, Query, Request, Response
 
 import app_toolkit as tk
+from app_toolkit.config.api_keys import UNAUTHORIZED_MESSAGE, APIKey, digest_of, presented_key
 from app_toolkit.llm import errors
 from app_toolkit.llm.errors import ANSWERED, OpenAIError, bad_parameter, unknown_model
 from app_toolkit.llm.events import ModelCard
@@ -33,7 +34,29 @@ CARD_TIMEOUT_S = 2.0
 #: How long a model's list of LoRA adapters is served before its replica is asked again.
 ADAPTERS_TTL_S = 5.0
 
-api = FastAPI(title="OpenAI-compatible API", summary="app_toolkit.llm")
+
+async def _api_key(request: Request) -> None:
+    """vLLM's ``--api-key`` (``LLMServingArgs.api_key``): with keys, every route needs one,
+    as ``Authorization: Bearer <key>`` or ``X-API-Key``; the same 401 as the front's keys.
+    A header sent twice opens nothing."""
+    hashes: frozenset[bytes] = getattr(tk.get_replica_context().servable_object, "key_hashes", frozenset())
+    if not hashes:
+        return
+    authorization = _one_line(request.headers.getlist("authorization"))
+    api_key = _one_line(request.headers.getlist("x-api-key"))
+    presented, well_formed = presented_key(authorization, api_key)
+    if digest_of(presented) not in hashes or not well_formed:
+        raise OpenAIError(401, UNAUTHORIZED_MESSAGE, "invalid_request_error", "invalid_api_key")
+
+
+def _one_line(values: list[str]) -> bytes | None:
+    """A header's value (None: not sent; ``b""``: sent twice, which opens nothing)."""
+    if not values:
+        return None
+    return values[0].encode("latin-1") if len(values) == 1 else b""
+
+
+api = FastAPI(title="OpenAI-compatible API", summary="app_toolkit.llm", dependencies=[Depends(_api_key)])
 errors.install(api)
 
 
@@ -41,12 +64,19 @@ errors.install(api)
 class OpenAIIngress:
     """Routes OpenAI requests to the model each names (``models`` maps a model id to the
     handle of its deployment; ``kinds`` says which generate text and which embed; models in
-    ``lora`` serve LoRA adapters, named "model_id:adapter")."""
+    ``lora`` serve LoRA adapters, named "model_id:adapter"; ``api_keys``: the hashes of the
+    keys every route needs, none for none)."""
 
     def __init__(
-        self, models: dict[str, tk.DeploymentHandle], kinds: dict[str, str], lora: tuple[str, ...] = ()
+        self,
+        models: dict[str, tk.DeploymentHandle],
+        kinds: dict[str, str],
+        lora: tuple[str, ...] = (),
+        api_keys: tuple[str, ...] = (),
     ) -> None:
         self._models = models
+        #: The SHA-256 of each key of ``LLMServingArgs.api_key`` (its ``sha256:<hex>``).
+        self.key_hashes = frozenset(APIKey.digest_of_hash(key) for key in api_keys)
         self._kinds = kinds
         self._lora = frozenset(lora)
         self._adapter_lists: dict[str, tuple[float, list[str]]] = {}  # model -> (when, adapters)
