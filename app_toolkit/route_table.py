@@ -91,13 +91,20 @@ def route_table(app: object) -> RouteTable:
 
 
 def _cors(app: object) -> CORSOptions | None:
-    """The keyword arguments of the app's own ``CORSMiddleware`` (``add_middleware``), if
-    it has one given by keywords only."""
-    for middleware in getattr(app, "user_middleware", ()):
-        cls = getattr(middleware, "cls", None)
-        if isinstance(cls, type) and issubclass(cls, CORSMiddleware) and not middleware.args:
-            return tuple(sorted(middleware.kwargs.items()))
-    return None
+    """The keyword arguments of the app's ``CORSMiddleware`` when it is Starlette's own, the
+    outermost of the app's middleware (its answer to a preflight is then the app's), and
+    given plain values by keyword; else None (with API keys on, a preflight needs a key)."""
+    stack = getattr(app, "user_middleware", None)
+    if not stack or getattr(stack[0], "cls", None) is not CORSMiddleware or stack[0].args:
+        return None
+    options: list[tuple[str, object]] = []
+    for name, value in sorted(stack[0].kwargs.items()):
+        if isinstance(value, (list, tuple, set, frozenset)) and all(isinstance(item, str) for item in value):
+            value = tuple(sorted(value) if isinstance(value, (set, frozenset)) else value)
+        elif value is not None and not isinstance(value, (str, bool, int)):
+            return None  # not a value the proxy can hold without the app's code
+        options.append((name, value))
+    return tuple(options)
 
 
 def _routes(app: object) -> Iterator[_Route]:

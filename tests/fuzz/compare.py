@@ -18,6 +18,9 @@ from tests.fuzz.grammar import Case
 from tests.fuzz.servers import Outcomes, Servers
 from tests.fuzz.wire import PATIENT_S, Outcome
 
+#: The refusals after which the server ends the connection (front/linger.py).
+CLOSING_REFUSALS = frozenset({400, 408, 413, 431})
+
 #: Headers the toolkit adds to what its app sees (docs/observability.md), not the client's.
 ADDED_HEADERS = frozenset({"x-request-id", "traceparent", "tracestate"})
 
@@ -160,9 +163,10 @@ def _reset_as_the_toolkit_closes(uvicorn: Outcome, toolkit: Outcome) -> Outcome:
     first, so its client reads the refusal and then the close. When the toolkit's outcome is
     that close after uvicorn's answers (with the refusal the reset may have destroyed),
     uvicorn's reset counts as it."""
-    if uvicorn.fate != "reset" or toolkit.fate != "closed":
+    if uvicorn.fate != "reset" or toolkit.fate != "closed" or not toolkit.responses:
         return uvicorn
-    if not toolkit.statuses or not 400 <= toolkit.statuses[-1] < 500:
+    refusal = toolkit.responses[-1]  # the server's own (no app saw it) closing refusal
+    if refusal.status not in CLOSING_REFUSALS or refusal.seen is not None:
         return uvicorn
     theirs = uvicorn.responses
     if not _same(Outcome(theirs, "closed"), Outcome(toolkit.responses, "closed")):

@@ -37,3 +37,6 @@ def test_the_toolkit_closes_where_uvicorn_resets_after_a_closing_refusal() -> No
     # A reset from the toolkit is never excused, nor a close after other answers.
     assert problem(CASE, Outcomes(_outcome(200, 400), _outcome(200, 400, fate="reset"))) is not None
     assert problem(CASE, Outcomes(_outcome(400, fate="reset"), _outcome(404, 400))) is not None
+    assert (
+        problem(CASE, Outcomes(_outcome(200, fate="reset"), _outcome(200, 404))) is not None
+    )  # not a refusal

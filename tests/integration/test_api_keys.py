@@ -30,19 +30,21 @@ OLD = new_key()  # expired
 BOB = new_key()  # only in the file, later
 
 api = FastAPI()
+REACHED: list[str] = []  # the method of every request its routes saw (local backend: this process)
+
+
+@api.middleware("http")  # inside the CORS middleware (added after it: the outermost)
+async def count(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+    REACHED.append(request.method)
+    return await call_next(request)
+
+
 api.add_middleware(
     CORSMiddleware,
     allow_origins=["https://chat.example"],
     allow_methods=["*"],
     allow_headers=["authorization"],
 )
-REACHED: list[str] = []  # the method of every request that reached the app (local backend: this process)
-
-
-@api.middleware("http")  # outside the CORS middleware: it sees every request the app gets
-async def count(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-    REACHED.append(request.method)
-    return await call_next(request)
 
 
 @api.get("/who")
@@ -111,6 +113,15 @@ def _counted(client: httpx.Client) -> tuple[float, float]:
     admitted = re.search(r'^app_toolkit_api_key_requests_total\{key="alice"\} (\S+)$', page, re.M)
     refused = re.search(r"^app_toolkit_api_key_refusals_total (\S+)$", page, re.M)
     return (float(admitted[1]) if admitted else 0.0), (float(refused[1]) if refused else 0.0)
+
+
+def _replica_requests(client: httpx.Client) -> float:
+    """The requests the app's replicas finished, as /-/metrics counts them now."""
+    page = client.get("/-/metrics").text
+    lines = re.findall(
+        r'^app_toolkit_replica_requests_total\{[^}]*application="guarded"[^}]*\} (\S+)$', page, re.M
+    )
+    return sum(float(value) for value in lines)
 
 
 def test_only_a_valid_key_opens_the_apps_routes(
@@ -228,9 +239,10 @@ def test_a_cors_preflight_is_answered_by_the_apps_policy_before_the_key_check(
     asked = {"origin": "https://chat.example", "access-control-request-method": "POST"}
     with httpx.Client(base_url=url, timeout=10) as client:
         REACHED.clear()
+        served_before = _replica_requests(client)
         allowed = client.options("/who", headers={**asked, "access-control-request-headers": "authorization"})
         other = client.options("/who", headers={**asked, "origin": "https://evil.example"})
-        assert REACHED == []
+        assert _replica_requests(client) == served_before  # the app's replica saw neither
         assert allowed.status_code == 200
         assert allowed.headers["access-control-allow-origin"] == "https://chat.example"
         assert "authorization" in allowed.headers["access-control-allow-headers"].lower()
@@ -239,6 +251,7 @@ def test_a_cors_preflight_is_answered_by_the_apps_policy_before_the_key_check(
         keyed_get = client.get("/who", headers={"origin": "https://chat.example", "x-api-key": ALICE})
         assert keyed_get.headers["access-control-allow-origin"] == "https://chat.example"
         assert REACHED == ["GET"]
+        assert _eventually(lambda: _replica_requests(client) > served_before)  # (it counts)
 
 
 def test_the_official_openai_client_sends_its_key_as_the_front_reads_it(keyed: tuple[str, Path]) -> None:

@@ -10,10 +10,15 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 from fastapi import FastAPI
+from starlette.middleware.cors import CORSMiddleware
+from starlette.middleware.gzip import GZipMiddleware
+from starlette.testclient import TestClient as StarletteClient
 
 import app_toolkit as tk
 from app_toolkit._runtime.front import key_check
+from app_toolkit._runtime.front.path_match import AppMatcher
 from app_toolkit._runtime.front.scope import read_headers
+from app_toolkit._runtime.messages import DeploymentID, RouteInfo
 from app_toolkit.cli import main
 from app_toolkit.config import HTTPOptions, parse_http_options
 from app_toolkit.config.api_keys import APIKey, digest_of, key_hash, new_key
@@ -128,3 +133,46 @@ def test_keys_new_prints_the_key_once_and_the_entry_that_opens_with_it(tmp_path:
     assert _holder(ring, [(b"x-api-key", key.encode())]) == "carol"
     assert key not in entry
     assert CliRunner().invoke(main, ["keys", "new", "no spaces"]).exit_code == 2
+
+
+def _with_cors(**options: object) -> FastAPI:
+    app = FastAPI()
+    app.add_middleware(CORSMiddleware, **options)  # type: ignore[arg-type]
+    return app
+
+
+def test_the_front_answers_a_preflight_as_the_apps_own_cors_middleware() -> None:
+    app = _with_cors(allow_origins=["https://a.example"], allow_methods=["*"], allow_headers=["x-api-key"])
+    cors = route_table(app).cors
+    assert cors is not None
+    policy = AppMatcher(RouteInfo("/", "app", DeploymentID("app", "Ingress"), cors=cors)).cors
+    asked = {"access-control-request-method": "POST", "access-control-request-headers": "x-api-key"}
+    with StarletteClient(app) as client:
+        for origin in ("https://a.example", "https://b.example"):
+            headers = {"origin": origin, **asked}
+            raw = [(name.encode(), value.encode()) for name, value in headers.items()]
+            ours = key_check.preflight({"type": "http", "method": "OPTIONS", "headers": raw}, policy)
+            assert ours is not None
+            theirs = client.options("/x", headers=headers)
+            assert (ours.status, ours.body) == (theirs.status_code, theirs.content)
+            assert sorted(ours.headers) == sorted(theirs.headers.raw)
+    not_one = {"type": "http", "method": "OPTIONS", "headers": []}
+    assert key_check.preflight(not_one, policy) is None
+
+
+def test_only_starlettes_own_cors_middleware_outermost_and_plain_is_taken() -> None:
+    assert route_table(FastAPI()).cors is None
+    assert route_table(_with_cors(allow_origins={"https://b", "https://a"})).cors == (
+        ("allow_origins", ("https://a", "https://b")),
+    )
+
+    class Mine(CORSMiddleware):
+        pass
+
+    subclassed = FastAPI()
+    subclassed.add_middleware(Mine, allow_origins=["*"])
+    assert route_table(subclassed).cors is None
+    inner = _with_cors(allow_origins=["*"])
+    inner.add_middleware(GZipMiddleware)  # outside it: the app's answer is not the policy's alone
+    assert route_table(inner).cors is None
+    assert route_table(_with_cors(allow_origins=[object()])).cors is None

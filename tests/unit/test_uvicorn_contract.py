@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import tomllib
+import types
 from importlib.metadata import version
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ OVERRIDDEN = (
     "on_message_begin",
     "on_headers_complete",
     "on_response_complete",
+    "send_400_response",
 )
 #: Attributes of a protocol instance it reads or sets.
 PROTOCOL_STATE = (
@@ -94,6 +96,7 @@ def test_the_protocol_methods_it_overrides_exist_with_their_signatures() -> None
         "on_message_begin": ["self"],
         "on_headers_complete": ["self"],
         "on_response_complete": ["self"],
+        "send_400_response": ["self", "msg"],
     }
     for name in OVERRIDDEN:
         method = getattr(HttpToolsProtocol, name)
@@ -247,3 +250,22 @@ async def test_the_websocket_protocol_holds_its_sends_while_the_transport_is_pau
     protocol.pause_writing()
     protocol.connection_lost(None)
     assert protocol.writable.is_set()
+
+
+def test_the_400_for_unparsable_bytes_only_writes_and_closes() -> None:
+    """``GuardedHttpProtocol.send_400_response`` gives uvicorn's a stand-in transport that
+    can only write and note a close (then it lingers instead: front/linger.py)."""
+    calls: list[str] = []
+
+    class WritesAndCloses:
+        def write(self, data: bytes) -> None:
+            calls.append("write")
+
+        def close(self) -> None:
+            calls.append("close")
+
+    protocol = types.SimpleNamespace(
+        server_state=types.SimpleNamespace(default_headers=[]), transport=WritesAndCloses()
+    )
+    HttpToolsProtocol.send_400_response(protocol, "Invalid HTTP request received.")  # type: ignore[arg-type]
+    assert calls == ["write", "close"]

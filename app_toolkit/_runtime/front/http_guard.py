@@ -81,6 +81,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._between = False  # handed: between requests (the next bytes start one)
         self._given_back = False
         self._lingering: Lingering | None = None  # after a refusal (linger.py)
+        self._head_refused = False  # a head came too large or too slow while a response was out
 
     def handed_reads(self, handed: Handed) -> HandedReads:
         """Record this handed-off connection's phases in ``handed``'s table; returns the
@@ -226,7 +227,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         socket to ``give`` (which passes it back to the proxy: direct ingress draining);
         if taken, let the connection go here without ending it for the client."""
         transport = self.transport
-        if transport.is_closing() or self._head_bytes is not None or self.pipeline:
+        if transport.is_closing() or self._head_bytes is not None or self.pipeline or self._lingering:
             return False
         if self.cycle is not None and (not self.cycle.response_complete or self.cycle.more_body):
             return False  # its response, or the rest of its request's body, is still to come
@@ -263,7 +264,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         if self.cycle is None or self.cycle.response_complete:
             self.transport.write(_refusal(status, text + "\n"))
             self.linger()
-        else:  # a response is on its way: it finishes, then the connection closes
+        else:  # a response is on its way: it finishes, then the connection closes (lingering)
+            self._head_refused = True
             self.cycle.keep_alive = False
             self.flow.pause_reading()
 
@@ -281,9 +283,11 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def _close_after_response(self) -> None:
         """A response cycle ends the connection (keep-alive off): lingering if the request's
-        body, or a next request, is still arriving."""
+        body, or a next request, is still arriving (or was refused), or a pipelined one
+        was read (``self.cycle`` is then the latest request read, not the one ending)."""
         cycle = self.cycle
-        if (cycle is not None and cycle.more_body) or self._head_bytes is not None:
+        arriving = self._head_bytes is not None or (cycle is not None and cycle.more_body)
+        if arriving or self._head_refused or self.pipeline:
             self.linger()
         else:
             self.transport.close()
@@ -294,8 +298,14 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self._unset_keepalive_if_required()
             self._head_bytes = None  # no head is read any more
             self._stop_head_timer()
+            self.pipeline.clear()  # requests read after it never run (as once closed)
             if self._writes is not None:
                 self._writes.ended = True
+            cycle = self.cycle
+            if cycle is not None and not cycle.response_complete:  # its response cannot go out
+                left = getattr(cycle.scope.get(REQUEST_LINK), "on_client_left", None)
+                if left is not None:
+                    left()
             self._lingering = Lingering(self.transport, self.loop)
 
 

@@ -55,5 +55,10 @@ class Lingering:
 
     def _over(self) -> None:
         self._timer = None
-        if not self._transport.is_closing():
-            self._transport.close()
+        transport = self._transport
+        if transport.is_closing():
+            return
+        if transport.get_write_buffer_size():  # the client has not read the refusal all this time
+            transport.abort()
+        else:
+            transport.close()

@@ -6,6 +6,7 @@ HTTP requests, WebSockets and connection hand-offs alike.
 
 from __future__ import annotations
 
+import logging
 import re
 from typing import Any
 
@@ -13,6 +14,8 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.types import Receive, Scope, Send
 
 from app_toolkit._runtime.messages import CORSOptions, DeploymentID, RouteInfo
+
+logger = logging.getLogger("app_toolkit.proxy")
 
 #: The paths of the toolkit's own pages (``/-/healthz``, ``/-/metrics``, ...): no
 #: application's, whatever its prefix (config/application.py refuses a prefix under it).
@@ -71,7 +74,10 @@ def _cors_policy(options: CORSOptions) -> CORSMiddleware | None:
     kwargs: dict[str, Any] = dict(options)
     try:
         return CORSMiddleware(_no_app, **kwargs)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError) as exc:
+        logger.warning(
+            "The app's CORSMiddleware options do not make one (%s): its preflights need a key", exc
+        )
         return None
 
 

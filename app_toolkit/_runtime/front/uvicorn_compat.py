@@ -9,8 +9,9 @@ checked on (the newest is the cap's).
 - ``HttpToolsProtocol``: ``http_guard.GuardedHttpProtocol`` subclasses it: it overrides
   ``connection_made``, ``connection_lost``, ``data_received``, ``on_message_begin``,
   ``on_headers_complete`` and ``on_response_complete``, calling through, and reads the
-  protocol's ``cycle``, ``flow``, ``pipeline``, ``transport`` and keep-alive timer.
-  Checked on 0.38.0.
+  protocol's ``cycle``, ``flow``, ``pipeline``, ``transport`` and keep-alive timer. It
+  calls ``send_400_response`` with a stand-in transport that only writes and notes the
+  close (it lingers instead). Checked on 0.38.0.
 - ``RequestResponseCycle``: ``request_link.RequestLink`` reads a request's cycle
   (``response_complete``, ``more_body``, ``waiting_for_100_continue``, ``flow``) and gives
   it a transport that joins a response's writes. Checked on 0.38.0.
