@@ -154,6 +154,7 @@ bench: $(MODEL)
 	$(PY) -m benchmarks.http_overhead --proxied
 	$(PY) -m benchmarks.http_overhead --only "GET small JSON, c=32" --split
 	$(PY) -m benchmarks.http_overhead --only "GET small JSON, c=32" --shadow
+	$(PY) -m benchmarks.http_overhead --only "GET small JSON, c=32" --api-keys --no-python-api
 	$(PY) -m benchmarks.front_cost
 	$(PY) -m benchmarks.front_instructions
 	$(PY) -m benchmarks.batching

@@ -8,6 +8,8 @@ The bench app's ingress runs in a replica core, as in an ingress replica; each r
   span, its two metric series) around the app;
 - ``direct``: the whole direct path (the front, ``HTTPFront`` with the replica as its local
   ingress, then the replica): what a request on a replica-owned connection runs;
+- ``direct-keys``: ``direct`` with 100 API keys in the options and the request presenting
+  one (``Authorization: Bearer``): what the key check adds;
 - ``floor``: the least a front with the toolkit's per-request features could do (a request
   id in and out, a trace, two metric series, an access line) around the replica's part;
 - ``wire-bare``, ``wire-direct``: ``bare`` and ``direct`` with the HTTP protocol around
@@ -51,9 +53,14 @@ from app_toolkit._runtime.replica.replica import ReplicaCore
 from app_toolkit._runtime.tables import ApplicationTable
 from app_toolkit.build import build_app
 from app_toolkit.config import HTTPOptions
+from app_toolkit.config.api_keys import APIKey, key_hash, new_key
 from benchmarks import bench_app, front_wire
 
-MODES = ("bare", "replica", "direct", "floor", *front_wire.MODES)
+MODES = ("bare", "replica", "direct", "direct-keys", "floor", *front_wire.MODES)
+#: ``direct-keys``: the front's keys, and the one each request presents.
+_KEYS = [new_key() for _ in range(100)]
+_KEYED = HTTPOptions(api_keys=tuple(APIKey(name=f"k{i}", hash=key_hash(k)) for i, k in enumerate(_KEYS)))
+_AUTHORIZATION = (b"authorization", f"Bearer {_KEYS[50]}".encode())
 FEATURES = ("trace", "scope", "metrics", "access-log")
 _REQUEST_ID = "0123456789abcdef0123456789abcdef"
 
@@ -174,10 +181,12 @@ def _floor(core: ReplicaCore, log: AccessLog | None) -> ASGIApp:
 
 
 async def _app(mode: str, core: ReplicaCore, deployment: DeploymentID, access_log: bool) -> ASGIApp:
-    if mode == "direct":
+    if mode in ("direct", "direct-keys"):
         subscriber = _OneRoute(deployment)
         local = ReplicaUpstream(core, subscriber)  # type: ignore[arg-type]
-        return HTTPFront(subscriber, HTTPOptions(access_log=access_log), local=local)  # type: ignore[arg-type]
+        http = _KEYED if mode == "direct-keys" else HTTPOptions()
+        http = http.model_copy(update={"access_log": access_log})
+        return HTTPFront(subscriber, http, local=local)  # type: ignore[arg-type]
     if mode == "floor":
         return _floor(core, AccessLog() if access_log else None)
     trace = tracing.new_trace()
@@ -199,12 +208,15 @@ async def _measure(mode: str, access_log: bool, requests: int, rounds: int) -> l
         if mode == "wire-direct":
             app = await _app("direct", core, deployment, access_log)
             return await front_wire.rounds(mode, app, requests, rounds, _timed)
-        return await _rounds(await _app(mode, core, deployment, access_log), requests, rounds)
+        extra = [_AUTHORIZATION] if mode == "direct-keys" else []
+        return await _rounds(await _app(mode, core, deployment, access_log), requests, rounds, extra)
     finally:
         await core.drain()
 
 
-async def _rounds(app: ASGIApp, requests: int, rounds: int) -> list[float]:
+async def _rounds(
+    app: ASGIApp, requests: int, rounds: int, extra: list[tuple[bytes, bytes]] | None = None
+) -> list[float]:
     writes = Writes(_NoTransport())  # type: ignore[arg-type]
 
     async def receive() -> Message:
@@ -226,7 +238,12 @@ async def _rounds(app: ASGIApp, requests: int, rounds: int) -> list[float]:
             "path": "/small",
             "raw_path": b"/small",
             "query_string": b"",
-            "headers": [(b"host", b"127.0.0.1:8000"), (b"user-agent", b"wrk"), (b"accept", b"*/*")],
+            "headers": [
+                (b"host", b"127.0.0.1:8000"),
+                (b"user-agent", b"wrk"),
+                (b"accept", b"*/*"),
+                *(extra or ()),
+            ],
             "state": {},
             REQUEST_LINK: ConnectionLink(writes),
         }

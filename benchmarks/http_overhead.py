@@ -37,11 +37,14 @@ from pathlib import Path
 
 import httpx
 
+from app_toolkit.config.api_keys import key_hash, new_key
 from benchmarks.proc_cpu import cpu_by_process, cpu_spent
 from benchmarks.toolkit_modes import (
     BIN,
     CLI,
+    KEYED,
     LABELS,
+    PYTHON,
     add_mode_arguments,
     chosen_modes,
     describe,
@@ -113,7 +116,8 @@ def wait_ready(url: str, process: subprocess.Popen[bytes], timeout_s: float) -> 
         if process.poll() is not None:
             raise RuntimeError(f"server exited with {process.returncode} before serving {url}")
         try:
-            if httpx.get(url, timeout=2).status_code == 200:
+            # 401: a server with API keys (toolkit-keys) routes the path to its app already.
+            if httpx.get(url, timeout=2).status_code in (200, 401):
                 return
         except httpx.HTTPError:
             pass
@@ -121,8 +125,12 @@ def wait_ready(url: str, process: subprocess.Popen[bytes], timeout_s: float) -> 
     raise RuntimeError(f"{url} not ready after {timeout_s} s")
 
 
-def lua_script(scenario: Scenario, folder: Path) -> Path:
+def lua_script(scenario: Scenario, folder: Path, key: str = "") -> Path:
+    """wrk's script for ``scenario``; ``key``: sent as ``Authorization: Bearer`` to every
+    server (those without API keys ignore it), so all read the same bytes."""
     lines = [f'wrk.method = "{scenario.method}"']
+    if key:
+        lines.append(f'wrk.headers["Authorization"] = "Bearer {key}"')
     if scenario.body_bytes:
         if scenario.path == "/echo":
             filler = "x" * (scenario.body_bytes - len('{"data": ""}'))
@@ -208,6 +216,7 @@ def start_servers(
     uvicorns: dict[str, bool] | None = None,
     uvicorn_targets: dict[str, str] | None = None,
     toolkit_modes: Sequence[str] = (CLI,),
+    keys_file: Path | None = None,
 ) -> tuple[dict[str, subprocess.Popen[bytes]], dict[str, str]]:
     """Start bare uvicorn and the toolkit (embedded Ray) side by side; wait for them all.
 
@@ -220,7 +229,7 @@ def start_servers(
     to /dev/null); by default one, ``uvicorn``, without an access log (the stricter
     baseline); ``uvicorn_targets`` gives a server another app than ``uvicorn_target``.
     ``toolkit_env``: more environment for the toolkit only. ``uvicorn_workers``:
-    uvicorn's ``--workers``."""
+    uvicorn's ``--workers``. ``keys_file``: the API keys of the ``toolkit-keys`` mode."""
     env = dict(os.environ, PYTHONPATH=str(ROOT), RAY_USAGE_STATS_ENABLED="0")
     env.pop("RAY_ADDRESS", None)
     uvicorns = uvicorns if uvicorns is not None else {"uvicorn": False}
@@ -245,7 +254,9 @@ def start_servers(
             )
         for mode in toolkit_modes:
             servers[mode] = subprocess.Popen(
-                toolkit_command(mode, toolkit_target, ports[mode], access_log=access_log),
+                toolkit_command(
+                    mode, toolkit_target, ports[mode], access_log=access_log, keys_file=keys_file
+                ),
                 cwd=ROOT,
                 env={**env, **(toolkit_env or {})},
                 stdout=subprocess.DEVNULL,
@@ -380,6 +391,12 @@ def main() -> None:
         help="also print the toolkit's CPU per request by process (replica, proxy, driver, "
         "Ray's own processes), medians over rounds",
     )
+    parser.add_argument(
+        "--api-keys",
+        action="store_true",
+        help="also run `app-toolkit run` with 100 API keys (--api-keys-file) in the same rounds, "
+        "and send every server one of them (Authorization: Bearer): the key check's cost",
+    )
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument(
         "--channel-tls",
@@ -403,7 +420,7 @@ def main() -> None:
     if shutil.which("wrk") is None:
         sys.exit("wrk is not installed: run `make bench` (it installs it) or `apt-get install wrk`")
 
-    modes = chosen_modes(args)
+    modes = chosen_modes(args) + ((KEYED,) if args.api_keys else ())
     target = "benchmarks.bench_app:" + ("app2" if args.replicas == 2 else "app")
     if args.proxied:
         target += "_proxied"
@@ -413,6 +430,7 @@ def main() -> None:
             target = split_config(Path(folder))
         elif args.shadow:
             target = shadow_config(Path(folder))
+        key, keys_file = api_keys(Path(folder)) if args.api_keys else ("", None)
         print(describe(modes, target), flush=True)
         servers, bases = start_servers(
             "benchmarks.bench_app:fastapi_app",
@@ -428,12 +446,13 @@ def main() -> None:
             },
             uvicorn_targets={PRODUCTION: "benchmarks.production_app:app"},
             toolkit_modes=modes,
+            keys_file=keys_file,
         )
         try:
             for scenario in SCENARIOS:
                 if args.only and args.only not in scenario.name:
                     continue
-                script = lua_script(scenario, Path(folder))
+                script = lua_script(scenario, Path(folder), key)
                 runs: dict[str, list[Result]] = {name: [] for name in servers}
                 for name in runs:  # warm up every server
                     run_wrk(bases[name], scenario, script, 2)
@@ -456,6 +475,18 @@ def main() -> None:
         args.json.write_text(json.dumps(rows, indent=2))
 
 
+def api_keys(folder: Path, count: int = 100) -> tuple[str, Path]:
+    """A keys file of ``count`` keys in ``folder``, and the one the clients send."""
+    keys = [new_key() for _ in range(count)]
+    keys_file = folder / "keys.yaml"
+    keys_file.write_text("".join(f"- {{name: k{i}, hash: '{key_hash(k)}'}}\n" for i, k in enumerate(keys)))
+    return keys[count // 2], keys_file
+
+
+#: The prefix of each toolkit mode's keys in a JSON row.
+_ROW_PREFIX = {CLI: "", PYTHON: "python_", KEYED: "keys_"}
+
+
 def report(scenario: str, medians: dict[str, Result]) -> dict[str, object]:
     """Print one scenario's rows: bare uvicorn against each toolkit mode, then each other
     baseline against them; returns its results (the JSON row)."""
@@ -470,13 +501,21 @@ def report(scenario: str, medians: dict[str, Result]) -> dict[str, object]:
     row: dict[str, object] = {"scenario": scenario, "uvicorn": vars(bare)}
     for mode in modes:
         ours = medians[mode]
-        prefix = "" if mode == CLI else "python_"
+        prefix = _ROW_PREFIX[mode]
         row.update({mode: vars(ours), f"{prefix}ratio": ours.rps / bare.rps})
         print(
             f"{'':28} {LABELS[mode]:25} {ours.rps:8.0f} req/s p50 {ours.p50_ms:6.2f} ms "
             f"p99 {ours.p99_ms:7.2f} ms | ratio {ours.rps / bare.rps:4.2f}x, "
             f"p50 {ours.p50_ms - bare.p50_ms:+.2f} ms, failures {ours.failures} | "
             f"server CPU/request {ours.cpu_ms:.3f} ms",
+            flush=True,
+        )
+    if KEYED in medians and CLI in medians:
+        keyed, plain = medians[KEYED], medians[CLI]
+        row["keys_ratio_to_toolkit"] = keyed.rps / plain.rps
+        print(
+            f"{'':28} API keys on / off: {keyed.rps / plain.rps:4.2f}x req/s, "
+            f"CPU/request {1000 * (keyed.cpu_ms - plain.cpu_ms):+.1f} us",
             flush=True,
         )
     for baseline, described in BASELINES.items():
@@ -487,7 +526,7 @@ def report(scenario: str, medians: dict[str, Result]) -> dict[str, object]:
         ratios = []
         for mode in modes:
             ours = medians[mode]
-            prefix = "" if mode == CLI else "python_"
+            prefix = _ROW_PREFIX[mode]
             ratio_key = "ratio_to_uvicorn_log" if baseline == LOGGED else f"ratio_to_{baseline}"
             row[prefix + ratio_key] = ours.rps / other.rps
             ratios.append(

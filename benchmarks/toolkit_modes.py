@@ -14,20 +14,33 @@ from pathlib import Path
 #: The servers' names in the benchmarks' results (``toolkit``: as before this mode came).
 CLI = "toolkit"
 PYTHON = "toolkit-python"
+#: ``app-toolkit run`` with API keys on (``--api-keys-file``): the key check's cost beside CLI.
+KEYED = "toolkit-keys"
 #: How the printed rows name each mode.
-LABELS = {CLI: "toolkit (app-toolkit run)", PYTHON: "toolkit (tk.run)"}
+LABELS = {CLI: "toolkit (app-toolkit run)", PYTHON: "toolkit (tk.run)", KEYED: "toolkit (run, API keys)"}
 
 BIN = Path(sys.executable).parent
 
 
 def toolkit_command(
-    mode: str, target: str, port: int, *, host: str = "127.0.0.1", access_log: bool = True
+    mode: str,
+    target: str,
+    port: int,
+    *,
+    host: str = "127.0.0.1",
+    access_log: bool = True,
+    keys_file: Path | None = None,
 ) -> list[str]:
     """The command line that serves ``target`` (``module:app`` or a config file) on
-    ``host:port`` the ``mode`` way, its access log on or off."""
+    ``host:port`` the ``mode`` way, its access log on or off (``keys_file``: the API keys
+    of the ``KEYED`` mode)."""
     options = ["--host", host, "--port", str(port), "--access-log" if access_log else "--no-access-log"]
     if mode == CLI:
         return [str(BIN / "app-toolkit"), "run", target, *options]
+    if mode == KEYED:
+        if keys_file is None:
+            raise ValueError("the toolkit with API keys needs its keys file")
+        return [str(BIN / "app-toolkit"), "run", target, *options, "--api-keys-file", str(keys_file)]
     if mode == PYTHON:
         # -m, not the file's path: the driver's process is labelled "python" in the
         # per-process figures, as the CLI's is.
@@ -50,7 +63,11 @@ def chosen_modes(args: argparse.Namespace) -> tuple[str, ...]:
 
 def describe(modes: tuple[str, ...], target: str) -> str:
     """One line: how each toolkit mode is started here."""
-    how = {CLI: f"`app-toolkit run {target}`", PYTHON: f"a script: tk.start(http_options) + tk.run({target})"}
+    how = {
+        CLI: f"`app-toolkit run {target}`",
+        PYTHON: f"a script: tk.start(http_options) + tk.run({target})",
+        KEYED: f"`app-toolkit run {target} --api-keys-file keys.yaml` (100 keys)",
+    }
     if target.endswith((".yaml", ".yml")):
         how[PYTHON] = "a script: one tk.run per application of the file, then tk.set_traffic / tk.shadow"
     return "; ".join(f"{LABELS[mode]}: {how[mode]}" for mode in modes)
