@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping
 
 from pydantic import AliasChoices, AliasPath, BaseModel, ValidationError
 
+from app_toolkit.config.schema import SECRET_OPTIONS
 from app_toolkit.deployment import Application, Deployment
 from app_toolkit.exceptions import BuilderArgsError, ConfigError
 from app_toolkit.import_path import import_attr
@@ -136,6 +137,11 @@ def _explain(exc: ValidationError) -> str:
     parts = []
     for error in exc.errors(include_url=False):
         where = ".".join(str(part) for part in error["loc"])
-        given = f" (got {error['input']!r})" if where and not isinstance(error["input"], dict) else ""
+        secret = SECRET_OPTIONS.intersection(str(part) for part in error["loc"])
+        given = (
+            f" (got {error['input']!r})"
+            if where and not secret and not isinstance(error["input"], dict)
+            else ""
+        )
         parts.append(f"{where}: {error['msg']}{given}" if where else error["msg"])
     return "; ".join(parts)

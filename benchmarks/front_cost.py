@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import functools
 import os
 import pickle
 import random
@@ -57,10 +58,17 @@ from app_toolkit.config.api_keys import APIKey, key_hash, new_key
 from benchmarks import bench_app, front_wire
 
 MODES = ("bare", "replica", "direct", "direct-keys", "floor", *front_wire.MODES)
-#: ``direct-keys``: the front's keys, and the one each request presents.
-_KEYS = [new_key() for _ in range(100)]
-_KEYED = HTTPOptions(api_keys=tuple(APIKey(name=f"k{i}", hash=key_hash(k)) for i, k in enumerate(_KEYS)))
-_AUTHORIZATION = (b"authorization", f"Bearer {_KEYS[50]}".encode())
+
+
+@functools.cache
+def _keyed() -> tuple[HTTPOptions, tuple[bytes, bytes]]:
+    """``direct-keys``: the front's options with 100 keys, and the header each request
+    presents one of them in."""
+    keys = [new_key() for _ in range(100)]
+    options = HTTPOptions(api_keys=tuple(APIKey(name=f"k{i}", hash=key_hash(k)) for i, k in enumerate(keys)))
+    return options, (b"authorization", f"Bearer {keys[50]}".encode())
+
+
 FEATURES = ("trace", "scope", "metrics", "access-log")
 _REQUEST_ID = "0123456789abcdef0123456789abcdef"
 
@@ -184,7 +192,7 @@ async def _app(mode: str, core: ReplicaCore, deployment: DeploymentID, access_lo
     if mode in ("direct", "direct-keys"):
         subscriber = _OneRoute(deployment)
         local = ReplicaUpstream(core, subscriber)  # type: ignore[arg-type]
-        http = _KEYED if mode == "direct-keys" else HTTPOptions()
+        http = _keyed()[0] if mode == "direct-keys" else HTTPOptions()
         http = http.model_copy(update={"access_log": access_log})
         return HTTPFront(subscriber, http, local=local)  # type: ignore[arg-type]
     if mode == "floor":
@@ -208,7 +216,7 @@ async def _measure(mode: str, access_log: bool, requests: int, rounds: int) -> l
         if mode == "wire-direct":
             app = await _app("direct", core, deployment, access_log)
             return await front_wire.rounds(mode, app, requests, rounds, _timed)
-        extra = [_AUTHORIZATION] if mode == "direct-keys" else []
+        extra = [_keyed()[1]] if mode == "direct-keys" else []
         return await _rounds(await _app(mode, core, deployment, access_log), requests, rounds, extra)
     finally:
         await core.drain()

@@ -83,6 +83,15 @@ UNAUTHORIZED_MESSAGE = (
 _BEARER = b"bearer "
 
 
+def check_key(key: str, what: str) -> None:
+    """ValueError (never repeating the key) unless ``key`` can be sent as a Bearer token:
+    not empty, no spaces or tabs at either end."""
+    if not key.strip():
+        raise ValueError(f"{what} may not be empty")
+    if key != key.strip(" \t"):
+        raise ValueError(f"{what} may not start or end with spaces (a Bearer token cannot carry them)")
+
+
 def presented_key(authorization: bytes | None, api_key: bytes | None) -> tuple[bytes, bool]:
     """The key a request presents in its ``Authorization`` and ``X-API-Key`` values (``b""``
     for one sent twice), and whether it is well formed: ``Bearer <key>``, else the

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from collections.abc import Mapping
@@ -10,8 +11,9 @@ from typing import Any
 
 import app_toolkit as tk
 from app_toolkit.config import DeploymentConfig
-from app_toolkit.config.api_keys import key_hash
+from app_toolkit.config.api_keys import check_key, key_hash
 from app_toolkit.config.request_router import PREFIX_AWARE
+from app_toolkit.exceptions import BuilderArgsError
 from app_toolkit.llm.config import LLMConfig
 from app_toolkit.llm.openai.ingress import OpenAIIngress
 from app_toolkit.llm.placement import with_replica
@@ -23,6 +25,8 @@ from app_toolkit.llm.serving_args import LLMServingArgs, serving_args
 #: the engine has the next reply at hand when a slot frees, as vLLM's own queue has it
 #: (measured against `vllm serve`: docs/benchmarks.md); the rest wait in the caller's
 #: queue, where any replica that frees a slot or starts takes them.
+logger = logging.getLogger("app_toolkit.llm")
+
 #: vLLM's environment variable with its server's API key (``--api-key`` wins over it).
 API_KEY_ENV = "VLLM_API_KEY"
 RESERVE_PER_SLOT = 0.25
@@ -101,9 +105,25 @@ def build_openai_app(llm_serving_args: LLMServingArgs | Mapping[str, object]) ->
     options = {"max_ongoing_requests": INGRESS_ONGOING, **args.ingress_deployment_config.options()}
     name = args.ingress_deployment_config.name or "OpenAiIngress"
     lora = tuple(config.model_id for config in args.llm_configs if config.lora_config is not None)
-    keys = args.api_key or ([os.environ[API_KEY_ENV]] if os.environ.get(API_KEY_ENV) else [])
-    hashes = tuple(key_hash(key) for key in keys)  # what the ingress's arguments hold
+    hashes = tuple(key_hash(key) for key in _api_keys(args))  # what the ingress's arguments hold
     return tk.deployment(name=name, **options)(OpenAIIngress).bind(models, kinds, lora, hashes)
+
+
+def _api_keys(args: LLMServingArgs) -> list[str]:
+    """The app's API keys: ``api_key``'s, else ``VLLM_API_KEY``'s here (vLLM's order);
+    where they came from is logged (a rebuild without them serves the app open)."""
+    if args.api_key:
+        logger.info("The OpenAI app needs one of %d API keys (LLMServingArgs.api_key)", len(args.api_key))
+        return [key.get_secret_value() for key in args.api_key]
+    key = os.environ.get(API_KEY_ENV, "")
+    if not key:
+        return []
+    try:
+        check_key(key, API_KEY_ENV)
+    except ValueError as exc:
+        raise BuilderArgsError(str(exc)) from None
+    logger.info("The OpenAI app needs the API key of %s", API_KEY_ENV)
+    return [key]
 
 
 def _most_replicas(options: Mapping[str, object]) -> int:

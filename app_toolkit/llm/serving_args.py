@@ -7,9 +7,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_core import ErrorDetails
 
+from app_toolkit.config.api_keys import check_key
 from app_toolkit.config.ray_serve_only import drop_refused
 from app_toolkit.config.schema import field_errors
 from app_toolkit.exceptions import BuilderArgsError
@@ -28,7 +29,7 @@ class LLMServingArgs(Schema):
     ingress_deployment_config: LLMDeploymentConfig = Field(
         default_factory=LLMDeploymentConfig, description="The OpenAI ingress deployment's options."
     )
-    api_key: list[str] = Field(
+    api_key: list[SecretStr] = Field(
         default_factory=list,
         description="vLLM's --api-key: keys (plaintext, as vLLM takes them) that every route of "
         "the app needs as 'Authorization: Bearer <key>' (or X-API-Key); unset: VLLM_API_KEY "
@@ -42,9 +43,9 @@ class LLMServingArgs(Schema):
 
     @field_validator("api_key")
     @classmethod
-    def _not_empty(cls, keys: list[str]) -> list[str]:
-        if any(not key.strip() for key in keys):
-            raise ValueError("an API key may not be empty")  # (the keys are not repeated)
+    def _usable(cls, keys: list[SecretStr]) -> list[SecretStr]:
+        for key in keys:
+            check_key(key.get_secret_value(), "an API key")
         return keys
 
     @model_validator(mode="before")

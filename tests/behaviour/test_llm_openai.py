@@ -17,6 +17,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 import app_toolkit as tk
+from app_toolkit.exceptions import BuilderArgsError
 from app_toolkit.llm import LLMConfig, LLMServer, build_llm_deployment, build_openai_app
 from app_toolkit.llm.openai.ingress import OpenAIIngress
 from tests.conftest import Toolkit
@@ -546,20 +547,29 @@ def test_the_api_key_argument_guards_every_route_as_vllms_does(
     local_toolkit: Toolkit, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``LLMServingArgs.api_key`` (vLLM's --api-key, plaintext) and ``VLLM_API_KEY``: every
-    route of the app needs a key, /tokenize included; the one 401 of the front's keys."""
+    request to the app needs a key, whatever its path or method, before its body is read;
+    the one 401 of the front's keys."""
     echo = {"model_loading_config": {"model_id": ECHO}, "llm_engine": "echo"}
     prefix = "/" + local_toolkit.name()
-    local_toolkit.run(
-        build_openai_app({"llm_configs": [echo], "api_key": ["first", "second"]}), route_prefix=prefix
-    )
+    monkeypatch.delenv("VLLM_API_KEY", raising=False)
+    keyed_app = build_openai_app({"llm_configs": [echo], "api_key": ["first", "second"]})
+    assert "first" not in repr(keyed_app.args)  # only the keys' hashes reach the ingress
+    local_toolkit.run(keyed_app, route_prefix=prefix)
     monkeypatch.setenv("VLLM_API_KEY", "from-the-environment")
     local_toolkit.run(build_openai_app({"llm_configs": [echo]}), route_prefix=prefix + "-env")
     with local_toolkit.client() as client:
-        for path in ("/v1/models", "/health", "/version"):
+        for path in ("/v1/models", "/health", "/version", "/openapi.json", "/docs", "/nowhere"):
             refused = client.get(prefix + path)
             assert refused.status_code == 401, path
             assert refused.headers["www-authenticate"] == "Bearer"
             assert refused.json()["error"]["code"] == "invalid_api_key"
+        assert client.head(f"{prefix}/health").status_code == 401
+        # Refused before the body is read: no 400 for a body that is not JSON.
+        assert client.post(f"{prefix}/v1/chat/completions", content=b"{not json").status_code == 401
+        streamed = {"model": ECHO, "messages": [{"role": "user", "content": "hi"}], "stream": True}
+        assert client.post(f"{prefix}/v1/chat/completions", json=streamed).status_code == 401
+        wrong_then_right = {"authorization": "Bearer third", "x-api-key": "first"}  # Authorization counts
+        assert client.get(f"{prefix}/v1/models", headers=wrong_then_right).status_code == 401
         tokenize = {"model": ECHO, "prompt": "ab"}
         assert client.post(f"{prefix}/tokenize", json=tokenize).status_code == 401
         assert (
@@ -579,3 +589,16 @@ def test_the_api_key_argument_guards_every_route_as_vllms_does(
     with openai.OpenAI(base_url=f"{local_toolkit.url}{prefix}/v1", api_key="third", max_retries=0) as wrong:
         with pytest.raises(openai.AuthenticationError):
             wrong.models.list()
+
+
+def test_an_api_key_that_cannot_be_sent_is_refused_where_the_app_is_built(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    echo = {"model_loading_config": {"model_id": ECHO}, "llm_engine": "echo"}
+    for keys, said in (([""], "may not be empty"), ([" padded"], "may not start or end with spaces")):
+        with pytest.raises(BuilderArgsError, match=said) as refused:
+            build_openai_app({"llm_configs": [echo], "api_key": keys})
+        assert "padded" not in str(refused.value)
+    monkeypatch.setenv("VLLM_API_KEY", "  ")
+    with pytest.raises(BuilderArgsError, match="VLLM_API_KEY may not be empty"):
+        build_openai_app({"llm_configs": [echo]})

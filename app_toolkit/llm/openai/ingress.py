@@ -9,7 +9,8 @@ import struct
 import time
 from collections.abc import Mapping
 
-from fastapi import Depends, FastAPI, Query, Request, Response
+from fastapi import FastAPI, Query, Response
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 import app_toolkit as tk
 from app_toolkit.config.api_keys import UNAUTHORIZED_MESSAGE, APIKey, digest_of, presented_key
@@ -35,29 +36,51 @@ CARD_TIMEOUT_S = 2.0
 ADAPTERS_TTL_S = 5.0
 
 
-async def _api_key(request: Request) -> None:
-    """vLLM's ``--api-key`` (``LLMServingArgs.api_key``): with keys, every route needs one,
-    as ``Authorization: Bearer <key>`` or ``X-API-Key``; the same 401 as the front's keys.
-    A header sent twice opens nothing."""
-    hashes: frozenset[bytes] = getattr(tk.get_replica_context().servable_object, "key_hashes", frozenset())
-    if not hashes:
-        return
-    authorization = _one_line(request.headers.getlist("authorization"))
-    api_key = _one_line(request.headers.getlist("x-api-key"))
+AUTHORIZATION, API_KEY = b"authorization", b"x-api-key"
+
+
+class _KeyGuard:
+    """vLLM's ``--api-key`` (``LLMServingArgs.api_key``): with keys, every request to the
+    app needs one, as ``Authorization: Bearer <key>`` or ``X-API-Key``, whatever its path or
+    method (the docs pages and 404s included), before any of it is read; the front's 401.
+    A header sent twice opens nothing. The outermost of the app's middleware."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and not _lets_in(scope):
+            error = OpenAIError(401, UNAUTHORIZED_MESSAGE, "invalid_request_error", "invalid_api_key")
+            await errors.answer(error)(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
+def _lets_in(scope: Scope) -> bool:
+    ingress = tk.get_replica_context().servable_object
+    if not isinstance(ingress, OpenAIIngress):  # never served without its keys
+        raise TypeError(f"the OpenAI app is served by {type(ingress).__name__}, not OpenAIIngress")
+    if not ingress.key_hashes:
+        return True
+    lines: dict[bytes, list[bytes]] = {AUTHORIZATION: [], API_KEY: []}
+    for name, value in scope["headers"]:
+        if name in lines:
+            lines[name].append(value)
+    authorization, api_key = (_one_line(lines[AUTHORIZATION]), _one_line(lines[API_KEY]))
     presented, well_formed = presented_key(authorization, api_key)
-    if digest_of(presented) not in hashes or not well_formed:
-        raise OpenAIError(401, UNAUTHORIZED_MESSAGE, "invalid_request_error", "invalid_api_key")
+    return digest_of(presented) in ingress.key_hashes and well_formed
 
 
-def _one_line(values: list[str]) -> bytes | None:
+def _one_line(values: list[bytes]) -> bytes | None:
     """A header's value (None: not sent; ``b""``: sent twice, which opens nothing)."""
     if not values:
         return None
-    return values[0].encode("latin-1") if len(values) == 1 else b""
+    return values[0] if len(values) == 1 else b""
 
 
-api = FastAPI(title="OpenAI-compatible API", summary="app_toolkit.llm", dependencies=[Depends(_api_key)])
+api = FastAPI(title="OpenAI-compatible API", summary="app_toolkit.llm")
 errors.install(api)
+api.add_middleware(_KeyGuard)
 
 
 @tk.ingress(api)
