@@ -22,7 +22,7 @@ def test_the_front_cost_benchmark_measures_every_mode_and_feature_switch() -> No
     )
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
-    modes = ["bare", "replica", "direct", "floor", "wire-bare", "wire-direct"]
+    modes = ["bare", "replica", "direct", "direct-keys", "floor", "wire-bare", "wire-direct"]
     assert [line.split()[0] for line in lines] == modes
     for line in lines:
         found = re.search(r"([\d.]+) us per request", line)
