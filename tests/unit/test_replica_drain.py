@@ -209,7 +209,10 @@ async def test_streams_and_websockets_run_to_the_deadline_and_end_as_their_clien
         b"event: drain\r\ndata: server is shutting down; reconnect\r\nretry: 1000\r\n\r\n"
     )
     assert close_code(socket) == 1012 and socket.ended_at is not None and socket.ended_at - began >= GRACE_S
-    assert plain.ended_at is None and plain.body().count(b"x") > GRACE_S / 0.02 / 2  # ran meanwhile
+    # It ran on through the drain (when its last byte came, not how many: a loaded host may
+    # stall the loop for a second).
+    last_byte = max(at for at, answer in plain.answers if isinstance(answer, BodyChunk))
+    assert plain.ended_at is None and last_byte - began >= GRACE_S / 2
     # The drain did not wait out the moment for last events: they were written at once.
     assert GRACE_S <= took < GRACE_S + LONG_MOMENT_S / 2
 
