@@ -87,6 +87,9 @@ def _nothing() -> None:
 class _OneRoute:
     """The proxy's table subscriber, with the bench app at ``/`` and nothing else."""
 
+    #: No controller: keys' limits (none here) would be kept by the front on its own.
+    take_quota = None
+
     def __init__(self, deployment: DeploymentID) -> None:
         self._table = ApplicationTable((RouteInfo("/", "bench", deployment),))
 

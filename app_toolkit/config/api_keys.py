@@ -40,6 +40,21 @@ class APIKey(Strict):
     expires_at: datetime | None = Field(
         None, description="When the key stops opening (ISO 8601; no zone: UTC). Unset: never."
     )
+    requests_per_window: int | None = Field(
+        None,
+        ge=1,
+        description="Requests (and WebSockets) the key may send per window, all proxies and "
+        "ingress replicas together; more get 429 with Retry-After. Unset: no limit.",
+    )
+    max_concurrent_requests: int | None = Field(
+        None,
+        ge=1,
+        description="Requests (and WebSockets) of the key in progress at once, cluster-wide; "
+        "more get 429. Unset: no limit.",
+    )
+    window_s: float = Field(
+        60.0, gt=0, le=86400, description="Length of the key's limit window in seconds (a minute)."
+    )
 
     @field_validator("expires_at")
     @classmethod
@@ -55,6 +70,11 @@ class APIKey(Strict):
     def digest_of_hash(stored: str) -> bytes:
         """The SHA-256 a stored ``sha256:<hex>`` names."""
         return bytes.fromhex(stored.removeprefix(_HASH_PREFIX))
+
+    @property
+    def limited(self) -> bool:
+        """The key has a limit the fronts keep."""
+        return self.requests_per_window is not None or self.max_concurrent_requests is not None
 
     @property
     def expires_s(self) -> float | None:
@@ -121,7 +141,7 @@ def check_unique(keys: tuple[APIKey, ...]) -> None:
 
 
 def read_keys_file(path: str) -> tuple[APIKey, ...]:
-    """The keys in the YAML file at ``path``: a list of ``{name, hash, expires_at}``, or
+    """The keys in the YAML file at ``path``: a list of ``{name, hash, expires_at, limits}``, or
     a mapping with that list under ``keys``. ConfigError naming the file if it cannot be
     read or is not such a list."""
     try:
@@ -143,7 +163,10 @@ def read_keys_file(path: str) -> tuple[APIKey, ...]:
         check_unique(keys)
     except ValidationError as exc:
         raise ConfigError(
-            explain(exc, f"API keys file {path!r} (a list of name, hash, expires_at)")
+            explain(
+                exc,
+                f"API keys file {path!r} (a list of name, hash and optional expires_at and limits)",
+            )
         ) from None
     except ValueError as exc:
         raise ConfigError(f"The API keys file {path!r}: {exc}") from None

@@ -39,6 +39,7 @@ from ray.cluster_utils import Cluster
 
 import app_toolkit as tk
 from app_toolkit._runtime.backends.ray.cluster import NAMESPACE, PROXY_PREFIX
+from app_toolkit.config.api_keys import key_hash, new_key
 from tests import plain_http
 from tests.apps.ray_only import make_where_app
 from tests.waiting import wait_for
@@ -51,6 +52,19 @@ AFTER_RECOVERY_S = 2.0
 RAY_DRAIN_S = 30.0
 #: The graceful_shutdown_timeout_s of the replicas on the node that leaves.
 GRACE_S = 2.0
+#: API keys: one without limits for the load, one limited to LIMIT requests per window.
+OPEN_KEY, LIMITED_KEY = new_key(), new_key()
+OPEN = {"authorization": f"Bearer {OPEN_KEY}"}
+LIMIT, LIMIT_WINDOW_S = 20, 10.0
+KEYS = [
+    {"name": "load", "hash": key_hash(OPEN_KEY)},
+    {
+        "name": "limited",
+        "hash": key_hash(LIMITED_KEY),
+        "requests_per_window": LIMIT,
+        "window_s": LIMIT_WINDOW_S,
+    },
+]
 
 
 @dataclass
@@ -68,7 +82,7 @@ def _load(url: str, stop: threading.Event, outcomes: list[Outcome]) -> None:
     while not stop.is_set():
         started = time.monotonic()
         try:
-            response = plain_http.get(url, timeout=10)
+            response = plain_http.get(url, timeout=10, headers=OPEN)
             status, node = (
                 response.status_code,
                 response.json().get("node", "") if response.status_code == 200 else "",
@@ -82,9 +96,35 @@ def _load(url: str, stop: threading.Event, outcomes: list[Outcome]) -> None:
 def _fresh_status(url: str) -> int:
     """One request on a new connection (the kernel picks which proxy accepts it)."""
     try:
-        return plain_http.get(url, timeout=10).status_code
+        return plain_http.get(url, timeout=10, headers=OPEN).status_code
     except httpx.HTTPError:
         return 0
+
+
+def _limited(url: str, proxies: dict[str, Any]) -> dict[str, Any]:
+    """Three times a key's limit of requests in one of its windows, on fresh connections
+    (spread over both proxies, and the ingress replicas the head's proxy hands them to):
+    what was served, what was refused, and each proxy's share."""
+    before = {node: ray.get(actor.stats.remote()) for node, actor in proxies.items()}
+    time.sleep(LIMIT_WINDOW_S - time.time() % LIMIT_WINDOW_S + 0.05)  # the ledger's window starts
+    started = time.monotonic()
+    answers = [plain_http.get(url, timeout=10, headers={"x-api-key": LIMITED_KEY}) for _ in range(3 * LIMIT)]
+    refused = [answer for answer in answers if answer.status_code == 429]
+    return {
+        "elapsed_s": round(time.monotonic() - started, 2),
+        "served": sum(answer.status_code == 200 for answer in answers),
+        "refused": len(refused),
+        "headers": [
+            {name: answer.headers.get(name) for name in ("retry-after", "x-ratelimit-limit-requests")}
+            for answer in refused
+        ],
+        "connections": {
+            node: sum(
+                ray.get(actor.stats.remote())[key] - before[node][key] for key in ("handed_off", "served")
+            )
+            for node, actor in proxies.items()
+        },
+    }
 
 
 #: When each phase of the scenario ended, in seconds since it started (the test prints them).
@@ -123,7 +163,7 @@ def main() -> None:
         tk.shutdown()
         _phase("head-only proxies")
 
-        session = tk.start(http_options={"port": 0, "access_log": False})
+        session = tk.start(http_options={"port": 0, "access_log": False, "api_keys": KEYS})
         tk.run(make_where_app(), name="where", route_prefix="/")
         healthy = lambda: list(session.status().proxies.values()) == [tk.ProxyStatus.HEALTHY] * 2  # noqa: E731 - a condition
         wait_for(healthy, 60, "a proxy serving on each node")  # each STARTING first
@@ -185,6 +225,8 @@ def main() -> None:
             }
             for node, actor in proxies.items()
         }
+        result["limited"] = _limited(url, proxies)
+        _phase("a key's limit over two proxies")
         result["replica_nodes_after"] = sorted(
             r.node_id for d in status.applications["where"].deployments.values() for r in d.replicas
         )

@@ -3,9 +3,12 @@ backend, with keys in the options and in a keys file, read by httpx and websocke
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import logging
 import re
 import socket
+import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from datetime import UTC, datetime, timedelta
@@ -28,6 +31,9 @@ from tests.deployments import as_deployment
 ALICE = new_key()
 OLD = new_key()  # expired
 BOB = new_key()  # only in the file, later
+LIMITED = new_key()  # 2 requests per 4-s window
+SINGLE = new_key()  # 1 request at a time
+WINDOW_S = 4.0
 
 api = FastAPI()
 REACHED: list[str] = []  # the method of every request its routes saw (local backend: this process)
@@ -56,6 +62,21 @@ async def who(name: str | None = Depends(tk.api_key_name)) -> dict[str, str | No
 @tk.open_route
 async def sign_in(name: str | None = Depends(tk.api_key_name)) -> dict[str, object]:
     return {"open": True, "key": name}
+
+
+@api.get("/v1/models")
+async def models() -> dict[str, object]:
+    return {"object": "list", "data": []}
+
+
+RELEASE = threading.Event()  # /hold answers once it is set (local backend: this process)
+HOLDING = threading.Event()
+
+
+@api.get("/hold")
+async def hold() -> dict[str, bool]:
+    HOLDING.set()
+    return {"released": await asyncio.to_thread(RELEASE.wait, 30)}
 
 
 @api.websocket("/live")
@@ -89,6 +110,13 @@ def keyed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]
             "api_keys": [
                 {"name": "alice", "hash": key_hash(ALICE)},
                 {"name": "old", "hash": key_hash(OLD), "expires_at": expired},
+                {
+                    "name": "limited",
+                    "hash": key_hash(LIMITED),
+                    "requests_per_window": 2,
+                    "window_s": WINDOW_S,
+                },
+                {"name": "single", "hash": key_hash(SINGLE), "max_concurrent_requests": 1},
             ],
             "api_keys_file": str(keys_file),
         },
@@ -261,5 +289,77 @@ def test_the_official_openai_client_sends_its_key_as_the_front_reads_it(keyed: t
         wrong.models.list()
     assert refused.value.status_code == 401 and refused.value.code == "invalid_api_key"
     right = openai.OpenAI(base_url=f"{url}/v1", api_key=ALICE, max_retries=0)
-    with pytest.raises(openai.NotFoundError):  # let in: this app has no /v1/models
-        right.models.list()
+    assert right.models.list().data == []
+
+
+def _window_start() -> None:
+    """Wait for the start of a limit window (the ledger's windows start at multiples of
+    their length of the clock this process shares with it), so the test's requests fall in
+    one window."""
+    time.sleep(WINDOW_S - time.time() % WINDOW_S + 0.05)
+
+
+def _rate_limited(client: httpx.Client, key: str, limit: str) -> float:
+    page = client.get("/-/metrics").text
+    found = re.search(
+        rf'^app_toolkit_api_key_rate_limited_total\{{key="{key}",limit="{limit}"\}} (\S+)$', page, re.M
+    )
+    return float(found[1]) if found else 0.0
+
+
+def test_requests_over_a_keys_window_get_429_with_openais_headers(keyed: tuple[str, Path]) -> None:
+    url, _ = keyed
+    with httpx.Client(base_url=url, timeout=10, headers={"x-api-key": LIMITED}) as client:
+        _window_start()
+        assert [client.get("/who").status_code for _ in range(2)] == [200, 200]
+        reached = len(REACHED)
+        over = client.get("/who")
+        assert over.status_code == 429 and len(REACHED) == reached  # no app saw it
+        assert over.json()["error"]["code"] == "rate_limit_exceeded"
+        assert over.headers["x-ratelimit-limit-requests"] == "2"
+        assert over.headers["x-ratelimit-remaining-requests"] == "0"
+        assert 1 <= int(over.headers["retry-after"]) <= WINDOW_S
+        assert re.fullmatch(r"\d+(ms|s)", over.headers["x-ratelimit-reset-requests"])
+        assert over.headers["x-request-id"]
+        # A WebSocket is a request of the key too: refused before it is accepted.
+        with pytest.raises(InvalidStatus) as refused:
+            connect(
+                url.replace("http", "ws") + "/live",
+                additional_headers={"x-api-key": LIMITED},
+                open_timeout=10,
+            )
+        assert refused.value.response.status_code == 429
+        assert _rate_limited(client, "limited", "requests") >= 2
+        # Another key has its own count.
+        assert client.get("/who", headers={"x-api-key": ALICE}).status_code == 200
+
+
+def test_the_openai_client_waits_out_a_429_and_its_retry_succeeds(keyed: tuple[str, Path]) -> None:
+    url, _ = keyed
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key=LIMITED, max_retries=2)
+    with httpx.Client(base_url=url) as plain:
+        _window_start()
+        limited_before = _rate_limited(plain, "limited", "requests")
+        started = time.monotonic()
+        for _ in range(3):  # the third waits for the next window and gets in then
+            assert client.models.list().data == []
+        assert _rate_limited(plain, "limited", "requests") == limited_before + 1
+    assert time.monotonic() - started >= WINDOW_S - 1  # it waited for Retry-After
+
+
+def test_concurrent_requests_over_a_keys_limit_get_429_until_one_ends(keyed: tuple[str, Path]) -> None:
+    url, _ = keyed
+    HOLDING.clear()
+    RELEASE.clear()
+    with httpx.Client(base_url=url, timeout=30, headers={"x-api-key": SINGLE}) as client:
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            first = pool.submit(client.get, "/hold")
+            assert HOLDING.wait(10)
+            over = client.get("/who")
+            assert over.status_code == 429 and over.headers["retry-after"] == "1"
+            assert "at most 1 at once" in over.json()["error"]["message"]
+            assert "x-ratelimit-limit-requests" not in over.headers  # no window limit
+            RELEASE.set()
+            assert first.result(timeout=30).json() == {"released": True}
+        assert client.get("/who").json() == {"key": "single"}
+        assert _rate_limited(client, "single", "concurrent") >= 1

@@ -47,6 +47,7 @@ from app_toolkit._runtime.controller.rollout import new_rollout
 from app_toolkit._runtime.controller.status_view import serve_status
 from app_toolkit._runtime.controller.traffic import TrafficPolicy
 from app_toolkit._runtime.messages import AppSpec, DeploymentID
+from app_toolkit._runtime.quotas import QuotaAsk, QuotaGrant, QuotaLedger
 from app_toolkit._runtime.request_context import ReplicaRank
 from app_toolkit._runtime.tables import (
     APPLICATIONS_KEY,
@@ -125,6 +126,7 @@ class ControllerCore:
         self.desired = DesiredState(self, self._due)
         #: What callers and replicas report, taken where it counts (controller/reports.py).
         self.reports = ReportIntake(self, self._move_rollouts, self._wake.set)
+        self.quotas = QuotaLedger(time.time)  # API keys' limits, for every front
         controller_metrics.track(self)
 
     # ------------------------------------------------------------------ lifecycle
@@ -258,6 +260,9 @@ class ControllerCore:
 
     async def record_load(self, caller: str, loads: Loads, outcomes: Outcomes = ()) -> None:
         self.reports.record_load(caller, loads, outcomes)
+
+    async def take_quota(self, front: str, asks: tuple[QuotaAsk, ...]) -> tuple[QuotaGrant, ...]:
+        return self.quotas.take(front, asks)
 
     async def app_exists(self, name: str) -> bool:
         return name in self.apps or any(d.app == name for d in self.deployments)

@@ -23,6 +23,7 @@ from app_toolkit._runtime.front.channel_upstream import ChannelUpstream
 from app_toolkit._runtime.front.cycle import FrontRules, HTTPCycle
 from app_toolkit._runtime.front.dashboard import Dashboard, StatusSource
 from app_toolkit._runtime.front.key_check import KeyRing, preflight, unauthorized
+from app_toolkit._runtime.front.key_limits import KeyLimits
 from app_toolkit._runtime.front.metrics_page import Gather
 from app_toolkit._runtime.front.pages import ToolkitPages
 from app_toolkit._runtime.front.path_match import AppMatcher, match_app, route_path
@@ -57,6 +58,8 @@ class HTTPFront:
         self.placement = Placement(subscriber, channel, local)
         self.local = local
         self.keys = KeyRing(http) if http.keys_required else None
+        # Keys' limits are asked of the controller's ledger (only keys carry limits).
+        self.limits = KeyLimits(subscriber.take_quota if self.keys is not None else None)
         # Snapshots for /-/metrics and the dashboard: this process's, unless the backend
         # knows more (a node's, a cluster's).
         gather = gather or _this_process
@@ -92,6 +95,7 @@ class HTTPFront:
     def close(self) -> None:
         """The server is stopping: end the streams the proxy itself keeps open."""
         self.dashboard.close()
+        self.limits.close()
         self.flush_logs()
 
     def flush_logs(self) -> None:
@@ -119,10 +123,19 @@ class HTTPFront:
             cycle = HTTPCycle(scope, receive, send, self.rules, matched, path)
             if cycle.deployment is None:
                 await cycle.run(self.pages)
-            elif self.keys is not None and (early := self._at_the_door(self.keys, scope, cycle)) is not None:
-                await cycle.refuse(early)
-            else:
+            elif self.keys is None:
                 await cycle.run(self.placement.choose(cycle.deployment, cycle.headers))
+            elif (early := self._at_the_door(self.keys, scope, cycle)) is not None:
+                await cycle.refuse(early)
+            elif (limits := self.keys.limits(scope)) is None:
+                await cycle.run(self.placement.choose(cycle.deployment, cycle.headers))
+            elif (over := await self.limits.enter(limits, cycle.request_id)) is not None:
+                await cycle.refuse(over)
+            else:
+                try:
+                    await cycle.run(self.placement.choose(cycle.deployment, cycle.headers))
+                finally:
+                    self.limits.leave(limits)
         elif kind == "websocket":
             path = route_path(scope)
             matched = match_app(self.apps, path) if self.loaded else None
@@ -131,14 +144,20 @@ class HTTPFront:
                 matched.target("websocket", None, path) if matched is not None else _NOWHERE
             )
             socket = SocketCycle(scope, receive, send, self.http, headers, matched, deployment)
-            if (
-                deployment is not None
-                and self.keys is not None
-                and not self.keys.admits(scope, headers, keyless)
-            ):
-                await socket.refuse_key()
+            choose = self.placement.choose if self.loaded else None
+            if deployment is None or self.keys is None:
+                await socket.run(choose)
+            elif not self.keys.admits(scope, headers, keyless):
+                await socket.deny(unauthorized(socket.request_id))
+            elif (limits := self.keys.limits(scope)) is None:
+                await socket.run(choose)
+            elif (over := await self.limits.enter(limits, socket.request_id)) is not None:
+                await socket.deny(over)
             else:
-                await socket.run(self.placement.choose if self.loaded else None)
+                try:
+                    await socket.run(choose)
+                finally:
+                    self.limits.leave(limits)
         elif kind == "lifespan":
             await _lifespan(receive, send)
 

@@ -37,6 +37,7 @@ from starlette.types import Scope
 
 from app_toolkit import metrics
 from app_toolkit._runtime.answers import json_answer
+from app_toolkit._runtime.front.key_limits import Limits
 from app_toolkit._runtime.front.scope import (
     API_KEY_HEADER,
     API_KEY_NAME,
@@ -90,6 +91,7 @@ class KeyRing:
         self._path = http.api_keys_file
         self._digest = digest
         self._by_digest: dict[bytes, _Holder] = {}
+        self._limits: dict[str, Limits] = {}
         self._file_state: _FileState | None = None  # the file as last looked at
         self._next_look = 0.0
         self._load(())
@@ -106,6 +108,10 @@ class KeyRing:
         if not keyless:
             REFUSED.inc()
         return keyless
+
+    def limits(self, scope: MutableMapping[str, Any]) -> Limits | None:
+        """The limits of the key :meth:`admits` found for this request (None: none)."""
+        return self._limits.get(scope.get(API_KEY_NAME, "")) if self._limits else None
 
     def opens(self, head: bytes) -> bool:
         """Whether the request head at the start of ``head`` (peeked bytes: its request
@@ -166,7 +172,9 @@ class KeyRing:
         logger.info("API keys: %d from %s and the options", len(self._by_digest), self._path)
 
     def _load(self, from_file: tuple[APIKey, ...]) -> None:
-        self._by_digest = {key.digest: _Holder(key.name, key.expires_s) for key in (*self._given, *from_file)}
+        keys = (*self._given, *from_file)
+        self._by_digest = {key.digest: _Holder(key.name, key.expires_s) for key in keys}
+        self._limits = {key.name: limits for key in keys if (limits := Limits.of(key)) is not None}
 
 
 def preflight(scope: Scope, policy: CORSMiddleware | None) -> HTTPResponse | None:

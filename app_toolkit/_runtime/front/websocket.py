@@ -20,10 +20,9 @@ from starlette.types import Receive, Scope, Send
 
 from app_toolkit._runtime.answers import can_deny, denial, unavailable
 from app_toolkit._runtime.front import stream_metrics
-from app_toolkit._runtime.front.key_check import unauthorized
 from app_toolkit._runtime.front.path_match import AppMatcher
 from app_toolkit._runtime.front.scope import RequestHeaders
-from app_toolkit._runtime.messages import CLOSE_POLICY, CLOSE_TRY_AGAIN_LATER, DeploymentID
+from app_toolkit._runtime.messages import CLOSE_POLICY, CLOSE_TRY_AGAIN_LATER, DeploymentID, HTTPResponse
 from app_toolkit.config import HTTPOptions
 
 
@@ -71,13 +70,14 @@ class SocketCycle:
             return
         await choose(self.deployment, self.headers).websocket(self)  # its slot taken in this step
 
-    async def refuse_key(self) -> None:
-        """No valid API key: refused before it is accepted, with the 401 where the server
-        can send a denial response (else the server's 403)."""
+    async def deny(self, answer: HTTPResponse) -> None:
+        """Refused at the door (no valid API key: 401; over its key's limits: 429) before
+        it is accepted, with ``answer`` where the server can send a denial response (else
+        the server's 403)."""
         if (await self.receive())["type"] != "websocket.connect":
             return
         if can_deny(self.scope):
-            for message in denial(unauthorized(self.request_id)):
+            for message in denial(answer):
                 await self.send(message)
         else:
             await self.send({"type": "websocket.close", "code": CLOSE_POLICY})

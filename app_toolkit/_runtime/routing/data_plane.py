@@ -20,6 +20,7 @@ from typing import Generic, Protocol, TypeVar
 
 from app_toolkit._runtime.loop_thread import STOP_TIMEOUT_S, LoopThread, _Coroutine
 from app_toolkit._runtime.messages import DeploymentID, ReplicaInfo
+from app_toolkit._runtime.quotas import QuotaAsk, QuotaGrant
 from app_toolkit._runtime.routing.dispatcher import Dispatcher
 from app_toolkit._runtime.routing.replica_client import ReplicaClient
 from app_toolkit._runtime.routing.subscriber import TableSubscriber
@@ -45,6 +46,8 @@ class CallerLink(Protocol):
     async def listen(self, known: Versions, timeout_s: float) -> Updates: ...
 
     async def report_load(self, caller: str, loads: Loads, outcomes: Outcomes = ()) -> None: ...
+
+    async def take_quota(self, front: str, asks: tuple[QuotaAsk, ...]) -> tuple[QuotaGrant, ...]: ...
 
 
 class InFlight:
@@ -171,6 +174,7 @@ class DataPlane:
                 self._link.connect,
                 self._link.report_load,
                 lost_error=self._link.lost_error,
+                take_quota=self._link.take_quota,
             )
         return self._subscriber
 

@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Callable
 
 from app_toolkit._runtime.messages import DeploymentID
+from app_toolkit._runtime.quotas import TakeQuota
 from app_toolkit._runtime.routing.dispatcher import Dispatcher
 from app_toolkit._runtime.routing.replica_client import Connect
 from app_toolkit._runtime.tables import (
@@ -60,8 +61,11 @@ class TableSubscriber:
         report: ReportLoad | None = None,
         *,
         lost_error: type[RequestLostError],
+        take_quota: TakeQuota | None = None,
     ) -> None:
         self._listen = listen
+        #: How this caller's fronts take their API keys' limits from the controller's ledger.
+        self.take_quota = take_quota
         self._connect = connect
         self._lost_error = lost_error
         self._report = report

@@ -1,0 +1,126 @@
+"""API key limits, as one ledger keeps them for the whole cluster.
+
+Every front (each node's proxy, each ingress replica serving handed-off connections)
+takes what it may admit from the ledger, which the controller holds, so a key's limits
+hold across all of them:
+
+- **Requests per window.** A front asks for a few requests of a key's window at a time
+  (:class:`QuotaAsk.want`) and admits them on its own until they are spent. The ledger
+  never grants more than the limit in a window, so a key is never over it; what a front
+  was granted and did not use when the window ends is lost (the key gets a little less,
+  bounded by what the fronts hold). Windows are the ledger's: they start at multiples of
+  ``window_s`` of its clock, and a grant says how long its window has left.
+- **Concurrent requests.** A front holds slots of a key (as many as its requests of that
+  key in progress) and says how many it wants to hold with each ask; the ledger grants
+  what the key's other holders leave. A holding is a lease: a front renews it while it
+  holds slots, and a front that stops renewing (its process lost) gives them back after
+  :data:`LEASE_S`.
+
+The ledger lives in memory: a controller that restarts starts every key's window afresh,
+so in the window it restarts a key may be sent up to twice its limit. A front that cannot
+reach the controller keeps its own ledger until it can (each front is then one key's
+whole limit: the worst case is the limit times the fronts).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+#: How long a front's holding of a key's slots lasts unless it is renewed.
+LEASE_S = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaAsk:
+    """What one front asks of one key's limits: ``want`` more requests of the key's
+    window (limit ``requests`` per ``window_s``; 0: no such limit), and to hold ``slots``
+    of its ``concurrent`` slots in all (0 limit: no such limit)."""
+
+    key: str
+    window_s: float
+    requests: int
+    want: int
+    concurrent: int
+    slots: int
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaGrant:
+    """The ledger's answer: ``requests`` granted of the window (which ends in
+    ``reset_in_s`` and has ``remaining`` left after this grant), and the ``slots`` the
+    front now holds."""
+
+    requests: int
+    remaining: int
+    reset_in_s: float
+    slots: int
+
+
+#: How a front reaches the ledger: its id and its asks, one per key.
+TakeQuota = Callable[[str, tuple[QuotaAsk, ...]], Awaitable[tuple[QuotaGrant, ...]]]
+
+
+@dataclass(slots=True)
+class _Window:
+    index: int = -1
+    used: int = 0
+
+
+@dataclass(slots=True)
+class _Slots:
+    #: front -> (slots held, when the lease ends)
+    held: dict[str, tuple[int, float]] = field(default_factory=dict)
+
+
+class QuotaLedger:
+    """Every key's requests used in its current window, and who holds its slots.
+    ``clock``: wall-clock seconds (windows start at multiples of their length)."""
+
+    def __init__(self, clock: Callable[[], float]) -> None:
+        self._clock = clock
+        self._windows: dict[tuple[str, float], _Window] = {}
+        self._slots: dict[str, _Slots] = {}
+
+    def take(self, front: str, asks: tuple[QuotaAsk, ...]) -> tuple[QuotaGrant, ...]:
+        """Grant each ask what its key's limits leave."""
+        now = self._clock()
+        return tuple(self._take_one(front, ask, now) for ask in asks)
+
+    def _take_one(self, front: str, ask: QuotaAsk, now: float) -> QuotaGrant:
+        granted = remaining = 0
+        reset_in = ask.window_s
+        if ask.requests > 0:
+            index = math.floor(now / ask.window_s)
+            window = self._windows.setdefault((ask.key, ask.window_s), _Window())
+            if window.index != index:
+                window.index, window.used = index, 0
+            granted = max(0, min(ask.want, ask.requests - window.used))
+            window.used += granted
+            remaining = max(0, ask.requests - window.used)
+            reset_in = (index + 1) * ask.window_s - now
+        slots = self._hold(front, ask, now) if ask.concurrent > 0 else ask.slots
+        return QuotaGrant(granted, remaining, reset_in, slots)
+
+    def _hold(self, front: str, ask: QuotaAsk, now: float) -> int:
+        holders = self._slots.setdefault(ask.key, _Slots())
+        for other, (_, until) in list(holders.held.items()):
+            if until <= now:
+                del holders.held[other]
+        others = sum(count for other, (count, _) in holders.held.items() if other != front)
+        holding = max(0, min(ask.slots, ask.concurrent - others))
+        if holding:
+            holders.held[front] = (holding, now + LEASE_S)
+        else:
+            holders.held.pop(front, None)
+            if not holders.held:
+                del self._slots[ask.key]
+        return holding
+
+    def forget(self, keep_windows_s: float = 3600.0) -> None:
+        """Drop windows that ended more than ``keep_windows_s`` ago (keys no longer used)."""
+        now = self._clock()
+        for where, window in list(self._windows.items()):
+            if (window.index + 1) * where[1] + keep_windows_s < now:
+                del self._windows[where]

@@ -1,0 +1,188 @@
+"""API keys' limits: the cluster's ledger (``_runtime/quotas.py``) and one front's share of
+it (``front/key_limits.py``), with a clock the tests move."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+
+import pytest
+
+from app_toolkit._runtime.front.key_limits import KeyLimits, Limits, reset_text
+from app_toolkit._runtime.quotas import LEASE_S, QuotaAsk, QuotaGrant, QuotaLedger
+from app_toolkit.config import parse_http_options
+from app_toolkit.config.api_keys import APIKey, key_hash, new_key
+from app_toolkit.exceptions import ConfigError
+
+
+class Clock:
+    def __init__(self, now: float = 1000.0) -> None:
+        self.now = now
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _requests(want: int, limit: int = 10, window_s: float = 10.0) -> QuotaAsk:
+    return QuotaAsk("k", window_s, limit, want, 0, 0)
+
+
+def _slots(held: int, limit: int = 3) -> QuotaAsk:
+    return QuotaAsk("k", 60.0, 0, 0, limit, held)
+
+
+def test_the_ledger_never_grants_more_than_a_windows_limit_whatever_the_fronts() -> None:
+    clock = Clock(1003.0)  # 3 s into the window [1000, 1010)
+    ledger = QuotaLedger(clock)
+    (first,) = ledger.take("a", (_requests(4),))
+    assert (first.requests, first.remaining) == (4, 6)
+    assert first.reset_in_s == pytest.approx(7.0)
+    (second,) = ledger.take("b", (_requests(8),))
+    assert (second.requests, second.remaining) == (6, 0)  # what was left, not what was asked
+    assert ledger.take("a", (_requests(1),))[0].requests == 0
+    clock.now = 1010.0  # the next window: the count starts again
+    (fresh,) = ledger.take("a", (_requests(3),))
+    assert (fresh.requests, fresh.remaining) == (3, 7)
+    assert fresh.reset_in_s == pytest.approx(10.0)
+    # Another window length is another count.
+    assert ledger.take("a", (_requests(5, window_s=60.0),))[0].requests == 5
+
+
+def test_slots_are_shared_between_fronts_and_a_lost_fronts_lease_ends() -> None:
+    clock = Clock()
+    ledger = QuotaLedger(clock)
+    assert ledger.take("a", (_slots(2),))[0].slots == 2
+    assert ledger.take("b", (_slots(2),))[0].slots == 1  # the limit is 3 in all
+    assert ledger.take("a", (_slots(0),))[0].slots == 0  # a gives its slots back
+    assert ledger.take("b", (_slots(3),))[0].slots == 3
+    assert ledger.take("a", (_slots(1),))[0].slots == 0
+    clock.now += LEASE_S + 0.1  # b stopped renewing (its process lost): its lease ends
+    assert ledger.take("a", (_slots(3),))[0].slots == 3
+
+
+class Ledger:
+    """The controller's ledger behind a call that can be made to fail, counting the asks."""
+
+    def __init__(self) -> None:
+        self.ledger = QuotaLedger(Clock())
+        self.asks: list[QuotaAsk] = []
+        self.down = False
+
+    async def take(self, front: str, asks: tuple[QuotaAsk, ...]) -> tuple[QuotaGrant, ...]:
+        await asyncio.sleep(0.001)  # an actor call's round trip
+        if self.down:
+            raise ConnectionError("the controller is gone")
+        self.asks.extend(asks)
+        return self.ledger.take(front, asks)
+
+
+def test_requests_over_a_window_get_429_with_openais_headers() -> None:
+    ledger = Ledger()
+    limits = Limits("alice", 60.0, 10, 0)
+
+    async def main() -> list[object]:
+        fronts = KeyLimits(ledger.take), KeyLimits(ledger.take)
+        answers = await asyncio.gather(*(fronts[i % 2].enter(limits, f"r{i}") for i in range(40)))
+        for front in fronts:
+            front.close()
+        return list(answers)
+
+    answers = asyncio.run(main())
+    admitted = [answer for answer in answers if answer is None]
+    refused = [answer for answer in answers if answer is not None]
+    assert len(admitted) == 10  # two fronts, one window: the limit and no more
+    assert len(ledger.asks) <= 8  # asks for waiting requests go together
+    refusal = refused[0]
+    assert refusal is not None and refusal.status == 429  # type: ignore[attr-defined]
+    headers = dict(refusal.headers)  # type: ignore[attr-defined]
+    assert headers[b"x-ratelimit-limit-requests"] == b"10"
+    assert headers[b"x-ratelimit-remaining-requests"] == b"0"
+    assert headers[b"x-ratelimit-reset-requests"] == b"20s"  # the window [960, 1020) of the clock
+    assert headers[b"retry-after"] == b"20"
+    error = json.loads(refusal.body)["error"]  # type: ignore[attr-defined]
+    assert (error["code"], error["type"]) == ("rate_limit_exceeded", "requests")
+    assert "10 per 60 s" in error["message"] and "alice" in error["message"]
+
+
+def test_a_busy_key_takes_more_per_ask_and_the_window_is_never_passed() -> None:
+    ledger = Ledger()
+    limits = Limits("busy", 60.0, 1000, 0)
+
+    async def main() -> int:
+        front = KeyLimits(ledger.take)
+        admitted = 0
+        for i in range(1200):  # one at a time: no request waits beside another
+            admitted += await front.enter(limits, str(i)) is None
+        front.close()
+        return admitted
+
+    assert asyncio.run(main()) == 1000
+    assert len(ledger.asks) < 60  # not one ask per request
+
+
+def test_concurrent_requests_over_the_limit_get_429_until_one_ends() -> None:
+    ledger = Ledger()
+    limits = Limits("single", 60.0, 0, 1)
+
+    async def main() -> None:
+        front, other = KeyLimits(ledger.take), KeyLimits(ledger.take)
+        assert await front.enter(limits, "a") is None
+        refusal = await other.enter(limits, "b")  # the slot is held on the first front
+        assert refusal is not None and refusal.status == 429
+        headers = dict(refusal.headers)
+        assert headers[b"retry-after"] == b"1"
+        assert b"x-ratelimit-limit-requests" not in headers  # no request limit to tell of
+        assert "at most 1 at once" in json.loads(refusal.body)["error"]["message"]
+        front.leave(limits)
+        for _ in range(50):  # the slot goes back to the ledger
+            await asyncio.sleep(0.002)
+            if ledger.ledger.take("probe", (QuotaAsk("single", 60.0, 0, 0, 1, 0),))[0].slots == 0:
+                break
+        await asyncio.sleep(0.06)  # a refused slot is not asked for again at once
+        assert await other.enter(limits, "c") is None
+        other.leave(limits)
+        front.close()
+        other.close()
+
+    asyncio.run(main())
+
+
+def test_a_front_that_cannot_reach_the_controller_keeps_the_limits_itself(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    ledger = Ledger()
+    ledger.down = True
+    limits = Limits("alice", 60.0, 3, 0)
+
+    async def main() -> list[bool]:
+        front = KeyLimits(ledger.take)
+        admitted = [await front.enter(limits, str(i)) is None for i in range(5)]
+        front.close()
+        return admitted
+
+    with caplog.at_level(logging.WARNING, "app_toolkit.proxy"):
+        assert asyncio.run(main()) == [True, True, True, False, False]
+    warnings = [r.getMessage() for r in caplog.records if "did not answer" in r.getMessage()]
+    assert len(warnings) == 1 and "ConnectionError" in warnings[0]
+
+
+def test_reset_times_read_as_openais() -> None:
+    assert [reset_text(s) for s in (0.0, 0.85, 1.0, 12.2, 360.0, 3723.0)] == [
+        "0ms",
+        "850ms",
+        "1s",
+        "13s",
+        "6m0s",
+        "1h2m3s",
+    ]
+
+
+def test_limits_are_options_of_a_key() -> None:
+    key = APIKey(name="a", hash=key_hash(new_key()), requests_per_window=5, window_s=10)
+    assert Limits.of(key) == Limits("a", 10.0, 5, 0)
+    assert Limits.of(APIKey(name="b", hash=key_hash(new_key()))) is None
+    for wrong in ({"requests_per_window": 0}, {"max_concurrent_requests": -1}, {"window_s": 0}):
+        with pytest.raises(ConfigError) as raised:
+            parse_http_options({"api_keys": [{"name": "a", "hash": key_hash(new_key()), **wrong}]})
+        assert next(iter(wrong)) in str(raised.value)
