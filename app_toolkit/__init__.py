@@ -25,7 +25,14 @@ from app_toolkit.config import (
     LoggingConfig,
     RayActorOptions,
 )
-from app_toolkit.context import ReplicaContext, ReplicaRank, api_key_name, get_replica_context, get_request_id
+from app_toolkit.context import (
+    ReplicaContext,
+    ReplicaRank,
+    api_key_name,
+    charge_tokens,
+    get_replica_context,
+    get_request_id,
+)
 from app_toolkit.dependencies import Depends
 from app_toolkit.deployment import Application, Deployment, deployment
 from app_toolkit.event_log import (
@@ -133,6 +140,7 @@ __all__ = [
     "WriterReplaced",
     "api_key_name",
     "batch",
+    "charge_tokens",
     "deadline",
     "delete",
     "deployment",

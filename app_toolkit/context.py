@@ -1,11 +1,12 @@
 """Where the current code runs: ``get_replica_context()`` inside a replica,
-``get_request_id()`` while it serves a request, and ``api_key_name(request)``: who called."""
+``get_request_id()`` while it serves a request, ``api_key_name(request)``: who called, and
+``charge_tokens(request, n)``: what the caller's key is charged."""
 
 from __future__ import annotations
 
 from starlette.requests import HTTPConnection
 
-from app_toolkit._runtime import request_context
+from app_toolkit._runtime import request_context, token_charges
 from app_toolkit._runtime.front.scope import API_KEY_NAME
 from app_toolkit._runtime.request_context import ReplicaContext, ReplicaRank
 from app_toolkit.replica_id import ReplicaID
@@ -15,6 +16,7 @@ __all__ = [
     "ReplicaID",
     "ReplicaRank",
     "api_key_name",
+    "charge_tokens",
     "get_replica_context",
     "get_request_id",
 ]
@@ -51,3 +53,17 @@ def api_key_name(connection: HTTPConnection) -> str | None:
     dependency: ``name: str | None = Depends(tk.api_key_name)``."""
     name = connection.scope.get(API_KEY_NAME)
     return name if isinstance(name, str) else None
+
+
+def charge_tokens(connection: HTTPConnection, tokens: int) -> None:
+    """Charge ``tokens`` to the API key the request presented, against its
+    ``tokens_per_window`` (``http_options.api_keys``): once a window's tokens are used, the
+    key's requests get 429 until it ends. For an app whose replies use tokens (or any unit
+    of cost) as it counts them; ``app_toolkit.llm`` charges each reply's prompt and
+    completion tokens by itself. Charges gather for a tenth of a second and go to the
+    controller together; nothing happens without a key (or outside a running toolkit)."""
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
+        raise ValueError(f"tokens must be a whole number, 0 or more (got {tokens!r})")
+    name = connection.scope.get(API_KEY_NAME)
+    if isinstance(name, str) and tokens:
+        token_charges.CHARGES.add(name, tokens)

@@ -67,6 +67,7 @@ EXPECTED = [
     "WriterReplaced",
     "api_key_name",
     "batch",
+    "charge_tokens",
     "deadline",
     "delete",
     "deployment",

@@ -10,6 +10,10 @@ hold across all of them:
   was granted and did not use when the window ends is lost (the key gets a little less,
   bounded by what the fronts hold). Windows are the ledger's: they start at multiples of
   ``window_s`` of its clock, and a grant says how long its window has left.
+- **Tokens per window** (LLM apps). What a reply used is charged to its key's window
+  where the reply ends (``app_toolkit.charge_tokens``), and every ask is told how many the
+  window has used: a front admits a key's requests while that count, as it last heard it,
+  is under the limit.
 - **Concurrent requests.** A front holds slots of a key (as many as its requests of that
   key in progress) and says how many it wants to hold with each ask; the ledger grants
   what the key's other holders leave. A holding is a lease: a front renews it while it
@@ -36,7 +40,8 @@ LEASE_S = 10.0
 class QuotaAsk:
     """What one front asks of one key's limits: ``want`` more requests of the key's
     window (limit ``requests`` per ``window_s``; 0: no such limit), and to hold ``slots``
-    of its ``concurrent`` slots in all (0 limit: no such limit)."""
+    of its ``concurrent`` slots in all (0 limit: no such limit); with a ``tokens`` limit,
+    the window's count of tokens comes back."""
 
     key: str
     window_s: float
@@ -44,28 +49,38 @@ class QuotaAsk:
     want: int
     concurrent: int
     slots: int
+    tokens: int = 0  # the key's tokens per window (0: no such limit)
 
 
 @dataclass(frozen=True, slots=True)
 class QuotaGrant:
     """The ledger's answer: ``requests`` granted of the window (which ends in
     ``reset_in_s`` and has ``remaining`` left after this grant), and the ``slots`` the
-    front now holds."""
+    front now holds; the window's tokens charged so far."""
 
     requests: int
     remaining: int
     reset_in_s: float
     slots: int
+    tokens_used: int = 0
 
 
-#: How a front reaches the ledger: its id and its asks, one per key.
-TakeQuota = Callable[[str, tuple[QuotaAsk, ...]], Awaitable[tuple[QuotaGrant, ...]]]
+#: Tokens to charge, by key name.
+Charges = tuple[tuple[str, int], ...]
+#: How a front reaches the ledger: its id and its asks, one per key (and charges).
+TakeQuota = Callable[[str, tuple[QuotaAsk, ...], Charges], Awaitable[tuple[QuotaGrant, ...]]]
 
 
 @dataclass(slots=True)
 class _Window:
     index: int = -1
     used: int = 0
+    tokens: int = 0
+
+    def now(self, index: int) -> _Window:
+        if self.index != index:
+            self.index, self.used, self.tokens = index, 0, 0
+        return self
 
 
 @dataclass(slots=True)
@@ -82,26 +97,37 @@ class QuotaLedger:
         self._clock = clock
         self._windows: dict[tuple[str, float], _Window] = {}
         self._slots: dict[str, _Slots] = {}
+        #: The window length of each key whose tokens are limited (as fronts ask).
+        self._token_window_s: dict[str, float] = {}
 
-    def take(self, front: str, asks: tuple[QuotaAsk, ...]) -> tuple[QuotaGrant, ...]:
-        """Grant each ask what its key's limits leave."""
+    def take(self, front: str, asks: tuple[QuotaAsk, ...], charges: Charges = ()) -> tuple[QuotaGrant, ...]:
+        """Charge ``charges`` to their keys' windows, then grant each ask what its key's
+        limits leave."""
         now = self._clock()
+        for key, tokens in charges:
+            window_s = self._token_window_s.get(key)
+            if window_s is not None:  # else no front keeps a tokens limit for the key
+                self._window(key, window_s, now).tokens += tokens
         return tuple(self._take_one(front, ask, now) for ask in asks)
 
+    def _window(self, key: str, window_s: float, now: float) -> _Window:
+        return self._windows.setdefault((key, window_s), _Window()).now(math.floor(now / window_s))
+
     def _take_one(self, front: str, ask: QuotaAsk, now: float) -> QuotaGrant:
-        granted = remaining = 0
+        granted = remaining = tokens = 0
         reset_in = ask.window_s
-        if ask.requests > 0:
-            index = math.floor(now / ask.window_s)
-            window = self._windows.setdefault((ask.key, ask.window_s), _Window())
-            if window.index != index:
-                window.index, window.used = index, 0
-            granted = max(0, min(ask.want, ask.requests - window.used))
-            window.used += granted
-            remaining = max(0, ask.requests - window.used)
-            reset_in = (index + 1) * ask.window_s - now
+        if ask.requests > 0 or ask.tokens > 0:
+            window = self._window(ask.key, ask.window_s, now)
+            if ask.requests > 0:
+                granted = max(0, min(ask.want, ask.requests - window.used))
+                window.used += granted
+                remaining = max(0, ask.requests - window.used)
+            if ask.tokens > 0:
+                self._token_window_s[ask.key] = ask.window_s
+                tokens = window.tokens
+            reset_in = (window.index + 1) * ask.window_s - now
         slots = self._hold(front, ask, now) if ask.concurrent > 0 else ask.slots
-        return QuotaGrant(granted, remaining, reset_in, slots)
+        return QuotaGrant(granted, remaining, reset_in, slots, tokens)
 
     def _hold(self, front: str, ask: QuotaAsk, now: float) -> int:
         holders = self._slots.setdefault(ask.key, _Slots())

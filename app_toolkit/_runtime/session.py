@@ -20,7 +20,7 @@ from starlette.types import ASGIApp
 
 from app_toolkit._runtime.controller.api import ConfigFile, ControlCall
 from app_toolkit._runtime.messages import AppSpec, ReplicaInfo
-from app_toolkit._runtime.quotas import QuotaAsk, QuotaGrant
+from app_toolkit._runtime.quotas import Charges, QuotaAsk, QuotaGrant
 from app_toolkit._runtime.routing.data_plane import DataPlane
 from app_toolkit._runtime.routing.replica_client import ReplicaClient
 from app_toolkit._runtime.tables import Loads, Outcomes, Updates, Versions
@@ -137,8 +137,10 @@ class Session:
     async def report_load(self, caller: str, loads: Loads, outcomes: Outcomes = ()) -> None:
         await self._link.acall(lambda c: c.record_load(caller, loads, outcomes))
 
-    async def take_quota(self, front: str, asks: tuple[QuotaAsk, ...]) -> tuple[QuotaGrant, ...]:
-        return await self._link.acall(lambda c: c.take_quota(front, asks))
+    async def take_quota(
+        self, front: str, asks: tuple[QuotaAsk, ...], charges: Charges = ()
+    ) -> tuple[QuotaGrant, ...]:
+        return await self._link.acall(lambda c: c.take_quota(front, asks, charges))
 
     # --- control ----------------------------------------------------------------
 

@@ -52,6 +52,13 @@ class APIKey(Strict):
         description="Requests (and WebSockets) of the key in progress at once, cluster-wide; "
         "more get 429. Unset: no limit.",
     )
+    tokens_per_window: int | None = Field(
+        None,
+        ge=1,
+        description="Tokens (prompt and completion) the key's LLM replies may use per window, "
+        "cluster-wide, as charged where replies end (app_toolkit.llm, or charge_tokens); once "
+        "a window's are used, requests get 429. Unset: no limit.",
+    )
     window_s: float = Field(
         60.0, gt=0, le=86400, description="Length of the key's limit window in seconds (a minute)."
     )
@@ -74,7 +81,10 @@ class APIKey(Strict):
     @property
     def limited(self) -> bool:
         """The key has a limit the fronts keep."""
-        return self.requests_per_window is not None or self.max_concurrent_requests is not None
+        return any(
+            limit is not None
+            for limit in (self.requests_per_window, self.max_concurrent_requests, self.tokens_per_window)
+        )
 
     @property
     def expires_s(self) -> float | None:

@@ -25,6 +25,7 @@ from websockets.sync.client import connect
 import app_toolkit as tk
 from app_toolkit._runtime.backends.base import current_session
 from app_toolkit.config.api_keys import key_hash, new_key
+from app_toolkit.llm import build_openai_app
 from tests.conftest import free_port
 from tests.deployments import as_deployment
 
@@ -33,6 +34,7 @@ OLD = new_key()  # expired
 BOB = new_key()  # only in the file, later
 LIMITED = new_key()  # 2 requests per 4-s window
 SINGLE = new_key()  # 1 request at a time
+METERED = new_key()  # 40 tokens per 4-s window
 WINDOW_S = 4.0
 
 api = FastAPI()
@@ -117,12 +119,15 @@ def keyed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]
                     "window_s": WINDOW_S,
                 },
                 {"name": "single", "hash": key_hash(SINGLE), "max_concurrent_requests": 1},
+                {"name": "metered", "hash": key_hash(METERED), "tokens_per_window": 40, "window_s": WINDOW_S},
             ],
             "api_keys_file": str(keys_file),
         },
     )
     try:
         tk.run(as_deployment(Guarded).bind(), name="guarded", route_prefix="/", backend="local")
+        echo = {"model_loading_config": {"model_id": "echo"}, "llm_engine": "echo"}
+        tk.run(build_openai_app({"llm_configs": [echo]}), name="llm", route_prefix="/llm", backend="local")
         yield f"http://127.0.0.1:{port}", keys_file
     finally:
         tk.shutdown()
@@ -363,3 +368,26 @@ def test_concurrent_requests_over_a_keys_limit_get_429_until_one_ends(keyed: tup
             assert first.result(timeout=30).json() == {"released": True}
         assert client.get("/who").json() == {"key": "single"}
         assert _rate_limited(client, "single", "concurrent") >= 1
+
+
+def test_an_llm_keys_requests_get_429_once_its_replies_used_the_windows_tokens(
+    keyed: tuple[str, Path],
+) -> None:
+    """The OpenAI app charges each reply's prompt and completion tokens to the caller's key
+    (the echo engine: a token a byte); once a window's are used, 429 with OpenAI's tokens
+    headers, until the window ends."""
+    url, _ = keyed
+    client = openai.OpenAI(base_url=f"{url}/llm/v1", api_key=METERED, max_retries=0)
+    said = "x" * 30
+    _window_start()
+    reply = client.chat.completions.create(model="echo", messages=[{"role": "user", "content": said}])
+    assert reply.usage is not None and reply.usage.total_tokens >= 60  # over 40 in one reply
+    time.sleep(0.7)  # the charge reaches the ledger, and the front's count is old
+    with pytest.raises(openai.RateLimitError) as refused:
+        client.chat.completions.create(model="echo", messages=[{"role": "user", "content": "y"}])
+    headers = refused.value.response.headers
+    assert headers["x-ratelimit-limit-tokens"] == "40" and headers["x-ratelimit-remaining-tokens"] == "0"
+    assert refused.value.code == "rate_limit_exceeded" and refused.value.type == "tokens"
+    assert 1 <= int(headers["retry-after"]) <= WINDOW_S
+    time.sleep(int(headers["retry-after"]))  # the next window
+    assert client.models.list().data[0].id == "echo"

@@ -9,11 +9,13 @@ import logging
 
 import pytest
 
-from app_toolkit._runtime.front.key_limits import KeyLimits, Limits, reset_text
-from app_toolkit._runtime.quotas import LEASE_S, QuotaAsk, QuotaGrant, QuotaLedger
+from app_toolkit._runtime.front.key_limits import TOKENS_FRESH_S, KeyLimits, Limits, reset_text
+from app_toolkit._runtime.quotas import LEASE_S, Charges, QuotaAsk, QuotaGrant, QuotaLedger
 from app_toolkit.config import parse_http_options
 from app_toolkit.config.api_keys import APIKey, key_hash, new_key
 from app_toolkit.exceptions import ConfigError
+from app_toolkit.llm.events import Delta
+from app_toolkit.llm.openai.replies import Metered
 
 
 class Clock:
@@ -69,12 +71,12 @@ class Ledger:
         self.asks: list[QuotaAsk] = []
         self.down = False
 
-    async def take(self, front: str, asks: tuple[QuotaAsk, ...]) -> tuple[QuotaGrant, ...]:
+    async def take(self, front: str, asks: tuple[QuotaAsk, ...], charges: Charges) -> tuple[QuotaGrant, ...]:
         await asyncio.sleep(0.001)  # an actor call's round trip
         if self.down:
             raise ConnectionError("the controller is gone")
         self.asks.extend(asks)
-        return self.ledger.take(front, asks)
+        return self.ledger.take(front, asks, charges)
 
 
 def test_requests_over_a_window_get_429_with_openais_headers() -> None:
@@ -167,6 +169,90 @@ def test_a_front_that_cannot_reach_the_controller_keeps_the_limits_itself(
     assert len(warnings) == 1 and "ConnectionError" in warnings[0]
 
 
+def test_tokens_are_charged_to_a_keys_window_once_a_front_keeps_its_limit() -> None:
+    clock = Clock(1000.0)
+    ledger = QuotaLedger(clock)
+    ask = QuotaAsk("k", 10.0, 0, 0, 0, 0, tokens=100)
+    ledger.take("charger", (), (("k", 50),))  # no front keeps a tokens limit for k yet
+    assert ledger.take("a", (ask,))[0].tokens_used == 0
+    ledger.take("charger", (), (("k", 70), ("other", 5)))
+    assert ledger.take("b", (ask,))[0].tokens_used == 70
+    clock.now = 1010.0
+    assert ledger.take("a", (ask,))[0].tokens_used == 0  # a new window
+
+
+def test_a_keys_requests_get_429_once_its_windows_tokens_are_used() -> None:
+    ledger = Ledger()
+    limits = Limits("llm", 60.0, 0, 0, tokens=100)
+
+    async def main() -> None:
+        front = KeyLimits(ledger.take)
+        assert await front.enter(limits, "a") is None
+        asks = len(ledger.asks)
+        assert await front.enter(limits, "b") is None  # the count is fresh: no ask
+        assert len(ledger.asks) == asks
+        ledger.ledger.take("charger", (), (("llm", 120),))  # replies ended elsewhere
+        await asyncio.sleep(TOKENS_FRESH_S + 0.05)  # the count is old: asked again
+        refusal = await front.enter(limits, "c")
+        assert refusal is not None and refusal.status == 429
+        headers = dict(refusal.headers)
+        assert headers[b"x-ratelimit-limit-tokens"] == b"100"
+        assert headers[b"x-ratelimit-remaining-tokens"] == b"0"
+        assert b"x-ratelimit-limit-requests" not in headers
+        error = json.loads(refusal.body)["error"]
+        assert error["type"] == "tokens" and "100 per 60 s" in error["message"]
+        asks = len(ledger.asks)
+        assert await front.enter(limits, "d") is not None  # refused without an ask
+        assert len(ledger.asks) == asks
+        front.close()
+
+    asyncio.run(main())
+
+
+def test_a_metered_reply_charges_its_prompt_and_each_choices_tokens_once() -> None:
+    class Model:
+        def __init__(self, deltas: list[Delta]) -> None:
+            self.deltas = iter(deltas)
+            self.cancelled = False
+
+        def __aiter__(self) -> Model:
+            return self
+
+        async def __anext__(self) -> Delta:
+            try:
+                return next(self.deltas)
+            except StopIteration:
+                raise StopAsyncIteration from None
+
+        def cancel(self) -> None:
+            self.cancelled = True
+
+    async def read(deltas: list[Delta], pieces: int | None = None) -> list[int]:
+        charged: list[int] = []
+        stream = Metered(Model(deltas), 7, charged.append)
+        if pieces is None:
+            async for _ in stream:
+                pass
+        else:
+            for _ in range(pieces):
+                await anext(stream)
+            stream.cancel()
+        stream.cancel()  # once only
+        return charged
+
+    whole = [
+        Delta(text="a"),
+        Delta(text="b", index=1),
+        Delta(finish_reason="stop", completion_tokens=5),
+        Delta(finish_reason="length", completion_tokens=9, index=1),
+    ]
+    assert asyncio.run(read(whole)) == [7 + 5 + 9]
+    # Cut after three pieces: choice 0 finished (5), choice 1 sent one piece.
+    assert asyncio.run(read([whole[0], whole[1], whole[2], Delta(text="c", index=1)], pieces=4)) == [
+        7 + 5 + 2
+    ]
+
+
 def test_reset_times_read_as_openais() -> None:
     assert [reset_text(s) for s in (0.0, 0.85, 1.0, 12.2, 360.0, 3723.0)] == [
         "0ms",
@@ -181,8 +267,15 @@ def test_reset_times_read_as_openais() -> None:
 def test_limits_are_options_of_a_key() -> None:
     key = APIKey(name="a", hash=key_hash(new_key()), requests_per_window=5, window_s=10)
     assert Limits.of(key) == Limits("a", 10.0, 5, 0)
+    tokens = APIKey(name="t", hash=key_hash(new_key()), tokens_per_window=900)
+    assert Limits.of(tokens) == Limits("t", 60.0, 0, 0, 900)
     assert Limits.of(APIKey(name="b", hash=key_hash(new_key()))) is None
-    for wrong in ({"requests_per_window": 0}, {"max_concurrent_requests": -1}, {"window_s": 0}):
+    for wrong in (
+        {"requests_per_window": 0},
+        {"max_concurrent_requests": -1},
+        {"window_s": 0},
+        {"tokens_per_window": 0},
+    ):
         with pytest.raises(ConfigError) as raised:
             parse_http_options({"api_keys": [{"name": "a", "hash": key_hash(new_key()), **wrong}]})
         assert next(iter(wrong)) in str(raised.value)

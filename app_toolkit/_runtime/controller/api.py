@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, TypeVar
 
 from app_toolkit._runtime.messages import AppSpec
-from app_toolkit._runtime.quotas import QuotaAsk, QuotaGrant
+from app_toolkit._runtime.quotas import Charges, QuotaAsk, QuotaGrant
 from app_toolkit._runtime.tables import Loads, Outcomes, Updates, Versions
 from app_toolkit.config import RolloutOptions
 from app_toolkit.status import ServeStatus
@@ -61,8 +61,11 @@ class ControllerAPI(Protocol):
         """A caller's load per deployment, and what its traffic policies saw."""
         ...
 
-    async def take_quota(self, front: str, asks: tuple[QuotaAsk, ...]) -> tuple[QuotaGrant, ...]:
-        """What API keys' limits leave for ``front``'s asks (``_runtime/quotas.py``)."""
+    async def take_quota(
+        self, front: str, asks: tuple[QuotaAsk, ...], charges: Charges = ()
+    ) -> tuple[QuotaGrant, ...]:
+        """Charge tokens to keys, and what API keys' limits leave for ``front``'s asks
+        (``_runtime/quotas.py``)."""
         ...
 
     async def record_models(self, replica_id: str, models: tuple[str, ...], sequence: int) -> None:

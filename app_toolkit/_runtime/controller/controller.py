@@ -47,7 +47,7 @@ from app_toolkit._runtime.controller.rollout import new_rollout
 from app_toolkit._runtime.controller.status_view import serve_status
 from app_toolkit._runtime.controller.traffic import TrafficPolicy
 from app_toolkit._runtime.messages import AppSpec, DeploymentID
-from app_toolkit._runtime.quotas import QuotaAsk, QuotaGrant, QuotaLedger
+from app_toolkit._runtime.quotas import Charges, QuotaAsk, QuotaGrant, QuotaLedger
 from app_toolkit._runtime.request_context import ReplicaRank
 from app_toolkit._runtime.tables import (
     APPLICATIONS_KEY,
@@ -261,8 +261,10 @@ class ControllerCore:
     async def record_load(self, caller: str, loads: Loads, outcomes: Outcomes = ()) -> None:
         self.reports.record_load(caller, loads, outcomes)
 
-    async def take_quota(self, front: str, asks: tuple[QuotaAsk, ...]) -> tuple[QuotaGrant, ...]:
-        return self.quotas.take(front, asks)
+    async def take_quota(
+        self, front: str, asks: tuple[QuotaAsk, ...], charges: Charges = ()
+    ) -> tuple[QuotaGrant, ...]:
+        return self.quotas.take(front, asks, charges)
 
     async def app_exists(self, name: str) -> bool:
         return name in self.apps or any(d.app == name for d in self.deployments)

@@ -1,4 +1,5 @@
-"""One front's share of its API keys' limits: requests per window and concurrent requests.
+"""One front's share of its API keys' limits: requests per window, tokens per window and
+concurrent requests.
 
 A request whose key has limits is admitted from what this front holds of them: requests
 of the key's current window granted by the cluster's ledger (``_runtime/quotas.py``,
@@ -6,13 +7,16 @@ held by the controller), and slots of its concurrent requests. When they run out
 front asks the ledger for more, one ask per key at a time whatever the number of
 requests waiting for it; the next ask is larger when the last grant went fast, so a busy
 key costs the controller a few asks a second, not one per request. Slots go back to the
-ledger as requests end, and the holding is renewed while it lasts.
+ledger as requests end, and the holding is renewed while it lasts. A key with a tokens
+limit is admitted while its window's tokens, as the ledger told them no more than
+:data:`TOKENS_FRESH_S` ago, are under the limit (the tokens are charged where replies
+end).
 
 A request over a limit gets 429 in OpenAI's shape with ``Retry-After`` and OpenAI's
-``x-ratelimit-limit-requests``, ``x-ratelimit-remaining-requests`` and
-``x-ratelimit-reset-requests`` headers. A key without limits costs nothing here. When
-the controller does not answer within :data:`ASK_TIMEOUT_S`, the front keeps a ledger
-of its own until it does (logged once).
+``x-ratelimit-{limit,remaining,reset}-{requests,tokens}`` headers. A key without limits
+costs nothing here. When the controller does not answer within :data:`ASK_TIMEOUT_S`,
+the front keeps a ledger of its own until it does (logged once; no token is charged to
+it).
 """
 
 from __future__ import annotations
@@ -36,6 +40,9 @@ logger = logging.getLogger("app_toolkit.proxy")
 ASK_TIMEOUT_S = 2.0
 #: The most requests one ask takes of a window.
 _MOST_PER_ASK = 1024
+#: How old a key's token count may be before a request of the key asks for it again (the
+#: requests of the key that come meanwhile wait for the same answer).
+TOKENS_FRESH_S = 0.5
 #: After the ledger refused a key's slot, how long its requests over the limit are refused
 #: without asking again.
 _SLOTS_RETRY_S = 0.05
@@ -59,12 +66,19 @@ class Limits:
     window_s: float
     requests: int
     concurrent: int
+    tokens: int = 0
 
     @classmethod
     def of(cls, key: APIKey) -> Limits | None:
         if not key.limited:
             return None
-        return cls(key.name, key.window_s, key.requests_per_window or 0, key.max_concurrent_requests or 0)
+        return cls(
+            key.name,
+            key.window_s,
+            key.requests_per_window or 0,
+            key.max_concurrent_requests or 0,
+            key.tokens_per_window or 0,
+        )
 
 
 @dataclass(slots=True)
@@ -79,6 +93,8 @@ class _KeyState:
     batch: int = 1  # how many requests the next ask takes
     granted_at: float = 0.0
     slots_refused_until: float = 0.0  # monotonic
+    tokens_used: int = 0  # the window's tokens, as the ledger last told
+    tokens_heard: float = 0.0  # when it told (monotonic; 0: never)
     asking: asyncio.Task[None] | None = None
 
 
@@ -141,11 +157,18 @@ class KeyLimits:
 
     def _admit(self, state: _KeyState) -> bool:
         limits = state.limits
+        now = time.monotonic()
         if limits.requests:
-            if time.monotonic() >= state.window_ends:
+            if now >= state.window_ends:
                 state.allowance = 0
             if state.allowance <= 0:
                 return False
+        if limits.tokens and (
+            now - state.tokens_heard > TOKENS_FRESH_S
+            or now >= state.window_ends
+            or state.tokens_used >= limits.tokens
+        ):
+            return False
         if limits.concurrent and state.in_use >= state.slots:
             return False
         if limits.requests:
@@ -164,6 +187,8 @@ class KeyLimits:
         limits = state.limits
         if limits.requests and state.allowance <= 0 and state.remaining == 0 and now < state.window_ends:
             return True
+        if limits.tokens and state.tokens_used >= limits.tokens and now < state.window_ends:
+            return True  # a window's tokens only grow
         return bool(limits.concurrent) and state.in_use >= state.slots and now < state.slots_refused_until
 
     def _want(self, state: _KeyState, now: float) -> int:
@@ -193,7 +218,15 @@ class KeyLimits:
                 # Slots on their way back are not used meanwhile.
                 state.slots = min(state.slots, slots)
                 want = self._want(state, now)
-                ask = QuotaAsk(limits.key, limits.window_s, limits.requests, want, limits.concurrent, slots)
+                ask = QuotaAsk(
+                    limits.key,
+                    limits.window_s,
+                    limits.requests,
+                    want,
+                    limits.concurrent,
+                    slots,
+                    limits.tokens,
+                )
                 (grant,) = await self._send((ask,))
                 self._apply(state, grant, now, slots)
                 if not limits.concurrent or grant.slots < slots:
@@ -206,7 +239,7 @@ class KeyLimits:
     async def _send(self, asks: tuple[QuotaAsk, ...]) -> tuple[QuotaGrant, ...]:
         if self._take is not None:
             try:
-                grants = await asyncio.wait_for(self._take(self._id, asks), ASK_TIMEOUT_S)
+                grants = await asyncio.wait_for(self._take(self._id, asks, ()), ASK_TIMEOUT_S)
             except Exception as exc:  # noqa: BLE001 - any failure: the front's own ledger
                 if not self._unreachable:
                     self._unreachable = True
@@ -224,15 +257,19 @@ class KeyLimits:
 
     def _apply(self, state: _KeyState, grant: QuotaGrant, asked_at: float, wanted_slots: int) -> None:
         now = time.monotonic()
-        if state.limits.requests:
+        limits = state.limits
+        if limits.requests or limits.tokens:
             window_ends = asked_at + grant.reset_in_s
-            if window_ends > state.window_ends + 0.5 * state.limits.window_s:
+            if window_ends > state.window_ends + 0.5 * limits.window_s:
                 state.allowance = 0  # a new window: what was left of the last is gone
-            state.allowance += grant.requests
             state.window_ends = window_ends
+        if limits.requests:
+            state.allowance += grant.requests
             state.remaining = grant.remaining
             if grant.requests:
                 state.granted_at = now
+        if limits.tokens:
+            state.tokens_used, state.tokens_heard = grant.tokens_used, now
         if state.limits.concurrent:
             if grant.slots < wanted_slots:
                 state.slots_refused_until = now + _SLOTS_RETRY_S
@@ -264,33 +301,45 @@ class KeyLimits:
     def _refusal(self, state: _KeyState, request_id: str) -> HTTPResponse:
         limits = state.limits
         now = time.monotonic()
-        over_requests = bool(limits.requests) and (state.allowance <= 0 or now >= state.window_ends)
-        which = "requests" if over_requests else "concurrent"
-        LIMITED.inc(limits.key, which)
         reset_s = max(0.0, state.window_ends - now)
+        over_requests = bool(limits.requests) and (state.allowance <= 0 or now >= state.window_ends)
+        over_tokens = not over_requests and bool(limits.tokens) and state.tokens_used >= limits.tokens
+        which = "requests" if over_requests else "tokens" if over_tokens else "concurrent"
+        LIMITED.inc(limits.key, which)
         headers: list[tuple[bytes, bytes]] = []
         if limits.requests:
-            remaining = max(0, state.remaining) + max(0, state.allowance)
-            headers += [
-                (b"x-ratelimit-limit-requests", str(limits.requests).encode()),
-                (b"x-ratelimit-remaining-requests", str(remaining if not over_requests else 0).encode()),
-                (b"x-ratelimit-reset-requests", reset_text(reset_s).encode()),
-            ]
-        if over_requests:
-            retry_after = max(1, math.ceil(reset_s))
-            message = (
-                f"Rate limit reached for requests: {limits.requests} per {_seconds(limits.window_s)} "
-                f"for API key {limits.key!r}. Try again in {retry_after} s."
+            left = 0 if over_requests else max(0, state.remaining) + max(0, state.allowance)
+            headers += _rate_headers(b"requests", limits.requests, left, reset_s)
+        if limits.tokens:
+            headers += _rate_headers(
+                b"tokens", limits.tokens, max(0, limits.tokens - state.tokens_used), reset_s
             )
-        else:
+        if which == "concurrent":
             retry_after = 1
             message = (
                 f"Too many concurrent requests: at most {limits.concurrent} at once for API key "
                 f"{limits.key!r}. Try again when one has ended."
             )
+        else:
+            retry_after = max(1, math.ceil(reset_s))
+            limit = limits.requests if over_requests else limits.tokens
+            message = (
+                f"Rate limit reached for {which}: {limit} per {limits.window_s:g} s for API key "
+                f"{limits.key!r}. Try again in {retry_after} s."
+            )
         headers.append((b"retry-after", str(retry_after).encode()))
-        error = {"message": message, "type": "requests", "param": None, "code": "rate_limit_exceeded"}
+        kind = "tokens" if over_tokens else "requests"
+        error = {"message": message, "type": kind, "param": None, "code": "rate_limit_exceeded"}
         return json_answer(429, {"error": error}, request_id, tuple(headers))
+
+
+def _rate_headers(what: bytes, limit: int, remaining: int, reset_s: float) -> list[tuple[bytes, bytes]]:
+    """OpenAI's ``x-ratelimit-{limit,remaining,reset}-<what>`` headers."""
+    return [
+        (b"x-ratelimit-limit-" + what, str(limit).encode()),
+        (b"x-ratelimit-remaining-" + what, str(remaining).encode()),
+        (b"x-ratelimit-reset-" + what, reset_text(reset_s).encode()),
+    ]
 
 
 def reset_text(seconds: float) -> str:
@@ -304,7 +353,3 @@ def reset_text(seconds: float) -> str:
     if hours:
         return f"{hours}h{minutes}m{secs}s"
     return f"{minutes}m{secs}s" if minutes else f"{secs}s"
-
-
-def _seconds(window_s: float) -> str:
-    return f"{window_s:g} s"

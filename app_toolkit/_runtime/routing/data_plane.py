@@ -20,7 +20,7 @@ from typing import Generic, Protocol, TypeVar
 
 from app_toolkit._runtime.loop_thread import STOP_TIMEOUT_S, LoopThread, _Coroutine
 from app_toolkit._runtime.messages import DeploymentID, ReplicaInfo
-from app_toolkit._runtime.quotas import QuotaAsk, QuotaGrant
+from app_toolkit._runtime.quotas import Charges, QuotaAsk, QuotaGrant
 from app_toolkit._runtime.routing.dispatcher import Dispatcher
 from app_toolkit._runtime.routing.replica_client import ReplicaClient
 from app_toolkit._runtime.routing.subscriber import TableSubscriber
@@ -47,7 +47,9 @@ class CallerLink(Protocol):
 
     async def report_load(self, caller: str, loads: Loads, outcomes: Outcomes = ()) -> None: ...
 
-    async def take_quota(self, front: str, asks: tuple[QuotaAsk, ...]) -> tuple[QuotaGrant, ...]: ...
+    async def take_quota(
+        self, front: str, asks: tuple[QuotaAsk, ...], charges: Charges = ()
+    ) -> tuple[QuotaGrant, ...]: ...
 
 
 class InFlight:

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import functools
 import struct
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
-from fastapi import FastAPI, Query, Response
+from fastapi import FastAPI, Query, Request, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 import app_toolkit as tk
@@ -205,10 +206,12 @@ class OpenAIIngress:
         raise unknown_model(model, list(self._models))
 
     @api.post("/v1/chat/completions", response_model=None)
-    async def chat_completions(self, request: ChatCompletionRequest) -> ChatCompletion | tk.EventStream:
+    async def chat_completions(
+        self, request: ChatCompletionRequest, caller: Request
+    ) -> ChatCompletion | tk.EventStream:
         received_at = time.time()
         name, handle = self._pick(request.checked().model, "generate")
-        first, stream = await open_reply(handle, chat.generation(request, received_at))
+        first, stream = await open_reply(handle, chat.generation(request, received_at), _charger(caller))
         if request.stream:
             return chat.streamed(
                 first,
@@ -225,7 +228,9 @@ class OpenAIIngress:
         return chat.completion(wholes, name, bool(request.logprobs), vllm_fields=True, role=role)
 
     @api.post("/v1/completions", response_model=None)
-    async def text_completions(self, request: CompletionRequest) -> TextCompletion | tk.EventStream:
+    async def text_completions(
+        self, request: CompletionRequest, caller: Request
+    ) -> TextCompletion | tk.EventStream:
         received_at = time.time()
         name, handle = self._pick(request.checked().model, "generate")
         generation = completions.generation(request, received_at)
@@ -236,7 +241,8 @@ class OpenAIIngress:
             if request.echo
             else [""] * len(prompts)
         )
-        first, stream = await open_reply(handle, generation)  # checks the prompts (a 400 names one)
+        # Checks the prompts (a 400 names one).
+        first, stream = await open_reply(handle, generation, _charger(caller))
         wanted = request.logprobs is not None
         if request.stream:
             return completions.streamed(
@@ -260,14 +266,17 @@ class OpenAIIngress:
         return text
 
     @api.post("/v1/responses", response_model=None)
-    async def create_response(self, request: ResponsesRequest) -> ResponseObject | tk.EventStream:
+    async def create_response(
+        self, request: ResponsesRequest, caller: Request
+    ) -> ResponseObject | tk.EventStream:
         received_at = time.time()
         request.checked()
         earlier = self._responses.conversation(request.previous_response_id)
         name, handle = self._pick(request.model, "generate")
         conversation = earlier + request.messages(self._responses.referenced)
         try:
-            first, stream = await open_reply(handle, responses.generation(request, conversation, received_at))
+            generation = responses.generation(request, conversation, received_at)
+            first, stream = await open_reply(handle, generation, _charger(caller))
         except OpenAIError as refused:
             raise responses.renamed(refused) from None
         reply = responses.Reply(request, name, first.prompt_tokens, conversation)
@@ -301,10 +310,11 @@ class OpenAIIngress:
         return {"id": response_id, "object": "response", "deleted": True}
 
     @api.post("/v1/embeddings")
-    async def embeddings(self, request: EmbeddingRequest) -> dict[str, object]:
+    async def embeddings(self, request: EmbeddingRequest, caller: Request) -> dict[str, object]:
         inputs = request.inputs()
         name, handle = self._pick(request.model, "embed")
         vectors, tokens = await handle.embed.remote(inputs, request.dimensions)
+        tk.charge_tokens(caller, tokens)
         encode = _base64 if request.encoding_format == "base64" else list
         return {
             "object": "list",
@@ -336,3 +346,10 @@ def _base64(vector: list[float]) -> str:
 
 
 __all__ = ["OpenAIError", "OpenAIIngress", "usage"]
+
+
+def _charger(caller: Request) -> Callable[[int], None] | None:
+    """What charges a reply's tokens to the caller's API key (None: it presented none)."""
+    if tk.api_key_name(caller) is None:
+        return None
+    return functools.partial(tk.charge_tokens, caller)

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import AsyncGenerator, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from sse_starlette import ServerSentEvent
 
@@ -22,26 +22,80 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("app_toolkit.llm")
 
-#: A model deployment's reply: the :class:`~app_toolkit.llm.events.Delta` items its
-#: ``generate`` streams.
-Stream = tk.DeploymentResponseGenerator[Delta]
+
+class Stream(Protocol):
+    """A model deployment's reply: the :class:`~app_toolkit.llm.events.Delta` items its
+    ``generate`` streams (a handle's ``DeploymentResponseGenerator``, or one that charges
+    its caller's API key: :class:`Metered`)."""
+
+    def __aiter__(self) -> AsyncIterator[Delta]: ...
+
+    def __anext__(self) -> Awaitable[Delta]: ...
+
+    def cancel(self) -> None: ...
 
 
-async def open_reply(model: tk.DeploymentHandle, generation: Generation | object) -> tuple[Delta, Stream]:
+class Metered:
+    """A reply's stream that charges its tokens once it ends, is cancelled or fails:
+    the prompt's, and each choice's completion tokens as its finish counts them (a choice
+    cut before its finish: one for each piece of it that came, a piece being a token or
+    more)."""
+
+    def __init__(self, stream: Stream, prompt_tokens: int, charge: Callable[[int], None]) -> None:
+        self._stream = stream
+        self._charge: Callable[[int], None] | None = charge
+        self._prompt_tokens = prompt_tokens
+        self._finished: dict[int, int] = {}  # choice -> its completion tokens
+        self._pieces: dict[int, int] = {}  # choice -> pieces that came before its finish
+
+    def __aiter__(self) -> Metered:
+        return self
+
+    async def __anext__(self) -> Delta:
+        try:
+            delta = await anext(self._stream)
+        except BaseException:
+            self._settle()
+            raise
+        if delta.finish_reason is not None:
+            self._finished[delta.index] = delta.completion_tokens
+        elif delta.text or delta.tool_calls or delta.reasoning:
+            self._pieces[delta.index] = self._pieces.get(delta.index, 0) + 1
+        return delta
+
+    def cancel(self) -> None:
+        self._stream.cancel()
+        self._settle()
+
+    def _settle(self) -> None:
+        charge, self._charge = self._charge, None
+        if charge is not None:
+            cut = sum(count for index, count in self._pieces.items() if index not in self._finished)
+            charge(self._prompt_tokens + sum(self._finished.values()) + cut)
+
+
+async def open_reply(
+    model: tk.DeploymentHandle, generation: Generation | object, charge: Callable[[int], None] | None = None
+) -> tuple[Delta, Stream]:
     """Start a reply on the model's replicas; its first item (the prompt's size) is read
     here, so a refusal becomes an HTTP error before any response byte is sent.
 
     ``generation`` is what the model's ``generate`` takes: a :class:`Generation`, or an
-    app's own request to a model of its own that streams :class:`Delta` items."""
-    stream: Stream = model.options(method_name="generate", stream=True).remote(generation)
+    app's own request to a model of its own that streams :class:`Delta` items. With
+    ``charge``, the reply's tokens are passed to it once it ends (:class:`Metered`), as
+    ``lambda tokens: tk.charge_tokens(request, tokens)`` charges the caller's API key."""
+    stream: tk.DeploymentResponseGenerator[Delta] = model.options(method_name="generate", stream=True).remote(
+        generation
+    )
     try:
-        return await anext(stream), stream
+        first = await anext(stream)
     except ANSWERED as exc:
         stream.cancel()
         raise as_openai_error(exc) from None
     except BaseException:
         stream.cancel()
         raise
+    return first, (stream if charge is None else Metered(stream, first.prompt_tokens, charge))
 
 
 @dataclass
