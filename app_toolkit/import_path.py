@@ -29,6 +29,9 @@ IMPORT_PATH_FORMS = '"module:attribute" or "module.attribute", e.g. "demo:app" o
 RAY_SERVE_COUNTERPARTS = {
     "ray.serve.llm:build_openai_app": "app_toolkit.llm:build_openai_app",
     "ray.serve.llm:build_llm_deployment": "app_toolkit.llm:build_llm_deployment",
+    # Ray Serve LLM's default ingress_cls, as its configs name it.
+    "ray.serve.llm.ingress:OpenAiIngress": "app_toolkit.llm:OpenAIIngress",
+    "ray.llm._internal.serve.core.ingress.ingress:OpenAiIngress": "app_toolkit.llm:OpenAIIngress",
 }
 
 

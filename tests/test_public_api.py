@@ -196,6 +196,7 @@ EXPECTED_LLM = [
     "LoraConfig",
     "ModelLoadingConfig",
     "OpenAIError",
+    "OpenAIIngress",
     "OptionRules",
     "ResponsesReply",
     "ResponsesRequest",

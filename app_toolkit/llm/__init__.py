@@ -45,6 +45,7 @@ from app_toolkit.llm.errors import install as install_error_handlers
 from app_toolkit.llm.events import Delta
 from app_toolkit.llm.openai.chat import completion as chat_completion
 from app_toolkit.llm.openai.chat import streamed as chat_stream
+from app_toolkit.llm.openai.ingress import OpenAIIngress
 from app_toolkit.llm.openai.replies import Stream as DeltaStream
 from app_toolkit.llm.openai.replies import open_reply, read_whole, usage
 from app_toolkit.llm.openai.response_events import produced as responses_events
@@ -92,6 +93,7 @@ __all__ = [
     "LoraConfig",
     "ModelLoadingConfig",
     "OpenAIError",
+    "OpenAIIngress",
     "OptionRules",
     "ResponsesReply",
     "ResponsesRequest",

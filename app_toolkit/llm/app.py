@@ -14,8 +14,9 @@ from app_toolkit.config import DeploymentConfig
 from app_toolkit.config.api_keys import check_key, key_hash
 from app_toolkit.config.request_router import PREFIX_AWARE
 from app_toolkit.exceptions import BuilderArgsError
+from app_toolkit.import_path import import_attr
 from app_toolkit.llm.config import LLMConfig
-from app_toolkit.llm.openai.ingress import OpenAIIngress
+from app_toolkit.llm.openai.ingress_app import ingress_class
 from app_toolkit.llm.placement import with_replica
 from app_toolkit.llm.replica.server import LLMServer
 from app_toolkit.llm.serving_args import LLMServingArgs, serving_args
@@ -106,7 +107,12 @@ def build_openai_app(llm_serving_args: LLMServingArgs | Mapping[str, object]) ->
     name = args.ingress_deployment_config.name or "OpenAiIngress"
     lora = tuple(config.model_id for config in args.llm_configs if config.lora_config is not None)
     hashes = tuple(key_hash(key) for key in _api_keys(args))  # what the ingress's arguments hold
-    return tk.deployment(name=name, **options)(OpenAIIngress).bind(models, kinds, lora, hashes)
+    config = args.ingress_cls_config
+    base = import_attr(config.ingress_cls) if isinstance(config.ingress_cls, str) else config.ingress_cls
+    served = ingress_class(base, args)
+    return tk.deployment(name=name, **options)(served).bind(
+        models, kinds, lora, hashes, **config.ingress_extra_kwargs
+    )
 
 
 def _api_keys(args: LLMServingArgs) -> list[str]:

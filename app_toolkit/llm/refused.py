@@ -19,12 +19,6 @@ _CALLBACK_BASE = (
     "ray.llm._internal.common.callbacks.base.CallbackBase",
     "ray.llm._internal.common.callbacks.base:CallbackBase",
 )
-_OPENAI_INGRESS = (
-    "ray.serve.llm.ingress.OpenAiIngress",
-    "ray.serve.llm.ingress:OpenAiIngress",
-    "ray.llm._internal.serve.core.ingress.ingress.OpenAiIngress",
-    "ray.llm._internal.serve.core.ingress.ingress:OpenAiIngress",
-)
 #: Per schema ("kind"), the Ray Serve LLM fields it accepts only at their neutral value.
 RAY_SERVE_LLM_ONLY: dict[str, dict[str, RayServeOnly]] = {
     "llm_config": {
@@ -59,13 +53,8 @@ RAY_SERVE_LLM_ONLY: dict[str, dict[str, RayServeOnly]] = {
             "(num_replicas or autoscaling_config) instead",
         ),
     },
-    "llm_serving_args": {
-        "ingress_cls_config": RayServeOnly(
-            defaults(ingress_cls=_OPENAI_INGRESS, ingress_extra_kwargs=({}, None)),
-            "the ingress is app_toolkit.llm's own; remove it (to serve other routes, write a "
-            "deployment of your own beside build_openai_app's: docs/llm.md)",
-        ),
-    },
+    # ingress_cls_config is taken: build_openai_app serves a subclass of its ingress.
+    "llm_serving_args": {},
 }
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_core import ErrorDetails
@@ -16,6 +17,30 @@ from app_toolkit.config.schema import field_errors
 from app_toolkit.exceptions import BuilderArgsError
 from app_toolkit.llm.config import LLMConfig, LLMDeploymentConfig, Schema, read_yaml
 from app_toolkit.llm.refused import RAY_SERVE_LLM_ONLY
+
+#: Ray Serve LLM's default ingress class, as its configs name it: this package's.
+DEFAULT_INGRESS = "app_toolkit.llm:OpenAIIngress"
+
+
+class IngressClsConfig(Schema):
+    """Ray Serve LLM's ``ingress_cls_config``: which class serves the OpenAI routes, and what
+    more its constructor takes."""
+
+    ingress_cls: str | type[Any] = Field(
+        DEFAULT_INGRESS,
+        description="A subclass of app_toolkit.llm.OpenAIIngress (its own routes, middleware "
+        "and overrides: docs/llm.md), or its import path; Ray Serve LLM's OpenAiIngress names this "
+        "package's.",
+    )
+    ingress_extra_kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Keyword arguments the class's constructor takes besides the models'.",
+    )
+
+    @field_validator("ingress_extra_kwargs", mode="before")
+    @classmethod
+    def _none_is_empty(cls, value: object) -> object:
+        return {} if value is None else value
 
 
 class LLMServingArgs(Schema):
@@ -34,6 +59,26 @@ class LLMServingArgs(Schema):
         description="vLLM's --api-key: keys (plaintext, as vLLM takes them) that every route of "
         "the app needs as 'Authorization: Bearer <key>' (or X-API-Key); unset: VLLM_API_KEY "
         "where the app is built, if set. http_options.api_keys keeps hashes instead (docs/llm.md).",
+    )
+
+    allowed_origins: list[str] = Field(
+        default_factory=lambda: ["*"],
+        description="vLLM's --allowed-origins: origins a browser may call the app from (CORS); "
+        "['*']: any (vLLM's default).",
+    )
+    allowed_methods: list[str] = Field(
+        default_factory=lambda: ["*"], description="vLLM's --allowed-methods (CORS): ['*']: any."
+    )
+    allowed_headers: list[str] = Field(
+        default_factory=lambda: ["*"], description="vLLM's --allowed-headers (CORS): ['*']: any."
+    )
+    allow_credentials: bool = Field(
+        False, description="vLLM's --allow-credentials (CORS): browsers may send cookies with requests."
+    )
+    ingress_cls_config: IngressClsConfig = Field(
+        default_factory=lambda: IngressClsConfig(),
+        description="Ray Serve LLM's: the ingress class (a subclass of app_toolkit.llm.OpenAIIngress, "
+        "or its import path) and keyword arguments its constructor takes besides the models'.",
     )
 
     @field_validator("api_key", mode="before")

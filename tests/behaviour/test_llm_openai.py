@@ -14,12 +14,16 @@ from typing import Any
 import httpx
 import openai
 import pytest
+from fastapi import APIRouter
 from prometheus_client.parser import text_string_to_metric_families
+from starlette.middleware import Middleware
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import app_toolkit as tk
-from app_toolkit.exceptions import BuilderArgsError
-from app_toolkit.llm import LLMConfig, LLMServer, build_llm_deployment, build_openai_app
+from app_toolkit.exceptions import BuilderArgsError, ConfigError
+from app_toolkit.llm import LLMConfig, LLMServer, LLMServingArgs, build_llm_deployment, build_openai_app
 from app_toolkit.llm.openai.ingress import OpenAIIngress
+from app_toolkit.llm.openai.ingress_app import ingress_class
 from tests.conftest import Toolkit
 from tests.waiting import wait_for
 
@@ -514,7 +518,9 @@ def test_a_model_is_listed_once_it_can_answer(toolkit: Toolkit, tmp_path: Path) 
         deployment_cls=GatedServer,
         bind_kwargs={"gate": str(gate)},
     )
-    app = tk.deployment(name="OpenAiIngress")(OpenAIIngress).bind({"gated": model}, {"gated": "generate"})
+    gated = {"model_loading_config": {"model_id": "gated"}, "llm_engine": "echo"}
+    ingress = ingress_class(OpenAIIngress, LLMServingArgs.model_validate({"llm_configs": [gated]}))
+    app = tk.deployment(name="OpenAiIngress")(ingress).bind({"gated": model}, {"gated": "generate"})
     name = toolkit.name()
     toolkit.run_many(
         [tk.RunTarget(app, name=name, route_prefix="/gated")], wait_for_applications_running=False
@@ -602,3 +608,86 @@ def test_an_api_key_that_cannot_be_sent_is_refused_where_the_app_is_built(
     monkeypatch.setenv("VLLM_API_KEY", "  ")
     with pytest.raises(BuilderArgsError, match="VLLM_API_KEY may not be empty"):
         build_openai_app({"llm_configs": [echo]})
+
+
+more = APIRouter()
+
+
+class _Stamp:
+    """A middleware of the subclass: it marks every response it passes."""
+
+    def __init__(self, app: ASGIApp, header: str) -> None:
+        self.app, self.header = app, header.encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        async def stamped(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message = {**message, "headers": [*message["headers"], (self.header, b"yes")]}
+            await send(message)
+
+        await self.app(scope, receive, stamped)
+
+
+class Bannered(OpenAIIngress):
+    """An ingress of one's own (``ingress_cls_config``): a route, a middleware, a constructor
+    argument, and an override of one of the OpenAI endpoints."""
+
+    extra_routes = more
+    middleware = [Middleware(_Stamp, header="x-stamped")]
+
+    def __init__(self, *args: Any, banner: str, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.banner = banner
+
+    @more.get("/banner")
+    async def show_banner(self) -> dict[str, str]:
+        return {"banner": self.banner}
+
+    async def version(self) -> dict[str, str]:
+        return {"version": f"{self.banner}-1"}
+
+
+def test_an_ingress_class_of_ones_own_and_vllms_cors_options(local_toolkit: Toolkit) -> None:
+    """``ingress_cls_config``: a subclass's route, middleware, constructor argument and
+    override (also named by import path); vLLM's CORS options, the CORS middleware outermost
+    (a preflight is answered without a key, a 401 carries the CORS headers)."""
+    echo = {"model_loading_config": {"model_id": ECHO}, "llm_engine": "echo"}
+    prefix = "/" + local_toolkit.name()
+    mine = {"ingress_cls": Bannered, "ingress_extra_kwargs": {"banner": "hello"}}
+    local_toolkit.run(
+        build_openai_app({"llm_configs": [echo], "ingress_cls_config": mine}), route_prefix=prefix
+    )
+    by_path = {**mine, "ingress_cls": f"{__name__}:Bannered"}
+    cors = {"allowed_origins": ["https://chat.example"], "allow_credentials": True, "api_key": "k"}
+    keyed = build_openai_app({"llm_configs": [echo], "ingress_cls_config": by_path, **cors})
+    local_toolkit.run(keyed, route_prefix=prefix + "-keyed")
+    with local_toolkit.client() as client:
+        banner = client.get(f"{prefix}/banner")
+        assert banner.json() == {"banner": "hello"} and banner.headers["x-stamped"] == "yes"
+        assert client.get(f"{prefix}/version").json() == {"version": "hello-1"}  # the override
+        listed = client.get(f"{prefix}/v1/models")  # the base's routes go on
+        assert [m["id"] for m in listed.json()["data"]] == [ECHO] and listed.headers["x-stamped"] == "yes"
+        # vLLM's default CORS: any origin, no credentials.
+        anywhere = client.get(f"{prefix}/v1/models", headers={"origin": "https://any.example"})
+        assert anywhere.headers["access-control-allow-origin"] == "*"
+        # The keyed app's: one origin, credentials; a preflight needs no key.
+        preflight = {"origin": "https://chat.example", "access-control-request-method": "POST"}
+        answered = client.options(f"{prefix}-keyed/v1/chat/completions", headers=preflight)
+        assert answered.status_code == 200
+        assert answered.headers["access-control-allow-origin"] == "https://chat.example"
+        assert answered.headers["access-control-allow-credentials"] == "true"
+        other = client.options(
+            f"{prefix}-keyed/v1/chat/completions", headers={**preflight, "origin": "https://x.example"}
+        )
+        assert other.status_code == 400
+        refused = client.get(f"{prefix}-keyed/banner", headers={"origin": "https://chat.example"})
+        assert refused.status_code == 401  # the subclass's routes need the app's keys too
+        assert refused.headers["access-control-allow-origin"] == "https://chat.example"
+        assert "x-stamped" not in refused.headers  # its middleware runs after the key check
+        assert client.get(f"{prefix}-keyed/banner", headers={"x-api-key": "k"}).json() == {"banner": "hello"}
+
+
+def test_an_ingress_class_that_is_not_the_modules_is_refused_where_the_app_is_built() -> None:
+    echo = {"model_loading_config": {"model_id": ECHO}, "llm_engine": "echo"}
+    with pytest.raises(ConfigError, match="must be a subclass of app_toolkit.llm.OpenAIIngress"):
+        build_openai_app({"llm_configs": [echo], "ingress_cls_config": {"ingress_cls": "json:JSONDecoder"}})

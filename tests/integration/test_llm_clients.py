@@ -241,7 +241,9 @@ def test_openai_client_on_every_endpoint(client: openai.OpenAI, base_url: str) -
     for item, as_text in zip(by_ids.data, floats.data, strict=True):
         assert item.embedding == pytest.approx(as_text.embedding, abs=1e-5)
     one = client.embeddings.create(model=EMBED, input=ids[0])  # one list of ids: one input
-    assert [item.embedding for item in one.data] == [by_ids.data[0].embedding]
+    # The same vector; alone rather than padded in a batch of two, its last bits may differ
+    # (which CPU kernels torch picks for each shape).
+    assert len(one.data) == 1 and one.data[0].embedding == pytest.approx(by_ids.data[0].embedding, abs=1e-6)
     wrongs: list[list[list[int]]] = [[[0, 30_522]], [[]], [[-1]]]  # MiniLM's ids run to 30,521
     for wrong in wrongs:
         with pytest.raises(openai.BadRequestError) as refused:

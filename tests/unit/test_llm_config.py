@@ -94,7 +94,15 @@ def _docs_table() -> dict[str, tuple[set[str], set[str]]]:
 
 
 #: Fields that are not Ray's: vLLM's server options Ray Serve LLM's schema has no place for.
-NOT_RAYS = {"LLMServingArgs": {"api_key"}}
+NOT_RAYS = {
+    "LLMServingArgs": {
+        "api_key",
+        "allowed_origins",
+        "allowed_methods",
+        "allowed_headers",
+        "allow_credentials",
+    }
+}
 
 
 @pytest.mark.parametrize("row", RAY_SERVE_LLM_260_FIELDS)
@@ -165,18 +173,6 @@ REFUSED: list[tuple[str, dict[str, Any], dict[str, Any], str]] = [
         _args(experimental_configs={"num_ingress_replicas": 4}),
         _args(experimental_configs={"num_ingress_replicas": None}),
         "ingress_deployment_config",
-    ),
-    (
-        "ingress_cls_config",
-        {**_args(), "ingress_cls_config": {"ingress_cls": "my.ingress:Mine"}},
-        {
-            **_args(),
-            "ingress_cls_config": {
-                "ingress_cls": "ray.serve.llm.ingress:OpenAiIngress",
-                "ingress_extra_kwargs": {},
-            },
-        },
-        "deployment of your own",
     ),
 ]
 

@@ -8,9 +8,11 @@ import base64
 import functools
 import struct
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
+from typing import ClassVar
 
-from fastapi import FastAPI, Query, Request, Response
+from fastapi import APIRouter, Query, Request, Response
+from starlette.middleware import Middleware
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 import app_toolkit as tk
@@ -40,11 +42,12 @@ ADAPTERS_TTL_S = 5.0
 AUTHORIZATION, API_KEY = b"authorization", b"x-api-key"
 
 
-class _KeyGuard:
+class KeyGuard:
     """vLLM's ``--api-key`` (``LLMServingArgs.api_key``): with keys, every request to the
     app needs one, as ``Authorization: Bearer <key>`` or ``X-API-Key``, whatever its path or
     method (the docs pages and 404s included), before any of it is read; the front's 401.
-    A header sent twice opens nothing. The outermost of the app's middleware."""
+    A header sent twice opens nothing. Only the app's CORS middleware comes before it (a
+    preflight carries no key; a browser reads the 401 it answers)."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -79,17 +82,27 @@ def _one_line(values: list[bytes]) -> bytes | None:
     return values[0] if len(values) == 1 else b""
 
 
-api = FastAPI(title="OpenAI-compatible API", summary="app_toolkit.llm")
-errors.install(api)
-api.add_middleware(_KeyGuard)
+#: The OpenAI endpoints, methods of :class:`OpenAIIngress`; ``ingress_app.py`` makes the
+#: FastAPI app of each OpenAI application from them.
+routes = APIRouter()
 
 
-@tk.ingress(api)
 class OpenAIIngress:
     """Routes OpenAI requests to the model each names (``models`` maps a model id to the
     handle of its deployment; ``kinds`` says which generate text and which embed; models in
     ``lora`` serve LoRA adapters, named "model_id:adapter"; ``api_keys``: the hashes of the
-    keys every route needs, none for none)."""
+    keys every route needs, none for none).
+
+    ``build_openai_app`` serves it, or a subclass named by ``ingress_cls_config``
+    (docs/llm.md): its methods may be overridden (a route then calls the override), and
+    it may add routes of its own methods (``extra_routes``, an ``APIRouter`` whose routes
+    decorate them) and middleware (``middleware``, Starlette ``Middleware`` entries, run
+    after the API key check)."""
+
+    #: A subclass's own routes: an APIRouter whose routes are its methods.
+    extra_routes: ClassVar[APIRouter | None] = None
+    #: A subclass's middleware (``starlette.middleware.Middleware``), outermost first.
+    middleware: ClassVar[Sequence[Middleware]] = ()
 
     def __init__(
         self,
@@ -178,25 +191,25 @@ class OpenAIIngress:
             return []
         return [card.entry(), *(card.adapter_entry(adapter) for adapter in adapters)]
 
-    @api.get("/health")
+    @routes.get("/health")
     async def health(self) -> Response:
         """vLLM's health check: 200 with no body while the ingress serves (each model's
         replicas have their own health checks: ``status()``)."""
         return Response(status_code=200)
 
-    @api.get("/version")
+    @routes.get("/version")
     async def version(self) -> dict[str, str]:
         """vLLM's ``/version``: here the toolkit's version."""
         return {"version": tk.__version__}
 
     # Where FastAPI makes the return annotation the response model, it is a plain JSON object
     # (a TypedDict would be validated and published as a schema of its own).
-    @api.get("/v1/models")
+    @routes.get("/v1/models")
     async def list_models(self) -> dict[str, object]:
         listed = await asyncio.gather(*(self._entries(name) for name in self._models))  # 2 s at most in all
         return {"object": "list", "data": [entry for entries in listed for entry in entries]}
 
-    @api.get("/v1/models/{model:path}")
+    @routes.get("/v1/models/{model:path}")
     async def get_model(self, model: str) -> Mapping[str, object]:
         if model in self._models:
             return (await self._ready_card(model)).entry()
@@ -205,7 +218,7 @@ class OpenAIIngress:
             return (await self._ready_card(base)).adapter_entry(model)
         raise unknown_model(model, list(self._models))
 
-    @api.post("/v1/chat/completions", response_model=None)
+    @routes.post("/v1/chat/completions", response_model=None)
     async def chat_completions(
         self, request: ChatCompletionRequest, caller: Request
     ) -> ChatCompletion | tk.EventStream:
@@ -227,7 +240,7 @@ class OpenAIIngress:
         role = chat.reply_role(request)
         return chat.completion(wholes, name, bool(request.logprobs), vllm_fields=True, role=role)
 
-    @api.post("/v1/completions", response_model=None)
+    @routes.post("/v1/completions", response_model=None)
     async def text_completions(
         self, request: CompletionRequest, caller: Request
     ) -> TextCompletion | tk.EventStream:
@@ -265,7 +278,7 @@ class OpenAIIngress:
             raise OpenAIError(refused.status, refused.message, refused.type, refused.code, "prompt") from None
         return text
 
-    @api.post("/v1/responses", response_model=None)
+    @routes.post("/v1/responses", response_model=None)
     async def create_response(
         self, request: ResponsesRequest, caller: Request
     ) -> ResponseObject | tk.EventStream:
@@ -295,7 +308,7 @@ class OpenAIIngress:
             raise
         return response_events.streamed(followed.events, followed.next_number)
 
-    @api.get("/v1/responses/{response_id}", response_model=None)
+    @routes.get("/v1/responses/{response_id}", response_model=None)
     async def get_response(
         self, response_id: str, stream: bool = False, starting_after: int | None = Query(None, ge=0)
     ) -> ResponseObject | tk.EventStream:
@@ -304,12 +317,12 @@ class OpenAIIngress:
         followed = await self._responses.follow(response_id, starting_after)
         return response_events.streamed(followed.events, followed.next_number)
 
-    @api.delete("/v1/responses/{response_id}")
+    @routes.delete("/v1/responses/{response_id}")
     async def delete_response(self, response_id: str) -> dict[str, object]:
         self._responses.delete(response_id)
         return {"id": response_id, "object": "response", "deleted": True}
 
-    @api.post("/v1/embeddings")
+    @routes.post("/v1/embeddings")
     async def embeddings(self, request: EmbeddingRequest, caller: Request) -> dict[str, object]:
         inputs = request.inputs()
         name, handle = self._pick(request.model, "embed")
@@ -326,7 +339,7 @@ class OpenAIIngress:
             "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
         }
 
-    @api.post("/tokenize")
+    @routes.post("/tokenize")
     async def tokenize(self, request: TokenizeRequest) -> dict[str, object]:
         if (request.prompt is None) == (request.messages is None):
             raise bad_parameter("prompt", "Give either prompt or messages.")
@@ -334,7 +347,7 @@ class OpenAIIngress:
         answer: dict[str, object] = await handle.tokenize.remote(request)
         return answer
 
-    @api.post("/detokenize")
+    @routes.post("/detokenize")
     async def detokenize(self, request: DetokenizeRequest) -> dict[str, object]:
         _, handle = self._pick(request.model)
         return {"prompt": await handle.detokenize.remote(request.tokens)}
