@@ -7,7 +7,7 @@ from __future__ import annotations
 from starlette.requests import HTTPConnection
 
 from app_toolkit._runtime import request_context, token_charges
-from app_toolkit._runtime.front.scope import API_KEY_NAME
+from app_toolkit._runtime.front.scope import API_KEY_METERED, API_KEY_NAME
 from app_toolkit._runtime.request_context import ReplicaContext, ReplicaRank
 from app_toolkit.replica_id import ReplicaID
 
@@ -61,9 +61,16 @@ def charge_tokens(connection: HTTPConnection, tokens: int) -> None:
     key's requests get 429 until it ends. For an app whose replies use tokens (or any unit
     of cost) as it counts them; ``app_toolkit.llm`` charges each reply's prompt and
     completion tokens by itself. Charges gather for a tenth of a second and go to the
-    controller together; nothing happens without a key (or outside a running toolkit)."""
+    controller together; nothing happens unless the key has a tokens limit
+    (:func:`meters_tokens`), or outside a running toolkit."""
     if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
         raise ValueError(f"tokens must be a whole number, 0 or more (got {tokens!r})")
     name = connection.scope.get(API_KEY_NAME)
-    if isinstance(name, str) and tokens:
+    if tokens and isinstance(name, str) and connection.scope.get(API_KEY_METERED):
         token_charges.CHARGES.add(name, tokens)
+
+
+def meters_tokens(connection: HTTPConnection) -> bool:
+    """Whether the request's API key has a tokens limit, so that :func:`charge_tokens`
+    counts: an app may skip counting what it would charge otherwise."""
+    return bool(connection.scope.get(API_KEY_METERED))

@@ -34,6 +34,11 @@ from dataclasses import dataclass, field
 
 #: How long a front's holding of a key's slots lasts unless it is renewed.
 LEASE_S = 10.0
+#: How long after a front was refused a key's slot the key counts as contended (fronts
+#: then give back idle slots at once).
+CONTENDED_S = 1.0
+#: Every this many calls the ledger drops the windows of keys no longer used.
+_FORGET_EVERY = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +68,7 @@ class QuotaGrant:
     reset_in_s: float
     slots: int
     tokens_used: int = 0
+    contended: bool = False  # some front was refused a slot of the key lately
 
 
 #: Tokens to charge, by key name.
@@ -99,11 +105,16 @@ class QuotaLedger:
         self._slots: dict[str, _Slots] = {}
         #: The window length of each key whose tokens are limited (as fronts ask).
         self._token_window_s: dict[str, float] = {}
+        self._refused_at: dict[str, float] = {}  # key -> when a front was last refused a slot
+        self._calls = 0
 
     def take(self, front: str, asks: tuple[QuotaAsk, ...], charges: Charges = ()) -> tuple[QuotaGrant, ...]:
         """Charge ``charges`` to their keys' windows, then grant each ask what its key's
         limits leave."""
         now = self._clock()
+        self._calls += 1
+        if self._calls % _FORGET_EVERY == 0:
+            self.forget()
         for key, tokens in charges:
             window_s = self._token_window_s.get(key)
             if window_s is not None:  # else no front keeps a tokens limit for the key
@@ -127,7 +138,8 @@ class QuotaLedger:
                 tokens = window.tokens
             reset_in = (window.index + 1) * ask.window_s - now
         slots = self._hold(front, ask, now) if ask.concurrent > 0 else ask.slots
-        return QuotaGrant(granted, remaining, reset_in, slots, tokens)
+        contended = now - self._refused_at.get(ask.key, -CONTENDED_S) < CONTENDED_S
+        return QuotaGrant(granted, remaining, reset_in, slots, tokens, contended)
 
     def _hold(self, front: str, ask: QuotaAsk, now: float) -> int:
         holders = self._slots.setdefault(ask.key, _Slots())
@@ -136,6 +148,8 @@ class QuotaLedger:
                 del holders.held[other]
         others = sum(count for other, (count, _) in holders.held.items() if other != front)
         holding = max(0, min(ask.slots, ask.concurrent - others))
+        if holding < ask.slots:
+            self._refused_at[ask.key] = now
         if holding:
             holders.held[front] = (holding, now + LEASE_S)
         else:
@@ -145,8 +159,18 @@ class QuotaLedger:
         return holding
 
     def forget(self, keep_windows_s: float = 3600.0) -> None:
-        """Drop windows that ended more than ``keep_windows_s`` ago (keys no longer used)."""
+        """Drop what is known of keys not used for ``keep_windows_s``: windows that ended,
+        token window lengths, lapsed leases and old refusals."""
         now = self._clock()
         for where, window in list(self._windows.items()):
             if (window.index + 1) * where[1] + keep_windows_s < now:
                 del self._windows[where]
+        used = {key for key, _ in self._windows}
+        for key in [key for key in self._token_window_s if key not in used]:
+            del self._token_window_s[key]
+        for key in [key for key, at in self._refused_at.items() if at + keep_windows_s < now]:
+            del self._refused_at[key]
+        for key, holders in list(self._slots.items()):
+            holders.held = {front: held for front, held in holders.held.items() if held[1] > now}
+            if not holders.held:
+                del self._slots[key]

@@ -60,7 +60,7 @@ class APIKey(Strict):
         "a window's are used, requests get 429. Unset: no limit.",
     )
     window_s: float = Field(
-        60.0, gt=0, le=86400, description="Length of the key's limit window in seconds (a minute)."
+        60.0, ge=1, le=86400, description="Length of the key's limit windows in seconds (a minute)."
     )
 
     @field_validator("expires_at")

@@ -95,7 +95,8 @@ class TokenLogprob:
 class Delta:
     """A piece of a reply. The first has no text and counts the prompt; the last carries
     why the reply ended and how many tokens it took; those between carry text, reasoning or
-    tool-call fragments (OpenAI's ``delta.tool_calls`` items)."""
+    tool-call fragments (OpenAI's ``delta.tool_calls`` items), and the tokens produced so
+    far (what a reply cut there is charged)."""
 
     text: str = ""
     tool_calls: tuple[Fragment, ...] = ()

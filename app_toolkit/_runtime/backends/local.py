@@ -327,7 +327,7 @@ class LocalLink:
             self.proxy = proxy = HTTPFront(plane.subscriber, http, status=self.core.status)
             if listen:
                 sock = listen_socket(http.host, http.port, exclusive=True)
-                self.backend.server = await serve(proxy, http, sock, proxy.close, proxy.flush_logs)
+                self.backend.server = await serve(proxy, http, sock, proxy.close, proxy.stopped)
 
         self._loop.run(start())
 

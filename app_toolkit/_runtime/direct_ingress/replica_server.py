@@ -59,7 +59,7 @@ class ReplicaFront:
         self._core.enter_serving()
         local = ReplicaUpstream(self._core, self._subscriber)
         front = HTTPFront(self._subscriber, self._http, self._gather, self._status, local=local)
-        self._server = await serve(front, self._http, None, front.close, front.flush_logs)
+        self._server = await serve(front, self._http, None, front.close, front.stopped)
         app = self._core.deployment.app
         # Until the front has its application's routes, connections go back to the proxy.
         self._listener = HandoffListener(self._server.adopt, lambda: front.routes(app))

@@ -95,6 +95,11 @@ class HTTPFront:
     def close(self) -> None:
         """The server is stopping: end the streams the proxy itself keeps open."""
         self.dashboard.close()
+        self.flush_logs()
+
+    def stopped(self) -> None:
+        """The server has stopped (its requests ended): no more asks of the keys' ledger,
+        and the access lines that wait are written."""
         self.limits.close()
         self.flush_logs()
 

@@ -37,9 +37,10 @@ from starlette.types import Scope
 
 from app_toolkit import metrics
 from app_toolkit._runtime.answers import json_answer
-from app_toolkit._runtime.front.key_limits import Limits
+from app_toolkit._runtime.front.rate_limits import Limits
 from app_toolkit._runtime.front.scope import (
     API_KEY_HEADER,
+    API_KEY_METERED,
     API_KEY_NAME,
     AUTHORIZATION_HEADER,
     RequestHeaders,
@@ -110,8 +111,14 @@ class KeyRing:
         return keyless
 
     def limits(self, scope: MutableMapping[str, Any]) -> Limits | None:
-        """The limits of the key :meth:`admits` found for this request (None: none)."""
-        return self._limits.get(scope.get(API_KEY_NAME, "")) if self._limits else None
+        """The limits of the key :meth:`admits` found for this request (None: none); a key
+        with a tokens limit is marked in ``scope``, so that its tokens are charged."""
+        if not self._limits:
+            return None
+        found = self._limits.get(scope.get(API_KEY_NAME, ""))
+        if found is not None and found.tokens:
+            scope[API_KEY_METERED] = True
+        return found
 
     def opens(self, head: bytes) -> bool:
         """Whether the request head at the start of ``head`` (peeked bytes: its request

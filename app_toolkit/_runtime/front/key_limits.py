@@ -3,82 +3,52 @@ concurrent requests.
 
 A request whose key has limits is admitted from what this front holds of them: requests
 of the key's current window granted by the cluster's ledger (``_runtime/quotas.py``,
-held by the controller), and slots of its concurrent requests. When they run out the
-front asks the ledger for more, one ask per key at a time whatever the number of
-requests waiting for it; the next ask is larger when the last grant went fast, so a busy
-key costs the controller a few asks a second, not one per request. Slots go back to the
-ledger as requests end, and the holding is renewed while it lasts. A key with a tokens
-limit is admitted while its window's tokens, as the ledger told them no more than
-:data:`TOKENS_FRESH_S` ago, are under the limit (the tokens are charged where replies
-end).
+held by the controller, reached through ``ledger_link.py``), and slots of its concurrent
+requests. When they run out the front asks the ledger for more: one ask per key at a time
+(the only one that changes what the front holds of the key), for all the requests that
+wait for it, served first come first served; the next ask takes more when the last grant
+went fast, so a busy key costs the controller a few asks a second, not one per request.
 
-A request over a limit gets 429 in OpenAI's shape with ``Retry-After`` and OpenAI's
-``x-ratelimit-{limit,remaining,reset}-{requests,tokens}`` headers. A key without limits
-costs nothing here. When the controller does not answer within :data:`ASK_TIMEOUT_S`,
-the front keeps a ledger of its own until it does (logged once; no token is charged to
-it).
+Slots are kept while the key's requests come and go: an idle slot goes back after
+:data:`SLOT_KEEP_S`, at once when the ledger says other fronts were refused one, and the
+holding is renewed every third of its lease. A key with a tokens limit is admitted while
+its window's tokens, as the ledger told them no more than :data:`TOKENS_FRESH_S` ago, are
+under the limit (heard again in the background before they are that old; the tokens are
+charged where replies end). A request over a limit gets the 429 of ``rate_limits.py``; a
+key without limits costs nothing here.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
-import uuid
 from dataclasses import dataclass
 
-from app_toolkit import metrics
-from app_toolkit._runtime.answers import json_answer
+from app_toolkit._runtime.front.ledger_link import LedgerLink
+from app_toolkit._runtime.front.rate_limits import Limits, Over, too_many
 from app_toolkit._runtime.messages import HTTPResponse
-from app_toolkit._runtime.quotas import LEASE_S, QuotaAsk, QuotaGrant, QuotaLedger, TakeQuota
-from app_toolkit.config.api_keys import APIKey
+from app_toolkit._runtime.quotas import LEASE_S, QuotaAsk, QuotaGrant, TakeQuota
 
 logger = logging.getLogger("app_toolkit.proxy")
 
-#: How long an ask may take before the front counts the controller as unreachable.
-ASK_TIMEOUT_S = 2.0
 #: The most requests one ask takes of a window.
 _MOST_PER_ASK = 1024
-#: How old a key's token count may be before a request of the key asks for it again (the
-#: requests of the key that come meanwhile wait for the same answer).
-TOKENS_FRESH_S = 0.5
-#: After the ledger refused a key's slot, how long its requests over the limit are refused
-#: without asking again.
-_SLOTS_RETRY_S = 0.05
 #: A grant spent faster than this makes the next ask twice as large; slower, half.
 _FAST_S = 0.1
 _SLOW_S = 1.0
-
-LIMITED = metrics.Counter(
-    "app_toolkit_api_key_rate_limited_total",
-    "Requests refused with 429 for their API key's limits, by key name and limit "
-    "(requests: per window; concurrent: at once).",
-    ("key", "limit"),
-)
-
-
-@dataclass(frozen=True, slots=True)
-class Limits:
-    """One key's limits (0: none)."""
-
-    key: str
-    window_s: float
-    requests: int
-    concurrent: int
-    tokens: int = 0
-
-    @classmethod
-    def of(cls, key: APIKey) -> Limits | None:
-        if not key.limited:
-            return None
-        return cls(
-            key.name,
-            key.window_s,
-            key.requests_per_window or 0,
-            key.max_concurrent_requests or 0,
-            key.tokens_per_window or 0,
-        )
+#: How long a key's token count may be old before its requests wait for it to be heard
+#: again (it is heard again in the background from half that age).
+TOKENS_FRESH_S = 0.5
+#: After the ledger refused a key's slot, how long its requests over the limit are refused
+#: without asking again (unless a slot is freed here).
+_SLOTS_RETRY_S = 0.05
+#: How long a slot with no request is kept before it goes back to the ledger.
+SLOT_KEEP_S = 0.5
+#: How often the keeper looks at the slots held.
+_KEEPER_TICK_S = 0.25
+#: How many asks one request waits for before it is refused.
+_ROUNDS = 3
 
 
 @dataclass(slots=True)
@@ -87,56 +57,55 @@ class _KeyState:
     allowance: int = 0  # requests granted of the window, not used yet
     window_ends: float = 0.0  # monotonic
     remaining: int = -1  # the ledger's count left in the window after the last grant
+    batch: int = 1  # how many requests the next ask takes
+    granted_at: float = 0.0
+    tokens_used: int = 0  # the window's tokens, as the ledger last told
+    tokens_heard: float = 0.0  # when it told (monotonic; 0: never)
     in_use: int = 0  # requests of the key in progress here
     slots: int = 0  # slots held
     waiting: int = 0  # requests waiting for an ask
-    batch: int = 1  # how many requests the next ask takes
-    granted_at: float = 0.0
     slots_refused_until: float = 0.0  # monotonic
-    tokens_used: int = 0  # the window's tokens, as the ledger last told
-    tokens_heard: float = 0.0  # when it told (monotonic; 0: never)
+    idle_since: float = 0.0  # since when a slot held has had no request (0: none idle)
+    contended: bool = False  # the ledger refused some front a slot of the key lately
+    renewed_at: float = 0.0  # when the holding was last sent to the ledger
     asking: asyncio.Task[None] | None = None
+
+    @property
+    def idle_slots(self) -> int:
+        return self.slots - self.in_use - self.waiting
 
 
 class KeyLimits:
-    """The limits of the keys this front admits. ``take``: the ledger's (None: this
-    front's own, as when the controller cannot be reached)."""
+    """The limits of the keys this front admits. ``take``: the controller's ledger (None:
+    this front's own, as in tests without a controller)."""
 
     def __init__(self, take: TakeQuota | None) -> None:
-        self._id = uuid.uuid4().hex
-        self._take = take
-        self._own = QuotaLedger(time.time)
+        self._link = LedgerLink(take)
         self._keys: dict[str, _KeyState] = {}
-        self._renewing: asyncio.Task[None] | None = None
-        self._unreachable = False
+        self._keeper: asyncio.Task[None] | None = None
 
     async def enter(self, limits: Limits, request_id: str) -> HTTPResponse | None:
         """Admit one request of ``limits``' key (None; the caller must :meth:`leave` once
         it ends), or the 429 it gets."""
-        state = self._keys.get(limits.key)
-        if state is None:
-            state = self._keys[limits.key] = _KeyState(limits)
-        elif state.limits is not limits:  # the keys were read again: maybe new limits
-            if state.limits.window_s != limits.window_s:
-                state.allowance = 0
-            state.limits = limits
-        if self._admit(state):
+        state = self._state(limits)
+        now = time.monotonic()
+        if limits.tokens and state.tokens_heard and now - state.tokens_heard > TOKENS_FRESH_S / 2:
+            self._ask_soon(state)  # the count heard again before requests must wait for it
+        if state.waiting == 0 and self._admit(state, now):
             return None
-        if not self._spent(state):
+        if not self._spent(state, now):
             state.waiting += 1
             try:
-                for _ in range(2):
-                    asking, joined = state.asking, state.asking is not None
-                    if asking is None:
-                        asking = state.asking = asyncio.get_running_loop().create_task(self._ask(state))
-                    await asyncio.shield(asking)
-                    if self._admit(state):
+                for _ in range(_ROUNDS):
+                    await asyncio.shield(self._ask_soon(state))
+                    now = time.monotonic()
+                    if self._admit(state, now):
                         return None
-                    # An ask that was out before this request came did not count it: one more.
-                    if not joined or self._spent(state):
+                    if self._spent(state, now):
                         break
             finally:
                 state.waiting -= 1
+        self._free(state)  # slots asked for this request are not needed
         return self._refusal(state, request_id)
 
     def leave(self, limits: Limits) -> None:
@@ -146,18 +115,27 @@ class KeyLimits:
             return
         state.in_use = max(0, state.in_use - 1)
         state.slots_refused_until = 0.0  # a slot is free here: the next request may have it
-        if state.slots > state.in_use + state.waiting and state.asking is None:
-            state.asking = asyncio.get_running_loop().create_task(self._ask(state))
+        self._free(state)
 
     def close(self) -> None:
-        """The front stops: no more renewals (the ledger's leases end on their own)."""
-        for task in (self._renewing, *(state.asking for state in self._keys.values())):
+        """The front has stopped: no more asks or renewals (the leases end by themselves)."""
+        self._link.close()
+        for task in (self._keeper, *(state.asking for state in self._keys.values())):
             if task is not None:
                 task.cancel()
 
-    def _admit(self, state: _KeyState) -> bool:
+    def _state(self, limits: Limits) -> _KeyState:
+        state = self._keys.get(limits.key)
+        if state is None:
+            state = self._keys[limits.key] = _KeyState(limits)
+        elif state.limits is not limits:  # the keys were read again: maybe new limits
+            if state.limits.window_s != limits.window_s:
+                state.allowance = 0
+            state.limits = limits
+        return state
+
+    def _admit(self, state: _KeyState, now: float) -> bool:
         limits = state.limits
-        now = time.monotonic()
         if limits.requests:
             if now >= state.window_ends:
                 state.allowance = 0
@@ -175,21 +153,67 @@ class KeyLimits:
             state.allowance -= 1
         if limits.concurrent:
             state.in_use += 1
+            if state.idle_slots <= 0:
+                state.idle_since = 0.0
         return True
 
     @staticmethod
-    def _spent(state: _KeyState) -> bool:
-        """The ledger said no more very lately: the key's window has nothing left (until
-        it ends), or its slots are all held (in the last :data:`_SLOTS_RETRY_S`). A request
-        over a limit is refused without an ask, so a flood of them costs the controller
-        nothing."""
-        now = time.monotonic()
+    def _spent(state: _KeyState, now: float) -> bool:
+        """The ledger said no more: the key's window has no requests or tokens left (until
+        it ends), or its slots are all held (said in the last :data:`_SLOTS_RETRY_S`). A
+        request over a limit is refused without an ask, so a flood of them costs the
+        controller nothing."""
         limits = state.limits
         if limits.requests and state.allowance <= 0 and state.remaining == 0 and now < state.window_ends:
             return True
         if limits.tokens and state.tokens_used >= limits.tokens and now < state.window_ends:
             return True  # a window's tokens only grow
         return bool(limits.concurrent) and state.in_use >= state.slots and now < state.slots_refused_until
+
+    def _free(self, state: _KeyState) -> None:
+        """Slots held with no request: back to the ledger now if other fronts want them,
+        else after :data:`SLOT_KEEP_S` (the keeper's)."""
+        if state.idle_slots <= 0:
+            return
+        if state.contended:
+            self._ask_soon(state)
+        elif not state.idle_since:
+            state.idle_since = time.monotonic()
+
+    def _ask_soon(self, state: _KeyState) -> asyncio.Task[None]:
+        """The key's ask: the one out, or a new one."""
+        if state.asking is None:
+            state.asking = asyncio.get_running_loop().create_task(self._ask(state))
+            state.asking.add_done_callback(_log_failure)
+        return state.asking
+
+    async def _ask(self, state: _KeyState) -> None:
+        """Ask the ledger for what ``state``'s waiting requests need, and hold the slots
+        its requests use, until what the front holds is that (or the ledger has no more to
+        give)."""
+        try:
+            for _ in range(8):
+                now = time.monotonic()
+                limits = state.limits
+                slots = state.in_use + state.waiting if limits.concurrent else 0
+                if state.slots > slots and state.idle_since and not state.contended:
+                    slots = state.slots if now - state.idle_since < SLOT_KEEP_S else slots
+                state.slots = min(state.slots, slots)  # slots on their way back are not used
+                ask = QuotaAsk(
+                    limits.key,
+                    limits.window_s,
+                    limits.requests,
+                    self._want(state, now),
+                    limits.concurrent,
+                    slots,
+                    limits.tokens,
+                )
+                (grant,) = await self._link.send((ask,))
+                self._apply(state, grant, now, slots)
+                if not limits.concurrent or grant.slots < slots or state.idle_slots >= 0:
+                    break
+        finally:
+            state.asking = None
 
     def _want(self, state: _KeyState, now: float) -> int:
         """How many requests of the window to ask for: those waiting, or the batch (grown
@@ -206,56 +230,7 @@ class KeyLimits:
         left = state.remaining if state.remaining >= 0 and now < state.window_ends else limits.requests
         return max(state.waiting, min(state.batch, max(1, left // 4)))
 
-    async def _ask(self, state: _KeyState) -> None:
-        """Ask the ledger for what ``state``'s waiting requests need, and give back slots
-        no longer used, until what the front holds is what it uses (or the ledger has no
-        more to give)."""
-        try:
-            for _ in range(8):
-                now = time.monotonic()
-                limits = state.limits
-                slots = state.in_use + state.waiting if limits.concurrent else 0
-                # Slots on their way back are not used meanwhile.
-                state.slots = min(state.slots, slots)
-                want = self._want(state, now)
-                ask = QuotaAsk(
-                    limits.key,
-                    limits.window_s,
-                    limits.requests,
-                    want,
-                    limits.concurrent,
-                    slots,
-                    limits.tokens,
-                )
-                (grant,) = await self._send((ask,))
-                self._apply(state, grant, now, slots)
-                if not limits.concurrent or grant.slots < slots:
-                    break
-                if state.slots == state.in_use + state.waiting:
-                    break
-        finally:
-            state.asking = None
-
-    async def _send(self, asks: tuple[QuotaAsk, ...]) -> tuple[QuotaGrant, ...]:
-        if self._take is not None:
-            try:
-                grants = await asyncio.wait_for(self._take(self._id, asks, ()), ASK_TIMEOUT_S)
-            except Exception as exc:  # noqa: BLE001 - any failure: the front's own ledger
-                if not self._unreachable:
-                    self._unreachable = True
-                    logger.warning(
-                        "API key limits: the controller did not answer (%s); this front keeps them on "
-                        "its own until it does",
-                        type(exc).__name__,
-                    )
-            else:
-                if self._unreachable:
-                    self._unreachable = False
-                    logger.info("API key limits: the controller answers again")
-                return grants
-        return self._own.take(self._id, asks)
-
-    def _apply(self, state: _KeyState, grant: QuotaGrant, asked_at: float, wanted_slots: int) -> None:
+    def _apply(self, state: _KeyState, grant: QuotaGrant, asked_at: float, asked_slots: int) -> None:
         now = time.monotonic()
         limits = state.limits
         if limits.requests or limits.tokens:
@@ -270,86 +245,50 @@ class KeyLimits:
                 state.granted_at = now
         if limits.tokens:
             state.tokens_used, state.tokens_heard = grant.tokens_used, now
-        if state.limits.concurrent:
-            if grant.slots < wanted_slots:
+        if limits.concurrent:
+            if grant.slots < asked_slots:
                 state.slots_refused_until = now + _SLOTS_RETRY_S
-            state.slots = grant.slots
-            if state.slots and self._renewing is None:
-                self._renewing = asyncio.get_running_loop().create_task(self._renew())
+            state.slots, state.contended, state.renewed_at = grant.slots, grant.contended, now
+            if state.idle_slots <= 0:
+                state.idle_since = 0.0
+            elif not state.idle_since:
+                state.idle_since = now
+            if state.slots and self._keeper is None:
+                self._keeper = asyncio.get_running_loop().create_task(self._keep())
+                self._keeper.add_done_callback(_log_failure)
 
-    async def _renew(self) -> None:
-        """Renew the holdings of slots while there are any."""
+    async def _keep(self) -> None:
+        """While slots are held: give back those idle for :data:`SLOT_KEEP_S`, and renew
+        the holdings every third of a lease."""
         try:
-            while True:
-                await asyncio.sleep(LEASE_S / 3)
-                held = [state for state in self._keys.values() if state.slots and state.asking is None]
-                if not held:
-                    if not any(state.slots for state in self._keys.values()):
-                        return
-                    continue
-                for state in held:
-                    state.slots = min(state.slots, state.in_use + state.waiting)
-                asks = tuple(
-                    QuotaAsk(s.limits.key, s.limits.window_s, 0, 0, s.limits.concurrent, s.slots)
-                    for s in held
-                )
-                for state, grant in zip(held, await self._send(asks), strict=True):
-                    state.slots = grant.slots
+            while any(state.slots for state in self._keys.values()):
+                await asyncio.sleep(_KEEPER_TICK_S)
+                now = time.monotonic()
+                for state in self._keys.values():
+                    if not state.slots or state.asking is not None:
+                        continue
+                    idle_long = state.idle_slots > 0 and now - state.idle_since >= SLOT_KEEP_S
+                    if idle_long or now - state.renewed_at >= LEASE_S / 3:
+                        self._ask_soon(state)
         finally:
-            self._renewing = None
+            self._keeper = None
 
     def _refusal(self, state: _KeyState, request_id: str) -> HTTPResponse:
         limits = state.limits
         now = time.monotonic()
-        reset_s = max(0.0, state.window_ends - now)
-        over_requests = bool(limits.requests) and (state.allowance <= 0 or now >= state.window_ends)
-        over_tokens = not over_requests and bool(limits.tokens) and state.tokens_used >= limits.tokens
-        which = "requests" if over_requests else "tokens" if over_tokens else "concurrent"
-        LIMITED.inc(limits.key, which)
-        headers: list[tuple[bytes, bytes]] = []
-        if limits.requests:
-            left = 0 if over_requests else max(0, state.remaining) + max(0, state.allowance)
-            headers += _rate_headers(b"requests", limits.requests, left, reset_s)
-        if limits.tokens:
-            headers += _rate_headers(
-                b"tokens", limits.tokens, max(0, limits.tokens - state.tokens_used), reset_s
-            )
-        if which == "concurrent":
-            retry_after = 1
-            message = (
-                f"Too many concurrent requests: at most {limits.concurrent} at once for API key "
-                f"{limits.key!r}. Try again when one has ended."
-            )
+        over: Over
+        if limits.requests and (state.allowance <= 0 or now >= state.window_ends):
+            over = "requests"
+        elif limits.tokens and (
+            state.tokens_used >= limits.tokens or now - state.tokens_heard > TOKENS_FRESH_S
+        ):
+            over = "tokens"
         else:
-            retry_after = max(1, math.ceil(reset_s))
-            limit = limits.requests if over_requests else limits.tokens
-            message = (
-                f"Rate limit reached for {which}: {limit} per {limits.window_s:g} s for API key "
-                f"{limits.key!r}. Try again in {retry_after} s."
-            )
-        headers.append((b"retry-after", str(retry_after).encode()))
-        kind = "tokens" if over_tokens else "requests"
-        error = {"message": message, "type": kind, "param": None, "code": "rate_limit_exceeded"}
-        return json_answer(429, {"error": error}, request_id, tuple(headers))
+            over = "concurrent"
+        left = 0 if over == "requests" else max(0, state.remaining) + max(0, state.allowance)
+        return too_many(limits, over, left, state.tokens_used, max(0.0, state.window_ends - now), request_id)
 
 
-def _rate_headers(what: bytes, limit: int, remaining: int, reset_s: float) -> list[tuple[bytes, bytes]]:
-    """OpenAI's ``x-ratelimit-{limit,remaining,reset}-<what>`` headers."""
-    return [
-        (b"x-ratelimit-limit-" + what, str(limit).encode()),
-        (b"x-ratelimit-remaining-" + what, str(remaining).encode()),
-        (b"x-ratelimit-reset-" + what, reset_text(reset_s).encode()),
-    ]
-
-
-def reset_text(seconds: float) -> str:
-    """A time as OpenAI's ``x-ratelimit-reset-*`` headers give it: ``850ms``, ``12s``,
-    ``6m0s``, ``1h2m3s``."""
-    if seconds < 1:
-        return f"{max(0, round(seconds * 1000))}ms"
-    whole = math.ceil(seconds)
-    hours, rest = divmod(whole, 3600)
-    minutes, secs = divmod(rest, 60)
-    if hours:
-        return f"{hours}h{minutes}m{secs}s"
-    return f"{minutes}m{secs}s" if minutes else f"{secs}s"
+def _log_failure(task: asyncio.Task[None]) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        logger.error("API key limits: an ask failed", exc_info=task.exception())

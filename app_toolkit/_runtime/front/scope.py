@@ -19,6 +19,9 @@ from app_toolkit._runtime.request_keys import KEY_HEADERS, SHARD_KEY_HEADER, Key
 
 #: The scope key that names the API key a request presented (``app_toolkit.api_key_name``).
 API_KEY_NAME = "app_toolkit.api_key"
+#: Set (True) in the scope when that key has a tokens limit: its tokens are charged
+#: (``app_toolkit.charge_tokens``), and not otherwise.
+API_KEY_METERED = "app_toolkit.api_key_metered"
 
 _FORWARDED_KEYS = (
     "type",
@@ -36,6 +39,7 @@ _FORWARDED_KEYS = (
     "subprotocols",
     "extensions",
     API_KEY_NAME,
+    API_KEY_METERED,
 )
 
 TIMEOUT_HEADER = b"x-request-timeout-seconds"

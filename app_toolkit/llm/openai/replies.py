@@ -37,16 +37,16 @@ class Stream(Protocol):
 
 class Metered:
     """A reply's stream that charges its tokens once it ends, is cancelled or fails:
-    the prompt's, and each choice's completion tokens as its finish counts them (a choice
-    cut before its finish: one for each piece of it that came, a piece being a token or
-    more)."""
+    the prompt's, and each choice's completion tokens as its last piece counted them (its
+    finish, or for a choice cut before it, the tokens produced by the piece that came last;
+    a piece that counts none, of a model of one's own, counts one)."""
 
     def __init__(self, stream: Stream, prompt_tokens: int, charge: Callable[[int], None]) -> None:
         self._stream = stream
         self._charge: Callable[[int], None] | None = charge
         self._prompt_tokens = prompt_tokens
         self._finished: dict[int, int] = {}  # choice -> its completion tokens
-        self._pieces: dict[int, int] = {}  # choice -> pieces that came before its finish
+        self._pieces: dict[int, int] = {}  # choice -> its tokens as its pieces counted them
 
     def __aiter__(self) -> Metered:
         return self
@@ -60,7 +60,8 @@ class Metered:
         if delta.finish_reason is not None:
             self._finished[delta.index] = delta.completion_tokens
         elif delta.text or delta.tool_calls or delta.reasoning:
-            self._pieces[delta.index] = self._pieces.get(delta.index, 0) + 1
+            counted = self._pieces.get(delta.index, 0)
+            self._pieces[delta.index] = max(delta.completion_tokens, counted + 1)
         return delta
 
     def cancel(self) -> None:

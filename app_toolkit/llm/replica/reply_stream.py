@@ -110,7 +110,7 @@ class ReplyStream:
                 if stops.stopped:
                     break
                 if held and (not sent or now - flushed >= self._interval_s):
-                    yield _joined(held, logprobs)
+                    yield _joined(held, logprobs, self.produced)
                     held, logprobs = [], []
                     flushed = now
                     sent = True
@@ -129,7 +129,7 @@ class ReplyStream:
                 held.extend(structure.finish(unread))
                 finish = structure.finish_reason(finish)
             if held:
-                yield _joined(held, logprobs)
+                yield _joined(held, logprobs, self.produced)
                 logprobs = []
             outcome = finish
         except Exception:
@@ -168,7 +168,7 @@ class ReplyStream:
 
     def _shaped(self, text: str, token_ids: Sequence[int]) -> list[Delta]:
         if self._structure is None:
-            return [Delta(text=text)]
+            return [Delta(text=text, completion_tokens=self.produced)]
         return self._structure.feed(text, token_ids)
 
 
@@ -194,12 +194,16 @@ def _text(raw: bytes) -> str:
     return raw.decode(errors="replace")
 
 
-def _joined(deltas: list[Delta], logprobs: list[TokenLogprob]) -> Delta:
+def _joined(deltas: list[Delta], logprobs: list[TokenLogprob], produced: int) -> Delta:
     """Pieces held by the stream's pace, sent as one with the log-probabilities of their
-    tokens: text and reasoning joined, and tool-call fragments of one call (one ``index``)
-    merged into one, as OpenAI's clients expect a chunk's."""
+    tokens and the count of tokens produced so far: text and reasoning joined, and
+    tool-call fragments of one call (one ``index``) merged into one, as OpenAI's clients
+    expect a chunk's."""
     if len(deltas) == 1 and len(deltas[0].tool_calls) < 2:
-        return dataclasses.replace(deltas[0], logprobs=tuple(logprobs)) if logprobs else deltas[0]
+        one = deltas[0]
+        if logprobs or one.completion_tokens != produced:
+            return dataclasses.replace(one, logprobs=tuple(logprobs), completion_tokens=produced)
+        return one
     calls: dict[int, Fragment] = {}
     for fragment in (c for d in deltas for c in d.tool_calls):
         merged = calls.get(fragment["index"])
@@ -213,4 +217,5 @@ def _joined(deltas: list[Delta], logprobs: list[TokenLogprob]) -> Delta:
         reasoning="".join(d.reasoning for d in deltas),
         tool_calls=tuple(calls[i] for i in sorted(calls)),
         logprobs=tuple(logprobs),
+        completion_tokens=produced,
     )

@@ -131,7 +131,7 @@ class ProxyActor:
                         listener, adopt, routes, http.keep_alive_timeout_s, http.max_connections
                     )
 
-                self._server = await serve(proxy, http, sock, proxy.close, proxy.flush_logs, hand_off)
+                self._server = await serve(proxy, http, sock, proxy.close, proxy.stopped, hand_off)
                 stored.save_proxy_port(self._server.port)
                 settle_heap()
             return self._server
