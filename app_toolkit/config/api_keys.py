@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import secrets
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -131,6 +132,24 @@ def presented_key(authorization: bytes | None, api_key: bytes | None) -> tuple[b
         well_formed = authorization[:7].lower() == _BEARER
         return (authorization[7:].strip(b" \t") if well_formed else authorization), well_formed
     return (api_key if api_key is not None else b""), api_key is not None
+
+
+#: The headers a key is presented in (names as ASGI gives them: lower-case).
+AUTHORIZATION_HEADER = b"authorization"
+API_KEY_HEADER = b"x-api-key"
+
+
+def key_headers(headers: Iterable[tuple[bytes, bytes]]) -> tuple[bytes | None, bytes | None]:
+    """The ``Authorization`` and ``X-API-Key`` values among ``headers`` (lower-case names),
+    for :func:`presented_key`: None where one is not sent, ``b""`` where one is sent twice
+    (which opens nothing)."""
+    authorization = api_key = None
+    for name, value in headers:
+        if name == AUTHORIZATION_HEADER:
+            authorization = value if authorization is None else b""
+        elif name == API_KEY_HEADER:
+            api_key = value if api_key is None else b""
+    return authorization, api_key
 
 
 def key_hash(key: str) -> str:

@@ -39,10 +39,8 @@ from app_toolkit import metrics
 from app_toolkit._runtime.answers import json_answer
 from app_toolkit._runtime.front.rate_limits import Limits
 from app_toolkit._runtime.front.scope import (
-    API_KEY_HEADER,
     API_KEY_METERED,
     API_KEY_NAME,
-    AUTHORIZATION_HEADER,
     RequestHeaders,
 )
 from app_toolkit._runtime.messages import HTTPResponse
@@ -52,6 +50,7 @@ from app_toolkit.config.api_keys import (
     APIKey,
     check_unique,
     digest_of,
+    key_headers,
     presented_key,
     read_keys_file,
 )
@@ -127,14 +126,8 @@ class KeyRing:
         end = head.find(b"\r\n\r\n")
         if end < 0:
             return False
-        authorization = api_key = None
-        for line in head[:end].split(b"\r\n")[1:]:
-            name, _, value = line.partition(b":")
-            name = name.lower()
-            if name == AUTHORIZATION_HEADER:
-                authorization = value.strip(b" \t") if authorization is None else b""
-            elif name == API_KEY_HEADER:
-                api_key = value.strip(b" \t") if api_key is None else b""
+        lines = (line.partition(b":") for line in head[:end].split(b"\r\n")[1:])
+        authorization, api_key = key_headers((name.lower(), value.strip(b" \t")) for name, _, value in lines)
         return self.holder(authorization, api_key) is not None
 
     def holder(self, authorization: bytes | None, api_key: bytes | None) -> str | None:

@@ -16,7 +16,7 @@ from starlette.middleware import Middleware
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 import app_toolkit as tk
-from app_toolkit.config.api_keys import UNAUTHORIZED_MESSAGE, APIKey, digest_of, presented_key
+from app_toolkit.config.api_keys import UNAUTHORIZED_MESSAGE, APIKey, digest_of, key_headers, presented_key
 from app_toolkit.context import meters_tokens
 from app_toolkit.llm import errors
 from app_toolkit.llm.errors import ANSWERED, OpenAIError, bad_parameter, unknown_model
@@ -38,9 +38,6 @@ from app_toolkit.llm.protocol import (
 CARD_TIMEOUT_S = 2.0
 #: How long a model's list of LoRA adapters is served before its replica is asked again.
 ADAPTERS_TTL_S = 5.0
-
-
-AUTHORIZATION, API_KEY = b"authorization", b"x-api-key"
 
 
 class KeyGuard:
@@ -67,20 +64,8 @@ def _lets_in(scope: Scope) -> bool:
         raise TypeError(f"the OpenAI app is served by {type(ingress).__name__}, not OpenAIIngress")
     if not ingress.key_hashes:
         return True
-    lines: dict[bytes, list[bytes]] = {AUTHORIZATION: [], API_KEY: []}
-    for name, value in scope["headers"]:
-        if name in lines:
-            lines[name].append(value)
-    authorization, api_key = (_one_line(lines[AUTHORIZATION]), _one_line(lines[API_KEY]))
-    presented, well_formed = presented_key(authorization, api_key)
+    presented, well_formed = presented_key(*key_headers(scope["headers"]))
     return digest_of(presented) in ingress.key_hashes and well_formed
-
-
-def _one_line(values: list[bytes]) -> bytes | None:
-    """A header's value (None: not sent; ``b""``: sent twice, which opens nothing)."""
-    if not values:
-        return None
-    return values[0] if len(values) == 1 else b""
 
 
 #: The OpenAI endpoints, methods of :class:`OpenAIIngress`; ``ingress_app.py`` makes the
