@@ -32,6 +32,7 @@ from app_toolkit.context import (
     charge_tokens,
     get_replica_context,
     get_request_id,
+    meters_tokens,
 )
 from app_toolkit.dependencies import Depends
 from app_toolkit.deployment import Application, Deployment, deployment
@@ -150,6 +151,7 @@ __all__ = [
     "get_replica_context",
     "get_request_id",
     "ingress",
+    "meters_tokens",
     "multiplexed",
     "open_route",
     "replicated",

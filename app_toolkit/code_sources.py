@@ -131,11 +131,20 @@ def is_user_source(path: str) -> bool:
     return not real.startswith(_installed_folders())
 
 
+#: A class made at run time may name its code here (``"module:qualname+what it adds"``):
+#: deploys then know it by that name, as they know a module-level class by its own.
+CODE_NAME_ATTR = "__app_toolkit_code_name__"
+
+
 def code_name(func_or_class: object) -> str | None:
     """``module:qualname`` if that names ``func_or_class`` (or the deployment made of it,
-    ``@deployment`` above a module-level class), else None: a class made at run time
-    (``tk.App``'s ingress, one defined in a function) is another class each time its
-    module runs, and has no name to know it by."""
+    ``@deployment`` above a module-level class), or the name it gives itself in its own
+    :data:`CODE_NAME_ATTR`; else None: a class made at run time (``tk.App``'s ingress, one
+    defined in a function) is another class each time its module runs, and has no name to
+    know it by."""
+    given = vars(func_or_class).get(CODE_NAME_ATTR) if isinstance(func_or_class, type) else None
+    if isinstance(given, str):
+        return given
     module = getattr(func_or_class, "__module__", None)
     qualname = getattr(func_or_class, "__qualname__", None)
     if not isinstance(module, str) or not isinstance(qualname, str) or "<locals>" in qualname:

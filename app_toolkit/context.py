@@ -19,6 +19,7 @@ __all__ = [
     "charge_tokens",
     "get_replica_context",
     "get_request_id",
+    "meters_tokens",
 ]
 
 

@@ -201,7 +201,7 @@ def _class_app(app: FastAPI, cls: type) -> FastAPI:
             continue
         endpoint = route.endpoint
         if cls.__dict__.get(getattr(endpoint, "__name__", "")) is endpoint:
-            routes.append(_copy_route(route, _self_injected(endpoint)))
+            routes.append(copy_route(route, _self_injected(endpoint)))
         elif not _is_method(endpoint):
             routes.append(route)
     own.router.routes = routes
@@ -250,10 +250,11 @@ def _self_injected(method: Callable[..., object]) -> Callable[..., object]:
     return endpoint
 
 
-def _copy_route(
+def copy_route(
     route: APIRoute | APIWebSocketRoute, endpoint: Callable[..., object]
 ) -> APIRoute | APIWebSocketRoute:
-    """The same HTTP or WebSocket route (path, name, dependencies...) with a new endpoint."""
+    """The same FastAPI HTTP or WebSocket route (path, name, dependencies, response class,
+    every setting it was made with) with another endpoint."""
     kind = type(route)
     accepted = inspect.signature(kind.__init__).parameters
     settings = {

@@ -77,6 +77,7 @@ EXPECTED = [
     "get_replica_context",
     "get_request_id",
     "ingress",
+    "meters_tokens",
     "multiplexed",
     "open_route",
     "replicated",

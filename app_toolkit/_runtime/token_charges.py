@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 
 from app_toolkit._runtime.backends.base import current_session
 from app_toolkit._runtime.session import Session
@@ -33,7 +34,10 @@ class TokenCharges:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._pending: dict[str, int] = {}
-        self._sending = False  # a send is set off or out: it takes what gathers meanwhile
+        #: The session whose send is set off or out (it takes what gathers meanwhile), and
+        #: when it was set off: a send that has not run for :data:`SEND_TIMEOUT_S` after
+        #: that (its loop gone) is set off again, as is one of another session.
+        self._sending: tuple[Session, float] | None = None
         self._dropped = False  # charges were dropped since the last send (logged once)
 
     def add(self, key: str, tokens: int) -> None:
@@ -46,14 +50,16 @@ class TokenCharges:
                 self._dropped = True
                 return
             self._pending[key] = self._pending.get(key, 0) + tokens
-            if self._sending:
+            now = time.monotonic()
+            out = self._sending
+            if out is not None and out[0] is session and now - out[1] < FLUSH_S + SEND_TIMEOUT_S + 1:
                 return
-            self._sending = True
+            self._sending = (session, now)
         try:
             session.data_plane.submit(self._send(session))
-        except ReplicaUnavailableError:  # the data plane closed (the toolkit stopping)
+        except (ReplicaUnavailableError, RuntimeError):  # the data plane closed (the toolkit stopping)
             with self._lock:
-                self._sending = False
+                self._sending = None
 
     async def _send(self, session: Session) -> None:
         """Send what gathers, every :data:`FLUSH_S`, until nothing does."""
@@ -64,8 +70,9 @@ class TokenCharges:
                     charges, self._pending = tuple(self._pending.items()), {}
                     dropped, self._dropped = self._dropped, False
                     if not charges:
-                        self._sending = False
+                        self._sending = None
                         return
+                    self._sending = (session, time.monotonic())
                 if dropped:
                     logger.warning(
                         "API key limits: token charges of more than %d keys were dropped", _MOST_KEYS
@@ -80,7 +87,7 @@ class TokenCharges:
                     )
         except BaseException:
             with self._lock:
-                self._sending = False
+                self._sending = None
             raise
 
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 import os
@@ -109,7 +110,13 @@ def build_openai_app(llm_serving_args: LLMServingArgs | Mapping[str, object]) ->
     hashes = tuple(key_hash(key) for key in _api_keys(args))  # what the ingress's arguments hold
     config = args.ingress_cls_config
     base = import_attr(config.ingress_cls) if isinstance(config.ingress_cls, str) else config.ingress_cls
-    served = ingress_class(base, args)
+    served = ingress_class(base, args, keyed=bool(hashes))
+    try:  # a constructor that cannot take them fails here, not in every replica
+        inspect.signature(served).bind(models, kinds, lora, hashes, **config.ingress_extra_kwargs)
+    except TypeError as exc:
+        raise BuilderArgsError(
+            f"ingress_cls_config.ingress_extra_kwargs do not fit {served.__name__}'s constructor: {exc}"
+        ) from None
     return tk.deployment(name=name, **options)(served).bind(
         models, kinds, lora, hashes, **config.ingress_extra_kwargs
     )

@@ -14,12 +14,16 @@ from typing import Any
 import httpx
 import openai
 import pytest
-from fastapi import APIRouter
+from fastapi import APIRouter, Depends, HTTPException, Request, WebSocket
+from fastapi.responses import PlainTextResponse
 from prometheus_client.parser import text_string_to_metric_families
 from starlette.middleware import Middleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from websockets.exceptions import InvalidStatus
+from websockets.sync.client import connect
 
 import app_toolkit as tk
+from app_toolkit.code_sources import code_name
 from app_toolkit.exceptions import BuilderArgsError, ConfigError
 from app_toolkit.llm import LLMConfig, LLMServer, LLMServingArgs, build_llm_deployment, build_openai_app
 from app_toolkit.llm.openai.ingress import OpenAIIngress
@@ -519,7 +523,9 @@ def test_a_model_is_listed_once_it_can_answer(toolkit: Toolkit, tmp_path: Path) 
         bind_kwargs={"gate": str(gate)},
     )
     gated = {"model_loading_config": {"model_id": "gated"}, "llm_engine": "echo"}
-    ingress = ingress_class(OpenAIIngress, LLMServingArgs.model_validate({"llm_configs": [gated]}))
+    ingress = ingress_class(
+        OpenAIIngress, LLMServingArgs.model_validate({"llm_configs": [gated]}), keyed=False
+    )
     app = tk.deployment(name="OpenAiIngress")(ingress).bind({"gated": model}, {"gated": "generate"})
     name = toolkit.name()
     toolkit.run_many(
@@ -628,6 +634,12 @@ class _Stamp:
         await self.app(scope, receive, stamped)
 
 
+def _guard(request: Request) -> None:
+    """A dependency of an extra route: it must keep running there."""
+    if request.headers.get("x-let-in") != "yes":
+        raise HTTPException(403, "no")
+
+
 class Bannered(OpenAIIngress):
     """An ingress of one's own (``ingress_cls_config``): a route, a middleware, a constructor
     argument, and an override of one of the OpenAI endpoints."""
@@ -645,6 +657,16 @@ class Bannered(OpenAIIngress):
 
     async def version(self) -> dict[str, str]:
         return {"version": f"{self.banner}-1"}
+
+    @more.get("/page", response_class=PlainTextResponse, dependencies=[Depends(_guard)])
+    async def page(self) -> str:
+        return f"<{self.banner}>"
+
+    @more.websocket("/live")
+    async def live(self, socket: WebSocket) -> None:
+        await socket.accept()
+        await socket.send_text(self.banner)
+        await socket.close()
 
 
 def test_an_ingress_class_of_ones_own_and_vllms_cors_options(local_toolkit: Toolkit) -> None:
@@ -685,9 +707,52 @@ def test_an_ingress_class_of_ones_own_and_vllms_cors_options(local_toolkit: Tool
         assert refused.headers["access-control-allow-origin"] == "https://chat.example"
         assert "x-stamped" not in refused.headers  # its middleware runs after the key check
         assert client.get(f"{prefix}-keyed/banner", headers={"x-api-key": "k"}).json() == {"banner": "hello"}
+        # An extra route keeps its settings: its dependency, its response class.
+        assert client.get(f"{prefix}/page").status_code == 403
+        page = client.get(f"{prefix}/page", headers={"x-let-in": "yes"})
+        assert page.text == "<hello>" and page.headers["content-type"].startswith("text/plain")
+    # A WebSocket of an extra route: served, and with the app's keys closed without one.
+    ws_url = local_toolkit.url.replace("http", "ws")
+    with connect(f"{ws_url}{prefix}/live", open_timeout=10) as socket:
+        assert socket.recv(timeout=10) == "hello"
+    with pytest.raises(InvalidStatus) as closed:
+        connect(f"{ws_url}{prefix}-keyed/live", open_timeout=10)
+    assert closed.value.response.status_code == 403  # refused before it is accepted
+    with connect(
+        f"{ws_url}{prefix}-keyed/live", additional_headers={"x-api-key": "k"}, open_timeout=10
+    ) as socket:
+        assert socket.recv(timeout=10) == "hello"
 
 
 def test_an_ingress_class_that_is_not_the_modules_is_refused_where_the_app_is_built() -> None:
     echo = {"model_loading_config": {"model_id": ECHO}, "llm_engine": "echo"}
     with pytest.raises(ConfigError, match="must be a subclass of app_toolkit.llm.OpenAIIngress"):
         build_openai_app({"llm_configs": [echo], "ingress_cls_config": {"ingress_cls": "json:JSONDecoder"}})
+
+
+def test_an_openai_apps_code_is_known_by_its_class_and_options_and_bad_ingress_classes_fail_early() -> None:
+    """Two builds of the same options are the same code (a redeploy keeps the replicas);
+    other CORS options are other code. An override that hides its parameters, a route that
+    is not a method and constructor arguments that do not fit fail where the app is built."""
+    echo = {"model_loading_config": {"model_id": ECHO}, "llm_engine": "echo"}
+    args = LLMServingArgs.model_validate({"llm_configs": [echo]})
+    first, second = (ingress_class(Bannered, args, keyed=False) for _ in range(2))
+    assert first is not second and code_name(first) == code_name(second)
+    other = LLMServingArgs.model_validate({"llm_configs": [echo], "allowed_origins": ["https://a.example"]})
+    assert code_name(ingress_class(Bannered, other, keyed=False)) != code_name(first)
+
+    class Hiding(OpenAIIngress):
+        async def version(self, *args: Any, **kwargs: Any) -> dict[str, str]:
+            return {}
+
+    with pytest.raises(ConfigError, match="not take \\*args or \\*\\*kwargs"):
+        ingress_class(Hiding, args, keyed=False)
+
+    class Removed(OpenAIIngress):
+        version = None  # type: ignore[assignment]
+
+    with pytest.raises(ConfigError, match="must be a method"):
+        ingress_class(Removed, args, keyed=False)
+    wrong = {"ingress_cls": Bannered}  # its constructor needs a banner
+    with pytest.raises(BuilderArgsError, match="ingress_extra_kwargs do not fit Bannered.*banner"):
+        build_openai_app({"llm_configs": [echo], "ingress_cls_config": wrong})

@@ -40,15 +40,15 @@ _SLOW_S = 1.0
 #: How long a key's token count may be old before its requests wait for it to be heard
 #: again (it is heard again in the background from half that age).
 TOKENS_FRESH_S = 0.5
-#: After the ledger refused a key's slot, how long its requests over the limit are refused
-#: without asking again (unless a slot is freed here).
-_SLOTS_RETRY_S = 0.05
+#: How long a request refused a slot waits before it asks again (another front may be
+#: about to give one back).
+_SLOT_RETRY_S = 0.1
 #: How long a slot with no request is kept before it goes back to the ledger.
-SLOT_KEEP_S = 0.5
+SLOT_KEEP_S = 0.1
 #: How often the keeper looks at the slots held.
-_KEEPER_TICK_S = 0.25
+_KEEPER_TICK_S = 0.05
 #: How many asks one request waits for before it is refused.
-_ROUNDS = 3
+_ROUNDS = 4
 
 
 @dataclass(slots=True)
@@ -64,7 +64,6 @@ class _KeyState:
     in_use: int = 0  # requests of the key in progress here
     slots: int = 0  # slots held
     waiting: int = 0  # requests waiting for an ask
-    slots_refused_until: float = 0.0  # monotonic
     idle_since: float = 0.0  # since when a slot held has had no request (0: none idle)
     contended: bool = False  # the ledger refused some front a slot of the key lately
     renewed_at: float = 0.0  # when the holding was last sent to the ledger
@@ -89,23 +88,31 @@ class KeyLimits:
         it ends), or the 429 it gets."""
         state = self._state(limits)
         now = time.monotonic()
-        if limits.tokens and state.tokens_heard and now - state.tokens_heard > TOKENS_FRESH_S / 2:
+        spent = self._spent(state, now)
+        if (
+            limits.tokens
+            and not spent
+            and state.tokens_heard
+            and now - state.tokens_heard > TOKENS_FRESH_S / 2
+        ):
             self._ask_soon(state)  # the count heard again before requests must wait for it
-        if state.waiting == 0 and self._admit(state, now):
+        if state.waiting == 0 and self._admit(state, now, waiting=False):
             return None
-        if not self._spent(state, now):
+        if not spent:
             state.waiting += 1
             try:
-                for _ in range(_ROUNDS):
+                for round_ in range(_ROUNDS):
+                    if round_ and self._slots_refused(state):
+                        await asyncio.sleep(_SLOT_RETRY_S)  # another front may give one back
                     await asyncio.shield(self._ask_soon(state))
                     now = time.monotonic()
-                    if self._admit(state, now):
+                    if self._admit(state, now, waiting=True):
                         return None
                     if self._spent(state, now):
                         break
             finally:
                 state.waiting -= 1
-        self._free(state)  # slots asked for this request are not needed
+                self._free(state)  # slots asked for this request (refused or gone) are not needed
         return self._refusal(state, request_id)
 
     def leave(self, limits: Limits) -> None:
@@ -114,7 +121,6 @@ class KeyLimits:
         if state is None or not limits.concurrent:
             return
         state.in_use = max(0, state.in_use - 1)
-        state.slots_refused_until = 0.0  # a slot is free here: the next request may have it
         self._free(state)
 
     def close(self) -> None:
@@ -134,7 +140,9 @@ class KeyLimits:
             state.limits = limits
         return state
 
-    def _admit(self, state: _KeyState, now: float) -> bool:
+    def _admit(self, state: _KeyState, now: float, waiting: bool) -> bool:
+        """Take one request of ``state``'s key from what the front holds, if it holds
+        enough (``waiting``: the request is one of ``state.waiting``)."""
         limits = state.limits
         if limits.requests:
             if now >= state.window_ends:
@@ -153,22 +161,24 @@ class KeyLimits:
             state.allowance -= 1
         if limits.concurrent:
             state.in_use += 1
-            if state.idle_slots <= 0:
+            if state.idle_slots + waiting <= 0:  # (this request leaves the waiting ones)
                 state.idle_since = 0.0
         return True
 
     @staticmethod
     def _spent(state: _KeyState, now: float) -> bool:
-        """The ledger said no more: the key's window has no requests or tokens left (until
-        it ends), or its slots are all held (said in the last :data:`_SLOTS_RETRY_S`). A
-        request over a limit is refused without an ask, so a flood of them costs the
-        controller nothing."""
+        """The ledger said no more for the window: it has no requests or tokens left until
+        it ends. A request over such a limit is refused without an ask, so a flood of them
+        costs the controller nothing."""
         limits = state.limits
         if limits.requests and state.allowance <= 0 and state.remaining == 0 and now < state.window_ends:
             return True
-        if limits.tokens and state.tokens_used >= limits.tokens and now < state.window_ends:
-            return True  # a window's tokens only grow
-        return bool(limits.concurrent) and state.in_use >= state.slots and now < state.slots_refused_until
+        return bool(limits.tokens) and state.tokens_used >= limits.tokens and now < state.window_ends
+
+    @staticmethod
+    def _slots_refused(state: _KeyState) -> bool:
+        """The key's requests need more slots than the ledger gave."""
+        return bool(state.limits.concurrent) and state.in_use >= state.slots
 
     def _free(self, state: _KeyState) -> None:
         """Slots held with no request: back to the ledger now if other fronts want them,
@@ -196,8 +206,9 @@ class KeyLimits:
                 now = time.monotonic()
                 limits = state.limits
                 slots = state.in_use + state.waiting if limits.concurrent else 0
-                if state.slots > slots and state.idle_since and not state.contended:
-                    slots = state.slots if now - state.idle_since < SLOT_KEEP_S else slots
+                keep = state.idle_since and now - state.idle_since < SLOT_KEEP_S and not state.contended
+                if keep and state.slots > slots:
+                    slots = state.slots  # idle ones kept a while (a renewal)
                 state.slots = min(state.slots, slots)  # slots on their way back are not used
                 ask = QuotaAsk(
                     limits.key,
@@ -209,9 +220,11 @@ class KeyLimits:
                     limits.tokens,
                 )
                 (grant,) = await self._link.send((ask,))
-                self._apply(state, grant, now, slots)
-                if not limits.concurrent or grant.slots < slots or state.idle_slots >= 0:
+                self._apply(state, grant, now)
+                if not limits.concurrent or grant.slots < slots:
                     break
+                if state.idle_slots == 0 or (state.idle_slots > 0 and not state.contended):
+                    break  # holds what it uses (idle slots kept while none is wanted elsewhere)
         finally:
             state.asking = None
 
@@ -230,12 +243,14 @@ class KeyLimits:
         left = state.remaining if state.remaining >= 0 and now < state.window_ends else limits.requests
         return max(state.waiting, min(state.batch, max(1, left // 4)))
 
-    def _apply(self, state: _KeyState, grant: QuotaGrant, asked_at: float, asked_slots: int) -> None:
+    def _apply(self, state: _KeyState, grant: QuotaGrant, asked_at: float) -> None:
         now = time.monotonic()
         limits = state.limits
+        new_window = False
         if limits.requests or limits.tokens:
             window_ends = asked_at + grant.reset_in_s
-            if window_ends > state.window_ends + 0.5 * limits.window_s:
+            new_window = window_ends > state.window_ends + 0.5 * limits.window_s
+            if new_window:
                 state.allowance = 0  # a new window: what was left of the last is gone
             state.window_ends = window_ends
         if limits.requests:
@@ -244,10 +259,11 @@ class KeyLimits:
             if grant.requests:
                 state.granted_at = now
         if limits.tokens:
-            state.tokens_used, state.tokens_heard = grant.tokens_used, now
+            used = grant.tokens_used
+            if self._link.cut_off and not new_window:  # the own ledger hears no charges
+                used = max(used, state.tokens_used)
+            state.tokens_used, state.tokens_heard = used, now
         if limits.concurrent:
-            if grant.slots < asked_slots:
-                state.slots_refused_until = now + _SLOTS_RETRY_S
             state.slots, state.contended, state.renewed_at = grant.slots, grant.contended, now
             if state.idle_slots <= 0:
                 state.idle_since = 0.0

@@ -51,6 +51,11 @@ class LedgerLink:
                 self._probe = asyncio.get_running_loop().create_task(self._wait_for_controller())
             return self._own.take(self.front, asks)
 
+    @property
+    def cut_off(self) -> bool:
+        """The front answers its asks itself (the controller did not answer)."""
+        return self._probe is not None
+
     def close(self) -> None:
         if self._probe is not None:
             self._probe.cancel()

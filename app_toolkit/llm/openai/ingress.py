@@ -40,6 +40,10 @@ CARD_TIMEOUT_S = 2.0
 ADAPTERS_TTL_S = 5.0
 
 
+#: WebSocket close code for a connection refused by policy (RFC 6455): no valid key.
+CLOSE_POLICY_VIOLATION = 1008
+
+
 class KeyGuard:
     """vLLM's ``--api-key`` (``LLMServingArgs.api_key``): with keys, every request to the
     app needs one, as ``Authorization: Bearer <key>`` or ``X-API-Key``, whatever its path or
@@ -54,6 +58,10 @@ class KeyGuard:
         if scope["type"] == "http" and not _lets_in(scope):
             error = OpenAIError(401, UNAUTHORIZED_MESSAGE, "invalid_request_error", "invalid_api_key")
             await errors.answer(error)(scope, receive, send)
+            return
+        if scope["type"] == "websocket" and not _lets_in(scope):  # (a subclass's extra route)
+            if (await receive())["type"] == "websocket.connect":
+                await send({"type": "websocket.close", "code": CLOSE_POLICY_VIOLATION})
             return
         await self.app(scope, receive, send)
 

@@ -70,9 +70,13 @@ class Metered:
 
     def _settle(self) -> None:
         charge, self._charge = self._charge, None
-        if charge is not None:
-            cut = sum(count for index, count in self._pieces.items() if index not in self._finished)
+        if charge is None:
+            return
+        cut = sum(count for index, count in self._pieces.items() if index not in self._finished)
+        try:
             charge(self._prompt_tokens + sum(self._finished.values()) + cut)
+        except Exception:  # a charge never changes how the reply ends
+            logger.exception("A reply's tokens could not be charged")
 
 
 async def open_reply(
