@@ -162,7 +162,10 @@ def install(app: FastAPI) -> None:
     async def http_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, HTTPException)
         kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
-        return answer(OpenAIError(exc.status_code, str(exc.detail), kind))
+        answered = answer(OpenAIError(exc.status_code, str(exc.detail), kind))
+        for name, value in (exc.headers or {}).items():  # as FastAPI's own handler keeps them
+            answered.headers[name] = value
+        return answered
 
     for answered in ANSWERED:
         app.add_exception_handler(answered, openai_error)

@@ -637,7 +637,7 @@ class _Stamp:
 def _guard(request: Request) -> None:
     """A dependency of an extra route: it must keep running there."""
     if request.headers.get("x-let-in") != "yes":
-        raise HTTPException(403, "no")
+        raise HTTPException(403, "no", headers={"x-why": "guard"})
 
 
 class Bannered(OpenAIIngress):
@@ -708,7 +708,9 @@ def test_an_ingress_class_of_ones_own_and_vllms_cors_options(local_toolkit: Tool
         assert "x-stamped" not in refused.headers  # its middleware runs after the key check
         assert client.get(f"{prefix}-keyed/banner", headers={"x-api-key": "k"}).json() == {"banner": "hello"}
         # An extra route keeps its settings: its dependency, its response class.
-        assert client.get(f"{prefix}/page").status_code == 403
+        guarded = client.get(f"{prefix}/page")
+        assert guarded.status_code == 403 and guarded.headers["x-why"] == "guard"  # its headers kept
+        assert guarded.json()["error"]["message"] == "no"  # in OpenAI's shape
         page = client.get(f"{prefix}/page", headers={"x-let-in": "yes"})
         assert page.text == "<hello>" and page.headers["content-type"].startswith("text/plain")
     # A WebSocket of an extra route: served, and with the app's keys closed without one.

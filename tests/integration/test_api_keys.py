@@ -32,10 +32,10 @@ from tests.deployments import as_deployment
 ALICE = new_key()
 OLD = new_key()  # expired
 BOB = new_key()  # only in the file, later
-LIMITED = new_key()  # 2 requests per 4-s window
+LIMITED = new_key()  # 2 requests per 2-s window
 SINGLE = new_key()  # 1 request at a time
-METERED = new_key()  # 40 tokens per 4-s window
-WINDOW_S = 4.0
+METERED = new_key()  # 40 tokens per 2-s window
+WINDOW_S = 2.0
 
 api = FastAPI()
 REACHED: list[str] = []  # the method of every request its routes saw (local backend: this process)
@@ -280,9 +280,18 @@ def test_a_cors_preflight_is_answered_by_the_apps_policy_before_the_key_check(
         assert allowed.headers["access-control-allow-origin"] == "https://chat.example"
         assert "authorization" in allowed.headers["access-control-allow-headers"].lower()
         assert other.status_code == 400 and other.text == "Disallowed CORS origin"
-        _refused(client.get("/who", headers={"origin": "https://chat.example"}))  # not a preflight
+        # Not a preflight: refused, with the headers the app's policy gives its own answers
+        # (a page of that origin reads the 401), the same as on the answer that gets in.
+        refused = client.get("/who", headers={"origin": "https://chat.example"})
+        _refused(refused)
         keyed_get = client.get("/who", headers={"origin": "https://chat.example", "x-api-key": ALICE})
-        assert keyed_get.headers["access-control-allow-origin"] == "https://chat.example"
+        for answer in (refused, keyed_get):
+            assert answer.headers["access-control-allow-origin"] == "https://chat.example"
+            assert answer.headers["vary"] == "Origin"
+        assert (
+            "access-control-allow-origin"
+            not in client.get("/who", headers={"origin": "https://evil.example"}).headers
+        )
         assert REACHED == ["GET"]
         assert _eventually(lambda: _replica_requests(client) > served_before)  # (it counts)
 
@@ -326,6 +335,12 @@ def test_requests_over_a_keys_window_get_429_with_openais_headers(keyed: tuple[s
         assert 1 <= int(over.headers["retry-after"]) <= WINDOW_S
         assert re.fullmatch(r"\d+(ms|s)", over.headers["x-ratelimit-reset-requests"])
         assert over.headers["x-request-id"]
+        assert (
+            client.get("/who", headers={"origin": "https://chat.example"}).headers[
+                "access-control-allow-origin"
+            ]
+            == "https://chat.example"
+        )  # a page of the app's origin reads the 429
         # A WebSocket is a request of the key too: refused before it is accepted.
         with pytest.raises(InvalidStatus) as refused:
             connect(

@@ -22,7 +22,7 @@ from app_toolkit._runtime.front.body import BodyBudget
 from app_toolkit._runtime.front.channel_upstream import ChannelUpstream
 from app_toolkit._runtime.front.cycle import FrontRules, HTTPCycle
 from app_toolkit._runtime.front.dashboard import Dashboard, StatusSource
-from app_toolkit._runtime.front.key_check import KeyRing, preflight, unauthorized
+from app_toolkit._runtime.front.key_check import KeyRing, preflight, unauthorized, with_cors
 from app_toolkit._runtime.front.key_limits import KeyLimits
 from app_toolkit._runtime.front.metrics_page import Gather
 from app_toolkit._runtime.front.pages import ToolkitPages
@@ -118,7 +118,7 @@ class HTTPFront:
             return answer
         if keys.admits(scope, cycle.headers, cycle.keyless):
             return None
-        return unauthorized(cycle.request_id)
+        return with_cors(unauthorized(cycle.request_id), scope, cycle.matched.cors)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -135,7 +135,7 @@ class HTTPFront:
             elif (limits := self.keys.limits(scope)) is None:
                 await cycle.run(self.placement.choose(cycle.deployment, cycle.headers))
             elif (over := await self.limits.enter(limits, cycle.request_id)) is not None:
-                await cycle.refuse(over)
+                await cycle.refuse(with_cors(over, scope, matched.cors if matched is not None else None))
             else:
                 try:
                     await cycle.run(self.placement.choose(cycle.deployment, cycle.headers))

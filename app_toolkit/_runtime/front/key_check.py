@@ -15,7 +15,9 @@ valid key is answered by the proxy and reaches no replica process.
 
 A CORS preflight carries no key (browsers send none with it): with keys on, the front
 answers it by the app's own ``CORSMiddleware`` policy (:func:`preflight`), before the key
-check, and it reaches no app. An app without one gets a 401 for it.
+check, and it reaches no app. An app without one gets a 401 for it. The front's refusals
+(the 401 here, a key's 429) carry the headers that policy gives other answers
+(:func:`with_cors`), so a page of another origin can read them.
 
 Refusals are 401 in OpenAI's error shape with ``WWW-Authenticate: Bearer``, one message for
 every reason, so a caller learns nothing about which keys exist. No key, hash or header
@@ -31,7 +33,7 @@ from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
-from starlette.datastructures import Headers
+from starlette.datastructures import Headers, MutableHeaders
 from starlette.middleware.cors import CORSMiddleware
 from starlette.types import Scope
 
@@ -189,6 +191,25 @@ def preflight(scope: Scope, policy: CORSMiddleware | None) -> HTTPResponse | Non
         return None
     response = policy.preflight_response(request_headers=headers)
     return HTTPResponse(response.status_code, response.raw_headers, bytes(response.body))
+
+
+def with_cors(answer: HTTPResponse, scope: Scope, policy: CORSMiddleware | None) -> HTTPResponse:
+    """``answer`` (the front's 401 or 429) with the headers the app's CORS policy gives a
+    response to a request from another origin, as its middleware would add them: a
+    browser page reads the refusal as it would the app's own answer."""
+    if policy is None:
+        return answer
+    request_headers = Headers(scope=scope)
+    origin = request_headers.get("origin")
+    if origin is None:
+        return answer
+    headers = MutableHeaders(raw=list(answer.headers))
+    headers.update(policy.simple_headers)
+    if policy.allow_all_origins and "cookie" in request_headers:
+        policy.allow_explicit_origin(headers, origin)
+    elif not policy.allow_all_origins and policy.is_allowed_origin(origin=origin):
+        policy.allow_explicit_origin(headers, origin)
+    return HTTPResponse(answer.status, headers.raw, answer.body)
 
 
 def unauthorized(request_id: str) -> HTTPResponse:
