@@ -6,7 +6,8 @@ import os
 import sys
 import time
 from collections.abc import Callable, Collection
-from typing import Any, Literal, TypeVar, get_args, get_origin
+from types import UnionType
+from typing import Any, Literal, TypeVar, Union, get_args, get_origin
 
 import click
 
@@ -33,13 +34,16 @@ def _http_option(name: str) -> Callable[[F], F]:
     field = HTTPOptions.model_fields[name]
     flag = f"--{name.replace('_', '-')}"
     kwargs: dict[str, Any] = {"default": field.default, "show_default": True, "help": field.description}
-    choices = get_args(field.annotation) if get_origin(field.annotation) is Literal else ()
+    annotation = field.annotation
+    if get_origin(annotation) in (Union, UnionType):  # X | None: an X, or not given
+        annotation = next(part for part in get_args(annotation) if part is not type(None))
+    choices = get_args(annotation) if get_origin(annotation) is Literal else ()
     if choices:
         kwargs["type"] = click.Choice(list(choices))
-    elif field.annotation is bool:
+    elif annotation is bool:
         flag = f"{flag}/--no-{flag[2:]}"
     else:
-        kwargs["type"] = field.annotation
+        kwargs["type"] = annotation
     return click.option(flag, name, **kwargs)
 
 
@@ -102,6 +106,11 @@ def _builder_args(ctx: click.Context, param: click.Parameter, pairs: tuple[str, 
 @_http_option("dashboard_allow_ips")
 @_env_option("dashboard_token")
 @_env_option("api_keys_file")
+@_http_option("ssl_certfile")
+@_http_option("ssl_keyfile")
+@_env_option("ssl_keyfile_password")
+@_http_option("ssl_ca_certs")
+@_http_option("ssl_cert_reqs")
 @click.pass_context
 def run(
     ctx: click.Context,
@@ -229,7 +238,8 @@ def _prepare(
 
 def _announce(target: str, names: list[str], current: ServeStatus, http: HTTPOptions) -> None:
     """Where each application is served, and the live status page."""
-    fallback = None if http.proxy_location == "Disabled" else f"http://{http.host}:{http.port}"
+    scheme = "https" if http.client_tls is not None else "http"
+    fallback = None if http.proxy_location == "Disabled" else f"{scheme}://{http.host}:{http.port}"
     url = next(iter(current.proxy_urls.values()), fallback)
     for app_name in names:
         prefix = current.applications[app_name].route_prefix

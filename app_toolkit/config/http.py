@@ -10,6 +10,7 @@ from pydantic import Field, ValidationError, ValidationInfo, field_validator, mo
 
 from app_toolkit.config.allow_ips import parse_networks
 from app_toolkit.config.api_keys import APIKey, check_unique, read_keys_file
+from app_toolkit.config.client_tls import ClientTLS, absolute
 from app_toolkit.config.ray_serve_only import drop_ray_serve_only
 from app_toolkit.config.schema import Strict, explain
 from app_toolkit.exceptions import ConfigError
@@ -137,6 +138,27 @@ class HTTPOptions(Strict):
         "changes: keys are added, revoked or given an expiry without a restart. The same path "
         "on every node.",
     )
+    ssl_certfile: str | None = Field(
+        None,
+        min_length=1,
+        description="HTTPS: the server's certificate (PEM, with its chain); the proxies serve "
+        "TLS 1.2 or newer on the port. The same path on every node.",
+    )
+    ssl_keyfile: str | None = Field(
+        None, min_length=1, description="HTTPS: the certificate's private key (PEM), unless in ssl_certfile."
+    )
+    ssl_keyfile_password: str | None = Field(
+        None, description="HTTPS: the key file's password, if encrypted."
+    )
+    ssl_ca_certs: str | None = Field(
+        None, min_length=1, description="HTTPS: CA certificates that sign clients' certificates."
+    )
+    ssl_cert_reqs: int = Field(
+        0,
+        ge=0,
+        le=2,
+        description="HTTPS: client certificates 0 not asked for, 1 optional, 2 required (uvicorn's).",
+    )
     proxy_location: Literal["EveryNode", "HeadOnly", "Disabled"] = Field(
         "EveryNode",
         description="Run a proxy on every node of the cluster (each serves every app; nodes "
@@ -176,6 +198,46 @@ class HTTPOptions(Strict):
         path = os.path.abspath(path)
         check_unique((*info.data.get("api_keys", ()), *read_keys_file(path)))
         return path
+
+    @field_validator("ssl_certfile", "ssl_keyfile", "ssl_ca_certs")
+    @classmethod
+    def _absolute(cls, path: str | None) -> str | None:
+        return absolute(path)
+
+    @model_validator(mode="after")
+    def _check_tls(self) -> HTTPOptions:
+        """The TLS files read now (a missing or bad one fails the start, naming it; their
+        paths are made absolute: every proxy reads them, from its own folder)."""
+        others = (self.ssl_keyfile, self.ssl_keyfile_password, self.ssl_ca_certs)
+        if self.ssl_certfile is None:
+            if any(value is not None for value in others) or self.ssl_cert_reqs:
+                raise ValueError(
+                    "HTTPS needs ssl_certfile (the server's certificate) with its other ssl_ options"
+                )
+            return self
+        if self.ssl_cert_reqs and self.ssl_ca_certs is None:
+            raise ValueError(
+                "ssl_cert_reqs asks for client certificates: give ssl_ca_certs, the CA that signs them"
+            )
+        for name in ("ssl_certfile", "ssl_keyfile", "ssl_ca_certs"):
+            object.__setattr__(self, name, absolute(getattr(self, name)))
+        tls = self.client_tls
+        assert tls is not None
+        tls.context()  # ConfigError naming the file at fault
+        return self
+
+    @property
+    def client_tls(self) -> ClientTLS | None:
+        """The proxies' HTTPS settings (None: plain HTTP)."""
+        if self.ssl_certfile is None:
+            return None
+        return ClientTLS(
+            self.ssl_certfile,
+            self.ssl_keyfile,
+            self.ssl_keyfile_password,
+            self.ssl_ca_certs,
+            self.ssl_cert_reqs,
+        )
 
     @property
     def keys_required(self) -> bool:

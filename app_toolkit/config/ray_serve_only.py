@@ -69,14 +69,8 @@ RAY_SERVE_ONLY: dict[str, dict[str, RayServeOnly]] = {
             "APP_TOOLKIT_OTEL_SETUP=module:function (docs/observability.md)",
         ),
     },
-    "http": {
-        name: RayServeOnly(
-            one_of(None),
-            "the proxy serves plain HTTP; remove it and terminate TLS in a load balancer or "
-            "reverse proxy in front (docs/security.md)",
-        )
-        for name in ("ssl_keyfile", "ssl_certfile", "ssl_keyfile_password", "ssl_ca_certs")
-    },
+    # http: Ray Serve's ssl_* fields are taken (config/client_tls.py).
+    "http": {},
     "grpc": {
         "grpc_servicer_functions": RayServeOnly(
             one_of([]), "gRPC is not served; remove the servicer functions and serve over HTTP"

@@ -36,7 +36,7 @@ M = TypeVar("M", bound=BaseModel)
 
 #: Options whose values an error message never repeats: secrets, and what may hold one by
 #: mistake (a key pasted where its hash goes).
-SECRET_OPTIONS = frozenset({"api_keys", "hash", "dashboard_token", "api_key"})
+SECRET_OPTIONS = frozenset({"api_keys", "hash", "dashboard_token", "api_key", "ssl_keyfile_password"})
 
 
 def explain(error: ValidationError, where: str) -> str:

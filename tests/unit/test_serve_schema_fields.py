@@ -391,14 +391,6 @@ REFUSED: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
         _deployment(logging_config={"additional_log_standard_attrs": ["lineno"]}),
         _deployment(logging_config={"additional_log_standard_attrs": []}),
     ),
-    *[
-        (
-            f"http_options.{name}",
-            _file({"http_options": {name: "x.pem"}}),
-            _file({"http_options": {name: None}}),
-        )
-        for name in ("ssl_keyfile", "ssl_certfile", "ssl_keyfile_password", "ssl_ca_certs")
-    ],
     (
         "grpc_options.grpc_servicer_functions",
         _file({"grpc_options": {"grpc_servicer_functions": ["m:add_servicer"]}}),

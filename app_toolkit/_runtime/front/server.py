@@ -23,6 +23,7 @@ from starlette.types import ASGIApp
 from app_toolkit._runtime.connection_table import Handed
 from app_toolkit._runtime.front import uvicorn_compat
 from app_toolkit._runtime.front.http_guard import GuardedHttpProtocol, guarded_protocol
+from app_toolkit._runtime.front.https import ServedTLS
 from app_toolkit.config import HTTPOptions
 
 logger = logging.getLogger("app_toolkit.proxy")
@@ -214,10 +215,15 @@ async def serve(
 
     With ``listen`` (direct ingress), our own listener takes ``sock``'s connections (and
     hands them to local ingress replicas); without ``sock``, the server serves only the
-    connections given to its ``adopt`` (an ingress replica's front)."""
+    connections given to its ``adopt`` (an ingress replica's front). With HTTPS in the
+    options, a server listening itself serves TLS (``https.py``)."""
     config = uvicorn_config(app, http)
     server = uvicorn.Server(config)
     uvicorn_listens = sock is not None and listen is None
+    tls = http.client_tls
+    if tls is not None and uvicorn_listens:
+        config.load()  # (uvicorn would; its context is then ours, kept current with the files)
+        config.ssl = ServedTLS(tls).context
     sockets = [sock] if uvicorn_listens and sock is not None else []
     task = asyncio.get_running_loop().create_task(server.serve(sockets=sockets))
     try:

@@ -85,7 +85,8 @@ class ProxyActor:
             host = node_address()
         if ":" in host:
             host = f"[{host}]"
-        return f"http://{host}:{server.port}", server.port
+        scheme = "https" if self._http.client_tls is not None else "http"
+        return f"{scheme}://{host}:{server.port}", server.port
 
     async def resume(self) -> None:
         """After Ray restarted this process: serve again on the stored port, from the
@@ -131,7 +132,10 @@ class ProxyActor:
                         listener, adopt, routes, http.keep_alive_timeout_s, http.max_connections
                     )
 
-                self._server = await serve(proxy, http, sock, proxy.close, proxy.stopped, hand_off)
+                # HTTPS: the proxy ends TLS and serves every request (a TLS session cannot be
+                # handed to another process): no direct ingress.
+                direct = hand_off if http.client_tls is None else None
+                self._server = await serve(proxy, http, sock, proxy.close, proxy.stopped, direct)
                 stored.save_proxy_port(self._server.port)
                 settle_heap()
             return self._server

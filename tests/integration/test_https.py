@@ -1,0 +1,151 @@
+"""HTTPS for clients (docs/security.md): a real front on 127.0.0.1 on the local backend
+serving TLS with a throwaway CA's certificate, read by httpx, an SSE client, websockets
+and a raw socket; the certificate replaced on disk; bad files refused at start."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import ssl
+import time
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+import trustme
+from fastapi import FastAPI, Request, WebSocket
+from websockets.sync.client import connect
+
+import app_toolkit as tk
+from app_toolkit.config import parse_http_options
+from app_toolkit.exceptions import ConfigError
+from tests.conftest import free_port
+from tests.deployments import as_deployment
+
+api = FastAPI()
+
+
+@api.get("/hello")
+async def hello(request: Request) -> dict[str, str]:
+    return {"scheme": request.url.scheme}
+
+
+@api.get("/ticks")
+async def ticks() -> tk.EventStream:
+    async def three() -> AsyncIterator[dict[str, str]]:
+        for n in range(3):
+            yield {"data": str(n)}
+            await asyncio.sleep(0.01)
+
+    return tk.EventStream(three())
+
+
+@api.websocket("/echo")
+async def echo(socket: WebSocket) -> None:
+    await socket.accept()
+    await socket.send_text(f"{socket.url.scheme}:{await socket.receive_text()}")
+    await socket.close()
+
+
+@tk.deployment
+@tk.ingress(api)
+class Secure:
+    pass
+
+
+def _write(cert: trustme.LeafCert, folder: Path) -> tuple[Path, Path]:
+    cert.cert_chain_pems[0].write_to_path(str(folder / "cert.pem"))
+    cert.private_key_pem.write_to_path(str(folder / "key.pem"))
+    return folder / "cert.pem", folder / "key.pem"
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[int, trustme.CA, Path]]:
+    """The local backend serving HTTPS (the shared backend is stopped first)."""
+    from app_toolkit._runtime.backends.base import current_session
+
+    if current_session(create=False) is not None:
+        tk.shutdown()
+    ca = trustme.CA()
+    folder = tmp_path_factory.mktemp("tls")
+    ca.cert_pem.write_to_path(str(folder / "ca.pem"))
+    cert, key = _write(ca.issue_cert("127.0.0.1"), folder)
+    port = free_port()
+    tk.start(
+        backend="local",
+        http_options={"host": "127.0.0.1", "port": port, "ssl_certfile": str(cert), "ssl_keyfile": str(key)},
+    )
+    try:
+        tk.run(as_deployment(Secure).bind(), name="secure", route_prefix="/", backend="local")
+        yield port, ca, folder
+    finally:
+        tk.shutdown()
+
+
+def _served_cert(port: int, ca: Path) -> bytes:
+    """The certificate a new connection is served (DER)."""
+    context = ssl.create_default_context(cafile=str(ca))
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
+        with context.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
+            served = tls.getpeercert(binary_form=True)
+            assert tls.version() in ("TLSv1.2", "TLSv1.3")
+    assert served is not None
+    return served
+
+
+def test_https_sse_and_wss_are_served_with_the_certificate(served: tuple[int, trustme.CA, Path]) -> None:
+    port, _, folder = served
+    context = ssl.create_default_context(cafile=str(folder / "ca.pem"))
+    with httpx.Client(base_url=f"https://127.0.0.1:{port}", verify=context, timeout=10) as client:
+        assert client.get("/hello").json() == {"scheme": "https"}  # the app sees https
+        with client.stream("GET", "/ticks") as events:
+            lines = [line for line in events.iter_lines() if line.startswith("data:")]
+        assert lines == ["data: 0", "data: 1", "data: 2"]
+    with connect(f"wss://127.0.0.1:{port}/echo", ssl=context, open_timeout=10) as ws:
+        ws.send("hi")
+        assert ws.recv(timeout=10) == "wss:hi"
+    # Plain HTTP to the TLS port gets what uvicorn gives it: no HTTP answer, the connection
+    # ends in the failed handshake.
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as raw:
+        raw.sendall(b"GET /hello HTTP/1.1\r\nHost: x\r\n\r\n")
+        raw.settimeout(10)
+        try:
+            answer = raw.recv(4096)
+        except ConnectionResetError:
+            answer = b""
+        assert not answer.startswith(b"HTTP/")
+
+
+def test_a_certificate_replaced_on_disk_reaches_new_connections(served: tuple[int, trustme.CA, Path]) -> None:
+    port, ca, folder = served
+    before = _served_cert(port, folder / "ca.pem")
+    fresh = folder / "fresh"
+    fresh.mkdir()
+    renewed = ca.issue_cert("127.0.0.1")
+    cert, key = _write(renewed, fresh)
+    os.replace(key, folder / "key.pem")  # the key first: a handshake between the two fails
+    os.replace(cert, folder / "cert.pem")
+    wanted = ssl.PEM_cert_to_DER_cert(renewed.cert_chain_pems[0].bytes().decode())
+    deadline = time.monotonic() + 10
+    now = before
+    while now != wanted and time.monotonic() < deadline:
+        time.sleep(0.2)
+        try:
+            now = _served_cert(port, folder / "ca.pem")
+        except ssl.SSLError:
+            continue  # the new key with the old certificate, for a moment
+    assert now == wanted != before
+
+
+def test_bad_tls_files_fail_the_start_naming_them(tmp_path: Path) -> None:
+    (tmp_path / "junk.pem").write_text("not a certificate\n")
+    with pytest.raises(ConfigError, match="junk.pem"):
+        parse_http_options({"ssl_certfile": str(tmp_path / "junk.pem")})
+    with pytest.raises(ConfigError, match="missing.pem"):
+        parse_http_options({"ssl_certfile": str(tmp_path / "missing.pem")})
+    with pytest.raises(ConfigError, match="needs ssl_certfile"):
+        parse_http_options({"ssl_keyfile": str(tmp_path / "junk.pem")})
+    with pytest.raises(ConfigError, match="give ssl_ca_certs"):
+        parse_http_options({"ssl_certfile": str(tmp_path / "junk.pem"), "ssl_cert_reqs": 2})
