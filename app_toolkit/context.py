@@ -61,13 +61,16 @@ def charge_tokens(connection: HTTPConnection, tokens: int) -> None:
     ``tokens_per_window`` (``http_options.api_keys``): once a window's tokens are used, the
     key's requests get 429 until it ends. For an app whose replies use tokens (or any unit
     of cost) as it counts them; ``app_toolkit.llm`` charges each reply's prompt and
-    completion tokens by itself. Charges gather for a tenth of a second and go to the
-    controller together; nothing happens unless the key has a tokens limit
-    (:func:`meters_tokens`), or outside a running toolkit."""
+    completion tokens by itself. They count in ``app_toolkit_api_key_tokens_total{key}``;
+    for a key with a tokens limit (:func:`meters_tokens`) they also go to the controller,
+    gathered for a tenth of a second. Nothing happens for a request without a key."""
     if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
         raise ValueError(f"tokens must be a whole number, 0 or more (got {tokens!r})")
     name = connection.scope.get(API_KEY_NAME)
-    if tokens and isinstance(name, str) and connection.scope.get(API_KEY_METERED):
+    if not tokens or not isinstance(name, str):
+        return
+    token_charges.TOKENS.inc(name, amount=tokens)
+    if connection.scope.get(API_KEY_METERED):
         token_charges.CHARGES.add(name, tokens)
 
 

@@ -12,11 +12,19 @@ import logging
 import threading
 import time
 
+from app_toolkit import metrics
 from app_toolkit._runtime.backends.base import current_session
 from app_toolkit._runtime.session import Session
 from app_toolkit.exceptions import ReplicaUnavailableError
 
 logger = logging.getLogger("app_toolkit")
+
+TOKENS = metrics.Counter(
+    "app_toolkit_api_key_tokens_total",
+    "Tokens charged to API keys where replies end (app_toolkit.llm's replies, charge_tokens), "
+    "by the key's name.",
+    ("key",),
+)
 
 #: How long charges gather before they are sent.
 FLUSH_S = 0.1

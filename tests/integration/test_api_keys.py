@@ -406,3 +406,11 @@ def test_an_llm_keys_requests_get_429_once_its_replies_used_the_windows_tokens(
     assert 1 <= int(headers["retry-after"]) <= WINDOW_S
     time.sleep(int(headers["retry-after"]))  # the next window
     assert client.models.list().data[0].id == "echo"
+    # Every key's tokens are counted by name, a key without a tokens limit's too.
+    alice = openai.OpenAI(base_url=f"{url}/llm/v1", api_key=ALICE, max_retries=0)
+    alice.chat.completions.create(model="echo", messages=[{"role": "user", "content": said}])
+    with httpx.Client(base_url=url) as plain:
+        page = plain.get("/-/metrics").text
+    counted = dict(re.findall(r'^app_toolkit_api_key_tokens_total\{key="(\w+)"\} (\S+)$', page, re.M))
+    assert float(counted["metered"]) >= reply.usage.total_tokens
+    assert float(counted["alice"]) >= reply.usage.total_tokens

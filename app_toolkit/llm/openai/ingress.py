@@ -17,7 +17,6 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 import app_toolkit as tk
 from app_toolkit.config.api_keys import UNAUTHORIZED_MESSAGE, APIKey, digest_of, key_headers, presented_key
-from app_toolkit.context import meters_tokens
 from app_toolkit.llm import errors
 from app_toolkit.llm.errors import ANSWERED, OpenAIError, bad_parameter, unknown_model
 from app_toolkit.llm.events import ModelCard
@@ -356,6 +355,5 @@ __all__ = ["OpenAIError", "OpenAIIngress", "usage"]
 
 
 def _charger(caller: Request) -> Callable[[int], None] | None:
-    """What charges a reply's tokens to the caller's API key (None: its key has no tokens
-    limit, or it presented none)."""
-    return functools.partial(tk.charge_tokens, caller) if meters_tokens(caller) else None
+    """What charges a reply's tokens to the caller's API key (None: it presented none)."""
+    return functools.partial(tk.charge_tokens, caller) if tk.api_key_name(caller) is not None else None
