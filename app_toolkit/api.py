@@ -29,6 +29,7 @@ from app_toolkit.config import (
     parse_http_options,
     parse_options,
 )
+from app_toolkit.config.http import checked
 from app_toolkit.deployment import Application
 from app_toolkit.exceptions import ConfigError, DeployError
 from app_toolkit.handle import DeploymentHandle
@@ -330,7 +331,7 @@ def _http_options(value: HTTPOptions | dict[str, Any] | None) -> HTTPOptions:
     if value is None:
         return HTTPOptions()
     if isinstance(value, HTTPOptions):
-        return value
+        return checked(value)
     return parse_http_options(value)
 
 

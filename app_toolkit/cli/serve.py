@@ -138,6 +138,8 @@ def run(
     try:
         try:
             http, app = _prepare(ctx, target, args, name, route_prefix, log_level, log_format, http_flags)
+            # Read: the processes this one starts (Ray's workers) do not inherit it.
+            os.environ.pop("APP_TOOLKIT_SSL_KEYFILE_PASSWORD", None)
             session = signals.deferred(lambda: _start(http, local, address))
             names = _deploy(session, target, args, name, route_prefix, reload, app=app)
             _announce(target, names, session.status(), http)

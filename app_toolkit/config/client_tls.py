@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import ssl
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from app_toolkit.exceptions import ConfigError
 
@@ -26,20 +26,28 @@ class ClientTLS:
 
     certfile: str
     keyfile: str | None
-    password: str | None
-    ca_certs: str | None
-    cert_reqs: int
+    password: str | None = field(repr=False)
+    ca_certs: str | None = None
+    cert_reqs: int = 0
 
     def context(self) -> ssl.SSLContext:
-        """A server context of these files; ConfigError naming the file at fault."""
+        """A server context of these files; ConfigError naming the file at fault. It never
+        asks for a password on the terminal (OpenSSL would, for an encrypted key without one)."""
+        given = (
+            ("ssl_certfile", self.certfile),
+            ("ssl_keyfile", self.keyfile),
+            ("ssl_ca_certs", self.ca_certs),
+        )
+        for option, path in given:
+            if path is not None and not os.path.isfile(path):
+                raise ConfigError(f"HTTPS: {option} {path!r} is not a file that exists here")
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
         context.minimum_version = ssl.TLSVersion.TLSv1_2
+        password = self.password
         try:
-            context.load_cert_chain(self.certfile, self.keyfile, self.password)
-        except FileNotFoundError as exc:
-            raise ConfigError(
-                f"HTTPS: the file {exc.filename!r} does not exist (ssl_certfile, ssl_keyfile)"
-            ) from None
+            context.load_cert_chain(
+                self.certfile, self.keyfile, password if password is not None else _no_password
+            )
         except (ssl.SSLError, OSError) as exc:
             files = self.certfile if self.keyfile is None else f"{self.certfile} and {self.keyfile}"
             raise ConfigError(
@@ -54,21 +62,29 @@ class ClientTLS:
                     f"HTTPS: cannot load the CA certificates of {self.ca_certs} ({exc})"
                 ) from None
         context.verify_mode = ssl.VerifyMode(self.cert_reqs)
+        if self.cert_reqs:
+            # A resumed TLS 1.3 session skips the certificate checks, and its tickets outlive
+            # a change of the CA file: every connection proves itself again.
+            context.num_tickets = 0
         return context
 
-    def files_state(self) -> tuple[tuple[int, int, int], ...]:
+    def files_state(self) -> tuple[tuple[int, ...], ...]:
         """What identifies the files' content on disk (a replacement changes it)."""
-        states = []
+        states: list[tuple[int, ...]] = []
         for path in (self.certfile, self.keyfile, self.ca_certs):
             if path is None:
                 continue
             try:
                 info = os.stat(path)
             except OSError:
-                states.append((-1, -1, -1))
+                states.append((-1,))
                 continue
-            states.append((info.st_ino, info.st_size, info.st_mtime_ns))
+            states.append((info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns))
         return tuple(states)
+
+
+def _no_password() -> bytes:
+    return b""  # (an encrypted key without ssl_keyfile_password then fails to load)
 
 
 def absolute(path: str | None) -> str | None:

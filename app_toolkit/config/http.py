@@ -148,7 +148,7 @@ class HTTPOptions(Strict):
         None, min_length=1, description="HTTPS: the certificate's private key (PEM), unless in ssl_certfile."
     )
     ssl_keyfile_password: str | None = Field(
-        None, description="HTTPS: the key file's password, if encrypted."
+        None, repr=False, description="HTTPS: the key file's password, if encrypted."
     )
     ssl_ca_certs: str | None = Field(
         None, min_length=1, description="HTTPS: CA certificates that sign clients' certificates."
@@ -206,8 +206,8 @@ class HTTPOptions(Strict):
 
     @model_validator(mode="after")
     def _check_tls(self) -> HTTPOptions:
-        """The TLS files read now (a missing or bad one fails the start, naming it; their
-        paths are made absolute: every proxy reads them, from its own folder)."""
+        """The TLS options that go together (the files are read by :func:`checked`, on the
+        options as they are in the end: a config file's, with the flags over them)."""
         others = (self.ssl_keyfile, self.ssl_keyfile_password, self.ssl_ca_certs)
         if self.ssl_certfile is None:
             if any(value is not None for value in others) or self.ssl_cert_reqs:
@@ -219,11 +219,6 @@ class HTTPOptions(Strict):
             raise ValueError(
                 "ssl_cert_reqs asks for client certificates: give ssl_ca_certs, the CA that signs them"
             )
-        for name in ("ssl_certfile", "ssl_keyfile", "ssl_ca_certs"):
-            object.__setattr__(self, name, absolute(getattr(self, name)))
-        tls = self.client_tls
-        assert tls is not None
-        tls.context()  # ConfigError naming the file at fault
         return self
 
     @property
@@ -259,8 +254,17 @@ class HTTPOptions(Strict):
 
 
 def parse_http_options(options: Mapping[str, object]) -> HTTPOptions:
-    """Validate proxy options."""
+    """Validate proxy options (the HTTPS files read: :func:`checked`)."""
     try:
-        return HTTPOptions.model_validate(dict(options))
+        return checked(HTTPOptions.model_validate(dict(options)))
     except ValidationError as exc:
         raise ConfigError(explain(exc, "HTTP options")) from None
+
+
+def checked(http: HTTPOptions) -> HTTPOptions:
+    """``http``, its HTTPS files read now where the toolkit starts: a missing or bad key
+    or certificate fails the start, naming it (every proxy reads them again)."""
+    tls = http.client_tls
+    if tls is not None:
+        tls.context()
+    return http

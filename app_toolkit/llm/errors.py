@@ -5,7 +5,7 @@ status codes OpenAI's clients map to their exception classes (400 ``BadRequestEr
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TypedDict
 
 from fastapi import FastAPI, Request
@@ -133,11 +133,13 @@ def _param(location: Sequence[int | str]) -> str:
     return param
 
 
-def answer(error: OpenAIError) -> JSONResponse:
-    """The JSON response for ``error``; a 503, or an error that knows, says when to retry."""
+def answer(error: OpenAIError, given: Mapping[str, str] | None = None) -> JSONResponse:
+    """The JSON response for ``error``; a 503, or an error that knows, says when to retry.
+    ``given``: headers the error came with (an ``HTTPException``'s, as FastAPI keeps them)."""
     headers = retry_headers(error) or {}
     if error.status == 401:  # a missing or wrong API key (RFC 9110: a 401 names its scheme)
         headers["WWW-Authenticate"] = "Bearer"
+    headers.update(given or {})
     return JSONResponse(error.body(), status_code=error.status, headers=headers or None)
 
 
@@ -162,10 +164,7 @@ def install(app: FastAPI) -> None:
     async def http_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, HTTPException)
         kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
-        answered = answer(OpenAIError(exc.status_code, str(exc.detail), kind))
-        for name, value in (exc.headers or {}).items():  # as FastAPI's own handler keeps them
-            answered.headers[name] = value
-        return answered
+        return answer(OpenAIError(exc.status_code, str(exc.detail), kind), exc.headers)
 
     for answered in ANSWERED:
         app.add_exception_handler(answered, openai_error)

@@ -139,6 +139,26 @@ def test_a_certificate_replaced_on_disk_reaches_new_connections(served: tuple[in
     assert now == wanted != before
 
 
+def test_an_encrypted_key_needs_its_password_and_never_prompts(tmp_path: Path) -> None:
+    from cryptography.hazmat.primitives import serialization
+
+    leaf = trustme.CA().issue_cert("127.0.0.1")
+    cert, key = _write(leaf, tmp_path)
+    loaded = serialization.load_pem_private_key(leaf.private_key_pem.bytes(), password=None)
+    key.write_bytes(
+        loaded.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.BestAvailableEncryption(b"sesame"),
+        )
+    )
+    options = {"ssl_certfile": str(cert), "ssl_keyfile": str(key)}
+    with pytest.raises(ConfigError, match="ssl_keyfile_password") as refused:
+        parse_http_options(options)  # no terminal prompt: a clear error
+    http = parse_http_options({**options, "ssl_keyfile_password": "sesame"})
+    assert "sesame" not in repr(http) and "sesame" not in str(refused.value)
+
+
 def test_bad_tls_files_fail_the_start_naming_them(tmp_path: Path) -> None:
     (tmp_path / "junk.pem").write_text("not a certificate\n")
     with pytest.raises(ConfigError, match="junk.pem"):

@@ -5,11 +5,13 @@ tests/integration/test_api_keys.py."""
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from fastapi import FastAPI
+from fastapi import FastAPI, Response
 from starlette.middleware.cors import CORSMiddleware
 from starlette.middleware.gzip import GZipMiddleware
 from starlette.testclient import TestClient as StarletteClient
@@ -158,6 +160,47 @@ def test_the_front_answers_a_preflight_as_the_apps_own_cors_middleware() -> None
             assert sorted(ours.headers) == sorted(theirs.headers.raw)
     not_one = {"type": "http", "method": "OPTIONS", "headers": []}
     assert key_check.preflight(not_one, policy) is None
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"allow_origins": ["https://a.example"]},
+        {"allow_origins": ["*"]},
+        {"allow_origins": ["*"], "allow_credentials": True},
+        {
+            "allow_origins": ["https://a.example"],
+            "allow_credentials": True,
+            "expose_headers": ["x-request-id"],
+        },
+    ],
+)
+def test_the_fronts_refusals_carry_what_the_apps_cors_middleware_adds(options: dict[str, object]) -> None:
+    """The 401 (and 429) the front answers itself get the headers the app's own middleware
+    would add to an answer of the app, for any origin, cookie or none."""
+    app = _with_cors(**options)
+
+    @app.get("/refused")
+    async def refused() -> Response:
+        answer = key_check.unauthorized("r1")
+        return Response(answer.body, answer.status, dict((k.decode(), v.decode()) for k, v in answer.headers))
+
+    policy = AppMatcher(
+        RouteInfo("/", "app", DeploymentID("app", "Ingress"), cors=route_table(app).cors)
+    ).cors
+    with StarletteClient(app) as client:
+        for origin in ("https://a.example", "https://b.example"):
+            for cookie in ({}, {"cookie": "session=1"}):
+                headers = {"origin": origin, **cookie}
+                raw = [(name.encode(), value.encode()) for name, value in headers.items()]
+                scope = {"type": "http", "method": "GET", "headers": raw}
+                ours = asyncio.run(key_check.with_cors(key_check.unauthorized("r1"), scope, policy))
+                theirs = client.get("/refused", headers=headers)
+                assert _cors_of(ours.headers) == _cors_of(theirs.headers.raw), (options, headers)
+
+
+def _cors_of(headers: Iterable[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
+    return sorted(h for h in headers if h[0].startswith(b"access-control-") or h[0] == b"vary")
 
 
 def test_only_starlettes_own_cors_middleware_outermost_and_plain_is_taken() -> None:

@@ -112,6 +112,8 @@ class Dashboard:
         ]
         if token_given and path == PREFIX and _query_token(scope):
             cookie = f"{_COOKIE}={self._token}; Path={self._cookie_path}; HttpOnly; SameSite=Strict"
+            if scope.get("scheme") == "https":
+                cookie += "; Secure"  # (over HTTPS: never sent over plain HTTP)
             headers.append((b"set-cookie", cookie.encode()))
         return await send_answer(send, HTTPResponse(200, headers, body))
 

@@ -118,7 +118,7 @@ class HTTPFront:
             return answer
         if keys.admits(scope, cycle.headers, cycle.keyless):
             return None
-        return with_cors(unauthorized(cycle.request_id), scope, cycle.matched.cors)
+        return unauthorized(cycle.request_id)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
@@ -131,11 +131,15 @@ class HTTPFront:
             elif self.keys is None:
                 await cycle.run(self.placement.choose(cycle.deployment, cycle.headers))
             elif (early := self._at_the_door(self.keys, scope, cycle)) is not None:
+                if early.status == 401:  # (a preflight's answer has the policy's headers)
+                    early = await with_cors(early, scope, matched.cors if matched is not None else None)
                 await cycle.refuse(early)
             elif (limits := self.keys.limits(scope)) is None:
                 await cycle.run(self.placement.choose(cycle.deployment, cycle.headers))
             elif (over := await self.limits.enter(limits, cycle.request_id)) is not None:
-                await cycle.refuse(with_cors(over, scope, matched.cors if matched is not None else None))
+                await cycle.refuse(
+                    await with_cors(over, scope, matched.cors if matched is not None else None)
+                )
             else:
                 try:
                     await cycle.run(self.placement.choose(cycle.deployment, cycle.headers))

@@ -33,9 +33,9 @@ from collections.abc import Callable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
-from starlette.datastructures import Headers, MutableHeaders
+from starlette.datastructures import Headers
 from starlette.middleware.cors import CORSMiddleware
-from starlette.types import Scope
+from starlette.types import Message, Scope
 
 from app_toolkit import metrics
 from app_toolkit._runtime.answers import json_answer
@@ -193,23 +193,23 @@ def preflight(scope: Scope, policy: CORSMiddleware | None) -> HTTPResponse | Non
     return HTTPResponse(response.status_code, response.raw_headers, bytes(response.body))
 
 
-def with_cors(answer: HTTPResponse, scope: Scope, policy: CORSMiddleware | None) -> HTTPResponse:
-    """``answer`` (the front's 401 or 429) with the headers the app's CORS policy gives a
-    response to a request from another origin, as its middleware would add them: a
-    browser page reads the refusal as it would the app's own answer."""
+async def with_cors(answer: HTTPResponse, scope: Scope, policy: CORSMiddleware | None) -> HTTPResponse:
+    """``answer`` (the front's 401 or 429) with the headers the app's CORS policy adds to
+    an answer to a request from another origin, by the policy's own code: a browser page
+    reads the refusal as it would the app's own answer."""
     if policy is None:
         return answer
     request_headers = Headers(scope=scope)
-    origin = request_headers.get("origin")
-    if origin is None:
+    if "origin" not in request_headers:
         return answer
-    headers = MutableHeaders(raw=list(answer.headers))
-    headers.update(policy.simple_headers)
-    if policy.allow_all_origins and "cookie" in request_headers:
-        policy.allow_explicit_origin(headers, origin)
-    elif not policy.allow_all_origins and policy.is_allowed_origin(origin=origin):
-        policy.allow_explicit_origin(headers, origin)
-    return HTTPResponse(answer.status, headers.raw, answer.body)
+    sent: list[Message] = []
+
+    async def keep(message: Message) -> None:
+        sent.append(message)
+
+    start = {"type": "http.response.start", "status": answer.status, "headers": list(answer.headers)}
+    await policy.send(start, keep, request_headers)
+    return HTTPResponse(answer.status, sent[0]["headers"], answer.body)
 
 
 def unauthorized(request_id: str) -> HTTPResponse:

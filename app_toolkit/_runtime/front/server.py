@@ -223,7 +223,12 @@ async def serve(
     tls = http.client_tls
     if tls is not None and uvicorn_listens:
         config.load()  # (uvicorn would; its context is then ours, kept current with the files)
-        config.ssl = ServedTLS(tls).context
+        try:
+            config.ssl = ServedTLS(tls).context
+        except BaseException:  # (the files are not on this node, say): the socket goes
+            if sock is not None:
+                sock.close()
+            raise
     sockets = [sock] if uvicorn_listens and sock is not None else []
     task = asyncio.get_running_loop().create_task(server.serve(sockets=sockets))
     try:

@@ -75,7 +75,13 @@ class RayReplicas:
         self, replica_id: str, spec: DeploymentSpec, seat: Seat
     ) -> tuple[ReplicaInfo, Actor]:
         http = self._proxies.http
-        direct = spec.http_ingress and spec.config.direct_ingress and http.proxy_location != "Disabled"
+        # (HTTPS: the proxies serve every request themselves, and keep the options.)
+        direct = (
+            spec.http_ingress
+            and spec.config.direct_ingress
+            and http.proxy_location != "Disabled"
+            and http.client_tls is None
+        )
         start = ReplicaStart(
             replica_id,
             spec.id,
