@@ -14,6 +14,7 @@ from app_toolkit._runtime.backends.base import session_factory
 from app_toolkit._runtime.session import Session
 from app_toolkit.cli.session import fail, find, no_cluster
 from app_toolkit.config.file import ServeConfigFile, dump_config, load_config
+from app_toolkit.config.http import checked
 from app_toolkit.exceptions import AppToolkitError, ConfigError, DeployError
 
 
@@ -101,7 +102,7 @@ def deploy(config_file: str, address: str, wait: bool, timeout_s: float) -> None
 def _join(address: str, config: ServeConfigFile) -> Session:
     factory = session_factory("ray")
     try:
-        return factory.start(address, config.http())
+        return factory.start(address, checked(config.http()))
     except ConnectionError as exc:
         raise no_cluster(address, exc) from None
 

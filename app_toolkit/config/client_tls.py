@@ -63,8 +63,9 @@ class ClientTLS:
                 ) from None
         context.verify_mode = ssl.VerifyMode(self.cert_reqs)
         if self.cert_reqs:
-            # A resumed TLS 1.3 session skips the certificate checks, and its tickets outlive
-            # a change of the CA file: every connection proves itself again.
+            # A resumed session skips the certificate checks: no TLS 1.3 tickets, so a
+            # TLS 1.3 client proves itself on every connection (a TLS 1.2 client may still
+            # resume from the server's session cache, for up to its 5 minutes).
             context.num_tickets = 0
         return context
 

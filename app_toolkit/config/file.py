@@ -261,8 +261,25 @@ def parse_config(data: object, source: str) -> ServeConfigFile:
         config = ServeConfigFile.model_validate(dict(data))
     except ValidationError as exc:
         raise ConfigError(_explain(exc, data, source)) from None
-    config._written = dict(data)
+    config._written = _without_secrets(dict(data))
     return config
+
+
+#: ``http_options`` values a file keeps only where it is read: the controller stores the
+#: file as written (``app-toolkit config`` prints it), with these blanked.
+_HTTP_SECRETS = ("dashboard_token", "ssl_keyfile_password")
+BLANKED = "<not kept>"
+
+
+def _without_secrets(data: dict[str, object]) -> dict[str, object]:
+    http = data.get("http_options")
+    if not isinstance(http, Mapping) or not any(http.get(name) is not None for name in _HTTP_SECRETS):
+        return data
+    kept = {
+        name: BLANKED if name in _HTTP_SECRETS and value is not None else value
+        for name, value in http.items()
+    }
+    return {**data, "http_options": kept}
 
 
 def load_config(path: str | Path) -> ServeConfigFile:

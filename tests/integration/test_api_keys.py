@@ -34,7 +34,7 @@ OLD = new_key()  # expired
 BOB = new_key()  # only in the file, later
 LIMITED = new_key()  # 2 requests per 2-s window
 SINGLE = new_key()  # 1 request at a time
-METERED = new_key()  # 40 tokens per 2-s window
+METERED = new_key()  # 40 tokens per 4-s window (a reply and a wait fit in one)
 WINDOW_S = 2.0
 
 api = FastAPI()
@@ -119,7 +119,12 @@ def keyed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]
                     "window_s": WINDOW_S,
                 },
                 {"name": "single", "hash": key_hash(SINGLE), "max_concurrent_requests": 1},
-                {"name": "metered", "hash": key_hash(METERED), "tokens_per_window": 40, "window_s": WINDOW_S},
+                {
+                    "name": "metered",
+                    "hash": key_hash(METERED),
+                    "tokens_per_window": 40,
+                    "window_s": 2 * WINDOW_S,
+                },
             ],
             "api_keys_file": str(keys_file),
         },
@@ -306,11 +311,11 @@ def test_the_official_openai_client_sends_its_key_as_the_front_reads_it(keyed: t
     assert right.models.list().data == []
 
 
-def _window_start() -> None:
+def _window_start(window_s: float = WINDOW_S) -> None:
     """Wait for the start of a limit window (the ledger's windows start at multiples of
     their length of the clock this process shares with it), so the test's requests fall in
     one window."""
-    time.sleep(WINDOW_S - time.time() % WINDOW_S + 0.05)
+    time.sleep(window_s - time.time() % window_s + 0.05)
 
 
 def _rate_limited(client: httpx.Client, key: str, limit: str) -> float:
@@ -394,7 +399,7 @@ def test_an_llm_keys_requests_get_429_once_its_replies_used_the_windows_tokens(
     url, _ = keyed
     client = openai.OpenAI(base_url=f"{url}/llm/v1", api_key=METERED, max_retries=0)
     said = "x" * 30
-    _window_start()
+    _window_start(2 * WINDOW_S)
     reply = client.chat.completions.create(model="echo", messages=[{"role": "user", "content": said}])
     assert reply.usage is not None and reply.usage.total_tokens >= 60  # over 40 in one reply
     time.sleep(0.7)  # the charge reaches the ledger, and the front's count is old
@@ -403,7 +408,7 @@ def test_an_llm_keys_requests_get_429_once_its_replies_used_the_windows_tokens(
     headers = refused.value.response.headers
     assert headers["x-ratelimit-limit-tokens"] == "40" and headers["x-ratelimit-remaining-tokens"] == "0"
     assert refused.value.code == "rate_limit_exceeded" and refused.value.type == "tokens"
-    assert 1 <= int(headers["retry-after"]) <= WINDOW_S
+    assert 1 <= int(headers["retry-after"]) <= 2 * WINDOW_S
     time.sleep(int(headers["retry-after"]))  # the next window
     assert client.models.list().data[0].id == "echo"
     # Every key's tokens are counted by name, a key without a tokens limit's too.

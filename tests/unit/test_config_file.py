@@ -10,7 +10,7 @@ import yaml
 
 import app_toolkit as tk
 from app_toolkit.build import build_spec, describe
-from app_toolkit.config.file import dump_config, load_config, parse_config
+from app_toolkit.config.file import BLANKED, dump_config, load_config, parse_config
 from app_toolkit.config.request_router import PREFIX_AWARE
 
 #: What `serve build` of Ray Serve 2.x writes (neutral gRPC and logging sections included).
@@ -56,6 +56,18 @@ def test_a_file_ray_serve_build_wrote_loads(tmp_path: Path) -> None:
     assert app.args == {"greeting": "Bonjour"}
     assert app.deployments[0].options["num_replicas"] == "auto"
     assert config.as_written() == yaml.safe_load(RAY_SERVE_BUILT)
+
+
+def test_the_file_kept_as_written_holds_no_secret_of_the_http_options() -> None:
+    """The controller stores the file as written, and app-toolkit config prints it: the
+    dashboard token and the key password are not kept (the rest is as written)."""
+    data = yaml.safe_load(RAY_SERVE_BUILT)
+    data["http_options"] = {**data.get("http_options", {}), "dashboard_token": "a-secret-of-16-chars"}
+    kept = parse_config(data, "serve.yaml").as_written()
+    assert kept["http_options"]["dashboard_token"] == BLANKED
+    assert {k: v for k, v in kept.items() if k != "http_options"} == {
+        k: v for k, v in data.items() if k != "http_options"
+    }
 
 
 @pytest.mark.parametrize(

@@ -377,6 +377,22 @@ def test_token_charges_from_many_threads_go_in_few_sends_and_none_is_lost(
     assert 1 <= len(sent) <= 4 and all(sent)  # batched; no empty send
 
 
+def test_a_limit_raised_in_the_keys_file_is_asked_for_at_once() -> None:
+    """A key spent under its old limit gets in under the new one, though its window has
+    not ended (the keys file read again makes other Limits)."""
+    ledger = Ledger()
+
+    async def main() -> list[bool]:
+        front = KeyLimits(ledger.take)
+        old, raised = Limits("k", 3600.0, 2, 0), Limits("k", 3600.0, 5, 0)
+        admitted = [await front.enter(old, str(i)) is None for i in range(3)]
+        admitted += [await front.enter(raised, str(i)) is None for i in range(3)]
+        front.close()
+        return admitted
+
+    assert asyncio.run(main()) == [True, True, False, True, True, True]
+
+
 def test_reset_times_read_as_openais() -> None:
     assert [reset_text(s) for s in (0.0, 0.85, 1.0, 12.2, 360.0, 3723.0)] == [
         "0ms",

@@ -135,8 +135,11 @@ class KeyLimits:
         if state is None:
             state = self._keys[limits.key] = _KeyState(limits)
         elif state.limits is not limits:  # the keys were read again: maybe new limits
-            if state.limits.window_s != limits.window_s:
-                state.allowance = 0
+            old = state.limits
+            if old.window_s != limits.window_s:  # another count altogether: heard afresh
+                state.allowance, state.window_ends, state.tokens_heard = 0, 0.0, 0.0
+            if (old.requests, old.window_s) != (limits.requests, limits.window_s):
+                state.remaining = -1  # (a window spent under the old limit may have room now)
             state.limits = limits
         return state
 

@@ -121,7 +121,9 @@ def read_headers(scope: Scope, shard_header: bytes = SHARD_KEY_HEADER) -> Reques
         elif key in KEY_HEADERS:
             keys = keys or KeyHeaders()
             keys.add(key, value)
-        elif key == AUTHORIZATION_HEADER:  # sent twice: no key (the app may read either line)
+        # The key headers as config/api_keys.key_headers reads them (sent twice: no key; the
+        # app may read either line), here in the one pass over the headers.
+        elif key == AUTHORIZATION_HEADER:
             authorization = value if authorization is None else b""
         elif key == API_KEY_HEADER:
             api_key = value if api_key is None else b""

@@ -69,8 +69,9 @@ def ingress_class(base: object, args: LLMServingArgs, keyed: bool) -> type[OpenA
     served = type(base.__name__, (base,), {"__module__": base.__module__, "__doc__": base.__doc__, **methods})
     # Known to deploys by its base's name and what the app adds (a redeploy of the same
     # options keeps the replicas; the base's source files are in its version already).
-    named = code_name(base) or f"{base.__module__}:{base.__qualname__}"
-    setattr(served, CODE_NAME_ATTR, f"{named}+{json.dumps([cors, keyed], sort_keys=True)}")
+    named = code_name(base)
+    if named is not None:  # (a class made in a function has no name to know it by)
+        setattr(served, CODE_NAME_ATTR, f"{named}+{json.dumps([cors, keyed], sort_keys=True)}")
     return tk.ingress(app)(served)
 
 
