@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
 
 from pydantic import Field, SecretStr, ValidationError, field_validator, model_validator
 from pydantic_core import ErrorDetails
@@ -26,13 +25,13 @@ class IngressClsConfig(Schema):
     """Ray Serve LLM's ``ingress_cls_config``: which class serves the OpenAI routes, and what
     more its constructor takes."""
 
-    ingress_cls: str | type[Any] = Field(
+    ingress_cls: str | type = Field(
         DEFAULT_INGRESS,
         description="A subclass of app_toolkit.llm.OpenAIIngress (its own routes, middleware "
         "and overrides: docs/llm.md), or its import path; Ray Serve LLM's OpenAiIngress names this "
         "package's.",
     )
-    ingress_extra_kwargs: dict[str, Any] = Field(
+    ingress_extra_kwargs: dict[str, object] = Field(
         default_factory=dict,
         description="Keyword arguments the class's constructor takes besides the models'.",
     )

@@ -111,7 +111,7 @@ class KeyRing:
             REFUSED.inc()
         return keyless
 
-    def limits(self, scope: MutableMapping[str, Any]) -> Limits | None:
+    def limits(self, scope: Scope) -> Limits | None:
         """The limits of the key :meth:`admits` found for this request (None: none); a key
         with a tokens limit is marked in ``scope``, so that its tokens are charged."""
         if not self._limits:

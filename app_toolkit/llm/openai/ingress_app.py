@@ -16,7 +16,6 @@ from __future__ import annotations
 import inspect
 import json
 from collections.abc import Callable
-from typing import Any
 
 from fastapi import APIRouter, FastAPI
 from fastapi.routing import APIRoute, APIWebSocketRoute
@@ -44,7 +43,7 @@ def ingress_class(base: object, args: LLMServingArgs, keyed: bool) -> type[OpenA
         )
     app = FastAPI(title="OpenAI-compatible API", summary="app_toolkit.llm")
     errors.install(app)
-    methods: dict[str, Callable[..., Any]] = {}
+    methods: dict[str, Callable[..., object]] = {}
     for route in (*routes.routes, *_extra_routes(base)):
         assert isinstance(route, _Route)  # (the OpenAI routes are; extra_routes checked)
         name = getattr(route.endpoint, "__name__", "")
@@ -93,7 +92,7 @@ def _extra_routes(base: type[OpenAIIngress]) -> list[_Route]:
     return [route for route in extra.routes if isinstance(route, _Route)]
 
 
-def _method(base: type[OpenAIIngress], name: str, route: _Route) -> Callable[..., Any]:
+def _method(base: type[OpenAIIngress], name: str, route: _Route) -> Callable[..., object]:
     """What ``route`` calls on ``base``: the method named as its endpoint, as ``base``
     has it (an override of the endpoint's method, or the method itself)."""
     method = getattr(base, name, None)
