@@ -32,6 +32,7 @@ from app_toolkit.context import (
     charge_tokens,
     get_replica_context,
     get_request_id,
+    get_request_priority,
     meters_tokens,
 )
 from app_toolkit.dependencies import Depends
@@ -150,6 +151,7 @@ __all__ = [
     "get_multiplexed_model_id",
     "get_replica_context",
     "get_request_id",
+    "get_request_priority",
     "ingress",
     "meters_tokens",
     "multiplexed",

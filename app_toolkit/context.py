@@ -1,6 +1,7 @@
 """Where the current code runs: ``get_replica_context()`` inside a replica,
-``get_request_id()`` while it serves a request, ``api_key_name(request)``: who called, and
-``charge_tokens(request, n)``: what the caller's key is charged."""
+``get_request_id()`` while it serves a request, ``api_key_name(request)``: who called,
+``get_request_priority()``: its key's class, and ``charge_tokens(request, n)``: what the
+caller's key is charged."""
 
 from __future__ import annotations
 
@@ -19,6 +20,7 @@ __all__ = [
     "charge_tokens",
     "get_replica_context",
     "get_request_id",
+    "get_request_priority",
     "meters_tokens",
 ]
 
@@ -45,6 +47,19 @@ def get_request_id() -> str:
     (``HTTPOptions(request_id_headers=True)`` also puts it in the headers).
     """
     return request_context.current_request_id()
+
+
+def get_request_priority() -> int:
+    """The priority class of the request this code serves: its API key's ``priority``
+    (``http_options.api_keys``; lower goes first, vLLM's meaning), carried through the
+    handle calls made for it. 0 for a request without a key, and outside a request.
+
+    A saturated deployment's callers serve waiting requests by it (docs/http.md, "Fair
+    shares"); a model's engine may queue by it too (``app_toolkit.llm`` passes it to
+    vLLM as the request's ``priority`` when vLLM's ``scheduling_policy`` is ``priority``).
+    """
+    share = request_context.current_share()
+    return share.priority if share is not None else 0
 
 
 def api_key_name(connection: HTTPConnection) -> str | None:

@@ -219,6 +219,7 @@ class DeploymentHandle(Generic[D]):
             shard_key=routing_key(self.shard_key, self.session_id),
             trace=trace.traceparent if trace else "",
             tracestate=trace.state if trace else "",
+            share=request_context.current_share(),
         )
         return DeploymentResponse(plane.submit(_call(plane, self._id, call, span)))
 
@@ -289,6 +290,7 @@ class StreamingDeploymentHandle(DeploymentHandle[D]):
             shard_key=routing_key(self.shard_key, self.session_id),
             trace=trace.traceparent if trace else "",
             tracestate=trace.state if trace else "",
+            share=request_context.current_share(),
         )
         return DeploymentResponseGenerator(plane, _Stream(plane, self._id, call, span))
 

@@ -76,6 +76,7 @@ EXPECTED = [
     "get_multiplexed_model_id",
     "get_replica_context",
     "get_request_id",
+    "get_request_priority",
     "ingress",
     "meters_tokens",
     "multiplexed",

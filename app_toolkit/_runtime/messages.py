@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from app_toolkit._runtime.compact import compact
+from app_toolkit._runtime.request_values import API_KEY_SHARE, Share
 from app_toolkit.config import AutoscalingPolicy, DeploymentConfig
 from app_toolkit.deployment_id import DeploymentID as DeploymentID  # the runtime's name for it too
 
@@ -225,6 +226,8 @@ class MethodCall:
     tracestate: str = ""
     #: One of a handle.broadcast()'s calls: the replica admits it even when it is full.
     broadcast: bool = False
+    #: The API key's share of the request the call was made for (None: no key).
+    share: Share | None = None
 
 
 #: What a caller sends to open a request.
@@ -234,6 +237,15 @@ Request = HTTPRequest | WebSocketOpen | MethodCall
 def beyond_limit(request: Request) -> bool:
     """A replica admits the request beyond ``max_ongoing_requests`` (a broadcast's call)."""
     return isinstance(request, MethodCall) and request.broadcast
+
+
+def share_of(request: Request) -> Share | None:
+    """The API key's share the request carries (None: no key): a handle call's own, an
+    HTTP request's or WebSocket's as the front put it in the scope."""
+    if isinstance(request, MethodCall):
+        return request.share
+    share = request.scope.get(API_KEY_SHARE)
+    return share if isinstance(share, Share) else None
 
 
 def body_follows(request: Request | None) -> bool:

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from app_toolkit._runtime import request_keys, request_values, tracing
 from app_toolkit._runtime.drain_signal import DrainSignal
-from app_toolkit._runtime.request_values import ModelSource, RequestValues
+from app_toolkit._runtime.request_values import ModelSource, RequestValues, Share
 from app_toolkit.deployment_id import DeploymentID
 from app_toolkit.replica_id import ReplicaID
 
@@ -35,6 +35,13 @@ def route_template(scope: Mapping[str, object]) -> str:
     scope ("" if none): what metrics, logs and spans name a request by."""
     path = getattr(scope.get("route"), "path", "")
     return path if isinstance(path, str) else ""
+
+
+def current_share() -> Share | None:
+    """The API key's share of the request being served (None: it came without a key, or
+    outside a request); handle calls made for it carry it on."""
+    values = _current.get()
+    return values.share if values is not None else None
 
 
 def current_model_id() -> str:
@@ -188,13 +195,14 @@ def request_scope(
     trace: tracing.TraceContext | tracing.LazyTrace | None = None,
     serving: Serving | None = None,
     model: ModelSource = "",
+    share: Share | None = None,
 ) -> AbstractContextManager[None]:
     """Run the code inside as request ``request_id``: its id (log records, downstream
     calls), its span ``trace`` (None: the enclosing request's, if any), and in a replica
-    (``serving``) the replica, its instance, its drain signal and the request's
-    multiplexed ``model`` (outside one: the enclosing request's). All of it is reset on
-    the way out."""
-    return _RequestScope(RequestValues(request_id, trace, model), serving)
+    (``serving``) the replica, its instance, its drain signal, the request's multiplexed
+    ``model`` and its API key's ``share`` (outside one: the enclosing request's). All of
+    it is reset on the way out."""
+    return _RequestScope(RequestValues(request_id, trace, model, share), serving)
 
 
 class _RequestScope(AbstractContextManager[None]):
@@ -216,6 +224,7 @@ class _RequestScope(AbstractContextManager[None]):
                 values.trace = outer.trace
             if serving is None:
                 values.model = outer.model
+                values.share = outer.share
         if serving is not None and _inherited.get() is not serving:  # else they are there already
             self._serving_tokens = _set_serving(serving)
         self._token = _current.set(values)

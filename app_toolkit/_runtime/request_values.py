@@ -1,11 +1,28 @@
-"""What the request being served carries into the code it runs: its id, its span and the
-multiplexed model it asks for. One object in one context variable, set once per request
-(``request_context.request_scope``): read by log records, handle calls and
-``tracing.current_trace``."""
+"""What the request being served carries into the code it runs: its id, its span, the
+multiplexed model it asks for and its API key's share. One object in one context variable,
+set once per request (``request_context.request_scope``): read by log records, handle
+calls and ``tracing.current_trace``."""
 
 from __future__ import annotations
 
 from contextvars import ContextVar
+from dataclasses import dataclass
+
+from app_toolkit._runtime.compact import compact
+
+
+@compact
+@dataclass(frozen=True, slots=True)
+class Share:
+    """What a request's API key gives it in a saturated deployment's queue
+    (``waiting_line.py``): ``key``, the key's name; ``weight``, its share against other
+    keys' (1 unless the key says); ``priority``, its class (lower first; 0 unless the key
+    says), also vLLM's request ``priority``. Travels with the request's handle calls."""
+
+    key: str
+    weight: float = 1.0
+    priority: int = 0
+
 
 #: Where a request names its multiplexed model: the id itself (handle calls), or an
 #: HTTP/WebSocket scope's headers, read only if someone asks
@@ -13,18 +30,26 @@ from contextvars import ContextVar
 ModelSource = str | list[tuple[bytes, bytes]]
 
 
+#: The scope key with the :class:`Share` of the API key a request presented (the front
+#: puts it there; the replica serving the request reads it).
+API_KEY_SHARE = "app_toolkit.api_key_share"
+
+
 class RequestValues:
-    """The current request's id, span and model source. The span is a
-    ``tracing.TraceContext``, a ``tracing.LazyTrace`` (its ids made when first read) or
-    None; ``tracing.current_trace`` reads it (typed ``object`` here: tracing imports this
-    module)."""
+    """The current request's id, span, model source and share (None: no API key). The
+    span is a ``tracing.TraceContext``, a ``tracing.LazyTrace`` (its ids made when first
+    read) or None; ``tracing.current_trace`` reads it (typed ``object`` here: tracing
+    imports this module)."""
 
-    __slots__ = ("request_id", "trace", "model")
+    __slots__ = ("request_id", "trace", "model", "share")
 
-    def __init__(self, request_id: str, trace: object, model: ModelSource) -> None:
+    def __init__(
+        self, request_id: str, trace: object, model: ModelSource, share: Share | None = None
+    ) -> None:
         self.request_id = request_id
         self.trace = trace
         self.model = model
+        self.share = share
 
 
 #: The request the current code serves (None outside one).

@@ -63,6 +63,20 @@ class APIKey(Strict):
     window_s: float = Field(
         60.0, ge=1, le=86400, description="Length of the key's limit windows in seconds (a minute)."
     )
+    weight: float = Field(
+        1.0,
+        gt=0,
+        le=1000,
+        description="The key's share of a saturated deployment against other keys': its "
+        "waiting requests are served in proportion to their keys' weights (equal by default).",
+    )
+    priority: int = Field(
+        0,
+        ge=-1000,
+        le=1000,
+        description="The key's priority class: a saturated deployment serves the waiting "
+        "requests of a lower class first (vLLM's order); also vLLM's request priority. 0 by default.",
+    )
 
     @field_validator("expires_at")
     @classmethod

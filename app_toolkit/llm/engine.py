@@ -127,6 +127,9 @@ class EngineRequest:
     #: only); ``constraint`` has accepted them already. Only where the engine's
     #: ``capabilities.continuation`` allows.
     produced: tuple[int, ...] = ()
+    #: The caller's priority class (its API key's: ``app_toolkit.get_request_priority``):
+    #: lower goes first where the engine queues (vLLM's meaning; 0 by default).
+    priority: int = 0
 
 
 @dataclass(frozen=True, slots=True)

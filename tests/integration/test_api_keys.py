@@ -35,6 +35,7 @@ BOB = new_key()  # only in the file, later
 LIMITED = new_key()  # 2 requests per 2-s window
 SINGLE = new_key()  # 1 request at a time
 METERED = new_key()  # 40 tokens per 4-s window (a reply and a wait fit in one)
+URGENT = new_key()  # priority class -3
 WINDOW_S = 2.0
 
 api = FastAPI()
@@ -88,10 +89,24 @@ async def live(socket: WebSocket) -> None:
     await socket.close()
 
 
+@api.get("/priority")
+async def priority(request: Request) -> dict[str, int]:
+    """The key's priority class here and in a handle call made for the request."""
+    reader = vars(tk.get_replica_context().servable_object)["reader"]
+    return {"here": tk.get_request_priority(), "called": await reader.remote()}
+
+
+@tk.deployment
+class PriorityReader:
+    def __call__(self) -> int:
+        return tk.get_request_priority()
+
+
 @tk.deployment
 @tk.ingress(api)
 class Guarded:
-    pass
+    def __init__(self, reader: tk.DeploymentHandle[PriorityReader]) -> None:
+        self.reader = reader
 
 
 @pytest.fixture(scope="module")
@@ -119,6 +134,7 @@ def keyed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]
                     "window_s": WINDOW_S,
                 },
                 {"name": "single", "hash": key_hash(SINGLE), "max_concurrent_requests": 1},
+                {"name": "urgent", "hash": key_hash(URGENT), "priority": -3, "weight": 2},
                 {
                     "name": "metered",
                     "hash": key_hash(METERED),
@@ -130,7 +146,8 @@ def keyed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]
         },
     )
     try:
-        tk.run(as_deployment(Guarded).bind(), name="guarded", route_prefix="/", backend="local")
+        reader = as_deployment(PriorityReader).bind()
+        tk.run(as_deployment(Guarded).bind(reader), name="guarded", route_prefix="/", backend="local")
         echo = {"model_loading_config": {"model_id": "echo"}, "llm_engine": "echo"}
         tk.run(build_openai_app({"llm_configs": [echo]}), name="llm", route_prefix="/llm", backend="local")
         yield f"http://127.0.0.1:{port}", keys_file
@@ -202,6 +219,13 @@ def test_only_a_valid_key_opens_the_apps_routes(
     assert "/who" in logged  # the access lines were captured
     for secret in (ALICE, OLD, key_hash(ALICE)[7:], key_hash(OLD)[7:]):
         assert secret not in logged and secret not in page
+
+
+def test_a_keys_priority_class_reaches_the_app_and_its_handle_calls(keyed: tuple[str, Path]) -> None:
+    url, _ = keyed
+    with httpx.Client(base_url=url, timeout=10) as client:
+        assert client.get("/priority", headers={"x-api-key": URGENT}).json() == {"here": -3, "called": -3}
+        assert client.get("/priority", headers={"x-api-key": ALICE}).json() == {"here": 0, "called": 0}
 
 
 @pytest.mark.parametrize(

@@ -168,6 +168,35 @@ def test_the_replies_open_at_the_close_end_with_engine_stopped(model: Any) -> No
     asyncio.run(scenario())
 
 
+def test_its_queue_serves_a_lower_priority_class_first(model: Any) -> None:
+    """Replies waiting for a slot leave the queue by priority class (lower first, vLLM's
+    order), in arrival order within one."""
+
+    async def scenario() -> None:
+        decoder = Decoder(model, set(), max_batch_size=1)  # no EOS: the first runs to max
+        running = decoder.generate(EngineRequest(PROMPTS[0], greedy(10_000)))
+        await anext(running)
+        started: list[str] = []
+
+        async def queued(name: str, priority: int) -> None:
+            request = EngineRequest(
+                PROMPTS[1], greedy(2), priority=priority, on_slot=lambda: started.append(name)
+            )
+            async for _ in decoder.generate(request):
+                pass
+
+        tasks = []
+        for count, (name, priority) in enumerate((("low", 2), ("plain", 0), ("high", -1), ("plain2", 0))):
+            tasks.append(asyncio.ensure_future(queued(name, priority)))
+            await wait_for_async(lambda n=count + 1: decoder.current_load().waiting == n, timeout_s=10)
+        await running.aclose()
+        await asyncio.wait_for(asyncio.gather(*tasks), timeout=30)
+        assert started == ["high", "plain", "plain2", "low"]
+        await decoder.close()
+
+    asyncio.run(scenario())
+
+
 def test_an_attach_waiting_at_the_close_ends_with_engine_stopped(model: Any, tmp_path: Any) -> None:
     """A LoRA adapter waiting to be attached between two passes when the decoder closes
     (its request loading it) ends with EngineStopped, rather than waiting for a loop that

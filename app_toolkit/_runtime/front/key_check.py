@@ -46,6 +46,7 @@ from app_toolkit._runtime.front.scope import (
     RequestHeaders,
 )
 from app_toolkit._runtime.messages import HTTPResponse
+from app_toolkit._runtime.request_values import API_KEY_SHARE, Share
 from app_toolkit.config import HTTPOptions
 from app_toolkit.config.api_keys import (
     UNAUTHORIZED_MESSAGE,
@@ -82,6 +83,7 @@ _GONE: _FileState = (-1, -1, -1, -1)
 class _Holder:
     name: str
     expires_s: float | None
+    share: Share
 
 
 class KeyRing:
@@ -102,10 +104,11 @@ class KeyRing:
     def admits(self, scope: MutableMapping[str, Any], headers: RequestHeaders, keyless: bool) -> bool:
         """Whether the request may go on to its app: it presents a valid key (whose name
         goes into ``scope`` for the app: ``api_key_name``), or its route is open."""
-        name = self.holder(headers.authorization, headers.api_key)
-        if name is not None:
-            scope[API_KEY_NAME] = name
-            ADMITTED.inc(name)
+        found = self._holder(headers.authorization, headers.api_key)
+        if found is not None:
+            scope[API_KEY_NAME] = found.name
+            scope[API_KEY_SHARE] = found.share
+            ADMITTED.inc(found.name)
             return True
         if not keyless:
             REFUSED.inc()
@@ -130,11 +133,15 @@ class KeyRing:
             return False
         lines = (line.partition(b":") for line in head[:end].split(b"\r\n")[1:])
         authorization, api_key = key_headers((name.lower(), value.strip(b" \t")) for name, _, value in lines)
-        return self.holder(authorization, api_key) is not None
+        return self._holder(authorization, api_key) is not None
 
     def holder(self, authorization: bytes | None, api_key: bytes | None) -> str | None:
         """The name of the key presented in these headers' values, or None: no key, a
         malformed header, an unknown or an expired key (the same steps for each)."""
+        found = self._holder(authorization, api_key)
+        return found.name if found is not None else None
+
+    def _holder(self, authorization: bytes | None, api_key: bytes | None) -> _Holder | None:
         now = time.monotonic()
         if now >= self._next_look:
             self._look_at_file(now)
@@ -144,7 +151,7 @@ class KeyRing:
             return None
         if found.expires_s is not None and found.expires_s <= time.time():
             return None
-        return found.name
+        return found
 
     def _look_at_file(self, now: float | None = None) -> None:
         self._next_look = (now if now is not None else time.monotonic()) + FILE_CHECK_S
@@ -175,7 +182,10 @@ class KeyRing:
 
     def _load(self, from_file: tuple[APIKey, ...]) -> None:
         keys = (*self._given, *from_file)
-        self._by_digest = {key.digest: _Holder(key.name, key.expires_s) for key in keys}
+        self._by_digest = {
+            key.digest: _Holder(key.name, key.expires_s, Share(key.name, key.weight, key.priority))
+            for key in keys
+        }
         self._limits = {key.name: limits for key in keys if (limits := Limits.of(key)) is not None}
 
 

@@ -16,6 +16,7 @@ from app_toolkit._runtime import tracing
 from app_toolkit._runtime.answers import REQUEST_ID_HEADER
 from app_toolkit._runtime.front.path_match import AppMatcher
 from app_toolkit._runtime.request_keys import KEY_HEADERS, SHARD_KEY_HEADER, KeyHeaders, routing_key
+from app_toolkit._runtime.request_values import API_KEY_SHARE
 from app_toolkit.config.api_keys import API_KEY_HEADER, AUTHORIZATION_HEADER
 
 #: The scope key that names the API key a request presented (``app_toolkit.api_key_name``).
@@ -41,6 +42,7 @@ _FORWARDED_KEYS = (
     "extensions",
     API_KEY_NAME,
     API_KEY_METERED,
+    API_KEY_SHARE,
 )
 
 TIMEOUT_HEADER = b"x-request-timeout-seconds"

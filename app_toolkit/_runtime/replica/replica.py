@@ -51,6 +51,7 @@ from app_toolkit._runtime.replica.user_code import (
     run_destructor,
     wants_reconfigure,
 )
+from app_toolkit._runtime.request_values import API_KEY_SHARE
 from app_toolkit._runtime.tables import Outcomes
 from app_toolkit._runtime.waiting import wait_event
 from app_toolkit.config import DeploymentConfig
@@ -328,7 +329,9 @@ class ReplicaCore(ReplicaSlots):
             else:
                 trace = tracing.LazyTrace(caller)
             serving = self._serves or self._serving()
-            context = request_context.request_scope(request_id, trace, serving, scope["headers"])
+            context = request_context.request_scope(
+                request_id, trace, serving, scope["headers"], scope.get(API_KEY_SHARE)
+            )
         except Exception as exc:  # noqa: BLE001 - answered as the app's own failure (run_app.py)
             # (Entering the context below only sets context variables: it does not fail.)
             app, context = failing_app(exc), contextlib.nullcontext()
@@ -352,7 +355,8 @@ class ReplicaCore(ReplicaSlots):
             f"{self.deployment}.{call.method}", "server", tracing.remote(call.trace, call.tracestate)
         )
         error = ""
-        with request_context.request_scope(call.request_id, trace, self._serving(), call.model_id):
+        serving = self._serving()
+        with request_context.request_scope(call.request_id, trace, serving, call.model_id, call.share):
             try:
                 await run_call(self._method(call.method), call, sink, str(self.deployment))
             except asyncio.CancelledError:

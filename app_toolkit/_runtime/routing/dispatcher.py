@@ -14,7 +14,15 @@ import random
 from collections.abc import Callable, Sequence
 
 from app_toolkit._runtime.channel.exchange import Exchange
-from app_toolkit._runtime.messages import DeploymentID, Rejected, ReplicaInfo, ReplicaLost, Request
+from app_toolkit._runtime.messages import (
+    DeploymentID,
+    Rejected,
+    ReplicaInfo,
+    ReplicaLost,
+    Request,
+    share_of,
+)
+from app_toolkit._runtime.request_values import Share
 from app_toolkit._runtime.routing import caller_metrics
 from app_toolkit._runtime.routing.choice import (
     Affinity,
@@ -243,8 +251,9 @@ class Dispatcher:
         # first table, which names it, may come while the request waits).
         routed = self._chooser.router is not None or not self._has_table
         pending = pending_request(request) if routed else None
+        share = share_of(request)
         while True:
-            info = await self._acquire(model_id, shard_key, pending)
+            info = await self._acquire(model_id, shard_key, pending, share)
             try:
                 reply = await self._open_on(info, request, on_open)
             except RequestLostError:
@@ -329,7 +338,11 @@ class Dispatcher:
         return Reply(first, exchange, info.replica_id, self._release, self._lost_request)
 
     async def _acquire(
-        self, model_id: str, shard_key: str = "", pending: PendingRequest | None = None
+        self,
+        model_id: str,
+        shard_key: str = "",
+        pending: PendingRequest | None = None,
+        share: Share | None = None,
     ) -> ReplicaInfo:
         if self._closed_reason is not None:
             raise ReplicaUnavailableError(self._closed_reason)
@@ -339,9 +352,11 @@ class Dispatcher:
             if choice is not None:
                 self._chooser.acquire(choice.replica_id, model_id, now)
                 return choice
-        if queue_is_full(self.queued, self.max_queued_requests):
+        if queue_is_full(self.queued, self.max_queued_requests) and not self._line.make_room(
+            share, self._refusal
+        ):
             raise self._refusal()
-        waiter = self._line.join(model_id, shard_key, pending)
+        waiter = self._line.join(model_id, shard_key, pending, share)
         self._line.wake()  # arms the back-off timer if a replica is only skipped for now
         if self._on_demand is not None and not self._chooser.replica_ids:
             self._on_demand()

@@ -1,28 +1,64 @@
-"""The requests of one caller that wait for a free replica of a deployment, in order.
+"""The requests of one caller that wait for a free replica of a deployment, and who goes
+next: fair shares between API keys.
 
 Part of the caller-side queue (``dispatcher.py``): a request that finds no free replica
 joins the line; each wake-up (a slot given back, a new table, a back-off ending) hands
-the replicas the chooser finds free to the waiting requests, first come first served.
+the replicas the chooser finds free to the waiting requests.
+
+Who goes next. Requests wait in one flow per API key (``request_values.Share``; requests
+without a key share one flow, as a key of weight 1 and priority 0 would). A lower
+priority class is served first; within a class, flows take turns by start-time fair
+queuing: each flow has a pass, the next request served is the head of the flow with the
+lowest, and serving it moves that pass on by ``1 / weight``. A flow that starts waiting
+starts at the pass of the last request its class served, so a quiet key's request goes
+ahead of a busy key's queue (it waits about one turn), and no key banks turns while it
+waits for nothing. With one flow (no keys, or one key) this is first come first served.
+
 Requests with a shard key may be passed over while their replica is full, so that
-requests for free replicas are not held up behind them.
+requests for free replicas are not held up behind them. When the line is full, a newcomer
+of a flow holding fewer places (for its weight) than the fullest takes the newest place of
+that flow (:meth:`WaitingLine.make_room`).
 """
 
 from __future__ import annotations
 
 import asyncio
 import collections
+import itertools
 from collections.abc import Callable
 
 from app_toolkit._runtime.messages import ReplicaInfo
+from app_toolkit._runtime.request_values import Share
 from app_toolkit._runtime.routing.choice import Affinity, ReplicaChooser
 from app_toolkit.request_router import PendingRequest
 
 #: A timer may fire a hair early: a wake-up for a back-off's end comes this much later.
 _WAKE_SLACK_S = 0.0005
 
-#: A waiting request: its future, multiplexed model id, shard key, and what the
-#: deployment's request router reads of it (None without one).
-_Waiter = tuple[asyncio.Future[ReplicaInfo], str, str, PendingRequest | None]
+#: A waiting request: its future, multiplexed model id, shard key, what the deployment's
+#: request router reads of it (None without one), and its place in arrival order.
+_Waiter = tuple[asyncio.Future[ReplicaInfo], str, str, PendingRequest | None, int]
+
+#: A flow's identity: the priority class and the API key's name ("" without a key).
+_FlowKey = tuple[int, str]
+
+_NO_KEY = Share("")
+
+
+class _Flow:
+    """The waiting requests of one API key, in arrival order, and its turn."""
+
+    __slots__ = ("key", "waiters", "turn", "step")
+
+    def __init__(self, key: _FlowKey, share: Share, turn: float) -> None:
+        self.key = key
+        self.waiters: collections.deque[_Waiter] = collections.deque()
+        self.turn = turn  # the pass of its next request served
+        self.step = 1.0 / share.weight
+
+    def order(self) -> tuple[int, float, int]:
+        """Lowest first: its class, its pass, its head's arrival."""
+        return self.key[0], self.turn, self.waiters[0][4]
 
 
 class WaitingLine:
@@ -30,37 +66,71 @@ class WaitingLine:
 
     def __init__(self, chooser: ReplicaChooser) -> None:
         self._chooser = chooser
-        self._waiters: collections.deque[_Waiter] = collections.deque()
+        self._flows: dict[_FlowKey, _Flow] = {}
+        #: Per priority class: the pass of the last request it served (where a flow joins).
+        self._clock: dict[int, float] = {}
+        self._arrivals = itertools.count()
         self._keyed = 0  # waiters with a shard key
         self._timer: asyncio.TimerHandle | None = None
         #: Whether a request with a shard key waits for its own replica (the table's).
         self.affinity: Affinity = "strict"
 
     def __bool__(self) -> bool:
-        return bool(self._waiters)
+        return bool(self._flows)
 
     @property
     def queued(self) -> int:
         """Requests waiting now (those given up on while waiting are not counted)."""
-        return sum(1 for waiter in self._waiters if not waiter[0].done())
+        return sum(1 for flow in self._flows.values() for waiter in flow.waiters if not waiter[0].done())
 
     def join(
-        self, model_id: str, shard_key: str, pending: PendingRequest | None = None
+        self,
+        model_id: str,
+        shard_key: str,
+        pending: PendingRequest | None = None,
+        share: Share | None = None,
     ) -> asyncio.Future[ReplicaInfo]:
         """A request waits: the future it gets is set to the replica it may use (whose
-        slot it holds), or to an error."""
+        slot it holds), or to an error. ``share``: its API key's (None: no key)."""
         future: asyncio.Future[ReplicaInfo] = asyncio.get_running_loop().create_future()
-        self._waiters.append((future, model_id, shard_key, pending))
+        self._flow(share or _NO_KEY).waiters.append(
+            (future, model_id, shard_key, pending, next(self._arrivals))
+        )
         if shard_key:
             self._keyed += 1
         return future
 
+    def make_room(self, share: Share | None, refusal: Callable[[], BaseException]) -> bool:
+        """The line is full: if ``share``'s flow holds fewer places for its weight than
+        the fullest flow does, that flow's newest request gets ``refusal()`` and there is
+        room for the newcomer (True). False: the newcomer is the one to refuse."""
+        share = share or _NO_KEY
+        own = self._flows.get((share.priority, share.key))
+        own_load = (_live(own) + 1) * own.step if own is not None else 1.0 / share.weight
+        fullest, fullest_load = None, own_load
+        for flow in self._flows.values():
+            load = _live(flow) * flow.step
+            if flow is not own and load > fullest_load:
+                fullest, fullest_load = flow, load
+        if fullest is None:
+            return False
+        for index in range(len(fullest.waiters) - 1, -1, -1):
+            future, _, shard_key, _, _ = fullest.waiters[index]
+            if not future.done():
+                del fullest.waiters[index]
+                self._keyed -= 1 if shard_key else 0
+                future.set_exception(refusal())
+                break
+        self._drop_if_empty(fullest)
+        return True
+
     def fail_all(self, error: Callable[[], BaseException]) -> None:
         """Every waiting request gets ``error()`` (the deployment is gone)."""
-        while self._waiters:
-            future = self._waiters.popleft()[0]
-            if not future.done():
-                future.set_exception(error())
+        flows, self._flows = self._flows, {}
+        for flow in flows.values():
+            for future, *_ in flow.waiters:
+                if not future.done():
+                    future.set_exception(error())
         self._keyed = 0
 
     def refuse_beyond(self, bound: int, refusal: Callable[[], BaseException]) -> None:
@@ -68,61 +138,103 @@ class WaitingLine:
         excess = self.queued - bound
         if excess <= 0:
             return
-        kept: collections.deque[_Waiter] = collections.deque()
-        for waiter in reversed(self._waiters):
-            future, _, shard_key, _ = waiter
-            if excess > 0 and not future.done():
-                excess -= 1
-                self._keyed -= 1 if shard_key else 0
-                future.set_exception(refusal())
-            else:
-                kept.appendleft(waiter)
-        self._waiters = kept
+        newest = sorted(
+            (waiter for flow in self._flows.values() for waiter in flow.waiters if not waiter[0].done()),
+            key=lambda waiter: waiter[4],
+        )[-excess:]
+        for future, _, shard_key, _, _ in newest:
+            self._keyed -= 1 if shard_key else 0
+            future.set_exception(refusal())
+        self._sweep()
 
     def wake(self) -> None:
-        """Give the replicas free now to the requests that wait, in order."""
+        """Give the replicas free now to the requests that wait, in turn."""
         now = asyncio.get_running_loop().time()
         if self._keyed:
             self._wake_keyed(now)
             return
-        while self._waiters:
-            head, model_id, _, pending = self._waiters[0]
+        while self._flows:
+            flow = self._next_flow()
+            head, model_id, _, pending, _ = flow.waiters[0]
             if head.done():
-                self._waiters.popleft()
+                flow.waiters.popleft()
+                self._drop_if_empty(flow)
                 continue
             choice = self._chooser.choose(now, model_id, pending=pending)
             if choice is None:
                 self._wake_later(now)
                 return
-            self._waiters.popleft()
+            flow.waiters.popleft()
+            self._served(flow)
+            self._drop_if_empty(flow)
             self._chooser.acquire(choice.replica_id, model_id, now)
             head.set_result(choice)
 
     def _wake_keyed(self, now: float) -> None:
-        """Serve waiters in order, looking past one whose replica is full: a request
-        with another key (or none) may have a free replica. Requests without a key keep
-        their order among themselves."""
-        kept: collections.deque[_Waiter] = collections.deque()
+        """Serve waiters in turn, looking past one whose replica is full: a request with
+        another shard key (or none) may have a free replica. Requests without a shard key
+        keep their order among themselves."""
         unkeyed_stuck = False
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            future, model_id, shard_key, pending = waiter
-            if future.done():
+        for flow, waiter in self._in_turn():
+            future, model_id, shard_key, pending, _ = waiter
+            if future.done():  # given up on (those served here are marked as they go)
                 self._keyed -= 1 if shard_key else 0
                 continue
             choice = None
             if not (unkeyed_stuck and not shard_key) and self._chooser.any_free(now):
                 choice = self._chooser.choose(now, model_id, shard_key, self.affinity, pending)
             if choice is None:
-                kept.append(waiter)
                 unkeyed_stuck = unkeyed_stuck or not shard_key
                 continue
             self._keyed -= 1 if shard_key else 0
+            self._served(flow)
             self._chooser.acquire(choice.replica_id, model_id, now)
             future.set_result(choice)
-        self._waiters = kept
-        if kept:
+        self._sweep()
+        if self._flows:
             self._wake_later(now)
+
+    def _flow(self, share: Share) -> _Flow:
+        key = (share.priority, share.key)
+        flow = self._flows.get(key)
+        if flow is None:
+            flow = self._flows[key] = _Flow(key, share, self._clock.get(share.priority, 0.0))
+        return flow
+
+    def _next_flow(self) -> _Flow:
+        """The flow whose head goes next (the line is not empty)."""
+        if len(self._flows) == 1:
+            return next(iter(self._flows.values()))
+        return min(self._flows.values(), key=_Flow.order)
+
+    def _in_turn(self) -> list[tuple[_Flow, _Waiter]]:
+        """Every waiter, with its flow, in the order turns would serve them."""
+        if len(self._flows) == 1:
+            flow = next(iter(self._flows.values()))
+            return [(flow, waiter) for waiter in flow.waiters]
+        ranked = [
+            ((flow.key[0], flow.turn + place * flow.step, waiter[4]), flow, waiter)
+            for flow in self._flows.values()
+            for place, waiter in enumerate(flow.waiters)
+        ]
+        ranked.sort(key=lambda entry: entry[0])
+        return [(flow, waiter) for _, flow, waiter in ranked]
+
+    def _served(self, flow: _Flow) -> None:
+        """A request of ``flow`` was served: its class's clock and the flow's turn move."""
+        self._clock[flow.key[0]] = flow.turn
+        flow.turn += flow.step
+
+    def _drop_if_empty(self, flow: _Flow) -> None:
+        if not flow.waiters:
+            del self._flows[flow.key]
+
+    def _sweep(self) -> None:
+        """Forget the waiters served or given up, and the flows left empty."""
+        for flow in list(self._flows.values()):
+            if any(waiter[0].done() for waiter in flow.waiters):
+                flow.waiters = collections.deque(waiter for waiter in flow.waiters if not waiter[0].done())
+            self._drop_if_empty(flow)
 
     def _wake_later(self, now: float) -> None:
         """Requests still wait; if a replica is only skipped for a back-off, come back
@@ -134,3 +246,7 @@ class WaitingLine:
             self._timer.cancel()
         delay_s = max(unblock - now + _WAKE_SLACK_S, 0.0)
         self._timer = asyncio.get_running_loop().call_later(delay_s, self.wake)
+
+
+def _live(flow: _Flow) -> int:
+    return sum(1 for waiter in flow.waiters if not waiter[0].done())

@@ -32,6 +32,7 @@ token) reaches them through :class:`DecoderHooks`.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import logging
 import time
 from collections.abc import AsyncGenerator, Callable, Collection, Sequence
@@ -93,6 +94,7 @@ class _Sequence:
     cached: int = -1  # prompt tokens found in the prefix cache (-1: the prompt is not read yet)
     reply: list[int] = field(default_factory=list)  # the tokens sent
     adapter: str = ""  # the LoRA adapter it decodes with ("": the base model)
+    priority: int = 0  # its caller's class: the queue is kept in this order (lower first)
     finished: bool = False  # ended by the decoder (not left by its reader)
     logprobs: Logprobs | None = None  # the newest token's, when the reply asks for them
     failure: Exception | None = None  # why choosing its token failed (its reply ends with it)
@@ -180,8 +182,10 @@ class Decoder:
             reply=produced,
             generated=len(produced),
             adapter=adapter,
+            priority=request.priority,
         )
-        self._waiting.append(sequence)
+        # After those of its class and the lower ones, ahead of the higher (vLLM's order).
+        bisect.insort_right(self._waiting, sequence, key=_priority)
         self._start()
         finished = False
         try:
@@ -410,3 +414,7 @@ class Decoder:
             return
         self._passes.keep_rows(self._active, keep)
         self._active = [self._active[index] for index in keep]
+
+
+def _priority(sequence: _Sequence) -> int:
+    return sequence.priority

@@ -148,6 +148,7 @@ class VLLMEngine(TokenizerText):
         self.capabilities = Capabilities(logprobs=True, structured="native", continuation="unconstrained")
         self._llm: AsyncLLM | None = None
         self._closed = False
+        self._priorities = False  # vLLM schedules by request priority (its scheduling_policy)
         self._scratch: Path | None = None
         #: End-of-turn tokens vLLM does not end a reply on by itself (not its EOS ids).
         self._end_of_turn: tuple[int, ...] = ()
@@ -193,6 +194,8 @@ class VLLMEngine(TokenizerText):
         self._llm, config = start_engine(engine_args, [self._scheduler.logger])
         self.context_window = int(config.model_config.max_model_len)
         self.slots = int(config.scheduler_config.max_num_seqs)
+        # vLLM refuses a request priority other than 0 unless it schedules by priority.
+        self._priorities = config.scheduler_config.policy == "priority"
         self.capabilities = replace(
             self.capabilities, prefix_cache=bool(config.cache_config.enable_prefix_caching)
         )
@@ -279,7 +282,13 @@ class VLLMEngine(TokenizerText):
         request_id = uuid.uuid4().hex
         self._replies.add(request_id)
         self._scheduler.sent += 1
-        outputs = llm.generate(TokensPrompt(prompt_token_ids=prompt), params, request_id, lora_request=lora)
+        outputs = llm.generate(
+            TokensPrompt(prompt_token_ids=prompt),
+            params,
+            request_id,
+            lora_request=lora,
+            priority=request.priority if self._priorities else 0,
+        )
         first = True
         try:
             async for output in outputs:

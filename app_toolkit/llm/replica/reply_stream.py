@@ -11,6 +11,7 @@ import time
 from collections.abc import AsyncGenerator, Sequence
 from typing import TYPE_CHECKING
 
+import app_toolkit as tk
 from app_toolkit.llm import metrics
 from app_toolkit.llm.detokenize import Detokenizer, StopFilter
 from app_toolkit.llm.engine import EngineRequest, Logprobs, Sampling, TextEngine
@@ -81,7 +82,15 @@ class ReplyStream:
                 metrics.PREFIX_CACHE_QUERIES.inc(model, amount=len(self._prompt))
                 metrics.PREFIX_CACHE_HITS.inc(model, amount=cached)
 
-        request = EngineRequest(self._prompt, self._sampling, constraint, self._adapter, on_slot, on_prompt)
+        request = EngineRequest(
+            self._prompt,
+            self._sampling,
+            constraint,
+            self._adapter,
+            on_slot,
+            on_prompt,
+            priority=tk.get_request_priority(),
+        )
         tokens = self._engine.generate(request)
         logprobs: list[TokenLogprob] = []  # of the tokens since the last piece sent
         unread: list[int] = []  # the tokens whose text the structure has not read yet
