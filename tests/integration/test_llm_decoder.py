@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import warnings
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Callable
 from typing import Any
 
 import pytest
@@ -185,10 +185,13 @@ def test_its_queue_serves_a_lower_priority_class_first(model: Any) -> None:
             async for _ in decoder.generate(request):
                 pass
 
+        def waiting(count: int) -> Callable[[], bool]:
+            return lambda: decoder.current_load().waiting == count
+
         tasks = []
-        for count, (name, priority) in enumerate((("low", 2), ("plain", 0), ("high", -1), ("plain2", 0))):
+        for name, priority in (("low", 2), ("plain", 0), ("high", -1), ("plain2", 0)):
             tasks.append(asyncio.ensure_future(queued(name, priority)))
-            await wait_for_async(lambda n=count + 1: decoder.current_load().waiting == n, timeout_s=10)
+            await wait_for_async(waiting(len(tasks)), timeout_s=10)
         await running.aclose()
         await asyncio.wait_for(asyncio.gather(*tasks), timeout=30)
         assert started == ["high", "plain", "plain2", "low"]
