@@ -21,9 +21,16 @@ CHROMIUM_ARGS = [
 
 
 @contextmanager
-def chromium() -> Iterator[Browser]:
+def chromium(trusted_spki: str = "") -> Iterator[Browser]:
+    """Headless Chromium; ``trusted_spki``: the base64 SHA-256 of a test certificate's
+    public key, which the browser then trusts (and no other certificate it would not)."""
+    args = (
+        [*CHROMIUM_ARGS, f"--ignore-certificate-errors-spki-list={trusted_spki}"]
+        if trusted_spki
+        else CHROMIUM_ARGS
+    )
     with sync_playwright() as playwright:
-        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=args)
         try:
             yield browser
         finally:

@@ -5,6 +5,7 @@ and a raw socket; the certificate replaced on disk; bad files refused at start."
 from __future__ import annotations
 
 import asyncio
+import base64
 import os
 import socket
 import ssl
@@ -15,12 +16,16 @@ from pathlib import Path
 import httpx
 import pytest
 import trustme
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
 from fastapi import FastAPI, Request, WebSocket
+from fastapi.responses import HTMLResponse
 from websockets.sync.client import connect
 
 import app_toolkit as tk
 from app_toolkit.config import parse_http_options
 from app_toolkit.exceptions import ConfigError
+from tests.browser import chromium
 from tests.conftest import free_port
 from tests.deployments import as_deployment
 
@@ -47,6 +52,32 @@ async def echo(socket: WebSocket) -> None:
     await socket.accept()
     await socket.send_text(f"{socket.url.scheme}:{await socket.receive_text()}")
     await socket.close()
+
+
+PAGE = """<!doctype html><meta charset="utf-8"><title>https</title><p id="out"></p><script>
+(async () => {
+  const seen = [];
+  seen.push((await (await fetch("/hello")).json()).scheme);
+  seen.push(await new Promise((done) => {
+    const ticks = [], events = new EventSource("/ticks");
+    events.onmessage = (event) => {
+      ticks.push(event.data);
+      if (ticks.length === 3) { events.close(); done(ticks.join("")); }
+    };
+  }));
+  seen.push(await new Promise((done) => {
+    const socket = new WebSocket("wss://" + location.host + "/echo");
+    socket.onopen = () => socket.send("hi");
+    socket.onmessage = (event) => done(event.data);
+  }));
+  document.getElementById("out").textContent = seen.join(" ");
+})();
+</script>"""
+
+
+@api.get("/page")
+async def page() -> HTMLResponse:
+    return HTMLResponse(PAGE)
 
 
 @tk.deployment
@@ -116,6 +147,29 @@ def test_https_sse_and_wss_are_served_with_the_certificate(served: tuple[int, tr
         except ConnectionResetError:
             answer = b""
         assert not answer.startswith(b"HTTP/")
+
+
+def _spki_hash(cert_pem: Path) -> str:
+    """The base64 SHA-256 of a certificate's public key (Chromium's pin format)."""
+    public = x509.load_pem_x509_certificate(cert_pem.read_bytes()).public_key()
+    spki = public.public_bytes(serialization.Encoding.DER, serialization.PublicFormat.SubjectPublicKeyInfo)
+    digest = hashes.Hash(hashes.SHA256())
+    digest.update(spki)
+    return base64.b64encode(digest.finalize()).decode()
+
+
+def test_chromium_loads_a_page_streams_sse_and_opens_wss_over_https(
+    served: tuple[int, trustme.CA, Path],
+) -> None:
+    """Headless Chromium trusts the test certificate by its public key's hash, loads a page
+    over https://, and the page fetches, streams SSE and talks over wss:// to the app."""
+    port, _, folder = served
+    with chromium(trusted_spki=_spki_hash(folder / "cert.pem")) as browser:
+        page = browser.new_page()
+        page.goto(f"https://127.0.0.1:{port}/page", timeout=30_000)
+        page.wait_for_function("document.getElementById('out').textContent !== ''", timeout=30_000)
+        assert page.inner_text("#out") == "https 012 wss:hi"
+        page.close()
 
 
 def test_a_certificate_replaced_on_disk_reaches_new_connections(served: tuple[int, trustme.CA, Path]) -> None:
