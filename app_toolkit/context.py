@@ -52,7 +52,9 @@ def get_request_id() -> str:
 def get_request_priority() -> int:
     """The priority class of the request this code serves: its API key's ``priority``
     (``http_options.api_keys``; lower goes first, vLLM's meaning), carried through the
-    handle calls made for it. 0 for a request without a key, and outside a request.
+    handle calls made for it (unlike :func:`api_key_name`, which names a caller only where
+    it presented its key: handles are trusted). 0 for a request without a key, outside a
+    request, and in a ``@batch`` function (it serves several requests at once).
 
     A saturated deployment's callers serve waiting requests by it (docs/http.md, "Fair
     shares"); a model's engine may queue by it too (``app_toolkit.llm`` passes it to

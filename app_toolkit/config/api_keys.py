@@ -65,7 +65,7 @@ class APIKey(Strict):
     )
     weight: float = Field(
         1.0,
-        gt=0,
+        ge=0.001,
         le=1000,
         description="The key's share of a saturated deployment against other keys': its "
         "waiting requests are served in proportion to their keys' weights (equal by default).",
@@ -184,7 +184,8 @@ def check_unique(keys: tuple[APIKey, ...]) -> None:
 
 
 def read_keys_file(path: str) -> tuple[APIKey, ...]:
-    """The keys in the YAML file at ``path``: a list of ``{name, hash, expires_at, limits}``, or
+    """The keys in the YAML file at ``path``: a list of ``{name, hash, expires_at, limits,
+    weight, priority}``, or
     a mapping with that list under ``keys``. ConfigError naming the file if it cannot be
     read or is not such a list."""
     try:

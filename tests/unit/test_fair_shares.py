@@ -133,3 +133,76 @@ async def test_a_full_line_makes_room_for_a_key_holding_fewer_places() -> None:
     (await quiet).release()
     (await noisy[1]).release()
     assert replica.received == ["first", "noisy0", "quiet", "noisy1"]
+
+
+async def test_a_small_weight_waits_its_turns_even_one_request_at_a_time() -> None:
+    # Key b (weight 0.25) sends its next request as soon as the last one is served: its
+    # flow empties every time, and comes back where its pass had got to, not ahead.
+    replica = FakeReplica("a", answer)
+    dispatcher = make({"a": replica}, max_queued=100)
+    reply = await dispatcher.send(MethodCall("rid", "method", ("first",)))
+    waiting = [asyncio.ensure_future(dispatcher.send(keyed(f"a{n}", "a"))) for n in range(40)]
+    waiting.append(asyncio.ensure_future(dispatcher.send(keyed("b", "b", weight=0.25))))
+    await asyncio.sleep(0)
+    for _ in range(30):
+        reply.release()
+        done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+        waiting = [w for w in waiting if not w.done()]
+        reply = done.pop().result()
+        if replica.received[-1] == "b":  # b at once asks again
+            waiting.append(asyncio.ensure_future(dispatcher.send(keyed("b", "b", weight=0.25))))
+            await asyncio.sleep(0)
+    reply.release()
+    assert replica.received[1:31].count("b") in (6, 7)  # a fifth of 30 turns, not half
+    for waiter in waiting:
+        waiter.cancel()
+
+
+async def test_a_full_line_never_refuses_a_lower_class_for_a_higher_one() -> None:
+    replica = FakeReplica("a", answer)
+    dispatcher = make({"a": replica}, max_queued=2)
+    running = await dispatcher.send(MethodCall("rid", "method", ("first",)))
+    batch = [
+        asyncio.ensure_future(dispatcher.send(keyed(f"batch{n}", "batch", priority=5))) for n in range(2)
+    ]
+    await asyncio.sleep(0)
+    # A request of a lower class takes the batch key's newest place...
+    chat = asyncio.ensure_future(dispatcher.send(keyed("chat0", "chat", priority=-1)))
+    await asyncio.wait([batch[1]])
+    with pytest.raises(BackPressureError):
+        batch[1].result()
+    # ...and one of a higher class gets no place of the lower class's.
+    chat_next = asyncio.ensure_future(dispatcher.send(keyed("chat1", "chat", priority=-1)))
+    await asyncio.sleep(0)
+    with pytest.raises(BackPressureError):
+        await dispatcher.send(keyed("late", "late", priority=9))
+    await asyncio.wait([batch[0]], timeout=1)  # batch0 made room for chat1
+    with pytest.raises(BackPressureError):
+        batch[0].result()
+    assert not chat.done() and not chat_next.done()
+    running.release()
+    for waiter in (chat, chat_next):
+        (await waiter).release()
+    assert replica.received == ["first", "chat0", "chat1"]
+
+
+async def test_a_request_given_up_on_in_a_line_of_two_keys_is_skipped() -> None:
+    replica = FakeReplica("a", answer)
+    dispatcher = make({"a": replica}, max_queued=100)
+    running = await dispatcher.send(MethodCall("rid", "method", ("first",)))
+    waiting = [
+        asyncio.ensure_future(dispatcher.send(keyed(f"{key}{n}", key))) for n in range(2) for key in "ab"
+    ]
+    await asyncio.sleep(0)
+    waiting[0].cancel()  # a0
+    await asyncio.wait([waiting[0]])
+    reply = running
+    for _ in range(3):
+        reply.release()
+        done, _ = await asyncio.wait(
+            [w for w in waiting if not w.done()], return_when=asyncio.FIRST_COMPLETED
+        )
+        reply = done.pop().result()
+    reply.release()
+    assert replica.received == ["first", "b0", "a1", "b1"]
+    assert dispatcher.queued == 0

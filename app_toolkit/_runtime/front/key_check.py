@@ -103,7 +103,8 @@ class KeyRing:
 
     def admits(self, scope: MutableMapping[str, Any], headers: RequestHeaders, keyless: bool) -> bool:
         """Whether the request may go on to its app: it presents a valid key (whose name
-        goes into ``scope`` for the app: ``api_key_name``), or its route is open."""
+        goes into ``scope`` for the app, ``api_key_name``, with its share for the queues
+        the request and its handle calls wait in), or its route is open."""
         found = self._holder(headers.authorization, headers.api_key)
         if found is not None:
             scope[API_KEY_NAME] = found.name

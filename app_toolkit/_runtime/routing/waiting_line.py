@@ -10,14 +10,18 @@ without a key share one flow, as a key of weight 1 and priority 0 would). A lowe
 priority class is served first; within a class, flows take turns by start-time fair
 queuing: each flow has a pass, the next request served is the head of the flow with the
 lowest, and serving it moves that pass on by ``1 / weight``. A flow that starts waiting
-starts at the pass of the last request its class served, so a quiet key's request goes
-ahead of a busy key's queue (it waits about one turn), and no key banks turns while it
-waits for nothing. With one flow (no keys, or one key) this is first come first served.
+starts at the pass of the last request its class served, or at the pass its key had
+reached when its last request left, if that is later: a quiet key's request goes ahead of
+a busy key's queue (it waits about one turn), no key banks turns while it waits for
+nothing, and a key of small weight whose requests come one at a time still waits its
+turns between them. With one flow (no keys, or one key) this is first come first served.
 
 Requests with a shard key may be passed over while their replica is full, so that
 requests for free replicas are not held up behind them. When the line is full, a newcomer
-of a flow holding fewer places (for its weight) than the fullest takes the newest place of
-that flow (:meth:`WaitingLine.make_room`).
+takes the newest place of a key of a higher class, or else of the key of its own class
+holding the most places for its weight, if that is more than the newcomer's key would
+(:meth:`WaitingLine.make_room`). The bound a caller learns with its first table refuses
+the newest requests beyond it, whatever their keys (:meth:`WaitingLine.refuse_beyond`).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import asyncio
 import collections
 import itertools
 from collections.abc import Callable
+from typing import NamedTuple
 
 from app_toolkit._runtime.messages import ReplicaInfo
 from app_toolkit._runtime.request_values import Share
@@ -35,9 +40,22 @@ from app_toolkit.request_router import PendingRequest
 #: A timer may fire a hair early: a wake-up for a back-off's end comes this much later.
 _WAKE_SLACK_S = 0.0005
 
-#: A waiting request: its future, multiplexed model id, shard key, what the deployment's
-#: request router reads of it (None without one), and its place in arrival order.
-_Waiter = tuple[asyncio.Future[ReplicaInfo], str, str, PendingRequest | None, int]
+#: Passes a class's clock must reach before the passes of keys that left are looked at
+#: (those it passed are forgotten: a key returning after them starts at the clock anyway).
+_LEFT_MAX = 256
+
+
+class _Waiter(NamedTuple):
+    """A waiting request: its future, multiplexed model id, shard key, what the
+    deployment's request router reads of it (None without one), and its place in arrival
+    order."""
+
+    future: asyncio.Future[ReplicaInfo]
+    model_id: str
+    shard_key: str
+    pending: PendingRequest | None
+    arrival: int
+
 
 #: A flow's identity: the priority class and the API key's name ("" without a key).
 _FlowKey = tuple[int, str]
@@ -45,20 +63,33 @@ _FlowKey = tuple[int, str]
 _NO_KEY = Share("")
 
 
+def _key_of(share: Share) -> _FlowKey:
+    return share.priority, share.key
+
+
+def _step_of(share: Share) -> float:
+    """How far one request served moves a flow's pass."""
+    return 1.0 / share.weight
+
+
 class _Flow:
     """The waiting requests of one API key, in arrival order, and its turn."""
 
     __slots__ = ("key", "waiters", "turn", "step")
 
-    def __init__(self, key: _FlowKey, share: Share, turn: float) -> None:
-        self.key = key
+    def __init__(self, share: Share, turn: float) -> None:
+        self.key = _key_of(share)
         self.waiters: collections.deque[_Waiter] = collections.deque()
         self.turn = turn  # the pass of its next request served
-        self.step = 1.0 / share.weight
+        self.step = _step_of(share)
 
     def order(self) -> tuple[int, float, int]:
         """Lowest first: its class, its pass, its head's arrival."""
-        return self.key[0], self.turn, self.waiters[0][4]
+        return self.key[0], self.turn, self.waiters[0].arrival
+
+    def live(self) -> int:
+        """Its requests still waiting (not those given up on)."""
+        return sum(1 for waiter in self.waiters if not waiter.future.done())
 
 
 class WaitingLine:
@@ -69,6 +100,9 @@ class WaitingLine:
         self._flows: dict[_FlowKey, _Flow] = {}
         #: Per priority class: the pass of the last request it served (where a flow joins).
         self._clock: dict[int, float] = {}
+        #: The pass each key's flow had reached when its last request left (a key that
+        #: comes back before its class's clock passes it starts there).
+        self._left: dict[_FlowKey, float] = {}
         self._arrivals = itertools.count()
         self._keyed = 0  # waiters with a shard key
         self._timer: asyncio.TimerHandle | None = None
@@ -81,7 +115,7 @@ class WaitingLine:
     @property
     def queued(self) -> int:
         """Requests waiting now (those given up on while waiting are not counted)."""
-        return sum(1 for flow in self._flows.values() for waiter in flow.waiters if not waiter[0].done())
+        return sum(flow.live() for flow in self._flows.values())
 
     def join(
         self,
@@ -94,32 +128,45 @@ class WaitingLine:
         slot it holds), or to an error. ``share``: its API key's (None: no key)."""
         future: asyncio.Future[ReplicaInfo] = asyncio.get_running_loop().create_future()
         self._flow(share or _NO_KEY).waiters.append(
-            (future, model_id, shard_key, pending, next(self._arrivals))
+            _Waiter(future, model_id, shard_key, pending, next(self._arrivals))
         )
         if shard_key:
             self._keyed += 1
         return future
 
     def make_room(self, share: Share | None, refusal: Callable[[], BaseException]) -> bool:
-        """The line is full: if ``share``'s flow holds fewer places for its weight than
-        the fullest flow does, that flow's newest request gets ``refusal()`` and there is
-        room for the newcomer (True). False: the newcomer is the one to refuse."""
+        """The line is full: makes room for a newcomer with ``share`` by giving the newest
+        request of another key ``refusal()`` (True), or says the newcomer is the one to
+        refuse (False). That key is one of the highest class above the newcomer's; else,
+        of the newcomer's class, the one holding the most places for its weight, if that
+        is more than the newcomer's key would hold with it. A lower class is never refused
+        for a higher one."""
         share = share or _NO_KEY
-        own = self._flows.get((share.priority, share.key))
-        own_load = (_live(own) + 1) * own.step if own is not None else 1.0 / share.weight
-        fullest, fullest_load = None, own_load
+        own_key = _key_of(share)
+        own = self._flows.get(own_key)
+        own_load = (own.live() + 1) * own.step if own is not None else _step_of(share)
+        chosen: tuple[tuple[int, float], _Flow] | None = None
         for flow in self._flows.values():
-            load = _live(flow) * flow.step
-            if flow is not own and load > fullest_load:
-                fullest, fullest_load = flow, load
-        if fullest is None:
+            live = flow.live()
+            if flow is own or not live:
+                continue
+            if flow.key[0] > own_key[0]:
+                rank = (flow.key[0], float("inf"))  # the highest class first, however full
+            elif flow.key[0] == own_key[0] and live * flow.step > own_load:
+                rank = (flow.key[0], live * flow.step)
+            else:
+                continue
+            if chosen is None or rank > chosen[0]:
+                chosen = (rank, flow)
+        if chosen is None:
             return False
+        fullest = chosen[1]
         for index in range(len(fullest.waiters) - 1, -1, -1):
-            future, _, shard_key, _, _ = fullest.waiters[index]
-            if not future.done():
+            waiter = fullest.waiters[index]
+            if not waiter.future.done():
                 del fullest.waiters[index]
-                self._keyed -= 1 if shard_key else 0
-                future.set_exception(refusal())
+                self._keyed -= 1 if waiter.shard_key else 0
+                waiter.future.set_exception(refusal())
                 break
         self._drop_if_empty(fullest)
         return True
@@ -128,9 +175,9 @@ class WaitingLine:
         """Every waiting request gets ``error()`` (the deployment is gone)."""
         flows, self._flows = self._flows, {}
         for flow in flows.values():
-            for future, *_ in flow.waiters:
-                if not future.done():
-                    future.set_exception(error())
+            for waiter in flow.waiters:
+                if not waiter.future.done():
+                    waiter.future.set_exception(error())
         self._keyed = 0
 
     def refuse_beyond(self, bound: int, refusal: Callable[[], BaseException]) -> None:
@@ -139,12 +186,11 @@ class WaitingLine:
         if excess <= 0:
             return
         newest = sorted(
-            (waiter for flow in self._flows.values() for waiter in flow.waiters if not waiter[0].done()),
-            key=lambda waiter: waiter[4],
+            (waiter for flow in self._flows.values() for waiter in flow.waiters if not waiter.future.done()),
+            key=lambda waiter: waiter.arrival,
         )[-excess:]
-        for future, _, shard_key, _, _ in newest:
-            self._keyed -= 1 if shard_key else 0
-            future.set_exception(refusal())
+        for waiter in newest:
+            waiter.future.set_exception(refusal())
         self._sweep()
 
     def wake(self) -> None:
@@ -178,7 +224,6 @@ class WaitingLine:
         for flow, waiter in self._in_turn():
             future, model_id, shard_key, pending, _ = waiter
             if future.done():  # given up on (those served here are marked as they go)
-                self._keyed -= 1 if shard_key else 0
                 continue
             choice = None
             if not (unkeyed_stuck and not shard_key) and self._chooser.any_free(now):
@@ -186,7 +231,6 @@ class WaitingLine:
             if choice is None:
                 unkeyed_stuck = unkeyed_stuck or not shard_key
                 continue
-            self._keyed -= 1 if shard_key else 0
             self._served(flow)
             self._chooser.acquire(choice.replica_id, model_id, now)
             future.set_result(choice)
@@ -195,10 +239,11 @@ class WaitingLine:
             self._wake_later(now)
 
     def _flow(self, share: Share) -> _Flow:
-        key = (share.priority, share.key)
+        key = _key_of(share)
         flow = self._flows.get(key)
         if flow is None:
-            flow = self._flows[key] = _Flow(key, share, self._clock.get(share.priority, 0.0))
+            clock = self._clock.get(share.priority, 0.0)
+            flow = self._flows[key] = _Flow(share, max(clock, self._left.pop(key, clock)))
         return flow
 
     def _next_flow(self) -> _Flow:
@@ -213,7 +258,7 @@ class WaitingLine:
             flow = next(iter(self._flows.values()))
             return [(flow, waiter) for waiter in flow.waiters]
         ranked = [
-            ((flow.key[0], flow.turn + place * flow.step, waiter[4]), flow, waiter)
+            ((flow.key[0], flow.turn + place * flow.step, waiter.arrival), flow, waiter)
             for flow in self._flows.values()
             for place, waiter in enumerate(flow.waiters)
         ]
@@ -221,20 +266,36 @@ class WaitingLine:
         return [(flow, waiter) for _, flow, waiter in ranked]
 
     def _served(self, flow: _Flow) -> None:
-        """A request of ``flow`` was served: its class's clock and the flow's turn move."""
-        self._clock[flow.key[0]] = flow.turn
+        """A request of ``flow`` was served: its class's clock and the flow's turn move
+        (the clock never back: the shard-key path may serve out of turn)."""
+        priority = flow.key[0]
+        self._clock[priority] = max(self._clock.get(priority, flow.turn), flow.turn)
         flow.turn += flow.step
 
     def _drop_if_empty(self, flow: _Flow) -> None:
-        if not flow.waiters:
-            del self._flows[flow.key]
+        """Forget ``flow`` if nothing of it waits, keeping the pass it reached."""
+        if flow.waiters:
+            return
+        del self._flows[flow.key]
+        if flow.turn > self._clock.get(flow.key[0], 0.0):
+            self._left[flow.key] = flow.turn
+            if len(self._left) > _LEFT_MAX:  # those the clocks have passed count no more
+                self._left = {
+                    key: turn for key, turn in self._left.items() if turn > self._clock.get(key[0], 0.0)
+                }
 
     def _sweep(self) -> None:
-        """Forget the waiters served or given up, and the flows left empty."""
+        """Forget the waiters served or given up, and the flows left empty; count those
+        left with a shard key."""
+        keyed = 0
         for flow in list(self._flows.values()):
-            if any(waiter[0].done() for waiter in flow.waiters):
-                flow.waiters = collections.deque(waiter for waiter in flow.waiters if not waiter[0].done())
+            if any(waiter.future.done() for waiter in flow.waiters):
+                flow.waiters = collections.deque(
+                    waiter for waiter in flow.waiters if not waiter.future.done()
+                )
+            keyed += sum(1 for waiter in flow.waiters if waiter.shard_key)
             self._drop_if_empty(flow)
+        self._keyed = keyed
 
     def _wake_later(self, now: float) -> None:
         """Requests still wait; if a replica is only skipped for a back-off, come back
@@ -246,7 +307,3 @@ class WaitingLine:
             self._timer.cancel()
         delay_s = max(unblock - now + _WAKE_SLACK_S, 0.0)
         self._timer = asyncio.get_running_loop().call_later(delay_s, self.wake)
-
-
-def _live(flow: _Flow) -> int:
-    return sum(1 for waiter in flow.waiters if not waiter[0].done())
