@@ -206,3 +206,15 @@ async def test_a_request_given_up_on_in_a_line_of_two_keys_is_skipped() -> None:
     reply.release()
     assert replica.received == ["first", "b0", "a1", "b1"]
     assert dispatcher.queued == 0
+
+
+async def test_turns_start_afresh_once_the_line_has_emptied() -> None:
+    # b (weight 0.001) was served once in a busy spell: its next turn would be 1,000 of
+    # a's away. Once nothing waits, that is forgotten: it owes nothing to a later spell.
+    replica = FakeReplica("a", answer)
+    dispatcher = make({"a": replica}, max_queued=100)
+    spell = [keyed("b0", "b", weight=0.001), keyed("a0", "a")]
+    assert await served_order(dispatcher, replica, spell) == ["b0", "a0"]
+    replica.received.clear()
+    later = [keyed(f"a{n}", "a") for n in range(1, 4)] + [keyed("b1", "b", weight=0.001)]
+    assert (await served_order(dispatcher, replica, later)).index("b1") <= 1

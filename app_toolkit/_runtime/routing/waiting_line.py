@@ -40,8 +40,8 @@ from app_toolkit.request_router import PendingRequest
 #: A timer may fire a hair early: a wake-up for a back-off's end comes this much later.
 _WAKE_SLACK_S = 0.0005
 
-#: Passes a class's clock must reach before the passes of keys that left are looked at
-#: (those it passed are forgotten: a key returning after them starts at the clock anyway).
+#: Keys remembered as having left before those the clocks have passed are forgotten (a
+#: key returning after its class's clock passed its pass starts at the clock anyway).
 _LEFT_MAX = 256
 
 
@@ -103,6 +103,7 @@ class WaitingLine:
         #: The pass each key's flow had reached when its last request left (a key that
         #: comes back before its class's clock passes it starts there).
         self._left: dict[_FlowKey, float] = {}
+        self._left_max = _LEFT_MAX
         self._arrivals = itertools.count()
         self._keyed = 0  # waiters with a shard key
         self._timer: asyncio.TimerHandle | None = None
@@ -137,10 +138,10 @@ class WaitingLine:
     def make_room(self, share: Share | None, refusal: Callable[[], BaseException]) -> bool:
         """The line is full: makes room for a newcomer with ``share`` by giving the newest
         request of another key ``refusal()`` (True), or says the newcomer is the one to
-        refuse (False). That key is one of the highest class above the newcomer's; else,
-        of the newcomer's class, the one holding the most places for its weight, if that
-        is more than the newcomer's key would hold with it. A lower class is never refused
-        for a higher one."""
+        refuse (False). That key is, of the highest class above the newcomer's, the one
+        holding the most places for its weight; else, of the newcomer's class, the one
+        holding the most places for its weight, if that is more than the newcomer's key
+        would hold with it. A lower class is never refused for a higher one."""
         share = share or _NO_KEY
         own_key = _key_of(share)
         own = self._flows.get(own_key)
@@ -151,7 +152,7 @@ class WaitingLine:
             if flow is own or not live:
                 continue
             if flow.key[0] > own_key[0]:
-                rank = (flow.key[0], float("inf"))  # the highest class first, however full
+                rank = (flow.key[0], live * flow.step)  # the highest class first, however full
             elif flow.key[0] == own_key[0] and live * flow.step > own_load:
                 rank = (flow.key[0], live * flow.step)
             else:
@@ -174,6 +175,7 @@ class WaitingLine:
     def fail_all(self, error: Callable[[], BaseException]) -> None:
         """Every waiting request gets ``error()`` (the deployment is gone)."""
         flows, self._flows = self._flows, {}
+        self._left.clear()
         for flow in flows.values():
             for waiter in flow.waiters:
                 if not waiter.future.done():
@@ -221,7 +223,10 @@ class WaitingLine:
         another shard key (or none) may have a free replica. Requests without a shard key
         keep their order among themselves."""
         unkeyed_stuck = False
-        for flow, waiter in self._in_turn():
+        # Per class, the pass of the first request passed over: one served after it, out of
+        # turn, moves the class's clock no further (newcomers would start behind it).
+        stuck: dict[int, float] = {}
+        for flow, waiter, turn in self._in_turn():
             future, model_id, shard_key, pending, _ = waiter
             if future.done():  # given up on (those served here are marked as they go)
                 continue
@@ -230,8 +235,9 @@ class WaitingLine:
                 choice = self._chooser.choose(now, model_id, shard_key, self.affinity, pending)
             if choice is None:
                 unkeyed_stuck = unkeyed_stuck or not shard_key
+                stuck.setdefault(flow.key[0], turn)
                 continue
-            self._served(flow)
+            self._served(flow, stuck.get(flow.key[0], flow.turn))
             self._chooser.acquire(choice.replica_id, model_id, now)
             future.set_result(choice)
         self._sweep()
@@ -252,24 +258,24 @@ class WaitingLine:
             return next(iter(self._flows.values()))
         return min(self._flows.values(), key=_Flow.order)
 
-    def _in_turn(self) -> list[tuple[_Flow, _Waiter]]:
-        """Every waiter, with its flow, in the order turns would serve them."""
-        if len(self._flows) == 1:
-            flow = next(iter(self._flows.values()))
-            return [(flow, waiter) for waiter in flow.waiters]
-        ranked = [
-            ((flow.key[0], flow.turn + place * flow.step, waiter.arrival), flow, waiter)
-            for flow in self._flows.values()
-            for place, waiter in enumerate(flow.waiters)
-        ]
-        ranked.sort(key=lambda entry: entry[0])
-        return [(flow, waiter) for _, flow, waiter in ranked]
+    def _in_turn(self) -> list[tuple[_Flow, _Waiter, float]]:
+        """Every waiter still waiting, with its flow and its pass, in the order turns would
+        serve them."""
+        ranked: list[tuple[tuple[int, float, int], _Flow, _Waiter]] = []
+        for flow in self._flows.values():
+            live = (waiter for waiter in flow.waiters if not waiter.future.done())
+            for place, waiter in enumerate(live):
+                ranked.append(((flow.key[0], flow.turn + place * flow.step, waiter.arrival), flow, waiter))
+        if len(self._flows) > 1:
+            ranked.sort(key=lambda entry: entry[0])
+        return [(flow, waiter, order[1]) for order, flow, waiter in ranked]
 
-    def _served(self, flow: _Flow) -> None:
-        """A request of ``flow`` was served: its class's clock and the flow's turn move
-        (the clock never back: the shard-key path may serve out of turn)."""
+    def _served(self, flow: _Flow, cap: float | None = None) -> None:
+        """A request of ``flow`` was served: its class's clock and the flow's turn move.
+        The clock never goes back, nor past ``cap`` (the shard-key path serves out of turn)."""
         priority = flow.key[0]
-        self._clock[priority] = max(self._clock.get(priority, flow.turn), flow.turn)
+        reached = flow.turn if cap is None else min(flow.turn, cap)
+        self._clock[priority] = max(self._clock.get(priority, reached), reached)
         flow.turn += flow.step
 
     def _drop_if_empty(self, flow: _Flow) -> None:
@@ -277,12 +283,15 @@ class WaitingLine:
         if flow.waiters:
             return
         del self._flows[flow.key]
-        if flow.turn > self._clock.get(flow.key[0], 0.0):
+        if not self._flows:  # the line is empty: nothing left to take turns against
+            self._left.clear()
+        elif flow.turn > self._clock.get(flow.key[0], 0.0):
             self._left[flow.key] = flow.turn
-            if len(self._left) > _LEFT_MAX:  # those the clocks have passed count no more
+            if len(self._left) > self._left_max:  # those the clocks have passed count no more
                 self._left = {
                     key: turn for key, turn in self._left.items() if turn > self._clock.get(key[0], 0.0)
                 }
+                self._left_max = max(_LEFT_MAX, 2 * len(self._left))  # pruned again only after as many
 
     def _sweep(self) -> None:
         """Forget the waiters served or given up, and the flows left empty; count those
