@@ -75,22 +75,43 @@ class Outcome:
     retry_after: str | None
     node: str
     error: str
+    #: The GET was sent again once: its first connection ended with no answer at once
+    #: (a client may retry a GET so, RFC 9110 9.2.2).
+    retried: bool = False
 
 
-def _load(url: str, stop: threading.Event, outcomes: list[Outcome]) -> None:
-    """Requests on fresh connections, so the kernel spreads them over both proxies."""
+#: A connection that ends with no answer within this of its start never reached a server:
+#: reset in the accept queue of a listener that closed (below).
+_UNANSWERED_S = 0.05
+
+
+def _load(url: str, stop: threading.Event, outcomes: list[Outcome], retry: bool = False) -> None:
+    """Requests on fresh connections, so the kernel spreads them over both proxies.
+    ``retry``: a GET whose connection ends at once with no answer is sent again, once. Two
+    proxies on one host share their port (``SO_REUSEPORT``), and closing one's listener
+    resets the connections still in its accept queue unless the host migrates them
+    (``net.ipv4.tcp_migrate_req``, off by default); proxies on their own hosts have no
+    such queue to lose, and a load balancer stops sending before they close."""
     while not stop.is_set():
         started = time.monotonic()
-        try:
-            response = plain_http.get(url, timeout=10, headers=OPEN)
-            status, node = (
-                response.status_code,
-                response.json().get("node", "") if response.status_code == 200 else "",
-            )
-            retry_after, error = response.headers.get("retry-after"), ""
-        except httpx.HTTPError as exc:
-            status, node, retry_after, error = 0, "", None, type(exc).__name__
-        outcomes.append(Outcome(started, time.monotonic(), status, retry_after, node, error))
+        retried = False
+        while True:
+            try:
+                response = plain_http.get(url, timeout=10, headers=OPEN)
+                status, node = (
+                    response.status_code,
+                    response.json().get("node", "") if response.status_code == 200 else "",
+                )
+                retry_after, error = response.headers.get("retry-after"), ""
+            except (httpx.RemoteProtocolError, httpx.ReadError) as exc:
+                if retry and not retried and time.monotonic() - started < _UNANSWERED_S:
+                    retried = True
+                    continue
+                status, node, retry_after, error = 0, "", None, type(exc).__name__
+            except httpx.HTTPError as exc:
+                status, node, retry_after, error = 0, "", None, type(exc).__name__
+            break
+        outcomes.append(Outcome(started, time.monotonic(), status, retry_after, node, error, retried))
 
 
 def _fresh_status(url: str) -> int:
@@ -379,7 +400,7 @@ def _leave(session: Any, head: str, node: str, process: subprocess.Popen[str]) -
     }
     outcomes: list[Outcome] = []
     stop = threading.Event()
-    loaders = [threading.Thread(target=_load, args=(url, stop, outcomes)) for _ in range(LOADERS)]
+    loaders = [threading.Thread(target=_load, args=(url, stop, outcomes, True)) for _ in range(LOADERS)]
     for loader in loaders:
         loader.start()
     signalled = time.monotonic()
