@@ -28,6 +28,7 @@ from app_toolkit.config import (
 from app_toolkit.context import (
     ReplicaContext,
     ReplicaRank,
+    admit_key,
     api_key_name,
     charge_tokens,
     get_replica_context,
@@ -47,6 +48,7 @@ from app_toolkit.event_log import (
 )
 from app_toolkit.event_log_redis import RedisEventLog
 from app_toolkit.exceptions import (
+    APIKeyRefused,
     AppToolkitError,
     BackPressureError,
     ConfigError,
@@ -86,6 +88,7 @@ from app_toolkit.traffic import rollout, set_traffic, shadow
 __version__ = "0.1.0"
 
 __all__ = [
+    "APIKeyRefused",
     "App",
     "AppToolkitError",
     "Application",
@@ -140,6 +143,7 @@ __all__ = [
     "UnknownStream",
     "UpgradeStatusInfo",
     "WriterReplaced",
+    "admit_key",
     "api_key_name",
     "batch",
     "charge_tokens",

@@ -1,13 +1,15 @@
 """Where the current code runs: ``get_replica_context()`` inside a replica,
 ``get_request_id()`` while it serves a request, ``api_key_name(request)``: who called,
-``get_request_priority()``: its key's class, and ``charge_tokens(request, n)``: what the
-caller's key is charged."""
+``get_request_priority()``: its key's class, ``admit_key(request, name)``: an open route's
+caller let in as a key, and ``charge_tokens(request, n)``: what the caller's key is
+charged."""
 
 from __future__ import annotations
 
 from starlette.requests import HTTPConnection
 
 from app_toolkit._runtime import request_context, token_charges
+from app_toolkit._runtime.front import key_door
 from app_toolkit._runtime.front.scope import API_KEY_METERED, API_KEY_NAME
 from app_toolkit._runtime.request_context import ReplicaContext, ReplicaRank
 from app_toolkit.replica_id import ReplicaID
@@ -16,6 +18,7 @@ __all__ = [
     "ReplicaContext",
     "ReplicaID",
     "ReplicaRank",
+    "admit_key",
     "api_key_name",
     "charge_tokens",
     "get_replica_context",
@@ -73,21 +76,46 @@ def api_key_name(connection: HTTPConnection) -> str | None:
     return name if isinstance(name, str) else None
 
 
-def charge_tokens(connection: HTTPConnection, tokens: int) -> None:
-    """Charge ``tokens`` to the API key the request presented, against its
-    ``tokens_per_window`` (``http_options.api_keys``): once a window's tokens are used, the
-    key's requests get 429 until it ends. For an app whose replies use tokens (or any unit
-    of cost) as it counts them; ``app_toolkit.llm`` charges each reply's prompt and
-    completion tokens by itself. They count in ``app_toolkit_api_key_tokens_total{key}``;
-    for a key with a tokens limit (:func:`meters_tokens`) they also go to the controller,
-    gathered for a tenth of a second. Nothing happens for a request without a key."""
+async def admit_key(connection: HTTPConnection, name: str | None) -> bool:
+    """Let a request or WebSocket of an open route (``@open_route``) in as the API key
+    named ``name``, for an app that identified its caller by its own means (a signed
+    sign-in cookie naming the key it signed in with, say): from here on it counts as if it
+    had presented that key — under the key's limits (a concurrent slot held until it
+    ends), with its share and class for the handle calls it makes, named by
+    :func:`api_key_name`, its tokens charged by :func:`charge_tokens`.
+
+    Returns True; False when the front asks for no keys (nothing is counted: let everyone
+    in). Raises :class:`~app_toolkit.exceptions.APIKeyRefused` (an ``HTTPException``):
+    401 when ``name`` is None or names no key (or an expired one), 429 over the key's
+    limits, with the front's message and headers. A request that presented a key is that
+    key's: True for its name, RuntimeError for another. Call it once, from the route or a
+    dependency, in the replica serving the request."""
+    return await key_door.admit(connection.scope, name)
+
+
+def charge_tokens(caller: HTTPConnection | str, tokens: int) -> None:
+    """Charge ``tokens`` to the API key of ``caller``, against its ``tokens_per_window``
+    (``http_options.api_keys``): once a window's tokens are used, the key's requests get
+    429 until it ends. ``caller``: the request (its key, presented or let in by
+    :func:`admit_key`), or a key's name (work that outlives its request, as a reply
+    generated in the background: handles are trusted). For an app whose replies use
+    tokens (or any unit of cost) as it counts them; ``app_toolkit.llm`` charges each
+    reply's prompt and completion tokens by itself. They count in
+    ``app_toolkit_api_key_tokens_total{key}``; for a key with a tokens limit
+    (:func:`meters_tokens`; by name: always) they also go to the controller, gathered for
+    a tenth of a second. Nothing happens for a request without a key, or a name of ""."""
     if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
         raise ValueError(f"tokens must be a whole number, 0 or more (got {tokens!r})")
-    name = connection.scope.get(API_KEY_NAME)
-    if not tokens or not isinstance(name, str):
+    if isinstance(caller, str):
+        name: object = caller
+        metered = True
+    else:
+        name = caller.scope.get(API_KEY_NAME)
+        metered = bool(caller.scope.get(API_KEY_METERED))
+    if not tokens or not isinstance(name, str) or not name:
         return
     token_charges.TOKENS.inc(name, amount=tokens)
-    if connection.scope.get(API_KEY_METERED):
+    if metered:
         token_charges.CHARGES.add(name, tokens)
 
 

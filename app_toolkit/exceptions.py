@@ -21,10 +21,18 @@ The tree::
     └── DeploymentCallError    a deployment method raised an exception that could not
                                be sent back as itself (not picklable)
 
+    starlette's HTTPException
+    └── APIKeyRefused          ``admit_key`` refused a request: 401 (no such key) or 429
+                               (over its limits), with the front's body and headers
+
 Every exception keeps its arguments through pickling so it survives crossing processes.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+
+from starlette.exceptions import HTTPException
 
 
 class AppToolkitError(Exception):
@@ -117,3 +125,20 @@ class DeploymentCallError(AppToolkitError):
 
     def __str__(self) -> str:
         return f"{self.type_name}: {self.message}"
+
+
+class APIKeyRefused(HTTPException):
+    """:func:`app_toolkit.admit_key` refused the request: ``status_code`` 401 (no key of that
+    name, or it expired) or 429 (over the key's limits), ``headers`` the front's
+    (``WWW-Authenticate``; ``Retry-After`` and ``x-ratelimit-*``), ``error`` the body's
+    OpenAI-shaped error (``{"message", "type", "param", "code"}``) and ``detail`` its
+    message. An ``HTTPException``: raised in a route or dependency, FastAPI answers it
+    with its status and headers (``app_toolkit.llm``'s error handlers: in OpenAI's shape,
+    as the front answers)."""
+
+    def __init__(self, status_code: int, error: Mapping[str, object], headers: Mapping[str, str]) -> None:
+        super().__init__(status_code, str(error.get("message", "")), dict(headers))
+        self.error = dict(error)
+
+    def __reduce__(self) -> tuple[object, ...]:
+        return (type(self), (self.status_code, self.error, self.headers or {}))

@@ -5,7 +5,9 @@ queueing, backpressure and error handling as on Ray) and sends requests through 
 same proxy, in process. Responses stream (``client.stream(...)`` reads SSE line by line
 while the app produces it; leaving the block early is a client disconnect), and
 ``client.websocket_connect(path)`` opens a WebSocket, as with Starlette's TestClient.
-Close it (or use ``with``) to shut the backend down.
+Close it (or use ``with``) to shut the backend down. ``http_options`` are the proxy's
+(API keys, limits, CORS of the front...), as ``start(http_options=...)`` takes them;
+nothing listens on a port either way.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from app_toolkit._runtime.backends.base import (
 from app_toolkit._runtime.front.http_front import HTTPFront
 from app_toolkit._runtime.inprocess import InProcessTransport, WebSocketSession
 from app_toolkit.api import run, shutdown
+from app_toolkit.config import HTTPOptions
 from app_toolkit.deployment import Application
 from app_toolkit.exceptions import ConfigError
 from app_toolkit.handle import DeploymentHandle
@@ -44,13 +47,18 @@ class TestClient(httpx.Client):
         route_prefix: str | None = _UNSET,
         base_url: str = "http://testserver",
         timeout: float = 30.0,
+        http_options: HTTPOptions | Mapping[str, Any] | None = None,
     ) -> None:
         if current_session(create=False) is not None:
             raise ConfigError(
                 "A toolkit backend is already running in this process; call shutdown() "
                 "before creating a TestClient"
             )
-        session = session_factory("local").start(None, None)  # no port: requests stay in-process
+        http = None
+        if http_options is not None:  # no port either way: requests stay in-process
+            given = http_options if isinstance(http_options, HTTPOptions) else HTTPOptions(**http_options)
+            http = given.model_copy(update={"proxy_location": "Disabled"})
+        session = session_factory("local").start(None, http)
         set_current_session(session)
         try:
             kwargs: dict[str, Any] = {} if route_prefix is _UNSET else {"route_prefix": route_prefix}

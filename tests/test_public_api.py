@@ -11,6 +11,7 @@ import pytest
 import app_toolkit as tk
 
 EXPECTED = [
+    "APIKeyRefused",
     "App",
     "AppToolkitError",
     "Application",
@@ -65,6 +66,7 @@ EXPECTED = [
     "UnknownStream",
     "UpgradeStatusInfo",
     "WriterReplaced",
+    "admit_key",
     "api_key_name",
     "batch",
     "charge_tokens",

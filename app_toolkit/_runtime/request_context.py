@@ -224,12 +224,16 @@ class _RequestScope(AbstractContextManager[None]):
                 values.trace = outer.trace
             if serving is None:
                 values.model = outer.model
-                values.share = outer.share
+                if values.share is None:
+                    values.share = outer.share
         if serving is not None and _inherited.get() is not serving:  # else they are there already
             self._serving_tokens = _set_serving(serving)
         self._token = _current.set(values)
 
     def __exit__(self, *exc_info: object) -> None:
+        leave, self._values.leave = self._values.leave, None
+        if leave is not None:  # (the concurrent slot of the key an open route let it in as)
+            leave()
         if self._token is not None:
             _current.reset(self._token)
         if self._serving_tokens is not None:

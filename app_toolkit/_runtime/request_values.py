@@ -5,6 +5,7 @@ calls and ``tracing.current_trace``."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
 
@@ -39,9 +40,10 @@ class RequestValues:
     """The current request's id, span, model source and share (None: no API key). The
     span is a ``tracing.TraceContext``, a ``tracing.LazyTrace`` (its ids made when first
     read) or None; ``tracing.current_trace`` reads it (typed ``object`` here: tracing
-    imports this module)."""
+    imports this module). ``leave``: what gives back the concurrent slot of the key an
+    open route let the request in as (``front/key_door.py``), called as its scope ends."""
 
-    __slots__ = ("request_id", "trace", "model", "share")
+    __slots__ = ("request_id", "trace", "model", "share", "leave")
 
     def __init__(
         self, request_id: str, trace: object, model: ModelSource, share: Share | None = None
@@ -50,6 +52,7 @@ class RequestValues:
         self.trace = trace
         self.model = model
         self.share = share
+        self.leave: Callable[[], None] | None = None
 
 
 #: The request the current code serves (None outside one).

@@ -13,7 +13,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from app_toolkit.exceptions import BackPressureError, ReplicaUnavailableError
+from app_toolkit.exceptions import APIKeyRefused, BackPressureError, ReplicaUnavailableError
 from app_toolkit.streaming import OpenAIErrorEvent
 
 
@@ -163,6 +163,8 @@ def install(app: FastAPI) -> None:
 
     async def http_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, HTTPException)
+        if isinstance(exc, APIKeyRefused):  # the front's own answer (admit_key)
+            return JSONResponse({"error": exc.error}, status_code=exc.status_code, headers=exc.headers)
         kind = "invalid_request_error" if exc.status_code < 500 else "server_error"
         return answer(OpenAIError(exc.status_code, str(exc.detail), kind), exc.headers)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import contextlib
 import logging
 import re
 import socket
@@ -24,7 +25,7 @@ from websockets.sync.client import connect
 
 import app_toolkit as tk
 from app_toolkit._runtime.backends.base import current_session
-from app_toolkit.config.api_keys import key_hash, new_key
+from app_toolkit.config.api_keys import UNAUTHORIZED_MESSAGE, key_hash, new_key
 from app_toolkit.llm import build_openai_app
 from tests.conftest import free_port
 from tests.deployments import as_deployment
@@ -94,6 +95,26 @@ async def priority(request: Request) -> dict[str, int]:
     """The key's priority class here and in a handle call made for the request."""
     reader = vars(tk.get_replica_context().servable_object)["reader"]
     return {"here": tk.get_request_priority(), "called": await reader.remote()}
+
+
+@api.get("/by-cookie")
+@tk.open_route
+async def by_cookie(request: Request, hold: bool = False, twice: bool = False) -> dict[str, object]:
+    """An open route whose app names its caller's key by a cookie (a real app signs it)."""
+    if twice:  # an app that tries again after a refusal
+        with contextlib.suppress(tk.APIKeyRefused):
+            await tk.admit_key(request, request.cookies.get("caller"))
+    admitted = await tk.admit_key(request, request.cookies.get("caller"))
+    if hold:
+        HOLDING.set()
+        await asyncio.to_thread(RELEASE.wait, 30)
+    reader = vars(tk.get_replica_context().servable_object)["reader"]
+    return {
+        "admitted": admitted,
+        "key": tk.api_key_name(request),
+        "here": tk.get_request_priority(),
+        "called": await reader.remote(),
+    }
 
 
 @tk.deployment
@@ -443,3 +464,49 @@ def test_an_llm_keys_requests_get_429_once_its_replies_used_the_windows_tokens(
     counted = dict(re.findall(r'^app_toolkit_api_key_tokens_total\{key="(\w+)"\} (\S+)$', page, re.M))
     assert float(counted["metered"]) >= reply.usage.total_tokens
     assert float(counted["alice"]) >= reply.usage.total_tokens
+
+
+def test_an_open_route_lets_a_request_in_as_the_key_its_app_names(keyed: tuple[str, Path]) -> None:
+    url, _ = keyed
+    with httpx.Client(base_url=url, timeout=30) as client:
+        named = client.get("/by-cookie", headers=_cookie("urgent"))
+        assert named.json() == {"admitted": True, "key": "urgent", "here": -3, "called": -3}
+        for caller in ("", "nobody", "old"):  # none, unknown, expired
+            refused = client.get("/by-cookie", headers=_cookie(caller))
+            assert refused.status_code == 401 and refused.headers["www-authenticate"] == "Bearer"
+            assert refused.json() == {"detail": UNAUTHORIZED_MESSAGE}
+        # A request that presented a key is that key's.
+        own = client.get("/by-cookie", headers={"cookie": "caller=alice", "x-api-key": ALICE})
+        assert own.json()["key"] == "alice"
+        assert (
+            client.get("/by-cookie", headers={"cookie": "caller=urgent", "x-api-key": ALICE}).status_code
+            == 500
+        )
+
+        # The key's limits hold, as for a request that presented it.
+        _window_start()
+        limited = _cookie("limited")
+        assert [client.get("/by-cookie", headers=limited).status_code for _ in range(2)] == [200, 200]
+        over = client.get("/by-cookie", headers=limited)
+        assert over.status_code == 429 and over.headers["x-ratelimit-limit-requests"] == "2"
+        again = client.get("/by-cookie", params={"twice": "true"}, headers=limited)
+        assert again.status_code == 429  # an app that asks again after a 429 is refused again
+        assert 1 <= int(over.headers["retry-after"]) <= WINDOW_S
+        assert over.json()["detail"].startswith("Rate limit reached for requests")
+
+        # Its concurrent slot is held while the request runs, and given back as it ends.
+        HOLDING.clear()
+        RELEASE.clear()
+        single = _cookie("single")
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            first = pool.submit(client.get, "/by-cookie", params={"hold": "true"}, headers=single)
+            assert HOLDING.wait(10)
+            assert client.get("/by-cookie", headers=single).status_code == 429
+            assert client.get("/who", headers={"x-api-key": SINGLE}).status_code == 429
+            RELEASE.set()
+            assert first.result(timeout=30).json()["key"] == "single"
+        assert client.get("/by-cookie", headers=single).json()["key"] == "single"
+
+
+def _cookie(caller: str) -> dict[str, str]:
+    return {"cookie": f"caller={caller}"} if caller else {}

@@ -25,6 +25,7 @@ from app_toolkit._runtime.channel.flow import FRAME_COST, STREAM_WINDOW, Inbound
 from app_toolkit._runtime.controller.api import ControlCall
 from app_toolkit._runtime.controller.backend import ClusterView, Seat
 from app_toolkit._runtime.controller.controller import ControllerCore
+from app_toolkit._runtime.front import key_door
 from app_toolkit._runtime.front.http_front import HTTPFront
 from app_toolkit._runtime.front.server import ProxyServer, listen_socket, serve
 from app_toolkit._runtime.loop_thread import LoopThread
@@ -363,6 +364,8 @@ class LocalLink:
         return specs
 
     def close(self) -> None:
+        if self.proxy is not None and self.proxy.door is not None:  # (a listening one's server did)
+            key_door.uninstall(self.proxy.door)
         self._loop.stop()
         self.backend.threads.forget_all()  # replicas a stopped loop never stopped
 

@@ -17,12 +17,14 @@ from __future__ import annotations
 from starlette.types import Receive, Scope, Send
 
 from app_toolkit import metrics
+from app_toolkit._runtime.front import key_door
 from app_toolkit._runtime.front.access_log import AccessLog
 from app_toolkit._runtime.front.body import BodyBudget
 from app_toolkit._runtime.front.channel_upstream import ChannelUpstream
 from app_toolkit._runtime.front.cycle import FrontRules, HTTPCycle
 from app_toolkit._runtime.front.dashboard import Dashboard, StatusSource
 from app_toolkit._runtime.front.key_check import KeyRing, preflight, unauthorized, with_cors
+from app_toolkit._runtime.front.key_door import KeyDoor
 from app_toolkit._runtime.front.key_limits import KeyLimits
 from app_toolkit._runtime.front.metrics_page import Gather
 from app_toolkit._runtime.front.pages import ToolkitPages
@@ -60,6 +62,10 @@ class HTTPFront:
         self.keys = KeyRing(http) if http.keys_required else None
         # Keys' limits are asked of the controller's ledger (only keys carry limits).
         self.limits = KeyLimits(subscriber.take_quota if self.keys is not None else None)
+        # An open route's app may let a request in as a key too (``admit_key``), here.
+        self.door = KeyDoor(self.keys, self.limits) if self.keys is not None else None
+        if self.door is not None:
+            key_door.install(self.door)
         # Snapshots for /-/metrics and the dashboard: this process's, unless the backend
         # knows more (a node's, a cluster's).
         gather = gather or _this_process
@@ -101,6 +107,8 @@ class HTTPFront:
         """The server has stopped (its requests ended): no more asks of the keys' ledger,
         and the access lines that wait are written."""
         self.limits.close()
+        if self.door is not None:
+            key_door.uninstall(self.door)
         self.flush_logs()
 
     def flush_logs(self) -> None:

@@ -95,6 +95,7 @@ class KeyRing:
         self._path = http.api_keys_file
         self._digest = digest
         self._by_digest: dict[bytes, _Holder] = {}
+        self._by_name: dict[str, _Holder] = {}
         self._limits: dict[str, Limits] = {}
         self._file_state: _FileState | None = None  # the file as last looked at
         self._next_look = 0.0
@@ -114,6 +115,21 @@ class KeyRing:
         if not keyless:
             REFUSED.inc()
         return keyless
+
+    def admits_named(self, scope: MutableMapping[str, Any], name: str) -> bool:
+        """Let a request in as the key named ``name``, as :meth:`admits` does one that
+        presents it: for an open route whose app identified its caller by its own means
+        (``app_toolkit.admit_key``). False: no key of that name, or it expired."""
+        now = time.monotonic()
+        if now >= self._next_look:
+            self._look_at_file(now)
+        found = self._by_name.get(name)
+        if found is None or (found.expires_s is not None and found.expires_s <= time.time()):
+            return False
+        scope[API_KEY_NAME] = found.name
+        scope[API_KEY_SHARE] = found.share
+        ADMITTED.inc(found.name)
+        return True
 
     def limits(self, scope: Scope) -> Limits | None:
         """The limits of the key :meth:`admits` found for this request (None: none); a key
@@ -187,6 +203,7 @@ class KeyRing:
             key.digest: _Holder(key.name, key.expires_s, Share(key.name, key.weight, key.priority))
             for key in keys
         }
+        self._by_name = {holder.name: holder for holder in self._by_digest.values()}
         self._limits = {key.name: limits for key in keys if (limits := Limits.of(key)) is not None}
 
 

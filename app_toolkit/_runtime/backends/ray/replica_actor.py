@@ -29,6 +29,10 @@ from app_toolkit._runtime.backends.ray.node_metrics import NodeMetrics
 from app_toolkit._runtime.channel.server import start_server
 from app_toolkit._runtime.channel.tls import replica_tls
 from app_toolkit._runtime.direct_ingress.replica_server import ReplicaFront
+from app_toolkit._runtime.front import key_door
+from app_toolkit._runtime.front.key_check import KeyRing
+from app_toolkit._runtime.front.key_door import KeyDoor
+from app_toolkit._runtime.front.key_limits import KeyLimits
 from app_toolkit._runtime.messages import AdoptedReplica, DeploymentID, ReplicaInfo
 from app_toolkit._runtime.replica.replica import ReplicaCore
 from app_toolkit._runtime.request_context import ReplicaRank
@@ -84,6 +88,10 @@ class ReplicaStart:
     world_size: int = 0
     #: The proxy's options when this replica serves client connections itself.
     front: HTTPOptions | None = None
+    #: The proxy's options when this replica runs an app with API keys on: an open route
+    #: may let a request in as a key (``admit_key``), under the key's limits (through
+    #: its front's door, if it has a front).
+    keys: HTTPOptions | None = None
 
 
 class ReplicaActor:
@@ -196,6 +204,8 @@ class ReplicaActor:
             except OSError as exc:  # serving matters more than the faster path: the proxy forwards
                 logger.warning("%s takes no client connections (its hand-off socket: %s)", replica_id, exc)
                 await front.stop(timeout_s=1.0)
+        if self._start.keys is not None and key_door.installed() is None:
+            key_door.install(KeyDoor(KeyRing(self._start.keys), KeyLimits(plane.subscriber.take_quota)))
         clock.lap("front")
         settle_heap()
         clock.lap("heap")

@@ -91,6 +91,7 @@ class RayReplicas:
             spec.code_version,
             seat.world_size,
             http if direct else None,
+            http if spec.is_asgi and http.keys_required else None,
         )
         config = spec.config
         spare = self.spares.take(config) if self.spares is not None else None
