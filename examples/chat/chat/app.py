@@ -16,8 +16,7 @@ from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
 
 from . import openai_api, page, scaling
-from .access import Access, Guard
-from .accounts import Accounts
+from .access import Access
 from .model import ChatModel
 from .replies import Replies
 from .settings import Settings
@@ -26,11 +25,6 @@ from .settings import Settings
 def build_app(settings: Settings | None = None) -> tk.App:
     """The application for ``settings`` (default: read from the environment)."""
     settings = settings or Settings()
-    accounts = None
-    if settings.keys_on:  # limits and usage per key; with Redis, counted across replicas and restarts
-        accounts = Accounts.options(num_replicas=2 if settings.accounts_store == "redis" else 1).bind(
-            settings
-        )
     model = ChatModel.options(
         # On its replicas' own load (or requests per replica), between 1 and max_model_replicas.
         autoscaling_config=scaling.autoscaling_config(settings),
@@ -42,7 +36,7 @@ def build_app(settings: Settings | None = None) -> tk.App:
         ray_actor_options={"num_cpus": 1 if settings.backend == "local" else 0},
         # A replica that stops (a redeploy, a scale-down) finishes the replies under way.
         graceful_shutdown_timeout_s=settings.shutdown_grace_s,
-    ).bind(settings, accounts)
+    ).bind(settings)
     replies = Replies.options(num_replicas=settings.reply_replicas).bind(model, settings)
     api = FastAPI(title="Chat", summary=f"OpenAI-compatible chat with {settings.model_name}")
     install_error_handlers(api)
@@ -55,9 +49,9 @@ def build_app(settings: Settings | None = None) -> tk.App:
             expose_headers=["x-request-id"],
             max_age=600,
         )
-    guard = Guard(Access(settings, _session_secret(settings)), accounts)
-    api.include_router(openai_api.build_router(settings, model, guard))
-    api.include_router(page.build_router(settings, replies, model, guard))
+    access = Access(_session_secret(settings), settings.session_ttl_s)
+    api.include_router(openai_api.build_router(settings, model))
+    api.include_router(page.build_router(settings, replies, model, access))
     # The ingress relays the model's replies: it lets them finish as long as the model does.
     return tk.App(
         api,
@@ -73,7 +67,7 @@ def _session_secret(settings: Settings) -> bytes:
     configured = settings.session_secret.get_secret_value()
     if configured:
         return configured.encode()
-    return secrets.token_bytes(32) if settings.keys_on else b""  # nothing is signed with keys off
+    return secrets.token_bytes(32)
 
 
 app = build_app()

@@ -1,6 +1,6 @@
 """The chat's own metrics, in the same ``/-/metrics`` scrape as the toolkit's.
 
-Label sets are bounded: ``owner`` is one of the owners in ``CHAT_API_KEYS`` (or
+Label sets are bounded: ``owner`` is one of the names of the toolkit's API keys (or
 ``anonymous`` with keys off), the others take the few values listed in each help text.
 """
 

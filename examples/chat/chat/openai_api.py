@@ -1,5 +1,6 @@
-"""The OpenAI-compatible API (``/v1/models``, ``/v1/chat/completions``, ``/v1/responses``,
-``/v1/usage``) and the same chat over a WebSocket (``/v1/chat/ws``)."""
+"""The OpenAI-compatible API (``/v1/models``, ``/v1/chat/completions``, ``/v1/responses``)
+and the same chat over a WebSocket (``/v1/chat/ws``). With API keys on, the toolkit's front
+lets in only requests with a key, under the key's limits (``access.py``)."""
 
 from __future__ import annotations
 
@@ -36,14 +37,14 @@ from app_toolkit.llm import (
 from fastapi import APIRouter, Depends, WebSocket, WebSocketDisconnect
 from pydantic import ValidationError
 
-from .access import Guard, SocketAdmit
+from .access import caller
 from .schemas import ChatCompletionRequest, Generation
 from .settings import Settings
 
 logger = logging.getLogger(__name__)
 
 
-def build_router(settings: Settings, model_app: tk.Application, guard: Guard) -> APIRouter:
+def build_router(settings: Settings, model_app: tk.Application) -> APIRouter:
     router = APIRouter()
     model_name = settings.model_name
 
@@ -57,11 +58,11 @@ def build_router(settings: Settings, model_app: tk.Application, guard: Guard) ->
     entry = {"id": model_name, "object": "model", "created": 0, "owned_by": "app_toolkit"}
 
     @router.get("/v1/models")
-    async def models(owner: str = Depends(guard.caller)) -> dict[str, Any]:
+    async def models() -> dict[str, Any]:
         return {"object": "list", "data": [entry]}
 
     @router.get("/v1/models/{model_id:path}")
-    async def model(model_id: str, owner: str = Depends(guard.caller)) -> dict[str, Any]:
+    async def model(model_id: str) -> dict[str, Any]:
         if model_id != model_name:
             raise unknown_model(model_id, [model_name])
         return entry
@@ -69,7 +70,7 @@ def build_router(settings: Settings, model_app: tk.Application, guard: Guard) ->
     @router.post("/v1/chat/completions", response_model=None)
     async def completions(
         request: ChatCompletionRequest,
-        owner: str = Depends(guard.admitted),
+        owner: str = Depends(caller),
         model: tk.DeploymentHandle = tk.Depends(model_app),
     ) -> dict[str, Any] | tk.EventStream:
         relayed = request.relayed(settings)
@@ -84,7 +85,7 @@ def build_router(settings: Settings, model_app: tk.Application, guard: Guard) ->
     @router.post("/v1/responses", response_model=None)
     async def responses(
         request: ResponsesRequest,
-        owner: str = Depends(guard.admitted),
+        owner: str = Depends(caller),
         model: tk.DeploymentHandle = tk.Depends(model_app),
     ) -> dict[str, Any] | tk.EventStream:
         """OpenAI's Responses API (the module's): text input and output, plain or streamed;
@@ -97,15 +98,10 @@ def build_router(settings: Settings, model_app: tk.Application, guard: Guard) ->
             return responses_stream(responses_events(reply, stream), reply.next_number)
         return reply.read(await read_whole(first, stream))
 
-    @router.get("/v1/usage")
-    async def usage(counts: dict[str, object] = Depends(guard.usage)) -> dict[str, object]:
-        """The calling key's owner's requests and tokens so far, and its limits."""
-        return counts
-
     @router.websocket("/v1/chat/ws")
     async def chat_socket(
         socket: WebSocket,
-        admit: SocketAdmit = Depends(guard.socket_admitter),
+        owner: str = Depends(caller),
         model: tk.DeploymentHandle = tk.Depends(model_app),
     ) -> None:
         await socket.accept()
@@ -114,7 +110,6 @@ def build_router(settings: Settings, model_app: tk.Application, guard: Guard) ->
                 message = await socket.receive_json()
                 try:
                     request = ChatCompletionRequest.model_validate(message)
-                    owner = await admit()  # each message is a request, under the key's limits
                     first, stream = await open_reply(model, generation_of(request, owner))
                 except ValidationError as exc:
                     await socket.send_json(

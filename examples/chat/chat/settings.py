@@ -7,8 +7,6 @@ from typing import Literal
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from .keys import MAKER, check_entries
-
 #: The slowest pace a reply of each backend is planned for, in tokens a second: SmolLM2-135M
 #: decoding a full batch of 8 on one CPU core (73.6 tokens/s together, docs/benchmarks.md);
 #: a busy OpenAI-compatible server (set graceful_shutdown_timeout_s for yours).
@@ -103,23 +101,6 @@ class Settings(BaseSettings):
         description="A reply whose generator has not been heard from for this long is reported "
         "lost to its readers (a failed event) instead of waited for.",
     )
-    api_keys: list[str] = Field(
-        [],
-        description="API keys that may call the service, as OWNER:SHA256 entries (made by "
-        "python -m <package>.keys OWNER; the key itself is not kept). None: no key is asked for.",
-    )
-    require_keys: bool = Field(
-        False, description="Refuse to start without api_keys (the baked Dockerfile sets it)."
-    )
-    requests_per_min: int = Field(0, ge=0, description="Requests a key may make per minute (0: no limit).")
-    tokens_per_min: int = Field(
-        0, ge=0, description="Prompt plus completion tokens a key may use per minute (0: no limit)."
-    )
-    accounts_store: Literal["memory", "redis"] = Field(
-        "memory",
-        description="Where limits and usage are counted: memory (one Accounts replica) or redis "
-        "(redis_url; two Accounts replicas, and counts that survive restarts).",
-    )
     session_secret: SecretStr = Field(
         SecretStr(""),
         description="Signs the page's sign-in cookies (32+ characters); empty: a random one per "
@@ -145,13 +126,7 @@ class Settings(BaseSettings):
     )
 
     @model_validator(mode="after")
-    def _keys_when_required(self) -> Settings:
-        if self.require_keys and not self.api_keys:
-            raise ValueError(
-                f"CHAT_REQUIRE_KEYS is set but CHAT_API_KEYS lists no key: make one with {MAKER} "
-                "and add the entry it prints to CHAT_API_KEYS"
-            )
-        check_entries(self.api_keys)  # a malformed entry fails the start, saying which
+    def _consistent(self) -> Settings:
         if self.default_max_tokens > self.max_reply_tokens:
             raise ValueError(
                 f"CHAT_DEFAULT_MAX_TOKENS ({self.default_max_tokens}) is more than CHAT_MAX_REPLY_TOKENS "
@@ -161,11 +136,6 @@ class Settings(BaseSettings):
         if secret and len(secret) < 32:
             raise ValueError("CHAT_SESSION_SECRET must be at least 32 characters (or empty)")
         return self
-
-    @property
-    def keys_on(self) -> bool:
-        """Callers must show an API key (or a page sign-in made with one)."""
-        return bool(self.api_keys)
 
     def reply_tokens(self, asked: int | None) -> int:
         """How long a reply may be: what the request asked for (else ``default_max_tokens``),

@@ -197,14 +197,19 @@ function showSignIn(show) {
 
 signIn.addEventListener("submit", async (event) => {
   event.preventDefault();
+  const key = keyInput.value.trim();
+  keyInput.value = "";
+  if (!/^[\x21-\x7e]+$/.test(key)) {  // a key is printable ASCII: anything else is not one
+    say("Incorrect API key.", true);
+    return;
+  }
+  // The key goes as any API client sends it, checked by the toolkit's front.
   const response = await fetch("/api/session", {
     method: "POST",
-    headers: { "content-type": "application/json" },
-    body: JSON.stringify({ key: keyInput.value }),
+    headers: { authorization: `Bearer ${key}` },
   });
-  keyInput.value = "";
   if (!response.ok) {
-    say(await errorMessage(response), true);
+    say(response.status === 401 ? "Incorrect API key." : await errorMessage(response), true);
     return;
   }
   say("");

@@ -1,59 +1,86 @@
-"""Per-key limits: 429 with Retry-After in OpenAI's shape, over requests or tokens per minute."""
+"""Per-key limits (the toolkit's): 429 with Retry-After in OpenAI's shape, over a key's
+requests or tokens per window, for its requests with the key and the page's signed in
+with it alike; a reply is charged its tokens, also one stopped half way."""
 
 from __future__ import annotations
 
-import asyncio
+import json
 import time
 
 import app_toolkit as tk
+import pytest
+from starlette.websockets import WebSocketDisconnect
 
-from {{ cookiecutter.package_name }}.accounts import MemoryLedger
 from {{ cookiecutter.package_name }}.app import build_app
 
 from .conftest import ECHO, chat
-from .test_access import ALICE, BOB, ENTRIES, bearer
+from .test_access import bearer, entry, new_key
+from .test_page import events
+
+WINDOW_S = 4
 
 
-def test_over_its_limits_a_key_gets_429_with_retry_after() -> None:
-    settings = ECHO.model_copy(update={"api_keys": ENTRIES, "requests_per_min": 2, "tokens_per_min": 1000})
-    with tk.testing.TestClient(build_app(settings)) as client:
-        for _ in range(2):
-            assert (
-                client.post("/v1/chat/completions", json=chat("hi"), headers=bearer(ALICE)).status_code == 200
-            )
-        refused = client.post("/v1/chat/completions", json=chat("hi"), headers=bearer(ALICE))
-        assert refused.status_code == 429
-        error = refused.json()["error"]
-        assert error["code"] == "rate_limit_exceeded" and error["type"] == "requests"
-        assert 1 <= int(refused.headers["retry-after"]) <= 30  # a request's allowance refills in 30 s
-        assert client.post("/v1/chat/completions", json=chat("hi"), headers=bearer(BOB)).status_code == 200
-        with client.websocket_connect("/v1/chat/ws", headers=bearer(ALICE)) as socket:
-            socket.send_json(chat("hi"))
-            assert socket.receive_json()["error"]["code"] == "rate_limit_exceeded"  # the socket stays open
+def window_start() -> None:
+    """Wait for a window's start (windows start at multiples of their length of the
+    clock), so that the requests below fall in one."""
+    time.sleep(WINDOW_S - time.time() % WINDOW_S + 0.05)
 
-    settings = ECHO.model_copy(
-        update={"api_keys": ENTRIES, "tokens_per_min": 100, "echo_tokens_per_s": 10_000}
-    )
-    with tk.testing.TestClient(build_app(settings)) as client:
-        long = chat("word " * 150)  # 300 tokens: three minutes' worth
-        assert client.post("/v1/chat/completions", json=long, headers=bearer(ALICE)).status_code == 200
+
+def test_over_its_requests_limit_a_key_gets_429_with_retry_after_with_or_without_the_page() -> None:
+    alice, bob = new_key(), new_key()
+    keys = [entry("alice", alice, requests_per_window=3, window_s=WINDOW_S), entry("bob", bob)]
+    with tk.testing.TestClient(build_app(ECHO), http_options={"api_keys": keys}) as client:
+        window_start()
+        assert client.post("/api/session", headers=bearer(alice)).status_code == 204  # one request
+        assert client.post("/api/replies", json=chat("hi")).status_code == 201  # the page's: two
+        assert client.post("/v1/chat/completions", json=chat("hi"), headers=bearer(alice)).status_code == 200
+        for refused in (
+            client.post("/v1/chat/completions", json=chat("hi"), headers=bearer(alice)),
+            client.post("/api/replies", json=chat("hi")),  # signed in as alice: her limits
+        ):
+            assert refused.status_code == 429, refused.text
+            error = refused.json()["error"]
+            assert error["code"] == "rate_limit_exceeded" and error["type"] == "requests"
+            assert 1 <= int(refused.headers["retry-after"]) <= WINDOW_S
+            assert refused.headers["x-ratelimit-limit-requests"] == "3"
+        assert client.post("/v1/chat/completions", json=chat("hi"), headers=bearer(bob)).status_code == 200
+        with pytest.raises(WebSocketDisconnect):  # a WebSocket is a request of the key too
+            with client.websocket_connect("/v1/chat/ws", headers=bearer(alice)) as socket:
+                socket.receive_json()
+
+
+def charged(client: tk.testing.TestClient, key: str) -> float:
+    """The tokens charged to ``key`` so far, as the toolkit's metrics count them."""
+    prefix = 'app_toolkit_api_key_tokens_total{key="' + key + '"} '
+    lines = [line for line in client.get("/-/metrics").text.splitlines() if line.startswith(prefix)]
+    return float(lines[0].removeprefix(prefix)) if lines else 0.0
+
+
+def test_a_keys_replies_are_charged_their_tokens_also_a_reply_stopped_half_way() -> None:
+    alice = new_key()
+    keys = [entry("alice", alice, tokens_per_window=300, window_s=600)]  # (a window for the test)
+    settings = ECHO.model_copy(update={"echo_tokens_per_s": 50})
+    with tk.testing.TestClient(build_app(settings), http_options={"api_keys": keys}) as client:
+        before = charged(client, "alice")  # (the process's count: other tests' keys named alice)
+        reply_id = client.post("/api/replies", json=chat("word " * 100), headers=bearer(alice)).json()["id"]
+        time.sleep(0.5)  # some words are out (50 a second)
+        assert client.post(f"/api/replies/{reply_id}/stop", headers=bearer(alice)).status_code == 204
+        done = events(client.get(f"/api/replies/{reply_id}/events", headers=bearer(alice)).text)[-1]
+        shown = json.loads(done[2])["usage"]["completion_tokens"]
+        assert 0 < shown < 100
+        # The model charges the tokens it made: those shown, and maybe one made while the
+        # stop was on its way.
         deadline = time.monotonic() + 10
-        while (
-            refused := client.post("/v1/chat/completions", json=chat("hi"), headers=bearer(ALICE))
-        ).is_success:
-            assert time.monotonic() < deadline, "the tokens were never counted"
+        while charged(client, "alice") - before not in (100 + shown, 100 + shown + 1):
+            assert time.monotonic() < deadline, (charged(client, "alice") - before, shown)
+            time.sleep(0.05)
+        # Under 300, the key goes on; a reply that takes the window past it is its last.
+        long = chat("word " * 100)
+        assert client.post("/v1/chat/completions", json=long, headers=bearer(alice)).status_code == 200
+        deadline = time.monotonic() + 10
+        hi = chat("hi")
+        while (refused := client.post("/v1/chat/completions", json=hi, headers=bearer(alice))).is_success:
+            assert time.monotonic() < deadline, "the tokens were never charged"
             time.sleep(0.05)
         assert refused.status_code == 429 and refused.json()["error"]["type"] == "tokens"
-        assert 60 <= int(refused.headers["retry-after"]) <= 121  # until the debt is back within a minute
-
-
-def test_the_memory_ledger_lets_a_minutes_burst_in_then_one_per_interval() -> None:
-    async def body() -> None:
-        ledger = MemoryLedger(requests_per_min=60, tokens_per_min=0)
-        assert [await ledger.admit("a") for _ in range(60)] == [None] * 60
-        refused = await ledger.admit("a")
-        assert refused is not None and refused.kind == "requests" and 0 < refused.retry_after_s <= 1.0
-        assert await ledger.admit("b") is None  # per key
-        assert (await ledger.usage("a"))["requests"] == 60  # refused requests are not counted
-
-    asyncio.run(body())
+        assert refused.headers["x-ratelimit-limit-tokens"] == "300"

@@ -1,13 +1,18 @@
-"""Who is calling: API keys (``Authorization: Bearer``), the page's sign-in cookie, and the
-route dependencies that turn them away (401) or over their limits (429).
+"""Who is calling: the toolkit's API keys, and the page's sign-in cookie that names one.
 
-With ``CHAT_API_KEYS`` empty (local use) every caller is let in as ``""`` and nothing is
-counted per caller. Keys are checked against their SHA-256 with a constant-time
-comparison against every configured hash, so the time a check takes says nothing about
-which key (or how much of one) matched. The page never holds a key: it posts one once
-to ``/api/session`` and gets a signed cookie (``HttpOnly``, ``SameSite=Strict``) that
-names the key's owner until it expires. A page reply's id is bound to the caller that
-started it (``ReplyIds``): another caller's id for it is a reply that does not exist.
+Keys are the toolkit's (``http_options.api_keys`` or a keys file: ``app-toolkit run
+{{ cookiecutter.package_name }}.app:app --api-keys-file keys.yaml``; ``app-toolkit keys new NAME`` makes
+one). The toolkit checks them at the front, before this app sees a request, and keeps
+each key's limits (requests and tokens per window, requests at once) and share across
+every replica: the OpenAI API (``/v1/...``) is served only to a request with a key.
+
+The page never holds a key. It signs in once by sending one to ``/api/session`` (checked
+at the front like any) and gets a signed cookie (``HttpOnly``, ``SameSite=Strict``) that
+names the key until it expires. The page's own routes are open (``@tk.open_route``):
+each of its requests is let in as the cookie's key (``tk.admit_key``), under that key's
+limits and with its share, as if it had sent the key. A page reply's id is bound to the
+key that started it (``ReplyIds``): another key's id for it is a reply that does not
+exist. With no keys configured everyone is let in as ``""`` and nothing is counted.
 """
 
 from __future__ import annotations
@@ -17,40 +22,12 @@ import hashlib
 import hmac
 import time
 import uuid
-from collections.abc import Awaitable, Callable
 
 import app_toolkit as tk
-from app_toolkit.llm import ANSWERED, OpenAIError, as_openai_error
-from fastapi import Request, WebSocket, WebSocketException, status
-
-from .keys import check_entries, key_hash
-from .settings import Settings
+from fastapi import Request
+from starlette.requests import HTTPConnection
 
 COOKIE = "chat_session"
-
-
-def unauthorized(why: str) -> OpenAIError:
-    return OpenAIError(401, why, "invalid_request_error", "invalid_api_key")
-
-
-class KeyRing:
-    """The configured keys, kept as their hashes."""
-
-    def __init__(self, entries: list[str]) -> None:
-        self._owners = list(check_entries(entries).items())  # (hash, owner)
-
-    def owner_of(self, key: str) -> str | None:
-        """The owner of ``key``, or None."""
-        digest = key_hash(key).encode()
-        found: str | None = None
-        for known, owner in self._owners:  # every hash is compared: no early exit
-            if hmac.compare_digest(digest, known.encode()):
-                found = owner
-        return found
-
-    @property
-    def owners(self) -> list[str]:
-        return sorted({owner for _, owner in self._owners})
 
 
 class Sessions:
@@ -109,121 +86,25 @@ class ReplyIds:
 
 
 class Access:
-    """Finds the caller of a request: its bearer key, else its sign-in cookie."""
+    """The page's sign-in cookies and reply ids, signed with one secret."""
 
-    def __init__(self, settings: Settings, secret: bytes) -> None:
-        self.keys_on = settings.keys_on
-        self.keys = KeyRing(settings.api_keys)
-        self.sessions = Sessions(secret, settings.session_ttl_s)
+    def __init__(self, secret: bytes, session_ttl_s: float) -> None:
+        self.sessions = Sessions(secret, session_ttl_s)
         self.replies = ReplyIds(secret)
 
-    def caller(self, authorization: str | None, cookie: str | None) -> str:
-        """The caller's owner name ("" with keys off); raises a 401 :class:`OpenAIError`."""
-        if not self.keys_on:
-            return ""
-        if authorization:
-            scheme, _, key = authorization.partition(" ")
-            owner = self.keys.owner_of(key.strip()) if scheme.lower() == "bearer" else None
-            if owner is None:
-                raise unauthorized("Incorrect API key provided.")
-            return owner
-        owner = self.sessions.owner_of(cookie) if cookie else None
-        if owner is None:
-            raise unauthorized(
-                "You didn't provide an API key: send it as 'Authorization: Bearer KEY', "
-                "or sign in on the page."
-            )
-        return owner
+    async def admitted(self, request: Request) -> str:
+        """The route dependency of the page's routes: the caller's key name ("" with keys
+        off), the request let in as that key: the one it sent, else its sign-in cookie's.
+        Raises ``tk.APIKeyRefused``: 401 without either (or the key is gone), 429 over
+        the key's limits."""
+        name = tk.api_key_name(request)
+        if name is None:
+            cookie = request.cookies.get(COOKIE)
+            name = self.sessions.owner_of(cookie) if cookie else None
+        return name if await tk.admit_key(request, name) and name is not None else ""
 
 
-class Guard:
-    """Route dependencies: ``admitted`` (the caller; 401 without a valid key or sign-in,
-    429 over its requests or tokens per minute) and ``usage`` (the caller's counts).
-    ``accounts`` is None with keys off: then everyone is let in and nothing is counted."""
-
-    def __init__(self, access: Access, accounts: tk.Application | None) -> None:
-        self.access = access
-        self.admitted = self._admitted(accounts)
-        self.usage = self._usage(accounts)
-        self.socket_admitter = self._socket_admitter(accounts)
-
-    def caller(self, request: Request) -> str:
-        return self.access.caller(request.headers.get("authorization"), request.cookies.get(COOKIE))
-
-    def socket_caller(self, socket: WebSocket) -> str:
-        return self.access.caller(socket.headers.get("authorization"), socket.cookies.get(COOKIE))
-
-    def _admitted(self, accounts_app: tk.Application | None) -> Callable[..., Awaitable[str]]:
-        if accounts_app is None:
-
-            async def everyone(request: Request) -> str:
-                return ""
-
-            return everyone
-
-        async def admitted(request: Request, accounts: tk.DeploymentHandle = tk.Depends(accounts_app)) -> str:
-            owner = self.caller(request)
-            await admit(accounts, owner)
-            return owner
-
-        return admitted
-
-    def _usage(self, accounts_app: tk.Application | None) -> Callable[..., Awaitable[dict[str, object]]]:
-        if accounts_app is None:
-
-            async def uncounted(request: Request) -> dict[str, object]:
-                raise OpenAIError(
-                    404, "Usage is counted per API key; this server asks for none.", "invalid_request_error"
-                )
-
-            return uncounted
-
-        async def usage(
-            request: Request, accounts: tk.DeploymentHandle = tk.Depends(accounts_app)
-        ) -> dict[str, object]:
-            counted: dict[str, object] = await accounts.usage.remote(self.caller(request))
-            return counted
-
-        return usage
-
-    def _socket_admitter(self, accounts_app: tk.Application | None) -> Callable[..., Awaitable[SocketAdmit]]:
-        """For a WebSocket: closes it (1008) at once without a valid key or sign-in, else
-        gives the route what admits each of its messages (as a request, under the limits)."""
-        if accounts_app is None:
-
-            async def free(socket: WebSocket) -> SocketAdmit:
-                return _everyone
-
-            return free
-
-        async def gate(
-            socket: WebSocket, accounts: tk.DeploymentHandle = tk.Depends(accounts_app)
-        ) -> SocketAdmit:
-            try:
-                owner = self.socket_caller(socket)
-            except OpenAIError as refused:
-                raise WebSocketException(status.WS_1008_POLICY_VIOLATION, refused.message) from None
-
-            async def admit_one() -> str:
-                await admit(accounts, owner)
-                return owner
-
-            return admit_one
-
-        return gate
-
-
-#: Admits one more message of a WebSocket's caller; returns the caller (raises OpenAIError 429).
-SocketAdmit = Callable[[], Awaitable[str]]
-
-
-async def _everyone() -> str:
-    return ""
-
-
-async def admit(accounts: tk.DeploymentHandle, owner: str) -> None:
-    """Let ``owner`` make one more request, or raise the 429 (or 503) :class:`OpenAIError`."""
-    try:
-        await accounts.admit.remote(owner)
-    except ANSWERED as exc:
-        raise as_openai_error(exc) from None
+def caller(connection: HTTPConnection) -> str:
+    """The route dependency of the keyed routes (the OpenAI API, its WebSocket): the name
+    of the key the front let the request in with ("" with keys off)."""
+    return tk.api_key_name(connection) or ""

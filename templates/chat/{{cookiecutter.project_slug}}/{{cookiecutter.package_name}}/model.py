@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import logging
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -19,8 +18,6 @@ from .scaling import replica_metrics
 from .schemas import Generation
 from .settings import Settings
 
-logger = logging.getLogger(__name__)
-
 
 @tk.deployment(
     num_replicas="auto",  # build_app gives the pool its autoscaling_config (scaling.py)
@@ -31,13 +28,11 @@ logger = logging.getLogger(__name__)
 class ChatModel:
     """Owns one engine per replica and streams replies as :class:`Delta` items."""
 
-    def __init__(self, settings: Settings, accounts: tk.DeploymentHandle | None = None) -> None:
+    def __init__(self, settings: Settings) -> None:
         self._engine: Engine = make_engine(settings)
         self._engine.load()  # the replica turns RUNNING once the model is in memory
         self._scale_wait_s = settings.scale_wait_s
         self._replies = {"started": 0, "finished": 0, "stopped": 0, "failed": 0}
-        self._accounts = accounts  # with API keys on: where each key's tokens are counted
-        self._charges: set[asyncio.Task[None]] = set()
 
     async def __del__(self) -> None:
         """The replica stops (awaited by the toolkit, as by Ray Serve): the engine lets go
@@ -111,25 +106,11 @@ class ChatModel:
         yield Delta(prompt_tokens=prompt_tokens, completion_tokens=produced, finish_reason=finish)
 
     def _charge(self, owner: str, prompt_tokens: int, completion_tokens: int) -> None:
-        """Count tokens used, for metrics and (with keys on) the owner's usage and limits;
-        the reply does not wait for it."""
+        """Count tokens used: in the chat's metrics, and against the key's tokens limit
+        (``tokens_per_window`` of its entry in the toolkit's API keys)."""
         metrics.TOKENS.inc(owner or "anonymous", "prompt", amount=prompt_tokens)
         metrics.TOKENS.inc(owner or "anonymous", "completion", amount=completion_tokens)
-        if self._accounts is None or not owner or not (prompt_tokens or completion_tokens):
-            return
-        task = asyncio.get_running_loop().create_task(self._spend(owner, prompt_tokens, completion_tokens))
-        self._charges.add(task)
-        task.add_done_callback(self._charges.discard)
-
-    async def _spend(self, owner: str, prompt_tokens: int, completion_tokens: int) -> None:
-        assert self._accounts is not None
-        try:
-            async with asyncio.timeout(30):
-                await self._accounts.spend.remote(owner, prompt_tokens, completion_tokens)
-        except Exception:
-            logger.exception(
-                "Tokens of %s could not be counted (%d + %d)", owner, prompt_tokens, completion_tokens
-            )
+        tk.charge_tokens(owner, prompt_tokens + completion_tokens)  # (nothing for "": keys off)
 
     async def relay(self, body: dict[str, Any], owner: str = "") -> AsyncIterator[dict[str, Any]]:
         """The upstream's answer to a whole chat completion request, as it came: one
