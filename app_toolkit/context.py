@@ -87,9 +87,10 @@ async def admit_key(connection: HTTPConnection, name: str | None) -> bool:
     Returns True; False when the front asks for no keys (nothing is counted: let everyone
     in). Raises :class:`~app_toolkit.exceptions.APIKeyRefused` (an ``HTTPException``):
     401 when ``name`` is None or names no key (or an expired one), 429 over the key's
-    limits, with the front's message and headers. A request that presented a key is that
-    key's: True for its name, RuntimeError for another. Call it once, from the route or a
-    dependency, in the replica serving the request."""
+    limits, with the front's message and headers. A request that presented a key (or was
+    let in already) is that key's: True, whatever ``name`` says (read who with
+    :func:`api_key_name`). Call it from the route or a dependency, in the replica serving
+    the request; the limits count it once."""
     return await key_door.admit(connection.scope, name)
 
 

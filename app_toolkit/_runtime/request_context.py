@@ -232,9 +232,11 @@ class _RequestScope(AbstractContextManager[None]):
 
     def __exit__(self, *exc_info: object) -> None:
         leave, self._values.leave = self._values.leave, None
-        if leave is not None:  # (the concurrent slot of the key an open route let it in as)
-            leave()
-        if self._token is not None:
-            _current.reset(self._token)
-        if self._serving_tokens is not None:
-            _reset_serving(self._serving_tokens)
+        try:
+            if leave is not None:  # (the concurrent slot of the key an open route let it in as)
+                leave()
+        finally:
+            if self._token is not None:
+                _current.reset(self._token)
+            if self._serving_tokens is not None:
+                _reset_serving(self._serving_tokens)

@@ -78,6 +78,25 @@ class APIKey(Strict):
         "requests of a lower class first (vLLM's order); also vLLM's request priority. 0 by default.",
     )
 
+    client_cert: str | None = Field(
+        None,
+        description="sha256:<64 hex digits> of a client certificate (its DER bytes; openssl "
+        "x509 -noout -fingerprint -sha256 prints it with colons, which may stay) whose "
+        "connections are this key's when a request sends no key (HTTPS with ssl_ca_certs and "
+        "ssl_cert_reqs). Unset: only the key itself names it.",
+    )
+
+    @field_validator("client_cert", mode="before")
+    @classmethod
+    def _fingerprint(cls, value: object) -> object:
+        """``sha256:<hex>`` of a fingerprint given with colons or upper-case digits."""
+        if not isinstance(value, str):
+            return value
+        digits = value.strip().lower().removeprefix(_HASH_PREFIX).replace(":", "")
+        if len(digits) != 64 or any(digit not in "0123456789abcdef" for digit in digits):
+            raise ValueError("client_cert must be sha256:<64 hex digits> (the certificate's SHA-256)")
+        return _HASH_PREFIX + digits
+
     @field_validator("expires_at")
     @classmethod
     def _utc(cls, value: datetime | None) -> datetime | None:
@@ -172,13 +191,16 @@ def key_hash(key: str) -> str:
 
 
 def check_unique(keys: tuple[APIKey, ...]) -> None:
-    """Two entries with one name or one hash would make a key's name ambiguous."""
-    for what in ("name", "hash"):
+    """Two entries with one name, hash or client certificate would make a key's name
+    ambiguous."""
+    for what in ("name", "hash", "client_cert"):
         seen: set[str] = set()
         for key in keys:
             value = getattr(key, what)
+            if value is None:
+                continue
             if value in seen:
-                shown = value if what == "name" else f"of the key named {key.name!r}"
+                shown = value if what != "hash" else f"of the key named {key.name!r}"
                 raise ValueError(f"two API keys have the same {what} ({shown}); each key needs its own")
             seen.add(value)
 

@@ -208,6 +208,12 @@ class HTTPOptions(Strict):
     def _check_tls(self) -> HTTPOptions:
         """The TLS options that go together (the files are read by :func:`checked`, on the
         options as they are in the end: a config file's, with the flags over them)."""
+        named = next((key.name for key in self.api_keys if key.client_cert is not None), None)
+        if named is not None and not self.ssl_cert_reqs:
+            raise ValueError(
+                f"API key {named!r} is named by a client certificate (client_cert): serve HTTPS "
+                "that asks for one (ssl_certfile, ssl_ca_certs and ssl_cert_reqs 1 or 2)"
+            )
         others = (self.ssl_keyfile, self.ssl_keyfile_password, self.ssl_ca_certs)
         if self.ssl_certfile is None:
             if any(value is not None for value in others) or self.ssl_cert_reqs:

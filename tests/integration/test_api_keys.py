@@ -478,10 +478,8 @@ def test_an_open_route_lets_a_request_in_as_the_key_its_app_names(keyed: tuple[s
         # A request that presented a key is that key's.
         own = client.get("/by-cookie", headers={"cookie": "caller=alice", "x-api-key": ALICE})
         assert own.json()["key"] == "alice"
-        assert (
-            client.get("/by-cookie", headers={"cookie": "caller=urgent", "x-api-key": ALICE}).status_code
-            == 500
-        )
+        other = client.get("/by-cookie", headers={"cookie": "caller=urgent", "x-api-key": ALICE})
+        assert other.json()["key"] == "alice"  # whatever the cookie says
 
         # The key's limits hold, as for a request that presented it.
         _window_start()
@@ -500,10 +498,12 @@ def test_an_open_route_lets_a_request_in_as_the_key_its_app_names(keyed: tuple[s
         single = _cookie("single")
         with concurrent.futures.ThreadPoolExecutor(1) as pool:
             first = pool.submit(client.get, "/by-cookie", params={"hold": "true"}, headers=single)
-            assert HOLDING.wait(10)
-            assert client.get("/by-cookie", headers=single).status_code == 429
-            assert client.get("/who", headers={"x-api-key": SINGLE}).status_code == 429
-            RELEASE.set()
+            try:
+                assert HOLDING.wait(10)
+                assert client.get("/by-cookie", headers=single).status_code == 429
+                assert client.get("/who", headers={"x-api-key": SINGLE}).status_code == 429
+            finally:
+                RELEASE.set()
             assert first.result(timeout=30).json()["key"] == "single"
         assert client.get("/by-cookie", headers=single).json()["key"] == "single"
 

@@ -22,8 +22,8 @@ def test_the_chat_behind_the_toolkits_keys_limits_and_page_sign_in_on_ray() -> N
     assert seen["page_sign_in"] == [204, True]
     assert seen["page_session"] == {"keys": True, "owner": "bob"}
     assert seen["page_reply"] == ["event: token", "event: token", "event: done"]
-    # In Chromium: carol's five requests are the sign-in and two messages' two each (the
-    # reply started, its events read); the third message waits out the limit.
+    # In Chromium: carol's three requests are the sign-in and two messages (reading a
+    # reply counts nothing more); the third message waits out the limit.
     assert seen["page_keeps_no_key"] is True
     assert seen["page_answered"] == 2 and seen["page_waits"] is True
     # An app without direct ingress lets a request in as the key its route names, under

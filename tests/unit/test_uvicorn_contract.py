@@ -104,6 +104,15 @@ def test_the_protocol_methods_it_overrides_exist_with_their_signatures() -> None
     assert callable(HttpToolsProtocol.timeout_keep_alive_handler)
 
 
+def test_the_websocket_protocol_makes_its_scope_where_the_client_certificate_joins_it() -> None:
+    """``WebSocketProtocol.handle_connect`` calls through, then adds the certificate."""
+    from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+
+    method = WebSocketsSansIOProtocol.handle_connect
+    assert list(inspect.signature(method).parameters) == ["self", "event"]
+    assert "self.scope" in inspect.getsource(method)
+
+
 @pytest.mark.skipif(
     uvicorn_compat.RELEASE < (0, 39), reason="0.38's HEADER_RE has a misplaced bracket (reply_check.py)"
 )

@@ -364,7 +364,7 @@ class LocalLink:
         return specs
 
     def close(self) -> None:
-        if self.proxy is not None and self.proxy.door is not None:  # (a listening one's server did)
+        if self.proxy is not None and self.proxy.door is not None:  # the next session's keys are its own
             key_door.uninstall(self.proxy.door)
         self._loop.stop()
         self.backend.threads.forget_all()  # replicas a stopped loop never stopped

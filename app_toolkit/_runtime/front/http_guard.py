@@ -31,8 +31,10 @@ from typing import Any
 
 from app_toolkit._runtime.answers import as_bytes
 from app_toolkit._runtime.connection_table import Handed, Phase, bytes_written
+from app_toolkit._runtime.front.https import client_cert_of
 from app_toolkit._runtime.front.linger import Lingering
 from app_toolkit._runtime.front.request_link import REQUEST_LINK, ConnectionLink, Writes
+from app_toolkit._runtime.front.scope import CLIENT_CERT
 from app_toolkit._runtime.front.uvicorn_compat import HttpToolsProtocol
 from app_toolkit._runtime.messages import HTTPResponse
 from app_toolkit.config import HTTPOptions
@@ -82,6 +84,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._given_back = False
         self._lingering: Lingering | None = None  # after a refusal (linger.py)
         self._head_refused = False  # a head came too large or too slow while a response was out
+        self._client_cert: str | None = None  # the certificate the client presented (TLS)
 
     def handed_reads(self, handed: Handed) -> HandedReads:
         """Record this handed-off connection's phases in ``handed``'s table; returns the
@@ -93,6 +96,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        self._client_cert = client_cert_of(transport)
         # A handed-off connection counts what it writes from the kernel's count (what the
         # proxy or a replica before wrote), so the proxy can tell a response's end arrived.
         handed = self.handed
@@ -165,6 +169,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         # trailers; docs/http.md), and nothing a trailer says changes what uvicorn reads
         # of the head (its upgrade check reads this list) or grows unbounded.
         self.headers = _Sealed(self.headers)
+        if self._client_cert is not None:
+            self.scope[CLIENT_CERT] = self._client_cert  # type: ignore[literal-required]
         cycle = self.cycle
         writes, handed = self._writes, self.handed
         if cycle is not None and cycle.scope is self.scope and writes is not None:  # not an upgrade

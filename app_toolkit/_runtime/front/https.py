@@ -1,5 +1,6 @@
 """A proxy's TLS for clients: the context its server serves HTTPS with, kept current with
-the certificate files.
+the certificate files, and the certificate a client presented (:func:`client_cert_of`),
+which may name its API key.
 
 The files are looked at no more than once a second, as a TLS handshake begins; when they
 changed (inode, size or time), a new context is made of them, and that handshake and the
@@ -10,6 +11,8 @@ that do not load keep the context made before them (logged, naming them).
 
 from __future__ import annotations
 
+import asyncio
+import hashlib
 import logging
 import ssl
 import time
@@ -53,3 +56,13 @@ class ServedTLS:
             logger.error("%s; the certificate loaded before stays in use", exc)
             return
         logger.info("HTTPS: the certificate files changed; new connections get them (%s)", self._tls.certfile)
+
+
+def client_cert_of(transport: asyncio.BaseTransport) -> str | None:
+    """``sha256:<hex>`` of the certificate the client presented on this connection, which
+    its handshake verified against ``ssl_ca_certs``; None without TLS, or without one."""
+    tls = transport.get_extra_info("ssl_object")
+    if tls is None:
+        return None
+    der = tls.getpeercert(binary_form=True)
+    return "sha256:" + hashlib.sha256(der).hexdigest() if der else None

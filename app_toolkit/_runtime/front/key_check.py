@@ -2,7 +2,9 @@
 
 A key arrives as ``Authorization: Bearer <key>`` (OpenAI's clients) or ``X-API-Key: <key>``
 (``scope.read_headers`` reads both in its one pass over the headers; either sent twice
-opens nothing). The check hashes what was presented and looks the hash up: the same work
+opens nothing). A request that sends neither, over an HTTPS connection whose client
+certificate a key's ``client_cert`` names (``ssl_ca_certs`` verified it in the handshake),
+is that key's. The check hashes what was presented and looks the hash up: the same work
 for a right key, a wrong one, a malformed header and none (a missing key hashes the empty
 string). The keys come from ``http_options.api_keys`` and ``api_keys_file``. The file is
 looked at no more than once a second and read again when it changed (its inode, size or
@@ -43,6 +45,7 @@ from app_toolkit._runtime.front.rate_limits import Limits
 from app_toolkit._runtime.front.scope import (
     API_KEY_METERED,
     API_KEY_NAME,
+    CLIENT_CERT,
     RequestHeaders,
 )
 from app_toolkit._runtime.messages import HTTPResponse
@@ -80,7 +83,7 @@ _GONE: _FileState = (-1, -1, -1, -1)
 
 
 @dataclass(frozen=True, slots=True)
-class _Holder:
+class Holder:
     name: str
     expires_s: float | None
     share: Share
@@ -94,8 +97,9 @@ class KeyRing:
         self._given = http.api_keys
         self._path = http.api_keys_file
         self._digest = digest
-        self._by_digest: dict[bytes, _Holder] = {}
-        self._by_name: dict[str, _Holder] = {}
+        self._by_digest: dict[bytes, Holder] = {}
+        self._by_name: dict[str, Holder] = {}
+        self._by_cert: dict[str, Holder] = {}
         self._limits: dict[str, Limits] = {}
         self._file_state: _FileState | None = None  # the file as last looked at
         self._next_look = 0.0
@@ -103,33 +107,35 @@ class KeyRing:
         self._look_at_file()
 
     def admits(self, scope: MutableMapping[str, Any], headers: RequestHeaders, keyless: bool) -> bool:
-        """Whether the request may go on to its app: it presents a valid key (whose name
-        goes into ``scope`` for the app, ``api_key_name``, with its share for the queues
-        the request and its handle calls wait in), or its route is open."""
+        """Whether the request may go on to its app: it presents a valid key, or sends none
+        over a connection whose client certificate names one (the key's name goes into
+        ``scope`` for the app, ``api_key_name``, with its share for the queues the request
+        and its handle calls wait in), or its route is open."""
         found = self._holder(headers.authorization, headers.api_key)
+        if found is None and self._by_cert and headers.authorization is None and headers.api_key is None:
+            found = self._live(self._by_cert.get(scope.get(CLIENT_CERT, "")))
         if found is not None:
-            scope[API_KEY_NAME] = found.name
-            scope[API_KEY_SHARE] = found.share
-            ADMITTED.inc(found.name)
+            self.let_in(scope, found)
             return True
         if not keyless:
             REFUSED.inc()
         return keyless
 
-    def admits_named(self, scope: MutableMapping[str, Any], name: str) -> bool:
-        """Let a request in as the key named ``name``, as :meth:`admits` does one that
-        presents it: for an open route whose app identified its caller by its own means
-        (``app_toolkit.admit_key``). False: no key of that name, or it expired."""
-        now = time.monotonic()
-        if now >= self._next_look:
-            self._look_at_file(now)
-        found = self._by_name.get(name)
-        if found is None or (found.expires_s is not None and found.expires_s <= time.time()):
-            return False
+    def named(self, name: str) -> Holder | None:
+        """The key named ``name`` (for an open route whose app identified its caller by
+        its own means: ``app_toolkit.admit_key``), or None: no such key, or it expired."""
+        self._refresh()
+        return self._live(self._by_name.get(name))
+
+    def let_in(self, scope: MutableMapping[str, Any], found: Holder) -> None:
+        """The request is ``found``'s: its name and share go into ``scope``."""
         scope[API_KEY_NAME] = found.name
         scope[API_KEY_SHARE] = found.share
         ADMITTED.inc(found.name)
-        return True
+
+    def limits_of(self, name: str) -> Limits | None:
+        """The limits of the key named ``name`` (None: none)."""
+        return self._limits.get(name) if self._limits else None
 
     def limits(self, scope: Scope) -> Limits | None:
         """The limits of the key :meth:`admits` found for this request (None: none); a key
@@ -158,17 +164,24 @@ class KeyRing:
         found = self._holder(authorization, api_key)
         return found.name if found is not None else None
 
-    def _holder(self, authorization: bytes | None, api_key: bytes | None) -> _Holder | None:
+    def _holder(self, authorization: bytes | None, api_key: bytes | None) -> Holder | None:
+        self._refresh()
+        presented, well_formed = presented_key(authorization, api_key)
+        found = self._by_digest.get(self._digest(presented))
+        return self._live(found) if well_formed else None
+
+    @staticmethod
+    def _live(found: Holder | None) -> Holder | None:
+        """``found``, unless it has expired."""
+        if found is None or (found.expires_s is not None and found.expires_s <= time.time()):
+            return None
+        return found
+
+    def _refresh(self) -> None:
+        """Look at the keys file, if it is time to."""
         now = time.monotonic()
         if now >= self._next_look:
             self._look_at_file(now)
-        presented, well_formed = presented_key(authorization, api_key)
-        found = self._by_digest.get(self._digest(presented))
-        if found is None or not well_formed:
-            return None
-        if found.expires_s is not None and found.expires_s <= time.time():
-            return None
-        return found
 
     def _look_at_file(self, now: float | None = None) -> None:
         self._next_look = (now if now is not None else time.monotonic()) + FILE_CHECK_S
@@ -200,10 +213,11 @@ class KeyRing:
     def _load(self, from_file: tuple[APIKey, ...]) -> None:
         keys = (*self._given, *from_file)
         self._by_digest = {
-            key.digest: _Holder(key.name, key.expires_s, Share(key.name, key.weight, key.priority))
+            key.digest: Holder(key.name, key.expires_s, Share(key.name, key.weight, key.priority))
             for key in keys
         }
         self._by_name = {holder.name: holder for holder in self._by_digest.values()}
+        self._by_cert = {key.client_cert: self._by_name[key.name] for key in keys if key.client_cert}
         self._limits = {key.name: limits for key in keys if (limits := Limits.of(key)) is not None}
 
 

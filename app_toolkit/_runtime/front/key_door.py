@@ -22,7 +22,7 @@ from app_toolkit._runtime.front.key_check import REFUSED, KeyRing, unauthorized
 from app_toolkit._runtime.front.key_limits import KeyLimits
 from app_toolkit._runtime.front.scope import API_KEY_METERED, API_KEY_NAME
 from app_toolkit._runtime.messages import HTTPResponse
-from app_toolkit._runtime.request_values import API_KEY_SHARE, CURRENT, Share
+from app_toolkit._runtime.request_values import CURRENT
 from app_toolkit.exceptions import APIKeyRefused
 
 #: The refusal's headers an app's answer keeps (the rest are the front's own framing).
@@ -62,33 +62,30 @@ async def admit(scope: MutableMapping[str, Any], name: str | None) -> bool:
     """Let the request of ``scope`` in as the key named ``name`` (None: the app found no
     caller): True, or raise :class:`APIKeyRefused` (401: no such key, 429: over its
     limits). False with API keys off (nothing is counted). A request that presented a key
-    is that key's: True for its name, RuntimeError for another."""
+    (or was let in already) is that key's: True, whatever ``name`` says. Nothing of the
+    key goes into ``scope`` unless it is let in."""
     door = _installed
     if door is None:
         return False
     values = CURRENT.get()
     if values is None:
         raise RuntimeError("admit_key works only in a route or dependency serving the request")
-    presented = scope.get(API_KEY_NAME)
-    if isinstance(presented, str):
-        if presented == name:
-            return True
-        raise RuntimeError(f"the request presented API key {presented!r}: it cannot be let in as another")
-    if name is None or not door.keys.admits_named(scope, name):
+    if isinstance(scope.get(API_KEY_NAME), str):
+        return True
+    found = door.keys.named(name) if name is not None else None
+    if found is None:
         REFUSED.inc()
         raise refusal(unauthorized(values.request_id))
-    share = scope.get(API_KEY_SHARE)
-    values.share = share if isinstance(share, Share) else None  # its handle calls wait as the key's
-    limits = door.keys.limits(scope)
-    if limits is None:
-        return True
-    over = await door.limits.enter(limits, values.request_id)
-    if over is not None:
-        for let_in in (API_KEY_NAME, API_KEY_SHARE, API_KEY_METERED):  # asking again is refused again
-            scope.pop(let_in, None)
-        values.share = None
-        raise refusal(over)
-    values.leave = lambda: door.limits.leave(limits)
+    limits = door.keys.limits_of(found.name)
+    if limits is not None:
+        over = await door.limits.enter(limits, values.request_id)
+        if over is not None:
+            raise refusal(over)
+        values.leave = lambda: door.limits.leave(limits)
+        if limits.tokens:
+            scope[API_KEY_METERED] = True
+    door.keys.let_in(scope, found)
+    values.share = found.share  # its handle calls wait as the key's
     return True
 
 

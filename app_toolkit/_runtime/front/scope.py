@@ -24,6 +24,9 @@ API_KEY_NAME = "app_toolkit.api_key"
 #: Set (True) in the scope when that key has a tokens limit: its tokens are charged
 #: (``app_toolkit.charge_tokens``), and not otherwise.
 API_KEY_METERED = "app_toolkit.api_key_metered"
+#: The scope key with ``sha256:<hex>`` of the certificate the client presented on the
+#: request's TLS connection (verified by the handshake; ``https.client_cert_of``), if any.
+CLIENT_CERT = "app_toolkit.client_cert"
 
 _FORWARDED_KEYS = (
     "type",

@@ -30,7 +30,9 @@ Made here so that every release in the range serves alike:
     ``text/plain; charset=utf-8`` whatever the app said (docs/compatibility.md);
   - never paused its sends when the client reads slowly (no ``pause_writing``: the
     transport's buffer grew without bound): here it pauses them as 0.53 does.
-  Before 0.44 it sends no pings (docs/compatibility.md).
+  Before 0.44 it sends no pings (docs/compatibility.md). Its ``handle_connect``, which
+  makes the scope, is extended to put the client's TLS certificate in it (read of its
+  ``transport``). Checked on 0.38.0.
 """
 
 from __future__ import annotations
@@ -40,6 +42,9 @@ from typing import Any
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+
+from app_toolkit._runtime.front.https import client_cert_of
+from app_toolkit._runtime.front.scope import CLIENT_CERT
 
 __all__ = ["RELEASE", "HttpToolsProtocol", "RequestResponseCycle", "WebSocketProtocol"]
 
@@ -53,7 +58,8 @@ _DOUBLED = (b"content-length", b"content-type")
 
 class WebSocketProtocol(WebSocketsSansIOProtocol):
     """uvicorn's sans-I/O WebSocket protocol, with 0.53's valid refusals and paused sends
-    on the releases before it (unchanged from 0.53 on)."""
+    on the releases before it (unchanged from 0.53 on), and the client's TLS certificate
+    in the scope (``handle_connect`` makes the scope)."""
 
     if _BEFORE_0_53:
 
@@ -66,6 +72,12 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
         def connection_lost(self, exc: Exception | None) -> None:
             super().connection_lost(exc)
             self.writable.set()  # a send waiting on a paused transport that is gone ends
+
+    def handle_connect(self, event: Any) -> None:
+        super().handle_connect(event)
+        cert = client_cert_of(self.transport)
+        if cert is not None:  # (its API key may be the one the certificate names)
+            self.scope[CLIENT_CERT] = cert  # type: ignore[literal-required]
 
     async def send(self, message: Any) -> None:
         if _BEFORE_0_53 and message["type"] == "websocket.http.response.start":

@@ -54,7 +54,7 @@ def build_router(
 
     @router.get("/api/session")
     @tk.open_route
-    async def session(owner: str = Depends(access.admitted)) -> dict[str, object]:
+    async def session(owner: str = Depends(access.identified)) -> dict[str, object]:
         """Who the page is signed in as: 401 when keys are on and it is not."""
         return {"keys": bool(owner), "owner": owner}
 
@@ -107,7 +107,7 @@ def build_router(
         reply_id: str,
         after: str = Query("", max_length=64, description="Send the events after the one with this id."),
         last_event_id: str | None = Header(None, max_length=64),
-        owner: str = Depends(access.admitted),
+        owner: str = Depends(access.identified),
         replies: tk.DeploymentHandle = tk.Depends(replies_app),
     ) -> tk.EventStream:
         """The reply as SSE; a reconnecting EventSource resumes after its ``Last-Event-ID``."""
@@ -127,7 +127,7 @@ def build_router(
     @tk.open_route
     async def stop_reply(
         reply_id: str,
-        owner: str = Depends(access.admitted),
+        owner: str = Depends(access.identified),
         replies: tk.DeploymentHandle = tk.Depends(replies_app),
     ) -> Response:
         """Stop generating: the model ends the reply and frees its place in the batch."""
@@ -140,7 +140,7 @@ def build_router(
     @router.get("/api/stats")
     @tk.open_route
     async def stats(
-        owner: str = Depends(access.admitted), model: tk.DeploymentHandle = tk.Depends(model_app)
+        owner: str = Depends(access.identified), model: tk.DeploymentHandle = tk.Depends(model_app)
     ) -> dict[str, int]:
         """Counters of the model replica that answers (replies by outcome, tokens produced)."""
         counters: dict[str, int] = await model.stats.remote()

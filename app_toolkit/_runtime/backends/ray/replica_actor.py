@@ -284,5 +284,8 @@ class ReplicaActor:
             await core.linger()
             if front is not None:
                 await front.stop(timeout_s)
+        door = key_door.installed()
+        if door is not None:  # no more asks of the keys' ledger from this process
+            door.limits.close()
         if self._server is not None:
             self._server.close()

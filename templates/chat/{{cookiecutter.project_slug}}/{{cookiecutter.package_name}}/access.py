@@ -9,8 +9,11 @@ every replica: the OpenAI API (``/v1/...``) is served only to a request with a k
 The page never holds a key. It signs in once by sending one to ``/api/session`` (checked
 at the front like any) and gets a signed cookie (``HttpOnly``, ``SameSite=Strict``) that
 names the key until it expires. The page's own routes are open (``@tk.open_route``):
-each of its requests is let in as the cookie's key (``tk.admit_key``), under that key's
-limits and with its share, as if it had sent the key. A page reply's id is bound to the
+a request that starts a reply is let in as the cookie's key (``tk.admit_key``), under
+that key's limits and with its share, as if it had sent the key; reading or stopping
+that reply counts nothing more. The cookie names the key: removing the key's entry ends
+its sign-ins' replies; giving the name another key keeps them (change
+``session_secret`` to sign everyone out). A page reply's id is bound to the
 key that started it (``ReplyIds``): another key's id for it is a reply that does not
 exist. With no keys configured everyone is let in as ``""`` and nothing is counted.
 """
@@ -93,15 +96,31 @@ class Access:
         self.replies = ReplyIds(secret)
 
     async def admitted(self, request: Request) -> str:
-        """The route dependency of the page's routes: the caller's key name ("" with keys
-        off), the request let in as that key: the one it sent, else its sign-in cookie's.
-        Raises ``tk.APIKeyRefused``: 401 without either (or the key is gone), 429 over
-        the key's limits."""
-        name = tk.api_key_name(request)
-        if name is None:
-            cookie = request.cookies.get(COOKIE)
-            name = self.sessions.owner_of(cookie) if cookie else None
+        """The route dependency of the page's routes that start work (a reply): the
+        caller's key name ("" with keys off), the request let in as that key — the one it
+        sent, else its sign-in cookie's — under the key's limits. Raises
+        ``tk.APIKeyRefused``: 401 without either (or the key is gone), 429 over its limits."""
+        name = tk.api_key_name(request) or self._signed_in(request)
         return name if await tk.admit_key(request, name) and name is not None else ""
+
+    async def identified(self, request: Request) -> str:
+        """The route dependency of the page's routes that read or stop a reply it started:
+        the caller's key name, as :meth:`admitted` finds it, without counting a request
+        (the reply was counted when it started). 401 without a key or sign-in."""
+        name = tk.api_key_name(request) or self._signed_in(request)
+        if name is None:
+            await tk.admit_key(request, None)  # keys on: 401; off: everyone is ""
+            return ""
+        return name
+
+    def _signed_in(self, request: Request) -> str | None:
+        """The key the request's sign-in cookie names, if it is valid and the request is
+        the page's own: a browser says which site a request comes from (``Sec-Fetch-Site``),
+        and a cookie sent from another page (a sibling subdomain's, say) is not used."""
+        cookie = request.cookies.get(COOKIE)
+        if cookie is None or request.headers.get("sec-fetch-site", "same-origin") != "same-origin":
+            return None
+        return self.sessions.owner_of(cookie)
 
 
 def caller(connection: HTTPConnection) -> str:
