@@ -1,8 +1,8 @@
 """Where the current code runs: ``get_replica_context()`` inside a replica,
 ``get_request_id()`` while it serves a request, ``api_key_name(request)``: who called,
 ``get_request_priority()``: its key's class, ``admit_key(request, name)``: an open route's
-caller let in as a key, and ``charge_tokens(request, n)``: what the caller's key is
-charged."""
+caller let in as a key, ``count_request(socket)``: a WebSocket's message counted as a
+request of its key, and ``charge_tokens(request, n)``: what the caller's key is charged."""
 
 from __future__ import annotations
 
@@ -21,6 +21,7 @@ __all__ = [
     "admit_key",
     "api_key_name",
     "charge_tokens",
+    "count_request",
     "get_replica_context",
     "get_request_id",
     "get_request_priority",
@@ -92,6 +93,17 @@ async def admit_key(connection: HTTPConnection, name: str | None) -> bool:
     :func:`api_key_name`). Call it from the route or a dependency, in the replica serving
     the request; the limits count it once."""
     return await key_door.admit(connection.scope, name)
+
+
+async def count_request(connection: HTTPConnection) -> None:
+    """Count one more request of the API key ``connection`` came with (presented, or let
+    in by :func:`admit_key`), for a WebSocket whose messages are requests: each is held to
+    the key's ``requests_per_window`` and ``tokens_per_window`` (the socket itself, one
+    request, holds its concurrent slot). Raises
+    :class:`~app_toolkit.exceptions.APIKeyRefused` (429, with the front's headers and
+    error) over them: answer the message with it and go on, or close the socket. Nothing
+    happens without a key, with keys off, or for a key without those limits."""
+    await key_door.count(connection.scope)
 
 
 def charge_tokens(caller: HTTPConnection | str, tokens: int) -> None:

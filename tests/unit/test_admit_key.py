@@ -22,6 +22,13 @@ from app_toolkit.config.api_keys import key_hash, new_key
 KEYS = [
     {"name": "single", "hash": key_hash(new_key()), "max_concurrent_requests": 1, "priority": -1},
     {"name": "free", "hash": key_hash(new_key())},
+    {
+        "name": "socket",
+        "hash": key_hash(new_key()),
+        "max_concurrent_requests": 1,
+        "requests_per_window": 3,
+        "window_s": 3600,
+    },
 ]
 
 
@@ -77,6 +84,22 @@ def test_no_key_an_unknown_one_and_a_failed_ask_let_nothing_in(
                     await key_door.admit(scope, "single")
             assert scope == {}
             assert await key_door.admit(scope, "single")  # (then counted once, when let in)
+
+    asyncio.run(body())
+
+
+def test_a_sockets_messages_count_as_requests_without_slots(door: KeyDoor) -> None:
+    async def body() -> None:
+        socket: dict[str, Any] = {}
+        with request_context.request_scope("socket"):
+            assert await key_door.admit(socket, "socket")  # the socket: one request, the slot
+            await key_door.count(socket)  # two (the slot is the socket's: none taken)
+            await key_door.count(socket)  # three
+            with pytest.raises(tk.APIKeyRefused) as refused:
+                await key_door.count(socket)
+            assert refused.value.status_code == 429 and refused.value.error["type"] == "requests"
+            await key_door.count({})  # a connection without a key: nothing counted
+            await key_door.count({API_KEY_NAME: "free"})  # a key without limits: nothing
 
     asyncio.run(body())
 

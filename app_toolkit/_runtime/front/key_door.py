@@ -89,6 +89,24 @@ async def admit(scope: MutableMapping[str, Any], name: str | None) -> bool:
     return True
 
 
+async def count(scope: MutableMapping[str, Any]) -> None:
+    """Count one more request of the key the connection of ``scope`` was let in as (a
+    WebSocket whose messages are requests): its requests and tokens limits, not its
+    concurrent one (the connection holds its slot). Raises :class:`APIKeyRefused` (429)
+    over them; nothing without a key, or with keys off."""
+    door = _installed
+    name = scope.get(API_KEY_NAME)
+    if door is None or not isinstance(name, str):
+        return
+    limits = door.keys.limits_of(name)
+    if limits is None or not (limits.requests or limits.tokens):
+        return
+    values = CURRENT.get()
+    over = await door.limits.enter(limits, values.request_id if values is not None else "", slot=False)
+    if over is not None:
+        raise refusal(over)
+
+
 def refusal(answer: HTTPResponse) -> APIKeyRefused:
     """The front's refusal ``answer`` (401, 429) as the exception an app raises."""
     error = json.loads(answer.body)["error"]

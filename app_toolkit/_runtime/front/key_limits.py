@@ -64,6 +64,7 @@ class _KeyState:
     in_use: int = 0  # requests of the key in progress here
     slots: int = 0  # slots held
     waiting: int = 0  # requests waiting for an ask
+    slotless: int = 0  # of those, requests that take no slot (a WebSocket's messages)
     idle_since: float = 0.0  # since when a slot held has had no request (0: none idle)
     contended: bool = False  # the ledger refused some front a slot of the key lately
     renewed_at: float = 0.0  # when the holding was last sent to the ledger
@@ -71,7 +72,7 @@ class _KeyState:
 
     @property
     def idle_slots(self) -> int:
-        return self.slots - self.in_use - self.waiting
+        return self.slots - self.in_use - (self.waiting - self.slotless)
 
 
 class KeyLimits:
@@ -83,9 +84,10 @@ class KeyLimits:
         self._keys: dict[str, _KeyState] = {}
         self._keeper: asyncio.Task[None] | None = None
 
-    async def enter(self, limits: Limits, request_id: str) -> HTTPResponse | None:
+    async def enter(self, limits: Limits, request_id: str, slot: bool = True) -> HTTPResponse | None:
         """Admit one request of ``limits``' key (None; the caller must :meth:`leave` once
-        it ends), or the 429 it gets."""
+        it ends), or the 429 it gets. ``slot``: it takes one of the key's concurrent
+        slots (False: a message of a WebSocket that holds one; nothing to leave then)."""
         state = self._state(limits)
         now = time.monotonic()
         spent = self._spent(state, now)
@@ -96,22 +98,24 @@ class KeyLimits:
             and now - state.tokens_heard > TOKENS_FRESH_S / 2
         ):
             self._ask_soon(state)  # the count heard again before requests must wait for it
-        if state.waiting == 0 and self._admit(state, now, waiting=False):
+        if state.waiting == 0 and self._admit(state, now, waiting=False, slot=slot):
             return None
         if not spent:
             state.waiting += 1
+            state.slotless += not slot
             try:
                 for round_ in range(_ROUNDS):
-                    if round_ and self._slots_refused(state):
+                    if round_ and slot and self._slots_refused(state):
                         await asyncio.sleep(_SLOT_RETRY_S)  # another front may give one back
                     await asyncio.shield(self._ask_soon(state))
                     now = time.monotonic()
-                    if self._admit(state, now, waiting=True):
+                    if self._admit(state, now, waiting=True, slot=slot):
                         return None
                     if self._spent(state, now):
                         break
             finally:
                 state.waiting -= 1
+                state.slotless -= not slot
                 self._free(state)  # slots asked for this request (refused or gone) are not needed
         return self._refusal(state, request_id)
 
@@ -143,9 +147,10 @@ class KeyLimits:
             state.limits = limits
         return state
 
-    def _admit(self, state: _KeyState, now: float, waiting: bool) -> bool:
+    def _admit(self, state: _KeyState, now: float, waiting: bool, slot: bool) -> bool:
         """Take one request of ``state``'s key from what the front holds, if it holds
-        enough (``waiting``: the request is one of ``state.waiting``)."""
+        enough (``waiting``: the request is one of ``state.waiting``; ``slot``: it takes a
+        concurrent slot)."""
         limits = state.limits
         if limits.requests:
             if now >= state.window_ends:
@@ -158,11 +163,11 @@ class KeyLimits:
             or state.tokens_used >= limits.tokens
         ):
             return False
-        if limits.concurrent and state.in_use >= state.slots:
+        if slot and limits.concurrent and state.in_use >= state.slots:
             return False
         if limits.requests:
             state.allowance -= 1
-        if limits.concurrent:
+        if slot and limits.concurrent:
             state.in_use += 1
             if state.idle_slots + waiting <= 0:  # (this request leaves the waiting ones)
                 state.idle_since = 0.0
@@ -208,7 +213,7 @@ class KeyLimits:
             for _ in range(8):
                 now = time.monotonic()
                 limits = state.limits
-                slots = state.in_use + state.waiting if limits.concurrent else 0
+                slots = state.in_use + state.waiting - state.slotless if limits.concurrent else 0
                 keep = state.idle_since and now - state.idle_since < SLOT_KEEP_S and not state.contended
                 if keep and state.slots > slots:
                     slots = state.slots  # idle ones kept a while (a renewal)

@@ -110,6 +110,7 @@ def build_router(settings: Settings, model_app: tk.Application) -> APIRouter:
                 message = await socket.receive_json()
                 try:
                     request = ChatCompletionRequest.model_validate(message)
+                    await tk.count_request(socket)  # each message is a request of the key
                     first, stream = await open_reply(model, generation_of(request, owner))
                 except ValidationError as exc:
                     await socket.send_json(
@@ -118,6 +119,9 @@ def build_router(settings: Settings, model_app: tk.Application) -> APIRouter:
                     continue
                 except OpenAIError as exc:
                     await socket.send_json({"type": "error", "error": exc.body()["error"]})
+                    continue
+                except tk.APIKeyRefused as exc:  # over the key's limits: this message is refused
+                    await socket.send_json({"type": "error", "error": exc.error})
                     continue
                 await _send_reply(socket, first, stream)
 

@@ -47,6 +47,9 @@ def test_over_its_requests_limit_a_key_gets_429_with_retry_after_with_or_without
         with pytest.raises(WebSocketDisconnect):  # a WebSocket is a request of the key too
             with client.websocket_connect("/v1/chat/ws", headers=bearer(alice)) as socket:
                 socket.receive_json()
+        with client.websocket_connect("/v1/chat/ws", headers=bearer(bob)) as socket:
+            socket.send_json(chat("hi"))  # bob's are not limited
+            assert socket.receive_json()["type"] == "start"
 
 
 def charged(client: tk.testing.TestClient, key: str) -> float:
@@ -84,3 +87,20 @@ def test_a_keys_replies_are_charged_their_tokens_also_a_reply_stopped_half_way()
             time.sleep(0.05)
         assert refused.status_code == 429 and refused.json()["error"]["type"] == "tokens"
         assert refused.headers["x-ratelimit-limit-tokens"] == "300"
+
+
+def test_each_message_of_a_websocket_is_a_request_of_its_key() -> None:
+    carol = new_key()
+    keys = [entry("carol", carol, requests_per_window=3, window_s=WINDOW_S)]
+    with tk.testing.TestClient(build_app(ECHO), http_options={"api_keys": keys}) as client:
+        window_start()
+        with client.websocket_connect("/v1/chat/ws", headers=bearer(carol)) as socket:  # one
+            for _ in range(2):  # two and three
+                socket.send_json(chat("hi"))
+                while socket.receive_json()["type"] != "done":
+                    pass
+            socket.send_json(chat("hi"))
+            refused = socket.receive_json()
+            assert refused["type"] == "error" and refused["error"]["code"] == "rate_limit_exceeded"
+            socket.send_json({"bad": "request"})  # the socket stays open
+            assert socket.receive_json()["error"]["code"] == "invalid_request"
