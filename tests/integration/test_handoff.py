@@ -376,6 +376,26 @@ async def test_the_acceptor_closes_a_connection_that_sends_nothing(
         sender.close()
 
 
+async def test_a_closing_acceptor_gives_its_waiting_connections_to_the_proxys_server(
+    acceptor_parts: Parts,
+) -> None:
+    """One accepted whose first bytes have not come is served by the proxy, not closed."""
+    listen, here, at_replica, listener = acceptor_parts
+    sender = HandoffSender(here.append, here.append, SLOTS)
+    acceptor = Acceptor(
+        listen, here.append, _Routes(("app", listener.path)), sender, wait_s=5, max_waiting=10
+    )
+    acceptor.start()
+    try:
+        with socket.create_connection(listen.getsockname()):
+            await asyncio.sleep(0.05)
+            assert not here  # it waits for its first bytes
+            acceptor.close()
+            assert len(here) == 1 and not at_replica
+    finally:
+        sender.close()
+
+
 async def _hello(scope: Scope, receive: Receive, send: Send) -> None:
     if scope["type"] == "websocket":
         assert (await receive())["type"] == "websocket.connect"

@@ -91,9 +91,11 @@ class Acceptor:
         self._loop.add_reader(self._listener.fileno(), self._accept)
 
     def close(self) -> None:
-        """Stop accepting; connections still waiting for their first bytes are closed.
-        Those the kernel had accepted already are taken first: closing a listener resets
-        its queue, and other servers on the port (``SO_REUSEPORT``) take new ones."""
+        """Stop accepting. Those the kernel had accepted already are taken first: closing a
+        listener resets its queue, and other servers on the port (``SO_REUSEPORT``) take
+        new ones. Connections still waiting for their first bytes go to the proxy's own
+        server, which serves a first request that arrives while it stops (and closes the
+        others as idle ones)."""
         if self._listener.fileno() >= 0:
             self._loop.remove_reader(self._listener.fileno())
             while self._accept():
@@ -101,7 +103,7 @@ class Acceptor:
             self._listener.close()
         for connection in list(self._waiting):
             self._forget(connection)
-            connection.close()
+            self._keep(connection, "no_replica")
 
     def _accept(self) -> bool:
         """Accept up to ``_ACCEPT_MAX`` connections; True if more may be waiting."""
