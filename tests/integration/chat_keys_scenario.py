@@ -72,7 +72,7 @@ def api(url: str, seen: dict[str, object]) -> None:
     with httpx.Client(base_url=url, timeout=30) as client:
         refused = client.post("/v1/chat/completions", json=chat("hi"))
         seen["no_key"] = [refused.status_code, refused.json()["error"]["code"]]
-        room_in_window(20)
+        room_in_window(10)
         codes = []
         for _ in range(5):  # new connections: spread over both ingress replicas, counted as one
             with httpx.Client(base_url=url, timeout=30) as fresh:
@@ -107,7 +107,7 @@ def page_over_http(url: str, seen: dict[str, object]) -> None:
 
 
 def page_in_chromium(url: str, seen: dict[str, object]) -> None:
-    room_in_window(40)
+    room_in_window(15)
     with chromium() as browser:
         page = browser.new_page()
         try:
@@ -146,7 +146,7 @@ def page_in_chromium(url: str, seen: dict[str, object]) -> None:
 
 
 def by_name(url: str, seen: dict[str, object]) -> None:
-    room_in_window(10)
+    room_in_window(5)
     with httpx.Client(base_url=url, timeout=30) as client:
         first = client.get("/by-name/who", headers={"cookie": "caller=dave"})
         over = client.get("/by-name/who", headers={"cookie": "caller=dave"})
