@@ -47,7 +47,7 @@ from app_toolkit.config import (
     default_of,
 )
 from app_toolkit.config.ray_serve_only import drop_ray_serve_only
-from app_toolkit.config.schema import field_errors
+from app_toolkit.config.schema import SECRET_VALUES, field_errors
 from app_toolkit.exceptions import ConfigError
 from app_toolkit.import_path import split_import_path
 
@@ -265,18 +265,18 @@ def parse_config(data: object, source: str) -> ServeConfigFile:
     return config
 
 
-#: ``http_options`` values a file keeps only where it is read: the controller stores the
-#: file as written (``app-toolkit config`` prints it), with these blanked.
-_HTTP_SECRETS = ("dashboard_token", "ssl_keyfile_password")
+#: What a file's secret ``http_options`` values (``schema.SECRET_VALUES``) become where
+#: the controller stores the file as written (``app-toolkit config`` prints it): a file
+#: keeps them only where it is read.
 BLANKED = "<not kept>"
 
 
 def _without_secrets(data: dict[str, object]) -> dict[str, object]:
     http = data.get("http_options")
-    if not isinstance(http, Mapping) or not any(http.get(name) is not None for name in _HTTP_SECRETS):
+    if not isinstance(http, Mapping) or not any(http.get(name) is not None for name in SECRET_VALUES):
         return data
     kept = {
-        name: BLANKED if name in _HTTP_SECRETS and value is not None else value
+        name: BLANKED if name in SECRET_VALUES and value is not None else value
         for name, value in http.items()
     }
     return {**data, "http_options": kept}

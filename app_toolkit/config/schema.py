@@ -34,9 +34,12 @@ class Strict(BaseModel):
 M = TypeVar("M", bound=BaseModel)
 
 
+#: Options whose values are secrets: never repeated, and blanked where a config file is
+#: kept (``config/file.py``).
+SECRET_VALUES = frozenset({"dashboard_token", "ssl_keyfile_password"})
 #: Options whose values an error message never repeats: secrets, and what may hold one by
-#: mistake (a key pasted where its hash goes).
-SECRET_OPTIONS = frozenset({"api_keys", "hash", "dashboard_token", "api_key", "ssl_keyfile_password"})
+#: mistake (a key pasted where its hash goes; vLLM's plaintext ``api_key``).
+SECRET_OPTIONS = SECRET_VALUES | {"api_keys", "hash", "api_key"}
 
 
 def explain(error: ValidationError, where: str) -> str:

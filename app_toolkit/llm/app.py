@@ -22,15 +22,15 @@ from app_toolkit.llm.placement import with_replica
 from app_toolkit.llm.replica.server import LLMServer
 from app_toolkit.llm.serving_args import LLMServingArgs, serving_args
 
+logger = logging.getLogger("app_toolkit.llm")
+
+#: vLLM's environment variable with its server's API key (``--api-key`` wins over it).
+API_KEY_ENV = "VLLM_API_KEY"
 #: Replies admitted per model replica beyond its engine slots, as a share of them, unless
 #: deployment_config says (Ray Serve LLM admits 1e9): a quarter (at least one), so that
 #: the engine has the next reply at hand when a slot frees, as vLLM's own queue has it
 #: (measured against `vllm serve`: docs/benchmarks.md); the rest wait in the caller's
 #: queue, where any replica that frees a slot or starts takes them.
-logger = logging.getLogger("app_toolkit.llm")
-
-#: vLLM's environment variable with its server's API key (``--api-key`` wins over it).
-API_KEY_ENV = "VLLM_API_KEY"
 RESERVE_PER_SLOT = 0.25
 #: Admitted by a replica whose engine has no slot limit (the echo engine).
 ONGOING_WITHOUT_SLOTS = 64
