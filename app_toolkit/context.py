@@ -101,8 +101,8 @@ async def count_request(connection: HTTPConnection) -> None:
     the key's ``requests_per_window`` and ``tokens_per_window`` (the socket itself, one
     request, holds its concurrent slot). Raises
     :class:`~app_toolkit.exceptions.APIKeyRefused` (429, with the front's headers and
-    error) over them: answer the message with it and go on, or close the socket. Nothing
-    happens without a key, with keys off, or for a key without those limits."""
+    error) over them, 401 once the key is revoked or has expired: answer the message with
+    it and go on, or close the socket. Nothing happens without a key or with keys off."""
     await key_door.count(connection.scope)
 
 

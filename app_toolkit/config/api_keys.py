@@ -25,6 +25,7 @@ from app_toolkit.exceptions import ConfigError
 #: What a key made here starts with: its kind, readable in a log a user pastes by mistake.
 KEY_PREFIX = "atk_"
 _HASH_PREFIX = "sha256:"
+_EMPTY_KEY_HASH = _HASH_PREFIX + hashlib.sha256(b"").hexdigest()
 
 
 class APIKey(Strict):
@@ -80,8 +81,8 @@ class APIKey(Strict):
 
     client_cert: str | None = Field(
         None,
-        description="sha256:<64 hex digits> of a client certificate (its DER bytes; openssl "
-        "x509 -noout -fingerprint -sha256 prints it with colons, which may stay) whose "
+        description="sha256:<64 hex digits> of a client certificate (its DER bytes; what openssl "
+        "x509 -noout -fingerprint -sha256 prints is taken as it is) whose "
         "connections are this key's when a request sends no key (HTTPS with ssl_ca_certs and "
         "ssl_cert_reqs). Unset: only the key itself names it.",
     )
@@ -92,10 +93,18 @@ class APIKey(Strict):
         """``sha256:<hex>`` of a fingerprint given with colons or upper-case digits."""
         if not isinstance(value, str):
             return value
-        digits = value.strip().lower().removeprefix(_HASH_PREFIX).replace(":", "")
+        printed = value.rpartition("=")[2]  # openssl prints "sha256 Fingerprint=AB:CD:..."
+        digits = printed.strip().lower().removeprefix(_HASH_PREFIX).replace(":", "")
         if len(digits) != 64 or any(digit not in "0123456789abcdef" for digit in digits):
             raise ValueError("client_cert must be sha256:<64 hex digits> (the certificate's SHA-256)")
         return _HASH_PREFIX + digits
+
+    @field_validator("hash")
+    @classmethod
+    def _not_empty(cls, value: str) -> str:
+        if value == _EMPTY_KEY_HASH:  # an empty header would present it
+            raise ValueError("hash is the SHA-256 of an empty key: make a key with app-toolkit keys new NAME")
+        return value
 
     @field_validator("expires_at")
     @classmethod

@@ -208,7 +208,8 @@ class HTTPOptions(Strict):
     def _check_tls(self) -> HTTPOptions:
         """The TLS options that go together (the files are read by :func:`checked`, on the
         options as they are in the end: a config file's, with the flags over them)."""
-        named = next((key.name for key in self.api_keys if key.client_cert is not None), None)
+        keys = (*self.api_keys, *(read_keys_file(self.api_keys_file) if self.api_keys_file else ()))
+        named = next((key.name for key in keys if key.client_cert is not None), None)
         if named is not None and not self.ssl_cert_reqs:
             raise ValueError(
                 f"API key {named!r} is named by a client certificate (client_cert): serve HTTPS "

@@ -4,6 +4,7 @@ ledger), and ``charge_tokens`` by a key's name."""
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import pytest
@@ -16,6 +17,7 @@ from app_toolkit._runtime.front.key_check import KeyRing
 from app_toolkit._runtime.front.key_door import KeyDoor
 from app_toolkit._runtime.front.key_limits import KeyLimits
 from app_toolkit._runtime.front.scope import API_KEY_NAME
+from app_toolkit._runtime.quotas import Charges, QuotaAsk, QuotaGrant, QuotaLedger
 from app_toolkit.config import HTTPOptions
 from app_toolkit.config.api_keys import key_hash, new_key
 
@@ -88,7 +90,17 @@ def test_no_key_an_unknown_one_and_a_failed_ask_let_nothing_in(
     asyncio.run(body())
 
 
-def test_a_sockets_messages_count_as_requests_without_slots(door: KeyDoor) -> None:
+def test_a_sockets_messages_count_as_requests_without_slots(monkeypatch: pytest.MonkeyPatch) -> None:
+    ledger = QuotaLedger(time.time)
+    asked: list[QuotaAsk] = []
+
+    async def take(front: str, asks: tuple[QuotaAsk, ...], charges: Charges) -> tuple[QuotaGrant, ...]:
+        asked.extend(asks)
+        return ledger.take(front, asks, charges)
+
+    door = KeyDoor(KeyRing(HTTPOptions(api_keys=KEYS)), KeyLimits(take))
+    monkeypatch.setattr(key_door, "_installed", door)
+
     async def body() -> None:
         socket: dict[str, Any] = {}
         with request_context.request_scope("socket"):
@@ -100,6 +112,11 @@ def test_a_sockets_messages_count_as_requests_without_slots(door: KeyDoor) -> No
             assert refused.value.status_code == 429 and refused.value.error["type"] == "requests"
             await key_door.count({})  # a connection without a key: nothing counted
             await key_door.count({API_KEY_NAME: "free"})  # a key without limits: nothing
+            with pytest.raises(tk.APIKeyRefused) as revoked:
+                await key_door.count({API_KEY_NAME: "gone"})
+            assert revoked.value.status_code == 401
+        door.limits.close()
+        assert asked and all(ask.slots <= 1 for ask in asked)  # the socket's one slot, never more
 
     asyncio.run(body())
 

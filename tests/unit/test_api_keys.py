@@ -219,3 +219,9 @@ def test_only_starlettes_own_cors_middleware_outermost_and_plain_is_taken() -> N
     inner.add_middleware(GZipMiddleware)  # outside it: the app's answer is not the policy's alone
     assert route_table(inner).cors is None
     assert route_table(_with_cors(allow_origins=[object()])).cors is None
+
+
+def test_the_hash_of_an_empty_key_is_refused() -> None:
+    """An empty header presents the empty key: no entry may open for it."""
+    with pytest.raises(ConfigError, match="SHA-256 of an empty key"):
+        parse_http_options({"api_keys": [{"name": "empty", "hash": "sha256:" + digest_of(b"").hex()}]})

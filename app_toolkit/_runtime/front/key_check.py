@@ -95,6 +95,7 @@ class KeyRing:
 
     def __init__(self, http: HTTPOptions, digest: Callable[[bytes], bytes] = digest_of) -> None:
         self._given = http.api_keys
+        self._cert_reqs = http.ssl_cert_reqs
         self._path = http.api_keys_file
         self._digest = digest
         self._by_digest: dict[bytes, Holder] = {}
@@ -209,6 +210,12 @@ class KeyRing:
             return
         self._load(from_file)
         logger.info("API keys: %d from %s and the options", len(self._by_digest), self._path)
+        if not self._cert_reqs and any(key.client_cert for key in from_file):
+            logger.error(
+                "API keys in %s are named by client certificates (client_cert), but HTTPS asks "
+                "for none (ssl_ca_certs, ssl_cert_reqs): no certificate names them",
+                self._path,
+            )
 
     def _load(self, from_file: tuple[APIKey, ...]) -> None:
         keys = (*self._given, *from_file)

@@ -70,8 +70,8 @@ async def admit(scope: MutableMapping[str, Any], name: str | None) -> bool:
     values = CURRENT.get()
     if values is None:
         raise RuntimeError("admit_key works only in a route or dependency serving the request")
-    if isinstance(scope.get(API_KEY_NAME), str):
-        return True
+    if isinstance(scope.get(API_KEY_NAME), str) or values.leave is not None:
+        return True  # (a middleware's copy of the scope: the request was let in already)
     found = door.keys.named(name) if name is not None else None
     if found is None:
         REFUSED.inc()
@@ -92,17 +92,21 @@ async def admit(scope: MutableMapping[str, Any], name: str | None) -> bool:
 async def count(scope: MutableMapping[str, Any]) -> None:
     """Count one more request of the key the connection of ``scope`` was let in as (a
     WebSocket whose messages are requests): its requests and tokens limits, not its
-    concurrent one (the connection holds its slot). Raises :class:`APIKeyRefused` (429)
-    over them; nothing without a key, or with keys off."""
+    concurrent one (the connection holds its slot). Raises :class:`APIKeyRefused`: 429
+    over them, 401 once the key is revoked or expired; nothing without a key, or with
+    keys off."""
     door = _installed
     name = scope.get(API_KEY_NAME)
     if door is None or not isinstance(name, str):
         return
+    values = CURRENT.get()
+    request_id = values.request_id if values is not None else ""
+    if door.keys.named(name) is None:  # revoked or expired while the socket was open
+        raise refusal(unauthorized(request_id))
     limits = door.keys.limits_of(name)
     if limits is None or not (limits.requests or limits.tokens):
         return
-    values = CURRENT.get()
-    over = await door.limits.enter(limits, values.request_id if values is not None else "", slot=False)
+    over = await door.limits.enter(limits, request_id, slot=False)
     if over is not None:
         raise refusal(over)
 

@@ -117,7 +117,7 @@ class KeyLimits:
                 state.waiting -= 1
                 state.slotless -= not slot
                 self._free(state)  # slots asked for this request (refused or gone) are not needed
-        return self._refusal(state, request_id)
+        return self._refusal(state, request_id, slot)
 
     def leave(self, limits: Limits) -> None:
         """A request :meth:`enter` admitted has ended."""
@@ -297,18 +297,23 @@ class KeyLimits:
         finally:
             self._keeper = None
 
-    def _refusal(self, state: _KeyState, request_id: str) -> HTTPResponse:
+    def _refusal(self, state: _KeyState, request_id: str, slot: bool) -> HTTPResponse:
         limits = state.limits
         now = time.monotonic()
         over: Over
         if limits.requests and (state.allowance <= 0 or now >= state.window_ends):
             over = "requests"
         elif limits.tokens and (
-            state.tokens_used >= limits.tokens or now - state.tokens_heard > TOKENS_FRESH_S
+            state.tokens_used >= limits.tokens
+            or now - state.tokens_heard > TOKENS_FRESH_S
+            or now >= state.window_ends
+            or not slot
         ):
             over = "tokens"
-        else:
+        elif slot:
             over = "concurrent"
+        else:  # (a slotless request of a key with a requests limit only)
+            over = "requests"
         left = 0 if over == "requests" else max(0, state.remaining) + max(0, state.allowance)
         return too_many(limits, over, left, state.tokens_used, max(0.0, state.window_ends - now), request_id)
 

@@ -75,9 +75,10 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
 
     def handle_connect(self, event: Any) -> None:
         super().handle_connect(event)
-        cert = client_cert_of(self.transport)
-        if cert is not None:  # (its API key may be the one the certificate names)
-            self.scope[CLIENT_CERT] = cert  # type: ignore[literal-required]
+        scope: dict[str, Any] | None = getattr(self, "scope", None)  # (none for a refused handshake)
+        cert = client_cert_of(self.transport) if scope is not None else None
+        if scope is not None and cert is not None:  # (its API key may be the one it names)
+            scope[CLIENT_CERT] = cert
 
     async def send(self, message: Any) -> None:
         if _BEFORE_0_53 and message["type"] == "websocket.http.response.start":

@@ -285,7 +285,7 @@ class ReplicaActor:
             if front is not None:
                 await front.stop(timeout_s)
         door = key_door.installed()
-        if door is not None:  # no more asks of the keys' ledger from this process
+        if door is not None:  # its requests have ended: its keeper and asks end too
             door.limits.close()
         if self._server is not None:
             self._server.close()

@@ -11,8 +11,8 @@ at the front like any) and gets a signed cookie (``HttpOnly``, ``SameSite=Strict
 names the key until it expires. The page's own routes are open (``@tk.open_route``):
 a request that starts a reply is let in as the cookie's key (``tk.admit_key``), under
 that key's limits and with its share, as if it had sent the key; reading or stopping
-that reply counts nothing more. The cookie names the key: removing the key's entry ends
-its sign-ins' replies; giving the name another key keeps them (change
+that reply counts nothing more. The cookie names the key: removing the key's entry
+refuses its sign-ins' new replies; giving the name another key does not (change
 ``session_secret`` to sign everyone out). A page reply's id is bound to the
 key that started it (``ReplyIds``): another key's id for it is a reply that does not
 exist. With no keys configured everyone is let in as ``""`` and nothing is counted.
@@ -114,9 +114,9 @@ class Access:
         return name
 
     def _signed_in(self, request: Request) -> str | None:
-        """The key the request's sign-in cookie names, if it is valid and the request is
-        the page's own: a browser says which site a request comes from (``Sec-Fetch-Site``),
-        and a cookie sent from another page (a sibling subdomain's, say) is not used."""
+        """The key the request's sign-in cookie names, if it is valid and no browser said
+        another site sent the request (``Sec-Fetch-Site``: a sibling subdomain's page, say,
+        which ``SameSite`` lets through; a request without the header is a client's own)."""
         cookie = request.cookies.get(COOKIE)
         if cookie is None or request.headers.get("sec-fetch-site", "same-origin") != "same-origin":
             return None
