@@ -12,7 +12,10 @@ Five servers side by side, loaded with wrk on 127.0.0.1 in alternation:
   ends TLS and serves every request, docs/security.md).
 
 Two scenarios, GET small JSON at c=32: keep-alive connections, and a new connection for
-every request (``Connection: close``: a TLS handshake per request). Printed per server:
+every request (``Connection: close``: a TLS handshake per request); with ``--paced-ms N``
+a third, keep-alive with each connection waiting N ms between requests, so that every
+server runs at about the same rate, below what it can serve (at full load a slower
+server batches more per wake-up, which changes its CPU per request apart from TLS). Printed per server:
 req/s and server CPU per request (every process of its tree, from /proc), medians over
 ``--rounds``, also net of what the server spends idle (its tree's CPU per second with no
 load, measured for ``--idle-s`` before the runs: the toolkit's Ray processes spend it
@@ -20,7 +23,7 @@ whatever the load, so at a lower request rate more of it falls on each request);
 what TLS adds per request, net of idle, to uvicorn, and to the toolkit against the proxied
 path without TLS and against its default (direct ingress), with the ratio to uvicorn's.
 
-    python -m benchmarks.https_cost [--duration 10] [--rounds 3] [--handshake]
+    python -m benchmarks.https_cost [--duration 10] [--rounds 3] [--paced-ms 20] [--handshake]
 
 ``--handshake`` measures instead, in this process, the server's CPU for one TLS handshake
 (memory BIOs, no sockets) with uvicorn's context (as ``uvicorn.Config`` makes it) and the
@@ -140,6 +143,14 @@ def closing_script(folder: Path) -> Path:
     return closing
 
 
+def paced_script(folder: Path, delay_ms: int) -> Path:
+    """wrk's keep-alive script with each connection waiting ``delay_ms`` between requests."""
+    script = lua_script(SMALL, folder)
+    paced = folder / "small_paced.lua"
+    paced.write_text(script.read_text() + f"\nfunction delay()\n  return {delay_ms}\nend\n")
+    return paced
+
+
 def handshake_cpu(server: ssl.SSLContext, client: ssl.SSLContext) -> float:
     """The server's CPU seconds for one handshake with ``client``, over memory BIOs."""
     client_in, client_out, server_in, server_out = (ssl.MemoryBIO() for _ in range(4))
@@ -185,6 +196,9 @@ def main() -> None:
     parser.add_argument("--duration", type=int, default=10, help="seconds per wrk run")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--idle-s", type=float, default=10.0, help="seconds to measure each server idle")
+    parser.add_argument(
+        "--paced-ms", type=int, default=0, help="also keep-alive, this long between a connection's requests"
+    )
     parser.add_argument("--handshake", action="store_true", help="only one handshake's CPU, in process")
     args = parser.parse_args()
     if args.handshake:
@@ -197,6 +211,8 @@ def main() -> None:
         folder = Path(name)
         client = write_certificate(folder)
         scripts = {"keep-alive": lua_script(SMALL, folder), "new connection each": closing_script(folder)}
+        if args.paced_ms:
+            scripts[f"keep-alive, paced {args.paced_ms} ms"] = paced_script(folder, args.paced_ms)
         started: dict[str, tuple[subprocess.Popen[bytes], str, Server]] = {}
         try:
             for server in servers(folder):

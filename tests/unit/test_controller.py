@@ -618,9 +618,14 @@ async def test_a_restarted_controller_adopts_running_replicas_instead_of_replaci
     backend = FakeBackend()
     first = await started(backend)
     await first.deploy_apps([app(replicas=2)])
-    await until(lambda: len(backend.running) == 2)
-    await first.stop()  # the controller "dies"; its replicas keep running
     state = first.deployments[DeploymentID("a", "D")]
+    # Both running, and both started as far as the controller knows (their info recorded).
+    await until(
+        lambda: len(backend.running) == 2
+        and len(state.replicas) == 2
+        and all(r.info is not None for r in state.replicas.values())
+    )
+    await first.stop()  # the controller "dies"; its replicas keep running
     backend.leftovers = [
         AdoptedReplica(r.info, r.version, r.config, r.handle)  # type: ignore[arg-type]
         for r in state.replicas.values()
