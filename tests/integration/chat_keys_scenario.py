@@ -107,7 +107,6 @@ def page_over_http(url: str, seen: dict[str, object]) -> None:
 
 
 def page_in_chromium(url: str, seen: dict[str, object]) -> None:
-    room_in_window(15)
     with chromium() as browser:
         page = browser.new_page()
         try:
@@ -116,6 +115,7 @@ def page_in_chromium(url: str, seen: dict[str, object]) -> None:
             page.fill("#key", "sk-wrong")
             page.press("#key", "Enter")
             wait_for(lambda: "Incorrect API key" in page.locator("#status").inner_text(), 10, "the refusal")
+            room_in_window(20)  # carol's sign-in and three messages in one window
             page.fill("#key", CAROL)
             page.press("#key", "Enter")
             wait_for(lambda: page.locator("#composer").is_visible(), 10, "the composer")

@@ -387,12 +387,16 @@ async def test_a_closing_acceptor_gives_its_waiting_connections_to_the_proxys_se
     )
     acceptor.start()
     try:
-        with socket.create_connection(listen.getsockname()):
+        with socket.create_connection(listen.getsockname()) as client:
             await asyncio.sleep(0.05)
             assert not here  # it waits for its first bytes
             acceptor.close()
             assert len(here) == 1 and not at_replica
+            client.sendall(b"GET /app/x HTTP/1.1\r\nhost: t\r\n\r\n")  # the acceptor reads it no more
+            await asyncio.sleep(0.05)
+            assert len(here) == 1 and not at_replica
     finally:
+        acceptor.close()
         sender.close()
 
 

@@ -621,9 +621,11 @@ async def test_a_restarted_controller_adopts_running_replicas_instead_of_replaci
     state = first.deployments[DeploymentID("a", "D")]
     # Both running, and both started as far as the controller knows (their info recorded).
     await until(
-        lambda: len(backend.running) == 2
-        and len(state.replicas) == 2
-        and all(r.info is not None for r in state.replicas.values())
+        lambda: (
+            len(backend.running) == 2
+            and len(state.replicas) == 2
+            and all(r.info is not None for r in state.replicas.values())
+        )
     )
     await first.stop()  # the controller "dies"; its replicas keep running
     backend.leftovers = [

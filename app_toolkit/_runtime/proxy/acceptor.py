@@ -39,7 +39,8 @@ SERVED_HERE = metrics.Counter(
     "Client connections the proxy served itself, by why: no_replica (no local ingress "
     "replica of the application), unrouted (no whole request line to route by), "
     "refused (the replica did not take it), no_key (API keys are on and the first request's "
-    "head, whole in its first bytes, presents no valid key).",
+    "head, whole in its first bytes, presents no valid key), stopping (accepted as the proxy "
+    "stopped handing off, before its first bytes came).",
     ("why",),
 )
 
@@ -103,7 +104,7 @@ class Acceptor:
             self._listener.close()
         for connection in list(self._waiting):
             self._forget(connection)
-            self._keep(connection, "no_replica")
+            self._keep(connection, "stopping")
 
     def _accept(self) -> bool:
         """Accept up to ``_ACCEPT_MAX`` connections; True if more may be waiting."""
