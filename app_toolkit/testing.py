@@ -47,7 +47,7 @@ class TestClient(httpx.Client):
         route_prefix: str | None = _UNSET,
         base_url: str = "http://testserver",
         timeout: float = 30.0,
-        http_options: HTTPOptions | Mapping[str, Any] | None = None,
+        http_options: HTTPOptions | Mapping[str, object] | None = None,
     ) -> None:
         if current_session(create=False) is not None:
             raise ConfigError(
@@ -56,7 +56,11 @@ class TestClient(httpx.Client):
             )
         http = None
         if http_options is not None:  # no port either way: requests stay in-process
-            given = http_options if isinstance(http_options, HTTPOptions) else HTTPOptions(**http_options)
+            given = (
+                http_options
+                if isinstance(http_options, HTTPOptions)
+                else HTTPOptions.model_validate(http_options)
+            )
             http = given.model_copy(update={"proxy_location": "Disabled"})
         session = session_factory("local").start(None, http)
         set_current_session(session)

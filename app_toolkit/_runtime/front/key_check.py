@@ -128,7 +128,7 @@ class KeyRing:
         self._refresh()
         return self._live(self._by_name.get(name))
 
-    def let_in(self, scope: MutableMapping[str, Any], found: Holder) -> None:
+    def let_in(self, scope: Scope, found: Holder) -> None:
         """The request is ``found``'s: its name and share go into ``scope``."""
         scope[API_KEY_NAME] = found.name
         scope[API_KEY_SHARE] = found.share
@@ -141,12 +141,15 @@ class KeyRing:
     def limits(self, scope: Scope) -> Limits | None:
         """The limits of the key :meth:`admits` found for this request (None: none); a key
         with a tokens limit is marked in ``scope``, so that its tokens are charged."""
-        if not self._limits:
-            return None
-        found = self._limits.get(scope.get(API_KEY_NAME, ""))
-        if found is not None and found.tokens:
-            scope[API_KEY_METERED] = True
+        found = self.limits_of(scope.get(API_KEY_NAME, ""))
+        self.meter(scope, found)
         return found
+
+    @staticmethod
+    def meter(scope: Scope, limits: Limits | None) -> None:
+        """Mark ``scope`` as its key's whose tokens are charged: the key has a tokens limit."""
+        if limits is not None and limits.tokens:
+            scope[API_KEY_METERED] = True
 
     def opens(self, head: bytes) -> bool:
         """Whether the request head at the start of ``head`` (peeked bytes: its request

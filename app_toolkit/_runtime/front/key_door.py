@@ -14,13 +14,13 @@ admits. A concurrent slot taken here is given back when the request's scope ends
 from __future__ import annotations
 
 import json
-from collections.abc import MutableMapping
 from dataclasses import dataclass
-from typing import Any
+
+from starlette.types import Scope
 
 from app_toolkit._runtime.front.key_check import REFUSED, KeyRing, unauthorized
 from app_toolkit._runtime.front.key_limits import KeyLimits
-from app_toolkit._runtime.front.scope import API_KEY_METERED, API_KEY_NAME
+from app_toolkit._runtime.front.scope import API_KEY_NAME
 from app_toolkit._runtime.messages import HTTPResponse
 from app_toolkit._runtime.request_values import CURRENT
 from app_toolkit.exceptions import APIKeyRefused
@@ -58,7 +58,7 @@ def installed() -> KeyDoor | None:
     return _installed
 
 
-async def admit(scope: MutableMapping[str, Any], name: str | None) -> bool:
+async def admit(scope: Scope, name: str | None) -> bool:
     """Let the request of ``scope`` in as the key named ``name`` (None: the app found no
     caller): True, or raise :class:`APIKeyRefused` (401: no such key, 429: over its
     limits). False with API keys off (nothing is counted). A request that presented a key
@@ -82,14 +82,13 @@ async def admit(scope: MutableMapping[str, Any], name: str | None) -> bool:
         if over is not None:
             raise refusal(over)
         values.leave = lambda: door.limits.leave(limits)
-        if limits.tokens:
-            scope[API_KEY_METERED] = True
     door.keys.let_in(scope, found)
+    door.keys.meter(scope, limits)
     values.share = found.share  # its handle calls wait as the key's
     return True
 
 
-async def count(scope: MutableMapping[str, Any]) -> None:
+async def count(scope: Scope) -> None:
     """Count one more request of the key the connection of ``scope`` was let in as (a
     WebSocket whose messages are requests): its requests and tokens limits, not its
     concurrent one (the connection holds its slot). Raises :class:`APIKeyRefused`: 429

@@ -40,8 +40,10 @@ from __future__ import annotations
 from typing import Any
 
 import uvicorn
+from starlette.types import Scope
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol, RequestResponseCycle
 from uvicorn.protocols.websockets.websockets_sansio_impl import WebSocketsSansIOProtocol
+from websockets.http11 import Request
 
 from app_toolkit._runtime.front.https import client_cert_of
 from app_toolkit._runtime.front.scope import CLIENT_CERT
@@ -73,9 +75,9 @@ class WebSocketProtocol(WebSocketsSansIOProtocol):
             super().connection_lost(exc)
             self.writable.set()  # a send waiting on a paused transport that is gone ends
 
-    def handle_connect(self, event: Any) -> None:
+    def handle_connect(self, event: Request) -> None:
         super().handle_connect(event)
-        scope: dict[str, Any] | None = getattr(self, "scope", None)  # (none for a refused handshake)
+        scope: Scope | None = getattr(self, "scope", None)  # (none for a refused handshake)
         cert = client_cert_of(self.transport) if scope is not None else None
         if scope is not None and cert is not None:  # (its API key may be the one it names)
             scope[CLIENT_CERT] = cert
