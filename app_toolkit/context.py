@@ -9,7 +9,6 @@ from __future__ import annotations
 from starlette.requests import HTTPConnection
 
 from app_toolkit._runtime import request_context, token_charges
-from app_toolkit._runtime.front import key_door
 from app_toolkit._runtime.front.scope import API_KEY_METERED, API_KEY_NAME
 from app_toolkit._runtime.request_context import ReplicaContext, ReplicaRank
 from app_toolkit.replica_id import ReplicaID
@@ -92,6 +91,8 @@ async def admit_key(connection: HTTPConnection, name: str | None) -> bool:
     let in already) is that key's: True, whatever ``name`` says (read who with
     :func:`api_key_name`). Call it from the route or a dependency, in the replica serving
     the request; the limits count it once."""
+    from app_toolkit._runtime.front import key_door  # loaded with a front that asks for keys
+
     return await key_door.admit(connection.scope, name)
 
 
@@ -103,6 +104,8 @@ async def count_request(connection: HTTPConnection) -> None:
     :class:`~app_toolkit.exceptions.APIKeyRefused` (429, with the front's headers and
     error) over them, 401 once the key is revoked or has expired: answer the message with
     it and go on, or close the socket. Nothing happens without a key or with keys off."""
+    from app_toolkit._runtime.front import key_door
+
     await key_door.count(connection.scope)
 
 
