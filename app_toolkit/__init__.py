@@ -37,6 +37,7 @@ from app_toolkit.context import (
     get_request_priority,
     meters_tokens,
 )
+from app_toolkit.continuable import continuable
 from app_toolkit.dependencies import Depends
 from app_toolkit.deployment import Application, Deployment, deployment
 from app_toolkit.event_log import (
@@ -148,6 +149,7 @@ __all__ = [
     "api_key_name",
     "batch",
     "charge_tokens",
+    "continuable",
     "count_request",
     "deadline",
     "delete",

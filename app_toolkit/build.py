@@ -27,6 +27,7 @@ import typing
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from app_toolkit._runtime.continuation_marks import continuations_of
 from app_toolkit._runtime.messages import AppSpec, DeploymentID, DeploymentSpec
 from app_toolkit._runtime.replica.ingress_app import ASGI_APP_ATTR, ASGI_BUILDER_ATTR
 from app_toolkit._runtime.session import Build, Serialize
@@ -194,6 +195,7 @@ class _Graph:
             or hasattr(deployment.func_or_class, ASGI_BUILDER_ATTR),
             code_version=hashlib.sha256(code + init_args + heavy + sources.encode()).hexdigest()[:16],
             sources=sources,
+            continuations=continuations_of(deployment.func_or_class),
         )
         return deployment.name
 

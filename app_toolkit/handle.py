@@ -30,6 +30,7 @@ from app_toolkit._runtime.messages import (
 )
 from app_toolkit._runtime.request_keys import routing_key
 from app_toolkit._runtime.routing import broadcast, caller_metrics
+from app_toolkit._runtime.routing.continuations import Continuation
 from app_toolkit._runtime.routing.data_plane import DataPlane
 from app_toolkit._runtime.routing.replica_client import Reply
 from app_toolkit._runtime.routing.replies import exception_of, value_of
@@ -41,9 +42,20 @@ D = TypeVar("D", default=Any)
 
 
 class _Stream:
-    """One streamed call, on the data plane's loop: its exchange and replica slot."""
+    """One streamed call, on the data plane's loop: its exchange and replica slot, and for
+    a continuable method (``@continuable``), what continues it when its replica is lost."""
 
-    __slots__ = ("_plane", "_deployment", "_call", "_reply", "_span", "done", "__weakref__")
+    __slots__ = (
+        "_plane",
+        "_deployment",
+        "_call",
+        "_reply",
+        "_span",
+        "_continuation",
+        "_deadline",
+        "done",
+        "__weakref__",
+    )
 
     def __init__(
         self, plane: DataPlane, deployment: DeploymentID, call: MethodCall, span: tracing.Span | None = None
@@ -53,33 +65,86 @@ class _Stream:
         self._call = call
         self._reply: Reply | None = None
         self._span = span  # ended with the stream
+        self._continuation: Continuation | None = None
+        self._deadline = 0.0  # a continuation's: by when a replica takes it (0: none sent)
         self.done = False
 
     async def next(self) -> object:
         if self.done:
             raise StopAsyncIteration
+        while True:
+            try:
+                answer = await self._answer()
+            except BaseException as exc:
+                if self._continued_after(exc):
+                    continue
+                self.finish(type(exc).__name__)
+                raise
+            if isinstance(answer, StreamItem):
+                if self._continuation is not None:
+                    self._continuation.keep(answer.value)
+                return answer.value
+            error: Exception | None = None
+            if isinstance(answer, CallFailure):
+                error = exception_of(answer)
+            elif isinstance(answer, ReplicaLost) and self._reply is not None:
+                error = self._reply.lost()  # as a unary call lost with its replica
+            if error is not None and self._continued_after(error):
+                continue
+            self.finish("" if isinstance(answer, StreamEnd) else type(answer).__name__)
+            if isinstance(answer, StreamEnd):
+                raise StopAsyncIteration
+            if error is not None:
+                raise error
+            raise ReplicaUnavailableError(
+                f"Unexpected answer {type(answer).__name__} in the stream from {self._deployment}"
+            )
+
+    async def _answer(self) -> object:
+        """The stream's next answer: the first one sends the call (or its continuation)."""
+        if self._reply is not None:
+            return await self._reply.exchange.recv()
+        if self._continuation is None:
+            self._plane.hold(self.finish)  # closing the data plane ends the stream
+            self._reply = await _send_call(self._plane, self._deployment, self._call)
+            rule = self._plane.dispatcher(self._deployment).continuation(self._call.method)
+            if rule is not None:
+                self._continuation = Continuation(rule, self._deployment)
+            return self._reply.first
+        # A continuation: it waits for a replica (a lost one's replacement) until its deadline.
+        remaining = self._deadline - asyncio.get_running_loop().time()
         try:
-            if self._reply is None:
-                self._plane.hold(self.finish)  # closing the data plane ends the stream
+            async with asyncio.timeout(max(0.0, remaining)):
                 self._reply = await _send_call(self._plane, self._deployment, self._call)
-                answer = self._reply.first
-            else:
-                answer = await self._reply.exchange.recv()
-        except BaseException as exc:
-            self.finish(type(exc).__name__)
-            raise
-        if isinstance(answer, StreamItem):
-            return answer.value
-        self.finish("" if isinstance(answer, StreamEnd) else type(answer).__name__)
-        if isinstance(answer, StreamEnd):
-            raise StopAsyncIteration
-        if isinstance(answer, CallFailure):
-            raise exception_of(answer)
-        if isinstance(answer, ReplicaLost) and self._reply is not None:
-            raise self._reply.lost()  # as a unary call lost with its replica
-        raise ReplicaUnavailableError(
-            f"Unexpected answer {type(answer).__name__} in the stream from {self._deployment}"
-        )
+        except TimeoutError:
+            self._continuation.taken("ended")
+            raise ReplicaUnavailableError(
+                f"No replica of {self._deployment} took the continued stream within "
+                f"{self._continuation.wait_s} s"
+            ) from None
+        self._continuation.taken("continued")
+        return self._reply.first
+
+    def _continued_after(self, error: BaseException) -> bool:
+        """Whether the stream goes on after ``error``, its call sent again to continue it."""
+        if self.done:
+            return False
+        continuation = self._continuation
+        if continuation is None:  # lost before its first answer: its rules, if continuable
+            rule = self._plane.dispatcher(self._deployment).continuation(self._call.method)
+            if rule is None:
+                return False
+            continuation = self._continuation = Continuation(rule, self._deployment)
+        call = continuation.after(error, self._call)
+        if call is None:
+            return False
+        if self._reply is not None:
+            self._reply.exchange.cancel()
+            self._reply.release()
+            self._reply = None
+        self._call = call
+        self._deadline = asyncio.get_running_loop().time() + continuation.wait_s
+        return True
 
     def finish(self, error: str = "") -> None:
         """Stop the stream and give its replica slot back (on the data plane's loop)."""

@@ -70,6 +70,7 @@ EXPECTED = [
     "api_key_name",
     "batch",
     "charge_tokens",
+    "continuable",
     "count_request",
     "deadline",
     "delete",

@@ -110,6 +110,19 @@ class RouteInfo:
 
 @compact
 @dataclass(frozen=True, slots=True)
+class StreamContinuation:
+    """A deployment's generator method whose streams its callers continue on another
+    replica when theirs is lost (``@continuable``: app_toolkit/continuable.py), and its
+    rules: continuations per stream, items a caller keeps, seconds a continuation waits."""
+
+    method: str
+    limit: int
+    max_items: int
+    wait_s: float
+
+
+@compact
+@dataclass(frozen=True, slots=True)
 class DeploymentSpec:
     """The desired state of one deployment, as the controller stores it.
 
@@ -132,6 +145,8 @@ class DeploymentSpec:
     #: The digest of the user's source files its code depends on ("" if none), part of
     #: ``code_version`` (app_toolkit/code_sources.py).
     sources: str = ""
+    #: Its continuable generator methods (read from its class where the app is built).
+    continuations: tuple[StreamContinuation, ...] = ()
 
 
 @compact
@@ -228,6 +243,9 @@ class MethodCall:
     broadcast: bool = False
     #: The API key's share of the request the call was made for (None: no key).
     share: Share | None = None
+    #: A continuable stream's call sent again after its replica was lost: the items its
+    #: caller received (the method's ``continue_from`` makes the request for the rest).
+    continued: tuple[object, ...] | None = None
 
 
 #: What a caller sends to open a request.

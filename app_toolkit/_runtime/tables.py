@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from app_toolkit._runtime.compact import compact
-from app_toolkit._runtime.messages import DeploymentID, ReplicaInfo, RouteInfo
+from app_toolkit._runtime.messages import DeploymentID, ReplicaInfo, RouteInfo, StreamContinuation
 
 #: The key of the application table (every application's prefix and routes).
 APPLICATIONS_KEY = "applications"
@@ -66,6 +66,8 @@ class ReplicaTable:
     overload: tuple[int, float | None] = (503, 1.0)
     #: The deployment's request router; None: power of two choices.
     router: RouterChoice | None = None
+    #: Its continuable generator methods (``@continuable``).
+    continuations: tuple[StreamContinuation, ...] = ()
 
 
 @compact

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import gc
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import ray
@@ -13,6 +14,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import StreamingResponse
 
 import app_toolkit as tk
+from tests.deployments import as_deployment
 
 
 @tk.deployment(ray_actor_options={"num_cpus": 0.5, "resources": {"test_accelerator": 0.5}})
@@ -101,3 +103,59 @@ class Environment:
     def frozen(self) -> int:
         """Objects the collector no longer walks (gc.freeze() once the replica started)."""
         return gc.get_freeze_count()
+
+
+# --8<-- [start:continuable]
+@dataclasses.dataclass(frozen=True)
+class Count:
+    """Count from ``start`` up to ``stop``, an item every ``every_s``."""
+
+    stop: int
+    every_s: float = 0.05
+    start: int = 0
+
+
+def count_on(request: Count, produced: Sequence[object]) -> Count:
+    """The count after the items its caller has: they were ``start``, ``start + 1``, ..."""
+    return dataclasses.replace(request, start=request.start + len(produced))
+
+
+@tk.deployment(num_replicas=2, health_check_period_s=0.5, health_check_timeout_s=2)
+class Counter:
+    """A continuable stream: each item is a number and the pid of the process counting."""
+
+    @tk.continuable(count_on)
+    async def count(self, request: Count) -> AsyncIterator[tuple[int, int]]:
+        for number in range(request.start, request.stop):
+            yield number, os.getpid()
+            await asyncio.sleep(request.every_s)
+
+    # --8<-- [end:continuable]
+
+    async def plain(self, request: Count) -> AsyncIterator[tuple[int, int]]:
+        """The same stream, not continuable."""
+        async for item in self.count(request):
+            yield item
+
+
+def make_counting_app(counter: tk.Application) -> tk.Application:
+    """An ingress streaming a Counter's numbers over HTTP, a line per number."""
+    router = APIRouter()
+
+    @router.get("/count/{stop}")
+    async def count(stop: int, method: str = "count") -> StreamingResponse:
+        handle = tk.get_deployment_handle("Counter").options(stream=True, method_name=method)
+
+        async def lines() -> AsyncIterator[bytes]:
+            async for number, pid in handle.remote(Count(stop)):
+                yield f"{number} {pid}\n".encode()
+
+        return StreamingResponse(lines(), media_type="text/plain")
+
+    @tk.deployment
+    @tk.ingress(router)
+    class CountingIngress:
+        def __init__(self, counter: tk.DeploymentHandle) -> None:
+            self.counter = counter
+
+    return as_deployment(CountingIngress).bind(counter)

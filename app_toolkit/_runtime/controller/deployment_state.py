@@ -318,7 +318,12 @@ def replica_table(state: DeploymentState) -> ReplicaTable:
     if routing is not None and not routing.is_default:
         router = RouterChoice(routing.class_path, json.dumps(routing.request_router_kwargs, sort_keys=True))
     return ReplicaTable(
-        tuple(infos), config.max_queued_requests, config.affinity, overload=overload, router=router
+        tuple(infos),
+        config.max_queued_requests,
+        config.affinity,
+        overload=overload,
+        router=router,
+        continuations=state.spec.continuations,
     )
 
 

@@ -11,6 +11,7 @@ from typing import cast
 
 from app_toolkit._runtime.channel.frames import Dumps
 from app_toolkit._runtime.channel.server import ResponseSink
+from app_toolkit._runtime.continuation_marks import continue_from_of
 from app_toolkit._runtime.messages import END, CallFailure, CallResult, MethodCall, StreamItem
 from app_toolkit._runtime.replica.user_code import call_maybe_async, close_generator, iterate_in_thread
 from app_toolkit.exceptions import MethodNotFoundError
@@ -100,7 +101,7 @@ async def _stream_call(
 ) -> None:
     """Send each item a generator method yields as soon as it exists."""
     items: AsyncIterable[object]
-    result = method(*call.args, **call.kwargs)
+    result = method(*_continued_args(method, call, deployment), **call.kwargs)
     if inspect.isgenerator(result):
         items = iterate_in_thread(result)
     else:  # an async generator, or anything returning (or awaiting to) an async iterator
@@ -119,3 +120,17 @@ async def _stream_call(
         if aclose is not None:
             await aclose()
     sink.send(END)
+
+
+def _continued_args(method: Callable[..., object], call: MethodCall, deployment: str) -> tuple[object, ...]:
+    """The call's arguments; for a continued stream (``call.continued``), its first made by
+    the method's ``continue_from`` from it and the items its caller has already."""
+    if call.continued is None:
+        return call.args
+    continue_from = continue_from_of(method)
+    if continue_from is None or not call.args:
+        raise TypeError(
+            f"{deployment}.{call.method} was asked to continue a stream, but it is not @continuable "
+            "or was called without a request to continue"
+        )
+    return (continue_from(call.args[0], call.continued), *call.args[1:])

@@ -88,3 +88,16 @@ def split_to(endpoint: DeploymentID, variant: DeploymentID) -> None:
 
 def rejected(deployment: DeploymentID) -> None:
     REJECTED.inc(deployment.app, deployment.name, _caller[0])
+
+
+CONTINUATIONS = metrics.Counter(
+    "app_toolkit_stream_continuations_total",
+    "Streams of continuable methods sent again after their replica was lost; outcome "
+    "continued (another replica took it on) or ended (none did in time, or the stream's "
+    "limit or item bound was reached)",
+    (*_LABELS, "method", "outcome"),
+)
+
+
+def continued(deployment: DeploymentID, method: str, outcome: str) -> None:
+    CONTINUATIONS.inc(deployment.app, deployment.name, _caller[0], method, outcome)

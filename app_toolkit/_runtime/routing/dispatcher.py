@@ -20,6 +20,7 @@ from app_toolkit._runtime.messages import (
     ReplicaInfo,
     ReplicaLost,
     Request,
+    StreamContinuation,
     share_of,
 )
 from app_toolkit._runtime.request_values import Share
@@ -94,6 +95,7 @@ class Dispatcher:
         self._has_table = False
         self._overload: tuple[int, float | None] = (503, 1.0)  # backpressure_config's answer
         self._closed_reason: str | None = None
+        self._continuations: dict[str, StreamContinuation] = {}  # method -> its rules
         caller_metrics.track(self)
 
     # ------------------------------------------------------------------ table updates
@@ -107,9 +109,11 @@ class Dispatcher:
         shadow: ShadowTarget | None = None,
         overload: tuple[int, float | None] = (503, 1.0),
         router: RouterChoice | None = None,
+        continuations: tuple[StreamContinuation, ...] = (),
     ) -> None:
         """Adopt the controller's newest replica table for this deployment."""
         self._closed_reason = None
+        self._continuations = {rule.method: rule for rule in continuations}
         self._chooser.set_router(router)
         self.max_queued_requests = max_queued_requests
         self._overload = overload
@@ -197,6 +201,10 @@ class Dispatcher:
     def _slot_freed_here(self) -> None:
         if self._line:
             self._line.wake()
+
+    def continuation(self, method: str) -> StreamContinuation | None:
+        """The rules by which a stream of ``method`` is continued (None: it is not)."""
+        return self._continuations.get(method)
 
     @property
     def load(self) -> int:

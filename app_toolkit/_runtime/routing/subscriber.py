@@ -125,6 +125,7 @@ class TableSubscriber:
                         table.shadow,
                         table.overload,
                         table.router,
+                        table.continuations,
                     )
                 else:
                     reason = (

@@ -1,0 +1,34 @@
+"""How a deployment's class marks its continuable generator methods (``@continuable``,
+app_toolkit/continuable.py): read where an app is built (their rules, for its callers)
+and in a replica continuing a stream (the method's ``continue_from``)."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+
+from app_toolkit._runtime.messages import StreamContinuation
+
+#: The attribute ``@continuable`` puts on the method: its ``continue_from`` function.
+CONTINUE_FROM = "__app_toolkit_continue_from__"
+#: The attribute with the method's rules: (limit, max_items, wait_s).
+RULES = "__app_toolkit_continuation__"
+
+
+def continuations_of(definition: object) -> tuple[StreamContinuation, ...]:
+    """The continuable methods of a deployment's class, by name (none for a function)."""
+    if not inspect.isclass(definition):
+        return ()
+    found = []
+    for name, member in inspect.getmembers(definition):
+        rules = getattr(member, RULES, None)
+        if rules is not None and not name.startswith("_"):
+            limit, max_items, wait_s = rules
+            found.append(StreamContinuation(name, limit, max_items, wait_s))
+    return tuple(found)
+
+
+def continue_from_of(method: Callable[..., object]) -> Callable[[object, Sequence[object]], object] | None:
+    """The ``continue_from`` of a (bound) continuable method; None for any other."""
+    found = getattr(method, CONTINUE_FROM, None)
+    return found if callable(found) else None

@@ -1,0 +1,79 @@
+"""A ``@continuable`` stream whose replica is SIGKILLed mid-stream goes on, on Ray: the
+caller's stream continues on the other replica from the items it had, through a handle
+and through HTTP, each item once and in order (docs/fault-tolerance.md, "Streams that go
+on"). The same stream not declared continuable ends with the loss, as before."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from app_toolkit.exceptions import RequestLostError
+from tests.apps.ray_only import Count, Counter, make_counting_app
+from tests.conftest import Toolkit
+from tests.deployments import as_deployment
+
+STOP = 40
+KILL_AT = 10
+
+
+def _continuations(toolkit: Toolkit, outcome: str) -> float:
+    text = httpx.get(toolkit.url + "/-/metrics", timeout=10).text
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(text)
+        if family.name == "app_toolkit_stream_continuations"
+        for sample in family.samples
+        if sample.name.endswith("_total") and sample.labels.get("outcome") == outcome
+    )
+
+
+def test_a_continuable_stream_goes_on_through_a_handle_when_its_replica_is_killed(
+    ray_toolkit: Toolkit,
+) -> None:
+    counter = ray_toolkit.run(as_deployment(Counter).bind(), route_prefix=None)
+    handle = counter.options(stream=True, method_name="count")
+    numbers: list[int] = []
+    pids: list[int] = []
+    for number, pid in handle.remote(Count(STOP)):
+        numbers.append(number)
+        pids.append(pid)
+        if number == KILL_AT:
+            os.kill(pid, signal.SIGKILL)  # the replica this test deployed, serving the stream
+    assert numbers == list(range(STOP))  # each once, in order
+    assert pids[KILL_AT] != pids[-1]  # the rest came from another replica
+    assert set(pids[: KILL_AT + 1]) == {pids[0]}
+
+
+def test_a_stream_not_declared_continuable_ends_with_its_replica(ray_toolkit: Toolkit) -> None:
+    counter = ray_toolkit.run(as_deployment(Counter).bind(), route_prefix=None)
+    handle = counter.options(stream=True, method_name="plain")
+    numbers: list[int] = []
+    with pytest.raises(RequestLostError):
+        for number, pid in handle.remote(Count(STOP)):
+            numbers.append(number)
+            if number == KILL_AT:
+                os.kill(pid, signal.SIGKILL)
+    assert numbers == list(range(KILL_AT + 1))
+
+
+def test_a_continuable_stream_goes_on_over_http_when_its_replica_is_killed(ray_toolkit: Toolkit) -> None:
+    prefix = "/" + ray_toolkit.name()
+    ray_toolkit.run(make_counting_app(as_deployment(Counter).bind()), route_prefix=prefix)
+    before = _continuations(ray_toolkit, "continued")
+    lines: list[tuple[int, int]] = []
+    with httpx.Client(base_url=ray_toolkit.url, timeout=30) as client:
+        with client.stream("GET", f"{prefix}/count/{STOP}") as response:
+            assert response.status_code == 200
+            for line in response.iter_lines():
+                number, pid = (int(part) for part in line.split())
+                lines.append((number, pid))
+                if number == KILL_AT:
+                    os.kill(pid, signal.SIGKILL)
+    assert [number for number, _ in lines] == list(range(STOP))
+    assert lines[-1][1] != lines[KILL_AT][1]
+    assert _continuations(ray_toolkit, "continued") >= before + 1  # counted by the caller's process
