@@ -34,6 +34,15 @@ def reply_format_asked(
 
 
 @dataclass(frozen=True, slots=True)
+class Continued:
+    """A reply continued on another replica after its own was lost: per choice, the token
+    ids its pieces carried to the ingress (:attr:`Delta.tokens`), or None for a choice
+    that had finished. The replica reads them as the reply so far and produces the rest."""
+
+    tokens: tuple[tuple[int, ...] | None, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Generation:
     """One reply to produce: a conversation (``messages``, through the chat template) or a
     ``prompt`` (text or token ids), how to sample, and what must shape the output."""
@@ -78,6 +87,8 @@ class Generation:
     #: A completion of several prompts (``prompt`` unused then): prompt ``i``'s ``n``
     #: choices are numbered from ``i * n``.
     prompts: tuple[str | tuple[int, ...], ...] = ()
+    #: A reply continued after its replica was lost (``replica/continued.py``); None: a new one.
+    continued: Continued | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +105,8 @@ class TokenLogprob:
 @dataclass(frozen=True, slots=True)
 class Delta:
     """A piece of a reply. The first has no text and counts the prompt; the last carries
-    why the reply ended and how many tokens it took; those between carry text, reasoning or
+    why the reply ended and how many tokens it took, with the text held back to the end
+    (by a stop string's start, say) if any; those between carry text, reasoning or
     tool-call fragments (OpenAI's ``delta.tool_calls`` items), and the tokens produced so
     far (what a reply cut there is charged)."""
 
@@ -114,6 +126,10 @@ class Delta:
     #: With the finish reason, where a reasoning parser read the reply: its tokens that
     #: parser counts as reasoning (vLLM's ``completion_tokens_details.reasoning_tokens``).
     reasoning_tokens: int | None = None
+    #: The ids of the tokens the reply read since its choice's previous piece (those whose
+    #: text this piece carries, or holds back): what continues the reply elsewhere if its
+    #: replica is lost (:class:`Continued`).
+    tokens: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

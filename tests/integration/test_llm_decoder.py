@@ -437,6 +437,14 @@ def test_a_continued_reply_goes_on_exactly_as_the_whole_reply_did(model: Any, ca
                 carried.accept(token)  # the caller's grammar has read the carried tokens
             rest = await sampled(EngineRequest(PROMPTS[2], free, carried, produced=tuple(constrained[:3])))
             assert rest == constrained[3:] and carried.accepted == constrained
+            # Seeded sampling: the continued reply's random numbers skip the draws its
+            # tokens so far took, so it draws the rest as the unbroken reply did.
+            seeded = Sampling(max_tokens=16, temperature=1.0, top_p=0.9, seed=7, ignore_eos=True)
+            whole = await sampled(EngineRequest(prompt, seeded))
+            assert len(whole) == 16
+            for cut in (1, 9, 15):
+                rest = await sampled(EngineRequest(prompt, seeded, produced=tuple(whole[:cut])))
+                assert rest == whole[cut:], cut
             assert decoder.active == 0
         finally:
             await decoder.close()

@@ -98,6 +98,7 @@ class _Sequence:
     finished: bool = False  # ended by the decoder (not left by its reader)
     logprobs: Logprobs | None = None  # the newest token's, when the reply asks for them
     failure: Exception | None = None  # why choosing its token failed (its reply ends with it)
+    skip_draws: int = 0  # a seeded continued reply's: draws its tokens so far took
     context: list[int] = field(init=False)  # what its prompt pass reads: prompt + reply (carried)
 
     def __post_init__(self) -> None:
@@ -183,6 +184,7 @@ class Decoder:
             generated=len(produced),
             adapter=adapter,
             priority=request.priority,
+            skip_draws=len(produced),  # a seeded reply draws its next token as it would have
         )
         # After those of its class and the lower ones, ahead of the higher (vLLM's order).
         bisect.insort_right(self._waiting, sequence, key=_priority)

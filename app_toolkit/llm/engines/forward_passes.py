@@ -21,7 +21,16 @@ from ..engine import Constraint, Logprobs, Sampling
 from .adapters import AttachedAdapters
 from .batch_cache import BatchCache, ForwardOutput, KVCache, cache_argument, cache_from, cache_of
 from .prefix_cache import LayerKV, PrefixCache
-from .sampling import NOTHING_ALLOWED, allowed_mask, bias, choose, hold_stops, logprobs_of, penalise
+from .sampling import (
+    NOTHING_ALLOWED,
+    allowed_mask,
+    bias,
+    choose,
+    hold_stops,
+    logprobs_of,
+    penalise,
+    skip_draws,
+)
 
 #: Prompt tokens read per forward pass (bounds the memory a long prompt's pass takes).
 PREFILL_CHUNK = 256
@@ -45,6 +54,9 @@ class Row(Protocol):
     finished: bool
     logprobs: Logprobs | None
     failure: Exception | None
+    #: Draws a seeded continued reply's random numbers skip before its next token: those
+    #: its tokens so far took where they were drawn (so it draws what it would have).
+    skip_draws: int
 
 
 _R = TypeVar("_R", bound=Row)
@@ -200,6 +212,9 @@ class ForwardPasses:
             penalise(row, sampling, sequence.seen, sequence.reply)
         if not bool(torch.isfinite(row).any()):  # scores that overflowed: no token to choose
             raise ValueError("no token has a finite score (a penalty or bias out of range)")
+        if sequence.skip_draws and sequence.generator is not None and not sampling.greedy:
+            skip_draws(sequence.generator, row.shape[-1], sequence.skip_draws)
+        sequence.skip_draws = 0
         token = choose(row, sampling, sequence.generator)
         if sequence.constraint is not None and not self.ends(sequence, token):
             sequence.constraint.accept(token)

@@ -97,6 +97,16 @@ def choose(row: torch.Tensor, sampling: Sampling, generator: torch.Generator | N
     return int(torch.multinomial(probabilities, 1, generator=generator))
 
 
+def skip_draws(generator: torch.Generator, width: int, count: int) -> None:
+    """Move a seeded reply's random numbers past ``count`` tokens drawn from rows of
+    ``width`` as :func:`choose` draws them (a draw takes as many numbers whatever the
+    scores), so a reply continued from its tokens so far draws its next one as the
+    unbroken reply would have."""
+    even = torch.ones(width)
+    for _ in range(count):
+        torch.multinomial(even, 1, generator=generator)
+
+
 def logprobs_of(log_probabilities: torch.Tensor, token: int, count: int) -> Logprobs:
     """``token``'s log-probability and the ``count`` likeliest tokens' (likeliest first),
     from a row's log-softmax (taken before the row was changed: vLLM's raw logprobs)."""

@@ -3,6 +3,7 @@ HTTP error before any byte is sent, then read whole or relayed as a stream of ch
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
@@ -222,6 +223,11 @@ async def _events(
                 if piece is not None:
                     yield piece
                 continue
+            if delta.text or delta.tool_calls or delta.reasoning:  # the reply's last text came with its end
+                piece = chunk(dataclasses.replace(delta, finish_reason=None))
+                if piece is not None:
+                    yield piece
+                delta = dataclasses.replace(delta, text="", tool_calls=(), reasoning="", logprobs=())
             for data in last(delta):
                 yield data
     except ANSWERED as exc:

@@ -6,7 +6,6 @@ stop strings, shaped into tool calls where asked, paced, and counted in the metr
 
 from __future__ import annotations
 
-import dataclasses
 import time
 from collections.abc import AsyncGenerator, Sequence
 from typing import TYPE_CHECKING
@@ -14,7 +13,7 @@ from typing import TYPE_CHECKING
 import app_toolkit as tk
 from app_toolkit.llm import metrics
 from app_toolkit.llm.detokenize import Detokenizer, StopFilter
-from app_toolkit.llm.engine import EngineRequest, Logprobs, Sampling, TextEngine
+from app_toolkit.llm.engine import EngineRequest, Logprobs, Sampling, TextEngine, Token
 from app_toolkit.llm.events import Delta, Generation, TokenLogprob
 from app_toolkit.llm.replica.shaping import Structure
 
@@ -40,6 +39,7 @@ class ReplyStream:
         generation: Generation,
         interval_s: float,
         adapter: str = "",
+        so_far: tuple[int, ...] = (),
     ) -> None:
         self._model = model
         self._adapter = adapter
@@ -49,6 +49,8 @@ class ReplyStream:
         self._structure = structure
         self._generation = generation
         self._interval_s = interval_s
+        #: The reply's tokens so far, read on its lost replica (their text was sent from there).
+        self._so_far = so_far
         self.produced = 0
         self.cached = 0  # prompt tokens the engine found in its prefix cache
 
@@ -66,10 +68,24 @@ class ReplyStream:
         constraint = structure.constraint if structure is not None else None
         ended_by: int | None = None  # the token that ended the reply, if one did
         received_at = self._generation.received_at
-        if received_at:
+        if received_at and not self._so_far:
             metrics.FRAMEWORK_TIME.observe(max(0.0, time.time() - received_at), self._model)
         metrics.PROMPT_TOKENS.inc(self._model, amount=len(self._prompt))
         model = self._model
+        # A continued reply reads its tokens so far as its lost replica did, and sends none
+        # of what they made again: the state after them (text held back for a stop string
+        # or a cut character, the grammar, a tool call half made) is where the rest goes on.
+        unread: list[int] = []  # the tokens whose text the structure has not read yet
+        for token in self._so_far:
+            self.produced += 1
+            unread.append(token)
+            if constraint is not None:
+                constraint.accept(token)
+            text = stops.feed(detokenizer.feed(token), self.produced > self._sampling.min_tokens)
+            if text:
+                self._shaped(text, unread)
+                unread = []
+        carried = self.produced
 
         def on_slot() -> None:
             metrics.QUEUE_TIME.observe(time.monotonic() - started, model)
@@ -89,20 +105,22 @@ class ReplyStream:
             self._adapter,
             on_slot,
             on_prompt,
+            produced=self._so_far,
             priority=tk.get_request_priority(),
         )
-        tokens = self._engine.generate(request)
+        tokens = self._engine.generate(request) if not stops.stopped else _none()
         logprobs: list[TokenLogprob] = []  # of the tokens since the last piece sent
-        unread: list[int] = []  # the tokens whose text the structure has not read yet
+        read: list[int] = []  # the tokens read since the last piece sent (Delta.tokens)
         try:
             async for produced in tokens:
                 token = produced.id
                 unread.append(token)
+                read.append(token)
                 if produced.logprobs is not None:
                     logprobs.append(self._shown(token, produced.logprobs))
                 self.produced += 1
                 now = time.monotonic()
-                if self.produced == 1:
+                if self.produced == 1 + carried:
                     first_s = time.time() - received_at if received_at else now - started
                     metrics.TIME_TO_FIRST_TOKEN.observe(first_s, self._model)
                 else:
@@ -119,8 +137,8 @@ class ReplyStream:
                 if stops.stopped:
                     break
                 if held and (not sent or now - flushed >= self._interval_s):
-                    yield _joined(held, logprobs, self.produced)
-                    held, logprobs = [], []
+                    yield _joined(held, logprobs, self.produced, tuple(read))
+                    held, logprobs, read = [], [], []
                     flushed = now
                     sent = True
             else:
@@ -137,27 +155,30 @@ class ReplyStream:
             if structure is not None:
                 held.extend(structure.finish(unread))
                 finish = structure.finish_reason(finish)
-            if held:
-                yield _joined(held, logprobs, self.produced)
-                logprobs = []
             outcome = finish
         except Exception:
             outcome = "error"
             raise
         finally:
             await tokens.aclose()  # stops the engine's work on it now, not when collected
-            metrics.GENERATION_TOKENS.inc(self._model, amount=self.produced)
+            metrics.GENERATION_TOKENS.inc(self._model, amount=self.produced - carried)
             metrics.REPLIES.inc(self._model, outcome)
         # What ended it, as vLLM's stop_reason says: a stop string, a stop token id (not
         # the end of sequence), else None.
         reason: str | int | None = stops.found
         if ended_by is not None and ended_by in self._sampling.stop_token_ids:
             reason = ended_by
+        # The text held to the end (and a grammar's last fragments) goes with the finish:
+        # a reply whose replica is lost is either finished, or continued from its tokens.
+        rest = _joined(held, logprobs, self.produced, ()) if held else Delta(logprobs=tuple(logprobs))
         yield Delta(
+            text=rest.text,
+            tool_calls=rest.tool_calls,
+            reasoning=rest.reasoning,
             prompt_tokens=len(self._prompt),
             completion_tokens=self.produced,
             finish_reason=finish,
-            logprobs=tuple(logprobs),
+            logprobs=rest.logprobs,
             stop_reason=reason,
             reasoning_tokens=None if structure is None else structure.reasoning_tokens(),
         )
@@ -203,16 +224,21 @@ def _text(raw: bytes) -> str:
     return raw.decode(errors="replace")
 
 
-def _joined(deltas: list[Delta], logprobs: list[TokenLogprob], produced: int) -> Delta:
+def _joined(deltas: list[Delta], logprobs: list[TokenLogprob], produced: int, read: tuple[int, ...]) -> Delta:
     """Pieces held by the stream's pace, sent as one with the log-probabilities of their
-    tokens and the count of tokens produced so far: text and reasoning joined, and
-    tool-call fragments of one call (one ``index``) merged into one, as OpenAI's clients
-    expect a chunk's."""
+    tokens, the count of tokens produced so far and the ids of those read since the last
+    piece: text and reasoning joined, and tool-call fragments of one call (one ``index``)
+    merged into one, as OpenAI's clients expect a chunk's."""
     if len(deltas) == 1 and len(deltas[0].tool_calls) < 2:
-        one = deltas[0]
-        if logprobs or one.completion_tokens != produced:
-            return dataclasses.replace(one, logprobs=tuple(logprobs), completion_tokens=produced)
-        return one
+        one = deltas[0]  # a piece of text, reasoning or one tool call (shaping.py, parsers.py)
+        return Delta(
+            text=one.text,
+            tool_calls=one.tool_calls,
+            reasoning=one.reasoning,
+            logprobs=tuple(logprobs),
+            completion_tokens=produced,
+            tokens=read,
+        )
     calls: dict[int, Fragment] = {}
     for fragment in (c for d in deltas for c in d.tool_calls):
         merged = calls.get(fragment["index"])
@@ -227,4 +253,11 @@ def _joined(deltas: list[Delta], logprobs: list[TokenLogprob], produced: int) ->
         tool_calls=tuple(calls[i] for i in sorted(calls)),
         logprobs=tuple(logprobs),
         completion_tokens=produced,
+        tokens=read,
     )
+
+
+async def _none() -> AsyncGenerator[Token, None]:
+    """No more tokens: a continued reply whose tokens so far ended it at a stop string."""
+    return
+    yield

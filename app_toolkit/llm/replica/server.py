@@ -17,7 +17,7 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator
 
 import app_toolkit as tk
-from app_toolkit.exceptions import ConfigError
+from app_toolkit.exceptions import ConfigError, RequestLostError
 from app_toolkit.llm import metrics
 from app_toolkit.llm.config import LLMConfig
 from app_toolkit.llm.engine import Adapters, EmbeddingEngine, EngineLoad, TextEngine
@@ -26,6 +26,7 @@ from app_toolkit.llm.errors import OpenAIError, bad_parameter, unknown_model
 from app_toolkit.llm.events import Delta, Generation, ModelCard
 from app_toolkit.llm.protocol import TokenizeRequest
 from app_toolkit.llm.replica.choices import merged, seeded
+from app_toolkit.llm.replica.continued import continue_generation
 from app_toolkit.llm.replica.loading import chat_template_text, engine_for
 from app_toolkit.llm.replica.parsers import ReplyParsers, check_installed
 from app_toolkit.llm.replica.reply_stream import ReplyStream
@@ -192,12 +193,17 @@ class LLMServer:
         except AdapterRefused as exc:
             raise bad_parameter("model", str(exc)) from None
 
+    @tk.continuable(continue_generation)
     async def generate(self, generation: Generation) -> AsyncIterator[Delta]:
         """The first item counts the prompt; then text pieces (or tool-call fragments); the
         last says why the reply ended. Raises :class:`OpenAIError` before any item when the
         request cannot be served (the prompt does not fit, a bad grammar); the engine's
         :class:`~app_toolkit.llm.engine.EngineStopped` when it stops under the reply (a
-        ``ReplicaUnavailableError``: the ingress answers it as a lost replica's)."""
+        ``ReplicaUnavailableError``).
+
+        Continuable: when the replica is lost mid-reply (or its engine stops under it), its
+        caller sends the reply to another replica with the pieces it has, and the reply
+        goes on from its tokens so far (``replica/continued.py``); no prompt count then."""
         engine = self._text_engine()
         model_id = tk.get_multiplexed_model_id()
         adapter = self._adapter_named(model_id)
@@ -254,8 +260,13 @@ class LLMServer:
                 reading.structure(None if one is None else one.constraint, prompts[0]) for one in structures
             ]
         samplings = [fitted(engine, one, len(prompt)) for one, prompt in zip(asked, prompts, strict=True)]
-        yield Delta(prompt_tokens=sum(len(prompt) for prompt in prompts))
+        continued = generation.continued  # its tokens: one entry per choice (continued.py)
+        if continued is not None:
+            _check_continuable(engine, structures)
+        if continued is None:
+            yield Delta(prompt_tokens=sum(len(prompt) for prompt in prompts))
         # Choice i * n + j: prompt i's j-th (seeded with the seed plus j, as vLLM's children).
+        so_far = (None,) * count if continued is None else continued.tokens
         replies = [
             ReplyStream(
                 self._model,
@@ -266,7 +277,10 @@ class LLMServer:
                 generation,
                 self._interval_s,
                 adapter,
+                so_far[index] or (),
             ).deltas()
+            if continued is None or so_far[index] is not None
+            else _finished()
             for index, (prompt, sampling) in enumerate(
                 (prompt, sampling)
                 for prompt, sampling in zip(prompts, samplings, strict=True)
@@ -354,6 +368,24 @@ class LLMServer:
         if engine.task == "generate":
             raise bad_parameter("model", f"{self._model!r} generates text; it does not make embeddings.")
         return engine
+
+
+def _check_continuable(engine: TextEngine, structures: list[Structure | None]) -> None:
+    """Whether ``engine`` can continue a reply shaped by ``structures``; if not, the reply
+    ends as its replica's loss would have ended it (``RequestLostError``: its caller sends
+    it on, up to its limit, then ends the stream with it)."""
+    able = engine.capabilities.continuation
+    constrained = any(one is not None and one.constraint is not None for one in structures)
+    if able == "all" or (able == "unconstrained" and not constrained):
+        return
+    what = "a reply under a grammar" if able else "a reply"
+    raise RequestLostError(f"The {engine.name} engine cannot continue {what} whose replica was lost")
+
+
+async def _finished() -> AsyncGenerator[Delta, None]:
+    """A choice of a continued reply that had finished before its replica was lost."""
+    return
+    yield
 
 
 class _Adapter:

