@@ -12,6 +12,7 @@ kills another, and one is always left to continue on.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -39,7 +40,7 @@ GREEDY: dict[str, Any] = {"temperature": 0, "extra_body": {"ignore_eos": True}}
 SEEDED: dict[str, Any] = {"temperature": 0.8, "seed": 11, "n": 2, "extra_body": {"ignore_eos": True}}
 SCHEMA = {
     "type": "object",
-    "properties": {"story": {"type": "string", "maxLength": 400}},
+    "properties": {"story": {"type": "string", "maxLength": 80}},
     "required": ["story"],
     "additionalProperties": False,
 }
@@ -112,11 +113,23 @@ def _killed_after(pieces: int, served: Served) -> Callable[[int], None]:
     return seen
 
 
+@dataclasses.dataclass
+class ChatRead:
+    """A streamed chat reply as a client assembles it: each choice's text and finish
+    reasons, and the usage chunk."""
+
+    texts: dict[int, str]
+    finishes: dict[int, list[str]]
+    usage: dict[str, object]
+
+
 def _chat_stream(
-    served: Served, seen: Callable[[int], None] | None, sampling: dict[str, Any] = GREEDY, **fields: Any
-) -> dict[str, Any]:
-    """A streamed chat reply as a client assembles it: each choice's text and finish, the
-    chunks' ids, and the usage."""
+    served: Served,
+    seen: Callable[[int], None] | None,
+    sampling: dict[str, Any] = GREEDY,  # Any: openai's keyword arguments, typed per name
+    **fields: Any,
+) -> ChatRead:
+    """A streamed chat reply; ``seen`` is called with each content piece's number."""
     stream = served.client.chat.completions.create(
         model=MODEL,
         messages=[{"role": "user", "content": PROMPT}],
@@ -124,8 +137,7 @@ def _chat_stream(
         stream_options={"include_usage": True},
         **{"max_tokens": TOKENS, **sampling, **fields},
     )
-    texts: dict[int, str] = {}
-    finishes: dict[int, list[str]] = {}
+    read = ChatRead({}, {}, {})
     ids, models, usages = set(), set(), []
     pieces = 0
     for chunk in stream:
@@ -135,15 +147,16 @@ def _chat_stream(
             usages.append(chunk.usage.model_dump())
         for choice in chunk.choices:
             if choice.delta.content:
-                texts[choice.index] = texts.get(choice.index, "") + choice.delta.content
+                read.texts[choice.index] = read.texts.get(choice.index, "") + choice.delta.content
                 pieces += 1
                 if seen is not None:
                     seen(pieces)
             if choice.finish_reason is not None:
-                finishes.setdefault(choice.index, []).append(choice.finish_reason)
+                read.finishes.setdefault(choice.index, []).append(choice.finish_reason)
     assert len(ids) == 1 and models == {MODEL}  # one id, created time and model throughout
     assert len(usages) == 1  # exactly one usage chunk
-    return {"texts": texts, "finishes": finishes, "usage": usages[0]}
+    read.usage = usages[0]
+    return read
 
 
 @pytest.mark.parametrize("pieces", [1, 32, 63])
@@ -152,7 +165,7 @@ def test_a_streamed_chat_reply_goes_on_when_its_replica_is_killed(served: Served
     served.ready()
     continued = _chat_stream(served, _killed_after(pieces, served))
     assert continued == unbroken
-    assert unbroken["usage"]["completion_tokens"] == TOKENS and unbroken["finishes"] == {0: ["length"]}
+    assert unbroken.usage["completion_tokens"] == TOKENS and unbroken.finishes == {0: ["length"]}
 
 
 def test_two_seeded_choices_and_a_json_schema_carry_over(served: Served) -> None:
@@ -164,8 +177,8 @@ def test_two_seeded_choices_and_a_json_schema_carry_over(served: Served) -> None
     served.ready()
     continued = _chat_stream(served, _killed_after(10, served), **shaped)
     assert continued == unbroken
-    if continued["finishes"][0] == ["stop"]:  # the grammar closed the object within the tokens
-        jsonschema.validate(json.loads(continued["texts"][0]), SCHEMA)
+    assert continued.finishes[0] == ["stop"]  # the grammar closed the object within the tokens
+    jsonschema.validate(json.loads(continued.texts[0]), SCHEMA)
 
 
 def test_completions_and_responses_whole_and_streamed_go_on(served: Served) -> None:
@@ -226,3 +239,33 @@ def test_completions_and_responses_whole_and_streamed_go_on(served: Served) -> N
             model=MODEL, input=PROMPT, max_output_tokens=TOKENS, temperature=0
         ).output_text
     )
+
+
+def test_a_response_resumed_with_starting_after_across_the_loss(served: Served) -> None:
+    """The client reads a few events and leaves; the model replica is killed; the
+    response, produced apart from the connection, goes on on another replica, and the
+    client resumes after the last event it had: together, the unbroken reply."""
+    unbroken = served.client.responses.create(
+        model=MODEL, input=PROMPT, max_output_tokens=TOKENS, temperature=0
+    ).output_text
+    served.ready()
+    head = []
+    events = served.client.responses.create(
+        model=MODEL, input=PROMPT, max_output_tokens=TOKENS, temperature=0, stream=True
+    )
+    for event in events:
+        head.append(event)
+        if len(head) == 12:
+            served.kill_serving()
+            break
+    events.close()
+    assert head[0].type == "response.created"
+    response_id = head[0].response.id
+    with served.client.responses.stream(
+        response_id=response_id, starting_after=head[-1].sequence_number
+    ) as rest:
+        tail = list(rest)
+    parts = [*head, *tail]
+    assert [event.sequence_number for event in parts] == list(range(len(parts)))
+    assert parts[-1].type == "response.incomplete"  # max_output_tokens reached
+    assert "".join(event.delta for event in parts if event.type == "response.output_text.delta") == unbroken

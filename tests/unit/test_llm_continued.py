@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Literal
 
 import pytest
 
@@ -22,7 +22,7 @@ from app_toolkit.llm.engines.echo import EchoEngine
 from app_toolkit.llm.events import Delta, Generation
 from app_toolkit.llm.replica.continued import continue_generation
 
-ECHO: dict[str, Any] = {"model_loading_config": {"model_id": "e"}, "llm_engine": "echo"}
+ECHO: dict[str, object] = {"model_loading_config": {"model_id": "e"}, "llm_engine": "echo"}
 SAID = "Crème brûlée — 日本語 and more"  # characters of 2, 3 and 4 bytes: one token per byte
 
 
