@@ -108,6 +108,12 @@ class RequestLostError(ReplicaUnavailableError):
     ``Retry-After``. (Requests that never reached a replica raise the parent class.)"""
 
 
+class ContinuationRefused(RequestLostError):
+    """A replica asked to continue a stream whose replica was lost cannot (a
+    ``@continuable`` method's ``continue_from`` raises it, or the method): the stream ends
+    with it, as it would have ended with the loss, and is not sent on again."""
+
+
 class RequestTimeoutError(AppToolkitError, TimeoutError):
     """A handle call did not finish within its ``timeout_s``."""
 

@@ -13,24 +13,26 @@ import asyncio
 import dataclasses
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, Generic, Literal, overload
 
 from typing_extensions import TypeVar  # defaults (PEP 696): a bare DeploymentHandle means any
 
 from app_toolkit._runtime import request_context, tracing
 from app_toolkit._runtime.backends.base import current_session
+from app_toolkit._runtime.channel.exchange import Exchange
 from app_toolkit._runtime.messages import (
     CallFailure,
     DeploymentID,
     MethodCall,
     ReplicaLost,
+    StreamContinuation,
     StreamEnd,
     StreamItem,
 )
 from app_toolkit._runtime.request_keys import routing_key
 from app_toolkit._runtime.routing import broadcast, caller_metrics
-from app_toolkit._runtime.routing.continuations import Continuation
+from app_toolkit._runtime.routing.continuations import Continuation, sent_within
 from app_toolkit._runtime.routing.data_plane import DataPlane
 from app_toolkit._runtime.routing.replica_client import Reply
 from app_toolkit._runtime.routing.replies import exception_of, value_of
@@ -53,6 +55,7 @@ class _Stream:
         "_span",
         "_continuation",
         "_deadline",
+        "_served_by",
         "done",
         "__weakref__",
     )
@@ -66,7 +69,8 @@ class _Stream:
         self._reply: Reply | None = None
         self._span = span  # ended with the stream
         self._continuation: Continuation | None = None
-        self._deadline = 0.0  # a continuation's: by when a replica takes it (0: none sent)
+        self._deadline = 0.0  # a continuation's: by when a replica must have taken it
+        self._served_by = deployment  # a traffic split's variant, once one served it
         self.done = False
 
     async def next(self) -> object:
@@ -106,24 +110,49 @@ class _Stream:
             return await self._reply.exchange.recv()
         if self._continuation is None:
             self._plane.hold(self.finish)  # closing the data plane ends the stream
-            self._reply = await _send_call(self._plane, self._deployment, self._call)
-            rule = self._plane.dispatcher(self._deployment).continuation(self._call.method)
+            reply = self._adopted(await _send_call(self._plane, self._deployment, self._call))
+            rule = self._rule()
             if rule is not None:
                 self._continuation = Continuation(rule, self._deployment)
-            return self._reply.first
-        # A continuation: it waits for a replica (a lost one's replacement) until its deadline.
-        remaining = self._deadline - asyncio.get_running_loop().time()
-        try:
-            async with asyncio.timeout(max(0.0, remaining)):
-                self._reply = await _send_call(self._plane, self._deployment, self._call)
-        except TimeoutError:
-            self._continuation.taken("ended")
-            raise ReplicaUnavailableError(
-                f"No replica of {self._deployment} took the continued stream within "
-                f"{self._continuation.wait_s} s"
-            ) from None
-        self._continuation.taken("continued")
-        return self._reply.first
+            return reply.first
+        return await self._continued()
+
+    async def _continued(self) -> object:
+        """Send the continuation to the deployment that served the stream (not through a
+        traffic split again): it waits for a replica (a lost one's replacement) until its
+        deadline, then the stream ends with its loss."""
+        continuation = self._continuation
+        assert continuation is not None
+        dispatcher = self._plane.dispatcher(self._served_by)
+        call = await _resolved(self._call)
+
+        def send(on_open: Callable[[Exchange], None]) -> Awaitable[Reply]:
+            return dispatcher.send(call, call.model_id, call.shard_key, split=False, on_open=on_open)
+
+        reply = await sent_within(send, max(0.0, self._deadline - asyncio.get_running_loop().time()))
+        self._call = dataclasses.replace(self._call, continued=None)  # the items went with it
+        if reply is None:
+            continuation.end()
+            assert continuation.loss is not None
+            raise continuation.loss
+        reply = self._adopted(reply)
+        if isinstance(reply.first, StreamItem | StreamEnd):
+            continuation.continued()
+        return reply.first
+
+    def _adopted(self, reply: Reply) -> Reply:
+        """The stream's reply; given back at once if the stream ended while it was sent
+        (cancelled, or the data plane closing)."""
+        if self.done:
+            reply.exchange.cancel()
+            reply.release()
+            raise StopAsyncIteration
+        self._reply = reply
+        self._served_by = reply.deployment or self._deployment
+        return reply
+
+    def _rule(self) -> StreamContinuation | None:
+        return self._plane.dispatcher(self._deployment).continuation(self._call.method)
 
     def _continued_after(self, error: BaseException) -> bool:
         """Whether the stream goes on after ``error``, its call sent again to continue it."""
@@ -131,17 +160,20 @@ class _Stream:
             return False
         continuation = self._continuation
         if continuation is None:  # lost before its first answer: its rules, if continuable
-            rule = self._plane.dispatcher(self._deployment).continuation(self._call.method)
+            rule = self._rule()
             if rule is None:
                 return False
             continuation = self._continuation = Continuation(rule, self._deployment)
         call = continuation.after(error, self._call)
         if call is None:
             return False
-        if self._reply is not None:
-            self._reply.exchange.cancel()
-            self._reply.release()
-            self._reply = None
+        reply, self._reply = self._reply, None
+        if reply is not None:
+            reply.exchange.cancel()
+            reply.release()
+            # A replica that answered the stream with the error (its engine stopped) is
+            # not chosen for the continuation; a lost one is forgotten already.
+            self._plane.dispatcher(self._served_by).leave_out(reply.replica_id)
         self._call = call
         self._deadline = asyncio.get_running_loop().time() + continuation.wait_s
         return True

@@ -26,6 +26,7 @@ EXPECTED = [
     "BatchConfig",
     "ChatCompletionStream",
     "ConfigError",
+    "ContinuationRefused",
     "DefinitionError",
     "Depends",
     "DeployError",

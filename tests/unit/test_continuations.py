@@ -5,17 +5,19 @@ limit, its item bound, the class it waits in, and what the decorator refuses."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 
 import pytest
 
 import app_toolkit as tk
 from app_toolkit._runtime.continuation_marks import continuations_of, continue_from_of
-from app_toolkit._runtime.messages import DeploymentID, MethodCall, StreamContinuation
+from app_toolkit._runtime.messages import DeploymentID, MethodCall, StreamContinuation, StreamEnd
 from app_toolkit._runtime.request_values import Share
-from app_toolkit._runtime.routing.continuations import CONTINUATION_CLASS, Continuation
+from app_toolkit._runtime.routing.continuations import CONTINUATION_CLASS, Continuation, _drop, sent_within
+from app_toolkit._runtime.routing.replica_client import Reply
 from app_toolkit.exceptions import (
     BackPressureError,
+    ContinuationRefused,
     DefinitionError,
     ReplicaUnavailableError,
     RequestLostError,
@@ -70,8 +72,12 @@ def test_the_limit_the_item_bound_and_a_continuation_no_replica_took_end_it() ->
         bounded.keep(item)
     assert bounded.after(LOST, call) is None
     waited = _continuation()
-    waited.taken("ended")
+    waited.end()  # no replica took a continuation in time
     assert waited.after(LOST, call) is None
+    # A replica that cannot continue it ends it (as the loss did), and so does a request
+    # not given as the call's first argument (continue_from takes that).
+    assert _continuation().after(ContinuationRefused("cannot"), call) is None
+    assert _continuation().after(LOST, MethodCall("r1", "write", (), {"request": "x"})) is None
 
 
 class _Writer:
@@ -107,3 +113,56 @@ def test_the_decorator_refuses_what_cannot_be_continued() -> None:
         tk.continuable(_continue, limit=0)
     with pytest.raises(DefinitionError, match="function"):
         tk.continuable("not a function")  # type: ignore[arg-type]
+
+
+class _Exchange:
+    def __init__(self) -> None:
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+def _reply(released: list[str]) -> Reply:
+    return Reply(StreamEnd(), _Exchange(), "r", released.append, lambda _: LOST)  # type: ignore[arg-type]
+
+
+def test_a_continuation_waits_for_a_replica_to_open_it_not_for_its_answer() -> None:
+    """``sent_within`` bounds the wait for a replica to open the call; once one has, the
+    answer takes as long as it takes. None (the send stopped) when none opened it; a
+    caller that leaves stops the send, and a reply that came as it left is given back."""
+
+    async def scenario() -> None:
+        released: list[str] = []
+
+        async def never_opened(on_open: object) -> Reply:
+            await asyncio.sleep(10)
+            raise AssertionError("not reached")
+
+        assert await sent_within(never_opened, 0.05) is None
+
+        async def opened_then_slow(on_open: Callable[[object], None]) -> Reply:
+            on_open(object())
+            await asyncio.sleep(0.2)  # longer than the wait: the replica took it
+            return _reply(released)
+
+        reply = await sent_within(opened_then_slow, 0.05)  # type: ignore[arg-type]
+        assert reply is not None and released == []
+
+        async def slow(on_open: Callable[[object], None]) -> Reply:
+            on_open(object())
+            await asyncio.sleep(10)
+            raise AssertionError("not reached")
+
+        task = asyncio.ensure_future(sent_within(slow, 1.0))  # type: ignore[arg-type]
+        await asyncio.sleep(0.05)
+        task.cancel()  # the caller left: the send stops
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        # A send that had its reply as it was stopped gives the reply back.
+        done: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+        done.set_result(_reply(released))
+        _drop(done)
+        assert released == ["r"]
+
+    asyncio.run(scenario())

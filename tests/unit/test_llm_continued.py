@@ -15,7 +15,7 @@ from typing import Literal
 
 import pytest
 
-from app_toolkit.exceptions import RequestLostError
+from app_toolkit.exceptions import ContinuationRefused
 from app_toolkit.llm import LLMConfig, LLMServer
 from app_toolkit.llm.engine import Sampling
 from app_toolkit.llm.engines.echo import EchoEngine
@@ -122,9 +122,12 @@ def test_an_engine_that_cannot_continue_ends_the_reply_as_its_loss_did() -> None
         engine.capabilities = dataclasses.replace(engine.capabilities, continuation="")
         generation = GENERATIONS["plain"]
         pieces = [piece async for piece in server.generate(generation)]
-        with pytest.raises(RequestLostError, match="echo engine cannot continue a reply"):
+        with pytest.raises(ContinuationRefused, match="echo engine cannot continue a reply"):
             async for _ in server.generate(continue_generation(generation, pieces[:3])):
                 pass
+        # Lost before any token reached the ingress: it starts afresh, which any engine can.
+        again = [piece async for piece in server.generate(continue_generation(generation, pieces[:1]))]
+        assert "".join(piece.text for piece in again) == SAID
         await LLMServer.__del__(server)
 
     asyncio.run(scenario())

@@ -1,16 +1,20 @@
 """A caller's side of a continuable stream (``@continuable``): the items it received, kept
-within the method's bound, and the call that continues the stream on another replica
-when its own is lost (``handle.py``'s stream sends it)."""
+within the method's bound, the call that continues the stream on another replica when its
+own is lost, and the wait for a replica to take it (``handle.py``'s stream sends it)."""
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
+from collections.abc import Awaitable, Callable
 
+from app_toolkit._runtime.channel.exchange import Exchange
 from app_toolkit._runtime.messages import DeploymentID, MethodCall, StreamContinuation
 from app_toolkit._runtime.request_values import Share
 from app_toolkit._runtime.routing import caller_metrics
-from app_toolkit.exceptions import BackPressureError, ReplicaUnavailableError
+from app_toolkit._runtime.routing.replica_client import Reply
+from app_toolkit.exceptions import ContinuationRefused, ReplicaUnavailableError
 
 logger = logging.getLogger("app_toolkit.router")
 
@@ -18,18 +22,23 @@ logger = logging.getLogger("app_toolkit.router")
 #: caller's queue and where the engine queues by class.
 CONTINUATION_CLASS = -(2**31)
 
+#: Sends a call, telling ``on_open`` each exchange it opens on a replica.
+Send = Callable[[Callable[[Exchange], None]], Awaitable[Reply]]
+
 
 class Continuation:
     """One continuable stream's items so far and its continuations."""
 
-    __slots__ = ("_rule", "_deployment", "_items", "_ended", "count")
+    __slots__ = ("_rule", "_deployment", "_items", "_ended", "count", "loss")
 
     def __init__(self, rule: StreamContinuation, deployment: DeploymentID) -> None:
         self._rule = rule
         self._deployment = deployment
         self._items: list[object] | None = []  # None: past the bound, not continued
-        self._ended = False  # a continuation found no replica in time: the stream ends
+        self._ended = False  # no replica took a continuation in time: the stream ends
         self.count = 0
+        #: The error the stream was cut with last (what it ends with if not continued).
+        self.loss: BaseException | None = None
 
     @property
     def wait_s(self) -> float:
@@ -52,13 +61,14 @@ class Continuation:
 
     def after(self, error: BaseException, call: MethodCall) -> MethodCall | None:
         """The call that continues the stream after ``error`` (its replica lost, or gone
-        under it), or None when the stream ends with it: another error, its limit
-        reached, or more items than the bound."""
-        cut = isinstance(error, ReplicaUnavailableError) and not isinstance(error, BackPressureError)
-        if self._ended or not cut:
+        under it), or None when the stream ends with it: another error, one saying the
+        stream cannot be continued, its limit reached, more items than the bound, or a
+        request not given as the call's first argument."""
+        cut = isinstance(error, ReplicaUnavailableError) and not isinstance(error, ContinuationRefused)
+        if self._ended or not cut or not call.args:
             return None
         if self._items is None or self.count >= self._rule.limit:
-            caller_metrics.continued(self._deployment, self._rule.method, "ended")
+            self.end()
             logger.warning(
                 "Request %s: the stream of %s.%s was cut (%s) and is not continued: %s",
                 call.request_id,
@@ -69,6 +79,7 @@ class Continuation:
             )
             return None
         self.count += 1
+        self.loss = error
         logger.warning(
             "Request %s: the stream of %s.%s was cut (%s); continuing it on another replica "
             "after %d items (continuation %d of %d)",
@@ -84,8 +95,42 @@ class Continuation:
         share = dataclasses.replace(given, priority=CONTINUATION_CLASS)
         return dataclasses.replace(call, continued=tuple(self._items) if self._items else None, share=share)
 
-    def taken(self, outcome: str) -> None:
-        """A continuation sent: another replica took it (``continued``) or none did in
-        time (``ended``: the stream ends)."""
-        self._ended = outcome == "ended"
-        caller_metrics.continued(self._deployment, self._rule.method, outcome)
+    def continued(self) -> None:
+        """Another replica took the stream on (its first answer came)."""
+        caller_metrics.continued(self._deployment, self._rule.method, "continued")
+
+    def end(self) -> None:
+        """The stream ends with its loss: a bound reached, or no replica took it in time."""
+        self._ended = True
+        caller_metrics.continued(self._deployment, self._rule.method, "ended")
+
+
+async def sent_within(send: Send, wait_s: float) -> Reply | None:
+    """``send``'s reply, once a replica opened the call within ``wait_s`` (from then on
+    the reply takes as long as it takes); None, the send stopped, when none did."""
+    opened = asyncio.Event()
+    sending = asyncio.ensure_future(send(lambda _exchange: opened.set()))
+    waiting = asyncio.ensure_future(opened.wait())
+    try:
+        await asyncio.wait({sending, waiting}, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED)
+        if not opened.is_set() and not sending.done():
+            _drop(sending)
+            return None
+        return await sending
+    except BaseException:  # cancelled (the caller left): the call stops, its slot given back
+        _drop(sending)
+        raise
+    finally:
+        waiting.cancel()
+
+
+def _drop(sending: asyncio.Future[Reply]) -> None:
+    """Stop a send: cancelled if under way, its reply given back if it has one."""
+    if not sending.done():
+        sending.cancel()
+        sending.add_done_callback(_drop)
+        return
+    if not sending.cancelled() and sending.exception() is None:
+        reply = sending.result()
+        reply.exchange.cancel()
+        reply.release()

@@ -343,7 +343,9 @@ class Dispatcher:
             self._release(info.replica_id)
             raise self._lost_request(info.replica_id)
         self._chooser.succeeded(info.replica_id)
-        return Reply(first, exchange, info.replica_id, self._release, self._lost_request)
+        return Reply(
+            first, exchange, info.replica_id, self._release, self._lost_request, deployment=self.deployment
+        )
 
     async def _acquire(
         self,
@@ -409,6 +411,13 @@ class Dispatcher:
         return self._lost_error(
             f"Replica {replica_id} of {self.deployment} was lost while it had the request; it may have run"
         )
+
+    def leave_out(self, replica_id: str) -> None:
+        """Choose ``replica_id`` no more until a table brings it back, its connection kept
+        (its other requests go on): a stream it ended as a lost replica's (its engine
+        stopped) continues elsewhere, not on it."""
+        self._chooser.remove(replica_id)
+        self._line.wake()
 
     def _lost(self, replica_id: str) -> None:
         self._chooser.remove(replica_id)

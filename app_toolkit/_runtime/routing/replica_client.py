@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from app_toolkit._runtime.channel.exchange import Exchange
-from app_toolkit._runtime.messages import Answer, ReplicaInfo, Request
+from app_toolkit._runtime.messages import Answer, DeploymentID, ReplicaInfo, Request
 from app_toolkit.exceptions import RequestLostError
 
 
@@ -38,6 +38,8 @@ class Reply:
     _release: Callable[[str], None]
     _lost: Callable[[str], RequestLostError]
     _released: bool = False
+    #: The deployment whose replica it is (a traffic split's variant, where one chose it).
+    deployment: DeploymentID | None = None
 
     def release(self) -> None:
         """Give the replica slot back; call once the response has been fully read."""

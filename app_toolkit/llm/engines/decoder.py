@@ -53,7 +53,7 @@ from ..engine import (
 from .adapters import AdapterFiles, AttachedAdapters
 from .forward_passes import ForwardPasses
 from .prefix_cache import PrefixCache
-from .sampling import NOTHING_ALLOWED
+from .sampling import NOTHING_ALLOWED, skip_draws
 
 logger = logging.getLogger(__name__)
 
@@ -98,7 +98,6 @@ class _Sequence:
     finished: bool = False  # ended by the decoder (not left by its reader)
     logprobs: Logprobs | None = None  # the newest token's, when the reply asks for them
     failure: Exception | None = None  # why choosing its token failed (its reply ends with it)
-    skip_draws: int = 0  # a seeded continued reply's: draws its tokens so far took
     context: list[int] = field(init=False)  # what its prompt pass reads: prompt + reply (carried)
 
     def __post_init__(self) -> None:
@@ -172,6 +171,11 @@ class Decoder:
         if sampling.max_tokens <= len(produced):
             return
         generator = None if sampling.seed is None else torch.Generator().manual_seed(sampling.seed)
+        if generator is not None and produced and not sampling.greedy:
+            # Continued: its random numbers skip the draws its tokens so far took, so it draws
+            # the rest as the unbroken reply would have (in a worker thread: a long reply's
+            # take a while, and the batch goes on meanwhile).
+            await asyncio.to_thread(skip_draws, generator, self._passes.logits_width, len(produced))
         sequence = _Sequence(
             prompt,
             sampling,
@@ -184,7 +188,6 @@ class Decoder:
             generated=len(produced),
             adapter=adapter,
             priority=request.priority,
-            skip_draws=len(produced),  # a seeded reply draws its next token as it would have
         )
         # After those of its class and the lower ones, ahead of the higher (vLLM's order).
         bisect.insort_right(self._waiting, sequence, key=_priority)

@@ -29,7 +29,6 @@ from .sampling import (
     hold_stops,
     logprobs_of,
     penalise,
-    skip_draws,
 )
 
 #: Prompt tokens read per forward pass (bounds the memory a long prompt's pass takes).
@@ -54,12 +53,18 @@ class Row(Protocol):
     finished: bool
     logprobs: Logprobs | None
     failure: Exception | None
-    #: Draws a seeded continued reply's random numbers skip before its next token: those
-    #: its tokens so far took where they were drawn (so it draws what it would have).
-    skip_draws: int
 
 
 _R = TypeVar("_R", bound=Row)
+
+
+def _logits_width(model: torch.nn.Module) -> int:
+    """The width of a row of ``model``'s logits: its output layer's, else its vocabulary's."""
+    get_output = getattr(model, "get_output_embeddings", None)
+    weight = getattr(get_output() if callable(get_output) else None, "weight", None)
+    if isinstance(weight, torch.Tensor):
+        return int(weight.shape[0])
+    return int(getattr(getattr(model, "config", None), "vocab_size", 0))
 
 
 class _Abandoned(Exception):
@@ -77,6 +82,8 @@ class ForwardPasses:
         prefix_cache: PrefixCache | None,
     ) -> None:
         self.model = model
+        #: The width of a row of logits: what a token is drawn from (``sampling.choose``).
+        self.logits_width = _logits_width(model)
         self._cache_argument = cache_argument(model)
         self._eos = frozenset(eos_ids)
         self._adapters = adapters
@@ -212,9 +219,6 @@ class ForwardPasses:
             penalise(row, sampling, sequence.seen, sequence.reply)
         if not bool(torch.isfinite(row).any()):  # scores that overflowed: no token to choose
             raise ValueError("no token has a finite score (a penalty or bias out of range)")
-        if sequence.skip_draws and sequence.generator is not None and not sampling.greedy:
-            skip_draws(sequence.generator, row.shape[-1], sequence.skip_draws)
-        sequence.skip_draws = 0
         token = choose(row, sampling, sequence.generator)
         if sequence.constraint is not None and not self.ends(sequence, token):
             sequence.constraint.accept(token)

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 import app_toolkit as tk
 from app_toolkit.llm import metrics
 from app_toolkit.llm.detokenize import Detokenizer, StopFilter
-from app_toolkit.llm.engine import EngineRequest, Logprobs, Sampling, TextEngine, Token
+from app_toolkit.llm.engine import EngineRequest, Logprobs, Sampling, TextEngine
 from app_toolkit.llm.events import Delta, Generation, TokenLogprob
 from app_toolkit.llm.replica.shaping import Structure
 
@@ -68,7 +68,8 @@ class ReplyStream:
         constraint = structure.constraint if structure is not None else None
         ended_by: int | None = None  # the token that ended the reply, if one did
         received_at = self._generation.received_at
-        if received_at and not self._so_far:
+        continued = self._generation.continued is not None  # its first token was timed where it began
+        if received_at and not continued:
             metrics.FRAMEWORK_TIME.observe(max(0.0, time.time() - received_at), self._model)
         metrics.PROMPT_TOKENS.inc(self._model, amount=len(self._prompt))
         model = self._model
@@ -108,7 +109,7 @@ class ReplyStream:
             produced=self._so_far,
             priority=tk.get_request_priority(),
         )
-        tokens = self._engine.generate(request) if not stops.stopped else _none()
+        tokens = self._engine.generate(request)
         logprobs: list[TokenLogprob] = []  # of the tokens since the last piece sent
         read: list[int] = []  # the tokens read since the last piece sent (Delta.tokens)
         try:
@@ -121,8 +122,9 @@ class ReplyStream:
                 self.produced += 1
                 now = time.monotonic()
                 if self.produced == 1 + carried:
-                    first_s = time.time() - received_at if received_at else now - started
-                    metrics.TIME_TO_FIRST_TOKEN.observe(first_s, self._model)
+                    if not continued:
+                        first_s = time.time() - received_at if received_at else now - started
+                        metrics.TIME_TO_FIRST_TOKEN.observe(first_s, self._model)
                 else:
                     metrics.TIME_PER_OUTPUT_TOKEN.observe(now - last, self._model)
                 last = now
@@ -136,7 +138,9 @@ class ReplyStream:
                     unread = []
                 if stops.stopped:
                     break
-                if held and (not sent or now - flushed >= self._interval_s):
+                # A token that ends the reply (shown, with include_stop_str_in_output) goes
+                # with its finish: no piece carries it, so no continuation reads past it.
+                if held and not produced.ends and (not sent or now - flushed >= self._interval_s):
                     yield _joined(held, logprobs, self.produced, tuple(read))
                     held, logprobs, read = [], [], []
                     flushed = now
@@ -255,9 +259,3 @@ def _joined(deltas: list[Delta], logprobs: list[TokenLogprob], produced: int, re
         completion_tokens=produced,
         tokens=read,
     )
-
-
-async def _none() -> AsyncGenerator[Token, None]:
-    """No more tokens: a continued reply whose tokens so far ended it at a stop string."""
-    return
-    yield

@@ -17,7 +17,7 @@ import time
 from collections.abc import AsyncGenerator, AsyncIterator
 
 import app_toolkit as tk
-from app_toolkit.exceptions import ConfigError, RequestLostError
+from app_toolkit.exceptions import ConfigError, ContinuationRefused
 from app_toolkit.llm import metrics
 from app_toolkit.llm.config import LLMConfig
 from app_toolkit.llm.engine import Adapters, EmbeddingEngine, EngineLoad, TextEngine
@@ -261,7 +261,7 @@ class LLMServer:
             ]
         samplings = [fitted(engine, one, len(prompt)) for one, prompt in zip(asked, prompts, strict=True)]
         continued = generation.continued  # its tokens: one entry per choice (continued.py)
-        if continued is not None:
+        if continued is not None and any(continued.tokens):
             _check_continuable(engine, structures)
         if continued is None:
             yield Delta(prompt_tokens=sum(len(prompt) for prompt in prompts))
@@ -371,15 +371,15 @@ class LLMServer:
 
 
 def _check_continuable(engine: TextEngine, structures: list[Structure | None]) -> None:
-    """Whether ``engine`` can continue a reply shaped by ``structures``; if not, the reply
-    ends as its replica's loss would have ended it (``RequestLostError``: its caller sends
-    it on, up to its limit, then ends the stream with it)."""
+    """Whether ``engine`` can continue a reply shaped by ``structures`` from its tokens so
+    far; if not, the reply ends as its replica's loss would have ended it
+    (``ContinuationRefused``, a ``RequestLostError``, not sent on again)."""
     able = engine.capabilities.continuation
     constrained = any(one is not None and one.constraint is not None for one in structures)
     if able == "all" or (able == "unconstrained" and not constrained):
         return
     what = "a reply under a grammar" if able else "a reply"
-    raise RequestLostError(f"The {engine.name} engine cannot continue {what} whose replica was lost")
+    raise ContinuationRefused(f"The {engine.name} engine cannot continue {what} whose replica was lost")
 
 
 async def _finished() -> AsyncGenerator[Delta, None]:
