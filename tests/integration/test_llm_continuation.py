@@ -50,9 +50,11 @@ RESPONSE_FORMAT = {"type": "json_schema", "json_schema": {"name": "story", "sche
 class Served:
     """The app, its client, and how to kill the replica serving a reply."""
 
-    def __init__(self, toolkit: Toolkit, name: str) -> None:
+    def __init__(self, toolkit: Toolkit, name: str, prefix: str = "") -> None:
         self.name = name
-        self.client = openai.OpenAI(base_url=toolkit.url + "/v1", api_key="none", max_retries=0, timeout=120)
+        self.client = openai.OpenAI(
+            base_url=f"{toolkit.url}{prefix}/v1", api_key="none", max_retries=0, timeout=120
+        )
         deployments = tk.status().applications[name].deployments
         self.deployment = next(d for d in deployments if d != "OpenAIIngress" and "Ingress" not in d)
 
@@ -269,3 +271,25 @@ def test_a_response_resumed_with_starting_after_across_the_loss(served: Served) 
     assert [event.sequence_number for event in parts] == list(range(len(parts)))
     assert parts[-1].type == "response.incomplete"  # max_output_tokens reached
     assert "".join(event.delta for event in parts if event.type == "response.output_text.delta") == unbroken
+
+
+def test_a_reply_whose_only_replica_is_lost_waits_for_its_replacement(module_ray_toolkit: Toolkit) -> None:
+    """One replica (the echo engine: no model to load): the reply waits for the replica
+    that replaces the killed one, then goes on, and the client reads it whole."""
+    name = module_ray_toolkit.name()
+    args = {"llm_configs": [{"model_loading_config": {"model_id": "solo"}, "llm_engine": "echo"}]}
+    module_ray_toolkit.run(build_openai_app(args), name=name, route_prefix="/solo")
+    solo = Served(module_ray_toolkit, name, "/solo")
+    wait_for(lambda: len(solo.replicas()) == 1, timeout_s=60, what="the echo replica running")
+    said = "".join(f"{n:03d} " for n in range(500))  # 2,000 tokens: 2 s at the echo's pace
+    text, pieces = "", 0
+    stream = solo.client.completions.create(
+        model="solo", prompt=said, max_tokens=len(said), temperature=0, stream=True
+    )
+    for chunk in stream:
+        text += chunk.choices[0].text if chunk.choices else ""
+        pieces += 1
+        if pieces == 50:
+            solo.kill_serving()
+    assert text == said
+    solo.client.close()
