@@ -56,6 +56,7 @@ class _Stream:
         "_continuation",
         "_deadline",
         "_served_by",
+        "_sending",
         "done",
         "__weakref__",
     )
@@ -70,7 +71,8 @@ class _Stream:
         self._span = span  # ended with the stream
         self._continuation: Continuation | None = None
         self._deadline = 0.0  # a continuation's: by when a replica must have taken it
-        self._served_by = deployment  # a traffic split's variant, once one served it
+        self._served_by: DeploymentID | None = None  # the deployment (a split's variant) serving it
+        self._sending: asyncio.Task[Reply | None] | None = None  # a continuation on its way
         self.done = False
 
     async def next(self) -> object:
@@ -83,12 +85,15 @@ class _Stream:
                 if self._continued_after(exc):
                     continue
                 self.finish(type(exc).__name__)
-                raise
+                ending = self._ending(exc)
+                if ending is exc:
+                    raise
+                raise ending from exc
             if isinstance(answer, StreamItem):
                 if self._continuation is not None:
                     self._continuation.keep(answer.value)
                 return answer.value
-            error: Exception | None = None
+            error: BaseException | None = None
             if isinstance(answer, CallFailure):
                 error = exception_of(answer)
             elif isinstance(answer, ReplicaLost) and self._reply is not None:
@@ -99,7 +104,7 @@ class _Stream:
             if isinstance(answer, StreamEnd):
                 raise StopAsyncIteration
             if error is not None:
-                raise error
+                raise self._ending(error)
             raise ReplicaUnavailableError(
                 f"Unexpected answer {type(answer).__name__} in the stream from {self._deployment}"
             )
@@ -119,17 +124,36 @@ class _Stream:
 
     async def _continued(self) -> object:
         """Send the continuation to the deployment that served the stream (not through a
-        traffic split again): it waits for a replica (a lost one's replacement) until its
-        deadline, then the stream ends with its loss."""
+        traffic split again; through it if none had answered): it waits for a replica (a
+        lost one's replacement) to take it until its deadline, then the stream ends with
+        its loss."""
         continuation = self._continuation
         assert continuation is not None
-        dispatcher = self._plane.dispatcher(self._served_by)
+        served_by = self._served_by
+        dispatcher = self._plane.dispatcher(served_by or self._deployment)
         call = await _resolved(self._call)
 
-        def send(on_open: Callable[[Exchange], None]) -> Awaitable[Reply]:
-            return dispatcher.send(call, call.model_id, call.shard_key, split=False, on_open=on_open)
+        def send(on_open: Callable[[Exchange], None], on_refused: Callable[[], None]) -> Awaitable[Reply]:
+            return dispatcher.send(
+                call,
+                call.model_id,
+                call.shard_key,
+                split=served_by is None,
+                on_open=on_open,
+                on_refused=on_refused,
+            )
 
-        reply = await sent_within(send, max(0.0, self._deadline - asyncio.get_running_loop().time()))
+        wait_s = max(0.0, self._deadline - asyncio.get_running_loop().time())
+        sending = self._sending = asyncio.ensure_future(sent_within(send, wait_s))
+        try:
+            reply = await sending
+        except asyncio.CancelledError:
+            task = asyncio.current_task()
+            if self.done and (task is None or not task.cancelling()):
+                raise StopAsyncIteration from None  # finished by cancel() or the plane closing
+            raise
+        finally:
+            self._sending = None
         self._call = dataclasses.replace(self._call, continued=None)  # the items went with it
         if reply is None:
             continuation.end()
@@ -152,7 +176,8 @@ class _Stream:
         return reply
 
     def _rule(self) -> StreamContinuation | None:
-        return self._plane.dispatcher(self._deployment).continuation(self._call.method)
+        """The method's continuation rules, as the deployment serving the stream says."""
+        return self._plane.dispatcher(self._served_by or self._deployment).continuation(self._call.method)
 
     def _continued_after(self, error: BaseException) -> bool:
         """Whether the stream goes on after ``error``, its call sent again to continue it."""
@@ -172,11 +197,19 @@ class _Stream:
             reply.exchange.cancel()
             reply.release()
             # A replica that answered the stream with the error (its engine stopped) is
-            # not chosen for the continuation; a lost one is forgotten already.
-            self._plane.dispatcher(self._served_by).leave_out(reply.replica_id)
+            # skipped a while; a lost one is forgotten already.
+            self._plane.dispatcher(reply.deployment or self._deployment).suspect(reply.replica_id)
         self._call = call
         self._deadline = asyncio.get_running_loop().time() + continuation.wait_s
         return True
+
+    def _ending(self, error: BaseException) -> BaseException:
+        """What a stream that ends with ``error`` raises: a continued stream that a replica
+        could not continue, or that could not be sent on, ends with its loss."""
+        continuation = self._continuation
+        if continuation is None or continuation.loss is None or not continuation.refused(error):
+            return error
+        return continuation.loss
 
     def finish(self, error: str = "") -> None:
         """Stop the stream and give its replica slot back (on the data plane's loop)."""
@@ -186,6 +219,8 @@ class _Stream:
         if self._span is not None:
             self._span.end(error)
         self._plane.release(self.finish)
+        if self._sending is not None:
+            self._sending.cancel()  # a continuation on its way stops (its slot given back)
         if self._reply is not None:
             self._reply.exchange.cancel()
             self._reply.release()

@@ -11,8 +11,9 @@ import pytest
 
 import app_toolkit as tk
 from app_toolkit._runtime.continuation_marks import continuations_of, continue_from_of
-from app_toolkit._runtime.messages import DeploymentID, MethodCall, StreamContinuation, StreamEnd
+from app_toolkit._runtime.messages import DeploymentID, MethodCall, ReplicaInfo, StreamContinuation, StreamEnd
 from app_toolkit._runtime.request_values import Share
+from app_toolkit._runtime.routing.choice import SUSPECT_S, ReplicaChooser
 from app_toolkit._runtime.routing.continuations import CONTINUATION_CLASS, Continuation, _drop, sent_within
 from app_toolkit._runtime.routing.replica_client import Reply
 from app_toolkit.exceptions import (
@@ -127,21 +128,26 @@ def _reply(released: list[str]) -> Reply:
     return Reply(StreamEnd(), _Exchange(), "r", released.append, lambda _: LOST)  # type: ignore[arg-type]
 
 
-def test_a_continuation_waits_for_a_replica_to_open_it_not_for_its_answer() -> None:
-    """``sent_within`` bounds the wait for a replica to open the call; once one has, the
-    answer takes as long as it takes. None (the send stopped) when none opened it; a
-    caller that leaves stops the send, and a reply that came as it left is given back."""
+Opened = Callable[[object], None]
+Refused = Callable[[], None]
+
+
+def test_a_continuation_waits_for_a_replica_to_take_it_not_for_its_answer() -> None:
+    """``sent_within`` bounds the wait for a replica to take the call (open it, and not
+    refuse it); once one holds it, the answer takes as long as it takes. None (the send
+    stopped) when none took it in time, a busy replica's refusal included; a caller that
+    leaves stops the send, and a reply that came as it left is given back."""
 
     async def scenario() -> None:
         released: list[str] = []
 
-        async def never_opened(on_open: object) -> Reply:
+        async def never_opened(on_open: Opened, on_refused: Refused) -> Reply:
             await asyncio.sleep(10)
             raise AssertionError("not reached")
 
-        assert await sent_within(never_opened, 0.05) is None
+        assert await sent_within(never_opened, 0.05) is None  # type: ignore[arg-type]
 
-        async def opened_then_slow(on_open: Callable[[object], None]) -> Reply:
+        async def opened_then_slow(on_open: Opened, on_refused: Refused) -> Reply:
             on_open(object())
             await asyncio.sleep(0.2)  # longer than the wait: the replica took it
             return _reply(released)
@@ -149,7 +155,15 @@ def test_a_continuation_waits_for_a_replica_to_open_it_not_for_its_answer() -> N
         reply = await sent_within(opened_then_slow, 0.05)  # type: ignore[arg-type]
         assert reply is not None and released == []
 
-        async def slow(on_open: Callable[[object], None]) -> Reply:
+        async def refused_then_queued(on_open: Opened, on_refused: Refused) -> Reply:
+            on_open(object())
+            on_refused()  # busy: it waits in the queue for another
+            await asyncio.sleep(10)
+            raise AssertionError("not reached")
+
+        assert await sent_within(refused_then_queued, 0.05) is None  # type: ignore[arg-type]
+
+        async def slow(on_open: Opened, on_refused: Refused) -> Reply:
             on_open(object())
             await asyncio.sleep(10)
             raise AssertionError("not reached")
@@ -166,3 +180,20 @@ def test_a_continuation_waits_for_a_replica_to_open_it_not_for_its_answer() -> N
         assert released == ["r"]
 
     asyncio.run(scenario())
+
+
+def test_a_refused_continuation_ends_the_stream_as_counted() -> None:
+    continuation = _continuation()
+    assert continuation.refused(ContinuationRefused("the engine cannot")) is True
+    assert continuation.after(LOST, MethodCall("r1", "write", ("request",))) is None  # ended
+    assert _continuation().refused(LOST) is False
+
+
+def test_a_suspect_replica_is_skipped_for_a_while_its_requests_kept() -> None:
+    chooser = ReplicaChooser()
+    chooser.set_replicas([ReplicaInfo("a", DEPLOYMENT, "127.0.0.1", 1, b"t", 4)])
+    chooser.acquire("a")
+    chooser.suspect("a", now=100.0)
+    assert chooser.choose(100.0 + SUSPECT_S - 0.1) is None
+    chooser.release("a")  # its request under way still counts, and leaves
+    assert chooser.choose(100.0 + SUSPECT_S) is not None

@@ -37,6 +37,8 @@ from app_toolkit.request_router.loading import make_router
 logger = logging.getLogger("app_toolkit.router")
 
 _BACKOFF_START_S = 0.002
+#: How long a replica that ended a request as a lost one would is skipped (``suspect``).
+SUSPECT_S = 5.0
 _BACKOFF_MAX_S = 0.1
 _MASK = (1 << 64) - 1
 
@@ -307,6 +309,13 @@ class ReplicaChooser:
         replica = self._replicas.get(replica_id)
         if replica is not None:
             replica.backoff_s = 0.0
+
+    def suspect(self, replica_id: str, now: float) -> None:
+        """The replica ended a request as a lost one would (its engine stopped): skipped
+        for :data:`SUSPECT_S` (its health checks take it out meanwhile if it is broken)."""
+        replica = self._replicas.get(replica_id)
+        if replica is not None:
+            replica.blocked_until = max(replica.blocked_until, now + SUSPECT_S)
 
     def rejected(self, replica_id: str, now: float) -> float:
         """The replica turned a request away; returns how long it is skipped."""

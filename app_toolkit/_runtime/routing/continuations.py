@@ -14,7 +14,7 @@ from app_toolkit._runtime.messages import DeploymentID, MethodCall, StreamContin
 from app_toolkit._runtime.request_values import Share
 from app_toolkit._runtime.routing import caller_metrics
 from app_toolkit._runtime.routing.replica_client import Reply
-from app_toolkit.exceptions import ContinuationRefused, ReplicaUnavailableError
+from app_toolkit.exceptions import BackPressureError, ContinuationRefused, ReplicaUnavailableError
 
 logger = logging.getLogger("app_toolkit.router")
 
@@ -22,8 +22,9 @@ logger = logging.getLogger("app_toolkit.router")
 #: caller's queue and where the engine queues by class.
 CONTINUATION_CLASS = -(2**31)
 
-#: Sends a call, telling ``on_open`` each exchange it opens on a replica.
-Send = Callable[[Callable[[Exchange], None]], Awaitable[Reply]]
+#: Sends a call, telling the first callable of each exchange it opens on a replica and
+#: calling the second when a replica refuses it (it goes on to another).
+Send = Callable[[Callable[[Exchange], None], Callable[[], None]], Awaitable[Reply]]
 
 
 class Continuation:
@@ -95,6 +96,14 @@ class Continuation:
         share = dataclasses.replace(given, priority=CONTINUATION_CLASS)
         return dataclasses.replace(call, continued=tuple(self._items) if self._items else None, share=share)
 
+    def refused(self, error: BaseException) -> bool:
+        """Whether ``error`` ends a continued stream as its loss did: a replica could not
+        continue it, or the continuation could not be sent (counted as ended)."""
+        if isinstance(error, ContinuationRefused | BackPressureError):
+            self.end()
+            return True
+        return False
+
     def continued(self) -> None:
         """Another replica took the stream on (its first answer came)."""
         caller_metrics.continued(self._deployment, self._rule.method, "continued")
@@ -105,23 +114,48 @@ class Continuation:
         caller_metrics.continued(self._deployment, self._rule.method, "ended")
 
 
+class _Taking:
+    """Whether a replica holds a call now: it opened it and has not refused it since."""
+
+    def __init__(self) -> None:
+        self.taken = False
+        self.changed = asyncio.Event()
+
+    def opened(self, _exchange: Exchange) -> None:
+        self.taken = True
+        self.changed.set()
+
+    def refused(self) -> None:
+        self.taken = False
+        self.changed.set()
+
+
 async def sent_within(send: Send, wait_s: float) -> Reply | None:
-    """``send``'s reply, once a replica opened the call within ``wait_s`` (from then on
-    the reply takes as long as it takes); None, the send stopped, when none did."""
-    opened = asyncio.Event()
-    sending = asyncio.ensure_future(send(lambda _exchange: opened.set()))
-    waiting = asyncio.ensure_future(opened.wait())
+    """``send``'s reply, if a replica takes the call within ``wait_s`` (once one holds
+    it, the reply takes as long as it takes; a refusal starts the wait again, with what
+    is left of it); None, the send stopped, when none did."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait_s
+    taking = _Taking()
+    sending = asyncio.ensure_future(send(taking.opened, taking.refused))
     try:
-        await asyncio.wait({sending, waiting}, timeout=wait_s, return_when=asyncio.FIRST_COMPLETED)
-        if not opened.is_set() and not sending.done():
-            _drop(sending)
-            return None
-        return await sending
+        while not sending.done():
+            taking.changed.clear()
+            timeout = None if taking.taken else max(0.0, deadline - loop.time())
+            changed = asyncio.ensure_future(taking.changed.wait())
+            try:
+                done, _ = await asyncio.wait(
+                    {sending, changed}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED
+                )
+            finally:
+                changed.cancel()
+            if not done:
+                _drop(sending)
+                return None
+        return sending.result()
     except BaseException:  # cancelled (the caller left): the call stops, its slot given back
         _drop(sending)
         raise
-    finally:
-        waiting.cancel()
 
 
 def _drop(sending: asyncio.Future[Reply]) -> None:

@@ -220,16 +220,18 @@ class Dispatcher:
         shard_key: str = "",
         split: bool = True,
         on_open: OnOpen | None = None,
+        on_refused: Callable[[], None] | None = None,
     ) -> Reply:
         """Deliver one request and wait for its first answer (or raise). A ``model_id``
         (multiplexing) prefers replicas that hold that model; a ``shard_key`` goes to the
         replica the key maps to (see ``choice.py``; ``affinity`` says whether it waits for
         that replica when it is full). With a traffic split, the request goes to one of
         its variants by weight (the same one for a shard key). ``on_open`` is given each
-        exchange opened for it (a refused one too), before its first answer is awaited."""
+        exchange opened for it (a refused one too), before its first answer is awaited;
+        ``on_refused`` is called when a replica refused it (it is sent elsewhere)."""
         shadower = self._shadower if self._shadower is not None and self._shadower.active else None
         if not split or (not self._split and shadower is None) or self._resolve is None:
-            return await self._deliver(request, model_id, shard_key, on_open)
+            return await self._deliver(request, model_id, shard_key, on_open, on_refused)
         started = _now()
         if self._split:
             variant = choose_variant(self._split, shard_key, self._rng)
@@ -237,7 +239,9 @@ class Dispatcher:
             target = self if variant == self.deployment else self._resolve(variant)
             tally = self._outcomes.setdefault(variant.app, VariantTally())
             try:
-                reply = await target.send(request, model_id, shard_key, split=False, on_open=on_open)
+                reply = await target.send(
+                    request, model_id, shard_key, split=False, on_open=on_open, on_refused=on_refused
+                )
             except asyncio.CancelledError:
                 raise
             except Exception:
@@ -245,13 +249,18 @@ class Dispatcher:
                 raise
             tally.add(_now() - started, error=failed(reply.first))
         else:
-            reply = await self._deliver(request, model_id, shard_key, on_open)
+            reply = await self._deliver(request, model_id, shard_key, on_open, on_refused)
         if shadower is not None:  # the primary is on its way: now the copy, maybe
             shadower.offer(request, model_id, reply, _now() - started)
         return reply
 
     async def _deliver(
-        self, request: Request, model_id: str, shard_key: str, on_open: OnOpen | None = None
+        self,
+        request: Request,
+        model_id: str,
+        shard_key: str,
+        on_open: OnOpen | None = None,
+        on_refused: Callable[[], None] | None = None,
     ) -> Reply:
         """Send to a replica of this deployment; retry on another while it never started."""
         failures = 0
@@ -263,7 +272,7 @@ class Dispatcher:
         while True:
             info = await self._acquire(model_id, shard_key, pending, share)
             try:
-                reply = await self._open_on(info, request, on_open)
+                reply = await self._open_on(info, request, on_open, on_refused)
             except RequestLostError:
                 raise
             except ReplicaUnavailableError:
@@ -299,7 +308,11 @@ class Dispatcher:
         raise ReplicaUnavailableError(f"Replica {info.replica_id} of {self.deployment} refused the request")
 
     async def _open_on(
-        self, info: ReplicaInfo, request: Request, on_open: OnOpen | None = None
+        self,
+        info: ReplicaInfo,
+        request: Request,
+        on_open: OnOpen | None = None,
+        on_refused: Callable[[], None] | None = None,
     ) -> Reply | Rejected:
         """Open ``request`` on replica ``info``, whose slot the caller took, and wait for
         its first answer: the reply, or the replica's refusal (its slot given back; a
@@ -338,6 +351,8 @@ class Dispatcher:
                 # Busy: skip it for a back-off; the wake-up after release comes back.
                 self._chooser.rejected(info.replica_id, _now())
             self._release(info.replica_id)
+            if on_refused is not None:
+                on_refused()
             return first
         if isinstance(first, ReplicaLost):
             self._release(info.replica_id)
@@ -412,11 +427,11 @@ class Dispatcher:
             f"Replica {replica_id} of {self.deployment} was lost while it had the request; it may have run"
         )
 
-    def leave_out(self, replica_id: str) -> None:
-        """Choose ``replica_id`` no more until a table brings it back, its connection kept
-        (its other requests go on): a stream it ended as a lost replica's (its engine
-        stopped) continues elsewhere, not on it."""
-        self._chooser.remove(replica_id)
+    def suspect(self, replica_id: str) -> None:
+        """Choose ``replica_id`` for none of this caller's requests for a while (its
+        connection and its requests under way kept): it ended a stream as a lost replica
+        would (its engine stopped), and the stream continues elsewhere."""
+        self._chooser.suspect(replica_id, _now())
         self._line.wake()
 
     def _lost(self, replica_id: str) -> None:

@@ -36,6 +36,7 @@ import bisect
 import logging
 import time
 from collections.abc import AsyncGenerator, Callable, Collection, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 import torch
@@ -132,6 +133,7 @@ class Decoder:
         self._closed = False
         self.tokens = 0
         self.step_s = 0.0  # a decoding step's time lately (0 before the first)
+        self._skipping: ThreadPoolExecutor | None = None  # skips a continued seeded reply's draws
 
     @property
     def active(self) -> int:
@@ -162,20 +164,22 @@ class Decoder:
         pass, and counts them as its own."""
         prompt, sampling, adapter = request.prompt, request.sampling, request.adapter
         produced = list(request.produced)
-        if adapter and (adapter not in self._adapters.names or adapter == self._adapters.detaching_now):
-            raise ValueError(f"The adapter {adapter!r} is not attached: attach it first")
+        self._check_open(adapter)
         if not prompt:
             raise ValueError("The prompt is empty: a reply needs at least one token to follow")
-        if self._stopped:
-            raise EngineStopped("The engine has stopped: it takes no more replies")
         if sampling.max_tokens <= len(produced):
             return
         generator = None if sampling.seed is None else torch.Generator().manual_seed(sampling.seed)
         if generator is not None and produced and not sampling.greedy:
             # Continued: its random numbers skip the draws its tokens so far took, so it draws
-            # the rest as the unbroken reply would have (in a worker thread: a long reply's
-            # take a while, and the batch goes on meanwhile).
-            await asyncio.to_thread(skip_draws, generator, self._passes.logits_width, len(produced))
+            # the rest as the unbroken reply would have (in a thread of their own: a long
+            # reply's take a while, and the batch's passes go on meanwhile).
+            if self._skipping is None:
+                self._skipping = ThreadPoolExecutor(1, thread_name_prefix="skip-draws")
+            await asyncio.get_running_loop().run_in_executor(
+                self._skipping, skip_draws, generator, self._passes.logits_width, len(produced)
+            )
+            self._check_open(adapter)  # again after that wait: the engine may have stopped
         sequence = _Sequence(
             prompt,
             sampling,
@@ -282,9 +286,18 @@ class Decoder:
         if task is not None and task.done() and not task.cancelled():
             raise RuntimeError("The decoder's loop has ended") from task.exception()
 
+    def _check_open(self, adapter: str) -> None:
+        """The engine takes a reply now, with ``adapter`` attached ("": the base model)."""
+        if adapter and (adapter not in self._adapters.names or adapter == self._adapters.detaching_now):
+            raise ValueError(f"The adapter {adapter!r} is not attached: attach it first")
+        if self._stopped:
+            raise EngineStopped("The engine has stopped: it takes no more replies")
+
     async def close(self) -> None:
         """Stop decoding; every reply still open ends with :class:`EngineStopped`."""
         self._closed = True
+        if self._skipping is not None:
+            self._skipping.shutdown(wait=False)  # a skip under way ends, then its reply is refused
         self._passes.close()
         if self._task is not None:
             self._task.cancel()
