@@ -16,25 +16,13 @@ from __future__ import annotations
 
 import argparse
 import pickle
-import statistics
-import time
-from collections.abc import Callable
 
 from app_toolkit._runtime.backends.ray.codec import dumps
 from app_toolkit._runtime.messages import DeploymentID, StreamContinuation, StreamItem
 from app_toolkit._runtime.routing.continuations import Continuation
 from app_toolkit.llm.events import Delta
 from app_toolkit.llm.replica.reply_stream import _joined
-
-
-def _per_call_us(work: Callable[[], object], calls: int, rounds: int) -> float:
-    results = []
-    for _ in range(rounds):
-        started = time.process_time()
-        for _ in range(calls):
-            work()
-        results.append((time.process_time() - started) / calls * 1e6)
-    return statistics.median(results)
+from benchmarks.key_check import _per_call_us
 
 
 def main() -> None:
