@@ -4,13 +4,14 @@ generator closed properly when the caller goes away mid-item."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import threading
 import time
-from collections.abc import Generator
+from collections.abc import Coroutine, Generator
 
 import pytest
 
-from app_toolkit._runtime.replica.user_code import iterate_in_thread
+from app_toolkit._runtime.replica.user_code import call_maybe_async, iterate_in_thread
 
 pytestmark = pytest.mark.anyio
 
@@ -50,3 +51,35 @@ async def test_a_caller_leaving_mid_item_closes_the_generator_once_its_thread_is
     with pytest.raises(asyncio.CancelledError):  # not "generator already executing"
         await task
     assert await asyncio.to_thread(closed.wait, 5)  # its finally ran
+
+
+async def test_a_coroutine_returned_after_its_caller_left_is_closed() -> None:
+    """A sync method run in a thread whose caller is cancelled (a hook past its bound)
+    still returns later; the coroutine it returns is closed, not left to warn that it
+    was never awaited (that warning failed a CI run)."""
+    release = threading.Event()
+    started: list[bool] = []
+
+    async def answer() -> int:
+        started.append(True)
+        return 1
+
+    made: list[Coroutine[object, object, int]] = []
+
+    def blocks_then_returns_a_coroutine() -> Coroutine[object, object, int]:
+        release.wait(5)
+        made.append(answer())
+        return made[0]
+
+    call = asyncio.ensure_future(call_maybe_async(blocks_then_returns_a_coroutine))
+    await asyncio.sleep(0.05)
+    call.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await call
+    release.set()
+    for _ in range(200):
+        await asyncio.sleep(0.01)
+        if made and inspect.getcoroutinestate(made[0]) == inspect.CORO_CLOSED:
+            break
+    # Closed before it ran:
+    assert made and inspect.getcoroutinestate(made[0]) == inspect.CORO_CLOSED and not started

@@ -121,10 +121,27 @@ async def call_maybe_async(function: Callable[..., object], *args: object, **kwa
     if is_async(function):
         return await cast(Awaitable[object], function(*args, **kwargs))
     # Sync user code runs in a thread so it never blocks the replica's event loop.
-    result = await asyncio.to_thread(function, *args, **kwargs)
+    in_thread = asyncio.ensure_future(asyncio.to_thread(function, *args, **kwargs))
+    try:
+        result = await asyncio.shield(in_thread)
+    except asyncio.CancelledError:
+        # The thread cannot be stopped: what it returns later is dropped, and a coroutine
+        # among that is closed (never awaited, it would warn).
+        in_thread.add_done_callback(_close_dropped)
+        raise
     if inspect.iscoroutine(result):  # a plain callable that returned a coroutine: await it here
         result = await result
     return result
+
+
+def _close_dropped(in_thread: asyncio.Future[object]) -> None:
+    """Ends what a cancelled caller's thread returned: a coroutine is closed; an error is
+    read so that it is not logged as never retrieved (the caller has gone)."""
+    if in_thread.cancelled() or in_thread.exception() is not None:
+        return
+    result = in_thread.result()
+    if inspect.iscoroutine(result):
+        result.close()
 
 
 def wants_reconfigure(instance: object, user_config: object) -> bool:
