@@ -48,7 +48,7 @@ class DeploymentResponse(InFlight, Generic[R]):
 
 
 class _CallStream(Protocol):
-    """One streamed call, on the data plane's loop (``app_toolkit.handle`` makes it)."""
+    """One streamed call, on the data plane's loop (``_runtime/routing/streamed_calls.py``)."""
 
     async def next(self) -> object: ...
 

@@ -1,6 +1,6 @@
 """A caller's side of a continuable stream (``@continuable``): the items it received, kept
 within the method's bound, the call that continues the stream on another replica when its
-own is lost, and the wait for a replica to take it (``handle.py``'s stream sends it)."""
+own is lost, and the wait for a replica to take it (``streamed_calls.py`` sends it)."""
 
 from __future__ import annotations
 
