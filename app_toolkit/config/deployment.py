@@ -192,6 +192,16 @@ class DeploymentConfig(Strict):
         "max_surge_percent set: how long a new replica may wait for room beside the old "
         "ones before the upgrade replaces old replicas in steps of 20 %.",
     )
+    continuation_wait_s: float | None = Field(
+        None,
+        json_schema_extra=IN_PLACE,
+        gt=0,
+        allow_inf_nan=False,
+        description="How long a stream of a continuable method (@continuable) whose "
+        "replica was lost waits for another replica to take it (with one replica: its "
+        "replacement) before it ends with the loss; None: the method's own wait_s. A "
+        "model of app_toolkit.llm sets it from its engine's start time.",
+    )
     max_replicas_per_node: int | None = Field(
         None,
         ge=1,

@@ -40,6 +40,12 @@ EMBEDDING_ONGOING = 8
 MODEL_CPUS = 1
 #: The ingress's admission (Ray Serve LLM's ingress takes 1e9): it only relays.
 INGRESS_ONGOING = 1_000
+#: How long a reply whose model replica was lost waits for another to take it (with one
+#: replica: its replacement), unless deployment_config.continuation_wait_s says: a few
+#: times a replica's start. vLLM's engine starts in about 30 s with SmolLM2 on a 2-core
+#: host, a large model on GPUs in minutes; the CPU engines in seconds to tens of seconds
+#: (docs/llm.md, "Replies that outlive their replica").
+CONTINUATION_WAIT_S = {"vLLM": 300.0, "transformers": 60.0, "echo": 60.0, "embeddings": 60.0}
 #: Seconds between a model replica's routing stats (its engine's load, read by the
 #: prefix-aware router) where the toolkit picks the router; Ray's default is 10. A busy
 #: replica's stats change at every sample, and each change is one load report and one
@@ -68,7 +74,11 @@ def build_llm_deployment(
     if name_prefix is not None and config.deployment_config.name is None:
         name = name_prefix + name.removeprefix("LLMServer-")
     # deployment()'s keyword arguments (DeploymentConfig's fields, dumped); ray_actor_options is read below.
-    options: dict[str, Any] = {"max_ongoing_requests": _ongoing(config), **config.deployment_options()}
+    options: dict[str, Any] = {
+        "max_ongoing_requests": _ongoing(config),
+        "continuation_wait_s": CONTINUATION_WAIT_S[config.llm_engine],
+        **config.deployment_options(),
+    }
     if config.engine_name != "echo":  # a model computes on the CPU it reserves (torch: one thread per CPU)
         options["ray_actor_options"] = {"num_cpus": MODEL_CPUS, **(options.get("ray_actor_options") or {})}
     bundles = config.placement_bundles()

@@ -280,6 +280,7 @@ def test_each_option_has_one_home() -> None:
         "rolling_update_percentage",
         "max_surge_percent",
         "surge_timeout_s",
+        "continuation_wait_s",  # read by the callers, from the next table
         "logging_config",  # a replica takes a new level and format as it runs
     }  # ray_actor_options and placement are not: new resources need new replicas
     batch_defaults = {

@@ -45,6 +45,19 @@ def test_deployment_config_then_overrides_win_over_the_defaults() -> None:
     assert overridden.deployment.config.num_replicas == 2
 
 
+def test_a_lost_replys_wait_for_a_replica_follows_its_engine_unless_set() -> None:
+    def wait_s(config: dict[str, Any]) -> float | None:
+        return build_llm_deployment(config).deployment.config.continuation_wait_s
+
+    assert wait_s({"model_loading_config": SMOL}) == 300.0  # vLLM: minutes to start
+    assert wait_s({"model_loading_config": SMOL, "llm_engine": "transformers"}) == 60.0
+    assert wait_s({"model_loading_config": {"model_id": "e"}, "llm_engine": "echo"}) == 60.0
+    given = {"model_loading_config": SMOL, "deployment_config": {"continuation_wait_s": 12.5}}
+    assert wait_s(given) == 12.5
+    with pytest.raises(ValueError, match="continuation_wait_s"):
+        build_llm_deployment({"model_loading_config": SMOL, "deployment_config": {"continuation_wait_s": 0}})
+
+
 def test_deployment_cls_must_be_an_llm_server() -> None:
     class Mine(LLMServer):
         pass

@@ -39,7 +39,7 @@ from app_toolkit._runtime.controller.replica_state import (
     first_check_in,
     replica_transition,
 )
-from app_toolkit._runtime.messages import DeploymentID, DeploymentSpec, ReplicaInfo
+from app_toolkit._runtime.messages import DeploymentID, DeploymentSpec, ReplicaInfo, StreamContinuation
 from app_toolkit.config import DeploymentConfig
 from app_toolkit.status import ReplicaState
 
@@ -295,3 +295,12 @@ def test_replicas_turning_slow_together_make_one_line() -> None:
     state = DeploymentState(spec(num_replicas=6), slow)
     logs = [a for a in plan(state, now=31.0, new_id=ids()) if isinstance(a, Log)]
     assert len(logs) == 1 and logs[0].message.startswith("a/D: 6 replica(s) starting for more than 30 s")
+
+
+def test_the_deployments_continuation_wait_replaces_its_methods_own_in_the_table() -> None:
+    declared = (StreamContinuation("write", 3, 100, 60.0), StreamContinuation("read", 2, 10, 5.0))
+    state = DeploymentState(dataclasses.replace(spec(), continuations=declared))
+    assert replica_table(state).continuations == declared
+    state.spec = dataclasses.replace(spec(continuation_wait_s=300.0), continuations=declared)
+    waits = [(rule.method, rule.limit, rule.wait_s) for rule in replica_table(state).continuations]
+    assert waits == [("write", 3, 300.0), ("read", 2, 300.0)]

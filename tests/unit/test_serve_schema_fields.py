@@ -538,6 +538,7 @@ applications:
     rolling_update_percentage: 0.5
     max_surge_percent: 20
     surge_timeout_s: 11
+    continuation_wait_s: 90
     affinity: prefer
     logging_config: {encoding: JSON, log_level: WARNING, enable_access_log: false}
   - name: Front
