@@ -30,6 +30,9 @@ DEFAULT_LIMIT = 3
 DEFAULT_MAX_ITEMS = 65_536
 #: How long a continuation waits for a replica to take it (a lost one's replacement).
 DEFAULT_WAIT_S = 60.0
+#: Bytes of items a caller keeps to continue a stream (their size as they crossed the
+#: channel, pickled, 128 more per item); a longer stream is no longer continued.
+DEFAULT_MAX_BYTES = 16 << 20
 
 
 def continuable(
@@ -38,6 +41,7 @@ def continuable(
     limit: int = DEFAULT_LIMIT,
     max_items: int = DEFAULT_MAX_ITEMS,
     wait_s: float = DEFAULT_WAIT_S,
+    max_bytes: int = DEFAULT_MAX_BYTES,
 ) -> Callable[[F], F]:
     """Declare a deployment's generator method continuable.
 
@@ -46,18 +50,22 @@ def continuable(
     call that yields the items after them (the other arguments stay as they were). It
     runs in the replica that continues the stream. A continued stream is continued again
     if lost again, ``limit`` times at most. A caller keeps at most ``max_items`` items of
-    a stream (past them the stream ends as an uncontinued one would); a continuation waits
-    ``wait_s`` at most for a replica to take it (with one replica, its replacement), then
-    the stream ends with the loss's error. Continuations go ahead of new requests in the
+    a stream, and ``max_bytes`` of them (their size as they crossed the channel, pickled,
+    and 128 bytes per item): past either, the stream is no longer continued and a loss
+    ends it as an uncontinued one. A continuation waits ``wait_s`` at most for a replica
+    to take it (with one replica, its replacement; a deployment's
+    ``continuation_wait_s`` option replaces it), then the stream ends with the loss's
+    error. Continuations go ahead of new requests in the
     caller's queue, and are counted in ``app_toolkit_stream_continuations_total``."""
     if not callable(continue_from):
         raise DefinitionError(
             f"@continuable takes the function that continues a stream; got {continue_from!r}"
         )
-    if limit < 1 or max_items < 1 or not wait_s > 0:
+    if limit < 1 or max_items < 1 or max_bytes < 1 or not 0 < wait_s < float("inf"):
         raise DefinitionError(
-            f"@continuable: limit and max_items must be at least 1 and wait_s above 0; "
-            f"got limit={limit}, max_items={max_items}, wait_s={wait_s}"
+            f"@continuable: limit, max_items and max_bytes must be at least 1 and wait_s a "
+            f"number above 0; got limit={limit}, max_items={max_items}, max_bytes={max_bytes}, "
+            f"wait_s={wait_s}"
         )
 
     def declare(method: F) -> F:
@@ -67,7 +75,7 @@ def continuable(
                 f"{getattr(method, '__qualname__', method)!r} is not one"
             )
         setattr(method, CONTINUE_FROM, continue_from)
-        setattr(method, RULES, (limit, max_items, wait_s))
+        setattr(method, RULES, (limit, max_items, wait_s, max_bytes))
         return method
 
     return declare

@@ -11,7 +11,7 @@ from app_toolkit._runtime.messages import StreamContinuation
 
 #: The attribute ``@continuable`` puts on the method: its ``continue_from`` function.
 CONTINUE_FROM = "__app_toolkit_continue_from__"
-#: The attribute with the method's rules: (limit, max_items, wait_s).
+#: The attribute with the method's rules: (limit, max_items, wait_s, max_bytes).
 RULES = "__app_toolkit_continuation__"
 
 
@@ -23,8 +23,8 @@ def continuations_of(definition: object) -> tuple[StreamContinuation, ...]:
     for name, member in inspect.getmembers(definition):
         rules = getattr(member, RULES, None)
         if rules is not None and not name.startswith("_"):
-            limit, max_items, wait_s = rules
-            found.append(StreamContinuation(name, limit, max_items, wait_s))
+            limit, max_items, wait_s, max_bytes = rules
+            found.append(StreamContinuation(name, limit, max_items, wait_s, max_bytes))
     return tuple(found)
 
 

@@ -113,12 +113,14 @@ class RouteInfo:
 class StreamContinuation:
     """A deployment's generator method whose streams its callers continue on another
     replica when theirs is lost (``@continuable``: app_toolkit/continuable.py), and its
-    rules: continuations per stream, items a caller keeps, seconds a continuation waits."""
+    rules: continuations per stream, items a caller keeps, seconds a continuation waits,
+    and the bytes of items a caller keeps (their size as they crossed the channel)."""
 
     method: str
     limit: int
     max_items: int
     wait_s: float
+    max_bytes: int = 16 << 20
 
 
 @compact

@@ -137,6 +137,13 @@ class Counter:
         async for item in self.count(request):
             yield item
 
+    @tk.continuable(count_on, max_bytes=1_000)
+    async def bounded(self, request: Count) -> AsyncIterator[tuple[int, int]]:
+        """The same stream, continuable while its caller keeps at most 1,000 bytes of it
+        (a few items: each counts its pickled size and 128 bytes more)."""
+        async for item in self.count(request):
+            yield item
+
 
 def make_counting_app(counter: tk.Application) -> tk.Application:
     """An ingress streaming a Counter's numbers over HTTP, a line per number."""

@@ -1,7 +1,8 @@
 """A ``@continuable`` stream whose replica is SIGKILLed mid-stream goes on, on Ray: the
 caller's stream continues on the other replica from the items it had, through a handle
 and through HTTP, each item once and in order (docs/fault-tolerance.md, "Streams that go
-on"). The same stream not declared continuable ends with the loss, as before."""
+on"). The same stream not declared continuable ends with the loss, as before, and so
+does one whose items passed the bytes its caller keeps."""
 
 from __future__ import annotations
 
@@ -49,9 +50,12 @@ def test_a_continuable_stream_goes_on_through_a_handle_when_its_replica_is_kille
     assert set(pids[: KILL_AT + 1]) == {pids[0]}
 
 
-def test_a_stream_not_declared_continuable_ends_with_its_replica(ray_toolkit: Toolkit) -> None:
+@pytest.mark.parametrize("method", ["plain", "bounded"])
+def test_a_stream_not_declared_continuable_or_past_its_bytes_ends_with_its_replica(
+    ray_toolkit: Toolkit, method: str
+) -> None:
     counter = ray_toolkit.run(as_deployment(Counter).bind(), route_prefix=None)
-    handle = counter.options(stream=True, method_name="plain")
+    handle = counter.options(stream=True, method_name=method)
     numbers: list[int] = []
     with pytest.raises(RequestLostError):
         for number, pid in handle.remote(Count(STOP)):

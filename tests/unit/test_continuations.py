@@ -29,14 +29,14 @@ DEPLOYMENT = DeploymentID("app", "Model")
 LOST = RequestLostError("lost")
 
 
-def _continuation(limit: int = 2, max_items: int = 5) -> Continuation:
-    return Continuation(StreamContinuation("write", limit, max_items, 1.0), DEPLOYMENT)
+def _continuation(limit: int = 2, max_items: int = 5, max_bytes: int = 1000) -> Continuation:
+    return Continuation(StreamContinuation("write", limit, max_items, 1.0, max_bytes), DEPLOYMENT)
 
 
 def test_a_lost_replica_continues_the_stream_with_its_items_ahead_of_every_class() -> None:
     continuation = _continuation()
     for item in ("a", "b"):
-        continuation.keep(item)
+        continuation.keep(item, 130)
     call = MethodCall("r1", "write", ("request",), share=Share("alice", 2.0, 5))
     after = continuation.after(LOST, call)
     assert after is not None
@@ -58,7 +58,7 @@ def test_a_lost_replica_continues_the_stream_with_its_items_ahead_of_every_class
 )
 def test_other_errors_end_the_stream(error: BaseException) -> None:
     continuation = _continuation()
-    continuation.keep("a")
+    continuation.keep("a", 130)
     assert continuation.after(error, MethodCall("r1", "write", ("request",))) is None
 
 
@@ -69,9 +69,19 @@ def test_the_limit_the_item_bound_and_a_continuation_no_replica_took_end_it() ->
     assert limited.after(LOST, call) is not None
     assert limited.after(LOST, call) is None
     bounded = _continuation(max_items=3)
-    for item in range(4):
-        bounded.keep(item)
+    for item in range(3):
+        bounded.keep(item, 130)
+    assert bounded.after(LOST, call) is not None  # at the bound: kept
+    bounded.keep(3, 130)
     assert bounded.after(LOST, call) is None
+    # The items' bytes bound it too: three of 300 fit in 1,000, a fourth does not.
+    heavy = _continuation(max_items=100, max_bytes=1000)
+    for item in range(3):
+        heavy.keep(item, 300)
+    assert heavy.after(LOST, call) is not None
+    heavy.keep(3, 300)
+    heavy.keep(4, 1)  # nothing is kept once past it
+    assert heavy.after(LOST, call) is None
     waited = _continuation()
     waited.end()  # no replica took a continuation in time
     assert waited.after(LOST, call) is None
@@ -91,7 +101,7 @@ class _Writer:
 
 
 def test_the_decorator_marks_generator_methods_and_the_build_reads_them() -> None:
-    assert continuations_of(_Writer) == (StreamContinuation("write", 4, 65_536, 9.0),)
+    assert continuations_of(_Writer) == (StreamContinuation("write", 4, 65_536, 9.0, 16 << 20),)
     continue_from = continue_from_of(_Writer().write)  # read through the bound method
     assert continue_from is not None and continue_from("req", ["a", "b"]) == "req+2"
     assert continue_from_of(_Writer().plain) is None
@@ -112,6 +122,10 @@ def test_the_decorator_refuses_what_cannot_be_continued() -> None:
 
     with pytest.raises(DefinitionError, match="at least 1"):
         tk.continuable(_continue, limit=0)
+    with pytest.raises(DefinitionError, match="max_bytes=0"):
+        tk.continuable(_continue, max_bytes=0)
+    with pytest.raises(DefinitionError, match="wait_s=inf"):
+        tk.continuable(_continue, wait_s=float("inf"))
     with pytest.raises(DefinitionError, match="function"):
         tk.continuable("not a function")  # type: ignore[arg-type]
 

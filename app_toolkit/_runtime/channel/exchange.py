@@ -26,7 +26,17 @@ class Exchange:
     of the body leaves before, so a refused request can still go whole to another replica.
     """
 
-    __slots__ = ("_items", "_waiter", "_cancel", "_forward", "finished", "inflow", "outflow", "credits")
+    __slots__ = (
+        "_items",
+        "_waiter",
+        "_cancel",
+        "_forward",
+        "finished",
+        "inflow",
+        "outflow",
+        "credits",
+        "received_cost",
+    )
 
     def __init__(
         self,
@@ -45,6 +55,9 @@ class Exchange:
         if body_follows(request):
             self.outflow.sent(self.outflow.size)  # until the replica admits it
         self.credits = credits
+        #: The flow-control cost of the answer :meth:`recv` returned last: a streamed
+        #: one's size as it crossed the channel (``flow.frame_cost``).
+        self.received_cost = 0
 
     def send(self, message: ClientMessage) -> None:
         """Send the client's next message to the replica; wait for :meth:`room_to_send`
@@ -100,6 +113,7 @@ class Exchange:
                 self._waiter = None
         answer, cost = self._items.popleft()
         self._consumed(cost)
+        self.received_cost = cost
         return answer
 
     def refuse(self, answer: Answer) -> None:

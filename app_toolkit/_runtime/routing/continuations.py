@@ -30,12 +30,13 @@ Send = Callable[[Callable[[Exchange], None], Callable[[], None]], Awaitable[Repl
 class Continuation:
     """One continuable stream's items so far and its continuations."""
 
-    __slots__ = ("_rule", "_deployment", "_items", "_ended", "count", "loss")
+    __slots__ = ("_rule", "_deployment", "_items", "_bytes", "_ended", "count", "loss")
 
     def __init__(self, rule: StreamContinuation, deployment: DeploymentID) -> None:
         self._rule = rule
         self._deployment = deployment
-        self._items: list[object] | None = []  # None: past the bound, not continued
+        self._items: list[object] | None = []  # None: past a bound, not continued
+        self._bytes = 0  # the kept items' size as they crossed the channel
         self._ended = False  # no replica took a continuation in time: the stream ends
         self.count = 0
         #: The error the stream was cut with last (what it ends with if not continued).
@@ -45,17 +46,23 @@ class Continuation:
     def wait_s(self) -> float:
         return self._rule.wait_s
 
-    def keep(self, item: object) -> None:
+    def keep(self, item: object, size: int) -> None:
+        """Keep ``item`` (``size``: its cost as it crossed the channel), unless a bound is
+        passed: then none are kept and the stream is no longer continued."""
         items = self._items
         if items is None:
             return
-        if len(items) >= self._rule.max_items:
+        rule = self._rule
+        self._bytes += size
+        if len(items) >= rule.max_items or self._bytes > rule.max_bytes:
             self._items = None
             logger.info(
-                "A stream of %s.%s passed %d items: it is no longer continued if its replica is lost",
+                "A stream of %s.%s passed %d items or %d bytes: it is no longer continued if its "
+                "replica is lost",
                 self._deployment,
-                self._rule.method,
-                self._rule.max_items,
+                rule.method,
+                rule.max_items,
+                rule.max_bytes,
             )
             return
         items.append(item)

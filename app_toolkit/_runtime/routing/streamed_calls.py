@@ -86,8 +86,8 @@ class StreamedCall:
                     raise
                 raise ending from exc
             if isinstance(answer, StreamItem):
-                if self._continuation is not None:
-                    self._continuation.keep(answer.value)
+                if self._continuation is not None and self._reply is not None:
+                    self._continuation.keep(answer.value, self._reply.exchange.received_cost)
                 return answer.value
             error: BaseException | None = None
             if isinstance(answer, CallFailure):
