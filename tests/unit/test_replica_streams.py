@@ -8,6 +8,7 @@ import inspect
 import threading
 import time
 from collections.abc import Coroutine, Generator
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
@@ -83,3 +84,19 @@ async def test_a_coroutine_returned_after_its_caller_left_is_closed() -> None:
             break
     # Closed before it ran:
     assert made and inspect.getcoroutinestate(made[0]) == inspect.CORO_CLOSED and not started
+
+
+async def test_a_sync_call_cancelled_before_a_thread_took_it_never_runs() -> None:
+    asyncio.get_running_loop().set_default_executor(ThreadPoolExecutor(1))
+    release = threading.Event()
+    ran: list[int] = []
+    busy = asyncio.ensure_future(call_maybe_async(release.wait, 5))
+    queued = asyncio.ensure_future(call_maybe_async(ran.append, 1))
+    await asyncio.sleep(0.05)
+    queued.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await queued
+    release.set()
+    assert await busy is True
+    await call_maybe_async(ran.append, 2)  # after the cancelled one in the one thread's line
+    assert ran == [2]

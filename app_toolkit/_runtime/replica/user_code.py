@@ -5,6 +5,7 @@ the generic 500 a Starlette app answers with."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import inspect
 import threading
 import weakref
@@ -121,12 +122,21 @@ async def call_maybe_async(function: Callable[..., object], *args: object, **kwa
     if is_async(function):
         return await cast(Awaitable[object], function(*args, **kwargs))
     # Sync user code runs in a thread so it never blocks the replica's event loop.
-    in_thread = asyncio.ensure_future(asyncio.to_thread(function, *args, **kwargs))
+    abandoned = threading.Event()
+
+    def run() -> object:
+        if abandoned.is_set():  # its caller left before a thread took it: it never runs
+            return None
+        return function(*args, **kwargs)
+
+    loop = asyncio.get_running_loop()
+    in_thread = loop.run_in_executor(None, contextvars.copy_context().run, run)
     try:
         result = await asyncio.shield(in_thread)
     except asyncio.CancelledError:
-        # The thread cannot be stopped: what it returns later is dropped, and a coroutine
-        # among that is closed (never awaited, it would warn).
+        # A thread cannot be stopped: what a running call returns is dropped, and a
+        # coroutine among that closed (never awaited, it would warn).
+        abandoned.set()
         in_thread.add_done_callback(_close_dropped)
         raise
     if inspect.iscoroutine(result):  # a plain callable that returned a coroutine: await it here
