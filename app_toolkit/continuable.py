@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from app_toolkit._runtime.continuation_marks import CONTINUE_FROM, RULES
+from app_toolkit._runtime.messages import CONTINUATION_MAX_BYTES
 from app_toolkit.exceptions import DefinitionError
 
 F = TypeVar("F", bound=Callable[..., object])
@@ -32,7 +33,7 @@ DEFAULT_MAX_ITEMS = 65_536
 DEFAULT_WAIT_S = 60.0
 #: Bytes of items a caller keeps to continue a stream (their size as they crossed the
 #: channel, pickled, 128 more per item); a longer stream is no longer continued.
-DEFAULT_MAX_BYTES = 16 << 20
+DEFAULT_MAX_BYTES = CONTINUATION_MAX_BYTES
 
 
 def continuable(
@@ -51,7 +52,8 @@ def continuable(
     runs in the replica that continues the stream. A continued stream is continued again
     if lost again, ``limit`` times at most. A caller keeps at most ``max_items`` items of
     a stream, and ``max_bytes`` of them (their size as they crossed the channel, pickled,
-    and 128 bytes per item): past either, the stream is no longer continued and a loss
+    and 128 bytes per item; 128 each on the local backend, where items do not cross
+    one): past either, the stream is no longer continued and a loss
     ends it as an uncontinued one. A continuation waits ``wait_s`` at most for a replica
     to take it (with one replica, its replacement; a deployment's
     ``continuation_wait_s`` option replaces it), then the stream ends with the loss's

@@ -1,9 +1,11 @@
 """How a deployment's class marks its continuable generator methods (``@continuable``,
-app_toolkit/continuable.py): read where an app is built (their rules, for its callers)
-and in a replica continuing a stream (the method's ``continue_from``)."""
+app_toolkit/continuable.py): read where an app is built (their rules, for its callers,
+who get them with the deployment's wait) and in a replica continuing a stream (the
+method's ``continue_from``)."""
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from collections.abc import Callable, Sequence
 
@@ -26,6 +28,14 @@ def continuations_of(definition: object) -> tuple[StreamContinuation, ...]:
             limit, max_items, wait_s, max_bytes = rules
             found.append(StreamContinuation(name, limit, max_items, wait_s, max_bytes))
     return tuple(found)
+
+
+def waiting(rules: tuple[StreamContinuation, ...], wait_s: float | None) -> tuple[StreamContinuation, ...]:
+    """The rules as a deployment's callers get them: each waiting ``wait_s`` (the
+    deployment's ``continuation_wait_s``) where it is set, else what its method declares."""
+    if wait_s is None:
+        return rules
+    return tuple(dataclasses.replace(rule, wait_s=wait_s) for rule in rules)
 
 
 def continue_from_of(method: Callable[..., object]) -> Callable[[object, Sequence[object]], object] | None:

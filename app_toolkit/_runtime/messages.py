@@ -108,6 +108,10 @@ class RouteInfo:
     cors: CORSOptions | None = None
 
 
+#: Bytes of a stream's items its caller keeps by default (``@continuable(max_bytes=)``).
+CONTINUATION_MAX_BYTES = 16 << 20
+
+
 @compact
 @dataclass(frozen=True, slots=True)
 class StreamContinuation:
@@ -120,7 +124,7 @@ class StreamContinuation:
     limit: int
     max_items: int
     wait_s: float
-    max_bytes: int = 16 << 20
+    max_bytes: int = CONTINUATION_MAX_BYTES
 
 
 @compact

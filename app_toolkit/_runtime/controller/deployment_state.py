@@ -18,6 +18,7 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from app_toolkit._runtime.continuation_marks import waiting
 from app_toolkit._runtime.controller.autoscaling import Autoscaler
 from app_toolkit._runtime.controller.capacity import Capacity
 from app_toolkit._runtime.controller.replica_state import (
@@ -317,16 +318,13 @@ def replica_table(state: DeploymentState) -> ReplicaTable:
     router = None
     if routing is not None and not routing.is_default:
         router = RouterChoice(routing.class_path, json.dumps(routing.request_router_kwargs, sort_keys=True))
-    continuations, wait_s = state.spec.continuations, config.continuation_wait_s
-    if wait_s is not None:  # the deployment's wait, over its methods' own
-        continuations = tuple(dataclasses.replace(rule, wait_s=wait_s) for rule in continuations)
     return ReplicaTable(
         tuple(infos),
         config.max_queued_requests,
         config.affinity,
         overload=overload,
         router=router,
-        continuations=continuations,
+        continuations=waiting(state.spec.continuations, config.continuation_wait_s),
     )
 
 

@@ -83,7 +83,7 @@ class Continuation:
                 self._deployment,
                 self._rule.method,
                 error,
-                "past its item bound" if self._items is None else f"continued {self.count} times already",
+                "past its bound (items or bytes)" if self._items is None else f"continued {self.count} times",
             )
             return None
         self.count += 1

@@ -198,7 +198,9 @@ class StreamedCall:
             # skipped a while; a lost one is forgotten already.
             self._plane.dispatcher(reply.deployment or self._deployment).suspect(reply.replica_id)
         self._call = call
-        self._deadline = asyncio.get_running_loop().time() + continuation.wait_s
+        rule = self._rule()  # the newest table's (continuation_wait_s changes in place)
+        wait_s = continuation.wait_s if rule is None else rule.wait_s
+        self._deadline = asyncio.get_running_loop().time() + wait_s
         return True
 
     def _ending(self, error: BaseException) -> BaseException:
