@@ -7,7 +7,9 @@ responses, streamed and whole, with ``n: 2`` and under a JSON schema (docs/llm.m
 Replies are greedy and 64 tokens long (``ignore_eos``); a reply is killed after k of its
 pieces reached the client (the replica may have made a few more meanwhile: they are made
 again). Three replicas: a killed one is replaced in the background while the next test
-kills another, and one is always left to continue on.
+kills another. The chat reply loses its replica three times (after 1, 32 and 63 pieces:
+the continuations' limit), the last continuation waiting for the first lost replica's
+replacement. Each unbroken reply is made once for the module.
 """
 
 from __future__ import annotations
@@ -18,18 +20,22 @@ import os
 import signal
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar, cast
 
+import httpx
 import jsonschema
 import openai
 import pytest
 import ray
+from prometheus_client.parser import text_string_to_metric_families
 
 import app_toolkit as tk
 from app_toolkit._runtime.backends.ray.cluster import replica_actor
 from app_toolkit.llm import build_openai_app
 from tests.conftest import Toolkit
 from tests.waiting import wait_for
+
+T = TypeVar("T")
 
 MODEL = "smollm2"
 PROMPT = "Write a long story about a lighthouse keeper and the sea."
@@ -52,11 +58,13 @@ class Served:
 
     def __init__(self, toolkit: Toolkit, name: str, prefix: str = "") -> None:
         self.name = name
+        self.url = toolkit.url
         self.client = openai.OpenAI(
             base_url=f"{toolkit.url}{prefix}/v1", api_key="none", max_retries=0, timeout=120
         )
         deployments = tk.status().applications[name].deployments
         self.deployment = next(d for d in deployments if d != "OpenAIIngress" and "Ingress" not in d)
+        self._unbroken: dict[str, object] = {}
 
     def replicas(self) -> list[dict[str, int]]:
         """The stats of the model's replicas that run and answer (a killed one may still
@@ -72,17 +80,37 @@ class Served:
                 continue
         return live
 
-    def kill_serving(self) -> None:
-        """SIGKILL the replica (this test's) that has a reply under way."""
+    def serving(self) -> int:
+        """The pid of the replica (this test's) that has a reply under way."""
         for stats in self.replicas():
             if stats["ongoing"]:
-                os.kill(stats["pid"], signal.SIGKILL)
-                return
+                return stats["pid"]
         raise AssertionError("no replica had the reply")
+
+    def kill_serving(self) -> None:
+        """SIGKILL the replica that has a reply under way."""
+        os.kill(self.serving(), signal.SIGKILL)
+
+    def continued(self) -> float:
+        """Replies continued so far, as the ingress counts them."""
+        text = httpx.get(self.url + "/-/metrics", timeout=10).text
+        return sum(
+            sample.value
+            for family in text_string_to_metric_families(text)
+            if family.name == "app_toolkit_stream_continuations"
+            for sample in family.samples
+            if sample.name.endswith("_total") and sample.labels.get("outcome") == "continued"
+        )
 
     def ready(self) -> None:
         """At least two replicas run: one to kill, one to continue on."""
         wait_for(lambda: len(self.replicas()) >= 2, timeout_s=120, what="two model replicas running")
+
+    def unbroken(self, kind: str, make: Callable[[], T]) -> T:
+        """The unbroken reply of ``kind``: made by ``make`` the first time it is asked for."""
+        if kind not in self._unbroken:
+            self._unbroken[kind] = make()
+        return cast(T, self._unbroken[kind])
 
 
 @pytest.fixture(scope="module")
@@ -105,14 +133,24 @@ def served(module_ray_toolkit: Toolkit) -> Iterator[Served]:
     served.client.close()
 
 
-def _killed_after(pieces: int, served: Served) -> Callable[[int], None]:
-    """What a reader calls with each piece's number: at ``pieces``, the replica dies."""
+class _Killer:
+    """What a reader calls with each piece's number: at each of ``pieces``, the replica
+    serving the reply dies. It is found a piece before (at the first, on it), so that
+    the kill itself is at once, before the replica has made many more."""
 
-    def seen(count: int) -> None:
-        if count == pieces:
-            served.kill_serving()
+    def __init__(self, served: Served, *pieces: int) -> None:
+        self._served = served
+        self._pieces = pieces
+        self._pid: int | None = None
+        self.kills = 0
 
-    return seen
+    def __call__(self, count: int) -> None:
+        if count + 1 in self._pieces:
+            self._pid = self._served.serving()
+        if count in self._pieces:
+            os.kill(self._pid or self._served.serving(), signal.SIGKILL)
+            self._pid = None
+            self.kills += 1
 
 
 @dataclasses.dataclass
@@ -161,26 +199,27 @@ def _chat_stream(
     return read
 
 
-@pytest.mark.parametrize("pieces", [1, 32, 63])
-def test_a_streamed_chat_reply_goes_on_when_its_replica_is_killed(served: Served, pieces: int) -> None:
-    unbroken = _chat_stream(served, None)
-    served.ready()
-    continued = _chat_stream(served, _killed_after(pieces, served))
-    assert continued == unbroken
+def test_a_streamed_chat_reply_goes_on_each_time_its_replica_is_killed(served: Served) -> None:
+    unbroken = served.unbroken("chat", lambda: _chat_stream(served, None))
     assert unbroken.usage["completion_tokens"] == TOKENS and unbroken.finishes == {0: ["length"]}
+    served.ready()
+    before = served.continued()
+    # Three replicas lost in turn: the third continuation may wait for a replacement.
+    killer = _Killer(served, 1, 32, 63)
+    assert _chat_stream(served, killer) == unbroken
+    assert killer.kills == 3
+    wait_for(lambda: served.continued() == before + 3, timeout_s=10, what="3 continuations counted")
 
 
-def test_two_seeded_choices_and_a_json_schema_carry_over(served: Served) -> None:
-    unbroken = _chat_stream(served, None, SEEDED)
+def test_two_seeded_choices_under_a_json_schema_carry_over(served: Served) -> None:
+    shaped: dict[str, Any] = {**SEEDED, "response_format": RESPONSE_FORMAT}
+    unbroken = _chat_stream(served, None, shaped, max_tokens=120)
     served.ready()
-    assert _chat_stream(served, _killed_after(20, served), SEEDED) == unbroken
-    shaped: dict[str, Any] = {"response_format": RESPONSE_FORMAT, "max_tokens": 120}
-    unbroken = _chat_stream(served, None, **shaped)
-    served.ready()
-    continued = _chat_stream(served, _killed_after(10, served), **shaped)
+    continued = _chat_stream(served, _Killer(served, 20), shaped, max_tokens=120)
     assert continued == unbroken
-    assert continued.finishes[0] == ["stop"]  # the grammar closed the object within the tokens
-    jsonschema.validate(json.loads(continued.texts[0]), SCHEMA)
+    assert continued.finishes == {0: ["stop"], 1: ["stop"]}  # the grammar closed each object
+    for text in continued.texts.values():
+        jsonschema.validate(json.loads(text), SCHEMA)
 
 
 def test_completions_and_responses_whole_and_streamed_go_on(served: Served) -> None:
@@ -235,9 +274,12 @@ def test_completions_and_responses_whole_and_streamed_go_on(served: Served) -> N
         assert final.usage.output_tokens == TOKENS
         return text
 
-    assert (
-        response()
-        == served.client.responses.create(
+    assert response() == served.unbroken("response", lambda: _whole_response(served))
+
+
+def _whole_response(served: Served) -> str:
+    return str(
+        served.client.responses.create(
             model=MODEL, input=PROMPT, max_output_tokens=TOKENS, temperature=0
         ).output_text
     )
@@ -247,9 +289,7 @@ def test_a_response_resumed_with_starting_after_across_the_loss(served: Served) 
     """The client reads a few events and leaves; the model replica is killed; the
     response, produced apart from the connection, goes on on another replica, and the
     client resumes after the last event it had: together, the unbroken reply."""
-    unbroken = served.client.responses.create(
-        model=MODEL, input=PROMPT, max_output_tokens=TOKENS, temperature=0
-    ).output_text
+    unbroken = served.unbroken("response", lambda: _whole_response(served))
     served.ready()
     head = []
     events = served.client.responses.create(
