@@ -4,7 +4,8 @@ One ``app-toolkit run`` of a Ray Serve LLM config file with vLLM's own engine ar
 serves SmolLM2 for the whole module (a vLLM engine takes about 30 s to start on a 2-core
 host), as a user starts it. The main suite does not collect this folder (tests/conftest.py);
 this job runs it with ``--noconftest``. The last three tests kill the model's engine core,
-then its replica, then stop the command: they run last (pytest keeps the file's order).
+then its replica (a reply under way goes on on the replacement), then stop the command:
+they run last (pytest keeps the file's order).
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ ENGINE_KWARGS: dict[str, Any] = {
 #: vLLM's tool-call parser, on both servers of the differential corpus.
 PARSERS: dict[str, Any] = {"tool_call_parser": "hermes", "enable_auto_tool_choice": True}
 START_S = 300.0
+#: A prompt whose greedy reply goes on (``ignore_eos``) past the tokens asked for.
+STORY = "Write a long story about a lighthouse keeper and the sea."
 STOP_S = 30.0
 #: LoRA adapters of SmolLM2 (name: seed), in both servers' adapters' folder.
 ADAPTERS = {"legal": 1, "poetry": 2}
@@ -935,19 +938,61 @@ def test_a_replica_whose_engine_core_died_fails_its_health_check_and_is_replaced
     assert any("EngineCore encountered an issue" in line for line in failed), failed  # vLLM's dead engine
 
 
-def test_a_killed_replica_leaves_no_engine_process_and_is_replaced(served: Served) -> None:
+def test_a_killed_replica_leaves_no_engine_process_and_its_reply_goes_on_on_the_replacement(
+    served: Served,
+) -> None:
+    """The model's only replica is SIGKILLed while it streams a greedy reply: vLLM's
+    processes end with it, and the reply waits for the replacement (its engine loaded
+    anew), which reads the tokens so far after the prompt and goes on; the client reads
+    the unbroken reply (docs/llm.md, "Replies that outlive their replica")."""
+    body = {"model": "smollm2", "prompt": STORY, "max_tokens": 64, "temperature": 0, "ignore_eos": True}
+    unbroken = _post(served, "/v1/completions", body).json()["choices"][0]["text"]
     replicas = [pid for pid, name in served.processes() if name == "ray::ReplicaAct"]
     engines = {pid: name for pid, name in served.processes() if name.startswith("VLLM::")}
     assert engines, served.processes()  # vLLM's engine core and its worker
     owners = [pid for pid in replicas if _children(pid) & set(engines)]
     assert len(owners) == 1, (replicas, engines)
-    os.kill(owners[0], signal.SIGKILL)
+    before = _continued(served)
+    pieces: list[str] = []
+    finishes: list[str] = []
+    usage: dict[str, int] = {}
+    ended = False
+    killed_at = stall_s = 0.0
+    kept = ""  # what the client had when the replica was killed
+    stream = {**body, "stream": True, "stream_options": {"include_usage": True}}
+    with httpx.stream("POST", served.url + "/v1/completions", json=stream, timeout=START_S) as response:
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            ended = ended or line == "data: [DONE]"
+            if not line.startswith("data: {"):
+                continue  # an SSE ping while the reply waits, or the end
+            chunk = json.loads(line[6:])
+            usage = chunk.get("usage") or usage
+            for choice in chunk["choices"]:
+                if choice["text"]:
+                    pieces.append(choice["text"])
+                    if killed_at and not stall_s:
+                        stall_s = time.monotonic() - killed_at
+                if choice["finish_reason"]:
+                    finishes.append(choice["finish_reason"])
+            if len(pieces) >= 8 and not killed_at:
+                os.kill(owners[0], signal.SIGKILL)
+                killed_at = time.monotonic()
+                kept = "".join(pieces)
 
     def engines_gone() -> bool:
         return not set(engines) & {pid for pid, _ in served.processes()}
 
     wait_for(engines_gone, 30, f"vLLM's processes ending with their replica ({engines})")
-    reply = wait_for(lambda: _answered(served), START_S, "a new replica answering", interval_s=2)
+    assert killed_at and ended and finishes == ["length"], (pieces, finishes, ended)
+    assert usage["completion_tokens"] == 64 and _continued(served) == before + 1, usage
+    text = "".join(pieces)
+    assert unbroken.startswith(kept) and text.startswith(kept)
+    # A greedy reply continued on vLLM may part from the unbroken one at a near-tie (its
+    # replica reads the tokens so far in one pass); this one did not, measured.
+    parted = next((i for i, (a, b) in enumerate(zip(text, unbroken, strict=False)) if a != b), None)
+    assert text == unbroken, f"parted at character {parted}, stalled {stall_s:.1f} s: {text!r}, {unbroken!r}"
+    reply = wait_for(lambda: _answered(served), START_S, "the new replica answering", interval_s=2)
     assert reply.json()["choices"][0]["text"] == " Paris."
 
 
@@ -955,6 +1000,18 @@ def test_a_signal_stops_the_command_and_every_process_it_started(served: Served)
     os.kill(served.process.pid, signal.SIGINT)
     served.process.wait(STOP_S)  # within the documented time, or TimeoutExpired
     wait_for(lambda: not served.processes(), 15, "every process of the command ending")
+
+
+def _continued(served: Served) -> float:
+    """Replies continued so far, as the ingress counts them."""
+    page = httpx.get(served.url + "/-/metrics", timeout=10)
+    return sum(
+        sample.value
+        for family in text_string_to_metric_families(page.text)
+        if family.name == "app_toolkit_stream_continuations"
+        for sample in family.samples
+        if sample.name.endswith("_total") and sample.labels.get("outcome") == "continued"
+    )
 
 
 def _children(pid: int) -> set[int]:
