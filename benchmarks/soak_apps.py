@@ -32,6 +32,8 @@ ECHO_MODEL = "echo"
 SMOL_MODEL = "smollm2"
 #: Tokens of each greedy SmolLM2 reply the soak checks.
 SMOL_TOKENS = 32
+#: Its model's deployment (build_openai_app's name for it).
+SMOL_DEPLOYMENT = "LLMServer-" + SMOL_MODEL
 LLM_PREFIX = "/llm"
 
 api = FastAPI()

@@ -21,6 +21,7 @@ import ray
 
 import app_toolkit as tk
 from app_toolkit._runtime.backends.ray.cluster import NAMESPACE, PROXY_PREFIX, controller_actor, replica_actor
+from benchmarks.soak_apps import SMOL_DEPLOYMENT
 from benchmarks.soak_processes import INGRESS_DEPLOYMENTS, running_replicas
 from benchmarks.soak_rules import Kill
 from benchmarks.soak_schedule import PlannedKill
@@ -157,6 +158,9 @@ class Killer:
     def _replica(self, kind: str, pick: float) -> tuple[Kill, str]:
         ingress = kind == "ingress"
         replicas = [r for r in running_replicas() if (r[1] in INGRESS_DEPLOYMENTS) == ingress]
+        if not ingress:  # half the model kills take a SmolLM2 replica: its replies are long
+            smol = [r for r in replicas if r[1] == SMOL_DEPLOYMENT]
+            replicas, pick = (smol, pick * 2) if pick < 0.5 and smol else (replicas, pick)
         app, deployment, replica_id, node = _pick(replicas, pick)
         started = time.monotonic()
         pid = _sigkill(replica_actor(replica_id))
