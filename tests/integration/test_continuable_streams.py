@@ -11,26 +11,15 @@ import signal
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from app_toolkit.exceptions import RequestLostError
 from tests.apps.ray_only import Count, Counter, make_counting_app
 from tests.conftest import Toolkit
 from tests.deployments import as_deployment
+from tests.metrics_page import continuations
 
 STOP = 40
 KILL_AT = 10
-
-
-def _continuations(toolkit: Toolkit, outcome: str) -> float:
-    text = httpx.get(toolkit.url + "/-/metrics", timeout=10).text
-    return sum(
-        sample.value
-        for family in text_string_to_metric_families(text)
-        if family.name == "app_toolkit_stream_continuations"
-        for sample in family.samples
-        if sample.name.endswith("_total") and sample.labels.get("outcome") == outcome
-    )
 
 
 def test_a_continuable_stream_goes_on_through_a_handle_when_its_replica_is_killed(
@@ -68,7 +57,7 @@ def test_a_stream_not_declared_continuable_or_past_its_bytes_ends_with_its_repli
 def test_a_continuable_stream_goes_on_over_http_when_its_replica_is_killed(ray_toolkit: Toolkit) -> None:
     prefix = "/" + ray_toolkit.name()
     ray_toolkit.run(make_counting_app(as_deployment(Counter).bind()), route_prefix=prefix)
-    before = _continuations(ray_toolkit, "continued")
+    before = continuations(ray_toolkit.url)
     lines: list[tuple[int, int]] = []
     with httpx.Client(base_url=ray_toolkit.url, timeout=30) as client:
         with client.stream("GET", f"{prefix}/count/{STOP}") as response:
@@ -80,4 +69,4 @@ def test_a_continuable_stream_goes_on_over_http_when_its_replica_is_killed(ray_t
                     os.kill(pid, signal.SIGKILL)
     assert [number for number, _ in lines] == list(range(STOP))
     assert lines[-1][1] != lines[KILL_AT][1]
-    assert _continuations(ray_toolkit, "continued") >= before + 1  # counted by the caller's process
+    assert continuations(ray_toolkit.url) >= before + 1  # counted by the caller's process

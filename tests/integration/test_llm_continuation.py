@@ -22,17 +22,16 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any, TypeVar, cast
 
-import httpx
 import jsonschema
 import openai
 import pytest
 import ray
-from prometheus_client.parser import text_string_to_metric_families
 
 import app_toolkit as tk
 from app_toolkit._runtime.backends.ray.cluster import replica_actor
 from app_toolkit.llm import build_openai_app
 from tests.conftest import Toolkit
+from tests.metrics_page import continuations
 from tests.waiting import wait_for
 
 T = TypeVar("T")
@@ -90,17 +89,6 @@ class Served:
     def kill_serving(self) -> None:
         """SIGKILL the replica that has a reply under way."""
         os.kill(self.serving(), signal.SIGKILL)
-
-    def continued(self) -> float:
-        """Replies continued so far, as the ingress counts them."""
-        text = httpx.get(self.url + "/-/metrics", timeout=10).text
-        return sum(
-            sample.value
-            for family in text_string_to_metric_families(text)
-            if family.name == "app_toolkit_stream_continuations"
-            for sample in family.samples
-            if sample.name.endswith("_total") and sample.labels.get("outcome") == "continued"
-        )
 
     def ready(self) -> None:
         """At least two replicas run: one to kill, one to continue on."""
@@ -203,12 +191,12 @@ def test_a_streamed_chat_reply_goes_on_each_time_its_replica_is_killed(served: S
     unbroken = served.unbroken("chat", lambda: _chat_stream(served, None))
     assert unbroken.usage["completion_tokens"] == TOKENS and unbroken.finishes == {0: ["length"]}
     served.ready()
-    before = served.continued()
+    before = continuations(served.url)
     # Three replicas lost in turn: the third continuation may wait for a replacement.
     killer = _Killer(served, 1, 32, 63)
     assert _chat_stream(served, killer) == unbroken
     assert killer.kills == 3
-    wait_for(lambda: served.continued() == before + 3, timeout_s=10, what="3 continuations counted")
+    wait_for(lambda: continuations(served.url) == before + 3, timeout_s=10, what="3 continuations counted")
 
 
 def test_two_seeded_choices_under_a_json_schema_carry_over(served: Served) -> None:

@@ -27,6 +27,7 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from app_toolkit.llm import LLMConfig
+from tests.metrics_page import continuations
 from tests.waiting import wait_for
 
 CLI = [str(Path(sys.executable).with_name("app-toolkit"))]
@@ -952,7 +953,7 @@ def test_a_killed_replica_leaves_no_engine_process_and_its_reply_goes_on_on_the_
     assert engines, served.processes()  # vLLM's engine core and its worker
     owners = [pid for pid in replicas if _children(pid) & set(engines)]
     assert len(owners) == 1, (replicas, engines)
-    before = _continued(served)
+    before = continuations(served.url)
     pieces: list[str] = []
     finishes: list[str] = []
     usage: dict[str, int] = {}
@@ -985,7 +986,7 @@ def test_a_killed_replica_leaves_no_engine_process_and_its_reply_goes_on_on_the_
 
     wait_for(engines_gone, 30, f"vLLM's processes ending with their replica ({engines})")
     assert killed_at and ended and finishes == ["length"], (pieces, finishes, ended)
-    assert usage["completion_tokens"] == 64 and _continued(served) == before + 1, usage
+    assert usage["completion_tokens"] == 64 and continuations(served.url) == before + 1, usage
     text = "".join(pieces)
     assert unbroken.startswith(kept) and text.startswith(kept)
     # A greedy reply continued on vLLM may part from the unbroken one at a near-tie (its
@@ -1000,18 +1001,6 @@ def test_a_signal_stops_the_command_and_every_process_it_started(served: Served)
     os.kill(served.process.pid, signal.SIGINT)
     served.process.wait(STOP_S)  # within the documented time, or TimeoutExpired
     wait_for(lambda: not served.processes(), 15, "every process of the command ending")
-
-
-def _continued(served: Served) -> float:
-    """Replies continued so far, as the ingress counts them."""
-    page = httpx.get(served.url + "/-/metrics", timeout=10)
-    return sum(
-        sample.value
-        for family in text_string_to_metric_families(page.text)
-        if family.name == "app_toolkit_stream_continuations"
-        for sample in family.samples
-        if sample.name.endswith("_total") and sample.labels.get("outcome") == "continued"
-    )
 
 
 def _children(pid: int) -> set[int]:
