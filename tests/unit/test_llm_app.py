@@ -50,7 +50,7 @@ def test_a_lost_replys_wait_for_a_replica_follows_its_engine_unless_set() -> Non
         return build_llm_deployment(config).deployment.config.continuation_wait_s
 
     assert wait_s({"model_loading_config": SMOL}) == 300.0  # vLLM: minutes to start
-    assert wait_s({"model_loading_config": SMOL, "llm_engine": "transformers"}) == 60.0
+    assert wait_s({"model_loading_config": SMOL, "llm_engine": "transformers"}) == 120.0
     assert wait_s({"model_loading_config": {"model_id": "e"}, "llm_engine": "echo"}) == 60.0
     given = {"model_loading_config": SMOL, "deployment_config": {"continuation_wait_s": 12.5}}
     assert wait_s(given) == 12.5
