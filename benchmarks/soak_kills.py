@@ -158,9 +158,10 @@ class Killer:
     def _replica(self, kind: str, pick: float) -> tuple[Kill, str]:
         ingress = kind == "ingress"
         replicas = [r for r in running_replicas() if (r[1] in INGRESS_DEPLOYMENTS) == ingress]
-        if not ingress:  # half the model kills take a SmolLM2 replica: its replies are long
-            smol = [r for r in replicas if r[1] == SMOL_DEPLOYMENT]
-            replicas, pick = (smol, pick * 2) if pick < 0.5 and smol else (replicas, pick)
+        smol = [r for r in replicas if r[1] == SMOL_DEPLOYMENT]
+        if not ingress and smol:  # half the model kills take a SmolLM2 replica: its replies are long
+            others = [r for r in replicas if r[1] != SMOL_DEPLOYMENT] or smol
+            replicas, pick = (smol, pick * 2) if pick < 0.5 else (others, (pick - 0.5) * 2)
         app, deployment, replica_id, node = _pick(replicas, pick)
         started = time.monotonic()
         pid = _sigkill(replica_actor(replica_id))
