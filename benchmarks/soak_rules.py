@@ -29,6 +29,8 @@ APP_OF = {
     "completion": "llm",
     "models": "llm",
 }
+#: The LLM app's models (``soak_apps``), by the kind of traffic that asks them.
+MODEL_OF = {"chat": "echo", "completion": "echo", "smol": "smollm2"}
 #: LLM replies, which go on on another replica when theirs is lost (docs/llm.md, "Replies
 #: that outlive their replica"): a model replica's kill explains none of their failures.
 CONTINUED = frozenset({"chat", "smol", "completion"})
