@@ -18,6 +18,7 @@ import argparse
 import pickle
 
 from app_toolkit._runtime.backends.ray.codec import dumps
+from app_toolkit._runtime.channel.flow import frame_cost
 from app_toolkit._runtime.messages import DeploymentID, StreamContinuation, StreamItem
 from app_toolkit._runtime.routing.continuations import Continuation
 from app_toolkit.llm.events import Delta
@@ -43,7 +44,9 @@ def main() -> None:
         return piece  # a lone piece without log-probabilities went as it was made
 
     with_ids, without = dumps(StreamItem(carried)), dumps(StreamItem(piece))
-    keeper = Continuation(StreamContinuation("generate", 3, 1 << 62, 60.0), DeploymentID("app", "model"))
+    rule = StreamContinuation("generate", 3, 1 << 62, 60.0, max_bytes=1 << 62)
+    keeper = Continuation(rule, DeploymentID("app", "model"))
+    cost = frame_cost(len(with_ids))  # what the channel counts the piece (the bytes bound)
     rows = [
         (
             "piece made (replica)",
@@ -60,7 +63,7 @@ def main() -> None:
             _per_call_us(lambda: pickle.loads(with_ids), calls, rounds),
             _per_call_us(lambda: pickle.loads(without), calls, rounds),
         ),
-        ("piece kept (ingress)", _per_call_us(lambda: keeper.keep(carried), calls, rounds), 0.0),
+        ("piece kept (ingress)", _per_call_us(lambda: keeper.keep(carried, cost), calls, rounds), 0.0),
     ]
     print(f"pickled piece: {len(with_ids)} bytes with its token id, {len(without)} without")
     print(f"{'step':<26}{'with the state':>16}{'without':>10}{'added':>10}  (µs per token)")
