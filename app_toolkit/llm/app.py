@@ -44,7 +44,7 @@ INGRESS_ONGOING = 1_000
 #: replica: its replacement), unless deployment_config.continuation_wait_s says: a few
 #: times a replica's replacement, measured on a 2-core host (docs/llm.md, "Replies that
 #: outlive their replica"): SmolLM2 on vLLM about 40 s (a large model on GPUs takes
-#: minutes), on the transformers engine up to 48 s under the soak's load, the echo engine
+#: minutes), on the transformers engine 41-52 s under the soak's load, the echo engine
 #: 5-8 s.
 CONTINUATION_WAIT_S = {"vLLM": 300.0, "transformers": 120.0, "echo": 60.0, "embeddings": 120.0}
 #: Seconds between a model replica's routing stats (its engine's load, read by the
