@@ -46,7 +46,7 @@ def main() -> None:
     with_ids, without = dumps(StreamItem(carried)), dumps(StreamItem(piece))
     rule = StreamContinuation("generate", 3, 1 << 62, 60.0, max_bytes=1 << 62)
     keeper = Continuation(rule, DeploymentID("app", "model"))
-    cost = frame_cost(len(with_ids))  # what the channel counts the piece (the bytes bound)
+    cost = frame_cost(len(dumps(carried)))  # what the channel counts the piece (the bytes bound)
     rows = [
         (
             "piece made (replica)",

@@ -29,7 +29,7 @@ from benchmarks.soak_schedule import PlannedKill
 WORKER_CPUS = 2
 #: The longest a killed part may take to serve again; longer is reported (a bug, or a
 #: machine too busy), and the soak goes on.
-RECOVERY_LIMIT_S = 60.0
+RECOVERY_LIMIT_S = 150.0  # above a SmolLM2 replica's replacement (41-52 s under load)
 
 
 def _wait(condition: Callable[[], bool]) -> float:

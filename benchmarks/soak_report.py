@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from benchmarks.soak_processes import ProcessSample, sample
-from benchmarks.soak_rules import MODEL_OF, OUTCOMES, Kill, Record, Verdict, in_flight
+from benchmarks.soak_rules import OUTCOMES, Kill, Record, Verdict, stalls
 from benchmarks.soak_schedule import KINDS, Schedule
 
 
@@ -50,39 +50,6 @@ class Samples:
              if pid in alive and last[pid][0] - first[pid][0] >= min_s),
             key=lambda item: (item[1].role, item[1].name),
         )  # fmt: skip
-
-
-#: The streamed LLM replies whose stalls are reported, by their model's engine.
-STREAMED_REPLIES = {"chat": "echo", "smol": "transformers (SmolLM2)"}
-
-
-def _percentile(values: list[float], share: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(share * len(ordered)))] if ordered else 0.0
-
-
-def stalls(records: list[Record], kills: list[Kill]) -> dict[str, dict[str, float]]:
-    """Per engine, the longest stall of each intact streamed reply (seconds): p50, p99 and
-    the longest over those a kill of one of their model's replicas met (``lost_*``:
-    a continuation's stall where it was theirs), and p50, p99 over those no kill met."""
-    table = {}
-    for kind, engine in STREAMED_REPLIES.items():
-        # A replica id names its deployment (build_openai_app's): "llm.LLMServer-echo.4e45e6".
-        deployment = f".LLMServer-{MODEL_OF[kind]}."
-        model_kills = [k for k in kills if k.kind == "model" and deployment in k.target]
-        intact = [r for r in records if r.kind == kind and r.outcome == "intact"]
-        met = [r.stall_s for r in intact if any(in_flight(r, kill) for kill in model_kills)]
-        calm = [r.stall_s for r in intact if not any(in_flight(r, kill) for kill in kills)]
-        table[engine] = {
-            "lost_replies": len(met),
-            "lost_p50_s": round(_percentile(met, 0.5), 3),
-            "lost_p99_s": round(_percentile(met, 0.99), 3),
-            "lost_max_s": round(max(met, default=0.0), 3),
-            "calm_replies": len(calm),
-            "calm_p50_s": round(_percentile(calm, 0.5), 3),
-            "calm_p99_s": round(_percentile(calm, 0.99), 3),
-        }
-    return table
 
 
 def _at(record: Record, start: float) -> dict[str, Any]:
@@ -125,8 +92,8 @@ def print_summary(
     print("streamed LLM replies' longest stall, met by a kill of a replica of their model / no kill:")
     for engine, row in stalls(records, kills).items():
         print(
-            f"  {engine:<24} {row['lost_replies']:5} replies p50 {row['lost_p50_s']:6.2f} s  "
-            f"p99 {row['lost_p99_s']:6.2f} s  max {row['lost_max_s']:6.2f} s  /  {row['calm_replies']:5} "
+            f"  {engine:<24} {row['met_replies']:5} replies p50 {row['met_p50_s']:6.2f} s  "
+            f"p99 {row['met_p99_s']:6.2f} s  max {row['met_max_s']:6.2f} s  /  {row['calm_replies']:5} "
             f"replies p50 {row['calm_p50_s']:6.2f} s  p99 {row['calm_p99_s']:6.2f} s"
         )
     steady = samples.steady(steady_s)

@@ -86,8 +86,8 @@ class Record:
     #: resumable: the node whose proxy held the connection each cut ended ("" if unknown);
     #: ``proxy_node`` is the last connection's, which a resumption changes.
     cut_proxies: list[str] = field(default_factory=list)
-    #: a streamed LLM reply: the longest wait between two of its pieces (a continuation's
-    #: stall, where its model replica was lost), seconds
+    #: a streamed LLM reply: the longest wait for one of its pieces, the first from the
+    #: request on (a continuation's stall, where its model replica was lost), seconds
     stall_s: float = 0.0
 
 
@@ -212,6 +212,40 @@ def _cut_explained(record: Record, at: float, proxy_node: str, kills: Iterable[K
         )
         for kill in kills
     )
+
+
+#: The streamed LLM replies whose stalls are reported, by their model's engine.
+STREAMED_REPLIES = {"chat": "echo", "smol": "transformers (SmolLM2)"}
+
+
+def _percentile(values: list[float], share: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(share * len(ordered)))] if ordered else 0.0
+
+
+def stalls(records: list[Record], kills: list[Kill]) -> dict[str, dict[str, float]]:
+    """Per engine, the longest stall of each intact streamed reply (seconds): p50, p99 and
+    the longest over those a kill of one of their model's replicas met (``met_*``: a
+    continuation's stall where the replica was theirs; about half of them, with two
+    replicas), and p50, p99 over those no kill met."""
+    table = {}
+    for kind, engine in STREAMED_REPLIES.items():
+        # A replica id names its deployment (build_openai_app's): "llm.LLMServer-echo.4e45e6".
+        deployment = f".LLMServer-{MODEL_OF[kind]}."
+        model_kills = [k for k in kills if k.kind == "model" and deployment in k.target]
+        intact = [r for r in records if r.kind == kind and r.outcome == "intact"]
+        met = [r.stall_s for r in intact if any(in_flight(r, kill) for kill in model_kills)]
+        calm = [r.stall_s for r in intact if not any(in_flight(r, kill) for kill in kills)]
+        table[engine] = {
+            "met_replies": len(met),
+            "met_p50_s": round(_percentile(met, 0.5), 3),
+            "met_p99_s": round(_percentile(met, 0.99), 3),
+            "met_max_s": round(max(met, default=0.0), 3),
+            "calm_replies": len(calm),
+            "calm_p50_s": round(_percentile(calm, 0.5), 3),
+            "calm_p99_s": round(_percentile(calm, 0.99), 3),
+        }
+    return table
 
 
 def classify(record: Record, kills: Iterable[Kill]) -> str:

@@ -138,11 +138,12 @@ async def _chat_pieces(
     client: httpx.AsyncClient, record: Record, traffic: Traffic, body: dict[str, object]
 ) -> tuple[list[str], bool] | None:
     """A streamed chat completion's content pieces, and whether ``[DONE]`` ended it (None:
-    its answer was not a 200, as the record says). The record gets the longest wait
-    between two pieces (``stall_s``), an error event, and data after ``[DONE]``."""
+    its answer was not a 200, as the record says). The record gets the longest wait for
+    a piece, the first from the request on (``stall_s``), an error event, and data after
+    ``[DONE]``."""
     pieces: list[str] = []
     done = False
-    last = 0.0
+    last = time.monotonic()  # a wait for the first piece counts too
     async with client.stream("POST", LLM_PREFIX + "/v1/chat/completions", json=body) as response:
         if not await _expect(record, response, traffic):
             return None
@@ -160,8 +161,7 @@ async def _chat_pieces(
                     record.outcome, record.detail = "error-event", json.dumps(chunk["error"])[:300]
                     break
                 now = time.monotonic()
-                if last:
-                    record.stall_s = max(record.stall_s, now - last)
+                record.stall_s = max(record.stall_s, now - last)
                 last = now
                 for choice in chunk.get("choices", ()):
                     pieces.append(choice.get("delta", {}).get("content") or "")

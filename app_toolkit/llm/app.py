@@ -8,7 +8,7 @@ import logging
 import math
 import os
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
 import app_toolkit as tk
 from app_toolkit.config import DeploymentConfig
@@ -46,7 +46,12 @@ INGRESS_ONGOING = 1_000
 #: outlive their replica"): SmolLM2 on vLLM about 40 s (a large model on GPUs takes
 #: minutes), on the transformers engine 41-52 s under the soak's load, the echo engine
 #: 5-8 s.
-CONTINUATION_WAIT_S = {"vLLM": 300.0, "transformers": 120.0, "echo": 60.0, "embeddings": 120.0}
+CONTINUATION_WAIT_S: Mapping[Literal["vLLM", "transformers", "echo", "embeddings"], float] = {
+    "vLLM": 300.0,
+    "transformers": 120.0,
+    "echo": 60.0,
+    "embeddings": 120.0,
+}
 #: Seconds between a model replica's routing stats (its engine's load, read by the
 #: prefix-aware router) where the toolkit picks the router; Ray's default is 10. A busy
 #: replica's stats change at every sample, and each change is one load report and one

@@ -97,6 +97,7 @@ green = _which("green")
     rolling_update_percentage=0.5,
     max_surge_percent=10,
     surge_timeout_s=12,
+    continuation_wait_s=90,
     max_replicas_per_node=1,
     logging_config={"encoding": "JSON", "log_level": "WARNING", "enable_access_log": False},
 )

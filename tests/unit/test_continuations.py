@@ -80,7 +80,6 @@ def test_the_limit_the_item_bound_and_a_continuation_no_replica_took_end_it() ->
         heavy.keep(item, 300)
     assert heavy.after(LOST, call) is not None
     heavy.keep(3, 300)
-    heavy.keep(4, 1)  # nothing is kept once past it
     assert heavy.after(LOST, call) is None
     waited = _continuation()
     waited.end()  # no replica took a continuation in time

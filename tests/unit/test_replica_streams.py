@@ -58,7 +58,7 @@ async def test_a_coroutine_returned_after_its_caller_left_is_closed() -> None:
     """A sync method run in a thread whose caller is cancelled (a hook past its bound)
     still returns later; the coroutine it returns is closed, not left to warn that it
     was never awaited (that warning failed a CI run)."""
-    release = threading.Event()
+    entered, release = threading.Event(), threading.Event()
     started: list[bool] = []
 
     async def answer() -> int:
@@ -68,12 +68,16 @@ async def test_a_coroutine_returned_after_its_caller_left_is_closed() -> None:
     made: list[Coroutine[object, object, int]] = []
 
     def blocks_then_returns_a_coroutine() -> Coroutine[object, object, int]:
+        entered.set()
         release.wait(5)
         made.append(answer())
         return made[0]
 
     call = asyncio.ensure_future(call_maybe_async(blocks_then_returns_a_coroutine))
-    await asyncio.sleep(0.05)
+    for _ in range(500):  # until a thread runs it (one not begun never would)
+        if entered.is_set():
+            break
+        await asyncio.sleep(0.01)
     call.cancel()
     with pytest.raises(asyncio.CancelledError):
         await call

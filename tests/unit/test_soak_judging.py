@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.soak_report import stalls
-from benchmarks.soak_rules import UNEXPLAINED, Kill, Record, classify, judge
+from benchmarks.soak_rules import UNEXPLAINED, Kill, Record, classify, judge, stalls
 from benchmarks.soak_schedule import KINDS, SPARED, Schedule, make_schedule
 
 
@@ -199,7 +198,7 @@ def test_stalls_are_reported_apart_for_replies_a_model_kill_met() -> None:
     cut = [_record("smol", "closed", start=9, end=11, stall_s=30.0)]  # not intact: not a stall
     table = stalls([*met, *calm, *echo, *cut], [_kill("model", 10, "llm.LLMServer-smollm2.m1", app="llm")])
     smol = table["transformers (SmolLM2)"]
-    assert (smol["lost_replies"], smol["lost_p50_s"], smol["lost_max_s"]) == (3, 4.0, 6.0)
+    assert (smol["met_replies"], smol["met_p50_s"], smol["met_max_s"]) == (3, 4.0, 6.0)
     assert (smol["calm_replies"], smol["calm_p99_s"]) == (3, 0.1)
     # The echo reply met another model's kill: neither lost nor calm.
-    assert table["echo"]["lost_replies"] == 0 and table["echo"]["calm_replies"] == 0
+    assert table["echo"]["met_replies"] == 0 and table["echo"]["calm_replies"] == 0

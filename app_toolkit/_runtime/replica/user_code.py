@@ -122,10 +122,10 @@ async def call_maybe_async(function: Callable[..., object], *args: object, **kwa
     if is_async(function):
         return await cast(Awaitable[object], function(*args, **kwargs))
     # Sync user code runs in a thread so it never blocks the replica's event loop.
-    abandoned = threading.Event()
+    abandoned: list[bool] = []  # [True] once its caller left
 
     def run() -> object:
-        if abandoned.is_set():  # its caller left before a thread took it: it never runs
+        if abandoned:  # its caller left before a thread took it: it never runs
             return None
         return function(*args, **kwargs)
 
@@ -136,7 +136,7 @@ async def call_maybe_async(function: Callable[..., object], *args: object, **kwa
     except asyncio.CancelledError:
         # A thread cannot be stopped: what a running call returns is dropped, and a
         # coroutine among that closed (never awaited, it would warn).
-        abandoned.set()
+        abandoned.append(True)
         in_thread.add_done_callback(_close_dropped)
         raise
     if inspect.iscoroutine(result):  # a plain callable that returned a coroutine: await it here
