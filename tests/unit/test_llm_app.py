@@ -46,7 +46,7 @@ def test_deployment_config_then_overrides_win_over_the_defaults() -> None:
 
 
 def test_a_lost_replys_wait_for_a_replica_follows_its_engine_unless_set() -> None:
-    def wait_s(config: dict[str, Any]) -> float | None:
+    def wait_s(config: dict[str, object]) -> float | None:
         return build_llm_deployment(config).deployment.config.continuation_wait_s
 
     assert wait_s({"model_loading_config": SMOL}) == 300.0  # vLLM: minutes to start
