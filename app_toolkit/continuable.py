@@ -53,12 +53,12 @@ def continuable(
     if lost again, ``limit`` times at most. A caller keeps at most ``max_items`` items of
     a stream, and ``max_bytes`` of them (their size as they crossed the channel, pickled,
     and 128 bytes per item; 128 each on the local backend, where items do not cross
-    one): past either, the stream is no longer continued and a loss
-    ends it as an uncontinued one. A continuation waits ``wait_s`` at most for a replica
-    to take it (with one replica, its replacement; a deployment's
-    ``continuation_wait_s`` option replaces it), then the stream ends with the loss's
-    error. Continuations go ahead of new requests in the
-    caller's queue, and are counted in ``app_toolkit_stream_continuations_total``."""
+    one): past either, the stream is no longer continued and a loss ends it as an
+    uncontinued one. A continuation waits ``wait_s`` at most for a replica to take it
+    (with one replica, its replacement; a deployment's ``continuation_wait_s`` option
+    replaces it), then the stream ends with the loss's error. Continuations go ahead of
+    new requests in the caller's queue, and are counted in
+    ``app_toolkit_stream_continuations_total``."""
     if not callable(continue_from):
         raise DefinitionError(
             f"@continuable takes the function that continues a stream; got {continue_from!r}"
