@@ -12,6 +12,7 @@ import signal
 import httpx
 import pytest
 
+from app_toolkit import metrics
 from app_toolkit.exceptions import RequestLostError
 from tests.apps.ray_only import Count, Counter, make_counting_app
 from tests.conftest import Toolkit
@@ -52,6 +53,12 @@ def test_a_stream_not_declared_continuable_or_past_its_bytes_ends_with_its_repli
             if number == KILL_AT:
                 os.kill(pid, signal.SIGKILL)
     assert numbers == list(range(KILL_AT + 1))
+    # This process is the caller: the bounded stream's loss is counted as one it ended
+    # (past its bytes); the plain one has no continuation to count.
+    ended = metrics.value(
+        "app_toolkit_stream_continuations_total", application=handle.app_name, method=method, outcome="ended"
+    )
+    assert ended == (1.0 if method == "bounded" else None)
 
 
 def test_a_continuable_stream_goes_on_over_http_when_its_replica_is_killed(ray_toolkit: Toolkit) -> None:
