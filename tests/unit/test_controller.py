@@ -676,11 +676,11 @@ async def test_a_restarted_controller_keeps_a_failed_upgrade_failed_and_the_old_
     backend.room = 2
     first = await started(backend)
     await first.deploy_apps([app(version="v1", **FILLS_A_SLOT)])
-    await until(lambda: len(backend.running) == 2)
+    await until(lambda: _running(first) == ["v1", "v1"])  # what the failed upgrade falls back on
     backend.fail_versions.add("v2")
     await first.deploy_apps([app(version="v2", **FILLS_A_SLOT)])
     await until(lambda: first.snapshot().applications["a"].status is ApplicationStatus.DEPLOY_FAILED)
-    await until(lambda: sorted(backend.running.values()) == ["v1", "v1"])
+    await until(lambda: _running(first) == ["v1", "v1"])
     await reconcile_rounds(first, 3)  # the checkpoint of the failure is written
     attempts = backend.started
     second = await _restart(backend, first)
@@ -695,7 +695,9 @@ async def test_a_restarted_controller_keeps_the_files_target_capacity() -> None:
     backend = FakeBackend()
     first = await started(backend)
     await first.apply_config([app(replicas=4)], {"target_capacity": 50, "applications": [{"name": "a"}]})
-    await until(lambda: len(backend.running) == 2)
+    # Running as the controller sees them (what the next one adopts), not only as the
+    # backend runs them: under load the controller sees them a while after.
+    await until(lambda: len(_running(first)) == 2)
     second = await _restart(backend, first)
     await reconcile_rounds(second, 10)
     assert len(backend.running) == 2 and second.snapshot().target_capacity == 50
