@@ -47,6 +47,8 @@ from tests.waiting import wait_for
 LOADERS = 4
 RECOVERY_LIMIT_S = 60.0
 AFTER_RECOVERY_S = 2.0
+#: How long the load goes on after a joining node's proxy is listed as serving.
+AFTER_JOIN_S = 3.0
 #: How long Ray's drain of a node whose ``ray start --block`` got SIGTERM may last (Ray's
 #: RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S; its default, 30 s, here too).
 RAY_DRAIN_S = 30.0
@@ -230,10 +232,23 @@ def main() -> None:
                 loader.join(timeout=30)
         status = session.status()
         result["proxies_after"] = status.proxies
-        joined_process, joined = _join_worker(cluster.address)
-        result["joined"] = joined
-        serving = lambda: session.status().proxies.get(joined) == tk.ProxyStatus.HEALTHY  # noqa: E731 - a condition
-        wait_for(serving, 60, "a proxy serving on the node that joined")
+        # Load while the node joins: its proxy takes a share of the port's new connections
+        # as soon as it listens, so it must not listen before its routes arrive.
+        joining: list[Outcome] = []
+        stop_joining = threading.Event()
+        join_loader = threading.Thread(target=_load, args=(url, stop_joining, joining))
+        join_loader.start()
+        try:
+            joined_process, joined = _join_worker(cluster.address)
+            result["joined"] = joined
+            serving = lambda: session.status().proxies.get(joined) == tk.ProxyStatus.HEALTHY  # noqa: E731 - a condition
+            wait_for(serving, 60, "a proxy serving on the node that joined")
+            listed = time.monotonic()
+            wait_for(lambda: time.monotonic() - listed > AFTER_JOIN_S, 10, "load after the join")
+        finally:
+            stop_joining.set()
+            join_loader.join(timeout=30)
+        result["during_join"] = [(o.status, o.error) for o in joining]
         result["proxies_joined"] = session.status().proxy_urls
         _phase("a node joined")
         # Both replicas run on the head now: its proxy hands connections to them; the new

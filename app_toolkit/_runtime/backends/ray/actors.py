@@ -46,6 +46,9 @@ T = TypeVar("T")
 
 #: Attempts of a restarted proxy's call to itself that starts it serving again.
 _RESUME_RETRIES = 5
+#: How long a proxy joining a shared port waits for its routes before it listens anyway
+#: (under the fleet's 30 s for its answer; requests then get 503 until the routes load).
+_ROUTES_WAIT_S = 20.0
 
 
 class ProxyActor:
@@ -125,6 +128,8 @@ class ProxyActor:
                 # Connections go to the node's ingress replicas where they take them.
                 node_id = ray.get_runtime_context().get_node_id()
                 routes = HandoffTargets(lambda: proxy.apps, proxy.subscriber.dispatcher, node_id, proxy.keys)
+                if not exclusive:  # other proxies may serve the port: join it routed
+                    await _routes_loaded(proxy, port)
                 http = self._http
 
                 def hand_off(listener: socket.socket, adopt: Adopter) -> DirectListener:
@@ -180,6 +185,21 @@ class ProxyActor:
         elsewhere); requests are still served until the fleet stops this proxy."""
         if self._front is not None:
             self._front.leaving = True
+
+
+async def _routes_loaded(front: HTTPFront, port: int) -> None:
+    """Wait (bounded) until ``front`` has its routes. Proxies of one machine's nodes share
+    a port, and the kernel gives a listening socket its share of new connections at once:
+    one listening before its routes arrive would answer them 503 while the others serve."""
+    try:
+        await asyncio.wait_for(front.ready.wait(), _ROUTES_WAIT_S)
+    except TimeoutError:
+        logger.warning(
+            "Listening on port %d without routes: the controller did not send them within "
+            "%.0f s; requests get 503 until it does",
+            port,
+            _ROUTES_WAIT_S,
+        )
 
 
 class ControllerActor:
