@@ -56,6 +56,7 @@ import httpx
 from fastapi import FastAPI
 
 from benchmarks.http_overhead import free_port
+from benchmarks.percentile import percentile
 from benchmarks.proc_cpu import cpu_seconds
 
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -69,6 +70,8 @@ from app_toolkit.config.api_keys import key_hash
 from app_toolkit.exceptions import RequestLostError
 from app_toolkit.llm import build_openai_app
 
+#: A figure of a group that got no replies.
+NAN = float("nan")
 SERVICE_S = 0.02
 WORKER_SLOTS = 2
 KEYS = {  # name: (key, weight, priority)
@@ -251,11 +254,6 @@ async def run_scenario(
     return Outcome(groups, counted_from, seconds, await cpu_until - await cpu_from)
 
 
-def percentile(values: list[float], share: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(share * len(ordered)))] if ordered else float("nan")
-
-
 def report(target: str, scenario: str, mode: str, outcome: Outcome) -> dict[str, float]:
     groups = outcome.groups
     replies = outcome.replies()
@@ -268,16 +266,16 @@ def report(target: str, scenario: str, mode: str, outcome: Outcome) -> dict[str,
         said = f"a {share:.1%}, b {1 - share:.1%}"
     elif scenario == "quiet":
         busy = statistics.mean(groups["noisy"].busy_s + groups["quiet"].busy_s)
-        figures["quiet_p50"] = percentile(groups["quiet"].waits, 0.5)
-        figures["quiet_p99"] = percentile(groups["quiet"].waits, 0.99)
+        figures["quiet_p50"] = percentile(groups["quiet"].waits, 0.5, NAN)
+        figures["quiet_p99"] = percentile(groups["quiet"].waits, 0.99, NAN)
         figures["turnover"] = busy
         said = (
             f"quiet wait p50 {figures['quiet_p50'] * 1000:.0f} ms, p99 {figures['quiet_p99'] * 1000:.0f} ms "
             f"({len(groups['quiet'].waits)} requests); one slot turnover {figures['turnover'] * 1000:.0f} ms"
         )
     else:
-        figures["high_p50"] = percentile(groups["high"].waits, 0.5)
-        figures["low_p50"] = percentile(groups["low"].waits, 0.5)
+        figures["high_p50"] = percentile(groups["high"].waits, 0.5, NAN)
+        figures["low_p50"] = percentile(groups["low"].waits, 0.5, NAN)
         said = (
             f"wait p50 high {figures['high_p50'] * 1000:.0f} ms, low {figures['low_p50'] * 1000:.0f} ms "
             f"(low / high {figures['low_p50'] / max(figures['high_p50'], 1e-9):.1f}x)"

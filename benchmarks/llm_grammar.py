@@ -30,6 +30,8 @@ from typing import Any
 
 import torch
 
+from benchmarks.percentile import percentile
+
 SCHEMA: dict[str, Any] = {
     "type": "object",
     "properties": {
@@ -156,11 +158,6 @@ class OutlinesCore(Walker):
             guide.advance(token, return_tokens=False)
 
         return step
-
-
-def percentile(values: list[float], fraction: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
 
 
 def walk(step: Callable[[int], None], tokens: list[int]) -> list[float]:

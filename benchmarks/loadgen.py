@@ -11,6 +11,8 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 
+from benchmarks.percentile import percentile
+
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
@@ -31,10 +33,7 @@ class Tally:
         return Counter(outcome.error for outcome in self.outcomes if outcome.status == 0)
 
     def percentile_ms(self, status: int, share: float) -> float:
-        times = sorted(o.seconds for o in self.outcomes if o.status == status)
-        if not times:
-            return 0.0
-        return times[min(len(times) - 1, int(share * len(times)))] * 1000
+        return percentile((o.seconds for o in self.outcomes if o.status == status), share) * 1000
 
     def median_ms(self, status: int) -> float:
         times = [o.seconds for o in self.outcomes if o.status == status]

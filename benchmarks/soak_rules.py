@@ -10,6 +10,8 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from benchmarks.percentile import percentile
+
 #: A request that started this soon after a kill returned may still have met it (a new
 #: connection queued in a dying proxy's accept backlog, a table not updated yet).
 AFTER_KILL_S = 0.2
@@ -218,11 +220,6 @@ def _cut_explained(record: Record, at: float, proxy_node: str, kills: Iterable[K
 STREAMED_REPLIES = {"chat": "echo", "smol": "transformers (SmolLM2)"}
 
 
-def _percentile(values: list[float], share: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(share * len(ordered)))] if ordered else 0.0
-
-
 def stalls(records: list[Record], kills: list[Kill]) -> dict[str, dict[str, float]]:
     """Per engine, the longest stall of each intact streamed reply (seconds): p50, p99 and
     the longest over those a kill of one of their model's replicas met (``met_*``: a
@@ -238,12 +235,12 @@ def stalls(records: list[Record], kills: list[Kill]) -> dict[str, dict[str, floa
         calm = [r.stall_s for r in intact if not any(in_flight(r, kill) for kill in kills)]
         table[engine] = {
             "met_replies": len(met),
-            "met_p50_s": round(_percentile(met, 0.5), 3),
-            "met_p99_s": round(_percentile(met, 0.99), 3),
+            "met_p50_s": round(percentile(met, 0.5), 3),
+            "met_p99_s": round(percentile(met, 0.99), 3),
             "met_max_s": round(max(met, default=0.0), 3),
             "calm_replies": len(calm),
-            "calm_p50_s": round(_percentile(calm, 0.5), 3),
-            "calm_p99_s": round(_percentile(calm, 0.99), 3),
+            "calm_p50_s": round(percentile(calm, 0.5), 3),
+            "calm_p99_s": round(percentile(calm, 0.99), 3),
         }
     return table
 

@@ -1,0 +1,15 @@
+"""The nearest-rank percentile the benchmarks quote (the value at ``share`` of the
+sorted values, rounded down to a rank), one home for every benchmark's p50 and p99."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+
+def percentile(values: Iterable[float], share: float, empty: float = 0.0) -> float:
+    """The value at ``share`` (0.5 for p50, 0.99 for p99) of ``values``; ``empty`` if
+    there are none."""
+    ordered = sorted(values)
+    if not ordered:
+        return empty
+    return ordered[min(len(ordered) - 1, int(share * len(ordered)))]
