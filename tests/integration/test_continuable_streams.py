@@ -13,11 +13,12 @@ import httpx
 import pytest
 
 from app_toolkit import metrics
+from app_toolkit._runtime.routing import continuations
 from app_toolkit.exceptions import RequestLostError
 from tests.apps.ray_only import Count, Counter, make_counting_app
 from tests.conftest import Toolkit
 from tests.deployments import as_deployment
-from tests.metrics_page import continuations
+from tests.metrics_page import continuations as counted_continuations
 
 STOP = 40
 KILL_AT = 10
@@ -30,12 +31,16 @@ def test_a_continuable_stream_goes_on_through_a_handle_when_its_replica_is_kille
     handle = counter.options(stream=True, method_name="count")
     numbers: list[int] = []
     pids: list[int] = []
+    kept_before = kept = continuations.KEPT.used  # this process is the caller: what it keeps
     for number, pid in handle.remote(Count(STOP)):
         numbers.append(number)
         pids.append(pid)
         if number == KILL_AT:
+            kept = continuations.KEPT.used
             os.kill(pid, signal.SIGKILL)  # the replica this test deployed, serving the stream
     assert numbers == list(range(STOP))  # each once, in order
+    # What it kept of the stream, given back at the end.
+    assert kept - kept_before >= (KILL_AT + 1) * 128 and continuations.KEPT.used == kept_before
     assert pids[KILL_AT] != pids[-1]  # the rest came from another replica
     assert set(pids[: KILL_AT + 1]) == {pids[0]}
 
@@ -64,7 +69,7 @@ def test_a_stream_not_declared_continuable_or_past_its_bytes_ends_with_its_repli
 def test_a_continuable_stream_goes_on_over_http_when_its_replica_is_killed(ray_toolkit: Toolkit) -> None:
     prefix = "/" + ray_toolkit.name()
     ray_toolkit.run(make_counting_app(as_deployment(Counter).bind()), route_prefix=prefix)
-    before = continuations(ray_toolkit.url)
+    before = counted_continuations(ray_toolkit.url)
     lines: list[tuple[int, int]] = []
     with httpx.Client(base_url=ray_toolkit.url, timeout=30) as client:
         with client.stream("GET", f"{prefix}/count/{STOP}") as response:
@@ -76,4 +81,4 @@ def test_a_continuable_stream_goes_on_over_http_when_its_replica_is_killed(ray_t
                     os.kill(pid, signal.SIGKILL)
     assert [number for number, _ in lines] == list(range(STOP))
     assert lines[-1][1] != lines[KILL_AT][1]
-    assert continuations(ray_toolkit.url) >= before + 1  # counted by the caller's process
+    assert counted_continuations(ray_toolkit.url) >= before + 1  # counted by the caller's process

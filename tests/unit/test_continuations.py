@@ -1,6 +1,7 @@
 """``@continuable`` and a caller's continuation of a stream: which errors continue it
 (a lost replica, one gone under it; never a slow one, a refusal or a cancellation), its
-limit, its item bound, the class it waits in, and what the decorator refuses."""
+limit, its item and byte bounds (its own and its process's), the class it waits in, and
+what the decorator refuses."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import app_toolkit as tk
 from app_toolkit._runtime.continuation_marks import continuations_of, continue_from_of
 from app_toolkit._runtime.messages import DeploymentID, MethodCall, ReplicaInfo, StreamContinuation, StreamEnd
 from app_toolkit._runtime.request_values import Share
+from app_toolkit._runtime.routing import continuations
 from app_toolkit._runtime.routing.choice import SUSPECT_S, ReplicaChooser
 from app_toolkit._runtime.routing.continuations import CONTINUATION_CLASS, Continuation, _drop, sent_within
 from app_toolkit._runtime.routing.replica_client import Reply
@@ -27,6 +29,12 @@ from app_toolkit.exceptions import (
 
 DEPLOYMENT = DeploymentID("app", "Model")
 LOST = RequestLostError("lost")
+
+
+@pytest.fixture(autouse=True)
+def _kept_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test counts the process's kept bytes from 0 (its streams never end)."""
+    monkeypatch.setattr(continuations.KEPT, "used", 0)
 
 
 def _continuation(limit: int = 2, max_items: int = 5, max_bytes: int = 1000) -> Continuation:
@@ -88,6 +96,27 @@ def test_the_limit_the_item_bound_and_a_continuation_no_replica_took_end_it() ->
     # not given as the call's first argument (continue_from takes that).
     assert _continuation().after(ContinuationRefused("cannot"), call) is None
     assert _continuation().after(LOST, MethodCall("r1", "write", (), {"request": "x"})) is None
+
+
+def test_the_process_bound_stops_keeping_and_what_a_stream_kept_is_given_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(continuations, "PROCESS_MAX_BYTES", 1000)
+    call = MethodCall("r1", "write", ("request",))
+    first, second = _continuation(max_items=100), _continuation(max_items=100)
+    for item in range(3):
+        first.keep(item, 300)
+    assert continuations.KEPT.used == 900
+    second.keep("a", 200)  # 1,100 in the process: the second stream is not continued
+    assert second.after(LOST, call) is None and continuations.KEPT.used == 900
+    assert first.after(LOST, call) is not None  # the first keeps its items
+    first.release()  # it ended: what it kept is given back, once
+    first.release()
+    third = _continuation(max_items=100)
+    third.keep("a", 200)
+    assert continuations.KEPT.used == 200 and third.after(LOST, call) is not None
+    third.end()  # no replica took it: its items go too
+    assert continuations.KEPT.used == 0
 
 
 class _Writer:

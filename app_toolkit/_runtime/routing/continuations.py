@@ -22,6 +22,24 @@ logger = logging.getLogger("app_toolkit.router")
 #: caller's queue and where the engine queues by class.
 CONTINUATION_CLASS = -(2**31)
 
+#: Bytes the kept items of all continuable streams of one caller process take at most
+#: (each stream's own bound is its method's ``max_bytes``): a stream whose next item
+#: would pass it is no longer continued, and gives back what it kept.
+PROCESS_MAX_BYTES = 1 << 30
+
+
+class _Kept:
+    """The bytes every continuable stream of this process keeps (on the data plane's loop)."""
+
+    __slots__ = ("used",)
+
+    def __init__(self) -> None:
+        self.used = 0
+
+
+KEPT = _Kept()
+
+
 #: Sends a call, telling the first callable of each exchange it opens on a replica and
 #: calling the second when a replica refuses it (it goes on to another).
 Send = Callable[[Callable[[Exchange], None], Callable[[], None]], Awaitable[Reply]]
@@ -36,7 +54,7 @@ class Continuation:
         self._rule = rule
         self._deployment = deployment
         self._items: list[object] | None = []  # None: past a bound, not continued
-        self._bytes = 0  # the kept items' size as they crossed the channel
+        self._bytes = 0  # the kept items' size as they crossed the channel (in KEPT.used)
         self._ended = False  # no replica took a continuation in time: the stream ends
         self.count = 0
         #: The error the stream was cut with last (what it ends with if not continued).
@@ -53,9 +71,8 @@ class Continuation:
         if items is None:
             return
         rule = self._rule
-        self._bytes += size
-        if len(items) >= rule.max_items or self._bytes > rule.max_bytes:
-            self._items = None
+        if len(items) >= rule.max_items or self._bytes + size > rule.max_bytes:
+            self.release()
             logger.info(
                 "A stream of %s.%s passed %d items or %d bytes: it is no longer continued if its "
                 "replica is lost",
@@ -64,8 +81,25 @@ class Continuation:
                 rule.max_items,
                 rule.max_bytes,
             )
-            return
-        items.append(item)
+        elif KEPT.used + size > PROCESS_MAX_BYTES:
+            self.release()
+            logger.warning(
+                "A stream of %s.%s is no longer continued if its replica is lost: this "
+                "process's continuable streams keep %d bytes, the most they may",
+                self._deployment,
+                rule.method,
+                KEPT.used,
+            )
+        else:
+            items.append(item)
+            self._bytes += size
+            KEPT.used += size
+
+    def release(self) -> None:
+        """Give back what the stream kept: it ended, or is no longer continued."""
+        KEPT.used -= self._bytes
+        self._bytes = 0
+        self._items = None
 
     def after(self, error: BaseException, call: MethodCall) -> MethodCall | None:
         """The call that continues the stream after ``error`` (its replica lost, or gone
@@ -83,7 +117,7 @@ class Continuation:
                 self._deployment,
                 self._rule.method,
                 error,
-                "past its bound (items or bytes)" if self._items is None else f"continued {self.count} times",
+                "past a bound (items or bytes)" if self._items is None else f"continued {self.count} times",
             )
             return None
         self.count += 1
@@ -118,6 +152,7 @@ class Continuation:
     def end(self) -> None:
         """The stream ends with its loss: a bound reached, or no replica took it in time."""
         self._ended = True
+        self.release()
         caller_metrics.continued(self._deployment, self._rule.method, "ended")
 
 

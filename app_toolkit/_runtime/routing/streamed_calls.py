@@ -219,6 +219,8 @@ class StreamedCall:
         if self._span is not None:
             self._span.end(error)
         self._plane.release(self.finish)
+        if self._continuation is not None:
+            self._continuation.release()
         if self._sending is not None:
             self._sending.cancel()  # a continuation on its way stops (its slot given back)
         if self._reply is not None:
