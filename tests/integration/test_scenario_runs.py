@@ -1,0 +1,44 @@
+"""``tests.scenario.run_scenario``: a scenario whose Ray cluster did not start in Ray's
+fixed 30 s runs once more; any other failure fails at once."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.scenario import RAY_START_TIMED_OUT, run_scenario
+
+SCENARIO = """
+import sys
+from pathlib import Path
+
+runs = Path(sys.argv[1])
+runs.write_text(runs.read_text() + "x" if runs.exists() else "x")
+if len(runs.read_text()) == 1:
+    raise Exception(sys.argv[2])
+print('{"runs": %d}' % len(runs.read_text()))
+"""
+
+
+def _scenario(tmp_path: Path) -> dict[str, str]:
+    (tmp_path / "flaky_scenario.py").write_text(SCENARIO)
+    return {"PYTHONPATH": str(tmp_path)}
+
+
+def test_a_cluster_that_did_not_start_in_rays_time_runs_the_scenario_again(tmp_path: Path) -> None:
+    env = _scenario(tmp_path)
+    runs = str(tmp_path / "runs")
+    assert run_scenario("flaky_scenario", runs, RAY_START_TIMED_OUT, timeout_s=30, env_extra=env) == {
+        "runs": 2
+    }
+
+
+def test_another_failure_fails_at_once(tmp_path: Path) -> None:
+    env = _scenario(tmp_path)
+    runs = tmp_path / "runs"
+    with pytest.raises(AssertionError, match="scenario failed"):
+        run_scenario(
+            "flaky_scenario", str(runs), "ValueError: the scenario's own", timeout_s=30, env_extra=env
+        )
+    assert runs.read_text() == "x"  # run once
