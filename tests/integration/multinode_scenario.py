@@ -116,6 +116,14 @@ def _load(url: str, stop: threading.Event, outcomes: list[Outcome], retry: bool 
         outcomes.append(Outcome(started, time.monotonic(), status, retry_after, node, error, retried))
 
 
+def _routeless(session: Any) -> list[str]:
+    """The nodes whose proxy listened before it had its routes (they came too late)."""
+    proxies: dict[str, Any] = {  # Any: ray types actor methods as Never
+        node: ray.get_actor(PROXY_PREFIX + node, namespace=NAMESPACE) for node in session.status().proxies
+    }
+    return [node for node, actor in proxies.items() if ray.get(actor.stats.remote())["routeless"]]
+
+
 def _fresh_status(url: str) -> int:
     """One request on a new connection (the kernel picks which proxy accepts it)."""
     try:
@@ -194,6 +202,7 @@ def main() -> None:
         tk.run(make_where_app(), name="where", route_prefix="/")
         healthy = lambda: list(session.status().proxies.values()) == [tk.ProxyStatus.HEALTHY] * 2  # noqa: E731 - a condition
         wait_for(healthy, 60, "a proxy serving on each node")  # each STARTING first
+        result["routeless"] = _routeless(session)
         status = session.status()
         result["proxies_before"] = status.proxy_urls
         result["proxy_states"] = [state.value for state in status.proxies.values()]
@@ -250,6 +259,7 @@ def main() -> None:
             join_loader.join(timeout=30)
         result["during_join"] = [(o.status, o.error) for o in joining]
         result["proxies_joined"] = session.status().proxy_urls
+        result["routeless_joined"] = _routeless(session)
         _phase("a node joined")
         # Both replicas run on the head now: its proxy hands connections to them; the new
         # node's proxy has no local replica and forwards what it accepts over the channel.

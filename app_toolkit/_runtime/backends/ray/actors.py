@@ -23,7 +23,7 @@ from app_toolkit._runtime.backends.ray import link, stored
 from app_toolkit._runtime.backends.ray.cluster import configure_worker, node_address, settle_heap
 from app_toolkit._runtime.backends.ray.node_metrics import NodeMetrics
 from app_toolkit._runtime.backends.ray.nodes import NodeWatch
-from app_toolkit._runtime.backends.ray.proxies import ProxyFleet
+from app_toolkit._runtime.backends.ray.proxies import ROUTES_WAIT_S, ProxyFleet
 from app_toolkit._runtime.backends.ray.replica_actor import ReplicaActor
 from app_toolkit._runtime.backends.ray.replicas import RayReplicas
 from app_toolkit._runtime.backends.ray.spares import SparePool, code_to_preload, spare_setting
@@ -46,9 +46,6 @@ T = TypeVar("T")
 
 #: Attempts of a restarted proxy's call to itself that starts it serving again.
 _RESUME_RETRIES = 5
-#: How long a proxy joining a shared port waits for its routes before it listens anyway
-#: (under the fleet's 30 s for its answer; requests then get 503 until the routes load).
-_ROUTES_WAIT_S = 20.0
 
 
 class ProxyActor:
@@ -66,6 +63,8 @@ class ProxyActor:
         self._front: HTTPFront | None = None
         self._node: NodeMetrics | None = None
         self._starting = asyncio.Lock()
+        self._stopped = False  # stop() came: a start still waiting for routes does not listen
+        self._routeless = False  # it listened before its routes came (they took too long)
         caller_metrics.set_caller("proxy")
         context = ray.get_runtime_context()
         with warnings.catch_warnings():  # Ray's own properties use its deprecated actor_id
@@ -80,9 +79,11 @@ class ProxyActor:
                 # wait for the controller instead of serving from the stored tables.
                 context.current_actor.resume.options(max_task_retries=_RESUME_RETRIES).remote()
 
-    async def ready(self, port: int, exclusive: bool) -> tuple[str, int]:
-        """Serve on ``port`` (idempotent); returns this proxy's URL and port."""
-        server = await self._serve(port, exclusive)
+    async def ready(self, port: int, exclusive: bool, routes_wait_s: float) -> tuple[str, int]:
+        """Serve on ``port`` (idempotent); returns this proxy's URL and port. Joining
+        other proxies on it (not ``exclusive``), it first waits up to ``routes_wait_s``
+        for its routes."""
+        server = await self._serve(port, exclusive, routes_wait_s)
         host = self._http.host
         if host in ("0.0.0.0", "::", ""):  # listening everywhere: name the node's address
             host = node_address()
@@ -98,7 +99,7 @@ class ProxyActor:
         if port is None:
             return  # never served: the controller's fleet will call ready()
         try:
-            await self._serve(port, exclusive=False)
+            await self._serve(port, exclusive=False, routes_wait_s=ROUTES_WAIT_S)
         except Exception:
             logger.exception("Restarted, but could not serve on port %d yet", port)
 
@@ -115,7 +116,7 @@ class ProxyActor:
         )
         return seed
 
-    async def _serve(self, port: int, exclusive: bool) -> ProxyServer:
+    async def _serve(self, port: int, exclusive: bool, routes_wait_s: float) -> ProxyServer:
         async with self._starting:
             if self._server is None:
                 seed = self._stored_seed(port)
@@ -129,7 +130,9 @@ class ProxyActor:
                 node_id = ray.get_runtime_context().get_node_id()
                 routes = HandoffTargets(lambda: proxy.apps, proxy.subscriber.dispatcher, node_id, proxy.keys)
                 if not exclusive:  # other proxies may serve the port: join it routed
-                    await _routes_loaded(proxy, port)
+                    self._routeless = not await _routes_loaded(proxy, port, routes_wait_s)
+                    if self._stopped:
+                        raise RuntimeError("The proxy was stopped while it waited for its routes")
                 http = self._http
 
                 def hand_off(listener: socket.socket, adopt: Adopter) -> DirectListener:
@@ -154,8 +157,8 @@ class ProxyActor:
 
     async def stats(self) -> dict[str, int]:
         """Asyncio tasks alive, the process id, the connections it handed to local
-        ingress replicas or served itself, and whether its node is leaving (1) (for leak
-        checks and tests)."""
+        ingress replicas or served itself, whether its node is leaving (1) and whether it
+        listened before its routes came (1) (for leak checks and tests)."""
         listener = self._server.listener if self._server is not None else None
         acceptor = listener.acceptor if isinstance(listener, DirectListener) else None
         return {
@@ -164,6 +167,7 @@ class ProxyActor:
             "handed_off": acceptor.handed if acceptor is not None else 0,
             "served": acceptor.served if acceptor is not None else 0,
             "leaving": int(self._front is not None and self._front.leaving),
+            "routeless": int(self._routeless),
         }
 
     async def gather(self) -> list[list[FamilySnapshot]]:
@@ -175,6 +179,7 @@ class ProxyActor:
         """Stop accepting connections and finish open ones (bounded), then stop following
         the controller: the fleet retires this proxy next, and the controller may be going
         too (a shutdown), which a poll still under way would log as unreachable."""
+        self._stopped = True
         if self._server is not None:
             await self._server.stop(timeout_s=10)
         if self._front is not None:
@@ -187,19 +192,29 @@ class ProxyActor:
             self._front.leaving = True
 
 
-async def _routes_loaded(front: HTTPFront, port: int) -> None:
-    """Wait (bounded) until ``front`` has its routes. Proxies of one machine's nodes share
-    a port, and the kernel gives a listening socket its share of new connections at once:
-    one listening before its routes arrive would answer them 503 while the others serve."""
+async def _routes_loaded(front: HTTPFront, port: int, wait_s: float) -> bool:
+    """Wait up to ``wait_s`` until ``front`` has its routes (whether it has). Proxies of
+    one machine's nodes share a port, and the kernel gives a listening socket its share of
+    new connections at once: one listening before its routes arrive would answer them 503
+    while the others serve."""
     try:
-        await asyncio.wait_for(front.ready.wait(), _ROUTES_WAIT_S)
+        await asyncio.wait_for(front.ready.wait(), wait_s)
     except TimeoutError:
         logger.warning(
             "Listening on port %d without routes: the controller did not send them within "
             "%.0f s; requests get 503 until it does",
             port,
-            _ROUTES_WAIT_S,
+            wait_s,
         )
+        return False
+    return True
+
+
+def _log_failed_start(starting: asyncio.Task[int]) -> None:
+    """The done callback of the start a control call began (nobody awaits it)."""
+    error = None if starting.cancelled() else starting.exception()
+    if error is not None:
+        logger.error("Starting the proxies failed; the next control call tries again", exc_info=error)
 
 
 class ControllerActor:
@@ -229,6 +244,8 @@ class ControllerActor:
         self._started = False
         self._core_started = False
         self._start_lock: asyncio.Lock | None = None
+        self._core_lock: asyncio.Lock | None = None
+        self._starting: asyncio.Task[int] | None = None  # ready(), begun by a control call
         self._port = 0
 
     async def ready(self) -> int:
@@ -237,20 +254,32 @@ class ControllerActor:
             self._start_lock = asyncio.Lock()
         async with self._start_lock:
             if not self._started:
-                # After a restart (Ray restarts this actor when it dies) core.start() reloads
-                # the checkpoint and adopts the replicas of the previous life that still run.
-                if not self._core_started:
-                    await self.core.start()  # stops the spares of a previous life
-                    self._core_started = True
+                await self._start_core()
                 self._spares.start()
                 self._port = await self._proxies.start()
                 self._started = True
         return self._port
 
+    async def _start_core(self) -> None:
+        """Start the core once. After a restart (Ray restarts this actor when it dies)
+        core.start() reloads the checkpoint and adopts the replicas of the previous life
+        that still run, and stops its spares."""
+        if self._core_lock is None:
+            self._core_lock = asyncio.Lock()
+        async with self._core_lock:
+            if not self._core_started:
+                await self.core.start()
+                self._core_started = True
+
     async def run(self, request: ControlCall[T]) -> T:
         """One control call. The core runs first: after a restart, the first caller may
-        be a proxy's long poll rather than a driver."""
-        await self.ready()
+        be a proxy's long poll rather than a driver. The proxies start beside the call,
+        not before it: a starting proxy waits for its routes, which its long poll asks
+        for here."""
+        if not self._started and (self._starting is None or self._starting.done()):
+            self._starting = asyncio.ensure_future(self.ready())
+            self._starting.add_done_callback(_log_failed_start)
+        await self._start_core()
         return await request(self.core)
 
     def http_options(self) -> HTTPOptions:

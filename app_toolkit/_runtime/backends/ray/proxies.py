@@ -32,6 +32,9 @@ _READY_TIMEOUT_S = 30.0
 #: front's imports): on a loaded 2-core node that took over 30 s. Ray itself gives a
 #: worker process 60 s to register (worker_register_timeout_seconds).
 _START_TIMEOUT_S = 60.0
+#: How long a proxy joining the others' port waits for its routes before it listens
+#: anyway (they come within a second of its first poll): well inside either bound above.
+ROUTES_WAIT_S = 10.0
 #: A leaving node's proxy finishes its connections within 10 s (ProxyActor.stop).
 _RELEASE_TIMEOUT_S = 15.0
 #: A leaving node's proxy answers /-/healthz 503 for at least this long before it stops
@@ -143,7 +146,8 @@ class ProxyFleet:
             ).remote(self._http)
             self.states.starting(node)
         try:
-            url, port = await asyncio.wait_for(actor.ready.remote(self._port, exclusive), timeout_s)
+            answer = actor.ready.remote(self._port, exclusive, ROUTES_WAIT_S)
+            url, port = await asyncio.wait_for(answer, timeout_s)
         except Exception:
             if self._actors.get(node) is actor:  # not released (a leaving node) meanwhile
                 self.states.not_serving(node)  # status() shows it UNHEALTHY
