@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 import httpx
 
 from benchmarks.http_overhead import ROOT, free_port
+from benchmarks.percentile import percentile
 from benchmarks.proc_cpu import cpu_seconds
 
 os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
@@ -184,9 +185,10 @@ def replica_report(before: dict[tuple[str, tuple[tuple[str, str], ...]], float],
 def percentiles(values: list[float]) -> str:
     if not values:
         return "no replies"
-    ordered = sorted(values)
-    p90 = ordered[min(len(ordered) - 1, int(len(ordered) * 0.9))]
-    return f"p50 {statistics.median(ordered):5.2f} s, p90 {p90:5.2f} s ({len(ordered)} replies)"
+    return (
+        f"p50 {statistics.median(values):5.2f} s, p90 {percentile(values, 0.9):5.2f} s "
+        f"({len(values)} replies)"
+    )
 
 
 def run_policy(policy: str, max_replicas: int, args: argparse.Namespace, base: str) -> float | None:

@@ -1,5 +1,5 @@
-"""The nearest-rank percentile the benchmarks quote (the value at ``share`` of the
-sorted values, rounded down to a rank), one home for every benchmark's p50 and p99."""
+"""The percentile the benchmarks quote: the sorted values' element at index
+``int(share × n)`` (the last for p100), one home for every benchmark's p50 and p99."""
 
 from __future__ import annotations
 

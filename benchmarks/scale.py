@@ -48,6 +48,7 @@ from app_toolkit._runtime.tables import Loads, Outcomes, ReplicaTable, Table, re
 from app_toolkit.config import AutoscalingConfig, DeploymentConfig
 from app_toolkit.exceptions import ReplicaUnavailableError
 from benchmarks import scale_callers, scale_plot, scale_wire
+from benchmarks.percentile import percentile
 
 
 @dataclass
@@ -195,7 +196,7 @@ async def measure(
         "nodes": nodes,
         "deployments": deployments,
         "reconcile_p50_ms": statistics.median(steady_reconciles) * 1000,
-        "reconcile_p99_ms": _p99(steady_reconciles) * 1000,
+        "reconcile_p99_ms": percentile(steady_reconciles, 0.99) * 1000,
         "deploy_s": deploy_s,
         "detect_s": detect_s,
         "fan_out_s": statistics.median(fan_outs),
@@ -325,11 +326,6 @@ def _recv(pipe: Connection) -> float:
 
 def _progress(message: str) -> None:
     print(f"  [{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
-def _p99(values: list[float]) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] if ordered else 0.0
 
 
 def _size(text: str) -> tuple[int, int, int]:

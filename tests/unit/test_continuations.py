@@ -6,6 +6,7 @@ what the decorator refuses."""
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator, Callable, Sequence
 
 import pytest
@@ -35,6 +36,7 @@ LOST = RequestLostError("lost")
 def _kept_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each test counts the process's kept bytes from 0 (its streams never end)."""
     monkeypatch.setattr(continuations.KEPT, "used", 0)
+    monkeypatch.setattr(continuations.KEPT, "warned_at", -continuations.FULL_WARNING_EVERY_S)
 
 
 def _continuation(limit: int = 2, max_items: int = 5, max_bytes: int = 1000) -> Continuation:
@@ -99,7 +101,7 @@ def test_the_limit_the_item_bound_and_a_continuation_no_replica_took_end_it() ->
 
 
 def test_the_process_bound_stops_keeping_and_what_a_stream_kept_is_given_back(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setattr(continuations, "PROCESS_MAX_BYTES", 1000)
     call = MethodCall("r1", "write", ("request",))
@@ -107,7 +109,10 @@ def test_the_process_bound_stops_keeping_and_what_a_stream_kept_is_given_back(
     for item in range(3):
         first.keep(item, 300)
     assert continuations.KEPT.used == 900
-    second.keep("a", 200)  # 1,100 in the process: the second stream is not continued
+    with caplog.at_level(logging.WARNING, logger="app_toolkit.router"):
+        second.keep("a", 200)  # 1,100 in the process: the second stream is not continued
+        _continuation().keep("b", 200)  # nor is another, said once a minute at most
+    assert ["no longer continued" in record.getMessage() for record in caplog.records] == [True]
     assert second.after(LOST, call) is None and continuations.KEPT.used == 900
     assert first.after(LOST, call) is not None  # the first keeps its items
     first.release()  # it ended: what it kept is given back, once

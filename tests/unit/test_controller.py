@@ -680,7 +680,7 @@ async def test_a_restarted_controller_keeps_a_failed_upgrade_failed_and_the_old_
     backend.fail_versions.add("v2")
     await first.deploy_apps([app(version="v2", **FILLS_A_SLOT)])
     await until(lambda: first.snapshot().applications["a"].status is ApplicationStatus.DEPLOY_FAILED)
-    await until(lambda: _running(first) == ["v1", "v1"])
+    await until(lambda: _running(first) == ["v1", "v1"] and sorted(backend.running.values()) == ["v1", "v1"])
     await reconcile_rounds(first, 3)  # the checkpoint of the failure is written
     attempts = backend.started
     second = await _restart(backend, first)

@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import logging
+import time
 from collections.abc import Awaitable, Callable
 
 from app_toolkit._runtime.channel.exchange import Exchange
@@ -28,13 +29,34 @@ CONTINUATION_CLASS = -(2**31)
 PROCESS_MAX_BYTES = 1 << 30
 
 
+#: A full process warns of the streams it no longer continues once in this long.
+FULL_WARNING_EVERY_S = 60.0
+
+
 class _Kept:
     """The bytes every continuable stream of this process keeps (on the data plane's loop)."""
 
-    __slots__ = ("used",)
+    __slots__ = ("used", "warned_at")
 
     def __init__(self) -> None:
         self.used = 0
+        self.warned_at = -FULL_WARNING_EVERY_S  # when it last warned that it was full
+
+    def warn_full(self, deployment: DeploymentID, method: str) -> None:
+        """A stream is no longer continued because the process keeps all it may: said
+        once a minute at most (under memory pressure every new stream would say it)."""
+        now = time.monotonic()
+        if now - self.warned_at < FULL_WARNING_EVERY_S:
+            return
+        self.warned_at = now
+        logger.warning(
+            "Streams such as one of %s.%s are no longer continued if their replica is lost: "
+            "this process's continuable streams keep %d bytes, the most they may (said once "
+            "a minute at most)",
+            deployment,
+            method,
+            self.used,
+        )
 
 
 KEPT = _Kept()
@@ -83,13 +105,7 @@ class Continuation:
             )
         elif KEPT.used + size > PROCESS_MAX_BYTES:
             self.release()
-            logger.warning(
-                "A stream of %s.%s is no longer continued if its replica is lost: this "
-                "process's continuable streams keep %d bytes, the most they may",
-                self._deployment,
-                rule.method,
-                KEPT.used,
-            )
+            KEPT.warn_full(self._deployment, rule.method)
         else:
             items.append(item)
             self._bytes += size
