@@ -129,9 +129,10 @@ class ProxyActor:
                 # Connections go to the node's ingress replicas where they take them.
                 node_id = ray.get_runtime_context().get_node_id()
                 routes = HandoffTargets(lambda: proxy.apps, proxy.subscriber.dispatcher, node_id, proxy.keys)
-                if not exclusive:  # other proxies may serve the port: join it routed
+                if not exclusive and routes_wait_s > 0:  # others may serve the port: join it routed
                     self._routeless = not await _routes_loaded(proxy, port, routes_wait_s)
                     if self._stopped:
+                        sock.close()
                         raise RuntimeError("The proxy was stopped while it waited for its routes")
                 http = self._http
 
@@ -210,13 +211,6 @@ async def _routes_loaded(front: HTTPFront, port: int, wait_s: float) -> bool:
     return True
 
 
-def _log_failed_start(starting: asyncio.Task[int]) -> None:
-    """The done callback of the start a control call began (nobody awaits it)."""
-    error = None if starting.cancelled() else starting.exception()
-    if error is not None:
-        logger.error("Starting the proxies failed; the next control call tries again", exc_info=error)
-
-
 class ControllerActor:
     """The named, detached controller: hosts ``ControllerCore`` and the proxy fleet.
 
@@ -244,8 +238,6 @@ class ControllerActor:
         self._started = False
         self._core_started = False
         self._start_lock: asyncio.Lock | None = None
-        self._core_lock: asyncio.Lock | None = None
-        self._starting: asyncio.Task[int] | None = None  # ready(), begun by a control call
         self._port = 0
 
     async def ready(self) -> int:
@@ -254,32 +246,20 @@ class ControllerActor:
             self._start_lock = asyncio.Lock()
         async with self._start_lock:
             if not self._started:
-                await self._start_core()
+                # After a restart (Ray restarts this actor when it dies) core.start() reloads
+                # the checkpoint and adopts the replicas of the previous life that still run.
+                if not self._core_started:
+                    await self.core.start()  # stops the spares of a previous life
+                    self._core_started = True
                 self._spares.start()
                 self._port = await self._proxies.start()
                 self._started = True
         return self._port
 
-    async def _start_core(self) -> None:
-        """Start the core once. After a restart (Ray restarts this actor when it dies)
-        core.start() reloads the checkpoint and adopts the replicas of the previous life
-        that still run, and stops its spares."""
-        if self._core_lock is None:
-            self._core_lock = asyncio.Lock()
-        async with self._core_lock:
-            if not self._core_started:
-                await self.core.start()
-                self._core_started = True
-
     async def run(self, request: ControlCall[T]) -> T:
         """One control call. The core runs first: after a restart, the first caller may
-        be a proxy's long poll rather than a driver. The proxies start beside the call,
-        not before it: a starting proxy waits for its routes, which its long poll asks
-        for here."""
-        if not self._started and (self._starting is None or self._starting.done()):
-            self._starting = asyncio.ensure_future(self.ready())
-            self._starting.add_done_callback(_log_failed_start)
-        await self._start_core()
+        be a proxy's long poll rather than a driver."""
+        await self.ready()
         return await request(self.core)
 
     def http_options(self) -> HTTPOptions:

@@ -34,6 +34,8 @@ _READY_TIMEOUT_S = 30.0
 _START_TIMEOUT_S = 60.0
 #: How long a proxy joining the others' port waits for its routes before it listens
 #: anyway (they come within a second of its first poll): well inside either bound above.
+#: Only proxies the supervisor starts wait: those ``start`` readies (this node's) are
+#: readied while the controller has not started, and their polls wait for it.
 ROUTES_WAIT_S = 10.0
 #: A leaving node's proxy finishes its connections within 10 s (ProxyActor.stop).
 _RELEASE_TIMEOUT_S = 15.0
@@ -64,9 +66,11 @@ class ProxyFleet:
         return self._http
 
     async def start(self) -> int:
-        """Start (or, after a controller restart, find) the proxy on this node, then the
-        other nodes' proxies; returns the port they share. A proxy on this node that
-        cannot listen is a ``ConfigError``. ``Disabled``: no proxies (handles only)."""
+        """Start (or, after a controller restart, find) the proxy on this node; returns the
+        port all share. A proxy on this node that cannot listen is a ``ConfigError``. The
+        supervisor starts (or finds) the other nodes' proxies from then on, at once:
+        they wait for their routes, which the controller sends once it has started.
+        ``Disabled``: no proxies (handles only)."""
         if self._http.proxy_location == "Disabled":
             return self._port
         for name in named_actors():
@@ -74,11 +78,10 @@ class ProxyFleet:
                 self._actors[name[len(PROXY_PREFIX) :]] = ray.get_actor(name, namespace=NAMESPACE)
         try:
             # A fresh toolkit checks that nobody else listens on the port yet.
-            await self._ready(self._home, exclusive=not self._actors)
+            await self._ready(self._home, exclusive=not self._actors, routes_wait_s=0.0)
         except RayTaskError as exc:
             self._retire(self._home)
             raise ConfigError(str(exc.cause or exc)) from None
-        await self._follow_nodes()
         self._supervisor = asyncio.get_running_loop().create_task(self._supervise())
         return self._port
 
@@ -93,11 +96,11 @@ class ProxyFleet:
 
     async def _supervise(self) -> None:
         while True:
-            await asyncio.sleep(_CHECK_PERIOD_S)
             try:
                 await self._follow_nodes()
             except Exception:
                 logger.exception("Checking the proxies failed; trying again")
+            await asyncio.sleep(_CHECK_PERIOD_S)
 
     async def _follow_nodes(self) -> None:
         """Retire proxies of nodes that left, start proxies on nodes that joined, and make
@@ -122,13 +125,14 @@ class ProxyFleet:
                 logger.warning("Could not tell the proxy of node %s that its node leaves: %s", node, exc)
         wanted = {node for node in wanted if node not in nodes.draining or node in self._actors}
         results = await asyncio.gather(
-            *(self._ready(node, exclusive=False) for node in wanted), return_exceptions=True
+            *(self._ready(node, exclusive=False, routes_wait_s=ROUTES_WAIT_S) for node in wanted),
+            return_exceptions=True,
         )
         for node, result in zip(wanted, results, strict=True):
             if isinstance(result, BaseException) and node in self._actors:
                 logger.warning("The proxy on node %s is not serving yet: %s", node, result)
 
-    async def _ready(self, node: str, *, exclusive: bool) -> None:
+    async def _ready(self, node: str, *, exclusive: bool, routes_wait_s: float) -> None:
         actor = self._actors.get(node)
         if actor is None and node in self._nodes.draining:
             return  # leaving (its proxy released meanwhile, or none yet): none starts there
@@ -146,7 +150,7 @@ class ProxyFleet:
             ).remote(self._http)
             self.states.starting(node)
         try:
-            answer = actor.ready.remote(self._port, exclusive, ROUTES_WAIT_S)
+            answer = actor.ready.remote(self._port, exclusive, routes_wait_s)
             url, port = await asyncio.wait_for(answer, timeout_s)
         except Exception:
             if self._actors.get(node) is actor:  # not released (a leaving node) meanwhile
