@@ -119,6 +119,8 @@ class ProxyActor:
     async def _serve(self, port: int, exclusive: bool, routes_wait_s: float) -> ProxyServer:
         async with self._starting:
             if self._server is None:
+                if self._stopped:
+                    raise RuntimeError("The proxy was stopped: it does not serve again")
                 seed = self._stored_seed(port)
                 sock = listen_socket(self._http.host, port, exclusive=exclusive)
                 plane = link.attach(asyncio.get_running_loop()).data_plane
@@ -131,6 +133,8 @@ class ProxyActor:
                 routes = HandoffTargets(lambda: proxy.apps, proxy.subscriber.dispatcher, node_id, proxy.keys)
                 if not exclusive and routes_wait_s > 0:  # others may serve the port: join it routed
                     self._routeless = not await _routes_loaded(proxy, port, routes_wait_s)
+                else:
+                    self._routeless = not exclusive and not proxy.ready.is_set()
                     if self._stopped:
                         sock.close()
                         raise RuntimeError("The proxy was stopped while it waited for its routes")

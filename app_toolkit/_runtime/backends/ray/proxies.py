@@ -34,8 +34,9 @@ _READY_TIMEOUT_S = 30.0
 _START_TIMEOUT_S = 60.0
 #: How long a proxy joining the others' port waits for its routes before it listens
 #: anyway (they come within a second of its first poll): well inside either bound above.
-#: Only proxies the supervisor starts wait: those ``start`` readies (this node's) are
-#: readied while the controller has not started, and their polls wait for it.
+#: Only proxies the supervisor readies wait (and one Ray restarted, by itself): the one
+#: ``start`` readies (this node's) is readied while the controller has not started, and
+#: its poll waits for that.
 ROUTES_WAIT_S = 10.0
 #: A leaving node's proxy finishes its connections within 10 s (ProxyActor.stop).
 _RELEASE_TIMEOUT_S = 15.0
@@ -161,9 +162,12 @@ class ProxyFleet:
             self.states.serving(node, url)
 
     async def lagging(self, key: str, version: int, timeout_s: float) -> list[str]:
-        """The nodes whose proxy does not route by ``key``'s table at ``version`` or later
-        after up to ``timeout_s`` (a proxy that does not answer counts among them)."""
-        nodes = list(self._actors)
+        """The nodes whose proxy serves but does not route by ``key``'s table at
+        ``version`` or later after up to ``timeout_s`` (a proxy that does not answer counts
+        among them). A proxy still starting is not asked: it loads the latest tables
+        before it serves."""
+        serving = self.states.urls()
+        nodes = [node for node in self._actors if node in serving]
         answers = await asyncio.gather(
             *(
                 asyncio.wait_for(self._actors[node].holds.remote(key, version, timeout_s), timeout_s + 1.0)
