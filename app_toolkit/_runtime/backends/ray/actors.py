@@ -133,11 +133,11 @@ class ProxyActor:
                 routes = HandoffTargets(lambda: proxy.apps, proxy.subscriber.dispatcher, node_id, proxy.keys)
                 if not exclusive and routes_wait_s > 0:  # others may serve the port: join it routed
                     self._routeless = not await _routes_loaded(proxy, port, routes_wait_s)
-                else:
-                    self._routeless = not exclusive and not proxy.ready.is_set()
                     if self._stopped:
                         sock.close()
                         raise RuntimeError("The proxy was stopped while it waited for its routes")
+                else:
+                    self._routeless = not exclusive and not proxy.ready.is_set()
                 http = self._http
 
                 def hand_off(listener: socket.socket, adopt: Adopter) -> DirectListener:
