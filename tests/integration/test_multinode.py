@@ -42,7 +42,8 @@ def test_nodes_lost_joining_and_leaving_under_load() -> None:
     assert list(result["proxies_head_only"]) == [head]
 
     # Every proxy, started with the controller or on a node that joined, listened once it
-    # had its routes (the controller answers their polls while it starts them).
+    # had its routes (the other nodes' are readied once the controller has started, so it
+    # answers their polls).
     assert result["routeless"] == [] and result["routeless_joined"] == []
     # Before: one proxy on each node, sharing one port; one replica on each node.
     assert set(result["proxies_before"]) == {head, worker}

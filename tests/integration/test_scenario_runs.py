@@ -29,16 +29,13 @@ def _scenario(tmp_path: Path) -> dict[str, str]:
 def test_a_cluster_that_did_not_start_in_rays_time_runs_the_scenario_again(tmp_path: Path) -> None:
     env = _scenario(tmp_path)
     runs = str(tmp_path / "runs")
-    assert run_scenario("flaky_scenario", runs, RAY_START_TIMED_OUT, timeout_s=30, env_extra=env) == {
-        "runs": 2
-    }
+    result = run_scenario("flaky_scenario", runs, RAY_START_TIMED_OUT, timeout_s=30, env_extra=env)
+    assert result == {"runs": 2}
 
 
 def test_another_failure_fails_at_once(tmp_path: Path) -> None:
     env = _scenario(tmp_path)
     runs = tmp_path / "runs"
     with pytest.raises(AssertionError, match="scenario failed"):
-        run_scenario(
-            "flaky_scenario", str(runs), "ValueError: the scenario's own", timeout_s=30, env_extra=env
-        )
+        run_scenario("flaky_scenario", str(runs), "its own error", timeout_s=30, env_extra=env)
     assert runs.read_text() == "x"  # run once
