@@ -45,7 +45,7 @@ INGRESS_ONGOING = 1_000
 #: times a replica's replacement, measured on a 2-core host (docs/llm.md, "Replies that
 #: outlive their replica"): SmolLM2 on vLLM about 40 s (a large model on GPUs takes
 #: minutes), on the transformers engine 41-52 s under the soak's load, the echo engine
-#: 5-8 s.
+#: 5-8 s; embeddings (not measured) as transformers.
 CONTINUATION_WAIT_S: Mapping[Literal["vLLM", "transformers", "echo", "embeddings"], float] = {
     "vLLM": 300.0,
     "transformers": 120.0,

@@ -64,7 +64,7 @@ class ProxyActor:
         self._node: NodeMetrics | None = None
         self._starting = asyncio.Lock()
         self._stopped = False  # stop() came: a start still waiting for routes does not listen
-        self._routeless = False  # it listened before its routes came (they took too long)
+        self._routeless = False  # it listened on a shared port before its routes came
         caller_metrics.set_caller("proxy")
         context = ray.get_runtime_context()
         with warnings.catch_warnings():  # Ray's own properties use its deprecated actor_id
