@@ -34,7 +34,10 @@ class Phase(IntEnum):
     IDLE = 2  # between requests: nothing of the next request read
     HEAD = 3  # a request's bytes being read (recorded before the read); its app not called yet
     RUNNING = 4  # the request's head is whole: its app may have run
-    STARTED = 5  # bytes of the response written (or the connection is a WebSocket)
+    #: The response begun (or the connection upgraded to a WebSocket): its bytes are
+    #: written from the record's ``start`` on, so a replica killed before any of them
+    #: reached the kernel leaves a request whose app ran and nothing of its answer (502).
+    STARTED = 5
     CLOSED = 6  # the replica is done with it (and shuts it down)
     #: The response's last bytes being written, and the connection between requests after
     #: them: whole (so IDLE) once the connection's written bytes (:func:`bytes_written`)
@@ -44,14 +47,14 @@ class Phase(IntEnum):
 
 
 #: Bytes per connection: the phase, the request id's length, the request id, and (last
-#: sixteen) the ``start`` and ``end`` of an ENDING response.
+#: sixteen) the ``start`` of a STARTED or ENDING response and the ``end`` of an ENDING one.
 RECORD_BYTES = 256
 _START_AT = RECORD_BYTES - 16
 _END_AT = RECORD_BYTES - 8
 _END = struct.Struct("<Q")
 _ID_MAX = _START_AT - 2
-#: An ENDING response's ``start`` when bytes of it were written before its end.
-_STARTED_BEFORE = (1 << 64) - 1
+#: A response's ``start`` when it is unknown (an ENDING one's bytes were written before).
+_NO_START = (1 << 64) - 1
 
 
 class ConnectionTable:
@@ -115,10 +118,11 @@ class ConnectionTable:
         return value
 
     def start(self, slot: int) -> int | None:
-        """Where the connection's ENDING response starts, in :func:`bytes_written`, when
-        all of it is in its last write; None when bytes of it were written before."""
+        """Where the connection's STARTED or ENDING response starts, in
+        :func:`bytes_written`; None when that is unknown (an ENDING response whose bytes
+        were written before its last write, or a connection the kernel counts nothing of)."""
         value: int = _END.unpack_from(self.memory, slot * RECORD_BYTES + _START_AT)[0]
-        return None if value == _STARTED_BEFORE else value
+        return None if value == _NO_START else value
 
     def close(self) -> None:
         self.memory.close()
@@ -139,16 +143,24 @@ class Handed:
     def record(self, phase: Phase) -> None:
         self.table.memory[self.offset] = phase
 
+    def started(self, start: int | None) -> None:
+        """The response's first bytes are written next, from ``start`` (in
+        :func:`bytes_written`; None if unknown) on."""
+        self._start_at(start)
+        self.record(Phase.STARTED)
+
     def ending(self, end: int, start: int | None) -> None:
         """The response's last bytes are written next, and the connection is between
         requests after them: the response is whole once :func:`bytes_written` is ``end``.
         ``start``: where it starts, when none of it was written before (the whole
         response leaves in this write; a replica killed before it leaves nothing of it
         sent, a 502); None when bytes of it were."""
-        memory = self.table.memory
-        _END.pack_into(memory, self.offset + _START_AT, _STARTED_BEFORE if start is None else start)
-        _END.pack_into(memory, self.offset + _END_AT, end)
+        self._start_at(start)
+        _END.pack_into(self.table.memory, self.offset + _END_AT, end)
         self.record(Phase.ENDING)
+
+    def _start_at(self, start: int | None) -> None:
+        _END.pack_into(self.table.memory, self.offset + _START_AT, _NO_START if start is None else start)
 
     def done(self) -> None:
         """The replica is done with the connection: the client sees it end now."""

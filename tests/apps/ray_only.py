@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 import ray
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Request, WebSocket
 from fastapi.responses import StreamingResponse
 
 import app_toolkit as tk
@@ -60,6 +60,26 @@ async def ticks() -> StreamingResponse:
             yield b"tick\n"
 
     return StreamingResponse(produce(), media_type="text/plain")
+
+
+#: WebSockets whose handshake this process holds unanswered (``/held-socket``).
+_held_sockets = 0
+
+
+@where_router.websocket("/held-socket")
+async def held_socket(websocket: WebSocket) -> None:
+    """A WebSocket whose handshake is answered only after a minute."""
+    global _held_sockets
+    _held_sockets += 1
+    await asyncio.sleep(60)
+    await websocket.accept()
+    await websocket.close()
+
+
+@where_router.get("/held-sockets")
+async def held_sockets() -> dict[str, int]:
+    """How many ``/held-socket`` handshakes this process holds, and its pid."""
+    return {"held": _held_sockets, "pid": os.getpid()}
 
 
 def holds_connection_from(port: int) -> bool:

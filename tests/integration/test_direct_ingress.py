@@ -15,6 +15,8 @@ import httpx
 import pytest
 import ray
 from fastapi import APIRouter, Request
+from websockets.exceptions import InvalidStatus
+from websockets.sync.client import connect
 
 import app_toolkit as tk
 from app_toolkit._runtime.backends.ray.cluster import NAMESPACE, PROXY_PREFIX
@@ -153,6 +155,39 @@ def test_a_killed_replicas_connections_and_new_ones_go_to_the_other(ray_toolkit:
     finally:
         for client in clients:
             client.close()
+
+
+def test_a_websocket_whose_replica_dies_before_its_handshake_is_answered_gets_502(
+    ray_toolkit: Toolkit,
+) -> None:
+    """The proxy holds a copy of the handed connection: with nothing of the handshake's
+    answer sent, the client gets a 502, not a connection closed without a response."""
+    prefix = "/" + ray_toolkit.name()
+    ray_toolkit.run(make_where_app(num_replicas=1), route_prefix=prefix)
+    _handed_off(ray_toolkit, prefix, replicas=1)
+    url = ray_toolkit.url.replace("http://", "ws://") + prefix + "/held-socket"
+
+    def handshake() -> int:
+        try:
+            with connect(url, open_timeout=30):
+                return 101
+        except InvalidStatus as exc:
+            return exc.response.status_code
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        answer = pool.submit(handshake)
+        held = wait_for(
+            lambda: _held_by(f"{ray_toolkit.url}{prefix}/held-sockets"),
+            what="the handshake held by the ingress replica",
+        )
+        os.kill(held, signal.SIGKILL)
+        assert answer.result(timeout=30) == 502
+
+
+def _held_by(url: str) -> int | None:
+    """The pid of the process holding a ``/held-socket`` handshake, if one does yet."""
+    found = _fresh_request(url)
+    return found["pid"] if found and found["held"] and isinstance(found["pid"], int) else None
 
 
 def _fresh_request(url: str) -> dict[str, object] | None:

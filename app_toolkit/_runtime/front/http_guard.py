@@ -216,7 +216,11 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         if handed is None:
             super().handle_websocket_upgrade()
             return
-        handed.record(Phase.STARTED)
+        # Until its handshake's answer reaches the kernel, a replica killed leaves the
+        # client nothing: the proxy answers 502 (under a request id of its own: the one
+        # recorded is an earlier request's on this connection).
+        handed.table.set_request_id(handed.slot, "")
+        handed.started(bytes_written(handed.sock))
         super().handle_websocket_upgrade()
         # uvicorn's WebSocket protocol serves the connection from here: it must end it too.
         upgraded = self.transport.get_protocol()

@@ -13,7 +13,7 @@ import weakref
 from collections.abc import Callable
 from typing import Protocol
 
-from app_toolkit._runtime.connection_table import Handed, Phase
+from app_toolkit._runtime.connection_table import Handed
 from app_toolkit._runtime.front.uvicorn_compat import RequestResponseCycle
 
 #: The scope key of a request's :class:`RequestLink` (set by the protocol).
@@ -105,7 +105,7 @@ class Writes:
 
     def _started(self) -> None:
         assert self.starting is not None
-        self.starting.record(Phase.STARTED)
+        self.starting.started(self.sent)  # before the write, which the loop may flush later
         self.starting = None
 
     def close(self) -> None:

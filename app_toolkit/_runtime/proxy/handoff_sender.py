@@ -13,7 +13,8 @@ died, or was killed because it hung), the proxy takes every connection back by p
   writing a response's end that the kernel has whole): served anew, by another replica or
   here;
 - a request read but never run: ``503`` with ``Retry-After``;
-- a request whose app may have run: ``502`` with its request id;
+- a request whose app may have run, none of its response in the kernel yet: ``502``
+  with its request id;
 - a response under way: closed, so the client never takes a cut response for a whole one.
 
 Per request this costs the replica a few byte stores and the proxy nothing; per
@@ -229,17 +230,17 @@ class HandoffSender:
             if held is None:
                 continue
             phase = peer.table.phase(slot)
+            written = bytes_written(held) if phase in (Phase.STARTED, Phase.ENDING) else None
             if phase is Phase.ENDING:
                 # It died writing a response's end, or after it and before recording IDLE
-                # (that can only follow the write): whole, if the kernel has it all; as a
-                # request whose app ran (502), if none of its response reached the kernel.
-                written = bytes_written(held)
-                if written == peer.table.end(slot):
-                    phase = Phase.IDLE
-                elif written is not None and written == peer.table.start(slot):
-                    phase = Phase.RUNNING
-                else:
-                    phase = Phase.STARTED
+                # (that can only follow the write): whole, if the kernel has it all.
+                phase = Phase.IDLE if written == peer.table.end(slot) else Phase.STARTED
+            if phase is Phase.STARTED and written is not None and written == peer.table.start(slot):
+                # None of the response reached the kernel (the replica's loop flushes
+                # writes at the end of its turn, or a WebSocket's handshake was not
+                # answered yet): the client has nothing, so it is told its request may
+                # have run (502) rather than cut off.
+                phase = Phase.RUNNING
             request_id = peer.table.request_id(slot) if phase is Phase.RUNNING else ""
             connection = self._release(peer, slot)
             assert connection is not None
