@@ -165,7 +165,7 @@ class Killer:
         app, deployment, replica_id, node = _pick(replicas, pick)
         started = time.monotonic()
         pid = _sigkill(replica_actor(replica_id))
-        kill = Kill(kind, started, time.monotonic(), replica_id, node, app)
+        kill = Kill(kind, started, time.monotonic(), replica_id, node, app, deployment)
 
         def replaced() -> bool:
             status = tk.status().applications[app].deployments[deployment]

@@ -103,6 +103,7 @@ class Kill:
     target: str  # a replica id, a node id, "controller" or "redis"
     node: str = ""  # the node the target ran on ("" for Redis)
     app: str = ""  # a replica kill: its application
+    deployment: str = ""  # a replica kill: its deployment
     recovered: float = 0.0  # when what it killed served again (a replacement, a restart)
 
     @property
@@ -227,9 +228,8 @@ def stalls(records: list[Record], kills: list[Kill]) -> dict[str, dict[str, floa
     replicas), and p50, p99 over those no kill met."""
     table = {}
     for kind, engine in STREAMED_REPLIES.items():
-        # A replica id names its deployment (build_openai_app's): "llm.LLMServer-echo.4e45e6".
-        deployment = f".LLMServer-{MODEL_OF[kind]}."
-        model_kills = [k for k in kills if k.kind == "model" and deployment in k.target]
+        deployment = f"LLMServer-{MODEL_OF[kind]}"  # build_openai_app's name for the model's
+        model_kills = [k for k in kills if k.kind == "model" and k.deployment == deployment]
         intact = [r for r in records if r.kind == kind and r.outcome == "intact"]
         met = [r.stall_s for r in intact if any(in_flight(r, kill) for kill in model_kills)]
         calm = [r.stall_s for r in intact if not any(in_flight(r, kill) for kill in kills)]

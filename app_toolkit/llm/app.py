@@ -8,7 +8,7 @@ import logging
 import math
 import os
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Any
 
 import app_toolkit as tk
 from app_toolkit.config import DeploymentConfig
@@ -16,7 +16,7 @@ from app_toolkit.config.api_keys import check_key, key_hash
 from app_toolkit.config.request_router import PREFIX_AWARE
 from app_toolkit.exceptions import BuilderArgsError
 from app_toolkit.import_path import import_attr
-from app_toolkit.llm.config import LLMConfig
+from app_toolkit.llm.config import LLMConfig, LLMEngine
 from app_toolkit.llm.openai.ingress_app import ingress_class
 from app_toolkit.llm.placement import with_replica
 from app_toolkit.llm.replica.server import LLMServer
@@ -46,7 +46,7 @@ INGRESS_ONGOING = 1_000
 #: outlive their replica"): SmolLM2 on vLLM about 40 s (a large model on GPUs takes
 #: minutes), on the transformers engine 41-52 s under the soak's load, the echo engine
 #: 5-8 s; embeddings (not measured) as transformers.
-CONTINUATION_WAIT_S: Mapping[Literal["vLLM", "transformers", "echo", "embeddings"], float] = {
+CONTINUATION_WAIT_S: Mapping[LLMEngine, float] = {
     "vLLM": 300.0,
     "transformers": 120.0,
     "echo": 60.0,

@@ -174,12 +174,16 @@ class LLMDeploymentConfig(DeploymentConfig):
         return self.model_dump(exclude_unset=True, exclude={"name"})
 
 
+#: The engines ``llm_engine`` names.
+LLMEngine = Literal["vLLM", "transformers", "echo", "embeddings"]
+
+
 class LLMConfig(Schema):
     """One model: where its weights are, its engine and its deployment (Ray Serve LLM's
     ``LLMConfig``)."""
 
     model_loading_config: ModelLoadingConfig = Field(description="The model, and its name for clients.")
-    llm_engine: Literal["vLLM", "transformers", "echo", "embeddings"] = Field(
+    llm_engine: LLMEngine = Field(
         "vLLM",
         description='The engine: "vLLM" (Ray\'s only value) runs vLLM where the replica has it '
         'installed, else transformers (or embeddings with engine_kwargs.runner "pooling"); '

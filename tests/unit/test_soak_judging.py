@@ -59,8 +59,10 @@ def test_bad_gaps_are_refused() -> None:
 HEAD, WORKER = "head-node", "worker-node"
 
 
-def _kill(kind: str, at: float, target: str = "", node: str = WORKER, app: str = "soak") -> Kill:
-    return Kill(kind, at, at + 0.1, target or kind, node, app)
+def _kill(
+    kind: str, at: float, target: str = "", node: str = WORKER, app: str = "soak", deployment: str = ""
+) -> Kill:
+    return Kill(kind, at, at + 0.1, target or kind, node, app, deployment)
 
 
 def _record(
@@ -196,7 +198,8 @@ def test_stalls_are_reported_apart_for_replies_a_model_kill_met() -> None:
     calm = [_record("smol", start=50 + n, end=51 + n, stall_s=0.1) for n in range(3)]
     echo = [_record("chat", start=9, end=11, stall_s=0.5)]
     cut = [_record("smol", "closed", start=9, end=11, stall_s=30.0)]  # not intact: not a stall
-    table = stalls([*met, *calm, *echo, *cut], [_kill("model", 10, "llm.LLMServer-smollm2.m1", app="llm")])
+    smol_kill = _kill("model", 10, "llm.LLMServer-smollm2.m1", app="llm", deployment="LLMServer-smollm2")
+    table = stalls([*met, *calm, *echo, *cut], [smol_kill])
     smol = table["transformers (SmolLM2)"]
     assert (smol["met_replies"], smol["met_p50_s"], smol["met_max_s"]) == (3, 4.0, 6.0)
     assert (smol["calm_replies"], smol["calm_p99_s"]) == (3, 0.1)

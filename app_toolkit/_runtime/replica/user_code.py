@@ -122,7 +122,10 @@ async def call_maybe_async(function: Callable[..., object], *args: object, **kwa
     if is_async(function):
         return await cast(Awaitable[object], function(*args, **kwargs))
     # Sync user code runs in a thread so it never blocks the replica's event loop.
-    abandoned: list[bool] = []  # [True] once its caller left
+    # [True] once its caller left: a list appended on the loop and read in the thread (a
+    # flag with no lock: the thread reads it once, and a call already running is dropped
+    # anyway), cheaper per call than a threading.Event.
+    abandoned: list[bool] = []
 
     def run() -> object:
         if abandoned:  # its caller left before a thread took it: it never runs
