@@ -193,11 +193,11 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             and self._head_bytes is None
             and not self.transport.is_closing()
         )
-        if writes is not None:
-            # What is held ends the response: recorded ENDING before it is written, as
-            # IDLE can only be recorded after it (a replica killed in between would leave
-            # STARTED, and the proxy would close a connection whose response was whole).
-            writes.release(handed if between else None)
+        # What is held ends the response: recorded ENDING before it is written (a replica
+        # killed after the write would otherwise leave STARTED, and the proxy would close a
+        # connection whose response was whole). ENDING stays until the next request: the
+        # proxy reads it as between requests once the kernel has all of it.
+        ended = writes.release(handed if between else None) if writes is not None else False
         super().on_response_complete()
         if self._lingering is not None:  # ended: no keep-alive timer, no next request
             self._unset_keepalive_if_required()
@@ -205,10 +205,16 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         if handed is None or writes is None or self.transport.is_closing():
             return
         if pipelined:  # the next request, read already, runs now
-            handed.record(Phase.RUNNING)
+            # As a response not yet begun (502 if none of it, and all before it, left).
+            handed.started(writes.sent)
             writes.starting = handed
         elif between:
-            handed.record(Phase.IDLE)
+            if ended:
+                pass  # ENDING, recorded with the response's last write
+            elif writes.sent is not None:  # a stream, its end written with its last chunk
+                handed.ending(writes.sent, writes.began)
+            else:  # the kernel counts nothing: between requests, as far as is known
+                handed.record(Phase.IDLE)
             self._between = True
 
     def handle_websocket_upgrade(self) -> None:
@@ -218,9 +224,12 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             return
         # Until its handshake's answer reaches the kernel, a replica killed leaves the
         # client nothing: the proxy answers 502 (under a request id of its own: the one
-        # recorded is an earlier request's on this connection).
+        # recorded is an earlier request's on this connection), if all that the connection
+        # wrote before is whole in the kernel too (an earlier response may still be going).
+        cycle, writes = self.cycle, self._writes
+        quiet = not self.pipeline and (cycle is None or cycle.response_complete)
         handed.table.set_request_id(handed.slot, "")
-        handed.started(bytes_written(handed.sock))
+        handed.started(writes.sent if writes is not None and quiet else None)
         super().handle_websocket_upgrade()
         # uvicorn's WebSocket protocol serves the connection from here: it must end it too.
         upgraded = self.transport.get_protocol()

@@ -28,7 +28,18 @@ class Writes:
     its body) and gathered writes leave at :meth:`release`, which the protocol calls when
     the response is complete: there it knows they end the response."""
 
-    __slots__ = ("transport", "hold", "held", "body", "gathered", "starting", "sent", "closing", "ended")
+    __slots__ = (
+        "transport",
+        "hold",
+        "held",
+        "body",
+        "gathered",
+        "starting",
+        "sent",
+        "began",
+        "closing",
+        "ended",
+    )
 
     def __init__(self, transport: asyncio.Transport, sent: int | None = None) -> None:
         self.transport = transport
@@ -40,6 +51,8 @@ class Writes:
         self.starting: Handed | None = None
         #: A handed-off connection's bytes written so far (connection_table.bytes_written).
         self.sent = sent
+        #: Where the response under way began in ``sent`` (its first write's start).
+        self.began: int | None = None
         #: How the connection ends when a response cycle closes it (the protocol's choice:
         #: lingering while the request's body still arrives); None: the transport's close.
         self.closing: Callable[[], None] | None = None
@@ -72,9 +85,10 @@ class Writes:
             self.sent += len(data)
         self.transport.write(data)
 
-    def release(self, ending: Handed | None = None) -> None:
+    def release(self, ending: Handed | None = None) -> bool:
         """Write what is held or gathered (nothing more is coming to join it). ``ending``:
-        it ends the response, and the handed-off connection is between requests after it."""
+        it ends the response, and the handed-off connection is between requests after it;
+        True if that was recorded (there was something to write)."""
         self.hold = False
         gathered, self.gathered = self.gathered, None
         held, body, self.held, self.body = self.held, self.body, None, None
@@ -82,7 +96,7 @@ class Writes:
         if gathered:
             data = b"".join(gathered)
         elif held is None:
-            return
+            return False
         elif body is None:
             data = held
         elif len(body) < JOIN_MAX:
@@ -93,18 +107,20 @@ class Writes:
             # Recorded before the write: a replica killed after it, before IDLE is recorded,
             # leaves ENDING, which the proxy takes for IDLE once the kernel has ``end``
             # (and for a request whose response never left, if nothing of it was written).
-            whole = self.starting is not None  # nothing of the response written before
-            self.starting = None
+            if self.starting is not None:  # nothing of the response written before
+                self.starting, self.began = None, self.sent
             end = self.sent + len(data) + (len(rest) if rest is not None else 0)
-            ending.ending(end, self.sent if whole else None)
+            ending.ending(end, self.began)
         elif self.starting is not None:
             self._started()
         self._write(data)
         if rest is not None:
             self._write(rest)
+        return ending is not None and self.sent is not None
 
     def _started(self) -> None:
         assert self.starting is not None
+        self.began = self.sent
         self.starting.started(self.sent)  # before the write, which the loop may flush later
         self.starting = None
 
