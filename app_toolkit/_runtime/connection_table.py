@@ -33,16 +33,20 @@ class Phase(IntEnum):
     HANDED = 1  # passed to the replica; nothing of it read there yet
     IDLE = 2  # between requests: nothing of the next request read
     HEAD = 3  # a request's bytes being read (recorded before the read); its app not called yet
-    RUNNING = 4  # the request's head is whole: its app may have run
-    #: The response begun (or the connection upgraded to a WebSocket): its bytes are
-    #: written from the record's ``start`` on, so a replica killed before any of them
-    #: reached the kernel leaves a request whose app ran and nothing of its answer (502).
+    #: The request's head is whole: its app may have run (where the kernel counts nothing
+    #: of the connection; else recorded as STARTED, its response from ``start`` on).
+    RUNNING = 4
+    #: The request's app may run and its response follows (or the connection upgraded to
+    #: a WebSocket): its bytes are written from the record's ``start`` on, so a replica
+    #: killed before any of them reached the kernel leaves a request whose app may have
+    #: run and nothing of its answer (502); one killed after, a response under way.
     STARTED = 5
     CLOSED = 6  # the replica is done with it (and shuts it down)
-    #: The response's last bytes being written, and the connection between requests after
-    #: them: whole (so IDLE) once the connection's written bytes (:func:`bytes_written`)
-    #: reach the record's ``end``; short of it, a response under way (STARTED), unless
-    #: none of it is there and all of it was that last write (its app ran: as RUNNING).
+    #: The response's last bytes written (or being written), and the connection between
+    #: requests after them until the next request's bytes come: whole (so IDLE) once the
+    #: connection's written bytes (:func:`bytes_written`) reach the record's ``end``;
+    #: short of it, a response under way (STARTED), unless none of it is there (the
+    #: count is still at ``start``: its app ran, as RUNNING).
     ENDING = 7
 
 
@@ -119,8 +123,8 @@ class ConnectionTable:
 
     def start(self, slot: int) -> int | None:
         """Where the connection's STARTED or ENDING response starts, in
-        :func:`bytes_written`; None when that is unknown (an ENDING response whose bytes
-        were written before its last write, or a connection the kernel counts nothing of)."""
+        :func:`bytes_written`; None when that is unknown (the kernel counts nothing of
+        the connection, or a WebSocket began behind a response still going)."""
         value: int = _END.unpack_from(self.memory, slot * RECORD_BYTES + _START_AT)[0]
         return None if value == _NO_START else value
 
@@ -150,11 +154,11 @@ class Handed:
         self.record(Phase.STARTED)
 
     def ending(self, end: int, start: int | None) -> None:
-        """The response's last bytes are written next, and the connection is between
-        requests after them: the response is whole once :func:`bytes_written` is ``end``.
-        ``start``: where it starts, when none of it was written before (the whole
-        response leaves in this write; a replica killed before it leaves nothing of it
-        sent, a 502); None when bytes of it were."""
+        """The response's last bytes are written next (or were: a stream's), and the
+        connection is between requests after them: the response is whole once
+        :func:`bytes_written` is ``end``. ``start``: where the response began (a replica
+        killed before any of it reached the kernel leaves nothing of it sent, a 502);
+        None if unknown."""
         self._start_at(start)
         _END.pack_into(self.table.memory, self.offset + _END_AT, end)
         self.record(Phase.ENDING)

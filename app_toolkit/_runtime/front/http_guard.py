@@ -177,7 +177,13 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             cycle.transport = writes  # type: ignore[assignment]
             self.scope[REQUEST_LINK] = ConnectionLink(writes, cycle, handed)  # type: ignore[literal-required]
             if handed is not None and not self.pipeline:  # (a pipelined one waits its turn)
-                handed.record(Phase.RUNNING)
+                # Its app may run: as a response not yet begun, so the proxy answers 502
+                # only if all that the connection wrote before left (a client may send a
+                # request before it read the last response whole).
+                if writes.sent is None:
+                    handed.record(Phase.RUNNING)
+                else:
+                    handed.started(writes.sent)
                 writes.starting = handed
 
     def on_response_complete(self) -> None:
@@ -205,7 +211,9 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         if handed is None or writes is None or self.transport.is_closing():
             return
         if pipelined:  # the next request, read already, runs now
-            # As a response not yet begun (502 if none of it, and all before it, left).
+            # As a response not yet begun (502 if none of it, and all before it, left),
+            # under a request id the proxy makes until its own is recorded (cycle.py).
+            handed.table.set_request_id(handed.slot, "")
             handed.started(writes.sent)
             writes.starting = handed
         elif between:
@@ -250,6 +258,8 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             return False
         if self.cycle is not None and (not self.cycle.response_complete or self.cycle.more_body):
             return False  # its response, or the rest of its request's body, is still to come
+        if transport.get_write_buffer_size():
+            return False  # its response's last bytes wait in the loop (the abort would drop them)
         if self.handed is not None:
             # Between requests, as checked: the next bytes start one, also if the proxy
             # does not take it (it may have been told IDLE after a read that found nothing).

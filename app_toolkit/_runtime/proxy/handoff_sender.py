@@ -232,8 +232,8 @@ class HandoffSender:
             phase = peer.table.phase(slot)
             written = bytes_written(held) if phase in (Phase.STARTED, Phase.ENDING) else None
             if phase is Phase.ENDING:
-                # It died writing a response's end, or after it and before recording IDLE
-                # (that can only follow the write): whole, if the kernel has it all.
+                # It died writing a response's end, or after it, between requests (ENDING
+                # stays until the next request's bytes come): whole if the kernel has it all.
                 phase = Phase.IDLE if written == peer.table.end(slot) else Phase.STARTED
             if phase is Phase.STARTED and written is not None and written == peer.table.start(slot):
                 # None of the response reached the kernel (the replica's loop flushes
@@ -270,7 +270,10 @@ class HandoffSender:
 
     def _answer(self, connection: socket.socket, data: bytes) -> None:
         try:
-            connection.send(data)  # nothing of a response was written: the buffer has room
+            # All the connection wrote before left, so a short answer fits; one the kernel
+            # took only in part is cut off by closing (its content-length tells the client).
+            if connection.send(data) < len(data):
+                raise BlockingIOError
             connection.shutdown(socket.SHUT_WR)
         except OSError:
             connection.close()
