@@ -1049,7 +1049,7 @@ class _Round:
         first, *others = ENDPOINTS
         with concurrent.futures.ThreadPoolExecutor(len(ENDPOINTS)) as pool:
             leading = pool.submit(_streamed, self.client, first, self.prompt, lambda: None)
-            wait_for(lambda: _tokens_by_replica(self.served) != before, 60, "the first reply started", 0.01)
+            wait_for(lambda: self._rose(before), 60, "the first reply started", 0.1)
             following = {e: pool.submit(_streamed, self.client, e, self.prompt, lambda: None) for e in others}
             replies = {first: leading.result(START_S)} | {e: f.result(START_S) for e, f in following.items()}
         after = _tokens_by_replica(self.served)
@@ -1058,6 +1058,10 @@ class _Round:
         pid = _pid_of(self.served, made[0])
         assert pid is not None, f"no log line of {made[0]} names its pid"
         return replies, pid
+
+    def _rose(self, before: dict[str, float]) -> bool:
+        """Some replica made tokens since ``before``."""
+        return any(made > before.get(replica, 0) for replica, made in _tokens_by_replica(self.served).items())
 
     def read(self, endpoint: str) -> tuple[str, int]:
         def seen() -> None:
@@ -1112,11 +1116,14 @@ def _kill_a_round(served: Served, one: _Round) -> None:
         assert text == whole, f"{said}: {text!r}, {whole!r}"
         assert usage == tokens == TOKENS, (said, usage, tokens)
     # A reply is continued if its replica had not sent all of it: each had not, but one
-    # the kill met at its last pieces may have (or one not yet sent to it at the first).
+    # the kill met at its last pieces may have (a piece may carry several tokens when its
+    # client lags), and one not yet sent to it at the first went elsewhere afresh.
     continued = _settled(served, before, engines | {pid})
-    assert 1 <= continued <= len(ENDPOINTS), (continued, one.at_kill)
-    if max(one.at_kill.values()) < TOKENS - 2 and min(one.at_kill.values()) > 0:
-        assert continued == len(ENDPOINTS), (continued, one.at_kill)
+    assert continued <= len(ENDPOINTS), (continued, one.at_kill)
+    if max(one.at_kill.values()) < TOKENS - 2:
+        assert continued >= 1, (continued, one.at_kill)
+        if min(one.at_kill.values()) > 0:
+            assert continued == len(ENDPOINTS), (continued, one.at_kill)
 
 
 def test_a_signal_stops_the_command_and_every_process_it_started(served: Served) -> None:
