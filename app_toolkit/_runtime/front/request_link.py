@@ -104,9 +104,10 @@ class Writes:
         else:
             data, rest = held, body
         if ending is not None and self.sent is not None:
-            # Recorded before the write: a replica killed after it, before IDLE is recorded,
-            # leaves ENDING, which the proxy takes for IDLE once the kernel has ``end``
-            # (and for a request whose response never left, if nothing of it was written).
+            # Recorded before the write, and kept until the next request: a replica killed
+            # after it leaves ENDING, which the proxy takes for IDLE once the kernel has
+            # ``end`` (and for a request whose response never left, while the count is
+            # still where the response began).
             if self.starting is not None:  # nothing of the response written before
                 self.starting, self.began = None, self.sent
             end = self.sent + len(data) + (len(rest) if rest is not None else 0)
