@@ -57,7 +57,7 @@ _START_AT = RECORD_BYTES - 16
 _END_AT = RECORD_BYTES - 8
 _END = struct.Struct("<Q")
 _ID_MAX = _START_AT - 2
-#: A response's ``start`` when it is unknown (an ENDING one's bytes were written before).
+#: A response's ``start`` when it is unknown (the kernel counts nothing of the connection).
 _NO_START = (1 << 64) - 1
 
 
@@ -148,8 +148,9 @@ class Handed:
         self.table.memory[self.offset] = phase
 
     def started(self, start: int | None) -> None:
-        """The response's first bytes are written next, from ``start`` (in
-        :func:`bytes_written`; None if unknown) on."""
+        """The request's app may run, and its response's bytes follow from ``start`` (in
+        :func:`bytes_written`; None if unknown) on: recorded when its head is whole, and
+        again just before the response's first write."""
         self._start_at(start)
         self.record(Phase.STARTED)
 

@@ -13,8 +13,8 @@ died, or was killed because it hung), the proxy takes every connection back by p
   writing a response's end that the kernel has whole): served anew, by another replica or
   here;
 - a request read but never run: ``503`` with ``Retry-After``;
-- a request whose app may have run, none of its response in the kernel yet: ``502``
-  with its request id;
+- a request whose app may have run, none of its response in the kernel yet, and all
+  that the connection carried before it there: ``502`` with its request id;
 - a response under way: closed, so the client never takes a cut response for a whole one.
 
 Per request this costs the replica a few byte stores and the proxy nothing; per
