@@ -1037,6 +1037,7 @@ class _Round:
     def __init__(self, served: Served, client: openai.OpenAI, prompt: str, k: int) -> None:
         self.served, self.client, self.prompt, self.k = served, client, prompt, k
         self.counts = dict.fromkeys(ENDPOINTS, 0)
+        self.ended: set[str] = set()  # the replies read to their end
         self.at_kill: dict[str, int] = {}
         self._lock = threading.Lock()
 
@@ -1068,10 +1069,19 @@ class _Round:
             with self._lock:
                 self.counts[endpoint] += 1
 
-        return _streamed(self.client, endpoint, self.prompt, seen)
+        try:
+            return _streamed(self.client, endpoint, self.prompt, seen)
+        finally:
+            self.ended.add(endpoint)
 
     def kill(self, pid: int) -> None:
-        wait_for(lambda: max(self.counts.values()) >= self.k, 60, f"a reply with {self.k} pieces", 0.002)
+        """SIGKILL the replica once the first reply has k pieces (or, should a lagging
+        client get several tokens in a piece, once the first reply ended)."""
+
+        def at_k() -> bool:
+            return max(self.counts.values()) >= self.k or bool(self.ended)
+
+        wait_for(at_k, 60, f"a reply with {self.k} pieces", 0.002)
         with self._lock:
             os.kill(pid, signal.SIGKILL)
             self.at_kill = dict(self.counts)
