@@ -56,6 +56,18 @@ def _refusal(status: int, text: str, retry_after_s: int | None = None) -> bytes:
     return as_bytes(HTTPResponse(status, headers, body))
 
 
+def _app_may_run(handed: Handed, writes: Writes) -> None:
+    """A request's app may run from now on: recorded as a response not yet begun, so the
+    proxy answers 502 only if all the connection wrote before left (a client may send a
+    request before it read the last response whole); RUNNING where the kernel counts
+    nothing. Its first write records the response's start again (``Writes.starting``)."""
+    if writes.sent is None:
+        handed.record(Phase.RUNNING)
+    else:
+        handed.started(writes.sent)
+    writes.starting = handed
+
+
 class _Sealed(list[tuple[bytes, bytes]]):
     """A request's head fields once the head is complete: what is appended after (a
     chunked body's trailer fields) is dropped."""
@@ -177,14 +189,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             cycle.transport = writes  # type: ignore[assignment]
             self.scope[REQUEST_LINK] = ConnectionLink(writes, cycle, handed)  # type: ignore[literal-required]
             if handed is not None and not self.pipeline:  # (a pipelined one waits its turn)
-                # Its app may run: as a response not yet begun, so the proxy answers 502
-                # only if all that the connection wrote before left (a client may send a
-                # request before it read the last response whole).
-                if writes.sent is None:
-                    handed.record(Phase.RUNNING)
-                else:
-                    handed.started(writes.sent)
-                writes.starting = handed
+                _app_may_run(handed, writes)
 
     def on_response_complete(self) -> None:
         writes, handed, cycle = self._writes, self.handed, self.cycle
@@ -211,11 +216,9 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         if handed is None or writes is None or self.transport.is_closing():
             return
         if pipelined:  # the next request, read already, runs now
-            # As a response not yet begun (502 if none of it, and all before it, left),
-            # under a request id the proxy makes until its own is recorded (cycle.py).
+            # Under a request id the proxy makes until its own is recorded (cycle.py).
             handed.table.set_request_id(handed.slot, "")
-            handed.started(writes.sent)
-            writes.starting = handed
+            _app_may_run(handed, writes)
         elif between:
             if ended:
                 pass  # ENDING, recorded with the response's last write

@@ -273,7 +273,8 @@ class HandoffSender:
             # All the connection wrote before left, so a short answer fits; one the kernel
             # took only in part is cut off by closing (its content-length tells the client).
             if connection.send(data) < len(data):
-                raise BlockingIOError
+                connection.close()
+                return
             connection.shutdown(socket.SHUT_WR)
         except OSError:
             connection.close()
