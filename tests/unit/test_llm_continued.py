@@ -10,52 +10,23 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import Sequence
 from typing import Literal
 
 import pytest
 
 from app_toolkit.exceptions import ContinuationRefused
-from app_toolkit.llm import LLMConfig, LLMServer
+from app_toolkit.llm import LLMServer
 from app_toolkit.llm.engine import Sampling
 from app_toolkit.llm.engines.echo import EchoEngine
 from app_toolkit.llm.events import Delta, Generation
 from app_toolkit.llm.replica.continued import continue_generation
+from tests.continued_replies import continued, replies, server_on, whole
 
-ECHO: dict[str, object] = {"model_loading_config": {"model_id": "e"}, "llm_engine": "echo"}
 SAID = "Crème brûlée — 日本語 and more"  # characters of 2, 3 and 4 bytes: one token per byte
 
 
-class _Server(LLMServer):
-    def __del__(self) -> None:  # type: ignore[override]  # closed by the test, awaited
-        pass
-
-
 async def _server(tokenizer: Literal["bytes", "words"] = "bytes") -> LLMServer:
-    server = _Server.__new__(_Server)
-    await server.__init__(LLMConfig.model_validate(ECHO))  # type: ignore[misc]  # an async constructor
-    server._engine = EchoEngine(tokens_per_s=1e6, tokenizer=tokenizer)
-    return server
-
-
-def _replies(pieces: Sequence[Delta], count: int) -> list[tuple[object, ...]]:
-    """Each choice as its client reads it, and the usage."""
-    replies: list[tuple[object, ...]] = []
-    for index in range(count):
-        mine = [piece for piece in pieces if piece.index == index and piece is not pieces[0]]
-        last = [piece for piece in mine if piece.finish_reason is not None]
-        assert len(last) == 1  # one finish per choice
-        replies.append(
-            (
-                "".join(piece.text for piece in mine),
-                [fragment for piece in mine for fragment in piece.tool_calls],
-                [logprob for piece in mine for logprob in piece.logprobs],
-                last[0].finish_reason,
-                last[0].completion_tokens,
-                last[0].stop_reason,
-            )
-        )
-    return replies
+    return await server_on(EchoEngine(tokens_per_s=1e6, tokenizer=tokenizer))
 
 
 GENERATIONS = {
@@ -81,15 +52,11 @@ def test_a_reply_cut_after_any_piece_continues_as_the_unbroken_one(
 
     async def scenario() -> None:
         first, second = await _server(tokenizer), await _server(tokenizer)
-        whole = [piece async for piece in first.generate(generation)]
-        assert whole[0].prompt_tokens > 0 and len(whole) > 3
-        unbroken = _replies(whole, count)
-        for cut in range(1, len(whole)):
-            had = whole[:cut]
-            rest = [piece async for piece in second.generate(continue_generation(generation, had))]
-            # The prompt is counted once: no second counting piece (only finishes repeat it).
-            assert all(piece.finish_reason is not None or piece.prompt_tokens == 0 for piece in rest)
-            assert _replies(had + rest, count) == unbroken, f"cut after piece {cut}"
+        pieces = await whole(first, generation)
+        assert pieces[0].prompt_tokens > 0 and len(pieces) > 3
+        unbroken = replies(pieces, count)
+        for cut in range(1, len(pieces)):
+            assert replies(await continued(second, generation, pieces[:cut]), count) == unbroken, cut
         await LLMServer.__del__(first)
         await LLMServer.__del__(second)
 
