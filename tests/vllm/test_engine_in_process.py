@@ -10,7 +10,6 @@ Runs before test_vllm_engine.py (pytest's order): one engine at a time.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 from collections.abc import AsyncGenerator, Awaitable, Iterator
 from pathlib import Path
@@ -21,8 +20,8 @@ from app_toolkit.exceptions import ContinuationRefused
 from app_toolkit.llm import EngineLoad, EngineRequest, Sampling, TextEngine
 from app_toolkit.llm.engines.adapters import AdapterNotFound, AdapterRefused
 from app_toolkit.llm.engines.vllm import VLLMEngine
-from app_toolkit.llm.events import Delta, Generation, TokenLogprob
-from tests.continued_replies import continued, replies, server_on, whole
+from app_toolkit.llm.events import Generation
+from tests.continued_replies import CUT_REPLIES, check_cut_reply, continued, replies, server_on, whole
 from tests.lora_models import written_adapter
 from tests.vllm.engines import loaded
 from tests.vllm.test_vllm_engine import ENGINE_KWARGS
@@ -117,54 +116,17 @@ def test_a_continued_reply_goes_on_as_the_whole_reply(
     assert loop.run_until_complete(reply(tuple(whole))) == []  # nothing left to produce
 
 
-#: Greedy replies whose pieces hold what a reader of single tokens would lose: characters
-#: of several tokens (ending inside one), stop strings partly met then met (and one that
-#: overlaps it, held back with it), and two choices of emoji (three tokens each) with
-#: log-probabilities.
-GREEDY = Sampling(max_tokens=32, temperature=0, ignore_eos=True)
-CUT_REPLIES = {
-    "characters of several tokens": Generation(GREEDY, prompt="日本語の文章: 東京は日本の首都です。東京は"),
-    "stop strings held back": Generation(
-        GREEDY, prompt="Les crèmes brûlées à la française: ", stops=("de la bresse", "crème de lait")
-    ),
-    "two choices with log-probabilities": Generation(
-        dataclasses.replace(GREEDY, max_tokens=16, logprobs=1), prompt="Emoji story: 🌊🏠🌊🏠🌊🏠", n=2
-    ),
-}
-
-
 @pytest.mark.parametrize("name", CUT_REPLIES)
 def test_a_reply_cut_inside_a_character_or_a_held_stop_string_goes_on_as_the_unbroken_one(
     engine: TextEngine, loop: asyncio.AbstractEventLoop, name: str
 ) -> None:
-    """The server's replies on vLLM (its detokenizer, stop strings and choices are the
-    toolkit's) cut where the replica's death loses the most: before a piece of several
-    tokens (the replica had read part of the character), and after a piece that holds
-    text back (its tokens sent, their text not). Every cut point is checked on the echo
-    engine (tests/unit/test_llm_continued.py); vLLM's continuation reads the tokens so far
-    as its prompt's, so log-probabilities may differ in the float's last places."""
-    generation = CUT_REPLIES[name]
-    count = generation.n
+    """The model's server on vLLM (its detokenizer, stop strings and choices are the
+    toolkit's) cut where a replica's death loses the most (tests/continued_replies.py).
+    vLLM's continuation reads the tokens so far as its prompt's, in one pass: their
+    log-probabilities may differ in the float's last places."""
 
     async def scenario() -> None:
-        server = await server_on(engine)
-        pieces = await whole(server, generation)
-        sent, read = "", list[int]()
-        cuts = {1}
-        for at, piece in enumerate(pieces[1:-1], start=1):
-            if len(pieces[at + 1].tokens) > 1:
-                cuts.add(at)  # the next piece's character, or held text, needs several tokens
-            sent, read = sent + piece.text, [*read, *piece.tokens]
-            if count == 1 and engine.decode(read) != sent:
-                cuts.add(at)  # text held back: its tokens went, their text did not
-        # The premise: the reply has such places. A few of them, to bound the test's time.
-        assert len(cuts) > 2, [(piece.text, piece.tokens) for piece in pieces]
-        unbroken = _without_logprobs(replies(pieces, count))
-        for cut in sorted(cuts)[:6]:
-            again = await continued(server, generation, pieces[:cut])
-            assert _without_logprobs(replies(again, count)) == unbroken, cut
-            assert _tokens(again) == _tokens(pieces), cut
-            assert _logprobs(again) == pytest.approx(_logprobs(pieces), abs=1e-3), cut
+        await check_cut_reply(await server_on(engine), CUT_REPLIES[name], engine.decode, logprobs_within=1e-3)
 
     loop.run_until_complete(scenario())
 
@@ -191,23 +153,6 @@ def test_a_reply_under_a_grammar_is_not_continued_on_vllm(
         assert replies(afresh, 1) == replies(pieces, 1)
 
     loop.run_until_complete(scenario())
-
-
-def _without_logprobs(made: list[tuple[object, ...]]) -> list[tuple[object, ...]]:
-    return [(*choice[:2], *choice[3:]) for choice in made]
-
-
-def _by_choice(pieces: list[Delta]) -> list[TokenLogprob]:
-    """The tokens' log-probabilities, choice by choice, each choice's in its order."""
-    return [one for piece in sorted(pieces, key=lambda piece: piece.index) for one in piece.logprobs]
-
-
-def _tokens(pieces: list[Delta]) -> list[str]:
-    return [one.token for one in _by_choice(pieces)]
-
-
-def _logprobs(pieces: list[Delta]) -> list[float]:
-    return [one.logprob for one in _by_choice(pieces)]
 
 
 def test_a_reply_closed_early_leaves_vllm_and_a_live_engine_is_healthy(
