@@ -48,6 +48,7 @@ from typing import Any
 import httpx
 
 from benchmarks.http_overhead import BIN, ROOT, free_port, start_servers, stop_servers, wait_ready
+from benchmarks.percentile import percentile
 from benchmarks.proc_cpu import cpu_seconds
 from benchmarks.startup import stop
 
@@ -98,12 +99,11 @@ async def chat_load(base: str, clients: int, tokens: int, duration_s: float) -> 
     async with httpx.AsyncClient(base_url=base, timeout=60, limits=limits) as client:
         await asyncio.gather(*(client_loop(client) for _ in range(clients)))
     elapsed = time.monotonic() - started
-    ordered = sorted(first_token)
     return {
         "tokens": received,
         "tokens_per_s": received / elapsed,
-        "ttft_p50_ms": 1000 * ordered[len(ordered) // 2],
-        "ttft_p99_ms": 1000 * ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))],
+        "ttft_p50_ms": 1000 * percentile(first_token, 0.5),
+        "ttft_p99_ms": 1000 * percentile(first_token, 0.99),
     }
 
 
@@ -340,7 +340,7 @@ async def cancel_measurements(base: str, runs: int) -> None:
         print("cancellation: client disconnect (or Stop) -> the model's batch place free")
         for state, others in CANCEL_STATES.items():
             took = await measure_state(client, state, others, runs)
-            p99 = took[min(len(took) - 1, int(len(took) * 0.99))]
+            p99 = percentile(took, 0.99)
             print(
                 f"  {state:<24} p50 {1000 * statistics.median(took):6.1f} ms  p99 {1000 * p99:6.1f} ms  "
                 f"worst {1000 * took[-1]:6.1f} ms  ({runs} runs)"

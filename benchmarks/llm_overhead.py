@@ -55,6 +55,7 @@ from app_toolkit.llm.engines.transformers import TransformersEngine
 from app_toolkit.llm.replica.loading import engine_for
 from app_toolkit.llm.replica.reply_stream import CONTEXT_TOKENS
 from benchmarks.http_overhead import start_servers, stop_servers
+from benchmarks.percentile import percentile
 from benchmarks.proc_cpu import cpu_seconds
 
 MODEL = "smol"
@@ -104,9 +105,8 @@ def config_file(folder: Path, config: dict[str, Any]) -> Path:
 
 
 def quantile_ms(seconds: list[float], q: float) -> float:
-    """The ``q`` quantile of ``seconds``, in ms: the value at rank ``int(len * q)``."""
-    ordered = sorted(seconds)
-    return 1000 * ordered[min(len(ordered) - 1, int(len(ordered) * q))]
+    """The ``q`` quantile of ``seconds``, in ms (benchmarks/percentile.py's rule)."""
+    return 1000 * percentile(seconds, q)
 
 
 def summary(first_token_s: list[float], tokens: int, elapsed_s: float, cpu_s: float) -> Load:

@@ -1,6 +1,5 @@
 """The percentile the benchmarks quote: the sorted values' element at index
-``int(share × n)`` (the last for p100). Six benchmarks take it from here; llm_overhead,
-chat and streaming still compute the same rule inline."""
+``int(share × n)`` (the last for p100), for every benchmark that quotes one."""
 
 from __future__ import annotations
 

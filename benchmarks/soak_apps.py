@@ -22,7 +22,7 @@ import app_toolkit as tk
 from app_toolkit.deployment import Deployment
 from app_toolkit.llm import build_openai_app
 from benchmarks.overload_app import soak_handles
-from benchmarks.soak_rules import MODEL_OF
+from benchmarks.soak_rules import MODEL_OF, model_deployment
 
 #: Fast failure detection, as the fault tests use: a dead replica leaves the tables in ~1 s.
 HEALTH = {"health_check_period_s": 1.0, "health_check_timeout_s": 2.0}
@@ -33,8 +33,7 @@ ECHO_MODEL = MODEL_OF["chat"]
 SMOL_MODEL = MODEL_OF["smol"]
 #: Tokens of each greedy SmolLM2 reply the soak checks.
 SMOL_TOKENS = 32
-#: Its model's deployment (build_openai_app's name for it).
-SMOL_DEPLOYMENT = "LLMServer-" + SMOL_MODEL
+SMOL_DEPLOYMENT = model_deployment(SMOL_MODEL)
 LLM_PREFIX = "/llm"
 
 api = FastAPI()

@@ -10,6 +10,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
+from app_toolkit.llm.config import LLMConfig
 from benchmarks.percentile import percentile
 
 #: A request that started this soon after a kill returned may still have met it (a new
@@ -33,6 +34,13 @@ APP_OF = {
 }
 #: The LLM app's models (``soak_apps``), by the kind of traffic that asks them.
 MODEL_OF = {"chat": "echo", "completion": "echo", "smol": "smollm2"}
+
+
+def model_deployment(model: str) -> str:
+    """build_openai_app's name for ``model``'s deployment (``LLMConfig.deployment_name``)."""
+    return LLMConfig.model_validate({"model_loading_config": {"model_id": model}}).deployment_name
+
+
 #: LLM replies, which go on on another replica when theirs is lost (docs/llm.md, "Replies
 #: that outlive their replica"): a model replica's kill explains none of their failures.
 CONTINUED = frozenset({"chat", "smol", "completion"})
@@ -228,7 +236,7 @@ def stalls(records: list[Record], kills: list[Kill]) -> dict[str, dict[str, floa
     replicas), and p50, p99 over those no kill met."""
     table = {}
     for kind, engine in STREAMED_REPLIES.items():
-        deployment = f"LLMServer-{MODEL_OF[kind]}"  # build_openai_app's name for the model's
+        deployment = model_deployment(MODEL_OF[kind])
         model_kills = [k for k in kills if k.kind == "model" and k.deployment == deployment]
         intact = [r for r in records if r.kind == kind and r.outcome == "intact"]
         met = [r.stall_s for r in intact if any(in_flight(r, kill) for kill in model_kills)]

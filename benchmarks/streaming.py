@@ -24,6 +24,7 @@ import httpx
 from websockets.sync.client import connect
 
 from benchmarks.http_overhead import start_servers, stop_servers
+from benchmarks.percentile import percentile
 from benchmarks.proc_cpu import cpu_seconds
 from benchmarks.toolkit_modes import LABELS, add_mode_arguments, chosen_modes, describe
 
@@ -57,13 +58,12 @@ async def sse_load(base: str, duration_s: float, path: str = "/sse") -> dict[str
     async with httpx.AsyncClient(base_url=base, timeout=30, limits=limits) as client:
         await asyncio.gather(*(client_loop(client) for _ in range(CLIENTS)))
     elapsed = time.monotonic() - started
-    ordered = sorted(first_event)
     return {
         "events": streams * EVENTS,
         "streams_per_s": streams / elapsed,
         "events_per_s": streams * EVENTS / elapsed,
-        "ttfb_p50_ms": 1000 * ordered[len(ordered) // 2],
-        "ttfb_p99_ms": 1000 * ordered[int(len(ordered) * 0.99)],
+        "ttfb_p50_ms": 1000 * percentile(first_event, 0.5),
+        "ttfb_p99_ms": 1000 * percentile(first_event, 0.99),
     }
 
 
@@ -78,11 +78,10 @@ def websocket_round_trips(base: str) -> dict[str, float]:
             ws.send(f"message {i}")
             ws.recv()
             timings.append(time.perf_counter() - start)
-    timings.sort()
     return {
         "events": ROUND_TRIPS,
-        "rtt_p50_ms": 1000 * timings[len(timings) // 2],
-        "rtt_p99_ms": 1000 * timings[int(len(timings) * 0.99)],
+        "rtt_p50_ms": 1000 * percentile(timings, 0.5),
+        "rtt_p99_ms": 1000 * percentile(timings, 0.99),
     }
 
 
