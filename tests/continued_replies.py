@@ -16,22 +16,30 @@ from app_toolkit.llm.events import Delta, Generation, TokenLogprob
 from app_toolkit.llm.replica.continued import continue_generation
 
 _GREEDY = Sampling(max_tokens=20, temperature=0, ignore_eos=True)
-#: Greedy replies of SmolLM2 whose pieces hold what a reader of single tokens would lose:
-#: characters of several tokens (the last cut by ``max_tokens``); text held back for two
-#: stop strings that overlap, one partly met, then the other met; and two choices of emoji
-#: (three tokens each) with log-probabilities.
+#: Greedy replies of SmolLM2 whose pieces hold what a reader of single tokens would lose,
+#: and the kinds of cut each must offer (``check_cut_reply``): characters of several
+#: tokens; text held back for two stop strings that overlap, one partly met, then the
+#: other met; and a completion of two prompts (two choices) of emoji, three tokens each,
+#: with log-probabilities.
 CUT_REPLIES = {
-    "characters of several tokens": Generation(_GREEDY, prompt="日本語の文章: 東京は日本の首都です。東京は"),
-    "stop strings held back": Generation(
-        _GREEDY, prompt="Les crèmes brûlées à la française: ", stops=("de la bresse", "crème de lait")
+    "characters of several tokens": (
+        Generation(_GREEDY, prompt="日本語の文章: 東京は日本の首都です。東京は"),
+        {"several tokens"},
     ),
-    "two choices with log-probabilities": Generation(
-        dataclasses.replace(_GREEDY, max_tokens=16, logprobs=1), prompt="Emoji story: 🌊🏠🌊🏠🌊🏠", n=2
+    "stop strings held back": (
+        Generation(
+            _GREEDY, prompt="Les crèmes brûlées à la française: ", stops=("de la bresse", "crème de lait")
+        ),
+        {"held"},
+    ),
+    "two choices with log-probabilities": (
+        Generation(
+            dataclasses.replace(_GREEDY, max_tokens=16, logprobs=1),
+            prompts=("Emoji story: 🌊🏠🌊🏠🌊🏠", "Emoji weather: 🌧🌈🌧🌈🌧🌈"),
+        ),
+        {"several tokens"},
     ),
 }
-#: Cut points checked per reply (every one is checked on the echo engine,
-#: tests/unit/test_llm_continued.py): each costs the rest of the reply.
-_CUTS = 4
 
 #: The server's own configuration: the engine is the test's.
 _CONFIG: dict[str, object] = {"model_loading_config": {"model_id": "e"}, "llm_engine": "echo"}
@@ -89,36 +97,45 @@ def replies(pieces: Sequence[Delta], count: int) -> list[tuple[object, ...]]:
 async def check_cut_reply(
     server: LLMServer,
     generation: Generation,
+    kinds: set[str],
     decode: Callable[[list[int]], str],
     logprobs_within: float,
 ) -> None:
     """``generation``'s reply, cut where a replica's death loses the most and continued,
-    is the unbroken reply: cut before a piece of several tokens (the lost replica had read
-    part of its character, or of the text a stop string holds back), and after a piece
-    that holds text back (its tokens sent, their text not: ``decode`` tells). The reply
-    must have such places, and a reply with stop strings must end on one. Log-probabilities
-    are compared ``logprobs_within`` (a real model's float arithmetic varies a little
-    between runs: on the transformers engine, two unbroken replies' differ by about 1e-6)."""
-    count = generation.n
+    is the unbroken reply. Cut before a piece of "several tokens" (the lost replica had
+    read part of its character, or of the text a stop string holds back), and after a
+    piece that "held" text back (its tokens sent, their text not: ``decode`` tells; one
+    choice only); of each kind the first and the last, which the reply must offer for each
+    of ``kinds``. A reply with stop strings must end on the first. Log-probabilities, one
+    per token, are compared ``logprobs_within`` (a real model's float arithmetic varies a
+    little between runs: on the transformers engine, two unbroken replies' differ by about
+    0.000002)."""
+    count = max(1, len(generation.prompts)) * generation.n
     pieces = await whole(server, generation)
+    shown = [(piece.index, piece.text, piece.tokens) for piece in pieces]
+    found: dict[str, list[int]] = {"several tokens": [], "held": []}
     sent, read = "", list[int]()
-    cuts = {1}
-    for at, piece in enumerate(pieces[1:-1], start=1):
-        if len(pieces[at + 1].tokens) > 1:
-            cuts.add(at)
+    for at in range(1, len(pieces) - 1):  # a cut keeps pieces[:cut]: the first counts the prompt
+        piece = pieces[at]
+        if len(piece.tokens) > 1:
+            found["several tokens"].append(at)
         sent, read = sent + piece.text, [*read, *piece.tokens]
         if count == 1 and decode(read) != sent:
-            cuts.add(at)
-    shown = [(piece.index, piece.text, piece.tokens) for piece in pieces]
-    assert len(cuts) > 2, shown
+            found["held"].append(at + 1)
+    assert all(found[kind] for kind in kinds), (found, shown)
+    cuts = sorted({1} | {at for ats in found.values() if ats for at in (ats[0], ats[-1])})
     unbroken = replies(pieces, count)
     if generation.stops:
-        assert [choice[3:] for choice in unbroken] == [("stop", unbroken[0][4], generation.stops[0])], shown
-    for cut in sorted(cuts)[:_CUTS]:
+        ends = [choice[3:] for choice in unbroken]
+        assert ends == [("stop", unbroken[0][4], generation.stops[0])], (ends, shown)
+    if generation.sampling.logprobs is not None:
+        made = [piece.completion_tokens for piece in pieces if piece.finish_reason is not None]
+        assert len(_by_choice(pieces)) == sum(made) > 0, shown  # one per token
+    for cut in cuts:
         again = await continued(server, generation, pieces[:cut])
-        assert _without_logprobs(replies(again, count)) == _without_logprobs(unbroken), cut
+        assert _without_logprobs(replies(again, count)) == _without_logprobs(unbroken), (cut, again, shown)
         assert _tokens(again) == _tokens(pieces), cut
-        assert _logprobs(again) == pytest.approx(_logprobs(pieces), abs=logprobs_within), cut
+        assert _numbers(again) == pytest.approx(_numbers(pieces), abs=logprobs_within), cut
 
 
 def _without_logprobs(made: list[tuple[object, ...]]) -> list[tuple[object, ...]]:
@@ -130,9 +147,11 @@ def _by_choice(pieces: list[Delta]) -> list[TokenLogprob]:
     return [one for piece in sorted(pieces, key=lambda piece: piece.index) for one in piece.logprobs]
 
 
-def _tokens(pieces: list[Delta]) -> list[str]:
-    return [one.token for one in _by_choice(pieces)]
+def _tokens(pieces: list[Delta]) -> list[tuple[str, list[str]]]:
+    """Each token's text, and its likeliest tokens' texts."""
+    return [(one.token, [top[0] for top in one.top]) for one in _by_choice(pieces)]
 
 
-def _logprobs(pieces: list[Delta]) -> list[float]:
-    return [one.logprob for one in _by_choice(pieces)]
+def _numbers(pieces: list[Delta]) -> list[float]:
+    """Each token's log-probability, then its likeliest tokens'."""
+    return [number for one in _by_choice(pieces) for number in (one.logprob, *(top[1] for top in one.top))]

@@ -321,8 +321,8 @@ def test_replies_cut_inside_a_character_or_a_held_stop_string_go_on_as_unbroken(
         await asyncio.to_thread(engine.load)
         try:
             server = await server_on(engine)
-            for generation in CUT_REPLIES.values():
-                await check_cut_reply(server, generation, engine.decode, logprobs_within=1e-4)
+            for generation, kinds in CUT_REPLIES.values():
+                await check_cut_reply(server, generation, kinds, engine.decode, logprobs_within=1e-4)
         finally:
             await engine.close()
 

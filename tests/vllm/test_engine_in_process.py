@@ -104,16 +104,16 @@ def test_a_continued_reply_goes_on_as_the_whole_reply(
         request = EngineRequest(prompt, greedy, on_prompt=on_prompt, produced=produced)
         return [token.id async for token in engine.generate(request)]
 
-    whole = loop.run_until_complete(reply())
-    assert len(whole) == 12
+    unbroken = loop.run_until_complete(reply())
+    assert len(unbroken) == 12
     for cut in (1, 7):
         reported: list[int] = []
-        rest = loop.run_until_complete(reply(tuple(whole[:cut]), reported))
-        assert rest == whole[cut:], cut  # and max_tokens counts the carried tokens
+        rest = loop.run_until_complete(reply(tuple(unbroken[:cut]), reported))
+        assert rest == unbroken[cut:], cut  # and max_tokens counts the carried tokens
         assert len(reported) == 1 and 0 <= reported[0] <= len(prompt), reported
     # 128 of its 129 tokens are cached: only the prompt's 122 are reported as the prompt's.
     assert reported == [len(prompt)]
-    assert loop.run_until_complete(reply(tuple(whole))) == []  # nothing left to produce
+    assert loop.run_until_complete(reply(tuple(unbroken))) == []  # nothing left to produce
 
 
 @pytest.mark.parametrize("name", CUT_REPLIES)
@@ -126,7 +126,8 @@ def test_a_reply_cut_inside_a_character_or_a_held_stop_string_goes_on_as_the_unb
     log-probabilities may differ in the float's last places."""
 
     async def scenario() -> None:
-        await check_cut_reply(await server_on(engine), CUT_REPLIES[name], engine.decode, logprobs_within=1e-3)
+        generation, kinds = CUT_REPLIES[name]
+        await check_cut_reply(await server_on(engine), generation, kinds, engine.decode, logprobs_within=1e-3)
 
     loop.run_until_complete(scenario())
 
