@@ -12,6 +12,7 @@ keeps the file's order).
 from __future__ import annotations
 
 import concurrent.futures
+import dataclasses
 import json
 import os
 import re
@@ -954,14 +955,23 @@ KILLED_AT = (1, 32, 63)
 ROUND_SUBJECTS = ("a lighthouse keeper and the sea", "a baker in a mountain town", "two sisters who sail")
 #: The endpoints whose streamed replies each round reads side by side.
 ENDPOINTS = ("chat", "completions", "responses")
+#: The round whose response's client leaves at the kill and resumes it (``starting_after``).
+RESUMED_AT = 32
 #: A round's replies' length (greedy, ``ignore_eos``).
 TOKENS = 64
 
 
-def _streamed(client: openai.OpenAI, endpoint: str, prompt: str, seen: Callable[[], None]) -> tuple[str, int]:
+def _streamed(
+    client: openai.OpenAI,
+    endpoint: str,
+    prompt: str,
+    seen: Callable[[], None],
+    leave: _Leaving | None = None,
+) -> tuple[str, int]:
     """A greedy reply of TOKENS tokens to ``prompt`` on ``endpoint``, read with the ``openai``
     client as it streams (``seen`` called at each text piece): its text and the completion
-    tokens its usage counts."""
+    tokens its usage counts. A response's client given ``leave`` leaves at the first event
+    after it is set, and resumes after the last event it had."""
     pieces: list[str] = []
     usage = 0
     greedy: dict[str, Any] = {
@@ -971,13 +981,7 @@ def _streamed(client: openai.OpenAI, endpoint: str, prompt: str, seen: Callable[
         "extra_body": {"ignore_eos": True},
     }
     if endpoint == "responses":
-        for event in client.responses.create(input=prompt, max_output_tokens=TOKENS, **greedy):
-            if event.type == "response.output_text.delta":
-                pieces.append(event.delta)
-                seen()
-            if event.type in ("response.completed", "response.incomplete") and event.response.usage:
-                usage = event.response.usage.output_tokens
-        return "".join(pieces), usage
+        return _response(client, {"input": prompt, "max_output_tokens": TOKENS, **greedy}, seen, leave)
     counted: dict[str, Any] = {**greedy, "max_tokens": TOKENS, "stream_options": {"include_usage": True}}
     if endpoint == "chat":
         chunks: Any = client.chat.completions.create(
@@ -992,6 +996,52 @@ def _streamed(client: openai.OpenAI, endpoint: str, prompt: str, seen: Callable[
             if text := (choice.delta.content if endpoint == "chat" else choice.text):
                 pieces.append(text)
                 seen()
+    return "".join(pieces), usage
+
+
+@dataclasses.dataclass
+class _Leaving:
+    """When a response's client leaves (``now`` set), and whether it then resumed."""
+
+    now: threading.Event = dataclasses.field(default_factory=threading.Event)
+    resumed: bool = False
+
+
+def _response(
+    client: openai.OpenAI, asked: dict[str, Any], seen: Callable[[], None], leave: _Leaving | None
+) -> tuple[str, int]:
+    """The text and output tokens of the streamed response ``asked`` for. Left once
+    ``leave.now`` is set, it is read on from where the client left: the response went on
+    apart from the connection, and its events are numbered without a gap."""
+    pieces: list[str] = []
+    numbers: list[int] = []
+    usage, named = 0, ""
+
+    def take(stream: Any, leave: _Leaving | None) -> bool:
+        """The events of ``stream`` until the response's last (True) or the client leaves."""
+        nonlocal usage, named
+        for event in stream:
+            numbers.append(event.sequence_number)
+            if event.type == "response.created":
+                named = event.response.id
+            if event.type == "response.output_text.delta":
+                pieces.append(event.delta)
+                seen()
+            if event.type in ("response.completed", "response.incomplete"):
+                usage = event.response.usage.output_tokens if event.response.usage else 0
+                return True
+            if leave is not None and leave.now.is_set():
+                return False
+        return False
+
+    with client.responses.create(**asked) as events:
+        ended = take(events, leave)
+    if not ended:
+        assert leave is not None and named, numbers  # a stream ends with the response's end
+        leave.resumed = True
+        with client.responses.stream(response_id=named, starting_after=numbers[-1]) as rest:
+            ended = take(rest, None)
+    assert ended and numbers == list(range(len(numbers))), numbers
     return "".join(pieces), usage
 
 
@@ -1039,6 +1089,8 @@ class _Round:
         self.counts = dict.fromkeys(ENDPOINTS, 0)
         self.ended: set[str] = set()  # the replies read to their end
         self.at_kill: dict[str, int] = {}
+        self.leaving = _Leaving()  # the response's client's, in the RESUMED_AT round
+        self.ended_at_kill: set[str] = set()
         self._lock = threading.Lock()
 
     def unbroken(self) -> tuple[dict[str, tuple[str, int]], int]:
@@ -1069,8 +1121,9 @@ class _Round:
             with self._lock:
                 self.counts[endpoint] += 1
 
+        leave = self.leaving if endpoint == "responses" and self.k == RESUMED_AT else None
         try:
-            return _streamed(self.client, endpoint, self.prompt, seen)
+            return _streamed(self.client, endpoint, self.prompt, seen, leave)
         finally:
             self.ended.add(endpoint)
 
@@ -1084,7 +1137,8 @@ class _Round:
         wait_for(at_k, 60, f"a reply with {self.k} pieces", 0.002)
         with self._lock:
             os.kill(pid, signal.SIGKILL)
-            self.at_kill = dict(self.counts)
+            self.at_kill, self.ended_at_kill = dict(self.counts), set(self.ended)
+        self.leaving.now.set()
 
 
 def _settled(served: Served, before: float, killed: set[int]) -> float:
@@ -1101,7 +1155,8 @@ def test_replies_on_each_endpoint_go_on_when_their_replica_is_killed_at_1_32_and
     tokens side by side, all on the replica that made their unbroken replies, and
     SIGKILLs it once the first has k pieces: vLLM's processes end with it, and each reply
     goes on on the other replica (or, that one killed a round before, on a replacement it
-    waits for). The client reads each reply as its unbroken one."""
+    waits for). The client reads each reply as its unbroken one; in the round killed at 32,
+    the response's client leaves after the kill and resumes it with ``starting_after``."""
     with openai.OpenAI(base_url=served.url + "/v1", api_key="none", max_retries=0, timeout=START_S) as client:
         for k, subject in zip(KILLED_AT, ROUND_SUBJECTS, strict=True):
             _kill_a_round(served, _Round(served, client, f"Write a long story about {subject}.", k))
@@ -1125,6 +1180,11 @@ def _kill_a_round(served: Served, one: _Round) -> None:
         said = f"{endpoint}, killed at pieces {one.at_kill}: parted at character {parted}"
         assert text == whole, f"{said}: {text!r}, {whole!r}"
         assert usage == tokens == TOKENS, (said, usage, tokens)
+    # The RESUMED_AT round's response: its client left at its first event after the kill
+    # and resumed, unless the response had ended (or nearly: the reader may be at its end).
+    midway = "responses" not in one.ended_at_kill and one.at_kill["responses"] <= TOKENS // 2
+    if one.k == RESUMED_AT and midway:
+        assert one.leaving.resumed, one.at_kill
     # A reply is continued if its replica had not sent all of it: each had not, but one
     # the kill met at its last pieces may have (a piece may carry several tokens when its
     # client lags), and one not yet sent to it at the first went elsewhere afresh.
