@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import math
 import os
 import signal
 import statistics
@@ -102,8 +103,8 @@ async def chat_load(base: str, clients: int, tokens: int, duration_s: float) -> 
     return {
         "tokens": received,
         "tokens_per_s": received / elapsed,
-        "ttft_p50_ms": 1000 * percentile(first_token, 0.5),
-        "ttft_p99_ms": 1000 * percentile(first_token, 0.99),
+        "ttft_p50_ms": 1000 * percentile(first_token, 0.5, math.nan),
+        "ttft_p99_ms": 1000 * percentile(first_token, 0.99, math.nan),
     }
 
 

