@@ -105,8 +105,9 @@ async def check_cut_reply(
     is the unbroken reply. Cut before a piece of "several tokens" (the lost replica had
     read part of its character, or of the text a stop string holds back), and after a
     piece that "held" text back (its tokens sent, their text not: ``decode`` tells; one
-    choice only); of each kind the first and the last, which the reply must offer for each
-    of ``kinds``. A reply with stop strings must end on the first. Log-probabilities, one
+    choice only; with stop strings, text that starts one); of each kind the first and the
+    last, which the reply must offer for each of ``kinds``, in each choice. A reply with
+    stop strings must end on the first; choices must differ. Log-probabilities, one
     per token, are compared ``logprobs_within`` (a real model's float arithmetic varies a
     little between runs: on the transformers engine, two unbroken replies' differ by about
     0.000002)."""
@@ -119,12 +120,19 @@ async def check_cut_reply(
         piece = pieces[at]
         if len(piece.tokens) > 1:
             found["several tokens"].append(at)
+        if count > 1:
+            continue
         sent, read = sent + piece.text, [*read, *piece.tokens]
-        if count == 1 and decode(read) != sent:
+        full = decode(read)
+        assert full.startswith(sent), (full, sent)  # what was sent is what the tokens say
+        held = full[len(sent) :]
+        if held and (not generation.stops or any(stop.startswith(held) for stop in generation.stops)):
             found["held"].append(at + 1)
-    assert all(found[kind] for kind in kinds), (found, shown)
+    for kind in kinds:
+        assert {pieces[at].index for at in found[kind]} == set(range(count)), (kind, found, shown)
     cuts = sorted({1} | {at for ats in found.values() if ats for at in (ats[0], ats[-1])})
     unbroken = replies(pieces, count)
+    assert len({choice[0] for choice in unbroken}) == count, shown
     if generation.stops:
         ends = [choice[3:] for choice in unbroken]
         assert ends == [("stop", unbroken[0][4], generation.stops[0])], (ends, shown)
