@@ -297,8 +297,9 @@ def test_a_response_resumed_with_starting_after_across_the_loss(served: Served) 
     events.close()
     assert head[0].type == "response.created"
     response_id = head[0].response.id
-    with served.client.responses.stream(
-        response_id=response_id, starting_after=head[-1].sequence_number
+    # The server's starting_after (responses.stream would read from the start and skip).
+    with served.client.responses.retrieve(
+        response_id, stream=True, starting_after=head[-1].sequence_number
     ) as rest:
         tail = list(rest)
     parts = [*head, *tail]

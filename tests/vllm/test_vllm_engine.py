@@ -1001,18 +1001,21 @@ def _streamed(
 
 @dataclasses.dataclass
 class _Leaving:
-    """When a response's client leaves (``now`` set), and whether it then resumed."""
+    """When a response's client leaves (``now`` set), and whether it then resumed, or found
+    the response's last event first (``late``)."""
 
     now: threading.Event = dataclasses.field(default_factory=threading.Event)
     resumed: bool = False
+    late: bool = False
 
 
 def _response(
     client: openai.OpenAI, asked: dict[str, Any], seen: Callable[[], None], leave: _Leaving | None
 ) -> tuple[str, int]:
     """The text and output tokens of the streamed response ``asked`` for. Left once
-    ``leave.now`` is set, it is read on from where the client left: the response went on
-    apart from the connection, and its events are numbered without a gap."""
+    ``leave.now`` is set, it is read on from the event after the last the client had (the
+    server's ``starting_after``): the response went on apart from the connection, and its
+    events are numbered without a gap or a repeat."""
     pieces: list[str] = []
     numbers: list[int] = []
     usage, named = 0, ""
@@ -1029,6 +1032,8 @@ def _response(
                 seen()
             if event.type in ("response.completed", "response.incomplete"):
                 usage = event.response.usage.output_tokens if event.response.usage else 0
+                if leave is not None and leave.now.is_set():
+                    leave.late = True
                 return True
             if leave is not None and leave.now.is_set():
                 return False
@@ -1039,7 +1044,8 @@ def _response(
     if not ended:
         assert leave is not None and named, numbers  # a stream ends with the response's end
         leave.resumed = True
-        with client.responses.stream(response_id=named, starting_after=numbers[-1]) as rest:
+        # Sent to the server (responses.stream would read from the start and skip them).
+        with client.responses.retrieve(named, stream=True, starting_after=numbers[-1]) as rest:
             ended = take(rest, None)
     assert ended and numbers == list(range(len(numbers))), numbers
     return "".join(pieces), usage
@@ -1181,10 +1187,10 @@ def _kill_a_round(served: Served, one: _Round) -> None:
         assert text == whole, f"{said}: {text!r}, {whole!r}"
         assert usage == tokens == TOKENS, (said, usage, tokens)
     # The RESUMED_AT round's response: its client left at its first event after the kill
-    # and resumed, unless the response had ended (or nearly: the reader may be at its end).
-    midway = "responses" not in one.ended_at_kill and one.at_kill["responses"] <= TOKENS // 2
-    if one.k == RESUMED_AT and midway:
-        assert one.leaving.resumed, one.at_kill
+    # and resumed, unless that event was the response's last, or the response had ended.
+    if one.k == RESUMED_AT:
+        leaving = one.leaving
+        assert leaving.resumed or leaving.late or "responses" in one.ended_at_kill, one.at_kill
     # A reply is continued if its replica had not sent all of it: each had not, but one
     # the kill met at its last pieces may have (a piece may carry several tokens when its
     # client lags), and one not yet sent to it at the first went elsewhere afresh.
