@@ -9,7 +9,9 @@ pieces reached the client (the replica may have made a few more meanwhile: they 
 again). Three replicas: a killed one is replaced in the background while the next test
 kills another. The chat reply loses its replica three times (after 1, 32 and 63 pieces:
 the continuations' limit), the last continuation waiting for the first lost replica's
-replacement. Each unbroken reply is made once for the module. Where a kill cannot be
+replacement; then a chat, a completion and a response read side by side lose theirs
+after 1, 32 or 63 pieces of the first, and a whole completion and response while they
+are made. Each unbroken reply is made once for the module. Where a kill cannot be
 placed to the token (inside a character, while a stop string holds text back), the model's
 server in this process is cut there instead.
 """
@@ -17,7 +19,9 @@ server in this process is cut there instead.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
+import functools
 import json
 import os
 import signal
@@ -205,6 +209,107 @@ def test_a_streamed_chat_reply_goes_on_each_time_its_replica_is_killed(served: S
     wait_for(lambda: continuations(served.url) == before + 3, timeout_s=10, what="3 continuations counted")
 
 
+#: Where each round of the per-endpoint test kills the replica serving its replies: once
+#: the first of them has this many pieces.
+KILLED_AT = (1, 32, 63)
+#: The endpoints whose streamed replies each round reads side by side.
+ENDPOINTS = ("chat", "completions", "responses")
+
+
+class _RoundKiller:
+    """What each reader of a round calls at each piece: once the first reply has ``k``
+    pieces (found a piece before, as :class:`_Killer` does), the replica serving the
+    round's replies dies."""
+
+    def __init__(self, served: Served, k: int) -> None:
+        self._served, self._k = served, k
+        self._lock = threading.Lock()
+        self.counts = dict.fromkeys(ENDPOINTS, 0)
+        self._pid: int | None = None
+        self.at_kill: dict[str, int] = {}
+
+    def seen(self, endpoint: str) -> None:
+        with self._lock:
+            self.counts[endpoint] += 1
+            first = max(self.counts.values())
+            if first == self._k - 1 and self._pid is None:
+                self._pid = self._served.serving()
+            if first == self._k and not self.at_kill:
+                os.kill(self._pid or self._served.serving(), signal.SIGKILL)
+                self.at_kill = dict(self.counts)
+
+
+def _endpoint_stream(served: Served, endpoint: str, seen: Callable[[], None] | None) -> tuple[str, int]:
+    """A greedy streamed reply of TOKENS tokens to PROMPT on ``endpoint`` (``seen`` called at
+    each text piece): its text, and the tokens its usage counts."""
+    if endpoint == "chat":
+        read = _chat_stream(served, None if seen is None else lambda count: seen())
+        return read.texts[0], int(cast(int, read.usage["completion_tokens"]))
+    text, usage = "", 0
+    if endpoint == "completions":
+        chunks = served.client.completions.create(
+            model=MODEL,
+            prompt=PROMPT,
+            max_tokens=TOKENS,
+            stream=True,
+            stream_options={"include_usage": True},
+            **GREEDY,
+        )
+        for chunk in chunks:
+            if chunk.usage is not None:
+                usage = chunk.usage.completion_tokens
+            if chunk.choices and chunk.choices[0].text:
+                text += chunk.choices[0].text
+                if seen is not None:
+                    seen()
+        return text, usage
+    final = None
+    events = served.client.responses.create(
+        model=MODEL, input=PROMPT, max_output_tokens=TOKENS, temperature=0, stream=True
+    )
+    for event in events:
+        if event.type == "response.output_text.delta":
+            text += event.delta
+            if seen is not None:
+                seen()
+        if event.type in ("response.completed", "response.incomplete"):
+            final = event.response  # incomplete: max_output_tokens reached
+    assert final is not None and final.output_text == text and final.usage is not None
+    return text, final.usage.output_tokens
+
+
+def test_replies_on_each_endpoint_go_on_when_their_replica_is_killed_at_1_32_and_63_pieces(
+    served: Served,
+) -> None:
+    """Each round reads a chat, a completion and a response of 64 greedy tokens side by
+    side and SIGKILLs the replica serving them once the first has k pieces: each client
+    reads its unbroken reply. A reply not yet on that replica, or already whole, is not
+    continued; the leading one is, but at the last pieces (k = 63) it may have ended."""
+    unbroken = {
+        e: served.unbroken(f"{e} streamed", functools.partial(_endpoint_stream, served, e, None))
+        for e in ENDPOINTS
+    }
+    assert all(tokens == TOKENS for _, tokens in unbroken.values()), unbroken
+    for k in KILLED_AT:
+        _kill_a_round(served, unbroken, k)
+
+
+def _kill_a_round(served: Served, unbroken: dict[str, tuple[str, int]], k: int) -> None:
+    served.ready()
+    before = continuations(served.url)
+    killer = _RoundKiller(served, k)
+    with concurrent.futures.ThreadPoolExecutor(len(ENDPOINTS)) as pool:
+        reading = {
+            e: pool.submit(_endpoint_stream, served, e, functools.partial(killer.seen, e)) for e in ENDPOINTS
+        }
+        read = {e: future.result(timeout=300) for e, future in reading.items()}
+    assert killer.at_kill, (k, killer.counts)  # the kill came
+    for endpoint in ENDPOINTS:
+        assert read[endpoint] == unbroken[endpoint], (endpoint, k, killer.at_kill)
+    if k < TOKENS - 1:  # the leading reply had not ended: it went on
+        wait_for(lambda: continuations(served.url) > before, 10, f"a continuation at {k} pieces")
+
+
 def test_two_seeded_choices_under_a_json_schema_carry_over(served: Served) -> None:
     shaped: dict[str, Any] = {**SEEDED, "response_format": RESPONSE_FORMAT}
     unbroken = _chat_stream(served, None, shaped, max_tokens=120)
@@ -216,59 +321,29 @@ def test_two_seeded_choices_under_a_json_schema_carry_over(served: Served) -> No
         jsonschema.validate(json.loads(text), SCHEMA)
 
 
-def test_completions_and_responses_whole_and_streamed_go_on(served: Served) -> None:
-    def completion(stream: bool) -> str:
-        if not stream:
-            whole = served.client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=TOKENS, **GREEDY)
-            return str(whole.choices[0].text)
-        text = ""
-        chunks = served.client.completions.create(
-            model=MODEL, prompt=PROMPT, max_tokens=TOKENS, stream=True, **GREEDY
-        )
-        for count, chunk in enumerate(chunks, start=1):
-            text += chunk.choices[0].text if chunk.choices else ""
-            if count == 32:
-                served.kill_serving()
-        return text
-
-    unbroken = completion(stream=False)
+def test_a_whole_completion_and_a_whole_response_go_on(served: Served) -> None:
+    """Both asked at once, and their replica killed while it makes them (their clients see
+    nothing until they end): each reads its unbroken reply."""
+    unbroken = {kind: served.unbroken(kind, functools.partial(make, served)) for kind, make in WHOLE.items()}
     served.ready()
-    assert completion(stream=True) == unbroken
-    served.ready()
-    # A whole reply: killed while it is made (the client sees nothing until it ends).
-    killed: list[bool] = []
-
-    def kill() -> None:
+    before = continuations(served.url)
+    with concurrent.futures.ThreadPoolExecutor(len(WHOLE)) as pool:
+        made = {kind: pool.submit(make, served) for kind, make in WHOLE.items()}
+        # Both under way: a replica has two replies (or, split, each of two has one).
+        wait_for(lambda: _ongoing(served) >= 2, 30, "both replies under way")
         served.kill_serving()
-        killed.append(True)
+        read = {kind: future.result(timeout=300) for kind, future in made.items()}
+    assert read == unbroken
+    wait_for(lambda: continuations(served.url) > before, 10, "a whole reply continued")
 
-    killer = threading.Timer(0.5, kill)
-    killer.start()
-    try:
-        assert completion(stream=False) == unbroken
-    finally:
-        killer.cancel()
-        killer.join()
-    assert killed == [True]  # it was killed while it made the reply
-    served.ready()
 
-    def response() -> str:
-        text, final = "", None
-        events = served.client.responses.create(
-            model=MODEL, input=PROMPT, max_output_tokens=TOKENS, temperature=0, stream=True
-        )
-        for count, event in enumerate(events, start=1):
-            if event.type == "response.output_text.delta":
-                text += event.delta
-            if event.type in ("response.completed", "response.incomplete"):
-                final = event.response  # incomplete: max_output_tokens reached
-            if count == 20:
-                served.kill_serving()
-        assert final is not None and final.output_text == text and final.usage is not None
-        assert final.usage.output_tokens == TOKENS
-        return text
+def _ongoing(served: Served) -> int:
+    return sum(stats["ongoing"] for stats in served.replicas())
 
-    assert response() == served.unbroken("response", lambda: _whole_response(served))
+
+def _whole_completion(served: Served) -> str:
+    whole = served.client.completions.create(model=MODEL, prompt=PROMPT, max_tokens=TOKENS, **GREEDY)
+    return str(whole.choices[0].text)
 
 
 def _whole_response(served: Served) -> str:
@@ -277,6 +352,10 @@ def _whole_response(served: Served) -> str:
             model=MODEL, input=PROMPT, max_output_tokens=TOKENS, temperature=0
         ).output_text
     )
+
+
+#: The whole (not streamed) replies killed while they are made.
+WHOLE: dict[str, Callable[[Served], str]] = {"completion": _whole_completion, "response": _whole_response}
 
 
 def test_a_response_resumed_with_starting_after_across_the_loss(served: Served) -> None:
