@@ -218,8 +218,9 @@ ENDPOINTS = ("chat", "completions", "responses")
 
 class _RoundKiller:
     """What each reader of a round calls at each piece: once the first reply has ``k``
-    pieces (found a piece before, as :class:`_Killer` does), the replica serving the
-    round's replies dies."""
+    pieces, the replica serving the round's replies dies. That replica is found at the
+    first piece (it serves the replies until the kill), so that the kill itself is at once,
+    and so that a round whose replies all ended by the kill (at k = 63) still has one."""
 
     def __init__(self, served: Served, k: int) -> None:
         self._served, self._k = served, k
@@ -232,10 +233,10 @@ class _RoundKiller:
         with self._lock:
             self.counts[endpoint] += 1
             first = max(self.counts.values())
-            if first == self._k - 1 and self._pid is None:
+            if first == 1 and self._pid is None:
                 self._pid = self._served.serving()
-            if first == self._k and not self.at_kill:
-                os.kill(self._pid or self._served.serving(), signal.SIGKILL)
+            if first == self._k and self._pid is not None and not self.at_kill:
+                os.kill(self._pid, signal.SIGKILL)
                 self.at_kill = dict(self.counts)
 
 
@@ -282,9 +283,10 @@ def test_replies_on_each_endpoint_go_on_when_their_replica_is_killed_at_1_32_and
     served: Served,
 ) -> None:
     """Each round reads a chat, a completion and a response of 64 greedy tokens side by
-    side and SIGKILLs the replica serving them once the first has k pieces: each client
-    reads its unbroken reply. A reply not yet on that replica, or already whole, is not
-    continued; the leading one is, but at the last pieces (k = 63) it may have ended."""
+    side and SIGKILLs the replica serving the first of them (the prefix router usually
+    keeps all three there) once it has k pieces: each client reads its unbroken reply. A
+    reply not yet on that replica, or already whole, is not continued; the first is, but
+    at its last pieces (k = 63) it may have ended."""
     unbroken = {
         e: served.unbroken(f"{e} streamed", functools.partial(_endpoint_stream, served, e, None))
         for e in ENDPOINTS
@@ -306,8 +308,9 @@ def _kill_a_round(served: Served, unbroken: dict[str, tuple[str, int]], k: int) 
     assert killer.at_kill, (k, killer.counts)  # the kill came
     for endpoint in ENDPOINTS:
         assert read[endpoint] == unbroken[endpoint], (endpoint, k, killer.at_kill)
-    if k < TOKENS - 1:  # the leading reply had not ended: it went on
+    if k < TOKENS - 1:  # the first reply had not ended: it went on
         wait_for(lambda: continuations(served.url) > before, 10, f"a continuation at {k} pieces")
+    assert continuations(served.url) - before <= len(ENDPOINTS), killer.at_kill  # each once at most
 
 
 def test_two_seeded_choices_under_a_json_schema_carry_over(served: Served) -> None:
@@ -329,16 +332,19 @@ def test_a_whole_completion_and_a_whole_response_go_on(served: Served) -> None:
     before = continuations(served.url)
     with concurrent.futures.ThreadPoolExecutor(len(WHOLE)) as pool:
         made = {kind: pool.submit(make, served) for kind, make in WHOLE.items()}
-        # Both under way: a replica has two replies (or, split, each of two has one).
-        wait_for(lambda: _ongoing(served) >= 2, 30, "both replies under way")
-        served.kill_serving()
+        # Both under way: the replica with more of them dies (split, each of two has one).
+        os.kill(wait_for(lambda: _busiest(served), 30, "both replies under way"), signal.SIGKILL)
         read = {kind: future.result(timeout=300) for kind, future in made.items()}
     assert read == unbroken
     wait_for(lambda: continuations(served.url) > before, 10, "a whole reply continued")
 
 
-def _ongoing(served: Served) -> int:
-    return sum(stats["ongoing"] for stats in served.replicas())
+def _busiest(served: Served) -> int | None:
+    """The pid of the replica with the most replies under way, once two are."""
+    stats = served.replicas()
+    if sum(one["ongoing"] for one in stats) < 2:
+        return None
+    return max(stats, key=lambda one: one["ongoing"])["pid"]
 
 
 def _whole_completion(served: Served) -> str:
