@@ -8,7 +8,7 @@ import os
 import signal
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -102,32 +102,28 @@ class RunningCLI:
         return self._log.read()
 
     def wait_for_output(self, text: str, timeout_s: float, count: int = 1) -> None:
-        """Until ``text`` was printed ``count`` times (fails early if the command exited).
+        """Until ``text`` was printed ``count`` times (fails early if the command exited)."""
+        self.wait_until(lambda: self.output().count(text) >= count, timeout_s, f"the CLI to print {text!r}")
+        assert self.output().count(text) >= count, self.output()
+
+    def wait_until(
+        self, done: Callable[[], bool], timeout_s: float, what: str, interval_s: float = 0.2
+    ) -> None:
+        """Until ``done()`` or the command exited.
 
         A command whose embedded Ray did not start because its raylet took longer than the
         30 s Ray allows to register (hard-coded in ``ray._private.node``; seen on a
         2-core host running three test workers) is started once more, its first
         attempt's processes stopped: that is the host's load, not the command's doing.
         """
-        wait_for(
-            lambda: self.output().count(text) >= count or self.process.poll() is not None,
-            timeout_s,
-            f"the CLI to print {text!r}",
-            interval_s=0.2,
-        )
-        if (
-            self.output().count(text) < count
-            and _RAY_START_TIMED_OUT in self.output()
-            and not self._started_again
-        ):
+        wait_for(lambda: done() or self.process.poll() is not None, timeout_s, what, interval_s=interval_s)
+        if not done() and _RAY_START_TIMED_OUT in self.output() and not self._started_again:
             self._started_again = True
             self._stop_session()
             self._log.write("\n--- started again: Ray's node start timed out (test_cli.py) ---\n")
             self._log.flush()
             self.process = self._launch()
-            self.wait_for_output(text, timeout_s, count)
-            return
-        assert self.output().count(text) >= count, self.output()
+            self.wait_until(done, timeout_s, what, interval_s)
 
     def stop(self, sig: int) -> int:
         self.process.send_signal(sig)
@@ -219,7 +215,7 @@ def test_one_sigint_stops_run_the_moment_it_first_answers(tmp_path: Path, extra:
     args = ["examples.demo:app", "--port", str(port), *extra]
     with running_cli(args, ROOT, tmp_path / "cli.log", sigint_ignored=True) as cli:
         url = f"http://127.0.0.1:{port}/hello/cli"
-        wait_for(lambda: _demo_answers(url) or cli.process.poll() is not None, 120, "the first answer", 0.02)
+        cli.wait_until(lambda: _demo_answers(url), 120, "the first answer", 0.02)
         started = len(cli.processes())  # a /proc scan: milliseconds
         cli.process.send_signal(signal.SIGINT)
         if not extra:
@@ -243,7 +239,7 @@ def test_one_signal_stops_run_while_it_starts(tmp_path: Path, stage: str, stop: 
     args = ["tests.apps.gated:app", "--port", str(free_port())]
     with running_cli(args, ROOT, tmp_path / "cli.log", env=env) as cli:
         reached = gate / f"{stage}.reached"
-        wait_for(lambda: reached.exists() or cli.process.poll() is not None, 120, f"the {stage} gate")
+        cli.wait_until(reached.exists, 120, f"the {stage} gate")
         assert reached.exists(), cli.output()
         started = len(cli.processes())
         if stage == "constructor":
