@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import uuid
@@ -54,6 +55,11 @@ def _env() -> dict[str, str]:
     return env
 
 
+def _listening(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
 @pytest.fixture(scope="module")
 def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Head]:
     """A Ray head node of its own, started the way the docs say (`ray start --head`)."""
@@ -71,13 +77,15 @@ def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Head]:
     )  # fmt: skip
     head = Head(f"127.0.0.1:{gcs_port}", free_port())
     try:
+        # The GCS listening first (a CLI that joins costs a second or two of a core), then
+        # a CLI that joins it.
+        wait_for(lambda: _listening(gcs_port) or process.poll() is not None, 60, "the GCS listening")
         wait_for(lambda: head.cli("status").returncode in (0, 1) and process.poll() is None, 60, "ray start")
         yield head
     finally:
-        head.cli("shutdown", timeout=120)
         # `ray start --block` takes half a minute to stop gracefully, and SIGTERM left it
-        # running past 5 s; the toolkit has shut down already, and this throwaway head's
-        # processes (GCS, raylet, workers) are all in the group: they go at once.
+        # running past 5 s; this throwaway head's processes (GCS, raylet, workers, the
+        # toolkit's controller and proxy among them) are all in the group: they go at once.
         os.killpg(process.pid, signal.SIGKILL)
         process.wait(timeout=30)
         log.close()
