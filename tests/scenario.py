@@ -16,8 +16,13 @@ from tests.conftest import ROOT
 #: How long the pipes of a scenario that was killed are read for what it had printed.
 _DRAIN_S = 10.0
 #: What Ray raises when its raylet has not registered within Ray's fixed 30 s (the
-#: scenario's own cluster starting on a loaded host): the scenario then runs once more.
+#: scenario's own cluster starting on a loaded host): the scenario then runs again.
 RAY_START_TIMED_OUT = "The current node timed out during startup"
+#: How many times a program whose own Ray cluster did not start in Ray's time is started
+#: (scenarios here, `app-toolkit run` in test_cli.py). On a 2-core host about 2.4 times
+#: slower than the budget's (.ci/host_speed.py's loop 0.6 s), running three test
+#: workers, two starts in a row timed out.
+RAY_STARTS = 3
 
 
 def run_scenario(
@@ -27,9 +32,12 @@ def run_scenario(
     environment); its last JSON line. The scenario runs in a session of its own: past
     ``timeout_s``, and once it ended, every process still in that session (its Ray
     cluster's, whatever process group they moved to) is killed. A scenario whose cluster
-    did not start in Ray's time (``RAY_START_TIMED_OUT``) runs once more."""
+    did not start in Ray's time (``RAY_START_TIMED_OUT``) runs again, up to
+    :data:`RAY_STARTS` runs in all."""
     returncode, stdout, stderr = _run(module, args, timeout_s, env_extra)
-    if returncode != 0 and RAY_START_TIMED_OUT in stderr:
+    for _ in range(RAY_STARTS - 1):
+        if returncode == 0 or RAY_START_TIMED_OUT not in stderr:
+            break
         print(f"scenario {module}: its Ray cluster did not start in Ray's 30 s; running it again")
         returncode, stdout, stderr = _run(module, args, timeout_s, env_extra)
     lines = [line for line in stdout.splitlines() if line.startswith("{")]
@@ -57,7 +65,7 @@ def _run(
         try:
             stdout, stderr = process.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            _kill_session(process.pid)
+            kill_session(process.pid)
             try:
                 stdout, stderr = process.communicate(timeout=_DRAIN_S)
             except subprocess.TimeoutExpired:  # a process outside the session holds the pipes
@@ -67,11 +75,11 @@ def _run(
                 f"{stdout[-3000:]}\n{stderr[-6000:]}"
             ) from None
         finally:
-            _kill_session(process.pid)
+            kill_session(process.pid)
     return process.returncode, stdout, stderr
 
 
-def _kill_session(session: int) -> None:
+def kill_session(session: int) -> None:
     """Kill every process of ``session`` (a process may leave its group, not its session)."""
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():

@@ -4,7 +4,6 @@ docs/deploy.md says, then updates, a failing update, validation and `config`."""
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -18,6 +17,7 @@ import yaml
 
 from tests import plain_http
 from tests.conftest import ROOT, free_port
+from tests.scenario import kill_session
 from tests.waiting import wait_for
 
 CLI = [sys.executable, "-m", "app_toolkit.cli"]
@@ -84,9 +84,10 @@ def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Head]:
         yield head
     finally:
         # `ray start --block` takes half a minute to stop gracefully, and SIGTERM left it
-        # running past 5 s; this throwaway head's processes (GCS, raylet, workers, the
-        # toolkit's controller and proxy among them) are all in the group: they go at once.
-        os.killpg(process.pid, signal.SIGKILL)
+        # running past 5 s. This throwaway head's processes are all in its session: its GCS
+        # and raylet in its group, the workers (the toolkit's controller, proxy and
+        # replicas among them) each in a group of its own. They go at once.
+        kill_session(process.pid)
         process.wait(timeout=30)
         log.close()
 
