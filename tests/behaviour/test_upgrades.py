@@ -58,7 +58,7 @@ def test_code_change_rolls_out_under_load_with_zero_failures(toolkit: Toolkit) -
 
             async def worker() -> None:
                 while not stop.is_set():
-                    # Held 20 ms: four always in flight across the swap, without spinning a core.
+                    # Held 20 ms: requests in flight across the swap, without spinning a core.
                     response = await client.get("/roll/version", params={"seconds": 0.02})
                     seen.append(
                         (

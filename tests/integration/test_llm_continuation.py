@@ -52,16 +52,16 @@ GREEDY: dict[str, Any] = {"temperature": 0, "extra_body": {"ignore_eos": True}}
 #: draws a continued reply's tokens as the unbroken reply's.
 SEEDED: dict[str, Any] = {"temperature": 0.5, "seed": 11, "n": 2, "extra_body": {"ignore_eos": True}}
 #: A story long enough that the schema's two choices are still under way at the chat's
-#: second and third losses (they were, in the runs: each lost three times): the grammar
-#: goes on part-way.
+#: third loss (about 80 tokens or more, where the chat has 64): the grammar goes on
+#: part-way, and the reply is lost three times.
 SCHEMA = {
     "type": "object",
-    "properties": {"story": {"type": "string", "minLength": 200, "maxLength": 260}},
+    "properties": {"story": {"type": "string", "minLength": 320, "maxLength": 380}},
     "required": ["story"],
     "additionalProperties": False,
 }
 RESPONSE_FORMAT = {"type": "json_schema", "json_schema": {"name": "story", "schema": SCHEMA}}
-SCHEMA_TOKENS = 300
+SCHEMA_TOKENS = 400
 #: The chat's pieces at which every replica with a reply under way is killed.
 KILLED_AT = (1, 32, 63)
 #: The response's client leaves a few of the chat's pieces before its second loss and
@@ -191,10 +191,11 @@ def _completion_stream(served: Served) -> Read:
 
 @dataclasses.dataclass
 class _Away:
-    """When the response's client leaves (``leave`` set) and may come back (``back``
-    set); whether it did, or found the response's last event first (``late``)."""
+    """When the response's client leaves (``leave`` set), has left (``gone``) and may come
+    back (``back``); whether it did, or found the response's last event first (``late``)."""
 
     leave: threading.Event = dataclasses.field(default_factory=threading.Event)
+    gone: threading.Event = dataclasses.field(default_factory=threading.Event)
     back: threading.Event = dataclasses.field(default_factory=threading.Event)
     resumed: bool = False
     late: bool = False
@@ -234,6 +235,7 @@ def _response_stream(served: Served, away: _Away | None) -> Read:
         ended = take(events, True)
     if not ended:
         assert away is not None and named, numbers  # a stream ends with the response's end
+        away.gone.set()
         assert away.back.wait(120), "the loss the response's client is away for never came"
         away.resumed = True
         with served.client.responses.retrieve(named, stream=True, starting_after=numbers[-1]) as rest:
@@ -317,6 +319,8 @@ class _Losses:
             self._found = self._served.serving()
         if count == KILLED_AT[0]:
             self._found = wait_for(self._all_under_way, 60, "every reply of the round under way")
+        if count == RETURNS_AT:  # the loss comes while the response's client is away
+            assert self._away.gone.wait(60), "the response's client did not leave"
         if count in KILLED_AT:
             for pid in self._found:
                 os.kill(pid, signal.SIGKILL)
@@ -326,7 +330,7 @@ class _Losses:
 
     def _all_under_way(self) -> dict[int, int] | None:
         found = self._served.serving()
-        return found if sum(found.values()) == REPLIES else None
+        return found if sum(found.values()) >= REPLIES else None
 
 
 def test_replies_on_every_endpoint_go_on_through_three_losses_of_their_replica(served: Served) -> None:
@@ -358,20 +362,21 @@ def test_replies_on_every_endpoint_go_on_through_three_losses_of_their_replica(s
     for name, reply in read.items():
         assert reply == unbroken[name], (name, losses.lost, reply, unbroken[name])
     # One replica had every reply at the first two losses: the one holding their text,
-    # then the other. At the third, the replies under way (the chat's, at least) were on
-    # the first replica to replace one (on both, had the two come up at the same moment
-    # while the replies waited).
+    # then the other (the only one running: the continuations go on at once, a replacement
+    # takes many seconds to start). At the third, the replies under way (the schema's, at
+    # least) were on the first replica to replace one (on both, had the two come up at the
+    # same moment while the replies waited).
     lost = {k: sum(found.values()) for k, found in losses.lost.items()}
     assert set(lost) == set(KILLED_AT), losses.lost
     assert len(losses.lost[KILLED_AT[0]]) == len(losses.lost[KILLED_AT[1]]) == 1, losses.lost
-    assert lost[KILLED_AT[0]] == lost[KILLED_AT[1]] == REPLIES and lost[KILLED_AT[2]] >= 1, lost
+    assert min(lost[KILLED_AT[0]], lost[KILLED_AT[1]]) >= REPLIES and lost[KILLED_AT[2]] >= 1, lost
     # The response's client was away during the second loss and resumed.
     assert away.resumed, away
-    # Each reply under way at the first two losses went on (a continuation lost in turn
-    # went on again); at the third, one whose tokens had all been relayed had nothing to
-    # go on with. None ended with its loss.
-    at_least, at_most = went_on + 2 * REPLIES, went_on + sum(lost.values())
-    wait_for(lambda: continuations(served.url) >= at_least, 10, f"{2 * REPLIES} continuations counted")
+    # Each reply went on after the first two losses (a continuation lost in turn went on
+    # again), and the schema's after the third too (the limit); a reply whose tokens had
+    # all been relayed at the third had nothing to go on with. None ended with its loss.
+    at_least, at_most = went_on + 2 * REPLIES + 1, went_on + sum(lost.values())
+    wait_for(lambda: continuations(served.url) >= at_least, 10, f"{2 * REPLIES + 1} continuations counted")
     assert continuations(served.url) <= at_most, (lost, continuations(served.url) - went_on)
     assert continuations(served.url, "ended") == ended
 

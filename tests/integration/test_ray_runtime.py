@@ -113,7 +113,7 @@ def test_a_killed_controller_restarts_adopts_its_replicas_and_finishes_a_rollout
     def load() -> None:
         with httpx.Client(base_url=ray_toolkit.url, timeout=30) as client:
             while not stop.is_set():
-                # Each request held 50 ms: three stay in flight while the controller
+                # Each request held 50 ms: requests stay in flight while the controller
                 # dies, and the clients do not spin a core for the test's length.
                 response = client.get("/restart/version", params={"seconds": 0.05})
                 seen.append(
