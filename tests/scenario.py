@@ -65,7 +65,7 @@ def _run(
         try:
             stdout, stderr = process.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            kill_session(process.pid)
+            kill_session(process)
             try:
                 stdout, stderr = process.communicate(timeout=_DRAIN_S)
             except subprocess.TimeoutExpired:  # a process outside the session holds the pipes
@@ -75,17 +75,22 @@ def _run(
                 f"{stdout[-3000:]}\n{stderr[-6000:]}"
             ) from None
         finally:
-            kill_session(process.pid)
+            kill_session(process)
     return process.returncode, stdout, stderr
 
 
-def kill_session(session: int) -> None:
-    """Kill every process of ``session`` (a process may leave its group, not its session)."""
+def kill_session(leader: subprocess.Popen[Any]) -> None:
+    """Kill ``leader`` (through Popen: not once it was reaped) and every other process of
+    its session (a process may leave its group, not its session). The leader's pid, once
+    reaped, may be another process's (pid_max is 32,768 on our hosts, and the suite starts
+    thousands): one that leads a session of its own has that pid as its session id, and is
+    left alone."""
+    leader.kill()
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
+        if not entry.name.isdigit() or int(entry.name) == leader.pid:
             continue
         try:
-            if os.getsid(int(entry.name)) == session:
+            if os.getsid(int(entry.name)) == leader.pid:
                 os.kill(int(entry.name), signal.SIGKILL)
         except (ProcessLookupError, PermissionError):  # gone meanwhile
             continue

@@ -152,7 +152,9 @@ class RunningCLI:
         if self.process.poll() is None:
             self.process.kill()
             self.process.wait()
-        for pid in self.processes():  # what a command killed (or a failed test) left behind
+        # What a command killed (or a failed test) left behind; its own pid, reaped, may be
+        # another session's leader now (tests/scenario.py, kill_session).
+        for pid in set(self.processes()) - {self.process.pid}:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
 

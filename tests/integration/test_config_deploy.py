@@ -87,7 +87,7 @@ def head(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Head]:
         # running past 5 s. This throwaway head's processes are all in its session: its GCS
         # and raylet in its group, the workers (the toolkit's controller, proxy and
         # replicas among them) each in a group of its own. They go at once.
-        kill_session(process.pid)
+        kill_session(process)
         process.wait(timeout=30)
         log.close()
 
