@@ -192,13 +192,12 @@ def _completion_stream(served: Served) -> Read:
 @dataclasses.dataclass
 class _Away:
     """When the response's client leaves (``leave`` set), has left (``gone``) and may come
-    back (``back``); whether it did, or found the response's last event first (``late``)."""
+    back (``back``); whether it did."""
 
     leave: threading.Event = dataclasses.field(default_factory=threading.Event)
     gone: threading.Event = dataclasses.field(default_factory=threading.Event)
     back: threading.Event = dataclasses.field(default_factory=threading.Event)
     resumed: bool = False
-    late: bool = False
 
 
 def _response_stream(served: Served, away: _Away | None) -> Read:
@@ -222,8 +221,6 @@ def _response_stream(served: Served, away: _Away | None) -> Read:
                 assert event.response.output_text == read.texts[0] and event.response.usage is not None
                 read.add(0, None, event.type)
                 read.usage = event.response.usage.model_dump()
-                if leaving and away is not None and away.leave.is_set():
-                    away.late = True
                 return True
             if leaving and away is not None and away.leave.is_set():
                 return False
