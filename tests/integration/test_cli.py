@@ -96,14 +96,16 @@ class RunningCLI:
         return found
 
     def output(self) -> str:
-        """What the command printed (after a start again, what the second run printed)."""
+        """What the command printed (after a start again, what its last run printed)."""
         self._log.seek(self._from)
         return self._log.read()
 
     def wait_for_output(self, text: str, timeout_s: float, count: int = 1) -> None:
         """Until ``text`` was printed ``count`` times (fails early if the command exited)."""
-        self.wait_until(lambda: self.output().count(text) >= count, timeout_s, f"the CLI to print {text!r}")
-        assert self.output().count(text) >= count, self.output()
+        printed = self.wait_until(
+            lambda: self.output().count(text) >= count, timeout_s, f"the CLI to print {text!r}"
+        )
+        assert printed, self.output()
 
     def wait_until(
         self, done: Callable[[], bool], timeout_s: float, what: str, interval_s: float = 0.2
